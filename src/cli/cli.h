@@ -1,0 +1,17 @@
+/* cli.h - the subcommands of the `spillway` binary, one file each.
+ * Each takes the arguments after its own name (argv[0] is the subcommand)
+ * and returns the process exit status. */
+#ifndef SPILLWAY_CLI_H
+#define SPILLWAY_CLI_H
+
+int cli_model_main(int argc, char **argv);      /* spillway model ... */
+int cli_model_make(int argc, char **argv);      /* spillway model make */
+int cli_model_info(int argc, char **argv);      /* spillway model info */
+int cli_run_main(int argc, char **argv);        /* spillway run */
+int cli_bench_main(int argc, char **argv);      /* spillway bench */
+
+/* Parses sizes like "512", "64KiB", "512MiB", "2GiB" (also KB/MB/GB as
+ * powers of 1000). Returns 0 on success. */
+int cli_parse_bytes(const char *text, unsigned long long *out);
+
+#endif

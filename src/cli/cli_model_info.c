@@ -1,0 +1,11 @@
+/* cli_model_info.c - placeholder until this subcommand is written. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+
+int cli_model_info(int argc, char **argv)
+{
+    (void)argc;
+    fprintf(stderr, "spillway: '%s' is not implemented yet\n", argv[0]);
+    return 2;
+}

@@ -1,0 +1,51 @@
+/* main.c - entry point of the `spillway` binary: dispatches subcommands. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SPILLWAY_VERSION "0.1.0"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "spillway %s - a local LLM inference service that keeps answering\n"
+            "\n"
+            "usage: spillway <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  run      generate text from a prompt on the command line\n"
+            "  model    make | info  (make a test model, inspect a GGUF file)\n"
+            "  bench    engine       (prefill and decode speed)\n"
+            "  version  print the version\n"
+            "\n"
+            "`spillway <command> --help` describes each command.\n",
+            SPILLWAY_VERSION);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "run") == 0)
+        return cli_run_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "model") == 0)
+        return cli_model_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0)
+        return cli_bench_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("spillway %s\n", SPILLWAY_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "spillway: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

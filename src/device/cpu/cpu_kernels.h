@@ -1,0 +1,57 @@
+/* cpu_kernels.h - the CPU's hot loops: dot products and matrix products for
+ * every weight type, plus the float vector helpers the forward pass uses.
+ *
+ * Each entry point dispatches once (at first use) to the best implementation
+ * the CPU supports: AVX-512 (F, BW, VL, VNNI), AVX2+FMA+F16C, or portable C.
+ * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512 in the environment forces a lower
+ * level (for tests and comparisons). Results equal the scalar reference in
+ * engine/quant.h up to float summation order.
+ *
+ * Matrices are row-major in the GGUF sense: W has n_out rows of n_in values
+ * (ne = {n_in, n_out}); activations are n_tokens rows of n_in values.
+ */
+#ifndef SPILLWAY_DEVICE_CPU_KERNELS_H
+#define SPILLWAY_DEVICE_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum cpu_isa {
+    CPU_ISA_SCALAR = 0,
+    CPU_ISA_AVX2 = 1,
+    CPU_ISA_AVX512 = 2,
+} cpu_isa;
+
+/* The level in use (after SPILLWAY_CPU_KERNELS) and its name. */
+cpu_isa cpu_kernels_isa(void);
+const char *cpu_isa_name(cpu_isa isa);
+
+/* Converts n_tokens rows of n floats (row stride x_stride floats) to the
+ * activation format for weight type wtype (eng_vec_dot_type), writing rows of
+ * dst_row_bytes (= eng_type_row_bytes(vec_dot_type, n)) contiguously. */
+void cpu_convert_activations(uint32_t wtype, const float *x, int64_t x_stride,
+                             int64_t n_tokens, int64_t n, void *dst);
+
+/* One dot product: weight row of type wtype with an activation row in
+ * eng_vec_dot_type(wtype) format. */
+float cpu_vec_dot(uint32_t wtype, int64_t n, const void *w_row, const void *x_row);
+
+/* y[t * y_stride + r] = dot(W row r, activation row t) for r in [r0, r1) and
+ * t in [0, n_tokens). w points to row 0; rows are w_row_bytes apart;
+ * activations (already converted) are xq_row_bytes apart. Thread-safe for
+ * disjoint row ranges: callers split [0, n_out) between threads. Blocked so
+ * that a weight block loaded once serves several tokens (prefill). */
+void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
+                     const void *xq, size_t xq_row_bytes, int64_t n_tokens,
+                     float *y, int64_t y_stride, int64_t r0, int64_t r1);
+
+/* Float helpers (vectorised where it pays). */
+float cpu_dot_f32(const float *a, const float *b, int64_t n);
+void cpu_axpy_f32(float *y, float a, const float *x, int64_t n); /* y += a*x */
+/* The same with an F16 operand (KV cache rows). */
+float cpu_dot_f16_f32(const uint16_t *a, const float *b, int64_t n);
+void cpu_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+void cpu_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n);
+void cpu_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
+
+#endif

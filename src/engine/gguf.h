@@ -1,0 +1,137 @@
+/* gguf.h - reading and writing GGUF model files (versions 2 and 3).
+ *
+ * The reader maps the file and validates everything before handing out a
+ * handle: every count, offset, size and dimension is checked against the
+ * file with overflow-safe arithmetic, so a truncated or hostile file yields a
+ * clear error naming what is wrong (in sw_error.message), never a crash.
+ * After a successful open, all accessors are bounds-safe by construction.
+ *
+ * Layout facts (GGUF spec): little-endian; header = magic "GGUF", u32
+ * version, u64 n_tensors, u64 n_kv; then n_kv key/values; then n_tensors
+ * tensor infos (name, u32 n_dims, u64 ne[n_dims], u32 type, u64 offset);
+ * then padding to `general.alignment` (default 32); then tensor data, each
+ * tensor's offset relative to that start and aligned.
+ *
+ * Dimension order follows GGUF: ne[0] is the innermost (contiguous) one, so
+ * a weight matrix mapping n_in -> n_out has ne = {n_in, n_out}.
+ */
+#ifndef SPILLWAY_ENGINE_GGUF_H
+#define SPILLWAY_ENGINE_GGUF_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENG_GGUF_MAX_DIMS 4
+#define ENG_GGUF_DEFAULT_ALIGNMENT 32
+
+typedef enum eng_gguf_value_type {
+    ENG_GGUF_UINT8 = 0,
+    ENG_GGUF_INT8 = 1,
+    ENG_GGUF_UINT16 = 2,
+    ENG_GGUF_INT16 = 3,
+    ENG_GGUF_UINT32 = 4,
+    ENG_GGUF_INT32 = 5,
+    ENG_GGUF_FLOAT32 = 6,
+    ENG_GGUF_BOOL = 7,
+    ENG_GGUF_STRING = 8,
+    ENG_GGUF_ARRAY = 9,
+    ENG_GGUF_UINT64 = 10,
+    ENG_GGUF_INT64 = 11,
+    ENG_GGUF_FLOAT64 = 12,
+} eng_gguf_value_type;
+
+typedef struct eng_gguf eng_gguf;
+
+typedef struct eng_gguf_tensor {
+    const char *name;       /* NUL-terminated, owned by the eng_gguf */
+    uint32_t type;          /* eng_type value (quant.h); validated known */
+    uint32_t n_dims;        /* 1..ENG_GGUF_MAX_DIMS */
+    int64_t ne[ENG_GGUF_MAX_DIMS]; /* unused dims are 1 */
+    int64_t n_elements;
+    uint64_t offset;        /* relative to the data section */
+    size_t size_bytes;      /* exact bytes of the tensor's data */
+    const void *data;       /* inside the mapping, aligned as the file says */
+} eng_gguf_tensor;
+
+/* Opens and validates a file; *out is set only on success. */
+int eng_gguf_open(const char *path, eng_gguf **out, sw_error *err);
+/* Same for a buffer the caller keeps alive until close (fuzzing, tests). */
+int eng_gguf_open_memory(const void *data, size_t size, eng_gguf **out,
+                         sw_error *err);
+void eng_gguf_close(eng_gguf *g);
+
+uint32_t eng_gguf_version(const eng_gguf *g);
+size_t eng_gguf_alignment(const eng_gguf *g);
+size_t eng_gguf_file_size(const eng_gguf *g);
+size_t eng_gguf_data_offset(const eng_gguf *g); /* start of tensor data */
+
+/* ---- metadata ----------------------------------------------------------- */
+int64_t eng_gguf_n_kv(const eng_gguf *g);
+const char *eng_gguf_kv_key(const eng_gguf *g, int64_t index);
+eng_gguf_value_type eng_gguf_kv_type(const eng_gguf *g, int64_t index);
+/* Index of key, or -1 if absent. */
+int64_t eng_gguf_find_key(const eng_gguf *g, const char *key);
+
+/* Typed getters by key. They return SW_OK, SW_ENOTFOUND (absent key) or
+ * SW_EFORMAT (wrong type, or an integer that does not fit), with a message
+ * naming the key. Integer getters accept any integer type whose value fits;
+ * eng_gguf_get_f32 accepts float32 and float64. */
+int eng_gguf_get_u32(const eng_gguf *g, const char *key, uint32_t *out, sw_error *err);
+int eng_gguf_get_i32(const eng_gguf *g, const char *key, int32_t *out, sw_error *err);
+int eng_gguf_get_u64(const eng_gguf *g, const char *key, uint64_t *out, sw_error *err);
+int eng_gguf_get_f32(const eng_gguf *g, const char *key, float *out, sw_error *err);
+int eng_gguf_get_bool(const eng_gguf *g, const char *key, bool *out, sw_error *err);
+/* String value: pointer into the mapping, NOT NUL-terminated. */
+int eng_gguf_get_str(const eng_gguf *g, const char *key, const char **ptr,
+                     size_t *len, sw_error *err);
+/* Array value: element type and count. */
+int eng_gguf_get_arr(const eng_gguf *g, const char *key,
+                     eng_gguf_value_type *elem_type, uint64_t *count, sw_error *err);
+
+/* Elements of the array at kv index `kv` (from eng_gguf_find_key). Bounds
+ * and element type are checked; these return SW_ERANGE / SW_EFORMAT. String
+ * elements are O(1) (the reader indexes string arrays at open). Numeric
+ * elements convert like the scalar getters. */
+int eng_gguf_arr_str(const eng_gguf *g, int64_t kv, uint64_t i, const char **ptr, size_t *len);
+int eng_gguf_arr_f32(const eng_gguf *g, int64_t kv, uint64_t i, float *out);
+int eng_gguf_arr_i32(const eng_gguf *g, int64_t kv, uint64_t i, int32_t *out);
+
+/* Human-readable rendering of a scalar value or a short array preview
+ * (e.g. "[32000 strings]" / first elements), for `spillway model info`. */
+void eng_gguf_kv_format(const eng_gguf *g, int64_t kv, char *buf, size_t cap);
+const char *eng_gguf_type_name(eng_gguf_value_type type);
+
+/* ---- tensors ------------------------------------------------------------ */
+int64_t eng_gguf_n_tensors(const eng_gguf *g);
+const eng_gguf_tensor *eng_gguf_tensor_at(const eng_gguf *g, int64_t index);
+const eng_gguf_tensor *eng_gguf_find_tensor(const eng_gguf *g, const char *name);
+
+/* ---- writer ------------------------------------------------------------- */
+/* Builds a GGUF v3 file in memory order and writes it in one go. Keys and
+ * tensors are written in the order added. Tensor data is copied. */
+typedef struct eng_gguf_writer eng_gguf_writer;
+
+eng_gguf_writer *eng_gguf_writer_create(void);
+void eng_gguf_writer_free(eng_gguf_writer *w);
+int eng_gguf_writer_set_u32(eng_gguf_writer *w, const char *key, uint32_t v);
+int eng_gguf_writer_set_i32(eng_gguf_writer *w, const char *key, int32_t v);
+int eng_gguf_writer_set_f32(eng_gguf_writer *w, const char *key, float v);
+int eng_gguf_writer_set_bool(eng_gguf_writer *w, const char *key, bool v);
+int eng_gguf_writer_set_str(eng_gguf_writer *w, const char *key, const char *v);
+int eng_gguf_writer_set_arr_str(eng_gguf_writer *w, const char *key,
+                                const char *const *v, uint64_t n);
+int eng_gguf_writer_set_arr_f32(eng_gguf_writer *w, const char *key,
+                                const float *v, uint64_t n);
+int eng_gguf_writer_set_arr_i32(eng_gguf_writer *w, const char *key,
+                                const int32_t *v, uint64_t n);
+/* ne has n_dims entries, ne[0] innermost; size_bytes must equal the type's
+ * row size times the number of rows. */
+int eng_gguf_writer_add_tensor(eng_gguf_writer *w, const char *name,
+                               uint32_t type, uint32_t n_dims, const int64_t *ne,
+                               const void *data, size_t size_bytes);
+int eng_gguf_writer_write(eng_gguf_writer *w, const char *path, sw_error *err);
+
+#endif

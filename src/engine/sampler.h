@@ -1,0 +1,51 @@
+/* sampler.h - choosing the next token from the logits.
+ *
+ * Greedy (temperature 0), temperature, top-k, top-p, min-p, and repetition /
+ * presence / frequency penalties over the recent history. Its random stream
+ * is counter-based: draw k uses a uniform number that is a pure function of
+ * (seed, k), so a generation can be resumed exactly by setting the draw
+ * counter. Every call to eng_sampler_sample consumes exactly one draw,
+ * greedy included, so "advanced k draws" means "k tokens sampled".
+ */
+#ifndef SPILLWAY_ENGINE_SAMPLER_H
+#define SPILLWAY_ENGINE_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eng_sampler_params {
+    float temperature;       /* <= 0: greedy */
+    int32_t top_k;           /* <= 0: off */
+    float top_p;             /* >= 1: off */
+    float min_p;             /* <= 0: off */
+    float repeat_penalty;    /* 1: off; llama.cpp semantics */
+    int32_t penalty_last_n;  /* tokens of history the penalties look at */
+    float presence_penalty;  /* 0: off; OpenAI semantics */
+    float frequency_penalty; /* 0: off; OpenAI semantics */
+    uint64_t seed;
+} eng_sampler_params;
+
+/* Defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties
+ * off, penalty_last_n 64, seed 0. */
+eng_sampler_params eng_sampler_default_params(void);
+
+typedef struct eng_sampler eng_sampler;
+
+eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_vocab);
+void eng_sampler_free(eng_sampler *s);
+
+/* Picks a token from n_vocab logits (which it may modify in place).
+ * history: the tokens so far (prompt and generated), for the penalties. */
+int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
+                           size_t n_history);
+
+uint64_t eng_sampler_draws(const eng_sampler *s);
+void eng_sampler_set_draws(eng_sampler *s, uint64_t draws);
+
+/* The uniform number in [0, 1) of draw k for a seed: the counter-based stream. */
+double eng_sampler_uniform(uint64_t seed, uint64_t k);
+
+/* Natural-log softmax of logits into logprobs (n values), numerically stable. */
+void eng_log_softmax(const float *logits, float *logprobs, int32_t n);
+
+#endif

@@ -1,0 +1,131 @@
+/* testutil.c - see testutil.h. */
+#include "testutil.h"
+
+#include "common/alloc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *tu_shared_path(const char *relative)
+{
+    static char path[4096];
+    const char *root = getenv("SPILLWAY_SHARED");
+    struct stat st;
+    if (!root || !*root)
+        root = "../shared";
+    snprintf(path, sizeof path, "%s/%s", root, relative);
+    if (stat(path, &st) != 0) {
+        print_message("SKIP: this test needs %s (the shared models and vocabularies beside the "
+                      "checkout); it is absent\n", path);
+        skip();
+        return NULL;
+    }
+    return path;
+}
+
+const char *tu_tmp_path(const char *name)
+{
+    static char path[4096];
+    const char *root = getenv("SPILLWAY_TEST_TMP");
+    if (!root || !*root)
+        root = "/tmp";
+    mkdir(root, 0755);
+    snprintf(path, sizeof path, "%s/%ld-%s", root, (long)getpid(), name);
+    return path;
+}
+
+char *tu_read_file(const char *path, size_t *len_out)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long size;
+    if (!f)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+        goto fail;
+    buf = sw_malloc((size_t)size + 1);
+    if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size)
+        goto fail;
+    buf[size] = '\0';
+    if (len_out)
+        *len_out = (size_t)size;
+    fclose(f);
+    return buf;
+fail:
+    sw_free(buf);
+    fclose(f);
+    return NULL;
+}
+
+const char *tu_spillway_bin(void)
+{
+    const char *bin = getenv("SPILLWAY_BIN");
+    return bin && *bin ? bin : NULL;
+}
+
+int tu_run_capture(char *const argv[], int timeout_s, char **stdout_out, int *exit_status)
+{
+    int pipefd[2];
+    pid_t pid;
+    size_t len = 0, cap = 4096;
+    char *buf = sw_malloc(cap);
+    time_t deadline = time(NULL) + timeout_s;
+    int status = 0;
+
+    if (!buf || pipe(pipefd) != 0) {
+        sw_free(buf);
+        return -1;
+    }
+    pid = fork();
+    if (pid < 0) {
+        sw_free(buf);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(pipefd[1], 1);
+        close(pipefd[0]);
+        close(pipefd[1]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
+    for (;;) {
+        ssize_t n;
+        if (len + 1024 > cap) {
+            char *bigger = sw_realloc(buf, cap * 2);
+            if (!bigger)
+                break;
+            buf = bigger;
+            cap *= 2;
+        }
+        n = read(pipefd[0], buf + len, cap - len - 1);
+        if (n > 0) {
+            len += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            break;
+        if (errno != EAGAIN && errno != EINTR)
+            break;
+        if (time(NULL) > deadline) {
+            kill(pid, SIGKILL);
+            break;
+        }
+        usleep(10000);
+    }
+    close(pipefd[0]);
+    waitpid(pid, &status, 0);
+    buf[len] = '\0';
+    *stdout_out = buf;
+    *exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return 0;
+}

@@ -1,0 +1,35 @@
+/* testutil.h - helpers shared by the unit tests (cmocka).
+ *
+ * Paths: ../shared (models and vocabularies with reference outputs) comes
+ * from SPILLWAY_SHARED, set by CTest; tests that need it call
+ * tu_shared_path(), which skips the test with a clear message when absent.
+ */
+#ifndef SPILLWAY_TESTUTIL_H
+#define SPILLWAY_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Full path of a file under ../shared, or NULL after printing
+ * "SKIP: ... needs ../shared ..." and marking the test skipped (the caller
+ * must return). The string is static storage, valid until the next call. */
+const char *tu_shared_path(const char *relative);
+
+/* A fresh scratch file path under the build tree (SPILLWAY_TEST_TMP or
+ * /tmp) unique to this process; static storage, valid until the next call. */
+const char *tu_tmp_path(const char *name);
+
+/* Reads a whole file into a new buffer (sw_free); NULL on error. */
+char *tu_read_file(const char *path, size_t *len_out);
+
+/* Path of the spillway binary (SPILLWAY_BIN), or NULL. */
+const char *tu_spillway_bin(void);
+
+/* Runs argv (NULL-terminated) and captures stdout into a new buffer (sw_free)
+ * and the exit status; returns 0 when it ran. Time-out in seconds. */
+int tu_run_capture(char *const argv[], int timeout_s, char **stdout_out, int *exit_status);
+
+#endif

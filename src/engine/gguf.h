@@ -118,6 +118,7 @@ eng_gguf_writer *eng_gguf_writer_create(void);
 void eng_gguf_writer_free(eng_gguf_writer *w);
 int eng_gguf_writer_set_u32(eng_gguf_writer *w, const char *key, uint32_t v);
 int eng_gguf_writer_set_i32(eng_gguf_writer *w, const char *key, int32_t v);
+int eng_gguf_writer_set_u64(eng_gguf_writer *w, const char *key, uint64_t v);
 int eng_gguf_writer_set_f32(eng_gguf_writer *w, const char *key, float v);
 int eng_gguf_writer_set_bool(eng_gguf_writer *w, const char *key, bool v);
 int eng_gguf_writer_set_str(eng_gguf_writer *w, const char *key, const char *v);
@@ -133,5 +134,8 @@ int eng_gguf_writer_add_tensor(eng_gguf_writer *w, const char *name,
                                uint32_t type, uint32_t n_dims, const int64_t *ne,
                                const void *data, size_t size_bytes);
 int eng_gguf_writer_write(eng_gguf_writer *w, const char *path, sw_error *err);
+/* The same file image in a new buffer (*out, sw_free), for tests and seeds. */
+int eng_gguf_writer_to_memory(eng_gguf_writer *w, void **out, size_t *out_size,
+                              sw_error *err);
 
 #endif

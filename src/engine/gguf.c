@@ -1063,20 +1063,56 @@ static void fmt_add(fmt_buf *f, const char *fmt, ...)
     int n = vsnprintf(f->buf + f->len, f->cap - f->len, fmt, ap);
     va_end(ap);
     if (n < 0 || (size_t)n >= f->cap - f->len) {
-        f->full = true;
-        f->len = f->cap - 1;
+        f->full = true; /* drop the piece that did not fit whole */
+        f->buf[f->len] = '\0';
     } else {
         f->len += (size_t)n;
     }
 }
 
+/* Length of the valid UTF-8 sequence starting at s (a lead byte >= 0x80),
+ * or 0 if it is not one. Overlong forms and surrogates count as invalid. */
+static size_t utf8_sequence(const uint8_t *s, size_t avail)
+{
+    size_t n;
+    uint32_t cp, min;
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+        n = 2, cp = s[0] & 0x1f, min = 0x80;
+    } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+        n = 3, cp = s[0] & 0x0f, min = 0x800;
+    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+        n = 4, cp = s[0] & 0x07, min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (avail < n)
+        return 0;
+    for (size_t k = 1; k < n; k++) {
+        if ((s[k] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n;
+}
+
 /* A quoted string with non-printable bytes escaped, at most max_bytes. */
 static void fmt_string(fmt_buf *f, const uint8_t *s, size_t len, size_t max_bytes)
 {
+    size_t i = 0;
     fmt_add(f, "\"");
-    for (size_t i = 0; i < len && i < max_bytes; i++) {
+    for (; i < len && i < max_bytes; i++) {
         uint8_t c = s[i];
-        if (c == '"' || c == '\\')
+        size_t seq = c >= 0x80 ? utf8_sequence(s + i, len - i) : 0;
+        if (seq > 0) {
+            /* Whole valid UTF-8 characters pass through; a string cut in
+             * the middle of one, or invalid bytes, are escaped. */
+            fmt_add(f, "%.*s", (int)seq, (const char *)s + i);
+            i += seq - 1;
+        } else if (c >= 0x80)
+            fmt_add(f, "\\x%02x", c);
+        else if (c == '"' || c == '\\')
             fmt_add(f, "\\%c", c);
         else if (c == '\n')
             fmt_add(f, "\\n");
@@ -1085,7 +1121,7 @@ static void fmt_string(fmt_buf *f, const uint8_t *s, size_t len, size_t max_byte
         else
             fmt_add(f, "%c", c);
     }
-    fmt_add(f, len > max_bytes ? "\"..." : "\"");
+    fmt_add(f, i < len ? "\"..." : "\"");
 }
 
 static void fmt_scalar(fmt_buf *f, const uint8_t *p, uint32_t type)
@@ -1147,8 +1183,15 @@ void eng_gguf_kv_format(const eng_gguf *g, int64_t kv, char *buf, size_t cap)
         if (a->count > shown)
             fmt_add(&f, " (%" PRIu64 " x %s)", a->count, eng_gguf_type_name(a->elem_type));
     }
-    if (f.full && cap >= 4)
-        memcpy(buf + cap - 4, "...", 4);
+    if (f.full && cap >= 4) {
+        /* Room for "...", cut before a character, not inside one. */
+        size_t len = f.len;
+        if (len > cap - 4)
+            len = cap - 4;
+        while (len > 0 && ((uint8_t)buf[len] & 0xc0) == 0x80)
+            len--;
+        memcpy(buf + len, "...", 4);
+    }
 }
 
 /* ---- tensors ------------------------------------------------------------ */

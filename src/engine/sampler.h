@@ -19,7 +19,8 @@ typedef struct eng_sampler_params {
     float top_p;             /* >= 1: off */
     float min_p;             /* <= 0: off */
     float repeat_penalty;    /* 1: off; llama.cpp semantics */
-    int32_t penalty_last_n;  /* tokens of history the penalties look at */
+    int32_t penalty_last_n;  /* tokens of history the penalties look at;
+                                0: none, < 0: the whole history */
     float presence_penalty;  /* 0: off; OpenAI semantics */
     float frequency_penalty; /* 0: off; OpenAI semantics */
     uint64_t seed;
@@ -38,6 +39,13 @@ void eng_sampler_free(eng_sampler *s);
  * history: the tokens so far (prompt and generated), for the penalties. */
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
                            size_t n_history);
+
+/* Step 1 of eng_sampler_sample on its own (sampler.c documents the order):
+ * applies the repetition / presence / frequency penalties of the last
+ * penalty_last_n history tokens to logits in place. Exposed so callers that
+ * report logprobs and tests can see exactly what the sampler saw. */
+void eng_sampler_apply_penalties(eng_sampler *s, float *logits, const int32_t *history,
+                                 size_t n_history);
 
 uint64_t eng_sampler_draws(const eng_sampler *s);
 void eng_sampler_set_draws(eng_sampler *s, uint64_t draws);

@@ -1,0 +1,521 @@
+/* test_sampler.c - the sampler: greedy and its tie rule, the counter-based
+ * random stream and resumption, top-k / top-p / min-p sets derived by hand,
+ * exact penalty amounts, the empirical distribution against a softmax the
+ * test computes itself, and a stable log-softmax. Everything uses fixed
+ * seeds, so the statistical checks are deterministic. */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The test's own pseudo-random numbers (a 64-bit LCG, top bits), independent
+ * of the sampler's generator. */
+static uint64_t test_rng_state = 88172645463325252ULL;
+static double test_rand(void)
+{
+    test_rng_state = test_rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(test_rng_state >> 11) / 9007199254740992.0;
+}
+
+static eng_sampler_params plain_params(float temperature, uint64_t seed)
+{
+    eng_sampler_params p = eng_sampler_default_params();
+    p.temperature = temperature;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = seed;
+    return p;
+}
+
+static int32_t argmax_lowest(const float *v, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    eng_sampler_params p = eng_sampler_default_params();
+    assert_true(p.temperature == 0.8f);
+    assert_int_equal(p.top_k, 40);
+    assert_true(p.top_p == 0.95f);
+    assert_true(p.min_p == 0.05f);
+    assert_true(p.repeat_penalty == 1.0f);
+    assert_int_equal(p.penalty_last_n, 64);
+    assert_null(eng_sampler_create(&p, 0));
+    assert_null(eng_sampler_create(NULL, 10));
+}
+
+static void test_greedy_and_ties(void **state)
+{
+    (void)state;
+    eng_sampler_params p = plain_params(0.0f, 7);
+    eng_sampler *s = eng_sampler_create(&p, 10);
+    assert_non_null(s);
+    float logits[10] = {0.1f, 3.0f, -2.0f, 5.0f, 1.0f, 4.9f, 5.0f, 0.0f, -INFINITY, 5.0f};
+    assert_int_equal(eng_sampler_sample(s, logits, NULL, 0), 3);
+    assert_int_equal(eng_sampler_draws(s), 1); /* greedy consumes a draw too */
+    float flat[10] = {0};
+    assert_int_equal(eng_sampler_sample(s, flat, NULL, 0), 0);
+    float nan_first[10] = {NAN, 1.0f, 2.0f, 0, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(eng_sampler_sample(s, nan_first, NULL, 0), 2);
+    assert_int_equal(eng_sampler_draws(s), 3);
+    /* A negative temperature is greedy as well. */
+    eng_sampler_free(s);
+    p.temperature = -1.0f;
+    s = eng_sampler_create(&p, 10);
+    float l2[10] = {0, 0, 0, 0, 0, 0, 0, 2.0f, 0, 2.0f};
+    assert_int_equal(eng_sampler_sample(s, l2, NULL, 0), 7);
+    eng_sampler_free(s);
+}
+
+static void test_uniform_stream(void **state)
+{
+    (void)state;
+    enum { N = 200000, BINS = 20 };
+    int hist[BINS] = {0};
+    double sum = 0.0;
+    for (uint64_t k = 0; k < N; k++) {
+        double u = eng_sampler_uniform(12345, k);
+        assert_true(u >= 0.0 && u < 1.0);
+        hist[(int)(u * BINS)]++;
+        sum += u;
+    }
+    /* A pure function of (seed, k). */
+    for (uint64_t k = 0; k < 100; k += 7)
+        assert_true(eng_sampler_uniform(12345, k) == eng_sampler_uniform(12345, k));
+    /* Seeds and neighbours differ. */
+    assert_true(eng_sampler_uniform(1, 0) != eng_sampler_uniform(2, 0));
+    assert_true(eng_sampler_uniform(1, 1) != eng_sampler_uniform(2, 0));
+    assert_true(eng_sampler_uniform(0, 0) != eng_sampler_uniform(0, 1));
+    /* Chi-square over 20 bins (19 degrees of freedom): the 99.99% point is
+     * about 49; a stream that is uniform passes for this fixed seed. */
+    double chi2 = 0.0, expect = (double)N / BINS;
+    for (int b = 0; b < BINS; b++)
+        chi2 += (hist[b] - expect) * (hist[b] - expect) / expect;
+    assert_true(chi2 < 49.0);
+    assert_true(fabs(sum / N - 0.5) < 0.005);
+    /* Consecutive values are not correlated (lag-1 correlation near 0). */
+    double sxy = 0.0;
+    for (uint64_t k = 0; k < N; k++)
+        sxy += (eng_sampler_uniform(99, k) - 0.5) * (eng_sampler_uniform(99, k + 1) - 0.5);
+    assert_true(fabs(sxy / N / (1.0 / 12.0)) < 0.02);
+}
+
+/* A fixed sequence of logit vectors for the reproducibility tests. */
+enum { SEQ_N = 60, SEQ_V = 300 };
+static float seq_logits[SEQ_N][SEQ_V];
+
+static void fill_seq(void)
+{
+    test_rng_state = 42;
+    for (int t = 0; t < SEQ_N; t++)
+        for (int v = 0; v < SEQ_V; v++)
+            seq_logits[t][v] = (float)(test_rand() * 8.0 - 4.0);
+}
+
+static void run_seq(const eng_sampler_params *p, int from, uint64_t draws, int32_t *history,
+                    int32_t *out)
+{
+    eng_sampler *s = eng_sampler_create(p, SEQ_V);
+    assert_non_null(s);
+    eng_sampler_set_draws(s, draws);
+    float work[SEQ_V];
+    for (int t = from; t < SEQ_N; t++) {
+        memcpy(work, seq_logits[t], sizeof work);
+        /* history = a 5-token prompt followed by what was generated */
+        out[t] = eng_sampler_sample(s, work, history, (size_t)(5 + t));
+        history[5 + t] = out[t];
+    }
+    assert_int_equal(eng_sampler_draws(s), draws + (uint64_t)(SEQ_N - from));
+    eng_sampler_free(s);
+}
+
+static void test_same_seed_same_tokens_and_resume(void **state)
+{
+    (void)state;
+    fill_seq();
+    eng_sampler_params p = eng_sampler_default_params();
+    p.temperature = 1.0f;
+    p.top_k = 50;
+    p.top_p = 0.9f;
+    p.min_p = 0.02f;
+    p.repeat_penalty = 1.3f;
+    p.presence_penalty = 0.2f;
+    p.frequency_penalty = 0.1f;
+    p.seed = 2024;
+    int32_t hist_a[5 + SEQ_N] = {1, 10, 20, 30, 10}, out_a[SEQ_N];
+    int32_t hist_b[5 + SEQ_N] = {1, 10, 20, 30, 10}, out_b[SEQ_N];
+    run_seq(&p, 0, 0, hist_a, out_a);
+    run_seq(&p, 0, 0, hist_b, out_b);
+    assert_memory_equal(out_a, out_b, sizeof out_a);
+
+    /* The draws are not all the same token: the stream really varies. */
+    int distinct = 0;
+    for (int t = 1; t < SEQ_N; t++)
+        distinct += out_a[t] != out_a[0];
+    assert_true(distinct > 10);
+
+    /* Resume at several points: a fresh sampler with set_draws(k), the
+     * history up to k, and logits k..n-1 gives the identical tail. */
+    const int cuts[] = {1, 17, 33, 59};
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+        int k = cuts[c];
+        int32_t hist_c[5 + SEQ_N], out_c[SEQ_N];
+        memcpy(hist_c, hist_a, sizeof hist_c);
+        memset(out_c, 0xff, sizeof out_c);
+        run_seq(&p, k, (uint64_t)k, hist_c, out_c);
+        assert_memory_equal(out_c + k, out_a + k, sizeof(int32_t) * (size_t)(SEQ_N - k));
+    }
+
+    /* A different seed gives a different sequence. */
+    p.seed = 2025;
+    int32_t hist_d[5 + SEQ_N] = {1, 10, 20, 30, 10}, out_d[SEQ_N];
+    run_seq(&p, 0, 0, hist_d, out_d);
+    assert_true(memcmp(out_a, out_d, sizeof out_a) != 0);
+}
+
+static void test_top_k_one_is_greedy(void **state)
+{
+    (void)state;
+    enum { V = 1000 };
+    float logits[V], copy[V];
+    eng_sampler_params pg = plain_params(0.0f, 3);
+    eng_sampler_params pk = plain_params(1.5f, 3);
+    pk.top_k = 1;
+    eng_sampler *g = eng_sampler_create(&pg, V);
+    eng_sampler *k = eng_sampler_create(&pk, V);
+    test_rng_state = 7;
+    for (int trial = 0; trial < 200; trial++) {
+        for (int i = 0; i < V; i++)
+            logits[i] = (float)(int)(test_rand() * 50.0); /* many ties */
+        memcpy(copy, logits, sizeof copy);
+        int32_t want = argmax_lowest(logits, V);
+        assert_int_equal(eng_sampler_sample(g, logits, NULL, 0), want);
+        assert_int_equal(eng_sampler_sample(k, copy, NULL, 0), want);
+    }
+    eng_sampler_free(g);
+    eng_sampler_free(k);
+}
+
+/* Samples `draws` times from logits (copied each time) and counts tokens. */
+static void sample_counts(const eng_sampler_params *p, const float *logits, int32_t n,
+                          int draws, long *counts)
+{
+    eng_sampler *s = eng_sampler_create(p, n);
+    float *work = sw_malloc(sizeof(float) * (size_t)n);
+    assert_non_null(s);
+    assert_non_null(work);
+    memset(counts, 0, sizeof(long) * (size_t)n);
+    for (int d = 0; d < draws; d++) {
+        memcpy(work, logits, sizeof(float) * (size_t)n);
+        int32_t t = eng_sampler_sample(s, work, NULL, 0);
+        assert_true(t >= 0 && t < n);
+        counts[t]++;
+    }
+    sw_free(work);
+    eng_sampler_free(s);
+}
+
+static void test_top_k_set(void **state)
+{
+    (void)state;
+    /* Logits 0..9 at shuffled ids; top-3 must only ever give the ids of
+     * the three largest, in proportion e^9 : e^8 : e^7. */
+    enum { V = 10 };
+    const int32_t id_of_rank[V] = {4, 9, 0, 7, 2, 5, 1, 8, 3, 6}; /* rank 0 = largest */
+    float logits[V];
+    for (int r = 0; r < V; r++)
+        logits[id_of_rank[r]] = (float)(9 - r);
+    eng_sampler_params p = plain_params(1.0f, 11);
+    p.top_k = 3;
+    long counts[V];
+    sample_counts(&p, logits, V, 30000, counts);
+    for (int r = 3; r < V; r++)
+        assert_int_equal(counts[id_of_rank[r]], 0);
+    double z = exp(9.0) + exp(8.0) + exp(7.0);
+    for (int r = 0; r < 3; r++)
+        assert_true(fabs(counts[id_of_rank[r]] / 30000.0 - exp(9.0 - r) / z) < 0.015);
+}
+
+static void test_top_p_set(void **state)
+{
+    (void)state;
+    /* Probabilities 1/2, 1/4, 1/8, 1/16, 1/16 at shuffled ids. */
+    enum { V = 5 };
+    const int32_t id_of_rank[V] = {3, 0, 4, 1, 2};
+    const double prob[V] = {0.5, 0.25, 0.125, 0.0625, 0.0625};
+    float logits[V];
+    for (int r = 0; r < V; r++)
+        logits[id_of_rank[r]] = (float)log(prob[r]);
+    long counts[V];
+    eng_sampler_params p = plain_params(1.0f, 5);
+
+    /* top_p 0.7: the smallest prefix reaching 0.7 is {1/2, 1/4} (0.75);
+     * renormalised 2/3 : 1/3. */
+    p.top_p = 0.7f;
+    sample_counts(&p, logits, V, 30000, counts);
+    assert_int_equal(counts[id_of_rank[2]] + counts[id_of_rank[3]] + counts[id_of_rank[4]], 0);
+    assert_true(fabs(counts[id_of_rank[0]] / 30000.0 - 2.0 / 3.0) < 0.015);
+
+    /* top_p 0.8: {1/2, 1/4, 1/8} (0.875). */
+    p.top_p = 0.8f;
+    sample_counts(&p, logits, V, 30000, counts);
+    assert_int_equal(counts[id_of_rank[3]] + counts[id_of_rank[4]], 0);
+    assert_true(counts[id_of_rank[2]] > 0);
+    assert_true(fabs(counts[id_of_rank[2]] / 30000.0 - 1.0 / 7.0) < 0.015);
+
+    /* top_p 0.4: at least the first token, alone. */
+    p.top_p = 0.4f;
+    sample_counts(&p, logits, V, 1000, counts);
+    assert_int_equal(counts[id_of_rank[0]], 1000);
+}
+
+static void test_min_p_set(void **state)
+{
+    (void)state;
+    /* Probabilities 0.4, 0.3, 0.2, 0.1 at ids 2, 0, 3, 1. */
+    enum { V = 4 };
+    float logits[V] = {(float)log(0.3), (float)log(0.1), (float)log(0.4), (float)log(0.2)};
+    long counts[V];
+    eng_sampler_params p = plain_params(1.0f, 9);
+    /* min_p 0.3: threshold 0.12 drops only the 0.1 (id 1). */
+    p.min_p = 0.3f;
+    sample_counts(&p, logits, V, 30000, counts);
+    assert_int_equal(counts[1], 0);
+    assert_true(fabs(counts[3] / 30000.0 - 0.2 / 0.9) < 0.015);
+    /* min_p 0.6: threshold 0.24 keeps 0.4 and 0.3: 4/7 : 3/7. */
+    p.min_p = 0.6f;
+    sample_counts(&p, logits, V, 30000, counts);
+    assert_int_equal(counts[1] + counts[3], 0);
+    assert_true(fabs(counts[2] / 30000.0 - 4.0 / 7.0) < 0.015);
+    /* min_p 1.5: only the most likely token can stay. */
+    p.min_p = 1.5f;
+    sample_counts(&p, logits, V, 500, counts);
+    assert_int_equal(counts[2], 500);
+}
+
+static void test_penalties_exact(void **state)
+{
+    (void)state;
+    enum { V = 8 };
+    eng_sampler_params p = plain_params(0.0f, 1);
+    p.repeat_penalty = 2.0f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    p.penalty_last_n = 6;
+    eng_sampler *s = eng_sampler_create(&p, V);
+    assert_non_null(s);
+    /* history: token 7 appears only before the window; the window (the
+     * last 6) holds 1 x3, 3 x2, 2 x1. */
+    const int32_t hist8[] = {7, 7, 1, 3, 1, 2, 3, 1};
+    float logits[V] = {1.0f, 3.0f, -1.0f, 0.0f, 2.0f, 2.0f, 2.0f, 4.0f};
+    eng_sampler_apply_penalties(s, logits, hist8, 8);
+    /* token 1: count 3, 3/2 - 0.5 - 0.75 = 0.25 */
+    assert_true(fabs(logits[1] - 0.25f) < 1e-6f);
+    /* token 2: count 1, -1*2 - 0.5 - 0.25 = -2.75 */
+    assert_true(fabs(logits[2] - -2.75f) < 1e-6f);
+    /* token 3: count 2, 0 stays 0 under rp, - 0.5 - 0.5 = -1.0 */
+    assert_true(fabs(logits[3] - -1.0f) < 1e-6f);
+    /* untouched: 0, 4, 5, 6, and 7 (outside the window) */
+    assert_true(logits[0] == 1.0f && logits[4] == 2.0f && logits[7] == 4.0f);
+
+    /* Out-of-range ids in the history are ignored without harm. */
+    const int32_t bad[] = {-5, 99, 8, 1};
+    float l2[V] = {0, 3.0f, 0, 0, 0, 0, 0, 0};
+    eng_sampler_apply_penalties(s, l2, bad, 4);
+    assert_true(fabs(l2[1] - (1.5f - 0.5f - 0.25f)) < 1e-6f);
+    for (int i = 2; i < V; i++)
+        assert_true(l2[i] == 0.0f);
+
+    /* The same penalties inside sample(): greedy moves off the repeated
+     * token. Without penalties 7 wins; with 7 repeated in the window it
+     * drops to 4/2 - 0.5 - 0.25 = 1.25, below token 4's 2.0. */
+    float l3[V] = {1.0f, 3.0f, -1.0f, 0.0f, 2.0f, 1.0f, 1.0f, 4.0f};
+    const int32_t h3[] = {7};
+    assert_int_equal(eng_sampler_sample(s, l3, h3, 1), 1); /* 3.0 beats 2.0 */
+    float l4[V] = {1.0f, 3.0f, -1.0f, 0.0f, 2.0f, 1.0f, 1.0f, 4.0f};
+    const int32_t h4[] = {7, 1};
+    assert_int_equal(eng_sampler_sample(s, l4, h4, 2), 4);
+    eng_sampler_free(s);
+
+    /* penalty_last_n 0: no penalties; negative: the whole history. */
+    p.penalty_last_n = 0;
+    s = eng_sampler_create(&p, V);
+    float l5[V] = {0, 3.0f, 0, 0, 0, 0, 0, 0};
+    eng_sampler_apply_penalties(s, l5, hist8, 8);
+    assert_true(l5[1] == 3.0f);
+    eng_sampler_free(s);
+    p.penalty_last_n = -1;
+    s = eng_sampler_create(&p, V);
+    float l6[V] = {0, 0, 0, 0, 0, 0, 0, 4.0f};
+    eng_sampler_apply_penalties(s, l6, hist8, 8);
+    assert_true(fabs(l6[7] - (2.0f - 0.5f - 0.5f)) < 1e-6f);
+    /* Calling twice applies twice (no state is left behind between calls). */
+    float l7[V] = {0, 0, 0, 0, 0, 0, 0, 4.0f};
+    eng_sampler_apply_penalties(s, l7, hist8, 8);
+    assert_true(l7[7] == l6[7]);
+    eng_sampler_free(s);
+}
+
+static void check_distribution(const float *logits, int32_t n, float temperature, int draws,
+                               uint64_t seed)
+{
+    long *counts = sw_calloc((size_t)n, sizeof *counts);
+    eng_sampler_params p = plain_params(temperature, seed);
+    sample_counts(&p, logits, n, draws, counts);
+    double mx = -INFINITY, z = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        if (logits[i] / temperature > mx)
+            mx = logits[i] / temperature;
+    for (int32_t i = 0; i < n; i++)
+        z += exp(logits[i] / temperature - mx);
+    double chi2 = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        double pr = exp(logits[i] / temperature - mx) / z;
+        double expect = pr * draws;
+        /* max abs diff: std of a frequency is at most 0.5/sqrt(draws) */
+        assert_true(fabs(counts[i] / (double)draws - pr) < 4.5 * 0.5 / sqrt((double)draws));
+        chi2 += (counts[i] - expect) * (counts[i] - expect) / expect;
+    }
+    /* n-1 = 11 degrees of freedom: the 99.99% point is about 35.7 */
+    assert_true(chi2 < 35.7);
+    sw_free(counts);
+}
+
+static void test_distribution_matches_softmax(void **state)
+{
+    (void)state;
+    const float logits[12] = {0.3f, -1.2f, 2.0f, 1.1f, 0.0f, -0.5f,
+                              1.9f, 0.7f, -2.5f, 0.2f, 1.4f, -0.1f};
+    check_distribution(logits, 12, 1.0f, 200000, 31337);
+    check_distribution(logits, 12, 0.6f, 200000, 4242);
+    check_distribution(logits, 12, 1.7f, 200000, 777);
+}
+
+static void test_large_vocab_top_k(void **state)
+{
+    (void)state;
+    enum { V = 256000 };
+    float *logits = sw_malloc(sizeof(float) * V);
+    float *copy = sw_malloc(sizeof(float) * V);
+    assert_non_null(logits);
+    test_rng_state = 99;
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(test_rand() * 10.0);
+    /* The 40th largest, computed by the test with a counting pass. */
+    eng_sampler_params p = eng_sampler_default_params(); /* top_k 40 */
+    p.seed = 5;
+    eng_sampler *s = eng_sampler_create(&p, V);
+    assert_non_null(s);
+    for (int d = 0; d < 50; d++) {
+        memcpy(copy, logits, sizeof(float) * V);
+        int32_t t = eng_sampler_sample(s, copy, NULL, 0);
+        assert_true(t >= 0 && t < V);
+        int larger = 0;
+        for (int i = 0; i < V; i++)
+            larger += logits[i] > logits[t];
+        assert_true(larger < 40);
+    }
+    eng_sampler_free(s);
+    /* No top-k at all: a full sort, still correct. */
+    p = plain_params(1.0f, 6);
+    s = eng_sampler_create(&p, V);
+    memcpy(copy, logits, sizeof(float) * V);
+    int32_t t = eng_sampler_sample(s, copy, NULL, 0);
+    assert_true(t >= 0 && t < V);
+    eng_sampler_free(s);
+    sw_free(logits);
+    sw_free(copy);
+}
+
+static void test_degenerate_logits(void **state)
+{
+    (void)state;
+    enum { V = 6 };
+    eng_sampler_params p = plain_params(1.0f, 1);
+    eng_sampler *s = eng_sampler_create(&p, V);
+    float all_ninf[V] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    assert_int_equal(eng_sampler_sample(s, all_ninf, NULL, 0), 0);
+    float one_pinf[V] = {0, 1, INFINITY, 3, INFINITY, 0};
+    assert_int_equal(eng_sampler_sample(s, one_pinf, NULL, 0), 2);
+    /* Only one finite token among -inf ones: always that one. */
+    for (int d = 0; d < 100; d++) {
+        float one[V] = {-INFINITY, -INFINITY, -INFINITY, 0.5f, -INFINITY, NAN};
+        assert_int_equal(eng_sampler_sample(s, one, NULL, 0), 3);
+    }
+    eng_sampler_free(s);
+}
+
+static void test_log_softmax(void **state)
+{
+    (void)state;
+    enum { V = 1000 };
+    float logits[V], lp[V];
+    test_rng_state = 1234;
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(test_rand() * 40.0 - 20.0);
+    eng_log_softmax(logits, lp, V);
+    double total = 0.0;
+    for (int i = 0; i < V; i++) {
+        assert_true(lp[i] <= 0.0f);
+        total += exp((double)lp[i]);
+    }
+    assert_true(fabs(total - 1.0) < 1e-5);
+    /* differences are preserved */
+    assert_true(fabs((lp[1] - lp[0]) - (logits[1] - logits[0])) < 1e-3);
+
+    /* Huge logits: no overflow. */
+    const float huge[4] = {1e30f, 1e30f, 0.0f, -1e30f};
+    float lh[4];
+    eng_log_softmax(huge, lh, 4);
+    assert_true(fabs(lh[0] - (float)-log(2.0)) < 1e-6f);
+    assert_true(fabs(lh[1] - (float)-log(2.0)) < 1e-6f);
+    assert_true(isfinite(lh[2]) && lh[2] < -1e29f);
+
+    /* -inf entries get -inf and the rest still sum to 1. */
+    const float with_inf[5] = {-INFINITY, 1.0f, 2.0f, -INFINITY, 3.0f};
+    float li[5];
+    eng_log_softmax(with_inf, li, 5);
+    assert_true(isinf(li[0]) && li[0] < 0 && isinf(li[3]) && li[3] < 0);
+    double t2 = exp(li[1]) + exp(li[2]) + exp(li[4]);
+    assert_true(fabs(t2 - 1.0) < 1e-6);
+    double z = exp(-2.0) + exp(-1.0) + 1.0;
+    assert_true(fabs(li[4] - (float)-log(z)) < 1e-6f);
+
+    /* All -inf: uniform by convention. */
+    const float none[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float ln[4];
+    eng_log_softmax(none, ln, 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(fabs(ln[i] - (float)-log(4.0)) < 1e-6f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_greedy_and_ties),
+        cmocka_unit_test(test_uniform_stream),
+        cmocka_unit_test(test_same_seed_same_tokens_and_resume),
+        cmocka_unit_test(test_top_k_one_is_greedy),
+        cmocka_unit_test(test_top_k_set),
+        cmocka_unit_test(test_top_p_set),
+        cmocka_unit_test(test_min_p_set),
+        cmocka_unit_test(test_penalties_exact),
+        cmocka_unit_test(test_distribution_matches_softmax),
+        cmocka_unit_test(test_large_vocab_top_k),
+        cmocka_unit_test(test_degenerate_logits),
+        cmocka_unit_test(test_log_softmax),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

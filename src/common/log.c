@@ -55,7 +55,7 @@ sw_log_level sw_log_get_level(void)
 void sw_log(sw_log_level level, const char *module, const char *fmt, ...)
 {
     char message[2048];
-    char stamp[40];
+    char stamp[64];
     struct timespec now;
     struct tm tm;
     va_list ap;
@@ -71,7 +71,7 @@ void sw_log(sw_log_level level, const char *module, const char *fmt, ...)
     gmtime_r(&now.tv_sec, &tm);
     snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
              tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-             tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000);
+             tm.tm_min, tm.tm_sec, (long)(now.tv_nsec / 1000000) % 1000);
 
     if (json_lines) {
         json_t *line = json_pack("{s:s, s:s, s:s, s:s}", "time", stamp, "level",

@@ -1,0 +1,35 @@
+/* threadpool.h - a fixed set of threads that run one parallel loop at a time.
+ *
+ * The forward pass issues dozens of short parallel loops per token (one per
+ * matrix product), so hand-off latency matters more than anything else:
+ * workers spin on an atomic generation counter for a short while before
+ * sleeping on a condition variable, and the caller takes part in the work
+ * instead of waiting idle. Work is split statically into one contiguous
+ * chunk per thread (the matrix products are uniform, so this balances).
+ */
+#ifndef SPILLWAY_DEVICE_CPU_THREADPOOL_H
+#define SPILLWAY_DEVICE_CPU_THREADPOOL_H
+
+#include <stdint.h>
+
+typedef struct cpu_threadpool cpu_threadpool;
+
+/* fn runs on [begin, end) of the item range; thread_index in [0, n_threads). */
+typedef void (*cpu_task_fn)(void *arg, int64_t begin, int64_t end, int thread_index);
+
+/* n_threads includes the calling thread; <= 0 means the number of online
+ * cores. Returns NULL if threads cannot be started. */
+cpu_threadpool *cpu_threadpool_create(int n_threads);
+void cpu_threadpool_free(cpu_threadpool *pool);
+int cpu_threadpool_size(const cpu_threadpool *pool);
+
+/* Runs fn over [0, n_items) split into one chunk per thread, each chunk a
+ * multiple of `grain` items (except the last), and returns when all are done.
+ * Not reentrant: one caller at a time. */
+void cpu_threadpool_run(cpu_threadpool *pool, int64_t n_items, int64_t grain,
+                        cpu_task_fn fn, void *arg);
+
+/* Number of online CPU cores (at least 1). */
+int cpu_core_count(void);
+
+#endif

@@ -1,0 +1,305 @@
+/* forward.c - the llama forward pass on the CPU.
+ *
+ * For a batch of n new tokens of one sequence at positions p..p+n-1:
+ *   x = embed(tokens)
+ *   per layer:  x += Wo . attention(rope(Wq . rms(x)), rope(Wk . rms(x)), Wv . rms(x))
+ *               x += Wdown . (silu(Wgate . rms(x)) * (Wup . rms(x)))
+ *   logits = Wout . rms(x_last)
+ * Matrix products run on the thread pool, rows split between threads; the
+ * activations are converted once per product to the weight type's dot
+ * format (cpu_convert_activations). Attention reads K and V from the
+ * sequence's KV blocks and runs in parallel over (token, head) pairs.
+ * Nothing here allocates: every buffer is in the context's workspace.
+ */
+#include "engine/model-impl.h"
+
+#include "device/cpu/cpu_kernels.h"
+#include "engine/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- matrix products ------------------------------------------------------ */
+
+/* Up to three products that share one input (Q/K/V, gate/up), run as one
+ * parallel loop over their concatenated rows so the threads meet once. */
+typedef struct matmul_job {
+    int n_mats;
+    const eng_weight *w[3];
+    float *y[3];
+    int64_t y_stride[3];
+    const void *xq;
+    size_t xq_row_bytes;
+    int64_t n_tokens;
+} matmul_job;
+
+static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
+{
+    const matmul_job *job = arg;
+    int64_t base = 0;
+    (void)thread_index;
+    for (int m = 0; m < job->n_mats; m++) {
+        const eng_weight *w = job->w[m];
+        int64_t r0 = begin - base, r1 = end - base;
+        if (r0 < 0)
+            r0 = 0;
+        if (r1 > w->n_out)
+            r1 = w->n_out;
+        if (r0 < r1)
+            cpu_matmul_rows(w->type, w->data, w->row_bytes, w->n_in, job->xq, job->xq_row_bytes,
+                            job->n_tokens, job->y[m], job->y_stride[m], r0, r1);
+        base += w->n_out;
+    }
+}
+
+/* y_m[t][r] = W_m . x[t] for each weight m; x is n_tokens rows of n_in floats. */
+static void matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, float *const *y,
+                   const float *x, int64_t n_tokens)
+{
+    unsigned char *act = ctx->workspace + ctx->layout.act;
+    matmul_job job = {.n_mats = n_mats, .xq = act, .n_tokens = n_tokens};
+    int64_t rows = 0;
+    size_t row_bytes = 0;
+
+    eng_type_row_bytes(eng_vec_dot_type(w[0]->type), w[0]->n_in, &row_bytes);
+    cpu_convert_activations(w[0]->type, x, w[0]->n_in, n_tokens, w[0]->n_in, act);
+    job.xq_row_bytes = row_bytes;
+    for (int m = 0; m < n_mats; m++) {
+        job.w[m] = w[m];
+        job.y[m] = y[m];
+        job.y_stride[m] = w[m]->n_out;
+        rows += w[m]->n_out;
+    }
+    cpu_threadpool_run(ctx->pool, rows, 16, matmul_task, &job);
+}
+
+/* ---- element-wise pieces --------------------------------------------------- */
+
+static void rms_norm(float *out, const float *x, const float *weight, int64_t n, float eps)
+{
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * scale * weight[i];
+}
+
+/* Rotates consecutive pairs (x[2i], x[2i+1]) of the first n_rot values of
+ * each head by theta_i = pos * base^(-2i/n_rot) (the GGUF llama layout).
+ * theta is advanced by repeated multiplication, as the reference engine does,
+ * so the angles agree with it to the last bit. */
+static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot,
+                 float theta_scale, int32_t pos)
+{
+    float theta = (float)pos;
+    for (int32_t i = 0; i < n_rot / 2; i++) {
+        float c = cosf(theta), s = sinf(theta);
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *p = vec + (int64_t)h * head_dim + 2 * i;
+            float a = p[0], b = p[1];
+            p[0] = a * c - b * s;
+            p[1] = a * s + b * c;
+        }
+        theta *= theta_scale;
+    }
+}
+
+/* ---- attention --------------------------------------------------------------- */
+
+typedef struct attention_job {
+    eng_context *ctx;
+    const eng_sequence *seq;
+    int32_t layer;
+    int32_t pos0;      /* position of the first token of the batch */
+    int64_t n_tokens;
+    const float *q;    /* (n_tokens, n_head * head_dim) */
+    float *out;        /* (n_tokens, n_head * head_dim) */
+} attention_job;
+
+/* Address of the K (kv = 0) or V (kv = 1) row of position pos in a layer. */
+static unsigned char *kv_row(eng_context *ctx, const eng_sequence *seq, int32_t layer, int kv,
+                             int32_t pos)
+{
+    const eng_hparams *hp = &ctx->model->hp;
+    int32_t block_tokens = ctx->params.kv_block_tokens;
+    size_t elem = ctx->params.kv_type == ENG_TYPE_F32 ? 4 : 2;
+    size_t row_bytes = (size_t)hp->n_head_kv * hp->head_dim * elem;
+    int32_t block = seq->block_table[pos / block_tokens];
+    size_t in_block = ((size_t)(layer * 2 + kv) * block_tokens + pos % block_tokens) * row_bytes;
+    return ctx->kv_pool + (size_t)block * ctx->block_bytes + in_block;
+}
+
+static void attention_task(void *arg, int64_t begin, int64_t end, int thread_index)
+{
+    const attention_job *job = arg;
+    eng_context *ctx = job->ctx;
+    const eng_hparams *hp = &ctx->model->hp;
+    const int32_t hd = hp->head_dim, n_head = hp->n_head;
+    const int32_t group = hp->n_head / hp->n_head_kv;
+    const bool kv_f16 = ctx->params.kv_type != ENG_TYPE_F32;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = (float *)(ctx->workspace + ctx->layout.scores) +
+                    (size_t)thread_index * ctx->params.n_ctx;
+
+    for (int64_t item = begin; item < end; item++) {
+        int64_t t = item / n_head;
+        int32_t h = (int32_t)(item % n_head);
+        int32_t kv_head = h / group;
+        int32_t n_pos = job->pos0 + (int32_t)t + 1; /* causal: itself and before */
+        const float *q = job->q + t * (int64_t)n_head * hd + (int64_t)h * hd;
+        float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
+        float max = -INFINITY, sum = 0.0f;
+
+        for (int32_t p = 0; p < n_pos; p++) {
+            unsigned char *k = kv_row(ctx, job->seq, job->layer, 0, p);
+            float s = kv_f16 ? cpu_dot_f16_f32((const uint16_t *)k + (size_t)kv_head * hd, q, hd)
+                             : cpu_dot_f32((const float *)k + (size_t)kv_head * hd, q, hd);
+            s *= scale;
+            scores[p] = s;
+            if (s > max)
+                max = s;
+        }
+        for (int32_t p = 0; p < n_pos; p++) {
+            scores[p] = expf(scores[p] - max);
+            sum += scores[p];
+        }
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int32_t p = 0; p < n_pos; p++) {
+            unsigned char *v = kv_row(ctx, job->seq, job->layer, 1, p);
+            float weight = scores[p] / sum;
+            if (kv_f16)
+                cpu_axpy_f16(out, weight, (const uint16_t *)v + (size_t)kv_head * hd, hd);
+            else
+                cpu_axpy_f32(out, weight, (const float *)v + (size_t)kv_head * hd, hd);
+        }
+    }
+}
+
+/* ---- one batch ---------------------------------------------------------------- */
+
+/* Runs n (<= n_batch) tokens whose KV blocks are already reserved. */
+static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *tokens, int64_t n,
+                          float *logits)
+{
+    const eng_model *m = ctx->model;
+    const eng_hparams *hp = &m->hp;
+    const int64_t dim = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, n_ff = hp->n_ff;
+    const bool kv_f16 = ctx->params.kv_type != ENG_TYPE_F32;
+    unsigned char *ws = ctx->workspace;
+    float *x = (float *)(ws + ctx->layout.x), *xn = (float *)(ws + ctx->layout.xn);
+    float *q = (float *)(ws + ctx->layout.q), *k = (float *)(ws + ctx->layout.k);
+    float *v = (float *)(ws + ctx->layout.v), *att = (float *)(ws + ctx->layout.att);
+    float *gate = (float *)(ws + ctx->layout.gate), *up = (float *)(ws + ctx->layout.up);
+    const int32_t pos0 = seq->n_tokens;
+
+    for (int64_t t = 0; t < n; t++)
+        eng_dequantize_row(m->token_embd.type,
+                           (const unsigned char *)m->token_embd.data +
+                               (size_t)tokens[t] * m->token_embd.row_bytes,
+                           x + t * dim, dim);
+
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const eng_layer *L = &m->layers[l];
+
+        for (int64_t t = 0; t < n; t++)
+            rms_norm(xn + t * dim, x + t * dim, L->attn_norm.data, dim, hp->rms_eps);
+        {
+            const eng_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+            float *y[3] = {q, k, v};
+            matmul(ctx, 3, w, y, xn, n);
+        }
+        for (int64_t t = 0; t < n; t++) {
+            int32_t pos = pos0 + (int32_t)t;
+            rope(q + t * q_dim, hp->n_head, hp->head_dim, hp->n_rot, ctx->rope_theta_scale, pos);
+            rope(k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, ctx->rope_theta_scale, pos);
+            unsigned char *k_dst = kv_row(ctx, seq, l, 0, pos);
+            unsigned char *v_dst = kv_row(ctx, seq, l, 1, pos);
+            if (kv_f16) {
+                cpu_fp32_to_fp16_row(k + t * kv_dim, (uint16_t *)k_dst, kv_dim);
+                cpu_fp32_to_fp16_row(v + t * kv_dim, (uint16_t *)v_dst, kv_dim);
+            } else {
+                memcpy(k_dst, k + t * kv_dim, (size_t)kv_dim * sizeof(float));
+                memcpy(v_dst, v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+            }
+        }
+        {
+            attention_job job = {ctx, seq, l, pos0, n, q, att};
+            cpu_threadpool_run(ctx->pool, n * hp->n_head, 1, attention_task, &job);
+        }
+        {
+            const eng_weight *w[1] = {&L->wo};
+            float *y[1] = {xn};
+            matmul(ctx, 1, w, y, att, n);
+            for (int64_t i = 0; i < n * dim; i++)
+                x[i] += xn[i];
+        }
+
+        for (int64_t t = 0; t < n; t++)
+            rms_norm(xn + t * dim, x + t * dim, L->ffn_norm.data, dim, hp->rms_eps);
+        {
+            const eng_weight *w[2] = {&L->w_gate, &L->w_up};
+            float *y[2] = {gate, up};
+            matmul(ctx, 2, w, y, xn, n);
+        }
+        for (int64_t i = 0; i < n * n_ff; i++) {
+            float g = gate[i];
+            gate[i] = g / (1.0f + expf(-g)) * up[i];
+        }
+        {
+            const eng_weight *w[1] = {&L->w_down};
+            float *y[1] = {xn};
+            matmul(ctx, 1, w, y, gate, n);
+            for (int64_t i = 0; i < n * dim; i++)
+                x[i] += xn[i];
+        }
+    }
+    seq->n_tokens += (int32_t)n;
+
+    if (logits) {
+        const float *last = x + (n - 1) * dim;
+        const eng_weight *w[1] = {&m->output};
+        float *y[1] = {logits};
+        rms_norm(xn, last, m->output_norm.data, dim, hp->rms_eps);
+        matmul(ctx, 1, w, y, xn, 1);
+    }
+}
+
+int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
+               float *logits, sw_error *err)
+{
+    const eng_hparams *hp = &ctx->model->hp;
+    eng_sequence *seq;
+    int rc;
+
+    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max)
+        return sw_error_set(err, SW_EINVAL, "sequence %d does not exist (the context holds %d)",
+                            seq_id, ctx->params.n_seq_max);
+    if (n_tokens <= 0)
+        return sw_error_set(err, SW_EINVAL, "nothing to decode");
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return sw_error_set(err, SW_EINVAL, "token id %d is outside the vocabulary of %d",
+                                tokens[i], hp->n_vocab);
+    seq = &ctx->seqs[seq_id];
+    if ((int64_t)seq->n_tokens + n_tokens > ctx->params.n_ctx)
+        return sw_error_set(err, SW_ECONTEXT,
+                            "%d tokens after %d already in the sequence exceed the context of %d",
+                            n_tokens, seq->n_tokens, ctx->params.n_ctx);
+    if ((rc = eng__seq_reserve(ctx, seq, seq->n_tokens + n_tokens, err)))
+        return rc;
+
+    for (int32_t done = 0; done < n_tokens;) {
+        int32_t n = n_tokens - done;
+        if (n > ctx->params.n_batch)
+            n = ctx->params.n_batch;
+        bool last = done + n == n_tokens;
+        forward_batch(ctx, seq, tokens + done, n,
+                      last && logits ? (float *)(ctx->workspace + ctx->layout.logits) : NULL);
+        done += n;
+    }
+    if (logits)
+        memcpy(logits, ctx->workspace + ctx->layout.logits, (size_t)hp->n_vocab * sizeof(float));
+    return SW_OK;
+}

@@ -1,0 +1,138 @@
+/* generate.c - see generate.h. */
+#include "engine/generate.h"
+
+#include "common/alloc.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+double eng_now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+eng_generate_params eng_generate_default_params(void)
+{
+    eng_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.max_tokens = 64;
+    p.sampling = eng_sampler_default_params();
+    return p;
+}
+
+const char *eng_finish_reason_name(eng_finish_reason reason)
+{
+    switch (reason) {
+    case ENG_FINISH_STOP: return "stop";
+    case ENG_FINISH_CANCELLED: return "cancelled";
+    case ENG_FINISH_LENGTH: break;
+    }
+    return "length";
+}
+
+/* The k largest log-probabilities, best first (ties: lower id first). */
+static int32_t top_k_logprobs(const float *logprobs, int32_t n_vocab, int32_t k,
+                              eng_token_logprob *top)
+{
+    int32_t n = 0;
+    for (int32_t id = 0; id < n_vocab; id++) {
+        float lp = logprobs[id];
+        if (n == k && !(lp > top[n - 1].logprob))
+            continue;
+        int32_t at = n < k ? n++ : k - 1;
+        while (at > 0 && lp > top[at - 1].logprob) {
+            top[at] = top[at - 1];
+            at--;
+        }
+        top[at].id = id;
+        top[at].logprob = lp;
+    }
+    return n;
+}
+
+int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
+                 const eng_generate_params *params, eng_generate_on_token on_token,
+                 void *user, eng_generate_stats *stats, sw_error *err)
+{
+    const eng_model *model = eng_context_model(ctx);
+    const eng_hparams *hp = eng_model_hparams(model);
+    const eng_tokenizer *tok = eng_model_tokenizer(model);
+    const int32_t n_vocab = hp->n_vocab;
+    int32_t n_ctx = eng_context_params_get(ctx)->n_ctx;
+    int32_t top_k = params->top_logprobs;
+    float *logits = NULL, *logprobs = NULL;
+    int32_t *history = NULL;
+    eng_sampler *sampler = NULL;
+    size_t n_history = 0;
+    int rc = SW_OK;
+    double t0;
+
+    memset(stats, 0, sizeof *stats);
+    if (n_prompt <= 0)
+        return sw_error_set(err, SW_EINVAL, "the prompt is empty");
+    if (params->max_tokens < 0 || top_k < 0 || top_k > ENG_MAX_TOP_LOGPROBS)
+        return sw_error_set(err, SW_EINVAL, "max_tokens or top_logprobs out of range");
+    if (n_prompt > n_ctx)
+        return sw_error_set(err, SW_ECONTEXT, "the prompt has %d tokens, the context holds %d",
+                            n_prompt, n_ctx);
+
+    logits = sw_malloc((size_t)n_vocab * sizeof(float));
+    logprobs = top_k ? sw_malloc((size_t)n_vocab * sizeof(float)) : NULL;
+    history = sw_malloc(((size_t)n_prompt + (size_t)params->max_tokens) * sizeof(int32_t));
+    sampler = eng_sampler_create(&params->sampling, n_vocab);
+    if (!logits || (top_k && !logprobs) || !history || !sampler) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory starting a generation");
+        goto done;
+    }
+    eng_sampler_set_draws(sampler, params->skip_draws);
+    memcpy(history, prompt, (size_t)n_prompt * sizeof(int32_t));
+    n_history = (size_t)n_prompt;
+
+    eng_seq_clear(ctx, params->seq_id);
+    stats->n_prompt = n_prompt;
+    stats->finish = ENG_FINISH_LENGTH;
+    t0 = eng_now_seconds();
+    if ((rc = eng_decode(ctx, params->seq_id, prompt, n_prompt, logits, err)))
+        goto done;
+    stats->prefill_seconds = eng_now_seconds() - t0;
+    t0 = eng_now_seconds();
+
+    for (int32_t i = 0; i < params->max_tokens; i++) {
+        eng_generate_step step;
+        memset(&step, 0, sizeof step);
+        if (top_k) {
+            eng_log_softmax(logits, logprobs, n_vocab);
+            step.n_top = top_k_logprobs(logprobs, n_vocab, top_k, step.top);
+        }
+        step.index = i;
+        step.token = eng_sampler_sample(sampler, logits, history, n_history);
+        if (top_k)
+            step.logprob = logprobs[step.token];
+        history[n_history++] = step.token;
+        stats->n_generated++;
+        bool eog = !params->ignore_eos && eng_tokenizer_is_eog(tok, step.token);
+        if (on_token && !on_token(user, &step)) {
+            stats->finish = ENG_FINISH_CANCELLED;
+            break;
+        }
+        if (eog) {
+            stats->finish = ENG_FINISH_STOP;
+            break;
+        }
+        if (i + 1 == params->max_tokens || eng_seq_length(ctx, params->seq_id) >= n_ctx)
+            break;
+        if ((rc = eng_decode(ctx, params->seq_id, &step.token, 1, logits, err)))
+            goto done;
+    }
+    stats->decode_seconds = eng_now_seconds() - t0;
+done:
+    eng_seq_clear(ctx, params->seq_id);
+    eng_sampler_free(sampler);
+    sw_free(history);
+    sw_free(logprobs);
+    sw_free(logits);
+    return rc;
+}

@@ -1,0 +1,71 @@
+/* generate.h - the generation loop: prefill a prompt, then sample and decode
+ * one token at a time, reporting each token through a callback.
+ *
+ * It is the one loop used by `spillway run`, the benchmarks and the tests.
+ * Resuming an interrupted generation is a call with prompt + the k tokens
+ * already emitted and skip_draws = k: the sampler's counter-based stream
+ * makes the continuation identical to the uninterrupted run.
+ */
+#ifndef SPILLWAY_ENGINE_GENERATE_H
+#define SPILLWAY_ENGINE_GENERATE_H
+
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define ENG_MAX_TOP_LOGPROBS 20
+
+typedef struct eng_generate_params {
+    int32_t max_tokens;           /* tokens to generate at most */
+    eng_sampler_params sampling;
+    int32_t top_logprobs;         /* 0..ENG_MAX_TOP_LOGPROBS per step */
+    bool ignore_eos;              /* keep going past end-of-generation tokens */
+    uint64_t skip_draws;          /* resume: sampler draws already consumed */
+    int32_t seq_id;               /* which sequence of the context */
+} eng_generate_params;
+
+typedef struct eng_token_logprob {
+    int32_t id;
+    float logprob;                /* natural log, full softmax, no sampling transforms */
+} eng_token_logprob;
+
+typedef struct eng_generate_step {
+    int32_t index;                /* 0-based among generated tokens (after skip) */
+    int32_t token;
+    float logprob;                /* of the chosen token (when top_logprobs > 0) */
+    int32_t n_top;
+    eng_token_logprob top[ENG_MAX_TOP_LOGPROBS];
+} eng_generate_step;
+
+/* Called for every generated token; return false to stop (finish "cancelled"). */
+typedef bool (*eng_generate_on_token)(void *user, const eng_generate_step *step);
+
+typedef enum eng_finish_reason {
+    ENG_FINISH_LENGTH = 0,        /* max_tokens or context limit */
+    ENG_FINISH_STOP = 1,          /* end-of-generation token */
+    ENG_FINISH_CANCELLED = 2,     /* the callback asked to stop */
+} eng_finish_reason;
+
+typedef struct eng_generate_stats {
+    int32_t n_prompt;
+    int32_t n_generated;
+    double prefill_seconds;
+    double decode_seconds;        /* from the first generated token's decode on */
+    eng_finish_reason finish;
+} eng_generate_stats;
+
+eng_generate_params eng_generate_default_params(void);
+const char *eng_finish_reason_name(eng_finish_reason reason);
+
+/* Generates after prompt on params->seq_id (which must be empty: the call
+ * clears it first and again at the end). */
+int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
+                 const eng_generate_params *params, eng_generate_on_token on_token,
+                 void *user, eng_generate_stats *stats, sw_error *err);
+
+/* Monotonic clock in seconds. */
+double eng_now_seconds(void);
+
+#endif

@@ -1,0 +1,235 @@
+/* model.c - loading a llama-architecture GGUF model and checking that every
+ * tensor the forward pass needs is present with the right shape and a
+ * supported type. The forward pass itself is in forward.c; the memory
+ * figures are in memory.c. */
+#include "engine/model-impl.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "engine/quant.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+static const char *const supported_architectures = "llama";
+
+/* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
+ * when `required` is false. */
+static int read_u32(const eng_gguf *g, const char *arch, const char *suffix, int32_t *out,
+                    bool required, sw_error *err)
+{
+    char key[128];
+    uint32_t value;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = eng_gguf_get_u32(g, key, &value, err);
+    if (rc == SW_ENOTFOUND && !required)
+        return SW_OK;
+    if (rc == SW_ENOTFOUND)
+        return sw_error_set(err, SW_EFORMAT, "model metadata is missing '%s'", key);
+    if (rc != SW_OK)
+        return rc;
+    if (value == 0 || value > (1u << 30))
+        return sw_error_set(err, SW_EFORMAT, "model metadata '%s' = %u is out of range", key,
+                            value);
+    *out = (int32_t)value;
+    return SW_OK;
+}
+
+static int read_f32(const eng_gguf *g, const char *arch, const char *suffix, float *out,
+                    sw_error *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = eng_gguf_get_f32(g, key, out, err);
+    return rc == SW_ENOTFOUND ? SW_OK : rc;
+}
+
+static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
+{
+    const char *arch;
+    size_t arch_len;
+    int rc = eng_gguf_get_str(g, "general.architecture", &arch, &arch_len, err);
+    if (rc == SW_ENOTFOUND)
+        return sw_error_set(err, SW_EFORMAT, "model metadata is missing 'general.architecture'");
+    if (rc != SW_OK)
+        return rc;
+    if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
+        return sw_error_set(err, SW_EUNSUPPORTED,
+                            "unsupported model architecture '%.*s' (supported: %s)",
+                            (int)(arch_len > 64 ? 64 : arch_len), arch, supported_architectures);
+    memcpy(hp->architecture, arch, arch_len);
+    hp->architecture[arch_len] = '\0';
+
+    hp->n_ctx_train = 2048;
+    hp->rms_eps = 1e-5f;
+    hp->rope_freq_base = 10000.0f;
+    if ((rc = read_u32(g, "llama", "embedding_length", &hp->n_embd, true, err)) ||
+        (rc = read_u32(g, "llama", "block_count", &hp->n_layer, true, err)) ||
+        (rc = read_u32(g, "llama", "feed_forward_length", &hp->n_ff, true, err)) ||
+        (rc = read_u32(g, "llama", "attention.head_count", &hp->n_head, true, err)) ||
+        (rc = read_u32(g, "llama", "context_length", &hp->n_ctx_train, false, err)))
+        return rc;
+    hp->n_head_kv = hp->n_head;
+    if ((rc = read_u32(g, "llama", "attention.head_count_kv", &hp->n_head_kv, false, err)) ||
+        (rc = read_f32(g, "llama", "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)) ||
+        (rc = read_f32(g, "llama", "rope.freq_base", &hp->rope_freq_base, err)))
+        return rc;
+    if (hp->n_embd % hp->n_head != 0)
+        return sw_error_set(err, SW_EFORMAT, "embedding length %d is not a multiple of %d heads",
+                            hp->n_embd, hp->n_head);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return sw_error_set(err, SW_EFORMAT, "%d heads are not a multiple of %d KV heads",
+                            hp->n_head, hp->n_head_kv);
+    hp->head_dim = hp->n_embd / hp->n_head;
+    hp->n_rot = hp->head_dim;
+    if ((rc = read_u32(g, "llama", "rope.dimension_count", &hp->n_rot, false, err)))
+        return rc;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return sw_error_set(err, SW_EFORMAT, "rope dimension count %d does not fit head size %d",
+                            hp->n_rot, hp->head_dim);
+    if (!(hp->rms_eps > 0.0f) || !(hp->rope_freq_base > 0.0f))
+        return sw_error_set(err, SW_EFORMAT, "rms epsilon and rope base must be positive");
+    return SW_OK;
+}
+
+/* Finds a tensor, checks its shape {n_in, n_out} (n_out 0 for vectors) and
+ * that the engine supports its type. */
+static int bind_weight(const eng_gguf *g, const char *name, int64_t n_in, int64_t n_out,
+                       bool vector_f32, eng_weight *out, sw_error *err)
+{
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(g, name);
+    const eng_type_traits *traits;
+    if (!t)
+        return sw_error_set(err, SW_EFORMAT, "model is missing tensor '%s'", name);
+    if (vector_f32) {
+        if (t->n_dims != 1 || t->ne[0] != n_in)
+            return sw_error_set(err, SW_EFORMAT, "tensor '%s' should be a vector of %lld values",
+                                name, (long long)n_in);
+        if (t->type != ENG_TYPE_F32)
+            return sw_error_set(err, SW_EUNSUPPORTED, "tensor '%s' must be f32", name);
+    } else if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out) {
+        return sw_error_set(err, SW_EFORMAT,
+                            "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                            (long long)t->ne[0], (long long)(t->n_dims > 1 ? t->ne[1] : 1),
+                            (long long)n_in, (long long)n_out);
+    }
+    traits = eng_type_traits_get(t->type);
+    if (!traits || !traits->supported)
+        return sw_error_set(err, SW_EUNSUPPORTED, "tensor '%s' has type %s, which this engine "
+                            "does not run yet (supported: f32, f16, q8_0, q4_0)", name,
+                            traits ? traits->name : "unknown");
+    out->data = t->data;
+    out->type = t->type;
+    out->n_in = n_in;
+    out->n_out = n_out ? n_out : 1;
+    if (!eng_type_row_bytes(t->type, n_in, &out->row_bytes))
+        return sw_error_set(err, SW_EFORMAT, "tensor '%s': row of %lld values does not fit "
+                            "type %s blocks", name, (long long)n_in, traits->name);
+    out->size_bytes = t->size_bytes;
+    return SW_OK;
+}
+
+static int bind_weights(eng_model *m, sw_error *err)
+{
+    const eng_gguf *g = m->gguf;
+    const eng_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+    int rc;
+
+    const eng_gguf_tensor *embd = eng_gguf_find_tensor(g, "token_embd.weight");
+    if (!embd)
+        return sw_error_set(err, SW_EFORMAT, "model is missing tensor 'token_embd.weight'");
+    if (embd->n_dims != 2 || embd->ne[1] > INT32_MAX || embd->ne[1] < 1)
+        return sw_error_set(err, SW_EFORMAT, "tensor 'token_embd.weight' is not a matrix");
+    m->hp.n_vocab = (int32_t)embd->ne[1];
+    if ((rc = bind_weight(g, "token_embd.weight", hp->n_embd, hp->n_vocab, false,
+                          &m->token_embd, err)))
+        return rc;
+    if ((rc = bind_weight(g, "output_norm.weight", hp->n_embd, 0, true, &m->output_norm, err)))
+        return rc;
+    if (eng_gguf_find_tensor(g, "output.weight")) {
+        if ((rc = bind_weight(g, "output.weight", hp->n_embd, hp->n_vocab, false, &m->output,
+                              err)))
+            return rc;
+    } else {
+        m->output = m->token_embd;
+        m->hp.tied_output = true;
+    }
+
+    m->layers = sw_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return sw_error_set(err, SW_ENOMEM, "out of memory for %d layers", hp->n_layer);
+    for (int32_t i = 0; i < hp->n_layer; i++) {
+        eng_layer *L = &m->layers[i];
+        struct {
+            const char *suffix;
+            int64_t n_in, n_out;
+            bool vector;
+            eng_weight *dst;
+        } spec[] = {
+            {"attn_norm", hp->n_embd, 0, true, &L->attn_norm},
+            {"attn_q", hp->n_embd, q_dim, false, &L->wq},
+            {"attn_k", hp->n_embd, kv_dim, false, &L->wk},
+            {"attn_v", hp->n_embd, kv_dim, false, &L->wv},
+            {"attn_output", q_dim, hp->n_embd, false, &L->wo},
+            {"ffn_norm", hp->n_embd, 0, true, &L->ffn_norm},
+            {"ffn_gate", hp->n_embd, hp->n_ff, false, &L->w_gate},
+            {"ffn_up", hp->n_embd, hp->n_ff, false, &L->w_up},
+            {"ffn_down", hp->n_ff, hp->n_embd, false, &L->w_down},
+        };
+        for (size_t s = 0; s < sizeof spec / sizeof spec[0]; s++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", i, spec[s].suffix);
+            if ((rc = bind_weight(g, name, spec[s].n_in, spec[s].n_out, spec[s].vector,
+                                  spec[s].dst, err)))
+                return rc;
+        }
+    }
+    return SW_OK;
+}
+
+int eng_model_load(const char *path, eng_model **out, sw_error *err)
+{
+    eng_model *m = sw_calloc(1, sizeof *m);
+    int rc;
+    if (!m)
+        return sw_error_set(err, SW_ENOMEM, "out of memory loading %s", path);
+    if ((rc = eng_gguf_open(path, &m->gguf, err)))
+        goto fail;
+    if ((rc = read_hparams(m->gguf, &m->hp, err)) || (rc = bind_weights(m, err)))
+        goto fail;
+    if ((rc = eng_tokenizer_load(m->gguf, &m->tokenizer, err)))
+        goto fail;
+    if (eng_tokenizer_n_vocab(m->tokenizer) != m->hp.n_vocab) {
+        rc = sw_error_set(err, SW_EFORMAT, "vocabulary has %d tokens but token_embd has %d rows",
+                          eng_tokenizer_n_vocab(m->tokenizer), m->hp.n_vocab);
+        goto fail;
+    }
+    for (int64_t i = 0; i < eng_gguf_n_tensors(m->gguf); i++)
+        m->weights_bytes += eng_gguf_tensor_at(m->gguf, i)->size_bytes;
+    SW_DEBUG("engine", "loaded %s: %d layers, dim %d, %d heads (%d kv), ffn %d, vocab %d", path,
+             m->hp.n_layer, m->hp.n_embd, m->hp.n_head, m->hp.n_head_kv, m->hp.n_ff,
+             m->hp.n_vocab);
+    *out = m;
+    return SW_OK;
+fail:
+    eng_model_free(m);
+    return rc;
+}
+
+void eng_model_free(eng_model *model)
+{
+    if (!model)
+        return;
+    eng_tokenizer_free(model->tokenizer);
+    sw_free(model->layers);
+    eng_gguf_close(model->gguf);
+    sw_free(model);
+}
+
+const eng_hparams *eng_model_hparams(const eng_model *model) { return &model->hp; }
+const eng_tokenizer *eng_model_tokenizer(const eng_model *model) { return model->tokenizer; }
+const eng_gguf *eng_model_gguf(const eng_model *model) { return model->gguf; }
+size_t eng_model_weights_bytes(const eng_model *model) { return model->weights_bytes; }

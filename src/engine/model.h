@@ -1,0 +1,105 @@
+/* model.h - a llama-architecture model: loading, memory accounting, and the
+ * forward pass on the CPU.
+ *
+ * eng_model is the read-only part (hyper-parameters, weights mapped from the
+ * GGUF file, the tokenizer); it can be shared by several contexts.
+ * eng_context is the mutable part: the KV cache, kept in fixed-size blocks of
+ * tokens (a sequence holds ceil(tokens / block) blocks, taken from a free
+ * list as it grows), the workspace for the largest batch, and a thread pool.
+ *
+ * Memory accounting: eng_model_weights_bytes, eng_kv_bytes_per_token and
+ * eng_workspace_bytes are the exact figures the context allocates, and the
+ * same functions serve planning and admission (DESIGN.md, Memory model).
+ */
+#ifndef SPILLWAY_ENGINE_MODEL_H
+#define SPILLWAY_ENGINE_MODEL_H
+
+#include "common/error.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eng_hparams {
+    char architecture[32];
+    int32_t n_vocab;
+    int32_t n_embd;      /* model width (dim) */
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;    /* n_embd / n_head */
+    int32_t n_rot;       /* rotated dimensions per head (rope.dimension_count) */
+    int32_t n_ff;
+    int32_t n_ctx_train;
+    float rms_eps;
+    float rope_freq_base;
+    bool tied_output;    /* output head shares token_embd */
+} eng_hparams;
+
+typedef struct eng_model eng_model;
+
+/* Loads a GGUF file: checks the architecture, every tensor's presence, shape
+ * and type, and loads the tokenizer. Weights stay in the file mapping. */
+int eng_model_load(const char *path, eng_model **out, sw_error *err);
+void eng_model_free(eng_model *model);
+
+const eng_hparams *eng_model_hparams(const eng_model *model);
+const eng_tokenizer *eng_model_tokenizer(const eng_model *model);
+const eng_gguf *eng_model_gguf(const eng_model *model);
+
+/* ---- memory accounting ------------------------------------------------- */
+/* Exact bytes of all weight tensors. */
+size_t eng_model_weights_bytes(const eng_model *model);
+/* 2 (K and V) x layers x n_head_kv x head_dim x sizeof(kv element). */
+size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
+/* Bytes of one KV block of block_tokens tokens. */
+size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens);
+/* Activations and scratch for batches of up to n_batch tokens with contexts
+ * up to n_ctx, n_threads threads: what eng_context_create allocates besides
+ * the KV cache. */
+size_t eng_workspace_bytes(const eng_model *model, int32_t n_batch, int32_t n_ctx,
+                           int32_t n_threads);
+
+/* ---- context ------------------------------------------------------------- */
+typedef struct eng_context_params {
+    int32_t n_ctx;           /* most tokens per sequence (0: min(n_ctx_train, 4096)) */
+    int32_t n_batch;         /* most tokens per forward call (default 256) */
+    int32_t n_threads;       /* 0: one per core */
+    int32_t n_seq_max;       /* sequences the KV pool is sized for (default 1) */
+    int32_t kv_block_tokens; /* tokens per KV block (default 16) */
+    uint32_t kv_type;        /* ENG_TYPE_F16 (default) or ENG_TYPE_F32 */
+} eng_context_params;
+
+eng_context_params eng_context_default_params(void);
+
+typedef struct eng_context eng_context;
+
+int eng_context_create(const eng_model *model, const eng_context_params *params,
+                       eng_context **out, sw_error *err);
+void eng_context_free(eng_context *ctx);
+
+const eng_context_params *eng_context_params_get(const eng_context *ctx);
+const eng_model *eng_context_model(const eng_context *ctx);
+
+/* Runs the model over n_tokens new tokens of sequence seq_id (appended after
+ * the tokens it already holds; batches larger than n_batch are split). If
+ * logits is not NULL, the last token's n_vocab logits are written there.
+ * Errors: SW_EINVAL (bad token id or seq id), SW_ECONTEXT (past n_ctx),
+ * SW_EDEVOOM (no free KV block). On error the sequence keeps the tokens it
+ * had before the call. */
+int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
+               float *logits, sw_error *err);
+
+/* Tokens currently held by a sequence. */
+int32_t eng_seq_length(const eng_context *ctx, int32_t seq_id);
+/* Drops a sequence's tokens and returns its KV blocks to the pool. */
+void eng_seq_clear(eng_context *ctx, int32_t seq_id);
+
+/* Bytes of the KV pool (all blocks) and of the blocks in use now. */
+size_t eng_context_kv_bytes_total(const eng_context *ctx);
+size_t eng_context_kv_bytes_used(const eng_context *ctx);
+size_t eng_context_workspace_bytes(const eng_context *ctx);
+
+#endif

@@ -26,6 +26,11 @@ typedef enum cpu_isa {
 cpu_isa cpu_kernels_isa(void);
 const char *cpu_isa_name(cpu_isa isa);
 
+/* Test hook: switches every entry point to `isa`, or to the best level below
+ * it that this CPU supports, and returns the level actually set. Not safe
+ * while other threads are inside the kernels. */
+cpu_isa cpu_kernels_force_isa(cpu_isa isa);
+
 /* Converts n_tokens rows of n floats (row stride x_stride floats) to the
  * activation format for weight type wtype (eng_vec_dot_type), writing rows of
  * dst_row_bytes (= eng_type_row_bytes(vec_dot_type, n)) contiguously. */

@@ -1,0 +1,299 @@
+/* cpu_kernels.c - dispatch of the CPU kernels to the best instruction set,
+ * and the portable C versions every other level is checked against.
+ *
+ * The level is chosen once, from the CPU's features and the environment
+ * variable SPILLWAY_CPU_KERNELS (which can only lower it), and every entry
+ * point of cpu_kernels.h goes through the chosen table. The scalar versions
+ * here mirror engine/quant.c's reference arithmetic; the SIMD files only
+ * change the order of float additions.
+ */
+#include "device/cpu/cpu_kernels.h"
+#include "device/cpu/cpu_kernels_impl.h"
+#include "engine/quant.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_HAVE_X86 1
+#else
+#define CPU_HAVE_X86 0
+#endif
+
+/* ---- scalar kernels ------------------------------------------------------ */
+
+static void cpu_scalar_quantize_row_q8_0(const float *x, void *dst, int64_t n)
+{
+    eng_quantize_row(ENG_TYPE_Q8_0, x, dst, n);
+}
+
+/* One generic loop: y[t][r] = reference dot of row r and token t. */
+static void cpu_scalar_matmul(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
+                              const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                              int64_t y_stride, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const unsigned char *w_row = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        for (int64_t t = 0; t < n_tokens; t++) {
+            const unsigned char *x_row = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
+            y[t * y_stride + r] = eng_vec_dot_ref(wtype, n_in, w_row, x_row);
+        }
+    }
+}
+
+#define CPU_SCALAR_MATMUL(name, type)                                                         \
+    static void name(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,        \
+                     size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,       \
+                     int64_t r0, int64_t r1)                                                  \
+    {                                                                                         \
+        cpu_scalar_matmul(type, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y,         \
+                          y_stride, r0, r1);                                                  \
+    }
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_f32, ENG_TYPE_F32)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_f16, ENG_TYPE_F16)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_q8_0, ENG_TYPE_Q8_0)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_q4_0, ENG_TYPE_Q4_0)
+
+static float cpu_scalar_dot_f32(const float *a, const float *b, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += a[i] * b[i];
+    return sum;
+}
+
+static void cpu_scalar_axpy_f32(float *y, float a, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static float cpu_scalar_dot_f16_f32(const uint16_t *a, const float *b, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        sum += eng_fp16_to_fp32(a[i]) * b[i];
+    return sum;
+}
+
+static void cpu_scalar_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * eng_fp16_to_fp32(x[i]);
+}
+
+static void cpu_scalar_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = eng_fp32_to_fp16(x[i]);
+}
+
+static void cpu_scalar_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = eng_fp16_to_fp32(x[i]);
+}
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+static cpu__kernel_table cpu_tables[3];
+static cpu_isa cpu_best_isa = CPU_ISA_SCALAR;  /* what the CPU supports */
+static cpu_isa cpu_active_isa = CPU_ISA_SCALAR; /* what is in use */
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+/* Entries a level leaves NULL inherit the level below. */
+static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *below)
+{
+#define CPU_INHERIT(field)                                                                    \
+    if (t->field == NULL)                                                                     \
+        t->field = below->field;
+    CPU_INHERIT(quantize_row_q8_0)
+    CPU_INHERIT(matmul_f32)
+    CPU_INHERIT(matmul_f16)
+    CPU_INHERIT(matmul_q8_0)
+    CPU_INHERIT(matmul_q4_0)
+    CPU_INHERIT(dot_f32)
+    CPU_INHERIT(axpy_f32)
+    CPU_INHERIT(dot_f16_f32)
+    CPU_INHERIT(axpy_f16)
+    CPU_INHERIT(fp32_to_fp16_row)
+    CPU_INHERIT(fp16_to_fp32_row)
+#undef CPU_INHERIT
+}
+
+static void cpu_dispatch_init(void)
+{
+    cpu__kernel_table *s = &cpu_tables[CPU_ISA_SCALAR];
+    s->quantize_row_q8_0 = cpu_scalar_quantize_row_q8_0;
+    s->matmul_f32 = cpu_scalar_matmul_f32;
+    s->matmul_f16 = cpu_scalar_matmul_f16;
+    s->matmul_q8_0 = cpu_scalar_matmul_q8_0;
+    s->matmul_q4_0 = cpu_scalar_matmul_q4_0;
+    s->dot_f32 = cpu_scalar_dot_f32;
+    s->axpy_f32 = cpu_scalar_axpy_f32;
+    s->dot_f16_f32 = cpu_scalar_dot_f16_f32;
+    s->axpy_f16 = cpu_scalar_axpy_f16;
+    s->fp32_to_fp16_row = cpu_scalar_fp32_to_fp16_row;
+    s->fp16_to_fp32_row = cpu_scalar_fp16_to_fp32_row;
+    cpu_tables[CPU_ISA_AVX2] = *s;
+    cpu_tables[CPU_ISA_AVX512] = *s;
+
+#if CPU_HAVE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        memset(&cpu_tables[CPU_ISA_AVX2], 0, sizeof cpu_tables[CPU_ISA_AVX2]);
+        cpu__kernels_avx2_init(&cpu_tables[CPU_ISA_AVX2]);
+        cpu_table_inherit(&cpu_tables[CPU_ISA_AVX2], s);
+        cpu_tables[CPU_ISA_AVX512] = cpu_tables[CPU_ISA_AVX2];
+        cpu_best_isa = CPU_ISA_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vnni")) {
+            memset(&cpu_tables[CPU_ISA_AVX512], 0, sizeof cpu_tables[CPU_ISA_AVX512]);
+            cpu__kernels_avx512_init(&cpu_tables[CPU_ISA_AVX512]);
+            cpu_table_inherit(&cpu_tables[CPU_ISA_AVX512], &cpu_tables[CPU_ISA_AVX2]);
+            cpu_best_isa = CPU_ISA_AVX512;
+        }
+    }
+#endif
+
+    cpu_active_isa = cpu_best_isa;
+    const char *want = getenv("SPILLWAY_CPU_KERNELS");
+    if (want != NULL) {
+        cpu_isa level = cpu_best_isa;
+        if (strcmp(want, "scalar") == 0)
+            level = CPU_ISA_SCALAR;
+        else if (strcmp(want, "avx2") == 0)
+            level = CPU_ISA_AVX2;
+        else if (strcmp(want, "avx512") == 0)
+            level = CPU_ISA_AVX512;
+        if (level < cpu_active_isa)
+            cpu_active_isa = level;
+    }
+}
+
+static inline const cpu__kernel_table *cpu_table(void)
+{
+    pthread_once(&cpu_once, cpu_dispatch_init);
+    return &cpu_tables[cpu_active_isa];
+}
+
+cpu_isa cpu_kernels_isa(void)
+{
+    pthread_once(&cpu_once, cpu_dispatch_init);
+    return cpu_active_isa;
+}
+
+cpu_isa cpu_kernels_force_isa(cpu_isa isa)
+{
+    pthread_once(&cpu_once, cpu_dispatch_init);
+    if (isa < CPU_ISA_SCALAR)
+        isa = CPU_ISA_SCALAR;
+    cpu_active_isa = isa > cpu_best_isa ? cpu_best_isa : isa;
+    return cpu_active_isa;
+}
+
+const char *cpu_isa_name(cpu_isa isa)
+{
+    switch (isa) {
+    case CPU_ISA_SCALAR:
+        return "scalar";
+    case CPU_ISA_AVX2:
+        return "avx2";
+    case CPU_ISA_AVX512:
+        return "avx512";
+    }
+    return "unknown";
+}
+
+/* ---- entry points -------------------------------------------------------- */
+
+void cpu_convert_activations(uint32_t wtype, const float *x, int64_t x_stride,
+                             int64_t n_tokens, int64_t n, void *dst)
+{
+    const cpu__kernel_table *k = cpu_table();
+    unsigned char *out = dst;
+    switch (eng_vec_dot_type(wtype)) {
+    case ENG_TYPE_Q8_0: {
+        size_t row_bytes = (size_t)(n / ENG_QK8_0) * sizeof(eng_block_q8_0);
+        for (int64_t t = 0; t < n_tokens; t++)
+            k->quantize_row_q8_0(x + t * x_stride, out + (size_t)t * row_bytes, n);
+        break;
+    }
+    case ENG_TYPE_F16:
+        for (int64_t t = 0; t < n_tokens; t++)
+            k->fp32_to_fp16_row(x + t * x_stride, (uint16_t *)(void *)out + t * n, n);
+        break;
+    default:
+        for (int64_t t = 0; t < n_tokens; t++)
+            memcpy(out + (size_t)(t * n) * sizeof(float), x + t * x_stride,
+                   (size_t)n * sizeof(float));
+        break;
+    }
+}
+
+void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
+                     const void *xq, size_t xq_row_bytes, int64_t n_tokens,
+                     float *y, int64_t y_stride, int64_t r0, int64_t r1)
+{
+    const cpu__kernel_table *k = cpu_table();
+    if (r1 <= r0 || n_tokens <= 0)
+        return;
+    cpu__matmul_fn fn = NULL;
+    switch (wtype) {
+    case ENG_TYPE_F32:
+        fn = k->matmul_f32;
+        break;
+    case ENG_TYPE_F16:
+        fn = k->matmul_f16;
+        break;
+    case ENG_TYPE_Q8_0:
+        fn = k->matmul_q8_0;
+        break;
+    case ENG_TYPE_Q4_0:
+        fn = k->matmul_q4_0;
+        break;
+    default:
+        return; /* the loader refuses unsupported types before this */
+    }
+    fn(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+float cpu_vec_dot(uint32_t wtype, int64_t n, const void *w_row, const void *x_row)
+{
+    float y = 0.0f;
+    cpu_matmul_rows(wtype, w_row, 0, n, x_row, 0, 1, &y, 1, 0, 1);
+    return y;
+}
+
+float cpu_dot_f32(const float *a, const float *b, int64_t n)
+{
+    return cpu_table()->dot_f32(a, b, n);
+}
+
+void cpu_axpy_f32(float *y, float a, const float *x, int64_t n)
+{
+    cpu_table()->axpy_f32(y, a, x, n);
+}
+
+float cpu_dot_f16_f32(const uint16_t *a, const float *b, int64_t n)
+{
+    return cpu_table()->dot_f16_f32(a, b, n);
+}
+
+void cpu_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+{
+    cpu_table()->axpy_f16(y, a, x, n);
+}
+
+void cpu_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n)
+{
+    cpu_table()->fp32_to_fp16_row(x, y, n);
+}
+
+void cpu_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n)
+{
+    cpu_table()->fp16_to_fp32_row(x, y, n);
+}

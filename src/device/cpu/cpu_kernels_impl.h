@@ -1,0 +1,39 @@
+/* cpu_kernels_impl.h - what each instruction-set file of the CPU kernels
+ * provides to the dispatcher in cpu_kernels.c (not for other modules).
+ *
+ * Every level fills one table of the same shape; cpu_kernels.c picks one at
+ * first use. A level may leave an entry NULL to inherit the one of the level
+ * below (the table is completed at dispatch).
+ */
+#ifndef SPILLWAY_DEVICE_CPU_KERNELS_IMPL_H
+#define SPILLWAY_DEVICE_CPU_KERNELS_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Same meaning as cpu_matmul_rows, for one weight type. */
+typedef void (*cpu__matmul_fn)(const void *w, size_t w_row_bytes, int64_t n_in,
+                               const void *xq, size_t xq_row_bytes, int64_t n_tokens,
+                               float *y, int64_t y_stride, int64_t r0, int64_t r1);
+
+typedef struct cpu__kernel_table {
+    /* n floats (a multiple of 32) to n/32 Q8_0 blocks, bit-exact with
+     * eng_quantize_row(ENG_TYPE_Q8_0, ...) */
+    void (*quantize_row_q8_0)(const float *x, void *dst, int64_t n);
+    cpu__matmul_fn matmul_f32;
+    cpu__matmul_fn matmul_f16;
+    cpu__matmul_fn matmul_q8_0;
+    cpu__matmul_fn matmul_q4_0;
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    void (*fp32_to_fp16_row)(const float *x, uint16_t *y, int64_t n);
+    void (*fp16_to_fp32_row)(const uint16_t *x, float *y, int64_t n);
+} cpu__kernel_table;
+
+/* Filled by cpu_kernels_avx2.c / cpu_kernels_avx512.c (x86-64 builds only). */
+void cpu__kernels_avx2_init(cpu__kernel_table *table);
+void cpu__kernels_avx512_init(cpu__kernel_table *table);
+
+#endif

@@ -1,0 +1,338 @@
+/* quant.c - the weight type table, fp16/bf16 conversions, and the scalar
+ * reference quantizers, dequantizers and dot products (see quant.h).
+ *
+ * This file is the ground truth the SIMD kernels in device/cpu/ are tested
+ * against, so it favours obviousness over speed. The fp16 conversion is
+ * written to be bit-exact with the x86 F16C instructions (round to nearest
+ * even, subnormals kept, NaNs quietened with their top payload bits kept),
+ * so a scalar and a SIMD build quantize activations identically.
+ */
+#include "engine/quant.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <string.h>
+
+/* Block sizes and bytes follow the ggml layouts, so a GGUF file's tensor
+ * sizes can be checked for every type even when the engine cannot run it. */
+static const eng_type_traits quant_traits[ENG_TYPE_COUNT_] = {
+    [ENG_TYPE_F32] = {"f32", 1, 4, true},
+    [ENG_TYPE_F16] = {"f16", 1, 2, true},
+    [ENG_TYPE_Q4_0] = {"q4_0", 32, 18, true},
+    [ENG_TYPE_Q4_1] = {"q4_1", 32, 20, false},
+    [ENG_TYPE_Q5_0] = {"q5_0", 32, 22, false},
+    [ENG_TYPE_Q5_1] = {"q5_1", 32, 24, false},
+    [ENG_TYPE_Q8_0] = {"q8_0", 32, 34, true},
+    [ENG_TYPE_Q8_1] = {"q8_1", 32, 36, false},
+    [ENG_TYPE_Q2_K] = {"q2_k", 256, 84, false},
+    [ENG_TYPE_Q3_K] = {"q3_k", 256, 110, false},
+    [ENG_TYPE_Q4_K] = {"q4_k", 256, 144, false},
+    [ENG_TYPE_Q5_K] = {"q5_k", 256, 176, false},
+    [ENG_TYPE_Q6_K] = {"q6_k", 256, 210, false},
+    [ENG_TYPE_Q8_K] = {"q8_k", 256, 292, false},
+    [ENG_TYPE_BF16] = {"bf16", 1, 2, false},
+};
+
+const eng_type_traits *eng_type_traits_get(uint32_t type)
+{
+    if (type >= ENG_TYPE_COUNT_ || quant_traits[type].name == NULL)
+        return NULL;
+    return &quant_traits[type];
+}
+
+int eng_type_from_name(const char *name)
+{
+    if (name == NULL)
+        return -1;
+    static const uint32_t runnable[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_Q8_0,
+                                        ENG_TYPE_Q4_0};
+    for (size_t i = 0; i < sizeof runnable / sizeof runnable[0]; i++) {
+        const char *known = quant_traits[runnable[i]].name;
+        size_t k = 0;
+        while (known[k] != '\0' && name[k] != '\0' &&
+               tolower((unsigned char)name[k]) == known[k])
+            k++;
+        if (known[k] == '\0' && name[k] == '\0')
+            return (int)runnable[i];
+    }
+    return -1;
+}
+
+bool eng_type_row_bytes(uint32_t type, int64_t n, size_t *out)
+{
+    const eng_type_traits *tr = eng_type_traits_get(type);
+    if (tr == NULL || n < 0 || n % tr->block_size != 0)
+        return false;
+    uint64_t blocks = (uint64_t)(n / tr->block_size);
+    if (blocks != 0 && tr->block_bytes > SIZE_MAX / blocks)
+        return false;
+    if (out != NULL)
+        *out = (size_t)blocks * tr->block_bytes;
+    return true;
+}
+
+/* ---- fp16 / bf16 --------------------------------------------------------- */
+
+static inline uint32_t quant_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float quant_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float eng_fp16_to_fp32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24 is exact in float */
+        float mag = (float)mant * 0x1p-24f;
+        return quant_bits_f32(sign | quant_f32_bits(mag));
+    }
+    if (exp == 31) /* inf, or NaN made quiet as F16C does */
+        return quant_bits_f32(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0));
+    return quant_bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t eng_fp32_to_fp16(float f)
+{
+    uint32_t x = quant_f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t abs = x & 0x7fffffffu;
+    if (abs > 0x7f800000u) /* NaN: quiet it, keep the top payload bits */
+        return (uint16_t)(sign | 0x7e00u | ((abs & 0x7fffffu) >> 13));
+    if (abs >= 0x47800000u) /* >= 2^16 (or inf): beyond every finite half */
+        return (uint16_t)(sign | 0x7c00u);
+    if (abs >= 0x38800000u) { /* normal half range (>= 2^-14) */
+        uint32_t value = ((abs >> 23) - 112) << 10 | (abs & 0x7fffffu) >> 13;
+        uint32_t rest = abs & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (value & 1u)))
+            value++; /* a carry into the exponent is right, up to inf */
+        return (uint16_t)(sign | value);
+    }
+    if (abs <= 0x33000000u) /* <= 2^-25: rounds to zero (the tie goes to even) */
+        return sign;
+    /* subnormal half: value = mantissa * 2^(e - 126) units of 2^-24 */
+    uint32_t e = abs >> 23;
+    uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t value = m >> shift;
+    uint32_t rest = m & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (value & 1u)))
+        value++;
+    return (uint16_t)(sign | value);
+}
+
+float eng_bf16_to_fp32(uint16_t h)
+{
+    return quant_bits_f32((uint32_t)h << 16);
+}
+
+uint16_t eng_fp32_to_bf16(float f)
+{
+    uint32_t x = quant_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a (quiet) NaN */
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(x >> 16);
+}
+
+/* ---- quantize / dequantize ----------------------------------------------- */
+
+/* ggml's reference Q8_0: d = amax / 127, q = round(x / d), half away from 0. */
+static void quant_quantize_q8_0(const float *src, eng_block_q8_0 *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK8_0; b++) {
+        const float *x = src + b * ENG_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < ENG_QK8_0; j++) {
+            float a = fabsf(x[j]);
+            if (a > amax)
+                amax = a;
+        }
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        dst[b].d = eng_fp32_to_fp16(d);
+        for (int j = 0; j < ENG_QK8_0; j++) {
+            float q = roundf(x[j] * id);
+            /* only reachable with inf/nan input; keeps the cast defined */
+            if (!(q >= -127.0f))
+                q = q != q ? 0.0f : -127.0f;
+            if (q > 127.0f)
+                q = 127.0f;
+            dst[b].qs[j] = (int8_t)q;
+        }
+    }
+}
+
+/* ggml's reference Q4_0: the value of largest magnitude (with its sign) maps
+ * to -8, d = max / -8, q = min(15, trunc(x / d + 8.5)). */
+static void quant_quantize_q4_0(const float *src, eng_block_q4_0 *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK4_0; b++) {
+        const float *x = src + b * ENG_QK4_0;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < ENG_QK4_0; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = max / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        dst[b].d = eng_fp32_to_fp16(d);
+        for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+            float v0 = x[j] * id + 8.5f;
+            float v1 = x[j + ENG_QK4_0 / 2] * id + 8.5f;
+            int q0 = v0 >= 0.0f && v0 < 16.0f ? (int)v0 : (v0 >= 16.0f ? 15 : 0);
+            int q1 = v1 >= 0.0f && v1 < 16.0f ? (int)v1 : (v1 >= 16.0f ? 15 : 0);
+            if (q0 > 15)
+                q0 = 15;
+            if (q1 > 15)
+                q1 = 15;
+            dst[b].qs[j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    switch (type) {
+    case ENG_TYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case ENG_TYPE_F16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = eng_fp16_to_fp32(h[i]);
+        break;
+    }
+    case ENG_TYPE_BF16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = eng_bf16_to_fp32(h[i]);
+        break;
+    }
+    case ENG_TYPE_Q8_0: {
+        const eng_block_q8_0 *blk = src;
+        for (int64_t b = 0; b < n / ENG_QK8_0; b++) {
+            float d = eng_fp16_to_fp32(blk[b].d);
+            for (int j = 0; j < ENG_QK8_0; j++)
+                dst[b * ENG_QK8_0 + j] = d * (float)blk[b].qs[j];
+        }
+        break;
+    }
+    case ENG_TYPE_Q4_0: {
+        const eng_block_q4_0 *blk = src;
+        for (int64_t b = 0; b < n / ENG_QK4_0; b++) {
+            float d = eng_fp16_to_fp32(blk[b].d);
+            for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+                dst[b * ENG_QK4_0 + j] = d * (float)((blk[b].qs[j] & 0x0f) - 8);
+                dst[b * ENG_QK4_0 + j + 16] = d * (float)((blk[b].qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    }
+    default:
+        /* unsupported types never reach here: the loader refuses them */
+        memset(dst, 0, (size_t)n * sizeof(float));
+        break;
+    }
+}
+
+void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
+{
+    switch (type) {
+    case ENG_TYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case ENG_TYPE_F16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = eng_fp32_to_fp16(src[i]);
+        break;
+    }
+    case ENG_TYPE_BF16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = eng_fp32_to_bf16(src[i]);
+        break;
+    }
+    case ENG_TYPE_Q8_0:
+        quant_quantize_q8_0(src, dst, n);
+        break;
+    case ENG_TYPE_Q4_0:
+        quant_quantize_q4_0(src, dst, n);
+        break;
+    default:
+        break;
+    }
+}
+
+uint32_t eng_vec_dot_type(uint32_t type)
+{
+    switch (type) {
+    case ENG_TYPE_F16:
+        return ENG_TYPE_F16;
+    case ENG_TYPE_Q8_0:
+    case ENG_TYPE_Q4_0:
+        return ENG_TYPE_Q8_0;
+    default:
+        return ENG_TYPE_F32;
+    }
+}
+
+float eng_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *x_row)
+{
+    float sum = 0.0f;
+    switch (type) {
+    case ENG_TYPE_F32: {
+        const float *w = w_row, *x = x_row;
+        for (int64_t i = 0; i < n; i++)
+            sum += w[i] * x[i];
+        break;
+    }
+    case ENG_TYPE_F16: {
+        const uint16_t *w = w_row, *x = x_row;
+        for (int64_t i = 0; i < n; i++)
+            sum += eng_fp16_to_fp32(w[i]) * eng_fp16_to_fp32(x[i]);
+        break;
+    }
+    case ENG_TYPE_Q8_0: {
+        const eng_block_q8_0 *w = w_row;
+        const eng_block_q8_0 *x = x_row;
+        for (int64_t b = 0; b < n / ENG_QK8_0; b++) {
+            int32_t isum = 0;
+            for (int j = 0; j < ENG_QK8_0; j++)
+                isum += (int32_t)w[b].qs[j] * x[b].qs[j];
+            sum += (float)isum * (eng_fp16_to_fp32(w[b].d) * eng_fp16_to_fp32(x[b].d));
+        }
+        break;
+    }
+    case ENG_TYPE_Q4_0: {
+        const eng_block_q4_0 *w = w_row;
+        const eng_block_q8_0 *x = x_row;
+        for (int64_t b = 0; b < n / ENG_QK4_0; b++) {
+            int32_t isum = 0;
+            for (int j = 0; j < ENG_QK4_0 / 2; j++) {
+                isum += ((w[b].qs[j] & 0x0f) - 8) * (int32_t)x[b].qs[j];
+                isum += ((w[b].qs[j] >> 4) - 8) * (int32_t)x[b].qs[j + 16];
+            }
+            sum += (float)isum * (eng_fp16_to_fp32(w[b].d) * eng_fp16_to_fp32(x[b].d));
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    return sum;
+}

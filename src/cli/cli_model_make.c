@@ -1,11 +1,156 @@
-/* cli_model_make.c - placeholder until this subcommand is written. */
+/* cli_model_make.c - `spillway model make`: writes a synthetic llama GGUF
+ * (engine/model_make.h) for tests, CI and the demo, so nobody needs to
+ * download a model to try spillway. A preset (default tiny) is applied
+ * first, then the shape options override it, whatever their order. */
 #include "cli/cli.h"
 
+#include "engine/model_make.h"
+#include "engine/quant.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void model_make_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: spillway model make -o FILE [--preset tiny|small|1b] [--dim N] [--layers N]\n"
+            "                           [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
+            "                           [--ctx N] [--type f32|f16|q8_0|q4_0] [--tied]\n"
+            "                           [--seed S] [--name NAME]\n"
+            "Writes a llama-architecture GGUF with deterministic pseudo-random weights\n"
+            "(the same options always give the same file).\n"
+            "presets: tiny  dim 64, 2 layers, 4 heads, 2 kv, ffn 128, vocab 512, f32 (default)\n"
+            "         small dim 512, 8 layers, 8 heads, 4 kv, ffn 1536, vocab 32000, q8_0\n"
+            "         1b    dim 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000, q8_0\n");
+}
+
+static int model_make_int(const char *opt, const char *text, int32_t *out)
+{
+    char *end;
+    errno = 0;
+    long v = text ? strtol(text, &end, 10) : 0;
+    if (!text || !*text || *end || errno || v <= 0 || v > INT32_MAX) {
+        fprintf(stderr, "spillway model make: %s needs a positive integer, got '%s'\n", opt,
+                text ? text : "");
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
 
 int cli_model_make(int argc, char **argv)
 {
-    (void)argc;
-    fprintf(stderr, "spillway: '%s' is not implemented yet\n", argv[0]);
-    return 2;
+    eng_model_make_params p = eng_model_make_default_params();
+    const char *path = NULL;
+    sw_error err;
+
+    /* The preset first, so that --dim etc. override it in any order. */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--preset") == 0) {
+            if (i + 1 >= argc || eng_model_make_preset(argv[i + 1], &p) != 0) {
+                fprintf(stderr, "spillway model make: --preset needs tiny, small or 1b\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            model_make_usage(stdout);
+            return 0;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *opt = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int32_t *target = NULL;
+        if (strcmp(opt, "--tied") == 0) {
+            p.tied_output = true;
+            continue;
+        }
+        if (strcmp(opt, "-o") != 0 && strcmp(opt, "--output") != 0 &&
+            strcmp(opt, "--preset") != 0 && strcmp(opt, "--dim") != 0 &&
+            strcmp(opt, "--layers") != 0 && strcmp(opt, "--heads") != 0 &&
+            strcmp(opt, "--kv-heads") != 0 && strcmp(opt, "--ffn") != 0 &&
+            strcmp(opt, "--vocab") != 0 && strcmp(opt, "--ctx") != 0 &&
+            strcmp(opt, "--type") != 0 && strcmp(opt, "--seed") != 0 &&
+            strcmp(opt, "--name") != 0) {
+            fprintf(stderr, "spillway model make: unknown option '%s'\n", opt);
+            model_make_usage(stderr);
+            return 2;
+        }
+        if (!val) {
+            fprintf(stderr, "spillway model make: %s needs a value\n", opt);
+            return 2;
+        }
+        i++;
+        if (strcmp(opt, "-o") == 0 || strcmp(opt, "--output") == 0) {
+            path = val;
+        } else if (strcmp(opt, "--preset") == 0) {
+            /* applied above */
+        } else if (strcmp(opt, "--type") == 0) {
+            int type = eng_type_from_name(val);
+            if (type != ENG_TYPE_F32 && type != ENG_TYPE_F16 && type != ENG_TYPE_Q8_0 &&
+                type != ENG_TYPE_Q4_0) {
+                fprintf(stderr, "spillway model make: --type must be f32, f16, q8_0 or q4_0, "
+                                "got '%s'\n", val);
+                return 2;
+            }
+            p.weight_type = (uint32_t)type;
+        } else if (strcmp(opt, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long seed = strtoull(val, &end, 0);
+            if (!*val || *end || errno || val[0] == '-') {
+                fprintf(stderr, "spillway model make: --seed needs an unsigned integer, "
+                                "got '%s'\n", val);
+                return 2;
+            }
+            p.seed = (uint64_t)seed;
+        } else if (strcmp(opt, "--name") == 0) {
+            p.name = val;
+        } else {
+            if (strcmp(opt, "--dim") == 0)
+                target = &p.n_embd;
+            else if (strcmp(opt, "--layers") == 0)
+                target = &p.n_layer;
+            else if (strcmp(opt, "--heads") == 0)
+                target = &p.n_head;
+            else if (strcmp(opt, "--kv-heads") == 0)
+                target = &p.n_head_kv;
+            else if (strcmp(opt, "--ffn") == 0)
+                target = &p.n_ff;
+            else if (strcmp(opt, "--vocab") == 0)
+                target = &p.n_vocab;
+            else
+                target = &p.n_ctx_train;
+            if (model_make_int(opt, val, target) != 0)
+                return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "spillway model make: -o FILE is required\n");
+        model_make_usage(stderr);
+        return 2;
+    }
+    sw_error_clear(&err);
+    if (eng_model_make_validate(&p, &err) != 0) {
+        fprintf(stderr, "spillway %s\n", err.message);
+        return 2;
+    }
+    if (eng_model_make(&p, path, &err) != 0) {
+        fprintf(stderr, "spillway %s\n", err.message);
+        return 1;
+    }
+    struct stat st;
+    long long size = stat(path, &st) == 0 ? (long long)st.st_size : -1;
+    const eng_type_traits *tr = eng_type_traits_get(p.weight_type);
+    int64_t n_params = eng_model_make_n_params(&p);
+    printf("wrote %s: %lld bytes, %" PRId64 " parameters (%.1fM), %s, dim %d, %d layers, "
+           "%d heads / %d kv, ffn %d, vocab %d%s, seed %" PRIu64 "\n",
+           path, size, n_params, (double)n_params / 1e6, tr ? tr->name : "?", p.n_embd,
+           p.n_layer, p.n_head, p.n_head_kv, p.n_ff, p.n_vocab, p.tied_output ? ", tied" : "",
+           p.seed);
+    return 0;
 }

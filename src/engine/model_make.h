@@ -1,0 +1,98 @@
+/* model_make.h - synthetic llama-architecture GGUF models for tests, CI and
+ * the demo (`spillway model make`).
+ *
+ * The files have exactly the tensor names, shapes (GGUF ne order) and
+ * metadata keys that llama.cpp uses for the llama architecture, so every
+ * loader path is the one a real model takes; only the weights are
+ * deterministic pseudo-random numbers (a pure function of the seed and the
+ * tensor name), and the file says so in general.description and
+ * spillway.synthetic_seed. The same parameters always give a byte-identical
+ * file.
+ *
+ * Weight scales (uniform distributions, std given):
+ *   q/k/v/gate/up/attn_output/ffn_down: 1/sqrt(n_in), so every projection of
+ *     a unit-RMS input is unit-RMS and attention scores have std ~1;
+ *   output (and token_embd when tied): 4/sqrt(n_embd), so the logits of the
+ *     normalised final state have std ~4: peaked enough that greedy decoding
+ *     has a clear winner most of the time, not so peaked that sampling is
+ *     one-hot;
+ *   token_embd (untied): 1;  norm weights: 1 +- 0.1 (uniform).
+ *
+ * Vocabulary (SentencePiece style, tokenizer.ggml.model "llama"):
+ *   0 <unk> (UNKNOWN), 1 <s>, 2 </s> (CONTROL), 3..258 <0x00>..<0xFF>
+ *   (BYTE), then NORMAL pieces with scores 0, -1, -2, ... in id order:
+ *   "▁" (U+2581), the printable ASCII characters, "▁" + letter/digit,
+ *   common English bigrams and suffixes, "▁word" for a built-in list of
+ *   common English words (and capitalised forms of the most common ones),
+ *   then filler pieces (concatenations of two earlier letter pieces) up to
+ *   n_vocab. Every piece longer than one character is the concatenation of
+ *   two pieces with lower ids (higher scores), and each word piece is added
+ *   together with the intermediates SentencePiece's merge order needs to
+ *   reach it, so the tokenizer produces whole-word tokens for listed words.
+ *   There are no duplicate pieces.
+ */
+#ifndef SPILLWAY_ENGINE_MODEL_MAKE_H
+#define SPILLWAY_ENGINE_MODEL_MAKE_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Smallest vocabulary: <unk> <s> </s>, 256 byte tokens, "▁" and a few
+ * characters. */
+#define ENG_MODEL_MAKE_MIN_VOCAB 264
+#define ENG_MODEL_MAKE_MAX_VOCAB (1 << 20)
+
+typedef struct eng_model_make_params {
+    const char *architecture; /* "llama" (NULL means "llama"); the only one */
+    const char *name;         /* general.name; NULL: "spillway-synthetic" */
+    int32_t n_embd;           /* model dimension */
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;        /* divides n_head (grouped-query attention) */
+    int32_t n_ff;             /* feed-forward hidden size */
+    int32_t n_vocab;
+    int32_t n_ctx_train;      /* llama.context_length; default 2048 */
+    float rope_freq_base;     /* default 10000 */
+    float rms_eps;            /* default 1e-5 */
+    uint32_t weight_type;     /* eng_type: F32, F16, Q8_0 or Q4_0 (matrices
+                                 and token_embd; norms are always F32) */
+    bool tied_output;         /* no output.weight: the head uses token_embd */
+    uint64_t seed;            /* default 1 */
+} eng_model_make_params;
+
+/* The "tiny" preset: dim 64, 2 layers, 4 heads, 2 KV heads, FFN 128,
+ * vocab 512, F32, context 2048, seed 1. */
+eng_model_make_params eng_model_make_default_params(void);
+
+/* Presets by name (case-sensitive):
+ *   tiny  - as eng_model_make_default_params(); makes in milliseconds
+ *   small - dim 512, 8 layers, 8 heads, 4 KV, FFN 1536, vocab 32000, Q8_0
+ *   1b    - dim 2048, 22 layers, 32 heads, 4 KV, FFN 5632, vocab 32000, Q8_0
+ *           (TinyLlama-1.1B's shape)
+ * Returns SW_OK, or SW_ENOTFOUND for an unknown name (*out untouched). */
+int eng_model_make_preset(const char *name, eng_model_make_params *out);
+
+/* Checks the parameters; SW_EINVAL with a message saying which rule failed:
+ * positive sizes, n_embd % n_head == 0, n_head % n_head_kv == 0, even head
+ * dimension, n_embd and n_ff multiples of 32 for Q8_0 / Q4_0, vocabulary in
+ * [ENG_MODEL_MAKE_MIN_VOCAB, ENG_MODEL_MAKE_MAX_VOCAB], a supported weight
+ * type and architecture, positive eps / rope base / context. */
+int eng_model_make_validate(const eng_model_make_params *p, sw_error *err);
+
+/* Number of parameters (all tensor elements), or -1 if invalid. */
+int64_t eng_model_make_n_params(const eng_model_make_params *p);
+
+/* Writes the model to path. Weights are generated and converted one row at
+ * a time, one tensor at a time; the GGUF writer then holds the converted
+ * data of every tensor (about the file size) until the file is written. */
+int eng_model_make(const eng_model_make_params *p, const char *path, sw_error *err);
+
+/* The same file image in a new buffer (*out, sw_free), for tests that want
+ * a model without touching the disk. */
+int eng_model_make_to_memory(const eng_model_make_params *p, void **out, size_t *out_size,
+                             sw_error *err);
+
+#endif

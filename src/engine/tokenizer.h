@@ -4,10 +4,17 @@
  * the adjacent pair whose merged piece has the highest score, with a space
  * prefix ("▁"), spaces written as U+2581, and byte fallback (<0xNN> tokens)
  * for anything not in the vocabulary. Special/control tokens (<s>, </s>, ...)
- * are matched literally in the text when parse_special is set.
+ * are matched literally in the text when parse_special is set. Results
+ * match llama.cpp token for token (tests/unit/test_tokenizer.c checks its
+ * recorded outputs). Other models ("gpt2" BPE, ...) are refused with
+ * SW_EUNSUPPORTED for now.
  *
  * The detokenizer is streaming: it never emits half a UTF-8 character, so
- * its output can go straight into an SSE stream.
+ * its output can go straight into an SSE stream, and its output is always
+ * valid UTF-8 (bytes that can never form a character become U+FFFD).
+ *
+ * A loaded tokenizer is immutable: any number of threads may tokenize and
+ * detokenize with it at once (each with its own eng_detok).
  */
 #ifndef SPILLWAY_ENGINE_TOKENIZER_H
 #define SPILLWAY_ENGINE_TOKENIZER_H
@@ -41,42 +48,96 @@ void eng_tokenizer_free(eng_tokenizer *tok);
 int32_t eng_tokenizer_n_vocab(const eng_tokenizer *tok);
 int32_t eng_tokenizer_bos(const eng_tokenizer *tok); /* -1 if none */
 int32_t eng_tokenizer_eos(const eng_tokenizer *tok); /* -1 if none */
+int32_t eng_tokenizer_unk(const eng_tokenizer *tok); /* -1 if none */
+int32_t eng_tokenizer_pad(const eng_tokenizer *tok); /* -1 if none */
 /* True for end-of-generation tokens (EOS, EOT). */
 bool eng_tokenizer_is_eog(const eng_tokenizer *tok, int32_t id);
 /* Whether the vocabulary asks for BOS to be prepended (default true for SPM). */
 bool eng_tokenizer_add_bos(const eng_tokenizer *tok);
+/* Whether the first text (and text after a special token) gets a "▁"
+ * prefix (tokenizer.ggml.add_space_prefix, default true for SPM). */
+bool eng_tokenizer_add_space_prefix(const eng_tokenizer *tok);
 
-/* Tokenizes len bytes of text. Allocates *tokens_out (sw_free) holding
- * *n_out ids. add_bos prepends BOS; parse_special matches special-token
- * text literally. Invalid UTF-8 is tokenized byte-wise, never an error. */
+/* Tokenizes len bytes of text (NULs included; text need not be
+ * NUL-terminated). Allocates *tokens_out (sw_free, non-NULL on success even
+ * for zero ids) holding *n_out ids. add_bos prepends BOS (when the
+ * vocabulary has one). parse_special matches the text of CONTROL and
+ * UNKNOWN tokens (e.g. "<s>") literally and emits their ids; USER_DEFINED
+ * tokens are matched either way, as llama.cpp and Hugging Face do. The
+ * plain text after a matched token gets the space prefix again, like the
+ * start of the text. Invalid UTF-8 is tokenized byte-wise, never an error.
+ * Errors: SW_ERANGE (over 256 MiB), SW_ENOMEM, SW_EUNSUPPORTED (a byte the
+ * vocabulary cannot represent: no byte token and no unk). */
 int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
                  bool add_bos, bool parse_special, int32_t **tokens_out,
                  size_t *n_out, sw_error *err);
 
-/* The raw vocabulary piece of a token (as stored, e.g. "▁Hello", "<0x0A>"). */
+/* The raw vocabulary piece of a token (as stored, e.g. "▁Hello", "<0x0A>"),
+ * NUL-terminated; NULL (and *len 0) for an id outside the vocabulary. */
 const char *eng_token_piece(const eng_tokenizer *tok, int32_t id, size_t *len);
+/* The id of a piece (exact bytes, as stored), or -1. */
+int32_t eng_token_find(const eng_tokenizer *tok, const char *piece, size_t len);
+/* UNDEFINED for an id outside the vocabulary. */
+eng_token_type eng_token_get_type(const eng_tokenizer *tok, int32_t id);
+float eng_token_score(const eng_tokenizer *tok, int32_t id);
 
-/* Streaming detokenizer state: zero-initialise (or eng_detok_reset). */
+/* Streaming detokenizer state: zero-initialise (or eng_detok_reset).
+ *
+ * The leading-space rule. eng_tokenize puts a "▁" before the first text,
+ * so token pieces of a text begin with a space that the text did not have.
+ * Whether a decoder removes it depends on what is decoded:
+ *   - A continuation (generated tokens after a prompt) keeps every space:
+ *     " Paris" after "The capital of France is" is the right output. The
+ *     reference goldens (../shared/models/<name>.golden.json greedy[].text) are
+ *     exactly the concatenated pieces of the continuation tokens, first
+ *     space included, so a zero-initialised eng_detok (strip_leading_space
+ *     false) reproduces them byte for byte.
+ *   - A whole text from its start (a prompt, a vocabulary round trip) sets
+ *     strip_leading_space: the first token that renders any text loses one
+ *     leading space when the vocabulary adds a space prefix. Tokens that
+ *     render nothing (BOS and other control tokens) come before it without
+ *     consuming the rule, so decode(tokenize(s)) == s with or without BOS.
+ *     (llama.cpp's llama_detokenize differs here: it keeps the space when
+ *     the sequence starts with BOS.)
+ */
 typedef struct eng_detok {
-    uint8_t pending[8];  /* bytes of an incomplete UTF-8 character */
+    uint8_t pending[8];  /* bytes of an incomplete UTF-8 character (<= 3) */
     size_t n_pending;
-    size_t n_emitted_tokens;
+    size_t n_emitted_tokens; /* tokens pushed since the reset */
+    bool strip_leading_space; /* see above; cleared once text was produced */
 } eng_detok;
 
-void eng_detok_reset(eng_detok *d);
+void eng_detok_reset(eng_detok *d); /* zeroes everything, flags included */
 
-/* Appends the text of token id to out (capacity cap, at least 64 bytes is
- * always enough), holding back a trailing incomplete UTF-8 sequence until
- * the next call. Returns the number of bytes written. Control tokens render
- * as nothing. The first token's leading space (from the SPM space prefix)
- * is kept only if keep_leading_space. */
+/* Output capacity that always suffices for one eng_detok_push or
+ * eng_detok_flush with this vocabulary: 3 * (longest piece + 8) bytes, as
+ * every held-back or invalid byte may become a 3-byte U+FFFD. */
+size_t eng_detok_max_bytes(const eng_tokenizer *tok);
+
+/* Appends the text of token id to out (capacity cap; not NUL-terminated),
+ * holding back a trailing incomplete UTF-8 sequence until the next call.
+ * Returns the number of bytes written. The output is always whole, valid
+ * UTF-8 characters: bytes that cannot become part of a character are
+ * written as U+FFFD. Byte tokens give their byte, "▁" a space, control
+ * tokens nothing, the unknown token U+2585 (as llama.cpp shows it), ids
+ * outside the vocabulary nothing. With cap < eng_detok_max_bytes(tok), the
+ * text is cut at a character boundary and the rest of this token is lost. */
 size_t eng_detok_push(const eng_tokenizer *tok, eng_detok *d, int32_t id,
                       char *out, size_t cap);
-/* Flushes held-back bytes at end of stream (invalid ones become U+FFFD). */
+/* Flushes held-back bytes at end of stream: an incomplete character becomes
+ * one U+FFFD. Returns the bytes written (0 or 3). */
 size_t eng_detok_flush(eng_detok *d, char *out, size_t cap);
 
-/* Convenience: detokenizes a whole sequence into a new NUL-terminated string
- * (sw_free). */
+/* Detokenizes a whole sequence into a new NUL-terminated string (sw_free),
+ * flushed; NULL when out of memory. strip_space_prefix: see the rule above.
+ * *len_out (optional) receives the length, which tells embedded NULs apart
+ * from the end. */
+char *eng_detokenize_ex(const eng_tokenizer *tok, const int32_t *ids, size_t n,
+                        bool strip_space_prefix, size_t *len_out);
+/* Convenience: the concatenated text of the tokens, nothing stripped - the
+ * same bytes a zero-initialised eng_detok streams (plus the flush), which is
+ * what a generated continuation needs. For a whole text from its start use
+ * eng_detokenize_ex(tok, ids, n, true, &len). */
 char *eng_detokenize(const eng_tokenizer *tok, const int32_t *ids, size_t n);
 
 #endif

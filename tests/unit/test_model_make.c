@@ -1,0 +1,646 @@
+/* test_model_make.c - synthetic models: every tensor llama.cpp's llama
+ * architecture expects, with its type, shape and size, for each weight
+ * type; metadata values; byte-identical output for a seed; the vocabulary's
+ * layout and invariants; weight statistics; parameter validation; the CLI.
+ * Expected sizes and counts are computed here from the shapes, not taken
+ * from the code under test. */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "engine/gguf.h"
+#include "engine/model_make.h"
+#include "engine/quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static char *dup_tmp(const char *name)
+{
+    return sw_strdup(tu_tmp_path(name));
+}
+
+static eng_gguf *open_ok(const char *path)
+{
+    eng_gguf *g = NULL;
+    sw_error err;
+    int rc = eng_gguf_open(path, &g, &err);
+    if (rc != SW_OK)
+        print_message("open %s: %s\n", path, err.message);
+    assert_int_equal(rc, SW_OK);
+    return g;
+}
+
+static uint32_t get_u32(const eng_gguf *g, const char *key)
+{
+    uint32_t v = 0;
+    assert_int_equal(eng_gguf_get_u32(g, key, &v, NULL), SW_OK);
+    return v;
+}
+
+static void assert_str_kv(const eng_gguf *g, const char *key, const char *want)
+{
+    const char *s;
+    size_t len;
+    assert_int_equal(eng_gguf_get_str(g, key, &s, &len, NULL), SW_OK);
+    assert_int_equal(len, strlen(want));
+    assert_memory_equal(s, want, len);
+}
+
+/* Bytes of a tensor of n_rows rows of n values, from the block layouts in
+ * the GGUF/ggml spec: f32 4 bytes, f16 2, q8_0 34 per 32, q4_0 18 per 32. */
+static size_t spec_bytes(uint32_t type, int64_t n, int64_t n_rows)
+{
+    switch (type) {
+    case ENG_TYPE_F32:
+        return (size_t)(n * n_rows * 4);
+    case ENG_TYPE_F16:
+        return (size_t)(n * n_rows * 2);
+    case ENG_TYPE_Q8_0:
+        return (size_t)(n / 32 * 34 * n_rows);
+    case ENG_TYPE_Q4_0:
+        return (size_t)(n / 32 * 18 * n_rows);
+    }
+    fail();
+    return 0;
+}
+
+static void check_tensor(const eng_gguf *g, const char *name, uint32_t type, uint32_t n_dims,
+                         int64_t ne0, int64_t ne1)
+{
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(g, name);
+    if (!t)
+        print_message("missing tensor %s\n", name);
+    assert_non_null(t);
+    assert_int_equal(t->type, type);
+    assert_int_equal(t->n_dims, n_dims);
+    assert_int_equal(t->ne[0], ne0);
+    assert_int_equal(t->ne[1], n_dims > 1 ? ne1 : 1);
+    assert_int_equal(t->n_elements, ne0 * (n_dims > 1 ? ne1 : 1));
+    assert_int_equal(t->size_bytes, spec_bytes(type, ne0, n_dims > 1 ? ne1 : 1));
+}
+
+/* Checks the whole file against the parameters it was made from. */
+static void check_model(const char *path, const eng_model_make_params *p)
+{
+    eng_gguf *g = open_ok(path);
+    const int64_t d = p->n_embd, hd = p->n_embd / p->n_head;
+    const uint32_t wt = p->weight_type, f32 = ENG_TYPE_F32;
+    char name[96];
+
+    /* metadata */
+    assert_str_kv(g, "general.architecture", "llama");
+    assert_str_kv(g, "general.description",
+                  "spillway synthetic model (deterministic pseudo-random weights)");
+    uint64_t seed = 0;
+    assert_int_equal(eng_gguf_get_u64(g, "spillway.synthetic_seed", &seed, NULL), SW_OK);
+    assert_true(seed == p->seed);
+    assert_int_equal(get_u32(g, "general.alignment"), 32);
+    const uint32_t want_ftype = wt == ENG_TYPE_F32 ? 0 : wt == ENG_TYPE_F16 ? 1
+                              : wt == ENG_TYPE_Q8_0 ? 7 : 2;
+    assert_int_equal(get_u32(g, "general.file_type"), want_ftype);
+    assert_int_equal(get_u32(g, "llama.context_length"), (uint32_t)p->n_ctx_train);
+    assert_int_equal(get_u32(g, "llama.embedding_length"), (uint32_t)p->n_embd);
+    assert_int_equal(get_u32(g, "llama.block_count"), (uint32_t)p->n_layer);
+    assert_int_equal(get_u32(g, "llama.feed_forward_length"), (uint32_t)p->n_ff);
+    assert_int_equal(get_u32(g, "llama.rope.dimension_count"), (uint32_t)hd);
+    assert_int_equal(get_u32(g, "llama.attention.head_count"), (uint32_t)p->n_head);
+    assert_int_equal(get_u32(g, "llama.attention.head_count_kv"), (uint32_t)p->n_head_kv);
+    float f = 0;
+    assert_int_equal(eng_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &f, NULL), 0);
+    assert_true(f == p->rms_eps);
+    assert_int_equal(eng_gguf_get_f32(g, "llama.rope.freq_base", &f, NULL), 0);
+    assert_true(f == p->rope_freq_base);
+    assert_str_kv(g, "tokenizer.ggml.model", "llama");
+    assert_int_equal(get_u32(g, "tokenizer.ggml.bos_token_id"), 1);
+    assert_int_equal(get_u32(g, "tokenizer.ggml.eos_token_id"), 2);
+    assert_int_equal(get_u32(g, "tokenizer.ggml.unknown_token_id"), 0);
+    bool b = false;
+    assert_int_equal(eng_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b, NULL), 0);
+    assert_true(b);
+    b = false;
+    assert_int_equal(eng_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b, NULL), 0);
+    assert_true(b);
+    eng_gguf_value_type et;
+    uint64_t count = 0;
+    assert_int_equal(eng_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &count, NULL), 0);
+    assert_int_equal(et, ENG_GGUF_STRING);
+    assert_int_equal(count, (uint64_t)p->n_vocab);
+    assert_int_equal(eng_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &count, NULL), 0);
+    assert_int_equal(et, ENG_GGUF_FLOAT32);
+    assert_int_equal(count, (uint64_t)p->n_vocab);
+    assert_int_equal(eng_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &count, NULL), 0);
+    assert_int_equal(et, ENG_GGUF_INT32);
+    assert_int_equal(count, (uint64_t)p->n_vocab);
+
+    /* tensors */
+    int64_t want_tensors = 2 + 9 * (int64_t)p->n_layer + (p->tied_output ? 0 : 1);
+    assert_int_equal(eng_gguf_n_tensors(g), want_tensors);
+    check_tensor(g, "token_embd.weight", wt, 2, d, p->n_vocab);
+    for (int l = 0; l < p->n_layer; l++) {
+#define CT(suffix, type, nd, e0, e1)                                                            \
+    snprintf(name, sizeof name, "blk.%d." suffix, l);                                          \
+    check_tensor(g, name, type, nd, e0, e1)
+        CT("attn_norm.weight", f32, 1, d, 1);
+        CT("attn_q.weight", wt, 2, d, p->n_head * hd);
+        CT("attn_k.weight", wt, 2, d, p->n_head_kv * hd);
+        CT("attn_v.weight", wt, 2, d, p->n_head_kv * hd);
+        CT("attn_output.weight", wt, 2, p->n_head * hd, d);
+        CT("ffn_norm.weight", f32, 1, d, 1);
+        CT("ffn_gate.weight", wt, 2, d, p->n_ff);
+        CT("ffn_up.weight", wt, 2, d, p->n_ff);
+        CT("ffn_down.weight", wt, 2, p->n_ff, d);
+#undef CT
+    }
+    check_tensor(g, "output_norm.weight", f32, 1, d, 1);
+    if (p->tied_output)
+        assert_null(eng_gguf_find_tensor(g, "output.weight"));
+    else
+        check_tensor(g, "output.weight", wt, 2, d, p->n_vocab);
+
+    /* the parameter count is the sum of the tensors' elements */
+    int64_t total = 0;
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++)
+        total += eng_gguf_tensor_at(g, i)->n_elements;
+    assert_int_equal(eng_model_make_n_params(p), total);
+    eng_gguf_close(g);
+}
+
+static eng_model_make_params small_shape(uint32_t type)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_embd = 64;
+    p.n_layer = 2;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.n_ff = 96;
+    p.n_vocab = 300;
+    p.weight_type = type;
+    p.seed = 77;
+    return p;
+}
+
+static void test_presets(void **state)
+{
+    (void)state;
+    eng_model_make_params p, d = eng_model_make_default_params();
+    assert_int_equal(eng_model_make_preset("tiny", &p), SW_OK);
+    assert_memory_equal(&p, &d, sizeof p);
+    assert_int_equal(d.n_embd, 64);
+    assert_int_equal(d.n_vocab, 512);
+    assert_int_equal(d.n_ctx_train, 2048);
+    assert_true(d.rope_freq_base == 10000.0f && d.rms_eps == 1e-5f);
+    assert_int_equal(d.weight_type, ENG_TYPE_F32);
+    assert_int_equal(eng_model_make_preset("small", &p), SW_OK);
+    assert_int_equal(p.n_embd, 512);
+    assert_int_equal(p.n_layer, 8);
+    assert_int_equal(p.n_head, 8);
+    assert_int_equal(p.n_head_kv, 4);
+    assert_int_equal(p.n_ff, 1536);
+    assert_int_equal(p.n_vocab, 32000);
+    assert_int_equal(p.weight_type, ENG_TYPE_Q8_0);
+    assert_int_equal(eng_model_make_preset("1b", &p), SW_OK);
+    assert_int_equal(p.n_embd, 2048);
+    assert_int_equal(p.n_layer, 22);
+    assert_int_equal(p.n_head, 32);
+    assert_int_equal(p.n_head_kv, 4);
+    assert_int_equal(p.n_ff, 5632);
+    /* TinyLlama-1.1B, whose shape this is, has 1,100,048,384 parameters. */
+    assert_int_equal(eng_model_make_n_params(&p), 1100048384LL);
+    assert_int_equal(eng_model_make_preset("huge", &p), SW_ENOTFOUND);
+    assert_int_equal(eng_model_make_preset(NULL, &p), SW_ENOTFOUND);
+}
+
+static void test_each_weight_type(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_Q8_0, ENG_TYPE_Q4_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        eng_model_make_params p = small_shape(types[i]);
+        char *path = dup_tmp("mm-type.gguf");
+        sw_error err;
+        int rc = eng_model_make(&p, path, &err);
+        if (rc != SW_OK)
+            print_message("make: %s\n", err.message);
+        assert_int_equal(rc, SW_OK);
+        check_model(path, &p);
+        /* tied variant */
+        p.tied_output = true;
+        p.n_ctx_train = 512;
+        p.rope_freq_base = 500000.0f;
+        p.rms_eps = 1e-6f;
+        assert_int_equal(eng_model_make(&p, path, &err), SW_OK);
+        check_model(path, &p);
+        remove(path);
+        sw_free(path);
+    }
+}
+
+/* Mean and standard deviation of a tensor's values, dequantized. */
+static void tensor_stats(const eng_gguf_tensor *t, double *mean, double *std, double *min_v,
+                         double *max_v)
+{
+    const int64_t n = t->ne[0], rows = t->n_elements / n;
+    size_t row_bytes = t->size_bytes / (size_t)rows;
+    float *row = sw_malloc(sizeof(float) * (size_t)n);
+    double s = 0, s2 = 0;
+    *min_v = INFINITY;
+    *max_v = -INFINITY;
+    for (int64_t r = 0; r < rows; r++) {
+        eng_dequantize_row(t->type, (const unsigned char *)t->data + (size_t)r * row_bytes, row,
+                           n);
+        for (int64_t i = 0; i < n; i++) {
+            s += row[i];
+            s2 += (double)row[i] * row[i];
+            if (row[i] < *min_v)
+                *min_v = row[i];
+            if (row[i] > *max_v)
+                *max_v = row[i];
+        }
+    }
+    *mean = s / (double)t->n_elements;
+    *std = sqrt(s2 / (double)t->n_elements - *mean * *mean);
+    sw_free(row);
+}
+
+static void test_weight_statistics(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_Q8_0, ENG_TYPE_Q4_0};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        eng_model_make_params p = small_shape(types[k]);
+        p.n_embd = 256;
+        p.n_head = 8;
+        p.n_ff = 512;
+        char *path = dup_tmp("mm-stats.gguf");
+        assert_int_equal(eng_model_make(&p, path, NULL), SW_OK);
+        eng_gguf *g = open_ok(path);
+        double mean, std, mn, mx;
+        /* matrices: uniform with std 1/sqrt(n_in) */
+        tensor_stats(eng_gguf_find_tensor(g, "blk.1.attn_q.weight"), &mean, &std, &mn, &mx);
+        assert_true(fabs(mean) < 0.005);
+        assert_true(fabs(std - 1.0 / 16.0) < 0.1 / 16.0);
+        assert_true(mx <= sqrt(3.0) / 16.0 * 1.01 && mn >= -sqrt(3.0) / 16.0 * 1.01);
+        tensor_stats(eng_gguf_find_tensor(g, "blk.0.ffn_down.weight"), &mean, &std, &mn, &mx);
+        assert_true(fabs(std - 1.0 / sqrt(512.0)) < 0.1 / sqrt(512.0));
+        /* the head: std 4/sqrt(n_embd) so logits have std ~4 */
+        tensor_stats(eng_gguf_find_tensor(g, "output.weight"), &mean, &std, &mn, &mx);
+        assert_true(fabs(std - 4.0 / 16.0) < 0.1 * 4.0 / 16.0);
+        /* norms near 1 */
+        tensor_stats(eng_gguf_find_tensor(g, "output_norm.weight"), &mean, &std, &mn, &mx);
+        assert_true(mn >= 0.9 && mx <= 1.1 && fabs(mean - 1.0) < 0.02 && std > 0.01);
+        tensor_stats(eng_gguf_find_tensor(g, "blk.0.attn_norm.weight"), &mean, &std, &mn, &mx);
+        assert_true(mn >= 0.9 && mx <= 1.1 && std > 0.01);
+        /* layers differ from each other */
+        const eng_gguf_tensor *a = eng_gguf_find_tensor(g, "blk.0.attn_k.weight");
+        const eng_gguf_tensor *b = eng_gguf_find_tensor(g, "blk.1.attn_k.weight");
+        assert_true(memcmp(a->data, b->data, a->size_bytes) != 0);
+        eng_gguf_close(g);
+        remove(path);
+        sw_free(path);
+    }
+}
+
+static void test_deterministic(void **state)
+{
+    (void)state;
+    eng_model_make_params p = small_shape(ENG_TYPE_Q8_0);
+    char *a = dup_tmp("mm-det-a.gguf"), *b = dup_tmp("mm-det-b.gguf"),
+         *c = dup_tmp("mm-det-c.gguf");
+    assert_int_equal(eng_model_make(&p, a, NULL), SW_OK);
+    assert_int_equal(eng_model_make(&p, b, NULL), SW_OK);
+    p.seed = 78;
+    assert_int_equal(eng_model_make(&p, c, NULL), SW_OK);
+    size_t la, lb, lc, lm;
+    char *da = tu_read_file(a, &la), *db = tu_read_file(b, &lb), *dc = tu_read_file(c, &lc);
+    assert_non_null(da);
+    assert_non_null(db);
+    assert_non_null(dc);
+    assert_int_equal(la, lb);
+    assert_memory_equal(da, db, la);
+    /* in memory: the same image */
+    void *mem = NULL;
+    p.seed = 77;
+    assert_int_equal(eng_model_make_to_memory(&p, &mem, &lm, NULL), SW_OK);
+    assert_int_equal(lm, la);
+    assert_memory_equal(mem, da, la);
+    sw_free(mem);
+    /* another seed: same layout, different weights, same vocabulary */
+    assert_int_equal(lc, la);
+    eng_gguf *ga = open_ok(a), *gc = open_ok(c);
+    for (int64_t i = 0; i < eng_gguf_n_tensors(ga); i++) {
+        const eng_gguf_tensor *ta = eng_gguf_tensor_at(ga, i), *tc = eng_gguf_tensor_at(gc, i);
+        assert_string_equal(ta->name, tc->name);
+        assert_int_equal(ta->size_bytes, tc->size_bytes);
+        assert_true(memcmp(ta->data, tc->data, ta->size_bytes) != 0);
+    }
+    int64_t ka = eng_gguf_find_key(ga, "tokenizer.ggml.tokens");
+    int64_t kc = eng_gguf_find_key(gc, "tokenizer.ggml.tokens");
+    for (uint64_t i = 0; i < (uint64_t)p.n_vocab; i++) {
+        const char *sa, *sc;
+        size_t na, nc;
+        assert_int_equal(eng_gguf_arr_str(ga, ka, i, &sa, &na), 0);
+        assert_int_equal(eng_gguf_arr_str(gc, kc, i, &sc, &nc), 0);
+        assert_int_equal(na, nc);
+        assert_memory_equal(sa, sc, na);
+    }
+    eng_gguf_close(ga);
+    eng_gguf_close(gc);
+    sw_free(da);
+    sw_free(db);
+    sw_free(dc);
+    remove(a);
+    remove(b);
+    remove(c);
+    sw_free(a);
+    sw_free(b);
+    sw_free(c);
+}
+
+typedef struct piece_ref {
+    const char *s;
+    size_t len;
+    int32_t id;
+} piece_ref;
+
+static int piece_cmp(const void *pa, const void *pb)
+{
+    const piece_ref *a = pa, *b = pb;
+    size_t n = a->len < b->len ? a->len : b->len;
+    int c = memcmp(a->s, b->s, n);
+    if (c)
+        return c;
+    return a->len < b->len ? -1 : a->len > b->len;
+}
+
+/* Id of a piece by binary search in the sorted table, or -1. */
+static int32_t piece_find(const piece_ref *sorted, int32_t n, const char *s, size_t len)
+{
+    piece_ref key = {s, len, -1};
+    const piece_ref *hit = bsearch(&key, sorted, (size_t)n, sizeof key, piece_cmp);
+    return hit ? hit->id : -1;
+}
+
+static void check_vocab(int32_t n_vocab)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_embd = 32;
+    p.n_head = 2;
+    p.n_head_kv = 1;
+    p.n_ff = 32;
+    p.n_layer = 1;
+    p.n_vocab = n_vocab;
+    void *mem = NULL;
+    size_t size = 0;
+    sw_error err;
+    int rc = eng_model_make_to_memory(&p, &mem, &size, &err);
+    if (rc != SW_OK)
+        print_message("vocab %d: %s\n", n_vocab, err.message);
+    assert_int_equal(rc, SW_OK);
+    eng_gguf *g = NULL;
+    assert_int_equal(eng_gguf_open_memory(mem, size, &g, NULL), SW_OK);
+    int64_t kt = eng_gguf_find_key(g, "tokenizer.ggml.tokens");
+    int64_t ks = eng_gguf_find_key(g, "tokenizer.ggml.scores");
+    int64_t ky = eng_gguf_find_key(g, "tokenizer.ggml.token_type");
+    assert_true(kt >= 0 && ks >= 0 && ky >= 0);
+    piece_ref *refs = sw_calloc((size_t)n_vocab, sizeof *refs);
+    int32_t *types = sw_calloc((size_t)n_vocab, sizeof *types);
+    float *scores = sw_calloc((size_t)n_vocab, sizeof *scores);
+    assert_non_null(refs);
+    for (int32_t i = 0; i < n_vocab; i++) {
+        assert_int_equal(eng_gguf_arr_str(g, kt, (uint64_t)i, &refs[i].s, &refs[i].len), 0);
+        refs[i].id = i;
+        assert_int_equal(eng_gguf_arr_i32(g, ky, (uint64_t)i, &types[i]), 0);
+        assert_int_equal(eng_gguf_arr_f32(g, ks, (uint64_t)i, &scores[i]), 0);
+    }
+    /* fixed layout */
+    assert_int_equal(refs[0].len, 5);
+    assert_memory_equal(refs[0].s, "<unk>", 5);
+    assert_int_equal(types[0], 2);
+    assert_memory_equal(refs[1].s, "<s>", 3);
+    assert_int_equal(types[1], 3);
+    assert_memory_equal(refs[2].s, "</s>", 4);
+    assert_int_equal(types[2], 3);
+    for (int b = 0; b < 256; b++) {
+        char want[8];
+        snprintf(want, sizeof want, "<0x%02X>", b);
+        assert_int_equal(refs[3 + b].len, 6);
+        assert_memory_equal(refs[3 + b].s, want, 6);
+        assert_int_equal(types[3 + b], 6);
+    }
+    assert_int_equal(refs[259].len, 3);
+    assert_memory_equal(refs[259].s, "\xe2\x96\x81", 3);
+    for (int32_t i = 259; i < n_vocab; i++) {
+        assert_int_equal(types[i], 1);
+        assert_true(refs[i].len > 0);
+        if (i > 259)
+            assert_true(scores[i] < scores[i - 1]);
+    }
+    /* no duplicates */
+    piece_ref *sorted = sw_malloc(sizeof *sorted * (size_t)n_vocab);
+    memcpy(sorted, refs, sizeof *sorted * (size_t)n_vocab);
+    qsort(sorted, (size_t)n_vocab, sizeof *sorted, piece_cmp);
+    for (int32_t i = 1; i < n_vocab; i++)
+        assert_int_not_equal(piece_cmp(&sorted[i - 1], &sorted[i]), 0);
+    /* every normal piece of more than one character is two lower-id pieces */
+    for (int32_t i = 260; i < n_vocab; i++) {
+        const char *s = refs[i].s;
+        size_t len = refs[i].len, chars = 0;
+        for (size_t k = 0; k < len; k++)
+            chars += ((unsigned char)s[k] & 0xc0) != 0x80;
+        if (chars <= 1)
+            continue;
+        bool ok = false;
+        for (size_t cut = 1; cut < len && !ok; cut++) {
+            if (((unsigned char)s[cut] & 0xc0) == 0x80)
+                continue;
+            int32_t l = piece_find(sorted, n_vocab, s, cut);
+            int32_t r = piece_find(sorted, n_vocab, s + cut, len - cut);
+            ok = l >= 259 && r >= 259 && l < i && r < i;
+        }
+        if (!ok)
+            print_message("piece %d '%.*s' is not two earlier pieces\n", i, (int)len, s);
+        assert_true(ok);
+    }
+    /* words the tokenizer should see whole, when the vocabulary is big enough */
+    if (n_vocab >= 2000) {
+        const char *words[] = {"\xe2\x96\x81the", "\xe2\x96\x81Once", "\xe2\x96\x81upon",
+                               "\xe2\x96\x81time", "\xe2\x96\x81little", "\xe2\x96\x81girl"};
+        for (size_t w = 0; w < sizeof words / sizeof words[0]; w++)
+            assert_true(piece_find(sorted, n_vocab, words[w], strlen(words[w])) > 259);
+    }
+    sw_free(sorted);
+    sw_free(refs);
+    sw_free(types);
+    sw_free(scores);
+    eng_gguf_close(g);
+    sw_free(mem);
+}
+
+static void test_vocabulary(void **state)
+{
+    (void)state;
+    check_vocab(ENG_MODEL_MAKE_MIN_VOCAB);
+    check_vocab(300);
+    check_vocab(1000);
+    check_vocab(32000);
+    check_vocab(50000);
+}
+
+static void expect_invalid(const eng_model_make_params *p, const char *fragment)
+{
+    sw_error err;
+    sw_error_clear(&err);
+    assert_int_equal(eng_model_make_validate(p, &err), SW_EINVAL);
+    if (!strstr(err.message, fragment))
+        print_message("message '%s' lacks '%s'\n", err.message, fragment);
+    assert_non_null(strstr(err.message, fragment));
+    assert_int_equal(eng_model_make_n_params(p), -1);
+    char *path = dup_tmp("mm-invalid.gguf");
+    remove(path);
+    assert_int_equal(eng_model_make(p, path, &err), SW_EINVAL);
+    struct stat st;
+    assert_int_not_equal(stat(path, &st), 0); /* nothing written */
+    sw_free(path);
+}
+
+static void test_invalid_shapes(void **state)
+{
+    (void)state;
+    eng_model_make_params base = small_shape(ENG_TYPE_F32), p;
+    assert_int_equal(eng_model_make_validate(&base, NULL), SW_OK);
+    p = base; p.n_embd = 60; p.n_head = 8;
+    expect_invalid(&p, "not a multiple of heads");
+    p = base; p.n_head = 4; p.n_head_kv = 3;
+    expect_invalid(&p, "not a multiple of kv heads");
+    p = base; p.n_embd = 6; p.n_head = 2; p.n_head_kv = 1;
+    expect_invalid(&p, "must be even");
+    p = base; p.weight_type = ENG_TYPE_Q8_0; p.n_embd = 48; p.n_head = 4;
+    expect_invalid(&p, "multiples of 32");
+    p = base; p.weight_type = ENG_TYPE_Q4_0; p.n_ff = 100;
+    expect_invalid(&p, "multiples of 32");
+    p = base; p.n_vocab = 259;
+    expect_invalid(&p, "vocab");
+    p = base; p.n_vocab = ENG_MODEL_MAKE_MAX_VOCAB + 1;
+    expect_invalid(&p, "vocab");
+    p = base; p.weight_type = ENG_TYPE_Q4_1;
+    expect_invalid(&p, "weight type");
+    p = base; p.architecture = "gpt2";
+    expect_invalid(&p, "architecture");
+    p = base; p.n_layer = 0;
+    expect_invalid(&p, "layers");
+    p = base; p.n_head = 0;
+    expect_invalid(&p, "heads");
+    p = base; p.n_ff = -5;
+    expect_invalid(&p, "ffn");
+    p = base; p.n_ctx_train = 0;
+    expect_invalid(&p, "context");
+    p = base; p.rms_eps = 0.0f;
+    expect_invalid(&p, "eps");
+    /* the F32 type does not need multiples of 32 */
+    p = base; p.n_embd = 40; p.n_head = 4; p.n_ff = 100;
+    assert_int_equal(eng_model_make_validate(&p, NULL), SW_OK);
+    assert_int_equal(eng_model_make_validate(NULL, NULL), SW_EINVAL);
+}
+
+static void test_mid_size(void **state)
+{
+    (void)state;
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_embd = 256;
+    p.n_layer = 4;
+    p.n_head = 8;
+    p.n_head_kv = 4;
+    p.n_ff = 768;
+    p.n_vocab = 8000;
+    p.weight_type = ENG_TYPE_Q4_0;
+    p.seed = 123456789012345ULL;
+    char *path = dup_tmp("mm-mid.gguf");
+    assert_int_equal(eng_model_make(&p, path, NULL), SW_OK);
+    check_model(path, &p);
+    /* The file is its tensors plus a header of modest size. */
+    eng_gguf *g = open_ok(path);
+    size_t data = 0;
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++)
+        data += eng_gguf_tensor_at(g, i)->size_bytes;
+    assert_true(eng_gguf_file_size(g) >= data);
+    assert_true(eng_gguf_file_size(g) - data < 512 * 1024);
+    eng_gguf_close(g);
+    remove(path);
+    sw_free(path);
+}
+
+static void test_cli(void **state)
+{
+    (void)state;
+    const char *bin = tu_spillway_bin();
+    if (!bin) {
+        print_message("SKIP: SPILLWAY_BIN is not set\n");
+        skip();
+        return;
+    }
+    char *path = dup_tmp("mm-cli.gguf");
+    char *out = NULL;
+    int status = -1;
+    char *argv[] = {(char *)bin, "model", "make", "--layers", "3", "-o", path, "--preset", "tiny",
+                    "--type", "q8_0", "--seed", "9", "--tied", NULL};
+    assert_int_equal(tu_run_capture(argv, 60, &out, &status), 0);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(out, path));
+    assert_non_null(strstr(out, "parameters"));
+    sw_free(out);
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_layer = 3;
+    p.weight_type = ENG_TYPE_Q8_0;
+    p.seed = 9;
+    p.tied_output = true;
+    check_model(path, &p);
+    /* the CLI's file equals the library's */
+    char *lib_path = dup_tmp("mm-cli-lib.gguf");
+    assert_int_equal(eng_model_make(&p, lib_path, NULL), SW_OK);
+    size_t l1, l2;
+    char *d1 = tu_read_file(path, &l1), *d2 = tu_read_file(lib_path, &l2);
+    assert_int_equal(l1, l2);
+    assert_memory_equal(d1, d2, l1);
+    sw_free(d1);
+    sw_free(d2);
+    remove(lib_path);
+    sw_free(lib_path);
+
+    /* usage errors exit 2 */
+    char *bad1[] = {(char *)bin, "model", "make", "--dim", "abc", "-o", path, NULL};
+    char *bad2[] = {(char *)bin, "model", "make", "--dim", "64", NULL};
+    char *bad3[] = {(char *)bin, "model", "make", "-o", path, "--heads", "3", NULL};
+    char *bad4[] = {(char *)bin, "model", "make", "-o", path, "--type", "q4_1", NULL};
+    char *bad5[] = {(char *)bin, "model", "make", "-o", path, "--bogus", NULL};
+    char *bad6[] = {(char *)bin, "model", "make", "-o", path, "--preset", "huge", NULL};
+    char *bad7[] = {(char *)bin, "model", "make", "-o", NULL};
+    char **bads[] = {bad1, bad2, bad3, bad4, bad5, bad6, bad7};
+    for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+        out = NULL;
+        assert_int_equal(tu_run_capture(bads[i], 60, &out, &status), 0);
+        if (status != 2)
+            print_message("case %zu exited %d\n", i, status);
+        assert_int_equal(status, 2);
+        sw_free(out);
+    }
+    remove(path);
+    sw_free(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_presets),
+        cmocka_unit_test(test_each_weight_type),
+        cmocka_unit_test(test_weight_statistics),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_vocabulary),
+        cmocka_unit_test(test_invalid_shapes),
+        cmocka_unit_test(test_mid_size),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -409,9 +409,14 @@ static int load_spm(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
     if (rc)
         goto fail;
     if (tok->add_bos && tok->bos < 0) {
-        rc = sw_error_set(err, SW_EFORMAT,
-                          "vocabulary asks for BOS (tokenizer.ggml.add_bos_token) but has none");
-        goto fail;
+        /* The SPM default (add BOS) quietly yields to a vocabulary without
+         * one; an explicit request for a missing BOS is a broken file. */
+        if (eng_gguf_find_key(g, "tokenizer.ggml.add_bos_token") >= 0) {
+            rc = sw_error_set(err, SW_EFORMAT, "vocabulary asks for BOS "
+                              "(tokenizer.ggml.add_bos_token) but has no BOS token");
+            goto fail;
+        }
+        tok->add_bos = false;
     }
 
     /* Byte fallback: <0xNN> as SentencePiece writes it, else a one-byte

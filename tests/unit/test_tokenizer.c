@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "engine/gguf.h"
+#include "engine/model_make.h"
 #include "engine/tokenizer.h"
 
 #include <jansson.h>
@@ -303,6 +304,17 @@ static void test_mini_merges(void **state)
     assert_int_equal(eng_token_find(tok, "hex", 3), -1);
     assert_int_equal(eng_token_get_type(tok, 3), ENG_TOKEN_BYTE);
     assert_true(eng_token_score(tok, MINI_YZ) == -0.5f);
+    eng_tokenizer_free(tok);
+
+    /* bos_token_id 0xFFFFFFFF (the u32 image of -1) means "no BOS": the
+     * defaulted add_bos yields and nothing is prepended. */
+    vocab_spec no_bos = {.bos = UINT32_MAX};
+    tok = mini_tokenizer(&no_bos);
+    assert_int_equal(eng_tokenizer_bos(tok), -1);
+    assert_false(eng_tokenizer_add_bos(tok));
+    n = tokenize(tok, "the", 3, true, false, &ids);
+    assert_ids_equal(ids, n, (const int32_t[]){MINI_SPACE_THE}, 1, "the, no BOS in vocab");
+    sw_free(ids);
     eng_tokenizer_free(tok);
 
     /* Without the space prefix: t h e -> t he; "the" is not a piece. */
@@ -900,6 +912,61 @@ static void test_naive_reference_llama(void **state)
     eng_tokenizer_free(tok);
 }
 
+/* The vocabulary `spillway model make` writes: nothing llama-2-specific may
+ * be needed. Listed words come out as one "▁word" piece (model_make.h
+ * promises the merge intermediates), text round-trips, and the merge order
+ * agrees with the naive reference. */
+static void test_model_make_vocab(void **state)
+{
+    (void)state;
+    static const int32_t vocab_sizes[] = {ENG_MODEL_MAKE_MIN_VOCAB, 512, 4096};
+    for (size_t v = 0; v < sizeof vocab_sizes / sizeof vocab_sizes[0]; v++) {
+        eng_model_make_params params = eng_model_make_default_params();
+        params.n_embd = 32;
+        params.n_layer = 1;
+        params.n_head = 2;
+        params.n_head_kv = 1;
+        params.n_ff = 32;
+        params.n_vocab = vocab_sizes[v];
+        void *image = NULL;
+        size_t image_size = 0;
+        eng_gguf *g = NULL;
+        eng_tokenizer *tok = NULL;
+        sw_error err = {0};
+        if (eng_model_make_to_memory(&params, &image, &image_size, &err))
+            fail_msg("model make: %s", err.message);
+        assert_int_equal(eng_gguf_open_memory(image, image_size, &g, &err), SW_OK);
+        if (eng_tokenizer_load(g, &tok, &err))
+            fail_msg("load model make vocab: %s", err.message);
+        eng_gguf_close(g);
+        sw_free(image);
+        assert_int_equal(eng_tokenizer_n_vocab(tok), vocab_sizes[v]);
+
+        int32_t the = eng_token_find(tok, "\xe2\x96\x81the", 6);
+        if (the >= 0) {
+            int32_t *ids = NULL;
+            size_t n = tokenize(tok, "the", 3, false, false, &ids);
+            assert_ids_equal(ids, n, &the, 1, "the (model make vocab)");
+            sw_free(ids);
+        }
+        static const char text[] = "Once upon a time, the little cat said: \"Hello, world!\"\n"
+                                   "\t\xc3\xa9t\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac 42 <s> ~";
+        int32_t *ids = NULL;
+        size_t n = tokenize(tok, text, sizeof text - 1, true, false, &ids);
+        size_t len;
+        char *back = eng_detokenize_ex(tok, ids, n, true, &len);
+        assert_int_equal(len, sizeof text - 1);
+        assert_memory_equal(back, text, len);
+        sw_free(back);
+        sw_free(ids);
+
+        static const char *const alphabet[] = {"the", " ", "a", "in", "g", "s", "o", "n", "T",
+                                               ",", "\n", "q", "\xc3\xa9", "ing", " was"};
+        compare_with_naive(tok, alphabet, sizeof alphabet / sizeof alphabet[0], 40);
+        eng_tokenizer_free(tok);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -915,6 +982,7 @@ int main(void)
         cmocka_unit_test(test_golden_llama2_tiny),
         cmocka_unit_test(test_naive_reference_mini),
         cmocka_unit_test(test_naive_reference_llama),
+        cmocka_unit_test(test_model_make_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,11 +4,14 @@
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
 ASAN    ?= build-asan
+FUZZ    ?= build-fuzz
+FUZZ_SECONDS ?= 30
+FUZZERS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 WERROR  := $(if $(SPILLWAY_WERROR),ON,OFF)
 DEMO    := $(BUILD)/models/demo.gguf
 PROMPT  ?= Once upon a time
 
-.PHONY: all deps build build-asan demo run test test-unit test-asan bench clean
+.PHONY: all deps build build-asan build-fuzz demo run test test-unit test-asan test-fuzz bench clean
 
 all: build
 
@@ -22,6 +25,11 @@ build: deps
 build-asan: deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DSPILLWAY_SANITIZE=ON -DSPILLWAY_WERROR=$(WERROR) >/dev/null
 	@cmake --build $(ASAN) -j$(JOBS)
+
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c), built with clang in their own tree.
+build-fuzz: deps
+	@CC=clang cmake -S . -B $(FUZZ) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_FUZZ=ON >/dev/null
+	@cmake --build $(FUZZ) -j$(JOBS) --target $(addprefix fuzz_,$(FUZZERS))
 
 # The demo model: deterministic pseudo-random weights, built-in vocabulary.
 $(DEMO): | build
@@ -39,10 +47,25 @@ test-unit: demo
 test-asan: build-asan
 	@cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE no-asan
 
-test: test-unit test-asan
+# A short real fuzzing run per harness, on a copy of its seed corpus in the
+# build tree: new inputs and crash files never land in the source tree.
+test-fuzz: build-fuzz
+	@for f in $(FUZZERS); do \
+	  dir=$(FUZZ)/corpus/$$f; rm -rf $$dir && mkdir -p $$dir && \
+	  if [ -d tests/fuzz/corpus/$$f ]; then cp -R tests/fuzz/corpus/$$f/. $$dir/; fi && \
+	  echo "fuzz_$$f: fuzzing for $(FUZZ_SECONDS) s" && \
+	  if ! $(FUZZ)/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
+	       -rss_limit_mb=2048 -artifact_prefix=$(FUZZ)/fuzz_$$f- $$dir \
+	       >$(FUZZ)/fuzz_$$f.log 2>&1; then \
+	    tail -60 $(FUZZ)/fuzz_$$f.log; echo "fuzz_$$f: FAILED (log: $(FUZZ)/fuzz_$$f.log)"; exit 1; \
+	  fi; \
+	  grep -E '^Done|^#[0-9]+.*DONE' $(FUZZ)/fuzz_$$f.log | tail -1; \
+	done
+
+test: test-unit test-asan test-fuzz
 
 bench: build
 	bench/engine.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN)
+	rm -rf $(BUILD) $(ASAN) $(FUZZ)

@@ -11,6 +11,7 @@ packages=(
   libevent-dev       # event loop + HTTP (worker, router)
   libsqlite3-dev     # ledger
   libinih-dev        # configuration
+  clang              # libFuzzer harnesses (make test-fuzz)
 )
 
 missing=()

@@ -1168,8 +1168,9 @@ void eng_gguf_kv_format(const eng_gguf *g, int64_t kv, char *buf, size_t cap)
             } else if (elem_size) {
                 fmt_scalar(&f, p + (size_t)i * elem_size, a->elem_type);
             } else {
-                fmt_add(&f, "[...]"); /* nested arrays are not walked here */
-                break;
+                /* Nested arrays are not walked here: just say how many. */
+                fmt_add(&f, "...] (%" PRIu64 " x array)", a->count);
+                goto done;
             }
         }
         if (a->count > shown)
@@ -1178,6 +1179,7 @@ void eng_gguf_kv_format(const eng_gguf *g, int64_t kv, char *buf, size_t cap)
         if (a->count > shown)
             fmt_add(&f, " (%" PRIu64 " x %s)", a->count, eng_gguf_type_name(a->elem_type));
     }
+done:
     if (f.full && cap >= 4) {
         /* Room for "...", cut before a character, not inside one. */
         size_t len = f.len;

@@ -10,6 +10,7 @@
 #include "engine/gguf.h"
 #include "engine/model_make.h"
 #include "engine/quant.h"
+#include "engine/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -489,6 +490,83 @@ static void test_vocabulary(void **state)
     check_vocab(50000);
 }
 
+
+/* The project's SPM tokenizer, run on the synthetic vocabulary, turns
+ * listed words into one token each (the intermediates make them reachable)
+ * and round-trips text, including characters outside the vocabulary (byte
+ * fallback). Expected ids are looked up in the file's token list. */
+static void test_tokenizer_on_vocab(void **state)
+{
+    (void)state;
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 32000;
+    p.n_embd = 32;
+    p.n_head = 2;
+    p.n_head_kv = 1;
+    p.n_ff = 32;
+    p.n_layer = 1;
+    void *mem = NULL;
+    size_t size = 0;
+    assert_int_equal(eng_model_make_to_memory(&p, &mem, &size, NULL), SW_OK);
+    eng_gguf *g = NULL;
+    assert_int_equal(eng_gguf_open_memory(mem, size, &g, NULL), SW_OK);
+    eng_tokenizer *tok = NULL;
+    sw_error err;
+    int rc = eng_tokenizer_load(g, &tok, &err);
+    if (rc != SW_OK)
+        print_message("tokenizer: %s\n", err.message);
+    assert_int_equal(rc, SW_OK);
+    assert_int_equal(eng_tokenizer_n_vocab(tok), 32000);
+    assert_int_equal(eng_tokenizer_bos(tok), 1);
+    assert_int_equal(eng_tokenizer_eos(tok), 2);
+
+    int64_t kt = eng_gguf_find_key(g, "tokenizer.ggml.tokens");
+    piece_ref *sorted = sw_malloc(sizeof *sorted * 32000);
+    for (int32_t i = 0; i < 32000; i++) {
+        assert_int_equal(eng_gguf_arr_str(g, kt, (uint64_t)i, &sorted[i].s, &sorted[i].len), 0);
+        sorted[i].id = i;
+    }
+    qsort(sorted, 32000, sizeof *sorted, piece_cmp);
+
+    const char *text = "Once upon a time there was a little girl named Lily";
+    const char *words[] = {"Once", "upon", "a", "time", "there", "was", "a",
+                           "little", "girl", "named", "Lily"};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(eng_tokenize(tok, text, strlen(text), true, false, &ids, &n, NULL), SW_OK);
+    assert_int_equal(n, 1 + sizeof words / sizeof words[0]);
+    assert_int_equal(ids[0], 1);
+    for (size_t w = 0; w < sizeof words / sizeof words[0]; w++) {
+        char piece[64];
+        snprintf(piece, sizeof piece, "\xe2\x96\x81%s", words[w]);
+        int32_t want = piece_find(sorted, 32000, piece, strlen(piece));
+        assert_true(want > 259);
+        assert_int_equal(ids[1 + w], want);
+    }
+    char *back = eng_detokenize_ex(tok, ids, n, true, NULL); /* drop the space prefix */
+    assert_non_null(back);
+    assert_string_equal(back, text);
+    sw_free(back);
+    sw_free(ids);
+
+    /* newline and non-ASCII go through byte tokens and come back intact */
+    const char *odd = "caf\xc3\xa9 \xe2\x82\xac" "5\nnext line";
+    assert_int_equal(eng_tokenize(tok, odd, strlen(odd), false, false, &ids, &n, NULL), SW_OK);
+    bool saw_byte = false;
+    for (size_t i = 0; i < n; i++)
+        saw_byte |= ids[i] >= 3 && ids[i] < 259;
+    assert_true(saw_byte);
+    back = eng_detokenize_ex(tok, ids, n, true, NULL);
+    assert_string_equal(back, odd);
+    sw_free(back);
+    sw_free(ids);
+
+    sw_free(sorted);
+    eng_tokenizer_free(tok);
+    eng_gguf_close(g);
+    sw_free(mem);
+}
+
 static void expect_invalid(const eng_model_make_params *p, const char *fragment)
 {
     sw_error err;
@@ -638,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_weight_statistics),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_vocabulary),
+        cmocka_unit_test(test_tokenizer_on_vocab),
         cmocka_unit_test(test_invalid_shapes),
         cmocka_unit_test(test_mid_size),
         cmocka_unit_test(test_cli),

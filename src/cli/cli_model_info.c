@@ -7,6 +7,7 @@
  */
 #include "cli/cli.h"
 
+#include "common/alloc.h"
 #include "engine/gguf.h"
 #include "engine/quant.h"
 
@@ -21,6 +22,37 @@ static void usage(FILE *out)
     fprintf(out, "usage: spillway model info [--json] FILE\n"
                  "  Prints the GGUF version, the metadata and the tensor table of FILE.\n"
                  "  --json  one JSON object instead of text\n");
+}
+
+/* Keys and tensor names come from the file: shown with control bytes (a
+ * terminal escape, say) replaced by '?'. Returns buf. */
+static const char *printable(const char *name, char *buf, size_t cap)
+{
+    size_t i = 0;
+    for (; name[i] && i + 1 < cap; i++) {
+        unsigned char c = (unsigned char)name[i];
+        buf[i] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+    }
+    buf[i] = '\0';
+    return buf;
+}
+
+/* A JSON string of a name from the file; bytes that are not UTF-8 (which
+ * jansson refuses) become '?'. NULL only when out of memory. */
+static json_t *json_name(const char *name)
+{
+    json_t *j = json_string(name);
+    if (j)
+        return j;
+    size_t n = strlen(name);
+    char *copy = sw_malloc(n + 1);
+    if (!copy)
+        return NULL;
+    for (size_t i = 0; i <= n; i++)
+        copy[i] = (unsigned char)name[i] >= 0x80 ? '?' : name[i];
+    j = json_string(copy);
+    sw_free(copy);
+    return j;
 }
 
 static const char *tensor_type_name(uint32_t type)
@@ -43,7 +75,7 @@ static void dims_text(const eng_gguf_tensor *t, char *buf, size_t cap)
 
 static void print_text(const char *path, const eng_gguf *g)
 {
-    char value[512], dims[128];
+    char value[512], dims[128], name[256];
     int64_t n_kv = eng_gguf_n_kv(g), n_tensors = eng_gguf_n_tensors(g);
     size_t key_width = 8, name_width = 8;
     int64_t params = 0;
@@ -62,7 +94,8 @@ static void print_text(const char *path, const eng_gguf *g)
     printf("\nmetadata (%" PRId64 " keys):\n", n_kv);
     for (int64_t i = 0; i < n_kv; i++) {
         eng_gguf_kv_format(g, i, value, sizeof value);
-        printf("  %-*s  %-6s  %s\n", (int)key_width, eng_gguf_kv_key(g, i),
+        printf("  %-*s  %-6s  %s\n", (int)key_width,
+               printable(eng_gguf_kv_key(g, i), name, sizeof name),
                eng_gguf_type_name(eng_gguf_kv_type(g, i)), value);
     }
 
@@ -77,7 +110,8 @@ static void print_text(const char *path, const eng_gguf *g)
     for (int64_t i = 0; i < n_tensors; i++) {
         const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
         dims_text(t, dims, sizeof dims);
-        printf("  %-*s  %-6s  %-20s  %12" PRIu64 "  %12zu\n", (int)name_width, t->name,
+        printf("  %-*s  %-6s  %-20s  %12" PRIu64 "  %12zu\n", (int)name_width,
+               printable(t->name, name, sizeof name),
                tensor_type_name(t->type), dims, t->offset, t->size_bytes);
         params += t->n_elements; /* each < 2^63 and the sum bounded by the file */
         bytes += t->size_bytes;
@@ -98,7 +132,8 @@ static int print_json(const char *path, const eng_gguf *g)
         goto fail;
     for (int64_t i = 0; i < eng_gguf_n_kv(g); i++) {
         eng_gguf_kv_format(g, i, value, sizeof value);
-        json_array_append_new(meta, json_pack("{s:s, s:s, s:s}", "key", eng_gguf_kv_key(g, i),
+        json_array_append_new(meta, json_pack("{s:o, s:s, s:s}", "key",
+                                              json_name(eng_gguf_kv_key(g, i)),
                                               "type", eng_gguf_type_name(eng_gguf_kv_type(g, i)),
                                               "value", value));
     }
@@ -108,7 +143,8 @@ static int print_json(const char *path, const eng_gguf *g)
         for (uint32_t d = 0; d < t->n_dims; d++)
             json_array_append_new(dims, json_integer(t->ne[d]));
         json_array_append_new(tensors,
-                              json_pack("{s:s, s:s, s:o, s:I, s:I}", "name", t->name, "type",
+                              json_pack("{s:o, s:s, s:o, s:I, s:I}", "name",
+                                        json_name(t->name), "type",
                                         tensor_type_name(t->type), "dims", dims, "offset",
                                         (json_int_t)t->offset, "bytes",
                                         (json_int_t)t->size_bytes));

@@ -72,6 +72,7 @@ struct eng_gguf {
     gguf_kv *kvs;                  /* n_kv, in file order */
     int64_t n_tensors;
     eng_gguf_tensor *tensors;      /* n_tensors, in file order */
+    uint64_t hash_seed;
     int64_t *kv_hash;              /* open addressing: index or -1 */
     size_t kv_hash_cap;            /* power of two */
     int64_t *tensor_hash;
@@ -180,14 +181,29 @@ static double read_f64(const uint8_t *p)
     return d;
 }
 
-static uint64_t hash_bytes(const char *s, size_t n)
+static uint64_t hash_mix(uint64_t h)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+/* FNV-1a from a per-handle seed, then mixed so the low bits (the slot)
+ * depend on every byte. The seed comes from addresses, which ASLR varies
+ * per process: a file crafted so that all its names share a slot (making
+ * open quadratic) would have to be crafted per process. A mitigation, not
+ * a guarantee. */
+static const char gguf_seed_anchor; /* its address seeds the hash */
+
+static uint64_t hash_bytes(uint64_t seed, const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull ^ seed;
     for (size_t i = 0; i < n; i++) {
         h ^= (uint8_t)s[i];
         h *= 1099511628211ull;
     }
-    return h;
+    return hash_mix(h);
 }
 
 static size_t hash_capacity(int64_t n)
@@ -209,7 +225,7 @@ static size_t hash_slot(const eng_gguf *g, const int64_t *table, size_t cap,
                         name_at_fn name_at, const char *name)
 {
     size_t mask = cap - 1;
-    size_t slot = (size_t)hash_bytes(name, strlen(name)) & mask;
+    size_t slot = (size_t)hash_bytes(g->hash_seed, name, strlen(name)) & mask;
     while (table[slot] >= 0 && strcmp(name_at(g, table[slot]), name) != 0)
         slot = (slot + 1) & mask;
     return slot;
@@ -717,6 +733,7 @@ static int gguf_parse(eng_gguf *g, sw_error *err)
     gguf_reader r = {g->base, g->size, 0, err};
     uint64_t n_tensors = 0, n_kv = 0;
     int rc;
+    g->hash_seed = hash_mix((uint64_t)(uintptr_t)g ^ hash_mix((uint64_t)(uintptr_t)&gguf_seed_anchor));
     if ((rc = parse_header(&r, g, &n_tensors, &n_kv)) != SW_OK ||
         (rc = parse_kvs(&r, g, n_kv)) != SW_OK ||
         (rc = parse_alignment(g, err)) != SW_OK ||

@@ -14,6 +14,22 @@
  *
  * Dimension order follows GGUF: ne[0] is the innermost (contiguous) one, so
  * a weight matrix mapping n_in -> n_out has ne = {n_in, n_out}.
+ *
+ * What the reader refuses, beyond what does not fit in the file: version 1
+ * and unknown versions and tensor types (SW_EUNSUPPORTED); duplicate keys or
+ * tensor names; empty keys/names, names with a NUL byte or over 64 KiB;
+ * unknown value types; bools other than 0/1; arrays nested more than 3
+ * deep; general.alignment that is not an integer power of two (<= 2^30);
+ * n_dims outside 1..4; dimensions <= 0 or whose product (or byte size)
+ * overflows; a row length that is not a multiple of the type's block size;
+ * offsets not a multiple of the alignment; overlapping tensors. Everything
+ * else is SW_EFORMAT. One leniency: a file without tensors may end before
+ * the padding that would precede its (empty) data section.
+ *
+ * Errors come with messages like "truncated value of key 'x': need 4 bytes
+ * at offset 130, but the file ends at 131" or "tensor 'blk.0.attn_q.weight':
+ * offset 4 is misaligned (...)"; eng_gguf_open prefixes the path.
+ * A handle is immutable after open, so it may be read from many threads.
  */
 #ifndef SPILLWAY_ENGINE_GGUF_H
 #define SPILLWAY_ENGINE_GGUF_H
@@ -70,6 +86,8 @@ size_t eng_gguf_data_offset(const eng_gguf *g); /* start of tensor data */
 
 /* ---- metadata ----------------------------------------------------------- */
 int64_t eng_gguf_n_kv(const eng_gguf *g);
+/* Key and type of entry `index` in file order; NULL / (eng_gguf_value_type)-1
+ * when index is out of range. */
 const char *eng_gguf_kv_key(const eng_gguf *g, int64_t index);
 eng_gguf_value_type eng_gguf_kv_type(const eng_gguf *g, int64_t index);
 /* Index of key, or -1 if absent. */
@@ -99,8 +117,12 @@ int eng_gguf_arr_str(const eng_gguf *g, int64_t kv, uint64_t i, const char **ptr
 int eng_gguf_arr_f32(const eng_gguf *g, int64_t kv, uint64_t i, float *out);
 int eng_gguf_arr_i32(const eng_gguf *g, int64_t kv, uint64_t i, int32_t *out);
 
-/* Human-readable rendering of a scalar value or a short array preview
- * (e.g. "[32000 strings]" / first elements), for `spillway model info`. */
+/* Human-readable rendering of a scalar value or a short array preview, for
+ * `spillway model info`: 5, -1.5, true, "llama" (escaped, long strings cut
+ * with "..."), [2, 3, 3]; longer arrays show their first 6 elements and
+ * the count: ["<unk>", "<s>", "</s>", "<0x00>", "<0x01>", "<0x02>", ...]
+ * (32000 x string). Always NUL-terminated within cap; never splits a UTF-8
+ * character. */
 void eng_gguf_kv_format(const eng_gguf *g, int64_t kv, char *buf, size_t cap);
 const char *eng_gguf_type_name(eng_gguf_value_type type);
 
@@ -111,7 +133,13 @@ const eng_gguf_tensor *eng_gguf_find_tensor(const eng_gguf *g, const char *name)
 
 /* ---- writer ------------------------------------------------------------- */
 /* Builds a GGUF v3 file in memory order and writes it in one go. Keys and
- * tensors are written in the order added. Tensor data is copied. */
+ * tensors are written in the order added. Tensor data is copied.
+ * Setters return SW_OK, SW_EINVAL (a key or tensor name already added, an
+ * empty name, a size that does not match the shape and type, an unknown
+ * type, general.alignment that is not a power of two) or SW_ENOMEM; a
+ * refused call leaves the writer unchanged. Setting general.alignment (u32)
+ * changes the alignment used for the data; the default is 32 and is then
+ * not written as a key. */
 typedef struct eng_gguf_writer eng_gguf_writer;
 
 eng_gguf_writer *eng_gguf_writer_create(void);

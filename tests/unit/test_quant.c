@@ -487,12 +487,15 @@ static double tq_abs_terms(uint32_t type, int64_t n, const void *w, const void *
     return s;
 }
 
+/* what the current check is about, printed when it fails */
+static char tq_context[160];
+
 static void tq_check_close(float got, float ref, double abs_terms)
 {
     double tol = 1e-5 * abs_terms + 1e-30;
     if (!(fabs((double)got - (double)ref) <= tol)) {
-        fprintf(stderr, "got %.9g, reference %.9g, tolerance %.3g (isa %s)\n", got, ref, tol,
-                cpu_isa_name(cpu_kernels_isa()));
+        fprintf(stderr, "got %.9g, reference %.9g, tolerance %.3g (isa %s) %s\n", got, ref, tol,
+                cpu_isa_name(cpu_kernels_isa()), tq_context);
         fail();
     }
 }
@@ -594,6 +597,10 @@ static void tq_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n
                     continue;
                 }
                 const unsigned char *wr = w + (size_t)r * w_row_bytes;
+                snprintf(tq_context, sizeof tq_context,
+                         "type %u n_in %lld n_tokens %lld rows [%lld,%lld) row %lld token %lld",
+                         type, (long long)n_in, (long long)n_tokens, (long long)r0,
+                         (long long)r1, (long long)r, (long long)t);
                 float ref = eng_vec_dot_ref(type, n_in, wr, xr);
                 tq_check_close(got, ref, tq_abs_terms(type, n_in, wr, xr));
                 if (r == r0 && t == 0)

@@ -1,8 +1,386 @@
-/* cpu_kernels_avx512.c - placeholder: the avx512 level inherits the scalar kernels
- * until its SIMD versions land. */
+/* cpu_kernels_avx512.c - the CPU kernels for AVX-512 (F, BW, VL, DQ, VNNI).
+ *
+ * Quantized matrix products run on integers with VPDPBUSD, which multiplies
+ * unsigned by signed bytes. Signed weights are made unsigned by an offset
+ * (Q8_0: w + 128; Q4_0 nibbles are already q = w + 8), and the offset's
+ * contribution (offset * sum of x) is taken out exactly by starting each
+ * accumulator at -offset * x, computed once per token and block. One step
+ * handles two blocks (64 bytes, one ZMM); each int32 lane then belongs to
+ * one block and is scaled by d_w * d_x in float.
+ *
+ * Matrix products work on tiles of up to 4 weight rows x 4 tokens, so a
+ * weight block loaded once serves four tokens in prefill; rows are the outer
+ * loop so the rows of a tile stay in L1 while every token passes over them.
+ * No state is shared between calls and nothing is allocated.
+ */
 #include "device/cpu/cpu_kernels_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#define K_QK 32          /* values per quantized block */
+#define K_Q8_BYTES 34    /* bytes of a Q8_0 block (activations too) */
+#define K_Q4_BYTES 18    /* bytes of a Q4_0 block */
+#ifndef K_PREFETCH
+#define K_PREFETCH 512 /* bytes ahead in each weight row: a small, measured gain in decode */
+#endif
+#define K_INLINE static inline __attribute__((always_inline))
+
+static inline short k_load_f16(const unsigned char *p)
+{
+    short v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The f16 scales of two blocks, spread over the 16 int32 lanes one step's
+ * dot products land in: lanes in mask_b belong to the second block. */
+K_INLINE __m512 k_scales(const unsigned char *a, const unsigned char *b, int has_b, __mmask16 mask_b)
+{
+    __m256i h = _mm256_set1_epi16(k_load_f16(a));
+    h = _mm256_mask_set1_epi16(h, mask_b, has_b ? k_load_f16(b) : 0);
+    return _mm512_cvtph_ps(h);
+}
+
+/* ---- activations --------------------------------------------------------- */
+
+/* Rounds to the nearest integer, halves away from zero, like roundf: the
+ * fraction v - trunc(v) is exact in float, so the test is exact too. */
+K_INLINE __m512 k_round_away(__m512 v)
+{
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f),
+                              _mm512_and_ps(v, _mm512_set1_ps(-0.0f))); /* +-1 */
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+static void k_quantize_row_q8_0(const float *x, void *dst, int64_t n)
+{
+    unsigned char *out = dst;
+    for (int64_t b = 0; b < n / K_QK; b++, x += K_QK, out += K_Q8_BYTES) {
+        __m512 v0 = _mm512_loadu_ps(x);
+        __m512 v1 = _mm512_loadu_ps(x + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        unsigned short hd = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(out, &hd, sizeof hd);
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q0 = _mm512_cvtps_epi32(k_round_away(_mm512_mul_ps(v0, vid)));
+        __m512i q1 = _mm512_cvtps_epi32(k_round_away(_mm512_mul_ps(v1, vid)));
+        _mm_storeu_si128((__m128i *)(void *)(out + 2), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(void *)(out + 18), _mm512_cvtsepi32_epi8(q1));
+    }
+}
+
+/* ---- quantized matrix products -------------------------------------------- */
+
+/* One tile: R weight rows x T tokens, over nb blocks. q4 selects Q4_0 weights
+ * (else Q8_0). Compile-time R, T and q4 after inlining. */
+K_INLINE void k_tile_q(const int R, const int T, const int q4, const unsigned char *w,
+                       size_t w_row_bytes, const unsigned char *x, size_t x_row_bytes,
+                       int64_t nb, float *y, int64_t y_stride)
+{
+    const size_t wbytes = q4 ? K_Q4_BYTES : K_Q8_BYTES;
+    /* Q4_0: int32 lanes 0-3 and 8-11 hold block a, 4-7 and 12-15 block b
+     * (the nibble unpacking order); Q8_0: lanes 0-7 a, 8-15 b */
+    const __mmask16 mask_b = q4 ? 0xF0F0 : 0xFF00;
+    const __m512i offset = _mm512_set1_epi8(q4 ? 8 : (char)0x80);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    /* x of two blocks as qwords a0..a3 b0..b3 -> a0 a1 b0 b1 a2 a3 b2 b3 */
+    const __m512i x_order = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int has_b = b + 1 < nb;
+        __m512i wv[4];
+        __m512 dw[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const unsigned char *wa = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
+            if (K_PREFETCH)
+                _mm_prefetch((const char *)wa + K_PREFETCH, _MM_HINT_T0);
+            if (q4) {
+                __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(wa + 2));
+                __m128i hi = has_b ? _mm_loadu_si128((const __m128i *)(const void *)(wa + 20))
+                                   : _mm_setzero_si128();
+                __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+                wv[r] = _mm512_and_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1),
+                    low4);
+            } else {
+                __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(wa + 2));
+                __m256i hi = has_b ? _mm256_loadu_si256((const __m256i *)(const void *)(wa + 36))
+                                   : _mm256_setzero_si256();
+                wv[r] = _mm512_xor_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), offset);
+            }
+            dw[r] = k_scales(wa, wa + wbytes, has_b, mask_b);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const unsigned char *xa = x + (size_t)t * x_row_bytes + (size_t)b * K_Q8_BYTES;
+            __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(xa + 2));
+            __m256i hi = has_b ? _mm256_loadu_si256((const __m256i *)(const void *)(xa + 36))
+                               : _mm256_setzero_si256();
+            __m512i xv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            if (q4)
+                xv = _mm512_permutexvar_epi64(x_order, xv);
+            __m512i neg_offset_sum = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, xv));
+            __m512 dx = k_scales(xa, xa + K_Q8_BYTES, has_b, mask_b);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i isum = _mm512_dpbusd_epi32(neg_offset_sum, wv[r], xv);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[r], dx),
+                                            acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+#define K_TILE_CASES(fn, ...)                                                                 \
+    switch (R * 4 + T) {                                                                      \
+    case 4 * 4 + 4: fn(4, 4, __VA_ARGS__); break;                                             \
+    case 4 * 4 + 3: fn(4, 3, __VA_ARGS__); break;                                             \
+    case 4 * 4 + 2: fn(4, 2, __VA_ARGS__); break;                                             \
+    case 4 * 4 + 1: fn(4, 1, __VA_ARGS__); break;                                             \
+    case 3 * 4 + 4: fn(3, 4, __VA_ARGS__); break;                                             \
+    case 3 * 4 + 3: fn(3, 3, __VA_ARGS__); break;                                             \
+    case 3 * 4 + 2: fn(3, 2, __VA_ARGS__); break;                                             \
+    case 3 * 4 + 1: fn(3, 1, __VA_ARGS__); break;                                             \
+    case 2 * 4 + 4: fn(2, 4, __VA_ARGS__); break;                                             \
+    case 2 * 4 + 3: fn(2, 3, __VA_ARGS__); break;                                             \
+    case 2 * 4 + 2: fn(2, 2, __VA_ARGS__); break;                                             \
+    case 2 * 4 + 1: fn(2, 1, __VA_ARGS__); break;                                             \
+    case 1 * 4 + 4: fn(1, 4, __VA_ARGS__); break;                                             \
+    case 1 * 4 + 3: fn(1, 3, __VA_ARGS__); break;                                             \
+    case 1 * 4 + 2: fn(1, 2, __VA_ARGS__); break;                                             \
+    default: fn(1, 1, __VA_ARGS__); break;                                                    \
+    }
+
+K_INLINE void k_matmul_q(const int q4, const void *w, size_t w_row_bytes, int64_t n_in,
+                         const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                         int64_t y_stride, int64_t r0, int64_t r1)
+{
+    const int64_t nb = n_in / K_QK;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        for (int64_t t = 0; t < n_tokens; t += 4) {
+            const int T = n_tokens - t < 4 ? (int)(n_tokens - t) : 4;
+            const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
+            float *yt = y + t * y_stride + r;
+            K_TILE_CASES(k_tile_q, q4, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride)
+        }
+    }
+}
+
+static void k_matmul_q8_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    k_matmul_q(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void k_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    k_matmul_q(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+/* ---- float matrix products -------------------------------------------------- */
+
+/* 16 values from a row of F16 (f16 != 0) or F32, the first `count` of them
+ * (the rest zero) when mask is not all ones. */
+K_INLINE __m512 k_load16(const int f16, const unsigned char *row, int64_t i, __mmask16 mask)
+{
+    if (f16) {
+        const void *p = row + (size_t)i * 2;
+        __m256i h = mask == 0xffff ? _mm256_loadu_si256((const __m256i *)p)
+                                   : _mm256_maskz_loadu_epi16(mask, p);
+        return _mm512_cvtph_ps(h);
+    }
+    const float *p = (const float *)(const void *)(row + (size_t)i * 4);
+    return mask == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
+}
+
+K_INLINE void k_tile_f(const int R, const int T, const int f16, const unsigned char *w,
+                       size_t w_row_bytes, const unsigned char *x, size_t x_row_bytes,
+                       int64_t n, float *y, int64_t y_stride)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mask = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            wv[r] = k_load16(f16, w + (size_t)r * w_row_bytes, i, mask);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512 xv = k_load16(f16, x + (size_t)t * x_row_bytes, i, mask);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+K_INLINE void k_matmul_f(const int f16, const void *w, size_t w_row_bytes, int64_t n_in,
+                         const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                         int64_t y_stride, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        for (int64_t t = 0; t < n_tokens; t += 4) {
+            const int T = n_tokens - t < 4 ? (int)(n_tokens - t) : 4;
+            const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
+            float *yt = y + t * y_stride + r;
+            K_TILE_CASES(k_tile_f, f16, wr, w_row_bytes, xt, xq_row_bytes, n_in, yt, y_stride)
+        }
+    }
+}
+
+static void k_matmul_f32(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                         size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1)
+{
+    k_matmul_f(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void k_matmul_f16(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                         size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                         int64_t r0, int64_t r1)
+{
+    k_matmul_f(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+/* ---- float helpers ---------------------------------------------------------- */
+
+static inline __mmask16 k_tail_mask(int64_t left)
+{
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+static float k_dot_f32(const float *a, const float *b, int64_t n)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                               acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void k_axpy_f32(float *y, float a, const float *x, int64_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i),
+                                   _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+static float k_dot_f16_f32(const uint16_t *a, const float *b, int64_t n)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))),
+                               _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i + 16))),
+                               _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i)),
+                               _mm512_maskz_loadu_ps(m, b + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void k_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        __m512 r = _mm512_fmadd_ps(va, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)),
+                                   _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+static void k_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_mask_storeu_epi16(y + i, m, h);
+    }
+}
+
+static void k_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)));
+    }
+}
+
+void cpu__kernels_avx512_init(cpu__kernel_table *table)
+{
+    table->quantize_row_q8_0 = k_quantize_row_q8_0;
+    table->matmul_f32 = k_matmul_f32;
+    table->matmul_f16 = k_matmul_f16;
+    table->matmul_q8_0 = k_matmul_q8_0;
+    table->matmul_q4_0 = k_matmul_q4_0;
+    table->dot_f32 = k_dot_f32;
+    table->axpy_f32 = k_axpy_f32;
+    table->dot_f16_f32 = k_dot_f16_f32;
+    table->axpy_f16 = k_axpy_f16;
+    table->fp32_to_fp16_row = k_fp32_to_fp16_row;
+    table->fp16_to_fp32_row = k_fp16_to_fp32_row;
+}
+
+#else /* not x86: the dispatcher never calls this */
 
 void cpu__kernels_avx512_init(cpu__kernel_table *table)
 {
     (void)table;
 }
+
+#endif

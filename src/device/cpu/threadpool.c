@@ -66,7 +66,9 @@ static void *worker_main(void *p)
     worker_start *start = p;
     cpu_threadpool *pool = start->pool;
     int index = start->index;
-    unsigned seen = atomic_load(&pool->generation);
+    /* Generation 0 is "no job yet"; reading the counter here instead would
+     * miss a job posted before this thread got to run. */
+    unsigned seen = 0;
 
     for (;;) {
         unsigned now;

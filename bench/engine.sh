@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Engine benchmark: prefill and decode tokens/s with 2 threads, prompt 128,
+# 32 generated, on models made by `spillway model make` with the shapes of
+# the foundation issue, next to the reference engine's figures measured on
+# this machine kind. Prints figures; asserts nothing.
+#
+#   bench/engine.sh [BUILD_DIR]        (default: build)
+#   MODELS="small-q8_0 1b-q8_0 1b-q4_0" THREADS=2 bench/engine.sh
+set -euo pipefail
+build=${1:-build}
+bin="$build/spillway"
+dir="$build/models"
+threads=${THREADS:-2}
+models=${MODELS:-"small-q8_0 1b-q8_0 1b-q4_0"}
+mkdir -p "$dir"
+
+# Reference engine (llama.cpp CPU build, same shapes, 2 threads), tok/s.
+declare -A ref_prefill=([small-q8_0]=2634 [1b-q8_0]=84 [1b-q4_0]=122)
+declare -A ref_decode=([small-q8_0]=596 [1b-q8_0]=12.4 [1b-q4_0]=22.3)
+
+printf '%-12s %10s %10s %7s %10s %10s %7s %9s\n' model prefill ref ratio decode ref ratio "read GB/s"
+for m in $models; do
+  preset=${m%%-*}
+  type=${m#*-}
+  file="$dir/bench-$m.gguf"
+  if [ ! -f "$file" ]; then
+    "$bin" model make --preset "$preset" --type "$type" -o "$file" >/dev/null
+  fi
+  rec=$("$bin" bench engine -m "$file" --prompt 128 --gen 32 --threads "$threads" --reps 2 --json)
+  field() { printf '%s' "$rec" | grep -o "\"$1\":[-0-9.e+]*" | cut -d: -f2; }
+  p=$(field prefill_tokens_per_second); d=$(field decode_tokens_per_second)
+  bw=$(field decode_read_gb_per_second)
+  awk -v n="$m" -v p="$p" -v d="$d" -v rp="${ref_prefill[$m]:-0}" -v rd="${ref_decode[$m]:-0}" -v bw="$bw" \
+    'function r(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "-" }
+     BEGIN { printf "%-12s %10.1f %10.1f %7s %10.1f %10.1f %7s %9.1f\n", n, p, rp, r(p, rp), d, rd, r(d, rd), bw }'
+done

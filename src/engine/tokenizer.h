@@ -40,8 +40,12 @@ typedef enum eng_token_type {
 } eng_token_type;
 
 /* Loads the vocabulary of an open GGUF file (tokenizer.ggml.*). An
- * unsupported tokenizer model is a clear SW_EUNSUPPORTED error. The
- * tokenizer copies what it needs; the gguf may be closed afterwards. */
+ * unsupported tokenizer model is a clear SW_EUNSUPPORTED error naming it;
+ * missing tokens/scores, arrays whose lengths disagree, unknown token types
+ * and special ids outside the vocabulary are SW_EFORMAT naming the key.
+ * Defaults as llama.cpp: bos 1, eos 2, unk 0 (when inside the vocabulary),
+ * add_bos and add_space_prefix true, token_type NORMAL. The tokenizer
+ * copies what it needs; the gguf may be closed afterwards. */
 int eng_tokenizer_load(const eng_gguf *g, eng_tokenizer **out, sw_error *err);
 void eng_tokenizer_free(eng_tokenizer *tok);
 
@@ -50,7 +54,9 @@ int32_t eng_tokenizer_bos(const eng_tokenizer *tok); /* -1 if none */
 int32_t eng_tokenizer_eos(const eng_tokenizer *tok); /* -1 if none */
 int32_t eng_tokenizer_unk(const eng_tokenizer *tok); /* -1 if none */
 int32_t eng_tokenizer_pad(const eng_tokenizer *tok); /* -1 if none */
-/* True for end-of-generation tokens (EOS, EOT). */
+/* True for end-of-generation tokens: EOS, tokenizer.ggml.eot_token_id and
+ * eom_token_id when present, and CONTROL tokens whose text is a common
+ * end-of-turn marker (<|im_end|>, <|eot_id|>, <end_of_turn>, ...). */
 bool eng_tokenizer_is_eog(const eng_tokenizer *tok, int32_t id);
 /* Whether the vocabulary asks for BOS to be prepended (default true for SPM). */
 bool eng_tokenizer_add_bos(const eng_tokenizer *tok);

@@ -118,6 +118,7 @@ typedef struct mm_vocab {
     uint32_t *len;      /* cap: bytes of piece i */
     float *score;       /* cap */
     int32_t *type;      /* cap: eng_token_type values */
+    uint8_t *is_word;   /* cap: 1 for a whole word of the built-in lists */
     int32_t *slots;     /* n_slots: open-addressing hash of pieces, -1 empty */
     size_t n_slots;     /* power of two, at least twice cap */
 } mm_vocab;
@@ -139,6 +140,7 @@ static void mm_vocab_free(mm_vocab *v)
     sw_free(v->len);
     sw_free(v->score);
     sw_free(v->type);
+    sw_free(v->is_word);
     sw_free(v->slots);
     memset(v, 0, sizeof *v);
 }
@@ -156,8 +158,10 @@ static int mm_vocab_init(mm_vocab *v, int32_t n_vocab)
     v->len = sw_calloc((size_t)n_vocab, sizeof *v->len);
     v->score = sw_calloc((size_t)n_vocab, sizeof *v->score);
     v->type = sw_calloc((size_t)n_vocab, sizeof *v->type);
+    v->is_word = sw_calloc((size_t)n_vocab, sizeof *v->is_word);
     v->slots = sw_malloc(v->n_slots * sizeof *v->slots);
-    if (!v->text || !v->offset || !v->len || !v->score || !v->type || !v->slots) {
+    if (!v->text || !v->offset || !v->len || !v->score || !v->type || !v->is_word ||
+        !v->slots) {
         mm_vocab_free(v);
         return SW_ENOMEM;
     }
@@ -238,9 +242,10 @@ static size_t mm_utf8_chars(const char *s, size_t len)
  * one token: tokenize w with the current vocabulary (repeatedly merge the
  * adjacent pair whose concatenation has the best score, leftmost first);
  * while that leaves more than one symbol, add the shortest adjacent
- * concatenation as a new piece and tokenize again. New pieces score below
+ * concatenation as a new piece and tokenize again. mark_word flags the
+ * finished piece as a whole word (for the head's row scale). New pieces score below
  * all earlier ones, so words added earlier still tokenize as before. */
-static int mm_vocab_add_word(mm_vocab *v, const char *w)
+static int mm_vocab_add_word(mm_vocab *v, const char *w, bool mark_word)
 {
     size_t start[MM_MAX_WORD_CHARS + 1];
     size_t n_sym = 0, len = strlen(w);
@@ -273,7 +278,13 @@ static int mm_vocab_add_word(mm_vocab *v, const char *w)
             memmove(&sym[best_at + 1], &sym[best_at + 2], sizeof(size_t) * (m - best_at - 1));
             m--;
         }
-        if (m == 1 || v->n >= v->cap)
+        if (m == 1) {
+            int32_t id = mm_vocab_find(v, w, len);
+            if (id >= 0 && mark_word)
+                v->is_word[id] = 1;
+            return SW_OK;
+        }
+        if (v->n >= v->cap)
             return SW_OK;
         size_t best_at = 0, best_chars = SIZE_MAX;
         for (size_t i = 0; i + 1 < m; i++) {
@@ -380,16 +391,16 @@ static int mm_vocab_build(mm_vocab *v, int32_t n_vocab)
         mm_vocab_add(v, buf, 4, 1);
     }
     for (size_t i = 0; i < sizeof mm_bigrams / sizeof mm_bigrams[0]; i++)
-        if ((rc = mm_vocab_add_word(v, mm_bigrams[i])) != SW_OK)
+        if ((rc = mm_vocab_add_word(v, mm_bigrams[i], false)) != SW_OK)
             return rc;
     for (size_t i = 0; i < sizeof mm_words / sizeof mm_words[0]; i++) {
         snprintf(buf, sizeof buf, MM_SPACE "%s", mm_words[i]);
-        if ((rc = mm_vocab_add_word(v, buf)) != SW_OK)
+        if ((rc = mm_vocab_add_word(v, buf, true)) != SW_OK)
             return rc;
     }
     for (size_t i = 0; i < sizeof mm_capital_words / sizeof mm_capital_words[0]; i++) {
         snprintf(buf, sizeof buf, MM_SPACE "%s", mm_capital_words[i]);
-        if ((rc = mm_vocab_add_word(v, buf)) != SW_OK)
+        if ((rc = mm_vocab_add_word(v, buf, true)) != SW_OK)
             return rc;
     }
     return mm_vocab_fill(v);
@@ -412,6 +423,7 @@ typedef struct mm_tensor {
     int64_t ne[2];       /* ne[0] innermost (row length), ne[1] rows */
     float center;        /* values are center + amplitude * U[-1, 1) */
     float amplitude;
+    const float *row_scale; /* ne[1] factors on the amplitude, or NULL */
 } mm_tensor;
 
 /* Generates one tensor row by row into a new buffer (sw_free). Element e
@@ -431,13 +443,14 @@ static int mm_tensor_generate(const mm_tensor *t, uint64_t seed, float *row, voi
         mm_mix64(mm_mix64(seed ^ 0x243f6a8885a308d3ULL) ^ mm_fnv1a(t->name, strlen(t->name)));
     const int64_t n = t->ne[0];
     for (int64_t r = 0; r < t->ne[1]; r++) {
+        const float amplitude = t->amplitude * (t->row_scale ? t->row_scale[r] : 1.0f);
         uint64_t counter = key + (uint64_t)(r * n) * 0x9e3779b97f4a7c15ULL;
         for (int64_t i = 0; i < n; i++) {
             counter += 0x9e3779b97f4a7c15ULL;
             uint64_t z = mm_mix64(counter);
             /* 24 random bits -> [-1, 1) */
             float u = (float)(int32_t)(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
-            row[i] = t->center + t->amplitude * u;
+            row[i] = t->center + amplitude * u;
         }
         eng_quantize_row(t->type, row, data + (size_t)r * row_bytes, n);
     }
@@ -590,6 +603,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             t[n].ne[1] = (e1);                                                                 \
             t[n].center = (ctr);                                                               \
             t[n].amplitude = (amp);                                                            \
+            t[n].row_scale = NULL;                                                             \
         }                                                                                      \
         n++;                                                                                   \
     } while (0)
@@ -695,7 +709,7 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
     mm_vocab v;
     const char **pieces = NULL;
     eng_gguf_writer *w = NULL;
-    float *row = NULL;
+    float *row = NULL, *head_scale = NULL;
     void *data = NULL;
     int rc = eng_model_make_validate(p, err);
     if (rc != SW_OK)
@@ -714,12 +728,15 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
     w = eng_gguf_writer_create();
     int64_t max_row = p->n_embd > p->n_ff ? p->n_embd : p->n_ff;
     row = sw_malloc(sizeof(float) * (size_t)max_row);
-    if (!pieces || !w || !row) {
+    head_scale = sw_malloc(sizeof(float) * (size_t)v.n);
+    if (!pieces || !w || !row || !head_scale) {
         rc = sw_error_set(err, SW_ENOMEM, "model make: out of memory");
         goto fail;
     }
-    for (int32_t i = 0; i < v.n; i++)
+    for (int32_t i = 0; i < v.n; i++) {
         pieces[i] = v.text + v.offset[i];
+        head_scale[i] = v.is_word[i] ? 1.0f : v.type[i] == 1 ? 0.5f : 0.25f;
+    }
     if ((rc = mm_set_metadata(w, p, &v, pieces)) != SW_OK) {
         sw_error_set(err, rc, "model make: cannot set metadata: %s", sw_strerror(rc));
         goto fail;
@@ -729,6 +746,8 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
         int64_t n = mm_tensor_table(p, layer, t);
         for (int64_t i = 0; i < n; i++) {
             size_t size = 0;
+            if (strcmp(t[i].name, p->tied_output ? "token_embd.weight" : "output.weight") == 0)
+                t[i].row_scale = head_scale;
             if ((rc = mm_tensor_generate(&t[i], p->seed, row, &data, &size)) != SW_OK) {
                 sw_error_set(err, rc, "model make: cannot generate %s: %s", t[i].name,
                              sw_strerror(rc));
@@ -751,6 +770,7 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
 fail:
     eng_gguf_writer_free(w);
     sw_free(row);
+    sw_free(head_scale);
     sw_free(pieces);
     mm_vocab_free(&v);
     return rc;

@@ -17,6 +17,11 @@
  *     has a clear winner most of the time, not so peaked that sampling is
  *     one-hot;
  *   token_embd (untied): 1;  norm weights: 1 +- 0.1 (uniform).
+ * The head's rows (output, or token_embd when tied) are scaled per token:
+ * whole words of the built-in lists x1, other normal pieces x0.5, byte and
+ * control tokens x0.25. Random text then mostly consists of words rather
+ * than filler pieces and stray bytes, and end-of-text is rare, which suits
+ * demos and long generations.
  *
  * Vocabulary (SentencePiece style, tokenizer.ggml.model "llama"):
  *   0 <unk> (UNKNOWN), 1 <s>, 2 </s> (CONTROL), 3..258 <0x00>..<0xFF>

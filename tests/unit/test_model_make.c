@@ -266,6 +266,43 @@ static void tensor_stats(const eng_gguf_tensor *t, double *mean, double *std, do
     sw_free(row);
 }
 
+/* Standard deviation of rows [r0, r0 + n_rows) of a 2-D tensor. */
+static double rows_std(const eng_gguf_tensor *t, int64_t r0, int64_t n_rows)
+{
+    const int64_t n = t->ne[0];
+    size_t row_bytes = t->size_bytes / (size_t)t->ne[1];
+    float *row = sw_malloc(sizeof(float) * (size_t)n);
+    double s = 0, s2 = 0;
+    for (int64_t r = r0; r < r0 + n_rows; r++) {
+        eng_dequantize_row(t->type, (const unsigned char *)t->data + (size_t)r * row_bytes, row,
+                           n);
+        for (int64_t i = 0; i < n; i++) {
+            s += row[i];
+            s2 += (double)row[i] * row[i];
+        }
+    }
+    sw_free(row);
+    double count = (double)(n * n_rows), mean = s / count;
+    return sqrt(s2 / count - mean * mean);
+}
+
+/* Id of a vocabulary piece by linear search, or -1. */
+static int32_t vocab_id(const eng_gguf *g, const char *piece)
+{
+    int64_t kt = eng_gguf_find_key(g, "tokenizer.ggml.tokens");
+    uint64_t n = 0;
+    eng_gguf_value_type et;
+    assert_int_equal(eng_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, NULL), 0);
+    for (uint64_t i = 0; i < n; i++) {
+        const char *s;
+        size_t len;
+        assert_int_equal(eng_gguf_arr_str(g, kt, i, &s, &len), 0);
+        if (len == strlen(piece) && memcmp(s, piece, len) == 0)
+            return (int32_t)i;
+    }
+    return -1;
+}
+
 static void test_weight_statistics(void **state)
 {
     (void)state;
@@ -275,6 +312,7 @@ static void test_weight_statistics(void **state)
         p.n_embd = 256;
         p.n_head = 8;
         p.n_ff = 512;
+        p.n_vocab = 2000;
         char *path = dup_tmp("mm-stats.gguf");
         assert_int_equal(eng_model_make(&p, path, NULL), SW_OK);
         eng_gguf *g = open_ok(path);
@@ -286,9 +324,24 @@ static void test_weight_statistics(void **state)
         assert_true(mx <= sqrt(3.0) / 16.0 * 1.01 && mn >= -sqrt(3.0) / 16.0 * 1.01);
         tensor_stats(eng_gguf_find_tensor(g, "blk.0.ffn_down.weight"), &mean, &std, &mn, &mx);
         assert_true(fabs(std - 1.0 / sqrt(512.0)) < 0.1 / sqrt(512.0));
-        /* the head: std 4/sqrt(n_embd) so logits have std ~4 */
-        tensor_stats(eng_gguf_find_tensor(g, "output.weight"), &mean, &std, &mn, &mx);
-        assert_true(fabs(std - 4.0 / 16.0) < 0.1 * 4.0 / 16.0);
+        /* the head: std 4/sqrt(n_embd) for whole-word rows, so their logits
+         * have std ~4; half that for other pieces, a quarter for byte and
+         * control tokens */
+        const eng_gguf_tensor *head = eng_gguf_find_tensor(g, "output.weight");
+        const char *words[] = {"\xe2\x96\x81the", "\xe2\x96\x81of", "\xe2\x96\x81" "and",
+                               "\xe2\x96\x81time"};
+        for (size_t w = 0; w < 4; w++) {
+            int32_t id = vocab_id(g, words[w]);
+            assert_true(id > 259);
+            assert_true(fabs(rows_std(head, id, 1) - 4.0 / 16.0) < 0.12 * 4.0 / 16.0);
+        }
+        int32_t letter = vocab_id(g, "e"), bigram = vocab_id(g, "th");
+        assert_true(fabs(rows_std(head, letter, 1) - 2.0 / 16.0) < 0.12 * 2.0 / 16.0);
+        assert_true(fabs(rows_std(head, bigram, 1) - 2.0 / 16.0) < 0.12 * 2.0 / 16.0);
+        assert_true(fabs(rows_std(head, 1, 258) - 1.0 / 16.0) < 0.05 * 1.0 / 16.0);
+        /* the input embedding (untied) is not scaled: std 1 */
+        tensor_stats(eng_gguf_find_tensor(g, "token_embd.weight"), &mean, &std, &mn, &mx);
+        assert_true(fabs(std - 1.0) < 0.02);
         /* norms near 1 */
         tensor_stats(eng_gguf_find_tensor(g, "output_norm.weight"), &mean, &std, &mn, &mx);
         assert_true(mn >= 0.9 && mx <= 1.1 && fabs(mean - 1.0) < 0.02 && std > 0.01);

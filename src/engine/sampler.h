@@ -6,6 +6,12 @@
  * (seed, k), so a generation can be resumed exactly by setting the draw
  * counter. Every call to eng_sampler_sample consumes exactly one draw,
  * greedy included, so "advanced k draws" means "k tokens sampled".
+ *
+ * Order of operations (sampler.c has the details): NaN -> -inf; penalties
+ * (also in greedy mode); temperature <= 0: argmax, ties to the lowest id;
+ * else top-k -> temperature -> softmax -> top-p -> min-p -> renormalise ->
+ * pick with draw k's uniform number, walking tokens by probability
+ * descending, ties by id ascending.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_H
 #define SPILLWAY_ENGINE_SAMPLER_H

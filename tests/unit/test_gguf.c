@@ -571,6 +571,168 @@ static void test_format_long_array(void **state)
     sw_free(image);
 }
 
+/* Every value type, read back through the getters and their conversions. */
+static void test_all_value_types(void **state)
+{
+    bb b = {{0}, 0};
+    eng_gguf *g = NULL;
+    sw_error err;
+    uint32_t u32;
+    int32_t i32;
+    uint64_t u64;
+    float f;
+    bool flag;
+    char buf[128];
+    double d = -2.5, darr[2] = {0.25, 1e300};
+    (void)state;
+    bb_header(&b, 3, 0, 15);
+    bb_str(&b, "u8");   bb_u32(&b, ENG_GGUF_UINT8);  bb_u8(&b, 200);
+    bb_str(&b, "i8");   bb_u32(&b, ENG_GGUF_INT8);   bb_u8(&b, 0x80);
+    bb_str(&b, "u16");  bb_u32(&b, ENG_GGUF_UINT16); bb_u8(&b, 0xff); bb_u8(&b, 0xff);
+    bb_str(&b, "i16");  bb_u32(&b, ENG_GGUF_INT16);  bb_u8(&b, 0x00); bb_u8(&b, 0x80);
+    bb_str(&b, "i64");  bb_u32(&b, ENG_GGUF_INT64);  bb_u64(&b, (uint64_t)INT64_MIN);
+    bb_str(&b, "u64");  bb_u32(&b, ENG_GGUF_UINT64); bb_u64(&b, UINT64_MAX);
+    bb_str(&b, "f64");  bb_u32(&b, ENG_GGUF_FLOAT64); bb_raw(&b, &d, 8);
+    bb_str(&b, "no");   bb_u32(&b, ENG_GGUF_BOOL);   bb_u8(&b, 0);
+    bb_str(&b, "a.u8"); bb_u32(&b, ENG_GGUF_ARRAY);  bb_u32(&b, ENG_GGUF_UINT8); bb_u64(&b, 2);
+    bb_u8(&b, 1); bb_u8(&b, 255);
+    bb_str(&b, "a.i64"); bb_u32(&b, ENG_GGUF_ARRAY); bb_u32(&b, ENG_GGUF_INT64); bb_u64(&b, 2);
+    bb_u64(&b, (uint64_t)-7); bb_u64(&b, 1ull << 40);
+    bb_str(&b, "a.f64"); bb_u32(&b, ENG_GGUF_ARRAY); bb_u32(&b, ENG_GGUF_FLOAT64); bb_u64(&b, 2);
+    bb_raw(&b, darr, 16);
+    bb_str(&b, "a.bool"); bb_u32(&b, ENG_GGUF_ARRAY); bb_u32(&b, ENG_GGUF_BOOL); bb_u64(&b, 2);
+    bb_u8(&b, 1); bb_u8(&b, 0);
+    bb_str(&b, "a.i16"); bb_u32(&b, ENG_GGUF_ARRAY); bb_u32(&b, ENG_GGUF_INT16); bb_u64(&b, 1);
+    bb_u8(&b, 0xfe); bb_u8(&b, 0xff);
+    bb_str(&b, "s.utf8"); bb_u32(&b, ENG_GGUF_STRING);
+    bb_str(&b, "ok \xc3\xa9 bad \xff \xc3 tab\t q\" end");
+    bb_str(&b, "a.empty"); bb_u32(&b, ENG_GGUF_ARRAY); bb_u32(&b, ENG_GGUF_STRING); bb_u64(&b, 0);
+    if (eng_gguf_open_memory(b.data, b.len, &g, &err) != SW_OK)
+        fail_msg("%s", err.message);
+
+    assert_int_equal(eng_gguf_get_u32(g, "u8", &u32, &err), SW_OK);
+    assert_int_equal(u32, 200);
+    assert_int_equal(eng_gguf_get_i32(g, "i8", &i32, &err), SW_OK);
+    assert_int_equal(i32, -128);
+    assert_int_equal(eng_gguf_get_u32(g, "u16", &u32, &err), SW_OK);
+    assert_int_equal(u32, 65535);
+    assert_int_equal(eng_gguf_get_i32(g, "i16", &i32, &err), SW_OK);
+    assert_int_equal(i32, -32768);
+    assert_int_equal(eng_gguf_get_i32(g, "i64", &i32, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "-9223372036854775808 does not fit in i32"));
+    assert_int_equal(eng_gguf_get_u64(g, "u64", &u64, &err), SW_OK);
+    assert_true(u64 == UINT64_MAX);
+    assert_int_equal(eng_gguf_get_f32(g, "f64", &f, &err), SW_OK);
+    assert_true(f == -2.5f);
+    assert_int_equal(eng_gguf_get_bool(g, "no", &flag, &err), SW_OK);
+    assert_false(flag);
+
+    int64_t kv = eng_gguf_find_key(g, "a.u8");
+    assert_int_equal(eng_gguf_arr_i32(g, kv, 1, &i32), SW_OK);
+    assert_int_equal(i32, 255);
+    kv = eng_gguf_find_key(g, "a.i64");
+    assert_int_equal(eng_gguf_arr_i32(g, kv, 0, &i32), SW_OK);
+    assert_int_equal(i32, -7);
+    assert_int_equal(eng_gguf_arr_i32(g, kv, 1, &i32), SW_ERANGE); /* 2^40 does not fit */
+    kv = eng_gguf_find_key(g, "a.f64");
+    assert_int_equal(eng_gguf_arr_f32(g, kv, 0, &f), SW_OK);
+    assert_true(f == 0.25f);
+    kv = eng_gguf_find_key(g, "a.i16");
+    assert_int_equal(eng_gguf_arr_i32(g, kv, 0, &i32), SW_OK);
+    assert_int_equal(i32, -2);
+
+    static const struct { const char *key, *text; } formats[] = {
+        {"u8", "200"}, {"i8", "-128"}, {"u16", "65535"}, {"i16", "-32768"},
+        {"i64", "-9223372036854775808"}, {"u64", "18446744073709551615"}, {"f64", "-2.5"},
+        {"no", "false"}, {"a.u8", "[1, 255]"}, {"a.i64", "[-7, 1099511627776]"},
+        {"a.f64", "[0.25, 1e+300]"}, {"a.bool", "[true, false]"}, {"a.i16", "[-2]"},
+        /* Valid UTF-8 passes, invalid bytes and controls are escaped. */
+        {"s.utf8", "\"ok \xc3\xa9 bad \\xff \\xc3 tab\\x09 q\\\" end\""},
+        {"a.empty", "[]"},
+    };
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        eng_gguf_kv_format(g, eng_gguf_find_key(g, formats[i].key), buf, sizeof buf);
+        assert_string_equal(buf, formats[i].text);
+    }
+    assert_string_equal(eng_gguf_type_name(eng_gguf_kv_type(g, 0)), "u8");
+    assert_string_equal(eng_gguf_type_name(eng_gguf_kv_type(g, 8)), "array");
+    eng_gguf_close(g);
+
+    /* A bool array element other than 0/1 is refused. */
+    b.len = 0;
+    bb_header(&b, 3, 0, 1);
+    bb_str(&b, "a.bool"); bb_u32(&b, ENG_GGUF_ARRAY); bb_u32(&b, ENG_GGUF_BOOL); bb_u64(&b, 3);
+    bb_u8(&b, 1); bb_u8(&b, 0); bb_u8(&b, 9);
+    expect_error(&b, SW_EFORMAT, "key 'a.bool': bool array element 2 is 9, not 0 or 1");
+}
+
+/* Long strings are cut with "..." and never inside a UTF-8 character. */
+static void test_format_long_string(void **state)
+{
+    char text[1000], buf[64];
+    eng_gguf *g = NULL;
+    sw_error err;
+    void *image = NULL;
+    size_t size;
+    (void)state;
+    /* 300 x "é" (2 bytes each). */
+    for (int i = 0; i < 300; i++)
+        memcpy(text + 2 * i, "\xc3\xa9", 2);
+    text[600] = '\0';
+    eng_gguf_writer *w = eng_gguf_writer_create();
+    assert_int_equal(eng_gguf_writer_set_str(w, "s", text), SW_OK);
+    assert_int_equal(eng_gguf_writer_to_memory(w, &image, &size, &err), SW_OK);
+    eng_gguf_writer_free(w);
+    assert_int_equal(eng_gguf_open_memory(image, size, &g, &err), SW_OK);
+    eng_gguf_kv_format(g, 0, buf, 4); /* only room for the marker */
+    assert_string_equal(buf, "...");
+    for (size_t cap = 5; cap <= sizeof buf; cap++) {
+        eng_gguf_kv_format(g, 0, buf, cap);
+        size_t len = strlen(buf);
+        assert_true(len < cap);
+        assert_true(len >= 4);
+        assert_string_equal(buf + len - 3, "...");
+        assert_int_equal(buf[0], '"');
+        /* Between the quote and the dots: whole 2-byte characters only. */
+        assert_int_equal((len - 4) % 2, 0);
+        for (size_t i = 1; i + 3 < len; i += 2)
+            assert_memory_equal(buf + i, "\xc3\xa9", 2);
+    }
+    char big[1024];
+    eng_gguf_kv_format(g, 0, big, sizeof big);
+    /* The preview keeps 200 bytes of the value: 100 characters. */
+    assert_int_equal(strlen(big), 1 + 200 + 4);
+    assert_string_equal(big + 201, "\"...");
+    eng_gguf_close(g);
+    sw_free(image);
+}
+
+static void test_open_errors(void **state)
+{
+    eng_gguf *g = NULL;
+    sw_error err;
+    (void)state;
+    assert_int_equal(eng_gguf_open("/nonexistent/model.gguf", &g, &err), SW_ENOTFOUND);
+    assert_non_null(strstr(err.message, "cannot open /nonexistent/model.gguf"));
+    assert_null(g);
+    assert_int_equal(eng_gguf_open("/", &g, &err), SW_EIO);
+    assert_non_null(strstr(err.message, "not a regular file"));
+    assert_int_equal(eng_gguf_open(NULL, &g, &err), SW_EINVAL);
+    assert_int_equal(eng_gguf_open_memory(NULL, 10, &g, &err), SW_EINVAL);
+    assert_int_equal(eng_gguf_open_memory(NULL, 0, &g, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "truncated header"));
+    /* An empty file cannot be mapped; it is still a clean format error. */
+    const char *path = tu_tmp_path("empty.gguf");
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    fclose(fp);
+    assert_int_equal(eng_gguf_open(path, &g, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "truncated header: the file has 0 bytes"));
+    remove(path);
+    /* A NULL err is allowed. */
+    assert_int_equal(eng_gguf_open_memory("GGML", 4, &g, NULL), SW_EFORMAT);
+}
+
 /* ---- malformed files ------------------------------------------------------ */
 
 static void test_small_file_valid(void **state)
@@ -1197,6 +1359,9 @@ int main(void)
         cmocka_unit_test(test_writer_io_error),
         cmocka_unit_test(test_getter_errors),
         cmocka_unit_test(test_format_long_array),
+        cmocka_unit_test(test_all_value_types),
+        cmocka_unit_test(test_format_long_string),
+        cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_small_file_valid),
         cmocka_unit_test(test_bad_magic),
         cmocka_unit_test(test_bad_version),

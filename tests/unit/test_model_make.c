@@ -676,6 +676,37 @@ static void test_invalid_shapes(void **state)
     assert_int_equal(eng_model_make_validate(NULL, NULL), SW_EINVAL);
 }
 
+/* Every allocation of a make can fail: the result is a clean error (no
+ * crash; the sanitizer build checks for leaks), and once nothing fails the
+ * output is the normal image. */
+static void test_allocation_failures(void **state)
+{
+    (void)state;
+    eng_model_make_params p = small_shape(ENG_TYPE_Q8_0);
+    void *ref = NULL;
+    size_t ref_size = 0;
+    assert_int_equal(eng_model_make_to_memory(&p, &ref, &ref_size, NULL), SW_OK);
+    long n;
+    for (n = 0; n < 5000; n++) {
+        void *mem = NULL;
+        size_t size = 0;
+        sw_error err;
+        sw_alloc_fail_after(n);
+        int rc = eng_model_make_to_memory(&p, &mem, &size, &err);
+        sw_alloc_fail_after(-1);
+        if (rc == SW_OK) {
+            assert_int_equal(size, ref_size);
+            assert_memory_equal(mem, ref, size);
+            sw_free(mem);
+            break;
+        }
+        assert_int_equal(rc, SW_ENOMEM);
+        assert_null(mem);
+    }
+    assert_true(n > 5 && n < 5000);
+    sw_free(ref);
+}
+
 static void test_mid_size(void **state)
 {
     (void)state;
@@ -771,6 +802,7 @@ int main(void)
         cmocka_unit_test(test_vocabulary),
         cmocka_unit_test(test_tokenizer_on_vocab),
         cmocka_unit_test(test_invalid_shapes),
+        cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_mid_size),
         cmocka_unit_test(test_cli),
     };

@@ -53,6 +53,17 @@ static void test_defaults(void **state)
     assert_int_equal(p.penalty_last_n, 64);
     assert_null(eng_sampler_create(&p, 0));
     assert_null(eng_sampler_create(NULL, 10));
+    /* each of create's allocations can fail cleanly */
+    for (long n = 0; n < 3; n++) {
+        sw_alloc_fail_after(n);
+        eng_sampler *s = eng_sampler_create(&p, 100);
+        sw_alloc_fail_after(-1);
+        assert_null(s);
+    }
+    eng_sampler *s = eng_sampler_create(&p, 100);
+    assert_non_null(s);
+    eng_sampler_free(s);
+    eng_sampler_free(NULL);
 }
 
 static void test_greedy_and_ties(void **state)

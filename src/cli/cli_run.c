@@ -249,6 +249,7 @@ int cli_run_main(int argc, char **argv)
         size_t n = eng_detok_flush(&st.detok, buf, sizeof buf);
         fwrite(buf, 1, n, stdout);
         printf("\n");
+        fflush(stdout);
         fprintf(stderr,
                 "prompt %d tokens, %.1f tok/s; generated %d tokens, %.1f tok/s; finish: %s\n",
                 stats.n_prompt, prefill_tps, stats.n_generated, decode_tps,

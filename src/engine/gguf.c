@@ -1334,6 +1334,10 @@ static int writer_begin(eng_gguf_writer *w, const char *key, uint32_t type, size
 {
     if (!w || !name_ok(key))
         return SW_EINVAL;
+    /* The alignment decides the layout, so it may only be set through
+     * eng_gguf_writer_set_u32 (its type in the spec), which applies it. */
+    if (type != ENG_GGUF_UINT32 && strcmp(key, "general.alignment") == 0)
+        return SW_EINVAL;
     for (int64_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->keys[i], key) == 0)
             return SW_EINVAL; /* keys are unique */

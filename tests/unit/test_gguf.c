@@ -423,6 +423,9 @@ static void test_writer_rejects(void **state)
     assert_int_equal(eng_gguf_writer_set_arr_str(w, "arr", strs, 2), SW_EINVAL);
     assert_int_equal(eng_gguf_writer_set_u32(w, "general.alignment", 48), SW_EINVAL);
     assert_int_equal(eng_gguf_writer_set_u32(w, "general.alignment", 0), SW_EINVAL);
+    /* Only as u32, the type that the writer applies to the layout. */
+    assert_int_equal(eng_gguf_writer_set_i32(w, "general.alignment", 64), SW_EINVAL);
+    assert_int_equal(eng_gguf_writer_set_str(w, "general.alignment", "64"), SW_EINVAL);
     assert_int_equal(eng_gguf_writer_add_tensor(w, "t", ENG_TYPE_F32, 2, ne2, data, 32), SW_OK);
     assert_int_equal(eng_gguf_writer_add_tensor(w, "t", ENG_TYPE_F32, 2, ne2, data, 32),
                      SW_EINVAL); /* duplicate name */

@@ -586,8 +586,10 @@ static void tq_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n
 
         for (int64_t i = 0; i < y_stride * n_tokens; i++)
             y[i] = -12345.0f;
+        long allocs_before = sw_alloc_count();
         cpu_matmul_rows(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens, y, y_stride,
                         r0, r1);
+        assert_int_equal(sw_alloc_count(), allocs_before); /* the per-token path never allocates */
         for (int64_t t = 0; t < n_tokens; t++) {
             const unsigned char *xr = xq + (size_t)t * x_row_bytes;
             for (int64_t r = 0; r < y_stride; r++) {

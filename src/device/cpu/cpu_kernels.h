@@ -4,8 +4,18 @@
  * Each entry point dispatches once (at first use) to the best implementation
  * the CPU supports: AVX-512 (F, BW, VL, VNNI), AVX2+FMA+F16C, or portable C.
  * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512 in the environment forces a lower
- * level (for tests and comparisons). Results equal the scalar reference in
- * engine/quant.h up to float summation order.
+ * level (for tests and comparisons); it is read once, at the first call.
+ * Results equal the scalar reference in engine/quant.h up to float summation
+ * order (tests/unit/test_quant.c checks |simd - ref| <= 1e-5 * sum |terms|);
+ * activation conversion (cpu_convert_activations, cpu_fp32_to_fp16_row) and
+ * fp16 decoding are bit-exact at every level.
+ *
+ * Activations for Q8_0 and Q4_0 weights are Q8_0 rows and the dot product is
+ * integer per block; for F16 weights they are F16 rows (products summed in
+ * f32); for F32 weights plain f32 rows.
+ *
+ * Nothing here allocates or keeps mutable state, so any number of threads may
+ * call in at once (cpu_kernels_force_isa excepted).
  *
  * Matrices are row-major in the GGUF sense: W has n_out rows of n_in values
  * (ne = {n_in, n_out}); activations are n_tokens rows of n_in values.

@@ -20,6 +20,7 @@
 #include "engine/quant.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -652,6 +653,68 @@ static void test_matmul_float(void **state)
             }
 }
 
+/* Two threads on disjoint row ranges of one product, as the forward pass
+ * calls it, must give exactly what one thread gives (same code, same order
+ * of additions), every time. */
+typedef struct tq_half_job {
+    uint32_t type;
+    const unsigned char *w;
+    size_t w_row_bytes;
+    int64_t n_in;
+    const unsigned char *xq;
+    size_t x_row_bytes;
+    int64_t n_tokens;
+    float *y;
+    int64_t y_stride, r0, r1;
+} tq_half_job;
+
+static void *tq_half_run(void *arg)
+{
+    tq_half_job *j = arg;
+    for (int rep = 0; rep < 20; rep++)
+        cpu_matmul_rows(j->type, j->w, j->w_row_bytes, j->n_in, j->xq, j->x_row_bytes,
+                        j->n_tokens, j->y, j->y_stride, j->r0, j->r1);
+    return NULL;
+}
+
+static void test_matmul_two_threads(void **state)
+{
+    (void)state;
+    tq_rng_state = 31337;
+    static const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_F16, ENG_TYPE_F32};
+    enum { N_OUT = 72, N_IN = 320, N_TOK = 5 };
+    for (size_t ti = 0; ti < 4; ti++) {
+        uint32_t type = types[ti];
+        size_t w_row_bytes, x_row_bytes;
+        assert_true(eng_type_row_bytes(type, N_IN, &w_row_bytes));
+        assert_true(eng_type_row_bytes(eng_vec_dot_type(type), N_IN, &x_row_bytes));
+        unsigned char *w = sw_malloc(w_row_bytes * N_OUT);
+        unsigned char *xq = sw_malloc(x_row_bytes * N_TOK);
+        float *x = sw_malloc(sizeof(float) * N_IN * N_TOK);
+        float *y1 = sw_malloc(sizeof(float) * N_OUT * N_TOK);
+        float *y2 = sw_malloc(sizeof(float) * N_OUT * N_TOK);
+        assert_true(w && xq && x && y1 && y2);
+        tq_random_weights(type, w, N_OUT, N_IN);
+        tq_fill_activations(x, N_IN * N_TOK, 1.0f);
+        cpu_convert_activations(type, x, N_IN, N_TOK, N_IN, xq);
+        cpu_matmul_rows(type, w, w_row_bytes, N_IN, xq, x_row_bytes, N_TOK, y1, N_OUT, 0, N_OUT);
+        tq_half_job jobs[2] = {
+            {type, w, w_row_bytes, N_IN, xq, x_row_bytes, N_TOK, y2, N_OUT, 0, 40},
+            {type, w, w_row_bytes, N_IN, xq, x_row_bytes, N_TOK, y2, N_OUT, 40, N_OUT},
+        };
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, tq_half_run, &jobs[1]), 0);
+        tq_half_run(&jobs[0]);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        assert_memory_equal(y1, y2, sizeof(float) * N_OUT * N_TOK);
+        sw_free(w);
+        sw_free(xq);
+        sw_free(x);
+        sw_free(y1);
+        sw_free(y2);
+    }
+}
+
 static void test_float_helpers(void **state)
 {
     (void)state;
@@ -775,6 +838,7 @@ int main(void)
         cmocka_unit_test(test_isa_levels),
         cmocka_unit_test(test_matmul_quantized),
         cmocka_unit_test(test_matmul_float),
+        cmocka_unit_test(test_matmul_two_threads),
         cmocka_unit_test(test_float_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1552,81 +1552,121 @@ static size_t align_up(size_t n, size_t alignment)
     return (n + alignment - 1) / alignment * alignment;
 }
 
-int eng_gguf_writer_to_memory(eng_gguf_writer *w, void **out, size_t *out_size, sw_error *err)
+/* Where the writer's bytes go: a growing buffer, or a file. The file is
+ * written as the bytes come, so writing a model does not need a second copy
+ * of its weights in memory. */
+typedef struct writer_sink {
+    byte_buf *buf; /* when not NULL; else file */
+    FILE *file;
+    size_t written;
+} writer_sink;
+
+static int sink_put(writer_sink *sink, const void *p, size_t n)
 {
-    byte_buf b = {NULL, 0, 0};
-    int rc;
+    if (sink->buf) {
+        int rc = buf_put(sink->buf, p, n);
+        if (rc != SW_OK)
+            return rc;
+    } else if (n && fwrite(p, 1, n, sink->file) != n) {
+        return SW_EIO;
+    }
+    sink->written += n;
+    return SW_OK;
+}
+
+/* Zeros up to the next multiple of `alignment` of the bytes written. */
+static int sink_pad(writer_sink *sink, size_t alignment)
+{
     static const uint8_t zeros[64];
-    sw_error_clear(err);
-    if (!w || !out || !out_size)
-        return sw_error_set(err, SW_EINVAL, "eng_gguf_writer_to_memory: bad arguments");
-    /* Header, key/values, tensor infos with aligned offsets. */
-    if ((rc = buf_put(&b, "GGUF", 4)) != SW_OK || (rc = buf_u32(&b, 3)) != SW_OK ||
-        (rc = buf_u64(&b, (uint64_t)w->n_tensors)) != SW_OK ||
-        (rc = buf_u64(&b, (uint64_t)w->n_kv)) != SW_OK ||
-        (rc = buf_put(&b, w->kv_bytes.data, w->kv_bytes.len)) != SW_OK)
-        goto fail;
+    size_t pad = (alignment - sink->written % alignment) % alignment;
+    while (pad > 0) {
+        size_t n = pad < sizeof zeros ? pad : sizeof zeros;
+        int rc = sink_put(sink, zeros, n);
+        if (rc != SW_OK)
+            return rc;
+        pad -= n;
+    }
+    return SW_OK;
+}
+
+/* The whole file: header, key/values, tensor infos with aligned offsets
+ * (built in memory: small), then padding and each tensor, aligned. */
+static int writer_emit(const eng_gguf_writer *w, writer_sink *sink)
+{
+    byte_buf meta = {NULL, 0, 0};
     size_t offset = 0;
+    int rc;
+    if ((rc = buf_put(&meta, "GGUF", 4)) != SW_OK || (rc = buf_u32(&meta, 3)) != SW_OK ||
+        (rc = buf_u64(&meta, (uint64_t)w->n_tensors)) != SW_OK ||
+        (rc = buf_u64(&meta, (uint64_t)w->n_kv)) != SW_OK ||
+        (rc = buf_put(&meta, w->kv_bytes.data, w->kv_bytes.len)) != SW_OK)
+        goto fail;
     for (int64_t i = 0; i < w->n_tensors; i++) {
         const writer_tensor *t = &w->tensors[i];
-        if ((rc = buf_str(&b, t->name, strlen(t->name))) != SW_OK ||
-            (rc = buf_u32(&b, t->n_dims)) != SW_OK)
+        if ((rc = buf_str(&meta, t->name, strlen(t->name))) != SW_OK ||
+            (rc = buf_u32(&meta, t->n_dims)) != SW_OK)
             goto fail;
         for (uint32_t d = 0; d < t->n_dims; d++)
-            if ((rc = buf_u64(&b, (uint64_t)t->ne[d])) != SW_OK)
+            if ((rc = buf_u64(&meta, (uint64_t)t->ne[d])) != SW_OK)
                 goto fail;
-        if ((rc = buf_u32(&b, t->type)) != SW_OK || (rc = buf_u64(&b, offset)) != SW_OK)
+        if ((rc = buf_u32(&meta, t->type)) != SW_OK || (rc = buf_u64(&meta, offset)) != SW_OK)
             goto fail;
         offset = align_up(offset + t->size_bytes, w->alignment);
     }
-    /* Data: each tensor starts aligned, relative to the aligned section. */
-    for (int64_t i = -1; i < w->n_tensors; i++) {
-        size_t pad = align_up(b.len, w->alignment) - b.len;
-        while (pad > 0) {
-            size_t n = pad < sizeof zeros ? pad : sizeof zeros;
-            if ((rc = buf_put(&b, zeros, n)) != SW_OK)
-                goto fail;
-            pad -= n;
-        }
-        if (i >= 0 && (rc = buf_put(&b, w->tensors[i].data, w->tensors[i].size_bytes)) != SW_OK)
+    if ((rc = sink_put(sink, meta.data, meta.len)) != SW_OK ||
+        (rc = sink_pad(sink, w->alignment)) != SW_OK)
+        goto fail;
+    /* The data section starts aligned in the file, so a tensor aligned
+     * within it is aligned in the file too. */
+    for (int64_t i = 0; i < w->n_tensors; i++) {
+        if ((i > 0 && (rc = sink_pad(sink, w->alignment)) != SW_OK) ||
+            (rc = sink_put(sink, w->tensors[i].data, w->tensors[i].size_bytes)) != SW_OK)
             goto fail;
+    }
+fail:
+    sw_free(meta.data);
+    return rc;
+}
+
+int eng_gguf_writer_to_memory(eng_gguf_writer *w, void **out, size_t *out_size, sw_error *err)
+{
+    byte_buf b = {NULL, 0, 0};
+    writer_sink sink = {&b, NULL, 0};
+    sw_error_clear(err);
+    if (!w || !out || !out_size)
+        return sw_error_set(err, SW_EINVAL, "eng_gguf_writer_to_memory: bad arguments");
+    int rc = writer_emit(w, &sink);
+    if (rc != SW_OK) {
+        sw_free(b.data);
+        return sw_error_set(err, rc, "out of memory building the GGUF image");
     }
     *out = b.data;
     *out_size = b.len;
     return SW_OK;
-fail:
-    sw_free(b.data);
-    return sw_error_set(err, rc, "out of memory building the GGUF image");
 }
 
 int eng_gguf_writer_write(eng_gguf_writer *w, const char *path, sw_error *err)
 {
-    void *image = NULL;
-    size_t size = 0;
-    FILE *f = NULL;
+    writer_sink sink = {NULL, NULL, 0};
+    struct stat st;
     int rc;
-    if (!path)
-        return sw_error_set(err, SW_EINVAL, "eng_gguf_writer_write: no path");
-    if ((rc = eng_gguf_writer_to_memory(w, &image, &size, err)) != SW_OK)
-        return rc;
-    f = fopen(path, "wb");
-    if (!f) {
-        rc = sw_error_set(err, SW_EIO, "cannot create %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (fwrite(image, 1, size, f) != size) {
+    sw_error_clear(err);
+    if (!w || !path)
+        return sw_error_set(err, SW_EINVAL, "eng_gguf_writer_write: bad arguments");
+    /* Only a regular file of ours is removed after a failure (never, say,
+     * /dev/full). */
+    bool removable = stat(path, &st) != 0 || S_ISREG(st.st_mode);
+    sink.file = fopen(path, "wb");
+    if (!sink.file)
+        return sw_error_set(err, SW_EIO, "cannot create %s: %s", path, strerror(errno));
+    rc = writer_emit(w, &sink);
+    if (rc == SW_EIO)
+        sw_error_set(err, rc, "cannot write %s: %s", path, strerror(errno));
+    else if (rc != SW_OK)
+        sw_error_set(err, rc, "out of memory writing %s", path);
+    if (fclose(sink.file) != 0 && rc == SW_OK)
         rc = sw_error_set(err, SW_EIO, "cannot write %s: %s", path, strerror(errno));
-        fclose(f);
-        remove(path);
-        goto fail;
-    }
-    if (fclose(f) != 0) {
-        rc = sw_error_set(err, SW_EIO, "cannot write %s: %s", path, strerror(errno));
-        remove(path);
-        goto fail;
-    }
-    rc = SW_OK;
-fail:
-    sw_free(image);
+    if (rc != SW_OK && removable)
+        remove(path); /* no half-written model left behind */
     return rc;
 }

@@ -75,12 +75,14 @@ static void exercise_kv(const eng_gguf *g, int64_t i)
  * as a tensor the writer must accept too. */
 static void round_trip(const eng_gguf *g)
 {
-    eng_gguf_writer *w = eng_gguf_writer_create();
+    eng_gguf_writer *w = NULL;
     eng_gguf *back = NULL;
     void *image = NULL;
     size_t image_size = 0;
     sw_error err;
-    if (!w)
+    /* A huge alignment is legal, but the writer would pad to it: too slow
+     * and too big for fuzzing. */
+    if (eng_gguf_alignment(g) > 65536 || (w = eng_gguf_writer_create()) == NULL)
         return;
     for (int64_t i = 0; i < eng_gguf_n_kv(g); i++) {
         const char *key = eng_gguf_kv_key(g, i), *s;

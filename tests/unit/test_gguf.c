@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- a byte builder for hand-made files --------------------------------- */
 
@@ -463,7 +464,19 @@ static void test_writer_io_error(void **state)
     (void)state;
     eng_gguf_writer *w = eng_gguf_writer_create();
     assert_int_equal(eng_gguf_writer_write(w, "/nonexistent-dir/x.gguf", &err), SW_EIO);
-    assert_non_null(strstr(err.message, "/nonexistent-dir/x.gguf"));
+    assert_non_null(strstr(err.message, "cannot create /nonexistent-dir/x.gguf"));
+    /* A full disk: the error is reported, and the device is left alone. */
+    struct stat st;
+    if (stat("/dev/full", &st) == 0) {
+        float data[1024] = {0};
+        const int64_t ne[1] = {1024};
+        assert_int_equal(eng_gguf_writer_add_tensor(w, "t", ENG_TYPE_F32, 1, ne, data,
+                                                    sizeof data), SW_OK);
+        assert_int_equal(eng_gguf_writer_write(w, "/dev/full", &err), SW_EIO);
+        assert_non_null(strstr(err.message, "cannot write /dev/full"));
+        assert_int_equal(stat("/dev/full", &st), 0);
+        assert_true(S_ISCHR(st.st_mode));
+    }
     eng_gguf_writer_free(w);
 }
 

@@ -11,7 +11,13 @@
  * Matrix products work on tiles of up to 4 weight rows x 4 tokens, so a
  * weight block loaded once serves four tokens in prefill; rows are the outer
  * loop so the rows of a tile stay in L1 while every token passes over them.
- * No state is shared between calls and nothing is allocated.
+ * Decode (one token) uses tiles of 8 rows, which share each activation step
+ * and its offset sum among more rows. No state is shared between calls and
+ * nothing is allocated.
+ *
+ * Measured on this project's 2-core AVX-512 VM, 5632 x 2048 weights, one
+ * thread, CPU time: decode (weights from DRAM) Q8_0 ~10 GB/s, Q4_0 ~8 GB/s;
+ * prefill of 128 tokens Q8_0 ~60 GFLOP/s, Q4_0 ~55 GFLOP/s.
  */
 #include "device/cpu/cpu_kernels_impl.h"
 

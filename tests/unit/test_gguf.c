@@ -1354,6 +1354,21 @@ static void test_cli_model_info(void **state)
     assert_non_null(strstr(out, "\"parameters\": 74"));
     sw_free(out);
 
+    /* The real stories260K, when ../shared is there: parameters as derived
+     * in test_stories260k from the README's shapes. */
+    const char *shared = getenv("SPILLWAY_SHARED");
+    char model[4096];
+    struct stat st;
+    snprintf(model, sizeof model, "%s/models/stories260K.gguf", shared ? shared : "../shared");
+    if (stat(model, &st) == 0) {
+        char *argv_model[] = {(char *)bin, "model", "info", model, NULL};
+        assert_int_equal(tu_run_capture(argv_model, 60, &out, &status), 0);
+        assert_int_equal(status, 0);
+        assert_non_null(strstr(out, "total: 48 tensors, 292800 parameters, 1171200 bytes"));
+        assert_non_null(strstr(out, "(512 x string)"));
+        sw_free(out);
+    }
+
     /* A broken file: exit 1 (the message goes to stderr). */
     FILE *fp = fopen(path, "wb");
     assert_non_null(fp);

@@ -4,6 +4,7 @@
 #include "common/alloc.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <unistd.h>
@@ -14,10 +15,15 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* How long an idle worker spins before sleeping: long enough to bridge the
- * gap between two matrix products of one token, short enough not to burn a
- * core for long after generation stops. */
-#define SPIN_ITERATIONS 200000
+/* Waiting is done in three stages. A short busy spin bridges the gap
+ * between two matrix products of one token. Then the waiter yields the core
+ * on every check: when the machine is oversubscribed (other workers, a
+ * fuzzer, the test suite), the thread we wait for may be the one waiting
+ * for our core, and pure spinning would stall both for a whole time slice.
+ * After a few milliseconds without work an idle worker sleeps on the
+ * condition variable. */
+#define SPIN_ITERATIONS 2000
+#define YIELD_ITERATIONS 2000
 
 struct cpu_threadpool {
     int n_threads;
@@ -77,6 +83,10 @@ static void *worker_main(void *p)
                !atomic_load(&pool->stopping)) {
             if (++spins < SPIN_ITERATIONS) {
                 CPU_RELAX();
+                continue;
+            }
+            if (spins < SPIN_ITERATIONS + YIELD_ITERATIONS) {
+                sched_yield();
                 continue;
             }
             pthread_mutex_lock(&pool->mutex);
@@ -176,6 +186,10 @@ void cpu_threadpool_run(cpu_threadpool *pool, int64_t n_items, int64_t grain,
         pthread_mutex_unlock(&pool->mutex);
     }
     run_chunk(pool, 0);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0)
-        CPU_RELAX();
+    for (int spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_ITERATIONS)
+            CPU_RELAX();
+        else
+            sched_yield();
+    }
 }

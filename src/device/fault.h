@@ -1,0 +1,52 @@
+/* fault.h - fault injection on every device, from one environment variable.
+ *
+ *   SPILLWAY_FAULT="mode:value[,mode:value...]"
+ *     alloc_fail_after:N   device allocations after the first N fail
+ *                          (SW_EDEVOOM, as if the device were full)
+ *     alloc_fail_over:B    any single device allocation larger than B bytes
+ *                          fails (sizes as in 512MiB)
+ *     abort_after_tokens:N the process aborts (SIGABRT) when it is about to
+ *                          produce token N+1 of a generation: a crash
+ *                          mid-stream after N tokens were emitted
+ *     stall_ms:N           each generated token is delayed by N ms (a slow
+ *                          or hung accelerator)
+ *
+ * Tests and the drill use it to cause each failure on purpose. It is read
+ * once per process; dev_fault_set lets a test install a configuration.
+ */
+#ifndef SPILLWAY_DEVICE_FAULT_H
+#define SPILLWAY_DEVICE_FAULT_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dev_fault_config {
+    int64_t alloc_fail_after;   /* -1: off */
+    uint64_t alloc_fail_over;   /* 0: off */
+    int64_t abort_after_tokens; /* -1: off */
+    int64_t stall_ms;           /* 0: off */
+} dev_fault_config;
+
+#define DEV_FAULT_ENV "SPILLWAY_FAULT"
+
+/* Parses the SPILLWAY_FAULT syntax; SW_EINVAL with a message naming the bad
+ * part. An empty or NULL text is "no faults". */
+int dev_fault_parse(const char *text, dev_fault_config *out, sw_error *err);
+
+/* The process's configuration (from the environment at first use; an
+ * unparsable value is logged and ignored). */
+const dev_fault_config *dev_fault_get(void);
+/* Replaces it (tests) and resets the counters. */
+void dev_fault_set(const dev_fault_config *config);
+
+/* Called by every device allocation: true if this one must fail. */
+bool dev_fault_alloc_should_fail(size_t bytes);
+
+/* Called before each generated token with the number already produced in
+ * this generation: aborts the process or stalls as configured. */
+void dev_fault_before_token(int64_t tokens_emitted);
+
+#endif

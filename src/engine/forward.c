@@ -117,7 +117,8 @@ typedef struct attention_job {
     float *out;        /* (n_tokens, n_head * head_dim) */
 } attention_job;
 
-/* Address of the K (kv = 0) or V (kv = 1) row of position pos in a layer. */
+/* Address of the K (kv = 0) or V (kv = 1) row of position pos in a layer:
+ * in the block's device part for device layers, its host part otherwise. */
 static unsigned char *kv_row(eng_context *ctx, const eng_sequence *seq, int32_t layer, int kv,
                              int32_t pos)
 {
@@ -125,9 +126,14 @@ static unsigned char *kv_row(eng_context *ctx, const eng_sequence *seq, int32_t 
     int32_t block_tokens = ctx->params.kv_block_tokens;
     size_t elem = ctx->params.kv_type == ENG_TYPE_F32 ? 4 : 2;
     size_t row_bytes = (size_t)hp->n_head_kv * hp->head_dim * elem;
-    int32_t block = seq->block_table[pos / block_tokens];
+    const eng_kv_block *block = &seq->blocks[pos / block_tokens];
+    unsigned char *base = block->device_part;
+    if (layer >= ctx->n_device_layers) {
+        base = block->host_part;
+        layer -= ctx->n_device_layers;
+    }
     size_t in_block = ((size_t)(layer * 2 + kv) * block_tokens + pos % block_tokens) * row_bytes;
-    return ctx->kv_pool + (size_t)block * ctx->block_bytes + in_block;
+    return base + in_block;
 }
 
 static void attention_task(void *arg, int64_t begin, int64_t end, int thread_index)
@@ -201,7 +207,7 @@ static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *to
                            x + t * dim, dim);
 
     for (int32_t l = 0; l < hp->n_layer; l++) {
-        const eng_layer *L = &m->layers[l];
+        const eng_layer *L = &ctx->layers[l];
 
         for (int64_t t = 0; t < n; t++)
             rms_norm(xn + t * dim, x + t * dim, L->attn_norm.data, dim, hp->rms_eps);
@@ -259,9 +265,9 @@ static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *to
 
     if (logits) {
         const float *last = x + (n - 1) * dim;
-        const eng_weight *w[1] = {&m->output};
+        const eng_weight *w[1] = {&ctx->output};
         float *y[1] = {logits};
-        rms_norm(xn, last, m->output_norm.data, dim, hp->rms_eps);
+        rms_norm(xn, last, ctx->output_norm.data, dim, hp->rms_eps);
         matmul(ctx, 1, w, y, xn, 1);
     }
 }

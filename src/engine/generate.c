@@ -2,6 +2,7 @@
 #include "engine/generate.h"
 
 #include "common/alloc.h"
+#include "device/fault.h"
 
 #include <math.h>
 #include <string.h>
@@ -92,6 +93,12 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
     n_history = (size_t)n_prompt;
 
     eng_seq_clear(ctx, params->seq_id);
+    if (eng_context_params_get(ctx)->kv_policy == ENG_KV_RESERVE) {
+        /* Admission: the whole need now, or nothing and no work done. */
+        int64_t need = (int64_t)n_prompt + params->max_tokens;
+        if ((rc = eng_seq_reserve(ctx, params->seq_id, need < n_ctx ? (int32_t)need : n_ctx, err)))
+            goto done;
+    }
     stats->n_prompt = n_prompt;
     stats->finish = ENG_FINISH_LENGTH;
     t0 = eng_now_seconds();
@@ -102,6 +109,7 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
 
     for (int32_t i = 0; i < params->max_tokens; i++) {
         eng_generate_step step;
+        dev_fault_before_token((int64_t)i);
         memset(&step, 0, sizeof step);
         if (top_k) {
             eng_log_softmax(logits, logprobs, n_vocab);

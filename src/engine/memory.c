@@ -8,6 +8,8 @@
 #include "engine/model-impl.h"
 
 #include "common/alloc.h"
+#include "common/log.h"
+#include "device/device.h"
 #include "engine/quant.h"
 
 #include <math.h>
@@ -15,10 +17,39 @@
 
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
-size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type)
+size_t eng__kv_bytes_per_token_layers(const eng_hparams *hp, uint32_t kv_type, int32_t n_layers)
 {
     size_t elem = kv_type == ENG_TYPE_F32 ? 4 : 2;
-    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+    return 2 * (size_t)n_layers * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+}
+
+size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type)
+{
+    return eng__kv_bytes_per_token_layers(hp, kv_type, hp->n_layer);
+}
+
+static const eng_weight *layer_weight(const eng_layer *L, int i)
+{
+    const eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                               &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+    return i < 9 ? all[i] : NULL;
+}
+#define LAYER_WEIGHTS 9
+
+size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool with_output,
+                                bool padded)
+{
+    size_t bytes = 0;
+#define ADD(size) (bytes += padded ? ALIGN64(size) : (size))
+    for (int32_t l = 0; l < n_layers; l++)
+        for (int i = 0; i < LAYER_WEIGHTS; i++)
+            ADD(layer_weight(&model->layers[l], i)->size_bytes);
+    if (with_output) {
+        ADD(model->output_norm.size_bytes);
+        ADD(model->output.size_bytes);
+    }
+#undef ADD
+    return bytes;
 }
 
 size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens)
@@ -89,8 +120,71 @@ eng_context_params eng_context_default_params(void)
         .n_seq_max = 1,
         .kv_block_tokens = 16,
         .kv_type = ENG_TYPE_F16,
+        .device = NULL,
+        .n_gpu_layers = -1,
+        .kv_policy = ENG_KV_RESERVE,
+        .reserve_fraction = 0.10f,
     };
     return p;
+}
+
+/* Allocates on the context's device, refusing to cut into the reserve. */
+static int device_alloc(eng_context *ctx, size_t bytes, const char *purpose, void **out,
+                        sw_error *err)
+{
+    dev_device *dev = ctx->params.device;
+    dev_memory mem;
+    int rc;
+    if ((rc = dev_memory_info(dev, &mem, err)))
+        return rc;
+    uint64_t reserve = (uint64_t)((double)mem.total_bytes * ctx->params.reserve_fraction);
+    if (mem.free_bytes < reserve || bytes > mem.free_bytes - reserve)
+        return sw_error_set(err, SW_EDEVOOM,
+                            "%s out of memory for %s: %zu bytes asked, %llu free of %llu, "
+                            "%llu kept in reserve", dev_spec(dev), purpose, bytes,
+                            (unsigned long long)mem.free_bytes,
+                            (unsigned long long)mem.total_bytes, (unsigned long long)reserve);
+    return dev_alloc(dev, bytes, purpose, out, err);
+}
+
+/* Copies the device layers' weights into one device allocation and points
+ * the context's descriptors at the copies. */
+static int place_weights(eng_context *ctx, sw_error *err)
+{
+    const eng_model *m = ctx->model;
+    bool with_output = ctx->n_device_layers == m->hp.n_layer;
+    size_t bytes = eng__device_weights_bytes(m, ctx->n_device_layers, with_output);
+    size_t at = 0;
+    int rc;
+
+    if (bytes == 0)
+        return SW_OK;
+    if ((rc = device_alloc(ctx, bytes, "weights", (void **)&ctx->device_weights, err)))
+        return rc;
+    ctx->device_weights_bytes = bytes;
+    for (int32_t l = 0; l < ctx->n_device_layers; l++) {
+        eng_layer *L = &ctx->layers[l];
+        eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                             &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < LAYER_WEIGHTS; i++) {
+            if ((rc = dev_upload(ctx->params.device, ctx->device_weights + at, all[i]->data,
+                                 all[i]->size_bytes, err)))
+                return rc;
+            all[i]->data = ctx->device_weights + at;
+            at += ALIGN64(all[i]->size_bytes);
+        }
+    }
+    if (with_output) {
+        eng_weight *all[] = {&ctx->output_norm, &ctx->output};
+        for (int i = 0; i < 2; i++) {
+            if ((rc = dev_upload(ctx->params.device, ctx->device_weights + at, all[i]->data,
+                                 all[i]->size_bytes, err)))
+                return rc;
+            all[i]->data = ctx->device_weights + at;
+            at += ALIGN64(all[i]->size_bytes);
+        }
+    }
+    return SW_OK;
 }
 
 int eng_context_create(const eng_model *model, const eng_context_params *params,
@@ -119,41 +213,60 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         rc = sw_error_set(err, SW_EINVAL, "KV cache type must be f16 or f32");
         goto fail;
     }
-    if (p.n_ctx > (1 << 24) || p.n_seq_max > 4096 || p.kv_block_tokens > 4096) {
-        rc = sw_error_set(err, SW_EINVAL, "context parameters out of range");
+    if (p.n_ctx > (1 << 24) || p.n_seq_max > 4096 || p.kv_block_tokens > 4096 ||
+        !(p.reserve_fraction >= 0.0f && p.reserve_fraction < 1.0f) ||
+        p.n_gpu_layers < -1 || p.n_gpu_layers > hp->n_layer) {
+        rc = sw_error_set(err, SW_EINVAL, "context parameters out of range (gpu layers must be "
+                          "-1..%d, reserve in [0, 1))", hp->n_layer);
         goto fail;
     }
     ctx->model = model;
     ctx->params = p;
+    ctx->n_device_layers = !p.device ? 0 : p.n_gpu_layers < 0 ? hp->n_layer : p.n_gpu_layers;
 
+    ctx->layers = sw_calloc((size_t)hp->n_layer, sizeof *ctx->layers);
     ctx->max_blocks_per_seq = (p.n_ctx + p.kv_block_tokens - 1) / p.kv_block_tokens;
-    ctx->n_blocks = ctx->max_blocks_per_seq * p.n_seq_max;
-    ctx->block_bytes = eng_kv_block_bytes(hp, p.kv_type, p.kv_block_tokens);
-    ctx->kv_pool = sw_aligned_alloc(64, ctx->block_bytes * (size_t)ctx->n_blocks);
-    ctx->free_blocks = sw_calloc((size_t)ctx->n_blocks, sizeof(int32_t));
     ctx->seqs = sw_calloc((size_t)p.n_seq_max, sizeof *ctx->seqs);
-    if (!ctx->kv_pool || !ctx->free_blocks || !ctx->seqs) {
-        rc = sw_error_set(err, SW_ENOMEM, "out of memory for a KV cache of %zu bytes",
-                          ctx->block_bytes * (size_t)ctx->n_blocks);
+    if (!ctx->layers || !ctx->seqs) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory creating a context");
         goto fail;
     }
-    for (int32_t i = 0; i < ctx->n_blocks; i++)
-        ctx->free_blocks[i] = ctx->n_blocks - 1 - i;
-    ctx->n_free_blocks = ctx->n_blocks;
+    memcpy(ctx->layers, model->layers, (size_t)hp->n_layer * sizeof *ctx->layers);
+    ctx->output_norm = model->output_norm;
+    ctx->output = model->output;
     for (int32_t s = 0; s < p.n_seq_max; s++) {
-        ctx->seqs[s].block_table = sw_calloc((size_t)ctx->max_blocks_per_seq, sizeof(int32_t));
-        if (!ctx->seqs[s].block_table) {
+        ctx->seqs[s].blocks = sw_calloc((size_t)ctx->max_blocks_per_seq, sizeof(eng_kv_block));
+        if (!ctx->seqs[s].blocks) {
             rc = sw_error_set(err, SW_ENOMEM, "out of memory for block tables");
             goto fail;
         }
     }
+    ctx->block_bytes_device =
+        eng__kv_bytes_per_token_layers(hp, p.kv_type, ctx->n_device_layers) * (size_t)p.kv_block_tokens;
+    ctx->block_bytes_host =
+        eng__kv_bytes_per_token_layers(hp, p.kv_type, hp->n_layer - ctx->n_device_layers) *
+        (size_t)p.kv_block_tokens;
 
+    /* Weights first, then the workspace: a device too small for the model
+     * is refused here, before any KV is taken. */
+    if (ctx->n_device_layers > 0 && dev_get_kind(p.device) != DEV_KIND_CPU) {
+        ctx->weights_copied = true;
+        if ((rc = place_weights(ctx, err)))
+            goto fail;
+    }
     eng__workspace_layout(model, p.n_batch, p.n_ctx, p.n_threads, &ctx->layout);
-    ctx->workspace = sw_aligned_alloc(64, ctx->layout.total_bytes);
-    if (!ctx->workspace) {
-        rc = sw_error_set(err, SW_ENOMEM, "out of memory for a workspace of %zu bytes",
-                          ctx->layout.total_bytes);
-        goto fail;
+    if (ctx->n_device_layers > 0) {
+        ctx->workspace_on_device = true;
+        if ((rc = device_alloc(ctx, ctx->layout.total_bytes, "workspace",
+                               (void **)&ctx->workspace, err)))
+            goto fail;
+    } else {
+        ctx->workspace = sw_aligned_alloc(64, ctx->layout.total_bytes);
+        if (!ctx->workspace) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory for a workspace of %zu bytes",
+                              ctx->layout.total_bytes);
+            goto fail;
+        }
     }
     ctx->rope_theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
     ctx->pool = cpu_threadpool_create(p.n_threads);
@@ -161,6 +274,11 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         rc = sw_error_set(err, SW_ENOMEM, "cannot start %d threads", p.n_threads);
         goto fail;
     }
+    if (p.device)
+        SW_DEBUG("engine", "context on %s%s: %d of %d layers on the device, %zu bytes of weights "
+                 "copied, workspace %zu bytes", dev_spec(p.device),
+                 dev_is_simulated(p.device) ? " (simulated)" : "", ctx->n_device_layers,
+                 hp->n_layer, ctx->device_weights_bytes, ctx->layout.total_bytes);
     *out = ctx;
     return SW_OK;
 fail:
@@ -174,30 +292,80 @@ void eng_context_free(eng_context *ctx)
         return;
     cpu_threadpool_free(ctx->pool);
     if (ctx->seqs)
-        for (int32_t s = 0; s < ctx->params.n_seq_max; s++)
-            sw_free(ctx->seqs[s].block_table);
+        for (int32_t s = 0; s < ctx->params.n_seq_max; s++) {
+            if (ctx->seqs[s].blocks)
+                eng_seq_clear(ctx, s);
+            sw_free(ctx->seqs[s].blocks);
+        }
     sw_free(ctx->seqs);
-    sw_free(ctx->free_blocks);
-    sw_free(ctx->kv_pool);
-    sw_free(ctx->workspace);
+    if (ctx->workspace_on_device)
+        dev_free(ctx->params.device, ctx->workspace, ctx->layout.total_bytes);
+    else
+        sw_free(ctx->workspace);
+    if (ctx->device_weights)
+        dev_free(ctx->params.device, ctx->device_weights, ctx->device_weights_bytes);
+    sw_free(ctx->layers);
     sw_free(ctx);
 }
 
 const eng_context_params *eng_context_params_get(const eng_context *ctx) { return &ctx->params; }
 const eng_model *eng_context_model(const eng_context *ctx) { return ctx->model; }
 
+static void block_release(eng_context *ctx, eng_kv_block *b)
+{
+    if (b->device_part)
+        dev_free(ctx->params.device, b->device_part, ctx->block_bytes_device);
+    sw_free(b->host_part);
+    b->device_part = NULL;
+    b->host_part = NULL;
+}
+
+static int block_take(eng_context *ctx, eng_kv_block *b, sw_error *err)
+{
+    int rc;
+    b->device_part = NULL;
+    b->host_part = NULL;
+    if (ctx->block_bytes_device &&
+        (rc = device_alloc(ctx, ctx->block_bytes_device, "kv", (void **)&b->device_part, err)))
+        return rc;
+    if (ctx->block_bytes_host) {
+        b->host_part = sw_aligned_alloc(64, ctx->block_bytes_host);
+        if (!b->host_part) {
+            block_release(ctx, b);
+            return sw_error_set(err, SW_ENOMEM, "out of host memory for a KV block");
+        }
+    }
+    return SW_OK;
+}
+
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err)
 {
     int32_t need = (n_tokens + ctx->params.kv_block_tokens - 1) / ctx->params.kv_block_tokens;
-    if (need > ctx->max_blocks_per_seq)
+    int32_t had = seq->n_blocks;
+    int rc;
+    if (n_tokens > ctx->params.n_ctx || need > ctx->max_blocks_per_seq)
         return sw_error_set(err, SW_ECONTEXT, "%d tokens exceed the context of %d", n_tokens,
                             ctx->params.n_ctx);
-    if (need - seq->n_blocks > ctx->n_free_blocks)
-        return sw_error_set(err, SW_EDEVOOM, "KV cache full: %d more blocks needed, %d free",
-                            need - seq->n_blocks, ctx->n_free_blocks);
-    while (seq->n_blocks < need)
-        seq->block_table[seq->n_blocks++] = ctx->free_blocks[--ctx->n_free_blocks];
+    while (seq->n_blocks < need) {
+        if ((rc = block_take(ctx, &seq->blocks[seq->n_blocks], err))) {
+            /* All or nothing: give back what this call took. */
+            while (seq->n_blocks > had) {
+                block_release(ctx, &seq->blocks[--seq->n_blocks]);
+                ctx->n_blocks_held--;
+            }
+            return rc;
+        }
+        seq->n_blocks++;
+        ctx->n_blocks_held++;
+    }
     return SW_OK;
+}
+
+int eng_seq_reserve(eng_context *ctx, int32_t seq_id, int32_t n_tokens, sw_error *err)
+{
+    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max)
+        return sw_error_set(err, SW_EINVAL, "sequence %d does not exist", seq_id);
+    return eng__seq_reserve(ctx, &ctx->seqs[seq_id], n_tokens, err);
 }
 
 int32_t eng_seq_length(const eng_context *ctx, int32_t seq_id)
@@ -212,19 +380,32 @@ void eng_seq_clear(eng_context *ctx, int32_t seq_id)
     if (seq_id < 0 || seq_id >= ctx->params.n_seq_max)
         return;
     eng_sequence *seq = &ctx->seqs[seq_id];
-    while (seq->n_blocks > 0)
-        ctx->free_blocks[ctx->n_free_blocks++] = seq->block_table[--seq->n_blocks];
+    while (seq->n_blocks > 0) {
+        block_release(ctx, &seq->blocks[--seq->n_blocks]);
+        ctx->n_blocks_held--;
+    }
     seq->n_tokens = 0;
 }
 
 size_t eng_context_kv_bytes_total(const eng_context *ctx)
 {
-    return ctx->block_bytes * (size_t)ctx->n_blocks;
+    return (ctx->block_bytes_device + ctx->block_bytes_host) * (size_t)ctx->max_blocks_per_seq *
+           (size_t)ctx->params.n_seq_max;
 }
 
 size_t eng_context_kv_bytes_used(const eng_context *ctx)
 {
-    return ctx->block_bytes * (size_t)(ctx->n_blocks - ctx->n_free_blocks);
+    return (ctx->block_bytes_device + ctx->block_bytes_host) * (size_t)ctx->n_blocks_held;
 }
 
 size_t eng_context_workspace_bytes(const eng_context *ctx) { return ctx->layout.total_bytes; }
+
+int32_t eng_context_n_device_layers(const eng_context *ctx) { return ctx->n_device_layers; }
+
+size_t eng_context_device_bytes(const eng_context *ctx)
+{
+    if (!ctx->params.device)
+        return 0;
+    return ctx->device_weights_bytes + (ctx->workspace_on_device ? ctx->layout.total_bytes : 0) +
+           ctx->block_bytes_device * (size_t)ctx->n_blocks_held;
+}

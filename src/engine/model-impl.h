@@ -52,10 +52,18 @@ typedef struct eng_workspace_layout {
 void eng__workspace_layout(const eng_model *model, int32_t n_batch, int32_t n_ctx,
                            int32_t n_threads, eng_workspace_layout *out);
 
+/* One KV block: block_tokens tokens of every layer's K and V. The layers
+ * on the device have their part in device memory, the others in host
+ * memory; each part is laid out [layer][K|V][token in block][kv_dim]. */
+typedef struct eng_kv_block {
+    unsigned char *device_part;  /* n_device_layers layers, or NULL */
+    unsigned char *host_part;    /* the remaining layers, or NULL */
+} eng_kv_block;
+
 typedef struct eng_sequence {
     int32_t n_tokens;     /* tokens whose K/V are in the cache */
     int32_t n_blocks;     /* blocks held */
-    int32_t *block_table; /* max_blocks_per_seq entries: block index per slot */
+    eng_kv_block *blocks; /* max_blocks_per_seq entries */
 } eng_sequence;
 
 struct eng_context {
@@ -63,22 +71,42 @@ struct eng_context {
     eng_context_params params;
     cpu_threadpool *pool;
 
-    /* KV pool: n_blocks blocks of block_bytes; block layout is
-     * [layer][K|V][token in block][n_head_kv * head_dim] of kv_type. */
-    unsigned char *kv_pool;
-    size_t block_bytes;
-    int32_t n_blocks;
-    int32_t n_free_blocks;
-    int32_t *free_blocks;       /* stack of free block indices */
+    /* Placement: layers [0, n_device_layers) live on params.device. The
+     * context's own weight descriptors point at the device copies for those
+     * layers and at the file mapping for the rest. */
+    int32_t n_device_layers;
+    bool weights_copied;        /* device weights are copies (not a cpu device) */
+    eng_layer *layers;          /* n_layer descriptors used by the forward pass */
+    eng_weight output_norm, output;
+    unsigned char *device_weights;  /* one device allocation, or NULL */
+    size_t device_weights_bytes;
+
+    /* KV: blocks are taken from the device (and host) as sequences need
+     * them and given back when they are cleared. */
+    size_t block_bytes_device;  /* device part of one block */
+    size_t block_bytes_host;    /* host part of one block */
     int32_t max_blocks_per_seq;
+    int32_t n_blocks_held;      /* over all sequences */
     eng_sequence *seqs;         /* n_seq_max */
 
     unsigned char *workspace;
+    bool workspace_on_device;
     eng_workspace_layout layout;
     float rope_theta_scale;     /* base^(-2 / n_rot) */
 };
 
-/* KV blocks (memory.c). */
+/* Bytes of the weights of layers [0, n_layers) (plus the output head when
+ * with_output); padded: each tensor rounded up to 64 bytes, as they are laid
+ * out in one device allocation. */
+size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool with_output,
+                                bool padded);
+#define eng__device_weights_bytes(model, n_layers, with_output) \
+    eng__layer_weights_bytes(model, n_layers, with_output, true)
+
+/* Takes KV blocks so seq holds n_tokens tokens' worth (memory.c). */
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err);
+
+/* KV bytes per token of a range of layers. */
+size_t eng__kv_bytes_per_token_layers(const eng_hparams *hp, uint32_t kv_type, int32_t n_layers);
 
 #endif

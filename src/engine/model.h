@@ -63,13 +63,40 @@ size_t eng_workspace_bytes(const eng_model *model, int32_t n_batch, int32_t n_ct
                            int32_t n_threads);
 
 /* ---- context ------------------------------------------------------------- */
+struct dev_device;
+
+/* When a sequence's KV memory is taken from the device (DESIGN.md, Memory
+ * model). RESERVE: the caller reserves the whole need (eng_seq_reserve)
+ * before the first token, so generation never runs out of KV memory; GROW:
+ * blocks are taken as the sequence grows, so more sequences fit and a
+ * sequence can hit SW_EDEVOOM mid-generation. eng_decode itself always
+ * takes the blocks it is missing; the policy is what eng_generate (and the
+ * worker) do before the first token. */
+typedef enum eng_kv_policy {
+    ENG_KV_RESERVE = 0,
+    ENG_KV_GROW = 1,
+} eng_kv_policy;
+
 typedef struct eng_context_params {
     int32_t n_ctx;           /* most tokens per sequence (0: min(n_ctx_train, 4096)) */
     int32_t n_batch;         /* most tokens per forward call (default 256) */
     int32_t n_threads;       /* 0: one per core */
-    int32_t n_seq_max;       /* sequences the KV pool is sized for (default 1) */
+    int32_t n_seq_max;       /* sequences that can be open at once (default 1) */
     int32_t kv_block_tokens; /* tokens per KV block (default 16) */
     uint32_t kv_type;        /* ENG_TYPE_F16 (default) or ENG_TYPE_F32 */
+    /* Placement. device NULL is the CPU profile: everything in host memory,
+     * weights read from the file mapping. With a device, the first
+     * n_gpu_layers layers (-1 = all, the full profile; 0..n_layer = split)
+     * have their weights and KV blocks in device memory, and so do the
+     * workspace and, in the full profile, the output head. On a `cpu`
+     * device the weights stay mapped (they already are in its memory). */
+    struct dev_device *device;
+    int32_t n_gpu_layers;
+    eng_kv_policy kv_policy;
+    /* Share of the device's capacity the context never allocates into
+     * (default 0.10): an allocation that would leave less free fails with
+     * SW_EDEVOOM before the device itself is full. */
+    float reserve_fraction;
 } eng_context_params;
 
 eng_context_params eng_context_default_params(void);
@@ -94,12 +121,24 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
 
 /* Tokens currently held by a sequence. */
 int32_t eng_seq_length(const eng_context *ctx, int32_t seq_id);
-/* Drops a sequence's tokens and returns its KV blocks to the pool. */
+/* Makes sure a sequence holds the KV blocks for n_tokens tokens in total,
+ * taking the missing ones from the device (the RESERVE policy's admission
+ * step). All or nothing: on SW_EDEVOOM (device or reserve full) or
+ * SW_ECONTEXT (past n_ctx) no block was taken. */
+int eng_seq_reserve(eng_context *ctx, int32_t seq_id, int32_t n_tokens, sw_error *err);
+/* Drops a sequence's tokens and returns its KV blocks to the device. */
 void eng_seq_clear(eng_context *ctx, int32_t seq_id);
 
-/* Bytes of the KV pool (all blocks) and of the blocks in use now. */
+/* KV bytes that n_seqs sequences of n_ctx tokens would hold: the most the
+ * context can take. */
 size_t eng_context_kv_bytes_total(const eng_context *ctx);
+/* KV bytes held now (device and host parts). */
 size_t eng_context_kv_bytes_used(const eng_context *ctx);
 size_t eng_context_workspace_bytes(const eng_context *ctx);
+/* Layers whose weights and KV live on the device (0 without a device). */
+int32_t eng_context_n_device_layers(const eng_context *ctx);
+/* Bytes this context holds on its device now (weights copied there, the
+ * workspace, KV blocks' device parts); 0 without a device. */
+size_t eng_context_device_bytes(const eng_context *ctx);
 
 #endif

@@ -1,0 +1,419 @@
+/* test_placement.c - the engine on devices: placement profiles (full,
+ * split, CPU) on a sim-gpu pool, the memory plan against what is really
+ * allocated, and the two admission policies (reserve / grow) when the
+ * device fills up. */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "device/device.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/model_make.h"
+#include "engine/plan.h"
+#include "engine/quant.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MiB (1024ull * 1024ull)
+
+static char pool_name[64];
+
+static dev_device *open_pool(const char *tag, uint64_t capacity)
+{
+    dev_options opts = {.sim_capacity_bytes = capacity};
+    char spec[96];
+    dev_device *dev = NULL;
+    sw_error err;
+    snprintf(pool_name, sizeof pool_name, "test-place-%d-%s", (int)getpid(), tag);
+    snprintf(spec, sizeof spec, "sim-gpu:%s", pool_name);
+    dev_sim_unlink(pool_name, NULL);
+    if (dev_open(spec, &opts, &dev, &err))
+        fail_msg("dev_open %s: %s", spec, err.message);
+    return dev;
+}
+
+static void close_pool(dev_device *dev)
+{
+    dev_close(dev);
+    dev_sim_unlink(pool_name, NULL);
+}
+
+static eng_model *make_and_load(const char *name, int32_t dim, int32_t layers, int32_t heads,
+                                int32_t kv_heads, int32_t ff, uint32_t type)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    eng_model *model;
+    sw_error err;
+    p.n_embd = dim;
+    p.n_layer = layers;
+    p.n_head = heads;
+    p.n_head_kv = kv_heads;
+    p.n_ff = ff;
+    p.n_vocab = 512;
+    p.weight_type = type;
+    p.seed = 11;
+    const char *path = tu_tmp_path(name);
+    if (eng_model_make(&p, path, &err) || eng_model_load(path, &model, &err))
+        fail_msg("model %s: %s", name, err.message);
+    return model;
+}
+
+static uint64_t self_bytes(dev_device *dev)
+{
+    dev_memory mem;
+    assert_int_equal(dev_memory_info(dev, &mem, NULL), SW_OK);
+    return mem.self_bytes;
+}
+
+/* The plan's device bytes equal what a context really allocates on the
+ * device once n_seqs sequences hold n_ctx tokens each - exactly, for several
+ * shapes, profiles and context sizes. */
+static void test_plan_equals_allocation(void **state)
+{
+    (void)state;
+    struct {
+        int32_t dim, layers, heads, kv_heads, ff;
+        uint32_t type;
+    } shapes[] = {
+        {64, 2, 4, 2, 128, ENG_TYPE_F32},
+        {128, 3, 8, 2, 256, ENG_TYPE_Q8_0},
+        {96, 4, 6, 3, 192, ENG_TYPE_F16},
+    };
+    const int32_t ctx_sizes[] = {17, 64, 200};
+    dev_device *dev = open_pool("plan", 256 * MiB);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        char name[32];
+        snprintf(name, sizeof name, "plan-%zu.gguf", s);
+        eng_model *model = make_and_load(name, shapes[s].dim, shapes[s].layers, shapes[s].heads,
+                                         shapes[s].kv_heads, shapes[s].ff, shapes[s].type);
+        int32_t n_layer = eng_model_hparams(model)->n_layer;
+        const int32_t gpu_layers[] = {-1, 0, 1, n_layer - 1};
+        for (size_t g = 0; g < 4; g++) {
+            for (size_t c = 0; c < 3; c++) {
+                int32_t n_seqs = 1 + (int32_t)(c % 2);
+                eng_context_params cp = eng_context_default_params();
+                cp.n_ctx = ctx_sizes[c];
+                cp.n_seq_max = n_seqs;
+                cp.n_threads = 2;
+                cp.n_batch = 32;
+                cp.device = dev;
+                cp.n_gpu_layers = gpu_layers[g];
+                eng_plan_params pp = eng_plan_default_params();
+                pp.n_gpu_layers = gpu_layers[g];
+                pp.n_ctx = ctx_sizes[c];
+                pp.n_seqs = n_seqs;
+                pp.n_threads = 2;
+                pp.n_batch = 32;
+                dev_memory mem;
+                eng_plan plan;
+                sw_error err;
+                assert_int_equal(dev_memory_info(dev, &mem, NULL), SW_OK);
+                assert_int_equal(eng_plan_compute(model, &pp, mem.total_bytes, mem.free_bytes,
+                                                  &plan, &err), SW_OK);
+                uint64_t before = self_bytes(dev);
+                eng_context *ctx;
+                if (eng_context_create(model, &cp, &ctx, &err))
+                    fail_msg("context: %s", err.message);
+                for (int32_t q = 0; q < n_seqs; q++)
+                    assert_int_equal(eng_seq_reserve(ctx, q, ctx_sizes[c], &err), SW_OK);
+                uint64_t used = self_bytes(dev) - before;
+                if (used != plan.device_bytes || used != eng_context_device_bytes(ctx))
+                    fail_msg("shape %zu gpu-layers %d ctx %d seqs %d: planned %llu, allocated "
+                             "%llu, context says %zu", s, gpu_layers[g], ctx_sizes[c], n_seqs,
+                             (unsigned long long)plan.device_bytes, (unsigned long long)used,
+                             eng_context_device_bytes(ctx));
+                assert_true(plan.fits);
+                assert_int_equal(plan.n_device_layers, gpu_layers[g] < 0 ? n_layer : gpu_layers[g]);
+                eng_context_free(ctx);
+                assert_int_equal(self_bytes(dev), before);
+            }
+        }
+        eng_model_free(model);
+    }
+    close_pool(dev);
+}
+
+/* The limits the plan reports are the boundary: one more does not fit. */
+static void test_plan_limits(void **state)
+{
+    (void)state;
+    eng_model *model = make_and_load("limits.gguf", 128, 4, 8, 2, 256, ENG_TYPE_Q8_0);
+    eng_plan_params pp = eng_plan_default_params();
+    eng_plan plan, probe;
+    sw_error err;
+    pp.n_ctx = 256;
+    pp.n_seqs = 2;
+    /* A device with room for the weights and a few hundred tokens. */
+    assert_int_equal(eng_plan_compute(model, &pp, 1ull << 40, 1ull << 40, &plan, &err), SW_OK);
+    uint64_t capacity = (uint64_t)((double)(plan.weights_device_bytes + plan.workspace_bytes +
+                                            300 * plan.kv_bytes_per_token_device) / 0.9) + 1;
+    assert_int_equal(eng_plan_compute(model, &pp, capacity, capacity, &plan, &err), SW_OK);
+    assert_false(plan.fits); /* 2 x 256 tokens do not fit in ~300 */
+    assert_true(plan.max_ctx > 0 && plan.max_ctx < 256);
+    probe = plan;
+    pp.n_ctx = plan.max_ctx;
+    assert_int_equal(eng_plan_compute(model, &pp, capacity, capacity, &probe, &err), SW_OK);
+    assert_true(probe.fits);
+    pp.n_ctx = plan.max_ctx + pp.kv_block_tokens;
+    assert_int_equal(eng_plan_compute(model, &pp, capacity, capacity, &probe, &err), SW_OK);
+    assert_false(probe.fits);
+    pp.n_ctx = 256;
+    pp.n_seqs = plan.max_seqs;
+    assert_int_equal(eng_plan_compute(model, &pp, capacity, capacity, &probe, &err), SW_OK);
+    assert_true(plan.max_seqs == 0 || probe.fits);
+    pp.n_seqs = plan.max_seqs + 1;
+    assert_int_equal(eng_plan_compute(model, &pp, capacity, capacity, &probe, &err), SW_OK);
+    assert_false(probe.fits);
+    pp.n_seqs = 2;
+    pp.n_gpu_layers = plan.max_gpu_layers;
+    assert_true(plan.max_gpu_layers >= 0 && plan.max_gpu_layers < 4);
+    assert_int_equal(eng_plan_compute(model, &pp, capacity, capacity, &probe, &err), SW_OK);
+    assert_true(probe.fits);
+    pp.n_gpu_layers = 9;
+    assert_int_equal(eng_plan_compute(model, &pp, capacity, capacity, &probe, &err), SW_EINVAL);
+    eng_model_free(model);
+}
+
+typedef struct {
+    int32_t *tokens;
+    int32_t n;
+} token_sink;
+
+static bool collect(void *user, const eng_generate_step *step)
+{
+    token_sink *s = user;
+    s->tokens[s->n++] = step->token;
+    return true;
+}
+
+static void greedy_tokens(eng_model *model, dev_device *dev, int32_t gpu_layers, int32_t *out,
+                          int32_t n)
+{
+    const int32_t prompt[] = {1, 300, 301, 302, 40, 41};
+    eng_context_params cp = eng_context_default_params();
+    eng_generate_params gp = eng_generate_default_params();
+    eng_generate_stats stats;
+    eng_context *ctx;
+    sw_error err;
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    cp.device = dev;
+    cp.n_gpu_layers = gpu_layers;
+    if (eng_context_create(model, &cp, &ctx, &err))
+        fail_msg("context: %s", err.message);
+    gp.max_tokens = n;
+    gp.ignore_eos = true;
+    gp.sampling.temperature = 0.0f;
+    token_sink s = {out, 0};
+    assert_int_equal(eng_generate(ctx, prompt, 6, &gp, collect, &s, &stats, &err), SW_OK);
+    assert_int_equal(stats.n_generated, n);
+    eng_context_free(ctx);
+}
+
+/* Full and split profiles on sim-gpu give the CPU profile's greedy tokens. */
+static void test_profiles_agree(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_F16};
+    dev_device *dev = open_pool("profiles", 256 * MiB);
+    for (size_t t = 0; t < 2; t++) {
+        char name[32];
+        snprintf(name, sizeof name, "profiles-%zu.gguf", t);
+        eng_model *model = make_and_load(name, 128, 4, 8, 4, 256, types[t]);
+        int32_t cpu[24], full[24], split[24], split0[24];
+        greedy_tokens(model, NULL, 0, cpu, 24);
+        greedy_tokens(model, dev, -1, full, 24);
+        greedy_tokens(model, dev, 2, split, 24);
+        greedy_tokens(model, dev, 0, split0, 24);
+        assert_memory_equal(cpu, full, sizeof cpu);
+        assert_memory_equal(cpu, split, sizeof cpu);
+        assert_memory_equal(cpu, split0, sizeof cpu);
+        eng_model_free(model);
+    }
+    assert_int_equal(self_bytes(dev), 0);
+    close_pool(dev);
+}
+
+static int32_t argmax(const float *v, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Under GROW, a sequence that runs out of device memory mid-generation
+ * ends with SW_EDEVOOM and gives its blocks back, while a second sequence
+ * on the same context finishes with the tokens it has when run alone. */
+static void test_grow_oom_mid_generation(void **state)
+{
+    (void)state;
+    eng_model *model = make_and_load("grow.gguf", 128, 3, 8, 2, 256, ENG_TYPE_Q8_0);
+    const eng_hparams *hp = eng_model_hparams(model);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_seq_max = 2;
+    cp.n_threads = 2;
+    cp.n_batch = 16;
+    cp.kv_block_tokens = 16;
+    cp.kv_policy = ENG_KV_GROW;
+    cp.reserve_fraction = 0.0f;
+
+    /* Reference: sequence A (40 tokens greedy) alone on the CPU. */
+    int32_t ref[40], got[40];
+    {
+        eng_context *c;
+        sw_error err;
+        eng_context_params cpu = cp;
+        cpu.device = NULL;
+        float *logits = sw_malloc(sizeof(float) * (size_t)hp->n_vocab);
+        assert_int_equal(eng_context_create(model, &cpu, &c, &err), SW_OK);
+        int32_t tok = 1;
+        for (int i = 0; i < 40; i++) {
+            assert_int_equal(eng_decode(c, 0, &tok, 1, logits, &err), SW_OK);
+            ref[i] = tok = argmax(logits, hp->n_vocab);
+        }
+        eng_context_free(c);
+        sw_free(logits);
+    }
+
+    /* A pool with room for the weights, the workspace and 6 KV blocks. */
+    eng_plan_params pp = eng_plan_default_params();
+    eng_plan plan;
+    pp.n_ctx = 256; /* the context's size: the workspace depends on it */
+    pp.n_batch = 16;
+    pp.n_threads = 2;
+    pp.reserve_fraction = 0.0f;
+    assert_int_equal(eng_plan_compute(model, &pp, 1ull << 40, 1ull << 40, &plan, NULL), SW_OK);
+    uint64_t fixed = plan.weights_device_bytes + plan.workspace_bytes;
+    dev_device *dev = open_pool("grow", fixed + 6 * plan.kv_block_bytes_device);
+    cp.device = dev;
+    eng_context *ctx;
+    sw_error err;
+    if (eng_context_create(model, &cp, &ctx, &err))
+        fail_msg("context: %s", err.message);
+    uint64_t baseline = self_bytes(dev);
+    assert_int_equal(baseline, fixed);
+
+    float *logits = sw_malloc(sizeof(float) * (size_t)hp->n_vocab);
+    int32_t a_tok = 1, b_tok = 1, n_a = 0, b_status = SW_OK, b_len = 0;
+    /* Interleave: A one token per step, B 16 tokens per step (a long
+     * prompt arriving in chunks) until B runs out of blocks. */
+    while (n_a < 40) {
+        assert_int_equal(eng_decode(ctx, 0, &a_tok, 1, logits, &err), SW_OK);
+        got[n_a++] = a_tok = argmax(logits, hp->n_vocab);
+        if (b_status == SW_OK && b_len >= 0) {
+            int32_t chunk[16];
+            for (int i = 0; i < 16; i++)
+                chunk[i] = b_tok + i;
+            b_status = eng_decode(ctx, 1, chunk, 16, NULL, &err);
+            if (b_status == SW_OK) {
+                b_len += 16;
+            } else {
+                assert_int_equal(b_status, SW_EDEVOOM);
+                assert_non_null(strstr(err.message, "out of memory"));
+                assert_int_equal(eng_seq_length(ctx, 1), b_len); /* nothing half-done */
+                eng_seq_clear(ctx, 1);
+                b_len = -1;
+            }
+        }
+    }
+    assert_int_equal(b_status, SW_EDEVOOM);
+    assert_memory_equal(ref, got, sizeof ref);
+    /* B's blocks are back: only A's 3 blocks (40 tokens + 1) remain. */
+    assert_int_equal(self_bytes(dev), baseline + 3 * plan.kv_block_bytes_device);
+    eng_seq_clear(ctx, 0);
+    assert_int_equal(self_bytes(dev), baseline);
+    sw_free(logits);
+    eng_context_free(ctx);
+    assert_int_equal(self_bytes(dev), 0);
+    close_pool(dev);
+    eng_model_free(model);
+}
+
+/* Under RESERVE, a request whose KV need does not fit is refused before
+ * any work, with nothing left allocated; the reserve share is never used. */
+static void test_reserve_refuses_up_front(void **state)
+{
+    (void)state;
+    eng_model *model = make_and_load("reserve.gguf", 128, 3, 8, 2, 256, ENG_TYPE_Q8_0);
+    eng_plan_params pp = eng_plan_default_params();
+    eng_plan plan;
+    pp.n_ctx = 256; /* the context's size: the workspace depends on it */
+    pp.n_batch = 16;
+    pp.n_threads = 2;
+    pp.reserve_fraction = 0.0f;
+    assert_int_equal(eng_plan_compute(model, &pp, 1ull << 40, 1ull << 40, &plan, NULL), SW_OK);
+    uint64_t fixed = plan.weights_device_bytes + plan.workspace_bytes;
+    /* Capacity so that the 10% reserve leaves room for exactly 4 blocks. */
+    uint64_t capacity = (uint64_t)((double)(fixed + 4 * plan.kv_block_bytes_device) / 0.9) + 64;
+    dev_device *dev = open_pool("reserve", capacity);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_threads = 2;
+    cp.n_batch = 16;
+    cp.device = dev;
+    cp.reserve_fraction = 0.10f;
+    eng_context *ctx;
+    sw_error err;
+    if (eng_context_create(model, &cp, &ctx, &err))
+        fail_msg("context: %s", err.message);
+    uint64_t baseline = self_bytes(dev);
+
+    const int32_t prompt[] = {1, 2, 3, 4};
+    eng_generate_params gp = eng_generate_default_params();
+    eng_generate_stats stats;
+    gp.sampling.temperature = 0.0f;
+    gp.ignore_eos = true;
+    gp.max_tokens = 100; /* 104 tokens = 7 blocks: refused */
+    int32_t buf[128];
+    token_sink sink = {buf, 0};
+    assert_int_equal(eng_generate(ctx, prompt, 4, &gp, collect, &sink, &stats, &err), SW_EDEVOOM);
+    assert_non_null(strstr(err.message, "reserve"));
+    assert_int_equal(sink.n, 0);
+    assert_int_equal(stats.n_generated, 0);
+    assert_int_equal(self_bytes(dev), baseline);
+    gp.max_tokens = 60; /* 64 tokens = 4 blocks: admitted, completes */
+    assert_int_equal(eng_generate(ctx, prompt, 4, &gp, collect, &sink, &stats, &err), SW_OK);
+    assert_int_equal(stats.n_generated, 60);
+    assert_int_equal(self_bytes(dev), baseline);
+    eng_context_free(ctx);
+    close_pool(dev);
+    eng_model_free(model);
+}
+
+/* A device too small for the weights refuses the context cleanly. */
+static void test_context_too_big_for_device(void **state)
+{
+    (void)state;
+    eng_model *model = make_and_load("toobig.gguf", 128, 3, 8, 2, 256, ENG_TYPE_F32);
+    dev_device *dev = open_pool("toobig", 256 * 1024);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 1;
+    cp.device = dev;
+    eng_context *ctx = NULL;
+    sw_error err;
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_EDEVOOM);
+    assert_non_null(strstr(err.message, "weights"));
+    assert_null(ctx);
+    assert_int_equal(self_bytes(dev), 0);
+    close_pool(dev);
+    eng_model_free(model);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_equals_allocation),
+        cmocka_unit_test(test_plan_limits),
+        cmocka_unit_test(test_profiles_agree),
+        cmocka_unit_test(test_grow_oom_mid_generation),
+        cmocka_unit_test(test_reserve_refuses_up_front),
+        cmocka_unit_test(test_context_too_big_for_device),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

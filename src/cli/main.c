@@ -18,6 +18,7 @@ static void usage(FILE *out)
             "  run      generate text from a prompt on the command line\n"
             "  model    make | info  (make a test model, inspect a GGUF file)\n"
             "  bench    engine       (prefill and decode speed)\n"
+            "  hog      hold device memory until stopped (fill a GPU on purpose)\n"
             "  version  print the version\n"
             "\n"
             "`spillway <command> --help` describes each command.\n",
@@ -37,6 +38,8 @@ int main(int argc, char **argv)
         return cli_model_main(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0)
         return cli_bench_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "hog") == 0)
+        return cli_hog_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("spillway %s\n", SPILLWAY_VERSION);
         return 0;

@@ -489,9 +489,9 @@ static int sim_alloc(dev_device *dev, size_t bytes, void **out, sw_error *err)
         pool_unlock(h);
     }
     SW_DEBUG("device", "%s (simulated): refused %s, %s used of %s", dev->spec,
-            dev__bytes_str(bytes, asked, sizeof asked),
-            dev__bytes_str(used, used_str, sizeof used_str),
-            dev__bytes_str(s->capacity_bytes, cap_str, sizeof cap_str));
+             dev__bytes_str(bytes, asked, sizeof asked),
+             dev__bytes_str(used, used_str, sizeof used_str),
+             dev__bytes_str(s->capacity_bytes, cap_str, sizeof cap_str));
     return sw_error_set(err, SW_EDEVOOM, "%s out of memory: asked %s, %s used of %s (simulated)",
                         dev->spec, dev__bytes_str(bytes, asked, sizeof asked),
                         dev__bytes_str(used, used_str, sizeof used_str),

@@ -7,6 +7,7 @@
 int cli_model_main(int argc, char **argv);      /* spillway model ... */
 int cli_model_make(int argc, char **argv);      /* spillway model make */
 int cli_model_info(int argc, char **argv);      /* spillway model info */
+int cli_model_plan(int argc, char **argv);      /* spillway model plan */
 int cli_run_main(int argc, char **argv);        /* spillway run */
 int cli_bench_main(int argc, char **argv);      /* spillway bench */
 int cli_hog_main(int argc, char **argv);        /* spillway hog */

@@ -9,6 +9,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "device/device.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
@@ -29,6 +30,11 @@ typedef struct run_options {
     bool json;
     bool ignore_eos;
     bool no_bos;
+    const char *device;
+    unsigned long long sim_capacity;
+    int32_t gpu_layers;
+    eng_kv_policy policy;
+    float reserve;
     eng_sampler_params sampling;
 } run_options;
 
@@ -59,7 +65,12 @@ static void usage(FILE *out)
             "      --top-logprobs K    record the K most likely tokens per step (with --json)\n"
             "      --ignore-eos        keep generating past end-of-text\n"
             "      --no-bos            do not prepend BOS\n"
-            "      --json              print one JSON record instead of the text\n");
+            "      --json              print one JSON record instead of the text\n"
+            "      --device D          cpu (default: host memory), sim-gpu:NAME, cuda:N\n"
+            "      --sim-capacity B    capacity when creating a sim-gpu pool (e.g. 512MiB)\n"
+            "      --gpu-layers N      layers on the device: -1 = all (default), N = split\n"
+            "      --policy P          reserve (default) | grow: when KV memory is taken\n"
+            "      --reserve F         share of the device never used (default 0.10)\n");
 }
 
 static bool on_token(void *user, const eng_generate_step *step)
@@ -88,7 +99,8 @@ static bool on_token(void *user, const eng_generate_step *step)
 static int parse_options(int argc, char **argv, run_options *o)
 {
     enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_PRESENCE,
-           OPT_FREQUENCY, OPT_SEED, OPT_TOPLOGPROBS, OPT_JSON, OPT_IGNORE_EOS, OPT_NO_BOS };
+           OPT_FREQUENCY, OPT_SEED, OPT_TOPLOGPROBS, OPT_JSON, OPT_IGNORE_EOS, OPT_NO_BOS,
+           OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_POLICY, OPT_RESERVE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -102,6 +114,11 @@ static int parse_options(int argc, char **argv, run_options *o)
         {"top-logprobs", required_argument, 0, OPT_TOPLOGPROBS},
         {"json", no_argument, 0, OPT_JSON},     {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"no-bos", no_argument, 0, OPT_NO_BOS}, {"help", no_argument, 0, 'h'},
+        {"device", required_argument, 0, OPT_DEVICE},
+        {"sim-capacity", required_argument, 0, OPT_SIM_CAPACITY},
+        {"gpu-layers", required_argument, 0, OPT_GPU_LAYERS},
+        {"policy", required_argument, 0, OPT_POLICY},
+        {"reserve", required_argument, 0, OPT_RESERVE},
         {0, 0, 0, 0},
     };
     int c;
@@ -111,12 +128,16 @@ static int parse_options(int argc, char **argv, run_options *o)
     o->n_predict = 64;
     o->sampling = eng_sampler_default_params();
     o->sampling.temperature = 0.0f;
+    o->gpu_layers = -1;
+    o->reserve = 0.10f;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:t:c:h", longopts, NULL)) != -1) {
         double value = 0.0;
         if (optarg) {
             value = strtod(optarg, &end);
-            if (c != 'm' && c != 'p' && (*end || end == optarg)) {
+            bool text = c == 'm' || c == 'p' || c == OPT_DEVICE || c == OPT_POLICY ||
+                        c == OPT_SIM_CAPACITY;
+            if (!text && (*end || end == optarg)) {
                 fprintf(stderr, "spillway run: '%s' is not a number\n", optarg);
                 return 2;
             }
@@ -139,6 +160,25 @@ static int parse_options(int argc, char **argv, run_options *o)
         case OPT_JSON: o->json = true; break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
         case OPT_NO_BOS: o->no_bos = true; break;
+        case OPT_DEVICE: o->device = optarg; break;
+        case OPT_SIM_CAPACITY:
+            if (cli_parse_bytes(optarg, &o->sim_capacity)) {
+                fprintf(stderr, "spillway run: bad size '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_GPU_LAYERS: o->gpu_layers = (int32_t)value; break;
+        case OPT_POLICY:
+            if (strcmp(optarg, "reserve") == 0) {
+                o->policy = ENG_KV_RESERVE;
+            } else if (strcmp(optarg, "grow") == 0) {
+                o->policy = ENG_KV_GROW;
+            } else {
+                fprintf(stderr, "spillway run: --policy is reserve or grow\n");
+                return 2;
+            }
+            break;
+        case OPT_RESERVE: o->reserve = (float)value; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -163,6 +203,7 @@ int cli_run_main(int argc, char **argv)
     run_state st;
     eng_model *model = NULL;
     eng_context *ctx = NULL;
+    dev_device *dev = NULL;
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     eng_generate_stats stats;
@@ -186,7 +227,16 @@ int cli_run_main(int argc, char **argv)
         sw_error_set(&err, SW_EINVAL, "the prompt is empty");
         goto fail;
     }
+    if (opts.device) {
+        dev_options dopts = {.sim_capacity_bytes = opts.sim_capacity};
+        if ((rc = dev_open(opts.device, &dopts, &dev, &err)))
+            goto fail;
+    }
     eng_context_params cp = eng_context_default_params();
+    cp.device = dev;
+    cp.n_gpu_layers = opts.gpu_layers;
+    cp.kv_policy = opts.policy;
+    cp.reserve_fraction = opts.reserve;
     cp.n_threads = opts.n_threads;
     cp.n_ctx = opts.n_ctx;
     if (cp.n_ctx == 0) {
@@ -264,6 +314,7 @@ done:
     json_decref(st.steps);
     sw_free(prompt);
     eng_context_free(ctx);
+    dev_close(dev);
     eng_model_free(model);
     return status;
 }

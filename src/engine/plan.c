@@ -80,8 +80,8 @@ int eng_plan_compute(const eng_model *model, const eng_plan_params *params,
     out->fits = device_bytes_for(model, &p, n_layers, p.n_ctx, p.n_seqs, out) <= usable;
 
     /* Largest context for n_seqs sequences: bytes grow with n_ctx, so
-     * binary search over [1, n_ctx_train]. */
-    int32_t lo = 0, hi = hp->n_ctx_train;
+     * binary search up to the trained context (or the asked one, if larger). */
+    int32_t lo = 0, hi = hp->n_ctx_train > p.n_ctx ? hp->n_ctx_train : p.n_ctx;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo + 1) / 2;
         if (device_bytes_for(model, &p, n_layers, mid, p.n_seqs, NULL) <= usable)

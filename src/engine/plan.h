@@ -46,7 +46,8 @@ typedef struct eng_plan {
     uint64_t free_bytes;
     uint64_t reserve_bytes;
     bool fits;
-    int32_t max_ctx;                  /* largest n_ctx for n_seqs that fits; 0: none */
+    int32_t max_ctx;                  /* largest n_ctx for n_seqs that fits, up to
+                                         max(trained context, n_ctx); 0: none */
     int32_t max_seqs;                 /* most sequences of n_ctx; 0: none */
     int32_t max_gpu_layers;           /* most device layers for n_ctx x n_seqs; -1: none */
 } eng_plan;

@@ -1,0 +1,170 @@
+/* cli_model_plan.c - `spillway model plan`: the memory budget of a model on
+ * a device (DESIGN.md, Memory model) - weights, KV per token, workspace,
+ * reserve, free memory, whether the requested shape fits, and the largest
+ * context, sequence count and GPU layer count that would. The numbers come
+ * from eng_plan_compute, the function admission uses at run time.
+ */
+#include "cli/cli.h"
+
+#include "device/device.h"
+#include "engine/model.h"
+#include "engine/plan.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: spillway model plan -m FILE [--device D] [--sim-capacity BYTES]\n"
+            "                           [--gpu-layers N] [--ctx C] [--seqs S] [--reserve P]\n"
+            "                           [--batch B] [--threads T] [--json]\n"
+            "  --device D        cpu (default), sim-gpu:NAME, cuda:N\n"
+            "  --sim-capacity B  capacity of a sim-gpu pool that does not exist yet (e.g. 512MiB);\n"
+            "                    without it an existing pool is read\n"
+            "  --gpu-layers N    layers on the device: -1 = all (default), 0..n_layer = split\n"
+            "  --ctx C           tokens per sequence (default 2048)\n"
+            "  --seqs S          sequences at once (default 1)\n"
+            "  --reserve P       share of the device never handed out (default 0.10)\n");
+}
+
+static void human(uint64_t bytes, char *buf, size_t cap)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+int cli_model_plan(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},    {"device", required_argument, 0, 'd'},
+        {"sim-capacity", required_argument, 0, 'C'}, {"gpu-layers", required_argument, 0, 'l'},
+        {"ctx", required_argument, 0, 'c'},      {"seqs", required_argument, 0, 's'},
+        {"reserve", required_argument, 0, 'r'},  {"batch", required_argument, 0, 'b'},
+        {"threads", required_argument, 0, 't'},  {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+    };
+    const char *path = NULL, *spec = "cpu";
+    unsigned long long sim_capacity = 0;
+    eng_plan_params pp = eng_plan_default_params();
+    bool json = false;
+    int c;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:d:c:s:r:b:t:jh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 'd': spec = optarg; break;
+        case 'C':
+            if (cli_parse_bytes(optarg, &sim_capacity)) {
+                fprintf(stderr, "spillway model plan: bad size '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'l': pp.n_gpu_layers = atoi(optarg); break;
+        case 'c': pp.n_ctx = atoi(optarg); break;
+        case 's': pp.n_seqs = atoi(optarg); break;
+        case 'r': pp.reserve_fraction = (float)atof(optarg); break;
+        case 'b': pp.n_batch = atoi(optarg); break;
+        case 't': pp.n_threads = atoi(optarg); break;
+        case 'j': json = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+
+    eng_model *model = NULL;
+    dev_device *dev = NULL;
+    dev_memory mem;
+    eng_plan plan;
+    sw_error err;
+    int status = 1;
+    dev_options opts = {.sim_capacity_bytes = sim_capacity};
+
+    if (eng_model_load(path, &model, &err) || dev_open(spec, &opts, &dev, &err) ||
+        dev_memory_info(dev, &mem, &err))
+        goto fail;
+    pp.weights_stay_mapped = dev_get_kind(dev) == DEV_KIND_CPU;
+    if (eng_plan_compute(model, &pp, mem.total_bytes, mem.free_bytes, &plan, &err))
+        goto fail;
+
+    const eng_hparams *hp = eng_model_hparams(model);
+    if (json) {
+        json_t *rec = json_pack(
+            "{s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+            " s:I, s:I, s:b, s:i, s:i, s:i}",
+            "model", path, "device", dev_spec(dev), "simulated", dev_is_simulated(dev), "layers",
+            hp->n_layer, "device_layers", plan.n_device_layers, "ctx", pp.n_ctx, "seqs",
+            pp.n_seqs, "reserve_fraction", (double)pp.reserve_fraction, "weights_device_bytes",
+            (json_int_t)plan.weights_device_bytes, "weights_host_bytes",
+            (json_int_t)plan.weights_host_bytes, "kv_bytes_per_token_device",
+            (json_int_t)plan.kv_bytes_per_token_device, "kv_bytes_per_token_host",
+            (json_int_t)plan.kv_bytes_per_token_host, "kv_device_bytes",
+            (json_int_t)plan.kv_device_bytes, "workspace_bytes", (json_int_t)plan.workspace_bytes,
+            "device_bytes", (json_int_t)plan.device_bytes, "capacity_bytes",
+            (json_int_t)plan.capacity_bytes, "free_bytes", (json_int_t)plan.free_bytes,
+            "reserve_bytes", (json_int_t)plan.reserve_bytes, "kv_host_bytes",
+            (json_int_t)plan.kv_host_bytes, "fits", plan.fits, "max_ctx", plan.max_ctx,
+            "max_seqs", plan.max_seqs, "max_gpu_layers", plan.max_gpu_layers);
+        char *text = json_dumps(rec, JSON_COMPACT);
+        printf("%s\n", text);
+        free(text);
+        json_decref(rec);
+    } else {
+        char a[32], b[32], d[32];
+        printf("model %s: %d layers, dim %d, %d heads / %d kv, vocab %d\n", path, hp->n_layer,
+               hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab);
+        human(mem.total_bytes, a, sizeof a);
+        human(mem.free_bytes, b, sizeof b);
+        printf("device %s%s: %s total, %s free\n", dev_spec(dev),
+               dev_is_simulated(dev) ? " (simulated GPU)" : "", a, b);
+        printf("profile: %d of %d layers on the device (%s), ctx %d x %d sequence(s)\n",
+               plan.n_device_layers, hp->n_layer,
+               plan.n_device_layers == hp->n_layer ? "full"
+               : plan.n_device_layers == 0          ? "cpu"
+                                                    : "split",
+               pp.n_ctx, pp.n_seqs);
+        human(plan.weights_device_bytes, a, sizeof a);
+        human(plan.weights_host_bytes, b, sizeof b);
+        printf("  weights        %12s on the device, %s in host memory%s\n", a, b,
+               pp.weights_stay_mapped ? " (mapped)" : "");
+        printf("  kv per token   %12llu bytes on the device, %llu in host memory\n",
+               (unsigned long long)plan.kv_bytes_per_token_device,
+               (unsigned long long)plan.kv_bytes_per_token_host);
+        human(plan.kv_device_bytes, a, sizeof a);
+        human(plan.kv_host_bytes, b, sizeof b);
+        printf("  kv for ctx     %12s on the device, %s in host memory\n", a, b);
+        human(plan.workspace_bytes, a, sizeof a);
+        printf("  workspace      %12s%s\n", a, plan.n_device_layers ? " (device)" : " (host)");
+        human(plan.reserve_bytes, a, sizeof a);
+        printf("  reserve        %12s (%.0f%% of capacity, never handed out)\n", a,
+               (double)pp.reserve_fraction * 100.0);
+        human(plan.device_bytes, a, sizeof a);
+        human(plan.free_bytes > plan.reserve_bytes ? plan.free_bytes - plan.reserve_bytes : 0, d,
+              sizeof d);
+        printf("  needed         %12s of %s usable: %s\n", a, d, plan.fits ? "fits" : "DOES NOT FIT");
+        printf("largest that fit: ctx %d (with %d seqs), %d seqs (of ctx %d), %d gpu layers\n",
+               plan.max_ctx, pp.n_seqs, plan.max_seqs, pp.n_ctx, plan.max_gpu_layers);
+    }
+    status = plan.fits ? 0 : 3;
+    goto done;
+fail:
+    fprintf(stderr, "spillway model plan: %s\n", err.message);
+done:
+    dev_close(dev);
+    eng_model_free(model);
+    return status;
+}

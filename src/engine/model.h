@@ -119,6 +119,26 @@ const eng_model *eng_context_model(const eng_context *ctx);
 int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
                float *logits, sw_error *err);
 
+/* One sequence's share of a batched step (continuous batching). */
+typedef struct eng_batch_entry {
+    int32_t seq_id;
+    const int32_t *tokens;   /* new tokens appended to the sequence */
+    int32_t n_tokens;        /* >= 1 (a decode step is 1, a prefill chunk more) */
+    float *logits;           /* n_vocab logits of its last token, or NULL */
+} eng_batch_entry;
+
+/* Advances several sequences in one forward pass: the matrix products run
+ * once over every entry's tokens, attention per sequence. The total of
+ * n_tokens must not exceed n_batch (the caller chunks prefills), and a
+ * sequence may appear once. KV blocks are taken per entry first: an entry
+ * whose blocks cannot be had (SW_EDEVOOM under GROW, SW_ECONTEXT) is left
+ * out with that code in status[i] (and its sequence unchanged) while the
+ * others run; status[i] is SW_OK for entries that ran. Returns SW_OK when
+ * the step ran (even if some entries were left out), or an error for
+ * invalid arguments, in which case nothing ran. */
+int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n_entries,
+                     int *status, sw_error *err);
+
 /* Tokens currently held by a sequence. */
 int32_t eng_seq_length(const eng_context *ctx, int32_t seq_id);
 /* Makes sure a sequence holds the KV blocks for n_tokens tokens in total,

@@ -29,17 +29,13 @@
  * A second algorithm (BPE for "gpt2"-style vocabularies) plugs in through
  * `algo`: loading dispatches on tokenizer.ggml.model, eng_tokenize on algo.
  */
-#include "engine/tokenizer.h"
+#include "engine/tokenizer-impl.h"
 
 #include "common/alloc.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-typedef enum tok_algo {
-    TOK_ALGO_SPM = 1,
-} tok_algo;
 
 /* Limits that keep every index in int32 and every size computation far from
  * overflow. A 256 MiB prompt is far beyond any context length. */
@@ -52,32 +48,6 @@ static const char spm_space[3] = {(char)0xE2, (char)0x96, (char)0x81};
 /* U+2585 LOWER FIVE EIGHTHS BLOCK: how llama.cpp renders the unknown token. */
 static const char unk_glyph[3] = {(char)0xE2, (char)0x96, (char)0x85};
 
-struct eng_tokenizer {
-    tok_algo algo;
-    int32_t n_vocab;
-
-    char *blob;            /* every piece, each followed by a NUL */
-    uint64_t *piece_off;   /* (n_vocab) offset of each piece in blob */
-    uint32_t *piece_len;   /* (n_vocab) bytes, without the NUL */
-    float *scores;         /* (n_vocab) merge priority, higher merges first */
-    uint8_t *types;        /* (n_vocab) eng_token_type */
-    int16_t *byte_value;   /* (n_vocab) 0..255 for BYTE tokens, else -1 */
-    size_t max_piece_bytes;
-
-    int32_t *hash_slots;   /* open addressing: id, or -1 for an empty slot */
-    size_t hash_mask;      /* slots - 1; slots is a power of two */
-
-    int32_t byte_to_id[256]; /* byte fallback; -1 when not representable */
-
-    int32_t *specials;     /* ids matched literally, longest text first */
-    size_t n_specials;
-    int32_t *eog;          /* end-of-generation ids */
-    size_t n_eog;
-
-    int32_t bos, eos, unk, pad;
-    bool add_bos;
-    bool add_space_prefix;
-};
 
 /* ---- vocabulary lookup -------------------------------------------------- */
 
@@ -287,8 +257,12 @@ static int add_eog(eng_tokenizer *tok, int32_t id)
     return SW_OK;
 }
 
-static int load_spm(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
+/* Loads the vocabulary shared by both algorithms: pieces, scores, types,
+ * the piece -> id table, special ids, flags, specials and the EOG set. The
+ * defaults differ per algorithm (see below); tok->algo is set already. */
+static int load_vocab(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
 {
+    const bool spm = tok->algo == ENG__TOK_ALGO_SPM;
     int64_t kv_tokens, kv_scores, kv_types;
     uint64_t n;
     size_t blob_bytes = 0;
@@ -306,9 +280,10 @@ static int load_spm(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
                           (unsigned long long)TOK_MAX_VOCAB);
         goto fail;
     }
-    /* Scores drive every merge: an SPM vocabulary without them cannot
-     * tokenize like its reference, so they are required. */
-    rc = find_array(g, "tokenizer.ggml.scores", ENG_GGUF_FLOAT32, true, n, &kv_scores, err);
+    /* Scores drive every SPM merge: an SPM vocabulary without them cannot
+     * tokenize like its reference, so they are required there. BPE ranks
+     * its merges by tokenizer.ggml.merges instead; scores are optional. */
+    rc = find_array(g, "tokenizer.ggml.scores", ENG_GGUF_FLOAT32, spm, n, &kv_scores, err);
     if (rc)
         goto fail;
     rc = find_array(g, "tokenizer.ggml.token_type", ENG_GGUF_INT32, false, n, &kv_types, err);
@@ -350,12 +325,12 @@ static int load_spm(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
     for (uint64_t i = 0; i < n; i++) {
         const char *s;
         size_t len;
-        float score;
+        float score = 0.0f;
         int32_t type = ENG_TOKEN_NORMAL;
         eng_gguf_arr_str(g, kv_tokens, i, &s, &len);
         memcpy(tok->blob + tok->piece_off[i], s, len);
         tok->blob[tok->piece_off[i] + len] = '\0';
-        if (eng_gguf_arr_f32(g, kv_scores, i, &score) != SW_OK) {
+        if (kv_scores >= 0 && eng_gguf_arr_f32(g, kv_scores, i, &score) != SW_OK) {
             rc = sw_error_set(err, SW_EFORMAT, "vocabulary: score %llu is unreadable",
                               (unsigned long long)i);
             goto fail;
@@ -393,19 +368,26 @@ static int load_spm(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
     for (int32_t id = 0; id < tok->n_vocab; id++)
         vocab_insert(tok, id);
 
-    rc = load_special_id(g, "tokenizer.ggml.bos_token_id", 1, tok->n_vocab, &tok->bos, err);
+    /* Defaults: SPM as llama.cpp (bos 1, eos 2, unk 0, add BOS, space
+     * prefix). BPE vocabularies always name their special ids, so a missing
+     * one means "none" rather than llama.cpp's GPT-NeoX guess (11); BPE adds
+     * no space prefix, and whether it adds BOS by default depends on the
+     * pre-tokenizer (eng__bpe_load). */
+    rc = load_special_id(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, tok->n_vocab,
+                         &tok->bos, err);
     if (!rc)
-        rc = load_special_id(g, "tokenizer.ggml.eos_token_id", 2, tok->n_vocab, &tok->eos, err);
+        rc = load_special_id(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, tok->n_vocab,
+                             &tok->eos, err);
     if (!rc)
-        rc = load_special_id(g, "tokenizer.ggml.unknown_token_id", 0, tok->n_vocab, &tok->unk,
-                             err);
+        rc = load_special_id(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, tok->n_vocab,
+                             &tok->unk, err);
     if (!rc)
         rc = load_special_id(g, "tokenizer.ggml.padding_token_id", -1, tok->n_vocab, &tok->pad,
                              err);
     if (!rc)
-        rc = load_bool(g, "tokenizer.ggml.add_bos_token", true, &tok->add_bos, err);
+        rc = load_bool(g, "tokenizer.ggml.add_bos_token", spm, &tok->add_bos, err);
     if (!rc)
-        rc = load_bool(g, "tokenizer.ggml.add_space_prefix", true, &tok->add_space_prefix, err);
+        rc = load_bool(g, "tokenizer.ggml.add_space_prefix", spm, &tok->add_space_prefix, err);
     if (rc)
         goto fail;
     if (tok->add_bos && tok->bos < 0) {
@@ -490,17 +472,25 @@ int eng_tokenizer_load(const eng_gguf *g, eng_tokenizer **out, sw_error *err)
                             "the file has no vocabulary (tokenizer.ggml.model is missing)");
     if (rc)
         return rc;
-    if (!(model_len == 5 && memcmp(model, "llama", 5) == 0))
+    eng__tok_algo algo;
+    if (model_len == 5 && memcmp(model, "llama", 5) == 0)
+        algo = ENG__TOK_ALGO_SPM;
+    else if (model_len == 4 && memcmp(model, "gpt2", 4) == 0)
+        algo = ENG__TOK_ALGO_BPE;
+    else
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "tokenizer model \"%.*s\" is not supported (supported: \"llama\", "
-                            "SentencePiece)",
+                            "SentencePiece; \"gpt2\", byte-level BPE)",
                             (int)(model_len > 64 ? 64 : model_len), model);
 
     tok = sw_calloc(1, sizeof *tok);
     if (!tok)
         return sw_error_set(err, SW_ENOMEM, "out of memory loading the vocabulary");
-    tok->algo = TOK_ALGO_SPM;
-    rc = load_spm(g, tok, err);
+    tok->algo = algo;
+    rc = load_vocab(g, tok, err);
+    if (!rc && algo == ENG__TOK_ALGO_BPE)
+        rc = eng__bpe_load(g, tok, eng_gguf_find_key(g, "tokenizer.ggml.add_bos_token") >= 0,
+                           err);
     if (rc)
         goto fail;
     *out = tok;
@@ -523,6 +513,7 @@ void eng_tokenizer_free(eng_tokenizer *tok)
     sw_free(tok->hash_slots);
     sw_free(tok->specials);
     sw_free(tok->eog);
+    eng__bpe_free(tok->bpe);
     sw_free(tok);
 }
 
@@ -577,12 +568,9 @@ int32_t eng_token_find(const eng_tokenizer *tok, const char *piece, size_t len)
 
 /* A growable id list with a hard cap (the output can never exceed three ids
  * per input byte plus one per special token, so the cap is a bug guard). */
-typedef struct id_vec {
-    int32_t *ids;
-    size_t n, cap;
-} id_vec;
+typedef eng__ids id_vec;
 
-static int vec_push(id_vec *v, int32_t id)
+int eng__ids_push(eng__ids *v, int32_t id)
 {
     if (v->n == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 64;
@@ -779,7 +767,7 @@ static int spm_tokenize_fragment(const eng_tokenizer *tok, spm_work *w, const ch
         const spm_symbol *s = &w->symbols[i];
         int32_t id = vocab_find(tok, w->text + s->start, (size_t)s->n);
         if (id >= 0) {
-            if (vec_push(out, id))
+            if (eng__ids_push(out, id))
                 return SW_ENOMEM;
             continue;
         }
@@ -788,7 +776,7 @@ static int spm_tokenize_fragment(const eng_tokenizer *tok, spm_work *w, const ch
             id = tok->byte_to_id[b];
             if (id < 0)
                 return SW_EUNSUPPORTED;
-            if (vec_push(out, id))
+            if (eng__ids_push(out, id))
                 return SW_ENOMEM;
         }
     }
@@ -877,6 +865,7 @@ int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool ad
     id_vec out = {0};
     frag_vec frags = {0}, spare = {0};
     spm_work work = {0};
+    eng__bpe_work *bpe_work = NULL;
     int rc = SW_OK;
 
     *tokens_out = NULL;
@@ -887,7 +876,7 @@ int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool ad
         return sw_error_set(err, SW_ERANGE, "tokenize: text of %zu bytes exceeds the limit of "
                             "%zu", len, TOK_MAX_INPUT_BYTES);
 
-    if (add_bos && tok->bos >= 0 && (rc = vec_push(&out, tok->bos)))
+    if (add_bos && tok->bos >= 0 && (rc = eng__ids_push(&out, tok->bos)))
         goto fail;
     if (len > 0) {
         rc = partition_specials(tok, text, len, parse_special, &frags, &spare);
@@ -901,8 +890,10 @@ int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool ad
     for (size_t f = 0; f < frags.n; f++) {
         const fragment *fr = &frags.items[f];
         if (fr->id >= 0) {
-            rc = vec_push(&out, fr->id);
+            rc = eng__ids_push(&out, fr->id);
             after_special = true;
+        } else if (tok->algo == ENG__TOK_ALGO_BPE) {
+            rc = eng__bpe_tokenize(tok, &bpe_work, text + fr->start, fr->len, &out);
         } else {
             rc = spm_tokenize_fragment(tok, &work, text + fr->start, fr->len,
                                        tok->add_space_prefix && after_special, &out);
@@ -912,7 +903,7 @@ int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool ad
             goto fail;
     }
     /* Hand back an exact-size allocation, even for zero ids. */
-    if (!out.ids && (rc = vec_push(&out, 0)) == SW_OK)
+    if (!out.ids && (rc = eng__ids_push(&out, 0)) == SW_OK)
         out.n = 0;
     if (rc)
         goto fail;
@@ -927,6 +918,7 @@ fail:
     sw_free(work.text);
     sw_free(work.symbols);
     sw_free(work.heap.items);
+    eng__bpe_work_free(bpe_work);
     if (rc == SW_ENOMEM)
         return sw_error_set(err, rc, "tokenize: out of memory");
     if (rc == SW_EUNSUPPORTED)
@@ -1034,13 +1026,35 @@ static void detok_feed(eng_detok *d, out_buf *o, uint8_t c)
     }
 }
 
-/* Feeds the text of a token through the UTF-8 state. Byte tokens give raw
- * bytes, normal pieces their text with "▁" as a space, user-defined tokens
- * their literal text (they are added words, not SentencePiece pieces), the
- * unknown token U+2585 as llama.cpp renders it; control, unused and
- * undefined tokens no text. With d->strip_leading_space, a leading space of
- * the first token that has any text is dropped (the SPM space prefix). */
-static void detok_token(const eng_tokenizer *tok, eng_detok *d, int32_t id, out_buf *o)
+/* Where the bytes of a token's text go: the UTF-8 repair of a detokenizer,
+ * or a plain byte buffer (eng_token_to_bytes). */
+typedef struct byte_sink {
+    eng_detok *d; /* NULL: raw bytes into raw/raw_cap */
+    out_buf *o;
+    char *raw;
+    size_t raw_cap, raw_n; /* raw_n counts every byte, stored or not */
+} byte_sink;
+
+static void sink_byte(byte_sink *k, uint8_t c)
+{
+    if (k->d) {
+        detok_feed(k->d, k->o, c);
+        return;
+    }
+    if (k->raw_n < k->raw_cap)
+        k->raw[k->raw_n] = (char)c;
+    k->raw_n++;
+}
+
+/* Writes the text of a token to the sink. Byte tokens give raw bytes,
+ * normal pieces their text with "▁" as a space (SPM) or their byte-level
+ * characters mapped back to bytes (BPE), user-defined tokens their literal
+ * text (they are added words, not pieces), the unknown token U+2585 as
+ * llama.cpp renders it; control, unused and undefined tokens no text. With
+ * *strip_leading_space, a leading space of the first token that has any text
+ * is dropped (the SPM space prefix; BPE vocabularies have none). */
+static void token_text(const eng_tokenizer *tok, bool *strip_leading_space, int32_t id,
+                       byte_sink *k)
 {
     const char *s;
     size_t n;
@@ -1074,21 +1088,55 @@ static void detok_token(const eng_tokenizer *tok, eng_detok *d, int32_t id, out_
     if (n == 0)
         return;
 
+    if (unescape && tok->algo == ENG__TOK_ALGO_BPE) {
+        /* The space prefix rule never applies: add_space_prefix is off for
+         * BPE unless a file asks for it, and its pieces carry real spaces. */
+        size_t i = 0;
+        bool first = true;
+        while (i < n) {
+            int b = eng__bpe_unmap_char(s, n, &i);
+            if (b < 0)
+                b = (uint8_t)s[i++]; /* not a byte symbol: its own bytes */
+            if (first && *strip_leading_space) {
+                *strip_leading_space = false;
+                if (tok->add_space_prefix && b == ' ')
+                    continue;
+            }
+            first = false;
+            sink_byte(k, (uint8_t)b);
+        }
+        return;
+    }
+
     size_t i = 0;
     bool space_first = (unescape && n >= 3 && memcmp(s, spm_space, 3) == 0) || s[0] == ' ';
-    if (d->strip_leading_space) {
-        d->strip_leading_space = false;
+    if (*strip_leading_space) {
+        *strip_leading_space = false;
         if (tok->add_space_prefix && space_first)
             i = s[0] == ' ' ? 1 : 3;
     }
     while (i < n) {
         if (unescape && n - i >= 3 && memcmp(s + i, spm_space, 3) == 0) {
-            detok_feed(d, o, ' ');
+            sink_byte(k, ' ');
             i += 3;
         } else {
-            detok_feed(d, o, (uint8_t)s[i++]);
+            sink_byte(k, (uint8_t)s[i++]);
         }
     }
+}
+
+static void detok_token(const eng_tokenizer *tok, eng_detok *d, int32_t id, out_buf *o)
+{
+    byte_sink k = {d, o, NULL, 0, 0};
+    token_text(tok, &d->strip_leading_space, id, &k);
+}
+
+size_t eng_token_to_bytes(const eng_tokenizer *tok, int32_t id, char *out, size_t cap)
+{
+    bool strip = false;
+    byte_sink k = {NULL, NULL, out, cap, 0};
+    token_text(tok, &strip, id, &k);
+    return k.raw_n;
 }
 
 size_t eng_detok_push(const eng_tokenizer *tok, eng_detok *d, int32_t id, char *out, size_t cap)

@@ -6,8 +6,17 @@
  * for anything not in the vocabulary. Special/control tokens (<s>, </s>, ...)
  * are matched literally in the text when parse_special is set. Results
  * match llama.cpp token for token (tests/unit/test_tokenizer.c checks its
- * recorded outputs). Other models ("gpt2" BPE, ...) are refused with
- * SW_EUNSUPPORTED for now.
+ * recorded outputs).
+ *
+ * BPE ("gpt2"): GPT-2 style byte-level BPE (Llama 3, Qwen2, GPT-2, ...).
+ * Every byte of the text maps to a printable character, the text is split
+ * by the pre-tokenizer that tokenizer.ggml.pre names ("default"/"gpt2"/
+ * "gpt-2", "llama-bpe", "qwen2"; anything else is refused with
+ * SW_EUNSUPPORTED), and each piece is merged by the ranked
+ * tokenizer.ggml.merges. No space prefix, no byte fallback tokens (every
+ * byte is a token of its own). Also checked against llama.cpp's recorded
+ * outputs (tests/unit/test_tokenizer_bpe.c). Other models are refused with
+ * SW_EUNSUPPORTED.
  *
  * The detokenizer is streaming: it never emits half a UTF-8 character, so
  * its output can go straight into an SSE stream, and its output is always
@@ -40,12 +49,16 @@ typedef enum eng_token_type {
 } eng_token_type;
 
 /* Loads the vocabulary of an open GGUF file (tokenizer.ggml.*). An
- * unsupported tokenizer model is a clear SW_EUNSUPPORTED error naming it;
- * missing tokens/scores, arrays whose lengths disagree, unknown token types
- * and special ids outside the vocabulary are SW_EFORMAT naming the key.
- * Defaults as llama.cpp: bos 1, eos 2, unk 0 (when inside the vocabulary),
- * add_bos and add_space_prefix true, token_type NORMAL. The tokenizer
- * copies what it needs; the gguf may be closed afterwards. */
+ * unsupported tokenizer model or BPE pre-tokenizer is a clear
+ * SW_EUNSUPPORTED error naming it; missing tokens/scores (SPM) or merges
+ * (BPE), arrays whose lengths disagree, unknown token types and special ids
+ * outside the vocabulary are SW_EFORMAT naming the key.
+ * SPM defaults as llama.cpp: bos 1, eos 2, unk 0 (when inside the
+ * vocabulary), add_bos and add_space_prefix true, token_type NORMAL.
+ * BPE defaults: no bos/eos/unk unless named, no space prefix, add_bos true
+ * for the "llama-bpe" pre-tokenizer (Llama 3) and false otherwise (Qwen2,
+ * GPT-2); tokenizer.ggml.add_bos_token overrides. The tokenizer copies what
+ * it needs; the gguf may be closed afterwards. */
 int eng_tokenizer_load(const eng_gguf *g, eng_tokenizer **out, sw_error *err);
 void eng_tokenizer_free(eng_tokenizer *tok);
 
@@ -86,6 +99,15 @@ int32_t eng_token_find(const eng_tokenizer *tok, const char *piece, size_t len);
 /* UNDEFINED for an id outside the vocabulary. */
 eng_token_type eng_token_get_type(const eng_tokenizer *tok, int32_t id);
 float eng_token_score(const eng_tokenizer *tok, int32_t id);
+
+/* The raw bytes a token stands for, before any UTF-8 repair: what
+ * eng_detok_push would feed through its hold-back logic (BPE byte symbols
+ * mapped back to bytes, "▁" as a space, byte tokens as their byte, control
+ * tokens nothing; no space stripping). Writes at most cap bytes and returns
+ * the full length (call with cap 0 to size a buffer). Concatenated over the
+ * ids of eng_tokenize, this gives back the input bytes exactly, invalid
+ * UTF-8 included (BPE; SPM loses the space prefix rule only). */
+size_t eng_token_to_bytes(const eng_tokenizer *tok, int32_t id, char *out, size_t cap);
 
 /* Streaming detokenizer state: zero-initialise (or eng_detok_reset).
  *

@@ -103,9 +103,8 @@ static size_t encode_small_cp(uint32_t cp, char *out)
     return 2;
 }
 
-/* The inverse map needs no tokenizer: it is the same for every vocabulary.
- * Computed on each call from the printable ranges (no shared mutable
- * state, so no initialisation race). */
+/* The inverse map needs no tokenizer: it is the same for every vocabulary,
+ * so it is computed from the ranges (no shared table to initialise). */
 int eng__bpe_unmap_char(const char *s, size_t n, size_t *i)
 {
     uint8_t c = (uint8_t)s[*i];
@@ -128,19 +127,16 @@ int eng__bpe_unmap_char(const char *s, size_t n, size_t *i)
             return -1;
         b = (int)cp;
     } else {
-        /* The n-th non-printable byte maps to U+0100 + n. */
+        /* The n-th non-printable byte maps to U+0100 + n; those bytes are
+         * 0x00..0x20 (33), 0x7F..0xA0 (34) and 0xAD, in that order. */
         uint32_t k = cp - 0x100;
-        b = -1;
-        for (int x = 0; x < 256; x++) {
-            if (byte_is_printable(x))
-                continue;
-            if (k == 0) {
-                b = x;
-                break;
-            }
-            k--;
-        }
-        if (b < 0)
+        if (k < 33)
+            b = (int)k;
+        else if (k < 67)
+            b = 0x7F + (int)(k - 33);
+        else if (k == 67)
+            b = 0xAD;
+        else
             return -1;
     }
     *i += 2;

@@ -167,10 +167,9 @@ static size_t byte_symbol(int b, char out[3])
 /* A byte-level vocabulary: ids 0..255 are the byte symbols (id == byte),
  * then extra pieces, then the given merges. pre NULL leaves the key out;
  * model NULL writes "gpt2". Written to a scratch file, loaded, removed. */
-static int write_and_load(const char *model, const char *pre, const char *const *extra,
-                          const int32_t *extra_types, size_t n_extra,
-                          const char *const *merges, size_t n_merges, eng_tokenizer **tok,
-                          sw_error *err)
+static const char *write_vocab(const char *model, const char *pre, const char *const *extra,
+                               const int32_t *extra_types, size_t n_extra,
+                               const char *const *merges, size_t n_merges)
 {
     size_t n = 256 + n_extra;
     char **texts = sw_calloc(n, sizeof *texts);
@@ -207,7 +206,15 @@ static int write_and_load(const char *model, const char *pre, const char *const 
         sw_free(texts[i]);
     sw_free(texts);
     sw_free(types);
+    return path;
+}
 
+static int write_and_load(const char *model, const char *pre, const char *const *extra,
+                          const int32_t *extra_types, size_t n_extra,
+                          const char *const *merges, size_t n_merges, eng_tokenizer **tok,
+                          sw_error *err)
+{
+    const char *path = write_vocab(model, pre, extra, extra_types, n_extra, merges, n_merges);
     eng_gguf *g = NULL;
     assert_int_equal(eng_gguf_open(path, &g, NULL), SW_OK);
     *tok = NULL;
@@ -390,6 +397,50 @@ static void test_user_defined_and_control(void **state)
     assert_int_equal(ids[0], '<');
     assert_int_equal(ids[7], 257);
     sw_free(ids);
+    eng_tokenizer_free(tok);
+}
+
+/* Every allocation of loading and tokenizing can fail cleanly. */
+static void test_alloc_failures(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"ab", "<|c|>"};
+    static const int32_t types[] = {1, 3};
+    static const char *const merges[] = {"a b", "Ġ ab"};
+    const char *path = write_vocab(NULL, "llama-bpe", extra, types, 2, merges, 2);
+    eng_gguf *g = NULL;
+    sw_error err = {0};
+    assert_int_equal(eng_gguf_open(path, &g, &err), SW_OK);
+    eng_tokenizer *tok = NULL;
+    for (long k = 0;; k++) {
+        sw_alloc_fail_after(k);
+        int rc = eng_tokenizer_load(g, &tok, &err);
+        sw_alloc_fail_after(-1);
+        if (rc == SW_OK)
+            break;
+        assert_int_equal(rc, SW_ENOMEM);
+        assert_null(tok);
+    }
+    eng_gguf_close(g);
+    remove(path);
+    static const char text[] = "x<|c|> ab \xE4\xB8\x96 123 abab'S\n\n";
+    for (long k = 0;; k++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        sw_alloc_fail_after(k);
+        int rc = eng_tokenize(tok, text, sizeof text - 1, true, true, &ids, &n, &err);
+        sw_alloc_fail_after(-1);
+        if (rc == SW_OK) {
+            size_t len;
+            char *back = ids_to_bytes(tok, ids, n, &len);
+            assert_int_equal(len, sizeof text - 1 - 5); /* <|c|> renders nothing */
+            sw_free(back);
+            sw_free(ids);
+            break;
+        }
+        assert_int_equal(rc, SW_ENOMEM);
+        assert_null(ids);
+    }
     eng_tokenizer_free(tok);
 }
 
@@ -639,6 +690,7 @@ int main(void)
         cmocka_unit_test(test_streaming_utf8),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_user_defined_and_control),
+        cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_vectors_llama_bpe),
         cmocka_unit_test(test_vectors_qwen2),
         cmocka_unit_test(test_vectors_gpt2),

@@ -26,11 +26,11 @@ static const eng_type_traits quant_traits[ENG_TYPE_COUNT_] = {
     [ENG_TYPE_Q8_1] = {"q8_1", 32, 36, false},
     [ENG_TYPE_Q2_K] = {"q2_k", 256, 84, false},
     [ENG_TYPE_Q3_K] = {"q3_k", 256, 110, false},
-    [ENG_TYPE_Q4_K] = {"q4_k", 256, 144, false},
-    [ENG_TYPE_Q5_K] = {"q5_k", 256, 176, false},
-    [ENG_TYPE_Q6_K] = {"q6_k", 256, 210, false},
-    [ENG_TYPE_Q8_K] = {"q8_k", 256, 292, false},
-    [ENG_TYPE_BF16] = {"bf16", 1, 2, false},
+    [ENG_TYPE_Q4_K] = {"q4_k", 256, 144, true},
+    [ENG_TYPE_Q5_K] = {"q5_k", 256, 176, true},
+    [ENG_TYPE_Q6_K] = {"q6_k", 256, 210, true},
+    [ENG_TYPE_Q8_K] = {"q8_k", 256, 292, false}, /* activations only */
+    [ENG_TYPE_BF16] = {"bf16", 1, 2, true},
 };
 
 const eng_type_traits *eng_type_traits_get(uint32_t type)
@@ -44,8 +44,9 @@ int eng_type_from_name(const char *name)
 {
     if (name == NULL)
         return -1;
-    static const uint32_t runnable[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_Q8_0,
-                                        ENG_TYPE_Q4_0};
+    static const uint32_t runnable[] = {ENG_TYPE_F32,  ENG_TYPE_F16,  ENG_TYPE_BF16,
+                                        ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_Q4_K,
+                                        ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
     for (size_t i = 0; i < sizeof runnable / sizeof runnable[0]; i++) {
         const char *known = quant_traits[runnable[i]].name;
         size_t k = 0;
@@ -204,6 +205,311 @@ static void quant_quantize_q4_0(const float *src, eng_block_q4_0 *dst, int64_t n
     }
 }
 
+
+/* ---- K-quants ------------------------------------------------------------ */
+
+void eng_k_scales_unpack(const uint8_t packed[ENG_K_SCALE_BYTES], uint8_t sc[8], uint8_t m[8])
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = packed[j] & 63;
+        m[j] = packed[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((packed[j + 8] & 15) | (packed[j] >> 6) << 4);
+        m[j + 4] = (uint8_t)((packed[j + 8] >> 4) | (packed[j + 4] >> 6) << 4);
+    }
+}
+
+static void quant_k_scales_pack(const uint8_t sc[8], const uint8_t m[8],
+                                uint8_t packed[ENG_K_SCALE_BYTES])
+{
+    for (int j = 0; j < 4; j++) {
+        packed[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        packed[j + 4] = (uint8_t)(m[j] | (m[j + 4] >> 4) << 6);
+        packed[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+}
+
+/* round(v) clamped to [lo, hi]; NaN goes to lo. */
+static int quant_clamp_round(float v, int lo, int hi)
+{
+    if (!(v >= (float)lo))
+        return lo;
+    if (v > (float)hi)
+        return hi;
+    return (int)lroundf(v);
+}
+
+/* Smallest integer k in [0, hi] with k * step >= need (hi if none). */
+static int quant_ceil_steps(float need, float step, int hi)
+{
+    if (!(need > 0.0f) || !(step > 0.0f))
+        return 0;
+    float k = ceilf(need / step);
+    if (!(k <= (float)hi))
+        return hi;
+    return (int)k;
+}
+
+/* Q4_K / Q5_K (levels 15 or 31): per sub-block of 32 the range [min(0, lo),
+ * hi] is fitted with x = eff_d * q - eff_m. The super-block's d and dmin are
+ * the largest sub-block scale and min over 63; a sub-block's 6-bit scale is
+ * rounded up (the range fits), its min to nearest, so the error of a value is
+ * at most half a step of its sub-block plus half of dmin. q[] gets the
+ * 256 quant values (0..levels). */
+static void quant_fit_k(const float *x, int levels, uint16_t *d_out, uint16_t *dmin_out,
+                        uint8_t sc[8], uint8_t m[8], uint8_t q[ENG_QK_K])
+{
+    float scale[8], min[8], max_scale = 0.0f, max_min = 0.0f;
+    for (int s = 0; s < 8; s++) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int l = 0; l < 32; l++) {
+            float v = x[32 * s + l];
+            if (v < lo)
+                lo = v;
+            if (v > hi)
+                hi = v;
+        }
+        scale[s] = (hi - lo) / (float)levels;
+        min[s] = -lo;
+        if (scale[s] > max_scale)
+            max_scale = scale[s];
+        if (min[s] > max_min)
+            max_min = min[s];
+    }
+    uint16_t hd = eng_fp32_to_fp16(max_scale / 63.0f);
+    uint16_t hdmin = eng_fp32_to_fp16(max_min / 63.0f);
+    float d = eng_fp16_to_fp32(hd), dmin = eng_fp16_to_fp32(hdmin);
+    for (int s = 0; s < 8; s++) {
+        sc[s] = (uint8_t)quant_ceil_steps(scale[s], d, 63);
+        m[s] = (uint8_t)(dmin > 0.0f ? quant_clamp_round(min[s] / dmin, 0, 63) : 0);
+        float eff_d = d * (float)sc[s], eff_m = dmin * (float)m[s];
+        for (int l = 0; l < 32; l++) {
+            float v = x[32 * s + l];
+            q[32 * s + l] =
+                (uint8_t)(eff_d > 0.0f ? quant_clamp_round((v + eff_m) / eff_d, 0, levels) : 0);
+        }
+    }
+    *d_out = hd;
+    *dmin_out = hdmin;
+}
+
+static void quant_quantize_q4_k(const float *src, eng_block_q4_k *dst, int64_t n)
+{
+    uint8_t sc[8], m[8], q[ENG_QK_K];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        quant_fit_k(src + b * ENG_QK_K, 15, &dst[b].d, &dst[b].dmin, sc, m, q);
+        quant_k_scales_pack(sc, m, dst[b].scales);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++)
+                dst[b].qs[32 * g + l] = (uint8_t)(q[64 * g + l] | q[64 * g + 32 + l] << 4);
+    }
+}
+
+static void quant_quantize_q5_k(const float *src, eng_block_q5_k *dst, int64_t n)
+{
+    uint8_t sc[8], m[8], q[ENG_QK_K];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        quant_fit_k(src + b * ENG_QK_K, 31, &dst[b].d, &dst[b].dmin, sc, m, q);
+        quant_k_scales_pack(sc, m, dst[b].scales);
+        memset(dst[b].qh, 0, sizeof dst[b].qh);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                int lo = q[64 * g + l], hi = q[64 * g + 32 + l];
+                dst[b].qs[32 * g + l] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+                dst[b].qh[l] |= (uint8_t)((lo >> 4) << (2 * g) | (hi >> 4) << (2 * g + 1));
+            }
+    }
+}
+
+/* Q6_K: per sub-block of 16 the value of largest magnitude maps to -32
+ * (like Q4_0); the int8 scales are rounded up in magnitude so every value
+ * fits, which bounds the error by one step of the sub-block. */
+static void quant_quantize_q6_k(const float *src, eng_block_q6_k *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        const float *x = src + b * ENG_QK_K;
+        float scale[16], max_abs_scale = 0.0f;
+        for (int s = 0; s < 16; s++) {
+            float amax = 0.0f, max = 0.0f;
+            for (int l = 0; l < 16; l++) {
+                if (fabsf(x[16 * s + l]) > amax) {
+                    amax = fabsf(x[16 * s + l]);
+                    max = x[16 * s + l];
+                }
+            }
+            scale[s] = max / -32.0f;
+            if (fabsf(scale[s]) > max_abs_scale)
+                max_abs_scale = fabsf(scale[s]);
+        }
+        uint16_t hd = eng_fp32_to_fp16(max_abs_scale / 127.0f);
+        float d = eng_fp16_to_fp32(hd);
+        uint8_t q[ENG_QK_K];
+        for (int s = 0; s < 16; s++) {
+            int k = quant_ceil_steps(fabsf(scale[s]), d, 127);
+            int sc = scale[s] < 0.0f ? -k : k;
+            dst[b].scales[s] = (int8_t)sc;
+            float eff = d * (float)sc;
+            for (int l = 0; l < 16; l++)
+                q[16 * s + l] = (uint8_t)(eff != 0.0f
+                                              ? quant_clamp_round(x[16 * s + l] / eff, -32, 31) + 32
+                                              : 32);
+        }
+        dst[b].d = hd;
+        memset(dst[b].qh, 0, sizeof dst[b].qh);
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *v = q + 128 * h;
+                dst[b].ql[64 * h + l] = (uint8_t)((v[l] & 15) | (v[l + 64] & 15) << 4);
+                dst[b].ql[64 * h + 32 + l] = (uint8_t)((v[l + 32] & 15) | (v[l + 96] & 15) << 4);
+                dst[b].qh[32 * h + l] = (uint8_t)(v[l] >> 4 | (v[l + 32] >> 4) << 2 |
+                                                  (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6);
+            }
+    }
+}
+
+/* Q8_K activations: d = amax / 127, q = round-half-even(x * (127 / amax)),
+ * clamped to +-127 (NaN to -127). Written so the SIMD versions (which round
+ * with the default MXCSR mode, nearest-even) are bit-exact with it. */
+static void quant_quantize_q8_k(const float *src, eng_block_q8_k *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        const float *x = src + b * ENG_QK_K;
+        float amax = 0.0f;
+        for (int j = 0; j < ENG_QK_K; j++)
+            if (fabsf(x[j]) > amax)
+                amax = fabsf(x[j]);
+        float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
+        dst[b].d = amax / 127.0f;
+        for (int j = 0; j < ENG_QK_K; j++) {
+            float v = x[j] * iscale;
+            if (!(v >= -127.0f))
+                v = -127.0f;
+            if (v > 127.0f)
+                v = 127.0f;
+            dst[b].qs[j] = (int8_t)nearbyintf(v);
+        }
+        for (int s = 0; s < ENG_QK_K / 16; s++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++)
+                sum += dst[b].qs[16 * s + l];
+            dst[b].bsums[s] = (int16_t)sum;
+        }
+    }
+}
+
+static void quant_dequantize_q4_k(const eng_block_q4_k *blk, float *dst, int64_t n)
+{
+    uint8_t sc[8], m[8];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K) {
+        float d = eng_fp16_to_fp32(blk[b].d), dmin = eng_fp16_to_fp32(blk[b].dmin);
+        eng_k_scales_unpack(blk[b].scales, sc, m);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                uint8_t byte = blk[b].qs[32 * g + l];
+                dst[64 * g + l] = d * (float)sc[2 * g] * (float)(byte & 15) -
+                                  dmin * (float)m[2 * g];
+                dst[64 * g + 32 + l] = d * (float)sc[2 * g + 1] * (float)(byte >> 4) -
+                                       dmin * (float)m[2 * g + 1];
+            }
+    }
+}
+
+static void quant_dequantize_q5_k(const eng_block_q5_k *blk, float *dst, int64_t n)
+{
+    uint8_t sc[8], m[8];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K) {
+        float d = eng_fp16_to_fp32(blk[b].d), dmin = eng_fp16_to_fp32(blk[b].dmin);
+        eng_k_scales_unpack(blk[b].scales, sc, m);
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                uint8_t byte = blk[b].qs[32 * g + l], h = blk[b].qh[l];
+                int lo = (byte & 15) | ((h >> (2 * g)) & 1) << 4;
+                int hi = (byte >> 4) | ((h >> (2 * g + 1)) & 1) << 4;
+                dst[64 * g + l] = d * (float)sc[2 * g] * (float)lo - dmin * (float)m[2 * g];
+                dst[64 * g + 32 + l] =
+                    d * (float)sc[2 * g + 1] * (float)hi - dmin * (float)m[2 * g + 1];
+            }
+    }
+}
+
+/* The 6-bit quant of value i (0..255) of a Q6_K block, 0..63. */
+static int quant_q6_k_value(const eng_block_q6_k *blk, int i)
+{
+    int h = i / 128, r = i % 128, quarter = r / 32, l = r % 32;
+    uint8_t lbyte = blk->ql[64 * h + (quarter & 1) * 32 + l];
+    int low = quarter < 2 ? (lbyte & 15) : (lbyte >> 4);
+    int high = (blk->qh[32 * h + l] >> (2 * quarter)) & 3;
+    return low | high << 4;
+}
+
+static void quant_dequantize_q6_k(const eng_block_q6_k *blk, float *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K) {
+        float d = eng_fp16_to_fp32(blk[b].d);
+        for (int i = 0; i < ENG_QK_K; i++)
+            dst[i] = d * (float)blk[b].scales[i / 16] * (float)(quant_q6_k_value(&blk[b], i) - 32);
+    }
+}
+
+static float quant_dot_q4_k(const eng_block_q4_k *w, const eng_block_q8_k *x, int64_t n)
+{
+    float sum = 0.0f;
+    uint8_t sc[8], m[8];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        eng_k_scales_unpack(w[b].scales, sc, m);
+        int32_t sumi = 0, summ = 0;
+        for (int s = 0; s < 8; s++) {
+            int g = s / 2, shift = (s & 1) * 4;
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++)
+                dot += ((w[b].qs[32 * g + l] >> shift) & 15) * (int32_t)x[b].qs[32 * s + l];
+            sumi += sc[s] * dot;
+            summ += m[s] * (x[b].bsums[2 * s] + x[b].bsums[2 * s + 1]);
+        }
+        sum += x[b].d * (eng_fp16_to_fp32(w[b].d) * (float)sumi -
+                         eng_fp16_to_fp32(w[b].dmin) * (float)summ);
+    }
+    return sum;
+}
+
+static float quant_dot_q5_k(const eng_block_q5_k *w, const eng_block_q8_k *x, int64_t n)
+{
+    float sum = 0.0f;
+    uint8_t sc[8], m[8];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        eng_k_scales_unpack(w[b].scales, sc, m);
+        int32_t sumi = 0, summ = 0;
+        for (int s = 0; s < 8; s++) {
+            int g = s / 2, shift = (s & 1) * 4;
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++) {
+                int q = ((w[b].qs[32 * g + l] >> shift) & 15) | ((w[b].qh[l] >> s) & 1) << 4;
+                dot += q * (int32_t)x[b].qs[32 * s + l];
+            }
+            sumi += sc[s] * dot;
+            summ += m[s] * (x[b].bsums[2 * s] + x[b].bsums[2 * s + 1]);
+        }
+        sum += x[b].d * (eng_fp16_to_fp32(w[b].d) * (float)sumi -
+                         eng_fp16_to_fp32(w[b].dmin) * (float)summ);
+    }
+    return sum;
+}
+
+static float quant_dot_q6_k(const eng_block_q6_k *w, const eng_block_q8_k *x, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        int32_t sumi = 0;
+        for (int s = 0; s < 16; s++) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; l++)
+                dot += (quant_q6_k_value(&w[b], 16 * s + l) - 32) * (int32_t)x[b].qs[16 * s + l];
+            sumi += w[b].scales[s] * dot;
+        }
+        sum += x[b].d * eng_fp16_to_fp32(w[b].d) * (float)sumi;
+    }
+    return sum;
+}
+
 void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
 {
     switch (type) {
@@ -242,6 +548,22 @@ void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
         }
         break;
     }
+    case ENG_TYPE_Q4_K:
+        quant_dequantize_q4_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q5_K:
+        quant_dequantize_q5_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q6_K:
+        quant_dequantize_q6_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q8_K: {
+        const eng_block_q8_k *blk = src;
+        for (int64_t b = 0; b < n / ENG_QK_K; b++)
+            for (int j = 0; j < ENG_QK_K; j++)
+                dst[b * ENG_QK_K + j] = blk[b].d * (float)blk[b].qs[j];
+        break;
+    }
     default:
         /* unsupported types never reach here: the loader refuses them */
         memset(dst, 0, (size_t)n * sizeof(float));
@@ -273,6 +595,18 @@ void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
     case ENG_TYPE_Q4_0:
         quant_quantize_q4_0(src, dst, n);
         break;
+    case ENG_TYPE_Q4_K:
+        quant_quantize_q4_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q5_K:
+        quant_quantize_q5_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q6_K:
+        quant_quantize_q6_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q8_K:
+        quant_quantize_q8_k(src, dst, n);
+        break;
     default:
         break;
     }
@@ -286,6 +620,10 @@ uint32_t eng_vec_dot_type(uint32_t type)
     case ENG_TYPE_Q8_0:
     case ENG_TYPE_Q4_0:
         return ENG_TYPE_Q8_0;
+    case ENG_TYPE_Q4_K:
+    case ENG_TYPE_Q5_K:
+    case ENG_TYPE_Q6_K:
+        return ENG_TYPE_Q8_K;
     default:
         return ENG_TYPE_F32;
     }
@@ -331,6 +669,22 @@ float eng_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *x
         }
         break;
     }
+    case ENG_TYPE_BF16: {
+        const uint16_t *w = w_row;
+        const float *x = x_row;
+        for (int64_t i = 0; i < n; i++)
+            sum += eng_bf16_to_fp32(w[i]) * x[i];
+        break;
+    }
+    case ENG_TYPE_Q4_K:
+        sum = quant_dot_q4_k(w_row, x_row, n);
+        break;
+    case ENG_TYPE_Q5_K:
+        sum = quant_dot_q5_k(w_row, x_row, n);
+        break;
+    case ENG_TYPE_Q6_K:
+        sum = quant_dot_q6_k(w_row, x_row, n);
+        break;
     default:
         break;
     }

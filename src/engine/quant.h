@@ -8,6 +8,30 @@
  *   Q8_0: 32 values = f16 scale d + 32 x int8 q;           x = d * q
  *   Q4_0: 32 values = f16 scale d + 16 bytes of nibbles;   x = d * (q - 8)
  *         byte j holds value j in its low nibble and value j+16 in its high.
+ *   BF16: the top 16 bits of an f32.
+ *
+ * K-quants (ggml's super-blocks of ENG_QK_K = 256 values, 8 or 16 sub-blocks):
+ *   Q4_K: 144 bytes = f16 d, f16 dmin, 12 bytes of 6-bit scales sc[8] and
+ *         mins m[8], 128 bytes of nibbles.  x = d*sc[s]*q - dmin*m[s] for
+ *         sub-block s (32 values). The 12 scale bytes b[0..11] pack
+ *           sc[j] = b[j] & 63,  m[j] = b[j+4] & 63                      (j < 4)
+ *           sc[j] = (b[j+4] & 15) | (b[j-4] >> 6) << 4,
+ *           m[j]  = (b[j+4] >> 4) | (b[j] >> 6) << 4                     (j >= 4)
+ *         Nibbles: 4 groups of 64 values, group g uses qs[32g .. 32g+32):
+ *         value 64g+l (l < 32) is the low nibble of qs[32g+l] (sub-block 2g),
+ *         value 64g+32+l its high nibble (sub-block 2g+1).
+ *   Q5_K: 176 bytes = f16 d, f16 dmin, 12 scale bytes (as Q4_K), qh[32],
+ *         qs[128] (as Q4_K's nibbles); the fifth bit (+16) of value 32s+l
+ *         is bit s of qh[l].
+ *   Q6_K: 210 bytes = ql[128], qh[64], int8 scales[16], f16 d.
+ *         x = d * scales[v/16] * (q - 32), q in 0..63. Two halves of 128
+ *         values; half h uses ql[64h..64h+64), qh[32h..32h+32); for l < 32:
+ *           value 128h+l    = ql[64h+l] & 15    | ((qh[32h+l] >> 0) & 3) << 4
+ *           value 128h+32+l = ql[64h+32+l] & 15 | ((qh[32h+l] >> 2) & 3) << 4
+ *           value 128h+64+l = ql[64h+l] >> 4    | ((qh[32h+l] >> 4) & 3) << 4
+ *           value 128h+96+l = ql[64h+32+l] >> 4 | ((qh[32h+l] >> 6) & 3) << 4
+ *   Q8_K: (activations only) 292 bytes = f32 d, int8 qs[256], int16
+ *         bsums[16] (sums of 16 consecutive qs); x = d * q.
  *
  * Everything here is portable scalar C and serves as the reference the SIMD
  * kernels (device/cpu/cpu_kernels.h) are tested against.
@@ -51,6 +75,37 @@ typedef struct eng_block_q4_0 {
     uint8_t qs[ENG_QK4_0 / 2];
 } eng_block_q4_0;
 
+#define ENG_QK_K 256
+#define ENG_K_SCALE_BYTES 12
+
+typedef struct eng_block_q4_k {
+    uint16_t d;            /* f16 super-block scale of the scales */
+    uint16_t dmin;         /* f16 super-block scale of the mins */
+    uint8_t scales[ENG_K_SCALE_BYTES];
+    uint8_t qs[ENG_QK_K / 2];
+} eng_block_q4_k;
+
+typedef struct eng_block_q5_k {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[ENG_K_SCALE_BYTES];
+    uint8_t qh[ENG_QK_K / 8];
+    uint8_t qs[ENG_QK_K / 2];
+} eng_block_q5_k;
+
+typedef struct eng_block_q6_k {
+    uint8_t ql[ENG_QK_K / 2];
+    uint8_t qh[ENG_QK_K / 4];
+    int8_t scales[ENG_QK_K / 16];
+    uint16_t d;            /* f16; the struct has no padding (210 bytes) */
+} eng_block_q6_k;
+
+typedef struct eng_block_q8_k {
+    float d;
+    int8_t qs[ENG_QK_K];
+    int16_t bsums[ENG_QK_K / 16];
+} eng_block_q8_k;
+
 typedef struct eng_type_traits {
     const char *name;      /* "f32", "q8_0", ... as in GGUF tooling */
     int64_t block_size;    /* values per block (1 for float types) */
@@ -60,7 +115,8 @@ typedef struct eng_type_traits {
 
 /* Traits of a type id, or NULL for an id this build does not know at all. */
 const eng_type_traits *eng_type_traits_get(uint32_t type);
-/* Parses "f32", "f16", "q8_0", "q4_0" (case-insensitive); -1 if unknown. */
+/* Parses the name of a type the engine runs: "f32", "f16", "bf16", "q8_0",
+ * "q4_0", "q4_k", "q5_k", "q6_k" (case-insensitive); -1 if unknown. */
 int eng_type_from_name(const char *name);
 
 /* Bytes of a row of n values; false if n is not a multiple of the block size
@@ -72,7 +128,13 @@ uint16_t eng_fp32_to_fp16(float f);  /* round to nearest even */
 float eng_bf16_to_fp32(uint16_t h);
 uint16_t eng_fp32_to_bf16(float f);
 
-/* Reference (scalar) conversions of one row of n values. */
+/* Unpacks the 12 scale bytes of a Q4_K/Q5_K block into sc[8] and m[8]. */
+void eng_k_scales_unpack(const uint8_t packed[ENG_K_SCALE_BYTES], uint8_t sc[8], uint8_t m[8]);
+
+/* Reference (scalar) conversions of one row of n values. The K-quant
+ * quantizers are simple (a min/max fit per sub-block, scales rounded up so
+ * the sub-block's range is covered), not llama.cpp's error-minimising ones;
+ * Q8_K (activations): d = amax / 127, q = round-half-even(x * 127 / amax). */
 void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 
@@ -81,7 +143,13 @@ void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 float eng_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *x_row);
 
 /* The format activations are converted to before a dot product with a weight
- * row of `type`: F32 for F32, F16 for F16, Q8_0 for Q8_0 and Q4_0. */
+ * row of `type`: F32 for F32 and BF16, F16 for F16, Q8_0 for Q8_0 and Q4_0,
+ * Q8_K for Q4_K, Q5_K and Q6_K.
+ *
+ * The K-quant dot products are integer per sub-block, then per super-block
+ *   Q4_K/Q5_K: d_x * (d * sum_s sc[s]*dot_s(q, x) - dmin * sum_s m[s]*sum_s(x))
+ *   Q6_K:      d_x * d * sum_s scales[s] * dot_s(q - 32, x)
+ * in float, summed over super-blocks in order. */
 uint32_t eng_vec_dot_type(uint32_t type);
 
 #endif

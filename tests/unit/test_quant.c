@@ -127,9 +127,9 @@ static void test_type_traits(void **state)
         {6, "q5_0", 32, 22, false},    {7, "q5_1", 32, 24, false},
         {8, "q8_0", 32, 34, true},     {9, "q8_1", 32, 36, false},
         {10, "q2_k", 256, 84, false},  {11, "q3_k", 256, 110, false},
-        {12, "q4_k", 256, 144, false}, {13, "q5_k", 256, 176, false},
-        {14, "q6_k", 256, 210, false}, {15, "q8_k", 256, 292, false},
-        {30, "bf16", 1, 2, false},
+        {12, "q4_k", 256, 144, true},  {13, "q5_k", 256, 176, true},
+        {14, "q6_k", 256, 210, true},  {15, "q8_k", 256, 292, false},
+        {30, "bf16", 1, 2, true},
     };
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
         const eng_type_traits *tr = eng_type_traits_get(expect[i].id);
@@ -147,6 +147,16 @@ static void test_type_traits(void **state)
     assert_null(eng_type_traits_get(0xffffffffu));
     assert_int_equal(sizeof(eng_block_q8_0), 34);
     assert_int_equal(sizeof(eng_block_q4_0), 18);
+    assert_int_equal(sizeof(eng_block_q4_k), 144);
+    assert_int_equal(sizeof(eng_block_q5_k), 176);
+    assert_int_equal(sizeof(eng_block_q6_k), 210);
+    assert_int_equal(sizeof(eng_block_q8_k), 292);
+    assert_int_equal(eng_type_from_name("Q4_K"), ENG_TYPE_Q4_K);
+    assert_int_equal(eng_type_from_name("q5_k"), ENG_TYPE_Q5_K);
+    assert_int_equal(eng_type_from_name("q6_k"), ENG_TYPE_Q6_K);
+    assert_int_equal(eng_type_from_name("bf16"), ENG_TYPE_BF16);
+    assert_int_equal(eng_type_from_name("q8_k"), -1); /* activations only */
+    assert_int_equal(eng_type_from_name("q4_k_m"), -1);
 
     assert_int_equal(eng_type_from_name("q8_0"), ENG_TYPE_Q8_0);
     assert_int_equal(eng_type_from_name("Q4_0"), ENG_TYPE_Q4_0);
@@ -179,6 +189,13 @@ static void test_type_traits(void **state)
     assert_int_equal(eng_vec_dot_type(ENG_TYPE_F16), ENG_TYPE_F16);
     assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q8_0), ENG_TYPE_Q8_0);
     assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q4_0), ENG_TYPE_Q8_0);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q4_K), ENG_TYPE_Q8_K);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q5_K), ENG_TYPE_Q8_K);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q6_K), ENG_TYPE_Q8_K);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_BF16), ENG_TYPE_F32);
+    assert_true(eng_type_row_bytes(ENG_TYPE_Q4_K, 2048, &bytes));
+    assert_int_equal(bytes, 8 * 144);
+    assert_false(eng_type_row_bytes(ENG_TYPE_Q4_K, 2048 + 32, &bytes));
 }
 
 /* ---- fp16 / bf16 ------------------------------------------------------------ */
@@ -464,6 +481,312 @@ static void test_dequantize_edges(void **state)
     }
 }
 
+
+/* ---- K-quants ------------------------------------------------------------------ */
+
+/* Independent decoders, written from the layout descriptions (quant.h and
+ * ggml's): each value is split into its scaled-quant part a and its offset
+ * part b (value = a - b), so tolerances can use the size of both. */
+static void tq_k_scale_min(const unsigned char *b12, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = b12[j] & 63;
+        *m = b12[j + 4] & 63;
+    } else {
+        *sc = (b12[j + 4] & 0x0f) | ((b12[j - 4] >> 6) << 4);
+        *m = (b12[j + 4] >> 4) | ((b12[j] >> 6) << 4);
+    }
+}
+
+/* type Q4_K, Q5_K or Q6_K; a and b get n values each */
+static void tq_decode_k(uint32_t type, const unsigned char *p, int64_t n, double *a, double *b)
+{
+    size_t bytes = type == ENG_TYPE_Q4_K ? 144 : type == ENG_TYPE_Q5_K ? 176 : 210;
+    for (int64_t blk = 0; blk < n / 256; blk++, p += bytes) {
+        for (int i = 0; i < 256; i++) {
+            double va, vb;
+            if (type == ENG_TYPE_Q6_K) {
+                int half = i / 128, quarter = (i % 128) / 32, l = i % 32;
+                int lbyte = p[64 * half + 32 * (quarter % 2) + l];
+                int low = quarter < 2 ? lbyte & 15 : lbyte >> 4;
+                int high = (p[128 + 32 * half + l] >> (2 * quarter)) & 3;
+                int q = low + 16 * high;
+                va = tq_half_value(tq_le16(p + 208)) * (int8_t)p[192 + i / 16] * (q - 32);
+                vb = 0.0;
+            } else {
+                int s = i / 32, l = i % 32, sc, m;
+                tq_k_scale_min(p + 4, s, &sc, &m);
+                const unsigned char *qs = p + (type == ENG_TYPE_Q5_K ? 48 : 16);
+                int byte = qs[32 * (s / 2) + l];
+                int q = s % 2 ? byte >> 4 : byte & 15;
+                if (type == ENG_TYPE_Q5_K)
+                    q += 16 * ((p[16 + l] >> s) & 1);
+                va = tq_half_value(tq_le16(p)) * sc * q;
+                vb = tq_half_value(tq_le16(p + 2)) * m;
+            }
+            a[blk * 256 + i] = va;
+            b[blk * 256 + i] = vb;
+        }
+    }
+}
+
+/* Random K-quant blocks decode like the independent decoder. */
+static void test_kquant_decode_random(void **state)
+{
+    (void)state;
+    static const uint32_t types[] = {ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+    enum { N = 256 * 6 };
+    unsigned char raw[6 * 210];
+    float out[N];
+    double a[N], b[N];
+    tq_rng_state = 2024;
+    for (size_t ti = 0; ti < 3; ti++) {
+        size_t bytes = ti == 0 ? 144 : ti == 1 ? 176 : 210;
+        for (int rep = 0; rep < 20; rep++) {
+            for (size_t i = 0; i < sizeof raw; i++)
+                raw[i] = (unsigned char)tq_rand();
+            for (int blk = 0; blk < 6; blk++) {
+                /* finite scales of modest size (random halves could be inf) */
+                unsigned char *p = raw + blk * bytes;
+                uint16_t d = eng_fp32_to_fp16(tq_randf() * 0.1f);
+                uint16_t dm = eng_fp32_to_fp16(tq_randf() * 0.1f);
+                size_t off = types[ti] == ENG_TYPE_Q6_K ? 208 : 0;
+                p[off] = (unsigned char)(d & 0xff);
+                p[off + 1] = (unsigned char)(d >> 8);
+                if (types[ti] != ENG_TYPE_Q6_K) {
+                    p[2] = (unsigned char)(dm & 0xff);
+                    p[3] = (unsigned char)(dm >> 8);
+                }
+            }
+            eng_dequantize_row(types[ti], raw, out, N);
+            tq_decode_k(types[ti], raw, N, a, b);
+            for (int i = 0; i < N; i++) {
+                double expect = a[i] - b[i];
+                double tol = (fabs(a[i]) + fabs(b[i])) * 0x1p-22;
+                if (!(fabs(out[i] - expect) <= tol)) {
+                    fprintf(stderr, "type %u value %d: got %.9g want %.9g\n", types[ti], i,
+                            out[i], expect);
+                    fail();
+                }
+            }
+        }
+    }
+}
+
+/* Blocks built byte by byte; the expected values were worked out by hand
+ * from the format description (comments give the arithmetic). */
+static void test_kquant_known_blocks(void **state)
+{
+    (void)state;
+    /* Scales chosen to use the packed high bits:
+     *   sc = {1, 2, 62, 0, 16, 33, 47, 63}, m = {3, 0, 63, 10, 17, 32, 48, 5}
+     * bytes 0-3: sc[j] | (sc[j+4] >> 4) << 6; 4-7: m[j] | (m[j+4] >> 4) << 6;
+     * 8-11: (sc[j+4] & 15) | (m[j+4] & 15) << 4 */
+    static const unsigned char scales[12] = {0x41, 0x82, 0xbe, 0xc0, 0x43, 0x80,
+                                             0xff, 0x0a, 0x10, 0x01, 0x0f, 0x5f};
+    static const int sc[8] = {1, 2, 62, 0, 16, 33, 47, 63};
+    static const int mn[8] = {3, 0, 63, 10, 17, 32, 48, 5};
+    float out[256];
+
+    /* Q4_K: d = 1 (0x3c00), dmin = 0.5 (0x3800); qs[32g+l] low nibble l%16,
+     * high nibble 15 - l%16 */
+    unsigned char q4[144];
+    q4[0] = 0x00, q4[1] = 0x3c, q4[2] = 0x00, q4[3] = 0x38;
+    memcpy(q4 + 4, scales, 12);
+    for (int g = 0; g < 4; g++)
+        for (int l = 0; l < 32; l++)
+            q4[16 + 32 * g + l] = (unsigned char)((l % 16) | (15 - l % 16) << 4);
+    eng_dequantize_row(ENG_TYPE_Q4_K, q4, out, 256);
+    assert_true(out[0] == -1.5f);        /* 1*1*0 - 0.5*3 */
+    assert_true(out[5] == 3.5f);         /* 1*1*5 - 1.5 */
+    assert_true(out[32] == 30.0f);       /* 2*15 - 0 */
+    assert_true(out[67] == 154.5f);      /* 62*3 - 0.5*63 */
+    assert_true(out[96] == -5.0f);       /* 0*15 - 0.5*10 */
+    assert_true(out[135] == 103.5f);     /* 16*7 - 0.5*17 */
+    assert_true(out[162] == 413.0f);     /* 33*13 - 0.5*32 */
+    assert_true(out[207] == 681.0f);     /* 47*15 - 0.5*48 */
+    assert_true(out[225] == 879.5f);     /* 63*14 - 0.5*5 */
+    for (int i = 0; i < 256; i++) {
+        int s = i / 32, l = i % 32;
+        int q = s % 2 ? 15 - l % 16 : l % 16;
+        assert_true(out[i] == (float)(sc[s] * q) - 0.5f * (float)mn[s]);
+    }
+    uint8_t usc[8], umn[8];
+    eng_k_scales_unpack(scales, usc, umn);
+    for (int j = 0; j < 8; j++) {
+        assert_int_equal(usc[j], sc[j]);
+        assert_int_equal(umn[j], mn[j]);
+    }
+
+    /* Q5_K: the same scales and nibbles, qh[l] = 0x55 for even l (fifth bit
+     * set in even sub-blocks), 0xaa for odd l (odd sub-blocks) */
+    unsigned char q5[176];
+    memcpy(q5, q4, 16);
+    for (int l = 0; l < 32; l++)
+        q5[16 + l] = (l % 2) ? 0xaa : 0x55;
+    memcpy(q5 + 48, q4 + 16, 128);
+    eng_dequantize_row(ENG_TYPE_Q5_K, q5, out, 256);
+    assert_true(out[0] == 14.5f);        /* s 0, l 0 even: q 0+16; 16 - 1.5 */
+    assert_true(out[1] == -0.5f);        /* s 0, l 1 odd: q 1; 1 - 1.5 */
+    assert_true(out[33] == 60.0f);       /* s 1, l 1 odd: q 14+16; 2*30 */
+    assert_true(out[225] == 1887.5f);    /* s 7, l 1 odd: q 14+16; 63*30 - 2.5 */
+    assert_true(out[226] == 816.5f);     /* s 7, l 2 even: q 13; 63*13 - 2.5 */
+    for (int i = 0; i < 256; i++) {
+        int s = i / 32, l = i % 32;
+        int q = (s % 2 ? 15 - l % 16 : l % 16) + ((s % 2) == (l % 2) ? 16 : 0);
+        assert_true(out[i] == (float)(sc[s] * q) - 0.5f * (float)mn[s]);
+    }
+
+    /* Q6_K: d = 0.25 (0x3400); scales[0] = -128, scales[15] = 127, else
+     * 3s - 20; every quant 0 (value -32) except:
+     *   ql[0] = 0x21: v0 low 1, v64 low 2;  ql[32] = 0x43: v32 low 3, v96 low 4
+     *   qh[0] = 0xe4 = 11 10 01 00b: high bits v0 0, v32 1, v64 2, v96 3
+     *   ql[69] = 0xf0: v133 low 0, v197 low 15;  ql[101] = 0x07: v165 low 7
+     *   qh[37] = 0x0c: v165 high 3 */
+    unsigned char q6[210];
+    memset(q6, 0, sizeof q6);
+    q6[0] = 0x21, q6[32] = 0x43, q6[128] = 0xe4;
+    q6[69] = 0xf0, q6[101] = 0x07, q6[128 + 37] = 0x0c;
+    for (int s = 0; s < 16; s++)
+        q6[192 + s] = (unsigned char)(int8_t)(s == 0 ? -128 : s == 15 ? 127 : 3 * s - 20);
+    q6[208] = 0x00, q6[209] = 0x34;
+    eng_dequantize_row(ENG_TYPE_Q6_K, q6, out, 256);
+    assert_true(out[0] == 992.0f);       /* 0.25 * -128 * (1 - 32) */
+    assert_true(out[32] == 45.5f);       /* s 2: 0.25 * -14 * (19 - 32) */
+    assert_true(out[64] == -4.0f);       /* s 4: 0.25 * -8 * (34 - 32) */
+    assert_true(out[96] == -10.0f);      /* s 6: 0.25 * -2 * (52 - 32) */
+    assert_true(out[133] == -32.0f);     /* s 8: 0.25 * 4 * (0 - 32) */
+    assert_true(out[165] == 57.5f);      /* s 10: 0.25 * 10 * (55 - 32) */
+    assert_true(out[197] == -68.0f);     /* s 12: 0.25 * 16 * (15 - 32) */
+    assert_true(out[229] == -176.0f);    /* s 14: 0.25 * 22 * -32 */
+    assert_true(out[255] == -1016.0f);   /* s 15: 0.25 * 127 * -32 */
+    for (int i = 0; i < 256; i++) {
+        if (i == 0 || i == 32 || i == 64 || i == 96 || i == 165 || i == 197)
+            continue;
+        int s = i / 16, scale = s == 0 ? -128 : s == 15 ? 127 : 3 * s - 20;
+        assert_true(out[i] == 0.25f * (float)scale * -32.0f);
+    }
+
+    /* the dot product of the hand-made Q6_K block with x = 1 everywhere
+     * (Q8_K: d = 1/127, q = 127) is the sum of the values / ... exactly:
+     * d_x * 0.25 * sum(scale * (q - 32)) * 127 */
+    float ones[256];
+    for (int i = 0; i < 256; i++)
+        ones[i] = 1.0f;
+    unsigned char xq[292];
+    eng_quantize_row(ENG_TYPE_Q8_K, ones, xq, 256);
+    double sum = 0;
+    for (int i = 0; i < 256; i++)
+        sum += out[i];
+    float dot = eng_vec_dot_ref(ENG_TYPE_Q6_K, 256, q6, xq);
+    assert_true(fabs(dot - sum) <= 1e-5 * 256 * 1016);
+}
+
+/* Q8_K activations against an independent quantizer. */
+static void test_q8_k_quantize(void **state)
+{
+    (void)state;
+    enum { N = 256 * 4 };
+    float x[N];
+    unsigned char q[4 * 292];
+    tq_rng_state = 55;
+    tq_fill_activations(x, N, 2.0f);
+    for (int i = 256; i < 512; i++)
+        x[i] = 0.0f;                           /* an all-zero block */
+    for (int i = 512; i < 768; i++)
+        x[i] = (float)(i - 640) * (127.0f / 128.0f) / 254.0f; /* many exact halves */
+    eng_quantize_row(ENG_TYPE_Q8_K, x, q, N);
+    for (int blk = 0; blk < 4; blk++) {
+        const float *xb = x + 256 * blk;
+        const unsigned char *p = q + 292 * blk;
+        float amax = 0;
+        for (int i = 0; i < 256; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));
+        float d;
+        memcpy(&d, p, 4);
+        assert_true(d == amax / 127.0f);
+        for (int s = 0; s < 16; s++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) {
+                int i = 16 * s + l;
+                long want = amax == 0.0f ? 0 : lrintf(xb[i] * (127.0f / amax));
+                assert_int_equal((int8_t)p[4 + i], want);
+                sum += (int8_t)p[4 + i];
+            }
+            assert_int_equal((int16_t)tq_le16(p + 260 + 2 * s), sum);
+        }
+    }
+}
+
+/* quantize -> dequantize stays within the quantizers' stated bounds. */
+static void test_kquant_roundtrip(void **state)
+{
+    (void)state;
+    enum { N = 256 * 8 };
+    static float x[N], back[N];
+    static unsigned char q[8 * 210];
+    static double a[N], b[N];
+    tq_rng_state = 8080;
+    for (int i = 0; i < N; i++)
+        x[i] = tq_randf() * 0.05f;
+    for (int i = 256; i < 512; i++)
+        x[i] = 0.0f;                  /* all zero */
+    for (int i = 512; i < 768; i++)
+        x[i] = 0.5f + tq_randf() * 0.1f; /* all positive: the min clamps at 0 */
+    for (int i = 768; i < 1024; i++)
+        x[i] = (i % 32 == 0) ? 3.0f : tq_randf() * 1e-3f; /* outliers per sub-block */
+    x[1500] = -7.0f;
+    static const uint32_t types[] = {ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+    for (size_t ti = 0; ti < 3; ti++) {
+        uint32_t type = types[ti];
+        size_t bytes = ti == 0 ? 144 : ti == 1 ? 176 : 210;
+        eng_quantize_row(type, x, q, N);
+        eng_dequantize_row(type, q, back, N);
+        tq_decode_k(type, q, N, a, b);
+        double sq_err = 0, sq = 0;
+        for (int blk = 0; blk < N / 256; blk++) {
+            const unsigned char *p = q + blk * bytes;
+            float amax = 0;
+            for (int i = 0; i < 256; i++)
+                amax = fmaxf(amax, fabsf(x[blk * 256 + i]));
+            for (int i = 0; i < 256; i++) {
+                int k = blk * 256 + i;
+                double step;
+                if (type == ENG_TYPE_Q6_K) {
+                    /* one step of the sub-block: |d * scale| */
+                    step = fabs(tq_half_value(tq_le16(p + 208)) * (int8_t)p[192 + i / 16]);
+                } else {
+                    /* half a step of the sub-block, or half of dmin */
+                    int sc, m;
+                    tq_k_scale_min(p + 4, i / 32, &sc, &m);
+                    step = 0.5 * fmax(tq_half_value(tq_le16(p)) * sc, tq_half_value(tq_le16(p + 2)));
+                }
+                double err = fabs((double)back[k] - x[k]);
+                if (!(err <= step * 1.001 + amax * 0x1p-9)) {
+                    fprintf(stderr, "type %u value %d: x %.9g back %.9g step %.9g\n", type, k,
+                            x[k], back[k], step);
+                    fail();
+                }
+                assert_true(fabs(back[k] - (a[k] - b[k])) <= (fabs(a[k]) + fabs(b[k])) * 0x1p-22);
+                if (blk != 3) { /* uniform noise (block 3: outliers) */
+                    sq_err += err * err;
+                    sq += (double)x[k] * x[k];
+                }
+            }
+        }
+        for (int i = 256; i < 512; i++)
+            assert_true(back[i] == 0.0f);
+        /* quality: 4-, 5- and 6-bit quants of uniform noise */
+        double rel = sqrt(sq_err / sq);
+        fprintf(stderr, "%s round trip: relative RMS error %.4f\n",
+                eng_type_traits_get(type)->name, rel);
+        /* uniform noise in [-A, A) with step ~2A/levels: RMS ~ step/sqrt(12)
+         * relative to A/sqrt(3), i.e. ~1/levels (15, 31, 63), plus the min's
+         * rounding; bounds with some room */
+        assert_true(rel < (type == ENG_TYPE_Q4_K ? 0.1 : type == ENG_TYPE_Q5_K ? 0.05 : 0.03));
+    }
+}
+
 /* ---- kernels ------------------------------------------------------------------ */
 
 /* Sum of |terms| of a reference dot product, for the tolerance. */
@@ -477,6 +800,20 @@ static double tq_abs_terms(uint32_t type, int64_t n, const void *w, const void *
         for (int64_t i = 0; i < n; i++)
             s += fabs(tq_half_value(((const uint16_t *)w)[i]) *
                       tq_half_value(((const uint16_t *)x)[i]));
+    } else if (type == ENG_TYPE_BF16) {
+        for (int64_t i = 0; i < n; i++)
+            s += fabs((double)eng_bf16_to_fp32(((const uint16_t *)w)[i]) * ((const float *)x)[i]);
+    } else if (type == ENG_TYPE_Q4_K || type == ENG_TYPE_Q5_K || type == ENG_TYPE_Q6_K) {
+        static double a[4096], b[4096];
+        assert_true(n <= 4096);
+        tq_decode_k(type, w, n, a, b);
+        const unsigned char *xb = x;
+        for (int64_t i = 0; i < n; i++) {
+            float dx;
+            memcpy(&dx, xb + (i / 256) * 292, 4);
+            double xv = (double)dx * (int8_t)xb[(i / 256) * 292 + 4 + i % 256];
+            s += (fabs(a[i]) + fabs(b[i])) * fabs(xv);
+        }
     } else {
         float wd[4096], xd[4096];
         assert_true(n <= 4096);
@@ -517,6 +854,29 @@ static void tq_random_weights(uint32_t type, unsigned char *w, int64_t n_rows, i
         uint16_t *h = (uint16_t *)(void *)w;
         for (int64_t i = 0; i < n_rows * n_in; i++)
             h[i] = eng_fp32_to_fp16(tq_randf());
+        return;
+    }
+    if (type == ENG_TYPE_BF16) {
+        uint16_t *h = (uint16_t *)(void *)w;
+        for (int64_t i = 0; i < n_rows * n_in; i++)
+            h[i] = eng_fp32_to_bf16(tq_randf());
+        return;
+    }
+    if (type == ENG_TYPE_Q4_K || type == ENG_TYPE_Q5_K || type == ENG_TYPE_Q6_K) {
+        size_t kb = type == ENG_TYPE_Q4_K ? 144 : type == ENG_TYPE_Q5_K ? 176 : 210;
+        size_t d_off = type == ENG_TYPE_Q6_K ? 208 : 0;
+        for (size_t i = 0; i < row_bytes * (size_t)n_rows; i++)
+            w[i] = (unsigned char)tq_rand();
+        for (size_t off = 0; off < row_bytes * (size_t)n_rows; off += kb) {
+            uint16_t d = eng_fp32_to_fp16(tq_randf() * 0.002f);
+            w[off + d_off] = (unsigned char)(d & 0xff);
+            w[off + d_off + 1] = (unsigned char)(d >> 8);
+            if (type != ENG_TYPE_Q6_K) {
+                uint16_t dm = eng_fp32_to_fp16(tq_randf() * 0.01f);
+                w[off + 2] = (unsigned char)(dm & 0xff);
+                w[off + 3] = (unsigned char)(dm >> 8);
+            }
+        }
         return;
     }
     size_t block = type == ENG_TYPE_Q8_0 ? 34 : 18;
@@ -571,6 +931,26 @@ static void tq_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n
                     w[w_row_bytes + b * (type == ENG_TYPE_Q8_0 ? 34 : 18) + 1] = 0x80;
         if (n_in >= 64)
             for (int j = 32; j < 64; j++)
+                x[j] = 0.0f;
+    }
+    if (edge && (type == ENG_TYPE_Q4_K || type == ENG_TYPE_Q5_K || type == ENG_TYPE_Q6_K)) {
+        /* row 0: every quant, scale and min at its maximum (Q6_K scales
+         * -128), token 0's first block at +-127: the widest integer sums */
+        size_t kb = type == ENG_TYPE_Q4_K ? 144 : type == ENG_TYPE_Q5_K ? 176 : 210;
+        for (int64_t blk = 0; blk < n_in / 256; blk++) {
+            unsigned char *p = w + blk * kb;
+            if (type == ENG_TYPE_Q6_K) {
+                memset(p, 0xff, 192);
+                memset(p + 192, 0x80, 16);
+            } else {
+                memset(p + 4, 0xff, kb - 4);
+            }
+        }
+        for (int j = 0; j < 256; j++)
+            x[j] = (j & 2) ? 5.0f : -5.0f;
+        /* token 0's second block all zero (d = 0) */
+        if (n_in >= 512)
+            for (int j = 256; j < 512; j++)
                 x[j] = 0.0f;
     }
 
@@ -638,13 +1018,29 @@ static void test_matmul_quantized(void **state)
     }
 }
 
+static void test_matmul_kquant(void **state)
+{
+    (void)state;
+    tq_rng_state = 1618;
+    static const uint32_t types[] = {ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+    static const int64_t n_ins[] = {256, 512, 1280};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ni = 0; ni < sizeof n_ins / sizeof n_ins[0]; ni++)
+            for (int64_t n_tokens = 1; n_tokens <= 9; n_tokens += (n_tokens < 5 ? 1 : 4)) {
+                int64_t n_out = 9 + n_tokens % 4;
+                tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 0, n_out, 0);
+                tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 2, n_out - 1, 1);
+                tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 0, 1, 1);
+            }
+}
+
 static void test_matmul_float(void **state)
 {
     (void)state;
     tq_rng_state = 4242;
-    static const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_F16};
+    static const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_BF16};
     static const int64_t n_ins[] = {1, 7, 16, 33, 100, 256, 515};
-    for (size_t ti = 0; ti < 2; ti++)
+    for (size_t ti = 0; ti < 3; ti++)
         for (size_t ni = 0; ni < sizeof n_ins / sizeof n_ins[0]; ni++)
             for (int64_t n_tokens = 1; n_tokens <= 9; n_tokens += 2) {
                 int64_t n_out = 11 + n_tokens % 3;
@@ -681,9 +1077,11 @@ static void test_matmul_two_threads(void **state)
 {
     (void)state;
     tq_rng_state = 31337;
-    static const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_F16, ENG_TYPE_F32};
-    enum { N_OUT = 72, N_IN = 320, N_TOK = 5 };
-    for (size_t ti = 0; ti < 4; ti++) {
+    static const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_F16, ENG_TYPE_F32,
+                                     ENG_TYPE_BF16, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K,
+                                     ENG_TYPE_Q6_K};
+    enum { N_OUT = 72, N_IN = 512, N_TOK = 5 };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         size_t w_row_bytes, x_row_bytes;
         assert_true(eng_type_row_bytes(type, N_IN, &w_row_bytes));
@@ -835,8 +1233,13 @@ int main(void)
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_quantize_roundtrip),
         cmocka_unit_test(test_dequantize_edges),
+        cmocka_unit_test(test_kquant_decode_random),
+        cmocka_unit_test(test_kquant_known_blocks),
+        cmocka_unit_test(test_q8_k_quantize),
+        cmocka_unit_test(test_kquant_roundtrip),
         cmocka_unit_test(test_isa_levels),
         cmocka_unit_test(test_matmul_quantized),
+        cmocka_unit_test(test_matmul_kquant),
         cmocka_unit_test(test_matmul_float),
         cmocka_unit_test(test_matmul_two_threads),
         cmocka_unit_test(test_float_helpers),

@@ -28,6 +28,11 @@ static void cpu_scalar_quantize_row_q8_0(const float *x, void *dst, int64_t n)
     eng_quantize_row(ENG_TYPE_Q8_0, x, dst, n);
 }
 
+static void cpu_scalar_quantize_row_q8_k(const float *x, void *dst, int64_t n)
+{
+    eng_quantize_row(ENG_TYPE_Q8_K, x, dst, n);
+}
+
 /* One generic loop: y[t][r] = reference dot of row r and token t. */
 static void cpu_scalar_matmul(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
                               const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
@@ -54,6 +59,10 @@ CPU_SCALAR_MATMUL(cpu_scalar_matmul_f32, ENG_TYPE_F32)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_f16, ENG_TYPE_F16)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_q8_0, ENG_TYPE_Q8_0)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_q4_0, ENG_TYPE_Q4_0)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_bf16, ENG_TYPE_BF16)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_q4_k, ENG_TYPE_Q4_K)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_q5_k, ENG_TYPE_Q5_K)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_q6_k, ENG_TYPE_Q6_K)
 
 static float cpu_scalar_dot_f32(const float *a, const float *b, int64_t n)
 {
@@ -119,6 +128,11 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
     CPU_INHERIT(axpy_f16)
     CPU_INHERIT(fp32_to_fp16_row)
     CPU_INHERIT(fp16_to_fp32_row)
+    CPU_INHERIT(quantize_row_q8_k)
+    CPU_INHERIT(matmul_bf16)
+    CPU_INHERIT(matmul_q4_k)
+    CPU_INHERIT(matmul_q5_k)
+    CPU_INHERIT(matmul_q6_k)
 #undef CPU_INHERIT
 }
 
@@ -136,6 +150,11 @@ static void cpu_dispatch_init(void)
     s->axpy_f16 = cpu_scalar_axpy_f16;
     s->fp32_to_fp16_row = cpu_scalar_fp32_to_fp16_row;
     s->fp16_to_fp32_row = cpu_scalar_fp16_to_fp32_row;
+    s->quantize_row_q8_k = cpu_scalar_quantize_row_q8_k;
+    s->matmul_bf16 = cpu_scalar_matmul_bf16;
+    s->matmul_q4_k = cpu_scalar_matmul_q4_k;
+    s->matmul_q5_k = cpu_scalar_matmul_q5_k;
+    s->matmul_q6_k = cpu_scalar_matmul_q6_k;
     cpu_tables[CPU_ISA_AVX2] = *s;
     cpu_tables[CPU_ISA_AVX512] = *s;
 
@@ -222,6 +241,12 @@ void cpu_convert_activations(uint32_t wtype, const float *x, int64_t x_stride,
             k->quantize_row_q8_0(x + t * x_stride, out + (size_t)t * row_bytes, n);
         break;
     }
+    case ENG_TYPE_Q8_K: {
+        size_t row_bytes = (size_t)(n / ENG_QK_K) * sizeof(eng_block_q8_k);
+        for (int64_t t = 0; t < n_tokens; t++)
+            k->quantize_row_q8_k(x + t * x_stride, out + (size_t)t * row_bytes, n);
+        break;
+    }
     case ENG_TYPE_F16:
         for (int64_t t = 0; t < n_tokens; t++)
             k->fp32_to_fp16_row(x + t * x_stride, (uint16_t *)(void *)out + t * n, n);
@@ -254,6 +279,18 @@ void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t 
         break;
     case ENG_TYPE_Q4_0:
         fn = k->matmul_q4_0;
+        break;
+    case ENG_TYPE_BF16:
+        fn = k->matmul_bf16;
+        break;
+    case ENG_TYPE_Q4_K:
+        fn = k->matmul_q4_k;
+        break;
+    case ENG_TYPE_Q5_K:
+        fn = k->matmul_q5_k;
+        break;
+    case ENG_TYPE_Q6_K:
+        fn = k->matmul_q6_k;
         break;
     default:
         return; /* the loader refuses unsupported types before this */

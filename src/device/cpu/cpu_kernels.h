@@ -11,8 +11,11 @@
  * fp16 decoding are bit-exact at every level.
  *
  * Activations for Q8_0 and Q4_0 weights are Q8_0 rows and the dot product is
- * integer per block; for F16 weights they are F16 rows (products summed in
- * f32); for F32 weights plain f32 rows.
+ * integer per block; for Q4_K, Q5_K and Q6_K weights they are Q8_K rows
+ * (integer per sub-block, float per 256-value super-block); for F16 weights
+ * they are F16 rows (products summed in f32); for F32 and BF16 weights plain
+ * f32 rows (BF16 weights are widened exactly, so no activation precision is
+ * lost).
  *
  * Nothing here allocates or keeps mutable state, so any number of threads may
  * call in at once (cpu_kernels_force_isa excepted).

@@ -30,6 +30,13 @@ typedef struct cpu__kernel_table {
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*fp32_to_fp16_row)(const float *x, uint16_t *y, int64_t n);
     void (*fp16_to_fp32_row)(const uint16_t *x, float *y, int64_t n);
+    /* n floats (a multiple of 256) to n/256 Q8_K blocks, bit-exact with
+     * eng_quantize_row(ENG_TYPE_Q8_K, ...) */
+    void (*quantize_row_q8_k)(const float *x, void *dst, int64_t n);
+    cpu__matmul_fn matmul_bf16; /* activations F32 */
+    cpu__matmul_fn matmul_q4_k; /* activations Q8_K, also for the next two */
+    cpu__matmul_fn matmul_q5_k;
+    cpu__matmul_fn matmul_q6_k;
 } cpu__kernel_table;
 
 /* Filled by cpu_kernels_avx2.c / cpu_kernels_avx512.c (x86-64 builds only). */

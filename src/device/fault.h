@@ -39,10 +39,12 @@ int dev_fault_parse(const char *text, dev_fault_config *out, sw_error *err);
 /* The process's configuration (from the environment at first use; an
  * unparsable value is logged and ignored). */
 const dev_fault_config *dev_fault_get(void);
-/* Replaces it (tests) and resets the counters. */
+/* Replaces it (tests) and resets the counters; NULL means no faults. Not
+ * meant to race with allocations on other threads. */
 void dev_fault_set(const dev_fault_config *config);
 
-/* Called by every device allocation: true if this one must fail. */
+/* Called by every device allocation (device.c, before the backend): true if
+ * this one must fail. Each call counts, from every thread, once. */
 bool dev_fault_alloc_should_fail(size_t bytes);
 
 /* Called before each generated token with the number already produced in

@@ -738,6 +738,18 @@ static void test_hog_cpu_and_usage(void **state)
     sw_free(out);
 }
 
+/* Removes the pools even when a test failed half-way (a failed assertion
+ * skips the test's own unlink). */
+static int unlink_pools(void **state)
+{
+    (void)state;
+    static const char *tags[] = {"cap", "mismatch", "inherit", "kill", "robust", "reuse",
+                                 "race", "hog", "hog-missing"};
+    for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
+        dev_sim_unlink(pool_name(tags[i]), NULL);
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -755,5 +767,5 @@ int main(void)
     };
     /* No SPILLWAY_FAULT from the environment may disturb these tests. */
     dev_fault_set(NULL);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, unlink_pools);
 }

@@ -109,9 +109,8 @@ static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot,
 
 typedef struct attention_job {
     eng_context *ctx;
-    const eng_sequence *seq;
+    const eng_token_meta *meta; /* (n_tokens): each token's sequence and position */
     int32_t layer;
-    int32_t pos0;      /* position of the first token of the batch */
     int64_t n_tokens;
     const float *q;    /* (n_tokens, n_head * head_dim) */
     float *out;        /* (n_tokens, n_head * head_dim) */
@@ -152,13 +151,14 @@ static void attention_task(void *arg, int64_t begin, int64_t end, int thread_ind
         int64_t t = item / n_head;
         int32_t h = (int32_t)(item % n_head);
         int32_t kv_head = h / group;
-        int32_t n_pos = job->pos0 + (int32_t)t + 1; /* causal: itself and before */
+        const eng_sequence *seq = job->meta[t].seq;
+        int32_t n_pos = job->meta[t].pos + 1; /* causal: itself and before, same sequence */
         const float *q = job->q + t * (int64_t)n_head * hd + (int64_t)h * hd;
         float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
         float max = -INFINITY, sum = 0.0f;
 
         for (int32_t p = 0; p < n_pos; p++) {
-            unsigned char *k = kv_row(ctx, job->seq, job->layer, 0, p);
+            unsigned char *k = kv_row(ctx, seq, job->layer, 0, p);
             float s = kv_f16 ? cpu_dot_f16_f32((const uint16_t *)k + (size_t)kv_head * hd, q, hd)
                              : cpu_dot_f32((const float *)k + (size_t)kv_head * hd, q, hd);
             s *= scale;
@@ -172,7 +172,7 @@ static void attention_task(void *arg, int64_t begin, int64_t end, int thread_ind
         }
         memset(out, 0, (size_t)hd * sizeof(float));
         for (int32_t p = 0; p < n_pos; p++) {
-            unsigned char *v = kv_row(ctx, job->seq, job->layer, 1, p);
+            unsigned char *v = kv_row(ctx, seq, job->layer, 1, p);
             float weight = scores[p] / sum;
             if (kv_f16)
                 cpu_axpy_f16(out, weight, (const uint16_t *)v + (size_t)kv_head * hd, hd);
@@ -184,9 +184,13 @@ static void attention_task(void *arg, int64_t begin, int64_t end, int thread_ind
 
 /* ---- one batch ---------------------------------------------------------------- */
 
-/* Runs n (<= n_batch) tokens whose KV blocks are already reserved. */
-static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *tokens, int64_t n,
-                          float *logits)
+/* Runs n (<= n_batch) tokens whose KV blocks are already reserved; meta
+ * gives each token's sequence and position (tokens of one sequence are
+ * consecutive and in order). The logits of the tokens listed in
+ * logit_tokens are written as rows of n_vocab floats to the workspace's
+ * logits region. */
+static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_token_meta *meta,
+                           int64_t n, const int64_t *logit_tokens, int32_t n_logit)
 {
     const eng_model *m = ctx->model;
     const eng_hparams *hp = &m->hp;
@@ -198,7 +202,6 @@ static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *to
     float *q = (float *)(ws + ctx->layout.q), *k = (float *)(ws + ctx->layout.k);
     float *v = (float *)(ws + ctx->layout.v), *att = (float *)(ws + ctx->layout.att);
     float *gate = (float *)(ws + ctx->layout.gate), *up = (float *)(ws + ctx->layout.up);
-    const int32_t pos0 = seq->n_tokens;
 
     for (int64_t t = 0; t < n; t++)
         eng_dequantize_row(m->token_embd.type,
@@ -217,11 +220,11 @@ static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *to
             matmul(ctx, 3, w, y, xn, n);
         }
         for (int64_t t = 0; t < n; t++) {
-            int32_t pos = pos0 + (int32_t)t;
+            int32_t pos = meta[t].pos;
             rope(q + t * q_dim, hp->n_head, hp->head_dim, hp->n_rot, ctx->rope_theta_scale, pos);
             rope(k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, ctx->rope_theta_scale, pos);
-            unsigned char *k_dst = kv_row(ctx, seq, l, 0, pos);
-            unsigned char *v_dst = kv_row(ctx, seq, l, 1, pos);
+            unsigned char *k_dst = kv_row(ctx, meta[t].seq, l, 0, pos);
+            unsigned char *v_dst = kv_row(ctx, meta[t].seq, l, 1, pos);
             if (kv_f16) {
                 cpu_fp32_to_fp16_row(k + t * kv_dim, (uint16_t *)k_dst, kv_dim);
                 cpu_fp32_to_fp16_row(v + t * kv_dim, (uint16_t *)v_dst, kv_dim);
@@ -231,7 +234,7 @@ static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *to
             }
         }
         {
-            attention_job job = {ctx, seq, l, pos0, n, q, att};
+            attention_job job = {ctx, meta, l, n, q, att};
             cpu_threadpool_run(ctx->pool, n * hp->n_head, 1, attention_task, &job);
         }
         {
@@ -261,39 +264,54 @@ static void forward_batch(eng_context *ctx, eng_sequence *seq, const int32_t *to
                 x[i] += xn[i];
         }
     }
-    seq->n_tokens += (int32_t)n;
 
-    if (logits) {
-        const float *last = x + (n - 1) * dim;
+    if (n_logit > 0) {
+        /* One pass over the output head for every requested row. */
+        for (int32_t r = 0; r < n_logit; r++)
+            rms_norm(xn + r * dim, x + logit_tokens[r] * dim, ctx->output_norm.data, dim,
+                     hp->rms_eps);
         const eng_weight *w[1] = {&ctx->output};
-        float *y[1] = {logits};
-        rms_norm(xn, last, ctx->output_norm.data, dim, hp->rms_eps);
-        matmul(ctx, 1, w, y, xn, 1);
+        float *y[1] = {(float *)(ws + ctx->layout.logits)};
+        matmul(ctx, 1, w, y, xn, n_logit);
     }
+}
+
+static int check_tokens(const eng_hparams *hp, const int32_t *tokens, int32_t n, sw_error *err)
+{
+    if (n <= 0 || !tokens)
+        return sw_error_set(err, SW_EINVAL, "nothing to decode");
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return sw_error_set(err, SW_EINVAL, "token id %d is outside the vocabulary of %d",
+                                tokens[i], hp->n_vocab);
+    return SW_OK;
+}
+
+/* Takes the blocks a sequence needs for n more tokens (context checked). */
+static int grow_sequence(eng_context *ctx, eng_sequence *seq, int32_t n, sw_error *err)
+{
+    if ((int64_t)seq->n_tokens + n > ctx->params.n_ctx)
+        return sw_error_set(err, SW_ECONTEXT,
+                            "%d tokens after %d already in the sequence exceed the context of %d",
+                            n, seq->n_tokens, ctx->params.n_ctx);
+    return eng__seq_reserve(ctx, seq, seq->n_tokens + n, err);
 }
 
 int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
                float *logits, sw_error *err)
 {
     const eng_hparams *hp = &ctx->model->hp;
+    eng_token_meta *meta = (eng_token_meta *)(ctx->workspace + ctx->layout.meta);
     eng_sequence *seq;
     int rc;
 
     if (seq_id < 0 || seq_id >= ctx->params.n_seq_max)
         return sw_error_set(err, SW_EINVAL, "sequence %d does not exist (the context holds %d)",
                             seq_id, ctx->params.n_seq_max);
-    if (n_tokens <= 0)
-        return sw_error_set(err, SW_EINVAL, "nothing to decode");
-    for (int32_t i = 0; i < n_tokens; i++)
-        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
-            return sw_error_set(err, SW_EINVAL, "token id %d is outside the vocabulary of %d",
-                                tokens[i], hp->n_vocab);
+    if ((rc = check_tokens(hp, tokens, n_tokens, err)))
+        return rc;
     seq = &ctx->seqs[seq_id];
-    if ((int64_t)seq->n_tokens + n_tokens > ctx->params.n_ctx)
-        return sw_error_set(err, SW_ECONTEXT,
-                            "%d tokens after %d already in the sequence exceed the context of %d",
-                            n_tokens, seq->n_tokens, ctx->params.n_ctx);
-    if ((rc = eng__seq_reserve(ctx, seq, seq->n_tokens + n_tokens, err)))
+    if ((rc = grow_sequence(ctx, seq, n_tokens, err)))
         return rc;
 
     for (int32_t done = 0; done < n_tokens;) {
@@ -301,11 +319,83 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
         if (n > ctx->params.n_batch)
             n = ctx->params.n_batch;
         bool last = done + n == n_tokens;
-        forward_batch(ctx, seq, tokens + done, n,
-                      last && logits ? (float *)(ctx->workspace + ctx->layout.logits) : NULL);
+        int64_t last_token = n - 1;
+        for (int32_t t = 0; t < n; t++) {
+            meta[t].seq = seq;
+            meta[t].pos = seq->n_tokens + t;
+        }
+        forward_tokens(ctx, tokens + done, meta, n, &last_token, last && logits ? 1 : 0);
+        seq->n_tokens += n;
         done += n;
     }
     if (logits)
         memcpy(logits, ctx->workspace + ctx->layout.logits, (size_t)hp->n_vocab * sizeof(float));
+    return SW_OK;
+}
+
+int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n_entries,
+                     int *status, sw_error *err)
+{
+    const eng_hparams *hp = &ctx->model->hp;
+    unsigned char *ws = ctx->workspace;
+    eng_token_meta *meta = (eng_token_meta *)(ws + ctx->layout.meta);
+    int32_t *tokens = (int32_t *)(ws + ctx->layout.batch_tokens);
+    int64_t *logit_tokens = (int64_t *)(ws + ctx->layout.logit_map);
+    int32_t n_logit = 0, want_logits = 0;
+    int64_t total = 0, n = 0;
+    int rc;
+
+    if (n_entries <= 0 || !entries || !status)
+        return sw_error_set(err, SW_EINVAL, "an empty batch");
+    for (int32_t i = 0; i < n_entries; i++) {
+        const eng_batch_entry *e = &entries[i];
+        if (e->seq_id < 0 || e->seq_id >= ctx->params.n_seq_max)
+            return sw_error_set(err, SW_EINVAL, "sequence %d does not exist (the context holds %d)",
+                                e->seq_id, ctx->params.n_seq_max);
+        for (int32_t j = 0; j < i; j++)
+            if (entries[j].seq_id == e->seq_id)
+                return sw_error_set(err, SW_EINVAL, "sequence %d appears twice in a batch",
+                                    e->seq_id);
+        if ((rc = check_tokens(hp, e->tokens, e->n_tokens, err)))
+            return rc;
+        total += e->n_tokens;
+        want_logits += e->logits != NULL;
+    }
+    if (total > ctx->params.n_batch)
+        return sw_error_set(err, SW_EINVAL, "a batch of %lld tokens exceeds n_batch %d",
+                            (long long)total, ctx->params.n_batch);
+    if (want_logits > ctx->layout.logit_rows)
+        return sw_error_set(err, SW_EINVAL, "%d sequences want logits, the context was sized "
+                            "for %d", want_logits, ctx->layout.logit_rows);
+
+    /* KV first, per entry: an entry that cannot grow is left out. */
+    for (int32_t i = 0; i < n_entries; i++) {
+        const eng_batch_entry *e = &entries[i];
+        eng_sequence *seq = &ctx->seqs[e->seq_id];
+        status[i] = grow_sequence(ctx, seq, e->n_tokens, NULL);
+        if (status[i] != SW_OK)
+            continue;
+        memcpy(tokens + n, e->tokens, sizeof(int32_t) * (size_t)e->n_tokens);
+        for (int32_t t = 0; t < e->n_tokens; t++) {
+            meta[n + t].seq = seq;
+            meta[n + t].pos = seq->n_tokens + t;
+        }
+        n += e->n_tokens;
+        if (e->logits)
+            logit_tokens[n_logit++] = n - 1;
+    }
+    if (n == 0)
+        return SW_OK;
+    forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit);
+    n_logit = 0;
+    for (int32_t i = 0; i < n_entries; i++) {
+        if (status[i] != SW_OK)
+            continue;
+        ctx->seqs[entries[i].seq_id].n_tokens += entries[i].n_tokens;
+        if (entries[i].logits)
+            memcpy(entries[i].logits, ws + ctx->layout.logits +
+                   (size_t)n_logit++ * (size_t)hp->n_vocab * sizeof(float),
+                   (size_t)hp->n_vocab * sizeof(float));
+    }
     return SW_OK;
 }

@@ -65,7 +65,7 @@ static size_t act_row_bytes(const eng_weight *w)
 }
 
 void eng__workspace_layout(const eng_model *model, int32_t n_batch, int32_t n_ctx,
-                           int32_t n_threads, eng_workspace_layout *out)
+                           int32_t n_threads, int32_t n_seqs, eng_workspace_layout *out)
 {
     const eng_hparams *hp = &model->hp;
     size_t nb = (size_t)n_batch;
@@ -96,18 +96,22 @@ void eng__workspace_layout(const eng_model *model, int32_t n_batch, int32_t n_ct
     TAKE(gate, nb * hp->n_ff * sizeof(float));
     TAKE(up, nb * hp->n_ff * sizeof(float));
     TAKE(act, nb * act);
-    TAKE(logits, (size_t)hp->n_vocab * sizeof(float));
+    out->logit_rows = n_seqs < n_batch ? n_seqs : n_batch;
+    TAKE(logits, (size_t)out->logit_rows * (size_t)hp->n_vocab * sizeof(float));
     TAKE(scores, (size_t)n_threads * (size_t)n_ctx * sizeof(float));
+    TAKE(meta, nb * sizeof(eng_token_meta));
+    TAKE(batch_tokens, nb * sizeof(int32_t));
+    TAKE(logit_map, (size_t)out->logit_rows * sizeof(int64_t));
 #undef TAKE
     out->act_row_bytes = act;
     out->total_bytes = at;
 }
 
 size_t eng_workspace_bytes(const eng_model *model, int32_t n_batch, int32_t n_ctx,
-                           int32_t n_threads)
+                           int32_t n_threads, int32_t n_seqs)
 {
     eng_workspace_layout layout;
-    eng__workspace_layout(model, n_batch, n_ctx, n_threads, &layout);
+    eng__workspace_layout(model, n_batch, n_ctx, n_threads, n_seqs, &layout);
     return layout.total_bytes;
 }
 
@@ -254,7 +258,7 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         if ((rc = place_weights(ctx, err)))
             goto fail;
     }
-    eng__workspace_layout(model, p.n_batch, p.n_ctx, p.n_threads, &ctx->layout);
+    eng__workspace_layout(model, p.n_batch, p.n_ctx, p.n_threads, p.n_seq_max, &ctx->layout);
     if (ctx->n_device_layers > 0) {
         ctx->workspace_on_device = true;
         if ((rc = device_alloc(ctx, ctx->layout.total_bytes, "workspace",

@@ -45,12 +45,22 @@ struct eng_model {
  * that planning predicts is the size that is allocated. */
 typedef struct eng_workspace_layout {
     size_t x, xn, q, k, v, att, gate, up, act, logits, scores; /* byte offsets */
+    size_t meta;           /* n_batch eng_token_meta */
+    size_t batch_tokens;   /* n_batch int32: the tokens of a batched step */
+    size_t logit_map;      /* logit_rows int64: batch index of each logits row */
+    int32_t logit_rows;    /* rows of n_vocab logits: min(n_batch, n_seqs) */
     size_t act_row_bytes;  /* one converted activation row, largest case */
     size_t total_bytes;
 } eng_workspace_layout;
 
 void eng__workspace_layout(const eng_model *model, int32_t n_batch, int32_t n_ctx,
-                           int32_t n_threads, eng_workspace_layout *out);
+                           int32_t n_threads, int32_t n_seqs, eng_workspace_layout *out);
+
+/* Where one token of a batched step goes (forward.c; lives in the workspace). */
+typedef struct eng_token_meta {
+    struct eng_sequence *seq;
+    int32_t pos;
+} eng_token_meta;
 
 /* One KV block: block_tokens tokens of every layer's K and V. The layers
  * on the device have their part in device memory, the others in host

@@ -57,10 +57,11 @@ size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
 /* Bytes of one KV block of block_tokens tokens. */
 size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens);
 /* Activations and scratch for batches of up to n_batch tokens with contexts
- * up to n_ctx, n_threads threads: what eng_context_create allocates besides
- * the KV cache. */
+ * up to n_ctx, n_threads threads and n_seqs sequences (logits of each
+ * sequence's last token in a batched step): what eng_context_create
+ * allocates besides the weights and the KV cache. */
 size_t eng_workspace_bytes(const eng_model *model, int32_t n_batch, int32_t n_ctx,
-                           int32_t n_threads);
+                           int32_t n_threads, int32_t n_seqs);
 
 /* ---- context ------------------------------------------------------------- */
 struct dev_device;

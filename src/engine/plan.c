@@ -36,7 +36,7 @@ static uint64_t device_bytes_for(const eng_model *m, const eng_plan_params *p, i
     uint64_t weights_dev = p->weights_stay_mapped || n_layers == 0
                                ? 0
                                : eng__device_weights_bytes(m, n_layers, n_layers == hp->n_layer);
-    uint64_t workspace = eng_workspace_bytes(m, n_batch, n_ctx, p->n_threads);
+    uint64_t workspace = eng_workspace_bytes(m, n_batch, n_ctx, p->n_threads, n_seqs);
     uint64_t kv_dev = blocks * kv_tok_dev * (uint64_t)p->kv_block_tokens;
     uint64_t total = weights_dev + kv_dev + (n_layers > 0 ? workspace : 0);
     if (out) {

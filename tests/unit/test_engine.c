@@ -250,6 +250,100 @@ static void test_batched_prefill_matches_stepwise(void **state)
     }
 }
 
+static int32_t argmax_of(const float *v, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Continuous batching: three sequences advanced together - a prefill
+ * chunk of one joining while the others decode - produce the greedy tokens
+ * each produces alone; a sequence past its context is left out with
+ * SW_ECONTEXT while the others run. */
+static void test_decode_batch_matches_single(void **state)
+{
+    (void)state;
+    eng_model *model;
+    sw_error err;
+    if (eng_model_load(make_model("multi.gguf", ENG_TYPE_Q8_0, 512), &model, &err))
+        fail_msg("load: %s", err.message);
+    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    const int32_t prompts[3][5] = {{1, 40, 41, 42, 43}, {1, 300, 7, 9, 11}, {1, 5, 6, 7, 8}};
+    int32_t alone[3][12], together[3][12];
+    float *logits[3];
+    for (int s = 0; s < 3; s++)
+        logits[s] = sw_malloc(sizeof(float) * (size_t)n_vocab);
+
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 24;
+    cp.n_threads = 2;
+    cp.n_seq_max = 3;
+    cp.n_batch = 16;
+    cp.kv_block_tokens = 4;
+    eng_context *ctx;
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
+    for (int s = 0; s < 3; s++) {
+        assert_int_equal(eng_decode(ctx, s, prompts[s], 5, logits[s], &err), SW_OK);
+        for (int i = 0; i < 12; i++) {
+            alone[s][i] = argmax_of(logits[s], n_vocab);
+            assert_int_equal(eng_decode(ctx, s, &alone[s][i], 1, logits[s], &err), SW_OK);
+        }
+        eng_seq_clear(ctx, s);
+    }
+
+    /* Sequence 0 and 1 start together; 2 joins at step 3 with its prompt. */
+    int32_t next[3], produced[3] = {0, 0, 0};
+    bool started[3] = {false, false, false};
+    for (int step = 0; produced[0] < 12 || produced[1] < 12 || produced[2] < 12; step++) {
+        eng_batch_entry entries[3];
+        int status[3], n = 0;
+        for (int s = 0; s < 3; s++) {
+            if (produced[s] >= 12 || (s == 2 && step < 3))
+                continue;
+            entries[n].seq_id = s;
+            entries[n].tokens = started[s] ? &next[s] : prompts[s];
+            entries[n].n_tokens = started[s] ? 1 : 5;
+            entries[n].logits = logits[s];
+            n++;
+        }
+        assert_int_equal(eng_decode_batch(ctx, entries, n, status, &err), SW_OK);
+        for (int i = 0; i < n; i++) {
+            int s = entries[i].seq_id;
+            assert_int_equal(status[i], SW_OK);
+            started[s] = true;
+            next[s] = together[s][produced[s]++] = argmax_of(logits[s], n_vocab);
+        }
+    }
+    assert_memory_equal(alone, together, sizeof alone);
+
+    /* Sequence 0 holds 16 tokens: 9 more would pass the context of 24. */
+    int32_t eight[9] = {3, 4, 5, 6, 7, 8, 9, 10, 11};
+    eng_batch_entry over[2] = {{0, eight, 9, NULL}, {1, eight, 1, logits[1]}};
+    int status[2];
+    int32_t len1 = eng_seq_length(ctx, 1);
+    assert_int_equal(eng_decode_batch(ctx, over, 2, status, &err), SW_OK);
+    assert_int_equal(status[0], SW_ECONTEXT);
+    assert_int_equal(status[1], SW_OK);
+    assert_int_equal(eng_seq_length(ctx, 0), 16);
+    assert_int_equal(eng_seq_length(ctx, 1), len1 + 1);
+    /* Invalid batches run nothing. */
+    eng_batch_entry dup[2] = {{1, eight, 1, NULL}, {1, eight, 1, NULL}};
+    assert_int_equal(eng_decode_batch(ctx, dup, 2, status, &err), SW_EINVAL);
+    eng_batch_entry big[1] = {{2, eight, 8, NULL}};
+    cp.n_batch = 4;
+    eng_context_free(ctx);
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
+    assert_int_equal(eng_decode_batch(ctx, big, 1, status, &err), SW_EINVAL);
+    assert_int_equal(eng_seq_length(ctx, 2), 0);
+    eng_context_free(ctx);
+    for (int s = 0; s < 3; s++)
+        sw_free(logits[s]);
+    eng_model_free(model);
+}
+
 /* KV blocks: a sequence of n tokens holds ceil(n / block) blocks; clearing
  * returns them; the context limit and bad ids are typed errors. */
 static void test_kv_blocks_and_limits(void **state)
@@ -273,7 +367,7 @@ static void test_kv_blocks_and_limits(void **state)
     assert_int_equal(eng_context_kv_bytes_total(ctx), 3 * block);
     assert_int_equal(eng_context_workspace_bytes(ctx),
                      eng_workspace_bytes(model, cp.n_batch > cp.n_ctx ? cp.n_ctx : cp.n_batch,
-                                         cp.n_ctx, 1));
+                                         cp.n_ctx, 1, 1));
     assert_int_equal(eng_context_kv_bytes_used(ctx), 0);
 
     int32_t tokens[41];
@@ -399,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_stories_greedy_golden),
         cmocka_unit_test(test_tiny_random_top5_golden),
         cmocka_unit_test(test_batched_prefill_matches_stepwise),
+        cmocka_unit_test(test_decode_batch_matches_single),
         cmocka_unit_test(test_kv_blocks_and_limits),
         cmocka_unit_test(test_resume_is_exact),
         cmocka_unit_test(test_model_load_errors),

@@ -285,6 +285,7 @@ static void test_grow_oom_mid_generation(void **state)
     eng_plan plan;
     pp.n_ctx = 256; /* the context's size: the workspace depends on it */
     pp.n_batch = 16;
+    pp.n_seqs = 2;  /* and on the sequences it holds logits for */
     pp.n_threads = 2;
     pp.reserve_fraction = 0.0f;
     assert_int_equal(eng_plan_compute(model, &pp, 1ull << 40, 1ull << 40, &plan, NULL), SW_OK);

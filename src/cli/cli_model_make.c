@@ -20,10 +20,11 @@ static void model_make_usage(FILE *f)
     fprintf(f,
             "usage: spillway model make -o FILE [--preset tiny|small|1b] [--dim N] [--layers N]\n"
             "                           [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
-            "                           [--ctx N] [--type f32|f16|q8_0|q4_0] [--tied]\n"
-            "                           [--seed S] [--name NAME]\n"
+            "                           [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k]\n"
+            "                           [--tied] [--seed S] [--name NAME]\n"
             "Writes a llama-architecture GGUF with deterministic pseudo-random weights\n"
-            "(the same options always give the same file).\n"
+            "(the same options always give the same file). q4_k, q5_k and q6_k need dim\n"
+            "and ffn to be multiples of 256.\n"
             "presets: tiny  dim 64, 2 layers, 4 heads, 2 kv, ffn 128, vocab 512, f32 (default)\n"
             "         small dim 512, 8 layers, 8 heads, 4 kv, ffn 1536, vocab 32000, q8_0\n"
             "         1b    dim 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000, q8_0\n");
@@ -90,11 +91,11 @@ int cli_model_make(int argc, char **argv)
         } else if (strcmp(opt, "--preset") == 0) {
             /* applied above */
         } else if (strcmp(opt, "--type") == 0) {
+            /* eng_type_from_name knows exactly the types the engine runs */
             int type = eng_type_from_name(val);
-            if (type != ENG_TYPE_F32 && type != ENG_TYPE_F16 && type != ENG_TYPE_Q8_0 &&
-                type != ENG_TYPE_Q4_0) {
-                fprintf(stderr, "spillway model make: --type must be f32, f16, q8_0 or q4_0, "
-                                "got '%s'\n", val);
+            if (type < 0) {
+                fprintf(stderr, "spillway model make: --type must be f32, f16, bf16, q8_0, "
+                                "q4_0, q4_k, q5_k or q6_k, got '%s'\n", val);
                 return 2;
             }
             p.weight_type = (uint32_t)type;

@@ -555,6 +555,7 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     switch (p->weight_type) {
     case ENG_TYPE_F32:
     case ENG_TYPE_F16:
+    case ENG_TYPE_BF16:
         break;
     case ENG_TYPE_Q8_0:
     case ENG_TYPE_Q4_0:
@@ -565,9 +566,20 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
                                 p->weight_type == ENG_TYPE_Q8_0 ? "q8_0" : "q4_0", p->n_embd,
                                 p->n_ff);
         break;
+    case ENG_TYPE_Q4_K:
+    case ENG_TYPE_Q5_K:
+    case ENG_TYPE_Q6_K:
+        /* every matrix row is dim or ffn values long */
+        if (p->n_embd % 256 != 0 || p->n_ff % 256 != 0)
+            return sw_error_set(err, SW_EINVAL,
+                                "model make: %s needs dim (%d) and ffn (%d) to be multiples of "
+                                "256 (the K-quant super-block)",
+                                eng_type_traits_get(p->weight_type)->name, p->n_embd, p->n_ff);
+        break;
     default:
         return sw_error_set(err, SW_EINVAL,
-                            "model make: weight type %u is not one of f32, f16, q8_0, q4_0",
+                            "model make: weight type %u is not one of f32, f16, bf16, q8_0, "
+                            "q4_0, q4_k, q5_k, q6_k",
                             p->weight_type);
     }
     return SW_OK;
@@ -656,6 +668,14 @@ static uint32_t mm_file_type(uint32_t weight_type)
         return 2;
     case ENG_TYPE_Q8_0:
         return 7;
+    case ENG_TYPE_Q4_K: /* every matrix Q4_K: llama.cpp's nearest is Q4_K_S */
+        return 14;
+    case ENG_TYPE_Q5_K: /* likewise Q5_K_S */
+        return 16;
+    case ENG_TYPE_Q6_K:
+        return 18;
+    case ENG_TYPE_BF16:
+        return 32;
     default:
         return 0;
     }

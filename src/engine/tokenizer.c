@@ -26,8 +26,11 @@
  *   4. A final symbol that is not a piece is emitted byte by byte through a
  *      byte -> token table (<0xNN>, else the one-byte piece, else unk).
  *
- * A second algorithm (BPE for "gpt2"-style vocabularies) plugs in through
- * `algo`: loading dispatches on tokenizer.ggml.model, eng_tokenize on algo.
+ * The byte-level BPE of "gpt2"-style vocabularies lives in tokenizer_bpe.c
+ * (the struct is shared through tokenizer-impl.h): loading dispatches on
+ * tokenizer.ggml.model, eng_tokenize and the detokenizer on `algo`. The
+ * vocabulary, the special-token partition, the EOG set and the streaming
+ * UTF-8 hold-back are common to both.
  */
 #include "engine/tokenizer-impl.h"
 

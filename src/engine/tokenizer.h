@@ -82,9 +82,11 @@ bool eng_tokenizer_add_space_prefix(const eng_tokenizer *tok);
  * for zero ids) holding *n_out ids. add_bos prepends BOS (when the
  * vocabulary has one). parse_special matches the text of CONTROL and
  * UNKNOWN tokens (e.g. "<s>") literally and emits their ids; USER_DEFINED
- * tokens are matched either way, as llama.cpp and Hugging Face do. The
- * plain text after a matched token gets the space prefix again, like the
- * start of the text. Invalid UTF-8 is tokenized byte-wise, never an error.
+ * tokens are matched either way, as llama.cpp and Hugging Face do. SPM:
+ * the plain text after a matched token gets the space prefix again, like
+ * the start of the text. BPE: each plain fragment between special tokens
+ * is pre-tokenized and merged on its own. Invalid UTF-8 is tokenized
+ * byte-wise, never an error.
  * Errors: SW_ERANGE (over 256 MiB), SW_ENOMEM, SW_EUNSUPPORTED (a byte the
  * vocabulary cannot represent: no byte token and no unk). */
 int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
@@ -106,7 +108,8 @@ float eng_token_score(const eng_tokenizer *tok, int32_t id);
  * tokens nothing; no space stripping). Writes at most cap bytes and returns
  * the full length (call with cap 0 to size a buffer). Concatenated over the
  * ids of eng_tokenize, this gives back the input bytes exactly, invalid
- * UTF-8 included (BPE; SPM loses the space prefix rule only). */
+ * UTF-8 included, for BPE; for SPM it also holds the space prefix that
+ * tokenizing added (one " " at the start and after each special token). */
 size_t eng_token_to_bytes(const eng_tokenizer *tok, int32_t id, char *out, size_t cap);
 
 /* Streaming detokenizer state: zero-initialise (or eng_detok_reset).

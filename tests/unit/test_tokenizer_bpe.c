@@ -682,6 +682,162 @@ static void test_invalid_utf8(void **state)
     }
 }
 
+/* ---- a naive reference for the merge rule -------------------------------- */
+
+/* Merges as "left right" strings sorted bytewise, with their ranks, for
+ * bsearch: a lookup independent of the library's hash table. */
+typedef struct naive_merge {
+    char *text;
+    long rank;
+} naive_merge;
+
+static int naive_cmp(const void *a, const void *b)
+{
+    return strcmp(((const naive_merge *)a)->text, ((const naive_merge *)b)->text);
+}
+
+/* The merge rule as written in the GPT-2 description, O(n^2) per word:
+ * while some adjacent pair has a rank, merge the lowest-ranked (leftmost)
+ * one. Words here are ASCII letters, which are their own byte symbols. */
+static size_t naive_bpe(const naive_merge *m, size_t n_merges, const char *word,
+                        char sym[][64], size_t n_sym_max)
+{
+    size_t n = strlen(word);
+    assert_true(n <= n_sym_max);
+    for (size_t i = 0; i < n; i++) {
+        sym[i][0] = word[i];
+        sym[i][1] = '\0';
+    }
+    for (;;) {
+        long best = -1;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < n; i++) {
+            char key[130];
+            snprintf(key, sizeof key, "%s %s", sym[i], sym[i + 1]);
+            naive_merge probe = {key, 0};
+            const naive_merge *hit = bsearch(&probe, m, n_merges, sizeof *m, naive_cmp);
+            if (hit && (best < 0 || hit->rank < best)) {
+                best = hit->rank;
+                at = i;
+            }
+        }
+        if (best < 0)
+            return n;
+        size_t la = strlen(sym[at]), lb = strlen(sym[at + 1]);
+        assert_true(la + lb < 64);
+        memcpy(sym[at] + la, sym[at + 1], lb + 1);
+        memmove(sym + at + 1, sym + at + 2, (n - at - 2) * sizeof sym[0]);
+        n--;
+    }
+}
+
+static void check_naive(const char *name)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "vocab/%s", name);
+    const char *p = tu_shared_path(rel);
+    if (!p)
+        return;
+    eng_gguf *g = NULL;
+    assert_int_equal(eng_gguf_open(p, &g, NULL), SW_OK);
+    eng_tokenizer *tok = NULL;
+    assert_int_equal(eng_tokenizer_load(g, &tok, NULL), SW_OK);
+    int64_t kv = eng_gguf_find_key(g, "tokenizer.ggml.merges");
+    eng_gguf_value_type et;
+    uint64_t n_merges;
+    assert_int_equal(eng_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n_merges, NULL), SW_OK);
+    naive_merge *m = sw_calloc(n_merges, sizeof *m);
+    assert_non_null(m);
+    size_t kept = 0;
+    for (uint64_t i = 0; i < n_merges; i++) {
+        const char *str;
+        size_t len;
+        assert_int_equal(eng_gguf_arr_str(g, kv, i, &str, &len), SW_OK);
+        m[kept].text = sw_strndup(str, len);
+        m[kept].rank = (long)i;
+        kept++;
+    }
+    qsort(m, kept, sizeof *m, naive_cmp);
+    /* A duplicate merge keeps its first rank. */
+    for (size_t i = 1; i < kept; i++)
+        if (strcmp(m[i].text, m[i - 1].text) == 0 && m[i].rank > m[i - 1].rank)
+            m[i].rank = m[i - 1].rank;
+    eng_gguf_close(g);
+
+    /* Random lowercase words: one pre-token each under every expression. */
+    unsigned seed = 12345;
+    static char sym[64][64];
+    for (int t = 0; t < 300; t++) {
+        char word[48];
+        seed = seed * 1103515245u + 12345u;
+        size_t len = 1 + (seed >> 16) % 40;
+        for (size_t i = 0; i < len; i++) {
+            seed = seed * 1103515245u + 12345u;
+            /* Skewed towards common letters so that long merges happen. */
+            static const char letters[] = "etaoinshrdlucmfwypvbgkjqxz";
+            word[i] = letters[(seed >> 16) % ((seed >> 8) % 3 ? 10 : 26)];
+        }
+        word[len] = '\0';
+        size_t n_sym = naive_bpe(m, kept, word, sym, 64);
+        int32_t want[64];
+        for (size_t i = 0; i < n_sym; i++) {
+            want[i] = eng_token_find(tok, sym[i], strlen(sym[i]));
+            assert_true(want[i] >= 0);
+        }
+        int32_t *ids;
+        size_t n = tokenize(tok, word, len, false, false, &ids);
+        assert_ids_equal(ids, n, want, n_sym, word);
+        sw_free(ids);
+    }
+    for (size_t i = 0; i < kept; i++)
+        sw_free(m[i].text);
+    sw_free(m);
+    eng_tokenizer_free(tok);
+}
+
+static void test_naive_reference(void **state)
+{
+    (void)state;
+    /* Not llama-bpe: its whole-word lookup comes before the merges. */
+    check_naive("ggml-vocab-qwen2.gguf");
+    check_naive("ggml-vocab-gpt-2.gguf");
+}
+
+/* Random bytes (spaces, digits, newlines, punctuation, invalid UTF-8): the
+ * ids always stand for exactly the input bytes. */
+static void test_random_bytes(void **state)
+{
+    (void)state;
+    static const char *const files[] = {"ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf",
+                                        "ggml-vocab-gpt-2.gguf"};
+    static const char alphabet[] = " \n\r\t'sStT0123456789aZ!.,\"\xC3\xA9\xE4\xB8\x96\xF0\x9F";
+    for (size_t f = 0; f < 3; f++) {
+        eng_tokenizer *tok = load_shared(files[f]);
+        if (!tok)
+            return;
+        unsigned seed = 99 + (unsigned)f;
+        for (int t = 0; t < 200; t++) {
+            char text[96];
+            seed = seed * 1103515245u + 12345u;
+            size_t len = (seed >> 16) % sizeof text;
+            for (size_t i = 0; i < len; i++) {
+                seed = seed * 1103515245u + 12345u;
+                text[i] = (seed >> 8) % 8 == 0 ? (char)(seed >> 16)
+                                                : alphabet[(seed >> 16) % (sizeof alphabet - 1)];
+            }
+            int32_t *ids;
+            size_t n = tokenize(tok, text, len, false, false, &ids);
+            size_t back_len;
+            char *back = ids_to_bytes(tok, ids, n, &back_len);
+            assert_int_equal(back_len, len);
+            assert_memory_equal(back, text, len);
+            sw_free(back);
+            sw_free(ids);
+        }
+        eng_tokenizer_free(tok);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -697,6 +853,8 @@ int main(void)
         cmocka_unit_test(test_llama3_special_and_pretok),
         cmocka_unit_test(test_qwen2_and_gpt2_pretok),
         cmocka_unit_test(test_invalid_utf8),
+        cmocka_unit_test(test_naive_reference),
+        cmocka_unit_test(test_random_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,13 @@
  * copy data in with dev_upload rather than memcpy.
  *
  * Fault injection (device/fault.h) applies to every device's allocations.
+ *
+ * Handles: a handle belongs to the process that opened it; a child made by
+ * fork() must open its own (dev_alloc on an inherited handle is SW_EINVAL,
+ * dev_close there only unmaps). Calls on one handle may come from several
+ * threads. On sim-gpu each handle has its own slot in the pool, so
+ * self_bytes and what dev_close returns are per handle even when one process
+ * opens the same pool twice.
  */
 #ifndef SPILLWAY_DEVICE_DEVICE_H
 #define SPILLWAY_DEVICE_DEVICE_H
@@ -47,6 +54,9 @@ typedef struct dev_memory {
     uint64_t used_bytes;      /* by every process */
     uint64_t free_bytes;      /* total - used (cpu: MemAvailable) */
     uint64_t self_bytes;      /* allocated by this process through this handle */
+    /* cpu: total = MemTotal, free = MemAvailable, used = total - free (every
+     * process on the machine). sim-gpu: total = capacity, used = sum over the
+     * live processes' handles, exact to the byte. */
 } dev_memory;
 
 typedef struct dev_device dev_device;
@@ -64,9 +74,14 @@ const char *dev_kind_name(dev_kind kind);     /* "cpu", "sim-gpu", "cuda" */
 const char *dev_spec(const dev_device *dev);  /* as opened, e.g. "sim-gpu:demo" */
 bool dev_is_simulated(const dev_device *dev);
 
-/* Allocates bytes (64-byte aligned); SW_EDEVOOM with a message giving the
- * bytes asked, used and total when it does not fit (or a fault is
- * injected). `purpose` names the allocation in logs ("weights", "kv"). */
+/* Allocates bytes (64-byte aligned; 0 bytes gives a valid pointer);
+ * SW_EDEVOOM with a message giving the bytes asked, used and total when it
+ * does not fit (or a fault is injected, which the message says). Never
+ * succeeds partially: on error *out is untouched and nothing is held. cpu
+ * refuses a single allocation above MemAvailable (Linux would overcommit
+ * and let the OOM killer decide later). sim-gpu: SW_ENOMEM if the host
+ * itself refuses the backing memory. `purpose` names the allocation in logs
+ * ("weights", "kv"). */
 int dev_alloc(dev_device *dev, size_t bytes, const char *purpose, void **out, sw_error *err);
 /* Returns an allocation; bytes must be what was asked. NULL is a no-op. */
 void dev_free(dev_device *dev, void *ptr, size_t bytes);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -558,6 +559,42 @@ static void test_sim_creation_race(void **state)
     assert_int_equal(dev_sim_unlink(pool_name("race"), &err), SW_OK);
 }
 
+/* A creator that died half-way (object never sized, or sized but never
+ * published) leaves a name that openers refuse after a short wait, with a
+ * message saying how to remove it, instead of using garbage or hanging. */
+static void test_sim_stale_half_created(void **state)
+{
+    (void)state;
+    char shm[96], spec[80], name[64];
+    dev_options opts = {.sim_capacity_bytes = 1 << 20};
+    dev_device *dev = NULL;
+    sw_error err;
+
+    snprintf(name, sizeof name, "%s", pool_name("stale"));
+    snprintf(spec, sizeof spec, "sim-gpu:%s", name);
+    snprintf(shm, sizeof shm, "/spillway-sim-%s", name);
+    int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    int rc = dev_open(spec, &opts, &dev, &err);
+    assert_true(rc == SW_EFORMAT);
+    assert_null(dev);
+    assert_non_null(strstr(err.message, "rm /dev/shm/spillway-sim-"));
+
+    assert_int_equal(ftruncate(fd, 64 << 10), 0); /* bigger than a pool, all zero */
+    rc = dev_open(spec, &opts, &dev, &err);
+    assert_true(rc == SW_EDEVICE);
+    assert_null(dev);
+    assert_non_null(strstr(err.message, "never became ready"));
+    close(fd);
+
+    /* After removal the name works again. */
+    assert_int_equal(dev_sim_unlink(name, &err), SW_OK);
+    dev = open_ok(spec, 1 << 20);
+    assert_int_equal(info_ok(dev).total_bytes, 1 << 20);
+    dev_close(dev);
+    assert_int_equal(dev_sim_unlink(name, &err), SW_OK);
+}
+
 /* ---- spillway hog --------------------------------------------------------- */
 
 typedef struct hog_proc {
@@ -744,7 +781,7 @@ static int unlink_pools(void **state)
 {
     (void)state;
     static const char *tags[] = {"cap", "mismatch", "inherit", "kill", "robust", "reuse",
-                                 "race", "hog", "hog-missing"};
+                                 "race", "stale", "hog", "hog-missing"};
     for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
         dev_sim_unlink(pool_name(tags[i]), NULL);
     return 0;
@@ -762,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_sim_lock_holder_killed),
         cmocka_unit_test(test_sim_reused_pid),
         cmocka_unit_test(test_sim_creation_race),
+        cmocka_unit_test(test_sim_stale_half_created),
         cmocka_unit_test(test_hog_sim),
         cmocka_unit_test(test_hog_cpu_and_usage),
     };

@@ -32,6 +32,10 @@
  *
  * The object is created with mode 0600: only the same user shares a pool.
  * Always reported as simulated (every log line says so).
+ *
+ * Limits: pids are compared in the caller's pid namespace, so processes in
+ * different containers must not share a pool; a process that exec()s keeps
+ * its slot (same pid, same start time) until it exits.
  */
 #include "device/sim/sim_pool.h"
 
@@ -265,9 +269,9 @@ static int map_existing(int fd, const char *spec, const char *shm_name, sim_shar
         if (st.st_size > 0 || now_ms() > deadline)
             return sw_error_set(err, SW_EFORMAT,
                                 "%s (simulated): /dev/shm%s is %lld bytes, not a pool of this "
-                                "spillway version (or its creator died); remove it with "
-                                "`spillway hog --device %s --unlink` or rm /dev/shm%s",
-                                spec, shm_name, (long long)st.st_size, spec, shm_name);
+                                "spillway version (or its creator died); remove it with rm "
+                                "/dev/shm%s",
+                                spec, shm_name, (long long)st.st_size, shm_name);
         sleep_ms(1);
     }
     s = mmap(NULL, sizeof(sim_shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -85,24 +85,40 @@ static void rms_norm(float *out, const float *x, const float *weight, int64_t n,
         out[i] = x[i] * scale * weight[i];
 }
 
-/* Rotates consecutive pairs (x[2i], x[2i+1]) of the first n_rot values of
- * each head by theta_i = pos * base^(-2i/n_rot) (the GGUF llama layout).
- * theta is advanced by repeated multiplication, as the reference engine does,
- * so the angles agree with it to the last bit. */
-static void rope(float *vec, int32_t n_heads, int32_t head_dim, int32_t n_rot,
-                 float theta_scale, int32_t pos)
+/* Rotates the first n_rot values of each head: pair i is (x[2i], x[2i+1])
+ * in the GGUF llama layout or (x[i], x[i + n_rot/2]) in the NeoX layout,
+ * by theta_i = (pos / linear) * base^(-2i/n_rot) / factor_i. theta is
+ * advanced by repeated multiplication, as the reference engine does, so the
+ * angles agree with it to the last bit. */
+static void rope(const eng_context *ctx, float *vec, int32_t n_heads, int32_t pos)
 {
-    float theta = (float)pos;
-    for (int32_t i = 0; i < n_rot / 2; i++) {
-        float c = cosf(theta), s = sinf(theta);
+    const eng_hparams *hp = &ctx->model->hp;
+    const float *factors = ctx->model->rope_factors;
+    const int32_t half = hp->n_rot / 2;
+    const bool neox = hp->rope_style == ENG_ROPE_NEOX;
+    float theta = (float)pos / hp->rope_linear_factor;
+    for (int32_t i = 0; i < half; i++) {
+        float angle = theta / factors[i];
+        float c = cosf(angle), s = sinf(angle);
+        int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         for (int32_t h = 0; h < n_heads; h++) {
-            float *p = vec + (int64_t)h * head_dim + 2 * i;
-            float a = p[0], b = p[1];
-            p[0] = a * c - b * s;
-            p[1] = a * s + b * c;
+            float *p = vec + (int64_t)h * hp->head_dim;
+            float a = p[i0], b = p[i1];
+            p[i0] = a * c - b * s;
+            p[i1] = a * s + b * c;
         }
-        theta *= theta_scale;
+        theta *= ctx->rope_theta_scale;
     }
+}
+
+static void add_bias(float *y, const eng_weight *bias, int64_t n_tokens, int64_t width)
+{
+    const float *b = bias->data;
+    if (!b)
+        return;
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t i = 0; i < width; i++)
+            y[t * width + i] += b[i];
 }
 
 /* ---- attention --------------------------------------------------------------- */
@@ -218,11 +234,14 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
             const eng_weight *w[3] = {&L->wq, &L->wk, &L->wv};
             float *y[3] = {q, k, v};
             matmul(ctx, 3, w, y, xn, n);
+            add_bias(q, &L->bq, n, q_dim);
+            add_bias(k, &L->bk, n, kv_dim);
+            add_bias(v, &L->bv, n, kv_dim);
         }
         for (int64_t t = 0; t < n; t++) {
             int32_t pos = meta[t].pos;
-            rope(q + t * q_dim, hp->n_head, hp->head_dim, hp->n_rot, ctx->rope_theta_scale, pos);
-            rope(k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, ctx->rope_theta_scale, pos);
+            rope(ctx, q + t * q_dim, hp->n_head, pos);
+            rope(ctx, k + t * kv_dim, hp->n_head_kv, pos);
             unsigned char *k_dst = kv_row(ctx, meta[t].seq, l, 0, pos);
             unsigned char *v_dst = kv_row(ctx, meta[t].seq, l, 1, pos);
             if (kv_f16) {

@@ -30,11 +30,12 @@ size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type)
 
 static const eng_weight *layer_weight(const eng_layer *L, int i)
 {
-    const eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                               &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
-    return i < 9 ? all[i] : NULL;
+    const eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
+                               &L->w_gate, &L->w_up, &L->w_down, &L->bq, &L->bk, &L->bv};
+    return i < 12 ? all[i] : NULL;
 }
-#define LAYER_WEIGHTS 9
+/* Absent tensors (no biases) have size 0 and take no room. */
+#define LAYER_WEIGHTS 12
 
 size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool with_output,
                                 bool padded)
@@ -168,9 +169,11 @@ static int place_weights(eng_context *ctx, sw_error *err)
     ctx->device_weights_bytes = bytes;
     for (int32_t l = 0; l < ctx->n_device_layers; l++) {
         eng_layer *L = &ctx->layers[l];
-        eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                             &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
+                             &L->w_gate, &L->w_up, &L->w_down, &L->bq, &L->bk, &L->bv};
         for (int i = 0; i < LAYER_WEIGHTS; i++) {
+            if (!all[i]->data)
+                continue;
             if ((rc = dev_upload(ctx->params.device, ctx->device_weights + at, all[i]->data,
                                  all[i]->size_bytes, err)))
                 return rc;

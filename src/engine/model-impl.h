@@ -19,6 +19,7 @@ typedef struct eng_weight {
 
 typedef struct eng_layer {
     eng_weight attn_norm; /* (n_embd) f32 */
+    eng_weight bq, bk, bv; /* qwen2: (q_dim), (kv_dim), (kv_dim) f32 biases; data NULL if none */
     eng_weight wq;        /* (n_embd -> n_head*head_dim) */
     eng_weight wk;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wv;        /* (n_embd -> n_head_kv*head_dim) */
@@ -38,6 +39,7 @@ struct eng_model {
     eng_weight output;         /* (n_embd -> n_vocab); == token_embd when tied */
     eng_layer *layers;         /* n_layer */
     size_t weights_bytes;
+    float *rope_factors;       /* n_rot / 2 divisors of each RoPE frequency (1 = none) */
 };
 
 /* The workspace: every activation buffer of the forward pass, carved from

@@ -8,11 +8,12 @@
 #include "common/log.h"
 #include "engine/quant.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama";
+static const char *const supported_architectures = "llama, qwen2";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -45,6 +46,87 @@ static int read_f32(const eng_gguf *g, const char *arch, const char *suffix, flo
     return rc == SW_ENOTFOUND ? SW_OK : rc;
 }
 
+/* Llama 3's RoPE frequency rule (Meta's reference): long wavelengths are
+ * divided by `factor`, short ones kept, the band between interpolated. */
+static float llama3_rope_factor(float freq, float factor, float low_freq_factor,
+                                float high_freq_factor, float original_ctx)
+{
+    const float pi = 3.14159265358979323846f;
+    float low_freq_wavelen = original_ctx / low_freq_factor;
+    float high_freq_wavelen = original_ctx / high_freq_factor;
+    float wavelen = 2.0f * pi / freq;
+    if (wavelen < high_freq_wavelen)
+        return 1.0f;
+    if (wavelen > low_freq_wavelen)
+        return factor;
+    float smooth = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    float scaled = (1.0f - smooth) * freq / factor + smooth * freq;
+    return freq / scaled;
+}
+
+/* RoPE scaling: linear (positions), and per-frequency divisors from the
+ * rope_freqs.weight tensor or the Llama 3 metadata. */
+static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
+{
+    const eng_gguf *g = m->gguf;
+    eng_hparams *hp = &m->hp;
+    int32_t n = hp->n_rot / 2;
+    char key[128];
+    const char *type = NULL;
+    size_t type_len = 0;
+    float factor = 1.0f;
+    int rc;
+
+    m->rope_factors = sw_calloc((size_t)n, sizeof(float));
+    if (!m->rope_factors)
+        return sw_error_set(err, SW_ENOMEM, "out of memory");
+    for (int32_t i = 0; i < n; i++)
+        m->rope_factors[i] = 1.0f;
+    hp->rope_linear_factor = 1.0f;
+
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    rc = eng_gguf_get_str(g, key, &type, &type_len, err);
+    if (rc != SW_OK && rc != SW_ENOTFOUND)
+        return rc;
+    if ((rc = read_f32(g, arch, "rope.scaling.factor", &factor, err)))
+        return rc;
+    if (type && type_len == 6 && memcmp(type, "linear", 6) == 0) {
+        if (!(factor > 0.0f))
+            return sw_error_set(err, SW_EFORMAT, "rope scaling factor must be positive");
+        hp->rope_linear_factor = factor;
+    } else if (type && type_len == 6 && memcmp(type, "llama3", 6) == 0) {
+        float low = 1.0f, high = 4.0f, original = 8192.0f;
+        if ((rc = read_f32(g, arch, "rope.scaling.low_freq_factor", &low, err)) ||
+            (rc = read_f32(g, arch, "rope.scaling.high_freq_factor", &high, err)) ||
+            (rc = read_f32(g, arch, "rope.scaling.original_context_length", &original, err)))
+            return rc;
+        if (!(factor > 0.0f) || !(high > low) || !(original > 0.0f))
+            return sw_error_set(err, SW_EFORMAT, "llama3 rope scaling parameters out of range");
+        for (int32_t i = 0; i < n; i++) {
+            float freq = powf(hp->rope_freq_base, -2.0f * (float)i / (float)hp->n_rot);
+            m->rope_factors[i] = llama3_rope_factor(freq, factor, low, high, original);
+        }
+    } else if (type && !(type_len == 4 && memcmp(type, "none", 4) == 0)) {
+        return sw_error_set(err, SW_EUNSUPPORTED, "unsupported rope scaling '%.*s' (supported: "
+                            "none, linear, llama3)", (int)(type_len > 32 ? 32 : type_len), type);
+    }
+
+    /* Files converted from Llama 3.1+ carry the factors as a tensor. */
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(g, "rope_freqs.weight");
+    if (t) {
+        if (t->type != ENG_TYPE_F32 || t->n_dims != 1 || t->ne[0] != n)
+            return sw_error_set(err, SW_EFORMAT, "tensor 'rope_freqs.weight' should be %d f32 "
+                                "values", n);
+        const float *f = t->data;
+        for (int32_t i = 0; i < n; i++) {
+            if (!(f[i] > 0.0f))
+                return sw_error_set(err, SW_EFORMAT, "rope_freqs.weight[%d] is not positive", i);
+            m->rope_factors[i] = f[i];
+        }
+    }
+    return SW_OK;
+}
+
 static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
 {
     const char *arch;
@@ -54,26 +136,34 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
         return sw_error_set(err, SW_EFORMAT, "model metadata is missing 'general.architecture'");
     if (rc != SW_OK)
         return rc;
-    if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
+    if (arch_len == 5 && memcmp(arch, "llama", 5) == 0) {
+        hp->arch = ENG_ARCH_LLAMA;
+        hp->rope_style = ENG_ROPE_NORMAL;
+    } else if (arch_len == 5 && memcmp(arch, "qwen2", 5) == 0) {
+        hp->arch = ENG_ARCH_QWEN2;
+        hp->rope_style = ENG_ROPE_NEOX;
+    } else {
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "unsupported model architecture '%.*s' (supported: %s)",
                             (int)(arch_len > 64 ? 64 : arch_len), arch, supported_architectures);
+    }
     memcpy(hp->architecture, arch, arch_len);
     hp->architecture[arch_len] = '\0';
+    const char *a = hp->architecture;
 
     hp->n_ctx_train = 2048;
     hp->rms_eps = 1e-5f;
-    hp->rope_freq_base = 10000.0f;
-    if ((rc = read_u32(g, "llama", "embedding_length", &hp->n_embd, true, err)) ||
-        (rc = read_u32(g, "llama", "block_count", &hp->n_layer, true, err)) ||
-        (rc = read_u32(g, "llama", "feed_forward_length", &hp->n_ff, true, err)) ||
-        (rc = read_u32(g, "llama", "attention.head_count", &hp->n_head, true, err)) ||
-        (rc = read_u32(g, "llama", "context_length", &hp->n_ctx_train, false, err)))
+    hp->rope_freq_base = hp->arch == ENG_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
+    if ((rc = read_u32(g, a, "embedding_length", &hp->n_embd, true, err)) ||
+        (rc = read_u32(g, a, "block_count", &hp->n_layer, true, err)) ||
+        (rc = read_u32(g, a, "feed_forward_length", &hp->n_ff, true, err)) ||
+        (rc = read_u32(g, a, "attention.head_count", &hp->n_head, true, err)) ||
+        (rc = read_u32(g, a, "context_length", &hp->n_ctx_train, false, err)))
         return rc;
     hp->n_head_kv = hp->n_head;
-    if ((rc = read_u32(g, "llama", "attention.head_count_kv", &hp->n_head_kv, false, err)) ||
-        (rc = read_f32(g, "llama", "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)) ||
-        (rc = read_f32(g, "llama", "rope.freq_base", &hp->rope_freq_base, err)))
+    if ((rc = read_u32(g, a, "attention.head_count_kv", &hp->n_head_kv, false, err)) ||
+        (rc = read_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)) ||
+        (rc = read_f32(g, a, "rope.freq_base", &hp->rope_freq_base, err)))
         return rc;
     if (hp->n_embd % hp->n_head != 0)
         return sw_error_set(err, SW_EFORMAT, "embedding length %d is not a multiple of %d heads",
@@ -83,7 +173,7 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
                             hp->n_head, hp->n_head_kv);
     hp->head_dim = hp->n_embd / hp->n_head;
     hp->n_rot = hp->head_dim;
-    if ((rc = read_u32(g, "llama", "rope.dimension_count", &hp->n_rot, false, err)))
+    if ((rc = read_u32(g, a, "rope.dimension_count", &hp->n_rot, false, err)))
         return rc;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return sw_error_set(err, SW_EFORMAT, "rope dimension count %d does not fit head size %d",
@@ -115,10 +205,20 @@ static int bind_weight(const eng_gguf *g, const char *name, int64_t n_in, int64_
                             (long long)n_in, (long long)n_out);
     }
     traits = eng_type_traits_get(t->type);
-    if (!traits || !traits->supported)
+    if (!traits || !traits->supported) {
+        char supported[256] = "";
+        for (uint32_t id = 0; id < ENG_TYPE_COUNT_; id++) {
+            const eng_type_traits *tt = eng_type_traits_get(id);
+            if (tt && tt->supported) {
+                size_t len = strlen(supported);
+                snprintf(supported + len, sizeof supported - len, "%s%s", len ? ", " : "",
+                         tt->name);
+            }
+        }
         return sw_error_set(err, SW_EUNSUPPORTED, "tensor '%s' has type %s, which this engine "
-                            "does not run yet (supported: f32, f16, q8_0, q4_0)", name,
-                            traits ? traits->name : "unknown");
+                            "does not run yet (supported: %s)", name,
+                            traits ? traits->name : "unknown", supported);
+    }
     out->data = t->data;
     out->type = t->type;
     out->n_in = n_in;
@@ -186,6 +286,19 @@ static int bind_weights(eng_model *m, sw_error *err)
                                   spec[s].dst, err)))
                 return rc;
         }
+        /* Q/K/V biases: required by qwen2, allowed (rare) for llama. */
+        struct {
+            const char *suffix;
+            int64_t n;
+            eng_weight *dst;
+        } bias[] = {{"attn_q", q_dim, &L->bq}, {"attn_k", kv_dim, &L->bk}, {"attn_v", kv_dim, &L->bv}};
+        for (size_t b = 0; b < 3; b++) {
+            snprintf(name, sizeof name, "blk.%d.%s.bias", i, bias[b].suffix);
+            if (!eng_gguf_find_tensor(g, name) && hp->arch != ENG_ARCH_QWEN2)
+                continue;
+            if ((rc = bind_weight(g, name, bias[b].n, 0, true, bias[b].dst, err)))
+                return rc;
+        }
     }
     return SW_OK;
 }
@@ -198,7 +311,8 @@ int eng_model_load(const char *path, eng_model **out, sw_error *err)
         return sw_error_set(err, SW_ENOMEM, "out of memory loading %s", path);
     if ((rc = eng_gguf_open(path, &m->gguf, err)))
         goto fail;
-    if ((rc = read_hparams(m->gguf, &m->hp, err)) || (rc = bind_weights(m, err)))
+    if ((rc = read_hparams(m->gguf, &m->hp, err)) || (rc = bind_weights(m, err)) ||
+        (rc = read_rope_scaling(m, m->hp.architecture, err)))
         goto fail;
     if ((rc = eng_tokenizer_load(m->gguf, &m->tokenizer, err)))
         goto fail;
@@ -224,6 +338,7 @@ void eng_model_free(eng_model *model)
     if (!model)
         return;
     eng_tokenizer_free(model->tokenizer);
+    sw_free(model->rope_factors);
     sw_free(model->layers);
     eng_gguf_close(model->gguf);
     sw_free(model);

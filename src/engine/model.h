@@ -22,8 +22,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Architectures the engine runs. */
+typedef enum eng_arch {
+    ENG_ARCH_LLAMA = 0,  /* Llama 1/2/3, Mistral, TinyLlama, SmolLM */
+    ENG_ARCH_QWEN2 = 1,  /* Qwen2 / Qwen2.5: Q/K/V biases, NeoX-style RoPE */
+} eng_arch;
+
+/* How RoPE pairs the dimensions of a head: consecutive (x[2i], x[2i+1]) for
+ * the GGUF llama layout, or halves (x[i], x[i + n_rot/2]) for NeoX. */
+typedef enum eng_rope_style {
+    ENG_ROPE_NORMAL = 0,
+    ENG_ROPE_NEOX = 1,
+} eng_rope_style;
+
 typedef struct eng_hparams {
     char architecture[32];
+    eng_arch arch;
+    eng_rope_style rope_style;
     int32_t n_vocab;
     int32_t n_embd;      /* model width (dim) */
     int32_t n_layer;
@@ -35,6 +50,11 @@ typedef struct eng_hparams {
     int32_t n_ctx_train;
     float rms_eps;
     float rope_freq_base;
+    /* RoPE scaling: positions are divided by rope_linear_factor (linear
+     * scaling, 1 = none); each frequency i is divided by a factor from the
+     * file's rope_freqs.weight tensor or from the Llama 3 rule
+     * (rope.scaling.type "llama3"), see eng_model_rope_factors. */
+    float rope_linear_factor;
     bool tied_output;    /* output head shares token_embd */
 } eng_hparams;
 

@@ -503,6 +503,21 @@ static void test_sim_reused_pid(void **state)
     assert_int_equal(info_ok(dev).used_bytes, 0);
     kill(pid, SIGKILL);
     wait_child(pid, CHILD_TIMEOUT_MS);
+
+    /* A handle whose slot was taken from it (as if this process had been
+     * mistaken for a dead one) refuses to go on instead of charging whoever
+     * holds the slot now. */
+    void *p = NULL;
+    assert_int_equal(dev_alloc(dev, 1000, "before", &p, &err), SW_OK);
+    assert_int_equal(dev__sim_forge_start_time(dev, (long)getpid(), 1, &err), 1);
+    assert_int_equal(info_ok(dev).used_bytes, 0);
+    assert_int_equal(info_ok(dev).self_bytes, 0);
+    void *q = NULL;
+    assert_int_equal(dev_alloc(dev, 1000, "after", &q, &err), SW_EDEVICE);
+    assert_null(q);
+    assert_non_null(strstr(err.message, "reclaimed"));
+    dev_free(dev, p, 1000);
+    assert_int_equal(info_ok(dev).used_bytes, 0);
     dev_close(dev);
     assert_int_equal(dev_sim_unlink(pool_name("reuse"), &err), SW_OK);
 }
@@ -695,6 +710,19 @@ static void test_hog_sim(void **state)
     if (!strstr(errtext, expect))
         print_message("stderr: %s\n", errtext);
     assert_non_null(strstr(errtext, expect));
+
+    /* More than the whole capacity: exit 3 too. */
+    char *argv_big[] = {(char *)bin, "hog", "--device", spec, "--bytes", "5MiB", NULL};
+    h2 = hog_start(argv_big);
+    read_until(h2.err_fd, errtext, sizeof errtext, false, CHILD_TIMEOUT_MS);
+    status = wait_child(h2.pid, CHILD_TIMEOUT_MS);
+    close(h2.out_fd);
+    close(h2.err_fd);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 3);
+    snprintf(expect, sizeof expect, "%s out of memory: asked 5242880 bytes (5.0 MiB)", spec);
+    assert_non_null(strstr(errtext, expect));
+    assert_non_null(strstr(errtext, "used of 4194304 bytes (4.0 MiB)"));
 
     /* SIGTERM: the hog frees, exits 0, and the memory is back. */
     assert_int_equal(kill(h.pid, SIGTERM), 0);

@@ -455,6 +455,18 @@ static void sim_close(dev_device *dev)
     sw_free(h);
 }
 
+/* The handle's slot no longer names this process: something (another
+ * process that misread /proc, a forged start time in a test) reclaimed it.
+ * Accounting through it would charge or credit whoever holds it now. */
+static int slot_lost(dev_device *dev, sw_error *err)
+{
+    SW_ERROR("device", "%s (simulated): this handle's pool slot was reclaimed while the process "
+             "was alive; reopen the device", dev->spec);
+    return sw_error_set(err, SW_EDEVICE,
+                        "%s (simulated): this handle's pool slot was reclaimed; reopen the device",
+                        dev->spec);
+}
+
 static int sim_alloc(dev_device *dev, size_t bytes, void **out, sw_error *err)
 {
     sim_handle *h = dev->impl;
@@ -478,6 +490,11 @@ static int sim_alloc(dev_device *dev, size_t bytes, void **out, sw_error *err)
             return rc;
         }
         reclaim_dead(h, dev->spec);
+        if (s->slots[h->slot].pid != (int64_t)getpid()) {
+            pool_unlock(h);
+            sw_free(ptr);
+            return slot_lost(dev, err);
+        }
         used = pool_used(s);
         if (used <= s->capacity_bytes && (uint64_t)bytes <= s->capacity_bytes - used) {
             s->slots[h->slot].bytes += bytes;
@@ -507,7 +524,8 @@ static void sim_free(dev_device *dev, void *ptr, size_t bytes)
     sim_handle *h = dev->impl;
     if (pool_lock(h, dev->spec, NULL) == SW_OK) {
         sim_slot *slot = &h->shared->slots[h->slot];
-        slot->bytes -= (uint64_t)bytes <= slot->bytes ? (uint64_t)bytes : slot->bytes;
+        if (slot->pid == (int64_t)getpid())
+            slot->bytes -= (uint64_t)bytes <= slot->bytes ? (uint64_t)bytes : slot->bytes;
         pool_unlock(h);
     } else {
         SW_ERROR("device", "%s (simulated): could not lock the pool to free %zu bytes; they "
@@ -525,7 +543,7 @@ static int sim_memory_info(dev_device *dev, dev_memory *out, sw_error *err)
         return rc;
     reclaim_dead(h, dev->spec);
     uint64_t used = pool_used(s);
-    uint64_t self = s->slots[h->slot].bytes;
+    uint64_t self = s->slots[h->slot].pid == (int64_t)getpid() ? s->slots[h->slot].bytes : 0;
     pool_unlock(h);
     out->total_bytes = s->capacity_bytes;
     out->used_bytes = used;

@@ -358,13 +358,16 @@ static child_result run_child(void (*fn)(int tokens_fd), char *const argv[], cha
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(99);
-        dup2(errp[1], 2);
-        dup2(tok[1], 3);
+        /* Read ends first: one of them may be fd 3 itself. */
         close(tok[0]);
         close(errp[0]);
-        if (tok[1] != 3)
+        dup2(errp[1], 2);
+        if (errp[1] != 2 && errp[1] != 3 && errp[1] != tok[1])
+            close(errp[1]);
+        if (tok[1] != 3) {
+            dup2(tok[1], 3);
             close(tok[1]);
-        close(errp[1]);
+        }
         if (argv) {
             execve(argv[0], argv, envp);
             _exit(127);

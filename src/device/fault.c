@@ -186,6 +186,8 @@ void dev_fault_set(const dev_fault_config *config)
     atomic_store(&fault_alloc_calls, 0);
 }
 
+/* Every call counts toward alloc_fail_after, including one refused by
+ * alloc_fail_over: "the first N allocations" are the first N attempts. */
 bool dev_fault_alloc_should_fail(size_t bytes)
 {
     const dev_fault_config *cfg = dev_fault_get();

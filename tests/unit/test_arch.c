@@ -1,0 +1,367 @@
+/* test_arch.c - the architectures and RoPE variants, checked by equivalence
+ * rather than by recorded numbers:
+ *   - NeoX RoPE pairs (x[i], x[i + d/2]) where the llama layout pairs
+ *     (x[2i], x[2i+1]); so a qwen2 file whose Q/K rows (and biases) are
+ *     permuted accordingly must compute exactly what the llama file does;
+ *   - Q/K/V biases are really added (a llama file with non-zero biases
+ *     differs from one without, and its qwen2 twin agrees with it);
+ *   - RoPE scaling: all-ones rope_freqs is a no-op, other factors and linear
+ *     scaling change the output, and the llama3 rule's factors match the
+ *     published formula.
+ * Files are derived from a `model make` model by rewriting its GGUF. */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "engine/model-impl.h"
+#include "engine/model_make.h"
+#include "engine/quant.h"
+
+#define _USE_MATH_DEFINES
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct rewrite {
+    const char *arch;         /* new general.architecture (keys renamed) */
+    bool permute_neox;        /* reorder Q/K rows: llama pairs -> NeoX halves */
+    float bias_value;         /* != 0: add Q/K/V biases with this pattern */
+    const float *rope_freqs;  /* add rope_freqs.weight (n_rot/2 values) */
+    float linear_scale;       /* != 0: llama.rope.scaling.type linear */
+    bool llama3;              /* llama3 rope scaling keys (factor 8, 1, 4, 8192) */
+} rewrite;
+
+/* Row index in the llama layout for row r of the NeoX layout, within a head. */
+static int64_t neox_source_row(int64_t r, int64_t head_dim)
+{
+    int64_t h = r / head_dim, i = r % head_dim, half = head_dim / 2;
+    return h * head_dim + (i < half ? 2 * i : 2 * (i - half) + 1);
+}
+
+static float bias_at(float value, int64_t i) { return value * (float)((i * 7) % 11 - 5) / 5.0f; }
+
+static void rewrite_model(const char *src, const char *dst, const rewrite *rw, int32_t head_dim)
+{
+    eng_gguf *g;
+    sw_error err;
+    if (eng_gguf_open(src, &g, &err))
+        fail_msg("open: %s", err.message);
+    eng_gguf_writer *w = eng_gguf_writer_create();
+    for (int64_t i = 0; i < eng_gguf_n_kv(g); i++) {
+        const char *key = eng_gguf_kv_key(g, i);
+        char renamed[256];
+        if (rw->arch && strncmp(key, "llama.", 6) == 0)
+            snprintf(renamed, sizeof renamed, "%s.%s", rw->arch, key + 6);
+        else
+            snprintf(renamed, sizeof renamed, "%s", key);
+        switch (eng_gguf_kv_type(g, i)) {
+        case ENG_GGUF_UINT32: {
+            uint32_t v;
+            assert_int_equal(eng_gguf_get_u32(g, key, &v, NULL), SW_OK);
+            eng_gguf_writer_set_u32(w, renamed, v);
+            break;
+        }
+        case ENG_GGUF_UINT64: {
+            uint64_t v;
+            assert_int_equal(eng_gguf_get_u64(g, key, &v, NULL), SW_OK);
+            eng_gguf_writer_set_u64(w, renamed, v);
+            break;
+        }
+        case ENG_GGUF_INT32: {
+            int32_t v;
+            assert_int_equal(eng_gguf_get_i32(g, key, &v, NULL), SW_OK);
+            eng_gguf_writer_set_i32(w, renamed, v);
+            break;
+        }
+        case ENG_GGUF_FLOAT32: {
+            float v;
+            assert_int_equal(eng_gguf_get_f32(g, key, &v, NULL), SW_OK);
+            eng_gguf_writer_set_f32(w, renamed, v);
+            break;
+        }
+        case ENG_GGUF_BOOL: {
+            bool v;
+            assert_int_equal(eng_gguf_get_bool(g, key, &v, NULL), SW_OK);
+            eng_gguf_writer_set_bool(w, renamed, v);
+            break;
+        }
+        case ENG_GGUF_STRING: {
+            const char *p;
+            size_t len;
+            assert_int_equal(eng_gguf_get_str(g, key, &p, &len, NULL), SW_OK);
+            char *copy = sw_strndup(p, len);
+            eng_gguf_writer_set_str(w, renamed,
+                                    strcmp(key, "general.architecture") == 0 && rw->arch ? rw->arch
+                                                                                      : copy);
+            sw_free(copy);
+            break;
+        }
+        case ENG_GGUF_ARRAY: {
+            eng_gguf_value_type et;
+            uint64_t n;
+            assert_int_equal(eng_gguf_get_arr(g, key, &et, &n, NULL), SW_OK);
+            if (et == ENG_GGUF_STRING) {
+                char **strs = sw_calloc(n, sizeof *strs);
+                for (uint64_t j = 0; j < n; j++) {
+                    const char *p;
+                    size_t len;
+                    eng_gguf_arr_str(g, i, j, &p, &len);
+                    strs[j] = sw_strndup(p, len);
+                }
+                eng_gguf_writer_set_arr_str(w, renamed, (const char *const *)strs, n);
+                for (uint64_t j = 0; j < n; j++)
+                    sw_free(strs[j]);
+                sw_free(strs);
+            } else if (et == ENG_GGUF_FLOAT32) {
+                float *v = sw_calloc(n, sizeof *v);
+                for (uint64_t j = 0; j < n; j++)
+                    eng_gguf_arr_f32(g, i, j, &v[j]);
+                eng_gguf_writer_set_arr_f32(w, renamed, v, n);
+                sw_free(v);
+            } else {
+                int32_t *v = sw_calloc(n, sizeof *v);
+                for (uint64_t j = 0; j < n; j++)
+                    eng_gguf_arr_i32(g, i, j, &v[j]);
+                eng_gguf_writer_set_arr_i32(w, renamed, v, n);
+                sw_free(v);
+            }
+            break;
+        }
+        default:
+            fail_msg("unexpected key type in %s", key);
+        }
+    }
+    if (rw->linear_scale != 0.0f) {
+        char key[64];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", rw->arch ? rw->arch : "llama");
+        eng_gguf_writer_set_str(w, key, "linear");
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", rw->arch ? rw->arch : "llama");
+        eng_gguf_writer_set_f32(w, key, rw->linear_scale);
+    }
+    if (rw->llama3) {
+        eng_gguf_writer_set_str(w, "llama.rope.scaling.type", "llama3");
+        eng_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 8.0f);
+        eng_gguf_writer_set_f32(w, "llama.rope.scaling.low_freq_factor", 1.0f);
+        eng_gguf_writer_set_f32(w, "llama.rope.scaling.high_freq_factor", 4.0f);
+        eng_gguf_writer_set_f32(w, "llama.rope.scaling.original_context_length", 8192.0f);
+    }
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+        bool is_qk = strstr(t->name, ".attn_q.weight") || strstr(t->name, ".attn_k.weight");
+        if (rw->permute_neox && is_qk) {
+            size_t row_bytes = t->size_bytes / (size_t)t->ne[1];
+            unsigned char *data = sw_malloc(t->size_bytes);
+            for (int64_t r = 0; r < t->ne[1]; r++)
+                memcpy(data + (size_t)r * row_bytes,
+                       (const unsigned char *)t->data +
+                           (size_t)neox_source_row(r, head_dim) * row_bytes,
+                       row_bytes);
+            eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, data, t->size_bytes);
+            sw_free(data);
+        } else {
+            eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
+                                       t->size_bytes);
+        }
+        if (rw->bias_value != 0.0f && (is_qk || strstr(t->name, ".attn_v.weight"))) {
+            char name[96];
+            int64_t n = t->ne[1];
+            float *b = sw_calloc((size_t)n, sizeof *b);
+            bool permute = rw->permute_neox && is_qk;
+            for (int64_t r = 0; r < n; r++)
+                b[r] = bias_at(rw->bias_value, permute ? neox_source_row(r, head_dim) : r);
+            snprintf(name, sizeof name, "%.*s.bias", (int)(strlen(t->name) - 7), t->name);
+            eng_gguf_writer_add_tensor(w, name, ENG_TYPE_F32, 1, &n, b, (size_t)n * sizeof(float));
+            sw_free(b);
+        }
+    }
+    if (rw->rope_freqs) {
+        int64_t n = head_dim / 2;
+        eng_gguf_writer_add_tensor(w, "rope_freqs.weight", ENG_TYPE_F32, 1, &n, rw->rope_freqs,
+                                   (size_t)n * sizeof(float));
+    }
+    if (eng_gguf_writer_write(w, dst, &err))
+        fail_msg("write: %s", err.message);
+    eng_gguf_writer_free(w);
+    eng_gguf_close(g);
+}
+
+static const char *base_model(void)
+{
+    static char path[4096];
+    eng_model_make_params p = eng_model_make_default_params();
+    sw_error err;
+    p.n_embd = 128;
+    p.n_layer = 2;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.n_ff = 256;
+    p.n_vocab = 512;
+    p.weight_type = ENG_TYPE_F32;
+    p.seed = 5;
+    snprintf(path, sizeof path, "%s", tu_tmp_path("arch-base.gguf"));
+    if (eng_model_make(&p, path, &err))
+        fail_msg("make: %s", err.message);
+    return path;
+}
+
+/* Logits after a fixed 20-token prompt (positions well past 0 so RoPE acts). */
+static float *run_logits(const char *path, int32_t *n_vocab_out)
+{
+    eng_model *model;
+    eng_context *ctx;
+    sw_error err;
+    if (eng_model_load(path, &model, &err))
+        fail_msg("load %s: %s", path, err.message);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    cp.kv_type = ENG_TYPE_F32;
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
+    int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    int32_t tokens[20];
+    for (int i = 0; i < 20; i++)
+        tokens[i] = 3 + (i * 37) % (n_vocab - 3);
+    float *logits = sw_malloc(sizeof(float) * (size_t)n_vocab);
+    assert_int_equal(eng_decode(ctx, 0, tokens, 20, logits, &err), SW_OK);
+    eng_context_free(ctx);
+    eng_model_free(model);
+    *n_vocab_out = n_vocab;
+    return logits;
+}
+
+static float max_diff(const float *a, const float *b, int32_t n)
+{
+    float d = 0;
+    for (int32_t i = 0; i < n; i++)
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+    return d;
+}
+
+static void test_qwen2_neox_equals_permuted_llama(void **state)
+{
+    (void)state;
+    const char *base = base_model();
+    const int32_t head_dim = 32;
+    char llama_b[4096], qwen[4096], qwen_b[4096];
+    snprintf(llama_b, sizeof llama_b, "%s", tu_tmp_path("arch-llama-bias.gguf"));
+    snprintf(qwen, sizeof qwen, "%s", tu_tmp_path("arch-qwen2.gguf"));
+    snprintf(qwen_b, sizeof qwen_b, "%s", tu_tmp_path("arch-qwen2-bias.gguf"));
+    rewrite_model(base, llama_b, &(rewrite){.bias_value = 0.5f}, head_dim);
+    rewrite_model(base, qwen, &(rewrite){.arch = "qwen2", .permute_neox = true, .bias_value = 1e-30f}, head_dim);
+    rewrite_model(base, qwen_b, &(rewrite){.arch = "qwen2", .permute_neox = true, .bias_value = 0.5f}, head_dim);
+
+    int32_t n;
+    float *a = run_logits(base, &n);
+    float *b = run_logits(llama_b, &n);
+    float *c = run_logits(qwen, &n);
+    float *d = run_logits(qwen_b, &n);
+    /* Biases matter... */
+    assert_true(max_diff(a, b, n) > 1e-2f);
+    /* ...and NeoX on permuted rows is the llama layout, bias or not. */
+    if (max_diff(a, c, n) > 1e-4f || max_diff(b, d, n) > 1e-4f)
+        fail_msg("qwen2 twin differs: %g without biases, %g with", max_diff(a, c, n),
+                 max_diff(b, d, n));
+    /* Without the permutation the NeoX pairing is a different function. */
+    char unpermuted[4096];
+    snprintf(unpermuted, sizeof unpermuted, "%s", tu_tmp_path("arch-qwen2-raw.gguf"));
+    rewrite_model(base, unpermuted, &(rewrite){.arch = "qwen2", .bias_value = 1e-30f}, head_dim);
+    float *e = run_logits(unpermuted, &n);
+    assert_true(max_diff(a, e, n) > 1e-3f);
+    sw_free(a);
+    sw_free(b);
+    sw_free(c);
+    sw_free(d);
+    sw_free(e);
+
+    /* qwen2 requires the biases. */
+    eng_model *model;
+    sw_error err;
+    char nobias[4096];
+    snprintf(nobias, sizeof nobias, "%s", tu_tmp_path("arch-qwen2-nobias.gguf"));
+    rewrite_model(base, nobias, &(rewrite){.arch = "qwen2"}, head_dim);
+    assert_int_equal(eng_model_load(nobias, &model, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "attn_q.bias"));
+}
+
+static void test_rope_scaling(void **state)
+{
+    (void)state;
+    const char *base = base_model();
+    const int32_t head_dim = 32;
+    float ones[16], halves[16];
+    for (int i = 0; i < 16; i++) {
+        ones[i] = 1.0f;
+        halves[i] = i < 8 ? 1.0f : 4.0f;
+    }
+    char p1[4096], p2[4096], p3[4096];
+    snprintf(p1, sizeof p1, "%s", tu_tmp_path("arch-freqs1.gguf"));
+    snprintf(p2, sizeof p2, "%s", tu_tmp_path("arch-freqs4.gguf"));
+    snprintf(p3, sizeof p3, "%s", tu_tmp_path("arch-linear.gguf"));
+    rewrite_model(base, p1, &(rewrite){.rope_freqs = ones}, head_dim);
+    rewrite_model(base, p2, &(rewrite){.rope_freqs = halves}, head_dim);
+    rewrite_model(base, p3, &(rewrite){.linear_scale = 4.0f}, head_dim);
+    int32_t n;
+    float *a = run_logits(base, &n);
+    float *b = run_logits(p1, &n);
+    float *c = run_logits(p2, &n);
+    float *d = run_logits(p3, &n);
+    assert_true(max_diff(a, b, n) == 0.0f);
+    assert_true(max_diff(a, c, n) > 1e-4f);
+    assert_true(max_diff(a, d, n) > 1e-4f);
+    sw_free(a);
+    sw_free(b);
+    sw_free(c);
+    sw_free(d);
+
+    /* The llama3 rule: each frequency's divisor from the published formula
+     * (factor 8, low 1, high 4, original context 8192), recomputed here in
+     * double precision, on a 128-dim head with base 500000. */
+    eng_model_make_params p = eng_model_make_default_params();
+    sw_error err;
+    p.n_embd = 256;
+    p.n_layer = 1;
+    p.n_head = 2;
+    p.n_head_kv = 2;
+    p.n_ff = 64;
+    p.n_vocab = 300;
+    p.rope_freq_base = 500000.0f;
+    char l3src[4096], l3[4096];
+    snprintf(l3src, sizeof l3src, "%s", tu_tmp_path("arch-l3src.gguf"));
+    snprintf(l3, sizeof l3, "%s", tu_tmp_path("arch-l3.gguf"));
+    assert_int_equal(eng_model_make(&p, l3src, &err), SW_OK);
+    rewrite_model(l3src, l3, &(rewrite){.llama3 = true}, 128);
+    eng_model *model;
+    if (eng_model_load(l3, &model, &err))
+        fail_msg("load: %s", err.message);
+    int scaled = 0, kept = 0;
+    for (int i = 0; i < 64; i++) {
+        double freq = pow(500000.0, -2.0 * i / 128.0);
+        double wavelen = 2.0 * M_PI / freq;
+        double expect;
+        if (wavelen < 8192.0 / 4.0)
+            expect = 1.0;
+        else if (wavelen > 8192.0 / 1.0)
+            expect = 8.0;
+        else {
+            double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+            expect = freq / ((1.0 - smooth) * freq / 8.0 + smooth * freq);
+        }
+        scaled += expect == 8.0;
+        kept += expect == 1.0;
+        if (fabs(model->rope_factors[i] - expect) > 1e-4 * expect)
+            fail_msg("frequency %d: factor %g, formula %g", i, model->rope_factors[i], expect);
+    }
+    assert_true(scaled > 0 && kept > 0); /* the test spans all three bands */
+    eng_model_free(model);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen2_neox_equals_permuted_llama),
+        cmocka_unit_test(test_rope_scaling),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

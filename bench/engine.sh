@@ -6,12 +6,14 @@
 #
 #   bench/engine.sh [BUILD_DIR]        (default: build)
 #   MODELS="small-q8_0 1b-q8_0 1b-q4_0" THREADS=2 bench/engine.sh
+# The K-quant variants (1b-q4_k, 1b-q6_k: every matrix in that type) have
+# no reference figures; their columns print "-".
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
 dir="$build/models"
 threads=${THREADS:-2}
-models=${MODELS:-"small-q8_0 1b-q8_0 1b-q4_0"}
+models=${MODELS:-"small-q8_0 1b-q8_0 1b-q4_0 1b-q4_k 1b-q6_k"}
 mkdir -p "$dir"
 
 # Reference engine (llama.cpp CPU build, same shapes, 2 threads), tok/s.
@@ -32,5 +34,6 @@ for m in $models; do
   bw=$(field decode_read_gb_per_second)
   awk -v n="$m" -v p="$p" -v d="$d" -v rp="${ref_prefill[$m]:-0}" -v rd="${ref_decode[$m]:-0}" -v bw="$bw" \
     'function r(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "-" }
-     BEGIN { printf "%-12s %10.1f %10.1f %7s %10.1f %10.1f %7s %9.1f\n", n, p, rp, r(p, rp), d, rd, r(d, rd), bw }'
+     function f(v) { return v > 0 ? sprintf("%.1f", v) : "-" }
+     BEGIN { printf "%-12s %10.1f %10s %7s %10.1f %10s %7s %9.1f\n", n, p, f(rp), r(p, rp), d, f(rd), r(d, rd), bw }'
 done

@@ -24,6 +24,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 
 #define K_QK 32          /* values per quantized block */
@@ -259,6 +260,263 @@ static void k_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const
     k_matmul_q(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
 }
 
+
+/* ---- K-quant matrix products ------------------------------------------------ */
+
+/* Activations are Q8_K blocks (f32 d at 0, 256 int8 at 4, 16 int16 sums of
+ * 16 at 260). One ZMM step covers 64 values, which is one Q4_K/Q5_K group
+ * (32 bytes of nibbles: low nibbles are the group's first sub-block, high
+ * nibbles its second, in the same order as the 64 activations) or half of a
+ * Q6_K half (ql's 64 bytes hold values 0..63 in their low nibbles and
+ * 64..127 in their high ones). VPMADDUBSW (unsigned quants x signed x) and
+ * VPMADDWD by a word vector of the sub-blocks' scales give exact int32
+ * sums; the Q4_K/Q5_K mins use the activations' block sums, and Q6_K's
+ * offset of 32 is taken out as 32 * sum(scale * bsum). Tiles are R rows x T
+ * tokens: 8 x 1 in decode (one activation load serves 8 rows) and 2 x 4 in
+ * prefill (a row's unpacked quants and scales serve 4 tokens). */
+#define K_Q8K_BYTES 292
+
+K_INLINE void k_k_scales(const unsigned char *packed, uint64_t *sc, uint64_t *m)
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, packed, 4);
+    memcpy(&w1, packed + 4, 4);
+    memcpy(&w2, packed + 8, 4);
+    /* see quant.h: sc[0..3], m[0..3] are the low 6 bits of bytes 0..7;
+     * sc[4..7] and m[4..7] the nibbles of bytes 8..11 under the top two
+     * bits of bytes 0..3 and 4..7 */
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    *sc = (uint64_t)sc_hi << 32 | sc_lo;
+    *m = (uint64_t)m_hi << 32 | m_lo;
+}
+
+K_INLINE void k_tile_k(const int R, const int T, const int kind, const unsigned char *w,
+                       size_t w_row_bytes, const unsigned char *x, size_t x_row_bytes,
+                       int64_t nb, float *y, int64_t y_stride)
+{
+    const size_t wbytes = kind == 4 ? 144 : kind == 5 ? 176 : 210;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    /* per-qword shifts: first 32 bytes by a, last 32 by b */
+    const __m512i shift_0_4 = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i shift_4_2 = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
+    const __m512i shift_0_2 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+    /* mins m0 m0 m1 m1 ... m7 m7 (one per bsum) */
+    const __m512i dup_words = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512 acc[8][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *xb[4];
+        float dx[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            xb[t] = x + (size_t)t * x_row_bytes + (size_t)b * K_Q8K_BYTES;
+            memcpy(&dx[t], xb[t], 4);
+        }
+        __m512i sumi[8][4];
+        float dw[8];
+        if (kind == 6) {
+            __m512i sc16[8]; /* the 16 scales as words */
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
+                if (K_PREFETCH)
+                    _mm_prefetch((const char *)wb + K_PREFETCH, _MM_HINT_T0);
+                if (K_PREFETCH_TILE)
+                    _mm_prefetch((const char *)wb + (size_t)R * w_row_bytes, _MM_HINT_T1);
+                __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wb + 192)));
+                sc16[r] = _mm512_castsi256_si512(s);
+                short hd;
+                memcpy(&hd, wb + 208, 2);
+                dw[r] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(hd)));
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)(xb[t] + 260));
+                    __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(s, bs), 5);
+                    sumi[r][t] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), off));
+                }
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 2
+                for (int k = 0; k < 2; k++) {
+                    /* values 128h + 64k .. +64: sub-blocks 8h+4k .. 8h+4k+3 */
+                    const int s0 = 8 * h + 4 * k;
+                    const __m512i pick = _mm512_set_epi16(
+                        s0 + 3, s0 + 3, s0 + 3, s0 + 3, s0 + 3, s0 + 3, s0 + 3, s0 + 3,
+                        s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 2,
+                        s0 + 1, s0 + 1, s0 + 1, s0 + 1, s0 + 1, s0 + 1, s0 + 1, s0 + 1,
+                        s0, s0, s0, s0, s0, s0, s0, s0);
+                    __m512i q[8], sv[8];
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) {
+                        const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
+                        __m512i ql = _mm512_loadu_si512(wb + 64 * h);
+                        __m512i qh = _mm512_broadcast_i64x4(
+                            _mm256_loadu_si256((const __m256i *)(const void *)(wb + 128 + 32 * h)));
+                        __m512i lo = k == 0 ? _mm512_and_si512(ql, m4)
+                                            : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                        __m512i hi = k == 0 ? _mm512_sllv_epi64(qh, shift_4_2)
+                                            : _mm512_srlv_epi64(qh, shift_0_2);
+                        q[r] = _mm512_or_si512(lo, _mm512_and_si512(hi, m30));
+                        sv[r] = _mm512_permutexvar_epi16(pick, sc16[r]);
+                    }
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; t++) {
+                        __m512i xv = _mm512_loadu_si512(xb[t] + 4 + 128 * h + 64 * k);
+#pragma GCC unroll 8
+                        for (int r = 0; r < R; r++)
+                            sumi[r][t] = _mm512_add_epi32(
+                                sumi[r][t], _mm512_madd_epi16(_mm512_maddubs_epi16(q[r], xv), sv[r]));
+                    }
+                }
+            }
+        } else {
+            __m512i scw[8]; /* the 8 scales as words 0..7 */
+            const __m512i zero = _mm512_setzero_si512();
+            __m512i qh[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
+                if (K_PREFETCH)
+                    _mm_prefetch((const char *)wb + K_PREFETCH, _MM_HINT_T0);
+                if (K_PREFETCH_TILE)
+                    _mm_prefetch((const char *)wb + (size_t)R * w_row_bytes, _MM_HINT_T1);
+                uint64_t sc, mn;
+                k_k_scales(wb + 4, &sc, &mn);
+                scw[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+                __m256i mins16 = _mm512_castsi512_si256(_mm512_permutexvar_epi16(
+                    dup_words, _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)))));
+                int d_dmin; /* f16 d and dmin */
+                memcpy(&d_dmin, wb, 4);
+                __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
+                dw[r] = _mm_cvtss_f32(dd);
+                const float dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
+                if (kind == 5)
+                    qh[r] = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256((const __m256i *)(const void *)(wb + 16)));
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)(xb[t] + 260));
+                    __m256 summ = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, bs));
+                    acc[r][t] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(summ),
+                                                 _mm512_set1_ps(dmin * dx[t]), acc[r][t]);
+                    sumi[r][t] = zero;
+                }
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const __m512i pick = _mm512_set_epi16(
+                    2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+                    2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+                    2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
+                    2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g);
+                /* bits 2g (first 32 bytes) and 2g+1 (last 32) of qh */
+                const __m512i bit = _mm512_set_epi64(
+                    0x0101010101010101ll << (2 * g + 1), 0x0101010101010101ll << (2 * g + 1),
+                    0x0101010101010101ll << (2 * g + 1), 0x0101010101010101ll << (2 * g + 1),
+                    0x0101010101010101ll << (2 * g), 0x0101010101010101ll << (2 * g),
+                    0x0101010101010101ll << (2 * g), 0x0101010101010101ll << (2 * g));
+                __m512i q[8], sv[8];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
+                    const unsigned char *qs = wb + (kind == 5 ? 48 : 16) + 32 * g;
+                    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)qs));
+                    q[r] = _mm512_and_si512(_mm512_srlv_epi64(v, shift_0_4), m4);
+                    if (kind == 5)
+                        q[r] = _mm512_mask_add_epi8(q[r], _mm512_test_epi8_mask(qh[r], bit), q[r],
+                                                    _mm512_set1_epi8(16));
+                    sv[r] = _mm512_permutexvar_epi16(pick, scw[r]);
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    __m512i xv = _mm512_loadu_si512(xb[t] + 4 + 64 * g);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++)
+                        sumi[r][t] = _mm512_add_epi32(
+                            sumi[r][t], _mm512_madd_epi16(_mm512_maddubs_epi16(q[r], xv), sv[r]));
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][t]),
+                                            _mm512_set1_ps(dw[r] * dx[t]), acc[r][t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+K_INLINE void k_matmul_k(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
+                         const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                         int64_t y_stride, int64_t r0, int64_t r1)
+{
+    const int64_t nb = n_in / 256;
+    if (n_tokens == 1) {
+        for (int64_t r = r0; r < r1; r += 8) {
+            const int R = r1 - r < 8 ? (int)(r1 - r) : 8;
+            const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+            switch (R) {
+            case 8: k_tile_k(8, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            case 7: k_tile_k(7, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            case 6: k_tile_k(6, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            case 5: k_tile_k(5, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            case 4: k_tile_k(4, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            case 3: k_tile_k(3, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            case 2: k_tile_k(2, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            default: k_tile_k(1, 1, kind, wr, w_row_bytes, xq, xq_row_bytes, nb, y + r, y_stride); break;
+            }
+        }
+        return;
+    }
+    for (int64_t r = r0; r < r1; r += 2) {
+        const int R = r1 - r < 2 ? (int)(r1 - r) : 2;
+        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        for (int64_t t = 0; t < n_tokens; t += 4) {
+            const int T = n_tokens - t < 4 ? (int)(n_tokens - t) : 4;
+            const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
+            float *yt = y + t * y_stride + r;
+            switch (R * 4 + T) {
+            case 2 * 4 + 4: k_tile_k(2, 4, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            case 2 * 4 + 3: k_tile_k(2, 3, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            case 2 * 4 + 2: k_tile_k(2, 2, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            case 2 * 4 + 1: k_tile_k(2, 1, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            case 1 * 4 + 4: k_tile_k(1, 4, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            case 1 * 4 + 3: k_tile_k(1, 3, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            case 1 * 4 + 2: k_tile_k(1, 2, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            default: k_tile_k(1, 1, kind, wr, w_row_bytes, xt, xq_row_bytes, nb, yt, y_stride); break;
+            }
+        }
+    }
+}
+
+#define K_MATMUL_K(name, kind)                                                                \
+    static void name(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,        \
+                     size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,       \
+                     int64_t r0, int64_t r1)                                                  \
+    {                                                                                         \
+        k_matmul_k(kind, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,  \
+                   r1);                                                                       \
+    }
+K_MATMUL_K(k_matmul_q4_k, 4)
+K_MATMUL_K(k_matmul_q5_k, 5)
+K_MATMUL_K(k_matmul_q6_k, 6)
+
 /* ---- float matrix products -------------------------------------------------- */
 
 /* 16 values from a row of F16 (f16 != 0) or F32, the first `count` of them
@@ -429,6 +687,9 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->axpy_f16 = k_axpy_f16;
     table->fp32_to_fp16_row = k_fp32_to_fp16_row;
     table->fp16_to_fp32_row = k_fp16_to_fp32_row;
+    table->matmul_q4_k = k_matmul_q4_k;
+    table->matmul_q5_k = k_matmul_q5_k;
+    table->matmul_q6_k = k_matmul_q6_k;
 }
 
 #else /* not x86: the dispatcher never calls this */

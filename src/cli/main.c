@@ -19,6 +19,7 @@ static void usage(FILE *out)
             "  model    make | info  (make a test model, inspect a GGUF file)\n"
             "  bench    engine       (prefill and decode speed)\n"
             "  hog      hold device memory until stopped (fill a GPU on purpose)\n"
+            "  worker   serve one model over HTTP (OpenAI API)\n"
             "  version  print the version\n"
             "\n"
             "`spillway <command> --help` describes each command.\n",
@@ -40,6 +41,8 @@ int main(int argc, char **argv)
         return cli_bench_main(argc - 1, argv + 1);
     if (strcmp(cmd, "hog") == 0)
         return cli_hog_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "worker") == 0)
+        return cli_worker_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("spillway %s\n", SPILLWAY_VERSION);
         return 0;

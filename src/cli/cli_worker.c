@@ -1,0 +1,151 @@
+/* cli_worker.c - `spillway worker`: parses the command line into
+ * wk_options and runs the worker (src/worker). */
+#include "cli/cli.h"
+
+#include "worker/worker.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: spillway worker --model FILE --listen unix:PATH|HOST:PORT|PORT [options]\n"
+            "  -m, --model FILE        GGUF model\n"
+            "      --listen ADDR       unix:PATH, HOST:PORT, or PORT (127.0.0.1); port 0 picks one\n"
+            "      --device D          cpu (default: host memory), sim-gpu:NAME, cuda:N\n"
+            "      --sim-capacity B    capacity when creating a sim-gpu pool (e.g. 512MiB)\n"
+            "      --gpu-layers N      layers on the device: -1 = all (default), N = split\n"
+            "      --ctx-limit C       tokens per sequence (default: min(trained, 4096))\n"
+            "      --max-seqs S        sequences served at once (default 4, at most 64)\n"
+            "      --reserve F         share of the device never used (default 0.10)\n"
+            "      --policy P          reserve (default) | grow: when KV memory is taken\n"
+            "  -t, --threads T         threads (default: one per core)\n"
+            "      --prefill-chunk N   prompt tokens per step for a newcomer (default 64)\n"
+            "      --max-queue N       requests waiting for a slot (default 64)\n"
+            "      --max-body B        largest request body (default 1MiB)\n"
+            "      --http-timeout S    per-connection read/write time-out (default 30)\n"
+            "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
+            "1 when the model or device cannot be set up, 2 for bad options,\n"
+            "75 after an unrecoverable device error (restart the worker).\n");
+}
+
+static int number(const char *text, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "spillway worker: '%s' is not a number in [%g, %g]\n", text, lo, hi);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_worker_main(int argc, char **argv)
+{
+    enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
+           OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"threads", required_argument, 0, 't'},
+        {"listen", required_argument, 0, OPT_LISTEN},
+        {"device", required_argument, 0, OPT_DEVICE},
+        {"sim-capacity", required_argument, 0, OPT_SIM_CAPACITY},
+        {"gpu-layers", required_argument, 0, OPT_GPU_LAYERS},
+        {"ctx-limit", required_argument, 0, OPT_CTX},
+        {"max-seqs", required_argument, 0, OPT_SEQS},
+        {"reserve", required_argument, 0, OPT_RESERVE},
+        {"policy", required_argument, 0, OPT_POLICY},
+        {"prefill-chunk", required_argument, 0, OPT_CHUNK},
+        {"max-queue", required_argument, 0, OPT_QUEUE},
+        {"max-body", required_argument, 0, OPT_BODY},
+        {"http-timeout", required_argument, 0, OPT_TIMEOUT},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    wk_options o = wk_default_options();
+    unsigned long long bytes;
+    double v = 0;
+    int c;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model_path = optarg; break;
+        case OPT_LISTEN: o.listen = optarg; break;
+        case OPT_DEVICE: o.device = optarg; break;
+        case OPT_SIM_CAPACITY:
+        case OPT_BODY:
+            if (cli_parse_bytes(optarg, &bytes)) {
+                fprintf(stderr, "spillway worker: bad size '%s'\n", optarg);
+                return 2;
+            }
+            if (c == OPT_BODY)
+                o.max_body_bytes = (size_t)bytes;
+            else
+                o.sim_capacity = bytes;
+            break;
+        case 't':
+            if (number(optarg, 0, 1024, &v))
+                return 2;
+            o.threads = (int32_t)v;
+            break;
+        case OPT_GPU_LAYERS:
+            if (number(optarg, -1, 100000, &v))
+                return 2;
+            o.gpu_layers = (int32_t)v;
+            break;
+        case OPT_CTX:
+            if (number(optarg, 0, 1 << 24, &v))
+                return 2;
+            o.ctx_limit = (int32_t)v;
+            break;
+        case OPT_SEQS:
+            if (number(optarg, 1, 64, &v))
+                return 2;
+            o.max_seqs = (int32_t)v;
+            break;
+        case OPT_RESERVE:
+            if (number(optarg, 0, 0.99, &v))
+                return 2;
+            o.reserve = (float)v;
+            break;
+        case OPT_CHUNK:
+            if (number(optarg, 1, 1 << 20, &v))
+                return 2;
+            o.prefill_chunk = (int32_t)v;
+            break;
+        case OPT_QUEUE:
+            if (number(optarg, 0, 1 << 20, &v))
+                return 2;
+            o.max_queue = (int32_t)v;
+            break;
+        case OPT_TIMEOUT:
+            if (number(optarg, 1, 86400, &v))
+                return 2;
+            o.http_timeout_s = (int)v;
+            break;
+        case OPT_POLICY:
+            if (strcmp(optarg, "reserve") == 0) {
+                o.policy = ENG_KV_RESERVE;
+            } else if (strcmp(optarg, "grow") == 0) {
+                o.policy = ENG_KV_GROW;
+            } else {
+                fprintf(stderr, "spillway worker: --policy is reserve or grow\n");
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!o.model_path || !o.listen) {
+        fprintf(stderr, "spillway worker: --model and --listen are required\n");
+        usage(stderr);
+        return 2;
+    }
+    return wk_serve(&o);
+}

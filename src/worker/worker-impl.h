@@ -1,0 +1,177 @@
+/* worker-impl.h - what the worker's HTTP side (worker_http.c) and engine
+ * side (worker_engine.c) share: the request, the events the engine sends
+ * back, and the server state with the lock that guards the shared part.
+ *
+ * Ownership: a wk_req is created by the HTTP thread, queued for the engine,
+ * and freed by the HTTP thread only, when it handles the request's final
+ * event (WK_EV_DONE or WK_EV_ERROR); after posting that event the engine
+ * never touches the request again. So no request is freed twice or used
+ * after free, whatever the client does.
+ */
+#ifndef SPILLWAY_WORKER_IMPL_H
+#define SPILLWAY_WORKER_IMPL_H
+
+#include "device/device.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "worker/worker.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct evhttp_request;
+struct event_base;
+struct evhttp;
+struct event;
+
+typedef enum wk_state {
+    WK_LOADING = 0,
+    WK_READY = 1,
+    WK_DRAINING = 2,
+    WK_FAILED = 3,
+} wk_state;
+
+typedef struct wk_req wk_req;
+struct wk_req {
+    wk_req *next;                    /* engine queue link */
+    wk_req *live_prev, *live_next;   /* HTTP thread: requests in flight */
+    char id[72];
+    bool chat;
+    bool stream;
+    bool include_usage;
+    bool logprobs;
+    int32_t top_logprobs;
+    int32_t *prompt;                 /* client prompt + resume tokens */
+    int32_t n_prompt;
+    int32_t n_prompt_client;         /* usage.prompt_tokens */
+    int32_t n_resume;
+    int32_t max_tokens;              /* new tokens at most */
+    eng_sampler_params sampling;
+    uint64_t skip_draws;
+    bool ignore_eos;
+    char **stops;
+    size_t n_stops;
+    int64_t created;
+    /* HTTP thread only */
+    struct evhttp_request *evreq;
+    bool started;                    /* stream: headers and first chunk sent */
+    bool detached;                   /* the client went away */
+    char *text;                      /* non-stream: the text so far */
+    size_t text_len, text_cap;
+    json_t *token_ids;
+    json_t *lp;                      /* non-stream logprobs being built */
+    /* under wk_server.lock */
+    bool cancelled;
+};
+
+typedef enum wk_event_kind {
+    WK_EV_START = 0,                 /* admitted: a stream may send its headers */
+    WK_EV_TOKEN = 1,
+    WK_EV_DONE = 2,                  /* final */
+    WK_EV_ERROR = 3,                 /* final */
+} wk_event_kind;
+
+typedef struct wk_event {
+    struct wk_event *next;
+    wk_event_kind kind;
+    wk_req *req;
+    char *text;                      /* released text (sw_malloc) or NULL */
+    size_t text_len;
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    eng_token_logprob top[ENG_MAX_TOP_LOGPROBS];
+    const char *finish;              /* DONE: "stop", "length", "cancelled" */
+    int32_t n_generated;
+    uint64_t draws;                  /* sampler draws consumed so far in total */
+    int http_status;                 /* ERROR */
+    const char *code;
+    const char *type;
+    char message[SW_ERROR_MESSAGE_MAX];
+    json_t *extra;                   /* ERROR: extra fields of the error object */
+} wk_event;
+
+#define WK_MAX_SLOTS 64
+
+typedef struct wk_slot {
+    wk_req *req;                     /* NULL: free */
+    int32_t n_prefilled;
+    int32_t *history;
+    size_t n_history;
+    eng_sampler *sampler;
+    float *logits;
+    float *logprobs;
+    int32_t n_generated;
+    bool decoding;                   /* prefill done; logits hold the next step */
+    eng_detok detok;
+    char *held;                      /* text held back (possible stop prefix) */
+    size_t held_len, held_cap;
+    int32_t pending_token;           /* decode entry of this step */
+    bool stop_hit;                   /* a stop string ended it: nothing more */
+} wk_slot;
+
+typedef struct wk_server {
+    wk_options o;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    /* ---- under lock ---- */
+    wk_req *queue_head, *queue_tail;
+    int32_t n_queued;
+    wk_event *ev_head, *ev_tail;
+    bool stop_engine;
+    wk_state state;
+    char fail_message[SW_ERROR_MESSAGE_MAX];
+    bool device_failed;
+    int32_t slots_active;
+    size_t kv_used_bytes;
+    size_t device_bytes;
+    double prefill_tokens, prefill_seconds, decode_tokens, decode_seconds;
+    uint64_t n_ok, n_error, n_cancelled, n_rejected, n_oom;
+    uint64_t prompt_tokens_total, generated_tokens_total;
+    /* ---- set by the engine thread before state READY; read-only after ---- */
+    eng_model *model;
+    eng_context *ctx;
+    dev_device *dev;
+    const eng_tokenizer *tok;
+    char model_id[256];
+    int32_t n_ctx;
+    int32_t n_seqs;
+    size_t kv_bytes_per_token;
+    size_t kv_block_bytes;
+    int32_t kv_block_tokens;
+    /* ---- engine thread only ---- */
+    wk_slot slots[WK_MAX_SLOTS];
+    pthread_t engine_thread;
+    bool engine_started;
+    /* ---- HTTP thread only ---- */
+    int pipe_r, pipe_w;
+    struct event_base *base;
+    struct evhttp *http;
+    struct event *pipe_ev;
+    struct event *sig_ev[2];
+    wk_req *live;
+    uint64_t next_id;
+    int exit_status;
+    char listen_desc[300];
+    char *unix_path;
+} wk_server;
+
+/* worker_engine.c */
+void *wk_engine_main(void *arg);
+/* Queues a request for the engine (takes ownership unless it fails:
+ * SW_ERANGE when the queue is full). */
+int wk_engine_submit(wk_server *s, wk_req *req);
+/* Marks a request cancelled (the client went away) and wakes the engine. */
+void wk_engine_cancel(wk_server *s, wk_req *req);
+void wk_req_free(wk_req *req);
+void wk_event_free(wk_event *ev);
+
+/* worker_http.c */
+/* Wakes the HTTP thread to drain the event queue (any thread). */
+void wk_http_wake(wk_server *s);
+
+#endif

@@ -1,0 +1,56 @@
+/* worker.h - `spillway worker`: one engine served over HTTP.
+ *
+ * A worker is one process serving one model on one device with one
+ * placement profile (DESIGN.md, Processes). It speaks the OpenAI API plus
+ * the internal extensions the router needs (token ids, `resume`, a detailed
+ * /health); docs/api.md is the reference for every endpoint and field.
+ *
+ * Two threads: the HTTP thread runs libevent's evhttp and never blocks on
+ * generation; the engine thread owns the model, the context and every
+ * sequence, and advances all active sequences together one step at a time
+ * (continuous batching, chunked prefill of newcomers). They meet in a locked
+ * queue of requests (HTTP -> engine) and a locked queue of events (engine ->
+ * HTTP, woken through a pipe).
+ */
+#ifndef SPILLWAY_WORKER_WORKER_H
+#define SPILLWAY_WORKER_WORKER_H
+
+#include "engine/model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit status after an unrecoverable device error (SW_EDEVICE): the
+ * supervisor restarts the worker (EX_TEMPFAIL of sysexits.h). */
+#define WK_EXIT_DEVICE_FAILURE 75
+/* Exit status when the model or the device could not be set up. */
+#define WK_EXIT_STARTUP_FAILURE 1
+
+typedef struct wk_options {
+    const char *model_path;
+    const char *device;          /* NULL: CPU profile (host memory) */
+    uint64_t sim_capacity;       /* sim-gpu pool capacity when creating it */
+    int32_t gpu_layers;          /* -1: all */
+    int32_t ctx_limit;           /* tokens per sequence; 0: min(trained, 4096) */
+    int32_t max_seqs;            /* sequences served at once (default 4) */
+    float reserve;               /* share of the device never used (0.10) */
+    eng_kv_policy policy;
+    int32_t threads;             /* 0: one per core */
+    const char *listen;          /* "unix:PATH", "HOST:PORT" or "PORT" */
+    int32_t prefill_chunk;       /* prompt tokens per step for a newcomer (64) */
+    int32_t max_queue;           /* requests waiting for a slot (64) */
+    size_t max_body_bytes;       /* request bodies above get 413 (1 MiB) */
+    size_t max_header_bytes;     /* header blocks above get 400 (16 KiB) */
+    int http_timeout_s;          /* read/write time-out per connection (30) */
+} wk_options;
+
+wk_options wk_default_options(void);
+
+/* Runs the worker until SIGTERM / SIGINT (drains the active requests, then
+ * returns 0), an unrecoverable device error (WK_EXIT_DEVICE_FAILURE) or a
+ * startup failure (WK_EXIT_STARTUP_FAILURE). Prints one line
+ * "spillway worker: listening on <address>" on stdout once the socket is
+ * bound (the actual port when port 0 was asked for). */
+int wk_serve(const wk_options *opts);
+
+#endif

@@ -1,0 +1,676 @@
+/* worker_engine.c - the worker's engine thread: admission, continuous
+ * batching and everything that touches the model context.
+ *
+ * One loop: take cancellations and newcomers between steps, then advance
+ * every active sequence by one step (a prefill chunk of at most
+ * prefill_chunk tokens for a newcomer, one token for the others) in one
+ * batched call, and post what happened to the HTTP thread. The per-token
+ * order is exactly eng_generate's (fault hook, logprobs of the raw logits,
+ * sample, stop checks, decode), so a worker's tokens equal `spillway run`'s.
+ */
+#include "worker/worker-impl.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "device/fault.h"
+
+#include <math.h>
+#include <string.h>
+
+#define MOD "worker"
+
+void wk_req_free(wk_req *req)
+{
+    if (!req)
+        return;
+    for (size_t i = 0; i < req->n_stops; i++)
+        sw_free(req->stops[i]);
+    sw_free(req->stops);
+    sw_free(req->prompt);
+    sw_free(req->text);
+    json_decref(req->token_ids);
+    json_decref(req->lp);
+    sw_free(req);
+}
+
+void wk_event_free(wk_event *ev)
+{
+    if (!ev)
+        return;
+    sw_free(ev->text);
+    json_decref(ev->extra);
+    sw_free(ev);
+}
+
+int wk_engine_submit(wk_server *s, wk_req *req)
+{
+    int rc = SW_OK;
+    pthread_mutex_lock(&s->lock);
+    if (s->n_queued >= s->o.max_queue) {
+        rc = SW_ERANGE;
+    } else {
+        req->next = NULL;
+        if (s->queue_tail)
+            s->queue_tail->next = req;
+        else
+            s->queue_head = req;
+        s->queue_tail = req;
+        s->n_queued++;
+        pthread_cond_signal(&s->cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+void wk_engine_cancel(wk_server *s, wk_req *req)
+{
+    pthread_mutex_lock(&s->lock);
+    req->cancelled = true;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- events ---------------------------------------------------------- */
+
+typedef struct ev_list {
+    wk_event *head, *tail;
+} ev_list;
+
+static wk_event *ev_new(ev_list *l, wk_event_kind kind, wk_req *req)
+{
+    wk_event *ev = sw_calloc(1, sizeof *ev);
+    if (!ev)
+        return NULL;
+    ev->kind = kind;
+    ev->req = req;
+    if (l->tail)
+        l->tail->next = ev;
+    else
+        l->head = ev;
+    l->tail = ev;
+    return ev;
+}
+
+/* A final event must never be lost (the request would leak and its client
+ * hang), so it is allocated before the work that needs it; this fallback
+ * only covers the tiny allocation itself failing: retry until it works. */
+static wk_event *ev_new_final(ev_list *l, wk_event_kind kind, wk_req *req)
+{
+    wk_event *ev;
+    while (!(ev = ev_new(l, kind, req)))
+        ;
+    return ev;
+}
+
+static void post_events(wk_server *s, ev_list *l)
+{
+    if (!l->head)
+        return;
+    pthread_mutex_lock(&s->lock);
+    if (s->ev_tail)
+        s->ev_tail->next = l->head;
+    else
+        s->ev_head = l->head;
+    s->ev_tail = l->tail;
+    pthread_mutex_unlock(&s->lock);
+    l->head = l->tail = NULL;
+    wk_http_wake(s);
+}
+
+static void ev_error(ev_list *l, wk_req *req, int http_status, const char *type, const char *code,
+                     json_t *extra, const char *fmt, const char *detail)
+{
+    wk_event *ev = ev_new_final(l, WK_EV_ERROR, req);
+    ev->http_status = http_status;
+    ev->type = type;
+    ev->code = code;
+    ev->extra = extra;
+    snprintf(ev->message, sizeof ev->message, fmt, detail ? detail : "");
+}
+
+/* ---- slots ----------------------------------------------------------- */
+
+static void slot_release(wk_server *s, int32_t seq)
+{
+    wk_slot *sl = &s->slots[seq];
+    eng_seq_clear(s->ctx, seq);
+    eng_sampler_free(sl->sampler);
+    sw_free(sl->history);
+    sw_free(sl->logits);
+    sw_free(sl->logprobs);
+    sw_free(sl->held);
+    memset(sl, 0, sizeof *sl);
+}
+
+static bool held_append(wk_slot *sl, const char *text, size_t n)
+{
+    if (sl->held_len + n > sl->held_cap) {
+        size_t cap = (sl->held_len + n) * 2 + 64;
+        char *p = sw_realloc(sl->held, cap);
+        if (!p)
+            return false;
+        sl->held = p;
+        sl->held_cap = cap;
+    }
+    memcpy(sl->held + sl->held_len, text, n);
+    sl->held_len += n;
+    return true;
+}
+
+/* How much of the held text can be released now. Returns the number of
+ * bytes to release and sets *stopped when a stop string was found (the
+ * text before it is released, the stop string and everything after never
+ * are). Otherwise it keeps back the longest tail that could still become
+ * the start of a stop string, so no part of one ever leaks. */
+static size_t held_release(const wk_req *req, const wk_slot *sl, bool *stopped)
+{
+    size_t best = SIZE_MAX;
+    *stopped = false;
+    for (size_t i = 0; i < req->n_stops; i++) {
+        const char *hit = memmem(sl->held, sl->held_len, req->stops[i], strlen(req->stops[i]));
+        if (hit && (size_t)(hit - sl->held) < best)
+            best = (size_t)(hit - sl->held);
+    }
+    if (best != SIZE_MAX) {
+        *stopped = true;
+        return best;
+    }
+    size_t keep = 0;
+    for (size_t i = 0; i < req->n_stops; i++) {
+        size_t len = strlen(req->stops[i]);
+        for (size_t k = len - 1; k > keep; k--) {
+            if (k <= sl->held_len && memcmp(sl->held + sl->held_len - k, req->stops[i], k) == 0) {
+                keep = k;
+                break;
+            }
+        }
+    }
+    return sl->held_len - keep;
+}
+
+static void take_held(wk_slot *sl, size_t n, wk_event *ev)
+{
+    if (n > 0) {
+        ev->text = sw_malloc(n);
+        if (ev->text) {
+            memcpy(ev->text, sl->held, n);
+            ev->text_len = n;
+        }
+    }
+    memmove(sl->held, sl->held + n, sl->held_len - n);
+    sl->held_len -= n;
+}
+
+static void publish_stats(wk_server *s)
+{
+    size_t kv = eng_context_kv_bytes_used(s->ctx);
+    size_t dev = eng_context_device_bytes(s->ctx);
+    int32_t active = 0;
+    for (int32_t i = 0; i < s->n_seqs; i++)
+        active += s->slots[i].req != NULL;
+    pthread_mutex_lock(&s->lock);
+    s->kv_used_bytes = kv;
+    s->device_bytes = dev;
+    s->slots_active = active;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void count_outcome(wk_server *s, const char *outcome, int32_t n_prompt, int32_t n_gen)
+{
+    pthread_mutex_lock(&s->lock);
+    if (strcmp(outcome, "ok") == 0)
+        s->n_ok++;
+    else if (strcmp(outcome, "cancelled") == 0)
+        s->n_cancelled++;
+    else if (strcmp(outcome, "oom") == 0)
+        s->n_oom++;
+    else
+        s->n_error++;
+    s->prompt_tokens_total += (uint64_t)(n_prompt > 0 ? n_prompt : 0);
+    s->generated_tokens_total += (uint64_t)(n_gen > 0 ? n_gen : 0);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void finish_slot(wk_server *s, int32_t seq, ev_list *l, const char *finish)
+{
+    wk_slot *sl = &s->slots[seq];
+    wk_req *req = sl->req;
+    wk_event *ev = ev_new_final(l, WK_EV_DONE, req);
+    if (strcmp(finish, "cancelled") != 0 && !sl->stop_hit) {
+        char buf[16];
+        size_t n = eng_detok_flush(&sl->detok, buf, sizeof buf);
+        held_append(sl, buf, n);
+    }
+    if (strcmp(finish, "cancelled") != 0 && !sl->stop_hit && sl->held_len) {
+        bool stopped;
+        size_t n = held_release(req, sl, &stopped);
+        if (!stopped)
+            n = sl->held_len; /* the end: a partial stop string is just text */
+        else
+            finish = "stop";
+        take_held(sl, n, ev);
+    }
+    ev->finish = finish;
+    ev->n_generated = sl->n_generated;
+    ev->draws = sl->sampler ? eng_sampler_draws(sl->sampler) : req->skip_draws;
+    count_outcome(s, strcmp(finish, "cancelled") == 0 ? "cancelled" : "ok", req->n_prompt_client,
+                  sl->n_generated);
+    slot_release(s, seq);
+}
+
+static void fail_slot(wk_server *s, int32_t seq, ev_list *l, int rc, const char *phase,
+                      const sw_error *err)
+{
+    wk_req *req = s->slots[seq].req;
+    int32_t n_gen = s->slots[seq].n_generated;
+    if (rc == SW_EDEVOOM) {
+        json_t *extra = json_pack("{s:s, s:i}", "phase", phase, "tokens_generated", n_gen);
+        ev_error(l, req, 503, "server_error", "out_of_memory", extra,
+                 "device out of memory during %s", phase);
+        count_outcome(s, "oom", req->n_prompt_client, n_gen);
+    } else {
+        ev_error(l, req, rc == SW_EDEVICE ? 500 : 500, "server_error",
+                 rc == SW_EDEVICE ? "device_failed" : "internal_error", NULL, "%s",
+                 err && err->message[0] ? err->message : sw_strerror(rc));
+        count_outcome(s, "error", req->n_prompt_client, n_gen);
+    }
+    slot_release(s, seq);
+}
+
+/* Admission of a newcomer into a free slot: allocations, then (policy
+ * reserve) the whole KV need of prompt + max_tokens, all or nothing. */
+static void admit(wk_server *s, wk_req *req, ev_list *l)
+{
+    int32_t seq = -1;
+    for (int32_t i = 0; i < s->n_seqs; i++) {
+        if (!s->slots[i].req) {
+            seq = i;
+            break;
+        }
+    }
+    wk_slot *sl = &s->slots[seq];
+    const eng_hparams *hp = eng_model_hparams(s->model);
+    size_t hist = (size_t)req->n_prompt + (size_t)req->max_tokens + 1;
+    sw_error err;
+
+    memset(sl, 0, sizeof *sl);
+    sl->req = req;
+    sl->history = sw_malloc(hist * sizeof(int32_t));
+    sl->logits = sw_malloc((size_t)hp->n_vocab * sizeof(float));
+    sl->logprobs = req->top_logprobs || req->logprobs
+                       ? sw_malloc((size_t)hp->n_vocab * sizeof(float))
+                       : NULL;
+    sl->sampler = eng_sampler_create(&req->sampling, hp->n_vocab);
+    if (!sl->history || !sl->logits || ((req->top_logprobs || req->logprobs) && !sl->logprobs) ||
+        !sl->sampler) {
+        sw_error_set(&err, SW_ENOMEM, "out of host memory admitting the request");
+        fail_slot(s, seq, l, SW_ENOMEM, "admission", &err);
+        return;
+    }
+    eng_sampler_set_draws(sl->sampler, req->skip_draws);
+    memcpy(sl->history, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
+    sl->n_history = (size_t)req->n_prompt;
+    /* A resumed stream continues the detokenizer where the interrupted one
+     * was: bytes of a character cut at the resume point come out with the
+     * next token, as they would have. */
+    for (int32_t i = req->n_prompt - req->n_resume; i < req->n_prompt; i++) {
+        char buf[1024];
+        eng_detok_push(s->tok, &sl->detok, req->prompt[i], buf, sizeof buf);
+    }
+    eng_seq_clear(s->ctx, seq);
+    if (s->o.policy == ENG_KV_RESERVE) {
+        int64_t need = (int64_t)req->n_prompt + req->max_tokens;
+        if (need > s->n_ctx)
+            need = s->n_ctx;
+        int rc = eng_seq_reserve(s->ctx, seq, (int32_t)need, &err);
+        if (rc == SW_EDEVOOM) {
+            dev_memory mem = {0};
+            uint64_t free_bytes = 0;
+            uint64_t blocks = ((uint64_t)need + (uint64_t)s->kv_block_tokens - 1) /
+                              (uint64_t)s->kv_block_tokens;
+            uint64_t needed = blocks * (uint64_t)s->kv_block_bytes;
+            if (s->dev && dev_memory_info(s->dev, &mem, NULL) == SW_OK) {
+                uint64_t reserve = (uint64_t)((double)mem.total_bytes * s->o.reserve);
+                free_bytes = mem.free_bytes > reserve ? mem.free_bytes - reserve : 0;
+            }
+            json_t *extra = json_pack("{s:s, s:I, s:I, s:i}", "phase", "admission",
+                                      "bytes_needed", (json_int_t)needed, "bytes_free",
+                                      (json_int_t)free_bytes, "tokens", (int)need);
+            char detail[160];
+            snprintf(detail, sizeof detail, "%d tokens need %llu bytes of KV memory, %llu are free",
+                     (int)need, (unsigned long long)needed, (unsigned long long)free_bytes);
+            ev_error(l, req, 503, "server_error", "out_of_memory", extra,
+                     "the request does not fit on the device: %s", detail);
+            count_outcome(s, "oom", req->n_prompt_client, 0);
+            pthread_mutex_lock(&s->lock);
+            s->n_rejected++;
+            pthread_mutex_unlock(&s->lock);
+            slot_release(s, seq);
+            return;
+        }
+        if (rc) {
+            fail_slot(s, seq, l, rc, "admission", &err);
+            return;
+        }
+    }
+    ev_new_final(l, WK_EV_START, req);
+}
+
+/* The batched step. Until eng_decode_batch is available everywhere it runs
+ * the entries one after another; switching is this one function. */
+static int decode_step(wk_server *s, const eng_batch_entry *entries, int32_t n, int *status,
+                       sw_error *errs)
+{
+    for (int32_t i = 0; i < n; i++)
+        status[i] = eng_decode(s->ctx, entries[i].seq_id, entries[i].tokens, entries[i].n_tokens,
+                               entries[i].logits, &errs[i]);
+    return SW_OK;
+}
+
+static int32_t top_logprobs_of(const float *logprobs, int32_t n_vocab, int32_t k,
+                               eng_token_logprob *top)
+{
+    int32_t n = 0;
+    for (int32_t id = 0; id < n_vocab && k > 0; id++) {
+        float lp = logprobs[id];
+        if (n == k && !(lp > top[n - 1].logprob))
+            continue;
+        int32_t at = n < k ? n++ : k - 1;
+        while (at > 0 && lp > top[at - 1].logprob) {
+            top[at] = top[at - 1];
+            at--;
+        }
+        top[at].id = id;
+        top[at].logprob = lp;
+    }
+    return n;
+}
+
+/* One token of a decoding slot: eng_generate's loop body up to the decode.
+ * Returns true when the slot continues (its token goes into this step). */
+static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
+{
+    wk_slot *sl = &s->slots[seq];
+    wk_req *req = sl->req;
+    const int32_t n_vocab = eng_model_hparams(s->model)->n_vocab;
+    wk_event *ev = ev_new(l, WK_EV_TOKEN, req);
+    if (!ev) {
+        sw_error err;
+        sw_error_set(&err, SW_ENOMEM, "out of host memory");
+        fail_slot(s, seq, l, SW_ENOMEM, "decode", &err);
+        return false;
+    }
+    dev_fault_before_token((int64_t)sl->n_generated);
+    if (sl->logprobs) {
+        eng_log_softmax(sl->logits, sl->logprobs, n_vocab);
+        ev->n_top = top_logprobs_of(sl->logprobs, n_vocab, req->top_logprobs, ev->top);
+    }
+    int32_t token = eng_sampler_sample(sl->sampler, sl->logits, sl->history, sl->n_history);
+    if (sl->logprobs)
+        ev->logprob = sl->logprobs[token];
+    ev->token = token;
+    sl->history[sl->n_history++] = token;
+    sl->n_generated++;
+
+    char buf[4096];
+    size_t n = eng_detok_push(s->tok, &sl->detok, token, buf, sizeof buf);
+    bool stopped = false;
+    held_append(sl, buf, n);
+    take_held(sl, held_release(req, sl, &stopped), ev);
+    if (stopped) {
+        sl->stop_hit = true;
+        finish_slot(s, seq, l, "stop");
+        return false;
+    }
+    if (!req->ignore_eos && eng_tokenizer_is_eog(s->tok, token)) {
+        finish_slot(s, seq, l, "stop");
+        return false;
+    }
+    if (sl->n_generated >= req->max_tokens || eng_seq_length(s->ctx, seq) >= s->n_ctx) {
+        finish_slot(s, seq, l, "length");
+        return false;
+    }
+    sl->pending_token = token;
+    return true;
+}
+
+static bool device_fatal(int rc)
+{
+    return rc == SW_EDEVICE;
+}
+
+/* Runs one step over every active slot. Returns false after a device
+ * failure (every request got its error; the worker must exit). */
+static bool step(wk_server *s, ev_list *l)
+{
+    eng_batch_entry entries[WK_MAX_SLOTS];
+    int32_t seqs[WK_MAX_SLOTS];
+    int status[WK_MAX_SLOTS];
+    sw_error errs[WK_MAX_SLOTS];
+    bool prefill[WK_MAX_SLOTS];
+    int32_t n = 0, n_prefill_tokens = 0, n_decode_tokens = 0;
+
+    for (int32_t seq = 0; seq < s->n_seqs; seq++) {
+        wk_slot *sl = &s->slots[seq];
+        if (!sl->req)
+            continue;
+        if (!sl->decoding) {
+            int32_t left = sl->req->n_prompt - sl->n_prefilled;
+            int32_t chunk = left < s->o.prefill_chunk ? left : s->o.prefill_chunk;
+            entries[n] = (eng_batch_entry){seq, sl->req->prompt + sl->n_prefilled, chunk,
+                                           chunk == left ? sl->logits : NULL};
+            prefill[n] = true;
+            n_prefill_tokens += chunk;
+        } else {
+            if (!sample_slot(s, seq, l))
+                continue;
+            entries[n] = (eng_batch_entry){seq, &sl->pending_token, 1, sl->logits};
+            prefill[n] = false;
+            n_decode_tokens++;
+        }
+        seqs[n++] = seq;
+    }
+    if (n == 0)
+        return true;
+    double t0 = eng_now_seconds();
+    for (int32_t i = 0; i < n; i++)
+        sw_error_clear(&errs[i]);
+    decode_step(s, entries, n, status, errs);
+    double dt = eng_now_seconds() - t0;
+    pthread_mutex_lock(&s->lock);
+    /* The step's time is shared between its prefill and decode tokens in
+     * proportion; the rates in /health are totals over totals. */
+    int32_t total = n_prefill_tokens + n_decode_tokens;
+    s->prefill_tokens += n_prefill_tokens;
+    s->prefill_seconds += dt * n_prefill_tokens / total;
+    s->decode_tokens += n_decode_tokens;
+    s->decode_seconds += dt * n_decode_tokens / total;
+    pthread_mutex_unlock(&s->lock);
+
+    bool fatal = false;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t seq = seqs[i];
+        wk_slot *sl = &s->slots[seq];
+        if (status[i] == SW_ECONTEXT) {
+            finish_slot(s, seq, l, "length");
+        } else if (status[i]) {
+            fatal |= device_fatal(status[i]);
+            fail_slot(s, seq, l, status[i], prefill[i] ? "prefill" : "decode", &errs[i]);
+        } else if (prefill[i]) {
+            sl->n_prefilled += entries[i].n_tokens;
+            if (sl->n_prefilled == sl->req->n_prompt) {
+                sl->decoding = true;
+                if (sl->req->max_tokens == 0)
+                    finish_slot(s, seq, l, "length");
+            }
+        }
+    }
+    return !fatal;
+}
+
+static int load(wk_server *s, sw_error *err)
+{
+    int rc;
+    if ((rc = eng_model_load(s->o.model_path, &s->model, err)))
+        return rc;
+    if (s->o.device) {
+        dev_options dopts = {.sim_capacity_bytes = s->o.sim_capacity};
+        if ((rc = dev_open(s->o.device, &dopts, &s->dev, err)))
+            return rc;
+    }
+    const eng_hparams *hp = eng_model_hparams(s->model);
+    eng_context_params cp = eng_context_default_params();
+    cp.device = s->dev;
+    cp.n_gpu_layers = s->o.gpu_layers;
+    cp.kv_policy = s->o.policy;
+    cp.reserve_fraction = s->o.reserve;
+    cp.n_threads = s->o.threads;
+    cp.n_seq_max = s->o.max_seqs;
+    cp.n_ctx = s->o.ctx_limit;
+    if (cp.n_ctx <= 0)
+        cp.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if ((rc = eng_context_create(s->model, &cp, &s->ctx, err)))
+        return rc;
+    const eng_context_params *p = eng_context_params_get(s->ctx);
+
+    /* The model's id: general.name, else the file name. */
+    const char *name = NULL;
+    size_t name_len = 0;
+    if (eng_gguf_get_str(eng_model_gguf(s->model), "general.name", &name, &name_len, NULL) ||
+        name_len == 0 || name_len >= sizeof s->model_id) {
+        const char *base = strrchr(s->o.model_path, '/');
+        name = base ? base + 1 : s->o.model_path;
+        name_len = strlen(name);
+        if (name_len >= sizeof s->model_id)
+            name_len = sizeof s->model_id - 1;
+    }
+    memcpy(s->model_id, name, name_len);
+    s->model_id[name_len] = '\0';
+    s->tok = eng_model_tokenizer(s->model);
+    s->n_ctx = p->n_ctx;
+    s->n_seqs = p->n_seq_max < WK_MAX_SLOTS ? p->n_seq_max : WK_MAX_SLOTS;
+    s->kv_block_tokens = p->kv_block_tokens;
+    s->kv_bytes_per_token = eng_kv_bytes_per_token(hp, p->kv_type);
+    s->kv_block_bytes = eng_kv_block_bytes(hp, p->kv_type, p->kv_block_tokens);
+    return SW_OK;
+}
+
+void *wk_engine_main(void *arg)
+{
+    wk_server *s = arg;
+    sw_error err;
+    ev_list l = {0};
+    int rc;
+
+    sw_error_clear(&err);
+    if ((rc = load(s, &err))) {
+        pthread_mutex_lock(&s->lock);
+        s->state = WK_FAILED;
+        snprintf(s->fail_message, sizeof s->fail_message, "%s",
+                 err.message[0] ? err.message : sw_strerror(rc));
+        pthread_mutex_unlock(&s->lock);
+        SW_ERROR(MOD, "startup failed: %s", s->fail_message);
+        wk_http_wake(s);
+        return NULL;
+    }
+    publish_stats(s);
+    pthread_mutex_lock(&s->lock);
+    if (s->state == WK_LOADING)
+        s->state = WK_READY;
+    pthread_mutex_unlock(&s->lock);
+    SW_INFO(MOD, "model %s ready: context %d tokens, %d sequences", s->model_id, s->n_ctx,
+            s->n_seqs);
+    wk_http_wake(s);
+
+    for (;;) {
+        wk_req *newcomers = NULL, **tail = &newcomers;
+        bool any_active = false, stop;
+        for (int32_t i = 0; i < s->n_seqs; i++)
+            any_active |= s->slots[i].req != NULL;
+
+        pthread_mutex_lock(&s->lock);
+        while (!s->stop_engine && !any_active && !s->queue_head)
+            pthread_cond_wait(&s->cond, &s->lock);
+        stop = s->stop_engine;
+        /* Cancellations, then as many newcomers as there are free slots. */
+        int32_t free_slots = 0;
+        for (int32_t i = 0; i < s->n_seqs; i++)
+            free_slots += s->slots[i].req == NULL || s->slots[i].req->cancelled;
+        while (s->queue_head && free_slots > 0) {
+            wk_req *r = s->queue_head;
+            s->queue_head = r->next;
+            if (!s->queue_head)
+                s->queue_tail = NULL;
+            s->n_queued--;
+            r->next = NULL;
+            *tail = r;
+            tail = &r->next;
+            free_slots--;
+        }
+        bool cancelled[WK_MAX_SLOTS] = {false};
+        for (int32_t i = 0; i < s->n_seqs; i++)
+            cancelled[i] = s->slots[i].req && (s->slots[i].req->cancelled || stop);
+        bool newcomer_cancelled[WK_MAX_SLOTS] = {false};
+        int32_t k = 0;
+        for (wk_req *r = newcomers; r && k < WK_MAX_SLOTS; r = r->next, k++)
+            newcomer_cancelled[k] = r->cancelled || stop;
+        pthread_mutex_unlock(&s->lock);
+
+        for (int32_t i = 0; i < s->n_seqs; i++)
+            if (cancelled[i])
+                finish_slot(s, i, &l, "cancelled");
+        k = 0;
+        for (wk_req *r = newcomers, *next; r; r = next, k++) {
+            next = r->next;
+            r->next = NULL;
+            if (newcomer_cancelled[k]) {
+                wk_event *ev = ev_new_final(&l, WK_EV_DONE, r);
+                ev->finish = "cancelled";
+                count_outcome(s, "cancelled", r->n_prompt_client, 0);
+            } else {
+                admit(s, r, &l);
+            }
+        }
+        if (stop) {
+            /* Whatever is still queued gets a final event too. */
+            pthread_mutex_lock(&s->lock);
+            wk_req *q = s->queue_head;
+            s->queue_head = s->queue_tail = NULL;
+            s->n_queued = 0;
+            pthread_mutex_unlock(&s->lock);
+            for (wk_req *r = q, *next; r; r = next) {
+                next = r->next;
+                wk_event *ev = ev_new_final(&l, WK_EV_DONE, r);
+                ev->finish = "cancelled";
+            }
+            publish_stats(s);
+            post_events(s, &l);
+            break;
+        }
+        bool ok = step(s, &l);
+        publish_stats(s);
+        post_events(s, &l);
+        if (!ok) {
+            /* An unrecoverable device error: fail everything, then stop. */
+            for (int32_t i = 0; i < s->n_seqs; i++) {
+                if (s->slots[i].req) {
+                    sw_error e;
+                    sw_error_set(&e, SW_EDEVICE, "the device failed");
+                    fail_slot(s, i, &l, SW_EDEVICE, "decode", &e);
+                }
+            }
+            pthread_mutex_lock(&s->lock);
+            s->device_failed = true;
+            s->state = WK_FAILED;
+            snprintf(s->fail_message, sizeof s->fail_message, "unrecoverable device error");
+            s->stop_engine = true;
+            pthread_mutex_unlock(&s->lock);
+            publish_stats(s);
+            post_events(s, &l);
+            SW_ERROR(MOD, "unrecoverable device error: exiting with status %d",
+                     WK_EXIT_DEVICE_FAILURE);
+            /* Requests still queued are answered by the loop's stop path. */
+        }
+    }
+    return NULL;
+}

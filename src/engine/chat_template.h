@@ -55,8 +55,9 @@
  * does) turns that text into the control token, i.e. the client can forge
  * turns. eng_chat_render_segments() therefore returns which byte ranges of
  * the prompt are the template's own text and which are client content, so
- * the caller can parse special tokens in the former only. See
- * eng_chat_segment for the caveat about tokenizing the pieces separately.
+ * the caller can parse special tokens in the former only, and
+ * eng_chat_tokenize() that does so (identical to llama.cpp's tokens for
+ * content without special-token text).
  *
  * Every function here is pure (no global state): safe from any thread.
  */
@@ -65,6 +66,7 @@
 
 #include "common/error.h"
 #include "engine/gguf.h"
+#include "engine/tokenizer.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -155,9 +157,8 @@ int eng_chat_render(eng_chat_family f, const eng_chat_message *msgs, size_t n,
  * (they hold the control markers), content ranges with it OFF. Caveat:
  * tokenizing range by range is not always identical to tokenizing the whole
  * text: SPM vocabularies put a space prefix at the start of every call, and
- * BPE merges never cross a call boundary. The exact fix is a tokenizer entry
- * point that tokenizes the whole text but matches special tokens only
- * inside given ranges (not in tokenizer.h yet; see docs/chat-templates.md). */
+ * BPE merges never cross a call boundary. eng_chat_tokenize() below does it
+ * right: it is the way to tokenize a rendered prompt. */
 typedef struct eng_chat_segment {
     size_t offset;     /* into the rendered text */
     size_t len;        /* > 0 */
@@ -170,6 +171,30 @@ int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, si
                              bool add_generation_prompt, char **out, size_t *out_len,
                              eng_chat_segment **segments_out, size_t *n_segments,
                              sw_error *err);
+
+/* Tokenizes a rendered prompt (text, len and its segments from
+ * eng_chat_render_segments) so that the vocabulary's CONTROL and UNKNOWN
+ * tokens ("<|im_end|>", "<s>", ...) are recognised only inside template
+ * segments: text a client wrote is always tokenized as plain text.
+ *
+ * It does what eng_tokenize with parse_special does (see tokenizer.c: the
+ * text is cut at special-token texts, longest first, then each plain stretch
+ * is tokenized with a space prefix as the start of a text), with the cuts
+ * restricted to template segments. So for content that contains no special
+ * token text, the ids are exactly eng_tokenize(text, len, add_bos, true):
+ * llama.cpp's result. (One theoretical difference: a USER_DEFINED token
+ * whose text overlaps a control token's in the template is matched after
+ * the control tokens here, interleaved by length there.) USER_DEFINED
+ * tokens are matched everywhere, content included, as eng_tokenize always
+ * does. add_bos: see eng_chat_tokenize_add_bos. Allocates *ids_out
+ * (sw_free; non-NULL on success) holding *n_out ids.
+ * Cost: one pass over the vocabulary's token types per call (to find its
+ * special tokens) plus the tokenization itself.
+ * Errors: SW_EINVAL (segments that do not tile the text exactly), those of
+ * eng_tokenize, SW_ENOMEM. Outputs are written only on success. */
+int eng_chat_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
+                      const eng_chat_segment *segments, size_t n_segments, bool add_bos,
+                      int32_t **ids_out, size_t *n_out, sw_error *err);
 
 /* The strings that end an assistant turn in family f, most important
  * first: "<|im_end|>" (ChatML), "</s>" (Llama 2, Mistral, Zephyr),

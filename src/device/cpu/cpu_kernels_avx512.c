@@ -519,23 +519,27 @@ K_MATMUL_K(k_matmul_q6_k, 6)
 
 /* ---- float matrix products -------------------------------------------------- */
 
-/* 16 values from a row of F16 (f16 != 0) or F32, the first `count` of them
- * (the rest zero) when mask is not all ones. */
-K_INLINE __m512 k_load16(const int f16, const unsigned char *row, int64_t i, __mmask16 mask)
+/* 16 values from a row of format fmt (0 F32, 1 F16, 2 BF16, widened exactly
+ * by a shift), the first `count` of them (the rest zero) when mask is not
+ * all ones. */
+K_INLINE __m512 k_load16(const int fmt, const unsigned char *row, int64_t i, __mmask16 mask)
 {
-    if (f16) {
+    if (fmt != 0) {
         const void *p = row + (size_t)i * 2;
         __m256i h = mask == 0xffff ? _mm256_loadu_si256((const __m256i *)p)
                                    : _mm256_maskz_loadu_epi16(mask, p);
+        if (fmt == 2)
+            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
         return _mm512_cvtph_ps(h);
     }
     const float *p = (const float *)(const void *)(row + (size_t)i * 4);
     return mask == 0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
 }
 
-K_INLINE void k_tile_f(const int R, const int T, const int f16, const unsigned char *w,
-                       size_t w_row_bytes, const unsigned char *x, size_t x_row_bytes,
-                       int64_t n, float *y, int64_t y_stride)
+/* wf, xf: formats of the weight and activation rows (k_load16). */
+K_INLINE void k_tile_f(const int R, const int T, const int wf, const int xf,
+                       const unsigned char *w, size_t w_row_bytes, const unsigned char *x,
+                       size_t x_row_bytes, int64_t n, float *y, int64_t y_stride)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -548,10 +552,10 @@ K_INLINE void k_tile_f(const int R, const int T, const int f16, const unsigned c
         __m512 wv[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
-            wv[r] = k_load16(f16, w + (size_t)r * w_row_bytes, i, mask);
+            wv[r] = k_load16(wf, w + (size_t)r * w_row_bytes, i, mask);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            __m512 xv = k_load16(f16, x + (size_t)t * x_row_bytes, i, mask);
+            __m512 xv = k_load16(xf, x + (size_t)t * x_row_bytes, i, mask);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
                 acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
@@ -564,9 +568,9 @@ K_INLINE void k_tile_f(const int R, const int T, const int f16, const unsigned c
             y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-K_INLINE void k_matmul_f(const int f16, const void *w, size_t w_row_bytes, int64_t n_in,
-                         const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
-                         int64_t y_stride, int64_t r0, int64_t r1)
+K_INLINE void k_matmul_f(const int wf, const int xf, const void *w, size_t w_row_bytes,
+                         int64_t n_in, const void *xq, size_t xq_row_bytes, int64_t n_tokens,
+                         float *y, int64_t y_stride, int64_t r0, int64_t r1)
 {
     for (int64_t r = r0; r < r1; r += 4) {
         const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
@@ -575,7 +579,7 @@ K_INLINE void k_matmul_f(const int f16, const void *w, size_t w_row_bytes, int64
             const int T = n_tokens - t < 4 ? (int)(n_tokens - t) : 4;
             const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
             float *yt = y + t * y_stride + r;
-            K_TILE_CASES(k_tile_f, f16, wr, w_row_bytes, xt, xq_row_bytes, n_in, yt, y_stride)
+            K_TILE_CASES(k_tile_f, wf, xf, wr, w_row_bytes, xt, xq_row_bytes, n_in, yt, y_stride)
         }
     }
 }
@@ -584,14 +588,24 @@ static void k_matmul_f32(const void *w, size_t w_row_bytes, int64_t n_in, const 
                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
                          int64_t r0, int64_t r1)
 {
-    k_matmul_f(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+    k_matmul_f(0, 0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
 }
 
 static void k_matmul_f16(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
                          int64_t r0, int64_t r1)
 {
-    k_matmul_f(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+    k_matmul_f(1, 1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+/* BF16 weights with f32 activations: the weights widen exactly, so the
+ * products are those of the reference. (AVX512_BF16's VDPBF16PS would need
+ * the activations rounded to bf16 too; not used.) */
+static void k_matmul_bf16(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    k_matmul_f(2, 0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
 }
 
 /* ---- float helpers ---------------------------------------------------------- */
@@ -687,6 +701,7 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->axpy_f16 = k_axpy_f16;
     table->fp32_to_fp16_row = k_fp32_to_fp16_row;
     table->fp16_to_fp32_row = k_fp16_to_fp32_row;
+    table->matmul_bf16 = k_matmul_bf16;
     table->matmul_q4_k = k_matmul_q4_k;
     table->matmul_q5_k = k_matmul_q5_k;
     table->matmul_q6_k = k_matmul_q6_k;

@@ -1,0 +1,345 @@
+/* test_worker_api.c - end-to-end: a real `spillway worker` on a unix socket
+ * answers like `spillway run` does for the same prompt and settings
+ * (non-stream and stream, greedy and seeded), frames SSE strictly, keeps
+ * stop strings out of the stream, resumes exactly, and serves /v1/models,
+ * /tokenize, /health and /metrics. */
+#include "testutil.h"
+#include "worker_client.h"
+
+#include "common/alloc.h"
+#include "engine/model_make.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAXTOK 512
+
+static char g_model[512];
+static wc_worker g_w;
+
+static int setup(void **state)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 1024;
+    p.seed = 7;
+    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("worker-api.gguf"));
+    if (eng_model_make(&p, g_model, NULL) != 0 || !tu_spillway_bin())
+        return -1;
+    static const char *const args[] = {"--max-seqs", "4", "--threads", "1", "--ctx-limit", "256",
+                                       NULL};
+    return wc_worker_start(&g_w, g_model, args, NULL, 30, NULL);
+}
+
+static int teardown(void **state)
+{
+    int st = wc_worker_stop(&g_w);
+    remove(g_model);
+    return st == 0 ? 0 : -1; /* SIGTERM drains and exits 0 */
+}
+
+static int post(const char *path, const char *body, wc_response *r)
+{
+    return wc_request(g_w.socket_path, "POST", path, body, 30000, r);
+}
+
+/* Worker tokens for a body equal `spillway run`'s for the same settings. */
+static void check_same_as_run(const char *prompt, const char *const *run_args,
+                              const char *sampling_json, int n)
+{
+    int ref[MAXTOK], got[MAXTOK];
+    int n_ref = wc_run_tokens(g_model, prompt, run_args, ref, MAXTOK);
+    assert_true(n_ref > 0);
+    assert_true(n_ref <= n);
+    for (int stream = 0; stream < 2; stream++) {
+        char body[1024];
+        wc_response r;
+        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"stream\":%s,%s}", prompt,
+                 n, stream ? "true" : "false", sampling_json);
+        assert_int_equal(post("/v1/completions", body, &r), 0);
+        assert_int_equal(r.status, 200);
+        char ct[128];
+        assert_true(wc_header(&r, "Content-Type", ct, sizeof ct));
+        assert_string_equal(ct, stream ? "text/event-stream" : "application/json");
+        int n_got = wc_tokens_of(&r, stream, got, MAXTOK, NULL, NULL, 0);
+        assert_int_equal(n_got, n_ref);
+        assert_memory_equal(got, ref, (size_t)n_ref * sizeof(int));
+        wc_response_free(&r);
+    }
+}
+
+static void test_greedy_equals_run(void **state)
+{
+    static const char *const args[] = {"-n", "40", "--temp", "0", NULL};
+    check_same_as_run("Once upon a time", args, "\"temperature\":0", 40);
+}
+
+static void test_seeded_equals_run(void **state)
+{
+    static const char *const args[] = {"-n", "48", "--temp", "0.9", "--top-k", "30", "--top-p",
+                                       "0.9", "--min-p", "0.02", "--seed", "1234",
+                                       "--presence-penalty", "0.5", "--frequency-penalty", "0.25",
+                                       "--repeat-penalty", "1.1", NULL};
+    check_same_as_run("The little dog", args,
+                      "\"temperature\":0.9,\"top_k\":30,\"top_p\":0.9,\"min_p\":0.02,\"seed\":1234,"
+                      "\"presence_penalty\":0.5,\"frequency_penalty\":0.25,\"repeat_penalty\":1.1",
+                      48);
+}
+
+/* The stream's framing and chunk shapes, as an OpenAI client reads them. */
+static void test_stream_shape(void **state)
+{
+    wc_response r;
+    char **ev;
+    assert_int_equal(post("/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                          "{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":6,"
+                          "\"temperature\":0,\"stream\":true,"
+                          "\"stream_options\":{\"include_usage\":true}}",
+                          &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    assert_true(r.chunked);
+    int n = wc_sse_parse(r.body, r.body_len, &ev);
+    assert_true(n >= 4);
+    assert_string_equal(ev[n - 1], "[DONE]");
+    char id[128] = "";
+    int finish_seen = 0, usage_seen = 0;
+    for (int i = 0; i < n - 1; i++) {
+        json_t *j = json_loads(ev[i], 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(json_string_value(json_object_get(j, "object")),
+                            "chat.completion.chunk");
+        assert_true(json_is_integer(json_object_get(j, "created")));
+        assert_true(json_is_string(json_object_get(j, "model")));
+        if (i == 0)
+            snprintf(id, sizeof id, "%s", json_string_value(json_object_get(j, "id")));
+        assert_string_equal(json_string_value(json_object_get(j, "id")), id);
+        json_t *choices = json_object_get(j, "choices");
+        if (json_object_get(j, "usage")) {
+            usage_seen++;
+            assert_int_equal(json_array_size(choices), 0);
+            assert_int_equal(i, n - 2); /* the usage chunk comes last */
+            json_t *u = json_object_get(j, "usage");
+            assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 6);
+            assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")),
+                             json_integer_value(json_object_get(u, "prompt_tokens")) + 6);
+        } else {
+            json_t *c0 = json_array_get(choices, 0);
+            assert_int_equal(json_integer_value(json_object_get(c0, "index")), 0);
+            assert_true(json_is_object(json_object_get(c0, "delta")));
+            if (i == 0)
+                assert_string_equal(json_string_value(json_object_get(
+                                        json_object_get(c0, "delta"), "role")),
+                                    "assistant");
+            json_t *fr = json_object_get(c0, "finish_reason");
+            if (json_is_string(fr)) {
+                finish_seen++;
+                assert_string_equal(json_string_value(fr), "length");
+            } else {
+                assert_true(json_is_null(fr));
+            }
+        }
+        json_decref(j);
+    }
+    assert_int_equal(finish_seen, 1);
+    assert_int_equal(usage_seen, 1);
+    wc_sse_free(ev, n);
+    wc_response_free(&r);
+}
+
+/* A stop string never reaches the client, not even its beginning, and the
+ * text ends right before its first occurrence in the unstopped text. */
+static void test_stop_strings(void **state)
+{
+    wc_response r;
+    char *full = NULL, *text = NULL, finish[32];
+    int toks[MAXTOK];
+    assert_int_equal(post("/v1/completions",
+                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0}", &r),
+                     0);
+    assert_true(wc_tokens_of(&r, false, toks, MAXTOK, &full, finish, sizeof finish) > 0);
+    wc_response_free(&r);
+    size_t len = strlen(full);
+    assert_true(len > 12);
+    /* A stop string made of the text's 6 bytes from the middle (a
+     * boundary-crossing one with high probability). */
+    char stop[8];
+    memcpy(stop, full + len / 2, 6);
+    stop[6] = '\0';
+    size_t cut = (size_t)(strstr(full, stop) - full);
+    for (int stream = 0; stream < 2; stream++) {
+        char body[512];
+        json_t *js = json_string(stop);
+        char *jstop = json_dumps(js, JSON_ENCODE_ANY);
+        snprintf(body, sizeof body,
+                 "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,"
+                 "\"stream\":%s,\"stop\":[\"zzzz\",%s]}",
+                 stream ? "true" : "false", jstop);
+        free(jstop);
+        json_decref(js);
+        assert_int_equal(post("/v1/completions", body, &r), 0);
+        assert_int_equal(r.status, 200);
+        assert_true(wc_tokens_of(&r, stream, toks, MAXTOK, &text, finish, sizeof finish) > 0);
+        assert_string_equal(finish, "stop");
+        assert_int_equal(strlen(text), cut);
+        assert_memory_equal(text, full, cut);
+        sw_free(text);
+        wc_response_free(&r);
+    }
+    sw_free(full);
+}
+
+/* resume with the first k tokens continues exactly as the uninterrupted
+ * generation, greedy and seeded. */
+static void test_resume(void **state)
+{
+    static const char *const settings[] = {
+        "\"temperature\":0",
+        "\"temperature\":1.0,\"top_k\":0,\"top_p\":1,\"min_p\":0,\"seed\":99",
+    };
+    for (int s = 0; s < 2; s++) {
+        for (int stream = 0; stream < 2; stream++) {
+            int full[MAXTOK], rest[MAXTOK];
+            char body[4096];
+            wc_response r;
+            snprintf(body, sizeof body,
+                     "{\"prompt\":\"The little dog\",\"max_tokens\":30,\"ignore_eos\":true,%s}",
+                     settings[s]);
+            assert_int_equal(post("/v1/completions", body, &r), 0);
+            int n_full = wc_tokens_of(&r, false, full, MAXTOK, NULL, NULL, 0);
+            wc_response_free(&r);
+            assert_int_equal(n_full, 30);
+            int k = 11;
+            int len = snprintf(body, sizeof body,
+                               "{\"prompt\":\"The little dog\",\"max_tokens\":%d,\"stream\":%s,"
+                               "\"ignore_eos\":true,%s,\"resume\":{\"draws\":%d,\"tokens\":[",
+                               30 - k, stream ? "true" : "false", settings[s], k);
+            for (int i = 0; i < k; i++)
+                len += snprintf(body + len, sizeof body - (size_t)len, "%s%d", i ? "," : "",
+                                full[i]);
+            snprintf(body + len, sizeof body - (size_t)len, "]}}");
+            assert_int_equal(post("/v1/completions", body, &r), 0);
+            assert_int_equal(r.status, 200);
+            int n_rest = wc_tokens_of(&r, stream, rest, MAXTOK, NULL, NULL, 0);
+            wc_response_free(&r);
+            assert_int_equal(n_rest, 30 - k);
+            assert_memory_equal(rest, full + k, (size_t)(30 - k) * sizeof(int));
+        }
+    }
+}
+
+static void test_logprobs(void **state)
+{
+    wc_response r;
+    assert_int_equal(post("/v1/completions",
+                          "{\"prompt\":\"Once\",\"max_tokens\":5,\"temperature\":0,\"logprobs\":3}",
+                          &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 5);
+    assert_int_equal(json_array_size(json_object_get(lp, "token_logprobs")), 5);
+    assert_int_equal(json_array_size(json_object_get(lp, "top_logprobs")), 5);
+    for (size_t i = 0; i < 5; i++) {
+        json_t *top = json_array_get(json_object_get(lp, "top_logprobs"), i);
+        double chosen = json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), i));
+        assert_true(json_object_size(top) >= 1 && json_object_size(top) <= 3);
+        /* greedy: the chosen token is the most likely one */
+        const char *key;
+        json_t *v;
+        double best = -1e30;
+        json_object_foreach(top, key, v) best = json_real_value(v) > best ? json_real_value(v) : best;
+        assert_true(chosen <= 0.0);
+        assert_true(chosen >= best - 1e-6);
+    }
+    json_decref(j);
+    wc_response_free(&r);
+
+    assert_int_equal(post("/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,"
+                          "\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2}",
+                          &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    j = json_loads(r.body, 0, NULL);
+    json_t *content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 3);
+    json_t *e0 = json_array_get(content, 0);
+    assert_true(json_is_string(json_object_get(e0, "token")));
+    assert_true(json_is_array(json_object_get(e0, "bytes")));
+    assert_int_equal(json_array_size(json_object_get(e0, "top_logprobs")), 2);
+    json_decref(j);
+    wc_response_free(&r);
+}
+
+static void test_models_tokenize_health_metrics(void **state)
+{
+    wc_response r;
+    assert_int_equal(wc_request(g_w.socket_path, "GET", "/v1/models", NULL, 5000, &r), 0);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    const char *id = json_string_value(
+        json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+    assert_string_equal(id, "spillway-synthetic"); /* general.name of model_make */
+    json_decref(j);
+    wc_response_free(&r);
+
+    /* the worker's own id is accepted as "model" */
+    assert_int_equal(post("/v1/completions",
+                          "{\"model\":\"spillway-synthetic\",\"prompt\":\"Hi\",\"max_tokens\":2}", &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    wc_response_free(&r);
+
+    /* /tokenize equals the prompt tokens `spillway run` uses (minus BOS) */
+    char *out = NULL;
+    int status;
+    const char *argv[] = {tu_spillway_bin(), "run", "-m", g_model, "-p", "Once upon a time",
+                          "-n", "1", "--json", NULL};
+    assert_int_equal(tu_run_capture((char *const *)argv, 30, &out, &status), 0);
+    json_t *ref = json_loads(out, 0, NULL);
+    sw_free(out);
+    assert_int_equal(post("/tokenize", "{\"content\":\"Once upon a time\",\"add_special\":true}", &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    j = json_loads(r.body, 0, NULL);
+    assert_true(json_equal(json_object_get(j, "tokens"), json_object_get(ref, "prompt_tokens")));
+    json_decref(j);
+    json_decref(ref);
+    wc_response_free(&r);
+
+    assert_int_equal(wc_request(g_w.socket_path, "GET", "/health", NULL, 5000, &r), 0);
+    assert_int_equal(r.status, 200);
+    j = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "ready");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "slots"), "max")), 4);
+    /* tiny model: 2 layers x 2 KV heads x 16 dims x K,V x f16 = 256 bytes */
+    assert_int_equal(json_integer_value(json_object_get(j, "kv_bytes_per_token")), 2 * 2 * 16 * 2 * 2);
+    assert_true(json_real_value(json_object_get(j, "decode_tokens_per_second")) > 0);
+    assert_true(json_real_value(json_object_get(j, "prefill_tokens_per_second")) > 0);
+    json_decref(j);
+    wc_response_free(&r);
+
+    assert_int_equal(wc_request(g_w.socket_path, "GET", "/metrics", NULL, 5000, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "spillway_worker_requests_total{outcome=\"ok\"} "));
+    assert_non_null(strstr(r.body, "spillway_worker_slots_max 4\n"));
+    wc_response_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_equals_run),
+        cmocka_unit_test(test_seeded_equals_run),
+        cmocka_unit_test(test_stream_shape),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_models_tokenize_health_metrics),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -421,11 +421,10 @@ K_INLINE void k_tile_k(const int R, const int T, const int kind, const unsigned 
                     2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
                     2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g);
                 /* bits 2g (first 32 bytes) and 2g+1 (last 32) of qh */
-                const __m512i bit = _mm512_set_epi64(
-                    0x0101010101010101ll << (2 * g + 1), 0x0101010101010101ll << (2 * g + 1),
-                    0x0101010101010101ll << (2 * g + 1), 0x0101010101010101ll << (2 * g + 1),
-                    0x0101010101010101ll << (2 * g), 0x0101010101010101ll << (2 * g),
-                    0x0101010101010101ll << (2 * g), 0x0101010101010101ll << (2 * g));
+                const long long bit_a = (long long)(0x0101010101010101ull << (2 * g));
+                const long long bit_b = (long long)(0x0101010101010101ull << (2 * g + 1));
+                const __m512i bit = _mm512_set_epi64(bit_b, bit_b, bit_b, bit_b, bit_a, bit_a,
+                                                     bit_a, bit_a);
                 __m512i q[8], sv[8];
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {

@@ -221,6 +221,34 @@ static int dechunk(char *body, size_t len, size_t *out_len)
     return 0;
 }
 
+int wc_response_parse(const char *raw, size_t len, wc_response *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *hend = memmem(raw, len, "\r\n\r\n", 4);
+    if (!hend || len < 12 || strncmp(raw, "HTTP/1.", 7) != 0)
+        return -1;
+    out->status = atoi(raw + 9);
+    out->headers = sw_strndup(raw, (size_t)(hend - raw) + 2);
+    size_t blen = len - (size_t)(hend + 4 - raw);
+    out->body = sw_malloc(blen + 1);
+    if (!out->headers || !out->body) {
+        wc_response_free(out);
+        return -1;
+    }
+    memcpy(out->body, hend + 4, blen);
+    out->body[blen] = '\0';
+    out->body_len = blen;
+    char te[64];
+    if (wc_header(out, "Transfer-Encoding", te, sizeof te) && strcasecmp(te, "chunked") == 0) {
+        out->chunked = true;
+        if (dechunk(out->body, out->body_len, &out->body_len) != 0) {
+            wc_response_free(out);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int read_response(int fd, int timeout_ms, wc_response *out)
 {
     size_t cap = 8192, len = 0;
@@ -248,29 +276,26 @@ static int read_response(int fd, int timeout_ms, wc_response *out)
             break;
         len += (size_t)n;
     }
-    buf[len] = '\0';
-    char *hend = strstr(buf, "\r\n\r\n");
-    if (!hend || strncmp(buf, "HTTP/1.", 7) != 0) {
-        sw_free(buf);
-        return -1;
-    }
-    out->status = atoi(buf + 9);
-    out->headers = sw_strndup(buf, (size_t)(hend - buf) + 2);
-    size_t blen = len - (size_t)(hend + 4 - buf);
-    out->body = sw_malloc(blen + 1);
-    memcpy(out->body, hend + 4, blen);
-    out->body[blen] = '\0';
-    out->body_len = blen;
+    int rc = wc_response_parse(buf, len, out);
     sw_free(buf);
-    char te[64];
-    if (wc_header(out, "Transfer-Encoding", te, sizeof te) && strcasecmp(te, "chunked") == 0) {
-        out->chunked = true;
-        if (dechunk(out->body, out->body_len, &out->body_len) != 0) {
-            wc_response_free(out);
-            return -1;
-        }
-    }
-    return 0;
+    return rc;
+}
+
+int wc_send(int fd, const char *method, const char *path, const char *body)
+{
+    size_t blen = body ? strlen(body) : 0;
+    size_t cap = blen + 512;
+    char *raw = sw_malloc(cap);
+    if (!raw)
+        return -1;
+    int n = snprintf(raw, cap,
+                     "%s %s HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                     method, path, blen);
+    memcpy(raw + n, body ? body : "", blen);
+    int rc = write_all(fd, raw, (size_t)n + blen);
+    sw_free(raw);
+    return rc;
 }
 
 int wc_raw(const char *socket_path, const char *raw, size_t len, int timeout_ms,
@@ -288,19 +313,12 @@ int wc_raw(const char *socket_path, const char *raw, size_t len, int timeout_ms,
 int wc_request(const char *socket_path, const char *method, const char *path, const char *body,
                int timeout_ms, wc_response *out)
 {
-    size_t blen = body ? strlen(body) : 0;
-    size_t cap = blen + 512;
-    char *raw = sw_malloc(cap);
+    int fd = wc_connect(socket_path, timeout_ms);
     memset(out, 0, sizeof *out);
-    if (!raw)
+    if (fd < 0)
         return -1;
-    int n = snprintf(raw, cap,
-                     "%s %s HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, blen);
-    memcpy(raw + n, body ? body : "", blen);
-    int rc = wc_raw(socket_path, raw, (size_t)n + blen, timeout_ms, out);
-    sw_free(raw);
+    int rc = wc_send(fd, method, path, body) == 0 ? read_response(fd, timeout_ms, out) : -1;
+    close(fd);
     return rc;
 }
 

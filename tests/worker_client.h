@@ -55,6 +55,11 @@ int wc_request(const char *socket_path, const char *method, const char *path, co
 int wc_raw(const char *socket_path, const char *raw, size_t len, int timeout_ms,
            wc_response *out);
 
+/* Writes one request ("Connection: close") on a connected socket. */
+int wc_send(int fd, const char *method, const char *path, const char *body);
+/* Parses a raw HTTP response (status line, headers, body; de-chunks). */
+int wc_response_parse(const char *raw, size_t len, wc_response *out);
+
 /* Strict SSE: the body must be a sequence of events, each exactly one
  * "data: <payload>" line followed by an empty line ("\n" line ends), and
  * nothing else. Returns the number of events and sets *events (sw_free each

@@ -618,29 +618,31 @@ static int special_cmp(const void *pa, const void *pb)
 static int collect_specials(const eng_tokenizer *tok, chat_special **out, size_t *n_out)
 {
     int32_t n_vocab = eng_tokenizer_n_vocab(tok);
-    size_t n = 0;
+    chat_special *specials = NULL;
+    size_t n = 0, cap = 0;
     for (int32_t id = 0; id < n_vocab; id++) {
         eng_token_type t = eng_token_get_type(tok, id);
+        if (t != ENG_TOKEN_CONTROL && t != ENG_TOKEN_UNKNOWN)
+            continue;
         size_t len = 0;
-        if ((t == ENG_TOKEN_CONTROL || t == ENG_TOKEN_UNKNOWN) && eng_token_piece(tok, id, &len) &&
-            len > 0)
-            n++;
+        const char *piece = eng_token_piece(tok, id, &len);
+        if (!piece || len == 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64; /* at most n_vocab entries: no overflow */
+            chat_special *grown = sw_realloc(specials, cap * sizeof *grown);
+            if (!grown) {
+                sw_free(specials);
+                return SW_ENOMEM;
+            }
+            specials = grown;
+        }
+        specials[n++] = (chat_special){piece, len, id};
     }
-    chat_special *specials = sw_calloc(n ? n : 1, sizeof *specials);
-    if (!specials)
-        return SW_ENOMEM;
-    size_t k = 0;
-    for (int32_t id = 0; id < n_vocab && k < n; id++) {
-        eng_token_type t = eng_token_get_type(tok, id);
-        size_t len = 0;
-        const char *piece = NULL;
-        if ((t == ENG_TOKEN_CONTROL || t == ENG_TOKEN_UNKNOWN) &&
-            (piece = eng_token_piece(tok, id, &len)) && len > 0)
-            specials[k++] = (chat_special){piece, len, id};
-    }
-    qsort(specials, k, sizeof *specials, special_cmp);
-    *out = specials;
-    *n_out = k;
+    if (n > 0)
+        qsort(specials, n, sizeof *specials, special_cmp);
+    *out = specials; /* may be NULL when there are none */
+    *n_out = n;
     return SW_OK;
 }
 

@@ -54,10 +54,9 @@
  * Tokenizing the whole prompt with parse_special ON (what llama.cpp's server
  * does) turns that text into the control token, i.e. the client can forge
  * turns. eng_chat_render_segments() therefore returns which byte ranges of
- * the prompt are the template's own text and which are client content, so
- * the caller can parse special tokens in the former only, and
- * eng_chat_tokenize() that does so (identical to llama.cpp's tokens for
- * content without special-token text).
+ * the prompt are the template's own text and which are client content, and
+ * eng_chat_tokenize() parses special tokens in the former only (its ids
+ * equal llama.cpp's for content without special-token text).
  *
  * Every function here is pure (no global state): safe from any thread.
  */

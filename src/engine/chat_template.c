@@ -234,10 +234,18 @@ static int validate(eng_chat_family f, const eng_chat_message *msgs, size_t n,
         chat_role role = ROLE_USER;
         if (!msgs[i].role)
             return sw_error_set(err, SW_EINVAL, "message %zu has no role", i);
-        if (!parse_role(msgs[i].role, &role))
+        if (!parse_role(msgs[i].role, &role)) {
+            /* The role comes from a client: quote at most 32 bytes, printable
+             * ASCII only, so the message stays valid UTF-8 for a JSON reply. */
+            char shown[33];
+            size_t k = 0;
+            for (const char *p = msgs[i].role; *p && k < 32; p++)
+                shown[k++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+            shown[k] = '\0';
             return sw_error_set(err, SW_EINVAL,
-                                "message %zu has unknown role '%.32s' (expected system, user, "
-                                "assistant or tool)", i, msgs[i].role);
+                                "message %zu has unknown role '%s' (expected system, user, "
+                                "assistant or tool)", i, shown);
+        }
         if (!msgs[i].content)
             return sw_error_set(err, SW_EINVAL, "message %zu (%s) has no content", i,
                                 msgs[i].role);

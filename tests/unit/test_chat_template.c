@@ -291,6 +291,9 @@ static void test_validation(void **state)
 
     const eng_chat_message bad_role[] = {{"user", "a"}, {"bot", "b"}};
     expect_invalid(ENG_CHAT_CHATML, bad_role, 2, true, "message 1 has unknown role 'bot'");
+    const eng_chat_message odd_role[] = {{"r\xc3\xb4le\n0123456789012345678901234567890123456789", "a"}};
+    expect_invalid(ENG_CHAT_CHATML, odd_role, 1, true,
+                   "unknown role 'r??le?01234567890123456789012345' (");
     const eng_chat_message upper_role[] = {{"User", "a"}};
     expect_invalid(ENG_CHAT_LLAMA3, upper_role, 1, true, "unknown role");
     const eng_chat_message null_role[] = {{NULL, "a"}};

@@ -6,7 +6,10 @@
  * (|w| <= 128 and |x| <= 127 keep the pair sums inside int16); Q4_0 uses its
  * unsigned nibbles q = w + 8 and subtracts 8 * x, computed once per token and
  * block. Tiles are up to 4 weight rows x 2 tokens: the 16 YMM registers hold
- * the 8 accumulators and the tile's weights. No state, no allocation.
+ * the 8 accumulators and the tile's weights. K-quants (Q4_K, Q5_K, Q6_K)
+ * and BF16 weights follow the same ideas (see their sections); on an
+ * AVX-512 machine the Q8_K activation quantizer here is used too (it is
+ * bit-exact and cheap next to the products). No state, no allocation.
  */
 #include "device/cpu/cpu_kernels_impl.h"
 

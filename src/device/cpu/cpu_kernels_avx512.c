@@ -18,6 +18,12 @@
  * Measured on this project's 2-core AVX-512 VM, 5632 x 2048 weights, one
  * thread, CPU time: decode (weights from DRAM) Q8_0 ~10 GB/s, Q4_0 ~8 GB/s;
  * prefill of 128 tokens Q8_0 ~60 GFLOP/s, Q4_0 ~55 GFLOP/s.
+ *
+ * K-quants (Q4_K, Q5_K, Q6_K, against Q8_K activations) and BF16 weights
+ * are further down. Same matrix, one thread, CPU time, on a busy machine:
+ * decode Q4_K 1.02 ms per product vs Q4_0 0.90 ms (same bytes per weight),
+ * Q6_K 1.30 ms, BF16 ~12 GB/s; prefill of 64 tokens Q4_K/Q5_K/Q6_K
+ * 45-57 GFLOP/s, BF16 ~70 GFLOP/s.
  */
 #include "device/cpu/cpu_kernels_impl.h"
 

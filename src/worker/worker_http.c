@@ -1120,7 +1120,8 @@ static void on_request(struct evhttp_request *evreq, void *arg)
         send_error(evreq, 404, "not_found", NULL, NULL, "no such endpoint: %s", path);
         return;
     }
-    if (!is_post) {
+    if (!(gen || tok) || !is_post) {
+        /* Known path, wrong method (GET endpoints were answered above). */
         send_error(evreq, 405, "method_not_allowed", NULL, NULL, "%s takes %s", path,
                    gen || tok ? "POST" : "GET");
         return;

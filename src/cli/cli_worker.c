@@ -27,6 +27,8 @@ static void usage(FILE *out)
             "      --max-queue N       requests waiting for a slot (default 64)\n"
             "      --max-body B        largest request body (default 1MiB)\n"
             "      --http-timeout S    per-connection read/write time-out (default 30)\n"
+            "      --chat-template F   chatml, llama2, llama3, mistral, zephyr, phi3, gemma\n"
+            "                          (default: detected from the model's template)\n"
             "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
             "1 when the model or device cannot be set up, 2 for bad options,\n"
             "75 after an unrecoverable device error (restart the worker).\n");
@@ -47,7 +49,7 @@ static int number(const char *text, double lo, double hi, double *out)
 int cli_worker_main(int argc, char **argv)
 {
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
-           OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT };
+           OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -63,6 +65,7 @@ int cli_worker_main(int argc, char **argv)
         {"max-queue", required_argument, 0, OPT_QUEUE},
         {"max-body", required_argument, 0, OPT_BODY},
         {"http-timeout", required_argument, 0, OPT_TIMEOUT},
+        {"chat-template", required_argument, 0, OPT_CHAT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -138,6 +141,7 @@ int cli_worker_main(int argc, char **argv)
                 return 2;
             }
             break;
+        case OPT_CHAT: o.chat_template = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -12,6 +12,7 @@
 #define SPILLWAY_WORKER_IMPL_H
 
 #include "device/device.h"
+#include "engine/chat_template.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -35,6 +36,8 @@ typedef enum wk_state {
     WK_FAILED = 3,
 } wk_state;
 
+#define WK_MAX_STOP_TOKENS 4
+
 typedef struct wk_req wk_req;
 struct wk_req {
     wk_req *next;                    /* engine queue link */
@@ -55,6 +58,8 @@ struct wk_req {
     bool ignore_eos;
     char **stops;
     size_t n_stops;
+    int32_t stop_tokens[WK_MAX_STOP_TOKENS]; /* chat: end-of-turn tokens */
+    int32_t n_stop_tokens;
     int64_t created;
     /* HTTP thread only */
     struct evhttp_request *evreq;
@@ -138,6 +143,7 @@ typedef struct wk_server {
     dev_device *dev;
     const eng_tokenizer *tok;
     char model_id[256];
+    eng_chat_family chat_family;
     int32_t n_ctx;
     int32_t n_seqs;
     size_t kv_bytes_per_token;

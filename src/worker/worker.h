@@ -42,6 +42,7 @@ typedef struct wk_options {
     size_t max_body_bytes;       /* request bodies above get 413 (1 MiB) */
     size_t max_header_bytes;     /* header blocks above get 400 (16 KiB) */
     int http_timeout_s;          /* read/write time-out per connection (30) */
+    const char *chat_template;   /* family name overriding detection, or NULL */
 } wk_options;
 
 wk_options wk_default_options(void);

@@ -422,7 +422,10 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
         finish_slot(s, seq, l, "stop");
         return false;
     }
-    if (!req->ignore_eos && eng_tokenizer_is_eog(s->tok, token)) {
+    bool end_of_turn = false;
+    for (int32_t i = 0; i < req->n_stop_tokens; i++)
+        end_of_turn |= token == req->stop_tokens[i];
+    if (end_of_turn || (!req->ignore_eos && eng_tokenizer_is_eog(s->tok, token))) {
         finish_slot(s, seq, l, "stop");
         return false;
     }
@@ -547,6 +550,17 @@ static int load(wk_server *s, sw_error *err)
     memcpy(s->model_id, name, name_len);
     s->model_id[name_len] = '\0';
     s->tok = eng_model_tokenizer(s->model);
+    eng_chat_source source = ENG_CHAT_FALLBACK_MISSING;
+    if ((rc = eng_chat_choose(eng_model_gguf(s->model), s->o.chat_template, &s->chat_family,
+                              &source, err)) == SW_EFORMAT) {
+        SW_WARN(MOD, "%s: using ChatML", err->message);
+        s->chat_family = ENG_CHAT_CHATML;
+        source = ENG_CHAT_FALLBACK_UNKNOWN;
+    } else if (rc) {
+        return rc;
+    }
+    SW_INFO(MOD, "chat template: %s (%s)", eng_chat_family_name(s->chat_family),
+            eng_chat_source_name(source));
     s->n_ctx = p->n_ctx;
     s->n_seqs = p->n_seq_max < WK_MAX_SLOTS ? p->n_seq_max : WK_MAX_SLOTS;
     s->kv_block_tokens = p->kv_block_tokens;

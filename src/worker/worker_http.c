@@ -559,62 +559,66 @@ static bool get_bool(parse_ctx *p, json_t *body, const char *key, bool *out)
     return true;
 }
 
-/* The chat prompt: the model's own template once the chat_template module
- * is in; until then ChatML, which every family falls back to. */
-static char *render_chat(json_t *messages, parse_ctx *p, size_t *len_out)
+/* The chat prompt in the model's own template family (chat_template.h),
+ * tokenized so that only the template's text can produce control tokens.
+ * Allocates *ids (sw_free). */
+static bool tokenize_chat(wk_server *s, json_t *messages, wk_req *r, parse_ctx *p, int32_t **ids,
+                          size_t *n_ids)
 {
-    size_t n = json_array_size(messages), cap = 64, len = 0;
-    char *out = sw_malloc(cap);
-    if (!out)
-        return NULL;
-    out[0] = '\0';
-    for (size_t i = 0; i <= n; i++) {
-        const char *role = "assistant", *content = "";
-        size_t content_len = 0;
-        if (i < n) {
-            json_t *m = json_array_get(messages, i);
-            json_t *jr = json_object_get(m, "role"), *jc = json_object_get(m, "content");
-            if (!json_is_object(m) || !json_is_string(jr)) {
-                sw_free(out);
-                bad(p, "messages", "messages[%zu] must be an object with a string 'role'", i);
-                return NULL;
-            }
-            role = json_string_value(jr);
-            if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
-                strcmp(role, "tool")) {
-                sw_free(out);
-                bad(p, "messages", "messages[%zu].role must be system, user, assistant or tool",
-                    i);
-                return NULL;
-            }
-            if (json_is_string(jc)) {
-                content = json_string_value(jc);
-                content_len = json_string_length(jc);
-            } else if (!json_is_null(jc) || strcmp(role, "assistant") != 0) {
-                sw_free(out);
-                bad(p, "messages", "messages[%zu].content must be a string", i);
-                return NULL;
-            }
+    size_t n = json_array_size(messages);
+    eng_chat_message *msgs = sw_calloc(n, sizeof *msgs);
+    char *text = NULL;
+    size_t len = 0, n_seg = 0;
+    eng_chat_segment *seg = NULL;
+    sw_error err;
+    bool ok = false;
+
+    if (!msgs)
+        return bad(p, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(messages, i);
+        json_t *jr = json_object_get(m, "role"), *jc = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(jr)) {
+            bad(p, "messages", "messages[%zu] must be an object with a string 'role'", i);
+            goto done;
         }
-        size_t need = len + strlen(role) + content_len + 64;
-        if (need > cap) {
-            cap = need * 2;
-            char *q = sw_realloc(out, cap);
-            if (!q) {
-                sw_free(out);
-                return NULL;
-            }
-            out = q;
-        }
-        len += (size_t)snprintf(out + len, cap - len, "<|im_start|>%s\n", role);
-        if (i < n) {
-            memcpy(out + len, content, content_len);
-            len += content_len;
-            len += (size_t)snprintf(out + len, cap - len, "<|im_end|>\n");
+        msgs[i].role = json_string_value(jr);
+        if (json_is_string(jc)) {
+            msgs[i].content = json_string_value(jc);
+        } else if ((!jc || json_is_null(jc)) && strcmp(msgs[i].role, "assistant") == 0) {
+            msgs[i].content = "";
+        } else {
+            bad(p, "messages", "messages[%zu].content must be a string", i);
+            goto done;
         }
     }
-    *len_out = len;
-    return out;
+    if (eng_chat_render_segments(s->chat_family, msgs, n, true, &text, &len, &seg, &n_seg,
+                                 &err)) {
+        bad(p, "messages", "%s", err.message);
+        goto done;
+    }
+    bool add_bos = eng_chat_tokenize_add_bos(s->chat_family, eng_tokenizer_add_bos(s->tok));
+    if (eng_chat_tokenize(s->tok, text, len, seg, n_seg, add_bos, ids, n_ids, &err)) {
+        bad(p, "messages", "cannot tokenize the prompt: %s", err.message);
+        goto done;
+    }
+    /* The family's end-of-turn markers: a token when the vocabulary has
+     * one, else a stop string. */
+    const char *stops[ENG_CHAT_MAX_STOP_STRINGS];
+    size_t n_stops = eng_chat_stop_strings(s->chat_family, stops, ENG_CHAT_MAX_STOP_STRINGS);
+    for (size_t i = 0; i < n_stops && i < ENG_CHAT_MAX_STOP_STRINGS; i++) {
+        int32_t id = eng_token_find(s->tok, stops[i], strlen(stops[i]));
+        if (id >= 0 && r->n_stop_tokens < WK_MAX_STOP_TOKENS)
+            r->stop_tokens[r->n_stop_tokens++] = id;
+        else if (id < 0 && r->n_stops < WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS)
+            r->stops[r->n_stops++] = sw_strdup(stops[i]);
+    }
+    ok = true;
+done:
+    sw_free(msgs);
+    sw_free(text);
+    sw_free(seg);
+    return ok;
 }
 
 static bool add_stop(parse_ctx *p, wk_req *r, const char *text, size_t len)
@@ -638,8 +642,6 @@ static bool parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, pars
     json_t *v;
     double d;
     json_int_t i;
-    char *text = NULL;
-    size_t text_len = 0;
     bool add_bos = eng_tokenizer_add_bos(s->tok);
 
     if (!json_is_object(body))
@@ -745,7 +747,7 @@ static bool parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, pars
         r->top_logprobs = (int32_t)i;
     }
     /* stop: a string or an array of strings. */
-    r->stops = sw_calloc(WK_MAX_STOPS + 1, sizeof(char *));
+    r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS, sizeof(char *));
     if (!r->stops)
         return bad(p, NULL, "out of memory");
     v = json_object_get(body, "stop");
@@ -766,36 +768,28 @@ static bool parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, pars
     }
 
     /* The prompt. */
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
     if (chat) {
         json_t *m = json_object_get(body, "messages");
         if (!json_is_array(m) || json_array_size(m) == 0)
             return bad(p, "messages", "'messages' must be a non-empty array");
-        text = render_chat(m, p, &text_len);
-        if (!text)
-            return p->status ? false : bad(p, NULL, "out of memory");
-        if (r->n_stops < WK_MAX_STOPS + 1)
-            r->stops[r->n_stops++] = sw_strdup("<|im_end|>");
+        if (!tokenize_chat(s, m, r, p, &ids, &n_ids))
+            return false;
     } else {
         v = json_object_get(body, "prompt");
         if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
             v = json_array_get(v, 0);
         if (!json_is_string(v))
             return bad(p, "prompt", "'prompt' must be a string");
-        text = sw_strndup(json_string_value(v), json_string_length(v));
-        text_len = json_string_length(v);
-        if (!text)
-            return bad(p, NULL, "out of memory");
+        sw_error err;
+        if (eng_tokenize(s->tok, json_string_value(v), json_string_length(v), add_bos, false, &ids,
+                         &n_ids, &err))
+            return bad(p, "prompt", "cannot tokenize the prompt: %s", err.message);
     }
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    sw_error err;
-    int rc = eng_tokenize(s->tok, text, text_len, add_bos, false, &ids, &n_ids, &err);
-    sw_free(text);
-    if (rc)
-        return bad(p, chat ? "messages" : "prompt", "cannot tokenize the prompt: %s", err.message);
     if (n_ids == 0) {
         sw_free(ids);
-        return bad(p, "prompt", "the prompt is empty");
+        return bad(p, chat ? "messages" : "prompt", "the prompt is empty");
     }
 
     /* resume: {"tokens": [ids already emitted], "draws": k} */

@@ -86,6 +86,36 @@ static void test_seeded_equals_run(void **state)
                       48);
 }
 
+/* Chat on a model without a template: the ChatML fallback, whose rendering
+ * (docs/chat-templates.md) is given to `spillway run` as plain text (the
+ * tiny vocabulary has no ChatML control tokens). */
+static void test_chat_equals_run(void **state)
+{
+    static const char *const args[] = {"-n", "24", "--temp", "0", "--ignore-eos", NULL};
+    int ref[MAXTOK], got[MAXTOK];
+    int n_ref = wc_run_tokens(g_model,
+                              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                              "Tell me a story<|im_end|>\n<|im_start|>assistant\n",
+                              args, ref, MAXTOK);
+    assert_int_equal(n_ref, 24);
+    for (int stream = 0; stream < 2; stream++) {
+        char body[1024];
+        wc_response r;
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                 "{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"max_tokens\":24,"
+                 "\"temperature\":0,\"ignore_eos\":true,\"stream\":%s}",
+                 stream ? "true" : "false");
+        assert_int_equal(post("/v1/chat/completions", body, &r), 0);
+        assert_int_equal(r.status, 200);
+        int n = wc_tokens_of(&r, stream, got, MAXTOK, NULL, NULL, 0);
+        /* the ChatML stop string may end it early; what came must match */
+        assert_true(n > 0 && n <= n_ref);
+        assert_memory_equal(got, ref, (size_t)n * sizeof(int));
+        wc_response_free(&r);
+    }
+}
+
 /* The stream's framing and chunk shapes, as an OpenAI client reads them. */
 static void test_stream_shape(void **state)
 {
@@ -335,6 +365,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_equals_run),
         cmocka_unit_test(test_seeded_equals_run),
+        cmocka_unit_test(test_chat_equals_run),
         cmocka_unit_test(test_stream_shape),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_resume),

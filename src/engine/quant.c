@@ -367,7 +367,7 @@ static void quant_quantize_q6_k(const float *src, eng_block_q6_k *dst, int64_t n
 }
 
 /* Q8_K activations: d = amax / 127, q = round-half-even(x * (127 / amax)),
- * clamped to +-127 (NaN to -127). Written so the SIMD versions (which round
+ * clamped to +-127 (NaN to -127); a block with amax < 2^-120 is all zero. Written so the SIMD versions (which round
  * with the default MXCSR mode, nearest-even) are bit-exact with it. */
 static void quant_quantize_q8_k(const float *src, eng_block_q8_k *dst, int64_t n)
 {
@@ -377,8 +377,10 @@ static void quant_quantize_q8_k(const float *src, eng_block_q8_k *dst, int64_t n
         for (int j = 0; j < ENG_QK_K; j++)
             if (fabsf(x[j]) > amax)
                 amax = fabsf(x[j]);
-        float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
-        dst[b].d = amax / 127.0f;
+        /* below 2^-120 the inverse scale would overflow: a block of such
+         * tiny values counts as zero */
+        float iscale = amax >= 0x1p-120f ? 127.0f / amax : 0.0f;
+        dst[b].d = amax >= 0x1p-120f ? amax / 127.0f : 0.0f;
         for (int j = 0; j < ENG_QK_K; j++) {
             float v = x[j] * iscale;
             if (!(v >= -127.0f))

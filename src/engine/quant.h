@@ -134,7 +134,8 @@ void eng_k_scales_unpack(const uint8_t packed[ENG_K_SCALE_BYTES], uint8_t sc[8],
 /* Reference (scalar) conversions of one row of n values. The K-quant
  * quantizers are simple (a min/max fit per sub-block, scales rounded up so
  * the sub-block's range is covered), not llama.cpp's error-minimising ones;
- * Q8_K (activations): d = amax / 127, q = round-half-even(x * 127 / amax). */
+ * Q8_K (activations): d = amax / 127, q = round-half-even(x * 127 / amax)
+ * (a block with amax < 2^-120 is all zero). */
 void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 

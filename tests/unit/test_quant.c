@@ -704,7 +704,7 @@ static void test_q8_k_quantize(void **state)
             amax = fmaxf(amax, fabsf(xb[i]));
         float d;
         memcpy(&d, p, 4);
-        assert_true(d == amax / 127.0f);
+        assert_true(d == amax / 127.0f); /* (these blocks' amax is 0 or >= 2^-120) */
         for (int s = 0; s < 16; s++) {
             int sum = 0;
             for (int l = 0; l < 16; l++) {
@@ -716,6 +716,40 @@ static void test_q8_k_quantize(void **state)
             assert_int_equal((int16_t)tq_le16(p + 260 + 2 * s), sum);
         }
     }
+}
+
+/* Q8_K conversion at every level equals the reference bit for bit, also on
+ * infinities, NaNs, a single huge value and float subnormals. */
+static void test_q8_k_convert_special(void **state)
+{
+    (void)state;
+    enum { N = 256 * 5 };
+    float x[N];
+    unsigned char ref[5 * 292], got[5 * 292];
+    tq_rng_state = 77;
+    tq_fill_activations(x, N, 1.0f);
+    x[3] = INFINITY;             /* block 0: amax inf */
+    x[256 + 7] = NAN;            /* block 1: a NaN among finite values */
+    x[256 + 9] = -NAN;
+    x[512 + 100] = 3.0e38f;      /* block 2: one huge value */
+    for (int i = 768; i < 1024; i++)
+        x[i] = tq_from_bits((uint32_t)(tq_rand() & 0x807fffffu)); /* subnormals */
+    x[1024 + 5] = -INFINITY;     /* block 4: -inf and NaN */
+    x[1024 + 6] = NAN;
+    eng_quantize_row(ENG_TYPE_Q8_K, x, ref, N);
+    int n_isa = tq_n_isa();
+    for (int isa = 0; isa < n_isa; isa++) {
+        assert_int_equal(cpu_kernels_force_isa((cpu_isa)isa), isa);
+        memset(got, 0xcd, sizeof got);
+        cpu_convert_activations(ENG_TYPE_Q6_K, x, N, 1, N, got);
+        assert_memory_equal(got, ref, sizeof ref);
+    }
+    cpu_kernels_force_isa(CPU_ISA_AVX512);
+    /* block 1's NaNs quantize to -127, the others as without them */
+    assert_int_equal((int8_t)ref[292 + 4 + 7], -127);
+    /* block 3 (subnormals: 127 / amax would overflow) is all zero */
+    for (int j = 0; j < 292; j++)
+        assert_int_equal(ref[3 * 292 + j], 0);
 }
 
 /* quantize -> dequantize stays within the quantizers' stated bounds. */
@@ -1236,6 +1270,7 @@ int main(void)
         cmocka_unit_test(test_kquant_decode_random),
         cmocka_unit_test(test_kquant_known_blocks),
         cmocka_unit_test(test_q8_k_quantize),
+        cmocka_unit_test(test_q8_k_convert_special),
         cmocka_unit_test(test_kquant_roundtrip),
         cmocka_unit_test(test_isa_levels),
         cmocka_unit_test(test_matmul_quantized),

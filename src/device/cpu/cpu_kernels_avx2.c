@@ -411,8 +411,8 @@ static void a_quantize_row_q8_k(const float *x, void *dst, int64_t n)
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         float amax = _mm_cvtss_f32(m4);
-        float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
-        float d = amax / 127.0f;
+        float iscale = amax >= 0x1p-120f ? 127.0f / amax : 0.0f; /* as the reference */
+        float d = amax >= 0x1p-120f ? amax / 127.0f : 0.0f;
         memcpy(out, &d, 4);
         const __m256 vs = _mm256_set1_ps(iscale);
         const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);

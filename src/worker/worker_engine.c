@@ -356,14 +356,35 @@ static void admit(wk_server *s, wk_req *req, ev_list *l)
     ev_new_final(l, WK_EV_START, req);
 }
 
-/* The batched step. Until eng_decode_batch is available everywhere it runs
- * the entries one after another; switching is this one function. */
+/* The batched step: one eng_decode_batch per group of entries whose tokens
+ * fit the context's n_batch (one group unless many prefill chunks meet). */
 static int decode_step(wk_server *s, const eng_batch_entry *entries, int32_t n, int *status,
                        sw_error *errs)
 {
-    for (int32_t i = 0; i < n; i++)
-        status[i] = eng_decode(s->ctx, entries[i].seq_id, entries[i].tokens, entries[i].n_tokens,
-                               entries[i].logits, &errs[i]);
+    int32_t n_batch = eng_context_params_get(s->ctx)->n_batch;
+    for (int32_t start = 0; start < n;) {
+        int32_t end = start, tokens = 0;
+        while (end < n && (end == start || tokens + entries[end].n_tokens <= n_batch))
+            tokens += entries[end++].n_tokens;
+        int rc;
+        if (end - start == 1) {
+            /* One sequence: the single-sequence path (same results). */
+            status[start] = eng_decode(s->ctx, entries[start].seq_id, entries[start].tokens,
+                                       entries[start].n_tokens, entries[start].logits,
+                                       &errs[start]);
+            rc = SW_OK;
+        } else {
+            rc = eng_decode_batch(s->ctx, entries + start, end - start, status + start,
+                                  &errs[start]);
+        }
+        if (rc) {
+            for (int32_t i = start; i < end; i++) {
+                status[i] = rc;
+                errs[i] = errs[start];
+            }
+        }
+        start = end;
+    }
     return SW_OK;
 }
 
@@ -562,6 +583,8 @@ static int load(wk_server *s, sw_error *err)
     SW_INFO(MOD, "chat template: %s (%s)", eng_chat_family_name(s->chat_family),
             eng_chat_source_name(source));
     s->n_ctx = p->n_ctx;
+    if (s->o.prefill_chunk > p->n_batch)
+        s->o.prefill_chunk = p->n_batch;
     s->n_seqs = p->n_seq_max < WK_MAX_SLOTS ? p->n_seq_max : WK_MAX_SLOTS;
     s->kv_block_tokens = p->kv_block_tokens;
     s->kv_bytes_per_token = eng_kv_bytes_per_token(hp, p->kv_type);

@@ -64,7 +64,8 @@ struct wk_req {
     /* HTTP thread only */
     struct evhttp_request *evreq;
     bool started;                    /* stream: headers and first chunk sent */
-    bool detached;                   /* the client went away */
+    bool detached;                   /* libevent dropped the connection */
+    bool gone;                       /* the client closed its end */
     char *text;                      /* non-stream: the text so far */
     size_t text_len, text_cap;
     json_t *token_ids;
@@ -158,6 +159,7 @@ typedef struct wk_server {
     struct event_base *base;
     struct evhttp *http;
     struct event *pipe_ev;
+    struct event *gone_ev;
     struct event *sig_ev[2];
     wk_req *live;
     uint64_t next_id;

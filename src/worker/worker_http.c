@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -235,6 +236,33 @@ static void on_conn_close(struct evhttp_connection *conn, void *arg)
     (void)conn;
     r->detached = true;
     wk_engine_cancel(g_server, r);
+}
+
+/* libevent does not read from a connection while its request is being
+ * served, so a client that goes away before the first write (queued,
+ * prefilling, or waiting for a non-stream answer) would go unnoticed until
+ * the end. Every WK_GONE_CHECK_MS the live connections are peeked: EOF or
+ * an error cancels the request. */
+#define WK_GONE_CHECK_MS 50
+
+static void on_gone_check(evutil_socket_t fd_unused, short what, void *arg)
+{
+    wk_server *s = arg;
+    for (wk_req *r = s->live; r; r = r->live_next) {
+        if (r->detached || r->gone)
+            continue;
+        struct evhttp_connection *conn = evhttp_request_get_connection(r->evreq);
+        struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
+        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+        if (fd < 0)
+            continue;
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            r->gone = true;
+            wk_engine_cancel(s, r);
+        }
+    }
 }
 
 static void maybe_finish_drain(wk_server *s)
@@ -1259,6 +1287,12 @@ int wk_serve(const wk_options *opts)
     s->pipe_ev = event_new(s->base, s->pipe_r, EV_READ | EV_PERSIST, on_pipe, s);
     s->sig_ev[0] = evsignal_new(s->base, SIGTERM, on_signal, s);
     s->sig_ev[1] = evsignal_new(s->base, SIGINT, on_signal, s);
+    s->gone_ev = event_new(s->base, -1, EV_PERSIST, on_gone_check, s);
+    struct timeval gone_every = {0, WK_GONE_CHECK_MS * 1000};
+    if (!s->gone_ev || event_add(s->gone_ev, &gone_every)) {
+        sw_error_set(&err, SW_ENOMEM, "cannot set up events");
+        goto fail;
+    }
     if (!s->pipe_ev || !s->sig_ev[0] || !s->sig_ev[1] || event_add(s->pipe_ev, NULL) ||
         event_add(s->sig_ev[0], NULL) || event_add(s->sig_ev[1], NULL)) {
         sw_error_set(&err, SW_ENOMEM, "cannot set up events");
@@ -1300,6 +1334,8 @@ done:
             event_free(s->sig_ev[i]);
     if (s->pipe_ev)
         event_free(s->pipe_ev);
+    if (s->gone_ev)
+        event_free(s->gone_ev);
     if (s->http)
         evhttp_free(s->http);
     if (s->base)

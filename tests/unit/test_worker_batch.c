@@ -215,6 +215,40 @@ static void test_disconnect_frees_kv(void **state)
     assert_int_equal(wc_request(w.socket_path, "GET", "/metrics", NULL, 5000, &r), 0);
     assert_non_null(strstr(r.body, "spillway_worker_requests_total{outcome=\"cancelled\"} 1\n"));
     wc_response_free(&r);
+
+    /* Non-stream clients that give up, two generating and one queued (2
+     * slots): nothing was written to them yet, yet all three are cancelled
+     * and their memory freed. */
+    int fds[3];
+    for (int i = 0; i < 3; i++) {
+        fds[i] = wc_connect(w.socket_path, 10000);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(wc_send(fds[i], "POST", "/v1/completions",
+                                 "{\"prompt\":\"Once upon a time\",\"max_tokens\":600,"
+                                 "\"ignore_eos\":true,\"temperature\":0}"),
+                         0);
+    }
+    t0 = now_s();
+    while (now_s() - t0 < 5 && (health_int(&w, "slots", "queued") != 1 ||
+                                health_int(&w, "slots", "active") != 2))
+        usleep(5000);
+    assert_int_equal(health_int(&w, "slots", "active"), 2);
+    assert_true(health_int(&w, "memory", "kv_used_bytes") > baseline);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    t0 = now_s();
+    while (now_s() - t0 < 5) {
+        kv = health_int(&w, "memory", "kv_used_bytes");
+        active = health_int(&w, "slots", "active") + health_int(&w, "slots", "queued");
+        if (kv == baseline && active == 0)
+            break;
+        usleep(5000);
+    }
+    assert_int_equal(kv, baseline);
+    assert_int_equal(active, 0);
+    assert_int_equal(wc_request(w.socket_path, "GET", "/metrics", NULL, 5000, &r), 0);
+    assert_non_null(strstr(r.body, "spillway_worker_requests_total{outcome=\"cancelled\"} 4\n"));
+    wc_response_free(&r);
     /* The worker still serves. */
     assert_int_equal(wc_request(w.socket_path, "POST", "/v1/completions",
                                 "{\"prompt\":\"Hi\",\"max_tokens\":3}", 10000, &r),

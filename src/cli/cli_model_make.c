@@ -22,7 +22,11 @@ static void model_make_usage(FILE *f)
             "                           [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
             "                           [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
-            "Writes a llama-architecture GGUF with deterministic pseudo-random weights\n"
+            "                           [--arch llama|llama3|qwen2] [--rope-base B]\n"
+            "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
+            "vocabulary. --arch llama3: the llama layout with Llama 3's RoPE scaling keys\n"
+            "(rope base 500000 unless --rope-base); qwen2: Q/K/V biases, NeoX RoPE, the\n"
+            "qwen2 key prefix (rope base 1000000 unless --rope-base)\n"
             "(the same options always give the same file). q4_k, q5_k and q6_k need dim\n"
             "and ffn to be multiples of 256.\n"
             "presets: tiny  dim 64, 2 layers, 4 heads, 2 kv, ffn 128, vocab 512, f32 (default)\n"
@@ -48,6 +52,7 @@ int cli_model_make(int argc, char **argv)
 {
     eng_model_make_params p = eng_model_make_default_params();
     const char *path = NULL;
+    bool rope_base_set = false;
     sw_error err;
 
     /* The preset first, so that --dim etc. override it in any order. */
@@ -76,7 +81,8 @@ int cli_model_make(int argc, char **argv)
             strcmp(opt, "--kv-heads") != 0 && strcmp(opt, "--ffn") != 0 &&
             strcmp(opt, "--vocab") != 0 && strcmp(opt, "--ctx") != 0 &&
             strcmp(opt, "--type") != 0 && strcmp(opt, "--seed") != 0 &&
-            strcmp(opt, "--name") != 0) {
+            strcmp(opt, "--name") != 0 && strcmp(opt, "--arch") != 0 &&
+            strcmp(opt, "--rope-base") != 0) {
             fprintf(stderr, "spillway model make: unknown option '%s'\n", opt);
             model_make_usage(stderr);
             return 2;
@@ -111,6 +117,26 @@ int cli_model_make(int argc, char **argv)
             p.seed = (uint64_t)seed;
         } else if (strcmp(opt, "--name") == 0) {
             p.name = val;
+        } else if (strcmp(opt, "--arch") == 0) {
+            if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2")) {
+                fprintf(stderr, "spillway model make: --arch must be llama, llama3 or qwen2, "
+                                "got '%s'\n", val);
+                return 2;
+            }
+            p.architecture = val;
+            if (!rope_base_set)
+                p.rope_freq_base = strcmp(val, "llama3") == 0  ? 500000.0f
+                                   : strcmp(val, "qwen2") == 0 ? 1000000.0f
+                                                               : 10000.0f;
+        } else if (strcmp(opt, "--rope-base") == 0) {
+            char *end;
+            double base = strtod(val, &end);
+            if (*end || !(base > 0.0)) {
+                fprintf(stderr, "spillway model make: --rope-base needs a positive number\n");
+                return 2;
+            }
+            p.rope_freq_base = (float)base;
+            rope_base_set = true;
         } else {
             if (strcmp(opt, "--dim") == 0)
                 target = &p.n_embd;

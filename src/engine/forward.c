@@ -52,16 +52,28 @@ static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
     }
 }
 
-/* y_m[t][r] = W_m . x[t] for each weight m; x is n_tokens rows of n_in floats. */
+/* y_m[t][r] = W_m . x[t] for each weight m; x is n_tokens rows of n_in floats.
+ * Weights whose activation formats agree share one conversion and one
+ * parallel loop; a group with different formats (a mixed-type file, e.g. a
+ * K-quant next to an F16 matrix) is split so each converts its own. */
 static void matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, float *const *y,
                    const float *x, int64_t n_tokens)
 {
     unsigned char *act = ctx->workspace + ctx->layout.act;
+    uint32_t act_type = eng_vec_dot_type(w[0]->type);
+    int same = 1;
+    while (same < n_mats && eng_vec_dot_type(w[same]->type) == act_type)
+        same++;
+    if (same < n_mats) {
+        for (int m = 0; m < n_mats; m++)
+            matmul(ctx, 1, &w[m], &y[m], x, n_tokens);
+        return;
+    }
+
     matmul_job job = {.n_mats = n_mats, .xq = act, .n_tokens = n_tokens};
     int64_t rows = 0;
     size_t row_bytes = 0;
-
-    eng_type_row_bytes(eng_vec_dot_type(w[0]->type), w[0]->n_in, &row_bytes);
+    eng_type_row_bytes(act_type, w[0]->n_in, &row_bytes);
     cpu_convert_activations(w[0]->type, x, w[0]->n_in, n_tokens, w[0]->n_in, act);
     job.xq_row_bytes = row_bytes;
     for (int m = 0; m < n_mats; m++) {

@@ -516,9 +516,10 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
 {
     if (!p)
         return sw_error_set(err, SW_EINVAL, "model make: no parameters");
-    if (p->architecture && strcmp(p->architecture, "llama") != 0)
+    if (p->architecture && strcmp(p->architecture, "llama") != 0 &&
+        strcmp(p->architecture, "llama3") != 0 && strcmp(p->architecture, "qwen2") != 0)
         return sw_error_set(err, SW_EINVAL,
-                            "model make: architecture '%s' is not supported (only llama)",
+                            "model make: architecture '%s' is not supported (llama, llama3, qwen2)",
                             p->architecture);
     if (p->n_embd <= 0 || p->n_embd > (1 << 16))
         return sw_error_set(err, SW_EINVAL, "model make: dim %d must be in 1..65536", p->n_embd);
@@ -634,6 +635,12 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         MM_T("blk.%d.attn_q.weight", wt, 2, d, q_out, 0.0f, in_d);
         MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
         MM_T("blk.%d.attn_v.weight", wt, 2, d, kv_out, 0.0f, in_d);
+        if (p->architecture && strcmp(p->architecture, "qwen2") == 0) {
+            /* Qwen2's Q/K/V biases (F32), small next to the products. */
+            MM_T("blk.%d.attn_q.bias", f32, 1, q_out, 1, 0.0f, 0.2f);
+            MM_T("blk.%d.attn_k.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
+            MM_T("blk.%d.attn_v.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
+        }
         MM_T("blk.%d.attn_output.weight", wt, 2, q_out, d, 0.0f, in_q);
         MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
@@ -686,12 +693,19 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
 {
     int rc = SW_OK;
     const uint32_t head_dim = (uint32_t)(p->n_embd / p->n_head);
+    /* qwen2 files use their own key prefix; "llama3" is the llama
+     * architecture with Llama 3's RoPE scaling keys. */
+    const bool qwen2 = p->architecture && strcmp(p->architecture, "qwen2") == 0;
+    const bool llama3 = p->architecture && strcmp(p->architecture, "llama3") == 0;
+    const char *a = qwen2 ? "qwen2" : "llama";
+    char key[96];
+#define MM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
 #define MM_CHECK(call)                                                                          \
     do {                                                                                       \
         if ((rc = (call)) != SW_OK)                                                            \
             return rc;                                                                         \
     } while (0)
-    MM_CHECK(eng_gguf_writer_set_str(w, "general.architecture", "llama"));
+    MM_CHECK(eng_gguf_writer_set_str(w, "general.architecture", a));
     MM_CHECK(eng_gguf_writer_set_str(w, "general.name", p->name ? p->name : "spillway-synthetic"));
     MM_CHECK(eng_gguf_writer_set_str(w, "general.description",
                                      "spillway synthetic model (deterministic pseudo-random "
@@ -699,16 +713,25 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u64(w, "spillway.synthetic_seed", p->seed));
     MM_CHECK(eng_gguf_writer_set_u32(w, "general.alignment", ENG_GGUF_DEFAULT_ALIGNMENT));
     MM_CHECK(eng_gguf_writer_set_u32(w, "general.file_type", mm_file_type(p->weight_type)));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)p->n_ctx_train));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)p->n_embd));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)p->n_layer));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)p->n_ff));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.rope.dimension_count", head_dim));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)p->n_head));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)p->n_head_kv));
-    MM_CHECK(eng_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", p->rms_eps));
-    MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.freq_base", p->rope_freq_base));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)p->n_vocab));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("context_length"), (uint32_t)p->n_ctx_train));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("embedding_length"), (uint32_t)p->n_embd));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("block_count"), (uint32_t)p->n_layer));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("feed_forward_length"), (uint32_t)p->n_ff));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("rope.dimension_count"), head_dim));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.head_count"), (uint32_t)p->n_head));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+    MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
+    MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("rope.freq_base"), p->rope_freq_base));
+    MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("vocab_size"), (uint32_t)p->n_vocab));
+    if (llama3) {
+        MM_CHECK(eng_gguf_writer_set_str(w, "llama.rope.scaling.type", "llama3"));
+        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 8.0f));
+        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.low_freq_factor", 1.0f));
+        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.high_freq_factor", 4.0f));
+        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.original_context_length",
+                                         8192.0f));
+    }
+#undef MM_KEY
     MM_CHECK(eng_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
     MM_CHECK(eng_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", pieces, (uint64_t)v->n));
     MM_CHECK(eng_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", v->score, (uint64_t)v->n));

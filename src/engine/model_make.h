@@ -51,7 +51,9 @@
 #define ENG_MODEL_MAKE_MAX_VOCAB (1 << 20)
 
 typedef struct eng_model_make_params {
-    const char *architecture; /* "llama" (NULL means "llama"); the only one */
+    const char *architecture; /* "llama" (NULL means "llama"), "llama3" (the llama
+                                 layout with Llama 3 RoPE scaling keys) or
+                                 "qwen2" (qwen2 keys, Q/K/V biases) */
     const char *name;         /* general.name; NULL: "spillway-synthetic" */
     int32_t n_embd;           /* model dimension */
     int32_t n_layer;
@@ -62,8 +64,10 @@ typedef struct eng_model_make_params {
     int32_t n_ctx_train;      /* llama.context_length; default 2048 */
     float rope_freq_base;     /* default 10000 */
     float rms_eps;            /* default 1e-5 */
-    uint32_t weight_type;     /* eng_type: F32, F16, Q8_0 or Q4_0 (matrices
-                                 and token_embd; norms are always F32) */
+    uint32_t weight_type;     /* eng_type: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K
+                                 or Q6_K (matrices and token_embd; norms and
+                                 biases are always F32); K-quants need n_embd
+                                 and n_ff to be multiples of 256 */
     bool tied_output;         /* no output.weight: the head uses token_embd */
     uint64_t seed;            /* default 1 */
 } eng_model_make_params;

@@ -357,11 +357,81 @@ static void test_rope_scaling(void **state)
     eng_model_free(model);
 }
 
+static bool sink_token(void *user, const eng_generate_step *step)
+{
+    struct sink { int32_t *t; int n; } *s = user;
+    s->t[s->n++] = step->token;
+    return true;
+}
+
+/* `model make --arch qwen2 | llama3` files load as those architectures and
+ * generate deterministically; each differs from the plain llama file. */
+static void test_made_architectures(void **state)
+{
+    (void)state;
+    const char *archs[] = {"llama", "qwen2", "llama3"};
+    int32_t tokens[3][16];
+    for (int a = 0; a < 3; a++) {
+        eng_model_make_params p = eng_model_make_default_params();
+        sw_error err;
+        p.architecture = archs[a];
+        p.n_embd = 256;
+        p.n_layer = 2;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.n_ff = 512;
+        p.n_vocab = 600;
+        p.weight_type = ENG_TYPE_Q8_0;
+        p.rope_freq_base = a == 1 ? 1000000.0f : a == 2 ? 500000.0f : 10000.0f;
+        char name[32];
+        snprintf(name, sizeof name, "made-%s.gguf", archs[a]);
+        char path[4096];
+        snprintf(path, sizeof path, "%s", tu_tmp_path(name));
+        if (eng_model_make(&p, path, &err))
+            fail_msg("make %s: %s", archs[a], err.message);
+        eng_model *model;
+        if (eng_model_load(path, &model, &err))
+            fail_msg("load %s: %s", archs[a], err.message);
+        const eng_hparams *hp = eng_model_hparams(model);
+        assert_int_equal(hp->arch, a == 1 ? ENG_ARCH_QWEN2 : ENG_ARCH_LLAMA);
+        assert_int_equal(hp->rope_style, a == 1 ? ENG_ROPE_NEOX : ENG_ROPE_NORMAL);
+        if (a == 1)
+            assert_non_null(model->layers[0].bq.data);
+        if (a == 2)
+            assert_true(model->rope_factors[hp->n_rot / 2 - 1] > 1.0f);
+        eng_context_params cp = eng_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_threads = 2;
+        eng_context *ctx;
+        assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
+        const int32_t prompt[] = {1, 100, 200, 300, 400, 500};
+        for (int rep = 0; rep < 2; rep++) {
+            eng_generate_params gp = eng_generate_default_params();
+            eng_generate_stats stats;
+            gp.max_tokens = 16;
+            gp.ignore_eos = true;
+            gp.sampling.temperature = 0.0f;
+            int32_t got[16];
+            struct sink { int32_t *t; int n; } sk = {got, 0};
+            assert_int_equal(eng_generate(ctx, prompt, 6, &gp, sink_token, &sk, &stats, &err),
+                             SW_OK);
+            if (rep == 0)
+                memcpy(tokens[a], got, sizeof got);
+            else
+                assert_memory_equal(tokens[a], got, sizeof got);
+        }
+        eng_context_free(ctx);
+        eng_model_free(model);
+    }
+    assert_memory_not_equal(tokens[0], tokens[1], sizeof tokens[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2_neox_equals_permuted_llama),
         cmocka_unit_test(test_rope_scaling),
+        cmocka_unit_test(test_made_architectures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

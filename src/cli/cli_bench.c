@@ -12,6 +12,7 @@
 
 #include "common/alloc.h"
 #include "device/cpu/cpu_kernels.h"
+#include "device/cpu/threadpool.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/quant.h"
@@ -62,6 +63,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: spillway bench engine -m FILE [--prompt N] [--gen N] [--threads N]\n"
                  "                             [--reps N] [--json]\n"
+                 "       spillway bench memory [--threads N] [--bytes SIZE]\n"
                  "  prefill N prompt tokens in one batch (default 128), then decode --gen\n"
                  "  tokens one at a time (default 32); best of --reps runs (default 2).\n");
 }
@@ -173,6 +175,80 @@ done:
     return status;
 }
 
+/* ---- memory bandwidth ----------------------------------------------------- */
+
+typedef struct read_job {
+    const float *data;
+    float sums[64];
+} read_job;
+
+static void read_task(void *arg, int64_t begin, int64_t end, int thread_index)
+{
+    read_job *job = arg;
+    float sum = 0.0f;
+    /* cpu_dot_f32 of the buffer with itself streams it through the same
+     * SIMD loads the kernels use; chunks keep the second operand in cache. */
+    const int64_t chunk = 1 << 14;
+    for (int64_t i = begin; i < end; i += chunk) {
+        int64_t n = end - i < chunk ? end - i : chunk;
+        sum += cpu_dot_f32(job->data + i, job->data + begin, n);
+    }
+    job->sums[thread_index & 63] += sum;
+}
+
+/* Read bandwidth of main memory with n threads: the physical limit that a
+ * memory-bound decode runs against. */
+static double measure_read_bandwidth(int n_threads, size_t bytes)
+{
+    int64_t n = (int64_t)(bytes / sizeof(float));
+    float *data = sw_aligned_alloc(64, bytes);
+    cpu_threadpool *pool = cpu_threadpool_create(n_threads);
+    double best = 0.0;
+    if (!data || !pool)
+        goto done;
+    for (int64_t i = 0; i < n; i++)
+        data[i] = (float)(i & 7);
+    read_job job = {.data = data};
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = eng_now_seconds();
+        cpu_threadpool_run(pool, n, 1 << 14, read_task, &job);
+        double gbps = (double)bytes / (eng_now_seconds() - t0) / 1e9;
+        if (gbps > best)
+            best = gbps;
+    }
+done:
+    cpu_threadpool_free(pool);
+    sw_free(data);
+    return best;
+}
+
+static int bench_memory(int argc, char **argv)
+{
+    int threads = 0;
+    unsigned long long bytes = 1ull << 30;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc &&
+                 cli_parse_bytes(argv[i + 1], &bytes) == 0)
+            i++;
+        else {
+            fprintf(stderr, "usage: spillway bench memory [--threads N] [--bytes SIZE]\n");
+            return 2;
+        }
+    }
+    if (threads <= 0)
+        threads = cpu_core_count();
+    double gbps = measure_read_bandwidth(threads, (size_t)bytes);
+    if (gbps <= 0.0) {
+        fprintf(stderr, "spillway bench memory: out of memory\n");
+        return 1;
+    }
+    printf("memory read bandwidth: %.1f GB/s (%d threads, %llu MiB buffer)\n", gbps, threads,
+           bytes >> 20);
+    return 0;
+}
+
 int cli_bench_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
@@ -181,6 +257,8 @@ int cli_bench_main(int argc, char **argv)
     }
     if (strcmp(argv[1], "engine") == 0)
         return bench_engine(argc - 1, argv + 1);
-    fprintf(stderr, "spillway bench: unknown benchmark '%s' (known: engine)\n", argv[1]);
+    if (strcmp(argv[1], "memory") == 0)
+        return bench_memory(argc - 1, argv + 1);
+    fprintf(stderr, "spillway bench: unknown benchmark '%s' (known: engine, memory)\n", argv[1]);
     return 2;
 }

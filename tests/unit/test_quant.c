@@ -88,7 +88,7 @@ static uint16_t tq_le16(const unsigned char *p)
 static int tq_n_isa(void)
 {
     /* levels 0..best; force_isa reports the best when asked for the top */
-    cpu_isa best = cpu_kernels_force_isa(CPU_ISA_AVX512);
+    cpu_isa best = cpu_kernels_force_isa(CPU_ISA_AMX);
     return (int)best + 1;
 }
 
@@ -744,7 +744,7 @@ static void test_q8_k_convert_special(void **state)
         cpu_convert_activations(ENG_TYPE_Q6_K, x, N, 1, N, got);
         assert_memory_equal(got, ref, sizeof ref);
     }
-    cpu_kernels_force_isa(CPU_ISA_AVX512);
+    cpu_kernels_force_isa(CPU_ISA_AMX);
     /* block 1's NaNs quantize to -127, the others as without them */
     assert_int_equal((int8_t)ref[292 + 4 + 7], -127);
     /* block 3 (subnormals: 127 / amax would overflow) is all zero */
@@ -1026,7 +1026,7 @@ static void tq_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n
             }
         }
     }
-    cpu_kernels_force_isa(CPU_ISA_AVX512);
+    cpu_kernels_force_isa(CPU_ISA_AMX);
     sw_free(w);
     sw_free(xq);
     sw_free(xq_ref);
@@ -1050,6 +1050,27 @@ static void test_matmul_quantized(void **state)
             }
         }
     }
+}
+
+/* Shapes the AMX level takes (16 tokens and more): token counts that leave
+ * a short last tile, row ranges that leave a short last row tile, and rows
+ * longer than one 64-block repack chunk. */
+static void test_matmul_quantized_prefill(void **state)
+{
+    (void)state;
+    tq_rng_state = 2718;
+    static const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0};
+    static const int64_t n_ins[] = {32, 96, 2048 + 96};
+    static const int64_t n_tokens_list[] = {15, 16, 23, 32, 37};
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t ni = 0; ni < sizeof n_ins / sizeof n_ins[0]; ni++)
+            for (size_t ki = 0; ki < sizeof n_tokens_list / sizeof n_tokens_list[0]; ki++) {
+                int64_t n_tokens = n_tokens_list[ki];
+                int64_t n_out = 37 + (int64_t)ki;
+                tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 0, n_out, 0);
+                tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 3, n_out - 2, 1);
+                tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 17, 18, 1);
+            }
 }
 
 static void test_matmul_kquant(void **state)
@@ -1114,7 +1135,7 @@ static void test_matmul_two_threads(void **state)
     static const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_F16, ENG_TYPE_F32,
                                      ENG_TYPE_BF16, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K,
                                      ENG_TYPE_Q6_K};
-    enum { N_OUT = 72, N_IN = 512, N_TOK = 5 };
+    enum { N_OUT = 72, N_IN = 512, N_TOK = 21 }; /* AMX takes 16 tokens and more */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         size_t w_row_bytes, x_row_bytes;
@@ -1220,7 +1241,7 @@ static void test_float_helpers(void **state)
             assert_true(n == N || y1[n] == b[n]);
         }
     }
-    cpu_kernels_force_isa(CPU_ISA_AVX512);
+    cpu_kernels_force_isa(CPU_ISA_AMX);
 }
 
 /* Must run before anything else touches the kernels: the environment is
@@ -1232,23 +1253,24 @@ static void test_env_lowers_level(void **state)
     assert_int_equal(cpu_kernels_isa(), CPU_ISA_SCALAR);
     unsetenv("SPILLWAY_CPU_KERNELS");
     /* the hook can raise it again, up to what the CPU has */
-    cpu_kernels_force_isa(CPU_ISA_AVX512);
+    cpu_kernels_force_isa(CPU_ISA_AMX);
 }
 
 static void test_isa_levels(void **state)
 {
     (void)state;
-    cpu_isa best = cpu_kernels_force_isa(CPU_ISA_AVX512);
+    cpu_isa best = cpu_kernels_force_isa(CPU_ISA_AMX);
     assert_int_equal(cpu_kernels_force_isa(CPU_ISA_SCALAR), CPU_ISA_SCALAR);
     assert_int_equal(cpu_kernels_isa(), CPU_ISA_SCALAR);
-    assert_int_equal(cpu_kernels_force_isa(CPU_ISA_AVX512), best);
+    assert_int_equal(cpu_kernels_force_isa(CPU_ISA_AMX), best);
     assert_string_equal(cpu_isa_name(CPU_ISA_SCALAR), "scalar");
     assert_string_equal(cpu_isa_name(CPU_ISA_AVX2), "avx2");
     assert_string_equal(cpu_isa_name(CPU_ISA_AVX512), "avx512");
+    assert_string_equal(cpu_isa_name(CPU_ISA_AMX), "amx");
 #if TQ_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"))
-        assert_int_equal(best, CPU_ISA_AVX512);
+        assert_true(best >= CPU_ISA_AVX512); /* AMX also needs the kernel's grant */
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
              __builtin_cpu_supports("fma"))
         assert_true(best >= CPU_ISA_AVX2);
@@ -1274,6 +1296,7 @@ int main(void)
         cmocka_unit_test(test_kquant_roundtrip),
         cmocka_unit_test(test_isa_levels),
         cmocka_unit_test(test_matmul_quantized),
+        cmocka_unit_test(test_matmul_quantized_prefill),
         cmocka_unit_test(test_matmul_kquant),
         cmocka_unit_test(test_matmul_float),
         cmocka_unit_test(test_matmul_two_threads),

@@ -106,7 +106,7 @@ static void cpu_scalar_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n)
 
 /* ---- dispatch ------------------------------------------------------------ */
 
-static cpu__kernel_table cpu_tables[3];
+static cpu__kernel_table cpu_tables[4];
 static cpu_isa cpu_best_isa = CPU_ISA_SCALAR;  /* what the CPU supports */
 static cpu_isa cpu_active_isa = CPU_ISA_SCALAR; /* what is in use */
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -157,6 +157,7 @@ static void cpu_dispatch_init(void)
     s->matmul_q6_k = cpu_scalar_matmul_q6_k;
     cpu_tables[CPU_ISA_AVX2] = *s;
     cpu_tables[CPU_ISA_AVX512] = *s;
+    cpu_tables[CPU_ISA_AMX] = *s;
 
 #if CPU_HAVE_X86
     __builtin_cpu_init();
@@ -173,7 +174,13 @@ static void cpu_dispatch_init(void)
             memset(&cpu_tables[CPU_ISA_AVX512], 0, sizeof cpu_tables[CPU_ISA_AVX512]);
             cpu__kernels_avx512_init(&cpu_tables[CPU_ISA_AVX512]);
             cpu_table_inherit(&cpu_tables[CPU_ISA_AVX512], &cpu_tables[CPU_ISA_AVX2]);
+            cpu_tables[CPU_ISA_AMX] = cpu_tables[CPU_ISA_AVX512];
             cpu_best_isa = CPU_ISA_AVX512;
+            /* AMX: the AVX-512 table with the prefill products replaced */
+            if (cpu__kernels_amx_request()) {
+                cpu__kernels_amx_init(&cpu_tables[CPU_ISA_AMX]);
+                cpu_best_isa = CPU_ISA_AMX;
+            }
         }
     }
 #endif
@@ -188,6 +195,8 @@ static void cpu_dispatch_init(void)
             level = CPU_ISA_AVX2;
         else if (strcmp(want, "avx512") == 0)
             level = CPU_ISA_AVX512;
+        else if (strcmp(want, "amx") == 0)
+            level = CPU_ISA_AMX;
         if (level < cpu_active_isa)
             cpu_active_isa = level;
     }
@@ -223,6 +232,8 @@ const char *cpu_isa_name(cpu_isa isa)
         return "avx2";
     case CPU_ISA_AVX512:
         return "avx512";
+    case CPU_ISA_AMX:
+        return "amx";
     }
     return "unknown";
 }

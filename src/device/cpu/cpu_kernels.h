@@ -2,8 +2,10 @@
  * every weight type, plus the float vector helpers the forward pass uses.
  *
  * Each entry point dispatches once (at first use) to the best implementation
- * the CPU supports: AVX-512 (F, BW, VL, VNNI), AVX2+FMA+F16C, or portable C.
- * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512 in the environment forces a lower
+ * the CPU supports: AMX (int8 tiles for Q8_0/Q4_0 prefill products, AVX-512
+ * for the rest; only where the kernel grants the process the tile
+ * registers), AVX-512 (F, BW, VL, VNNI), AVX2+FMA+F16C, or portable C.
+ * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512|amx in the environment forces a lower
  * level (for tests and comparisons); it is read once, at the first call.
  * Results equal the scalar reference in engine/quant.h up to float summation
  * order (tests/unit/test_quant.c checks |simd - ref| <= 1e-5 * sum |terms|);
@@ -33,6 +35,7 @@ typedef enum cpu_isa {
     CPU_ISA_SCALAR = 0,
     CPU_ISA_AVX2 = 1,
     CPU_ISA_AVX512 = 2,
+    CPU_ISA_AMX = 3,
 } cpu_isa;
 
 /* The level in use (after SPILLWAY_CPU_KERNELS) and its name. */

@@ -43,4 +43,12 @@ typedef struct cpu__kernel_table {
 void cpu__kernels_avx2_init(cpu__kernel_table *table);
 void cpu__kernels_avx512_init(cpu__kernel_table *table);
 
+/* cpu_kernels_amx.c: whether the CPU has AMX-TILE and AMX-INT8 and the
+ * kernel granted this process the tile registers (asked once, here; the
+ * grant is for every thread). Then _init, given a table holding the AVX-512
+ * entries, replaces the prefill products (Q8_0, Q4_0) and keeps the old
+ * entries for what does not pay on tiles (few tokens). */
+int cpu__kernels_amx_request(void);
+void cpu__kernels_amx_init(cpu__kernel_table *table);
+
 #endif

@@ -1,0 +1,294 @@
+/* cpu_kernels_amx.c - prefill matrix products on AMX int8 tiles (Sapphire
+ * Rapids and later), for Q8_0 and Q4_0 weights against Q8_0 activations.
+ *
+ * Why: prefill is compute bound, and one TDPBSSD does 16 x 16 x 32 int8
+ * products (one 32-value block for 16 tokens x 16 weight rows) in the time
+ * VPDPBUSD does a small fraction of that. Everything else (decode, the
+ * other weight types, conversions) stays with the AVX-512 level, whose
+ * functions this level inherits; products with few tokens go there too.
+ *
+ * Each 32-value block has its own scales, so a tile product covers exactly
+ * one block (K = 32): A = 16 tokens x 32 int8, read in place from the Q8_0
+ * activation rows (the tile load's stride skips the scales); B = the block
+ * of 16 weight rows in the VNNI layout TDPBSSD wants (8 rows of 16 x 4
+ * bytes), repacked with dword gathers into a stack buffer once per
+ * 16-row x 64-block chunk and reused by every token tile; Q4_0 nibbles are
+ * unpacked to q - 8 during the repack. The 16 x 16 int32 result is stored
+ * and scaled in float (d_x[token] * d_w[row]) into 16 ZMM accumulators, one
+ * per token, whose lanes are the 16 rows - so a token's results land
+ * contiguously in y. Blocks go in pairs on two sets of tiles so the second
+ * product runs while the first one's result is being scaled.
+ *
+ * Edges: a last token tile of fewer than 16 tokens uses tiles configured
+ * with that many rows (nothing past the last activation row is read); a last
+ * row tile of fewer than 16 rows gathers zeros for the missing rows and
+ * masks them out of the stores. Integer sums are exact, so results differ
+ * from the scalar reference only in the order of float additions.
+ *
+ * Tile state is per thread: each call loads its configuration and releases
+ * the tiles before returning. The permission to use the tile registers is
+ * per process; cpu_kernels.c asks for it once (cpu__kernels_amx_request)
+ * before choosing this level.
+ */
+#include "device/cpu/cpu_kernels_impl.h"
+
+#if defined(__x86_64__) && defined(__linux__)
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define A_QK 32        /* values per block */
+#define A_Q8_BYTES 34  /* bytes of a Q8_0 block (weights and activations) */
+#define A_Q4_BYTES 18  /* bytes of a Q4_0 block */
+#define A_CHUNK 64     /* weight blocks repacked at once: 32 KiB of B tiles */
+/* Fewer tokens than this go to the AVX-512 kernels (one tile product costs
+ * the same for 1 token as for 16). */
+#ifndef A_MIN_TOKENS
+#define A_MIN_TOKENS 16
+#endif
+#define A_INLINE static inline __attribute__((always_inline))
+
+/* Tile numbers. Pair slot 0: C0, A0, B0; slot 1: C1, A1, B1; the last
+ * (short) token tile uses CT and AT with B0, one block at a time. */
+#define A_C0 0
+#define A_A0 1
+#define A_B0 2
+#define A_CT 3
+#define A_AT 4
+#define A_C1 5
+#define A_A1 6
+#define A_B1 7
+
+/* gcc's tile load intrinsic does not tell the compiler it reads memory, so
+ * stores to the repack buffer must be fenced before the loads. */
+#define A_COMPILER_BARRIER() __asm__ volatile("" ::: "memory")
+
+typedef struct a_tilecfg {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} a_tilecfg;
+
+static cpu__matmul_fn a_fallback_q8_0;
+static cpu__matmul_fn a_fallback_q4_0;
+
+/* B tiles for blocks [b0, b0 + nc) of 16 rows starting at wr (rows not in
+ * rmask are zero), and the rows' scales as floats. */
+A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes, int64_t b0,
+                       int nc, __mmask16 rmask, int8_t (*wv)[8][64], float (*dw)[16])
+{
+    const size_t bytes = q4 ? A_Q4_BYTES : A_Q8_BYTES;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)w_row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i eight = _mm512_set1_epi8(8);
+    for (int j = 0; j < nc; j++) {
+        const unsigned char *blk = wr + (size_t)(b0 + j) * bytes;
+        /* the scale's dword also holds the first quants; keep the low half */
+        __m512i s = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
+        _mm512_store_ps(dw[j], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+        if (q4) {
+#pragma GCC unroll 4
+            for (int kk = 0; kk < 4; kk++) {
+                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 2 + 4 * kk, 1);
+                __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, low4), eight);
+                __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi32(v, 4), low4), eight);
+                _mm512_store_si512(wv[j][kk], lo);
+                _mm512_store_si512(wv[j][kk + 4], hi);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int kk = 0; kk < 8; kk++)
+                _mm512_store_si512(wv[j][kk],
+                                   _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 2 + 4 * kk, 1));
+        }
+    }
+}
+
+/* The activation scales of one block for 16 tokens (zero outside tmask). */
+A_INLINE void a_token_scales(const unsigned char *xa, __m512i idx_x, __mmask16 tmask, float *dx)
+{
+    __m512i s = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), tmask, idx_x, xa, 1);
+    _mm512_store_ps(dx, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+}
+
+/* acc[i] += float(c[i]) * dx[i] * dw for the 16 tokens of a tile. */
+A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, __m512 dw)
+{
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[i])),
+                                 _mm512_mul_ps(_mm512_set1_ps(dx[i]), dw), acc[i]);
+}
+
+A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t n_in,
+                       const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                       int64_t y_stride, int64_t r0, int64_t r1)
+{
+    const int64_t nb = n_in / A_QK;
+    /* gathers index rows with int32 offsets */
+    if (n_tokens < A_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16 ||
+        xq_row_bytes > (size_t)INT32_MAX / 16) {
+        (q4 ? a_fallback_q4_0 : a_fallback_q8_0)(w, w_row_bytes, n_in, xq, xq_row_bytes,
+                                                 n_tokens, y, y_stride, r0, r1);
+        return;
+    }
+    const int tr = (int)(n_tokens % 16); /* tokens in the short last tile */
+
+    _Alignas(64) a_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    static const int full_c[] = {A_C0, A_C1}, full_a[] = {A_A0, A_A1}, full_b[] = {A_B0, A_B1};
+    for (int s = 0; s < 2; s++) {
+        cfg.rows[full_c[s]] = 16, cfg.colsb[full_c[s]] = 64;
+        cfg.rows[full_a[s]] = 16, cfg.colsb[full_a[s]] = A_QK;
+        cfg.rows[full_b[s]] = A_QK / 4, cfg.colsb[full_b[s]] = 64;
+    }
+    if (tr > 0) {
+        cfg.rows[A_CT] = (uint8_t)tr, cfg.colsb[A_CT] = 64;
+        cfg.rows[A_AT] = (uint8_t)tr, cfg.colsb[A_AT] = A_QK;
+    }
+    A_COMPILER_BARRIER();
+    _tile_loadconfig(&cfg);
+
+    _Alignas(64) int8_t wv[A_CHUNK][8][64];
+    _Alignas(64) float dw[A_CHUNK][16];
+    _Alignas(64) int32_t c0[16][16];
+    _Alignas(64) int32_t c1[16][16];
+    _Alignas(64) float dx0[16];
+    _Alignas(64) float dx1[16];
+    /* rows of a short tile's result past its last token are never stored
+     * by the tile store; keep them defined */
+    memset(c0, 0, sizeof c0);
+    const long xs = (long)xq_row_bytes;
+    const __m512i idx_x = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32((int)xq_row_bytes));
+
+    for (int64_t r = r0; r < r1; r += 16) {
+        const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+        const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
+        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        for (int64_t b0 = 0; b0 < nb; b0 += A_CHUNK) {
+            const int nc = nb - b0 < A_CHUNK ? (int)(nb - b0) : A_CHUNK;
+            a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
+            A_COMPILER_BARRIER();
+            for (int64_t t = 0; t < n_tokens; t += 16) {
+                const int nt = n_tokens - t < 16 ? (int)(n_tokens - t) : 16;
+                const __mmask16 tmask = (__mmask16)((1u << nt) - 1);
+                const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes +
+                                          (size_t)b0 * A_Q8_BYTES;
+                __m512 acc[16];
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_setzero_ps();
+                if (nt == 16) {
+                    int j = 0;
+                    for (; j + 1 < nc; j += 2) {
+                        const unsigned char *xa = xt + (size_t)j * A_Q8_BYTES;
+                        _tile_zero(A_C0);
+                        _tile_loadd(A_A0, xa + 2, xs);
+                        _tile_loadd(A_B0, wv[j], 64);
+                        _tile_dpbssd(A_C0, A_A0, A_B0);
+                        _tile_zero(A_C1);
+                        _tile_loadd(A_A1, xa + A_Q8_BYTES + 2, xs);
+                        _tile_loadd(A_B1, wv[j + 1], 64);
+                        _tile_dpbssd(A_C1, A_A1, A_B1);
+                        a_token_scales(xa, idx_x, tmask, dx0);
+                        a_token_scales(xa + A_Q8_BYTES, idx_x, tmask, dx1);
+                        _tile_stored(A_C0, c0, 64);
+                        a_scale_add(acc, (const int32_t(*)[16])c0, dx0, _mm512_load_ps(dw[j]));
+                        _tile_stored(A_C1, c1, 64);
+                        a_scale_add(acc, (const int32_t(*)[16])c1, dx1, _mm512_load_ps(dw[j + 1]));
+                    }
+                    if (j < nc) {
+                        const unsigned char *xa = xt + (size_t)j * A_Q8_BYTES;
+                        _tile_zero(A_C0);
+                        _tile_loadd(A_A0, xa + 2, xs);
+                        _tile_loadd(A_B0, wv[j], 64);
+                        _tile_dpbssd(A_C0, A_A0, A_B0);
+                        a_token_scales(xa, idx_x, tmask, dx0);
+                        _tile_stored(A_C0, c0, 64);
+                        a_scale_add(acc, (const int32_t(*)[16])c0, dx0, _mm512_load_ps(dw[j]));
+                    }
+                } else {
+                    for (int j = 0; j < nc; j++) {
+                        const unsigned char *xa = xt + (size_t)j * A_Q8_BYTES;
+                        _tile_zero(A_CT);
+                        _tile_loadd(A_AT, xa + 2, xs);
+                        _tile_loadd(A_B0, wv[j], 64);
+                        _tile_dpbssd(A_CT, A_AT, A_B0);
+                        a_token_scales(xa, idx_x, tmask, dx0);
+                        _tile_stored(A_CT, c0, 64);
+                        /* rows >= nt of c0 are stale but finite; their
+                         * scale is 0 and their sums are not stored */
+                        a_scale_add(acc, (const int32_t(*)[16])c0, dx0, _mm512_load_ps(dw[j]));
+                    }
+                }
+                float *yt = y + t * y_stride + r;
+                for (int i = 0; i < nt; i++) {
+                    __m512 v = acc[i];
+                    if (b0 > 0)
+                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rmask, yt + i * y_stride));
+                    _mm512_mask_storeu_ps(yt + i * y_stride, rmask, v);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+static void a_matmul_q8_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    a_matmul(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void a_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    a_matmul(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+int cpu__kernels_amx_request(void)
+{
+    unsigned int eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx))
+        return 0;
+    /* EDX bit 24: AMX-TILE, bit 25: AMX-INT8 */
+    if (!(edx & (1u << 24)) || !(edx & (1u << 25)))
+        return 0;
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: the kernel enables the
+     * tile registers for every thread of the process */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+void cpu__kernels_amx_init(cpu__kernel_table *table)
+{
+    a_fallback_q8_0 = table->matmul_q8_0;
+    a_fallback_q4_0 = table->matmul_q4_0;
+    table->matmul_q8_0 = a_matmul_q8_0;
+    table->matmul_q4_0 = a_matmul_q4_0;
+}
+
+#else /* no AMX outside x86-64 Linux: the dispatcher never chooses it */
+
+int cpu__kernels_amx_request(void)
+{
+    return 0;
+}
+
+void cpu__kernels_amx_init(cpu__kernel_table *table)
+{
+    (void)table;
+}
+
+#endif

@@ -81,7 +81,9 @@ int wc_worker_start(wc_worker *w, const char *model, const char *const *args,
     /* unix socket paths are short (108 bytes): /tmp, not the build tree. */
     snprintf(w->socket_path, sizeof w->socket_path, "/tmp/sw-wk-%d-%d.sock", (int)getpid(),
              counter++);
-    snprintf(w->log_path, sizeof w->log_path, "%s", tu_tmp_path("worker.log"));
+    char log_name[64];
+    snprintf(log_name, sizeof log_name, "worker-%d.log", counter);
+    snprintf(w->log_path, sizeof w->log_path, "%s", tu_tmp_path(log_name));
     snprintf(listen, sizeof listen, "unix:%s", w->socket_path);
     unlink(w->socket_path);
     argv[n++] = bin;

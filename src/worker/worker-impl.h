@@ -162,6 +162,8 @@ typedef struct wk_server {
     struct event *gone_ev;
     struct event *sig_ev[2];
     wk_req *live;
+    int32_t unflushed;               /* final replies not yet written out */
+    bool exit_scheduled;
     uint64_t next_id;
     int exit_status;
     char listen_desc[300];

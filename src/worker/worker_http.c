@@ -265,6 +265,10 @@ static void on_gone_check(evutil_socket_t fd_unused, short what, void *arg)
     }
 }
 
+/* Exits the loop once draining (or after a device failure) nothing is live
+ * and every final reply has left (a reply still in the output buffer would
+ * be cut off by the exit); a guard time-out covers a reply whose connection
+ * died without libevent telling. */
 static void maybe_finish_drain(wk_server *s)
 {
     pthread_mutex_lock(&s->lock);
@@ -273,8 +277,23 @@ static void maybe_finish_drain(wk_server *s)
         s->stop_engine = true;
     pthread_cond_signal(&s->cond);
     pthread_mutex_unlock(&s->lock);
-    if (draining && !s->live)
+    if (!draining || s->live)
+        return;
+    if (s->unflushed == 0) {
         event_base_loopexit(s->base, NULL);
+    } else if (!s->exit_scheduled) {
+        struct timeval guard = {2, 0};
+        event_base_loopexit(s->base, &guard);
+        s->exit_scheduled = true;
+    }
+}
+
+static void on_reply_done(struct evhttp_request *evreq, void *arg)
+{
+    wk_server *s = arg;
+    if (s->unflushed > 0)
+        s->unflushed--;
+    maybe_finish_drain(s);
 }
 
 static void sse_send(wk_req *r, json_t *chunk)
@@ -477,8 +496,13 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
         next = ev->next;
         wk_req *r = ev->req;
         bool final = ev->kind == WK_EV_DONE || ev->kind == WK_EV_ERROR;
-        if (final && evhttp_request_get_connection(r->evreq))
+        if (final && evhttp_request_get_connection(r->evreq)) {
             evhttp_connection_set_closecb(evhttp_request_get_connection(r->evreq), NULL, NULL);
+            if (!r->detached) {
+                evhttp_request_set_on_complete_cb(r->evreq, on_reply_done, s);
+                s->unflushed++;
+            }
+        }
         if (r->detached && final) {
             /* Frees the detached request (libevent kept it for us). */
             if (r->stream && r->started)

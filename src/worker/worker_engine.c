@@ -479,8 +479,14 @@ static bool step(wk_server *s, ev_list *l)
         if (!sl->req)
             continue;
         if (!sl->decoding) {
+            /* All newcomers together prefill at most prefill_chunk tokens
+             * per step, so a step (what every decoding sequence waits for)
+             * stays short however many prompts arrive at once. */
             int32_t left = sl->req->n_prompt - sl->n_prefilled;
-            int32_t chunk = left < s->o.prefill_chunk ? left : s->o.prefill_chunk;
+            int32_t budget = s->o.prefill_chunk - n_prefill_tokens;
+            int32_t chunk = left < budget ? left : budget;
+            if (chunk <= 0)
+                continue;
             entries[n] = (eng_batch_entry){seq, sl->req->prompt + sl->n_prefilled, chunk,
                                            chunk == left ? sl->logits : NULL};
             prefill[n] = true;

@@ -538,6 +538,17 @@ static bool step(wk_server *s, ev_list *l)
     return !fatal;
 }
 
+/* A model id goes into every JSON response: printable, valid UTF-8. */
+static bool valid_id(const char *p, size_t n)
+{
+    json_t *j = json_stringn(p, n);
+    bool ok = j != NULL;
+    json_decref(j);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (unsigned char)p[i] >= 0x20 && p[i] != 0x7f;
+    return ok;
+}
+
 static int load(wk_server *s, sw_error *err)
 {
     int rc;
@@ -567,12 +578,14 @@ static int load(wk_server *s, sw_error *err)
     const char *name = NULL;
     size_t name_len = 0;
     if (eng_gguf_get_str(eng_model_gguf(s->model), "general.name", &name, &name_len, NULL) ||
-        name_len == 0 || name_len >= sizeof s->model_id) {
+        name_len == 0 || name_len >= sizeof s->model_id || !valid_id(name, name_len)) {
         const char *base = strrchr(s->o.model_path, '/');
         name = base ? base + 1 : s->o.model_path;
         name_len = strlen(name);
-        if (name_len >= sizeof s->model_id)
-            name_len = sizeof s->model_id - 1;
+        if (name_len >= sizeof s->model_id || !valid_id(name, name_len)) {
+            name = "model";
+            name_len = strlen(name);
+        }
     }
     memcpy(s->model_id, name, name_len);
     s->model_id[name_len] = '\0';

@@ -677,6 +677,8 @@ static bool add_stop(parse_ctx *p, wk_req *r, const char *text, size_t len)
 {
     if (len == 0)
         return bad(p, "stop", "stop strings must not be empty");
+    if (memchr(text, '\0', len))
+        return bad(p, "stop", "stop strings must not contain NUL");
     if (len > WK_MAX_STOP_BYTES || r->n_stops >= WK_MAX_STOPS)
         return bad(p, "stop", "at most %d stop strings of at most %d bytes", WK_MAX_STOPS,
                    WK_MAX_STOP_BYTES);
@@ -1056,7 +1058,11 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     json_t *body = NULL;
 
     s->next_id++;
-    if (hdr_id && strlen(hdr_id) < 64)
+    bool id_ok = hdr_id && hdr_id[0] && strlen(hdr_id) < 64;
+    for (const char *c = hdr_id; id_ok && *c; c++)
+        id_ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                strchr("-_.:", *c) != NULL;
+    if (id_ok)
         snprintf(id, sizeof id, "%s", hdr_id);
     else
         snprintf(id, sizeof id, "%s-%d-%llu", chat ? "chatcmpl" : "cmpl", (int)getpid(),

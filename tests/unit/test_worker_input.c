@@ -74,6 +74,9 @@ static const bad_case cases[] = {
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"a\",7]}", 400, "invalid_request",
      "stop"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":\"\"}", 400, "invalid_request", "stop"},
+    /* jansson refuses NUL in strings: no NUL ever reaches stop/prompt */
+    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":\"\\u0000x\"}", 400,
+     "invalid_json", NULL},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":50}", 400, "invalid_request",
      "logprobs"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"seed\":\"x\"}", 400, "invalid_request", "seed"},
@@ -198,6 +201,30 @@ static void test_transport_abuse(void **state)
     assert_int_equal(wc_raw(g_w.socket_path, "GARBAGE\r\n\r\n", 11, 10000, &r), 0);
     assert_int_equal(r.status, 400);
     wc_response_free(&r);
+    /* X-Request-Id: a sane one is echoed and becomes the id; bytes that
+     * are not, are replaced by a generated id (the answer stays JSON). */
+    static const char *const ids[2] = {"client-req.42", "\xff\xfe bad id"};
+    for (int i = 0; i < 2; i++) {
+        const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
+        n = snprintf(raw, 1 << 16,
+                     "POST /v1/completions HTTP/1.1\r\nHost: w\r\nConnection: close\r\n"
+                     "X-Request-Id: %s\r\nContent-Length: %zu\r\n\r\n%s",
+                     ids[i], strlen(body), body);
+        assert_int_equal(wc_raw(g_w.socket_path, raw, (size_t)n, 10000, &r), 0);
+        assert_int_equal(r.status, 200);
+        json_t *j = json_loads(r.body, 0, NULL);
+        assert_non_null(j);
+        const char *id = json_string_value(json_object_get(j, "id"));
+        char echoed[128];
+        assert_true(wc_header(&r, "X-Request-Id", echoed, sizeof echoed));
+        assert_string_equal(echoed, id);
+        if (i == 0)
+            assert_string_equal(id, ids[0]);
+        else
+            assert_true(strcmp(id, ids[1]) != 0);
+        json_decref(j);
+        wc_response_free(&r);
+    }
     sw_free(raw);
     assert_still_serving();
 }

@@ -1061,7 +1061,7 @@ static void test_matmul_quantized_prefill(void **state)
     tq_rng_state = 2718;
     static const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0};
     static const int64_t n_ins[] = {32, 96, 2048 + 96};
-    static const int64_t n_tokens_list[] = {15, 16, 23, 32, 37};
+    static const int64_t n_tokens_list[] = {15, 16, 23, 32, 37, 130};
     for (size_t ti = 0; ti < 2; ti++)
         for (size_t ni = 0; ni < sizeof n_ins / sizeof n_ins[0]; ni++)
             for (size_t ki = 0; ki < sizeof n_tokens_list / sizeof n_tokens_list[0]; ki++) {

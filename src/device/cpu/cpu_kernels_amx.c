@@ -48,8 +48,11 @@
 /* Fewer tokens than this go to the AVX-512 kernels (one tile product costs
  * the same for 1 token as for 16). */
 #ifndef A_MIN_TOKENS
-#define A_MIN_TOKENS 16
+#define A_MIN_TOKENS 8
 #endif
+/* Tokens whose activation scales are converted at once (32 KiB with
+ * A_CHUNK blocks); more tokens are done in groups of this many. */
+#define A_TOKEN_GROUP 128
 #define A_INLINE static inline __attribute__((always_inline))
 
 /* Tile numbers. Pair slot 0: C0, A0, B0; slot 1: C1, A1, B1; the last
@@ -112,13 +115,6 @@ A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes
     }
 }
 
-/* The activation scales of one block for 16 tokens (zero outside tmask). */
-A_INLINE void a_token_scales(const unsigned char *xa, __m512i idx_x, __mmask16 tmask, float *dx)
-{
-    __m512i s = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), tmask, idx_x, xa, 1);
-    _mm512_store_ps(dx, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
-}
-
 /* acc[i] += float(c[i]) * dx[i] * dw for the 16 tokens of a tile. */
 A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, __m512 dw)
 {
@@ -128,14 +124,23 @@ A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, 
                                  _mm512_mul_ps(_mm512_set1_ps(dx[i]), dw), acc[i]);
 }
 
+/* One int8 tile product on tiles (C, A, B): block j of the token tile at xt
+ * times the repacked weights wv[j]. */
+#define A_PRODUCT(C, A, B, j)                                                                 \
+    do {                                                                                      \
+        _tile_zero(C);                                                                        \
+        _tile_loadd(A, xt + (size_t)(j) * A_Q8_BYTES + 2, xs);                                \
+        _tile_loadd(B, wv[j], 64);                                                            \
+        _tile_dpbssd(C, A, B);                                                                \
+    } while (0)
+
 A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t n_in,
                        const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
                        int64_t y_stride, int64_t r0, int64_t r1)
 {
     const int64_t nb = n_in / A_QK;
-    /* gathers index rows with int32 offsets */
-    if (n_tokens < A_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16 ||
-        xq_row_bytes > (size_t)INT32_MAX / 16) {
+    /* the weight gathers index rows with int32 offsets */
+    if (n_tokens < A_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
         (q4 ? a_fallback_q4_0 : a_fallback_q8_0)(w, w_row_bytes, n_in, xq, xq_row_bytes,
                                                  n_tokens, y, y_stride, r0, r1);
         return;
@@ -158,85 +163,85 @@ A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t 
     A_COMPILER_BARRIER();
     _tile_loadconfig(&cfg);
 
+    /* per call, on the stack: B tiles and row scales of one chunk (36 KiB),
+     * activation scales of one chunk for a group of tokens (32 KiB) */
     _Alignas(64) int8_t wv[A_CHUNK][8][64];
     _Alignas(64) float dw[A_CHUNK][16];
+    _Alignas(64) float dx[A_CHUNK][A_TOKEN_GROUP];
     _Alignas(64) int32_t c0[16][16];
     _Alignas(64) int32_t c1[16][16];
-    _Alignas(64) float dx0[16];
-    _Alignas(64) float dx1[16];
-    /* rows of a short tile's result past its last token are never stored
+    /* rows of a short tile's result past its last token are never written
      * by the tile store; keep them defined */
     memset(c0, 0, sizeof c0);
     const long xs = (long)xq_row_bytes;
-    const __m512i idx_x = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32((int)xq_row_bytes));
 
-    for (int64_t r = r0; r < r1; r += 16) {
-        const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
-        const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
-        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+    /* Token groups, then block chunks, then row tiles: a chunk's activation
+     * scales serve every row tile, a row tile's repacked chunk every token
+     * tile of the group; y collects the chunks' partial sums. */
+    for (int64_t tg = 0; tg < n_tokens; tg += A_TOKEN_GROUP) {
+        const int ng = n_tokens - tg < A_TOKEN_GROUP ? (int)(n_tokens - tg) : A_TOKEN_GROUP;
+        const unsigned char *xg = (const unsigned char *)xq + (size_t)tg * xq_row_bytes;
         for (int64_t b0 = 0; b0 < nb; b0 += A_CHUNK) {
             const int nc = nb - b0 < A_CHUNK ? (int)(nb - b0) : A_CHUNK;
-            a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
-            A_COMPILER_BARRIER();
-            for (int64_t t = 0; t < n_tokens; t += 16) {
-                const int nt = n_tokens - t < 16 ? (int)(n_tokens - t) : 16;
-                const __mmask16 tmask = (__mmask16)((1u << nt) - 1);
-                const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes +
-                                          (size_t)b0 * A_Q8_BYTES;
-                __m512 acc[16];
-#pragma GCC unroll 16
-                for (int i = 0; i < 16; i++)
-                    acc[i] = _mm512_setzero_ps();
-                if (nt == 16) {
-                    int j = 0;
-                    for (; j + 1 < nc; j += 2) {
-                        const unsigned char *xa = xt + (size_t)j * A_Q8_BYTES;
-                        _tile_zero(A_C0);
-                        _tile_loadd(A_A0, xa + 2, xs);
-                        _tile_loadd(A_B0, wv[j], 64);
-                        _tile_dpbssd(A_C0, A_A0, A_B0);
-                        _tile_zero(A_C1);
-                        _tile_loadd(A_A1, xa + A_Q8_BYTES + 2, xs);
-                        _tile_loadd(A_B1, wv[j + 1], 64);
-                        _tile_dpbssd(A_C1, A_A1, A_B1);
-                        a_token_scales(xa, idx_x, tmask, dx0);
-                        a_token_scales(xa + A_Q8_BYTES, idx_x, tmask, dx1);
-                        _tile_stored(A_C0, c0, 64);
-                        a_scale_add(acc, (const int32_t(*)[16])c0, dx0, _mm512_load_ps(dw[j]));
-                        _tile_stored(A_C1, c1, 64);
-                        a_scale_add(acc, (const int32_t(*)[16])c1, dx1, _mm512_load_ps(dw[j + 1]));
-                    }
-                    if (j < nc) {
-                        const unsigned char *xa = xt + (size_t)j * A_Q8_BYTES;
-                        _tile_zero(A_C0);
-                        _tile_loadd(A_A0, xa + 2, xs);
-                        _tile_loadd(A_B0, wv[j], 64);
-                        _tile_dpbssd(A_C0, A_A0, A_B0);
-                        a_token_scales(xa, idx_x, tmask, dx0);
-                        _tile_stored(A_C0, c0, 64);
-                        a_scale_add(acc, (const int32_t(*)[16])c0, dx0, _mm512_load_ps(dw[j]));
-                    }
-                } else {
-                    for (int j = 0; j < nc; j++) {
-                        const unsigned char *xa = xt + (size_t)j * A_Q8_BYTES;
-                        _tile_zero(A_CT);
-                        _tile_loadd(A_AT, xa + 2, xs);
-                        _tile_loadd(A_B0, wv[j], 64);
-                        _tile_dpbssd(A_CT, A_AT, A_B0);
-                        a_token_scales(xa, idx_x, tmask, dx0);
-                        _tile_stored(A_CT, c0, 64);
-                        /* rows >= nt of c0 are stale but finite; their
-                         * scale is 0 and their sums are not stored */
-                        a_scale_add(acc, (const int32_t(*)[16])c0, dx0, _mm512_load_ps(dw[j]));
-                    }
+            for (int j = 0; j < nc; j++) {
+                for (int t = 0; t < ng; t++) {
+                    uint16_t h;
+                    memcpy(&h, xg + (size_t)t * xq_row_bytes + (size_t)(b0 + j) * A_Q8_BYTES, 2);
+                    dx[j][t] = _cvtsh_ss(h);
                 }
-                float *yt = y + t * y_stride + r;
-                for (int i = 0; i < nt; i++) {
-                    __m512 v = acc[i];
-                    if (b0 > 0)
-                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rmask, yt + i * y_stride));
-                    _mm512_mask_storeu_ps(yt + i * y_stride, rmask, v);
+                for (int t = ng; t < ((ng + 15) & ~15); t++)
+                    dx[j][t] = 0.0f;
+            }
+            for (int64_t r = r0; r < r1; r += 16) {
+                const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+                const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
+                const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+                a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
+                A_COMPILER_BARRIER();
+                for (int tt = 0; tt < ng; tt += 16) {
+                    const int nt = ng - tt < 16 ? ng - tt : 16;
+                    const unsigned char *xt = xg + (size_t)tt * xq_row_bytes + (size_t)b0 * A_Q8_BYTES;
+                    __m512 acc[16];
+#pragma GCC unroll 16
+                    for (int i = 0; i < 16; i++)
+                        acc[i] = _mm512_setzero_ps();
+                    if (nt == 16) {
+                        /* software pipeline: the next block's product runs
+                         * while this one's result is scaled */
+                        A_PRODUCT(A_C0, A_A0, A_B0, 0);
+                        for (int j = 0; j < nc; j += 2) {
+                            if (j + 1 < nc)
+                                A_PRODUCT(A_C1, A_A1, A_B1, j + 1);
+                            _tile_stored(A_C0, c0, 64);
+                            a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
+                            if (j + 1 < nc) {
+                                if (j + 2 < nc)
+                                    A_PRODUCT(A_C0, A_A0, A_B0, j + 2);
+                                _tile_stored(A_C1, c1, 64);
+                                a_scale_add(acc, (const int32_t(*)[16])c1, &dx[j + 1][tt],
+                                            _mm512_load_ps(dw[j + 1]));
+                            }
+                        }
+                    } else {
+                        for (int j = 0; j < nc; j++) {
+                            A_PRODUCT(A_CT, A_AT, A_B0, j);
+                            _tile_stored(A_CT, c0, 64);
+                            /* rows >= nt of c0 are stale but finite; their
+                             * scale is 0 and their sums are not stored */
+                            a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
+                        }
+                    }
+                    float *yt = y + (tg + tt) * y_stride + r;
+                    /* constant indices keep acc in registers */
+#pragma GCC unroll 16
+                    for (int i = 0; i < 16; i++) {
+                        if (i >= nt)
+                            break;
+                        __m512 v = acc[i];
+                        if (b0 > 0)
+                            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rmask, yt + i * y_stride));
+                        _mm512_mask_storeu_ps(yt + i * y_stride, rmask, v);
+                    }
                 }
             }
         }

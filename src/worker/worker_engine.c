@@ -318,8 +318,13 @@ static void admit(wk_server *s, wk_req *req, ev_list *l)
         eng_detok_push(s->tok, &sl->detok, req->prompt[i], buf, sizeof buf);
     }
     eng_seq_clear(s->ctx, seq);
-    if (s->o.policy == ENG_KV_RESERVE) {
-        int64_t need = (int64_t)req->n_prompt + req->max_tokens;
+    {
+        /* reserve: the whole need of prompt + max_tokens; grow: the prompt
+         * (prefill would take it anyway), so a prompt that cannot fit is
+         * refused before any work under either policy. */
+        int64_t need = (int64_t)req->n_prompt;
+        if (s->o.policy == ENG_KV_RESERVE)
+            need += req->max_tokens;
         if (need > s->n_ctx)
             need = s->n_ctx;
         int rc = eng_seq_reserve(s->ctx, seq, (int32_t)need, &err);

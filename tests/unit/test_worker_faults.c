@@ -284,6 +284,21 @@ static void test_grow_injected_oom(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_object_get(h, "slots"), "active")), 0);
     assert_string_equal(json_string_value(json_object_get(h, "state")), "ready");
     json_decref(h);
+
+    /* Every further allocation fails now: under grow the prompt's blocks
+     * are taken at admission, so a new request is refused there. */
+    wc_response r;
+    assert_int_equal(wc_request(w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":\"Hi\",\"max_tokens\":5,\"stream\":true}", 10000, &r),
+                     0);
+    assert_int_equal(r.status, 503);
+    j = json_loads(r.body, 0, NULL);
+    e = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "out_of_memory");
+    assert_string_equal(json_string_value(json_object_get(e, "phase")), "admission");
+    json_decref(j);
+    wc_response_free(&r);
+    assert_int_equal(mem(&w, "kv_used_bytes"), kv0);
     assert_int_equal(wc_worker_stop(&w), 0);
 }
 

@@ -229,6 +229,29 @@ static void test_transport_abuse(void **state)
     assert_still_serving();
 }
 
+/* A generation that reaches the context limit (64 here) ends with
+ * "length" exactly where `spillway run -c 64` ends. */
+static void test_context_limit_ends_generation(void **state)
+{
+    static const char *const args[] = {"-c", "64", "-n", "1000", "--temp", "0", "--ignore-eos",
+                                       NULL};
+    int ref[1024], got[1024];
+    char finish[32];
+    int n_ref = wc_run_tokens(g_model, "Once upon a time", args, ref, 1024);
+    assert_true(n_ref > 40 && n_ref < 64);
+    wc_response r;
+    assert_int_equal(wc_request(g_w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":\"Once upon a time\",\"max_tokens\":1000,"
+                                "\"temperature\":0,\"ignore_eos\":true}",
+                                10000, &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(wc_tokens_of(&r, false, got, 1024, NULL, finish, sizeof finish), n_ref);
+    assert_memory_equal(got, ref, (size_t)n_ref * sizeof(int));
+    assert_string_equal(finish, "length");
+    wc_response_free(&r);
+}
+
 /* A client that sends half a request and then nothing is dropped after
  * the read time-out (1 s here) and holds nothing up meanwhile. */
 static void test_slow_client(void **state)
@@ -253,6 +276,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs_table),
         cmocka_unit_test(test_transport_abuse),
+        cmocka_unit_test(test_context_limit_ends_generation),
         cmocka_unit_test(test_slow_client),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -348,6 +348,24 @@ static void stream_first_chat_chunk(wk_server *s, wk_req *r)
     json_decref(c);
 }
 
+/* Non-stream: the answer's text so far. Out of host memory the text is
+ * cut short (the token ids stay complete). */
+static void text_append(wk_req *r, const char *text, size_t n)
+{
+    if (n == 0)
+        return;
+    if (r->text_len + n + 1 > r->text_cap) {
+        size_t cap = (r->text_len + n) * 2 + 64;
+        char *p = sw_realloc(r->text, cap);
+        if (!p)
+            return;
+        r->text = p;
+        r->text_cap = cap;
+    }
+    memcpy(r->text + r->text_len, text, n);
+    r->text_len += n;
+}
+
 static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
 {
     json_array_append_new(r->token_ids, json_integer(ev->token));
@@ -381,18 +399,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         else
             completion_logprob_append(s, r->lp, ev, r->text_len);
     }
-    if (ev->text_len) {
-        if (r->text_len + ev->text_len + 1 > r->text_cap) {
-            size_t cap = (r->text_len + ev->text_len) * 2 + 64;
-            char *p = sw_realloc(r->text, cap);
-            if (!p)
-                return;
-            r->text = p;
-            r->text_cap = cap;
-        }
-        memcpy(r->text + r->text_len, ev->text, ev->text_len);
-        r->text_len += ev->text_len;
-    }
+    text_append(r, ev->text, ev->text_len);
 }
 
 static json_t *usage_of(const wk_req *r, int32_t n_generated)
@@ -419,10 +426,8 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
             if (r->started)
                 sse_send(r, c);
             json_decref(c);
-        } else if (r->text_len + ev->text_len + 1 <= r->text_cap ||
-                   (r->text = sw_realloc(r->text, r->text_cap = r->text_len + ev->text_len + 1))) {
-            memcpy(r->text + r->text_len, ev->text, ev->text_len);
-            r->text_len += ev->text_len;
+        } else {
+            text_append(r, ev->text, ev->text_len);
         }
     }
     json_t *ext = json_pack("{s:O, s:I}", "token_ids", r->token_ids, "draws", (json_int_t)ev->draws);

@@ -364,20 +364,56 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
     return SW_OK;
 }
 
-int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n_entries,
-                     int *status, sw_error *err)
+/* Runs the listed entries (KV already taken) as one forward pass. */
+static void run_entries(eng_context *ctx, const eng_batch_entry *entries, const int32_t *which,
+                        int32_t n_which)
 {
     const eng_hparams *hp = &ctx->model->hp;
     unsigned char *ws = ctx->workspace;
     eng_token_meta *meta = (eng_token_meta *)(ws + ctx->layout.meta);
     int32_t *tokens = (int32_t *)(ws + ctx->layout.batch_tokens);
     int64_t *logit_tokens = (int64_t *)(ws + ctx->layout.logit_map);
-    int32_t n_logit = 0, want_logits = 0;
-    int64_t total = 0, n = 0;
+    int32_t n_logit = 0;
+    int64_t n = 0;
+
+    for (int32_t k = 0; k < n_which; k++) {
+        const eng_batch_entry *e = &entries[which[k]];
+        eng_sequence *seq = &ctx->seqs[e->seq_id];
+        memcpy(tokens + n, e->tokens, sizeof(int32_t) * (size_t)e->n_tokens);
+        for (int32_t t = 0; t < e->n_tokens; t++) {
+            meta[n + t].seq = seq;
+            meta[n + t].pos = seq->n_tokens + t;
+        }
+        n += e->n_tokens;
+        if (e->logits)
+            logit_tokens[n_logit++] = n - 1;
+    }
+    forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit);
+    n_logit = 0;
+    for (int32_t k = 0; k < n_which; k++) {
+        const eng_batch_entry *e = &entries[which[k]];
+        ctx->seqs[e->seq_id].n_tokens += e->n_tokens;
+        if (e->logits)
+            memcpy(e->logits, ws + ctx->layout.logits +
+                   (size_t)n_logit++ * (size_t)hp->n_vocab * sizeof(float),
+                   (size_t)hp->n_vocab * sizeof(float));
+    }
+}
+
+int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n_entries,
+                     int *status, sw_error *err)
+{
+    const eng_hparams *hp = &ctx->model->hp;
+    int32_t want_logits = 0, n_decode = 0;
+    int64_t total = 0;
+    int32_t which[ENG_BATCH_MAX_ENTRIES];
     int rc;
 
     if (n_entries <= 0 || !entries || !status)
         return sw_error_set(err, SW_EINVAL, "an empty batch");
+    if (n_entries > ENG_BATCH_MAX_ENTRIES)
+        return sw_error_set(err, SW_EINVAL, "a batch of %d entries (at most %d)", n_entries,
+                            ENG_BATCH_MAX_ENTRIES);
     for (int32_t i = 0; i < n_entries; i++) {
         const eng_batch_entry *e = &entries[i];
         if (e->seq_id < 0 || e->seq_id >= ctx->params.n_seq_max)
@@ -400,33 +436,22 @@ int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n
                             "for %d", want_logits, ctx->layout.logit_rows);
 
     /* KV first, per entry: an entry that cannot grow is left out. */
-    for (int32_t i = 0; i < n_entries; i++) {
-        const eng_batch_entry *e = &entries[i];
-        eng_sequence *seq = &ctx->seqs[e->seq_id];
-        status[i] = grow_sequence(ctx, seq, e->n_tokens, NULL);
-        if (status[i] != SW_OK)
-            continue;
-        memcpy(tokens + n, e->tokens, sizeof(int32_t) * (size_t)e->n_tokens);
-        for (int32_t t = 0; t < e->n_tokens; t++) {
-            meta[n + t].seq = seq;
-            meta[n + t].pos = seq->n_tokens + t;
-        }
-        n += e->n_tokens;
-        if (e->logits)
-            logit_tokens[n_logit++] = n - 1;
-    }
-    if (n == 0)
-        return SW_OK;
-    forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit);
-    n_logit = 0;
-    for (int32_t i = 0; i < n_entries; i++) {
-        if (status[i] != SW_OK)
-            continue;
-        ctx->seqs[entries[i].seq_id].n_tokens += entries[i].n_tokens;
-        if (entries[i].logits)
-            memcpy(entries[i].logits, ws + ctx->layout.logits +
-                   (size_t)n_logit++ * (size_t)hp->n_vocab * sizeof(float),
-                   (size_t)hp->n_vocab * sizeof(float));
-    }
+    for (int32_t i = 0; i < n_entries; i++)
+        status[i] = grow_sequence(ctx, &ctx->seqs[entries[i].seq_id], entries[i].n_tokens, NULL);
+
+    /* Decode tokens (one new token of a sequence) run together: that is the
+     * point of batching, one pass over the weights for all of them. Prefill
+     * chunks run one pass each, so that what a sequence computes never
+     * depends on which other sequences shared its step - the kernels may
+     * round a many-token product differently from a few-token one, and a
+     * resumed or replayed stream must match the original bit for bit. */
+    for (int32_t i = 0; i < n_entries; i++)
+        if (status[i] == SW_OK && entries[i].n_tokens == 1)
+            which[n_decode++] = i;
+    if (n_decode > 0)
+        run_entries(ctx, entries, which, n_decode);
+    for (int32_t i = 0; i < n_entries; i++)
+        if (status[i] == SW_OK && entries[i].n_tokens > 1)
+            run_entries(ctx, entries, &i, 1);
     return SW_OK;
 }

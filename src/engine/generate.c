@@ -74,8 +74,10 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
     memset(stats, 0, sizeof *stats);
     if (n_prompt <= 0)
         return sw_error_set(err, SW_EINVAL, "the prompt is empty");
-    if (params->max_tokens < 0 || top_k < 0 || top_k > ENG_MAX_TOP_LOGPROBS)
-        return sw_error_set(err, SW_EINVAL, "max_tokens or top_logprobs out of range");
+    if (params->max_tokens < 0 || top_k < 0 || top_k > ENG_MAX_TOP_LOGPROBS ||
+        params->replay_tokens < 0 || params->replay_tokens >= n_prompt)
+        return sw_error_set(err, SW_EINVAL,
+                            "max_tokens, top_logprobs or replay_tokens out of range");
     if (n_prompt > n_ctx)
         return sw_error_set(err, SW_ECONTEXT, "the prompt has %d tokens, the context holds %d",
                             n_prompt, n_ctx);
@@ -102,8 +104,14 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
     stats->n_prompt = n_prompt;
     stats->finish = ENG_FINISH_LENGTH;
     t0 = eng_now_seconds();
-    if ((rc = eng_decode(ctx, params->seq_id, prompt, n_prompt, logits, err)))
-        goto done;
+    {
+        int32_t n_fresh = n_prompt - params->replay_tokens;
+        if ((rc = eng_decode(ctx, params->seq_id, prompt, n_fresh, logits, err)))
+            goto done;
+        for (int32_t i = n_fresh; i < n_prompt; i++)
+            if ((rc = eng_decode(ctx, params->seq_id, &prompt[i], 1, logits, err)))
+                goto done;
+    }
     stats->prefill_seconds = eng_now_seconds() - t0;
     t0 = eng_now_seconds();
 

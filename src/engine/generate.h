@@ -3,8 +3,11 @@
  *
  * It is the one loop used by `spillway run`, the benchmarks and the tests.
  * Resuming an interrupted generation is a call with prompt + the k tokens
- * already emitted and skip_draws = k: the sampler's counter-based stream
- * makes the continuation identical to the uninterrupted run.
+ * already emitted, replay_tokens = k and skip_draws = k: the prompt is
+ * prefilled as before and the k tokens are decoded one at a time, as they
+ * were when they were generated, so the cache and the logits are the same
+ * bits as in the uninterrupted run (prefill and decode may round
+ * differently); the sampler's counter-based stream then continues exactly.
  */
 #ifndef SPILLWAY_ENGINE_GENERATE_H
 #define SPILLWAY_ENGINE_GENERATE_H
@@ -23,6 +26,8 @@ typedef struct eng_generate_params {
     int32_t top_logprobs;         /* 0..ENG_MAX_TOP_LOGPROBS per step */
     bool ignore_eos;              /* keep going past end-of-generation tokens */
     uint64_t skip_draws;          /* resume: sampler draws already consumed */
+    int32_t replay_tokens;        /* resume: the last replay_tokens of the prompt were
+                                     generated before; they are decoded one by one */
     int32_t seq_id;               /* which sequence of the context */
 } eng_generate_params;
 

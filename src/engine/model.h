@@ -154,9 +154,13 @@ typedef struct eng_batch_entry {
  * sequence may appear once. KV blocks are taken per entry first: an entry
  * whose blocks cannot be had (SW_EDEVOOM under GROW, SW_ECONTEXT) is left
  * out with that code in status[i] (and its sequence unchanged) while the
- * others run; status[i] is SW_OK for entries that ran. Returns SW_OK when
+ * others run; status[i] is SW_OK for entries that ran. The single-token
+ * entries share one pass over the weights; each multi-token entry (a
+ * prefill chunk) gets its own, so a sequence's results do not depend on the
+ * company it kept. Returns SW_OK when
  * the step ran (even if some entries were left out), or an error for
  * invalid arguments, in which case nothing ran. */
+#define ENG_BATCH_MAX_ENTRIES 4096
 int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n_entries,
                      int *status, sw_error *err);
 

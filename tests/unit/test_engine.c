@@ -440,6 +440,7 @@ static void test_resume_is_exact(void **state)
             eng_generate_params rp = gp;
             rp.max_tokens = n - k;
             rp.skip_draws = (uint64_t)k;
+            rp.replay_tokens = k;
             collected tail;
             memset(&tail, 0, sizeof tail);
             assert_int_equal(eng_generate(ctx, resumed_prompt, n_prompt + k, &rp, collect, &tail,

@@ -2,6 +2,9 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
+#include "engine/tokenizer.h"
+
+#include <stdbool.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -128,4 +131,68 @@ int tu_run_capture(char *const argv[], int timeout_s, char **stdout_out, int *ex
     *stdout_out = buf;
     *exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     return 0;
+}
+
+/* ---- tokenizer helpers ---------------------------------------------------- */
+
+size_t tu_tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool add_bos,
+                       bool parse_special, int32_t **ids)
+{
+    size_t n = 0;
+    sw_error err = {0};
+    int rc = eng_tokenize(tok, text, len, add_bos, parse_special, ids, &n, &err);
+    if (rc)
+        fail_msg("tokenize failed: %s", err.message);
+    assert_non_null(*ids);
+    return n;
+}
+
+void tu_assert_ids_equal(const int32_t *got, size_t n_got, const int32_t *want,
+                             size_t n_want, const char *what)
+{
+    if (n_got == n_want && memcmp(got, want, n_got * sizeof *got) == 0)
+        return;
+    print_error("token mismatch for %s\n  got: ", what);
+    for (size_t i = 0; i < n_got; i++)
+        print_error(" %d", got[i]);
+    print_error("\n want:");
+    for (size_t i = 0; i < n_want; i++)
+        print_error(" %d", want[i]);
+    print_error("\n");
+    fail();
+}
+
+bool tu_valid_utf8(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len;
+        unsigned cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            len = 2, cp = c & 0x1F;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3, cp = c & 0x0F;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4, cp = c & 0x07;
+        } else {
+            return false;
+        }
+        if (n - i < len)
+            return false;
+        for (size_t k = 1; k < len; k++) {
+            if ((p[i + k] & 0xC0) != 0x80)
+                return false;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        i += len;
+    }
+    return true;
 }

@@ -9,6 +9,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -31,5 +32,15 @@ const char *tu_spillway_bin(void);
 /* Runs argv (NULL-terminated) and captures stdout into a new buffer (sw_free)
  * and the exit status; returns 0 when it ran. Time-out in seconds. */
 int tu_run_capture(char *const argv[], int timeout_s, char **stdout_out, int *exit_status);
+
+/* Tokenizes or fails the test with the tokenizer's message; *ids (sw_free). */
+struct eng_tokenizer;
+size_t tu_tokenize(const struct eng_tokenizer *tok, const char *text, size_t len, bool add_bos,
+                   bool parse_special, int32_t **ids);
+/* Fails the test, printing both sequences, unless they are equal. */
+void tu_assert_ids_equal(const int32_t *got, size_t n_got, const int32_t *want, size_t n_want,
+                         const char *what);
+/* Strict RFC 3629 UTF-8 validation, independent of the engine's decoder. */
+bool tu_valid_utf8(const char *s, size_t n);
 
 #endif

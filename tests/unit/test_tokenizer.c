@@ -45,69 +45,7 @@ static eng_tokenizer *load_tokenizer_file(const char *path)
     return tok;
 }
 
-static size_t tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool add_bos,
-                       bool parse_special, int32_t **ids)
-{
-    size_t n = 0;
-    sw_error err = {0};
-    int rc = eng_tokenize(tok, text, len, add_bos, parse_special, ids, &n, &err);
-    if (rc)
-        fail_msg("tokenize failed: %s", err.message);
-    assert_non_null(*ids);
-    return n;
-}
-
-static void assert_ids_equal(const int32_t *got, size_t n_got, const int32_t *want,
-                             size_t n_want, const char *what)
-{
-    if (n_got == n_want && memcmp(got, want, n_got * sizeof *got) == 0)
-        return;
-    print_error("token mismatch for %s\n  got: ", what);
-    for (size_t i = 0; i < n_got; i++)
-        print_error(" %d", got[i]);
-    print_error("\n want:");
-    for (size_t i = 0; i < n_want; i++)
-        print_error(" %d", want[i]);
-    print_error("\n");
-    fail();
-}
-
 /* An independent validator: strict RFC 3629 UTF-8. */
-static bool valid_utf8(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = p[i];
-        size_t len;
-        unsigned cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            len = 2, cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            len = 3, cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            len = 4, cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (n - i < len)
-            return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((p[i + k] & 0xC0) != 0x80)
-                return false;
-            cp = (cp << 6) | (p[i + k] & 0x3F);
-        }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        i += len;
-    }
-    return true;
-}
-
 /* ---- small vocabularies written with the GGUF writer --------------------- */
 
 typedef struct vocab_spec {
@@ -236,8 +174,8 @@ static void expect_tokens(const eng_tokenizer *tok, const char *text, bool parse
                           const int32_t *want, size_t n_want)
 {
     int32_t *ids = NULL;
-    size_t n = tokenize(tok, text, strlen(text), false, parse_special, &ids);
-    assert_ids_equal(ids, n, want, n_want, text);
+    size_t n = tu_tokenize(tok, text, strlen(text), false, parse_special, &ids);
+    tu_assert_ids_equal(ids, n, want, n_want, text);
     sw_free(ids);
 }
 #define EXPECT(tok, text, special, ...)                                                       \
@@ -290,9 +228,9 @@ static void test_mini_merges(void **state)
 
     /* add_bos prepends BOS. */
     int32_t *ids = NULL;
-    size_t n = tokenize(tok, "the", 3, true, false, &ids);
+    size_t n = tu_tokenize(tok, "the", 3, true, false, &ids);
     const int32_t want[] = {1, MINI_SPACE_THE};
-    assert_ids_equal(ids, n, want, 2, "the with BOS");
+    tu_assert_ids_equal(ids, n, want, 2, "the with BOS");
     sw_free(ids);
 
     /* Lookup helpers. */
@@ -312,8 +250,8 @@ static void test_mini_merges(void **state)
     tok = mini_tokenizer(&no_bos);
     assert_int_equal(eng_tokenizer_bos(tok), -1);
     assert_false(eng_tokenizer_add_bos(tok));
-    n = tokenize(tok, "the", 3, true, false, &ids);
-    assert_ids_equal(ids, n, (const int32_t[]){MINI_SPACE_THE}, 1, "the, no BOS in vocab");
+    n = tu_tokenize(tok, "the", 3, true, false, &ids);
+    tu_assert_ids_equal(ids, n, (const int32_t[]){MINI_SPACE_THE}, 1, "the, no BOS in vocab");
     sw_free(ids);
     eng_tokenizer_free(tok);
 
@@ -382,11 +320,11 @@ static void test_streaming_utf8(void **state)
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         size_t k = eng_detok_push(tok, &d, ids[i], step, step_cap);
-        assert_true(valid_utf8(step, k));
+        assert_true(tu_valid_utf8(step, k));
         memcpy(all + total, step, k);
         total += k;
         /* Each completed character is out as soon as its last byte is in. */
-        assert_true(valid_utf8(all, total));
+        assert_true(tu_valid_utf8(all, total));
     }
     assert_int_equal(d.n_emitted_tokens, n);
     total += eng_detok_flush(&d, all + total, sizeof all - total);
@@ -426,7 +364,7 @@ static void test_streaming_utf8(void **state)
         } else {
             assert_int_equal(k, 3);
         }
-        assert_true(valid_utf8(step, k));
+        assert_true(tu_valid_utf8(step, k));
     }
 
     /* A too-small buffer cuts at a character boundary, never mid-char. */
@@ -453,25 +391,25 @@ static void test_robust_inputs(void **state)
      * announces two bytes, so "\xc3" "a" is one symbol that is not a piece
      * and falls back to two byte tokens - 'a' included, as the reference
      * does. */
-    n = tokenize(tok, "\x80" "b\xc3" "a", 4, false, false, &ids);
+    n = tu_tokenize(tok, "\x80" "b\xc3" "a", 4, false, false, &ids);
     const int32_t want_invalid[] = {MINI_SPACE, 3 + 0x80, MINI_B, 3 + 0xC3, 3 + 'a'};
-    assert_ids_equal(ids, n, want_invalid, 5, "invalid utf-8");
+    tu_assert_ids_equal(ids, n, want_invalid, 5, "invalid utf-8");
     sw_free(ids);
     /* 0xFF counts as a 4-byte lead: it swallows the three bytes after it. */
-    n = tokenize(tok, "\xff" "abcab", 6, false, false, &ids);
+    n = tu_tokenize(tok, "\xff" "abcab", 6, false, false, &ids);
     const int32_t want_ff[] = {MINI_SPACE, 3 + 0xFF, 3 + 'a', 3 + 'b', 3 + 'c', MINI_AB};
-    assert_ids_equal(ids, n, want_ff, 6, "0xff lead");
+    tu_assert_ids_equal(ids, n, want_ff, 6, "0xff lead");
     sw_free(ids);
     /* A lead byte cut off by the end of the text. */
-    n = tokenize(tok, "a\xf0\x9f", 3, false, false, &ids);
+    n = tu_tokenize(tok, "a\xf0\x9f", 3, false, false, &ids);
     const int32_t want_cut[] = {MINI_SPACE_A, 3 + 0xF0, 3 + 0x9F};
-    assert_ids_equal(ids, n, want_cut, 3, "truncated utf-8");
+    tu_assert_ids_equal(ids, n, want_cut, 3, "truncated utf-8");
     sw_free(ids);
 
     /* Embedded NUL: the text has an explicit length. */
-    n = tokenize(tok, "a\0b", 3, false, false, &ids);
+    n = tu_tokenize(tok, "a\0b", 3, false, false, &ids);
     const int32_t want_nul[] = {MINI_SPACE_A, 3 + 0, MINI_B};
-    assert_ids_equal(ids, n, want_nul, 3, "embedded NUL");
+    tu_assert_ids_equal(ids, n, want_nul, 3, "embedded NUL");
     size_t len;
     char *text = eng_detokenize_ex(tok, ids, n, true, &len);
     assert_int_equal(len, 3);
@@ -492,7 +430,7 @@ static void test_robust_inputs(void **state)
         used += wl;
     }
     big[used] = '\0';
-    n = tokenize(tok, big, used, true, true, &ids);
+    n = tu_tokenize(tok, big, used, true, true, &ids);
     assert_true(n > 50000);
     text = eng_detokenize_ex(tok, ids, n, true, &len);
     assert_int_equal(len, used);
@@ -502,7 +440,7 @@ static void test_robust_inputs(void **state)
     sw_free(big);
 
     /* NULL text with zero length is the empty text. */
-    n = tokenize(tok, NULL, 0, true, false, &ids);
+    n = tu_tokenize(tok, NULL, 0, true, false, &ids);
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 1);
     sw_free(ids);
@@ -652,10 +590,10 @@ static void test_vocab_llama_spm(void **state)
         }
 
         int32_t *ids = NULL;
-        size_t n = tokenize(tok, cursor, text_len, false, false, &ids);
+        size_t n = tu_tokenize(tok, cursor, text_len, false, false, &ids);
         char what[96];
         snprintf(what, sizeof what, "vocab case %d (%.40s)", n_cases, cursor);
-        assert_ids_equal(ids, n, want, n_want, what);
+        tu_assert_ids_equal(ids, n, want, n_want, what);
 
         /* And back: the ids of a text from its start decode to the text. */
         size_t len;
@@ -711,8 +649,8 @@ static void check_golden(const char *model, const char *golden)
         size_t text_len = json_string_length(json_object_get(entry, "text"));
         size_t n_want = json_ids(json_object_get(entry, "tokens"), want, 1024);
         int32_t *ids = NULL;
-        size_t n = tokenize(tok, text, text_len, false, true, &ids);
-        assert_ids_equal(ids, n, want, n_want, text);
+        size_t n = tu_tokenize(tok, text, text_len, false, true, &ids);
+        tu_assert_ids_equal(ids, n, want, n_want, text);
         sw_free(ids);
     }
     assert_true(i >= 5);
@@ -724,8 +662,8 @@ static void check_golden(const char *model, const char *golden)
         size_t prompt_len = json_string_length(json_object_get(entry, "prompt"));
         size_t n_want = json_ids(json_object_get(entry, "prompt_tokens_with_bos"), want, 1024);
         int32_t *ids = NULL;
-        size_t n = tokenize(tok, prompt, prompt_len, true, true, &ids);
-        assert_ids_equal(ids, n, want, n_want, prompt);
+        size_t n = tu_tokenize(tok, prompt, prompt_len, true, true, &ids);
+        tu_assert_ids_equal(ids, n, want, n_want, prompt);
         assert_int_equal(ids[0], eng_tokenizer_bos(tok));
 
         /* The prompt decodes back to itself as a text from its start. */
@@ -753,7 +691,7 @@ static void check_golden(const char *model, const char *golden)
         for (size_t k = 0; k <= n; k++) {
             size_t m = k < n ? eng_detok_push(tok, &d, want[k], step, step_cap)
                              : eng_detok_flush(&d, step, step_cap);
-            assert_true(valid_utf8(step, m));
+            assert_true(tu_valid_utf8(step, m));
             memcpy(streamed + total, step, m);
             total += m;
         }
@@ -870,11 +808,11 @@ static void compare_with_naive(const eng_tokenizer *tok, const char *const *alph
             used += l;
         }
         int32_t *ids = NULL;
-        size_t n = tokenize(tok, text, used, false, false, &ids);
+        size_t n = tu_tokenize(tok, text, used, false, false, &ids);
         size_t n_naive = naive_spm(tok, text, used, naive);
         char what[64];
         snprintf(what, sizeof what, "random text %d (%zu bytes)", r, used);
-        assert_ids_equal(ids, n, naive, n_naive, what);
+        tu_assert_ids_equal(ids, n, naive, n_naive, what);
         sw_free(ids);
     }
 }
@@ -936,14 +874,14 @@ static void test_model_make_vocab(void **state)
         int32_t the = eng_token_find(tok, "\xe2\x96\x81the", 6);
         if (the >= 0) {
             int32_t *ids = NULL;
-            size_t n = tokenize(tok, "the", 3, false, false, &ids);
-            assert_ids_equal(ids, n, &the, 1, "the (model make vocab)");
+            size_t n = tu_tokenize(tok, "the", 3, false, false, &ids);
+            tu_assert_ids_equal(ids, n, &the, 1, "the (model make vocab)");
             sw_free(ids);
         }
         static const char text[] = "Once upon a time, the little cat said: \"Hello, world!\"\n"
                                    "\t\xc3\xa9t\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac 42 <s> ~";
         int32_t *ids = NULL;
-        size_t n = tokenize(tok, text, sizeof text - 1, true, false, &ids);
+        size_t n = tu_tokenize(tok, text, sizeof text - 1, true, false, &ids);
         size_t len;
         char *back = eng_detokenize_ex(tok, ids, n, true, &len);
         assert_int_equal(len, sizeof text - 1);

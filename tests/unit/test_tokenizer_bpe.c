@@ -52,72 +52,7 @@ static eng_tokenizer *load_shared(const char *name)
     return p ? load_file(p) : NULL;
 }
 
-static size_t tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool add_bos,
-                       bool parse_special, int32_t **ids)
-{
-    size_t n = 0;
-    sw_error err = {0};
-    int rc = eng_tokenize(tok, text, len, add_bos, parse_special, ids, &n, &err);
-    if (rc)
-        fail_msg("tokenize failed: %s", err.message);
-    assert_non_null(*ids);
-    return n;
-}
-
-static void assert_ids_equal(const int32_t *got, size_t n_got, const int32_t *want,
-                             size_t n_want, const char *what)
-{
-    if (n_got == n_want && memcmp(got, want, n_got * sizeof *got) == 0)
-        return;
-    print_error("token mismatch for %s\n  got: ", what);
-    for (size_t i = 0; i < n_got; i++)
-        print_error(" %d", got[i]);
-    print_error("\n want:");
-    for (size_t i = 0; i < n_want; i++)
-        print_error(" %d", want[i]);
-    print_error("\n");
-    fail();
-}
-
 /* An independent validator: strict RFC 3629 UTF-8. */
-static bool valid_utf8(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = p[i];
-        size_t len;
-        unsigned cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            len = 2;
-            cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            len = 3;
-            cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            len = 4;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (i + len > n)
-            return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((p[i + k] & 0xC0) != 0x80)
-                return false;
-            cp = (cp << 6) | (p[i + k] & 0x3F);
-        }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        i += len;
-    }
-    return true;
-}
-
 /* Concatenated raw bytes of the ids (eng_token_to_bytes); sw_free. */
 static char *ids_to_bytes(const eng_tokenizer *tok, const int32_t *ids, size_t n, size_t *len)
 {
@@ -237,40 +172,40 @@ static void test_merge_order(void **state)
      * the "a bc" merge it would stay a, bc. */
     static const char *const m1[] = {"b c", "a b", "a bc"};
     assert_int_equal(write_and_load(NULL, "gpt2", extra, NULL, 4, m1, 3, &tok, NULL), SW_OK);
-    n = tokenize(tok, "abc", 3, false, false, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){258}, 1, "abc, b c first");
+    n = tu_tokenize(tok, "abc", 3, false, false, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){258}, 1, "abc, b c first");
     sw_free(ids);
     /* "abab": a-b merges twice (rank 1) -> ab ab; no "ab ab" merge. */
-    n = tokenize(tok, "abab", 4, false, false, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){256, 256}, 2, "abab");
+    n = tu_tokenize(tok, "abab", 4, false, false, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){256, 256}, 2, "abab");
     sw_free(ids);
     eng_tokenizer_free(tok);
 
     /* The other order: "a b" first, then "ab c" -> abc; "bc" never forms. */
     static const char *const m2[] = {"a b", "b c", "ab c"};
     assert_int_equal(write_and_load(NULL, "gpt2", extra, NULL, 4, m2, 3, &tok, NULL), SW_OK);
-    n = tokenize(tok, "abc", 3, false, false, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){258}, 1, "abc, a b first");
+    n = tu_tokenize(tok, "abc", 3, false, false, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){258}, 1, "abc, a b first");
     sw_free(ids);
     /* "bcab": b c (rank 1) vs c a (none) vs a b (rank 0): a b first, then b c:
      * bc ab. */
-    n = tokenize(tok, "bcab", 4, false, false, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){257, 256}, 2, "bcab");
+    n = tu_tokenize(tok, "bcab", 4, false, false, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){257, 256}, 2, "bcab");
     sw_free(ids);
     eng_tokenizer_free(tok);
 
     /* Ties go to the leftmost pair: "aaa" with "a a" -> aa a. */
     static const char *const m3[] = {"a a"};
     assert_int_equal(write_and_load(NULL, "gpt2", extra, NULL, 4, m3, 1, &tok, NULL), SW_OK);
-    n = tokenize(tok, "aaa", 3, false, false, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){259, 'a'}, 2, "aaa");
+    n = tu_tokenize(tok, "aaa", 3, false, false, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){259, 'a'}, 2, "aaa");
     sw_free(ids);
     /* A long word is fine (the heap keeps it n log n) and pairs up. */
     size_t long_n = 100001;
     char *aaa = sw_malloc(long_n);
     assert_non_null(aaa);
     memset(aaa, 'a', long_n);
-    n = tokenize(tok, aaa, long_n, false, false, &ids);
+    n = tu_tokenize(tok, aaa, long_n, false, false, &ids);
     assert_int_equal(n, long_n / 2 + 1);
     for (size_t i = 0; i + 1 < n; i++)
         assert_int_equal(ids[i], 259);
@@ -291,7 +226,7 @@ static void test_byte_alphabet(void **state)
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
         int32_t *ids;
-        size_t n = tokenize(tok, &c, 1, false, false, &ids);
+        size_t n = tu_tokenize(tok, &c, 1, false, false, &ids);
         assert_int_equal(n, 1);
         assert_int_equal(ids[0], b);
         char back[4];
@@ -320,7 +255,7 @@ static void test_streaming_utf8(void **state)
     const char *text = "h\xC3\xA9llo \xE4\xB8\x96\xE7\x95\x8C \xF0\x9F\xA6\x99!";
     size_t len = strlen(text);
     int32_t *ids;
-    size_t n = tokenize(tok, text, len, false, false, &ids);
+    size_t n = tu_tokenize(tok, text, len, false, false, &ids);
     assert_int_equal(n, len);
     eng_detok d;
     eng_detok_reset(&d);
@@ -331,7 +266,7 @@ static void test_streaming_utf8(void **state)
     assert_non_null(piece);
     for (size_t i = 0; i < n; i++) {
         size_t k = eng_detok_push(tok, &d, ids[i], piece, cap);
-        assert_true(valid_utf8(piece, k));
+        assert_true(tu_valid_utf8(piece, k));
         assert_true(at + k < sizeof all);
         memcpy(all + at, piece, k);
         at += k;
@@ -385,14 +320,14 @@ static void test_user_defined_and_control(void **state)
     assert_int_equal(write_and_load(NULL, "llama-bpe", extra, types, 2, merges, 1, &tok, NULL),
                      SW_OK);
     int32_t *ids;
-    size_t n = tokenize(tok, "x<|ctl|>y<u>", 12, false, true, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){'x', 256, 'y', 257}, 4, "parse_special on");
+    size_t n = tu_tokenize(tok, "x<|ctl|>y<u>", 12, false, true, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){'x', 256, 'y', 257}, 4, "parse_special on");
     char *text = eng_detokenize(tok, ids, n);
     assert_string_equal(text, "xy<u>"); /* control renders nothing */
     sw_free(text);
     sw_free(ids);
     /* Off: the control text is plain text; user-defined still matches. */
-    n = tokenize(tok, "<|ctl|><u>", 10, false, false, &ids);
+    n = tu_tokenize(tok, "<|ctl|><u>", 10, false, false, &ids);
     assert_int_equal(n, 8);
     assert_int_equal(ids[0], '<');
     assert_int_equal(ids[7], 257);
@@ -487,7 +422,7 @@ static void check_vectors(const char *name, int expected_cases)
         }
 
         int32_t *ids = NULL;
-        size_t n = tokenize(tok, cursor, text_len, false, false, &ids);
+        size_t n = tu_tokenize(tok, cursor, text_len, false, false, &ids);
         if (n != n_want || memcmp(ids, want, n * sizeof *ids) != 0) {
             print_error("%s case %d (%.40s):\n  got: ", name, n_cases, cursor);
             for (size_t i = 0; i < n; i++)
@@ -547,15 +482,15 @@ static void assert_splits(const eng_tokenizer *tok, const char *whole, const cha
     size_t n_want = 0;
     for (size_t i = 0; i < n_parts; i++) {
         int32_t *ids;
-        size_t n = tokenize(tok, parts[i], strlen(parts[i]), false, false, &ids);
+        size_t n = tu_tokenize(tok, parts[i], strlen(parts[i]), false, false, &ids);
         assert_true(n_want + n <= 256);
         memcpy(want + n_want, ids, n * sizeof *ids);
         n_want += n;
         sw_free(ids);
     }
     int32_t *ids;
-    size_t n = tokenize(tok, whole, strlen(whole), false, false, &ids);
-    assert_ids_equal(ids, n, want, n_want, whole);
+    size_t n = tu_tokenize(tok, whole, strlen(whole), false, false, &ids);
+    tu_assert_ids_equal(ids, n, want, n_want, whole);
     sw_free(ids);
 }
 
@@ -574,17 +509,17 @@ static void test_llama3_special_and_pretok(void **state)
     assert_true(eng_tokenizer_add_bos(tok));
 
     int32_t *ids;
-    size_t n = tokenize(tok, "<|begin_of_text|>Hello", 22, false, true, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){bot, hello}, 2, "special on");
+    size_t n = tu_tokenize(tok, "<|begin_of_text|>Hello", 22, false, true, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){bot, hello}, 2, "special on");
     sw_free(ids);
-    n = tokenize(tok, "Hello", 5, true, false, &ids);
-    assert_ids_equal(ids, n, (int32_t[]){bot, hello}, 2, "add_bos");
+    n = tu_tokenize(tok, "Hello", 5, true, false, &ids);
+    tu_assert_ids_equal(ids, n, (int32_t[]){bot, hello}, 2, "add_bos");
     char *text = eng_detokenize(tok, ids, n);
     assert_string_equal(text, "Hello"); /* BOS renders nothing */
     sw_free(text);
     sw_free(ids);
     /* Off: plain text, not the special id, and it reads back the same. */
-    n = tokenize(tok, "<|begin_of_text|>Hello", 22, false, false, &ids);
+    n = tu_tokenize(tok, "<|begin_of_text|>Hello", 22, false, false, &ids);
     assert_true(n > 2);
     for (size_t i = 0; i < n; i++)
         assert_int_not_equal(ids[i], bot);
@@ -617,7 +552,7 @@ static void test_qwen2_and_gpt2_pretok(void **state)
     int32_t im_start = eng_token_find(tok, "<|im_start|>", 12);
     assert_true(im_start >= 0);
     int32_t *ids;
-    size_t n = tokenize(tok, "<|im_start|>user", 16, false, true, &ids);
+    size_t n = tu_tokenize(tok, "<|im_start|>user", 16, false, true, &ids);
     assert_true(n >= 2);
     assert_int_equal(ids[0], im_start);
     sw_free(ids);
@@ -649,7 +584,7 @@ static void test_invalid_utf8(void **state)
         if (!tok)
             return;
         int32_t *ids;
-        size_t n = tokenize(tok, input, len, false, false, &ids);
+        size_t n = tu_tokenize(tok, input, len, false, false, &ids);
         size_t back_len;
         char *back = ids_to_bytes(tok, ids, n, &back_len);
         assert_int_equal(back_len, len);
@@ -658,14 +593,14 @@ static void test_invalid_utf8(void **state)
         /* The detokenizer repairs it: valid UTF-8 out. */
         char *text = eng_detokenize_ex(tok, ids, n, true, &back_len);
         assert_non_null(text);
-        assert_true(valid_utf8(text, back_len));
+        assert_true(tu_valid_utf8(text, back_len));
         sw_free(text);
         sw_free(ids);
 
         /* Streaming a multi-byte text token by token never emits half a
          * character, whatever the merges split. */
         const char *multi = "Äpfel 🦙🦙 нещо на Български 世界 ½";
-        n = tokenize(tok, multi, strlen(multi), false, false, &ids);
+        n = tu_tokenize(tok, multi, strlen(multi), false, false, &ids);
         eng_detok d;
         eng_detok_reset(&d);
         size_t cap = eng_detok_max_bytes(tok);
@@ -673,7 +608,7 @@ static void test_invalid_utf8(void **state)
         assert_non_null(piece);
         for (size_t i = 0; i < n; i++) {
             size_t k = eng_detok_push(tok, &d, ids[i], piece, cap);
-            assert_true(valid_utf8(piece, k));
+            assert_true(tu_valid_utf8(piece, k));
         }
         assert_int_equal(eng_detok_flush(&d, piece, cap), 0);
         sw_free(piece);
@@ -785,8 +720,8 @@ static void check_naive(const char *name)
             assert_true(want[i] >= 0);
         }
         int32_t *ids;
-        size_t n = tokenize(tok, word, len, false, false, &ids);
-        assert_ids_equal(ids, n, want, n_sym, word);
+        size_t n = tu_tokenize(tok, word, len, false, false, &ids);
+        tu_assert_ids_equal(ids, n, want, n_sym, word);
         sw_free(ids);
     }
     for (size_t i = 0; i < kept; i++)
@@ -826,7 +761,7 @@ static void test_random_bytes(void **state)
                                                 : alphabet[(seed >> 16) % (sizeof alphabet - 1)];
             }
             int32_t *ids;
-            size_t n = tokenize(tok, text, len, false, false, &ids);
+            size_t n = tu_tokenize(tok, text, len, false, false, &ids);
             size_t back_len;
             char *back = ids_to_bytes(tok, ids, n, &back_len);
             assert_int_equal(back_len, len);

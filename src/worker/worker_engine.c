@@ -144,6 +144,8 @@ static void slot_release(wk_server *s, int32_t seq)
 
 static bool held_append(wk_slot *sl, const char *text, size_t n)
 {
+    if (n == 0)
+        return true;
     if (sl->held_len + n > sl->held_cap) {
         size_t cap = (sl->held_len + n) * 2 + 64;
         char *p = sw_realloc(sl->held, cap);
@@ -166,6 +168,8 @@ static size_t held_release(const wk_req *req, const wk_slot *sl, bool *stopped)
 {
     size_t best = SIZE_MAX;
     *stopped = false;
+    if (sl->held_len == 0)
+        return 0;
     for (size_t i = 0; i < req->n_stops; i++) {
         const char *hit = memmem(sl->held, sl->held_len, req->stops[i], strlen(req->stops[i]));
         if (hit && (size_t)(hit - sl->held) < best)
@@ -197,7 +201,8 @@ static void take_held(wk_slot *sl, size_t n, wk_event *ev)
             ev->text_len = n;
         }
     }
-    memmove(sl->held, sl->held + n, sl->held_len - n);
+    if (sl->held_len > n)
+        memmove(sl->held, sl->held + n, sl->held_len - n);
     sl->held_len -= n;
 }
 

@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/prctl.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -27,6 +28,23 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define WC_MAX_STARTED 256
+static pid_t started[WC_MAX_STARTED];
+static int n_started;
+
+void wc_worker_kill_all(void)
+{
+    for (int i = 0; i < n_started; i++) {
+        int status;
+        if (started[i] > 0 && waitpid(started[i], &status, WNOHANG) == 0) {
+            kill(started[i], SIGKILL);
+            waitpid(started[i], &status, 0);
+        }
+        started[i] = 0;
+    }
+    n_started = 0;
 }
 
 int wc_worker_wait(wc_worker *w, int timeout_s)
@@ -100,6 +118,11 @@ int wc_worker_start(wc_worker *w, const char *model, const char *const *args,
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        /* The worker dies with the test, even when an assertion or a
+         * time-out ends the test abruptly. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1)
+            _exit(127);
         int fd = open(w->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -112,6 +135,8 @@ int wc_worker_start(wc_worker *w, const char *model, const char *const *args,
         _exit(127);
     }
     w->pid = pid;
+    if (n_started < WC_MAX_STARTED)
+        started[n_started++] = pid;
     double end = now_s() + timeout_s;
     while (now_s() < end) {
         wc_response r;

@@ -28,6 +28,10 @@ int wc_worker_start(wc_worker *w, const char *model, const char *const *args,
 /* SIGTERM, wait up to 10 s, then SIGKILL. Returns the exit status (or
  * 128 + signal). */
 int wc_worker_stop(wc_worker *w);
+/* Kills (SIGKILL) and reaps every worker this process started that is still
+ * running: for group teardowns, after an assertion left a test early.
+ * (Workers also get SIGKILL when the test process dies.) */
+void wc_worker_kill_all(void);
 /* Waits up to timeout_s for the process to exit by itself; returns its
  * exit status, or -1 on time-out (the process is still there). */
 int wc_worker_wait(wc_worker *w, int timeout_s);

@@ -35,6 +35,7 @@ static int teardown(void **state)
 {
     int st = wc_worker_stop(&g_w);
     remove(g_model);
+    wc_worker_kill_all();
     return st == 0 ? 0 : -1; /* SIGTERM drains and exits 0 */
 }
 

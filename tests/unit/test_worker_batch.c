@@ -39,6 +39,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     remove(g_model);
+    wc_worker_kill_all();
     return 0;
 }
 

@@ -45,6 +45,7 @@ static int teardown(void **state)
 {
     dev_sim_unlink(g_pool, NULL);
     remove(g_model);
+    wc_worker_kill_all();
     return 0;
 }
 

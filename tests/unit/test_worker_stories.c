@@ -113,10 +113,16 @@ static void test_golden_batched_streams(void **state)
     json_decref(golden);
 }
 
+static int teardown(void **state)
+{
+    wc_worker_kill_all();
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_batched_streams),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, teardown);
 }

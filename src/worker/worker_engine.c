@@ -701,13 +701,19 @@ void *wk_engine_main(void *arg)
             /* Whatever is still queued gets a final event too. */
             pthread_mutex_lock(&s->lock);
             wk_req *q = s->queue_head;
+            bool device_failed = s->device_failed;
             s->queue_head = s->queue_tail = NULL;
             s->n_queued = 0;
             pthread_mutex_unlock(&s->lock);
             for (wk_req *r = q, *next; r; r = next) {
                 next = r->next;
-                wk_event *ev = ev_new_final(&l, WK_EV_DONE, r);
-                ev->finish = "cancelled";
+                if (device_failed) {
+                    ev_error(&l, r, 500, "server_error", "device_failed", NULL, "%s",
+                             "the device failed before this request started");
+                } else {
+                    wk_event *ev = ev_new_final(&l, WK_EV_DONE, r);
+                    ev->finish = "cancelled";
+                }
             }
             publish_stats(s);
             post_events(s, &l);

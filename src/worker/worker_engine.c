@@ -274,7 +274,7 @@ static void fail_slot(wk_server *s, int32_t seq, ev_list *l, int rc, const char 
                  "device out of memory during %s", phase);
         count_outcome(s, "oom", req->n_prompt_client, n_gen);
     } else {
-        ev_error(l, req, rc == SW_EDEVICE ? 500 : 500, "server_error",
+        ev_error(l, req, 500, "server_error",
                  rc == SW_EDEVICE ? "device_failed" : "internal_error", NULL, "%s",
                  err && err->message[0] ? err->message : sw_strerror(rc));
         count_outcome(s, "error", req->n_prompt_client, n_gen);

@@ -16,8 +16,19 @@
  * unpacked to q - 8 during the repack. The 16 x 16 int32 result is stored
  * and scaled in float (d_x[token] * d_w[row]) into 16 ZMM accumulators, one
  * per token, whose lanes are the 16 rows - so a token's results land
- * contiguously in y. Blocks go in pairs on two sets of tiles so the second
- * product runs while the first one's result is being scaled.
+ * contiguously in y. Blocks go in pairs on two sets of tiles, software
+ * pipelined: the next block's product runs while this one's result is
+ * being scaled.
+ *
+ * Measured on this project's 2-core VM (busy; thread CPU time, best of
+ * several runs), 5632 x 2048 weights, 128 tokens, one thread: Q8_0 ~300
+ * GFLOP/s, Q4_0 ~310 GFLOP/s, against 55-70 for the AVX-512 kernels. Tile
+ * loads cost about as much as a product and the int32 results must be
+ * scaled per block in float (3 vector ops per token and tile), which is
+ * what bounds it. Two variants measured no faster within the noise and were
+ * dropped: 2 row tiles x 2 token tiles per step (each A and B load serving
+ * two products, accumulators then in memory) and activations copied into
+ * contiguous tiles.
  *
  * Edges: a last token tile of fewer than 16 tokens uses tiles configured
  * with that many rows (nothing past the last activation row is read); a last
@@ -44,32 +55,30 @@
 #define A_QK 32        /* values per block */
 #define A_Q8_BYTES 34  /* bytes of a Q8_0 block (weights and activations) */
 #define A_Q4_BYTES 18  /* bytes of a Q4_0 block */
-/* Weight blocks repacked at once: the B tiles of two row tiles (32 KiB)
- * stay in L1 while the token tiles pass over them. */
-#define A_CHUNK 32
+#define A_CHUNK 64     /* weight blocks repacked at once: 32 KiB of B tiles */
 /* Fewer tokens than this go to the AVX-512 kernels: the repack is paid per
  * row tile whatever the token count (measured crossover 6-8 tokens). */
 #ifndef A_MIN_TOKENS
 #define A_MIN_TOKENS 8
 #endif
-/* Tokens whose activation scales are converted at once (16 KiB with
+/* Tokens whose activation scales are converted at once (32 KiB with
  * A_CHUNK blocks); more tokens are done in groups of this many. */
 #define A_TOKEN_GROUP 128
 #define A_INLINE static inline __attribute__((always_inline))
 
-/* Tile numbers: results C[row tile][token tile], activations A[token tile],
- * weights B[row tile]. Every tile is configured full size. */
-#define A_C00 0
-#define A_C01 1
-#define A_C10 2
-#define A_C11 3
-#define A_A0 4
-#define A_A1 5
-#define A_B0 6
+/* Tile numbers. Pair slot 0: C0, A0, B0; slot 1: C1, A1, B1; the last
+ * (short) token tile uses CT and AT with B0, one block at a time. */
+#define A_C0 0
+#define A_A0 1
+#define A_B0 2
+#define A_CT 3
+#define A_AT 4
+#define A_C1 5
+#define A_A1 6
 #define A_B1 7
 
 /* gcc's tile load intrinsic does not tell the compiler it reads memory, so
- * stores to the repack buffers must be fenced before the loads. */
+ * stores to the repack buffer must be fenced before the loads. */
 #define A_COMPILER_BARRIER() __asm__ volatile("" ::: "memory")
 
 typedef struct a_tilecfg {
@@ -126,62 +135,15 @@ A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, 
                                  _mm512_mul_ps(_mm512_set1_ps(dx[i]), dw), acc[i]);
 }
 
-/* Where a token tile's activations are: block j's 16 rows of 32 int8 start
- * at base + j * step, rows stride bytes apart. */
-typedef struct a_src {
-    const unsigned char *base;
-    size_t step;
-    long stride;
-    const float *dx; /* dx[j * A_TOKEN_GROUP + i]: scale of block j, token i */
-} a_src;
-
-/* R row tiles x T token tiles (1 or 2 each, constant after inlining) over
- * nc blocks: each block is one int8 tile product per pair, whose int32
- * result is stored and scaled into acc[r][t] (16 tokens x 16 rows). Loading
- * each A and B tile once for two products is what pays here: a tile load
- * costs about as much as a product. */
-A_INLINE void a_tiles(const int R, const int T, const a_src *src, int nc,
-                      int8_t (*const *wv)[8][64], float (*const *dw)[16], __m512 (*acc)[16])
-{
-    _Alignas(64) int32_t c[2][2][16][16];
-    for (int j = 0; j < nc; j++) {
-        _tile_loadd(A_A0, src[0].base + (size_t)j * src[0].step, src[0].stride);
-        if (T == 2)
-            _tile_loadd(A_A1, src[1].base + (size_t)j * src[1].step, src[1].stride);
-        _tile_loadd(A_B0, wv[0][j], 64);
-        if (R == 2)
-            _tile_loadd(A_B1, wv[1][j], 64);
-        _tile_zero(A_C00);
-        _tile_dpbssd(A_C00, A_A0, A_B0);
-        if (T == 2) {
-            _tile_zero(A_C01);
-            _tile_dpbssd(A_C01, A_A1, A_B0);
-        }
-        if (R == 2) {
-            _tile_zero(A_C10);
-            _tile_dpbssd(A_C10, A_A0, A_B1);
-        }
-        if (R == 2 && T == 2) {
-            _tile_zero(A_C11);
-            _tile_dpbssd(A_C11, A_A1, A_B1);
-        }
-        _tile_stored(A_C00, c[0][0], 64);
-        if (T == 2)
-            _tile_stored(A_C01, c[0][1], 64);
-        if (R == 2)
-            _tile_stored(A_C10, c[1][0], 64);
-        if (R == 2 && T == 2)
-            _tile_stored(A_C11, c[1][1], 64);
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            __m512 d = _mm512_load_ps(dw[r][j]);
-#pragma GCC unroll 2
-            for (int t = 0; t < T; t++)
-                a_scale_add(acc[r * 2 + t], (const int32_t(*)[16])c[r][t],
-                            src[t].dx + (size_t)j * A_TOKEN_GROUP, d);
-        }
-    }
-}
+/* One int8 tile product on tiles (C, A, B): block j of the token tile at xt
+ * times the repacked weights wv[j]. */
+#define A_PRODUCT(C, A, B, j)                                                                 \
+    do {                                                                                      \
+        _tile_zero(C);                                                                        \
+        _tile_loadd(A, xt + (size_t)(j) * A_Q8_BYTES + 2, xs);                                \
+        _tile_loadd(B, wv[j], 64);                                                            \
+        _tile_dpbssd(C, A, B);                                                                \
+    } while (0)
 
 A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t n_in,
                        const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
@@ -194,110 +156,103 @@ A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t 
                                                  n_tokens, y, y_stride, r0, r1);
         return;
     }
+    const int tr = (int)(n_tokens % 16); /* tokens in the short last tile */
 
     _Alignas(64) a_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = A_C00; t <= A_C11; t++)
-        cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    cfg.rows[A_A0] = cfg.rows[A_A1] = 16;
-    cfg.colsb[A_A0] = cfg.colsb[A_A1] = A_QK;
-    cfg.rows[A_B0] = cfg.rows[A_B1] = A_QK / 4;
-    cfg.colsb[A_B0] = cfg.colsb[A_B1] = 64;
+    static const int full_c[] = {A_C0, A_C1}, full_a[] = {A_A0, A_A1}, full_b[] = {A_B0, A_B1};
+    for (int s = 0; s < 2; s++) {
+        cfg.rows[full_c[s]] = 16, cfg.colsb[full_c[s]] = 64;
+        cfg.rows[full_a[s]] = 16, cfg.colsb[full_a[s]] = A_QK;
+        cfg.rows[full_b[s]] = A_QK / 4, cfg.colsb[full_b[s]] = 64;
+    }
+    if (tr > 0) {
+        cfg.rows[A_CT] = (uint8_t)tr, cfg.colsb[A_CT] = 64;
+        cfg.rows[A_AT] = (uint8_t)tr, cfg.colsb[A_AT] = A_QK;
+    }
     A_COMPILER_BARRIER();
     _tile_loadconfig(&cfg);
 
-    /* per call, on the stack (~70 KiB): B tiles and row scales of a chunk
-     * for two row tiles, the chunk's activation scales for a token group,
-     * the quants of a short last token tile padded with zero rows (so every
-     * tile is full size and nothing past the last token is read) */
-    _Alignas(64) int8_t wv[2][A_CHUNK][8][64];
-    _Alignas(64) float dw[2][A_CHUNK][16];
-    _Alignas(64) float dx[A_CHUNK * A_TOKEN_GROUP];
-    _Alignas(64) int8_t tail[A_CHUNK][16][A_QK];
-    _Alignas(64) __m512 acc[4][16];
-    int8_t (*const wvp[2])[8][64] = {wv[0], wv[1]};
-    float (*const dwp[2])[16] = {dw[0], dw[1]};
+    /* per call, on the stack: B tiles and row scales of one chunk (36 KiB),
+     * activation scales of one chunk for a group of tokens (32 KiB) */
+    _Alignas(64) int8_t wv[A_CHUNK][8][64];
+    _Alignas(64) float dw[A_CHUNK][16];
+    _Alignas(64) float dx[A_CHUNK][A_TOKEN_GROUP];
+    _Alignas(64) int32_t c0[16][16];
+    _Alignas(64) int32_t c1[16][16];
+    /* rows of a short tile's result past its last token are never written
+     * by the tile store; keep them defined */
+    memset(c0, 0, sizeof c0);
+    const long xs = (long)xq_row_bytes;
 
-    /* Token groups, then block chunks, then pairs of row tiles, then pairs
-     * of token tiles: a chunk's activation scales serve every row tile, a
-     * row tile's repacked chunk every token tile of the group; y collects
-     * the chunks' partial sums. */
+    /* Token groups, then block chunks, then row tiles: a chunk's activation
+     * scales serve every row tile, a row tile's repacked chunk every token
+     * tile of the group; y collects the chunks' partial sums. */
     for (int64_t tg = 0; tg < n_tokens; tg += A_TOKEN_GROUP) {
         const int ng = n_tokens - tg < A_TOKEN_GROUP ? (int)(n_tokens - tg) : A_TOKEN_GROUP;
-        const int n_full = ng & ~15; /* tokens in full tiles */
         const unsigned char *xg = (const unsigned char *)xq + (size_t)tg * xq_row_bytes;
         for (int64_t b0 = 0; b0 < nb; b0 += A_CHUNK) {
             const int nc = nb - b0 < A_CHUNK ? (int)(nb - b0) : A_CHUNK;
             for (int j = 0; j < nc; j++) {
-                float *dxj = dx + (size_t)j * A_TOKEN_GROUP;
                 for (int t = 0; t < ng; t++) {
                     uint16_t h;
                     memcpy(&h, xg + (size_t)t * xq_row_bytes + (size_t)(b0 + j) * A_Q8_BYTES, 2);
-                    dxj[t] = _cvtsh_ss(h);
+                    dx[j][t] = _cvtsh_ss(h);
                 }
                 for (int t = ng; t < ((ng + 15) & ~15); t++)
-                    dxj[t] = 0.0f;
-                if (n_full < ng) {
-                    for (int i = 0; i < 16; i++) {
-                        if (n_full + i < ng)
-                            memcpy(tail[j][i], xg + (size_t)(n_full + i) * xq_row_bytes +
-                                                   (size_t)(b0 + j) * A_Q8_BYTES + 2, A_QK);
-                        else
-                            memset(tail[j][i], 0, A_QK);
-                    }
-                }
+                    dx[j][t] = 0.0f;
             }
-            for (int64_t r = r0; r < r1; r += 32) {
-                const int R = r1 - r > 16 ? 2 : 1;
-                __mmask16 rmask[2];
-                for (int k = 0; k < R; k++) {
-                    int64_t left = r1 - r - 16 * k;
-                    int nr = left < 16 ? (int)left : 16;
-                    rmask[k] = (__mmask16)((1u << nr) - 1);
-                    a_repack(q4, (const unsigned char *)w + (size_t)(r + 16 * k) * w_row_bytes,
-                             w_row_bytes, b0, nc, rmask[k], wv[k], dw[k]);
-                }
+            for (int64_t r = r0; r < r1; r += 16) {
+                const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+                const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
+                const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+                a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
                 A_COMPILER_BARRIER();
-                for (int tt = 0; tt < ng; tt += 32) {
-                    const int T = ng - tt > 16 ? 2 : 1;
-                    a_src src[2];
-                    for (int k = 0; k < T; k++) {
-                        int t0 = tt + 16 * k;
-                        if (t0 < n_full) {
-                            src[k].base = xg + (size_t)t0 * xq_row_bytes + (size_t)b0 * A_Q8_BYTES + 2;
-                            src[k].step = A_Q8_BYTES;
-                            src[k].stride = (long)xq_row_bytes;
-                        } else {
-                            src[k].base = (const unsigned char *)tail;
-                            src[k].step = 16 * A_QK;
-                            src[k].stride = A_QK;
-                        }
-                        src[k].dx = dx + t0;
-                    }
-                    for (int k = 0; k < 4; k++)
-                        for (int i = 0; i < 16; i++)
-                            acc[k][i] = _mm512_setzero_ps();
-                    if (R == 2 && T == 2)
-                        a_tiles(2, 2, src, nc, wvp, dwp, acc);
-                    else if (R == 2)
-                        a_tiles(2, 1, src, nc, wvp, dwp, acc);
-                    else if (T == 2)
-                        a_tiles(1, 2, src, nc, wvp, dwp, acc);
-                    else
-                        a_tiles(1, 1, src, nc, wvp, dwp, acc);
-                    for (int k = 0; k < R; k++)
-                        for (int q = 0; q < T; q++) {
-                            int t0 = tt + 16 * q;
-                            int nt = ng - t0 < 16 ? ng - t0 : 16;
-                            float *yt = y + (tg + t0) * y_stride + r + 16 * k;
-                            for (int i = 0; i < nt; i++) {
-                                __m512 v = acc[k * 2 + q][i];
-                                if (b0 > 0)
-                                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rmask[k], yt + i * y_stride));
-                                _mm512_mask_storeu_ps(yt + i * y_stride, rmask[k], v);
+                for (int tt = 0; tt < ng; tt += 16) {
+                    const int nt = ng - tt < 16 ? ng - tt : 16;
+                    const unsigned char *xt = xg + (size_t)tt * xq_row_bytes + (size_t)b0 * A_Q8_BYTES;
+                    __m512 acc[16];
+#pragma GCC unroll 16
+                    for (int i = 0; i < 16; i++)
+                        acc[i] = _mm512_setzero_ps();
+                    if (nt == 16) {
+                        /* software pipeline: the next block's product runs
+                         * while this one's result is scaled */
+                        A_PRODUCT(A_C0, A_A0, A_B0, 0);
+                        for (int j = 0; j < nc; j += 2) {
+                            if (j + 1 < nc)
+                                A_PRODUCT(A_C1, A_A1, A_B1, j + 1);
+                            _tile_stored(A_C0, c0, 64);
+                            a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
+                            if (j + 1 < nc) {
+                                if (j + 2 < nc)
+                                    A_PRODUCT(A_C0, A_A0, A_B0, j + 2);
+                                _tile_stored(A_C1, c1, 64);
+                                a_scale_add(acc, (const int32_t(*)[16])c1, &dx[j + 1][tt],
+                                            _mm512_load_ps(dw[j + 1]));
                             }
                         }
+                    } else {
+                        for (int j = 0; j < nc; j++) {
+                            A_PRODUCT(A_CT, A_AT, A_B0, j);
+                            _tile_stored(A_CT, c0, 64);
+                            /* rows >= nt of c0 are stale but finite; their
+                             * scale is 0 and their sums are not stored */
+                            a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
+                        }
+                    }
+                    float *yt = y + (tg + tt) * y_stride + r;
+                    /* constant indices keep acc in registers */
+#pragma GCC unroll 16
+                    for (int i = 0; i < 16; i++) {
+                        if (i >= nt)
+                            break;
+                        __m512 v = acc[i];
+                        if (b0 > 0)
+                            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rmask, yt + i * y_stride));
+                        _mm512_mask_storeu_ps(yt + i * y_stride, rmask, v);
+                    }
                 }
             }
         }

@@ -1067,6 +1067,8 @@ static void test_matmul_quantized_prefill(void **state)
             for (size_t ki = 0; ki < sizeof n_tokens_list / sizeof n_tokens_list[0]; ki++) {
                 int64_t n_tokens = n_tokens_list[ki];
                 int64_t n_out = 37 + (int64_t)ki;
+                if (n_tokens > 64 && n_ins[ni] > 1024)
+                    continue; /* two token groups: short rows suffice (time under ASan) */
                 tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 0, n_out, 0);
                 tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 3, n_out - 2, 1);
                 tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 17, 18, 1);

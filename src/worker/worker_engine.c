@@ -489,16 +489,27 @@ static bool step(wk_server *s, ev_list *l)
         if (!sl->req)
             continue;
         if (!sl->decoding) {
-            /* All newcomers together prefill at most prefill_chunk tokens
-             * per step, so a step (what every decoding sequence waits for)
-             * stays short however many prompts arrive at once. */
-            int32_t left = sl->req->n_prompt - sl->n_prefilled;
-            int32_t budget = s->o.prefill_chunk - n_prefill_tokens;
-            int32_t chunk = left < budget ? left : budget;
-            if (chunk <= 0)
-                continue;
+            /* Prefill: at most one newcomer per step, a chunk of at most
+             * prefill_chunk tokens, so a step (what every decoding sequence
+             * waits for) stays short however many prompts arrive. Chunks
+             * start at multiples of prefill_chunk of the sequence's own
+             * prompt, whatever else is running, and resumed tokens are
+             * replayed one per step as they were generated: the kernels may
+             * round a many-token product differently from a one-token one,
+             * and a sequence's results must not depend on its company (8
+             * streams together give their solo tokens; a resumed stream
+             * continues bit for bit). */
+            int32_t fresh = sl->req->n_prompt - sl->req->n_resume;
+            int32_t left = sl->n_prefilled < fresh ? fresh - sl->n_prefilled
+                                                   : sl->req->n_prompt - sl->n_prefilled;
+            int32_t chunk = sl->n_prefilled < fresh ? left : 1;
+            if (chunk > s->o.prefill_chunk)
+                chunk = s->o.prefill_chunk;
+            if (chunk > 1 && n_prefill_tokens > 0)
+                continue; /* one prefill chunk per step */
+            bool last = sl->n_prefilled + chunk == sl->req->n_prompt;
             entries[n] = (eng_batch_entry){seq, sl->req->prompt + sl->n_prefilled, chunk,
-                                           chunk == left ? sl->logits : NULL};
+                                           last ? sl->logits : NULL};
             prefill[n] = true;
             n_prefill_tokens += chunk;
         } else {

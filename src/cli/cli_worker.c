@@ -23,7 +23,7 @@ static void usage(FILE *out)
             "      --reserve F         share of the device never used (default 0.10)\n"
             "      --policy P          reserve (default) | grow: when KV memory is taken\n"
             "  -t, --threads T         threads (default: one per core)\n"
-            "      --prefill-chunk N   prompt tokens per step, all newcomers together (default 64)\n"
+            "      --prefill-chunk N   prompt tokens per prefill chunk, one newcomer per step (default 64)\n"
             "      --max-queue N       requests waiting for a slot (default 64)\n"
             "      --max-body B        largest request body (default 1MiB)\n"
             "      --http-timeout S    per-connection read/write time-out (default 30)\n"

@@ -37,7 +37,7 @@ typedef struct wk_options {
     eng_kv_policy policy;
     int32_t threads;             /* 0: one per core */
     const char *listen;          /* "unix:PATH", "HOST:PORT" or "PORT" */
-    int32_t prefill_chunk;       /* prompt tokens per step, all newcomers (64) */
+    int32_t prefill_chunk;       /* prompt tokens per prefill chunk, one newcomer per step (64) */
     int32_t max_queue;           /* requests waiting for a slot (64) */
     size_t max_body_bytes;       /* request bodies above get 413 (1 MiB) */
     size_t max_header_bytes;     /* header blocks above get 400 (16 KiB) */

@@ -55,6 +55,8 @@
 #define A_QK 32        /* values per block */
 #define A_Q8_BYTES 34  /* bytes of a Q8_0 block (weights and activations) */
 #define A_Q4_BYTES 18  /* bytes of a Q4_0 block */
+#define A_Q4K_BYTES 144 /* bytes of a Q4_K super-block (8 sub-blocks of 32) */
+#define A_Q8K_BYTES 292 /* bytes of a Q8_K activation block: f32 d, 256 int8, 16 int16 sums */
 #define A_CHUNK 64     /* weight blocks repacked at once: 32 KiB of B tiles */
 /* Fewer tokens than this go to the AVX-512 kernels: the repack is paid per
  * row tile whatever the token count (measured crossover 6-8 tokens). */
@@ -91,6 +93,7 @@ typedef struct a_tilecfg {
 
 static cpu__matmul_fn a_fallback_q8_0;
 static cpu__matmul_fn a_fallback_q4_0;
+static cpu__matmul_fn a_fallback_q4_k;
 
 /* B tiles for blocks [b0, b0 + nc) of 16 rows starting at wr (rows not in
  * rmask are zero), and the rows' scales as floats. */
@@ -126,6 +129,55 @@ A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes
     }
 }
 
+/* Q4_K: the B tiles of the 8 sub-blocks of super-blocks [k0, k0 + nk) of 16
+ * rows (zero outside rmask), each sub-block's row scale d * sc[s] in dsc
+ * and its min dmin * m[s] in dmn (quant.h has the layout). */
+A_INLINE void a_repack_q4k(const unsigned char *wr, size_t w_row_bytes, int64_t k0, int nk,
+                           __mmask16 rmask, int8_t (*wv)[8][64], float (*dsc)[16],
+                           float (*dmn)[16])
+{
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)w_row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i m63 = _mm512_set1_epi32(63);
+    const __m512i m15 = _mm512_set1_epi32(15);
+    const __m512i m3 = _mm512_set1_epi32(3);
+    for (int k = 0; k < nk; k++) {
+        const unsigned char *blk = wr + (size_t)(k0 + k) * A_Q4K_BYTES;
+        __m512i dd = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
+        __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+        __m512i w0 = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 4, 1);
+        __m512i w1 = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 8, 1);
+        __m512i w2 = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 12, 1);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m512i b0 = _mm512_srli_epi32(w0, 8 * j), b1 = _mm512_srli_epi32(w1, 8 * j);
+            __m512i b2 = _mm512_srli_epi32(w2, 8 * j);
+            __m512i sc_lo = _mm512_and_si512(b0, m63), m_lo = _mm512_and_si512(b1, m63);
+            __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(b2, m15),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b0, 6), m3), 4));
+            __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 4), m15),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b1, 6), m3), 4));
+            _mm512_store_ps(dsc[8 * k + j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_lo)));
+            _mm512_store_ps(dmn[8 * k + j], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m_lo)));
+            _mm512_store_ps(dsc[8 * k + 4 + j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_hi)));
+            _mm512_store_ps(dmn[8 * k + 4 + j], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m_hi)));
+        }
+        /* group g's 32 bytes: low nibbles are sub-block 2g, high 2g + 1 */
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+#pragma GCC unroll 8
+            for (int kk = 0; kk < 8; kk++) {
+                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 16 + 32 * g + 4 * kk, 1);
+                _mm512_store_si512(wv[8 * k + 2 * g][kk], _mm512_and_si512(v, low4));
+                _mm512_store_si512(wv[8 * k + 2 * g + 1][kk],
+                                   _mm512_and_si512(_mm512_srli_epi32(v, 4), low4));
+            }
+    }
+}
+
 /* acc[i] += float(c[i]) * dx[i] * dw for the 16 tokens of a tile. */
 A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, __m512 dw)
 {
@@ -140,20 +192,35 @@ A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, 
 #define A_PRODUCT(C, A, B, j)                                                                 \
     do {                                                                                      \
         _tile_zero(C);                                                                        \
-        _tile_loadd(A, xt + (size_t)(j) * A_Q8_BYTES + 2, xs);                                \
+        _tile_loadd(A, xt + a_x_offset(kind, b0 + (j)), xs);                                  \
         _tile_loadd(B, wv[j], 64);                                                            \
         _tile_dpbssd(C, A, B);                                                                \
     } while (0)
 
-A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t n_in,
-                       const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
-                       int64_t y_stride, int64_t r0, int64_t r1)
+/* Byte offset of 32-value unit u's quants in an activation row: Q8_0 blocks
+ * (kinds 0, 1) or sub-block u % 8 of Q8_K block u / 8 (kind 2). */
+A_INLINE size_t a_x_offset(const int kind, int64_t u)
 {
+    if (kind == 2)
+        return (size_t)(u >> 3) * A_Q8K_BYTES + 4 + (size_t)(u & 7) * A_QK;
+    return (size_t)u * A_Q8_BYTES + 2;
+}
+
+/* kind 0: Q8_0 weights, 1: Q4_0, 2: Q4_K (activations Q8_K; dmn and xsum
+ * are its scratch for the mins, NULL otherwise). A unit is 32 values: a
+ * block, or a Q4_K sub-block (8 per super-block; chunks of A_CHUNK units
+ * are whole super-blocks). */
+A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
+                       const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                       int64_t y_stride, int64_t r0, int64_t r1, float (*dmn)[16],
+                       float (*xsum)[A_TOKEN_GROUP])
+{
+    const int q4 = kind == 1;
     const int64_t nb = n_in / A_QK;
     /* the weight gathers index rows with int32 offsets */
     if (n_tokens < A_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
-        (q4 ? a_fallback_q4_0 : a_fallback_q8_0)(w, w_row_bytes, n_in, xq, xq_row_bytes,
-                                                 n_tokens, y, y_stride, r0, r1);
+        cpu__matmul_fn fb = kind == 2 ? a_fallback_q4_k : q4 ? a_fallback_q4_0 : a_fallback_q8_0;
+        fb(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
         return;
     }
     const int tr = (int)(n_tokens % 16); /* tokens in the short last tile */
@@ -196,22 +263,39 @@ A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t 
             const int nc = nb - b0 < A_CHUNK ? (int)(nb - b0) : A_CHUNK;
             for (int j = 0; j < nc; j++) {
                 for (int t = 0; t < ng; t++) {
-                    uint16_t h;
-                    memcpy(&h, xg + (size_t)t * xq_row_bytes + (size_t)(b0 + j) * A_Q8_BYTES, 2);
-                    dx[j][t] = _cvtsh_ss(h);
+                    const unsigned char *xr = xg + (size_t)t * xq_row_bytes;
+                    if (kind == 2) {
+                        /* sub-block s of Q8_K block k: scale d, sum of its
+                         * quants from the two 16-value sums */
+                        int64_t k = (b0 + j) >> 3, s = (b0 + j) & 7;
+                        int16_t bs[2];
+                        memcpy(&dx[j][t], xr + (size_t)k * A_Q8K_BYTES, 4);
+                        memcpy(bs, xr + (size_t)k * A_Q8K_BYTES + 260 + 4 * (size_t)s, 4);
+                        xsum[j][t] = dx[j][t] * (float)(bs[0] + bs[1]);
+                    } else {
+                        uint16_t h;
+                        memcpy(&h, xr + (size_t)(b0 + j) * A_Q8_BYTES, 2);
+                        dx[j][t] = _cvtsh_ss(h);
+                    }
                 }
-                for (int t = ng; t < ((ng + 15) & ~15); t++)
+                for (int t = ng; t < ((ng + 15) & ~15); t++) {
                     dx[j][t] = 0.0f;
+                    if (kind == 2)
+                        xsum[j][t] = 0.0f;
+                }
             }
             for (int64_t r = r0; r < r1; r += 16) {
                 const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
                 const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
                 const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
-                a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
+                if (kind == 2)
+                    a_repack_q4k(wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw, dmn);
+                else
+                    a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
                 A_COMPILER_BARRIER();
                 for (int tt = 0; tt < ng; tt += 16) {
                     const int nt = ng - tt < 16 ? ng - tt : 16;
-                    const unsigned char *xt = xg + (size_t)tt * xq_row_bytes + (size_t)b0 * A_Q8_BYTES;
+                    const unsigned char *xt = xg + (size_t)tt * xq_row_bytes;
                     __m512 acc[16];
 #pragma GCC unroll 16
                     for (int i = 0; i < 16; i++)
@@ -242,6 +326,16 @@ A_INLINE void a_matmul(const int q4, const void *w, size_t w_row_bytes, int64_t 
                             a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
                         }
                     }
+                    if (kind == 2) {
+                        /* Q4_K mins: - dmin * m[s] * d_x * sum of the
+                         * sub-block's activation quants */
+                        for (int j = 0; j < nc; j++) {
+                            __m512 dm = _mm512_load_ps(dmn[j]);
+#pragma GCC unroll 16
+                            for (int i = 0; i < 16; i++)
+                                acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(xsum[j][tt + i]), dm, acc[i]);
+                        }
+                    }
                     float *yt = y + (tg + tt) * y_stride + r;
                     /* constant indices keep acc in registers */
 #pragma GCC unroll 16
@@ -264,14 +358,24 @@ static void a_matmul_q8_0(const void *w, size_t w_row_bytes, int64_t n_in, const
                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
                           int64_t r0, int64_t r1)
 {
-    a_matmul(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+    a_matmul(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, NULL, NULL);
 }
 
 static void a_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
                           int64_t r0, int64_t r1)
 {
-    a_matmul(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+    a_matmul(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, NULL, NULL);
+}
+
+static void a_matmul_q4_k(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    /* the mins' scratch: 36 KiB more stack than the other kinds */
+    _Alignas(64) float dmn[A_CHUNK][16];
+    _Alignas(64) float xsum[A_CHUNK][A_TOKEN_GROUP];
+    a_matmul(2, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, dmn, xsum);
 }
 
 int cpu__kernels_amx_request(void)
@@ -291,8 +395,10 @@ void cpu__kernels_amx_init(cpu__kernel_table *table)
 {
     a_fallback_q8_0 = table->matmul_q8_0;
     a_fallback_q4_0 = table->matmul_q4_0;
+    a_fallback_q4_k = table->matmul_q4_k;
     table->matmul_q8_0 = a_matmul_q8_0;
     table->matmul_q4_0 = a_matmul_q4_0;
+    table->matmul_q4_k = a_matmul_q4_k;
 }
 
 #else /* no AMX outside x86-64 Linux: the dispatcher never chooses it */

@@ -28,6 +28,7 @@ static const dev_fault_config fault_off = {
     .alloc_fail_over = 0,
     .abort_after_tokens = -1,
     .stall_ms = 0,
+    .device_error_after_tokens = -1,
 };
 
 static dev_fault_config fault_current = {
@@ -35,6 +36,7 @@ static dev_fault_config fault_current = {
     .alloc_fail_over = 0,
     .abort_after_tokens = -1,
     .stall_ms = 0,
+    .device_error_after_tokens = -1,
 };
 static atomic_llong fault_alloc_calls; /* device allocations seen since set */
 static pthread_once_t fault_env_once = PTHREAD_ONCE_INIT;
@@ -59,19 +61,20 @@ static int parse_count(const char *text, int64_t *out)
 static int parse_entry(const char *entry, dev_fault_config *cfg, unsigned *seen, sw_error *err)
 {
     static const char *modes[] = {"alloc_fail_after", "alloc_fail_over", "abort_after_tokens",
-                                  "stall_ms"};
+                                  "stall_ms", "device_error_after_tokens"};
     const char *colon = strchr(entry, ':');
     size_t name_len = colon ? (size_t)(colon - entry) : strlen(entry);
     const char *value = colon ? colon + 1 : NULL;
     int mode = -1;
 
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (strlen(modes[i]) == name_len && strncmp(entry, modes[i], name_len) == 0)
             mode = i;
     if (mode < 0)
         return sw_error_set(err, SW_EINVAL,
                             "%s: unknown mode '%.*s' in '%s' (known: alloc_fail_after, "
-                            "alloc_fail_over, abort_after_tokens, stall_ms)",
+                            "alloc_fail_over, abort_after_tokens, stall_ms, "
+                            "device_error_after_tokens)",
                             DEV_FAULT_ENV, (int)(name_len > 40 ? 40 : name_len), entry, entry);
     if (!value || !*value)
         return sw_error_set(err, SW_EINVAL, "%s: '%s' needs a value (%s:N)", DEV_FAULT_ENV,
@@ -97,8 +100,10 @@ static int parse_entry(const char *entry, dev_fault_config *cfg, unsigned *seen,
         cfg->alloc_fail_after = n;
     else if (mode == 2)
         cfg->abort_after_tokens = n;
-    else
+    else if (mode == 3)
         cfg->stall_ms = n;
+    else
+        cfg->device_error_after_tokens = n;
     return SW_OK;
 }
 
@@ -151,6 +156,9 @@ static void describe(const dev_fault_config *cfg, char *buf, size_t cap)
         FAULT_APPEND("%sabort_after_tokens:%" PRId64, used ? "," : "", cfg->abort_after_tokens);
     if (cfg->stall_ms > 0)
         FAULT_APPEND("%sstall_ms:%" PRId64, used ? "," : "", cfg->stall_ms);
+    if (cfg->device_error_after_tokens >= 0)
+        FAULT_APPEND("%sdevice_error_after_tokens:%" PRId64, used ? "," : "",
+                     cfg->device_error_after_tokens);
 #undef FAULT_APPEND
 }
 
@@ -199,9 +207,11 @@ bool dev_fault_alloc_should_fail(size_t bytes)
     return false;
 }
 
-void dev_fault_before_token(int64_t tokens_emitted)
+int dev_fault_before_token(int64_t tokens_emitted)
 {
     const dev_fault_config *cfg = dev_fault_get();
+    if (cfg->device_error_after_tokens >= 0 && tokens_emitted >= cfg->device_error_after_tokens)
+        return SW_EDEVICE;
     if (cfg->abort_after_tokens >= 0 && tokens_emitted >= cfg->abort_after_tokens) {
         /* One write, unbuffered: the message must be out before the signal. */
         char line[96];
@@ -220,4 +230,5 @@ void dev_fault_before_token(int64_t tokens_emitted)
         while (nanosleep(&left, &left) != 0 && errno == EINTR)
             ;
     }
+    return SW_OK;
 }

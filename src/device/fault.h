@@ -10,6 +10,10 @@
  *                          mid-stream after N tokens were emitted
  *     stall_ms:N           each generated token is delayed by N ms (a slow
  *                          or hung accelerator)
+ *     device_error_after_tokens:N
+ *                          the device fails for good (SW_EDEVICE, like a
+ *                          sticky CUDA error) when token N+1 is due: a
+ *                          worker reports it and exits to be restarted
  *
  * Tests and the drill use it to cause each failure on purpose. It is read
  * once per process; dev_fault_set lets a test install a configuration.
@@ -28,6 +32,7 @@ typedef struct dev_fault_config {
     uint64_t alloc_fail_over;   /* 0: off */
     int64_t abort_after_tokens; /* -1: off */
     int64_t stall_ms;           /* 0: off */
+    int64_t device_error_after_tokens; /* -1: off */
 } dev_fault_config;
 
 #define DEV_FAULT_ENV "SPILLWAY_FAULT"
@@ -48,7 +53,8 @@ void dev_fault_set(const dev_fault_config *config);
 bool dev_fault_alloc_should_fail(size_t bytes);
 
 /* Called before each generated token with the number already produced in
- * this generation: aborts the process or stalls as configured. */
-void dev_fault_before_token(int64_t tokens_emitted);
+ * this generation: aborts the process or stalls as configured, and returns
+ * SW_EDEVICE when an unrecoverable device error is injected (else SW_OK). */
+int dev_fault_before_token(int64_t tokens_emitted);
 
 #endif

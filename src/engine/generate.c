@@ -117,7 +117,10 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
 
     for (int32_t i = 0; i < params->max_tokens; i++) {
         eng_generate_step step;
-        dev_fault_before_token((int64_t)i);
+        if ((rc = dev_fault_before_token((int64_t)i))) {
+            sw_error_set(err, rc, "the device failed (injected by SPILLWAY_FAULT)");
+            goto done;
+        }
         memset(&step, 0, sizeof step);
         if (top_k) {
             eng_log_softmax(logits, logprobs, n_vocab);

@@ -132,6 +132,7 @@ typedef struct wk_server {
     wk_state state;
     char fail_message[SW_ERROR_MESSAGE_MAX];
     bool device_failed;
+    bool device_error_seen;          /* engine thread: a step hit SW_EDEVICE */
     int32_t slots_active;
     size_t kv_used_bytes;
     size_t device_bytes;

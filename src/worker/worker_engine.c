@@ -424,6 +424,13 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
     wk_slot *sl = &s->slots[seq];
     wk_req *req = sl->req;
     const int32_t n_vocab = eng_model_hparams(s->model)->n_vocab;
+    if (dev_fault_before_token((int64_t)sl->n_generated) == SW_EDEVICE) {
+        sw_error err;
+        sw_error_set(&err, SW_EDEVICE, "the device failed (injected by SPILLWAY_FAULT)");
+        s->device_error_seen = true;
+        fail_slot(s, seq, l, SW_EDEVICE, "decode", &err);
+        return false;
+    }
     wk_event *ev = ev_new(l, WK_EV_TOKEN, req);
     if (!ev) {
         sw_error err;
@@ -431,7 +438,6 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
         fail_slot(s, seq, l, SW_ENOMEM, "decode", &err);
         return false;
     }
-    dev_fault_before_token((int64_t)sl->n_generated);
     if (sl->logprobs) {
         eng_log_softmax(sl->logits, sl->logprobs, n_vocab);
         ev->n_top = top_logprobs_of(sl->logprobs, n_vocab, req->top_logprobs, ev->top);
@@ -522,7 +528,7 @@ static bool step(wk_server *s, ev_list *l)
         seqs[n++] = seq;
     }
     if (n == 0)
-        return true;
+        return !s->device_error_seen;
     double t0 = eng_now_seconds();
     for (int32_t i = 0; i < n; i++)
         sw_error_clear(&errs[i]);
@@ -556,7 +562,7 @@ static bool step(wk_server *s, ev_list *l)
             }
         }
     }
-    return !fatal;
+    return !fatal && !s->device_error_seen;
 }
 
 /* A model id goes into every JSON response: printable, valid UTF-8. */
@@ -732,9 +738,13 @@ void *wk_engine_main(void *arg)
         }
         bool ok = step(s, &l);
         publish_stats(s);
-        post_events(s, &l);
+        if (ok)
+            post_events(s, &l);
         if (!ok) {
-            /* An unrecoverable device error: fail everything, then stop. */
+            /* An unrecoverable device error: fail everything, then stop.
+             * The failure is recorded before the step's events go out, so
+             * the HTTP thread, handling them, sees it and exits even when
+             * they finish the last live request. */
             for (int32_t i = 0; i < s->n_seqs; i++) {
                 if (s->slots[i].req) {
                     sw_error e;
@@ -749,9 +759,10 @@ void *wk_engine_main(void *arg)
             s->stop_engine = true;
             pthread_mutex_unlock(&s->lock);
             publish_stats(s);
-            post_events(s, &l);
             SW_ERROR(MOD, "unrecoverable device error: exiting with status %d",
                      WK_EXIT_DEVICE_FAILURE);
+            post_events(s, &l);
+            wk_http_wake(s); /* even with no event left to deliver */
             /* Requests still queued are answered by the loop's stop path. */
         }
     }

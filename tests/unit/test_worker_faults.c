@@ -303,11 +303,56 @@ static void test_grow_injected_oom(void **state)
     assert_int_equal(wc_worker_stop(&w), 0);
 }
 
+/* An unrecoverable device error (injected: device_error_after_tokens) is
+ * reported to the request in the stream as a final typed error event, and
+ * the worker then exits with status 75 so that its supervisor restarts it. */
+static void test_device_failure_exit_status(void **state)
+{
+    (void)state;
+    wc_worker w;
+    const char *env[] = {"SPILLWAY_FAULT=device_error_after_tokens:3", NULL};
+    const char *args[] = {"--threads", "1", NULL};
+    assert_int_equal(wc_worker_start(&w, g_model, args, env, 30, NULL), 0);
+    wc_response r;
+    assert_int_equal(wc_request(w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":\"once upon\",\"max_tokens\":10,\"stream\":true}",
+                                20000, &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    char **events = NULL;
+    int n = wc_sse_parse(r.body, r.body_len, &events);
+    assert_true(n >= 2);
+    /* Three tokens went out, then the error event, then [DONE]. */
+    int tokens = 0;
+    bool error_seen = false;
+    for (int i = 0; i < n; i++) {
+        json_t *j = json_loads(events[i], 0, NULL);
+        if (!j)
+            continue;
+        json_t *e = json_object_get(j, "error");
+        if (e) {
+            error_seen = true;
+            assert_string_equal(json_string_value(json_object_get(e, "code")), "device_failed");
+        } else {
+            json_t *ids = json_object_get(json_object_get(j, "spillway"), "token_ids");
+            tokens += (int)json_array_size(ids);
+        }
+        json_decref(j);
+    }
+    assert_true(error_seen);
+    assert_int_equal(tokens, 3);
+    assert_string_equal(events[n - 1], "[DONE]");
+    wc_sse_free(events, n);
+    wc_response_free(&r);
+    assert_int_equal(wc_worker_wait(&w, 20), 75);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_admission_refusal),
         cmocka_unit_test(test_grow_injected_oom),
+        cmocka_unit_test(test_device_failure_exit_status),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

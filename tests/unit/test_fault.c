@@ -29,8 +29,11 @@
 
 #define CHILD_TIMEOUT_MS 20000
 
-static const dev_fault_config no_faults = {
-    .alloc_fail_after = -1, .alloc_fail_over = 0, .abort_after_tokens = -1, .stall_ms = 0};
+static const dev_fault_config no_faults = {.alloc_fail_after = -1,
+                                           .alloc_fail_over = 0,
+                                           .abort_after_tokens = -1,
+                                           .stall_ms = 0,
+                                           .device_error_after_tokens = -1};
 
 static int64_t mono_ms(void)
 {
@@ -138,6 +141,17 @@ static void test_parse_valid(void **state)
 
     assert_int_equal(dev_fault_parse("alloc_fail_after:3", &cfg, &err), SW_OK);
     assert_int_equal(cfg.alloc_fail_after, 3);
+    assert_int_equal(cfg.device_error_after_tokens, -1);
+    assert_int_equal(dev_fault_parse("device_error_after_tokens:4", &cfg, &err), SW_OK);
+    assert_int_equal(cfg.device_error_after_tokens, 4);
+    /* The hook reports the device error from the 5th token on, not before. */
+    dev_fault_set(&cfg);
+    for (int64_t i = 0; i < 4; i++)
+        assert_int_equal(dev_fault_before_token(i), SW_OK);
+    assert_int_equal(dev_fault_before_token(4), SW_EDEVICE);
+    assert_int_equal(dev_fault_before_token(9), SW_EDEVICE);
+    dev_fault_set(NULL);
+    assert_int_equal(dev_fault_before_token(9), SW_OK);
     assert_int_equal(cfg.alloc_fail_over, 0);
     assert_int_equal(cfg.abort_after_tokens, -1);
     assert_int_equal(cfg.stall_ms, 0);

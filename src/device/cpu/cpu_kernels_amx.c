@@ -56,6 +56,7 @@
 #define A_Q8_BYTES 34  /* bytes of a Q8_0 block (weights and activations) */
 #define A_Q4_BYTES 18  /* bytes of a Q4_0 block */
 #define A_Q4K_BYTES 144 /* bytes of a Q4_K super-block (8 sub-blocks of 32) */
+#define A_Q5K_BYTES 176 /* bytes of a Q5_K super-block */
 #define A_Q8K_BYTES 292 /* bytes of a Q8_K activation block: f32 d, 256 int8, 16 int16 sums */
 #define A_CHUNK 64     /* weight blocks repacked at once: 32 KiB of B tiles */
 /* Fewer tokens than this go to the AVX-512 kernels: the repack is paid per
@@ -94,6 +95,7 @@ typedef struct a_tilecfg {
 static cpu__matmul_fn a_fallback_q8_0;
 static cpu__matmul_fn a_fallback_q4_0;
 static cpu__matmul_fn a_fallback_q4_k;
+static cpu__matmul_fn a_fallback_q5_k;
 
 /* B tiles for blocks [b0, b0 + nc) of 16 rows starting at wr (rows not in
  * rmask are zero), and the rows' scales as floats. */
@@ -129,10 +131,11 @@ A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes
     }
 }
 
-/* Q4_K: the B tiles of the 8 sub-blocks of super-blocks [k0, k0 + nk) of 16
- * rows (zero outside rmask), each sub-block's row scale d * sc[s] in dsc
- * and its min dmin * m[s] in dmn (quant.h has the layout). */
-A_INLINE void a_repack_q4k(const unsigned char *wr, size_t w_row_bytes, int64_t k0, int nk,
+/* Q4_K (q5 = 0) or Q5_K: the B tiles of the 8 sub-blocks of super-blocks
+ * [k0, k0 + nk) of 16 rows (zero outside rmask), each sub-block's row scale
+ * d * sc[s] in dsc and its min dmin * m[s] in dmn (quant.h has the
+ * layouts; Q5_K adds the fifth bit of value 32s + l from bit s of qh[l]). */
+A_INLINE void a_repack_kq(const int q5, const unsigned char *wr, size_t w_row_bytes, int64_t k0, int nk,
                            __mmask16 rmask, int8_t (*wv)[8][64], float (*dsc)[16],
                            float (*dmn)[16])
 {
@@ -143,8 +146,10 @@ A_INLINE void a_repack_q4k(const unsigned char *wr, size_t w_row_bytes, int64_t 
     const __m512i m63 = _mm512_set1_epi32(63);
     const __m512i m15 = _mm512_set1_epi32(15);
     const __m512i m3 = _mm512_set1_epi32(3);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
     for (int k = 0; k < nk; k++) {
-        const unsigned char *blk = wr + (size_t)(k0 + k) * A_Q4K_BYTES;
+        const unsigned char *blk = wr + (size_t)(k0 + k) * (q5 ? A_Q5K_BYTES : A_Q4K_BYTES);
+        const unsigned char *qs = blk + (q5 ? 48 : 16);
         __m512i dd = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
         __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
         __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
@@ -166,15 +171,24 @@ A_INLINE void a_repack_q4k(const unsigned char *wr, size_t w_row_bytes, int64_t 
             _mm512_store_ps(dmn[8 * k + 4 + j], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m_hi)));
         }
         /* group g's 32 bytes: low nibbles are sub-block 2g, high 2g + 1 */
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++)
 #pragma GCC unroll 8
-            for (int kk = 0; kk < 8; kk++) {
-                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 16 + 32 * g + 4 * kk, 1);
-                _mm512_store_si512(wv[8 * k + 2 * g][kk], _mm512_and_si512(v, low4));
-                _mm512_store_si512(wv[8 * k + 2 * g + 1][kk],
-                                   _mm512_and_si512(_mm512_srli_epi32(v, 4), low4));
+        for (int kk = 0; kk < 8; kk++) {
+            __m512i h = q5 ? _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 16 + 4 * kk, 1) : zero;
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, qs + 32 * g + 4 * kk, 1);
+                __m512i lo = _mm512_and_si512(v, low4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+                if (q5) {
+                    /* bit s of each qh byte to 16: shifting the dword by
+                     * s < 8 brings bit s of each byte to that byte's bit 0 */
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi32(_mm512_srli_epi32(h, 2 * g), 4), bit4));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi32(_mm512_srli_epi32(h, 2 * g + 1), 4), bit4));
+                }
+                _mm512_store_si512(wv[8 * k + 2 * g][kk], lo);
+                _mm512_store_si512(wv[8 * k + 2 * g + 1][kk], hi);
             }
+        }
     }
 }
 
@@ -198,18 +212,18 @@ A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, 
     } while (0)
 
 /* Byte offset of 32-value unit u's quants in an activation row: Q8_0 blocks
- * (kinds 0, 1) or sub-block u % 8 of Q8_K block u / 8 (kind 2). */
+ * (kinds 0, 1) or sub-block u % 8 of Q8_K block u / 8 (K-quants). */
 A_INLINE size_t a_x_offset(const int kind, int64_t u)
 {
-    if (kind == 2)
+    if (kind >= 2)
         return (size_t)(u >> 3) * A_Q8K_BYTES + 4 + (size_t)(u & 7) * A_QK;
     return (size_t)u * A_Q8_BYTES + 2;
 }
 
-/* kind 0: Q8_0 weights, 1: Q4_0, 2: Q4_K (activations Q8_K; dmn and xsum
- * are its scratch for the mins, NULL otherwise). A unit is 32 values: a
- * block, or a Q4_K sub-block (8 per super-block; chunks of A_CHUNK units
- * are whole super-blocks). */
+/* kind 0: Q8_0 weights, 1: Q4_0, 2: Q4_K, 3: Q5_K (K-quants: activations
+ * Q8_K; dmn and xsum are their scratch for the mins, NULL otherwise). A unit
+ * is 32 values: a block, or a K-quant sub-block (8 per super-block; chunks
+ * of A_CHUNK units are whole super-blocks). */
 A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
                        const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
                        int64_t y_stride, int64_t r0, int64_t r1, float (*dmn)[16],
@@ -219,7 +233,8 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
     const int64_t nb = n_in / A_QK;
     /* the weight gathers index rows with int32 offsets */
     if (n_tokens < A_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
-        cpu__matmul_fn fb = kind == 2 ? a_fallback_q4_k : q4 ? a_fallback_q4_0 : a_fallback_q8_0;
+        cpu__matmul_fn fb = kind == 3 ? a_fallback_q5_k : kind == 2 ? a_fallback_q4_k
+                          : q4 ? a_fallback_q4_0 : a_fallback_q8_0;
         fb(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
         return;
     }
@@ -264,7 +279,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
             for (int j = 0; j < nc; j++) {
                 for (int t = 0; t < ng; t++) {
                     const unsigned char *xr = xg + (size_t)t * xq_row_bytes;
-                    if (kind == 2) {
+                    if (kind >= 2) {
                         /* sub-block s of Q8_K block k: scale d, sum of its
                          * quants from the two 16-value sums */
                         int64_t k = (b0 + j) >> 3, s = (b0 + j) & 7;
@@ -280,7 +295,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                 }
                 for (int t = ng; t < ((ng + 15) & ~15); t++) {
                     dx[j][t] = 0.0f;
-                    if (kind == 2)
+                    if (kind >= 2)
                         xsum[j][t] = 0.0f;
                 }
             }
@@ -288,8 +303,8 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                 const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
                 const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
                 const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
-                if (kind == 2)
-                    a_repack_q4k(wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw, dmn);
+                if (kind >= 2)
+                    a_repack_kq(kind == 3, wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw, dmn);
                 else
                     a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
                 A_COMPILER_BARRIER();
@@ -326,8 +341,8 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                             a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
                         }
                     }
-                    if (kind == 2) {
-                        /* Q4_K mins: - dmin * m[s] * d_x * sum of the
+                    if (kind >= 2) {
+                        /* K-quant mins: - dmin * m[s] * d_x * sum of the
                          * sub-block's activation quants */
                         for (int j = 0; j < nc; j++) {
                             __m512 dm = _mm512_load_ps(dmn[j]);
@@ -378,6 +393,15 @@ static void a_matmul_q4_k(const void *w, size_t w_row_bytes, int64_t n_in, const
     a_matmul(2, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, dmn, xsum);
 }
 
+static void a_matmul_q5_k(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    _Alignas(64) float dmn[A_CHUNK][16];
+    _Alignas(64) float xsum[A_CHUNK][A_TOKEN_GROUP];
+    a_matmul(3, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, dmn, xsum);
+}
+
 int cpu__kernels_amx_request(void)
 {
     unsigned int eax, ebx, ecx, edx;
@@ -396,9 +420,11 @@ void cpu__kernels_amx_init(cpu__kernel_table *table)
     a_fallback_q8_0 = table->matmul_q8_0;
     a_fallback_q4_0 = table->matmul_q4_0;
     a_fallback_q4_k = table->matmul_q4_k;
+    a_fallback_q5_k = table->matmul_q5_k;
     table->matmul_q8_0 = a_matmul_q8_0;
     table->matmul_q4_0 = a_matmul_q4_0;
     table->matmul_q4_k = a_matmul_q4_k;
+    table->matmul_q5_k = a_matmul_q5_k;
 }
 
 #else /* no AMX outside x86-64 Linux: the dispatcher never chooses it */

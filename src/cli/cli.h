@@ -12,6 +12,7 @@ int cli_run_main(int argc, char **argv);        /* spillway run */
 int cli_bench_main(int argc, char **argv);      /* spillway bench */
 int cli_hog_main(int argc, char **argv);        /* spillway hog */
 int cli_worker_main(int argc, char **argv);     /* spillway worker */
+int cli_serve_main(int argc, char **argv);      /* spillway serve */
 
 /* Parses sizes like "512", "64KiB", "512MiB", "2GiB" (also KB/MB/GB as
  * powers of 1000). Returns 0 on success. */

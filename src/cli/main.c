@@ -20,6 +20,7 @@ static void usage(FILE *out)
             "  bench    engine       (prefill and decode speed)\n"
             "  hog      hold device memory until stopped (fill a GPU on purpose)\n"
             "  worker   serve one model over HTTP (OpenAI API)\n"
+            "  serve    the router: workers, admission, failover (--config FILE)\n"
             "  version  print the version\n"
             "\n"
             "`spillway <command> --help` describes each command.\n",
@@ -43,6 +44,8 @@ int main(int argc, char **argv)
         return cli_hog_main(argc - 1, argv + 1);
     if (strcmp(cmd, "worker") == 0)
         return cli_worker_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0)
+        return cli_serve_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("spillway %s\n", SPILLWAY_VERSION);
         return 0;

@@ -1,0 +1,71 @@
+/* cli_serve.c - `spillway serve`: reads the router's configuration file,
+ * applies the command-line overrides and runs the router (src/router). */
+#include "cli/cli.h"
+
+#include "router/router.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: spillway serve --config FILE [options]\n"
+            "  -c, --config FILE    INI configuration (docs/router.md)\n"
+            "      --listen ADDR    HOST:PORT or unix:PATH (overrides [server] listen)\n"
+            "      --state-dir DIR  overrides [server] state-dir\n"
+            "  -m, --model FILE     overrides [model] path\n"
+            "Exit status: 0 after SIGTERM/SIGINT, 1 when a worker or the socket cannot\n"
+            "be set up, 2 for a bad configuration or options.\n");
+}
+
+int cli_serve_main(int argc, char **argv)
+{
+    enum { OPT_LISTEN = 256, OPT_STATE };
+    static const struct option longopts[] = {
+        {"config", required_argument, 0, 'c'},
+        {"model", required_argument, 0, 'm'},
+        {"listen", required_argument, 0, OPT_LISTEN},
+        {"state-dir", required_argument, 0, OPT_STATE},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *config = NULL, *listen = NULL, *state = NULL, *model = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:m:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config = optarg; break;
+        case 'm': model = optarg; break;
+        case OPT_LISTEN: listen = optarg; break;
+        case OPT_STATE: state = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!config) {
+        fprintf(stderr, "spillway serve: --config is required\n");
+        usage(stderr);
+        return 2;
+    }
+    static rt_config cfg;
+    sw_error err;
+    sw_error_clear(&err);
+    rt_config_defaults(&cfg);
+    if (rt_config_load(&cfg, config, &err)) {
+        fprintf(stderr, "spillway serve: %s\n", err.message);
+        return 2;
+    }
+    if ((listen && snprintf(cfg.listen, sizeof cfg.listen, "%s", listen) >= (int)sizeof cfg.listen) ||
+        (state && snprintf(cfg.state_dir, sizeof cfg.state_dir, "%s", state) >= (int)sizeof cfg.state_dir) ||
+        (model && snprintf(cfg.model_path, sizeof cfg.model_path, "%s", model) >= (int)sizeof cfg.model_path)) {
+        fprintf(stderr, "spillway serve: option too long\n");
+        return 2;
+    }
+    if (rt_config_check(&cfg, &err)) {
+        fprintf(stderr, "spillway serve: %s\n", err.message);
+        return 2;
+    }
+    return rt_serve(&cfg);
+}

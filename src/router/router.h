@@ -1,0 +1,73 @@
+/* router.h - `spillway serve`: the router in front of the workers.
+ *
+ * The router is what users run (DESIGN.md, Processes and Request
+ * lifecycle): it reads an INI configuration, spawns and supervises the
+ * managed workers, admits each request from its exact prompt token count
+ * and the workers' /health, routes it to the first eligible worker in
+ * preference order, and replays or resumes it on the next worker when one
+ * runs out of memory or crashes. docs/router.md is the reference for the
+ * configuration keys and the behaviour.
+ */
+#ifndef SPILLWAY_ROUTER_ROUTER_H
+#define SPILLWAY_ROUTER_ROUTER_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RT_MAX_WORKERS 16
+#define RT_MAX_KEYS 8
+#define RT_MAX_ENV 8
+
+typedef struct rt_worker_config {
+    char name[64];
+    int line;                  /* of its [worker NAME] header, for messages */
+    bool managed;              /* true: the router spawns it */
+    char url[512];             /* unix:PATH or http://HOST:PORT (not managed) */
+    char device[128];          /* "" = cpu profile */
+    uint64_t sim_capacity;     /* 0 = worker default */
+    int32_t gpu_layers;        /* -1 = all */
+    int32_t ctx_limit;         /* 0 = worker default */
+    int32_t max_seqs;          /* 0 = worker default */
+    double reserve;            /* < 0 = worker default */
+    char policy[16];           /* "" = worker default */
+    int32_t threads;           /* 0 = worker default */
+    int32_t preference;        /* lower first; ties in file order */
+    char env[RT_MAX_ENV][256]; /* extra "K=V" for a managed worker */
+    int n_env;
+} rt_worker_config;
+
+typedef struct rt_config {
+    char listen[256];          /* HOST:PORT (default 127.0.0.1:8080) */
+    char api_keys[RT_MAX_KEYS][128];
+    int n_keys;
+    char state_dir[512];       /* default ./spillway-state */
+    size_t max_body_bytes;     /* default 1 MiB */
+    int max_attempts;          /* default 3 */
+    int max_connections;       /* default 256 */
+    int http_timeout_s;        /* default 30 */
+    int health_interval_ms;    /* default 1000 */
+    int ready_timeout_s;       /* managed worker start-up (default 120) */
+    char model_path[512];
+    char chat_template[32];    /* "" = detected */
+    rt_worker_config workers[RT_MAX_WORKERS];
+    int n_workers;
+} rt_config;
+
+void rt_config_defaults(rt_config *c);
+/* Reads an INI file into c (defaults first). Errors name the line and the
+ * key: SW_EINVAL for a bad value or unknown key, SW_EIO when unreadable. */
+int rt_config_load(rt_config *c, const char *path, sw_error *err);
+/* Checks the finished configuration (after command-line overrides): a
+ * model, at least one worker, a non-loopback listen address only with an
+ * API key. */
+int rt_config_check(const rt_config *c, sw_error *err);
+
+/* Runs the router until SIGTERM / SIGINT; returns the exit status. Prints
+ * "spillway serve: listening on HOST:PORT" on stdout once bound (the real
+ * port when 0 was asked for) and all workers were started. */
+int rt_serve(const rt_config *c);
+
+#endif

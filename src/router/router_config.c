@@ -1,0 +1,311 @@
+/* router_config.c - the INI configuration of `spillway serve` (inih).
+ *
+ * Every key is checked when it is read, so a typo or a bad value stops the
+ * start with a message naming the section, the key and the line (inih
+ * reports the line of the first failing handler call).
+ */
+#include "router/router.h"
+
+#include <ini.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef struct cfg_parse {
+    rt_config *c;
+    char msg[SW_ERROR_MESSAGE_MAX - 48];
+    char cur_section[128];
+    rt_worker_config *cur;
+} cfg_parse;
+
+void rt_config_defaults(rt_config *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->listen, sizeof c->listen, "127.0.0.1:8080");
+    snprintf(c->state_dir, sizeof c->state_dir, "spillway-state");
+    c->max_body_bytes = (size_t)1 << 20;
+    c->max_attempts = 3;
+    c->max_connections = 256;
+    c->http_timeout_s = 30;
+    c->health_interval_ms = 1000;
+    c->ready_timeout_s = 120;
+}
+
+static int cfg_fail(cfg_parse *p, const char *section, const char *name, const char *why,
+                    const char *value)
+{
+    if (!p->msg[0])
+        snprintf(p->msg, sizeof p->msg, "[%s] %s = '%.64s': %s", section, name, value, why);
+    return 0;
+}
+
+static bool cfg_int(const char *v, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi)
+        return false;
+    *out = x;
+    return true;
+}
+
+/* Sizes: a number with an optional KiB/MiB/GiB (or KB/MB/GB) suffix. */
+static bool cfg_bytes(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v || errno || *v == '-')
+        return false;
+    uint64_t mul = 1;
+    if (!*end)
+        mul = 1;
+    else if (!strcasecmp(end, "KiB")) mul = 1ull << 10;
+    else if (!strcasecmp(end, "MiB")) mul = 1ull << 20;
+    else if (!strcasecmp(end, "GiB")) mul = 1ull << 30;
+    else if (!strcasecmp(end, "KB")) mul = 1000ull;
+    else if (!strcasecmp(end, "MB")) mul = 1000000ull;
+    else if (!strcasecmp(end, "GB")) mul = 1000000000ull;
+    else
+        return false;
+    if (x > UINT64_MAX / mul)
+        return false;
+    *out = (uint64_t)x * mul;
+    return true;
+}
+
+static bool cfg_copy(char *dst, size_t cap, const char *v)
+{
+    size_t n = strlen(v);
+    if (n >= cap)
+        return false;
+    memcpy(dst, v, n + 1);
+    return true;
+}
+
+static int cfg_server(cfg_parse *p, const char *s, const char *name, const char *v)
+{
+    rt_config *c = p->c;
+    long long x;
+    uint64_t b;
+    if (!strcmp(name, "listen")) {
+        if (!v[0] || !cfg_copy(c->listen, sizeof c->listen, v) || !strrchr(v, ':') ||
+            (!strncmp(v, "unix:", 5) && strlen(v) < 6))
+            return cfg_fail(p, s, name, "expected HOST:PORT or unix:PATH", v);
+    } else if (!strcmp(name, "api-keys") || !strcmp(name, "api-key")) {
+        /* comma- or space-separated */
+        char buf[1024];
+        if (!cfg_copy(buf, sizeof buf, v))
+            return cfg_fail(p, s, name, "too long", v);
+        for (char *save = NULL, *t = strtok_r(buf, ", \t", &save); t;
+             t = strtok_r(NULL, ", \t", &save)) {
+            if (c->n_keys >= RT_MAX_KEYS)
+                return cfg_fail(p, s, name, "too many keys (at most 8)", v);
+            if (strlen(t) < 8 || !cfg_copy(c->api_keys[c->n_keys], sizeof c->api_keys[0], t))
+                return cfg_fail(p, s, name, "a key has 8 to 127 characters", v);
+            c->n_keys++;
+        }
+    } else if (!strcmp(name, "state-dir")) {
+        if (!v[0] || !cfg_copy(c->state_dir, sizeof c->state_dir, v))
+            return cfg_fail(p, s, name, "expected a directory path", v);
+    } else if (!strcmp(name, "max-body")) {
+        if (!cfg_bytes(v, &b) || b < 1024 || b > ((uint64_t)1 << 30))
+            return cfg_fail(p, s, name, "expected a size between 1KiB and 1GiB", v);
+        c->max_body_bytes = (size_t)b;
+    } else if (!strcmp(name, "max-attempts")) {
+        if (!cfg_int(v, 1, 8, &x))
+            return cfg_fail(p, s, name, "expected an integer 1..8", v);
+        c->max_attempts = (int)x;
+    } else if (!strcmp(name, "max-connections")) {
+        if (!cfg_int(v, 1, 100000, &x))
+            return cfg_fail(p, s, name, "expected an integer 1..100000", v);
+        c->max_connections = (int)x;
+    } else if (!strcmp(name, "http-timeout")) {
+        if (!cfg_int(v, 1, 86400, &x))
+            return cfg_fail(p, s, name, "expected seconds 1..86400", v);
+        c->http_timeout_s = (int)x;
+    } else if (!strcmp(name, "health-interval-ms")) {
+        if (!cfg_int(v, 50, 600000, &x))
+            return cfg_fail(p, s, name, "expected milliseconds 50..600000", v);
+        c->health_interval_ms = (int)x;
+    } else if (!strcmp(name, "ready-timeout")) {
+        if (!cfg_int(v, 1, 86400, &x))
+            return cfg_fail(p, s, name, "expected seconds 1..86400", v);
+        c->ready_timeout_s = (int)x;
+    } else {
+        return cfg_fail(p, s, name, "unknown key", v);
+    }
+    return 1;
+}
+
+static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char *v)
+{
+    rt_worker_config *w = p->cur;
+    long long x;
+    if (!strcmp(name, "managed")) {
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
+            w->managed = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
+            w->managed = false;
+        else
+            return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "url")) {
+        if ((strncmp(v, "unix:", 5) && strncmp(v, "http://", 7)) ||
+            !cfg_copy(w->url, sizeof w->url, v) || strlen(v) < 8)
+            return cfg_fail(p, s, name, "expected unix:PATH or http://HOST:PORT", v);
+        w->managed = false;
+    } else if (!strcmp(name, "device")) {
+        if (!strcmp(v, "cpu"))
+            w->device[0] = 0;
+        else if ((strncmp(v, "sim-gpu:", 8) && strncmp(v, "cuda:", 5)) ||
+                 !cfg_copy(w->device, sizeof w->device, v))
+            return cfg_fail(p, s, name, "expected cpu, sim-gpu:NAME or cuda:N", v);
+    } else if (!strcmp(name, "sim-capacity")) {
+        if (!cfg_bytes(v, &w->sim_capacity) || w->sim_capacity == 0)
+            return cfg_fail(p, s, name, "expected a size such as 512MiB", v);
+    } else if (!strcmp(name, "gpu-layers")) {
+        if (!cfg_int(v, -1, 100000, &x))
+            return cfg_fail(p, s, name, "expected -1 (all) or a layer count", v);
+        w->gpu_layers = (int32_t)x;
+    } else if (!strcmp(name, "ctx-limit")) {
+        if (!cfg_int(v, 1, 1 << 24, &x))
+            return cfg_fail(p, s, name, "expected a token count", v);
+        w->ctx_limit = (int32_t)x;
+    } else if (!strcmp(name, "max-seqs")) {
+        if (!cfg_int(v, 1, 64, &x))
+            return cfg_fail(p, s, name, "expected an integer 1..64", v);
+        w->max_seqs = (int32_t)x;
+    } else if (!strcmp(name, "reserve")) {
+        char *end;
+        double d = strtod(v, &end);
+        if (end == v || *end || !(d >= 0 && d <= 0.99))
+            return cfg_fail(p, s, name, "expected a share 0..0.99", v);
+        w->reserve = d;
+    } else if (!strcmp(name, "policy")) {
+        if (strcmp(v, "reserve") && strcmp(v, "grow"))
+            return cfg_fail(p, s, name, "expected reserve or grow", v);
+        snprintf(w->policy, sizeof w->policy, "%s", v);
+    } else if (!strcmp(name, "threads")) {
+        if (!cfg_int(v, 0, 1024, &x))
+            return cfg_fail(p, s, name, "expected an integer 0..1024", v);
+        w->threads = (int32_t)x;
+    } else if (!strcmp(name, "preference")) {
+        if (!cfg_int(v, -1000000, 1000000, &x))
+            return cfg_fail(p, s, name, "expected an integer (lower is tried first)", v);
+        w->preference = (int32_t)x;
+    } else if (!strcmp(name, "env") || !strcmp(name, "fault")) {
+        char buf[256];
+        if (w->n_env >= RT_MAX_ENV)
+            return cfg_fail(p, s, name, "too many env entries (at most 8)", v);
+        if (!strcmp(name, "fault"))
+            snprintf(buf, sizeof buf, "SPILLWAY_FAULT=%s", v);
+        else
+            snprintf(buf, sizeof buf, "%s", v);
+        const char *eq = strchr(buf, '=');
+        if (!eq || eq == buf || strlen(v) > 200)
+            return cfg_fail(p, s, name, "expected NAME=VALUE", v);
+        snprintf(w->env[w->n_env++], sizeof w->env[0], "%s", buf);
+    } else {
+        return cfg_fail(p, s, name, "unknown key", v);
+    }
+    return 1;
+}
+
+static int cfg_handler(void *user, const char *section, const char *name, const char *value)
+{
+    cfg_parse *p = user;
+    rt_config *c = p->c;
+    if (!strcmp(section, "server"))
+        return cfg_server(p, section, name, value);
+    if (!strcmp(section, "model")) {
+        if (!strcmp(name, "path")) {
+            if (!value[0] || !cfg_copy(c->model_path, sizeof c->model_path, value))
+                return cfg_fail(p, section, name, "expected a file path", value);
+            return 1;
+        }
+        if (!strcmp(name, "chat-template")) {
+            if (!cfg_copy(c->chat_template, sizeof c->chat_template, value))
+                return cfg_fail(p, section, name, "too long", value);
+            return 1;
+        }
+        return cfg_fail(p, section, name, "unknown key", value);
+    }
+    if (!strncmp(section, "worker ", 7)) {
+        const char *wname = section + 7;
+        while (*wname == ' ')
+            wname++;
+        if (strcmp(section, p->cur_section)) {
+            /* a new [worker NAME] section */
+            size_t n = strlen(wname);
+            if (n == 0 || n >= sizeof c->workers[0].name ||
+                strspn(wname, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != n)
+                return cfg_fail(p, section, name, "worker names are 1..63 of [A-Za-z0-9_-]", value);
+            for (int i = 0; i < c->n_workers; i++)
+                if (!strcmp(c->workers[i].name, wname))
+                    return cfg_fail(p, section, name, "worker section given twice", value);
+            if (c->n_workers >= RT_MAX_WORKERS)
+                return cfg_fail(p, section, name, "too many workers (at most 16)", value);
+            rt_worker_config *w = &c->workers[c->n_workers];
+            memset(w, 0, sizeof *w);
+            snprintf(w->name, sizeof w->name, "%s", wname);
+            w->managed = true;
+            w->gpu_layers = -1;
+            w->reserve = -1;
+            w->preference = c->n_workers;
+            c->n_workers++;
+            p->cur = w;
+            snprintf(p->cur_section, sizeof p->cur_section, "%s", section);
+        }
+        return cfg_worker(p, section, name, value);
+    }
+    return cfg_fail(p, section, name, "unknown section", value);
+}
+
+int rt_config_load(rt_config *c, const char *path, sw_error *err)
+{
+    cfg_parse p;
+    memset(&p, 0, sizeof p);
+    p.c = c;
+    int line = ini_parse(path, cfg_handler, &p);
+    if (line == -1)
+        return sw_error_set(err, SW_EIO, "cannot open configuration %s", path);
+    if (line == -2)
+        return sw_error_set(err, SW_ENOMEM, "out of memory reading %s", path);
+    if (line > 0)
+        return sw_error_set(err, SW_EINVAL, "%s:%d: %s", path, line,
+                            p.msg[0] ? p.msg : "syntax error (expected [section] or key = value)");
+    return SW_OK;
+}
+
+static bool cfg_loopback(const char *listen)
+{
+    const char *colon = strrchr(listen, ':');
+    size_t n = colon ? (size_t)(colon - listen) : strlen(listen);
+    if (!strncmp(listen, "unix:", 5))
+        return true; /* a local socket is not reachable from outside */
+    return (n == 9 && !strncmp(listen, "127.0.0.1", 9)) || (n == 9 && !strncmp(listen, "localhost", 9)) ||
+           (n == 5 && !strncmp(listen, "[::1]", 5)) || (n >= 4 && !strncmp(listen, "127.", 4));
+}
+
+int rt_config_check(const rt_config *c, sw_error *err)
+{
+    if (!c->model_path[0])
+        return sw_error_set(err, SW_EINVAL, "[model] path is required");
+    if (c->n_workers == 0)
+        return sw_error_set(err, SW_EINVAL, "at least one [worker NAME] section is required");
+    for (int i = 0; i < c->n_workers; i++)
+        if (!c->workers[i].managed && !c->workers[i].url[0])
+            return sw_error_set(err, SW_EINVAL, "[worker %s]: managed = false needs a url",
+                                c->workers[i].name);
+    if (!cfg_loopback(c->listen) && c->n_keys == 0)
+        return sw_error_set(err, SW_EINVAL,
+                            "[server] listen = %s is not a loopback address: refusing to start "
+                            "without [server] api-keys",
+                            c->listen);
+    return SW_OK;
+}

@@ -1073,11 +1073,10 @@ static void test_matmul_quantized_prefill(void **state)
                 tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 3, n_out - 2, 1);
                 tq_matmul_case(types[ti], n_out, n_ins[ni], n_tokens, 17, 18, 1);
             }
-    /* Q4_K and Q5_K (AMX too): one super-block, and 9 (one more than a
-     * chunk) */
-    static const uint32_t k_types[] = {ENG_TYPE_Q4_K, ENG_TYPE_Q5_K};
+    /* K-quants (AMX too): one super-block, and 9 (more than a chunk) */
+    static const uint32_t k_types[] = {ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
     static const int64_t k_ins[] = {256, 2304};
-    for (size_t ti = 0; ti < 2; ti++)
+    for (size_t ti = 0; ti < 3; ti++)
         for (size_t ni = 0; ni < 2; ni++)
             for (size_t ki = 0; ki < sizeof n_tokens_list / sizeof n_tokens_list[0]; ki++) {
                 int64_t n_tokens = n_tokens_list[ki];

@@ -57,6 +57,7 @@
 #define A_Q4_BYTES 18  /* bytes of a Q4_0 block */
 #define A_Q4K_BYTES 144 /* bytes of a Q4_K super-block (8 sub-blocks of 32) */
 #define A_Q5K_BYTES 176 /* bytes of a Q5_K super-block */
+#define A_Q6K_BYTES 210 /* bytes of a Q6_K super-block (16 sub-blocks of 16) */
 #define A_Q8K_BYTES 292 /* bytes of a Q8_K activation block: f32 d, 256 int8, 16 int16 sums */
 #define A_CHUNK 64     /* weight blocks repacked at once: 32 KiB of B tiles */
 /* Fewer tokens than this go to the AVX-512 kernels: the repack is paid per
@@ -96,6 +97,7 @@ static cpu__matmul_fn a_fallback_q8_0;
 static cpu__matmul_fn a_fallback_q4_0;
 static cpu__matmul_fn a_fallback_q4_k;
 static cpu__matmul_fn a_fallback_q5_k;
+static cpu__matmul_fn a_fallback_q6_k;
 
 /* B tiles for blocks [b0, b0 + nc) of 16 rows starting at wr (rows not in
  * rmask are zero), and the rows' scales as floats. */
@@ -192,6 +194,51 @@ A_INLINE void a_repack_kq(const int q5, const unsigned char *wr, size_t w_row_by
     }
 }
 
+/* Q6_K: units of 16 values (one int8 scale each), 16 per super-block. The
+ * B tiles (4 rows of 16 x 4 bytes, in the first half of each wv entry) hold
+ * q - 32; dsc gets d * scale per row. Every gather stays inside its
+ * 210-byte block (the scale dwords at 192..207, d in the top half of the
+ * dword at 206). */
+A_INLINE void a_repack_q6k(const unsigned char *wr, size_t w_row_bytes, int64_t k0, int nk,
+                           __mmask16 rmask, int8_t (*wv)[8][64], float (*dsc)[16])
+{
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)w_row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i low2 = _mm512_set1_epi8(0x03);
+    const __m512i off = _mm512_set1_epi8(32);
+    for (int k = 0; k < nk; k++) {
+        const unsigned char *blk = wr + (size_t)(k0 + k) * A_Q6K_BYTES;
+        __m512i dd = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 206, 1);
+        __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            __m512i sv = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 192 + 4 * m, 1);
+            _mm512_store_ps(dsc[16 * k + 4 * m + 0], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sv, 24), 24))));
+            _mm512_store_ps(dsc[16 * k + 4 * m + 1], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sv, 16), 24))));
+            _mm512_store_ps(dsc[16 * k + 4 * m + 2], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sv, 8), 24))));
+            _mm512_store_ps(dsc[16 * k + 4 * m + 3], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(sv, 24))));
+        }
+        /* unit u = 8h + 2q + p holds values 128h + 32q + 16p + (0..15):
+         * quants from ql[64h + 32(q & 1) + l] (low nibble for q < 2) and
+         * bits 2q, 2q+1 of qh[32h + l], l = 16p + 0..15 */
+        for (int u = 0; u < 16; u++) {
+            const int h = u >> 3, q = (u >> 1) & 3, p = u & 1;
+#pragma GCC unroll 4
+            for (int kk = 0; kk < 4; kk++) {
+                const int l = 16 * p + 4 * kk;
+                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 64 * h + 32 * (q & 1) + l, 1);
+                __m512i hb = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 128 + 32 * h + l, 1);
+                __m512i nib = _mm512_and_si512(q >= 2 ? _mm512_srli_epi32(v, 4) : v, low4);
+                __m512i top = _mm512_and_si512(_mm512_srli_epi32(hb, 2 * q), low2);
+                __m512i val = _mm512_or_si512(nib, _mm512_slli_epi32(top, 4));
+                _mm512_store_si512(wv[16 * k + u][kk], _mm512_sub_epi8(val, off));
+            }
+        }
+    }
+}
+
 /* acc[i] += float(c[i]) * dx[i] * dw for the 16 tokens of a tile. */
 A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, __m512 dw)
 {
@@ -215,6 +262,8 @@ A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, 
  * (kinds 0, 1) or sub-block u % 8 of Q8_K block u / 8 (K-quants). */
 A_INLINE size_t a_x_offset(const int kind, int64_t u)
 {
+    if (kind == 4)
+        return (size_t)(u >> 4) * A_Q8K_BYTES + 4 + (size_t)(u & 15) * 16;
     if (kind >= 2)
         return (size_t)(u >> 3) * A_Q8K_BYTES + 4 + (size_t)(u & 7) * A_QK;
     return (size_t)u * A_Q8_BYTES + 2;
@@ -230,10 +279,11 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                        float (*xsum)[A_TOKEN_GROUP])
 {
     const int q4 = kind == 1;
-    const int64_t nb = n_in / A_QK;
+    const int uk = kind == 4 ? 16 : A_QK; /* values per unit */
+    const int64_t nb = n_in / uk;
     /* the weight gathers index rows with int32 offsets */
     if (n_tokens < A_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
-        cpu__matmul_fn fb = kind == 3 ? a_fallback_q5_k : kind == 2 ? a_fallback_q4_k
+        cpu__matmul_fn fb = kind == 4 ? a_fallback_q6_k : kind == 3 ? a_fallback_q5_k : kind == 2 ? a_fallback_q4_k
                           : q4 ? a_fallback_q4_0 : a_fallback_q8_0;
         fb(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
         return;
@@ -246,12 +296,12 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
     static const int full_c[] = {A_C0, A_C1}, full_a[] = {A_A0, A_A1}, full_b[] = {A_B0, A_B1};
     for (int s = 0; s < 2; s++) {
         cfg.rows[full_c[s]] = 16, cfg.colsb[full_c[s]] = 64;
-        cfg.rows[full_a[s]] = 16, cfg.colsb[full_a[s]] = A_QK;
-        cfg.rows[full_b[s]] = A_QK / 4, cfg.colsb[full_b[s]] = 64;
+        cfg.rows[full_a[s]] = 16, cfg.colsb[full_a[s]] = (uint16_t)uk;
+        cfg.rows[full_b[s]] = (uint8_t)(uk / 4), cfg.colsb[full_b[s]] = 64;
     }
     if (tr > 0) {
         cfg.rows[A_CT] = (uint8_t)tr, cfg.colsb[A_CT] = 64;
-        cfg.rows[A_AT] = (uint8_t)tr, cfg.colsb[A_AT] = A_QK;
+        cfg.rows[A_AT] = (uint8_t)tr, cfg.colsb[A_AT] = (uint16_t)uk;
     }
     A_COMPILER_BARRIER();
     _tile_loadconfig(&cfg);
@@ -279,7 +329,9 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
             for (int j = 0; j < nc; j++) {
                 for (int t = 0; t < ng; t++) {
                     const unsigned char *xr = xg + (size_t)t * xq_row_bytes;
-                    if (kind >= 2) {
+                    if (kind == 4) {
+                        memcpy(&dx[j][t], xr + (size_t)((b0 + j) >> 4) * A_Q8K_BYTES, 4);
+                    } else if (kind >= 2) {
                         /* sub-block s of Q8_K block k: scale d, sum of its
                          * quants from the two 16-value sums */
                         int64_t k = (b0 + j) >> 3, s = (b0 + j) & 7;
@@ -295,7 +347,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                 }
                 for (int t = ng; t < ((ng + 15) & ~15); t++) {
                     dx[j][t] = 0.0f;
-                    if (kind >= 2)
+                    if (kind == 2 || kind == 3)
                         xsum[j][t] = 0.0f;
                 }
             }
@@ -303,7 +355,9 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                 const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
                 const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
                 const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
-                if (kind >= 2)
+                if (kind == 4)
+                    a_repack_q6k(wr, w_row_bytes, b0 / 16, nc / 16, rmask, wv, dw);
+                else if (kind >= 2)
                     a_repack_kq(kind == 3, wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw, dmn);
                 else
                     a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
@@ -341,7 +395,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                             a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
                         }
                     }
-                    if (kind >= 2) {
+                    if (kind == 2 || kind == 3) {
                         /* K-quant mins: - dmin * m[s] * d_x * sum of the
                          * sub-block's activation quants */
                         for (int j = 0; j < nc; j++) {
@@ -402,6 +456,13 @@ static void a_matmul_q5_k(const void *w, size_t w_row_bytes, int64_t n_in, const
     a_matmul(3, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, dmn, xsum);
 }
 
+static void a_matmul_q6_k(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    a_matmul(4, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, NULL, NULL);
+}
+
 int cpu__kernels_amx_request(void)
 {
     unsigned int eax, ebx, ecx, edx;
@@ -421,10 +482,12 @@ void cpu__kernels_amx_init(cpu__kernel_table *table)
     a_fallback_q4_0 = table->matmul_q4_0;
     a_fallback_q4_k = table->matmul_q4_k;
     a_fallback_q5_k = table->matmul_q5_k;
+    a_fallback_q6_k = table->matmul_q6_k;
     table->matmul_q8_0 = a_matmul_q8_0;
     table->matmul_q4_0 = a_matmul_q4_0;
     table->matmul_q4_k = a_matmul_q4_k;
     table->matmul_q5_k = a_matmul_q5_k;
+    table->matmul_q6_k = a_matmul_q6_k;
 }
 
 #else /* no AMX outside x86-64 Linux: the dispatcher never chooses it */

@@ -1,11 +1,12 @@
 /* cpu_kernels_amx.c - prefill matrix products on AMX int8 tiles (Sapphire
- * Rapids and later), for Q8_0 and Q4_0 weights against Q8_0 activations.
+ * Rapids and later): Q8_0 and Q4_0 weights against Q8_0 activations, Q4_K,
+ * Q5_K and Q6_K against Q8_K.
  *
  * Why: prefill is compute bound, and one TDPBSSD does 16 x 16 x 32 int8
  * products (one 32-value block for 16 tokens x 16 weight rows) in the time
  * VPDPBUSD does a small fraction of that. Everything else (decode, the
- * other weight types, conversions) stays with the AVX-512 level, whose
- * functions this level inherits; products with few tokens go there too.
+ * float types, conversions) stays with the AVX-512 level, whose functions
+ * this level inherits; products with few tokens go there too.
  *
  * Each 32-value block has its own scales, so a tile product covers exactly
  * one block (K = 32): A = 16 tokens x 32 int8, read in place from the Q8_0
@@ -20,9 +21,16 @@
  * pipelined: the next block's product runs while this one's result is
  * being scaled.
  *
+ * K-quants use the same loop on 32-value sub-blocks (Q4_K, Q5_K: the
+ * nibbles, plus Q5_K's fifth bit, unpacked to 0..31; row scale d * sc[s];
+ * the mins, dmin * m[s] times the activations' sub-block sums, subtracted
+ * in float per chunk) or 16-value ones (Q6_K: K = 16 tile products of
+ * q - 32, row scale d * scale[s]).
+ *
  * Measured on this project's 2-core VM (busy; thread CPU time, best of
  * several runs), 5632 x 2048 weights, 128 tokens, one thread: Q8_0 ~300
- * GFLOP/s, Q4_0 ~310 GFLOP/s, against 55-70 for the AVX-512 kernels. Tile
+ * GFLOP/s, Q4_0 ~310, Q4_K ~280, Q5_K ~290, Q6_K ~160 (half-size tile
+ * products), against 55-85 for the AVX-512 kernels. Tile
  * loads cost about as much as a product and the int32 results must be
  * scaled per block in float (3 vector ops per token and tile), which is
  * what bounds it. Two variants measured no faster within the noise and were
@@ -59,12 +67,15 @@
 #define A_Q5K_BYTES 176 /* bytes of a Q5_K super-block */
 #define A_Q6K_BYTES 210 /* bytes of a Q6_K super-block (16 sub-blocks of 16) */
 #define A_Q8K_BYTES 292 /* bytes of a Q8_K activation block: f32 d, 256 int8, 16 int16 sums */
-#define A_CHUNK 64     /* weight blocks repacked at once: 32 KiB of B tiles */
+#define A_CHUNK 64     /* units (blocks) repacked at once: 32 KiB of B tiles */
 /* Fewer tokens than this go to the AVX-512 kernels: the repack is paid per
  * row tile whatever the token count (measured crossover 6-8 tokens). */
 #ifndef A_MIN_TOKENS
 #define A_MIN_TOKENS 8
 #endif
+/* Q6_K's repack is heavier (measured: slower than AVX-512 at 8 tokens,
+ * 1.4x faster at 16) */
+#define A_MIN_TOKENS_Q6_K 16
 /* Tokens whose activation scales are converted at once (32 KiB with
  * A_CHUNK blocks); more tokens are done in groups of this many. */
 #define A_TOKEN_GROUP 128
@@ -282,7 +293,8 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
     const int uk = kind == 4 ? 16 : A_QK; /* values per unit */
     const int64_t nb = n_in / uk;
     /* the weight gathers index rows with int32 offsets */
-    if (n_tokens < A_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
+    if (n_tokens < (kind == 4 ? A_MIN_TOKENS_Q6_K : A_MIN_TOKENS) ||
+        w_row_bytes > (size_t)INT32_MAX / 16) {
         cpu__matmul_fn fb = kind == 4 ? a_fallback_q6_k : kind == 3 ? a_fallback_q5_k : kind == 2 ? a_fallback_q4_k
                           : q4 ? a_fallback_q4_0 : a_fallback_q8_0;
         fb(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);

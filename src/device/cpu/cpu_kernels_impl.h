@@ -46,8 +46,9 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table);
 /* cpu_kernels_amx.c: whether the CPU has AMX-TILE and AMX-INT8 and the
  * kernel granted this process the tile registers (asked once, here; the
  * grant is for every thread). Then _init, given a table holding the AVX-512
- * entries, replaces the prefill products (Q8_0, Q4_0) and keeps the old
- * entries for what does not pay on tiles (few tokens). */
+ * entries, replaces the quantized products (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)
+ * and keeps the old entries for what does not pay on tiles (few tokens:
+ * decode). */
 int cpu__kernels_amx_request(void);
 void cpu__kernels_amx_init(cpu__kernel_table *table);
 

@@ -1,0 +1,137 @@
+/* test_router_config.c - the router's INI configuration: defaults, every
+ * section, worker order, and errors that name the line and the key. */
+#include "testutil.h"
+
+#include "router/router.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *write_ini(const char *name, const char *text)
+{
+    static char path[512];
+    char file[128];
+    snprintf(file, sizeof file, "router-cfg-%d-%s.ini", (int)getpid(), name);
+    snprintf(path, sizeof path, "%s", tu_tmp_path(file));
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void test_full(void **state)
+{
+    rt_config c;
+    sw_error err;
+    rt_config_defaults(&c);
+    assert_string_equal(c.listen, "127.0.0.1:8080");
+    const char *p = write_ini("full", "[server]\n"
+                                      "listen = 0.0.0.0:9000\n"
+                                      "api-keys = key-one-123, key-two-456\n"
+                                      "state-dir = /tmp/x\n"
+                                      "max-body = 64KiB\n"
+                                      "max-attempts = 2\n"
+                                      "[model]\npath = m.gguf\n"
+                                      "[worker gpu]\n"
+                                      "device = sim-gpu:pool\nsim-capacity = 32MiB\n"
+                                      "gpu-layers = 1\nctx-limit = 512\nmax-seqs = 2\n"
+                                      "reserve = 0.2\npolicy = grow\nthreads = 1\n"
+                                      "fault = abort_after_tokens:3\nenv = FOO=bar\n"
+                                      "preference = 5\n"
+                                      "[worker cpu]\ndevice = cpu\npreference = 1\n"
+                                      "[worker ext]\nurl = http://127.0.0.1:9100\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    assert_int_equal(rt_config_check(&c, &err), 0);
+    assert_string_equal(c.listen, "0.0.0.0:9000");
+    assert_int_equal(c.n_keys, 2);
+    assert_string_equal(c.api_keys[1], "key-two-456");
+    assert_int_equal((int)c.max_body_bytes, 65536);
+    assert_int_equal(c.max_attempts, 2);
+    assert_int_equal(c.n_workers, 3);
+    const rt_worker_config *g = &c.workers[0];
+    assert_string_equal(g->name, "gpu");
+    assert_true(g->managed);
+    assert_string_equal(g->device, "sim-gpu:pool");
+    assert_int_equal((int)g->sim_capacity, 32 << 20);
+    assert_int_equal(g->gpu_layers, 1);
+    assert_int_equal(g->ctx_limit, 512);
+    assert_string_equal(g->policy, "grow");
+    assert_int_equal(g->n_env, 2);
+    assert_string_equal(g->env[0], "SPILLWAY_FAULT=abort_after_tokens:3");
+    assert_string_equal(g->env[1], "FOO=bar");
+    assert_int_equal(g->preference, 5);
+    assert_string_equal(c.workers[1].device, "");
+    assert_int_equal(c.workers[1].preference, 1);
+    assert_false(c.workers[2].managed);
+    assert_string_equal(c.workers[2].url, "http://127.0.0.1:9100");
+    /* file order is the default preference */
+    assert_int_equal(c.workers[2].preference, 2);
+    remove(p);
+}
+
+/* The message names the file's line and the key. */
+static void expect_error(const char *name, const char *text, int line, const char *key)
+{
+    rt_config c;
+    sw_error err;
+    rt_config_defaults(&c);
+    const char *p = write_ini(name, text);
+    assert_int_equal(rt_config_load(&c, p, &err), SW_EINVAL);
+    char want[32];
+    snprintf(want, sizeof want, ":%d: ", line);
+    if (!strstr(err.message, want) || !strstr(err.message, key))
+        fail_msg("message '%s' lacks line %d or key %s", err.message, line, key);
+    remove(p);
+}
+
+static void test_errors(void **state)
+{
+    expect_error("unknown-key", "[server]\nlisten = 127.0.0.1:1\nbogus = 1\n", 3, "bogus");
+    expect_error("bad-value", "[model]\npath = m\n[worker a]\nmax-seqs = 0\n", 4, "max-seqs");
+    expect_error("bad-policy", "[worker a]\n\npolicy = fast\n", 3, "policy");
+    expect_error("bad-device", "[worker a]\ndevice = tpu:0\n", 2, "device");
+    expect_error("bad-size", "[worker a]\nsim-capacity = 12XB\n", 2, "sim-capacity");
+    expect_error("bad-section", "[model]\npath = m\n[workers]\nx = 1\n", 4, "workers");
+    expect_error("twice", "[worker a]\nthreads = 1\n[worker b]\nthreads = 1\n[worker a]\nthreads = 2\n", 6,
+                 "worker a");
+    expect_error("bad-url", "[worker a]\nurl = ftp://x\n", 2, "url");
+    expect_error("short-key", "[server]\napi-keys = abc\n", 2, "api-keys");
+
+    rt_config c;
+    sw_error err;
+    rt_config_defaults(&c);
+    assert_int_equal(rt_config_load(&c, tu_tmp_path("router-no-such-file.ini"), &err), SW_EIO);
+}
+
+static void test_check(void **state)
+{
+    rt_config c;
+    sw_error err;
+    rt_config_defaults(&c);
+    const char *p = write_ini("check", "[server]\nlisten = 0.0.0.0:8080\n[model]\npath = m\n"
+                                       "[worker cpu]\nthreads = 1\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    /* refuses a non-loopback address without an API key */
+    assert_int_equal(rt_config_check(&c, &err), SW_EINVAL);
+    assert_non_null(strstr(err.message, "api-keys"));
+    snprintf(c.listen, sizeof c.listen, "127.0.0.1:0");
+    assert_int_equal(rt_config_check(&c, &err), 0);
+    c.n_workers = 0;
+    assert_int_equal(rt_config_check(&c, &err), SW_EINVAL);
+    c.n_workers = 1;
+    c.model_path[0] = 0;
+    assert_int_equal(rt_config_check(&c, &err), SW_EINVAL);
+    remove(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_check),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,635 @@
+/* test_router_e2e.c - end-to-end: a real `spillway serve` with real
+ * managed workers (one on a sim-gpu pool, one on the CPU) over real
+ * sockets (the router listens on a unix socket here).
+ *
+ * The issue's acceptance points covered: #1 admission to the CPU worker
+ * and an injected OOM on the GPU worker replayed on the CPU with the same
+ * request id; #2 a stream whose GPU worker crashes before the first token
+ * (invisible) or after k tokens (resumed on the CPU: one unbroken stream
+ * equal to an uninterrupted greedy `spillway run`); #5 a deadline no
+ * worker can meet (immediate 503 capacity_exceeded with Retry-After,
+ * nothing reaches a worker); #6 bad input, missing keys, oversize bodies.
+ * Every test stops what it started; workers die with the router
+ * (PR_SET_PDEATHSIG) and the router with the test process.
+ */
+#include "testutil.h"
+#include "worker_client.h"
+
+#include "common/alloc.h"
+#include "device/device.h"
+#include "engine/model_make.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXTOK 512
+
+static char g_model[512];
+static char g_pool[64];
+
+typedef struct router {
+    pid_t pid;
+    char dir[512];
+    char sock[600];
+    char cfg[600];
+    char log[600];
+} router;
+
+static router *g_live[8];
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int setup(void **state)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 1024;
+    p.seed = 5;
+    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-e2e.gguf"));
+    snprintf(g_pool, sizeof g_pool, "rt-e2e-%d", (int)getpid());
+    dev_sim_unlink(g_pool, NULL);
+    return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
+}
+
+static void router_stop(router *r);
+
+static int teardown(void **state)
+{
+    for (int i = 0; i < 8; i++)
+        if (g_live[i])
+            router_stop(g_live[i]);
+    wc_worker_kill_all();
+    dev_sim_unlink(g_pool, NULL);
+    remove(g_model);
+    return 0;
+}
+
+/* Writes the configuration (server section made here, workers from the
+ * caller) and starts the router; waits until /health answers 200. */
+static int router_start(router *r, const char *name, const char *server_extra,
+                        const char *workers)
+{
+    static int counter;
+    memset(r, 0, sizeof *r);
+    char d[128];
+    snprintf(d, sizeof d, "rt-%d-%d-%s", (int)getpid(), ++counter, name);
+    snprintf(r->dir, sizeof r->dir, "%s", tu_tmp_path(d));
+    mkdir(r->dir, 0700);
+    snprintf(r->sock, sizeof r->sock, "%s/router.sock", r->dir);
+    snprintf(r->cfg, sizeof r->cfg, "%s/router.ini", r->dir);
+    snprintf(r->log, sizeof r->log, "%s/router.log", r->dir);
+    FILE *f = fopen(r->cfg, "w");
+    if (!f)
+        return -1;
+    fprintf(f,
+            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+            "ready-timeout = 30\n%s\n[model]\npath = %s\n%s",
+            r->sock, r->dir, server_extra ? server_extra : "", g_model, workers);
+    fclose(f);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(tu_spillway_bin(), "spillway", "serve", "--config", r->cfg, (char *)NULL);
+        _exit(127);
+    }
+    if (pid < 0)
+        return -1;
+    r->pid = pid;
+    for (int i = 0; i < 8; i++)
+        if (!g_live[i]) {
+            g_live[i] = r;
+            break;
+        }
+    double t0 = now_s();
+    while (now_s() - t0 < 40) {
+        wc_response h;
+        if (wc_request(r->sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
+            wc_response_free(&h);
+            return 0;
+        }
+        wc_response_free(&h);
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            r->pid = 0;
+            return -1;
+        }
+        usleep(50 * 1000);
+    }
+    return -1;
+}
+
+static void router_stop(router *r)
+{
+    for (int i = 0; i < 8; i++)
+        if (g_live[i] == r)
+            g_live[i] = NULL;
+    if (r->pid <= 0)
+        return;
+    kill(r->pid, SIGTERM);
+    double t0 = now_s();
+    int st;
+    while (waitpid(r->pid, &st, WNOHANG) != r->pid) {
+        if (now_s() - t0 > 15) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &st, 0);
+            break;
+        }
+        usleep(20 * 1000);
+    }
+    r->pid = 0;
+}
+
+/* One request with extra header lines ("Name: v\r\n"...). */
+static int req(const router *r, const char *method, const char *path, const char *headers,
+               const char *body, wc_response *out)
+{
+    size_t blen = body ? strlen(body) : 0;
+    size_t cap = blen + 2048;
+    char *raw = sw_malloc(cap);
+    assert_non_null(raw);
+    int n = snprintf(raw, cap,
+                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     method, path, headers ? headers : "", blen, body ? body : "");
+    int rc = wc_raw(r->sock, raw, (size_t)n, 60000, out);
+    sw_free(raw);
+    return rc;
+}
+
+static json_t *body_json(const wc_response *w)
+{
+    return json_loads(w->body ? w->body : "", 0, NULL);
+}
+
+static void assert_header(const wc_response *w, const char *name, const char *want)
+{
+    char buf[256];
+    if (!wc_header(w, name, buf, sizeof buf))
+        fail_msg("header %s missing", name);
+    if (want && strcmp(buf, want))
+        fail_msg("header %s is '%s', want '%s'", name, buf, want);
+}
+
+static const char *error_code(const wc_response *w, char *buf, size_t cap)
+{
+    json_t *j = body_json(w);
+    snprintf(buf, cap, "%s",
+             json_string_value(json_object_get(json_object_get(j, "error"), "code")) ?: "");
+    json_decref(j);
+    return buf;
+}
+
+/* The events list of the router. */
+static json_t *events(const router *r)
+{
+    wc_response w;
+    assert_int_equal(req(r, "GET", "/v1/spillway/events", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    json_t *j = body_json(&w);
+    wc_response_free(&w);
+    json_t *d = json_incref(json_object_get(j, "data"));
+    json_decref(j);
+    assert_true(json_is_array(d));
+    return d;
+}
+
+static json_t *worker_health(const router *r, const char *name)
+{
+    wc_response w;
+    assert_int_equal(req(r, "GET", "/health", NULL, NULL, &w), 0);
+    json_t *j = body_json(&w);
+    wc_response_free(&w);
+    json_t *ws = json_object_get(j, "workers"), *found = NULL;
+    for (size_t i = 0; i < json_array_size(ws); i++)
+        if (!strcmp(json_string_value(json_object_get(json_array_get(ws, i), "name")), name))
+            found = json_incref(json_array_get(ws, i));
+    json_decref(j);
+    assert_non_null(found);
+    return found;
+}
+
+/* Waits until worker name is ready with at least min_restarts restarts. */
+static void wait_restarted(const router *r, const char *name, int min_restarts)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < 30) {
+        json_t *h = worker_health(r, name);
+        bool ok = !strcmp(json_string_value(json_object_get(h, "state")), "ready") &&
+                  json_integer_value(json_object_get(h, "restarts")) >= min_restarts;
+        json_decref(h);
+        if (ok)
+            return;
+        usleep(100 * 1000);
+    }
+    fail_msg("worker %s was not restarted", name);
+}
+
+static int greedy_ref(const char *prompt, int n, int *tokens)
+{
+    char nb[16];
+    snprintf(nb, sizeof nb, "%d", n);
+    const char *args[] = {"-n", nb, "--temp", "0", "--ignore-eos", "-t", "1", NULL};
+    return wc_run_tokens(g_model, prompt, args, tokens, MAXTOK);
+}
+
+/* Device allocations a grow-policy worker makes at start-up with these
+ * options: the smallest N with which SPILLWAY_FAULT=alloc_fail_after:N
+ * still starts (start-up is deterministic). */
+static int startup_allocs(const char *spec)
+{
+    int lo = 0, hi = 512;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        char env0[96];
+        snprintf(env0, sizeof env0, "SPILLWAY_FAULT=alloc_fail_after:%d", mid);
+        const char *env[] = {env0, NULL};
+        const char *args[] = {"--device", spec, "--sim-capacity", "64MiB", "--max-seqs", "2",
+                              "--threads", "1", "--ctx-limit", "512", "--policy", "grow", NULL};
+        wc_worker w;
+        int st;
+        if (wc_worker_start(&w, g_model, args, env, 30, &st) == 0) {
+            wc_worker_stop(&w);
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    dev_sim_unlink(g_pool, NULL);
+    return lo;
+}
+
+/* #1: too big for the GPU worker's free memory -> CPU at admission; then
+ * an injected OOM mid-generation on the GPU -> replayed on the CPU. */
+static void test_admission_and_oom_replay(void **state)
+{
+    char spec[96];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+
+    /* What the model and workspace take on the device, to size a pool
+     * where 64 KiB (256 tokens of KV) stay free under the reserve. */
+    wc_worker probe;
+    const char *pargs[] = {"--device", spec, "--sim-capacity", "64MiB", "--max-seqs", "2",
+                           "--threads", "1", "--ctx-limit", "2048", NULL};
+    assert_int_equal(wc_worker_start(&probe, g_model, pargs, NULL, 30, NULL), 0);
+    wc_response h;
+    assert_int_equal(wc_request(probe.socket_path, "GET", "/health", NULL, 5000, &h), 0);
+    json_t *hj = body_json(&h);
+    long long fixed = json_integer_value(json_object_get(json_object_get(hj, "memory"), "self_bytes"));
+    json_decref(hj);
+    wc_response_free(&h);
+    assert_int_equal(wc_worker_stop(&probe), 0);
+    dev_sim_unlink(g_pool, NULL);
+    assert_true(fixed > 0);
+    long long capacity = (long long)((double)(fixed + 65536) / 0.9) + 4096;
+
+    router r;
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = %s\nsim-capacity = %lld\nmax-seqs = 2\nthreads = 1\n"
+             "ctx-limit = 2048\n[worker cpu]\nthreads = 1\nctx-limit = 2048\n",
+             spec, capacity);
+    assert_int_equal(router_start(&r, "admit", NULL, workers), 0);
+
+    int ref[MAXTOK], got[MAXTOK];
+    char finish[32];
+    /* small: the GPU worker */
+    wc_response w;
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
+                         "\"ignore_eos\":true}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Worker", "gpu");
+    assert_header(&w, "X-Spillway-Attempts", "1");
+    wc_response_free(&w);
+
+    /* 1000 tokens of KV (256 KB) do not fit the 64 KiB free: CPU */
+    int n_ref = greedy_ref("Once upon a time", 300, ref);
+    assert_int_equal(n_ref, 300);
+    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: big-one-1\r\n",
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":300,\"temperature\":0,"
+                         "\"ignore_eos\":true}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Worker", "cpu");
+    assert_header(&w, "X-Spillway-Attempts", "1");
+    assert_header(&w, "X-Request-Id", "big-one-1");
+    int n = wc_tokens_of(&w, false, got, MAXTOK, NULL, finish, sizeof finish);
+    assert_int_equal(n, n_ref);
+    assert_memory_equal(got, ref, (size_t)n * sizeof *got);
+    wc_response_free(&w);
+    /* no failure, so no failover event */
+    json_t *ev = events(&r);
+    assert_int_equal((int)json_array_size(ev), 0);
+    json_decref(ev);
+    router_stop(&r);
+    dev_sim_unlink(g_pool, NULL);
+
+    /* Injected OOM: grow policy, device allocations fail after start-up
+     * plus one KV block (16 tokens): a 40-token generation of an
+     * 8-token prompt fails in decode on the GPU. */
+    int startup = startup_allocs(spec);
+    assert_true(startup > 0 && startup < 512);
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nmax-seqs = 2\nthreads = 1\n"
+             "ctx-limit = 512\npolicy = grow\nfault = alloc_fail_after:%d\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 512\n",
+             spec, startup + 1);
+    assert_int_equal(router_start(&r, "oom", NULL, workers), 0);
+    n_ref = greedy_ref("Once upon a time", 40, ref);
+    assert_int_equal(n_ref, 40);
+    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: oom-replay-7\r\n",
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,"
+                         "\"ignore_eos\":true}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Worker", "cpu");
+    assert_header(&w, "X-Spillway-Attempts", "2");
+    assert_header(&w, "X-Request-Id", "oom-replay-7");
+    json_t *j = body_json(&w);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "oom-replay-7");
+    json_decref(j);
+    n = wc_tokens_of(&w, false, got, MAXTOK, NULL, finish, sizeof finish);
+    assert_int_equal(n, n_ref);
+    assert_memory_equal(got, ref, (size_t)n * sizeof *got);
+    wc_response_free(&w);
+
+    ev = events(&r);
+    assert_int_equal((int)json_array_size(ev), 1);
+    json_t *e = json_array_get(ev, 0);
+    assert_string_equal(json_string_value(json_object_get(e, "request_id")), "oom-replay-7");
+    json_t *fe = json_object_get(e, "first_error");
+    assert_string_equal(json_string_value(json_object_get(fe, "worker")), "gpu");
+    assert_string_equal(json_string_value(json_object_get(fe, "kind")), "oom");
+    assert_string_equal(json_string_value(json_object_get(fe, "phase")), "decode");
+    assert_string_equal(json_string_value(json_object_get(e, "decision")), "replay");
+    assert_string_equal(json_string_value(json_object_get(e, "outcome")), "completed");
+    assert_true(json_is_true(json_object_get(e, "client_connected")));
+    assert_int_equal(json_integer_value(json_object_get(e, "attempts")), 2);
+    assert_int_equal(json_integer_value(json_object_get(e, "tokens")), 40);
+    json_decref(ev);
+    /* the same record in the state directory */
+    char path[700];
+    snprintf(path, sizeof path, "%s/state/events.jsonl", r.dir);
+    char *text = tu_read_file(path, NULL);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "\"oom-replay-7\""));
+    sw_free(text);
+    /* the poisoned GPU worker is restarted */
+    wait_restarted(&r, "gpu", 1);
+    router_stop(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
+/* A stream through the router: its tokens (strict SSE) and finish. */
+static int stream_tokens(const router *r, const char *rid, const char *body, int *got,
+                         wc_response *w)
+{
+    char hdr[128];
+    snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", rid);
+    assert_int_equal(req(r, "POST", "/v1/completions", hdr, body, w), 0);
+    assert_int_equal(w->status, 200);
+    char finish[32];
+    return wc_tokens_of(w, true, got, MAXTOK, NULL, finish, sizeof finish);
+}
+
+/* #2: crash before the first token (invisible) and after k tokens
+ * (resumed on the CPU). */
+static void test_stream_crash(void **state)
+{
+    char spec[96];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    int ref[MAXTOK], got[MAXTOK];
+    int n_ref = greedy_ref("Once upon a time", 24, ref);
+    assert_int_equal(n_ref, 24);
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                       "\"ignore_eos\":true,\"stream\":true}";
+    const int ks[] = {0, 5};
+    for (int t = 0; t < 2; t++) {
+        router r;
+        char workers[1024];
+        snprintf(workers, sizeof workers,
+                 "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nmax-seqs = 2\nthreads = 1\n"
+                 "ctx-limit = 512\nfault = abort_after_tokens:%d,stall_ms:20\n"
+                 "[worker cpu]\nthreads = 1\nctx-limit = 512\n",
+                 spec, ks[t]);
+        assert_int_equal(router_start(&r, ks[t] ? "stream-k" : "stream-0", NULL, workers), 0);
+        wc_response w;
+        char rid[32];
+        snprintf(rid, sizeof rid, "stream-crash-%d", ks[t]);
+        int n = stream_tokens(&r, rid, body, got, &w);
+        assert_int_equal(n, n_ref);
+        assert_memory_equal(got, ref, (size_t)n * sizeof *got);
+        /* every event carries the same id */
+        char **evs = NULL;
+        int ne = wc_sse_parse(w.body, w.body_len, &evs);
+        assert_true(ne > n);
+        for (int i = 0; i < ne - 1; i++) {
+            json_t *j = json_loads(evs[i], 0, NULL);
+            assert_non_null(j);
+            assert_null(json_object_get(j, "error"));
+            assert_string_equal(json_string_value(json_object_get(j, "id")), rid);
+            json_decref(j);
+        }
+        assert_string_equal(evs[ne - 1], "[DONE]");
+        wc_sse_free(evs, ne);
+        assert_header(&w, "X-Request-Id", rid);
+        /* k = 0: the headers came from the CPU attempt; k > 0: from the GPU's */
+        assert_header(&w, "X-Spillway-Worker", ks[t] ? "gpu" : "cpu");
+        wc_response_free(&w);
+
+        json_t *ev = events(&r);
+        assert_int_equal((int)json_array_size(ev), 1);
+        json_t *e = json_array_get(ev, 0);
+        json_t *fe = json_object_get(e, "first_error");
+        assert_string_equal(json_string_value(json_object_get(fe, "kind")), "worker_crash");
+        assert_string_equal(json_string_value(json_object_get(fe, "worker")), "gpu");
+        assert_string_equal(json_string_value(json_object_get(e, "decision")),
+                            ks[t] ? "resume" : "replay");
+        assert_string_equal(json_string_value(json_object_get(e, "outcome")), "completed");
+        assert_int_equal(json_integer_value(json_object_get(e, "tokens")), 24);
+        json_decref(ev);
+        /* the crashed worker comes back */
+        wait_restarted(&r, "gpu", 1);
+        router_stop(&r);
+        dev_sim_unlink(g_pool, NULL);
+    }
+}
+
+/* #5: a deadline shorter than any worker's predicted time. */
+static void test_deadline(void **state)
+{
+    router r;
+    assert_int_equal(router_start(&r, "deadline", NULL,
+                                  "[worker cpu]\nthreads = 1\nctx-limit = 512\n"),
+                     0);
+    wc_response w;
+    /* one request measures the worker's prefill and decode rates */
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    double t0 = now_s();
+    for (;;) {
+        json_t *h = worker_health(&r, "cpu");
+        bool rates = json_number_value(json_object_get(h, "prefill_tokens_per_second")) > 0 &&
+                     json_number_value(json_object_get(h, "decode_tokens_per_second")) > 0;
+        json_decref(h);
+        if (rates)
+            break;
+        assert_true(now_s() - t0 < 10);
+        usleep(50 * 1000);
+    }
+    char path[700];
+    snprintf(path, sizeof path, "%s/state/cpu.sock", r.dir);
+    wc_response m0;
+    assert_int_equal(wc_request(path, "GET", "/metrics", NULL, 5000, &m0), 0);
+
+    char code[64];
+    /* 400 new tokens cannot be made in 1 ms */
+    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Spillway-Deadline-Ms: 1\r\n",
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":400}", &w),
+                     0);
+    assert_int_equal(w.status, 503);
+    assert_string_equal(error_code(&w, code, sizeof code), "capacity_exceeded");
+    assert_header(&w, "Retry-After", NULL);
+    wc_response_free(&w);
+    /* the body's timeout (seconds) works too */
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"timeout\":0.001}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 503);
+    assert_string_equal(error_code(&w, code, sizeof code), "capacity_exceeded");
+    wc_response_free(&w);
+    /* nothing reached the worker: its request counters did not move */
+    wc_response m1;
+    assert_int_equal(wc_request(path, "GET", "/metrics", NULL, 5000, &m1), 0);
+    assert_string_equal(m0.body, m1.body);
+    wc_response_free(&m0);
+    wc_response_free(&m1);
+    /* a generous deadline is served */
+    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Spillway-Deadline-Ms: 600000\r\n",
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    router_stop(&r);
+}
+
+/* #6: bad input, unauthorised, oversize: the 4xx, and the router keeps
+ * serving. */
+static void test_bad_requests(void **state)
+{
+    router r;
+    assert_int_equal(router_start(&r, "bad", "api-keys = test-key-0123456789\nmax-body = 4KiB\n",
+                                  "[worker cpu]\nthreads = 1\nctx-limit = 512\n"),
+                     0);
+    const char *auth = "Authorization: Bearer test-key-0123456789\r\n";
+    char code[64];
+    wc_response w;
+    /* /health needs no key */
+    assert_int_equal(req(&r, "GET", "/health", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    /* no key, wrong key */
+    const char *ok_body = "{\"prompt\":\"Hi\",\"max_tokens\":2}";
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, ok_body, &w), 0);
+    assert_int_equal(w.status, 401);
+    assert_string_equal(error_code(&w, code, sizeof code), "unauthorized");
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "POST", "/v1/completions",
+                         "Authorization: Bearer test-key-0123456780\r\n", ok_body, &w),
+                     0);
+    assert_int_equal(w.status, 401);
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "GET", "/metrics", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 401);
+    wc_response_free(&w);
+    /* not JSON */
+    assert_int_equal(req(&r, "POST", "/v1/completions", auth, "{\"prompt\":", &w), 0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(error_code(&w, code, sizeof code), "invalid_json");
+    wc_response_free(&w);
+    /* the worker's 400 is relayed, never retried */
+    assert_int_equal(req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(error_code(&w, code, sizeof code), "invalid_request");
+    assert_header(&w, "X-Spillway-Attempts", "1");
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions", auth,
+                         "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", &w),
+                     0);
+    assert_int_equal(w.status, 400);
+    wc_response_free(&w);
+    /* oversize */
+    char *big = sw_malloc(8192);
+    assert_non_null(big);
+    memset(big, 'a', 8191);
+    big[8191] = 0;
+    memcpy(big, "{\"prompt\":\"", 11);
+    memcpy(big + 8189, "\"}", 2);
+    assert_int_equal(req(&r, "POST", "/v1/completions", auth, big, &w), 0);
+    assert_int_equal(w.status, 413);
+    wc_response_free(&w);
+    sw_free(big);
+    /* unknown path, wrong method, garbage request line */
+    assert_int_equal(req(&r, "GET", "/v1/nothing", auth, NULL, &w), 0);
+    assert_int_equal(w.status, 404);
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "GET", "/v1/completions", auth, NULL, &w), 0);
+    assert_int_equal(w.status, 405);
+    wc_response_free(&w);
+    assert_int_equal(wc_raw(r.sock, "NONSENSE\r\n\r\n", 12, 10000, &w), 0);
+    assert_int_equal(w.status, 400);
+    wc_response_free(&w);
+    /* still serving, and the metrics count the refusals */
+    assert_int_equal(req(&r, "POST", "/v1/completions", auth, ok_body, &w), 0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Worker", "cpu");
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "GET", "/metrics", auth, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"none\",outcome=\"unauthorized\"} 3"));
+    assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"cpu\",outcome=\"ok\"} 1"));
+    wc_response_free(&w);
+    router_stop(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_admission_and_oom_replay),
+        cmocka_unit_test(test_stream_crash),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -483,6 +483,7 @@ typedef struct relay {
     size_t n_tokens, cap_tokens;
     long long draws;     /* -1 unknown */
     char phase[32];
+    char final_worker[64]; /* where the last attempt ran */
 } relay;
 
 static int client_chunk(relay *r, const char *data, size_t len)
@@ -800,6 +801,7 @@ static void handle_generate(rt_req *q, bool chat)
         q->attempts++;
         if (!r.headers_sent)
             snprintf(q->worker, sizeof q->worker, "%s", w->cfg.name);
+        snprintf(r.final_worker, sizeof r.final_worker, "%s", w->cfg.name);
         if (first_error && !replay_start)
             replay_start = wall_s();
         /* The body of this attempt: resume after the tokens sent. */
@@ -862,7 +864,7 @@ static void handle_generate(rt_req *q, bool chat)
         json_t *ev = json_pack(
             "{s:s, s:f, s:o, s:s, s:s, s:s?, s:f, s:f, s:I, s:i, s:s, s:b, s:b}", "request_id",
             q->request_id, "received_time", t0, "first_error", first_error, "decision", decision,
-            "reason", reason, "replay_worker", r.finished ? q->worker : NULL, "cpu_start_time",
+            "reason", reason, "replay_worker", r.finished ? r.final_worker : NULL, "cpu_start_time",
             replay_start, "completion_time", wall_s(), "tokens", (json_int_t)r.n_tokens,
             "attempts", q->attempts, "outcome",
             r.finished ? "completed" : last == FAIL_CLIENT_GONE ? "cancelled" : "failed",
@@ -1415,5 +1417,7 @@ out:
         pthread_join(sup, NULL);
     stop_workers();
     eng_tokenizer_free(g.tok);
+    for (int i = 0; i < RT_EVENTS; i++)
+        sw_free(g.events[i]);
     return status;
 }

@@ -389,6 +389,7 @@ static void test_admission_and_oom_replay(void **state)
     assert_string_equal(json_string_value(json_object_get(fe, "phase")), "decode");
     assert_string_equal(json_string_value(json_object_get(e, "decision")), "replay");
     assert_string_equal(json_string_value(json_object_get(e, "outcome")), "completed");
+    assert_string_equal(json_string_value(json_object_get(e, "replay_worker")), "cpu");
     assert_true(json_is_true(json_object_get(e, "client_connected")));
     assert_int_equal(json_integer_value(json_object_get(e, "attempts")), 2);
     assert_int_equal(json_integer_value(json_object_get(e, "tokens")), 40);
@@ -472,6 +473,7 @@ static void test_stream_crash(void **state)
         assert_string_equal(json_string_value(json_object_get(e, "decision")),
                             ks[t] ? "resume" : "replay");
         assert_string_equal(json_string_value(json_object_get(e, "outcome")), "completed");
+        assert_string_equal(json_string_value(json_object_get(e, "replay_worker")), "cpu");
         assert_int_equal(json_integer_value(json_object_get(e, "tokens")), 24);
         json_decref(ev);
         /* the crashed worker comes back */

@@ -613,6 +613,8 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
         goto out;
     }
     if (rc != 0) {
+        if (rc == -3)
+            snprintf(r->phase, sizeof r->phase, "before_response");
         fk = FAIL_CRASH;
         goto out;
     }

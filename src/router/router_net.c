@@ -161,14 +161,14 @@ int rn_request(rn_conn *c, const char *address, const char *method, const char *
     char line[4096];
     int r = rn_line(c, line, sizeof line);
     if (r < 0)
-        return r;
+        return r == -2 ? -2 : -3;
     if (strncmp(line, "HTTP/1.", 7) || strlen(line) < 12)
-        return -1;
+        return -3;
     c->status = atoi(line + 9);
     for (;;) {
         r = rn_line(c, line, sizeof line);
         if (r < 0)
-            return r;
+            return r == -2 ? -2 : -3;
         if (!line[0])
             break;
         char *colon = strchr(line, ':');

@@ -33,8 +33,9 @@ typedef struct rn_conn {
 /* address: "unix:PATH", "http://HOST:PORT" or "HOST:PORT". -1 on failure. */
 int rn_connect(const char *address, int timeout_ms);
 int rn_write_all(int fd, const void *p, size_t n);
-/* Sends a request and reads the status line and headers. Returns 0, or -1
- * when the worker could not be reached or answered nothing (a crash). */
+/* Sends a request and reads the status line and headers. Returns 0, -1
+ * when the worker could not be reached, -3 when it was reached but gave no
+ * response head (a crash, or a time-out), -2 when watch_fd hung up. */
 int rn_request(rn_conn *c, const char *address, const char *method, const char *path,
                const char *extra_headers, const char *body, size_t body_len, int watch_fd,
                int timeout_ms);

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -625,6 +626,219 @@ static void test_bad_requests(void **state)
     router_stop(&r);
 }
 
+/* A sim-gpu pool capacity that leaves about free_bytes free under the 10%
+ * reserve once a worker with these options has started. */
+static long long pool_for_free(const char *spec, long long free_bytes)
+{
+    wc_worker probe;
+    const char *pargs[] = {"--device", spec, "--sim-capacity", "64MiB", "--max-seqs", "4",
+                           "--threads", "1", "--ctx-limit", "1024", NULL};
+    assert_int_equal(wc_worker_start(&probe, g_model, pargs, NULL, 30, NULL), 0);
+    wc_response h;
+    assert_int_equal(wc_request(probe.socket_path, "GET", "/health", NULL, 5000, &h), 0);
+    json_t *hj = body_json(&h);
+    long long fixed =
+        json_integer_value(json_object_get(json_object_get(hj, "memory"), "self_bytes"));
+    json_decref(hj);
+    wc_response_free(&h);
+    assert_int_equal(wc_worker_stop(&probe), 0);
+    dev_sim_unlink(g_pool, NULL);
+    assert_true(fixed > 0);
+    return (long long)((double)(fixed + free_bytes) / 0.9) + 4096;
+}
+
+typedef struct mixed_req {
+    const router *r;
+    int index;
+    bool big, stream;
+    int status;
+    int n_tokens;
+    int tokens[MAXTOK];
+    char worker[64];
+    char attempts[16];
+    char error[64];
+} mixed_req;
+
+static void *mixed_thread(void *arg)
+{
+    mixed_req *m = arg;
+    char body[256], hdr[64];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"Once upon a time\",\"max_tokens\":%d,\"temperature\":0,"
+             "\"ignore_eos\":true,\"stream\":%s}",
+             m->big ? 300 : 20, m->stream ? "true" : "false");
+    snprintf(hdr, sizeof hdr, "X-Request-Id: mixed-%d\r\n", m->index);
+    wc_response w;
+    m->n_tokens = -1;
+    if (req(m->r, "POST", "/v1/completions", hdr, body, &w) == 0) {
+        m->status = w.status;
+        char finish[32];
+        if (w.status == 200)
+            m->n_tokens = wc_tokens_of(&w, m->stream, m->tokens, MAXTOK, NULL, finish,
+                                       sizeof finish);
+        else
+            error_code(&w, m->error, sizeof m->error);
+        wc_header(&w, "X-Spillway-Worker", m->worker, sizeof m->worker);
+        wc_header(&w, "X-Spillway-Attempts", m->attempts, sizeof m->attempts);
+    }
+    wc_response_free(&w);
+    return NULL;
+}
+
+/* #4: 16 concurrent mixed requests while the GPU worker gets SIGKILL:
+ * every one completes (replayed or resumed on the CPU) or ends with a
+ * typed error, the CPU's own requests are untouched, and the restarted
+ * GPU worker serves again. */
+static void test_kill_gpu_under_load(void **state)
+{
+    char spec[96];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    /* 256 tokens of KV free: 300-token requests go to the CPU */
+    long long capacity = pool_for_free(spec, 65536);
+    router r;
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = %s\nsim-capacity = %lld\nmax-seqs = 4\nthreads = 1\n"
+             "ctx-limit = 1024\nfault = stall_ms:20\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 1024\nmax-seqs = 8\n",
+             spec, capacity);
+    assert_int_equal(router_start(&r, "kill", NULL, workers), 0);
+    int ref_small[MAXTOK], ref_big[MAXTOK];
+    assert_int_equal(greedy_ref("Once upon a time", 20, ref_small), 20);
+    assert_int_equal(greedy_ref("Once upon a time", 300, ref_big), 300);
+    json_t *h = worker_health(&r, "gpu");
+    pid_t gpu_pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
+    json_decref(h);
+    assert_true(gpu_pid > 0);
+
+    static mixed_req reqs[16];
+    pthread_t th[16];
+    for (int i = 0; i < 16; i++) {
+        memset(&reqs[i], 0, sizeof reqs[i]);
+        reqs[i].r = &r;
+        reqs[i].index = i;
+        reqs[i].big = i % 4 == 3;
+        reqs[i].stream = i % 2 == 0;
+        assert_int_equal(pthread_create(&th[i], NULL, mixed_thread, &reqs[i]), 0);
+    }
+    usleep(150 * 1000);
+    assert_int_equal(kill(gpu_pid, SIGKILL), 0);
+    for (int i = 0; i < 16; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 16; i++) {
+        mixed_req *m = &reqs[i];
+        if (m->status != 200) {
+            /* a typed error is allowed, never a hang or a lost request */
+            if (!m->error[0])
+                fail_msg("request %d: status %d without a typed error", i, m->status);
+            continue;
+        }
+        const int *ref = m->big ? ref_big : ref_small;
+        int want = m->big ? 300 : 20;
+        if (m->n_tokens != want || memcmp(m->tokens, ref, (size_t)want * sizeof *ref))
+            fail_msg("request %d (%s, %s): %d tokens, not the greedy run's", i,
+                     m->big ? "big" : "small", m->stream ? "stream" : "non-stream", m->n_tokens);
+        if (m->big) {
+            /* admitted to the CPU from the start and never disturbed */
+            assert_string_equal(m->worker, "cpu");
+            assert_string_equal(m->attempts, "1");
+        }
+    }
+    wait_restarted(&r, "gpu", 1);
+    wc_response w;
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0}", &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Worker", "gpu");
+    wc_response_free(&w);
+    router_stop(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
+static long long kv_used(const char *sock)
+{
+    wc_response w;
+    if (wc_request(sock, "GET", "/health", NULL, 5000, &w) != 0)
+        return -1;
+    json_t *j = body_json(&w);
+    long long v = json_integer_value(json_object_get(json_object_get(j, "memory"), "kv_used_bytes"));
+    json_decref(j);
+    wc_response_free(&w);
+    return v;
+}
+
+/* #3: the client hangs up while its stream runs on the CPU after a
+ * failover: the CPU worker frees the sequence, the GPU worker (restarted)
+ * holds no KV, and the event says the client left. */
+static void test_cancel_during_failover(void **state)
+{
+    char spec[96];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    router r;
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 512\n"
+             "fault = abort_after_tokens:3,stall_ms:20\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:30\n",
+             spec);
+    assert_int_equal(router_start(&r, "cancel", NULL, workers), 0);
+    char cpu_sock[700], gpu_sock[700];
+    snprintf(cpu_sock, sizeof cpu_sock, "%s/state/cpu.sock", r.dir);
+    snprintf(gpu_sock, sizeof gpu_sock, "%s/state/gpu.sock", r.dir);
+    long long cpu0 = kv_used(cpu_sock), gpu0 = kv_used(gpu_sock);
+    assert_true(cpu0 >= 0 && gpu0 >= 0);
+
+    int fd = wc_connect(r.sock, 20000);
+    assert_true(fd >= 0);
+    assert_int_equal(wc_send(fd, "POST", "/v1/completions",
+                             "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,"
+                             "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}"),
+                     0);
+    /* read until more tokens arrived than the GPU worker could send */
+    static char buf[1 << 16];
+    size_t len = 0;
+    int tokens = 0;
+    while (tokens < 8 && len < sizeof buf - 1) {
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        assert_true(n > 0);
+        len += (size_t)n;
+        buf[len] = 0;
+        tokens = 0;
+        for (char *p = buf; (p = strstr(p, "\"token_ids\":[")); p += 13)
+            if (p[13] != ']')
+                tokens++;
+    }
+    /* the CPU now runs the resumed request */
+    assert_true(kv_used(cpu_sock) > cpu0);
+    close(fd);
+    double t0 = now_s();
+    while (kv_used(cpu_sock) != cpu0) {
+        if (now_s() - t0 > 10)
+            fail_msg("the CPU worker still holds KV memory after the client left");
+        usleep(20 * 1000);
+    }
+    wait_restarted(&r, "gpu", 1);
+    assert_int_equal(kv_used(gpu_sock), gpu0);
+    t0 = now_s();
+    for (;;) {
+        json_t *ev = events(&r);
+        json_t *e = json_array_get(ev, 0);
+        if (e) {
+            assert_string_equal(json_string_value(json_object_get(e, "outcome")), "cancelled");
+            assert_true(json_is_false(json_object_get(e, "client_connected")));
+            assert_string_equal(json_string_value(json_object_get(e, "decision")), "resume");
+            json_decref(ev);
+            break;
+        }
+        json_decref(ev);
+        assert_true(now_s() - t0 < 10);
+        usleep(20 * 1000);
+    }
+    router_stop(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -632,6 +846,8 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_admission_and_oom_replay),
         cmocka_unit_test(test_stream_crash),
+        cmocka_unit_test(test_cancel_during_failover),
+        cmocka_unit_test(test_kill_gpu_under_load),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

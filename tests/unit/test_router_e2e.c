@@ -479,6 +479,49 @@ static void test_stream_crash(void **state)
         json_decref(ev);
         /* the crashed worker comes back */
         wait_restarted(&r, "gpu", 1);
+        if (ks[t]) {
+            /* A chat stream crashes the same way (the restarted worker
+             * keeps its fault): one role chunk, and the tokens of an
+             * uninterrupted run on the CPU worker itself. */
+            const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell a story\"}],"
+                               "\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true";
+            char body_s[512], body_n[512], cpu_sock[700];
+            snprintf(body_s, sizeof body_s, "%s,\"stream\":true}", chat);
+            snprintf(body_n, sizeof body_n, "%s}", chat);
+            snprintf(cpu_sock, sizeof cpu_sock, "%s/state/cpu.sock", r.dir);
+            wc_response d;
+            assert_int_equal(wc_request(cpu_sock, "POST", "/v1/chat/completions", body_n, 30000, &d), 0);
+            assert_int_equal(d.status, 200);
+            int want[MAXTOK];
+            char fin[32];
+            int n_want = wc_tokens_of(&d, false, want, MAXTOK, NULL, fin, sizeof fin);
+            wc_response_free(&d);
+            assert_int_equal(n_want, 24);
+            assert_int_equal(req(&r, "POST", "/v1/chat/completions", "X-Request-Id: chat-k\r\n",
+                                 body_s, &w), 0);
+            assert_int_equal(w.status, 200);
+            n = wc_tokens_of(&w, true, got, MAXTOK, NULL, fin, sizeof fin);
+            assert_int_equal(n, n_want);
+            assert_memory_equal(got, want, (size_t)n * sizeof *got);
+            ne = wc_sse_parse(w.body, w.body_len, &evs);
+            int roles = 0;
+            for (int i = 0; i < ne - 1; i++) {
+                json_t *j = json_loads(evs[i], 0, NULL);
+                json_t *delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+                roles += json_object_get(delta, "role") != NULL;
+                assert_string_equal(json_string_value(json_object_get(j, "object")),
+                                    "chat.completion.chunk");
+                json_decref(j);
+            }
+            wc_sse_free(evs, ne);
+            assert_int_equal(roles, 1);
+            wc_response_free(&w);
+            ev = events(&r);
+            assert_int_equal((int)json_array_size(ev), 2);
+            assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 1), "decision")),
+                                "resume");
+            json_decref(ev);
+        }
         router_stop(&r);
         dev_sim_unlink(g_pool, NULL);
     }

@@ -484,6 +484,7 @@ typedef struct relay {
     long long draws;     /* -1 unknown */
     char phase[32];
     char final_worker[64]; /* where the last attempt ran */
+    size_t resume_base;    /* tokens sent before this attempt (a resume) */
 } relay;
 
 static int client_chunk(relay *r, const char *data, size_t len)
@@ -574,7 +575,20 @@ static fail_kind stream_payload(relay *r, const char *payload, bool *done)
         r->role_sent = true;
     }
     json_t *sp = json_object_get(j, "spillway");
-    if (client_event(r, payload)) {
+    json_t *usage = json_object_get(j, "usage");
+    char *rewritten = NULL;
+    if (json_is_object(usage) && r->resume_base > 0) {
+        /* a resumed worker counts only its new tokens */
+        json_int_t base = (json_int_t)r->resume_base;
+        json_object_set_new(usage, "completion_tokens",
+                            json_integer(json_integer_value(json_object_get(usage, "completion_tokens")) + base));
+        json_object_set_new(usage, "total_tokens",
+                            json_integer(json_integer_value(json_object_get(usage, "total_tokens")) + base));
+        rewritten = json_dumps(j, JSON_COMPACT);
+    }
+    int sent = client_event(r, rewritten ? rewritten : payload);
+    free(rewritten);
+    if (sent) {
         json_decref(j);
         return FAIL_CLIENT_GONE;
     }
@@ -826,6 +840,7 @@ static void handle_generate(rt_req *q, bool chat)
             send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
             break;
         }
+        r.resume_base = r.stream ? r.n_tokens : 0;
         last = attempt(&r, w, bs, strlen(bs));
         free(bs);
         if (last == FAIL_NONE || last == FAIL_CLIENT_GONE)

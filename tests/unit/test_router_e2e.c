@@ -430,7 +430,8 @@ static void test_stream_crash(void **state)
     int n_ref = greedy_ref("Once upon a time", 24, ref);
     assert_int_equal(n_ref, 24);
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
-                       "\"ignore_eos\":true,\"stream\":true}";
+                       "\"ignore_eos\":true,\"stream\":true,"
+                       "\"stream_options\":{\"include_usage\":true}}";
     const int ks[] = {0, 5};
     for (int t = 0; t < 2; t++) {
         router r;
@@ -459,6 +460,12 @@ static void test_stream_crash(void **state)
             json_decref(j);
         }
         assert_string_equal(evs[ne - 1], "[DONE]");
+        /* usage counts every token the client got, resumed ones too */
+        json_t *u = json_loads(evs[ne - 2], 0, NULL);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(u, "usage"),
+                                                            "completion_tokens")),
+                         24);
+        json_decref(u);
         wc_sse_free(evs, ne);
         assert_header(&w, "X-Request-Id", rid);
         /* k = 0: the headers came from the CPU attempt; k > 0: from the GPU's */

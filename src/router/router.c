@@ -60,6 +60,7 @@ typedef struct rt_worker {
     double last_health;
     bool restart_requested;
     int restarts;
+    int last_exit;              /* exit status of the last exit, -1 none */
     /* from /health */
     bool on_device;
     int64_t mem_total, mem_used, mem_reserved, mem_free;
@@ -87,6 +88,7 @@ static struct {
     int n_events, next_event;
     uint64_t failovers_oom, failovers_crash, rejected_capacity, rejected_auth, rejected_bad;
     uint64_t requests_total;
+    int queued;                 /* requests waiting for a worker now */
 } g;
 
 static double now_s(void)
@@ -248,6 +250,7 @@ static void sup_pass(bool force_health)
                 w->pid = 0;
                 w->state = WS_DOWN;
                 w->restart_requested = false;
+                w->last_exit = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
                 w->next_start = t + w->backoff;
                 w->backoff = w->backoff * 2 > 10 ? 10 : w->backoff * 2;
                 w->restarts++;
@@ -484,6 +487,7 @@ typedef struct relay {
     long long draws;     /* -1 unknown */
     char phase[32];
     char final_worker[64]; /* where the last attempt ran */
+    bool client_gone;
     size_t resume_base;    /* tokens sent before this attempt (a resume) */
 } relay;
 
@@ -774,6 +778,41 @@ static void handle_generate(rt_req *q, bool chat)
         long remaining = max_tokens < 0 ? -1 : max_tokens - (long)r.n_tokens;
         int wi = pick_worker(tried, prompt + (long)r.n_tokens, remaining,
                              q->attempts == 0 ? q->deadline_ms : -1, &skipped, &pred);
+        if (wi < 0 && q->attempts < g.cfg->max_attempts && (skipped & (SKIP_DOWN | SKIP_MEM)) &&
+            !(skipped & SKIP_DEADLINE) && !r.client_gone) {
+            /* Wait in the bounded queue while a worker starts or frees
+             * memory, as long as the deadline and the queue time-out allow. */
+            double limit = g.cfg->queue_timeout_ms / 1000.0;
+            if (q->deadline_ms >= 0 && q->deadline_ms / 1000.0 < limit)
+                limit = q->deadline_ms / 1000.0;
+            pthread_mutex_lock(&g.mu);
+            bool room = g.queued < g.cfg->queue_size;
+            if (room)
+                g.queued++;
+            pthread_mutex_unlock(&g.mu);
+            double qt0 = now_s();
+            if (room)
+                SW_INFO("router", "request %s: no worker eligible now, waits up to %.1f s",
+                        q->request_id, limit);
+            while (room && wi < 0 && now_s() - qt0 < limit && !g.stop) {
+                struct pollfd p = {q->fd, POLLRDHUP, 0};
+                if (poll(&p, 1, 50) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                    r.client_gone = true;
+                    break;
+                }
+                wi = pick_worker(tried, prompt + (long)r.n_tokens, remaining,
+                                 q->attempts == 0 ? q->deadline_ms : -1, &skipped, &pred);
+            }
+            if (room) {
+                pthread_mutex_lock(&g.mu);
+                g.queued--;
+                pthread_mutex_unlock(&g.mu);
+            }
+            if (r.client_gone) {
+                last = FAIL_CLIENT_GONE;
+                break;
+            }
+        }
         if (wi < 0 || q->attempts >= g.cfg->max_attempts) {
             if (r.headers_sent) {
                 json_t *e = error_obj(500, "worker_failed",
@@ -998,6 +1037,7 @@ static void handle_metrics(rt_req *q)
             (unsigned long long)g.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         g.active_conns);
+    OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", g.queued);
     pthread_mutex_unlock(&g.mu);
 #undef OUT
     send_response(q, 200, "text/plain; version=0.0.4", NULL, b, n);
@@ -1329,6 +1369,7 @@ int rt_serve(const rt_config *c)
         rt_worker *w = &g.w[i];
         w->cfg = c->workers[i];
         w->backoff = 0.25;
+        w->last_exit = -1;
         w->state = w->cfg.managed ? WS_DOWN : WS_STARTING;
         if (w->cfg.managed) {
             snprintf(w->address, sizeof w->address, "unix:%s/%s.sock", c->state_dir, w->cfg.name);
@@ -1354,6 +1395,14 @@ int rt_serve(const rt_config *c)
             ready += g.w[i].state == WS_READY;
         if (ready == g.n)
             break;
+        for (int i = 0; i < g.n; i++)
+            if (g.w[i].last_exit == 1 || g.w[i].last_exit == 2) {
+                /* a start-up failure (bad model, device or options) does
+                 * not get better by restarting */
+                fprintf(stderr, "spillway serve: worker %s failed to start (exit status %d); see %s\n",
+                        g.w[i].cfg.name, g.w[i].last_exit, g.w[i].log_path);
+                goto out;
+            }
         if (g.stop || now_s() - t0 > c->ready_timeout_s) {
             for (int i = 0; i < g.n; i++)
                 if (g.w[i].state != WS_READY)

@@ -47,6 +47,8 @@ typedef struct rt_config {
     size_t max_body_bytes;     /* default 1 MiB */
     int max_attempts;          /* default 3 */
     int max_connections;       /* default 256 */
+    int queue_size;            /* requests waiting for a worker (64) */
+    int queue_timeout_ms;      /* longest wait in the queue (10000) */
     int http_timeout_s;        /* default 30 */
     int health_interval_ms;    /* default 1000 */
     int ready_timeout_s;       /* managed worker start-up (default 120) */

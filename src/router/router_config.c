@@ -30,6 +30,8 @@ void rt_config_defaults(rt_config *c)
     c->max_body_bytes = (size_t)1 << 20;
     c->max_attempts = 3;
     c->max_connections = 256;
+    c->queue_size = 64;
+    c->queue_timeout_ms = 10000;
     c->http_timeout_s = 30;
     c->health_interval_ms = 1000;
     c->ready_timeout_s = 120;
@@ -125,6 +127,14 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 1, 100000, &x))
             return cfg_fail(p, s, name, "expected an integer 1..100000", v);
         c->max_connections = (int)x;
+    } else if (!strcmp(name, "queue-size")) {
+        if (!cfg_int(v, 0, 100000, &x))
+            return cfg_fail(p, s, name, "expected an integer 0..100000", v);
+        c->queue_size = (int)x;
+    } else if (!strcmp(name, "queue-timeout-ms")) {
+        if (!cfg_int(v, 0, 3600000, &x))
+            return cfg_fail(p, s, name, "expected milliseconds 0..3600000", v);
+        c->queue_timeout_ms = (int)x;
     } else if (!strcmp(name, "http-timeout")) {
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);

@@ -889,6 +889,75 @@ static void test_cancel_during_failover(void **state)
     dev_sim_unlink(g_pool, NULL);
 }
 
+/* A worker that cannot start (no CUDA in this build) stops `spillway
+ * serve` with status 1 at once instead of restarting it forever; a bad
+ * configuration is status 2. */
+static void test_startup_failure(void **state)
+{
+    char dir[400], cfg[500], text[2400];
+    snprintf(dir, sizeof dir, "%s", tu_tmp_path("rt-startfail"));
+    mkdir(dir, 0700);
+    snprintf(cfg, sizeof cfg, "%s/bad-worker.ini", dir);
+    snprintf(text, sizeof text,
+             "[server]\nlisten = unix:%s/r.sock\nstate-dir = %s/state\nready-timeout = 60\n"
+             "[model]\npath = %s\n[worker gpu]\ndevice = cuda:0\n",
+             dir, dir, g_model);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    char *out = NULL;
+    int st = -1;
+    char *argv[] = {(char *)tu_spillway_bin(), "serve", "--config", cfg, NULL};
+    double t0 = now_s();
+    assert_int_equal(tu_run_capture(argv, 30, &out, &st), 0);
+    sw_free(out);
+    assert_int_equal(st, 1);
+    assert_true(now_s() - t0 < 30); /* not the 60 s ready time-out */
+    f = fopen(cfg, "w");
+    assert_non_null(f);
+    fputs("[server]\nlisten = 127.0.0.1:0\nmax-attempts = many\n", f);
+    fclose(f);
+    assert_int_equal(tu_run_capture(argv, 30, &out, &st), 0);
+    sw_free(out);
+    assert_int_equal(st, 2);
+    remove(cfg);
+}
+
+/* A request that arrives while the only worker restarts waits in the
+ * queue and is served once the worker is back. */
+static void test_queue_while_restarting(void **state)
+{
+    router r;
+    assert_int_equal(router_start(&r, "queue", NULL, "[worker cpu]\nthreads = 1\nctx-limit = 512\n"), 0);
+    json_t *h = worker_health(&r, "cpu");
+    pid_t pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
+    json_decref(h);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    /* until the router has seen it go */
+    double t0 = now_s();
+    bool seen_down = false;
+    while (now_s() - t0 < 10 && !seen_down) {
+        h = worker_health(&r, "cpu");
+        seen_down = strcmp(json_string_value(json_object_get(h, "state")), "ready") != 0;
+        json_decref(h);
+        if (!seen_down)
+            usleep(5 * 1000);
+    }
+    assert_true(seen_down);
+    wc_response w;
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Attempts", "1");
+    wc_response_free(&w);
+    h = worker_health(&r, "cpu");
+    assert_true(json_integer_value(json_object_get(h, "restarts")) >= 1);
+    json_decref(h);
+    router_stop(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -898,6 +967,8 @@ int main(void)
         cmocka_unit_test(test_stream_crash),
         cmocka_unit_test(test_cancel_during_failover),
         cmocka_unit_test(test_kill_gpu_under_load),
+        cmocka_unit_test(test_startup_failure),
+        cmocka_unit_test(test_queue_while_restarting),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -66,7 +66,7 @@ static int setup(void **state)
     return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
 }
 
-static void router_stop(router *r);
+static int router_stop(router *r);
 
 static int teardown(void **state)
 {
@@ -141,16 +141,17 @@ static int router_start(router *r, const char *name, const char *server_extra,
     return -1;
 }
 
-static void router_stop(router *r)
+/* SIGTERM (SIGKILL after 15 s); returns the exit status. */
+static int router_stop(router *r)
 {
     for (int i = 0; i < 8; i++)
         if (g_live[i] == r)
             g_live[i] = NULL;
     if (r->pid <= 0)
-        return;
+        return -1;
     kill(r->pid, SIGTERM);
     double t0 = now_s();
-    int st;
+    int st = 0;
     while (waitpid(r->pid, &st, WNOHANG) != r->pid) {
         if (now_s() - t0 > 15) {
             kill(r->pid, SIGKILL);
@@ -160,6 +161,19 @@ static void router_stop(router *r)
         usleep(20 * 1000);
     }
     r->pid = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The end of a test: a clean exit, and no sanitizer report in the
+ * router's log (the sanitizer build). */
+static void router_finish(router *r)
+{
+    assert_int_equal(router_stop(r), 0);
+    char *log = tu_read_file(r->log, NULL);
+    assert_non_null(log);
+    if (strstr(log, "Sanitizer") || strstr(log, "runtime error"))
+        fail_msg("sanitizer report in %s", r->log);
+    sw_free(log);
 }
 
 /* One request with extra header lines ("Name: v\r\n"...). */
@@ -347,7 +361,7 @@ static void test_admission_and_oom_replay(void **state)
     json_t *ev = events(&r);
     assert_int_equal((int)json_array_size(ev), 0);
     json_decref(ev);
-    router_stop(&r);
+    router_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 
     /* Injected OOM: grow policy, device allocations fail after start-up
@@ -404,7 +418,7 @@ static void test_admission_and_oom_replay(void **state)
     sw_free(text);
     /* the poisoned GPU worker is restarted */
     wait_restarted(&r, "gpu", 1);
-    router_stop(&r);
+    router_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -529,7 +543,7 @@ static void test_stream_crash(void **state)
                                 "resume");
             json_decref(ev);
         }
-        router_stop(&r);
+        router_finish(&r);
         dev_sim_unlink(g_pool, NULL);
     }
 }
@@ -594,7 +608,7 @@ static void test_deadline(void **state)
                      0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
-    router_stop(&r);
+    router_finish(&r);
 }
 
 /* #6: bad input, unauthorised, oversize: the 4xx, and the router keeps
@@ -673,7 +687,7 @@ static void test_bad_requests(void **state)
     assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"none\",outcome=\"unauthorized\"} 3"));
     assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"cpu\",outcome=\"ok\"} 1"));
     wc_response_free(&w);
-    router_stop(&r);
+    router_finish(&r);
 }
 
 /* A sim-gpu pool capacity that leaves about free_bytes free under the 10%
@@ -802,7 +816,7 @@ static void test_kill_gpu_under_load(void **state)
     assert_int_equal(w.status, 200);
     assert_header(&w, "X-Spillway-Worker", "gpu");
     wc_response_free(&w);
-    router_stop(&r);
+    router_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -885,7 +899,7 @@ static void test_cancel_during_failover(void **state)
         assert_true(now_s() - t0 < 10);
         usleep(20 * 1000);
     }
-    router_stop(&r);
+    router_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -955,7 +969,7 @@ static void test_queue_while_restarting(void **state)
     h = worker_health(&r, "cpu");
     assert_true(json_integer_value(json_object_get(h, "restarts")) >= 1);
     json_decref(h);
-    router_stop(&r);
+    router_finish(&r);
 }
 
 int main(void)

@@ -1081,8 +1081,8 @@ static void test_matmul_quantized_prefill(void **state)
             for (size_t ki = 0; ki < sizeof n_tokens_list / sizeof n_tokens_list[0]; ki++) {
                 int64_t n_tokens = n_tokens_list[ki];
                 int64_t n_out = 33 + (int64_t)ki;
-                if (n_tokens > 64 && k_ins[ni] > 1024)
-                    continue;
+                if (k_ins[ni] > 1024 && n_tokens != 23)
+                    continue; /* long rows: one full and one short token tile (time under ASan) */
                 tq_matmul_case(k_types[ti], n_out, k_ins[ni], n_tokens, 0, n_out, 1);
                 tq_matmul_case(k_types[ti], n_out, k_ins[ni], n_tokens, 3, n_out - 2, 0);
             }

@@ -89,7 +89,24 @@ static struct {
     uint64_t failovers_oom, failovers_crash, rejected_capacity, rejected_auth, rejected_bad;
     uint64_t requests_total;
     int queued;                 /* requests waiting for a worker now */
+    uint64_t lat_buckets[12], ttft_buckets[12];
+    uint64_t lat_count, ttft_count;
+    double lat_sum, ttft_sum;
 } g;
+
+/* Histogram bucket bounds (seconds) for latency and time to first token;
+ * the last bucket is +Inf. */
+static const double hist_le[11] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+
+static void hist_add(uint64_t *buckets, uint64_t *count, double *sum, double v)
+{
+    int i = 0;
+    while (i < 11 && v > hist_le[i])
+        i++;
+    buckets[i]++;
+    (*count)++;
+    *sum += v;
+}
 
 static double now_s(void)
 {
@@ -489,6 +506,9 @@ typedef struct relay {
     char final_worker[64]; /* where the last attempt ran */
     bool client_gone;
     size_t resume_base;    /* tokens sent before this attempt (a resume) */
+    double t_start;        /* monotonic, when the request was read */
+    double ttft;           /* seconds to the first token sent, -1 before */
+    int status;            /* HTTP status relayed to the client */
 } relay;
 
 static int client_chunk(relay *r, const char *data, size_t len)
@@ -514,6 +534,7 @@ static int client_event(relay *r, const char *payload)
         if (rn_write_all(r->q->fd, head, (size_t)n))
             return -1;
         r->headers_sent = true;
+        r->status = 200;
     }
     size_t len = strlen(payload);
     char *ev = sw_malloc(len + 9);
@@ -597,6 +618,8 @@ static fail_kind stream_payload(relay *r, const char *payload, bool *done)
         return FAIL_CLIENT_GONE;
     }
     json_t *ids = json_object_get(sp, "token_ids");
+    if (r->ttft < 0 && json_array_size(ids) > 0)
+        r->ttft = now_s() - r->t_start;
     for (size_t i = 0; i < json_array_size(ids); i++) {
         if (r->n_tokens == r->cap_tokens) {
             size_t nc = r->cap_tokens ? r->cap_tokens * 2 : 256;
@@ -670,6 +693,7 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
         }
         pthread_mutex_unlock(&g.mu);
         r->n_tokens = (size_t)toks;
+        r->status = c.status;
         send_response(r->q, c.status, c.content_type[0] ? c.content_type : "application/json",
                       NULL, resp, len);
         sw_free(resp);
@@ -732,8 +756,43 @@ out:
     return fk;
 }
 
+/* Nesting depth of a JSON text (brackets outside strings), so a deeply
+ * nested body is refused before the parser recurses into it. */
+static int json_depth(const char *s, size_t n)
+{
+    int depth = 0, max = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (in_str) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == '{' || ch == '[') {
+            if (++depth > max)
+                max = depth;
+        } else if (ch == '}' || ch == ']') {
+            depth--;
+        }
+    }
+    return max;
+}
+
+#define RT_MAX_JSON_DEPTH 32
+
 static void handle_generate(rt_req *q, bool chat)
 {
+    if (json_depth(q->body, q->body_len) > RT_MAX_JSON_DEPTH) {
+        pthread_mutex_lock(&g.mu);
+        g.rejected_bad++;
+        pthread_mutex_unlock(&g.mu);
+        send_error(q, 400, "invalid_request", "the body is nested too deeply (at most 32 levels)",
+                   NULL, NULL);
+        return;
+    }
     json_error_t jerr;
     json_t *body = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
     relay r;
@@ -741,6 +800,8 @@ static void handle_generate(rt_req *q, bool chat)
     r.q = q;
     r.chat = chat;
     r.draws = -1;
+    r.t_start = now_s();
+    r.ttft = -1;
     json_t *first_error = NULL;
     double t0 = wall_s(), replay_start = 0;
     if (!body || !json_is_object(body)) {
@@ -929,6 +990,13 @@ static void handle_generate(rt_req *q, bool chat)
             ev_record(ev);
         json_decref(ev);
     }
+    if (r.finished && r.status == 200) {
+        pthread_mutex_lock(&g.mu);
+        hist_add(g.lat_buckets, &g.lat_count, &g.lat_sum, now_s() - r.t_start);
+        if (r.ttft >= 0)
+            hist_add(g.ttft_buckets, &g.ttft_count, &g.ttft_sum, r.ttft);
+        pthread_mutex_unlock(&g.mu);
+    }
     sw_free(r.tokens);
     json_decref(body);
 }
@@ -983,7 +1051,7 @@ static void handle_events(rt_req *q)
 
 static void handle_metrics(rt_req *q)
 {
-    size_t cap = 16384, n = 0;
+    size_t cap = 65536, n = 0;
     char *b = sw_malloc(cap);
     if (!b)
         return;
@@ -1038,6 +1106,22 @@ static void handle_metrics(rt_req *q)
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         g.active_conns);
     OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", g.queued);
+    for (int h = 0; h < 2; h++) {
+        const char *name = h ? "spillway_router_time_to_first_token_seconds"
+                             : "spillway_router_request_duration_seconds";
+        const uint64_t *hb = h ? g.ttft_buckets : g.lat_buckets;
+        uint64_t cum = 0;
+        OUT("# TYPE %s histogram\n", name);
+        for (int i = 0; i < 12; i++) {
+            cum += hb[i];
+            if (i < 11)
+                OUT("%s_bucket{le=\"%g\"} %llu\n", name, hist_le[i], (unsigned long long)cum);
+            else
+                OUT("%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+        }
+        OUT("%s_sum %.6f\n%s_count %llu\n", name, h ? g.ttft_sum : g.lat_sum, name,
+            (unsigned long long)(h ? g.ttft_count : g.lat_count));
+    }
     pthread_mutex_unlock(&g.mu);
 #undef OUT
     send_response(q, 200, "text/plain; version=0.0.4", NULL, b, n);
@@ -1104,6 +1188,7 @@ static void serve_conn(int fd)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     enum { HEAD_MAX = 16384 };
+    double t_read = now_s();
     char *head = sw_malloc(HEAD_MAX + 1);
     size_t hl = 0;
     char *end = NULL;
@@ -1115,6 +1200,8 @@ static void serve_conn(int fd)
             send_error(&q, 400, "invalid_request", "header block too large", NULL, NULL);
             goto done;
         }
+        if (now_s() - t_read > g.cfg->http_timeout_s)
+            goto done; /* a client that trickles its request is dropped */
         ssize_t r = recv(fd, head + hl, HEAD_MAX - hl, 0);
         if (r < 0 && errno == EINTR)
             continue;
@@ -1196,6 +1283,8 @@ static void serve_conn(int fd)
         have = (size_t)content_length;
     memcpy(q.body, head + head_len, have);
     while (have < (size_t)content_length) {
+        if (now_s() - t_read > g.cfg->http_timeout_s)
+            goto done;
         ssize_t r = recv(fd, q.body + have, (size_t)content_length - have, 0);
         if (r < 0 && errno == EINTR)
             continue;

@@ -656,6 +656,19 @@ static void test_bad_requests(void **state)
                      0);
     assert_int_equal(w.status, 400);
     wc_response_free(&w);
+    /* nested too deeply */
+    char deep[256];
+    int dn = snprintf(deep, sizeof deep, "{\"prompt\":\"Hi\",\"x\":");
+    for (int i = 0; i < 40; i++)
+        deep[dn++] = '[';
+    for (int i = 0; i < 40; i++)
+        deep[dn++] = ']';
+    deep[dn++] = '}';
+    deep[dn] = 0;
+    assert_int_equal(req(&r, "POST", "/v1/completions", auth, deep, &w), 0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(error_code(&w, code, sizeof code), "invalid_request");
+    wc_response_free(&w);
     /* oversize */
     char *big = sw_malloc(8192);
     assert_non_null(big);
@@ -686,6 +699,9 @@ static void test_bad_requests(void **state)
     assert_int_equal(w.status, 200);
     assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"none\",outcome=\"unauthorized\"} 3"));
     assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"cpu\",outcome=\"ok\"} 1"));
+    assert_non_null(strstr(w.body, "spillway_router_request_duration_seconds_count 1\n"));
+    assert_non_null(strstr(w.body, "spillway_router_request_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
+    assert_non_null(strstr(w.body, "spillway_router_time_to_first_token_seconds_count 0\n"));
     wc_response_free(&w);
     router_finish(&r);
 }

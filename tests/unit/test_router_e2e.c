@@ -537,8 +537,29 @@ static void test_stream_crash(void **state)
             wc_sse_free(evs, ne);
             assert_int_equal(roles, 1);
             wc_response_free(&w);
+            /* A sampled stream (seed given) resumes the same random
+             * stream: the tokens of an uninterrupted run on the CPU. */
+            const char *sampled = "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+                                  "\"temperature\":0.9,\"top_k\":40,\"seed\":7,\"ignore_eos\":true";
+            snprintf(body_s, sizeof body_s, "%s,\"stream\":true}", sampled);
+            snprintf(body_n, sizeof body_n, "%s}", sampled);
+            assert_int_equal(wc_request(cpu_sock, "POST", "/v1/completions", body_n, 30000, &d), 0);
+            assert_int_equal(d.status, 200);
+            n_want = wc_tokens_of(&d, false, want, MAXTOK, NULL, fin, sizeof fin);
+            wc_response_free(&d);
+            assert_int_equal(n_want, 24);
+            wait_restarted(&r, "gpu", 2); /* the chat request crashed it again */
+            n = stream_tokens(&r, "sampled-k", body_s, got, &w);
+            assert_int_equal(n, n_want);
+            assert_memory_equal(got, want, (size_t)n * sizeof *got);
+            wc_response_free(&w);
             ev = events(&r);
-            assert_int_equal((int)json_array_size(ev), 2);
+            assert_int_equal((int)json_array_size(ev), 3);
+            assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 2), "decision")),
+                                "resume");
+            json_decref(ev);
+            ev = events(&r);
+            assert_int_equal((int)json_array_size(ev), 3);
             assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 1), "decision")),
                                 "resume");
             json_decref(ev);

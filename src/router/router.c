@@ -283,17 +283,16 @@ static void sup_pass(bool force_health)
         bool due = w->pid > 0 || !w->cfg.managed;
         due = due && (force_health || w->state != WS_READY ||
                       t - w->last_health >= g.cfg->health_interval_ms / 1000.0);
-        due = due && !(w->restart_requested);
-        pthread_mutex_unlock(&g.mu);
-        if (spawn) {
-            pthread_mutex_lock(&g.mu);
+        due = due && !w->restart_requested && !(w->state == WS_DOWN && w->cfg.managed);
+        if (spawn)
             sup_spawn(w);
-            pthread_mutex_unlock(&g.mu);
-        } else if (due && !(w->state == WS_DOWN && w->cfg.managed)) {
+        pthread_mutex_unlock(&g.mu);
+        if (!spawn && due)
             sup_health(w);
-        }
     }
 }
+
+static void stop_workers(void);
 
 static void *sup_thread(void *arg)
 {
@@ -301,6 +300,9 @@ static void *sup_thread(void *arg)
         sup_pass(false);
         usleep(50 * 1000);
     }
+    /* Workers this thread restarted die with it (PR_SET_PDEATHSIG is per
+     * thread): stop them all here, gracefully, before it ends. */
+    stop_workers();
     return NULL;
 }
 
@@ -1132,7 +1134,10 @@ static void handle_models(rt_req *q)
 {
     for (int k = 0; k < g.n; k++) {
         rt_worker *w = &g.w[g.order[k]];
-        if (w->state != WS_READY)
+        pthread_mutex_lock(&g.mu);
+        bool ready = w->state == WS_READY;
+        pthread_mutex_unlock(&g.mu);
+        if (!ready)
             continue;
         char *body = NULL;
         if (rn_get(w->address, "/v1/models", 5000, &body) == 200 && body) {
@@ -1570,7 +1575,8 @@ out:
     g.stop = 1;
     if (sup_started)
         pthread_join(sup, NULL);
-    stop_workers();
+    else
+        stop_workers();
     eng_tokenizer_free(g.tok);
     for (int i = 0; i < RT_EVENTS; i++)
         sw_free(g.events[i]);

@@ -1104,6 +1104,56 @@ static void test_matmul_kquant(void **state)
             }
 }
 
+/* cpu_matmul_rows_per_token: every (row, token) result is bit for bit the
+ * one-token result, whatever the number of tokens in the call, for every
+ * weight type at every level (what decode steps of several sequences rely
+ * on: a stream's tokens must not depend on the company it keeps). The plain
+ * cpu_matmul_rows does not promise this: at the AMX level it differs. */
+static void test_matmul_per_token_invariance(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {ENG_TYPE_F32,  ENG_TYPE_F16,  ENG_TYPE_BF16, ENG_TYPE_Q8_0,
+                              ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+    const int64_t n_in = 512, n_out = 37, max_tokens = 24;
+    for (int level = 0; level < tq_n_isa(); level++) {
+        cpu_kernels_force_isa((cpu_isa)level);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            uint32_t type = types[ti], xtype = eng_vec_dot_type(type);
+            size_t w_row_bytes, x_row_bytes;
+            assert_true(eng_type_row_bytes(type, n_in, &w_row_bytes));
+            assert_true(eng_type_row_bytes(xtype, n_in, &x_row_bytes));
+            unsigned char *w = sw_malloc(w_row_bytes * (size_t)n_out);
+            unsigned char *xq = sw_malloc(x_row_bytes * (size_t)max_tokens);
+            float *x = sw_malloc(sizeof(float) * (size_t)(n_in * max_tokens));
+            float *one = sw_malloc(sizeof(float) * (size_t)n_out);
+            float *many = sw_malloc(sizeof(float) * (size_t)(n_out * max_tokens));
+            tq_random_weights(type, w, n_out, n_in);
+            tq_fill_activations(x, n_in * max_tokens, 1.0f);
+            cpu_convert_activations(type, x, n_in, max_tokens, n_in, xq);
+            for (int64_t n_tokens = 2; n_tokens <= max_tokens; n_tokens += 7) {
+                cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens,
+                                          many, n_out, 0, n_out);
+                for (int64_t t = 0; t < n_tokens; t++) {
+                    cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in,
+                                              xq + (size_t)t * x_row_bytes, x_row_bytes, 1, one,
+                                              n_out, 0, n_out);
+                    if (memcmp(one, many + t * n_out, sizeof(float) * (size_t)n_out) != 0)
+                        fail_msg("level %s, type %s: token %lld of %lld differs from the "
+                                 "one-token product", cpu_isa_name((cpu_isa)level),
+                                 eng_type_traits_get(type)->name, (long long)t,
+                                 (long long)n_tokens);
+                }
+            }
+            sw_free(w);
+            sw_free(xq);
+            sw_free(x);
+            sw_free(one);
+            sw_free(many);
+        }
+    }
+    cpu_kernels_force_isa(CPU_ISA_AMX);
+}
+
 static void test_matmul_float(void **state)
 {
     (void)state;
@@ -1312,6 +1362,7 @@ int main(void)
         cmocka_unit_test(test_isa_levels),
         cmocka_unit_test(test_matmul_quantized),
         cmocka_unit_test(test_matmul_quantized_prefill),
+        cmocka_unit_test(test_matmul_per_token_invariance),
         cmocka_unit_test(test_matmul_kquant),
         cmocka_unit_test(test_matmul_float),
         cmocka_unit_test(test_matmul_two_threads),

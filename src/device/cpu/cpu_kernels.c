@@ -270,11 +270,10 @@ void cpu_convert_activations(uint32_t wtype, const float *x, int64_t x_stride,
     }
 }
 
-void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
-                     const void *xq, size_t xq_row_bytes, int64_t n_tokens,
-                     float *y, int64_t y_stride, int64_t r0, int64_t r1)
+static void matmul_with(const cpu__kernel_table *k, uint32_t wtype, const void *w,
+                        size_t w_row_bytes, int64_t n_in, const void *xq, size_t xq_row_bytes,
+                        int64_t n_tokens, float *y, int64_t y_stride, int64_t r0, int64_t r1)
 {
-    const cpu__kernel_table *k = cpu_table();
     if (r1 <= r0 || n_tokens <= 0)
         return;
     cpu__matmul_fn fn = NULL;
@@ -307,6 +306,25 @@ void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t 
         return; /* the loader refuses unsupported types before this */
     }
     fn(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
+                     const void *xq, size_t xq_row_bytes, int64_t n_tokens,
+                     float *y, int64_t y_stride, int64_t r0, int64_t r1)
+{
+    matmul_with(cpu_table(), wtype, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y,
+                y_stride, r0, r1);
+}
+
+void cpu_matmul_rows_per_token(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
+                               const void *xq, size_t xq_row_bytes, int64_t n_tokens,
+                               float *y, int64_t y_stride, int64_t r0, int64_t r1)
+{
+    const cpu__kernel_table *k = cpu_table();
+    if (cpu_active_isa == CPU_ISA_AMX)
+        k = &cpu_tables[CPU_ISA_AVX512];
+    matmul_with(k, wtype, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,
+                r1);
 }
 
 float cpu_vec_dot(uint32_t wtype, int64_t n, const void *w_row, const void *x_row)

@@ -66,6 +66,16 @@ void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t 
                      const void *xq, size_t xq_row_bytes, int64_t n_tokens,
                      float *y, int64_t y_stride, int64_t r0, int64_t r1);
 
+/* The same for tokens whose results must not depend on how many tokens
+ * share the call - a decode step of several sequences: each (row, token)
+ * result is bit for bit what a one-token call gives. cpu_matmul_rows may
+ * switch to the AMX tiles from a few tokens on, which round differently,
+ * so this never does (the AVX-512 tiles compute every (row, token) with the
+ * same operations whatever their shape; test_quant checks it per type). */
+void cpu_matmul_rows_per_token(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
+                               const void *xq, size_t xq_row_bytes, int64_t n_tokens,
+                               float *y, int64_t y_stride, int64_t r0, int64_t r1);
+
 /* Float helpers (vectorised where it pays). */
 float cpu_dot_f32(const float *a, const float *b, int64_t n);
 void cpu_axpy_f32(float *y, float a, const float *x, int64_t n); /* y += a*x */

@@ -1523,8 +1523,9 @@ int rt_serve(const rt_config *c)
     }
     printf("spillway serve: listening on %s\n", actual);
     if (strncmp(actual, "unix:", 5))
-        printf("try: curl http://%s/v1/completions -H 'Content-Type: application/json' "
-               "-d '{\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n", actual);
+        printf("try: curl http://%s/v1/completions -H 'Content-Type: application/json'%s "
+               "-d '{\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n",
+               actual, c->n_keys ? " -H 'Authorization: Bearer YOUR_KEY'" : "");
     fflush(stdout);
     while (!g.stop) {
         struct pollfd p = {lfd, POLLIN, 0};

@@ -31,6 +31,7 @@ typedef struct matmul_job {
     const void *xq;
     size_t xq_row_bytes;
     int64_t n_tokens;
+    bool per_token;    /* tokens of different sequences: batch-invariant path */
 } matmul_job;
 
 static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
@@ -45,7 +46,11 @@ static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
             r0 = 0;
         if (r1 > w->n_out)
             r1 = w->n_out;
-        if (r0 < r1)
+        if (r0 < r1 && job->per_token)
+            cpu_matmul_rows_per_token(w->type, w->data, w->row_bytes, w->n_in, job->xq,
+                                      job->xq_row_bytes, job->n_tokens, job->y[m],
+                                      job->y_stride[m], r0, r1);
+        else if (r0 < r1)
             cpu_matmul_rows(w->type, w->data, w->row_bytes, w->n_in, job->xq, job->xq_row_bytes,
                             job->n_tokens, job->y[m], job->y_stride[m], r0, r1);
         base += w->n_out;
@@ -57,7 +62,7 @@ static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
  * parallel loop; a group with different formats (a mixed-type file, e.g. a
  * K-quant next to an F16 matrix) is split so each converts its own. */
 static void matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, float *const *y,
-                   const float *x, int64_t n_tokens)
+                   const float *x, int64_t n_tokens, bool per_token)
 {
     unsigned char *act = ctx->workspace + ctx->layout.act;
     uint32_t act_type = eng_vec_dot_type(w[0]->type);
@@ -66,11 +71,11 @@ static void matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, flo
         same++;
     if (same < n_mats) {
         for (int m = 0; m < n_mats; m++)
-            matmul(ctx, 1, &w[m], &y[m], x, n_tokens);
+            matmul(ctx, 1, &w[m], &y[m], x, n_tokens, per_token);
         return;
     }
 
-    matmul_job job = {.n_mats = n_mats, .xq = act, .n_tokens = n_tokens};
+    matmul_job job = {.n_mats = n_mats, .xq = act, .n_tokens = n_tokens, .per_token = per_token};
     int64_t rows = 0;
     size_t row_bytes = 0;
     eng_type_row_bytes(act_type, w[0]->n_in, &row_bytes);
@@ -218,7 +223,8 @@ static void attention_task(void *arg, int64_t begin, int64_t end, int thread_ind
  * logit_tokens are written as rows of n_vocab floats to the workspace's
  * logits region. */
 static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_token_meta *meta,
-                           int64_t n, const int64_t *logit_tokens, int32_t n_logit)
+                           int64_t n, const int64_t *logit_tokens, int32_t n_logit,
+                           bool per_token)
 {
     const eng_model *m = ctx->model;
     const eng_hparams *hp = &m->hp;
@@ -245,7 +251,7 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
         {
             const eng_weight *w[3] = {&L->wq, &L->wk, &L->wv};
             float *y[3] = {q, k, v};
-            matmul(ctx, 3, w, y, xn, n);
+            matmul(ctx, 3, w, y, xn, n, per_token);
             add_bias(q, &L->bq, n, q_dim);
             add_bias(k, &L->bk, n, kv_dim);
             add_bias(v, &L->bv, n, kv_dim);
@@ -271,7 +277,7 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
         {
             const eng_weight *w[1] = {&L->wo};
             float *y[1] = {xn};
-            matmul(ctx, 1, w, y, att, n);
+            matmul(ctx, 1, w, y, att, n, per_token);
             for (int64_t i = 0; i < n * dim; i++)
                 x[i] += xn[i];
         }
@@ -281,7 +287,7 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
         {
             const eng_weight *w[2] = {&L->w_gate, &L->w_up};
             float *y[2] = {gate, up};
-            matmul(ctx, 2, w, y, xn, n);
+            matmul(ctx, 2, w, y, xn, n, per_token);
         }
         for (int64_t i = 0; i < n * n_ff; i++) {
             float g = gate[i];
@@ -290,7 +296,7 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
         {
             const eng_weight *w[1] = {&L->w_down};
             float *y[1] = {xn};
-            matmul(ctx, 1, w, y, gate, n);
+            matmul(ctx, 1, w, y, gate, n, per_token);
             for (int64_t i = 0; i < n * dim; i++)
                 x[i] += xn[i];
         }
@@ -303,7 +309,7 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
                      hp->rms_eps);
         const eng_weight *w[1] = {&ctx->output};
         float *y[1] = {(float *)(ws + ctx->layout.logits)};
-        matmul(ctx, 1, w, y, xn, n_logit);
+        matmul(ctx, 1, w, y, xn, n_logit, per_token);
     }
 }
 
@@ -355,7 +361,7 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
             meta[t].seq = seq;
             meta[t].pos = seq->n_tokens + t;
         }
-        forward_tokens(ctx, tokens + done, meta, n, &last_token, last && logits ? 1 : 0);
+        forward_tokens(ctx, tokens + done, meta, n, &last_token, last && logits ? 1 : 0, false);
         seq->n_tokens += n;
         done += n;
     }
@@ -366,7 +372,7 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
 
 /* Runs the listed entries (KV already taken) as one forward pass. */
 static void run_entries(eng_context *ctx, const eng_batch_entry *entries, const int32_t *which,
-                        int32_t n_which)
+                        int32_t n_which, bool per_token)
 {
     const eng_hparams *hp = &ctx->model->hp;
     unsigned char *ws = ctx->workspace;
@@ -388,7 +394,7 @@ static void run_entries(eng_context *ctx, const eng_batch_entry *entries, const 
         if (e->logits)
             logit_tokens[n_logit++] = n - 1;
     }
-    forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit);
+    forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit, per_token);
     n_logit = 0;
     for (int32_t k = 0; k < n_which; k++) {
         const eng_batch_entry *e = &entries[which[k]];
@@ -449,9 +455,9 @@ int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n
         if (status[i] == SW_OK && entries[i].n_tokens == 1)
             which[n_decode++] = i;
     if (n_decode > 0)
-        run_entries(ctx, entries, which, n_decode);
+        run_entries(ctx, entries, which, n_decode, true);
     for (int32_t i = 0; i < n_entries; i++)
         if (status[i] == SW_OK && entries[i].n_tokens > 1)
-            run_entries(ctx, entries, &i, 1);
+            run_entries(ctx, entries, &i, 1, false);
     return SW_OK;
 }

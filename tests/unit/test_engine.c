@@ -344,6 +344,59 @@ static void test_decode_batch_matches_single(void **state)
     eng_model_free(model);
 }
 
+/* A decode step's logits are bit for bit the same whether a sequence runs
+ * alone or with 8 others (enough tokens for the tile path a prefill would
+ * take): what lets concurrent streams reproduce their solo tokens. */
+static void test_decode_step_batch_invariant(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_F16};
+    for (size_t ti = 0; ti < 3; ti++) {
+        char name[32];
+        snprintf(name, sizeof name, "inv-%zu.gguf", ti);
+        eng_model *model;
+        sw_error err;
+        if (eng_model_load(make_model(name, types[ti], 512), &model, &err))
+            fail_msg("load: %s", err.message);
+        const int32_t n_vocab = eng_model_hparams(model)->n_vocab, n_seq = 9;
+        eng_context_params cp = eng_context_default_params();
+        cp.n_ctx = 32;
+        cp.n_threads = 2;
+        cp.n_seq_max = n_seq;
+        cp.n_batch = 32;
+        eng_context *together, *alone;
+        assert_int_equal(eng_context_create(model, &cp, &together, &err), SW_OK);
+        assert_int_equal(eng_context_create(model, &cp, &alone, &err), SW_OK);
+        float *a = sw_malloc(sizeof(float) * (size_t)n_vocab * n_seq);
+        float *b = sw_malloc(sizeof(float) * (size_t)n_vocab);
+        int32_t prompt[3], next[9];
+        eng_batch_entry entries[9];
+        int status[9];
+        for (int32_t q = 0; q < n_seq; q++) {
+            prompt[0] = 1;
+            prompt[1] = 10 + q;
+            prompt[2] = 100 + 3 * q;
+            assert_int_equal(eng_decode(together, q, prompt, 3, NULL, &err), SW_OK);
+            assert_int_equal(eng_decode(alone, q, prompt, 3, NULL, &err), SW_OK);
+            next[q] = 200 + q;
+            entries[q] = (eng_batch_entry){q, &next[q], 1, a + (size_t)q * n_vocab};
+        }
+        assert_int_equal(eng_decode_batch(together, entries, n_seq, status, &err), SW_OK);
+        for (int32_t q = 0; q < n_seq; q++) {
+            assert_int_equal(status[q], SW_OK);
+            assert_int_equal(eng_decode(alone, q, &next[q], 1, b, &err), SW_OK);
+            if (memcmp(a + (size_t)q * n_vocab, b, sizeof(float) * (size_t)n_vocab) != 0)
+                fail_msg("type %u: sequence %d's logits differ between the batch and alone",
+                         types[ti], q);
+        }
+        sw_free(a);
+        sw_free(b);
+        eng_context_free(together);
+        eng_context_free(alone);
+        eng_model_free(model);
+    }
+}
+
 /* KV blocks: a sequence of n tokens holds ceil(n / block) blocks; clearing
  * returns them; the context limit and bad ids are typed errors. */
 static void test_kv_blocks_and_limits(void **state)
@@ -495,6 +548,7 @@ int main(void)
         cmocka_unit_test(test_tiny_random_top5_golden),
         cmocka_unit_test(test_batched_prefill_matches_stepwise),
         cmocka_unit_test(test_decode_batch_matches_single),
+        cmocka_unit_test(test_decode_step_batch_invariant),
         cmocka_unit_test(test_kv_blocks_and_limits),
         cmocka_unit_test(test_resume_is_exact),
         cmocka_unit_test(test_model_load_errors),

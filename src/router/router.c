@@ -1484,10 +1484,14 @@ int rt_serve(const rt_config *c)
     double t0 = now_s();
     for (;;) {
         sup_pass(true);
-        int ready = 0;
-        for (int i = 0; i < g.n; i++)
+        /* every managed worker, and at least one worker in all: a worker
+         * given by url may come up later */
+        int ready = 0, managed_waiting = 0;
+        for (int i = 0; i < g.n; i++) {
             ready += g.w[i].state == WS_READY;
-        if (ready == g.n)
+            managed_waiting += g.w[i].cfg.managed && g.w[i].state != WS_READY;
+        }
+        if (ready > 0 && managed_waiting == 0)
             break;
         for (int i = 0; i < g.n; i++)
             if (g.w[i].last_exit == 1 || g.w[i].last_exit == 2) {

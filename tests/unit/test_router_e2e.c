@@ -1009,6 +1009,48 @@ static void test_queue_while_restarting(void **state)
     router_finish(&r);
 }
 
+/* A worker given by url (not managed): used in its preference place,
+ * reported down when it goes away (never restarted by the router), and
+ * the managed worker takes its requests. */
+static void test_external_worker(void **state)
+{
+    wc_worker ext;
+    const char *args[] = {"--threads", "1", "--ctx-limit", "512", NULL};
+    assert_int_equal(wc_worker_start(&ext, g_model, args, NULL, 30, NULL), 0);
+    router r;
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker cpu]\nthreads = 1\nctx-limit = 512\npreference = 2\n"
+             "[worker ext]\nurl = unix:%s\npreference = 1\n",
+             ext.socket_path);
+    assert_int_equal(router_start(&r, "external", NULL, workers), 0);
+    wc_response w;
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}";
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, body, &w), 0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Worker", "ext");
+    wc_response_free(&w);
+    assert_int_equal(wc_worker_stop(&ext), 0);
+    /* the next request goes to the managed worker, whether or not the
+     * router has noticed yet (a refused connection is a failover) */
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, body, &w), 0);
+    assert_int_equal(w.status, 200);
+    assert_header(&w, "X-Spillway-Worker", "cpu");
+    wc_response_free(&w);
+    double t0 = now_s();
+    for (;;) {
+        json_t *h = worker_health(&r, "ext");
+        bool down = !strcmp(json_string_value(json_object_get(h, "state")), "down");
+        assert_false(json_is_true(json_object_get(h, "managed")));
+        json_decref(h);
+        if (down)
+            break;
+        assert_true(now_s() - t0 < 10);
+        usleep(20 * 1000);
+    }
+    router_finish(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1020,6 +1062,7 @@ int main(void)
         cmocka_unit_test(test_kill_gpu_under_load),
         cmocka_unit_test(test_startup_failure),
         cmocka_unit_test(test_queue_while_restarting),
+        cmocka_unit_test(test_external_worker),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

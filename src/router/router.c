@@ -681,6 +681,26 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
             sw_free(resp);
             goto out;
         }
+        if (r->headers_sent) {
+            /* a resumed stream refused with a 4xx: the client already has
+             * a stream, so the error ends it as an event (never retried) */
+            json_t *j = json_loads(resp, 0, NULL);
+            char *e = j && json_object_get(j, "error") ? json_dumps(j, JSON_COMPACT) : NULL;
+            json_decref(j);
+            if (!e) {
+                json_t *eo = error_obj(500, "worker_failed", "the worker refused the resume", NULL);
+                e = json_dumps(eo, JSON_COMPACT);
+                json_decref(eo);
+            }
+            if (e && (client_event(r, e) || client_event(r, "[DONE]") || client_chunk(r, "", 0)))
+                fk = FAIL_CLIENT_GONE;
+            free(e);
+            sw_free(resp);
+            pthread_mutex_lock(&g.mu);
+            w->req_client_error++;
+            pthread_mutex_unlock(&g.mu);
+            goto out;
+        }
         /* success or a client error: relayed as is, never retried */
         json_t *j = json_loads(resp, 0, NULL);
         long long toks = json_integer_value(

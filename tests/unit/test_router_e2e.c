@@ -1051,6 +1051,58 @@ static void test_external_worker(void **state)
     router_finish(&r);
 }
 
+/* A stream that cannot be resumed anywhere (the CPU worker's context is
+ * too short for prompt + the tokens sent) ends with a typed error event
+ * and [DONE], strictly framed, and the router keeps serving. */
+static void test_stream_unresumable(void **state)
+{
+    char spec[96];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    router r;
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 512\n"
+             "fault = abort_after_tokens:5,stall_ms:20\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 10\n",
+             spec);
+    assert_int_equal(router_start(&r, "unresumable", NULL, workers), 0);
+    wc_response w;
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
+                         "\"ignore_eos\":true,\"stream\":true}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    char **evs = NULL;
+    int ne = wc_sse_parse(w.body, w.body_len, &evs);
+    assert_true(ne >= 3);
+    assert_string_equal(evs[ne - 1], "[DONE]");
+    json_t *j = json_loads(evs[ne - 2], 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    assert_non_null(e);
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "worker_failed");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "server_error");
+    assert_true(json_is_string(json_object_get(e, "message")));
+    json_decref(j);
+    /* the tokens before the error came from the GPU worker */
+    j = json_loads(evs[0], 0, NULL);
+    assert_non_null(json_object_get(j, "choices"));
+    json_decref(j);
+    wc_sse_free(evs, ne);
+    wc_response_free(&w);
+    json_t *ev = events(&r);
+    assert_int_equal((int)json_array_size(ev), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 0), "outcome")),
+                        "failed");
+    json_decref(ev);
+    /* still serving (short requests fit the CPU's context) */
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, "{\"prompt\":\"Hi\",\"max_tokens\":2}", &w), 0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    router_finish(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1063,6 +1115,7 @@ int main(void)
         cmocka_unit_test(test_startup_failure),
         cmocka_unit_test(test_queue_while_restarting),
         cmocka_unit_test(test_external_worker),
+        cmocka_unit_test(test_stream_unresumable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

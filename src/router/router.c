@@ -495,6 +495,10 @@ static int pick_worker(const bool *tried, long prompt, long max_tokens, long lon
 
 /* ---- dispatch, relay, failover ---------------------------------------- */
 
+/* Cap on one SSE event from a worker (a token's chunk with logprobs is a
+ * few KiB at most). */
+#define RT_MAX_EVENT_BYTES ((size_t)4 << 20)
+
 typedef enum { FAIL_NONE, FAIL_OOM, FAIL_CRASH, FAIL_BUSY, FAIL_CLIENT_GONE } fail_kind;
 
 typedef struct relay {
@@ -736,6 +740,12 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
         if (n <= 0) {
             snprintf(r->phase, sizeof r->phase, "generation");
             fk = FAIL_CRASH; /* the stream ended without [DONE] */
+            break;
+        }
+        if (acc_len + (size_t)n > RT_MAX_EVENT_BYTES) {
+            /* no event is that long: a broken worker */
+            snprintf(r->phase, sizeof r->phase, "generation");
+            fk = FAIL_CRASH;
             break;
         }
         if (acc_len + (size_t)n + 1 > acc_cap) {

@@ -1,0 +1,459 @@
+/* router_http.c - the router's client side: one thread per connection
+ * reads a request within the limits (header block, body size, time-outs),
+ * checks the API key, assigns the request id and dispatches it; the small
+ * routes (/health, /metrics, /v1/models, /v1/spillway/events) and the
+ * OpenAI-shaped responses live here too.
+ */
+#include "router/router-impl.h"
+#include "router/router_net.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const double rt__hist_le[11] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+
+
+void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
+                          const char *body, size_t len)
+{
+    const char *reason = status == 200 ? "OK" : status == 400 ? "Bad Request"
+                       : status == 401 ? "Unauthorized" : status == 404 ? "Not Found"
+                       : status == 405 ? "Method Not Allowed" : status == 413 ? "Payload Too Large"
+                       : status == 503 ? "Service Unavailable" : status >= 500 ? "Server Error" : "Error";
+    char head[1536];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\nX-Request-Id: %s\r\n%s%s%s",
+                     status, reason, ctype, len, q->request_id, q->worker[0] ? "X-Spillway-Worker: " : "",
+                     q->worker[0] ? q->worker : "", q->worker[0] ? "\r\n" : "");
+    if (q->attempts > 0 && n > 0 && (size_t)n < sizeof head)
+        n += snprintf(head + n, sizeof head - (size_t)n, "X-Spillway-Attempts: %d\r\n", q->attempts);
+    if (n > 0 && (size_t)n < sizeof head)
+        n += snprintf(head + n, sizeof head - (size_t)n, "%s\r\n", extra ? extra : "");
+    if (n > 0 && (size_t)n < sizeof head && rn_write_all(q->fd, head, (size_t)n) == 0 && len)
+        rn_write_all(q->fd, body, len);
+}
+
+json_t *rt__error_obj(int status, const char *code, const char *msg, const char *param)
+{
+    return json_pack("{s:{s:s, s:s, s:s, s:s?}}", "error", "message", msg, "type",
+                     status < 500 ? "invalid_request_error" : "server_error", "code", code,
+                     "param", param);
+}
+
+void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
+                       const char *param, const char *extra)
+{
+    json_t *e = rt__error_obj(status, code, msg, param);
+    char *s = json_dumps(e, JSON_COMPACT);
+    json_decref(e);
+    if (s) {
+        rt__send_response(q, status, "application/json", extra, s, strlen(s));
+        free(s);
+    }
+}
+
+/* ---- small routes ----------------------------------------------------- */
+
+static void handle_health(rt_req *q)
+{
+    json_t *ws = json_array();
+    int ready = 0;
+    pthread_mutex_lock(&rt__g.mu);
+    for (int k = 0; k < rt__g.n; k++) {
+        rt_worker *w = &rt__g.w[rt__g.order[k]];
+        ready += w->state == WS_READY;
+        json_array_append_new(
+            ws, json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:i}",
+                          "name", w->cfg.name, "state", rt__ws_name(w->state), "device",
+                          w->cfg.device[0] ? w->cfg.device : "cpu", "managed", w->cfg.managed,
+                          "pid", (int)w->pid, "restarts", w->restarts, "memory_total_bytes",
+                          (json_int_t)w->mem_total, "memory_free_bytes", (json_int_t)w->mem_free,
+                          "kv_bytes_per_token", (json_int_t)w->kv_bpt, "memory_used_bytes",
+                          (json_int_t)w->mem_used, "prefill_tokens_per_second", w->prefill_rate,
+                          "decode_tokens_per_second", w->decode_rate, "ctx_limit", w->ctx_limit));
+    }
+    pthread_mutex_unlock(&rt__g.mu);
+    json_t *h = json_pack("{s:s, s:o}", "status", ready ? "ready" : "unavailable", "workers", ws);
+    char *s = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    if (s)
+        rt__send_response(q, ready ? 200 : 503, "application/json", NULL, s, strlen(s));
+    free(s);
+}
+
+static void handle_events(rt_req *q)
+{
+    json_t *arr = json_array();
+    pthread_mutex_lock(&rt__g.mu);
+    for (int i = 0; i < rt__g.n_events; i++) {
+        int idx = (rt__g.next_event - rt__g.n_events + i + RT_EVENTS) % RT_EVENTS;
+        json_t *e = json_loads(rt__g.events[idx], 0, NULL);
+        if (e)
+            json_array_append_new(arr, e);
+    }
+    pthread_mutex_unlock(&rt__g.mu);
+    json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", arr);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (s)
+        rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
+    free(s);
+}
+
+static void handle_metrics(rt_req *q)
+{
+    size_t cap = 65536, n = 0;
+    char *b = sw_malloc(cap);
+    if (!b)
+        return;
+#define OUT(...) \
+    do { \
+        int k_ = snprintf(b + n, cap - n, __VA_ARGS__); \
+        if (k_ > 0 && (size_t)k_ < cap - n) n += (size_t)k_; \
+    } while (0)
+    pthread_mutex_lock(&rt__g.mu);
+    OUT("# TYPE spillway_router_requests_total counter\n");
+    for (int i = 0; i < rt__g.n; i++) {
+        rt_worker *w = &rt__g.w[i];
+        OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"ok\"} %llu\n", w->cfg.name,
+            (unsigned long long)w->req_ok);
+        OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"client_error\"} %llu\n",
+            w->cfg.name, (unsigned long long)w->req_client_error);
+        OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"failed\"} %llu\n",
+            w->cfg.name, (unsigned long long)w->req_failed);
+    }
+    OUT("spillway_router_requests_total{worker=\"none\",outcome=\"capacity_exceeded\"} %llu\n",
+        (unsigned long long)rt__g.rejected_capacity);
+    OUT("spillway_router_requests_total{worker=\"none\",outcome=\"unauthorized\"} %llu\n",
+        (unsigned long long)rt__g.rejected_auth);
+    OUT("spillway_router_requests_total{worker=\"none\",outcome=\"bad_request\"} %llu\n",
+        (unsigned long long)rt__g.rejected_bad);
+    OUT("# TYPE spillway_router_failovers_total counter\n");
+    OUT("spillway_router_failovers_total{reason=\"oom\"} %llu\n",
+        (unsigned long long)rt__g.failovers_oom);
+    OUT("spillway_router_failovers_total{reason=\"worker_crash\"} %llu\n",
+        (unsigned long long)rt__g.failovers_crash);
+    OUT("# TYPE spillway_router_worker_up gauge\n");
+    for (int i = 0; i < rt__g.n; i++)
+        OUT("spillway_router_worker_up{worker=\"%s\"} %d\n", rt__g.w[i].cfg.name,
+            rt__g.w[i].state == WS_READY);
+    OUT("# TYPE spillway_router_worker_restarts_total counter\n");
+    for (int i = 0; i < rt__g.n; i++)
+        OUT("spillway_router_worker_restarts_total{worker=\"%s\"} %d\n", rt__g.w[i].cfg.name,
+            rt__g.w[i].restarts);
+    OUT("# TYPE spillway_router_device_memory_bytes gauge\n");
+    for (int i = 0; i < rt__g.n; i++) {
+        OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"total\"} %lld\n",
+            rt__g.w[i].cfg.name, (long long)rt__g.w[i].mem_total);
+        OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"used\"} %lld\n",
+            rt__g.w[i].cfg.name, (long long)rt__g.w[i].mem_used);
+        OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"reserved\"} %lld\n",
+            rt__g.w[i].cfg.name, (long long)rt__g.w[i].mem_reserved);
+    }
+    OUT("# TYPE spillway_router_generated_tokens_total counter\n");
+    for (int i = 0; i < rt__g.n; i++)
+        OUT("spillway_router_generated_tokens_total{worker=\"%s\"} %llu\n", rt__g.w[i].cfg.name,
+            (unsigned long long)rt__g.w[i].tokens);
+    OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
+        rt__g.active_conns);
+    OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", rt__g.queued);
+    for (int h = 0; h < 2; h++) {
+        const char *name = h ? "spillway_router_time_to_first_token_seconds"
+                             : "spillway_router_request_duration_seconds";
+        const uint64_t *hb = h ? rt__g.ttft_buckets : rt__g.lat_buckets;
+        uint64_t cum = 0;
+        OUT("# TYPE %s histogram\n", name);
+        for (int i = 0; i < 12; i++) {
+            cum += hb[i];
+            if (i < 11)
+                OUT("%s_bucket{le=\"%g\"} %llu\n", name, rt__hist_le[i], (unsigned long long)cum);
+            else
+                OUT("%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+        }
+        OUT("%s_sum %.6f\n%s_count %llu\n", name, h ? rt__g.ttft_sum : rt__g.lat_sum, name,
+            (unsigned long long)(h ? rt__g.ttft_count : rt__g.lat_count));
+    }
+    pthread_mutex_unlock(&rt__g.mu);
+#undef OUT
+    rt__send_response(q, 200, "text/plain; version=0.0.4", NULL, b, n);
+    sw_free(b);
+}
+
+static void handle_models(rt_req *q)
+{
+    for (int k = 0; k < rt__g.n; k++) {
+        rt_worker *w = &rt__g.w[rt__g.order[k]];
+        pthread_mutex_lock(&rt__g.mu);
+        bool ready = w->state == WS_READY;
+        pthread_mutex_unlock(&rt__g.mu);
+        if (!ready)
+            continue;
+        char *body = NULL;
+        if (rn_get(w->address, "/v1/models", 5000, &body) == 200 && body) {
+            rt__send_response(q, 200, "application/json", NULL, body, strlen(body));
+            sw_free(body);
+            return;
+        }
+        sw_free(body);
+    }
+    rt__send_error(q, 503, "capacity_exceeded", "no worker is ready", NULL, "Retry-After: 1\r\n");
+}
+
+/* ---- connections ------------------------------------------------------ */
+
+static bool auth_ok(const rt_req *q)
+{
+    if (rt__g.cfg->n_keys == 0)
+        return true;
+    if (strncasecmp(q->auth, "Bearer ", 7))
+        return false;
+    const char *k = q->auth + 7;
+    for (int i = 0; i < rt__g.cfg->n_keys; i++) {
+        const char *want = rt__g.cfg->api_keys[i];
+        size_t a = strlen(k), b = strlen(want);
+        unsigned diff = (unsigned)(a ^ b);
+        for (size_t j = 0; j < b; j++)
+            diff |= (unsigned char)want[j] ^ (unsigned char)(j < a ? k[j] : 0);
+        if (!diff)
+            return true;
+    }
+    return false;
+}
+
+static bool plain_token(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= 64)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(s[i] == '-' || s[i] == '_' || s[i] == '.' || (s[i] >= '0' && s[i] <= '9') ||
+              (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
+            return false;
+    return true;
+}
+
+static void serve_conn(int fd)
+{
+    rt_req q;
+    memset(&q, 0, sizeof q);
+    q.fd = fd;
+    q.deadline_ms = -1;
+    struct timeval tv = {rt__g.cfg->http_timeout_s, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    enum { HEAD_MAX = 16384 };
+    double t_read = rt__now_s();
+    char *head = sw_malloc(HEAD_MAX + 1);
+    size_t hl = 0;
+    char *end = NULL;
+    if (!head)
+        return;
+    while (!end) {
+        if (hl == HEAD_MAX) {
+            snprintf(q.request_id, sizeof q.request_id, "-");
+            rt__send_error(&q, 400, "invalid_request", "header block too large", NULL, NULL);
+            goto done;
+        }
+        if (rt__now_s() - t_read > rt__g.cfg->http_timeout_s)
+            goto done; /* a client that trickles its request is dropped */
+        ssize_t r = recv(fd, head + hl, HEAD_MAX - hl, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            goto done;
+        hl += (size_t)r;
+        head[hl] = 0;
+        end = strstr(head, "\r\n\r\n");
+    }
+    size_t head_len = (size_t)(end - head) + 4;
+    *end = 0;
+    char version[16] = "";
+    if (sscanf(head, "%15s %255s %15s", q.method, q.path, version) != 3 ||
+        strncmp(version, "HTTP/1.", 7)) {
+        snprintf(q.request_id, sizeof q.request_id, "-");
+        rt__send_error(&q, 400, "invalid_request", "malformed request line", NULL, NULL);
+        goto done;
+    }
+    long long content_length = 0;
+    bool chunked = false;
+    char rid[256] = "";
+    for (char *line = strstr(head, "\r\n"); line; line = strstr(line, "\r\n")) {
+        line += 2;
+        char *colon = strchr(line, ':');
+        char *eol = strstr(line, "\r\n");
+        if (!colon || (eol && colon > eol))
+            continue;
+        size_t nl = (size_t)(colon - line);
+        char *v = colon + 1;
+        while (*v == ' ')
+            v++;
+        size_t vl = eol ? (size_t)(eol - v) : strlen(v);
+        char val[256];
+        snprintf(val, sizeof val, "%.*s", (int)(vl < 255 ? vl : 255), v);
+        if (nl == 14 && !strncasecmp(line, "Content-Length", 14))
+            content_length = strtoll(val, NULL, 10);
+        else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))
+            chunked = true;
+        else if (nl == 13 && !strncasecmp(line, "Authorization", 13))
+            snprintf(q.auth, sizeof q.auth, "%s", val);
+        else if (nl == 12 && !strncasecmp(line, "X-Request-Id", 12))
+            snprintf(rid, sizeof rid, "%s", val);
+        else if (nl == 22 && !strncasecmp(line, "X-Spillway-Deadline-Ms", 22))
+            q.deadline_ms = strtoll(val, NULL, 10);
+    }
+    if (plain_token(rid)) {
+        snprintf(q.request_id, sizeof q.request_id, "%s", rid);
+    } else {
+        pthread_mutex_lock(&rt__g.mu);
+        uint64_t s = ++rt__g.seq;
+        pthread_mutex_unlock(&rt__g.mu);
+        snprintf(q.request_id, sizeof q.request_id, "req-%d-%llu-%llx", (int)getpid(),
+                 (unsigned long long)s, (unsigned long long)(rt__wall_s() * 1000) & 0xffffff);
+    }
+    if (strcmp(q.path, "/health") && !auth_ok(&q)) {
+        pthread_mutex_lock(&rt__g.mu);
+        rt__g.rejected_auth++;
+        pthread_mutex_unlock(&rt__g.mu);
+        rt__send_error(&q, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer)",
+                   NULL, "WWW-Authenticate: Bearer\r\n");
+        goto done;
+    }
+    if (chunked) {
+        rt__send_error(&q, 411, "invalid_request", "send the body with a Content-Length", NULL, NULL);
+        goto done;
+    }
+    if (content_length < 0 || (unsigned long long)content_length > rt__g.cfg->max_body_bytes) {
+        pthread_mutex_lock(&rt__g.mu);
+        rt__g.rejected_bad++;
+        pthread_mutex_unlock(&rt__g.mu);
+        rt__send_error(&q, 413, "invalid_request", "request body too large", NULL, NULL);
+        goto done;
+    }
+    q.body = sw_malloc((size_t)content_length + 1);
+    if (!q.body)
+        goto done;
+    size_t have = hl - head_len;
+    if (have > (size_t)content_length)
+        have = (size_t)content_length;
+    memcpy(q.body, head + head_len, have);
+    while (have < (size_t)content_length) {
+        if (rt__now_s() - t_read > rt__g.cfg->http_timeout_s)
+            goto done;
+        ssize_t r = recv(fd, q.body + have, (size_t)content_length - have, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            goto done;
+        have += (size_t)r;
+    }
+    q.body[have] = 0;
+    q.body_len = have;
+    bool post = !strcmp(q.method, "POST"), get = !strcmp(q.method, "GET");
+    if (!strcmp(q.path, "/v1/completions") || !strcmp(q.path, "/v1/chat/completions")) {
+        if (!post)
+            rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
+        else
+            rt__handle_generate(&q, !strcmp(q.path, "/v1/chat/completions"));
+    } else if (!strcmp(q.path, "/health") || !strcmp(q.path, "/v1/spillway/events") ||
+               !strcmp(q.path, "/metrics") || !strcmp(q.path, "/v1/models")) {
+        if (!get)
+            rt__send_error(&q, 405, "method_not_allowed", "use GET", NULL, NULL);
+        else if (q.path[1] == 'h')
+            handle_health(&q);
+        else if (q.path[1] == 'm')
+            handle_metrics(&q);
+        else if (!strcmp(q.path, "/v1/models"))
+            handle_models(&q);
+        else
+            handle_events(&q);
+    } else {
+        rt__send_error(&q, 404, "not_found", "unknown path", NULL, NULL);
+    }
+done:
+    sw_free(q.body);
+    sw_free(head);
+}
+
+void *rt__conn_thread(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    serve_conn(fd);
+    shutdown(fd, SHUT_WR);
+    close(fd);
+    pthread_mutex_lock(&rt__g.mu);
+    rt__g.active_conns--;
+    pthread_mutex_unlock(&rt__g.mu);
+    return NULL;
+}
+
+int rt__listen_on(const char *addr, char *actual, size_t cap)
+{
+    int fd;
+    if (!strncmp(addr, "unix:", 5)) {
+        struct sockaddr_un sa;
+        if (strlen(addr + 5) >= sizeof sa.sun_path)
+            return -1;
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        memcpy(sa.sun_path, addr + 5, strlen(addr + 5) + 1);
+        unlink(sa.sun_path);
+        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 128)) {
+            if (fd >= 0)
+                close(fd);
+            return -1;
+        }
+        snprintf(actual, cap, "%s", addr);
+        return fd;
+    }
+    char host[256];
+    const char *colon = strrchr(addr, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
+    if (host[0] == '[') {
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = 0;
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host, colon + 1, &hints, &res) || !res)
+        return -1;
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 128)) {
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char h[128] = "", p[16] = "";
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    getnameinfo((struct sockaddr *)&ss, sl, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(actual, cap, "%s:%s", h, p);
+    return fd;
+}
+

@@ -1,0 +1,235 @@
+/* router_supervisor.c - the managed workers' lives: spawn (fork/exec of
+ * this binary), reap, restart with back-off, restart a worker poisoned by
+ * an unexpected out-of-memory, and poll every worker's /health into the
+ * worker table the router routes from. Runs on its own thread (and on the
+ * main thread during start-up).
+ */
+#include "router/router-impl.h"
+#include "router/router_net.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static void sup_spawn(rt_worker *w)
+{
+    const rt_worker_config *c = &w->cfg;
+    const rt_config *cfg = rt__g.cfg;
+    char a[16][160];
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = "spillway";
+    argv[n++] = "worker";
+    argv[n++] = "--model";
+    argv[n++] = cfg->model_path;
+    argv[n++] = "--listen";
+    argv[n++] = w->address;
+    int k = 0;
+#define ARG(flag, ...)                                      \
+    do {                                                    \
+        snprintf(a[k], sizeof a[k], __VA_ARGS__);           \
+        argv[n++] = flag;                                   \
+        argv[n++] = a[k++];                                 \
+    } while (0)
+    if (c->device[0])
+        ARG("--device", "%s", c->device);
+    if (c->sim_capacity)
+        ARG("--sim-capacity", "%llu", (unsigned long long)c->sim_capacity);
+    if (c->gpu_layers != -1)
+        ARG("--gpu-layers", "%d", c->gpu_layers);
+    if (c->ctx_limit)
+        ARG("--ctx-limit", "%d", c->ctx_limit);
+    if (c->max_seqs)
+        ARG("--max-seqs", "%d", c->max_seqs);
+    if (c->reserve >= 0)
+        ARG("--reserve", "%g", c->reserve);
+    if (c->policy[0])
+        ARG("--policy", "%s", c->policy);
+    if (c->threads)
+        ARG("--threads", "%d", c->threads);
+    if (cfg->chat_template[0])
+        ARG("--chat-template", "%s", cfg->chat_template);
+#undef ARG
+    argv[n] = NULL;
+    /* The environment is built before fork: only async-signal-safe calls
+     * happen in the child. */
+    size_t ne = 0;
+    while (environ[ne])
+        ne++;
+    const char **envp = sw_calloc(ne + RT_MAX_ENV + 1, sizeof *envp);
+    if (!envp)
+        return;
+    size_t m = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (strncmp(environ[i], "SPILLWAY_FAULT=", 15))
+            envp[m++] = environ[i];
+    for (int i = 0; i < c->n_env; i++)
+        envp[m++] = c->env[i];
+    envp[m] = NULL;
+    unlink(w->address + 5);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(w->log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            close(nul);
+        }
+        execve("/proc/self/exe", (char *const *)argv, (char *const *)envp);
+        _exit(127);
+    }
+    sw_free(envp);
+    if (pid < 0) {
+        SW_ERROR("router", "worker %s: fork failed: %s", c->name, strerror(errno));
+        w->next_start = rt__now_s() + 1;
+        return;
+    }
+    w->pid = pid;
+    w->state = WS_STARTING;
+    w->started_at = rt__now_s();
+    SW_INFO("router", "worker %s: started pid %d (%s), log %s", c->name, (int)pid,
+            c->device[0] ? c->device : "cpu", w->log_path);
+}
+
+static void sup_health(rt_worker *w)
+{
+    char *body = NULL;
+    int st = rn_get(w->address, "/health", 2000, &body);
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    sw_free(body);
+    pthread_mutex_lock(&rt__g.mu);
+    if (st == 200 && j) {
+        json_t *mem = json_object_get(j, "memory");
+        json_t *dev = json_object_get(j, "device");
+        w->on_device = json_is_object(dev) &&
+                       strcmp(json_string_value(json_object_get(dev, "kind")) ?: "cpu", "cpu") &&
+                       json_integer_value(json_object_get(mem, "total_bytes")) > 0;
+        w->mem_total = json_integer_value(json_object_get(mem, "total_bytes"));
+        w->mem_used = json_integer_value(json_object_get(mem, "used_bytes"));
+        w->mem_reserved = json_integer_value(json_object_get(mem, "reserved_bytes"));
+        w->mem_free = json_integer_value(json_object_get(mem, "free_bytes"));
+        w->kv_bpt = json_integer_value(json_object_get(j, "kv_bytes_per_token"));
+        w->ctx_limit = (int32_t)json_integer_value(json_object_get(j, "ctx_limit"));
+        w->prefill_rate = json_number_value(json_object_get(j, "prefill_tokens_per_second"));
+        w->decode_rate = json_number_value(json_object_get(j, "decode_tokens_per_second"));
+        if (w->state != WS_READY)
+            SW_INFO("router", "worker %s: ready", w->cfg.name);
+        if (!w->restart_requested)
+            w->state = WS_READY;
+        w->backoff = 0.25;
+    } else if (w->state == WS_READY || w->state == WS_SUSPECT) {
+        /* answers, but not ready (draining, failed) or does not answer */
+        w->state = w->cfg.managed && w->pid > 0 ? WS_STARTING : WS_DOWN;
+    } else if (!w->cfg.managed) {
+        w->state = WS_DOWN;
+    }
+    w->last_health = rt__now_s();
+    pthread_mutex_unlock(&rt__g.mu);
+    json_decref(j);
+}
+
+/* One supervision pass: reap, restart, health-check what is due. */
+void rt__sup_pass(bool force_health)
+{
+    double t = rt__now_s();
+    for (int i = 0; i < rt__g.n; i++) {
+        rt_worker *w = &rt__g.w[i];
+        pthread_mutex_lock(&rt__g.mu);
+        if (w->cfg.managed && w->pid > 0) {
+            int status;
+            pid_t r = waitpid(w->pid, &status, WNOHANG);
+            if (r == w->pid) {
+                SW_WARN("router", "worker %s: pid %d exited (%s %d); restart in %.2f s",
+                        w->cfg.name, (int)w->pid, WIFEXITED(status) ? "status" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), w->backoff);
+                w->pid = 0;
+                w->state = WS_DOWN;
+                w->restart_requested = false;
+                w->last_exit = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                w->next_start = t + w->backoff;
+                w->backoff = w->backoff * 2 > 10 ? 10 : w->backoff * 2;
+                w->restarts++;
+            }
+        }
+        if (w->cfg.managed && w->pid > 0 && w->restart_requested && w->state != WS_DOWN) {
+            SW_WARN("router", "worker %s: restarting after an unexpected out-of-memory",
+                    w->cfg.name);
+            kill(w->pid, SIGTERM);
+            w->state = WS_DOWN;
+        }
+        bool spawn = w->cfg.managed && w->pid == 0 && !rt__g.stop && t >= w->next_start;
+        bool due = w->pid > 0 || !w->cfg.managed;
+        due = due && (force_health || w->state != WS_READY ||
+                      t - w->last_health >= rt__g.cfg->health_interval_ms / 1000.0);
+        due = due && !w->restart_requested && !(w->state == WS_DOWN && w->cfg.managed);
+        if (spawn)
+            sup_spawn(w);
+        pthread_mutex_unlock(&rt__g.mu);
+        if (!spawn && due)
+            sup_health(w);
+    }
+}
+
+void *rt__sup_thread(void *arg)
+{
+    while (!rt__g.stop) {
+        rt__sup_pass(false);
+        usleep(50 * 1000);
+    }
+    /* Workers this thread restarted die with it (PR_SET_PDEATHSIG is per
+     * thread): stop them all here, gracefully, before it ends. */
+    rt__stop_workers();
+    return NULL;
+}
+
+void rt__stop_workers(void)
+{
+    for (int i = 0; i < rt__g.n; i++)
+        if (rt__g.w[i].pid > 0)
+            kill(rt__g.w[i].pid, SIGTERM);
+    double t = rt__now_s();
+    for (int i = 0; i < rt__g.n; i++) {
+        while (rt__g.w[i].pid > 0) {
+            int st;
+            if (waitpid(rt__g.w[i].pid, &st, WNOHANG) == rt__g.w[i].pid) {
+                rt__g.w[i].pid = 0;
+                break;
+            }
+            if (rt__now_s() - t > 10) {
+                kill(rt__g.w[i].pid, SIGKILL);
+                waitpid(rt__g.w[i].pid, &st, 0);
+                rt__g.w[i].pid = 0;
+                break;
+            }
+            usleep(20000);
+        }
+    }
+}
+

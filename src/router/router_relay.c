@@ -671,6 +671,12 @@ void rt__handle_generate(rt_req *q, bool chat)
             rt__ev_record(ev);
         json_decref(ev);
     }
+    SW_INFO("router", "request %s: %s, worker %s, %d attempt(s), %zu tokens, %.0f ms",
+            q->request_id,
+            r.finished ? (r.status == 200 ? "ok" : "client error")
+                       : last == FAIL_CLIENT_GONE ? "cancelled (client left)" : "failed",
+            r.final_worker[0] ? r.final_worker : "-", q->attempts, r.n_tokens,
+            (rt__now_s() - r.t_start) * 1000);
     if (r.finished && r.status == 200) {
         pthread_mutex_lock(&rt__g.mu);
         hist_add(rt__g.lat_buckets, &rt__g.lat_count, &rt__g.lat_sum, rt__now_s() - r.t_start);

@@ -232,6 +232,7 @@ int rt_serve(const rt_config *c)
         pthread_attr_destroy(&attr);
     }
     status = 0;
+    SW_INFO("router", "stopping: no new connections; %d running", rt__g.active_conns);
     close(lfd);
     if (!strncmp(c->listen, "unix:", 5))
         unlink(c->listen + 5);

@@ -948,6 +948,26 @@ static void test_cancel_during_failover(void **state)
         assert_true(now_s() - t0 < 10);
         usleep(20 * 1000);
     }
+    /* A non-stream request whose client leaves while its replay runs on
+     * the CPU (the GPU worker crashed after 3 tokens) is cancelled there. */
+    fd = wc_connect(r.sock, 20000);
+    assert_true(fd >= 0);
+    assert_int_equal(wc_send(fd, "POST", "/v1/completions",
+                             "{\"prompt\":\"Once upon a time\",\"max_tokens\":500,"
+                             "\"temperature\":0,\"ignore_eos\":true}"),
+                     0);
+    t0 = now_s();
+    while (kv_used(cpu_sock) == cpu0) { /* replayed on the CPU after the crash */
+        assert_true(now_s() - t0 < 10);
+        usleep(10 * 1000);
+    }
+    close(fd);
+    t0 = now_s();
+    while (kv_used(cpu_sock) != cpu0) {
+        if (now_s() - t0 > 10)
+            fail_msg("the CPU worker still holds KV memory after the client left");
+        usleep(20 * 1000);
+    }
     router_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }

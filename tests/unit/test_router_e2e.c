@@ -307,6 +307,80 @@ static int startup_allocs(const char *spec)
     return lo;
 }
 
+/* The fields OpenAI's API reference marks as required, with their types:
+ * completions ("text_completion"), chat ("chat.completion") and their
+ * stream chunks. Independent of the worker's code: what a strict client
+ * (the official SDKs' models) would reject. */
+static void check_openai_shape(json_t *j, bool chat, bool chunk)
+{
+    assert_true(json_is_object(j));
+    assert_true(json_is_string(json_object_get(j, "id")));
+    assert_true(json_string_length(json_object_get(j, "id")) > 0);
+    assert_true(json_is_integer(json_object_get(j, "created")));
+    assert_true(json_is_string(json_object_get(j, "model")));
+    const char *object = json_string_value(json_object_get(j, "object"));
+    assert_non_null(object);
+    assert_string_equal(object, chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                     : "text_completion");
+    json_t *choices = json_object_get(j, "choices");
+    assert_true(json_is_array(choices));
+    if (!chunk)
+        assert_int_equal((int)json_array_size(choices), 1);
+    for (size_t i = 0; i < json_array_size(choices); i++) {
+        json_t *c = json_array_get(choices, i);
+        assert_true(json_is_integer(json_object_get(c, "index")));
+        json_t *fr = json_object_get(c, "finish_reason");
+        assert_non_null(fr); /* required, null while streaming */
+        if (!chunk)
+            assert_true(json_is_string(fr));
+        else
+            assert_true(json_is_null(fr) || json_is_string(fr));
+        if (json_is_string(fr)) {
+            const char *f = json_string_value(fr);
+            assert_true(!strcmp(f, "stop") || !strcmp(f, "length") ||
+                        !strcmp(f, "content_filter") || !strcmp(f, "tool_calls"));
+        }
+        if (chat && chunk) {
+            assert_true(json_is_object(json_object_get(c, "delta")));
+        } else if (chat) {
+            json_t *m = json_object_get(c, "message");
+            assert_true(json_is_object(m));
+            assert_string_equal(json_string_value(json_object_get(m, "role")), "assistant");
+            json_t *content = json_object_get(m, "content");
+            assert_true(json_is_string(content) || json_is_null(content));
+            assert_non_null(json_object_get(c, "logprobs"));
+        } else {
+            assert_true(json_is_string(json_object_get(c, "text")));
+            assert_non_null(json_object_get(c, "logprobs"));
+        }
+    }
+    json_t *u = json_object_get(j, "usage");
+    if (!chunk || (u && !json_is_null(u))) {
+        assert_true(json_is_object(u));
+        assert_true(json_is_integer(json_object_get(u, "prompt_tokens")));
+        assert_true(json_is_integer(json_object_get(u, "completion_tokens")));
+        assert_true(json_is_integer(json_object_get(u, "total_tokens")));
+        assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")),
+                         json_integer_value(json_object_get(u, "prompt_tokens")) +
+                             json_integer_value(json_object_get(u, "completion_tokens")));
+    }
+}
+
+/* Every event of a stream but [DONE] has the chunk shape. */
+static void check_stream_shape(const wc_response *w, bool chat)
+{
+    char **evs = NULL;
+    int ne = wc_sse_parse(w->body, w->body_len, &evs);
+    assert_true(ne >= 2);
+    assert_string_equal(evs[ne - 1], "[DONE]");
+    for (int i = 0; i < ne - 1; i++) {
+        json_t *j = json_loads(evs[i], 0, NULL);
+        check_openai_shape(j, chat, true);
+        json_decref(j);
+    }
+    wc_sse_free(evs, ne);
+}
+
 /* #1: too big for the GPU worker's free memory -> CPU at admission; then
  * an injected OOM mid-generation on the GPU -> replayed on the CPU. */
 static void test_admission_and_oom_replay(void **state)
@@ -400,6 +474,7 @@ static void test_admission_and_oom_replay(void **state)
     assert_header(&w, "X-Request-Id", "oom-replay-7");
     json_t *j = body_json(&w);
     assert_string_equal(json_string_value(json_object_get(j, "id")), "oom-replay-7");
+    check_openai_shape(j, false, false);
     json_decref(j);
     n = wc_tokens_of(&w, false, got, MAXTOK, NULL, finish, sizeof finish);
     assert_int_equal(n, n_ref);
@@ -494,6 +569,7 @@ static void test_stream_crash(void **state)
         json_decref(u);
         wc_sse_free(evs, ne);
         assert_header(&w, "X-Request-Id", rid);
+        check_stream_shape(&w, false);
         /* k = 0: the headers came from the CPU attempt; k > 0: from the GPU's */
         assert_header(&w, "X-Spillway-Worker", ks[t] ? "gpu" : "cpu");
         wc_response_free(&w);
@@ -548,6 +624,7 @@ static void test_stream_crash(void **state)
             }
             wc_sse_free(evs, ne);
             assert_int_equal(roles, 1);
+            check_stream_shape(&w, true);
             wc_response_free(&w);
             /* A sampled stream (seed given) resumes the same random
              * stream: the tokens of an uninterrupted run on the CPU. */
@@ -655,6 +732,7 @@ static void test_bad_requests(void **state)
     const char *auth = "Authorization: Bearer test-key-0123456789\r\n";
     char code[64];
     wc_response w;
+    json_t *okj;
     /* /health needs no key */
     assert_int_equal(req(&r, "GET", "/health", NULL, NULL, &w), 0);
     assert_int_equal(w.status, 200);
@@ -677,6 +755,11 @@ static void test_bad_requests(void **state)
     assert_int_equal(req(&r, "POST", "/v1/completions", auth, "{\"prompt\":", &w), 0);
     assert_int_equal(w.status, 400);
     assert_string_equal(error_code(&w, code, sizeof code), "invalid_json");
+    json_t *ej = json_object_get(okj = body_json(&w), "error");
+    assert_true(json_is_string(json_object_get(ej, "message")));
+    assert_string_equal(json_string_value(json_object_get(ej, "type")), "invalid_request_error");
+    assert_non_null(json_object_get(ej, "param"));
+    json_decref(okj);
     wc_response_free(&w);
     /* the worker's 400 is relayed, never retried */
     assert_int_equal(req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);
@@ -727,13 +810,25 @@ static void test_bad_requests(void **state)
     assert_int_equal(req(&r, "POST", "/v1/completions", auth, ok_body, &w), 0);
     assert_int_equal(w.status, 200);
     assert_header(&w, "X-Spillway-Worker", "cpu");
+    okj = body_json(&w);
+    check_openai_shape(okj, false, false);
+    json_decref(okj);
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions", auth,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    okj = body_json(&w);
+    check_openai_shape(okj, true, false);
+    json_decref(okj);
     wc_response_free(&w);
     assert_int_equal(req(&r, "GET", "/metrics", auth, NULL, &w), 0);
     assert_int_equal(w.status, 200);
     assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"none\",outcome=\"unauthorized\"} 3"));
-    assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"cpu\",outcome=\"ok\"} 1"));
-    assert_non_null(strstr(w.body, "spillway_router_request_duration_seconds_count 1\n"));
-    assert_non_null(strstr(w.body, "spillway_router_request_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
+    assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"cpu\",outcome=\"ok\"} 2"));
+    assert_non_null(strstr(w.body, "spillway_router_request_duration_seconds_count 2\n"));
+    assert_non_null(strstr(w.body, "spillway_router_request_duration_seconds_bucket{le=\"+Inf\"} 2\n"));
     assert_non_null(strstr(w.body, "spillway_router_time_to_first_token_seconds_count 0\n"));
     wc_response_free(&w);
     router_finish(&r);

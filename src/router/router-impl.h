@@ -35,6 +35,8 @@ typedef struct rt_worker {
     double backoff;
     double started_at;
     double last_health;
+    double last_ok;             /* last /health 200 (or the spawn) */
+    bool ready_once;            /* ready since the last spawn */
     bool restart_requested;
     int restarts;
     int last_exit;              /* exit status of the last exit, -1 none */

@@ -51,6 +51,7 @@ typedef struct rt_config {
     int queue_timeout_ms;      /* longest wait in the queue (10000) */
     int http_timeout_s;        /* default 30 */
     int health_interval_ms;    /* default 1000 */
+    int hang_timeout_ms;       /* a ready worker silent this long is killed (15000) */
     int ready_timeout_s;       /* managed worker start-up (default 120) */
     char model_path[512];
     char chat_template[32];    /* "" = detected */

@@ -34,6 +34,7 @@ void rt_config_defaults(rt_config *c)
     c->queue_timeout_ms = 10000;
     c->http_timeout_s = 30;
     c->health_interval_ms = 1000;
+    c->hang_timeout_ms = 15000;
     c->ready_timeout_s = 120;
 }
 
@@ -143,6 +144,10 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 50, 600000, &x))
             return cfg_fail(p, s, name, "expected milliseconds 50..600000", v);
         c->health_interval_ms = (int)x;
+    } else if (!strcmp(name, "hang-timeout-ms")) {
+        if (!cfg_int(v, 100, 3600000, &x))
+            return cfg_fail(p, s, name, "expected milliseconds 100..3600000", v);
+        c->hang_timeout_ms = (int)x;
     } else if (!strcmp(name, "ready-timeout")) {
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);

@@ -114,6 +114,8 @@ static void sup_spawn(rt_worker *w)
     w->pid = pid;
     w->state = WS_STARTING;
     w->started_at = rt__now_s();
+    w->last_ok = w->started_at;
+    w->ready_once = false;
     SW_INFO("router", "worker %s: started pid %d (%s), log %s", c->name, (int)pid,
             c->device[0] ? c->device : "cpu", w->log_path);
 }
@@ -144,6 +146,8 @@ static void sup_health(rt_worker *w)
         if (!w->restart_requested)
             w->state = WS_READY;
         w->backoff = 0.25;
+        w->last_ok = rt__now_s();
+        w->ready_once = true;
     } else if (w->state == WS_READY || w->state == WS_SUSPECT) {
         /* answers, but not ready (draining, failed) or does not answer */
         w->state = w->cfg.managed && w->pid > 0 ? WS_STARTING : WS_DOWN;
@@ -183,6 +187,18 @@ void rt__sup_pass(bool force_health)
                     w->cfg.name);
             kill(w->pid, SIGTERM);
             w->state = WS_DOWN;
+        }
+        if (w->cfg.managed && w->pid > 0 && !w->restart_requested && w->state != WS_DOWN) {
+            /* A process that stopped answering (hung, stopped, deadlocked)
+             * is killed; the reaping above restarts it. */
+            double limit = w->ready_once ? rt__g.cfg->hang_timeout_ms / 1000.0
+                                         : (double)rt__g.cfg->ready_timeout_s;
+            if (t - w->last_ok > limit) {
+                SW_WARN("router", "worker %s: no healthy answer for %.1f s; killing pid %d",
+                        w->cfg.name, t - w->last_ok, (int)w->pid);
+                kill(w->pid, SIGKILL);
+                w->state = WS_DOWN;
+            }
         }
         bool spawn = w->cfg.managed && w->pid == 0 && !rt__g.stop && t >= w->next_start;
         bool due = w->pid > 0 || !w->cfg.managed;

@@ -1230,6 +1230,32 @@ static void test_stream_unresumable(void **state)
     dev_sim_unlink(g_pool, NULL);
 }
 
+/* A worker that stops answering (SIGSTOP: alive but silent) is killed
+ * after hang-timeout-ms and restarted. */
+static void test_hung_worker(void **state)
+{
+    router r;
+    assert_int_equal(router_start(&r, "hung", "hang-timeout-ms = 500\n",
+                                  "[worker cpu]\nthreads = 1\nctx-limit = 512\n"),
+                     0);
+    json_t *h = worker_health(&r, "cpu");
+    pid_t pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
+    json_decref(h);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    wait_restarted(&r, "cpu", 1);
+    h = worker_health(&r, "cpu");
+    assert_true((pid_t)json_integer_value(json_object_get(h, "pid")) != pid);
+    json_decref(h);
+    wc_response w;
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    router_finish(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1243,6 +1269,7 @@ int main(void)
         cmocka_unit_test(test_queue_while_restarting),
         cmocka_unit_test(test_external_worker),
         cmocka_unit_test(test_stream_unresumable),
+        cmocka_unit_test(test_hung_worker),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -33,6 +33,8 @@ static void test_full(void **state)
                                       "state-dir = /tmp/x\n"
                                       "max-body = 64KiB\n"
                                       "max-attempts = 2\n"
+                                      "queue-size = 5\nqueue-timeout-ms = 250\n"
+                                      "hang-timeout-ms = 700\nhealth-interval-ms = 100\n"
                                       "[model]\npath = m.gguf\n"
                                       "[worker gpu]\n"
                                       "device = sim-gpu:pool\nsim-capacity = 32MiB\n"
@@ -49,6 +51,10 @@ static void test_full(void **state)
     assert_string_equal(c.api_keys[1], "key-two-456");
     assert_int_equal((int)c.max_body_bytes, 65536);
     assert_int_equal(c.max_attempts, 2);
+    assert_int_equal(c.queue_size, 5);
+    assert_int_equal(c.queue_timeout_ms, 250);
+    assert_int_equal(c.hang_timeout_ms, 700);
+    assert_int_equal(c.health_interval_ms, 100);
     assert_int_equal(c.n_workers, 3);
     const rt_worker_config *g = &c.workers[0];
     assert_string_equal(g->name, "gpu");

@@ -40,6 +40,11 @@ struct eng_model {
     eng_layer *layers;         /* n_layer */
     size_t weights_bytes;
     float *rope_factors;       /* n_rot / 2 divisors of each RoPE frequency (1 = none) */
+    /* The weights the forward pass reads, copied out of the file mapping
+     * into anonymous memory backed by huge pages (model.c says when), or
+     * NULL when they are read from the mapping. */
+    unsigned char *weights_copy;
+    size_t weights_copy_bytes;
 };
 
 /* The workspace: every activation buffer of the forward pass, carved from

@@ -133,12 +133,17 @@ int rt_serve(const rt_config *c)
         w->backoff = 0.25;
         w->last_exit = -1;
         w->state = w->cfg.managed ? WS_DOWN : WS_STARTING;
+        /* Built in locals: the configuration lives in the same global as
+         * the worker table, and snprintf must not read what it writes. */
+        char address[sizeof w->address], log_path[sizeof w->log_path];
         if (w->cfg.managed) {
-            snprintf(w->address, sizeof w->address, "unix:%s/%s.sock", c->state_dir, w->cfg.name);
-            snprintf(w->log_path, sizeof w->log_path, "%s/%s.log", c->state_dir, w->cfg.name);
+            snprintf(address, sizeof address, "unix:%s/%s.sock", c->state_dir, w->cfg.name);
+            snprintf(log_path, sizeof log_path, "%s/%s.log", c->state_dir, w->cfg.name);
+            memcpy(w->log_path, log_path, sizeof log_path);
         } else {
-            snprintf(w->address, sizeof w->address, "%s", w->cfg.url);
+            snprintf(address, sizeof address, "%s", w->cfg.url);
         }
+        memcpy(w->address, address, sizeof address);
         rt__g.order[i] = i;
     }
     /* preference order, stable (file order breaks ties) */

@@ -319,8 +319,8 @@ static void serve_conn(int fd)
         else if (nl == 22 && !strncasecmp(line, "X-Spillway-Deadline-Ms", 22))
             q.deadline_ms = strtoll(val, NULL, 10);
     }
-    if (plain_token(rid)) {
-        snprintf(q.request_id, sizeof q.request_id, "%s", rid);
+    if (plain_token(rid)) { /* under 64 characters: fits request_id */
+        snprintf(q.request_id, sizeof q.request_id, "%.63s", rid);
     } else {
         pthread_mutex_lock(&rt__g.mu);
         uint64_t s = ++rt__g.seq;

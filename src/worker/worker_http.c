@@ -1007,10 +1007,20 @@ static void handle_metrics(wk_server *s, struct evhttp_request *evreq)
     evbuffer_free(b);
 }
 
-static json_t *read_body(struct evhttp_request *evreq, const char *req_id)
+/* libevent answers a body over its own limit itself, with an HTML page;
+ * that limit is set to a multiple of --max-body (see wk_http_start), so
+ * that a body over --max-body but under it gets the OpenAI-shaped 413. */
+#define WK_TRANSPORT_BODY_FACTOR 8
+
+static json_t *read_body(wk_server *s, struct evhttp_request *evreq, const char *req_id)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(evreq);
     size_t len = evbuffer_get_length(in);
+    if (len > s->o.max_body_bytes) {
+        send_error(evreq, 413, "request_too_large", NULL, req_id,
+                   "the request body has %zu bytes, the limit is %zu", len, s->o.max_body_bytes);
+        return NULL;
+    }
     unsigned char *data = evbuffer_pullup(in, (ev_ssize_t)len);
     json_error_t jerr;
     json_t *body = json_loadb((const char *)data, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -1022,7 +1032,7 @@ static json_t *read_body(struct evhttp_request *evreq, const char *req_id)
 
 static void handle_tokenize(wk_server *s, struct evhttp_request *evreq)
 {
-    json_t *body = read_body(evreq, NULL);
+    json_t *body = read_body(s, evreq, NULL);
     if (!body)
         return;
     json_t *c = json_object_get(body, "content");
@@ -1077,7 +1087,7 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
         return;
     }
     snprintf(r->id, sizeof r->id, "%s", id);
-    if (!(body = read_body(evreq, id)))
+    if (!(body = read_body(s, evreq, id)))
         goto fail_quiet;
     memset(&p, 0, sizeof p);
     if (!parse_request(s, body, chat, r, &p)) {
@@ -1310,7 +1320,8 @@ int wk_serve(const wk_options *opts)
         sw_error_set(&err, SW_ENOMEM, "cannot create the event loop");
         goto fail;
     }
-    evhttp_set_max_body_size(s->http, (ev_ssize_t)s->o.max_body_bytes);
+    evhttp_set_max_body_size(s->http,
+                             (ev_ssize_t)(s->o.max_body_bytes * WK_TRANSPORT_BODY_FACTOR));
     evhttp_set_max_headers_size(s->http, (ev_ssize_t)s->o.max_header_bytes);
     evhttp_set_timeout(s->http, s->o.http_timeout_s);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |

@@ -157,8 +157,9 @@ static void assert_still_serving(void)
     wc_response_free(&r);
 }
 
-/* Transport-level abuse: libevent answers these itself (status only; see
- * docs/api.md) and the worker keeps serving. */
+/* Transport-level abuse: bodies over --max-body get the typed 413; what
+ * libevent refuses itself (a header flood, a body over 8 x --max-body)
+ * gets a status only (docs/api.md); the worker keeps serving. */
 static void test_transport_abuse(void **state)
 {
     wc_response r;
@@ -172,6 +173,16 @@ static void test_transport_abuse(void **state)
     memset(raw + n, 'a', 20000);
     assert_int_equal(wc_raw(g_w.socket_path, raw, (size_t)n + 20000, 10000, &r), 0);
     assert_int_equal(r.status, 413);
+    {
+        /* Under libevent's own limit (8 x --max-body) the answer is ours:
+         * the OpenAI error shape with a stable code. */
+        json_t *j = json_loads(r.body, 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(
+            json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+            "request_too_large");
+        json_decref(j);
+    }
     wc_response_free(&r);
     /* ...and chunked. */
     n = snprintf(raw, 1 << 16,

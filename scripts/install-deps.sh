@@ -12,6 +12,7 @@ packages=(
   libsqlite3-dev     # ledger
   libinih-dev        # configuration
   clang              # libFuzzer harnesses (make test-fuzz)
+  curl               # bench/worker.sh talks to a worker over its socket
 )
 
 missing=()

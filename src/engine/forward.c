@@ -188,29 +188,41 @@ static void attention_task(void *arg, int64_t begin, int64_t end, int thread_ind
         int32_t n_pos = job->meta[t].pos + 1; /* causal: itself and before, same sequence */
         const float *q = job->q + t * (int64_t)n_head * hd + (int64_t)h * hd;
         float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
+        const size_t kv_dim = (size_t)hp->n_head_kv * hd;
+        const int32_t block_tokens = ctx->params.kv_block_tokens;
         float max = -INFINITY, sum = 0.0f;
 
-        for (int32_t p = 0; p < n_pos; p++) {
-            unsigned char *k = kv_row(ctx, seq, job->layer, 0, p);
-            float s = kv_f16 ? cpu_dot_f16_f32((const uint16_t *)k + (size_t)kv_head * hd, q, hd)
-                             : cpu_dot_f32((const float *)k + (size_t)kv_head * hd, q, hd);
-            s *= scale;
-            scores[p] = s;
-            if (s > max)
-                max = s;
+        /* Scores a block at a time: a block's K rows for this layer are
+         * consecutive, kv_dim elements apart. */
+        for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
+            int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+            unsigned char *k = kv_row(ctx, seq, job->layer, 0, p0);
+            if (kv_f16)
+                cpu_dot_f16_f32_rows((const uint16_t *)k + (size_t)kv_head * hd, kv_dim, rows,
+                                     q, hd, scale, scores + p0);
+            else
+                cpu_dot_f32_rows((const float *)k + (size_t)kv_head * hd, kv_dim, rows, q, hd,
+                                 scale, scores + p0);
         }
+        for (int32_t p = 0; p < n_pos; p++)
+            if (scores[p] > max)
+                max = scores[p];
         for (int32_t p = 0; p < n_pos; p++) {
             scores[p] = expf(scores[p] - max);
             sum += scores[p];
         }
+        for (int32_t p = 0; p < n_pos; p++)
+            scores[p] = scores[p] / sum;
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int32_t p = 0; p < n_pos; p++) {
-            unsigned char *v = kv_row(ctx, seq, job->layer, 1, p);
-            float weight = scores[p] / sum;
+        for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
+            int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+            unsigned char *v = kv_row(ctx, seq, job->layer, 1, p0);
             if (kv_f16)
-                cpu_axpy_f16(out, weight, (const uint16_t *)v + (size_t)kv_head * hd, hd);
+                cpu_axpy_f16_rows(out, scores + p0, (const uint16_t *)v + (size_t)kv_head * hd,
+                                  kv_dim, rows, hd);
             else
-                cpu_axpy_f32(out, weight, (const float *)v + (size_t)kv_head * hd, hd);
+                cpu_axpy_f32_rows(out, scores + p0, (const float *)v + (size_t)kv_head * hd,
+                                  kv_dim, rows, hd);
         }
     }
 }

@@ -344,6 +344,38 @@ void cpu_axpy_f32(float *y, float a, const float *x, int64_t n)
     cpu_table()->axpy_f32(y, a, x, n);
 }
 
+void cpu_dot_f16_f32_rows(const uint16_t *rows, size_t row_stride, int64_t n_rows,
+                          const float *q, int64_t n, float scale, float *out)
+{
+    const cpu__kernel_table *k = cpu_table();
+    for (int64_t r = 0; r < n_rows; r++)
+        out[r] = k->dot_f16_f32(rows + (size_t)r * row_stride, q, n) * scale;
+}
+
+void cpu_axpy_f16_rows(float *y, const float *weights, const uint16_t *rows, size_t row_stride,
+                       int64_t n_rows, int64_t n)
+{
+    const cpu__kernel_table *k = cpu_table();
+    for (int64_t r = 0; r < n_rows; r++)
+        k->axpy_f16(y, weights[r], rows + (size_t)r * row_stride, n);
+}
+
+void cpu_dot_f32_rows(const float *rows, size_t row_stride, int64_t n_rows, const float *q,
+                      int64_t n, float scale, float *out)
+{
+    const cpu__kernel_table *k = cpu_table();
+    for (int64_t r = 0; r < n_rows; r++)
+        out[r] = k->dot_f32(rows + (size_t)r * row_stride, q, n) * scale;
+}
+
+void cpu_axpy_f32_rows(float *y, const float *weights, const float *rows, size_t row_stride,
+                       int64_t n_rows, int64_t n)
+{
+    const cpu__kernel_table *k = cpu_table();
+    for (int64_t r = 0; r < n_rows; r++)
+        k->axpy_f32(y, weights[r], rows + (size_t)r * row_stride, n);
+}
+
 float cpu_dot_f16_f32(const uint16_t *a, const float *b, int64_t n)
 {
     return cpu_table()->dot_f16_f32(a, b, n);

@@ -83,6 +83,18 @@ void cpu_axpy_f32(float *y, float a, const float *x, int64_t n); /* y += a*x */
 float cpu_dot_f16_f32(const uint16_t *a, const float *b, int64_t n);
 void cpu_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
 void cpu_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n);
+/* Attention over consecutive KV rows (row_stride elements apart), one
+ * dispatch for all of them: out[r] = dot(rows[r], q) * scale, and
+ * y += sum_r weights[r] * rows[r]. Each row gives the same bits as the
+ * single-row functions above. */
+void cpu_dot_f16_f32_rows(const uint16_t *rows, size_t row_stride, int64_t n_rows,
+                          const float *q, int64_t n, float scale, float *out);
+void cpu_axpy_f16_rows(float *y, const float *weights, const uint16_t *rows, size_t row_stride,
+                       int64_t n_rows, int64_t n);
+void cpu_dot_f32_rows(const float *rows, size_t row_stride, int64_t n_rows, const float *q,
+                      int64_t n, float scale, float *out);
+void cpu_axpy_f32_rows(float *y, const float *weights, const float *rows, size_t row_stride,
+                       int64_t n_rows, int64_t n);
 void cpu_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
 
 #endif

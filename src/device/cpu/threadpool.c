@@ -38,7 +38,8 @@ struct cpu_threadpool {
     cpu_task_fn fn;
     void *arg;
     int64_t n_items;
-    int64_t grain;
+    int64_t chunk;            /* items per chunk: a multiple of the grain */
+    atomic_llong next;        /* first item not yet taken */
     struct worker_start *starts; /* one per worker thread, owned */
 };
 
@@ -53,18 +54,21 @@ int cpu_core_count(void)
     return n > 0 ? (int)n : 1;
 }
 
-static void run_chunk(cpu_threadpool *pool, int index)
+/* Threads take chunks of the range from a shared counter until it runs out,
+ * so a thread that started late or ran slower (another process on its core,
+ * the caller's serial work) does not leave the others waiting at the end.
+ * A job has a few chunks per thread: enough to balance, few enough that the
+ * shared counter costs nothing. */
+static void run_chunks(cpu_threadpool *pool, int index)
 {
-    int64_t n = pool->n_items, grain = pool->grain;
-    int64_t n_grains = (n + grain - 1) / grain;
-    int64_t per = n_grains / pool->n_threads, extra = n_grains % pool->n_threads;
-    int64_t g0 = index * per + (index < extra ? index : extra);
-    int64_t g1 = g0 + per + (index < extra ? 1 : 0);
-    int64_t begin = g0 * grain, end = g1 * grain;
-    if (end > n)
-        end = n;
-    if (begin < end)
+    const int64_t n = pool->n_items, chunk = pool->chunk;
+    for (;;) {
+        int64_t begin = atomic_fetch_add_explicit(&pool->next, chunk, memory_order_relaxed);
+        if (begin >= n)
+            return;
+        int64_t end = begin + chunk < n ? begin + chunk : n;
         pool->fn(pool->arg, begin, end, index);
+    }
 }
 
 static void *worker_main(void *p)
@@ -100,7 +104,7 @@ static void *worker_main(void *p)
         if (atomic_load(&pool->stopping))
             return NULL;
         seen = now;
-        run_chunk(pool, index);
+        run_chunks(pool, index);
         atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
     }
 }
@@ -177,7 +181,11 @@ void cpu_threadpool_run(cpu_threadpool *pool, int64_t n_items, int64_t grain,
     pool->fn = fn;
     pool->arg = arg;
     pool->n_items = n_items;
-    pool->grain = grain;
+    {
+        int64_t per = (n_items + 4 * pool->n_threads - 1) / (4 * pool->n_threads);
+        pool->chunk = (per + grain - 1) / grain * grain;
+    }
+    atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
     atomic_store(&pool->pending, pool->n_threads - 1);
     atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
     if (atomic_load(&pool->sleepers) > 0) {
@@ -185,7 +193,7 @@ void cpu_threadpool_run(cpu_threadpool *pool, int64_t n_items, int64_t grain,
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mutex);
     }
-    run_chunk(pool, 0);
+    run_chunks(pool, 0);
     for (int spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
         if (spins < SPIN_ITERATIONS)
             CPU_RELAX();

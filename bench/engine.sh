@@ -20,6 +20,10 @@ mkdir -p "$dir"
 declare -A ref_prefill=([small-q8_0]=2634 [1b-q8_0]=84 [1b-q4_0]=122)
 declare -A ref_decode=([small-q8_0]=596 [1b-q8_0]=12.4 [1b-q4_0]=22.3)
 
+# Read bandwidth from a buffer that fits this machine's cache share and from
+# one that does not: a model whose decode reads more than the cache holds
+# is bound by the second figure.
+"$bin" bench memory --threads "$threads" --bytes 24MiB
 "$bin" bench memory --threads "$threads" --bytes 1GiB
 printf '%-12s %10s %10s %7s %10s %10s %7s %9s\n' model prefill ref ratio decode ref ratio "read GB/s"
 for m in $models; do

@@ -1,5 +1,5 @@
 # Thin wrappers around scripts/install-deps.sh, CMake and CTest.
-#   make run   install what is missing, build, make the demo model, generate
+#   make run   install what is missing, build, make the demo model, serve it
 #   make test  the same preparation, then the whole suite (incl. ASan build)
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
@@ -11,7 +11,7 @@ WERROR  := $(if $(SPILLWAY_WERROR),ON,OFF)
 DEMO    := $(BUILD)/models/demo.gguf
 PROMPT  ?= Once upon a time
 
-.PHONY: all deps build build-asan build-fuzz demo run test test-unit test-asan test-fuzz bench clean
+.PHONY: all deps build build-asan build-fuzz demo run generate test test-unit test-asan test-fuzz bench clean
 
 all: build
 
@@ -38,7 +38,13 @@ $(DEMO): | build
 
 demo: build $(DEMO)
 
+# The main job: the router with one simulated-GPU worker and one CPU worker
+# (config/demo.ini) on 127.0.0.1:8080, until Ctrl-C.
 run: demo
+	$(BUILD)/spillway serve --config config/demo.ini
+
+# A one-shot generation on the demo model.
+generate: demo
 	$(BUILD)/spillway run -m $(DEMO) -p "$(PROMPT)" -n 32
 
 test-unit: demo

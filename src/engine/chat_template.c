@@ -575,235 +575,24 @@ int eng_chat_render(eng_chat_family f, const eng_chat_message *msgs, size_t n,
 }
 
 /* ---- tokenizing a rendered prompt ----------------------------------------
- * The same two steps as eng_tokenize with parse_special (tokenizer.c):
- * cut the text at special-token texts, longest first, each token cutting
- * every plain fragment left so far at its leftmost non-overlapping
- * occurrences; then tokenize every plain stretch on its own (which gives it
- * the space prefix a fragment gets at the start or after a special token).
- * The one difference: content fragments are never cut. */
-
-typedef struct chat_special {
-    const char *text;
-    size_t len;
-    int32_t id;
-} chat_special;
-
-typedef struct chat_fragment {
-    size_t start, len;
-    int32_t id;     /* >= 0: a special token; -1: text */
-    bool cuttable;  /* text from a template segment */
-} chat_fragment;
-
-typedef struct chat_frags {
-    chat_fragment *items;
-    size_t n, cap;
-} chat_frags;
-
-static int frags_push(chat_frags *v, chat_fragment f)
-{
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 32;
-        chat_fragment *grown = sw_realloc(v->items, cap * sizeof *grown);
-        if (!grown)
-            return SW_ENOMEM;
-        v->items = grown;
-        v->cap = cap;
-    }
-    v->items[v->n++] = f;
-    return SW_OK;
-}
-
-static int special_cmp(const void *pa, const void *pb)
-{
-    const chat_special *a = pa, *b = pb;
-    if (a->len != b->len)
-        return a->len > b->len ? -1 : 1;
-    return a->id < b->id ? -1 : a->id > b->id;
-}
-
-/* The vocabulary's CONTROL and UNKNOWN tokens (the ones parse_special
- * decides about), longest first, ties lower id first, as tokenizer.c. */
-static int collect_specials(const eng_tokenizer *tok, chat_special **out, size_t *n_out)
-{
-    int32_t n_vocab = eng_tokenizer_n_vocab(tok);
-    chat_special *specials = NULL;
-    size_t n = 0, cap = 0;
-    for (int32_t id = 0; id < n_vocab; id++) {
-        eng_token_type t = eng_token_get_type(tok, id);
-        if (t != ENG_TOKEN_CONTROL && t != ENG_TOKEN_UNKNOWN)
-            continue;
-        size_t len = 0;
-        const char *piece = eng_token_piece(tok, id, &len);
-        if (!piece || len == 0)
-            continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 64; /* at most n_vocab entries: no overflow */
-            chat_special *grown = sw_realloc(specials, cap * sizeof *grown);
-            if (!grown) {
-                sw_free(specials);
-                return SW_ENOMEM;
-            }
-            specials = grown;
-        }
-        specials[n++] = (chat_special){piece, len, id};
-    }
-    if (n > 0)
-        qsort(specials, n, sizeof *specials, special_cmp);
-    *out = specials; /* may be NULL when there are none */
-    *n_out = n;
-    return SW_OK;
-}
-
-/* Cuts the cuttable fragments of *frags at special s, into *spare; swaps. */
-static int cut_at(const char *text, const chat_special *s, chat_frags *frags, chat_frags *spare)
-{
-    spare->n = 0;
-    for (size_t f = 0; f < frags->n; f++) {
-        chat_fragment fr = frags->items[f];
-        if (fr.id >= 0 || !fr.cuttable) {
-            if (frags_push(spare, fr))
-                return SW_ENOMEM;
-            continue;
-        }
-        size_t pos = fr.start, end = fr.start + fr.len;
-        while (pos < end) {
-            const char *hit = end - pos >= s->len ? memmem(text + pos, end - pos, s->text, s->len)
-                                                  : NULL;
-            if (!hit) {
-                if (frags_push(spare, (chat_fragment){pos, end - pos, -1, true}))
-                    return SW_ENOMEM;
-                break;
-            }
-            size_t at = (size_t)(hit - text);
-            if (at > pos && frags_push(spare, (chat_fragment){pos, at - pos, -1, true}))
-                return SW_ENOMEM;
-            if (frags_push(spare, (chat_fragment){at, s->len, s->id, false}))
-                return SW_ENOMEM;
-            pos = at + s->len;
-        }
-    }
-    chat_frags tmp = *frags;
-    *frags = *spare;
-    *spare = tmp;
-    return SW_OK;
-}
-
-typedef struct chat_ids {
-    int32_t *ids;
-    size_t n, cap;
-} chat_ids;
-
-static int ids_append(chat_ids *v, const int32_t *ids, size_t n)
-{
-    if (n > v->cap - v->n) {
-        size_t cap = v->cap ? v->cap : 64;
-        while (cap - v->n < n) {
-            if (cap > SIZE_MAX / 2 / sizeof *v->ids)
-                return SW_ENOMEM;
-            cap *= 2;
-        }
-        int32_t *grown = sw_realloc(v->ids, cap * sizeof *grown);
-        if (!grown)
-            return SW_ENOMEM;
-        v->ids = grown;
-        v->cap = cap;
-    }
-    memcpy(v->ids + v->n, ids, n * sizeof *ids);
-    v->n += n;
-    return SW_OK;
-}
+ * The tokenizer does the work (eng_tokenize_spans): special-token text is
+ * matched only in the template's own segments, never in client content, and
+ * plain text across a segment boundary is one stretch, as in the whole
+ * text. */
 
 int eng_chat_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
                       const eng_chat_segment *segments, size_t n_segments, bool add_bos,
                       int32_t **ids_out, size_t *n_out, sw_error *err)
 {
-    chat_special *specials = NULL;
-    size_t n_specials = 0;
-    chat_frags frags = {0}, spare = {0};
-    chat_ids out = {0};
-    bool tokenize_failed = false;
-    int rc = SW_OK;
-
     if (!tok || !ids_out || !n_out || (!text && len > 0) || (!segments && n_segments > 0))
         return sw_error_set(err, SW_EINVAL, "eng_chat_tokenize: NULL argument");
-    size_t pos = 0;
-    for (size_t i = 0; i < n_segments; i++) {
-        if (segments[i].offset != pos || segments[i].len == 0 || segments[i].len > len - pos)
-            return sw_error_set(err, SW_EINVAL,
-                                "eng_chat_tokenize: segment %zu (offset %zu, %zu bytes) does "
-                                "not continue the text at %zu of %zu bytes", i,
-                                segments[i].offset, segments[i].len, pos, len);
-        pos += segments[i].len;
-    }
-    if (pos != len)
-        return sw_error_set(err, SW_EINVAL,
-                            "eng_chat_tokenize: segments cover %zu of %zu bytes", pos, len);
-
-    if ((rc = collect_specials(tok, &specials, &n_specials)) < 0)
-        goto fail;
-    for (size_t i = 0; i < n_segments; i++) {
-        chat_fragment fr = {segments[i].offset, segments[i].len, -1, segments[i].is_template};
-        if ((rc = frags_push(&frags, fr)) < 0)
-            goto fail;
-    }
-    for (size_t s = 0; s < n_specials; s++) {
-        /* skip tokens absent from the whole text: the common case */
-        if (specials[s].len > len || !memmem(text, len, specials[s].text, specials[s].len))
-            continue;
-        if ((rc = cut_at(text, &specials[s], &frags, &spare)) < 0)
-            goto fail;
-    }
-
-    int32_t bos = eng_tokenizer_bos(tok);
-    if (add_bos && bos >= 0 && (rc = ids_append(&out, &bos, 1)) < 0)
-        goto fail;
-    /* Adjacent text fragments (template text next to content) are one
-     * stretch, as they would be in the whole text. */
-    for (size_t f = 0; f < frags.n;) {
-        if (frags.items[f].id >= 0) {
-            if ((rc = ids_append(&out, &frags.items[f].id, 1)) < 0)
-                goto fail;
-            f++;
-            continue;
-        }
-        size_t start = frags.items[f].start, end = start;
-        while (f < frags.n && frags.items[f].id < 0) {
-            end = frags.items[f].start + frags.items[f].len;
-            f++;
-        }
-        int32_t *ids = NULL;
-        size_t n_ids = 0;
-        rc = eng_tokenize(tok, text + start, end - start, false, false, &ids, &n_ids, err);
-        if (rc < 0) {
-            tokenize_failed = true; /* err already says why */
-            goto fail;
-        }
-        rc = ids_append(&out, ids, n_ids);
-        sw_free(ids);
-        if (rc < 0)
-            goto fail;
-    }
-    if (!out.ids) {
-        out.ids = sw_malloc(sizeof *out.ids); /* non-NULL even for no ids */
-        if (!out.ids) {
-            rc = SW_ENOMEM;
-            goto fail;
-        }
-    }
-    *ids_out = out.ids;
-    *n_out = out.n;
-    sw_free(specials);
-    sw_free(frags.items);
-    sw_free(spare.items);
-    return SW_OK;
-
-fail:
-    if (!tokenize_failed)
-        sw_error_set(err, rc, "eng_chat_tokenize: out of memory");
-    sw_free(specials);
-    sw_free(frags.items);
-    sw_free(spare.items);
-    sw_free(out.ids);
+    eng_text_span *spans = sw_calloc(n_segments ? n_segments : 1, sizeof *spans);
+    if (!spans)
+        return sw_error_set(err, SW_ENOMEM, "eng_chat_tokenize: out of memory");
+    for (size_t i = 0; i < n_segments; i++)
+        spans[i] = (eng_text_span){segments[i].offset, segments[i].len, segments[i].is_template};
+    int rc = eng_tokenize_spans(tok, text, len, spans, n_segments, add_bos, ids_out, n_out, err);
+    sw_free(spans);
     return rc;
 }
 

@@ -789,7 +789,8 @@ static int spm_tokenize_fragment(const eng_tokenizer *tok, spm_work *w, const ch
 /* A piece of the input: plain text [start, start+len), or a special token. */
 typedef struct fragment {
     size_t start, len;
-    int32_t id; /* -1 for plain text */
+    int32_t id;         /* -1 for plain text */
+    bool special_ok;    /* plain text: special-token text is matched in it */
 } fragment;
 
 typedef struct frag_vec {
@@ -814,15 +815,23 @@ static int frag_push(frag_vec *v, fragment f)
 /* Splits the text at literal special tokens (see the top of the file for the
  * order). *frags receives the result; *spare is scratch of the same kind. */
 static int partition_specials(const eng_tokenizer *tok, const char *text, size_t len,
-                              bool parse_special, frag_vec *frags, frag_vec *spare)
+                              const eng_text_span *spans, size_t n_spans, frag_vec *frags,
+                              frag_vec *spare)
 {
+    bool any_special_ok = false;
     frags->n = 0;
-    if (frag_push(frags, (fragment){0, len, -1}))
-        return SW_ENOMEM;
+    for (size_t i = 0; i < n_spans; i++) {
+        if (frag_push(frags, (fragment){spans[i].offset, spans[i].len, -1, spans[i].parse_special}))
+            return SW_ENOMEM;
+        any_special_ok |= spans[i].parse_special;
+    }
     for (size_t s = 0; s < tok->n_specials; s++) {
         int32_t id = tok->specials[s];
         uint8_t type = tok->types[id];
-        if (!parse_special && type != ENG_TOKEN_USER_DEFINED)
+        /* User-defined tokens are matched even without special parsing, as
+         * the reference does; control tokens only where it is on. */
+        bool user_defined = type == ENG_TOKEN_USER_DEFINED;
+        if (!any_special_ok && !user_defined)
             continue;
         const char *needle = piece_ptr(tok, id);
         size_t needle_len = tok->piece_len[id];
@@ -832,7 +841,7 @@ static int partition_specials(const eng_tokenizer *tok, const char *text, size_t
         spare->n = 0;
         for (size_t f = 0; f < frags->n; f++) {
             fragment fr = frags->items[f];
-            if (fr.id >= 0) {
+            if (fr.id >= 0 || (!fr.special_ok && !user_defined)) {
                 if (frag_push(spare, fr))
                     return SW_ENOMEM;
                 continue;
@@ -843,14 +852,14 @@ static int partition_specials(const eng_tokenizer *tok, const char *text, size_t
                                       ? memmem(text + pos, end - pos, needle, needle_len)
                                       : NULL;
                 if (!hit) {
-                    if (frag_push(spare, (fragment){pos, end - pos, -1}))
+                    if (frag_push(spare, (fragment){pos, end - pos, -1, fr.special_ok}))
                         return SW_ENOMEM;
                     break;
                 }
                 size_t at = (size_t)(hit - text);
-                if (at > pos && frag_push(spare, (fragment){pos, at - pos, -1}))
+                if (at > pos && frag_push(spare, (fragment){pos, at - pos, -1, fr.special_ok}))
                     return SW_ENOMEM;
-                if (frag_push(spare, (fragment){at, needle_len, id}))
+                if (frag_push(spare, (fragment){at, needle_len, id, false}))
                     return SW_ENOMEM;
                 pos = at + needle_len;
             }
@@ -859,11 +868,31 @@ static int partition_specials(const eng_tokenizer *tok, const char *text, size_t
         *frags = *spare;
         *spare = tmp;
     }
+    /* Adjacent plain fragments from different spans are one stretch of
+     * text, tokenized as they would be in the whole text. */
+    size_t kept = 0;
+    for (size_t f = 0; f < frags->n; f++) {
+        fragment fr = frags->items[f];
+        if (kept > 0 && fr.id < 0 && frags->items[kept - 1].id < 0)
+            frags->items[kept - 1].len += fr.len;
+        else
+            frags->items[kept++] = fr;
+    }
+    frags->n = kept;
     return SW_OK;
 }
 
 int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool add_bos,
                  bool parse_special, int32_t **tokens_out, size_t *n_out, sw_error *err)
+{
+    eng_text_span whole = {0, len, parse_special};
+    return eng_tokenize_spans(tok, text, len, &whole, len > 0 ? 1 : 0, add_bos, tokens_out,
+                              n_out, err);
+}
+
+int eng_tokenize_spans(const eng_tokenizer *tok, const char *text, size_t len,
+                       const eng_text_span *spans, size_t n_spans, bool add_bos,
+                       int32_t **tokens_out, size_t *n_out, sw_error *err)
 {
     id_vec out = {0};
     frag_vec frags = {0}, spare = {0};
@@ -878,11 +907,25 @@ int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len, bool ad
     if (len > TOK_MAX_INPUT_BYTES)
         return sw_error_set(err, SW_ERANGE, "tokenize: text of %zu bytes exceeds the limit of "
                             "%zu", len, TOK_MAX_INPUT_BYTES);
+    {
+        size_t pos = 0;
+        for (size_t i = 0; i < n_spans; i++) {
+            if (spans[i].offset != pos || spans[i].len == 0 || spans[i].len > len - pos)
+                return sw_error_set(err, SW_EINVAL,
+                                    "tokenize: span %zu (offset %zu, %zu bytes) does not "
+                                    "continue the text at %zu of %zu bytes", i, spans[i].offset,
+                                    spans[i].len, pos, len);
+            pos += spans[i].len;
+        }
+        if (pos != len)
+            return sw_error_set(err, SW_EINVAL, "tokenize: spans cover %zu of %zu bytes", pos,
+                                len);
+    }
 
     if (add_bos && tok->bos >= 0 && (rc = eng__ids_push(&out, tok->bos)))
         goto fail;
     if (len > 0) {
-        rc = partition_specials(tok, text, len, parse_special, &frags, &spare);
+        rc = partition_specials(tok, text, len, spans, n_spans, &frags, &spare);
         if (rc)
             goto fail;
     }

@@ -93,6 +93,23 @@ int eng_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
                  bool add_bos, bool parse_special, int32_t **tokens_out,
                  size_t *n_out, sw_error *err);
 
+/* A stretch of a text and whether special-token text is matched in it. */
+typedef struct eng_text_span {
+    size_t offset;        /* into the text */
+    size_t len;           /* > 0 */
+    bool parse_special;   /* control tokens' text becomes their ids here */
+} eng_text_span;
+
+/* eng_tokenize over a text made of spans that cover it in order (a chat
+ * prompt: the template's markers with special parsing, the clients' content
+ * without). Plain text on both sides of a span boundary is tokenized as one
+ * stretch, as it would be in the whole text. User-defined tokens are
+ * matched everywhere, as in eng_tokenize. SW_EINVAL if the spans do not
+ * cover the text exactly. */
+int eng_tokenize_spans(const eng_tokenizer *tok, const char *text, size_t len,
+                       const eng_text_span *spans, size_t n_spans, bool add_bos,
+                       int32_t **tokens_out, size_t *n_out, sw_error *err);
+
 /* The raw vocabulary piece of a token (as stored, e.g. "▁Hello", "<0x0A>"),
  * NUL-terminated; NULL (and *len 0) for an id outside the vocabulary. */
 const char *eng_token_piece(const eng_tokenizer *tok, int32_t id, size_t *len);

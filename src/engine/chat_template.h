@@ -176,19 +176,14 @@ int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, si
  * tokens ("<|im_end|>", "<s>", ...) are recognised only inside template
  * segments: text a client wrote is always tokenized as plain text.
  *
- * It does what eng_tokenize with parse_special does (see tokenizer.c: the
- * text is cut at special-token texts, longest first, then each plain stretch
- * is tokenized with a space prefix as the start of a text), with the cuts
- * restricted to template segments. So for content that contains no special
- * token text, the ids are exactly eng_tokenize(text, len, add_bos, true):
- * llama.cpp's result. (One theoretical difference: a USER_DEFINED token
- * whose text overlaps a control token's in the template is matched after
- * the control tokens here, interleaved by length there.) USER_DEFINED
- * tokens are matched everywhere, content included, as eng_tokenize always
- * does. add_bos: see eng_chat_tokenize_add_bos. Allocates *ids_out
- * (sw_free; non-NULL on success) holding *n_out ids.
- * Cost: one pass over the vocabulary's token types per call (to find its
- * special tokens) plus the tokenization itself.
+ * It is eng_tokenize_spans (tokenizer.h) with special parsing on in the
+ * template segments only: the same cuts eng_tokenize with parse_special
+ * makes, restricted to template text, so for content that contains no
+ * special-token text the ids are exactly eng_tokenize(text, len, add_bos,
+ * true): llama.cpp's result. USER_DEFINED tokens are matched everywhere,
+ * content included, as eng_tokenize always does. add_bos: see
+ * eng_chat_tokenize_add_bos. Allocates *ids_out (sw_free; non-NULL on
+ * success) holding *n_out ids.
  * Errors: SW_EINVAL (segments that do not tile the text exactly), those of
  * eng_tokenize, SW_ENOMEM. Outputs are written only on success. */
 int eng_chat_tokenize(const eng_tokenizer *tok, const char *text, size_t len,

@@ -2,6 +2,10 @@
  * engine on one model, the way the reference figures in the issues were
  * taken (a prompt of P tokens prefilled in one batch, then G tokens decoded
  * one at a time), plus the decode read bandwidth it implies.
+ * `spillway bench memory`: main-memory read bandwidth.
+ * `spillway bench http`: request latency against a worker or the router
+ * (N client threads, one connection per request), so the router's added
+ * latency can be measured without external load generators.
  *
  * Figures, not a test: nothing here asserts on speed. The prompt is a fixed
  * pseudo-random token sequence, so runs are comparable. A warm-up pass
@@ -17,11 +21,20 @@
 #include "engine/model.h"
 #include "engine/quant.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <math.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 typedef struct bench_result {
     double prefill_tps;
@@ -64,8 +77,13 @@ static void usage(FILE *out)
     fprintf(out, "usage: spillway bench engine -m FILE [--prompt N] [--gen N] [--threads N]\n"
                  "                             [--reps N] [--json]\n"
                  "       spillway bench memory [--threads N] [--bytes SIZE]\n"
+                 "       spillway bench http --target unix:PATH|HOST:PORT [--clients N]\n"
+                 "                           [--requests M] [--body JSON] [--path P] [--json]\n"
                  "  prefill N prompt tokens in one batch (default 128), then decode --gen\n"
-                 "  tokens one at a time (default 32); best of --reps runs (default 2).\n");
+                 "  tokens one at a time (default 32); best of --reps runs (default 2).\n"
+                 "  http: N client threads (default 1) send M requests in all (default 100),\n"
+                 "  each a POST of --body to --path (default /v1/completions) on its own\n"
+                 "  connection, read to the end; latency percentiles of the 2xx answers.\n");
 }
 
 static int bench_engine(int argc, char **argv)
@@ -249,6 +267,247 @@ static int bench_memory(int argc, char **argv)
     return 0;
 }
 
+
+/* ---- HTTP latency ----------------------------------------------------------- */
+
+typedef struct http_bench {
+    const char *target; /* unix:PATH or HOST:PORT */
+    struct sockaddr_storage addr;
+    socklen_t addr_len;
+    char *request; /* the whole request, sent as is each time */
+    size_t request_len;
+    int32_t n_requests;
+    atomic_int next;    /* next request index to take */
+    atomic_int errors;  /* connection failures and non-2xx answers */
+    double *latency_ms; /* per request; NAN for a failed one */
+} http_bench;
+
+/* Resolves the target once, so name lookups are not in the measured time. */
+static int http_resolve(http_bench *b)
+{
+    memset(&b->addr, 0, sizeof b->addr);
+    if (strncmp(b->target, "unix:", 5) == 0) {
+        struct sockaddr_un *un = (struct sockaddr_un *)&b->addr;
+        const char *path = b->target + 5;
+        if (!*path || strlen(path) >= sizeof un->sun_path)
+            return -1;
+        un->sun_family = AF_UNIX;
+        memcpy(un->sun_path, path, strlen(path) + 1);
+        b->addr_len = (socklen_t)sizeof *un;
+        return 0;
+    }
+    const char *colon = strrchr(b->target, ':');
+    if (!colon || colon == b->target || !colon[1])
+        return -1;
+    char host[256];
+    size_t hl = (size_t)(colon - b->target);
+    if (hl >= sizeof host)
+        return -1;
+    memcpy(host, b->target, hl);
+    host[hl] = '\0';
+    if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') { /* [::1]:8080 */
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = '\0';
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &res) || !res)
+        return -1;
+    memcpy(&b->addr, res->ai_addr, res->ai_addrlen);
+    b->addr_len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* One request on a fresh connection, read to EOF. Returns the HTTP status,
+ * or -1 when the connection failed or the answer was not HTTP. */
+static int http_once(const http_bench *b)
+{
+    int fd = socket(b->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int status = -1;
+    if (fd < 0)
+        return -1;
+    /* A hung server fails the request instead of hanging the benchmark. */
+    struct timeval tv = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, (const struct sockaddr *)&b->addr, b->addr_len) < 0)
+        goto done;
+    for (size_t off = 0; off < b->request_len;) {
+        ssize_t n = send(fd, b->request + off, b->request_len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            goto done;
+        off += (size_t)n;
+    }
+    char buf[16384], head[16];
+    size_t got = 0;
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            goto done;
+        if (n == 0)
+            break;
+        for (ssize_t i = 0; i < n && got < sizeof head - 1; i++)
+            head[got++] = buf[i];
+    }
+    head[got] = '\0';
+    int code;
+    if (got >= 12 && strncmp(head, "HTTP/1.", 7) == 0 && sscanf(head + 9, "%3d", &code) == 1)
+        status = code;
+done:
+    close(fd);
+    return status;
+}
+
+static void *http_client(void *arg)
+{
+    http_bench *b = arg;
+    for (;;) {
+        int i = atomic_fetch_add(&b->next, 1);
+        if (i >= b->n_requests)
+            break;
+        double t0 = eng_now_seconds();
+        int status = http_once(b);
+        double ms = (eng_now_seconds() - t0) * 1000.0;
+        if (status >= 200 && status < 300) {
+            b->latency_ms[i] = ms;
+        } else {
+            b->latency_ms[i] = NAN;
+            atomic_fetch_add(&b->errors, 1);
+        }
+    }
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of sorted values. */
+static double percentile(const double *v, int32_t n, double p)
+{
+    if (n <= 0)
+        return NAN;
+    int32_t rank = (int32_t)ceil(p * n);
+    return v[rank < 1 ? 0 : rank - 1];
+}
+
+static int bench_http(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"target", required_argument, 0, 'T'}, {"clients", required_argument, 0, 'c'},
+        {"requests", required_argument, 0, 'n'}, {"body", required_argument, 0, 'b'},
+        {"path", required_argument, 0, 'P'},   {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+    };
+    http_bench b = {.n_requests = 100};
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":1}";
+    const char *path = "/v1/completions";
+    int clients = 1;
+    bool json = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "T:c:n:b:P:jh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'T': b.target = optarg; break;
+        case 'c': clients = atoi(optarg); break;
+        case 'n': b.n_requests = atoi(optarg); break;
+        case 'b': body = optarg; break;
+        case 'P': path = optarg; break;
+        case 'j': json = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!b.target || clients < 1 || clients > 1024 || b.n_requests < 1 ||
+        b.n_requests > 10000000 || path[0] != '/' || strpbrk(path, " \r\n")) {
+        usage(stderr);
+        return 2;
+    }
+    if (http_resolve(&b)) {
+        fprintf(stderr, "spillway bench http: cannot resolve target '%s'\n", b.target);
+        return 2;
+    }
+    if (clients > b.n_requests)
+        clients = b.n_requests;
+
+    int status = 1, started = 0;
+    pthread_t *th = sw_calloc((size_t)clients, sizeof *th);
+    double *ok = NULL;
+    size_t body_len = strlen(body);
+    size_t cap = body_len + strlen(path) + 256;
+    b.request = sw_malloc(cap);
+    b.latency_ms = sw_calloc((size_t)b.n_requests, sizeof(double));
+    if (!th || !b.request || !b.latency_ms) {
+        fprintf(stderr, "spillway bench http: out of memory\n");
+        goto fail;
+    }
+    int hl = snprintf(b.request, cap,
+                      "POST %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                      path, body_len);
+    if (hl < 0 || (size_t)hl + body_len >= cap)
+        goto fail;
+    memcpy(b.request + hl, body, body_len);
+    b.request_len = (size_t)hl + body_len;
+
+    double t0 = eng_now_seconds();
+    for (; started < clients; started++)
+        if (pthread_create(&th[started], NULL, http_client, &b)) {
+            fprintf(stderr, "spillway bench http: cannot start a client thread\n");
+            break;
+        }
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    double wall = eng_now_seconds() - t0;
+    if (started < clients)
+        goto fail;
+
+    ok = sw_malloc(sizeof(double) * (size_t)b.n_requests);
+    if (!ok)
+        goto fail;
+    int32_t n_ok = 0;
+    double sum = 0.0;
+    for (int32_t i = 0; i < b.n_requests; i++)
+        if (!isnan(b.latency_ms[i])) {
+            ok[n_ok++] = b.latency_ms[i];
+            sum += b.latency_ms[i];
+        }
+    qsort(ok, (size_t)n_ok, sizeof *ok, cmp_double);
+    int errors = atomic_load(&b.errors);
+    double p50 = percentile(ok, n_ok, 0.50), p99 = percentile(ok, n_ok, 0.99);
+    double mean = n_ok ? sum / n_ok : NAN, rps = b.n_requests / wall;
+    if (json) {
+        /* NaN is not JSON: no successful request gives nulls. */
+        json_t *rec = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f}", "target", b.target, "path",
+                                path, "clients", clients, "count", (int)n_ok, "errors", errors,
+                                "requests_per_second", rps);
+        json_object_set_new(rec, "p50_ms", n_ok ? json_real(p50) : json_null());
+        json_object_set_new(rec, "p99_ms", n_ok ? json_real(p99) : json_null());
+        json_object_set_new(rec, "mean_ms", n_ok ? json_real(mean) : json_null());
+        char *text = json_dumps(rec, JSON_COMPACT);
+        printf("%s\n", text);
+        free(text);
+        json_decref(rec);
+    } else {
+        printf("%s %s, %d clients: %d ok, %d errors, p50 %.3f ms, p99 %.3f ms, mean %.3f ms, "
+               "%.1f requests/s\n",
+               b.target, path, clients, (int)n_ok, errors, p50, p99, mean, rps);
+    }
+    status = errors ? 1 : 0;
+fail:
+    sw_free(ok);
+    sw_free(b.latency_ms);
+    sw_free(b.request);
+    sw_free(th);
+    return status;
+}
+
 int cli_bench_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
@@ -259,6 +518,9 @@ int cli_bench_main(int argc, char **argv)
         return bench_engine(argc - 1, argv + 1);
     if (strcmp(argv[1], "memory") == 0)
         return bench_memory(argc - 1, argv + 1);
-    fprintf(stderr, "spillway bench: unknown benchmark '%s' (known: engine, memory)\n", argv[1]);
+    if (strcmp(argv[1], "http") == 0)
+        return bench_http(argc - 1, argv + 1);
+    fprintf(stderr, "spillway bench: unknown benchmark '%s' (known: engine, memory, http)\n",
+            argv[1]);
     return 2;
 }

@@ -5,9 +5,10 @@
 #     share is small and the router's is visible) against a worker directly
 #     and against `spillway serve` with one managed worker of the same
 #     settings, at 1 and 32 clients; the added latency is router minus
-#     direct, at p50 and p99. The router process's own CPU time over the
-#     measured runs (utime+stime in /proc/PID/stat, children excluded) and
-#     its peak resident memory (VmHWM).
+#     direct, at p50 and p99 (medians of ROUNDS rounds). The router
+#     process's own CPU time over its measured runs (utime+stime in
+#     /proc/PID/stat, children excluded) and its peak resident memory
+#     (VmHWM).
 #  2. Failover: a sim-gpu worker on the grow policy whose device
 #     allocations fail one KV block after start-up (fault =
 #     alloc_fail_after:N), so each stream runs out of memory in decode and
@@ -18,13 +19,14 @@
 #     replay attempt began).
 #
 #   bench/router.sh [BUILD_DIR]                     (default: build)
-#   THREADS=1 REQUESTS=300 FAILOVERS=5 bench/router.sh build-rbench
+#   THREADS=1 REQUESTS=1000 ROUNDS=3 FAILOVERS=5 bench/router.sh build-rbench
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
 threads=${THREADS:-1}
-requests=${REQUESTS:-300}
+requests=${REQUESTS:-1000}
 failovers=${FAILOVERS:-5}
+rounds=${ROUNDS:-3}
 [ -x "$bin" ] || { echo "no $bin (build first)" >&2; exit 1; }
 bin=$(cd "$(dirname "$bin")" && pwd)/spillway
 
@@ -67,33 +69,24 @@ wait_ready() {
   --vocab 512 >/dev/null
 body='{"prompt":"Once upon a time","max_tokens":1,"temperature":0}'
 echo "model: dim 128, 2 layers, vocab 512 (f32); workers: $threads thread(s), max-seqs 32"
-echo "requests: max_tokens 1, $requests per run (1 client) and $((requests * 2)) (32 clients)"
-
-# bench http once, JSON out; a short warm-up first.
-measure() {
-  local target=$1 clients=$2 n=$3
-  "$bin" bench http --target "$target" --clients "$clients" --requests "$clients" \
-    --body "$body" --json >/dev/null || true
-  "$bin" bench http --target "$target" --clients "$clients" --requests "$n" --body "$body" \
-    --json || true
-}
+echo "requests: max_tokens 1, $requests per run (1 client) and $((requests * 2)) (32 clients), $rounds rounds"
 
 # ---- 1. overhead -------------------------------------------------------------
+# The direct worker and the router's worker run side by side (idle when not
+# measured); each round measures direct then router at 1 and at 32 clients,
+# and the figures are the medians over ROUNDS rounds, so a burst of other
+# load on the machine moves one round, not the result.
 wsock="$tmp/direct.sock"
 "$bin" worker --model "$model" --listen "unix:$wsock" --max-seqs 32 --threads "$threads" \
   --ctx-limit 256 >/dev/null 2>"$tmp/direct.log" &
 wpid=$!
 pids+=("$wpid")
 wait_ready "$wsock" "$wpid" || { echo "worker did not start:" >&2; cat "$tmp/direct.log" >&2; exit 1; }
-d1=$(measure "unix:$wsock" 1 "$requests")
-d32=$(measure "unix:$wsock" 32 $((requests * 2)))
-stop "$wpid"
 
 cat >"$tmp/overhead.ini" <<EOF
 [server]
 listen = unix:$tmp/router.sock
 state-dir = $tmp/state-overhead
-max-connections = 256
 
 [model]
 path = $model
@@ -108,44 +101,64 @@ EOF
 rpid=$!
 pids+=("$rpid")
 wait_ready "$tmp/router.sock" "$rpid" || { echo "router did not start:" >&2; cat "$tmp/router.log" >&2; exit 1; }
-# warm-ups outside the CPU window
-"$bin" bench http --target "unix:$tmp/router.sock" --clients 32 --requests 64 --body "$body" \
-  >/dev/null || true
+
+run() { # target clients requests -> one JSON line
+  "$bin" bench http --target "$1" --clients "$2" --requests "$3" --body "$body" --json || true
+}
+for t in "unix:$wsock" "unix:$tmp/router.sock"; do run "$t" 32 64 >/dev/null; done # warm-up
 tck=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-c0=$(cpu_ticks "$rpid")
-t0=$(date +%s.%N)
-r1=$("$bin" bench http --target "unix:$tmp/router.sock" --clients 1 --requests "$requests" \
-  --body "$body" --json || true)
-r32=$("$bin" bench http --target "unix:$tmp/router.sock" --clients 32 \
-  --requests $((requests * 2)) --body "$body" --json || true)
-t1=$(date +%s.%N)
-c1=$(cpu_ticks "$rpid")
+now_ns() { date +%s%N; }
+ticks=0 router_ns=0
+: >"$tmp/overhead.jsonl"
+for round in $(seq "$rounds"); do
+  for c in 1 32; do
+    n=$requests
+    [ "$c" = 1 ] || n=$((requests * 2))
+    echo "{\"round\":$round,\"kind\":\"direct\",\"r\":$(run "unix:$wsock" "$c" "$n")}" >>"$tmp/overhead.jsonl"
+    c0=$(cpu_ticks "$rpid")
+    t0=$(now_ns)
+    r=$(run "unix:$tmp/router.sock" "$c" "$n")
+    t1=$(now_ns)
+    c1=$(cpu_ticks "$rpid")
+    ticks=$((ticks + c1 - c0))
+    router_ns=$((router_ns + t1 - t0))
+    echo "{\"round\":$round,\"kind\":\"router\",\"r\":$r}" >>"$tmp/overhead.jsonl"
+  done
+done
 hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$rpid/status")
 rss=$(awk '/^VmRSS/ {print $2}' "/proc/$rpid/status")
 stop "$rpid"
+stop "$wpid"
 
-python3 - "$d1" "$d32" "$r1" "$r32" "$c0" "$c1" "$tck" "$t0" "$t1" "$hwm" "$rss" <<'EOF'
-import json, sys
-d1, d32, r1, r32 = (json.loads(a) for a in sys.argv[1:5])
-c0, c1, tck = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
-t0, t1, hwm, rss = float(sys.argv[8]), float(sys.argv[9]), int(sys.argv[10]), int(sys.argv[11])
+python3 - "$tmp/overhead.jsonl" "$ticks" "$tck" "$router_ns" "$hwm" "$rss" <<'PYEOF'
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+ticks, tck, secs = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1e9
+hwm, rss = int(sys.argv[5]), int(sys.argv[6])
+def med(kind, c, key):
+    return statistics.median(x["r"][key] for x in recs
+                             if x["kind"] == kind and x["r"]["clients"] == c)
 print()
-print("%-8s %-8s %8s %7s %9s %9s %9s %10s" % ("clients", "path", "ok", "errors", "p50 ms",
-                                              "p99 ms", "mean ms", "req/s"))
-for c, d, r in ((1, d1, r1), (32, d32, r32)):
-    for name, x in (("direct", d), ("router", r)):
-        print("%-8d %-8s %8d %7d %9.3f %9.3f %9.3f %10.1f" % (c, name, x["count"], x["errors"],
-              x["p50_ms"], x["p99_ms"], x["mean_ms"], x["requests_per_second"]))
-    print("%-8d %-8s %8s %7s %+9.3f %+9.3f %+9.3f" % (c, "added", "", "", r["p50_ms"] - d["p50_ms"],
-          r["p99_ms"] - d["p99_ms"], r["mean_ms"] - d["mean_ms"]))
-n = r1["count"] + r1["errors"] + r32["count"] + r32["errors"]
-cpu = (c1 - c0) / tck
+print("medians of %d rounds" % max(x["round"] for x in recs))
+print("%-8s %-8s %9s %9s %9s %10s %7s" % ("clients", "path", "p50 ms", "p99 ms", "mean ms",
+                                         "req/s", "errors"))
+for c in (1, 32):
+    for kind in ("direct", "router"):
+        errs = sum(x["r"]["errors"] for x in recs if x["kind"] == kind and x["r"]["clients"] == c)
+        print("%-8d %-8s %9.3f %9.3f %9.3f %10.1f %7d" % (c, kind, med(kind, c, "p50_ms"),
+              med(kind, c, "p99_ms"), med(kind, c, "mean_ms"), med(kind, c, "requests_per_second"),
+              errs))
+    print("%-8d %-8s %+9.3f %+9.3f %+9.3f" % (c, "added", med("router", c, "p50_ms") -
+          med("direct", c, "p50_ms"), med("router", c, "p99_ms") - med("direct", c, "p99_ms"),
+          med("router", c, "mean_ms") - med("direct", c, "mean_ms")))
+n = sum(x["r"]["count"] + x["r"]["errors"] for x in recs if x["kind"] == "router")
+cpu = ticks / tck
 print()
-print("router process over both router runs (%d requests, %.2f s): CPU %.2f s (%.0f%% of one core, "
-      "%.3f ms per request); VmHWM %.1f MiB, VmRSS %.1f MiB" % (n, t1 - t0, cpu,
-      100 * cpu / (t1 - t0), 1000 * cpu / n, hwm / 1024, rss / 1024))
-EOF
+print("router process over its runs (%d requests, %.2f s): CPU %.2f s (%.0f%% of one core, "
+      "%.3f ms per request); VmHWM %.1f MiB, VmRSS %.1f MiB" % (n, secs, cpu, 100 * cpu / secs,
+      1000 * cpu / n, hwm / 1024, rss / 1024))
+PYEOF
 
 # ---- 2. failover latency ------------------------------------------------------
 # The device allocations a grow-policy worker makes at start-up with the GPU
@@ -282,13 +295,13 @@ for i in range(n):
            (e["cpu_start_time"] - err_t) * 1000,
            (first_cpu - err_t) * 1000 if first_cpu else float("nan"))
     rows.append(row)
-    print("  %s: oom in %s after %d tokens, %s on %s, %d tokens; error -> cpu attempt %.2f ms, "
-          "error -> first cpu token %.2f ms" % row)
+    print("  %s: oom in %s after %d tokens, %s on %s, %d tokens; error -> cpu attempt %.3f ms, "
+          "error -> first cpu token %.3f ms" % row)
     restarts += 1
 if rows:
     a = sorted(r[6] for r in rows)
     b = sorted(r[7] for r in rows)
-    print("error -> first CPU token: median %.2f ms, max %.2f ms (error -> CPU attempt: median "
-          "%.2f ms)" % (b[len(b) // 2], b[-1], a[len(a) // 2]))
+    print("error -> first CPU token: median %.3f ms, max %.3f ms (error -> CPU attempt: median "
+          "%.3f ms)" % (b[len(b) // 2], b[-1], a[len(a) // 2]))
 EOF
 stop "$fpid"

@@ -82,8 +82,9 @@ static void usage(FILE *out)
                  "  prefill N prompt tokens in one batch (default 128), then decode --gen\n"
                  "  tokens one at a time (default 32); best of --reps runs (default 2).\n"
                  "  http: N client threads (default 1) send M requests in all (default 100),\n"
-                 "  each a POST of --body to --path (default /v1/completions) on its own\n"
-                 "  connection, read to the end; latency percentiles of the 2xx answers.\n");
+                 "  each a POST of --body to --path (default /v1/completions; --body ''\n"
+                 "  sends a GET) on its own connection, read to the end; latency\n"
+                 "  percentiles of the 2xx answers, the others counted as errors.\n");
 }
 
 static int bench_engine(int argc, char **argv)
@@ -312,8 +313,25 @@ static int http_resolve(http_bench *b)
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
     if (getaddrinfo(host, colon + 1, &hints, &res) || !res)
         return -1;
-    memcpy(&b->addr, res->ai_addr, res->ai_addrlen);
-    b->addr_len = res->ai_addrlen;
+    /* "localhost" may give ::1 first while the server listens on 127.0.0.1:
+     * keep the first address that accepts a connection (else the first). */
+    const struct addrinfo *pick = res;
+    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool ok = fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+        if (fd >= 0)
+            close(fd);
+        if (ok) {
+            pick = ai;
+            break;
+        }
+    }
+    if (pick->ai_addrlen > sizeof b->addr) {
+        freeaddrinfo(res);
+        return -1;
+    }
+    memcpy(&b->addr, pick->ai_addr, pick->ai_addrlen);
+    b->addr_len = pick->ai_addrlen;
     freeaddrinfo(res);
     return 0;
 }
@@ -447,10 +465,14 @@ static int bench_http(int argc, char **argv)
         fprintf(stderr, "spillway bench http: out of memory\n");
         goto fail;
     }
-    int hl = snprintf(b.request, cap,
-                      "POST %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                      path, body_len);
+    /* An empty body makes it a GET (/health, /v1/models). */
+    int hl = body_len ? snprintf(b.request, cap,
+                                 "POST %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                                 "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                                 path, body_len)
+                      : snprintf(b.request, cap,
+                                 "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                                 path);
     if (hl < 0 || (size_t)hl + body_len >= cap)
         goto fail;
     memcpy(b.request + hl, body, body_len);
@@ -494,10 +516,13 @@ static int bench_http(int argc, char **argv)
         printf("%s\n", text);
         free(text);
         json_decref(rec);
-    } else {
+    } else if (n_ok) {
         printf("%s %s, %d clients: %d ok, %d errors, p50 %.3f ms, p99 %.3f ms, mean %.3f ms, "
                "%.1f requests/s\n",
                b.target, path, clients, (int)n_ok, errors, p50, p99, mean, rps);
+    } else {
+        printf("%s %s, %d clients: no successful request (%d errors)\n", b.target, path, clients,
+               errors);
     }
     status = errors ? 1 : 0;
 fail:

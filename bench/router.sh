@@ -299,9 +299,10 @@ for i in range(n):
           "error -> first cpu token %.3f ms" % row)
     restarts += 1
 if rows:
-    a = sorted(r[6] for r in rows)
-    b = sorted(r[7] for r in rows)
+    import statistics
+    a = [r[6] for r in rows]
+    b = [r[7] for r in rows]
     print("error -> first CPU token: median %.3f ms, max %.3f ms (error -> CPU attempt: median "
-          "%.3f ms)" % (b[len(b) // 2], b[-1], a[len(a) // 2]))
+          "%.3f ms)" % (statistics.median(b), max(b), statistics.median(a)))
 EOF
 stop "$fpid"

@@ -12,7 +12,8 @@ packages=(
   libsqlite3-dev     # ledger
   libinih-dev        # configuration
   clang              # libFuzzer harnesses (make test-fuzz)
-  curl               # bench/worker.sh talks to a worker over its socket
+  curl               # bench/worker.sh and bench/router.sh talk to workers over sockets
+  python3            # the benchmark scripts summarise JSON records
 )
 
 missing=()

@@ -196,3 +196,61 @@ bool tu_valid_utf8(const char *s, size_t n)
     }
     return true;
 }
+
+/* ---- tokenizer test vectors (../shared/vocab/X.gguf.inp / .out) ---------- */
+
+void tu_vocab_cases_free(tu_vocab_case *cases, size_t n)
+{
+    for (size_t i = 0; cases && i < n; i++) {
+        sw_free(cases[i].text);
+        sw_free(cases[i].ids);
+    }
+    sw_free(cases);
+}
+
+tu_vocab_case *tu_vocab_cases_load(const char *gguf_path, size_t *n_out)
+{
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    const size_t sep_len = sizeof sep - 1;
+    char inp_path[4200], out_path[4200];
+    size_t inp_len, out_len, n = 0;
+    snprintf(inp_path, sizeof inp_path, "%s.inp", gguf_path);
+    snprintf(out_path, sizeof out_path, "%s.out", gguf_path);
+    char *inp = tu_read_file(inp_path, &inp_len);
+    char *out = tu_read_file(out_path, &out_len);
+    tu_vocab_case *cases = sw_calloc(256, sizeof *cases);
+    assert_non_null(inp);
+    assert_non_null(out);
+    assert_non_null(cases);
+
+    char *cursor = inp, *inp_end = inp + inp_len, *line = out;
+    while (cursor < inp_end) {
+        char *end = memmem(cursor, (size_t)(inp_end - cursor), sep, sep_len);
+        char *nl = strchr(line, '\n');
+        assert_non_null(end);
+        assert_non_null(nl);
+        assert_true(n < 256);
+        *nl = '\0';
+        tu_vocab_case *c = &cases[n++];
+        c->len = (size_t)(end - cursor);
+        c->text = sw_strndup(cursor, c->len);
+        c->ids = sw_calloc(1024, sizeof *c->ids);
+        assert_non_null(c->text);
+        assert_non_null(c->ids);
+        for (char *q = line;;) {
+            char *next;
+            long v = strtol(q, &next, 10);
+            if (next == q)
+                break;
+            assert_true(c->n_ids < 1024);
+            c->ids[c->n_ids++] = (int32_t)v;
+            q = next;
+        }
+        line = nl + 1;
+        cursor = end + sep_len;
+    }
+    sw_free(inp);
+    sw_free(out);
+    *n_out = n;
+    return cases;
+}

@@ -43,4 +43,17 @@ void tu_assert_ids_equal(const int32_t *got, size_t n_got, const int32_t *want, 
 /* Strict RFC 3629 UTF-8 validation, independent of the engine's decoder. */
 bool tu_valid_utf8(const char *s, size_t n);
 
+/* One case of a vocabulary's test vectors (format: ../shared/vocab/README.md). */
+typedef struct tu_vocab_case {
+    char *text;       /* NUL-terminated copy; len bytes (may hold NULs) */
+    size_t len;
+    int32_t *ids;     /* the expected token ids */
+    size_t n_ids;
+} tu_vocab_case;
+
+/* Reads GGUF_PATH.inp and GGUF_PATH.out (fails the test if they are
+ * malformed); free with tu_vocab_cases_free. */
+tu_vocab_case *tu_vocab_cases_load(const char *gguf_path, size_t *n_out);
+void tu_vocab_cases_free(tu_vocab_case *cases, size_t n);
+
 #endif

@@ -553,64 +553,29 @@ static void test_vocab_llama_spm(void **state)
     const char *p = tu_shared_path("vocab/ggml-vocab-llama-spm.gguf");
     if (!p)
         return;
-    char gguf_path[4096], inp_path[4200], out_path[4200];
+    char gguf_path[4096];
     snprintf(gguf_path, sizeof gguf_path, "%s", p);
-    snprintf(inp_path, sizeof inp_path, "%s.inp", gguf_path);
-    snprintf(out_path, sizeof out_path, "%s.out", gguf_path);
-    size_t inp_len, out_len;
-    char *inp = tu_read_file(inp_path, &inp_len);
-    char *out = tu_read_file(out_path, &out_len);
-    assert_non_null(inp);
-    assert_non_null(out);
+    size_t n_cases;
+    tu_vocab_case *cases = tu_vocab_cases_load(gguf_path, &n_cases);
     eng_tokenizer *tok = load_tokenizer_file(gguf_path);
-
-    static const char sep[] = "\n__ggml_vocab_test__\n";
-    const size_t sep_len = sizeof sep - 1;
-    char *cursor = inp, *inp_end = inp + inp_len;
-    char *line = out;
-    int n_cases = 0;
-    int32_t want[1024];
-    while (cursor < inp_end) {
-        char *end = memmem(cursor, (size_t)(inp_end - cursor), sep, sep_len);
-        assert_non_null(end);
-        size_t text_len = (size_t)(end - cursor);
-
-        char *nl = strchr(line, '\n');
-        assert_non_null(nl);
-        *nl = '\0';
-        size_t n_want = 0;
-        for (char *q = line;;) {
-            char *next;
-            long v = strtol(q, &next, 10);
-            if (next == q)
-                break;
-            assert_true(n_want < 1024);
-            want[n_want++] = (int32_t)v;
-            q = next;
-        }
-
+    for (size_t c = 0; c < n_cases; c++) {
         int32_t *ids = NULL;
-        size_t n = tu_tokenize(tok, cursor, text_len, false, false, &ids);
+        size_t n = tu_tokenize(tok, cases[c].text, cases[c].len, false, false, &ids);
         char what[96];
-        snprintf(what, sizeof what, "vocab case %d (%.40s)", n_cases, cursor);
-        tu_assert_ids_equal(ids, n, want, n_want, what);
+        snprintf(what, sizeof what, "vocab case %zu (%.40s)", c, cases[c].text);
+        tu_assert_ids_equal(ids, n, cases[c].ids, cases[c].n_ids, what);
 
         /* And back: the ids of a text from its start decode to the text. */
         size_t len;
         char *text = eng_detokenize_ex(tok, ids, n, true, &len);
-        if (len != text_len || memcmp(text, cursor, len) != 0)
+        if (len != cases[c].len || memcmp(text, cases[c].text, len) != 0)
             fail_msg("%s: detokenized to \"%s\"", what, text);
         sw_free(text);
         sw_free(ids);
-
-        n_cases++;
-        line = nl + 1;
-        cursor = end + sep_len;
     }
     assert_int_equal(n_cases, 46);
     eng_tokenizer_free(tok);
-    sw_free(inp);
-    sw_free(out);
+    tu_vocab_cases_free(cases, n_cases);
 }
 
 /* ---- the model golden files --------------------------------------------- */

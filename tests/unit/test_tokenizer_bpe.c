@@ -386,45 +386,19 @@ static void check_vectors(const char *name, int expected_cases)
     const char *p = tu_shared_path(name);
     if (!p)
         return;
-    char gguf_path[4096], inp_path[4200], out_path[4200];
+    char gguf_path[4096];
     snprintf(gguf_path, sizeof gguf_path, "%s", p);
-    snprintf(inp_path, sizeof inp_path, "%s.inp", gguf_path);
-    snprintf(out_path, sizeof out_path, "%s.out", gguf_path);
-    size_t inp_len, out_len;
-    char *inp = tu_read_file(inp_path, &inp_len);
-    char *out = tu_read_file(out_path, &out_len);
-    assert_non_null(inp);
-    assert_non_null(out);
+    size_t n_cases;
+    tu_vocab_case *cases = tu_vocab_cases_load(gguf_path, &n_cases);
     eng_tokenizer *tok = load_file(gguf_path);
-
-    static const char sep[] = "\n__ggml_vocab_test__\n";
-    const size_t sep_len = sizeof sep - 1;
-    char *cursor = inp, *inp_end = inp + inp_len;
-    char *line = out;
-    int n_cases = 0, n_failed = 0;
-    int32_t want[1024];
-    while (cursor < inp_end) {
-        char *end = memmem(cursor, (size_t)(inp_end - cursor), sep, sep_len);
-        assert_non_null(end);
-        size_t text_len = (size_t)(end - cursor);
-        char *nl = strchr(line, '\n');
-        assert_non_null(nl);
-        *nl = '\0';
-        size_t n_want = 0;
-        for (char *q = line;;) {
-            char *next;
-            long v = strtol(q, &next, 10);
-            if (next == q)
-                break;
-            assert_true(n_want < 1024);
-            want[n_want++] = (int32_t)v;
-            q = next;
-        }
-
+    int n_failed = 0;
+    for (size_t c = 0; c < n_cases; c++) {
+        const int32_t *want = cases[c].ids;
+        size_t n_want = cases[c].n_ids;
         int32_t *ids = NULL;
-        size_t n = tu_tokenize(tok, cursor, text_len, false, false, &ids);
+        size_t n = tu_tokenize(tok, cases[c].text, cases[c].len, false, false, &ids);
         if (n != n_want || memcmp(ids, want, n * sizeof *ids) != 0) {
-            print_error("%s case %d (%.40s):\n  got: ", name, n_cases, cursor);
+            print_error("%s case %zu (%.40s):\n  got: ", name, c, cases[c].text);
             for (size_t i = 0; i < n; i++)
                 print_error(" %d", ids[i]);
             print_error("\n want:");
@@ -437,21 +411,17 @@ static void check_vectors(const char *name, int expected_cases)
         size_t len;
         char *text = eng_detokenize_ex(tok, ids, n, true, &len);
         assert_non_null(text);
-        if (len != text_len || memcmp(text, cursor, len) != 0) {
-            print_error("%s case %d: detokenized to \"%s\"\n", name, n_cases, text);
+        if (len != cases[c].len || memcmp(text, cases[c].text, len) != 0) {
+            print_error("%s case %zu: detokenized to \"%s\"\n", name, c, text);
             n_failed++;
         }
         sw_free(text);
         sw_free(ids);
-        n_cases++;
-        line = nl + 1;
-        cursor = end + sep_len;
     }
     assert_int_equal(n_failed, 0);
-    assert_int_equal(n_cases, expected_cases);
+    assert_int_equal(n_cases, (size_t)expected_cases);
     eng_tokenizer_free(tok);
-    sw_free(inp);
-    sw_free(out);
+    tu_vocab_cases_free(cases, n_cases);
 }
 
 static void test_vectors_llama_bpe(void **state)

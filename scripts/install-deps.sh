@@ -14,6 +14,7 @@ packages=(
   clang              # libFuzzer harnesses (make test-fuzz)
   curl               # bench/worker.sh and bench/router.sh talk to workers over sockets
   python3            # the benchmark scripts summarise JSON records
+  librsvg2-bin       # rsvg-convert: the drill test renders its timeline.svg
 )
 
 missing=()

@@ -6,14 +6,15 @@
 #
 #   bench/engine.sh [BUILD_DIR]        (default: build)
 #   MODELS="small-q8_0 1b-q8_0 1b-q4_0" THREADS=2 bench/engine.sh
-# The K-quant variants (1b-q4_k, 1b-q6_k: every matrix in that type) have
+# The K-quant variants (1b-q4_k, 1b-q6_k: every matrix in that type; 1b-q4_k_m:
+# the Q4_K_M mix, Q6_K for output and some attn_v / ffn_down) have
 # no reference figures; their columns print "-".
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
 dir="$build/models"
 threads=${THREADS:-2}
-models=${MODELS:-"small-q8_0 1b-q8_0 1b-q4_0 1b-q4_k 1b-q6_k"}
+models=${MODELS:-"small-q8_0 1b-q8_0 1b-q4_0 1b-q4_k 1b-q4_k_m 1b-q6_k"}
 mkdir -p "$dir"
 
 # Reference engine (llama.cpp CPU build, same shapes, 2 threads), tok/s.

@@ -20,7 +20,8 @@ static void model_make_usage(FILE *f)
     fprintf(f,
             "usage: spillway model make -o FILE [--preset tiny|small|1b] [--dim N] [--layers N]\n"
             "                           [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
-            "                           [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k]\n"
+            "                           [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|\n"
+            "                                  q4_k_m|q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
             "                           [--arch llama|llama3|qwen2] [--rope-base B]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
@@ -28,7 +29,8 @@ static void model_make_usage(FILE *f)
             "(rope base 500000 unless --rope-base); qwen2: Q/K/V biases, NeoX RoPE, the\n"
             "qwen2 key prefix (rope base 1000000 unless --rope-base)\n"
             "(the same options always give the same file). q4_k, q5_k and q6_k need dim\n"
-            "and ffn to be multiples of 256.\n"
+            "and ffn to be multiples of 256. q4_k_m / q5_k_m: mostly q4_k / q5_k, with\n"
+            "output, and attn_v / ffn_down in some layers, in q6_k (as Q4_K_M files are).\n"
             "presets: tiny  dim 64, 2 layers, 4 heads, 2 kv, ffn 128, vocab 512, f32 (default)\n"
             "         small dim 512, 8 layers, 8 heads, 4 kv, ffn 1536, vocab 32000, q8_0\n"
             "         1b    dim 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000, q8_0\n");
@@ -97,11 +99,22 @@ int cli_model_make(int argc, char **argv)
         } else if (strcmp(opt, "--preset") == 0) {
             /* applied above */
         } else if (strcmp(opt, "--type") == 0) {
-            /* eng_type_from_name knows exactly the types the engine runs */
-            int type = eng_type_from_name(val);
+            /* eng_type_from_name knows exactly the types the engine runs;
+             * q4_k_m / q5_k_m are the mixed files (eng_model_make_mix) */
+            p.mix = ENG_MIX_NONE;
+            int type;
+            if (strcmp(val, "q4_k_m") == 0) {
+                type = ENG_TYPE_Q4_K;
+                p.mix = ENG_MIX_Q4_K_M;
+            } else if (strcmp(val, "q5_k_m") == 0) {
+                type = ENG_TYPE_Q5_K;
+                p.mix = ENG_MIX_Q5_K_M;
+            } else {
+                type = eng_type_from_name(val);
+            }
             if (type < 0) {
                 fprintf(stderr, "spillway model make: --type must be f32, f16, bf16, q8_0, "
-                                "q4_0, q4_k, q5_k or q6_k, got '%s'\n", val);
+                                "q4_0, q4_k, q5_k, q6_k, q4_k_m or q5_k_m, got '%s'\n", val);
                 return 2;
             }
             p.weight_type = (uint32_t)type;
@@ -176,7 +189,11 @@ int cli_model_make(int argc, char **argv)
     int64_t n_params = eng_model_make_n_params(&p);
     printf("wrote %s: %lld bytes, %" PRId64 " parameters (%.1fM), %s, dim %d, %d layers, "
            "%d heads / %d kv, ffn %d, vocab %d%s, seed %" PRIu64 "\n",
-           path, size, n_params, (double)n_params / 1e6, tr ? tr->name : "?", p.n_embd,
+           path, size, n_params, (double)n_params / 1e6, p.mix == ENG_MIX_Q4_K_M   ? "q4_k_m"
+           : p.mix == ENG_MIX_Q5_K_M ? "q5_k_m"
+           : tr                      ? tr->name
+                                     : "?",
+           p.n_embd,
            p.n_layer, p.n_head, p.n_head_kv, p.n_ff, p.n_vocab, p.tied_output ? ", tied" : "",
            p.seed);
     return 0;

@@ -553,6 +553,12 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
         !isfinite(p->rope_freq_base))
         return sw_error_set(err, SW_EINVAL,
                             "model make: rms eps and rope freq base must be positive");
+    if (p->mix == ENG_MIX_Q4_K_M && p->weight_type != ENG_TYPE_Q4_K)
+        return sw_error_set(err, SW_EINVAL, "model make: the Q4_K_M mix needs weight type q4_k");
+    if (p->mix == ENG_MIX_Q5_K_M && p->weight_type != ENG_TYPE_Q5_K)
+        return sw_error_set(err, SW_EINVAL, "model make: the Q5_K_M mix needs weight type q5_k");
+    if (p->mix != ENG_MIX_NONE && p->mix != ENG_MIX_Q4_K_M && p->mix != ENG_MIX_Q5_K_M)
+        return sw_error_set(err, SW_EINVAL, "model make: unknown mix %d", (int)p->mix);
     switch (p->weight_type) {
     case ENG_TYPE_F32:
     case ENG_TYPE_F16:
@@ -595,6 +601,14 @@ static void mm_set_name(char *buf, size_t cap, const char *fmt, int32_t layer)
         snprintf(buf, cap, "%s", fmt);
 }
 
+/* Whether a mixed file gives this layer's attn_v and ffn_down more bits:
+ * the first and last eighth of the layers, and every third in between. */
+static bool mm_layer_more_bits(int32_t layer, int32_t n_layer)
+{
+    const int32_t eighth = n_layer / 8;
+    return layer < eighth || layer >= n_layer - eighth || (layer - eighth) % 3 == 2;
+}
+
 /* The tensor table in file order, llama.cpp's names and GGUF shapes.
  * Returns the count; t may be NULL to count only. */
 static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm_tensor *t)
@@ -621,20 +635,27 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         n++;                                                                                   \
     } while (0)
     const uint32_t wt = p->weight_type, f32 = ENG_TYPE_F32;
+    const bool mixed = p->mix != ENG_MIX_NONE;
+    /* the tensors a mix keeps in Q6_K (see eng_model_make_mix) */
+    const uint32_t head_t = mixed ? ENG_TYPE_Q6_K : wt;
+    const uint32_t more_t =
+        mixed && layer >= 0 && layer < p->n_layer && mm_layer_more_bits(layer, p->n_layer)
+            ? ENG_TYPE_Q6_K
+            : wt;
     if (layer < 0) {
         MM_T("token_embd.weight", wt, 2, d, p->n_vocab, 0.0f,
              p->tied_output ? head_amp : u);
     } else if (layer >= p->n_layer) {
         MM_T("output_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         if (!p->tied_output)
-            MM_T("output.weight", wt, 2, d, p->n_vocab, 0.0f, head_amp);
+            MM_T("output.weight", head_t, 2, d, p->n_vocab, 0.0f, head_amp);
     } else {
         const float in_d = u / sqrtf((float)d), in_q = u / sqrtf((float)q_out),
                     in_ff = u / sqrtf((float)p->n_ff);
         MM_T("blk.%d.attn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         MM_T("blk.%d.attn_q.weight", wt, 2, d, q_out, 0.0f, in_d);
         MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
-        MM_T("blk.%d.attn_v.weight", wt, 2, d, kv_out, 0.0f, in_d);
+        MM_T("blk.%d.attn_v.weight", more_t, 2, d, kv_out, 0.0f, in_d);
         if (p->architecture && strcmp(p->architecture, "qwen2") == 0) {
             /* Qwen2's Q/K/V biases (F32), small next to the products. */
             MM_T("blk.%d.attn_q.bias", f32, 1, q_out, 1, 0.0f, 0.2f);
@@ -645,7 +666,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
         MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
-        MM_T("blk.%d.ffn_down.weight", wt, 2, p->n_ff, d, 0.0f, in_ff);
+        MM_T("blk.%d.ffn_down.weight", more_t, 2, p->n_ff, d, 0.0f, in_ff);
     }
 #undef MM_T
     return n;
@@ -665,9 +686,13 @@ int64_t eng_model_make_n_params(const eng_model_make_params *p)
     return total;
 }
 
-/* ggml's file type ("mostly ...") for the weight type. */
-static uint32_t mm_file_type(uint32_t weight_type)
+/* ggml's file type ("mostly ...") for the weight type and mix. */
+static uint32_t mm_file_type(uint32_t weight_type, eng_model_make_mix mix)
 {
+    if (mix == ENG_MIX_Q4_K_M)
+        return 15;
+    if (mix == ENG_MIX_Q5_K_M)
+        return 17;
     switch (weight_type) {
     case ENG_TYPE_F16:
         return 1;
@@ -712,7 +737,7 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
                                      "weights)"));
     MM_CHECK(eng_gguf_writer_set_u64(w, "spillway.synthetic_seed", p->seed));
     MM_CHECK(eng_gguf_writer_set_u32(w, "general.alignment", ENG_GGUF_DEFAULT_ALIGNMENT));
-    MM_CHECK(eng_gguf_writer_set_u32(w, "general.file_type", mm_file_type(p->weight_type)));
+    MM_CHECK(eng_gguf_writer_set_u32(w, "general.file_type", mm_file_type(p->weight_type, p->mix)));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("context_length"), (uint32_t)p->n_ctx_train));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("embedding_length"), (uint32_t)p->n_embd));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("block_count"), (uint32_t)p->n_layer));

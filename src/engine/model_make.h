@@ -50,6 +50,17 @@
 #define ENG_MODEL_MAKE_MIN_VOCAB 264
 #define ENG_MODEL_MAKE_MAX_VOCAB (1 << 20)
 
+/* Mixed-type files as quantizers write them: "Q4_K_M" and "Q5_K_M" keep
+ * most matrices in Q4_K / Q5_K (weight_type) but give the tensors that
+ * hurt quality most when squeezed more bits: output.weight, and attn_v and
+ * ffn_down in the first and last eighth of the layers and every third layer
+ * between, are Q6_K. */
+typedef enum eng_model_make_mix {
+    ENG_MIX_NONE = 0,
+    ENG_MIX_Q4_K_M = 1,       /* weight_type must be Q4_K */
+    ENG_MIX_Q5_K_M = 2,       /* weight_type must be Q5_K */
+} eng_model_make_mix;
+
 typedef struct eng_model_make_params {
     const char *architecture; /* "llama" (NULL means "llama"), "llama3" (the llama
                                  layout with Llama 3 RoPE scaling keys) or
@@ -70,6 +81,7 @@ typedef struct eng_model_make_params {
                                  and n_ff to be multiples of 256 */
     bool tied_output;         /* no output.weight: the head uses token_embd */
     uint64_t seed;            /* default 1 */
+    eng_model_make_mix mix;   /* ENG_MIX_NONE: every matrix weight_type */
 } eng_model_make_params;
 
 /* The "tiny" preset: dim 64, 2 layers, 4 heads, 2 KV heads, FFN 128,

@@ -869,6 +869,81 @@ static void test_new_types_generate(void **state)
     sw_free(ref);
 }
 
+/* The Q4_K_M and Q5_K_M mixes: the tensors quantizers keep in Q6_K are
+ * exactly output.weight and, for 8 layers, attn_v / ffn_down of layers 0, 3,
+ * 6 and 7 (first and last eighth, every third between: worked out by hand
+ * from the rule, not by calling it); everything else is the base type. The
+ * model loads and generates deterministically. */
+static void test_mixes(void **state)
+{
+    (void)state;
+    const eng_model_make_mix mixes[] = {ENG_MIX_Q4_K_M, ENG_MIX_Q5_K_M};
+    const uint32_t bases[] = {ENG_TYPE_Q4_K, ENG_TYPE_Q5_K};
+    const bool more_bits[8] = {true, false, false, true, false, false, true, true};
+    for (int mi = 0; mi < 2; mi++) {
+        eng_model_make_params p = eng_model_make_default_params();
+        p.n_embd = 256;
+        p.n_layer = 8;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.n_ff = 256;
+        p.n_vocab = 600;
+        p.tied_output = false;
+        p.weight_type = bases[mi];
+        p.mix = mixes[mi];
+        char *path = dup_tmp("mm-mix.gguf");
+        sw_error err;
+        if (eng_model_make(&p, path, &err) != SW_OK)
+            fail_msg("make: %s", err.message);
+        eng_gguf *g;
+        if (eng_gguf_open(path, &g, &err) != SW_OK)
+            fail_msg("open: %s", err.message);
+        int n_q6 = 0;
+        for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+            const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+            int layer = -1;
+            char what[64] = "";
+            uint32_t want = bases[mi];
+            if (t->n_dims == 1)
+                want = ENG_TYPE_F32;
+            else if (strcmp(t->name, "output.weight") == 0)
+                want = ENG_TYPE_Q6_K;
+            else if (sscanf(t->name, "blk.%d.%63[a-z_]", &layer, what) == 2 &&
+                     (strcmp(what, "attn_v") == 0 || strcmp(what, "ffn_down") == 0) &&
+                     more_bits[layer])
+                want = ENG_TYPE_Q6_K;
+            if (t->type != want)
+                fail_msg("%s: type %u, want %u", t->name, t->type, want);
+            n_q6 += t->type == ENG_TYPE_Q6_K;
+        }
+        assert_int_equal(n_q6, 1 + 2 * 4);
+        eng_gguf_close(g);
+        eng_model *model;
+        if (eng_model_load(path, &model, &err) != SW_OK)
+            fail_msg("load: %s", err.message);
+        const int32_t prompt[5] = {1, 300, 301, 350, 290};
+        int32_t a[6], b[6];
+        float *la = sw_malloc(sizeof(float) * 600), *lb = sw_malloc(sizeof(float) * 600);
+        assert_true(la && lb);
+        greedy_run(model, prompt, 5, 6, a, la);
+        greedy_run(model, prompt, 5, 6, b, lb);
+        assert_memory_equal(a, b, sizeof a);
+        assert_memory_equal(la, lb, sizeof(float) * 600);
+        sw_free(la);
+        sw_free(lb);
+        eng_model_free(model);
+        remove(path);
+        sw_free(path);
+    }
+    /* a mix with the wrong base type is refused */
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_embd = 256;
+    p.n_ff = 256;
+    p.weight_type = ENG_TYPE_Q5_K;
+    p.mix = ENG_MIX_Q4_K_M;
+    expect_invalid(&p, "needs weight type q4_k");
+}
+
 static void test_cli(void **state)
 {
     (void)state;
@@ -957,6 +1032,7 @@ int main(void)
         cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_mid_size),
         cmocka_unit_test(test_new_types_generate),
+        cmocka_unit_test(test_mixes),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,146 @@
+/* ledger.h - the router's durable state (DESIGN.md, "Durable state: the
+ * ledger"): idempotency keys with their stored responses, attempts, tool
+ * calls (started / done) and jobs, in one SQLite database in WAL mode,
+ * <state_dir>/ledger.db.
+ *
+ * Every write here is one transaction committed (and, with
+ * synchronous=FULL, synced) before the function returns, so a caller may
+ * make a promise (send a 202, call a tool) right after it. The schema is
+ * created and migrated by ldg_open (PRAGMA user_version). One connection
+ * guarded by a mutex: the router is thread-per-connection, and every
+ * statement here is short.
+ */
+#ifndef SPILLWAY_LEDGER_LEDGER_H
+#define SPILLWAY_LEDGER_LEDGER_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ldg_ledger ldg_ledger;
+
+/* The schema version ldg_open migrates to. */
+#define LDG_SCHEMA_VERSION 1
+
+/* Opens (creating) <dir>/ledger.db and migrates it. SW_EIO with SQLite's
+ * message on failure; SW_EUNSUPPORTED for a database from a newer program. */
+int ldg_open(const char *dir, ldg_ledger **out, sw_error *err);
+void ldg_close(ldg_ledger *l);
+/* The schema version of the open database (tests). */
+int ldg_schema_version(ldg_ledger *l);
+
+/* ---- SHA-256 (FIPS 180-4) ----------------------------------------------- */
+void ldg_sha256(const void *data, size_t len, uint8_t out[32]);
+/* Lower-case hex, NUL-terminated. */
+void ldg_sha256_hex(const void *data, size_t len, char out[65]);
+
+/* ---- idempotency keys ------------------------------------------------------ */
+typedef enum ldg_idem_state {
+    LDG_IDEM_NEW,      /* recorded as running: go ahead, then finish or drop */
+    LDG_IDEM_REPLAY,   /* done: *stored holds the response */
+    LDG_IDEM_RUNNING,  /* the first request with this key is still running */
+    LDG_IDEM_MISMATCH, /* the key was used with another body */
+} ldg_idem_state;
+
+typedef struct ldg_stored {
+    int status;
+    char content_type[64];
+    bool stream;         /* body is the SSE text ("data: ...\n\n" events) */
+    char request_id[80]; /* of the original request */
+    char *body;          /* sw_free (ldg_stored_free) */
+    size_t body_len;
+} ldg_stored;
+
+void ldg_stored_free(ldg_stored *s);
+
+/* Looks the key up and, when it is unknown, expired or abandoned (left
+ * running by a router that died), records it as running for request_id.
+ * A taken-over abandoned key keeps its original request id, returned in
+ * request_id_out (so an agent run finds its recorded tool steps); for a
+ * new key request_id_out receives request_id. Expired keys are replaced.
+ * stored is filled for LDG_IDEM_REPLAY only. */
+int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, const char *request_id,
+                   double now_s, double ttl_s, ldg_idem_state *state, char request_id_out[80],
+                   ldg_stored *stored, sw_error *err);
+/* Stores the final response of a running key (state done). */
+int ldg_idem_finish(ldg_ledger *l, const char *key, int status, const char *content_type,
+                    bool stream, const char *body, size_t body_len, double now_s, sw_error *err);
+/* Forgets a running key (the request produced nothing worth replaying: a
+ * retry may run it again). */
+int ldg_idem_drop(ldg_ledger *l, const char *key, sw_error *err);
+/* At start-up: every running key belongs to a router that is gone; marks
+ * them abandoned. *n receives how many (may be NULL). */
+int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err);
+/* Deletes keys expired at now_s. */
+int ldg_idem_expire(ldg_ledger *l, double now_s, int *n, sw_error *err);
+
+/* ---- attempts ------------------------------------------------------------- */
+int ldg_attempt_add(ldg_ledger *l, const char *request_id, int attempt, const char *worker,
+                    const char *outcome, const char *error, double started_s, double finished_s,
+                    sw_error *err);
+int ldg_attempt_count(ldg_ledger *l, const char *request_id, int *n, sw_error *err);
+
+/* ---- tool calls --------------------------------------------------------- */
+typedef enum { LDG_TOOL_STARTED = 0, LDG_TOOL_DONE = 1 } ldg_tool_state;
+
+typedef struct ldg_tool_step {
+    int step;
+    int state;           /* ldg_tool_state */
+    char tool[64];
+    char call_id[64];
+    char *arguments;     /* JSON text (sw_free) */
+    char *result;        /* when done (sw_free) */
+    int calls;           /* times it was started (1 + re-calls) */
+    double started, finished;
+} ldg_tool_step;
+
+void ldg_tool_step_free(ldg_tool_step *s);
+/* Records step as started (a second start of the same step, an idempotent
+ * re-call, counts in calls and keeps the first arguments). */
+int ldg_tool_started(ldg_ledger *l, const char *request_id, int step, const char *tool,
+                     const char *call_id, const char *arguments, double now_s, sw_error *err);
+int ldg_tool_done(ldg_ledger *l, const char *request_id, int step, const char *result,
+                  double now_s, sw_error *err);
+/* *found false when the step was never started. */
+int ldg_tool_get(ldg_ledger *l, const char *request_id, int step, ldg_tool_step *out,
+                 bool *found, sw_error *err);
+
+/* ---- jobs ----------------------------------------------------------------- */
+typedef enum {
+    LDG_JOB_QUEUED = 0,
+    LDG_JOB_RUNNING = 1,
+    LDG_JOB_SUCCEEDED = 2,
+    LDG_JOB_FAILED = 3,
+} ldg_job_state;
+
+const char *ldg_job_state_name(int state);
+
+typedef struct ldg_job {
+    char id[48];
+    char endpoint[16];   /* "chat" or "completions" */
+    char *request;       /* JSON text (sw_free) */
+    int64_t deadline_ms; /* after created; -1 none */
+    int state;
+    int attempts;        /* times a runner started it */
+    int finish_writes;   /* times its final record was written */
+    char *response;      /* JSON text when succeeded (sw_free) */
+    char *error;         /* JSON text when failed (sw_free) */
+    double created, started, finished; /* Unix seconds; 0 = not yet */
+} ldg_job;
+
+void ldg_job_free(ldg_job *j);
+/* Inserts a queued job (id, endpoint, request, deadline_ms, created). */
+int ldg_job_insert(ldg_ledger *l, const ldg_job *j, sw_error *err);
+int ldg_job_get(ldg_ledger *l, const char *id, ldg_job *out, bool *found, sw_error *err);
+/* queued or running -> running, attempts + 1, started = now. *claimed is
+ * false when the job is already finished (or unknown). */
+int ldg_job_start(ldg_ledger *l, const char *id, double now_s, bool *claimed, sw_error *err);
+/* The final record: state succeeded (response) or failed (error). */
+int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *response,
+                   const char *error, double now_s, sw_error *err);
+/* Ids of queued and running jobs, oldest first (sw_free the array). */
+int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err);
+
+#endif

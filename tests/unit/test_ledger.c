@@ -1,0 +1,462 @@
+/* test_ledger.c - the ledger (src/ledger) on a real SQLite file: SHA-256
+ * against the FIPS 180-4 / NIST example vectors, schema creation and
+ * reopen, every API, key expiry, use from several threads at once, and a
+ * real crash: a child process records a tool step as started and dies by
+ * SIGKILL before "done"; the parent reopens the file and finds the step
+ * started, and a job the child had claimed still pending.
+ */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "ledger/ledger.h"
+
+#include <ftw.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_dir[512];
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st;
+    (void)flag;
+    (void)f;
+    remove(path);
+    return 0;
+}
+
+static int setup(void **state)
+{
+    static int n;
+    char name[64];
+    snprintf(name, sizeof name, "ledger-%d-%d", (int)getpid(), ++n);
+    snprintf(g_dir, sizeof g_dir, "%s", tu_tmp_path(name));
+    nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    return mkdir(g_dir, 0700);
+}
+
+static int teardown(void **state)
+{
+    nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+static ldg_ledger *open_ok(void)
+{
+    ldg_ledger *l = NULL;
+    sw_error err;
+    sw_error_clear(&err);
+    int rc = ldg_open(g_dir, &l, &err);
+    if (rc)
+        fail_msg("ldg_open: %s", err.message);
+    return l;
+}
+
+static void test_sha256(void **state)
+{
+    /* FIPS 180-4 examples (NIST CSRC "SHA256.pdf") and the empty string */
+    char hex[65];
+    ldg_sha256_hex("abc", 3, hex);
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    ldg_sha256_hex("", 0, hex);
+    assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    ldg_sha256_hex(two, strlen(two), hex);
+    assert_string_equal(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    /* one million 'a' (crosses many blocks) */
+    size_t n = 1000000;
+    char *a = sw_malloc(n);
+    assert_non_null(a);
+    memset(a, 'a', n);
+    ldg_sha256_hex(a, n, hex);
+    assert_string_equal(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    sw_free(a);
+    /* the padding boundaries (one or two final blocks); references from
+     * Python's hashlib.sha256(b"a" * n) */
+    static const struct { size_t n; const char *hex; } edge[] = {
+        {55, "9f4390f8d30c2dd92ec9f095b65e2b9ae9b0a925a5258e241c9f1e910f734318"},
+        {56, "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a"},
+        {63, "7d3e74a05d7db15bce4ad9ec0658ea98e3f06eeecf16b4c6fff2da457ddc2f34"},
+        {64, "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb"},
+        {65, "635361c48bb9eab14198e76ea8ab7f1a41685d6ad62aa9146d301d4f17eb0ae0"},
+    };
+    char as[65];
+    memset(as, 'a', sizeof as);
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
+        ldg_sha256_hex(as, edge[i].n, hex);
+        assert_string_equal(hex, edge[i].hex);
+    }
+}
+
+static void test_open_migrate_reopen(void **state)
+{
+    ldg_ledger *l = open_ok();
+    assert_int_equal(ldg_schema_version(l), LDG_SCHEMA_VERSION);
+    ldg_job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.id, sizeof j.id, "job_a");
+    snprintf(j.endpoint, sizeof j.endpoint, "chat");
+    j.request = "{\"messages\":[]}";
+    j.deadline_ms = -1;
+    j.created = 100;
+    assert_int_equal(ldg_job_insert(l, &j, NULL), 0);
+    ldg_close(l);
+    /* reopen: no migration again, data kept, WAL mode on the file */
+    l = open_ok();
+    assert_int_equal(ldg_schema_version(l), LDG_SCHEMA_VERSION);
+    ldg_job got;
+    bool found;
+    assert_int_equal(ldg_job_get(l, "job_a", &got, &found, NULL), 0);
+    assert_true(found);
+    assert_string_equal(got.request, "{\"messages\":[]}");
+    assert_int_equal(got.deadline_ms, -1);
+    ldg_job_free(&got);
+    ldg_close(l);
+    char path[600];
+    snprintf(path, sizeof path, "%s/ledger.db", g_dir);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
+    sqlite3_finalize(st);
+    /* a newer schema is refused, not misread */
+    assert_int_equal(sqlite3_exec(db, "PRAGMA user_version=99", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    sw_error err;
+    assert_int_equal(ldg_open(g_dir, &l, &err), SW_EUNSUPPORTED);
+    assert_non_null(strstr(err.message, "99"));
+}
+
+static void test_idempotency(void **state)
+{
+    ldg_ledger *l = open_ok();
+    ldg_idem_state s;
+    ldg_stored st;
+    char rid[80];
+    char h1[65], h2[65];
+    ldg_sha256_hex("body1", 5, h1);
+    ldg_sha256_hex("body2", 5, h2);
+    assert_int_equal(ldg_idem_begin(l, "k1", h1, "req-1", 1000, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_NEW);
+    assert_string_equal(rid, "req-1");
+    /* while running */
+    assert_int_equal(ldg_idem_begin(l, "k1", h1, "req-2", 1001, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_RUNNING);
+    assert_int_equal(ldg_idem_begin(l, "k1", h2, "req-2", 1001, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_MISMATCH);
+    /* done: replay with the stored bytes (a NUL inside survives) */
+    const char body[] = "{\"a\":1}\0tail";
+    assert_int_equal(ldg_idem_finish(l, "k1", 200, "application/json", false, body, sizeof body - 1,
+                                     1002, NULL),
+                     0);
+    assert_int_equal(ldg_idem_begin(l, "k1", h1, "req-3", 1003, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_REPLAY);
+    assert_int_equal(st.status, 200);
+    assert_string_equal(st.content_type, "application/json");
+    assert_string_equal(st.request_id, "req-1");
+    assert_false(st.stream);
+    assert_int_equal(st.body_len, sizeof body - 1);
+    assert_memory_equal(st.body, body, sizeof body - 1);
+    ldg_stored_free(&st);
+    assert_int_equal(ldg_idem_begin(l, "k1", h2, "req-3", 1003, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_MISMATCH);
+    /* expired: a new run with the other body */
+    assert_int_equal(ldg_idem_begin(l, "k1", h2, "req-4", 1061, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_NEW);
+    assert_string_equal(rid, "req-4");
+    /* drop: forgotten, the next one runs */
+    assert_int_equal(ldg_idem_drop(l, "k1", NULL), 0);
+    assert_int_equal(ldg_idem_begin(l, "k1", h1, "req-5", 1062, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_NEW);
+    /* recover: a running key is abandoned; the same body takes it over
+     * with the original request id, another body is still a mismatch */
+    int n = -1;
+    assert_int_equal(ldg_idem_recover(l, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ldg_idem_begin(l, "k1", h2, "req-6", 1063, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_MISMATCH);
+    assert_int_equal(ldg_idem_begin(l, "k1", h1, "req-6", 1063, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_NEW);
+    assert_string_equal(rid, "req-5");
+    assert_int_equal(ldg_idem_begin(l, "k1", h1, "req-7", 1064, 60, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_RUNNING);
+    /* a stream */
+    assert_int_equal(ldg_idem_begin(l, "k2", h1, "req-8", 1064, 10, &s, rid, &st, NULL), 0);
+    assert_int_equal(ldg_idem_finish(l, "k2", 200, "text/event-stream", true, "data: x\n\n", 9,
+                                     1065, NULL),
+                     0);
+    assert_int_equal(ldg_idem_begin(l, "k2", h1, "req-9", 1066, 10, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_REPLAY);
+    assert_true(st.stream);
+    ldg_stored_free(&st);
+    /* expiry removes exactly the keys past their time */
+    assert_int_equal(ldg_idem_expire(l, 1073.5, &n, NULL), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(ldg_idem_expire(l, 1074.5, &n, NULL), 0);
+    assert_int_equal(n, 1); /* k2 (1064 + 10) */
+    assert_int_equal(ldg_idem_expire(l, 1200, &n, NULL), 0);
+    assert_int_equal(n, 1); /* k1 */
+    ldg_close(l);
+}
+
+static void test_attempts_and_tools(void **state)
+{
+    ldg_ledger *l = open_ok();
+    int n;
+    assert_int_equal(ldg_attempt_count(l, "r1", &n, NULL), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(ldg_attempt_add(l, "r1", 1, "gpu", "worker_crash", "aborted", 1, 2, NULL), 0);
+    assert_int_equal(ldg_attempt_add(l, "r1", 2, "cpu", "ok", NULL, 2, 3, NULL), 0);
+    assert_int_equal(ldg_attempt_count(l, "r1", &n, NULL), 0);
+    assert_int_equal(n, 2);
+
+    ldg_tool_step t;
+    bool found = true;
+    assert_int_equal(ldg_tool_get(l, "r1", 1, &t, &found, NULL), 0);
+    assert_false(found);
+    sw_error err;
+    assert_int_equal(ldg_tool_done(l, "r1", 1, "x", 5, &err), SW_ENOTFOUND);
+    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "call_1", "{\"w\":\"a\"}", 5, NULL), 0);
+    assert_int_equal(ldg_tool_get(l, "r1", 1, &t, &found, NULL), 0);
+    assert_true(found);
+    assert_int_equal(t.state, LDG_TOOL_STARTED);
+    assert_string_equal(t.tool, "lookup");
+    assert_string_equal(t.call_id, "call_1");
+    assert_string_equal(t.arguments, "{\"w\":\"a\"}");
+    assert_null(t.result);
+    assert_int_equal(t.calls, 1);
+    ldg_tool_step_free(&t);
+    /* a re-call (idempotent tool) counts, keeps the first arguments */
+    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "call_9", "{}", 6, NULL), 0);
+    assert_int_equal(ldg_tool_done(l, "r1", 1, "result one", 7, NULL), 0);
+    assert_int_equal(ldg_tool_get(l, "r1", 1, &t, &found, NULL), 0);
+    assert_int_equal(t.state, LDG_TOOL_DONE);
+    assert_string_equal(t.result, "result one");
+    assert_string_equal(t.arguments, "{\"w\":\"a\"}");
+    assert_int_equal(t.calls, 2);
+    ldg_tool_step_free(&t);
+    /* a done step is not started again */
+    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "c", "{}", 8, NULL), 0);
+    assert_int_equal(ldg_tool_get(l, "r1", 1, &t, &found, NULL), 0);
+    assert_int_equal(t.state, LDG_TOOL_DONE);
+    assert_int_equal(t.calls, 2);
+    ldg_tool_step_free(&t);
+    /* steps are per request */
+    assert_int_equal(ldg_tool_get(l, "r2", 1, &t, &found, NULL), 0);
+    assert_false(found);
+    ldg_close(l);
+}
+
+static void test_jobs(void **state)
+{
+    ldg_ledger *l = open_ok();
+    const char *names[] = {"job_1", "job_2", "job_3"};
+    for (int i = 0; i < 3; i++) {
+        ldg_job j;
+        memset(&j, 0, sizeof j);
+        snprintf(j.id, sizeof j.id, "%s", names[i]);
+        snprintf(j.endpoint, sizeof j.endpoint, "%s", i == 1 ? "completions" : "chat");
+        j.request = "{}";
+        j.deadline_ms = i == 2 ? 5000 : -1;
+        j.created = 10 + i;
+        assert_int_equal(ldg_job_insert(l, &j, NULL), 0);
+    }
+    char(*ids)[48] = NULL;
+    size_t n = 0;
+    assert_int_equal(ldg_job_pending(l, &ids, &n, NULL), 0);
+    assert_int_equal(n, 3);
+    for (size_t i = 0; i < n; i++)
+        assert_string_equal(ids[i], names[i]);
+    sw_free(ids);
+    bool claimed;
+    assert_int_equal(ldg_job_start(l, "job_1", 20, &claimed, NULL), 0);
+    assert_true(claimed);
+    assert_int_equal(ldg_job_finish(l, "job_1", LDG_JOB_SUCCEEDED, "{\"ok\":1}", NULL, 21, NULL), 0);
+    assert_int_equal(ldg_job_start(l, "job_1", 22, &claimed, NULL), 0);
+    assert_false(claimed); /* finished jobs are not run again */
+    assert_int_equal(ldg_job_start(l, "job_2", 22, &claimed, NULL), 0);
+    assert_true(claimed);
+    assert_int_equal(ldg_job_start(l, "job_2", 23, &claimed, NULL), 0); /* after a crash */
+    assert_true(claimed);
+    assert_int_equal(ldg_job_finish(l, "job_2", LDG_JOB_FAILED, NULL, "{\"code\":\"x\"}", 24, NULL),
+                     0);
+    assert_int_equal(ldg_job_finish(l, "job_2", LDG_JOB_QUEUED, NULL, NULL, 24, NULL), SW_EINVAL);
+    assert_int_equal(ldg_job_finish(l, "nope", LDG_JOB_FAILED, NULL, "{}", 24, NULL), SW_ENOTFOUND);
+    assert_int_equal(ldg_job_pending(l, &ids, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(ids[0], "job_3");
+    sw_free(ids);
+    ldg_job j;
+    bool found;
+    assert_int_equal(ldg_job_get(l, "job_1", &j, &found, NULL), 0);
+    assert_true(found);
+    assert_int_equal(j.state, LDG_JOB_SUCCEEDED);
+    assert_int_equal(j.attempts, 1);
+    assert_int_equal(j.finish_writes, 1);
+    assert_string_equal(j.response, "{\"ok\":1}");
+    assert_null(j.error);
+    assert_true(j.started == 20 && j.finished == 21 && j.created == 10);
+    ldg_job_free(&j);
+    assert_int_equal(ldg_job_get(l, "job_2", &j, &found, NULL), 0);
+    assert_int_equal(j.state, LDG_JOB_FAILED);
+    assert_int_equal(j.attempts, 2);
+    assert_string_equal(j.endpoint, "completions");
+    assert_string_equal(j.error, "{\"code\":\"x\"}");
+    ldg_job_free(&j);
+    assert_int_equal(ldg_job_get(l, "job_3", &j, &found, NULL), 0);
+    assert_int_equal(j.state, LDG_JOB_QUEUED);
+    assert_int_equal(j.deadline_ms, 5000);
+    assert_true(j.started == 0);
+    ldg_job_free(&j);
+    assert_int_equal(ldg_job_get(l, "job_x", &j, &found, NULL), 0);
+    assert_false(found);
+    assert_string_equal(ldg_job_state_name(LDG_JOB_RUNNING), "running");
+    ldg_close(l);
+}
+
+/* Threads sharing one ledger: each inserts its own tool steps and jobs
+ * and races on one shared idempotency key; exactly one wins it. */
+typedef struct th_arg {
+    ldg_ledger *l;
+    int id;
+    int wins;
+    int errors;
+} th_arg;
+
+static void *th_main(void *p)
+{
+    th_arg *a = p;
+    char rid[32], hash[65], out[80];
+    ldg_sha256_hex("same", 4, hash);
+    for (int i = 0; i < 50; i++) {
+        snprintf(rid, sizeof rid, "t%d", a->id);
+        if (ldg_tool_started(a->l, rid, i + 1, "t", "c", "{}", i, NULL) ||
+            ldg_tool_done(a->l, rid, i + 1, "r", i, NULL))
+            a->errors++;
+        ldg_idem_state s;
+        ldg_stored st;
+        char key[32];
+        snprintf(key, sizeof key, "shared-%d", i);
+        if (ldg_idem_begin(a->l, key, hash, rid, 1, 100, &s, out, &st, NULL))
+            a->errors++;
+        else if (s == LDG_IDEM_NEW)
+            a->wins++;
+        ldg_stored_free(&st);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    ldg_ledger *l = open_ok();
+    enum { NT = 4 };
+    pthread_t t[NT];
+    th_arg a[NT];
+    for (int i = 0; i < NT; i++) {
+        a[i] = (th_arg){l, i, 0, 0};
+        assert_int_equal(pthread_create(&t[i], NULL, th_main, &a[i]), 0);
+    }
+    int wins = 0;
+    for (int i = 0; i < NT; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(a[i].errors, 0);
+        wins += a[i].wins;
+    }
+    assert_int_equal(wins, 50); /* each shared key won once */
+    for (int i = 0; i < NT; i++) {
+        char rid[32];
+        snprintf(rid, sizeof rid, "t%d", i);
+        ldg_tool_step s;
+        bool found;
+        assert_int_equal(ldg_tool_get(l, rid, 50, &s, &found, NULL), 0);
+        assert_true(found);
+        assert_int_equal(s.state, LDG_TOOL_DONE);
+        ldg_tool_step_free(&s);
+    }
+    ldg_close(l);
+}
+
+/* A real crash: the child commits "started" (and claims a job), tells the
+ * parent through a pipe, and is SIGKILLed while it waits; nothing of a
+ * "done" may appear, everything committed must. */
+static void test_crash_between_started_and_done(void **state)
+{
+    ldg_ledger *l = open_ok();
+    ldg_job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.id, sizeof j.id, "job_crash");
+    snprintf(j.endpoint, sizeof j.endpoint, "chat");
+    j.request = "{}";
+    j.deadline_ms = -1;
+    j.created = 1;
+    assert_int_equal(ldg_job_insert(l, &j, NULL), 0);
+    ldg_close(l);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        ldg_ledger *cl = NULL;
+        bool claimed = false;
+        if (ldg_open(g_dir, &cl, NULL) || ldg_job_start(cl, "job_crash", 2, &claimed, NULL) ||
+            !claimed || ldg_tool_started(cl, "job_crash", 1, "lookup", "c1", "{}", 2, NULL))
+            _exit(3);
+        if (write(fds[1], "S", 1) != 1)
+            _exit(4);
+        for (;;)
+            pause(); /* killed here, before "done" */
+    }
+    close(fds[1]);
+    char c = 0;
+    assert_int_equal(read(fds[0], &c, 1), 1);
+    assert_int_equal(c, 'S');
+    close(fds[0]);
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    assert_true(WIFSIGNALED(st));
+    l = open_ok();
+    ldg_tool_step s;
+    bool found;
+    assert_int_equal(ldg_tool_get(l, "job_crash", 1, &s, &found, NULL), 0);
+    assert_true(found);
+    assert_int_equal(s.state, LDG_TOOL_STARTED);
+    assert_null(s.result);
+    ldg_tool_step_free(&s);
+    bool jf;
+    assert_int_equal(ldg_job_get(l, "job_crash", &j, &jf, NULL), 0);
+    assert_true(jf);
+    assert_int_equal(j.state, LDG_JOB_RUNNING);
+    assert_int_equal(j.attempts, 1);
+    ldg_job_free(&j);
+    char(*ids)[48] = NULL;
+    size_t n = 0;
+    assert_int_equal(ldg_job_pending(l, &ids, &n, NULL), 0);
+    assert_int_equal(n, 1); /* picked up again after the crash */
+    sw_free(ids);
+    ldg_close(l);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sha256),
+        cmocka_unit_test_setup_teardown(test_open_migrate_reopen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idempotency, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attempts_and_tools, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_jobs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_crash_between_started_and_done, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

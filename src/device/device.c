@@ -191,8 +191,10 @@ void dev_free(dev_device *dev, void *ptr, size_t bytes)
         return;
     if (dev->owner_pid != getpid()) {
         /* A forked child freeing an inherited pointer: its copy of the
-         * memory is its own, the pool accounting belongs to the parent. */
-        sw_free(ptr);
+         * memory is its own, the pool accounting belongs to the parent.
+         * (A CUDA pointer is not host memory; the child has no context.) */
+        if (dev->backend->kind != DEV_KIND_CUDA)
+            sw_free(ptr);
         return;
     }
     uint64_t held = atomic_load(&dev->self_bytes);

@@ -10,10 +10,16 @@
  * format (cpu_convert_activations). Attention reads K and V from the
  * sequence's KV blocks and runs in parallel over (token, head) pairs.
  * Nothing here allocates: every buffer is in the context's workspace.
+ *
+ * On a cuda:N device the layers placed there run on the GPU instead
+ * (device/cuda/cuda_ops.h): the hidden state goes to the GPU after the
+ * embedding and comes back before the first CPU layer; in the full profile
+ * the output head runs there too. The CPU path is the same either way.
  */
 #include "engine/model-impl.h"
 
 #include "device/cpu/cpu_kernels.h"
+#include "device/cuda/cuda_ops.h"
 #include "engine/quant.h"
 
 #include <math.h>
@@ -233,10 +239,10 @@ static void attention_task(void *arg, int64_t begin, int64_t end, int thread_ind
  * gives each token's sequence and position (tokens of one sequence are
  * consecutive and in order). The logits of the tokens listed in
  * logit_tokens are written as rows of n_vocab floats to the workspace's
- * logits region. */
-static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_token_meta *meta,
-                           int64_t n, const int64_t *logit_tokens, int32_t n_logit,
-                           bool per_token)
+ * logits region. Fails only on a GPU (SW_EDEVICE, SW_EDEVOOM). */
+static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_token_meta *meta,
+                          int64_t n, const int64_t *logit_tokens, int32_t n_logit,
+                          bool per_token, sw_error *err)
 {
     const eng_model *m = ctx->model;
     const eng_hparams *hp = &m->hp;
@@ -248,6 +254,8 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
     float *q = (float *)(ws + ctx->layout.q), *k = (float *)(ws + ctx->layout.k);
     float *v = (float *)(ws + ctx->layout.v), *att = (float *)(ws + ctx->layout.att);
     float *gate = (float *)(ws + ctx->layout.gate), *up = (float *)(ws + ctx->layout.up);
+    int32_t first_cpu_layer = 0;
+    int rc;
 
     for (int64_t t = 0; t < n; t++)
         eng_dequantize_row(m->token_embd.type,
@@ -255,7 +263,12 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
                                (size_t)tokens[t] * m->token_embd.row_bytes,
                            x + t * dim, dim);
 
-    for (int32_t l = 0; l < hp->n_layer; l++) {
+    if (ctx->cuda) {
+        if ((rc = cuda_forward_layers(ctx, x, meta, n, per_token, err)))
+            return rc;
+        first_cpu_layer = ctx->n_device_layers;
+    }
+    for (int32_t l = first_cpu_layer; l < hp->n_layer; l++) {
         const eng_layer *L = &ctx->layers[l];
 
         for (int64_t t = 0; t < n; t++)
@@ -314,6 +327,9 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
         }
     }
 
+    if (n_logit > 0 && ctx->cuda && ctx->n_device_layers == hp->n_layer)
+        return cuda_forward_output(ctx, logit_tokens, n_logit, (float *)(ws + ctx->layout.logits),
+                                   per_token, err);
     if (n_logit > 0) {
         /* One pass over the output head for every requested row. */
         for (int32_t r = 0; r < n_logit; r++)
@@ -323,6 +339,7 @@ static void forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_to
         float *y[1] = {(float *)(ws + ctx->layout.logits)};
         matmul(ctx, 1, w, y, xn, n_logit, per_token);
     }
+    return SW_OK;
 }
 
 static int check_tokens(const eng_hparams *hp, const int32_t *tokens, int32_t n, sw_error *err)
@@ -373,7 +390,9 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
             meta[t].seq = seq;
             meta[t].pos = seq->n_tokens + t;
         }
-        forward_tokens(ctx, tokens + done, meta, n, &last_token, last && logits ? 1 : 0, false);
+        if ((rc = forward_tokens(ctx, tokens + done, meta, n, &last_token,
+                                 last && logits ? 1 : 0, false, err)))
+            return rc;
         seq->n_tokens += n;
         done += n;
     }
@@ -383,8 +402,8 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
 }
 
 /* Runs the listed entries (KV already taken) as one forward pass. */
-static void run_entries(eng_context *ctx, const eng_batch_entry *entries, const int32_t *which,
-                        int32_t n_which, bool per_token)
+static int run_entries(eng_context *ctx, const eng_batch_entry *entries, const int32_t *which,
+                       int32_t n_which, bool per_token, sw_error *err)
 {
     const eng_hparams *hp = &ctx->model->hp;
     unsigned char *ws = ctx->workspace;
@@ -393,6 +412,7 @@ static void run_entries(eng_context *ctx, const eng_batch_entry *entries, const 
     int64_t *logit_tokens = (int64_t *)(ws + ctx->layout.logit_map);
     int32_t n_logit = 0;
     int64_t n = 0;
+    int rc;
 
     for (int32_t k = 0; k < n_which; k++) {
         const eng_batch_entry *e = &entries[which[k]];
@@ -406,7 +426,8 @@ static void run_entries(eng_context *ctx, const eng_batch_entry *entries, const 
         if (e->logits)
             logit_tokens[n_logit++] = n - 1;
     }
-    forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit, per_token);
+    if ((rc = forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit, per_token, err)))
+        return rc;
     n_logit = 0;
     for (int32_t k = 0; k < n_which; k++) {
         const eng_batch_entry *e = &entries[which[k]];
@@ -416,6 +437,7 @@ static void run_entries(eng_context *ctx, const eng_batch_entry *entries, const 
                    (size_t)n_logit++ * (size_t)hp->n_vocab * sizeof(float),
                    (size_t)hp->n_vocab * sizeof(float));
     }
+    return SW_OK;
 }
 
 int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n_entries,
@@ -466,10 +488,12 @@ int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n
     for (int32_t i = 0; i < n_entries; i++)
         if (status[i] == SW_OK && entries[i].n_tokens == 1)
             which[n_decode++] = i;
-    if (n_decode > 0)
-        run_entries(ctx, entries, which, n_decode, true);
+    /* A GPU failure ends the step: the context must not be used again. */
+    if (n_decode > 0 && (rc = run_entries(ctx, entries, which, n_decode, true, err)))
+        return rc;
     for (int32_t i = 0; i < n_entries; i++)
-        if (status[i] == SW_OK && entries[i].n_tokens > 1)
-            run_entries(ctx, entries, &i, 1, false);
+        if (status[i] == SW_OK && entries[i].n_tokens > 1 &&
+            (rc = run_entries(ctx, entries, &i, 1, false, err)))
+            return rc;
     return SW_OK;
 }

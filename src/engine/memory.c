@@ -9,6 +9,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "device/cuda/cuda_ops.h"
 #include "device/device.h"
 #include "engine/quant.h"
 
@@ -262,7 +263,10 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
             goto fail;
     }
     eng__workspace_layout(model, p.n_batch, p.n_ctx, p.n_threads, p.n_seq_max, &ctx->layout);
-    if (ctx->n_device_layers > 0) {
+    /* A CUDA workspace is VRAM the CPU cannot touch: the host keeps its own
+     * and the GPU gets one of the same layout (the one the plan counts). */
+    bool on_cuda = ctx->n_device_layers > 0 && dev_get_kind(p.device) == DEV_KIND_CUDA;
+    if (ctx->n_device_layers > 0 && !on_cuda) {
         ctx->workspace_on_device = true;
         if ((rc = device_alloc(ctx, ctx->layout.total_bytes, "workspace",
                                (void **)&ctx->workspace, err)))
@@ -276,6 +280,10 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         }
     }
     ctx->rope_theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    if (on_cuda && ((rc = device_alloc(ctx, ctx->layout.total_bytes, "workspace",
+                                       (void **)&ctx->device_workspace, err)) ||
+                    (rc = cuda_engine_create(ctx, err))))
+        goto fail;
     ctx->pool = cpu_threadpool_create(p.n_threads);
     if (!ctx->pool) {
         rc = sw_error_set(err, SW_ENOMEM, "cannot start %d threads", p.n_threads);
@@ -305,6 +313,9 @@ void eng_context_free(eng_context *ctx)
             sw_free(ctx->seqs[s].blocks);
         }
     sw_free(ctx->seqs);
+    cuda_engine_free(ctx);
+    if (ctx->device_workspace)
+        dev_free(ctx->params.device, ctx->device_workspace, ctx->layout.total_bytes);
     if (ctx->workspace_on_device)
         dev_free(ctx->params.device, ctx->workspace, ctx->layout.total_bytes);
     else
@@ -413,6 +424,7 @@ size_t eng_context_device_bytes(const eng_context *ctx)
 {
     if (!ctx->params.device)
         return 0;
-    return ctx->device_weights_bytes + (ctx->workspace_on_device ? ctx->layout.total_bytes : 0) +
-           ctx->block_bytes_device * (size_t)ctx->n_blocks_held;
+    return ctx->device_weights_bytes +
+           (ctx->workspace_on_device || ctx->device_workspace ? ctx->layout.total_bytes : 0) +
+           ctx->block_bytes_device * (size_t)ctx->n_blocks_held + cuda_engine_device_bytes(ctx);
 }

@@ -109,6 +109,12 @@ struct eng_context {
     unsigned char *workspace;
     bool workspace_on_device;
     eng_workspace_layout layout;
+    /* cuda:N with device layers: the workspace above stays in host memory
+     * (the embedding and the CPU layers use it) and the GPU's activations
+     * live in device_workspace, a VRAM allocation of the same layout; cuda
+     * is the GPU side's state (device/cuda/cuda_ops.c). NULL otherwise. */
+    unsigned char *device_workspace;
+    struct cuda_engine *cuda;
     float rope_theta_scale;     /* base^(-2 / n_rot) */
 };
 

@@ -135,7 +135,8 @@ const eng_model *eng_context_model(const eng_context *ctx);
  * the tokens it already holds; batches larger than n_batch are split). If
  * logits is not NULL, the last token's n_vocab logits are written there.
  * Errors: SW_EINVAL (bad token id or seq id), SW_ECONTEXT (past n_ctx),
- * SW_EDEVOOM (no free KV block). On error the sequence keeps the tokens it
+ * SW_EDEVOOM (no free KV block), SW_EDEVICE (the GPU failed: the context
+ * must not be used again). On error the sequence keeps the tokens it
  * had before the call. */
 int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
                float *logits, sw_error *err);
@@ -159,7 +160,8 @@ typedef struct eng_batch_entry {
  * prefill chunk) gets its own, so a sequence's results do not depend on the
  * company it kept. Returns SW_OK when
  * the step ran (even if some entries were left out), or an error for
- * invalid arguments, in which case nothing ran. */
+ * invalid arguments, in which case nothing ran, or SW_EDEVICE when the GPU
+ * failed during the step (the context must not be used again). */
 #define ENG_BATCH_MAX_ENTRIES 4096
 int eng_decode_batch(eng_context *ctx, const eng_batch_entry *entries, int32_t n_entries,
                      int *status, sw_error *err);

@@ -1,0 +1,510 @@
+/* cuda_kernels.cu - the forward pass's kernels for the cuda:N device.
+ *
+ * Written for correctness first and speed second: each kernel is the
+ * direct GPU form of the CPU code in forward.c and device/cpu, so the
+ * per-operation parity tests can hold them to the CPU's results.
+ *   - matvec: one warp per (weight row, token); a lane dequantizes groups
+ *     of 32 values (one Q8_0/Q4_0 block, one K-quant sub-block) into
+ *     registers and multiplies them with f32 activations (the CPU converts
+ *     activations to Q8_0/Q8_K first, hence the looser tolerance for
+ *     quantized types). Decode-sized products only; prefill goes through
+ *     cuBLAS (cuda_ops.c) on rows dequantized by cuda_dequantize_rows.
+ *   - attention: one block of 4 warps per (token, head); each warp walks a
+ *     share of the positions with an online softmax, then the warps merge.
+ * The block layouts are those of engine/quant.h, read byte by byte here so
+ * no alignment is assumed. Built without fast math: RoPE's angles and the
+ * exponentials use the accurate cosf/sinf/expf.
+ */
+#include "device/cuda/cuda_kernels.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+/* GGUF type ids (engine/quant.h). */
+enum {
+    T_F32 = 0,
+    T_F16 = 1,
+    T_Q4_0 = 2,
+    T_Q8_0 = 8,
+    T_Q4_K = 12,
+    T_Q5_K = 13,
+    T_Q6_K = 14,
+    T_BF16 = 30,
+};
+
+#define WARP 32
+#define MATVEC_WARPS 8
+#define ATT_WARPS 4
+#define ATT_PER_LANE (CUDA_ATTENTION_MAX_HEAD_DIM / WARP)
+
+static int status_of_launch(void) { return (int)cudaGetLastError(); }
+
+static __host__ __device__ int is_float_type(uint32_t type)
+{
+    return type == T_F32 || type == T_F16 || type == T_BF16;
+}
+
+extern "C" int cuda_kernels_type_supported(uint32_t type)
+{
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: case T_Q8_0: case T_Q4_0: case T_Q4_K: case T_Q5_K:
+    case T_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* ---- reading weights --------------------------------------------------------- */
+
+static __device__ __forceinline__ float load_f16(const unsigned char *p)
+{
+    unsigned short h = (unsigned short)(p[0] | (p[1] << 8));
+    return __half2float(__ushort_as_half(h));
+}
+
+/* Value i of a float-typed row. */
+static __device__ __forceinline__ float float_value(uint32_t type, const unsigned char *row,
+                                                    int64_t i)
+{
+    if (type == T_F32)
+        return reinterpret_cast<const float *>(row)[i];
+    unsigned short h = reinterpret_cast<const unsigned short *>(row)[i];
+    if (type == T_F16)
+        return __half2float(__ushort_as_half(h));
+    return __uint_as_float((unsigned)h << 16); /* bf16 */
+}
+
+/* The 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block. */
+static __device__ __forceinline__ void k_scale_min(const unsigned char *b, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = b[j] & 63;
+        *m = b[j + 4] & 63;
+    } else {
+        *sc = (b[j + 4] & 15) | ((b[j - 4] >> 6) << 4);
+        *m = (b[j + 4] >> 4) | ((b[j] >> 6) << 4);
+    }
+}
+
+/* The 32 values of group g (values 32g .. 32g+31) of a quantized row. */
+static __device__ void dequant_group(uint32_t type, const unsigned char *row, int64_t g,
+                                     float *v)
+{
+    switch (type) {
+    case T_Q8_0: {
+        const unsigned char *b = row + g * 34;
+        float d = load_f16(b);
+        const signed char *q = reinterpret_cast<const signed char *>(b + 2);
+        for (int i = 0; i < 32; i++)
+            v[i] = d * (float)q[i];
+        break;
+    }
+    case T_Q4_0: {
+        const unsigned char *b = row + g * 18;
+        float d = load_f16(b);
+        const unsigned char *qs = b + 2;
+        for (int j = 0; j < 16; j++) {
+            v[j] = d * (float)((qs[j] & 15) - 8);
+            v[j + 16] = d * (float)((qs[j] >> 4) - 8);
+        }
+        break;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        const bool q5 = type == T_Q5_K;
+        const unsigned char *b = row + (g / 8) * (q5 ? 176 : 144);
+        int s = (int)(g % 8), sc, m;
+        k_scale_min(b + 4, s, &sc, &m);
+        float ds = load_f16(b) * (float)sc, dm = load_f16(b + 2) * (float)m;
+        const unsigned char *qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
+        const unsigned char *qh = b + 16;
+        int shift = (s & 1) * 4;
+        for (int l = 0; l < 32; l++) {
+            int q = (qs[l] >> shift) & 15;
+            if (q5)
+                q += ((qh[l] >> s) & 1) << 4;
+            v[l] = ds * (float)q - dm;
+        }
+        break;
+    }
+    case T_Q6_K: {
+        const unsigned char *b = row + (g / 8) * 210;
+        int s32 = (int)(g % 8), h = s32 / 4, quarter = s32 % 4;
+        const unsigned char *ql = b + 64 * h + (quarter & 1) * 32;
+        const unsigned char *qh = b + 128 + 32 * h;
+        const signed char *scales = reinterpret_cast<const signed char *>(b + 192);
+        float d = load_f16(b + 208);
+        int shift_low = quarter >= 2 ? 4 : 0, shift_high = 2 * quarter;
+        for (int l = 0; l < 32; l++) {
+            int q = ((ql[l] >> shift_low) & 15) | (((qh[l] >> shift_high) & 3) << 4);
+            v[l] = d * (float)scales[2 * s32 + l / 16] * (float)(q - 32);
+        }
+        break;
+    }
+    default:
+        for (int i = 0; i < 32; i++)
+            v[i] = 0.0f;
+    }
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = WARP / 2; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* ---- matrix-vector products ---------------------------------------------------- */
+
+static __global__ void matvec_kernel(uint32_t type, const unsigned char *w, size_t row_bytes,
+                                     int64_t n_in, int64_t n_out, const float *x, float *y,
+                                     int64_t y_stride)
+{
+    const int lane = threadIdx.x % WARP;
+    const int64_t r = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / WARP;
+    const int64_t t = blockIdx.y;
+    if (r >= n_out)
+        return;
+    const unsigned char *row = w + (size_t)r * row_bytes;
+    const float *xt = x + t * n_in;
+    float sum = 0.0f;
+    if (is_float_type(type)) {
+        for (int64_t i = lane; i < n_in; i += WARP)
+            sum += float_value(type, row, i) * xt[i];
+    } else {
+        float v[32];
+        for (int64_t g = lane; g < n_in / 32; g += WARP) {
+            dequant_group(type, row, g, v);
+            const float *xg = xt + g * 32;
+            for (int i = 0; i < 32; i++)
+                sum += v[i] * xg[i];
+        }
+    }
+    sum = warp_sum(sum);
+    if (lane == 0)
+        y[t * y_stride + r] = sum;
+}
+
+extern "C" int cuda_matvec(uint32_t type, const void *d_w, size_t row_bytes, int64_t n_in,
+                           int64_t n_out, const float *d_x, int64_t n_tokens, float *d_y,
+                           int64_t y_stride, void *stream)
+{
+    if (!cuda_kernels_type_supported(type) || (!is_float_type(type) && n_in % 32 != 0))
+        return (int)cudaErrorInvalidValue;
+    const int64_t max_y = 65535;
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += max_y) {
+        int64_t nt = n_tokens - t0 < max_y ? n_tokens - t0 : max_y;
+        dim3 grid((unsigned)((n_out + MATVEC_WARPS - 1) / MATVEC_WARPS), (unsigned)nt);
+        matvec_kernel<<<grid, MATVEC_WARPS * WARP, 0, (cudaStream_t)stream>>>(
+            type, static_cast<const unsigned char *>(d_w), row_bytes, n_in, n_out,
+            d_x + t0 * n_in, d_y + t0 * y_stride, y_stride);
+        int rc = status_of_launch();
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static __global__ void dequantize_rows_kernel(uint32_t type, const unsigned char *w,
+                                              size_t row_bytes, int64_t n_in, int64_t r0,
+                                              int64_t n_rows, float *out)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (is_float_type(type)) {
+        if (idx >= n_rows * n_in)
+            return;
+        int64_t r = idx / n_in, i = idx % n_in;
+        out[idx] = float_value(type, w + (size_t)(r0 + r) * row_bytes, i);
+        return;
+    }
+    const int64_t groups = n_in / 32;
+    if (idx >= n_rows * groups)
+        return;
+    int64_t r = idx / groups, g = idx % groups;
+    float v[32];
+    dequant_group(type, w + (size_t)(r0 + r) * row_bytes, g, v);
+    float *o = out + r * n_in + g * 32;
+    for (int i = 0; i < 32; i++)
+        o[i] = v[i];
+}
+
+extern "C" int cuda_dequantize_rows(uint32_t type, const void *d_w, size_t row_bytes,
+                                    int64_t n_in, int64_t r0, int64_t r1, float *d_out,
+                                    void *stream)
+{
+    if (!cuda_kernels_type_supported(type) || (!is_float_type(type) && n_in % 32 != 0) ||
+        r1 < r0)
+        return (int)cudaErrorInvalidValue;
+    int64_t items = (r1 - r0) * (is_float_type(type) ? n_in : n_in / 32);
+    if (items == 0)
+        return 0;
+    const int threads = 256;
+    dequantize_rows_kernel<<<(unsigned)((items + threads - 1) / threads), threads, 0,
+                             (cudaStream_t)stream>>>(
+        type, static_cast<const unsigned char *>(d_w), row_bytes, n_in, r0, r1 - r0, d_out);
+    return status_of_launch();
+}
+
+/* ---- element-wise ---------------------------------------------------------------- */
+
+#define NORM_THREADS 256
+
+static __global__ void rms_norm_kernel(float *out, const float *x, const float *weight,
+                                       int64_t n, float eps)
+{
+    __shared__ double partial[NORM_THREADS];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *o = out + (int64_t)blockIdx.x * n;
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS)
+        sum += (double)xr[i] * xr[i];
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (int s = NORM_THREADS / 2; s > 0; s /= 2) {
+        if ((int)threadIdx.x < s)
+            partial[threadIdx.x] += partial[threadIdx.x + s];
+        __syncthreads();
+    }
+    float scale = 1.0f / sqrtf((float)(partial[0] / (double)n) + eps);
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS)
+        o[i] = xr[i] * scale * weight[i];
+}
+
+extern "C" int cuda_rms_norm(float *d_out, const float *d_x, const float *d_weight, int64_t n,
+                             int64_t n_rows, float eps, void *stream)
+{
+    if (n_rows <= 0)
+        return 0;
+    rms_norm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(d_out, d_x,
+                                                                               d_weight, n, eps);
+    return status_of_launch();
+}
+
+static __global__ void add_bias_kernel(float *y, const float *bias, int64_t n_rows,
+                                       int64_t width)
+{
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < n_rows * width)
+        y[idx] += bias[idx % width];
+}
+
+extern "C" int cuda_add_bias(float *d_y, const float *d_bias, int64_t n_rows, int64_t width,
+                             void *stream)
+{
+    int64_t n = n_rows * width;
+    if (!d_bias || n <= 0)
+        return 0;
+    add_bias_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(d_y, d_bias,
+                                                                                n_rows, width);
+    return status_of_launch();
+}
+
+static __global__ void add_kernel(float *x, const float *y, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += y[i];
+}
+
+extern "C" int cuda_add(float *d_x, const float *d_y, int64_t n, void *stream)
+{
+    if (n <= 0)
+        return 0;
+    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(d_x, d_y, n);
+    return status_of_launch();
+}
+
+static __global__ void swiglu_kernel(float *gate, const float *up, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+extern "C" int cuda_swiglu(float *d_gate, const float *d_up, int64_t n, void *stream)
+{
+    if (n <= 0)
+        return 0;
+    swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(d_gate, d_up,
+                                                                                n);
+    return status_of_launch();
+}
+
+/* One thread per (row, head, pair). */
+static __global__ void rope_kernel(float *x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
+                                   int32_t n_rot, int neox, const int32_t *pos,
+                                   const float *factors, float linear_factor, float theta_scale)
+{
+    const int32_t half = n_rot / 2;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_rows * n_heads * half)
+        return;
+    int32_t i = (int32_t)(idx % half);
+    int32_t h = (int32_t)((idx / half) % n_heads);
+    int64_t t = idx / ((int64_t)half * n_heads);
+    /* The CPU's recurrence, step by step, so theta_i is the same float. */
+    float theta = (float)pos[t] / linear_factor;
+    for (int32_t k = 0; k < i; k++)
+        theta *= theta_scale;
+    float angle = theta / factors[i];
+    float c = cosf(angle), s = sinf(angle);
+    int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    float *p = x + (t * n_heads + h) * head_dim;
+    float a = p[i0], b = p[i1];
+    p[i0] = a * c - b * s;
+    p[i1] = a * s + b * c;
+}
+
+extern "C" int cuda_rope(float *d_x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
+                         int32_t n_rot, int neox, const int32_t *d_pos, const float *d_factors,
+                         float linear_factor, float theta_scale, void *stream)
+{
+    int64_t n = n_rows * n_heads * (n_rot / 2);
+    if (n <= 0)
+        return 0;
+    rope_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(
+        d_x, n_rows, n_heads, head_dim, n_rot, neox, d_pos, d_factors, linear_factor,
+        theta_scale);
+    return status_of_launch();
+}
+
+/* ---- the KV cache ------------------------------------------------------------------ */
+
+static __device__ __forceinline__ size_t kv_offset(const cuda_kv_view &kv, int32_t layer, int kv_i,
+                                                   int32_t pos)
+{
+    return ((size_t)(layer * 2 + kv_i) * kv.block_tokens + pos % kv.block_tokens) *
+           (size_t)kv.kv_dim;
+}
+
+static __global__ void kv_store_kernel(cuda_kv_view kv, int32_t layer, const float *k,
+                                       const float *v, const int32_t *slot, const int32_t *pos)
+{
+    const int64_t t = blockIdx.x;
+    const int32_t p = pos[t];
+    unsigned char *block = kv.d_blocks[(int64_t)slot[t] * kv.max_blocks + p / kv.block_tokens];
+    size_t k_at = kv_offset(kv, layer, 0, p), v_at = kv_offset(kv, layer, 1, p);
+    const float *kt = k + t * kv.kv_dim, *vt = v + t * kv.kv_dim;
+    for (int32_t i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
+        if (kv.f16) {
+            __half *b = reinterpret_cast<__half *>(block);
+            b[k_at + i] = __float2half_rn(kt[i]);
+            b[v_at + i] = __float2half_rn(vt[i]);
+        } else {
+            float *b = reinterpret_cast<float *>(block);
+            b[k_at + i] = kt[i];
+            b[v_at + i] = vt[i];
+        }
+    }
+}
+
+extern "C" int cuda_kv_store(const cuda_kv_view *kv, int32_t layer, const float *d_k,
+                             const float *d_v, int64_t n_rows, const int32_t *d_slot,
+                             const int32_t *d_pos, void *stream)
+{
+    if (n_rows <= 0)
+        return 0;
+    kv_store_kernel<<<(unsigned)n_rows, 128, 0, (cudaStream_t)stream>>>(*kv, layer, d_k, d_v,
+                                                                       d_slot, d_pos);
+    return status_of_launch();
+}
+
+static __device__ __forceinline__ float kv_value(const cuda_kv_view &kv, const unsigned char *b,
+                                                 size_t at)
+{
+    if (kv.f16)
+        return __half2float(reinterpret_cast<const __half *>(b)[at]);
+    return reinterpret_cast<const float *>(b)[at];
+}
+
+static __global__ void attention_kernel(cuda_kv_view kv, int32_t layer, const float *q,
+                                        float *out, int32_t n_head, int32_t group,
+                                        int32_t head_dim, const int32_t *slot,
+                                        const int32_t *pos, float scale)
+{
+    __shared__ float warp_max[ATT_WARPS], warp_sum_exp[ATT_WARPS];
+    __shared__ float warp_acc[ATT_WARPS][CUDA_ATTENTION_MAX_HEAD_DIM];
+    const int32_t h = blockIdx.x;
+    const int64_t t = blockIdx.y;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int32_t kv_head = h / group, n_pos = pos[t] + 1;
+    const float *qt = q + (t * n_head + h) * head_dim;
+    unsigned char *const *blocks = kv.d_blocks + (int64_t)slot[t] * kv.max_blocks;
+    float qr[ATT_PER_LANE], acc[ATT_PER_LANE];
+    float m = -INFINITY, l = 0.0f;
+
+    for (int j = 0; j < ATT_PER_LANE; j++) {
+        int d = lane + WARP * j;
+        qr[j] = d < head_dim ? qt[d] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    for (int32_t p = warp; p < n_pos; p += ATT_WARPS) {
+        const unsigned char *b = blocks[p / kv.block_tokens];
+        size_t k_at = kv_offset(kv, layer, 0, p) + (size_t)kv_head * head_dim;
+        size_t v_at = kv_offset(kv, layer, 1, p) + (size_t)kv_head * head_dim;
+        float s = 0.0f;
+        for (int j = 0; j < ATT_PER_LANE; j++) {
+            int d = lane + WARP * j;
+            if (d < head_dim)
+                s += qr[j] * kv_value(kv, b, k_at + d);
+        }
+        s = warp_sum(s) * scale;
+        float m_new = fmaxf(m, s);
+        float correction = expf(m - m_new), e = expf(s - m_new);
+        l = l * correction + e;
+        for (int j = 0; j < ATT_PER_LANE; j++) {
+            int d = lane + WARP * j;
+            if (d < head_dim)
+                acc[j] = acc[j] * correction + e * kv_value(kv, b, v_at + d);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        warp_max[warp] = m;
+        warp_sum_exp[warp] = l;
+    }
+    for (int j = 0; j < ATT_PER_LANE; j++) {
+        int d = lane + WARP * j;
+        if (d < head_dim)
+            warp_acc[warp][d] = acc[j];
+    }
+    __syncthreads();
+    /* Merge: a warp that saw no position has m = -inf and weighs 0. */
+    float M = -INFINITY, L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++)
+        M = fmaxf(M, warp_max[w]);
+    float weight[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        weight[w] = warp_sum_exp[w] > 0.0f ? expf(warp_max[w] - M) : 0.0f;
+        L += warp_sum_exp[w] * weight[w];
+    }
+    float *ot = out + (t * n_head + h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (weight[w] > 0.0f)
+                o += warp_acc[w][d] * weight[w];
+        ot[d] = o / L;
+    }
+}
+
+extern "C" int cuda_attention(const cuda_kv_view *kv, int32_t layer, const float *d_q,
+                              float *d_out, int64_t n_rows, int32_t n_head, int32_t n_head_kv,
+                              int32_t head_dim, const int32_t *d_slot, const int32_t *d_pos,
+                              void *stream)
+{
+    if (head_dim > CUDA_ATTENTION_MAX_HEAD_DIM || head_dim <= 0 || n_head_kv <= 0 ||
+        n_head % n_head_kv != 0 || n_rows > 65535)
+        return (int)cudaErrorInvalidValue;
+    if (n_rows <= 0)
+        return 0;
+    dim3 grid((unsigned)n_head, (unsigned)n_rows);
+    attention_kernel<<<grid, ATT_WARPS * WARP, 0, (cudaStream_t)stream>>>(
+        *kv, layer, d_q, d_out, n_head, n_head / n_head_kv, head_dim, d_slot, d_pos,
+        1.0f / sqrtf((float)head_dim));
+    return status_of_launch();
+}

@@ -1,0 +1,108 @@
+/* cuda_ops.h - the engine's hook into the cuda:N device.
+ *
+ * A context whose device is cuda:N runs its device layers [0,
+ * n_device_layers) on the GPU and the rest on the CPU, unchanged
+ * (forward.c): the token embedding is looked up on the host, the hidden
+ * state is copied to the GPU, the device layers run there (weights and KV
+ * blocks in VRAM), and the hidden state comes back for the CPU layers. In
+ * the full profile the output head runs on the GPU too and only the logits
+ * come back. The host workspace stays in host memory (the CPU layers and
+ * the embedding use it); the GPU's activations live in a device workspace
+ * of the same layout, allocated by memory.c like every planned allocation.
+ *
+ * In a build without SPILLWAY_CUDA the functions are inline stubs that say
+ * so, and nothing calls them (no context can have a cuda device), so the
+ * engine needs no #ifdef.
+ */
+#ifndef SPILLWAY_DEVICE_CUDA_CUDA_OPS_H
+#define SPILLWAY_DEVICE_CUDA_CUDA_OPS_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct dev_device;
+struct eng_context;
+struct eng_token_meta;
+
+/* Decode batches of up to this many tokens use the matrix-vector kernels;
+ * larger products (prefill chunks) dequantize weight rows and use cuBLAS. */
+#define CUDA_MATVEC_MAX_TOKENS 8
+/* The most VRAM a context spends on weight rows dequantized for cuBLAS
+ * (one chunk of rows at a time). */
+#define CUDA_GEMM_SCRATCH_MAX_BYTES ((size_t)32 << 20)
+
+#ifdef SPILLWAY_CUDA
+
+/* Sets up ctx->cuda once memory.c has placed the weights and allocated
+ * ctx->device_workspace: checks that the kernels handle every device
+ * tensor (SW_EUNSUPPORTED otherwise), allocates the block tables and the
+ * GEMM scratch on the device, creates the cuBLAS handle. */
+int cuda_engine_create(struct eng_context *ctx, sw_error *err);
+/* Frees what cuda_engine_create took; NULL-safe on ctx->cuda. */
+void cuda_engine_free(struct eng_context *ctx);
+/* VRAM held by the engine's own buffers (tables, GEMM scratch). */
+size_t cuda_engine_device_bytes(const struct eng_context *ctx);
+
+/* Runs the device layers over n tokens: x (n rows of n_embd floats, host)
+ * goes in; when layers remain for the CPU it comes back in x. meta: each
+ * token's sequence and position (KV blocks already reserved). per_token:
+ * every token's products are computed alone (decode batches), so results
+ * do not depend on the company. Errors: SW_EDEVOOM (not sticky), SW_EDEVICE
+ * (the GPU failed; the context must not be used again). */
+int cuda_forward_layers(struct eng_context *ctx, float *x, const struct eng_token_meta *meta,
+                        int64_t n, bool per_token, sw_error *err);
+/* Full profile only, after cuda_forward_layers: the output norm and head
+ * for rows logit_tokens[0..n_logit) of the batch, written to logits
+ * (n_logit rows of n_vocab floats, host). */
+int cuda_forward_output(struct eng_context *ctx, const int64_t *logit_tokens, int32_t n_logit,
+                        float *logits, bool per_token, sw_error *err);
+
+/* Copies device memory back to the host (tests, and the engine's own
+ * downloads). */
+int cuda_download(struct dev_device *dev, void *dst, const void *src, size_t bytes,
+                  sw_error *err);
+/* GPUs the runtime sees (0 without a driver or GPU). */
+int cuda_visible_devices(void);
+
+/* Internal to src/device/cuda. A cudaError_t value as a status:
+ * cudaErrorMemoryAllocation is SW_EDEVOOM (and cleared), anything else
+ * SW_EDEVICE with the runtime's message. */
+int cuda__status(int cuda_error, const char *spec, const char *what, sw_error *err);
+/* Makes the handle's GPU current for the calling thread. */
+int cuda__select(const struct dev_device *dev, sw_error *err);
+
+#else /* !SPILLWAY_CUDA */
+
+static inline int cuda_engine_create(struct eng_context *ctx, sw_error *err)
+{
+    (void)ctx;
+    return sw_error_set(err, SW_EUNSUPPORTED, "this build has no CUDA device");
+}
+static inline void cuda_engine_free(struct eng_context *ctx) { (void)ctx; }
+static inline size_t cuda_engine_device_bytes(const struct eng_context *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+static inline int cuda_forward_layers(struct eng_context *ctx, float *x,
+                                      const struct eng_token_meta *meta, int64_t n,
+                                      bool per_token, sw_error *err)
+{
+    (void)ctx, (void)x, (void)meta, (void)n, (void)per_token;
+    return sw_error_set(err, SW_EUNSUPPORTED, "this build has no CUDA device");
+}
+static inline int cuda_forward_output(struct eng_context *ctx, const int64_t *logit_tokens,
+                                      int32_t n_logit, float *logits, bool per_token,
+                                      sw_error *err)
+{
+    (void)ctx, (void)logit_tokens, (void)n_logit, (void)logits, (void)per_token;
+    return sw_error_set(err, SW_EUNSUPPORTED, "this build has no CUDA device");
+}
+static inline int cuda_visible_devices(void) { return 0; }
+
+#endif
+
+#endif

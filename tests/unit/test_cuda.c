@@ -1,0 +1,702 @@
+/* test_cuda.c - the cuda:N device against the CPU.
+ *
+ * Per operation (the kernels of device/cuda/cuda_kernels.h) against the CPU
+ * kernels or a reference written here from the definitions in forward.c and
+ * engine/quant.h; the blocked KV cache and attention; the whole model
+ * (stories260K's greedy goldens, recorded by llama.cpp, on the full and
+ * split profiles; logits of prefill, decode and batched steps against a CPU
+ * context); a too-large allocation giving SW_EDEVOOM with the context
+ * still usable.
+ *
+ * Tolerances (relative error of a whole result, ||gpu - ref|| / ||ref||):
+ *   1e-5 where both sides compute in f32 (f32 weights, norms, RoPE,
+ *        attention, dequantization);
+ *   1e-2 against the CPU kernels for f16, bf16 and quantized weights, which
+ *        convert the activations to f16 / Q8_0 / Q8_K before the dot product
+ *        while the GPU keeps them in f32 (against the f32 reference over
+ *        the dequantized weights the GPU is held to 1e-5 for every type).
+ *
+ * Skips, saying why, in a build without SPILLWAY_CUDA or when no GPU is
+ * visible; in a CUDA build without a GPU it still checks that cuda:0 is
+ * refused cleanly (SW_ENOTFOUND) instead of crashing.
+ */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "device/device.h"
+
+#ifdef SPILLWAY_CUDA
+#include "device/cpu/cpu_kernels.h"
+#include "device/cuda/cuda_kernels.h"
+#include "device/cuda/cuda_ops.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+
+#include <jansson.h>
+#include <math.h>
+#endif
+
+#include <stdio.h>
+#include <string.h>
+
+#ifndef SPILLWAY_CUDA
+
+static void test_no_cuda_build(void **state)
+{
+    (void)state;
+    printf("test_cuda: SKIPPED - this build has no CUDA device (configure with "
+           "-DSPILLWAY_CUDA=ON; scripts/gpu-check.sh runs it on a GPU)\n");
+    skip();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_cuda_build)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else
+
+static dev_device *gpu;
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static float rnd(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+}
+
+static void *gpu_alloc(size_t bytes)
+{
+    void *p = NULL;
+    sw_error err;
+    if (dev_alloc(gpu, bytes, "test", &p, &err))
+        fail_msg("dev_alloc %zu: %s", bytes, err.message);
+    return p;
+}
+
+static void *gpu_copy(const void *host, size_t bytes)
+{
+    sw_error err;
+    void *p = gpu_alloc(bytes);
+    if (dev_upload(gpu, p, host, bytes, &err))
+        fail_msg("dev_upload: %s", err.message);
+    return p;
+}
+
+static void gpu_read(void *host, const void *d, size_t bytes)
+{
+    sw_error err;
+    if (cuda_download(gpu, host, d, bytes, &err))
+        fail_msg("download: %s", err.message);
+}
+
+static double rel_error(const float *got, const float *want, int64_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void expect_close(const char *what, const float *got, const float *want, int64_t n,
+                         double tolerance)
+{
+    double e = rel_error(got, want, n);
+    printf("  %-36s relative error %.3g (limit %.0e)\n", what, e, tolerance);
+    if (!(e <= tolerance))
+        fail_msg("%s: relative error %g above %g", what, e, tolerance);
+}
+
+static void expect_ok(int cuda_rc, const char *what)
+{
+    if (cuda_rc != 0)
+        fail_msg("%s: CUDA error %d", what, cuda_rc);
+}
+
+/* ---- setup ------------------------------------------------------------------ */
+
+static int open_gpu(void **state)
+{
+    sw_error err;
+    (void)state;
+    if (cuda_visible_devices() == 0)
+        return 0;
+    if (dev_open("cuda:0", NULL, &gpu, &err)) {
+        fprintf(stderr, "test_cuda: cannot open cuda:0: %s\n", err.message);
+        return -1;
+    }
+    return 0;
+}
+
+static int close_gpu(void **state)
+{
+    (void)state;
+    dev_close(gpu);
+    gpu = NULL;
+    return 0;
+}
+
+#define NEED_GPU()                                                                           \
+    do {                                                                                     \
+        if (!gpu) {                                                                          \
+            printf("test_cuda: SKIPPED - no CUDA GPU is visible (cudaGetDeviceCount = 0); "  \
+                   "scripts/gpu-check.sh runs this on a GPU\n");                             \
+            skip();                                                                          \
+        }                                                                                    \
+    } while (0)
+
+/* Without a GPU the device must still be refused cleanly. */
+static void test_open_without_gpu(void **state)
+{
+    (void)state;
+    if (cuda_visible_devices() > 0) {
+        dev_device *dev = NULL;
+        sw_error err;
+        char spec[16];
+        snprintf(spec, sizeof spec, "cuda:%d", cuda_visible_devices());
+        assert_int_equal(dev_open(spec, NULL, &dev, &err), SW_ENOTFOUND);
+        assert_non_null(strstr(err.message, "no such GPU"));
+        assert_null(dev);
+        return;
+    }
+    dev_device *dev = NULL;
+    sw_error err;
+    assert_int_equal(dev_open("cuda:0", NULL, &dev, &err), SW_ENOTFOUND);
+    assert_non_null(strstr(err.message, "cuda:0"));
+    assert_null(dev);
+    printf("  cuda:0 without a GPU: %s\n", err.message);
+}
+
+/* ---- matrix products ------------------------------------------------------------ */
+
+static void matvec_case(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_tokens)
+{
+    const eng_type_traits *traits = eng_type_traits_get(type);
+    size_t row_bytes = 0;
+    assert_true(eng_type_row_bytes(type, n_in, &row_bytes));
+    float *wf = sw_malloc((size_t)(n_in * n_out) * sizeof(float));
+    float *wd = sw_malloc((size_t)(n_in * n_out) * sizeof(float));
+    unsigned char *w = sw_malloc(row_bytes * (size_t)n_out);
+    float *x = sw_malloc((size_t)(n_in * n_tokens) * sizeof(float));
+    float *y_gpu = sw_malloc((size_t)(n_out * n_tokens) * sizeof(float));
+    float *y_cpu = sw_malloc((size_t)(n_out * n_tokens) * sizeof(float));
+    float *y_ref = sw_malloc((size_t)(n_out * n_tokens) * sizeof(float));
+    float *deq_gpu = sw_malloc((size_t)(n_in * n_out) * sizeof(float));
+    size_t act_row = 0;
+    assert_true(eng_type_row_bytes(eng_vec_dot_type(type), n_in, &act_row));
+    unsigned char *xq = sw_malloc(act_row * (size_t)n_tokens);
+    char what[64];
+
+    for (int64_t i = 0; i < n_in * n_out; i++)
+        wf[i] = rnd();
+    for (int64_t i = 0; i < n_in * n_tokens; i++)
+        x[i] = rnd();
+    for (int64_t r = 0; r < n_out; r++) {
+        eng_quantize_row(type, wf + r * n_in, w + (size_t)r * row_bytes, n_in);
+        eng_dequantize_row(type, w + (size_t)r * row_bytes, wd + r * n_in, n_in);
+    }
+    /* The CPU device's product, as forward.c runs it. */
+    cpu_convert_activations(type, x, n_in, n_tokens, n_in, xq);
+    cpu_matmul_rows(type, w, row_bytes, n_in, xq, act_row, n_tokens, y_cpu, n_out, 0, n_out);
+    /* The exact product over the dequantized weights. */
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t r = 0; r < n_out; r++) {
+            double s = 0.0;
+            for (int64_t i = 0; i < n_in; i++)
+                s += (double)wd[r * n_in + i] * x[t * n_in + i];
+            y_ref[t * n_out + r] = (float)s;
+        }
+
+    void *d_w = gpu_copy(w, row_bytes * (size_t)n_out);
+    float *d_x = gpu_copy(x, (size_t)(n_in * n_tokens) * sizeof(float));
+    float *d_y = gpu_alloc((size_t)(n_out * n_tokens) * sizeof(float));
+    float *d_deq = gpu_alloc((size_t)(n_in * n_out) * sizeof(float));
+    expect_ok(cuda_matvec(type, d_w, row_bytes, n_in, n_out, d_x, n_tokens, d_y, n_out, NULL),
+              "matvec");
+    gpu_read(y_gpu, d_y, (size_t)(n_out * n_tokens) * sizeof(float));
+    /* Dequantization for the GEMM path: rows 3.. of the matrix. */
+    expect_ok(cuda_dequantize_rows(type, d_w, row_bytes, n_in, 3, n_out, d_deq, NULL),
+              "dequantize");
+    gpu_read(deq_gpu, d_deq, (size_t)(n_in * (n_out - 3)) * sizeof(float));
+
+    snprintf(what, sizeof what, "matvec %s vs exact", traits->name);
+    expect_close(what, y_gpu, y_ref, n_out * n_tokens, 1e-5);
+    snprintf(what, sizeof what, "matvec %s vs cpu kernels", traits->name);
+    expect_close(what, y_gpu, y_cpu, n_out * n_tokens, type == ENG_TYPE_F32 ? 1e-5 : 1e-2);
+    snprintf(what, sizeof what, "dequantize %s", traits->name);
+    expect_close(what, deq_gpu, wd + 3 * n_in, n_in * (n_out - 3), 1e-6);
+
+    dev_free(gpu, d_w, row_bytes * (size_t)n_out);
+    dev_free(gpu, d_x, (size_t)(n_in * n_tokens) * sizeof(float));
+    dev_free(gpu, d_y, (size_t)(n_out * n_tokens) * sizeof(float));
+    dev_free(gpu, d_deq, (size_t)(n_in * n_out) * sizeof(float));
+    sw_free(wf);
+    sw_free(wd);
+    sw_free(w);
+    sw_free(x);
+    sw_free(xq);
+    sw_free(y_gpu);
+    sw_free(y_cpu);
+    sw_free(y_ref);
+    sw_free(deq_gpu);
+}
+
+static void test_matvec_parity(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_BF16, ENG_TYPE_Q8_0,
+                              ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        assert_true(cuda_kernels_type_supported(types[i]));
+        matvec_case(types[i], 512, 67, 3);
+        matvec_case(types[i], 1024, 9, 1);
+    }
+    /* Float rows need not be a multiple of 32 (stories260K's ffn is 172). */
+    matvec_case(ENG_TYPE_F32, 172, 33, 2);
+    matvec_case(ENG_TYPE_F16, 100, 5, 2);
+    assert_false(cuda_kernels_type_supported(ENG_TYPE_Q4_1));
+}
+
+/* ---- element-wise ---------------------------------------------------------------- */
+
+static void test_elementwise_parity(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    enum { ROWS = 3, N = 300 };
+    float x[ROWS * N], w[N], y[ROWS * N], ref[ROWS * N], got[ROWS * N], bias[N];
+    for (int i = 0; i < ROWS * N; i++) {
+        x[i] = rnd() * 3.0f;
+        y[i] = rnd();
+    }
+    for (int i = 0; i < N; i++) {
+        w[i] = rnd();
+        bias[i] = rnd();
+    }
+    float *d_x = gpu_copy(x, sizeof x), *d_w = gpu_copy(w, sizeof w);
+    float *d_y = gpu_copy(y, sizeof y), *d_out = gpu_alloc(sizeof x);
+    float *d_bias = gpu_copy(bias, sizeof bias);
+
+    /* RMSNorm: forward.c's rms_norm. */
+    for (int r = 0; r < ROWS; r++) {
+        double sum = 0.0;
+        for (int i = 0; i < N; i++)
+            sum += (double)x[r * N + i] * x[r * N + i];
+        float scale = 1.0f / sqrtf((float)(sum / (double)N) + 1e-5f);
+        for (int i = 0; i < N; i++)
+            ref[r * N + i] = x[r * N + i] * scale * w[i];
+    }
+    expect_ok(cuda_rms_norm(d_out, d_x, d_w, N, ROWS, 1e-5f, NULL), "rms_norm");
+    gpu_read(got, d_out, sizeof got);
+    expect_close("rms_norm", got, ref, ROWS * N, 1e-5);
+
+    /* SwiGLU. */
+    for (int i = 0; i < ROWS * N; i++)
+        ref[i] = x[i] / (1.0f + expf(-x[i])) * y[i];
+    expect_ok(cuda_swiglu(d_x, d_y, ROWS * N, NULL), "swiglu");
+    gpu_read(got, d_x, sizeof got);
+    expect_close("swiglu", got, ref, ROWS * N, 1e-5);
+
+    /* Residual add and bias, on what the GPU holds now (ref). */
+    for (int i = 0; i < ROWS * N; i++)
+        ref[i] += y[i] + bias[i % N];
+    expect_ok(cuda_add(d_x, d_y, ROWS * N, NULL), "add");
+    expect_ok(cuda_add_bias(d_x, d_bias, ROWS, N, NULL), "bias");
+    gpu_read(got, d_x, sizeof got);
+    expect_close("add + bias", got, ref, ROWS * N, 1e-5);
+
+    dev_free(gpu, d_x, sizeof x);
+    dev_free(gpu, d_w, sizeof w);
+    dev_free(gpu, d_y, sizeof y);
+    dev_free(gpu, d_out, sizeof x);
+    dev_free(gpu, d_bias, sizeof bias);
+}
+
+/* RoPE, both pairings, partial rotation, frequency divisors and linear
+ * scaling: forward.c's recurrence. */
+static void test_rope_parity(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    enum { ROWS = 4, HEADS = 3, HD = 16, NROT = 12 };
+    const int32_t pos[ROWS] = {0, 1, 37, 3000};
+    float x[ROWS * HEADS * HD], ref[ROWS * HEADS * HD], got[ROWS * HEADS * HD];
+    float factors[NROT / 2];
+    const float linear = 2.0f, theta_scale = powf(10000.0f, -2.0f / (float)NROT);
+    for (int i = 0; i < NROT / 2; i++)
+        factors[i] = 1.0f + (float)i * 0.5f;
+    int32_t *d_pos = gpu_copy(pos, sizeof pos);
+    float *d_factors = gpu_copy(factors, sizeof factors);
+    float *d_x = gpu_alloc(sizeof x);
+
+    for (int neox = 0; neox < 2; neox++) {
+        for (int i = 0; i < ROWS * HEADS * HD; i++)
+            ref[i] = x[i] = rnd();
+        for (int t = 0; t < ROWS; t++) {
+            float theta = (float)pos[t] / linear;
+            for (int i = 0; i < NROT / 2; i++) {
+                float angle = theta / factors[i], c = cosf(angle), s = sinf(angle);
+                int i0 = neox ? i : 2 * i, i1 = neox ? i + NROT / 2 : 2 * i + 1;
+                for (int h = 0; h < HEADS; h++) {
+                    float *p = ref + (t * HEADS + h) * HD;
+                    float a = p[i0], b = p[i1];
+                    p[i0] = a * c - b * s;
+                    p[i1] = a * s + b * c;
+                }
+                theta *= theta_scale;
+            }
+        }
+        if (dev_upload(gpu, d_x, x, sizeof x, NULL))
+            fail_msg("upload");
+        expect_ok(cuda_rope(d_x, ROWS, HEADS, HD, NROT, neox, d_pos, d_factors, linear,
+                            theta_scale, NULL), "rope");
+        gpu_read(got, d_x, sizeof got);
+        expect_close(neox ? "rope neox" : "rope normal", got, ref, ROWS * HEADS * HD, 1e-5);
+    }
+    dev_free(gpu, d_pos, sizeof pos);
+    dev_free(gpu, d_factors, sizeof factors);
+    dev_free(gpu, d_x, sizeof x);
+}
+
+/* ---- KV cache and attention ---------------------------------------------------------- */
+
+static void kv_attention_case(int f16)
+{
+    enum { BT = 4, MAXB = 4, SLOTS = 2, LAYERS = 2, NH = 4, NKV = 2, HD = 40 };
+    enum { KVD = NKV * HD, LAYER = 1 };
+    const int32_t n_pos[SLOTS] = {13, 7};
+    const size_t elem = f16 ? 2 : 4;
+    const size_t block_bytes = (size_t)LAYERS * 2 * BT * KVD * elem;
+    unsigned char *blocks[SLOTS * MAXB] = {0};
+    /* K and V of every (slot, position), as the cache will hold them. */
+    static float k[SLOTS][MAXB * BT][KVD], v[SLOTS][MAXB * BT][KVD];
+    float rows_k[20 * KVD], rows_v[20 * KVD];
+    int32_t slot_of[20], pos_of[20];
+    int n_rows = 0;
+
+    for (int s = 0; s < SLOTS; s++)
+        for (int b = 0; b < (n_pos[s] + BT - 1) / BT; b++)
+            blocks[s * MAXB + b] = gpu_alloc(block_bytes);
+    for (int s = 0; s < SLOTS; s++)
+        for (int p = 0; p < n_pos[s]; p++, n_rows++) {
+            slot_of[n_rows] = s;
+            pos_of[n_rows] = p;
+            for (int i = 0; i < KVD; i++) {
+                rows_k[n_rows * KVD + i] = rnd();
+                rows_v[n_rows * KVD + i] = rnd();
+                k[s][p][i] = f16 ? eng_fp16_to_fp32(eng_fp32_to_fp16(rows_k[n_rows * KVD + i]))
+                                 : rows_k[n_rows * KVD + i];
+                v[s][p][i] = f16 ? eng_fp16_to_fp32(eng_fp32_to_fp16(rows_v[n_rows * KVD + i]))
+                                 : rows_v[n_rows * KVD + i];
+            }
+        }
+    unsigned char **d_table = gpu_copy(blocks, sizeof blocks);
+    int32_t *d_slot = gpu_copy(slot_of, sizeof slot_of), *d_pos = gpu_copy(pos_of, sizeof pos_of);
+    float *d_k = gpu_copy(rows_k, sizeof rows_k), *d_v = gpu_copy(rows_v, sizeof rows_v);
+    cuda_kv_view kv = {.d_blocks = d_table, .max_blocks = MAXB, .block_tokens = BT,
+                       .kv_dim = KVD, .f16 = f16};
+    expect_ok(cuda_kv_store(&kv, LAYER, d_k, d_v, n_rows, d_slot, d_pos, NULL), "kv store");
+
+    /* The layout of a block, element by element: slot 0, block 1 holds
+     * positions 4..7; layer 1's K rows come after layer 0's K and V. */
+    unsigned char *host_block = sw_malloc(block_bytes);
+    gpu_read(host_block, blocks[1], block_bytes);
+    for (int in_block = 0; in_block < BT; in_block++)
+        for (int kvi = 0; kvi < 2; kvi++)
+            for (int i = 0; i < KVD; i += 7) {
+                size_t at = ((size_t)(LAYER * 2 + kvi) * BT + in_block) * KVD + i;
+                float want = kvi ? v[0][4 + in_block][i] : k[0][4 + in_block][i];
+                float have = f16 ? eng_fp16_to_fp32(((uint16_t *)host_block)[at])
+                                 : ((float *)host_block)[at];
+                if (have != want)
+                    fail_msg("kv layout: slot 0 pos %d %s[%d] is %g, expected %g",
+                             4 + in_block, kvi ? "V" : "K", i, have, want);
+            }
+    sw_free(host_block);
+
+    /* Queries at the last, a middle and the first position of each slot. */
+    const int32_t q_slot[5] = {0, 0, 1, 1, 0}, q_pos[5] = {12, 3, 6, 0, 4};
+    float q[5 * NH * HD], ref[5 * NH * HD], got[5 * NH * HD];
+    for (int i = 0; i < 5 * NH * HD; i++)
+        q[i] = rnd();
+    for (int r = 0; r < 5; r++)
+        for (int h = 0; h < NH; h++) {
+            int kvh = h / (NH / NKV), s = q_slot[r];
+            double scores[MAXB * BT], max = -INFINITY, sum = 0.0;
+            for (int p = 0; p <= q_pos[r]; p++) {
+                double d = 0.0;
+                for (int i = 0; i < HD; i++)
+                    d += (double)q[(r * NH + h) * HD + i] * k[s][p][kvh * HD + i];
+                scores[p] = d / sqrt((double)HD);
+                if (scores[p] > max)
+                    max = scores[p];
+            }
+            for (int p = 0; p <= q_pos[r]; p++)
+                sum += scores[p] = exp(scores[p] - max);
+            for (int i = 0; i < HD; i++) {
+                double o = 0.0;
+                for (int p = 0; p <= q_pos[r]; p++)
+                    o += scores[p] / sum * v[s][p][kvh * HD + i];
+                ref[(r * NH + h) * HD + i] = (float)o;
+            }
+        }
+    float *d_q = gpu_copy(q, sizeof q), *d_out = gpu_alloc(sizeof got);
+    int32_t *d_qslot = gpu_copy(q_slot, sizeof q_slot), *d_qpos = gpu_copy(q_pos, sizeof q_pos);
+    expect_ok(cuda_attention(&kv, LAYER, d_q, d_out, 5, NH, NKV, HD, d_qslot, d_qpos, NULL),
+              "attention");
+    gpu_read(got, d_out, sizeof got);
+    expect_close(f16 ? "attention, f16 kv" : "attention, f32 kv", got, ref, 5 * NH * HD, 1e-5);
+
+    for (int i = 0; i < SLOTS * MAXB; i++)
+        dev_free(gpu, blocks[i], block_bytes);
+    dev_free(gpu, d_table, sizeof blocks);
+    dev_free(gpu, d_slot, sizeof slot_of);
+    dev_free(gpu, d_pos, sizeof pos_of);
+    dev_free(gpu, d_k, sizeof rows_k);
+    dev_free(gpu, d_v, sizeof rows_v);
+    dev_free(gpu, d_q, sizeof q);
+    dev_free(gpu, d_out, sizeof got);
+    dev_free(gpu, d_qslot, sizeof q_slot);
+    dev_free(gpu, d_qpos, sizeof q_pos);
+}
+
+static void test_kv_attention_parity(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    kv_attention_case(1);
+    kv_attention_case(0);
+}
+
+/* ---- the whole model ---------------------------------------------------------------------- */
+
+typedef struct collected {
+    int32_t tokens[256];
+    int32_t n;
+} collected;
+
+static bool collect(void *user, const eng_generate_step *step)
+{
+    collected *c = user;
+    if (c->n < 256)
+        c->tokens[c->n++] = step->token;
+    return true;
+}
+
+static int32_t *json_ids(json_t *array, size_t *n)
+{
+    *n = json_array_size(array);
+    int32_t *ids = sw_calloc(*n ? *n : 1, sizeof *ids);
+    for (size_t i = 0; i < *n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(array, i));
+    return ids;
+}
+
+static eng_context *gpu_context(const eng_model *model, int32_t n_gpu_layers, uint32_t kv_type,
+                                int32_t n_seqs)
+{
+    eng_context_params cp = eng_context_default_params();
+    eng_context *ctx;
+    sw_error err;
+    cp.n_ctx = 256;
+    cp.n_threads = 2;
+    cp.kv_type = kv_type;
+    cp.n_seq_max = n_seqs;
+    cp.device = gpu;
+    cp.n_gpu_layers = n_gpu_layers;
+    if (eng_context_create(model, &cp, &ctx, &err))
+        fail_msg("context on cuda:0 (%d layers): %s", n_gpu_layers, err.message);
+    return ctx;
+}
+
+/* stories260K's greedy continuations, token for token, on the full and a
+ * split profile with both KV types; the device bytes the context reports
+ * are what the device handle holds. */
+static void test_stories_greedy_golden(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    const char *golden_path = tu_shared_path("models/stories260K.golden.json");
+    if (!golden_path)
+        return;
+    json_error_t jerr;
+    json_t *golden = json_load_file(golden_path, 0, &jerr);
+    assert_non_null(golden);
+    eng_model *model;
+    sw_error err;
+    if (eng_model_load(tu_shared_path("models/stories260K.gguf"), &model, &err))
+        fail_msg("load: %s", err.message);
+    const int32_t profiles[] = {-1, 2};
+
+    for (size_t pi = 0; pi < 2; pi++)
+        for (int kv = 0; kv < 2; kv++) {
+            dev_memory before, after;
+            assert_int_equal(dev_memory_info(gpu, &before, &err), SW_OK);
+            eng_context *ctx = gpu_context(model, profiles[pi], kv ? ENG_TYPE_F32 : ENG_TYPE_F16,
+                                           1);
+            size_t i;
+            json_t *g;
+            json_array_foreach(json_object_get(golden, "greedy"), i, g) {
+                size_t n_prompt, n_expect;
+                int32_t *prompt = json_ids(json_object_get(g, "prompt_tokens_with_bos"),
+                                           &n_prompt);
+                int32_t *expect = json_ids(json_object_get(g, "tokens"), &n_expect);
+                eng_generate_params gp = eng_generate_default_params();
+                eng_generate_stats stats;
+                collected got = {0};
+                gp.max_tokens = (int32_t)n_expect;
+                gp.sampling.temperature = 0.0f;
+                gp.ignore_eos = true;
+                eng_seq_clear(ctx, 0);
+                if (eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, collect, &got, &stats,
+                                 &err))
+                    fail_msg("generate: %s", err.message);
+                assert_int_equal(got.n, (int32_t)n_expect);
+                for (size_t t = 0; t < n_expect; t++)
+                    if (got.tokens[t] != expect[t])
+                        fail_msg("cuda:0, %d gpu layers, kv %s, prompt %zu: token %zu is %d, "
+                                 "reference %d", profiles[pi], kv ? "f32" : "f16", i, t,
+                                 got.tokens[t], expect[t]);
+                sw_free(prompt);
+                sw_free(expect);
+            }
+            assert_int_equal(dev_memory_info(gpu, &after, &err), SW_OK);
+            assert_int_equal(after.self_bytes - before.self_bytes,
+                             eng_context_device_bytes(ctx));
+            printf("  greedy goldens: %d gpu layers, kv %s: match (%zu bytes on the device)\n",
+                   profiles[pi], kv ? "f32" : "f16", eng_context_device_bytes(ctx));
+            eng_context_free(ctx);
+            assert_int_equal(dev_memory_info(gpu, &after, &err), SW_OK);
+            assert_int_equal(after.self_bytes, before.self_bytes);
+        }
+    eng_model_free(model);
+    json_decref(golden);
+}
+
+/* Logits of a long prefill (the cuBLAS path), of single decode steps (the
+ * matvec path) and of a batched step of three sequences, against a CPU
+ * context, on the full and a split profile. */
+static void test_logits_parity(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    const char *path = tu_shared_path("models/stories260K.gguf");
+    if (!path)
+        return;
+    eng_model *model;
+    sw_error err;
+    if (eng_model_load(path, &model, &err))
+        fail_msg("load: %s", err.message);
+    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = i == 0 ? 1 : 3 + (i * 37) % (n_vocab - 3);
+    float *cpu_logits = sw_malloc(3 * (size_t)n_vocab * sizeof(float));
+    float *gpu_logits = sw_malloc(3 * (size_t)n_vocab * sizeof(float));
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_threads = 2;
+    cp.n_seq_max = 3;
+    eng_context *cpu;
+    assert_int_equal(eng_context_create(model, &cp, &cpu, &err), SW_OK);
+    const int32_t profiles[] = {-1, 3};
+
+    for (size_t pi = 0; pi < 2; pi++) {
+        eng_context *ctx = gpu_context(model, profiles[pi], ENG_TYPE_F16, 3);
+        char what[64];
+        for (int32_t s = 0; s < 3; s++) {
+            eng_seq_clear(cpu, s);
+            int32_t n = 40 - 5 * s; /* prefill: above the matvec limit */
+            assert_int_equal(eng_decode(cpu, s, prompt, n, cpu_logits, &err), SW_OK);
+            if (eng_decode(ctx, s, prompt, n, gpu_logits, &err))
+                fail_msg("gpu prefill: %s", err.message);
+            snprintf(what, sizeof what, "prefill %d tokens, %d gpu layers", n, profiles[pi]);
+            expect_close(what, gpu_logits, cpu_logits, n_vocab, 1e-3);
+        }
+        for (int step = 0; step < 3; step++) {
+            int32_t token = 5 + step;
+            assert_int_equal(eng_decode(cpu, 0, &token, 1, cpu_logits, &err), SW_OK);
+            if (eng_decode(ctx, 0, &token, 1, gpu_logits, &err))
+                fail_msg("gpu decode: %s", err.message);
+            snprintf(what, sizeof what, "decode step %d, %d gpu layers", step, profiles[pi]);
+            expect_close(what, gpu_logits, cpu_logits, n_vocab, 1e-3);
+        }
+        int32_t toks[3] = {11, 12, 13};
+        eng_batch_entry cpu_e[3], gpu_e[3];
+        int cpu_status[3], gpu_status[3];
+        for (int32_t s = 0; s < 3; s++) {
+            cpu_e[s] = (eng_batch_entry){s, &toks[s], 1, cpu_logits + (size_t)s * n_vocab};
+            gpu_e[s] = (eng_batch_entry){s, &toks[s], 1, gpu_logits + (size_t)s * n_vocab};
+        }
+        assert_int_equal(eng_decode_batch(cpu, cpu_e, 3, cpu_status, &err), SW_OK);
+        if (eng_decode_batch(ctx, gpu_e, 3, gpu_status, &err))
+            fail_msg("gpu batch: %s", err.message);
+        for (int s = 0; s < 3; s++)
+            assert_int_equal(gpu_status[s], SW_OK);
+        snprintf(what, sizeof what, "batch of 3, %d gpu layers", profiles[pi]);
+        expect_close(what, gpu_logits, cpu_logits, 3 * (size_t)n_vocab, 1e-3);
+        eng_context_free(ctx);
+        /* The CPU context goes back to the prompts for the next profile. */
+        for (int32_t s = 0; s < 3; s++)
+            eng_seq_clear(cpu, s);
+    }
+    eng_context_free(cpu);
+    sw_free(cpu_logits);
+    sw_free(gpu_logits);
+    eng_model_free(model);
+}
+
+/* ---- out of memory ---------------------------------------------------------------------------- */
+
+static void test_oom_is_clean(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    dev_memory mem;
+    sw_error err;
+    void *p = NULL;
+    assert_int_equal(dev_memory_info(gpu, &mem, &err), SW_OK);
+    assert_true(mem.total_bytes > 0 && mem.free_bytes <= mem.total_bytes);
+    uint64_t held = mem.self_bytes;
+    assert_int_equal(dev_alloc(gpu, (size_t)mem.total_bytes * 2, "too much", &p, &err),
+                     SW_EDEVOOM);
+    assert_null(p);
+    assert_non_null(strstr(err.message, "out of memory"));
+    printf("  %s\n", err.message);
+    /* Not sticky: the device still allocates and computes. */
+    assert_int_equal(dev_memory_info(gpu, &mem, &err), SW_OK);
+    assert_int_equal(mem.self_bytes, held);
+    float one = 1.0f, two = 2.0f, got = 0.0f;
+    float *a = gpu_copy(&one, sizeof one), *b = gpu_copy(&two, sizeof two);
+    expect_ok(cuda_add(a, b, 1, NULL), "add after oom");
+    gpu_read(&got, a, sizeof got);
+    assert_true(got == 3.0f);
+    dev_free(gpu, a, sizeof one);
+    dev_free(gpu, b, sizeof two);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_without_gpu),
+        cmocka_unit_test(test_matvec_parity),
+        cmocka_unit_test(test_elementwise_parity),
+        cmocka_unit_test(test_rope_parity),
+        cmocka_unit_test(test_kv_attention_parity),
+        cmocka_unit_test(test_stories_greedy_golden),
+        cmocka_unit_test(test_logits_parity),
+        cmocka_unit_test(test_oom_is_clean),
+    };
+    return cmocka_run_group_tests(tests, open_gpu, close_gpu);
+}
+
+#endif

@@ -7,11 +7,16 @@
  *   router_relay.c      admission, routing, relay, failover and resume
  *   router_http.c       the client side: request parsing, limits, keys,
  *                       responses, /health, /metrics, /v1/models, events
+ *   router_idem.c       Idempotency-Key: stored responses, replay
+ *   router_jobs.c       /v1/spillway/jobs and the job runner threads
+ *   router_agent.c      agent runs ("tool_execution": "server"), tool calls
  */
 #ifndef SPILLWAY_ROUTER_IMPL_H
 #define SPILLWAY_ROUTER_IMPL_H
 
 #include "router/router.h"
+
+#include "ledger/ledger.h"
 
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
@@ -52,6 +57,14 @@ typedef struct rt_worker {
 
 #define RT_EVENTS 128
 
+/* SPILLWAY_SABOTAGE switches (docs/router.md, Sabotage): each disables one
+ * safety so the drill can show that its scenario detects the loss. */
+typedef struct rt_sabotage {
+    bool no_replay, no_resume, no_tool_ledger, no_restart, no_deadline;
+} rt_sabotage;
+
+struct rt_jobs;
+
 typedef struct rt__state {
     const rt_config *cfg;
     pthread_mutex_t mu;
@@ -71,11 +84,35 @@ typedef struct rt__state {
     uint64_t lat_buckets[12], ttft_buckets[12];
     uint64_t lat_count, ttft_count;
     double lat_sum, ttft_sum;
+    ldg_ledger *ledger;
+    rt_sabotage sabotage;
+    /* SPILLWAY_FAULT modes of the router itself (crash tests) */
+    bool fault_exit_after_tool_started, fault_exit_after_tool_called;
+    struct rt_jobs *jobs;
+    uint64_t idem_replays, tool_calls, tool_reused, jobs_done, jobs_failed;
 } rt__state;
 
 extern rt__state rt__g;
 
-/* One client request (one connection: Connection: close). */
+/* What a request sent, kept when capture is on: for the Idempotency-Key
+ * store, the jobs and the agent loop's inner generations. A stream is
+ * kept as its SSE text ("data: ...\n\n" events). */
+#define RT_CAPTURE_MAX ((size_t)64 << 20)
+typedef struct rt_capture {
+    bool on;
+    int status;              /* 0 until a response began */
+    char content_type[64];
+    bool stream;
+    char *body;              /* sw_free (rt__capture_free) */
+    size_t len, cap;
+    bool overflow;           /* over RT_CAPTURE_MAX: incomplete */
+} rt_capture;
+
+void rt__capture_free(rt_capture *c);
+int rt__capture_append(rt_capture *c, const void *p, size_t n);
+
+/* One client request (one connection: Connection: close), or one the
+ * router makes itself (a job, an agent step: fd -1, capture on). */
 typedef struct rt_req {
     int fd;
     char method[16];
@@ -87,6 +124,14 @@ typedef struct rt_req {
     size_t body_len;
     char worker[64];
     int attempts;
+    char idem_key[256];      /* Idempotency-Key, "" none */
+    bool idem_key_bad;       /* present but not 1..255 printable ASCII */
+    rt_capture cap;
+    bool single_pass;        /* a worker failure ends it (worker_failed) */
+    bool worker_failed;      /* it ended because a worker failed */
+    bool completed;          /* a full answer (or a final 4xx) was sent */
+    bool tried[RT_MAX_WORKERS]; /* workers already tried (failed) */
+    const char *error_code;  /* code of an error the router sent itself */
 } rt_req;
 
 const char *rt__ws_name(int state);
@@ -112,7 +157,32 @@ void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
 void *rt__conn_thread(void *arg);
 int rt__listen_on(const char *addr, char *actual, size_t cap);
 
+/* Writes to the client (when fd >= 0); -1 when it is gone. */
+int rt__sink_write(rt_req *q, const void *p, size_t n);
+
 /* generation requests */
 void rt__handle_generate(rt_req *q, bool chat);
+/* A generation route: an agent run when the body asks for
+ * "tool_execution": "server", else rt__handle_generate. */
+void rt__dispatch_generate(rt_req *q, bool chat);
+/* Runs body (JSON text) as a non-streaming request without a client
+ * socket; the answer the client would have got is in out (status, body;
+ * rt__capture_free). request_id is kept on every attempt. */
+void rt__generate_capture(const char *request_id, bool chat, const char *body, size_t len,
+                          long long deadline_ms, rt_capture *out, int *attempts);
+
+/* agent runs (router_agent.c); body is the parsed request */
+void rt__handle_agent(rt_req *q, json_t *body);
+
+/* Idempotency-Key around a handler (router_idem.c) */
+void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat);
+
+/* jobs (router_jobs.c) */
+int rt__jobs_start(void);
+void rt__jobs_stop(void);
+void rt__handle_jobs(rt_req *q);
+
+/* sabotage and router faults, read once at start (router.c) */
+void rt__read_switches(void);
 
 #endif

@@ -82,6 +82,48 @@ void rt__ev_record(json_t *ev)
     free(line);
 }
 
+void rt__read_switches(void)
+{
+    const char *sab = getenv("SPILLWAY_SABOTAGE");
+    if (sab && *sab) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", sab);
+        for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+            if (!strcmp(t, "no-replay"))
+                rt__g.sabotage.no_replay = true;
+            else if (!strcmp(t, "no-resume"))
+                rt__g.sabotage.no_resume = true;
+            else if (!strcmp(t, "no-tool-ledger"))
+                rt__g.sabotage.no_tool_ledger = true;
+            else if (!strcmp(t, "no-restart"))
+                rt__g.sabotage.no_restart = true;
+            else if (!strcmp(t, "no-deadline"))
+                rt__g.sabotage.no_deadline = true;
+            else
+                fprintf(stderr, "spillway serve: SPILLWAY_SABOTAGE: unknown switch '%s' ignored\n", t);
+        }
+        fprintf(stderr,
+                "spillway serve: WARNING: SPILLWAY_SABOTAGE=%s is set: safety features are OFF on "
+                "purpose (a drill self-check). Never run like this in production.\n",
+                sab);
+        SW_WARN("router", "SPILLWAY_SABOTAGE=%s: safety features disabled on purpose", sab);
+    }
+    /* The router's own faults; the rest of SPILLWAY_FAULT is for devices,
+     * and the managed workers get theirs from the configuration, so the
+     * variable is not passed on. */
+    const char *fault = getenv("SPILLWAY_FAULT");
+    if (fault && *fault) {
+        if (strstr(fault, "router_exit_after_tool_started"))
+            rt__g.fault_exit_after_tool_started = true;
+        if (strstr(fault, "router_exit_after_tool_called"))
+            rt__g.fault_exit_after_tool_called = true;
+        if (rt__g.fault_exit_after_tool_started || rt__g.fault_exit_after_tool_called) {
+            SW_WARN("router", "SPILLWAY_FAULT=%s: the router will exit on purpose", fault);
+            unsetenv("SPILLWAY_FAULT");
+        }
+    }
+}
+
 static void on_signal(int sig)
 {
     (void)sig;
@@ -124,8 +166,22 @@ int rt_serve(const rt_config *c)
                 strerror(errno));
         return 1;
     }
-    if (load_tokenizer(c))
+    rt__read_switches();
+    sw_error lerr;
+    sw_error_clear(&lerr);
+    if (ldg_open(c->state_dir, &rt__g.ledger, &lerr)) {
+        fprintf(stderr, "spillway serve: %s\n", lerr.message);
         return 1;
+    }
+    int abandoned = 0;
+    if (ldg_idem_recover(rt__g.ledger, &abandoned, &lerr) == 0 && abandoned)
+        SW_WARN("router", "%d Idempotency-Key(s) were running when the router stopped; a retry "
+                "with the same body runs them again under their request id", abandoned);
+    if (load_tokenizer(c)) {
+        ldg_close(rt__g.ledger);
+        rt__g.ledger = NULL;
+        return 1;
+    }
     rt__g.n = c->n_workers;
     for (int i = 0; i < rt__g.n; i++) {
         rt_worker *w = &rt__g.w[i];
@@ -191,6 +247,10 @@ int rt_serve(const rt_config *c)
     }
     if (pthread_create(&sup, NULL, rt__sup_thread, NULL) == 0)
         sup_started = true;
+    if (rt__jobs_start()) {
+        fprintf(stderr, "spillway serve: cannot start the job runners\n");
+        goto out;
+    }
     for (int k = 0; k < rt__g.n; k++) {
         rt_worker *w = &rt__g.w[rt__g.order[k]];
         printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name,
@@ -252,11 +312,14 @@ int rt_serve(const rt_config *c)
     }
 out:
     rt__g.stop = 1;
+    rt__jobs_stop(); /* a running job finishes, or stays for the next start */
     if (sup_started)
         pthread_join(sup, NULL);
     else
         rt__stop_workers();
     eng_tokenizer_free(rt__g.tok);
+    ldg_close(rt__g.ledger);
+    rt__g.ledger = NULL;
     for (int i = 0; i < RT_EVENTS; i++)
         sw_free(rt__g.events[i]);
     return status;

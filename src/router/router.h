@@ -20,6 +20,7 @@
 #define RT_MAX_WORKERS 16
 #define RT_MAX_KEYS 8
 #define RT_MAX_ENV 8
+#define RT_MAX_TOOLS 16
 
 typedef struct rt_worker_config {
     char name[64];
@@ -39,6 +40,18 @@ typedef struct rt_worker_config {
     int n_env;
 } rt_worker_config;
 
+/* A server-side tool ([tool NAME]): the router calls it in agent runs
+ * ("tool_execution": "server"); docs/router.md, Tools. */
+typedef struct rt_tool_config {
+    char name[64];
+    int line;                  /* of its [tool NAME] header */
+    char description[512];
+    char url[512];             /* http://LOOPBACK:PORT/PATH or unix:PATH */
+    char parameters[8192];     /* JSON schema of the arguments (an object) */
+    bool idempotent;           /* default false */
+    int timeout_ms;            /* default 5000 */
+} rt_tool_config;
+
 typedef struct rt_config {
     char listen[256];          /* HOST:PORT (default 127.0.0.1:8080) */
     char api_keys[RT_MAX_KEYS][128];
@@ -57,6 +70,11 @@ typedef struct rt_config {
     char chat_template[32];    /* "" = detected */
     rt_worker_config workers[RT_MAX_WORKERS];
     int n_workers;
+    int idempotency_ttl_s;     /* how long an Idempotency-Key is kept (86400) */
+    int max_tool_steps;        /* tool calls per agent run (4) */
+    int job_workers;           /* jobs run at once (2) */
+    rt_tool_config tools[RT_MAX_TOOLS];
+    int n_tools;
 } rt_config;
 
 void rt_config_defaults(rt_config *c);

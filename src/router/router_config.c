@@ -7,6 +7,7 @@
 #include "router/router.h"
 
 #include <ini.h>
+#include <jansson.h>
 
 #include <errno.h>
 #include <math.h>
@@ -20,6 +21,7 @@ typedef struct cfg_parse {
     char msg[SW_ERROR_MESSAGE_MAX - 48];
     char cur_section[128];
     rt_worker_config *cur;
+    rt_tool_config *cur_tool;
 } cfg_parse;
 
 void rt_config_defaults(rt_config *c)
@@ -36,6 +38,9 @@ void rt_config_defaults(rt_config *c)
     c->health_interval_ms = 1000;
     c->hang_timeout_ms = 15000;
     c->ready_timeout_s = 120;
+    c->idempotency_ttl_s = 86400;
+    c->max_tool_steps = 4;
+    c->job_workers = 2;
 }
 
 static int cfg_fail(cfg_parse *p, const char *section, const char *name, const char *why,
@@ -148,6 +153,18 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 100, 3600000, &x))
             return cfg_fail(p, s, name, "expected milliseconds 100..3600000", v);
         c->hang_timeout_ms = (int)x;
+    } else if (!strcmp(name, "idempotency-ttl-s")) {
+        if (!cfg_int(v, 1, 366LL * 86400, &x))
+            return cfg_fail(p, s, name, "expected seconds 1..31622400", v);
+        c->idempotency_ttl_s = (int)x;
+    } else if (!strcmp(name, "max-tool-steps")) {
+        if (!cfg_int(v, 1, 64, &x))
+            return cfg_fail(p, s, name, "expected an integer 1..64", v);
+        c->max_tool_steps = (int)x;
+    } else if (!strcmp(name, "job-workers")) {
+        if (!cfg_int(v, 1, 64, &x))
+            return cfg_fail(p, s, name, "expected an integer 1..64", v);
+        c->job_workers = (int)x;
     } else if (!strcmp(name, "ready-timeout")) {
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);
@@ -231,6 +248,75 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
     return 1;
 }
 
+/* A tool's URL must stay on this machine: the router sends it model
+ * output, and a tool is trusted code run by the operator. */
+static bool tool_url_ok(const char *v)
+{
+    if (!strncmp(v, "unix:", 5))
+        return strlen(v) > 5;
+    if (strncmp(v, "http://", 7))
+        return false;
+    const char *h = v + 7;
+    size_t hl;
+    if (!strncmp(h, "127.0.0.1:", 10))
+        hl = 9;
+    else if (!strncmp(h, "localhost:", 10))
+        hl = 9;
+    else if (!strncmp(h, "[::1]:", 6))
+        hl = 5;
+    else
+        return false;
+    const char *port = h + hl + 1;
+    size_t np = strspn(port, "0123456789");
+    if (np == 0 || np > 5 || atoi(port) < 1 || atoi(port) > 65535)
+        return false;
+    return port[np] == 0 || port[np] == '/';
+}
+
+static int cfg_tool(cfg_parse *p, const char *s, const char *name, const char *v)
+{
+    rt_tool_config *t = p->cur_tool;
+    long long x;
+    if (!strcmp(name, "description")) {
+        if (!cfg_copy(t->description, sizeof t->description, v))
+            return cfg_fail(p, s, name, "too long (at most 511 bytes)", v);
+    } else if (!strcmp(name, "url")) {
+        if (!tool_url_ok(v) || !cfg_copy(t->url, sizeof t->url, v))
+            return cfg_fail(p, s, name,
+                            "expected http://127.0.0.1:PORT/PATH, http://[::1]:PORT/PATH, "
+                            "http://localhost:PORT/PATH or unix:PATH (loopback only)",
+                            v);
+    } else if (!strcmp(name, "parameters")) {
+        json_error_t je;
+        json_t *j = json_loads(v, JSON_REJECT_DUPLICATES, &je);
+        const char *type = json_string_value(json_object_get(j, "type"));
+        json_t *props = json_object_get(j, "properties");
+        bool ok = json_is_object(j) && type && !strcmp(type, "object") &&
+                  (!props || json_is_object(props)) &&
+                  (!json_object_get(j, "required") || json_is_array(json_object_get(j, "required")));
+        json_decref(j);
+        if (!ok)
+            return cfg_fail(p, s, name,
+                            "expected a JSON schema object with \"type\":\"object\" (on one line)", v);
+        if (!cfg_copy(t->parameters, sizeof t->parameters, v))
+            return cfg_fail(p, s, name, "too long (at most 8191 bytes)", v);
+    } else if (!strcmp(name, "idempotent")) {
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
+            t->idempotent = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
+            t->idempotent = false;
+        else
+            return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "timeout-ms")) {
+        if (!cfg_int(v, 10, 3600000, &x))
+            return cfg_fail(p, s, name, "expected milliseconds 10..3600000", v);
+        t->timeout_ms = (int)x;
+    } else {
+        return cfg_fail(p, s, name, "unknown key", v);
+    }
+    return 1;
+}
+
 static int cfg_handler(void *user, const char *section, const char *name, const char *value)
 {
     cfg_parse *p = user;
@@ -278,6 +364,30 @@ static int cfg_handler(void *user, const char *section, const char *name, const 
         }
         return cfg_worker(p, section, name, value);
     }
+    if (!strncmp(section, "tool ", 5)) {
+        const char *tname = section + 5;
+        while (*tname == ' ')
+            tname++;
+        if (strcmp(section, p->cur_section)) {
+            size_t n = strlen(tname);
+            if (n == 0 || n >= sizeof c->tools[0].name ||
+                strspn(tname, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != n)
+                return cfg_fail(p, section, name, "tool names are 1..63 of [A-Za-z0-9_-]", value);
+            for (int i = 0; i < c->n_tools; i++)
+                if (!strcmp(c->tools[i].name, tname))
+                    return cfg_fail(p, section, name, "tool section given twice", value);
+            if (c->n_tools >= RT_MAX_TOOLS)
+                return cfg_fail(p, section, name, "too many tools (at most 16)", value);
+            rt_tool_config *t = &c->tools[c->n_tools++];
+            memset(t, 0, sizeof *t);
+            snprintf(t->name, sizeof t->name, "%s", tname);
+            t->timeout_ms = 5000;
+            p->cur_tool = t;
+            p->cur = NULL;
+            snprintf(p->cur_section, sizeof p->cur_section, "%s", section);
+        }
+        return cfg_tool(p, section, name, value);
+    }
     return cfg_fail(p, section, name, "unknown section", value);
 }
 
@@ -317,6 +427,10 @@ int rt_config_check(const rt_config *c, sw_error *err)
         if (!c->workers[i].managed && !c->workers[i].url[0])
             return sw_error_set(err, SW_EINVAL, "[worker %s]: managed = false needs a url",
                                 c->workers[i].name);
+    for (int i = 0; i < c->n_tools; i++)
+        if (!c->tools[i].url[0] || !c->tools[i].parameters[0])
+            return sw_error_set(err, SW_EINVAL, "[tool %s]: url and parameters are required",
+                                c->tools[i].name);
     if (!cfg_loopback(c->listen) && c->n_keys == 0)
         return sw_error_set(err, SW_EINVAL,
                             "[server] listen = %s is not a loopback address: refusing to start "

@@ -30,12 +30,63 @@
 const double rt__hist_le[11] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 
 
+void rt__capture_free(rt_capture *c)
+{
+    sw_free(c->body);
+    c->body = NULL;
+    c->len = c->cap = 0;
+}
+
+/* Appends to the capture (bounded by RT_CAPTURE_MAX). */
+int rt__capture_append(rt_capture *c, const void *p, size_t n)
+{
+    if (c->overflow)
+        return -1;
+    if (n > RT_CAPTURE_MAX - c->len) {
+        c->overflow = true;
+        return -1;
+    }
+    if (c->len + n + 1 > c->cap) {
+        size_t nc = (c->len + n + 1) * 2;
+        if (nc > RT_CAPTURE_MAX + 1)
+            nc = RT_CAPTURE_MAX + 1;
+        char *nb = sw_realloc(c->body, nc);
+        if (!nb) {
+            c->overflow = true;
+            return -1;
+        }
+        c->body = nb;
+        c->cap = nc;
+    }
+    memcpy(c->body + c->len, p, n);
+    c->len += n;
+    c->body[c->len] = 0;
+    return 0;
+}
+
+int rt__sink_write(rt_req *q, const void *p, size_t n)
+{
+    if (q->fd < 0)
+        return 0; /* a request the router made itself: capture only */
+    return rn_write_all(q->fd, p, n);
+}
+
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
                           const char *body, size_t len)
 {
-    const char *reason = status == 200 ? "OK" : status == 400 ? "Bad Request"
+    if (q->cap.on) {
+        q->cap.status = status;
+        q->cap.stream = false;
+        snprintf(q->cap.content_type, sizeof q->cap.content_type, "%s", ctype);
+        q->cap.len = 0;
+        rt__capture_append(&q->cap, body ? body : "", body ? len : 0);
+    }
+    const char *reason = status == 200 ? "OK" : status == 202 ? "Accepted"
+                       : status == 400 ? "Bad Request"
                        : status == 401 ? "Unauthorized" : status == 404 ? "Not Found"
-                       : status == 405 ? "Method Not Allowed" : status == 413 ? "Payload Too Large"
+                       : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
+                       : status == 413 ? "Payload Too Large"
+                       : status == 422 ? "Unprocessable Entity"
                        : status == 503 ? "Service Unavailable" : status >= 500 ? "Server Error" : "Error";
     char head[1536];
     int n = snprintf(head, sizeof head,
@@ -47,8 +98,8 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
         n += snprintf(head + n, sizeof head - (size_t)n, "X-Spillway-Attempts: %d\r\n", q->attempts);
     if (n > 0 && (size_t)n < sizeof head)
         n += snprintf(head + n, sizeof head - (size_t)n, "%s\r\n", extra ? extra : "");
-    if (n > 0 && (size_t)n < sizeof head && rn_write_all(q->fd, head, (size_t)n) == 0 && len)
-        rn_write_all(q->fd, body, len);
+    if (n > 0 && (size_t)n < sizeof head && rt__sink_write(q, head, (size_t)n) == 0 && len)
+        rt__sink_write(q, body, len);
 }
 
 json_t *rt__error_obj(int status, const char *code, const char *msg, const char *param)
@@ -61,6 +112,7 @@ json_t *rt__error_obj(int status, const char *code, const char *msg, const char 
 void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
                        const char *param, const char *extra)
 {
+    q->error_code = code; /* static strings only */
     json_t *e = rt__error_obj(status, code, msg, param);
     char *s = json_dumps(e, JSON_COMPACT);
     json_decref(e);
@@ -92,6 +144,14 @@ static void handle_health(rt_req *q)
     }
     pthread_mutex_unlock(&rt__g.mu);
     json_t *h = json_pack("{s:s, s:o}", "status", ready ? "ready" : "unavailable", "workers", ws);
+    json_t *sab = json_array();
+    const rt_sabotage *sb = &rt__g.sabotage;
+    if (sb->no_replay) json_array_append_new(sab, json_string("no-replay"));
+    if (sb->no_resume) json_array_append_new(sab, json_string("no-resume"));
+    if (sb->no_tool_ledger) json_array_append_new(sab, json_string("no-tool-ledger"));
+    if (sb->no_restart) json_array_append_new(sab, json_string("no-restart"));
+    if (sb->no_deadline) json_array_append_new(sab, json_string("no-deadline"));
+    json_object_set_new(h, "sabotage", sab);
     char *s = json_dumps(h, JSON_COMPACT);
     json_decref(h);
     if (s)
@@ -318,6 +378,15 @@ static void serve_conn(int fd)
             snprintf(rid, sizeof rid, "%s", val);
         else if (nl == 22 && !strncasecmp(line, "X-Spillway-Deadline-Ms", 22))
             q.deadline_ms = strtoll(val, NULL, 10);
+        else if (nl == 15 && !strncasecmp(line, "Idempotency-Key", 15)) {
+            bool ok = vl >= 1 && vl <= 255;
+            for (size_t i = 0; ok && i < vl; i++)
+                ok = v[i] >= 0x20 && v[i] <= 0x7e;
+            if (ok)
+                snprintf(q.idem_key, sizeof q.idem_key, "%.*s", (int)vl, v);
+            else
+                q.idem_key_bad = true;
+        }
     }
     if (plain_token(rid)) { /* under 64 characters: fits request_id */
         snprintf(q.request_id, sizeof q.request_id, "%.63s", rid);
@@ -371,7 +440,9 @@ static void serve_conn(int fd)
         if (!post)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
         else
-            rt__handle_generate(&q, !strcmp(q.path, "/v1/chat/completions"));
+            rt__with_idempotency(&q, rt__dispatch_generate, !strcmp(q.path, "/v1/chat/completions"));
+    } else if (!strcmp(q.path, "/v1/spillway/jobs") || !strncmp(q.path, "/v1/spillway/jobs/", 18)) {
+        rt__handle_jobs(&q);
     } else if (!strcmp(q.path, "/health") || !strcmp(q.path, "/v1/spillway/events") ||
                !strcmp(q.path, "/metrics") || !strcmp(q.path, "/v1/models")) {
         if (!get)

@@ -170,8 +170,8 @@ static int client_chunk(relay *r, const char *data, size_t len)
 {
     char hex[32];
     int n = snprintf(hex, sizeof hex, "%zx\r\n", len);
-    if (rn_write_all(r->q->fd, hex, (size_t)n) || rn_write_all(r->q->fd, data, len) ||
-        rn_write_all(r->q->fd, "\r\n", 2))
+    if (rt__sink_write(r->q, hex, (size_t)n) || rt__sink_write(r->q, data, len) ||
+        rt__sink_write(r->q, "\r\n", 2))
         return -1;
     return 0;
 }
@@ -186,10 +186,16 @@ static int client_event(relay *r, const char *payload)
                          "Connection: close\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
                          "X-Spillway-Attempts: %d\r\n\r\n",
                          r->q->request_id, r->q->worker, r->q->attempts);
-        if (rn_write_all(r->q->fd, head, (size_t)n))
+        if (rt__sink_write(r->q, head, (size_t)n))
             return -1;
         r->headers_sent = true;
         r->status = 200;
+        if (r->q->cap.on) {
+            r->q->cap.status = 200;
+            r->q->cap.stream = true;
+            r->q->cap.len = 0;
+            snprintf(r->q->cap.content_type, sizeof r->q->cap.content_type, "text/event-stream");
+        }
     }
     size_t len = strlen(payload);
     char *ev = sw_malloc(len + 9);
@@ -198,6 +204,8 @@ static int client_event(relay *r, const char *payload)
     memcpy(ev, "data: ", 6);
     memcpy(ev + 6, payload, len);
     memcpy(ev + 6 + len, "\n\n", 2);
+    if (r->q->cap.on)
+        rt__capture_append(&r->q->cap, ev, len + 8);
     int rc = client_chunk(r, ev, len + 8);
     sw_free(ev);
     return rc;
@@ -510,23 +518,27 @@ void rt__handle_generate(rt_req *q, bool chat)
         json_object_set_new(body, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
     long prompt = count_prompt(body, chat);
-    bool tried[RT_MAX_WORKERS] = {false};
+    bool *tried = q->tried; /* kept across an agent run's steps */
+    bool stop_now = false;  /* a worker failed and no replay is wanted */
+    long long adm_deadline = rt__g.sabotage.no_deadline ? -1 : q->deadline_ms;
     fail_kind last = FAIL_NONE;
     const char *decision = "none";
     char first_worker[64] = "";
     for (;;) {
-        int skipped;
-        double pred;
+        int skipped = 0;
+        double pred = -1;
         long remaining = max_tokens < 0 ? -1 : max_tokens - (long)r.n_tokens;
-        int wi = pick_worker(tried, prompt + (long)r.n_tokens, remaining,
-                             q->attempts == 0 ? q->deadline_ms : -1, &skipped, &pred);
-        if (wi < 0 && q->attempts < rt__g.cfg->max_attempts && (skipped & (SKIP_DOWN | SKIP_MEM)) &&
+        int wi = stop_now ? -1
+                          : pick_worker(tried, prompt + (long)r.n_tokens, remaining,
+                                        q->attempts == 0 ? adm_deadline : -1, &skipped, &pred);
+        if (!stop_now && wi < 0 && q->attempts < rt__g.cfg->max_attempts &&
+            (skipped & (SKIP_DOWN | SKIP_MEM)) &&
             !(skipped & SKIP_DEADLINE) && !r.client_gone) {
             /* Wait in the bounded queue while a worker starts or frees
              * memory, as long as the deadline and the queue time-out allow. */
             double limit = rt__g.cfg->queue_timeout_ms / 1000.0;
-            if (q->deadline_ms >= 0 && q->deadline_ms / 1000.0 < limit)
-                limit = q->deadline_ms / 1000.0;
+            if (adm_deadline >= 0 && adm_deadline / 1000.0 < limit)
+                limit = adm_deadline / 1000.0;
             pthread_mutex_lock(&rt__g.mu);
             bool room = rt__g.queued < rt__g.cfg->queue_size;
             if (room)
@@ -543,7 +555,7 @@ void rt__handle_generate(rt_req *q, bool chat)
                     break;
                 }
                 wi = pick_worker(tried, prompt + (long)r.n_tokens, remaining,
-                                 q->attempts == 0 ? q->deadline_ms : -1, &skipped, &pred);
+                                 q->attempts == 0 ? adm_deadline : -1, &skipped, &pred);
             }
             if (room) {
                 pthread_mutex_lock(&rt__g.mu);
@@ -555,7 +567,7 @@ void rt__handle_generate(rt_req *q, bool chat)
                 break;
             }
         }
-        if (wi < 0 || q->attempts >= rt__g.cfg->max_attempts) {
+        if (stop_now || wi < 0 || q->attempts >= rt__g.cfg->max_attempts) {
             if (r.headers_sent) {
                 json_t *e = rt__error_obj(500, "worker_failed",
                                       "the request failed on every eligible worker", NULL);
@@ -566,13 +578,13 @@ void rt__handle_generate(rt_req *q, bool chat)
                 free(s);
                 client_event(&r, "[DONE]");
                 client_chunk(&r, "", 0);
-            } else if (q->attempts == 0 && (skipped & SKIP_DEADLINE)) {
+            } else if (!stop_now && q->attempts == 0 && (skipped & SKIP_DEADLINE)) {
                 char msg[256];
                 snprintf(msg, sizeof msg,
                          "no worker can finish within the deadline of %lld ms (best prediction %.0f ms)",
                          q->deadline_ms, pred);
                 rt__send_error(q, 503, "capacity_exceeded", msg, NULL, "Retry-After: 1\r\n");
-            } else if (q->attempts == 0 && skipped == SKIP_CTX) {
+            } else if (!stop_now && q->attempts == 0 && skipped == SKIP_CTX) {
                 rt__send_error(q, 400, "context_length_exceeded",
                            "the prompt is longer than every worker's context limit", "messages",
                            NULL);
@@ -603,6 +615,13 @@ void rt__handle_generate(rt_req *q, bool chat)
             replay_start = rt__wall_s();
         /* The body of this attempt: resume after the tokens sent. */
         json_t *b = json_deep_copy(body);
+        if (r.stream && r.n_tokens > 0 && rt__g.sabotage.no_resume) {
+            /* SABOTAGE no-resume: start over; the client sees the sent
+             * tokens twice */
+            r.n_tokens = 0;
+            r.draws = -1;
+            r.role_sent = false;
+        }
         if (r.stream && r.n_tokens > 0) {
             json_t *toks = json_array();
             for (size_t i = 0; i < r.n_tokens; i++)
@@ -622,8 +641,17 @@ void rt__handle_generate(rt_req *q, bool chat)
             break;
         }
         r.resume_base = r.stream ? r.n_tokens : 0;
+        double t_attempt = rt__wall_s();
         last = attempt(&r, w, bs, strlen(bs));
         free(bs);
+        if (rt__g.ledger) {
+            static const char *const outcome[] = {"ok", "oom", "worker_crash", "busy", "cancelled"};
+            const char *oc = last == FAIL_NONE && r.status != 200 ? "client_error" : outcome[last];
+            sw_error lerr;
+            if (ldg_attempt_add(rt__g.ledger, q->request_id, q->attempts, w->cfg.name, oc,
+                                last == FAIL_NONE ? NULL : r.phase, t_attempt, rt__wall_s(), &lerr))
+                SW_WARN("router", "request %s: %s", q->request_id, lerr.message);
+        }
         if (last == FAIL_NONE || last == FAIL_CLIENT_GONE)
             break;
         if (last == FAIL_BUSY)
@@ -652,7 +680,16 @@ void rt__handle_generate(rt_req *q, bool chat)
                                     "time", rt__wall_s());
             decision = r.stream && r.n_tokens > 0 ? "resume" : "replay";
         }
+        if (q->single_pass || rt__g.sabotage.no_replay) {
+            /* the caller decides (an agent run replays the whole run), or
+             * SABOTAGE no-replay: the failure goes to the client */
+            q->worker_failed = true;
+            stop_now = true;
+            if (!q->single_pass)
+                decision = "none (SPILLWAY_SABOTAGE=no-replay)";
+        }
     }
+    q->completed = r.finished;
     if (first_error) {
         const char *reason =
             !strcmp(decision, "resume")
@@ -688,3 +725,87 @@ void rt__handle_generate(rt_req *q, bool chat)
     json_decref(body);
 }
 
+
+void rt__dispatch_generate(rt_req *q, bool chat)
+{
+    /* Only a body that mentions the field is parsed here; the usual one
+     * goes straight to the relay (which parses it once). */
+    if (q->body && memmem(q->body, q->body_len, "\"tool_execution\"", 16) &&
+        json_depth(q->body, q->body_len) <= RT_MAX_JSON_DEPTH) {
+        json_t *body = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, NULL);
+        json_t *te = json_object_get(body, "tool_execution");
+        if (json_is_object(body) && te) {
+            const char *v = json_string_value(te);
+            if (!v || (strcmp(v, "server") && strcmp(v, "client"))) {
+                rt__send_error(q, 400, "invalid_request",
+                               "tool_execution must be \"server\" or \"client\"", "tool_execution",
+                               NULL);
+            } else if (!strcmp(v, "server")) {
+                if (!chat)
+                    rt__send_error(q, 400, "invalid_request",
+                                   "tool_execution \"server\" needs /v1/chat/completions",
+                                   "tool_execution", NULL);
+                else
+                    rt__handle_agent(q, body);
+            } else {
+                /* "client": the ordinary OpenAI flow; the worker does not
+                 * know the field */
+                json_object_del(body, "tool_execution");
+                char *s = json_dumps(body, JSON_COMPACT);
+                if (s) {
+                    size_t n = strlen(s);
+                    char *nb = sw_malloc(n + 1);
+                    if (nb) {
+                        memcpy(nb, s, n + 1);
+                        sw_free(q->body);
+                        q->body = nb;
+                        q->body_len = n;
+                    }
+                    free(s);
+                }
+                json_decref(body);
+                rt__handle_generate(q, chat);
+                return;
+            }
+            json_decref(body);
+            return;
+        }
+        json_decref(body);
+    }
+    rt__handle_generate(q, chat);
+}
+
+void rt__generate_capture(const char *request_id, bool chat, const char *body, size_t len,
+                          long long deadline_ms, rt_capture *out, int *attempts)
+{
+    rt_req q;
+    memset(&q, 0, sizeof q);
+    q.fd = -1;
+    q.deadline_ms = deadline_ms;
+    snprintf(q.method, sizeof q.method, "POST");
+    snprintf(q.path, sizeof q.path, "%s", chat ? "/v1/chat/completions" : "/v1/completions");
+    snprintf(q.request_id, sizeof q.request_id, "%s", request_id);
+    q.cap.on = true;
+    q.body = sw_malloc(len + 1);
+    if (q.body) {
+        memcpy(q.body, body, len);
+        q.body[len] = 0;
+        q.body_len = len;
+        rt__dispatch_generate(&q, chat);
+    }
+    sw_free(q.body);
+    if (!q.cap.status && !q.cap.overflow) {
+        /* nothing was answered (out of memory): a server error */
+        json_t *e = rt__error_obj(500, "internal_error", "the request produced no response", NULL);
+        char *s = json_dumps(e, JSON_COMPACT);
+        json_decref(e);
+        q.cap.status = 500;
+        snprintf(q.cap.content_type, sizeof q.cap.content_type, "application/json");
+        if (s)
+            rt__capture_append(&q.cap, s, strlen(s));
+        free(s);
+    }
+    *out = q.cap;
+    if (attempts)
+        *attempts = q.attempts;
+}

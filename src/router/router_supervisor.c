@@ -201,6 +201,8 @@ void rt__sup_pass(bool force_health)
             }
         }
         bool spawn = w->cfg.managed && w->pid == 0 && !rt__g.stop && t >= w->next_start;
+        if (spawn && rt__g.sabotage.no_restart && w->restarts > 0)
+            spawn = false; /* SABOTAGE no-restart: a failed worker stays down */
         bool due = w->pid > 0 || !w->cfg.managed;
         due = due && (force_health || w->state != WS_READY ||
                       t - w->last_health >= rt__g.cfg->health_interval_ms / 1000.0);

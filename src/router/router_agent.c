@@ -1,0 +1,463 @@
+/* router_agent.c - agent runs: a chat request with "tool_execution":
+ * "server" is run as a loop in the router (docs/router.md, Tools):
+ * generate on the workers with the configured tools offered → for each
+ * tool call: ledger "started" (committed) → POST to the tool with
+ * Idempotency-Key <request id>/<step> → ledger "done" with the result
+ * (committed) → append the call and its result to the conversation →
+ * generate again, until a reply without tool calls or max-tool-steps.
+ *
+ * Failover: each generation runs single-pass; when its worker fails the
+ * whole run is replayed on the next eligible worker, and every step the
+ * ledger already holds for this request id is reused instead of calling
+ * the tool again ("reused": true). A step started but never finished (a
+ * router crash, a tool that timed out or dropped the connection) has an
+ * unknown outcome: an idempotent tool is called again with the same
+ * Idempotency-Key; any other ends the run with unsafe_to_retry. A job's
+ * request id is its job id, so a job cut by a router crash resumes its
+ * steps the same way after the restart.
+ */
+#include "router/router-impl.h"
+#include "router/router_net.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Tool answers longer than this are cut (they go back into the prompt). */
+#define RT_MAX_TOOL_RESULT ((size_t)256 << 10)
+/* Calls of an idempotent tool whose outcome stays unknown, per step. */
+#define RT_TOOL_TRIES 3
+
+static const rt_tool_config *find_tool(const char *name, const bool *allowed)
+{
+    for (int i = 0; name && i < rt__g.cfg->n_tools; i++)
+        if (allowed[i] && !strcmp(rt__g.cfg->tools[i].name, name))
+            return &rt__g.cfg->tools[i];
+    return NULL;
+}
+
+/* One POST to the tool. Returns 1 when the outcome is known (*result set:
+ * the body of a 2xx, or an error text), 0 when unknown (time-out, dropped
+ * connection: the tool may or may not have acted). *result: sw_free. */
+static int call_tool(const rt_tool_config *t, const char *request_id, int step, const char *args,
+                     char **result)
+{
+    char address[600], path[512];
+    *result = NULL;
+    if (!strncmp(t->url, "unix:", 5)) {
+        snprintf(address, sizeof address, "%s", t->url);
+        snprintf(path, sizeof path, "/");
+    } else {
+        const char *slash = strchr(t->url + 7, '/');
+        size_t alen = slash ? (size_t)(slash - t->url) : strlen(t->url);
+        snprintf(address, sizeof address, "%.*s", (int)alen, t->url);
+        snprintf(path, sizeof path, "%s", slash ? slash : "/");
+    }
+    char hdr[400];
+    snprintf(hdr, sizeof hdr, "Idempotency-Key: %s/%d\r\nX-Request-Id: %s\r\n", request_id, step,
+             request_id);
+    rn_conn c;
+    int rc = rn_request(&c, address, "POST", path, hdr, args, strlen(args), -1, t->timeout_ms);
+    pthread_mutex_lock(&rt__g.mu);
+    rt__g.tool_calls++;
+    pthread_mutex_unlock(&rt__g.mu);
+    char msg[160];
+    if (rc == -1) {
+        /* never connected: the tool did not receive the call */
+        snprintf(msg, sizeof msg, "error: the tool %s could not be reached", t->name);
+        *result = sw_strdup(msg);
+        rn_close(&c);
+        return 1;
+    }
+    if (rc != 0) {
+        rn_close(&c);
+        return 0;
+    }
+    char *body = NULL;
+    size_t len = 0;
+    int br = rn_body_all(&c, &body, &len, RT_MAX_TOOL_RESULT);
+    int status = c.status;
+    rn_close(&c);
+    if (br != 0) {
+        sw_free(body);
+        return 0;
+    }
+    if (status >= 200 && status < 300) {
+        *result = body ? body : sw_strdup("");
+        return 1;
+    }
+    snprintf(msg, sizeof msg, "error: the tool %s answered HTTP %d: ", t->name, status);
+    size_t ml = strlen(msg), show = len > 200 ? 200 : len;
+    *result = sw_malloc(ml + show + 1);
+    if (*result) {
+        memcpy(*result, msg, ml);
+        if (show)
+            memcpy(*result + ml, body, show);
+        (*result)[ml + show] = 0;
+    }
+    sw_free(body);
+    return 1;
+}
+
+static void ledger_fail(rt_req *q, const sw_error *err)
+{
+    SW_ERROR("router", "request %s: %s", q->request_id, err->message);
+    rt__send_error(q, 503, "ledger_unavailable", "the tool ledger could not be written", NULL,
+                   "Retry-After: 1\r\n");
+}
+
+/* The outcome of one step: 0 to go on (*result set, *reused), -1 when the
+ * run ended (the response was sent). */
+static int run_step(rt_req *q, int step, const bool *allowed, char *tool_name, size_t tool_cap,
+                    char **args, char *call_id, size_t call_cap, char **result, bool *reused)
+{
+    sw_error err;
+    sw_error_clear(&err);
+    *result = NULL;
+    *reused = false;
+    if (!rt__g.sabotage.no_tool_ledger) {
+        ldg_tool_step rec;
+        bool found = false;
+        if (ldg_tool_get(rt__g.ledger, q->request_id, step, &rec, &found, &err)) {
+            ledger_fail(q, &err);
+            return -1;
+        }
+        if (found) {
+            /* the recorded call wins over what was generated this time */
+            snprintf(tool_name, tool_cap, "%s", rec.tool);
+            snprintf(call_id, call_cap, "%s", rec.call_id);
+            sw_free(*args);
+            *args = rec.arguments;
+            rec.arguments = NULL;
+            if (rec.state == LDG_TOOL_DONE) {
+                *result = rec.result;
+                rec.result = NULL;
+                *reused = true;
+                ldg_tool_step_free(&rec);
+                pthread_mutex_lock(&rt__g.mu);
+                rt__g.tool_reused++;
+                pthread_mutex_unlock(&rt__g.mu);
+                SW_INFO("router", "request %s: tool step %d (%s) reused from the ledger",
+                        q->request_id, step, tool_name);
+                return 0;
+            }
+            ldg_tool_step_free(&rec);
+            const rt_tool_config *t = find_tool(tool_name, allowed);
+            if (!t || !t->idempotent) {
+                char msg[300];
+                snprintf(msg, sizeof msg,
+                         "tool step %d (%s) was started but its outcome is unknown, and the tool "
+                         "is not idempotent: the run is not retried",
+                         step, tool_name);
+                SW_WARN("router", "request %s: %s", q->request_id, msg);
+                rt__send_error(q, 502, "unsafe_to_retry", msg, NULL, NULL);
+                return -1;
+            }
+            SW_INFO("router", "request %s: tool step %d (%s) has an unknown outcome; the tool is "
+                    "idempotent: called again with the same Idempotency-Key",
+                    q->request_id, step, tool_name);
+        }
+    }
+    const rt_tool_config *t = find_tool(tool_name, allowed);
+    json_t *aj = json_loads(*args ? *args : "", 0, NULL);
+    bool args_ok = json_is_object(aj);
+    json_decref(aj);
+    char msg[200];
+    if (!t || !args_ok) {
+        /* nothing to call: the error goes back to the model as the result */
+        if (!t)
+            snprintf(msg, sizeof msg, "error: %s is not an available tool", tool_name);
+        else
+            snprintf(msg, sizeof msg, "error: the arguments are not a JSON object");
+        *result = sw_strdup(msg);
+        if (!*result ||
+            ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id,
+                             *args ? *args : "", rt__wall_s(), &err) ||
+            ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
+            ledger_fail(q, &err);
+            return -1;
+        }
+        return 0;
+    }
+    /* committed before the call (a re-call counts in the step's calls) */
+    if (ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id, *args,
+                         rt__wall_s(), &err)) {
+        ledger_fail(q, &err);
+        return -1;
+    }
+    if (rt__g.fault_exit_after_tool_started) {
+        SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_started: exiting (status 70)");
+        _exit(70);
+    }
+    int known = 0;
+    for (int i = 0; i < RT_TOOL_TRIES && !known; i++) {
+        if (i > 0 && !t->idempotent)
+            break;
+        if (i > 0)
+            SW_INFO("router", "request %s: tool %s gave no answer; idempotent: calling again",
+                    q->request_id, t->name);
+        known = call_tool(t, q->request_id, step, *args, result);
+    }
+    if (rt__g.fault_exit_after_tool_called) {
+        SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_called: exiting (status 70)");
+        _exit(70);
+    }
+    if (!known && !t->idempotent) {
+        char emsg[300];
+        snprintf(emsg, sizeof emsg,
+                 "tool step %d (%s): no answer within %d ms (time-out or dropped connection); the "
+                 "tool is not idempotent, so it is not called again",
+                 step, t->name, t->timeout_ms);
+        SW_WARN("router", "request %s: %s", q->request_id, emsg);
+        rt__send_error(q, 502, "unsafe_to_retry", emsg, NULL, NULL);
+        return -1;
+    }
+    if (!known) {
+        snprintf(msg, sizeof msg, "error: the tool %s did not answer", t->name);
+        *result = sw_strdup(msg);
+    }
+    if (!*result || ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
+        ledger_fail(q, &err);
+        return -1;
+    }
+    return 0;
+}
+
+/* The generation's error response, passed on as the run's answer. */
+static void forward(rt_req *q, const rt_capture *c)
+{
+    if (c->status > 0 && c->body)
+        rt__send_response(q, c->status, c->content_type[0] ? c->content_type : "application/json",
+                          c->status == 503 ? "Retry-After: 1\r\n" : NULL, c->body, c->len);
+    else
+        rt__send_error(q, 500, "internal_error", "the generation produced no response", NULL, NULL);
+}
+
+void rt__handle_agent(rt_req *q, json_t *body)
+{
+    const rt_config *cfg = rt__g.cfg;
+    json_t *tools = NULL, *base = NULL, *msgs = NULL, *steps = NULL, *final = NULL;
+    bool allowed[RT_MAX_TOOLS] = {false};
+    if (json_is_true(json_object_get(body, "stream"))) {
+        rt__send_error(q, 400, "invalid_request",
+                       "tool_execution \"server\" does not stream: send \"stream\": false",
+                       "stream", NULL);
+        return;
+    }
+    if (cfg->n_tools == 0) {
+        rt__send_error(q, 400, "invalid_request",
+                       "no server-side tools are configured ([tool NAME] sections)",
+                       "tool_execution", NULL);
+        return;
+    }
+    json_t *messages = json_object_get(body, "messages");
+    if (!json_is_array(messages) || json_array_size(messages) == 0) {
+        rt__send_error(q, 400, "invalid_request", "messages must be a non-empty array",
+                       "messages", NULL);
+        return;
+    }
+    json_t *req_tools = json_object_get(body, "tools");
+    if (!req_tools) {
+        for (int i = 0; i < cfg->n_tools; i++)
+            allowed[i] = true;
+    } else if (!json_is_array(req_tools) || json_array_size(req_tools) == 0) {
+        rt__send_error(q, 400, "invalid_request", "tools must be a non-empty array", "tools", NULL);
+        return;
+    } else {
+        for (size_t k = 0; k < json_array_size(req_tools); k++) {
+            json_t *e = json_array_get(req_tools, k);
+            const char *type = json_string_value(json_object_get(e, "type"));
+            const char *name =
+                json_string_value(json_object_get(json_object_get(e, "function"), "name"));
+            int found = -1;
+            for (int i = 0; name && i < cfg->n_tools; i++)
+                if (!strcmp(cfg->tools[i].name, name))
+                    found = i;
+            if (!type || strcmp(type, "function") || found < 0) {
+                char msg[200];
+                snprintf(msg, sizeof msg,
+                         "tools[%zu]: %s is not a configured server-side tool", k,
+                         name ? name : "(no function name)");
+                rt__send_error(q, 400, "invalid_request", msg, "tools", NULL);
+                return;
+            }
+            allowed[found] = true;
+        }
+    }
+    json_t *choice = json_object_get(body, "tool_choice");
+    if (choice) {
+        const char *cs = json_string_value(choice);
+        const char *fname = json_string_value(
+            json_object_get(json_object_get(choice, "function"), "name"));
+        bool ok = cs ? (!strcmp(cs, "auto") || !strcmp(cs, "none") || !strcmp(cs, "required"))
+                     : (json_is_object(choice) && fname && find_tool(fname, allowed));
+        if (!ok) {
+            rt__send_error(q, 400, "invalid_request",
+                           "tool_choice must be auto, none, required or a configured function",
+                           "tool_choice", NULL);
+            return;
+        }
+    }
+    /* the tools as the worker sees them: the configured schemas win */
+    tools = json_array();
+    for (int i = 0; i < cfg->n_tools; i++) {
+        if (!allowed[i])
+            continue;
+        json_t *params = json_loads(cfg->tools[i].parameters, 0, NULL);
+        json_array_append_new(
+            tools, json_pack("{s:s, s:{s:s, s:s, s:o}}", "type", "function", "function", "name",
+                             cfg->tools[i].name, "description", cfg->tools[i].description,
+                             "parameters", params ? params : json_object()));
+    }
+    base = json_deep_copy(body);
+    json_object_del(base, "tool_execution");
+    json_object_del(base, "stream");
+    json_object_del(base, "stream_options");
+    if (!json_object_get(base, "seed")) {
+        /* one seed for the whole run (and its replays) */
+        pthread_mutex_lock(&rt__g.mu);
+        uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (++rt__g.seq * 0x9E3779B97F4A7C15ull);
+        pthread_mutex_unlock(&rt__g.mu);
+        json_object_set_new(base, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
+    }
+    json_object_set(base, "tools", tools);
+
+run:
+    json_decref(msgs);
+    json_decref(steps);
+    msgs = json_deep_copy(messages);
+    steps = json_array();
+    int n_steps = 0;
+    for (int gen = 0;; gen++) {
+        json_t *b = json_deep_copy(base);
+        json_object_set(b, "messages", msgs);
+        if (n_steps >= cfg->max_tool_steps)
+            json_object_set_new(b, "tool_choice", json_string("none"));
+        else if (gen == 0 && choice)
+            json_object_set(b, "tool_choice", choice);
+        else
+            json_object_set_new(b, "tool_choice", json_string("auto"));
+        char *bs = json_dumps(b, JSON_COMPACT);
+        json_decref(b);
+        if (!bs) {
+            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+            goto out;
+        }
+        rt_req iq;
+        memset(&iq, 0, sizeof iq);
+        iq.fd = -1;
+        iq.cap.on = true;
+        iq.single_pass = true;
+        iq.deadline_ms = q->deadline_ms;
+        snprintf(iq.method, sizeof iq.method, "POST");
+        snprintf(iq.path, sizeof iq.path, "/v1/chat/completions");
+        snprintf(iq.request_id, sizeof iq.request_id, "%s", q->request_id);
+        memcpy(iq.tried, q->tried, sizeof iq.tried);
+        iq.body = bs;
+        iq.body_len = strlen(bs);
+        rt__handle_generate(&iq, true);
+        free(bs);
+        memcpy(q->tried, iq.tried, sizeof q->tried);
+        q->attempts += iq.attempts;
+        if (iq.worker[0])
+            snprintf(q->worker, sizeof q->worker, "%s", iq.worker);
+        if (iq.worker_failed && !rt__g.sabotage.no_replay && q->attempts < cfg->max_attempts) {
+            rt__capture_free(&iq.cap);
+            SW_WARN("router", "agent run %s: the worker failed in generation %d; the run is "
+                    "replayed (recorded tool steps are reused, not called again)",
+                    q->request_id, gen + 1);
+            goto run;
+        }
+        if (iq.cap.status != 200) {
+            forward(q, &iq.cap);
+            rt__capture_free(&iq.cap);
+            goto out;
+        }
+        json_t *resp = json_loadb(iq.cap.body, iq.cap.len, 0, NULL);
+        rt__capture_free(&iq.cap);
+        json_t *msg = json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "message");
+        json_t *tcs = json_object_get(msg, "tool_calls");
+        if (!resp || !msg) {
+            json_decref(resp);
+            rt__send_error(q, 502, "worker_failed", "the worker's answer was not a chat completion",
+                           NULL, NULL);
+            goto out;
+        }
+        if (!json_is_array(tcs) || json_array_size(tcs) == 0 || n_steps >= cfg->max_tool_steps) {
+            final = resp;
+            break;
+        }
+        json_t *calls = json_array();
+        json_t *tool_msgs = json_array();
+        for (size_t k = 0; k < json_array_size(tcs) && n_steps < cfg->max_tool_steps; k++) {
+            json_t *tc = json_array_get(tcs, k);
+            json_t *fn = json_object_get(tc, "function");
+            char tool_name[64], call_id[64];
+            snprintf(tool_name, sizeof tool_name, "%s",
+                     json_string_value(json_object_get(fn, "name")) ?: "");
+            int step = ++n_steps;
+            if (json_is_string(json_object_get(tc, "id")))
+                snprintf(call_id, sizeof call_id, "%s", json_string_value(json_object_get(tc, "id")));
+            else
+                snprintf(call_id, sizeof call_id, "call_%d", step);
+            const char *a = json_string_value(json_object_get(fn, "arguments"));
+            char *args = sw_strdup(a ? a : "");
+            char *result = NULL;
+            bool reused = false;
+            if (!args || run_step(q, step, allowed, tool_name, sizeof tool_name, &args, call_id,
+                                  sizeof call_id, &result, &reused)) {
+                if (!args)
+                    rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+                sw_free(args);
+                sw_free(result);
+                json_decref(calls);
+                json_decref(tool_msgs);
+                json_decref(resp);
+                goto out;
+            }
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", call_id,
+                                                   "type", "function", "function", "name",
+                                                   tool_name, "arguments", args));
+            json_array_append_new(tool_msgs, json_pack("{s:s, s:s, s:s}", "role", "tool",
+                                                       "tool_call_id", call_id, "content", result));
+            json_array_append_new(steps, json_pack("{s:i, s:s, s:s, s:s, s:b}", "step", step,
+                                                   "tool", tool_name, "arguments", args, "result",
+                                                   result, "reused", reused));
+            sw_free(args);
+            sw_free(result);
+        }
+        json_array_append_new(msgs, json_pack("{s:s, s:n, s:o}", "role", "assistant", "content",
+                                              "tool_calls", calls));
+        json_array_extend(msgs, tool_msgs);
+        json_decref(tool_msgs);
+        json_decref(resp);
+    }
+    {
+        json_t *sp = json_object_get(final, "spillway");
+        if (!json_is_object(sp)) {
+            sp = json_object();
+            json_object_set_new(final, "spillway", sp);
+        }
+        json_object_set(sp, "tool_steps", steps);
+        char *s = json_dumps(final, JSON_COMPACT);
+        if (s) {
+            rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
+            free(s);
+        } else {
+            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+        }
+        q->completed = true;
+        SW_INFO("router", "agent run %s: %d tool step(s), %d attempt(s)", q->request_id, n_steps,
+                q->attempts);
+    }
+out:
+    json_decref(final);
+    json_decref(steps);
+    json_decref(msgs);
+    json_decref(base);
+    json_decref(tools);
+}

@@ -1,0 +1,130 @@
+/* router_idem.c - the Idempotency-Key header (docs/router.md,
+ * Idempotency): a client retry with the same key and the same body gets
+ * the stored response (a stream as a stream) without a new generation;
+ * the same key with another body is refused (422), and while the first
+ * request still runs, the retry is told so (409).
+ *
+ * The key is recorded as running in the ledger before the request runs,
+ * and the response is stored once it is complete. What is not worth
+ * replaying (a 5xx other than unsafe_to_retry, a stream cut short, a
+ * client that left) is forgotten, so a retry runs the request again.
+ */
+#include "router/router-impl.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The stored response, as it was, plus X-Spillway-Idempotent-Replay. */
+static void send_stored(rt_req *q, const ldg_stored *s)
+{
+    snprintf(q->request_id, sizeof q->request_id, "%s", s->request_id);
+    q->worker[0] = 0;
+    q->attempts = 0;
+    if (!s->stream) {
+        rt__send_response(q, s->status, s->content_type[0] ? s->content_type : "application/json",
+                          "X-Spillway-Idempotent-Replay: true\r\n", s->body, s->body_len);
+        return;
+    }
+    char head[512];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                     "Connection: close\r\nX-Request-Id: %s\r\n"
+                     "X-Spillway-Idempotent-Replay: true\r\n\r\n",
+                     q->request_id);
+    if (rt__sink_write(q, head, (size_t)n))
+        return;
+    /* one chunk per event, as the original stream was sent */
+    const char *p = s->body, *end = s->body + s->body_len;
+    while (p < end) {
+        const char *sep = strstr(p, "\n\n");
+        size_t len = sep ? (size_t)(sep - p) + 2 : (size_t)(end - p);
+        char hex[32];
+        int hn = snprintf(hex, sizeof hex, "%zx\r\n", len);
+        if (rt__sink_write(q, hex, (size_t)hn) || rt__sink_write(q, p, len) ||
+            rt__sink_write(q, "\r\n", 2))
+            return;
+        p += len;
+    }
+    rt__sink_write(q, "0\r\n\r\n", 5);
+}
+
+void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat)
+{
+    if (q->idem_key_bad) {
+        rt__send_error(q, 400, "invalid_request",
+                       "Idempotency-Key must have 1 to 255 printable ASCII characters",
+                       "Idempotency-Key", NULL);
+        return;
+    }
+    if (!q->idem_key[0] || !rt__g.ledger) {
+        handler(q, chat);
+        return;
+    }
+    static double last_expire;
+    double now = rt__wall_s();
+    pthread_mutex_lock(&rt__g.mu);
+    bool expire = now - last_expire > 60;
+    if (expire)
+        last_expire = now;
+    pthread_mutex_unlock(&rt__g.mu);
+    sw_error err;
+    sw_error_clear(&err);
+    if (expire)
+        ldg_idem_expire(rt__g.ledger, now, NULL, NULL);
+    char sha[65], rid[80];
+    ldg_sha256_hex(q->body ? q->body : "", q->body_len, sha);
+    ldg_idem_state st;
+    ldg_stored stored;
+    if (ldg_idem_begin(rt__g.ledger, q->idem_key, sha, q->request_id, now,
+                       rt__g.cfg->idempotency_ttl_s, &st, rid, &stored, &err)) {
+        SW_ERROR("router", "request %s: %s", q->request_id, err.message);
+        rt__send_error(q, 503, "ledger_unavailable", "the ledger could not record the key", NULL,
+                       "Retry-After: 1\r\n");
+        return;
+    }
+    switch (st) {
+    case LDG_IDEM_REPLAY:
+        pthread_mutex_lock(&rt__g.mu);
+        rt__g.idem_replays++;
+        pthread_mutex_unlock(&rt__g.mu);
+        SW_INFO("router", "request %s: Idempotency-Key seen, stored response of %s replayed",
+                q->request_id, stored.request_id);
+        send_stored(q, &stored);
+        ldg_stored_free(&stored);
+        return;
+    case LDG_IDEM_RUNNING:
+        rt__send_error(q, 409, "idempotency_conflict",
+                       "a request with this Idempotency-Key is still running", "Idempotency-Key",
+                       "Retry-After: 1\r\n");
+        return;
+    case LDG_IDEM_MISMATCH:
+        rt__send_error(q, 422, "idempotency_key_reused",
+                       "this Idempotency-Key was used with a different body", "Idempotency-Key",
+                       NULL);
+        return;
+    case LDG_IDEM_NEW:
+        break;
+    }
+    /* the original request id when an abandoned run is taken over */
+    snprintf(q->request_id, sizeof q->request_id, "%s", rid);
+    q->cap.on = true;
+    handler(q, chat);
+    const rt_capture *c = &q->cap;
+    bool keep = c->status > 0 && !c->overflow &&
+                (c->stream ? q->completed
+                           : c->status < 500 ||
+                                 (q->error_code && !strcmp(q->error_code, "unsafe_to_retry")));
+    int rc = keep ? ldg_idem_finish(rt__g.ledger, q->idem_key, c->status, c->content_type,
+                                    c->stream, c->body, c->len, rt__wall_s(), &err)
+                  : ldg_idem_drop(rt__g.ledger, q->idem_key, &err);
+    if (rc)
+        SW_WARN("router", "request %s: Idempotency-Key not %s: %s", q->request_id,
+                keep ? "stored" : "dropped", err.message);
+    rt__capture_free(&q->cap);
+    q->cap.on = false;
+}

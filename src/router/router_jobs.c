@@ -1,0 +1,355 @@
+/* router_jobs.c - durable jobs (docs/router.md, Jobs): POST
+ * /v1/spillway/jobs stores a chat or completions request in the ledger
+ * (committed before the 202 goes out) and a pool of job-workers threads
+ * runs it through the same admission, routing and failover as a client
+ * request (rt__generate_capture); GET /v1/spillway/jobs/{id} reports it.
+ *
+ * Exactly once across restarts: the pool takes every queued or running
+ * job from the ledger at start-up (a running one was cut by a crash and
+ * runs again: a generation has no effect outside, and an agent run's tool
+ * steps are protected by the tool ledger, keyed by the job id); in one
+ * process an id is in the in-memory queue at most once, and a runner
+ * writes a job's final record once.
+ */
+#include "router/router-impl.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RT_MAX_QUEUED_JOBS 100000
+/* Tries of a job whose every attempt met no capacity (503) before it
+ * fails, when it has no deadline; with one, it is retried until then. */
+#define RT_JOB_BUSY_TRIES 5
+
+typedef struct rt_jobs {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char (*queue)[48];
+    size_t head, count, cap;
+    pthread_t threads[64];
+    int n_threads;
+    bool stop;
+} rt_jobs;
+
+static rt_jobs g_jobs;
+
+static int enqueue(const char *id)
+{
+    int rc = 0;
+    pthread_mutex_lock(&g_jobs.mu);
+    if (g_jobs.count >= RT_MAX_QUEUED_JOBS) {
+        rc = -1;
+    } else {
+        if (g_jobs.count == g_jobs.cap) {
+            size_t nc = g_jobs.cap ? g_jobs.cap * 2 : 64;
+            char(*nq)[48] = sw_malloc(nc * sizeof *nq);
+            if (!nq) {
+                rc = -1;
+                goto out;
+            }
+            for (size_t i = 0; i < g_jobs.count; i++)
+                memcpy(nq[i], g_jobs.queue[(g_jobs.head + i) % g_jobs.cap], 48);
+            sw_free(g_jobs.queue);
+            g_jobs.queue = nq;
+            g_jobs.cap = nc;
+            g_jobs.head = 0;
+        }
+        snprintf(g_jobs.queue[(g_jobs.head + g_jobs.count) % g_jobs.cap], 48, "%s", id);
+        g_jobs.count++;
+        pthread_cond_signal(&g_jobs.cv);
+    }
+out:
+    pthread_mutex_unlock(&g_jobs.mu);
+    return rc;
+}
+
+static json_t *error_json(const char *code, const char *msg)
+{
+    return json_pack("{s:s, s:s, s:s}", "message", msg, "type", "server_error", "code", code);
+}
+
+static void finish(const char *id, bool ok, const char *response, json_t *error)
+{
+    char *es = error ? json_dumps(error, JSON_COMPACT) : NULL;
+    sw_error err;
+    if (ldg_job_finish(rt__g.ledger, id, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED, ok ? response : NULL,
+                       es, rt__wall_s(), &err))
+        SW_ERROR("router", "job %s: %s", id, err.message);
+    pthread_mutex_lock(&rt__g.mu);
+    if (ok)
+        rt__g.jobs_done++;
+    else
+        rt__g.jobs_failed++;
+    pthread_mutex_unlock(&rt__g.mu);
+    SW_INFO("router", "job %s: %s", id, ok ? "succeeded" : "failed");
+    free(es);
+}
+
+static void run_job(const char *id)
+{
+    sw_error err;
+    bool claimed = false;
+    if (ldg_job_start(rt__g.ledger, id, rt__wall_s(), &claimed, &err)) {
+        SW_ERROR("router", "job %s: %s", id, err.message);
+        return;
+    }
+    if (!claimed)
+        return; /* finished already */
+    ldg_job j;
+    bool found;
+    if (ldg_job_get(rt__g.ledger, id, &j, &found, &err) || !found) {
+        SW_ERROR("router", "job %s: cannot read it back", id);
+        return;
+    }
+    bool chat = strcmp(j.endpoint, "completions") != 0;
+    SW_INFO("router", "job %s: running (start %d)", id, j.attempts);
+    for (int tries = 1;; tries++) {
+        long long deadline = -1;
+        if (j.deadline_ms >= 0) {
+            double left = j.created + (double)j.deadline_ms / 1000.0 - rt__wall_s();
+            if (left <= 0) {
+                json_t *e = error_json("deadline_exceeded", "the job's deadline passed before it completed");
+                finish(id, false, NULL, e);
+                json_decref(e);
+                break;
+            }
+            deadline = (long long)(left * 1000);
+        }
+        rt_capture c;
+        int attempts = 0;
+        rt__generate_capture(id, chat, j.request, strlen(j.request), deadline, &c, &attempts);
+        json_t *resp = c.body ? json_loadb(c.body, c.len, 0, NULL) : NULL;
+        const char *code =
+            json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
+        bool busy = c.status == 503 && code &&
+                    (!strcmp(code, "capacity_exceeded") || !strcmp(code, "worker_failed"));
+        bool more = busy && !g_jobs.stop && !rt__g.stop &&
+                    (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
+        if (c.status == 200 && resp) {
+            finish(id, true, c.body, NULL);
+        } else if (!more) {
+            json_t *e = json_incref(json_object_get(resp, "error"));
+            if (!e)
+                e = error_json("internal_error", "the job produced no readable response");
+            if (g_jobs.stop || rt__g.stop) {
+                /* shutting down: left running, taken up at the next start */
+                json_decref(e);
+                json_decref(resp);
+                rt__capture_free(&c);
+                break;
+            }
+            finish(id, false, NULL, e);
+            json_decref(e);
+        }
+        json_decref(resp);
+        rt__capture_free(&c);
+        if (!more)
+            break;
+        /* no capacity now: the safety route waits and tries again */
+        for (int i = 0; i < 10 && !g_jobs.stop && !rt__g.stop; i++)
+            usleep(100 * 1000);
+        if (g_jobs.stop || rt__g.stop)
+            break;
+    }
+    ldg_job_free(&j);
+}
+
+static void *job_thread(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        char id[48];
+        pthread_mutex_lock(&g_jobs.mu);
+        while (!g_jobs.stop && g_jobs.count == 0)
+            pthread_cond_wait(&g_jobs.cv, &g_jobs.mu);
+        if (g_jobs.stop) {
+            pthread_mutex_unlock(&g_jobs.mu);
+            return NULL;
+        }
+        memcpy(id, g_jobs.queue[g_jobs.head], 48);
+        g_jobs.head = (g_jobs.head + 1) % g_jobs.cap;
+        g_jobs.count--;
+        pthread_mutex_unlock(&g_jobs.mu);
+        run_job(id);
+    }
+}
+
+int rt__jobs_start(void)
+{
+    memset(&g_jobs, 0, sizeof g_jobs);
+    pthread_mutex_init(&g_jobs.mu, NULL);
+    pthread_cond_init(&g_jobs.cv, NULL);
+    rt__g.jobs = &g_jobs;
+    char(*ids)[48] = NULL;
+    size_t n = 0;
+    sw_error err;
+    if (ldg_job_pending(rt__g.ledger, &ids, &n, &err)) {
+        fprintf(stderr, "spillway serve: %s\n", err.message);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        enqueue(ids[i]);
+    if (n)
+        SW_INFO("router", "%zu job(s) from the ledger to complete", n);
+    sw_free(ids);
+    int want = rt__g.cfg->job_workers;
+    for (int i = 0; i < want && i < 64; i++)
+        if (pthread_create(&g_jobs.threads[g_jobs.n_threads], NULL, job_thread, NULL) == 0)
+            g_jobs.n_threads++;
+    return g_jobs.n_threads > 0 ? 0 : -1;
+}
+
+void rt__jobs_stop(void)
+{
+    if (!rt__g.jobs)
+        return;
+    pthread_mutex_lock(&g_jobs.mu);
+    g_jobs.stop = true;
+    pthread_cond_broadcast(&g_jobs.cv);
+    pthread_mutex_unlock(&g_jobs.mu);
+    for (int i = 0; i < g_jobs.n_threads; i++)
+        pthread_join(g_jobs.threads[i], NULL);
+    sw_free(g_jobs.queue);
+    g_jobs.queue = NULL;
+    pthread_cond_destroy(&g_jobs.cv);
+    pthread_mutex_destroy(&g_jobs.mu);
+    rt__g.jobs = NULL;
+}
+
+/* ---- the HTTP side ------------------------------------------------------ */
+
+static void send_json(rt_req *q, int status, json_t *j, const char *extra)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (s)
+        rt__send_response(q, status, "application/json", extra, s, strlen(s));
+    else
+        rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+    free(s);
+}
+
+static void jobs_post(rt_req *q, bool unused)
+{
+    (void)unused;
+    json_error_t je;
+    json_t *body = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &je);
+    json_t *request = json_object_get(body, "request");
+    json_t *ep = json_object_get(body, "endpoint");
+    json_t *dl = json_object_get(body, "deadline_ms");
+    const char *endpoint = ep ? json_string_value(ep) : "chat";
+    if (!json_is_object(body)) {
+        rt__send_error(q, 400, body ? "invalid_request" : "invalid_json",
+                       body ? "the body must be a JSON object" : je.text, NULL, NULL);
+    } else if (!endpoint || (strcmp(endpoint, "chat") && strcmp(endpoint, "completions"))) {
+        rt__send_error(q, 400, "invalid_request", "endpoint must be \"chat\" or \"completions\"",
+                       "endpoint", NULL);
+    } else if (!json_is_object(request)) {
+        rt__send_error(q, 400, "invalid_request", "request must be the chat or completions body",
+                       "request", NULL);
+    } else if (dl && !json_is_null(dl) && (!json_is_integer(dl) || json_integer_value(dl) < 1)) {
+        rt__send_error(q, 400, "invalid_request", "deadline_ms must be a positive integer",
+                       "deadline_ms", NULL);
+    } else if (!strcmp(endpoint, "completions") && json_object_get(request, "tool_execution")) {
+        rt__send_error(q, 400, "invalid_request", "tool_execution needs endpoint \"chat\"",
+                       "request", NULL);
+    } else {
+        /* a job's answer is one JSON document: no stream */
+        json_object_del(request, "stream");
+        json_object_del(request, "stream_options");
+        ldg_job j;
+        memset(&j, 0, sizeof j);
+        uint8_t rnd[12];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            for (size_t i = 0; i < sizeof rnd; i++)
+                rnd[i] = (uint8_t)(rand() ^ (int)(rt__wall_s() * 1e6));
+        }
+        int n = snprintf(j.id, sizeof j.id, "job_");
+        for (size_t i = 0; i < sizeof rnd; i++)
+            n += snprintf(j.id + n, sizeof j.id - (size_t)n, "%02x", rnd[i]);
+        snprintf(j.endpoint, sizeof j.endpoint, "%s", endpoint);
+        j.request = json_dumps(request, JSON_COMPACT);
+        j.deadline_ms = json_is_integer(dl) ? (int64_t)json_integer_value(dl) : -1;
+        j.created = rt__wall_s();
+        sw_error err;
+        if (!j.request) {
+            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+        } else if (ldg_job_insert(rt__g.ledger, &j, &err)) {
+            SW_ERROR("router", "job: %s", err.message);
+            rt__send_error(q, 503, "ledger_unavailable", "the job could not be stored", NULL,
+                           "Retry-After: 1\r\n");
+        } else {
+            /* committed: now it may be promised */
+            bool queued = enqueue(j.id) == 0;
+            if (!queued)
+                SW_WARN("router", "job %s: in-memory queue full; it runs after a restart", j.id);
+            json_t *o = json_pack("{s:s, s:s, s:s, s:I}", "id", j.id, "object", "spillway.job",
+                                  "state", "queued", "created", (json_int_t)j.created);
+            char loc[128];
+            snprintf(loc, sizeof loc, "Location: /v1/spillway/jobs/%s\r\n", j.id);
+            send_json(q, 202, o, loc);
+            json_decref(o);
+            SW_INFO("router", "job %s: queued (%s)", j.id, endpoint);
+        }
+        free(j.request);
+    }
+    json_decref(body);
+}
+
+static void jobs_get(rt_req *q, const char *id)
+{
+    ldg_job j;
+    bool found = false;
+    sw_error err;
+    if (strlen(id) >= sizeof j.id || ldg_job_get(rt__g.ledger, id, &j, &found, &err) || !found) {
+        rt__send_error(q, 404, "not_found", "no such job", NULL, NULL);
+        return;
+    }
+    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:i}", "id", j.id, "object", "spillway.job",
+                          "state", ldg_job_state_name(j.state), "created", (json_int_t)j.created,
+                          "attempts", j.attempts);
+    json_object_set_new(o, "started", j.started > 0 ? json_integer((json_int_t)j.started) : json_null());
+    json_object_set_new(o, "finished",
+                        j.finished > 0 ? json_integer((json_int_t)j.finished) : json_null());
+    json_object_set_new(o, "endpoint", json_string(j.endpoint));
+    if (j.deadline_ms >= 0)
+        json_object_set_new(o, "deadline_ms", json_integer((json_int_t)j.deadline_ms));
+    if (j.state == LDG_JOB_SUCCEEDED && j.response) {
+        json_t *r = json_loads(j.response, 0, NULL);
+        if (r)
+            json_object_set_new(o, "response", r);
+    }
+    if (j.state == LDG_JOB_FAILED && j.error) {
+        json_t *e = json_loads(j.error, 0, NULL);
+        if (e)
+            json_object_set_new(o, "error", e);
+    }
+    send_json(q, 200, o, NULL);
+    json_decref(o);
+    ldg_job_free(&j);
+}
+
+void rt__handle_jobs(rt_req *q)
+{
+    bool post = !strcmp(q->method, "POST"), get = !strcmp(q->method, "GET");
+    if (!strcmp(q->path, "/v1/spillway/jobs")) {
+        if (!post)
+            rt__send_error(q, 405, "method_not_allowed", "use POST", NULL, NULL);
+        else
+            rt__with_idempotency(q, jobs_post, false);
+        return;
+    }
+    const char *id = q->path + strlen("/v1/spillway/jobs/");
+    if (!get)
+        rt__send_error(q, 405, "method_not_allowed", "use GET", NULL, NULL);
+    else
+        jobs_get(q, id);
+}

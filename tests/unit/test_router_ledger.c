@@ -1,0 +1,950 @@
+/* test_router_ledger.c - end-to-end tests of the router's ledger (issue 7):
+ * a real `spillway serve` with real managed workers, a real tool server
+ * (an HTTP server thread in this process that counts calls and can hold
+ * a reply or kill a worker), real SIGKILLs of the router, and the real
+ * ledger.db read back with SQLite.
+ *
+ *  - Idempotency-Key: a retry returns the identical response (a stream as
+ *    a stream) and the worker's own request counter shows no second
+ *    generation; 409 while the first runs; 422 for another body.
+ *  - Jobs: SIGKILL the router while jobs are queued and running, restart
+ *    it on the same state directory: each job completes, its final
+ *    record written exactly once.
+ *  - Agent runs (need the worker's forced tool calls; skipped with a
+ *    message until the worker answers tool_choice with tool_calls): the
+ *    GPU worker dies after the tool ran → the run completes on the CPU,
+ *    the tool was called once and the answer carries its result; a
+ *    non-idempotent tool that does not answer in time → unsafe_to_retry,
+ *    called once; the router crashes between "started" and "done"
+ *    (router_exit_after_tool_*) → after the restart the job ends right.
+ */
+#include "testutil.h"
+#include "worker_client.h"
+
+#include "common/alloc.h"
+#include "device/device.h"
+#include "engine/model_make.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char g_model[512];
+static char g_pool[64];
+
+typedef struct router {
+    pid_t pid;
+    char dir[512];
+    char sock[600];
+    char cfg[600];
+    char log[600];
+} router;
+
+static router *g_live[4];
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- the tool server ------------------------------------------------------ */
+
+typedef struct tool_server {
+    int fd;
+    int port;
+    pthread_t th;
+    volatile int stop;
+    pthread_mutex_t mu;
+    int calls_lookup, calls_book;
+    char keys[16][128]; /* Idempotency-Key of each call, in order */
+    int n_keys;
+    volatile int hold_ms;       /* hold the reply this long (then answer) */
+    volatile pid_t kill_after;  /* SIGKILL this pid after answering ... */
+    volatile int kill_delay_ms; /* ... this much later */
+} tool_server;
+
+static tool_server g_tools;
+
+static void *killer(void *arg)
+{
+    (void)arg;
+    usleep((useconds_t)g_tools.kill_delay_ms * 1000);
+    if (g_tools.kill_after > 0)
+        kill(g_tools.kill_after, SIGKILL);
+    g_tools.kill_after = 0;
+    return NULL;
+}
+
+static void tool_conn(int cfd)
+{
+    char buf[8192];
+    size_t len = 0;
+    char *end = NULL;
+    while (!end && len < sizeof buf - 1) {
+        ssize_t r = recv(cfd, buf + len, sizeof buf - 1 - len, 0);
+        if (r <= 0)
+            return;
+        len += (size_t)r;
+        buf[len] = 0;
+        end = strstr(buf, "\r\n\r\n");
+    }
+    if (!end)
+        return;
+    long clen = 0;
+    const char *cl = strcasestr(buf, "Content-Length:");
+    if (cl)
+        clen = strtol(cl + 15, NULL, 10);
+    size_t have = len - (size_t)(end + 4 - buf);
+    while ((long)have < clen && len < sizeof buf - 1) {
+        ssize_t r = recv(cfd, buf + len, sizeof buf - 1 - len, 0);
+        if (r <= 0)
+            return;
+        len += (size_t)r;
+        have += (size_t)r;
+        buf[len] = 0;
+    }
+    char key[128] = "";
+    const char *k = strcasestr(buf, "Idempotency-Key:");
+    if (k) {
+        k += 16;
+        while (*k == ' ')
+            k++;
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(k, "\r\n"), k);
+    }
+    bool book = !strncmp(buf, "POST /book", 10);
+    pthread_mutex_lock(&g_tools.mu);
+    int n = book ? ++g_tools.calls_book : ++g_tools.calls_lookup;
+    if (g_tools.n_keys < 16)
+        snprintf(g_tools.keys[g_tools.n_keys++], sizeof g_tools.keys[0], "%s", key);
+    pthread_mutex_unlock(&g_tools.mu);
+    if (g_tools.hold_ms > 0)
+        usleep((useconds_t)g_tools.hold_ms * 1000);
+    char body[128], resp[512];
+    snprintf(body, sizeof body, "%s-RESULT-%d", book ? "BOOK" : "LOOKUP", n);
+    int rn = snprintf(resp, sizeof resp,
+                      "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n%s",
+                      strlen(body), body);
+    if (send(cfd, resp, (size_t)rn, MSG_NOSIGNAL) < 0)
+        return;
+    if (g_tools.kill_after > 0) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, killer, NULL) == 0)
+            pthread_detach(t);
+    }
+}
+
+static void *tool_thread(void *arg)
+{
+    (void)arg;
+    while (!g_tools.stop) {
+        struct pollfd p = {g_tools.fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        int cfd = accept(g_tools.fd, NULL, NULL);
+        if (cfd < 0)
+            continue;
+        tool_conn(cfd);
+        close(cfd);
+    }
+    return NULL;
+}
+
+static void tools_reset(void)
+{
+    pthread_mutex_lock(&g_tools.mu);
+    g_tools.calls_lookup = g_tools.calls_book = 0;
+    g_tools.n_keys = 0;
+    g_tools.hold_ms = 0;
+    g_tools.kill_after = 0;
+    pthread_mutex_unlock(&g_tools.mu);
+}
+
+static int tools_start(void)
+{
+    memset(&g_tools, 0, sizeof g_tools);
+    pthread_mutex_init(&g_tools.mu, NULL);
+    g_tools.fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof sa;
+    if (g_tools.fd < 0 || bind(g_tools.fd, (struct sockaddr *)&sa, sizeof sa) ||
+        listen(g_tools.fd, 16) || getsockname(g_tools.fd, (struct sockaddr *)&sa, &sl))
+        return -1;
+    g_tools.port = ntohs(sa.sin_port);
+    return pthread_create(&g_tools.th, NULL, tool_thread, NULL);
+}
+
+/* ---- the router ------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 1024;
+    p.seed = 7;
+    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-ledger.gguf"));
+    snprintf(g_pool, sizeof g_pool, "rt-ldg-%d", (int)getpid());
+    dev_sim_unlink(g_pool, NULL);
+    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
+        return -1;
+    return tools_start();
+}
+
+static int router_stop(router *r);
+
+static int teardown(void **state)
+{
+    for (int i = 0; i < 4; i++)
+        if (g_live[i])
+            router_stop(g_live[i]);
+    wc_worker_kill_all();
+    g_tools.stop = 1;
+    pthread_join(g_tools.th, NULL);
+    close(g_tools.fd);
+    dev_sim_unlink(g_pool, NULL);
+    remove(g_model);
+    return 0;
+}
+
+/* Creates the directory and configuration of a router (not started). */
+static void router_init(router *r, const char *name, const char *server_extra, const char *rest)
+{
+    static int counter;
+    memset(r, 0, sizeof *r);
+    char d[128];
+    snprintf(d, sizeof d, "rl-%d-%d-%s", (int)getpid(), ++counter, name);
+    snprintf(r->dir, sizeof r->dir, "%s", tu_tmp_path(d));
+    mkdir(r->dir, 0700);
+    snprintf(r->sock, sizeof r->sock, "%s/router.sock", r->dir);
+    snprintf(r->cfg, sizeof r->cfg, "%s/router.ini", r->dir);
+    snprintf(r->log, sizeof r->log, "%s/router.log", r->dir);
+    FILE *f = fopen(r->cfg, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+            "ready-timeout = 30\n%s\n[model]\npath = %s\n%s",
+            r->sock, r->dir, server_extra ? server_extra : "", g_model, rest);
+    fclose(f);
+}
+
+/* Starts (or restarts) the router with extra environment ("K=V" or
+ * NULL); waits for /health 200. */
+static int router_run(router *r, const char *env)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        unsetenv("SPILLWAY_FAULT");
+        unsetenv("SPILLWAY_SABOTAGE");
+        if (env)
+            putenv((char *)env);
+        execl(tu_spillway_bin(), "spillway", "serve", "--config", r->cfg, (char *)NULL);
+        _exit(127);
+    }
+    if (pid < 0)
+        return -1;
+    r->pid = pid;
+    for (int i = 0; i < 4; i++)
+        if (!g_live[i] || g_live[i] == r) {
+            g_live[i] = r;
+            break;
+        }
+    double t0 = now_s();
+    while (now_s() - t0 < 40) {
+        wc_response h;
+        if (wc_request(r->sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
+            wc_response_free(&h);
+            return 0;
+        }
+        wc_response_free(&h);
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            r->pid = 0;
+            return -1;
+        }
+        usleep(50 * 1000);
+    }
+    return -1;
+}
+
+static int router_stop(router *r)
+{
+    for (int i = 0; i < 4; i++)
+        if (g_live[i] == r)
+            g_live[i] = NULL;
+    if (r->pid <= 0)
+        return -1;
+    kill(r->pid, SIGTERM);
+    double t0 = now_s();
+    int st = 0;
+    while (waitpid(r->pid, &st, WNOHANG) != r->pid) {
+        if (now_s() - t0 > 15) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &st, 0);
+            break;
+        }
+        usleep(20 * 1000);
+    }
+    r->pid = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Waits for the router to exit by itself; its exit status, -1 on time-out. */
+static int router_wait_exit(router *r, int timeout_s)
+{
+    double t0 = now_s();
+    int st;
+    while (now_s() - t0 < timeout_s) {
+        if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
+            r->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(20 * 1000);
+    }
+    return -1;
+}
+
+static void router_kill9(router *r)
+{
+    kill(r->pid, SIGKILL);
+    int st;
+    waitpid(r->pid, &st, 0);
+    r->pid = 0;
+    /* its workers die with it (PR_SET_PDEATHSIG); give them a moment */
+    usleep(300 * 1000);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st;
+    (void)flag;
+    (void)f;
+    remove(path);
+    return 0;
+}
+
+static void router_finish(router *r)
+{
+    assert_int_equal(router_stop(r), 0);
+    char *log = tu_read_file(r->log, NULL);
+    assert_non_null(log);
+    if (strstr(log, "Sanitizer") || strstr(log, "runtime error"))
+        fail_msg("sanitizer report in %s", r->log);
+    sw_free(log);
+    nftw(r->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int req(const router *r, const char *method, const char *path, const char *headers,
+               const char *body, wc_response *out)
+{
+    size_t blen = body ? strlen(body) : 0;
+    size_t cap = blen + 2048;
+    char *raw = sw_malloc(cap);
+    assert_non_null(raw);
+    int n = snprintf(raw, cap,
+                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     method, path, headers ? headers : "", blen, body ? body : "");
+    int rc = wc_raw(r->sock, raw, (size_t)n, 120000, out);
+    sw_free(raw);
+    return rc;
+}
+
+static json_t *body_json(const wc_response *w)
+{
+    return json_loads(w->body ? w->body : "", 0, NULL);
+}
+
+static const char *error_code(const wc_response *w, char *buf, size_t cap)
+{
+    json_t *j = body_json(w);
+    snprintf(buf, cap, "%s",
+             json_string_value(json_object_get(json_object_get(j, "error"), "code")) ?: "");
+    json_decref(j);
+    return buf;
+}
+
+/* A managed worker's own count of successful requests (its /metrics). */
+static long worker_ok_count(const router *r, const char *name)
+{
+    char sock[700];
+    snprintf(sock, sizeof sock, "%s/state/%s.sock", r->dir, name);
+    wc_response w;
+    assert_int_equal(wc_request(sock, "GET", "/metrics", NULL, 5000, &w), 0);
+    assert_int_equal(w.status, 200);
+    const char *k = strstr(w.body, "spillway_worker_requests_total{outcome=\"ok\"} ");
+    assert_non_null(k);
+    long n = strtol(k + strlen("spillway_worker_requests_total{outcome=\"ok\"} "), NULL, 10);
+    wc_response_free(&w);
+    return n;
+}
+
+static pid_t worker_pid(const router *r, const char *name)
+{
+    wc_response w;
+    assert_int_equal(req(r, "GET", "/health", NULL, NULL, &w), 0);
+    json_t *j = body_json(&w);
+    wc_response_free(&w);
+    json_t *ws = json_object_get(j, "workers");
+    pid_t pid = 0;
+    for (size_t i = 0; i < json_array_size(ws); i++)
+        if (!strcmp(json_string_value(json_object_get(json_array_get(ws, i), "name")), name))
+            pid = (pid_t)json_integer_value(json_object_get(json_array_get(ws, i), "pid"));
+    json_decref(j);
+    return pid;
+}
+
+/* ---- idempotency ----------------------------------------------------------- */
+
+typedef struct bg_req {
+    const router *r;
+    const char *headers, *body;
+    wc_response w;
+    int rc;
+} bg_req;
+
+static void *bg_main(void *p)
+{
+    bg_req *b = p;
+    b->rc = req(b->r, "POST", "/v1/completions", b->headers, b->body, &b->w);
+    return NULL;
+}
+
+static void test_idempotency(void **state)
+{
+    router r;
+    /* stall: each token takes 20 ms, so a long request is still running
+     * when its retry arrives */
+    router_init(&r, "idem", NULL,
+                "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:20\n");
+    assert_int_equal(router_run(&r, NULL), 0);
+    const char *body = "{\"prompt\":\"Once upon\",\"max_tokens\":4,\"temperature\":0.8,\"seed\":3}";
+    wc_response a, b;
+    long n0 = worker_ok_count(&r, "cpu");
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", body, &a), 0);
+    assert_int_equal(a.status, 200);
+    assert_int_equal(worker_ok_count(&r, "cpu"), n0 + 1);
+    char rid_a[128], rid_b[128], rep[32];
+    assert_true(wc_header(&a, "X-Request-Id", rid_a, sizeof rid_a));
+    assert_false(wc_header(&a, "X-Spillway-Idempotent-Replay", rep, sizeof rep));
+    /* the retry: the stored answer, byte for byte, no generation */
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", body, &b), 0);
+    assert_int_equal(b.status, 200);
+    assert_int_equal(b.body_len, a.body_len);
+    assert_memory_equal(b.body, a.body, a.body_len);
+    assert_true(wc_header(&b, "X-Request-Id", rid_b, sizeof rid_b));
+    assert_string_equal(rid_a, rid_b);
+    assert_true(wc_header(&b, "X-Spillway-Idempotent-Replay", rep, sizeof rep));
+    assert_string_equal(rep, "true");
+    assert_int_equal(worker_ok_count(&r, "cpu"), n0 + 1);
+    wc_response_free(&b);
+    /* the same key with another body: 422, nothing generated */
+    char code[64];
+    const char *other = "{\"prompt\":\"Once upon\",\"max_tokens\":5,\"temperature\":0.8,\"seed\":3}";
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", other, &b), 0);
+    assert_int_equal(b.status, 422);
+    assert_string_equal(error_code(&b, code, sizeof code), "idempotency_key_reused");
+    wc_response_free(&b);
+    assert_int_equal(worker_ok_count(&r, "cpu"), n0 + 1);
+    /* without a key the same body generates again */
+    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, body, &b), 0);
+    assert_int_equal(b.status, 200);
+    assert_int_equal(worker_ok_count(&r, "cpu"), n0 + 2);
+    wc_response_free(&b);
+
+    /* 409 while the first is still running (about 3 s of tokens) */
+    const char *slow = "{\"prompt\":\"Once upon\",\"max_tokens\":150,\"temperature\":0,"
+                       "\"ignore_eos\":true}";
+    bg_req bg = {&r, "Idempotency-Key: key-slow\r\n", slow, {0}, -1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, bg_main, &bg), 0);
+    usleep(700 * 1000);
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-slow\r\n", slow, &b), 0);
+    assert_int_equal(b.status, 409);
+    assert_string_equal(error_code(&b, code, sizeof code), "idempotency_conflict");
+    wc_response_free(&b);
+    pthread_join(t, NULL);
+    assert_int_equal(bg.rc, 0);
+    assert_int_equal(bg.w.status, 200);
+    long n1 = worker_ok_count(&r, "cpu");
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-slow\r\n", slow, &b), 0);
+    assert_int_equal(b.status, 200);
+    assert_int_equal(b.body_len, bg.w.body_len);
+    assert_memory_equal(b.body, bg.w.body, b.body_len);
+    assert_int_equal(worker_ok_count(&r, "cpu"), n1);
+    wc_response_free(&b);
+    wc_response_free(&bg.w);
+
+    /* a stream is replayed as the same stream */
+    const char *sbody = "{\"prompt\":\"Once upon\",\"max_tokens\":6,\"stream\":true,\"seed\":9}";
+    wc_response s1, s2;
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-stream\r\n", sbody, &s1), 0);
+    assert_int_equal(s1.status, 200);
+    assert_true(s1.chunked);
+    long n2 = worker_ok_count(&r, "cpu");
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-stream\r\n", sbody, &s2), 0);
+    assert_int_equal(s2.status, 200);
+    assert_true(s2.chunked);
+    char ct[128];
+    assert_true(wc_header(&s2, "Content-Type", ct, sizeof ct));
+    assert_string_equal(ct, "text/event-stream");
+    char **e1 = NULL, **e2 = NULL;
+    int ne1 = wc_sse_parse(s1.body, s1.body_len, &e1);
+    int ne2 = wc_sse_parse(s2.body, s2.body_len, &e2);
+    assert_true(ne1 >= 3);
+    assert_int_equal(ne1, ne2);
+    for (int i = 0; i < ne1; i++)
+        assert_string_equal(e1[i], e2[i]);
+    assert_string_equal(e2[ne2 - 1], "[DONE]");
+    wc_sse_free(e1, ne1);
+    wc_sse_free(e2, ne2);
+    assert_int_equal(worker_ok_count(&r, "cpu"), n2);
+    wc_response_free(&s1);
+    wc_response_free(&s2);
+
+    /* a bad key: 400 */
+    char hdr[400];
+    memset(hdr, 0, sizeof hdr);
+    memcpy(hdr, "Idempotency-Key: ", 17);
+    memset(hdr + 17, 'k', 256);
+    memcpy(hdr + 17 + 256, "\r\n", 3);
+    assert_int_equal(req(&r, "POST", "/v1/completions", hdr, body, &b), 0);
+    assert_int_equal(b.status, 400);
+    wc_response_free(&b);
+    /* a job posted twice with one key is one job */
+    const char *job = "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"Hi\",\"max_tokens\":2}}";
+    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", "Idempotency-Key: job-key\r\n", job, &b), 0);
+    wc_response c;
+    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", "Idempotency-Key: job-key\r\n", job, &c), 0);
+    assert_int_equal(b.status, 202);
+    assert_int_equal(c.status, 202);
+    json_t *jb = body_json(&b), *jc = body_json(&c);
+    assert_string_equal(json_string_value(json_object_get(jb, "id")),
+                        json_string_value(json_object_get(jc, "id")));
+    json_decref(jb);
+    json_decref(jc);
+    wc_response_free(&b);
+    wc_response_free(&c);
+    wc_response_free(&a);
+    router_finish(&r);
+}
+
+/* ---- jobs -------------------------------------------------------------------- */
+
+static json_t *job_get(const router *r, const char *id)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/spillway/jobs/%s", id);
+    wc_response w;
+    assert_int_equal(req(r, "GET", path, NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    json_t *j = body_json(&w);
+    wc_response_free(&w);
+    assert_non_null(j);
+    return j;
+}
+
+static const char *job_state(json_t *j)
+{
+    return json_string_value(json_object_get(j, "state"));
+}
+
+/* Waits until the job is succeeded or failed; returns it. */
+static json_t *job_wait(const router *r, const char *id, int timeout_s)
+{
+    double t0 = now_s();
+    for (;;) {
+        json_t *j = job_get(r, id);
+        const char *s = job_state(j);
+        if (!strcmp(s, "succeeded") || !strcmp(s, "failed"))
+            return j;
+        json_decref(j);
+        if (now_s() - t0 > timeout_s)
+            fail_msg("job %s did not finish in %d s", id, timeout_s);
+        usleep(100 * 1000);
+    }
+}
+
+static char *job_post(const router *r, const char *body)
+{
+    wc_response w;
+    assert_int_equal(req(r, "POST", "/v1/spillway/jobs", NULL, body, &w), 0);
+    if (w.status != 202)
+        fail_msg("job POST: %d %s", w.status, w.body);
+    char loc[256];
+    assert_true(wc_header(&w, "Location", loc, sizeof loc));
+    json_t *j = body_json(&w);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "queued");
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "spillway.job");
+    char *id = sw_strdup(json_string_value(json_object_get(j, "id")));
+    char want[256];
+    snprintf(want, sizeof want, "/v1/spillway/jobs/%s", id);
+    assert_string_equal(loc, want);
+    json_decref(j);
+    wc_response_free(&w);
+    return id;
+}
+
+/* finish_writes of a job, read from ledger.db with SQLite itself. */
+static int job_finish_writes(const router *r, const char *id)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/state/ledger.db", r->dir);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT finish_writes FROM jobs WHERE id = ?", -1, &st, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int n = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+static void test_jobs_survive_sigkill(void **state)
+{
+    router r;
+    router_init(&r, "jobs", "job-workers = 1\n",
+                "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:30\n");
+    assert_int_equal(router_run(&r, NULL), 0);
+    /* unknown job, bad bodies */
+    wc_response w;
+    char code[64];
+    assert_int_equal(req(&r, "GET", "/v1/spillway/jobs/job_nope", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 404);
+    assert_string_equal(error_code(&w, code, sizeof code), "not_found");
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", NULL, "{\"endpoint\":\"x\",\"request\":{}}", &w), 0);
+    assert_int_equal(w.status, 400);
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", NULL, "{\"request\":3}", &w), 0);
+    assert_int_equal(w.status, 400);
+    wc_response_free(&w);
+
+    enum { NJ = 4 };
+    char *ids[NJ];
+    for (int i = 0; i < NJ; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"Job %d\",\"max_tokens\":40,"
+                 "\"temperature\":0,\"ignore_eos\":true}}",
+                 i);
+        ids[i] = job_post(&r, body);
+    }
+    /* one running (1 job worker, 40 tokens x 30 ms), the rest queued */
+    double t0 = now_s();
+    for (;;) {
+        json_t *j = job_get(&r, ids[0]);
+        bool running = !strcmp(job_state(j), "running");
+        json_decref(j);
+        if (running)
+            break;
+        assert_true(now_s() - t0 < 30);
+        usleep(20 * 1000);
+    }
+    json_t *j3 = job_get(&r, ids[NJ - 1]);
+    assert_string_equal(job_state(j3), "queued");
+    json_decref(j3);
+    router_kill9(&r);
+    /* the same state directory */
+    assert_int_equal(router_run(&r, NULL), 0);
+    for (int i = 0; i < NJ; i++) {
+        json_t *j = job_wait(&r, ids[i], 60);
+        assert_string_equal(job_state(j), "succeeded");
+        json_t *resp = json_object_get(j, "response");
+        assert_string_equal(json_string_value(json_object_get(resp, "object")), "text_completion");
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(resp, "usage"),
+                                                            "completion_tokens")),
+                         40);
+        assert_true(json_is_integer(json_object_get(j, "started")));
+        assert_true(json_is_integer(json_object_get(j, "finished")));
+        /* the one cut by the SIGKILL ran twice; the final record once */
+        if (i == 0)
+            assert_int_equal(json_integer_value(json_object_get(j, "attempts")), 2);
+        json_decref(j);
+        assert_int_equal(job_finish_writes(&r, ids[i]), 1);
+    }
+    /* a job whose deadline has passed fails as such */
+    char *late = job_post(&r, "{\"endpoint\":\"completions\",\"deadline_ms\":1,"
+                              "\"request\":{\"prompt\":\"x\",\"max_tokens\":2}}");
+    json_t *jl = job_wait(&r, late, 30);
+    assert_string_equal(job_state(jl), "failed");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(jl, "error"), "code")),
+                        "deadline_exceeded");
+    json_decref(jl);
+    sw_free(late);
+    for (int i = 0; i < NJ; i++)
+        sw_free(ids[i]);
+    router_finish(&r);
+}
+
+/* ---- agent runs ------------------------------------------------------------- */
+
+static void tool_sections(char *out, size_t cap, int timeout_ms)
+{
+    snprintf(out, cap,
+             "[tool lookup]\ndescription = Looks up a word\nurl = http://127.0.0.1:%d/lookup\n"
+             "parameters = {\"type\":\"object\",\"properties\":{\"word\":{\"type\":\"string\","
+             "\"maxLength\":8}},\"required\":[\"word\"]}\nidempotent = true\ntimeout-ms = %d\n"
+             "[tool book]\ndescription = Books a table\nurl = http://127.0.0.1:%d/book\n"
+             "parameters = {\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
+             "\"maxLength\":8}},\"required\":[\"name\"]}\nidempotent = false\ntimeout-ms = %d\n",
+             g_tools.port, timeout_ms, g_tools.port, timeout_ms);
+}
+
+static const char *agent_body(const char *tool)
+{
+    static char b[512];
+    snprintf(b, sizeof b,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Use the tool.\"}],"
+             "\"tool_execution\":\"server\",\"tool_choice\":{\"type\":\"function\",\"function\":"
+             "{\"name\":\"%s\"}},\"max_tokens\":24,\"temperature\":0}",
+             tool);
+    return b;
+}
+
+/* Whether the workers answer a forced tool_choice with tool_calls (the
+ * worker side of issue 7); prints SKIP and returns false when not. */
+static bool workers_call_tools(const router *r)
+{
+    char *sock = sw_malloc(700);
+    snprintf(sock, 700, "%s/state/cpu.sock", r->dir);
+    wc_response w;
+    const char *body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":24,\"temperature\":0,"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+        "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":4}},\"required\":[\"a\"]}}}],"
+        "\"tool_choice\":\"required\"}";
+    bool ok = wc_request(sock, "POST", "/v1/chat/completions", body, 30000, &w) == 0 &&
+              w.status == 200 && w.body && strstr(w.body, "\"tool_calls\"");
+    wc_response_free(&w);
+    sw_free(sock);
+    if (!ok)
+        printf("SKIP: the worker does not answer tool_choice with tool_calls yet "
+               "(constrained decoding, issue 7 worker side)\n");
+    return ok;
+}
+
+static void test_agent_failover_and_unsafe(void **state)
+{
+    char spec[96], tools[2048], rest[4096];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    tool_sections(tools, sizeof tools, 1500);
+    /* the GPU worker is slow (50 ms a token), so it is still generating
+     * when the tool server kills it */
+    snprintf(rest, sizeof rest,
+             "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 1024\n"
+             "fault = stall_ms:50\n[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s",
+             spec, tools);
+    router r;
+    router_init(&r, "agent", "max-tool-steps = 1\n", rest);
+    assert_int_equal(router_run(&r, NULL), 0);
+    if (!workers_call_tools(&r)) {
+        router_finish(&r);
+        dev_sim_unlink(g_pool, NULL);
+        skip();
+        return;
+    }
+    /* config errors: a tool not configured */
+    wc_response w;
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_execution\":"
+                         "\"server\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}]}",
+                         &w),
+              0);
+    assert_int_equal(w.status, 400);
+    wc_response_free(&w);
+
+    /* the GPU worker dies after the tool answered (while the next
+     * generation runs on it): the run completes on the CPU, the tool ran
+     * once, the answer carries its result */
+    tools_reset();
+    g_tools.kill_delay_ms = 300;
+    g_tools.kill_after = worker_pid(&r, "gpu");
+    assert_true(g_tools.kill_after > 0);
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, agent_body("lookup"), &w), 0);
+    if (w.status != 200)
+        fail_msg("agent run: %d %s", w.status, w.body);
+    assert_int_equal(g_tools.calls_lookup, 1);
+    json_t *j = body_json(&w);
+    json_t *steps = json_object_get(json_object_get(j, "spillway"), "tool_steps");
+    assert_int_equal(json_array_size(steps), 1);
+    json_t *s0 = json_array_get(steps, 0);
+    assert_string_equal(json_string_value(json_object_get(s0, "tool")), "lookup");
+    assert_string_equal(json_string_value(json_object_get(s0, "result")), "LOOKUP-RESULT-1");
+    json_t *args = json_loads(json_string_value(json_object_get(s0, "arguments")), 0, NULL);
+    assert_true(json_is_string(json_object_get(args, "word")));
+    json_decref(args);
+    char att[16], wk[64];
+    assert_true(wc_header(&w, "X-Spillway-Worker", wk, sizeof wk));
+    assert_string_equal(wk, "cpu");
+    assert_true(wc_header(&w, "X-Spillway-Attempts", att, sizeof att));
+    if (atoi(att) >= 2) /* the run was replayed: step 1 came from the ledger */
+        assert_true(json_is_true(json_object_get(s0, "reused")));
+    assert_string_equal(g_tools.keys[0] + strcspn(g_tools.keys[0], "/"), "/1");
+    json_decref(j);
+    wc_response_free(&w);
+
+    /* a non-idempotent tool that holds its answer past timeout-ms: the
+     * outcome is unknown, so the run ends with unsafe_to_retry, and the
+     * tool was called once */
+    tools_reset();
+    g_tools.hold_ms = 2500;
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, agent_body("book"), &w), 0);
+    assert_int_equal(w.status, 502);
+    char code[64];
+    assert_string_equal(error_code(&w, code, sizeof code), "unsafe_to_retry");
+    json_t *e = body_json(&w);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "type")),
+                        "server_error");
+    json_decref(e);
+    wc_response_free(&w);
+    usleep(1500 * 1000); /* the held reply goes out */
+    assert_int_equal(g_tools.calls_book, 1);
+    g_tools.hold_ms = 0;
+    router_finish(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
+/* The router exits (fault) between the ledger's "started" and "done" of a
+ * job's tool step; after a restart without the fault the job ends as the
+ * tool's idempotence says. */
+static void crash_case(const char *fault, const char *tool, bool expect_ok, int expect_calls)
+{
+    char tools[2048], rest[4096];
+    tool_sections(tools, sizeof tools, 3000);
+    snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", tools);
+    router r;
+    router_init(&r, "crash", "max-tool-steps = 1\njob-workers = 1\n", rest);
+    assert_int_equal(router_run(&r, fault), 0);
+    tools_reset();
+    char body[1024];
+    snprintf(body, sizeof body, "{\"endpoint\":\"chat\",\"request\":%s}", agent_body(tool));
+    char *id = job_post(&r, body);
+    assert_int_equal(router_wait_exit(&r, 60), 70);
+    usleep(300 * 1000);
+    int before = !strcmp(tool, "book") ? g_tools.calls_book : g_tools.calls_lookup;
+    assert_int_equal(before, strstr(fault, "called") ? 1 : 0);
+    assert_int_equal(router_run(&r, NULL), 0);
+    json_t *j = job_wait(&r, id, 60);
+    int calls = !strcmp(tool, "book") ? g_tools.calls_book : g_tools.calls_lookup;
+    assert_int_equal(calls, expect_calls);
+    /* every call of the step carried the same key: <job id>/1 */
+    char want[128];
+    snprintf(want, sizeof want, "%s/1", id);
+    for (int i = 0; i < g_tools.n_keys; i++)
+        assert_string_equal(g_tools.keys[i], want);
+    if (expect_ok) {
+        assert_string_equal(job_state(j), "succeeded");
+        json_t *steps = json_object_get(
+            json_object_get(json_object_get(j, "response"), "spillway"), "tool_steps");
+        assert_int_equal(json_array_size(steps), 1);
+        char res[64];
+        snprintf(res, sizeof res, "LOOKUP-RESULT-%d", expect_calls);
+        assert_string_equal(json_string_value(json_object_get(json_array_get(steps, 0), "result")),
+                            res);
+    } else {
+        assert_string_equal(job_state(j), "failed");
+        assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                            "unsafe_to_retry");
+    }
+    assert_int_equal(job_finish_writes(&r, id), 1);
+    json_decref(j);
+    sw_free(id);
+    router_finish(&r);
+}
+
+static void test_agent_router_crash(void **state)
+{
+    {
+        /* probe the worker side first (one router start) */
+        char rest[256];
+        snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n");
+        router r;
+        router_init(&r, "probe", NULL, rest);
+        assert_int_equal(router_run(&r, NULL), 0);
+        bool ok = workers_call_tools(&r);
+        router_finish(&r);
+        if (!ok) {
+            skip();
+            return;
+        }
+    }
+    /* started, idempotent: called (once) after the restart */
+    crash_case("SPILLWAY_FAULT=router_exit_after_tool_started", "lookup", true, 1);
+    /* called, idempotent: called again with the same key */
+    crash_case("SPILLWAY_FAULT=router_exit_after_tool_called", "lookup", true, 2);
+    /* called, not idempotent: unsafe_to_retry, not called again */
+    crash_case("SPILLWAY_FAULT=router_exit_after_tool_called", "book", false, 1);
+    /* started, not idempotent: the outcome is unknown all the same */
+    crash_case("SPILLWAY_FAULT=router_exit_after_tool_started", "book", false, 0);
+}
+
+static void test_tool_config_errors(void **state)
+{
+    /* a non-loopback tool URL and a schema that is not an object stop the
+     * start with a message naming the key */
+    const char *bad[] = {
+        "[tool t]\nurl = http://10.0.0.1:80/x\nparameters = {\"type\":\"object\"}\n",
+        "[tool t]\nurl = http://127.0.0.1:80/x\nparameters = {\"type\":\"string\"}\n",
+        "[tool t]\nurl = http://127.0.0.1:80/x\nparameters = not json\n",
+        "[tool t]\nurl = http://127.0.0.1:80/x\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        router r;
+        char rest[512];
+        snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\n%s", bad[i]);
+        router_init(&r, "badtool", NULL, rest);
+        char *const argv[] = {(char *)tu_spillway_bin(), "serve", "--config", r.cfg, NULL};
+        char *out = NULL;
+        int st = -1;
+        assert_int_equal(tu_run_capture(argv, 30, &out, &st), 0);
+        assert_int_equal(st, 2);
+        sw_free(out);
+        nftw(r.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tool_config_errors),
+        cmocka_unit_test(test_idempotency),
+        cmocka_unit_test(test_jobs_survive_sigkill),
+        cmocka_unit_test(test_agent_failover_and_unsafe),
+        cmocka_unit_test(test_agent_router_crash),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -325,8 +325,13 @@ void rt__handle_agent(rt_req *q, json_t *body)
         json_object_set_new(base, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
     json_object_set(base, "tools", tools);
+    /* workers that failed in this run: the replay avoids them (a worker
+     * that answered a generation stays eligible for the next one) */
+    bool failed[RT_MAX_WORKERS] = {false};
+    int run_attempts = 0;
 
 run:
+    run_attempts++;
     json_decref(msgs);
     json_decref(steps);
     msgs = json_deep_copy(messages);
@@ -356,16 +361,19 @@ run:
         snprintf(iq.method, sizeof iq.method, "POST");
         snprintf(iq.path, sizeof iq.path, "/v1/chat/completions");
         snprintf(iq.request_id, sizeof iq.request_id, "%s", q->request_id);
-        memcpy(iq.tried, q->tried, sizeof iq.tried);
+        memcpy(iq.tried, failed, sizeof iq.tried);
         iq.body = bs;
         iq.body_len = strlen(bs);
         rt__handle_generate(&iq, true);
         free(bs);
-        memcpy(q->tried, iq.tried, sizeof q->tried);
         q->attempts += iq.attempts;
         if (iq.worker[0])
             snprintf(q->worker, sizeof q->worker, "%s", iq.worker);
-        if (iq.worker_failed && !rt__g.sabotage.no_replay && q->attempts < cfg->max_attempts) {
+        if (iq.worker_failed)
+            for (int i = 0; i < rt__g.n; i++)
+                if (!strcmp(rt__g.w[i].cfg.name, iq.worker))
+                    failed[i] = true;
+        if (iq.worker_failed && !rt__g.sabotage.no_replay && run_attempts < cfg->max_attempts) {
             rt__capture_free(&iq.cap);
             SW_WARN("router", "agent run %s: the worker failed in generation %d; the run is "
                     "replayed (recorded tool steps are reused, not called again)",
@@ -443,6 +451,7 @@ run:
             json_object_set_new(final, "spillway", sp);
         }
         json_object_set(sp, "tool_steps", steps);
+        json_object_set_new(sp, "run_attempts", json_integer(run_attempts));
         char *s = json_dumps(final, JSON_COMPACT);
         if (s) {
             rt__send_response(q, 200, "application/json", NULL, s, strlen(s));

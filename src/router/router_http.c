@@ -235,6 +235,18 @@ static void handle_metrics(rt_req *q)
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt__g.active_conns);
     OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", rt__g.queued);
+    OUT("# TYPE spillway_router_idempotent_replays_total counter\n"
+        "spillway_router_idempotent_replays_total %llu\n",
+        (unsigned long long)rt__g.idem_replays);
+    OUT("# TYPE spillway_router_tool_calls_total counter\nspillway_router_tool_calls_total %llu\n",
+        (unsigned long long)rt__g.tool_calls);
+    OUT("# TYPE spillway_router_tool_steps_reused_total counter\n"
+        "spillway_router_tool_steps_reused_total %llu\n",
+        (unsigned long long)rt__g.tool_reused);
+    OUT("# TYPE spillway_router_jobs_total counter\n"
+        "spillway_router_jobs_total{outcome=\"succeeded\"} %llu\n"
+        "spillway_router_jobs_total{outcome=\"failed\"} %llu\n",
+        (unsigned long long)rt__g.jobs_done, (unsigned long long)rt__g.jobs_failed);
     for (int h = 0; h < 2; h++) {
         const char *name = h ? "spillway_router_time_to_first_token_seconds"
                              : "spillway_router_request_duration_seconds";

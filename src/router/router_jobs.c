@@ -169,9 +169,18 @@ static void *job_thread(void *arg)
     for (;;) {
         char id[48];
         pthread_mutex_lock(&g_jobs.mu);
-        while (!g_jobs.stop && g_jobs.count == 0)
-            pthread_cond_wait(&g_jobs.cv, &g_jobs.mu);
-        if (g_jobs.stop) {
+        /* timed: a SIGTERM only sets rt__g.stop; no new job starts then */
+        while (!g_jobs.stop && !rt__g.stop && g_jobs.count == 0) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 200 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&g_jobs.cv, &g_jobs.mu, &ts);
+        }
+        if (g_jobs.stop || rt__g.stop) {
             pthread_mutex_unlock(&g_jobs.mu);
             return NULL;
         }

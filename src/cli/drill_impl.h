@@ -1,0 +1,274 @@
+/* drill_impl.h - the pieces of `spillway drill` (cli_drill.c) shared by its
+ * files: a small blocking HTTP client that parses what goes over the wire
+ * (drill_http.c), the processes it runs — the router, a memory hog inside
+ * the drill, a tool server (drill_proc.c) —, the scenarios
+ * (drill_scenarios.c) and the report (drill_report.c).
+ *
+ * The drill is a black-box client of the router on purpose: it sees what a
+ * user's client sees (status, headers, SSE events), plus what the router
+ * and the workers publish (/health, /metrics, /v1/spillway/events). It
+ * uses no router internals, so a bug in the router cannot hide itself.
+ * Private to src/cli.
+ */
+#ifndef SPILLWAY_CLI_DRILL_IMPL_H
+#define SPILLWAY_CLI_DRILL_IMPL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* ---- HTTP client (drill_http.c) ------------------------------------------- */
+
+#define DH_MAX_BODY (16u << 20) /* a larger response is cut (and marked incomplete) */
+
+typedef struct dh_response {
+    int status;        /* 0: no response head was read */
+    char *headers;     /* raw header block (sw_free) */
+    char *body;        /* de-chunked, NUL-terminated (sw_free) */
+    size_t body_len;
+    bool complete;     /* the body was read to its end */
+    bool broken;       /* the connection ended or timed out before the end */
+    bool stopped;      /* the caller's callback closed the connection */
+    double t_headers;  /* wall-clock seconds when the head arrived (0: never) */
+    double t_end;      /* when the exchange ended */
+} dh_response;
+
+/* Called with the whole de-chunked body so far after each read, and every
+ * 20 ms while nothing arrives; returns true to stop reading and close the
+ * connection (a client hanging up). */
+typedef bool (*dh_body_fn)(void *user, const char *body, size_t len);
+
+/* address: "unix:PATH", "http://HOST:PORT" or "HOST:PORT". -1 on failure. */
+int dh_connect(const char *address, int timeout_ms);
+/* One request on a fresh connection ("Connection: close"), read to its
+ * end, the time-out (per read) or until on_body says stop. extra_headers:
+ * "Name: value\r\n" lines or NULL; body NULL sends no body. Returns 0 when
+ * the request was sent (out->status tells whether an answer came), -1 when
+ * the connection could not be made. */
+int dh_exchange(const char *address, const char *method, const char *path,
+                const char *extra_headers, const char *body, int timeout_ms, dh_body_fn on_body,
+                void *user, dh_response *out);
+int dh_get(const char *address, const char *path, int timeout_ms, dh_response *out);
+void dh_response_free(dh_response *r);
+/* Value of a response header (case-insensitive) into buf; false if absent. */
+bool dh_header(const dh_response *r, const char *name, char *buf, size_t cap);
+/* GET path as JSON (NULL when unreachable or not JSON); *status_out
+ * optional. */
+json_t *dh_get_json(const char *address, const char *path, int timeout_ms, int *status_out);
+/* The value of one Prometheus sample (the exact series text, e.g.
+ * `x_total{outcome="ok"}`) in a /metrics body; missing = 0. */
+double dh_metric(const char *text, const char *series);
+/* The sum of every sample of a metric name (all label sets). */
+double dh_metric_sum(const char *text, const char *name);
+/* The SSE events of a body, strictly framed ("data: X\n\n" each): returns
+ * their count and a new array of strings (dh_sse_free), or -1 when the
+ * framing is wrong. A trailing incomplete event is not counted. */
+int dh_sse_split(const char *body, size_t len, char ***events, bool *framing_ok);
+void dh_sse_free(char **events, int n);
+double dh_now(void); /* wall clock, seconds (the router's event times are too) */
+void dh_sleep_ms(int ms);
+
+/* ---- records -------------------------------------------------------------- */
+
+#define DR_MAX_TOKENS 2048
+
+typedef struct dr_request {
+    char id[64];            /* the X-Request-Id sent */
+    char scenario[8];       /* "s1" ... */
+    char label[128];
+    char path[32];          /* /v1/completions, /v1/spillway/jobs ... */
+    bool stream;
+    bool job;
+    int max_tokens;
+    /* client side, wall-clock seconds (0 = did not happen) */
+    double t_send, t_headers, t_first_token, t_end;
+    int status;
+    char error_code[64];    /* the typed error (body or final SSE event) */
+    char worker[32];        /* X-Spillway-Worker (the worker that started it) */
+    int attempts;           /* X-Spillway-Attempts, 0 = absent */
+    char rid_out[80];       /* X-Request-Id answered */
+    char retry_after[16];   /* Retry-After answered */
+    bool ids_match;         /* body id / every chunk's id == id */
+    bool complete;          /* full JSON, or a stream ending in [DONE] */
+    bool framing_ok;        /* strict SSE */
+    bool connection_open;   /* the connection stayed open until the end */
+    bool client_cancelled;  /* the drill hung up on purpose */
+    int done_events;        /* [DONE] count (must be 1) */
+    int n_tokens;
+    int tokens[DR_MAX_TOKENS];
+    char text[512];         /* the start of the output, for the report */
+    char finish[24];
+    int ref_match;          /* -1 no reference, 0 differs, 1 equal */
+    /* the router's failover record for this id, if any */
+    bool has_event;
+    char fe_worker[32], fe_kind[32], fe_phase[32];
+    double fe_time, cpu_start_time, completion_time;
+    char decision[16], reason[160], replay_worker[32], outcome[16];
+    int ev_attempts, ev_tokens;
+    int ev_client_connected; /* -1 unknown */
+    int tool_steps;         /* spillway.tool_steps of an agent run */
+    int tool_steps_reused;
+    /* job */
+    char job_id[80];
+    char job_state[16];
+    /* the drill's reading */
+    char final_worker[32];  /* who produced the answer's end */
+    bool ok;                /* ended as the scenario expects */
+    bool timed_out;         /* no answer within the drill's limit: a hang */
+} dr_request;
+
+typedef struct dr_mark {
+    double time;
+    char scenario[8];
+    char kind[24];          /* sigkill, hog, hog_release, cancel, tool_call, restart */
+    char label[160];
+} dr_mark;
+
+typedef enum dr_verdict_id {
+    DR_V_COMPLETED_ONCE = 0,
+    DR_V_IDENTITY,
+    DR_V_NO_DUP_TOOL,
+    DR_V_GPU_RECOVERED,
+    DR_V_COUNT,
+    DR_V_NONE = -1,
+} dr_verdict_id;
+
+typedef struct dr_check {
+    char name[96];
+    bool passed;
+    char detail[320];
+    dr_verdict_id verdict;  /* the seed verdict it counts for, or DR_V_NONE */
+} dr_check;
+
+#define DR_MAX_CHECKS 48
+
+typedef enum dr_state { DR_NOT_RUN = 0, DR_PASSED, DR_FAILED, DR_SKIPPED } dr_state;
+
+typedef struct dr_scenario {
+    char id[8];
+    char title[128];
+    char property[200];     /* what it proves */
+    dr_state state;
+    char skip_reason[256];
+    dr_check checks[DR_MAX_CHECKS];
+    int n_checks;
+    double t_start, t_end;
+} dr_scenario;
+
+#define DR_N_SCENARIOS 6
+#define DR_MAX_REQUESTS 160
+#define DR_MAX_MARKS 64
+
+/* ---- the drill's state ------------------------------------------------------ */
+
+typedef struct dr_router {
+    pid_t pid;              /* 0 when attached or stopped */
+    char dir[512];          /* scenario directory */
+    char cfg[600];
+    char log[600];
+    char state_dir[600];
+    char address[300];      /* HOST:PORT (or the attached URL) */
+    char gpu_sock[640];     /* managed workers' sockets; "" when attached */
+    char cpu_sock[640];
+} dr_router;
+
+/* A simulated tool behind the router (scenario 5): counts every call. */
+#define DR_MAX_TOOL_CALLS 64
+typedef struct dr_tool_call {
+    double time;
+    char key[128];          /* Idempotency-Key */
+    char request_id[80];
+    char body[256];
+} dr_tool_call;
+
+typedef struct dr_tool_server {
+    int listen_fd;
+    int port;
+    pthread_t thread;
+    bool running;
+    volatile bool stop;
+    pthread_mutex_t lock;
+    dr_tool_call calls[DR_MAX_TOOL_CALLS];
+    int n_calls;
+    pid_t kill_on_call;     /* when > 0: SIGKILL this pid when a call arrives */
+} dr_tool_server;
+
+typedef struct drill {
+    /* options */
+    const char *out_dir;
+    const char *config_path;     /* --config */
+    const char *router_url;      /* --router */
+    char model[600];
+    bool quick;
+    bool attached;
+    bool color;                  /* stderr is a tty */
+    /* the two workers of the generated configurations */
+    char gpu_device[128];        /* sim-gpu:NAME or cuda:N */
+    char gpu_extra[512];         /* extra worker keys from --config (gpu-layers ...) */
+    char cpu_extra[512];
+    char pool[64];               /* sim-gpu pool name, "" for a real device */
+    char sim_capacity[32];
+    bool gpu_simulated;
+    char sabotage[256];          /* SPILLWAY_SABOTAGE passed to the router */
+    /* results */
+    dr_scenario scenarios[DR_N_SCENARIOS];
+    dr_request *requests;        /* DR_MAX_REQUESTS */
+    int n_requests;
+    dr_mark marks[DR_MAX_MARKS];
+    int n_marks;
+    pthread_mutex_t lock;        /* requests and marks from threads */
+    double t_start, t_end;
+    /* what runs now */
+    dr_router router;
+    struct dev_device *hog_dev;  /* the in-drill "second model" */
+    void *hog_ptr[4];            /* its allocations */
+    size_t hog_bytes[4];
+    int n_hog;
+    dr_tool_server tools;
+    char progress_scenario[8];
+} drill;
+
+extern volatile sig_atomic_t dr_interrupted;
+
+/* drill_proc.c */
+int dr_router_start(drill *d, dr_router *r, const char *name, const char *server_extra,
+                    const char *workers, char *why, size_t why_cap);
+int dr_router_stop(drill *d, dr_router *r); /* exit status, -1 when none */
+void dr_signals_install(void);
+void dr_cleanup(drill *d);                   /* everything still running */
+/* Takes bytes more of the GPU worker's device (at most 4 at once);
+ * dr_hog_release gives all back. */
+int dr_hog_take(drill *d, uint64_t bytes, char *why, size_t why_cap);
+void dr_hog_release(drill *d);
+uint64_t dr_hog_held(const drill *d);
+void dr_hog_close(drill *d); /* releases and closes the device handle */
+int dr_tool_server_start(dr_tool_server *t);
+void dr_tool_server_stop(dr_tool_server *t);
+int dr_tool_calls(dr_tool_server *t, dr_tool_call *copy, int cap);
+int dr_pool_used(drill *d, uint64_t *used_excluding_hog);
+
+/* drill_scenarios.c */
+void dr_scenarios_init(drill *d);
+void dr_run_all(drill *d);
+
+/* helpers shared by the scenario code and the report */
+dr_request *dr_request_new(drill *d, const char *scenario, const char *id, const char *label);
+void dr_mark_add(drill *d, const char *scenario, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void dr_check_add(drill *d, dr_scenario *s, dr_verdict_id v, bool passed, const char *name,
+              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void dr_progress(drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *dr_verdict_name(dr_verdict_id v);
+const char *dr_state_name(dr_state s);
+/* The four seed verdicts from the checks: passed, failed or not_tested. */
+const char *dr_verdict_status(const drill *d, dr_verdict_id v);
+bool dr_all_passed(const drill *d);
+
+/* drill_report.c */
+int dr_write_reports(drill *d);
+
+#endif

@@ -16,8 +16,12 @@ static void usage(FILE *out)
             "      --listen ADDR    HOST:PORT or unix:PATH (overrides [server] listen)\n"
             "      --state-dir DIR  overrides [server] state-dir\n"
             "  -m, --model FILE     overrides [model] path\n"
-            "Exit status: 0 after SIGTERM/SIGINT, 1 when a worker or the socket cannot\n"
-            "be set up, 2 for a bad configuration or options.\n");
+            "Exit status: 0 after SIGTERM/SIGINT, 1 when a worker, the ledger or the socket\n"
+            "cannot be set up, 2 for a bad configuration or options.\n"
+            "Environment: SPILLWAY_SABOTAGE=no-replay,no-resume,no-tool-ledger,no-restart,\n"
+            "no-deadline turns safety features off for the drill's self-check (never in\n"
+            "production); SPILLWAY_FAULT=router_exit_after_tool_started|_called makes the\n"
+            "router exit for crash tests (docs/router.md).\n");
 }
 
 int cli_serve_main(int argc, char **argv)

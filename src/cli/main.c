@@ -17,10 +17,11 @@ static void usage(FILE *out)
             "commands:\n"
             "  run      generate text from a prompt on the command line\n"
             "  model    make | info  (make a test model, inspect a GGUF file)\n"
-            "  bench    engine       (prefill and decode speed)\n"
+            "  bench    engine | memory | http | profiles  (speed, latency, placement profiles)\n"
             "  hog      hold device memory until stopped (fill a GPU on purpose)\n"
             "  worker   serve one model over HTTP (OpenAI API)\n"
             "  serve    the router: workers, admission, failover (--config FILE)\n"
+            "  drill    the failover proof: scenarios, verdicts, report (--out DIR)\n"
             "  version  print the version\n"
             "\n"
             "`spillway <command> --help` describes each command.\n",
@@ -38,6 +39,8 @@ int main(int argc, char **argv)
         return cli_run_main(argc - 1, argv + 1);
     if (strcmp(cmd, "model") == 0)
         return cli_model_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0 && argc > 2 && strcmp(argv[2], "profiles") == 0)
+        return cli_bench_profiles_main(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0)
         return cli_bench_main(argc - 1, argv + 1);
     if (strcmp(cmd, "hog") == 0)
@@ -46,6 +49,8 @@ int main(int argc, char **argv)
         return cli_worker_main(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0)
         return cli_serve_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "drill") == 0)
+        return cli_drill_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("spillway %s\n", SPILLWAY_VERSION);
         return 0;

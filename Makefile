@@ -10,8 +10,17 @@ FUZZERS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 WERROR  := $(if $(SPILLWAY_WERROR),ON,OFF)
 DEMO    := $(BUILD)/models/demo.gguf
 PROMPT  ?= Once upon a time
+# CUDA: with an NVIDIA GPU (`nvidia-smi -L` lists one) the main build has
+# the cuda:N device and `make run` serves on it (config/cuda.ini; else
+# config/demo.ini, a simulated GPU). With the toolkit (nvcc) but no GPU,
+# `make test` still compiles a CUDA tree ($(CUDA_BUILD)) so CI proves it builds.
+CUDA_BUILD ?= build-cuda
+HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+NVCC     := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+CUDA     := $(if $(HAVE_GPU),ON,OFF)
+RUN_CONFIG ?= $(if $(HAVE_GPU),config/cuda.ini,config/demo.ini)
 
-.PHONY: all deps build build-asan build-fuzz demo run generate test test-unit test-asan test-fuzz bench clean
+.PHONY: all deps build build-asan build-fuzz build-cuda demo run generate test test-unit test-asan test-fuzz bench clean
 
 all: build
 
@@ -19,8 +28,15 @@ deps:
 	@scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=$(WERROR) >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=$(WERROR) -DSPILLWAY_CUDA=$(CUDA) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
+
+# Compile only (library, binary, test programs): nothing here needs a GPU.
+build-cuda: deps
+	@if [ -z "$(NVCC)" ]; then echo "build-cuda: no nvcc, the CUDA build is not compiled"; else \
+	  cmake -S . -B $(CUDA_BUILD) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=$(WERROR) \
+	    -DSPILLWAY_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
+	  cmake --build $(CUDA_BUILD) -j$(JOBS) && echo "build-cuda: the CUDA build compiles"; fi
 
 build-asan: deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DSPILLWAY_SANITIZE=ON -DSPILLWAY_WERROR=$(WERROR) >/dev/null
@@ -38,10 +54,11 @@ $(DEMO): | build
 
 demo: build $(DEMO)
 
-# The main job: the router with one simulated-GPU worker and one CPU worker
-# (config/demo.ini) on 127.0.0.1:8080, until Ctrl-C.
+# The main job: the router with one GPU worker and one CPU worker on
+# 127.0.0.1:8080, until Ctrl-C: cuda:0 when there is a GPU (config/cuda.ini),
+# else a simulated GPU (config/demo.ini).
 run: demo
-	$(BUILD)/spillway serve --config config/demo.ini
+	$(BUILD)/spillway serve --config $(RUN_CONFIG)
 
 # A one-shot generation on the demo model.
 generate: demo
@@ -68,10 +85,10 @@ test-fuzz: build-fuzz
 	  grep -E '^Done|^#[0-9]+.*DONE' $(FUZZ)/fuzz_$$f.log | tail -1; \
 	done
 
-test: test-unit test-asan test-fuzz
+test: test-unit test-asan test-fuzz build-cuda
 
 bench: build
 	bench/engine.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN) $(FUZZ)
+	rm -rf $(BUILD) $(ASAN) $(FUZZ) $(CUDA_BUILD)

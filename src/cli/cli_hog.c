@@ -1,9 +1,12 @@
 /* cli_hog.c - `spillway hog`: takes device memory and holds it until told
  * to stop, the way a second model fills a GPU in the drill.
  *
- *   spillway hog --device D [--sim-capacity BYTES] --bytes N [--unlink]
+ *   spillway hog --device D [--sim-capacity BYTES] (--bytes N | --leave N) [--unlink]
  *
- * Prints one line on stdout once the memory is held (the signal for scripts
+ * --leave N takes all of the device's free memory but N bytes, measured
+ * after the device is open (on cuda:N this process's own CUDA context
+ * already holds its share then), so a drill can leave a GPU worker an exact
+ * margin. Prints one line on stdout once the memory is held (the signal for scripts
  * and tests to go on), then waits for SIGTERM or SIGINT, frees and exits 0.
  * On cpu the pages are written so the memory is really taken; on sim-gpu
  * only the pool's accounting matters, so the host pages are left untouched.
@@ -32,8 +35,11 @@ static void hog_on_signal(int sig) { hog_stop = sig; }
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: spillway hog --device D --bytes N [--sim-capacity BYTES] [--unlink]\n"
-            "  hold N bytes (e.g. 2GiB) of device D (cpu, sim-gpu:NAME) until SIGTERM/SIGINT.\n"
+            "usage: spillway hog --device D (--bytes N | --leave N) [--sim-capacity BYTES] "
+            "[--unlink]\n"
+            "  hold N bytes (e.g. 2GiB) of device D (cpu, sim-gpu:NAME, cuda:N) until "
+            "SIGTERM/SIGINT.\n"
+            "  --leave N       take all the free memory but N bytes instead\n"
             "  --sim-capacity  create the sim-gpu pool with this capacity if it is missing\n"
             "  --unlink        remove the sim-gpu pool's name on exit\n"
             "  exit status 3: the memory did not fit\n");
@@ -44,11 +50,13 @@ int cli_hog_main(int argc, char **argv)
     static const struct option longopts[] = {
         {"device", required_argument, 0, 'd'},  {"bytes", required_argument, 0, 'b'},
         {"sim-capacity", required_argument, 0, 'c'}, {"unlink", no_argument, 0, 'u'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"leave", required_argument, 0, 'l'},   {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *spec = NULL;
     uint64_t bytes = 0;
-    bool have_bytes = false, unlink_pool = false;
+    uint64_t leave = 0;
+    bool have_bytes = false, have_leave = false, unlink_pool = false;
     dev_options opts = {0};
     dev_device *dev = NULL;
     dev_memory mem;
@@ -60,7 +68,7 @@ int cli_hog_main(int argc, char **argv)
     char held[SW_BYTES_STR_MAX], used[SW_BYTES_STR_MAX], total[SW_BYTES_STR_MAX];
 
     optind = 1;
-    while ((c = getopt_long(argc, argv, "d:b:c:uh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "d:b:c:l:uh", longopts, NULL)) != -1) {
         switch (c) {
         case 'd': spec = optarg; break;
         case 'b':
@@ -77,12 +85,19 @@ int cli_hog_main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'l':
+            if (sw_parse_bytes(optarg, &leave) != 0) {
+                fprintf(stderr, "spillway hog: bad --leave '%s' (e.g. 64MiB)\n", optarg);
+                return 2;
+            }
+            have_leave = true;
+            break;
         case 'u': unlink_pool = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (!spec || !have_bytes || optind != argc) {
+    if (!spec || have_bytes == have_leave || optind != argc) {
         usage(stderr);
         return 2;
     }
@@ -107,6 +122,23 @@ int cli_hog_main(int argc, char **argv)
         fprintf(stderr, "spillway hog: %s\n", err.message);
         status = rc == SW_EINVAL ? 2 : 1;
         goto done;
+    }
+    if (have_leave) {
+        if ((rc = dev_memory_info(dev, &mem, &err)) != 0) {
+            fprintf(stderr, "spillway hog: %s\n", err.message);
+            goto done;
+        }
+        if (mem.free_bytes <= leave) {
+            fprintf(stderr, "spillway hog: %s has %" PRIu64 " bytes free, not more than "
+                    "--leave %" PRIu64 "\n", dev_spec(dev), mem.free_bytes, leave);
+            status = 3;
+            goto done;
+        }
+        bytes = mem.free_bytes - leave;
+        if (bytes > SIZE_MAX) {
+            fprintf(stderr, "spillway hog: too much to take on this machine\n");
+            goto done;
+        }
     }
     if ((rc = dev_alloc(dev, (size_t)bytes, "hog", &ptr, &err)) != 0) {
         fprintf(stderr, "spillway hog: %s\n", err.message);

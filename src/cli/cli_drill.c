@@ -176,6 +176,7 @@ int cli_drill_main(int argc, char **argv)
         }
         json_decref(h);
         snprintf(d->gpu_device, sizeof d->gpu_device, "(attached)");
+        dr_note_sabotage(d);
     } else if (d->config_path) {
         if (setup_from_config(d, d->config_path)) {
             status = 2;

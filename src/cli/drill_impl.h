@@ -107,7 +107,7 @@ typedef struct dr_request {
     bool has_event;
     char fe_worker[32], fe_kind[32], fe_phase[32];
     double fe_time, cpu_start_time, completion_time;
-    char decision[16], reason[160], replay_worker[32], outcome[16];
+    char decision[64], reason[160], replay_worker[32], outcome[16];
     int ev_attempts, ev_tokens;
     int ev_client_connected; /* -1 unknown */
     int tool_steps;         /* spillway.tool_steps of an agent run */
@@ -214,6 +214,8 @@ typedef struct drill {
     char sim_capacity[32];
     bool gpu_simulated;
     char sabotage[256];          /* SPILLWAY_SABOTAGE passed to the router */
+    char router_sabotage[256];   /* the switches a router's /health says are on */
+    bool router_sabotage_seen;   /* a router answered with the "sabotage" field */
     /* results */
     dr_scenario scenarios[DR_N_SCENARIOS];
     dr_request *requests;        /* DR_MAX_REQUESTS */
@@ -254,6 +256,8 @@ int dr_pool_used(drill *d, uint64_t *used_excluding_hog);
 /* drill_scenarios.c */
 void dr_scenarios_init(drill *d);
 void dr_run_all(drill *d);
+/* Notes the SPILLWAY_SABOTAGE switches the router's /health reports. */
+void dr_note_sabotage(drill *d);
 
 /* helpers shared by the scenario code and the report */
 dr_request *dr_request_new(drill *d, const char *scenario, const char *id, const char *label);

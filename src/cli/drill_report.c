@@ -118,6 +118,9 @@ static int write_json(drill *d, const char *path)
     json_object_set_new(setup, "gpu_simulated", json_boolean(d->gpu_simulated));
     json_object_set_new(setup, "model", json_string(d->model));
     json_object_set_new(setup, "sabotage", json_string(d->sabotage));
+    /* what the router itself says is switched off (null: it does not say) */
+    json_object_set_new(setup, "router_sabotage",
+                        d->router_sabotage_seen ? json_string(d->router_sabotage) : json_null());
     json_object_set_new(root, "setup", setup);
     json_t *verdicts = json_array();
     for (int v = 0; v < DR_V_COUNT; v++) {

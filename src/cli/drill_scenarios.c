@@ -545,9 +545,10 @@ static json_t *router_worker(const char *address, const char *name)
     return found;
 }
 
-/* Waits until the router reports the worker ready with >= min_restarts. */
+/* Waits until the router reports the worker ready with >= min_restarts;
+ * state_out (optional, 16 bytes) receives the last state seen. */
 static bool wait_restarted(const char *address, const char *name, int min_restarts,
-                           int timeout_s, int *restarts_out)
+                           int timeout_s, int *restarts_out, char *state_out)
 {
     double t0 = dh_now();
     while (dh_now() - t0 < timeout_s && !dr_interrupted) {
@@ -555,6 +556,8 @@ static bool wait_restarted(const char *address, const char *name, int min_restar
         const char *st = json_string_value(json_object_get(w, "state"));
         int restarts = (int)json_integer_value(json_object_get(w, "restarts"));
         bool ok = st && !strcmp(st, "ready") && restarts >= min_restarts;
+        if (state_out)
+            snprintf(state_out, 16, "%s", st ? st : "?");
         json_decref(w);
         if (restarts_out)
             *restarts_out = restarts;
@@ -620,6 +623,22 @@ static void workers_ini(drill *d, char *buf, size_t cap, const char *policy, con
              cpu_fault ? cpu_fault : "", cpu_fault ? "\n" : "", d->cpu_extra);
 }
 
+void dr_note_sabotage(drill *d)
+{
+    json_t *h = dh_get_json(d->router.address, "/health", 5000, NULL);
+    json_t *sab = json_object_get(h, "sabotage");
+    if (json_is_array(sab)) {
+        d->router_sabotage_seen = true;
+        d->router_sabotage[0] = '\0';
+        for (size_t i = 0; i < json_array_size(sab); i++) {
+            size_t l = strlen(d->router_sabotage);
+            snprintf(d->router_sabotage + l, sizeof d->router_sabotage - l, "%s%s", i ? "," : "",
+                     json_string_value(json_array_get(sab, i)) ?: "");
+        }
+    }
+    json_decref(h);
+}
+
 static bool start_router(drill *d, dr_scenario *s, const char *name, const char *server_extra,
                          const char *workers)
 {
@@ -635,6 +654,7 @@ static bool start_router(drill *d, dr_scenario *s, const char *name, const char 
         dr_check_add(d, s, DR_V_NONE, false, "router started", "%s", why);
         return false;
     }
+    dr_note_sabotage(d);
     return true;
 }
 
@@ -1056,7 +1076,7 @@ static void s3_run(drill *d, dr_scenario *s)
              "cancelled requests %.0f -> %.0f", cancelled0, cancelled1);
     /* The GPU worker died mid-request: its memory must be back, whether
      * it was restarted (its KV at baseline) or not (the pool says so). */
-    bool up = wait_restarted(rt->address, "gpu", 1, 15, NULL);
+    bool up = wait_restarted(rt->address, "gpu", 1, 15, NULL, NULL);
     if (up) {
         long long g = kv_used(rt->gpu_sock);
         dr_check_add(d, s, DR_V_NONE, g == gpu_kv0, "GPU worker KV back at baseline",
@@ -1183,9 +1203,10 @@ static void s4_half(drill *d, dr_scenario *s, bool oom)
     dr_check_add(d, s, DR_V_IDENTITY, id_bad == 0, "request ids preserved",
              "%d of %d answers carried another id", id_bad, n);
     int restarts = 0;
-    bool back = wait_restarted(rt->address, "gpu", 1, 30, &restarts);
+    char state[16] = "";
+    bool back = wait_restarted(rt->address, "gpu", 1, 30, &restarts, state);
     dr_check_add(d, s, DR_V_GPU_RECOVERED, back, "the GPU worker was restarted",
-             "state ready after %d restart(s)", restarts);
+                 "state '%s', %d restart(s) counted by the router", state, restarts);
     if (back) {
         dr_mark_add(d, s->id, "restart", "the GPU worker is back (%d restart(s))", restarts);
         char id[64], body[512];

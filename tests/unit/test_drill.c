@@ -413,11 +413,73 @@ static void test_drill_interrupted(void **state)
     nftw(out_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* bench profiles: every figure present and positive, the device memory
+ * follows the placement (full > split > cpu = 0), the chart has a bar per
+ * profile and metric. */
+static void test_bench_profiles(void **state)
+{
+    (void)state;
+    char out_dir[512];
+    snprintf(out_dir, sizeof out_dir, "%s", tu_tmp_path("bench-profiles"));
+    nftw(out_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    char *out = NULL;
+    int st = -1;
+    char *argv[] = {(char *)tu_spillway_bin(), "bench", "profiles", "--model", g_model,
+                    "--gpu-layers", "1", "--gen", "6", "--out", out_dir, NULL};
+    assert_int_equal(tu_run_capture(argv, 300, &out, &st), 0);
+    assert_int_equal(st, 0);
+    /* the table names every profile */
+    assert_non_null(strstr(out, "full-gpu"));
+    assert_non_null(strstr(out, "split"));
+    assert_non_null(strstr(out, "cpu"));
+    sw_free(out);
+    char path[700];
+    snprintf(path, sizeof path, "%s/profiles.json", out_dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    json_t *ps = json_object_get(j, "profiles");
+    assert_int_equal((int)json_array_size(ps), 3);
+    long long dev[3];
+    static const char *const names[3] = {"full-gpu", "split", "cpu"};
+    for (size_t i = 0; i < 3; i++) {
+        json_t *p = json_array_get(ps, i);
+        assert_string_equal(json_string_value(json_object_get(p, "profile")), names[i]);
+        assert_true(json_is_true(json_object_get(p, "ok")));
+        static const char *const positive[] = {"ttft_ms", "prefill_tokens_per_second",
+                                               "decode_tokens_per_second",
+                                               "client_decode_tokens_per_second",
+                                               "host_rss_bytes", "host_peak_rss_bytes",
+                                               "kv_bytes_per_token"};
+        for (int k = 0; k < 7; k++) {
+            json_t *v = json_object_get(p, positive[k]);
+            if (!json_is_number(v) || json_number_value(v) <= 0)
+                fail_msg("%s: %s missing or not positive", names[i], positive[k]);
+        }
+        dev[i] = json_integer_value(json_object_get(p, "device_memory_bytes"));
+        assert_int_equal((int)json_array_size(json_object_get(p, "per_prompt")), 3);
+    }
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(ps, 1), "device_layers")), 1);
+    assert_true(dev[0] > dev[1]);
+    assert_true(dev[1] > 0);
+    assert_int_equal(dev[2], 0);
+    json_decref(j);
+    snprintf(path, sizeof path, "%s/profiles.svg", out_dir);
+    char *svg = tu_read_file(path, NULL);
+    assert_non_null(svg);
+    int bars = 0;
+    for (const char *p = svg; (p = strstr(p, "<rect class=\"bar\"")); p++)
+        bars++;
+    assert_int_equal(bars, 12);
+    sw_free(svg);
+    nftw(out_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drill_quick),
         cmocka_unit_test(test_drill_interrupted),
+        cmocka_unit_test(test_bench_profiles),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -13,8 +13,8 @@
 #    540; budget: under 8 minutes on a 16-core H200 box):
 #        scripts/gpu-check.sh
 #    Everything goes under $OUT (at most 8 files): summary.txt (the verdict,
-#    step by step), env.txt, build.log, test_cuda.log, ctest.log, drill.log,
-#    profiles.log.
+#    step by step), env.txt, build.log, test_cuda.log, ctest.log,
+#    worker.log, drill.log, profiles.log.
 #
 # What it checks:
 #   build      CMake Release with -DSPILLWAY_CUDA=ON (sm_90 + PTX), the
@@ -29,6 +29,8 @@
 #              usable;
 #   ctest      the whole existing suite in the CUDA build (cpu and sim-gpu
 #              devices; nothing there may change when CUDA is compiled in);
+#   worker     `spillway worker --device cuda:0` and a CPU worker give the
+#              same stories260K greedy token ids through the HTTP API;
 #   drill      a router with a cuda:0 worker (policy grow, no reserve) and a
 #              CPU worker: a request served on the GPU; then `spillway hog
 #              --device cuda:0 --leave 8MiB` takes all the other VRAM, and a
@@ -43,7 +45,7 @@
 #              exists in this tree (it is being written separately).
 #
 # For trying the script itself: GPU_CHECK_STEPS (default "build test_cuda
-# ctest drill profiles") picks steps, GPU_CHECK_BUILD=DIR uses a tree
+# ctest worker drill profiles") picks steps, GPU_CHECK_BUILD=DIR uses a tree
 # already built instead of building, GPU_CHECK_DEVICE=sim-gpu:NAME runs the
 # drill on a simulated GPU.
 set -u -o pipefail
@@ -75,7 +77,7 @@ SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 JOBS=$(nproc)
 B=${GPU_CHECK_BUILD:-$ROOT/build-gpu}
-STEPS=" ${GPU_CHECK_STEPS:-build test_cuda ctest drill profiles} "
+STEPS=" ${GPU_CHECK_STEPS:-build test_cuda ctest worker drill profiles} "
 want() { case $STEPS in *" $1 "*) return 0 ;; esac; return 1; }
 W=$(mktemp -d /tmp/gpu-check.XXXXXX)
 T0=$(date +%s)
@@ -202,6 +204,12 @@ elif cmd == "ready":        # ready URL NAME: exit 0 when worker NAME is ready
         sys.exit(1)
     sys.exit(0 if any(w.get("name") == sys.argv[3] and w.get("state") == "ready" for w in ws)
              else 1)
+elif cmd == "ids":          # ids URL BODY: the completion's token ids
+    st, h, body = call("POST", sys.argv[2], sys.argv[3])
+    try:
+        print(st, " ".join(map(str, json.loads(body)["spillway"]["token_ids"])))
+    except Exception:
+        print(st, body[:300].replace("\n", " "))
 elif cmd == "failover":     # failover URL: exit 0 when an oom on gpu was replayed on cpu
     st, h, body = call("GET", sys.argv[2])
     print(body[:3000])
@@ -217,6 +225,36 @@ wait_ready() { # URL NAME SECONDS
     local i
     for i in $(seq 1 $(( $3 * 2 ))); do h ready "$1" "$2" && return 0; sleep 0.5; done
     return 1
+}
+
+# The worker on cuda:0 against a CPU worker: stories260K, greedy, through
+# the HTTP API (prefill chunks, continuous batching), token ids equal.
+worker_parity() {
+    local model=$SPILLWAY_SHARED/models/stories260K.gguf gpu cpu a b ok=0 i extra=()
+    case $GPU_DEV in sim-gpu:*) extra=(--sim-capacity 64MiB) ;; esac
+    local body='{"prompt":"Once upon a time, in a small town,","max_tokens":48,"temperature":0,"ignore_eos":true}'
+    "$SW" worker -m "$model" --listen 18461 --device "$GPU_DEV" "${extra[@]}" \
+        > "$W/wgpu.log" 2>&1 &
+    gpu=$!
+    pids+=("$gpu")
+    "$SW" worker -m "$model" --listen 18462 --device cpu > "$W/wcpu.log" 2>&1 &
+    cpu=$!
+    pids+=("$cpu")
+    for i in $(seq 1 60); do
+        h req GET http://127.0.0.1:18461/health | grep -q '^200' &&
+            h req GET http://127.0.0.1:18462/health | grep -q '^200' && break
+        sleep 0.5
+    done
+    h req GET http://127.0.0.1:18461/health
+    a=$(h ids http://127.0.0.1:18461/v1/completions "$body")
+    b=$(h ids http://127.0.0.1:18462/v1/completions "$body")
+    echo "gpu: $a"
+    echo "cpu: $b"
+    [ "${a%% *}" = 200 ] && [ "$a" = "$b" ] || { echo "FAIL: token ids differ"; ok=1; }
+    kill "$gpu" "$cpu"
+    wait "$gpu" "$cpu"
+    echo "--- gpu worker log"; tail -20 "$W/wgpu.log"
+    return $ok
 }
 
 drill() {
@@ -303,6 +341,13 @@ drill() {
     echo "--- gpu worker log"; tail -30 "$W/state/gpu.log" 2>/dev/null
     return $ok
 }
+if ! want worker; then
+    verdict worker SKIP "not asked"
+elif worker_parity > "$OUT/worker.log" 2>&1; then
+    verdict worker ok "stories260K greedy through the worker API: $GPU_DEV = cpu, token for token"
+else
+    verdict worker FAIL "see worker.log"
+fi
 if ! want drill; then
     verdict drill SKIP "not asked"
 elif drill > "$OUT/drill.log" 2>&1; then

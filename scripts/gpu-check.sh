@@ -138,7 +138,8 @@ fi
 say "gpu-check: $(nvidia-smi -L 2>/dev/null | head -1)"
 if ! want build; then
     verdict build SKIP "using $B"
-elif cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA=ON "${CMAKE_EXTRA[@]}" \
+elif cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA=ON \
+        -DSPILLWAY_SHARED_DIR="$SPILLWAY_SHARED" "${CMAKE_EXTRA[@]}" \
         > "$OUT/build.log" 2>&1 &&
    cmake --build "$B" -j"$JOBS" >> "$OUT/build.log" 2>&1; then
     verdict build ok "CUDA Release build, $(grep -c 'Building' "$OUT/build.log") objects"

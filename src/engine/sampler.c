@@ -113,6 +113,14 @@ void eng_sampler_set_draws(eng_sampler *s, uint64_t draws)
     s->draws = draws;
 }
 
+void eng_sampler_mask_logits(float *logits, int32_t n_logits, const uint32_t *allowed,
+                             int32_t n_allowed_ids)
+{
+    for (int32_t i = 0; i < n_logits; i++)
+        if (i >= n_allowed_ids || !((allowed[i >> 5] >> (i & 31)) & 1u))
+            logits[i] = -INFINITY;
+}
+
 /* splitmix64's output function (Steele, Lea, Flood 2014): a bijection of
  * 64-bit words with full avalanche. */
 static uint64_t sampler_mix64(uint64_t z)
@@ -289,6 +297,16 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         int32_t kept = 0;
         for (int32_t i = 0; i < n_cand; i++)
             if (cand[i].value >= threshold || i == best)
+                cand[kept++] = cand[i];
+        n_cand = kept;
+    } else {
+        /* Candidates without mass (masked tokens of constrained decoding,
+         * logits far below the best) can never be picked, and dropping
+         * them keeps the order and the sums of the others: the same pick,
+         * without sorting the whole vocabulary. */
+        int32_t kept = 0;
+        for (int32_t i = 0; i < n_cand; i++)
+            if (cand[i].value > 0.0f)
                 cand[kept++] = cand[i];
         n_cand = kept;
     }

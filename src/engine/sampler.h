@@ -53,6 +53,13 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
 void eng_sampler_apply_penalties(eng_sampler *s, float *logits, const int32_t *history,
                                  size_t n_history);
 
+/* Constrained decoding (constrain.h): sets logits[i] to -inf for every id
+ * whose bit (i % 32) of allowed[i / 32] is clear, and for ids at or past
+ * n_allowed_ids. Sampling afterwards still takes exactly one draw, so a
+ * constrained generation resumes exactly like any other. */
+void eng_sampler_mask_logits(float *logits, int32_t n_logits, const uint32_t *allowed,
+                             int32_t n_allowed_ids);
+
 uint64_t eng_sampler_draws(const eng_sampler *s);
 void eng_sampler_set_draws(eng_sampler *s, uint64_t draws);
 

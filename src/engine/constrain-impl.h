@@ -1,0 +1,82 @@
+/* constrain-impl.h - the compiled grammar that json_schema.c builds and
+ * constrain.c runs: a small graph of value nodes (object, string, number,
+ * literal set, array, any-of, ...) addressed by index.
+ *
+ * Why a node graph and not a flat DFA: JSON nests, so the automaton is a
+ * pushdown machine whose stack frames point at these nodes (constrain.c).
+ * Nesting is bounded at compile time (ENG_CS_MAX_DEPTH), so a state is a
+ * fixed-size value that can be copied while walking the token trie.
+ * Only json_schema.c and constrain.c include this file.
+ */
+#ifndef SPILLWAY_ENGINE_CONSTRAIN_IMPL_H
+#define SPILLWAY_ENGINE_CONSTRAIN_IMPL_H
+
+#include "engine/json_schema.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Frames on one automaton stack (the root frame included): bounds the
+ * nesting of a schema. */
+#define ENG_CS_MAX_DEPTH 16
+/* Alternative stacks followed at once (anyOf branches that agree on the
+ * bytes so far). More are dropped: every kept stack is still completable,
+ * so dropping only narrows what may be generated. */
+#define ENG_CS_MAX_ALTS 8
+/* Digits of an integer part and of a fraction: 15 keeps every integer
+ * exact in a double and in int64. */
+#define ENG_CS_MAX_INT_DIGITS 15
+#define ENG_CS_MAX_FRAC_DIGITS 6
+/* Nesting levels of free JSON under "json_object" and untyped schemas. */
+#define ENG_CS_ANY_DEPTH 4
+
+typedef enum cs_kind {
+    CS_OBJECT = 0,   /* declared properties, in order; optional ones may be skipped */
+    CS_ANYOBJ = 1,   /* any object: string keys, values of node `item` */
+    CS_ARRAY = 2,    /* items of node `item`, min_items..max_items */
+    CS_STRING = 3,   /* min_chars..max_chars code points */
+    CS_NUMBER = 4,
+    CS_INTEGER = 5,
+    CS_LITERALS = 6, /* one of a set of fixed texts (enum, const, true/false, null) */
+    CS_ANYOF = 7,    /* one of the nodes in alts */
+} cs_kind;
+
+typedef struct cs_node {
+    cs_kind kind;
+    int32_t min_bytes;       /* shortest serialization of a value */
+    /* CS_OBJECT: n_props keys serialized as "\"name\":" (keys[i], key_lens[i]) */
+    int32_t n_props;
+    char **keys;
+    int32_t *key_lens;
+    int32_t *children;       /* value node of each property */
+    bool *required;
+    int32_t *req_from;       /* n_props + 1: bytes the required properties >= i need,
+                                each with its comma: sum of 1 + key + value minimum */
+    int32_t *any_from;       /* n_props + 1: min over j >= i of key + value minimum
+                                (INT32_MAX / 4 past the end) */
+    int32_t *next_req;       /* n_props + 1: first required index >= i, or n_props */
+    /* CS_ARRAY, CS_ANYOBJ (values), CS_ANYOBJ also uses key_node */
+    int32_t item;
+    int32_t key_node;
+    int32_t min_items, max_items;
+    /* CS_STRING */
+    int32_t min_chars, max_chars;
+    /* CS_LITERALS */
+    int32_t n_lits;
+    char **lits;
+    int32_t *lit_lens;
+    /* CS_ANYOF */
+    int32_t n_alts;
+    int32_t *alts;
+} cs_node;
+
+struct eng_grammar {
+    cs_node *nodes;
+    int32_t n_nodes, cap_nodes;
+    int32_t root;
+    int32_t any_cache[ENG_CS_ANY_DEPTH + 1]; /* "any value" node per depth, or -1 */
+    int32_t any_key;                         /* unbounded string node for keys, or -1 */
+};
+
+#endif

@@ -1,0 +1,1050 @@
+/* constrain.c - the byte automaton over a compiled grammar and the token
+ * masks built from it (see constrain.h for the contract).
+ *
+ * State: up to ENG_CS_MAX_ALTS stacks of frames. A frame is a node of the
+ * grammar plus where in that node the text is (phase and counters); the
+ * bottom frame is the root (phase 0: the value has not started; 1: it has).
+ * Feeding a byte runs the top frame: it accepts the byte, refuses it, or
+ * ends (a number or a literal ends at the first byte that cannot extend
+ * it, which is then fed to the frame below). Expecting a value of an anyOf
+ * node forks the stack, one copy per alternative that accepts the byte.
+ *
+ * Minimum completion: every frame knows the fewest bytes that close it
+ * from its phase (node minimum lengths come from json_schema.c), and a
+ * stack's minimum is the sum over its frames; the state's is the smallest
+ * over its stacks. The budget rule compares it with the tokens left.
+ */
+#include "engine/constrain.h"
+
+#include "common/alloc.h"
+#include "engine/constrain-impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cs_frame {
+    int32_t node;   /* -1: the root */
+    uint8_t phase;
+    uint8_t pend;   /* string: UTF-8 continuation bytes still expected */
+    uint8_t lo, hi; /* string: range of the next continuation byte */
+    int32_t a, b, c;
+} cs_frame;
+
+typedef struct cs_stack {
+    int32_t depth;
+    cs_frame f[ENG_CS_MAX_DEPTH];
+} cs_stack;
+
+typedef struct cs_set {
+    int32_t n;
+    cs_stack s[ENG_CS_MAX_ALTS];
+} cs_set;
+
+/* Phases. */
+enum { S_START = 0, S_IN = 1, S_ESC = 2 };
+enum { N_START = 0, N_NEG = 1, N_ZERO = 2, N_INT = 3, N_FRAC0 = 4, N_FRAC = 5 };
+enum { O_START = 0, O_FIRST = 1, O_KEYSTART = 2, O_KEY = 3, O_VALUE = 4, O_AFTER = 5 };
+enum { A_START = 0, A_FIRST = 1, A_COLON = 2, A_VALUE = 3, A_AFTER = 4, A_KEY = 5 };
+enum { R_START = 0, R_FIRST = 1, R_AFTER = 2, R_NEXT = 3 };
+
+#define CS_INF ((int64_t)1 << 40)
+
+/* ---- the vocabulary ---------------------------------------------------- */
+
+typedef struct cs_tnode {
+    uint32_t first_child; /* 0: none (the root is never a child) */
+    uint32_t next;        /* next sibling, 0: none */
+    uint32_t tok_begin;   /* tokens ending here: ids[tok_begin .. +tok_count) */
+    uint32_t tok_count;
+    uint8_t byte;
+} cs_tnode;
+
+typedef struct cs_trie {
+    cs_tnode *nodes;
+    uint32_t n_nodes;
+    int32_t *ids;         /* tokens sorted by bytes */
+} cs_trie;
+
+struct eng_cs_vocab {
+    int32_t n_tokens;
+    char *blob;           /* every token's bytes */
+    size_t *off;          /* n_tokens */
+    int32_t *len;         /* n_tokens; 0: never allowed */
+    uint8_t *is_end;      /* n_tokens */
+    int32_t *end_ids;
+    int32_t n_end;
+    int32_t *plain_ids;   /* tokens of ordinary string characters only */
+    int32_t *plain_chars; /* their code points */
+    int32_t n_plain;
+    cs_trie full;         /* every allowed token */
+    cs_trie special;      /* allowed tokens that are not plain */
+    int32_t max_len;
+};
+
+struct eng_constraint {
+    const eng_grammar *g;
+    const eng_cs_vocab *v;
+    cs_set state;
+    cs_set *scratch;      /* max_len + 2 sets: the trie walk's states by depth */
+    uint32_t *mask;       /* for eng_constraint_sample */
+};
+
+/* Length of the UTF-8 character starting with lead byte c and the range
+ * of its first continuation byte (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF); 0 for a byte that cannot lead. */
+static int utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi)
+{
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        return 1;
+    if (c == 0xE0) {
+        *lo = 0xA0;
+        return 2;
+    }
+    if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
+        return 2;
+    if (c == 0xED) {
+        *hi = 0x9F;
+        return 2;
+    }
+    if (c == 0xF0) {
+        *lo = 0x90;
+        return 3;
+    }
+    if (c >= 0xF1 && c <= 0xF3)
+        return 3;
+    if (c == 0xF4) {
+        *hi = 0x8F;
+        return 3;
+    }
+    return 0;
+}
+
+/* Code points of a token made only of characters a JSON string may hold
+ * unescaped (no '"', '\\', control bytes) in whole UTF-8 characters; -1
+ * otherwise. */
+static int32_t plain_chars(const uint8_t *p, int32_t n)
+{
+    int32_t chars = 0;
+    for (int32_t i = 0; i < n;) {
+        uint8_t c = p[i], lo, hi;
+        if (c < 0x20 || c == '"' || c == '\\')
+            return -1;
+        chars++;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int k = utf8_lead(c, &lo, &hi);
+        if (k == 0 || i + k >= n || p[i + 1] < lo || p[i + 1] > hi)
+            return -1;
+        for (int j = 2; j <= k; j++)
+            if (p[i + j] < 0x80 || p[i + j] > 0xBF)
+                return -1;
+        i += k + 1;
+    }
+    return chars;
+}
+
+typedef struct cs_sort_item {
+    const uint8_t *p;
+    int32_t len;
+    int32_t id;
+} cs_sort_item;
+
+static int cs_sort_cmp(const void *pa, const void *pb)
+{
+    const cs_sort_item *a = pa, *b = pb;
+    int32_t n = a->len < b->len ? a->len : b->len;
+    int c = memcmp(a->p, b->p, (size_t)n);
+    if (c)
+        return c;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static void trie_free(cs_trie *t)
+{
+    sw_free(t->nodes);
+    sw_free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
+/* Builds a trie of the given items (sorted here). */
+static int trie_build(cs_trie *t, cs_sort_item *items, int32_t n, int32_t max_len)
+{
+    size_t cap = 1;
+    for (int32_t i = 0; i < n; i++)
+        cap += (size_t)items[i].len;
+    memset(t, 0, sizeof *t);
+    t->nodes = sw_calloc(cap, sizeof *t->nodes);
+    t->ids = sw_malloc((size_t)(n ? n : 1) * sizeof *t->ids);
+    uint32_t *path = sw_calloc((size_t)max_len + 2, sizeof *path);
+    if (!t->nodes || !t->ids || !path) {
+        sw_free(path);
+        trie_free(t);
+        return SW_ENOMEM;
+    }
+    qsort(items, (size_t)n, sizeof *items, cs_sort_cmp);
+    t->n_nodes = 1; /* the root */
+    path[0] = 0;
+    const cs_sort_item *prev = NULL;
+    for (int32_t i = 0; i < n; i++) {
+        const cs_sort_item *it = &items[i];
+        int32_t lcp = 0;
+        if (prev) {
+            int32_t m = prev->len < it->len ? prev->len : it->len;
+            while (lcp < m && prev->p[lcp] == it->p[lcp])
+                lcp++;
+        }
+        for (int32_t d = lcp; d < it->len; d++) {
+            uint32_t node = t->n_nodes++;
+            t->nodes[node].byte = it->p[d];
+            /* Sorted input: a new child goes after the children made so
+             * far, the last of which is on the previous string's path. */
+            if (d == lcp && prev && prev->len > d)
+                t->nodes[path[d + 1]].next = node;
+            else
+                t->nodes[path[d]].first_child = node;
+            path[d + 1] = node;
+        }
+        cs_tnode *end = &t->nodes[path[it->len]];
+        if (end->tok_count == 0)
+            end->tok_begin = (uint32_t)i;
+        end->tok_count++;
+        t->ids[i] = it->id;
+        prev = it;
+    }
+    sw_free(path);
+    return SW_OK;
+}
+
+void eng_cs_vocab_free(eng_cs_vocab *v)
+{
+    if (!v)
+        return;
+    sw_free(v->blob);
+    sw_free(v->off);
+    sw_free(v->len);
+    sw_free(v->is_end);
+    sw_free(v->end_ids);
+    sw_free(v->plain_ids);
+    sw_free(v->plain_chars);
+    trie_free(&v->full);
+    trie_free(&v->special);
+    sw_free(v);
+}
+
+int32_t eng_cs_vocab_n_tokens(const eng_cs_vocab *v)
+{
+    return v->n_tokens;
+}
+
+/* The shared part of both constructors: v->blob/off/len/is_end are set. */
+static int vocab_finish(eng_cs_vocab *v, sw_error *err)
+{
+    int32_t n = v->n_tokens, n_special = 0;
+    cs_sort_item *all = sw_malloc((size_t)(n ? n : 1) * sizeof *all);
+    cs_sort_item *spec = sw_malloc((size_t)(n ? n : 1) * sizeof *spec);
+    v->plain_ids = sw_malloc((size_t)(n ? n : 1) * sizeof *v->plain_ids);
+    v->plain_chars = sw_malloc((size_t)(n ? n : 1) * sizeof *v->plain_chars);
+    int32_t n_all = 0;
+    int rc = SW_OK;
+    if (!all || !spec || !v->plain_ids || !v->plain_chars) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+        goto done;
+    }
+    for (int32_t id = 0; id < n; id++) {
+        if (v->len[id] <= 0)
+            continue;
+        const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
+        all[n_all++] = (cs_sort_item){p, v->len[id], id};
+        if (v->len[id] > v->max_len)
+            v->max_len = v->len[id];
+        int32_t chars = plain_chars(p, v->len[id]);
+        if (chars >= 0) {
+            v->plain_ids[v->n_plain] = id;
+            v->plain_chars[v->n_plain++] = chars;
+        } else {
+            spec[n_special++] = (cs_sort_item){p, v->len[id], id};
+        }
+    }
+    if (trie_build(&v->full, all, n_all, v->max_len) ||
+        trie_build(&v->special, spec, n_special, v->max_len))
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+done:
+    sw_free(all);
+    sw_free(spec);
+    return rc;
+}
+
+int eng_cs_vocab_create(const eng_tokenizer *tok, eng_cs_vocab **out, sw_error *err)
+{
+    int32_t n = eng_tokenizer_n_vocab(tok);
+    eng_cs_vocab *v = sw_calloc(1, sizeof *v);
+    size_t total = 0;
+    int rc;
+    if (!v)
+        return sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+    v->n_tokens = n;
+    v->off = sw_calloc((size_t)n, sizeof *v->off);
+    v->len = sw_calloc((size_t)n, sizeof *v->len);
+    v->is_end = sw_calloc((size_t)n, sizeof *v->is_end);
+    v->end_ids = sw_calloc((size_t)n, sizeof *v->end_ids);
+    if (!v->off || !v->len || !v->is_end || !v->end_ids) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+        goto fail;
+    }
+    for (int32_t id = 0; id < n; id++) {
+        eng_token_type t = eng_token_get_type(tok, id);
+        if (eng_tokenizer_is_eog(tok, id)) {
+            v->is_end[id] = 1;
+            v->end_ids[v->n_end++] = id;
+        }
+        if (t == ENG_TOKEN_CONTROL || t == ENG_TOKEN_UNKNOWN || t == ENG_TOKEN_UNUSED ||
+            v->is_end[id])
+            continue;
+        size_t len = eng_token_to_bytes(tok, id, NULL, 0);
+        if (len > 4096)
+            continue; /* no real token is this long; never allowed */
+        v->off[id] = total;
+        v->len[id] = (int32_t)len;
+        total += len;
+    }
+    v->blob = sw_malloc(total ? total : 1);
+    if (!v->blob) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+        goto fail;
+    }
+    for (int32_t id = 0; id < n; id++)
+        if (v->len[id] > 0)
+            eng_token_to_bytes(tok, id, v->blob + v->off[id], (size_t)v->len[id]);
+    if ((rc = vocab_finish(v, err)))
+        goto fail;
+    *out = v;
+    return SW_OK;
+fail:
+    eng_cs_vocab_free(v);
+    return rc;
+}
+
+int eng_cs_vocab_create_from_pieces(const char *const *pieces, const size_t *lens, int32_t n,
+                                    const int32_t *end_ids, int32_t n_end, eng_cs_vocab **out,
+                                    sw_error *err)
+{
+    eng_cs_vocab *v = sw_calloc(1, sizeof *v);
+    size_t total = 0;
+    int rc;
+    if (!v || n <= 0)
+        return v ? (sw_free(v), sw_error_set(err, SW_EINVAL, "an empty vocabulary"))
+                 : sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+    v->n_tokens = n;
+    v->off = sw_calloc((size_t)n, sizeof *v->off);
+    v->len = sw_calloc((size_t)n, sizeof *v->len);
+    v->is_end = sw_calloc((size_t)n, sizeof *v->is_end);
+    v->end_ids = sw_calloc((size_t)n, sizeof *v->end_ids);
+    if (!v->off || !v->len || !v->is_end || !v->end_ids) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+        goto fail;
+    }
+    for (int32_t i = 0; i < n_end; i++) {
+        if (end_ids[i] < 0 || end_ids[i] >= n || v->is_end[end_ids[i]])
+            continue;
+        v->is_end[end_ids[i]] = 1;
+        v->end_ids[v->n_end++] = end_ids[i];
+    }
+    for (int32_t id = 0; id < n; id++) {
+        if (!pieces[id] || lens[id] == 0 || lens[id] > 4096 || v->is_end[id])
+            continue;
+        v->off[id] = total;
+        v->len[id] = (int32_t)lens[id];
+        total += lens[id];
+    }
+    v->blob = sw_malloc(total ? total : 1);
+    if (!v->blob) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+        goto fail;
+    }
+    for (int32_t id = 0; id < n; id++)
+        if (v->len[id] > 0)
+            memcpy(v->blob + v->off[id], pieces[id], (size_t)v->len[id]);
+    if ((rc = vocab_finish(v, err)))
+        goto fail;
+    *out = v;
+    return SW_OK;
+fail:
+    eng_cs_vocab_free(v);
+    return rc;
+}
+
+/* ---- the automaton ------------------------------------------------------- */
+
+static void stack_copy(cs_stack *dst, const cs_stack *src)
+{
+    dst->depth = src->depth;
+    memcpy(dst->f, src->f, (size_t)src->depth * sizeof src->f[0]);
+}
+
+static void push_out(cs_set *out, const cs_stack *st)
+{
+    if (out->n < ENG_CS_MAX_ALTS)
+        stack_copy(&out->s[out->n++], st);
+}
+
+enum { R_REJECT = 0, R_ACCEPT = 1, R_DONE = 2, R_END = 3 };
+
+static int step_string(const cs_node *n, cs_frame *f, uint8_t ch)
+{
+    switch (f->phase) {
+    case S_START:
+        if (ch != '"')
+            return R_REJECT;
+        f->phase = S_IN;
+        return R_ACCEPT;
+    case S_ESC:
+        if (!strchr("\"\\/bfnrt", ch) || ch == 0)
+            return R_REJECT;
+        f->phase = S_IN;
+        return R_ACCEPT;
+    default:
+        break;
+    }
+    if (f->pend) {
+        if (ch < f->lo || ch > f->hi)
+            return R_REJECT;
+        f->pend--;
+        f->lo = 0x80;
+        f->hi = 0xBF;
+        return R_ACCEPT;
+    }
+    if (ch == '"')
+        return f->a >= n->min_chars ? R_DONE : R_REJECT;
+    if (ch < 0x20 || f->a >= n->max_chars)
+        return R_REJECT;
+    if (ch == '\\') {
+        f->a++;
+        f->phase = S_ESC;
+        return R_ACCEPT;
+    }
+    if (ch >= 0x80) {
+        uint8_t lo, hi;
+        int k = utf8_lead(ch, &lo, &hi);
+        if (k == 0)
+            return R_REJECT;
+        f->pend = (uint8_t)k;
+        f->lo = lo;
+        f->hi = hi;
+    }
+    f->a++;
+    return R_ACCEPT;
+}
+
+static int step_number(bool integer, cs_frame *f, uint8_t ch)
+{
+    bool digit = ch >= '0' && ch <= '9';
+    switch (f->phase) {
+    case N_START:
+    case N_NEG:
+        if (ch == '-' && f->phase == N_START) {
+            f->phase = N_NEG;
+            return R_ACCEPT;
+        }
+        if (ch == '0') {
+            f->phase = N_ZERO;
+            return R_ACCEPT;
+        }
+        if (digit) {
+            f->phase = N_INT;
+            f->a = 1;
+            return R_ACCEPT;
+        }
+        return R_REJECT;
+    case N_ZERO:
+    case N_INT:
+        if (digit && f->phase == N_INT && f->a < ENG_CS_MAX_INT_DIGITS) {
+            f->a++;
+            return R_ACCEPT;
+        }
+        if (ch == '.' && !integer) {
+            f->phase = N_FRAC0;
+            return R_ACCEPT;
+        }
+        return R_END;
+    case N_FRAC0:
+        if (!digit)
+            return R_REJECT;
+        f->phase = N_FRAC;
+        f->a = 1;
+        return R_ACCEPT;
+    default: /* N_FRAC */
+        if (digit && f->a < ENG_CS_MAX_FRAC_DIGITS) {
+            f->a++;
+            return R_ACCEPT;
+        }
+        return R_END;
+    }
+}
+
+static bool same_prefix(const cs_node *n, int32_t j, int32_t c, int32_t b)
+{
+    return j == c || (n->lit_lens[j] >= b && memcmp(n->lits[j], n->lits[c], (size_t)b) == 0);
+}
+
+static int step_literal(const cs_node *n, cs_frame *f, uint8_t ch)
+{
+    int32_t b = f->b;
+    bool can_end = false;
+    for (int32_t j = 0; j < n->n_lits; j++) {
+        if (!same_prefix(n, j, f->a, b))
+            continue;
+        if (n->lit_lens[j] == b) {
+            can_end = true;
+        } else if ((uint8_t)n->lits[j][b] == ch) {
+            f->a = j;
+            f->b = b + 1;
+            return R_ACCEPT;
+        }
+    }
+    return can_end ? R_END : R_REJECT;
+}
+
+static bool literal_can_end(const cs_node *n, const cs_frame *f)
+{
+    for (int32_t j = 0; j < n->n_lits; j++)
+        if (n->lit_lens[j] == f->b && same_prefix(n, j, f->a, f->b))
+            return true;
+    return false;
+}
+
+/* The last key candidate in an object frame: keys a..(first required). */
+static int32_t key_hi(const cs_node *n, int32_t a)
+{
+    int32_t r = n->next_req[a];
+    return r < n->n_props ? r : n->n_props - 1;
+}
+
+static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out);
+
+/* A value of node starts with ch on top of st. */
+static void enter(const eng_grammar *g, cs_stack *st, int32_t node, uint8_t ch, cs_set *out)
+{
+    const cs_node *n = &g->nodes[node];
+    if (n->kind == CS_ANYOF) {
+        for (int32_t i = 0; i < n->n_alts; i++) {
+            cs_stack copy;
+            stack_copy(&copy, st);
+            enter(g, &copy, n->alts[i], ch, out);
+        }
+        return;
+    }
+    if (st->depth >= ENG_CS_MAX_DEPTH)
+        return;
+    cs_frame *f = &st->f[st->depth++];
+    memset(f, 0, sizeof *f);
+    f->node = node;
+    run(g, st, ch, out);
+}
+
+static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
+{
+    for (;;) {
+        if (st->depth <= 0)
+            return;
+        cs_frame *f = &st->f[st->depth - 1];
+        if (f->node < 0) {
+            if (f->phase == 0) {
+                f->phase = 1;
+                enter(g, st, g->root, ch, out);
+            }
+            return;
+        }
+        const cs_node *n = &g->nodes[f->node];
+        int r;
+        switch (n->kind) {
+        case CS_STRING:
+            r = step_string(n, f, ch);
+            if (r == R_REJECT)
+                return;
+            if (r == R_DONE)
+                st->depth--;
+            push_out(out, st);
+            return;
+        case CS_NUMBER:
+        case CS_INTEGER:
+        case CS_LITERALS:
+            r = n->kind == CS_LITERALS ? step_literal(n, f, ch)
+                                       : step_number(n->kind == CS_INTEGER, f, ch);
+            if (r == R_REJECT)
+                return;
+            if (r == R_ACCEPT) {
+                push_out(out, st);
+                return;
+            }
+            st->depth--; /* R_END: the byte belongs to the frame below */
+            continue;
+        case CS_OBJECT:
+            switch (f->phase) {
+            case O_START:
+                if (ch == '{') {
+                    f->phase = O_FIRST;
+                    push_out(out, st);
+                }
+                return;
+            case O_FIRST:
+            case O_KEYSTART:
+                if (ch == '}' && f->phase == O_FIRST) {
+                    if (n->next_req[0] == n->n_props) {
+                        st->depth--;
+                        push_out(out, st);
+                    }
+                    return;
+                }
+                if (ch != '"' || f->a >= n->n_props)
+                    return;
+                f->phase = O_KEY;
+                f->c = f->a;
+                f->b = 1;
+                push_out(out, st);
+                return;
+            case O_KEY: {
+                int32_t hi = key_hi(n, f->a), b = f->b;
+                for (int32_t j = f->a; j <= hi; j++) {
+                    if (n->key_lens[j] <= b || (uint8_t)n->keys[j][b] != ch ||
+                        (j != f->c && memcmp(n->keys[j], n->keys[f->c], (size_t)b) != 0))
+                        continue;
+                    f->c = j;
+                    f->b = b + 1;
+                    if (f->b == n->key_lens[j])
+                        f->phase = O_VALUE;
+                    push_out(out, st);
+                    return;
+                }
+                return;
+            }
+            case O_VALUE:
+                f->phase = O_AFTER;
+                f->a = f->c + 1;
+                enter(g, st, n->children[f->c], ch, out);
+                return;
+            default: /* O_AFTER */
+                if (ch == ',' && f->a < n->n_props) {
+                    f->phase = O_KEYSTART;
+                    push_out(out, st);
+                } else if (ch == '}' && n->next_req[f->a] == n->n_props) {
+                    st->depth--;
+                    push_out(out, st);
+                }
+                return;
+            }
+        case CS_ANYOBJ:
+            switch (f->phase) {
+            case A_START:
+                if (ch == '{') {
+                    f->phase = A_FIRST;
+                    push_out(out, st);
+                }
+                return;
+            case A_FIRST:
+            case A_KEY:
+                if (ch == '}' && f->phase == A_FIRST) {
+                    st->depth--;
+                    push_out(out, st);
+                    return;
+                }
+                f->phase = A_COLON;
+                enter(g, st, n->key_node, ch, out);
+                return;
+            case A_COLON:
+                if (ch == ':') {
+                    f->phase = A_VALUE;
+                    push_out(out, st);
+                }
+                return;
+            case A_VALUE:
+                f->phase = A_AFTER;
+                enter(g, st, n->item, ch, out);
+                return;
+            default: /* A_AFTER */
+                if (ch == ',') {
+                    f->phase = A_KEY;
+                    push_out(out, st);
+                } else if (ch == '}') {
+                    st->depth--;
+                    push_out(out, st);
+                }
+                return;
+            }
+        case CS_ARRAY:
+            switch (f->phase) {
+            case R_START:
+                if (ch == '[') {
+                    f->phase = R_FIRST;
+                    push_out(out, st);
+                }
+                return;
+            case R_FIRST:
+                if (ch == ']') {
+                    if (n->min_items == 0) {
+                        st->depth--;
+                        push_out(out, st);
+                    }
+                    return;
+                }
+                if (n->max_items == 0)
+                    return;
+                f->phase = R_AFTER;
+                f->a = 1;
+                enter(g, st, n->item, ch, out);
+                return;
+            case R_NEXT:
+                f->phase = R_AFTER;
+                f->a++;
+                enter(g, st, n->item, ch, out);
+                return;
+            default: /* R_AFTER */
+                if (ch == ',' && f->a < n->max_items) {
+                    f->phase = R_NEXT;
+                    push_out(out, st);
+                } else if (ch == ']' && f->a >= n->min_items) {
+                    st->depth--;
+                    push_out(out, st);
+                }
+                return;
+            }
+        case CS_ANYOF:
+            return; /* never on a stack: enter() forks instead */
+        }
+        return;
+    }
+}
+
+static void set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set *out)
+{
+    out->n = 0;
+    for (int32_t i = 0; i < in->n; i++) {
+        cs_stack tmp;
+        stack_copy(&tmp, &in->s[i]);
+        run(g, &tmp, ch, out);
+    }
+}
+
+static int64_t sat(int64_t x)
+{
+    return x > CS_INF ? CS_INF : x;
+}
+
+static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
+{
+    if (f->node < 0)
+        return f->phase == 0 ? g->nodes[g->root].min_bytes : 0;
+    const cs_node *n = &g->nodes[f->node];
+    switch (n->kind) {
+    case CS_STRING: {
+        int64_t need = n->min_chars > f->a ? n->min_chars - f->a : 0;
+        if (f->phase == S_START)
+            return 2 + (int64_t)n->min_chars;
+        if (f->phase == S_ESC)
+            return 1 + need + 1;
+        return f->pend + need + 1;
+    }
+    case CS_NUMBER:
+    case CS_INTEGER:
+        return f->phase == N_START || f->phase == N_NEG || f->phase == N_FRAC0 ? 1 : 0;
+    case CS_LITERALS: {
+        int64_t best = CS_INF;
+        for (int32_t j = 0; j < n->n_lits; j++)
+            if (n->lit_lens[j] >= f->b && same_prefix(n, j, f->a, f->b) &&
+                n->lit_lens[j] - f->b < best)
+                best = n->lit_lens[j] - f->b;
+        return best;
+    }
+    case CS_OBJECT: {
+        int32_t a = f->a;
+        switch (f->phase) {
+        case O_START: return n->min_bytes;
+        case O_FIRST: return (n->next_req[a] < n->n_props ? n->req_from[a] - 1 : 0) + 1;
+        case O_KEYSTART:
+            return (n->next_req[a] < n->n_props ? n->req_from[a] - 1 : n->any_from[a]) + 1;
+        case O_KEY: {
+            int64_t best = CS_INF;
+            int32_t hi = key_hi(n, a);
+            for (int32_t j = a; j <= hi; j++) {
+                if (n->key_lens[j] < f->b ||
+                    (j != f->c && memcmp(n->keys[j], n->keys[f->c], (size_t)f->b) != 0))
+                    continue;
+                int64_t m = (int64_t)(n->key_lens[j] - f->b) +
+                            g->nodes[n->children[j]].min_bytes + n->req_from[j + 1];
+                if (m < best)
+                    best = m;
+            }
+            return sat(best + 1);
+        }
+        case O_VALUE:
+            return (int64_t)g->nodes[n->children[f->c]].min_bytes + n->req_from[f->c + 1] + 1;
+        default: return (int64_t)n->req_from[a] + 1;
+        }
+    }
+    case CS_ANYOBJ: {
+        int64_t im = g->nodes[n->item].min_bytes;
+        switch (f->phase) {
+        case A_START: return 2;
+        case A_FIRST: return 1;
+        case A_COLON: return 1 + im + 1;
+        case A_VALUE: return im + 1;
+        case A_AFTER: return 1;
+        default: return 2 + 1 + im + 1;
+        }
+    }
+    case CS_ARRAY: {
+        int64_t im = g->nodes[n->item].min_bytes, lo = n->min_items;
+        switch (f->phase) {
+        case R_START: return n->min_bytes;
+        case R_FIRST: return lo == 0 ? 1 : sat(lo * im + (lo - 1) + 1);
+        case R_AFTER: return sat((lo > f->a ? lo - f->a : 0) * (im + 1) + 1);
+        default: return sat(im + (lo > f->a + 1 ? lo - f->a - 1 : 0) * (im + 1) + 1);
+        }
+    }
+    case CS_ANYOF: break;
+    }
+    return 0;
+}
+
+static int64_t stack_min(const eng_grammar *g, const cs_stack *st)
+{
+    int64_t m = 0;
+    for (int32_t i = 0; i < st->depth; i++)
+        m = sat(m + frame_min(g, &st->f[i]));
+    return m;
+}
+
+static int64_t set_min(const eng_grammar *g, const cs_set *s)
+{
+    int64_t best = CS_INF;
+    for (int32_t i = 0; i < s->n; i++) {
+        int64_t m = stack_min(g, &s->s[i]);
+        if (m < best)
+            best = m;
+    }
+    return best;
+}
+
+static bool stack_complete(const eng_grammar *g, const cs_stack *st)
+{
+    int32_t d = st->depth;
+    while (d > 1) {
+        const cs_frame *f = &st->f[d - 1];
+        const cs_node *n = &g->nodes[f->node];
+        bool can_end = false;
+        if (n->kind == CS_LITERALS)
+            can_end = literal_can_end(n, f);
+        else if (n->kind == CS_NUMBER || n->kind == CS_INTEGER)
+            can_end = f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC;
+        if (!can_end)
+            return false;
+        d--;
+    }
+    return d == 1 && st->f[0].phase == 1;
+}
+
+static bool set_complete(const eng_grammar *g, const cs_set *s)
+{
+    for (int32_t i = 0; i < s->n; i++)
+        if (stack_complete(g, &s->s[i]))
+            return true;
+    return false;
+}
+
+/* ---- the constraint ------------------------------------------------------ */
+
+int eng_constraint_create(const eng_grammar *g, const eng_cs_vocab *v, eng_constraint **out,
+                          sw_error *err)
+{
+    if (!g || !v || !out || g->root < 0)
+        return sw_error_set(err, SW_EINVAL, "eng_constraint_create: NULL argument");
+    eng_constraint *c = sw_calloc(1, sizeof *c);
+    if (!c)
+        return sw_error_set(err, SW_ENOMEM, "out of memory starting a constraint");
+    c->g = g;
+    c->v = v;
+    c->scratch = sw_malloc(((size_t)v->max_len + 2) * sizeof *c->scratch);
+    c->mask = sw_calloc(((size_t)v->n_tokens + 31) / 32, sizeof *c->mask);
+    if (!c->scratch || !c->mask) {
+        eng_constraint_free(c);
+        return sw_error_set(err, SW_ENOMEM, "out of memory starting a constraint");
+    }
+    c->state.n = 1;
+    c->state.s[0].depth = 1;
+    memset(&c->state.s[0].f[0], 0, sizeof c->state.s[0].f[0]);
+    c->state.s[0].f[0].node = -1;
+    *out = c;
+    return SW_OK;
+}
+
+void eng_constraint_free(eng_constraint *c)
+{
+    if (!c)
+        return;
+    sw_free(c->scratch);
+    sw_free(c->mask);
+    sw_free(c);
+}
+
+bool eng_constraint_feed(eng_constraint *c, const char *bytes, size_t n)
+{
+    /* scratch[0] and [1] alternate; the state changes only on success. */
+    const cs_set *cur = &c->state;
+    for (size_t i = 0; i < n; i++) {
+        cs_set *next = &c->scratch[i & 1];
+        set_step(c->g, cur, (uint8_t)bytes[i], next);
+        if (next->n == 0)
+            return false;
+        cur = next;
+    }
+    if (cur != &c->state) {
+        c->state.n = cur->n;
+        for (int32_t i = 0; i < cur->n; i++)
+            stack_copy(&c->state.s[i], &cur->s[i]);
+    }
+    return true;
+}
+
+bool eng_constraint_is_end_token(const eng_constraint *c, int32_t token)
+{
+    return token >= 0 && token < c->v->n_tokens && c->v->is_end[token];
+}
+
+bool eng_constraint_accept_token(eng_constraint *c, int32_t token)
+{
+    if (token < 0 || token >= c->v->n_tokens)
+        return false;
+    if (c->v->is_end[token])
+        return eng_constraint_is_complete(c);
+    if (c->v->len[token] <= 0)
+        return false;
+    return eng_constraint_feed(c, c->v->blob + c->v->off[token], (size_t)c->v->len[token]);
+}
+
+bool eng_constraint_is_complete(const eng_constraint *c)
+{
+    return set_complete(c->g, &c->state);
+}
+
+bool eng_constraint_is_closed(const eng_constraint *c)
+{
+    if (!set_complete(c->g, &c->state))
+        return false;
+    for (int ch = 0; ch < 256; ch++) {
+        set_step(c->g, &c->state, (uint8_t)ch, &c->scratch[0]);
+        if (c->scratch[0].n > 0)
+            return false;
+    }
+    return true;
+}
+
+int64_t eng_constraint_min_bytes(const eng_constraint *c)
+{
+    return set_complete(c->g, &c->state) ? 0 : set_min(c->g, &c->state);
+}
+
+typedef struct walk_ctx {
+    eng_constraint *c;
+    const cs_trie *t;
+    int64_t budget_after;
+    uint32_t *mask;
+    int32_t count;
+} walk_ctx;
+
+static void walk(walk_ctx *w, uint32_t node, int32_t depth)
+{
+    const cs_trie *t = w->t;
+    const cs_set *cur = &w->c->scratch[depth];
+    cs_set *next = &w->c->scratch[depth + 1];
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        set_step(w->c->g, cur, tn->byte, next);
+        if (next->n == 0)
+            continue;
+        if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after) {
+            for (uint32_t k = 0; k < tn->tok_count; k++) {
+                int32_t id = t->ids[tn->tok_begin + k];
+                w->mask[id >> 5] |= 1u << (id & 31);
+                w->count++;
+            }
+        }
+        if (tn->first_child)
+            walk(w, ch, depth + 1);
+    }
+}
+
+int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_t *mask)
+{
+    const eng_cs_vocab *v = c->v;
+    const eng_grammar *g = c->g;
+    memset(mask, 0, ((size_t)v->n_tokens + 31) / 32 * sizeof *mask);
+    walk_ctx w = {c, &v->full, remaining_tokens - 1, mask, 0};
+    if (remaining_tokens > 0) {
+        cs_set *s0 = &c->scratch[0];
+        s0->n = c->state.n;
+        for (int32_t i = 0; i < c->state.n; i++)
+            stack_copy(&s0->s[i], &c->state.s[i]);
+        const cs_stack *only = &c->state.s[0];
+        const cs_frame *top = &only->f[only->depth - 1];
+        if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_STRING &&
+            top->phase == S_IN && top->pend == 0) {
+            /* Inside a string: ordinary characters keep it open; decide
+             * those tokens by their length alone, walk the others. */
+            const cs_node *n = &g->nodes[top->node];
+            int64_t room = (int64_t)n->max_chars - top->a;
+            int64_t need = n->min_chars > top->a ? n->min_chars - top->a : 0;
+            int64_t base = stack_min(g, only);
+            for (int32_t i = 0; i < v->n_plain; i++) {
+                int64_t k = v->plain_chars[i];
+                if (k > room || base - (k < need ? k : need) > w.budget_after)
+                    continue;
+                int32_t id = v->plain_ids[i];
+                mask[id >> 5] |= 1u << (id & 31);
+                w.count++;
+            }
+            w.t = &v->special;
+        }
+        walk(&w, 0, 0);
+    }
+    if (set_complete(g, &c->state)) {
+        for (int32_t i = 0; i < v->n_end; i++) {
+            int32_t id = v->end_ids[i];
+            mask[id >> 5] |= 1u << (id & 31);
+            w.count++;
+        }
+    }
+    return w.count;
+}
+
+int eng_constraint_sample(eng_constraint *c, eng_sampler *s, float *logits, int32_t n_logits,
+                          const int32_t *history, size_t n_history, int64_t remaining_tokens,
+                          int32_t *token_out, bool *is_end, sw_error *err)
+{
+    const eng_cs_vocab *v = c->v;
+    int32_t allowed = eng_constraint_mask(c, remaining_tokens, c->mask);
+    if (allowed == 0)
+        return sw_error_set(err, SW_EINVAL,
+                            "no token can continue the constrained output within the budget");
+    eng_sampler_mask_logits(logits, n_logits, c->mask, v->n_tokens);
+    int32_t tok = eng_sampler_sample(s, logits, history, n_history);
+    if (tok < 0 || tok >= v->n_tokens || !(c->mask[tok >> 5] >> (tok & 31) & 1u)) {
+        /* Only possible with non-finite logits everywhere: the first
+         * allowed token keeps the output valid. */
+        for (tok = 0; tok < v->n_tokens; tok++)
+            if (c->mask[tok >> 5] >> (tok & 31) & 1u)
+                break;
+    }
+    bool end = v->is_end[tok] != 0;
+    if (!eng_constraint_accept_token(c, tok))
+        return sw_error_set(err, SW_EINTERNAL, "an allowed token was refused by the automaton");
+    *token_out = tok;
+    if (is_end)
+        *is_end = end;
+    return SW_OK;
+}

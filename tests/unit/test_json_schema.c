@@ -1,0 +1,947 @@
+/* test_json_schema.c - the JSON-schema compiler and the constrained decoder.
+ *
+ * Outputs are checked by a validator written here, independent of the
+ * compiler: it walks the parsed JSON (jansson) against the schema. Parts:
+ *   - the byte automaton accepts and refuses hand-picked texts;
+ *   - masks over a small hand-made vocabulary, end tokens, budget forcing;
+ *   - unsupported and malformed schemas give clear errors;
+ *   - random walks over real vocabularies (uniform among allowed tokens,
+ *     tight budgets) always end in a value that parses and validates; the
+ *     mask time per token on the qwen2 vocabulary is printed (not asserted);
+ *   - the acceptance runs: 100 seeded generations at temperature 1 per
+ *     case (forced tool calls with one and several tools, nested / array /
+ *     enum / integer / boolean schemas, json_object) on an SPM model
+ *     (llama-2-tiny-random, byte fallback) and a BPE model (a `model make`
+ *     model given the GPT-2 vocabulary), all parse and validate.
+ */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "engine/constrain.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/json_schema.h"
+#include "engine/model.h"
+#include "engine/model_make.h"
+#include "engine/sampler.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- an independent validator -------------------------------------------- */
+
+static size_t utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+static bool type_ok(const json_t *v, const char *t)
+{
+    if (!strcmp(t, "object")) return json_is_object(v);
+    if (!strcmp(t, "array")) return json_is_array(v);
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "integer")) return json_is_integer(v);
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "null")) return json_is_null(v);
+    return false;
+}
+
+static bool validate(const json_t *v, const json_t *s, char *why, size_t cap);
+
+static bool fail_why(char *why, size_t cap, const char *msg)
+{
+    snprintf(why, cap, "%s", msg);
+    return false;
+}
+
+static bool validate(const json_t *v, const json_t *s, char *why, size_t cap)
+{
+    if (json_is_true(s))
+        return true;
+    const json_t *any = json_object_get(s, "anyOf");
+    if (any) {
+        for (size_t i = 0; i < json_array_size(any); i++)
+            if (validate(v, json_array_get(any, i), why, cap))
+                return true;
+        return fail_why(why, cap, "no anyOf alternative matches");
+    }
+    const json_t *one = json_object_get(s, "oneOf");
+    if (one) {
+        int hits = 0;
+        for (size_t i = 0; i < json_array_size(one); i++)
+            hits += validate(v, json_array_get(one, i), why, cap);
+        return hits == 1 ? true : fail_why(why, cap, "oneOf: not exactly one match");
+    }
+    const json_t *type = json_object_get(s, "type");
+    if (json_is_string(type) && !type_ok(v, json_string_value(type)))
+        return fail_why(why, cap, "wrong type");
+    if (json_is_array(type)) {
+        bool ok = false;
+        for (size_t i = 0; i < json_array_size(type); i++)
+            ok |= type_ok(v, json_string_value(json_array_get(type, i)));
+        if (!ok)
+            return fail_why(why, cap, "wrong type (list)");
+    }
+    const json_t *e = json_object_get(s, "enum");
+    if (e) {
+        bool ok = false;
+        for (size_t i = 0; i < json_array_size(e); i++)
+            ok |= json_equal(v, json_array_get(e, i));
+        if (!ok)
+            return fail_why(why, cap, "not in enum");
+    }
+    const json_t *c = json_object_get(s, "const");
+    if (c && !json_equal(v, c))
+        return fail_why(why, cap, "not the const");
+    if (json_is_string(v)) {
+        size_t n = utf8_chars(json_string_value(v), json_string_length(v));
+        const json_t *lo = json_object_get(s, "minLength"), *hi = json_object_get(s, "maxLength");
+        if (lo && n < (size_t)json_integer_value(lo))
+            return fail_why(why, cap, "string too short");
+        if (hi && n > (size_t)json_integer_value(hi))
+            return fail_why(why, cap, "string too long");
+    }
+    if (json_is_object(v)) {
+        const json_t *props = json_object_get(s, "properties");
+        const json_t *req = json_object_get(s, "required");
+        for (size_t i = 0; i < json_array_size(req); i++)
+            if (!json_object_get(v, json_string_value(json_array_get(req, i))))
+                return fail_why(why, cap, "required property missing");
+        const char *k;
+        json_t *pv;
+        json_object_foreach((json_t *)v, k, pv) {
+            const json_t *ps = json_object_get(props, k);
+            if (!ps) {
+                if (json_is_false(json_object_get(s, "additionalProperties")))
+                    return fail_why(why, cap, "additional property");
+                continue;
+            }
+            if (!validate(pv, ps, why, cap))
+                return false;
+        }
+    }
+    if (json_is_array(v)) {
+        const json_t *items = json_object_get(s, "items");
+        const json_t *lo = json_object_get(s, "minItems"), *hi = json_object_get(s, "maxItems");
+        if (lo && json_array_size(v) < (size_t)json_integer_value(lo))
+            return fail_why(why, cap, "too few items");
+        if (hi && json_array_size(v) > (size_t)json_integer_value(hi))
+            return fail_why(why, cap, "too many items");
+        for (size_t i = 0; items && i < json_array_size(v); i++)
+            if (!validate(json_array_get(v, i), items, why, cap))
+                return false;
+    }
+    return true;
+}
+
+/* Parses text (exactly, nothing after the value) and validates it. */
+static void expect_valid(const char *text, size_t len, const json_t *schema, const char *what)
+{
+    json_error_t je;
+    json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (!v)
+        fail_msg("%s: output does not parse (%s): %.*s", what, je.text, (int)len, text);
+    char why[128] = "";
+    if (!validate(v, schema, why, sizeof why))
+        fail_msg("%s: output does not validate (%s): %.*s", what, why, (int)len, text);
+    json_decref(v);
+}
+
+/* A tool call {"name":..,"arguments":{..}} against tool schemas. */
+static void expect_valid_call(const char *text, size_t len, json_t *const *params,
+                              const char *const *names, size_t n, const char *what)
+{
+    json_error_t je;
+    json_t *v = json_loadb(text, len, 0, &je);
+    if (!v)
+        fail_msg("%s: tool call does not parse (%s): %.*s", what, je.text, (int)len, text);
+    assert_int_equal(json_object_size(v), 2);
+    const char *name = json_string_value(json_object_get(v, "name"));
+    json_t *args = json_object_get(v, "arguments");
+    assert_non_null(name);
+    assert_true(json_is_object(args));
+    size_t k = 0;
+    while (k < n && strcmp(names[k], name) != 0)
+        k++;
+    if (k == n)
+        fail_msg("%s: unknown tool name '%s'", what, name);
+    char why[128] = "";
+    json_t *empty = json_pack("{s:s, s:{}, s:b}", "type", "object", "properties",
+                              "additionalProperties", 0);
+    if (!validate(args, params[k] ? params[k] : empty, why, sizeof why))
+        fail_msg("%s: arguments do not validate (%s): %.*s", what, why, (int)len, text);
+    json_decref(empty);
+    json_decref(v);
+}
+
+static json_t *parse(const char *text)
+{
+    json_error_t je;
+    json_t *v = json_loads(text, JSON_DECODE_ANY, &je);
+    if (!v)
+        fail_msg("bad test JSON: %s: %s", je.text, text);
+    return v;
+}
+
+static eng_grammar *compile_ok(const char *schema_text)
+{
+    json_t *s = parse(schema_text);
+    eng_grammar *g = NULL;
+    sw_error err;
+    if (eng_grammar_from_schema(s, &g, &err))
+        fail_msg("compile %s: %s", schema_text, err.message);
+    json_decref(s);
+    return g;
+}
+
+/* ---- byte-level ----------------------------------------------------------- */
+
+static eng_cs_vocab *byte_vocab(void)
+{
+    /* 256 single bytes, token 256 = end */
+    static char bytes[256];
+    const char *pieces[257];
+    size_t lens[257];
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    pieces[256] = NULL;
+    lens[256] = 0;
+    int32_t end = 256;
+    eng_cs_vocab *v = NULL;
+    assert_int_equal(eng_cs_vocab_create_from_pieces(pieces, lens, 257, &end, 1, &v, NULL), SW_OK);
+    return v;
+}
+
+/* Whether text is accepted as a whole value. */
+static bool accepts(const eng_grammar *g, const eng_cs_vocab *v, const char *text, bool *complete)
+{
+    eng_constraint *c = NULL;
+    assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+    bool ok = eng_constraint_feed(c, text, strlen(text));
+    *complete = ok && eng_constraint_is_complete(c);
+    eng_constraint_free(c);
+    return ok;
+}
+
+static void expect_whole(const eng_grammar *g, const eng_cs_vocab *v, const char *text)
+{
+    bool complete;
+    if (!accepts(g, v, text, &complete) || !complete)
+        fail_msg("expected '%s' to be accepted as a whole value", text);
+}
+
+static void expect_prefix_only(const eng_grammar *g, const eng_cs_vocab *v, const char *text)
+{
+    bool complete;
+    if (!accepts(g, v, text, &complete) || complete)
+        fail_msg("expected '%s' to be an incomplete prefix", text);
+}
+
+static void expect_refused(const eng_grammar *g, const eng_cs_vocab *v, const char *text)
+{
+    bool complete;
+    if (accepts(g, v, text, &complete))
+        fail_msg("expected '%s' to be refused", text);
+}
+
+static void test_bytes_object(void **state)
+{
+    (void)state;
+    eng_cs_vocab *v = byte_vocab();
+    eng_grammar *g = compile_ok(
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+        "\"b\":{\"type\":\"string\",\"maxLength\":3},\"c\":{\"type\":\"boolean\"}},"
+        "\"required\":[\"b\"]}");
+    expect_whole(g, v, "{\"b\":\"\"}");
+    expect_whole(g, v, "{\"a\":-12,\"b\":\"xyz\",\"c\":true}");
+    expect_whole(g, v, "{\"b\":\"\\n\\\"\xc3\xa9\"}");
+    expect_whole(g, v, "{\"a\":0,\"b\":\"x\"}");
+    expect_prefix_only(g, v, "{\"a\":1");
+    expect_prefix_only(g, v, "{\"b\":\"ab");
+    expect_refused(g, v, "{}");                      /* b is required */
+    expect_refused(g, v, "{\"b\":\"abcd\"}");        /* maxLength */
+    expect_refused(g, v, "{\"c\":true,\"b\":\"\"}");  /* declared order */
+    expect_refused(g, v, "{ \"b\":\"\"}");           /* compact: no whitespace */
+    expect_refused(g, v, "{\"a\":01");               /* leading zero */
+    expect_refused(g, v, "{\"a\":1.5");              /* integer */
+    expect_refused(g, v, "{\"b\":\"\\u0041\"}");     /* no \u escapes */
+    expect_refused(g, v, "{\"b\":\"\xc3\x28\"}");    /* invalid UTF-8 */
+    expect_refused(g, v, "{\"b\":\"\xed\xa0\x80\"}"); /* a surrogate */
+    expect_refused(g, v, "{\"b\":\"\x01\"}");        /* control byte */
+    expect_refused(g, v, "{\"b\":\"\"}x");           /* nothing after the value */
+    eng_grammar_free(g);
+
+    g = compile_ok("{\"type\":\"array\",\"items\":{\"enum\":[1,12,\"x\",null,{\"k\":[true]}]},"
+                   "\"minItems\":1,\"maxItems\":3}");
+    expect_whole(g, v, "[1]");
+    expect_whole(g, v, "[12,1,\"x\"]");
+    expect_whole(g, v, "[null,{\"k\":[true]}]");
+    expect_refused(g, v, "[]");
+    expect_refused(g, v, "[1,1,1,1]");
+    expect_refused(g, v, "[2]");
+    expect_refused(g, v, "[123]");
+    eng_grammar_free(g);
+
+    g = compile_ok("{\"type\":\"number\"}");
+    expect_whole(g, v, "-0.25");
+    expect_whole(g, v, "7");
+    expect_prefix_only(g, v, "-");
+    expect_prefix_only(g, v, "3.");
+    expect_refused(g, v, "1e5");
+    eng_grammar_free(g);
+
+    /* anyOf with a shared prefix: both stay possible until they differ. */
+    g = compile_ok("{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"},"
+                   "\"x\":{\"type\":\"integer\"}},\"required\":[\"k\",\"x\"]},"
+                   "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"b\"},"
+                   "\"y\":{\"type\":\"boolean\"}},\"required\":[\"k\",\"y\"]}]}");
+    expect_whole(g, v, "{\"k\":\"a\",\"x\":5}");
+    expect_whole(g, v, "{\"k\":\"b\",\"y\":false}");
+    expect_refused(g, v, "{\"k\":\"a\",\"y\":false}");
+    eng_grammar_free(g);
+
+    assert_int_equal(eng_grammar_json_object(&g, NULL), SW_OK);
+    expect_whole(g, v, "{}");
+    expect_whole(g, v, "{\"a\":[1,{\"b\":null}],\"\":\"\\t\"}");
+    expect_refused(g, v, "[]");
+    expect_refused(g, v, "\"x\"");
+    eng_grammar_free(g);
+    eng_cs_vocab_free(v);
+}
+
+/* ---- masks on a hand-made vocabulary --------------------------------------- */
+
+static const char *const hand_pieces[] = {
+    "{", "}", "\"", "\":", "\"name\":", "a", "ab", "abc", "\"}", ",", "1", "12", "-",
+    "true", "tr", "ue", "false", " ", "\"x", "\xc3", "\xa9", "\xc3\xa9", "<end>", "[", "]",
+};
+#define N_HAND ((int32_t)(sizeof hand_pieces / sizeof hand_pieces[0]))
+#define HAND_END 22
+
+static eng_cs_vocab *hand_vocab(void)
+{
+    size_t lens[N_HAND];
+    for (int32_t i = 0; i < N_HAND; i++)
+        lens[i] = strlen(hand_pieces[i]);
+    int32_t end = HAND_END;
+    eng_cs_vocab *v = NULL;
+    assert_int_equal(eng_cs_vocab_create_from_pieces(hand_pieces, lens, N_HAND, &end, 1, &v, NULL),
+                     SW_OK);
+    return v;
+}
+
+static bool bit(const uint32_t *mask, int32_t id)
+{
+    return (mask[id >> 5] >> (id & 31)) & 1u;
+}
+
+/* Ids allowed, as a string of piece indices, for messages. */
+static void expect_mask(eng_constraint *c, int64_t budget, const int32_t *want, int32_t n_want)
+{
+    uint32_t mask[(N_HAND + 31) / 32];
+    int32_t count = eng_constraint_mask(c, budget, mask);
+    char got[256] = "";
+    for (int32_t i = 0; i < N_HAND; i++)
+        if (bit(mask, i))
+            snprintf(got + strlen(got), sizeof got - strlen(got), "'%s' ", hand_pieces[i]);
+    bool ok = count == n_want;
+    for (int32_t i = 0; ok && i < n_want; i++)
+        ok = bit(mask, want[i]);
+    if (!ok)
+        fail_msg("mask (budget %lld) allows %s", (long long)budget, got);
+}
+
+static int32_t piece(const char *p)
+{
+    for (int32_t i = 0; i < N_HAND; i++)
+        if (!strcmp(hand_pieces[i], p))
+            return i;
+    fail_msg("no piece %s", p);
+    return -1;
+}
+
+static void test_masks(void **state)
+{
+    (void)state;
+    eng_cs_vocab *v = hand_vocab();
+    eng_grammar *g = compile_ok("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
+                                "\"maxLength\":4}},\"required\":[\"name\"]}");
+    eng_constraint *c = NULL;
+    assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+    assert_int_equal(eng_grammar_min_bytes(g), 11); /* {"name":""} */
+    int32_t start[] = {piece("{")};
+    expect_mask(c, 100, start, 1);
+    assert_true(eng_constraint_accept_token(c, piece("{")));
+    /* '"' alone and the whole key; not "x (no such key), not '}' */
+    int32_t key[] = {piece("\""), piece("\"name\":")};
+    expect_mask(c, 100, key, 2);
+    assert_true(eng_constraint_accept_token(c, piece("\"name\":")));
+    int32_t open[] = {piece("\""), piece("\"x"), piece("\"}"), piece("\":")};
+    /* '"}' is an empty string and the end; '":' opens a string holding ':' */
+    expect_mask(c, 100, open, 4);
+    assert_true(eng_constraint_accept_token(c, piece("\"")));
+    /* inside the string: plain characters, the lone UTF-8 lead, the whole
+     * é, the closing quote and '"}'; never the lone continuation byte, nor
+     * '":' (a colon cannot follow the value) */
+    int32_t inside[] = {piece("a"),  piece("ab"), piece("abc"), piece("\"}"), piece(","),
+                        piece("1"),  piece("12"), piece("-"),   piece("true"), piece("tr"),
+                        piece("ue"), piece(" "), piece("\xc3"), piece("\xc3\xa9"),
+                        piece("\""), piece("{"), piece("}"), piece("["), piece("]")};
+    /* not "false": 5 characters, maxLength is 4 */
+    expect_mask(c, 100, inside, (int32_t)(sizeof inside / sizeof *inside));
+    /* with 2 tokens left only what can still close: '"}' closes at once;
+     * after "a" one more token ('"}') is needed, which fits */
+    assert_true(eng_constraint_accept_token(c, piece("abc")));
+    /* one character of room left: 4-char pieces are out */
+    int32_t tight[] = {piece("a"), piece("\"}"), piece(","), piece("1"), piece("-"), piece(" "),
+                       piece("\xc3"), piece("\xc3\xa9"), piece("\""), piece("{"), piece("}"),
+                       piece("["), piece("]")};
+    expect_mask(c, 100, tight, (int32_t)(sizeof tight / sizeof *tight));
+    int32_t last[] = {piece("\"}")};
+    expect_mask(c, 1, last, 1); /* budget 1: only the token that completes */
+    assert_false(eng_constraint_is_complete(c));
+    assert_true(eng_constraint_accept_token(c, piece("\"}")));
+    assert_true(eng_constraint_is_complete(c));
+    assert_true(eng_constraint_is_closed(c));
+    int32_t end[] = {HAND_END};
+    expect_mask(c, 100, end, 1);
+    assert_false(eng_constraint_accept_token(c, piece(",")));
+    assert_true(eng_constraint_accept_token(c, HAND_END));
+    eng_constraint_free(c);
+    eng_grammar_free(g);
+
+    /* budget forcing in an array: with budget 3 after "[1", only ']' or
+     * a digit that still leaves room for ']' */
+    g = compile_ok("{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}");
+    assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+    assert_true(eng_constraint_accept_token(c, piece("[")));
+    assert_true(eng_constraint_accept_token(c, piece("1")));
+    /* ',' would need an item and ']' after it: 2 more tokens */
+    int32_t two[] = {piece("]"), piece("1"), piece("12")};
+    expect_mask(c, 2, two, 3);
+    int32_t one[] = {piece("]")};
+    expect_mask(c, 1, one, 1);
+    assert_int_equal(eng_constraint_min_bytes(c), 1);
+    int32_t none[] = {0};
+    expect_mask(c, 0, none, 0);
+    eng_constraint_free(c);
+    eng_grammar_free(g);
+    eng_cs_vocab_free(v);
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+static void expect_error(const char *schema, int code, const char *needle)
+{
+    json_t *s = parse(schema);
+    eng_grammar *g = NULL;
+    sw_error err;
+    sw_error_clear(&err);
+    int rc = eng_grammar_from_schema(s, &g, &err);
+    json_decref(s);
+    if (rc != code || !strstr(err.message, needle))
+        fail_msg("%s: got %d '%s', expected %d with '%s'", schema, rc, err.message, code, needle);
+    assert_null(g);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    expect_error("{\"type\":\"string\",\"pattern\":\"^a\"}", SW_EUNSUPPORTED, "'pattern'");
+    expect_error("{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\","
+                 "\"format\":\"date\"}}}",
+                 SW_EUNSUPPORTED, "#/properties/d/format");
+    expect_error("{\"type\":\"integer\",\"minimum\":3}", SW_EUNSUPPORTED, "'minimum'");
+    expect_error("{\"$ref\":\"#/$defs/x\"}", SW_EUNSUPPORTED, "'$ref'");
+    expect_error("{\"allOf\":[{}]}", SW_EUNSUPPORTED, "'allOf'");
+    expect_error("{\"type\":\"array\",\"uniqueItems\":true}", SW_EUNSUPPORTED, "uniqueItems");
+    expect_error("{\"type\":\"array\",\"items\":[{}]}", SW_EUNSUPPORTED, "tuple");
+    expect_error("false", SW_EUNSUPPORTED, "false");
+    expect_error("{\"type\":\"strin\"}", SW_EINVAL, "unknown type");
+    expect_error("{\"type\":\"string\",\"minLength\":5,\"maxLength\":2}", SW_EINVAL, "minLength");
+    expect_error("{\"type\":\"array\",\"minItems\":-1}", SW_EINVAL, "minItems");
+    expect_error("{\"enum\":[]}", SW_EINVAL, "enum");
+    expect_error("{\"type\":\"string\",\"enum\":[1,2]}", SW_EINVAL, "matches");
+    expect_error("{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}", SW_EUNSUPPORTED,
+                 "required");
+    expect_error("{\"anyOf\":[]}", SW_EINVAL, "anyOf");
+    /* nesting deeper than the automaton's stack */
+    char deep[2048] = "";
+    for (int i = 0; i < 20; i++)
+        strcat(deep, "{\"type\":\"array\",\"items\":");
+    strcat(deep, "{\"type\":\"null\"}");
+    for (int i = 0; i < 20; i++)
+        strcat(deep, "}");
+    expect_error(deep, SW_EUNSUPPORTED, "nests too deeply");
+    /* ignored annotations are fine */
+    eng_grammar_free(compile_ok("{\"title\":\"t\",\"description\":\"d\",\"type\":\"object\","
+                                "\"additionalProperties\":false,\"properties\":{\"a\":{"
+                                "\"type\":\"string\",\"default\":\"x\",\"examples\":[\"y\"]}}}"));
+    /* tool parameters must be an object */
+    json_t *p = parse("{\"type\":\"string\"}");
+    eng_grammar_tool t = {"f", p};
+    eng_grammar *g = NULL;
+    sw_error err;
+    assert_int_equal(eng_grammar_tool_call(&t, 1, &g, &err), SW_EUNSUPPORTED);
+    assert_non_null(strstr(err.message, "object"));
+    json_decref(p);
+}
+
+/* ---- the test cases used by the random walks and the model runs ----------- */
+
+static const char *const weather_params =
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12},"
+    "\"days\":{\"type\":\"integer\"},\"units\":{\"enum\":[\"c\",\"f\"]}},"
+    "\"required\":[\"city\",\"days\"]}";
+static const char *const search_params =
+    "{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\",\"minLength\":1,"
+    "\"maxLength\":20},\"limit\":{\"type\":\"integer\"},\"exact\":{\"type\":\"boolean\"}},"
+    "\"required\":[\"query\"]}";
+static const char *const nested_schema =
+    "{\"type\":\"object\",\"properties\":{\"user\":{\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":5},\"maxItems\":3},"
+    "\"age\":{\"type\":[\"integer\",\"null\"]}},\"required\":[\"name\",\"tags\"]},"
+    "\"flags\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"minItems\":1,\"maxItems\":4},"
+    "\"score\":{\"type\":\"number\"},"
+    "\"kind\":{\"anyOf\":[{\"type\":\"string\",\"enum\":[\"a\",\"bb\"]},{\"type\":\"object\","
+    "\"properties\":{\"x\":{\"const\":1}},\"required\":[\"x\"]}]}},"
+    "\"required\":[\"user\",\"flags\",\"kind\"]}";
+
+typedef enum case_kind { CASE_SCHEMA, CASE_TOOLS, CASE_JSON_OBJECT } case_kind;
+
+typedef struct test_case {
+    const char *name;
+    case_kind kind;
+    const char *schema;         /* CASE_SCHEMA */
+    int n_tools;                /* CASE_TOOLS: weather, search, noop (in that order) */
+} test_case;
+
+static const test_case cases[] = {
+    {"one tool", CASE_TOOLS, NULL, 1},
+    {"three tools (required)", CASE_TOOLS, NULL, 3},
+    {"nested json_schema", CASE_SCHEMA, NULL, 0},
+    {"json_object", CASE_JSON_OBJECT, NULL, 0},
+};
+#define N_CASES (sizeof cases / sizeof cases[0])
+
+typedef struct built_case {
+    eng_grammar *g;
+    json_t *schema;
+    json_t *params[3];
+    const char *names[3];
+    int n_tools;
+} built_case;
+
+static void build_case(const test_case *tc, built_case *b)
+{
+    memset(b, 0, sizeof *b);
+    sw_error err;
+    if (tc->kind == CASE_TOOLS) {
+        eng_grammar_tool tools[3];
+        b->names[0] = "get_weather";
+        b->names[1] = "search";
+        b->names[2] = "noop";
+        b->params[0] = parse(weather_params);
+        b->params[1] = parse(search_params);
+        b->params[2] = NULL;
+        b->n_tools = tc->n_tools;
+        for (int i = 0; i < 3; i++)
+            tools[i] = (eng_grammar_tool){b->names[i], b->params[i]};
+        if (eng_grammar_tool_call(tools, (size_t)tc->n_tools, &b->g, &err))
+            fail_msg("tools: %s", err.message);
+    } else if (tc->kind == CASE_SCHEMA) {
+        b->schema = parse(nested_schema);
+        if (eng_grammar_from_schema(b->schema, &b->g, &err))
+            fail_msg("schema: %s", err.message);
+    } else {
+        b->schema = parse("{\"type\":\"object\"}");
+        assert_int_equal(eng_grammar_json_object(&b->g, NULL), SW_OK);
+    }
+}
+
+static void free_case(built_case *b)
+{
+    eng_grammar_free(b->g);
+    json_decref(b->schema);
+    for (int i = 0; i < 3; i++)
+        json_decref(b->params[i]);
+}
+
+static void check_output(const built_case *b, const char *text, size_t len, const char *what)
+{
+    if (b->n_tools)
+        expect_valid_call(text, len, b->params, b->names, (size_t)b->n_tools, what);
+    else
+        expect_valid(text, len, b->schema, what);
+}
+
+/* ---- random walks over real vocabularies ------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 33;
+}
+
+/* Text of one walk: tokens chosen uniformly among the allowed ones. */
+static size_t random_walk(const eng_tokenizer *tok, const eng_cs_vocab *v, const eng_grammar *g,
+                          uint64_t seed, int64_t budget, char *out, size_t cap, double *mask_s,
+                          int *n_masks)
+{
+    eng_constraint *c = NULL;
+    assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+    int32_t n = eng_cs_vocab_n_tokens(v);
+    uint32_t *mask = sw_calloc(((size_t)n + 31) / 32, sizeof *mask);
+    size_t len = 0;
+    uint64_t rng = seed * 2654435761ULL + 1;
+    for (int64_t left = budget; left > 0; left--) {
+        double t0 = eng_now_seconds();
+        int32_t allowed = eng_constraint_mask(c, left, mask);
+        *mask_s += eng_now_seconds() - t0;
+        (*n_masks)++;
+        assert_true(allowed > 0);
+        int32_t pick = (int32_t)(rng_next(&rng) % (uint64_t)allowed), id = -1;
+        for (int32_t i = 0; i < n; i++)
+            if (bit(mask, i) && pick-- == 0) {
+                id = i;
+                break;
+            }
+        assert_true(id >= 0);
+        if (eng_constraint_is_end_token(c, id))
+            break;
+        assert_true(eng_constraint_accept_token(c, id));
+        len += eng_token_to_bytes(tok, id, out + len, cap - len);
+        assert_true(len < cap);
+        if (eng_constraint_is_closed(c))
+            break;
+    }
+    assert_true(eng_constraint_is_complete(c));
+    sw_free(mask);
+    eng_constraint_free(c);
+    return len;
+}
+
+static void walk_vocab(const char *rel, int runs, bool report)
+{
+    const char *path = tu_shared_path(rel);
+    if (!path)
+        return;
+    eng_gguf *gg = NULL;
+    eng_tokenizer *tok = NULL;
+    eng_cs_vocab *v = NULL;
+    sw_error err;
+    assert_int_equal(eng_gguf_open(path, &gg, &err), SW_OK);
+    assert_int_equal(eng_tokenizer_load(gg, &tok, &err), SW_OK);
+    double t0 = eng_now_seconds();
+    assert_int_equal(eng_cs_vocab_create(tok, &v, &err), SW_OK);
+    double build_s = eng_now_seconds() - t0;
+    char *out = sw_malloc(1 << 16);
+    for (size_t k = 0; k < N_CASES; k++) {
+        built_case b;
+        build_case(&cases[k], &b);
+        double mask_s = 0;
+        int n_masks = 0;
+        for (int r = 0; r < runs; r++) {
+            /* budgets from barely enough to roomy */
+            int64_t budget = eng_grammar_min_bytes(b.g) + (r * 7) % 60;
+            size_t len = random_walk(tok, v, b.g, (uint64_t)r + 1000 * k, budget, out, 1 << 16,
+                                     &mask_s, &n_masks);
+            char what[96];
+            snprintf(what, sizeof what, "%s walk %d (%s)", rel, r, cases[k].name);
+            check_output(&b, out, len, what);
+        }
+        if (report)
+            printf("  %s, %s: %d masks, %.3f ms per token\n", rel, cases[k].name, n_masks,
+                   1e3 * mask_s / (n_masks ? n_masks : 1));
+        free_case(&b);
+    }
+    if (report)
+        printf("  %s: %d tokens indexed in %.1f ms\n", rel, eng_tokenizer_n_vocab(tok),
+               build_s * 1e3);
+    sw_free(out);
+    eng_cs_vocab_free(v);
+    eng_tokenizer_free(tok);
+    eng_gguf_close(gg);
+}
+
+static void test_walk_spm(void **state)
+{
+    (void)state;
+    walk_vocab("vocab/ggml-vocab-llama-spm.gguf", 40, false);
+}
+
+static void test_walk_qwen2(void **state)
+{
+    (void)state;
+    walk_vocab("vocab/ggml-vocab-qwen2.gguf", 8, true);
+}
+
+/* ---- the acceptance runs on tiny models ------------------------------------- */
+
+/* kv i of src into w */
+static void copy_kv(eng_gguf_writer *w, const eng_gguf *g, int64_t i)
+{
+    const char *key = eng_gguf_kv_key(g, i);
+    switch (eng_gguf_kv_type(g, i)) {
+    case ENG_GGUF_UINT32: {
+        uint32_t v;
+        assert_int_equal(eng_gguf_get_u32(g, key, &v, NULL), SW_OK);
+        eng_gguf_writer_set_u32(w, key, v);
+        break;
+    }
+    case ENG_GGUF_INT32: {
+        int32_t v;
+        assert_int_equal(eng_gguf_get_i32(g, key, &v, NULL), SW_OK);
+        eng_gguf_writer_set_i32(w, key, v);
+        break;
+    }
+    case ENG_GGUF_UINT64: {
+        uint64_t v;
+        assert_int_equal(eng_gguf_get_u64(g, key, &v, NULL), SW_OK);
+        eng_gguf_writer_set_u64(w, key, v);
+        break;
+    }
+    case ENG_GGUF_FLOAT32: {
+        float v;
+        assert_int_equal(eng_gguf_get_f32(g, key, &v, NULL), SW_OK);
+        eng_gguf_writer_set_f32(w, key, v);
+        break;
+    }
+    case ENG_GGUF_BOOL: {
+        bool v;
+        assert_int_equal(eng_gguf_get_bool(g, key, &v, NULL), SW_OK);
+        eng_gguf_writer_set_bool(w, key, v);
+        break;
+    }
+    case ENG_GGUF_STRING: {
+        const char *p;
+        size_t len;
+        assert_int_equal(eng_gguf_get_str(g, key, &p, &len, NULL), SW_OK);
+        char *copy = sw_strndup(p, len);
+        eng_gguf_writer_set_str(w, key, copy);
+        sw_free(copy);
+        break;
+    }
+    case ENG_GGUF_ARRAY: {
+        eng_gguf_value_type et;
+        uint64_t n;
+        assert_int_equal(eng_gguf_get_arr(g, key, &et, &n, NULL), SW_OK);
+        if (et == ENG_GGUF_STRING) {
+            char **strs = sw_calloc(n, sizeof *strs);
+            for (uint64_t j = 0; j < n; j++) {
+                const char *p;
+                size_t len;
+                eng_gguf_arr_str(g, i, j, &p, &len);
+                strs[j] = sw_strndup(p, len);
+            }
+            eng_gguf_writer_set_arr_str(w, key, (const char *const *)strs, n);
+            for (uint64_t j = 0; j < n; j++)
+                sw_free(strs[j]);
+            sw_free(strs);
+        } else if (et == ENG_GGUF_FLOAT32) {
+            float *v = sw_calloc(n, sizeof *v);
+            for (uint64_t j = 0; j < n; j++)
+                eng_gguf_arr_f32(g, i, j, &v[j]);
+            eng_gguf_writer_set_arr_f32(w, key, v, n);
+            sw_free(v);
+        } else {
+            int32_t *v = sw_calloc(n, sizeof *v);
+            for (uint64_t j = 0; j < n; j++)
+                eng_gguf_arr_i32(g, i, j, &v[j]);
+            eng_gguf_writer_set_arr_i32(w, key, v, n);
+            sw_free(v);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* A `model make` model (qwen2 layout) with the vocabulary of vocab_path:
+ * a BPE model for the tests. Returns the path or NULL (skipped). */
+static const char *make_bpe_model(const char *vocab_rel)
+{
+    const char *vp = tu_shared_path(vocab_rel);
+    if (!vp)
+        return NULL;
+    char vocab_path[1024];
+    snprintf(vocab_path, sizeof vocab_path, "%s", vp);
+    eng_gguf *voc = NULL, *made = NULL;
+    sw_error err;
+    assert_int_equal(eng_gguf_open(vocab_path, &voc, &err), SW_OK);
+    eng_gguf_value_type et;
+    uint64_t n_tokens = 0;
+    assert_int_equal(eng_gguf_get_arr(voc, "tokenizer.ggml.tokens", &et, &n_tokens, &err), SW_OK);
+    eng_model_make_params p = eng_model_make_default_params();
+    p.architecture = "qwen2";
+    p.n_vocab = (int32_t)n_tokens;
+    p.tied_output = true;
+    static char src[1024], dst[1024];
+    snprintf(src, sizeof src, "%s", tu_tmp_path("bpe-src.gguf"));
+    snprintf(dst, sizeof dst, "%s", tu_tmp_path("bpe-tiny.gguf"));
+    if (eng_model_make(&p, src, &err))
+        fail_msg("model make: %s", err.message);
+    assert_int_equal(eng_gguf_open(src, &made, &err), SW_OK);
+    eng_gguf_writer *w = eng_gguf_writer_create();
+    for (int64_t i = 0; i < eng_gguf_n_kv(made); i++)
+        if (strncmp(eng_gguf_kv_key(made, i), "tokenizer.", 10) != 0)
+            copy_kv(w, made, i);
+    for (int64_t i = 0; i < eng_gguf_n_kv(voc); i++)
+        if (strncmp(eng_gguf_kv_key(voc, i), "tokenizer.", 10) == 0)
+            copy_kv(w, voc, i);
+    for (int64_t i = 0; i < eng_gguf_n_tensors(made); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(made, i);
+        eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->size_bytes);
+    }
+    if (eng_gguf_writer_write(w, dst, &err))
+        fail_msg("write: %s", err.message);
+    eng_gguf_writer_free(w);
+    eng_gguf_close(made);
+    eng_gguf_close(voc);
+    remove(src);
+    return dst;
+}
+
+/* One generation at temperature 1 under the constraint, as the worker does
+ * it (eng_constraint_sample between decodes). Returns the text length. */
+static size_t generate(eng_context *ctx, const eng_cs_vocab *v, const eng_grammar *g,
+                       const int32_t *prompt, int32_t n_prompt, uint64_t seed, int32_t max_tokens,
+                       char *out, size_t cap)
+{
+    const eng_model *m = eng_context_model(ctx);
+    const eng_tokenizer *tok = eng_model_tokenizer(m);
+    int32_t n_vocab = eng_model_hparams(m)->n_vocab;
+    float *logits = sw_malloc((size_t)n_vocab * sizeof *logits);
+    eng_sampler_params sp = eng_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_k = 40; /* temperature 1 over the 40 best allowed tokens: random text,
+                      without sorting the whole vocabulary per token */
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    sp.seed = seed;
+    eng_sampler *s = eng_sampler_create(&sp, n_vocab);
+    eng_constraint *c = NULL;
+    sw_error err;
+    assert_int_equal(eng_constraint_create(g, v, &c, &err), SW_OK);
+    eng_seq_clear(ctx, 0);
+    if (eng_decode(ctx, 0, prompt, n_prompt, logits, &err))
+        fail_msg("decode: %s", err.message);
+    size_t len = 0;
+    for (int32_t i = 0; i < max_tokens; i++) {
+        int32_t token;
+        bool end;
+        if (eng_constraint_sample(c, s, logits, n_vocab, NULL, 0, max_tokens - i, &token, &end,
+                                  &err))
+            fail_msg("sample: %s", err.message);
+        assert_int_equal(eng_sampler_draws(s), (uint64_t)i + 1);
+        if (end)
+            break;
+        len += eng_token_to_bytes(tok, token, out + len, cap - len);
+        assert_true(len < cap);
+        if (eng_constraint_is_closed(c))
+            break;
+        if (eng_decode(ctx, 0, &token, 1, logits, &err))
+            fail_msg("decode: %s", err.message);
+    }
+    assert_true(eng_constraint_is_complete(c));
+    eng_seq_clear(ctx, 0);
+    eng_constraint_free(c);
+    eng_sampler_free(s);
+    sw_free(logits);
+    return len;
+}
+
+static void run_model(const char *path, const char *label, int runs)
+{
+    eng_model *m = NULL;
+    eng_context *ctx = NULL;
+    eng_cs_vocab *v = NULL;
+    sw_error err;
+    if (eng_model_load(path, &m, &err))
+        fail_msg("load %s: %s", path, err.message);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_threads = 1;
+    assert_int_equal(eng_context_create(m, &cp, &ctx, &err), SW_OK);
+    const eng_tokenizer *tok = eng_model_tokenizer(m);
+    assert_int_equal(eng_cs_vocab_create(tok, &v, &err), SW_OK);
+    int32_t *prompt = NULL;
+    const char *text = "Call a tool with JSON arguments:";
+    size_t n_prompt = tu_tokenize(tok, text, strlen(text), eng_tokenizer_add_bos(tok), false,
+                                  &prompt);
+    char *out = sw_malloc(1 << 16);
+    double t0 = eng_now_seconds();
+    int total = 0;
+    for (size_t k = 0; k < N_CASES; k++) {
+        built_case b;
+        build_case(&cases[k], &b);
+        for (int r = 0; r < runs; r++) {
+            /* budgets from the minimum up: the tight ones force completion */
+            int32_t budget = (int32_t)eng_grammar_min_bytes(b.g) + (r * 13) % 50;
+            size_t len = generate(ctx, v, b.g, prompt, (int32_t)n_prompt, 7000 + (uint64_t)r,
+                                  budget, out, 1 << 16);
+            char what[128];
+            snprintf(what, sizeof what, "%s seed %d (%s)", label, 7000 + r, cases[k].name);
+            check_output(&b, out, len, what);
+            total++;
+        }
+        free_case(&b);
+    }
+    printf("  %s: %d constrained generations valid (%.1f s)\n", label, total,
+           eng_now_seconds() - t0);
+    sw_free(out);
+    sw_free(prompt);
+    eng_cs_vocab_free(v);
+    eng_context_free(ctx);
+    eng_model_free(m);
+}
+
+static void test_models_spm(void **state)
+{
+    (void)state;
+    const char *path = tu_shared_path("models/llama-2-tiny-random.gguf");
+    if (!path)
+        return;
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", path);
+    run_model(copy, "llama-2-tiny-random (SPM)", 100);
+}
+
+static void test_models_bpe(void **state)
+{
+    (void)state;
+    const char *path = make_bpe_model("vocab/ggml-vocab-gpt-2.gguf");
+    if (!path)
+        return;
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", path);
+    run_model(copy, "tiny qwen2 + GPT-2 vocabulary (BPE)", 100);
+    remove(copy);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bytes_object),
+        cmocka_unit_test(test_masks),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_walk_spm),
+        cmocka_unit_test(test_walk_qwen2),
+        cmocka_unit_test(test_models_spm),
+        cmocka_unit_test(test_models_bpe),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -61,7 +61,8 @@ static void worker_extra(const rt_worker_config *w, char *buf, size_t cap, bool 
     if (gpu && w->gpu_layers >= 0)
         ADD("gpu-layers = %d\n", (int)w->gpu_layers);
     ADD("ctx-limit = %d\n", w->ctx_limit > 0 ? (int)w->ctx_limit : 1024);
-    ADD("threads = %d\n", w->threads > 0 ? (int)w->threads : 1);
+    if (w->threads > 0)
+        ADD("threads = %d\n", (int)w->threads);
     if (w->reserve >= 0)
         ADD("reserve = %g\n", w->reserve);
 #undef ADD

@@ -112,6 +112,7 @@ typedef struct dr_request {
     int ev_client_connected; /* -1 unknown */
     int tool_steps;         /* spillway.tool_steps of an agent run */
     int tool_steps_reused;
+    int run_attempts;       /* spillway.run_attempts of an agent run */
     /* job */
     char job_id[80];
     char job_state[16];
@@ -194,7 +195,6 @@ typedef struct dr_tool_server {
     pthread_mutex_t lock;
     dr_tool_call calls[DR_MAX_TOOL_CALLS];
     int n_calls;
-    pid_t kill_on_call;     /* when > 0: SIGKILL this pid when a call arrives */
 } dr_tool_server;
 
 typedef struct drill {

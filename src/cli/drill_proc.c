@@ -372,16 +372,11 @@ static void tool_serve_one(dr_tool_server *t, int fd)
     header_of(buf, "Idempotency-Key", call.key, sizeof call.key);
     header_of(buf, "X-Request-Id", call.request_id, sizeof call.request_id);
     snprintf(call.body, sizeof call.body, "%s", body);
-    pid_t victim = 0;
     pthread_mutex_lock(&t->lock);
     if (t->n_calls < DR_MAX_TOOL_CALLS)
         t->calls[t->n_calls] = call;
     t->n_calls++;
-    victim = t->kill_on_call;
-    t->kill_on_call = 0;
     pthread_mutex_unlock(&t->lock);
-    if (victim > 0)
-        kill(victim, SIGKILL);
     tool_answer(fd, 200, "spillway: a channel that carries a dam's overflow safely around it");
 }
 

@@ -11,7 +11,8 @@
  *      runs out of memory: nothing lost, the CPU's own requests untouched,
  *      the GPU worker restarted and serving;
  *   s5 an agent run whose tool the drill serves and counts, with the GPU
- *      worker killed while the tool runs: the tool is called once;
+ *      worker killed in the generation after the tool call (the run is
+ *      replayed): the tool is called once;
  *   s6 a deadline the CPU route cannot meet: an immediate typed 503, and
  *      the same request as a durable job, completed once.
  *
@@ -194,7 +195,7 @@ void dr_scenarios_init(drill *d)
         "streaming: GPU failure before the first token and after 5 tokens (resume)",
         "the client hangs up during failover",
         "concurrent traffic while the GPU worker is killed and runs out of memory",
-        "an agent run with a server-side tool, GPU worker killed while the tool runs",
+        "an agent run with a server-side tool, GPU worker killed after the tool call",
         "a deadline too short for the CPU route, and the same request as a job",
     };
     static const char *const props[DR_N_SCENARIOS] = {
@@ -307,6 +308,8 @@ static void parse_answer(dr_request *r, const dh_response *w)
                      json_string_value(json_object_get(c0, "finish_reason")) ?: "");
             append_tokens(r, json_object_get(json_object_get(j, "spillway"), "token_ids"));
             json_t *steps = json_object_get(json_object_get(j, "spillway"), "tool_steps");
+            r->run_attempts = (int)json_integer_value(
+                json_object_get(json_object_get(j, "spillway"), "run_attempts"));
             r->tool_steps = (int)json_array_size(steps);
             for (size_t i = 0; i < json_array_size(steps); i++)
                 r->tool_steps_reused +=
@@ -1235,10 +1238,11 @@ static void s4_run(drill *d, dr_scenario *s)
     finish(d, s);
 }
 
-/* s5: an agent run with a server-side tool. The tool server kills the
- * GPU worker while the first tool call runs, so the generation after it
- * fails on the GPU and the run is replayed on the CPU: the ledger must
- * give the recorded tool result back instead of calling the tool again. */
+/* s5: an agent run with a server-side tool. Once the tool has answered
+ * (step 1 is in the ledger) and the next generation runs on the GPU, the
+ * drill SIGKILLs the GPU worker: the router replays the whole run on the
+ * CPU, and the ledger must give the recorded tool result back instead of
+ * calling the tool again. */
 static bool router_has_tools(drill *d, char *why, size_t cap)
 {
     char path[700];
@@ -1284,6 +1288,29 @@ static bool worker_has_tool_calls(const char *sock)
     return yes;
 }
 
+static int tool_call_count(dr_tool_server *t)
+{
+    pthread_mutex_lock(&t->lock);
+    int n = t->n_calls;
+    pthread_mutex_unlock(&t->lock);
+    return n;
+}
+
+typedef struct agent_req {
+    drill *d;
+    const char *address;
+    dr_request *r;
+    const char *body;
+    pthread_t th;
+} agent_req;
+
+static void *agent_thread(void *arg)
+{
+    agent_req *a = arg;
+    send_request(a->d, a->address, a->r, "/v1/chat/completions", a->body, NULL, NULL, NULL);
+    return NULL;
+}
+
 static void s5_run(drill *d, dr_scenario *s)
 {
     char why[512];
@@ -1302,7 +1329,7 @@ static void s5_run(drill *d, dr_scenario *s)
         return;
     }
     char workers[2048], server[1200];
-    workers_ini(d, workers, sizeof workers, "reserve", "stall_ms:10", NULL);
+    workers_ini(d, workers, sizeof workers, "reserve", "stall_ms:20", NULL);
     snprintf(server, sizeof server,
              "max-tool-steps = 2\n\n[tool lookup]\ndescription = Looks up a word in the dictionary\n"
              "url = http://127.0.0.1:%d/lookup\n"
@@ -1322,54 +1349,88 @@ static void s5_run(drill *d, dr_scenario *s)
                    "worker came back without one)");
         return;
     }
-    pid_t victim = gpu_pid(rt->address);
-    pthread_mutex_lock(&d->tools.lock);
-    d->tools.kill_on_call = victim;
-    pthread_mutex_unlock(&d->tools.lock);
     double cpu0 = worker_ok(rt->cpu_sock);
-    dr_request *r = dr_request_new(d, s->id, "s5-agent-run", "agent run, GPU killed during the tool call");
-    const char *body =
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"What does spillway mean?\"}],"
-        "\"tool_execution\":\"server\",\"tool_choice\":\"required\",\"max_tokens\":24,"
-        "\"temperature\":0}";
-    dr_progress(d, "[%s] an agent run; the tool server kills the GPU worker (pid %d) when called",
-                s->id, (int)victim);
-    send_request(d, rt->address, r, "/v1/chat/completions", body, NULL, NULL, NULL);
-    attach_events_wait(d, rt->address, s->id, 1);
+    long long gkv0 = kv_used(rt->gpu_sock);
+    agent_req a = {.d = d, .address = rt->address};
+    a.r = dr_request_new(d, s->id, "s5-agent-run", "agent run, GPU killed after the tool call");
+    if (!a.r) {
+        stop_router(d, s);
+        dr_tool_server_stop(&d->tools);
+        finish(d, s);
+        return;
+    }
+    a.body = "{\"messages\":[{\"role\":\"user\",\"content\":\"What does spillway mean?\"}],"
+             "\"tool_execution\":\"server\",\"tool_choice\":\"required\",\"max_tokens\":48,"
+             "\"temperature\":0}";
+    dr_progress(d, "[%s] an agent run; once the tool has answered and the next generation runs "
+                   "on the GPU, the GPU worker is killed", s->id);
+    bool started = pthread_create(&a.th, NULL, agent_thread, &a) == 0;
+    /* the tool is called (step 1 recorded), then the next generation
+     * starts on the GPU: that is when the GPU worker dies */
+    bool called = false, killed = false;
+    double t0 = dh_now();
+    while (started && !called && dh_now() - t0 < 60 && !dr_interrupted && !a.r->t_end) {
+        called = tool_call_count(&d->tools) > 0;
+        if (!called)
+            dh_sleep_ms(3);
+    }
+    if (called && wait_gpu_busy(rt->gpu_sock, gkv0, 10000)) {
+        pid_t pid = gpu_pid(rt->address);
+        if (pid > 0 && kill(pid, SIGKILL) == 0) {
+            killed = true;
+            dr_mark_add(d, s->id, "sigkill", "SIGKILL to the GPU worker (pid %d) during the "
+                        "generation after the tool call", (int)pid);
+        }
+    }
+    if (started)
+        pthread_join(a.th, NULL);
+    dr_request *r = a.r;
+    attach_events_wait(d, rt->address, s->id, 0);
     dr_tool_call calls[DR_MAX_TOOL_CALLS];
     int n_calls = dr_tool_calls(&d->tools, calls, DR_MAX_TOOL_CALLS);
+    int dup = 0, id_bad = 0;
     for (int i = 0; i < n_calls && i < DR_MAX_TOOL_CALLS; i++) {
+        dr_mark *m = NULL;
         pthread_mutex_lock(&d->lock);
-        if (d->n_marks < DR_MAX_MARKS) {
-            dr_mark *m = &d->marks[d->n_marks++];
+        if (d->n_marks < DR_MAX_MARKS)
+            m = &d->marks[d->n_marks++];
+        if (m) {
             m->time = calls[i].time;
             snprintf(m->scenario, sizeof m->scenario, "%s", s->id);
             snprintf(m->kind, sizeof m->kind, "tool_call");
-            snprintf(m->label, sizeof m->label, "tool call %d (Idempotency-Key %s)%s", i + 1,
-                     calls[i].key, i == 0 ? "; the GPU worker is killed" : "");
+            snprintf(m->label, sizeof m->label, "tool call %d (Idempotency-Key %.100s)", i + 1,
+                     calls[i].key);
         }
         pthread_mutex_unlock(&d->lock);
-    }
-    int dup = 0, steps = 0, reused = 0;
-    for (int i = 0; i < n_calls && i < DR_MAX_TOOL_CALLS; i++)
         for (int k = 0; k < i; k++)
             dup += !strcmp(calls[i].key, calls[k].key);
-    steps = r->tool_steps;
-    reused = r->tool_steps_reused;
+        size_t il = strlen(r->id);
+        id_bad += strcmp(calls[i].request_id, r->id) || strncmp(calls[i].key, r->id, il) ||
+                  calls[i].key[il] != '/';
+    }
     dr_check_add(d, s, DR_V_NONE, r->status == 200 && r->complete, "answered",
-             "status %d%s%s", r->status, r->error_code[0] ? ", error " : "", r->error_code);
-    dr_check_add(d, s, DR_V_NONE, n_calls >= 1, "the tool was called", "%d call(s)", n_calls);
-    dr_check_add(d, s, DR_V_COMPLETED_ONCE, r->has_event && !strcmp(r->fe_worker, "gpu"),
-             "the run failed over", "first error %s %s, decision '%s', outcome '%s'",
-             r->has_event ? r->fe_worker : "(no event)", r->fe_kind, r->decision, r->outcome);
-    dr_check_add(d, s, DR_V_NO_DUP_TOOL, dup == 0 && n_calls >= 1 && n_calls <= steps,
-             "no duplicated tool action",
-             "%d tool call(s) for %d step(s) in the answer (%d reused from the ledger); "
-             "%d with an Idempotency-Key already seen", n_calls, steps, reused, dup);
+                 "status %d%s%s, %d tool step(s) in the answer (%d reused from the ledger)",
+                 r->status, r->error_code[0] ? ", error " : "", r->error_code, r->tool_steps,
+                 r->tool_steps_reused);
+    dr_check_add(d, s, DR_V_NONE, called && killed, "the GPU worker died after the tool call",
+                 "tool called: %s; GPU worker killed during the next generation: %s",
+                 called ? "yes" : "no", killed ? "yes" : "no");
+    dr_check_add(d, s, DR_V_COMPLETED_ONCE, r->run_attempts >= 2 || r->has_event,
+                 "the run was replayed", "run attempts %d%s", r->run_attempts,
+                 r->has_event ? ", failover record" : "");
+    dr_check_add(d, s, DR_V_NO_DUP_TOOL, dup == 0 && n_calls >= 1 && n_calls <= r->tool_steps,
+                 "no duplicated tool action",
+                 "the tool server saw %d call(s) for %d step(s); %d with an Idempotency-Key "
+                 "already seen", n_calls, r->tool_steps, dup);
+    dr_check_add(d, s, DR_V_IDENTITY, id_bad == 0 && n_calls >= 1, "tool calls carry the request id",
+                 "%d of %d call(s) without X-Request-Id %s and Idempotency-Key %s/<step>", id_bad,
+                 n_calls, r->id, r->id);
     double cpu1 = worker_ok(rt->cpu_sock);
     dr_check_add(d, s, DR_V_NONE, cpu1 - cpu0 >= 1, "the CPU worker finished the run",
-             "CPU worker ok %.0f -> %.0f", cpu0, cpu1);
+                 "CPU worker ok %.0f -> %.0f", cpu0, cpu1);
     check_identity(d, s, r);
+    if (!r->final_worker[0])
+        snprintf(r->final_worker, sizeof r->final_worker, "%s", r->worker);
     r->ok = r->status == 200 && dup == 0;
     stop_router(d, s);
     dr_tool_server_stop(&d->tools);

@@ -957,7 +957,8 @@ static void s2_run(drill *d, dr_scenario *s)
 }
 
 /* s3: two requests fail over together; the client hangs up on both while
- * their CPU attempts run. */
+ * their CPU attempts run (the stream once it has more tokens than the GPU
+ * worker could send, the other once the stream is there). */
 typedef struct cancel_state {
     drill *d;
     const char *cpu_sock;
@@ -976,7 +977,7 @@ static int cpu_active(const char *cpu_sock)
 static bool hangup_stream(void *u, dr_request *r, int tokens)
 {
     cancel_state *c = u;
-    if (tokens < 8)
+    if (tokens < 22) /* the GPU worker sends 20 at most */
         return false;
     c->resumed = true;
     if (cpu_active(c->cpu_sock) < 1)
@@ -1006,7 +1007,9 @@ static void s3_run(drill *d, dr_scenario *s)
         return;
     }
     char workers[2048];
-    workers_ini(d, workers, sizeof workers, "reserve", "abort_after_tokens:6,stall_ms:20",
+    /* 20 slow tokens on the GPU: time enough for both requests to start
+     * there before it aborts */
+    workers_ini(d, workers, sizeof workers, "reserve", "abort_after_tokens:20,stall_ms:20",
                 "stall_ms:30");
     if (!start_router(d, s, "s3-cancel", NULL, workers)) {
         finish(d, s);
@@ -1028,7 +1031,7 @@ static void s3_run(drill *d, dr_scenario *s)
     }
     request_body(st.body, sizeof st.body, 400, true);
     request_body(ns.body, sizeof ns.body, 500, false);
-    dr_progress(d, "[%s] a stream and a request on the GPU; it aborts after 6 tokens; the "
+    dr_progress(d, "[%s] a stream and a request on the GPU; it aborts after 20 tokens; the "
                    "clients hang up while the CPU serves them", s->id);
     async_start(&st);
     async_start(&ns);

@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -572,6 +573,194 @@ int eng_chat_render(eng_chat_family f, const eng_chat_message *msgs, size_t n,
 {
     return eng_chat_render_segments(f, msgs, n, add_generation_prompt, out, out_len, NULL,
                                     NULL, err);
+}
+
+/* ---- tools ------------------------------------------------------------------
+ * The tool parts become ordinary message text first (a system section, the
+ * calls appended to the assistant text), then the family's renderer runs
+ * unchanged, so every family's rules (trimming, folding, alternation) apply
+ * to tool prompts too. */
+
+eng_chat_tool_syntax eng_chat_tool_syntax_of(eng_chat_family f)
+{
+    return f == ENG_CHAT_LLAMA3 ? ENG_CHAT_TOOLS_LLAMA3_JSON : ENG_CHAT_TOOLS_HERMES;
+}
+
+/* A growable string with a hard cap (ENG_CHAT_MAX_BYTES). */
+typedef struct chat_text {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} chat_text;
+
+static void text_add(chat_text *t, const char *s)
+{
+    size_t n = strlen(s);
+    if (t->failed)
+        return;
+    if (n > ENG_CHAT_MAX_BYTES - t->len) {
+        t->failed = true;
+        return;
+    }
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = (t->len + n + 1) * 2;
+        char *p = sw_realloc(t->p, cap);
+        if (!p) {
+            t->failed = true;
+            return;
+        }
+        t->p = p;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, s, n);
+    t->len += n;
+    t->p[t->len] = '\0';
+}
+
+/* The system text with the tools section. */
+static char *tools_system(eng_chat_family f, const char *system, const char *tools_text)
+{
+    chat_text t = {0};
+    text_add(&t, "");
+    if (eng_chat_tool_syntax_of(f) == ENG_CHAT_TOOLS_LLAMA3_JSON) {
+        if (system && system[0]) {
+            text_add(&t, system);
+            text_add(&t, "\n\n");
+        }
+        text_add(&t, "You have access to the following functions. To call a function, please "
+                     "respond with JSON for a function call. Respond in the format "
+                     "{\"name\": function name, \"parameters\": dictionary of argument name "
+                     "and its value}. Do not use variables.\n\n");
+        /* one definition per line, each followed by a blank line */
+        for (const char *p = tools_text; *p;) {
+            const char *nl = strchr(p, '\n');
+            size_t n = nl ? (size_t)(nl - p) : strlen(p);
+            if (n > 0) {
+                char *line = sw_strndup(p, n);
+                if (!line)
+                    t.failed = true;
+                else
+                    text_add(&t, line);
+                sw_free(line);
+                text_add(&t, "\n\n");
+            }
+            p += n + (nl != NULL);
+        }
+    } else {
+        if (system && system[0]) {
+            text_add(&t, system);
+            text_add(&t, "\n\n");
+        }
+        text_add(&t, "# Tools\n\nYou may call one or more functions to assist with the user "
+                     "query.\n\nYou are provided with function signatures within "
+                     "<tools></tools> XML tags:\n<tools>\n");
+        text_add(&t, tools_text);
+        if (t.len > 0 && t.p && t.p[t.len - 1] != '\n')
+            text_add(&t, "\n");
+        text_add(&t, "</tools>\n\nFor each function call, return a json object with function "
+                     "name and arguments within <tool_call></tool_call> XML tags:\n"
+                     "<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                     "<args-json-object>}\n</tool_call>");
+    }
+    if (t.failed) {
+        sw_free(t.p);
+        return NULL;
+    }
+    return t.p;
+}
+
+/* The assistant text with its calls. */
+static char *tools_assistant(eng_chat_family f, const char *content,
+                             const eng_chat_message_tools *x)
+{
+    chat_text t = {0};
+    bool llama3 = eng_chat_tool_syntax_of(f) == ENG_CHAT_TOOLS_LLAMA3_JSON;
+    text_add(&t, content ? content : "");
+    for (size_t k = 0; k < x->n_calls; k++) {
+        if (t.len > 0)
+            text_add(&t, "\n");
+        text_add(&t, llama3 ? "{\"name\": \"" : "<tool_call>\n{\"name\": \"");
+        text_add(&t, x->calls[k].name);
+        text_add(&t, llama3 ? "\", \"parameters\": " : "\", \"arguments\": ");
+        text_add(&t, x->calls[k].arguments);
+        text_add(&t, llama3 ? "}" : "}\n</tool_call>");
+    }
+    if (t.failed) {
+        sw_free(t.p);
+        return NULL;
+    }
+    return t.p;
+}
+
+int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
+                          const eng_chat_message_tools *ext, size_t n, const char *tools_text,
+                          bool add_generation_prompt, char **out, size_t *out_len,
+                          eng_chat_segment **segments_out, size_t *n_segments, sw_error *err)
+{
+    bool with_tools = tools_text && tools_text[0];
+    if (!with_tools && !ext)
+        return eng_chat_render_segments(f, msgs, n, add_generation_prompt, out, out_len,
+                                        segments_out, n_segments, err);
+    if (!msgs || n == 0)
+        return sw_error_set(err, SW_EINVAL, "no messages to render");
+    if (n > SIZE_MAX / sizeof(eng_chat_message) - 1)
+        return sw_error_set(err, SW_ERANGE, "too many messages");
+    /* at most one message added (the system message of the tools section) */
+    eng_chat_message *m = sw_calloc(n + 1, sizeof *m);
+    char **owned = sw_calloc(n + 1, sizeof *owned);
+    size_t n_m = 0;
+    int rc = SW_OK;
+    if (!m || !owned) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
+        goto done;
+    }
+    for (size_t i = 0; ext && i < n; i++) {
+        if (ext[i].n_calls == 0)
+            continue;
+        if (!msgs[i].role || strcmp(msgs[i].role, "assistant") != 0) {
+            rc = sw_error_set(err, SW_EINVAL, "message %zu: only assistant messages carry tool "
+                              "calls", i);
+            goto done;
+        }
+        for (size_t k = 0; k < ext[i].n_calls; k++)
+            if (!ext[i].calls || !ext[i].calls[k].name || !ext[i].calls[k].arguments) {
+                rc = sw_error_set(err, SW_EINVAL, "message %zu: tool call %zu has no name or "
+                                  "arguments", i, k);
+                goto done;
+            }
+    }
+    size_t first = 0;
+    if (with_tools) {
+        bool has_system = msgs[0].role && strcmp(msgs[0].role, "system") == 0;
+        owned[n_m] = tools_system(f, has_system ? msgs[0].content : NULL, tools_text);
+        if (!owned[n_m]) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the tools");
+            goto done;
+        }
+        m[n_m] = (eng_chat_message){"system", owned[n_m]};
+        n_m++;
+        first = has_system ? 1 : 0;
+    }
+    for (size_t i = first; i < n; i++) {
+        m[n_m] = msgs[i];
+        if (ext && ext[i].n_calls > 0) {
+            owned[n_m] = tools_assistant(f, msgs[i].content, &ext[i]);
+            if (!owned[n_m]) {
+                rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the tool calls");
+                goto done;
+            }
+            m[n_m].content = owned[n_m];
+        }
+        n_m++;
+    }
+    rc = eng_chat_render_segments(f, m, n_m, add_generation_prompt, out, out_len, segments_out,
+                                  n_segments, err);
+done:
+    for (size_t i = 0; owned && i < n + 1; i++)
+        sw_free(owned[i]);
+    sw_free(owned);
+    sw_free(m);
+    return rc;
 }
 
 /* ---- tokenizing a rendered prompt ----------------------------------------

@@ -171,6 +171,54 @@ int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, si
                              eng_chat_segment **segments_out, size_t *n_segments,
                              sw_error *err);
 
+/* ---- tools --------------------------------------------------------------
+ * OpenAI tool calling needs three more things in a prompt: the tools on
+ * offer, the calls an assistant turn made, and the tool results. Families
+ * with a published tool format get it; the others get the generic one:
+ *   - Hermes style (ChatML/Qwen 2.5, and the generic rendering for Llama 2,
+ *     Mistral, Zephyr, Phi-3, Gemma): the tools are described in a "# Tools"
+ *     section appended to the system message (a system message is added
+ *     when there is none) listing each definition inside <tools></tools>,
+ *     and an assistant call is written as
+ *     "<tool_call>\n{\"name\": \"N\", \"arguments\": ARGS}\n</tool_call>"
+ *     after the turn's text (one per call, separated by "\n");
+ *   - Llama 3.1 JSON tool calling: the system message gets "You have access
+ *     to the following functions..." and the definitions, a call is the
+ *     turn's text {"name": "N", "parameters": ARGS}.
+ * Tool results (role "tool") render as described for the roles above. The
+ * tool text is client content (never parsed for special tokens). */
+typedef enum eng_chat_tool_syntax {
+    ENG_CHAT_TOOLS_HERMES = 0,      /* <tool_call>{"name":..,"arguments":..}</tool_call> */
+    ENG_CHAT_TOOLS_LLAMA3_JSON = 1, /* {"name":..,"parameters":..} as the whole reply */
+} eng_chat_tool_syntax;
+
+eng_chat_tool_syntax eng_chat_tool_syntax_of(eng_chat_family f);
+
+/* One call of an assistant turn; strings are only read. */
+typedef struct eng_chat_tool_call {
+    const char *id;         /* may be NULL (not rendered by any family) */
+    const char *name;
+    const char *arguments;  /* JSON text, inserted as is */
+} eng_chat_tool_call;
+
+/* The tool parts of one message (indexed like the messages). */
+typedef struct eng_chat_message_tools {
+    const eng_chat_tool_call *calls; /* assistant messages only */
+    size_t n_calls;
+    const char *tool_call_id;        /* tool messages; may be NULL (not rendered) */
+} eng_chat_message_tools;
+
+/* eng_chat_render_segments with tools: ext (NULL, or one entry per
+ * message) carries the assistant calls, tools_text (NULL or "": no tools
+ * section) the definitions to offer, one JSON text per line (the worker
+ * passes each tool's compact JSON, newline-separated). Errors as
+ * eng_chat_render_segments, plus SW_EINVAL for calls on a message that is
+ * not an assistant message or a call without name or arguments. */
+int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
+                          const eng_chat_message_tools *ext, size_t n, const char *tools_text,
+                          bool add_generation_prompt, char **out, size_t *out_len,
+                          eng_chat_segment **segments_out, size_t *n_segments, sw_error *err);
+
 /* Tokenizes a rendered prompt (text, len and its segments from
  * eng_chat_render_segments) so that the vocabulary's CONTROL and UNKNOWN
  * tokens ("<|im_end|>", "<s>", ...) are recognised only inside template

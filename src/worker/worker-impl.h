@@ -13,7 +13,9 @@
 
 #include "device/device.h"
 #include "engine/chat_template.h"
+#include "engine/constrain.h"
 #include "engine/generate.h"
+#include "engine/json_schema.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -38,6 +40,23 @@ typedef enum wk_state {
 
 #define WK_MAX_STOP_TOKENS 4
 
+/* What the reply is (docs/api.md, "Tools and response_format"). */
+typedef enum wk_output {
+    WK_OUT_TEXT = 0,        /* ordinary text */
+    WK_OUT_JSON = 1,        /* response_format json_object / json_schema: constrained */
+    WK_OUT_TOOL_FORCED = 2, /* tool_choice required / named: a constrained call */
+    WK_OUT_TOOL_AUTO = 3,   /* tools offered: a reply in the family's call syntax is parsed */
+} wk_output;
+
+/* Streaming a tool reply (HTTP thread): what was already turned into
+ * chunks, a function of the text so far (so a resumed stream, which starts
+ * from the resumed tokens' text, continues exactly where the first left). */
+typedef struct wk_tool_stream {
+    bool header_sent;       /* forced: the chunk with id, type and name */
+    size_t args_sent;       /* forced: text bytes up to here went out as arguments */
+    int auto_mode;          /* auto: 0 undecided, 1 plain content, 2 a call */
+} wk_tool_stream;
+
 typedef struct wk_req wk_req;
 struct wk_req {
     wk_req *next;                    /* engine queue link */
@@ -61,7 +80,16 @@ struct wk_req {
     int32_t stop_tokens[WK_MAX_STOP_TOKENS]; /* chat: end-of-turn tokens */
     int32_t n_stop_tokens;
     int64_t created;
+    /* constrained decoding and tools (set by the HTTP thread before submit;
+     * the engine thread advances cons, the HTTP thread frees everything) */
+    wk_output output;
+    eng_grammar *grammar;
+    eng_constraint *cons;            /* resume tokens already fed */
+    char **tool_names;               /* the tools offered, for parsing calls */
+    size_t n_tools;
+    eng_chat_tool_syntax tool_syntax;
     /* HTTP thread only */
+    wk_tool_stream ts;
     struct evhttp_request *evreq;
     bool started;                    /* stream: headers and first chunk sent */
     bool detached;                   /* libevent dropped the connection */
@@ -144,6 +172,7 @@ typedef struct wk_server {
     eng_context *ctx;
     dev_device *dev;
     const eng_tokenizer *tok;
+    eng_cs_vocab *cs_vocab;          /* the vocabulary indexed for constrained decoding */
     char model_id[256];
     eng_chat_family chat_family;
     int32_t n_ctx;

@@ -30,6 +30,11 @@ void wk_req_free(wk_req *req)
     sw_free(req->text);
     json_decref(req->token_ids);
     json_decref(req->lp);
+    eng_constraint_free(req->cons);
+    eng_grammar_free(req->grammar);
+    for (size_t i = 0; i < req->n_tools; i++)
+        sw_free(req->tool_names[i]);
+    sw_free(req->tool_names);
     sw_free(req);
 }
 
@@ -442,7 +447,23 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
         eng_log_softmax(sl->logits, sl->logprobs, n_vocab);
         ev->n_top = top_logprobs_of(sl->logprobs, n_vocab, req->top_logprobs, ev->top);
     }
-    int32_t token = eng_sampler_sample(sl->sampler, sl->logits, sl->history, sl->n_history);
+    int32_t token;
+    bool constraint_end = false;
+    if (req->cons) {
+        /* Constrained: the mask, one draw, and the automaton advanced; the
+         * budget is what max_tokens and the context still allow. */
+        int64_t left = (int64_t)req->max_tokens - sl->n_generated;
+        int64_t room = (int64_t)s->n_ctx - eng_seq_length(s->ctx, seq);
+        sw_error err;
+        if (eng_constraint_sample(req->cons, sl->sampler, sl->logits, n_vocab, sl->history,
+                                  sl->n_history, left < room ? left : room, &token,
+                                  &constraint_end, &err)) {
+            fail_slot(s, seq, l, SW_EINTERNAL, "decode", &err);
+            return false;
+        }
+    } else {
+        token = eng_sampler_sample(sl->sampler, sl->logits, sl->history, sl->n_history);
+    }
     if (sl->logprobs)
         ev->logprob = sl->logprobs[token];
     ev->token = token;
@@ -453,7 +474,13 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
     size_t n = eng_detok_push(s->tok, &sl->detok, token, buf, sizeof buf);
     bool stopped = false;
     held_append(sl, buf, n);
-    take_held(sl, held_release(req, sl, &stopped), ev);
+    /* A constrained reply is never cut by stop strings (they could cut the
+     * JSON); it ends when the value is closed. */
+    take_held(sl, req->cons ? sl->held_len : held_release(req, sl, &stopped), ev);
+    if (req->cons && (constraint_end || eng_constraint_is_closed(req->cons))) {
+        finish_slot(s, seq, l, "stop");
+        return false;
+    }
     if (stopped) {
         sl->stop_hit = true;
         finish_slot(s, seq, l, "stop");
@@ -617,6 +644,8 @@ static int load(wk_server *s, sw_error *err)
     memcpy(s->model_id, name, name_len);
     s->model_id[name_len] = '\0';
     s->tok = eng_model_tokenizer(s->model);
+    if ((rc = eng_cs_vocab_create(s->tok, &s->cs_vocab, err)))
+        return rc;
     eng_chat_source source = ENG_CHAT_FALLBACK_MISSING;
     if ((rc = eng_chat_choose(eng_model_gguf(s->model), s->o.chat_template, &s->chat_family,
                               &source, err)) == SW_EFORMAT) {

@@ -774,8 +774,9 @@ static int take_gpu_free(drill *d, const char *gpu_sock, const char *scenario)
         dr_progress(d, "[%s] %s", scenario, why);
         return -1;
     }
-    dr_mark_add(d, scenario, "hog", "a second model takes the GPU's last %.1f KiB",
-                (double)(f > 0 ? f : 0) / 1024.0);
+    double b = (double)(f > 0 ? f : 0);
+    dr_mark_add(d, scenario, "hog", "a second model takes the GPU's last %.1f %s", b >= 1048576.0 ? b / 1048576.0 : b / 1024.0,
+                b >= 1048576.0 ? "MiB" : "KiB");
     return 0;
 }
 

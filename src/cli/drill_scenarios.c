@@ -1279,7 +1279,7 @@ static bool worker_has_tool_calls(const char *sock)
         "{\"messages\":[{\"role\":\"user\",\"content\":\"What does spillway mean?\"}],"
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"lookup\","
         "\"description\":\"Looks up a word\",\"parameters\":" S5_SCHEMA "}}],"
-        "\"tool_choice\":\"required\",\"max_tokens\":32,\"temperature\":0}";
+        "\"tool_choice\":\"required\",\"max_tokens\":96,\"temperature\":0}";
     dh_response w;
     dh_exchange(sock, "POST", "/v1/chat/completions", "X-Request-Id: drill-tool-probe\r\n", body,
                 TIMEOUT_MS, NULL, NULL, &w);
@@ -1364,7 +1364,7 @@ static void s5_run(drill *d, dr_scenario *s)
         return;
     }
     a.body = "{\"messages\":[{\"role\":\"user\",\"content\":\"What does spillway mean?\"}],"
-             "\"tool_execution\":\"server\",\"tool_choice\":\"required\",\"max_tokens\":48,"
+             "\"tool_execution\":\"server\",\"tool_choice\":\"required\",\"max_tokens\":96,"
              "\"temperature\":0}";
     dr_progress(d, "[%s] an agent run; once the tool has answered and the next generation runs "
                    "on the GPU, the GPU worker is killed", s->id);

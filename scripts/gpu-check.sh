@@ -12,9 +12,9 @@
 # 2. On the GPU machine (the device tool: carry [".gpu-check"], timeout_s
 #    540; budget: under 8 minutes on a 16-core H200 box):
 #        scripts/gpu-check.sh
-#    Everything goes under $OUT (at most 8 files): summary.txt (the verdict,
-#    step by step), env.txt, build.log, test_cuda.log, ctest.log,
-#    worker.log, drill.log, profiles.log.
+#    Everything goes under $OUT (at most 8 files): summary.txt (the verdict
+#    step by step, then the machine), build.log, test_cuda.log, ctest.log,
+#    worker.log, drill.log, profiles.log (the table) and profiles.json.
 #
 # What it checks:
 #   build      CMake Release with -DSPILLWAY_CUDA=ON (sm_90 + PTX), the
@@ -41,8 +41,9 @@
 #              failover event with kind oom); the GPU worker is up again
 #              once the hog exits; a hog above the whole VRAM exits 3 with
 #              the out-of-memory message;
-#   profiles   `spillway bench profiles` on the 1b shape, when that command
-#              exists in this tree (it is being written separately).
+#   profiles   `spillway bench profiles --device cuda:0` on the 1b shape
+#              (Q4_0): full GPU, split and CPU workers, when that command
+#              exists in this tree; the figures go in the issue note.
 #
 # For trying the script itself: GPU_CHECK_STEPS (default "build test_cuda
 # ctest worker drill profiles") picks steps, GPU_CHECK_BUILD=DIR uses a tree
@@ -71,12 +72,12 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 
 # ---- on the GPU machine ----------------------------------------------------------
-OUT=${OUT:-$ROOT/gpu-check-out}
+B=${GPU_CHECK_BUILD:-$ROOT/build-gpu}
+OUT=${OUT:-$ROOT/build-gpu-check-out}   # $OUT is set on the device machine
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 JOBS=$(nproc)
-B=${GPU_CHECK_BUILD:-$ROOT/build-gpu}
 STEPS=" ${GPU_CHECK_STEPS:-build test_cuda ctest worker drill profiles} "
 want() { case $STEPS in *" $1 "*) return 0 ;; esac; return 1; }
 W=$(mktemp -d /tmp/gpu-check.XXXXXX)
@@ -93,6 +94,7 @@ verdict() { # name ok|FAIL|SKIP detail
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    { echo; echo "---- machine"; cat "$W/env.txt"; } >> "$SUMMARY" 2>/dev/null
     rm -rf "$W"
 }
 trap cleanup EXIT
@@ -108,7 +110,7 @@ if [ -d "$PREP/shared" ]; then export SPILLWAY_SHARED=$PREP/shared; else export 
     cmake --version 2>&1 | head -1
     uname -a
     echo "cores: $JOBS"
-} > "$OUT/env.txt"
+} > "$W/env.txt"
 
 # ---- libraries: the system's, or the carried packages unpacked in /tmp ----------
 CMAKE_EXTRA=()
@@ -128,9 +130,9 @@ if ! pkg-config --exists jansson cmocka libevent inih sqlite3 2>/dev/null; then
         export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         pc=$(command -v pkg-config || command -v pkgconf || echo "$D/usr/bin/pkgconf")
         CMAKE_EXTRA+=(-DPKG_CONFIG_EXECUTABLE="$pc")
-        echo "libraries: carried packages unpacked in $D (pkg-config: $pc)" >> "$OUT/env.txt"
+        echo "libraries: carried packages unpacked in $D (pkg-config: $pc)" >> "$W/env.txt"
     else
-        echo "libraries: missing and no .gpu-check/debs (run --prepare where a registry is reachable)" >> "$OUT/env.txt"
+        echo "libraries: missing and no .gpu-check/debs (run --prepare where a registry is reachable)" >> "$W/env.txt"
     fi
 fi
 
@@ -221,6 +223,14 @@ elif cmd == "failover":     # failover URL: exit 0 when an oom on gpu was replay
     sys.exit(0 if ok else 1)
 PY
 h() { python3 "$W/h.py" "$@"; }
+# A simulated pool outlives its processes: each step removes its name.
+SIM_CAPACITY=1GiB
+sim_unlink() {
+    case $GPU_DEV in
+        sim-gpu:*) "$SW" hog --device "$GPU_DEV" --bytes 100TiB --unlink > /dev/null 2>&1 ;;
+    esac
+    return 0
+}
 
 wait_ready() { # URL NAME SECONDS
     local i
@@ -232,7 +242,7 @@ wait_ready() { # URL NAME SECONDS
 # the HTTP API (prefill chunks, continuous batching), token ids equal.
 worker_parity() {
     local model=$SPILLWAY_SHARED/models/stories260K.gguf gpu cpu a b ok=0 i extra=()
-    case $GPU_DEV in sim-gpu:*) extra=(--sim-capacity 64MiB) ;; esac
+    case $GPU_DEV in sim-gpu:*) extra=(--sim-capacity $SIM_CAPACITY) ;; esac
     local body='{"prompt":"Once upon a time, in a small town,","max_tokens":48,"temperature":0,"ignore_eos":true}'
     "$SW" worker -m "$model" --listen 18461 --device "$GPU_DEV" "${extra[@]}" \
         > "$W/wgpu.log" 2>&1 &
@@ -254,6 +264,7 @@ worker_parity() {
     [ "${a%% *}" = 200 ] && [ "$a" = "$b" ] || { echo "FAIL: token ids differ"; ok=1; }
     kill "$gpu" "$cpu"
     wait "$gpu" "$cpu"
+    sim_unlink
     echo "--- gpu worker log"; tail -20 "$W/wgpu.log"
     return $ok
 }
@@ -261,7 +272,7 @@ worker_parity() {
 drill() {
     local port=18473 model=$W/drill.gguf cfg=$W/drill.ini r hog serve ok=0 st
     local base=http://127.0.0.1:$port sim_line=""
-    case $GPU_DEV in sim-gpu:*) sim_line="sim-capacity = 1GiB" ;; esac
+    case $GPU_DEV in sim-gpu:*) sim_line="sim-capacity = $SIM_CAPACITY" ;; esac
     # KV of 32 KiB per token (8 layers x 1024 wide, f16) and 60 MB of Q8_0
     # weights: 8 MiB of device memory holds about 250 tokens of KV.
     "$SW" model make -o "$model" --dim 1024 --layers 8 --heads 16 --kv-heads 16 --ffn 1024 \
@@ -335,9 +346,7 @@ drill() {
     fi
     kill "$serve"
     wait "$serve"
-    case $GPU_DEV in # a simulated pool outlives its processes: remove its name
-        sim-gpu:*) "$SW" hog --device "$GPU_DEV" --bytes 100TiB --unlink > /dev/null 2>&1 ;;
-    esac
+    sim_unlink
     echo "--- router log"; tail -30 "$W/serve.log"
     echo "--- gpu worker log"; tail -30 "$W/state/gpu.log" 2>/dev/null
     return $ok
@@ -366,14 +375,24 @@ elif [ -z "$help" ] || echo "$help" | grep -q "not built yet"; then
     verdict profiles SKIP "spillway bench profiles is not in this tree yet"
     echo "$help" > "$OUT/profiles.log"
 else
+    # GPU_CHECK_PROFILES_MODEL=FILE uses another model (trying the script).
+    pmodel=${GPU_CHECK_PROFILES_MODEL:-$W/1b.gguf}
+    pextra=()
+    case $GPU_DEV in sim-gpu:*) pextra=(--sim-capacity $SIM_CAPACITY) ;; esac
     {
-        echo "$help"
-        "$SW" model make --preset 1b --type q4_0 -o "$W/1b.gguf" &&
-        timeout 150 "$SW" bench profiles --model "$W/1b.gguf" --device cuda:0 \
-            ${SPILLWAY_PROFILES_ARGS:-}
+        [ -f "$pmodel" ] || "$SW" model make --preset 1b --type q4_0 -o "$pmodel" &&
+        timeout 200 "$SW" bench profiles --model "$pmodel" --device "$GPU_DEV" "${pextra[@]}" \
+            --threads "$JOBS" --out "$W/profiles"
     } > "$OUT/profiles.log" 2>&1
-    if [ $? = 0 ]; then verdict profiles ok "figures in profiles.log"
-    else verdict profiles FAIL "see profiles.log (its options may differ: SPILLWAY_PROFILES_ARGS)"; fi
+    st=$?
+    sim_unlink
+    if [ $st = 0 ]; then
+        cp "$W/profiles/profiles.json" "$OUT/" 2>/dev/null
+        verdict profiles ok "full GPU / split / CPU figures in profiles.log, profiles.json"
+        sed -n '/^profile /,$p' "$OUT/profiles.log" | head -6 | sed 's/^/    /' >> "$SUMMARY"
+    else
+        verdict profiles FAIL "see profiles.log"
+    fi
 fi
 
 say "gpu-check: $([ $failed = 0 ] && echo PASSED || echo FAILED) in $(( $(date +%s) - T0 )) s"

@@ -250,6 +250,117 @@ static void test_tool_role(void **state)
                   "<s>[INST] Weather? [/INST] get_weather()</s>[INST] sunny [/INST]", contents, 3);
 }
 
+/* Tools offered, an assistant tool call and its result (eng_chat_render_tools).
+ * Expected texts written by hand from the formats: Hermes / Qwen 2.5 for
+ * ChatML and the generic rendering, Llama 3.1's JSON tool calling. */
+static void expect_render_tools(eng_chat_family f, const eng_chat_message *msgs,
+                                const eng_chat_message_tools *ext, size_t n, const char *tools,
+                                bool gen, const char *expected)
+{
+    char *text = NULL;
+    size_t len = 0, n_segs = 0;
+    eng_chat_segment *segs = NULL;
+    sw_error err;
+    int rc = eng_chat_render_tools(f, msgs, ext, n, tools, gen, &text, &len, &segs, &n_segs, &err);
+    if (rc != SW_OK)
+        fail_msg("render %s failed: %s", eng_chat_family_name(f), err.message);
+    assert_string_equal(text, expected);
+    assert_int_equal(len, strlen(expected));
+    size_t pos = 0;
+    for (size_t i = 0; i < n_segs; i++) {
+        assert_int_equal(segs[i].offset, pos);
+        pos += segs[i].len;
+        /* the tool text is the client's: never in a template segment */
+        if (segs[i].is_template)
+            assert_null(memmem(text + segs[i].offset, segs[i].len, "get_weather", 11));
+    }
+    assert_int_equal(pos, len);
+    sw_free(text);
+    sw_free(segs);
+}
+
+static void test_tools_render(void **state)
+{
+    (void)state;
+    const char *tools = "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}\n";
+    const eng_chat_tool_call call = {"call_1", "get_weather", "{\"city\":\"Oslo\"}"};
+    const eng_chat_message msgs[] = {
+        {"system", "Be brief."},
+        {"user", "Weather?"},
+        {"assistant", ""},
+        {"tool", "snow"},
+    };
+    const eng_chat_message_tools ext[] = {{NULL, 0, NULL}, {NULL, 0, NULL}, {&call, 1, NULL},
+                                          {NULL, 0, "call_1"}};
+    expect_render_tools(
+        ENG_CHAT_CHATML, msgs, ext, 4, tools, true,
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to "
+        "assist with the user query.\n\nYou are provided with function signatures within "
+        "<tools></tools> XML tags:\n<tools>\n"
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+        "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nWeather?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\":\"Oslo\"}}\n</tool_call><|im_end|>\n"
+        "<|im_start|>tool\nsnow<|im_end|>\n"
+        "<|im_start|>assistant\n");
+    /* Llama 3.1: the functions in the system message, the call as JSON with
+     * "parameters", the result under "ipython" */
+    expect_render_tools(
+        ENG_CHAT_LLAMA3, msgs, ext, 4, tools, true,
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.\n\n"
+        "You have access to the following functions. To call a function, please respond with "
+        "JSON for a function call. Respond in the format {\"name\": function name, "
+        "\"parameters\": dictionary of argument name and its value}. Do not use variables."
+        "\n\n{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWeather?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", "
+        "\"parameters\": {\"city\":\"Oslo\"}}<|eot_id|>"
+        "<|start_header_id|>ipython<|end_header_id|>\n\nsnow<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* Mistral (generic): no system message of its own, so the tools section
+     * is folded into the first user turn; text before a call stays */
+    const eng_chat_message m2[] = {
+        {"user", "Weather?"},
+        {"assistant", "Checking."},
+        {"tool", "snow"},
+    };
+    const eng_chat_message_tools x2[] = {{NULL, 0, NULL}, {&call, 1, NULL}, {NULL, 0, "call_1"}};
+    expect_render_tools(
+        ENG_CHAT_MISTRAL, m2, x2, 3, tools, true,
+        "<s>[INST] # Tools\n\nYou may call one or more functions to assist with the user "
+        "query.\n\nYou are provided with function signatures within <tools></tools> XML "
+        "tags:\n<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}\n"
+        "</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>\n\nWeather? "
+        "[/INST] Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\":\"Oslo\"}}\n</tool_call></s>[INST] snow [/INST]");
+    /* no tools offered, only the call in the history */
+    expect_render_tools(ENG_CHAT_ZEPHYR, m2, x2, 3, NULL, true,
+                        "<|user|>\nWeather?</s>\n<|assistant|>\nChecking.\n<tool_call>\n"
+                        "{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n"
+                        "</tool_call></s>\n<|user|>\nsnow</s>\n<|assistant|>\n");
+    /* without tools or ext it is eng_chat_render_segments */
+    expect_render_tools(ENG_CHAT_CHATML, m2, NULL, 1, NULL, false,
+                        "<|im_start|>user\nWeather?<|im_end|>\n");
+    /* calls on a user message, or a call without a name, are refused */
+    const eng_chat_message_tools bad[] = {{&call, 1, NULL}, {NULL, 0, NULL}, {NULL, 0, NULL}};
+    char *text = NULL;
+    sw_error err;
+    assert_int_equal(eng_chat_render_tools(ENG_CHAT_CHATML, m2, bad, 3, NULL, true, &text, NULL,
+                                           NULL, NULL, &err), SW_EINVAL);
+    const eng_chat_tool_call nameless = {NULL, NULL, "{}"};
+    const eng_chat_message_tools bad2[] = {{NULL, 0, NULL}, {&nameless, 1, NULL}, {NULL, 0, NULL}};
+    assert_int_equal(eng_chat_render_tools(ENG_CHAT_CHATML, m2, bad2, 3, NULL, true, &text, NULL,
+                                           NULL, NULL, &err), SW_EINVAL);
+    assert_null(text);
+    assert_int_equal(eng_chat_tool_syntax_of(ENG_CHAT_LLAMA3), ENG_CHAT_TOOLS_LLAMA3_JSON);
+    assert_int_equal(eng_chat_tool_syntax_of(ENG_CHAT_GEMMA), ENG_CHAT_TOOLS_HERMES);
+}
+
 static void test_markers_in_content_are_content(void **state)
 {
     (void)state;
@@ -1069,6 +1180,7 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_bos_rule),
+        cmocka_unit_test(test_tools_render),
         cmocka_unit_test(test_tokenize_spm),
         cmocka_unit_test(test_tokenize_bpe),
         cmocka_unit_test(test_tokenize_llama3_vocab),

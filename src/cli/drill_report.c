@@ -505,6 +505,10 @@ static int write_svg(drill *d, const char *path)
                 if (q->replay_worker[0] || q->cpu_start_time > 0)
                     segment(f, &g, q, q->replay_worker[0] ? q->replay_worker : "cpu", "replay", cs,
                             t_b > cs ? t_b : cs, by, bh);
+                else if (q->status == 200 && q->final_worker[0] && t_b > cs)
+                    /* replayed above the failed attempt (an agent run starts over): the
+                     * record has no start time, the answer names the worker */
+                    segment(f, &g, q, q->final_worker, "replay", cs, t_b, by, bh);
                 marker(f, &g, q->id, "failure", q->fe_time, by + bh / 2,
                        "first error on the GPU worker");
                 if (q->cpu_start_time > 0)

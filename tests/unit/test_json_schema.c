@@ -32,6 +32,16 @@
 #include <string.h>
 #include <time.h>
 
+/* Seeded generations per case and model: the acceptance figure. Under the
+ * sanitizers (10x slower) a sample of them, so `make test` stays quick. */
+#ifdef __SANITIZE_ADDRESS__
+#define MODEL_RUNS 12
+#define WALK_RUNS 8
+#else
+#define MODEL_RUNS 100
+#define WALK_RUNS 40
+#endif
+
 /* ---- an independent validator -------------------------------------------- */
 
 static size_t utf8_chars(const char *s, size_t n)
@@ -679,13 +689,13 @@ static void walk_vocab(const char *rel, int runs, bool report)
 static void test_walk_spm(void **state)
 {
     (void)state;
-    walk_vocab("vocab/ggml-vocab-llama-spm.gguf", 40, false);
+    walk_vocab("vocab/ggml-vocab-llama-spm.gguf", WALK_RUNS, false);
 }
 
 static void test_walk_qwen2(void **state)
 {
     (void)state;
-    walk_vocab("vocab/ggml-vocab-qwen2.gguf", 8, true);
+    walk_vocab("vocab/ggml-vocab-qwen2.gguf", WALK_RUNS / 5, true);
 }
 
 /* ---- the acceptance runs on tiny models ------------------------------------- */
@@ -917,7 +927,7 @@ static void test_models_spm(void **state)
         return;
     char copy[1024];
     snprintf(copy, sizeof copy, "%s", path);
-    run_model(copy, "llama-2-tiny-random (SPM)", 100);
+    run_model(copy, "llama-2-tiny-random (SPM)", MODEL_RUNS);
 }
 
 static void test_models_bpe(void **state)
@@ -928,7 +938,7 @@ static void test_models_bpe(void **state)
         return;
     char copy[1024];
     snprintf(copy, sizeof copy, "%s", path);
-    run_model(copy, "tiny qwen2 + GPT-2 vocabulary (BPE)", 100);
+    run_model(copy, "tiny qwen2 + GPT-2 vocabulary (BPE)", MODEL_RUNS);
     remove(copy);
 }
 

@@ -219,6 +219,10 @@ static int trie_build(cs_trie *t, cs_sort_item *items, int32_t n, int32_t max_le
         prev = it;
     }
     sw_free(path);
+    /* Shared prefixes left part of the worst-case allocation unused. */
+    cs_tnode *fit = sw_realloc(t->nodes, (size_t)t->n_nodes * sizeof *fit);
+    if (fit)
+        t->nodes = fit;
     return SW_OK;
 }
 

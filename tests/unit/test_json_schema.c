@@ -542,6 +542,7 @@ static const test_case cases[] = {
     {"one tool", CASE_TOOLS, NULL, 1},
     {"three tools (required)", CASE_TOOLS, NULL, 3},
     {"nested json_schema", CASE_SCHEMA, NULL, 0},
+    {"one tool, nested parameters", CASE_TOOLS, NULL, -1},
     {"json_object", CASE_JSON_OBJECT, NULL, 0},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
@@ -558,7 +559,15 @@ static void build_case(const test_case *tc, built_case *b)
 {
     memset(b, 0, sizeof *b);
     sw_error err;
-    if (tc->kind == CASE_TOOLS) {
+    if (tc->kind == CASE_TOOLS && tc->n_tools < 0) {
+        /* the nested schema as a tool's parameters */
+        b->names[0] = "profile";
+        b->params[0] = parse(nested_schema);
+        b->n_tools = 1;
+        eng_grammar_tool t = {b->names[0], b->params[0]};
+        if (eng_grammar_tool_call(&t, 1, &b->g, &err))
+            fail_msg("tools: %s", err.message);
+    } else if (tc->kind == CASE_TOOLS) {
         eng_grammar_tool tools[3];
         b->names[0] = "get_weather";
         b->names[1] = "search";

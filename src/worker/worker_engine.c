@@ -7,6 +7,10 @@
  * batched call, and post what happened to the HTTP thread. The per-token
  * order is exactly eng_generate's (fault hook, logprobs of the raw logits,
  * sample, stop checks, decode), so a worker's tokens equal `spillway run`'s.
+ * A request with a constraint (response_format, a forced tool call) samples
+ * through eng_constraint_sample instead: the same single draw, under the
+ * mask, with the budget that max_tokens and the context leave; it ends as
+ * soon as the value is closed, and stop strings do not cut it.
  */
 #include "worker/worker-impl.h"
 

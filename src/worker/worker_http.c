@@ -5,7 +5,10 @@
  * events into OpenAI-shaped responses and SSE chunks. It never waits for
  * the engine: the engine posts events to a locked queue and writes a byte
  * to a pipe whose read end this loop watches. docs/api.md documents every
- * endpoint, field and error code produced here.
+ * endpoint, field and error code produced here. Tools and response_format
+ * are settled here too: the schema is compiled into the request's
+ * constraint (which the engine advances), and the reply text is turned into
+ * OpenAI tool_calls (non-stream and stream) when it is a call.
  */
 #include "worker/worker-impl.h"
 

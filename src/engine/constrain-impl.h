@@ -24,6 +24,13 @@
  * bytes so far). More are dropped: every kept stack is still completable,
  * so dropping only narrows what may be generated. */
 #define ENG_CS_MAX_ALTS 8
+/* Longer tokens are never allowed: the mask walk keeps one state per byte
+ * of the longest token (real vocabularies stay far below). */
+#define ENG_CS_MAX_TOKEN_BYTES 512
+/* anyOf inside anyOf, and the branches one value can fan out into: both
+ * bound the work of feeding a byte. */
+#define ENG_CS_MAX_ANYOF_NESTING 8
+#define ENG_CS_MAX_BRANCHES 64
 /* Digits of an integer part and of a fraction: 15 keeps every integer
  * exact in a double and in int64. */
 #define ENG_CS_MAX_INT_DIGITS 15
@@ -69,6 +76,7 @@ typedef struct cs_node {
     /* CS_ANYOF */
     int32_t n_alts;
     int32_t *alts;
+    int32_t n_branches;      /* non-anyOf nodes reachable through nested anyOfs (1 for others) */
 } cs_node;
 
 struct eng_grammar {

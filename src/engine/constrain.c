@@ -312,7 +312,7 @@ int eng_cs_vocab_create(const eng_tokenizer *tok, eng_cs_vocab **out, sw_error *
             v->is_end[id])
             continue;
         size_t len = eng_token_to_bytes(tok, id, NULL, 0);
-        if (len > 4096)
+        if (len > ENG_CS_MAX_TOKEN_BYTES)
             continue; /* no real token is this long; never allowed */
         v->off[id] = total;
         v->len[id] = (int32_t)len;
@@ -361,7 +361,7 @@ int eng_cs_vocab_create_from_pieces(const char *const *pieces, const size_t *len
         v->end_ids[v->n_end++] = end_ids[i];
     }
     for (int32_t id = 0; id < n; id++) {
-        if (!pieces[id] || lens[id] == 0 || lens[id] > 4096 || v->is_end[id])
+        if (!pieces[id] || lens[id] == 0 || lens[id] > ENG_CS_MAX_TOKEN_BYTES || v->is_end[id])
             continue;
         v->off[id] = total;
         v->len[id] = (int32_t)lens[id];

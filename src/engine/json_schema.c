@@ -122,6 +122,13 @@ static int32_t add_node(eng_grammar *g, cs_node *n)
         break;
     }
     n->min_bytes = len_add(m, 0);
+    n->n_branches = 1;
+    if (n->kind == CS_ANYOF) {
+        int64_t b = 0;
+        for (int32_t i = 0; i < n->n_alts; i++)
+            b += g->nodes[n->alts[i]].n_branches;
+        n->n_branches = b > INT32_MAX ? INT32_MAX : (int32_t)b;
+    }
     g->nodes[g->n_nodes] = *n;
     return g->n_nodes++;
 }
@@ -131,6 +138,7 @@ static int32_t add_node(eng_grammar *g, cs_node *n)
 typedef struct builder {
     eng_grammar *g;
     sw_error *err;
+    int32_t anyof_nesting;
     char path[256];
 } builder;
 
@@ -641,13 +649,23 @@ static int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int3
             return fail_at(b, l, SW_EINVAL, "expected a non-empty array of schemas");
         if (n > 64)
             return fail_at(b, l, SW_EUNSUPPORTED, "more than 64 alternatives");
+        if (b->anyof_nesting >= ENG_CS_MAX_ANYOF_NESTING)
+            return fail_at(b, l, SW_EUNSUPPORTED, "anyOf/oneOf nested too deeply");
         int32_t alts[64];
-        for (size_t i = 0; i < n; i++)
+        b->anyof_nesting++;
+        for (size_t i = 0; i < n; i++) {
             if ((rc = compile(b, json_array_get(any, i), depth, path_push_index(b, l, i),
-                              &alts[i])))
+                              &alts[i]))) {
+                b->anyof_nesting--;
                 return rc;
+            }
+        }
+        b->anyof_nesting--;
         if ((*out = make_anyof(g, alts, (int32_t)n)) < 0)
             return sw_error_set(b->err, SW_ENOMEM, "out of memory compiling the schema");
+        if (g->nodes[*out].n_branches > ENG_CS_MAX_BRANCHES)
+            return fail_at(b, l, SW_EUNSUPPORTED,
+                           "anyOf/oneOf alternatives expand to more than 64 branches");
         return SW_OK;
     }
     if (type && !json_is_string(type) && !json_is_array(type))

@@ -494,6 +494,19 @@ static void test_errors(void **state)
     for (int i = 0; i < 20; i++)
         strcat(deep, "}");
     expect_error(deep, SW_EUNSUPPORTED, "nests too deeply");
+    /* anyOf fan-out is bounded: nesting, and branches per value */
+    deep[0] = '\0';
+    for (int i = 0; i < 10; i++)
+        strcat(deep, "{\"anyOf\":[{\"type\":\"null\"},");
+    strcat(deep, "{\"type\":\"null\"}");
+    for (int i = 0; i < 10; i++)
+        strcat(deep, "]}");
+    expect_error(deep, SW_EUNSUPPORTED, "nested too deeply");
+    char wide[4096] = "{\"anyOf\":[";
+    for (int i = 0; i < 13; i++)
+        strcat(wide, i ? ",{}" : "{}"); /* each {} is any value: 5 branches */
+    strcat(wide, "]}");
+    expect_error(wide, SW_EUNSUPPORTED, "64 branches");
     /* ignored annotations are fine */
     eng_grammar_free(compile_ok("{\"title\":\"t\",\"description\":\"d\",\"type\":\"object\","
                                 "\"additionalProperties\":false,\"properties\":{\"a\":{"

@@ -734,7 +734,7 @@ static const char *agent_body(const char *tool)
     snprintf(b, sizeof b,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"Use the tool.\"}],"
              "\"tool_execution\":\"server\",\"tool_choice\":{\"type\":\"function\",\"function\":"
-             "{\"name\":\"%s\"}},\"max_tokens\":24,\"temperature\":0}",
+             "{\"name\":\"%s\"}},\"max_tokens\":64,\"temperature\":0}",
              tool);
     return b;
 }
@@ -747,7 +747,7 @@ static bool workers_call_tools(const router *r)
     snprintf(sock, 700, "%s/state/cpu.sock", r->dir);
     wc_response w;
     const char *body =
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":24,\"temperature\":0,"
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":64,\"temperature\":0,"
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
         "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":4}},\"required\":[\"a\"]}}}],"
         "\"tool_choice\":\"required\"}";

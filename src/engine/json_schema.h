@@ -17,7 +17,8 @@
  *         (items, minItems, maxItems), a list of types (any of them);
  *   enum (any JSON values), const, anyOf and oneOf (oneOf is generated as
  *         anyOf: alternatives that overlap can yield a value matching
- *         several), nesting up to ENG_CS_MAX_DEPTH frames;
+ *         several; anyOf inside anyOf up to 8 deep, at most 64 branches
+ *         per value), nesting up to ENG_CS_MAX_DEPTH frames;
  *   no type, no enum/const/anyOf: any JSON value (nesting bounded).
  * Ignored, because ignoring them cannot produce an invalid value:
  *   description, title, default, examples, $schema, $id, $comment,

@@ -35,8 +35,8 @@
 /* Seeded generations per case and model: the acceptance figure. Under the
  * sanitizers (10x slower) a sample of them, so `make test` stays quick. */
 #ifdef __SANITIZE_ADDRESS__
-#define MODEL_RUNS 12
-#define WALK_RUNS 8
+#define MODEL_RUNS 6
+#define WALK_RUNS 5
 #else
 #define MODEL_RUNS 100
 #define WALK_RUNS 40

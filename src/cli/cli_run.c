@@ -4,13 +4,17 @@
  * character), with timings on stderr; --json prints one machine-readable
  * record instead (tokens, counts, speeds, and with --top-logprobs each step's
  * K most likely tokens with their natural-log probabilities).
+ * --json-schema FILE constrains the output to JSON valid under the schema
+ * in FILE (engine/constrain.h), as the worker's response_format does.
  */
 #include "cli/cli.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
 #include "device/device.h"
+#include "engine/constrain.h"
 #include "engine/generate.h"
+#include "engine/json_schema.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 
@@ -36,6 +40,7 @@ typedef struct run_options {
     eng_kv_policy policy;
     float reserve;
     eng_sampler_params sampling;
+    const char *json_schema;    /* --json-schema FILE, or NULL */
 } run_options;
 
 typedef struct run_state {
@@ -66,6 +71,7 @@ static void usage(FILE *out)
             "      --ignore-eos        keep generating past end-of-text\n"
             "      --no-bos            do not prepend BOS\n"
             "      --json              print one JSON record instead of the text\n"
+            "      --json-schema FILE  generate JSON valid under the JSON Schema in FILE\n"
             "      --device D          cpu (default: host memory), sim-gpu:NAME, cuda:N\n"
             "      --sim-capacity B    capacity when creating a sim-gpu pool (e.g. 512MiB)\n"
             "      --gpu-layers N      layers on the device: -1 = all (default), N = split\n"
@@ -100,7 +106,8 @@ static int parse_options(int argc, char **argv, run_options *o)
 {
     enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_PRESENCE,
            OPT_FREQUENCY, OPT_SEED, OPT_TOPLOGPROBS, OPT_JSON, OPT_IGNORE_EOS, OPT_NO_BOS,
-           OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_POLICY, OPT_RESERVE };
+           OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_POLICY, OPT_RESERVE,
+           OPT_JSON_SCHEMA };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -119,6 +126,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         {"gpu-layers", required_argument, 0, OPT_GPU_LAYERS},
         {"policy", required_argument, 0, OPT_POLICY},
         {"reserve", required_argument, 0, OPT_RESERVE},
+        {"json-schema", required_argument, 0, OPT_JSON_SCHEMA},
         {0, 0, 0, 0},
     };
     int c;
@@ -136,7 +144,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         if (optarg) {
             value = strtod(optarg, &end);
             bool text = c == 'm' || c == 'p' || c == OPT_DEVICE || c == OPT_POLICY ||
-                        c == OPT_SIM_CAPACITY;
+                        c == OPT_SIM_CAPACITY || c == OPT_JSON_SCHEMA;
             if (!text && (*end || end == optarg)) {
                 fprintf(stderr, "spillway run: '%s' is not a number\n", optarg);
                 return 2;
@@ -158,6 +166,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         case OPT_SEED: o->sampling.seed = strtoull(optarg, NULL, 10); break;
         case OPT_TOPLOGPROBS: o->top_logprobs = (int32_t)value; break;
         case OPT_JSON: o->json = true; break;
+        case OPT_JSON_SCHEMA: o->json_schema = optarg; break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
         case OPT_NO_BOS: o->no_bos = true; break;
         case OPT_DEVICE: o->device = optarg; break;
@@ -197,6 +206,104 @@ static int parse_options(int argc, char **argv, run_options *o)
     return 0;
 }
 
+/* eng_generate's loop with a constraint: prefill, then per token the mask,
+ * one sampler draw and the automaton, until the value is closed, an end
+ * token or the budget (which the constraint keeps big enough to close the
+ * value). Same callback and statistics as eng_generate. */
+static int generate_constrained(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
+                                const eng_generate_params *gp, const eng_grammar *g,
+                                run_state *st, eng_generate_stats *stats, sw_error *err)
+{
+    const eng_model *model = eng_context_model(ctx);
+    const eng_tokenizer *tok = eng_model_tokenizer(model);
+    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    const int32_t n_ctx = eng_context_params_get(ctx)->n_ctx;
+    eng_cs_vocab *v = NULL;
+    eng_constraint *c = NULL;
+    eng_sampler *sampler = NULL;
+    float *logits = NULL;
+    int32_t *history = NULL;
+    size_t n_history = 0;
+    int rc;
+
+    memset(stats, 0, sizeof *stats);
+    if (n_prompt > n_ctx)
+        return sw_error_set(err, SW_ECONTEXT, "the prompt has %d tokens, the context holds %d",
+                            n_prompt, n_ctx);
+    if ((rc = eng_cs_vocab_create(tok, &v, err)) || (rc = eng_constraint_create(g, v, &c, err)))
+        goto done;
+    int64_t room = (int64_t)n_ctx - n_prompt;
+    int64_t budget = gp->max_tokens < room ? gp->max_tokens : room;
+    if (eng_grammar_min_bytes(g) > budget) {
+        rc = sw_error_set(err, SW_EINVAL, "the schema needs at least %lld tokens, -n and the "
+                          "context leave %lld", (long long)eng_grammar_min_bytes(g),
+                          (long long)budget);
+        goto done;
+    }
+    logits = sw_malloc((size_t)n_vocab * sizeof *logits);
+    history = sw_malloc(((size_t)n_prompt + (size_t)budget + 1) * sizeof *history);
+    sampler = eng_sampler_create(&gp->sampling, n_vocab);
+    if (!logits || !history || !sampler) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory starting a generation");
+        goto done;
+    }
+    memcpy(history, prompt, (size_t)n_prompt * sizeof *history);
+    n_history = (size_t)n_prompt;
+    eng_seq_clear(ctx, 0);
+    if (eng_context_params_get(ctx)->kv_policy == ENG_KV_RESERVE &&
+        (rc = eng_seq_reserve(ctx, 0, n_prompt + (int32_t)budget, err)))
+        goto done;
+    stats->n_prompt = n_prompt;
+    stats->finish = ENG_FINISH_LENGTH;
+    double t0 = eng_now_seconds();
+    if ((rc = eng_decode(ctx, 0, prompt, n_prompt, logits, err)))
+        goto done;
+    stats->prefill_seconds = eng_now_seconds() - t0;
+    t0 = eng_now_seconds();
+    for (int64_t i = 0; i < budget; i++) {
+        eng_generate_step step;
+        bool end = false;
+        memset(&step, 0, sizeof step);
+        step.index = (int32_t)i;
+        if ((rc = eng_constraint_sample(c, sampler, logits, n_vocab, history, n_history,
+                                        budget - i, &step.token, &end, err)))
+            goto done;
+        history[n_history++] = step.token;
+        stats->n_generated++;
+        on_token(st, &step);
+        if (end || eng_constraint_is_closed(c)) {
+            stats->finish = ENG_FINISH_STOP;
+            break;
+        }
+        if (i + 1 == budget)
+            break;
+        if ((rc = eng_decode(ctx, 0, &step.token, 1, logits, err)))
+            goto done;
+    }
+    stats->decode_seconds = eng_now_seconds() - t0;
+done:
+    eng_seq_clear(ctx, 0);
+    eng_sampler_free(sampler);
+    sw_free(history);
+    sw_free(logits);
+    eng_constraint_free(c);
+    eng_cs_vocab_free(v);
+    return rc;
+}
+
+/* The grammar of --json-schema FILE. */
+static int load_schema(const char *path, eng_grammar **out, sw_error *err)
+{
+    json_error_t je;
+    json_t *schema = json_load_file(path, JSON_DECODE_ANY, &je);
+    if (!schema)
+        return sw_error_set(err, SW_EINVAL, "--json-schema %s: %s (line %d)", path, je.text,
+                            je.line);
+    int rc = eng_grammar_from_schema(schema, out, err);
+    json_decref(schema);
+    return rc;
+}
+
 int cli_run_main(int argc, char **argv)
 {
     run_options opts;
@@ -207,6 +314,7 @@ int cli_run_main(int argc, char **argv)
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     eng_generate_stats stats;
+    eng_grammar *grammar = NULL;
     sw_error err;
     int status = 1, rc;
 
@@ -216,6 +324,9 @@ int cli_run_main(int argc, char **argv)
     memset(&st, 0, sizeof st);
     st.opts = &opts;
 
+    sw_error_clear(&err);
+    if (opts.json_schema && (rc = load_schema(opts.json_schema, &grammar, &err)))
+        goto fail;
     if ((rc = eng_model_load(opts.model_path, &model, &err)))
         goto fail;
     st.tok = eng_model_tokenizer(model);
@@ -259,7 +370,12 @@ int cli_run_main(int argc, char **argv)
         if (opts.top_logprobs)
             st.steps = json_array();
     }
-    if ((rc = eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, on_token, &st, &stats, &err)))
+    if (grammar)
+        rc = generate_constrained(ctx, prompt, (int32_t)n_prompt, &gp, grammar, &st, &stats,
+                                  &err);
+    else
+        rc = eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, on_token, &st, &stats, &err);
+    if (rc)
         goto fail;
 
     double prefill_tps = stats.prefill_seconds > 0 ? stats.n_prompt / stats.prefill_seconds : 0;
@@ -316,5 +432,6 @@ done:
     eng_context_free(ctx);
     dev_close(dev);
     eng_model_free(model);
+    eng_grammar_free(grammar);
     return status;
 }

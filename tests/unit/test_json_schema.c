@@ -964,6 +964,58 @@ static void test_models_bpe(void **state)
     remove(copy);
 }
 
+/* `spillway run --json-schema FILE` (a real process): the text is valid. */
+static void test_cli_run(void **state)
+{
+    (void)state;
+    const char *bin = tu_spillway_bin();
+    if (!bin) {
+        skip();
+        return;
+    }
+    char model[1024], schema_path[1024];
+    snprintf(model, sizeof model, "%s", tu_tmp_path("cli-schema.gguf"));
+    eng_model_make_params p = eng_model_make_default_params();
+    assert_int_equal(eng_model_make(&p, model, NULL), SW_OK);
+    snprintf(schema_path, sizeof schema_path, "%s", tu_tmp_path("cli-schema.json"));
+    FILE *f = fopen(schema_path, "w");
+    assert_non_null(f);
+    fputs(nested_schema, f);
+    fclose(f);
+    json_t *schema = parse(nested_schema);
+    for (int seed = 1; seed <= 3; seed++) {
+        char seed_text[16], *out = NULL;
+        snprintf(seed_text, sizeof seed_text, "%d", seed);
+        char *const argv[] = {(char *)bin, "run", "-m", model, "-p", "JSON:", "-n", "90",
+                              "--temp", "1", "--top-k", "0", "--top-p", "1", "--min-p", "0",
+                              "--seed", seed_text, "--json-schema", schema_path, "--json", NULL};
+        int status = -1;
+        assert_int_equal(tu_run_capture(argv, 60, &out, &status), 0);
+        assert_int_equal(status, 0);
+        json_t *rec = json_loads(out, 0, NULL);
+        assert_non_null(rec);
+        const char *text = json_string_value(json_object_get(rec, "text"));
+        assert_non_null(text);
+        expect_valid(text, strlen(text), schema, "spillway run --json-schema");
+        json_decref(rec);
+        sw_free(out);
+    }
+    /* a schema outside the subset: a clear error, exit status 1 */
+    f = fopen(schema_path, "w");
+    fputs("{\"type\":\"string\",\"format\":\"date\"}", f);
+    fclose(f);
+    char *out = NULL;
+    int status = -1;
+    char *const bad_argv[] = {(char *)bin, "run", "-m", model, "-p", "x", "--json-schema",
+                              schema_path, NULL};
+    assert_int_equal(tu_run_capture(bad_argv, 60, &out, &status), 0);
+    assert_int_equal(status, 1);
+    sw_free(out);
+    json_decref(schema);
+    remove(schema_path);
+    remove(model);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -974,6 +1026,7 @@ int main(void)
         cmocka_unit_test(test_walk_qwen2),
         cmocka_unit_test(test_models_spm),
         cmocka_unit_test(test_models_bpe),
+        cmocka_unit_test(test_cli_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

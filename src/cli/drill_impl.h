@@ -195,6 +195,8 @@ typedef struct dr_tool_server {
     pthread_mutex_t lock;
     dr_tool_call calls[DR_MAX_TOOL_CALLS];
     int n_calls;
+    int n_answered;         /* calls answered so far */
+    int answer_delay_ms;    /* the tool "works" this long before answering */
 } dr_tool_server;
 
 typedef struct drill {

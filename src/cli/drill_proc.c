@@ -376,8 +376,14 @@ static void tool_serve_one(dr_tool_server *t, int fd)
     if (t->n_calls < DR_MAX_TOOL_CALLS)
         t->calls[t->n_calls] = call;
     t->n_calls++;
+    int delay_ms = t->answer_delay_ms;
     pthread_mutex_unlock(&t->lock);
+    if (delay_ms > 0)
+        dh_sleep_ms(delay_ms);
     tool_answer(fd, 200, "spillway: a channel that carries a dam's overflow safely around it");
+    pthread_mutex_lock(&t->lock);
+    t->n_answered++;
+    pthread_mutex_unlock(&t->lock);
 }
 
 static void *tool_thread(void *arg)

@@ -1292,10 +1292,10 @@ static bool worker_has_tool_calls(const char *sock)
     return yes;
 }
 
-static int tool_call_count(dr_tool_server *t)
+static int tool_answered_count(dr_tool_server *t)
 {
     pthread_mutex_lock(&t->lock);
-    int n = t->n_calls;
+    int n = t->n_answered;
     pthread_mutex_unlock(&t->lock);
     return n;
 }
@@ -1332,6 +1332,7 @@ static void s5_run(drill *d, dr_scenario *s)
         finish(d, s);
         return;
     }
+    d->tools.answer_delay_ms = 200;
     char workers[2048], server[1200];
     workers_ini(d, workers, sizeof workers, "reserve", "stall_ms:20", NULL);
     snprintf(server, sizeof server,
@@ -1369,14 +1370,16 @@ static void s5_run(drill *d, dr_scenario *s)
     dr_progress(d, "[%s] an agent run; once the tool has answered and the next generation runs "
                    "on the GPU, the GPU worker is killed", s->id);
     bool started = pthread_create(&a.th, NULL, agent_thread, &a) == 0;
-    /* the tool is called (step 1 recorded), then the next generation
-     * starts on the GPU: that is when the GPU worker dies */
+    /* the tool answers (step 1 is recorded), then the next generation
+     * starts on the GPU: that is when the GPU worker dies. The tool takes
+     * 200 ms, so the first generation's KV memory is freed by then and
+     * KV taken afterwards is the next generation's. */
     bool called = false, killed = false;
     double t0 = dh_now();
     while (started && !called && dh_now() - t0 < 60 && !dr_interrupted && !a.r->t_end) {
-        called = tool_call_count(&d->tools) > 0;
+        called = tool_answered_count(&d->tools) > 0;
         if (!called)
-            dh_sleep_ms(3);
+            dh_sleep_ms(1);
     }
     if (called && wait_gpu_busy(rt->gpu_sock, gkv0, 10000)) {
         pid_t pid = gpu_pid(rt->address);

@@ -28,9 +28,14 @@
 /* ---- matrix products ------------------------------------------------------ */
 
 /* Up to three products that share one input (Q/K/V, gate/up), run as one
- * parallel loop over their concatenated rows so the threads meet once. */
+ * parallel loop over their concatenated rows so the threads meet once.
+ * With glu set (gate and up, n_mats 2) the loop runs over the rows of the
+ * feed-forward width instead: a chunk computes those rows of both products
+ * and applies SwiGLU to them in place (y[0] = silu(gate) * up), so the
+ * element-wise step runs in parallel and needs no pass of its own. */
 typedef struct matmul_job {
     int n_mats;
+    bool glu;
     const eng_weight *w[3];
     float *y[3];
     int64_t y_stride[3];
@@ -40,11 +45,36 @@ typedef struct matmul_job {
     bool per_token;    /* tokens of different sequences: batch-invariant path */
 } matmul_job;
 
+static void matmul_rows(const matmul_job *job, int m, int64_t r0, int64_t r1)
+{
+    const eng_weight *w = job->w[m];
+    if (job->per_token)
+        cpu_matmul_rows_per_token(w->type, w->data, w->row_bytes, w->n_in, job->xq,
+                                  job->xq_row_bytes, job->n_tokens, job->y[m], job->y_stride[m],
+                                  r0, r1);
+    else
+        cpu_matmul_rows(w->type, w->data, w->row_bytes, w->n_in, job->xq, job->xq_row_bytes,
+                        job->n_tokens, job->y[m], job->y_stride[m], r0, r1);
+}
+
 static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
 {
     const matmul_job *job = arg;
     int64_t base = 0;
     (void)thread_index;
+    if (job->glu) {
+        matmul_rows(job, 0, begin, end);
+        matmul_rows(job, 1, begin, end);
+        for (int64_t t = 0; t < job->n_tokens; t++) {
+            float *gate = job->y[0] + t * job->y_stride[0];
+            const float *up = job->y[1] + t * job->y_stride[1];
+            for (int64_t i = begin; i < end; i++) {
+                float g = gate[i];
+                gate[i] = g / (1.0f + expf(-g)) * up[i];
+            }
+        }
+        return;
+    }
     for (int m = 0; m < job->n_mats; m++) {
         const eng_weight *w = job->w[m];
         int64_t r0 = begin - base, r1 = end - base;
@@ -52,13 +82,8 @@ static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
             r0 = 0;
         if (r1 > w->n_out)
             r1 = w->n_out;
-        if (r0 < r1 && job->per_token)
-            cpu_matmul_rows_per_token(w->type, w->data, w->row_bytes, w->n_in, job->xq,
-                                      job->xq_row_bytes, job->n_tokens, job->y[m],
-                                      job->y_stride[m], r0, r1);
-        else if (r0 < r1)
-            cpu_matmul_rows(w->type, w->data, w->row_bytes, w->n_in, job->xq, job->xq_row_bytes,
-                            job->n_tokens, job->y[m], job->y_stride[m], r0, r1);
+        if (r0 < r1)
+            matmul_rows(job, m, r0, r1);
         base += w->n_out;
     }
 }
@@ -66,9 +91,11 @@ static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
 /* y_m[t][r] = W_m . x[t] for each weight m; x is n_tokens rows of n_in floats.
  * Weights whose activation formats agree share one conversion and one
  * parallel loop; a group with different formats (a mixed-type file, e.g. a
- * K-quant next to an F16 matrix) is split so each converts its own. */
-static void matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, float *const *y,
-                   const float *x, int64_t n_tokens, bool per_token)
+ * K-quant next to an F16 matrix) is split so each converts its own. With
+ * glu (w = gate, up): y[0] becomes silu(gate) * up (matmul_job). Returns
+ * whether it did that; false leaves gate and up for the caller to combine. */
+static bool matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, float *const *y,
+                   const float *x, int64_t n_tokens, bool per_token, bool glu)
 {
     unsigned char *act = ctx->workspace + ctx->layout.act;
     uint32_t act_type = eng_vec_dot_type(w[0]->type);
@@ -77,11 +104,13 @@ static void matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, flo
         same++;
     if (same < n_mats) {
         for (int m = 0; m < n_mats; m++)
-            matmul(ctx, 1, &w[m], &y[m], x, n_tokens, per_token);
-        return;
+            matmul(ctx, 1, &w[m], &y[m], x, n_tokens, per_token, false);
+        return false;
     }
+    glu = glu && n_mats == 2 && w[0]->n_out == w[1]->n_out;
 
-    matmul_job job = {.n_mats = n_mats, .xq = act, .n_tokens = n_tokens, .per_token = per_token};
+    matmul_job job = {.n_mats = n_mats, .glu = glu, .xq = act, .n_tokens = n_tokens,
+                      .per_token = per_token};
     int64_t rows = 0;
     size_t row_bytes = 0;
     eng_type_row_bytes(act_type, w[0]->n_in, &row_bytes);
@@ -93,7 +122,8 @@ static void matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, flo
         job.y_stride[m] = w[m]->n_out;
         rows += w[m]->n_out;
     }
-    cpu_threadpool_run(ctx->pool, rows, 16, matmul_task, &job);
+    cpu_threadpool_run(ctx->pool, glu ? w[0]->n_out : rows, 16, matmul_task, &job);
+    return glu;
 }
 
 /* ---- element-wise pieces --------------------------------------------------- */
@@ -276,7 +306,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
         {
             const eng_weight *w[3] = {&L->wq, &L->wk, &L->wv};
             float *y[3] = {q, k, v};
-            matmul(ctx, 3, w, y, xn, n, per_token);
+            matmul(ctx, 3, w, y, xn, n, per_token, false);
             add_bias(q, &L->bq, n, q_dim);
             add_bias(k, &L->bk, n, kv_dim);
             add_bias(v, &L->bv, n, kv_dim);
@@ -302,7 +332,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
         {
             const eng_weight *w[1] = {&L->wo};
             float *y[1] = {xn};
-            matmul(ctx, 1, w, y, att, n, per_token);
+            matmul(ctx, 1, w, y, att, n, per_token, false);
             for (int64_t i = 0; i < n * dim; i++)
                 x[i] += xn[i];
         }
@@ -312,16 +342,16 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
         {
             const eng_weight *w[2] = {&L->w_gate, &L->w_up};
             float *y[2] = {gate, up};
-            matmul(ctx, 2, w, y, xn, n, per_token);
-        }
-        for (int64_t i = 0; i < n * n_ff; i++) {
-            float g = gate[i];
-            gate[i] = g / (1.0f + expf(-g)) * up[i];
+            if (!matmul(ctx, 2, w, y, xn, n, per_token, true))
+                for (int64_t i = 0; i < n * n_ff; i++) {
+                    float g = gate[i];
+                    gate[i] = g / (1.0f + expf(-g)) * up[i];
+                }
         }
         {
             const eng_weight *w[1] = {&L->w_down};
             float *y[1] = {xn};
-            matmul(ctx, 1, w, y, gate, n, per_token);
+            matmul(ctx, 1, w, y, gate, n, per_token, false);
             for (int64_t i = 0; i < n * dim; i++)
                 x[i] += xn[i];
         }
@@ -337,7 +367,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
                      hp->rms_eps);
         const eng_weight *w[1] = {&ctx->output};
         float *y[1] = {(float *)(ws + ctx->layout.logits)};
-        matmul(ctx, 1, w, y, xn, n_logit, per_token);
+        matmul(ctx, 1, w, y, xn, n_logit, per_token, false);
     }
     return SW_OK;
 }

@@ -348,6 +348,10 @@ void cpu_dot_f16_f32_rows(const uint16_t *rows, size_t row_stride, int64_t n_row
                           const float *q, int64_t n, float scale, float *out)
 {
     const cpu__kernel_table *k = cpu_table();
+    if (k->dot_f16_f32_rows) {
+        k->dot_f16_f32_rows(rows, row_stride, n_rows, q, n, scale, out);
+        return;
+    }
     for (int64_t r = 0; r < n_rows; r++)
         out[r] = k->dot_f16_f32(rows + (size_t)r * row_stride, q, n) * scale;
 }
@@ -356,6 +360,10 @@ void cpu_axpy_f16_rows(float *y, const float *weights, const uint16_t *rows, siz
                        int64_t n_rows, int64_t n)
 {
     const cpu__kernel_table *k = cpu_table();
+    if (k->axpy_f16_rows) {
+        k->axpy_f16_rows(y, weights, rows, row_stride, n_rows, n);
+        return;
+    }
     for (int64_t r = 0; r < n_rows; r++)
         k->axpy_f16(y, weights[r], rows + (size_t)r * row_stride, n);
 }

@@ -665,6 +665,88 @@ static float k_dot_f16_f32(const uint16_t *a, const float *b, int64_t n)
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* Attention rows. Scores: each row is k_dot_f16_f32's operations, inlined
+ * so that four rows' loads, products and reductions overlap instead of
+ * running one call (and one dependent reduction) at a time. */
+K_INLINE float k_dot_f16_f32_inl(const uint16_t *a, const float *b, int64_t n)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))),
+                               _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i + 16))),
+                               _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i)),
+                               _mm512_maskz_loadu_ps(m, b + i), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void k_dot_f16_f32_rows(const uint16_t *rows, size_t row_stride, int64_t n_rows,
+                               const float *q, int64_t n, float scale, float *out)
+{
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const uint16_t *p = rows + (size_t)r * row_stride;
+        float d0 = k_dot_f16_f32_inl(p, q, n);
+        float d1 = k_dot_f16_f32_inl(p + row_stride, q, n);
+        float d2 = k_dot_f16_f32_inl(p + 2 * row_stride, q, n);
+        float d3 = k_dot_f16_f32_inl(p + 3 * row_stride, q, n);
+        out[r] = d0 * scale;
+        out[r + 1] = d1 * scale;
+        out[r + 2] = d2 * scale;
+        out[r + 3] = d3 * scale;
+    }
+    for (; r < n_rows; r++)
+        out[r] = k_dot_f16_f32_inl(rows + (size_t)r * row_stride, q, n) * scale;
+}
+
+/* Weighted sum of rows: y is kept in registers 64 values at a time while
+ * every row passes, instead of being stored and reloaded once per row.
+ * Each value still gets fma(weight, row value, y) row after row, which is
+ * what k_axpy_f16 row by row computes. */
+static void k_axpy_f16_rows(float *y, const float *weights, const uint16_t *rows,
+                            size_t row_stride, int64_t n_rows, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 64) {
+        __mmask16 m[4];
+        __m512 acc[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            int64_t left = n - i - 16 * j;
+            m[j] = left <= 0 ? 0 : k_tail_mask(left);
+            acc[j] = _mm512_maskz_loadu_ps(m[j], y + i + 16 * j);
+        }
+        if (n - i >= 64) {
+            for (int64_t r = 0; r < n_rows; r++) {
+                const uint16_t *p = rows + (size_t)r * row_stride + i;
+                __m512 va = _mm512_set1_ps(weights[r]);
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    acc[j] = _mm512_fmadd_ps(
+                        va, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16 * j))),
+                        acc[j]);
+            }
+        } else {
+            for (int64_t r = 0; r < n_rows; r++) {
+                const uint16_t *p = rows + (size_t)r * row_stride + i;
+                __m512 va = _mm512_set1_ps(weights[r]);
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    acc[j] = _mm512_fmadd_ps(
+                        va, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], p + 16 * j)), acc[j]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            _mm512_mask_storeu_ps(y + i + 16 * j, m[j], acc[j]);
+    }
+}
+
 static void k_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
 {
     __m512 va = _mm512_set1_ps(a);
@@ -704,6 +786,8 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->axpy_f32 = k_axpy_f32;
     table->dot_f16_f32 = k_dot_f16_f32;
     table->axpy_f16 = k_axpy_f16;
+    table->dot_f16_f32_rows = k_dot_f16_f32_rows;
+    table->axpy_f16_rows = k_axpy_f16_rows;
     table->fp32_to_fp16_row = k_fp32_to_fp16_row;
     table->fp16_to_fp32_row = k_fp16_to_fp32_row;
     table->matmul_bf16 = k_matmul_bf16;

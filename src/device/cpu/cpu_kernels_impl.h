@@ -37,6 +37,14 @@ typedef struct cpu__kernel_table {
     cpu__matmul_fn matmul_q4_k; /* activations Q8_K, also for the next two */
     cpu__matmul_fn matmul_q5_k;
     cpu__matmul_fn matmul_q6_k;
+    /* Attention over consecutive KV rows (cpu_dot_f16_f32_rows,
+     * cpu_axpy_f16_rows): each row's result bit for bit that of dot_f16_f32
+     * / axpy_f16 applied row by row. NULL: that loop in cpu_kernels.c (never
+     * inherited from the level below, whose single-row arithmetic may differ). */
+    void (*dot_f16_f32_rows)(const uint16_t *rows, size_t row_stride, int64_t n_rows,
+                             const float *q, int64_t n, float scale, float *out);
+    void (*axpy_f16_rows)(float *y, const float *weights, const uint16_t *rows,
+                          size_t row_stride, int64_t n_rows, int64_t n);
 } cpu__kernel_table;
 
 /* Filled by cpu_kernels_avx2.c / cpu_kernels_avx512.c (x86-64 builds only). */

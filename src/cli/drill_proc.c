@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -50,6 +51,15 @@ void dr_signals_install(void)
     signal(SIGPIPE, SIG_IGN);
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st;
+    (void)flag;
+    (void)f;
+    remove(path);
+    return 0;
+}
+
 static bool log_has_listen(const char *log, char *addr, size_t cap)
 {
     FILE *f = fopen(log, "r");
@@ -59,7 +69,7 @@ static bool log_has_listen(const char *log, char *addr, size_t cap)
     bool found = false;
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "spillway serve: listening on ");
-        if (!p)
+        if (!p || !strchr(line, '\n'))
             continue;
         p += strlen("spillway serve: listening on ");
         size_t n = strcspn(p, " \r\n");
@@ -107,10 +117,11 @@ int dr_router_start(drill *d, dr_router *r, const char *name, const char *server
     snprintf(r->state_dir, sizeof r->state_dir, "%s/state", r->dir);
     snprintf(r->gpu_sock, sizeof r->gpu_sock, "unix:%s/gpu.sock", r->state_dir);
     snprintf(r->cpu_sock, sizeof r->cpu_sock, "unix:%s/cpu.sock", r->state_dir);
-    /* a previous run's events and sockets would be read as this one's */
-    char old[700];
-    snprintf(old, sizeof old, "%s/events.jsonl", r->state_dir);
-    remove(old);
+    /* A previous run into the same directory must not leak into this one:
+     * its log holds an old "listening on" line, its state directory old
+     * events and a ledger whose unfinished jobs the router would resume. */
+    remove(r->log);
+    nftw(r->state_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     FILE *f = fopen(r->cfg, "w");
     if (!f) {
         snprintf(why, why_cap, "cannot write %s", r->cfg);
@@ -169,8 +180,8 @@ int dr_router_start(drill *d, dr_router *r, const char *name, const char *server
                      WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), tail);
             return -1;
         }
-        if (!have_addr)
-            have_addr = log_has_listen(r->log, r->address, sizeof r->address);
+        /* only a whole line counts (log_has_listen wants its newline) */
+        have_addr = log_has_listen(r->log, r->address, sizeof r->address);
         if (have_addr) {
             int status = 0;
             json_t *h = dh_get_json(r->address, "/health", 2000, &status);

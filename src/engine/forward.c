@@ -181,6 +181,7 @@ typedef struct attention_job {
     const eng_token_meta *meta; /* (n_tokens): each token's sequence and position */
     int32_t layer;
     int64_t n_tokens;
+    int32_t heads_per_item; /* consecutive heads of one KV head per work item */
     const float *q;    /* (n_tokens, n_head * head_dim) */
     float *out;        /* (n_tokens, n_head * head_dim) */
 } attention_job;
@@ -204,63 +205,122 @@ static unsigned char *kv_row(eng_context *ctx, const eng_sequence *seq, int32_t 
     return base + in_block;
 }
 
-static void attention_task(void *arg, int64_t begin, int64_t end, int thread_index)
+/* One head of one token: softmax(q . K^T * scale) . V over the token's
+ * sequence up to its position. */
+static void attention_head(const attention_job *job, int64_t t, int32_t h, float *scores)
 {
-    const attention_job *job = arg;
     eng_context *ctx = job->ctx;
     const eng_hparams *hp = &ctx->model->hp;
     const int32_t hd = hp->head_dim, n_head = hp->n_head;
     const int32_t group = hp->n_head / hp->n_head_kv;
     const bool kv_f16 = ctx->params.kv_type != ENG_TYPE_F32;
     const float scale = 1.0f / sqrtf((float)hd);
+    int32_t kv_head = h / group;
+    const eng_sequence *seq = job->meta[t].seq;
+    int32_t n_pos = job->meta[t].pos + 1; /* causal: itself and before, same sequence */
+    const float *q = job->q + t * (int64_t)n_head * hd + (int64_t)h * hd;
+    float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
+    const size_t kv_dim = (size_t)hp->n_head_kv * hd;
+    const int32_t block_tokens = ctx->params.kv_block_tokens;
+    float max = -INFINITY, sum = 0.0f;
+
+    /* Scores a block at a time: a block's K rows for this layer are
+     * consecutive, kv_dim elements apart. */
+    for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
+        int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+        unsigned char *k = kv_row(ctx, seq, job->layer, 0, p0);
+        if (kv_f16)
+            cpu_dot_f16_f32_rows((const uint16_t *)k + (size_t)kv_head * hd, kv_dim, rows,
+                                 q, hd, scale, scores + p0);
+        else
+            cpu_dot_f32_rows((const float *)k + (size_t)kv_head * hd, kv_dim, rows, q, hd,
+                             scale, scores + p0);
+    }
+    for (int32_t p = 0; p < n_pos; p++)
+        if (scores[p] > max)
+            max = scores[p];
+    for (int32_t p = 0; p < n_pos; p++) {
+        scores[p] = expf(scores[p] - max);
+        sum += scores[p];
+    }
+    for (int32_t p = 0; p < n_pos; p++)
+        scores[p] = scores[p] / sum;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
+        int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+        unsigned char *v = kv_row(ctx, seq, job->layer, 1, p0);
+        if (kv_f16)
+            cpu_axpy_f16_rows(out, scores + p0, (const uint16_t *)v + (size_t)kv_head * hd,
+                              kv_dim, rows, hd);
+        else
+            cpu_axpy_f32_rows(out, scores + p0, (const float *)v + (size_t)kv_head * hd,
+                              kv_dim, rows, hd);
+    }
+}
+
+/* Decode steps (a token per sequence, a few sequences) prefetch; a prefill
+ * chunk's tokens share their sequence's rows, which stay in cache. */
+#define ATTENTION_PREFETCH_TOKENS 16
+
+/* Asks for the K and V rows of one KV head of a layer, up to n_pos, ahead
+ * of their use. In decode they are out of every cache by the time the layer
+ * comes round again (the weights stream through in between), and the rows
+ * are short pieces of the cache's rows, a block's worth per page: left to
+ * the hardware, each of them is a full memory latency paid a few at a time.
+ * Asked for all at once, they arrive at the memory's bandwidth. */
+static void attention_prefetch(const attention_job *job, int64_t t, int32_t kv_head)
+{
+    eng_context *ctx = job->ctx;
+    const eng_hparams *hp = &ctx->model->hp;
+    const eng_sequence *seq = job->meta[t].seq;
+    const int32_t n_pos = job->meta[t].pos + 1, block_tokens = ctx->params.kv_block_tokens;
+    const size_t elem = ctx->params.kv_type == ENG_TYPE_F32 ? 4 : 2;
+    const size_t row_bytes = (size_t)hp->n_head_kv * hp->head_dim * elem;
+    const size_t head_bytes = (size_t)hp->head_dim * elem;
+    for (int kv = 0; kv < 2; kv++)
+        for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
+            int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+            const unsigned char *base = kv_row(ctx, seq, job->layer, kv, p0) +
+                                        (size_t)kv_head * head_bytes;
+            for (int32_t r = 0; r < rows; r++)
+                for (size_t off = 0; off < head_bytes; off += 64)
+                    __builtin_prefetch(base + (size_t)r * row_bytes + off, 0, 2);
+        }
+}
+
+static void attention_task(void *arg, int64_t begin, int64_t end, int thread_index)
+{
+    const attention_job *job = arg;
+    eng_context *ctx = job->ctx;
+    const int32_t hpi = job->heads_per_item, items_per_token = ctx->model->hp.n_head / hpi;
     float *scores = (float *)(ctx->workspace + ctx->layout.scores) +
                     (size_t)thread_index * ctx->params.n_ctx;
 
     for (int64_t item = begin; item < end; item++) {
-        int64_t t = item / n_head;
-        int32_t h = (int32_t)(item % n_head);
-        int32_t kv_head = h / group;
-        const eng_sequence *seq = job->meta[t].seq;
-        int32_t n_pos = job->meta[t].pos + 1; /* causal: itself and before, same sequence */
-        const float *q = job->q + t * (int64_t)n_head * hd + (int64_t)h * hd;
-        float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
-        const size_t kv_dim = (size_t)hp->n_head_kv * hd;
-        const int32_t block_tokens = ctx->params.kv_block_tokens;
-        float max = -INFINITY, sum = 0.0f;
-
-        /* Scores a block at a time: a block's K rows for this layer are
-         * consecutive, kv_dim elements apart. */
-        for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
-            int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
-            unsigned char *k = kv_row(ctx, seq, job->layer, 0, p0);
-            if (kv_f16)
-                cpu_dot_f16_f32_rows((const uint16_t *)k + (size_t)kv_head * hd, kv_dim, rows,
-                                     q, hd, scale, scores + p0);
-            else
-                cpu_dot_f32_rows((const float *)k + (size_t)kv_head * hd, kv_dim, rows, q, hd,
-                                 scale, scores + p0);
-        }
-        for (int32_t p = 0; p < n_pos; p++)
-            if (scores[p] > max)
-                max = scores[p];
-        for (int32_t p = 0; p < n_pos; p++) {
-            scores[p] = expf(scores[p] - max);
-            sum += scores[p];
-        }
-        for (int32_t p = 0; p < n_pos; p++)
-            scores[p] = scores[p] / sum;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
-            int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
-            unsigned char *v = kv_row(ctx, seq, job->layer, 1, p0);
-            if (kv_f16)
-                cpu_axpy_f16_rows(out, scores + p0, (const uint16_t *)v + (size_t)kv_head * hd,
-                                  kv_dim, rows, hd);
-            else
-                cpu_axpy_f32_rows(out, scores + p0, (const float *)v + (size_t)kv_head * hd,
-                                  kv_dim, rows, hd);
-        }
+        int32_t h0 = (int32_t)(item % items_per_token) * hpi;
+        const int32_t group = ctx->model->hp.n_head / ctx->model->hp.n_head_kv;
+        if (job->n_tokens <= ATTENTION_PREFETCH_TOKENS)
+            attention_prefetch(job, item / items_per_token, h0 / group);
+        for (int32_t h = h0; h < h0 + hpi; h++)
+            attention_head(job, item / items_per_token, h, scores);
     }
+}
+
+/* Heads that share a KV head go to one thread together where there is
+ * enough work: the K and V rows they read are the same, so the first head
+ * brings them into that core's cache for the others (split per head, two
+ * threads would each pull the same rows from memory - in decode, with the
+ * weights streaming through the caches in between, that is where the time
+ * of attention goes). With few tokens and many threads the groups are
+ * halved until every thread has two items. */
+static int32_t attention_heads_per_item(const eng_context *ctx, int64_t n_tokens)
+{
+    const eng_hparams *hp = &ctx->model->hp;
+    int32_t hpi = hp->n_head / hp->n_head_kv;
+    const int64_t want = 2 * (int64_t)cpu_threadpool_size(ctx->pool);
+    while (hpi % 2 == 0 && n_tokens * (hp->n_head / hpi) < want)
+        hpi /= 2;
+    return hpi;
 }
 
 /* ---- one batch ---------------------------------------------------------------- */
@@ -326,8 +386,9 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             }
         }
         {
-            attention_job job = {ctx, meta, l, n, q, att};
-            cpu_threadpool_run(ctx->pool, n * hp->n_head, 1, attention_task, &job);
+            attention_job job = {ctx, meta, l, n, attention_heads_per_item(ctx, n), q, att};
+            cpu_threadpool_run(ctx->pool, n * (hp->n_head / job.heads_per_item), 1,
+                               attention_task, &job);
         }
         {
             const eng_weight *w[1] = {&L->wo};

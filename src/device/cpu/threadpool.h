@@ -4,11 +4,11 @@
  * matrix product), so hand-off latency matters more than anything else:
  * workers spin on an atomic generation counter for a short while before
  * sleeping on a condition variable, and the caller takes part in the work
- * instead of waiting idle. The range is cut into a few chunks per thread
- * that the threads take from a shared counter, so one thread slowed down
- * (another process on its core, the caller's own serial work) does not
- * leave the other waiting. Which thread computes an item never changes the
- * result: every item's work is independent.
+ * instead of waiting idle. The threads take chunks of the range from a
+ * shared counter, large at first and shrinking to one grain at the end, so
+ * one thread slowed down (another process on its core, the caller's own
+ * serial work) does not leave the other waiting. Which thread computes an
+ * item never changes the result: every item's work is independent.
  */
 #ifndef SPILLWAY_DEVICE_CPU_THREADPOOL_H
 #define SPILLWAY_DEVICE_CPU_THREADPOOL_H
@@ -27,7 +27,8 @@ void cpu_threadpool_free(cpu_threadpool *pool);
 int cpu_threadpool_size(const cpu_threadpool *pool);
 
 /* Runs fn over [0, n_items) in chunks of a multiple of `grain` items
- * (except the last), about four per thread, and returns when all are done.
+ * (except the last), shrinking from about n_items / (2 n_threads) to one
+ * grain, and returns when all are done.
  * fn may be called several times per thread. Not reentrant: one caller at
  * a time. */
 void cpu_threadpool_run(cpu_threadpool *pool, int64_t n_items, int64_t grain,

@@ -789,6 +789,39 @@ static void test_agent_failover_and_unsafe(void **state)
     assert_int_equal(w.status, 400);
     wc_response_free(&w);
 
+    /* a streaming agent run is refused clearly */
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_execution\":"
+                         "\"server\",\"stream\":true}",
+                         &w),
+                     0);
+    assert_int_equal(w.status, 400);
+    wc_response_free(&w);
+    /* client-side tools (no tool_execution, or "client"): the worker's
+     * tool_calls come back unchanged and the router calls nothing */
+    tools_reset();
+    for (int k = 0; k < 2; k++) {
+        char cbody[768];
+        snprintf(cbody, sizeof cbody,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":64,%s"
+                 "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                 "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":4}},"
+                 "\"required\":[\"a\"]}}}],\"tool_choice\":\"required\"}",
+                 k ? "\"tool_execution\":\"client\"," : "");
+        assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, cbody, &w), 0);
+        assert_int_equal(w.status, 200);
+        json_t *cj = body_json(&w);
+        json_t *ch = json_array_get(json_object_get(cj, "choices"), 0);
+        assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls");
+        json_t *tc = json_array_get(json_object_get(json_object_get(ch, "message"), "tool_calls"), 0);
+        assert_string_equal(
+            json_string_value(json_object_get(json_object_get(tc, "function"), "name")), "f");
+        assert_null(json_object_get(json_object_get(cj, "spillway"), "tool_steps"));
+        json_decref(cj);
+        wc_response_free(&w);
+    }
+    assert_int_equal(g_tools.calls_lookup + g_tools.calls_book, 0);
+
     /* the GPU worker dies after the tool answered (stopped, so the next
      * generation is sent to it, then killed): the run is replayed and
      * completes on the CPU, the tool ran once, the answer carries its

@@ -922,6 +922,56 @@ static void crash_case(const char *fault, const char *tool, bool expect_ok, int 
     router_finish(&r);
 }
 
+/* An agent run with an Idempotency-Key whose router died after the tool
+ * answered: the client's retry with the same key and body takes the
+ * abandoned key over under its original request id, so the idempotent
+ * tool is called again with the same Idempotency-Key, and a second retry
+ * gets the stored answer. */
+static void idem_agent_crash(void)
+{
+    char tools[2048], rest[4096];
+    tool_sections(tools, sizeof tools, 3000);
+    snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", tools);
+    router r;
+    router_init(&r, "idemcrash", "max-tool-steps = 1\n", rest);
+    assert_int_equal(router_run(&r, "SPILLWAY_FAULT=router_exit_after_tool_called"), 0);
+    tools_reset();
+    wc_response w;
+    const char *hdr = "Idempotency-Key: agent-key\r\nX-Request-Id: agent-run-1\r\n";
+    char body[600];
+    snprintf(body, sizeof body, "%s", agent_body("lookup"));
+    req(&r, "POST", "/v1/chat/completions", hdr, body, &w); /* the router dies */
+    assert_true(w.status == 0 || w.status >= 500);
+    wc_response_free(&w);
+    assert_int_equal(router_wait_exit(&r, 60), 70);
+    assert_int_equal(g_tools.calls_lookup, 1);
+    assert_int_equal(router_run(&r, NULL), 0);
+    /* the retry names another request id; the original one is kept */
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions",
+                         "Idempotency-Key: agent-key\r\nX-Request-Id: agent-run-2\r\n", body, &w),
+                     0);
+    if (w.status != 200)
+        fail_msg("retry: %d %s", w.status, w.body);
+    char rid[128];
+    assert_true(wc_header(&w, "X-Request-Id", rid, sizeof rid));
+    assert_string_equal(rid, "agent-run-1");
+    assert_int_equal(g_tools.calls_lookup, 2);
+    assert_int_equal(g_tools.n_keys, 2);
+    assert_string_equal(g_tools.keys[0], "agent-run-1/1");
+    assert_string_equal(g_tools.keys[1], "agent-run-1/1");
+    wc_response w2;
+    assert_int_equal(req(&r, "POST", "/v1/chat/completions",
+                         "Idempotency-Key: agent-key\r\nX-Request-Id: agent-run-3\r\n", body, &w2),
+                     0);
+    assert_int_equal(w2.status, 200);
+    assert_int_equal(w2.body_len, w.body_len);
+    assert_memory_equal(w2.body, w.body, w.body_len);
+    assert_int_equal(g_tools.calls_lookup, 2);
+    wc_response_free(&w);
+    wc_response_free(&w2);
+    router_finish(&r);
+}
+
 static void test_agent_router_crash(void **state)
 {
     {
@@ -946,6 +996,7 @@ static void test_agent_router_crash(void **state)
     crash_case("SPILLWAY_FAULT=router_exit_after_tool_called", "book", false, 1);
     /* started, not idempotent: the outcome is unknown all the same */
     crash_case("SPILLWAY_FAULT=router_exit_after_tool_started", "book", false, 0);
+    idem_agent_crash();
 }
 
 /* SPILLWAY_SABOTAGE really removes the safety it names (the drill's

@@ -292,8 +292,11 @@ static int write_md(drill *d, const char *path)
                 snprintf(end, sizeof end, "%.3f", rel(d, q->t_end));
             if (q->has_event && q->replay_worker[0])
                 snprintf(workers, sizeof workers, "%s → %s", q->fe_worker, q->replay_worker);
+            else if (q->has_event && q->status == 200 && q->final_worker[0])
+                snprintf(workers, sizeof workers, "%s → %s", q->fe_worker, q->final_worker);
             else if (q->has_event)
-                snprintf(workers, sizeof workers, "%s → (cancelled)", q->fe_worker);
+                snprintf(workers, sizeof workers, "%s → (%s)", q->fe_worker,
+                         q->client_cancelled ? "cancelled" : "failed");
             else
                 snprintf(workers, sizeof workers, "%s", q->final_worker[0] ? q->final_worker : "–");
             char status[96];

@@ -227,6 +227,98 @@ static int run_step(rt_req *q, int step, const bool *allowed, char *tool_name, s
     return 0;
 }
 
+/* Writes one SSE event (headers first) to the client and the capture. */
+static int sse_event(rt_req *q, bool *head_sent, const char *payload)
+{
+    if (!*head_sent) {
+        char head[600];
+        int n = snprintf(head, sizeof head,
+                         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                         "Connection: close\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
+                         "X-Spillway-Attempts: %d\r\n\r\n",
+                         q->request_id, q->worker, q->attempts);
+        if (rt__sink_write(q, head, (size_t)n))
+            return -1;
+        *head_sent = true;
+        if (q->cap.on) {
+            q->cap.status = 200;
+            q->cap.stream = true;
+            q->cap.len = 0;
+            snprintf(q->cap.content_type, sizeof q->cap.content_type, "text/event-stream");
+        }
+    }
+    size_t len = strlen(payload);
+    char hex[32];
+    int hn = snprintf(hex, sizeof hex, "%zx\r\n", len + 8);
+    if (q->cap.on && (rt__capture_append(&q->cap, "data: ", 6) ||
+                      rt__capture_append(&q->cap, payload, len) ||
+                      rt__capture_append(&q->cap, "\n\n", 2)))
+        return -1;
+    if (rt__sink_write(q, hex, (size_t)hn) || rt__sink_write(q, "data: ", 6) ||
+        rt__sink_write(q, payload, len) || rt__sink_write(q, "\n\n\r\n", 4))
+        return -1;
+    return 0;
+}
+
+/* A streaming agent run: the loop runs as usual, then the final answer
+ * goes out as chat.completion.chunk events (the role and the whole
+ * content, then the finish reason with the spillway extension, the usage
+ * when asked, [DONE]). Tokens are not streamed as they are generated:
+ * the tool steps come first, and a replayed run must not show the
+ * client a first attempt's text. */
+static void send_as_stream(rt_req *q, json_t *final, bool with_usage)
+{
+    bool head = false;
+    json_t *choice = json_array_get(json_object_get(final, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    json_t *base = json_pack("{s:O?, s:s, s:O?, s:O?}", "id", json_object_get(final, "id"),
+                             "object", "chat.completion.chunk", "created",
+                             json_object_get(final, "created"), "model",
+                             json_object_get(final, "model"));
+    json_t *delta = json_pack("{s:s}", "role", "assistant");
+    json_t *content = json_object_get(msg, "content");
+    json_object_set(delta, "content", content ? content : json_null());
+    json_t *tcs = json_object_get(msg, "tool_calls");
+    if (json_is_array(tcs)) {
+        json_t *with_index = json_deep_copy(tcs);
+        for (size_t i = 0; i < json_array_size(with_index); i++)
+            json_object_set_new(json_array_get(with_index, i), "index", json_integer((json_int_t)i));
+        json_object_set_new(delta, "tool_calls", with_index);
+    }
+    json_t *c1 = json_deep_copy(base);
+    json_object_set_new(c1, "choices",
+                        json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "delta", delta, "logprobs",
+                                  "finish_reason"));
+    json_t *c2 = json_deep_copy(base);
+    json_t *fr = json_object_get(choice, "finish_reason");
+    json_object_set_new(c2, "choices",
+                        json_pack("[{s:i, s:{}, s:n, s:O?}]", "index", 0, "delta", "logprobs",
+                                  "finish_reason", fr));
+    json_object_set(c2, "spillway", json_object_get(final, "spillway"));
+    json_t *c3 = NULL;
+    if (with_usage) {
+        c3 = json_deep_copy(base);
+        json_object_set_new(c3, "choices", json_array());
+        json_object_set(c3, "usage", json_object_get(final, "usage"));
+    }
+    json_t *evs[3] = {c1, c2, c3};
+    bool ok = true;
+    for (int i = 0; i < 3 && ok; i++) {
+        if (!evs[i])
+            continue;
+        char *s = json_dumps(evs[i], JSON_COMPACT);
+        ok = s && sse_event(q, &head, s) == 0;
+        free(s);
+    }
+    if (ok)
+        ok = sse_event(q, &head, "[DONE]") == 0 && rt__sink_write(q, "0\r\n\r\n", 5) == 0;
+    q->completed = ok;
+    for (int i = 0; i < 3; i++)
+        json_decref(evs[i]);
+    json_decref(base);
+}
+
 /* The generation's error response, passed on as the run's answer. */
 static void forward(rt_req *q, const rt_capture *c)
 {
@@ -242,12 +334,9 @@ void rt__handle_agent(rt_req *q, json_t *body)
     const rt_config *cfg = rt__g.cfg;
     json_t *tools = NULL, *base = NULL, *msgs = NULL, *steps = NULL, *final = NULL;
     bool allowed[RT_MAX_TOOLS] = {false};
-    if (json_is_true(json_object_get(body, "stream"))) {
-        rt__send_error(q, 400, "invalid_request",
-                       "tool_execution \"server\" does not stream: send \"stream\": false",
-                       "stream", NULL);
-        return;
-    }
+    bool stream = json_is_true(json_object_get(body, "stream"));
+    bool stream_usage = json_is_true(
+        json_object_get(json_object_get(body, "stream_options"), "include_usage"));
     if (cfg->n_tools == 0) {
         rt__send_error(q, 400, "invalid_request",
                        "no server-side tools are configured ([tool NAME] sections)",
@@ -452,14 +541,17 @@ run:
         }
         json_object_set(sp, "tool_steps", steps);
         json_object_set_new(sp, "run_attempts", json_integer(run_attempts));
-        char *s = json_dumps(final, JSON_COMPACT);
-        if (s) {
+        char *s = stream ? NULL : json_dumps(final, JSON_COMPACT);
+        if (stream) {
+            send_as_stream(q, final, stream_usage);
+        } else if (s) {
             rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
             free(s);
         } else {
             rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
         }
-        q->completed = true;
+        if (!stream)
+            q->completed = true;
         SW_INFO("router", "agent run %s: %d tool step(s), %d attempt(s)", q->request_id, n_steps,
                 q->attempts);
     }

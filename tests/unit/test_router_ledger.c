@@ -789,14 +789,40 @@ static void test_agent_failover_and_unsafe(void **state)
     assert_int_equal(w.status, 400);
     wc_response_free(&w);
 
-    /* a streaming agent run is refused clearly */
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL,
-                         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_execution\":"
-                         "\"server\",\"stream\":true}",
-                         &w),
-                     0);
-    assert_int_equal(w.status, 400);
-    wc_response_free(&w);
+    /* a streaming agent run: the steps run first, then the answer comes
+     * as chunks (role and content, finish with tool_steps, usage, [DONE]) */
+    tools_reset();
+    {
+        char sb[700];
+        snprintf(sb, sizeof sb, "%s", agent_body("lookup"));
+        sb[strlen(sb) - 1] = 0;
+        strcat(sb, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+        assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, sb, &w), 0);
+        assert_int_equal(w.status, 200);
+        assert_true(w.chunked);
+        char **ev = NULL;
+        int ne = wc_sse_parse(w.body, w.body_len, &ev);
+        assert_int_equal(ne, 4);
+        assert_string_equal(ev[3], "[DONE]");
+        json_t *c1 = json_loads(ev[0], 0, NULL), *c2 = json_loads(ev[1], 0, NULL),
+               *c3 = json_loads(ev[2], 0, NULL);
+        assert_string_equal(json_string_value(json_object_get(c1, "object")), "chat.completion.chunk");
+        json_t *d = json_object_get(json_array_get(json_object_get(c1, "choices"), 0), "delta");
+        assert_string_equal(json_string_value(json_object_get(d, "role")), "assistant");
+        json_t *st = json_object_get(json_object_get(c2, "spillway"), "tool_steps");
+        assert_int_equal(json_array_size(st), 1);
+        assert_string_equal(json_string_value(json_object_get(json_array_get(st, 0), "result")),
+                            "LOOKUP-RESULT-1");
+        assert_true(json_is_string(json_object_get(
+            json_array_get(json_object_get(c2, "choices"), 0), "finish_reason")));
+        assert_true(json_is_integer(json_object_get(json_object_get(c3, "usage"), "total_tokens")));
+        json_decref(c1);
+        json_decref(c2);
+        json_decref(c3);
+        wc_sse_free(ev, ne);
+        wc_response_free(&w);
+        assert_int_equal(g_tools.calls_lookup, 1);
+    }
     /* client-side tools (no tool_execution, or "client"): the worker's
      * tool_calls come back unchanged and the router calls nothing */
     tools_reset();

@@ -8,7 +8,9 @@
  * assistant tool call and a tool result is accepted; request shapes are
  * validated with typed 400s naming the param; and a constrained stream
  * resumed after k tokens continues exactly like the uninterrupted one
- * (chunks, token ids, draws). The many-seed acceptance runs are in-process
+ * (chunks, token ids, draws); an "auto" reply in the template's call syntax
+ * becomes tool_calls (the call put in front with resume, since a random
+ * model never writes one). The many-seed acceptance runs are in-process
  * (test_json_schema.c); here a few seeds per case.
  */
 #include "testutil.h"
@@ -544,6 +546,99 @@ static void test_resume_constrained(void **state)
     }
 }
 
+/* "auto": a reply that is a call in the family's syntax (ChatML here:
+ * Hermes <tool_call>) becomes tool_calls. A tiny random model never writes
+ * one, so the call is put in front with `resume` (the resumed tokens are
+ * part of the reply) and one more token is generated after it. */
+static void test_auto_call_parsed(void **state)
+{
+    (void)state;
+    const char *call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                       "{\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>";
+    for (int variant = 0; variant < 3; variant++) {
+        /* 0: non-stream, 1: stream, 2: a call of an unknown tool (plain content) */
+        const char *text = call;
+        if (variant == 2)
+            text = "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>";
+        json_t *tb = json_pack("{s:s}", "content", text);
+        char *tbs = json_dumps(tb, JSON_COMPACT);
+        wc_response r;
+        assert_int_equal(wc_request(g_w.socket_path, "POST", "/tokenize", tbs, 30000, &r), 0);
+        free(tbs);
+        json_decref(tb);
+        assert_int_equal(r.status, 200);
+        json_t *tj = body_json(&r);
+        json_t *toks = json_object_get(tj, "tokens");
+        char *ids = json_dumps(toks, JSON_COMPACT);
+        size_t n_ids = json_array_size(toks);
+        json_decref(tj);
+        wc_response_free(&r);
+        char body[8192];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],\"seed\":1,"
+                 "\"max_tokens\":1,\"stream\":%s,\"tools\":[" WEATHER_TOOL "],"
+                 "\"resume\":{\"tokens\":%s,\"draws\":%zu}}",
+                 variant == 1 ? "true" : "false", ids, n_ids);
+        free(ids);
+        post_id(body, "auto-call", &r);
+        assert_int_equal(r.status, 200);
+        json_t *calls = NULL;
+        const char *finish = NULL;
+        json_t *j = NULL;
+        if (variant != 1) {
+            j = body_json(&r);
+            json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+            finish = json_string_value(json_object_get(choice, "finish_reason"));
+            json_t *msg = json_object_get(choice, "message");
+            calls = json_object_get(msg, "tool_calls");
+            if (variant == 2) {
+                assert_null(calls);
+                assert_string_not_equal(finish, "tool_calls");
+                assert_non_null(strstr(json_string_value(json_object_get(msg, "content")),
+                                       "\"nope\""));
+            } else {
+                assert_true(json_is_null(json_object_get(msg, "content")));
+            }
+        } else {
+            char **ev = NULL;
+            int n = wc_sse_parse(r.body, r.body_len, &ev);
+            assert_true(n >= 4);
+            /* role, the one token (held back: delta {}), the calls, finish, [DONE] */
+            json_t *tok_chunk = json_loads(ev[1], 0, NULL);
+            assert_int_equal(json_object_size(json_object_get(
+                                 json_array_get(json_object_get(tok_chunk, "choices"), 0),
+                                 "delta")),
+                             0);
+            json_decref(tok_chunk);
+            j = json_loads(ev[n - 3], 0, NULL);
+            calls = json_object_get(json_object_get(
+                json_array_get(json_object_get(j, "choices"), 0), "delta"), "tool_calls");
+            json_t *fin = json_loads(ev[n - 2], 0, NULL);
+            finish = json_string_value(json_object_get(
+                json_array_get(json_object_get(fin, "choices"), 0), "finish_reason"));
+            assert_string_equal(finish, "tool_calls");
+            json_decref(fin);
+            finish = "tool_calls";
+            json_t *c0 = json_array_get(calls, 0);
+            assert_int_equal(json_integer_value(json_object_get(c0, "index")), 0);
+            wc_sse_free(ev, n);
+        }
+        if (variant != 2) {
+            assert_string_equal(finish, "tool_calls");
+            assert_int_equal(json_array_size(calls), 1);
+            json_t *c0 = json_array_get(calls, 0);
+            assert_string_equal(json_string_value(json_object_get(c0, "type")), "function");
+            assert_int_equal(strncmp(json_string_value(json_object_get(c0, "id")), "call_", 5), 0);
+            json_t *fn = json_object_get(c0, "function");
+            assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+            assert_string_equal(json_string_value(json_object_get(fn, "arguments")),
+                                "{\"city\":\"Oslo\",\"days\":2}");
+        }
+        json_decref(j);
+        wc_response_free(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +648,7 @@ int main(void)
         cmocka_unit_test(test_tool_conversation),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_resume_constrained),
+        cmocka_unit_test(test_auto_call_parsed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

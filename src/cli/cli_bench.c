@@ -79,6 +79,8 @@ static void usage(FILE *out)
                  "       spillway bench memory [--threads N] [--bytes SIZE]\n"
                  "       spillway bench http --target unix:PATH|HOST:PORT [--clients N]\n"
                  "                           [--requests M] [--body JSON] [--path P] [--json]\n"
+                 "       spillway bench profiles [--model FILE] [--device SPEC] [--gpu-layers N]\n"
+                 "                               [--out DIR] (see spillway bench profiles --help)\n"
                  "  prefill N prompt tokens in one batch (default 128), then decode --gen\n"
                  "  tokens one at a time (default 32); best of --reps runs (default 2).\n"
                  "  http: N client threads (default 1) send M requests in all (default 100),\n"

@@ -71,6 +71,7 @@ struct wk_req {
     int32_t n_prompt;
     int32_t n_prompt_client;         /* usage.prompt_tokens */
     int32_t n_resume;
+    int64_t resume_text_bytes;       /* resume: text bytes the client has; -1 unknown */
     int32_t max_tokens;              /* new tokens at most */
     eng_sampler_params sampling;
     uint64_t skip_draws;

@@ -327,9 +327,19 @@ static void admit(wk_server *s, wk_req *req, ev_list *l)
     /* A resumed stream continues the detokenizer where the interrupted one
      * was: bytes of a character cut at the resume point come out with the
      * next token, as they would have. */
+    /* Text of the resumed tokens that the client never got (held back as a
+     * possible start of a stop string when the first worker failed) is held
+     * here again, so it comes out, or stops the reply, as it would have. */
+    int64_t resumed_text = 0;
     for (int32_t i = req->n_prompt - req->n_resume; i < req->n_prompt; i++) {
         char buf[1024];
-        eng_detok_push(s->tok, &sl->detok, req->prompt[i], buf, sizeof buf);
+        size_t n = eng_detok_push(s->tok, &sl->detok, req->prompt[i], buf, sizeof buf);
+        if (req->resume_text_bytes < 0 || req->cons || req->n_stops == 0)
+            continue;
+        int64_t skip = req->resume_text_bytes - resumed_text;
+        resumed_text += (int64_t)n;
+        if (skip < (int64_t)n)
+            held_append(sl, buf + (skip > 0 ? skip : 0), n - (size_t)(skip > 0 ? skip : 0));
     }
     eng_seq_clear(s->ctx, seq);
     {

@@ -1460,10 +1460,11 @@ static bool parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, pars
         return bad(p, chat ? "messages" : "prompt", "the prompt is empty");
     }
 
-    /* resume: {"tokens": [ids already emitted], "draws": k} */
+    /* resume: {"tokens": [ids already emitted], "draws": k, "text_bytes": n} */
     json_t *res = json_object_get(body, "resume");
     size_t n_res = 0;
     r->skip_draws = 0;
+    r->resume_text_bytes = -1;
     if (res && !json_is_null(res)) {
         json_t *toks = json_object_get(res, "tokens");
         if (!json_is_object(res) || !json_is_array(toks)) {
@@ -1479,6 +1480,14 @@ static bool parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, pars
                 return bad(p, "resume", "'resume.draws' must be a non-negative integer");
             }
             r->skip_draws = (uint64_t)json_integer_value(dr);
+        }
+        json_t *tb = json_object_get(res, "text_bytes");
+        if (tb && !json_is_null(tb)) {
+            if (!json_is_integer(tb) || json_integer_value(tb) < 0) {
+                sw_free(ids);
+                return bad(p, "resume", "'resume.text_bytes' must be a non-negative integer");
+            }
+            r->resume_text_bytes = (int64_t)json_integer_value(tb);
         }
     }
     if (n_ids + n_res > (size_t)s->n_ctx) {

@@ -260,6 +260,115 @@ static void test_resume(void **state)
     }
 }
 
+/* Text and token ids of a completions stream, chunk by chunk: texts[i]
+ * (sw_free each) is what the client had after chunk i, ids[i] the last
+ * token id of chunk i (-1 when it carried none). Returns the chunk count. */
+static int stream_chunks(const wc_response *r, char **texts, int *ids, int cap)
+{
+    char **evs = NULL;
+    int ne = wc_sse_parse(r->body, r->body_len, &evs);
+    int n = 0;
+    size_t len = 0;
+    char *acc = sw_calloc(1, 1);
+    for (int e = 0; e < ne && n < cap; e++) {
+        json_t *j = json_loads(evs[e], 0, NULL);
+        if (!j)
+            continue;
+        const char *t = json_string_value(
+            json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+        size_t tl = t ? strlen(t) : 0;
+        acc = sw_realloc(acc, len + tl + 1);
+        memcpy(acc + len, t ? t : "", tl + 1);
+        len += tl;
+        json_t *tid = json_object_get(json_object_get(j, "spillway"), "token_ids");
+        ids[n] = json_array_size(tid) ? (int)json_integer_value(json_array_get(tid, json_array_size(tid) - 1)) : -1;
+        texts[n++] = sw_strdup(acc);
+        json_decref(j);
+    }
+    sw_free(acc);
+    wc_sse_free(evs, ne);
+    return n;
+}
+
+/* A stream resumed while text was held back as the possible start of a
+ * stop string: the resumed worker is told how much text the client has
+ * (resume.text_bytes) and gives back the held part, so the client's text
+ * is the uninterrupted run's, byte for byte. */
+static void test_resume_held_stop_text(void **state)
+{
+    (void)state;
+    enum { N = 24, CAP = 64 };
+    const char *base = "\"prompt\":\"The little dog\",\"temperature\":0,\"ignore_eos\":true";
+    char body[4096];
+    wc_response r;
+    char *texts[CAP];
+    int ids[CAP];
+    snprintf(body, sizeof body, "{%s,\"max_tokens\":%d,\"stream\":true}", base, N);
+    assert_int_equal(post("/v1/completions", body, &r), 0);
+    int nc = stream_chunks(&r, texts, ids, CAP);
+    wc_response_free(&r);
+    /* the token chunks: one token each; find token k > 3 with new text */
+    int k = -1;
+    for (int i = 4; i < nc - 2 && k < 0; i++)
+        if (ids[i] >= 0 && strlen(texts[i]) > strlen(texts[i - 1]))
+            k = i;
+    assert_true(k > 0);
+    char *full = sw_strdup(texts[nc - 1]);
+    char *tok_text = sw_strdup(texts[k] + strlen(texts[k - 1]));
+    int toks[CAP];
+    for (int i = 0; i <= k; i++)
+        toks[i] = ids[i];
+    for (int i = 0; i < nc; i++)
+        sw_free(texts[i]);
+    /* a stop string that starts with token k's text and never occurs */
+    char stop[256];
+    snprintf(stop, sizeof stop, "%s~#~never", tok_text);
+    json_t *js = json_string(stop);
+    char *jstop = json_dumps(js, JSON_ENCODE_ANY);
+    json_decref(js);
+    snprintf(body, sizeof body, "{%s,\"max_tokens\":%d,\"stream\":true,\"stop\":[%s]}", base, N,
+             jstop);
+    assert_int_equal(post("/v1/completions", body, &r), 0);
+    nc = stream_chunks(&r, texts, ids, CAP);
+    wc_response_free(&r);
+    assert_string_equal(texts[nc - 1], full); /* the stop never matched */
+    /* what the client had when token k's chunk came: k's text held back */
+    int ck = -1;
+    for (int i = 0, seen = 0; i < nc && ck < 0; i++)
+        if (ids[i] >= 0 && seen++ == k)
+            ck = i;
+    assert_true(ck >= 0);
+    char *sent = sw_strdup(texts[ck]);
+    for (int i = 0; i < nc; i++)
+        sw_free(texts[i]);
+    assert_true(strlen(sent) + strlen(tok_text) <= strlen(full));
+    assert_memory_not_equal(full + strlen(sent), "~#~", 3);
+    int len = snprintf(body, sizeof body,
+                       "{%s,\"max_tokens\":%d,\"stream\":true,\"stop\":[%s],"
+                       "\"resume\":{\"draws\":%d,\"text_bytes\":%zu,\"tokens\":[",
+                       base, N - (k + 1), jstop, k + 1, strlen(sent));
+    for (int i = 0; i <= k; i++)
+        len += snprintf(body + len, sizeof body - (size_t)len, "%s%d", i ? "," : "", toks[i]);
+    snprintf(body + len, sizeof body - (size_t)len, "]}}");
+    free(jstop);
+    assert_int_equal(post("/v1/completions", body, &r), 0);
+    assert_int_equal(r.status, 200);
+    nc = stream_chunks(&r, texts, ids, CAP);
+    wc_response_free(&r);
+    assert_true(nc > 0);
+    size_t sl = strlen(sent);
+    char *joined = sw_malloc(sl + strlen(texts[nc - 1]) + 1);
+    memcpy(joined, sent, sl);
+    strcpy(joined + sl, texts[nc - 1]);
+    assert_string_equal(joined, full);
+    for (int i = 0; i < nc; i++)
+        sw_free(texts[i]);
+    sw_free(joined);
+    sw_free(sent);
+    sw_free(tok_text);
+    sw_free(full);
+}
+
 static void test_logprobs(void **state)
 {
     wc_response r;
@@ -370,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_stream_shape),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_resume_held_stop_text),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_models_tokenize_health_metrics),
     };

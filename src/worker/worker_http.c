@@ -770,9 +770,11 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         json_t *text = calls ? (content_len ? json_text(r->text, content_len) : json_null())
                              : json_text(r->text ? r->text : "", r->text_len);
         json_t *lp = r->logprobs ? json_incref(r->lp) : json_null();
-        json_t *choice = r->chat ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0,
+        /* refusal: required by OpenAI's schema for a chat message; a local
+         * model never refuses through that channel, so it is null */
+        json_t *choice = r->chat ? json_pack("{s:i, s:{s:s, s:o, s:n}, s:o, s:s}", "index", 0,
                                              "message", "role", "assistant", "content", text,
-                                             "logprobs", lp, "finish_reason", finish)
+                                             "refusal", "logprobs", lp, "finish_reason", finish)
                                  : json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "text", text,
                                              "logprobs", lp, "finish_reason", finish);
         if (calls)

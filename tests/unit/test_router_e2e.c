@@ -348,6 +348,8 @@ static void check_openai_shape(json_t *j, bool chat, bool chunk)
             assert_string_equal(json_string_value(json_object_get(m, "role")), "assistant");
             json_t *content = json_object_get(m, "content");
             assert_true(json_is_string(content) || json_is_null(content));
+            json_t *refusal = json_object_get(m, "refusal"); /* required, nullable */
+            assert_true(json_is_string(refusal) || json_is_null(refusal));
             assert_non_null(json_object_get(c, "logprobs"));
         } else {
             assert_true(json_is_string(json_object_get(c, "text")));

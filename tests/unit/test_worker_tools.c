@@ -109,7 +109,7 @@ static void check_call_args(const char *name, const char *args)
     }
 }
 
-/* Non-stream: message {role, content null, tool_calls [one call]}, finish
+/* Non-stream: message {role, content null, refusal null, tool_calls [one call]}, finish
  * tool_calls. Returns the arguments (sw_free) and the name. */
 static char *check_forced_reply(const wc_response *r, char *name, size_t cap)
 {
@@ -120,9 +120,10 @@ static char *check_forced_reply(const wc_response *r, char *name, size_t cap)
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls");
     json_t *msg = json_object_get(choice, "message");
-    assert_int_equal(json_object_size(msg), 3);
+    assert_int_equal(json_object_size(msg), 4);
     assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
     assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_true(json_is_null(json_object_get(msg, "refusal")));
     json_t *calls = json_object_get(msg, "tool_calls");
     assert_int_equal(json_array_size(calls), 1);
     json_t *c = json_array_get(calls, 0);

@@ -142,8 +142,10 @@ static void rms_norm(float *out, const float *x, const float *weight, int64_t n,
  * in the GGUF llama layout or (x[i], x[i + n_rot/2]) in the NeoX layout,
  * by theta_i = (pos / linear) * base^(-2i/n_rot) / factor_i. theta is
  * advanced by repeated multiplication, as the reference engine does, so the
- * angles agree with it to the last bit. */
-static void rope(const eng_context *ctx, float *vec, int32_t n_heads, int32_t pos)
+ * angles agree with it to the last bit. Q and K of a token are rotated in one
+ * pass, so each angle's cosine and sine are computed once. */
+static void rope(const eng_context *ctx, float *q, int32_t n_heads, float *k,
+                 int32_t n_heads_kv, int32_t pos)
 {
     const eng_hparams *hp = &ctx->model->hp;
     const float *factors = ctx->model->rope_factors;
@@ -154,8 +156,9 @@ static void rope(const eng_context *ctx, float *vec, int32_t n_heads, int32_t po
         float angle = theta / factors[i];
         float c = cosf(angle), s = sinf(angle);
         int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        for (int32_t h = 0; h < n_heads; h++) {
-            float *p = vec + (int64_t)h * hp->head_dim;
+        for (int32_t h = 0; h < n_heads + n_heads_kv; h++) {
+            float *p = h < n_heads ? q + (int64_t)h * hp->head_dim
+                                   : k + (int64_t)(h - n_heads) * hp->head_dim;
             float a = p[i0], b = p[i1];
             p[i0] = a * c - b * s;
             p[i1] = a * s + b * c;
@@ -373,8 +376,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
         }
         for (int64_t t = 0; t < n; t++) {
             int32_t pos = meta[t].pos;
-            rope(ctx, q + t * q_dim, hp->n_head, pos);
-            rope(ctx, k + t * kv_dim, hp->n_head_kv, pos);
+            rope(ctx, q + t * q_dim, hp->n_head, k + t * kv_dim, hp->n_head_kv, pos);
             unsigned char *k_dst = kv_row(ctx, meta[t].seq, l, 0, pos);
             unsigned char *v_dst = kv_row(ctx, meta[t].seq, l, 1, pos);
             if (kv_f16) {

@@ -225,7 +225,6 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
     float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
     const size_t kv_dim = (size_t)hp->n_head_kv * hd;
     const int32_t block_tokens = ctx->params.kv_block_tokens;
-    float max = -INFINITY, sum = 0.0f;
 
     /* Scores a block at a time: a block's K rows for this layer are
      * consecutive, kv_dim elements apart. */
@@ -239,15 +238,7 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
             cpu_dot_f32_rows((const float *)k + (size_t)kv_head * hd, kv_dim, rows, q, hd,
                              scale, scores + p0);
     }
-    for (int32_t p = 0; p < n_pos; p++)
-        if (scores[p] > max)
-            max = scores[p];
-    for (int32_t p = 0; p < n_pos; p++) {
-        scores[p] = expf(scores[p] - max);
-        sum += scores[p];
-    }
-    for (int32_t p = 0; p < n_pos; p++)
-        scores[p] = scores[p] / sum;
+    cpu_softmax_f32(scores, n_pos);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
         int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;

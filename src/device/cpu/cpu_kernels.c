@@ -11,6 +11,7 @@
 #include "device/cpu/cpu_kernels_impl.h"
 #include "engine/quant.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,20 @@ static void cpu_scalar_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n)
         y[i] = eng_fp16_to_fp32(x[i]);
 }
 
+static void cpu_scalar_softmax_f32(float *x, int64_t n)
+{
+    float max = -INFINITY, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > max)
+            max = x[i];
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    for (int64_t i = 0; i < n; i++)
+        x[i] = x[i] / sum;
+}
+
 /* ---- dispatch ------------------------------------------------------------ */
 
 static cpu__kernel_table cpu_tables[4];
@@ -128,6 +143,7 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
     CPU_INHERIT(axpy_f16)
     CPU_INHERIT(fp32_to_fp16_row)
     CPU_INHERIT(fp16_to_fp32_row)
+    CPU_INHERIT(softmax_f32)
     CPU_INHERIT(quantize_row_q8_k)
     CPU_INHERIT(matmul_bf16)
     CPU_INHERIT(matmul_q4_k)
@@ -150,6 +166,7 @@ static void cpu_dispatch_init(void)
     s->axpy_f16 = cpu_scalar_axpy_f16;
     s->fp32_to_fp16_row = cpu_scalar_fp32_to_fp16_row;
     s->fp16_to_fp32_row = cpu_scalar_fp16_to_fp32_row;
+    s->softmax_f32 = cpu_scalar_softmax_f32;
     s->quantize_row_q8_k = cpu_scalar_quantize_row_q8_k;
     s->matmul_bf16 = cpu_scalar_matmul_bf16;
     s->matmul_q4_k = cpu_scalar_matmul_q4_k;
@@ -402,4 +419,10 @@ void cpu_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n)
 void cpu_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n)
 {
     cpu_table()->fp16_to_fp32_row(x, y, n);
+}
+
+void cpu_softmax_f32(float *x, int64_t n)
+{
+    if (n > 0)
+        cpu_table()->softmax_f32(x, n);
 }

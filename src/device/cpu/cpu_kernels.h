@@ -96,5 +96,9 @@ void cpu_dot_f32_rows(const float *rows, size_t row_stride, int64_t n_rows, cons
 void cpu_axpy_f32_rows(float *y, const float *weights, const float *rows, size_t row_stride,
                        int64_t n_rows, int64_t n);
 void cpu_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
+/* Softmax in place: x[i] = exp(x[i] - max) / sum. The scalar level uses
+ * libm's expf and sums in order; AVX-512 a vectorised exp (within 2 ulp of
+ * expf) and vector partial sums, so the levels differ in the last bits. */
+void cpu_softmax_f32(float *x, int64_t n);
 
 #endif

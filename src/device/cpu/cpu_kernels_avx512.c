@@ -30,6 +30,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -747,6 +748,54 @@ static void k_axpy_f16_rows(float *y, const float *weights, const uint16_t *rows
     }
 }
 
+/* exp(x) for x <= 0 (softmax after the max is taken out; larger x is not
+ * guarded): x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so r is
+ * exact to float precision), e^r by its Taylor polynomial of degree 7
+ * (truncation below 1e-8 relative), times 2^n by VSCALEFPS, which also
+ * underflows to 0 cleanly. Inputs below -104 (e^x below the smallest
+ * denormal), -inf included, give 0. */
+K_INLINE __m512 k_exp_ps(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Attention's softmax, a whole score row per pass: the scalar version's
+ * ~150 libm expf calls and its serial max and division loops were as
+ * long as the dot products before it. */
+static void k_softmax_f32(float *x, int64_t n)
+{
+    __m512 vmax = _mm512_set1_ps(-INFINITY), vsum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, x + i));
+    }
+    const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        __m512 e = k_exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), max));
+        vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+    }
+    const __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(vsum));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), sum));
+    }
+}
+
 static void k_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
 {
     __m512 va = _mm512_set1_ps(a);
@@ -788,6 +837,7 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->axpy_f16 = k_axpy_f16;
     table->dot_f16_f32_rows = k_dot_f16_f32_rows;
     table->axpy_f16_rows = k_axpy_f16_rows;
+    table->softmax_f32 = k_softmax_f32;
     table->fp32_to_fp16_row = k_fp32_to_fp16_row;
     table->fp16_to_fp32_row = k_fp16_to_fp32_row;
     table->matmul_bf16 = k_matmul_bf16;

@@ -30,6 +30,7 @@ typedef struct cpu__kernel_table {
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*fp32_to_fp16_row)(const float *x, uint16_t *y, int64_t n);
     void (*fp16_to_fp32_row)(const uint16_t *x, float *y, int64_t n);
+    void (*softmax_f32)(float *x, int64_t n);
     /* n floats (a multiple of 256) to n/256 Q8_K blocks, bit-exact with
      * eng_quantize_row(ENG_TYPE_Q8_K, ...) */
     void (*quantize_row_q8_k)(const float *x, void *dst, int64_t n);

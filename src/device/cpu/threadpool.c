@@ -38,10 +38,18 @@ struct cpu_threadpool {
     cpu_task_fn fn;
     void *arg;
     int64_t n_items;
-    int64_t grain;            /* chunks are multiples of it (the last excepted) */
-    atomic_llong next;        /* first item not yet taken */
+    int64_t grain;            /* pieces are multiples of it (the last excepted) */
+    struct region *regions;   /* n_threads, owned */
     struct worker_start *starts; /* one per worker thread, owned */
 };
+
+/* One thread's share of the current job, in grains: [front, back), packed
+ * as front | back << 32 so that the owner (taking from the front) and a
+ * thief (taking from the back) agree with one compare-and-swap. On its own
+ * cache line: the owner touches it once per piece. */
+typedef struct region {
+    _Alignas(64) atomic_ullong span;
+} region;
 
 typedef struct worker_start {
     cpu_threadpool *pool;
@@ -54,35 +62,49 @@ int cpu_core_count(void)
     return n > 0 ? (int)n : 1;
 }
 
-/* Threads take chunks of the range from a shared counter until it runs out,
- * so a thread that started late or ran slower (another process on its core,
- * the caller's serial work) does not leave the others waiting at the end.
- * Chunks shrink as the range runs out (each is 1 / (2 n_threads) of what
- * is left, rounded up to the grain): the first ones are large, so the
- * counter is touched a few dozen times at most, and the last ones are one
- * grain, so the threads finish within a grain of each other. That tail
- * matters in decode, where a product is a few tens of microseconds of
- * memory streaming and one thread alone streams at about half the rate
- * of two: equal chunks of an eighth of the range left up to an eighth
- * of the product to one thread. */
+/* Takes up to a share of region r's grains: from the front for its owner
+ * (an eighth of what is left), from the back for a thief (half of it).
+ * Returns the number taken (0: the region is empty) and their first grain. */
+static uint32_t take(region *r, bool owner, uint32_t *first)
+{
+    unsigned long long span = atomic_load_explicit(&r->span, memory_order_relaxed);
+    for (;;) {
+        uint32_t front = (uint32_t)span, back = (uint32_t)(span >> 32);
+        if (front >= back)
+            return 0;
+        uint32_t left = back - front, k = owner ? (left + 7) / 8 : (left + 1) / 2;
+        unsigned long long next = owner ? (unsigned long long)back << 32 | (front + k)
+                                        : (unsigned long long)(back - k) << 32 | front;
+        if (atomic_compare_exchange_weak_explicit(&r->span, &span, next, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *first = owner ? front : back - k;
+            return k;
+        }
+    }
+}
+
+/* Each thread starts on its own contiguous part of the range and works
+ * through it front to back, so in a matrix product every thread streams
+ * one run of consecutive rows (the hardware prefetcher, and the kernels'
+ * prefetch of the next rows, keep running across its pieces instead of
+ * starting cold on a new chunk every few rows). A thread that runs out
+ * takes half of what is left of another's part, from the back, so a thread
+ * that started late or ran slower (another process on its core, the
+ * caller's serial work) does not leave the others waiting: the threads
+ * finish within about a grain of each other. That tail matters in decode,
+ * where a product is a few tens of microseconds of memory streaming and
+ * one thread alone streams at about half the rate of two. */
 static void run_chunks(cpu_threadpool *pool, int index)
 {
     const int64_t n = pool->n_items, grain = pool->grain;
-    const int64_t parts = 2 * (int64_t)pool->n_threads;
-    int64_t begin = atomic_load_explicit(&pool->next, memory_order_relaxed);
-    for (;;) {
-        int64_t end;
-        do {
-            if (begin >= n)
-                return;
-            int64_t size = (n - begin + parts - 1) / parts;
-            size = (size + grain - 1) / grain * grain;
-            end = n - begin > size ? begin + size : n;
-        } while (!atomic_compare_exchange_weak_explicit(&pool->next, &begin, end,
-                                                        memory_order_relaxed,
-                                                        memory_order_relaxed));
-        pool->fn(pool->arg, begin, end, index);
-        begin = atomic_load_explicit(&pool->next, memory_order_relaxed);
+    const int nt = pool->n_threads;
+    for (int i = 0; i < nt; i++) {
+        region *r = &pool->regions[(index + i) % nt];
+        uint32_t first, k;
+        while ((k = take(r, i == 0, &first)) > 0) {
+            int64_t begin = (int64_t)first * grain, end = begin + (int64_t)k * grain;
+            pool->fn(pool->arg, begin, end < n ? end : n, index);
+        }
     }
 }
 
@@ -137,8 +159,9 @@ cpu_threadpool *cpu_threadpool_create(int n_threads)
     pthread_cond_init(&pool->wake, NULL);
     if (n_threads > 1) {
         pool->threads = sw_calloc((size_t)n_threads, sizeof *pool->threads);
+        pool->regions = sw_aligned_alloc(64, (size_t)n_threads * sizeof *pool->regions);
         worker_start *s = sw_calloc((size_t)n_threads, sizeof *s);
-        if (!pool->threads || !s) {
+        if (!pool->threads || !pool->regions || !s) {
             sw_free(s);
             goto fail;
         }
@@ -156,6 +179,7 @@ cpu_threadpool *cpu_threadpool_create(int n_threads)
     return pool;
 fail:
     sw_free(pool->threads);
+    sw_free(pool->regions);
     pthread_mutex_destroy(&pool->mutex);
     pthread_cond_destroy(&pool->wake);
     sw_free(pool);
@@ -174,6 +198,7 @@ void cpu_threadpool_free(cpu_threadpool *pool)
     for (int i = 1; i < pool->n_threads; i++)
         pthread_join(pool->threads[i], NULL);
     sw_free(pool->threads);
+    sw_free(pool->regions);
     sw_free(pool->starts);
     pthread_mutex_destroy(&pool->mutex);
     pthread_cond_destroy(&pool->wake);
@@ -193,11 +218,22 @@ void cpu_threadpool_run(cpu_threadpool *pool, int64_t n_items, int64_t grain,
         fn(arg, 0, n_items, 0);
         return;
     }
+    /* the regions count grains in 32 bits */
+    if ((n_items + grain - 1) / grain > (int64_t)1 << 30)
+        grain *= (((n_items + grain - 1) / grain) + ((int64_t)1 << 30) - 1) >> 30;
     pool->fn = fn;
     pool->arg = arg;
     pool->n_items = n_items;
     pool->grain = grain;
-    atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
+    {
+        const int64_t n_grains = (n_items + grain - 1) / grain, nt = pool->n_threads;
+        for (int64_t i = 0; i < nt; i++) {
+            unsigned long long front = (unsigned long long)(n_grains * i / nt);
+            unsigned long long back = (unsigned long long)(n_grains * (i + 1) / nt);
+            atomic_store_explicit(&pool->regions[i].span, back << 32 | front,
+                                  memory_order_relaxed);
+        }
+    }
     atomic_store(&pool->pending, pool->n_threads - 1);
     atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
     if (atomic_load(&pool->sleepers) > 0) {

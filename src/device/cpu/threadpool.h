@@ -4,9 +4,10 @@
  * matrix product), so hand-off latency matters more than anything else:
  * workers spin on an atomic generation counter for a short while before
  * sleeping on a condition variable, and the caller takes part in the work
- * instead of waiting idle. The threads take chunks of the range from a
- * shared counter, large at first and shrinking to one grain at the end, so
- * one thread slowed down (another process on its core, the caller's own
+ * instead of waiting idle. Each thread works front to back through its
+ * own contiguous part of the range (in a matrix product: one unbroken
+ * stream of rows) and then takes half of what is left of another's part,
+ * so one thread slowed down (another process on its core, the caller's own
  * serial work) does not leave the other waiting. Which thread computes an
  * item never changes the result: every item's work is independent.
  */
@@ -26,9 +27,9 @@ cpu_threadpool *cpu_threadpool_create(int n_threads);
 void cpu_threadpool_free(cpu_threadpool *pool);
 int cpu_threadpool_size(const cpu_threadpool *pool);
 
-/* Runs fn over [0, n_items) in chunks of a multiple of `grain` items
- * (except the last), shrinking from about n_items / (2 n_threads) to one
- * grain, and returns when all are done.
+/* Runs fn over [0, n_items) in pieces of a multiple of `grain` items
+ * (except the last) and returns when all are done. Thread i starts at
+ * item about i * n_items / n_threads (rounded to the grain).
  * fn may be called several times per thread. Not reentrant: one caller at
  * a time. */
 void cpu_threadpool_run(cpu_threadpool *pool, int64_t n_items, int64_t grain,

@@ -487,3 +487,33 @@ int wc_tokens_of(const wc_response *r, bool stream, int *tokens, int cap, char *
         sw_free(text);
     return count;
 }
+
+/* Text and token ids of a completions stream, chunk by chunk: texts[i]
+ * (sw_free each) is what the client had after chunk i, ids[i] the last
+ * token id of chunk i (-1 when it carried none). Returns the chunk count. */
+int wc_stream_chunks(const wc_response *r, char **texts, int *ids, int cap)
+{
+    char **evs = NULL;
+    int ne = wc_sse_parse(r->body, r->body_len, &evs);
+    int n = 0;
+    size_t len = 0;
+    char *acc = sw_calloc(1, 1);
+    for (int e = 0; e < ne && n < cap; e++) {
+        json_t *j = json_loads(evs[e], 0, NULL);
+        if (!j)
+            continue;
+        const char *t = json_string_value(
+            json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+        size_t tl = t ? strlen(t) : 0;
+        acc = sw_realloc(acc, len + tl + 1);
+        memcpy(acc + len, t ? t : "", tl + 1);
+        len += tl;
+        json_t *tid = json_object_get(json_object_get(j, "spillway"), "token_ids");
+        ids[n] = json_array_size(tid) ? (int)json_integer_value(json_array_get(tid, json_array_size(tid) - 1)) : -1;
+        texts[n++] = sw_strdup(acc);
+        json_decref(j);
+    }
+    sw_free(acc);
+    wc_sse_free(evs, ne);
+    return n;
+}

@@ -84,4 +84,10 @@ int wc_run_tokens(const char *model, const char *prompt, const char *const *args
 int wc_tokens_of(const wc_response *r, bool stream, int *tokens, int cap, char **text_out,
                  char *finish, size_t finish_cap);
 
+/* Text and token ids of a completions stream (choices[0].text), chunk by
+ * chunk: texts[i] (sw_free each) is all the text the client had after
+ * chunk i, ids[i] the last token id chunk i carried (-1: none). Returns
+ * the number of chunks filled (at most cap). */
+int wc_stream_chunks(const wc_response *r, char **texts, int *ids, int cap);
+
 #endif

@@ -161,6 +161,7 @@ typedef struct relay {
     char final_worker[64]; /* where the last attempt ran */
     bool client_gone;
     size_t resume_base;    /* tokens sent before this attempt (a resume) */
+    size_t text_bytes;     /* completion text the client got (resume.text_bytes) */
     double t_start;        /* monotonic, when the request was read */
     double ttft;           /* seconds to the first token sent, -1 before */
     int status;            /* HTTP status relayed to the client */
@@ -280,6 +281,11 @@ static fail_kind stream_payload(relay *r, const char *payload, bool *done)
         json_decref(j);
         return FAIL_CLIENT_GONE;
     }
+    /* what the client has: a resumed worker gives back text the failed one
+     * held (a possible stop string) from this count on */
+    json_t *text = r->chat ? json_object_get(delta, "content") : json_object_get(choice, "text");
+    if (json_is_string(text))
+        r->text_bytes += json_string_length(text);
     json_t *ids = json_object_get(sp, "token_ids");
     if (r->ttft < 0 && json_array_size(ids) > 0)
         r->ttft = rt__now_s() - r->t_start;
@@ -621,6 +627,7 @@ void rt__handle_generate(rt_req *q, bool chat)
             r.n_tokens = 0;
             r.draws = -1;
             r.role_sent = false;
+            r.text_bytes = 0;
         }
         if (r.stream && r.n_tokens > 0) {
             json_t *toks = json_array();
@@ -629,6 +636,7 @@ void rt__handle_generate(rt_req *q, bool chat)
             json_t *res = json_pack("{s:o}", "tokens", toks);
             if (r.draws >= 0)
                 json_object_set_new(res, "draws", json_integer(r.draws));
+            json_object_set_new(res, "text_bytes", json_integer((json_int_t)r.text_bytes));
             json_object_set_new(b, "resume", res);
             json_object_del(b, "max_completion_tokens");
             if (max_tokens >= 0)

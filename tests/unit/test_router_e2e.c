@@ -654,6 +654,47 @@ static void test_stream_crash(void **state)
             assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 1), "decision")),
                                 "resume");
             json_decref(ev);
+            /* A stop string whose start (tokens 3-4's text) is held back
+             * when the GPU worker dies after 5 tokens: the resumed stream
+             * still gives the client every byte of the uninterrupted text. */
+            char *texts[64];
+            int ids[64];
+            snprintf(body_s, sizeof body_s,
+                     "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                     "\"ignore_eos\":true,\"stream\":true}");
+            assert_int_equal(wc_request(cpu_sock, "POST", "/v1/completions", body_s, 30000, &d), 0);
+            int nc = wc_stream_chunks(&d, texts, ids, 64);
+            wc_response_free(&d);
+            assert_true(nc > 6 && ids[2] >= 0 && ids[4] >= 0);
+            char *full = sw_strdup(texts[nc - 1]);
+            char stop[256];
+            snprintf(stop, sizeof stop, "%s~#~never", texts[4] + strlen(texts[2]));
+            assert_true(strlen(stop) > strlen("~#~never"));
+            for (int i = 0; i < nc; i++)
+                sw_free(texts[i]);
+            json_t *js = json_string(stop);
+            char *jstop = json_dumps(js, JSON_ENCODE_ANY);
+            json_decref(js);
+            snprintf(body_s, sizeof body_s,
+                     "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                     "\"ignore_eos\":true,\"stream\":true,\"stop\":[%s]}", jstop);
+            free(jstop);
+            wait_restarted(&r, "gpu", 3);
+            assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: held-stop\r\n",
+                                 body_s, &w), 0);
+            assert_int_equal(w.status, 200);
+            nc = wc_stream_chunks(&w, texts, ids, 64);
+            wc_response_free(&w);
+            assert_true(nc > 0);
+            assert_string_equal(texts[nc - 1], full);
+            for (int i = 0; i < nc; i++)
+                sw_free(texts[i]);
+            sw_free(full);
+            ev = events(&r);
+            assert_int_equal((int)json_array_size(ev), 4);
+            assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 3), "decision")),
+                                "resume");
+            json_decref(ev);
         }
         router_finish(&r);
         dev_sim_unlink(g_pool, NULL);

@@ -260,36 +260,6 @@ static void test_resume(void **state)
     }
 }
 
-/* Text and token ids of a completions stream, chunk by chunk: texts[i]
- * (sw_free each) is what the client had after chunk i, ids[i] the last
- * token id of chunk i (-1 when it carried none). Returns the chunk count. */
-static int stream_chunks(const wc_response *r, char **texts, int *ids, int cap)
-{
-    char **evs = NULL;
-    int ne = wc_sse_parse(r->body, r->body_len, &evs);
-    int n = 0;
-    size_t len = 0;
-    char *acc = sw_calloc(1, 1);
-    for (int e = 0; e < ne && n < cap; e++) {
-        json_t *j = json_loads(evs[e], 0, NULL);
-        if (!j)
-            continue;
-        const char *t = json_string_value(
-            json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
-        size_t tl = t ? strlen(t) : 0;
-        acc = sw_realloc(acc, len + tl + 1);
-        memcpy(acc + len, t ? t : "", tl + 1);
-        len += tl;
-        json_t *tid = json_object_get(json_object_get(j, "spillway"), "token_ids");
-        ids[n] = json_array_size(tid) ? (int)json_integer_value(json_array_get(tid, json_array_size(tid) - 1)) : -1;
-        texts[n++] = sw_strdup(acc);
-        json_decref(j);
-    }
-    sw_free(acc);
-    wc_sse_free(evs, ne);
-    return n;
-}
-
 /* A stream resumed while text was held back as the possible start of a
  * stop string: the resumed worker is told how much text the client has
  * (resume.text_bytes) and gives back the held part, so the client's text
@@ -305,7 +275,7 @@ static void test_resume_held_stop_text(void **state)
     int ids[CAP];
     snprintf(body, sizeof body, "{%s,\"max_tokens\":%d,\"stream\":true}", base, N);
     assert_int_equal(post("/v1/completions", body, &r), 0);
-    int nc = stream_chunks(&r, texts, ids, CAP);
+    int nc = wc_stream_chunks(&r, texts, ids, CAP);
     wc_response_free(&r);
     /* the token chunks: one token each; find token k > 3 with new text */
     int k = -1;
@@ -329,7 +299,7 @@ static void test_resume_held_stop_text(void **state)
     snprintf(body, sizeof body, "{%s,\"max_tokens\":%d,\"stream\":true,\"stop\":[%s]}", base, N,
              jstop);
     assert_int_equal(post("/v1/completions", body, &r), 0);
-    nc = stream_chunks(&r, texts, ids, CAP);
+    nc = wc_stream_chunks(&r, texts, ids, CAP);
     wc_response_free(&r);
     assert_string_equal(texts[nc - 1], full); /* the stop never matched */
     /* what the client had when token k's chunk came: k's text held back */
@@ -353,7 +323,7 @@ static void test_resume_held_stop_text(void **state)
     free(jstop);
     assert_int_equal(post("/v1/completions", body, &r), 0);
     assert_int_equal(r.status, 200);
-    nc = stream_chunks(&r, texts, ids, CAP);
+    nc = wc_stream_chunks(&r, texts, ids, CAP);
     wc_response_free(&r);
     assert_true(nc > 0);
     size_t sl = strlen(sent);

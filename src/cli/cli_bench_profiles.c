@@ -270,6 +270,7 @@ static void run_profile(profile *p, const char *model, const char *out_dir, cons
         stream_times st = {0};
         double ts = dh_now();
         dh_exchange(address, "POST", "/v1/completions", NULL, body, 300000, on_stream, &st, &w);
+        double t_end = dh_now();
         free(body);
         const char *usage = w.body ? strstr(w.body, "\"prompt_tokens\":") : NULL;
         p->prompt_tokens[i] = usage ? atoi(usage + 16) : 0;
@@ -281,6 +282,10 @@ static void run_profile(profile *p, const char *model, const char *out_dir, cons
             p->ttft_ms[i] = (st.t_first - ts) * 1000.0;
             if (st.tokens > 1 && st.t_last > st.t_first)
                 p->client_decode_tps[i] = (st.tokens - 1) / (st.t_last - st.t_first);
+            else if (t_end > ts)
+                /* the whole stream came in one read (a tiny model, a busy
+                 * machine): the end-to-end rate is all the client saw */
+                p->client_decode_tps[i] = st.tokens / (t_end - ts);
         }
         dh_response_free(&w);
     }

@@ -28,9 +28,11 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -79,6 +81,7 @@ static void usage(FILE *out)
                  "       spillway bench memory [--threads N] [--bytes SIZE]\n"
                  "       spillway bench http --target unix:PATH|HOST:PORT [--clients N]\n"
                  "                           [--requests M] [--body JSON] [--path P] [--json]\n"
+                 "                           [--keepalive]\n"
                  "       spillway bench profiles [--model FILE] [--device SPEC] [--gpu-layers N]\n"
                  "                               [--out DIR] (see spillway bench profiles --help)\n"
                  "  prefill N prompt tokens in one batch (default 128), then decode --gen\n"
@@ -86,7 +89,9 @@ static void usage(FILE *out)
                  "  http: N client threads (default 1) send M requests in all (default 100),\n"
                  "  each a POST of --body to --path (default /v1/completions; --body ''\n"
                  "  sends a GET) on its own connection, read to the end; latency\n"
-                 "  percentiles of the 2xx answers, the others counted as errors.\n");
+                 "  percentiles of the 2xx answers, the others counted as errors.\n"
+                 "  --keepalive: each client keeps one HTTP/1.1 connection for its requests\n"
+                 "  (reconnecting when the server closes it).\n");
 }
 
 static int bench_engine(int argc, char **argv)
@@ -283,6 +288,7 @@ typedef struct http_bench {
     atomic_int next;    /* next request index to take */
     atomic_int errors;  /* connection failures and non-2xx answers */
     double *latency_ms; /* per request; NAN for a failed one */
+    bool keepalive;     /* --keepalive: one connection per client thread */
 } http_bench;
 
 /* Resolves the target once, so name lookups are not in the measured time. */
@@ -382,15 +388,117 @@ done:
     return status;
 }
 
+/* Length of the whole response at the start of p (n bytes; NUL after
+ * them), 0 while incomplete; *close when the server ends the connection
+ * after it. Framed by Content-Length or chunked encoding. */
+static size_t http_framed_length(const char *p, size_t n, bool *close_after)
+{
+    const char *end = strstr(p, "\r\n\r\n");
+    if (!end)
+        return 0;
+    size_t head = (size_t)(end - p) + 4, want = 0;
+    bool chunked = false;
+    *close_after = false;
+    for (const char *l = strstr(p, "\r\n"); l && l < end; l = strstr(l + 2, "\r\n")) {
+        const char *h = l + 2;
+        if (!strncasecmp(h, "Content-Length:", 15))
+            want = (size_t)strtoull(h + 15, NULL, 10);
+        else if (!strncasecmp(h, "Transfer-Encoding:", 18))
+            chunked = true;
+        else if (!strncasecmp(h, "Connection:", 11) && strncasecmp(h + 11, " keep-alive", 11))
+            *close_after = true;
+    }
+    if (!chunked)
+        return n >= head + want && want <= SIZE_MAX - head ? head + want : 0;
+    for (size_t at = head;;) {
+        const char *eol = at < n ? strstr(p + at, "\r\n") : NULL;
+        if (!eol)
+            return 0;
+        size_t sz = (size_t)strtoull(p + at, NULL, 16);
+        at = (size_t)(eol - p) + 2;
+        if (sz == 0)
+            return n >= at + 2 ? at + 2 : 0;
+        if (sz > n || n - at < sz + 2)
+            return 0;
+        at += sz + 2;
+    }
+}
+
+/* --keepalive: one request on the thread's connection (opened when there
+ * is none), read to the end of its framing; the connection is kept
+ * unless the server closes it. Returns the HTTP status or -1. */
+static int http_keepalive_once(const http_bench *b, int *fd, char **buf, size_t *cap)
+{
+    if (*fd < 0) {
+        *fd = socket(b->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (*fd < 0)
+            return -1;
+        struct timeval tv = {.tv_sec = 120};
+        setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(*fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(*fd, (const struct sockaddr *)&b->addr, b->addr_len) < 0)
+            goto drop;
+    }
+    for (size_t off = 0; off < b->request_len;) {
+        ssize_t n = send(*fd, b->request + off, b->request_len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            goto drop;
+        off += (size_t)n;
+    }
+    size_t got = 0, len = 0;
+    bool close_after = false;
+    while (!(len = http_framed_length(*buf, got, &close_after))) {
+        if (*cap - got < 16385) {
+            if (*cap > ((size_t)1 << 30))
+                goto drop;
+            size_t nc = *cap * 2 + 32768;
+            char *nb = sw_realloc(*buf, nc);
+            if (!nb)
+                goto drop;
+            *buf = nb;
+            *cap = nc;
+        }
+        ssize_t n = recv(*fd, *buf + got, *cap - got - 1, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            goto drop;
+        got += (size_t)n;
+        (*buf)[got] = '\0';
+    }
+    int code = -1;
+    if (len >= 12 && strncmp(*buf, "HTTP/1.", 7) == 0 && sscanf(*buf + 9, "%3d", &code) != 1)
+        code = -1;
+    if (close_after || got != len) { /* closed by the server, or extra bytes */
+        close(*fd);
+        *fd = -1;
+    }
+    return code;
+drop:
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+    return -1;
+}
+
 static void *http_client(void *arg)
 {
     http_bench *b = arg;
+    int fd = -1;
+    size_t cap = 32768;
+    char *buf = b->keepalive ? sw_malloc(cap) : NULL;
+    if (b->keepalive && !buf)
+        return NULL;
+    if (buf)
+        buf[0] = '\0';
     for (;;) {
         int i = atomic_fetch_add(&b->next, 1);
         if (i >= b->n_requests)
             break;
         double t0 = eng_now_seconds();
-        int status = http_once(b);
+        int status = b->keepalive ? http_keepalive_once(b, &fd, &buf, &cap) : http_once(b);
         double ms = (eng_now_seconds() - t0) * 1000.0;
         if (status >= 200 && status < 300) {
             b->latency_ms[i] = ms;
@@ -399,6 +507,9 @@ static void *http_client(void *arg)
             atomic_fetch_add(&b->errors, 1);
         }
     }
+    if (fd >= 0)
+        close(fd);
+    sw_free(buf);
     return NULL;
 }
 
@@ -423,7 +534,8 @@ static int bench_http(int argc, char **argv)
         {"target", required_argument, 0, 'T'}, {"clients", required_argument, 0, 'c'},
         {"requests", required_argument, 0, 'n'}, {"body", required_argument, 0, 'b'},
         {"path", required_argument, 0, 'P'},   {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+        {"help", no_argument, 0, 'h'},         {"keepalive", no_argument, 0, 'k'},
+        {0, 0, 0, 0},
     };
     http_bench b = {.n_requests = 100};
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":1}";
@@ -432,7 +544,7 @@ static int bench_http(int argc, char **argv)
     bool json = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "T:c:n:b:P:jh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "T:c:n:b:P:jhk", longopts, NULL)) != -1) {
         switch (c) {
         case 'T': b.target = optarg; break;
         case 'c': clients = atoi(optarg); break;
@@ -440,6 +552,7 @@ static int bench_http(int argc, char **argv)
         case 'b': body = optarg; break;
         case 'P': path = optarg; break;
         case 'j': json = true; break;
+        case 'k': b.keepalive = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -468,13 +581,14 @@ static int bench_http(int argc, char **argv)
         goto fail;
     }
     /* An empty body makes it a GET (/health, /v1/models). */
+    const char *conn = b.keepalive ? "keep-alive" : "close";
     int hl = body_len ? snprintf(b.request, cap,
-                                 "POST %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                                 "POST %s HTTP/1.1\r\nHost: localhost\r\nConnection: %s\r\n"
                                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                                 path, body_len)
+                                 path, conn, body_len)
                       : snprintf(b.request, cap,
-                                 "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-                                 path);
+                                 "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: %s\r\n\r\n",
+                                 path, conn);
     if (hl < 0 || (size_t)hl + body_len >= cap)
         goto fail;
     memcpy(b.request + hl, body, body_len);

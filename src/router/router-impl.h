@@ -90,7 +90,27 @@ typedef struct rt__state {
     bool fault_exit_after_tool_started, fault_exit_after_tool_called;
     struct rt_jobs *jobs;
     uint64_t idem_replays, tool_calls, tool_reused, jobs_done, jobs_failed;
+    /* keep-alive connections waiting for their next request, oldest
+     * first (router_http.c); the accept loop closes the oldest one when
+     * max-connections is reached (rt__evict_idle) */
+    struct rt_idle *idle_head, *idle_tail;
+    int n_idle;
+    uint64_t keepalive_evictions, keepalive_reused;
 } rt__state;
+
+/* A connection idle between two requests (lives on its thread's stack;
+ * linked under rt__g.mu). */
+typedef struct rt_idle {
+    int fd;
+    bool evicted;            /* the accept loop took its slot */
+    struct rt_idle *prev, *next;
+} rt_idle;
+
+/* When max-connections is reached: unlinks the oldest idle keep-alive
+ * connection, shuts its socket down and hands its slot to the caller
+ * (active_conns unchanged); false when none is idle. Called with
+ * rt__g.mu held. */
+bool rt__evict_idle_locked(void);
 
 extern rt__state rt__g;
 
@@ -111,10 +131,15 @@ typedef struct rt_capture {
 void rt__capture_free(rt_capture *c);
 int rt__capture_append(rt_capture *c, const void *p, size_t n);
 
-/* One client request (one connection: Connection: close), or one the
- * router makes itself (a job, an agent step: fd -1, capture on). */
+/* One client request (one of the requests a keep-alive connection
+ * serves), or one the router makes itself (a job, an agent step: fd -1,
+ * capture on). */
 typedef struct rt_req {
     int fd;
+    bool keep_alive;         /* the response says Connection: keep-alive */
+    bool chunked_open;       /* a chunked response began and has not ended */
+    bool write_failed;       /* a write to the client failed */
+    bool responded;          /* something was written to the client */
     char method[16];
     char path[256];
     char request_id[80];
@@ -159,6 +184,12 @@ int rt__listen_on(const char *addr, char *actual, size_t cap);
 
 /* Writes to the client (when fd >= 0); -1 when it is gone. */
 int rt__sink_write(rt_req *q, const void *p, size_t n);
+/* "keep-alive" or "close": the Connection header of q's response. */
+const char *rt__conn_hdr(const rt_req *q);
+/* A chunked response to the client began / ended with its last chunk
+ * ("0\r\n\r\n" written): only an ended one lets the connection go on. */
+void rt__chunked_begin(rt_req *q);
+void rt__chunked_end(rt_req *q);
 
 /* generation requests */
 void rt__handle_generate(rt_req *q, bool chat);

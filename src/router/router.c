@@ -276,6 +276,8 @@ int rt_serve(const rt_config *c)
         bool full = rt__g.active_conns >= c->max_connections;
         if (!full)
             rt__g.active_conns++;
+        else if (rt__evict_idle_locked())
+            full = false; /* the oldest idle keep-alive connection's slot */
         pthread_mutex_unlock(&rt__g.mu);
         if (full) {
             static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"

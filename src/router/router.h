@@ -63,6 +63,10 @@ typedef struct rt_config {
     int queue_size;            /* requests waiting for a worker (64) */
     int queue_timeout_ms;      /* longest wait in the queue (10000) */
     int http_timeout_s;        /* default 30 */
+    int keepalive_timeout_s;   /* idle time between two requests on a
+                                  connection (5); 0: one request each */
+    int keepalive_max_requests;/* requests per connection (100) */
+    int ledger_retention_s;    /* finished ledger rows kept (7 days) */
     int health_interval_ms;    /* default 1000 */
     int hang_timeout_ms;       /* a ready worker silent this long is killed (15000) */
     int ready_timeout_s;       /* managed worker start-up (default 120) */

@@ -235,9 +235,10 @@ static int sse_event(rt_req *q, bool *head_sent, const char *payload)
         int n = snprintf(head, sizeof head,
                          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                          "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                         "Connection: close\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
+                         "Connection: %s\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
                          "X-Spillway-Attempts: %d\r\n\r\n",
-                         q->request_id, q->worker, q->attempts);
+                         rt__conn_hdr(q), q->request_id, q->worker, q->attempts);
+        rt__chunked_begin(q);
         if (rt__sink_write(q, head, (size_t)n))
             return -1;
         *head_sent = true;
@@ -313,6 +314,8 @@ static void send_as_stream(rt_req *q, json_t *final, bool with_usage)
     }
     if (ok)
         ok = sse_event(q, &head, "[DONE]") == 0 && rt__sink_write(q, "0\r\n\r\n", 5) == 0;
+    if (ok)
+        rt__chunked_end(q);
     q->completed = ok;
     for (int i = 0; i < 3; i++)
         json_decref(evs[i]);

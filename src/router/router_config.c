@@ -35,6 +35,9 @@ void rt_config_defaults(rt_config *c)
     c->queue_size = 64;
     c->queue_timeout_ms = 10000;
     c->http_timeout_s = 30;
+    c->keepalive_timeout_s = 5;
+    c->keepalive_max_requests = 100;
+    c->ledger_retention_s = 7 * 86400;
     c->health_interval_ms = 1000;
     c->hang_timeout_ms = 15000;
     c->ready_timeout_s = 120;
@@ -145,6 +148,18 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);
         c->http_timeout_s = (int)x;
+    } else if (!strcmp(name, "keepalive-timeout-s")) {
+        if (!cfg_int(v, 0, 3600, &x))
+            return cfg_fail(p, s, name, "expected seconds 0..3600", v);
+        c->keepalive_timeout_s = (int)x;
+    } else if (!strcmp(name, "keepalive-max-requests")) {
+        if (!cfg_int(v, 1, 1000000, &x))
+            return cfg_fail(p, s, name, "expected an integer 1..1000000", v);
+        c->keepalive_max_requests = (int)x;
+    } else if (!strcmp(name, "ledger-retention-s")) {
+        if (!cfg_int(v, 1, 10LL * 366 * 86400, &x))
+            return cfg_fail(p, s, name, "expected seconds 1..316224000", v);
+        c->ledger_retention_s = (int)x;
     } else if (!strcmp(name, "health-interval-ms")) {
         if (!cfg_int(v, 50, 600000, &x))
             return cfg_fail(p, s, name, "expected milliseconds 50..600000", v);

@@ -68,7 +68,29 @@ int rt__sink_write(rt_req *q, const void *p, size_t n)
 {
     if (q->fd < 0)
         return 0; /* a request the router made itself: capture only */
-    return rn_write_all(q->fd, p, n);
+    if (q->write_failed)
+        return -1;
+    q->responded = true;
+    if (rn_write_all(q->fd, p, n)) {
+        q->write_failed = true; /* the connection ends after this request */
+        return -1;
+    }
+    return 0;
+}
+
+const char *rt__conn_hdr(const rt_req *q)
+{
+    return q->keep_alive ? "keep-alive" : "close";
+}
+
+void rt__chunked_begin(rt_req *q)
+{
+    q->chunked_open = true;
+}
+
+void rt__chunked_end(rt_req *q)
+{
+    q->chunked_open = false;
 }
 
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
@@ -91,8 +113,8 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
     char head[1536];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\nX-Request-Id: %s\r\n%s%s%s",
-                     status, reason, ctype, len, q->request_id, q->worker[0] ? "X-Spillway-Worker: " : "",
+                     "Connection: %s\r\nX-Request-Id: %s\r\n%s%s%s",
+                     status, reason, ctype, len, rt__conn_hdr(q), q->request_id, q->worker[0] ? "X-Spillway-Worker: " : "",
                      q->worker[0] ? q->worker : "", q->worker[0] ? "\r\n" : "");
     if (q->attempts > 0 && n > 0 && (size_t)n < sizeof head)
         n += snprintf(head + n, sizeof head - (size_t)n, "X-Spillway-Attempts: %d\r\n", q->attempts);
@@ -234,6 +256,14 @@ static void handle_metrics(rt_req *q)
             (unsigned long long)rt__g.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt__g.active_conns);
+    OUT("# TYPE spillway_router_idle_connections gauge\nspillway_router_idle_connections %d\n",
+        rt__g.n_idle);
+    OUT("# TYPE spillway_router_keepalive_requests_total counter\n"
+        "spillway_router_keepalive_requests_total %llu\n",
+        (unsigned long long)rt__g.keepalive_reused);
+    OUT("# TYPE spillway_router_idle_evictions_total counter\n"
+        "spillway_router_idle_evictions_total %llu\n",
+        (unsigned long long)rt__g.keepalive_evictions);
     OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", rt__g.queued);
     OUT("# TYPE spillway_router_idempotent_replays_total counter\n"
         "spillway_router_idempotent_replays_total %llu\n",
@@ -322,22 +352,117 @@ static bool plain_token(const char *s)
     return true;
 }
 
-static void serve_conn(int fd)
+/* ---- keep-alive ------------------------------------------------------ */
+
+static void idle_link(rt_idle *i)
+{
+    i->prev = rt__g.idle_tail;
+    i->next = NULL;
+    if (rt__g.idle_tail)
+        rt__g.idle_tail->next = i;
+    else
+        rt__g.idle_head = i;
+    rt__g.idle_tail = i;
+    rt__g.n_idle++;
+}
+
+static void idle_unlink(rt_idle *i)
+{
+    if (i->prev)
+        i->prev->next = i->next;
+    else
+        rt__g.idle_head = i->next;
+    if (i->next)
+        i->next->prev = i->prev;
+    else
+        rt__g.idle_tail = i->prev;
+    i->prev = i->next = NULL;
+    rt__g.n_idle--;
+}
+
+bool rt__evict_idle_locked(void)
+{
+    rt_idle *i = rt__g.idle_head;
+    if (!i)
+        return false;
+    idle_unlink(i);
+    i->evicted = true;
+    /* wakes the connection's poll; its thread closes the fd (it is only
+     * closed after the thread took itself off the list, under the mutex,
+     * so this fd is still that connection's) */
+    shutdown(i->fd, SHUT_RDWR);
+    rt__g.keepalive_evictions++;
+    return true;
+}
+
+/* Waits up to keepalive-timeout-s for the next request's first byte while
+ * listed as idle. Returns 1 when bytes (or a hang-up) arrived, 0 on the
+ * time-out or shutdown, -1 when the accept loop evicted the connection. */
+static int wait_next_request(int fd)
+{
+    rt_idle node = {fd, false, NULL, NULL};
+    pthread_mutex_lock(&rt__g.mu);
+    idle_link(&node);
+    pthread_mutex_unlock(&rt__g.mu);
+    double t0 = rt__now_s(), limit = rt__g.cfg->keepalive_timeout_s;
+    int got = 0;
+    while (!rt__g.stop) {
+        double left = limit - (rt__now_s() - t0);
+        if (left <= 0)
+            break;
+        struct pollfd p = {fd, POLLIN, 0};
+        int ms = left > 0.2 ? 200 : (int)(left * 1000) + 1;
+        int n = poll(&p, 1, ms);
+        if (n > 0) {
+            got = 1;
+            break;
+        }
+        if (n < 0 && errno != EINTR)
+            break;
+    }
+    pthread_mutex_lock(&rt__g.mu);
+    bool evicted = node.evicted;
+    if (!evicted)
+        idle_unlink(&node);
+    pthread_mutex_unlock(&rt__g.mu);
+    return evicted ? -1 : got;
+}
+
+/* Whether a comma-separated header value holds the token (any case). */
+static bool has_token(const char *v, const char *tok)
+{
+    size_t tl = strlen(tok);
+    for (const char *p = v; *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        size_t n = strcspn(p, ",");
+        size_t m = n;
+        while (m && (p[m - 1] == ' ' || p[m - 1] == '\t'))
+            m--;
+        if (m == tl && !strncasecmp(p, tok, tl))
+            return true;
+        p += n;
+    }
+    return false;
+}
+
+enum { HEAD_MAX = 16384 };
+
+/* Reads and serves one request of a connection. buf holds *bl bytes the
+ * client already sent (a pipelined next request), and keeps what follows
+ * this request's body. Returns true when the connection may serve
+ * another request. */
+static bool serve_one(int fd, char *buf, size_t *bl, int served)
 {
     rt_req q;
     memset(&q, 0, sizeof q);
     q.fd = fd;
     q.deadline_ms = -1;
-    struct timeval tv = {rt__g.cfg->http_timeout_s, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    enum { HEAD_MAX = 16384 };
+    bool again = false;
     double t_read = rt__now_s();
-    char *head = sw_malloc(HEAD_MAX + 1);
-    size_t hl = 0;
-    char *end = NULL;
-    if (!head)
-        return;
+    size_t hl = *bl;
+    buf[hl] = 0;
+    char *end = strstr(buf, "\r\n\r\n");
     while (!end) {
         if (hl == HEAD_MAX) {
             snprintf(q.request_id, sizeof q.request_id, "-");
@@ -346,28 +471,28 @@ static void serve_conn(int fd)
         }
         if (rt__now_s() - t_read > rt__g.cfg->http_timeout_s)
             goto done; /* a client that trickles its request is dropped */
-        ssize_t r = recv(fd, head + hl, HEAD_MAX - hl, 0);
+        ssize_t r = recv(fd, buf + hl, HEAD_MAX - hl, 0);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            goto done;
+            goto done; /* also the client's close between two requests */
         hl += (size_t)r;
-        head[hl] = 0;
-        end = strstr(head, "\r\n\r\n");
+        buf[hl] = 0;
+        end = strstr(buf, "\r\n\r\n");
     }
-    size_t head_len = (size_t)(end - head) + 4;
+    size_t head_len = (size_t)(end - buf) + 4;
     *end = 0;
     char version[16] = "";
-    if (sscanf(head, "%15s %255s %15s", q.method, q.path, version) != 3 ||
+    if (sscanf(buf, "%15s %255s %15s", q.method, q.path, version) != 3 ||
         strncmp(version, "HTTP/1.", 7)) {
         snprintf(q.request_id, sizeof q.request_id, "-");
         rt__send_error(&q, 400, "invalid_request", "malformed request line", NULL, NULL);
         goto done;
     }
     long long content_length = 0;
-    bool chunked = false;
-    char rid[256] = "";
-    for (char *line = strstr(head, "\r\n"); line; line = strstr(line, "\r\n")) {
+    bool chunked = false, bad_length = false;
+    char rid[256] = "", conn[256] = "";
+    for (char *line = strstr(buf, "\r\n"); line; line = strstr(line, "\r\n")) {
         line += 2;
         char *colon = strchr(line, ':');
         char *eol = strstr(line, "\r\n");
@@ -380,10 +505,16 @@ static void serve_conn(int fd)
         size_t vl = eol ? (size_t)(eol - v) : strlen(v);
         char val[256];
         snprintf(val, sizeof val, "%.*s", (int)(vl < 255 ? vl : 255), v);
-        if (nl == 14 && !strncasecmp(line, "Content-Length", 14))
-            content_length = strtoll(val, NULL, 10);
-        else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))
+        if (nl == 14 && !strncasecmp(line, "Content-Length", 14)) {
+            char *e = NULL;
+            errno = 0;
+            content_length = strtoll(val, &e, 10);
+            if (e == val || *e || errno)
+                bad_length = true;
+        } else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))
             chunked = true;
+        else if (nl == 10 && !strncasecmp(line, "Connection", 10))
+            snprintf(conn, sizeof conn, "%s", val);
         else if (nl == 13 && !strncasecmp(line, "Authorization", 13))
             snprintf(q.auth, sizeof q.auth, "%s", val);
         else if (nl == 12 && !strncasecmp(line, "X-Request-Id", 12))
@@ -400,6 +531,13 @@ static void serve_conn(int fd)
                 q.idem_key_bad = true;
         }
     }
+    /* HTTP/1.1 is persistent unless the client says close; HTTP/1.0 only
+     * when it asks for keep-alive. The last request a connection may
+     * serve, and any during shutdown, answer Connection: close. */
+    q.keep_alive = (!strcmp(version, "HTTP/1.1") ? !has_token(conn, "close")
+                                                 : has_token(conn, "keep-alive")) &&
+                   rt__g.cfg->keepalive_timeout_s > 0 &&
+                   served + 1 < rt__g.cfg->keepalive_max_requests && !rt__g.stop;
     if (plain_token(rid)) { /* under 64 characters: fits request_id */
         snprintf(q.request_id, sizeof q.request_id, "%.63s", rid);
     } else {
@@ -409,22 +547,43 @@ static void serve_conn(int fd)
         snprintf(q.request_id, sizeof q.request_id, "req-%d-%llu-%llx", (int)getpid(),
                  (unsigned long long)s, (unsigned long long)(rt__wall_s() * 1000) & 0xffffff);
     }
+    if (served > 0) {
+        pthread_mutex_lock(&rt__g.mu);
+        rt__g.keepalive_reused++;
+        pthread_mutex_unlock(&rt__g.mu);
+    }
+    /* From here an error that leaves the body unread ends the
+     * connection: the unread bytes cannot be told from a next request. */
     if (strcmp(q.path, "/health") && !auth_ok(&q)) {
         pthread_mutex_lock(&rt__g.mu);
         rt__g.rejected_auth++;
         pthread_mutex_unlock(&rt__g.mu);
+        if (content_length != 0 || bad_length || chunked)
+            q.keep_alive = false;
         rt__send_error(&q, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer)",
                    NULL, "WWW-Authenticate: Bearer\r\n");
+        if (q.keep_alive) {
+            hl -= head_len;
+            memmove(buf, buf + head_len, hl);
+            again = true;
+        }
         goto done;
     }
     if (chunked) {
+        q.keep_alive = false;
         rt__send_error(&q, 411, "invalid_request", "send the body with a Content-Length", NULL, NULL);
+        goto done;
+    }
+    if (bad_length) {
+        q.keep_alive = false;
+        rt__send_error(&q, 400, "invalid_request", "malformed Content-Length", NULL, NULL);
         goto done;
     }
     if (content_length < 0 || (unsigned long long)content_length > rt__g.cfg->max_body_bytes) {
         pthread_mutex_lock(&rt__g.mu);
         rt__g.rejected_bad++;
         pthread_mutex_unlock(&rt__g.mu);
+        q.keep_alive = false;
         rt__send_error(&q, 413, "invalid_request", "request body too large", NULL, NULL);
         goto done;
     }
@@ -434,7 +593,11 @@ static void serve_conn(int fd)
     size_t have = hl - head_len;
     if (have > (size_t)content_length)
         have = (size_t)content_length;
-    memcpy(q.body, head + head_len, have);
+    memcpy(q.body, buf + head_len, have);
+    /* what the client sent after this body: the next request's start */
+    size_t rest = hl - head_len - have;
+    memmove(buf, buf + head_len + have, rest);
+    hl = rest;
     while (have < (size_t)content_length) {
         if (rt__now_s() - t_read > rt__g.cfg->http_timeout_s)
             goto done;
@@ -470,20 +633,56 @@ static void serve_conn(int fd)
     } else {
         rt__send_error(&q, 404, "not_found", "unknown path", NULL, NULL);
     }
+    /* another request only after a whole response: one that was never
+     * sent (a client that left), a stream cut short or a failed write
+     * leave the connection in an unknown state */
+    again = q.responded && !q.chunked_open && !q.write_failed;
 done:
+    again = again && q.keep_alive && !q.write_failed;
+    *bl = again ? hl : 0;
     sw_free(q.body);
-    sw_free(head);
+    return again;
+}
+
+/* Serves a connection's requests one after another. Returns true when
+ * the accept loop evicted it while idle (its slot went to a new one). */
+static bool serve_conn(int fd)
+{
+    struct timeval tv = {rt__g.cfg->http_timeout_s, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    char *buf = sw_malloc(HEAD_MAX + 1);
+    if (!buf)
+        return false;
+    size_t bl = 0;
+    bool evicted = false;
+    for (int served = 0; !rt__g.stop; ) {
+        if (!serve_one(fd, buf, &bl, served))
+            break;
+        served++;
+        if (bl == 0) { /* nothing pipelined: wait, listed as idle */
+            int w = wait_next_request(fd);
+            if (w < 0)
+                evicted = true;
+            if (w <= 0)
+                break;
+        }
+    }
+    sw_free(buf);
+    return evicted;
 }
 
 void *rt__conn_thread(void *arg)
 {
     int fd = (int)(intptr_t)arg;
-    serve_conn(fd);
+    bool evicted = serve_conn(fd);
     shutdown(fd, SHUT_WR);
     close(fd);
-    pthread_mutex_lock(&rt__g.mu);
-    rt__g.active_conns--;
-    pthread_mutex_unlock(&rt__g.mu);
+    if (!evicted) { /* an evicted connection's slot is the new one's now */
+        pthread_mutex_lock(&rt__g.mu);
+        rt__g.active_conns--;
+        pthread_mutex_unlock(&rt__g.mu);
+    }
     return NULL;
 }
 

@@ -33,9 +33,10 @@ static void send_stored(rt_req *q, const ldg_stored *s)
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                     "Connection: close\r\nX-Request-Id: %s\r\n"
+                     "Connection: %s\r\nX-Request-Id: %s\r\n"
                      "X-Spillway-Idempotent-Replay: true\r\n\r\n",
-                     q->request_id);
+                     rt__conn_hdr(q), q->request_id);
+    rt__chunked_begin(q);
     if (rt__sink_write(q, head, (size_t)n))
         return;
     /* one chunk per event, as the original stream was sent */
@@ -50,7 +51,8 @@ static void send_stored(rt_req *q, const ldg_stored *s)
             return;
         p += len;
     }
-    rt__sink_write(q, "0\r\n\r\n", 5);
+    if (rt__sink_write(q, "0\r\n\r\n", 5) == 0)
+        rt__chunked_end(q);
 }
 
 void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat)

@@ -174,6 +174,8 @@ static int client_chunk(relay *r, const char *data, size_t len)
     if (rt__sink_write(r->q, hex, (size_t)n) || rt__sink_write(r->q, data, len) ||
         rt__sink_write(r->q, "\r\n", 2))
         return -1;
+    if (len == 0)
+        rt__chunked_end(r->q); /* the last chunk */
     return 0;
 }
 
@@ -184,9 +186,10 @@ static int client_event(relay *r, const char *payload)
         int n = snprintf(head, sizeof head,
                          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                          "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                         "Connection: close\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
+                         "Connection: %s\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
                          "X-Spillway-Attempts: %d\r\n\r\n",
-                         r->q->request_id, r->q->worker, r->q->attempts);
+                         rt__conn_hdr(r->q), r->q->request_id, r->q->worker, r->q->attempts);
+        rt__chunked_begin(r->q);
         if (rt__sink_write(r->q, head, (size_t)n))
             return -1;
         r->headers_sent = true;

@@ -53,6 +53,7 @@ typedef struct rt_worker {
     double prefill_rate, decode_rate;
     /* metrics */
     uint64_t req_ok, req_client_error, req_failed, tokens;
+    int inflight;               /* attempts running on it now */
 } rt_worker;
 
 #define RT_EVENTS 128

@@ -38,7 +38,13 @@ typedef struct rt_worker_config {
     int32_t preference;        /* lower first; ties in file order */
     char env[RT_MAX_ENV][256]; /* extra "K=V" for a managed worker */
     int n_env;
+    int kind;                  /* RT_KIND_SPILLWAY (default) or RT_KIND_OPENAI */
 } rt_worker_config;
+
+/* What a worker is: a spillway worker (its /health figures, resume, typed
+ * errors), or another OpenAI-compatible engine at a url (llama-server,
+ * Ollama, vLLM): no extensions used (docs/router.md, External upstreams). */
+enum { RT_KIND_SPILLWAY = 0, RT_KIND_OPENAI = 1 };
 
 /* A server-side tool ([tool NAME]): the router calls it in agent runs
  * ("tool_execution": "server"); docs/router.md, Tools. */

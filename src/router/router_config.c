@@ -201,6 +201,13 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
             w->managed = false;
         else
             return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "kind")) {
+        if (!strcmp(v, "spillway"))
+            w->kind = RT_KIND_SPILLWAY;
+        else if (!strcmp(v, "openai"))
+            w->kind = RT_KIND_OPENAI;
+        else
+            return cfg_fail(p, s, name, "expected spillway or openai", v);
     } else if (!strcmp(name, "url")) {
         if ((strncmp(v, "unix:", 5) && strncmp(v, "http://", 7)) ||
             !cfg_copy(w->url, sizeof w->url, v) || strlen(v) < 8)
@@ -438,10 +445,16 @@ int rt_config_check(const rt_config *c, sw_error *err)
         return sw_error_set(err, SW_EINVAL, "[model] path is required");
     if (c->n_workers == 0)
         return sw_error_set(err, SW_EINVAL, "at least one [worker NAME] section is required");
-    for (int i = 0; i < c->n_workers; i++)
+    for (int i = 0; i < c->n_workers; i++) {
+        if (c->workers[i].kind == RT_KIND_OPENAI && (c->workers[i].managed || !c->workers[i].url[0]))
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: kind = openai is an engine the router does not "
+                                "start: it needs a url",
+                                c->workers[i].name);
         if (!c->workers[i].managed && !c->workers[i].url[0])
             return sw_error_set(err, SW_EINVAL, "[worker %s]: managed = false needs a url",
                                 c->workers[i].name);
+    }
     for (int i = 0; i < c->n_tools; i++)
         if (!c->tools[i].url[0] || !c->tools[i].parameters[0])
             return sw_error_set(err, SW_EINVAL, "[tool %s]: url and parameters are required",

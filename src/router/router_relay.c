@@ -94,8 +94,8 @@ enum { SKIP_NONE = 0, SKIP_CTX = 1, SKIP_MEM = 2, SKIP_DEADLINE = 4, SKIP_DOWN =
 
 /* The first worker in preference order, not yet tried, that is ready,
  * fits the need and is predicted to meet the deadline. */
-static int pick_worker(const bool *tried, long prompt, long max_tokens, long long deadline_ms,
-                       int *skipped, double *best_pred_ms)
+static int pick_worker(const bool *tried, bool need_resume, long prompt, long max_tokens,
+                       long long deadline_ms, int *skipped, double *best_pred_ms)
 {
     int found = -1;
     *skipped = 0;
@@ -109,6 +109,15 @@ static int pick_worker(const bool *tried, long prompt, long max_tokens, long lon
         if (w->state != WS_READY) {
             *skipped |= SKIP_DOWN;
             continue;
+        }
+        if (w->cfg.kind == RT_KIND_OPENAI) {
+            if (need_resume)
+                continue; /* an external engine cannot resume a stream */
+            /* no memory figures: only the configured number of sequences */
+            if (w->cfg.max_seqs > 0 && w->inflight >= w->cfg.max_seqs) {
+                *skipped |= SKIP_MEM;
+                continue;
+            }
         }
         long total = prompt < 0 ? 0 : prompt;
         if (w->ctx_limit > 0 && prompt >= w->ctx_limit) {
@@ -165,6 +174,8 @@ typedef struct relay {
     double t_start;        /* monotonic, when the request was read */
     double ttft;           /* seconds to the first token sent, -1 before */
     int status;            /* HTTP status relayed to the client */
+    bool content_sent;     /* completion text or a tool call reached the client */
+    bool openai;           /* this attempt is on a kind = openai engine */
 } relay;
 
 static int client_chunk(relay *r, const char *data, size_t len)
@@ -215,6 +226,48 @@ static int client_event(relay *r, const char *payload)
     return rc;
 }
 
+/* Out-of-memory as other engines word it (kind = openai workers have no
+ * typed error code): matched case-insensitively anywhere in the error
+ * body or SSE error event. docs/router.md, External upstreams, lists them
+ * with the engines that send them. */
+static const char *const oom_patterns[] = {
+    "out of memory",                 /* CUDA, vLLM "CUDA out of memory", llama.cpp */
+    "failed to allocate",            /* llama.cpp / ggml buffers */
+    "requires more system memory",   /* Ollama */
+    "insufficient memory",           /* Metal, generic */
+    "not enough memory",             /* generic, Windows */
+    "cudamalloc failed",             /* ggml-cuda */
+    "outofdevicememory",             /* Vulkan VK_ERROR_OUT_OF_DEVICE_MEMORY */
+    "unable to allocate",            /* ROCm / HIP, numpy-style */
+};
+
+static bool text_says_oom(const char *text)
+{
+    if (!text)
+        return false;
+    for (size_t i = 0; i < sizeof oom_patterns / sizeof oom_patterns[0]; i++)
+        if (strcasestr(text, oom_patterns[i]))
+            return true;
+    return false;
+}
+
+/* An external engine's failure (status >= 500 with text, or an SSE error
+ * event's text): oom by the table above, busy for 503 (llama-server
+ * "Loading model", overloaded), else a crash-like failure. */
+static fail_kind classify_openai(relay *r, const char *text, int status)
+{
+    if (text_says_oom(text)) {
+        snprintf(r->phase, sizeof r->phase, "%s", r->content_sent ? "decode" : "generation");
+        return FAIL_OOM;
+    }
+    if (status == 503) {
+        snprintf(r->phase, sizeof r->phase, "admission");
+        return FAIL_BUSY;
+    }
+    snprintf(r->phase, sizeof r->phase, "generation");
+    return FAIL_CRASH;
+}
+
 /* Classifies a worker's error object: oom, busy (admission refusals that
  * another worker may not have) or a crash-like server failure. */
 static fail_kind classify_error(json_t *err, relay *r)
@@ -249,6 +302,14 @@ static fail_kind stream_payload(relay *r, const char *payload, bool *done)
         return FAIL_CRASH;
     fail_kind fk = FAIL_NONE;
     json_t *err = json_object_get(j, "error");
+    if (err && r->openai) {
+        fk = classify_openai(r, payload, 500);
+        if (fk == FAIL_BUSY)
+            fk = FAIL_CRASH;
+        json_decref(j);
+        *done = true;
+        return fk;
+    }
     if (err) {
         fk = classify_error(err, r);
         if (fk == FAIL_BUSY)
@@ -289,6 +350,12 @@ static fail_kind stream_payload(relay *r, const char *payload, bool *done)
     json_t *text = r->chat ? json_object_get(delta, "content") : json_object_get(choice, "text");
     if (json_is_string(text))
         r->text_bytes += json_string_length(text);
+    if ((json_is_string(text) && json_string_length(text) > 0) ||
+        json_array_size(json_object_get(delta, "tool_calls")) > 0) {
+        r->content_sent = true;
+        if (r->ttft < 0) /* an engine without token_ids: the first text */
+            r->ttft = rt__now_s() - r->t_start;
+    }
     json_t *ids = json_object_get(sp, "token_ids");
     if (r->ttft < 0 && json_array_size(ids) > 0)
         r->ttft = rt__now_s() - r->t_start;
@@ -317,6 +384,10 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
     char hdr[256];
     snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", r->q->request_id);
     const char *path = r->chat ? "/v1/chat/completions" : "/v1/completions";
+    r->openai = w->cfg.kind == RT_KIND_OPENAI;
+    pthread_mutex_lock(&rt__g.mu);
+    w->inflight++;
+    pthread_mutex_unlock(&rt__g.mu);
     int rc = rn_request(&c, w->address, "POST", path, hdr, body, body_len, r->q->fd,
                         rt__g.cfg->http_timeout_s * 1000);
     fail_kind fk = FAIL_NONE;
@@ -345,6 +416,11 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
             goto out;
         }
         if (c.status >= 500) {
+            if (r->openai) {
+                fk = classify_openai(r, resp, c.status);
+                sw_free(resp);
+                goto out;
+            }
             json_t *j = json_loads(resp, 0, NULL);
             fk = classify_error(json_object_get(j, "error"), r);
             json_decref(j);
@@ -451,6 +527,9 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
     }
 out:
     rn_close(&c);
+    pthread_mutex_lock(&rt__g.mu);
+    w->inflight--;
+    pthread_mutex_unlock(&rt__g.mu);
     return fk;
 }
 
@@ -533,12 +612,14 @@ void rt__handle_generate(rt_req *q, bool chat)
     fail_kind last = FAIL_NONE;
     const char *decision = "none";
     char first_worker[64] = "";
+    bool cut_after_text = false; /* an external engine failed mid-stream */
     for (;;) {
         int skipped = 0;
         double pred = -1;
         long remaining = max_tokens < 0 ? -1 : max_tokens - (long)r.n_tokens;
         int wi = stop_now ? -1
-                          : pick_worker(tried, prompt + (long)r.n_tokens, remaining,
+                          : pick_worker(tried, r.stream && (r.n_tokens > 0 || r.content_sent),
+                                        prompt + (long)r.n_tokens, remaining,
                                         q->attempts == 0 ? adm_deadline : -1, &skipped, &pred);
         if (!stop_now && wi < 0 && q->attempts < rt__g.cfg->max_attempts &&
             (skipped & (SKIP_DOWN | SKIP_MEM)) &&
@@ -563,7 +644,8 @@ void rt__handle_generate(rt_req *q, bool chat)
                     r.client_gone = true;
                     break;
                 }
-                wi = pick_worker(tried, prompt + (long)r.n_tokens, remaining,
+                wi = pick_worker(tried, r.stream && (r.n_tokens > 0 || r.content_sent),
+                                        prompt + (long)r.n_tokens, remaining,
                                  q->attempts == 0 ? adm_deadline : -1, &skipped, &pred);
             }
             if (room) {
@@ -578,8 +660,17 @@ void rt__handle_generate(rt_req *q, bool chat)
         }
         if (stop_now || wi < 0 || q->attempts >= rt__g.cfg->max_attempts) {
             if (r.headers_sent) {
-                json_t *e = rt__error_obj(500, "worker_failed",
-                                      "the request failed on every eligible worker", NULL);
+                json_t *e = cut_after_text
+                                ? rt__error_obj(500,
+                                                last == FAIL_OOM ? "out_of_memory" : "worker_failed",
+                                                last == FAIL_OOM
+                                                    ? "the engine ran out of memory after text was "
+                                                      "sent; an external engine cannot be resumed"
+                                                    : "the engine failed after text was sent; an "
+                                                      "external engine cannot be resumed",
+                                                NULL)
+                                : rt__error_obj(500, "worker_failed",
+                                                "the request failed on every eligible worker", NULL);
                 char *s = json_dumps(e, JSON_COMPACT);
                 json_decref(e);
                 if (s)
@@ -691,6 +782,14 @@ void rt__handle_generate(rt_req *q, bool chat)
                                     "time", rt__wall_s());
             decision = r.stream && r.n_tokens > 0 ? "resume" : "replay";
         }
+        if (w->cfg.kind == RT_KIND_OPENAI && r.stream && r.content_sent) {
+            /* no resume on an external engine (no token ids, no resume
+             * field): the stream ends with the typed error event */
+            cut_after_text = true;
+            stop_now = true;
+            if (!strcmp(decision, "replay") || !strcmp(decision, "resume"))
+                decision = "none (external engine: no resume)";
+        }
         if (q->single_pass || rt__g.sabotage.no_replay) {
             /* the caller decides (an agent run replays the whole run), or
              * SABOTAGE no-replay: the failure goes to the client */
@@ -703,7 +802,10 @@ void rt__handle_generate(rt_req *q, bool chat)
     q->completed = r.finished;
     if (first_error) {
         const char *reason =
-            !strcmp(decision, "resume")
+            cut_after_text
+                ? "stream with text already sent by an external engine (kind = openai): it "
+                  "cannot be resumed, so it ended with an error event"
+            : !strcmp(decision, "resume")
                 ? "stream with tokens already sent: resumed with the sent tokens and sampler draws"
                 : r.stream ? "stream with nothing sent yet: replayed from the start"
                            : "non-streaming request, no tool executed: replayed from the start";

@@ -120,8 +120,45 @@ static void sup_spawn(rt_worker *w)
             c->device[0] ? c->device : "cpu", w->log_path);
 }
 
+/* An external engine (kind = openai): ready when GET /health or else
+ * GET /v1/models answers 200 (llama-server and vLLM have /health, Ollama
+ * only the second). It reports no memory and no rates: admission uses
+ * the configured ctx-limit and max-seqs only. */
+static void sup_health_openai(rt_worker *w)
+{
+    char *body = NULL;
+    int st = rn_get(w->address, "/health", 2000, &body);
+    sw_free(body);
+    body = NULL;
+    if (st != 200) {
+        st = rn_get(w->address, "/v1/models", 2000, &body);
+        sw_free(body);
+    }
+    pthread_mutex_lock(&rt__g.mu);
+    if (st == 200) {
+        w->on_device = false;
+        w->mem_total = w->mem_used = w->mem_reserved = w->mem_free = 0;
+        w->kv_bpt = 0;
+        w->ctx_limit = w->cfg.ctx_limit;
+        w->prefill_rate = w->decode_rate = 0;
+        if (w->state != WS_READY)
+            SW_INFO("router", "worker %s (openai): ready", w->cfg.name);
+        w->state = WS_READY;
+        w->last_ok = rt__now_s();
+        w->ready_once = true;
+    } else {
+        w->state = WS_DOWN;
+    }
+    w->last_health = rt__now_s();
+    pthread_mutex_unlock(&rt__g.mu);
+}
+
 static void sup_health(rt_worker *w)
 {
+    if (w->cfg.kind == RT_KIND_OPENAI) {
+        sup_health_openai(w);
+        return;
+    }
     char *body = NULL;
     int st = rn_get(w->address, "/health", 2000, &body);
     json_t *j = body ? json_loads(body, 0, NULL) : NULL;

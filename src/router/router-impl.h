@@ -158,6 +158,11 @@ typedef struct rt_req {
     bool completed;          /* a full answer (or a final 4xx) was sent */
     bool tried[RT_MAX_WORKERS]; /* workers already tried (failed) */
     const char *error_code;  /* code of an error the router sent itself */
+    /* An agent run's generation: the relay records no failover event but
+     * leaves its first_error here (the caller owns it); the run records
+     * one event that says how the whole run ended. */
+    bool defer_event;
+    json_t *failover_first_error;
 } rt_req;
 
 const char *rt__ws_name(int state);

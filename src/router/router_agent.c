@@ -336,6 +336,12 @@ void rt__handle_agent(rt_req *q, json_t *body)
 {
     const rt_config *cfg = rt__g.cfg;
     json_t *tools = NULL, *base = NULL, *msgs = NULL, *steps = NULL, *final = NULL;
+    /* the failover record of the run: the first generation failure, when
+     * the replay started and which worker gave the final answer */
+    json_t *run_first_error = NULL;
+    double t_received = rt__wall_s(), replay_start = 0;
+    char final_worker[64] = "";
+    int n_reused = 0;
     bool allowed[RT_MAX_TOOLS] = {false};
     bool stream = json_is_true(json_object_get(body, "stream"));
     bool stream_usage = json_is_true(
@@ -449,6 +455,7 @@ run:
         iq.fd = -1;
         iq.cap.on = true;
         iq.single_pass = true;
+        iq.defer_event = true;
         iq.deadline_ms = q->deadline_ms;
         snprintf(iq.method, sizeof iq.method, "POST");
         snprintf(iq.path, sizeof iq.path, "/v1/chat/completions");
@@ -458,6 +465,12 @@ run:
         iq.body_len = strlen(bs);
         rt__handle_generate(&iq, true);
         free(bs);
+        if (iq.failover_first_error) {
+            if (!run_first_error)
+                run_first_error = iq.failover_first_error;
+            else
+                json_decref(iq.failover_first_error);
+        }
         q->attempts += iq.attempts;
         if (iq.worker[0])
             snprintf(q->worker, sizeof q->worker, "%s", iq.worker);
@@ -470,6 +483,8 @@ run:
             SW_WARN("router", "agent run %s: the worker failed in generation %d; the run is "
                     "replayed (recorded tool steps are reused, not called again)",
                     q->request_id, gen + 1);
+            if (!replay_start)
+                replay_start = rt__wall_s();
             goto run;
         }
         if (iq.cap.status != 200) {
@@ -487,6 +502,7 @@ run:
                            NULL, NULL);
             goto out;
         }
+        snprintf(final_worker, sizeof final_worker, "%s", iq.worker);
         if (!json_is_array(tcs) || json_array_size(tcs) == 0 || n_steps >= cfg->max_tool_steps) {
             final = resp;
             break;
@@ -524,6 +540,7 @@ run:
                                                    tool_name, "arguments", args));
             json_array_append_new(tool_msgs, json_pack("{s:s, s:s, s:s}", "role", "tool",
                                                        "tool_call_id", call_id, "content", result));
+            n_reused += reused;
             json_array_append_new(steps, json_pack("{s:i, s:s, s:s, s:s, s:b}", "step", step,
                                                    "tool", tool_name, "arguments", args, "result",
                                                    result, "reused", reused));
@@ -559,6 +576,35 @@ run:
                 q->attempts);
     }
 out:
+    if (run_first_error) {
+        /* one record for the run: a generation failed on a worker; the
+         * run was replayed from the start (tool steps from the ledger) and
+         * completed on final_worker, or it failed */
+        bool done = q->completed && final;
+        bool replayed = replay_start > 0;
+        json_t *usage = json_object_get(final, "usage");
+        json_int_t toks = json_integer_value(json_object_get(usage, "completion_tokens"));
+        json_t *ev = json_pack(
+            "{s:s, s:f, s:o, s:s, s:s, s:s?, s:o, s:f, s:I, s:i, s:i, s:i, s:i, s:s, s:b, s:b, "
+            "s:b}",
+            "request_id", q->request_id, "received_time", t_received, "first_error",
+            run_first_error, "decision", replayed ? "replay" : "none", "reason",
+            replayed ? "agent run: a generation failed, so the run was replayed from the start on "
+                       "the next worker; tool steps recorded in the ledger were reused, not "
+                       "called again"
+                     : "agent run: a generation failed and the run was not replayed (attempts "
+                       "used up, or SPILLWAY_SABOTAGE=no-replay)",
+            "replay_worker", done && final_worker[0] ? final_worker : NULL, "cpu_start_time",
+            replayed ? json_real(replay_start) : json_null(), "completion_time", rt__wall_s(),
+            "tokens", toks, "attempts", q->attempts, "run_attempts", run_attempts,
+            "tool_steps", (int)json_array_size(steps), "tool_steps_reused", n_reused,
+            "outcome", done ? "completed" : q->write_failed ? "cancelled" : "failed",
+            "client_connected", !q->write_failed, "stream", stream, "agent_run", true);
+        run_first_error = NULL; /* the record owns it (json_pack "o") */
+        if (ev)
+            rt__ev_record(ev);
+        json_decref(ev);
+    }
     json_decref(final);
     json_decref(steps);
     json_decref(msgs);

@@ -800,6 +800,10 @@ void rt__handle_generate(rt_req *q, bool chat)
         }
     }
     q->completed = r.finished;
+    if (first_error && q->defer_event) {
+        q->failover_first_error = first_error; /* the agent run records it */
+        first_error = NULL;
+    }
     if (first_error) {
         const char *reason =
             cut_after_text

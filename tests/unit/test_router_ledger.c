@@ -877,7 +877,41 @@ static void test_agent_failover_and_unsafe(void **state)
     assert_true(json_is_true(json_object_get(s0, "reused")));
     assert_string_equal(g_tools.keys[0] + strcspn(g_tools.keys[0], "/"), "/1");
     json_decref(j);
+    char run_rid[96];
+    assert_true(wc_header(&w, "X-Request-Id", run_rid, sizeof run_rid));
     wc_response_free(&w);
+    /* one failover record for the run, saying what happened: the GPU's
+     * failure, a replay that started after it and completed on the CPU */
+    {
+        assert_int_equal(req(&r, "GET", "/v1/spillway/events", NULL, NULL, &w), 0);
+        assert_int_equal(w.status, 200);
+        json_t *ej = body_json(&w);
+        json_t *data = json_object_get(ej, "data"), *ev = NULL;
+        int n_ev = 0;
+        for (size_t k = 0; k < json_array_size(data); k++)
+            if (!strcmp(json_string_value(json_object_get(json_array_get(data, k), "request_id"))
+                            ?: "",
+                        run_rid)) {
+                ev = json_array_get(data, k);
+                n_ev++;
+            }
+        assert_int_equal(n_ev, 1);
+        assert_string_equal(json_string_value(json_object_get(ev, "outcome")), "completed");
+        assert_string_equal(json_string_value(json_object_get(ev, "decision")), "replay");
+        assert_string_equal(json_string_value(json_object_get(ev, "replay_worker")), "cpu");
+        json_t *fe = json_object_get(ev, "first_error");
+        assert_string_equal(json_string_value(json_object_get(fe, "worker")), "gpu");
+        assert_true(json_is_number(json_object_get(ev, "cpu_start_time")));
+        double t_err = json_number_value(json_object_get(fe, "time"));
+        double t_cpu = json_number_value(json_object_get(ev, "cpu_start_time"));
+        double t_done = json_number_value(json_object_get(ev, "completion_time"));
+        assert_true(t_err > 0 && t_cpu >= t_err && t_done >= t_cpu);
+        assert_int_equal(json_integer_value(json_object_get(ev, "run_attempts")), 2);
+        assert_int_equal(json_integer_value(json_object_get(ev, "tool_steps_reused")), 1);
+        assert_true(json_is_true(json_object_get(ev, "client_connected")));
+        json_decref(ej);
+        wc_response_free(&w);
+    }
 
     /* a non-idempotent tool that holds its answer past timeout-ms: the
      * outcome is unknown, so the run ends with unsafe_to_retry, and the

@@ -1,6 +1,8 @@
-/* worker-impl.h - what the worker's HTTP side (worker_http.c) and engine
- * side (worker_engine.c) share: the request, the events the engine sends
- * back, and the server state with the lock that guards the shared part.
+/* worker-impl.h - what the worker's HTTP side (worker_http.c, with
+ * worker_request.c for request bodies and worker_tools.c for tool-call
+ * replies) and its engine side (worker_engine.c) share: the request, the
+ * events the engine sends back, and the server state with the lock that
+ * guards the shared part.
  *
  * Ownership: a wk_req is created by the HTTP thread, queued for the engine,
  * and freed by the HTTP thread only, when it handles the request's final
@@ -214,5 +216,35 @@ void wk_event_free(wk_event *ev);
 /* worker_http.c */
 /* Wakes the HTTP thread to drain the event queue (any thread). */
 void wk_http_wake(wk_server *s);
+
+/* worker_request.c */
+/* Why a body was refused: the HTTP status (0 = 400), the error code (NULL =
+ * invalid_request), the parameter at fault and the message. */
+typedef struct wk_parse_error {
+    char msg[512];
+    const char *param;
+    int status;
+    const char *code;
+} wk_parse_error;
+/* Fills r from a completions (chat false) or chat body; false with *p set
+ * when the body is refused. What r holds is freed by wk_req_free either way. */
+bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_parse_error *p);
+
+/* worker_tools.c: the reply text as tool calls (comments at each function) */
+/* Appends to the non-stream reply text (cut short when out of memory). */
+void wk__text_append(wk_req *r, const char *text, size_t n);
+/* "call_" + 24 hex digits from the request id and the call's index. */
+void wk__tool_call_id(const wk_req *r, size_t index, char *out, size_t cap);
+/* Forced call: where its arguments start (0: the name is not complete yet,
+ * else the name is copied out), and how many bytes of them may go out now. */
+size_t wk__forced_args_start(const char *text, size_t len, char *name, size_t cap);
+size_t wk__forced_args_ready(const char *text, size_t len, size_t start);
+/* Auto reply: 0 may still become a call, 1 plain content, 2 a call. */
+int wk__auto_state(const wk_req *r);
+bool wk__tool_known(const wk_req *r, const char *name);
+/* The finished reply as a tool_calls array, or NULL when it is not one
+ * (auto: *content_len gets the length of the text before the call). */
+json_t *wk__auto_calls(const wk_req *r, size_t *content_len);
+json_t *wk__forced_calls(const wk_req *r);
 
 #endif

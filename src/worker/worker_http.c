@@ -5,10 +5,10 @@
  * events into OpenAI-shaped responses and SSE chunks. It never waits for
  * the engine: the engine posts events to a locked queue and writes a byte
  * to a pipe whose read end this loop watches. docs/api.md documents every
- * endpoint, field and error code produced here. Tools and response_format
- * are settled here too: the schema is compiled into the request's
- * constraint (which the engine advances), and the reply text is turned into
- * OpenAI tool_calls (non-stream and stream) when it is a call.
+ * endpoint, field and error code produced here. Bodies are parsed by
+ * worker_request.c (which also compiles tools / response_format into the
+ * request's constraint, advanced by the engine); the reply text is turned
+ * into OpenAI tool_calls here (non-stream and stream) when it is a call.
  */
 #include "worker/worker-impl.h"
 
@@ -36,9 +36,6 @@
 #include <netinet/in.h>
 
 #define MOD "worker"
-#define WK_MAX_TOKENS_LIMIT 1000000
-#define WK_MAX_STOPS 16
-#define WK_MAX_STOP_BYTES 256
 
 wk_options wk_default_options(void)
 {
@@ -353,223 +350,25 @@ static void stream_first_chat_chunk(wk_server *s, wk_req *r)
     json_decref(c);
 }
 
-/* Non-stream: the answer's text so far. Out of host memory the text is
- * cut short (the token ids stay complete). */
-static void text_append(wk_req *r, const char *text, size_t n)
-{
-    if (n == 0)
-        return;
-    if (r->text_len + n + 1 > r->text_cap) {
-        size_t cap = (r->text_len + n) * 2 + 64;
-        char *p = sw_realloc(r->text, cap);
-        if (!p)
-            return;
-        r->text = p;
-        r->text_cap = cap;
-    }
-    memcpy(r->text + r->text_len, text, n);
-    r->text_len += n;
-}
-
-/* ---- tool calls in replies ---------------------------------------------
- * A forced call is generated as {"name":"N","arguments":ARGS} (the grammar
- * of eng_grammar_tool_call, compact, names [A-Za-z0-9_-]); ARGS is returned
- * as the exact generated text. An "auto" reply is a call when it starts
- * (after white space) with the family's call syntax. Stream chunks are a
- * function of the text so far, so a resumed stream continues exactly. */
-
-/* "call_" and 24 hex digits from the request id: the same in a resumed
- * attempt (the router sends the same X-Request-Id). */
-static void tool_call_id(const wk_req *r, size_t index, char *out, size_t cap)
-{
-    uint64_t h1 = 0xcbf29ce484222325ULL, h2 = 0x84222325cbf29ce4ULL;
-    for (const char *p = r->id; *p; p++) {
-        h1 = (h1 ^ (unsigned char)*p) * 0x100000001b3ULL;
-        h2 = (h2 ^ (unsigned char)*p) * 0x100000001b3ULL + 0x9e37ULL;
-    }
-    h1 = (h1 ^ index) * 0x100000001b3ULL;
-    h2 = (h2 ^ (index * 0x9e3779b97f4a7c15ULL)) * 0x100000001b3ULL;
-    snprintf(out, cap, "call_%016llx%08llx", (unsigned long long)h1,
-             (unsigned long long)(h2 & 0xffffffffULL));
-}
-
-/* Where a forced call's arguments start (0: the name is not complete yet);
- * the name goes to name. */
-static size_t forced_args_start(const char *text, size_t len, char *name, size_t cap)
-{
-    static const char head[] = "{\"name\":\"", mid[] = "\",\"arguments\":";
-    size_t h = sizeof head - 1, m = sizeof mid - 1;
-    if (!text || len < h || memcmp(text, head, h) != 0)
-        return 0;
-    const char *q = memchr(text + h, '"', len - h);
-    if (!q)
-        return 0;
-    size_t at = (size_t)(q - text), nlen = at - h;
-    if (len < at + m || memcmp(text + at, mid, m) != 0 || nlen + 1 > cap)
-        return 0;
-    memcpy(name, text + h, nlen);
-    name[nlen] = '\0';
-    return at + m;
-}
-
-/* Bytes of the arguments that may go out while more may follow: all but
- * the last character (the call's closing brace comes last). */
-static size_t forced_args_ready(const char *text, size_t len, size_t start)
-{
-    if (len <= start)
-        return start;
-    size_t upto = len - 1;
-    while (upto > start && ((unsigned char)text[upto] & 0xC0) == 0x80)
-        upto--;
-    return upto;
-}
-
-static const char *auto_trigger(const wk_req *r)
-{
-    return r->tool_syntax == ENG_CHAT_TOOLS_LLAMA3_JSON ? "{\"name\"" : "<tool_call>";
-}
-
-/* 0: could still become a call, 1: plain content, 2: a call. */
-static int auto_state(const wk_req *r)
-{
-    const char *t = r->text ? r->text : "";
-    size_t i = 0, len = r->text_len;
-    while (i < len && (t[i] == ' ' || t[i] == '\n' || t[i] == '\t' || t[i] == '\r'))
-        i++;
-    const char *trig = auto_trigger(r);
-    size_t tl = strlen(trig), rest = len - i;
-    if (rest >= tl)
-        return memcmp(t + i, trig, tl) == 0 ? 2 : 1;
-    return memcmp(t + i, trig, rest) == 0 ? 0 : 1;
-}
-
-static bool tool_known(const wk_req *r, const char *name)
-{
-    for (size_t i = 0; i < r->n_tools; i++)
-        if (strcmp(r->tool_names[i], name) == 0)
-            return true;
-    return false;
-}
-
-static json_t *tool_call_object(const wk_req *r, size_t index, const char *name, json_t *args)
-{
-    char id[48];
-    tool_call_id(r, index, id, sizeof id);
-    return json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", id, "type", "function", "function", "name",
-                     name, "arguments", args);
-}
-
-/* A call object from the JSON of one call: {"name", "arguments" or (Llama
- * 3) "parameters"} naming an offered tool; NULL otherwise. */
-static json_t *auto_call_from(const wk_req *r, size_t index, const char *p, size_t n)
-{
-    json_t *v = json_loadb(p, n, 0, NULL);
-    json_t *out = NULL;
-    const char *name = json_string_value(json_object_get(v, "name"));
-    json_t *args = json_object_get(v, "arguments");
-    if (!args)
-        args = json_object_get(v, "parameters");
-    if (json_is_string(args)) {
-        json_t *parsed = json_loads(json_string_value(args), 0, NULL);
-        if (json_is_object(parsed)) {
-            json_object_set_new(v, "arguments", parsed);
-            args = parsed;
-        } else {
-            json_decref(parsed);
-        }
-    }
-    if (name && tool_known(r, name) && json_is_object(args)) {
-        char *text = json_dumps(args, JSON_COMPACT);
-        if (text)
-            out = tool_call_object(r, index, name, json_string(text));
-        free(text);
-    }
-    json_decref(v);
-    return out;
-}
-
-/* The calls of a finished auto reply, or NULL when it is not a (valid)
- * call; *content_len: bytes of text before the calls. */
-static json_t *auto_calls(const wk_req *r, size_t *content_len)
-{
-    const char *t = r->text ? r->text : "";
-    size_t len = r->text_len;
-    *content_len = 0;
-    if (auto_state(r) != 2)
-        return NULL;
-    json_t *calls = json_array();
-    if (r->tool_syntax == ENG_CHAT_TOOLS_LLAMA3_JSON) {
-        json_t *c = auto_call_from(r, 0, t, len);
-        if (!c) {
-            json_decref(calls);
-            return NULL;
-        }
-        json_array_append_new(calls, c);
-        return calls;
-    }
-    static const char open[] = "<tool_call>", close[] = "</tool_call>";
-    const char *p = t, *end = t + len;
-    for (;;) {
-        while (p < end && (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r'))
-            p++;
-        if (p == end)
-            break;
-        if ((size_t)(end - p) < sizeof open - 1 || memcmp(p, open, sizeof open - 1) != 0)
-            break; /* text after the calls is dropped */
-        p += sizeof open - 1;
-        const char *q = memmem(p, (size_t)(end - p), close, sizeof close - 1);
-        const char *stop = q ? q : end; /* a model may end without closing */
-        json_t *c = auto_call_from(r, json_array_size(calls), p, (size_t)(stop - p));
-        if (!c) {
-            json_decref(calls);
-            return NULL;
-        }
-        json_array_append_new(calls, c);
-        p = q ? q + sizeof close - 1 : end;
-    }
-    if (json_array_size(calls) == 0) {
-        json_decref(calls);
-        return NULL;
-    }
-    return calls;
-}
-
-/* The finished forced call as a tool_calls array, or NULL when the text is
- * not a whole call (cut by the context or cancelled). */
-static json_t *forced_calls(const wk_req *r)
-{
-    char name[96];
-    size_t start = forced_args_start(r->text, r->text_len, name, sizeof name);
-    if (!start || r->text_len < start + 2 || r->text[r->text_len - 1] != '}')
-        return NULL;
-    json_t *whole = json_loadb(r->text, r->text_len, 0, NULL);
-    bool ok = json_is_object(json_object_get(whole, "arguments"));
-    json_decref(whole);
-    if (!ok)
-        return NULL;
-    json_t *args = json_stringn(r->text + start, r->text_len - 1 - start);
-    return json_pack("[o]", tool_call_object(r, 0, name, args));
-}
-
 /* The delta of one streamed token of a tool reply (may be empty). */
 static json_t *tool_stream_delta(wk_req *r, const wk_event *ev)
 {
     json_t *delta = json_object();
     if (r->output == WK_OUT_TOOL_FORCED) {
         char name[96];
-        size_t start = forced_args_start(r->text, r->text_len, name, sizeof name);
+        size_t start = wk__forced_args_start(r->text, r->text_len, name, sizeof name);
         if (!start)
             return delta;
         json_t *tc = NULL;
         if (!r->ts.header_sent) {
             char id[48];
-            tool_call_id(r, 0, id, sizeof id);
+            wk__tool_call_id(r, 0, id, sizeof id);
             tc = json_pack("{s:i, s:s, s:s, s:{s:s, s:s}}", "index", 0, "id", id, "type",
                            "function", "function", "name", name, "arguments", "");
             r->ts.header_sent = true;
             r->ts.args_sent = start;
         }
-        size_t upto = forced_args_ready(r->text, r->text_len, start);
+        size_t upto = wk__forced_args_ready(r->text, r->text_len, start);
         if (upto > r->ts.args_sent) {
             json_t *frag = json_text(r->text + r->ts.args_sent, upto - r->ts.args_sent);
             if (tc)
@@ -582,7 +381,7 @@ static json_t *tool_stream_delta(wk_req *r, const wk_event *ev)
             json_object_set_new(delta, "tool_calls", json_pack("[o]", tc));
         return delta;
     }
-    int st = auto_state(r);
+    int st = wk__auto_state(r);
     if (st == 1 && r->ts.auto_mode == 0)
         json_object_set_new(delta, "content", json_text(r->text, r->text_len));
     else if (st == 1 && ev && ev->text_len)
@@ -598,7 +397,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         /* Tool replies: the text is kept to follow the call's shape; every
          * token still gets its chunk (its id is what a resume needs). */
         json_array_append_new(r->token_ids, json_integer(ev->token));
-        text_append(r, ev->text, ev->text_len);
+        wk__text_append(r, ev->text, ev->text_len);
         json_t *c = chunk_base(s, r);
         json_t *lp = r->logprobs ? json_pack("{s:[o]}", "content", chat_logprob_entry(s, ev))
                                  : json_null();
@@ -641,7 +440,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         else
             completion_logprob_append(s, r->lp, ev, r->text_len);
     }
-    text_append(r, ev->text, ev->text_len);
+    wk__text_append(r, ev->text, ev->text_len);
 }
 
 static json_t *usage_of(const wk_req *r, int32_t n_generated)
@@ -655,13 +454,13 @@ static json_t *usage_of(const wk_req *r, int32_t n_generated)
 static const char *tool_stream_done(wk_server *s, wk_req *r, const wk_event *ev,
                                     const char *finish)
 {
-    text_append(r, ev->text, ev->text_len);
+    wk__text_append(r, ev->text, ev->text_len);
     json_t *delta = NULL;
     if (r->output == WK_OUT_TOOL_FORCED) {
-        json_t *calls = forced_calls(r);
+        json_t *calls = wk__forced_calls(r);
         if (calls) {
             char name[96];
-            size_t start = forced_args_start(r->text, r->text_len, name, sizeof name);
+            size_t start = wk__forced_args_start(r->text, r->text_len, name, sizeof name);
             size_t end = r->text_len - 1;
             json_t *tc = NULL;
             if (!r->ts.header_sent) {
@@ -679,7 +478,7 @@ static const char *tool_stream_done(wk_server *s, wk_req *r, const wk_event *ev,
         }
     } else {
         size_t content_len = 0;
-        json_t *calls = auto_calls(r, &content_len);
+        json_t *calls = wk__auto_calls(r, &content_len);
         if (calls) {
             json_t *arr = json_array();
             for (size_t i = 0; i < json_array_size(calls); i++) {
@@ -718,8 +517,8 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     if (tool_reply && r->stream) {
         finish = tool_stream_done(s, r, ev, finish);
     } else if (tool_reply) {
-        text_append(r, ev->text, ev->text_len);
-        calls = r->output == WK_OUT_TOOL_FORCED ? forced_calls(r) : auto_calls(r, &content_len);
+        wk__text_append(r, ev->text, ev->text_len);
+        calls = r->output == WK_OUT_TOOL_FORCED ? wk__forced_calls(r) : wk__auto_calls(r, &content_len);
         if (calls)
             finish = "tool_calls";
     } else if (ev->text_len) {
@@ -738,7 +537,7 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
                 sse_send(r, c);
             json_decref(c);
         } else {
-            text_append(r, ev->text, ev->text_len);
+            wk__text_append(r, ev->text, ev->text_len);
         }
     }
     json_t *ext = json_pack("{s:O, s:I}", "token_ids", r->token_ids, "draws", (json_int_t)ev->draws);
@@ -862,662 +661,6 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
         }
     }
     maybe_finish_drain(s);
-}
-
-/* ---- request parsing ------------------------------------------------- */
-
-typedef struct parse_ctx {
-    char msg[512];
-    const char *param;
-    int status;
-    const char *code;
-} parse_ctx;
-
-static bool bad(parse_ctx *p, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static bool bad(parse_ctx *p, const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(p->msg, sizeof p->msg, fmt, ap);
-    va_end(ap);
-    p->param = param;
-    if (!p->status) {
-        p->status = 400;
-        p->code = "invalid_request";
-    }
-    return false;
-}
-
-static bool get_number(parse_ctx *p, json_t *body, const char *key, double lo, double hi,
-                       double *out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v))
-        return true;
-    if (!json_is_number(v))
-        return bad(p, key, "'%s' must be a number", key);
-    double d = json_number_value(v);
-    if (!isfinite(d) || d < lo || d > hi)
-        return bad(p, key, "'%s' must be between %g and %g", key, lo, hi);
-    *out = d;
-    return true;
-}
-
-static bool get_int(parse_ctx *p, json_t *body, const char *key, json_int_t lo, json_int_t hi,
-                    json_int_t *out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v))
-        return true;
-    if (!json_is_integer(v))
-        return bad(p, key, "'%s' must be an integer", key);
-    json_int_t i = json_integer_value(v);
-    if (i < lo || i > hi)
-        return bad(p, key, "'%s' must be between %lld and %lld", key, (long long)lo,
-                   (long long)hi);
-    *out = i;
-    return true;
-}
-
-static bool get_bool(parse_ctx *p, json_t *body, const char *key, bool *out)
-{
-    json_t *v = json_object_get(body, key);
-    if (!v || json_is_null(v))
-        return true;
-    if (!json_is_boolean(v))
-        return bad(p, key, "'%s' must be true or false", key);
-    *out = json_is_true(v);
-    return true;
-}
-
-/* The chat prompt in the model's own template family (chat_template.h),
- * tokenized so that only the template's text can produce control tokens.
- * Allocates *ids (sw_free). */
-/* The tool parts of message i: tool_calls of an assistant message, the
- * tool_call_id of a tool message. calls (n entries) is filled; strings
- * point into the body. */
-static bool message_tools(json_t *m, size_t i, const char *role, eng_chat_message_tools *x,
-                          eng_chat_tool_call **calls_out, parse_ctx *p)
-{
-    json_t *tc = json_object_get(m, "tool_calls");
-    json_t *id = json_object_get(m, "tool_call_id");
-    if (strcmp(role, "tool") == 0) {
-        if (!json_is_string(id))
-            return bad(p, "messages", "messages[%zu] (tool) needs a string 'tool_call_id'", i);
-        x->tool_call_id = json_string_value(id);
-    }
-    if (!tc || json_is_null(tc))
-        return true;
-    if (strcmp(role, "assistant") != 0)
-        return bad(p, "messages", "messages[%zu]: only assistant messages have 'tool_calls'", i);
-    size_t n = json_array_size(tc);
-    if (!json_is_array(tc) || n > 64)
-        return bad(p, "messages", "messages[%zu].tool_calls must be an array (at most 64)", i);
-    if (n == 0)
-        return true;
-    eng_chat_tool_call *calls = sw_calloc(n, sizeof *calls);
-    if (!calls)
-        return bad(p, NULL, "out of memory");
-    *calls_out = calls;
-    for (size_t k = 0; k < n; k++) {
-        json_t *c = json_array_get(tc, k);
-        json_t *fn = json_object_get(c, "function");
-        json_t *type = json_object_get(c, "type");
-        json_t *cid = json_object_get(c, "id");
-        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
-        if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(name) ||
-            !json_is_string(args) || (type && strcmp(json_string_value(type) ? json_string_value(type) : "", "function") != 0) ||
-            (cid && !json_is_string(cid)))
-            return bad(p, "messages",
-                       "messages[%zu].tool_calls[%zu] must be {\"id\": string, \"type\": "
-                       "\"function\", \"function\": {\"name\": string, \"arguments\": "
-                       "string}}", i, k);
-        calls[k].id = json_string_value(cid);
-        calls[k].name = json_string_value(name);
-        calls[k].arguments = json_string_value(args);
-    }
-    x->calls = calls;
-    x->n_calls = n;
-    return true;
-}
-
-static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text, wk_req *r,
-                          parse_ctx *p, int32_t **ids, size_t *n_ids)
-{
-    size_t n = json_array_size(messages);
-    eng_chat_message *msgs = sw_calloc(n, sizeof *msgs);
-    eng_chat_message_tools *ext = sw_calloc(n, sizeof *ext);
-    eng_chat_tool_call **calls = sw_calloc(n, sizeof *calls);
-    char *text = NULL;
-    size_t len = 0, n_seg = 0;
-    eng_chat_segment *seg = NULL;
-    sw_error err;
-    bool ok = false;
-
-    if (!msgs || !ext || !calls) {
-        bad(p, NULL, "out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(messages, i);
-        json_t *jr = json_object_get(m, "role"), *jc = json_object_get(m, "content");
-        if (!json_is_object(m) || !json_is_string(jr)) {
-            bad(p, "messages", "messages[%zu] must be an object with a string 'role'", i);
-            goto done;
-        }
-        msgs[i].role = json_string_value(jr);
-        if (json_is_string(jc)) {
-            msgs[i].content = json_string_value(jc);
-        } else if ((!jc || json_is_null(jc)) && strcmp(msgs[i].role, "assistant") == 0) {
-            msgs[i].content = "";
-        } else {
-            bad(p, "messages", "messages[%zu].content must be a string", i);
-            goto done;
-        }
-        if (!message_tools(m, i, msgs[i].role, &ext[i], &calls[i], p))
-            goto done;
-    }
-    if (eng_chat_render_tools(s->chat_family, msgs, ext, n, tools_text, true, &text, &len, &seg,
-                              &n_seg, &err)) {
-        bad(p, "messages", "%s", err.message);
-        goto done;
-    }
-    bool add_bos = eng_chat_tokenize_add_bos(s->chat_family, eng_tokenizer_add_bos(s->tok));
-    if (eng_chat_tokenize(s->tok, text, len, seg, n_seg, add_bos, ids, n_ids, &err)) {
-        bad(p, "messages", "cannot tokenize the prompt: %s", err.message);
-        goto done;
-    }
-    /* The family's end-of-turn markers: a token when the vocabulary has
-     * one, else a stop string. */
-    const char *stops[ENG_CHAT_MAX_STOP_STRINGS];
-    size_t n_stops = eng_chat_stop_strings(s->chat_family, stops, ENG_CHAT_MAX_STOP_STRINGS);
-    for (size_t i = 0; i < n_stops && i < ENG_CHAT_MAX_STOP_STRINGS; i++) {
-        int32_t id = eng_token_find(s->tok, stops[i], strlen(stops[i]));
-        if (id >= 0 && r->n_stop_tokens < WK_MAX_STOP_TOKENS)
-            r->stop_tokens[r->n_stop_tokens++] = id;
-        else if (id < 0 && r->n_stops < WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS)
-            r->stops[r->n_stops++] = sw_strdup(stops[i]);
-    }
-    ok = true;
-done:
-    for (size_t i = 0; calls && i < n; i++)
-        sw_free(calls[i]);
-    sw_free(calls);
-    sw_free(ext);
-    sw_free(msgs);
-    sw_free(text);
-    sw_free(seg);
-    return ok;
-}
-
-/* ---- tools, tool_choice, response_format ------------------------------- */
-
-static bool valid_tool_name(const char *n)
-{
-    size_t len = strlen(n);
-    if (len == 0 || len > 64)
-        return false;
-    for (const char *c = n; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-              *c == '_' || *c == '-'))
-            return false;
-    return true;
-}
-
-/* A schema compile error as a 400. */
-static bool bad_schema(parse_ctx *p, const char *param, int rc, const sw_error *err)
-{
-    p->status = 400;
-    p->code = rc == SW_EUNSUPPORTED ? "unsupported_schema" : "invalid_request";
-    return bad(p, param, "%s", err->message);
-}
-
-/* Sets r->output, r->grammar and r->tool_names from tools, tool_choice and
- * response_format; *tools_text (sw_free) receives the definitions to put
- * in the prompt (NULL: none). */
-static bool parse_tools(json_t *body, bool chat, wk_req *r, parse_ctx *p, char **tools_text)
-{
-    json_t *tools = json_object_get(body, "tools");
-    json_t *choice = json_object_get(body, "tool_choice");
-    json_t *rf = json_object_get(body, "response_format");
-    eng_grammar_tool gt[64];
-    size_t n_tools = 0, text_len = 0;
-    sw_error err;
-    int rc;
-
-    *tools_text = NULL;
-    r->output = WK_OUT_TEXT;
-    if (tools && !json_is_null(tools)) {
-        if (!chat)
-            return bad(p, "tools", "'tools' needs /v1/chat/completions");
-        n_tools = json_array_size(tools);
-        if (!json_is_array(tools) || n_tools == 0 || n_tools > 64)
-            return bad(p, "tools", "'tools' must be an array of 1 to 64 tools");
-        r->tool_names = sw_calloc(n_tools, sizeof *r->tool_names);
-        char **defs = sw_calloc(n_tools, sizeof *defs);
-        if (!r->tool_names || !defs) {
-            sw_free(defs);
-            return bad(p, NULL, "out of memory");
-        }
-        bool ok = true;
-        for (size_t i = 0; ok && i < n_tools; i++) {
-            json_t *t = json_array_get(tools, i);
-            json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
-            json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
-            json_t *desc = json_object_get(fn, "description"), *strict = json_object_get(fn, "strict");
-            if (!json_is_object(t) || !json_is_string(type) ||
-                strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn)) {
-                ok = bad(p, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": "
-                         "{...}}", i);
-            } else if (!json_is_string(name) || !valid_tool_name(json_string_value(name))) {
-                ok = bad(p, "tools", "tools[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, "
-                         "_ and -", i);
-            } else if ((params && !json_is_object(params) && !json_is_null(params)) ||
-                       (desc && !json_is_string(desc) && !json_is_null(desc)) ||
-                       (strict && !json_is_boolean(strict) && !json_is_null(strict))) {
-                ok = bad(p, "tools", "tools[%zu].function: 'parameters' must be an object, "
-                         "'description' a string, 'strict' a boolean", i);
-            } else if (tool_known(r, json_string_value(name))) {
-                ok = bad(p, "tools", "tools[%zu]: the name '%s' is used twice", i,
-                         json_string_value(name));
-            } else if (!(r->tool_names[r->n_tools] = sw_strdup(json_string_value(name))) ||
-                       !(defs[i] = json_dumps(t, JSON_COMPACT))) {
-                ok = bad(p, NULL, "out of memory");
-            } else {
-                r->n_tools++;
-                gt[i].name = json_string_value(name);
-                gt[i].parameters = json_is_object(params) ? params : NULL;
-                text_len += strlen(defs[i]) + 1;
-            }
-        }
-        if (ok && (*tools_text = sw_malloc(text_len + 1)) != NULL) {
-            size_t at = 0;
-            for (size_t i = 0; i < n_tools; i++) {
-                size_t l = strlen(defs[i]);
-                memcpy(*tools_text + at, defs[i], l);
-                at += l;
-                (*tools_text)[at++] = '\n';
-            }
-            (*tools_text)[at] = '\0';
-        } else if (ok) {
-            ok = bad(p, NULL, "out of memory");
-        }
-        for (size_t i = 0; i < n_tools; i++)
-            free(defs[i]);
-        sw_free(defs);
-        if (!ok)
-            return false;
-    }
-
-    /* tool_choice: "none", "auto" (the default with tools), "required", or
-     * {"type": "function", "function": {"name": ...}}. */
-    enum { CHOICE_NONE, CHOICE_AUTO, CHOICE_REQUIRED, CHOICE_NAMED } mode =
-        n_tools ? CHOICE_AUTO : CHOICE_NONE;
-    size_t named = 0;
-    if (choice && !json_is_null(choice)) {
-        if (!n_tools)
-            return bad(p, "tool_choice", "'tool_choice' needs 'tools'");
-        const char *cs = json_string_value(choice);
-        json_t *cname = json_object_get(json_object_get(choice, "function"), "name");
-        if (cs && strcmp(cs, "none") == 0) {
-            mode = CHOICE_NONE;
-        } else if (cs && strcmp(cs, "auto") == 0) {
-            mode = CHOICE_AUTO;
-        } else if (cs && strcmp(cs, "required") == 0) {
-            mode = CHOICE_REQUIRED;
-        } else if (json_is_object(choice) &&
-                   json_is_string(json_object_get(choice, "type")) &&
-                   strcmp(json_string_value(json_object_get(choice, "type")), "function") == 0 &&
-                   json_is_string(cname)) {
-            mode = CHOICE_NAMED;
-            while (named < r->n_tools && strcmp(r->tool_names[named], json_string_value(cname)))
-                named++;
-            if (named == r->n_tools)
-                return bad(p, "tool_choice", "tool_choice names '%.64s', which is not in 'tools'",
-                           json_string_value(cname));
-        } else {
-            return bad(p, "tool_choice", "'tool_choice' must be \"none\", \"auto\", "
-                       "\"required\" or {\"type\": \"function\", \"function\": {\"name\": "
-                       "...}}");
-        }
-    }
-
-    /* response_format: {"type": "text" | "json_object" | "json_schema",
-     * "json_schema": {"name", "schema", "strict", "description"}}. */
-    eng_grammar *json_g = NULL;
-    if (rf && !json_is_null(rf)) {
-        const char *type = json_string_value(json_object_get(rf, "type"));
-        if (!json_is_object(rf) || !type)
-            return bad(p, "response_format", "'response_format' must be an object with a 'type'");
-        if (strcmp(type, "json_object") == 0) {
-            if ((rc = eng_grammar_json_object(&json_g, &err)))
-                return bad(p, NULL, "%s", err.message);
-        } else if (strcmp(type, "json_schema") == 0) {
-            json_t *js = json_object_get(rf, "json_schema");
-            json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
-            json_t *strict = json_object_get(js, "strict");
-            if (!json_is_object(js) || !json_is_string(name) || json_string_length(name) == 0 ||
-                (schema && !json_is_object(schema) && !json_is_boolean(schema)) ||
-                (strict && !json_is_boolean(strict) && !json_is_null(strict)))
-                return bad(p, "response_format",
-                           "'response_format.json_schema' must be {\"name\": string, "
-                           "\"schema\": object, \"strict\": boolean}");
-            rc = schema ? eng_grammar_from_schema(schema, &json_g, &err)
-                        : eng_grammar_json_object(&json_g, &err);
-            if (rc)
-                return bad_schema(p, "response_format", rc, &err);
-        } else if (strcmp(type, "text") != 0) {
-            return bad(p, "response_format", "unknown response_format type '%.32s' (text, "
-                       "json_object or json_schema)", type);
-        }
-    }
-
-    if (mode == CHOICE_REQUIRED || mode == CHOICE_NAMED) {
-        eng_grammar_free(json_g);
-        rc = mode == CHOICE_NAMED ? eng_grammar_tool_call(&gt[named], 1, &r->grammar, &err)
-                                  : eng_grammar_tool_call(gt, r->n_tools, &r->grammar, &err);
-        if (rc)
-            return bad_schema(p, "tools", rc, &err);
-        r->output = WK_OUT_TOOL_FORCED;
-    } else if (json_g) {
-        r->grammar = json_g;
-        r->output = WK_OUT_JSON;
-    } else if (mode == CHOICE_AUTO) {
-        r->output = WK_OUT_TOOL_AUTO;
-    }
-    if (r->output == WK_OUT_TEXT || r->output == WK_OUT_JSON) {
-        sw_free(*tools_text); /* tool_choice none: the tools are not offered */
-        *tools_text = NULL;
-    }
-    return true;
-}
-
-static bool add_stop(parse_ctx *p, wk_req *r, const char *text, size_t len)
-{
-    if (len == 0)
-        return bad(p, "stop", "stop strings must not be empty");
-    if (memchr(text, '\0', len))
-        return bad(p, "stop", "stop strings must not contain NUL");
-    if (len > WK_MAX_STOP_BYTES || r->n_stops >= WK_MAX_STOPS)
-        return bad(p, "stop", "at most %d stop strings of at most %d bytes", WK_MAX_STOPS,
-                   WK_MAX_STOP_BYTES);
-    char *copy = sw_strndup(text, len);
-    if (!copy)
-        return bad(p, "stop", "out of memory");
-    r->stops[r->n_stops++] = copy;
-    return true;
-}
-
-/* The constraint of a JSON or forced-tool reply, with the resumed tokens
- * fed through it, the budget check, and a streamed tool reply's progress
- * as of the resumed text. */
-static bool setup_output(wk_server *s, wk_req *r, parse_ctx *p)
-{
-    sw_error err;
-    /* A tool reply is judged on its whole text: a resumed one starts from
-     * the resumed tokens' text (as the engine's detokenizer does). */
-    bool tool_reply = r->chat && (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO);
-    if (r->grammar) {
-        if (eng_constraint_create(r->grammar, s->cs_vocab, &r->cons, &err))
-            return bad(p, NULL, "%s", err.message);
-        for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt; i++)
-            if (!eng_constraint_accept_token(r->cons, r->prompt[i]))
-                return bad(p, "resume", "the resumed tokens do not fit the response format");
-        int64_t need = eng_constraint_min_bytes(r->cons);
-        int64_t room = (int64_t)s->n_ctx - r->n_prompt;
-        int64_t avail = r->max_tokens < room ? r->max_tokens : room;
-        if (need > avail)
-            return bad(p, r->max_tokens < room ? "max_tokens" : "messages",
-                       "the %s needs at least %lld more tokens; %lld are left (max_tokens and "
-                       "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call" : "response format",
-                       (long long)need, (long long)avail);
-    }
-    if (tool_reply && r->n_resume > 0) {
-        eng_detok d;
-        eng_detok_reset(&d);
-        size_t cap = eng_detok_max_bytes(s->tok);
-        char *buf = sw_malloc(cap);
-        if (!buf)
-            return bad(p, NULL, "out of memory");
-        for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt; i++)
-            text_append(r, buf, eng_detok_push(s->tok, &d, r->prompt[i], buf, cap));
-        sw_free(buf);
-        if (r->output == WK_OUT_TOOL_FORCED) {
-            char name[96];
-            size_t start = forced_args_start(r->text, r->text_len, name, sizeof name);
-            r->ts.header_sent = start > 0;
-            r->ts.args_sent = start ? forced_args_ready(r->text, r->text_len, start) : 0;
-        } else {
-            r->ts.auto_mode = auto_state(r);
-        }
-    }
-    return true;
-}
-
-/* Builds a request from a completions / chat body; false (and p filled)
- * when the body is not acceptable. */
-static bool parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, parse_ctx *p)
-{
-    json_t *v;
-    double d;
-    json_int_t i;
-    bool add_bos = eng_tokenizer_add_bos(s->tok);
-
-    if (!json_is_object(body))
-        return bad(p, NULL, "the body must be a JSON object");
-    v = json_object_get(body, "model");
-    if (v && !json_is_null(v)) {
-        if (!json_is_string(v))
-            return bad(p, "model", "'model' must be a string");
-        const char *m = json_string_value(v);
-        if (strcmp(m, s->model_id) != 0) {
-            p->status = 404;
-            p->code = "model_not_found";
-            return bad(p, "model", "this worker serves '%s', not '%s'", s->model_id, m);
-        }
-    }
-    json_int_t n = 1;
-    if (!get_int(p, body, "n", 1, 1, &n)) {
-        snprintf(p->msg, sizeof p->msg, "only n = 1 is supported");
-        return false;
-    }
-    json_int_t max_tokens = 16;
-    if (chat)
-        max_tokens = s->n_ctx;
-    if (!get_int(p, body, "max_tokens", 0, WK_MAX_TOKENS_LIMIT, &max_tokens) ||
-        !get_int(p, body, "max_completion_tokens", 0, WK_MAX_TOKENS_LIMIT, &max_tokens))
-        return false;
-    r->max_tokens = (int32_t)max_tokens;
-
-    r->sampling = eng_sampler_default_params();
-    r->sampling.temperature = 1.0f;
-    r->sampling.top_p = 1.0f;
-    r->sampling.top_k = 0;
-    r->sampling.min_p = 0.0f;
-    d = r->sampling.temperature;
-    if (!get_number(p, body, "temperature", 0, 100, &d))
-        return false;
-    r->sampling.temperature = (float)d;
-    d = r->sampling.top_p;
-    if (!get_number(p, body, "top_p", 0, 1, &d))
-        return false;
-    r->sampling.top_p = (float)d;
-    d = r->sampling.min_p;
-    if (!get_number(p, body, "min_p", 0, 1, &d))
-        return false;
-    r->sampling.min_p = (float)d;
-    i = r->sampling.top_k;
-    if (!get_int(p, body, "top_k", 0, 1 << 24, &i))
-        return false;
-    r->sampling.top_k = (int32_t)i;
-    d = 0;
-    if (!get_number(p, body, "presence_penalty", -2, 2, &d))
-        return false;
-    r->sampling.presence_penalty = (float)d;
-    d = 0;
-    if (!get_number(p, body, "frequency_penalty", -2, 2, &d))
-        return false;
-    r->sampling.frequency_penalty = (float)d;
-    d = 1;
-    if (!get_number(p, body, "repeat_penalty", 0, 10, &d))
-        return false;
-    r->sampling.repeat_penalty = (float)d;
-    i = r->sampling.penalty_last_n;
-    if (!get_int(p, body, "repeat_last_n", -1, 1 << 24, &i))
-        return false;
-    r->sampling.penalty_last_n = (int32_t)i;
-    v = json_object_get(body, "seed");
-    if (v && !json_is_null(v)) {
-        if (!json_is_integer(v))
-            return bad(p, "seed", "'seed' must be an integer");
-        r->sampling.seed = (uint64_t)json_integer_value(v);
-    } else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        r->sampling.seed = ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull) ^ (uint64_t)ts.tv_sec ^
-                           (s->next_id << 20);
-        r->sampling.seed &= 0x7FFFFFFFFFFFFFFFull; /* fits a JSON integer */
-    }
-    if (!get_bool(p, body, "stream", &r->stream) || !get_bool(p, body, "ignore_eos", &r->ignore_eos))
-        return false;
-    v = json_object_get(body, "stream_options");
-    if (v && !json_is_null(v)) {
-        if (!json_is_object(v))
-            return bad(p, "stream_options", "'stream_options' must be an object");
-        if (!get_bool(p, v, "include_usage", &r->include_usage))
-            return false;
-    }
-    /* logprobs: chat has a boolean and top_logprobs; completions an integer. */
-    v = json_object_get(body, "logprobs");
-    if (chat) {
-        if (!get_bool(p, body, "logprobs", &r->logprobs))
-            return false;
-        i = 0;
-        if (!get_int(p, body, "top_logprobs", 0, ENG_MAX_TOP_LOGPROBS, &i))
-            return false;
-        r->top_logprobs = (int32_t)i;
-        if (r->top_logprobs && !r->logprobs)
-            return bad(p, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    } else if (v && !json_is_null(v)) {
-        i = 0;
-        if (!get_int(p, body, "logprobs", 0, ENG_MAX_TOP_LOGPROBS, &i))
-            return false;
-        r->logprobs = true;
-        r->top_logprobs = (int32_t)i;
-    }
-    /* stop: a string or an array of strings. */
-    r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS, sizeof(char *));
-    if (!r->stops)
-        return bad(p, NULL, "out of memory");
-    v = json_object_get(body, "stop");
-    if (json_is_string(v)) {
-        if (!add_stop(p, r, json_string_value(v), json_string_length(v)))
-            return false;
-    } else if (json_is_array(v)) {
-        size_t k;
-        json_t *e;
-        json_array_foreach(v, k, e) {
-            if (!json_is_string(e))
-                return bad(p, "stop", "'stop' must be a string or an array of strings");
-            if (!add_stop(p, r, json_string_value(e), json_string_length(e)))
-                return false;
-        }
-    } else if (v && !json_is_null(v)) {
-        return bad(p, "stop", "'stop' must be a string or an array of strings");
-    }
-
-    /* The prompt. */
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (chat) {
-        json_t *m = json_object_get(body, "messages");
-        if (!json_is_array(m) || json_array_size(m) == 0)
-            return bad(p, "messages", "'messages' must be a non-empty array");
-        char *tools_text = NULL;
-        bool ok = parse_tools(body, chat, r, p, &tools_text) &&
-                  tokenize_chat(s, m, tools_text, r, p, &ids, &n_ids);
-        sw_free(tools_text);
-        if (!ok)
-            return false;
-        r->tool_syntax = eng_chat_tool_syntax_of(s->chat_family);
-    } else {
-        v = json_object_get(body, "prompt");
-        if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
-            v = json_array_get(v, 0);
-        if (!json_is_string(v))
-            return bad(p, "prompt", "'prompt' must be a string");
-        char *tools_text = NULL;
-        if (!parse_tools(body, chat, r, p, &tools_text))
-            return false;
-        sw_free(tools_text);
-        sw_error err;
-        if (eng_tokenize(s->tok, json_string_value(v), json_string_length(v), add_bos, false, &ids,
-                         &n_ids, &err))
-            return bad(p, "prompt", "cannot tokenize the prompt: %s", err.message);
-    }
-    if (n_ids == 0) {
-        sw_free(ids);
-        return bad(p, chat ? "messages" : "prompt", "the prompt is empty");
-    }
-
-    /* resume: {"tokens": [ids already emitted], "draws": k, "text_bytes": n} */
-    json_t *res = json_object_get(body, "resume");
-    size_t n_res = 0;
-    r->skip_draws = 0;
-    r->resume_text_bytes = -1;
-    if (res && !json_is_null(res)) {
-        json_t *toks = json_object_get(res, "tokens");
-        if (!json_is_object(res) || !json_is_array(toks)) {
-            sw_free(ids);
-            return bad(p, "resume", "'resume' must be {\"tokens\": [ids], \"draws\": k}");
-        }
-        n_res = json_array_size(toks);
-        r->skip_draws = n_res;
-        json_t *dr = json_object_get(res, "draws");
-        if (dr && !json_is_null(dr)) {
-            if (!json_is_integer(dr) || json_integer_value(dr) < 0) {
-                sw_free(ids);
-                return bad(p, "resume", "'resume.draws' must be a non-negative integer");
-            }
-            r->skip_draws = (uint64_t)json_integer_value(dr);
-        }
-        json_t *tb = json_object_get(res, "text_bytes");
-        if (tb && !json_is_null(tb)) {
-            if (!json_is_integer(tb) || json_integer_value(tb) < 0) {
-                sw_free(ids);
-                return bad(p, "resume", "'resume.text_bytes' must be a non-negative integer");
-            }
-            r->resume_text_bytes = (int64_t)json_integer_value(tb);
-        }
-    }
-    if (n_ids + n_res > (size_t)s->n_ctx) {
-        sw_free(ids);
-        p->status = 400;
-        p->code = "context_length_exceeded";
-        return bad(p, chat ? "messages" : "prompt",
-                   "the prompt has %zu tokens, the context limit is %d", n_ids + n_res, s->n_ctx);
-    }
-    r->prompt = sw_malloc((n_ids + n_res) * sizeof(int32_t));
-    if (!r->prompt) {
-        sw_free(ids);
-        return bad(p, NULL, "out of memory");
-    }
-    memcpy(r->prompt, ids, n_ids * sizeof(int32_t));
-    sw_free(ids);
-    int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
-    for (size_t k = 0; k < n_res; k++) {
-        json_t *t = json_array_get(json_object_get(res, "tokens"), k);
-        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab)
-            return bad(p, "resume", "'resume.tokens' must be token ids below %d", n_vocab);
-        r->prompt[n_ids + k] = (int32_t)json_integer_value(t);
-    }
-    r->n_prompt = (int32_t)(n_ids + n_res);
-    r->n_prompt_client = (int32_t)n_ids;
-    r->n_resume = (int32_t)n_res;
-    r->chat = chat;
-    return setup_output(s, r, p);
 }
 
 /* ---- handlers -------------------------------------------------------- */
@@ -1689,7 +832,7 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     const char *hdr_id = evhttp_find_header(evhttp_request_get_input_headers(evreq),
                                             "X-Request-Id");
     char id[72];
-    parse_ctx p;
+    wk_parse_error p;
     json_t *body = NULL;
 
     s->next_id++;
@@ -1710,7 +853,7 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     if (!(body = read_body(s, evreq, id)))
         goto fail_quiet;
     memset(&p, 0, sizeof p);
-    if (!parse_request(s, body, chat, r, &p)) {
+    if (!wk__parse_request(s, body, chat, r, &p)) {
         send_error(evreq, p.status ? p.status : 400, p.code ? p.code : "invalid_request", p.param,
                    id, "%s", p.msg);
         goto fail_quiet;

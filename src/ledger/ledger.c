@@ -686,3 +686,58 @@ out:
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
+
+/* The requests whose rows may go: every attempt and tool step older than
+ * the cut-off (?1), no idempotency key naming them (keys leave only when
+ * their TTL passed: the key's replay may need the run's tool steps), and
+ * not a job that is still queued or running (jobs run under their id). */
+#define LDG_SWEEPABLE(ID)                                                                        \
+    ID " NOT IN (SELECT request_id FROM attempts WHERE finished > ?1)"                           \
+    " AND " ID " NOT IN (SELECT request_id FROM tool_calls WHERE started > ?1"                    \
+    " OR COALESCE(finished, 0) > ?1)"                                                            \
+    " AND " ID " NOT IN (SELECT request_id FROM idempotency)"                                    \
+    " AND " ID " NOT IN (SELECT id FROM jobs WHERE state IN ('queued','running'))"
+
+int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_sweep_counts *out,
+                        sw_error *err)
+{
+    ldg_sweep_counts c = {0, 0, 0, 0};
+    double cut = now_s - retention_s;
+    int rc;
+    pthread_mutex_lock(&l->mu);
+    if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
+        goto out;
+    if ((rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE expires <= ?", "d", now_s),
+                       &c.keys, err)))
+        goto rollback;
+    if ((rc = run_stmt(l,
+                       prep(l, err,
+                            "DELETE FROM jobs WHERE state IN ('succeeded','failed')"
+                            " AND finished IS NOT NULL AND finished <= ?1"
+                            " AND id NOT IN (SELECT request_id FROM idempotency)",
+                            "d", cut),
+                       &c.jobs, err)))
+        goto rollback;
+    if ((rc = run_stmt(l,
+                       prep(l, err,
+                            "DELETE FROM attempts WHERE finished <= ?1 AND "
+                            LDG_SWEEPABLE("request_id"),
+                            "d", cut),
+                       &c.attempts, err)))
+        goto rollback;
+    if ((rc = run_stmt(l,
+                       prep(l, err,
+                            "DELETE FROM tool_calls WHERE " LDG_SWEEPABLE("request_id"), "d", cut),
+                       &c.tool_calls, err)))
+        goto rollback;
+    if ((rc = exec_sql(l, "COMMIT;", err)))
+        goto rollback;
+    if (out)
+        *out = c;
+    goto out;
+rollback:
+    exec_sql(l, "ROLLBACK;", NULL);
+out:
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}

@@ -143,4 +143,19 @@ int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *respons
 /* Ids of queued and running jobs, oldest first (sw_free the array). */
 int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err);
 
+/* ---- retention ------------------------------------------------------------ */
+typedef struct ldg_sweep_counts {
+    int jobs, attempts, tool_calls, keys; /* rows deleted */
+} ldg_sweep_counts;
+
+/* Deletes what is finished and older than retention_s at now_s, in one
+ * transaction: succeeded / failed jobs finished before the cut-off, and
+ * the attempts and tool steps of a request whose every row is older than
+ * the cut-off, when no idempotency key names the request (a key is only
+ * gone once its TTL passed) and it is no queued or running job. Expired
+ * idempotency keys go too (as ldg_idem_expire). Queued and running jobs
+ * and keys within their TTL are never touched. out may be NULL. */
+int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_sweep_counts *out,
+                        sw_error *err);
+
 #endif

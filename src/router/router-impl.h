@@ -97,6 +97,7 @@ typedef struct rt__state {
     struct rt_idle *idle_head, *idle_tail;
     int n_idle;
     uint64_t keepalive_evictions, keepalive_reused;
+    uint64_t ledger_swept;      /* rows deleted by the retention sweep */
 } rt__state;
 
 /* A connection idle between two requests (lives on its thread's stack;

@@ -264,6 +264,9 @@ static void handle_metrics(rt_req *q)
     OUT("# TYPE spillway_router_idle_evictions_total counter\n"
         "spillway_router_idle_evictions_total %llu\n",
         (unsigned long long)rt__g.keepalive_evictions);
+    OUT("# TYPE spillway_router_ledger_rows_deleted_total counter\n"
+        "spillway_router_ledger_rows_deleted_total %llu\n",
+        (unsigned long long)rt__g.ledger_swept);
     OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", rt__g.queued);
     OUT("# TYPE spillway_router_idempotent_replays_total counter\n"
         "spillway_router_idempotent_replays_total %llu\n",

@@ -252,10 +252,43 @@ void rt__sup_pass(bool force_health)
     }
 }
 
+/* Ledger retention (docs/router.md, The ledger): deletes finished rows
+ * older than ledger-retention-s. Runs here, between supervision passes,
+ * every quarter of the retention (at least 1 s, at most 10 min): each
+ * sweep is one short transaction. */
+static void sup_ledger_sweep(double *last)
+{
+    if (!rt__g.ledger)
+        return;
+    double retention = rt__g.cfg->ledger_retention_s, t = rt__now_s();
+    double every = retention / 4;
+    every = every < 1 ? 1 : every > 600 ? 600 : every;
+    if (*last > 0 && t - *last < every)
+        return;
+    *last = t;
+    ldg_sweep_counts c;
+    sw_error err;
+    if (ldg_retention_sweep(rt__g.ledger, rt__wall_s(), retention, &c, &err)) {
+        SW_WARN("router", "ledger retention sweep: %s", err.message);
+        return;
+    }
+    pthread_mutex_lock(&rt__g.mu);
+    rt__g.ledger_swept += (uint64_t)c.jobs + (uint64_t)c.attempts + (uint64_t)c.tool_calls +
+                          (uint64_t)c.keys;
+    pthread_mutex_unlock(&rt__g.mu);
+    if (c.jobs || c.attempts || c.tool_calls || c.keys)
+        SW_INFO("router",
+                "ledger retention: deleted %d job(s), %d attempt(s), %d tool step(s), "
+                "%d expired key(s)",
+                c.jobs, c.attempts, c.tool_calls, c.keys);
+}
+
 void *rt__sup_thread(void *arg)
 {
+    double last_sweep = 0;
     while (!rt__g.stop) {
         rt__sup_pass(false);
+        sup_ledger_sweep(&last_sweep);
         usleep(50 * 1000);
     }
     /* Workers this thread restarted die with it (PR_SET_PDEATHSIG is per

@@ -447,6 +447,135 @@ static void test_crash_between_started_and_done(void **state)
     ldg_close(l);
 }
 
+/* Retention: with times chosen around the cut-off (now 1000, retention
+ * 100: cut-off 900), exactly the finished and old rows go; a queued or
+ * running job, a request named by a key within its TTL, and a request
+ * with one recent row stay whole. */
+static int count_attempts(ldg_ledger *l, const char *rid)
+{
+    int n = -1;
+    assert_int_equal(ldg_attempt_count(l, rid, &n, NULL), 0);
+    return n;
+}
+
+static bool step_exists(ldg_ledger *l, const char *rid, int step)
+{
+    ldg_tool_step ts;
+    bool found = false;
+    assert_int_equal(ldg_tool_get(l, rid, step, &ts, &found, NULL), 0);
+    if (found)
+        ldg_tool_step_free(&ts);
+    return found;
+}
+
+static bool job_exists(ldg_ledger *l, const char *id)
+{
+    ldg_job j;
+    bool found = false;
+    assert_int_equal(ldg_job_get(l, id, &j, &found, NULL), 0);
+    if (found)
+        ldg_job_free(&j);
+    return found;
+}
+
+static void add_job(ldg_ledger *l, const char *id, double created, int end_state, double finished)
+{
+    ldg_job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.id, sizeof j.id, "%s", id);
+    snprintf(j.endpoint, sizeof j.endpoint, "chat");
+    j.request = "{}";
+    j.deadline_ms = -1;
+    j.created = created;
+    assert_int_equal(ldg_job_insert(l, &j, NULL), 0);
+    bool claimed;
+    if (end_state == LDG_JOB_QUEUED)
+        return;
+    assert_int_equal(ldg_job_start(l, id, created + 1, &claimed, NULL), 0);
+    if (end_state != LDG_JOB_RUNNING)
+        assert_int_equal(ldg_job_finish(l, id, end_state, end_state == LDG_JOB_SUCCEEDED ? "{}" : NULL,
+                                        end_state == LDG_JOB_FAILED ? "{}" : NULL, finished, NULL),
+                         0);
+}
+
+static void test_retention_sweep(void **state)
+{
+    (void)state;
+    ldg_ledger *l = open_ok();
+    /* jobs: finished old (go), finished recent, queued and running old (stay) */
+    add_job(l, "job_old_ok", 100, LDG_JOB_SUCCEEDED, 200);
+    add_job(l, "job_old_failed", 100, LDG_JOB_FAILED, 899);
+    add_job(l, "job_recent", 100, LDG_JOB_SUCCEEDED, 901);
+    add_job(l, "job_queued", 100, LDG_JOB_QUEUED, 0);
+    add_job(l, "job_running", 100, LDG_JOB_RUNNING, 0);
+    /* requests: old (go), old but one recent attempt, old with a key in
+     * its TTL, old with an expired key (key and rows go), a running job's */
+    const char *rids[] = {"req_old", "req_mixed", "req_keyed", "req_expired_key", "job_running",
+                          "job_old_ok"};
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(ldg_attempt_add(l, rids[i], 1, "gpu", "oom", "decode", 100, 110, NULL), 0);
+        assert_int_equal(ldg_tool_started(l, rids[i], 1, "lookup", "c1", "{}", 105, NULL), 0);
+        assert_int_equal(ldg_tool_done(l, rids[i], 1, "r", 106, NULL), 0);
+    }
+    assert_int_equal(ldg_attempt_add(l, "req_mixed", 2, "cpu", "ok", NULL, 950, 960, NULL), 0);
+    /* a step started long ago whose outcome never came, on an old request */
+    assert_int_equal(ldg_tool_started(l, "req_old", 2, "book", "c2", "{}", 107, NULL), 0);
+    ldg_idem_state st;
+    char rid_out[80];
+    ldg_stored stored;
+    assert_int_equal(ldg_idem_begin(l, "key-live", "sha", "req_keyed", 100, 5000, &st, rid_out,
+                                    &stored, NULL), 0);
+    assert_int_equal(st, LDG_IDEM_NEW);
+    assert_int_equal(ldg_idem_finish(l, "key-live", 200, "application/json", false, "{}", 2, 110,
+                                     NULL), 0);
+    assert_int_equal(ldg_idem_begin(l, "key-expired", "sha", "req_expired_key", 100, 50, &st,
+                                    rid_out, &stored, NULL), 0);
+    assert_int_equal(ldg_idem_finish(l, "key-expired", 200, "application/json", false, "{}", 2,
+                                     110, NULL), 0);
+
+    ldg_sweep_counts c;
+    sw_error err;
+    assert_int_equal(ldg_retention_sweep(l, 1000, 100, &c, &err), 0);
+    assert_int_equal(c.jobs, 2);
+    assert_int_equal(c.keys, 1);
+    assert_int_equal(c.attempts, 3);   /* req_old, req_expired_key, job_old_ok */
+    assert_int_equal(c.tool_calls, 4); /* the same three, req_old's two steps */
+    assert_false(job_exists(l, "job_old_ok"));
+    assert_false(job_exists(l, "job_old_failed"));
+    assert_true(job_exists(l, "job_recent"));
+    assert_true(job_exists(l, "job_queued"));
+    assert_true(job_exists(l, "job_running"));
+    assert_int_equal(count_attempts(l, "req_old"), 0);
+    assert_false(step_exists(l, "req_old", 1));
+    assert_false(step_exists(l, "req_old", 2));
+    assert_int_equal(count_attempts(l, "req_expired_key"), 0);
+    assert_int_equal(count_attempts(l, "job_old_ok"), 0);
+    assert_int_equal(count_attempts(l, "req_mixed"), 2);
+    assert_true(step_exists(l, "req_mixed", 1));
+    assert_int_equal(count_attempts(l, "req_keyed"), 1);
+    assert_true(step_exists(l, "req_keyed", 1));
+    assert_int_equal(count_attempts(l, "job_running"), 1);
+    assert_true(step_exists(l, "job_running", 1));
+    /* the live key still replays */
+    assert_int_equal(ldg_idem_begin(l, "key-live", "sha", "req_other", 1000, 5000, &st, rid_out,
+                                    &stored, NULL), 0);
+    assert_int_equal(st, LDG_IDEM_REPLAY);
+    ldg_stored_free(&stored);
+    /* a second sweep at the same time finds nothing more */
+    assert_int_equal(ldg_retention_sweep(l, 1000, 100, &c, NULL), 0);
+    assert_int_equal(c.jobs + c.keys + c.attempts + c.tool_calls, 0);
+    /* later, past every time: the rest of the finished rows go, never the
+     * queued or running jobs or what the running job recorded */
+    assert_int_equal(ldg_retention_sweep(l, 100000, 100, &c, NULL), 0);
+    assert_false(job_exists(l, "job_recent"));
+    assert_true(job_exists(l, "job_queued"));
+    assert_true(job_exists(l, "job_running"));
+    assert_int_equal(count_attempts(l, "req_mixed"), 0);
+    assert_int_equal(count_attempts(l, "req_keyed"), 0); /* its key expired at 5100 */
+    assert_int_equal(count_attempts(l, "job_running"), 1);
+    ldg_close(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -457,6 +586,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_jobs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_between_started_and_done, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retention_sweep, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1136,6 +1136,104 @@ static void test_tool_config_errors(void **state)
     }
 }
 
+/* Rows of request_id in a ledger table (read-only, beside the router). */
+static int ledger_rows(const router *r, const char *table, const char *col, const char *id)
+{
+    char path[700], sql[160];
+    snprintf(path, sizeof path, "%s/state/ledger.db", r->dir);
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM %s WHERE %s = ?", table, col);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int n = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+/* ledger-retention-s = 2: a finished request's attempts and a finished
+ * job go; a job that runs longer than the retention, and a request whose
+ * Idempotency-Key is within its TTL, stay (the key still replays). */
+static void test_ledger_retention(void **state)
+{
+    (void)state;
+    router r;
+    router_init(&r, "retention", "ledger-retention-s = 2\nidempotency-ttl-s = 3600\njob-workers = 1\n",
+                "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:30\n");
+    assert_int_equal(router_run(&r, NULL), 0);
+    const char *small = "{\"prompt\":\"Kept or not\",\"max_tokens\":3,\"temperature\":0}";
+    wc_response w;
+    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: ret-plain\r\n", small, &w), 0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "POST", "/v1/completions",
+                         "X-Request-Id: ret-keyed\r\nIdempotency-Key: ret-key-1\r\n", small, &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    char *first = sw_strdup(w.body);
+    wc_response_free(&w);
+    assert_int_equal(ledger_rows(&r, "attempts", "request_id", "ret-plain"), 1);
+    assert_int_equal(ledger_rows(&r, "attempts", "request_id", "ret-keyed"), 1);
+    char *short_job = job_post(&r, "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"a\","
+                                   "\"max_tokens\":2,\"temperature\":0}}");
+    json_t *j = job_wait(&r, short_job, 30);
+    assert_string_equal(job_state(j), "succeeded");
+    json_decref(j);
+    /* 150 tokens x 30 ms: runs well past the 2 s retention */
+    char *long_job = job_post(&r, "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"b\","
+                                  "\"max_tokens\":150,\"temperature\":0,\"ignore_eos\":true}}");
+    double t0 = now_s();
+    bool plain_gone = false, short_gone = false;
+    while (!(plain_gone && short_gone)) {
+        assert_true(now_s() - t0 < 30);
+        plain_gone = ledger_rows(&r, "attempts", "request_id", "ret-plain") == 0;
+        short_gone = ledger_rows(&r, "jobs", "id", short_job) == 0;
+        /* the long job is never swept while it runs */
+        j = job_get(&r, long_job);
+        assert_non_null(j);
+        const char *st = job_state(j);
+        assert_true(!strcmp(st, "running") || !strcmp(st, "queued") || !strcmp(st, "succeeded"));
+        json_decref(j);
+        usleep(100 * 1000);
+    }
+    char path[160];
+    snprintf(path, sizeof path, "/v1/spillway/jobs/%s", short_job);
+    assert_int_equal(req(&r, "GET", path, NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 404);
+    wc_response_free(&w);
+    j = job_wait(&r, long_job, 60);
+    assert_string_equal(job_state(j), "succeeded");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(j, "response"),
+                                                                        "usage"),
+                                                        "completion_tokens")),
+                     150);
+    json_decref(j);
+    /* the keyed request: its rows are kept while the key lives, and the
+     * key replays the stored answer */
+    assert_int_equal(ledger_rows(&r, "attempts", "request_id", "ret-keyed"), 1);
+    assert_int_equal(ledger_rows(&r, "idempotency", "key", "ret-key-1"), 1);
+    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: ret-key-1\r\n", small, &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    char rv[32];
+    assert_true(wc_header(&w, "X-Spillway-Idempotent-Replay", rv, sizeof rv));
+    assert_string_equal(w.body, first);
+    wc_response_free(&w);
+    assert_int_equal(req(&r, "GET", "/metrics", NULL, NULL, &w), 0);
+    const char *m = strstr(w.body, "\nspillway_router_ledger_rows_deleted_total ");
+    assert_non_null(m);
+    assert_true(strtoll(m + strlen("\nspillway_router_ledger_rows_deleted_total "), NULL, 10) >= 2);
+    wc_response_free(&w);
+    sw_free(first);
+    sw_free(short_job);
+    sw_free(long_job);
+    router_finish(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1145,6 +1243,7 @@ int main(void)
         cmocka_unit_test(test_jobs_survive_sigkill),
         cmocka_unit_test(test_agent_failover_and_unsafe),
         cmocka_unit_test(test_agent_router_crash),
+        cmocka_unit_test(test_ledger_retention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -206,91 +206,6 @@ static int parse_options(int argc, char **argv, run_options *o)
     return 0;
 }
 
-/* eng_generate's loop with a constraint: prefill, then per token the mask,
- * one sampler draw and the automaton, until the value is closed, an end
- * token or the budget (which the constraint keeps big enough to close the
- * value). Same callback and statistics as eng_generate. */
-static int generate_constrained(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
-                                const eng_generate_params *gp, const eng_grammar *g,
-                                run_state *st, eng_generate_stats *stats, sw_error *err)
-{
-    const eng_model *model = eng_context_model(ctx);
-    const eng_tokenizer *tok = eng_model_tokenizer(model);
-    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
-    const int32_t n_ctx = eng_context_params_get(ctx)->n_ctx;
-    eng_cs_vocab *v = NULL;
-    eng_constraint *c = NULL;
-    eng_sampler *sampler = NULL;
-    float *logits = NULL;
-    int32_t *history = NULL;
-    size_t n_history = 0;
-    int rc;
-
-    memset(stats, 0, sizeof *stats);
-    if (n_prompt > n_ctx)
-        return sw_error_set(err, SW_ECONTEXT, "the prompt has %d tokens, the context holds %d",
-                            n_prompt, n_ctx);
-    if ((rc = eng_cs_vocab_create(tok, &v, err)) || (rc = eng_constraint_create(g, v, &c, err)))
-        goto done;
-    int64_t room = (int64_t)n_ctx - n_prompt;
-    int64_t budget = gp->max_tokens < room ? gp->max_tokens : room;
-    if (eng_grammar_min_bytes(g) > budget) {
-        rc = sw_error_set(err, SW_EINVAL, "the schema needs at least %lld tokens, -n and the "
-                          "context leave %lld", (long long)eng_grammar_min_bytes(g),
-                          (long long)budget);
-        goto done;
-    }
-    logits = sw_malloc((size_t)n_vocab * sizeof *logits);
-    history = sw_malloc(((size_t)n_prompt + (size_t)budget + 1) * sizeof *history);
-    sampler = eng_sampler_create(&gp->sampling, n_vocab);
-    if (!logits || !history || !sampler) {
-        rc = sw_error_set(err, SW_ENOMEM, "out of memory starting a generation");
-        goto done;
-    }
-    memcpy(history, prompt, (size_t)n_prompt * sizeof *history);
-    n_history = (size_t)n_prompt;
-    eng_seq_clear(ctx, 0);
-    if (eng_context_params_get(ctx)->kv_policy == ENG_KV_RESERVE &&
-        (rc = eng_seq_reserve(ctx, 0, n_prompt + (int32_t)budget, err)))
-        goto done;
-    stats->n_prompt = n_prompt;
-    stats->finish = ENG_FINISH_LENGTH;
-    double t0 = eng_now_seconds();
-    if ((rc = eng_decode(ctx, 0, prompt, n_prompt, logits, err)))
-        goto done;
-    stats->prefill_seconds = eng_now_seconds() - t0;
-    t0 = eng_now_seconds();
-    for (int64_t i = 0; i < budget; i++) {
-        eng_generate_step step;
-        bool end = false;
-        memset(&step, 0, sizeof step);
-        step.index = (int32_t)i;
-        if ((rc = eng_constraint_sample(c, sampler, logits, n_vocab, history, n_history,
-                                        budget - i, &step.token, &end, err)))
-            goto done;
-        history[n_history++] = step.token;
-        stats->n_generated++;
-        on_token(st, &step);
-        if (end || eng_constraint_is_closed(c)) {
-            stats->finish = ENG_FINISH_STOP;
-            break;
-        }
-        if (i + 1 == budget)
-            break;
-        if ((rc = eng_decode(ctx, 0, &step.token, 1, logits, err)))
-            goto done;
-    }
-    stats->decode_seconds = eng_now_seconds() - t0;
-done:
-    eng_seq_clear(ctx, 0);
-    eng_sampler_free(sampler);
-    sw_free(history);
-    sw_free(logits);
-    eng_constraint_free(c);
-    eng_cs_vocab_free(v);
-    return rc;
-}
-
 /* The grammar of --json-schema FILE. */
 static int load_schema(const char *path, eng_grammar **out, sw_error *err)
 {
@@ -315,6 +230,8 @@ int cli_run_main(int argc, char **argv)
     size_t n_prompt = 0;
     eng_generate_stats stats;
     eng_grammar *grammar = NULL;
+    eng_cs_vocab *cs_vocab = NULL;
+    eng_constraint *constraint = NULL;
     sw_error err;
     int status = 1, rc;
 
@@ -370,12 +287,11 @@ int cli_run_main(int argc, char **argv)
         if (opts.top_logprobs)
             st.steps = json_array();
     }
-    if (grammar)
-        rc = generate_constrained(ctx, prompt, (int32_t)n_prompt, &gp, grammar, &st, &stats,
-                                  &err);
-    else
-        rc = eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, on_token, &st, &stats, &err);
-    if (rc)
+    if (grammar && ((rc = eng_cs_vocab_create(st.tok, &cs_vocab, &err)) ||
+                    (rc = eng_constraint_create(grammar, cs_vocab, &constraint, &err))))
+        goto fail;
+    gp.constraint = constraint;
+    if ((rc = eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, on_token, &st, &stats, &err)))
         goto fail;
 
     double prefill_tps = stats.prefill_seconds > 0 ? stats.n_prompt / stats.prefill_seconds : 0;
@@ -431,6 +347,8 @@ done:
     sw_free(prompt);
     eng_context_free(ctx);
     dev_close(dev);
+    eng_constraint_free(constraint);
+    eng_cs_vocab_free(cs_vocab);
     eng_model_free(model);
     eng_grammar_free(grammar);
     return status;

@@ -1,6 +1,8 @@
 /* generate.c - see generate.h. */
 #include "engine/generate.h"
 
+#include "engine/constrain.h"
+
 #include "common/alloc.h"
 #include "device/fault.h"
 
@@ -81,6 +83,17 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
     if (n_prompt > n_ctx)
         return sw_error_set(err, SW_ECONTEXT, "the prompt has %d tokens, the context holds %d",
                             n_prompt, n_ctx);
+    if (params->constraint) {
+        /* the constraint closes the value within the budget, if it can */
+        int64_t budget = params->max_tokens < n_ctx - n_prompt ? params->max_tokens
+                                                                : n_ctx - n_prompt;
+        if (eng_constraint_min_bytes(params->constraint) > budget)
+            return sw_error_set(err, SW_EINVAL,
+                                "the response format needs at least %lld more tokens, the "
+                                "budget is %lld",
+                                (long long)eng_constraint_min_bytes(params->constraint),
+                                (long long)budget);
+    }
 
     logits = sw_malloc((size_t)n_vocab * sizeof(float));
     logprobs = top_k ? sw_malloc((size_t)n_vocab * sizeof(float)) : NULL;
@@ -127,12 +140,23 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
             step.n_top = top_k_logprobs(logprobs, n_vocab, top_k, step.top);
         }
         step.index = i;
-        step.token = eng_sampler_sample(sampler, logits, history, n_history);
+        bool eog;
+        if (params->constraint) {
+            int64_t left_ctx = (int64_t)n_ctx - eng_seq_length(ctx, params->seq_id);
+            int64_t left = params->max_tokens - i < left_ctx ? params->max_tokens - i : left_ctx;
+            bool end = false;
+            if ((rc = eng_constraint_sample(params->constraint, sampler, logits, n_vocab,
+                                            history, n_history, left, &step.token, &end, err)))
+                goto done;
+            eog = end || eng_constraint_is_closed(params->constraint);
+        } else {
+            step.token = eng_sampler_sample(sampler, logits, history, n_history);
+            eog = !params->ignore_eos && eng_tokenizer_is_eog(tok, step.token);
+        }
         if (top_k)
             step.logprob = logprobs[step.token];
         history[n_history++] = step.token;
         stats->n_generated++;
-        bool eog = !params->ignore_eos && eng_tokenizer_is_eog(tok, step.token);
         if (on_token && !on_token(user, &step)) {
             stats->finish = ENG_FINISH_CANCELLED;
             break;

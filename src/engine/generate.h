@@ -29,6 +29,11 @@ typedef struct eng_generate_params {
     int32_t replay_tokens;        /* resume: the last replay_tokens of the prompt were
                                      generated before; they are decoded one by one */
     int32_t seq_id;               /* which sequence of the context */
+    /* Constrained decoding (engine/constrain.h), or NULL: each token is
+     * drawn under the constraint's mask (still one sampler draw) and fed to
+     * it; generation ends when the value is closed or an end token comes.
+     * The caller owns it and has fed it the replayed tokens of a resume. */
+    struct eng_constraint *constraint;
 } eng_generate_params;
 
 typedef struct eng_token_logprob {

@@ -437,7 +437,9 @@ int cli_bench_profiles_main(int argc, char **argv)
     {
         eng_model *m = NULL;
         sw_error err;
-        if (eng_model_load(model, &m, &err)) {
+        eng_model_load_params lp = eng_model_load_default_params();
+        lp.copy_weights = false; /* the layer count is all it needs */
+        if (eng_model_load_with(model, &lp, &m, &err)) {
             fprintf(stderr, "spillway bench profiles: %s\n", err.message);
             return 1;
         }

@@ -94,7 +94,10 @@ int cli_model_plan(int argc, char **argv)
     int status = 1;
     dev_options opts = {.sim_capacity_bytes = sim_capacity};
 
-    if (eng_model_load(path, &model, &err) || dev_open(spec, &opts, &dev, &err) ||
+    /* only the metadata is needed: no weight is copied or read */
+    eng_model_load_params lp = eng_model_load_default_params();
+    lp.copy_weights = false;
+    if (eng_model_load_with(path, &lp, &model, &err) || dev_open(spec, &opts, &dev, &err) ||
         dev_memory_info(dev, &mem, &err))
         goto fail;
     pp.weights_stay_mapped = dev_get_kind(dev) == DEV_KIND_CPU;

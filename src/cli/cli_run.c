@@ -244,7 +244,15 @@ int cli_run_main(int argc, char **argv)
     sw_error_clear(&err);
     if (opts.json_schema && (rc = load_schema(opts.json_schema, &grammar, &err)))
         goto fail;
-    if ((rc = eng_model_load(opts.model_path, &model, &err)))
+    if (opts.device) {
+        dev_options dopts = {.sim_capacity_bytes = opts.sim_capacity};
+        if ((rc = dev_open(opts.device, &dopts, &dev, &err)))
+            goto fail;
+    }
+    eng_model_load_params lp = eng_model_load_default_params();
+    if (dev && dev_get_kind(dev) != DEV_KIND_CPU)
+        lp.n_device_layers = opts.gpu_layers; /* uploaded there, not copied too */
+    if ((rc = eng_model_load_with(opts.model_path, &lp, &model, &err)))
         goto fail;
     st.tok = eng_model_tokenizer(model);
     if ((rc = eng_tokenize(st.tok, opts.prompt, strlen(opts.prompt),
@@ -254,11 +262,6 @@ int cli_run_main(int argc, char **argv)
     if (n_prompt == 0) {
         sw_error_set(&err, SW_EINVAL, "the prompt is empty");
         goto fail;
-    }
-    if (opts.device) {
-        dev_options dopts = {.sim_capacity_bytes = opts.sim_capacity};
-        if ((rc = dev_open(opts.device, &dopts, &dev, &err)))
-            goto fail;
     }
     eng_context_params cp = eng_context_default_params();
     cp.device = dev;

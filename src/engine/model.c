@@ -310,7 +310,9 @@ static int bind_weights(eng_model *m, sw_error *err)
  * so when the kernel offers transparent huge pages on request and the
  * weights fit comfortably in available memory, they are copied once into an
  * anonymous mapping advised MADV_HUGEPAGE. SPILLWAY_MMAP_WEIGHTS=1 keeps
- * reading them from the file mapping (less memory, slower). */
+ * reading them from the file mapping (less memory, slower). Layers bound for
+ * a device are not copied: the context uploads them from the file mapping,
+ * whose pages the kernel can then drop. */
 static bool huge_pages_offered(void)
 {
     char mode[128] = "";
@@ -337,13 +339,18 @@ static uint64_t mem_available_bytes(void)
     return (uint64_t)kib * 1024;
 }
 
-static void weights_for_each(eng_model *m, void (*fn)(eng_weight *, void *), void *arg)
+/* The weights the host reads: all but those of the first n_device_layers
+ * layers (and the output head when every layer is on the device). */
+static void weights_for_each(eng_model *m, int32_t n_device_layers,
+                             void (*fn)(eng_weight *, void *), void *arg)
 {
+    const bool head_on_device = n_device_layers >= m->hp.n_layer;
     fn(&m->token_embd, arg);
-    fn(&m->output_norm, arg);
-    if (!m->hp.tied_output)
+    if (!head_on_device)
+        fn(&m->output_norm, arg);
+    if (!m->hp.tied_output && !head_on_device)
         fn(&m->output, arg);
-    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+    for (int32_t l = n_device_layers; l < m->hp.n_layer; l++) {
         eng_layer *L = &m->layers[l];
         eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
                              &L->w_gate, &L->w_up, &L->w_down, &L->bq, &L->bk, &L->bv};
@@ -363,13 +370,14 @@ static void copy_weight(eng_weight *w, void *arg)
     m->weights_copy_bytes += (w->size_bytes + 63) & ~(size_t)63;
 }
 
-static void copy_weights_to_huge_pages(eng_model *m)
+static void copy_weights_to_huge_pages(eng_model *m, int32_t n_device_layers)
 {
-    const char *keep = getenv("SPILLWAY_MMAP_WEIGHTS");
     size_t total = 0;
-    if ((keep && strcmp(keep, "0") != 0) || !huge_pages_offered())
+    if (!huge_pages_offered())
         return;
-    weights_for_each(m, add_size, &total);
+    if (n_device_layers < 0 || n_device_layers > m->hp.n_layer)
+        n_device_layers = m->hp.n_layer;
+    weights_for_each(m, n_device_layers, add_size, &total);
     if (total == 0 || total > mem_available_bytes() / 2)
         return;
     size_t huge = (size_t)2 << 20;
@@ -380,14 +388,29 @@ static void copy_weights_to_huge_pages(eng_model *m)
     madvise(p, mapped, MADV_HUGEPAGE);
     m->weights_copy = p;
     m->weights_copy_bytes = 0;
-    weights_for_each(m, copy_weight, m);
+    weights_for_each(m, n_device_layers, copy_weight, m);
     if (m->hp.tied_output)
         m->output = m->token_embd;
     m->weights_copy_bytes = mapped;
     SW_DEBUG("engine", "weights copied to %zu bytes of huge-page memory", mapped);
 }
 
+eng_model_load_params eng_model_load_default_params(void)
+{
+    const char *keep = getenv("SPILLWAY_MMAP_WEIGHTS");
+    eng_model_load_params p = {.copy_weights = !(keep && strcmp(keep, "0") != 0),
+                               .n_device_layers = 0};
+    return p;
+}
+
 int eng_model_load(const char *path, eng_model **out, sw_error *err)
+{
+    eng_model_load_params p = eng_model_load_default_params();
+    return eng_model_load_with(path, &p, out, err);
+}
+
+int eng_model_load_with(const char *path, const eng_model_load_params *params, eng_model **out,
+                        sw_error *err)
 {
     eng_model *m = sw_calloc(1, sizeof *m);
     int rc;
@@ -407,7 +430,8 @@ int eng_model_load(const char *path, eng_model **out, sw_error *err)
     }
     for (int64_t i = 0; i < eng_gguf_n_tensors(m->gguf); i++)
         m->weights_bytes += eng_gguf_tensor_at(m->gguf, i)->size_bytes;
-    copy_weights_to_huge_pages(m);
+    if (params->copy_weights)
+        copy_weights_to_huge_pages(m, params->n_device_layers);
     SW_DEBUG("engine", "loaded %s: %d layers, dim %d, %d heads (%d kv), ffn %d, vocab %d", path,
              m->hp.n_layer, m->hp.n_embd, m->hp.n_head, m->hp.n_head_kv, m->hp.n_ff,
              m->hp.n_vocab);
@@ -435,3 +459,7 @@ const eng_hparams *eng_model_hparams(const eng_model *model) { return &model->hp
 const eng_tokenizer *eng_model_tokenizer(const eng_model *model) { return model->tokenizer; }
 const eng_gguf *eng_model_gguf(const eng_model *model) { return model->gguf; }
 size_t eng_model_weights_bytes(const eng_model *model) { return model->weights_bytes; }
+size_t eng_model_host_copy_bytes(const eng_model *model)
+{
+    return model->weights_copy ? model->weights_copy_bytes : 0;
+}

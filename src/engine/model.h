@@ -60,9 +60,27 @@ typedef struct eng_hparams {
 
 typedef struct eng_model eng_model;
 
+/* How to load: which weights get copied from the file mapping into
+ * huge-page memory (see model.c: decode is faster from 2 MiB pages). */
+typedef struct eng_model_load_params {
+    bool copy_weights;        /* false: every weight stays in the file mapping
+                                 (metadata-only uses such as `model plan`) */
+    int32_t n_device_layers;  /* layers [0, N) will be uploaded to a device by
+                                 the context: not copied (-1: all layers and
+                                 the output head), so a GPU worker does not
+                                 hold them twice in host RAM */
+} eng_model_load_params;
+
+/* copy_weights true (unless SPILLWAY_MMAP_WEIGHTS=1), n_device_layers 0. */
+eng_model_load_params eng_model_load_default_params(void);
+
 /* Loads a GGUF file: checks the architecture, every tensor's presence, shape
- * and type, and loads the tokenizer. Weights stay in the file mapping. */
+ * and type, and loads the tokenizer. Weights are copied to huge-page memory
+ * when the kernel offers it and they fit comfortably (else they are read
+ * from the file mapping). */
 int eng_model_load(const char *path, eng_model **out, sw_error *err);
+int eng_model_load_with(const char *path, const eng_model_load_params *params, eng_model **out,
+                        sw_error *err);
 void eng_model_free(eng_model *model);
 
 const eng_hparams *eng_model_hparams(const eng_model *model);
@@ -72,6 +90,9 @@ const eng_gguf *eng_model_gguf(const eng_model *model);
 /* ---- memory accounting ------------------------------------------------- */
 /* Exact bytes of all weight tensors. */
 size_t eng_model_weights_bytes(const eng_model *model);
+/* Host memory holding the weights' huge-page copy (whole 2 MiB pages), 0
+ * when they are read from the file mapping. */
+size_t eng_model_host_copy_bytes(const eng_model *model);
 /* 2 (K and V) x layers x n_head_kv x head_dim x sizeof(kv element). */
 size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
 /* Bytes of one KV block of block_tokens tokens. */

@@ -620,13 +620,18 @@ static bool valid_id(const char *p, size_t n)
 static int load(wk_server *s, sw_error *err)
 {
     int rc;
-    if ((rc = eng_model_load(s->o.model_path, &s->model, err)))
-        return rc;
     if (s->o.device) {
         dev_options dopts = {.sim_capacity_bytes = s->o.sim_capacity};
         if ((rc = dev_open(s->o.device, &dopts, &s->dev, err)))
             return rc;
     }
+    /* layers bound for a real or simulated GPU are uploaded there, not also
+     * copied into host memory */
+    eng_model_load_params lp = eng_model_load_default_params();
+    if (s->dev && dev_get_kind(s->dev) != DEV_KIND_CPU)
+        lp.n_device_layers = s->o.gpu_layers;
+    if ((rc = eng_model_load_with(s->o.model_path, &lp, &s->model, err)))
+        return rc;
     const eng_hparams *hp = eng_model_hparams(s->model);
     eng_context_params cp = eng_context_default_params();
     cp.device = s->dev;

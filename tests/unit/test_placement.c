@@ -417,6 +417,63 @@ static void test_context_too_big_for_device(void **state)
     eng_model_free(model);
 }
 
+/* A model loaded for a device profile keeps only the host-side weights in
+ * its huge-page copy (a GPU worker does not hold the device layers twice),
+ * a metadata-only load copies nothing, and every profile still generates
+ * the CPU's tokens from such a model. */
+static void test_device_layers_not_copied(void **state)
+{
+    (void)state;
+    eng_model *full_copy = make_and_load("nocopy.gguf", 512, 4, 8, 4, 1536, ENG_TYPE_Q8_0);
+    const char *path = tu_tmp_path("nocopy.gguf");
+    size_t all = eng_model_host_copy_bytes(full_copy);
+    if (all == 0) {
+        print_message("skipped: this kernel offers no transparent huge pages, so weights are "
+                      "never copied\n");
+        eng_model_free(full_copy);
+        return;
+    }
+    assert_true(all >= eng_model_weights_bytes(full_copy));
+    int32_t cpu[16];
+    greedy_tokens(full_copy, NULL, 0, cpu, 16);
+    dev_device *dev = open_pool("nocopy", 256 * MiB);
+    const int32_t layers[] = {-1, 2, 0};
+    size_t prev = 0;
+    for (int i = 0; i < 3; i++) {
+        eng_model_load_params lp = eng_model_load_default_params();
+        lp.n_device_layers = layers[i];
+        eng_model *m;
+        sw_error err;
+        if (eng_model_load_with(path, &lp, &m, &err))
+            fail_msg("load: %s", err.message);
+        size_t copied = eng_model_host_copy_bytes(m);
+        /* more layers on the host, more copied; all on the device leaves
+         * the embedding table (read by the host) */
+        assert_true(copied > 0 && copied <= all);
+        assert_true(copied >= prev);
+        if (layers[i] == -1)
+            assert_true(copied < all / 2);
+        prev = copied;
+        int32_t got[16];
+        greedy_tokens(m, dev, layers[i], got, 16);
+        assert_memory_equal(got, cpu, sizeof got);
+        eng_model_free(m);
+    }
+    assert_int_equal(prev, all); /* no device layer: everything copied */
+    eng_model_load_params lp = eng_model_load_default_params();
+    lp.copy_weights = false;
+    eng_model *m;
+    assert_int_equal(eng_model_load_with(path, &lp, &m, NULL), SW_OK);
+    assert_int_equal(eng_model_host_copy_bytes(m), 0);
+    int32_t got[16];
+    greedy_tokens(m, NULL, 0, got, 16);
+    assert_memory_equal(got, cpu, sizeof got);
+    eng_model_free(m);
+    eng_model_free(full_copy);
+    assert_int_equal(self_bytes(dev), 0);
+    close_pool(dev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -426,6 +483,7 @@ int main(void)
         cmocka_unit_test_teardown(test_grow_oom_mid_generation, unlink_pool),
         cmocka_unit_test_teardown(test_reserve_refuses_up_front, unlink_pool),
         cmocka_unit_test_teardown(test_context_too_big_for_device, unlink_pool),
+        cmocka_unit_test_teardown(test_device_layers_not_copied, unlink_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

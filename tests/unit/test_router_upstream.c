@@ -14,6 +14,9 @@
  *   is up): each request is replayed on the managed CPU worker and the
  *   failover event says oom; an error text that is not about memory says
  *   worker_crash.
+ * - A spillway worker that cuts a stream after tokens: the resume is never
+ *   sent to the kind = openai engine (it could not take it); a request
+ *   with nothing sent yet is replayed there.
  */
 #include "testutil.h"
 #include "worker_client.h"
@@ -592,12 +595,71 @@ static void test_engine_oom_texts_replayed(void **state)
     engine_stop(&e);
 }
 
+/* ok requests a spillway worker counted (its own /metrics). */
+static long worker_ok(const char *sock)
+{
+    wc_response m;
+    assert_int_equal(wc_request(sock, "GET", "/metrics", NULL, 5000, &m), 0);
+    const char *k = strstr(m.body, "spillway_worker_requests_total{outcome=\"ok\"} ");
+    assert_non_null(k);
+    long n = strtol(k + strlen("spillway_worker_requests_total{outcome=\"ok\"} "), NULL, 10);
+    wc_response_free(&m);
+    return n;
+}
+
+/* A stream that a spillway worker cut after tokens were sent needs a
+ * resume, which an external engine cannot take: it is never sent there
+ * (the stream ends with the error event). A request with nothing sent yet
+ * is replayed there as usual. */
+static void test_resume_never_goes_to_openai(void **state)
+{
+    (void)state;
+    wc_worker eng;
+    const char *args[] = {"--threads", "1", "--ctx-limit", "1024", NULL};
+    assert_int_equal(wc_worker_start(&eng, g_model, args, NULL, 60, NULL), 0);
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker sp]\nthreads = 1\nctx-limit = 1024\n"
+             "fault = abort_after_tokens:3,stall_ms:20\n"
+             "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n",
+             eng.socket_path);
+    router r;
+    assert_int_equal(router_start(&r, "noresume2", workers), 0);
+    wait_worker_state(&r, "sp", "ready");
+    long ok0 = worker_ok(eng.socket_path);
+
+    wc_response a;
+    assert_int_equal(wc_request(r.sock, "POST", "/v1/completions", BODY_STREAM, 60000, &a), 0);
+    assert_int_equal(a.status, 200);
+    char v[64];
+    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
+    assert_string_equal(v, "sp");
+    assert_non_null(strstr(a.body, "\"error\""));
+    wc_response_free(&a);
+    assert_int_equal(worker_ok(eng.socket_path), ok0); /* never asked to resume */
+
+    /* nothing sent yet: replayed on the engine */
+    wait_worker_state(&r, "sp", "ready");
+    assert_int_equal(wc_request(r.sock, "POST", "/v1/completions", BODY, 60000, &a), 0);
+    assert_int_equal(a.status, 200);
+    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
+    assert_string_equal(v, "eng");
+    int toks[64];
+    char fin[32];
+    assert_int_equal(wc_tokens_of(&a, false, toks, 64, NULL, fin, sizeof fin), 10);
+    wc_response_free(&a);
+    assert_int_equal(worker_ok(eng.socket_path), ok0 + 1);
+    router_finish(&r);
+    wc_worker_stop(&eng);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_openai_kind_serves),
         cmocka_unit_test(test_openai_no_resume),
         cmocka_unit_test(test_engine_oom_texts_replayed),
+        cmocka_unit_test(test_resume_never_goes_to_openai),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

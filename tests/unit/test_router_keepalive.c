@@ -75,7 +75,7 @@ static int setup(void **state)
         return -1;
     fprintf(f,
             "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
-            "ready-timeout = 30\nkeepalive-timeout-s = 2\nkeepalive-max-requests = 8\n"
+            "ready-timeout = 30\nkeepalive-timeout-s = 3\nkeepalive-max-requests = 8\n"
             "max-connections = 4\nmax-body = 4KiB\n"
             "[model]\npath = %s\n[worker cpu]\nthreads = 1\nctx-limit = 512\n",
             g_sock, g_dir, g_model);
@@ -451,7 +451,7 @@ static void test_what_ends_a_connection(void **state)
     conn_close(&c);
 }
 
-/* An idle connection is closed after keepalive-timeout-s (2 s here); a
+/* An idle connection is closed after keepalive-timeout-s (3 s here); a
  * request sent right after the previous answer is still served. */
 static void test_idle_timeout(void **state)
 {

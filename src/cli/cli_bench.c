@@ -162,6 +162,7 @@ static int bench_engine(int argc, char **argv)
             best.decode_tps = r.decode_tps;
     }
     double weights_gb = (double)eng_model_weights_bytes(model) / 1e9;
+    double read_gb = (double)eng_model_decode_read_bytes(model) / 1e9; /* per token */
     int threads = eng_context_params_get(ctx)->n_threads;
     const char *type = "mixed";
     {
@@ -176,7 +177,7 @@ static int bench_engine(int argc, char **argv)
                                 "generated_tokens", n_gen, "layers", hp->n_layer,
                                 "weights_gb", weights_gb, "prefill_tokens_per_second",
                                 best.prefill_tps, "decode_tokens_per_second", best.decode_tps,
-                                "decode_read_gb_per_second", weights_gb * best.decode_tps, "isa",
+                                "decode_read_gb_per_second", read_gb * best.decode_tps, "isa",
                                 cpu_isa_name(cpu_kernels_isa()));
         char *text = json_dumps(rec, JSON_COMPACT);
         printf("%s\n", text);
@@ -187,7 +188,7 @@ static int bench_engine(int argc, char **argv)
                weights_gb, threads, cpu_isa_name(cpu_kernels_isa()));
         printf("  prefill %4d tokens: %8.1f tok/s\n", n_prompt, best.prefill_tps);
         printf("  decode  %4d tokens: %8.1f tok/s  (%.1f GB/s of weights read)\n", n_gen,
-               best.decode_tps, weights_gb * best.decode_tps);
+               best.decode_tps, read_gb * best.decode_tps);
     }
     status = 0;
     goto done;

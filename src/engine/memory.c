@@ -54,6 +54,14 @@ size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool w
     return bytes;
 }
 
+size_t eng_model_decode_read_bytes(const eng_model *model)
+{
+    /* every layer and the head; of the embedding table one row */
+    size_t row = model->hp.n_vocab > 0 ? model->token_embd.size_bytes / (size_t)model->hp.n_vocab
+                                       : 0;
+    return eng__layer_weights_bytes(model, model->hp.n_layer, true, false) + row;
+}
+
 size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens)
 {
     return eng_kv_bytes_per_token(hp, kv_type) * (size_t)block_tokens;

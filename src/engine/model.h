@@ -90,6 +90,9 @@ const eng_gguf *eng_model_gguf(const eng_model *model);
 /* ---- memory accounting ------------------------------------------------- */
 /* Exact bytes of all weight tensors. */
 size_t eng_model_weights_bytes(const eng_model *model);
+/* Weight bytes one decoded token reads: every layer, the output head, one
+ * row of the embedding table (what bounds decode speed by bandwidth). */
+size_t eng_model_decode_read_bytes(const eng_model *model);
 /* Host memory holding the weights' huge-page copy (whole 2 MiB pages), 0
  * when they are read from the file mapping. */
 size_t eng_model_host_copy_bytes(const eng_model *model);

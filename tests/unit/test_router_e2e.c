@@ -13,6 +13,7 @@
  * (PR_SET_PDEATHSIG) and the router with the test process.
  */
 #include "testutil.h"
+#include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
@@ -21,14 +22,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -38,23 +37,6 @@
 
 static char g_model[512];
 static char g_pool[64];
-
-typedef struct router {
-    pid_t pid;
-    char dir[512];
-    char sock[600];
-    char cfg[600];
-    char log[600];
-} router;
-
-static router *g_live[8];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int setup(void **state)
 {
@@ -67,210 +49,13 @@ static int setup(void **state)
     return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
 }
 
-static int router_stop(router *r);
-
 static int teardown(void **state)
 {
-    for (int i = 0; i < 8; i++)
-        if (g_live[i])
-            router_stop(g_live[i]);
+    rh_stop_all();
     wc_worker_kill_all();
     dev_sim_unlink(g_pool, NULL);
     remove(g_model);
     return 0;
-}
-
-/* Writes the configuration (server section made here, workers from the
- * caller) and starts the router; waits until /health answers 200. */
-static int router_start(router *r, const char *name, const char *server_extra,
-                        const char *workers)
-{
-    static int counter;
-    memset(r, 0, sizeof *r);
-    char d[128];
-    snprintf(d, sizeof d, "rt-%d-%d-%s", (int)getpid(), ++counter, name);
-    snprintf(r->dir, sizeof r->dir, "%s", tu_tmp_path(d));
-    mkdir(r->dir, 0700);
-    snprintf(r->sock, sizeof r->sock, "%s/router.sock", r->dir);
-    snprintf(r->cfg, sizeof r->cfg, "%s/router.ini", r->dir);
-    snprintf(r->log, sizeof r->log, "%s/router.log", r->dir);
-    FILE *f = fopen(r->cfg, "w");
-    if (!f)
-        return -1;
-    fprintf(f,
-            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
-            "ready-timeout = 30\n%s\n[model]\npath = %s\n%s",
-            r->sock, r->dir, server_extra ? server_extra : "", g_model, workers);
-    fclose(f);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(tu_spillway_bin(), "spillway", "serve", "--config", r->cfg, (char *)NULL);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    r->pid = pid;
-    for (int i = 0; i < 8; i++)
-        if (!g_live[i]) {
-            g_live[i] = r;
-            break;
-        }
-    double t0 = now_s();
-    while (now_s() - t0 < 40) {
-        wc_response h;
-        if (wc_request(r->sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
-            wc_response_free(&h);
-            return 0;
-        }
-        wc_response_free(&h);
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            r->pid = 0;
-            return -1;
-        }
-        usleep(50 * 1000);
-    }
-    return -1;
-}
-
-/* SIGTERM (SIGKILL after 15 s); returns the exit status. */
-static int router_stop(router *r)
-{
-    for (int i = 0; i < 8; i++)
-        if (g_live[i] == r)
-            g_live[i] = NULL;
-    if (r->pid <= 0)
-        return -1;
-    kill(r->pid, SIGTERM);
-    double t0 = now_s();
-    int st = 0;
-    while (waitpid(r->pid, &st, WNOHANG) != r->pid) {
-        if (now_s() - t0 > 15) {
-            kill(r->pid, SIGKILL);
-            waitpid(r->pid, &st, 0);
-            break;
-        }
-        usleep(20 * 1000);
-    }
-    r->pid = 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
-
-/* The end of a test: a clean exit, and no sanitizer report in the
- * router's log (the sanitizer build). */
-static void router_finish(router *r)
-{
-    assert_int_equal(router_stop(r), 0);
-    char *log = tu_read_file(r->log, NULL);
-    assert_non_null(log);
-    if (strstr(log, "Sanitizer") || strstr(log, "runtime error"))
-        fail_msg("sanitizer report in %s", r->log);
-    sw_free(log);
-    /* passed: its directory goes (a failing test leaves it to read) */
-    nftw(r->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* One request with extra header lines ("Name: v\r\n"...). */
-static int req(const router *r, const char *method, const char *path, const char *headers,
-               const char *body, wc_response *out)
-{
-    size_t blen = body ? strlen(body) : 0;
-    size_t cap = blen + 2048;
-    char *raw = sw_malloc(cap);
-    assert_non_null(raw);
-    int n = snprintf(raw, cap,
-                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     method, path, headers ? headers : "", blen, body ? body : "");
-    int rc = wc_raw(r->sock, raw, (size_t)n, 60000, out);
-    sw_free(raw);
-    return rc;
-}
-
-static json_t *body_json(const wc_response *w)
-{
-    return json_loads(w->body ? w->body : "", 0, NULL);
-}
-
-static void assert_header(const wc_response *w, const char *name, const char *want)
-{
-    char buf[256];
-    if (!wc_header(w, name, buf, sizeof buf))
-        fail_msg("header %s missing", name);
-    if (want && strcmp(buf, want))
-        fail_msg("header %s is '%s', want '%s'", name, buf, want);
-}
-
-static const char *error_code(const wc_response *w, char *buf, size_t cap)
-{
-    json_t *j = body_json(w);
-    snprintf(buf, cap, "%s",
-             json_string_value(json_object_get(json_object_get(j, "error"), "code")) ?: "");
-    json_decref(j);
-    return buf;
-}
-
-/* The events list of the router. */
-static json_t *events(const router *r)
-{
-    wc_response w;
-    assert_int_equal(req(r, "GET", "/v1/spillway/events", NULL, NULL, &w), 0);
-    assert_int_equal(w.status, 200);
-    json_t *j = body_json(&w);
-    wc_response_free(&w);
-    json_t *d = json_incref(json_object_get(j, "data"));
-    json_decref(j);
-    assert_true(json_is_array(d));
-    return d;
-}
-
-static json_t *worker_health(const router *r, const char *name)
-{
-    wc_response w;
-    assert_int_equal(req(r, "GET", "/health", NULL, NULL, &w), 0);
-    json_t *j = body_json(&w);
-    wc_response_free(&w);
-    json_t *ws = json_object_get(j, "workers"), *found = NULL;
-    for (size_t i = 0; i < json_array_size(ws); i++)
-        if (!strcmp(json_string_value(json_object_get(json_array_get(ws, i), "name")), name))
-            found = json_incref(json_array_get(ws, i));
-    json_decref(j);
-    assert_non_null(found);
-    return found;
-}
-
-/* Waits until worker name is ready with at least min_restarts restarts. */
-static void wait_restarted(const router *r, const char *name, int min_restarts)
-{
-    double t0 = now_s();
-    while (now_s() - t0 < 30) {
-        json_t *h = worker_health(r, name);
-        bool ok = !strcmp(json_string_value(json_object_get(h, "state")), "ready") &&
-                  json_integer_value(json_object_get(h, "restarts")) >= min_restarts;
-        json_decref(h);
-        if (ok)
-            return;
-        usleep(100 * 1000);
-    }
-    fail_msg("worker %s was not restarted", name);
 }
 
 static int greedy_ref(const char *prompt, int n, int *tokens)
@@ -398,7 +183,7 @@ static void test_admission_and_oom_replay(void **state)
     assert_int_equal(wc_worker_start(&probe, g_model, pargs, NULL, 30, NULL), 0);
     wc_response h;
     assert_int_equal(wc_request(probe.socket_path, "GET", "/health", NULL, 5000, &h), 0);
-    json_t *hj = body_json(&h);
+    json_t *hj = rh_body_json(&h);
     long long fixed = json_integer_value(json_object_get(json_object_get(hj, "memory"), "self_bytes"));
     json_decref(hj);
     wc_response_free(&h);
@@ -407,49 +192,49 @@ static void test_admission_and_oom_replay(void **state)
     assert_true(fixed > 0);
     long long capacity = (long long)((double)(fixed + 65536) / 0.9) + 4096;
 
-    router r;
+    rh_router r;
     char workers[1024];
     snprintf(workers, sizeof workers,
              "[worker gpu]\ndevice = %s\nsim-capacity = %lld\nmax-seqs = 2\nthreads = 1\n"
              "ctx-limit = 2048\n[worker cpu]\nthreads = 1\nctx-limit = 2048\n",
              spec, capacity);
-    assert_int_equal(router_start(&r, "admit", NULL, workers), 0);
+    assert_int_equal(rh_start(&r, "admit", g_model, NULL, workers), 0);
 
     int ref[MAXTOK], got[MAXTOK];
     char finish[32];
     /* small: the GPU worker */
     wc_response w;
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
                          "\"ignore_eos\":true}",
                          &w),
                      0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Worker", "gpu");
-    assert_header(&w, "X-Spillway-Attempts", "1");
+    rh_assert_header(&w, "X-Spillway-Worker", "gpu");
+    rh_assert_header(&w, "X-Spillway-Attempts", "1");
     wc_response_free(&w);
 
     /* 1000 tokens of KV (256 KB) do not fit the 64 KiB free: CPU */
     int n_ref = greedy_ref("Once upon a time", 300, ref);
     assert_int_equal(n_ref, 300);
-    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: big-one-1\r\n",
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "X-Request-Id: big-one-1\r\n",
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":300,\"temperature\":0,"
                          "\"ignore_eos\":true}",
                          &w),
                      0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Worker", "cpu");
-    assert_header(&w, "X-Spillway-Attempts", "1");
-    assert_header(&w, "X-Request-Id", "big-one-1");
+    rh_assert_header(&w, "X-Spillway-Worker", "cpu");
+    rh_assert_header(&w, "X-Spillway-Attempts", "1");
+    rh_assert_header(&w, "X-Request-Id", "big-one-1");
     int n = wc_tokens_of(&w, false, got, MAXTOK, NULL, finish, sizeof finish);
     assert_int_equal(n, n_ref);
     assert_memory_equal(got, ref, (size_t)n * sizeof *got);
     wc_response_free(&w);
     /* no failure, so no failover event */
-    json_t *ev = events(&r);
+    json_t *ev = rh_events(&r);
     assert_int_equal((int)json_array_size(ev), 0);
     json_decref(ev);
-    router_finish(&r);
+    rh_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 
     /* Injected OOM: grow policy, device allocations fail after start-up
@@ -462,19 +247,19 @@ static void test_admission_and_oom_replay(void **state)
              "ctx-limit = 512\npolicy = grow\nfault = alloc_fail_after:%d\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 512\n",
              spec, startup + 1);
-    assert_int_equal(router_start(&r, "oom", NULL, workers), 0);
+    assert_int_equal(rh_start(&r, "oom", g_model, NULL, workers), 0);
     n_ref = greedy_ref("Once upon a time", 40, ref);
     assert_int_equal(n_ref, 40);
-    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: oom-replay-7\r\n",
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "X-Request-Id: oom-replay-7\r\n",
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,"
                          "\"ignore_eos\":true}",
                          &w),
                      0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Worker", "cpu");
-    assert_header(&w, "X-Spillway-Attempts", "2");
-    assert_header(&w, "X-Request-Id", "oom-replay-7");
-    json_t *j = body_json(&w);
+    rh_assert_header(&w, "X-Spillway-Worker", "cpu");
+    rh_assert_header(&w, "X-Spillway-Attempts", "2");
+    rh_assert_header(&w, "X-Request-Id", "oom-replay-7");
+    json_t *j = rh_body_json(&w);
     assert_string_equal(json_string_value(json_object_get(j, "id")), "oom-replay-7");
     check_openai_shape(j, false, false);
     json_decref(j);
@@ -483,7 +268,7 @@ static void test_admission_and_oom_replay(void **state)
     assert_memory_equal(got, ref, (size_t)n * sizeof *got);
     wc_response_free(&w);
 
-    ev = events(&r);
+    ev = rh_events(&r);
     assert_int_equal((int)json_array_size(ev), 1);
     json_t *e = json_array_get(ev, 0);
     assert_string_equal(json_string_value(json_object_get(e, "request_id")), "oom-replay-7");
@@ -506,18 +291,18 @@ static void test_admission_and_oom_replay(void **state)
     assert_non_null(strstr(text, "\"oom-replay-7\""));
     sw_free(text);
     /* the poisoned GPU worker is restarted */
-    wait_restarted(&r, "gpu", 1);
-    router_finish(&r);
+    rh_wait_restarted(&r, "gpu", 1);
+    rh_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
 /* A stream through the router: its tokens (strict SSE) and finish. */
-static int stream_tokens(const router *r, const char *rid, const char *body, int *got,
+static int stream_tokens(const rh_router *r, const char *rid, const char *body, int *got,
                          wc_response *w)
 {
     char hdr[128];
     snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", rid);
-    assert_int_equal(req(r, "POST", "/v1/completions", hdr, body, w), 0);
+    assert_int_equal(rh_req(r, "POST", "/v1/completions", hdr, body, w), 0);
     assert_int_equal(w->status, 200);
     char finish[32];
     return wc_tokens_of(w, true, got, MAXTOK, NULL, finish, sizeof finish);
@@ -537,14 +322,14 @@ static void test_stream_crash(void **state)
                        "\"stream_options\":{\"include_usage\":true}}";
     const int ks[] = {0, 5};
     for (int t = 0; t < 2; t++) {
-        router r;
+        rh_router r;
         char workers[1024];
         snprintf(workers, sizeof workers,
                  "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nmax-seqs = 2\nthreads = 1\n"
                  "ctx-limit = 512\nfault = abort_after_tokens:%d,stall_ms:20\n"
                  "[worker cpu]\nthreads = 1\nctx-limit = 512\n",
                  spec, ks[t]);
-        assert_int_equal(router_start(&r, ks[t] ? "stream-k" : "stream-0", NULL, workers), 0);
+        assert_int_equal(rh_start(&r, ks[t] ? "stream-k" : "stream-0", g_model, NULL, workers), 0);
         wc_response w;
         char rid[32];
         snprintf(rid, sizeof rid, "stream-crash-%d", ks[t]);
@@ -570,13 +355,13 @@ static void test_stream_crash(void **state)
                          24);
         json_decref(u);
         wc_sse_free(evs, ne);
-        assert_header(&w, "X-Request-Id", rid);
+        rh_assert_header(&w, "X-Request-Id", rid);
         check_stream_shape(&w, false);
         /* k = 0: the headers came from the CPU attempt; k > 0: from the GPU's */
-        assert_header(&w, "X-Spillway-Worker", ks[t] ? "gpu" : "cpu");
+        rh_assert_header(&w, "X-Spillway-Worker", ks[t] ? "gpu" : "cpu");
         wc_response_free(&w);
 
-        json_t *ev = events(&r);
+        json_t *ev = rh_events(&r);
         assert_int_equal((int)json_array_size(ev), 1);
         json_t *e = json_array_get(ev, 0);
         json_t *fe = json_object_get(e, "first_error");
@@ -589,7 +374,7 @@ static void test_stream_crash(void **state)
         assert_int_equal(json_integer_value(json_object_get(e, "tokens")), 24);
         json_decref(ev);
         /* the crashed worker comes back */
-        wait_restarted(&r, "gpu", 1);
+        rh_wait_restarted(&r, "gpu", 1);
         if (ks[t]) {
             /* A chat stream crashes the same way (the restarted worker
              * keeps its fault): one role chunk, and the tokens of an
@@ -608,7 +393,7 @@ static void test_stream_crash(void **state)
             int n_want = wc_tokens_of(&d, false, want, MAXTOK, NULL, fin, sizeof fin);
             wc_response_free(&d);
             assert_int_equal(n_want, 24);
-            assert_int_equal(req(&r, "POST", "/v1/chat/completions", "X-Request-Id: chat-k\r\n",
+            assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", "X-Request-Id: chat-k\r\n",
                                  body_s, &w), 0);
             assert_int_equal(w.status, 200);
             n = wc_tokens_of(&w, true, got, MAXTOK, NULL, fin, sizeof fin);
@@ -639,17 +424,17 @@ static void test_stream_crash(void **state)
             n_want = wc_tokens_of(&d, false, want, MAXTOK, NULL, fin, sizeof fin);
             wc_response_free(&d);
             assert_int_equal(n_want, 24);
-            wait_restarted(&r, "gpu", 2); /* the chat request crashed it again */
+            rh_wait_restarted(&r, "gpu", 2); /* the chat request crashed it again */
             n = stream_tokens(&r, "sampled-k", body_s, got, &w);
             assert_int_equal(n, n_want);
             assert_memory_equal(got, want, (size_t)n * sizeof *got);
             wc_response_free(&w);
-            ev = events(&r);
+            ev = rh_events(&r);
             assert_int_equal((int)json_array_size(ev), 3);
             assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 2), "decision")),
                                 "resume");
             json_decref(ev);
-            ev = events(&r);
+            ev = rh_events(&r);
             assert_int_equal((int)json_array_size(ev), 3);
             assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 1), "decision")),
                                 "resume");
@@ -679,8 +464,8 @@ static void test_stream_crash(void **state)
                      "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
                      "\"ignore_eos\":true,\"stream\":true,\"stop\":[%s]}", jstop);
             free(jstop);
-            wait_restarted(&r, "gpu", 3);
-            assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: held-stop\r\n",
+            rh_wait_restarted(&r, "gpu", 3);
+            assert_int_equal(rh_req(&r, "POST", "/v1/completions", "X-Request-Id: held-stop\r\n",
                                  body_s, &w), 0);
             assert_int_equal(w.status, 200);
             nc = wc_stream_chunks(&w, texts, ids, 64);
@@ -690,13 +475,13 @@ static void test_stream_crash(void **state)
             for (int i = 0; i < nc; i++)
                 sw_free(texts[i]);
             sw_free(full);
-            ev = events(&r);
+            ev = rh_events(&r);
             assert_int_equal((int)json_array_size(ev), 4);
             assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 3), "decision")),
                                 "resume");
             json_decref(ev);
         }
-        router_finish(&r);
+        rh_finish(&r);
         dev_sim_unlink(g_pool, NULL);
     }
 }
@@ -704,27 +489,27 @@ static void test_stream_crash(void **state)
 /* #5: a deadline shorter than any worker's predicted time. */
 static void test_deadline(void **state)
 {
-    router r;
-    assert_int_equal(router_start(&r, "deadline", NULL,
+    rh_router r;
+    assert_int_equal(rh_start(&r, "deadline", g_model, NULL,
                                   "[worker cpu]\nthreads = 1\nctx-limit = 512\n"),
                      0);
     wc_response w;
     /* one request measures the worker's prefill and decode rates */
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}",
                          &w),
                      0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     for (;;) {
-        json_t *h = worker_health(&r, "cpu");
+        json_t *h = rh_worker_health(&r, "cpu");
         bool rates = json_number_value(json_object_get(h, "prefill_tokens_per_second")) > 0 &&
                      json_number_value(json_object_get(h, "decode_tokens_per_second")) > 0;
         json_decref(h);
         if (rates)
             break;
-        assert_true(now_s() - t0 < 10);
+        assert_true(tu_now_s() - t0 < 10);
         usleep(50 * 1000);
     }
     char path[700];
@@ -734,20 +519,20 @@ static void test_deadline(void **state)
 
     char code[64];
     /* 400 new tokens cannot be made in 1 ms */
-    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Spillway-Deadline-Ms: 1\r\n",
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "X-Spillway-Deadline-Ms: 1\r\n",
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":400}", &w),
                      0);
     assert_int_equal(w.status, 503);
-    assert_string_equal(error_code(&w, code, sizeof code), "capacity_exceeded");
-    assert_header(&w, "Retry-After", NULL);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "capacity_exceeded");
+    rh_assert_header(&w, "Retry-After", NULL);
     wc_response_free(&w);
     /* the body's timeout (seconds) works too */
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"timeout\":0.001}",
                          &w),
                      0);
     assert_int_equal(w.status, 503);
-    assert_string_equal(error_code(&w, code, sizeof code), "capacity_exceeded");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "capacity_exceeded");
     wc_response_free(&w);
     /* nothing reached the worker: its request counters did not move */
     wc_response m1;
@@ -756,20 +541,20 @@ static void test_deadline(void **state)
     wc_response_free(&m0);
     wc_response_free(&m1);
     /* a generous deadline is served */
-    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Spillway-Deadline-Ms: 600000\r\n",
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "X-Spillway-Deadline-Ms: 600000\r\n",
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &w),
                      0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 /* #6: bad input, unauthorised, oversize: the 4xx, and the router keeps
  * serving. */
 static void test_bad_requests(void **state)
 {
-    router r;
-    assert_int_equal(router_start(&r, "bad", "api-keys = test-key-0123456789\nmax-body = 4KiB\n",
+    rh_router r;
+    assert_int_equal(rh_start(&r, "bad", g_model, "api-keys = test-key-0123456789\nmax-body = 4KiB\n",
                                   "[worker cpu]\nthreads = 1\nctx-limit = 512\n"),
                      0);
     const char *auth = "Authorization: Bearer test-key-0123456789\r\n";
@@ -777,40 +562,40 @@ static void test_bad_requests(void **state)
     wc_response w;
     json_t *okj;
     /* /health needs no key */
-    assert_int_equal(req(&r, "GET", "/health", NULL, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", "/health", NULL, NULL, &w), 0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
     /* no key, wrong key */
     const char *ok_body = "{\"prompt\":\"Hi\",\"max_tokens\":2}";
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, ok_body, &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, ok_body, &w), 0);
     assert_int_equal(w.status, 401);
-    assert_string_equal(error_code(&w, code, sizeof code), "unauthorized");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "unauthorized");
     wc_response_free(&w);
-    assert_int_equal(req(&r, "POST", "/v1/completions",
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions",
                          "Authorization: Bearer test-key-0123456780\r\n", ok_body, &w),
                      0);
     assert_int_equal(w.status, 401);
     wc_response_free(&w);
-    assert_int_equal(req(&r, "GET", "/metrics", NULL, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", "/metrics", NULL, NULL, &w), 0);
     assert_int_equal(w.status, 401);
     wc_response_free(&w);
     /* not JSON */
-    assert_int_equal(req(&r, "POST", "/v1/completions", auth, "{\"prompt\":", &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, "{\"prompt\":", &w), 0);
     assert_int_equal(w.status, 400);
-    assert_string_equal(error_code(&w, code, sizeof code), "invalid_json");
-    json_t *ej = json_object_get(okj = body_json(&w), "error");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_json");
+    json_t *ej = json_object_get(okj = rh_body_json(&w), "error");
     assert_true(json_is_string(json_object_get(ej, "message")));
     assert_string_equal(json_string_value(json_object_get(ej, "type")), "invalid_request_error");
     assert_non_null(json_object_get(ej, "param"));
     json_decref(okj);
     wc_response_free(&w);
     /* the worker's 400 is relayed, never retried */
-    assert_int_equal(req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);
     assert_int_equal(w.status, 400);
-    assert_string_equal(error_code(&w, code, sizeof code), "invalid_request");
-    assert_header(&w, "X-Spillway-Attempts", "1");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
+    rh_assert_header(&w, "X-Spillway-Attempts", "1");
     wc_response_free(&w);
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions", auth,
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", auth,
                          "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", &w),
                      0);
     assert_int_equal(w.status, 400);
@@ -824,9 +609,9 @@ static void test_bad_requests(void **state)
         deep[dn++] = ']';
     deep[dn++] = '}';
     deep[dn] = 0;
-    assert_int_equal(req(&r, "POST", "/v1/completions", auth, deep, &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, deep, &w), 0);
     assert_int_equal(w.status, 400);
-    assert_string_equal(error_code(&w, code, sizeof code), "invalid_request");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
     wc_response_free(&w);
     /* oversize */
     char *big = sw_malloc(8192);
@@ -835,38 +620,38 @@ static void test_bad_requests(void **state)
     big[8191] = 0;
     memcpy(big, "{\"prompt\":\"", 11);
     memcpy(big + 8189, "\"}", 2);
-    assert_int_equal(req(&r, "POST", "/v1/completions", auth, big, &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, big, &w), 0);
     assert_int_equal(w.status, 413);
     wc_response_free(&w);
     sw_free(big);
     /* unknown path, wrong method, garbage request line */
-    assert_int_equal(req(&r, "GET", "/v1/nothing", auth, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", "/v1/nothing", auth, NULL, &w), 0);
     assert_int_equal(w.status, 404);
     wc_response_free(&w);
-    assert_int_equal(req(&r, "GET", "/v1/completions", auth, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", "/v1/completions", auth, NULL, &w), 0);
     assert_int_equal(w.status, 405);
     wc_response_free(&w);
     assert_int_equal(wc_raw(r.sock, "NONSENSE\r\n\r\n", 12, 10000, &w), 0);
     assert_int_equal(w.status, 400);
     wc_response_free(&w);
     /* still serving, and the metrics count the refusals */
-    assert_int_equal(req(&r, "POST", "/v1/completions", auth, ok_body, &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, ok_body, &w), 0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Worker", "cpu");
-    okj = body_json(&w);
+    rh_assert_header(&w, "X-Spillway-Worker", "cpu");
+    okj = rh_body_json(&w);
     check_openai_shape(okj, false, false);
     json_decref(okj);
     wc_response_free(&w);
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions", auth,
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", auth,
                          "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3}",
                          &w),
                      0);
     assert_int_equal(w.status, 200);
-    okj = body_json(&w);
+    okj = rh_body_json(&w);
     check_openai_shape(okj, true, false);
     json_decref(okj);
     wc_response_free(&w);
-    assert_int_equal(req(&r, "GET", "/metrics", auth, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", "/metrics", auth, NULL, &w), 0);
     assert_int_equal(w.status, 200);
     assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"none\",outcome=\"unauthorized\"} 3"));
     assert_non_null(strstr(w.body, "spillway_router_requests_total{worker=\"cpu\",outcome=\"ok\"} 2"));
@@ -874,7 +659,7 @@ static void test_bad_requests(void **state)
     assert_non_null(strstr(w.body, "spillway_router_request_duration_seconds_bucket{le=\"+Inf\"} 2\n"));
     assert_non_null(strstr(w.body, "spillway_router_time_to_first_token_seconds_count 0\n"));
     wc_response_free(&w);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 /* A sim-gpu pool capacity that leaves about free_bytes free under the 10%
@@ -887,7 +672,7 @@ static long long pool_for_free(const char *spec, long long free_bytes)
     assert_int_equal(wc_worker_start(&probe, g_model, pargs, NULL, 30, NULL), 0);
     wc_response h;
     assert_int_equal(wc_request(probe.socket_path, "GET", "/health", NULL, 5000, &h), 0);
-    json_t *hj = body_json(&h);
+    json_t *hj = rh_body_json(&h);
     long long fixed =
         json_integer_value(json_object_get(json_object_get(hj, "memory"), "self_bytes"));
     json_decref(hj);
@@ -899,7 +684,7 @@ static long long pool_for_free(const char *spec, long long free_bytes)
 }
 
 typedef struct mixed_req {
-    const router *r;
+    const rh_router *r;
     int index;
     bool big, stream;
     int status;
@@ -921,14 +706,14 @@ static void *mixed_thread(void *arg)
     snprintf(hdr, sizeof hdr, "X-Request-Id: mixed-%d\r\n", m->index);
     wc_response w;
     m->n_tokens = -1;
-    if (req(m->r, "POST", "/v1/completions", hdr, body, &w) == 0) {
+    if (rh_req(m->r, "POST", "/v1/completions", hdr, body, &w) == 0) {
         m->status = w.status;
         char finish[32];
         if (w.status == 200)
             m->n_tokens = wc_tokens_of(&w, m->stream, m->tokens, MAXTOK, NULL, finish,
                                        sizeof finish);
         else
-            error_code(&w, m->error, sizeof m->error);
+            rh_error_code(&w, m->error, sizeof m->error);
         wc_header(&w, "X-Spillway-Worker", m->worker, sizeof m->worker);
         wc_header(&w, "X-Spillway-Attempts", m->attempts, sizeof m->attempts);
     }
@@ -946,18 +731,18 @@ static void test_kill_gpu_under_load(void **state)
     snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
     /* 256 tokens of KV free: 300-token requests go to the CPU */
     long long capacity = pool_for_free(spec, 65536);
-    router r;
+    rh_router r;
     char workers[1024];
     snprintf(workers, sizeof workers,
              "[worker gpu]\ndevice = %s\nsim-capacity = %lld\nmax-seqs = 4\nthreads = 1\n"
              "ctx-limit = 1024\nfault = stall_ms:20\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 1024\nmax-seqs = 8\n",
              spec, capacity);
-    assert_int_equal(router_start(&r, "kill", NULL, workers), 0);
+    assert_int_equal(rh_start(&r, "kill", g_model, NULL, workers), 0);
     int ref_small[MAXTOK], ref_big[MAXTOK];
     assert_int_equal(greedy_ref("Once upon a time", 20, ref_small), 20);
     assert_int_equal(greedy_ref("Once upon a time", 300, ref_big), 300);
-    json_t *h = worker_health(&r, "gpu");
+    json_t *h = rh_worker_health(&r, "gpu");
     pid_t gpu_pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
     json_decref(h);
     assert_true(gpu_pid > 0);
@@ -995,15 +780,15 @@ static void test_kill_gpu_under_load(void **state)
             assert_string_equal(m->attempts, "1");
         }
     }
-    wait_restarted(&r, "gpu", 1);
+    rh_wait_restarted(&r, "gpu", 1);
     wc_response w;
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0}", &w),
                      0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Worker", "gpu");
+    rh_assert_header(&w, "X-Spillway-Worker", "gpu");
     wc_response_free(&w);
-    router_finish(&r);
+    rh_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -1012,7 +797,7 @@ static long long kv_used(const char *sock)
     wc_response w;
     if (wc_request(sock, "GET", "/health", NULL, 5000, &w) != 0)
         return -1;
-    json_t *j = body_json(&w);
+    json_t *j = rh_body_json(&w);
     long long v = json_integer_value(json_object_get(json_object_get(j, "memory"), "kv_used_bytes"));
     json_decref(j);
     wc_response_free(&w);
@@ -1026,14 +811,14 @@ static void test_cancel_during_failover(void **state)
 {
     char spec[96];
     snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
-    router r;
+    rh_router r;
     char workers[1024];
     snprintf(workers, sizeof workers,
              "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 512\n"
              "fault = abort_after_tokens:3,stall_ms:20\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:30\n",
              spec);
-    assert_int_equal(router_start(&r, "cancel", NULL, workers), 0);
+    assert_int_equal(rh_start(&r, "cancel", g_model, NULL, workers), 0);
     char cpu_sock[700], gpu_sock[700];
     snprintf(cpu_sock, sizeof cpu_sock, "%s/state/cpu.sock", r.dir);
     snprintf(gpu_sock, sizeof gpu_sock, "%s/state/gpu.sock", r.dir);
@@ -1063,17 +848,17 @@ static void test_cancel_during_failover(void **state)
     /* the CPU now runs the resumed request */
     assert_true(kv_used(cpu_sock) > cpu0);
     close(fd);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     while (kv_used(cpu_sock) != cpu0) {
-        if (now_s() - t0 > 10)
+        if (tu_now_s() - t0 > 10)
             fail_msg("the CPU worker still holds KV memory after the client left");
         usleep(20 * 1000);
     }
-    wait_restarted(&r, "gpu", 1);
+    rh_wait_restarted(&r, "gpu", 1);
     assert_int_equal(kv_used(gpu_sock), gpu0);
-    t0 = now_s();
+    t0 = tu_now_s();
     for (;;) {
-        json_t *ev = events(&r);
+        json_t *ev = rh_events(&r);
         json_t *e = json_array_get(ev, 0);
         if (e) {
             assert_string_equal(json_string_value(json_object_get(e, "outcome")), "cancelled");
@@ -1083,7 +868,7 @@ static void test_cancel_during_failover(void **state)
             break;
         }
         json_decref(ev);
-        assert_true(now_s() - t0 < 10);
+        assert_true(tu_now_s() - t0 < 10);
         usleep(20 * 1000);
     }
     /* A non-stream request whose client leaves while its replay runs on
@@ -1094,19 +879,19 @@ static void test_cancel_during_failover(void **state)
                              "{\"prompt\":\"Once upon a time\",\"max_tokens\":500,"
                              "\"temperature\":0,\"ignore_eos\":true}"),
                      0);
-    t0 = now_s();
+    t0 = tu_now_s();
     while (kv_used(cpu_sock) == cpu0) { /* replayed on the CPU after the crash */
-        assert_true(now_s() - t0 < 10);
+        assert_true(tu_now_s() - t0 < 10);
         usleep(10 * 1000);
     }
     close(fd);
-    t0 = now_s();
+    t0 = tu_now_s();
     while (kv_used(cpu_sock) != cpu0) {
-        if (now_s() - t0 > 10)
+        if (tu_now_s() - t0 > 10)
             fail_msg("the CPU worker still holds KV memory after the client left");
         usleep(20 * 1000);
     }
-    router_finish(&r);
+    rh_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -1130,11 +915,11 @@ static void test_startup_failure(void **state)
     char *out = NULL;
     int st = -1;
     char *argv[] = {(char *)tu_spillway_bin(), "serve", "--config", cfg, NULL};
-    double t0 = now_s();
+    double t0 = tu_now_s();
     assert_int_equal(tu_run_capture(argv, 30, &out, &st), 0);
     sw_free(out);
     assert_int_equal(st, 1);
-    assert_true(now_s() - t0 < 30); /* not the 60 s ready time-out */
+    assert_true(tu_now_s() - t0 < 30); /* not the 60 s ready time-out */
     f = fopen(cfg, "w");
     assert_non_null(f);
     fputs("[server]\nlisten = 127.0.0.1:0\nmax-attempts = many\n", f);
@@ -1142,24 +927,24 @@ static void test_startup_failure(void **state)
     assert_int_equal(tu_run_capture(argv, 30, &out, &st), 0);
     sw_free(out);
     assert_int_equal(st, 2);
-    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tu_rm_tree(dir);
 }
 
 /* A request that arrives while the only worker restarts waits in the
  * queue and is served once the worker is back. */
 static void test_queue_while_restarting(void **state)
 {
-    router r;
-    assert_int_equal(router_start(&r, "queue", NULL, "[worker cpu]\nthreads = 1\nctx-limit = 512\n"), 0);
-    json_t *h = worker_health(&r, "cpu");
+    rh_router r;
+    assert_int_equal(rh_start(&r, "queue", g_model, NULL, "[worker cpu]\nthreads = 1\nctx-limit = 512\n"), 0);
+    json_t *h = rh_worker_health(&r, "cpu");
     pid_t pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
     json_decref(h);
     assert_int_equal(kill(pid, SIGKILL), 0);
     /* until the router has seen it go */
-    double t0 = now_s();
+    double t0 = tu_now_s();
     bool seen_down = false;
-    while (now_s() - t0 < 10 && !seen_down) {
-        h = worker_health(&r, "cpu");
+    while (tu_now_s() - t0 < 10 && !seen_down) {
+        h = rh_worker_health(&r, "cpu");
         seen_down = strcmp(json_string_value(json_object_get(h, "state")), "ready") != 0;
         json_decref(h);
         if (!seen_down)
@@ -1167,16 +952,16 @@ static void test_queue_while_restarting(void **state)
     }
     assert_true(seen_down);
     wc_response w;
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &w),
                      0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Attempts", "1");
+    rh_assert_header(&w, "X-Spillway-Attempts", "1");
     wc_response_free(&w);
-    h = worker_health(&r, "cpu");
+    h = rh_worker_health(&r, "cpu");
     assert_true(json_integer_value(json_object_get(h, "restarts")) >= 1);
     json_decref(h);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 /* A worker given by url (not managed): used in its preference place,
@@ -1187,38 +972,38 @@ static void test_external_worker(void **state)
     wc_worker ext;
     const char *args[] = {"--threads", "1", "--ctx-limit", "512", NULL};
     assert_int_equal(wc_worker_start(&ext, g_model, args, NULL, 30, NULL), 0);
-    router r;
+    rh_router r;
     char workers[1024];
     snprintf(workers, sizeof workers,
              "[worker cpu]\nthreads = 1\nctx-limit = 512\npreference = 2\n"
              "[worker ext]\nurl = unix:%s\npreference = 1\n",
              ext.socket_path);
-    assert_int_equal(router_start(&r, "external", NULL, workers), 0);
+    assert_int_equal(rh_start(&r, "external", g_model, NULL, workers), 0);
     wc_response w;
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}";
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, body, &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, body, &w), 0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Worker", "ext");
+    rh_assert_header(&w, "X-Spillway-Worker", "ext");
     wc_response_free(&w);
     assert_int_equal(wc_worker_stop(&ext), 0);
     /* the next request goes to the managed worker, whether or not the
      * router has noticed yet (a refused connection is a failover) */
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, body, &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, body, &w), 0);
     assert_int_equal(w.status, 200);
-    assert_header(&w, "X-Spillway-Worker", "cpu");
+    rh_assert_header(&w, "X-Spillway-Worker", "cpu");
     wc_response_free(&w);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     for (;;) {
-        json_t *h = worker_health(&r, "ext");
+        json_t *h = rh_worker_health(&r, "ext");
         bool down = !strcmp(json_string_value(json_object_get(h, "state")), "down");
         assert_false(json_is_true(json_object_get(h, "managed")));
         json_decref(h);
         if (down)
             break;
-        assert_true(now_s() - t0 < 10);
+        assert_true(tu_now_s() - t0 < 10);
         usleep(20 * 1000);
     }
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 /* A stream that cannot be resumed anywhere (the CPU worker's context is
@@ -1228,16 +1013,16 @@ static void test_stream_unresumable(void **state)
 {
     char spec[96];
     snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
-    router r;
+    rh_router r;
     char workers[1024];
     snprintf(workers, sizeof workers,
              "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 512\n"
              "fault = abort_after_tokens:5,stall_ms:20\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 10\n",
              spec);
-    assert_int_equal(router_start(&r, "unresumable", NULL, workers), 0);
+    assert_int_equal(rh_start(&r, "unresumable", g_model, NULL, workers), 0);
     wc_response w;
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
                          "\"ignore_eos\":true,\"stream\":true}",
                          &w),
@@ -1260,16 +1045,16 @@ static void test_stream_unresumable(void **state)
     json_decref(j);
     wc_sse_free(evs, ne);
     wc_response_free(&w);
-    json_t *ev = events(&r);
+    json_t *ev = rh_events(&r);
     assert_int_equal((int)json_array_size(ev), 1);
     assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 0), "outcome")),
                         "failed");
     json_decref(ev);
     /* still serving (short requests fit the CPU's context) */
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, "{\"prompt\":\"Hi\",\"max_tokens\":2}", &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, "{\"prompt\":\"Hi\",\"max_tokens\":2}", &w), 0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
-    router_finish(&r);
+    rh_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -1277,26 +1062,26 @@ static void test_stream_unresumable(void **state)
  * after hang-timeout-ms and restarted. */
 static void test_hung_worker(void **state)
 {
-    router r;
-    assert_int_equal(router_start(&r, "hung", "hang-timeout-ms = 500\n",
+    rh_router r;
+    assert_int_equal(rh_start(&r, "hung", g_model, "hang-timeout-ms = 500\n",
                                   "[worker cpu]\nthreads = 1\nctx-limit = 512\n"),
                      0);
-    json_t *h = worker_health(&r, "cpu");
+    json_t *h = rh_worker_health(&r, "cpu");
     pid_t pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
     json_decref(h);
     assert_true(pid > 0);
     assert_int_equal(kill(pid, SIGSTOP), 0);
-    wait_restarted(&r, "cpu", 1);
-    h = worker_health(&r, "cpu");
+    rh_wait_restarted(&r, "cpu", 1);
+    h = rh_worker_health(&r, "cpu");
     assert_true((pid_t)json_integer_value(json_object_get(h, "pid")) != pid);
     json_decref(h);
     wc_response w;
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &w),
                      0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 int main(void)

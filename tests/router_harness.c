@@ -1,0 +1,285 @@
+/* router_harness.c - see router_harness.h. */
+#include "router_harness.h"
+
+#include "testutil.h"
+
+#include "common/alloc.h"
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define RH_MAX_LIVE 8
+
+static rh_router *live[RH_MAX_LIVE];
+
+double tu_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st;
+    (void)flag;
+    (void)f;
+    remove(path);
+    return 0;
+}
+
+void tu_rm_tree(const char *dir)
+{
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void rh_init(rh_router *r, const char *name, const char *model, const char *server_extra,
+             const char *rest)
+{
+    static int counter;
+    memset(r, 0, sizeof *r);
+    char d[128];
+    snprintf(d, sizeof d, "rt-%d-%d-%s", (int)getpid(), ++counter, name);
+    snprintf(r->dir, sizeof r->dir, "%s", tu_tmp_path(d));
+    mkdir(r->dir, 0700);
+    snprintf(r->sock, sizeof r->sock, "%s/router.sock", r->dir);
+    snprintf(r->cfg, sizeof r->cfg, "%s/router.ini", r->dir);
+    snprintf(r->log, sizeof r->log, "%s/router.log", r->dir);
+    FILE *f = fopen(r->cfg, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+            "ready-timeout = 30\n%s\n[model]\npath = %s\n%s",
+            r->sock, r->dir, server_extra ? server_extra : "", model, rest ? rest : "");
+    fclose(f);
+}
+
+int rh_run(rh_router *r, const char *env)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        unsetenv("SPILLWAY_FAULT");
+        unsetenv("SPILLWAY_SABOTAGE");
+        if (env)
+            putenv((char *)env);
+        execl(tu_spillway_bin(), "spillway", "serve", "--config", r->cfg, (char *)NULL);
+        _exit(127);
+    }
+    if (pid < 0)
+        return -1;
+    r->pid = pid;
+    for (int i = 0; i < RH_MAX_LIVE; i++)
+        if (!live[i] || live[i] == r) {
+            live[i] = r;
+            break;
+        }
+    double t0 = tu_now_s();
+    while (tu_now_s() - t0 < 40) {
+        wc_response h;
+        if (wc_request(r->sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
+            wc_response_free(&h);
+            return 0;
+        }
+        wc_response_free(&h);
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            r->pid = 0;
+            return -1;
+        }
+        usleep(50 * 1000);
+    }
+    return -1;
+}
+
+int rh_start(rh_router *r, const char *name, const char *model, const char *server_extra,
+             const char *rest)
+{
+    rh_init(r, name, model, server_extra, rest);
+    return rh_run(r, NULL);
+}
+
+static void forget(rh_router *r)
+{
+    for (int i = 0; i < RH_MAX_LIVE; i++)
+        if (live[i] == r)
+            live[i] = NULL;
+}
+
+static int exit_status(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int rh_stop(rh_router *r)
+{
+    forget(r);
+    if (r->pid <= 0)
+        return -1;
+    kill(r->pid, SIGTERM);
+    double t0 = tu_now_s();
+    int st = 0;
+    while (waitpid(r->pid, &st, WNOHANG) != r->pid) {
+        if (tu_now_s() - t0 > 15) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &st, 0);
+            break;
+        }
+        usleep(20 * 1000);
+    }
+    r->pid = 0;
+    return exit_status(st);
+}
+
+int rh_wait_exit(rh_router *r, int timeout_s)
+{
+    double t0 = tu_now_s();
+    int st;
+    while (tu_now_s() - t0 < timeout_s) {
+        if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
+            r->pid = 0;
+            return exit_status(st);
+        }
+        usleep(20 * 1000);
+    }
+    return -1;
+}
+
+void rh_kill9(rh_router *r)
+{
+    if (r->pid <= 0)
+        return;
+    kill(r->pid, SIGKILL);
+    int st;
+    waitpid(r->pid, &st, 0);
+    r->pid = 0;
+    /* its workers die with it (PR_SET_PDEATHSIG); give them a moment */
+    usleep(300 * 1000);
+}
+
+void rh_finish(rh_router *r)
+{
+    assert_int_equal(rh_stop(r), 0);
+    char *log = tu_read_file(r->log, NULL);
+    assert_non_null(log);
+    if (strstr(log, "Sanitizer") || strstr(log, "runtime error"))
+        fail_msg("sanitizer report in %s", r->log);
+    sw_free(log);
+    tu_rm_tree(r->dir);
+}
+
+void rh_stop_all(void)
+{
+    for (int i = 0; i < RH_MAX_LIVE; i++)
+        if (live[i])
+            rh_stop(live[i]);
+}
+
+int rh_req(const rh_router *r, const char *method, const char *path, const char *headers,
+           const char *body, wc_response *out)
+{
+    size_t blen = body ? strlen(body) : 0;
+    size_t cap = blen + 2048;
+    char *raw = sw_malloc(cap);
+    assert_non_null(raw);
+    int n = snprintf(raw, cap,
+                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     method, path, headers ? headers : "", blen, body ? body : "");
+    int rc = wc_raw(r->sock, raw, (size_t)n, 60000, out);
+    sw_free(raw);
+    return rc;
+}
+
+json_t *rh_body_json(const wc_response *w)
+{
+    return json_loads(w->body ? w->body : "", 0, NULL);
+}
+
+void rh_assert_header(const wc_response *w, const char *name, const char *want)
+{
+    char buf[256];
+    if (!wc_header(w, name, buf, sizeof buf))
+        fail_msg("header %s missing", name);
+    if (want && strcmp(buf, want))
+        fail_msg("header %s is '%s', want '%s'", name, buf, want);
+}
+
+const char *rh_error_code(const wc_response *w, char *buf, size_t cap)
+{
+    json_t *j = rh_body_json(w);
+    const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+    snprintf(buf, cap, "%s", code ? code : "");
+    json_decref(j);
+    return buf;
+}
+
+json_t *rh_events(const rh_router *r)
+{
+    wc_response w;
+    assert_int_equal(rh_req(r, "GET", "/v1/spillway/events", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    json_t *j = rh_body_json(&w);
+    wc_response_free(&w);
+    json_t *d = json_incref(json_object_get(j, "data"));
+    json_decref(j);
+    assert_true(json_is_array(d));
+    return d;
+}
+
+json_t *rh_worker_health(const rh_router *r, const char *name)
+{
+    wc_response w;
+    assert_int_equal(rh_req(r, "GET", "/health", NULL, NULL, &w), 0);
+    json_t *j = rh_body_json(&w);
+    wc_response_free(&w);
+    json_t *ws = json_object_get(j, "workers"), *found = NULL;
+    for (size_t i = 0; i < json_array_size(ws); i++) {
+        const char *n = json_string_value(json_object_get(json_array_get(ws, i), "name"));
+        if (n && !strcmp(n, name))
+            found = json_incref(json_array_get(ws, i));
+    }
+    json_decref(j);
+    if (!found)
+        fail_msg("the router's /health has no worker '%s'", name);
+    return found;
+}
+
+void rh_wait_restarted(const rh_router *r, const char *name, int min_restarts)
+{
+    double t0 = tu_now_s();
+    while (tu_now_s() - t0 < 30) {
+        json_t *h = rh_worker_health(r, name);
+        const char *state = json_string_value(json_object_get(h, "state"));
+        bool ok = state && !strcmp(state, "ready") &&
+                  json_integer_value(json_object_get(h, "restarts")) >= min_restarts;
+        json_decref(h);
+        if (ok)
+            return;
+        usleep(100 * 1000);
+    }
+    fail_msg("worker %s was not restarted", name);
+}

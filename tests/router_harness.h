@@ -1,0 +1,77 @@
+/* router_harness.h - a real `spillway serve` for end-to-end tests: its
+ * configuration written into a directory of its own under the test tmp
+ * directory (listening on a unix socket there, state in <dir>/state), the
+ * process started from SPILLWAY_BIN, requests over its socket, and the
+ * checks every router test makes at its end (a clean exit, no sanitizer
+ * report in its log).
+ *
+ * A router started here dies with the test process (PR_SET_PDEATHSIG), and
+ * rh_stop_all in a group teardown stops those a failed test left running.
+ */
+#ifndef SPILLWAY_TESTS_ROUTER_HARNESS_H
+#define SPILLWAY_TESTS_ROUTER_HARNESS_H
+
+#include "worker_client.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+typedef struct rh_router {
+    pid_t pid;          /* 0 when not running */
+    char dir[512];
+    char sock[600];
+    char cfg[600];
+    char log[600];
+} rh_router;
+
+/* Monotonic seconds. */
+double tu_now_s(void);
+/* Removes a directory tree (quietly; missing is fine). */
+void tu_rm_tree(const char *dir);
+
+/* Creates the directory and writes router.ini: a [server] section (unix
+ * socket, state dir, health every 100 ms, ready-timeout 30, then
+ * server_extra), [model] path = model, then rest (worker and tool
+ * sections). Does not start it. */
+void rh_init(rh_router *r, const char *name, const char *model, const char *server_extra,
+             const char *rest);
+/* Starts (or restarts, same directory) the router; env: one extra "K=V"
+ * or NULL (SPILLWAY_FAULT and SPILLWAY_SABOTAGE are cleared first). Waits
+ * up to 40 s for /health 200; 0, or -1 when it exited or never answered. */
+int rh_run(rh_router *r, const char *env);
+/* rh_init + rh_run. */
+int rh_start(rh_router *r, const char *name, const char *model, const char *server_extra,
+             const char *rest);
+/* SIGTERM (SIGKILL after 15 s); the exit status, -1 when not running. */
+int rh_stop(rh_router *r);
+/* Waits for the router to exit by itself: its status, -1 on time-out. */
+int rh_wait_exit(rh_router *r, int timeout_s);
+/* SIGKILL, then a moment for its workers to die with it. */
+void rh_kill9(rh_router *r);
+/* The end of a passing test: exit status 0, no sanitizer report in the
+ * log, the directory removed (a failing test leaves it to read). */
+void rh_finish(rh_router *r);
+/* Stops every router still running (for teardown). */
+void rh_stop_all(void);
+
+/* One request on its own connection, with extra header lines
+ * ("Name: v\r\n"...); body may be NULL. 0 or -1. */
+int rh_req(const rh_router *r, const char *method, const char *path, const char *headers,
+           const char *body, wc_response *out);
+/* The response body as JSON (NULL when it is not). */
+json_t *rh_body_json(const wc_response *w);
+/* Fails the test unless header name is present (and equal to want, when
+ * want is not NULL). */
+void rh_assert_header(const wc_response *w, const char *name, const char *want);
+/* error.code of an error response into buf ("" when none). */
+const char *rh_error_code(const wc_response *w, char *buf, size_t cap);
+/* GET /v1/spillway/events: the "data" array (asserted). */
+json_t *rh_events(const rh_router *r);
+/* The router's /health entry of worker name (asserted present). */
+json_t *rh_worker_health(const rh_router *r, const char *name);
+/* Waits up to 30 s until worker name is ready with at least min_restarts
+ * restarts; fails the test otherwise. */
+void rh_wait_restarted(const rh_router *r, const char *name, int min_restarts);
+
+#endif

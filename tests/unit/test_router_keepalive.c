@@ -11,6 +11,7 @@
  * closed instead).
  */
 #include "testutil.h"
+#include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
@@ -18,14 +19,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -33,24 +32,7 @@
 #include <unistd.h>
 
 static char g_model[512];
-static pid_t g_router;
-static char g_dir[512], g_sock[600], g_log[600];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
+static rh_router g_rt;
 
 /* The router for every test: one CPU worker; short idle time-out, few
  * connections and a small request cap so that each limit is reachable. */
@@ -63,77 +45,23 @@ static int setup(void **state)
     snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-ka.gguf"));
     if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
         return -1;
-    snprintf(g_dir, sizeof g_dir, "%s", tu_tmp_path("rt-ka"));
-    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    mkdir(g_dir, 0700);
-    char cfg[600];
-    snprintf(g_sock, sizeof g_sock, "%s/router.sock", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/router.ini", g_dir);
-    snprintf(g_log, sizeof g_log, "%s/router.log", g_dir);
-    FILE *f = fopen(cfg, "w");
-    if (!f)
-        return -1;
-    fprintf(f,
-            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
-            "ready-timeout = 30\nkeepalive-timeout-s = 3\nkeepalive-max-requests = 8\n"
-            "max-connections = 4\nmax-body = 4KiB\n"
-            "[model]\npath = %s\n[worker cpu]\nthreads = 1\nctx-limit = 512\n",
-            g_sock, g_dir, g_model);
-    fclose(f);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(g_log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(tu_spillway_bin(), "spillway", "serve", "--config", cfg, (char *)NULL);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    g_router = pid;
-    double t0 = now_s();
-    while (now_s() - t0 < 40) {
-        wc_response h;
-        if (wc_request(g_sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
-            wc_response_free(&h);
-            return 0;
-        }
-        wc_response_free(&h);
-        usleep(50 * 1000);
-    }
-    return -1;
+    return rh_start(&g_rt, "ka", g_model,
+                    "keepalive-timeout-s = 3\nkeepalive-max-requests = 8\n"
+                    "max-connections = 4\nmax-body = 4KiB\n",
+                    "[worker cpu]\nthreads = 1\nctx-limit = 512\n");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int st = 0;
-    if (g_router > 0) {
-        kill(g_router, SIGTERM);
-        double t0 = now_s();
-        while (waitpid(g_router, &st, WNOHANG) != g_router) {
-            if (now_s() - t0 > 15) {
-                kill(g_router, SIGKILL);
-                waitpid(g_router, &st, 0);
-                break;
-            }
-            usleep(20 * 1000);
-        }
-    }
-    char *log = tu_read_file(g_log, NULL);
-    bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0 && log && !strstr(log, "Sanitizer") &&
-                 !strstr(log, "runtime error");
+    int st = rh_stop(&g_rt);
+    char *log = tu_read_file(g_rt.log, NULL);
+    bool clean = st == 0 && log && !strstr(log, "Sanitizer") && !strstr(log, "runtime error");
     sw_free(log);
     if (clean)
-        nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        tu_rm_tree(g_rt.dir);
     else
-        fprintf(stderr, "router exit or log not clean: see %s\n", g_log);
+        fprintf(stderr, "router exit or log not clean: see %s\n", g_rt.log);
     remove(g_model);
     return clean ? 0 : -1;
 }
@@ -148,7 +76,7 @@ typedef struct conn {
 static void conn_open(conn *c)
 {
     memset(c, 0, sizeof *c);
-    c->fd = wc_connect(g_sock, 20000);
+    c->fd = wc_connect(g_rt.sock, 20000);
     assert_true(c->fd >= 0);
 }
 
@@ -224,7 +152,7 @@ static size_t response_length(const char *p, size_t n)
 static void read_resp(conn *c, wc_response *out)
 {
     memset(out, 0, sizeof *out);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     for (;;) {
         size_t len = c->len ? response_length(c->buf, c->len) : 0;
         if (len) {
@@ -233,7 +161,7 @@ static void read_resp(conn *c, wc_response *out)
             c->len -= len;
             return;
         }
-        assert_true(now_s() - t0 < 60);
+        assert_true(tu_now_s() - t0 < 60);
         if (c->len + 4096 > c->cap) {
             c->cap = (c->len + 4096) * 2;
             c->buf = sw_realloc(c->buf, c->cap);
@@ -251,8 +179,8 @@ static void read_resp(conn *c, wc_response *out)
  * more to read: EOF). */
 static bool closed_within(conn *c, double timeout_s)
 {
-    double t0 = now_s();
-    while (now_s() - t0 < timeout_s) {
+    double t0 = tu_now_s();
+    while (tu_now_s() - t0 < timeout_s) {
         struct pollfd p = {c->fd, POLLIN, 0};
         if (poll(&p, 1, 100) > 0) {
             char b[256];
@@ -283,7 +211,7 @@ static const char *BODY_STREAM = "{\"prompt\":\"Once upon a time\",\"max_tokens\
 static char *reference_text(bool stream)
 {
     wc_response r;
-    assert_int_equal(wc_request(g_sock, "POST", "/v1/completions",
+    assert_int_equal(wc_request(g_rt.sock, "POST", "/v1/completions",
                                 stream ? BODY_STREAM : BODY_PLAIN, 60000, &r), 0);
     assert_int_equal(r.status, 200);
     int toks[64];
@@ -382,7 +310,7 @@ static void test_mixed_requests_one_socket(void **state)
     conn_close(&c);
 
     /* the metrics count the requests served on a reused connection */
-    assert_int_equal(wc_request(g_sock, "GET", "/metrics", NULL, 10000, &r), 0);
+    assert_int_equal(wc_request(g_rt.sock, "GET", "/metrics", NULL, 10000, &r), 0);
     const char *m = strstr(r.body, "\nspillway_router_keepalive_requests_total ");
     assert_non_null(m);
     assert_true(strtoull(m + strlen("\nspillway_router_keepalive_requests_total "), NULL, 10) >= 6);

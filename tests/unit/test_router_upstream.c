@@ -19,6 +19,7 @@
  *   with nothing sent yet is replayed there.
  */
 #include "testutil.h"
+#include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
@@ -26,7 +27,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <poll.h>
 #include <pthread.h>
@@ -35,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -44,32 +43,6 @@
 #include <unistd.h>
 
 static char g_model[512];
-
-typedef struct router {
-    pid_t pid;
-    char dir[512];
-    char sock[600];
-    char cfg[600];
-    char log[600];
-} router;
-
-static router *g_live[4];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
 
 static int setup(void **state)
 {
@@ -81,113 +54,20 @@ static int setup(void **state)
     return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
 }
 
-static int router_stop(router *r)
-{
-    for (int i = 0; i < 4; i++)
-        if (g_live[i] == r)
-            g_live[i] = NULL;
-    if (r->pid <= 0)
-        return -1;
-    kill(r->pid, SIGTERM);
-    double t0 = now_s();
-    int st = 0;
-    while (waitpid(r->pid, &st, WNOHANG) != r->pid) {
-        if (now_s() - t0 > 15) {
-            kill(r->pid, SIGKILL);
-            waitpid(r->pid, &st, 0);
-            break;
-        }
-        usleep(20 * 1000);
-    }
-    r->pid = 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static int teardown(void **state)
 {
     (void)state;
-    for (int i = 0; i < 4; i++)
-        if (g_live[i])
-            router_stop(g_live[i]);
+    rh_stop_all();
     wc_worker_kill_all();
     remove(g_model);
     return 0;
 }
 
-static int router_start(router *r, const char *name, const char *workers)
-{
-    memset(r, 0, sizeof *r);
-    char d[128];
-    snprintf(d, sizeof d, "rt-up-%d-%s", (int)getpid(), name);
-    snprintf(r->dir, sizeof r->dir, "%s", tu_tmp_path(d));
-    mkdir(r->dir, 0700);
-    snprintf(r->sock, sizeof r->sock, "%s/router.sock", r->dir);
-    snprintf(r->cfg, sizeof r->cfg, "%s/router.ini", r->dir);
-    snprintf(r->log, sizeof r->log, "%s/router.log", r->dir);
-    FILE *f = fopen(r->cfg, "w");
-    if (!f)
-        return -1;
-    fprintf(f,
-            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
-            "ready-timeout = 30\n[model]\npath = %s\n%s",
-            r->sock, r->dir, g_model, workers);
-    fclose(f);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(r->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(tu_spillway_bin(), "spillway", "serve", "--config", r->cfg, (char *)NULL);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    r->pid = pid;
-    for (int i = 0; i < 4; i++)
-        if (!g_live[i]) {
-            g_live[i] = r;
-            break;
-        }
-    double t0 = now_s();
-    while (now_s() - t0 < 40) {
-        wc_response h;
-        if (wc_request(r->sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
-            wc_response_free(&h);
-            return 0;
-        }
-        wc_response_free(&h);
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            r->pid = 0;
-            return -1;
-        }
-        usleep(50 * 1000);
-    }
-    return -1;
-}
-
-static void router_finish(router *r)
-{
-    assert_int_equal(router_stop(r), 0);
-    char *log = tu_read_file(r->log, NULL);
-    assert_non_null(log);
-    if (strstr(log, "Sanitizer") || strstr(log, "runtime error"))
-        fail_msg("sanitizer report in %s", r->log);
-    sw_free(log);
-    nftw(r->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 /* Waits until the router's /health lists worker name in state want. */
-static void wait_worker_state(const router *r, const char *name, const char *want)
+static void wait_worker_state(const rh_router *r, const char *name, const char *want)
 {
-    double t0 = now_s();
-    while (now_s() - t0 < 30) {
+    double t0 = tu_now_s();
+    while (tu_now_s() - t0 < 30) {
         wc_response h;
         if (wc_request(r->sock, "GET", "/health", NULL, 2000, &h) == 0 && h.body) {
             json_t *j = json_loads(h.body, 0, NULL);
@@ -208,20 +88,6 @@ static void wait_worker_state(const router *r, const char *name, const char *wan
         usleep(50 * 1000);
     }
     fail_msg("worker %s never reached state %s", name, want);
-}
-
-/* The router's failover records. */
-static json_t *events(const router *r)
-{
-    wc_response e;
-    assert_int_equal(wc_request(r->sock, "GET", "/v1/spillway/events", NULL, 5000, &e), 0);
-    assert_int_equal(e.status, 200);
-    json_t *j = json_loads(e.body, 0, NULL);
-    wc_response_free(&e);
-    assert_non_null(j);
-    json_t *d = json_incref(json_object_get(j, "data"));
-    json_decref(j);
-    return d;
 }
 
 static const char *BODY = "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0,"
@@ -254,8 +120,8 @@ static void test_openai_kind_serves(void **state)
     snprintf(workers, sizeof workers,
              "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 64\nmax-seqs = 2\n",
              eng.socket_path);
-    router r;
-    assert_int_equal(router_start(&r, "serve", workers), 0);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "serve", g_model, NULL, workers), 0);
 
     wc_response h;
     assert_int_equal(wc_request(r.sock, "GET", "/health", NULL, 5000, &h), 0);
@@ -301,7 +167,7 @@ static void test_openai_kind_serves(void **state)
     assert_non_null(strstr(a.body, "context_length_exceeded"));
     wc_response_free(&a);
 
-    router_finish(&r);
+    rh_finish(&r);
     wc_worker_stop(&eng);
     sw_free(want);
     sw_free(want_s);
@@ -321,8 +187,8 @@ static void test_openai_no_resume(void **state)
              "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 1024\n",
              eng.socket_path);
-    router r;
-    assert_int_equal(router_start(&r, "noresume", workers), 0);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "noresume", g_model, NULL, workers), 0);
     wait_worker_state(&r, "cpu", "ready");
 
     wc_response a;
@@ -352,7 +218,7 @@ static void test_openai_no_resume(void **state)
     assert_true(text_events >= 1 && text_events < 10); /* cut short, not replayed */
     wc_response_free(&a);
 
-    json_t *evs = events(&r);
+    json_t *evs = rh_events(&r);
     assert_int_equal(json_array_size(evs), 1);
     json_t *e0 = json_array_get(evs, 0);
     assert_string_equal(json_string_value(json_object_get(e0, "outcome")), "failed");
@@ -368,7 +234,7 @@ static void test_openai_no_resume(void **state)
         strstr(a.body, "spillway_router_requests_total{worker=\"cpu\",outcome=\"failed\"} 0\n"));
     wc_response_free(&a);
 
-    router_finish(&r);
+    rh_finish(&r);
     wc_worker_stop(&eng);
 }
 
@@ -536,8 +402,8 @@ static void test_engine_oom_texts_replayed(void **state)
              "[worker fake]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 1024\n",
              epath);
-    router r;
-    assert_int_equal(router_start(&r, "oom", workers), 0);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "oom", g_model, NULL, workers), 0);
     wait_worker_state(&r, "cpu", "ready");
     size_t n_replies = sizeof g_replies / sizeof g_replies[0];
     for (size_t i = 0; i < n_replies; i++) {
@@ -572,7 +438,7 @@ static void test_engine_oom_texts_replayed(void **state)
         wc_response_free(&a);
         assert_int_equal(atomic_load(&e.posts), posts + 1); /* the engine was tried once */
 
-        json_t *evs = events(&r);
+        json_t *evs = rh_events(&r);
         json_t *found = NULL;
         for (size_t k = 0; k < json_array_size(evs); k++) {
             json_t *x = json_array_get(evs, k);
@@ -591,7 +457,7 @@ static void test_engine_oom_texts_replayed(void **state)
         assert_string_equal(json_string_value(json_object_get(found, "outcome")), "completed");
         json_decref(evs);
     }
-    router_finish(&r);
+    rh_finish(&r);
     engine_stop(&e);
 }
 
@@ -623,8 +489,8 @@ static void test_resume_never_goes_to_openai(void **state)
              "fault = abort_after_tokens:3,stall_ms:20\n"
              "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n",
              eng.socket_path);
-    router r;
-    assert_int_equal(router_start(&r, "noresume2", workers), 0);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "noresume2", g_model, NULL, workers), 0);
     wait_worker_state(&r, "sp", "ready");
     long ok0 = worker_ok(eng.socket_path);
 
@@ -649,7 +515,7 @@ static void test_resume_never_goes_to_openai(void **state)
     assert_int_equal(wc_tokens_of(&a, false, toks, 64, NULL, fin, sizeof fin), 10);
     wc_response_free(&a);
     assert_int_equal(worker_ok(eng.socket_path), ok0 + 1);
-    router_finish(&r);
+    rh_finish(&r);
     wc_worker_stop(&eng);
 }
 

@@ -1495,6 +1495,109 @@ int eng_gguf_writer_set_arr_i32(eng_gguf_writer *w, const char *key, const int32
     return writer_arr32(w, key, ENG_GGUF_INT32, v, n);
 }
 
+/* An array of kv `index` into w: strings, FLOAT32, or INT32 for the rest. */
+static int writer_copy_arr(eng_gguf_writer *w, const eng_gguf *g, int64_t index,
+                           const char *key, eng_gguf_value_type et, uint64_t n)
+{
+    int rc = SW_OK;
+    if (et == ENG_GGUF_ARRAY)
+        return SW_EUNSUPPORTED;
+    if (n > SIZE_MAX / sizeof(char *))
+        return SW_ENOMEM;
+    size_t count = (size_t)(n ? n : 1);
+    if (et == ENG_GGUF_STRING) {
+        char **strs = sw_calloc(count, sizeof *strs);
+        if (!strs)
+            return SW_ENOMEM;
+        for (uint64_t j = 0; j < n && rc == SW_OK; j++) {
+            const char *p;
+            size_t len;
+            if ((rc = eng_gguf_arr_str(g, index, j, &p, &len)) == SW_OK &&
+                !(strs[j] = sw_strndup(p, len)))
+                rc = SW_ENOMEM;
+        }
+        if (rc == SW_OK)
+            rc = eng_gguf_writer_set_arr_str(w, key, (const char *const *)strs, n);
+        for (uint64_t j = 0; j < n; j++)
+            sw_free(strs[j]);
+        sw_free(strs);
+    } else if (et == ENG_GGUF_FLOAT32) {
+        float *v = sw_calloc(count, sizeof *v);
+        if (!v)
+            return SW_ENOMEM;
+        for (uint64_t j = 0; j < n && rc == SW_OK; j++)
+            rc = eng_gguf_arr_f32(g, index, j, &v[j]);
+        if (rc == SW_OK)
+            rc = eng_gguf_writer_set_arr_f32(w, key, v, n);
+        sw_free(v);
+    } else {
+        int32_t *v = sw_calloc(count, sizeof *v);
+        if (!v)
+            return SW_ENOMEM;
+        for (uint64_t j = 0; j < n && rc == SW_OK; j++)
+            rc = eng_gguf_arr_i32(g, index, j, &v[j]);
+        if (rc == SW_OK)
+            rc = eng_gguf_writer_set_arr_i32(w, key, v, n);
+        sw_free(v);
+    }
+    return rc;
+}
+
+int eng_gguf_writer_copy_kv(eng_gguf_writer *w, const eng_gguf *g, int64_t index,
+                            const char *key)
+{
+    const char *src = eng_gguf_kv_key(g, index);
+    if (!w || !src)
+        return SW_EINVAL;
+    if (!key)
+        key = src;
+    int rc;
+    switch (eng_gguf_kv_type(g, index)) {
+    case ENG_GGUF_UINT32: {
+        uint32_t v;
+        return (rc = eng_gguf_get_u32(g, src, &v, NULL)) ? rc : eng_gguf_writer_set_u32(w, key, v);
+    }
+    case ENG_GGUF_INT32: {
+        int32_t v;
+        return (rc = eng_gguf_get_i32(g, src, &v, NULL)) ? rc : eng_gguf_writer_set_i32(w, key, v);
+    }
+    case ENG_GGUF_UINT64: {
+        uint64_t v;
+        return (rc = eng_gguf_get_u64(g, src, &v, NULL)) ? rc : eng_gguf_writer_set_u64(w, key, v);
+    }
+    case ENG_GGUF_FLOAT32: {
+        float v;
+        return (rc = eng_gguf_get_f32(g, src, &v, NULL)) ? rc : eng_gguf_writer_set_f32(w, key, v);
+    }
+    case ENG_GGUF_BOOL: {
+        bool v;
+        return (rc = eng_gguf_get_bool(g, src, &v, NULL)) ? rc
+                                                          : eng_gguf_writer_set_bool(w, key, v);
+    }
+    case ENG_GGUF_STRING: {
+        const char *p;
+        size_t len;
+        if ((rc = eng_gguf_get_str(g, src, &p, &len, NULL)))
+            return rc;
+        char *copy = sw_strndup(p, len);
+        if (!copy)
+            return SW_ENOMEM;
+        rc = eng_gguf_writer_set_str(w, key, copy);
+        sw_free(copy);
+        return rc;
+    }
+    case ENG_GGUF_ARRAY: {
+        eng_gguf_value_type et;
+        uint64_t n;
+        if ((rc = eng_gguf_get_arr(g, src, &et, &n, NULL)))
+            return rc;
+        return writer_copy_arr(w, g, index, key, et, n);
+    }
+    default:
+        return SW_EUNSUPPORTED;
+    }
+}
+
 int eng_gguf_writer_add_tensor(eng_gguf_writer *w, const char *name, uint32_t type,
                                uint32_t n_dims, const int64_t *ne, const void *data,
                                size_t size_bytes)

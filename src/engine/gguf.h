@@ -156,6 +156,14 @@ int eng_gguf_writer_set_arr_f32(eng_gguf_writer *w, const char *key,
                                 const float *v, uint64_t n);
 int eng_gguf_writer_set_arr_i32(eng_gguf_writer *w, const char *key,
                                 const int32_t *v, uint64_t n);
+/* Copies key-value `index` of g into w, under `key` (NULL: the same key):
+ * scalars of the writer's types (u32, i32, u64, f32, bool, string) as they
+ * are, arrays of strings and of FLOAT32 as such, arrays of other numbers as
+ * INT32 (the writer's one integer array type; a value out of its range is
+ * SW_ERANGE). Other scalar types and nested arrays: SW_EUNSUPPORTED. Used to
+ * rewrite a model file with some metadata changed. */
+int eng_gguf_writer_copy_kv(eng_gguf_writer *w, const eng_gguf *g, int64_t index,
+                            const char *key);
 /* ne has n_dims entries, ne[0] innermost; size_bytes must equal the type's
  * row size times the number of rows. */
 int eng_gguf_writer_add_tensor(eng_gguf_writer *w, const char *name,

@@ -56,82 +56,10 @@ static void rewrite_model(const char *src, const char *dst, const rewrite *rw, i
             snprintf(renamed, sizeof renamed, "%s.%s", rw->arch, key + 6);
         else
             snprintf(renamed, sizeof renamed, "%s", key);
-        switch (eng_gguf_kv_type(g, i)) {
-        case ENG_GGUF_UINT32: {
-            uint32_t v;
-            assert_int_equal(eng_gguf_get_u32(g, key, &v, NULL), SW_OK);
-            eng_gguf_writer_set_u32(w, renamed, v);
-            break;
-        }
-        case ENG_GGUF_UINT64: {
-            uint64_t v;
-            assert_int_equal(eng_gguf_get_u64(g, key, &v, NULL), SW_OK);
-            eng_gguf_writer_set_u64(w, renamed, v);
-            break;
-        }
-        case ENG_GGUF_INT32: {
-            int32_t v;
-            assert_int_equal(eng_gguf_get_i32(g, key, &v, NULL), SW_OK);
-            eng_gguf_writer_set_i32(w, renamed, v);
-            break;
-        }
-        case ENG_GGUF_FLOAT32: {
-            float v;
-            assert_int_equal(eng_gguf_get_f32(g, key, &v, NULL), SW_OK);
-            eng_gguf_writer_set_f32(w, renamed, v);
-            break;
-        }
-        case ENG_GGUF_BOOL: {
-            bool v;
-            assert_int_equal(eng_gguf_get_bool(g, key, &v, NULL), SW_OK);
-            eng_gguf_writer_set_bool(w, renamed, v);
-            break;
-        }
-        case ENG_GGUF_STRING: {
-            const char *p;
-            size_t len;
-            assert_int_equal(eng_gguf_get_str(g, key, &p, &len, NULL), SW_OK);
-            char *copy = sw_strndup(p, len);
-            eng_gguf_writer_set_str(w, renamed,
-                                    strcmp(key, "general.architecture") == 0 && rw->arch ? rw->arch
-                                                                                      : copy);
-            sw_free(copy);
-            break;
-        }
-        case ENG_GGUF_ARRAY: {
-            eng_gguf_value_type et;
-            uint64_t n;
-            assert_int_equal(eng_gguf_get_arr(g, key, &et, &n, NULL), SW_OK);
-            if (et == ENG_GGUF_STRING) {
-                char **strs = sw_calloc(n, sizeof *strs);
-                for (uint64_t j = 0; j < n; j++) {
-                    const char *p;
-                    size_t len;
-                    eng_gguf_arr_str(g, i, j, &p, &len);
-                    strs[j] = sw_strndup(p, len);
-                }
-                eng_gguf_writer_set_arr_str(w, renamed, (const char *const *)strs, n);
-                for (uint64_t j = 0; j < n; j++)
-                    sw_free(strs[j]);
-                sw_free(strs);
-            } else if (et == ENG_GGUF_FLOAT32) {
-                float *v = sw_calloc(n, sizeof *v);
-                for (uint64_t j = 0; j < n; j++)
-                    eng_gguf_arr_f32(g, i, j, &v[j]);
-                eng_gguf_writer_set_arr_f32(w, renamed, v, n);
-                sw_free(v);
-            } else {
-                int32_t *v = sw_calloc(n, sizeof *v);
-                for (uint64_t j = 0; j < n; j++)
-                    eng_gguf_arr_i32(g, i, j, &v[j]);
-                eng_gguf_writer_set_arr_i32(w, renamed, v, n);
-                sw_free(v);
-            }
-            break;
-        }
-        default:
-            fail_msg("unexpected key type in %s", key);
-        }
+        if (strcmp(key, "general.architecture") == 0 && rw->arch)
+            assert_int_equal(eng_gguf_writer_set_str(w, renamed, rw->arch), SW_OK);
+        else if (eng_gguf_writer_copy_kv(w, g, i, renamed) != SW_OK)
+            fail_msg("cannot copy key %s", key);
     }
     if (rw->linear_scale != 0.0f) {
         char key[64];

@@ -1380,6 +1380,67 @@ static void test_cli_model_info(void **state)
     remove(path);
 }
 
+/* eng_gguf_writer_copy_kv: every value type the writer knows comes back
+ * equal under a new key; formatting both files' values shows the same. */
+static eng_gguf *open_copy_test(const char *path)
+{
+    eng_gguf *g = NULL;
+    sw_error err;
+    if (eng_gguf_open(path, &g, &err) != SW_OK)
+        fail_msg("open %s: %s", path, err.message);
+    return g;
+}
+
+static void test_writer_copy_kv(void **state)
+{
+    (void)state;
+    char a[512], b[512]; /* tu_tmp_path returns one static buffer */
+    snprintf(a, sizeof a, "%s", tu_tmp_path("copy-a.gguf"));
+    snprintf(b, sizeof b, "%s", tu_tmp_path("copy-b.gguf"));
+    eng_gguf_writer *w = eng_gguf_writer_create();
+    const char *strs[] = {"x", "", "hello wörld"};
+    const float fs[] = {1.5f, -2.0f};
+    const int32_t is[] = {7, -8, 9};
+    assert_int_equal(eng_gguf_writer_set_u32(w, "k.u32", 4000000000u), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_i32(w, "k.i32", -5), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_u64(w, "k.u64", 1ull << 40), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_f32(w, "k.f32", 0.25f), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_bool(w, "k.bool", true), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_str(w, "k.str", "value"), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_arr_str(w, "k.astr", strs, 3), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_arr_f32(w, "k.af32", fs, 2), SW_OK);
+    assert_int_equal(eng_gguf_writer_set_arr_i32(w, "k.ai32", is, 3), SW_OK);
+    assert_int_equal(eng_gguf_writer_write(w, a, NULL), SW_OK);
+    eng_gguf_writer_free(w);
+    eng_gguf *ga = open_copy_test(a);
+    w = eng_gguf_writer_create();
+    for (int64_t i = 0; i < eng_gguf_n_kv(ga); i++) {
+        char key[64];
+        snprintf(key, sizeof key, "copy.%s", eng_gguf_kv_key(ga, i));
+        assert_int_equal(eng_gguf_writer_copy_kv(w, ga, i, key), SW_OK);
+    }
+    assert_int_equal(eng_gguf_writer_copy_kv(w, ga, 0, NULL), SW_OK); /* same key */
+    assert_int_equal(eng_gguf_writer_copy_kv(w, ga, 0, NULL), SW_EINVAL); /* twice */
+    assert_int_equal(eng_gguf_writer_write(w, b, NULL), SW_OK);
+    eng_gguf_writer_free(w);
+    eng_gguf *gb = open_copy_test(b);
+    assert_int_equal(eng_gguf_n_kv(gb), eng_gguf_n_kv(ga) + 1);
+    for (int64_t i = 0; i < eng_gguf_n_kv(ga); i++) {
+        char key[64], va[256], vb[256];
+        snprintf(key, sizeof key, "copy.%s", eng_gguf_kv_key(ga, i));
+        int64_t j = eng_gguf_find_key(gb, key);
+        assert_true(j >= 0);
+        assert_int_equal(eng_gguf_kv_type(gb, j), eng_gguf_kv_type(ga, i));
+        eng_gguf_kv_format(ga, i, va, sizeof va);
+        eng_gguf_kv_format(gb, j, vb, sizeof vb);
+        assert_string_equal(va, vb);
+    }
+    eng_gguf_close(ga);
+    eng_gguf_close(gb);
+    remove(a);
+    remove(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1410,6 +1471,7 @@ int main(void)
         cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_llama2_tiny_random),
         cmocka_unit_test(test_cli_model_info),
+        cmocka_unit_test(test_writer_copy_kv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -722,85 +722,6 @@ static void test_walk_qwen2(void **state)
 
 /* ---- the acceptance runs on tiny models ------------------------------------- */
 
-/* kv i of src into w */
-static void copy_kv(eng_gguf_writer *w, const eng_gguf *g, int64_t i)
-{
-    const char *key = eng_gguf_kv_key(g, i);
-    switch (eng_gguf_kv_type(g, i)) {
-    case ENG_GGUF_UINT32: {
-        uint32_t v;
-        assert_int_equal(eng_gguf_get_u32(g, key, &v, NULL), SW_OK);
-        eng_gguf_writer_set_u32(w, key, v);
-        break;
-    }
-    case ENG_GGUF_INT32: {
-        int32_t v;
-        assert_int_equal(eng_gguf_get_i32(g, key, &v, NULL), SW_OK);
-        eng_gguf_writer_set_i32(w, key, v);
-        break;
-    }
-    case ENG_GGUF_UINT64: {
-        uint64_t v;
-        assert_int_equal(eng_gguf_get_u64(g, key, &v, NULL), SW_OK);
-        eng_gguf_writer_set_u64(w, key, v);
-        break;
-    }
-    case ENG_GGUF_FLOAT32: {
-        float v;
-        assert_int_equal(eng_gguf_get_f32(g, key, &v, NULL), SW_OK);
-        eng_gguf_writer_set_f32(w, key, v);
-        break;
-    }
-    case ENG_GGUF_BOOL: {
-        bool v;
-        assert_int_equal(eng_gguf_get_bool(g, key, &v, NULL), SW_OK);
-        eng_gguf_writer_set_bool(w, key, v);
-        break;
-    }
-    case ENG_GGUF_STRING: {
-        const char *p;
-        size_t len;
-        assert_int_equal(eng_gguf_get_str(g, key, &p, &len, NULL), SW_OK);
-        char *copy = sw_strndup(p, len);
-        eng_gguf_writer_set_str(w, key, copy);
-        sw_free(copy);
-        break;
-    }
-    case ENG_GGUF_ARRAY: {
-        eng_gguf_value_type et;
-        uint64_t n;
-        assert_int_equal(eng_gguf_get_arr(g, key, &et, &n, NULL), SW_OK);
-        if (et == ENG_GGUF_STRING) {
-            char **strs = sw_calloc(n, sizeof *strs);
-            for (uint64_t j = 0; j < n; j++) {
-                const char *p;
-                size_t len;
-                eng_gguf_arr_str(g, i, j, &p, &len);
-                strs[j] = sw_strndup(p, len);
-            }
-            eng_gguf_writer_set_arr_str(w, key, (const char *const *)strs, n);
-            for (uint64_t j = 0; j < n; j++)
-                sw_free(strs[j]);
-            sw_free(strs);
-        } else if (et == ENG_GGUF_FLOAT32) {
-            float *v = sw_calloc(n, sizeof *v);
-            for (uint64_t j = 0; j < n; j++)
-                eng_gguf_arr_f32(g, i, j, &v[j]);
-            eng_gguf_writer_set_arr_f32(w, key, v, n);
-            sw_free(v);
-        } else {
-            int32_t *v = sw_calloc(n, sizeof *v);
-            for (uint64_t j = 0; j < n; j++)
-                eng_gguf_arr_i32(g, i, j, &v[j]);
-            eng_gguf_writer_set_arr_i32(w, key, v, n);
-            sw_free(v);
-        }
-        break;
-    }
-    default:
-        break;
-    }
-}
 
 /* A `model make` model (qwen2 layout) with the vocabulary of vocab_path:
  * a BPE model for the tests. Returns the path or NULL (skipped). */
@@ -830,10 +751,10 @@ static const char *make_bpe_model(const char *vocab_rel)
     eng_gguf_writer *w = eng_gguf_writer_create();
     for (int64_t i = 0; i < eng_gguf_n_kv(made); i++)
         if (strncmp(eng_gguf_kv_key(made, i), "tokenizer.", 10) != 0)
-            copy_kv(w, made, i);
+            assert_int_equal(eng_gguf_writer_copy_kv(w, made, i, NULL), SW_OK);
     for (int64_t i = 0; i < eng_gguf_n_kv(voc); i++)
         if (strncmp(eng_gguf_kv_key(voc, i), "tokenizer.", 10) == 0)
-            copy_kv(w, voc, i);
+            assert_int_equal(eng_gguf_writer_copy_kv(w, voc, i, NULL), SW_OK);
     for (int64_t i = 0; i < eng_gguf_n_tensors(made); i++) {
         const eng_gguf_tensor *t = eng_gguf_tensor_at(made, i);
         eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->size_bytes);

@@ -55,8 +55,17 @@ static int cuda_open(dev_device *dev, const char *argument, const dev_options *o
 {
     struct cudaDeviceProp prop;
     cuda_impl *impl;
-    int count = 0, index = atoi(argument);
-    cudaError_t e = cudaGetDeviceCount(&count);
+    char *end = NULL;
+    long parsed = argument ? strtol(argument, &end, 10) : -1;
+    int count = 0, index;
+    cudaError_t e;
+
+    /* "cuda:1x" or "cuda:-1" would otherwise be read as some GPU. */
+    if (!argument || !*argument || *end || parsed < 0 || parsed > 1024)
+        return sw_error_set(err, SW_EINVAL, "%s: the GPU index must be a number (cuda:0, "
+                            "cuda:1, ...)", dev->spec);
+    index = (int)parsed;
+    e = cudaGetDeviceCount(&count);
 
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || (e == cudaSuccess &&
                                                                         count == 0)) {

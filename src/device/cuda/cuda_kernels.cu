@@ -508,3 +508,33 @@ extern "C" int cuda_attention(const cuda_kv_view *kv, int32_t layer, const float
         1.0f / sqrtf((float)head_dim));
     return status_of_launch();
 }
+
+/* ---- loading ---------------------------------------------------------------------- */
+
+extern "C" int cuda_kernels_preload(const char **name)
+{
+    struct cudaFuncAttributes attr;
+    const struct {
+        const void *fn;
+        const char *name;
+    } all[] = {
+        {(const void *)matvec_kernel, "matvec"},
+        {(const void *)dequantize_rows_kernel, "dequantize_rows"},
+        {(const void *)rms_norm_kernel, "rms_norm"},
+        {(const void *)add_bias_kernel, "add_bias"},
+        {(const void *)add_kernel, "add"},
+        {(const void *)swiglu_kernel, "swiglu"},
+        {(const void *)rope_kernel, "rope"},
+        {(const void *)kv_store_kernel, "kv_store"},
+        {(const void *)attention_kernel, "attention"},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        cudaError_t e = cudaFuncGetAttributes(&attr, all[i].fn);
+        if (e != cudaSuccess) {
+            if (name)
+                *name = all[i].name;
+            return (int)e;
+        }
+    }
+    return 0;
+}

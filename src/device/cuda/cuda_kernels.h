@@ -84,6 +84,15 @@ int cuda_attention(const cuda_kv_view *kv, int32_t layer, const float *d_q, floa
 
 #define CUDA_ATTENTION_MAX_HEAD_DIM 256
 
+/* Loads every kernel above into the current GPU's context now. The runtime
+ * loads modules lazily (CUDA_MODULE_LOADING=LAZY is the default since CUDA
+ * 12.2), on a kernel's first launch, and loading takes device memory: left
+ * to the first launch, a kernel first used while the GPU is full would fail
+ * mid-layer. Also where a build without code for this GPU
+ * (cudaErrorNoKernelImageForDevice) shows, at context creation. Returns a
+ * cudaError_t value; *name is the kernel that failed. */
+int cuda_kernels_preload(const char **name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,6 +50,10 @@ struct cuda_engine {
     /* Weight rows dequantized for cuBLAS. */
     float *d_scratch;
     size_t scratch_bytes;
+    /* cuBLAS's workspace, ours (cublasSetWorkspace) so that it is counted
+     * in what the handle holds instead of coming from cuBLAS's own pool. */
+    void *d_blas_ws;
+    size_t blas_ws_bytes;
 };
 
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
@@ -114,6 +118,17 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
 
     if ((rc = cuda__select(dev, err)))
         return rc;
+    {
+        const char *kernel = "";
+        int e = cuda_kernels_preload(&kernel);
+        if (e == cudaErrorMemoryAllocation)
+            return check(ctx, e, "loading the kernels", err);
+        if (e)
+            return sw_error_set(err, SW_EDEVICE, "%s: cannot load the %s kernel: %s (%s); this "
+                                "build's GPU code is for CMAKE_CUDA_ARCHITECTURES", dev_spec(dev),
+                                kernel, cudaGetErrorString((cudaError_t)e),
+                                cudaGetErrorName((cudaError_t)e));
+    }
     g = sw_calloc(1, sizeof *g);
     if (!g)
         return sw_error_set(err, SW_ENOMEM, "out of host memory for the CUDA engine");
@@ -164,10 +179,22 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
             g->scratch_bytes = row;
         if ((rc = dev_alloc(dev, g->scratch_bytes, "gemm scratch", (void **)&g->d_scratch, err)))
             goto fail;
+        g->blas_ws_bytes = CUDA_BLAS_WORKSPACE_BYTES;
+        if ((rc = dev_alloc(dev, g->blas_ws_bytes, "cublas workspace", &g->d_blas_ws, err)))
+            goto fail;
         if ((rc = check_blas(ctx, cublasCreate(&g->blas), "creating the handle", err)))
             goto fail;
         g->blas_ready = true;
-        cublasSetMathMode(g->blas, CUBLAS_PEDANTIC_MATH);
+        /* Plain FP32 (no TF32 or reduced-precision tricks): the F32
+         * tolerance of the parity tests holds for prefill too. The legacy
+         * default stream (cuBLAS's default) keeps it in order with the
+         * kernels; cublasSetStream would reset the workspace, so it is not
+         * called. */
+        if ((rc = check_blas(ctx, cublasSetMathMode(g->blas, CUBLAS_PEDANTIC_MATH),
+                             "setting the math mode", err)) ||
+            (rc = check_blas(ctx, cublasSetWorkspace(g->blas, g->d_blas_ws, g->blas_ws_bytes),
+                             "setting the workspace", err)))
+            goto fail;
     }
     return SW_OK;
 fail:
@@ -182,6 +209,7 @@ void cuda_engine_free(eng_context *ctx)
         return;
     if (g->blas_ready && cuda__select(ctx->params.device, NULL) == SW_OK)
         cublasDestroy(g->blas);
+    dev_free(ctx->params.device, g->d_blas_ws, g->blas_ws_bytes);
     dev_free(ctx->params.device, g->d_scratch, g->scratch_bytes);
     dev_free(ctx->params.device, g->d_tables, g->tables_bytes);
     sw_free(g->h_blocks);
@@ -195,7 +223,7 @@ void cuda_engine_free(eng_context *ctx)
 size_t cuda_engine_device_bytes(const eng_context *ctx)
 {
     const struct cuda_engine *g = ctx->cuda;
-    return g ? g->tables_bytes + g->scratch_bytes : 0;
+    return g ? g->tables_bytes + g->scratch_bytes + g->blas_ws_bytes : 0;
 }
 
 /* y (n rows of w->n_out) = W . x (n rows of w->n_in), all on the device. */
@@ -207,20 +235,31 @@ static int gpu_matmul(eng_context *ctx, const eng_weight *w, const float *d_x, i
     if (n <= CUDA_MATVEC_MAX_TOKENS || per_token || !g->blas_ready)
         return check(ctx, cuda_matvec(w->type, w->data, w->row_bytes, w->n_in, w->n_out, d_x, n,
                                       d_y, w->n_out, NULL), "matvec", err);
-    int64_t chunk = (int64_t)(g->scratch_bytes / ((size_t)w->n_in * sizeof(float)));
+    /* F32 rows are already what cuBLAS reads: one product over the weight
+     * itself. Other types a chunk of rows at a time through the scratch. */
+    const bool f32 = w->type == ENG_TYPE_F32;
+    int64_t chunk = f32 ? w->n_out
+                        : (int64_t)(g->scratch_bytes / ((size_t)w->n_in * sizeof(float)));
     const float one = 1.0f, zero = 0.0f;
+    if (chunk < 1 || w->n_in > INT32_MAX || w->n_out > INT32_MAX || n > INT32_MAX)
+        return sw_error_set(err, SW_EINTERNAL, "gemm of %lld x %lld over %lld tokens does not "
+                            "fit the scratch of %zu bytes", (long long)w->n_out,
+                            (long long)w->n_in, (long long)n, g->scratch_bytes);
     for (int64_t r0 = 0; r0 < w->n_out; r0 += chunk) {
         int64_t rows = w->n_out - r0 < chunk ? w->n_out - r0 : chunk;
-        if ((rc = check(ctx, cuda_dequantize_rows(w->type, w->data, w->row_bytes, w->n_in, r0,
-                                                  r0 + rows, g->d_scratch, NULL),
-                        "dequantize", err)))
-            return rc;
+        const float *a = (const float *)w->data;
+        if (!f32) {
+            if ((rc = check(ctx, cuda_dequantize_rows(w->type, w->data, w->row_bytes, w->n_in,
+                                                      r0, r0 + rows, g->d_scratch, NULL),
+                            "dequantize", err)))
+                return rc;
+            a = g->d_scratch;
+        }
         /* Column-major view: C (rows x n, ldc n_out) = A^T (rows x n_in) . B (n_in x n),
          * A being the row-major chunk (n_in x rows, lda n_in), B the activations. */
         if ((rc = check_blas(ctx, cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows,
-                                              (int)n, (int)w->n_in, &one, g->d_scratch,
-                                              (int)w->n_in, d_x, (int)w->n_in, &zero, d_y + r0,
-                                              (int)w->n_out),
+                                              (int)n, (int)w->n_in, &one, a, (int)w->n_in, d_x,
+                                              (int)w->n_in, &zero, d_y + r0, (int)w->n_out),
                              "sgemm", err)))
             return rc;
     }

@@ -33,6 +33,10 @@ struct eng_token_meta;
 /* The most VRAM a context spends on weight rows dequantized for cuBLAS
  * (one chunk of rows at a time). */
 #define CUDA_GEMM_SCRATCH_MAX_BYTES ((size_t)32 << 20)
+/* cuBLAS's workspace (ours, counted like the scratch; 4 MiB is what the
+ * cuBLAS documentation recommends short of Hopper's 32 MiB, and plain SGEMM
+ * needs little). */
+#define CUDA_BLAS_WORKSPACE_BYTES ((size_t)4 << 20)
 
 #ifdef SPILLWAY_CUDA
 

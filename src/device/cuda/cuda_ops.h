@@ -42,12 +42,16 @@ struct eng_token_meta;
 
 /* Sets up ctx->cuda once memory.c has placed the weights and allocated
  * ctx->device_workspace: checks that the kernels handle every device
- * tensor (SW_EUNSUPPORTED otherwise), allocates the block tables and the
- * GEMM scratch on the device, creates the cuBLAS handle. */
+ * tensor (SW_EUNSUPPORTED otherwise), loads every kernel into the GPU's
+ * context (cuda_kernels_preload: no module is loaded later, when the GPU
+ * may be full), allocates the block tables, and with n_batch above
+ * CUDA_MATVEC_MAX_TOKENS the GEMM scratch and cuBLAS's workspace, and
+ * creates the cuBLAS handle. On failure everything it took is freed. */
 int cuda_engine_create(struct eng_context *ctx, sw_error *err);
 /* Frees what cuda_engine_create took; NULL-safe on ctx->cuda. */
 void cuda_engine_free(struct eng_context *ctx);
-/* VRAM held by the engine's own buffers (tables, GEMM scratch). */
+/* VRAM held by the engine's own buffers (tables, GEMM scratch, cuBLAS
+ * workspace): all dev_alloc'd, so in the handle's self_bytes too. */
 size_t cuda_engine_device_bytes(const struct eng_context *ctx);
 
 /* Runs the device layers over n tokens: x (n rows of n_embd floats, host)

@@ -565,6 +565,43 @@ int ldg_job_insert(ldg_ledger *l, const ldg_job *j, sw_error *err)
     return rc;
 }
 
+int ldg_job_insert_idem(ldg_ledger *l, const ldg_job *j, const char *idem_key, int status,
+                        const char *content_type, const char *body, size_t body_len,
+                        sw_error *err)
+{
+    if (!idem_key || !idem_key[0])
+        return ldg_job_insert(l, j, err);
+    int rc;
+    pthread_mutex_lock(&l->mu);
+    if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
+        goto out;
+    rc = run_stmt(l,
+                  prep(l, err,
+                       "INSERT INTO jobs (id, endpoint, request, deadline_ms, state, created)"
+                       " VALUES (?, ?, ?, ?, 'queued', ?)",
+                       "sssId", j->id, j->endpoint, j->request, (int64_t)j->deadline_ms,
+                       j->created),
+                  NULL, err);
+    if (rc)
+        goto rollback;
+    rc = run_stmt(l,
+                  prep(l, err,
+                       "UPDATE idempotency SET state = 'done', status = ?, content_type = ?,"
+                       " stream = 0, response = ? WHERE key = ?",
+                       "isbs", status, content_type, body, body_len, idem_key),
+                  NULL, err);
+    if (rc)
+        goto rollback;
+    if ((rc = exec_sql(l, "COMMIT;", err)))
+        goto rollback;
+    goto out;
+rollback:
+    exec_sql(l, "ROLLBACK;", NULL);
+out:
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
 int ldg_job_get(ldg_ledger *l, const char *id, ldg_job *out, bool *found, sw_error *err)
 {
     memset(out, 0, sizeof *out);

@@ -133,6 +133,15 @@ typedef struct ldg_job {
 void ldg_job_free(ldg_job *j);
 /* Inserts a queued job (id, endpoint, request, deadline_ms, created). */
 int ldg_job_insert(ldg_ledger *l, const ldg_job *j, sw_error *err);
+/* ldg_job_insert and, in the same transaction, ldg_idem_finish of a
+ * running Idempotency-Key with the answer that promises the job (its
+ * 202): a retry with the key finds the job answer as soon as the job
+ * exists, and never a job without it (a crash between the two would
+ * leave the key abandoned and let a retry make a second job). idem_key
+ * NULL or "": ldg_job_insert. */
+int ldg_job_insert_idem(ldg_ledger *l, const ldg_job *j, const char *idem_key, int status,
+                        const char *content_type, const char *body, size_t body_len,
+                        sw_error *err);
 int ldg_job_get(ldg_ledger *l, const char *id, ldg_job *out, bool *found, sw_error *err);
 /* queued or running -> running, attempts + 1, started = now. *claimed is
  * false when the job is already finished (or unknown). */

@@ -98,6 +98,8 @@ typedef struct rt__state {
     int n_idle;
     uint64_t keepalive_evictions, keepalive_reused;
     uint64_t ledger_swept;      /* rows deleted by the retention sweep */
+    uint64_t async_fallbacks;   /* requests queued as jobs (Prefer: respond-async) */
+    uint64_t continues_sent;    /* 100 Continue interim responses */
 } rt__state;
 
 /* A connection idle between two requests (lives on its thread's stack;
@@ -164,6 +166,11 @@ typedef struct rt_req {
      * one event that says how the whole run ended. */
     bool defer_event;
     json_t *failover_first_error;
+    /* Prefer: respond-async (RFC 7240): when admission would answer 503
+     * capacity_exceeded, the request is stored as a job and answered 202
+     * instead (router_jobs.c, rt__jobs_accept_async) */
+    bool prefer_async;
+    long long job_deadline_ms; /* X-Spillway-Job-Deadline-Ms, -1 none */
 } rt_req;
 
 const char *rt__ws_name(int state);
@@ -219,6 +226,13 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
 int rt__jobs_start(void);
 void rt__jobs_stop(void);
 void rt__handle_jobs(rt_req *q);
+/* The capacity fallback of a client request that sent Prefer:
+ * respond-async: stores its body (stream, stream_options and timeout
+ * removed) as a job, committed, and answers 202 with the job object,
+ * Location and Preference-Applied. Returns 0 when the 202 was sent, -1
+ * when the job could not be stored (nothing was sent: the caller answers
+ * as it would have). */
+int rt__jobs_accept_async(rt_req *q, bool chat);
 
 /* sabotage and router faults, read once at start (router.c) */
 void rt__read_switches(void);

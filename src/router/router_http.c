@@ -107,7 +107,9 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
                        : status == 400 ? "Bad Request"
                        : status == 401 ? "Unauthorized" : status == 404 ? "Not Found"
                        : status == 405 ? "Method Not Allowed" : status == 409 ? "Conflict"
+                       : status == 411 ? "Length Required"
                        : status == 413 ? "Payload Too Large"
+                       : status == 417 ? "Expectation Failed"
                        : status == 422 ? "Unprocessable Entity"
                        : status == 503 ? "Service Unavailable" : status >= 500 ? "Server Error" : "Error";
     char head[1536];
@@ -280,6 +282,11 @@ static void handle_metrics(rt_req *q)
         "spillway_router_jobs_total{outcome=\"succeeded\"} %llu\n"
         "spillway_router_jobs_total{outcome=\"failed\"} %llu\n",
         (unsigned long long)rt__g.jobs_done, (unsigned long long)rt__g.jobs_failed);
+    OUT("# TYPE spillway_router_async_fallbacks_total counter\n"
+        "spillway_router_async_fallbacks_total %llu\n",
+        (unsigned long long)rt__g.async_fallbacks);
+    OUT("# TYPE spillway_router_continues_total counter\nspillway_router_continues_total %llu\n",
+        (unsigned long long)rt__g.continues_sent);
     for (int h = 0; h < 2; h++) {
         const char *name = h ? "spillway_router_time_to_first_token_seconds"
                              : "spillway_router_request_duration_seconds";
@@ -449,6 +456,23 @@ static bool has_token(const char *v, const char *tok)
     return false;
 }
 
+/* Whether a Prefer header value (RFC 7240: comma-separated
+ * preferences, each "token[=value]" with optional ";param"s) holds
+ * respond-async. */
+static bool prefers_async(const char *v)
+{
+    for (const char *p = v; *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        size_t n = strcspn(p, ",");
+        size_t m = strcspn(p, ",;= \t");
+        if (m == 13 && !strncasecmp(p, "respond-async", 13))
+            return true;
+        p += n;
+    }
+    return false;
+}
+
 enum { HEAD_MAX = 16384 };
 
 /* Reads and serves one request of a connection. buf holds *bl bytes the
@@ -461,6 +485,7 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
     memset(&q, 0, sizeof q);
     q.fd = fd;
     q.deadline_ms = -1;
+    q.job_deadline_ms = -1;
     bool again = false;
     double t_read = rt__now_s();
     size_t hl = *bl;
@@ -494,6 +519,7 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
     }
     long long content_length = 0;
     bool chunked = false, bad_length = false;
+    bool expect_continue = false, expect_other = false;
     char rid[256] = "", conn[256] = "";
     for (char *line = strstr(buf, "\r\n"); line; line = strstr(line, "\r\n")) {
         line += 2;
@@ -524,6 +550,16 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
             snprintf(rid, sizeof rid, "%s", val);
         else if (nl == 22 && !strncasecmp(line, "X-Spillway-Deadline-Ms", 22))
             q.deadline_ms = strtoll(val, NULL, 10);
+        else if (nl == 26 && !strncasecmp(line, "X-Spillway-Job-Deadline-Ms", 26))
+            q.job_deadline_ms = strtoll(val, NULL, 10);
+        else if (nl == 6 && !strncasecmp(line, "Prefer", 6))
+            q.prefer_async = q.prefer_async || prefers_async(val);
+        else if (nl == 6 && !strncasecmp(line, "Expect", 6)) {
+            if (has_token(val, "100-continue"))
+                expect_continue = true;
+            else if (val[0])
+                expect_other = true;
+        }
         else if (nl == 15 && !strncasecmp(line, "Idempotency-Key", 15)) {
             bool ok = vl >= 1 && vl <= 255;
             for (size_t i = 0; ok && i < vl; i++)
@@ -572,6 +608,13 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
         }
         goto done;
     }
+    if (expect_other) {
+        /* RFC 9110 10.1.1: an expectation the server cannot meet */
+        q.keep_alive = false;
+        rt__send_error(&q, 417, "invalid_request", "the only Expect supported is 100-continue",
+                       "Expect", NULL);
+        goto done;
+    }
     if (chunked) {
         q.keep_alive = false;
         rt__send_error(&q, 411, "invalid_request", "send the body with a Content-Length", NULL, NULL);
@@ -601,6 +644,18 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
     size_t rest = hl - head_len - have;
     memmove(buf, buf + head_len + have, rest);
     hl = rest;
+    /* Expect: 100-continue: the request passed every check that needs no
+     * body (key, framing, size; each answered above with its final status
+     * instead, the body unread), so the client may send it now. Never to
+     * an HTTP/1.0 client (RFC 9110 15.2), nor once the body is here. */
+    if (expect_continue && have < (size_t)content_length && !strcmp(version, "HTTP/1.1")) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        if (rn_write_all(fd, cont, sizeof cont - 1))
+            goto done;
+        pthread_mutex_lock(&rt__g.mu);
+        rt__g.continues_sent++;
+        pthread_mutex_unlock(&rt__g.mu);
+    }
     while (have < (size_t)content_length) {
         if (rt__now_s() - t_read > rt__g.cfg->http_timeout_s)
             goto done;

@@ -25,8 +25,21 @@ static void send_stored(rt_req *q, const ldg_stored *s)
     q->worker[0] = 0;
     q->attempts = 0;
     if (!s->stream) {
+        /* A stored 202 is a job (POST /v1/spillway/jobs, or a generation
+         * queued by Prefer: respond-async): its headers again, from the
+         * job id in the stored body, so a retry is told the same thing. */
+        char extra[256] = "X-Spillway-Idempotent-Replay: true\r\n";
+        json_t *o = s->status == 202 ? json_loadb(s->body, s->body_len, 0, NULL) : NULL;
+        const char *id = json_string_value(json_object_get(o, "id"));
+        if (id && strlen(id) < 64) {
+            bool generation = strcmp(q->path, "/v1/spillway/jobs") != 0;
+            snprintf(extra, sizeof extra,
+                     "Location: /v1/spillway/jobs/%s\r\n%sX-Spillway-Idempotent-Replay: true\r\n",
+                     id, generation ? "Preference-Applied: respond-async\r\n" : "");
+        }
+        json_decref(o);
         rt__send_response(q, s->status, s->content_type[0] ? s->content_type : "application/json",
-                          "X-Spillway-Idempotent-Replay: true\r\n", s->body, s->body_len);
+                          extra, s->body, s->body_len);
         return;
     }
     char head[512];

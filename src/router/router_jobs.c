@@ -246,6 +246,57 @@ static void send_json(rt_req *q, int status, json_t *j, const char *extra)
     free(s);
 }
 
+/* Stores request (a chat or completions body) as a queued job, committed
+ * in the ledger, puts it on the in-memory queue and answers q with 202:
+ * the job object, Location and the extra header lines. Under an
+ * Idempotency-Key (router_idem.c) the key's stored answer is that 202,
+ * written in the job's own transaction and so before the client can
+ * retry. Returns 0 when the 202 was sent; -1 when the job could not be
+ * stored (nothing was sent; err says why). */
+static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t deadline_ms,
+                      const char *extra, sw_error *err)
+{
+    /* a job's answer is one JSON document: no stream */
+    json_object_del(request, "stream");
+    json_object_del(request, "stream_options");
+    ldg_job j;
+    memset(&j, 0, sizeof j);
+    uint8_t rnd[12];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        for (size_t i = 0; i < sizeof rnd; i++)
+            rnd[i] = (uint8_t)(rand() ^ (int)(rt__wall_s() * 1e6));
+    }
+    int n = snprintf(j.id, sizeof j.id, "job_");
+    for (size_t i = 0; i < sizeof rnd; i++)
+        n += snprintf(j.id + n, sizeof j.id - (size_t)n, "%02x", rnd[i]);
+    snprintf(j.endpoint, sizeof j.endpoint, "%s", endpoint);
+    j.request = json_dumps(request, JSON_COMPACT);
+    j.deadline_ms = deadline_ms;
+    j.created = rt__wall_s();
+    json_t *o = json_pack("{s:s, s:s, s:s, s:I}", "id", j.id, "object", "spillway.job", "state",
+                          "queued", "created", (json_int_t)j.created);
+    char *answer = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    int rc = -1;
+    if (!j.request || !answer) {
+        sw_error_set(err, SW_ENOMEM, "out of memory");
+    } else if (ldg_job_insert_idem(rt__g.ledger, &j, q->cap.on ? q->idem_key : NULL, 202,
+                                   "application/json", answer, strlen(answer), err) == 0) {
+        /* committed: now it may be promised */
+        if (enqueue(j.id))
+            SW_WARN("router", "job %s: in-memory queue full; it runs after a restart", j.id);
+        char hdr[256];
+        snprintf(hdr, sizeof hdr, "Location: /v1/spillway/jobs/%s\r\n%s", j.id,
+                 extra ? extra : "");
+        rt__send_response(q, 202, "application/json", hdr, answer, strlen(answer));
+        SW_INFO("router", "job %s: queued (%s, request %s)", j.id, endpoint, q->request_id);
+        rc = 0;
+    }
+    free(answer);
+    free(j.request);
+    return rc;
+}
+
 static void jobs_post(rt_req *q, bool unused)
 {
     (void)unused;
@@ -271,46 +322,51 @@ static void jobs_post(rt_req *q, bool unused)
         rt__send_error(q, 400, "invalid_request", "tool_execution needs endpoint \"chat\"",
                        "request", NULL);
     } else {
-        /* a job's answer is one JSON document: no stream */
-        json_object_del(request, "stream");
-        json_object_del(request, "stream_options");
-        ldg_job j;
-        memset(&j, 0, sizeof j);
-        uint8_t rnd[12];
-        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-            for (size_t i = 0; i < sizeof rnd; i++)
-                rnd[i] = (uint8_t)(rand() ^ (int)(rt__wall_s() * 1e6));
-        }
-        int n = snprintf(j.id, sizeof j.id, "job_");
-        for (size_t i = 0; i < sizeof rnd; i++)
-            n += snprintf(j.id + n, sizeof j.id - (size_t)n, "%02x", rnd[i]);
-        snprintf(j.endpoint, sizeof j.endpoint, "%s", endpoint);
-        j.request = json_dumps(request, JSON_COMPACT);
-        j.deadline_ms = json_is_integer(dl) ? (int64_t)json_integer_value(dl) : -1;
-        j.created = rt__wall_s();
         sw_error err;
-        if (!j.request) {
-            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
-        } else if (ldg_job_insert(rt__g.ledger, &j, &err)) {
+        sw_error_clear(&err);
+        if (accept_job(q, endpoint, request,
+                       json_is_integer(dl) ? (int64_t)json_integer_value(dl) : -1, NULL, &err)) {
             SW_ERROR("router", "job: %s", err.message);
             rt__send_error(q, 503, "ledger_unavailable", "the job could not be stored", NULL,
                            "Retry-After: 1\r\n");
-        } else {
-            /* committed: now it may be promised */
-            bool queued = enqueue(j.id) == 0;
-            if (!queued)
-                SW_WARN("router", "job %s: in-memory queue full; it runs after a restart", j.id);
-            json_t *o = json_pack("{s:s, s:s, s:s, s:I}", "id", j.id, "object", "spillway.job",
-                                  "state", "queued", "created", (json_int_t)j.created);
-            char loc[128];
-            snprintf(loc, sizeof loc, "Location: /v1/spillway/jobs/%s\r\n", j.id);
-            send_json(q, 202, o, loc);
-            json_decref(o);
-            SW_INFO("router", "job %s: queued (%s)", j.id, endpoint);
         }
-        free(j.request);
     }
     json_decref(body);
+}
+
+int rt__jobs_accept_async(rt_req *q, bool chat)
+{
+    if (!rt__g.ledger || !rt__g.jobs || q->fd < 0 || q->responded)
+        return -1;
+    json_t *request = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, NULL);
+    if (!json_is_object(request)) {
+        json_decref(request);
+        return -1;
+    }
+    /* The job runs without the client's deadline (the body's timeout is
+     * one too): the client asked to wait for the result elsewhere. Its own
+     * optional deadline comes from X-Spillway-Job-Deadline-Ms. */
+    json_object_del(request, "timeout");
+    sw_error err;
+    sw_error_clear(&err);
+    char worker[sizeof q->worker];
+    memcpy(worker, q->worker, sizeof worker);
+    q->worker[0] = 0; /* the 202 names no worker: none ran it */
+    int rc = accept_job(q, chat ? "chat" : "completions", request,
+                        q->job_deadline_ms > 0 ? (int64_t)q->job_deadline_ms : -1,
+                        "Preference-Applied: respond-async\r\n", &err);
+    json_decref(request);
+    if (rc) {
+        SW_ERROR("router", "request %s: cannot queue it as a job: %s", q->request_id, err.message);
+        memcpy(q->worker, worker, sizeof worker);
+        return -1;
+    }
+    pthread_mutex_lock(&rt__g.mu);
+    rt__g.async_fallbacks++;
+    pthread_mutex_unlock(&rt__g.mu);
+    SW_INFO("router", "request %s: no capacity now (Prefer: respond-async): queued as a job",
+            q->request_id);
+    return 0;
 }
 
 static void jobs_get(rt_req *q, const char *id)

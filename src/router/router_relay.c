@@ -613,6 +613,7 @@ void rt__handle_generate(rt_req *q, bool chat)
     const char *decision = "none";
     char first_worker[64] = "";
     bool cut_after_text = false; /* an external engine failed mid-stream */
+    bool fallback = false;       /* queued as a job (Prefer: respond-async) */
     for (;;) {
         int skipped = 0;
         double pred = -1;
@@ -678,6 +679,14 @@ void rt__handle_generate(rt_req *q, bool chat)
                 free(s);
                 client_event(&r, "[DONE]");
                 client_chunk(&r, "", 0);
+            } else if (!stop_now && q->prefer_async &&
+                       ((q->attempts == 0 && (skipped & SKIP_DEADLINE)) ||
+                        (!(q->attempts == 0 && skipped == SKIP_CTX) &&
+                         (last == FAIL_NONE || last == FAIL_BUSY))) &&
+                       rt__jobs_accept_async(q, chat) == 0) {
+                /* Prefer: respond-async: the capacity_exceeded below
+                 * became a job; the client polls it (router_jobs.c) */
+                fallback = true;
             } else if (!stop_now && q->attempts == 0 && (skipped & SKIP_DEADLINE)) {
                 char msg[256];
                 snprintf(msg, sizeof msg,
@@ -698,7 +707,7 @@ void rt__handle_generate(rt_req *q, bool chat)
                                             : "the request failed on every eligible worker",
                            NULL, "Retry-After: 1\r\n");
             }
-            if (q->attempts == 0) {
+            if (q->attempts == 0 && !fallback) {
                 pthread_mutex_lock(&rt__g.mu);
                 rt__g.rejected_capacity++;
                 pthread_mutex_unlock(&rt__g.mu);
@@ -828,7 +837,8 @@ void rt__handle_generate(rt_req *q, bool chat)
     SW_INFO("router", "request %s: %s, worker %s, %d attempt(s), %zu tokens, %.0f ms",
             q->request_id,
             r.finished ? (r.status == 200 ? "ok" : "client error")
-                       : last == FAIL_CLIENT_GONE ? "cancelled (client left)" : "failed",
+            : fallback ? "queued as a job"
+            : last == FAIL_CLIENT_GONE ? "cancelled (client left)" : "failed",
             r.final_worker[0] ? r.final_worker : "-", q->attempts, r.n_tokens,
             (rt__now_s() - r.t_start) * 1000);
     if (r.finished && r.status == 200) {

@@ -11,7 +11,9 @@
  *    row, one final write in the ledger); without the header → 503 with
  *    Retry-After; a request that fits is served directly even with the
  *    header; a stream gets the job too; the body's timeout is not the
- *    job's deadline; with an Idempotency-Key a retry gets the same job.
+ *    job's deadline; with an Idempotency-Key a retry gets the same job;
+ *    a router whose only worker is down (no capacity now, no deadline
+ *    involved) queues the job too, which fails at its own deadline.
  *  - Expect: 100-continue: a raw client waits for the 100, sends the body
  *    and gets the answer (the connection stays usable); a body over
  *    max-body gets 413 without sending it; another expectation gets 417.
@@ -27,6 +29,7 @@
 #include <ftw.h>
 #include <jansson.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -36,6 +39,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -563,6 +567,205 @@ static void test_respond_async_idempotent(void **state)
     wc_response_free(&r);
 }
 
+/* A stand-in external worker for the router's start-up only: it
+ * answers every request (the router's /health polls) with 200 and a JSON
+ * object until told to stop; then its socket is gone. */
+typedef struct fake_worker {
+    int fd;
+    char path[700];
+    volatile int stop;
+    pthread_t th;
+} fake_worker;
+
+static void *fake_thread(void *arg)
+{
+    fake_worker *fw = arg;
+    while (!fw->stop) {
+        struct pollfd p = {fw->fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        int c = accept(fw->fd, NULL, NULL);
+        if (c < 0)
+            continue;
+        char buf[4096];
+        struct pollfd pc = {c, POLLIN, 0};
+        if (poll(&pc, 1, 1000) > 0 && recv(c, buf, sizeof buf, 0) > 0) {
+            static const char body[] = "{\"status\":\"ready\"}";
+            char resp[256];
+            int n = snprintf(resp, sizeof resp,
+                             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                             sizeof body - 1, body);
+            if (send(c, resp, (size_t)n, MSG_NOSIGNAL) < 0)
+                fw->stop = fw->stop;
+        }
+        close(c);
+    }
+    return NULL;
+}
+
+static void fake_start(fake_worker *fw, const char *path)
+{
+    memset(fw, 0, sizeof *fw);
+    snprintf(fw->path, sizeof fw->path, "%s", path);
+    fw->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fw->fd >= 0);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    assert_true(strlen(path) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    unlink(path);
+    assert_int_equal(bind(fw->fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fw->fd, 16), 0);
+    assert_int_equal(pthread_create(&fw->th, NULL, fake_thread, fw), 0);
+}
+
+static void fake_stop(fake_worker *fw)
+{
+    fw->stop = 1;
+    pthread_join(fw->th, NULL);
+    close(fw->fd);
+    unlink(fw->path);
+}
+
+/* "No worker has capacity now" (not a deadline): a second router whose
+ * only worker is an external one that answered /health at the start and
+ * then went away, so it is down and a request waits out the queue
+ * time-out. Without the preference: 503; with it: the job, which (its
+ * worker never coming back) fails when its own deadline from
+ * X-Spillway-Job-Deadline-Ms passed. */
+static void test_respond_async_no_capacity(void **state)
+{
+    (void)state;
+    char dir[600], sock[700], cfg[700], log[700];
+    snprintf(dir, sizeof dir, "%s/nocap", g_dir);
+    mkdir(dir, 0700);
+    snprintf(sock, sizeof sock, "%s/router.sock", dir);
+    snprintf(cfg, sizeof cfg, "%s/router.ini", dir);
+    snprintf(log, sizeof log, "%s/router.log", dir);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+            "queue-timeout-ms = 200\njob-workers = 1\nready-timeout = 20\n"
+            "[model]\npath = %s\n[worker gone]\nurl = unix:%s/nobody.sock\n",
+            sock, dir, g_model, dir);
+    fclose(f);
+    char fake_path[700];
+    snprintf(fake_path, sizeof fake_path, "%s/nobody.sock", dir);
+    fake_worker fw;
+    fake_start(&fw, fake_path);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(tu_spillway_bin(), "spillway", "serve", "--config", cfg, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    /* up with its worker ready; then the worker goes away, and the router
+     * is up with none ready once /health answers 503 */
+    double t0 = now_s();
+    wc_response r;
+    for (;;) {
+        memset(&r, 0, sizeof r);
+        if (wc_request(sock, "GET", "/health", NULL, 2000, &r) == 0 && r.status == 200)
+            break;
+        wc_response_free(&r);
+        assert_true(now_s() - t0 < 30);
+        usleep(50 * 1000);
+    }
+    wc_response_free(&r);
+    fake_stop(&fw);
+    for (;;) {
+        memset(&r, 0, sizeof r);
+        if (wc_request(sock, "GET", "/health", NULL, 2000, &r) == 0 && r.status == 503)
+            break;
+        wc_response_free(&r);
+        assert_true(now_s() - t0 < 30);
+        usleep(50 * 1000);
+    }
+    wc_response_free(&r);
+    char code[64];
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}";
+    assert_int_equal(wc_request(sock, "POST", "/v1/completions", body, 20000, &r), 0);
+    assert_int_equal(r.status, 503);
+    assert_string_equal(error_code(&r, code, sizeof code), "capacity_exceeded");
+    assert_header_is(&r, "Preference-Applied", NULL);
+    wc_response_free(&r);
+
+    int fd = wc_connect(sock, 20000);
+    assert_true(fd >= 0);
+    char req[1024];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Prefer: respond-async\r\nX-Spillway-Job-Deadline-Ms: 1500\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    char raw[4096];
+    size_t len = 0;
+    for (;;) {
+        ssize_t k = recv(fd, raw + len, sizeof raw - 1 - len, 0);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    close(fd);
+    assert_int_equal(wc_response_parse(raw, len, &r), 0);
+    char *loc = expect_accepted(&r);
+    wc_response_free(&r);
+    /* polled on this router */
+    json_t *job = NULL;
+    t0 = now_s();
+    for (;;) {
+        assert_int_equal(wc_request(sock, "GET", loc, NULL, 20000, &r), 0);
+        assert_int_equal(r.status, 200);
+        job = body_json(&r);
+        wc_response_free(&r);
+        const char *st = json_string_value(json_object_get(job, "state"));
+        if (!strcmp(st, "failed") || !strcmp(st, "succeeded"))
+            break;
+        json_decref(job);
+        assert_true(now_s() - t0 < 60);
+        usleep(100 * 1000);
+    }
+    assert_string_equal(json_string_value(json_object_get(job, "state")), "failed");
+    assert_int_equal(json_integer_value(json_object_get(job, "deadline_ms")), 1500);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(job, "error"), "code")),
+        "deadline_exceeded");
+    json_decref(job);
+    sw_free(loc);
+
+    kill(pid, SIGTERM);
+    int st = 0;
+    t0 = now_s();
+    while (waitpid(pid, &st, WNOHANG) != pid) {
+        if (now_s() - t0 > 15) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            break;
+        }
+        usleep(20 * 1000);
+    }
+    char *l = tu_read_file(log, NULL);
+    bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0 && l && !strstr(l, "Sanitizer") &&
+                 !strstr(l, "runtime error");
+    if (!clean)
+        fprintf(stderr, "second router: see %s\n", log);
+    sw_free(l);
+    assert_true(clean);
+}
+
 /* ---- Expect: 100-continue ----------------------------------------------- */
 
 /* A body over 1 KiB that is a valid request: JSON whitespace pads it. */
@@ -671,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_respond_async),
         cmocka_unit_test(test_respond_async_stream),
         cmocka_unit_test(test_respond_async_idempotent),
+        cmocka_unit_test(test_respond_async_no_capacity),
         cmocka_unit_test(test_expect_continue),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

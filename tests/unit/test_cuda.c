@@ -573,8 +573,13 @@ static void test_stories_greedy_golden(void **state)
             assert_int_equal(dev_memory_info(gpu, &after, &err), SW_OK);
             assert_int_equal(after.self_bytes - before.self_bytes,
                              eng_context_device_bytes(ctx));
-            printf("  greedy goldens: %d gpu layers, kv %s: match (%zu bytes on the device)\n",
-                   profiles[pi], kv ? "f32" : "f16", eng_context_device_bytes(ctx));
+            /* What the driver reports taken beside what the handle counts
+             * (cudaMalloc rounding, the first context's kernels and cuBLAS):
+             * a figure for the notes, not a check - other processes move it. */
+            printf("  greedy goldens: %d gpu layers, kv %s: match (%zu bytes on the device; "
+                   "the driver's used figure moved by %lld)\n", profiles[pi],
+                   kv ? "f32" : "f16", eng_context_device_bytes(ctx),
+                   (long long)after.used_bytes - (long long)before.used_bytes);
             eng_context_free(ctx);
             assert_int_equal(dev_memory_info(gpu, &after, &err), SW_OK);
             assert_int_equal(after.self_bytes, before.self_bytes);

@@ -1,6 +1,7 @@
 /* router_http.c - the router's client side: one thread per connection
- * reads a request within the limits (header block, body size, time-outs),
- * checks the API key, assigns the request id and dispatches it; the small
+ * reads a request within the limits (header block, body size, time-outs;
+ * Expect: 100-continue answered before the body is read), checks the API
+ * key, assigns the request id and dispatches it; the small
  * routes (/health, /metrics, /v1/models, /v1/spillway/events) and the
  * OpenAI-shaped responses live here too.
  */

@@ -3,6 +3,8 @@
  * (committed before the 202 goes out) and a pool of job-workers threads
  * runs it through the same admission, routing and failover as a client
  * request (rt__generate_capture); GET /v1/spillway/jobs/{id} reports it.
+ * A generation request that sent Prefer: respond-async and would get 503
+ * capacity_exceeded becomes such a job too (rt__jobs_accept_async).
  *
  * Exactly once across restarts: the pool takes every queued or running
  * job from the ledger at start-up (a running one was cut by a crash and

@@ -191,6 +191,19 @@ void rh_finish(rh_router *r)
     tu_rm_tree(r->dir);
 }
 
+int rh_finish_quiet(rh_router *r)
+{
+    int st = rh_stop(r);
+    char *log = tu_read_file(r->log, NULL);
+    bool clean = st == 0 && log && !strstr(log, "Sanitizer") && !strstr(log, "runtime error");
+    sw_free(log);
+    if (clean)
+        tu_rm_tree(r->dir);
+    else
+        fprintf(stderr, "router exit %d or log not clean: see %s\n", st, r->log);
+    return clean ? 0 : -1;
+}
+
 void rh_stop_all(void)
 {
     for (int i = 0; i < RH_MAX_LIVE; i++)

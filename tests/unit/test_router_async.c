@@ -19,6 +19,7 @@
  *    max-body gets 413 without sending it; another expectation gets 417.
  */
 #include "testutil.h"
+#include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
@@ -26,7 +27,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <poll.h>
 #include <pthread.h>
@@ -36,7 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -45,24 +44,7 @@
 #include <unistd.h>
 
 static char g_model[512];
-static pid_t g_router;
-static char g_dir[512], g_sock[600], g_log[600];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
+static rh_router g_rt;
 
 /* One router, one CPU worker, a small max-body (the 413 case). */
 static int setup(void **state)
@@ -74,78 +56,16 @@ static int setup(void **state)
     snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-async.gguf"));
     if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
         return -1;
-    snprintf(g_dir, sizeof g_dir, "%s", tu_tmp_path("rt-async"));
-    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    mkdir(g_dir, 0700);
-    char cfg[600];
-    snprintf(g_sock, sizeof g_sock, "%s/router.sock", g_dir);
-    snprintf(cfg, sizeof cfg, "%s/router.ini", g_dir);
-    snprintf(g_log, sizeof g_log, "%s/router.log", g_dir);
-    FILE *f = fopen(cfg, "w");
-    if (!f)
-        return -1;
-    fprintf(f,
-            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
-            "ready-timeout = 30\nmax-body = 4KiB\njob-workers = 1\n"
-            "[model]\npath = %s\n[worker cpu]\nthreads = 1\nctx-limit = 512\n",
-            g_sock, g_dir, g_model);
-    fclose(f);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(g_log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(tu_spillway_bin(), "spillway", "serve", "--config", cfg, (char *)NULL);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    g_router = pid;
-    double t0 = now_s();
-    while (now_s() - t0 < 40) {
-        wc_response h;
-        if (wc_request(g_sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
-            wc_response_free(&h);
-            return 0;
-        }
-        wc_response_free(&h);
-        usleep(50 * 1000);
-    }
-    return -1;
+    return rh_start(&g_rt, "async", g_model, "max-body = 4KiB\njob-workers = 1\n",
+                    "[worker cpu]\nthreads = 1\nctx-limit = 512\n");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int st = 0;
-    if (g_router > 0) {
-        kill(g_router, SIGTERM);
-        double t0 = now_s();
-        while (waitpid(g_router, &st, WNOHANG) != g_router) {
-            if (now_s() - t0 > 15) {
-                kill(g_router, SIGKILL);
-                waitpid(g_router, &st, 0);
-                break;
-            }
-            usleep(20 * 1000);
-        }
-    }
-    char *log = tu_read_file(g_log, NULL);
-    bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0 && log && !strstr(log, "Sanitizer") &&
-                 !strstr(log, "runtime error");
-    sw_free(log);
-    if (clean)
-        nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    else
-        fprintf(stderr, "router exit or log not clean: see %s\n", g_log);
+    int rc = rh_finish_quiet(&g_rt);
     remove(g_model);
-    return clean ? 0 : -1;
+    return rc;
 }
 
 /* ---- a raw client ------------------------------------------------------- */
@@ -159,7 +79,7 @@ typedef struct conn {
 static void conn_open(conn *c)
 {
     memset(c, 0, sizeof *c);
-    c->fd = wc_connect(g_sock, 20000);
+    c->fd = wc_connect(g_rt.sock, 20000);
     assert_true(c->fd >= 0);
 }
 
@@ -223,10 +143,10 @@ static size_t response_length(const conn *c)
 static void read_resp(conn *c, wc_response *out)
 {
     memset(out, 0, sizeof *out);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     size_t len;
     while (!(len = response_length(c))) {
-        assert_true(now_s() - t0 < 60);
+        assert_true(tu_now_s() - t0 < 60);
         assert_true(read_more(c, 60));
     }
     assert_int_equal(wc_response_parse(c->buf, len, out), 0);
@@ -253,12 +173,6 @@ static void request(const char *method, const char *path, const char *extra, con
     conn_close(&c);
 }
 
-static json_t *body_json(const wc_response *r)
-{
-    json_t *j = json_loadb(r->body, r->body_len, 0, NULL);
-    assert_non_null(j);
-    return j;
-}
 
 static void assert_header_is(const wc_response *r, const char *name, const char *want)
 {
@@ -271,31 +185,23 @@ static void assert_header_is(const wc_response *r, const char *name, const char 
     assert_string_equal(v, want);
 }
 
-static const char *error_code(const wc_response *r, char *buf, size_t cap)
-{
-    json_t *j = body_json(r);
-    const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
-    snprintf(buf, cap, "%s", code ? code : "");
-    json_decref(j);
-    return buf;
-}
 
 /* Polls GET Location until the job ended; returns the job object. */
 static json_t *wait_job(const char *location)
 {
-    double t0 = now_s();
+    double t0 = tu_now_s();
     for (;;) {
         wc_response r;
         request("GET", location, NULL, NULL, &r);
         assert_int_equal(r.status, 200);
-        json_t *j = body_json(&r);
+        json_t *j = rh_body_json(&r);
         wc_response_free(&r);
         const char *st = json_string_value(json_object_get(j, "state"));
         assert_non_null(st);
         if (!strcmp(st, "succeeded") || !strcmp(st, "failed"))
             return j;
         json_decref(j);
-        assert_true(now_s() - t0 < 120);
+        assert_true(tu_now_s() - t0 < 120);
         usleep(100 * 1000);
     }
 }
@@ -310,7 +216,7 @@ static char *expect_accepted(const wc_response *r)
     assert_header_is(r, "Preference-Applied", "respond-async");
     char loc[256];
     assert_true(wc_header(r, "Location", loc, sizeof loc));
-    json_t *j = body_json(r);
+    json_t *j = rh_body_json(r);
     assert_string_equal(json_string_value(json_object_get(j, "object")), "spillway.job");
     assert_string_equal(json_string_value(json_object_get(j, "state")), "queued");
     const char *id = json_string_value(json_object_get(j, "id"));
@@ -330,7 +236,7 @@ static char *expect_accepted(const wc_response *r)
 static long long ledger_int(const char *sql, const char *arg)
 {
     char path[700];
-    snprintf(path, sizeof path, "%s/state/ledger.db", g_dir);
+    snprintf(path, sizeof path, "%s/state/ledger.db", g_rt.dir);
     sqlite3 *db = NULL;
     assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
     sqlite3_busy_timeout(db, 5000);
@@ -375,10 +281,10 @@ static void measure_rates(void)
             "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}", &r);
     assert_int_equal(r.status, 200);
     wc_response_free(&r);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     for (;;) {
         request("GET", "/health", NULL, NULL, &r);
-        json_t *h = body_json(&r);
+        json_t *h = rh_body_json(&r);
         wc_response_free(&r);
         json_t *w = json_array_get(json_object_get(h, "workers"), 0);
         bool rates = json_number_value(json_object_get(w, "prefill_tokens_per_second")) > 0 &&
@@ -386,7 +292,7 @@ static void measure_rates(void)
         json_decref(h);
         if (rates)
             return;
-        assert_true(now_s() - t0 < 10);
+        assert_true(tu_now_s() - t0 < 10);
         usleep(50 * 1000);
     }
 }
@@ -401,7 +307,7 @@ static void test_respond_async(void **state)
     /* the reference: the same body served directly (greedy) */
     request("POST", "/v1/completions", NULL, BODY_LONG, &r);
     assert_int_equal(r.status, 200);
-    json_t *ref = body_json(&r);
+    json_t *ref = rh_body_json(&r);
     char *ref_text = text_of(ref);
     json_decref(ref);
     wc_response_free(&r);
@@ -409,7 +315,7 @@ static void test_respond_async(void **state)
     /* without the preference: 503 capacity_exceeded with Retry-After */
     request("POST", "/v1/completions", "X-Spillway-Deadline-Ms: 0\r\n", BODY_LONG, &r);
     assert_int_equal(r.status, 503);
-    assert_string_equal(error_code(&r, code, sizeof code), "capacity_exceeded");
+    assert_string_equal(rh_error_code(&r, code, sizeof code), "capacity_exceeded");
     assert_header_is(&r, "Retry-After", "1");
     assert_header_is(&r, "Preference-Applied", NULL);
     wc_response_free(&r);
@@ -447,7 +353,7 @@ static void test_respond_async(void **state)
     assert_int_equal(r.status, 200);
     assert_header_is(&r, "Preference-Applied", NULL);
     assert_header_is(&r, "Location", NULL);
-    json_t *direct = body_json(&r);
+    json_t *direct = rh_body_json(&r);
     t = text_of(direct);
     assert_string_equal(t, ref_text);
     sw_free(t);
@@ -490,7 +396,7 @@ static void test_respond_async_stream(void **state)
     request("POST", "/v1/chat/completions", NULL, plain, &r);
     free(plain);
     assert_int_equal(r.status, 200);
-    json_t *ref = body_json(&r);
+    json_t *ref = rh_body_json(&r);
     char *ref_text = text_of(ref);
     json_decref(ref);
     wc_response_free(&r);
@@ -638,49 +544,27 @@ static void fake_stop(fake_worker *fw)
 static void test_respond_async_no_capacity(void **state)
 {
     (void)state;
-    char dir[600], sock[700], cfg[700], log[700];
-    snprintf(dir, sizeof dir, "%s/nocap", g_dir);
-    mkdir(dir, 0700);
-    snprintf(sock, sizeof sock, "%s/router.sock", dir);
-    snprintf(cfg, sizeof cfg, "%s/router.ini", dir);
-    snprintf(log, sizeof log, "%s/router.log", dir);
-    FILE *f = fopen(cfg, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
-            "queue-timeout-ms = 200\njob-workers = 1\nready-timeout = 20\n"
-            "[model]\npath = %s\n[worker gone]\nurl = unix:%s/nobody.sock\n",
-            sock, dir, g_model, dir);
-    fclose(f);
-    char fake_path[700];
-    snprintf(fake_path, sizeof fake_path, "%s/nobody.sock", dir);
+    /* a second router whose one worker answers /health, then goes away */
+    char fake_path[700], rest[800];
+    snprintf(fake_path, sizeof fake_path, "%s/nocap-worker.sock", g_rt.dir);
+    snprintf(rest, sizeof rest, "[worker gone]\nurl = unix:%s\n", fake_path);
     fake_worker fw;
     fake_start(&fw, fake_path);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(tu_spillway_bin(), "spillway", "serve", "--config", cfg, (char *)NULL);
-        _exit(127);
-    }
-    assert_true(pid > 0);
+    rh_router nc;
+    assert_int_equal(rh_start(&nc, "nocap", g_model, "queue-timeout-ms = 200\njob-workers = 1\n",
+                              rest),
+                     0);
+    const char *sock = nc.sock;
     /* up with its worker ready; then the worker goes away, and the router
      * is up with none ready once /health answers 503 */
-    double t0 = now_s();
+    double t0 = tu_now_s();
     wc_response r;
     for (;;) {
         memset(&r, 0, sizeof r);
         if (wc_request(sock, "GET", "/health", NULL, 2000, &r) == 0 && r.status == 200)
             break;
         wc_response_free(&r);
-        assert_true(now_s() - t0 < 30);
+        assert_true(tu_now_s() - t0 < 30);
         usleep(50 * 1000);
     }
     wc_response_free(&r);
@@ -690,7 +574,7 @@ static void test_respond_async_no_capacity(void **state)
         if (wc_request(sock, "GET", "/health", NULL, 2000, &r) == 0 && r.status == 503)
             break;
         wc_response_free(&r);
-        assert_true(now_s() - t0 < 30);
+        assert_true(tu_now_s() - t0 < 30);
         usleep(50 * 1000);
     }
     wc_response_free(&r);
@@ -698,7 +582,7 @@ static void test_respond_async_no_capacity(void **state)
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}";
     assert_int_equal(wc_request(sock, "POST", "/v1/completions", body, 20000, &r), 0);
     assert_int_equal(r.status, 503);
-    assert_string_equal(error_code(&r, code, sizeof code), "capacity_exceeded");
+    assert_string_equal(rh_error_code(&r, code, sizeof code), "capacity_exceeded");
     assert_header_is(&r, "Preference-Applied", NULL);
     wc_response_free(&r);
 
@@ -725,17 +609,17 @@ static void test_respond_async_no_capacity(void **state)
     wc_response_free(&r);
     /* polled on this router */
     json_t *job = NULL;
-    t0 = now_s();
+    t0 = tu_now_s();
     for (;;) {
         assert_int_equal(wc_request(sock, "GET", loc, NULL, 20000, &r), 0);
         assert_int_equal(r.status, 200);
-        job = body_json(&r);
+        job = rh_body_json(&r);
         wc_response_free(&r);
         const char *st = json_string_value(json_object_get(job, "state"));
         if (!strcmp(st, "failed") || !strcmp(st, "succeeded"))
             break;
         json_decref(job);
-        assert_true(now_s() - t0 < 60);
+        assert_true(tu_now_s() - t0 < 60);
         usleep(100 * 1000);
     }
     assert_string_equal(json_string_value(json_object_get(job, "state")), "failed");
@@ -746,24 +630,7 @@ static void test_respond_async_no_capacity(void **state)
     json_decref(job);
     sw_free(loc);
 
-    kill(pid, SIGTERM);
-    int st = 0;
-    t0 = now_s();
-    while (waitpid(pid, &st, WNOHANG) != pid) {
-        if (now_s() - t0 > 15) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            break;
-        }
-        usleep(20 * 1000);
-    }
-    char *l = tu_read_file(log, NULL);
-    bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0 && l && !strstr(l, "Sanitizer") &&
-                 !strstr(l, "runtime error");
-    if (!clean)
-        fprintf(stderr, "second router: see %s\n", log);
-    sw_free(l);
-    assert_true(clean);
+    rh_finish(&nc);
 }
 
 /* ---- Expect: 100-continue ----------------------------------------------- */
@@ -790,7 +657,7 @@ static void test_expect_continue(void **state)
     /* the reference: the same body sent without Expect */
     request("POST", "/v1/completions", NULL, body, &r);
     assert_int_equal(r.status, 200);
-    json_t *ref = body_json(&r);
+    json_t *ref = rh_body_json(&r);
     char *ref_text = text_of(ref);
     json_decref(ref);
     wc_response_free(&r);
@@ -813,7 +680,7 @@ static void test_expect_continue(void **state)
     send_all(&c, body, bl);
     read_resp(&c, &r);
     assert_int_equal(r.status, 200);
-    json_t *j = body_json(&r);
+    json_t *j = rh_body_json(&r);
     char *t = text_of(j);
     assert_string_equal(t, ref_text);
     sw_free(t);

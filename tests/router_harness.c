@@ -222,7 +222,7 @@ int rh_req(const rh_router *r, const char *method, const char *path, const char 
                      "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      method, path, headers ? headers : "", blen, body ? body : "");
-    int rc = wc_raw(r->sock, raw, (size_t)n, 60000, out);
+    int rc = wc_raw(r->sock, raw, (size_t)n, 120000, out);
     sw_free(raw);
     return rc;
 }

@@ -19,6 +19,7 @@
  *    (router_exit_after_tool_*) → after the restart the job ends right.
  */
 #include "testutil.h"
+#include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
@@ -28,7 +29,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -39,7 +39,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -48,23 +47,6 @@
 
 static char g_model[512];
 static char g_pool[64];
-
-typedef struct router {
-    pid_t pid;
-    char dir[512];
-    char sock[600];
-    char cfg[600];
-    char log[600];
-} router;
-
-static router *g_live[4];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- the tool server ------------------------------------------------------ */
 
@@ -215,13 +197,9 @@ static int setup(void **state)
     return tools_start();
 }
 
-static int router_stop(router *r);
-
 static int teardown(void **state)
 {
-    for (int i = 0; i < 4; i++)
-        if (g_live[i])
-            router_stop(g_live[i]);
+    rh_stop_all();
     wc_worker_kill_all();
     g_tools.stop = 1;
     pthread_join(g_tools.th, NULL);
@@ -231,174 +209,8 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Creates the directory and configuration of a router (not started). */
-static void router_init(router *r, const char *name, const char *server_extra, const char *rest)
-{
-    static int counter;
-    memset(r, 0, sizeof *r);
-    char d[128];
-    snprintf(d, sizeof d, "rl-%d-%d-%s", (int)getpid(), ++counter, name);
-    snprintf(r->dir, sizeof r->dir, "%s", tu_tmp_path(d));
-    mkdir(r->dir, 0700);
-    snprintf(r->sock, sizeof r->sock, "%s/router.sock", r->dir);
-    snprintf(r->cfg, sizeof r->cfg, "%s/router.ini", r->dir);
-    snprintf(r->log, sizeof r->log, "%s/router.log", r->dir);
-    FILE *f = fopen(r->cfg, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
-            "ready-timeout = 30\n%s\n[model]\npath = %s\n%s",
-            r->sock, r->dir, server_extra ? server_extra : "", g_model, rest);
-    fclose(f);
-}
-
-/* Starts (or restarts) the router with extra environment ("K=V" or
- * NULL); waits for /health 200. */
-static int router_run(router *r, const char *env)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(r->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        unsetenv("SPILLWAY_FAULT");
-        unsetenv("SPILLWAY_SABOTAGE");
-        if (env)
-            putenv((char *)env);
-        execl(tu_spillway_bin(), "spillway", "serve", "--config", r->cfg, (char *)NULL);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    r->pid = pid;
-    for (int i = 0; i < 4; i++)
-        if (!g_live[i] || g_live[i] == r) {
-            g_live[i] = r;
-            break;
-        }
-    double t0 = now_s();
-    while (now_s() - t0 < 40) {
-        wc_response h;
-        if (wc_request(r->sock, "GET", "/health", NULL, 2000, &h) == 0 && h.status == 200) {
-            wc_response_free(&h);
-            return 0;
-        }
-        wc_response_free(&h);
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            r->pid = 0;
-            return -1;
-        }
-        usleep(50 * 1000);
-    }
-    return -1;
-}
-
-static int router_stop(router *r)
-{
-    for (int i = 0; i < 4; i++)
-        if (g_live[i] == r)
-            g_live[i] = NULL;
-    if (r->pid <= 0)
-        return -1;
-    kill(r->pid, SIGTERM);
-    double t0 = now_s();
-    int st = 0;
-    while (waitpid(r->pid, &st, WNOHANG) != r->pid) {
-        if (now_s() - t0 > 15) {
-            kill(r->pid, SIGKILL);
-            waitpid(r->pid, &st, 0);
-            break;
-        }
-        usleep(20 * 1000);
-    }
-    r->pid = 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-/* Waits for the router to exit by itself; its exit status, -1 on time-out. */
-static int router_wait_exit(router *r, int timeout_s)
-{
-    double t0 = now_s();
-    int st;
-    while (now_s() - t0 < timeout_s) {
-        if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
-            r->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(20 * 1000);
-    }
-    return -1;
-}
-
-static void router_kill9(router *r)
-{
-    kill(r->pid, SIGKILL);
-    int st;
-    waitpid(r->pid, &st, 0);
-    r->pid = 0;
-    /* its workers die with it (PR_SET_PDEATHSIG); give them a moment */
-    usleep(300 * 1000);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
-
-static void router_finish(router *r)
-{
-    assert_int_equal(router_stop(r), 0);
-    char *log = tu_read_file(r->log, NULL);
-    assert_non_null(log);
-    if (strstr(log, "Sanitizer") || strstr(log, "runtime error"))
-        fail_msg("sanitizer report in %s", r->log);
-    sw_free(log);
-    nftw(r->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static int req(const router *r, const char *method, const char *path, const char *headers,
-               const char *body, wc_response *out)
-{
-    size_t blen = body ? strlen(body) : 0;
-    size_t cap = blen + 2048;
-    char *raw = sw_malloc(cap);
-    assert_non_null(raw);
-    int n = snprintf(raw, cap,
-                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     method, path, headers ? headers : "", blen, body ? body : "");
-    int rc = wc_raw(r->sock, raw, (size_t)n, 120000, out);
-    sw_free(raw);
-    return rc;
-}
-
-static json_t *body_json(const wc_response *w)
-{
-    return json_loads(w->body ? w->body : "", 0, NULL);
-}
-
-static const char *error_code(const wc_response *w, char *buf, size_t cap)
-{
-    json_t *j = body_json(w);
-    snprintf(buf, cap, "%s",
-             json_string_value(json_object_get(json_object_get(j, "error"), "code")) ?: "");
-    json_decref(j);
-    return buf;
-}
-
 /* A managed worker's own count of successful requests (its /metrics). */
-static long worker_ok_count(const router *r, const char *name)
+static long worker_ok_count(const rh_router *r, const char *name)
 {
     char sock[700];
     snprintf(sock, sizeof sock, "%s/state/%s.sock", r->dir, name);
@@ -412,11 +224,11 @@ static long worker_ok_count(const router *r, const char *name)
     return n;
 }
 
-static pid_t worker_pid(const router *r, const char *name)
+static pid_t worker_pid(const rh_router *r, const char *name)
 {
     wc_response w;
-    assert_int_equal(req(r, "GET", "/health", NULL, NULL, &w), 0);
-    json_t *j = body_json(&w);
+    assert_int_equal(rh_req(r, "GET", "/health", NULL, NULL, &w), 0);
+    json_t *j = rh_body_json(&w);
     wc_response_free(&w);
     json_t *ws = json_object_get(j, "workers");
     pid_t pid = 0;
@@ -430,7 +242,7 @@ static pid_t worker_pid(const router *r, const char *name)
 /* ---- idempotency ----------------------------------------------------------- */
 
 typedef struct bg_req {
-    const router *r;
+    const rh_router *r;
     const char *headers, *body;
     wc_response w;
     int rc;
@@ -439,29 +251,29 @@ typedef struct bg_req {
 static void *bg_main(void *p)
 {
     bg_req *b = p;
-    b->rc = req(b->r, "POST", "/v1/completions", b->headers, b->body, &b->w);
+    b->rc = rh_req(b->r, "POST", "/v1/completions", b->headers, b->body, &b->w);
     return NULL;
 }
 
 static void test_idempotency(void **state)
 {
-    router r;
+    rh_router r;
     /* stall: each token takes 20 ms, so a long request is still running
      * when its retry arrives */
-    router_init(&r, "idem", NULL,
+    rh_init(&r, "idem", g_model, NULL,
                 "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:20\n");
-    assert_int_equal(router_run(&r, NULL), 0);
+    assert_int_equal(rh_run(&r, NULL), 0);
     const char *body = "{\"prompt\":\"Once upon\",\"max_tokens\":4,\"temperature\":0.8,\"seed\":3}";
     wc_response a, b;
     long n0 = worker_ok_count(&r, "cpu");
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", body, &a), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", body, &a), 0);
     assert_int_equal(a.status, 200);
     assert_int_equal(worker_ok_count(&r, "cpu"), n0 + 1);
     char rid_a[128], rid_b[128], rep[32];
     assert_true(wc_header(&a, "X-Request-Id", rid_a, sizeof rid_a));
     assert_false(wc_header(&a, "X-Spillway-Idempotent-Replay", rep, sizeof rep));
     /* the retry: the stored answer, byte for byte, no generation */
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", body, &b), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", body, &b), 0);
     assert_int_equal(b.status, 200);
     assert_int_equal(b.body_len, a.body_len);
     assert_memory_equal(b.body, a.body, a.body_len);
@@ -474,13 +286,13 @@ static void test_idempotency(void **state)
     /* the same key with another body: 422, nothing generated */
     char code[64];
     const char *other = "{\"prompt\":\"Once upon\",\"max_tokens\":5,\"temperature\":0.8,\"seed\":3}";
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", other, &b), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: key-one\r\n", other, &b), 0);
     assert_int_equal(b.status, 422);
-    assert_string_equal(error_code(&b, code, sizeof code), "idempotency_key_reused");
+    assert_string_equal(rh_error_code(&b, code, sizeof code), "idempotency_key_reused");
     wc_response_free(&b);
     assert_int_equal(worker_ok_count(&r, "cpu"), n0 + 1);
     /* without a key the same body generates again */
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL, body, &b), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, body, &b), 0);
     assert_int_equal(b.status, 200);
     assert_int_equal(worker_ok_count(&r, "cpu"), n0 + 2);
     wc_response_free(&b);
@@ -492,15 +304,15 @@ static void test_idempotency(void **state)
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, bg_main, &bg), 0);
     usleep(700 * 1000);
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-slow\r\n", slow, &b), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: key-slow\r\n", slow, &b), 0);
     assert_int_equal(b.status, 409);
-    assert_string_equal(error_code(&b, code, sizeof code), "idempotency_conflict");
+    assert_string_equal(rh_error_code(&b, code, sizeof code), "idempotency_conflict");
     wc_response_free(&b);
     pthread_join(t, NULL);
     assert_int_equal(bg.rc, 0);
     assert_int_equal(bg.w.status, 200);
     long n1 = worker_ok_count(&r, "cpu");
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-slow\r\n", slow, &b), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: key-slow\r\n", slow, &b), 0);
     assert_int_equal(b.status, 200);
     assert_int_equal(b.body_len, bg.w.body_len);
     assert_memory_equal(b.body, bg.w.body, b.body_len);
@@ -511,11 +323,11 @@ static void test_idempotency(void **state)
     /* a stream is replayed as the same stream */
     const char *sbody = "{\"prompt\":\"Once upon\",\"max_tokens\":6,\"stream\":true,\"seed\":9}";
     wc_response s1, s2;
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-stream\r\n", sbody, &s1), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: key-stream\r\n", sbody, &s1), 0);
     assert_int_equal(s1.status, 200);
     assert_true(s1.chunked);
     long n2 = worker_ok_count(&r, "cpu");
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: key-stream\r\n", sbody, &s2), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: key-stream\r\n", sbody, &s2), 0);
     assert_int_equal(s2.status, 200);
     assert_true(s2.chunked);
     char ct[128];
@@ -541,17 +353,17 @@ static void test_idempotency(void **state)
     memcpy(hdr, "Idempotency-Key: ", 17);
     memset(hdr + 17, 'k', 256);
     memcpy(hdr + 17 + 256, "\r\n", 3);
-    assert_int_equal(req(&r, "POST", "/v1/completions", hdr, body, &b), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", hdr, body, &b), 0);
     assert_int_equal(b.status, 400);
     wc_response_free(&b);
     /* a job posted twice with one key is one job */
     const char *job = "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"Hi\",\"max_tokens\":2}}";
-    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", "Idempotency-Key: job-key\r\n", job, &b), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/spillway/jobs", "Idempotency-Key: job-key\r\n", job, &b), 0);
     wc_response c;
-    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", "Idempotency-Key: job-key\r\n", job, &c), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/spillway/jobs", "Idempotency-Key: job-key\r\n", job, &c), 0);
     assert_int_equal(b.status, 202);
     assert_int_equal(c.status, 202);
-    json_t *jb = body_json(&b), *jc = body_json(&c);
+    json_t *jb = rh_body_json(&b), *jc = rh_body_json(&c);
     assert_string_equal(json_string_value(json_object_get(jb, "id")),
                         json_string_value(json_object_get(jc, "id")));
     json_decref(jb);
@@ -559,19 +371,19 @@ static void test_idempotency(void **state)
     wc_response_free(&b);
     wc_response_free(&c);
     wc_response_free(&a);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 /* ---- jobs -------------------------------------------------------------------- */
 
-static json_t *job_get(const router *r, const char *id)
+static json_t *job_get(const rh_router *r, const char *id)
 {
     char path[128];
     snprintf(path, sizeof path, "/v1/spillway/jobs/%s", id);
     wc_response w;
-    assert_int_equal(req(r, "GET", path, NULL, NULL, &w), 0);
+    assert_int_equal(rh_req(r, "GET", path, NULL, NULL, &w), 0);
     assert_int_equal(w.status, 200);
-    json_t *j = body_json(&w);
+    json_t *j = rh_body_json(&w);
     wc_response_free(&w);
     assert_non_null(j);
     return j;
@@ -583,30 +395,30 @@ static const char *job_state(json_t *j)
 }
 
 /* Waits until the job is succeeded or failed; returns it. */
-static json_t *job_wait(const router *r, const char *id, int timeout_s)
+static json_t *job_wait(const rh_router *r, const char *id, int timeout_s)
 {
-    double t0 = now_s();
+    double t0 = tu_now_s();
     for (;;) {
         json_t *j = job_get(r, id);
         const char *s = job_state(j);
         if (!strcmp(s, "succeeded") || !strcmp(s, "failed"))
             return j;
         json_decref(j);
-        if (now_s() - t0 > timeout_s)
+        if (tu_now_s() - t0 > timeout_s)
             fail_msg("job %s did not finish in %d s", id, timeout_s);
         usleep(100 * 1000);
     }
 }
 
-static char *job_post(const router *r, const char *body)
+static char *job_post(const rh_router *r, const char *body)
 {
     wc_response w;
-    assert_int_equal(req(r, "POST", "/v1/spillway/jobs", NULL, body, &w), 0);
+    assert_int_equal(rh_req(r, "POST", "/v1/spillway/jobs", NULL, body, &w), 0);
     if (w.status != 202)
         fail_msg("job POST: %d %s", w.status, w.body);
     char loc[256];
     assert_true(wc_header(&w, "Location", loc, sizeof loc));
-    json_t *j = body_json(&w);
+    json_t *j = rh_body_json(&w);
     assert_string_equal(json_string_value(json_object_get(j, "state")), "queued");
     assert_string_equal(json_string_value(json_object_get(j, "object")), "spillway.job");
     char *id = sw_strdup(json_string_value(json_object_get(j, "id")));
@@ -619,7 +431,7 @@ static char *job_post(const router *r, const char *body)
 }
 
 /* finish_writes of a job, read from ledger.db with SQLite itself. */
-static int job_finish_writes(const router *r, const char *id)
+static int job_finish_writes(const rh_router *r, const char *id)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/state/ledger.db", r->dir);
@@ -639,21 +451,21 @@ static int job_finish_writes(const router *r, const char *id)
 
 static void test_jobs_survive_sigkill(void **state)
 {
-    router r;
-    router_init(&r, "jobs", "job-workers = 1\n",
+    rh_router r;
+    rh_init(&r, "jobs", g_model, "job-workers = 1\n",
                 "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:30\n");
-    assert_int_equal(router_run(&r, NULL), 0);
+    assert_int_equal(rh_run(&r, NULL), 0);
     /* unknown job, bad bodies */
     wc_response w;
     char code[64];
-    assert_int_equal(req(&r, "GET", "/v1/spillway/jobs/job_nope", NULL, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", "/v1/spillway/jobs/job_nope", NULL, NULL, &w), 0);
     assert_int_equal(w.status, 404);
-    assert_string_equal(error_code(&w, code, sizeof code), "not_found");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "not_found");
     wc_response_free(&w);
-    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", NULL, "{\"endpoint\":\"x\",\"request\":{}}", &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/spillway/jobs", NULL, "{\"endpoint\":\"x\",\"request\":{}}", &w), 0);
     assert_int_equal(w.status, 400);
     wc_response_free(&w);
-    assert_int_equal(req(&r, "POST", "/v1/spillway/jobs", NULL, "{\"request\":3}", &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/spillway/jobs", NULL, "{\"request\":3}", &w), 0);
     assert_int_equal(w.status, 400);
     wc_response_free(&w);
 
@@ -668,22 +480,22 @@ static void test_jobs_survive_sigkill(void **state)
         ids[i] = job_post(&r, body);
     }
     /* one running (1 job worker, 40 tokens x 30 ms), the rest queued */
-    double t0 = now_s();
+    double t0 = tu_now_s();
     for (;;) {
         json_t *j = job_get(&r, ids[0]);
         bool running = !strcmp(job_state(j), "running");
         json_decref(j);
         if (running)
             break;
-        assert_true(now_s() - t0 < 30);
+        assert_true(tu_now_s() - t0 < 30);
         usleep(20 * 1000);
     }
     json_t *j3 = job_get(&r, ids[NJ - 1]);
     assert_string_equal(job_state(j3), "queued");
     json_decref(j3);
-    router_kill9(&r);
+    rh_kill9(&r);
     /* the same state directory */
-    assert_int_equal(router_run(&r, NULL), 0);
+    assert_int_equal(rh_run(&r, NULL), 0);
     for (int i = 0; i < NJ; i++) {
         json_t *j = job_wait(&r, ids[i], 60);
         assert_string_equal(job_state(j), "succeeded");
@@ -711,7 +523,7 @@ static void test_jobs_survive_sigkill(void **state)
     sw_free(late);
     for (int i = 0; i < NJ; i++)
         sw_free(ids[i]);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 /* ---- agent runs ------------------------------------------------------------- */
@@ -741,7 +553,7 @@ static const char *agent_body(const char *tool)
 
 /* Whether the workers answer a forced tool_choice with tool_calls (the
  * worker side of issue 7); prints SKIP and returns false when not. */
-static bool workers_call_tools(const router *r)
+static bool workers_call_tools(const rh_router *r)
 {
     char *sock = sw_malloc(700);
     snprintf(sock, 700, "%s/state/cpu.sock", r->dir);
@@ -770,18 +582,18 @@ static void test_agent_failover_and_unsafe(void **state)
              "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 1024\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s",
              spec, tools);
-    router r;
-    router_init(&r, "agent", "max-tool-steps = 1\n", rest);
-    assert_int_equal(router_run(&r, NULL), 0);
+    rh_router r;
+    rh_init(&r, "agent", g_model, "max-tool-steps = 1\n", rest);
+    assert_int_equal(rh_run(&r, NULL), 0);
     if (!workers_call_tools(&r)) {
-        router_finish(&r);
+        rh_finish(&r);
         dev_sim_unlink(g_pool, NULL);
         skip();
         return;
     }
     /* config errors: a tool not configured */
     wc_response w;
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL,
                          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_execution\":"
                          "\"server\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}]}",
                          &w),
@@ -797,7 +609,7 @@ static void test_agent_failover_and_unsafe(void **state)
         snprintf(sb, sizeof sb, "%s", agent_body("lookup"));
         sb[strlen(sb) - 1] = 0;
         strcat(sb, ",\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
-        assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, sb, &w), 0);
+        assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, sb, &w), 0);
         assert_int_equal(w.status, 200);
         assert_true(w.chunked);
         char **ev = NULL;
@@ -834,9 +646,9 @@ static void test_agent_failover_and_unsafe(void **state)
                  "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":4}},"
                  "\"required\":[\"a\"]}}}],\"tool_choice\":\"required\"}",
                  k ? "\"tool_execution\":\"client\"," : "");
-        assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, cbody, &w), 0);
+        assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, cbody, &w), 0);
         assert_int_equal(w.status, 200);
-        json_t *cj = body_json(&w);
+        json_t *cj = rh_body_json(&w);
         json_t *ch = json_array_get(json_object_get(cj, "choices"), 0);
         assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls");
         json_t *tc = json_array_get(json_object_get(json_object_get(ch, "message"), "tool_calls"), 0);
@@ -856,11 +668,11 @@ static void test_agent_failover_and_unsafe(void **state)
     g_tools.kill_delay_ms = 600;
     g_tools.kill_after = worker_pid(&r, "gpu");
     assert_true(g_tools.kill_after > 0);
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, agent_body("lookup"), &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, agent_body("lookup"), &w), 0);
     if (w.status != 200)
         fail_msg("agent run: %d %s", w.status, w.body);
     assert_int_equal(g_tools.calls_lookup, 1);
-    json_t *j = body_json(&w);
+    json_t *j = rh_body_json(&w);
     json_t *steps = json_object_get(json_object_get(j, "spillway"), "tool_steps");
     assert_int_equal(json_array_size(steps), 1);
     json_t *s0 = json_array_get(steps, 0);
@@ -883,9 +695,9 @@ static void test_agent_failover_and_unsafe(void **state)
     /* one failover record for the run, saying what happened: the GPU's
      * failure, a replay that started after it and completed on the CPU */
     {
-        assert_int_equal(req(&r, "GET", "/v1/spillway/events", NULL, NULL, &w), 0);
+        assert_int_equal(rh_req(&r, "GET", "/v1/spillway/events", NULL, NULL, &w), 0);
         assert_int_equal(w.status, 200);
-        json_t *ej = body_json(&w);
+        json_t *ej = rh_body_json(&w);
         json_t *data = json_object_get(ej, "data"), *ev = NULL;
         int n_ev = 0;
         for (size_t k = 0; k < json_array_size(data); k++)
@@ -918,11 +730,11 @@ static void test_agent_failover_and_unsafe(void **state)
      * tool was called once */
     tools_reset();
     g_tools.hold_ms = 2500;
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions", NULL, agent_body("book"), &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, agent_body("book"), &w), 0);
     assert_int_equal(w.status, 502);
     char code[64];
-    assert_string_equal(error_code(&w, code, sizeof code), "unsafe_to_retry");
-    json_t *e = body_json(&w);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "unsafe_to_retry");
+    json_t *e = rh_body_json(&w);
     assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "type")),
                         "server_error");
     json_decref(e);
@@ -930,7 +742,7 @@ static void test_agent_failover_and_unsafe(void **state)
     usleep(1500 * 1000); /* the held reply goes out */
     assert_int_equal(g_tools.calls_book, 1);
     g_tools.hold_ms = 0;
-    router_finish(&r);
+    rh_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -942,18 +754,18 @@ static void crash_case(const char *fault, const char *tool, bool expect_ok, int 
     char tools[2048], rest[4096];
     tool_sections(tools, sizeof tools, 3000);
     snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", tools);
-    router r;
-    router_init(&r, "crash", "max-tool-steps = 1\njob-workers = 1\n", rest);
-    assert_int_equal(router_run(&r, fault), 0);
+    rh_router r;
+    rh_init(&r, "crash", g_model, "max-tool-steps = 1\njob-workers = 1\n", rest);
+    assert_int_equal(rh_run(&r, fault), 0);
     tools_reset();
     char body[1024];
     snprintf(body, sizeof body, "{\"endpoint\":\"chat\",\"request\":%s}", agent_body(tool));
     char *id = job_post(&r, body);
-    assert_int_equal(router_wait_exit(&r, 60), 70);
+    assert_int_equal(rh_wait_exit(&r, 60), 70);
     usleep(300 * 1000);
     int before = !strcmp(tool, "book") ? g_tools.calls_book : g_tools.calls_lookup;
     assert_int_equal(before, strstr(fault, "called") ? 1 : 0);
-    assert_int_equal(router_run(&r, NULL), 0);
+    assert_int_equal(rh_run(&r, NULL), 0);
     json_t *j = job_wait(&r, id, 60);
     int calls = !strcmp(tool, "book") ? g_tools.calls_book : g_tools.calls_lookup;
     assert_int_equal(calls, expect_calls);
@@ -979,7 +791,7 @@ static void crash_case(const char *fault, const char *tool, bool expect_ok, int 
     assert_int_equal(job_finish_writes(&r, id), 1);
     json_decref(j);
     sw_free(id);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 /* An agent run with an Idempotency-Key whose router died after the tool
@@ -992,22 +804,22 @@ static void idem_agent_crash(void)
     char tools[2048], rest[4096];
     tool_sections(tools, sizeof tools, 3000);
     snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", tools);
-    router r;
-    router_init(&r, "idemcrash", "max-tool-steps = 1\n", rest);
-    assert_int_equal(router_run(&r, "SPILLWAY_FAULT=router_exit_after_tool_called"), 0);
+    rh_router r;
+    rh_init(&r, "idemcrash", g_model, "max-tool-steps = 1\n", rest);
+    assert_int_equal(rh_run(&r, "SPILLWAY_FAULT=router_exit_after_tool_called"), 0);
     tools_reset();
     wc_response w;
     const char *hdr = "Idempotency-Key: agent-key\r\nX-Request-Id: agent-run-1\r\n";
     char body[600];
     snprintf(body, sizeof body, "%s", agent_body("lookup"));
-    req(&r, "POST", "/v1/chat/completions", hdr, body, &w); /* the router dies */
+    rh_req(&r, "POST", "/v1/chat/completions", hdr, body, &w); /* the router dies */
     assert_true(w.status == 0 || w.status >= 500);
     wc_response_free(&w);
-    assert_int_equal(router_wait_exit(&r, 60), 70);
+    assert_int_equal(rh_wait_exit(&r, 60), 70);
     assert_int_equal(g_tools.calls_lookup, 1);
-    assert_int_equal(router_run(&r, NULL), 0);
+    assert_int_equal(rh_run(&r, NULL), 0);
     /* the retry names another request id; the original one is kept */
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions",
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions",
                          "Idempotency-Key: agent-key\r\nX-Request-Id: agent-run-2\r\n", body, &w),
                      0);
     if (w.status != 200)
@@ -1020,7 +832,7 @@ static void idem_agent_crash(void)
     assert_string_equal(g_tools.keys[0], "agent-run-1/1");
     assert_string_equal(g_tools.keys[1], "agent-run-1/1");
     wc_response w2;
-    assert_int_equal(req(&r, "POST", "/v1/chat/completions",
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions",
                          "Idempotency-Key: agent-key\r\nX-Request-Id: agent-run-3\r\n", body, &w2),
                      0);
     assert_int_equal(w2.status, 200);
@@ -1029,7 +841,7 @@ static void idem_agent_crash(void)
     assert_int_equal(g_tools.calls_lookup, 2);
     wc_response_free(&w);
     wc_response_free(&w2);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 static void test_agent_router_crash(void **state)
@@ -1038,11 +850,11 @@ static void test_agent_router_crash(void **state)
         /* probe the worker side first (one router start) */
         char rest[256];
         snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n");
-        router r;
-        router_init(&r, "probe", NULL, rest);
-        assert_int_equal(router_run(&r, NULL), 0);
+        rh_router r;
+        rh_init(&r, "probe", g_model, NULL, rest);
+        assert_int_equal(rh_run(&r, NULL), 0);
         bool ok = workers_call_tools(&r);
-        router_finish(&r);
+        rh_finish(&r);
         if (!ok) {
             skip();
             return;
@@ -1070,12 +882,12 @@ static void test_sabotage(void **state)
              "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 512\n"
              "fault = abort_after_tokens:2\n[worker cpu]\nthreads = 1\nctx-limit = 512\n",
              spec);
-    router r;
-    router_init(&r, "sabotage", NULL, rest);
-    assert_int_equal(router_run(&r, "SPILLWAY_SABOTAGE=no-replay,no-restart"), 0);
+    rh_router r;
+    rh_init(&r, "sabotage", g_model, NULL, rest);
+    assert_int_equal(rh_run(&r, "SPILLWAY_SABOTAGE=no-replay,no-restart"), 0);
     wc_response w;
-    assert_int_equal(req(&r, "GET", "/health", NULL, NULL, &w), 0);
-    json_t *h = body_json(&w);
+    assert_int_equal(rh_req(&r, "GET", "/health", NULL, NULL, &w), 0);
+    json_t *h = rh_body_json(&w);
     json_t *sab = json_object_get(h, "sabotage");
     assert_int_equal(json_array_size(sab), 2);
     assert_string_equal(json_string_value(json_array_get(sab, 0)), "no-replay");
@@ -1083,17 +895,17 @@ static void test_sabotage(void **state)
     json_decref(h);
     wc_response_free(&w);
     long cpu0 = worker_ok_count(&r, "cpu");
-    assert_int_equal(req(&r, "POST", "/v1/completions", NULL,
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
                          "{\"prompt\":\"Once\",\"max_tokens\":8,\"ignore_eos\":true}", &w),
                      0);
     char code[64];
     assert_int_equal(w.status, 503);
-    assert_string_equal(error_code(&w, code, sizeof code), "worker_failed");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "worker_failed");
     wc_response_free(&w);
     assert_int_equal(worker_ok_count(&r, "cpu"), cpu0); /* not replayed there */
     usleep(1500 * 1000); /* several supervision passes */
-    assert_int_equal(req(&r, "GET", "/health", NULL, NULL, &w), 0);
-    h = body_json(&w);
+    assert_int_equal(rh_req(&r, "GET", "/health", NULL, NULL, &w), 0);
+    h = rh_body_json(&w);
     json_t *ws = json_object_get(h, "workers");
     for (size_t i = 0; i < json_array_size(ws); i++) {
         json_t *x = json_array_get(ws, i);
@@ -1107,7 +919,7 @@ static void test_sabotage(void **state)
     char *log = tu_read_file(r.log, NULL);
     assert_non_null(strstr(log, "SPILLWAY_SABOTAGE=no-replay,no-restart is set"));
     sw_free(log);
-    router_finish(&r);
+    rh_finish(&r);
     dev_sim_unlink(g_pool, NULL);
 }
 
@@ -1122,22 +934,22 @@ static void test_tool_config_errors(void **state)
         "[tool t]\nurl = http://127.0.0.1:80/x\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        router r;
+        rh_router r;
         char rest[512];
         snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\n%s", bad[i]);
-        router_init(&r, "badtool", NULL, rest);
+        rh_init(&r, "badtool", g_model, NULL, rest);
         char *const argv[] = {(char *)tu_spillway_bin(), "serve", "--config", r.cfg, NULL};
         char *out = NULL;
         int st = -1;
         assert_int_equal(tu_run_capture(argv, 30, &out, &st), 0);
         assert_int_equal(st, 2);
         sw_free(out);
-        nftw(r.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+        tu_rm_tree(r.dir);
     }
 }
 
 /* Rows of request_id in a ledger table (read-only, beside the router). */
-static int ledger_rows(const router *r, const char *table, const char *col, const char *id)
+static int ledger_rows(const rh_router *r, const char *table, const char *col, const char *id)
 {
     char path[700], sql[160];
     snprintf(path, sizeof path, "%s/state/ledger.db", r->dir);
@@ -1161,16 +973,16 @@ static int ledger_rows(const router *r, const char *table, const char *col, cons
 static void test_ledger_retention(void **state)
 {
     (void)state;
-    router r;
-    router_init(&r, "retention", "ledger-retention-s = 2\nidempotency-ttl-s = 3600\njob-workers = 1\n",
+    rh_router r;
+    rh_init(&r, "retention", g_model, "ledger-retention-s = 2\nidempotency-ttl-s = 3600\njob-workers = 1\n",
                 "[worker cpu]\nthreads = 1\nctx-limit = 512\nfault = stall_ms:30\n");
-    assert_int_equal(router_run(&r, NULL), 0);
+    assert_int_equal(rh_run(&r, NULL), 0);
     const char *small = "{\"prompt\":\"Kept or not\",\"max_tokens\":3,\"temperature\":0}";
     wc_response w;
-    assert_int_equal(req(&r, "POST", "/v1/completions", "X-Request-Id: ret-plain\r\n", small, &w), 0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "X-Request-Id: ret-plain\r\n", small, &w), 0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
-    assert_int_equal(req(&r, "POST", "/v1/completions",
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions",
                          "X-Request-Id: ret-keyed\r\nIdempotency-Key: ret-key-1\r\n", small, &w),
                      0);
     assert_int_equal(w.status, 200);
@@ -1186,10 +998,10 @@ static void test_ledger_retention(void **state)
     /* 150 tokens x 30 ms: runs well past the 2 s retention */
     char *long_job = job_post(&r, "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"b\","
                                   "\"max_tokens\":150,\"temperature\":0,\"ignore_eos\":true}}");
-    double t0 = now_s();
+    double t0 = tu_now_s();
     bool plain_gone = false, short_gone = false;
     while (!(plain_gone && short_gone)) {
-        assert_true(now_s() - t0 < 30);
+        assert_true(tu_now_s() - t0 < 30);
         plain_gone = ledger_rows(&r, "attempts", "request_id", "ret-plain") == 0;
         short_gone = ledger_rows(&r, "jobs", "id", short_job) == 0;
         /* the long job is never swept while it runs */
@@ -1202,7 +1014,7 @@ static void test_ledger_retention(void **state)
     }
     char path[160];
     snprintf(path, sizeof path, "/v1/spillway/jobs/%s", short_job);
-    assert_int_equal(req(&r, "GET", path, NULL, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", path, NULL, NULL, &w), 0);
     assert_int_equal(w.status, 404);
     wc_response_free(&w);
     j = job_wait(&r, long_job, 60);
@@ -1216,14 +1028,14 @@ static void test_ledger_retention(void **state)
      * key replays the stored answer */
     assert_int_equal(ledger_rows(&r, "attempts", "request_id", "ret-keyed"), 1);
     assert_int_equal(ledger_rows(&r, "idempotency", "key", "ret-key-1"), 1);
-    assert_int_equal(req(&r, "POST", "/v1/completions", "Idempotency-Key: ret-key-1\r\n", small, &w),
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "Idempotency-Key: ret-key-1\r\n", small, &w),
                      0);
     assert_int_equal(w.status, 200);
     char rv[32];
     assert_true(wc_header(&w, "X-Spillway-Idempotent-Replay", rv, sizeof rv));
     assert_string_equal(w.body, first);
     wc_response_free(&w);
-    assert_int_equal(req(&r, "GET", "/metrics", NULL, NULL, &w), 0);
+    assert_int_equal(rh_req(&r, "GET", "/metrics", NULL, NULL, &w), 0);
     const char *m = strstr(w.body, "\nspillway_router_ledger_rows_deleted_total ");
     assert_non_null(m);
     assert_true(strtoll(m + strlen("\nspillway_router_ledger_rows_deleted_total "), NULL, 10) >= 2);
@@ -1231,7 +1043,7 @@ static void test_ledger_retention(void **state)
     sw_free(first);
     sw_free(short_job);
     sw_free(long_job);
-    router_finish(&r);
+    rh_finish(&r);
 }
 
 int main(void)

@@ -5,6 +5,7 @@
 
 #include "common/alloc.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <setjmp.h>
@@ -15,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -295,4 +298,101 @@ void rh_wait_restarted(const rh_router *r, const char *name, int min_restarts)
         usleep(100 * 1000);
     }
     fail_msg("worker %s was not restarted", name);
+}
+
+void rh_conn_open(rh_conn *c, const char *sock)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = wc_connect(sock, 20000);
+    assert_true(c->fd >= 0);
+}
+
+void rh_conn_close(rh_conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    sw_free(c->buf);
+    c->buf = NULL;
+    c->fd = -1;
+}
+
+void rh_conn_send(rh_conn *c, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL);
+        assert_true(w > 0);
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+bool rh_conn_read_more(rh_conn *c, double timeout_s)
+{
+    struct pollfd p = {c->fd, POLLIN, 0};
+    if (poll(&p, 1, (int)(timeout_s * 1000)) <= 0)
+        return false;
+    if (c->len + 4096 > c->cap) {
+        c->cap = (c->len + 4096) * 2;
+        c->buf = sw_realloc(c->buf, c->cap + 1);
+        assert_non_null(c->buf);
+    }
+    ssize_t r;
+    do
+        r = recv(c->fd, c->buf + c->len, c->cap - c->len, 0);
+    while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return false;
+    c->len += (size_t)r;
+    c->buf[c->len] = 0;
+    return true;
+}
+
+/* Length of the whole response at the start of p (n bytes), 0 when more
+ * bytes are needed. Framed by Content-Length or chunked encoding. */
+static size_t response_length(const char *p, size_t n)
+{
+    const char *end = memmem(p, n, "\r\n\r\n", 4);
+    if (!end)
+        return 0;
+    size_t head = (size_t)(end - p) + 4;
+    char h[8192];
+    snprintf(h, sizeof h, "%.*s", (int)(head < sizeof h - 1 ? head : sizeof h - 1), p);
+    for (char *q = h; *q; q++)
+        if (*q >= 'A' && *q <= 'Z')
+            *q = (char)(*q - 'A' + 'a');
+    char *cl = strstr(h, "\r\ncontent-length:");
+    if (cl) {
+        size_t want = head + (size_t)strtoull(cl + 17, NULL, 10);
+        return n >= want ? want : 0;
+    }
+    if (!strstr(h, "transfer-encoding: chunked"))
+        fail_msg("a response without Content-Length or chunked framing");
+    size_t at = head;
+    for (;;) {
+        const char *eol = memmem(p + at, n - at, "\r\n", 2);
+        if (!eol)
+            return 0;
+        size_t sz = (size_t)strtoull(p + at, NULL, 16);
+        at = (size_t)(eol - p) + 2;
+        if (sz == 0)
+            return n >= at + 2 ? at + 2 : 0;
+        if (n < at + sz + 2)
+            return 0;
+        at += sz + 2;
+    }
+}
+
+void rh_conn_read_response(rh_conn *c, wc_response *out)
+{
+    memset(out, 0, sizeof *out);
+    double t0 = tu_now_s();
+    size_t len;
+    while (!(len = c->len ? response_length(c->buf, c->len) : 0)) {
+        assert_true(tu_now_s() - t0 < 60);
+        if (!rh_conn_read_more(c, 60))
+            fail_msg("the connection ended before a whole response (%zu bytes read)", c->len);
+    }
+    assert_int_equal(wc_response_parse(c->buf, len, out), 0);
+    memmove(c->buf, c->buf + len, c->len - len);
+    c->len -= len;
 }

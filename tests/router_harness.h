@@ -78,4 +78,25 @@ json_t *rh_worker_health(const rh_router *r, const char *name);
  * restarts; fails the test otherwise. */
 void rh_wait_restarted(const rh_router *r, const char *name, int min_restarts);
 
+/* A raw client connection, for what rh_req cannot show: several requests
+ * on one connection, partial sends, what arrives when. buf holds what was
+ * read beyond the last response. */
+typedef struct rh_conn {
+    int fd;
+    char *buf;
+    size_t len, cap;
+} rh_conn;
+
+/* Connects to a unix socket (asserted). */
+void rh_conn_open(rh_conn *c, const char *sock);
+void rh_conn_close(rh_conn *c);
+/* Sends all n bytes (asserted). */
+void rh_conn_send(rh_conn *c, const char *p, size_t n);
+/* Reads what arrives within timeout_s into buf; false on time-out or EOF. */
+bool rh_conn_read_more(rh_conn *c, double timeout_s);
+/* Reads exactly one response (Content-Length or chunked framing, within
+ * 60 s, the connection staying open until it is whole) and keeps any bytes
+ * after it in buf. */
+void rh_conn_read_response(rh_conn *c, wc_response *out);
+
 #endif

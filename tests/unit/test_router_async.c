@@ -70,107 +70,30 @@ static int teardown(void **state)
 
 /* ---- a raw client ------------------------------------------------------- */
 
-typedef struct conn {
-    int fd;
-    char *buf;
-    size_t len, cap;
-} conn;
 
-static void conn_open(conn *c)
-{
-    memset(c, 0, sizeof *c);
-    c->fd = wc_connect(g_rt.sock, 20000);
-    assert_true(c->fd >= 0);
-}
 
-static void conn_close(conn *c)
-{
-    if (c->fd >= 0)
-        close(c->fd);
-    sw_free(c->buf);
-    c->fd = -1;
-}
 
-static void send_all(conn *c, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL);
-        assert_true(w > 0);
-        p += w;
-        n -= (size_t)w;
-    }
-}
 
-/* Reads more bytes into c->buf within timeout_s; false on time-out or
- * EOF. */
-static bool read_more(conn *c, double timeout_s)
-{
-    struct pollfd p = {c->fd, POLLIN, 0};
-    if (poll(&p, 1, (int)(timeout_s * 1000)) <= 0)
-        return false;
-    if (c->len + 4096 > c->cap) {
-        c->cap = (c->len + 4096) * 2;
-        c->buf = sw_realloc(c->buf, c->cap + 1);
-        assert_non_null(c->buf);
-    }
-    ssize_t r = recv(c->fd, c->buf + c->len, c->cap - c->len, 0);
-    if (r <= 0)
-        return false;
-    c->len += (size_t)r;
-    c->buf[c->len] = 0;
-    return true;
-}
 
-/* Length of the whole response at the start of c->buf, 0 when more bytes
- * are needed (Content-Length framing: every answer here has one). */
-static size_t response_length(const conn *c)
-{
-    const char *end = c->len ? memmem(c->buf, c->len, "\r\n\r\n", 4) : NULL;
-    if (!end)
-        return 0;
-    size_t head = (size_t)(end - c->buf) + 4;
-    const char *cl = NULL;
-    for (const char *p = c->buf; p < end; p++)
-        if (!strncasecmp(p, "\r\nContent-Length:", 17)) {
-            cl = p + 17;
-            break;
-        }
-    assert_non_null(cl);
-    size_t want = head + (size_t)strtoull(cl, NULL, 10);
-    return c->len >= want ? want : 0;
-}
 
-static void read_resp(conn *c, wc_response *out)
-{
-    memset(out, 0, sizeof *out);
-    double t0 = tu_now_s();
-    size_t len;
-    while (!(len = response_length(c))) {
-        assert_true(tu_now_s() - t0 < 60);
-        assert_true(read_more(c, 60));
-    }
-    assert_int_equal(wc_response_parse(c->buf, len, out), 0);
-    memmove(c->buf, c->buf + len, c->len - len);
-    c->len -= len;
-}
 
 /* One request with extra header lines, on its own connection. */
 static void request(const char *method, const char *path, const char *extra, const char *body,
                     wc_response *out)
 {
-    conn c;
-    conn_open(&c);
+    rh_conn c;
+    rh_conn_open(&c, g_rt.sock);
     char head[2048];
     size_t bl = body ? strlen(body) : 0;
     int n = snprintf(head, sizeof head,
                      "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
                      method, path, extra ? extra : "", bl);
-    send_all(&c, head, (size_t)n);
+    rh_conn_send(&c, head, (size_t)n);
     if (bl)
-        send_all(&c, body, bl);
-    read_resp(&c, out);
-    conn_close(&c);
+        rh_conn_send(&c, body, bl);
+    rh_conn_read_response(&c, out);
+    rh_conn_close(&c);
 }
 
 
@@ -662,23 +585,23 @@ static void test_expect_continue(void **state)
     json_decref(ref);
     wc_response_free(&r);
 
-    conn c;
-    conn_open(&c);
+    rh_conn c;
+    rh_conn_open(&c, g_rt.sock);
     char head[512];
     int n = snprintf(head, sizeof head,
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
                      bl);
-    send_all(&c, head, (size_t)n);
+    rh_conn_send(&c, head, (size_t)n);
     /* the interim response comes before any body byte was sent */
     static const char want[] = "HTTP/1.1 100 Continue\r\n\r\n";
     while (c.len < sizeof want - 1)
-        assert_true(read_more(&c, 20));
+        assert_true(rh_conn_read_more(&c, 20));
     assert_memory_equal(c.buf, want, sizeof want - 1);
     memmove(c.buf, c.buf + sizeof want - 1, c.len - (sizeof want - 1));
     c.len -= sizeof want - 1;
-    send_all(&c, body, bl);
-    read_resp(&c, &r);
+    rh_conn_send(&c, body, bl);
+    rh_conn_read_response(&c, &r);
     assert_int_equal(r.status, 200);
     json_t *j = rh_body_json(&r);
     char *t = text_of(j);
@@ -687,43 +610,43 @@ static void test_expect_continue(void **state)
     json_decref(j);
     wc_response_free(&r);
     /* the connection goes on: a second request with Expect on it */
-    send_all(&c, head, (size_t)n);
+    rh_conn_send(&c, head, (size_t)n);
     while (c.len < sizeof want - 1)
-        assert_true(read_more(&c, 20));
+        assert_true(rh_conn_read_more(&c, 20));
     assert_memory_equal(c.buf, want, sizeof want - 1);
     memmove(c.buf, c.buf + sizeof want - 1, c.len - (sizeof want - 1));
     c.len -= sizeof want - 1;
-    send_all(&c, body, bl);
-    read_resp(&c, &r);
+    rh_conn_send(&c, body, bl);
+    rh_conn_read_response(&c, &r);
     assert_int_equal(r.status, 200);
     wc_response_free(&r);
-    conn_close(&c);
+    rh_conn_close(&c);
 
     /* over max-body (4 KiB): 413 at once, the body never sent */
-    conn_open(&c);
+    rh_conn_open(&c, g_rt.sock);
     n = snprintf(head, sizeof head,
                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                  "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n");
-    send_all(&c, head, (size_t)n);
-    read_resp(&c, &r);
+    rh_conn_send(&c, head, (size_t)n);
+    rh_conn_read_response(&c, &r);
     assert_int_equal(r.status, 413);
     assert_header_is(&r, "Connection", "close");
     wc_response_free(&r);
     assert_int_equal(c.len, 0); /* nothing before it (no 100) and after it */
-    assert_false(read_more(&c, 5)); /* closed */
-    conn_close(&c);
+    assert_false(rh_conn_read_more(&c, 5)); /* closed */
+    rh_conn_close(&c);
 
     /* an expectation the router does not know: 417, the body unread */
-    conn_open(&c);
+    rh_conn_open(&c, g_rt.sock);
     n = snprintf(head, sizeof head,
                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\n"
                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
                  bl);
-    send_all(&c, head, (size_t)n);
-    read_resp(&c, &r);
+    rh_conn_send(&c, head, (size_t)n);
+    rh_conn_read_response(&c, &r);
     assert_int_equal(r.status, 417);
     wc_response_free(&r);
-    conn_close(&c);
+    rh_conn_close(&c);
 
     /* the metric counts the two interim responses (at least) */
     request("GET", "/metrics", NULL, NULL, &r);

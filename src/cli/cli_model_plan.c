@@ -101,6 +101,7 @@ int cli_model_plan(int argc, char **argv)
         dev_memory_info(dev, &mem, &err))
         goto fail;
     pp.weights_stay_mapped = dev_get_kind(dev) == DEV_KIND_CPU;
+    pp.device_is_cuda = dev_get_kind(dev) == DEV_KIND_CUDA;
     if (eng_plan_compute(model, &pp, mem.total_bytes, mem.free_bytes, &plan, &err))
         goto fail;
 

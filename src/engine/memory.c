@@ -54,6 +54,47 @@ size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool w
     return bytes;
 }
 
+void eng__cuda_sizes(const eng_model *model, int32_t n_device_layers, int32_t n_batch,
+                     int32_t n_seq_max, int32_t max_blocks_per_seq, eng_cuda_sizes *out)
+{
+    const eng_hparams *hp = &model->hp;
+    const size_t n_slots = (size_t)n_seq_max * (size_t)max_blocks_per_seq;
+    const size_t half = (size_t)(hp->n_rot / 2);
+    memset(out, 0, sizeof *out);
+    /* block pointers per slot, each token's slot and position, the RoPE
+     * frequency factors */
+    out->tables_bytes = ALIGN64(n_slots * sizeof(unsigned char *)) +
+                        2 * ALIGN64((size_t)n_batch * sizeof(int32_t)) +
+                        ALIGN64(half * sizeof(float));
+    if (n_batch <= CUDA_MATVEC_MAX_TOKENS)
+        return; /* no prefill product: no GEMM */
+    /* the largest device matrix dequantized to F32, capped (a chunk of rows
+     * at a time), and at least one row of the widest input */
+    size_t largest = 0, widest = (size_t)hp->n_embd;
+    for (int32_t l = 0; l < n_device_layers; l++) {
+        const eng_layer *L = &model->layers[l];
+        const eng_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                 &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            size_t b = (size_t)w[i]->n_in * (size_t)w[i]->n_out * sizeof(float);
+            if (b > largest)
+                largest = b;
+            if ((size_t)w[i]->n_in > widest)
+                widest = (size_t)w[i]->n_in;
+        }
+    }
+    if (n_device_layers == hp->n_layer) {
+        size_t b = (size_t)model->output.n_in * (size_t)model->output.n_out * sizeof(float);
+        if (b > largest)
+            largest = b;
+    }
+    out->scratch_bytes = largest < CUDA_GEMM_SCRATCH_MAX_BYTES ? largest
+                                                               : CUDA_GEMM_SCRATCH_MAX_BYTES;
+    if (out->scratch_bytes < widest * sizeof(float))
+        out->scratch_bytes = widest * sizeof(float);
+    out->blas_workspace_bytes = CUDA_BLAS_WORKSPACE_BYTES;
+}
+
 size_t eng_model_decode_read_bytes(const eng_model *model)
 {
     /* every layer and the head; of the embedding table one row */

@@ -129,6 +129,17 @@ size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool w
 /* Takes KV blocks so seq holds n_tokens tokens' worth (memory.c). */
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err);
 
+/* VRAM a cuda:N context takes beyond weights, KV and workspace (its block
+ * tables, the GEMM scratch, cuBLAS's workspace), as cuda_engine_create
+ * allocates it, so that the plan can count it too (memory.c). */
+typedef struct eng_cuda_sizes {
+    size_t tables_bytes;
+    size_t scratch_bytes;     /* 0 when no batch is above the matvec limit */
+    size_t blas_workspace_bytes;
+} eng_cuda_sizes;
+void eng__cuda_sizes(const eng_model *model, int32_t n_device_layers, int32_t n_batch,
+                     int32_t n_seq_max, int32_t max_blocks_per_seq, eng_cuda_sizes *out);
+
 /* KV bytes per token of a range of layers. */
 size_t eng__kv_bytes_per_token_layers(const eng_hparams *hp, uint32_t kv_type, int32_t n_layers);
 

@@ -19,6 +19,7 @@ eng_plan_params eng_plan_default_params(void)
         .kv_type = cp.kv_type,
         .reserve_fraction = cp.reserve_fraction,
         .weights_stay_mapped = false,
+        .device_is_cuda = false,
     };
     return p;
 }
@@ -39,6 +40,12 @@ static uint64_t device_bytes_for(const eng_model *m, const eng_plan_params *p, i
     uint64_t workspace = eng_workspace_bytes(m, n_batch, n_ctx, p->n_threads, n_seqs);
     uint64_t kv_dev = blocks * kv_tok_dev * (uint64_t)p->kv_block_tokens;
     uint64_t total = weights_dev + kv_dev + (n_layers > 0 ? workspace : 0);
+    if (p->device_is_cuda && n_layers > 0) {
+        eng_cuda_sizes cs;
+        eng__cuda_sizes(m, n_layers, n_batch, n_seqs,
+                        (n_ctx + p->kv_block_tokens - 1) / p->kv_block_tokens, &cs);
+        total += cs.tables_bytes + cs.scratch_bytes + cs.blas_workspace_bytes;
+    }
     if (out) {
         out->n_device_layers = n_layers;
         out->weights_device_bytes = weights_dev;

@@ -29,6 +29,8 @@ typedef struct eng_plan_params {
     uint32_t kv_type;
     float reserve_fraction;
     bool weights_stay_mapped;  /* a `cpu` device: weights are not copied */
+    bool device_is_cuda;       /* cuda:N: its block tables, GEMM scratch and
+                                  cuBLAS workspace count too */
 } eng_plan_params;
 
 typedef struct eng_plan {

@@ -32,6 +32,7 @@
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/model_make.h"
+#include "engine/plan.h"
 #include "engine/quant.h"
 
 #include <jansson.h>
@@ -521,7 +522,7 @@ static eng_context *gpu_context(const eng_model *model, int32_t n_gpu_layers, ui
 
 /* stories260K's greedy continuations, token for token, on the full and a
  * split profile with both KV types; the device bytes the context reports
- * are what the device handle holds. */
+ * are what the device handle holds, and what the plan predicted. */
 static void test_stories_greedy_golden(void **state)
 {
     (void)state;
@@ -570,7 +571,26 @@ static void test_stories_greedy_golden(void **state)
                 sw_free(prompt);
                 sw_free(expect);
             }
+            /* the plan of this profile equals what the context holds once
+             * its sequence has the whole context (as on sim-gpu) */
+            assert_int_equal(eng_seq_reserve(ctx, 0, 256, &err), SW_OK);
+            eng_plan_params pp = eng_plan_default_params();
+            pp.n_gpu_layers = profiles[pi];
+            pp.n_ctx = 256;
+            pp.n_seqs = 1;
+            pp.n_threads = 2;
+            pp.kv_type = kv ? ENG_TYPE_F32 : ENG_TYPE_F16;
+            pp.device_is_cuda = true;
+            eng_plan plan;
+            assert_int_equal(eng_plan_compute(model, &pp, before.total_bytes, before.free_bytes,
+                                              &plan, &err),
+                             SW_OK);
             assert_int_equal(dev_memory_info(gpu, &after, &err), SW_OK);
+            if (plan.device_bytes != after.self_bytes - before.self_bytes)
+                fail_msg("%d gpu layers, kv %s: planned %llu device bytes, allocated %llu",
+                         profiles[pi], kv ? "f32" : "f16",
+                         (unsigned long long)plan.device_bytes,
+                         (unsigned long long)(after.self_bytes - before.self_bytes));
             assert_int_equal(after.self_bytes - before.self_bytes,
                              eng_context_device_bytes(ctx));
             /* What the driver reports taken beside what the handle counts

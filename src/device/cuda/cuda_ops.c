@@ -92,7 +92,6 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
     const size_t n_slots = (size_t)ctx->params.n_seq_max * (size_t)ctx->max_blocks_per_seq;
     const size_t n_batch = (size_t)ctx->params.n_batch;
     const size_t half = (size_t)(hp->n_rot / 2);
-    int64_t widest = hp->n_embd;
     struct cuda_engine *g;
     int rc;
 
@@ -108,8 +107,6 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
         for (int i = 0; i < 7; i++) {
             if ((rc = check_weight(w[i], names[i], l, err)))
                 return rc;
-            if (w[i]->n_in > widest)
-                widest = w[i]->n_in;
         }
     }
     if (ctx->n_device_layers == hp->n_layer &&
@@ -142,8 +139,10 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
         goto fail;
     }
 
-    g->tables_bytes = ALIGN64(n_slots * sizeof(unsigned char *)) +
-                      2 * ALIGN64(n_batch * sizeof(int32_t)) + ALIGN64(half * sizeof(float));
+    eng_cuda_sizes sizes;
+    eng__cuda_sizes(ctx->model, ctx->n_device_layers, ctx->params.n_batch, ctx->params.n_seq_max,
+                    ctx->max_blocks_per_seq, &sizes);
+    g->tables_bytes = sizes.tables_bytes;
     if ((rc = dev_alloc(dev, g->tables_bytes, "kv tables", (void **)&g->d_tables, err)))
         goto fail;
     g->d_blocks = (unsigned char **)g->d_tables;
@@ -155,31 +154,11 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
         goto fail;
 
     /* Prefill only happens with batches above the matvec limit. */
-    if (ctx->params.n_batch > CUDA_MATVEC_MAX_TOKENS) {
-        size_t largest = 0;
-        for (int32_t l = 0; l < ctx->n_device_layers; l++) {
-            const eng_layer *L = &ctx->layers[l];
-            const eng_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
-                                     &L->w_down};
-            for (int i = 0; i < 7; i++) {
-                size_t b = (size_t)w[i]->n_in * (size_t)w[i]->n_out * sizeof(float);
-                if (b > largest)
-                    largest = b;
-            }
-        }
-        if (ctx->n_device_layers == hp->n_layer) {
-            size_t b = (size_t)ctx->output.n_in * (size_t)ctx->output.n_out * sizeof(float);
-            if (b > largest)
-                largest = b;
-        }
-        size_t row = (size_t)widest * sizeof(float);
-        g->scratch_bytes = largest < CUDA_GEMM_SCRATCH_MAX_BYTES ? largest
-                                                                 : CUDA_GEMM_SCRATCH_MAX_BYTES;
-        if (g->scratch_bytes < row)
-            g->scratch_bytes = row;
+    if (sizes.scratch_bytes) {
+        g->scratch_bytes = sizes.scratch_bytes;
         if ((rc = dev_alloc(dev, g->scratch_bytes, "gemm scratch", (void **)&g->d_scratch, err)))
             goto fail;
-        g->blas_ws_bytes = CUDA_BLAS_WORKSPACE_BYTES;
+        g->blas_ws_bytes = sizes.blas_workspace_bytes;
         if ((rc = dev_alloc(dev, g->blas_ws_bytes, "cublas workspace", &g->d_blas_ws, err)))
             goto fail;
         if ((rc = check_blas(ctx, cublasCreate(&g->blas), "creating the handle", err)))

@@ -320,8 +320,17 @@ out:
     else
         rt__stop_workers();
     eng_tokenizer_free(rt__g.tok);
-    ldg_close(rt__g.ledger);
-    rt__g.ledger = NULL;
+    /* Connection threads are detached and the wait above is bounded: one
+     * still running may be about to store its Idempotency-Key or a tool
+     * step. Then the ledger stays open (the process exits right after)
+     * rather than being freed under that thread. */
+    pthread_mutex_lock(&rt__g.mu);
+    bool conns_left = rt__g.active_conns > 0;
+    pthread_mutex_unlock(&rt__g.mu);
+    if (!conns_left) {
+        ldg_close(rt__g.ledger);
+        rt__g.ledger = NULL;
+    }
     for (int i = 0; i < RT_EVENTS; i++)
         sw_free(rt__g.events[i]);
     return status;

@@ -124,7 +124,9 @@ static void run_job(const char *id)
                 json_decref(e);
                 break;
             }
-            deadline = (long long)(left * 1000);
+            /* deadline_ms is the client's (up to INT64_MAX): a double
+             * past LLONG_MAX must not be converted (undefined) */
+            deadline = left * 1000 < 9e18 ? (long long)(left * 1000) : (long long)9e18;
         }
         rt_capture c;
         int attempts = 0;

@@ -289,7 +289,7 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
         insert = false;
         if (!sha || strcmp(sha, body_sha256)) {
             *state = LDG_IDEM_MISMATCH;
-        } else if (!strcmp(rstate, "running")) {
+        } else if (!rstate || !strcmp(rstate, "running")) { /* NULL: out of memory */
             *state = LDG_IDEM_RUNNING;
         } else if (!strcmp(rstate, "abandoned")) {
             take_over = true;
@@ -504,8 +504,8 @@ int ldg_tool_get(ldg_ledger *l, const char *request_id, int step, ldg_tool_step 
         col_copy(st, 0, out->tool, sizeof out->tool);
         col_copy(st, 1, out->call_id, sizeof out->call_id);
         out->arguments = col_text(st, 2);
-        out->state = !strcmp((const char *)sqlite3_column_text(st, 3), "done") ? LDG_TOOL_DONE
-                                                                                : LDG_TOOL_STARTED;
+        const char *state = (const char *)sqlite3_column_text(st, 3); /* NULL: out of memory */
+        out->state = state && !strcmp(state, "done") ? LDG_TOOL_DONE : LDG_TOOL_STARTED;
         out->result = col_text(st, 4);
         out->calls = sqlite3_column_int(st, 5);
         out->started = sqlite3_column_double(st, 6);

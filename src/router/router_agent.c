@@ -40,6 +40,23 @@ static const rt_tool_config *find_tool(const char *name, const bool *allowed)
     return NULL;
 }
 
+/* The result goes into the conversation and the step record as a JSON
+ * string: one that is not UTF-8 text (json_pack would fail and the tool
+ * message would silently go missing) is replaced by an error text. */
+static int text_or_error(const rt_tool_config *t, char **result)
+{
+    json_t *probe = *result ? json_string(*result) : NULL;
+    if (*result && !probe) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "error: the tool %s answered with text that is not UTF-8",
+                 t->name);
+        sw_free(*result);
+        *result = sw_strdup(msg);
+    }
+    json_decref(probe);
+    return 1;
+}
+
 /* One POST to the tool. Returns 1 when the outcome is known (*result set:
  * the body of a 2xx, or an error text), 0 when unknown (time-out, dropped
  * connection: the tool may or may not have acted). *result: sw_free. */
@@ -88,10 +105,12 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
     }
     if (status >= 200 && status < 300) {
         *result = body ? body : sw_strdup("");
-        return 1;
+        return text_or_error(t, result);
     }
     snprintf(msg, sizeof msg, "error: the tool %s answered HTTP %d: ", t->name, status);
     size_t ml = strlen(msg), show = len > 200 ? 200 : len;
+    while (show > 0 && show < len && ((unsigned char)body[show] & 0xc0) == 0x80)
+        show--; /* not inside a UTF-8 sequence */
     *result = sw_malloc(ml + show + 1);
     if (*result) {
         memcpy(*result, msg, ml);
@@ -100,7 +119,7 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
         (*result)[ml + show] = 0;
     }
     sw_free(body);
-    return 1;
+    return text_or_error(t, result);
 }
 
 static void ledger_fail(rt_req *q, const sw_error *err)

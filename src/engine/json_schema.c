@@ -671,10 +671,18 @@ static int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int3
     if (type && !json_is_string(type) && !json_is_array(type))
         return fail_at(b, path_push(b, plen, "type"), SW_EINVAL,
                        "'type' must be a string or an array of strings");
-    for (size_t i = 0; json_is_array(type) && i < json_array_size(type); i++)
+    for (size_t i = 0; json_is_array(type) && i < json_array_size(type); i++) {
         if (!json_is_string(json_array_get(type, i)))
             return fail_at(b, path_push_index(b, path_push(b, plen, "type"), i), SW_EINVAL,
                            "'type' must be a string or an array of strings");
+        /* Unique, as JSON Schema requires: each entry compiles the same
+         * subschemas again, so a repeated "object" nested a few levels
+         * would multiply the work and the nodes (7 per level). */
+        for (size_t j = 0; j < i; j++)
+            if (json_equal(json_array_get(type, i), json_array_get(type, j)))
+                return fail_at(b, path_push_index(b, path_push(b, plen, "type"), i), SW_EINVAL,
+                               "'type' lists a type twice");
+    }
     if (json_is_array(type) && json_array_size(type) == 0)
         return fail_at(b, path_push(b, plen, "type"), SW_EINVAL, "'type' is an empty array");
     if (json_object_get(s, "enum") || json_object_get(s, "const"))

@@ -507,6 +507,16 @@ static void test_errors(void **state)
         strcat(wide, i ? ",{}" : "{}"); /* each {} is any value: 5 branches */
     strcat(wide, "]}");
     expect_error(wide, SW_EUNSUPPORTED, "64 branches");
+    /* a repeated type would compile the same subschemas once per entry,
+     * level after level (7^12 nodes from 1.5 KB) */
+    expect_error("{\"type\":[\"object\",\"null\",\"object\"]}", SW_EINVAL, "twice");
+    deep[0] = '\0';
+    for (int i = 0; i < 12; i++)
+        strcat(deep, "{\"type\":[\"object\",\"object\"],\"properties\":{\"a\":");
+    strcat(deep, "{\"type\":\"null\"}");
+    for (int i = 0; i < 12; i++)
+        strcat(deep, "}}");
+    expect_error(deep, SW_EINVAL, "twice");
     /* ignored annotations are fine */
     eng_grammar_free(compile_ok("{\"title\":\"t\",\"description\":\"d\",\"type\":\"object\","
                                 "\"additionalProperties\":false,\"properties\":{\"a\":{"

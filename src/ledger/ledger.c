@@ -374,6 +374,19 @@ int ldg_idem_drop(ldg_ledger *l, const char *key, sw_error *err)
     return rc;
 }
 
+int ldg_idem_abandon(ldg_ledger *l, const char *key, sw_error *err)
+{
+    pthread_mutex_lock(&l->mu);
+    int rc = run_stmt(l,
+                      prep(l, err,
+                           "UPDATE idempotency SET state = 'abandoned' WHERE key = ?"
+                           " AND state = 'running'",
+                           "s", key),
+                      NULL, err);
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
 int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err)
 {
     int changes = 0;

@@ -70,6 +70,11 @@ int ldg_idem_finish(ldg_ledger *l, const char *key, int status, const char *cont
 /* Forgets a running key (the request produced nothing worth replaying: a
  * retry may run it again). */
 int ldg_idem_drop(ldg_ledger *l, const char *key, sw_error *err);
+/* Marks one running key abandoned, as ldg_idem_recover does at start-up:
+ * for a request that ran but whose response could not be stored, so a
+ * retry with the same body runs it again under its request id instead
+ * of being told 409 until the key expires. */
+int ldg_idem_abandon(ldg_ledger *l, const char *key, sw_error *err);
 /* At start-up: every running key belongs to a router that is gone; marks
  * them abandoned. *n receives how many (may be NULL). */
 int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err);

@@ -137,9 +137,15 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
     int rc = keep ? ldg_idem_finish(rt__g.ledger, q->idem_key, c->status, c->content_type,
                                     c->stream, c->body, c->len, rt__wall_s(), &err)
                   : ldg_idem_drop(rt__g.ledger, q->idem_key, &err);
-    if (rc)
+    if (rc) {
         SW_WARN("router", "request %s: Idempotency-Key not %s: %s", q->request_id,
                 keep ? "stored" : "dropped", err.message);
+        /* left running, every retry would get 409 until the key expires */
+        sw_error aerr;
+        if (ldg_idem_abandon(rt__g.ledger, q->idem_key, &aerr))
+            SW_WARN("router", "request %s: Idempotency-Key not abandoned either: %s",
+                    q->request_id, aerr.message);
+    }
     rt__capture_free(&q->cap);
     q->cap.on = false;
 }

@@ -198,6 +198,19 @@ static void test_idempotency(void **state)
     assert_int_equal(s, LDG_IDEM_REPLAY);
     assert_true(st.stream);
     ldg_stored_free(&st);
+    /* abandon: only the running key it names; a done key keeps its answer,
+     * and the abandoned one is taken over with its original request id */
+    assert_int_equal(ldg_idem_begin(l, "k3", h1, "req-10", 1066, 10, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_NEW);
+    assert_int_equal(ldg_idem_abandon(l, "k2", NULL), 0);
+    assert_int_equal(ldg_idem_abandon(l, "k3", NULL), 0);
+    assert_int_equal(ldg_idem_begin(l, "k2", h1, "req-11", 1067, 10, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_REPLAY);
+    ldg_stored_free(&st);
+    assert_int_equal(ldg_idem_begin(l, "k3", h1, "req-11", 1067, 10, &s, rid, &st, NULL), 0);
+    assert_int_equal(s, LDG_IDEM_NEW);
+    assert_string_equal(rid, "req-10");
+    assert_int_equal(ldg_idem_drop(l, "k3", NULL), 0);
     /* expiry removes exactly the keys past their time */
     assert_int_equal(ldg_idem_expire(l, 1073.5, &n, NULL), 0);
     assert_int_equal(n, 0);

@@ -48,8 +48,8 @@ static int enqueue(const char *id)
 {
     int rc = 0;
     pthread_mutex_lock(&g_jobs.mu);
-    if (g_jobs.count >= RT_MAX_QUEUED_JOBS) {
-        rc = -1;
+    if (g_jobs.stop || g_jobs.count >= RT_MAX_QUEUED_JOBS) {
+        rc = -1; /* stays queued in the ledger: taken up at the next start */
     } else {
         if (g_jobs.count == g_jobs.cap) {
             size_t nc = g_jobs.cap ? g_jobs.cap * 2 : 64;
@@ -231,10 +231,15 @@ void rt__jobs_stop(void)
     pthread_mutex_unlock(&g_jobs.mu);
     for (int i = 0; i < g_jobs.n_threads; i++)
         pthread_join(g_jobs.threads[i], NULL);
+    /* A connection thread that outlived the bounded drain may still queue
+     * a job (Prefer: respond-async) through enqueue: the mutex stays
+     * valid (static storage, not destroyed) and enqueue refuses once stop
+     * is set, so the queue can go. */
+    pthread_mutex_lock(&g_jobs.mu);
     sw_free(g_jobs.queue);
     g_jobs.queue = NULL;
-    pthread_cond_destroy(&g_jobs.cv);
-    pthread_mutex_destroy(&g_jobs.mu);
+    g_jobs.head = g_jobs.count = g_jobs.cap = 0;
+    pthread_mutex_unlock(&g_jobs.mu);
     rt__g.jobs = NULL;
 }
 
@@ -288,7 +293,7 @@ static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t 
                                    "application/json", answer, strlen(answer), err) == 0) {
         /* committed: now it may be promised */
         if (enqueue(j.id))
-            SW_WARN("router", "job %s: in-memory queue full; it runs after a restart", j.id);
+            SW_WARN("router", "job %s: in-memory queue full or stopping; it runs after a restart", j.id);
         char hdr[256];
         snprintf(hdr, sizeof hdr, "Location: /v1/spillway/jobs/%s\r\n%s", j.id,
                  extra ? extra : "");

@@ -12,6 +12,7 @@
 #include "engine/constrain-impl.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,8 +370,10 @@ static bool type_matches(const json_t *v, const char *type)
         if (json_is_integer(v))
             return true;
         if (json_is_real(v)) {
+            /* a whole number (1.0, 1e300); the cast to long long this
+             * replaces was undefined beyond its range */
             double d = json_real_value(v);
-            return d == (double)(long long)d;
+            return isfinite(d) && d == floor(d);
         }
         return false;
     }

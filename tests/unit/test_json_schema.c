@@ -510,6 +510,9 @@ static void test_errors(void **state)
     /* a repeated type would compile the same subschemas once per entry,
      * level after level (7^12 nodes from 1.5 KB) */
     expect_error("{\"type\":[\"object\",\"null\",\"object\"]}", SW_EINVAL, "twice");
+    /* an enum value of 1e300 is an integer (a whole number) */
+    eng_grammar_free(compile_ok("{\"type\":\"integer\",\"enum\":[1e300,\"x\"]}"));
+    expect_error("{\"type\":\"integer\",\"enum\":[1.5]}", SW_EINVAL, "no value");
     deep[0] = '\0';
     for (int i = 0; i < 12; i++)
         strcat(deep, "{\"type\":[\"object\",\"object\"],\"properties\":{\"a\":");

@@ -77,9 +77,6 @@ static bool get_bool(wk_parse_error *p, json_t *body, const char *key, bool *out
     return true;
 }
 
-/* The chat prompt in the model's own template family (chat_template.h),
- * tokenized so that only the template's text can produce control tokens.
- * Allocates *ids (sw_free). */
 /* The tool parts of message i: tool_calls of an assistant message, the
  * tool_call_id of a tool message. calls (n entries) is filled; strings
  * point into the body. */
@@ -128,6 +125,9 @@ static bool message_tools(json_t *m, size_t i, const char *role, eng_chat_messag
     return true;
 }
 
+/* The chat prompt in the model's own template family (chat_template.h),
+ * tokenized so that only the template's text can produce control tokens.
+ * Allocates *ids (sw_free). */
 static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text, wk_req *r,
                           wk_parse_error *p, int32_t **ids, size_t *n_ids)
 {

@@ -459,8 +459,6 @@ static const char *tool_stream_done(wk_server *s, wk_req *r, const wk_event *ev,
     if (r->output == WK_OUT_TOOL_FORCED) {
         json_t *calls = wk__forced_calls(r);
         if (calls) {
-            char name[96];
-            size_t start = wk__forced_args_start(r->text, r->text_len, name, sizeof name);
             size_t end = r->text_len - 1;
             json_t *tc = NULL;
             if (!r->ts.header_sent) {
@@ -470,7 +468,6 @@ static const char *tool_stream_done(wk_server *s, wk_req *r, const wk_event *ev,
                 tc = json_pack("{s:i, s:{s:o}}", "index", 0, "function", "arguments",
                                json_text(r->text + r->ts.args_sent, end - r->ts.args_sent));
             }
-            (void)start;
             if (tc)
                 delta = json_pack("{s:[o]}", "tool_calls", tc);
             finish = "tool_calls";

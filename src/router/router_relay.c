@@ -595,8 +595,12 @@ void rt__handle_generate(rt_req *q, bool chat)
     if (!mt)
         mt = json_object_get(body, "max_tokens");
     long max_tokens = json_is_integer(mt) ? (long)json_integer_value(mt) : (chat ? -1 : 16);
-    if (q->deadline_ms < 0 && json_is_number(json_object_get(body, "timeout")))
-        q->deadline_ms = (long long)(json_number_value(json_object_get(body, "timeout")) * 1000);
+    if (q->deadline_ms < 0 && json_is_number(json_object_get(body, "timeout"))) {
+        /* the client's number: one outside long long must not be
+         * converted (undefined); a negative one means none, as before */
+        double ms = json_number_value(json_object_get(body, "timeout")) * 1000;
+        q->deadline_ms = ms >= 9e18 ? (long long)9e18 : ms <= -9e18 ? -1 : (long long)ms;
+    }
     /* A seed of our own, so that a resumed sampled stream continues the
      * same random stream on the next worker. */
     if (!json_object_get(body, "seed")) {

@@ -479,6 +479,7 @@ static int compile_object(builder *b, const json_t *s, int32_t depth, size_t ple
         return fail_at(b, path_push(b, plen, "properties"), SW_EUNSUPPORTED,
                        "more than 4096 properties");
     cs_node nd;
+    json_t *req_set = NULL;
     memset(&nd, 0, sizeof nd);
     nd.kind = CS_OBJECT;
     nd.keys = sw_calloc(n, sizeof *nd.keys);
@@ -494,6 +495,19 @@ static int compile_object(builder *b, const json_t *s, int32_t depth, size_t ple
         rc = sw_error_set(b->err, SW_ENOMEM, "out of memory compiling the schema");
         goto fail;
     }
+    /* The required names as a set: a lookup per property instead of a
+     * scan of 'required' (properties x required strcmp took seconds for a
+     * 1 MiB body). */
+    req_set = json_object();
+    if (!req_set) {
+        rc = sw_error_set(b->err, SW_ENOMEM, "out of memory compiling the schema");
+        goto fail;
+    }
+    for (size_t r = 0; r < json_array_size(req); r++)
+        if (json_object_set_new(req_set, json_string_value(json_array_get(req, r)), json_true())) {
+            rc = sw_error_set(b->err, SW_ENOMEM, "out of memory compiling the schema");
+            goto fail;
+        }
     const char *key;
     const json_t *sub;
     size_t i = 0;
@@ -516,9 +530,7 @@ static int compile_object(builder *b, const json_t *s, int32_t depth, size_t ple
         nd.keys[i] = k;
         nd.key_lens[i] = kl + 1;
         nd.n_props = (int32_t)i + 1;
-        for (size_t r = 0; r < json_array_size(req); r++)
-            if (strcmp(json_string_value(json_array_get(req, r)), key) == 0)
-                nd.required[i] = true;
+        nd.required[i] = json_object_get(req_set, key) != NULL;
         size_t l = path_push(b, plen_props, key);
         if ((rc = compile(b, sub, depth + 1, l, &nd.children[i])))
             goto fail;
@@ -534,10 +546,12 @@ static int compile_object(builder *b, const json_t *s, int32_t depth, size_t ple
         nd.any_from[j] = one < nd.any_from[j + 1] ? one : nd.any_from[j + 1];
         nd.next_req[j] = nd.required[j] ? (int32_t)j : nd.next_req[j + 1];
     }
+    json_decref(req_set);
     if ((*out = add_node(g, &nd)) < 0)
         return sw_error_set(b->err, SW_ENOMEM, "out of memory compiling the schema");
     return SW_OK;
 fail:
+    json_decref(req_set);
     node_clear(&nd);
     return rc;
 }

@@ -134,9 +134,21 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
                 (c->stream ? q->completed
                            : c->status < 500 ||
                                  (q->error_code && !strcmp(q->error_code, "unsafe_to_retry")));
-    int rc = keep ? ldg_idem_finish(rt__g.ledger, q->idem_key, c->status, c->content_type,
-                                    c->stream, c->body, c->len, rt__wall_s(), &err)
-                  : ldg_idem_drop(rt__g.ledger, q->idem_key, &err);
+    /* A failed agent run that recorded tool steps keeps its key (abandoned,
+     * not dropped): the client's retry then runs under the same request id
+     * and reuses the recorded steps instead of calling a tool again. */
+    bool steps = false;
+    if (!keep) {
+        ldg_tool_step first;
+        memset(&first, 0, sizeof first);
+        if (ldg_tool_get(rt__g.ledger, q->request_id, 1, &first, &steps, NULL) != SW_OK)
+            steps = true; /* unknown: keep the safe side */
+        ldg_tool_step_free(&first);
+    }
+    int rc = keep    ? ldg_idem_finish(rt__g.ledger, q->idem_key, c->status, c->content_type,
+                                       c->stream, c->body, c->len, rt__wall_s(), &err)
+             : steps ? ldg_idem_abandon(rt__g.ledger, q->idem_key, &err)
+                     : ldg_idem_drop(rt__g.ledger, q->idem_key, &err);
     if (rc) {
         SW_WARN("router", "request %s: Idempotency-Key not %s: %s", q->request_id,
                 keep ? "stored" : "dropped", err.message);

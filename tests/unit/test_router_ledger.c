@@ -844,6 +844,59 @@ static void idem_agent_crash(void)
     rh_finish(&r);
 }
 
+/* An agent run that fails after its tool ran (one attempt allowed, the GPU
+ * worker killed after the tool answered) keeps its Idempotency-Key: the
+ * client's retry runs under the same request id, reuses the recorded step,
+ * and the tool has still run once. */
+static void test_agent_failed_run_retry(void **state)
+{
+    (void)state;
+    char spec[96], tools[2048], rest[4096];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    tool_sections(tools, sizeof tools, 1500);
+    snprintf(rest, sizeof rest,
+             "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nthreads = 1\nctx-limit = 1024\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s",
+             spec, tools);
+    rh_router r;
+    rh_init(&r, "agent-retry", g_model, "max-tool-steps = 1\nmax-attempts = 1\n", rest);
+    assert_int_equal(rh_run(&r, NULL), 0);
+    if (!workers_call_tools(&r)) {
+        rh_finish(&r);
+        dev_sim_unlink(g_pool, NULL);
+        skip();
+        return;
+    }
+    tools_reset();
+    g_tools.kill_delay_ms = 600;
+    g_tools.kill_after = worker_pid(&r, "gpu");
+    assert_true(g_tools.kill_after > 0);
+    const char *key = "Idempotency-Key: agent-retry-1\r\n";
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", key, agent_body("lookup"), &w), 0);
+    if (w.status < 500)
+        fail_msg("the run should fail with one attempt: %d %s", w.status, w.body);
+    char rid1[96], rid2[96];
+    assert_true(wc_header(&w, "X-Request-Id", rid1, sizeof rid1));
+    wc_response_free(&w);
+    assert_int_equal(g_tools.calls_lookup, 1);
+    rh_wait_restarted(&r, "gpu", 1);
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", key, agent_body("lookup"), &w), 0);
+    if (w.status != 200)
+        fail_msg("retry: %d %s", w.status, w.body);
+    assert_true(wc_header(&w, "X-Request-Id", rid2, sizeof rid2));
+    assert_string_equal(rid2, rid1);
+    json_t *j = rh_body_json(&w);
+    json_t *s0 = json_array_get(json_object_get(json_object_get(j, "spillway"), "tool_steps"), 0);
+    assert_true(json_is_true(json_object_get(s0, "reused")));
+    assert_string_equal(json_string_value(json_object_get(s0, "result")), "LOOKUP-RESULT-1");
+    json_decref(j);
+    wc_response_free(&w);
+    assert_int_equal(g_tools.calls_lookup, 1);
+    rh_finish(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
 static void test_agent_router_crash(void **state)
 {
     {
@@ -1054,6 +1107,7 @@ int main(void)
         cmocka_unit_test(test_sabotage),
         cmocka_unit_test(test_jobs_survive_sigkill),
         cmocka_unit_test(test_agent_failover_and_unsafe),
+        cmocka_unit_test(test_agent_failed_run_retry),
         cmocka_unit_test(test_agent_router_crash),
         cmocka_unit_test(test_ledger_retention),
     };

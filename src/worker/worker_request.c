@@ -182,8 +182,16 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
         int32_t id = eng_token_find(s->tok, stops[i], strlen(stops[i]));
         if (id >= 0 && r->n_stop_tokens < WK_MAX_STOP_TOKENS)
             r->stop_tokens[r->n_stop_tokens++] = id;
-        else if (id < 0 && r->n_stops < WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS)
-            r->stops[r->n_stops++] = sw_strdup(stops[i]);
+        else if (id < 0 && r->n_stops < WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS) {
+            /* a NULL entry would reach strlen in the stop check */
+            if (!(r->stops[r->n_stops] = sw_strdup(stops[i]))) {
+                bad(p, NULL, "out of memory");
+                sw_free(*ids);
+                *ids = NULL;
+                goto done;
+            }
+            r->n_stops++;
+        }
     }
     ok = true;
 done:

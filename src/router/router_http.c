@@ -519,7 +519,7 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
         goto done;
     }
     long long content_length = 0;
-    bool chunked = false, bad_length = false;
+    bool chunked = false, bad_length = false, seen_length = false;
     bool expect_continue = false, expect_other = false;
     char rid[256] = "", conn[256] = "";
     for (char *line = strstr(buf, "\r\n"); line; line = strstr(line, "\r\n")) {
@@ -538,9 +538,13 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
         if (nl == 14 && !strncasecmp(line, "Content-Length", 14)) {
             char *e = NULL;
             errno = 0;
+            long long previous = content_length;
             content_length = strtoll(val, &e, 10);
-            if (e == val || *e || errno)
+            /* two lengths that differ: which body is meant is ambiguous (a
+             * request-smuggling shape), RFC 9112 6.3 says refuse */
+            if (e == val || *e || errno || (seen_length && previous != content_length))
                 bad_length = true;
+            seen_length = true;
         } else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))
             chunked = true;
         else if (nl == 10 && !strncasecmp(line, "Connection", 10))

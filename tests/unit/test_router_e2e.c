@@ -634,6 +634,17 @@ static void test_bad_requests(void **state)
     assert_int_equal(wc_raw(r.sock, "NONSENSE\r\n\r\n", 12, 10000, &w), 0);
     assert_int_equal(w.status, 400);
     wc_response_free(&w);
+    /* two Content-Lengths that disagree: which body is meant is ambiguous */
+    {
+        char raw[512];
+        int n = snprintf(raw, sizeof raw,
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: 2\r\n"
+                         "Content-Length: 40\r\n\r\n{}",
+                         auth);
+        assert_int_equal(wc_raw(r.sock, raw, (size_t)n, 10000, &w), 0);
+        assert_int_equal(w.status, 400);
+        wc_response_free(&w);
+    }
     /* still serving, and the metrics count the refusals */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, ok_body, &w), 0);
     assert_int_equal(w.status, 200);

@@ -332,7 +332,7 @@ static void admit(wk_server *s, wk_req *req, ev_list *l)
      * here again, so it comes out, or stops the reply, as it would have. */
     int64_t resumed_text = 0;
     for (int32_t i = req->n_prompt - req->n_resume; i < req->n_prompt; i++) {
-        char buf[1024];
+        char buf[4096]; /* as for a sampled token (sample_slot) */
         size_t n = eng_detok_push(s->tok, &sl->detok, req->prompt[i], buf, sizeof buf);
         if (req->resume_text_bytes < 0 || req->cons || req->n_stops == 0)
             continue;

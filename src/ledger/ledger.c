@@ -72,6 +72,16 @@ static const char *const k_migrations[LDG_SCHEMA_VERSION] = {
     "  started REAL,"
     "  finished REAL);"
     "CREATE INDEX jobs_state ON jobs(state, created);",
+    /* 1 -> 2: the retention sweep filters every table by a time (a
+     * finish, a start, an expiry) and looks request ids up in the
+     * idempotency table; without these it scanned each table whole,
+     * under the ledger's one lock. */
+    "CREATE INDEX jobs_finished ON jobs(finished);"
+    "CREATE INDEX attempts_finished ON attempts(finished, request_id);"
+    "CREATE INDEX tool_calls_started ON tool_calls(started);"
+    "CREATE INDEX tool_calls_finished ON tool_calls(finished);"
+    "CREATE INDEX idempotency_expires ON idempotency(expires);"
+    "CREATE INDEX idempotency_request ON idempotency(request_id);",
 };
 
 static int db_fail(ldg_ledger *l, sw_error *err, const char *what)
@@ -694,6 +704,21 @@ int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *respons
     return rc;
 }
 
+int ldg_job_requeue(ldg_ledger *l, const char *id, bool *requeued, sw_error *err)
+{
+    int changes = 0;
+    pthread_mutex_lock(&l->mu);
+    /* only from running: a succeeded or failed job keeps its final record */
+    int rc = run_stmt(l,
+                      prep(l, err, "UPDATE jobs SET state = 'queued' WHERE id = ? AND state = 'running'",
+                           "s", id),
+                      &changes, err);
+    pthread_mutex_unlock(&l->mu);
+    if (requeued)
+        *requeued = !rc && changes == 1;
+    return rc;
+}
+
 int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err)
 {
     *ids = NULL;
@@ -740,11 +765,13 @@ out:
 /* The requests whose rows may go: every attempt and tool step older than
  * the cut-off (?1), no idempotency key naming them (keys leave only when
  * their TTL passed: the key's replay may need the run's tool steps), and
- * not a job that is still queued or running (jobs run under their id). */
+ * not a job that is still queued or running (jobs run under their id).
+ * Plain comparisons, no COALESCE: a NULL finish is never past the
+ * cut-off either way, and a bare column can use its index (migration 2). */
 #define LDG_SWEEPABLE(ID)                                                                        \
     ID " NOT IN (SELECT request_id FROM attempts WHERE finished > ?1)"                           \
     " AND " ID " NOT IN (SELECT request_id FROM tool_calls WHERE started > ?1"                    \
-    " OR COALESCE(finished, 0) > ?1)"                                                            \
+    " OR finished > ?1)"                                                                         \
     " AND " ID " NOT IN (SELECT request_id FROM idempotency)"                                    \
     " AND " ID " NOT IN (SELECT id FROM jobs WHERE state IN ('queued','running'))"
 
@@ -762,7 +789,9 @@ int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_swe
         goto rollback;
     if ((rc = run_stmt(l,
                        prep(l, err,
-                            "DELETE FROM jobs WHERE state IN ('succeeded','failed')"
+                            /* "+state": not by jobs_state, which would
+                             * walk every finished job; by jobs_finished */
+                            "DELETE FROM jobs WHERE +state IN ('succeeded','failed')"
                             " AND finished IS NOT NULL AND finished <= ?1"
                             " AND id NOT IN (SELECT request_id FROM idempotency)",
                             "d", cut),
@@ -777,7 +806,10 @@ int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_swe
         goto rollback;
     if ((rc = run_stmt(l,
                        prep(l, err,
-                            "DELETE FROM tool_calls WHERE " LDG_SWEEPABLE("request_id"), "d", cut),
+                            /* "started <= ?1" is implied by the rest,
+                             * but lets it search tool_calls_started */
+                            "DELETE FROM tool_calls WHERE started <= ?1 AND "
+                            LDG_SWEEPABLE("request_id"), "d", cut),
                        &c.tool_calls, err)))
         goto rollback;
     if ((rc = exec_sql(l, "COMMIT;", err)))

@@ -22,7 +22,7 @@
 typedef struct ldg_ledger ldg_ledger;
 
 /* The schema version ldg_open migrates to. */
-#define LDG_SCHEMA_VERSION 1
+#define LDG_SCHEMA_VERSION 2
 
 /* Opens (creating) <dir>/ledger.db and migrates it. SW_EIO with SQLite's
  * message on failure; SW_EUNSUPPORTED for a database from a newer program. */
@@ -154,6 +154,12 @@ int ldg_job_start(ldg_ledger *l, const char *id, double now_s, bool *claimed, sw
 /* The final record: state succeeded (response) or failed (error). */
 int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *response,
                    const char *error, double now_s, sw_error *err);
+/* running -> queued: the runner gave the job up unfinished (the router
+ * is shutting down and cancelled its worker request). Its attempt stays
+ * counted; the next start takes it up again. A job that is not running
+ * (its final record was written meanwhile) is left as it is: *requeued
+ * (may be NULL) says whether this call changed it. */
+int ldg_job_requeue(ldg_ledger *l, const char *id, bool *requeued, sw_error *err);
 /* Ids of queued and running jobs, oldest first (sw_free the array). */
 int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err);
 

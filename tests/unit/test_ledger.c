@@ -589,6 +589,190 @@ static void test_retention_sweep(void **state)
     ldg_close(l);
 }
 
+/* A job given up by its runner (shutdown) goes back to queued with its
+ * attempt counted; one whose final record is written stays done. */
+static void test_job_requeue(void **state)
+{
+    (void)state;
+    ldg_ledger *l = open_ok();
+    add_job(l, "job_cut", 100, LDG_JOB_RUNNING, 0);
+    add_job(l, "job_done", 100, LDG_JOB_SUCCEEDED, 150);
+    add_job(l, "job_waiting", 100, LDG_JOB_QUEUED, 0);
+    bool requeued = false;
+    assert_int_equal(ldg_job_requeue(l, "job_cut", &requeued, NULL), 0);
+    assert_true(requeued);
+    ldg_job j;
+    bool found;
+    assert_int_equal(ldg_job_get(l, "job_cut", &j, &found, NULL), 0);
+    assert_int_equal(j.state, LDG_JOB_QUEUED);
+    assert_int_equal(j.attempts, 1);
+    assert_int_equal(j.finish_writes, 0);
+    ldg_job_free(&j);
+    /* a finished job, a queued one and an unknown id are not changed */
+    assert_int_equal(ldg_job_requeue(l, "job_done", &requeued, NULL), 0);
+    assert_false(requeued);
+    assert_int_equal(ldg_job_requeue(l, "job_waiting", &requeued, NULL), 0);
+    assert_false(requeued);
+    assert_int_equal(ldg_job_requeue(l, "job_nope", NULL, NULL), 0);
+    assert_int_equal(ldg_job_get(l, "job_done", &j, &found, NULL), 0);
+    assert_int_equal(j.state, LDG_JOB_SUCCEEDED);
+    assert_string_equal(j.response, "{}");
+    assert_int_equal(j.finish_writes, 1);
+    ldg_job_free(&j);
+    /* the next start takes it up: the second attempt, one final record */
+    char(*ids)[48] = NULL;
+    size_t n = 0;
+    assert_int_equal(ldg_job_pending(l, &ids, &n, NULL), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(ids[0], "job_cut");
+    assert_string_equal(ids[1], "job_waiting");
+    sw_free(ids);
+    bool claimed;
+    assert_int_equal(ldg_job_start(l, "job_cut", 200, &claimed, NULL), 0);
+    assert_true(claimed);
+    assert_int_equal(ldg_job_finish(l, "job_cut", LDG_JOB_SUCCEEDED, "{\"r\":2}", NULL, 201, NULL), 0);
+    /* a late give-up (the result was written first) leaves it done */
+    assert_int_equal(ldg_job_requeue(l, "job_cut", &requeued, NULL), 0);
+    assert_false(requeued);
+    assert_int_equal(ldg_job_get(l, "job_cut", &j, &found, NULL), 0);
+    assert_int_equal(j.state, LDG_JOB_SUCCEEDED);
+    assert_int_equal(j.attempts, 2);
+    assert_int_equal(j.finish_writes, 1);
+    ldg_job_free(&j);
+    ldg_close(l);
+}
+
+/* Whether some index of table has column as its first column. */
+static bool indexed_first(sqlite3 *db, const char *table, const char *column)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql, "PRAGMA index_list(%s)", table);
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    bool found = false;
+    while (!found && sqlite3_step(st) == SQLITE_ROW) {
+        snprintf(sql, sizeof sql, "PRAGMA index_info(\"%s\")", (const char *)sqlite3_column_text(st, 1));
+        sqlite3_stmt *ci;
+        assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &ci, NULL), SQLITE_OK);
+        /* rows in key order: seqno 0 first */
+        if (sqlite3_step(ci) == SQLITE_ROW && sqlite3_column_int(ci, 0) == 0 &&
+            sqlite3_column_text(ci, 2) && !strcmp((const char *)sqlite3_column_text(ci, 2), column))
+            found = true;
+        sqlite3_finalize(ci);
+    }
+    sqlite3_finalize(st);
+    return found;
+}
+
+/* A ledger file written by the first release (schema version 1, its
+ * tables exactly as that release created them, rows in each) is
+ * migrated on open: the version goes up, every row is kept and still
+ * read and swept right, and the times the retention sweep filters by
+ * are indexed. */
+static void test_migrate_from_v1(void **state)
+{
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/ledger.db", g_dir);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    /* the version 1 schema, as shipped (a fixture: never changes) */
+    static const char v1[] =
+        "PRAGMA journal_mode=WAL;"
+        "BEGIN;"
+        "CREATE TABLE idempotency (key TEXT PRIMARY KEY, body_sha256 TEXT NOT NULL,"
+        " request_id TEXT NOT NULL, state TEXT NOT NULL CHECK (state IN"
+        " ('running','done','abandoned')), status INTEGER, content_type TEXT, response BLOB,"
+        " stream INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, expires REAL NOT NULL);"
+        "CREATE TABLE attempts (request_id TEXT NOT NULL, attempt INTEGER NOT NULL,"
+        " worker TEXT NOT NULL, outcome TEXT NOT NULL, error TEXT, started REAL NOT NULL,"
+        " finished REAL NOT NULL);"
+        "CREATE INDEX attempts_request ON attempts(request_id);"
+        "CREATE TABLE tool_calls (request_id TEXT NOT NULL, step INTEGER NOT NULL,"
+        " tool TEXT NOT NULL, call_id TEXT NOT NULL, arguments TEXT NOT NULL, state TEXT NOT NULL"
+        " CHECK (state IN ('started','done')), result TEXT, calls INTEGER NOT NULL DEFAULT 1,"
+        " started REAL NOT NULL, finished REAL, PRIMARY KEY (request_id, step));"
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, endpoint TEXT NOT NULL, request TEXT NOT NULL,"
+        " deadline_ms INTEGER, state TEXT NOT NULL CHECK (state IN"
+        " ('queued','running','succeeded','failed')), attempts INTEGER NOT NULL DEFAULT 0,"
+        " finish_writes INTEGER NOT NULL DEFAULT 0, response TEXT, error TEXT,"
+        " created REAL NOT NULL, started REAL, finished REAL);"
+        "CREATE INDEX jobs_state ON jobs(state, created);"
+        "INSERT INTO idempotency VALUES ('k1', 'sha', 'req_a', 'done', 200, 'application/json',"
+        " X'7B7D', 0, 100, 100000);"
+        "INSERT INTO attempts VALUES ('req_a', 1, 'gpu', 'ok', NULL, 100, 110);"
+        "INSERT INTO attempts VALUES ('req_old', 1, 'cpu', 'oom', 'decode', 100, 110);"
+        "INSERT INTO tool_calls VALUES ('req_old', 1, 'lookup', 'c1', '{}', 'done', 'r', 1,"
+        " 105, 106);"
+        "INSERT INTO jobs VALUES ('job_done', 'chat', '{}', NULL, 'succeeded', 1, 1, '{\"x\":1}',"
+        " NULL, 100, 101, 102);"
+        "INSERT INTO jobs VALUES ('job_wait', 'completions', '{\"prompt\":\"p\"}', 5000,"
+        " 'queued', 0, 0, NULL, NULL, 103, NULL, NULL);"
+        "PRAGMA user_version=1;"
+        "COMMIT;";
+    char *msg = NULL;
+    if (sqlite3_exec(db, v1, NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("v1 fixture: %s", msg);
+    assert_false(indexed_first(db, "jobs", "finished"));
+    sqlite3_close(db);
+
+    ldg_ledger *l = open_ok();
+    assert_int_equal(ldg_schema_version(l), LDG_SCHEMA_VERSION);
+    assert_true(LDG_SCHEMA_VERSION >= 2);
+    /* every row kept and read as before */
+    ldg_job j;
+    bool found;
+    assert_int_equal(ldg_job_get(l, "job_done", &j, &found, NULL), 0);
+    assert_true(found);
+    assert_int_equal(j.state, LDG_JOB_SUCCEEDED);
+    assert_string_equal(j.response, "{\"x\":1}");
+    assert_true(j.finished == 102);
+    ldg_job_free(&j);
+    assert_int_equal(ldg_job_get(l, "job_wait", &j, &found, NULL), 0);
+    assert_true(found);
+    assert_int_equal(j.state, LDG_JOB_QUEUED);
+    assert_int_equal(j.deadline_ms, 5000);
+    ldg_job_free(&j);
+    int n = 0;
+    assert_int_equal(ldg_attempt_count(l, "req_a", &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_true(step_exists(l, "req_old", 1));
+    ldg_idem_state st;
+    char rid_out[80];
+    ldg_stored stored;
+    assert_int_equal(ldg_idem_begin(l, "k1", "sha", "req_b", 200, 5000, &st, rid_out, &stored, NULL),
+                     0);
+    assert_int_equal(st, LDG_IDEM_REPLAY);
+    assert_string_equal(stored.body, "{}");
+    assert_string_equal(stored.request_id, "req_a");
+    ldg_stored_free(&stored);
+    /* the sweep on the migrated file: what is old and unkeyed goes */
+    ldg_sweep_counts c;
+    assert_int_equal(ldg_retention_sweep(l, 1000, 100, &c, NULL), 0);
+    assert_int_equal(c.jobs, 1);
+    assert_int_equal(c.attempts, 1);
+    assert_int_equal(c.tool_calls, 1);
+    assert_int_equal(c.keys, 0);
+    assert_false(job_exists(l, "job_done"));
+    assert_true(job_exists(l, "job_wait"));
+    assert_int_equal(count_attempts(l, "req_a"), 1); /* its key is live */
+    ldg_close(l);
+
+    /* the times the sweep filters by have an index each */
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_true(indexed_first(db, "jobs", "finished"));
+    assert_true(indexed_first(db, "attempts", "finished"));
+    assert_true(indexed_first(db, "tool_calls", "finished"));
+    assert_true(indexed_first(db, "tool_calls", "started"));
+    assert_true(indexed_first(db, "idempotency", "expires"));
+    sqlite3_close(db);
+    /* opened again: no second migration, the rows still there */
+    l = open_ok();
+    assert_int_equal(ldg_schema_version(l), LDG_SCHEMA_VERSION);
+    assert_true(job_exists(l, "job_wait"));
+    ldg_close(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -600,6 +784,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_between_started_and_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retention_sweep, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_job_requeue, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_from_v1, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

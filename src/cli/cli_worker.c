@@ -29,6 +29,8 @@ static void usage(FILE *out)
             "      --http-timeout S    per-connection read/write time-out (default 30)\n"
             "      --chat-template F   chatml, llama2, llama3, mistral, zephyr, phi3, gemma\n"
             "                          (default: detected from the model's template)\n"
+            "      --no-calibrate      skip the start-up measurement of the prefill/decode\n"
+            "                          rates (/health has none until requests measure them)\n"
             "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
             "1 when the model or device cannot be set up, 2 for bad options,\n"
             "75 after an unrecoverable device error (restart the worker).\n");
@@ -49,7 +51,8 @@ static int number(const char *text, double lo, double hi, double *out)
 int cli_worker_main(int argc, char **argv)
 {
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
-           OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT };
+           OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
+           OPT_NO_CALIBRATE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -66,6 +69,7 @@ int cli_worker_main(int argc, char **argv)
         {"max-body", required_argument, 0, OPT_BODY},
         {"http-timeout", required_argument, 0, OPT_TIMEOUT},
         {"chat-template", required_argument, 0, OPT_CHAT},
+        {"no-calibrate", no_argument, 0, OPT_NO_CALIBRATE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -142,6 +146,7 @@ int cli_worker_main(int argc, char **argv)
             }
             break;
         case OPT_CHAT: o.chat_template = optarg; break;
+        case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

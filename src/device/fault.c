@@ -40,6 +40,7 @@ static dev_fault_config fault_current = {
 };
 static atomic_llong fault_alloc_calls; /* device allocations seen since set */
 static pthread_once_t fault_env_once = PTHREAD_ONCE_INIT;
+static _Thread_local bool fault_suspended; /* dev_fault_suspend, this thread */
 
 /* Non-negative decimal integer, the whole string. */
 static int parse_count(const char *text, int64_t *out)
@@ -194,10 +195,17 @@ void dev_fault_set(const dev_fault_config *config)
     atomic_store(&fault_alloc_calls, 0);
 }
 
+void dev_fault_suspend(bool suspended)
+{
+    fault_suspended = suspended;
+}
+
 /* Every call counts toward alloc_fail_after, including one refused by
  * alloc_fail_over: "the first N allocations" are the first N attempts. */
 bool dev_fault_alloc_should_fail(size_t bytes)
 {
+    if (fault_suspended)
+        return false;
     const dev_fault_config *cfg = dev_fault_get();
     long long call = atomic_fetch_add(&fault_alloc_calls, 1);
     if (cfg->alloc_fail_over > 0 && (uint64_t)bytes > cfg->alloc_fail_over)
@@ -209,6 +217,8 @@ bool dev_fault_alloc_should_fail(size_t bytes)
 
 int dev_fault_before_token(int64_t tokens_emitted)
 {
+    if (fault_suspended)
+        return SW_OK;
     const dev_fault_config *cfg = dev_fault_get();
     if (cfg->device_error_after_tokens >= 0 && tokens_emitted >= cfg->device_error_after_tokens)
         return SW_EDEVICE;

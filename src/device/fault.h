@@ -48,8 +48,16 @@ const dev_fault_config *dev_fault_get(void);
  * meant to race with allocations on other threads. */
 void dev_fault_set(const dev_fault_config *config);
 
+/* Suspends (true) or resumes (false) fault injection on the calling thread
+ * only: while suspended, its device allocations neither count toward
+ * alloc_fail_after nor fail, and dev_fault_before_token does nothing. For
+ * work a process does for itself (the worker's start-up calibration), so
+ * the counts that tests and the drill probe are those of real traffic. */
+void dev_fault_suspend(bool suspended);
+
 /* Called by every device allocation (device.c, before the backend): true if
- * this one must fail. Each call counts, from every thread, once. */
+ * this one must fail. Each call counts, from every thread, once (none while
+ * the calling thread has the faults suspended). */
 bool dev_fault_alloc_should_fail(size_t bytes);
 
 /* Called before each generated token with the number already produced in

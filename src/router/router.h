@@ -39,6 +39,8 @@ typedef struct rt_worker_config {
     char env[RT_MAX_ENV][256]; /* extra "K=V" for a managed worker */
     int n_env;
     int kind;                  /* RT_KIND_SPILLWAY (default) or RT_KIND_OPENAI */
+    bool skip_calibration;     /* calibrate = false: managed worker started
+                                  with --no-calibrate */
 } rt_worker_config;
 
 /* What a worker is: a spillway worker (its /health figures, resume, typed

@@ -201,6 +201,13 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
             w->managed = false;
         else
             return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "calibrate")) {
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
+            w->skip_calibration = false;
+        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
+            w->skip_calibration = true;
+        else
+            return cfg_fail(p, s, name, "expected true or false", v);
     } else if (!strcmp(name, "kind")) {
         if (!strcmp(v, "spillway"))
             w->kind = RT_KIND_SPILLWAY;

@@ -93,11 +93,16 @@ done:
 enum { SKIP_NONE = 0, SKIP_CTX = 1, SKIP_MEM = 2, SKIP_DEADLINE = 4, SKIP_DOWN = 8 };
 
 /* The first worker in preference order, not yet tried, that is ready,
- * fits the need and is predicted to meet the deadline. */
+ * fits the need and is predicted to meet the deadline. With a deadline, a
+ * worker that reports no rates (start-up calibration off, a kind = openai
+ * engine) cannot be predicted at all: it may be a slow cold CPU. It is
+ * kept as a fallback, taken (the first such in preference order) only
+ * when no worker with rates is predicted to meet the deadline
+ * (docs/router.md, Admission and routing: Deadline). */
 static int pick_worker(const bool *tried, bool need_resume, long prompt, long max_tokens,
                        long long deadline_ms, int *skipped, double *best_pred_ms)
 {
-    int found = -1;
+    int found = -1, unknown_rates = -1;
     *skipped = 0;
     *best_pred_ms = -1;
     pthread_mutex_lock(&rt__g.mu);
@@ -144,11 +149,15 @@ static int pick_worker(const bool *tried, bool need_resume, long prompt, long ma
                 *skipped |= SKIP_DEADLINE;
                 continue;
             }
+        } else if (deadline_ms >= 0) {
+            if (unknown_rates < 0)
+                unknown_rates = i;
+            continue;
         }
         found = i;
     }
     pthread_mutex_unlock(&rt__g.mu);
-    return found;
+    return found >= 0 ? found : unknown_rates;
 }
 
 /* ---- dispatch, relay, failover ---------------------------------------- */

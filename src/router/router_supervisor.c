@@ -68,6 +68,8 @@ static void sup_spawn(rt_worker *w)
     if (cfg->chat_template[0])
         ARG("--chat-template", "%s", cfg->chat_template);
 #undef ARG
+    if (c->skip_calibration)
+        argv[n++] = "--no-calibrate";
     argv[n] = NULL;
     /* The environment is built before fork: only async-signal-safe calls
      * happen in the child. */

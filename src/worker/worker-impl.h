@@ -168,6 +168,9 @@ typedef struct wk_server {
     size_t kv_used_bytes;
     size_t device_bytes;
     double prefill_tokens, prefill_seconds, decode_tokens, decode_seconds;
+    /* the part of those totals that start-up calibration put there: while
+     * the totals are no larger, /health says "rates_source": "calibration" */
+    double calib_prefill_tokens, calib_decode_tokens;
     uint64_t n_ok, n_error, n_cancelled, n_rejected, n_oom;
     uint64_t prompt_tokens_total, generated_tokens_total;
     /* ---- set by the engine thread before state READY; read-only after ---- */

@@ -17,6 +17,7 @@
 
 #include "engine/model.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,9 @@ typedef struct wk_options {
     size_t max_header_bytes;     /* header blocks above get 400 (16 KiB) */
     int http_timeout_s;          /* read/write time-out per connection (30) */
     const char *chat_template;   /* family name overriding detection, or NULL */
+    bool skip_calibration;       /* true: no start-up measurement of the rates
+                                    (--no-calibrate); /health has none until
+                                    traffic measures them */
 } wk_options;
 
 wk_options wk_default_options(void);

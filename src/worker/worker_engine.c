@@ -10,7 +10,10 @@
  * A request with a constraint (response_format, a forced tool call) samples
  * through eng_constraint_sample instead: the same single draw, under the
  * mask, with the budget that max_tokens and the context leave; it ends as
- * soon as the value is closed, and stop strings do not cut it.
+ * soon as the value is closed, and stop strings do not cut it. Between
+ * loading the model and reporting ready it measures the worker's own
+ * prefill and decode rates (calibrate), so the router can predict
+ * deadlines before the first request.
  */
 #include "worker/worker-impl.h"
 
@@ -686,6 +689,167 @@ static int load(wk_server *s, sw_error *err)
     return SW_OK;
 }
 
+/* ---- start-up calibration -------------------------------------------- */
+
+/* A worker that has served nothing has no measured rates, so the router
+ * could not tell a slow cold worker from a fast one when a request has a
+ * deadline (docs/router.md, Admission and routing). Before it reports
+ * ready the worker therefore runs a short real measurement through the
+ * engine on a scratch sequence: a warm-up chunk (it pages the mapped
+ * weights in and fills the caches, so it is not counted unless nothing
+ * else could run), up to CALIB_PREFILL_TOKENS prompt tokens in chunks of the worker's own
+ * prefill_chunk, then up to CALIB_DECODE_STEPS one-token steps with logits,
+ * as a decoding sequence has. The work is capped by tokens and by time: a
+ * chunk or step predicted (from the rate so far) to end past CALIB_BUDGET_S
+ * is not started, except the one decode step without which there is no
+ * decode rate. The sequence is cleared afterwards, so the KV blocks, the
+ * memory figures and the request and token counters are what they were.
+ * Fault injection is suspended on this thread meanwhile: the allocations
+ * and tokens SPILLWAY_FAULT counts are those of requests, as before.
+ *
+ * The figures seed the totals the /health rates are computed from; real
+ * traffic adds to them, and the calibration's few tokens soon weigh
+ * little. A failure (no KV memory on a small device, no host memory) only
+ * means no rates: logged, and the worker starts. */
+#define CALIB_WARMUP_TOKENS 8
+#define CALIB_PREFILL_TOKENS 48
+#define CALIB_DECODE_STEPS 8
+#define CALIB_BUDGET_S 0.5
+
+/* Token i of the scratch prompt: ids spread over the vocabulary (the cost
+ * of a forward pass does not depend on which ids they are). */
+static int32_t calib_token(int32_t i, int32_t n_vocab)
+{
+    return (int32_t)(((int64_t)i * 7919 + 1) % n_vocab);
+}
+
+/* Returns SW_OK (rates seeded, or none after a failure that was logged),
+ * or SW_EDEVICE with *err set when the device failed: the context is then
+ * unusable and the worker must not report ready. */
+static int calibrate(wk_server *s, sw_error *err)
+{
+    const int32_t seq = 0; /* no request can hold a slot before READY */
+    const int32_t n_vocab = eng_model_hparams(s->model)->n_vocab;
+    int32_t warmup = CALIB_WARMUP_TOKENS, measured = CALIB_PREFILL_TOKENS;
+    int32_t steps = CALIB_DECODE_STEPS;
+    int32_t chunk = s->o.prefill_chunk;
+    double pre_tokens = 0, pre_s = 0, dec_tokens = 0, dec_s = 0;
+    float *logits = NULL;
+    int rc = SW_OK;
+
+    if (s->o.skip_calibration) {
+        SW_INFO(MOD, "start-up calibration off: no rates until requests measure them");
+        return SW_OK;
+    }
+    /* Fit the context: the warm-up and one decode step at least. */
+    if (s->n_ctx < 2) {
+        SW_WARN(MOD, "calibration skipped: a context of %d tokens is too small", s->n_ctx);
+        return SW_OK;
+    }
+    if (warmup > s->n_ctx - 1)
+        warmup = s->n_ctx - 1;
+    if (warmup > chunk)
+        warmup = chunk;
+    if (steps > s->n_ctx - warmup)
+        steps = s->n_ctx - warmup;
+    if (measured > s->n_ctx - warmup - steps)
+        measured = s->n_ctx - warmup - steps;
+
+    sw_error_clear(err);
+    dev_fault_suspend(true);
+    logits = sw_malloc((size_t)n_vocab * sizeof(float));
+    if (!logits) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of host memory for the logits");
+        goto fail;
+    }
+    eng_seq_clear(s->ctx, seq);
+    /* All the KV blocks first (whatever the policy): a device too small for
+     * them fails here, before any work. */
+    if ((rc = eng_seq_reserve(s->ctx, seq, warmup + measured + steps, err)))
+        goto fail;
+
+    int32_t pos = 0;
+    double t_start = eng_now_seconds();
+    int32_t prompt[CALIB_PREFILL_TOKENS]; /* warm-up and chunks are no longer */
+    for (int32_t i = 0; i < warmup; i++)
+        prompt[i] = calib_token(pos + i, n_vocab);
+    if ((rc = eng_decode(s->ctx, seq, prompt, warmup, logits, err)))
+        goto fail;
+    pos += warmup;
+    double t_warm = eng_now_seconds() - t_start;
+    double rate = t_warm > 0 ? warmup / t_warm : 0; /* prompt tokens per second so far */
+
+    for (int32_t done = 0; done < measured;) {
+        int32_t n = measured - done;
+        if (n > chunk)
+            n = chunk;
+        double spent = eng_now_seconds() - t_start;
+        if (rate > 0 && spent + n / rate > CALIB_BUDGET_S)
+            break;
+        for (int32_t i = 0; i < n; i++)
+            prompt[i] = calib_token(pos + i, n_vocab);
+        double t0 = eng_now_seconds();
+        if ((rc = eng_decode(s->ctx, seq, prompt, n, logits, err)))
+            goto fail;
+        double dt = eng_now_seconds() - t0;
+        pos += n;
+        done += n;
+        pre_tokens += n;
+        pre_s += dt;
+        rate = pre_s > 0 ? pre_tokens / pre_s : rate;
+    }
+    if (pre_tokens == 0) {
+        /* Nothing but the warm-up fitted in the budget: a pessimistic
+         * figure beats none, and traffic soon corrects it. */
+        pre_tokens = warmup;
+        pre_s = t_warm;
+    }
+
+    for (int32_t k = 0; k < steps; k++) {
+        double spent = eng_now_seconds() - t_start;
+        if (k > 0 && spent + dec_s / dec_tokens > CALIB_BUDGET_S)
+            break;
+        int32_t token = calib_token(pos, n_vocab);
+        double t0 = eng_now_seconds();
+        if ((rc = eng_decode(s->ctx, seq, &token, 1, logits, err)))
+            goto fail;
+        dec_s += eng_now_seconds() - t0;
+        dec_tokens += 1;
+        pos++;
+    }
+    eng_seq_clear(s->ctx, seq);
+    dev_fault_suspend(false);
+    sw_free(logits);
+
+    if (pre_s <= 0 || dec_s <= 0) {
+        /* a clock too coarse to see the work: no figure rather than an
+         * infinite one */
+        SW_WARN(MOD, "calibration measured no time: no rates until requests measure them");
+        return SW_OK;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->prefill_tokens = s->calib_prefill_tokens = pre_tokens;
+    s->prefill_seconds = pre_s;
+    s->decode_tokens = s->calib_decode_tokens = dec_tokens;
+    s->decode_seconds = dec_s;
+    pthread_mutex_unlock(&s->lock);
+    SW_INFO(MOD, "calibration: %.0f prompt tokens at %.1f tokens/s, %.0f decode steps at %.1f "
+            "tokens/s (%.0f ms with the warm-up)", pre_tokens, pre_tokens / pre_s, dec_tokens,
+            dec_tokens / dec_s, (eng_now_seconds() - t_start) * 1000);
+    return SW_OK;
+
+fail:
+    eng_seq_clear(s->ctx, seq);
+    dev_fault_suspend(false);
+    sw_free(logits);
+    if (rc == SW_EDEVICE)
+        return rc;
+    SW_WARN(MOD, "calibration failed, no rates until requests measure them: %s",
+            err->message[0] ? err->message : sw_strerror(rc));
+    sw_error_clear(err);
+    return SW_OK;
+}
+
 void *wk_engine_main(void *arg)
 {
     wk_server *s = arg;
@@ -694,7 +858,7 @@ void *wk_engine_main(void *arg)
     int rc;
 
     sw_error_clear(&err);
-    if ((rc = load(s, &err))) {
+    if ((rc = load(s, &err)) || (rc = calibrate(s, &err))) {
         pthread_mutex_lock(&s->lock);
         s->state = WK_FAILED;
         snprintf(s->fail_message, sizeof s->fail_message, "%s",

@@ -682,6 +682,13 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
     int32_t active = s->slots_active, queued = s->n_queued;
     double pre = s->prefill_seconds > 0 ? s->prefill_tokens / s->prefill_seconds : 0;
     double dec = s->decode_seconds > 0 ? s->decode_tokens / s->decode_seconds : 0;
+    /* where the rates come from: nothing yet, the start-up calibration
+     * alone, or requests (added to the calibration's figures) */
+    const char *rates_source =
+        s->prefill_tokens == 0 && s->decode_tokens == 0 ? "none"
+        : s->prefill_tokens > s->calib_prefill_tokens || s->decode_tokens > s->calib_decode_tokens
+            ? "measured"
+            : "calibration";
     char fail[SW_ERROR_MESSAGE_MAX];
     snprintf(fail, sizeof fail, "%s", s->fail_message);
     pthread_mutex_unlock(&s->lock);
@@ -717,6 +724,7 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
                             json_string(s->o.policy == ENG_KV_GROW ? "grow" : "reserve"));
         json_object_set_new(h, "prefill_tokens_per_second", json_real(pre));
         json_object_set_new(h, "decode_tokens_per_second", json_real(dec));
+        json_object_set_new(h, "rates_source", json_string(rates_source));
     }
     send_json(evreq, st == WK_READY ? 200 : 503, h, NULL);
     json_decref(h);

@@ -145,21 +145,25 @@ typedef struct builder {
 
 /* Appends "/seg" (JSON pointer escaping) to the path at len; returns the new
  * length (the path is cut short, never overflowed). */
-static size_t path_push(builder *b, size_t len, const char *seg)
+static size_t pointer_push(char *path, size_t cap, size_t len, const char *seg)
 {
-    size_t cap = sizeof b->path;
     if (len + 1 < cap)
-        b->path[len++] = '/';
+        path[len++] = '/';
     for (const char *p = seg; *p && len + 2 < cap; p++) {
         if (*p == '~' || *p == '/') {
-            b->path[len++] = '~';
-            b->path[len++] = *p == '~' ? '0' : '1';
+            path[len++] = '~';
+            path[len++] = *p == '~' ? '0' : '1';
         } else {
-            b->path[len++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+            path[len++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
         }
     }
-    b->path[len] = '\0';
+    path[len] = '\0';
     return len;
+}
+
+static size_t path_push(builder *b, size_t len, const char *seg)
+{
+    return pointer_push(b->path, sizeof b->path, len, seg);
 }
 
 static size_t path_push_index(builder *b, size_t len, size_t i)
@@ -866,4 +870,267 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
 fail:
     eng_grammar_free(g);
     return rc;
+}
+
+/* ---- validation ---------------------------------------------------------------
+ * The same subset checked against a parsed value with JSON Schema's own
+ * meaning (the router checks a model's tool-call arguments before it calls
+ * the tool: they may come from an engine that did not generate them under
+ * this grammar). Unlike the grammar: any property order, additional
+ * properties allowed unless additionalProperties says otherwise, a keyword
+ * constrains only values of its type, numbers of any size. */
+
+typedef struct validator {
+    sw_error *err;
+    int32_t anyof_nesting;
+    int64_t steps;          /* checks made: anyOf inside anyOf can multiply them */
+    char path[256];         /* JSON pointer into the value */
+} validator;
+
+#define VAL_MAX_STEPS 200000
+
+static size_t val_push(validator *v, size_t len, const char *seg)
+{
+    return pointer_push(v->path, sizeof v->path, len, seg);
+}
+
+static size_t val_push_index(validator *v, size_t len, size_t i)
+{
+    char seg[24];
+    snprintf(seg, sizeof seg, "%zu", i);
+    return val_push(v, len, seg);
+}
+
+static int val_fail(validator *v, size_t len, int code, const char *what)
+{
+    v->path[len] = '\0';
+    if (code == SW_EINVAL)
+        return sw_error_set(v->err, code, "%s (at %s)", what, v->path);
+    return sw_error_set(v->err, code, "the schema cannot be checked: %s (at %s)", what, v->path);
+}
+
+/* JSON equality where 1 and 1.0 are the same number (JSON Schema's). */
+static bool val_equal(const json_t *a, const json_t *b)
+{
+    if (json_is_number(a) && json_is_number(b))
+        return json_number_value(a) == json_number_value(b) &&
+               (!json_is_integer(a) || !json_is_integer(b) ||
+                json_integer_value(a) == json_integer_value(b));
+    if (json_is_array(a) && json_is_array(b)) {
+        if (json_array_size(a) != json_array_size(b))
+            return false;
+        for (size_t i = 0; i < json_array_size(a); i++)
+            if (!val_equal(json_array_get(a, i), json_array_get(b, i)))
+                return false;
+        return true;
+    }
+    if (json_is_object(a) && json_is_object(b)) {
+        if (json_object_size(a) != json_object_size(b))
+            return false;
+        const char *k;
+        const json_t *x;
+        json_object_foreach((json_t *)a, k, x) {
+            const json_t *y = json_object_get(b, k);
+            if (!y || !val_equal(x, y))
+                return false;
+        }
+        return true;
+    }
+    return json_equal((json_t *)a, (json_t *)b);
+}
+
+/* A count keyword of the schema (validated as the compiler does). */
+static int val_count(validator *v, const json_t *s, const char *key, size_t plen, int64_t dflt,
+                     int64_t *out)
+{
+    const json_t *c = json_object_get(s, key);
+    if (!c) {
+        *out = dflt;
+        return SW_OK;
+    }
+    if (!json_is_integer(c) || json_integer_value(c) < 0)
+        return val_fail(v, plen, SW_EUNSUPPORTED, "a count keyword is not a non-negative integer");
+    *out = json_integer_value(c);
+    return SW_OK;
+}
+
+static int val_check(validator *v, const json_t *s, const json_t *x, int32_t depth, size_t plen);
+
+static int val_object(validator *v, const json_t *s, const json_t *x, int32_t depth, size_t plen)
+{
+    const json_t *props = json_object_get(s, "properties");
+    const json_t *req = json_object_get(s, "required");
+    const json_t *addl = json_object_get(s, "additionalProperties");
+    if ((props && !json_is_object(props)) || (req && !json_is_array(req)) ||
+        (addl && !json_is_boolean(addl) && !json_is_object(addl)))
+        return val_fail(v, plen, SW_EUNSUPPORTED,
+                        "'properties', 'required' or 'additionalProperties' has the wrong type");
+    for (size_t i = 0; i < json_array_size(req); i++) {
+        const char *name = json_string_value(json_array_get(req, i));
+        if (!name)
+            return val_fail(v, plen, SW_EUNSUPPORTED, "'required' must be an array of strings");
+        if (!json_object_get(x, name)) {
+            char what[160];
+            snprintf(what, sizeof what, "the required property '%.64s' is missing", name);
+            return val_fail(v, plen, SW_EINVAL, what);
+        }
+    }
+    const char *key;
+    const json_t *val;
+    int rc;
+    json_object_foreach((json_t *)x, key, val) {
+        const json_t *sub = json_object_get(props, key);
+        size_t l = val_push(v, plen, key);
+        if (sub) {
+            if ((rc = val_check(v, sub, val, depth + 1, l)))
+                return rc;
+        } else if (json_is_false(addl)) {
+            return val_fail(v, l, SW_EINVAL, "a property the schema does not allow");
+        } else if (json_is_object(addl)) {
+            if ((rc = val_check(v, addl, val, depth + 1, l)))
+                return rc;
+        }
+    }
+    return SW_OK;
+}
+
+static int val_typed(validator *v, const json_t *s, const json_t *x, int32_t depth, size_t plen)
+{
+    int rc;
+    if (json_is_object(x))
+        return val_object(v, s, x, depth, plen);
+    if (json_is_array(x)) {
+        int64_t lo, hi;
+        const json_t *items = json_object_get(s, "items");
+        if ((rc = val_count(v, s, "minItems", plen, 0, &lo)) ||
+            (rc = val_count(v, s, "maxItems", plen, INT64_MAX, &hi)))
+            return rc;
+        if (json_is_array(items))
+            return val_fail(v, plen, SW_EUNSUPPORTED, "tuple 'items' is not supported");
+        size_t n = json_array_size(x);
+        if ((int64_t)n < lo || (int64_t)n > hi)
+            return val_fail(v, plen, SW_EINVAL, "the array has too few or too many items");
+        for (size_t i = 0; items && i < n; i++)
+            if ((rc = val_check(v, items, json_array_get(x, i), depth + 1,
+                                val_push_index(v, plen, i))))
+                return rc;
+        return SW_OK;
+    }
+    if (json_is_string(x)) {
+        int64_t lo, hi;
+        if ((rc = val_count(v, s, "minLength", plen, 0, &lo)) ||
+            (rc = val_count(v, s, "maxLength", plen, INT64_MAX, &hi)))
+            return rc;
+        const char *t = json_string_value(x);
+        int64_t chars = 0;
+        for (size_t i = 0; i < json_string_length(x); i++)
+            chars += ((unsigned char)t[i] & 0xC0) != 0x80; /* code points */
+        if (chars < lo)
+            return val_fail(v, plen, SW_EINVAL, "the string is shorter than minLength");
+        if (chars > hi)
+            return val_fail(v, plen, SW_EINVAL, "the string is longer than maxLength");
+    }
+    return SW_OK;
+}
+
+static int val_check(validator *v, const json_t *s, const json_t *x, int32_t depth, size_t plen)
+{
+    int rc;
+    if (++v->steps > VAL_MAX_STEPS)
+        return val_fail(v, plen, SW_EUNSUPPORTED, "too many alternatives to try");
+    if (depth + 1 > ENG_CS_MAX_DEPTH)
+        return val_fail(v, plen, SW_EUNSUPPORTED, "the schema nests too deeply");
+    if (json_is_true(s))
+        return SW_OK;
+    if (json_is_false(s))
+        return val_fail(v, plen, SW_EINVAL, "the schema allows no value here");
+    if (!json_is_object(s))
+        return val_fail(v, plen, SW_EUNSUPPORTED, "a schema must be an object");
+    const char *key;
+    const json_t *kv;
+    json_object_foreach((json_t *)s, key, kv) {
+        if (in_list(key, ignored_keywords, sizeof ignored_keywords / sizeof *ignored_keywords))
+            continue;
+        if (!in_list(key, handled_keywords, sizeof handled_keywords / sizeof *handled_keywords) ||
+            (strcmp(key, "uniqueItems") == 0 && !json_is_false(kv))) {
+            char what[160];
+            snprintf(what, sizeof what, "unsupported JSON-schema keyword '%.64s'", key);
+            return val_fail(v, plen, SW_EUNSUPPORTED, what);
+        }
+    }
+    const json_t *type = json_object_get(s, "type");
+    if (type) {
+        bool match = false;
+        size_t nt = json_is_array(type) ? json_array_size(type) : 1;
+        if (!json_is_string(type) && !json_is_array(type))
+            return val_fail(v, plen, SW_EUNSUPPORTED, "'type' must be a string or an array");
+        for (size_t i = 0; i < nt; i++) {
+            const char *t = json_string_value(json_is_array(type) ? json_array_get(type, i) : type);
+            if (!t || !in_list(t, (const char *const[]){"object", "array", "string", "number",
+                                                        "integer", "boolean", "null"}, 7))
+                return val_fail(v, plen, SW_EUNSUPPORTED, "an unknown 'type'");
+            match |= type_matches(x, t);
+        }
+        if (!match)
+            return val_fail(v, plen, SW_EINVAL, "the value has the wrong type");
+    }
+    const json_t *c = json_object_get(s, "const");
+    const json_t *e = json_object_get(s, "enum");
+    if (e && !json_is_array(e))
+        return val_fail(v, plen, SW_EUNSUPPORTED, "'enum' must be an array");
+    if (c && !val_equal(c, x))
+        return val_fail(v, plen, SW_EINVAL, "the value is not the schema's const");
+    if (e) {
+        bool found = false;
+        for (size_t i = 0; i < json_array_size(e) && !found; i++)
+            found = val_equal(json_array_get(e, i), x);
+        if (!found)
+            return val_fail(v, plen, SW_EINVAL, "the value is not one of the enum values");
+    }
+    /* oneOf is checked as anyOf, as it is generated (json_schema.h) */
+    const json_t *any = json_object_get(s, "anyOf");
+    if (!any)
+        any = json_object_get(s, "oneOf");
+    if (any) {
+        size_t n = json_array_size(any);
+        if (!json_is_array(any) || n == 0 || n > 64)
+            return val_fail(v, plen, SW_EUNSUPPORTED, "anyOf/oneOf must hold 1 to 64 schemas");
+        if (v->anyof_nesting >= ENG_CS_MAX_ANYOF_NESTING)
+            return val_fail(v, plen, SW_EUNSUPPORTED, "anyOf/oneOf nested too deeply");
+        sw_error *outer = v->err;
+        sw_error first;
+        bool matched = false;
+        v->anyof_nesting++;
+        for (size_t i = 0; i < n && !matched; i++) {
+            sw_error one;
+            v->err = i == 0 ? &first : &one;
+            rc = val_check(v, json_array_get(any, i), x, depth, plen);
+            if (rc == SW_OK)
+                matched = true;
+            else if (rc != SW_EINVAL) {
+                v->anyof_nesting--;
+                v->err = outer;
+                return sw_error_set(outer, rc, "%s", (i == 0 ? &first : &one)->message);
+            }
+        }
+        v->anyof_nesting--;
+        v->err = outer;
+        if (!matched)
+            return sw_error_set(outer, SW_EINVAL,
+                                "the value matches none of the anyOf/oneOf alternatives (the "
+                                "first: %.200s)",
+                                first.message);
+    }
+    return val_typed(v, s, x, depth, plen);
+}
+
+int eng_json_validate(const json_t *schema, const json_t *value, sw_error *err)
+{
+    if (!schema || !value)
+        return sw_error_set(err, SW_EUNSUPPORTED, "eng_json_validate: NULL argument");
+    validator v;
+    memset(&v, 0, sizeof v);
+    v.err = err;
+    strcpy(v.path, "#");
+    return val_check(&v, schema, value, 1, 1);
 }

@@ -63,6 +63,18 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
 
 void eng_grammar_free(eng_grammar *g);
 
+/* Checks a parsed value against a schema of the subset above with JSON
+ * Schema's meaning, not the grammar's (any property order; additional
+ * properties allowed unless additionalProperties is false or a schema,
+ * which is then applied; a keyword constrains only values of its type;
+ * integers may be written 1.0; numbers of any size; oneOf checked as
+ * anyOf, as it is generated). For values that did not come from the
+ * grammar: the router checks a model's tool-call arguments with it.
+ * SW_OK: valid. SW_EINVAL: not valid, the message says why and where (a
+ * JSON pointer into the value, "#/items/2"). SW_EUNSUPPORTED: the schema
+ * is malformed or outside the subset, the value was not judged. */
+int eng_json_validate(const struct json_t *schema, const struct json_t *value, sw_error *err);
+
 /* Bytes of the shortest text the grammar accepts. */
 int64_t eng_grammar_min_bytes(const eng_grammar *g);
 

@@ -166,6 +166,14 @@ typedef struct rt_req {
      * one event that says how the whole run ended. */
     bool defer_event;
     json_t *failover_first_error;
+    /* An agent run's streamed generation (router_agent.c): it has no
+     * client socket, and each SSE payload the relay would send the client
+     * goes to on_event instead, which writes what the client should see
+     * (the final answer's text as it comes; nothing of a tool-call
+     * generation). 0 to go on, -1 when the client is gone. NULL: the
+     * ordinary relay. */
+    int (*on_event)(struct rt_req *q, const char *payload);
+    void *on_event_ctx;
     /* Prefer: respond-async (RFC 7240): when admission would answer 503
      * capacity_exceeded, the request is stored as a job and answered 202
      * instead (router_jobs.c, rt__jobs_accept_async) */

@@ -199,6 +199,14 @@ static int client_chunk(relay *r, const char *data, size_t len)
     return 0;
 }
 
+/* An agent run's streamed generation (router_agent.c, rt_req.on_event)
+ * has no client socket: its filter decides what of each event the client
+ * sees. */
+static int event_to_agent(relay *r, const char *payload)
+{
+    return r->q->on_event(r->q, payload);
+}
+
 static int client_event(relay *r, const char *payload)
 {
     if (!r->headers_sent) {
@@ -230,7 +238,7 @@ static int client_event(relay *r, const char *payload)
     memcpy(ev + 6 + len, "\n\n", 2);
     if (r->q->cap.on)
         rt__capture_append(&r->q->cap, ev, len + 8);
-    int rc = client_chunk(r, ev, len + 8);
+    int rc = r->q->on_event ? event_to_agent(r, payload) : client_chunk(r, ev, len + 8);
     sw_free(ev);
     return rc;
 }

@@ -1,8 +1,10 @@
 /* drill_impl.h - the pieces of `spillway drill` (cli_drill.c) shared by its
  * files: a small blocking HTTP client that parses what goes over the wire
  * (drill_http.c), the processes it runs — the router, a memory hog inside
- * the drill, a tool server (drill_proc.c) —, the scenarios
- * (drill_scenarios.c) and the report (drill_report.c).
+ * the drill, a tool server (drill_proc.c) —, the scenarios (their list and
+ * bookkeeping in drill_scenarios.c, s1-s4 in drill_failover.c, s5 and s6 in
+ * drill_tools_jobs.c, the steps they share in drill_steps.c) and the report
+ * (drill_report.c).
  *
  * The drill is a black-box client of the router on purpose: it sees what a
  * user's client sees (status, headers, SSE events), plus what the router
@@ -273,6 +275,100 @@ const char *dr_state_name(dr_state s);
 /* The four seed verdicts from the checks: passed, failed or not_tested. */
 const char *dr_verdict_status(const drill *d, dr_verdict_id v);
 bool dr_all_passed(const drill *d);
+
+/* ---- what the scenario files share (dr__: the scenarios only) ------------------ */
+
+#define DR_TIMEOUT_MS 120000
+#define DR_BIG_TOKENS 300  /* needs more KV than the GPU keeps free */
+#define DR_FREE_TOKENS 256 /* what the second model leaves free on the GPU */
+
+/* drill_scenarios.c: a scenario's life */
+void dr__skip(drill *d, dr_scenario *s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void dr__begin(drill *d, dr_scenario *s);
+void dr__finish(drill *d, dr_scenario *s);
+
+/* the scenarios: drill_failover.c (s1-s4), drill_tools_jobs.c (s5, s6) */
+void dr__s1_run(drill *d, dr_scenario *s);
+void dr__s2_run(drill *d, dr_scenario *s);
+void dr__s3_run(drill *d, dr_scenario *s);
+void dr__s4_run(drill *d, dr_scenario *s);
+void dr__s5_run(drill *d, dr_scenario *s);
+void dr__s6_run(drill *d, dr_scenario *s);
+
+/* drill_steps.c: requests as a client sends them */
+/* Called as a response's body arrives; true hangs up (a client leaving). */
+typedef bool (*dr__hangup_fn)(void *user, dr_request *r, int tokens_seen);
+/* A completion body for the drill's prompt, greedy, ignoring EOS. */
+void dr__request_body(char *buf, size_t cap, int max_tokens, bool stream);
+/* Sends one request as a client would and records everything it sees. */
+void dr__send_request(drill *d, const char *address, dr_request *r, const char *path,
+                      const char *body, const char *extra_headers, dr__hangup_fn hangup,
+                      void *user);
+void dr__append_tokens(dr_request *r, json_t *ids);
+void dr__append_text(dr_request *r, const char *t);
+/* The reference: the same body, uninterrupted, straight to the CPU worker;
+ * 0 when it gave max_tokens tokens. */
+int dr__reference(const char *cpu_sock, int max_tokens, int *tokens, int *n_out);
+/* Sets r->ref_match where the run is comparable with the reference. */
+void dr__compare_ref(drill *d, dr_request *r, const int *ref, int n_ref);
+/* Attaches the router's failover record to each request of a scenario. */
+void dr__attach_events(drill *d, const char *address, const char *scenario);
+/* The same, waiting until at least min_matched requests have theirs and
+ * the count holds still (5 s at most). */
+void dr__attach_events_wait(drill *d, const char *address, const char *scenario,
+                            int min_matched);
+
+/* Non-stream request in a thread (the drill acts while it runs). */
+typedef struct dr__async_req {
+    drill *d;
+    const char *address;
+    dr_request *r;
+    char body[512];
+    char headers[256];
+    dr__hangup_fn hangup;
+    void *user;
+    pthread_t th;
+    bool started;
+} dr__async_req;
+bool dr__async_start(dr__async_req *a);
+void dr__async_join(dr__async_req *a);
+
+/* drill_steps.c: what the workers and the router publish */
+char *dr__metrics_text(const char *address); /* GET /metrics, "" if none (sw_free) */
+double dr__worker_ok(const char *sock);      /* requests completed ok */
+double dr__worker_metric(const char *sock, const char *series);
+double dr__worker_requests_all(const char *sock); /* every outcome, refusals too */
+json_t *dr__worker_health(const char *sock);
+long long dr__health_int(json_t *h, const char *obj, const char *key);
+long long dr__kv_used(const char *sock);      /* -1 when unreachable */
+/* The router's /health entry of worker `name` (a new reference), or NULL. */
+json_t *dr__router_worker(const char *address, const char *name);
+/* Waits until the router reports the worker ready with >= min_restarts;
+ * state_out (optional, 16 bytes) receives the last state seen. */
+bool dr__wait_restarted(const char *address, const char *name, int min_restarts,
+                        int timeout_s, int *restarts_out, char *state_out);
+pid_t dr__gpu_pid(const char *address);
+
+/* drill_steps.c: a scenario's router and the GPU's memory */
+/* Writes the two worker sections of a generated configuration. */
+void dr__workers_ini(drill *d, char *buf, size_t cap, const char *policy, const char *gpu_fault,
+                     const char *cpu_fault);
+bool dr__start_router(drill *d, dr_scenario *s, const char *name, const char *server_extra,
+                      const char *workers);
+void dr__stop_router(drill *d, dr_scenario *s);
+/* Takes GPU memory so that about `tokens` tokens of KV stay free there,
+ * then waits until the router has seen it; 0 or -1. */
+int dr__leave_free_tokens(drill *d, dr_router *rt, const char *scenario, int tokens);
+/* Waits until the GPU worker holds KV memory (a request runs there). */
+bool dr__wait_gpu_busy(const char *gpu_sock, long long base_kv, int timeout_ms);
+/* Takes every byte the GPU worker could still allocate; 0 or -1. */
+int dr__take_gpu_free(drill *d, const char *gpu_sock, const char *scenario);
+
+/* drill_steps.c: checks several scenarios make */
+void dr__check_identity(drill *d, dr_scenario *s, dr_request *r);
+/* A failed-over request, checked against the seed's criteria. */
+void dr__check_failover(drill *d, dr_scenario *s, dr_request *r, const char *want_decision,
+                        const char *want_kind, double cpu_ok_delta, int n_ref);
 
 /* drill_report.c */
 int dr_write_reports(drill *d);

@@ -232,7 +232,19 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
 
 /* jobs (router_jobs.c) */
 int rt__jobs_start(void);
-void rt__jobs_stop(void);
+/* Shutdown, step 1: no job starts any more, and every running job's
+ * worker request is aborted (the runner puts the job back to queued).
+ * Returns at once; idempotent. */
+void rt__jobs_cancel(void);
+/* Shutdown, step 2: rt__jobs_cancel, then joins the runners for at most
+ * 2 s after the cancel. false when one was left running (stuck in a
+ * ledger write or a tool call): the ledger and the tokenizer must then
+ * stay allocated until the process exits. */
+bool rt__jobs_stop(void);
+/* On a job runner thread: the read end of the runners' cancel pipe,
+ * which the relay watches as the request's client connection (it hangs
+ * up at rt__jobs_cancel); -1 on every other thread. */
+extern _Thread_local int rt__job_cancel_fd;
 void rt__handle_jobs(rt_req *q);
 /* The capacity fallback of a client request that sent Prefer:
  * respond-async: stores its body (stream, stream_options and timeout

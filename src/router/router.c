@@ -300,6 +300,9 @@ int rt_serve(const rt_config *c)
     }
     status = 0;
     SW_INFO("router", "stopping: no new connections; %d running", rt__g.active_conns);
+    /* jobs do not hold the shutdown up: a running one gives its worker
+     * request up now and goes back to queued (router_jobs.c) */
+    rt__jobs_cancel();
     close(lfd);
     if (!strncmp(c->listen, "unix:", 5))
         unlink(c->listen + 5);
@@ -314,20 +317,24 @@ int rt_serve(const rt_config *c)
     }
 out:
     rt__g.stop = 1;
-    rt__jobs_stop(); /* a running job finishes, or stays for the next start */
+    /* cancelled jobs go back to queued; at most 2 s, then a runner stuck
+     * in a ledger write or a tool call is left behind (jobs_left) */
+    bool jobs_left = !rt__jobs_stop();
     if (sup_started)
         pthread_join(sup, NULL);
     else
         rt__stop_workers();
-    eng_tokenizer_free(rt__g.tok);
     /* Connection threads are detached and the wait above is bounded: one
      * still running may be about to store its Idempotency-Key or a tool
-     * step. Then the ledger stays open (the process exits right after)
-     * rather than being freed under that thread. */
+     * step; a job runner left behind may too. Then the ledger and the
+     * tokenizer stay (the process exits right after) rather than being
+     * freed under that thread. */
     pthread_mutex_lock(&rt__g.mu);
-    bool conns_left = rt__g.active_conns > 0;
+    bool threads_left = rt__g.active_conns > 0 || jobs_left;
     pthread_mutex_unlock(&rt__g.mu);
-    if (!conns_left) {
+    if (!threads_left) {
+        eng_tokenizer_free(rt__g.tok);
+        rt__g.tok = NULL;
         ldg_close(rt__g.ledger);
         rt__g.ledger = NULL;
     }

@@ -12,6 +12,22 @@
  * steps are protected by the tool ledger, keyed by the job id); in one
  * process an id is in the in-memory queue at most once, and a runner
  * writes a job's final record once.
+ *
+ * Shutdown does not wait for a generation: rt__jobs_cancel hangs up the
+ * runners' cancel pipe, which every worker request made on a runner
+ * thread watches as its "client" (rt__job_cancel_fd), so the relay drops
+ * the worker connection (the worker stops the sequence) and the runner
+ * puts its job back to queued (ldg_job_requeue; the attempt stays
+ * counted). rt__jobs_stop then joins the runners for at most
+ * RT_JOB_STOP_GRACE_S and leaves behind one that is stuck elsewhere (a
+ * ledger write waiting for a lock, a tool call): its job is still running
+ * in the ledger, which the next start takes up the same way.
+ *
+ * A final record that cannot be written (SQLITE_BUSY past the busy
+ * time-out, an I/O error) is tried RT_JOB_FINISH_TRIES times with a
+ * growing pause; if it still fails the job stays running in the ledger
+ * (never reported done: GET shows it running, the metric does not count
+ * it) and runs again at the next start.
  */
 #include "router/router-impl.h"
 
@@ -31,6 +47,15 @@
 /* Tries of a job whose every attempt met no capacity (503) before it
  * fails, when it has no deadline; with one, it is retried until then. */
 #define RT_JOB_BUSY_TRIES 5
+/* Writes of a job's final record before giving up on it in this process;
+ * each one may already wait the ledger's busy time-out (5 s) for a lock.
+ * The pause before try n + 1 is RT_JOB_FINISH_PAUSE_MS << (n - 1). */
+#define RT_JOB_FINISH_TRIES 3
+#define RT_JOB_FINISH_PAUSE_MS 500
+/* How long rt__jobs_stop waits for the runners after the cancel. */
+#define RT_JOB_STOP_GRACE_S 2.0
+
+_Thread_local int rt__job_cancel_fd = -1;
 
 typedef struct rt_jobs {
     pthread_mutex_t mu;
@@ -38,8 +63,13 @@ typedef struct rt_jobs {
     char (*queue)[48];
     size_t head, count, cap;
     pthread_t threads[64];
+    bool joined[64];
     int n_threads;
     bool stop;
+    /* [0]: what the runners' worker requests watch; [1]: closed by
+     * rt__jobs_cancel (-1 then, or when the pipe could not be made) */
+    int cancel_pipe[2];
+    double cancel_at; /* rt__now_s of the cancel, 0 before */
 } rt_jobs;
 
 static rt_jobs g_jobs;
@@ -74,26 +104,73 @@ out:
     return rc;
 }
 
+/* Whether the runners should give their jobs up (shutdown). */
+static bool stopping(void)
+{
+    pthread_mutex_lock(&g_jobs.mu);
+    bool stop = g_jobs.stop;
+    pthread_mutex_unlock(&g_jobs.mu);
+    return stop || rt__g.stop;
+}
+
 static json_t *error_json(const char *code, const char *msg)
 {
     return json_pack("{s:s, s:s, s:s}", "message", msg, "type", "server_error", "code", code);
 }
 
-static void finish(const char *id, bool ok, const char *response, json_t *error)
+/* Writes the job's final record, tried RT_JOB_FINISH_TRIES times (see
+ * the top of the file); counted and logged as done only once written.
+ * false when it could not be written: the job stays running in the
+ * ledger and runs again at the next start. */
+static bool finish(const char *id, bool ok, const char *response, json_t *error)
 {
     char *es = error ? json_dumps(error, JSON_COMPACT) : NULL;
     sw_error err;
-    if (ldg_job_finish(rt__g.ledger, id, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED, ok ? response : NULL,
-                       es, rt__wall_s(), &err))
-        SW_ERROR("router", "job %s: %s", id, err.message);
-    pthread_mutex_lock(&rt__g.mu);
-    if (ok)
-        rt__g.jobs_done++;
-    else
-        rt__g.jobs_failed++;
-    pthread_mutex_unlock(&rt__g.mu);
-    SW_INFO("router", "job %s: %s", id, ok ? "succeeded" : "failed");
+    sw_error_clear(&err);
+    bool written = false;
+    for (int t = 1;; t++) {
+        int rc = ldg_job_finish(rt__g.ledger, id, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED,
+                                ok ? response : NULL, es, rt__wall_s(), &err);
+        if (rc == 0) {
+            written = true;
+            break;
+        }
+        if (rc == SW_ENOTFOUND || t >= RT_JOB_FINISH_TRIES)
+            break; /* gone (nothing to retry), or out of tries */
+        int pause_ms = RT_JOB_FINISH_PAUSE_MS << (t - 1);
+        SW_WARN("router", "job %s: writing its result failed (try %d of %d): %s; again in %d ms",
+                id, t, RT_JOB_FINISH_TRIES, err.message, pause_ms);
+        struct timespec pause = {pause_ms / 1000, (long)(pause_ms % 1000) * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    if (written) {
+        pthread_mutex_lock(&rt__g.mu);
+        if (ok)
+            rt__g.jobs_done++;
+        else
+            rt__g.jobs_failed++;
+        pthread_mutex_unlock(&rt__g.mu);
+        SW_INFO("router", "job %s: %s", id, ok ? "succeeded" : "failed");
+    } else {
+        SW_ERROR("router",
+                 "job %s: its result (%s) could not be written to the ledger after %d tries: %s; "
+                 "the job stays running there and runs again at the next start",
+                 id, ok ? "succeeded" : "failed", RT_JOB_FINISH_TRIES, err.message);
+    }
     free(es);
+    return written;
+}
+
+/* The runner gives the job up unfinished (shutdown): back to queued. */
+static void give_up(const char *id)
+{
+    sw_error err;
+    bool requeued = false;
+    if (ldg_job_requeue(rt__g.ledger, id, &requeued, &err))
+        SW_WARN("router", "job %s: cancelled by the shutdown; it stays running in the ledger (%s) "
+                "and runs again at the next start", id, err.message);
+    else if (requeued)
+        SW_INFO("router", "job %s: cancelled by the shutdown; queued again for the next start", id);
 }
 
 static void run_job(const char *id)
@@ -136,21 +213,20 @@ static void run_job(const char *id)
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
         bool busy = c.status == 503 && code &&
                     (!strcmp(code, "capacity_exceeded") || !strcmp(code, "worker_failed"));
-        bool more = busy && !g_jobs.stop && !rt__g.stop &&
-                    (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
+        bool stop = stopping();
+        bool more = busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
         if (c.status == 200 && resp) {
+            /* a whole answer, even one that arrived as the shutdown began */
             finish(id, true, c.body, NULL);
+        } else if (stop) {
+            /* cancelled (or cut short) by the shutdown: whatever it
+             * answered is not the job's answer */
+            give_up(id);
+            more = false;
         } else if (!more) {
             json_t *e = json_incref(json_object_get(resp, "error"));
             if (!e)
                 e = error_json("internal_error", "the job produced no readable response");
-            if (g_jobs.stop || rt__g.stop) {
-                /* shutting down: left running, taken up at the next start */
-                json_decref(e);
-                json_decref(resp);
-                rt__capture_free(&c);
-                break;
-            }
             finish(id, false, NULL, e);
             json_decref(e);
         }
@@ -159,10 +235,12 @@ static void run_job(const char *id)
         if (!more)
             break;
         /* no capacity now: the safety route waits and tries again */
-        for (int i = 0; i < 10 && !g_jobs.stop && !rt__g.stop; i++)
+        for (int i = 0; i < 10 && !stopping(); i++)
             usleep(100 * 1000);
-        if (g_jobs.stop || rt__g.stop)
+        if (stopping()) {
+            give_up(id);
             break;
+        }
     }
     ldg_job_free(&j);
 }
@@ -170,6 +248,8 @@ static void run_job(const char *id)
 static void *job_thread(void *arg)
 {
     (void)arg;
+    /* every worker request on this thread watches the cancel pipe */
+    rt__job_cancel_fd = g_jobs.cancel_pipe[0];
     for (;;) {
         char id[48];
         pthread_mutex_lock(&g_jobs.mu);
@@ -201,6 +281,12 @@ int rt__jobs_start(void)
     memset(&g_jobs, 0, sizeof g_jobs);
     pthread_mutex_init(&g_jobs.mu, NULL);
     pthread_cond_init(&g_jobs.cv, NULL);
+    if (pipe2(g_jobs.cancel_pipe, O_CLOEXEC)) {
+        /* the jobs still run; a shutdown then waits (bounded) for them */
+        SW_WARN("router", "job runners: no cancel pipe (%s): a shutdown cannot cancel a running job",
+                strerror(errno));
+        g_jobs.cancel_pipe[0] = g_jobs.cancel_pipe[1] = -1;
+    }
     rt__g.jobs = &g_jobs;
     char(*ids)[48] = NULL;
     size_t n = 0;
@@ -221,16 +307,55 @@ int rt__jobs_start(void)
     return g_jobs.n_threads > 0 ? 0 : -1;
 }
 
-void rt__jobs_stop(void)
+void rt__jobs_cancel(void)
 {
     if (!rt__g.jobs)
         return;
     pthread_mutex_lock(&g_jobs.mu);
-    g_jobs.stop = true;
-    pthread_cond_broadcast(&g_jobs.cv);
+    if (g_jobs.cancel_at == 0) {
+        g_jobs.stop = true;
+        g_jobs.cancel_at = rt__now_s();
+        pthread_cond_broadcast(&g_jobs.cv);
+        /* the hang-up every runner's worker request sees (POLLHUP on [0]) */
+        if (g_jobs.cancel_pipe[1] >= 0) {
+            close(g_jobs.cancel_pipe[1]);
+            g_jobs.cancel_pipe[1] = -1;
+        }
+    }
     pthread_mutex_unlock(&g_jobs.mu);
-    for (int i = 0; i < g_jobs.n_threads; i++)
-        pthread_join(g_jobs.threads[i], NULL);
+}
+
+bool rt__jobs_stop(void)
+{
+    if (!rt__g.jobs)
+        return true;
+    rt__jobs_cancel();
+    bool all = true;
+    for (int i = 0; i < g_jobs.n_threads; i++) {
+        if (g_jobs.joined[i])
+            continue;
+        double left = g_jobs.cancel_at + RT_JOB_STOP_GRACE_S - rt__now_s();
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (left > 0) {
+            long long ns = (long long)ts.tv_nsec + (long long)(left * 1e9);
+            ts.tv_sec += (time_t)(ns / 1000000000);
+            ts.tv_nsec = (long)(ns % 1000000000);
+        }
+        if (pthread_timedjoin_np(g_jobs.threads[i], NULL, &ts) == 0) {
+            g_jobs.joined[i] = true;
+        } else {
+            all = false;
+        }
+    }
+    if (!all) {
+        /* Stuck in a ledger write or a tool call: left to the process's
+         * exit. Its job is running in the ledger (the next start takes it
+         * up); the pipe's read end and the ledger stay open for it. */
+        SW_WARN("router", "a job runner is still busy %.0f s after the cancel; not waiting for it "
+                "(its job runs again at the next start)", RT_JOB_STOP_GRACE_S);
+        return false;
+    }
     /* A connection thread that outlived the bounded drain may still queue
      * a job (Prefer: respond-async) through enqueue: the mutex stays
      * valid (static storage, not destroyed) and enqueue refuses once stop
@@ -239,8 +364,12 @@ void rt__jobs_stop(void)
     sw_free(g_jobs.queue);
     g_jobs.queue = NULL;
     g_jobs.head = g_jobs.count = g_jobs.cap = 0;
+    if (g_jobs.cancel_pipe[0] >= 0)
+        close(g_jobs.cancel_pipe[0]);
+    g_jobs.cancel_pipe[0] = -1;
     pthread_mutex_unlock(&g_jobs.mu);
     rt__g.jobs = NULL;
+    return true;
 }
 
 /* ---- the HTTP side ------------------------------------------------------ */

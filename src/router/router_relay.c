@@ -405,7 +405,10 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
     pthread_mutex_lock(&rt__g.mu);
     w->inflight++;
     pthread_mutex_unlock(&rt__g.mu);
-    int rc = rn_request(&c, w->address, "POST", path, hdr, body, body_len, r->q->fd,
+    /* no client socket (a job): the job runners' cancel pipe, so a shutdown
+     * aborts the worker request (router_jobs.c, rt__jobs_cancel) */
+    int rc = rn_request(&c, w->address, "POST", path, hdr, body, body_len,
+                        r->q->fd >= 0 ? r->q->fd : rt__job_cancel_fd,
                         rt__g.cfg->http_timeout_s * 1000);
     fail_kind fk = FAIL_NONE;
     snprintf(r->phase, sizeof r->phase, "connect");

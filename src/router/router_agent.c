@@ -15,12 +15,25 @@
  * Idempotency-Key; any other ends the run with unsafe_to_retry. A job's
  * request id is its job id, so a job cut by a router crash resumes its
  * steps the same way after the restart.
+ *
+ * The whole run shares the client's deadline: each generation is admitted
+ * with what is left, each tool call waits at most what is left, and a run
+ * whose deadline is spent before a generation or a tool call ends with
+ * 504 deadline_exceeded (recorded steps stay recorded). usage sums every
+ * generation of the pass that gave the answer. With "stream": true every
+ * generation streams from the worker and on_event (rt_req) passes only
+ * answer text to the client, as it is generated; a tool-call generation
+ * shows nothing. A model's call is checked before the tool is called (a
+ * configured tool, a name of at most 63 bytes, arguments valid under the
+ * tool's schema, eng_json_validate); a bad one is not called, and the
+ * model gets an "error: ..." result so that it can correct itself.
  */
 #include "router/router-impl.h"
 #include "router/router_net.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "engine/json_schema.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +44,35 @@
 #define RT_MAX_TOOL_RESULT ((size_t)256 << 10)
 /* Calls of an idempotent tool whose outcome stays unknown, per step. */
 #define RT_TOOL_TRIES 3
+/* Longest tool name (bytes): the config's limit and the ledger's field. */
+#define RT_TOOL_NAME_MAX 63
+
+/* The run's client side: the deadline and, for a stream, what reached the
+ * client. Once head_sent, an error can only be an SSE event. */
+typedef struct agent_run {
+    rt_req *client;
+    double deadline_at;      /* monotonic seconds, < 0: none */
+    long long deadline_ms;   /* as the client gave it (messages) */
+    bool stream;
+    bool head_sent;          /* the SSE headers went out */
+    bool text_sent;          /* answer text reached the client */
+    bool ended;              /* the stream ended (an error event, [DONE]) */
+    bool error_seen;         /* the generation ended with an error event */
+    rt_req *gen;             /* the generation running now (on_event) */
+    char stream_id[128];     /* id, created, model of the chunks sent */
+    json_t *created, *model;
+} agent_run;
+
+/* Milliseconds left before the deadline: -1 none, 0 spent. */
+static long long left_ms(const agent_run *a)
+{
+    if (a->deadline_at < 0)
+        return -1;
+    double left = (a->deadline_at - rt__now_s()) * 1000;
+    if (left <= 0)
+        return 0;
+    return left >= 9e18 ? (long long)9e18 : left < 1 ? 1 : (long long)left;
+}
 
 static const rt_tool_config *find_tool(const char *name, const bool *allowed)
 {
@@ -61,7 +103,7 @@ static int text_or_error(const rt_tool_config *t, char **result)
  * the body of a 2xx, or an error text), 0 when unknown (time-out, dropped
  * connection: the tool may or may not have acted). *result: sw_free. */
 static int call_tool(const rt_tool_config *t, const char *request_id, int step, const char *args,
-                     char **result)
+                     int timeout_ms, char **result)
 {
     char address[600], path[512];
     *result = NULL;
@@ -78,7 +120,7 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
     snprintf(hdr, sizeof hdr, "Idempotency-Key: %s/%d\r\nX-Request-Id: %s\r\n", request_id, step,
              request_id);
     rn_conn c;
-    int rc = rn_request(&c, address, "POST", path, hdr, args, strlen(args), -1, t->timeout_ms);
+    int rc = rn_request(&c, address, "POST", path, hdr, args, strlen(args), -1, timeout_ms);
     pthread_mutex_lock(&rt__g.mu);
     rt__g.tool_calls++;
     pthread_mutex_unlock(&rt__g.mu);
@@ -122,130 +164,6 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
     return text_or_error(t, result);
 }
 
-static void ledger_fail(rt_req *q, const sw_error *err)
-{
-    SW_ERROR("router", "request %s: %s", q->request_id, err->message);
-    rt__send_error(q, 503, "ledger_unavailable", "the tool ledger could not be written", NULL,
-                   "Retry-After: 1\r\n");
-}
-
-/* The outcome of one step: 0 to go on (*result set, *reused), -1 when the
- * run ended (the response was sent). */
-static int run_step(rt_req *q, int step, const bool *allowed, char *tool_name, size_t tool_cap,
-                    char **args, char *call_id, size_t call_cap, char **result, bool *reused)
-{
-    sw_error err;
-    sw_error_clear(&err);
-    *result = NULL;
-    *reused = false;
-    if (!rt__g.sabotage.no_tool_ledger) {
-        ldg_tool_step rec;
-        bool found = false;
-        if (ldg_tool_get(rt__g.ledger, q->request_id, step, &rec, &found, &err)) {
-            ledger_fail(q, &err);
-            return -1;
-        }
-        if (found) {
-            /* the recorded call wins over what was generated this time */
-            snprintf(tool_name, tool_cap, "%s", rec.tool);
-            snprintf(call_id, call_cap, "%s", rec.call_id);
-            sw_free(*args);
-            *args = rec.arguments;
-            rec.arguments = NULL;
-            if (rec.state == LDG_TOOL_DONE) {
-                *result = rec.result;
-                rec.result = NULL;
-                *reused = true;
-                ldg_tool_step_free(&rec);
-                pthread_mutex_lock(&rt__g.mu);
-                rt__g.tool_reused++;
-                pthread_mutex_unlock(&rt__g.mu);
-                SW_INFO("router", "request %s: tool step %d (%s) reused from the ledger",
-                        q->request_id, step, tool_name);
-                return 0;
-            }
-            ldg_tool_step_free(&rec);
-            const rt_tool_config *t = find_tool(tool_name, allowed);
-            if (!t || !t->idempotent) {
-                char msg[300];
-                snprintf(msg, sizeof msg,
-                         "tool step %d (%s) was started but its outcome is unknown, and the tool "
-                         "is not idempotent: the run is not retried",
-                         step, tool_name);
-                SW_WARN("router", "request %s: %s", q->request_id, msg);
-                rt__send_error(q, 502, "unsafe_to_retry", msg, NULL, NULL);
-                return -1;
-            }
-            SW_INFO("router", "request %s: tool step %d (%s) has an unknown outcome; the tool is "
-                    "idempotent: called again with the same Idempotency-Key",
-                    q->request_id, step, tool_name);
-        }
-    }
-    const rt_tool_config *t = find_tool(tool_name, allowed);
-    json_t *aj = json_loads(*args ? *args : "", 0, NULL);
-    bool args_ok = json_is_object(aj);
-    json_decref(aj);
-    char msg[200];
-    if (!t || !args_ok) {
-        /* nothing to call: the error goes back to the model as the result */
-        if (!t)
-            snprintf(msg, sizeof msg, "error: %s is not an available tool", tool_name);
-        else
-            snprintf(msg, sizeof msg, "error: the arguments are not a JSON object");
-        *result = sw_strdup(msg);
-        if (!*result ||
-            ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id,
-                             *args ? *args : "", rt__wall_s(), &err) ||
-            ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
-            ledger_fail(q, &err);
-            return -1;
-        }
-        return 0;
-    }
-    /* committed before the call (a re-call counts in the step's calls) */
-    if (ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id, *args,
-                         rt__wall_s(), &err)) {
-        ledger_fail(q, &err);
-        return -1;
-    }
-    if (rt__g.fault_exit_after_tool_started) {
-        SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_started: exiting (status 70)");
-        _exit(70);
-    }
-    int known = 0;
-    for (int i = 0; i < RT_TOOL_TRIES && !known; i++) {
-        if (i > 0 && !t->idempotent)
-            break;
-        if (i > 0)
-            SW_INFO("router", "request %s: tool %s gave no answer; idempotent: calling again",
-                    q->request_id, t->name);
-        known = call_tool(t, q->request_id, step, *args, result);
-    }
-    if (rt__g.fault_exit_after_tool_called) {
-        SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_called: exiting (status 70)");
-        _exit(70);
-    }
-    if (!known && !t->idempotent) {
-        char emsg[300];
-        snprintf(emsg, sizeof emsg,
-                 "tool step %d (%s): no answer within %d ms (time-out or dropped connection); the "
-                 "tool is not idempotent, so it is not called again",
-                 step, t->name, t->timeout_ms);
-        SW_WARN("router", "request %s: %s", q->request_id, emsg);
-        rt__send_error(q, 502, "unsafe_to_retry", emsg, NULL, NULL);
-        return -1;
-    }
-    if (!known) {
-        snprintf(msg, sizeof msg, "error: the tool %s did not answer", t->name);
-        *result = sw_strdup(msg);
-    }
-    if (!*result || ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
-        ledger_fail(q, &err);
-        return -1;
-    }
-    return 0;
-}
-
 /* Writes one SSE event (headers first) to the client and the capture. */
 static int sse_event(rt_req *q, bool *head_sent, const char *payload)
 {
@@ -281,12 +199,446 @@ static int sse_event(rt_req *q, bool *head_sent, const char *payload)
     return 0;
 }
 
-/* A streaming agent run: the loop runs as usual, then the final answer
- * goes out as chat.completion.chunk events (the role and the whole
- * content, then the finish reason with the spillway extension, the usage
- * when asked, [DONE]). Tokens are not streamed as they are generated:
- * the tool steps come first, and a replayed run must not show the
- * client a first attempt's text. */
+/* Ends the stream: the last chunk, after [DONE]. */
+static int sse_end(rt_req *q)
+{
+    if (rt__sink_write(q, "0\r\n\r\n", 5))
+        return -1;
+    rt__chunked_end(q);
+    return 0;
+}
+
+/* The run fails: an HTTP error, or once the stream began an error event
+ * (the shape the relay uses after headers: the error object, [DONE]). */
+static void run_fail(agent_run *a, int status, const char *code, const char *msg,
+                     const char *param, const char *extra)
+{
+    rt_req *q = a->client;
+    if (!a->head_sent) {
+        rt__send_error(q, status, code, msg, param, extra);
+        return;
+    }
+    if (a->ended)
+        return;
+    q->error_code = code;
+    json_t *e = rt__error_obj(status, code, msg, param);
+    char *s = e ? json_dumps(e, JSON_COMPACT) : NULL;
+    json_decref(e);
+    if (s && sse_event(q, &a->head_sent, s) == 0 && sse_event(q, &a->head_sent, "[DONE]") == 0)
+        sse_end(q);
+    free(s);
+    a->ended = true;
+}
+
+static void ledger_fail(agent_run *a, const sw_error *err)
+{
+    SW_ERROR("router", "request %s: %s", a->client->request_id, err->message);
+    run_fail(a, 503, "ledger_unavailable", "the tool ledger could not be written", NULL,
+             "Retry-After: 1\r\n");
+}
+
+/* The deadline was spent before what comes next (a generation, a tool
+ * call): 504 deadline_exceeded; steps already recorded stay recorded. */
+static void deadline_fail(agent_run *a, int n_steps, const char *what)
+{
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "the run's deadline of %lld ms passed before %s (%d tool step(s) recorded)",
+             a->deadline_ms, what, n_steps);
+    SW_WARN("router", "agent run %s: %s", a->client->request_id, msg);
+    run_fail(a, 504, "deadline_exceeded", msg, NULL, NULL);
+}
+
+/* Why the model's call cannot be made ("" when it can): the text goes
+ * back to the model as the call's result, so that it can correct itself.
+ * A name cut by cut_name (it ends in "...", which no configured name can
+ * hold) was longer than the limit. */
+static void judge_call(const rt_tool_config *t, const char *tool_name, const char *args,
+                       const char *request_id, char *why, size_t cap)
+{
+    why[0] = 0;
+    size_t nl = strlen(tool_name);
+    if (nl >= 3 && !strcmp(tool_name + nl - 3, "...")) {
+        snprintf(why, cap, "error: the tool name %s is longer than %d bytes: no such tool",
+                 tool_name, RT_TOOL_NAME_MAX);
+        return;
+    }
+    if (!t) {
+        snprintf(why, cap, "error: %s is not an available tool", tool_name);
+        return;
+    }
+    json_t *aj = json_loads(args ? args : "", 0, NULL);
+    if (!json_is_object(aj)) {
+        snprintf(why, cap, "error: the arguments are not a JSON object");
+        json_decref(aj);
+        return;
+    }
+    json_t *schema = json_loads(t->parameters, 0, NULL);
+    sw_error verr;
+    sw_error_clear(&verr);
+    int rc = schema ? eng_json_validate(schema, aj, &verr) : SW_EUNSUPPORTED;
+    if (rc == SW_EINVAL)
+        snprintf(why, cap, "error: the arguments do not match the parameters schema of %s: %s",
+                 t->name, verr.message);
+    else if (rc != SW_OK)
+        /* a schema outside the checked subset: the tool judges */
+        SW_WARN("router", "request %s: the arguments for %s are not checked: %s", request_id,
+                t->name, schema ? verr.message : "the schema does not parse");
+    json_decref(schema);
+    json_decref(aj);
+}
+
+/* The outcome of one step: 0 to go on (*result set, *reused), -1 when the
+ * run ended (the response was sent). */
+static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name, size_t tool_cap,
+                    char **args, char *call_id, size_t call_cap, char **result, bool *reused)
+{
+    rt_req *q = a->client;
+    sw_error err;
+    sw_error_clear(&err);
+    *result = NULL;
+    *reused = false;
+    bool unknown = false; /* started before, never done */
+    if (!rt__g.sabotage.no_tool_ledger) {
+        ldg_tool_step rec;
+        bool found = false;
+        if (ldg_tool_get(rt__g.ledger, q->request_id, step, &rec, &found, &err)) {
+            ledger_fail(a, &err);
+            return -1;
+        }
+        if (found) {
+            /* the recorded call wins over what was generated this time */
+            snprintf(tool_name, tool_cap, "%s", rec.tool);
+            snprintf(call_id, call_cap, "%s", rec.call_id);
+            sw_free(*args);
+            *args = rec.arguments;
+            rec.arguments = NULL;
+            if (rec.state == LDG_TOOL_DONE) {
+                *result = rec.result;
+                rec.result = NULL;
+                *reused = true;
+                ldg_tool_step_free(&rec);
+                pthread_mutex_lock(&rt__g.mu);
+                rt__g.tool_reused++;
+                pthread_mutex_unlock(&rt__g.mu);
+                SW_INFO("router", "request %s: tool step %d (%s) reused from the ledger",
+                        q->request_id, step, tool_name);
+                return 0;
+            }
+            ldg_tool_step_free(&rec);
+            unknown = true;
+        }
+    }
+    const rt_tool_config *t = find_tool(tool_name, allowed);
+    char why[640];
+    judge_call(t, tool_name, *args, q->request_id, why, sizeof why);
+    if (why[0]) {
+        /* nothing to call (never called for this step, whatever the
+         * ledger says: a bad call is not made): the error goes back to the
+         * model as the result */
+        *result = sw_strdup(why);
+        if (!*result ||
+            (!unknown && ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id,
+                                          *args ? *args : "", rt__wall_s(), &err)) ||
+            ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
+            if (!*result)
+                sw_error_set(&err, SW_ENOMEM, "out of memory");
+            ledger_fail(a, &err);
+            return -1;
+        }
+        SW_INFO("router", "request %s: tool step %d not called: %s", q->request_id, step, why);
+        return 0;
+    }
+    if (unknown) {
+        if (!t->idempotent) {
+            char msg[300];
+            snprintf(msg, sizeof msg,
+                     "tool step %d (%s) was started but its outcome is unknown, and the tool "
+                     "is not idempotent: the run is not retried",
+                     step, tool_name);
+            SW_WARN("router", "request %s: %s", q->request_id, msg);
+            run_fail(a, 502, "unsafe_to_retry", msg, NULL, NULL);
+            return -1;
+        }
+        SW_INFO("router", "request %s: tool step %d (%s) has an unknown outcome; the tool is "
+                "idempotent: called again with the same Idempotency-Key",
+                q->request_id, step, tool_name);
+    }
+    if (left_ms(a) == 0) {
+        char what[120];
+        snprintf(what, sizeof what, "tool step %d (%s) was called", step, tool_name);
+        deadline_fail(a, step - 1, what);
+        return -1;
+    }
+    /* committed before the call (a re-call counts in the step's calls) */
+    if (ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id, *args,
+                         rt__wall_s(), &err)) {
+        ledger_fail(a, &err);
+        return -1;
+    }
+    if (rt__g.fault_exit_after_tool_started) {
+        SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_started: exiting (status 70)");
+        _exit(70);
+    }
+    int known = 0;
+    bool cut_by_deadline = false;
+    for (int i = 0; i < RT_TOOL_TRIES && !known; i++) {
+        if (i > 0 && !t->idempotent)
+            break;
+        /* each call waits at most what is left of the run's deadline */
+        long long left = left_ms(a);
+        if (left == 0) {
+            cut_by_deadline = true;
+            break;
+        }
+        int timeout_ms = left > 0 && left < t->timeout_ms ? (int)left : t->timeout_ms;
+        if (i > 0)
+            SW_INFO("router", "request %s: tool %s gave no answer; idempotent: calling again",
+                    q->request_id, t->name);
+        known = call_tool(t, q->request_id, step, *args, timeout_ms, result);
+        if (!known && left_ms(a) == 0)
+            cut_by_deadline = true;
+    }
+    if (rt__g.fault_exit_after_tool_called) {
+        SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_called: exiting (status 70)");
+        _exit(70);
+    }
+    if (!known && cut_by_deadline) {
+        /* the step stays started: its outcome is unknown */
+        char what[160];
+        snprintf(what, sizeof what, "tool step %d (%s) answered (its outcome is unknown)", step,
+                 t->name);
+        deadline_fail(a, step - 1, what);
+        return -1;
+    }
+    if (!known && !t->idempotent) {
+        char emsg[300];
+        snprintf(emsg, sizeof emsg,
+                 "tool step %d (%s): no answer within %d ms (time-out or dropped connection); the "
+                 "tool is not idempotent, so it is not called again",
+                 step, t->name, t->timeout_ms);
+        SW_WARN("router", "request %s: %s", q->request_id, emsg);
+        run_fail(a, 502, "unsafe_to_retry", emsg, NULL, NULL);
+        return -1;
+    }
+    char msg[200];
+    if (!known) {
+        snprintf(msg, sizeof msg, "error: the tool %s did not answer", t->name);
+        *result = sw_strdup(msg);
+    }
+    if (!*result || ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
+        if (!*result)
+            sw_error_set(&err, SW_ENOMEM, "out of memory");
+        ledger_fail(a, &err);
+        return -1;
+    }
+    return 0;
+}
+
+/* The envelope of the chunks the client gets: the first streamed chunk's
+ * id, created and model (a later generation's chunks are rewritten to
+ * them, so the client sees one completion). */
+static json_t *chunk_base(const agent_run *a)
+{
+    return json_pack("{s:s, s:s, s:O?, s:O?}", "id", a->stream_id, "object",
+                     "chat.completion.chunk", "created", a->created, "model", a->model);
+}
+
+/* on_event of a streamed generation (rt_req.on_event): answer text goes
+ * to the client as it comes, after the headers and a role chunk the first
+ * time; the rest (the worker's role chunk, held-back empty deltas,
+ * tool-call deltas, the finish chunk, usage, [DONE]) stays in the
+ * generation's capture, from which the loop reads it. The worker holds
+ * text back while a reply could still be a tool call (docs/api.md), so a
+ * tool-call generation shows the client nothing. Once text went out, a
+ * worker failure must not replay the run (the client would see text
+ * again): single_pass is cleared and the relay resumes the stream after
+ * the tokens sent, or ends it with an error event, which goes on to the
+ * client. */
+static int agent_on_event(rt_req *gen, const char *payload)
+{
+    agent_run *a = gen->on_event_ctx;
+    rt_req *q = a->client;
+    if (a->ended || !strcmp(payload, "[DONE]"))
+        return 0;
+    json_t *j = json_loads(payload, 0, NULL);
+    if (!j)
+        return 0;
+    int rc = 0;
+    if (json_object_get(j, "error")) {
+        a->error_seen = true;
+        if (a->text_sent) {
+            rc = sse_event(q, &a->head_sent, payload) || sse_event(q, &a->head_sent, "[DONE]") ||
+                         sse_end(q)
+                     ? -1
+                     : 0;
+            a->ended = true;
+        }
+        json_decref(j);
+        return rc;
+    }
+    json_t *delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+    json_t *text = json_object_get(delta, "content");
+    if (!json_is_string(text) || json_string_length(text) == 0) {
+        json_decref(j);
+        return 0;
+    }
+    if (!a->text_sent) {
+        snprintf(a->stream_id, sizeof a->stream_id, "%s",
+                 json_string_value(json_object_get(j, "id")) ?: "chatcmpl-agent");
+        a->created = json_incref(json_object_get(j, "created"));
+        a->model = json_incref(json_object_get(j, "model"));
+        snprintf(q->worker, sizeof q->worker, "%s", gen->worker);
+        json_t *role = chunk_base(a);
+        json_object_set_new(role, "choices",
+                            json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta",
+                                      "role", "assistant", "content", "", "logprobs",
+                                      "finish_reason"));
+        char *rs = role ? json_dumps(role, JSON_COMPACT) : NULL;
+        json_decref(role);
+        int saved = q->attempts; /* the header counts this generation's too */
+        q->attempts += gen->attempts;
+        rc = rs && sse_event(q, &a->head_sent, rs) == 0 ? 0 : -1;
+        q->attempts = saved;
+        free(rs);
+        a->text_sent = true;
+    }
+    gen->single_pass = false;
+    json_object_del(delta, "role");
+    json_object_set_new(j, "id", json_string(a->stream_id));
+    json_object_set(j, "created", a->created ? a->created : json_null());
+    json_object_set(j, "model", a->model ? a->model : json_null());
+    char *out = rc == 0 ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (rc == 0)
+        rc = out && sse_event(q, &a->head_sent, out) == 0 ? 0 : -1;
+    free(out);
+    json_decref(j);
+    return rc;
+}
+
+/* Appends n bytes to the string member key of o (created when absent). */
+static int append_member(json_t *o, const char *key, const char *p, size_t n)
+{
+    json_t *old = json_object_get(o, key);
+    size_t ol = json_string_length(old);
+    char *b = sw_malloc(ol + n + 1);
+    if (!b)
+        return -1;
+    if (ol)
+        memcpy(b, json_string_value(old), ol);
+    if (n)
+        memcpy(b + ol, p, n);
+    b[ol + n] = 0;
+    int rc = json_object_set_new(o, key, json_stringn(b, ol + n));
+    sw_free(b);
+    return rc;
+}
+
+/* One chunk of a streamed generation into the reply being put together. */
+static int gather_chunk(json_t *j, json_t *msg, json_t *calls, json_t **finish, json_t **usage)
+{
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *delta = json_object_get(choice, "delta");
+    json_t *text = json_object_get(delta, "content");
+    if (json_is_string(text) &&
+        append_member(msg, "content", json_string_value(text), json_string_length(text)))
+        return -1;
+    json_t *tcs = json_object_get(delta, "tool_calls");
+    for (size_t k = 0; k < json_array_size(tcs); k++) {
+        json_t *tc = json_array_get(tcs, k);
+        json_t *ix = json_object_get(tc, "index");
+        json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : (json_int_t)k;
+        if (idx < 0 || idx >= 64 || (size_t)idx > json_array_size(calls))
+            return -1;
+        if ((size_t)idx == json_array_size(calls))
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
+                                                   "function", "function", "name", "",
+                                                   "arguments", ""));
+        json_t *call = json_array_get(calls, (size_t)idx);
+        json_t *fn = json_object_get(tc, "function");
+        json_t *v;
+        if (json_is_string(v = json_object_get(tc, "id")))
+            json_object_set(call, "id", v);
+        json_t *cfn = json_object_get(call, "function");
+        if (json_is_string(v = json_object_get(fn, "name")) &&
+            append_member(cfn, "name", json_string_value(v), json_string_length(v)))
+            return -1;
+        if (json_is_string(v = json_object_get(fn, "arguments")) &&
+            append_member(cfn, "arguments", json_string_value(v), json_string_length(v)))
+            return -1;
+    }
+    json_t *fr = json_object_get(choice, "finish_reason");
+    if (json_is_string(fr)) {
+        json_decref(*finish);
+        *finish = json_incref(fr);
+    }
+    json_t *u = json_object_get(j, "usage");
+    if (json_is_object(u)) {
+        json_decref(*usage);
+        *usage = json_incref(u);
+    }
+    return 0;
+}
+
+/* The chat.completion a streamed generation amounts to, read from its
+ * capture (the SSE text): the content joined, the tool calls put together
+ * by index, finish_reason, usage. NULL when the stream did not finish (no
+ * finish_reason or no [DONE]), held an error event or does not parse. */
+static json_t *completion_from_sse(const char *body, size_t len)
+{
+    json_t *first = NULL, *finish = NULL, *usage = NULL, *out = NULL;
+    json_t *msg = json_pack("{s:s}", "role", "assistant");
+    json_t *calls = json_array();
+    bool done = false, bad = !msg || !calls;
+    const char *p = body, *end = body ? body + len : NULL;
+    while (!bad && p && p < end) {
+        const char *sep = memmem(p, (size_t)(end - p), "\n\n", 2);
+        if (!sep)
+            break;
+        if (sep - p >= 6 && !strncmp(p, "data: ", 6)) {
+            const char *pl = p + 6;
+            size_t pn = (size_t)(sep - pl);
+            if (pn == 6 && !memcmp(pl, "[DONE]", 6)) {
+                done = true;
+            } else {
+                json_t *j = json_loadb(pl, pn, 0, NULL);
+                if (!j || json_object_get(j, "error") ||
+                    gather_chunk(j, msg, calls, &finish, &usage))
+                    bad = true;
+                if (!bad && !first)
+                    first = json_incref(j);
+                json_decref(j);
+            }
+        }
+        p = sep + 2;
+    }
+    if (!bad && done && finish && first) {
+        if (json_array_size(calls) > 0) {
+            if (json_string_length(json_object_get(msg, "content")) == 0)
+                json_object_set_new(msg, "content", json_null());
+            json_object_set(msg, "tool_calls", calls);
+        } else if (!json_object_get(msg, "content")) {
+            json_object_set_new(msg, "content", json_string(""));
+        }
+        out = json_pack("{s:O?, s:s, s:O?, s:O?, s:[{s:i, s:O, s:n, s:O}], s:O?}", "id",
+                        json_object_get(first, "id"), "object", "chat.completion", "created",
+                        json_object_get(first, "created"), "model", json_object_get(first, "model"),
+                        "choices", "index", 0, "message", msg, "logprobs", "finish_reason", finish,
+                        "usage", usage);
+    }
+    json_decref(first);
+    json_decref(finish);
+    json_decref(usage);
+    json_decref(msg);
+    json_decref(calls);
+    return out;
+}
+
+/* A streaming agent run whose answer text was not streamed (it had none:
+ * a reply that is only tool calls, once max-tool-steps was reached, or an
+ * empty one): the answer goes out as chat.completion.chunk events after
+ * the loop (the role and the whole content, then the finish reason with
+ * the spillway extension, the usage when asked, [DONE]). */
 static void send_as_stream(rt_req *q, json_t *final, bool with_usage)
 {
     bool head = false;
@@ -332,23 +684,142 @@ static void send_as_stream(rt_req *q, json_t *final, bool with_usage)
         free(s);
     }
     if (ok)
-        ok = sse_event(q, &head, "[DONE]") == 0 && rt__sink_write(q, "0\r\n\r\n", 5) == 0;
-    if (ok)
-        rt__chunked_end(q);
+        ok = sse_event(q, &head, "[DONE]") == 0 && sse_end(q) == 0;
     q->completed = ok;
     for (int i = 0; i < 3; i++)
         json_decref(evs[i]);
     json_decref(base);
 }
 
-/* The generation's error response, passed on as the run's answer. */
-static void forward(rt_req *q, const rt_capture *c)
+/* The end of a stream whose answer text went out as it was generated:
+ * the reply's tool calls if it has any (max-tool-steps reached), the
+ * finish chunk with the spillway extension, the usage when asked, [DONE]. */
+static void finish_stream(agent_run *a, json_t *final, bool with_usage)
 {
-    if (c->status > 0 && c->body)
+    rt_req *q = a->client;
+    json_t *choice = json_array_get(json_object_get(final, "choices"), 0);
+    json_t *tcs = json_object_get(json_object_get(choice, "message"), "tool_calls");
+    json_t *evs[3] = {NULL, chunk_base(a), NULL};
+    if (json_array_size(tcs) > 0) {
+        json_t *with_index = json_deep_copy(tcs);
+        for (size_t i = 0; i < json_array_size(with_index); i++)
+            json_object_set_new(json_array_get(with_index, i), "index", json_integer((json_int_t)i));
+        evs[0] = chunk_base(a);
+        json_object_set_new(evs[0], "choices",
+                            json_pack("[{s:i, s:{s:o}, s:n, s:n}]", "index", 0, "delta",
+                                      "tool_calls", with_index, "logprobs", "finish_reason"));
+    }
+    json_object_set_new(evs[1], "choices",
+                        json_pack("[{s:i, s:{}, s:n, s:O?}]", "index", 0, "delta", "logprobs",
+                                  "finish_reason", json_object_get(choice, "finish_reason")));
+    json_object_set(evs[1], "spillway", json_object_get(final, "spillway"));
+    if (with_usage) {
+        evs[2] = chunk_base(a);
+        json_object_set_new(evs[2], "choices", json_array());
+        json_object_set(evs[2], "usage", json_object_get(final, "usage"));
+    }
+    bool ok = evs[1] != NULL;
+    for (int i = 0; i < 3 && ok; i++) {
+        if (!evs[i])
+            continue;
+        char *s = json_dumps(evs[i], JSON_COMPACT);
+        ok = s && sse_event(q, &a->head_sent, s) == 0;
+        free(s);
+    }
+    if (ok)
+        ok = sse_event(q, &a->head_sent, "[DONE]") == 0 && sse_end(q) == 0;
+    a->ended = true;
+    q->completed = ok;
+    for (int i = 0; i < 3; i++)
+        json_decref(evs[i]);
+}
+
+/* The generation's error response, passed on as the run's answer. A
+ * streamed generation that failed after its worker began answering left
+ * an error event in its capture: that error goes out as an HTTP error
+ * (503, as the relay answers a failure before any text). */
+static void forward(agent_run *a, const rt_capture *c)
+{
+    rt_req *q = a->client;
+    if (a->ended)
+        return;
+    if (c->status > 0 && c->body && !c->stream) {
+        if (a->head_sent) {
+            json_t *j = json_loadb(c->body, c->len, 0, NULL);
+            json_t *e = json_object_get(j, "error");
+            run_fail(a, c->status,
+                     json_string_value(json_object_get(e, "code")) ?: "worker_failed",
+                     json_string_value(json_object_get(e, "message")) ?: "the generation failed",
+                     NULL, NULL);
+            json_decref(j);
+            return;
+        }
         rt__send_response(q, c->status, c->content_type[0] ? c->content_type : "application/json",
                           c->status == 503 ? "Retry-After: 1\r\n" : NULL, c->body, c->len);
-    else
-        rt__send_error(q, 500, "internal_error", "the generation produced no response", NULL, NULL);
+        return;
+    }
+    /* the last error event of the stream, if any */
+    const char *ev = NULL, *p = c->body, *end = c->body ? c->body + c->len : NULL;
+    size_t ev_len = 0;
+    while (p && p < end) {
+        const char *sep = memmem(p, (size_t)(end - p), "\n\n", 2);
+        if (!sep)
+            break;
+        if (sep - p > 16 && !strncmp(p, "data: {\"error\"", 14)) {
+            ev = p + 6;
+            ev_len = (size_t)(sep - ev);
+        }
+        p = sep + 2;
+    }
+    json_t *j = ev ? json_loadb(ev, ev_len, 0, NULL) : NULL;
+    json_t *e = json_object_get(j, "error");
+    const char *code = json_string_value(json_object_get(e, "code"));
+    char cbuf[64];
+    snprintf(cbuf, sizeof cbuf, "%s", code ? code : "worker_failed");
+    char mbuf[400];
+    snprintf(mbuf, sizeof mbuf, "%s",
+             json_string_value(json_object_get(e, "message")) ?: "the generation failed");
+    json_decref(j);
+    if (!a->head_sent) {
+        json_t *eo = rt__error_obj(503, cbuf, mbuf, NULL);
+        char *s = eo ? json_dumps(eo, JSON_COMPACT) : NULL;
+        json_decref(eo);
+        if (s)
+            rt__send_response(q, 503, "application/json", "Retry-After: 1\r\n", s, strlen(s));
+        else
+            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+        free(s);
+        return;
+    }
+    run_fail(a, 503, "worker_failed", mbuf, NULL, NULL);
+}
+
+/* The body's "timeout" (seconds) as the relay reads it, when no
+ * X-Spillway-Deadline-Ms came: milliseconds, -1 none. */
+static long long body_deadline_ms(json_t *body)
+{
+    json_t *t = json_object_get(body, "timeout");
+    if (!json_is_number(t))
+        return -1;
+    double ms = json_number_value(t) * 1000;
+    return ms >= 9e18 ? (long long)9e18 : ms <= -9e18 ? -1 : (long long)ms;
+}
+
+/* A tool name as the run keeps it: one longer than the limit is cut (at
+ * a UTF-8 boundary) and marked with "...", which no configured name can
+ * hold, so that neither the conversation nor the ledger ever holds a cut
+ * name that could be a real tool. */
+static void keep_name(const char *gen, char *out, size_t cap)
+{
+    size_t n = strlen(gen);
+    if (n <= RT_TOOL_NAME_MAX) {
+        snprintf(out, cap, "%s", gen);
+        return;
+    }
+    size_t keep = RT_TOOL_NAME_MAX - 3;
+    while (keep > 0 && ((unsigned char)gen[keep] & 0xc0) == 0x80)
+        keep--;
+    snprintf(out, cap, "%.*s...", (int)keep, gen);
 }
 
 void rt__handle_agent(rt_req *q, json_t *body)
@@ -361,10 +832,19 @@ void rt__handle_agent(rt_req *q, json_t *body)
     double t_received = rt__wall_s(), replay_start = 0;
     char final_worker[64] = "";
     int n_reused = 0;
+    bool resumed = false;
     bool allowed[RT_MAX_TOOLS] = {false};
     bool stream = json_is_true(json_object_get(body, "stream"));
     bool stream_usage = json_is_true(
         json_object_get(json_object_get(body, "stream_options"), "include_usage"));
+    agent_run a;
+    memset(&a, 0, sizeof a);
+    a.client = q;
+    a.stream = stream;
+    a.deadline_ms = q->deadline_ms >= 0 ? q->deadline_ms : body_deadline_ms(body);
+    a.deadline_at = a.deadline_ms >= 0 ? rt__now_s() + (double)a.deadline_ms / 1000.0 : -1;
+    /* the usage of the pass that gives the answer: every generation's */
+    json_int_t use_prompt = 0, use_completion = 0;
     if (cfg->n_tools == 0) {
         rt__send_error(q, 400, "invalid_request",
                        "no server-side tools are configured ([tool NAME] sections)",
@@ -390,12 +870,20 @@ void rt__handle_agent(rt_req *q, json_t *body)
             const char *type = json_string_value(json_object_get(e, "type"));
             const char *name =
                 json_string_value(json_object_get(json_object_get(e, "function"), "name"));
+            char msg[200];
+            if (name && strlen(name) > RT_TOOL_NAME_MAX) {
+                snprintf(msg, sizeof msg,
+                         "tools[%zu]: the function name is %zu bytes long; tool names are at "
+                         "most %d bytes",
+                         k, strlen(name), RT_TOOL_NAME_MAX);
+                rt__send_error(q, 400, "invalid_request", msg, "tools", NULL);
+                return;
+            }
             int found = -1;
             for (int i = 0; name && i < cfg->n_tools; i++)
                 if (!strcmp(cfg->tools[i].name, name))
                     found = i;
             if (!type || strcmp(type, "function") || found < 0) {
-                char msg[200];
                 snprintf(msg, sizeof msg,
                          "tools[%zu]: %s is not a configured server-side tool", k,
                          name ? name : "(no function name)");
@@ -410,6 +898,15 @@ void rt__handle_agent(rt_req *q, json_t *body)
         const char *cs = json_string_value(choice);
         const char *fname = json_string_value(
             json_object_get(json_object_get(choice, "function"), "name"));
+        if (fname && strlen(fname) > RT_TOOL_NAME_MAX) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "tool_choice: the function name is %zu bytes long; tool names are at most "
+                     "%d bytes",
+                     strlen(fname), RT_TOOL_NAME_MAX);
+            rt__send_error(q, 400, "invalid_request", msg, "tool_choice", NULL);
+            return;
+        }
         bool ok = cs ? (!strcmp(cs, "auto") || !strcmp(cs, "none") || !strcmp(cs, "required"))
                      : (json_is_object(choice) && fname && find_tool(fname, allowed));
         if (!ok) {
@@ -434,6 +931,13 @@ void rt__handle_agent(rt_req *q, json_t *body)
     json_object_del(base, "tool_execution");
     json_object_del(base, "stream");
     json_object_del(base, "stream_options");
+    json_object_del(base, "timeout"); /* the run's deadline, given to each generation */
+    if (stream) {
+        /* every generation streams: the answer's text reaches the client
+         * as it is generated (agent_on_event); usage comes in the stream */
+        json_object_set_new(base, "stream", json_true());
+        json_object_set_new(base, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    }
     if (!json_object_get(base, "seed")) {
         /* one seed for the whole run (and its replays) */
         pthread_mutex_lock(&rt__g.mu);
@@ -446,6 +950,7 @@ void rt__handle_agent(rt_req *q, json_t *body)
      * that answered a generation stays eligible for the next one) */
     bool failed[RT_MAX_WORKERS] = {false};
     int run_attempts = 0;
+    int n_steps = 0;
 
 run:
     run_attempts++;
@@ -453,8 +958,15 @@ run:
     json_decref(steps);
     msgs = json_deep_copy(messages);
     steps = json_array();
-    int n_steps = 0;
+    n_steps = 0;
+    use_prompt = use_completion = 0;
     for (int gen = 0;; gen++) {
+        long long left = left_ms(&a);
+        if (left == 0) {
+            deadline_fail(&a, n_steps, gen == 0 ? "the first generation"
+                                                : "the generation after the tool steps");
+            goto out;
+        }
         json_t *b = json_deep_copy(base);
         json_object_set(b, "messages", msgs);
         if (n_steps >= cfg->max_tool_steps)
@@ -466,7 +978,7 @@ run:
         char *bs = json_dumps(b, JSON_COMPACT);
         json_decref(b);
         if (!bs) {
-            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+            run_fail(&a, 500, "internal_error", "out of memory", NULL, NULL);
             goto out;
         }
         rt_req iq;
@@ -475,7 +987,13 @@ run:
         iq.cap.on = true;
         iq.single_pass = true;
         iq.defer_event = true;
-        iq.deadline_ms = q->deadline_ms;
+        iq.deadline_ms = left; /* what is left of the run's: admission and queue */
+        if (stream) {
+            iq.on_event = agent_on_event;
+            iq.on_event_ctx = &a;
+        }
+        a.gen = &iq;
+        a.error_seen = false;
         snprintf(iq.method, sizeof iq.method, "POST");
         snprintf(iq.path, sizeof iq.path, "/v1/chat/completions");
         snprintf(iq.request_id, sizeof iq.request_id, "%s", q->request_id);
@@ -484,6 +1002,9 @@ run:
         iq.body_len = strlen(bs);
         rt__handle_generate(&iq, true);
         free(bs);
+        a.gen = NULL;
+        if (iq.failover_first_error && a.text_sent)
+            resumed = true; /* the relay resumed the answer's stream */
         if (iq.failover_first_error) {
             if (!run_first_error)
                 run_first_error = iq.failover_first_error;
@@ -491,13 +1012,20 @@ run:
                 json_decref(iq.failover_first_error);
         }
         q->attempts += iq.attempts;
-        if (iq.worker[0])
+        if (iq.worker[0] && !a.text_sent)
             snprintf(q->worker, sizeof q->worker, "%s", iq.worker);
         if (iq.worker_failed)
             for (int i = 0; i < rt__g.n; i++)
                 if (!strcmp(rt__g.w[i].cfg.name, iq.worker))
                     failed[i] = true;
-        if (iq.worker_failed && !rt__g.sabotage.no_replay && run_attempts < cfg->max_attempts) {
+        if (a.ended || (a.text_sent && q->write_failed)) {
+            /* the stream already ended at the client (an error event after
+             * text, or the client left) */
+            rt__capture_free(&iq.cap);
+            goto out;
+        }
+        if (iq.worker_failed && !a.text_sent && !rt__g.sabotage.no_replay &&
+            run_attempts < cfg->max_attempts) {
             rt__capture_free(&iq.cap);
             SW_WARN("router", "agent run %s: the worker failed in generation %d; the run is "
                     "replayed (recorded tool steps are reused, not called again)",
@@ -506,21 +1034,29 @@ run:
                 replay_start = rt__wall_s();
             goto run;
         }
-        if (iq.cap.status != 200) {
-            forward(q, &iq.cap);
+        json_t *resp = NULL;
+        if (iq.cap.status == 200 && iq.cap.stream)
+            resp = iq.completed && !iq.cap.overflow ? completion_from_sse(iq.cap.body, iq.cap.len)
+                                                    : NULL;
+        else if (iq.cap.status == 200)
+            resp = json_loadb(iq.cap.body, iq.cap.len, 0, NULL);
+        if (!resp && (iq.cap.status != 200 || iq.cap.stream)) {
+            forward(&a, &iq.cap);
             rt__capture_free(&iq.cap);
             goto out;
         }
-        json_t *resp = json_loadb(iq.cap.body, iq.cap.len, 0, NULL);
         rt__capture_free(&iq.cap);
         json_t *msg = json_object_get(json_array_get(json_object_get(resp, "choices"), 0), "message");
         json_t *tcs = json_object_get(msg, "tool_calls");
         if (!resp || !msg) {
             json_decref(resp);
-            rt__send_error(q, 502, "worker_failed", "the worker's answer was not a chat completion",
-                           NULL, NULL);
+            run_fail(&a, 502, "worker_failed", "the worker's answer was not a chat completion",
+                     NULL, NULL);
             goto out;
         }
+        json_t *usage = json_object_get(resp, "usage");
+        use_prompt += json_integer_value(json_object_get(usage, "prompt_tokens"));
+        use_completion += json_integer_value(json_object_get(usage, "completion_tokens"));
         snprintf(final_worker, sizeof final_worker, "%s", iq.worker);
         if (!json_is_array(tcs) || json_array_size(tcs) == 0 || n_steps >= cfg->max_tool_steps) {
             final = resp;
@@ -532,21 +1068,23 @@ run:
             json_t *tc = json_array_get(tcs, k);
             json_t *fn = json_object_get(tc, "function");
             char tool_name[64], call_id[64];
-            snprintf(tool_name, sizeof tool_name, "%s",
-                     json_string_value(json_object_get(fn, "name")) ?: "");
+            /* a name over the limit becomes an invalid call, never a cut
+             * name that might be a configured tool */
+            keep_name(json_string_value(json_object_get(fn, "name")) ?: "", tool_name,
+                      sizeof tool_name);
             int step = ++n_steps;
             if (json_is_string(json_object_get(tc, "id")))
                 snprintf(call_id, sizeof call_id, "%s", json_string_value(json_object_get(tc, "id")));
             else
                 snprintf(call_id, sizeof call_id, "call_%d", step);
-            const char *a = json_string_value(json_object_get(fn, "arguments"));
-            char *args = sw_strdup(a ? a : "");
+            const char *arg_text = json_string_value(json_object_get(fn, "arguments"));
+            char *args = sw_strdup(arg_text ? arg_text : "");
             char *result = NULL;
             bool reused = false;
-            if (!args || run_step(q, step, allowed, tool_name, sizeof tool_name, &args, call_id,
+            if (!args || run_step(&a, step, allowed, tool_name, sizeof tool_name, &args, call_id,
                                   sizeof call_id, &result, &reused)) {
                 if (!args)
-                    rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+                    run_fail(&a, 500, "internal_error", "out of memory", NULL, NULL);
                 sw_free(args);
                 sw_free(result);
                 json_decref(calls);
@@ -580,17 +1118,25 @@ run:
         }
         json_object_set(sp, "tool_steps", steps);
         json_object_set_new(sp, "run_attempts", json_integer(run_attempts));
-        char *s = stream ? NULL : json_dumps(final, JSON_COMPACT);
-        if (stream) {
+        /* what the client is billed for: every generation of the run */
+        json_object_set_new(final, "usage",
+                            json_pack("{s:I, s:I, s:I}", "prompt_tokens", use_prompt,
+                                      "completion_tokens", use_completion, "total_tokens",
+                                      use_prompt + use_completion));
+        if (stream && a.text_sent) {
+            finish_stream(&a, final, stream_usage);
+        } else if (stream) {
             send_as_stream(q, final, stream_usage);
-        } else if (s) {
-            rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
-            free(s);
         } else {
-            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+            char *s = json_dumps(final, JSON_COMPACT);
+            if (s) {
+                rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
+                q->completed = true;
+                free(s);
+            } else {
+                rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+            }
         }
-        if (!stream)
-            q->completed = true;
         SW_INFO("router", "agent run %s: %d tool step(s), %d attempt(s)", q->request_id, n_steps,
                 q->attempts);
     }
@@ -607,12 +1153,16 @@ out:
             "{s:s, s:f, s:o, s:s, s:s, s:s?, s:o, s:f, s:I, s:i, s:i, s:i, s:i, s:s, s:b, s:b, "
             "s:b}",
             "request_id", q->request_id, "received_time", t_received, "first_error",
-            run_first_error, "decision", replayed ? "replay" : "none", "reason",
+            run_first_error, "decision", replayed ? "replay" : resumed ? "resume" : "none",
+            "reason",
             replayed ? "agent run: a generation failed, so the run was replayed from the start on "
                        "the next worker; tool steps recorded in the ledger were reused, not "
                        "called again"
-                     : "agent run: a generation failed and the run was not replayed (attempts "
-                       "used up, or SPILLWAY_SABOTAGE=no-replay)",
+            : resumed ? "agent run: the answer's stream failed after text reached the client, so "
+                        "it was resumed on the next worker after the tokens sent (the run was "
+                        "not replayed: no text is generated twice)"
+                      : "agent run: a generation failed and the run was not replayed (attempts "
+                        "used up, or SPILLWAY_SABOTAGE=no-replay)",
             "replay_worker", done && final_worker[0] ? final_worker : NULL, "cpu_start_time",
             replayed ? json_real(replay_start) : json_null(), "completion_time", rt__wall_s(),
             "tokens", toks, "attempts", q->attempts, "run_attempts", run_attempts,
@@ -624,6 +1174,8 @@ out:
             rt__ev_record(ev);
         json_decref(ev);
     }
+    json_decref(a.created);
+    json_decref(a.model);
     json_decref(final);
     json_decref(steps);
     json_decref(msgs);

@@ -700,9 +700,9 @@ static int load(wk_server *s, sw_error *err)
  * else could run), up to CALIB_PREFILL_TOKENS prompt tokens in chunks of the worker's own
  * prefill_chunk, then up to CALIB_DECODE_STEPS one-token steps with logits,
  * as a decoding sequence has. The work is capped by tokens and by time: a
- * chunk or step predicted (from the rate so far) to end past CALIB_BUDGET_S
- * is not started, except the one decode step without which there is no
- * decode rate. The sequence is cleared afterwards, so the KV blocks, the
+ * prompt chunk is cut to what the rate so far predicts fits before
+ * CALIB_BUDGET_S, and a step predicted to end past it is not started,
+ * except the one decode step without which there is no decode rate. The sequence is cleared afterwards, so the KV blocks, the
  * memory figures and the request and token counters are what they were.
  * Fault injection is suspended on this thread meanwhile: the allocations
  * and tokens SPILLWAY_FAULT counts are those of requests, as before.
@@ -783,8 +783,13 @@ static int calibrate(wk_server *s, sw_error *err)
         int32_t n = measured - done;
         if (n > chunk)
             n = chunk;
-        double spent = eng_now_seconds() - t_start;
-        if (rate > 0 && spent + n / rate > CALIB_BUDGET_S)
+        /* what the rate so far says fits in the time left: a smaller
+         * chunk (the warm-up's rate is pessimistic; a warm chunk then
+         * corrects it), or nothing */
+        double left_s = CALIB_BUDGET_S - (eng_now_seconds() - t_start);
+        if (rate > 0 && n > left_s * rate)
+            n = left_s > 0 ? (int32_t)(left_s * rate) : 0;
+        if (n < 1)
             break;
         for (int32_t i = 0; i < n; i++)
             prompt[i] = calib_token(pos + i, n_vocab);

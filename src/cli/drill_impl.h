@@ -260,10 +260,11 @@ int dr_pool_used(drill *d, uint64_t *used_excluding_hog);
 /* drill_scenarios.c */
 void dr_scenarios_init(drill *d);
 void dr_run_all(drill *d);
-/* Notes the SPILLWAY_SABOTAGE switches the router's /health reports. */
+/* Notes the SPILLWAY_SABOTAGE switches the router's /health reports
+ * (drill_steps.c). */
 void dr_note_sabotage(drill *d);
 
-/* helpers shared by the scenario code and the report */
+/* helpers shared by the scenario code and the report (drill_scenarios.c) */
 dr_request *dr_request_new(drill *d, const char *scenario, const char *id, const char *label);
 void dr_mark_add(drill *d, const char *scenario, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

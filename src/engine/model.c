@@ -49,8 +49,8 @@ static int read_f32(const eng_gguf *g, const char *arch, const char *suffix, flo
 
 /* Llama 3's RoPE frequency rule (Meta's reference): long wavelengths are
  * divided by `factor`, short ones kept, the band between interpolated. */
-static float llama3_rope_factor(float freq, float factor, float low_freq_factor,
-                                float high_freq_factor, float original_ctx)
+float eng_rope_llama3_factor(float freq, float factor, float low_freq_factor,
+                             float high_freq_factor, float original_ctx)
 {
     const float pi = 3.14159265358979323846f;
     float low_freq_wavelen = original_ctx / low_freq_factor;
@@ -105,7 +105,7 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
             return sw_error_set(err, SW_EFORMAT, "llama3 rope scaling parameters out of range");
         for (int32_t i = 0; i < n; i++) {
             float freq = powf(hp->rope_freq_base, -2.0f * (float)i / (float)hp->n_rot);
-            m->rope_factors[i] = llama3_rope_factor(freq, factor, low, high, original);
+            m->rope_factors[i] = eng_rope_llama3_factor(freq, factor, low, high, original);
         }
     } else if (type && !(type_len == 4 && memcmp(type, "none", 4) == 0)) {
         return sw_error_set(err, SW_EUNSUPPORTED, "unsupported rope scaling '%.*s' (supported: "

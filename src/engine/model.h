@@ -60,6 +60,12 @@ typedef struct eng_hparams {
 
 typedef struct eng_model eng_model;
 
+/* Llama 3's RoPE rule: the divisor of one frequency (radians per position)
+ * given the scaling factor, the low/high frequency factors and the
+ * original context length (8, 1, 4, 8192 in Llama 3.1). */
+float eng_rope_llama3_factor(float freq, float factor, float low_freq_factor,
+                             float high_freq_factor, float original_ctx);
+
 /* How to load: which weights get copied from the file mapping into
  * huge-page memory (see model.c: decode is faster from 2 MiB pages). */
 typedef struct eng_model_load_params {

@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "engine/gguf.h"
+#include "engine/model.h"
 #include "engine/quant.h"
 
 #include <limits.h>
@@ -719,9 +720,8 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     int rc = SW_OK;
     const uint32_t head_dim = (uint32_t)(p->n_embd / p->n_head);
     /* qwen2 files use their own key prefix; "llama3" is the llama
-     * architecture with Llama 3's RoPE scaling keys. */
+     * architecture (its RoPE factors are a tensor, mm_add_llama3_rope_freqs). */
     const bool qwen2 = p->architecture && strcmp(p->architecture, "qwen2") == 0;
-    const bool llama3 = p->architecture && strcmp(p->architecture, "llama3") == 0;
     const char *a = qwen2 ? "qwen2" : "llama";
     char key[96];
 #define MM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
@@ -748,14 +748,6 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("rope.freq_base"), p->rope_freq_base));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("vocab_size"), (uint32_t)p->n_vocab));
-    if (llama3) {
-        MM_CHECK(eng_gguf_writer_set_str(w, "llama.rope.scaling.type", "llama3"));
-        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 8.0f));
-        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.low_freq_factor", 1.0f));
-        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.high_freq_factor", 4.0f));
-        MM_CHECK(eng_gguf_writer_set_f32(w, "llama.rope.scaling.original_context_length",
-                                         8192.0f));
-    }
 #undef MM_KEY
     MM_CHECK(eng_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
     MM_CHECK(eng_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", pieces, (uint64_t)v->n));
@@ -768,6 +760,27 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false));
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", true));
 #undef MM_CHECK
+    return rc;
+}
+
+/* Llama 3's RoPE frequency divisors as the rope_freqs.weight tensor, which
+ * is how files converted from Llama 3.1 and later carry them (no
+ * rope.scaling.* keys): factor 8, low 1, high 4, original context 8192.
+ * row has room for head_dim / 2 floats. */
+static int mm_add_llama3_rope_freqs(eng_gguf_writer *w, const eng_model_make_params *p,
+                                    float *row, sw_error *err)
+{
+    const int64_t head_dim = p->n_embd / p->n_head, n = head_dim / 2;
+    for (int64_t i = 0; i < n; i++) {
+        float freq = powf(p->rope_freq_base, -2.0f * (float)i / (float)head_dim);
+        row[i] = eng_rope_llama3_factor(freq, 8.0f, 1.0f, 4.0f, 8192.0f);
+    }
+    const int64_t ne[1] = {n};
+    int rc = eng_gguf_writer_add_tensor(w, "rope_freqs.weight", ENG_TYPE_F32, 1, ne, row,
+                                        sizeof(float) * (size_t)n);
+    if (rc != SW_OK)
+        sw_error_set(err, rc, "model make: cannot add tensor rope_freqs.weight: %s",
+                     sw_strerror(rc));
     return rc;
 }
 
@@ -832,6 +845,9 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
             }
         }
     }
+    if (p->architecture && strcmp(p->architecture, "llama3") == 0 &&
+        (rc = mm_add_llama3_rope_freqs(w, p, row, err)) != SW_OK)
+        goto fail;
     *out = w;
     w = NULL;
     rc = SW_OK;

@@ -325,8 +325,13 @@ static void test_made_architectures(void **state)
         assert_int_equal(hp->rope_style, a == 1 ? ENG_ROPE_NEOX : ENG_ROPE_NORMAL);
         if (a == 1)
             assert_non_null(model->layers[0].bq.data);
-        if (a == 2)
+        if (a == 2) {
+            /* as files converted from Llama 3.1+: the factors as a tensor,
+             * no rope.scaling keys (llama.cpp refuses type "llama3") */
             assert_true(model->rope_factors[hp->n_rot / 2 - 1] > 1.0f);
+            assert_non_null(eng_gguf_find_tensor(model->gguf, "rope_freqs.weight"));
+            assert_int_equal(eng_gguf_find_key(model->gguf, "llama.rope.scaling.type"), -1);
+        }
         eng_context_params cp = eng_context_default_params();
         cp.n_ctx = 64;
         cp.n_threads = 2;

@@ -742,7 +742,7 @@ static void test_deadline_covers_the_run(void **state)
 {
     (void)state;
     char tools[2048], rest[3072];
-    /* the tool's own time-out (8 s) is far past the run's deadline (1 s) */
+    /* the tool's own time-out (8 s) is far past the run's deadline (1.5 s) */
     tool_sections(tools, sizeof tools, false, 8000);
     snprintf(rest, sizeof rest, "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n%s",
              g_engine.path, tools);
@@ -753,13 +753,13 @@ static void test_deadline_covers_the_run(void **state)
     g_script_len = 2;
     const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                        "\"tool_execution\":\"server\"}";
-    /* the deadline is the run's: the tool holds its answer for 3 s, past
-     * the 1 s deadline, and the run ends there */
+    /* the deadline is the run's: the tool holds its answer for 4 s, past
+     * the 1.5 s deadline, and the run ends there */
     tools_reset();
-    atomic_store(&g_tool_hold_ms, 3000);
+    atomic_store(&g_tool_hold_ms, 4000);
     wc_response w;
     assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions",
-                            "X-Request-Id: agent-dl-1\r\nX-Spillway-Deadline-Ms: 1000\r\n", body,
+                            "X-Request-Id: agent-dl-1\r\nX-Spillway-Deadline-Ms: 1500\r\n", body,
                             &w),
                      0);
     assert_int_equal(w.status, 504);
@@ -773,10 +773,10 @@ static void test_deadline_covers_the_run(void **state)
     assert_string_equal(st, "started");
     /* the body's timeout (seconds) is the same deadline */
     tools_reset();
-    atomic_store(&g_tool_hold_ms, 3000);
+    atomic_store(&g_tool_hold_ms, 4000);
     assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", "X-Request-Id: agent-dl-2\r\n",
                             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-                            "\"tool_execution\":\"server\",\"timeout\":1}",
+                            "\"tool_execution\":\"server\",\"timeout\":1.5}",
                             &w),
                      0);
     assert_int_equal(w.status, 504);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Cross-checks spillway's forward pass against the reference engine
 # (llama.cpp) on GGUF files of every architecture and weight type spillway
-# loads: ../shared has recorded outputs for two small llama files only, so
-# qwen2, Llama 3's RoPE factors, BF16 and the K-quants get their second
-# opinion here. Prints a table; exits 1 when a model fails.
+# loads, made by `spillway model make` and quantized by llama.cpp's own
+# llama-quantize: ../shared has recorded outputs for two small llama files
+# only, so qwen2, Llama 3's RoPE factors, BF16 and the K-quants get their
+# second opinion here. Prints a table; exits 1 when a model fails.
 #
 #   bench/crosscheck.sh [BUILD_DIR]      (default: build; needs the llama.cpp
 #                                         that bench/llamacpp-build.sh builds)
@@ -56,6 +57,15 @@ for m in $order; do
   [ -f "$f" ] || "$bin" model make -o "$f" --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 \
     --vocab 2048 --seed 3 ${made[$m]} >/dev/null
   files+=("$f")
+done
+# Files quantized by llama.cpp's own quantizer (its choice of types per
+# tensor, as the GGUF files people download were made).
+for base in llama-f32 llama3-f32 qwen2-f32; do
+  for t in Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0; do
+    f="$work/llamacpp-${base%-f32}-$t.gguf"
+    [ -f "$f" ] || "$ref_bin/llama-quantize" "$work/$base.gguf" "$f" "$t" >/dev/null 2>&1
+    files+=("$f")
+  done
 done
 for s in stories260K llama-2-tiny-random; do
   [ -f "$here/../../shared/models/$s.gguf" ] && files+=("$here/../../shared/models/$s.gguf")

@@ -51,6 +51,7 @@ typedef struct rt_worker {
     int64_t kv_bpt;
     int32_t ctx_limit;
     double prefill_rate, decode_rate;
+    char rates_source[16];  /* the worker's /health: none, calibration, measured */
     /* metrics */
     uint64_t req_ok, req_client_error, req_failed, tokens;
     int inflight;               /* attempts running on it now */

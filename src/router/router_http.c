@@ -112,7 +112,8 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
                        : status == 413 ? "Payload Too Large"
                        : status == 417 ? "Expectation Failed"
                        : status == 422 ? "Unprocessable Entity"
-                       : status == 503 ? "Service Unavailable" : status >= 500 ? "Server Error" : "Error";
+                       : status == 503 ? "Service Unavailable" : status == 504 ? "Gateway Timeout"
+                       : status >= 500 ? "Server Error" : "Error";
     char head[1536];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
@@ -158,14 +159,15 @@ static void handle_health(rt_req *q)
         rt_worker *w = &rt__g.w[rt__g.order[k]];
         ready += w->state == WS_READY;
         json_array_append_new(
-            ws, json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:i}",
+            ws, json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}",
                           "name", w->cfg.name, "state", rt__ws_name(w->state), "device",
                           w->cfg.device[0] ? w->cfg.device : "cpu", "managed", w->cfg.managed,
                           "pid", (int)w->pid, "restarts", w->restarts, "memory_total_bytes",
                           (json_int_t)w->mem_total, "memory_free_bytes", (json_int_t)w->mem_free,
                           "kv_bytes_per_token", (json_int_t)w->kv_bpt, "memory_used_bytes",
                           (json_int_t)w->mem_used, "prefill_tokens_per_second", w->prefill_rate,
-                          "decode_tokens_per_second", w->decode_rate, "ctx_limit", w->ctx_limit));
+                          "decode_tokens_per_second", w->decode_rate, "rates_source",
+                          w->rates_source[0] ? w->rates_source : "none", "ctx_limit", w->ctx_limit));
     }
     pthread_mutex_unlock(&rt__g.mu);
     json_t *h = json_pack("{s:s, s:o}", "status", ready ? "ready" : "unavailable", "workers", ws);

@@ -143,6 +143,7 @@ static void sup_health_openai(rt_worker *w)
         w->kv_bpt = 0;
         w->ctx_limit = w->cfg.ctx_limit;
         w->prefill_rate = w->decode_rate = 0;
+        snprintf(w->rates_source, sizeof w->rates_source, "none");
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s (openai): ready", w->cfg.name);
         w->state = WS_READY;
@@ -180,6 +181,8 @@ static void sup_health(rt_worker *w)
         w->ctx_limit = (int32_t)json_integer_value(json_object_get(j, "ctx_limit"));
         w->prefill_rate = json_number_value(json_object_get(j, "prefill_tokens_per_second"));
         w->decode_rate = json_number_value(json_object_get(j, "decode_tokens_per_second"));
+        snprintf(w->rates_source, sizeof w->rates_source, "%s",
+                 json_string_value(json_object_get(j, "rates_source")) ?: "none");
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s: ready", w->cfg.name);
         if (!w->restart_requested)

@@ -379,6 +379,9 @@ static void test_router_prefers_known_rates(void **state)
     assert_true(num(cold, "decode_tokens_per_second") == 0);
     assert_true(num(warm, "prefill_tokens_per_second") > 0);
     assert_true(num(warm, "decode_tokens_per_second") > 0);
+    /* the router's /health passes on where the rates come from */
+    assert_string_equal(json_string_value(json_object_get(cold, "rates_source")), "none");
+    assert_string_equal(json_string_value(json_object_get(warm, "rates_source")), "calibration");
     json_decref(cold);
     json_decref(warm);
 

@@ -156,8 +156,22 @@ static int pick_worker(const bool *tried, bool need_resume, long prompt, long ma
         }
         found = i;
     }
+    /* The chosen worker's slot is taken under the same lock that checked
+     * it, so two requests cannot both pass a max-seqs of 1 (attempt()
+     * gives it back; release_worker when no attempt follows). */
+    int chosen = found >= 0 ? found : unknown_rates;
+    if (chosen >= 0)
+        rt__g.w[chosen].inflight++;
     pthread_mutex_unlock(&rt__g.mu);
-    return found >= 0 ? found : unknown_rates;
+    return chosen;
+}
+
+/* Gives back the slot pick_worker took when no attempt follows. */
+static void release_worker(int wi)
+{
+    pthread_mutex_lock(&rt__g.mu);
+    rt__g.w[wi].inflight--;
+    pthread_mutex_unlock(&rt__g.mu);
 }
 
 /* ---- dispatch, relay, failover ---------------------------------------- */
@@ -393,8 +407,9 @@ static fail_kind stream_payload(relay *r, const char *payload, bool *done)
     return FAIL_NONE;
 }
 
-/* One attempt on worker w. Fills *resp_status for a response relayed
- * as is (4xx, success). */
+/* One attempt on worker w, whose slot (inflight) pick_worker took; gives
+ * it back. Fills *resp_status for a response relayed as is (4xx,
+ * success). */
 static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_len)
 {
     rn_conn c;
@@ -402,9 +417,6 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
     snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", r->q->request_id);
     const char *path = r->chat ? "/v1/chat/completions" : "/v1/completions";
     r->openai = w->cfg.kind == RT_KIND_OPENAI;
-    pthread_mutex_lock(&rt__g.mu);
-    w->inflight++;
-    pthread_mutex_unlock(&rt__g.mu);
     /* no client socket (a job): the job runners' cancel pipe, so a shutdown
      * aborts the worker request (router_jobs.c, rt__jobs_cancel) */
     int rc = rn_request(&c, w->address, "POST", path, hdr, body, body_len,
@@ -684,6 +696,8 @@ void rt__handle_generate(rt_req *q, bool chat)
             }
         }
         if (stop_now || wi < 0 || q->attempts >= rt__g.cfg->max_attempts) {
+            if (wi >= 0)
+                release_worker(wi);
             if (r.headers_sent) {
                 json_t *e = cut_after_text
                                 ? rt__error_obj(500,
@@ -772,6 +786,7 @@ void rt__handle_generate(rt_req *q, bool chat)
         char *bs = json_dumps(b, JSON_COMPACT);
         json_decref(b);
         if (!bs) {
+            release_worker(wi);
             rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
             break;
         }

@@ -15,6 +15,8 @@
  *    the log says so, the job is not reported done (GET says running, the
  *    jobs metric does not count it), and the next start runs it again and
  *    finishes it once.
+ *  - SIGTERM while the runner is stuck in that write: the router exits
+ *    without waiting for it, cleanly, and the job runs again after.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -349,14 +351,15 @@ static void test_finish_write_fails(void **state)
     assert_int_equal(rh_run(&r, NULL), 0);
 
     /* held for one failed write: the retry stores the result */
-    char *brief = job_post(&r, "Brief lock", 40);
+    /* 100 tokens x 30 ms: time to take the lock while it generates */
+    char *brief = job_post(&r, "Brief lock", 100);
     job_wait_state(&r, brief, "running", 60);
     sqlite3 *lock = lock_ledger(&r);
     log_wait(&r, brief, "writing its result failed (try 1 of", 60);
     unlock_ledger(lock);
     json_t *jb = job_wait_end(&r, brief, 60);
     assert_string_equal(json_string_value(json_object_get(jb, "state")), "succeeded");
-    assert_int_equal(completion_tokens(jb), 40);
+    assert_int_equal(completion_tokens(jb), 100);
     json_decref(jb);
     job_row row = ledger_job(&r, brief);
     assert_int_equal(row.attempts, 1);
@@ -365,7 +368,7 @@ static void test_finish_write_fails(void **state)
     assert_int_equal(succeeded, 1);
 
     /* held past every try: a clear log line, and not done */
-    char *stuck = job_post(&r, "Long lock", 40);
+    char *stuck = job_post(&r, "Long lock", 100);
     job_wait_state(&r, stuck, "running", 60);
     lock = lock_ledger(&r);
     log_wait(&r, stuck, "could not be written to the ledger", 120);
@@ -386,7 +389,7 @@ static void test_finish_write_fails(void **state)
     assert_int_equal(rh_run(&r, NULL), 0);
     json_t *js = job_wait_end(&r, stuck, 60);
     assert_string_equal(json_string_value(json_object_get(js, "state")), "succeeded");
-    assert_int_equal(completion_tokens(js), 40);
+    assert_int_equal(completion_tokens(js), 100);
     assert_int_equal(json_integer_value(json_object_get(js, "attempts")), 2);
     json_decref(js);
     row = ledger_job(&r, stuck);
@@ -400,11 +403,53 @@ static void test_finish_write_fails(void **state)
     rh_finish(&r);
 }
 
+/* SIGTERM while a runner is stuck writing a result (the lock held): the
+ * router does not wait for it past its grace, exits cleanly (no use of
+ * the freed ledger by the runner left behind: the sanitizer build checks
+ * that), and the job, still running in the ledger, runs again at the next
+ * start and finishes once. */
+static void test_sigterm_during_blocked_write(void **state)
+{
+    (void)state;
+    static const char stall[] = "fault = stall_ms:30\n";
+    char rest[256];
+    snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
+    rh_router r;
+    rh_init(&r, "jobs-stuck-stop", g_model, "job-workers = 1\n", rest);
+    assert_int_equal(rh_run(&r, NULL), 0);
+    char *id = job_post(&r, "Stuck at the end", 100);
+    job_wait_state(&r, id, "running", 60);
+    sqlite3 *lock = lock_ledger(&r);
+    log_wait(&r, id, "writing its result failed (try 1 of", 60);
+    assert_int_equal(kill(r.pid, SIGTERM), 0);
+    int st = rh_wait_exit(&r, 30);
+    if (st < 0)
+        fail_msg("the router did not exit within 30 s of SIGTERM (log %s)", r.log);
+    assert_int_equal(st, 0);
+    log_wait(&r, "a job runner is still busy", "not waiting for it", 1);
+    unlock_ledger(lock);
+    job_row row = ledger_job(&r, id);
+    assert_string_equal(row.state, "running");
+    assert_int_equal(row.attempts, 1);
+    assert_int_equal(row.finish_writes, 0);
+    drop_stall(&r, stall);
+    assert_int_equal(rh_run(&r, NULL), 0);
+    json_t *j = job_wait_end(&r, id, 60);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "succeeded");
+    assert_int_equal(completion_tokens(j), 100);
+    assert_int_equal(json_integer_value(json_object_get(j, "attempts")), 2);
+    json_decref(j);
+    assert_int_equal(ledger_job(&r, id).finish_writes, 1);
+    sw_free(id);
+    rh_finish(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigterm_cancels_running_job),
         cmocka_unit_test(test_finish_write_fails),
+        cmocka_unit_test(test_sigterm_during_blocked_write),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,7 +14,10 @@
 #include <string.h>
 
 /* Block sizes and bytes follow the ggml layouts, so a GGUF file's tensor
- * sizes can be checked for every type even when the engine cannot run it. */
+ * sizes can be checked for every type even when the engine cannot run it,
+ * and a file of a type the engine does not run is refused by the type's
+ * name. Every id of the GGUF specification is here (ids 4, 5 and 31-33,
+ * 36-38 were retired by ggml and are unknown). */
 static const eng_type_traits quant_traits[ENG_TYPE_COUNT_] = {
     [ENG_TYPE_F32] = {"f32", 1, 4, true},
     [ENG_TYPE_F16] = {"f16", 1, 2, true},
@@ -24,14 +27,34 @@ static const eng_type_traits quant_traits[ENG_TYPE_COUNT_] = {
     [ENG_TYPE_Q5_1] = {"q5_1", 32, 24, false},
     [ENG_TYPE_Q8_0] = {"q8_0", 32, 34, true},
     [ENG_TYPE_Q8_1] = {"q8_1", 32, 36, false},
-    [ENG_TYPE_Q2_K] = {"q2_k", 256, 84, false},
-    [ENG_TYPE_Q3_K] = {"q3_k", 256, 110, false},
+    [ENG_TYPE_Q2_K] = {"q2_k", 256, 84, true},
+    [ENG_TYPE_Q3_K] = {"q3_k", 256, 110, true},
     [ENG_TYPE_Q4_K] = {"q4_k", 256, 144, true},
     [ENG_TYPE_Q5_K] = {"q5_k", 256, 176, true},
     [ENG_TYPE_Q6_K] = {"q6_k", 256, 210, true},
     [ENG_TYPE_Q8_K] = {"q8_k", 256, 292, false}, /* activations only */
+    [16] = {"iq2_xxs", 256, 66, false},
+    [17] = {"iq2_xs", 256, 74, false},
+    [18] = {"iq3_xxs", 256, 98, false},
+    [19] = {"iq1_s", 256, 50, false},
+    [ENG_TYPE_IQ4_NL] = {"iq4_nl", 32, 18, true},
+    [21] = {"iq3_s", 256, 110, false},
+    [22] = {"iq2_s", 256, 82, false},
+    [ENG_TYPE_IQ4_XS] = {"iq4_xs", 256, 136, true},
+    [24] = {"i8", 1, 1, false},
+    [25] = {"i16", 1, 2, false},
+    [26] = {"i32", 1, 4, false},
+    [27] = {"i64", 1, 8, false},
+    [28] = {"f64", 1, 8, false},
+    [29] = {"iq1_m", 256, 56, false},
     [ENG_TYPE_BF16] = {"bf16", 1, 2, true},
+    [34] = {"tq1_0", 256, 54, false},
+    [35] = {"tq2_0", 256, 66, false},
+    [39] = {"mxfp4", 32, 17, false},
 };
+
+const int8_t eng_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
 
 const eng_type_traits *eng_type_traits_get(uint32_t type)
 {
@@ -45,8 +68,9 @@ int eng_type_from_name(const char *name)
     if (name == NULL)
         return -1;
     static const uint32_t runnable[] = {ENG_TYPE_F32,  ENG_TYPE_F16,  ENG_TYPE_BF16,
-                                        ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_Q4_K,
-                                        ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+                                        ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_Q2_K,
+                                        ENG_TYPE_Q3_K, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K,
+                                        ENG_TYPE_Q6_K, ENG_TYPE_IQ4_NL, ENG_TYPE_IQ4_XS};
     for (size_t i = 0; i < sizeof runnable / sizeof runnable[0]; i++) {
         const char *known = quant_traits[runnable[i]].name;
         size_t k = 0;
@@ -512,6 +536,371 @@ static float quant_dot_q6_k(const eng_block_q6_k *w, const eng_block_q8_k *x, in
     return sum;
 }
 
+/* ---- Q3_K, Q2_K, IQ4_NL, IQ4_XS ------------------------------------------ */
+
+_Static_assert(sizeof(eng_block_q3_k) == 110, "Q3_K blocks are 110 bytes");
+_Static_assert(sizeof(eng_block_q2_k) == 84, "Q2_K blocks are 84 bytes");
+_Static_assert(sizeof(eng_block_iq4_nl) == 18, "IQ4_NL blocks are 18 bytes");
+_Static_assert(sizeof(eng_block_iq4_xs) == 136, "IQ4_XS blocks are 136 bytes");
+
+void eng_q3_k_scales_unpack(const uint8_t packed[ENG_K_SCALE_BYTES], int8_t sc[16])
+{
+    for (int j = 0; j < 16; j++) {
+        int low = j < 8 ? packed[j] & 15 : packed[j - 8] >> 4;
+        int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (int8_t)((low | high << 4) - 32);
+    }
+}
+
+/* sc[j] in -32..31. */
+static void quant_q3_k_scales_pack(const int8_t sc[16], uint8_t packed[ENG_K_SCALE_BYTES])
+{
+    memset(packed, 0, ENG_K_SCALE_BYTES);
+    for (int j = 0; j < 16; j++) {
+        int u = sc[j] + 32;
+        if (j < 8)
+            packed[j] |= (uint8_t)(u & 15);
+        else
+            packed[j - 8] |= (uint8_t)((u & 15) << 4);
+        packed[8 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+    }
+}
+
+/* The quant of value i (0..255) of a Q3_K block, -4..3. */
+static int quant_q3_k_value(const eng_block_q3_k *blk, int i)
+{
+    int c = i / 32, l = i % 32;
+    int low = (blk->qs[32 * (c / 4) + l] >> (2 * (c % 4))) & 3;
+    int high = (blk->hmask[l] >> c) & 1;
+    return low + 4 * high - 4;
+}
+
+/* The quant of value i (0..255) of a Q2_K block, 0..3. */
+static int quant_q2_k_value(const eng_block_q2_k *blk, int i)
+{
+    int c = i / 32, l = i % 32;
+    return (blk->qs[32 * (c / 4) + l] >> (2 * (c % 4))) & 3;
+}
+
+/* Sub-block s's scale of an IQ4_XS block, minus 32 (-32..31). */
+static int quant_iq4_xs_scale(const eng_block_iq4_xs *blk, int s)
+{
+    int low = (blk->scales_l[s / 2] >> (4 * (s % 2))) & 15;
+    int high = (blk->scales_h >> (2 * s)) & 3;
+    return (low | high << 4) - 32;
+}
+
+/* Nibble i (0..31) of 16 bytes laid out as Q4_0's. */
+static int quant_nibble(const uint8_t *qs, int i)
+{
+    return i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
+}
+
+/* Index of the level nearest to v among k sorted levels (0 for NaN). */
+static int quant_nearest_level(float v, const int8_t *levels, int k)
+{
+    int best = 0;
+    float best_err = fabsf(v - (float)levels[0]);
+    for (int i = 1; i < k; i++) {
+        float e = fabsf(v - (float)levels[i]);
+        if (e < best_err) {
+            best_err = e;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* A signed scale for n values on a grid of k sorted integer levels. Tries
+ * scales that put the value of largest magnitude near either end of the
+ * grid (0.8x to 1.3x past it), refits each by least squares for the levels
+ * it picked, and keeps the one with the least squared error. 0 for a block
+ * of zeros or with a non-finite value. */
+static float quant_search_scale(const float *x, int n, const int8_t *levels, int k)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(x[i]))
+            return 0.0f;
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    }
+    if (!(amax > 0.0f))
+        return 0.0f;
+    float best = max / (float)levels[0], best_err = INFINITY;
+    for (int end = 0; end < 2; end++) {
+        float e = (float)(end ? levels[k - 1] : levels[0]);
+        for (int f = 0; f <= 10; f++) {
+            float scale = max / (e * (0.8f + 0.05f * (float)f));
+            float sxl = 0.0f, sll = 0.0f;
+            for (int i = 0; i < n; i++) {
+                float l = (float)levels[quant_nearest_level(x[i] / scale, levels, k)];
+                sxl += x[i] * l;
+                sll += l * l;
+            }
+            if (!(sll > 0.0f) || sxl == 0.0f)
+                continue;
+            float fit = sxl / sll, err = 0.0f;
+            for (int i = 0; i < n; i++) {
+                float diff = x[i] - fit * (float)levels[quant_nearest_level(x[i] / fit, levels, k)];
+                err += diff * diff;
+            }
+            if (err < best_err) {
+                best_err = err;
+                best = fit;
+            }
+        }
+    }
+    return best;
+}
+
+/* Q3_K: each sub-block of 16 gets a searched scale on the levels -4..3;
+ * the super-block's d puts the scale of largest magnitude at -32 (the end
+ * of the 6-bit range with room), the others round to nearest, and the
+ * quants are picked again with the scale as stored. */
+static void quant_quantize_q3_k(const float *src, eng_block_q3_k *dst, int64_t n)
+{
+    static const int8_t levels[8] = {-4, -3, -2, -1, 0, 1, 2, 3};
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        const float *x = src + b * ENG_QK_K;
+        float scale[16], big = 0.0f;
+        for (int s = 0; s < 16; s++) {
+            scale[s] = quant_search_scale(x + 16 * s, 16, levels, 8);
+            if (fabsf(scale[s]) > fabsf(big))
+                big = scale[s];
+        }
+        uint16_t hd = eng_fp32_to_fp16(big / -32.0f);
+        float d = eng_fp16_to_fp32(hd);
+        int8_t sc[16];
+        uint8_t q[ENG_QK_K];
+        for (int s = 0; s < 16; s++) {
+            sc[s] = (int8_t)(d != 0.0f ? quant_clamp_round(scale[s] / d, -32, 31) : 0);
+            float eff = d * (float)sc[s];
+            for (int l = 0; l < 16; l++)
+                q[16 * s + l] =
+                    (uint8_t)(eff != 0.0f ? quant_clamp_round(x[16 * s + l] / eff, -4, 3) + 4 : 4);
+        }
+        quant_q3_k_scales_pack(sc, dst[b].scales);
+        dst[b].d = hd;
+        memset(dst[b].hmask, 0, sizeof dst[b].hmask);
+        memset(dst[b].qs, 0, sizeof dst[b].qs);
+        for (int i = 0; i < ENG_QK_K; i++) {
+            int c = i / 32, l = i % 32;
+            dst[b].qs[32 * (c / 4) + l] |= (uint8_t)((q[i] & 3) << (2 * (c % 4)));
+            dst[b].hmask[l] |= (uint8_t)((q[i] >> 2) << c);
+        }
+    }
+}
+
+/* Q2_K: a min/max fit per sub-block of 16 as quant_fit_k does (the range
+ * [min(0, lo), hi] on the levels 0..3, 4-bit scales rounded up so it fits,
+ * 4-bit mins to nearest). */
+static void quant_quantize_q2_k(const float *src, eng_block_q2_k *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        const float *x = src + b * ENG_QK_K;
+        float scale[16], min[16], max_scale = 0.0f, max_min = 0.0f;
+        for (int s = 0; s < 16; s++) {
+            float lo = 0.0f, hi = -INFINITY;
+            for (int l = 0; l < 16; l++) {
+                float v = x[16 * s + l];
+                if (v < lo)
+                    lo = v;
+                if (v > hi)
+                    hi = v;
+            }
+            if (!(hi >= lo)) /* a sub-block of NaNs */
+                hi = lo;
+            scale[s] = (hi - lo) / 3.0f;
+            min[s] = -lo;
+            if (scale[s] > max_scale)
+                max_scale = scale[s];
+            if (min[s] > max_min)
+                max_min = min[s];
+        }
+        uint16_t hd = eng_fp32_to_fp16(max_scale / 15.0f);
+        uint16_t hdmin = eng_fp32_to_fp16(max_min / 15.0f);
+        float d = eng_fp16_to_fp32(hd), dmin = eng_fp16_to_fp32(hdmin);
+        uint8_t q[ENG_QK_K];
+        for (int s = 0; s < 16; s++) {
+            int sc = quant_ceil_steps(scale[s], d, 15);
+            int m = dmin > 0.0f ? quant_clamp_round(min[s] / dmin, 0, 15) : 0;
+            dst[b].scales[s] = (uint8_t)(sc | m << 4);
+            float eff_d = d * (float)sc, eff_m = dmin * (float)m;
+            for (int l = 0; l < 16; l++)
+                q[16 * s + l] = (uint8_t)(eff_d > 0.0f
+                                              ? quant_clamp_round((x[16 * s + l] + eff_m) / eff_d, 0, 3)
+                                              : 0);
+        }
+        dst[b].d = hd;
+        dst[b].dmin = hdmin;
+        memset(dst[b].qs, 0, sizeof dst[b].qs);
+        for (int i = 0; i < ENG_QK_K; i++) {
+            int c = i / 32, l = i % 32;
+            dst[b].qs[32 * (c / 4) + l] |= (uint8_t)(q[i] << (2 * (c % 4)));
+        }
+    }
+}
+
+/* 32 values to 16 nibble bytes (Q4_0's layout) on the IQ4 levels times d. */
+static void quant_iq4_nibbles(const float *x, float d, uint8_t qs[16])
+{
+    for (int j = 0; j < 16; j++) {
+        int lo = quant_nearest_level(d != 0.0f ? x[j] / d : 0.0f, eng_iq4_values, 16);
+        int hi = quant_nearest_level(d != 0.0f ? x[j + 16] / d : 0.0f, eng_iq4_values, 16);
+        qs[j] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+static void quant_quantize_iq4_nl(const float *src, eng_block_iq4_nl *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK4_NL; b++) {
+        const float *x = src + b * ENG_QK4_NL;
+        uint16_t hd = eng_fp32_to_fp16(quant_search_scale(x, ENG_QK4_NL, eng_iq4_values, 16));
+        dst[b].d = hd;
+        quant_iq4_nibbles(x, eng_fp16_to_fp32(hd), dst[b].qs);
+    }
+}
+
+/* IQ4_XS: searched scales per sub-block of 32, stored as Q3_K's are (the
+ * largest at -32 times d, the rest to nearest), nibbles picked again with
+ * the stored scale. */
+static void quant_quantize_iq4_xs(const float *src, eng_block_iq4_xs *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        const float *x = src + b * ENG_QK_K;
+        float scale[8], big = 0.0f;
+        for (int s = 0; s < 8; s++) {
+            scale[s] = quant_search_scale(x + 32 * s, 32, eng_iq4_values, 16);
+            if (fabsf(scale[s]) > fabsf(big))
+                big = scale[s];
+        }
+        uint16_t hd = eng_fp32_to_fp16(big / -32.0f);
+        float d = eng_fp16_to_fp32(hd);
+        dst[b].d = hd;
+        dst[b].scales_h = 0;
+        memset(dst[b].scales_l, 0, sizeof dst[b].scales_l);
+        for (int s = 0; s < 8; s++) {
+            int ls = d != 0.0f ? quant_clamp_round(scale[s] / d, -32, 31) : 0;
+            int u = ls + 32;
+            dst[b].scales_l[s / 2] |= (uint8_t)((u & 15) << (4 * (s % 2)));
+            dst[b].scales_h |= (uint16_t)((u >> 4) << (2 * s));
+            quant_iq4_nibbles(x + 32 * s, d * (float)ls, dst[b].qs + 16 * s);
+        }
+    }
+}
+
+static void quant_dequantize_q3_k(const eng_block_q3_k *blk, float *dst, int64_t n)
+{
+    int8_t sc[16];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K) {
+        float d = eng_fp16_to_fp32(blk[b].d);
+        eng_q3_k_scales_unpack(blk[b].scales, sc);
+        for (int i = 0; i < ENG_QK_K; i++)
+            dst[i] = d * (float)sc[i / 16] * (float)quant_q3_k_value(&blk[b], i);
+    }
+}
+
+static void quant_dequantize_q2_k(const eng_block_q2_k *blk, float *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K) {
+        float d = eng_fp16_to_fp32(blk[b].d), dmin = eng_fp16_to_fp32(blk[b].dmin);
+        for (int i = 0; i < ENG_QK_K; i++) {
+            uint8_t sm = blk[b].scales[i / 16];
+            dst[i] = d * (float)(sm & 15) * (float)quant_q2_k_value(&blk[b], i) -
+                     dmin * (float)(sm >> 4);
+        }
+    }
+}
+
+static void quant_dequantize_iq4_nl(const eng_block_iq4_nl *blk, float *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK4_NL; b++, dst += ENG_QK4_NL) {
+        float d = eng_fp16_to_fp32(blk[b].d);
+        for (int i = 0; i < ENG_QK4_NL; i++)
+            dst[i] = d * (float)eng_iq4_values[quant_nibble(blk[b].qs, i)];
+    }
+}
+
+static void quant_dequantize_iq4_xs(const eng_block_iq4_xs *blk, float *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_K; b++, dst += ENG_QK_K) {
+        float d = eng_fp16_to_fp32(blk[b].d);
+        for (int s = 0; s < 8; s++) {
+            float dl = d * (float)quant_iq4_xs_scale(&blk[b], s);
+            for (int i = 0; i < 32; i++)
+                dst[32 * s + i] = dl * (float)eng_iq4_values[quant_nibble(blk[b].qs + 16 * s, i)];
+        }
+    }
+}
+
+static float quant_dot_q3_k(const eng_block_q3_k *w, const eng_block_q8_k *x, int64_t n)
+{
+    float sum = 0.0f;
+    int8_t sc[16];
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        eng_q3_k_scales_unpack(w[b].scales, sc);
+        int32_t sumi = 0;
+        for (int s = 0; s < 16; s++) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; l++)
+                dot += quant_q3_k_value(&w[b], 16 * s + l) * (int32_t)x[b].qs[16 * s + l];
+            sumi += sc[s] * dot;
+        }
+        sum += x[b].d * eng_fp16_to_fp32(w[b].d) * (float)sumi;
+    }
+    return sum;
+}
+
+static float quant_dot_q2_k(const eng_block_q2_k *w, const eng_block_q8_k *x, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        int32_t sumi = 0, summ = 0;
+        for (int s = 0; s < 16; s++) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; l++)
+                dot += quant_q2_k_value(&w[b], 16 * s + l) * (int32_t)x[b].qs[16 * s + l];
+            sumi += (w[b].scales[s] & 15) * dot;
+            summ += (w[b].scales[s] >> 4) * x[b].bsums[s];
+        }
+        sum += x[b].d * (eng_fp16_to_fp32(w[b].d) * (float)sumi -
+                         eng_fp16_to_fp32(w[b].dmin) * (float)summ);
+    }
+    return sum;
+}
+
+static float quant_dot_iq4_xs(const eng_block_iq4_xs *w, const eng_block_q8_k *x, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / ENG_QK_K; b++) {
+        int32_t sumi = 0;
+        for (int s = 0; s < 8; s++) {
+            int32_t dot = 0;
+            for (int i = 0; i < 32; i++)
+                dot += eng_iq4_values[quant_nibble(w[b].qs + 16 * s, i)] *
+                       (int32_t)x[b].qs[32 * s + i];
+            sumi += quant_iq4_xs_scale(&w[b], s) * dot;
+        }
+        sum += x[b].d * eng_fp16_to_fp32(w[b].d) * (float)sumi;
+    }
+    return sum;
+}
+
+static float quant_dot_iq4_nl(const eng_block_iq4_nl *w, const eng_block_q8_0 *x, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / ENG_QK4_NL; b++) {
+        int32_t isum = 0;
+        for (int i = 0; i < ENG_QK4_NL; i++)
+            isum += eng_iq4_values[quant_nibble(w[b].qs, i)] * (int32_t)x[b].qs[i];
+        sum += (float)isum * (eng_fp16_to_fp32(w[b].d) * eng_fp16_to_fp32(x[b].d));
+    }
+    return sum;
+}
+
 void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
 {
     switch (type) {
@@ -558,6 +947,18 @@ void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
         break;
     case ENG_TYPE_Q6_K:
         quant_dequantize_q6_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q3_K:
+        quant_dequantize_q3_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q2_K:
+        quant_dequantize_q2_k(src, dst, n);
+        break;
+    case ENG_TYPE_IQ4_NL:
+        quant_dequantize_iq4_nl(src, dst, n);
+        break;
+    case ENG_TYPE_IQ4_XS:
+        quant_dequantize_iq4_xs(src, dst, n);
         break;
     case ENG_TYPE_Q8_K: {
         const eng_block_q8_k *blk = src;
@@ -606,6 +1007,18 @@ void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
     case ENG_TYPE_Q6_K:
         quant_quantize_q6_k(src, dst, n);
         break;
+    case ENG_TYPE_Q3_K:
+        quant_quantize_q3_k(src, dst, n);
+        break;
+    case ENG_TYPE_Q2_K:
+        quant_quantize_q2_k(src, dst, n);
+        break;
+    case ENG_TYPE_IQ4_NL:
+        quant_quantize_iq4_nl(src, dst, n);
+        break;
+    case ENG_TYPE_IQ4_XS:
+        quant_quantize_iq4_xs(src, dst, n);
+        break;
     case ENG_TYPE_Q8_K:
         quant_quantize_q8_k(src, dst, n);
         break;
@@ -621,7 +1034,11 @@ uint32_t eng_vec_dot_type(uint32_t type)
         return ENG_TYPE_F16;
     case ENG_TYPE_Q8_0:
     case ENG_TYPE_Q4_0:
+    case ENG_TYPE_IQ4_NL:
         return ENG_TYPE_Q8_0;
+    case ENG_TYPE_Q2_K:
+    case ENG_TYPE_Q3_K:
+    case ENG_TYPE_IQ4_XS:
     case ENG_TYPE_Q4_K:
     case ENG_TYPE_Q5_K:
     case ENG_TYPE_Q6_K:
@@ -686,6 +1103,18 @@ float eng_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *x
         break;
     case ENG_TYPE_Q6_K:
         sum = quant_dot_q6_k(w_row, x_row, n);
+        break;
+    case ENG_TYPE_Q3_K:
+        sum = quant_dot_q3_k(w_row, x_row, n);
+        break;
+    case ENG_TYPE_Q2_K:
+        sum = quant_dot_q2_k(w_row, x_row, n);
+        break;
+    case ENG_TYPE_IQ4_XS:
+        sum = quant_dot_iq4_xs(w_row, x_row, n);
+        break;
+    case ENG_TYPE_IQ4_NL:
+        sum = quant_dot_iq4_nl(w_row, x_row, n);
         break;
     default:
         break;

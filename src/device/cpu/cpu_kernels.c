@@ -64,6 +64,10 @@ CPU_SCALAR_MATMUL(cpu_scalar_matmul_bf16, ENG_TYPE_BF16)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_q4_k, ENG_TYPE_Q4_K)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_q5_k, ENG_TYPE_Q5_K)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_q6_k, ENG_TYPE_Q6_K)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_q2_k, ENG_TYPE_Q2_K)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_q3_k, ENG_TYPE_Q3_K)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_iq4_xs, ENG_TYPE_IQ4_XS)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_iq4_nl, ENG_TYPE_IQ4_NL)
 
 static float cpu_scalar_dot_f32(const float *a, const float *b, int64_t n)
 {
@@ -149,6 +153,10 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
     CPU_INHERIT(matmul_q4_k)
     CPU_INHERIT(matmul_q5_k)
     CPU_INHERIT(matmul_q6_k)
+    CPU_INHERIT(matmul_q2_k)
+    CPU_INHERIT(matmul_q3_k)
+    CPU_INHERIT(matmul_iq4_xs)
+    CPU_INHERIT(matmul_iq4_nl)
 #undef CPU_INHERIT
 }
 
@@ -172,6 +180,10 @@ static void cpu_dispatch_init(void)
     s->matmul_q4_k = cpu_scalar_matmul_q4_k;
     s->matmul_q5_k = cpu_scalar_matmul_q5_k;
     s->matmul_q6_k = cpu_scalar_matmul_q6_k;
+    s->matmul_q2_k = cpu_scalar_matmul_q2_k;
+    s->matmul_q3_k = cpu_scalar_matmul_q3_k;
+    s->matmul_iq4_xs = cpu_scalar_matmul_iq4_xs;
+    s->matmul_iq4_nl = cpu_scalar_matmul_iq4_nl;
     cpu_tables[CPU_ISA_AVX2] = *s;
     cpu_tables[CPU_ISA_AVX512] = *s;
     cpu_tables[CPU_ISA_AMX] = *s;
@@ -318,6 +330,18 @@ static void matmul_with(const cpu__kernel_table *k, uint32_t wtype, const void *
         break;
     case ENG_TYPE_Q6_K:
         fn = k->matmul_q6_k;
+        break;
+    case ENG_TYPE_Q2_K:
+        fn = k->matmul_q2_k;
+        break;
+    case ENG_TYPE_Q3_K:
+        fn = k->matmul_q3_k;
+        break;
+    case ENG_TYPE_IQ4_XS:
+        fn = k->matmul_iq4_xs;
+        break;
+    case ENG_TYPE_IQ4_NL:
+        fn = k->matmul_iq4_nl;
         break;
     default:
         return; /* the loader refuses unsupported types before this */

@@ -639,6 +639,7 @@ void cpu__kernels_avx2_init(cpu__kernel_table *table)
     table->matmul_q4_k = a_matmul_q4_k;
     table->matmul_q5_k = a_matmul_q5_k;
     table->matmul_q6_k = a_matmul_q6_k;
+    cpu__kernels_lowbit_avx2_init(table);
 }
 
 #else /* not x86: the dispatcher never calls this */

@@ -46,10 +46,18 @@ typedef struct cpu__kernel_table {
                              const float *q, int64_t n, float scale, float *out);
     void (*axpy_f16_rows)(float *y, const float *weights, const uint16_t *rows,
                           size_t row_stride, int64_t n_rows, int64_t n);
+    /* The low-bit types (cpu_kernels_lowbit_avx2.c): activations Q8_K,
+     * IQ4_NL's Q8_0. No AVX-512 or AMX versions: those levels inherit. */
+    cpu__matmul_fn matmul_q2_k;
+    cpu__matmul_fn matmul_q3_k;
+    cpu__matmul_fn matmul_iq4_xs;
+    cpu__matmul_fn matmul_iq4_nl;
 } cpu__kernel_table;
 
 /* Filled by cpu_kernels_avx2.c / cpu_kernels_avx512.c (x86-64 builds only). */
 void cpu__kernels_avx2_init(cpu__kernel_table *table);
+/* The Q2_K, Q3_K, IQ4_XS and IQ4_NL entries, called by the above. */
+void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table);
 void cpu__kernels_avx512_init(cpu__kernel_table *table);
 
 /* cpu_kernels_amx.c: whether the CPU has AMX-TILE and AMX-INT8 and the

@@ -1,0 +1,328 @@
+/* cpu_kernels_lowbit_avx2.c - AVX2 kernels for the low-bit weight types of
+ * downloaded GGUF files: Q2_K, Q3_K and IQ4_XS (activations Q8_K) and
+ * IQ4_NL (activations Q8_0). Kept apart from cpu_kernels_avx2.c, whose init
+ * calls cpu__kernels_lowbit_avx2_init; the AVX-512 and AMX levels inherit
+ * these (the products here are short next to the memory they stream, and
+ * this way one version is tested on every machine that has AVX2).
+ *
+ * Tiles are 1 weight row x up to 4 tokens as for the other K-quants: a
+ * block's unpacked weights serve every token of the tile. Each token has
+ * its own accumulators, so a result does not depend on the tile's size
+ * (cpu_matmul_rows_per_token relies on that).
+ *
+ * Q2_K / Q3_K: the 2-bit quants of 32 consecutive values are one shift of
+ * a 32-byte qs vector; VPMADDUBSW (unsigned quants x signed activations)
+ * gives pairs inside one 16-value sub-block, VPMADDWD by the sub-block's
+ * scale sums them into int32. Q3_K's quants go in as q + 4 (0..7, the
+ * third bit from hmask) and 4 * sum_s scale[s] * bsums[s] is subtracted;
+ * Q2_K's mins use the activation block sums as Q4_K's do.
+ * IQ4_XS / IQ4_NL: nibbles become the signed table values by VPSHUFB; the
+ * signed x signed products go through VPMADDUBSW as |w| x (x with w's sign)
+ * (|w| <= 127 and |x| <= 127 keep the pair sums inside int16).
+ * Integer sums are exact; only the float combination per block differs in
+ * order from the reference (engine/quant.c). No state, no allocation.
+ */
+#include "device/cpu/cpu_kernels_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include "engine/quant.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define L_INLINE static inline __attribute__((always_inline))
+#define L_Q8K_BYTES 292
+#define L_Q8_0_BYTES 34
+#define L_Q2K_BYTES 84
+#define L_Q3K_BYTES 110
+#define L_IQ4XS_BYTES 136
+#define L_IQ4NL_BYTES 18
+
+static inline float l_load_f16(const unsigned char *p)
+{
+    unsigned short h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+static inline float l_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+L_INLINE __m256i l_load(const unsigned char *p)
+{
+    return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+
+/* int16 lanes: 8 copies of byte 2c of sc8 (low 128 bits, the first
+ * sub-block of 32 values 32c..32c+31) and 8 of byte 2c+1 (high). */
+L_INLINE __m256i l_pair_scales(__m128i sc8, const int c)
+{
+    const __m128i pick = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                      _mm_set1_epi8((char)(2 * c)));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+}
+
+/* ---- Q2_K / Q3_K ------------------------------------------------------------- */
+
+/* kind 2 (Q2_K) or 3 (Q3_K); T tokens; nb super-blocks. */
+L_INLINE void l_tile_k23(const int T, const int kind, const unsigned char *w,
+                         const unsigned char *x, size_t x_row_bytes, int64_t nb, float *y,
+                         int64_t y_stride)
+{
+    const size_t wbytes = kind == 2 ? L_Q2K_BYTES : L_Q3K_BYTES;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i bit2 = _mm256_set1_epi8(4);
+    __m256 acc[4], accm[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+        accm[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *wb = w + (size_t)b * wbytes;
+        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
+        const unsigned char *xb[4];
+        float dx[4];
+        __m256i sumi[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            xb[t] = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8K_BYTES;
+            memcpy(&dx[t], xb[t], 4);
+        }
+        __m128i sc8;
+        float d;
+        __m256i hm = _mm256_setzero_si256();
+        const unsigned char *qs;
+        if (kind == 2) {
+            const __m128i sm = _mm_loadu_si128((const __m128i *)(const void *)wb);
+            const __m128i m4 = _mm_set1_epi8(15);
+            sc8 = _mm_and_si128(sm, m4);
+            const __m256i mins16 =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
+            d = l_load_f16(wb + 80);
+            const float dmin = l_load_f16(wb + 82);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                __m256i bs = l_load(xb[t] + 260);
+                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, bs)),
+                                          _mm256_set1_ps(dmin * dx[t]), accm[t]);
+                sumi[t] = _mm256_setzero_si256();
+            }
+            qs = wb + 16;
+        } else {
+            int8_t sc[16];
+            eng_q3_k_scales_unpack(wb + 96, sc);
+            sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+            d = l_load_f16(wb + 108);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                __m256i bs = l_load(xb[t] + 260);
+                sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+            }
+            hm = l_load(wb);
+            qs = wb + 32;
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i qv = l_load(qs + 32 * h);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const int c = 4 * h + j; /* values 32c .. 32c+31 */
+                __m256i u = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * j), m3);
+                if (kind == 3) {
+                    /* bit c of hmask byte l moved to bit 2 (byte-local:
+                     * the shifts stay below 8 bits) */
+                    __m256i hb = c <= 2 ? _mm256_slli_epi16(hm, 2 - c)
+                                        : _mm256_srli_epi16(hm, c - 2);
+                    u = _mm256_or_si256(u, _mm256_and_si256(hb, bit2));
+                }
+                const __m256i sv = l_pair_scales(sc8, c);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    __m256i xv = l_load(xb[t] + 4 + 32 * c);
+                    sumi[t] = _mm256_add_epi32(sumi[t],
+                                               _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), sv));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx[t]),
+                                     acc[t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        y[t * y_stride] = l_hsum(_mm256_sub_ps(acc[t], accm[t]));
+}
+
+/* ---- IQ4_XS / IQ4_NL ------------------------------------------------------- */
+
+L_INLINE __m256i l_iq4_table(void)
+{
+    return _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(const void *)eng_iq4_values));
+}
+
+/* int16 pair sums of w * x for signed w and x (|w|, |x| <= 127). */
+L_INLINE __m256i l_signed_pairs(__m256i wv, __m256i xv)
+{
+    return _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+}
+
+L_INLINE void l_tile_iq4_xs(const int T, const unsigned char *w, const unsigned char *x,
+                            size_t x_row_bytes, int64_t nb, float *y, int64_t y_stride)
+{
+    const __m256i kv = l_iq4_table();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *wb = w + (size_t)b * L_IQ4XS_BYTES;
+        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
+        const unsigned char *xb[4];
+        float dx[4];
+        __m256i sumi[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            xb[t] = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8K_BYTES;
+            memcpy(&dx[t], xb[t], 4);
+            sumi[t] = _mm256_setzero_si256();
+        }
+        const float d = l_load_f16(wb);
+        uint16_t scales_h;
+        memcpy(&scales_h, wb + 2, 2);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            /* sub-blocks 2p and 2p+1: 16 bytes each, low nibbles first */
+            const __m256i qv = l_load(wb + 8 + 32 * p);
+            const __m256i lo = _mm256_and_si256(qv, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+            const __m256i w0 = _mm256_shuffle_epi8(kv, _mm256_permute2x128_si256(lo, hi, 0x20));
+            const __m256i w1 = _mm256_shuffle_epi8(kv, _mm256_permute2x128_si256(lo, hi, 0x31));
+            const int sl = wb[4 + p];
+            const __m256i s0 =
+                _mm256_set1_epi16((short)(((sl & 15) | ((scales_h >> (4 * p)) & 3) << 4) - 32));
+            const __m256i s1 =
+                _mm256_set1_epi16((short)(((sl >> 4) | ((scales_h >> (4 * p + 2)) & 3) << 4) - 32));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const unsigned char *xs = xb[t] + 4 + 64 * p;
+                __m256i p0 = _mm256_madd_epi16(l_signed_pairs(w0, l_load(xs)), s0);
+                __m256i p1 = _mm256_madd_epi16(l_signed_pairs(w1, l_load(xs + 32)), s1);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx[t]),
+                                     acc[t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        y[t * y_stride] = l_hsum(acc[t]);
+}
+
+L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned char *x,
+                            size_t x_row_bytes, int64_t nb, float *y, int64_t y_stride)
+{
+    const __m256i kv = l_iq4_table();
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *wb = w + (size_t)b * L_IQ4NL_BYTES;
+        const float dw = l_load_f16(wb);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(wb + 2));
+        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
+                                             _mm_and_si128(q, m4));
+        const __m256i wv = _mm256_shuffle_epi8(kv, idx);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8_0_BYTES;
+            __m256i s = _mm256_madd_epi16(l_signed_pairs(wv, l_load(xb + 2)), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * l_load_f16(xb)),
+                                     acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        y[t * y_stride] = l_hsum(acc[t]);
+}
+
+/* ---- drivers ------------------------------------------------------------------ */
+
+/* kind: 2 Q2_K, 3 Q3_K, 4 IQ4_XS, 5 IQ4_NL. */
+L_INLINE void l_tile(const int T, const int kind, const unsigned char *w, const unsigned char *x,
+                     size_t x_row_bytes, int64_t n_in, float *y, int64_t y_stride)
+{
+    if (kind == 2 || kind == 3)
+        l_tile_k23(T, kind, w, x, x_row_bytes, n_in / 256, y, y_stride);
+    else if (kind == 4)
+        l_tile_iq4_xs(T, w, x, x_row_bytes, n_in / 256, y, y_stride);
+    else
+        l_tile_iq4_nl(T, w, x, x_row_bytes, n_in / 32, y, y_stride);
+}
+
+L_INLINE void l_matmul(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
+                       const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                       int64_t y_stride, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        for (int64_t t = 0; t < n_tokens; t += 4) {
+            const int T = n_tokens - t < 4 ? (int)(n_tokens - t) : 4;
+            const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
+            float *yt = y + t * y_stride + r;
+            switch (T) {
+            case 4: l_tile(4, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
+            case 3: l_tile(3, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
+            case 2: l_tile(2, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
+            default: l_tile(1, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
+            }
+        }
+    }
+}
+
+#define L_MATMUL(name, kind)                                                                  \
+    static void name(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,        \
+                     size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,       \
+                     int64_t r0, int64_t r1)                                                  \
+    {                                                                                         \
+        l_matmul(kind, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,    \
+                 r1);                                                                         \
+    }
+L_MATMUL(l_matmul_q2_k, 2)
+L_MATMUL(l_matmul_q3_k, 3)
+L_MATMUL(l_matmul_iq4_xs, 4)
+L_MATMUL(l_matmul_iq4_nl, 5)
+
+void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table)
+{
+    table->matmul_q2_k = l_matmul_q2_k;
+    table->matmul_q3_k = l_matmul_q3_k;
+    table->matmul_iq4_xs = l_matmul_iq4_xs;
+    table->matmul_iq4_nl = l_matmul_iq4_nl;
+}
+
+#else /* not x86: the dispatcher never calls this */
+
+void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table)
+{
+    (void)table;
+}
+
+#endif

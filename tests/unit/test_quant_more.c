@@ -1,0 +1,643 @@
+/* test_quant_more.c - the low-bit weight types of downloaded GGUF files
+ * (Q3_K, Q2_K, IQ4_XS, IQ4_NL): block decoding, quantization, the CPU
+ * kernels at every instruction-set level this machine has, and models made
+ * with them. test_quant.c covers the older types the same way.
+ *
+ * Expected values come from code written here from the public layout
+ * descriptions (the ggml block structs; quant.h), not from engine/quant.c:
+ * a decoder that walks the blocks the way ggml's format description does
+ * (shift and mask per group of 32, the Q3_K scales unpacked as 32-bit
+ * words), and hand-built blocks whose values were worked out by hand.
+ * SIMD results may differ from the scalar reference only in the order of
+ * float additions: |simd - ref| <= 1e-5 * sum_i |w_i x_i| + 1e-30.
+ */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "device/cpu/cpu_kernels.h"
+#include "engine/model.h"
+#include "engine/model_make.h"
+#include "engine/quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t tm_rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t tm_rand(void)
+{
+    uint64_t x = tm_rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    tm_rng_state = x;
+    return x;
+}
+
+/* uniform in [-1, 1) */
+static float tm_randf(void)
+{
+    return (float)((double)(tm_rand() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* value = (-1)^s * 2^(e-15) * (1 + m/1024) (finite halves only here) */
+static double tm_half(const unsigned char *p)
+{
+    unsigned h = (unsigned)(p[0] | p[1] << 8);
+    int s = (int)(h >> 15), e = (int)((h >> 10) & 31), m = (int)(h & 1023);
+    double v = e == 0 ? ldexp((double)m, -24) : ldexp(1.0 + m / 1024.0, e - 15);
+    return s ? -v : v;
+}
+
+static void tm_put_half(unsigned char *p, float f)
+{
+    uint16_t h = eng_fp32_to_fp16(f);
+    p[0] = (unsigned char)(h & 0xff);
+    p[1] = (unsigned char)(h >> 8);
+}
+
+/* the IQ4_NL / IQ4_XS levels, from the format description */
+static const int tm_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};
+
+static const uint32_t tm_types[] = {ENG_TYPE_Q3_K, ENG_TYPE_Q2_K, ENG_TYPE_IQ4_XS,
+                                    ENG_TYPE_IQ4_NL};
+#define TM_N_TYPES (sizeof tm_types / sizeof tm_types[0])
+
+static size_t tm_block_bytes(uint32_t type)
+{
+    return type == ENG_TYPE_Q3_K ? 110 : type == ENG_TYPE_Q2_K ? 84 : type == ENG_TYPE_IQ4_XS ? 136 : 18;
+}
+
+static int64_t tm_block_values(uint32_t type)
+{
+    return type == ENG_TYPE_IQ4_NL ? 32 : 256;
+}
+
+/* Decodes one block into a (the scaled quant) and b (the subtracted
+ * offset, Q2_K only): value = a - b. */
+static void tm_decode_block(uint32_t type, const unsigned char *p, double *a, double *b)
+{
+    if (type == ENG_TYPE_Q3_K) {
+        const unsigned char *hmask = p, *qs = p + 32;
+        uint32_t w[4];
+        memcpy(w, p + 96, 12);
+        uint32_t hi = w[2];
+        /* four words of four 6-bit scales: low nibbles from words 0 and 1
+         * (low nibbles for scales 0-7, high nibbles for 8-15), top bits
+         * from word 2, two bits per scale group */
+        w[2] = ((w[0] >> 4) & 0x0f0f0f0fu) | ((hi >> 4) & 0x03030303u) << 4;
+        w[3] = ((w[1] >> 4) & 0x0f0f0f0fu) | ((hi >> 6) & 0x03030303u) << 4;
+        w[0] = (w[0] & 0x0f0f0f0fu) | (hi & 0x03030303u) << 4;
+        w[1] = (w[1] & 0x0f0f0f0fu) | ((hi >> 2) & 0x03030303u) << 4;
+        unsigned char sc[16];
+        memcpy(sc, w, 16);
+        double d = tm_half(p + 108);
+        int out = 0, sub = 0;
+        unsigned mask = 1;
+        for (int half = 0; half < 2; half++, qs += 32) {
+            for (int shift = 0; shift < 8; shift += 2, mask <<= 1) {
+                for (int part = 0; part < 2; part++, sub++)
+                    for (int l = 16 * part; l < 16 * part + 16; l++) {
+                        int q = ((qs[l] >> shift) & 3) - ((hmask[l] & mask) ? 0 : 4);
+                        a[out] = d * (sc[sub] - 32) * q;
+                        b[out++] = 0.0;
+                    }
+            }
+        }
+    } else if (type == ENG_TYPE_Q2_K) {
+        const unsigned char *scales = p, *qs = p + 16;
+        double d = tm_half(p + 80), dmin = tm_half(p + 82);
+        int out = 0, sub = 0;
+        for (int half = 0; half < 2; half++, qs += 32)
+            for (int shift = 0; shift < 8; shift += 2)
+                for (int part = 0; part < 2; part++, sub++)
+                    for (int l = 16 * part; l < 16 * part + 16; l++) {
+                        a[out] = d * (scales[sub] & 15) * ((qs[l] >> shift) & 3);
+                        b[out++] = dmin * (scales[sub] >> 4);
+                    }
+    } else if (type == ENG_TYPE_IQ4_XS) {
+        double d = tm_half(p);
+        unsigned scales_h = (unsigned)(p[2] | p[3] << 8);
+        for (int s = 0; s < 8; s++) {
+            int ls = ((p[4 + s / 2] >> (s % 2 ? 4 : 0)) & 15) | ((scales_h >> (2 * s)) & 3) << 4;
+            const unsigned char *qs = p + 8 + 16 * s;
+            for (int j = 0; j < 16; j++) {
+                a[32 * s + j] = d * (ls - 32) * tm_iq4[qs[j] & 15];
+                a[32 * s + j + 16] = d * (ls - 32) * tm_iq4[qs[j] >> 4];
+                b[32 * s + j] = b[32 * s + j + 16] = 0.0;
+            }
+        }
+    } else {
+        double d = tm_half(p);
+        for (int j = 0; j < 16; j++) {
+            a[j] = d * tm_iq4[p[2 + j] & 15];
+            a[j + 16] = d * tm_iq4[p[2 + j] >> 4];
+            b[j] = b[j + 16] = 0.0;
+        }
+    }
+}
+
+/* Random blocks: random bytes with a finite, modest f16 scale (and min). */
+static void tm_random_blocks(uint32_t type, unsigned char *p, int64_t n_blocks, float scale)
+{
+    size_t bytes = tm_block_bytes(type);
+    for (size_t i = 0; i < bytes * (size_t)n_blocks; i++)
+        p[i] = (unsigned char)tm_rand();
+    for (int64_t k = 0; k < n_blocks; k++, p += bytes) {
+        if (type == ENG_TYPE_Q3_K) {
+            tm_put_half(p + 108, tm_randf() * scale);
+        } else if (type == ENG_TYPE_Q2_K) {
+            tm_put_half(p + 80, tm_randf() * scale);
+            tm_put_half(p + 82, tm_randf() * scale);
+        } else {
+            tm_put_half(p, tm_randf() * scale);
+        }
+    }
+}
+
+/* ---- the type table ---------------------------------------------------------- */
+
+static void test_type_table(void **state)
+{
+    (void)state;
+    /* ids, names, block sizes and bytes from the GGUF specification and
+     * the ggml block structs (d f16 = 2 bytes; see each comment) */
+    static const struct {
+        uint32_t id;
+        const char *name;
+        int64_t block_size;
+        size_t block_bytes;
+        bool supported;
+    } expect[] = {
+        {10, "q2_k", 256, 16 + 64 + 2 + 2, true},
+        {11, "q3_k", 256, 32 + 64 + 12 + 2, true},
+        {16, "iq2_xxs", 256, 2 + 64, false},
+        {17, "iq2_xs", 256, 2 + 64 + 8, false},
+        {18, "iq3_xxs", 256, 2 + 96, false},
+        {19, "iq1_s", 256, 2 + 32 + 16, false},
+        {20, "iq4_nl", 32, 2 + 16, true},
+        {21, "iq3_s", 256, 2 + 64 + 8 + 32 + 4, false},
+        {22, "iq2_s", 256, 2 + 64 + 8 + 8, false},
+        {23, "iq4_xs", 256, 2 + 2 + 4 + 128, true},
+        {24, "i8", 1, 1, false},
+        {28, "f64", 1, 8, false},
+        {29, "iq1_m", 256, 32 + 16 + 8, false},
+        {34, "tq1_0", 256, 48 + 4 + 2, false},
+        {35, "tq2_0", 256, 64 + 2, false},
+        {39, "mxfp4", 32, 1 + 16, false},
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
+        const eng_type_traits *tr = eng_type_traits_get(expect[i].id);
+        assert_non_null(tr);
+        assert_string_equal(tr->name, expect[i].name);
+        assert_int_equal(tr->block_size, expect[i].block_size);
+        assert_int_equal(tr->block_bytes, expect[i].block_bytes);
+        assert_int_equal(tr->supported, expect[i].supported);
+    }
+    /* retired ids stay unknown */
+    assert_null(eng_type_traits_get(4));
+    assert_null(eng_type_traits_get(5));
+    assert_null(eng_type_traits_get(31));
+    assert_null(eng_type_traits_get(36));
+    assert_int_equal(eng_type_from_name("q3_k"), ENG_TYPE_Q3_K);
+    assert_int_equal(eng_type_from_name("Q2_K"), ENG_TYPE_Q2_K);
+    assert_int_equal(eng_type_from_name("iq4_xs"), ENG_TYPE_IQ4_XS);
+    assert_int_equal(eng_type_from_name("IQ4_NL"), ENG_TYPE_IQ4_NL);
+    assert_int_equal(eng_type_from_name("iq2_xxs"), -1); /* known, not runnable */
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q3_K), ENG_TYPE_Q8_K);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q2_K), ENG_TYPE_Q8_K);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_IQ4_XS), ENG_TYPE_Q8_K);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_IQ4_NL), ENG_TYPE_Q8_0);
+    size_t row;
+    assert_true(eng_type_row_bytes(ENG_TYPE_Q3_K, 4096, &row));
+    assert_int_equal(row, 16 * 110);
+    assert_true(eng_type_row_bytes(ENG_TYPE_IQ4_NL, 96, &row));
+    assert_int_equal(row, 3 * 18);
+    assert_false(eng_type_row_bytes(ENG_TYPE_IQ4_XS, 128, &row));
+}
+
+/* ---- decoding ------------------------------------------------------------------ */
+
+static void test_decode_random(void **state)
+{
+    (void)state;
+    enum { NB = 5 };
+    unsigned char raw[NB * 136];
+    float out[NB * 256];
+    double a[256], b[256];
+    tm_rng_state = 99;
+    for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
+        uint32_t type = tm_types[ti];
+        int64_t bv = tm_block_values(type);
+        for (int rep = 0; rep < 30; rep++) {
+            tm_random_blocks(type, raw, NB, 0.1f);
+            eng_dequantize_row(type, raw, out, NB * bv);
+            for (int k = 0; k < NB; k++) {
+                tm_decode_block(type, raw + (size_t)k * tm_block_bytes(type), a, b);
+                for (int64_t i = 0; i < bv; i++) {
+                    double want = a[i] - b[i];
+                    double tol = (fabs(a[i]) + fabs(b[i])) * 0x1p-22;
+                    if (!(fabs(out[k * bv + i] - want) <= tol))
+                        fail_msg("%s block %d value %lld: got %.9g want %.9g",
+                                 eng_type_traits_get(type)->name, k, (long long)i,
+                                 out[k * bv + i], want);
+                }
+            }
+        }
+    }
+}
+
+/* Blocks set byte by byte; the expected values are worked out in the
+ * comments from the format description. */
+static void test_known_blocks(void **state)
+{
+    (void)state;
+    unsigned char p[136];
+    float v[256];
+
+    /* Q3_K, d = 1. All scale bytes 0: scale 0 - 32 = -32; hmask 0, qs 0:
+     * q = 0 - 4, value -32 * -4 = 128 everywhere, except: */
+    memset(p, 0, 110);
+    tm_put_half(p + 108, 1.0f);
+    p[96 + 0] = 0x51;  /* scale 0 low nibble 1, scale 8 low nibble 5 */
+    p[96 + 8] = 0x32;  /* scale 0 top bits 2 (-> 33), scale 8 top bits 3 (-> 53) */
+    p[96 + 7] = 0xf0;  /* scale 15 low nibble 15 */
+    p[96 + 11] = 0xc0; /* scale 15 top bits 3 (-> 63) */
+    p[32 + 0] = 0x03;  /* value 0: low bits 3 */
+    p[0] = 0x01;       /* value 0: third bit set -> q = 3 */
+    p[32 + 63] = 0xc0; /* value 255 (half 1, shift 6, l 31): low bits 3 */
+    p[31] = 0x80;      /* value 255: third bit (bit 7 of hmask[31]) -> q = 3 */
+    eng_dequantize_row(ENG_TYPE_Q3_K, p, v, 256);
+    assert_true(v[0] == 3.0f);     /* (33 - 32) * 3 */
+    assert_true(v[1] == -4.0f);    /* (33 - 32) * (0 - 4) */
+    assert_true(v[16] == 128.0f);  /* scale 1: -32 * -4 */
+    assert_true(v[128] == -84.0f); /* scale 8: (53 - 32) * -4 */
+    assert_true(v[255] == 93.0f);  /* scale 15: (63 - 32) * 3 */
+    assert_true(v[100] == 128.0f);
+
+    /* Q2_K, d = 1, dmin = 0.5 */
+    memset(p, 0, 84);
+    tm_put_half(p + 80, 1.0f);
+    tm_put_half(p + 82, 0.5f);
+    p[0] = 0x23;       /* sub-block 0: scale 3, min 2 */
+    p[2] = 0x41;       /* sub-block 2: scale 1, min 4 */
+    p[15] = 0xf7;      /* sub-block 15: scale 7, min 15 */
+    p[16 + 0] = 0x02;  /* value 0: q = 2; value 32: q = 0 */
+    p[16 + 63] = 0x80; /* value 255: q = 2 */
+    eng_dequantize_row(ENG_TYPE_Q2_K, p, v, 256);
+    assert_true(v[0] == 5.0f);   /* 3 * 2 - 0.5 * 2 */
+    assert_true(v[1] == -1.0f);  /* 3 * 0 - 1 */
+    assert_true(v[32] == -2.0f); /* 1 * 0 - 0.5 * 4 */
+    assert_true(v[255] == 6.5f); /* 7 * 2 - 0.5 * 15 */
+    assert_true(v[100] == 0.0f);
+
+    /* IQ4_NL, d = 0.5 */
+    memset(p, 0, 18);
+    tm_put_half(p, 0.5f);
+    p[2 + 0] = 0xf0; /* value 0: level 0 (-127), value 16: level 15 (113) */
+    p[2 + 3] = 0x78; /* value 3: level 8 (1), value 19: level 7 (-10) */
+    eng_dequantize_row(ENG_TYPE_IQ4_NL, p, v, 32);
+    assert_true(v[0] == -63.5f);
+    assert_true(v[16] == 56.5f);
+    assert_true(v[3] == 0.5f);
+    assert_true(v[19] == -5.0f);
+    assert_true(v[1] == -63.5f);
+
+    /* IQ4_XS, d = 1; scale bytes 0 give 0 - 32 = -32 */
+    memset(p, 0, 136);
+    tm_put_half(p, 1.0f);
+    p[4] = 0x21;        /* sub-block 0 low nibble 1, sub-block 1 low nibble 2 */
+    p[2] = 0x0e;        /* scales_h: sub-block 0 top bits 2 (-> 33), 1: 3 (-> 50) */
+    p[8 + 0] = 0x1f;    /* value 0: level 15 (113); value 16: level 1 (-104) */
+    p[8 + 16] = 0x08;   /* value 32: level 8 (1); value 48: level 0 (-127) */
+    p[8 + 127] = 0xa0;  /* value 239: level 0; value 255: level 10 (25) */
+    eng_dequantize_row(ENG_TYPE_IQ4_XS, p, v, 256);
+    assert_true(v[0] == 113.0f);
+    assert_true(v[16] == -104.0f);
+    assert_true(v[32] == 18.0f);     /* (50 - 32) * 1 */
+    assert_true(v[48] == -2286.0f);  /* 18 * -127 */
+    assert_true(v[239] == 4064.0f);  /* -32 * -127 */
+    assert_true(v[255] == -800.0f);  /* -32 * 25 */
+}
+
+/* ---- quantization ------------------------------------------------------------- */
+
+/* Relative RMS error of a quantize/dequantize round trip on uniform data,
+ * and the exact reproduction of values that lie on the grid. */
+static double tm_roundtrip_error(uint32_t type, const float *x, int64_t n)
+{
+    size_t bytes;
+    assert_true(eng_type_row_bytes(type, n, &bytes));
+    unsigned char *q = sw_malloc(bytes);
+    float *y = sw_malloc(sizeof(float) * (size_t)n);
+    assert_true(q && y);
+    eng_quantize_row(type, x, q, n);
+    eng_dequantize_row(type, q, y, n);
+    double se = 0, sx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        assert_true(isfinite(y[i]));
+        se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+        sx += (double)x[i] * x[i];
+    }
+    sw_free(q);
+    sw_free(y);
+    return sqrt(se / sx);
+}
+
+static void test_quantize_roundtrip(void **state)
+{
+    (void)state;
+    enum { N = 256 * 16 };
+    float *x = sw_malloc(sizeof(float) * N);
+    assert_non_null(x);
+    tm_rng_state = 31337;
+    for (int i = 0; i < N; i++)
+        x[i] = tm_randf() * (1.0f + (float)(i / 256)); /* a different range per block */
+    /* bounds from the step sizes: uniform data on an evenly spaced grid of
+     * L levels over the range has an RMS error of range / (L - 1) / sqrt(12),
+     * relative to the RMS of the data (range / sqrt(12)): 1 / (L - 1), plus
+     * the loss of the scale quantization. 4 levels: 1/3; 8: 1/7; 16: 1/15. */
+    double e2 = tm_roundtrip_error(ENG_TYPE_Q2_K, x, N);
+    double e3 = tm_roundtrip_error(ENG_TYPE_Q3_K, x, N);
+    double exs = tm_roundtrip_error(ENG_TYPE_IQ4_XS, x, N);
+    double enl = tm_roundtrip_error(ENG_TYPE_IQ4_NL, x, N);
+    double e4 = tm_roundtrip_error(ENG_TYPE_Q4_0, x, N);
+    print_message("relative RMS error: q2_k %.4f q3_k %.4f iq4_xs %.4f iq4_nl %.4f (q4_0 %.4f)\n",
+                  e2, e3, exs, enl, e4);
+    assert_true(e2 < 1.0 / 3.0 * 1.2);
+    assert_true(e3 < 1.0 / 7.0 * 1.2);
+    assert_true(exs < 1.0 / 15.0 * 1.5); /* the non-linear grid is coarser at the ends */
+    assert_true(enl < 1.0 / 15.0 * 1.5);
+    assert_true(e3 < e2);
+
+    /* values on each grid come back exactly: IQ4_NL blocks of 0.25 * level */
+    for (int i = 0; i < 64; i++)
+        x[i] = 0.25f * (float)tm_iq4[(i * 7 + i / 16) % 16];
+    assert_true(tm_roundtrip_error(ENG_TYPE_IQ4_NL, x, 64) == 0.0);
+    /* an all-zero block decodes to zeros (IQ4 has no zero level: only d = 0
+     * gives them), and a lone spike costs little */
+    memset(x, 0, sizeof(float) * N);
+    unsigned char q[2 * 136 * 2];
+    float y[512];
+    for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
+        eng_quantize_row(tm_types[ti], x, q, 512);
+        eng_dequantize_row(tm_types[ti], q, y, 512);
+        for (int i = 0; i < 512; i++)
+            assert_true(y[i] == 0.0f);
+    }
+    x[0] = 1.0f;
+    for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
+        double e = tm_roundtrip_error(tm_types[ti], x, 512);
+        print_message("%s lone spike: %.4f\n", eng_type_traits_get(tm_types[ti])->name, e);
+        assert_true(e < (tm_types[ti] == ENG_TYPE_IQ4_XS || tm_types[ti] == ENG_TYPE_IQ4_NL ? 0.06 : 0.01));
+    }
+    sw_free(x);
+}
+
+/* ---- kernels -------------------------------------------------------------------- */
+
+static int tm_n_isa(void)
+{
+    return (int)cpu_kernels_force_isa(CPU_ISA_AMX) + 1;
+}
+
+/* sum |w_i * x_i| over decoded weights and activations */
+static double tm_abs_terms(uint32_t type, int64_t n, const unsigned char *w, const unsigned char *x)
+{
+    double s = 0, a[256], b[256];
+    int64_t bv = tm_block_values(type);
+    for (int64_t k = 0; k < n / bv; k++) {
+        tm_decode_block(type, w + (size_t)k * tm_block_bytes(type), a, b);
+        for (int64_t i = 0; i < bv; i++) {
+            int64_t at = k * bv + i;
+            double xv;
+            if (type == ENG_TYPE_IQ4_NL) {
+                const unsigned char *xb = x + (at / 32) * 34;
+                xv = tm_half(xb) * (int8_t)xb[2 + at % 32];
+            } else {
+                const unsigned char *xb = x + (at / 256) * 292;
+                float dx;
+                memcpy(&dx, xb, 4);
+                xv = (double)dx * (int8_t)xb[4 + at % 256];
+            }
+            s += (fabs(a[i]) + fabs(b[i])) * fabs(xv);
+        }
+    }
+    return s;
+}
+
+/* edge weights: every quant, scale and min at an extreme */
+static void tm_extreme_row(uint32_t type, unsigned char *w, int64_t n_in, int variant)
+{
+    size_t bytes = tm_block_bytes(type);
+    for (int64_t k = 0; k < n_in / tm_block_values(type); k++) {
+        unsigned char *p = w + (size_t)k * bytes;
+        unsigned char fill = variant ? 0x00 : 0xff;
+        if (type == ENG_TYPE_Q3_K) {
+            memset(p, fill, 108); /* q = +3 or -4, scales 31 or -32 */
+        } else if (type == ENG_TYPE_Q2_K) {
+            memset(p, 0xff, 80); /* q = 3, scale 15, min 15 */
+        } else if (type == ENG_TYPE_IQ4_XS) {
+            memset(p + 2, variant ? 0x00 : 0xff, 134); /* -32 x -127 or 31 x 113 */
+        } else {
+            memset(p + 2, variant ? 0x00 : 0xff, 16);
+        }
+    }
+}
+
+static void tm_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n_tokens,
+                           int64_t r0, int64_t r1, int edge)
+{
+    uint32_t xtype = eng_vec_dot_type(type);
+    size_t w_row_bytes, x_row_bytes;
+    assert_true(eng_type_row_bytes(type, n_in, &w_row_bytes));
+    assert_true(eng_type_row_bytes(xtype, n_in, &x_row_bytes));
+    unsigned char *w = sw_malloc(w_row_bytes * (size_t)n_out); /* exact: ASan sees over-reads */
+    unsigned char *xq = sw_malloc(x_row_bytes * (size_t)n_tokens);
+    unsigned char *xq_ref = sw_malloc(x_row_bytes * (size_t)n_tokens);
+    int64_t x_stride = n_in + 8, y_stride = n_out + 3;
+    float *x = sw_malloc(sizeof(float) * (size_t)(x_stride * n_tokens));
+    float *y = sw_malloc(sizeof(float) * (size_t)(y_stride * n_tokens));
+    assert_true(w && xq && xq_ref && x && y);
+    tm_random_blocks(type, w, (int64_t)(w_row_bytes / tm_block_bytes(type)) * n_out, 0.01f);
+    for (int64_t i = 0; i < x_stride * n_tokens; i++)
+        x[i] = tm_randf() * ((i / x_stride) % 3 == 2 ? 40.0f : 1.0f);
+    if (edge) {
+        tm_extreme_row(type, w, n_in, 0);
+        if (n_out > 1)
+            tm_extreme_row(type, w + w_row_bytes, n_in, 1);
+        for (int64_t j = 0; j < n_in; j++) /* token 0 at +-127 */
+            x[j] = (j & 2) ? 5.0f : -5.0f;
+    }
+    for (int64_t t = 0; t < n_tokens; t++)
+        eng_quantize_row(xtype, x + t * x_stride, xq_ref + (size_t)t * x_row_bytes, n_in);
+    for (int isa = 0; isa < tm_n_isa(); isa++) {
+        assert_int_equal(cpu_kernels_force_isa((cpu_isa)isa), isa);
+        cpu_convert_activations(type, x, x_stride, n_tokens, n_in, xq);
+        assert_memory_equal(xq, xq_ref, x_row_bytes * (size_t)n_tokens);
+        for (int64_t i = 0; i < y_stride * n_tokens; i++)
+            y[i] = -12345.0f;
+        cpu_matmul_rows(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens, y, y_stride, r0,
+                        r1);
+        for (int64_t t = 0; t < n_tokens; t++)
+            for (int64_t r = 0; r < y_stride; r++) {
+                float got = y[t * y_stride + r];
+                if (r < r0 || r >= r1) {
+                    assert_true(got == -12345.0f);
+                    continue;
+                }
+                const unsigned char *wr = w + (size_t)r * w_row_bytes;
+                const unsigned char *xr = xq + (size_t)t * x_row_bytes;
+                float ref = eng_vec_dot_ref(type, n_in, wr, xr);
+                double tol = 1e-5 * tm_abs_terms(type, n_in, wr, xr) + 1e-30;
+                if (!(fabs((double)got - ref) <= tol))
+                    fail_msg("%s isa %s n_in %lld tokens %lld row %lld token %lld: got %.9g, "
+                             "reference %.9g, tolerance %.3g",
+                             eng_type_traits_get(type)->name, cpu_isa_name((cpu_isa)isa),
+                             (long long)n_in, (long long)n_tokens, (long long)r, (long long)t,
+                             got, ref, tol);
+                if (r == r0 && t == 0 && !(fabs((double)cpu_vec_dot(type, n_in, wr, xr) - ref) <= tol))
+                    fail_msg("%s: cpu_vec_dot differs from the reference",
+                             eng_type_traits_get(type)->name);
+            }
+    }
+    cpu_kernels_force_isa(CPU_ISA_AMX);
+    sw_free(w);
+    sw_free(xq);
+    sw_free(xq_ref);
+    sw_free(x);
+    sw_free(y);
+}
+
+/* The reference dot product itself against the decoded blocks (double):
+ * catches a reference that agrees with a kernel but not with the format. */
+static void test_reference_dot(void **state)
+{
+    (void)state;
+    tm_rng_state = 5150;
+    enum { N = 512 };
+    unsigned char w[2 * 136 * 2], xq[2 * 292];
+    float x[N];
+    double a[256], b[256];
+    for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
+        uint32_t type = tm_types[ti];
+        int64_t bv = tm_block_values(type);
+        for (int rep = 0; rep < 20; rep++) {
+            tm_random_blocks(type, w, N / bv, 0.05f);
+            for (int i = 0; i < N; i++)
+                x[i] = tm_randf();
+            eng_quantize_row(eng_vec_dot_type(type), x, xq, N);
+            double want = 0, mag = 0;
+            for (int64_t k = 0; k < N / bv; k++) {
+                tm_decode_block(type, w + (size_t)k * tm_block_bytes(type), a, b);
+                for (int64_t i = 0; i < bv; i++) {
+                    int64_t at = k * bv + i;
+                    double xv;
+                    if (type == ENG_TYPE_IQ4_NL) {
+                        xv = tm_half(xq + (at / 32) * 34) * (int8_t)xq[(at / 32) * 34 + 2 + at % 32];
+                    } else {
+                        float dx;
+                        memcpy(&dx, xq + (at / 256) * 292, 4);
+                        xv = (double)dx * (int8_t)xq[(at / 256) * 292 + 4 + at % 256];
+                    }
+                    want += (a[i] - b[i]) * xv;
+                    mag += (fabs(a[i]) + fabs(b[i])) * fabs(xv);
+                }
+            }
+            float got = eng_vec_dot_ref(type, N, w, xq);
+            if (!(fabs(got - want) <= 1e-5 * mag + 1e-30))
+                fail_msg("%s: reference dot %.9g, decoded %.9g", eng_type_traits_get(type)->name,
+                         got, want);
+        }
+    }
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    tm_rng_state = 8086;
+    for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
+        uint32_t type = tm_types[ti];
+        const int64_t n_ins[] = {256, 512, 1280};
+        for (size_t ni = 0; ni < 3; ni++)
+            for (int64_t n_tokens = 1; n_tokens <= 9; n_tokens += (n_tokens < 5 ? 1 : 4)) {
+                int64_t n_out = 9 + n_tokens % 4;
+                tm_matmul_case(type, n_out, n_ins[ni], n_tokens, 0, n_out, 0);
+                tm_matmul_case(type, n_out, n_ins[ni], n_tokens, 0, 2, 1);
+                tm_matmul_case(type, n_out, n_ins[ni], n_tokens, 2, n_out - 1, 0);
+            }
+        /* prefill shapes (the AMX level's, where it has these types) */
+        const int64_t prefill_tokens[] = {16, 23, 37};
+        for (size_t ki = 0; ki < 3; ki++)
+            tm_matmul_case(type, 33 + (int64_t)ki, 512, prefill_tokens[ki], 1, 30, ki == 0);
+    }
+    /* IQ4_NL rows of a few 32-value blocks */
+    tm_matmul_case(ENG_TYPE_IQ4_NL, 5, 32, 3, 0, 5, 1);
+    tm_matmul_case(ENG_TYPE_IQ4_NL, 5, 96, 6, 0, 5, 0);
+}
+
+/* cpu_matmul_rows_per_token: each (row, token) result is the one-token
+ * result bit for bit, whatever the number of tokens in the call. */
+static void test_per_token_invariance(void **state)
+{
+    (void)state;
+    const int64_t n_in = 512, n_out = 21, max_tokens = 17;
+    tm_rng_state = 4711;
+    for (int level = 0; level < tm_n_isa(); level++) {
+        cpu_kernels_force_isa((cpu_isa)level);
+        for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
+            uint32_t type = tm_types[ti], xtype = eng_vec_dot_type(type);
+            size_t w_row_bytes, x_row_bytes;
+            assert_true(eng_type_row_bytes(type, n_in, &w_row_bytes));
+            assert_true(eng_type_row_bytes(xtype, n_in, &x_row_bytes));
+            unsigned char *w = sw_malloc(w_row_bytes * (size_t)n_out);
+            unsigned char *xq = sw_malloc(x_row_bytes * (size_t)max_tokens);
+            float *x = sw_malloc(sizeof(float) * (size_t)(n_in * max_tokens));
+            float *one = sw_malloc(sizeof(float) * (size_t)n_out);
+            float *many = sw_malloc(sizeof(float) * (size_t)(n_out * max_tokens));
+            assert_true(w && xq && x && one && many);
+            tm_random_blocks(type, w, (int64_t)(w_row_bytes / tm_block_bytes(type)) * n_out, 0.01f);
+            for (int64_t i = 0; i < n_in * max_tokens; i++)
+                x[i] = tm_randf();
+            cpu_convert_activations(type, x, n_in, max_tokens, n_in, xq);
+            for (int64_t n_tokens = 2; n_tokens <= max_tokens; n_tokens += 5) {
+                cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens,
+                                          many, n_out, 0, n_out);
+                for (int64_t t = 0; t < n_tokens; t++) {
+                    cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in,
+                                              xq + (size_t)t * x_row_bytes, x_row_bytes, 1, one,
+                                              n_out, 0, n_out);
+                    if (memcmp(one, many + t * n_out, sizeof(float) * (size_t)n_out) != 0)
+                        fail_msg("level %s, type %s: token %lld of %lld differs",
+                                 cpu_isa_name((cpu_isa)level), eng_type_traits_get(type)->name,
+                                 (long long)t, (long long)n_tokens);
+                }
+            }
+            sw_free(w);
+            sw_free(xq);
+            sw_free(x);
+            sw_free(one);
+            sw_free(many);
+        }
+    }
+    cpu_kernels_force_isa(CPU_ISA_AMX);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_type_table),
+        cmocka_unit_test(test_decode_random),
+        cmocka_unit_test(test_known_blocks),
+        cmocka_unit_test(test_quantize_roundtrip),
+        cmocka_unit_test(test_reference_dot),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_per_token_invariance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -2,7 +2,9 @@
  *
  * Order of operations in eng_sampler_sample (this is the documented
  * contract; tests check each step):
- *   0. NaN logits are treated as -inf.
+ *   0. NaN logits are treated as -inf. Then the logit bias (OpenAI's
+ *      logit_bias): each listed id's bias is added to its logit, unless
+ *      that logit is -inf (a constraint's mask stays a mask).
  *   1. Penalties, on the last penalty_last_n tokens of the history, applied
  *      once per distinct token t with count c in that window (ids outside
  *      [0, n_vocab) are ignored):
@@ -33,8 +35,8 @@
  * pure function of (seed, k), built from the splitmix64 finaliser, so
  * there is no hidden state to save or restore beyond the counter.
  *
- * Memory: every buffer (candidates, penalty counts) is allocated once at
- * create for n_vocab entries; sampling allocates nothing.
+ * Memory: every buffer (candidates, penalty counts, the bias list) is
+ * allocated once at create; sampling allocates nothing.
  */
 #include "engine/sampler.h"
 
@@ -83,11 +85,25 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     if (!s)
         goto fail;
     s->params = *params;
+    s->params.bias_ids = NULL;
+    s->params.bias_values = NULL;
+    s->params.n_bias = 0;
     s->n_vocab = n_vocab;
     s->cand = sw_calloc((size_t)n_vocab, sizeof *s->cand);
     s->counts = sw_calloc((size_t)n_vocab, sizeof *s->counts);
     if (!s->cand || !s->counts)
         goto fail;
+    if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
+        int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
+        float *values = sw_malloc(sizeof *values * (size_t)params->n_bias);
+        s->params.bias_ids = ids;
+        s->params.bias_values = values;
+        if (!ids || !values)
+            goto fail;
+        memcpy(ids, params->bias_ids, sizeof *ids * (size_t)params->n_bias);
+        memcpy(values, params->bias_values, sizeof *values * (size_t)params->n_bias);
+        s->params.n_bias = params->n_bias;
+    }
     return s;
 fail:
     eng_sampler_free(s);
@@ -100,6 +116,8 @@ void eng_sampler_free(eng_sampler *s)
         return;
     sw_free(s->cand);
     sw_free(s->counts);
+    sw_free((void *)s->params.bias_ids);
+    sw_free((void *)s->params.bias_values);
     sw_free(s);
 }
 
@@ -242,6 +260,11 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     for (int32_t i = 0; i < n; i++)
         if (isnan(logits[i]))
             logits[i] = -INFINITY;
+    for (int32_t j = 0; j < p->n_bias; j++) {
+        int32_t id = p->bias_ids[j];
+        if (id >= 0 && id < n && logits[id] != -INFINITY)
+            logits[id] += p->bias_values[j];
+    }
     eng_sampler_apply_penalties(s, logits, history, n_history);
 
     if (!(p->temperature > 0.0f)) {

@@ -7,8 +7,8 @@
  * counter. Every call to eng_sampler_sample consumes exactly one draw,
  * greedy included, so "advanced k draws" means "k tokens sampled".
  *
- * Order of operations (sampler.c has the details): NaN -> -inf; penalties
- * (also in greedy mode); temperature <= 0: argmax, ties to the lowest id;
+ * Order of operations (sampler.c has the details): NaN -> -inf; logit bias;
+ * penalties (also in greedy mode); temperature <= 0: argmax, ties to the lowest id;
  * else top-k -> temperature -> softmax -> top-p -> min-p -> renormalise ->
  * pick with draw k's uniform number, walking tokens by probability
  * descending, ties by id ascending.
@@ -30,6 +30,13 @@ typedef struct eng_sampler_params {
     float presence_penalty;  /* 0: off; OpenAI semantics */
     float frequency_penalty; /* 0: off; OpenAI semantics */
     uint64_t seed;
+    /* OpenAI's logit_bias: bias_values[j] is added to the logit of token
+     * bias_ids[j] before anything else (in greedy mode too; a -inf logit,
+     * e.g. masked by a constraint, stays -inf). Ids outside the vocabulary
+     * are ignored; a repeated id adds up. eng_sampler_create copies them. */
+    const int32_t *bias_ids;
+    const float *bias_values;
+    int32_t n_bias;
 } eng_sampler_params;
 
 /* Defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties

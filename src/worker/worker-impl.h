@@ -75,7 +75,9 @@ struct wk_req {
     int32_t n_resume;
     int64_t resume_text_bytes;       /* resume: text bytes the client has; -1 unknown */
     int32_t max_tokens;              /* new tokens at most */
-    eng_sampler_params sampling;
+    eng_sampler_params sampling;     /* bias_ids / bias_values point below */
+    int32_t *bias_ids;               /* logit_bias (sw_malloc) */
+    float *bias_values;
     uint64_t skip_draws;
     bool ignore_eos;
     char **stops;

@@ -33,6 +33,8 @@ void wk_req_free(wk_req *req)
     for (size_t i = 0; i < req->n_stops; i++)
         sw_free(req->stops[i]);
     sw_free(req->stops);
+    sw_free(req->bias_ids);
+    sw_free(req->bias_values);
     sw_free(req->prompt);
     sw_free(req->text);
     json_decref(req->token_ids);

@@ -9,6 +9,7 @@
 
 #include "common/alloc.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #define WK_MAX_TOKENS_LIMIT 1000000
 #define WK_MAX_STOPS 16
 #define WK_MAX_STOP_BYTES 256
+#define WK_MAX_LOGIT_BIAS 1024
 static bool bad(wk_parse_error *p, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -449,6 +451,48 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
     return true;
 }
 
+/* OpenAI's logit_bias: {"token id": bias, ...}, the id a decimal string
+ * below the vocabulary size, the bias a number in [-100, 100]. */
+static bool parse_logit_bias(wk_server *s, json_t *body, wk_req *r, wk_parse_error *p)
+{
+    json_t *v = json_object_get(body, "logit_bias"), *bias;
+    const char *key;
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_object(v))
+        return bad(p, "logit_bias", "'logit_bias' must be an object of token ids to numbers");
+    size_t n = json_object_size(v);
+    if (n > WK_MAX_LOGIT_BIAS)
+        return bad(p, "logit_bias", "'logit_bias' has %zu entries, at most %d are accepted", n,
+                   WK_MAX_LOGIT_BIAS);
+    if (n == 0)
+        return true;
+    r->bias_ids = sw_malloc(sizeof *r->bias_ids * n);
+    r->bias_values = sw_malloc(sizeof *r->bias_values * n);
+    if (!r->bias_ids || !r->bias_values)
+        return bad(p, NULL, "out of memory");
+    const int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
+    int32_t k = 0;
+    json_object_foreach(v, key, bias) {
+        char *end = NULL;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || errno || id < 0 || id >= n_vocab || key[0] == '+' ||
+            (key[0] == '0' && key[1]))
+            return bad(p, "logit_bias", "'logit_bias' keys must be token ids below %d, not '%.32s'",
+                       n_vocab, key);
+        double d = json_is_number(bias) ? json_number_value(bias) : NAN;
+        if (!isfinite(d) || d < -100 || d > 100)
+            return bad(p, "logit_bias", "'logit_bias' values must be numbers from -100 to 100");
+        r->bias_ids[k] = (int32_t)id;
+        r->bias_values[k++] = (float)d;
+    }
+    r->sampling.bias_ids = r->bias_ids;
+    r->sampling.bias_values = r->bias_values;
+    r->sampling.n_bias = k;
+    return true;
+}
+
 /* Builds a request from a completions / chat body; false (and p filled)
  * when the body is not acceptable. */
 bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_parse_error *p)
@@ -521,6 +565,8 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     if (!get_int(p, body, "repeat_last_n", -1, 1 << 24, &i))
         return false;
     r->sampling.penalty_last_n = (int32_t)i;
+    if (!parse_logit_bias(s, body, r, p))
+        return false;
     v = json_object_get(body, "seed");
     if (v && !json_is_null(v)) {
         if (!json_is_integer(v))

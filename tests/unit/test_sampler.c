@@ -89,6 +89,49 @@ static void test_greedy_and_ties(void **state)
     eng_sampler_free(s);
 }
 
+/* logit_bias: added to the listed logits before the penalties and the
+ * choice, greedy included; -inf stays -inf; ids outside the vocabulary
+ * are ignored; repeats add up; the sampler keeps its own copy. */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    eng_sampler_params p = plain_params(0.0f, 3);
+    int32_t ids[] = {2, 0, 99, -1, 4, 4};
+    float values[] = {10.0f, -100.0f, 50.0f, 50.0f, 0.75f, 0.75f};
+    p.bias_ids = ids;
+    p.bias_values = values;
+    p.n_bias = 6;
+    eng_sampler *s = eng_sampler_create(&p, 6);
+    assert_non_null(s);
+    ids[0] = 5; /* the caller's array changes after create: no effect */
+    float logits[6] = {9.0f, 1.0f, 0.5f, 3.0f, 2.0f, -INFINITY};
+    /* 2 gets 10.5 and wins over 0 (9 - 100) and 4 (2 + 1.5 = 3.5) */
+    assert_int_equal(eng_sampler_sample(s, logits, NULL, 0), 2);
+    assert_true(fabs(logits[0] - -91.0f) < 1e-5f);
+    assert_true(fabs(logits[4] - 3.5f) < 1e-6f);
+    assert_true(isinf(logits[5]) && logits[5] < 0);
+    float masked[6] = {1.0f, 0.0f, -INFINITY, 0.5f, 0.0f, 0.0f};
+    /* 2 is masked (-inf): its +10 does not bring it back; 4 has 1.5 */
+    assert_int_equal(eng_sampler_sample(s, masked, NULL, 0), 4);
+    assert_true(isinf(masked[2]) && masked[2] < 0);
+    eng_sampler_free(s);
+
+    /* with temperature: a bias of -100 on all but one token leaves that
+     * token certain whatever the draw */
+    p = plain_params(1.0f, 11);
+    int32_t all[5] = {0, 1, 2, 4, 5};
+    float minus[5] = {-100, -100, -100, -100, -100};
+    p.bias_ids = all;
+    p.bias_values = minus;
+    p.n_bias = 5;
+    s = eng_sampler_create(&p, 6);
+    for (int k = 0; k < 50; k++) {
+        float l[6] = {3.0f, 3.0f, 3.0f, 0.0f, 3.0f, 3.0f};
+        assert_int_equal(eng_sampler_sample(s, l, NULL, 0), 3);
+    }
+    eng_sampler_free(s);
+}
+
 static void test_uniform_stream(void **state)
 {
     (void)state;
@@ -516,6 +559,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_greedy_and_ties),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_uniform_stream),
         cmocka_unit_test(test_same_seed_same_tokens_and_resume),
         cmocka_unit_test(test_top_k_one_is_greedy),

@@ -179,6 +179,51 @@ static void test_stream_shape(void **state)
     wc_response_free(&r);
 }
 
+/* logit_bias: +100 on one id makes greedy decoding pick it every step,
+ * -100 on the greedy first token makes another one first (stream and
+ * not); malformed maps are 400 with param logit_bias. */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    wc_response r;
+    int toks[MAXTOK], plain[MAXTOK];
+    const char *base = "\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,"
+                       "\"ignore_eos\":true";
+    char body[512];
+    snprintf(body, sizeof body, "{%s}", base);
+    assert_int_equal(post("/v1/completions", body, &r), 0);
+    assert_int_equal(wc_tokens_of(&r, false, plain, MAXTOK, NULL, NULL, 0), 6);
+    wc_response_free(&r);
+    int forced = plain[0] == 300 ? 301 : 300;
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof body, "{%s,\"stream\":%s,\"logit_bias\":{\"%d\":100}}", base,
+                 stream ? "true" : "false", forced);
+        assert_int_equal(post("/v1/completions", body, &r), 0);
+        assert_int_equal(r.status, 200);
+        assert_int_equal(wc_tokens_of(&r, stream, toks, MAXTOK, NULL, NULL, 0), 6);
+        for (int i = 0; i < 6; i++)
+            assert_int_equal(toks[i], forced);
+        wc_response_free(&r);
+        snprintf(body, sizeof body, "{%s,\"stream\":%s,\"logit_bias\":{\"%d\":-100}}", base,
+                 stream ? "true" : "false", plain[0]);
+        assert_int_equal(post("/v1/completions", body, &r), 0);
+        assert_int_equal(r.status, 200);
+        assert_int_equal(wc_tokens_of(&r, stream, toks, MAXTOK, NULL, NULL, 0), 6);
+        assert_int_not_equal(toks[0], plain[0]);
+        wc_response_free(&r);
+    }
+    const char *bad[] = {"[1]", "{\"abc\":1}", "{\"5\":101}", "{\"5\":\"x\"}", "{\"1024\":1}",
+                         "{\"-1\":1}", "{\"05\":1}", "{\"\":1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(body, sizeof body, "{%s,\"logit_bias\":%s}", base, bad[i]);
+        assert_int_equal(post("/v1/completions", body, &r), 0);
+        if (r.status != 400)
+            fail_msg("logit_bias %s: status %d", bad[i], r.status);
+        assert_non_null(strstr(r.body, "\"param\":\"logit_bias\""));
+        wc_response_free(&r);
+    }
+}
+
 /* A stop string never reaches the client, not even its beginning, and the
  * text ends right before its first occurrence in the unstopped text. */
 static void test_stop_strings(void **state)
@@ -448,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_chat_equals_run),
         cmocka_unit_test(test_stream_shape),
         cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_resume_held_stop_text),
         cmocka_unit_test(test_logprobs),

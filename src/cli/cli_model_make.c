@@ -20,8 +20,8 @@ static void model_make_usage(FILE *f)
     fprintf(f,
             "usage: spillway model make -o FILE [--preset tiny|small|1b] [--dim N] [--layers N]\n"
             "                           [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
-            "                           [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k|\n"
-            "                                  q4_k_m|q5_k_m]\n"
+            "                           [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
+            "                                  q5_k|q6_k|iq4_nl|iq4_xs|q3_k_m|q4_k_m|q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
             "                           [--arch llama|llama3|qwen2] [--rope-base B]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
@@ -29,9 +29,11 @@ static void model_make_usage(FILE *f)
             "factors as a rope_freqs.weight tensor, as converted Llama 3.1 files carry\n"
             "them (rope base 500000 unless --rope-base); qwen2: Q/K/V biases, NeoX RoPE, the\n"
             "qwen2 key prefix (rope base 1000000 unless --rope-base)\n"
-            "(the same options always give the same file). q4_k, q5_k and q6_k need dim\n"
+            "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim\n"
             "and ffn to be multiples of 256. q4_k_m / q5_k_m: mostly q4_k / q5_k, with\n"
-            "output, and attn_v / ffn_down in some layers, in q6_k (as Q4_K_M files are).\n"
+            "output, and attn_v / ffn_down in some layers, in q6_k (as Q4_K_M files are);\n"
+            "q3_k_m: mostly q3_k, attn_v / ffn_down / attn_output in q4_k or q5_k, output\n"
+            "in q6_k (as llama.cpp's Q3_K_M).\n"
             "presets: tiny  dim 64, 2 layers, 4 heads, 2 kv, ffn 128, vocab 512, f32 (default)\n"
             "         small dim 512, 8 layers, 8 heads, 4 kv, ffn 1536, vocab 32000, q8_0\n"
             "         1b    dim 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000, q8_0\n");
@@ -110,12 +112,16 @@ int cli_model_make(int argc, char **argv)
             } else if (strcmp(val, "q5_k_m") == 0) {
                 type = ENG_TYPE_Q5_K;
                 p.mix = ENG_MIX_Q5_K_M;
+            } else if (strcmp(val, "q3_k_m") == 0) {
+                type = ENG_TYPE_Q3_K;
+                p.mix = ENG_MIX_Q3_K_M;
             } else {
                 type = eng_type_from_name(val);
             }
             if (type < 0) {
                 fprintf(stderr, "spillway model make: --type must be f32, f16, bf16, q8_0, "
-                                "q4_0, q4_k, q5_k, q6_k, q4_k_m or q5_k_m, got '%s'\n", val);
+                                "q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, q3_k_m, "
+                                "q4_k_m or q5_k_m, got '%s'\n", val);
                 return 2;
             }
             p.weight_type = (uint32_t)type;

@@ -558,7 +558,10 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
         return sw_error_set(err, SW_EINVAL, "model make: the Q4_K_M mix needs weight type q4_k");
     if (p->mix == ENG_MIX_Q5_K_M && p->weight_type != ENG_TYPE_Q5_K)
         return sw_error_set(err, SW_EINVAL, "model make: the Q5_K_M mix needs weight type q5_k");
-    if (p->mix != ENG_MIX_NONE && p->mix != ENG_MIX_Q4_K_M && p->mix != ENG_MIX_Q5_K_M)
+    if (p->mix == ENG_MIX_Q3_K_M && p->weight_type != ENG_TYPE_Q3_K)
+        return sw_error_set(err, SW_EINVAL, "model make: the Q3_K_M mix needs weight type q3_k");
+    if (p->mix != ENG_MIX_NONE && p->mix != ENG_MIX_Q4_K_M && p->mix != ENG_MIX_Q5_K_M &&
+        p->mix != ENG_MIX_Q3_K_M)
         return sw_error_set(err, SW_EINVAL, "model make: unknown mix %d", (int)p->mix);
     switch (p->weight_type) {
     case ENG_TYPE_F32:
@@ -567,13 +570,16 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
         break;
     case ENG_TYPE_Q8_0:
     case ENG_TYPE_Q4_0:
+    case ENG_TYPE_IQ4_NL:
         if (p->n_embd % 32 != 0 || p->n_ff % 32 != 0)
             return sw_error_set(err, SW_EINVAL,
                                 "model make: %s needs dim (%d) and ffn (%d) to be multiples of "
                                 "32 (the quantization block)",
-                                p->weight_type == ENG_TYPE_Q8_0 ? "q8_0" : "q4_0", p->n_embd,
-                                p->n_ff);
+                                eng_type_traits_get(p->weight_type)->name, p->n_embd, p->n_ff);
         break;
+    case ENG_TYPE_Q2_K:
+    case ENG_TYPE_Q3_K:
+    case ENG_TYPE_IQ4_XS:
     case ENG_TYPE_Q4_K:
     case ENG_TYPE_Q5_K:
     case ENG_TYPE_Q6_K:
@@ -587,7 +593,7 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     default:
         return sw_error_set(err, SW_EINVAL,
                             "model make: weight type %u is not one of f32, f16, bf16, q8_0, "
-                            "q4_0, q4_k, q5_k, q6_k",
+                            "q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs",
                             p->weight_type);
     }
     return SW_OK;
@@ -637,12 +643,18 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
     } while (0)
     const uint32_t wt = p->weight_type, f32 = ENG_TYPE_F32;
     const bool mixed = p->mix != ENG_MIX_NONE;
-    /* the tensors a mix keeps in Q6_K (see eng_model_make_mix) */
+    const bool in_block = layer >= 0 && layer < p->n_layer;
+    /* the tensors a mix keeps in more bits (see eng_model_make_mix) */
     const uint32_t head_t = mixed ? ENG_TYPE_Q6_K : wt;
-    const uint32_t more_t =
-        mixed && layer >= 0 && layer < p->n_layer && mm_layer_more_bits(layer, p->n_layer)
-            ? ENG_TYPE_Q6_K
-            : wt;
+    uint32_t v_t = wt, down_t = wt, out_proj_t = wt;
+    if (p->mix == ENG_MIX_Q3_K_M && in_block) {
+        v_t = layer < 2 ? ENG_TYPE_Q5_K : ENG_TYPE_Q4_K;
+        down_t = layer < p->n_layer / 16 ? ENG_TYPE_Q5_K : ENG_TYPE_Q4_K;
+        out_proj_t = ENG_TYPE_Q4_K;
+    } else if (mixed && in_block && mm_layer_more_bits(layer, p->n_layer)) {
+        v_t = ENG_TYPE_Q6_K;
+        down_t = ENG_TYPE_Q6_K;
+    }
     if (layer < 0) {
         MM_T("token_embd.weight", wt, 2, d, p->n_vocab, 0.0f,
              p->tied_output ? head_amp : u);
@@ -656,18 +668,18 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         MM_T("blk.%d.attn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         MM_T("blk.%d.attn_q.weight", wt, 2, d, q_out, 0.0f, in_d);
         MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
-        MM_T("blk.%d.attn_v.weight", more_t, 2, d, kv_out, 0.0f, in_d);
+        MM_T("blk.%d.attn_v.weight", v_t, 2, d, kv_out, 0.0f, in_d);
         if (p->architecture && strcmp(p->architecture, "qwen2") == 0) {
             /* Qwen2's Q/K/V biases (F32), small next to the products. */
             MM_T("blk.%d.attn_q.bias", f32, 1, q_out, 1, 0.0f, 0.2f);
             MM_T("blk.%d.attn_k.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
             MM_T("blk.%d.attn_v.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
         }
-        MM_T("blk.%d.attn_output.weight", wt, 2, q_out, d, 0.0f, in_q);
+        MM_T("blk.%d.attn_output.weight", out_proj_t, 2, q_out, d, 0.0f, in_q);
         MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
         MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
-        MM_T("blk.%d.ffn_down.weight", more_t, 2, p->n_ff, d, 0.0f, in_ff);
+        MM_T("blk.%d.ffn_down.weight", down_t, 2, p->n_ff, d, 0.0f, in_ff);
     }
 #undef MM_T
     return n;
@@ -694,6 +706,8 @@ static uint32_t mm_file_type(uint32_t weight_type, eng_model_make_mix mix)
         return 15;
     if (mix == ENG_MIX_Q5_K_M)
         return 17;
+    if (mix == ENG_MIX_Q3_K_M)
+        return 12;
     switch (weight_type) {
     case ENG_TYPE_F16:
         return 1;
@@ -707,6 +721,14 @@ static uint32_t mm_file_type(uint32_t weight_type, eng_model_make_mix mix)
         return 16;
     case ENG_TYPE_Q6_K:
         return 18;
+    case ENG_TYPE_Q2_K:
+        return 10;
+    case ENG_TYPE_Q3_K: /* every matrix Q3_K: llama.cpp's Q3_K_S */
+        return 11;
+    case ENG_TYPE_IQ4_NL:
+        return 25;
+    case ENG_TYPE_IQ4_XS:
+        return 30;
     case ENG_TYPE_BF16:
         return 32;
     default:

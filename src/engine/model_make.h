@@ -50,7 +50,8 @@
 #define ENG_MODEL_MAKE_MIN_VOCAB 264
 #define ENG_MODEL_MAKE_MAX_VOCAB (1 << 20)
 
-/* Mixed-type files as quantizers write them: "Q4_K_M" and "Q5_K_M" keep
+/* Mixed-type files as quantizers write them (Q3_K_M: see its entry):
+ * "Q4_K_M" and "Q5_K_M" keep
  * most matrices in Q4_K / Q5_K (weight_type) but give the tensors that
  * hurt quality most when squeezed more bits: output.weight, and attn_v and
  * ffn_down in the first and last eighth of the layers and every third layer
@@ -59,6 +60,11 @@ typedef enum eng_model_make_mix {
     ENG_MIX_NONE = 0,
     ENG_MIX_Q4_K_M = 1,       /* weight_type must be Q4_K */
     ENG_MIX_Q5_K_M = 2,       /* weight_type must be Q5_K */
+    /* weight_type must be Q3_K. As llama.cpp's Q3_K_M (non-Falcon):
+     * output.weight Q6_K; attn_v Q5_K in layers 0 and 1, Q4_K in the
+     * others; ffn_down Q5_K in the first n_layer/16 layers, Q4_K in the
+     * others; attn_output Q4_K; the other matrices Q3_K. */
+    ENG_MIX_Q3_K_M = 3,
 } eng_model_make_mix;
 
 typedef struct eng_model_make_params {
@@ -75,10 +81,11 @@ typedef struct eng_model_make_params {
     int32_t n_ctx_train;      /* llama.context_length; default 2048 */
     float rope_freq_base;     /* default 10000 */
     float rms_eps;            /* default 1e-5 */
-    uint32_t weight_type;     /* eng_type: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K
-                                 or Q6_K (matrices and token_embd; norms and
-                                 biases are always F32); K-quants need n_embd
-                                 and n_ff to be multiples of 256 */
+    uint32_t weight_type;     /* eng_type: F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K,
+                                 Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS (matrices and
+                                 token_embd; norms and biases are always F32);
+                                 K-quants and IQ4_XS need n_embd and n_ff to be
+                                 multiples of 256, the others of 32 */
     bool tied_output;         /* no output.weight: the head uses token_embd */
     uint64_t seed;            /* default 1 */
     eng_model_make_mix mix;   /* ENG_MIX_NONE: every matrix weight_type */

@@ -15,6 +15,7 @@
 
 #include "common/alloc.h"
 #include "device/cpu/cpu_kernels.h"
+#include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/model_make.h"
 #include "engine/quant.h"
@@ -628,6 +629,184 @@ static void test_per_token_invariance(void **state)
     cpu_kernels_force_isa(CPU_ISA_AMX);
 }
 
+/* ---- models ------------------------------------------------------------------- */
+
+/* Greedy decoding of n_gen tokens after a prompt (one call: the prefill
+ * path); the logits after the prompt go to first_logits. */
+static void tm_greedy(eng_model *model, const int32_t *prompt, int32_t n_prompt, int32_t n_gen,
+                      int32_t *out, float *first_logits)
+{
+    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    eng_context *ctx;
+    sw_error err;
+    float *logits = sw_malloc(sizeof(float) * (size_t)n_vocab);
+    assert_non_null(logits);
+    if (eng_context_create(model, &cp, &ctx, &err) != SW_OK)
+        fail_msg("context: %s", err.message);
+    assert_int_equal(eng_decode(ctx, 0, prompt, n_prompt, logits, &err), SW_OK);
+    memcpy(first_logits, logits, sizeof(float) * (size_t)n_vocab);
+    for (int32_t i = 0; i < n_gen; i++) {
+        int32_t best = 0;
+        for (int32_t v = 1; v < n_vocab; v++)
+            if (logits[v] > logits[best])
+                best = v;
+        out[i] = best;
+        assert_int_equal(eng_decode(ctx, 0, &best, 1, logits, &err), SW_OK);
+    }
+    eng_context_free(ctx);
+    sw_free(logits);
+}
+
+static double tm_correlation(const float *a, const float *b, int32_t n)
+{
+    double ma = 0, mb = 0, sab = 0, saa = 0, sbb = 0;
+    for (int32_t i = 0; i < n; i++) {
+        ma += a[i];
+        mb += b[i];
+    }
+    ma /= n;
+    mb /= n;
+    for (int32_t i = 0; i < n; i++) {
+        sab += (a[i] - ma) * (b[i] - mb);
+        saa += (a[i] - ma) * (a[i] - ma);
+        sbb += (b[i] - mb) * (b[i] - mb);
+    }
+    return sab / sqrt(saa * sbb);
+}
+
+/* Models made with each type (and the Q3_K_M mix) load, generate the same
+ * tokens twice, give logits at every kernel level that agree closely, and
+ * track the logits of the F32 model of the same seed (the weights are the
+ * same numbers, quantized): a wrong layout anywhere between the quantizer
+ * and the kernels would destroy that. */
+static void test_models_generate(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_Q3_K, ENG_TYPE_Q2_K, ENG_TYPE_IQ4_XS,
+                              ENG_TYPE_IQ4_NL, ENG_TYPE_Q3_K};
+    const eng_model_make_mix mixes[] = {ENG_MIX_NONE, ENG_MIX_NONE, ENG_MIX_NONE,
+                                        ENG_MIX_NONE, ENG_MIX_NONE, ENG_MIX_Q3_K_M};
+    /* least correlation with the F32 logits, from the round-trip errors of
+     * test_quantize_roundtrip (~12%, 29%, 6%, 6%) with room */
+    const double min_corr[] = {1.0, 0.9, 0.6, 0.95, 0.95, 0.9};
+    enum { N_PROMPT = 9, N_GEN = 6, N_VOCAB = 600 };
+    const int32_t prompt[N_PROMPT] = {1, 300, 301, 350, 290, 400, 411, 299, 305};
+    float *ref = sw_malloc(sizeof(float) * N_VOCAB);
+    float *la = sw_malloc(sizeof(float) * N_VOCAB), *lb = sw_malloc(sizeof(float) * N_VOCAB);
+    assert_true(ref && la && lb);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        eng_model_make_params p = eng_model_make_default_params();
+        p.n_embd = 256;
+        p.n_layer = 2;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.n_ff = 512;
+        p.n_vocab = N_VOCAB;
+        p.weight_type = types[ti];
+        p.mix = mixes[ti];
+        p.seed = 777;
+        const char *path = tu_tmp_path("quant-more-model.gguf");
+        sw_error err;
+        if (eng_model_make(&p, path, &err) != SW_OK)
+            fail_msg("make: %s", err.message);
+        eng_model *model;
+        if (eng_model_load(path, &model, &err) != SW_OK)
+            fail_msg("load %s: %s", eng_type_traits_get(types[ti])->name, err.message);
+        int32_t a[N_GEN], b[N_GEN];
+        tm_greedy(model, prompt, N_PROMPT, N_GEN, a, la);
+        tm_greedy(model, prompt, N_PROMPT, N_GEN, b, lb);
+        assert_memory_equal(a, b, sizeof a);
+        assert_memory_equal(la, lb, sizeof(float) * N_VOCAB);
+        if (ti == 0) {
+            memcpy(ref, la, sizeof(float) * N_VOCAB);
+        } else {
+            double corr = tm_correlation(ref, la, N_VOCAB);
+            print_message("%s%s: logits correlation with f32 %.5f\n",
+                          eng_type_traits_get(types[ti])->name, mixes[ti] ? " (q3_k_m)" : "", corr);
+            assert_true(corr >= min_corr[ti]);
+        }
+        /* every lower kernel level: the same model. The kernels differ only
+         * in float rounding, but a rounding can flip an activation's 8-bit
+         * quantization in a later layer, which these random-weight models
+         * amplify to ~1% of the logits; a layout bug gives unrelated ones. */
+        for (int isa = 0; isa + 1 < tm_n_isa(); isa++) {
+            cpu_kernels_force_isa((cpu_isa)isa);
+            tm_greedy(model, prompt, N_PROMPT, 1, b, lb);
+            double corr = tm_correlation(la, lb, N_VOCAB);
+            if (!(corr >= 0.999))
+                fail_msg("%s: level %s logits correlate %.5f with the best level's",
+                         eng_type_traits_get(types[ti])->name, cpu_isa_name((cpu_isa)isa), corr);
+        }
+        cpu_kernels_force_isa(CPU_ISA_AMX);
+        eng_model_free(model);
+        remove(path);
+    }
+    sw_free(ref);
+    sw_free(la);
+    sw_free(lb);
+}
+
+/* The Q3_K_M mix puts exactly the tensors of its rule (written out here by
+ * hand for 4 layers: n_layer/16 = 0, so no ffn_down in Q5_K) in more bits;
+ * a mix with the wrong base type is refused. */
+static void test_q3_k_m_mix(void **state)
+{
+    (void)state;
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_embd = 256;
+    p.n_layer = 4;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.n_ff = 256;
+    p.n_vocab = 600;
+    p.tied_output = false;
+    p.weight_type = ENG_TYPE_Q3_K;
+    p.mix = ENG_MIX_Q3_K_M;
+    const char *path = tu_tmp_path("quant-more-mix.gguf");
+    sw_error err;
+    if (eng_model_make(&p, path, &err) != SW_OK)
+        fail_msg("make: %s", err.message);
+    eng_gguf *g;
+    if (eng_gguf_open(path, &g, &err) != SW_OK)
+        fail_msg("open: %s", err.message);
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+        int layer = -1;
+        char what[64] = "";
+        uint32_t want = ENG_TYPE_Q3_K;
+        if (t->n_dims == 1)
+            want = ENG_TYPE_F32;
+        else if (strcmp(t->name, "output.weight") == 0)
+            want = ENG_TYPE_Q6_K;
+        else if (sscanf(t->name, "blk.%d.%63[a-z_]", &layer, what) == 2) {
+            if (strcmp(what, "attn_v") == 0)
+                want = layer < 2 ? ENG_TYPE_Q5_K : ENG_TYPE_Q4_K;
+            else if (strcmp(what, "ffn_down") == 0 || strcmp(what, "attn_output") == 0)
+                want = ENG_TYPE_Q4_K;
+        }
+        if (t->type != want)
+            fail_msg("%s: type %u, want %u", t->name, t->type, want);
+    }
+    eng_gguf_close(g);
+    remove(path);
+    p.weight_type = ENG_TYPE_Q4_K;
+    assert_int_equal(eng_model_make_validate(&p, &err), SW_EINVAL);
+    assert_non_null(strstr(err.message, "needs weight type q3_k"));
+    /* IQ4_NL only needs multiples of 32; IQ4_XS of 256 */
+    p = eng_model_make_default_params();
+    p.n_embd = 96;
+    p.n_ff = 160;
+    p.n_head = 3;
+    p.n_head_kv = 1;
+    p.weight_type = ENG_TYPE_IQ4_NL;
+    assert_int_equal(eng_model_make_validate(&p, &err), SW_OK);
+    p.weight_type = ENG_TYPE_IQ4_XS;
+    assert_int_equal(eng_model_make_validate(&p, &err), SW_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -638,6 +817,8 @@ int main(void)
         cmocka_unit_test(test_reference_dot),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_per_token_invariance),
+        cmocka_unit_test(test_models_generate),
+        cmocka_unit_test(test_q3_k_m_mix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

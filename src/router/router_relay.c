@@ -8,6 +8,7 @@
 #include "router/router_net.h"
 
 #include "common/alloc.h"
+#include "common/chat_content.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -48,8 +49,11 @@ static long count_prompt(json_t *body, bool chat)
     long result = -1;
     if (!chat) {
         json_t *p = json_object_get(body, "prompt");
-        if (json_is_array(p) && json_array_size(p) == 1)
+        if (json_is_array(p) && json_array_size(p) == 1 &&
+            (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
             p = json_array_get(p, 0);
+        if (json_is_array(p)) /* token ids, as the worker takes them */
+            return json_array_size(p) > 0 ? (long)json_array_size(p) : -1;
         if (!json_is_string(p))
             return -1;
         if (eng_tokenize(rt__g.tok, json_string_value(p), json_string_length(p),
@@ -63,13 +67,22 @@ static long count_prompt(json_t *body, bool chat)
     if (!json_is_array(msgs) || nm == 0 || nm > 100000)
         return -1;
     eng_chat_message *m = sw_calloc(nm, sizeof *m);
-    if (!m)
+    char **joined = sw_calloc(nm, sizeof *joined); /* content given as parts */
+    if (!m || !joined) {
+        sw_free(m);
+        sw_free(joined);
         return -1;
+    }
     for (size_t i = 0; i < nm; i++) {
         json_t *e = json_array_get(msgs, i);
         json_t *content = json_object_get(e, "content");
+        char why[160];
         m[i].role = json_string_value(json_object_get(e, "role"));
-        m[i].content = json_is_null(content) ? "" : json_string_value(content);
+        if (json_is_array(content) &&
+            sw_chat_content_text(content, &joined[i], why, sizeof why) == SW_OK)
+            m[i].content = joined[i];
+        else
+            m[i].content = json_is_null(content) ? "" : json_string_value(content);
         if (!m[i].role || !m[i].content)
             goto done;
     }
@@ -86,6 +99,9 @@ static long count_prompt(json_t *body, bool chat)
         sw_free(segs);
     }
 done:
+    for (size_t i = 0; i < nm; i++)
+        sw_free(joined[i]);
+    sw_free(joined);
     sw_free(m);
     return result;
 }
@@ -417,11 +433,18 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
     snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", r->q->request_id);
     const char *path = r->chat ? "/v1/chat/completions" : "/v1/completions";
     r->openai = w->cfg.kind == RT_KIND_OPENAI;
+    /* an idle connection to this worker process when there is one; an
+     * external engine gets one of its own per request (docs/router.md,
+     * Worker connections) */
+    rn_target up = {w->address, 0, w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 8, !r->openai};
+    pthread_mutex_lock(&rt__g.mu);
+    up.generation = (uint64_t)(uint32_t)w->restarts << 32 | (uint32_t)w->pid;
+    pthread_mutex_unlock(&rt__g.mu);
     /* no client socket (a job): the job runners' cancel pipe, so a shutdown
      * aborts the worker request (router_jobs.c, rt__jobs_cancel) */
-    int rc = rn_request(&c, w->address, "POST", path, hdr, body, body_len,
-                        r->q->fd >= 0 ? r->q->fd : rt__job_cancel_fd,
-                        rt__g.cfg->http_timeout_s * 1000);
+    int rc = rn_request_pooled(&c, &up, "POST", path, hdr, body, body_len,
+                               r->q->fd >= 0 ? r->q->fd : rt__job_cancel_fd,
+                               rt__g.cfg->http_timeout_s * 1000);
     fail_kind fk = FAIL_NONE;
     snprintf(r->phase, sizeof r->phase, "connect");
     if (rc == -2) {
@@ -557,8 +580,10 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
         w->tokens += r->n_tokens;
         pthread_mutex_unlock(&rt__g.mu);
     }
+    if (fk == FAIL_NONE && done)
+        rn_body_drain(&c, 1000); /* the last chunk, so the connection can be reused */
 out:
-    rn_close(&c);
+    rn_release(&c); /* reused only when the response was read to its end */
     pthread_mutex_lock(&rt__g.mu);
     w->inflight--;
     pthread_mutex_unlock(&rt__g.mu);

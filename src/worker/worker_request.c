@@ -8,6 +8,7 @@
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
+#include "common/chat_content.h"
 
 #include <errno.h>
 #include <math.h>
@@ -137,13 +138,14 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
     eng_chat_message *msgs = sw_calloc(n, sizeof *msgs);
     eng_chat_message_tools *ext = sw_calloc(n, sizeof *ext);
     eng_chat_tool_call **calls = sw_calloc(n, sizeof *calls);
+    char **joined = sw_calloc(n, sizeof *joined); /* content given as parts */
     char *text = NULL;
     size_t len = 0, n_seg = 0;
     eng_chat_segment *seg = NULL;
     sw_error err;
     bool ok = false;
 
-    if (!msgs || !ext || !calls) {
+    if (!msgs || !ext || !calls || !joined) {
         bad(p, NULL, "out of memory");
         goto done;
     }
@@ -159,8 +161,21 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
             msgs[i].content = json_string_value(jc);
         } else if ((!jc || json_is_null(jc)) && strcmp(msgs[i].role, "assistant") == 0) {
             msgs[i].content = "";
+        } else if (json_is_array(jc)) {
+            char why[160];
+            int rc = sw_chat_content_text(jc, &joined[i], why, sizeof why);
+            if (rc == SW_ENOMEM) {
+                bad(p, NULL, "out of memory");
+                goto done;
+            }
+            if (rc != SW_OK) {
+                bad(p, "messages", "messages[%zu]: %s", i, why);
+                goto done;
+            }
+            msgs[i].content = joined[i];
         } else {
-            bad(p, "messages", "messages[%zu].content must be a string", i);
+            bad(p, "messages", "messages[%zu].content must be a string or an array of text parts",
+                i);
             goto done;
         }
         if (!message_tools(m, i, msgs[i].role, &ext[i], &calls[i], p))
@@ -199,6 +214,9 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
 done:
     for (size_t i = 0; calls && i < n; i++)
         sw_free(calls[i]);
+    for (size_t i = 0; joined && i < n; i++)
+        sw_free(joined[i]);
+    sw_free(joined);
     sw_free(calls);
     sw_free(ext);
     sw_free(msgs);
@@ -643,18 +661,43 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         r->tool_syntax = eng_chat_tool_syntax_of(s->chat_family);
     } else {
         v = json_object_get(body, "prompt");
-        if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
+        /* one prompt: a string, token ids, or a one-element array of either */
+        if (json_is_array(v) && json_array_size(v) == 1 &&
+            (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
             v = json_array_get(v, 0);
-        if (!json_is_string(v))
-            return bad(p, "prompt", "'prompt' must be a string");
+        bool token_ids = json_is_array(v) && json_array_size(v) > 0 &&
+                         json_is_integer(json_array_get(v, 0));
+        if (!json_is_string(v) && !token_ids)
+            return bad(p, "prompt", "'prompt' must be a string or an array of token ids (one "
+                                    "prompt per request)");
         char *tools_text = NULL;
         if (!parse_tools(body, chat, r, p, &tools_text))
             return false;
         sw_free(tools_text);
         sw_error err;
-        if (eng_tokenize(s->tok, json_string_value(v), json_string_length(v), add_bos, false, &ids,
-                         &n_ids, &err))
+        if (token_ids) {
+            /* OpenAI: token ids are the prompt as given (no BOS added) */
+            const int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
+            n_ids = json_array_size(v);
+            if (n_ids > (size_t)WK_MAX_TOKENS_LIMIT)
+                return bad(p, "prompt", "the prompt has more than %d token ids",
+                           WK_MAX_TOKENS_LIMIT);
+            if (!(ids = sw_malloc(sizeof *ids * n_ids)))
+                return bad(p, NULL, "out of memory");
+            for (size_t k = 0; k < n_ids; k++) {
+                json_t *t = json_array_get(v, k);
+                if (!json_is_integer(t) || json_integer_value(t) < 0 ||
+                    json_integer_value(t) >= n_vocab) {
+                    sw_free(ids);
+                    return bad(p, "prompt", "'prompt' token ids must be integers below %d",
+                               n_vocab);
+                }
+                ids[k] = (int32_t)json_integer_value(t);
+            }
+        } else if (eng_tokenize(s->tok, json_string_value(v), json_string_length(v), add_bos,
+                                false, &ids, &n_ids, &err)) {
             return bad(p, "prompt", "cannot tokenize the prompt: %s", err.message);
+        }
     }
     if (n_ids == 0) {
         sw_free(ids);

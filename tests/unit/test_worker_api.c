@@ -224,6 +224,84 @@ static void test_logit_bias(void **state)
     }
 }
 
+/* OpenAI's other prompt and content forms: a completions prompt as token
+ * ids (or a one-element array of them) generates what the same text does;
+ * chat content as an array of text parts is the parts joined with "\n";
+ * a non-text part, several prompts, ids out of range: 400. */
+static void test_prompt_and_content_forms(void **state)
+{
+    (void)state;
+    wc_response r;
+    int want[MAXTOK], got[MAXTOK];
+    assert_int_equal(post("/tokenize", "{\"content\":\"Once upon a time\",\"add_special\":true}",
+                          &r),
+                     0);
+    json_t *tj = json_loads(r.body, 0, NULL);
+    char *ids = json_dumps(json_object_get(tj, "tokens"), JSON_COMPACT);
+    size_t n_ids = json_array_size(json_object_get(tj, "tokens"));
+    json_decref(tj);
+    wc_response_free(&r);
+    assert_true(n_ids > 2);
+    assert_int_equal(post("/v1/completions",
+                          "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}", &r),
+                     0);
+    assert_int_equal(wc_tokens_of(&r, false, want, MAXTOK, NULL, NULL, 0), 8);
+    wc_response_free(&r);
+    char body[1024];
+    for (int nested = 0; nested < 2; nested++) {
+        snprintf(body, sizeof body, "{\"prompt\":%s%s%s,\"max_tokens\":8,\"temperature\":0}",
+                 nested ? "[" : "", ids, nested ? "]" : "");
+        assert_int_equal(post("/v1/completions", body, &r), 0);
+        assert_int_equal(r.status, 200);
+        assert_int_equal(wc_tokens_of(&r, false, got, MAXTOK, NULL, NULL, 0), 8);
+        assert_memory_equal(got, want, 8 * sizeof(int));
+        json_t *j = json_loads(r.body, 0, NULL);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
+                                                            "prompt_tokens")),
+                         (json_int_t)n_ids);
+        json_decref(j);
+        wc_response_free(&r);
+    }
+    free(ids);
+
+    const char *plain = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\\nthere\"}],"
+                        "\"max_tokens\":8,\"temperature\":0}";
+    const char *parts = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                        "\"text\":\"Hello\"},{\"type\":\"text\",\"text\":\"there\"}]}],"
+                        "\"max_tokens\":8,\"temperature\":0}";
+    assert_int_equal(post("/v1/chat/completions", plain, &r), 0);
+    assert_int_equal(r.status, 200);
+    json_t *a = json_loads(r.body, 0, NULL);
+    wc_response_free(&r);
+    assert_int_equal(post("/v1/chat/completions", parts, &r), 0);
+    assert_int_equal(r.status, 200);
+    json_t *b = json_loads(r.body, 0, NULL);
+    wc_response_free(&r);
+    assert_true(json_equal(json_object_get(a, "usage"), json_object_get(b, "usage")));
+    assert_true(json_equal(json_object_get(json_object_get(a, "spillway"), "token_ids"),
+                           json_object_get(json_object_get(b, "spillway"), "token_ids")));
+    json_decref(a);
+    json_decref(b);
+
+    const char *bad[][2] = {
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+         "\"image_url\":{\"url\":\"http://x/y.png\"}}]}]}"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}"},
+        {"/v1/completions", "{\"prompt\":[\"a\",\"b\"]}"},
+        {"/v1/completions", "{\"prompt\":[1,2,1024]}"},
+        {"/v1/completions", "{\"prompt\":[1,2.5]}"},
+        {"/v1/completions", "{\"prompt\":[]}"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(post(bad[i][0], bad[i][1], &r), 0);
+        if (r.status != 400)
+            fail_msg("%s: status %d", bad[i][1], r.status);
+        wc_response_free(&r);
+    }
+}
+
 /* A stop string never reaches the client, not even its beginning, and the
  * text ends right before its first occurrence in the unstopped text. */
 static void test_stop_strings(void **state)
@@ -494,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_stream_shape),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_prompt_and_content_forms),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_resume_held_stop_text),
         cmocka_unit_test(test_logprobs),

@@ -1,5 +1,6 @@
 /* router_net.c - blocking HTTP/1.1 client for the router's upstream side
- * (router_net.h explains why blocking). */
+ * (router_net.h explains why blocking), and the pool of idle worker
+ * connections it reuses. */
 #include "router/router_net.h"
 
 #include "common/alloc.h"
@@ -7,6 +8,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 int rn_connect(const char *address, int timeout_ms)
@@ -111,11 +114,14 @@ static int rn_fill(rn_conn *c)
             if (r <= 0)
                 return r == 0 ? 0 : -1;
             c->len += (size_t)r;
+            c->received += (size_t)r;
             return (int)r;
         }
         waited += 100;
-        if (waited >= c->timeout_ms)
+        if (waited >= c->timeout_ms) {
+            c->timed_out = true;
             return -1;
+        }
     }
 }
 
@@ -140,21 +146,18 @@ static int rn_line(rn_conn *c, char *out, size_t cap)
     }
 }
 
-int rn_request(rn_conn *c, const char *address, const char *method, const char *path,
-               const char *extra_headers, const char *body, size_t body_len, int watch_fd,
-               int timeout_ms)
+/* Sends the request on the open c->fd and reads the status line and
+ * headers; returns as rn_request (-1: the write failed). */
+static int rn_exchange(rn_conn *c, const char *method, const char *path,
+                       const char *extra_headers, const char *body, size_t body_len,
+                       bool keep_alive)
 {
-    memset(c, 0, sizeof *c);
-    c->watch_fd = watch_fd;
-    c->timeout_ms = timeout_ms;
-    c->fd = rn_connect(address, timeout_ms);
-    if (c->fd < 0)
-        return -1;
     char head[2048];
     int n = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n%s"
+                     "%s %s HTTP/1.1\r\nHost: worker\r\nConnection: %s\r\n%s"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, extra_headers ? extra_headers : "", body ? body_len : 0);
+                     method, path, keep_alive ? "keep-alive" : "close",
+                     extra_headers ? extra_headers : "", body ? body_len : 0);
     if (n < 0 || (size_t)n >= sizeof head || rn_write_all(c->fd, head, (size_t)n) ||
         (body && body_len && rn_write_all(c->fd, body, body_len)))
         return -1;
@@ -164,6 +167,8 @@ int rn_request(rn_conn *c, const char *address, const char *method, const char *
         return r == -2 ? -2 : -3;
     if (strncmp(line, "HTTP/1.", 7) || strlen(line) < 12)
         return -3;
+    /* HTTP/1.1 keeps the connection unless it says close; 1.0 is not reused */
+    c->keep_alive = keep_alive && line[7] == '1';
     c->status = atoi(line + 9);
     for (;;) {
         r = rn_line(c, line, sizeof line);
@@ -181,16 +186,45 @@ int rn_request(rn_conn *c, const char *address, const char *method, const char *
         if (!strcasecmp(line, "Transfer-Encoding") && strstr(v, "chunked"))
             c->chunked = true;
         else if (!strcasecmp(line, "Content-Length")) {
+            char *end;
+            errno = 0;
+            long long cl = strtoll(v, &end, 10);
+            if (end == v || cl < 0 || errno)
+                return -3; /* not a length: the framing is unknown */
             c->has_length = true;
-            c->remaining = strtoll(v, NULL, 10);
-        } else if (!strcasecmp(line, "Retry-After"))
+            c->remaining = cl;
+        } else if (!strcasecmp(line, "Connection") && strcasestr(v, "close"))
+            c->keep_alive = false;
+        else if (!strcasecmp(line, "Retry-After"))
             snprintf(c->retry_after, sizeof c->retry_after, "%s", v);
         else if (!strcasecmp(line, "Content-Type"))
             snprintf(c->content_type, sizeof c->content_type, "%s", v);
     }
     if (c->chunked)
         c->remaining = 0;
+    if (!c->chunked && !c->has_length)
+        c->keep_alive = false; /* the body ends with the connection */
     return 0;
+}
+
+static void rn_conn_init(rn_conn *c, int watch_fd, int timeout_ms)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    c->watch_fd = watch_fd;
+    c->timeout_ms = timeout_ms;
+    c->pool_slot = -1;
+}
+
+int rn_request(rn_conn *c, const char *address, const char *method, const char *path,
+               const char *extra_headers, const char *body, size_t body_len, int watch_fd,
+               int timeout_ms)
+{
+    rn_conn_init(c, watch_fd, timeout_ms);
+    c->fd = rn_connect(address, timeout_ms);
+    if (c->fd < 0)
+        return -1;
+    return rn_exchange(c, method, path, extra_headers, body, body_len, false);
 }
 
 long rn_body(rn_conn *c, char *out, size_t cap)
@@ -212,7 +246,12 @@ long rn_body(rn_conn *c, char *out, size_t cap)
         if (end == line || size < 0)
             return -1;
         if (size == 0) {
-            rn_line(c, line, sizeof line); /* the empty trailer line */
+            /* trailer fields (none from our workers), then an empty line */
+            do {
+                r = rn_line(c, line, sizeof line);
+                if (r < 0)
+                    return r;
+            } while (line[0]);
             c->body_done = true;
             return 0;
         }
@@ -287,6 +326,305 @@ void rn_close(rn_conn *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+}
+
+
+/* ---- the pool of idle worker connections ----------------------------------
+ *
+ * One slot per upstream address (a worker's address never changes while
+ * the router runs), each a LIFO stack of idle sockets: the one used last is
+ * reused first, so the older ones expire when traffic falls. All under one
+ * mutex, held only to push or pop (never during I/O). The supervisor drops
+ * a slot when its worker exits, is killed or stops answering
+ * (rn_pool_drop); the generation in rn_target catches what it could miss,
+ * and the slot's epoch makes a connection in use when its slot was dropped
+ * close at its rn_release instead of going back. */
+
+#define RN_POOL_SLOTS 64
+#define RN_POOL_MAX_IDLE 32
+
+typedef struct rn_pool_slot {
+    char address[640];
+    uint64_t generation;
+    uint64_t epoch;          /* bumped at every drop */
+    int n_idle;
+    int fd[RN_POOL_MAX_IDLE];
+    double idle_since_s[RN_POOL_MAX_IDLE];
+} rn_pool_slot;
+
+static struct {
+    pthread_mutex_t mu;
+    rn_pool_slot slots[RN_POOL_SLOTS];
+    int n_slots;
+    rn_pool_counts counts;
+} rn_pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static pthread_once_t rn_pool_once = PTHREAD_ONCE_INIT;
+static bool rn_pool_off;         /* SPILLWAY_UPSTREAM_POOL=0 */
+static bool rn_pool_no_idle_check; /* SPILLWAY_FAULT router_pool_no_idle_check */
+
+static void rn_pool_read_env(void)
+{
+    const char *v = getenv("SPILLWAY_UPSTREAM_POOL");
+    rn_pool_off = v && !strcmp(v, "0");
+    /* test hook: reuse idle connections without looking at them first, so
+     * that the stale-connection retry is what copes with a closed one */
+    v = getenv("SPILLWAY_FAULT");
+    rn_pool_no_idle_check = v && strstr(v, "router_pool_no_idle_check");
+}
+
+static double rn_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The slot of address (created when absent); -1 when the table is full
+ * or the address too long. Called with rn_pool.mu held. */
+static int rn_slot_locked(const char *address)
+{
+    for (int i = 0; i < rn_pool.n_slots; i++)
+        if (!strcmp(rn_pool.slots[i].address, address))
+            return i;
+    if (rn_pool.n_slots == RN_POOL_SLOTS ||
+        strlen(address) >= sizeof rn_pool.slots[0].address)
+        return -1;
+    rn_pool_slot *s = &rn_pool.slots[rn_pool.n_slots];
+    memset(s, 0, sizeof *s);
+    snprintf(s->address, sizeof s->address, "%s", address);
+    return rn_pool.n_slots++;
+}
+
+/* Closes every idle connection of s. Called with rn_pool.mu held. */
+static void rn_slot_clear_locked(rn_pool_slot *s)
+{
+    for (int i = 0; i < s->n_idle; i++)
+        close(s->fd[i]);
+    rn_pool.counts.discarded += (uint64_t)s->n_idle;
+    s->n_idle = 0;
+}
+
+/* An idle connection to t (its slot and epoch in *slot, *epoch, also when
+ * none is returned), or -1. One the worker has closed, or that has bytes
+ * nobody asked for, is discarded on the way. */
+static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
+{
+    for (;;) {
+        pthread_mutex_lock(&rn_pool.mu);
+        int i = rn_slot_locked(t->address);
+        *slot = i;
+        if (i < 0) {
+            pthread_mutex_unlock(&rn_pool.mu);
+            return -1;
+        }
+        rn_pool_slot *s = &rn_pool.slots[i];
+        if (s->generation != t->generation) {
+            /* another process now: what was opened to the last one goes */
+            rn_slot_clear_locked(s);
+            s->generation = t->generation;
+            s->epoch++;
+        }
+        *epoch = s->epoch;
+        int fd = -1;
+        double now = rn_now_s();
+        while (s->n_idle > 0 && fd < 0) {
+            fd = s->fd[--s->n_idle];
+            if (now - s->idle_since_s[s->n_idle] > RN_POOL_IDLE_MS / 1000.0) {
+                close(fd);
+                rn_pool.counts.discarded++;
+                fd = -1;
+            }
+        }
+        pthread_mutex_unlock(&rn_pool.mu);
+        if (fd < 0 || rn_pool_no_idle_check)
+            return fd;
+        /* an idle connection has nothing to read: readable means the worker
+         * closed it (its idle time-out, its exit) */
+        struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) == 0)
+            return fd;
+        close(fd);
+        pthread_mutex_lock(&rn_pool.mu);
+        rn_pool.counts.discarded++;
+        pthread_mutex_unlock(&rn_pool.mu);
+    }
+}
+
+/* One exchange of a pooled request on fd (reused: it came from the pool). */
+static int rn_pooled_exchange(rn_conn *c, int fd, bool reused, int slot, uint64_t epoch,
+                              const rn_target *t, const char *method, const char *path,
+                              const char *extra_headers, const char *body, size_t body_len,
+                              int watch_fd, int timeout_ms)
+{
+    rn_conn_init(c, watch_fd, timeout_ms);
+    c->fd = fd;
+    c->reused = reused;
+    c->pool_slot = slot;
+    c->pool_epoch = epoch;
+    c->max_idle = t->max_idle < 1 ? 1 : t->max_idle > RN_POOL_MAX_IDLE ? RN_POOL_MAX_IDLE
+                                                                        : t->max_idle;
+    pthread_mutex_lock(&rn_pool.mu);
+    if (reused)
+        rn_pool.counts.reused++;
+    else
+        rn_pool.counts.opened++;
+    pthread_mutex_unlock(&rn_pool.mu);
+    return rn_exchange(c, method, path, extra_headers, body, body_len, true);
+}
+
+int rn_request_pooled(rn_conn *c, const rn_target *t, const char *method, const char *path,
+                      const char *extra_headers, const char *body, size_t body_len,
+                      int watch_fd, int timeout_ms)
+{
+    pthread_once(&rn_pool_once, rn_pool_read_env);
+    if (!t->pool || rn_pool_off)
+        return rn_request(c, t->address, method, path, extra_headers, body, body_len,
+                          watch_fd, timeout_ms);
+    int slot = -1;
+    uint64_t epoch = 0;
+    int fd = rn_pool_take(t, &slot, &epoch);
+    if (fd < 0) {
+        fd = rn_connect(t->address, timeout_ms);
+        if (fd < 0) {
+            rn_conn_init(c, watch_fd, timeout_ms);
+            return -1;
+        }
+        return rn_pooled_exchange(c, fd, false, slot, epoch, t, method, path, extra_headers,
+                                  body, body_len, watch_fd, timeout_ms);
+    }
+    int rc = rn_pooled_exchange(c, fd, true, slot, epoch, t, method, path, extra_headers, body,
+                                body_len, watch_fd, timeout_ms);
+    /* The stale-connection race: the worker closed this idle connection
+     * (its idle time-out) while we were sending on it. Sending the
+     * request again on a new connection is safe when it was reused, the
+     * write failed or the connection ended before a single response
+     * byte, and no read timed out, because then the worker did not
+     * start the request:
+     *  - evhttp reads a request whole before its handler runs, and
+     *    closes a connection without answering only while no request
+     *    is in progress on it (idle time-out, free at exit) or when the
+     *    process dies. A worker that runs a request either answers
+     *    (every error path of worker_http.c sends a response) or dies;
+     *    it never hangs up on a request it started.
+     *  - So an EOF before any byte means: the request was never read,
+     *    or the process died. The retry connects anew to the same
+     *    address. A dead process's listening socket is closed with it,
+     *    so the connect fails, and the caller gets -3, the crash it
+     *    would have seen without the pool (no second execution: no
+     *    other process listens there until the supervisor reaped the
+     *    dead one and started a new one, after its back-off and a model
+     *    load). If the connect slipped in while the dying process still
+     *    had its listener, nothing ever accepts it and it ends without
+     *    a response too: -3 again, and not retried a second time.
+     *  - evhttp's own time-out (http-timeout) cannot close a connection
+     *    whose request is being served without a byte: libevent stops
+     *    reading a connection once its request is dispatched (see
+     *    on_gone_check in worker_http.c), so no read time-out runs then.
+     *  - A time-out on our side is not stale: the worker may be running
+     *    the request; and once one response byte came, the worker had
+     *    started: both are failures as before, never sent again. */
+    if (!((rc == -1 || rc == -3) && c->received == 0 && !c->timed_out))
+        return rc;
+    rn_close(c);
+    pthread_mutex_lock(&rn_pool.mu);
+    rn_pool.counts.stale_retries++;
+    pthread_mutex_unlock(&rn_pool.mu);
+    fd = rn_connect(t->address, timeout_ms);
+    if (fd < 0) {
+        rn_conn_init(c, watch_fd, timeout_ms);
+        return -3; /* reached a moment ago, gone now: a crash before the response */
+    }
+    return rn_pooled_exchange(c, fd, false, slot, epoch, t, method, path, extra_headers, body,
+                              body_len, watch_fd, timeout_ms);
+}
+
+int rn_body_drain(rn_conn *c, int wait_ms)
+{
+    char sink[4096];
+    int saved = c->timeout_ms;
+    c->timeout_ms = wait_ms;
+    long n;
+    /* bounded: a stream's end is a few bytes after its last event */
+    for (int i = 0; i < 64 && (n = rn_body(c, sink, sizeof sink)) > 0; i++)
+        ;
+    c->timeout_ms = saved;
+    return c->body_done ? 0 : -1;
+}
+
+void rn_release(rn_conn *c)
+{
+    if (c->fd < 0)
+        return;
+    bool reusable = c->pool_slot >= 0 && c->keep_alive && c->body_done && !c->client_gone &&
+                    c->pos == c->len; /* nothing beyond the response */
+    if (reusable) {
+        pthread_mutex_lock(&rn_pool.mu);
+        rn_pool_slot *s = &rn_pool.slots[c->pool_slot];
+        if (s->epoch == c->pool_epoch && s->n_idle < c->max_idle) {
+            s->fd[s->n_idle] = c->fd;
+            s->idle_since_s[s->n_idle] = rn_now_s();
+            s->n_idle++;
+            c->fd = -1;
+        }
+        pthread_mutex_unlock(&rn_pool.mu);
+    }
+    rn_close(c);
+}
+
+void rn_pool_drop(const char *address)
+{
+    pthread_mutex_lock(&rn_pool.mu);
+    for (int i = 0; i < rn_pool.n_slots; i++) {
+        rn_pool_slot *s = &rn_pool.slots[i];
+        if (!strcmp(s->address, address)) {
+            rn_slot_clear_locked(s);
+            s->epoch++;
+        }
+    }
+    pthread_mutex_unlock(&rn_pool.mu);
+}
+
+void rn_pool_sweep(void)
+{
+    pthread_mutex_lock(&rn_pool.mu);
+    double now = rn_now_s();
+    for (int i = 0; i < rn_pool.n_slots; i++) {
+        rn_pool_slot *s = &rn_pool.slots[i];
+        /* the oldest are at the bottom of the stack */
+        int expired = 0;
+        while (expired < s->n_idle &&
+               now - s->idle_since_s[expired] > RN_POOL_IDLE_MS / 1000.0)
+            close(s->fd[expired++]);
+        if (expired) {
+            memmove(s->fd, s->fd + expired, (size_t)(s->n_idle - expired) * sizeof s->fd[0]);
+            memmove(s->idle_since_s, s->idle_since_s + expired,
+                    (size_t)(s->n_idle - expired) * sizeof s->idle_since_s[0]);
+            s->n_idle -= expired;
+            rn_pool.counts.discarded += (uint64_t)expired;
+        }
+    }
+    pthread_mutex_unlock(&rn_pool.mu);
+}
+
+void rn_pool_close_all(void)
+{
+    pthread_mutex_lock(&rn_pool.mu);
+    for (int i = 0; i < rn_pool.n_slots; i++) {
+        rn_slot_clear_locked(&rn_pool.slots[i]);
+        rn_pool.slots[i].epoch++;
+    }
+    pthread_mutex_unlock(&rn_pool.mu);
+}
+
+void rn_pool_get_counts(rn_pool_counts *out)
+{
+    pthread_mutex_lock(&rn_pool.mu);
+    *out = rn_pool.counts;
+    out->idle = 0;
+    for (int i = 0; i < rn_pool.n_slots; i++)
+        out->idle += rn_pool.slots[i].n_idle;
+    pthread_mutex_unlock(&rn_pool.mu);
 }
 
 int rn_get(const char *address, const char *path, int timeout_ms, char **body)

@@ -433,11 +433,18 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
     snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", r->q->request_id);
     const char *path = r->chat ? "/v1/chat/completions" : "/v1/completions";
     r->openai = w->cfg.kind == RT_KIND_OPENAI;
+    /* an idle connection to this worker process when there is one; an
+     * external engine gets one of its own per request (docs/router.md,
+     * Worker connections) */
+    rn_target up = {w->address, 0, w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 8, !r->openai};
+    pthread_mutex_lock(&rt__g.mu);
+    up.generation = (uint64_t)(uint32_t)w->restarts << 32 | (uint32_t)w->pid;
+    pthread_mutex_unlock(&rt__g.mu);
     /* no client socket (a job): the job runners' cancel pipe, so a shutdown
      * aborts the worker request (router_jobs.c, rt__jobs_cancel) */
-    int rc = rn_request(&c, w->address, "POST", path, hdr, body, body_len,
-                        r->q->fd >= 0 ? r->q->fd : rt__job_cancel_fd,
-                        rt__g.cfg->http_timeout_s * 1000);
+    int rc = rn_request_pooled(&c, &up, "POST", path, hdr, body, body_len,
+                               r->q->fd >= 0 ? r->q->fd : rt__job_cancel_fd,
+                               rt__g.cfg->http_timeout_s * 1000);
     fail_kind fk = FAIL_NONE;
     snprintf(r->phase, sizeof r->phase, "connect");
     if (rc == -2) {
@@ -573,8 +580,10 @@ static fail_kind attempt(relay *r, rt_worker *w, const char *body, size_t body_l
         w->tokens += r->n_tokens;
         pthread_mutex_unlock(&rt__g.mu);
     }
+    if (fk == FAIL_NONE && done)
+        rn_body_drain(&c, 1000); /* the last chunk, so the connection can be reused */
 out:
-    rn_close(&c);
+    rn_release(&c); /* reused only when the response was read to its end */
     pthread_mutex_lock(&rt__g.mu);
     w->inflight--;
     pthread_mutex_unlock(&rt__g.mu);

@@ -151,6 +151,7 @@ static void sup_health_openai(rt_worker *w)
         w->ready_once = true;
     } else {
         w->state = WS_DOWN;
+        rn_pool_drop(w->address);
     }
     w->last_health = rt__now_s();
     pthread_mutex_unlock(&rt__g.mu);
@@ -193,6 +194,7 @@ static void sup_health(rt_worker *w)
     } else if (w->state == WS_READY || w->state == WS_SUSPECT) {
         /* answers, but not ready (draining, failed) or does not answer */
         w->state = w->cfg.managed && w->pid > 0 ? WS_STARTING : WS_DOWN;
+        rn_pool_drop(w->address);
     } else if (!w->cfg.managed) {
         w->state = WS_DOWN;
     }
@@ -222,6 +224,7 @@ void rt__sup_pass(bool force_health)
                 w->next_start = t + w->backoff;
                 w->backoff = w->backoff * 2 > 10 ? 10 : w->backoff * 2;
                 w->restarts++;
+                rn_pool_drop(w->address); /* no connection outlives its process */
             }
         }
         if (w->cfg.managed && w->pid > 0 && w->restart_requested && w->state != WS_DOWN) {
@@ -229,6 +232,7 @@ void rt__sup_pass(bool force_health)
                     w->cfg.name);
             kill(w->pid, SIGTERM);
             w->state = WS_DOWN;
+            rn_pool_drop(w->address);
         }
         if (w->cfg.managed && w->pid > 0 && !w->restart_requested && w->state != WS_DOWN) {
             /* A process that stopped answering (hung, stopped, deadlocked)
@@ -240,6 +244,7 @@ void rt__sup_pass(bool force_health)
                         w->cfg.name, t - w->last_ok, (int)w->pid);
                 kill(w->pid, SIGKILL);
                 w->state = WS_DOWN;
+                rn_pool_drop(w->address);
             }
         }
         bool spawn = w->cfg.managed && w->pid == 0 && !rt__g.stop && t >= w->next_start;
@@ -293,11 +298,14 @@ void *rt__sup_thread(void *arg)
     double last_sweep = 0;
     while (!rt__g.stop) {
         rt__sup_pass(false);
+        rn_pool_sweep(); /* idle worker connections past RN_POOL_IDLE_MS */
         sup_ledger_sweep(&last_sweep);
         usleep(50 * 1000);
     }
     /* Workers this thread restarted die with it (PR_SET_PDEATHSIG is per
-     * thread): stop them all here, gracefully, before it ends. */
+     * thread): stop them all here, gracefully, before it ends. Idle
+     * connections to them are closed first. */
+    rn_pool_close_all();
     rt__stop_workers();
     return NULL;
 }

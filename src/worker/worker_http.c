@@ -230,6 +230,21 @@ static void live_remove(wk_server *s, wk_req *r)
 
 static wk_server *g_server; /* for the connection close callback */
 
+/* Connections accepted (spillway_worker_connections_accepted_total): shows
+ * whether clients such as the router reuse their connections. Only the
+ * event loop thread touches it. */
+static uint64_t g_connections_accepted;
+
+/* evhttp asks for a bufferevent for each connection it accepts: counted
+ * here; NULL lets it make its usual one. */
+static struct bufferevent *on_new_connection(struct event_base *base, void *arg)
+{
+    (void)base;
+    (void)arg;
+    g_connections_accepted++;
+    return NULL;
+}
+
 static void on_conn_close(struct evhttp_connection *conn, void *arg)
 {
     wk_req *r = arg;
@@ -762,12 +777,16 @@ static void handle_metrics(wk_server *s, struct evhttp_request *evreq)
         "# TYPE spillway_worker_queue_length gauge\n"
         "spillway_worker_queue_length %d\n"
         "# TYPE spillway_worker_device_simulated gauge\n"
-        "spillway_worker_device_simulated %d\n",
+        "spillway_worker_device_simulated %d\n"
+        "# HELP spillway_worker_connections_accepted_total HTTP connections accepted.\n"
+        "# TYPE spillway_worker_connections_accepted_total counter\n"
+        "spillway_worker_connections_accepted_total %llu\n",
         (unsigned long long)s->n_ok, (unsigned long long)s->n_error,
         (unsigned long long)s->n_oom, (unsigned long long)s->n_cancelled,
         (unsigned long long)s->n_rejected, (unsigned long long)s->prompt_tokens_total,
         (unsigned long long)s->generated_tokens_total, s->kv_used_bytes, s->slots_active,
-        s->n_seqs, s->n_queued, s->dev && s->state != WK_LOADING ? dev_is_simulated(s->dev) : 0);
+        s->n_seqs, s->n_queued, s->dev && s->state != WK_LOADING ? dev_is_simulated(s->dev) : 0,
+        (unsigned long long)g_connections_accepted);
     pthread_mutex_unlock(&s->lock);
     evhttp_add_header(evhttp_request_get_output_headers(evreq), "Content-Type",
                       "text/plain; version=0.0.4");
@@ -1096,6 +1115,7 @@ int wk_serve(const wk_options *opts)
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(s->http, on_request, s);
+    evhttp_set_bevcb(s->http, on_new_connection, NULL);
     if (listen_on(s, &err))
         goto fail;
     s->pipe_ev = event_new(s->base, s->pipe_r, EV_READ | EV_PERSIST, on_pipe, s);

@@ -8,6 +8,8 @@
 #
 #   bench/crosscheck.sh [BUILD_DIR]      (default: build; needs the llama.cpp
 #                                         that bench/llamacpp-build.sh builds)
+#   CROSSCHECK_ONLY=REGEX bench/crosscheck.sh ...   only the models whose name
+#                                         matches REGEX (grep -E), e.g. 'q3_k|iq4'
 #
 # For each model: spillway generates 24 tokens greedily with its top-5
 # log-probabilities (`spillway run --json --top-logprobs 5`); llama.cpp is
@@ -43,13 +45,15 @@ declare -A made=(
   [llama-f32]="--type f32" [llama-f16]="--type f16" [llama-bf16]="--type bf16"
   [llama-q8_0]="--type q8_0" [llama-q4_0]="--type q4_0" [llama-q4_k]="--type q4_k"
   [llama-q5_k]="--type q5_k" [llama-q6_k]="--type q6_k" [llama-q4_k_m]="--type q4_k_m"
-  [llama-q5_k_m]="--type q5_k_m" [llama3-f32]="--arch llama3 --type f32"
+  [llama-q5_k_m]="--type q5_k_m" [llama-q3_k]="--type q3_k" [llama-q2_k]="--type q2_k"
+  [llama-iq4_xs]="--type iq4_xs" [llama-iq4_nl]="--type iq4_nl" [llama-q3_k_m]="--type q3_k_m"
+  [qwen2-q3_k_m]="--arch qwen2 --type q3_k_m" [llama3-f32]="--arch llama3 --type f32"
   [llama3-q4_k_m]="--arch llama3 --type q4_k_m" [qwen2-f32]="--arch qwen2 --type f32"
   [qwen2-q8_0]="--arch qwen2 --type q8_0" [qwen2-q4_k_m]="--arch qwen2 --type q4_k_m"
   [llama-tied-q8_0]="--type q8_0 --tied")
 order="llama-f32 llama-f16 llama-bf16 llama-q8_0 llama-q4_0 llama-q4_k llama-q5_k llama-q6_k
-       llama-q4_k_m llama-q5_k_m llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m
-       llama-tied-q8_0"
+       llama-q4_k_m llama-q5_k_m llama-q3_k llama-q2_k llama-iq4_xs llama-iq4_nl llama-q3_k_m
+       llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0"
 files=()
 for m in $order; do
   f="$work/$m.gguf"
@@ -59,11 +63,13 @@ for m in $order; do
   files+=("$f")
 done
 # Files quantized by llama.cpp's own quantizer (its choice of types per
-# tensor, as the GGUF files people download were made).
+# tensor, as the GGUF files people download were made). No imatrix: the
+# low-bit types here do not need one (Q2_K only warns).
 for base in llama-f32 llama3-f32 qwen2-f32; do
-  for t in Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0; do
+  for t in Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0 Q3_K_S Q3_K_M Q3_K_L Q2_K IQ4_XS IQ4_NL; do
     f="$work/llamacpp-${base%-f32}-$t.gguf"
-    [ -f "$f" ] || "$ref_bin/llama-quantize" "$work/$base.gguf" "$f" "$t" >/dev/null 2>&1
+    [ -f "$f" ] || "$ref_bin/llama-quantize" "$work/$base.gguf" "$f" "$t" >"$f.log" 2>&1 ||
+      { echo "crosscheck: llama-quantize $t failed, see $f.log" >&2; rm -f "$f"; exit 1; }
     files+=("$f")
   done
 done
@@ -71,10 +77,13 @@ for s in stories260K llama-2-tiny-random; do
   [ -f "$here/../../shared/models/$s.gguf" ] && files+=("$here/../../shared/models/$s.gguf")
 done
 
-printf '%-22s %6s %8s %10s %10s %10s  %s\n' model steps "argmax=" "|ours-ref|" "ours-exact" "ref-exact" verdict
+printf '%-24s %6s %8s %10s %10s %10s  %s\n' model steps "argmax=" "|ours-ref|" "ours-exact" "ref-exact" verdict
 failed=0
 for f in "${files[@]}"; do
   name=$(basename "$f" .gguf)
+  if [ -n "${CROSSCHECK_ONLY:-}" ] && ! grep -qE -- "$CROSSCHECK_ONLY" <<<"$name"; then
+    continue
+  fi
   "$bin" run -m "$f" -p "$prompt" -n 24 --temp 0 --ignore-eos --json --top-logprobs 5 \
     >"$work/$name.json" 2>/dev/null
   read -r steps agree diff < <("$xc" "$f" "$work/$name.json")
@@ -95,7 +104,7 @@ for f in "${files[@]}"; do
              if (oe == "-") ok = ok && d <= 0.02; else ok = ok && oe <= 1.5 * re + 0.05
              print ok ? "ok" : "FAIL" }')
   [ "$verdict" = ok ] || failed=1
-  printf '%-22s %6s %8s %10.4f %10s %10s  %s\n' "$name" "$steps" "$agree" "$diff" "$ours_exact" \
+  printf '%-24s %6s %8s %10.4f %10s %10s  %s\n' "$name" "$steps" "$agree" "$diff" "$ours_exact" \
     "$ref_exact" "$verdict"
 done
 exit "$failed"

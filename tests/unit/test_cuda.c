@@ -40,6 +40,7 @@
 #endif
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef SPILLWAY_CUDA
@@ -108,13 +109,42 @@ static double rel_error(const float *got, const float *want, int64_t n)
     return den > 0.0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* On a failure, where: the worst element and the first few that are off
+ * by more than the tolerance allows an element of average size (a layout
+ * or index bug shows as a pattern in these indices). */
+static void print_mismatches(const float *got, const float *want, int64_t n, double tolerance)
+{
+    double den = 0.0, worst = -1.0;
+    int64_t worst_i = 0;
+    int shown = 0;
+    for (int64_t i = 0; i < n; i++)
+        den += (double)want[i] * want[i];
+    double limit = tolerance * sqrt(den / (double)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= worst)) {
+            worst = d;
+            worst_i = i;
+        }
+        if (!(d <= limit) && shown < 8) {
+            printf("    [%lld] got %.9g, expected %.9g\n", (long long)i, got[i], want[i]);
+            shown++;
+        }
+    }
+    if (n > 0)
+        printf("    worst [%lld] got %.9g, expected %.9g (of %lld values)\n", (long long)worst_i,
+               got[worst_i], want[worst_i], (long long)n);
+}
+
 static void expect_close(const char *what, const float *got, const float *want, int64_t n,
                          double tolerance)
 {
     double e = rel_error(got, want, n);
     printf("  %-36s relative error %.3g (limit %.0e)\n", what, e, tolerance);
-    if (!(e <= tolerance))
+    if (!(e <= tolerance)) {
+        print_mismatches(got, want, n, tolerance);
         fail_msg("%s: relative error %g above %g", what, e, tolerance);
+    }
 }
 
 static void expect_ok(int cuda_rc, const char *what)
@@ -175,6 +205,134 @@ static void test_open_without_gpu(void **state)
     assert_non_null(strstr(err.message, "cuda:0"));
     assert_null(dev);
     printf("  cuda:0 without a GPU: %s\n", err.message);
+}
+
+/* RoPE as forward.c's rope() computes it (its recurrence for theta), over
+ * rows of HEADS heads of HD values, the first NROT of each rotated. */
+enum { ROPE_ROWS = 4, ROPE_HEADS = 3, ROPE_HD = 16, ROPE_NROT = 12 };
+static const int32_t rope_pos[ROPE_ROWS] = {0, 1, 37, 3000};
+
+static void rope_setup(float *factors, float *linear, float *theta_scale)
+{
+    *linear = 2.0f;
+    *theta_scale = powf(10000.0f, -2.0f / (float)ROPE_NROT);
+    for (int i = 0; i < ROPE_NROT / 2; i++)
+        factors[i] = 1.0f + (float)i * 0.5f;
+}
+
+static void rope_reference(float *ref, int neox, const float *factors, float linear,
+                           float theta_scale)
+{
+    for (int t = 0; t < ROPE_ROWS; t++) {
+        float theta = (float)rope_pos[t] / linear;
+        for (int i = 0; i < ROPE_NROT / 2; i++) {
+            float angle = theta / factors[i], c = cosf(angle), s = sinf(angle);
+            int i0 = neox ? i : 2 * i, i1 = neox ? i + ROPE_NROT / 2 : 2 * i + 1;
+            for (int h = 0; h < ROPE_HEADS; h++) {
+                float *p = ref + (t * ROPE_HEADS + h) * ROPE_HD;
+                float a = p[i0], b = p[i1];
+                p[i0] = a * c - b * s;
+                p[i1] = a * s + b * c;
+            }
+            theta *= theta_scale;
+        }
+    }
+}
+
+/* ---- the kernels' element code on the host (no GPU needed) ------------------------ */
+
+/* Offsets of the f16 scales in a block of each quantized type (engine/quant.h);
+ * random bytes elsewhere reach every bit pattern of the quants and of the
+ * packed 6-bit K-quant scales, which quantizing random floats would not. */
+static void random_row(uint32_t type, int64_t n_in, unsigned char *row, size_t row_bytes)
+{
+    size_t block = 0;
+    int n_d = 0, d_at[2] = {0, 0};
+    switch (type) {
+    case ENG_TYPE_F32:
+        for (int64_t i = 0; i < n_in; i++)
+            ((float *)row)[i] = rnd() * 4.0f;
+        return;
+    case ENG_TYPE_F16:
+        for (int64_t i = 0; i < n_in; i++)
+            ((uint16_t *)row)[i] = eng_fp32_to_fp16(rnd() * 4.0f);
+        return;
+    case ENG_TYPE_BF16:
+        for (int64_t i = 0; i < n_in; i++)
+            ((uint16_t *)row)[i] = eng_fp32_to_bf16(rnd() * 4.0f);
+        return;
+    case ENG_TYPE_Q8_0: block = 34, n_d = 1, d_at[0] = 0; break;
+    case ENG_TYPE_Q4_0: block = 18, n_d = 1, d_at[0] = 0; break;
+    case ENG_TYPE_Q4_K: block = 144, n_d = 2, d_at[0] = 0, d_at[1] = 2; break;
+    case ENG_TYPE_Q5_K: block = 176, n_d = 2, d_at[0] = 0, d_at[1] = 2; break;
+    case ENG_TYPE_Q6_K: block = 210, n_d = 1, d_at[0] = 208; break;
+    default: fail_msg("random_row: type %u", type);
+    }
+    for (size_t i = 0; i < row_bytes; i++)
+        row[i] = (unsigned char)((rnd() + 1.0f) * 128.0f);
+    for (size_t b = 0; b < row_bytes / block; b++)
+        for (int j = 0; j < n_d; j++) {
+            uint16_t h = eng_fp32_to_fp16(rnd() * 0.05f);
+            memcpy(row + b * block + d_at[j], &h, sizeof h);
+        }
+}
+
+/* The kernels' dequantization (dequant_group, float_value, the 6-bit scale
+ * unpacking), run on the host, equals engine/quant.c's value for value:
+ * every block layout and index is the CPU's. Runs in any CUDA build. */
+static void test_host_dequantize_layouts(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_BF16, ENG_TYPE_Q8_0,
+                              ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+    enum { N_IN = 1024, ROWS = 4 };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t type = types[ti];
+        size_t row_bytes = 0;
+        assert_true(eng_type_row_bytes(type, N_IN, &row_bytes));
+        unsigned char *row = sw_malloc(row_bytes);
+        float *want = sw_malloc(N_IN * sizeof(float)), *got = sw_malloc(N_IN * sizeof(float));
+        for (int r = 0; r < ROWS; r++) {
+            random_row(type, N_IN, row, row_bytes);
+            eng_dequantize_row(type, row, want, N_IN);
+            assert_int_equal(cuda_kernels_host_dequantize_row(type, row, N_IN, got), 0);
+            for (int64_t i = 0; i < N_IN; i++)
+                if (memcmp(&got[i], &want[i], sizeof got[i]) != 0) {
+                    print_mismatches(got, want, N_IN, 0.0);
+                    fail_msg("%s row %d: value %lld is %.9g, quant.c says %.9g",
+                             eng_type_traits_get(type)->name, r, (long long)i, got[i], want[i]);
+                }
+        }
+        printf("  host dequantize %-8s equal to quant.c (%d rows of %d)\n",
+               eng_type_traits_get(type)->name, ROWS, N_IN);
+        sw_free(row);
+        sw_free(want);
+        sw_free(got);
+    }
+    /* Row lengths the kernels would read past: refused. */
+    float out[288];
+    unsigned char junk[256 * 4] = {0};
+    assert_int_not_equal(cuda_kernels_host_dequantize_row(ENG_TYPE_Q4_K, junk, 288, out), 0);
+    assert_int_not_equal(cuda_kernels_host_dequantize_row(ENG_TYPE_Q8_0, junk, 48, out), 0);
+    assert_int_not_equal(cuda_kernels_host_dequantize_row(ENG_TYPE_Q4_1, junk, 64, out), 0);
+}
+
+/* The RoPE kernel's per-pair code (pair and head indices, both pairings,
+ * the theta recurrence), on the host, against forward.c's rope(). */
+static void test_host_rope(void **state)
+{
+    (void)state;
+    enum { N = ROPE_ROWS * ROPE_HEADS * ROPE_HD };
+    float x[N], ref[N], factors[ROPE_NROT / 2], linear, theta_scale;
+    rope_setup(factors, &linear, &theta_scale);
+    for (int neox = 0; neox < 2; neox++) {
+        for (int i = 0; i < N; i++)
+            ref[i] = x[i] = rnd();
+        rope_reference(ref, neox, factors, linear, theta_scale);
+        cuda_kernels_host_rope(x, ROPE_ROWS, ROPE_HEADS, ROPE_HD, ROPE_NROT, neox, rope_pos,
+                               factors, linear, theta_scale);
+        expect_close(neox ? "host rope neox" : "host rope normal", x, ref, N, 0.0);
+    }
 }
 
 /* ---- matrix products ------------------------------------------------------------ */
@@ -329,34 +487,19 @@ static void test_rope_parity(void **state)
 {
     (void)state;
     NEED_GPU();
-    enum { ROWS = 4, HEADS = 3, HD = 16, NROT = 12 };
-    const int32_t pos[ROWS] = {0, 1, 37, 3000};
+    enum { ROWS = ROPE_ROWS, HEADS = ROPE_HEADS, HD = ROPE_HD, NROT = ROPE_NROT };
+    const int32_t *pos = rope_pos;
     float x[ROWS * HEADS * HD], ref[ROWS * HEADS * HD], got[ROWS * HEADS * HD];
-    float factors[NROT / 2];
-    const float linear = 2.0f, theta_scale = powf(10000.0f, -2.0f / (float)NROT);
-    for (int i = 0; i < NROT / 2; i++)
-        factors[i] = 1.0f + (float)i * 0.5f;
-    int32_t *d_pos = gpu_copy(pos, sizeof pos);
+    float factors[NROT / 2], linear, theta_scale;
+    rope_setup(factors, &linear, &theta_scale);
+    int32_t *d_pos = gpu_copy(pos, sizeof rope_pos);
     float *d_factors = gpu_copy(factors, sizeof factors);
     float *d_x = gpu_alloc(sizeof x);
 
     for (int neox = 0; neox < 2; neox++) {
         for (int i = 0; i < ROWS * HEADS * HD; i++)
             ref[i] = x[i] = rnd();
-        for (int t = 0; t < ROWS; t++) {
-            float theta = (float)pos[t] / linear;
-            for (int i = 0; i < NROT / 2; i++) {
-                float angle = theta / factors[i], c = cosf(angle), s = sinf(angle);
-                int i0 = neox ? i : 2 * i, i1 = neox ? i + NROT / 2 : 2 * i + 1;
-                for (int h = 0; h < HEADS; h++) {
-                    float *p = ref + (t * HEADS + h) * HD;
-                    float a = p[i0], b = p[i1];
-                    p[i0] = a * c - b * s;
-                    p[i1] = a * s + b * c;
-                }
-                theta *= theta_scale;
-            }
-        }
+        rope_reference(ref, neox, factors, linear, theta_scale);
         if (dev_upload(gpu, d_x, x, sizeof x, NULL))
             fail_msg("upload");
         expect_ok(cuda_rope(d_x, ROWS, HEADS, HD, NROT, neox, d_pos, d_factors, linear,
@@ -364,7 +507,7 @@ static void test_rope_parity(void **state)
         gpu_read(got, d_x, sizeof got);
         expect_close(neox ? "rope neox" : "rope normal", got, ref, ROWS * HEADS * HD, 1e-5);
     }
-    dev_free(gpu, d_pos, sizeof pos);
+    dev_free(gpu, d_pos, sizeof rope_pos);
     dev_free(gpu, d_factors, sizeof factors);
     dev_free(gpu, d_x, sizeof x);
 }
@@ -780,6 +923,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open_without_gpu),
+        cmocka_unit_test(test_host_dequantize_layouts),
+        cmocka_unit_test(test_host_rope),
         cmocka_unit_test(test_matvec_parity),
         cmocka_unit_test(test_elementwise_parity),
         cmocka_unit_test(test_rope_parity),
@@ -789,6 +934,10 @@ int main(void)
         cmocka_unit_test(test_gemm_chunks),
         cmocka_unit_test(test_oom_is_clean),
     };
+    /* TEST_CUDA_FILTER=pattern runs only the matching tests (gpu-check.sh
+     * reruns the per-kernel ones under compute-sanitizer after a failure). */
+    if (getenv("TEST_CUDA_FILTER"))
+        cmocka_set_test_filter(getenv("TEST_CUDA_FILTER"));
     return cmocka_run_group_tests(tests, open_gpu, close_gpu);
 }
 

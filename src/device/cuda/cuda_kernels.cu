@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <string.h>
 
 /* GGUF type ids (engine/quant.h). */
 enum {
@@ -45,39 +46,70 @@ static __host__ __device__ int is_float_type(uint32_t type)
     return type == T_F32 || type == T_F16 || type == T_BF16;
 }
 
-extern "C" int cuda_kernels_type_supported(uint32_t type)
+/* Values per block of a supported type (1 for the float types); 0 for a
+ * type the kernels do not read. */
+static int block_values(uint32_t type)
 {
     switch (type) {
-    case T_F32: case T_F16: case T_BF16: case T_Q8_0: case T_Q4_0: case T_Q4_K: case T_Q5_K:
-    case T_Q6_K:
+    case T_F32: case T_F16: case T_BF16:
         return 1;
+    case T_Q8_0: case T_Q4_0:
+        return 32;
+    case T_Q4_K: case T_Q5_K: case T_Q6_K:
+        return 256;
     default:
         return 0;
     }
 }
 
+extern "C" int cuda_kernels_type_supported(uint32_t type) { return block_values(type) != 0; }
+
+/* Whether rows of n_in values of this type are something the kernels read
+ * whole: a supported type and whole blocks (a K-quant row of 288 values
+ * passes n_in % 32 but would read a super-block past its end). */
+static bool row_shape_ok(uint32_t type, int64_t n_in)
+{
+    int bv = block_values(type);
+    return bv != 0 && n_in > 0 && n_in % bv == 0;
+}
+
 /* ---- reading weights --------------------------------------------------------- */
 
-static __device__ __forceinline__ float load_f16(const unsigned char *p)
+/* The readers below are __host__ __device__: the host build of this file
+ * runs the very same code in cuda_kernels_host_dequantize_row, which
+ * test_cuda holds to the CPU's dequantization without a GPU. */
+static __host__ __device__ __forceinline__ float load_f16(const unsigned char *p)
 {
     unsigned short h = (unsigned short)(p[0] | (p[1] << 8));
     return __half2float(__ushort_as_half(h));
 }
 
+static __host__ __device__ __forceinline__ float bits_as_float(unsigned u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
 /* Value i of a float-typed row. */
-static __device__ __forceinline__ float float_value(uint32_t type, const unsigned char *row,
-                                                    int64_t i)
+static __host__ __device__ __forceinline__ float float_value(uint32_t type,
+                                                             const unsigned char *row, int64_t i)
 {
     if (type == T_F32)
         return reinterpret_cast<const float *>(row)[i];
     unsigned short h = reinterpret_cast<const unsigned short *>(row)[i];
     if (type == T_F16)
         return __half2float(__ushort_as_half(h));
-    return __uint_as_float((unsigned)h << 16); /* bf16 */
+    return bits_as_float((unsigned)h << 16); /* bf16 */
 }
 
 /* The 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block. */
-static __device__ __forceinline__ void k_scale_min(const unsigned char *b, int j, int *sc, int *m)
+static __host__ __device__ __forceinline__ void k_scale_min(const unsigned char *b, int j, int *sc,
+                                                            int *m)
 {
     if (j < 4) {
         *sc = b[j] & 63;
@@ -89,7 +121,7 @@ static __device__ __forceinline__ void k_scale_min(const unsigned char *b, int j
 }
 
 /* The 32 values of group g (values 32g .. 32g+31) of a quantized row. */
-static __device__ void dequant_group(uint32_t type, const unsigned char *row, int64_t g,
+static __host__ __device__ void dequant_group(uint32_t type, const unsigned char *row, int64_t g,
                                      float *v)
 {
     switch (type) {
@@ -191,7 +223,7 @@ extern "C" int cuda_matvec(uint32_t type, const void *d_w, size_t row_bytes, int
                            int64_t n_out, const float *d_x, int64_t n_tokens, float *d_y,
                            int64_t y_stride, void *stream)
 {
-    if (!cuda_kernels_type_supported(type) || (!is_float_type(type) && n_in % 32 != 0))
+    if (!row_shape_ok(type, n_in))
         return (int)cudaErrorInvalidValue;
     const int64_t max_y = 65535;
     for (int64_t t0 = 0; t0 < n_tokens; t0 += max_y) {
@@ -234,8 +266,7 @@ extern "C" int cuda_dequantize_rows(uint32_t type, const void *d_w, size_t row_b
                                     int64_t n_in, int64_t r0, int64_t r1, float *d_out,
                                     void *stream)
 {
-    if (!cuda_kernels_type_supported(type) || (!is_float_type(type) && n_in % 32 != 0) ||
-        r1 < r0)
+    if (!row_shape_ok(type, n_in) || r0 < 0 || r1 < r0)
         return (int)cudaErrorInvalidValue;
     int64_t items = (r1 - r0) * (is_float_type(type) ? n_in : n_in / 32);
     if (items == 0)
@@ -334,15 +365,14 @@ extern "C" int cuda_swiglu(float *d_gate, const float *d_up, int64_t n, void *st
     return status_of_launch();
 }
 
-/* One thread per (row, head, pair). */
-static __global__ void rope_kernel(float *x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
-                                   int32_t n_rot, int neox, const int32_t *pos,
-                                   const float *factors, float linear_factor, float theta_scale)
+/* Pair idx of the (row, head, pair) grid: one thread each on the GPU, a
+ * loop in cuda_kernels_host_rope. */
+static __host__ __device__ void rope_pair(float *x, int64_t idx, int32_t n_heads,
+                                          int32_t head_dim, int32_t n_rot, int neox,
+                                          const int32_t *pos, const float *factors,
+                                          float linear_factor, float theta_scale)
 {
     const int32_t half = n_rot / 2;
-    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n_rows * n_heads * half)
-        return;
     int32_t i = (int32_t)(idx % half);
     int32_t h = (int32_t)((idx / half) % n_heads);
     int64_t t = idx / ((int64_t)half * n_heads);
@@ -357,6 +387,16 @@ static __global__ void rope_kernel(float *x, int64_t n_rows, int32_t n_heads, in
     float a = p[i0], b = p[i1];
     p[i0] = a * c - b * s;
     p[i1] = a * s + b * c;
+}
+
+static __global__ void rope_kernel(float *x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
+                                   int32_t n_rot, int neox, const int32_t *pos,
+                                   const float *factors, float linear_factor, float theta_scale)
+{
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < n_rows * n_heads * (n_rot / 2))
+        rope_pair(x, idx, n_heads, head_dim, n_rot, neox, pos, factors, linear_factor,
+                  theta_scale);
 }
 
 extern "C" int cuda_rope(float *d_x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
@@ -497,16 +537,24 @@ extern "C" int cuda_attention(const cuda_kv_view *kv, int32_t layer, const float
                               int32_t head_dim, const int32_t *d_slot, const int32_t *d_pos,
                               void *stream)
 {
-    if (head_dim > CUDA_ATTENTION_MAX_HEAD_DIM || head_dim <= 0 || n_head_kv <= 0 ||
-        n_head % n_head_kv != 0 || n_rows > 65535)
+    if (head_dim > CUDA_ATTENTION_MAX_HEAD_DIM || head_dim <= 0 || n_head <= 0 ||
+        n_head_kv <= 0 || n_head % n_head_kv != 0)
         return (int)cudaErrorInvalidValue;
-    if (n_rows <= 0)
-        return 0;
-    dim3 grid((unsigned)n_head, (unsigned)n_rows);
-    attention_kernel<<<grid, ATT_WARPS * WARP, 0, (cudaStream_t)stream>>>(
-        *kv, layer, d_q, d_out, n_head, n_head / n_head_kv, head_dim, d_slot, d_pos,
-        1.0f / sqrtf((float)head_dim));
-    return status_of_launch();
+    /* Rows go on grid.y (at most 65535 a launch): a prefill chunk of more
+     * tokens (n_batch is only bounded by the context) takes several. */
+    const int64_t max_y = 65535;
+    const int64_t q_stride = (int64_t)n_head * head_dim;
+    for (int64_t t0 = 0; t0 < n_rows; t0 += max_y) {
+        int64_t nt = n_rows - t0 < max_y ? n_rows - t0 : max_y;
+        dim3 grid((unsigned)n_head, (unsigned)nt);
+        attention_kernel<<<grid, ATT_WARPS * WARP, 0, (cudaStream_t)stream>>>(
+            *kv, layer, d_q + t0 * q_stride, d_out + t0 * q_stride, n_head, n_head / n_head_kv,
+            head_dim, d_slot + t0, d_pos + t0, 1.0f / sqrtf((float)head_dim));
+        int rc = status_of_launch();
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* ---- loading ---------------------------------------------------------------------- */
@@ -537,4 +585,33 @@ extern "C" int cuda_kernels_preload(const char **name)
         }
     }
     return 0;
+}
+
+/* ---- the same code on the host (tests) ------------------------------------------------- */
+
+extern "C" int cuda_kernels_host_dequantize_row(uint32_t type, const void *row, int64_t n_in,
+                                                float *out)
+{
+    const unsigned char *r = static_cast<const unsigned char *>(row);
+    if (!row_shape_ok(type, n_in))
+        return (int)cudaErrorInvalidValue;
+    if (is_float_type(type)) {
+        for (int64_t i = 0; i < n_in; i++)
+            out[i] = float_value(type, r, i);
+        return 0;
+    }
+    for (int64_t g = 0; g < n_in / 32; g++)
+        dequant_group(type, r, g, out + g * 32);
+    return 0;
+}
+
+extern "C" void cuda_kernels_host_rope(float *x, int64_t n_rows, int32_t n_heads,
+                                       int32_t head_dim, int32_t n_rot, int neox,
+                                       const int32_t *pos, const float *factors,
+                                       float linear_factor, float theta_scale)
+{
+    const int64_t n = n_rows * n_heads * (n_rot / 2);
+    for (int64_t idx = 0; idx < n; idx++)
+        rope_pair(x, idx, n_heads, head_dim, n_rot, neox, pos, factors, linear_factor,
+                  theta_scale);
 }

@@ -77,7 +77,7 @@ int cuda_kv_store(const cuda_kv_view *kv, int32_t layer, const float *d_k, const
  * positions 0..d_pos[t] of the sequence in slot d_slot[t] (grouped-query:
  * KV head h / (n_head / n_head_kv)), scores scaled by 1/sqrt(head_dim),
  * softmax, weighted sum of V. q and out: (n_rows, n_head * head_dim).
- * head_dim <= 256. */
+ * head_dim <= 256; rows beyond grid.y's 65535 go in further launches. */
 int cuda_attention(const cuda_kv_view *kv, int32_t layer, const float *d_q, float *d_out,
                    int64_t n_rows, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                    const int32_t *d_slot, const int32_t *d_pos, void *stream);
@@ -92,6 +92,17 @@ int cuda_attention(const cuda_kv_view *kv, int32_t layer, const float *d_q, floa
  * (cudaErrorNoKernelImageForDevice) shows, at context creation. Returns a
  * cudaError_t value; *name is the kernel that failed. */
 int cuda_kernels_preload(const char **name);
+
+/* The kernels' own per-element code compiled for the host, so that
+ * test_cuda checks their block layouts and index arithmetic against the
+ * CPU without a GPU: row of n_in values of `type` dequantized exactly as
+ * matvec and cuda_dequantize_rows read it (cudaErrorInvalidValue for a
+ * type or row length they refuse), and cuda_rope's rotation over host
+ * arrays. */
+int cuda_kernels_host_dequantize_row(uint32_t type, const void *row, int64_t n_in, float *out);
+void cuda_kernels_host_rope(float *x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
+                            int32_t n_rot, int neox, const int32_t *pos, const float *factors,
+                            float linear_factor, float theta_scale);
 
 #ifdef __cplusplus
 }

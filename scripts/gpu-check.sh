@@ -122,11 +122,29 @@ trap cleanup EXIT
 
 if [ -d "$PREP/shared" ]; then export SPILLWAY_SHARED=$PREP/shared; else export SPILLWAY_SHARED=$ROOT/../shared; fi
 
+# nvcc off the PATH: CMakeLists.txt tries /usr/local/cuda/bin/nvcc; a
+# versioned toolkit folder is found here (CUDACXX is what CMake reads).
+if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    for c in /usr/local/cuda-*/bin/nvcc; do [ -x "$c" ] && export CUDACXX=$c; done
+fi
+NVCC=$(command -v nvcc || echo "${CUDACXX:-/usr/local/cuda/bin/nvcc}")
 {
     date -u
     nvidia-smi 2>&1 | head -20
     nvidia-smi -L 2>&1
-    nvcc --version 2>&1 | tail -2
+    nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,memory.used \
+        --format=csv 2>&1
+    echo "other processes on the GPU:"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1
+    echo "nvcc: $NVCC"
+    "$NVCC" --version 2>&1 | tail -2
+    echo "toolkit: $(ls -d /usr/local/cuda* 2>&1 | tr '\n' ' ')"
+    echo "cublas/cudart: $(ls "$(dirname "$NVCC")"/../lib64/ 2>&1 |
+        grep -E '^lib(cublas|cudart)\.so\.[0-9]+$' | tr '\n' ' ')"
+    echo "CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING-unset}" \
+        "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
+    echo "compute-sanitizer: $(command -v compute-sanitizer ||
+        ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo none)"
     gcc --version 2>&1 | head -1
     cmake --version 2>&1 | head -1
     uname -a
@@ -184,7 +202,29 @@ elif timeout "$(cap 150)" "$B/test_cuda" > "$OUT/test_cuda.log" 2>&1; then
         verdict test_cuda ok "$(grep -c 'relative error' "$OUT/test_cuda.log") parity figures, goldens matched"
     fi
 else
-    verdict test_cuda FAIL "see test_cuda.log"
+    st=$?
+    verdict test_cuda FAIL "exit $st$([ $st = 124 ] && echo ' (timed out)'), see test_cuda.log"
+    # The first failures with their mismatching elements (test_cuda prints
+    # the worst ones and the first few beyond the tolerance).
+    grep -E -B1 -A10 '^\[  (ERROR|FAILED)|FAILED  \]' "$OUT/test_cuda.log" | head -40 |
+        sed 's/^/    /' >> "$SUMMARY"
+    # The per-kernel tests again under compute-sanitizer's memcheck: an
+    # out-of-bounds access or a failing launch, named with its kernel and
+    # thread (appended to test_cuda.log: $OUT holds 8 files at most).
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [ -x "$CS" ] && [ "$(left)" -gt 60 ]; then
+        {
+            echo
+            echo "==== compute-sanitizer --tool memcheck, TEST_CUDA_FILTER='*_parity'"
+            TEST_CUDA_FILTER='*_parity' timeout "$(cap 90)" "$CS" --tool memcheck \
+                --print-limit 20 --error-exitcode 9 "$B/test_cuda" 2>&1
+            echo "==== compute-sanitizer exit: $?"
+        } >> "$OUT/test_cuda.log"
+        say "    memcheck: $(grep -E '^==== compute-sanitizer exit|ERROR SUMMARY' \
+            "$OUT/test_cuda.log" | tail -2 | tr '\n' ' ')"
+        grep -E -m 6 '^========= (Invalid|Program hit|    at )' "$OUT/test_cuda.log" |
+            sed 's/^/    /' >> "$SUMMARY"
+    fi
 fi
 grep -E "relative error|greedy goldens|out of memory" "$OUT/test_cuda.log" 2>/dev/null |
     sed 's/^/    /' >> "$SUMMARY"
@@ -381,6 +421,7 @@ elif worker_parity > "$OUT/worker.log" 2>&1; then
     verdict worker ok "stories260K greedy through the worker API: $GPU_DEV = cpu, token for token"
 else
     verdict worker FAIL "see worker.log"
+    grep -E -m 8 "FAIL|^gpu:|^cpu:|error|failed" "$OUT/worker.log" | sed 's/^/    /' >> "$SUMMARY"
 fi
 if ! want drill; then
     verdict drill SKIP "not asked"

@@ -68,7 +68,14 @@ static int check_blas(const eng_context *ctx, cublasStatus_t st, const char *wha
 {
     if (st == CUBLAS_STATUS_SUCCESS)
         return SW_OK;
-    if (st == CUBLAS_STATUS_ALLOC_FAILED)
+    /* cuBLAS's kernels load lazily, on first use (cuda_kernels_preload
+     * covers only ours): on a full GPU that load, or an allocation inside
+     * cuBLAS, can fail for want of memory under a status other than
+     * ALLOC_FAILED (not documented which; unverified on a GPU). With
+     * cudaErrorMemoryAllocation pending it is an out-of-memory, not a
+     * broken device. cudaGetLastError also clears that (not sticky). */
+    cudaError_t pending = cudaGetLastError();
+    if (st == CUBLAS_STATUS_ALLOC_FAILED || pending == cudaErrorMemoryAllocation)
         return sw_error_set(err, SW_EDEVOOM, "%s out of memory in cuBLAS (%s)",
                             dev_spec(ctx->params.device), what);
     return sw_error_set(err, SW_EDEVICE, "%s: cuBLAS failed (%s): %s",

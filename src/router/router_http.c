@@ -322,8 +322,11 @@ static void handle_models(rt_req *q)
         if (!ready)
             continue;
         char *body = NULL;
-        if (rn_get(w->address, "/v1/models", 5000, &body) == 200 && body) {
-            rt__send_response(q, 200, "application/json", NULL, body, strlen(body));
+        /* the list, or one model (/v1/models/{id}: 200 or 404 as the
+         * worker says) */
+        int st = rn_get(w->address, q->path, 5000, &body);
+        if ((st == 200 || (st == 404 && q->path[10] == '/')) && body) {
+            rt__send_response(q, st, "application/json", NULL, body, strlen(body));
             sw_free(body);
             return;
         }
@@ -684,14 +687,15 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
     } else if (!strcmp(q.path, "/v1/spillway/jobs") || !strncmp(q.path, "/v1/spillway/jobs/", 18)) {
         rt__handle_jobs(&q);
     } else if (!strcmp(q.path, "/health") || !strcmp(q.path, "/v1/spillway/events") ||
-               !strcmp(q.path, "/metrics") || !strcmp(q.path, "/v1/models")) {
+               !strcmp(q.path, "/metrics") || !strcmp(q.path, "/v1/models") ||
+               !strncmp(q.path, "/v1/models/", 11)) {
         if (!get)
             rt__send_error(&q, 405, "method_not_allowed", "use GET", NULL, NULL);
         else if (q.path[1] == 'h')
             handle_health(&q);
         else if (q.path[1] == 'm')
             handle_metrics(&q);
-        else if (!strcmp(q.path, "/v1/models"))
+        else if (!strncmp(q.path, "/v1/models", 10))
             handle_models(&q);
         else
             handle_events(&q);

@@ -688,6 +688,13 @@ static const char *state_name(wk_state st)
     return "failed";
 }
 
+/* The model as /v1/models lists it and /v1/models/{id} returns it. */
+static json_t *model_object(const wk_server *s)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_id, "object", "model", "created",
+                     (json_int_t)0, "owned_by", "spillway", "context_length", s->n_ctx);
+}
+
 static void handle_health(wk_server *s, struct evhttp_request *evreq)
 {
     pthread_mutex_lock(&s->lock);
@@ -934,7 +941,7 @@ static void on_request(struct evhttp_request *evreq, void *arg)
     struct evhttp_uri *parsed = evhttp_uri_parse(uri);
     const char *path = parsed ? evhttp_uri_get_path(parsed) : NULL;
     enum evhttp_cmd_type cmd = evhttp_request_get_command(evreq);
-    char pathbuf[128];
+    char pathbuf[512];
     snprintf(pathbuf, sizeof pathbuf, "%s", path ? path : "");
     if (parsed)
         evhttp_uri_free(parsed);
@@ -959,11 +966,29 @@ static void on_request(struct evhttp_request *evreq, void *arg)
                        state_name(st));
             return;
         }
-        json_t *m = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data",
-                              "id", s->model_id, "object", "model", "created", (json_int_t)0,
-                              "owned_by", "spillway", "context_length", s->n_ctx);
+        json_t *m = json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(s));
         send_json(evreq, 200, m, NULL);
         json_decref(m);
+        return;
+    }
+    if (strncmp(path, "/v1/models/", 11) == 0 && is_get) {
+        if (st == WK_LOADING || st == WK_FAILED) {
+            send_error(evreq, 503, "not_ready", NULL, NULL, "the model is %s",
+                       state_name(st));
+            return;
+        }
+        /* OpenAI's "retrieve model": the id is percent-decoded (an id may
+         * hold a '/') */
+        char *id = evhttp_uridecode(path + 11, 0, NULL);
+        if (id && strcmp(id, s->model_id) == 0) {
+            json_t *m = model_object(s);
+            send_json(evreq, 200, m, NULL);
+            json_decref(m);
+        } else {
+            send_error(evreq, 404, "model_not_found", "model", NULL,
+                       "this worker serves '%s', not '%.200s'", s->model_id, id ? id : "");
+        }
+        free(id);
         return;
     }
     bool gen = strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0;

@@ -579,6 +579,17 @@ static void test_bad_requests(void **state)
     assert_int_equal(rh_req(&r, "GET", "/metrics", NULL, NULL, &w), 0);
     assert_int_equal(w.status, 401);
     wc_response_free(&w);
+    /* the models, listed and retrieved, through the router (with the key) */
+    assert_int_equal(rh_req(&r, "GET", "/v1/models/spillway-synthetic", auth, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    okj = rh_body_json(&w);
+    assert_string_equal(json_string_value(json_object_get(okj, "id")), "spillway-synthetic");
+    json_decref(okj);
+    wc_response_free(&w);
+    assert_int_equal(rh_req(&r, "GET", "/v1/models/nope", auth, NULL, &w), 0);
+    assert_int_equal(w.status, 404);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "model_not_found");
+    wc_response_free(&w);
     /* not JSON */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, "{\"prompt\":", &w), 0);
     assert_int_equal(w.status, 400);

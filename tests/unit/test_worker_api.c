@@ -519,6 +519,21 @@ static void test_models_tokenize_health_metrics(void **state)
     assert_string_equal(id, "spillway-synthetic"); /* general.name of model_make */
     json_decref(j);
     wc_response_free(&r);
+    /* OpenAI's retrieve-model: the id (percent-encoded or not), else 404 */
+    const char *paths[] = {"/v1/models/spillway-synthetic", "/v1/models/spillway%2Dsynthetic"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(wc_request(g_w.socket_path, "GET", paths[i], NULL, 5000, &r), 0);
+        assert_int_equal(r.status, 200);
+        j = json_loads(r.body, 0, NULL);
+        assert_string_equal(json_string_value(json_object_get(j, "id")), "spillway-synthetic");
+        assert_string_equal(json_string_value(json_object_get(j, "object")), "model");
+        json_decref(j);
+        wc_response_free(&r);
+    }
+    assert_int_equal(wc_request(g_w.socket_path, "GET", "/v1/models/other", NULL, 5000, &r), 0);
+    assert_int_equal(r.status, 404);
+    assert_non_null(strstr(r.body, "model_not_found"));
+    wc_response_free(&r);
 
     /* the worker's own id is accepted as "model" */
     assert_int_equal(post("/v1/completions",

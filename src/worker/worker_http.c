@@ -230,8 +230,10 @@ static void live_remove(wk_server *s, wk_req *r)
 
 static wk_server *g_server; /* for the connection close callback */
 
-/* Connections accepted (spillway_worker_connections_accepted_total): shows
- * whether clients such as the router reuse their connections. Only the
+/* Connections accepted (/health connections_accepted): shows whether
+ * clients such as the router reuse their connections. In /health, not
+ * /metrics: every scrape is a connection, and tests compare /metrics
+ * before and after to show that no request reached the worker. Only the
  * event loop thread touches it. */
 static uint64_t g_connections_accepted;
 
@@ -748,6 +750,7 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
         json_object_set_new(h, "decode_tokens_per_second", json_real(dec));
         json_object_set_new(h, "rates_source", json_string(rates_source));
     }
+    json_object_set_new(h, "connections_accepted", json_integer((json_int_t)g_connections_accepted));
     send_json(evreq, st == WK_READY ? 200 : 503, h, NULL);
     json_decref(h);
 }
@@ -784,16 +787,12 @@ static void handle_metrics(wk_server *s, struct evhttp_request *evreq)
         "# TYPE spillway_worker_queue_length gauge\n"
         "spillway_worker_queue_length %d\n"
         "# TYPE spillway_worker_device_simulated gauge\n"
-        "spillway_worker_device_simulated %d\n"
-        "# HELP spillway_worker_connections_accepted_total HTTP connections accepted.\n"
-        "# TYPE spillway_worker_connections_accepted_total counter\n"
-        "spillway_worker_connections_accepted_total %llu\n",
+        "spillway_worker_device_simulated %d\n",
         (unsigned long long)s->n_ok, (unsigned long long)s->n_error,
         (unsigned long long)s->n_oom, (unsigned long long)s->n_cancelled,
         (unsigned long long)s->n_rejected, (unsigned long long)s->prompt_tokens_total,
         (unsigned long long)s->generated_tokens_total, s->kv_used_bytes, s->slots_active,
-        s->n_seqs, s->n_queued, s->dev && s->state != WK_LOADING ? dev_is_simulated(s->dev) : 0,
-        (unsigned long long)g_connections_accepted);
+        s->n_seqs, s->n_queued, s->dev && s->state != WK_LOADING ? dev_is_simulated(s->dev) : 0);
     pthread_mutex_unlock(&s->lock);
     evhttp_add_header(evhttp_request_get_output_headers(evreq), "Content-Type",
                       "text/plain; version=0.0.4");

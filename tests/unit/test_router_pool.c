@@ -3,7 +3,7 @@
  * serve`, real workers and real unix sockets.
  *
  * What is counted is the worker's own count of accepted connections
- * (spillway_worker_connections_accepted_total in its /metrics), so reuse
+ * (connections_accepted in its /health), so reuse
  * is seen from the other end of the socket: sequential requests through
  * the router (plain, streamed, refused with a 4xx) add one connection, not
  * one each, and with SPILLWAY_UPSTREAM_POOL=0 one each. A client that
@@ -73,9 +73,20 @@ static long long worker_metric(const char *sock, const char *name)
     return v;
 }
 
+/* The worker's count of the connections it accepted (its /health; this
+ * request's connection included). */
 static long long accepted(const char *sock)
 {
-    return worker_metric(sock, "spillway_worker_connections_accepted_total");
+    wc_response w;
+    assert_int_equal(wc_request(sock, "GET", "/health", NULL, 5000, &w), 0);
+    json_t *h = json_loads(w.body, 0, NULL);
+    assert_non_null(h);
+    json_t *n = json_object_get(h, "connections_accepted");
+    assert_true(json_is_integer(n));
+    long long v = json_integer_value(n);
+    json_decref(h);
+    wc_response_free(&w);
+    return v;
 }
 
 static const char *BODY_PLAIN =
@@ -136,10 +147,10 @@ static void test_sequential_requests_one_connection(void **state)
         char sock[700];
         snprintf(sock, sizeof sock, "%s/state/cpu.sock", r.dir);
         const int n = 12;
-        long long before = accepted(sock); /* this /metrics connection included */
+        long long before = accepted(sock); /* this /health connection included */
         run_sequence(&r, n);
         long long after = accepted(sock);
-        /* after - before: the second /metrics connection plus the router's */
+        /* after - before: the second /health connection plus the router's */
         long long router_conns = after - before - 1;
         if (pooled)
             assert_int_equal(router_conns, 1);
@@ -196,7 +207,7 @@ static void test_client_gone_cancels(void **state)
     }
     /* The stream's connection was closed: the next request needs a new one
      * (the pool held only that one, which the stream took). */
-    long long conns1 = accepted(sock); /* + 1: that /metrics read */
+    long long conns1 = accepted(sock); /* + 1: that /health read */
     assert_int_equal(post(&r, BODY_PLAIN, &attempts, &w), 200);
     assert_int_equal(attempts, 1);
     wc_response_free(&w);

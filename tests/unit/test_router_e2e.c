@@ -917,9 +917,10 @@ static void test_cancel_during_failover(void **state)
     dev_sim_unlink(g_pool, NULL);
 }
 
-/* A worker that cannot start (no CUDA in this build) stops `spillway
- * serve` with status 1 at once instead of restarting it forever; a bad
- * configuration is status 2. */
+/* A worker that cannot start (cuda:99: no CUDA in this build, no such GPU
+ * in a CUDA one, where cuda:0 would start) stops `spillway serve` with
+ * status 1 at once instead of restarting it forever; a bad configuration
+ * is status 2. */
 static void test_startup_failure(void **state)
 {
     char dir[400], cfg[500], text[2400];
@@ -928,7 +929,7 @@ static void test_startup_failure(void **state)
     snprintf(cfg, sizeof cfg, "%s/bad-worker.ini", dir);
     snprintf(text, sizeof text,
              "[server]\nlisten = unix:%s/r.sock\nstate-dir = %s/state\nready-timeout = 60\n"
-             "[model]\npath = %s\n[worker gpu]\ndevice = cuda:0\n",
+             "[model]\npath = %s\n[worker gpu]\ndevice = cuda:99\n",
              dir, dir, g_model);
     FILE *f = fopen(cfg, "w");
     assert_non_null(f);

@@ -71,6 +71,23 @@ L_INLINE __m256i l_pair_scales(__m128i sc8, const int c)
 
 /* ---- Q2_K / Q3_K ------------------------------------------------------------- */
 
+/* The 16 scales of a Q3_K block minus 32, as int8 (quant.h's packing, done
+ * four scales a word: low nibbles from the words of bytes 0-3 and 4-7, top
+ * two bits from the word of bytes 8-11, two bits per group of four). */
+L_INLINE __m128i l_q3_k_scales(const unsigned char *packed)
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, packed, 4);
+    memcpy(&w1, packed + 4, 4);
+    memcpy(&w2, packed + 8, 4);
+    const uint32_t lo = 0x0f0f0f0fu, hi = 0x03030303u;
+    uint32_t s0 = (w0 & lo) | (w2 & hi) << 4;
+    uint32_t s1 = (w1 & lo) | ((w2 >> 2) & hi) << 4;
+    uint32_t s2 = ((w0 >> 4) & lo) | ((w2 >> 4) & hi) << 4;
+    uint32_t s3 = ((w1 >> 4) & lo) | ((w2 >> 6) & hi) << 4;
+    return _mm_sub_epi8(_mm_setr_epi32((int)s0, (int)s1, (int)s2, (int)s3), _mm_set1_epi8(32));
+}
+
 /* kind 2 (Q2_K) or 3 (Q3_K); T tokens; nb super-blocks. */
 L_INLINE void l_tile_k23(const int T, const int kind, const unsigned char *w,
                          const unsigned char *x, size_t x_row_bytes, int64_t nb, float *y,
@@ -117,9 +134,7 @@ L_INLINE void l_tile_k23(const int T, const int kind, const unsigned char *w,
             }
             qs = wb + 16;
         } else {
-            int8_t sc[16];
-            eng_q3_k_scales_unpack(wb + 96, sc);
-            sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);
+            sc8 = l_q3_k_scales(wb + 96);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
             d = l_load_f16(wb + 108);
 #pragma GCC unroll 4

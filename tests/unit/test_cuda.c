@@ -317,6 +317,27 @@ static void test_host_dequantize_layouts(void **state)
     assert_int_not_equal(cuda_kernels_host_dequantize_row(ENG_TYPE_Q4_1, junk, 64, out), 0);
 }
 
+/* The kernels read exactly the eight types of their list: every other id,
+ * the engine's newer types (Q3_K, Q2_K, IQ4_XS, IQ4_NL) too, is refused, so
+ * a context that would put such a matrix on the GPU fails at creation
+ * (cuda_engine_create's check) instead of computing garbage. */
+static void test_host_supported_types(void **state)
+{
+    (void)state;
+    const uint32_t ours[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_BF16, ENG_TYPE_Q8_0,
+                             ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+    for (uint32_t id = 0; id < ENG_TYPE_COUNT_ + 8; id++) {
+        bool listed = false;
+        for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
+            listed = listed || ours[i] == id;
+        if (cuda_kernels_type_supported(id) != listed)
+            fail_msg("type id %u: cuda_kernels_type_supported says %d", id,
+                     cuda_kernels_type_supported(id));
+    }
+    assert_false(cuda_kernels_type_supported(ENG_TYPE_Q3_K));
+    assert_false(cuda_kernels_type_supported(ENG_TYPE_IQ4_XS));
+}
+
 /* The RoPE kernel's per-pair code (pair and head indices, both pairings,
  * the theta recurrence), on the host, against forward.c's rope(). */
 static void test_host_rope(void **state)
@@ -925,6 +946,7 @@ int main(void)
         cmocka_unit_test(test_open_without_gpu),
         cmocka_unit_test(test_host_dequantize_layouts),
         cmocka_unit_test(test_host_rope),
+        cmocka_unit_test(test_host_supported_types),
         cmocka_unit_test(test_matvec_parity),
         cmocka_unit_test(test_elementwise_parity),
         cmocka_unit_test(test_rope_parity),

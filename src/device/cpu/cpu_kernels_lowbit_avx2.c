@@ -248,34 +248,61 @@ L_INLINE void l_tile_iq4_xs(const int T, const unsigned char *w, const unsigned 
         y[t * y_stride] = l_hsum(acc[t]);
 }
 
+/* One IQ4_NL block of weights (32 signed levels) and its scale. */
+L_INLINE __m256i l_iq4_nl_weights(const unsigned char *wb, __m256i kv, float *d)
+{
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(wb + 2));
+    *d = l_load_f16(wb);
+    return _mm256_shuffle_epi8(
+        kv, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4)));
+}
+
+/* Blocks go in pairs, each with its own accumulators: one fused
+ * multiply-add per 32 values would otherwise be a chain bound by its
+ * latency. */
 L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned char *x,
                             size_t x_row_bytes, int64_t nb, float *y, int64_t y_stride)
 {
     const __m256i kv = l_iq4_table();
-    const __m128i m4 = _mm_set1_epi8(15);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
+    __m256 acc[4], acc2[4];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
         acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+        acc2[t] = _mm256_setzero_ps();
+    }
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
         const unsigned char *wb = w + (size_t)b * L_IQ4NL_BYTES;
-        const float dw = l_load_f16(wb);
-        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(wb + 2));
-        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
-                                             _mm_and_si128(q, m4));
-        const __m256i wv = _mm256_shuffle_epi8(kv, idx);
+        float d0, d1;
+        const __m256i w0 = l_iq4_nl_weights(wb, kv, &d0);
+        const __m256i w1 = l_iq4_nl_weights(wb + L_IQ4NL_BYTES, kv, &d1);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8_0_BYTES;
-            __m256i s = _mm256_madd_epi16(l_signed_pairs(wv, l_load(xb + 2)), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * l_load_f16(xb)),
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, l_load(xb + 2)), ones);
+            __m256i s1 = _mm256_madd_epi16(l_signed_pairs(w1, l_load(xb + L_Q8_0_BYTES + 2)), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * l_load_f16(xb)),
+                                     acc[t]);
+            acc2[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1),
+                                      _mm256_set1_ps(d1 * l_load_f16(xb + L_Q8_0_BYTES)), acc2[t]);
+        }
+    }
+    if (b < nb) {
+        float d0;
+        const __m256i w0 = l_iq4_nl_weights(w + (size_t)b * L_IQ4NL_BYTES, kv, &d0);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8_0_BYTES;
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, l_load(xb + 2)), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * l_load_f16(xb)),
                                      acc[t]);
         }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        y[t * y_stride] = l_hsum(acc[t]);
+        y[t * y_stride] = l_hsum(_mm256_add_ps(acc[t], acc2[t]));
 }
 
 /* ---- drivers ------------------------------------------------------------------ */

@@ -144,7 +144,8 @@ NVCC=$(command -v nvcc || echo "${CUDACXX:-/usr/local/cuda/bin/nvcc}")
     echo "CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING-unset}" \
         "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}"
     echo "compute-sanitizer: $(command -v compute-sanitizer ||
-        ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo none)"
+        ls /usr/local/cuda/bin/compute-sanitizer \
+            /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)"
     gcc --version 2>&1 | head -1
     cmake --version 2>&1 | head -1
     uname -a
@@ -211,8 +212,9 @@ else
     # The per-kernel tests again under compute-sanitizer's memcheck: an
     # out-of-bounds access or a failing launch, named with its kernel and
     # thread (appended to test_cuda.log: $OUT holds 8 files at most).
-    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    if [ -x "$CS" ] && [ "$(left)" -gt 60 ]; then
+    CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+        /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+    if [ -n "$CS" ] && [ -x "$CS" ] && [ "$(left)" -gt 60 ]; then
         {
             echo
             echo "==== compute-sanitizer --tool memcheck, TEST_CUDA_FILTER='*_parity'"

@@ -419,6 +419,13 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
             return -1;
         }
         rn_pool_slot *s = &rn_pool.slots[i];
+        if (t->generation < s->generation) {
+            /* a caller that read the worker table before a restart: its
+             * connection is its own, the slot stays with the new process */
+            *slot = -1;
+            pthread_mutex_unlock(&rn_pool.mu);
+            return -1;
+        }
         if (s->generation != t->generation) {
             /* another process now: what was opened to the last one goes */
             rn_slot_clear_locked(s);

@@ -44,9 +44,10 @@ typedef struct rn_conn {
 } rn_conn;
 
 /* Where a pooled request goes. generation names the process behind the
- * address (a managed worker's pid and restart count): an idle connection
- * of another generation is never used, so none outlives the process it
- * was opened to. pool false: a connection of its own, as rn_request. */
+ * address and grows with each new one (a managed worker's restart count
+ * and pid; 0 for one the router does not start): an idle connection of
+ * another generation is never used, so none outlives the process it was
+ * opened to. pool false: a connection of its own, as rn_request. */
 typedef struct rn_target {
     const char *address;
     uint64_t generation;

@@ -304,6 +304,11 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         eng__kv_bytes_per_token_layers(hp, p.kv_type, hp->n_layer - ctx->n_device_layers) *
         (size_t)p.kv_block_tokens;
 
+    /* A model the CUDA kernels cannot run (a weight type they lack) is
+     * refused before its weights are copied to the GPU. */
+    if (ctx->n_device_layers > 0 && dev_get_kind(p.device) == DEV_KIND_CUDA &&
+        (rc = cuda_engine_check(ctx, err)))
+        goto fail;
     /* Weights first, then the workspace: a device too small for the model
      * is refused here, before any KV is taken. */
     if (ctx->n_device_layers > 0 && dev_get_kind(p.device) != DEV_KIND_CPU) {

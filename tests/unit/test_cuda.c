@@ -911,6 +911,50 @@ static void test_gemm_chunks(void **state)
     remove(path);
 }
 
+/* A model with matrices of a type the kernels lack (Q3_K) is refused on
+ * cuda:0 at context creation, naming the tensor and type, before anything
+ * is copied to the GPU; the CPU still runs it. */
+static void test_unsupported_type_refused(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    eng_model_make_params mp = eng_model_make_default_params();
+    mp.n_embd = 256;
+    mp.n_layer = 1;
+    mp.n_head = 4;
+    mp.n_head_kv = 4;
+    mp.n_ff = 256;
+    mp.n_vocab = 300;
+    mp.weight_type = ENG_TYPE_Q3_K;
+    mp.seed = 5;
+    const char *path = tu_tmp_path("cuda_q3k.gguf");
+    eng_model *model;
+    eng_context *ctx = NULL;
+    sw_error err;
+    dev_memory before, after;
+    if (eng_model_make(&mp, path, &err))
+        fail_msg("model make: %s", err.message);
+    if (eng_model_load(path, &model, &err))
+        fail_msg("load: %s", err.message);
+    assert_int_equal(dev_memory_info(gpu, &before, &err), SW_OK);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    cp.device = gpu;
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_EUNSUPPORTED);
+    assert_null(ctx);
+    printf("  q3_k on cuda:0: %s\n", err.message);
+    assert_non_null(strstr(err.message, "q3_k"));
+    assert_non_null(strstr(err.message, "no CUDA kernel"));
+    assert_int_equal(dev_memory_info(gpu, &after, &err), SW_OK);
+    assert_int_equal(after.self_bytes, before.self_bytes);
+    cp.device = NULL;
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
+    eng_context_free(ctx);
+    eng_model_free(model);
+    remove(path);
+}
+
 /* ---- out of memory ---------------------------------------------------------------------------- */
 
 static void test_oom_is_clean(void **state)
@@ -954,6 +998,7 @@ int main(void)
         cmocka_unit_test(test_stories_greedy_golden),
         cmocka_unit_test(test_logits_parity),
         cmocka_unit_test(test_gemm_chunks),
+        cmocka_unit_test(test_unsupported_type_refused),
         cmocka_unit_test(test_oom_is_clean),
     };
     /* TEST_CUDA_FILTER=pattern runs only the matching tests (gpu-check.sh

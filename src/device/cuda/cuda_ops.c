@@ -92,14 +92,9 @@ static int check_weight(const eng_weight *w, const char *name, int32_t layer, sw
                         t ? t->name : "unknown");
 }
 
-int cuda_engine_create(eng_context *ctx, sw_error *err)
+int cuda_engine_check(const eng_context *ctx, sw_error *err)
 {
     const eng_hparams *hp = &ctx->model->hp;
-    dev_device *dev = ctx->params.device;
-    const size_t n_slots = (size_t)ctx->params.n_seq_max * (size_t)ctx->max_blocks_per_seq;
-    const size_t n_batch = (size_t)ctx->params.n_batch;
-    const size_t half = (size_t)(hp->n_rot / 2);
-    struct cuda_engine *g;
     int rc;
 
     if (hp->head_dim > CUDA_ATTENTION_MAX_HEAD_DIM)
@@ -119,7 +114,21 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
     if (ctx->n_device_layers == hp->n_layer &&
         (rc = check_weight(&ctx->output, "output", hp->n_layer, err)))
         return rc;
+    return SW_OK;
+}
 
+int cuda_engine_create(eng_context *ctx, sw_error *err)
+{
+    const eng_hparams *hp = &ctx->model->hp;
+    dev_device *dev = ctx->params.device;
+    const size_t n_slots = (size_t)ctx->params.n_seq_max * (size_t)ctx->max_blocks_per_seq;
+    const size_t n_batch = (size_t)ctx->params.n_batch;
+    const size_t half = (size_t)(hp->n_rot / 2);
+    struct cuda_engine *g;
+    int rc;
+
+    if ((rc = cuda_engine_check(ctx, err)))
+        return rc;
     if ((rc = cuda__select(dev, err)))
         return rc;
     {

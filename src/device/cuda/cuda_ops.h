@@ -40,6 +40,14 @@ struct eng_token_meta;
 
 #ifdef SPILLWAY_CUDA
 
+/* Whether the kernels can run the context's device layers (and, in the
+ * full profile, its output head): every matrix of a type they read, head
+ * size within the attention kernel's limit. SW_EUNSUPPORTED naming the
+ * tensor and its type otherwise. memory.c asks before it uploads any weight,
+ * so a model the GPU cannot run is refused without copying it to VRAM
+ * first; cuda_engine_create asks again. */
+int cuda_engine_check(const struct eng_context *ctx, sw_error *err);
+
 /* Sets up ctx->cuda once memory.c has placed the weights and allocated
  * ctx->device_workspace: checks that the kernels handle every device
  * tensor (SW_EUNSUPPORTED otherwise), loads every kernel into the GPU's
@@ -83,6 +91,12 @@ int cuda__status(int cuda_error, const char *spec, const char *what, sw_error *e
 int cuda__select(const struct dev_device *dev, sw_error *err);
 
 #else /* !SPILLWAY_CUDA */
+
+static inline int cuda_engine_check(const struct eng_context *ctx, sw_error *err)
+{
+    (void)ctx;
+    return sw_error_set(err, SW_EUNSUPPORTED, "this build has no CUDA device");
+}
 
 static inline int cuda_engine_create(struct eng_context *ctx, sw_error *err)
 {

@@ -35,8 +35,12 @@
 #              goldens on cuda:0 (full and split profiles, both KV types),
 #              prefill / decode / batched logits against a CPU context, the
 #              chunked dequantize + cuBLAS prefill of a Q8_0 model against
-#              token-by-token decoding, and a too-large cudaMalloc giving
-#              SW_EDEVOOM with the GPU still usable;
+#              token-by-token decoding, a Q3_K model refused on cuda:0
+#              (no kernel for it), and a too-large cudaMalloc giving
+#              SW_EDEVOOM with the GPU still usable (its host-only checks
+#              of the kernels' dequantization and RoPE run here too); on
+#              a failure the *_parity tests run again under
+#              compute-sanitizer memcheck;
 #   worker     `spillway worker --device cuda:0` and a CPU worker give the
 #              same stories260K greedy token ids through the HTTP API;
 #   drill      a router with a cuda:0 worker (policy grow, no reserve) and a

@@ -99,9 +99,61 @@ static int text_or_error(const rt_tool_config *t, char **result)
     return 1;
 }
 
+/* Copies s into out (cap bytes) as snprintf would, but never cuts a UTF-8
+ * sequence in two: the copy goes into JSON strings (json_pack refuses
+ * invalid UTF-8, and a call id that vanished from the conversation would
+ * leave the tool's result without its call). */
+static void copy_utf8(char *out, size_t cap, const char *s)
+{
+    size_t n = strlen(s);
+    if (n >= cap) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+            n--; /* s[n], the first byte left out, is inside a sequence */
+    }
+    memcpy(out, s, n);
+    out[n] = 0;
+}
+
+/* The tool's answer body, at most RT_MAX_TOOL_RESULT bytes: a longer one
+ * is cut (at a UTF-8 boundary) and the rest is not read. The tool
+ * answered, so its outcome is known either way; only a connection that
+ * breaks before the body's end (or the cap) leaves it unknown. 0, or -1
+ * (*out NULL). */
+static int read_result(rn_conn *c, char **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    char *b = sw_malloc(RT_MAX_TOOL_RESULT + 1);
+    if (!b)
+        return -1;
+    size_t n = 0;
+    for (;;) {
+        /* at the cap, one byte more says whether the answer goes on */
+        long r = rn_body(c, b + n, n < RT_MAX_TOOL_RESULT ? RT_MAX_TOOL_RESULT - n : 1);
+        if (r < 0) {
+            sw_free(b);
+            return -1;
+        }
+        if (r == 0)
+            break;
+        if (n == RT_MAX_TOOL_RESULT) {
+            while (n > 0 && ((unsigned char)b[n] & 0xc0) == 0x80)
+                n--; /* b[n], the first byte left out, is inside a sequence */
+            break;
+        }
+        n += (size_t)r;
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return 0;
+}
+
 /* One POST to the tool. Returns 1 when the outcome is known (*result set:
- * the body of a 2xx, or an error text), 0 when unknown (time-out, dropped
- * connection: the tool may or may not have acted). *result: sw_free. */
+ * the body of a 2xx, cut at RT_MAX_TOOL_RESULT, or an error text), 0 when
+ * unknown (time-out, dropped connection: the tool may or may not have
+ * acted). *result: sw_free. */
 static int call_tool(const rt_tool_config *t, const char *request_id, int step, const char *args,
                      int timeout_ms, char **result)
 {
@@ -138,7 +190,7 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
     }
     char *body = NULL;
     size_t len = 0;
-    int br = rn_body_all(&c, &body, &len, RT_MAX_TOOL_RESULT);
+    int br = read_result(&c, &body, &len);
     int status = c.status;
     rn_close(&c);
     if (br != 0) {
@@ -267,9 +319,13 @@ static void judge_call(const rt_tool_config *t, const char *tool_name, const cha
         snprintf(why, cap, "error: %s is not an available tool", tool_name);
         return;
     }
-    json_t *aj = json_loads(args ? args : "", 0, NULL);
+    /* duplicate keys are refused: the check would judge the last value of
+     * a key, and the tool (which gets the text) may well read the first */
+    json_error_t jerr;
+    json_t *aj = json_loads(args ? args : "", JSON_REJECT_DUPLICATES, &jerr);
     if (!json_is_object(aj)) {
-        snprintf(why, cap, "error: the arguments are not a JSON object");
+        snprintf(why, cap, "error: the arguments are not a JSON object%s%.200s",
+                 aj ? "" : ": ", aj ? "" : jerr.text);
         json_decref(aj);
         return;
     }
@@ -308,8 +364,8 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
         }
         if (found) {
             /* the recorded call wins over what was generated this time */
-            snprintf(tool_name, tool_cap, "%s", rec.tool);
-            snprintf(call_id, call_cap, "%s", rec.call_id);
+            copy_utf8(tool_name, tool_cap, rec.tool);
+            copy_utf8(call_id, call_cap, rec.call_id);
             sw_free(*args);
             *args = rec.arguments;
             rec.arguments = NULL;
@@ -484,8 +540,8 @@ static int agent_on_event(rt_req *gen, const char *payload)
         return 0;
     }
     if (!a->text_sent) {
-        snprintf(a->stream_id, sizeof a->stream_id, "%s",
-                 json_string_value(json_object_get(j, "id")) ?: "chatcmpl-agent");
+        copy_utf8(a->stream_id, sizeof a->stream_id,
+                  json_string_value(json_object_get(j, "id")) ?: "chatcmpl-agent");
         a->created = json_incref(json_object_get(j, "created"));
         a->model = json_incref(json_object_get(j, "model"));
         snprintf(q->worker, sizeof q->worker, "%s", gen->worker);
@@ -516,66 +572,109 @@ static int agent_on_event(rt_req *gen, const char *payload)
     return rc;
 }
 
-/* Appends n bytes to the string member key of o (created when absent). */
-static int append_member(json_t *o, const char *key, const char *p, size_t n)
+/* A growing text. The reply of a streamed generation is put together
+ * from as many pieces as it had chunks (one token each): appending to a
+ * JSON string each time would copy (and re-check as UTF-8) the whole text
+ * so far, quadratic in its length, with the capture (64 MiB) as the only
+ * bound on what a worker sends. */
+typedef struct text_buf {
+    char *p;
+    size_t len, cap;
+} text_buf;
+
+static int text_add(text_buf *b, const char *s, size_t n)
 {
-    json_t *old = json_object_get(o, key);
-    size_t ol = json_string_length(old);
-    char *b = sw_malloc(ol + n + 1);
-    if (!b)
-        return -1;
-    if (ol)
-        memcpy(b, json_string_value(old), ol);
-    if (n)
-        memcpy(b + ol, p, n);
-    b[ol + n] = 0;
-    int rc = json_object_set_new(o, key, json_stringn(b, ol + n));
-    sw_free(b);
-    return rc;
+    if (n > RT_CAPTURE_MAX - b->len)
+        return -1; /* more than the capture could hold: not from it */
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->len + n + 1)
+            nc *= 2;
+        char *np = sw_realloc(b->p, nc);
+        if (!np)
+            return -1;
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+/* The JSON string of the text (pieces of valid JSON strings joined, so
+ * valid UTF-8); NULL on failure. */
+static json_t *text_json(const text_buf *b)
+{
+    return json_stringn(b->p ? b->p : "", b->len);
+}
+
+/* The most tool calls one reply may hold (indices 0..63). */
+#define RT_MAX_GATHERED_CALLS 64
+
+/* A streamed reply being put together. */
+typedef struct gathered {
+    text_buf content;
+    size_t n_calls;
+    struct {
+        json_t *id;
+        text_buf name, arguments;
+    } calls[RT_MAX_GATHERED_CALLS];
+    json_t *finish, *usage;
+} gathered;
+
+static void gathered_free(gathered *g)
+{
+    sw_free(g->content.p);
+    for (size_t i = 0; i < g->n_calls; i++) {
+        json_decref(g->calls[i].id);
+        sw_free(g->calls[i].name.p);
+        sw_free(g->calls[i].arguments.p);
+    }
+    json_decref(g->finish);
+    json_decref(g->usage);
 }
 
 /* One chunk of a streamed generation into the reply being put together. */
-static int gather_chunk(json_t *j, json_t *msg, json_t *calls, json_t **finish, json_t **usage)
+static int gather_chunk(json_t *j, gathered *g)
 {
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
     json_t *delta = json_object_get(choice, "delta");
     json_t *text = json_object_get(delta, "content");
     if (json_is_string(text) &&
-        append_member(msg, "content", json_string_value(text), json_string_length(text)))
+        text_add(&g->content, json_string_value(text), json_string_length(text)))
         return -1;
     json_t *tcs = json_object_get(delta, "tool_calls");
     for (size_t k = 0; k < json_array_size(tcs); k++) {
         json_t *tc = json_array_get(tcs, k);
         json_t *ix = json_object_get(tc, "index");
         json_int_t idx = json_is_integer(ix) ? json_integer_value(ix) : (json_int_t)k;
-        if (idx < 0 || idx >= 64 || (size_t)idx > json_array_size(calls))
+        if (idx < 0 || idx >= RT_MAX_GATHERED_CALLS || (size_t)idx > g->n_calls)
             return -1;
-        if ((size_t)idx == json_array_size(calls))
-            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type",
-                                                   "function", "function", "name", "",
-                                                   "arguments", ""));
-        json_t *call = json_array_get(calls, (size_t)idx);
+        if ((size_t)idx == g->n_calls)
+            g->n_calls++; /* zeroed with the struct */
         json_t *fn = json_object_get(tc, "function");
         json_t *v;
-        if (json_is_string(v = json_object_get(tc, "id")))
-            json_object_set(call, "id", v);
-        json_t *cfn = json_object_get(call, "function");
+        if (json_is_string(v = json_object_get(tc, "id"))) {
+            json_decref(g->calls[idx].id);
+            g->calls[idx].id = json_incref(v);
+        }
         if (json_is_string(v = json_object_get(fn, "name")) &&
-            append_member(cfn, "name", json_string_value(v), json_string_length(v)))
+            text_add(&g->calls[idx].name, json_string_value(v), json_string_length(v)))
             return -1;
         if (json_is_string(v = json_object_get(fn, "arguments")) &&
-            append_member(cfn, "arguments", json_string_value(v), json_string_length(v)))
+            text_add(&g->calls[idx].arguments, json_string_value(v), json_string_length(v)))
             return -1;
     }
     json_t *fr = json_object_get(choice, "finish_reason");
     if (json_is_string(fr)) {
-        json_decref(*finish);
-        *finish = json_incref(fr);
+        json_decref(g->finish);
+        g->finish = json_incref(fr);
     }
     json_t *u = json_object_get(j, "usage");
     if (json_is_object(u)) {
-        json_decref(*usage);
-        *usage = json_incref(u);
+        json_decref(g->usage);
+        g->usage = json_incref(u);
     }
     return 0;
 }
@@ -586,10 +685,9 @@ static int gather_chunk(json_t *j, json_t *msg, json_t *calls, json_t **finish, 
  * finish_reason or no [DONE]), held an error event or does not parse. */
 static json_t *completion_from_sse(const char *body, size_t len)
 {
-    json_t *first = NULL, *finish = NULL, *usage = NULL, *out = NULL;
-    json_t *msg = json_pack("{s:s}", "role", "assistant");
-    json_t *calls = json_array();
-    bool done = false, bad = !msg || !calls;
+    json_t *first = NULL, *out = NULL;
+    gathered *g = sw_calloc(1, sizeof *g);
+    bool done = false, bad = !g;
     const char *p = body, *end = body ? body + len : NULL;
     while (!bad && p && p < end) {
         const char *sep = memmem(p, (size_t)(end - p), "\n\n", 2);
@@ -602,8 +700,7 @@ static json_t *completion_from_sse(const char *body, size_t len)
                 done = true;
             } else {
                 json_t *j = json_loadb(pl, pn, 0, NULL);
-                if (!j || json_object_get(j, "error") ||
-                    gather_chunk(j, msg, calls, &finish, &usage))
+                if (!j || json_object_get(j, "error") || gather_chunk(j, g))
                     bad = true;
                 if (!bad && !first)
                     first = json_incref(j);
@@ -612,25 +709,35 @@ static json_t *completion_from_sse(const char *body, size_t len)
         }
         p = sep + 2;
     }
-    if (!bad && done && finish && first) {
-        if (json_array_size(calls) > 0) {
-            if (json_string_length(json_object_get(msg, "content")) == 0)
-                json_object_set_new(msg, "content", json_null());
-            json_object_set(msg, "tool_calls", calls);
-        } else if (!json_object_get(msg, "content")) {
-            json_object_set_new(msg, "content", json_string(""));
+    if (!bad && done && g->finish && first) {
+        json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                g->n_calls > 0 && g->content.len == 0 ? json_null()
+                                                                      : text_json(&g->content));
+        json_t *calls = g->n_calls > 0 ? json_array() : NULL;
+        for (size_t i = 0; msg && i < g->n_calls; i++) {
+            json_t *call = json_pack("{s:O?, s:s, s:{s:o, s:o}}", "id", g->calls[i].id, "type",
+                                     "function", "function", "name", text_json(&g->calls[i].name),
+                                     "arguments", text_json(&g->calls[i].arguments));
+            if (call && !json_object_get(call, "id"))
+                json_object_set_new(call, "id", json_string(""));
+            if (!call || json_array_append_new(calls, call))
+                bad = true;
         }
-        out = json_pack("{s:O?, s:s, s:O?, s:O?, s:[{s:i, s:O, s:n, s:O}], s:O?}", "id",
-                        json_object_get(first, "id"), "object", "chat.completion", "created",
-                        json_object_get(first, "created"), "model", json_object_get(first, "model"),
-                        "choices", "index", 0, "message", msg, "logprobs", "finish_reason", finish,
-                        "usage", usage);
+        if (msg && calls && !bad)
+            json_object_set(msg, "tool_calls", calls);
+        if (msg && !bad)
+            out = json_pack("{s:O?, s:s, s:O?, s:O?, s:[{s:i, s:O, s:n, s:O}], s:O?}", "id",
+                            json_object_get(first, "id"), "object", "chat.completion", "created",
+                            json_object_get(first, "created"), "model",
+                            json_object_get(first, "model"), "choices", "index", 0, "message", msg,
+                            "logprobs", "finish_reason", g->finish, "usage", g->usage);
+        json_decref(calls);
+        json_decref(msg);
     }
     json_decref(first);
-    json_decref(finish);
-    json_decref(usage);
-    json_decref(msg);
-    json_decref(calls);
+    if (g)
+        gathered_free(g);
+    sw_free(g);
     return out;
 }
 
@@ -1074,7 +1181,7 @@ run:
                       sizeof tool_name);
             int step = ++n_steps;
             if (json_is_string(json_object_get(tc, "id")))
-                snprintf(call_id, sizeof call_id, "%s", json_string_value(json_object_get(tc, "id")));
+                copy_utf8(call_id, sizeof call_id, json_string_value(json_object_get(tc, "id")));
             else
                 snprintf(call_id, sizeof call_id, "call_%d", step);
             const char *arg_text = json_string_value(json_object_get(fn, "arguments"));

@@ -572,10 +572,14 @@ static void test_matmul(void **state)
                 tm_matmul_case(type, n_out, n_ins[ni], n_tokens, 0, 2, 1);
                 tm_matmul_case(type, n_out, n_ins[ni], n_tokens, 2, n_out - 1, 0);
             }
-        /* prefill shapes (the AMX level's, where it has these types) */
+        /* prefill shapes: the AMX level takes 8 tokens and more (IQ4), 16
+         * and more (Q2_K, Q3_K: 16-value units); a short last token tile,
+         * a short last row tile */
         const int64_t prefill_tokens[] = {16, 23, 37};
         for (size_t ki = 0; ki < 3; ki++)
             tm_matmul_case(type, 33 + (int64_t)ki, 512, prefill_tokens[ki], 1, 30, ki == 0);
+        /* rows longer than one AMX repack chunk (64 units of 16 or 32) */
+        tm_matmul_case(type, 20, 2304, 23, 0, 20, 0);
     }
     /* IQ4_NL rows of a few 32-value blocks */
     tm_matmul_case(ENG_TYPE_IQ4_NL, 5, 32, 3, 0, 5, 1);

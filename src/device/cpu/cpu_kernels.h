@@ -12,8 +12,9 @@
  * activation conversion (cpu_convert_activations, cpu_fp32_to_fp16_row) and
  * fp16 decoding are bit-exact at every level.
  *
- * Activations for Q8_0 and Q4_0 weights are Q8_0 rows and the dot product is
- * integer per block; for Q4_K, Q5_K and Q6_K weights they are Q8_K rows
+ * Activations for Q8_0, Q4_0 and IQ4_NL weights are Q8_0 rows and the dot
+ * product is integer per block; for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
+ * weights they are Q8_K rows
  * (integer per sub-block, float per 256-value super-block); for F16 weights
  * they are F16 rows (products summed in f32); for F32 and BF16 weights plain
  * f32 rows (BF16 weights are widened exactly, so no activation precision is

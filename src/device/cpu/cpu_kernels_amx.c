@@ -1,6 +1,6 @@
 /* cpu_kernels_amx.c - prefill matrix products on AMX int8 tiles (Sapphire
- * Rapids and later): Q8_0 and Q4_0 weights against Q8_0 activations, Q4_K,
- * Q5_K and Q6_K against Q8_K.
+ * Rapids and later): Q8_0, Q4_0 and IQ4_NL weights against Q8_0
+ * activations, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS against Q8_K.
  *
  * Why: prefill is compute bound, and one TDPBSSD does 16 x 16 x 32 int8
  * products (one 32-value block for 16 tokens x 16 weight rows) in the time
@@ -25,7 +25,12 @@
  * nibbles, plus Q5_K's fifth bit, unpacked to 0..31; row scale d * sc[s];
  * the mins, dmin * m[s] times the activations' sub-block sums, subtracted
  * in float per chunk) or 16-value ones (Q6_K: K = 16 tile products of
- * q - 32, row scale d * scale[s]).
+ * q - 32, row scale d * scale[s]). The low-bit types reuse these shapes:
+ * IQ4_NL is Q4_0 with the nibbles looked up in the level table (VPSHUFB),
+ * IQ4_XS Q4_K's 32-value sub-blocks without mins (row scale d * (ls - 32)),
+ * Q3_K Q6_K's 16-value units (q in -4..3, row scale d * (sc - 32)), Q2_K
+ * the same units with Q4_K's mins (row scale d * sc, min dmin * m, the
+ * activations' 16-value sums).
  *
  * Measured on this project's 2-core VM (busy; thread CPU time, best of
  * several runs), 5632 x 2048 weights, 128 tokens, one thread: Q8_0 ~300
@@ -66,6 +71,9 @@
 #define A_Q4K_BYTES 144 /* bytes of a Q4_K super-block (8 sub-blocks of 32) */
 #define A_Q5K_BYTES 176 /* bytes of a Q5_K super-block */
 #define A_Q6K_BYTES 210 /* bytes of a Q6_K super-block (16 sub-blocks of 16) */
+#define A_Q3K_BYTES 110 /* bytes of a Q3_K super-block (16 sub-blocks of 16) */
+#define A_Q2K_BYTES 84  /* bytes of a Q2_K super-block (16 sub-blocks of 16) */
+#define A_IQ4XS_BYTES 136 /* bytes of an IQ4_XS super-block (8 sub-blocks of 32) */
 #define A_Q8K_BYTES 292 /* bytes of a Q8_K activation block: f32 d, 256 int8, 16 int16 sums */
 #define A_CHUNK 64     /* units (blocks) repacked at once: 32 KiB of B tiles */
 /* Fewer tokens than this go to the AVX-512 kernels: the repack is paid per
@@ -109,9 +117,44 @@ static cpu__matmul_fn a_fallback_q4_0;
 static cpu__matmul_fn a_fallback_q4_k;
 static cpu__matmul_fn a_fallback_q5_k;
 static cpu__matmul_fn a_fallback_q6_k;
+static cpu__matmul_fn a_fallback_q3_k;
+static cpu__matmul_fn a_fallback_q2_k;
+static cpu__matmul_fn a_fallback_iq4_xs;
+static cpu__matmul_fn a_fallback_iq4_nl;
+
+/* Kinds of weights (a_matmul). Units are 32 values except where noted. */
+enum {
+    A_KIND_Q8_0 = 0,
+    A_KIND_Q4_0 = 1,
+    A_KIND_Q4_K = 2,
+    A_KIND_Q5_K = 3,
+    A_KIND_Q6_K = 4,   /* 16-value units */
+    A_KIND_IQ4_NL = 5,
+    A_KIND_IQ4_XS = 6,
+    A_KIND_Q3_K = 7,   /* 16-value units */
+    A_KIND_Q2_K = 8,   /* 16-value units, mins */
+};
+
+A_INLINE int a_unit16(const int kind)
+{
+    return kind == A_KIND_Q6_K || kind == A_KIND_Q3_K || kind == A_KIND_Q2_K;
+}
+
+A_INLINE int a_has_mins(const int kind)
+{
+    return kind == A_KIND_Q4_K || kind == A_KIND_Q5_K || kind == A_KIND_Q2_K;
+}
+
+/* The IQ4 levels in every 128-bit lane, for VPSHUFB. */
+A_INLINE __m512i a_iq4_table(void)
+{
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13,
+                                                25, 38, 53, 69, 89, 113));
+}
 
 /* B tiles for blocks [b0, b0 + nc) of 16 rows starting at wr (rows not in
- * rmask are zero), and the rows' scales as floats. */
+ * rmask are zero), and the rows' scales as floats. q4: 0 Q8_0, 1 Q4_0
+ * (nibbles - 8), 2 IQ4_NL (nibbles through the level table). */
 A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes, int64_t b0,
                        int nc, __mmask16 rmask, int8_t (*wv)[8][64], float (*dw)[16])
 {
@@ -121,6 +164,7 @@ A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes
     const __m512i zero = _mm512_setzero_si512();
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const __m512i eight = _mm512_set1_epi8(8);
+    const __m512i levels = a_iq4_table();
     for (int j = 0; j < nc; j++) {
         const unsigned char *blk = wr + (size_t)(b0 + j) * bytes;
         /* the scale's dword also holds the first quants; keep the low half */
@@ -130,8 +174,17 @@ A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes
 #pragma GCC unroll 4
             for (int kk = 0; kk < 4; kk++) {
                 __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 2 + 4 * kk, 1);
-                __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, low4), eight);
-                __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi32(v, 4), low4), eight);
+                __m512i lo = _mm512_and_si512(v, low4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+                if (q4 == 2) {
+                    /* rows outside rmask gathered 0: level -127, times a
+                     * zero row scale */
+                    lo = _mm512_shuffle_epi8(levels, lo);
+                    hi = _mm512_shuffle_epi8(levels, hi);
+                } else {
+                    lo = _mm512_sub_epi8(lo, eight);
+                    hi = _mm512_sub_epi8(hi, eight);
+                }
                 _mm512_store_si512(wv[j][kk], lo);
                 _mm512_store_si512(wv[j][kk + 4], hi);
             }
@@ -250,6 +303,122 @@ A_INLINE void a_repack_q6k(const unsigned char *wr, size_t w_row_bytes, int64_t 
     }
 }
 
+/* IQ4_XS: units of 32 values (8 per super-block, quant.h has the layout),
+ * the B tiles hold the signed levels, dsc gets d * (ls - 32) per row. */
+A_INLINE void a_repack_iq4xs(const unsigned char *wr, size_t w_row_bytes, int64_t k0, int nk,
+                             __mmask16 rmask, int8_t (*wv)[8][64], float (*dsc)[16])
+{
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)w_row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i levels = a_iq4_table();
+    for (int k = 0; k < nk; k++) {
+        const unsigned char *blk = wr + (size_t)(k0 + k) * A_IQ4XS_BYTES;
+        /* d in the low half, scales_h in the high half; scales_l */
+        __m512i dh = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
+        __m512i sl = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 4, 1);
+        __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+        __m512i sh = _mm512_srli_epi32(dh, 16);
+#pragma GCC unroll 8
+        for (int sb = 0; sb < 8; sb++) {
+            __m512i ls = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi32(sl, 4 * sb), _mm512_set1_epi32(15)),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * sb), _mm512_set1_epi32(3)), 4));
+            _mm512_store_ps(dsc[8 * k + sb],
+                            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32)))));
+#pragma GCC unroll 4
+            for (int kk = 0; kk < 4; kk++) {
+                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 8 + 16 * sb + 4 * kk, 1);
+                _mm512_store_si512(wv[8 * k + sb][kk], _mm512_shuffle_epi8(levels, _mm512_and_si512(v, low4)));
+                _mm512_store_si512(wv[8 * k + sb][kk + 4],
+                                   _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi32(v, 4), low4)));
+            }
+        }
+    }
+}
+
+/* Q3_K (q2 = 0) or Q2_K: units of 16 values (16 per super-block), B tiles
+ * (first half of each wv entry) of q - 4 with the hmask bit (Q3_K, -4..3)
+ * or q (Q2_K, 0..3); dsc gets d * (sc - 32) (Q3_K) or d * sc (Q2_K), dmn
+ * Q2_K's dmin * m. Unit u holds values 16u .. 16u + 15: group c = u / 2 of
+ * 32, l = 16 (u & 1) + 0..15, two bits at 2 (c % 4) of qs[32 (c / 4) + l],
+ * the third at bit c of hmask[l]. Every gather stays inside its block. */
+A_INLINE void a_repack_q23k(const int q2, const unsigned char *wr, size_t w_row_bytes, int64_t k0,
+                            int nk, __mmask16 rmask, int8_t (*wv)[8][64], float (*dsc)[16],
+                            float (*dmn)[16])
+{
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)w_row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i m3 = _mm512_set1_epi8(3), m1 = _mm512_set1_epi8(1), four = _mm512_set1_epi8(4);
+    const __m512i m15 = _mm512_set1_epi32(15), m3d = _mm512_set1_epi32(3);
+    for (int k = 0; k < nk; k++) {
+        const unsigned char *blk = wr + (size_t)(k0 + k) * (q2 ? A_Q2K_BYTES : A_Q3K_BYTES);
+        const unsigned char *qs = blk + (q2 ? 16 : 32);
+        if (q2) {
+            __m512i dd = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 80, 1);
+            __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+            __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++) {
+                __m512i sv = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 4 * m, 1);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    __m512i b = _mm512_srli_epi32(sv, 8 * i);
+                    _mm512_store_ps(dsc[16 * k + 4 * m + i],
+                                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(b, m15))));
+                    _mm512_store_ps(dmn[16 * k + 4 * m + i],
+                                    _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, 4), m15))));
+                }
+            }
+        } else {
+            /* d is the top half of the dword at 106 */
+            __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(
+                _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 106, 1), 16)));
+            __m512i w0 = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 96, 1);
+            __m512i w1 = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 100, 1);
+            __m512i w2 = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 104, 1);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                /* scales i, 4 + i, 8 + i, 12 + i: low nibbles of byte i of
+                 * w0 / w1, high nibbles of the same; top bits from byte i
+                 * of w2 at 0, 2, 4, 6 */
+                __m512i b0 = _mm512_srli_epi32(w0, 8 * i), b1 = _mm512_srli_epi32(w1, 8 * i);
+                __m512i b2 = _mm512_srli_epi32(w2, 8 * i);
+                __m512i sc[4];
+                sc[0] = _mm512_or_si512(_mm512_and_si512(b0, m15), _mm512_slli_epi32(_mm512_and_si512(b2, m3d), 4));
+                sc[1] = _mm512_or_si512(_mm512_and_si512(b1, m15),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b2, 2), m3d), 4));
+                sc[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b0, 4), m15),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b2, 4), m3d), 4));
+                sc[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b1, 4), m15),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b2, 6), m3d), 4));
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++)
+                    _mm512_store_ps(dsc[16 * k + 4 * g + i],
+                                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(sc[g], _mm512_set1_epi32(32)))));
+            }
+        }
+        for (int u = 0; u < 16; u++) {
+            const int c = u >> 1, p = u & 1;
+#pragma GCC unroll 4
+            for (int kk = 0; kk < 4; kk++) {
+                const int l = 16 * p + 4 * kk;
+                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, qs + 32 * (c >> 2) + l, 1);
+                /* shifts below 8 keep each byte's bits in that byte */
+                __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 2 * (c & 3)), m3);
+                if (!q2) {
+                    __m512i h = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + l, 1);
+                    __m512i hb = _mm512_and_si512(_mm512_srli_epi32(h, c), m1);
+                    q = _mm512_sub_epi8(_mm512_or_si512(q, _mm512_slli_epi32(hb, 2)), four);
+                }
+                _mm512_store_si512(wv[16 * k + u][kk], q);
+            }
+        }
+    }
+}
+
 /* acc[i] += float(c[i]) * dx[i] * dw for the 16 tokens of a tile. */
 A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, __m512 dw)
 {
@@ -269,34 +438,47 @@ A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, 
         _tile_dpbssd(C, A, B);                                                                \
     } while (0)
 
-/* Byte offset of 32-value unit u's quants in an activation row: Q8_0 blocks
- * (kinds 0, 1) or sub-block u % 8 of Q8_K block u / 8 (K-quants). */
+/* Whether the kind's activations are Q8_K (else Q8_0). */
+A_INLINE int a_x_q8k(const int kind)
+{
+    return kind >= A_KIND_Q4_K && kind != A_KIND_IQ4_NL;
+}
+
+/* Byte offset of unit u's quants in an activation row: Q8_0 blocks (Q8_0,
+ * Q4_0, IQ4_NL), sub-block u % 8 of Q8_K block u / 8 (32-value units) or
+ * u % 16 of u / 16 (16-value units). */
 A_INLINE size_t a_x_offset(const int kind, int64_t u)
 {
-    if (kind == 4)
+    if (a_unit16(kind))
         return (size_t)(u >> 4) * A_Q8K_BYTES + 4 + (size_t)(u & 15) * 16;
-    if (kind >= 2)
+    if (a_x_q8k(kind))
         return (size_t)(u >> 3) * A_Q8K_BYTES + 4 + (size_t)(u & 7) * A_QK;
     return (size_t)u * A_Q8_BYTES + 2;
 }
 
-/* kind 0: Q8_0 weights, 1: Q4_0, 2: Q4_K, 3: Q5_K (K-quants: activations
- * Q8_K; dmn and xsum are their scratch for the mins, NULL otherwise). A unit
- * is 32 values: a block, or a K-quant sub-block (8 per super-block; chunks
- * of A_CHUNK units are whole super-blocks). */
+/* kind: A_KIND_* (Q4_K, Q5_K, Q2_K have mins: dmn and xsum are their
+ * scratch, NULL otherwise). A unit is 32 values (a block, or a sub-block,
+ * 8 per super-block) or 16 (a sub-block, 16 per super-block); chunks of
+ * A_CHUNK units are whole super-blocks. */
 A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
                        const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
                        int64_t y_stride, int64_t r0, int64_t r1, float (*dmn)[16],
                        float (*xsum)[A_TOKEN_GROUP])
 {
-    const int q4 = kind == 1;
-    const int uk = kind == 4 ? 16 : A_QK; /* values per unit */
+    const int q4 = kind == A_KIND_Q4_0 ? 1 : kind == A_KIND_IQ4_NL ? 2 : 0;
+    const int uk = a_unit16(kind) ? 16 : A_QK; /* values per unit */
     const int64_t nb = n_in / uk;
     /* the weight gathers index rows with int32 offsets */
-    if (n_tokens < (kind == 4 ? A_MIN_TOKENS_Q6_K : A_MIN_TOKENS) ||
+    if (n_tokens < (a_unit16(kind) ? A_MIN_TOKENS_Q6_K : A_MIN_TOKENS) ||
         w_row_bytes > (size_t)INT32_MAX / 16) {
-        cpu__matmul_fn fb = kind == 4 ? a_fallback_q6_k : kind == 3 ? a_fallback_q5_k : kind == 2 ? a_fallback_q4_k
-                          : q4 ? a_fallback_q4_0 : a_fallback_q8_0;
+        static cpu__matmul_fn *const fallbacks[] = {
+            [A_KIND_Q8_0] = &a_fallback_q8_0,     [A_KIND_Q4_0] = &a_fallback_q4_0,
+            [A_KIND_Q4_K] = &a_fallback_q4_k,     [A_KIND_Q5_K] = &a_fallback_q5_k,
+            [A_KIND_Q6_K] = &a_fallback_q6_k,     [A_KIND_IQ4_NL] = &a_fallback_iq4_nl,
+            [A_KIND_IQ4_XS] = &a_fallback_iq4_xs, [A_KIND_Q3_K] = &a_fallback_q3_k,
+            [A_KIND_Q2_K] = &a_fallback_q2_k,
+        };
+        cpu__matmul_fn fb = *fallbacks[kind];
         fb(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
         return;
     }
@@ -341,16 +523,24 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
             for (int j = 0; j < nc; j++) {
                 for (int t = 0; t < ng; t++) {
                     const unsigned char *xr = xg + (size_t)t * xq_row_bytes;
-                    if (kind == 4) {
-                        memcpy(&dx[j][t], xr + (size_t)((b0 + j) >> 4) * A_Q8K_BYTES, 4);
-                    } else if (kind >= 2) {
+                    if (a_unit16(kind)) {
+                        int64_t k = (b0 + j) >> 4, s = (b0 + j) & 15;
+                        memcpy(&dx[j][t], xr + (size_t)k * A_Q8K_BYTES, 4);
+                        if (a_has_mins(kind)) {
+                            int16_t bs;
+                            memcpy(&bs, xr + (size_t)k * A_Q8K_BYTES + 260 + 2 * (size_t)s, 2);
+                            xsum[j][t] = dx[j][t] * (float)bs;
+                        }
+                    } else if (a_x_q8k(kind)) {
                         /* sub-block s of Q8_K block k: scale d, sum of its
                          * quants from the two 16-value sums */
                         int64_t k = (b0 + j) >> 3, s = (b0 + j) & 7;
-                        int16_t bs[2];
                         memcpy(&dx[j][t], xr + (size_t)k * A_Q8K_BYTES, 4);
-                        memcpy(bs, xr + (size_t)k * A_Q8K_BYTES + 260 + 4 * (size_t)s, 4);
-                        xsum[j][t] = dx[j][t] * (float)(bs[0] + bs[1]);
+                        if (a_has_mins(kind)) {
+                            int16_t bs[2];
+                            memcpy(bs, xr + (size_t)k * A_Q8K_BYTES + 260 + 4 * (size_t)s, 4);
+                            xsum[j][t] = dx[j][t] * (float)(bs[0] + bs[1]);
+                        }
                     } else {
                         uint16_t h;
                         memcpy(&h, xr + (size_t)(b0 + j) * A_Q8_BYTES, 2);
@@ -359,7 +549,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                 }
                 for (int t = ng; t < ((ng + 15) & ~15); t++) {
                     dx[j][t] = 0.0f;
-                    if (kind == 2 || kind == 3)
+                    if (a_has_mins(kind))
                         xsum[j][t] = 0.0f;
                 }
             }
@@ -367,10 +557,15 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                 const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
                 const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
                 const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
-                if (kind == 4)
+                if (kind == A_KIND_Q6_K)
                     a_repack_q6k(wr, w_row_bytes, b0 / 16, nc / 16, rmask, wv, dw);
-                else if (kind >= 2)
-                    a_repack_kq(kind == 3, wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw, dmn);
+                else if (kind == A_KIND_Q3_K || kind == A_KIND_Q2_K)
+                    a_repack_q23k(kind == A_KIND_Q2_K, wr, w_row_bytes, b0 / 16, nc / 16, rmask, wv,
+                                  dw, dmn);
+                else if (kind == A_KIND_IQ4_XS)
+                    a_repack_iq4xs(wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw);
+                else if (kind == A_KIND_Q4_K || kind == A_KIND_Q5_K)
+                    a_repack_kq(kind == A_KIND_Q5_K, wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw, dmn);
                 else
                     a_repack(q4, wr, w_row_bytes, b0, nc, rmask, wv, dw);
                 A_COMPILER_BARRIER();
@@ -407,7 +602,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                             a_scale_add(acc, (const int32_t(*)[16])c0, &dx[j][tt], _mm512_load_ps(dw[j]));
                         }
                     }
-                    if (kind == 2 || kind == 3) {
+                    if (a_has_mins(kind)) {
                         /* K-quant mins: - dmin * m[s] * d_x * sum of the
                          * sub-block's activation quants */
                         for (int j = 0; j < nc; j++) {
@@ -475,6 +670,40 @@ static void a_matmul_q6_k(const void *w, size_t w_row_bytes, int64_t n_in, const
     a_matmul(4, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1, NULL, NULL);
 }
 
+static void a_matmul_q3_k(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    a_matmul(A_KIND_Q3_K, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1,
+             NULL, NULL);
+}
+
+static void a_matmul_q2_k(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    _Alignas(64) float dmn[A_CHUNK][16];
+    _Alignas(64) float xsum[A_CHUNK][A_TOKEN_GROUP];
+    a_matmul(A_KIND_Q2_K, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1,
+             dmn, xsum);
+}
+
+static void a_matmul_iq4_xs(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                            size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1)
+{
+    a_matmul(A_KIND_IQ4_XS, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,
+             r1, NULL, NULL);
+}
+
+static void a_matmul_iq4_nl(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                            size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1)
+{
+    a_matmul(A_KIND_IQ4_NL, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,
+             r1, NULL, NULL);
+}
+
 int cpu__kernels_amx_request(void)
 {
     unsigned int eax, ebx, ecx, edx;
@@ -495,11 +724,19 @@ void cpu__kernels_amx_init(cpu__kernel_table *table)
     a_fallback_q4_k = table->matmul_q4_k;
     a_fallback_q5_k = table->matmul_q5_k;
     a_fallback_q6_k = table->matmul_q6_k;
+    a_fallback_q3_k = table->matmul_q3_k;
+    a_fallback_q2_k = table->matmul_q2_k;
+    a_fallback_iq4_xs = table->matmul_iq4_xs;
+    a_fallback_iq4_nl = table->matmul_iq4_nl;
     table->matmul_q8_0 = a_matmul_q8_0;
     table->matmul_q4_0 = a_matmul_q4_0;
     table->matmul_q4_k = a_matmul_q4_k;
     table->matmul_q5_k = a_matmul_q5_k;
     table->matmul_q6_k = a_matmul_q6_k;
+    table->matmul_q3_k = a_matmul_q3_k;
+    table->matmul_q2_k = a_matmul_q2_k;
+    table->matmul_iq4_xs = a_matmul_iq4_xs;
+    table->matmul_iq4_nl = a_matmul_iq4_nl;
 }
 
 #else /* no AMX outside x86-64 Linux: the dispatcher never chooses it */

@@ -47,7 +47,8 @@ typedef struct cpu__kernel_table {
     void (*axpy_f16_rows)(float *y, const float *weights, const uint16_t *rows,
                           size_t row_stride, int64_t n_rows, int64_t n);
     /* The low-bit types (cpu_kernels_lowbit_avx2.c): activations Q8_K,
-     * IQ4_NL's Q8_0. No AVX-512 or AMX versions: those levels inherit. */
+     * IQ4_NL's Q8_0. The AVX-512 level inherits them; AMX replaces them
+     * for prefill. */
     cpu__matmul_fn matmul_q2_k;
     cpu__matmul_fn matmul_q3_k;
     cpu__matmul_fn matmul_iq4_xs;
@@ -63,7 +64,8 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table);
 /* cpu_kernels_amx.c: whether the CPU has AMX-TILE and AMX-INT8 and the
  * kernel granted this process the tile registers (asked once, here; the
  * grant is for every thread). Then _init, given a table holding the AVX-512
- * entries, replaces the quantized products (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)
+ * entries, replaces the quantized products (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
+ * Q2_K, Q3_K, IQ4_XS, IQ4_NL)
  * and keeps the old entries for what does not pay on tiles (few tokens:
  * decode). */
 int cpu__kernels_amx_request(void);

@@ -538,6 +538,25 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         snprintf(p->msg, sizeof p->msg, "only n = 1 is supported");
         return false;
     }
+    /* Completions options that change what the answer means: refused
+     * rather than ignored, so a client never reads an answer to a question
+     * it did not ask. */
+    if (!chat) {
+        bool echo = false;
+        json_int_t best_of = 1;
+        json_t *suffix = json_object_get(body, "suffix");
+        if (!get_bool(p, body, "echo", &echo))
+            return false;
+        if (echo)
+            return bad(p, "echo", "'echo' (the prompt repeated in the answer) is not supported");
+        if (!get_int(p, body, "best_of", 1, 1, &best_of)) {
+            snprintf(p->msg, sizeof p->msg, "only best_of = 1 is supported");
+            return false;
+        }
+        if (suffix && !json_is_null(suffix) &&
+            !(json_is_string(suffix) && json_string_length(suffix) == 0))
+            return bad(p, "suffix", "'suffix' (insertion) is not supported");
+    }
     json_int_t max_tokens = 16;
     if (chat)
         max_tokens = s->n_ctx;

@@ -227,7 +227,8 @@ static void test_logit_bias(void **state)
 /* OpenAI's other prompt and content forms: a completions prompt as token
  * ids (or a one-element array of them) generates what the same text does;
  * chat content as an array of text parts is the parts joined with "\n";
- * a non-text part, several prompts, ids out of range: 400. */
+ * a non-text part, several prompts, ids out of range, echo, best_of > 1
+ * and a suffix: 400 (the last three accepted at their no-op values). */
 static void test_prompt_and_content_forms(void **state)
 {
     (void)state;
@@ -293,6 +294,9 @@ static void test_prompt_and_content_forms(void **state)
         {"/v1/completions", "{\"prompt\":[1,2,1024]}"},
         {"/v1/completions", "{\"prompt\":[1,2.5]}"},
         {"/v1/completions", "{\"prompt\":[]}"},
+        {"/v1/completions", "{\"prompt\":\"Hi\",\"echo\":true}"},
+        {"/v1/completions", "{\"prompt\":\"Hi\",\"best_of\":3}"},
+        {"/v1/completions", "{\"prompt\":\"Hi\",\"suffix\":\"end\"}"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(post(bad[i][0], bad[i][1], &r), 0);
@@ -300,6 +304,13 @@ static void test_prompt_and_content_forms(void **state)
             fail_msg("%s: status %d", bad[i][1], r.status);
         wc_response_free(&r);
     }
+    assert_int_equal(post("/v1/completions",
+                          "{\"prompt\":\"Hi\",\"max_tokens\":2,\"echo\":false,\"best_of\":1,"
+                          "\"suffix\":null}",
+                          &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    wc_response_free(&r);
 }
 
 /* A stop string never reaches the client, not even its beginning, and the

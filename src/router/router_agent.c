@@ -858,6 +858,9 @@ static void forward(agent_run *a, const rt_capture *c)
                      json_string_value(json_object_get(e, "code")) ?: "worker_failed",
                      json_string_value(json_object_get(e, "message")) ?: "the generation failed",
                      NULL, NULL);
+            /* run_fail kept the code, which lives in j: error_code holds
+             * static strings only (router_idem.c reads it later) */
+            q->error_code = NULL;
             json_decref(j);
             return;
         }

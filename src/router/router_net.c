@@ -15,6 +15,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -80,6 +81,36 @@ int rn_write_all(int fd, const void *p, size_t n)
             return -1;
         s += w;
         n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Head and body in one sendmsg where the socket takes them, so that the
+ * worker reads the whole request in one wake-up, not the head alone and
+ * then the body. */
+static int rn_write_request(int fd, const char *head, size_t head_len, const char *body,
+                            size_t body_len)
+{
+    struct iovec iov[2] = {{(void *)head, head_len}, {(void *)body, body ? body_len : 0}};
+    int n_iov = body && body_len ? 2 : 1;
+    int i = 0;
+    while (i < n_iov) {
+        struct msghdr m;
+        memset(&m, 0, sizeof m);
+        m.msg_iov = iov + i;
+        m.msg_iovlen = (size_t)(n_iov - i);
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        size_t left = (size_t)w;
+        while (i < n_iov && left >= iov[i].iov_len)
+            left -= iov[i++].iov_len;
+        if (i < n_iov) {
+            iov[i].iov_base = (char *)iov[i].iov_base + left;
+            iov[i].iov_len -= left;
+        }
     }
     return 0;
 }
@@ -158,8 +189,8 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
                      method, path, keep_alive ? "keep-alive" : "close",
                      extra_headers ? extra_headers : "", body ? body_len : 0);
-    if (n < 0 || (size_t)n >= sizeof head || rn_write_all(c->fd, head, (size_t)n) ||
-        (body && body_len && rn_write_all(c->fd, body, body_len)))
+    if (n < 0 || (size_t)n >= sizeof head ||
+        rn_write_request(c->fd, head, (size_t)n, body, body_len))
         return -1;
     char line[4096];
     int r = rn_line(c, line, sizeof line);

@@ -535,7 +535,39 @@ static void test_rope_parity(void **state)
 
 /* ---- KV cache and attention ---------------------------------------------------------- */
 
-static void kv_attention_case(int f16)
+/* The blocked KV cache and attention over it, on the GPU (on_gpu) or
+ * through the kernels' host twins over host blocks. */
+static void *case_alloc(int on_gpu, size_t bytes)
+{
+    return on_gpu ? gpu_alloc(bytes) : sw_calloc(1, bytes);
+}
+
+static void *case_copy(int on_gpu, const void *host, size_t bytes)
+{
+    if (on_gpu)
+        return gpu_copy(host, bytes);
+    void *p = sw_malloc(bytes);
+    memcpy(p, host, bytes);
+    return p;
+}
+
+static void case_read(int on_gpu, void *host, const void *p, size_t bytes)
+{
+    if (on_gpu)
+        gpu_read(host, p, bytes);
+    else
+        memcpy(host, p, bytes);
+}
+
+static void case_free(int on_gpu, void *p, size_t bytes)
+{
+    if (on_gpu)
+        dev_free(gpu, p, bytes);
+    else
+        sw_free(p);
+}
+
+static void kv_attention_case(int f16, int on_gpu)
 {
     enum { BT = 4, MAXB = 4, SLOTS = 2, LAYERS = 2, NH = 4, NKV = 2, HD = 40 };
     enum { KVD = NKV * HD, LAYER = 1 };
@@ -551,7 +583,7 @@ static void kv_attention_case(int f16)
 
     for (int s = 0; s < SLOTS; s++)
         for (int b = 0; b < (n_pos[s] + BT - 1) / BT; b++)
-            blocks[s * MAXB + b] = gpu_alloc(block_bytes);
+            blocks[s * MAXB + b] = case_alloc(on_gpu, block_bytes);
     for (int s = 0; s < SLOTS; s++)
         for (int p = 0; p < n_pos[s]; p++, n_rows++) {
             slot_of[n_rows] = s;
@@ -565,17 +597,22 @@ static void kv_attention_case(int f16)
                                  : rows_v[n_rows * KVD + i];
             }
         }
-    unsigned char **d_table = gpu_copy(blocks, sizeof blocks);
-    int32_t *d_slot = gpu_copy(slot_of, sizeof slot_of), *d_pos = gpu_copy(pos_of, sizeof pos_of);
-    float *d_k = gpu_copy(rows_k, sizeof rows_k), *d_v = gpu_copy(rows_v, sizeof rows_v);
+    unsigned char **d_table = case_copy(on_gpu, blocks, sizeof blocks);
+    int32_t *d_slot = case_copy(on_gpu, slot_of, sizeof slot_of);
+    int32_t *d_pos = case_copy(on_gpu, pos_of, sizeof pos_of);
+    float *d_k = case_copy(on_gpu, rows_k, sizeof rows_k);
+    float *d_v = case_copy(on_gpu, rows_v, sizeof rows_v);
     cuda_kv_view kv = {.d_blocks = d_table, .max_blocks = MAXB, .block_tokens = BT,
                        .kv_dim = KVD, .f16 = f16};
-    expect_ok(cuda_kv_store(&kv, LAYER, d_k, d_v, n_rows, d_slot, d_pos, NULL), "kv store");
+    if (on_gpu)
+        expect_ok(cuda_kv_store(&kv, LAYER, d_k, d_v, n_rows, d_slot, d_pos, NULL), "kv store");
+    else
+        cuda_kernels_host_kv_store(&kv, LAYER, d_k, d_v, n_rows, d_slot, d_pos);
 
     /* The layout of a block, element by element: slot 0, block 1 holds
      * positions 4..7; layer 1's K rows come after layer 0's K and V. */
     unsigned char *host_block = sw_malloc(block_bytes);
-    gpu_read(host_block, blocks[1], block_bytes);
+    case_read(on_gpu, host_block, blocks[1], block_bytes);
     for (int in_block = 0; in_block < BT; in_block++)
         for (int kvi = 0; kvi < 2; kvi++)
             for (int i = 0; i < KVD; i += 7) {
@@ -592,6 +629,7 @@ static void kv_attention_case(int f16)
     /* Queries at the last, a middle and the first position of each slot. */
     const int32_t q_slot[5] = {0, 0, 1, 1, 0}, q_pos[5] = {12, 3, 6, 0, 4};
     float q[5 * NH * HD], ref[5 * NH * HD], got[5 * NH * HD];
+    char what[64];
     for (int i = 0; i < 5 * NH * HD; i++)
         q[i] = rnd();
     for (int r = 0; r < 5; r++)
@@ -615,32 +653,49 @@ static void kv_attention_case(int f16)
                 ref[(r * NH + h) * HD + i] = (float)o;
             }
         }
-    float *d_q = gpu_copy(q, sizeof q), *d_out = gpu_alloc(sizeof got);
-    int32_t *d_qslot = gpu_copy(q_slot, sizeof q_slot), *d_qpos = gpu_copy(q_pos, sizeof q_pos);
-    expect_ok(cuda_attention(&kv, LAYER, d_q, d_out, 5, NH, NKV, HD, d_qslot, d_qpos, NULL),
-              "attention");
-    gpu_read(got, d_out, sizeof got);
-    expect_close(f16 ? "attention, f16 kv" : "attention, f32 kv", got, ref, 5 * NH * HD, 1e-5);
+    float *d_q = case_copy(on_gpu, q, sizeof q), *d_out = case_alloc(on_gpu, sizeof got);
+    int32_t *d_qslot = case_copy(on_gpu, q_slot, sizeof q_slot);
+    int32_t *d_qpos = case_copy(on_gpu, q_pos, sizeof q_pos);
+    if (on_gpu)
+        expect_ok(cuda_attention(&kv, LAYER, d_q, d_out, 5, NH, NKV, HD, d_qslot, d_qpos, NULL),
+                  "attention");
+    else
+        expect_ok(cuda_kernels_host_attention(&kv, LAYER, d_q, d_out, 5, NH, NKV, HD, d_qslot,
+                                              d_qpos), "host attention");
+    case_read(on_gpu, got, d_out, sizeof got);
+    snprintf(what, sizeof what, "%sattention, %s kv", on_gpu ? "" : "host ", f16 ? "f16" : "f32");
+    expect_close(what, got, ref, 5 * NH * HD, 1e-5);
 
     for (int i = 0; i < SLOTS * MAXB; i++)
-        dev_free(gpu, blocks[i], block_bytes);
-    dev_free(gpu, d_table, sizeof blocks);
-    dev_free(gpu, d_slot, sizeof slot_of);
-    dev_free(gpu, d_pos, sizeof pos_of);
-    dev_free(gpu, d_k, sizeof rows_k);
-    dev_free(gpu, d_v, sizeof rows_v);
-    dev_free(gpu, d_q, sizeof q);
-    dev_free(gpu, d_out, sizeof got);
-    dev_free(gpu, d_qslot, sizeof q_slot);
-    dev_free(gpu, d_qpos, sizeof q_pos);
+        if (blocks[i])
+            case_free(on_gpu, blocks[i], block_bytes);
+    case_free(on_gpu, d_table, sizeof blocks);
+    case_free(on_gpu, d_slot, sizeof slot_of);
+    case_free(on_gpu, d_pos, sizeof pos_of);
+    case_free(on_gpu, d_k, sizeof rows_k);
+    case_free(on_gpu, d_v, sizeof rows_v);
+    case_free(on_gpu, d_q, sizeof q);
+    case_free(on_gpu, d_out, sizeof got);
+    case_free(on_gpu, d_qslot, sizeof q_slot);
+    case_free(on_gpu, d_qpos, sizeof q_pos);
 }
 
 static void test_kv_attention_parity(void **state)
 {
     (void)state;
     NEED_GPU();
-    kv_attention_case(1);
-    kv_attention_case(0);
+    kv_attention_case(1, 1);
+    kv_attention_case(0, 1);
+}
+
+/* The same case through the host twins of the KV store and attention
+ * kernels: their block layout and index arithmetic, the online softmax and
+ * the warps' merge, checked without a GPU. */
+static void test_host_kv_attention(void **state)
+{
+    (void)state;
+    kv_attention_case(1, 0);
+    kv_attention_case(0, 0);
 }
 
 /* ---- the whole model ---------------------------------------------------------------------- */
@@ -991,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_host_dequantize_layouts),
         cmocka_unit_test(test_host_rope),
         cmocka_unit_test(test_host_supported_types),
+        cmocka_unit_test(test_host_kv_attention),
         cmocka_unit_test(test_matvec_parity),
         cmocka_unit_test(test_elementwise_parity),
         cmocka_unit_test(test_rope_parity),

@@ -414,32 +414,54 @@ extern "C" int cuda_rope(float *d_x, int64_t n_rows, int32_t n_heads, int32_t he
 
 /* ---- the KV cache ------------------------------------------------------------------ */
 
-static __device__ __forceinline__ size_t kv_offset(const cuda_kv_view &kv, int32_t layer, int kv_i,
-                                                   int32_t pos)
+/* As with the weight readers, the per-element code of the KV store and of
+ * attention is __host__ __device__: the kernels below are thin glue (block
+ * indices, the warp reduction, shared memory) around it, and
+ * cuda_kernels_host_kv_store / cuda_kernels_host_attention run the same
+ * code over host memory for test_cuda. */
+
+static __host__ __device__ __forceinline__ size_t kv_offset(const cuda_kv_view &kv, int32_t layer,
+                                                            int kv_i, int32_t pos)
 {
     return ((size_t)(layer * 2 + kv_i) * kv.block_tokens + pos % kv.block_tokens) *
            (size_t)kv.kv_dim;
+}
+
+/* The block of row t's position and the element offsets of its K and V rows
+ * there. */
+static __host__ __device__ __forceinline__ unsigned char *kv_store_where(
+    const cuda_kv_view &kv, int32_t layer, int32_t slot, int32_t p, size_t *k_at, size_t *v_at)
+{
+    *k_at = kv_offset(kv, layer, 0, p);
+    *v_at = kv_offset(kv, layer, 1, p);
+    return kv.d_blocks[(int64_t)slot * kv.max_blocks + p / kv.block_tokens];
+}
+
+static __host__ __device__ __forceinline__ void kv_store_element(const cuda_kv_view &kv,
+                                                                 unsigned char *block,
+                                                                 size_t k_at, size_t v_at,
+                                                                 const float *kt,
+                                                                 const float *vt, int32_t i)
+{
+    if (kv.f16) {
+        __half *b = reinterpret_cast<__half *>(block);
+        b[k_at + i] = __float2half_rn(kt[i]);
+        b[v_at + i] = __float2half_rn(vt[i]);
+    } else {
+        float *b = reinterpret_cast<float *>(block);
+        b[k_at + i] = kt[i];
+        b[v_at + i] = vt[i];
+    }
 }
 
 static __global__ void kv_store_kernel(cuda_kv_view kv, int32_t layer, const float *k,
                                        const float *v, const int32_t *slot, const int32_t *pos)
 {
     const int64_t t = blockIdx.x;
-    const int32_t p = pos[t];
-    unsigned char *block = kv.d_blocks[(int64_t)slot[t] * kv.max_blocks + p / kv.block_tokens];
-    size_t k_at = kv_offset(kv, layer, 0, p), v_at = kv_offset(kv, layer, 1, p);
-    const float *kt = k + t * kv.kv_dim, *vt = v + t * kv.kv_dim;
-    for (int32_t i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
-        if (kv.f16) {
-            __half *b = reinterpret_cast<__half *>(block);
-            b[k_at + i] = __float2half_rn(kt[i]);
-            b[v_at + i] = __float2half_rn(vt[i]);
-        } else {
-            float *b = reinterpret_cast<float *>(block);
-            b[k_at + i] = kt[i];
-            b[v_at + i] = vt[i];
-        }
-    }
+    size_t k_at, v_at;
+    unsigned char *block = kv_store_where(kv, layer, slot[t], pos[t], &k_at, &v_at);
+    for (int32_t i = threadIdx.x; i < kv.kv_dim; i += blockDim.x)
+        kv_store_element(kv, block, k_at, v_at, k + t * kv.kv_dim, v + t * kv.kv_dim, i);
 }
 
 extern "C" int cuda_kv_store(const cuda_kv_view *kv, int32_t layer, const float *d_k,
@@ -453,12 +475,127 @@ extern "C" int cuda_kv_store(const cuda_kv_view *kv, int32_t layer, const float 
     return status_of_launch();
 }
 
-static __device__ __forceinline__ float kv_value(const cuda_kv_view &kv, const unsigned char *b,
-                                                 size_t at)
+static __host__ __device__ __forceinline__ float kv_value(const cuda_kv_view &kv,
+                                                          const unsigned char *b, size_t at)
 {
     if (kv.f16)
         return __half2float(reinterpret_cast<const __half *>(b)[at]);
     return reinterpret_cast<const float *>(b)[at];
+}
+
+/* One (row, head) of attention as a block of ATT_WARPS warps computes it:
+ * warp w takes positions w, w + ATT_WARPS, ...; lane `lane` holds the
+ * dimensions lane, lane + WARP, ... of q and of its running sum of V. */
+typedef struct att_lane {
+    float qr[ATT_PER_LANE], acc[ATT_PER_LANE];
+    float m, l; /* the warp's running maximum and sum of exponentials */
+} att_lane;
+
+typedef struct att_row {
+    const float *qt;              /* q of this row and head */
+    size_t out_at;                /* its offset in out */
+    unsigned char *const *blocks; /* its sequence's block table row */
+    int32_t kv_head, n_pos;
+} att_row;
+
+static __host__ __device__ __forceinline__ att_row att_row_of(const cuda_kv_view &kv,
+                                                              const float *q, int32_t n_head,
+                                                              int32_t group, int32_t head_dim,
+                                                              const int32_t *slot,
+                                                              const int32_t *pos, int64_t t,
+                                                              int32_t h)
+{
+    att_row r;
+    r.out_at = (size_t)(t * n_head + h) * (size_t)head_dim;
+    r.qt = q + r.out_at;
+    r.blocks = kv.d_blocks + (int64_t)slot[t] * kv.max_blocks;
+    r.kv_head = h / group;
+    r.n_pos = pos[t] + 1;
+    return r;
+}
+
+static __host__ __device__ __forceinline__ void att_lane_init(att_lane *a, const float *qt,
+                                                              int lane, int32_t head_dim)
+{
+    for (int j = 0; j < ATT_PER_LANE; j++) {
+        int d = lane + WARP * j;
+        a->qr[j] = d < head_dim ? qt[d] : 0.0f;
+        a->acc[j] = 0.0f;
+    }
+    a->m = -INFINITY;
+    a->l = 0.0f;
+}
+
+/* Position p's block and the offsets of this KV head's K and V there. */
+static __host__ __device__ __forceinline__ const unsigned char *att_where(
+    const cuda_kv_view &kv, const att_row &r, int32_t layer, int32_t head_dim, int32_t p,
+    size_t *k_at, size_t *v_at)
+{
+    *k_at = kv_offset(kv, layer, 0, p) + (size_t)r.kv_head * head_dim;
+    *v_at = kv_offset(kv, layer, 1, p) + (size_t)r.kv_head * head_dim;
+    return r.blocks[p / kv.block_tokens];
+}
+
+/* The lane's share of q . K[p]. */
+static __host__ __device__ __forceinline__ float att_lane_dot(const cuda_kv_view &kv,
+                                                              const att_lane *a,
+                                                              const unsigned char *b,
+                                                              size_t k_at, int lane,
+                                                              int32_t head_dim)
+{
+    float s = 0.0f;
+    for (int j = 0; j < ATT_PER_LANE; j++) {
+        int d = lane + WARP * j;
+        if (d < head_dim)
+            s += a->qr[j] * kv_value(kv, b, k_at + d);
+    }
+    return s;
+}
+
+/* The online-softmax step for position p's scaled score s (the whole dot
+ * product, the same in every lane). */
+static __host__ __device__ __forceinline__ void att_lane_update(const cuda_kv_view &kv,
+                                                                att_lane *a, float s,
+                                                                const unsigned char *b,
+                                                                size_t v_at, int lane,
+                                                                int32_t head_dim)
+{
+    float m_new = fmaxf(a->m, s);
+    float correction = expf(a->m - m_new), e = expf(s - m_new);
+    a->l = a->l * correction + e;
+    for (int j = 0; j < ATT_PER_LANE; j++) {
+        int d = lane + WARP * j;
+        if (d < head_dim)
+            a->acc[j] = a->acc[j] * correction + e * kv_value(kv, b, v_at + d);
+    }
+    a->m = m_new;
+}
+
+/* The warps' weights in the merge: a warp that saw no position has
+ * m = -inf and l = 0 and weighs 0. */
+static __host__ __device__ __forceinline__ float att_merge_weights(const float *warp_max,
+                                                                   const float *warp_sum_exp,
+                                                                   float *weight)
+{
+    float M = -INFINITY, L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++)
+        M = fmaxf(M, warp_max[w]);
+    for (int w = 0; w < ATT_WARPS; w++) {
+        weight[w] = warp_sum_exp[w] > 0.0f ? expf(warp_max[w] - M) : 0.0f;
+        L += warp_sum_exp[w] * weight[w];
+    }
+    return L;
+}
+
+static __host__ __device__ __forceinline__ float att_merge_value(
+    const float (*warp_acc)[CUDA_ATTENTION_MAX_HEAD_DIM], const float *weight, float L,
+    int32_t d)
+{
+    float o = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++)
+        if (weight[w] > 0.0f)
+            o += warp_acc[w][d] * weight[w];
+    return o / L;
 }
 
 static __global__ void attention_kernel(cuda_kv_view kv, int32_t layer, const float *q,
@@ -468,68 +605,32 @@ static __global__ void attention_kernel(cuda_kv_view kv, int32_t layer, const fl
 {
     __shared__ float warp_max[ATT_WARPS], warp_sum_exp[ATT_WARPS];
     __shared__ float warp_acc[ATT_WARPS][CUDA_ATTENTION_MAX_HEAD_DIM];
-    const int32_t h = blockIdx.x;
-    const int64_t t = blockIdx.y;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int32_t kv_head = h / group, n_pos = pos[t] + 1;
-    const float *qt = q + (t * n_head + h) * head_dim;
-    unsigned char *const *blocks = kv.d_blocks + (int64_t)slot[t] * kv.max_blocks;
-    float qr[ATT_PER_LANE], acc[ATT_PER_LANE];
-    float m = -INFINITY, l = 0.0f;
+    const att_row r = att_row_of(kv, q, n_head, group, head_dim, slot, pos, blockIdx.y,
+                                 blockIdx.x);
+    att_lane a;
 
-    for (int j = 0; j < ATT_PER_LANE; j++) {
-        int d = lane + WARP * j;
-        qr[j] = d < head_dim ? qt[d] : 0.0f;
-        acc[j] = 0.0f;
-    }
-    for (int32_t p = warp; p < n_pos; p += ATT_WARPS) {
-        const unsigned char *b = blocks[p / kv.block_tokens];
-        size_t k_at = kv_offset(kv, layer, 0, p) + (size_t)kv_head * head_dim;
-        size_t v_at = kv_offset(kv, layer, 1, p) + (size_t)kv_head * head_dim;
-        float s = 0.0f;
-        for (int j = 0; j < ATT_PER_LANE; j++) {
-            int d = lane + WARP * j;
-            if (d < head_dim)
-                s += qr[j] * kv_value(kv, b, k_at + d);
-        }
-        s = warp_sum(s) * scale;
-        float m_new = fmaxf(m, s);
-        float correction = expf(m - m_new), e = expf(s - m_new);
-        l = l * correction + e;
-        for (int j = 0; j < ATT_PER_LANE; j++) {
-            int d = lane + WARP * j;
-            if (d < head_dim)
-                acc[j] = acc[j] * correction + e * kv_value(kv, b, v_at + d);
-        }
-        m = m_new;
+    att_lane_init(&a, r.qt, lane, head_dim);
+    for (int32_t p = warp; p < r.n_pos; p += ATT_WARPS) {
+        size_t k_at, v_at;
+        const unsigned char *b = att_where(kv, r, layer, head_dim, p, &k_at, &v_at);
+        float s = warp_sum(att_lane_dot(kv, &a, b, k_at, lane, head_dim)) * scale;
+        att_lane_update(kv, &a, s, b, v_at, lane, head_dim);
     }
     if (lane == 0) {
-        warp_max[warp] = m;
-        warp_sum_exp[warp] = l;
+        warp_max[warp] = a.m;
+        warp_sum_exp[warp] = a.l;
     }
     for (int j = 0; j < ATT_PER_LANE; j++) {
         int d = lane + WARP * j;
         if (d < head_dim)
-            warp_acc[warp][d] = acc[j];
+            warp_acc[warp][d] = a.acc[j];
     }
     __syncthreads();
-    /* Merge: a warp that saw no position has m = -inf and weighs 0. */
-    float M = -INFINITY, L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++)
-        M = fmaxf(M, warp_max[w]);
     float weight[ATT_WARPS];
-    for (int w = 0; w < ATT_WARPS; w++) {
-        weight[w] = warp_sum_exp[w] > 0.0f ? expf(warp_max[w] - M) : 0.0f;
-        L += warp_sum_exp[w] * weight[w];
-    }
-    float *ot = out + (t * n_head + h) * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            if (weight[w] > 0.0f)
-                o += warp_acc[w][d] * weight[w];
-        ot[d] = o / L;
-    }
+    const float L = att_merge_weights(warp_max, warp_sum_exp, weight);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+        out[r.out_at + d] = att_merge_value(warp_acc, weight, L, d);
 }
 
 extern "C" int cuda_attention(const cuda_kv_view *kv, int32_t layer, const float *d_q,
@@ -614,4 +715,62 @@ extern "C" void cuda_kernels_host_rope(float *x, int64_t n_rows, int32_t n_heads
     for (int64_t idx = 0; idx < n; idx++)
         rope_pair(x, idx, n_heads, head_dim, n_rot, neox, pos, factors, linear_factor,
                   theta_scale);
+}
+
+extern "C" void cuda_kernels_host_kv_store(const cuda_kv_view *kv, int32_t layer, const float *k,
+                                           const float *v, int64_t n_rows, const int32_t *slot,
+                                           const int32_t *pos)
+{
+    for (int64_t t = 0; t < n_rows; t++) {
+        size_t k_at, v_at;
+        unsigned char *block = kv_store_where(*kv, layer, slot[t], pos[t], &k_at, &v_at);
+        for (int32_t i = 0; i < kv->kv_dim; i++)
+            kv_store_element(*kv, block, k_at, v_at, k + t * kv->kv_dim, v + t * kv->kv_dim, i);
+    }
+}
+
+extern "C" int cuda_kernels_host_attention(const cuda_kv_view *kv, int32_t layer, const float *q,
+                                           float *out, int64_t n_rows, int32_t n_head,
+                                           int32_t n_head_kv, int32_t head_dim,
+                                           const int32_t *slot, const int32_t *pos)
+{
+    if (head_dim > CUDA_ATTENTION_MAX_HEAD_DIM || head_dim <= 0 || n_head <= 0 ||
+        n_head_kv <= 0 || n_head % n_head_kv != 0)
+        return (int)cudaErrorInvalidValue;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    static float warp_acc[ATT_WARPS][CUDA_ATTENTION_MAX_HEAD_DIM];
+    float warp_max[ATT_WARPS], warp_sum_exp[ATT_WARPS], weight[ATT_WARPS];
+    att_lane a[WARP];
+    for (int64_t t = 0; t < n_rows; t++)
+        for (int32_t h = 0; h < n_head; h++) {
+            const att_row r = att_row_of(*kv, q, n_head, n_head / n_head_kv, head_dim, slot,
+                                         pos, t, h);
+            for (int w = 0; w < ATT_WARPS; w++) {
+                for (int lane = 0; lane < WARP; lane++)
+                    att_lane_init(&a[lane], r.qt, lane, head_dim);
+                for (int32_t p = w; p < r.n_pos; p += ATT_WARPS) {
+                    size_t k_at, v_at;
+                    const unsigned char *b = att_where(*kv, r, layer, head_dim, p, &k_at, &v_at);
+                    /* warp_sum: the lanes' shares added (in lane order here) */
+                    float s = 0.0f;
+                    for (int lane = 0; lane < WARP; lane++)
+                        s += att_lane_dot(*kv, &a[lane], b, k_at, lane, head_dim);
+                    s *= scale;
+                    for (int lane = 0; lane < WARP; lane++)
+                        att_lane_update(*kv, &a[lane], s, b, v_at, lane, head_dim);
+                }
+                warp_max[w] = a[0].m;
+                warp_sum_exp[w] = a[0].l;
+                for (int lane = 0; lane < WARP; lane++)
+                    for (int j = 0; j < ATT_PER_LANE; j++) {
+                        int d = lane + WARP * j;
+                        if (d < head_dim)
+                            warp_acc[w][d] = a[lane].acc[j];
+                    }
+            }
+            const float L = att_merge_weights(warp_max, warp_sum_exp, weight);
+            for (int32_t d = 0; d < head_dim; d++)
+                out[r.out_at + d] = att_merge_value(warp_acc, weight, L, d);
+        }
+    return 0;
 }

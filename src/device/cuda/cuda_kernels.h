@@ -103,6 +103,16 @@ int cuda_kernels_host_dequantize_row(uint32_t type, const void *row, int64_t n_i
 void cuda_kernels_host_rope(float *x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
                             int32_t n_rot, int neox, const int32_t *pos, const float *factors,
                             float linear_factor, float theta_scale);
+/* cuda_kv_store and cuda_attention over host memory: kv->d_blocks is then a
+ * host table of host blocks. Attention runs the kernel's per-lane and merge
+ * code with its warps and lanes in loops (the warp's sum added in lane
+ * order instead of the shuffle's tree); not thread-safe (a static buffer). */
+void cuda_kernels_host_kv_store(const cuda_kv_view *kv, int32_t layer, const float *k,
+                                const float *v, int64_t n_rows, const int32_t *slot,
+                                const int32_t *pos);
+int cuda_kernels_host_attention(const cuda_kv_view *kv, int32_t layer, const float *q,
+                                float *out, int64_t n_rows, int32_t n_head, int32_t n_head_kv,
+                                int32_t head_dim, const int32_t *slot, const int32_t *pos);
 
 #ifdef __cplusplus
 }

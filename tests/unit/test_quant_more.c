@@ -719,6 +719,29 @@ static void test_models_generate(void **state)
         eng_model *model;
         if (eng_model_load(path, &model, &err) != SW_OK)
             fail_msg("load %s: %s", eng_type_traits_get(types[ti])->name, err.message);
+        /* memory accounting knows the types' sizes: the tensors' bytes
+         * from the block sizes of the format (values, bytes per block) */
+        const eng_gguf *g = eng_model_gguf(model);
+        size_t want_bytes = 0;
+        for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+            const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+            int64_t per = 1, bytes = 4, rows = 1;
+            switch (t->type) {
+            case ENG_TYPE_Q2_K: per = 256, bytes = 84; break;
+            case ENG_TYPE_Q3_K: per = 256, bytes = 110; break;
+            case ENG_TYPE_Q4_K: per = 256, bytes = 144; break;
+            case ENG_TYPE_Q5_K: per = 256, bytes = 176; break;
+            case ENG_TYPE_Q6_K: per = 256, bytes = 210; break;
+            case ENG_TYPE_IQ4_XS: per = 256, bytes = 136; break;
+            case ENG_TYPE_IQ4_NL: per = 32, bytes = 18; break;
+            case ENG_TYPE_F32: break;
+            default: fail_msg("%s: unexpected type %u", t->name, t->type);
+            }
+            for (uint32_t dim = 1; dim < t->n_dims; dim++)
+                rows *= t->ne[dim];
+            want_bytes += (size_t)(t->ne[0] / per * bytes * rows);
+        }
+        assert_int_equal(eng_model_weights_bytes(model), want_bytes);
         int32_t a[N_GEN], b[N_GEN];
         tm_greedy(model, prompt, N_PROMPT, N_GEN, a, la);
         tm_greedy(model, prompt, N_PROMPT, N_GEN, b, lb);

@@ -118,9 +118,13 @@ static void copy_utf8(char *out, size_t cap, const char *s)
 /* The tool's answer body, at most RT_MAX_TOOL_RESULT bytes: a longer one
  * is cut (at a UTF-8 boundary) and the rest is not read. The tool
  * answered, so its outcome is known either way; only a connection that
- * breaks before the body's end (or the cap) leaves it unknown. 0, or -1
- * (*out NULL). */
-static int read_result(rn_conn *c, char **out, size_t *len)
+ * breaks before the body's end (or the cap) leaves it unknown, and so
+ * does the run's deadline (deadline_at, monotonic seconds; < 0: none)
+ * passing while the body still comes: each read waits at most what is
+ * left of it, so a tool that sends its answer a little at a time cannot
+ * hold the run past the deadline (the per-read time-out alone would let
+ * it). 0, or -1 (*out NULL). */
+static int read_result(rn_conn *c, double deadline_at, char **out, size_t *len)
 {
     *out = NULL;
     *len = 0;
@@ -128,7 +132,16 @@ static int read_result(rn_conn *c, char **out, size_t *len)
     if (!b)
         return -1;
     size_t n = 0;
+    const int per_read_ms = c->timeout_ms;
     for (;;) {
+        if (deadline_at >= 0) {
+            double left_ms = (deadline_at - rt__now_s()) * 1000;
+            if (left_ms < 1) {
+                sw_free(b);
+                return -1;
+            }
+            c->timeout_ms = left_ms < per_read_ms ? (int)left_ms : per_read_ms;
+        }
         /* at the cap, one byte more says whether the answer goes on */
         long r = rn_body(c, b + n, n < RT_MAX_TOOL_RESULT ? RT_MAX_TOOL_RESULT - n : 1);
         if (r < 0) {
@@ -155,7 +168,7 @@ static int read_result(rn_conn *c, char **out, size_t *len)
  * unknown (time-out, dropped connection: the tool may or may not have
  * acted). *result: sw_free. */
 static int call_tool(const rt_tool_config *t, const char *request_id, int step, const char *args,
-                     int timeout_ms, char **result)
+                     int timeout_ms, double deadline_at, char **result)
 {
     char address[600], path[512];
     *result = NULL;
@@ -190,7 +203,7 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
     }
     char *body = NULL;
     size_t len = 0;
-    int br = read_result(&c, &body, &len);
+    int br = read_result(&c, deadline_at, &body, &len);
     int status = c.status;
     rn_close(&c);
     if (br != 0) {
@@ -451,7 +464,7 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
         if (i > 0)
             SW_INFO("router", "request %s: tool %s gave no answer; idempotent: calling again",
                     q->request_id, t->name);
-        known = call_tool(t, q->request_id, step, *args, timeout_ms, result);
+        known = call_tool(t, q->request_id, step, *args, timeout_ms, a->deadline_at, result);
         if (!known && left_ms(a) == 0)
             cut_by_deadline = true;
     }

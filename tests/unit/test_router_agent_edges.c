@@ -11,6 +11,9 @@
  *  - a tool answer longer than the result cap (256 KiB): the tool
  *    answered, so its outcome is known: the result is cut, the run goes
  *    on, and a non-idempotent tool is not treated as "unknown outcome";
+ *  - a tool that sends its answer a byte at a time, each read quick but
+ *    the whole past the run's deadline: the run ends at the deadline (504
+ *    deadline_exceeded), as a tool call waits at most what is left;
  *  - a streamed reply in thousands of pieces (content and tool-call
  *    fragments): the call and the answer are put together whole.
  *
@@ -170,6 +173,25 @@ static pthread_mutex_t g_tool_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_tool_calls;
 static char g_tool_body[256];
 static atomic_size_t g_tool_answer_bytes; /* 0: "RESULT-n" */
+static atomic_int g_tool_drip_ms;         /* > 0: the answer a byte at a time */
+
+/* 25 bytes, one every drip_ms: each read of the answer is quick, the
+ * whole answer is not. Stops when the router hung up. */
+static void drip_answer(int fd, int drip_ms)
+{
+    static const char body[] = "RESULT-dripped-slowly-25b";
+    char head[160];
+    int m = snprintf(head, sizeof head,
+                     "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     sizeof body - 1);
+    send_all(fd, head, (size_t)m);
+    for (size_t i = 0; i < sizeof body - 1; i++) {
+        usleep((useconds_t)drip_ms * 1000);
+        if (send(fd, body + i, 1, MSG_NOSIGNAL) != 1)
+            return;
+    }
+}
 
 static void tool_answer(int fd, const char *body)
 {
@@ -177,6 +199,11 @@ static void tool_answer(int fd, const char *body)
     int n = ++g_tool_calls;
     snprintf(g_tool_body, sizeof g_tool_body, "%s", body);
     pthread_mutex_unlock(&g_tool_mu);
+    int drip = atomic_load(&g_tool_drip_ms);
+    if (drip > 0) {
+        drip_answer(fd, drip);
+        return;
+    }
     size_t big = atomic_load(&g_tool_answer_bytes);
     if (big) {
         char *b = sw_malloc(big);
@@ -206,6 +233,7 @@ static void tool_reset(size_t answer_bytes)
     g_tool_body[0] = 0;
     pthread_mutex_unlock(&g_tool_mu);
     atomic_store(&g_tool_answer_bytes, answer_bytes);
+    atomic_store(&g_tool_drip_ms, 0);
 }
 
 /* ---- the scripted engine ---------------------------------------------- */
@@ -538,6 +566,47 @@ static void test_big_tool_answer(void **state)
     rh_finish(&r);
 }
 
+/* ---- a tool that answers a byte at a time, past the deadline ---------- */
+
+static void test_deadline_bounds_a_dripping_tool(void **state)
+{
+    (void)state;
+    rh_router r;
+    start_router(&r, "edges-drip", 1024);
+    tool_reset(0);
+    /* 25 bytes x 240 ms: 6 s of answer, each read well within the tool's
+     * timeout-ms (10 s); the run's deadline is 1.5 s */
+    atomic_store(&g_tool_drip_ms, 240);
+    script(g_one_call, 2);
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", "X-Spillway-Deadline-Ms: 1500\r\n",
+                            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                            "\"tool_execution\":\"server\"}",
+                            &w),
+                     0);
+    char code[64];
+    if (w.status != 504)
+        fail_msg("a tool dripping its answer past the deadline: %d %s", w.status,
+                 w.body ? w.body : "");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "deadline_exceeded");
+    /* it ended while the call waited (the outcome unknown), not after the
+     * whole answer came in, 6 s later, before the next generation */
+    json_t *ej = rh_body_json(&w);
+    const char *msg =
+        json_string_value(json_object_get(json_object_get(ej, "error"), "message"));
+    assert_non_null(msg);
+    if (!strstr(msg, "before tool step 1 (lookup) answered"))
+        fail_msg("the run did not end while the tool call waited: %s", msg);
+    json_decref(ej);
+    wc_response_free(&w);
+    assert_int_equal(tool_calls(), 1);
+    /* the final generation never ran */
+    pthread_mutex_lock(&g_eng_mu);
+    assert_int_equal(json_array_size(g_eng_requests), 1);
+    pthread_mutex_unlock(&g_eng_mu);
+    rh_finish(&r);
+}
+
 /* ---- a streamed reply in many pieces ----------------------------------- */
 
 static char g_long_word_args[64];
@@ -606,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_duplicate_keys_not_called),
         cmocka_unit_test(test_long_call_id),
         cmocka_unit_test(test_big_tool_answer),
+        cmocka_unit_test(test_deadline_bounds_a_dripping_tool),
         cmocka_unit_test(test_stream_in_pieces),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -190,17 +190,13 @@ static __device__ __forceinline__ float warp_sum(float v)
 
 /* ---- matrix-vector products ---------------------------------------------------- */
 
-static __global__ void matvec_kernel(uint32_t type, const unsigned char *w, size_t row_bytes,
-                                     int64_t n_in, int64_t n_out, const float *x, float *y,
-                                     int64_t y_stride)
+/* Lane `lane`'s share of W[row] . xt: values lane, lane + WARP, ... of a
+ * float row, groups of 32 lane, lane + WARP, ... of a quantized one. */
+static __host__ __device__ __forceinline__ float matvec_lane_sum(uint32_t type,
+                                                                 const unsigned char *row,
+                                                                 const float *xt, int64_t n_in,
+                                                                 int lane)
 {
-    const int lane = threadIdx.x % WARP;
-    const int64_t r = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / WARP;
-    const int64_t t = blockIdx.y;
-    if (r >= n_out)
-        return;
-    const unsigned char *row = w + (size_t)r * row_bytes;
-    const float *xt = x + t * n_in;
     float sum = 0.0f;
     if (is_float_type(type)) {
         for (int64_t i = lane; i < n_in; i += WARP)
@@ -214,7 +210,20 @@ static __global__ void matvec_kernel(uint32_t type, const unsigned char *w, size
                 sum += v[i] * xg[i];
         }
     }
-    sum = warp_sum(sum);
+    return sum;
+}
+
+static __global__ void matvec_kernel(uint32_t type, const unsigned char *w, size_t row_bytes,
+                                     int64_t n_in, int64_t n_out, const float *x, float *y,
+                                     int64_t y_stride)
+{
+    const int lane = threadIdx.x % WARP;
+    const int64_t r = (int64_t)blockIdx.x * MATVEC_WARPS + threadIdx.x / WARP;
+    const int64_t t = blockIdx.y;
+    if (r >= n_out) /* the whole warp: r is the warp's, so warp_sum's full mask holds */
+        return;
+    float sum = warp_sum(matvec_lane_sum(type, w + (size_t)r * row_bytes, x + t * n_in, n_in,
+                                         lane));
     if (lane == 0)
         y[t * y_stride + r] = sum;
 }
@@ -239,21 +248,27 @@ extern "C" int cuda_matvec(uint32_t type, const void *d_w, size_t row_bytes, int
     return 0;
 }
 
-static __global__ void dequantize_rows_kernel(uint32_t type, const unsigned char *w,
-                                              size_t row_bytes, int64_t n_in, int64_t r0,
-                                              int64_t n_rows, float *out)
+/* Work items of cuda_dequantize_rows: one per value of a float row, one
+ * per group of 32 of a quantized one. */
+static __host__ __device__ __forceinline__ int64_t dequantize_rows_items(uint32_t type,
+                                                                        int64_t n_in,
+                                                                        int64_t n_rows)
 {
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    return n_rows * (is_float_type(type) ? n_in : n_in / 32);
+}
+
+static __host__ __device__ __forceinline__ void dequantize_rows_item(uint32_t type,
+                                                                     const unsigned char *w,
+                                                                     size_t row_bytes,
+                                                                     int64_t n_in, int64_t r0,
+                                                                     float *out, int64_t idx)
+{
     if (is_float_type(type)) {
-        if (idx >= n_rows * n_in)
-            return;
         int64_t r = idx / n_in, i = idx % n_in;
         out[idx] = float_value(type, w + (size_t)(r0 + r) * row_bytes, i);
         return;
     }
     const int64_t groups = n_in / 32;
-    if (idx >= n_rows * groups)
-        return;
     int64_t r = idx / groups, g = idx % groups;
     float v[32];
     dequant_group(type, w + (size_t)(r0 + r) * row_bytes, g, v);
@@ -262,13 +277,22 @@ static __global__ void dequantize_rows_kernel(uint32_t type, const unsigned char
         o[i] = v[i];
 }
 
+static __global__ void dequantize_rows_kernel(uint32_t type, const unsigned char *w,
+                                              size_t row_bytes, int64_t n_in, int64_t r0,
+                                              int64_t n_rows, float *out)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < dequantize_rows_items(type, n_in, n_rows))
+        dequantize_rows_item(type, w, row_bytes, n_in, r0, out, idx);
+}
+
 extern "C" int cuda_dequantize_rows(uint32_t type, const void *d_w, size_t row_bytes,
                                     int64_t n_in, int64_t r0, int64_t r1, float *d_out,
                                     void *stream)
 {
     if (!row_shape_ok(type, n_in) || r0 < 0 || r1 < r0)
         return (int)cudaErrorInvalidValue;
-    int64_t items = (r1 - r0) * (is_float_type(type) ? n_in : n_in / 32);
+    int64_t items = dequantize_rows_items(type, n_in, r1 - r0);
     if (items == 0)
         return 0;
     const int threads = 256;
@@ -772,5 +796,36 @@ extern "C" int cuda_kernels_host_attention(const cuda_kv_view *kv, int32_t layer
             for (int32_t d = 0; d < head_dim; d++)
                 out[r.out_at + d] = att_merge_value(warp_acc, weight, L, d);
         }
+    return 0;
+}
+
+extern "C" int cuda_kernels_host_matvec(uint32_t type, const void *w, size_t row_bytes,
+                                        int64_t n_in, int64_t n_out, const float *x,
+                                        int64_t n_tokens, float *y, int64_t y_stride)
+{
+    if (!row_shape_ok(type, n_in))
+        return (int)cudaErrorInvalidValue;
+    const unsigned char *wb = static_cast<const unsigned char *>(w);
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t r = 0; r < n_out; r++) {
+            float sum = 0.0f; /* warp_sum: the lanes' shares, in lane order here */
+            for (int lane = 0; lane < WARP; lane++)
+                sum += matvec_lane_sum(type, wb + (size_t)r * row_bytes, x + t * n_in, n_in,
+                                       lane);
+            y[t * y_stride + r] = sum;
+        }
+    return 0;
+}
+
+extern "C" int cuda_kernels_host_dequantize_rows(uint32_t type, const void *w, size_t row_bytes,
+                                                 int64_t n_in, int64_t r0, int64_t r1,
+                                                 float *out)
+{
+    if (!row_shape_ok(type, n_in) || r0 < 0 || r1 < r0)
+        return (int)cudaErrorInvalidValue;
+    const int64_t items = dequantize_rows_items(type, n_in, r1 - r0);
+    for (int64_t idx = 0; idx < items; idx++)
+        dequantize_rows_item(type, static_cast<const unsigned char *>(w), row_bytes, n_in, r0,
+                             out, idx);
     return 0;
 }

@@ -103,6 +103,13 @@ int cuda_kernels_host_dequantize_row(uint32_t type, const void *row, int64_t n_i
 void cuda_kernels_host_rope(float *x, int64_t n_rows, int32_t n_heads, int32_t head_dim,
                             int32_t n_rot, int neox, const int32_t *pos, const float *factors,
                             float linear_factor, float theta_scale);
+/* cuda_matvec and cuda_dequantize_rows over host memory, the same per-lane
+ * and per-item code (the warp's sum added in lane order). */
+int cuda_kernels_host_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t n_in,
+                             int64_t n_out, const float *x, int64_t n_tokens, float *y,
+                             int64_t y_stride);
+int cuda_kernels_host_dequantize_rows(uint32_t type, const void *w, size_t row_bytes,
+                                      int64_t n_in, int64_t r0, int64_t r1, float *out);
 /* cuda_kv_store and cuda_attention over host memory: kv->d_blocks is then a
  * host table of host blocks. Attention runs the kernel's per-lane and merge
  * code with its warps and lanes in loops (the warp's sum added in lane

@@ -574,6 +574,9 @@ static int agent_on_event(rt_req *gen, const char *payload)
     }
     gen->single_pass = false;
     json_object_del(delta, "role");
+    /* only the text: a call in the same chunk (an engine that streams
+     * text and then calls, kind = openai) stays in the capture */
+    json_object_del(delta, "tool_calls");
     json_object_set_new(j, "id", json_string(a->stream_id));
     json_object_set(j, "created", a->created ? a->created : json_null());
     json_object_set(j, "model", a->model ? a->model : json_null());

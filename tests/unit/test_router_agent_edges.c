@@ -15,7 +15,10 @@
  *    the whole past the run's deadline: the run ends at the deadline (504
  *    deadline_exceeded), as a tool call waits at most what is left;
  *  - a streamed reply in thousands of pieces (content and tool-call
- *    fragments): the call and the answer are put together whole.
+ *    fragments): the call and the answer are put together whole;
+ *  - a streamed generation with text and then a call in the same chunk
+ *    (an engine without the worker's hold-back): the text may reach the
+ *    client, the call's delta never does.
  *
  * The engine is an OpenAI-compatible server thread configured as a
  * kind = openai worker, so that a test chooses what "the model" sends; the
@@ -279,7 +282,17 @@ static void stream_answer(int fd, const gen_script *g)
                                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
     send_all(fd, head, sizeof head - 1);
     send_chunk(fd, json_pack("{s:s}", "role", "assistant"), NULL);
-    if (g && g->name) {
+    if (g && g->name && g->content) {
+        /* text, then the whole call in the chunk that ends the text (as
+         * an engine without hold-back may send it) */
+        send_chunk(fd, json_pack("{s:s}", "content", g->content), NULL);
+        send_chunk(fd,
+                   json_pack("{s:s, s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "content", ".",
+                             "tool_calls", "index", 0, "id", g->id ? g->id : "call_x", "type",
+                             "function", "function", "name", g->name, "arguments", g->arguments),
+                   NULL);
+        send_chunk(fd, json_object(), "tool_calls");
+    } else if (g && g->name) {
         send_chunk(fd,
                    json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", 0, "id",
                              g->id ? g->id : "call_x", "type", "function", "function", "name", "",
@@ -607,6 +620,51 @@ static void test_deadline_bounds_a_dripping_tool(void **state)
     rh_finish(&r);
 }
 
+/* ---- text, then a call, in one streamed generation --------------------- */
+
+static const gen_script g_text_then_call[] = {
+    {"lookup", "{\"word\":\"ok\"}", "call_t", "Let me look"},
+    {NULL, NULL, NULL, "done"},
+};
+
+static void test_stream_text_then_call(void **state)
+{
+    (void)state;
+    rh_router r;
+    start_router(&r, "edges-text-call", 1024);
+    tool_reset(0);
+    script(g_text_then_call, 2);
+    json_t *j = run_agent(&r, true);
+    assert_int_equal(tool_calls(), 1);
+    /* the client sees text and one finish, never a tool-call delta (the
+     * run's calls are in spillway.tool_steps) */
+    const char *sse = json_string_value(json_object_get(j, "text"));
+    int n_finish = 0;
+    char text[256] = "";
+    for (const char *p = sse; (p = strstr(p, "data: ")); p += 6) {
+        if (!strncmp(p + 6, "[DONE]", 6))
+            continue;
+        const char *e = strstr(p, "\n\n");
+        assert_non_null(e);
+        json_t *c = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
+        assert_non_null(c);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+        if (json_object_get(json_object_get(ch, "delta"), "tool_calls"))
+            fail_msg("a tool-call delta reached the client: %.*s", (int)(e - p - 6), p + 6);
+        n_finish += json_is_string(json_object_get(ch, "finish_reason"));
+        json_t *t = json_object_get(json_object_get(ch, "delta"), "content");
+        if (json_is_string(t) && strlen(text) + json_string_length(t) < sizeof text)
+            strcat(text, json_string_value(t));
+        json_decref(c);
+    }
+    assert_int_equal(n_finish, 1);
+    /* what went out as it came: the first generation's text too (no
+     * hold-back on that engine), then the answer */
+    assert_string_equal(text, "Let me look.done");
+    json_decref(j);
+    rh_finish(&r);
+}
+
 /* ---- a streamed reply in many pieces ----------------------------------- */
 
 static char g_long_word_args[64];
@@ -677,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_big_tool_answer),
         cmocka_unit_test(test_deadline_bounds_a_dripping_tool),
         cmocka_unit_test(test_stream_in_pieces),
+        cmocka_unit_test(test_stream_text_then_call),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

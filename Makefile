@@ -31,12 +31,16 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=$(WERROR) -DSPILLWAY_CUDA=$(CUDA) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
 
-# Compile only (library, binary, test programs): nothing here needs a GPU.
+# Compile (library, binary, test programs), then test_cuda, whose host
+# checks of the kernels' element code need no GPU (its GPU tests skip).
 build-cuda: deps
 	@if [ -z "$(NVCC)" ]; then echo "build-cuda: no nvcc, the CUDA build is not compiled"; else \
 	  cmake -S . -B $(CUDA_BUILD) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=$(WERROR) \
 	    -DSPILLWAY_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
-	  cmake --build $(CUDA_BUILD) -j$(JOBS) && echo "build-cuda: the CUDA build compiles"; fi
+	  cmake --build $(CUDA_BUILD) -j$(JOBS) && echo "build-cuda: the CUDA build compiles" && \
+	  { $(CUDA_BUILD)/test_cuda > $(CUDA_BUILD)/test_cuda.log 2>&1 || \
+	    { tail -40 $(CUDA_BUILD)/test_cuda.log; exit 1; }; } && \
+	  echo "build-cuda: test_cuda passes ($(CUDA_BUILD)/test_cuda.log; its GPU tests skip without a GPU)"; fi
 
 build-asan: deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DSPILLWAY_SANITIZE=ON -DSPILLWAY_WERROR=$(WERROR) >/dev/null

@@ -67,14 +67,15 @@ static int cuda_open(dev_device *dev, const char *argument, const dev_options *o
     index = (int)parsed;
     e = cudaGetDeviceCount(&count);
 
-    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || (e == cudaSuccess &&
-                                                                        count == 0)) {
+    /* Any failure to count (no device, no or an old driver, a container
+     * without the device files: the error varies) means no GPU this
+     * process can use: SW_ENOTFOUND, as cuda_visible_devices says 0, not
+     * SW_EDEVICE, which would have a worker restarted over and over. */
+    if (e != cudaSuccess || count == 0) {
         cudaGetLastError();
         return sw_error_set(err, SW_ENOTFOUND, "%s: no CUDA GPU is visible (%s)", dev->spec,
                             e == cudaSuccess ? "none found" : cudaGetErrorString(e));
     }
-    if (e != cudaSuccess)
-        return cuda__status(e, dev->spec, "counting GPUs", err);
     if (index >= count)
         return sw_error_set(err, SW_ENOTFOUND, "%s: no such GPU (%d visible: cuda:0..cuda:%d)",
                             dev->spec, count, count - 1);

@@ -38,9 +38,11 @@
 #              token-by-token decoding, a Q3_K model refused on cuda:0
 #              (no kernel for it), and a too-large cudaMalloc giving
 #              SW_EDEVOOM with the GPU still usable (its host-only checks
-#              of the kernels' dequantization and RoPE run here too); on
-#              a failure the *_parity tests run again under
-#              compute-sanitizer memcheck;
+#              of the kernels' element code run here too);
+#   memcheck   the per-kernel parity tests again under compute-sanitizer's
+#              memcheck (after a test_cuda failure the whole-model ones
+#              too): out-of-bounds or misaligned accesses that the parity
+#              figures cannot see; SKIP where the tool cannot run;
 #   worker     `spillway worker --device cuda:0` and a CPU worker give the
 #              same stories260K greedy token ids through the HTTP API;
 #   drill      a router with a cuda:0 worker (policy grow, no reserve) and a
@@ -61,7 +63,7 @@
 #              with the time that is left.
 #
 # For trying the script itself: GPU_CHECK_STEPS (default "build test_cuda
-# ctest worker drill profiles") picks steps, GPU_CHECK_BUILD=DIR uses a tree
+# memcheck ctest worker drill profiles") picks steps, GPU_CHECK_BUILD=DIR uses a tree
 # already built instead of building, GPU_CHECK_DEVICE=sim-gpu:NAME runs the
 # worker and drill steps on a simulated GPU, GPU_CHECK_PROFILES_MODEL=FILE
 # benches another model.
@@ -95,7 +97,7 @@ mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 JOBS=$(nproc)
-STEPS=" ${GPU_CHECK_STEPS:-build test_cuda ctest worker drill profiles} "
+STEPS=" ${GPU_CHECK_STEPS:-build test_cuda memcheck ctest worker drill profiles} "
 want() { case $STEPS in *" $1 "*) return 0 ;; esac; return 1; }
 W=$(mktemp -d /tmp/gpu-check.XXXXXX)
 T0=$(date +%s)
@@ -213,30 +215,52 @@ else
     # the worst ones and the first few beyond the tolerance).
     grep -E -B1 -A10 '^\[  (ERROR|FAILED)|FAILED  \]' "$OUT/test_cuda.log" | head -40 |
         sed 's/^/    /' >> "$SUMMARY"
-    # The per-kernel tests again under compute-sanitizer's memcheck: an
-    # out-of-bounds access or a failing launch, named with its kernel and
-    # thread (appended to test_cuda.log: $OUT holds 8 files at most).
-    CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
-        /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
-    if [ -n "$CS" ] && [ -x "$CS" ] && [ "$(left)" -gt 60 ]; then
-        {
-            echo
-            echo "==== compute-sanitizer --tool memcheck, TEST_CUDA_FILTER='*_parity'"
-            TEST_CUDA_FILTER='*_parity' timeout "$(cap 90)" "$CS" --tool memcheck \
-                --print-limit 20 --error-exitcode 9 "$B/test_cuda" 2>&1
-            echo "==== compute-sanitizer exit: $?"
-        } >> "$OUT/test_cuda.log"
-        say "    memcheck: $(grep -E '^==== compute-sanitizer exit|ERROR SUMMARY' \
-            "$OUT/test_cuda.log" | tail -2 | tr '\n' ' ')"
-        grep -E -m 6 '^========= (Invalid|Program hit|    at )' "$OUT/test_cuda.log" |
-            sed 's/^/    /' >> "$SUMMARY"
-    fi
 fi
 # The GPU's figures (the host twins' ones, the same on every machine, stay
 # in test_cuda.log).
 grep -E "relative error|greedy goldens|out of memory" "$OUT/test_cuda.log" 2>/dev/null |
     grep -v '^  host ' |
     sed 's/^/    /' >> "$SUMMARY"
+
+# ---- memcheck: the per-kernel tests under compute-sanitizer --------------------------
+# An out-of-bounds access that happens to read memory the process owns
+# passes every parity figure; memcheck names it (kernel, thread, address).
+# After a test_cuda failure the whole-model tests are added. Output goes at
+# the end of test_cuda.log ($OUT holds 8 files at most).
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+MC_TESTS=test_matvec_parity,test_elementwise_parity,test_rope_parity,test_kv_attention_parity
+if ! want memcheck; then
+    verdict memcheck SKIP "not asked"
+elif [ -z "$CS" ] || [ ! -x "$CS" ]; then
+    verdict memcheck SKIP "no compute-sanitizer on this machine"
+elif [ "$(left)" -lt 150 ]; then
+    verdict memcheck SKIP "$(left) s of the budget left"
+else
+    grep -q '^test_cuda  FAIL' "$SUMMARY" && MC_TESTS=$MC_TESTS,test_logits_parity,test_gemm_chunks
+    {
+        echo
+        echo "==== compute-sanitizer --tool memcheck, TEST_CUDA_FILTER=$MC_TESTS"
+        TEST_CUDA_FILTER=$MC_TESTS timeout "$(cap 90)" "$CS" --tool memcheck --print-limit 20 \
+            --error-exitcode 9 "$B/test_cuda" 2>&1
+        echo "==== compute-sanitizer exit: $?"
+    } >> "$OUT/test_cuda.log"
+    mc=$(sed -n '/^==== compute-sanitizer --tool memcheck/,$p' "$OUT/test_cuda.log")
+    mc_st=$(echo "$mc" | sed -n 's/^==== compute-sanitizer exit: //p' | tail -1)
+    if [ "$mc_st" = 124 ]; then
+        verdict memcheck CUT "timed out (see the end of test_cuda.log)"
+    elif echo "$mc" | grep -q 'ERROR SUMMARY: 0 errors'; then
+        # (a test failing its figures exits non-zero here too: test_cuda's verdict)
+        verdict memcheck ok "no invalid access: $(echo "$mc" | grep -m1 'ERROR SUMMARY' |
+            sed 's/^=* *//') (test_cuda exit $mc_st)"
+    elif echo "$mc" | grep -q -i 'not supported'; then
+        verdict memcheck SKIP "compute-sanitizer cannot run here: $(echo "$mc" | grep -m1 -i 'not supported')"
+    else
+        verdict memcheck FAIL "exit $mc_st, see the end of test_cuda.log"
+        echo "$mc" | grep -E -m 8 '^========= (Invalid|Program hit|    at |ERROR SUMMARY)|^\[  (ERROR|FAILED)' |
+            sed 's/^/    /' >> "$SUMMARY"
+    fi
+fi
 
 # ---- the out-of-memory drill ---------------------------------------------------------------
 # GPU_CHECK_DEVICE=sim-gpu:NAME runs the same drill on a simulated GPU (how

@@ -35,6 +35,7 @@
 #include "engine/plan.h"
 #include "engine/quant.h"
 
+#include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
 #endif
@@ -1087,11 +1088,31 @@ int main(void)
         cmocka_unit_test(test_unsupported_type_refused),
         cmocka_unit_test(test_oom_is_clean),
     };
-    /* TEST_CUDA_FILTER=pattern runs only the matching tests (gpu-check.sh
-     * reruns the per-kernel ones under compute-sanitizer after a failure). */
-    if (getenv("TEST_CUDA_FILTER"))
-        cmocka_set_test_filter(getenv("TEST_CUDA_FILTER"));
-    return cmocka_run_group_tests(tests, open_gpu, close_gpu);
+    /* TEST_CUDA_FILTER=glob[,glob...] runs only the tests named by one of
+     * the globs (gpu-check.sh runs the per-kernel ones under
+     * compute-sanitizer). */
+    const size_t n_all = sizeof tests / sizeof tests[0];
+    struct CMUnitTest chosen[sizeof tests / sizeof tests[0]];
+    size_t n_chosen = 0;
+    const char *filter = getenv("TEST_CUDA_FILTER");
+    for (size_t i = 0; i < n_all; i++) {
+        bool take = !filter || !*filter;
+        for (const char *f = filter; f && *f && !take;) {
+            const char *end = strchr(f, ',');
+            size_t len = end ? (size_t)(end - f) : strlen(f);
+            char glob[128];
+            snprintf(glob, sizeof glob, "%.*s", (int)len, f);
+            take = fnmatch(glob, tests[i].name, 0) == 0;
+            f = end ? end + 1 : f + len;
+        }
+        if (take)
+            chosen[n_chosen++] = tests[i];
+    }
+    if (n_chosen == 0) {
+        fprintf(stderr, "test_cuda: TEST_CUDA_FILTER '%s' names no test\n", filter);
+        return 1;
+    }
+    return _cmocka_run_group_tests("test_cuda", chosen, n_chosen, open_gpu, close_gpu);
 }
 
 #endif

@@ -528,7 +528,13 @@ static void test_stream_failover_after_text(void **state)
     char tools[2048], rest[3072];
     tool_sections(tools, sizeof tools, true, 5000);
     snprintf(rest, sizeof rest,
-             "[worker a]\nthreads = 1\nctx-limit = 1024\nfault = abort_after_tokens:40\n"
+             /* stall_ms: the engine thread aborts the process at token
+              * 41; without a pause per token it can get there before the
+              * worker's HTTP thread wrote any of the answer out, and then
+              * no text reached the client: a replay on b (right, but not
+              * the case this test is about; it failed 1 run in 3) */
+             "[worker a]\nthreads = 1\nctx-limit = 1024\n"
+             "fault = abort_after_tokens:40,stall_ms:5\n"
              "[worker b]\nthreads = 1\nctx-limit = 1024\n%s",
              tools);
     rh_router r;

@@ -6,7 +6,8 @@
  * (connections_accepted in its /health), so reuse
  * is seen from the other end of the socket: sequential requests through
  * the router (plain, streamed, refused with a 4xx) add one connection, not
- * one each, and with SPILLWAY_UPSTREAM_POOL=0 one each. A client that
+ * one each, and with SPILLWAY_UPSTREAM_POOL=0 one each; one idle for
+ * over 4 s is closed. A client that
  * leaves mid-stream still cancels the worker's generation, and its
  * connection is not reused. A managed worker killed and restarted between
  * two requests, and an external worker replaced behind the router's back
@@ -156,9 +157,17 @@ static void test_sequential_requests_one_connection(void **state)
             assert_int_equal(router_conns, 1);
         else
             assert_int_equal(router_conns, n);
+        if (pooled) {
+            /* idle past RN_POOL_IDLE_MS (4 s): closed, the next request
+             * opens a new one */
+            usleep(4700 * 1000);
+            long long idle0 = accepted(sock);
+            run_sequence(&r, 2);
+            assert_int_equal(accepted(sock) - idle0 - 1, 1);
+        }
         /* the worker served every one of them */
         assert_int_equal(worker_metric(sock, "spillway_worker_requests_total{outcome=\"ok\"}"),
-                         2 * n / 3);
+                         2 * n / 3 + (pooled ? 2 : 0));
         rh_finish(&r);
     }
 }

@@ -596,29 +596,51 @@ static int quant_nibble(const uint8_t *qs, int i)
     return i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
 }
 
-/* Index of the level nearest to v among k sorted levels (0 for NaN). */
-static int quant_nearest_level(float v, const int8_t *levels, int k)
+/* A sorted grid of integer levels and the midpoints between neighbours,
+ * so the nearest level is found without branches (the quantizers ask for
+ * every value and every candidate scale; a search's branches mispredict on
+ * nearly every value). */
+typedef struct quant_grid {
+    const int8_t *levels;
+    int k;              /* levels, at most 16 */
+    bool uniform;       /* levels[0], levels[0] + 1, ...: nearest is rounding */
+    float mid[16];      /* mid[i] = (levels[i] + levels[i + 1]) / 2 (exact);
+                           +inf past the last */
+} quant_grid;
+
+static quant_grid quant_grid_make(const int8_t *levels, int k)
 {
-    int best = 0;
-    float best_err = fabsf(v - (float)levels[0]);
-    for (int i = 1; i < k; i++) {
-        float e = fabsf(v - (float)levels[i]);
-        if (e < best_err) {
-            best_err = e;
-            best = i;
-        }
-    }
-    return best;
+    quant_grid g = {levels, k, true, {0}};
+    for (int i = 0; i < 16; i++)
+        g.mid[i] = i + 1 < k ? 0.5f * (float)(levels[i] + levels[i + 1]) : INFINITY;
+    for (int i = 0; i + 1 < k; i++)
+        g.uniform = g.uniform && levels[i + 1] == levels[i] + 1;
+    return g;
 }
 
-/* A signed scale for n values on a grid of k sorted integer levels. Tries
- * scales that put the value of largest magnitude near either end of the
- * grid (0.8x to 1.3x past it), refits each by least squares for the levels
- * it picked, and keeps the one with the least squared error. 0 for a block
- * of zeros or with a non-finite value. */
-static float quant_search_scale(const float *x, int n, const int8_t *levels, int k)
+/* Index of the level nearest to v (0 for NaN; a tie may go either way). */
+static inline int quant_nearest_level(const quant_grid *g, float v)
 {
-    float amax = 0.0f, max = 0.0f;
+    if (g->uniform) {
+        float t = v - (float)g->levels[0];
+        t = t > 0.0f ? t : 0.0f; /* NaN too */
+        t = t < (float)(g->k - 1) ? t : (float)(g->k - 1);
+        return (int)(t + 0.5f);
+    }
+    int idx = 0;
+    for (int i = 0; i < 16; i++)
+        idx += v > g->mid[i];
+    return idx;
+}
+
+/* A signed scale for n values on a grid. Tries 12 scales that put the
+ * value of largest magnitude at either end of the grid or up to 1.3x past
+ * it; for the levels each picks, the least-squares scale and its squared
+ * error (sum x^2 - (sum x l)^2 / sum l^2) are closed-form, and the best of
+ * those is kept. 0 for a block of zeros or with a non-finite value. */
+static float quant_search_scale(const float *x, int n, const quant_grid *g)
+{
+    float amax = 0.0f, max = 0.0f, sxx = 0.0f;
     for (int i = 0; i < n; i++) {
         if (!isfinite(x[i]))
             return 0.0f;
@@ -626,30 +648,27 @@ static float quant_search_scale(const float *x, int n, const int8_t *levels, int
             amax = fabsf(x[i]);
             max = x[i];
         }
+        sxx += x[i] * x[i];
     }
     if (!(amax > 0.0f))
         return 0.0f;
-    float best = max / (float)levels[0], best_err = INFINITY;
+    float best = max / (float)g->levels[0], best_err = INFINITY;
     for (int end = 0; end < 2; end++) {
-        float e = (float)(end ? levels[k - 1] : levels[0]);
-        for (int f = 0; f <= 10; f++) {
-            float scale = max / (e * (0.8f + 0.05f * (float)f));
+        float e = (float)(end ? g->levels[g->k - 1] : g->levels[0]);
+        for (int f = 0; f < 6; f++) {
+            float inv = e * (0.8f + 0.1f * (float)f) / max; /* 1 / scale */
             float sxl = 0.0f, sll = 0.0f;
             for (int i = 0; i < n; i++) {
-                float l = (float)levels[quant_nearest_level(x[i] / scale, levels, k)];
+                float l = (float)g->levels[quant_nearest_level(g, x[i] * inv)];
                 sxl += x[i] * l;
                 sll += l * l;
             }
             if (!(sll > 0.0f) || sxl == 0.0f)
                 continue;
-            float fit = sxl / sll, err = 0.0f;
-            for (int i = 0; i < n; i++) {
-                float diff = x[i] - fit * (float)levels[quant_nearest_level(x[i] / fit, levels, k)];
-                err += diff * diff;
-            }
+            float err = sxx - sxl * sxl / sll;
             if (err < best_err) {
                 best_err = err;
-                best = fit;
+                best = sxl / sll;
             }
         }
     }
@@ -663,11 +682,12 @@ static float quant_search_scale(const float *x, int n, const int8_t *levels, int
 static void quant_quantize_q3_k(const float *src, eng_block_q3_k *dst, int64_t n)
 {
     static const int8_t levels[8] = {-4, -3, -2, -1, 0, 1, 2, 3};
+    const quant_grid grid = quant_grid_make(levels, 8);
     for (int64_t b = 0; b < n / ENG_QK_K; b++) {
         const float *x = src + b * ENG_QK_K;
         float scale[16], big = 0.0f;
         for (int s = 0; s < 16; s++) {
-            scale[s] = quant_search_scale(x + 16 * s, 16, levels, 8);
+            scale[s] = quant_search_scale(x + 16 * s, 16, &grid);
             if (fabsf(scale[s]) > fabsf(big))
                 big = scale[s];
         }
@@ -745,22 +765,23 @@ static void quant_quantize_q2_k(const float *src, eng_block_q2_k *dst, int64_t n
 }
 
 /* 32 values to 16 nibble bytes (Q4_0's layout) on the IQ4 levels times d. */
-static void quant_iq4_nibbles(const float *x, float d, uint8_t qs[16])
+static void quant_iq4_nibbles(const quant_grid *g, const float *x, float d, uint8_t qs[16])
 {
     for (int j = 0; j < 16; j++) {
-        int lo = quant_nearest_level(d != 0.0f ? x[j] / d : 0.0f, eng_iq4_values, 16);
-        int hi = quant_nearest_level(d != 0.0f ? x[j + 16] / d : 0.0f, eng_iq4_values, 16);
+        int lo = quant_nearest_level(g, d != 0.0f ? x[j] / d : 0.0f);
+        int hi = quant_nearest_level(g, d != 0.0f ? x[j + 16] / d : 0.0f);
         qs[j] = (uint8_t)(lo | hi << 4);
     }
 }
 
 static void quant_quantize_iq4_nl(const float *src, eng_block_iq4_nl *dst, int64_t n)
 {
+    const quant_grid grid = quant_grid_make(eng_iq4_values, 16);
     for (int64_t b = 0; b < n / ENG_QK4_NL; b++) {
         const float *x = src + b * ENG_QK4_NL;
-        uint16_t hd = eng_fp32_to_fp16(quant_search_scale(x, ENG_QK4_NL, eng_iq4_values, 16));
+        uint16_t hd = eng_fp32_to_fp16(quant_search_scale(x, ENG_QK4_NL, &grid));
         dst[b].d = hd;
-        quant_iq4_nibbles(x, eng_fp16_to_fp32(hd), dst[b].qs);
+        quant_iq4_nibbles(&grid, x, eng_fp16_to_fp32(hd), dst[b].qs);
     }
 }
 
@@ -769,11 +790,12 @@ static void quant_quantize_iq4_nl(const float *src, eng_block_iq4_nl *dst, int64
  * the stored scale. */
 static void quant_quantize_iq4_xs(const float *src, eng_block_iq4_xs *dst, int64_t n)
 {
+    const quant_grid grid = quant_grid_make(eng_iq4_values, 16);
     for (int64_t b = 0; b < n / ENG_QK_K; b++) {
         const float *x = src + b * ENG_QK_K;
         float scale[8], big = 0.0f;
         for (int s = 0; s < 8; s++) {
-            scale[s] = quant_search_scale(x + 32 * s, 32, eng_iq4_values, 16);
+            scale[s] = quant_search_scale(x + 32 * s, 32, &grid);
             if (fabsf(scale[s]) > fabsf(big))
                 big = scale[s];
         }
@@ -787,7 +809,7 @@ static void quant_quantize_iq4_xs(const float *src, eng_block_iq4_xs *dst, int64
             int u = ls + 32;
             dst[b].scales_l[s / 2] |= (uint8_t)((u & 15) << (4 * (s % 2)));
             dst[b].scales_h |= (uint16_t)((u >> 4) << (2 * s));
-            quant_iq4_nibbles(x + 32 * s, d * (float)ls, dst[b].qs + 16 * s);
+            quant_iq4_nibbles(&grid, x + 32 * s, d * (float)ls, dst[b].qs + 16 * s);
         }
     }
 }

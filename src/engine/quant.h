@@ -191,8 +191,8 @@ void eng_q3_k_scales_unpack(const uint8_t packed[ENG_K_SCALE_BYTES], int8_t sc[1
 /* Reference (scalar) conversions of one row of n values. The K-quant
  * quantizers are simple (a min/max fit per sub-block, scales rounded up so
  * the sub-block's range is covered), not llama.cpp's error-minimising ones;
- * Q3_K, IQ4_NL and IQ4_XS try a few scales per sub-block and keep the one
- * with the least squared error (IQ4 also its least-squares refit);
+ * Q3_K, IQ4_NL and IQ4_XS try 12 scales per sub-block, refit each by least
+ * squares for the levels it picks and keep the one with the least error;
  * Q8_K (activations): d = amax / 127, q = round-half-even(x * 127 / amax)
  * (a block with amax < 2^-120 is all zero). */
 void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);

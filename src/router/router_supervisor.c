@@ -182,8 +182,13 @@ static void sup_health(rt_worker *w)
         w->ctx_limit = (int32_t)json_integer_value(json_object_get(j, "ctx_limit"));
         w->prefill_rate = json_number_value(json_object_get(j, "prefill_tokens_per_second"));
         w->decode_rate = json_number_value(json_object_get(j, "decode_tokens_per_second"));
+        /* one of the words docs/api.md lists, else none: any other text
+         * (from a worker of another version, or not a spillway worker at
+         * all) cut to the field could end inside a UTF-8 character, and
+         * the router's /health (json_pack) would then drop the worker */
+        const char *rs = json_string_value(json_object_get(j, "rates_source"));
         snprintf(w->rates_source, sizeof w->rates_source, "%s",
-                 json_string_value(json_object_get(j, "rates_source")) ?: "none");
+                 rs && (!strcmp(rs, "calibration") || !strcmp(rs, "measured")) ? rs : "none");
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s: ready", w->cfg.name);
         if (!w->restart_requested)

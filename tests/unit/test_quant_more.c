@@ -834,6 +834,79 @@ static void test_q3_k_m_mix(void **state)
     assert_int_equal(eng_model_make_validate(&p, &err), SW_EINVAL);
 }
 
+/* The CLI: `model make --type` takes the new names (q3_k_m too), `run`
+ * generates the same text twice from the file, and a file with a type the
+ * engine does not run is refused by the type's name. */
+static void test_cli(void **state)
+{
+    (void)state;
+    const char *bin = tu_spillway_bin();
+    if (!bin) {
+        print_message("SKIP: SPILLWAY_BIN is not set\n");
+        skip();
+        return;
+    }
+    const char *names[] = {"q3_k", "Q2_K", "iq4_xs", "iq4_nl", "q3_k_m"};
+    char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp_path("quant-more-cli.gguf"));
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char *make[] = {(char *)bin, "model", "make", "-o", path, "--dim", "256", "--ffn", "512",
+                        "--layers", "2", "--vocab", "600", "--type", (char *)names[i], NULL};
+        char *out = NULL;
+        int status = -1;
+        assert_int_equal(tu_run_capture(make, 60, &out, &status), 0);
+        if (status != 0)
+            fail_msg("model make --type %s: exit %d", names[i], status);
+        sw_free(out);
+        char *run[] = {(char *)bin, "run", "-m", path, "-p", "Once upon a time", "-n", "8",
+                       "--temp", "0", "--ignore-eos", "--json", NULL};
+        char *first = NULL, *second = NULL;
+        assert_int_equal(tu_run_capture(run, 60, &first, &status), 0);
+        assert_int_equal(status, 0);
+        assert_int_equal(tu_run_capture(run, 60, &second, &status), 0);
+        assert_int_equal(status, 0);
+        /* the same tokens (the JSON's speeds differ) */
+        const char *ta = strstr(first, "\"tokens\""), *tb = strstr(second, "\"tokens\"");
+        assert_true(ta && tb);
+        const char *ea = strchr(ta, ']'), *eb = strchr(tb, ']');
+        assert_true(ea && eb && ea - ta == eb - tb);
+        assert_memory_equal(ta, tb, (size_t)(ea - ta));
+        sw_free(first);
+        sw_free(second);
+    }
+    /* a tensor of type iq2_xxs (id 16): patch the type of the first matrix
+     * of the last file (its tensor info: name, n_dims, dims, type) */
+    size_t len;
+    char *data = tu_read_file(path, &len);
+    assert_non_null(data);
+    const char *name = "blk.0.attn_q.weight";
+    char *at = NULL;
+    for (size_t i = 0; i + strlen(name) < len && !at; i++)
+        if (memcmp(data + i, name, strlen(name)) == 0)
+            at = data + i + strlen(name);
+    assert_non_null(at);
+    uint32_t n_dims, type = 16;
+    memcpy(&n_dims, at, 4);
+    assert_int_equal(n_dims, 2);
+    memcpy(at + 4 + 8 * n_dims, &type, 4); /* a smaller type: the data still fits */
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+    sw_free(data);
+    /* the message is on stderr: through a shell that joins the two */
+    char *run[] = {"/bin/sh", "-c", "exec \"$0\" run -m \"$1\" -p hi -n 1 2>&1", (char *)bin, path,
+                   NULL};
+    char *out = NULL;
+    int status = -1;
+    assert_int_equal(tu_run_capture(run, 60, &out, &status), 0);
+    assert_int_not_equal(status, 0);
+    if (!strstr(out, "tensor 'blk.0.attn_q.weight' has type iq2_xxs"))
+        fail_msg("unexpected message: %s", out);
+    sw_free(out);
+    remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -846,6 +919,7 @@ int main(void)
         cmocka_unit_test(test_per_token_invariance),
         cmocka_unit_test(test_models_generate),
         cmocka_unit_test(test_q3_k_m_mix),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

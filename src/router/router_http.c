@@ -261,6 +261,17 @@ static void handle_metrics(rt_req *q)
             (unsigned long long)rt__g.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt__g.active_conns);
+    rn_pool_counts pc;
+    rn_pool_get_counts(&pc); /* the connections to workers (router_net.c) */
+    OUT("# TYPE spillway_router_upstream_connections_total counter\n"
+        "spillway_router_upstream_connections_total{event=\"opened\"} %llu\n"
+        "spillway_router_upstream_connections_total{event=\"reused\"} %llu\n"
+        "spillway_router_upstream_connections_total{event=\"stale_retry\"} %llu\n"
+        "spillway_router_upstream_connections_total{event=\"discarded\"} %llu\n"
+        "# TYPE spillway_router_upstream_idle_connections gauge\n"
+        "spillway_router_upstream_idle_connections %d\n",
+        (unsigned long long)pc.opened, (unsigned long long)pc.reused,
+        (unsigned long long)pc.stale_retries, (unsigned long long)pc.discarded, pc.idle);
     OUT("# TYPE spillway_router_idle_connections gauge\nspillway_router_idle_connections %d\n",
         rt__g.n_idle);
     OUT("# TYPE spillway_router_keepalive_requests_total counter\n"

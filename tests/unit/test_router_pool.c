@@ -74,6 +74,22 @@ static long long worker_metric(const char *sock, const char *name)
     return v;
 }
 
+/* A counter from the router's /metrics (asserted present). */
+static long long router_metric(const rh_router *r, const char *name)
+{
+    wc_response w;
+    assert_int_equal(rh_req(r, "GET", "/metrics", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(w.body, key);
+    if (!p)
+        fail_msg("no %s in the router's /metrics", name);
+    long long v = strtoll(p + strlen(key), NULL, 10);
+    wc_response_free(&w);
+    return v;
+}
+
 /* The worker's count of the connections it accepted (its /health; this
  * request's connection included). */
 static long long accepted(const char *sock)
@@ -157,6 +173,17 @@ static void test_sequential_requests_one_connection(void **state)
             assert_int_equal(router_conns, 1);
         else
             assert_int_equal(router_conns, n);
+        /* the router's own account of it */
+        long long opened = router_metric(&r, "spillway_router_upstream_connections_total"
+                                             "{event=\"opened\"}");
+        long long reused = router_metric(&r, "spillway_router_upstream_connections_total"
+                                             "{event=\"reused\"}");
+        if (pooled) {
+            assert_int_equal(opened, 1);
+            assert_int_equal(reused, n - 1);
+        } else {
+            assert_int_equal(reused, 0);
+        }
         if (pooled) {
             /* idle past RN_POOL_IDLE_MS (4 s): closed, the next request
              * opens a new one */

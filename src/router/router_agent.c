@@ -136,7 +136,7 @@ static int read_result(rn_conn *c, double deadline_at, char **out, size_t *len)
     for (;;) {
         if (deadline_at >= 0) {
             double left_ms = (deadline_at - rt__now_s()) * 1000;
-            if (left_ms < 1) {
+            if (left_ms <= 0) {
                 sw_free(b);
                 return -1;
             }

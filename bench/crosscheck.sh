@@ -19,11 +19,13 @@
 # (bench/dequantize_gguf.c) and run by llama.cpp. Both engines round the
 # activations to 8 bits for quantized dot products, so each lands ~0.1-0.3
 # from the exact log-probabilities on these random-weight models, and not
-# at the same place; what is checked is that spillway is no further from
-# exact than llama.cpp is (within 1.5x + 0.05), that the two agree on the
+# at the same place; what is checked is that spillway is on average no
+# further from exact than llama.cpp is (the mean |difference| over the
+# 24 x 5 log-probabilities within 1.5x + 0.02: the largest single one is
+# shown too, but one near-tie step decides it), that the two agree on the
 # argmax in at least 80% of the steps (random weights make near-ties), and
-# for unquantized files that they agree within 0.02 (both keep the KV cache
-# in F16).
+# for unquantized files that they agree within 0.02 at every step (both
+# keep the KV cache in F16).
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
@@ -77,7 +79,7 @@ for s in stories260K llama-2-tiny-random; do
   [ -f "$here/../../shared/models/$s.gguf" ] && files+=("$here/../../shared/models/$s.gguf")
 done
 
-printf '%-24s %6s %8s %10s %10s %10s  %s\n' model steps "argmax=" "|ours-ref|" "ours-exact" "ref-exact" verdict
+printf '%-24s %6s %8s %10s %12s %12s  %s\n' model steps "argmax=" "max|o-r|" "mean|o-ex|" "mean|r-ex|" verdict
 failed=0
 for f in "${files[@]}"; do
   name=$(basename "$f" .gguf)
@@ -86,7 +88,7 @@ for f in "${files[@]}"; do
   fi
   "$bin" run -m "$f" -p "$prompt" -n 24 --temp 0 --ignore-eos --json --top-logprobs 5 \
     >"$work/$name.json" 2>/dev/null
-  read -r steps agree diff < <("$xc" "$f" "$work/$name.json")
+  read -r steps agree diff _ < <("$xc" "$f" "$work/$name.json")
   type=$("$bin" model info "$f" | awk '$1 == "blk.0.attn_q.weight" { print $2 }')
   ours_exact=-; ref_exact=-
   if [ "$type" != f32 ] && [ "$type" != f16 ]; then
@@ -96,15 +98,15 @@ for f in "${files[@]}"; do
     # spillway's quantized run against exact weights, and llama.cpp's
     # quantized run against spillway's exact one (the exact runs of the two
     # engines agree within the F16 KV rounding, see the f32 rows).
-    ours_exact=$("$xc" "$work/$name.f32.gguf" "$work/$name.json" | cut -d' ' -f3)
-    ref_exact=$("$xc" "$f" "$work/$name.f32.json" | cut -d' ' -f3)
+    ours_exact=$("$xc" "$work/$name.f32.gguf" "$work/$name.json" | cut -d' ' -f4)
+    ref_exact=$("$xc" "$f" "$work/$name.f32.json" | cut -d' ' -f4)
   fi
   verdict=$(awk -v s="$steps" -v a="$agree" -v d="$diff" -v oe="$ours_exact" -v re="$ref_exact" \
     'BEGIN { ok = a * 5 >= s * 4
-             if (oe == "-") ok = ok && d <= 0.02; else ok = ok && oe <= 1.5 * re + 0.05
+             if (oe == "-") ok = ok && d <= 0.02; else ok = ok && oe <= 1.5 * re + 0.02
              print ok ? "ok" : "FAIL" }')
   [ "$verdict" = ok ] || failed=1
-  printf '%-24s %6s %8s %10.4f %10s %10s  %s\n' "$name" "$steps" "$agree" "$diff" "$ours_exact" \
+  printf '%-24s %6s %8s %10.4f %12s %12s  %s\n' "$name" "$steps" "$agree" "$diff" "$ours_exact" \
     "$ref_exact" "$verdict"
 done
 exit "$failed"

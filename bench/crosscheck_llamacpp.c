@@ -13,9 +13,10 @@
  * each of spillway's top-K ids.
  *
  *   crosscheck_llamacpp MODEL.gguf RUN.json
- * prints "STEPS AGREE MAXDIFF": the number of steps, in how many of them
- * llama.cpp's argmax is spillway's token, and the largest |difference|
- * between the two engines' log-probabilities of spillway's top-K ids.
+ * prints "STEPS AGREE MAXDIFF MEANDIFF": the number of steps, in how many
+ * of them llama.cpp's argmax is spillway's token, and the largest and the
+ * mean |difference| between the two engines' log-probabilities of
+ * spillway's top-K ids.
  * bench/crosscheck.sh judges the figures; exit status 2 is an error.
  *
  * Built by bench/crosscheck.sh against the llama.cpp that
@@ -88,7 +89,8 @@ int main(int argc, char **argv)
     }
 
     size_t n_steps = json_array_size(steps), agree = 0;
-    double worst = 0;
+    double worst = 0, sum = 0;
+    size_t compared = 0;
     for (size_t s = 0; s < n_steps; s++) {
         json_t *step = json_array_get(steps, s);
         llama_token ours = (llama_token)json_integer_value(json_object_get(step, "token"));
@@ -107,13 +109,15 @@ int main(int argc, char **argv)
             double d = fabs(json_real_value(json_object_get(e, "logprob")) - lp[id]);
             if (d > worst)
                 worst = d;
+            sum += d;
+            compared++;
         }
         if (llama_decode(ctx, llama_batch_get_one(&ours, 1)) != 0) {
             fprintf(stderr, "llama_decode failed at step %zu\n", s);
             return 2;
         }
     }
-    printf("%zu %zu %.6f\n", n_steps, agree, worst);
+    printf("%zu %zu %.6f %.6f\n", n_steps, agree, worst, compared ? sum / (double)compared : 0.0);
     free(lp);
     free(tokens);
     llama_free(ctx);

@@ -30,7 +30,7 @@ bin="$build/spillway"
 dir="$build/models"
 threads=${THREADS:-2}
 runs=${RUNS:-3}
-models=${MODELS:-"small-q8_0 1b-q8_0 1b-q4_0"}
+models=${MODELS:-"small-q8_0 1b-q8_0 1b-q4_0 1b-q4_k_m"}
 ref_bench="$("$(dirname "$0")/llamacpp-build.sh")/llama-bench"
 
 # llama-bench's CSV: one row per test; the column named avg_ts is tok/s, the

@@ -248,8 +248,8 @@ size_t wk__forced_args_ready(const char *text, size_t len, size_t start);
 int wk__auto_state(const wk_req *r);
 bool wk__tool_known(const wk_req *r, const char *name);
 /* The finished reply as a tool_calls array, or NULL when it is not one
- * (auto: *content_len gets the length of the text before the call). */
-json_t *wk__auto_calls(const wk_req *r, size_t *content_len);
+ * (auto: a reply is a call only when it starts with one). */
+json_t *wk__auto_calls(const wk_req *r);
 json_t *wk__forced_calls(const wk_req *r);
 
 #endif

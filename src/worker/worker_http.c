@@ -491,8 +491,7 @@ static const char *tool_stream_done(wk_server *s, wk_req *r, const wk_event *ev,
             json_decref(calls);
         }
     } else {
-        size_t content_len = 0;
-        json_t *calls = wk__auto_calls(r, &content_len);
+        json_t *calls = wk__auto_calls(r);
         if (calls) {
             json_t *arr = json_array();
             for (size_t i = 0; i < json_array_size(calls); i++) {
@@ -527,12 +526,11 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     const char *finish = strcmp(ev->finish, "cancelled") == 0 ? "stop" : ev->finish;
     bool tool_reply = r->chat && (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO);
     json_t *calls = NULL;
-    size_t content_len = 0;
     if (tool_reply && r->stream) {
         finish = tool_stream_done(s, r, ev, finish);
     } else if (tool_reply) {
         wk__text_append(r, ev->text, ev->text_len);
-        calls = r->output == WK_OUT_TOOL_FORCED ? wk__forced_calls(r) : wk__auto_calls(r, &content_len);
+        calls = r->output == WK_OUT_TOOL_FORCED ? wk__forced_calls(r) : wk__auto_calls(r);
         if (calls)
             finish = "tool_calls";
     } else if (ev->text_len) {
@@ -580,8 +578,8 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         sse_raw(r, "data: [DONE]\n\n");
         evhttp_send_reply_end(r->evreq);
     } else {
-        json_t *text = calls ? (content_len ? json_text(r->text, content_len) : json_null())
-                             : json_text(r->text ? r->text : "", r->text_len);
+        /* a reply that is a call has no content (OpenAI: null) */
+        json_t *text = calls ? json_null() : json_text(r->text ? r->text : "", r->text_len);
         json_t *lp = r->logprobs ? json_incref(r->lp) : json_null();
         /* refusal: required by OpenAI's schema for a chat message; a local
          * model never refuses through that channel, so it is null */

@@ -149,12 +149,11 @@ static json_t *auto_call_from(const wk_req *r, size_t index, const char *p, size
 }
 
 /* The calls of a finished auto reply, or NULL when it is not a (valid)
- * call; *content_len: bytes of text before the calls. */
-json_t *wk__auto_calls(const wk_req *r, size_t *content_len)
+ * call (an auto reply is a call only when it starts with one). */
+json_t *wk__auto_calls(const wk_req *r)
 {
     const char *t = r->text ? r->text : "";
     size_t len = r->text_len;
-    *content_len = 0;
     if (wk__auto_state(r) != 2)
         return NULL;
     json_t *calls = json_array();

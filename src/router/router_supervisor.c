@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,7 +180,9 @@ static void sup_health(rt_worker *w)
         w->mem_reserved = json_integer_value(json_object_get(mem, "reserved_bytes"));
         w->mem_free = json_integer_value(json_object_get(mem, "free_bytes"));
         w->kv_bpt = json_integer_value(json_object_get(j, "kv_bytes_per_token"));
-        w->ctx_limit = (int32_t)json_integer_value(json_object_get(j, "ctx_limit"));
+        /* a peer's number: out of range reads as 0 (no limit known) */
+        json_int_t ctx = json_integer_value(json_object_get(j, "ctx_limit"));
+        w->ctx_limit = ctx > 0 && ctx <= INT32_MAX ? (int32_t)ctx : 0;
         w->prefill_rate = json_number_value(json_object_get(j, "prefill_tokens_per_second"));
         w->decode_rate = json_number_value(json_object_get(j, "decode_tokens_per_second"));
         /* one of the words docs/api.md lists, else none: any other text

@@ -6,7 +6,9 @@
  *  - a rates_source that is not one of the documented words (none,
  *    calibration, measured), long and not ASCII: the router's /health
  *    still lists the worker (a cut inside a UTF-8 character made the
- *    entry vanish) and says "none" for it.
+ *    entry vanish) and says "none" for it;
+ *  - a ctx_limit past 32 bits (2^32 + 512): read as unknown (0), not
+ *    wrapped to 512.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -79,7 +81,7 @@ static void *fake_thread(void *arg)
                 break;
         }
         static const char body[] =
-            "{\"status\":\"ready\",\"model\":\"fake\",\"ctx_limit\":512,"
+            "{\"status\":\"ready\",\"model\":\"fake\",\"ctx_limit\":4294967808,"
             "\"prefill_tokens_per_second\":100.0,\"decode_tokens_per_second\":10.0,"
             "\"rates_source\":\"" ODD_SOURCE "\"}";
         char head[200];
@@ -146,6 +148,7 @@ static void test_odd_rates_source(void **state)
     assert_string_equal(json_string_value(json_object_get(w, "state")), "ready");
     assert_true(json_number_value(json_object_get(w, "decode_tokens_per_second")) > 0);
     assert_string_equal(json_string_value(json_object_get(w, "rates_source")), "none");
+    assert_int_equal(json_integer_value(json_object_get(w, "ctx_limit")), 0);
     json_decref(w);
     rh_finish(&r);
 }

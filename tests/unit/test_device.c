@@ -7,6 +7,7 @@
  * child gets PR_SET_PDEATHSIG and is waited for with a time-out, so a failed
  * test leaves neither pools nor processes behind.
  */
+#include "bin_testutil.h"
 #include "testutil.h"
 
 #include "common/alloc.h"
@@ -669,12 +670,9 @@ static size_t read_until(int fd, char *buf, size_t cap, bool line_only, int time
 static void test_hog_sim(void **state)
 {
     (void)state;
-    const char *bin = tu_spillway_bin();
-    if (!bin) {
-        print_message("SKIP: SPILLWAY_BIN is not set\n");
-        skip();
+    const char *bin = btu_spillway_bin_or_skip();
+    if (!bin)
         return;
-    }
     char spec[80], name[64], line[512];
     sw_error err;
     snprintf(name, sizeof name, "%s", pool_name("hog"));
@@ -767,12 +765,9 @@ static void test_hog_sim(void **state)
 static void test_hog_cpu_and_usage(void **state)
 {
     (void)state;
-    const char *bin = tu_spillway_bin();
-    if (!bin) {
-        print_message("SKIP: SPILLWAY_BIN is not set\n");
-        skip();
+    const char *bin = btu_spillway_bin_or_skip();
+    if (!bin)
         return;
-    }
     char line[512];
     char *argv[] = {(char *)bin, "hog", "--device", "cpu", "--bytes", "2MiB", NULL};
     hog_proc h = hog_start(argv);

@@ -4,6 +4,8 @@
  * layout and invariants; weight statistics; parameter validation; the CLI.
  * Expected sizes and counts are computed here from the shapes, not taken
  * from the code under test. */
+#include "bin_testutil.h"
+#include "quant_testutil.h"
 #include "testutil.h"
 
 #include "common/alloc.h"
@@ -769,34 +771,6 @@ static void test_mid_size(void **state)
 }
 
 
-/* Greedy tokens after a prompt, and the logits after the prompt. */
-static void greedy_run(eng_model *model, const int32_t *prompt, int32_t n_prompt, int32_t n_gen,
-                       int32_t *out, float *first_logits)
-{
-    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
-    eng_context_params cp = eng_context_default_params();
-    cp.n_ctx = 64;
-    cp.n_threads = 2;
-    eng_context *ctx;
-    sw_error err;
-    float *logits = sw_malloc(sizeof(float) * (size_t)n_vocab);
-    assert_non_null(logits);
-    if (eng_context_create(model, &cp, &ctx, &err) != SW_OK)
-        fail_msg("context: %s", err.message);
-    assert_int_equal(eng_decode(ctx, 0, prompt, n_prompt, logits, &err), SW_OK);
-    memcpy(first_logits, logits, sizeof(float) * (size_t)n_vocab);
-    for (int32_t i = 0; i < n_gen; i++) {
-        int32_t best = 0;
-        for (int32_t v = 1; v < n_vocab; v++)
-            if (logits[v] > logits[best])
-                best = v;
-        out[i] = best;
-        assert_int_equal(eng_decode(ctx, 0, &best, 1, logits, &err), SW_OK);
-    }
-    eng_context_free(ctx);
-    sw_free(logits);
-}
-
 /* Models made with the BF16 and K-quant types load and generate the same
  * tokens twice; their logits track those of the F32 model of the same seed
  * (the weights are the same numbers, quantized), which a wrong block layout
@@ -814,14 +788,7 @@ static void test_new_types_generate(void **state)
     float *ref = NULL;
     int32_t n_vocab = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        eng_model_make_params p = eng_model_make_default_params();
-        p.n_embd = 256;
-        p.n_layer = 2;
-        p.n_head = 4;
-        p.n_head_kv = 2;
-        p.n_ff = 512;
-        p.n_vocab = 600;
-        p.weight_type = types[ti];
+        eng_model_make_params p = qtu_small_model_params(2, 512, types[ti]);
         p.seed = 4242;
         char *path = dup_tmp("mm-newtype.gguf");
         sw_error err;
@@ -836,26 +803,14 @@ static void test_new_types_generate(void **state)
         float *la = sw_malloc(sizeof(float) * (size_t)n_vocab);
         float *lb = sw_malloc(sizeof(float) * (size_t)n_vocab);
         assert_true(la && lb);
-        greedy_run(model, prompt, N_PROMPT, N_GEN, a, la);
-        greedy_run(model, prompt, N_PROMPT, N_GEN, b, lb);
+        qtu_greedy(model, prompt, N_PROMPT, N_GEN, a, la);
+        qtu_greedy(model, prompt, N_PROMPT, N_GEN, b, lb);
         assert_memory_equal(a, b, sizeof a);
         assert_memory_equal(la, lb, sizeof(float) * (size_t)n_vocab);
         if (ti == 0) {
             ref = la;
         } else {
-            double sab = 0, saa = 0, sbb = 0, ma = 0, mb = 0;
-            for (int32_t v = 0; v < n_vocab; v++) {
-                ma += ref[v];
-                mb += la[v];
-            }
-            ma /= n_vocab;
-            mb /= n_vocab;
-            for (int32_t v = 0; v < n_vocab; v++) {
-                sab += (ref[v] - ma) * (la[v] - mb);
-                saa += (ref[v] - ma) * (ref[v] - ma);
-                sbb += (la[v] - mb) * (la[v] - mb);
-            }
-            double corr = sab / sqrt(saa * sbb);
+            double corr = qtu_correlation(ref, la, n_vocab);
             print_message("%s: logits correlation with f32 %.5f\n",
                           eng_type_traits_get(types[ti])->name, corr);
             assert_true(corr >= min_corr[ti]);
@@ -874,6 +829,19 @@ static void test_new_types_generate(void **state)
  * 6 and 7 (first and last eighth, every third between: worked out by hand
  * from the rule, not by calling it); everything else is the base type. The
  * model loads and generates deterministically. */
+typedef struct mm_k_m_rule {
+    uint32_t base;
+    const bool *more_bits; /* per layer: attn_v and ffn_down in Q6_K */
+} mm_k_m_rule;
+
+static uint32_t mm_k_m_apply(int layer, const char *what, const void *arg)
+{
+    const mm_k_m_rule *rule = arg;
+    if ((strcmp(what, "attn_v") == 0 || strcmp(what, "ffn_down") == 0) && rule->more_bits[layer])
+        return ENG_TYPE_Q6_K;
+    return rule->base;
+}
+
 static void test_mixes(void **state)
 {
     (void)state;
@@ -881,43 +849,13 @@ static void test_mixes(void **state)
     const uint32_t bases[] = {ENG_TYPE_Q4_K, ENG_TYPE_Q5_K};
     const bool more_bits[8] = {true, false, false, true, false, false, true, true};
     for (int mi = 0; mi < 2; mi++) {
-        eng_model_make_params p = eng_model_make_default_params();
-        p.n_embd = 256;
-        p.n_layer = 8;
-        p.n_head = 4;
-        p.n_head_kv = 2;
-        p.n_ff = 256;
-        p.n_vocab = 600;
+        eng_model_make_params p = qtu_small_model_params(8, 256, bases[mi]);
         p.tied_output = false;
-        p.weight_type = bases[mi];
         p.mix = mixes[mi];
         char *path = dup_tmp("mm-mix.gguf");
         sw_error err;
-        if (eng_model_make(&p, path, &err) != SW_OK)
-            fail_msg("make: %s", err.message);
-        eng_gguf *g;
-        if (eng_gguf_open(path, &g, &err) != SW_OK)
-            fail_msg("open: %s", err.message);
-        int n_q6 = 0;
-        for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
-            const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
-            int layer = -1;
-            char what[64] = "";
-            uint32_t want = bases[mi];
-            if (t->n_dims == 1)
-                want = ENG_TYPE_F32;
-            else if (strcmp(t->name, "output.weight") == 0)
-                want = ENG_TYPE_Q6_K;
-            else if (sscanf(t->name, "blk.%d.%63[a-z_]", &layer, what) == 2 &&
-                     (strcmp(what, "attn_v") == 0 || strcmp(what, "ffn_down") == 0) &&
-                     more_bits[layer])
-                want = ENG_TYPE_Q6_K;
-            if (t->type != want)
-                fail_msg("%s: type %u, want %u", t->name, t->type, want);
-            n_q6 += t->type == ENG_TYPE_Q6_K;
-        }
-        assert_int_equal(n_q6, 1 + 2 * 4);
-        eng_gguf_close(g);
+        const mm_k_m_rule rule = {bases[mi], more_bits};
+        assert_int_equal(qtu_make_check_types(&p, path, mm_k_m_apply, &rule), 1 + 2 * 4);
         eng_model *model;
         if (eng_model_load(path, &model, &err) != SW_OK)
             fail_msg("load: %s", err.message);
@@ -925,8 +863,8 @@ static void test_mixes(void **state)
         int32_t a[6], b[6];
         float *la = sw_malloc(sizeof(float) * 600), *lb = sw_malloc(sizeof(float) * 600);
         assert_true(la && lb);
-        greedy_run(model, prompt, 5, 6, a, la);
-        greedy_run(model, prompt, 5, 6, b, lb);
+        qtu_greedy(model, prompt, 5, 6, a, la);
+        qtu_greedy(model, prompt, 5, 6, b, lb);
         assert_memory_equal(a, b, sizeof a);
         assert_memory_equal(la, lb, sizeof(float) * 600);
         sw_free(la);
@@ -947,12 +885,9 @@ static void test_mixes(void **state)
 static void test_cli(void **state)
 {
     (void)state;
-    const char *bin = tu_spillway_bin();
-    if (!bin) {
-        print_message("SKIP: SPILLWAY_BIN is not set\n");
-        skip();
+    const char *bin = btu_spillway_bin_or_skip();
+    if (!bin)
         return;
-    }
     char *path = dup_tmp("mm-cli.gguf");
     char *out = NULL;
     int status = -1;

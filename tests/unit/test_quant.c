@@ -13,6 +13,7 @@
  * Activation quantization, fp16 row conversion and fp16 decoding must be
  * bit-exact at every level.
  */
+#include "quant_testutil.h"
 #include "testutil.h"
 
 #include "common/alloc.h"
@@ -38,18 +39,12 @@ static uint64_t tq_rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t tq_rand(void)
 {
-    uint64_t x = tq_rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    tq_rng_state = x;
-    return x;
+    return qtu_rand(&tq_rng_state);
 }
 
-/* uniform in [-1, 1) */
 static float tq_randf(void)
 {
-    return (float)((double)(tq_rand() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return qtu_randf(&tq_rng_state);
 }
 
 static uint32_t tq_bits(float f)
@@ -66,30 +61,9 @@ static float tq_from_bits(uint32_t u)
     return f;
 }
 
-/* An independent half decoder: value = (-1)^s * 2^(e-15) * (1 + m/1024). */
-static double tq_half_value(uint16_t h)
-{
-    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    double v;
-    if (e == 0)
-        v = ldexp((double)m, -24);
-    else if (e == 31)
-        v = m ? NAN : INFINITY;
-    else
-        v = ldexp(1.0 + m / 1024.0, e - 15);
-    return s ? -v : v;
-}
-
 static uint16_t tq_le16(const unsigned char *p)
 {
     return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static int tq_n_isa(void)
-{
-    /* levels 0..best; force_isa reports the best when asked for the top */
-    cpu_isa best = cpu_kernels_force_isa(CPU_ISA_AMX);
-    return (int)best + 1;
 }
 
 #if TQ_X86
@@ -115,13 +89,7 @@ static int tq_have_f16c(void)
 static void test_type_traits(void **state)
 {
     (void)state;
-    static const struct {
-        uint32_t id;
-        const char *name;
-        int64_t block_size;
-        size_t block_bytes;
-        bool supported;
-    } expect[] = {
+    static const qtu_traits_row expect[] = {
         {0, "f32", 1, 4, true},        {1, "f16", 1, 2, true},
         {2, "q4_0", 32, 18, true},     {3, "q4_1", 32, 20, false},
         {6, "q5_0", 32, 22, false},    {7, "q5_1", 32, 24, false},
@@ -131,14 +99,7 @@ static void test_type_traits(void **state)
         {14, "q6_k", 256, 210, true},  {15, "q8_k", 256, 292, false},
         {30, "bf16", 1, 2, true},
     };
-    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
-        const eng_type_traits *tr = eng_type_traits_get(expect[i].id);
-        assert_non_null(tr);
-        assert_string_equal(tr->name, expect[i].name);
-        assert_int_equal(tr->block_size, expect[i].block_size);
-        assert_int_equal(tr->block_bytes, expect[i].block_bytes);
-        assert_int_equal(tr->supported, expect[i].supported);
-    }
+    qtu_check_traits(expect, sizeof expect / sizeof expect[0]);
     assert_null(eng_type_traits_get(4));
     assert_null(eng_type_traits_get(5));
     assert_null(eng_type_traits_get(33)); /* retired ids; 16..39 otherwise known */
@@ -205,7 +166,7 @@ static void test_fp16_all_halves(void **state)
     (void)state;
     for (uint32_t h = 0; h < 65536; h++) {
         float f = eng_fp16_to_fp32((uint16_t)h);
-        double v = tq_half_value((uint16_t)h);
+        double v = qtu_half_value((uint16_t)h);
         if (isnan(v)) {
             assert_true(isnan(f));
             assert_int_equal(tq_bits(f) >> 31, h >> 15);
@@ -234,8 +195,8 @@ static void test_fp16_vs_f16c(void **state)
         assert_int_equal(eng_fp32_to_fp16(f), tq_hw_f32_to_f16(f));
         if ((h & 0x7fff) < 0x7c00) {
             /* halfway to the next half up (in magnitude), and around it */
-            double next = tq_half_value((uint16_t)(h + 1));
-            double mid = (tq_half_value((uint16_t)h) + next) / 2.0;
+            double next = qtu_half_value((uint16_t)(h + 1));
+            double mid = (qtu_half_value((uint16_t)h) + next) / 2.0;
             if ((h & 0x7fff) == 0x7bff) /* beyond the largest finite half */
                 mid = (h >> 15) ? -65520.0 : 65520.0;
             float m = (float)mid;
@@ -320,7 +281,7 @@ static void test_bf16(void **state)
 static void tq_dequant_q8_0(const unsigned char *p, float *out, int64_t n)
 {
     for (int64_t b = 0; b < n / 32; b++, p += 34) {
-        double d = tq_half_value(tq_le16(p));
+        double d = qtu_half_value(tq_le16(p));
         for (int j = 0; j < 32; j++)
             out[b * 32 + j] = (float)(d * (double)(int8_t)p[2 + j]);
     }
@@ -329,7 +290,7 @@ static void tq_dequant_q8_0(const unsigned char *p, float *out, int64_t n)
 static void tq_dequant_q4_0(const unsigned char *p, float *out, int64_t n)
 {
     for (int64_t b = 0; b < n / 32; b++, p += 18) {
-        double d = tq_half_value(tq_le16(p));
+        double d = qtu_half_value(tq_le16(p));
         for (int j = 0; j < 16; j++) {
             out[b * 32 + j] = (float)(d * ((p[2 + j] & 15) - 8));
             out[b * 32 + j + 16] = (float)(d * ((p[2 + j] >> 4) - 8));
@@ -442,7 +403,7 @@ static void test_quantize_roundtrip(void **state)
     eng_quantize_row(ENG_TYPE_F16, x, h, N);
     eng_dequantize_row(ENG_TYPE_F16, h, back, N);
     for (int i = 0; i < N; i++)
-        assert_true((double)back[i] == tq_half_value(h[i]) &&
+        assert_true((double)back[i] == qtu_half_value(h[i]) &&
                     fabsf(back[i] - x[i]) <= fabsf(x[i]) * 0x1p-11f + 0x1p-25f);
     eng_quantize_row(ENG_TYPE_F32, x, back, N);
     assert_memory_equal(back, x, sizeof x);
@@ -511,7 +472,7 @@ static void tq_decode_k(uint32_t type, const unsigned char *p, int64_t n, double
                 int low = quarter < 2 ? lbyte & 15 : lbyte >> 4;
                 int high = (p[128 + 32 * half + l] >> (2 * quarter)) & 3;
                 int q = low + 16 * high;
-                va = tq_half_value(tq_le16(p + 208)) * (int8_t)p[192 + i / 16] * (q - 32);
+                va = qtu_half_value(tq_le16(p + 208)) * (int8_t)p[192 + i / 16] * (q - 32);
                 vb = 0.0;
             } else {
                 int s = i / 32, l = i % 32, sc, m;
@@ -521,8 +482,8 @@ static void tq_decode_k(uint32_t type, const unsigned char *p, int64_t n, double
                 int q = s % 2 ? byte >> 4 : byte & 15;
                 if (type == ENG_TYPE_Q5_K)
                     q += 16 * ((p[16 + l] >> s) & 1);
-                va = tq_half_value(tq_le16(p)) * sc * q;
-                vb = tq_half_value(tq_le16(p + 2)) * m;
+                va = qtu_half_value(tq_le16(p)) * sc * q;
+                vb = qtu_half_value(tq_le16(p + 2)) * m;
             }
             a[blk * 256 + i] = va;
             b[blk * 256 + i] = vb;
@@ -737,7 +698,7 @@ static void test_q8_k_convert_special(void **state)
     x[1024 + 5] = -INFINITY;     /* block 4: -inf and NaN */
     x[1024 + 6] = NAN;
     eng_quantize_row(ENG_TYPE_Q8_K, x, ref, N);
-    int n_isa = tq_n_isa();
+    int n_isa = qtu_n_isa();
     for (int isa = 0; isa < n_isa; isa++) {
         assert_int_equal(cpu_kernels_force_isa((cpu_isa)isa), isa);
         memset(got, 0xcd, sizeof got);
@@ -788,12 +749,12 @@ static void test_kquant_roundtrip(void **state)
                 double step;
                 if (type == ENG_TYPE_Q6_K) {
                     /* one step of the sub-block: |d * scale| */
-                    step = fabs(tq_half_value(tq_le16(p + 208)) * (int8_t)p[192 + i / 16]);
+                    step = fabs(qtu_half_value(tq_le16(p + 208)) * (int8_t)p[192 + i / 16]);
                 } else {
                     /* half a step of the sub-block, or half of dmin */
                     int sc, m;
                     tq_k_scale_min(p + 4, i / 32, &sc, &m);
-                    step = 0.5 * fmax(tq_half_value(tq_le16(p)) * sc, tq_half_value(tq_le16(p + 2)));
+                    step = 0.5 * fmax(qtu_half_value(tq_le16(p)) * sc, qtu_half_value(tq_le16(p + 2)));
                 }
                 double err = fabs((double)back[k] - x[k]);
                 if (!(err <= step * 1.001 + amax * 0x1p-9)) {
@@ -832,8 +793,8 @@ static double tq_abs_terms(uint32_t type, int64_t n, const void *w, const void *
             s += fabs((double)((const float *)w)[i] * ((const float *)x)[i]);
     } else if (type == ENG_TYPE_F16) {
         for (int64_t i = 0; i < n; i++)
-            s += fabs(tq_half_value(((const uint16_t *)w)[i]) *
-                      tq_half_value(((const uint16_t *)x)[i]));
+            s += fabs(qtu_half_value(((const uint16_t *)w)[i]) *
+                      qtu_half_value(((const uint16_t *)x)[i]));
     } else if (type == ENG_TYPE_BF16) {
         for (int64_t i = 0; i < n; i++)
             s += fabs((double)eng_bf16_to_fp32(((const uint16_t *)w)[i]) * ((const float *)x)[i]);
@@ -926,17 +887,11 @@ static void tq_random_weights(uint32_t type, unsigned char *w, int64_t n_rows, i
 static void tq_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n_tokens,
                            int64_t r0, int64_t r1, int edge)
 {
-    uint32_t xtype = eng_vec_dot_type(type);
-    size_t w_row_bytes, x_row_bytes;
+    size_t w_row_bytes;
     assert_true(eng_type_row_bytes(type, n_in, &w_row_bytes));
-    assert_true(eng_type_row_bytes(xtype, n_in, &x_row_bytes));
     unsigned char *w = sw_malloc(w_row_bytes * (size_t)n_out); /* exact: ASan sees over-reads */
-    unsigned char *xq = sw_malloc(x_row_bytes * (size_t)n_tokens);
-    unsigned char *xq_ref = sw_malloc(x_row_bytes * (size_t)n_tokens + 64);
     float *x = sw_malloc(sizeof(float) * (size_t)(n_in * n_tokens + 8));
-    int64_t y_stride = n_out + 3;
-    float *y = sw_malloc(sizeof(float) * (size_t)(y_stride * n_tokens));
-    assert_true(w && xq && xq_ref && x && y);
+    assert_true(w && x);
 
     tq_random_weights(type, w, n_out, n_in);
     /* activations with a row stride larger than n_in */
@@ -988,50 +943,10 @@ static void tq_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n
                 x[j] = 0.0f;
     }
 
-    for (int64_t t = 0; t < n_tokens; t++)
-        eng_quantize_row(xtype, x + t * x_stride, xq_ref + (size_t)t * x_row_bytes, n_in);
-
-    int n_isa = tq_n_isa();
-    for (int isa = 0; isa < n_isa; isa++) {
-        assert_int_equal(cpu_kernels_force_isa((cpu_isa)isa), isa);
-        memset(xq, 0xcd, x_row_bytes * (size_t)n_tokens);
-        cpu_convert_activations(type, x, x_stride, n_tokens, n_in, xq);
-        /* activation conversion is bit-exact at every level */
-        assert_memory_equal(xq, xq_ref, x_row_bytes * (size_t)n_tokens);
-
-        for (int64_t i = 0; i < y_stride * n_tokens; i++)
-            y[i] = -12345.0f;
-        long allocs_before = sw_alloc_count();
-        cpu_matmul_rows(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens, y, y_stride,
-                        r0, r1);
-        assert_int_equal(sw_alloc_count(), allocs_before); /* the per-token path never allocates */
-        for (int64_t t = 0; t < n_tokens; t++) {
-            const unsigned char *xr = xq + (size_t)t * x_row_bytes;
-            for (int64_t r = 0; r < y_stride; r++) {
-                float got = y[t * y_stride + r];
-                if (r < r0 || r >= r1) {
-                    assert_true(got == -12345.0f); /* outside the range: untouched */
-                    continue;
-                }
-                const unsigned char *wr = w + (size_t)r * w_row_bytes;
-                snprintf(tq_context, sizeof tq_context,
-                         "type %u n_in %lld n_tokens %lld rows [%lld,%lld) row %lld token %lld",
-                         type, (long long)n_in, (long long)n_tokens, (long long)r0,
-                         (long long)r1, (long long)r, (long long)t);
-                float ref = eng_vec_dot_ref(type, n_in, wr, xr);
-                tq_check_close(got, ref, tq_abs_terms(type, n_in, wr, xr));
-                if (r == r0 && t == 0)
-                    tq_check_close(cpu_vec_dot(type, n_in, wr, xr), ref,
-                                   tq_abs_terms(type, n_in, wr, xr));
-            }
-        }
-    }
-    cpu_kernels_force_isa(CPU_ISA_AMX);
+    qtu_check_matmul(type, w, w_row_bytes, n_in, x, x_stride, n_tokens, n_out + 3, r0, r1,
+                     tq_abs_terms, true);
     sw_free(w);
-    sw_free(xq);
-    sw_free(xq_ref);
     sw_free(x);
-    sw_free(y);
 }
 
 static void test_matmul_quantized(void **state)
@@ -1104,6 +1019,15 @@ static void test_matmul_kquant(void **state)
             }
 }
 
+/* Random weights and activations for qtu_check_per_token. */
+static void tq_per_token_fill(uint32_t type, unsigned char *w, size_t w_row_bytes, int64_t n_out,
+                              int64_t n_in, float *x, int64_t n_x)
+{
+    (void)w_row_bytes;
+    tq_random_weights(type, w, n_out, n_in);
+    tq_fill_activations(x, n_x, 1.0f);
+}
+
 /* cpu_matmul_rows_per_token: every (row, token) result is bit for bit the
  * one-token result, whatever the number of tokens in the call, for every
  * weight type at every level (what decode steps of several sequences rely
@@ -1114,44 +1038,7 @@ static void test_matmul_per_token_invariance(void **state)
     (void)state;
     const uint32_t types[] = {ENG_TYPE_F32,  ENG_TYPE_F16,  ENG_TYPE_BF16, ENG_TYPE_Q8_0,
                               ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
-    const int64_t n_in = 512, n_out = 37, max_tokens = 24;
-    for (int level = 0; level < tq_n_isa(); level++) {
-        cpu_kernels_force_isa((cpu_isa)level);
-        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-            uint32_t type = types[ti], xtype = eng_vec_dot_type(type);
-            size_t w_row_bytes, x_row_bytes;
-            assert_true(eng_type_row_bytes(type, n_in, &w_row_bytes));
-            assert_true(eng_type_row_bytes(xtype, n_in, &x_row_bytes));
-            unsigned char *w = sw_malloc(w_row_bytes * (size_t)n_out);
-            unsigned char *xq = sw_malloc(x_row_bytes * (size_t)max_tokens);
-            float *x = sw_malloc(sizeof(float) * (size_t)(n_in * max_tokens));
-            float *one = sw_malloc(sizeof(float) * (size_t)n_out);
-            float *many = sw_malloc(sizeof(float) * (size_t)(n_out * max_tokens));
-            tq_random_weights(type, w, n_out, n_in);
-            tq_fill_activations(x, n_in * max_tokens, 1.0f);
-            cpu_convert_activations(type, x, n_in, max_tokens, n_in, xq);
-            for (int64_t n_tokens = 2; n_tokens <= max_tokens; n_tokens += 7) {
-                cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens,
-                                          many, n_out, 0, n_out);
-                for (int64_t t = 0; t < n_tokens; t++) {
-                    cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in,
-                                              xq + (size_t)t * x_row_bytes, x_row_bytes, 1, one,
-                                              n_out, 0, n_out);
-                    if (memcmp(one, many + t * n_out, sizeof(float) * (size_t)n_out) != 0)
-                        fail_msg("level %s, type %s: token %lld of %lld differs from the "
-                                 "one-token product", cpu_isa_name((cpu_isa)level),
-                                 eng_type_traits_get(type)->name, (long long)t,
-                                 (long long)n_tokens);
-                }
-            }
-            sw_free(w);
-            sw_free(xq);
-            sw_free(x);
-            sw_free(one);
-            sw_free(many);
-        }
-    }
-    cpu_kernels_force_isa(CPU_ISA_AMX);
+    qtu_check_per_token(types, sizeof types / sizeof types[0], 512, 37, 24, 7, tq_per_token_fill);
 }
 
 static void test_matmul_float(void **state)
@@ -1252,7 +1139,7 @@ static void test_float_helpers(void **state)
     for (int i = 0; i < N; i++)
         back_ref[i] = eng_fp16_to_fp32(h_ref[i]);
     static const int64_t lens[] = {0, 1, 5, 8, 15, 16, 17, 31, 32, 33, 64, 100, 299, 300};
-    int n_isa = tq_n_isa();
+    int n_isa = qtu_n_isa();
     for (int isa = 0; isa < n_isa; isa++) {
         assert_int_equal(cpu_kernels_force_isa((cpu_isa)isa), isa);
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {

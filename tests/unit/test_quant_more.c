@@ -11,6 +11,8 @@
  * SIMD results may differ from the scalar reference only in the order of
  * float additions: |simd - ref| <= 1e-5 * sum_i |w_i x_i| + 1e-30.
  */
+#include "bin_testutil.h"
+#include "quant_testutil.h"
 #include "testutil.h"
 
 #include "common/alloc.h"
@@ -31,27 +33,18 @@ static uint64_t tm_rng_state = 0x2545f4914f6cdd1dull;
 
 static uint64_t tm_rand(void)
 {
-    uint64_t x = tm_rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    tm_rng_state = x;
-    return x;
+    return qtu_rand(&tm_rng_state);
 }
 
-/* uniform in [-1, 1) */
 static float tm_randf(void)
 {
-    return (float)((double)(tm_rand() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return qtu_randf(&tm_rng_state);
 }
 
-/* value = (-1)^s * 2^(e-15) * (1 + m/1024) (finite halves only here) */
+/* the little-endian half at p */
 static double tm_half(const unsigned char *p)
 {
-    unsigned h = (unsigned)(p[0] | p[1] << 8);
-    int s = (int)(h >> 15), e = (int)((h >> 10) & 31), m = (int)(h & 1023);
-    double v = e == 0 ? ldexp((double)m, -24) : ldexp(1.0 + m / 1024.0, e - 15);
-    return s ? -v : v;
+    return qtu_half_value((uint16_t)(p[0] | p[1] << 8));
 }
 
 static void tm_put_half(unsigned char *p, float f)
@@ -168,13 +161,7 @@ static void test_type_table(void **state)
     (void)state;
     /* ids, names, block sizes and bytes from the GGUF specification and
      * the ggml block structs (d f16 = 2 bytes; see each comment) */
-    static const struct {
-        uint32_t id;
-        const char *name;
-        int64_t block_size;
-        size_t block_bytes;
-        bool supported;
-    } expect[] = {
+    static const qtu_traits_row expect[] = {
         {10, "q2_k", 256, 16 + 64 + 2 + 2, true},
         {11, "q3_k", 256, 32 + 64 + 12 + 2, true},
         {16, "iq2_xxs", 256, 2 + 64, false},
@@ -192,14 +179,7 @@ static void test_type_table(void **state)
         {35, "tq2_0", 256, 64 + 2, false},
         {39, "mxfp4", 32, 1 + 16, false},
     };
-    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
-        const eng_type_traits *tr = eng_type_traits_get(expect[i].id);
-        assert_non_null(tr);
-        assert_string_equal(tr->name, expect[i].name);
-        assert_int_equal(tr->block_size, expect[i].block_size);
-        assert_int_equal(tr->block_bytes, expect[i].block_bytes);
-        assert_int_equal(tr->supported, expect[i].supported);
-    }
+    qtu_check_traits(expect, sizeof expect / sizeof expect[0]);
     /* retired ids stay unknown */
     assert_null(eng_type_traits_get(4));
     assert_null(eng_type_traits_get(5));
@@ -402,34 +382,45 @@ static void test_quantize_roundtrip(void **state)
 
 /* ---- kernels -------------------------------------------------------------------- */
 
-static int tm_n_isa(void)
+/* Value at of a row of activations for type's products: Q8_0 blocks (d
+ * f16, 32 int8) for IQ4_NL, Q8_K blocks (d f32, 256 int8, sums) else. */
+static double tm_act_value(uint32_t type, const unsigned char *x, int64_t at)
 {
-    return (int)cpu_kernels_force_isa(CPU_ISA_AMX) + 1;
+    if (type == ENG_TYPE_IQ4_NL) {
+        const unsigned char *xb = x + (at / 32) * 34;
+        return tm_half(xb) * (int8_t)xb[2 + at % 32];
+    }
+    const unsigned char *xb = x + (at / 256) * 292;
+    float dx;
+    memcpy(&dx, xb, 4);
+    return (double)dx * (int8_t)xb[4 + at % 256];
 }
 
-/* sum |w_i * x_i| over decoded weights and activations */
-static double tm_abs_terms(uint32_t type, int64_t n, const unsigned char *w, const unsigned char *x)
+/* The decoded reference dot product of a weight row and a row of
+ * activations, and sum |w_i * x_i| (magnitude, for tolerances). */
+static double tm_decoded_dot(uint32_t type, int64_t n, const unsigned char *w,
+                             const unsigned char *x, double *magnitude)
 {
-    double s = 0, a[256], b[256];
+    double dot = 0, mag = 0, a[256], b[256];
     int64_t bv = tm_block_values(type);
     for (int64_t k = 0; k < n / bv; k++) {
         tm_decode_block(type, w + (size_t)k * tm_block_bytes(type), a, b);
         for (int64_t i = 0; i < bv; i++) {
-            int64_t at = k * bv + i;
-            double xv;
-            if (type == ENG_TYPE_IQ4_NL) {
-                const unsigned char *xb = x + (at / 32) * 34;
-                xv = tm_half(xb) * (int8_t)xb[2 + at % 32];
-            } else {
-                const unsigned char *xb = x + (at / 256) * 292;
-                float dx;
-                memcpy(&dx, xb, 4);
-                xv = (double)dx * (int8_t)xb[4 + at % 256];
-            }
-            s += (fabs(a[i]) + fabs(b[i])) * fabs(xv);
+            double xv = tm_act_value(type, x, k * bv + i);
+            dot += (a[i] - b[i]) * xv;
+            mag += (fabs(a[i]) + fabs(b[i])) * fabs(xv);
         }
     }
-    return s;
+    *magnitude = mag;
+    return dot;
+}
+
+/* sum |w_i * x_i| over decoded weights and activations */
+static double tm_abs_terms(uint32_t type, int64_t n, const void *w_row, const void *x_row)
+{
+    double mag;
+    tm_decoded_dot(type, n, w_row, x_row, &mag);
+    return mag;
 }
 
 /* edge weights: every quant, scale and min at an extreme */
@@ -454,17 +445,12 @@ static void tm_extreme_row(uint32_t type, unsigned char *w, int64_t n_in, int va
 static void tm_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n_tokens,
                            int64_t r0, int64_t r1, int edge)
 {
-    uint32_t xtype = eng_vec_dot_type(type);
-    size_t w_row_bytes, x_row_bytes;
+    size_t w_row_bytes;
     assert_true(eng_type_row_bytes(type, n_in, &w_row_bytes));
-    assert_true(eng_type_row_bytes(xtype, n_in, &x_row_bytes));
     unsigned char *w = sw_malloc(w_row_bytes * (size_t)n_out); /* exact: ASan sees over-reads */
-    unsigned char *xq = sw_malloc(x_row_bytes * (size_t)n_tokens);
-    unsigned char *xq_ref = sw_malloc(x_row_bytes * (size_t)n_tokens);
     int64_t x_stride = n_in + 8, y_stride = n_out + 3;
     float *x = sw_malloc(sizeof(float) * (size_t)(x_stride * n_tokens));
-    float *y = sw_malloc(sizeof(float) * (size_t)(y_stride * n_tokens));
-    assert_true(w && xq && xq_ref && x && y);
+    assert_true(w && x);
     tm_random_blocks(type, w, (int64_t)(w_row_bytes / tm_block_bytes(type)) * n_out, 0.01f);
     for (int64_t i = 0; i < x_stride * n_tokens; i++)
         x[i] = tm_randf() * ((i / x_stride) % 3 == 2 ? 40.0f : 1.0f);
@@ -475,44 +461,10 @@ static void tm_matmul_case(uint32_t type, int64_t n_out, int64_t n_in, int64_t n
         for (int64_t j = 0; j < n_in; j++) /* token 0 at +-127 */
             x[j] = (j & 2) ? 5.0f : -5.0f;
     }
-    for (int64_t t = 0; t < n_tokens; t++)
-        eng_quantize_row(xtype, x + t * x_stride, xq_ref + (size_t)t * x_row_bytes, n_in);
-    for (int isa = 0; isa < tm_n_isa(); isa++) {
-        assert_int_equal(cpu_kernels_force_isa((cpu_isa)isa), isa);
-        cpu_convert_activations(type, x, x_stride, n_tokens, n_in, xq);
-        assert_memory_equal(xq, xq_ref, x_row_bytes * (size_t)n_tokens);
-        for (int64_t i = 0; i < y_stride * n_tokens; i++)
-            y[i] = -12345.0f;
-        cpu_matmul_rows(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens, y, y_stride, r0,
-                        r1);
-        for (int64_t t = 0; t < n_tokens; t++)
-            for (int64_t r = 0; r < y_stride; r++) {
-                float got = y[t * y_stride + r];
-                if (r < r0 || r >= r1) {
-                    assert_true(got == -12345.0f);
-                    continue;
-                }
-                const unsigned char *wr = w + (size_t)r * w_row_bytes;
-                const unsigned char *xr = xq + (size_t)t * x_row_bytes;
-                float ref = eng_vec_dot_ref(type, n_in, wr, xr);
-                double tol = 1e-5 * tm_abs_terms(type, n_in, wr, xr) + 1e-30;
-                if (!(fabs((double)got - ref) <= tol))
-                    fail_msg("%s isa %s n_in %lld tokens %lld row %lld token %lld: got %.9g, "
-                             "reference %.9g, tolerance %.3g",
-                             eng_type_traits_get(type)->name, cpu_isa_name((cpu_isa)isa),
-                             (long long)n_in, (long long)n_tokens, (long long)r, (long long)t,
-                             got, ref, tol);
-                if (r == r0 && t == 0 && !(fabs((double)cpu_vec_dot(type, n_in, wr, xr) - ref) <= tol))
-                    fail_msg("%s: cpu_vec_dot differs from the reference",
-                             eng_type_traits_get(type)->name);
-            }
-    }
-    cpu_kernels_force_isa(CPU_ISA_AMX);
+    qtu_check_matmul(type, w, w_row_bytes, n_in, x, x_stride, n_tokens, y_stride, r0, r1,
+                     tm_abs_terms, false);
     sw_free(w);
-    sw_free(xq);
-    sw_free(xq_ref);
     sw_free(x);
-    sw_free(y);
 }
 
 /* The reference dot product itself against the decoded blocks (double):
@@ -524,7 +476,6 @@ static void test_reference_dot(void **state)
     enum { N = 512 };
     unsigned char w[2 * 136 * 2], xq[2 * 292];
     float x[N];
-    double a[256], b[256];
     for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
         uint32_t type = tm_types[ti];
         int64_t bv = tm_block_values(type);
@@ -533,23 +484,8 @@ static void test_reference_dot(void **state)
             for (int i = 0; i < N; i++)
                 x[i] = tm_randf();
             eng_quantize_row(eng_vec_dot_type(type), x, xq, N);
-            double want = 0, mag = 0;
-            for (int64_t k = 0; k < N / bv; k++) {
-                tm_decode_block(type, w + (size_t)k * tm_block_bytes(type), a, b);
-                for (int64_t i = 0; i < bv; i++) {
-                    int64_t at = k * bv + i;
-                    double xv;
-                    if (type == ENG_TYPE_IQ4_NL) {
-                        xv = tm_half(xq + (at / 32) * 34) * (int8_t)xq[(at / 32) * 34 + 2 + at % 32];
-                    } else {
-                        float dx;
-                        memcpy(&dx, xq + (at / 256) * 292, 4);
-                        xv = (double)dx * (int8_t)xq[(at / 256) * 292 + 4 + at % 256];
-                    }
-                    want += (a[i] - b[i]) * xv;
-                    mag += (fabs(a[i]) + fabs(b[i])) * fabs(xv);
-                }
-            }
+            double mag;
+            double want = tm_decoded_dot(type, N, w, xq, &mag);
             float got = eng_vec_dot_ref(type, N, w, xq);
             if (!(fabs(got - want) <= 1e-5 * mag + 1e-30))
                 fail_msg("%s: reference dot %.9g, decoded %.9g", eng_type_traits_get(type)->name,
@@ -586,100 +522,26 @@ static void test_matmul(void **state)
     tm_matmul_case(ENG_TYPE_IQ4_NL, 5, 96, 6, 0, 5, 0);
 }
 
+/* Random weights and activations for qtu_check_per_token. */
+static void tm_per_token_fill(uint32_t type, unsigned char *w, size_t w_row_bytes, int64_t n_out,
+                              int64_t n_in, float *x, int64_t n_x)
+{
+    (void)n_in;
+    tm_random_blocks(type, w, (int64_t)(w_row_bytes / tm_block_bytes(type)) * n_out, 0.01f);
+    for (int64_t i = 0; i < n_x; i++)
+        x[i] = tm_randf();
+}
+
 /* cpu_matmul_rows_per_token: each (row, token) result is the one-token
  * result bit for bit, whatever the number of tokens in the call. */
 static void test_per_token_invariance(void **state)
 {
     (void)state;
-    const int64_t n_in = 512, n_out = 21, max_tokens = 17;
     tm_rng_state = 4711;
-    for (int level = 0; level < tm_n_isa(); level++) {
-        cpu_kernels_force_isa((cpu_isa)level);
-        for (size_t ti = 0; ti < TM_N_TYPES; ti++) {
-            uint32_t type = tm_types[ti], xtype = eng_vec_dot_type(type);
-            size_t w_row_bytes, x_row_bytes;
-            assert_true(eng_type_row_bytes(type, n_in, &w_row_bytes));
-            assert_true(eng_type_row_bytes(xtype, n_in, &x_row_bytes));
-            unsigned char *w = sw_malloc(w_row_bytes * (size_t)n_out);
-            unsigned char *xq = sw_malloc(x_row_bytes * (size_t)max_tokens);
-            float *x = sw_malloc(sizeof(float) * (size_t)(n_in * max_tokens));
-            float *one = sw_malloc(sizeof(float) * (size_t)n_out);
-            float *many = sw_malloc(sizeof(float) * (size_t)(n_out * max_tokens));
-            assert_true(w && xq && x && one && many);
-            tm_random_blocks(type, w, (int64_t)(w_row_bytes / tm_block_bytes(type)) * n_out, 0.01f);
-            for (int64_t i = 0; i < n_in * max_tokens; i++)
-                x[i] = tm_randf();
-            cpu_convert_activations(type, x, n_in, max_tokens, n_in, xq);
-            for (int64_t n_tokens = 2; n_tokens <= max_tokens; n_tokens += 5) {
-                cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in, xq, x_row_bytes, n_tokens,
-                                          many, n_out, 0, n_out);
-                for (int64_t t = 0; t < n_tokens; t++) {
-                    cpu_matmul_rows_per_token(type, w, w_row_bytes, n_in,
-                                              xq + (size_t)t * x_row_bytes, x_row_bytes, 1, one,
-                                              n_out, 0, n_out);
-                    if (memcmp(one, many + t * n_out, sizeof(float) * (size_t)n_out) != 0)
-                        fail_msg("level %s, type %s: token %lld of %lld differs",
-                                 cpu_isa_name((cpu_isa)level), eng_type_traits_get(type)->name,
-                                 (long long)t, (long long)n_tokens);
-                }
-            }
-            sw_free(w);
-            sw_free(xq);
-            sw_free(x);
-            sw_free(one);
-            sw_free(many);
-        }
-    }
-    cpu_kernels_force_isa(CPU_ISA_AMX);
+    qtu_check_per_token(tm_types, TM_N_TYPES, 512, 21, 17, 5, tm_per_token_fill);
 }
 
 /* ---- models ------------------------------------------------------------------- */
-
-/* Greedy decoding of n_gen tokens after a prompt (one call: the prefill
- * path); the logits after the prompt go to first_logits. */
-static void tm_greedy(eng_model *model, const int32_t *prompt, int32_t n_prompt, int32_t n_gen,
-                      int32_t *out, float *first_logits)
-{
-    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
-    eng_context_params cp = eng_context_default_params();
-    cp.n_ctx = 64;
-    cp.n_threads = 2;
-    eng_context *ctx;
-    sw_error err;
-    float *logits = sw_malloc(sizeof(float) * (size_t)n_vocab);
-    assert_non_null(logits);
-    if (eng_context_create(model, &cp, &ctx, &err) != SW_OK)
-        fail_msg("context: %s", err.message);
-    assert_int_equal(eng_decode(ctx, 0, prompt, n_prompt, logits, &err), SW_OK);
-    memcpy(first_logits, logits, sizeof(float) * (size_t)n_vocab);
-    for (int32_t i = 0; i < n_gen; i++) {
-        int32_t best = 0;
-        for (int32_t v = 1; v < n_vocab; v++)
-            if (logits[v] > logits[best])
-                best = v;
-        out[i] = best;
-        assert_int_equal(eng_decode(ctx, 0, &best, 1, logits, &err), SW_OK);
-    }
-    eng_context_free(ctx);
-    sw_free(logits);
-}
-
-static double tm_correlation(const float *a, const float *b, int32_t n)
-{
-    double ma = 0, mb = 0, sab = 0, saa = 0, sbb = 0;
-    for (int32_t i = 0; i < n; i++) {
-        ma += a[i];
-        mb += b[i];
-    }
-    ma /= n;
-    mb /= n;
-    for (int32_t i = 0; i < n; i++) {
-        sab += (a[i] - ma) * (b[i] - mb);
-        saa += (a[i] - ma) * (a[i] - ma);
-        sbb += (b[i] - mb) * (b[i] - mb);
-    }
-    return sab / sqrt(saa * sbb);
-}
 
 /* Models made with each type (and the Q3_K_M mix) load, generate the same
  * tokens twice, give logits at every kernel level that agree closely, and
@@ -702,14 +564,8 @@ static void test_models_generate(void **state)
     float *la = sw_malloc(sizeof(float) * N_VOCAB), *lb = sw_malloc(sizeof(float) * N_VOCAB);
     assert_true(ref && la && lb);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        eng_model_make_params p = eng_model_make_default_params();
-        p.n_embd = 256;
-        p.n_layer = 2;
-        p.n_head = 4;
-        p.n_head_kv = 2;
-        p.n_ff = 512;
-        p.n_vocab = N_VOCAB;
-        p.weight_type = types[ti];
+        eng_model_make_params p = qtu_small_model_params(2, 512, types[ti]);
+        assert_int_equal(p.n_vocab, N_VOCAB);
         p.mix = mixes[ti];
         p.seed = 777;
         const char *path = tu_tmp_path("quant-more-model.gguf");
@@ -743,14 +599,14 @@ static void test_models_generate(void **state)
         }
         assert_int_equal(eng_model_weights_bytes(model), want_bytes);
         int32_t a[N_GEN], b[N_GEN];
-        tm_greedy(model, prompt, N_PROMPT, N_GEN, a, la);
-        tm_greedy(model, prompt, N_PROMPT, N_GEN, b, lb);
+        qtu_greedy(model, prompt, N_PROMPT, N_GEN, a, la);
+        qtu_greedy(model, prompt, N_PROMPT, N_GEN, b, lb);
         assert_memory_equal(a, b, sizeof a);
         assert_memory_equal(la, lb, sizeof(float) * N_VOCAB);
         if (ti == 0) {
             memcpy(ref, la, sizeof(float) * N_VOCAB);
         } else {
-            double corr = tm_correlation(ref, la, N_VOCAB);
+            double corr = qtu_correlation(ref, la, N_VOCAB);
             print_message("%s%s: logits correlation with f32 %.5f\n",
                           eng_type_traits_get(types[ti])->name, mixes[ti] ? " (q3_k_m)" : "", corr);
             assert_true(corr >= min_corr[ti]);
@@ -759,10 +615,10 @@ static void test_models_generate(void **state)
          * in float rounding, but a rounding can flip an activation's 8-bit
          * quantization in a later layer, which these random-weight models
          * amplify to ~1% of the logits; a layout bug gives unrelated ones. */
-        for (int isa = 0; isa + 1 < tm_n_isa(); isa++) {
+        for (int isa = 0; isa + 1 < qtu_n_isa(); isa++) {
             cpu_kernels_force_isa((cpu_isa)isa);
-            tm_greedy(model, prompt, N_PROMPT, 1, b, lb);
-            double corr = tm_correlation(la, lb, N_VOCAB);
+            qtu_greedy(model, prompt, N_PROMPT, 1, b, lb);
+            double corr = qtu_correlation(la, lb, N_VOCAB);
             if (!(corr >= 0.999))
                 fail_msg("%s: level %s logits correlate %.5f with the best level's",
                          eng_type_traits_get(types[ti])->name, cpu_isa_name((cpu_isa)isa), corr);
@@ -779,45 +635,25 @@ static void test_models_generate(void **state)
 /* The Q3_K_M mix puts exactly the tensors of its rule (written out here by
  * hand for 4 layers: n_layer/16 = 0, so no ffn_down in Q5_K) in more bits;
  * a mix with the wrong base type is refused. */
+static uint32_t tm_q3_k_m_rule(int layer, const char *what, const void *arg)
+{
+    (void)arg;
+    if (strcmp(what, "attn_v") == 0)
+        return layer < 2 ? ENG_TYPE_Q5_K : ENG_TYPE_Q4_K;
+    if (strcmp(what, "ffn_down") == 0 || strcmp(what, "attn_output") == 0)
+        return ENG_TYPE_Q4_K;
+    return ENG_TYPE_Q3_K;
+}
+
 static void test_q3_k_m_mix(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_embd = 256;
-    p.n_layer = 4;
-    p.n_head = 4;
-    p.n_head_kv = 2;
-    p.n_ff = 256;
-    p.n_vocab = 600;
+    eng_model_make_params p = qtu_small_model_params(4, 256, ENG_TYPE_Q3_K);
     p.tied_output = false;
-    p.weight_type = ENG_TYPE_Q3_K;
     p.mix = ENG_MIX_Q3_K_M;
     const char *path = tu_tmp_path("quant-more-mix.gguf");
     sw_error err;
-    if (eng_model_make(&p, path, &err) != SW_OK)
-        fail_msg("make: %s", err.message);
-    eng_gguf *g;
-    if (eng_gguf_open(path, &g, &err) != SW_OK)
-        fail_msg("open: %s", err.message);
-    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
-        const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
-        int layer = -1;
-        char what[64] = "";
-        uint32_t want = ENG_TYPE_Q3_K;
-        if (t->n_dims == 1)
-            want = ENG_TYPE_F32;
-        else if (strcmp(t->name, "output.weight") == 0)
-            want = ENG_TYPE_Q6_K;
-        else if (sscanf(t->name, "blk.%d.%63[a-z_]", &layer, what) == 2) {
-            if (strcmp(what, "attn_v") == 0)
-                want = layer < 2 ? ENG_TYPE_Q5_K : ENG_TYPE_Q4_K;
-            else if (strcmp(what, "ffn_down") == 0 || strcmp(what, "attn_output") == 0)
-                want = ENG_TYPE_Q4_K;
-        }
-        if (t->type != want)
-            fail_msg("%s: type %u, want %u", t->name, t->type, want);
-    }
-    eng_gguf_close(g);
+    qtu_make_check_types(&p, path, tm_q3_k_m_rule, NULL);
     remove(path);
     p.weight_type = ENG_TYPE_Q4_K;
     assert_int_equal(eng_model_make_validate(&p, &err), SW_EINVAL);
@@ -840,12 +676,9 @@ static void test_q3_k_m_mix(void **state)
 static void test_cli(void **state)
 {
     (void)state;
-    const char *bin = tu_spillway_bin();
-    if (!bin) {
-        print_message("SKIP: SPILLWAY_BIN is not set\n");
-        skip();
+    const char *bin = btu_spillway_bin_or_skip();
+    if (!bin)
         return;
-    }
     const char *names[] = {"q3_k", "Q2_K", "iq4_xs", "iq4_nl", "q3_k_m"};
     char path[512];
     snprintf(path, sizeof path, "%s", tu_tmp_path("quant-more-cli.gguf"));

@@ -16,6 +16,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 
 
+#include "device/cpu/cpu_kernels_avx2_inline.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -23,22 +25,7 @@
 #define A_QK 32
 #define A_Q8_BYTES 34
 #define A_Q4_BYTES 18
-#define A_INLINE static inline __attribute__((always_inline))
-
-static inline float a_load_f16(const unsigned char *p)
-{
-    unsigned short h;
-    memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
-}
-
-static inline float a_hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define A_INLINE CPU__AVX2_INLINE
 
 /* ---- activations --------------------------------------------------------- */
 
@@ -117,13 +104,13 @@ A_INLINE void a_tile_q(const int R, const int T, const int q4, const unsigned ch
             } else {
                 wv[r] = _mm256_loadu_si256((const __m256i *)(const void *)(wa + 2));
             }
-            dw[r] = a_load_f16(wa);
+            dw[r] = cpu__avx2_load_f16(wa);
         }
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
             const unsigned char *xa = x + (size_t)t * x_row_bytes + (size_t)b * A_Q8_BYTES;
             __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xa + 2));
-            float dx = a_load_f16(xa);
+            float dx = cpu__avx2_load_f16(xa);
             __m256i eight_x = q4 ? _mm256_maddubs_epi16(eight, xv) : xv;
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
@@ -142,7 +129,7 @@ A_INLINE void a_tile_q(const int R, const int T, const int q4, const unsigned ch
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
-            y[t * y_stride + r] = a_hsum(acc[r][t]);
+            y[t * y_stride + r] = cpu__avx2_hsum(acc[r][t]);
 }
 
 #define A_TILE_CASES(fn, ...)                                                                 \
@@ -204,7 +191,7 @@ static void a_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const
  * way and 32 * sum(scale * bsum) is subtracted (Q6_K's sub-blocks are the
  * 16-value blocks of the sums). Integer sums are exact; only the float
  * combination per super-block differs in order from the reference. */
-#define A_Q8K_BYTES 292
+#define A_Q8K_BYTES CPU__AVX2_Q8K_BYTES
 #define A_Q4K_BYTES 144
 #define A_Q5K_BYTES 176
 #define A_Q6K_BYTES 210
@@ -237,33 +224,27 @@ A_INLINE __m256i a_q5_high(__m256i qh, const int s)
     return _mm256_and_si256(_mm256_srli_epi16(qh, s - 4), bit4);
 }
 
-/* kind: 4, 5 or 6 (Q4_K, Q5_K, Q6_K); T tokens; nb super-blocks. */
+/* kind: 4, 5 or 6 (Q4_K, Q5_K, Q6_K); T tokens; rows of n_in values. */
 A_INLINE void a_tile_k(const int T, const int kind, const unsigned char *w,
-                       const unsigned char *x, size_t x_row_bytes, int64_t nb, float *y,
+                       const unsigned char *x, size_t x_row_bytes, int64_t n_in, float *y,
                        int64_t y_stride)
 {
+    const int64_t nb = n_in / 256;
     const size_t wbytes = kind == 4 ? A_Q4K_BYTES : kind == 5 ? A_Q5K_BYTES : A_Q6K_BYTES;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m30 = _mm256_set1_epi8(0x30);
     __m256 acc[4], accm[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-        accm[t] = _mm256_setzero_ps();
-    }
+    cpu__avx2_zero_acc(T, acc);
+    cpu__avx2_zero_acc(T, accm);
     for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *wb = w + (size_t)b * wbytes;
-        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
-        __m256i sumi[4];
+        const unsigned char *xb_unused[4]; /* the code below computes its own */
         float dx[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * A_Q8K_BYTES;
-            memcpy(&dx[t], xb, 4);
-        }
+        const unsigned char *wb =
+            cpu__avx2_k_block(T, w, wbytes, b, x, x_row_bytes, xb_unused, dx);
+        __m256i sumi[4];
         if (kind == 6) {
             const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(wb + 192));
-            const float d = a_load_f16(wb + 208);
+            const float d = cpu__avx2_load_f16(wb + 208);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
@@ -290,10 +271,7 @@ A_INLINE void a_tile_k(const int T, const int kind, const unsigned char *w,
                 for (int k = 0; k < 4; k++) {
                     /* 32 values = sub-blocks 2c (low lane) and 2c+1 (high) */
                     const int c = 4 * h + k;
-                    const __m128i pick = _mm_add_epi8(
-                        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                        _mm_set1_epi8((char)(2 * c)));
-                    const __m256i sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+                    const __m256i sv = cpu__avx2_pair_scales(sc8, c);
 #pragma GCC unroll 4
                     for (int t = 0; t < T; t++) {
                         const unsigned char *xs = x + (size_t)t * x_row_bytes +
@@ -304,14 +282,11 @@ A_INLINE void a_tile_k(const int T, const int kind, const unsigned char *w,
                     }
                 }
             }
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++)
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx[t]),
-                                         acc[t]);
+            cpu__avx2_add_block(T, acc, sumi, d, dx);
             continue;
         }
         /* Q4_K / Q5_K */
-        const float d = a_load_f16(wb), dmin = a_load_f16(wb + 2);
+        const float d = cpu__avx2_load_f16(wb), dmin = cpu__avx2_load_f16(wb + 2);
         uint8_t sc[8], m[8];
         a_k_scales(wb + 4, sc, m);
         const unsigned char *qs = wb + (kind == 5 ? 48 : 16);
@@ -353,48 +328,16 @@ A_INLINE void a_tile_k(const int T, const int kind, const unsigned char *w,
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
             }
         }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx[t]),
-                                     acc[t]);
+        cpu__avx2_add_block(T, acc, sumi, d, dx);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        y[t * y_stride] = a_hsum(_mm256_sub_ps(acc[t], accm[t]));
+        y[t * y_stride] = cpu__avx2_hsum(_mm256_sub_ps(acc[t], accm[t]));
 }
 
-A_INLINE void a_matmul_k(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
-                         const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
-                         int64_t y_stride, int64_t r0, int64_t r1)
-{
-    const int64_t nb = n_in / 256;
-    for (int64_t r = r0; r < r1; r++) {
-        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
-        for (int64_t t = 0; t < n_tokens; t += 4) {
-            const int T = n_tokens - t < 4 ? (int)(n_tokens - t) : 4;
-            const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
-            float *yt = y + t * y_stride + r;
-            switch (T) {
-            case 4: a_tile_k(4, kind, wr, xt, xq_row_bytes, nb, yt, y_stride); break;
-            case 3: a_tile_k(3, kind, wr, xt, xq_row_bytes, nb, yt, y_stride); break;
-            case 2: a_tile_k(2, kind, wr, xt, xq_row_bytes, nb, yt, y_stride); break;
-            default: a_tile_k(1, kind, wr, xt, xq_row_bytes, nb, yt, y_stride); break;
-            }
-        }
-    }
-}
-
-#define A_MATMUL_K(name, kind)                                                                \
-    static void name(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,        \
-                     size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,       \
-                     int64_t r0, int64_t r1)                                                  \
-    {                                                                                         \
-        a_matmul_k(kind, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,  \
-                   r1);                                                                       \
-    }
-A_MATMUL_K(a_matmul_q4_k, 4)
-A_MATMUL_K(a_matmul_q5_k, 5)
-A_MATMUL_K(a_matmul_q6_k, 6)
+CPU__AVX2_ROW_TILE_MATMUL(a_matmul_q4_k, a_tile_k, 4)
+CPU__AVX2_ROW_TILE_MATMUL(a_matmul_q5_k, a_tile_k, 5)
+CPU__AVX2_ROW_TILE_MATMUL(a_matmul_q6_k, a_tile_k, 6)
 
 /* Q8_K activations, bit-exact with the reference: the same amax (the order
  * of max does not matter; NaNs are skipped as the reference's compare does),
@@ -498,7 +441,7 @@ A_INLINE void a_tile_f(const int R, const int T, const int wf, const int xf,
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            float sum = a_hsum(acc[r][t]);
+            float sum = cpu__avx2_hsum(acc[r][t]);
             for (int64_t k = i; k < n; k++)
                 sum += a_scalar_at(wf, w + (size_t)r * w_row_bytes, k) *
                        a_scalar_at(xf, x + (size_t)t * x_row_bytes, k);
@@ -555,7 +498,7 @@ static float a_dot_f32(const float *a, const float *b, int64_t n)
     }
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    float sum = a_hsum(_mm256_add_ps(acc0, acc1));
+    float sum = cpu__avx2_hsum(_mm256_add_ps(acc0, acc1));
     for (; i < n; i++)
         sum += a[i] * b[i];
     return sum;
@@ -584,7 +527,7 @@ static float a_dot_f16_f32(const uint16_t *a, const float *b, int64_t n)
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
                                _mm256_loadu_ps(b + i), acc0);
-    float sum = a_hsum(_mm256_add_ps(acc0, acc1));
+    float sum = cpu__avx2_hsum(_mm256_add_ps(acc0, acc1));
     for (; i < n; i++)
         sum += _cvtsh_ss(a[i]) * b[i];
     return sum;

@@ -27,48 +27,19 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 
+#include "device/cpu/cpu_kernels_avx2_inline.h"
 #include "engine/quant.h"
 
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
-#define L_INLINE static inline __attribute__((always_inline))
-#define L_Q8K_BYTES 292
+#define L_INLINE CPU__AVX2_INLINE
 #define L_Q8_0_BYTES 34
 #define L_Q2K_BYTES 84
 #define L_Q3K_BYTES 110
 #define L_IQ4XS_BYTES 136
 #define L_IQ4NL_BYTES 18
-
-static inline float l_load_f16(const unsigned char *p)
-{
-    unsigned short h;
-    memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
-}
-
-static inline float l_hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-L_INLINE __m256i l_load(const unsigned char *p)
-{
-    return _mm256_loadu_si256((const __m256i *)(const void *)p);
-}
-
-/* int16 lanes: 8 copies of byte 2c of sc8 (low 128 bits, the first
- * sub-block of 32 values 32c..32c+31) and 8 of byte 2c+1 (high). */
-L_INLINE __m256i l_pair_scales(__m128i sc8, const int c)
-{
-    const __m128i pick = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                      _mm_set1_epi8((char)(2 * c)));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
-}
 
 /* ---- Q2_K / Q3_K ------------------------------------------------------------- */
 
@@ -98,22 +69,13 @@ L_INLINE void l_tile_k23(const int T, const int kind, const unsigned char *w,
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m256i bit2 = _mm256_set1_epi8(4);
     __m256 acc[4], accm[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-        accm[t] = _mm256_setzero_ps();
-    }
+    cpu__avx2_zero_acc(T, acc);
+    cpu__avx2_zero_acc(T, accm);
     for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *wb = w + (size_t)b * wbytes;
-        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
         const unsigned char *xb[4];
         float dx[4];
+        const unsigned char *wb = cpu__avx2_k_block(T, w, wbytes, b, x, x_row_bytes, xb, dx);
         __m256i sumi[4];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            xb[t] = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8K_BYTES;
-            memcpy(&dx[t], xb[t], 4);
-        }
         __m128i sc8;
         float d;
         __m256i hm = _mm256_setzero_si256();
@@ -124,11 +86,11 @@ L_INLINE void l_tile_k23(const int T, const int kind, const unsigned char *w,
             sc8 = _mm_and_si128(sm, m4);
             const __m256i mins16 =
                 _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
-            d = l_load_f16(wb + 80);
-            const float dmin = l_load_f16(wb + 82);
+            d = cpu__avx2_load_f16(wb + 80);
+            const float dmin = cpu__avx2_load_f16(wb + 82);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                __m256i bs = l_load(xb[t] + 260);
+                __m256i bs = cpu__avx2_load(xb[t] + 260);
                 accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, bs)),
                                           _mm256_set1_ps(dmin * dx[t]), accm[t]);
                 sumi[t] = _mm256_setzero_si256();
@@ -137,19 +99,19 @@ L_INLINE void l_tile_k23(const int T, const int kind, const unsigned char *w,
         } else {
             sc8 = l_q3_k_scales(wb + 96);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-            d = l_load_f16(wb + 108);
+            d = cpu__avx2_load_f16(wb + 108);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                __m256i bs = l_load(xb[t] + 260);
+                __m256i bs = cpu__avx2_load(xb[t] + 260);
                 sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
                                            _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
             }
-            hm = l_load(wb);
+            hm = cpu__avx2_load(wb);
             qs = wb + 32;
         }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const __m256i qv = l_load(qs + 32 * h);
+            const __m256i qv = cpu__avx2_load(qs + 32 * h);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const int c = 4 * h + j; /* values 32c .. 32c+31 */
@@ -161,23 +123,20 @@ L_INLINE void l_tile_k23(const int T, const int kind, const unsigned char *w,
                                         : _mm256_srli_epi16(hm, c - 2);
                     u = _mm256_or_si256(u, _mm256_and_si256(hb, bit2));
                 }
-                const __m256i sv = l_pair_scales(sc8, c);
+                const __m256i sv = cpu__avx2_pair_scales(sc8, c);
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
-                    __m256i xv = l_load(xb[t] + 4 + 32 * c);
+                    __m256i xv = cpu__avx2_load(xb[t] + 4 + 32 * c);
                     sumi[t] = _mm256_add_epi32(sumi[t],
                                                _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), sv));
                 }
             }
         }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx[t]),
-                                     acc[t]);
+        cpu__avx2_add_block(T, acc, sumi, d, dx);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        y[t * y_stride] = l_hsum(_mm256_sub_ps(acc[t], accm[t]));
+        y[t * y_stride] = cpu__avx2_hsum(_mm256_sub_ps(acc[t], accm[t]));
 }
 
 /* ---- IQ4_XS / IQ4_NL ------------------------------------------------------- */
@@ -200,28 +159,23 @@ L_INLINE void l_tile_iq4_xs(const int T, const unsigned char *w, const unsigned 
     const __m256i kv = l_iq4_table();
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256 acc[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++)
-        acc[t] = _mm256_setzero_ps();
+    cpu__avx2_zero_acc(T, acc);
     for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *wb = w + (size_t)b * L_IQ4XS_BYTES;
-        _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0);
         const unsigned char *xb[4];
         float dx[4];
+        const unsigned char *wb =
+            cpu__avx2_k_block(T, w, L_IQ4XS_BYTES, b, x, x_row_bytes, xb, dx);
         __m256i sumi[4];
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            xb[t] = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8K_BYTES;
-            memcpy(&dx[t], xb[t], 4);
+        for (int t = 0; t < T; t++)
             sumi[t] = _mm256_setzero_si256();
-        }
-        const float d = l_load_f16(wb);
+        const float d = cpu__avx2_load_f16(wb);
         uint16_t scales_h;
         memcpy(&scales_h, wb + 2, 2);
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
             /* sub-blocks 2p and 2p+1: 16 bytes each, low nibbles first */
-            const __m256i qv = l_load(wb + 8 + 32 * p);
+            const __m256i qv = cpu__avx2_load(wb + 8 + 32 * p);
             const __m256i lo = _mm256_and_si256(qv, m4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
             const __m256i w0 = _mm256_shuffle_epi8(kv, _mm256_permute2x128_si256(lo, hi, 0x20));
@@ -234,19 +188,16 @@ L_INLINE void l_tile_iq4_xs(const int T, const unsigned char *w, const unsigned 
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const unsigned char *xs = xb[t] + 4 + 64 * p;
-                __m256i p0 = _mm256_madd_epi16(l_signed_pairs(w0, l_load(xs)), s0);
-                __m256i p1 = _mm256_madd_epi16(l_signed_pairs(w1, l_load(xs + 32)), s1);
+                __m256i p0 = _mm256_madd_epi16(l_signed_pairs(w0, cpu__avx2_load(xs)), s0);
+                __m256i p1 = _mm256_madd_epi16(l_signed_pairs(w1, cpu__avx2_load(xs + 32)), s1);
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
             }
         }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * dx[t]),
-                                     acc[t]);
+        cpu__avx2_add_block(T, acc, sumi, d, dx);
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        y[t * y_stride] = l_hsum(acc[t]);
+        y[t * y_stride] = cpu__avx2_hsum(acc[t]);
 }
 
 /* One IQ4_NL block of weights (32 signed levels) and its scale. */
@@ -254,7 +205,7 @@ L_INLINE __m256i l_iq4_nl_weights(const unsigned char *wb, __m256i kv, float *d)
 {
     const __m128i m4 = _mm_set1_epi8(15);
     const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(wb + 2));
-    *d = l_load_f16(wb);
+    *d = cpu__avx2_load_f16(wb);
     return _mm256_shuffle_epi8(
         kv, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4)));
 }
@@ -268,11 +219,8 @@ L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned 
     const __m256i kv = l_iq4_table();
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4], acc2[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-        acc2[t] = _mm256_setzero_ps();
-    }
+    cpu__avx2_zero_acc(T, acc);
+    cpu__avx2_zero_acc(T, acc2);
     int64_t b = 0;
     for (; b + 1 < nb; b += 2) {
         const unsigned char *wb = w + (size_t)b * L_IQ4NL_BYTES;
@@ -282,12 +230,12 @@ L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned 
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8_0_BYTES;
-            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, l_load(xb + 2)), ones);
-            __m256i s1 = _mm256_madd_epi16(l_signed_pairs(w1, l_load(xb + L_Q8_0_BYTES + 2)), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * l_load_f16(xb)),
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, cpu__avx2_load(xb + 2)), ones);
+            __m256i s1 = _mm256_madd_epi16(l_signed_pairs(w1, cpu__avx2_load(xb + L_Q8_0_BYTES + 2)), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * cpu__avx2_load_f16(xb)),
                                      acc[t]);
             acc2[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1),
-                                      _mm256_set1_ps(d1 * l_load_f16(xb + L_Q8_0_BYTES)), acc2[t]);
+                                      _mm256_set1_ps(d1 * cpu__avx2_load_f16(xb + L_Q8_0_BYTES)), acc2[t]);
         }
     }
     if (b < nb) {
@@ -296,14 +244,14 @@ L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned 
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8_0_BYTES;
-            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, l_load(xb + 2)), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * l_load_f16(xb)),
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, cpu__avx2_load(xb + 2)), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * cpu__avx2_load_f16(xb)),
                                      acc[t]);
         }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        y[t * y_stride] = l_hsum(_mm256_add_ps(acc[t], acc2[t]));
+        y[t * y_stride] = cpu__avx2_hsum(_mm256_add_ps(acc[t], acc2[t]));
 }
 
 /* ---- drivers ------------------------------------------------------------------ */
@@ -320,38 +268,10 @@ L_INLINE void l_tile(const int T, const int kind, const unsigned char *w, const 
         l_tile_iq4_nl(T, w, x, x_row_bytes, n_in / 32, y, y_stride);
 }
 
-L_INLINE void l_matmul(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
-                       const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
-                       int64_t y_stride, int64_t r0, int64_t r1)
-{
-    for (int64_t r = r0; r < r1; r++) {
-        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
-        for (int64_t t = 0; t < n_tokens; t += 4) {
-            const int T = n_tokens - t < 4 ? (int)(n_tokens - t) : 4;
-            const unsigned char *xt = (const unsigned char *)xq + (size_t)t * xq_row_bytes;
-            float *yt = y + t * y_stride + r;
-            switch (T) {
-            case 4: l_tile(4, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
-            case 3: l_tile(3, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
-            case 2: l_tile(2, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
-            default: l_tile(1, kind, wr, xt, xq_row_bytes, n_in, yt, y_stride); break;
-            }
-        }
-    }
-}
-
-#define L_MATMUL(name, kind)                                                                  \
-    static void name(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,        \
-                     size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,       \
-                     int64_t r0, int64_t r1)                                                  \
-    {                                                                                         \
-        l_matmul(kind, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,    \
-                 r1);                                                                         \
-    }
-L_MATMUL(l_matmul_q2_k, 2)
-L_MATMUL(l_matmul_q3_k, 3)
-L_MATMUL(l_matmul_iq4_xs, 4)
-L_MATMUL(l_matmul_iq4_nl, 5)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_q2_k, l_tile, 2)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_q3_k, l_tile, 3)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_xs, l_tile, 4)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_nl, l_tile, 5)
 
 void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table)
 {

@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
+#include "engine/model_make.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +45,15 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     (void)f;
     remove(path);
     return 0;
+}
+
+int rh_make_model(char *out, size_t cap, const char *file, uint64_t seed)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 1024;
+    p.seed = seed;
+    snprintf(out, cap, "%s", tu_tmp_path(file));
+    return eng_model_make(&p, out, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
 }
 
 void tu_rm_tree(const char *dir)

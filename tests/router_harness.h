@@ -15,6 +15,8 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 typedef struct rh_router {
@@ -29,6 +31,12 @@ typedef struct rh_router {
 double tu_now_s(void);
 /* Removes a directory tree (quietly; missing is fine). */
 void tu_rm_tree(const char *dir);
+
+/* Writes the small synthetic model the router tests serve (vocabulary
+ * 1024, the given seed, otherwise eng_model_make's defaults) to
+ * tu_tmp_path(file), its path into out. 0, or -1 when it could not be made
+ * or SPILLWAY_BIN is not set (for a group setup to return). */
+int rh_make_model(char *out, size_t cap, const char *file, uint64_t seed);
 
 /* Creates the directory and writes router.ini: a [server] section (unix
  * socket, state dir, health every 100 ms, ready-timeout 30, then

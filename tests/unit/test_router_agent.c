@@ -26,11 +26,11 @@
  * that counts calls and can hold its answer.
  */
 #include "testutil.h"
+#include "fake_server.h"
 #include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
 
 #include <jansson.h>
 #include <poll.h>
@@ -51,124 +51,6 @@ static char g_model[512];
 /* A tool name of exactly 63 bytes (the limit). */
 #define LONG63 "t12345678901234567890123456789012345678901234567890123456789012"
 
-/* ---- a small HTTP server on a unix socket ------------------------------- */
-
-typedef struct server {
-    int lfd;
-    char path[600];
-    atomic_bool stop;
-    pthread_t th;
-    void (*answer)(struct server *s, int fd, const char *req, const char *body);
-} server;
-
-/* Reads one request (headers and a Content-Length body) into buf. */
-static bool read_request(int fd, char *buf, size_t cap, const char **body)
-{
-    size_t n = 0;
-    char *end = NULL;
-    while (!end && n < cap - 1) {
-        ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
-        if (r <= 0)
-            return false;
-        n += (size_t)r;
-        buf[n] = 0;
-        end = strstr(buf, "\r\n\r\n");
-    }
-    if (!end)
-        return false;
-    const char *cl = strcasestr(buf, "\r\nContent-Length:");
-    size_t want = (size_t)(end - buf) + 4 + (cl ? strtoul(cl + 17, NULL, 10) : 0);
-    while (n < want && n < cap - 1) {
-        ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
-        if (r <= 0)
-            return false;
-        n += (size_t)r;
-        buf[n] = 0;
-    }
-    *body = end + 4;
-    return true;
-}
-
-static void send_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
-static void send_reply(int fd, int status, const char *ctype, const char *body)
-{
-    char head[256];
-    int m = snprintf(head, sizeof head,
-                     "HTTP/1.1 %d X\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n",
-                     status, ctype, strlen(body));
-    send_all(fd, head, (size_t)m);
-    send_all(fd, body, strlen(body));
-}
-
-static void *server_thread(void *arg)
-{
-    server *s = arg;
-    char *buf = sw_malloc(1 << 20);
-    while (buf && !atomic_load(&s->stop)) {
-        struct pollfd p = {s->lfd, POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        int fd = accept(s->lfd, NULL, NULL);
-        if (fd < 0)
-            continue;
-        struct timeval tv = {5, 0};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        const char *body = NULL;
-        if (read_request(fd, buf, 1 << 20, &body)) {
-            if (!strncmp(buf, "GET /health ", 12))
-                send_reply(fd, 404, "text/plain", "404 page not found");
-            else if (!strncmp(buf, "GET /v1/models ", 15))
-                send_reply(fd, 200, "application/json",
-                           "{\"object\":\"list\",\"data\":[{\"id\":\"fake\",\"object\":\"model\","
-                           "\"created\":0,\"owned_by\":\"test\"}]}");
-            else
-                s->answer(s, fd, buf, body);
-        }
-        shutdown(fd, SHUT_WR);
-        close(fd);
-    }
-    sw_free(buf);
-    return NULL;
-}
-
-static void server_start(server *s, const char *name,
-                         void (*answer)(server *s, int fd, const char *req, const char *body))
-{
-    memset(s, 0, sizeof *s);
-    s->answer = answer;
-    snprintf(s->path, sizeof s->path, "%s", tu_tmp_path(name));
-    unlink(s->path);
-    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(s->lfd >= 0);
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    assert_true(strlen(s->path) < sizeof sa.sun_path);
-    memcpy(sa.sun_path, s->path, strlen(s->path) + 1);
-    assert_int_equal(bind(s->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(s->lfd, 16), 0);
-    assert_int_equal(pthread_create(&s->th, NULL, server_thread, s), 0);
-}
-
-static void server_stop(server *s)
-{
-    atomic_store(&s->stop, true);
-    pthread_join(s->th, NULL);
-    close(s->lfd);
-    unlink(s->path);
-}
-
 /* ---- the tool server --------------------------------------------------- */
 
 static pthread_mutex_t g_tool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -176,7 +58,7 @@ static int g_tool_calls;
 static char g_tool_bodies[8][256];
 static atomic_int g_tool_hold_ms;
 
-static void tool_answer(server *s, int fd, const char *req, const char *body)
+static void tool_answer(fs_server *s, int fd, const char *req, const char *body)
 {
     (void)s;
     (void)req;
@@ -190,7 +72,7 @@ static void tool_answer(server *s, int fd, const char *req, const char *body)
         usleep((useconds_t)hold * 1000);
     char out[64];
     snprintf(out, sizeof out, "RESULT-%d", n);
-    send_reply(fd, 200, "text/plain", out);
+    fs_send_reply(fd, 200, "text/plain", out, strlen(out));
 }
 
 static void tools_reset(void)
@@ -225,7 +107,7 @@ static int g_script_len;
 static pthread_mutex_t g_eng_mu = PTHREAD_MUTEX_INITIALIZER;
 static json_t *g_eng_requests; /* the bodies the engine got, in order */
 
-static void engine_answer(server *s, int fd, const char *req, const char *body)
+static void engine_answer(fs_server *s, int fd, const char *req, const char *body)
 {
     (void)s;
     (void)req;
@@ -253,28 +135,24 @@ static void engine_answer(server *s, int fd, const char *req, const char *body)
         g ? g->completion_tokens : 0, "total_tokens",
         g ? g->prompt_tokens + g->completion_tokens : 0);
     char *out = json_dumps(resp, JSON_COMPACT);
-    send_reply(fd, 200, "application/json", out);
+    fs_send_reply(fd, 200, "application/json", out, strlen(out));
     free(out);
     json_decref(resp);
     json_decref(j);
 }
 
-static server g_engine, g_tool;
+static fs_server g_engine, g_tool;
 
 /* ---- fixtures ---------------------------------------------------------- */
 
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 23;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-agent.gguf"));
-    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
+    if (rh_make_model(g_model, sizeof g_model, "router-agent.gguf", 23))
         return -1;
     g_eng_requests = json_array();
-    server_start(&g_tool, "agent-tool.sock", tool_answer);
-    server_start(&g_engine, "agent-engine.sock", engine_answer);
+    fs_start(&g_tool, "agent-tool.sock", (size_t)1 << 20, true, tool_answer);
+    fs_start(&g_engine, "agent-engine.sock", (size_t)1 << 20, true, engine_answer);
     return 0;
 }
 
@@ -283,8 +161,8 @@ static int teardown(void **state)
     (void)state;
     rh_stop_all();
     wc_worker_kill_all();
-    server_stop(&g_engine);
-    server_stop(&g_tool);
+    fs_stop(&g_engine);
+    fs_stop(&g_tool);
     json_decref(g_eng_requests);
     remove(g_model);
     return 0;

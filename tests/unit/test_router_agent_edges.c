@@ -25,11 +25,11 @@
  * tool server is a thread that counts calls and keeps their bodies.
  */
 #include "testutil.h"
+#include "fake_server.h"
 #include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
 
 #include <jansson.h>
 #include <poll.h>
@@ -49,127 +49,6 @@ static char g_model[512];
 /* The router's cap on a tool's answer (router_agent.c). */
 #define RESULT_CAP ((size_t)256 << 10)
 
-/* ---- a small HTTP server on a unix socket ------------------------------ */
-
-typedef struct server {
-    int lfd;
-    char path[600];
-    atomic_bool stop;
-    pthread_t th;
-    void (*answer)(int fd, const char *body);
-} server;
-
-static bool read_request(int fd, char *buf, size_t cap, const char **body)
-{
-    size_t n = 0;
-    char *end = NULL;
-    while (!end && n < cap - 1) {
-        ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
-        if (r <= 0)
-            return false;
-        n += (size_t)r;
-        buf[n] = 0;
-        end = strstr(buf, "\r\n\r\n");
-    }
-    if (!end)
-        return false;
-    const char *cl = strcasestr(buf, "\r\nContent-Length:");
-    size_t want = (size_t)(end - buf) + 4 + (cl ? strtoul(cl + 17, NULL, 10) : 0);
-    while (n < want && n < cap - 1) {
-        ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
-        if (r <= 0)
-            return false;
-        n += (size_t)r;
-        buf[n] = 0;
-    }
-    *body = end + 4;
-    return true;
-}
-
-static void send_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
-static void send_reply(int fd, const char *ctype, const char *body, size_t len)
-{
-    char head[256];
-    int m = snprintf(head, sizeof head,
-                     "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n",
-                     ctype, len);
-    send_all(fd, head, (size_t)m);
-    send_all(fd, body, len);
-}
-
-static void *server_thread(void *arg)
-{
-    server *s = arg;
-    size_t cap = (size_t)4 << 20;
-    char *buf = sw_malloc(cap);
-    while (buf && !atomic_load(&s->stop)) {
-        struct pollfd p = {s->lfd, POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        int fd = accept(s->lfd, NULL, NULL);
-        if (fd < 0)
-            continue;
-        struct timeval tv = {5, 0};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        const char *body = NULL;
-        if (read_request(fd, buf, cap, &body)) {
-            if (!strncmp(buf, "GET /v1/models ", 15)) {
-                static const char models[] =
-                    "{\"object\":\"list\",\"data\":[{\"id\":\"fake\",\"object\":\"model\","
-                    "\"created\":0,\"owned_by\":\"test\"}]}";
-                send_reply(fd, "application/json", models, sizeof models - 1);
-            } else if (!strncmp(buf, "GET ", 4)) {
-                static const char nf[] = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
-                                         "Connection: close\r\n\r\n";
-                send_all(fd, nf, sizeof nf - 1);
-            } else {
-                s->answer(fd, body);
-            }
-        }
-        shutdown(fd, SHUT_WR);
-        close(fd);
-    }
-    sw_free(buf);
-    return NULL;
-}
-
-static void server_start(server *s, const char *name, void (*answer)(int fd, const char *body))
-{
-    memset(s, 0, sizeof *s);
-    s->answer = answer;
-    snprintf(s->path, sizeof s->path, "%s", tu_tmp_path(name));
-    unlink(s->path);
-    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(s->lfd >= 0);
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    assert_true(strlen(s->path) < sizeof sa.sun_path);
-    memcpy(sa.sun_path, s->path, strlen(s->path) + 1);
-    assert_int_equal(bind(s->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(s->lfd, 16), 0);
-    assert_int_equal(pthread_create(&s->th, NULL, server_thread, s), 0);
-}
-
-static void server_stop(server *s)
-{
-    atomic_store(&s->stop, true);
-    pthread_join(s->th, NULL);
-    close(s->lfd);
-    unlink(s->path);
-}
-
 /* ---- the tool ---------------------------------------------------------- */
 
 static pthread_mutex_t g_tool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -188,7 +67,7 @@ static void drip_answer(int fd, int drip_ms)
                      "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
                      "Connection: close\r\n\r\n",
                      sizeof body - 1);
-    send_all(fd, head, (size_t)m);
+    fs_send_all(fd, head, (size_t)m);
     for (size_t i = 0; i < sizeof body - 1; i++) {
         usleep((useconds_t)drip_ms * 1000);
         if (send(fd, body + i, 1, MSG_NOSIGNAL) != 1)
@@ -196,8 +75,10 @@ static void drip_answer(int fd, int drip_ms)
     }
 }
 
-static void tool_answer(int fd, const char *body)
+static void tool_answer(fs_server *s, int fd, const char *req, const char *body)
 {
+    (void)s;
+    (void)req;
     pthread_mutex_lock(&g_tool_mu);
     int n = ++g_tool_calls;
     snprintf(g_tool_body, sizeof g_tool_body, "%s", body);
@@ -212,13 +93,13 @@ static void tool_answer(int fd, const char *body)
         char *b = sw_malloc(big);
         assert_non_null(b);
         memset(b, 'x', big);
-        send_reply(fd, "text/plain", b, big);
+        fs_send_reply(fd, 200, "text/plain", b, big);
         sw_free(b);
         return;
     }
     char out[64];
     snprintf(out, sizeof out, "RESULT-%d", n);
-    send_reply(fd, "text/plain", out, strlen(out));
+    fs_send_reply(fd, 200, "text/plain", out, strlen(out));
 }
 
 static int tool_calls(void)
@@ -267,10 +148,10 @@ static void send_chunk(int fd, json_t *delta, const char *finish)
     char hex[32];
     size_t n = strlen(s) + 8;
     int hn = snprintf(hex, sizeof hex, "%zx\r\n", n);
-    send_all(fd, hex, (size_t)hn);
-    send_all(fd, "data: ", 6);
-    send_all(fd, s, strlen(s));
-    send_all(fd, "\n\n\r\n", 4);
+    fs_send_all(fd, hex, (size_t)hn);
+    fs_send_all(fd, "data: ", 6);
+    fs_send_all(fd, s, strlen(s));
+    fs_send_all(fd, "\n\n\r\n", 4);
     free(s);
 }
 
@@ -280,7 +161,7 @@ static void stream_answer(int fd, const gen_script *g)
 {
     static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
-    send_all(fd, head, sizeof head - 1);
+    fs_send_all(fd, head, sizeof head - 1);
     send_chunk(fd, json_pack("{s:s}", "role", "assistant"), NULL);
     if (g && g->name && g->content) {
         /* text, then the whole call in the chunk that ends the text (as
@@ -321,15 +202,17 @@ static void stream_answer(int fd, const gen_script *g)
         "\"completion_tokens\":4,\"total_tokens\":7}}\n\n";
     char hex[32];
     int hn = snprintf(hex, sizeof hex, "%zx\r\n", sizeof usage - 1);
-    send_all(fd, hex, (size_t)hn);
-    send_all(fd, usage, sizeof usage - 1);
-    send_all(fd, "\r\n", 2);
+    fs_send_all(fd, hex, (size_t)hn);
+    fs_send_all(fd, usage, sizeof usage - 1);
+    fs_send_all(fd, "\r\n", 2);
     static const char done[] = "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
-    send_all(fd, done, sizeof done - 1);
+    fs_send_all(fd, done, sizeof done - 1);
 }
 
-static void engine_answer(int fd, const char *body)
+static void engine_answer(fs_server *s, int fd, const char *req, const char *body)
 {
+    (void)s;
+    (void)req;
     json_t *j = json_loads(body, 0, NULL);
     json_t *msgs = json_object_get(j, "messages");
     int k = 0;
@@ -361,26 +244,22 @@ static void engine_answer(int fd, const char *body)
     char *out = json_dumps(resp, JSON_COMPACT);
     json_decref(resp);
     assert_non_null(out);
-    send_reply(fd, "application/json", out, strlen(out));
+    fs_send_reply(fd, 200, "application/json", out, strlen(out));
     free(out);
 }
 
-static server g_engine, g_tool;
+static fs_server g_engine, g_tool;
 
 /* ---- fixtures ---------------------------------------------------------- */
 
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 29;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-agent-edges.gguf"));
-    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
+    if (rh_make_model(g_model, sizeof g_model, "router-agent-edges.gguf", 29))
         return -1;
     g_eng_requests = json_array();
-    server_start(&g_tool, "edges-tool.sock", tool_answer);
-    server_start(&g_engine, "edges-engine.sock", engine_answer);
+    fs_start(&g_tool, "edges-tool.sock", (size_t)4 << 20, true, tool_answer);
+    fs_start(&g_engine, "edges-engine.sock", (size_t)4 << 20, true, engine_answer);
     return 0;
 }
 
@@ -388,8 +267,8 @@ static int teardown(void **state)
 {
     (void)state;
     rh_stop_all();
-    server_stop(&g_engine);
-    server_stop(&g_tool);
+    fs_stop(&g_engine);
+    fs_stop(&g_tool);
     json_decref(g_eng_requests);
     remove(g_model);
     return 0;

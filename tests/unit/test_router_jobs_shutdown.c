@@ -23,7 +23,6 @@
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
 
 #include <jansson.h>
 #include <signal.h>
@@ -38,13 +37,7 @@ static char g_model[512];
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 11;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-jobs-shutdown.gguf"));
-    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
-        return -1;
-    return 0;
+    return rh_make_model(g_model, sizeof g_model, "router-jobs-shutdown.gguf", 11);
 }
 
 static int teardown(void **state)

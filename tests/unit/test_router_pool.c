@@ -24,7 +24,6 @@
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
 
 #include <jansson.h>
 #include <signal.h>
@@ -40,13 +39,7 @@ static const char *SERVER_SLOW_HEALTH = "health-interval-ms = 60000\nhang-timeou
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 11;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-pool.gguf"));
-    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
-        return -1;
-    return 0;
+    return rh_make_model(g_model, sizeof g_model, "router-pool.gguf", 11);
 }
 
 static int teardown(void **state)

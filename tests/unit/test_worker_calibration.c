@@ -22,7 +22,6 @@
 
 #include "common/alloc.h"
 #include "device/device.h"
-#include "engine/model_make.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -37,14 +36,10 @@ static char g_spec[96];
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 11;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("worker-calib.gguf"));
     snprintf(g_pool, sizeof g_pool, "wk-calib-%d", (int)getpid());
     snprintf(g_spec, sizeof g_spec, "sim-gpu:%s", g_pool);
     dev_sim_unlink(g_pool, NULL);
-    return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
+    return rh_make_model(g_model, sizeof g_model, "worker-calib.gguf", 11);
 }
 
 static int teardown(void **state)

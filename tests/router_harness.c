@@ -406,3 +406,69 @@ void rh_conn_read_response(rh_conn *c, wc_response *out)
     memmove(c->buf, c->buf + len, c->len - len);
     c->len -= len;
 }
+
+const char *rh_worker_sock(const rh_router *r, const char *name, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "%s/state/%s.sock", r->dir, name);
+    assert_true(n > 0 && (size_t)n < cap);
+    return buf;
+}
+
+pid_t rh_worker_pid(const rh_router *r, const char *name)
+{
+    json_t *h = rh_worker_health(r, name);
+    pid_t pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
+    json_decref(h);
+    assert_true(pid > 0);
+    return pid;
+}
+
+long long rh_metric(const char *sock, const char *name)
+{
+    wc_response w;
+    assert_int_equal(wc_request(sock, "GET", "/metrics", NULL, 5000, &w), 0);
+    assert_int_equal(w.status, 200);
+    size_t n = strlen(name);
+    const char *p = w.body;
+    while (p && !(strncmp(p, name, n) == 0 && p[n] == ' ')) {
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    if (!p) {
+        wc_response_free(&w);
+        fail_msg("no %s in the /metrics of %s", name, sock);
+    }
+    long long v = strtoll(p + n + 1, NULL, 10);
+    wc_response_free(&w);
+    return v;
+}
+
+json_t *rh_job_get(const rh_router *r, const char *id)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/spillway/jobs/%s", id);
+    wc_response w;
+    assert_int_equal(rh_req(r, "GET", path, NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    json_t *j = rh_body_json(&w);
+    wc_response_free(&w);
+    assert_non_null(j);
+    return j;
+}
+
+bool rh_worker_calls_tools(const char *sock, const char *why)
+{
+    static const char body[] =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":64,\"temperature\":0,"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+        "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":4}},\"required\":[\"a\"]}}}],"
+        "\"tool_choice\":\"required\"}";
+    wc_response w;
+    bool ok = wc_request(sock, "POST", "/v1/chat/completions", body, 30000, &w) == 0 &&
+              w.status == 200 && w.body && strstr(w.body, "\"tool_calls\"");
+    wc_response_free(&w);
+    if (!ok)
+        printf("SKIP: %s\n", why);
+    return ok;
+}

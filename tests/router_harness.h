@@ -86,6 +86,20 @@ json_t *rh_worker_health(const rh_router *r, const char *name);
  * restarts; fails the test otherwise. */
 void rh_wait_restarted(const rh_router *r, const char *name, int min_restarts);
 
+/* The socket of managed worker name: <dir>/state/<name>.sock, into buf. */
+const char *rh_worker_sock(const rh_router *r, const char *name, char *buf, size_t cap);
+/* The pid the router's /health gives for worker name (asserted > 0). */
+pid_t rh_worker_pid(const rh_router *r, const char *name);
+/* A counter or gauge "name value" from the /metrics of the spillway
+ * process (worker or router) at sock; asserted present. */
+long long rh_metric(const char *sock, const char *name);
+/* GET /v1/spillway/jobs/<id>: the job (asserted 200 and JSON). */
+json_t *rh_job_get(const rh_router *r, const char *id);
+/* Whether the worker at sock answers a forced tool_choice with
+ * tool_calls (constrained decoding); prints "SKIP: " and why when not, for
+ * the caller to skip. */
+bool rh_worker_calls_tools(const char *sock, const char *why);
+
 /* A raw client connection, for what rh_req cannot show: several requests
  * on one connection, partial sends, what arrives when. buf holds what was
  * read beyond the last response. */

@@ -207,17 +207,8 @@ static void wait_ready(const rh_router *r, const char *name)
 /* A managed worker's counter from its own /metrics. */
 static long long worker_metric(const rh_router *r, const char *worker, const char *name)
 {
-    char sock[700], key[128];
-    snprintf(sock, sizeof sock, "%s/state/%s.sock", r->dir, worker);
-    snprintf(key, sizeof key, "\n%s ", name);
-    wc_response w;
-    assert_int_equal(wc_request(sock, "GET", "/metrics", NULL, 5000, &w), 0);
-    assert_int_equal(w.status, 200);
-    const char *k = strstr(w.body, key);
-    assert_non_null(k);
-    long long v = strtoll(k + strlen(key), NULL, 10);
-    wc_response_free(&w);
-    return v;
+    char sock[700];
+    return rh_metric(rh_worker_sock(r, worker, sock, sizeof sock), name);
 }
 
 /* Whether the worker answers a forced tool_choice with tool_calls; prints
@@ -225,19 +216,8 @@ static long long worker_metric(const rh_router *r, const char *worker, const cha
 static bool worker_calls_tools(const rh_router *r, const char *worker)
 {
     char sock[700];
-    snprintf(sock, sizeof sock, "%s/state/%s.sock", r->dir, worker);
-    wc_response w;
-    const char *body =
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":64,\"temperature\":0,"
-        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
-        "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":4}},\"required\":[\"a\"]}}}],"
-        "\"tool_choice\":\"required\"}";
-    bool ok = wc_request(sock, "POST", "/v1/chat/completions", body, 30000, &w) == 0 &&
-              w.status == 200 && w.body && strstr(w.body, "\"tool_calls\"");
-    wc_response_free(&w);
-    if (!ok)
-        printf("SKIP: the worker does not answer tool_choice with tool_calls\n");
-    return ok;
+    return rh_worker_calls_tools(rh_worker_sock(r, worker, sock, sizeof sock),
+                                 "the worker does not answer tool_choice with tool_calls");
 }
 
 /* A forced lookup, then (max-tool-steps = 1) an answer of max_tokens

@@ -50,22 +50,9 @@ static int teardown(void **state)
 
 /* ---- helpers ----------------------------------------------------------------- */
 
-static json_t *job_get(const rh_router *r, const char *id)
-{
-    char path[128];
-    snprintf(path, sizeof path, "/v1/spillway/jobs/%s", id);
-    wc_response w;
-    assert_int_equal(rh_req(r, "GET", path, NULL, NULL, &w), 0);
-    assert_int_equal(w.status, 200);
-    json_t *j = rh_body_json(&w);
-    wc_response_free(&w);
-    assert_non_null(j);
-    return j;
-}
-
 static bool job_in_state(const rh_router *r, const char *id, const char *state)
 {
-    json_t *j = job_get(r, id);
+    json_t *j = rh_job_get(r, id);
     bool yes = !strcmp(json_string_value(json_object_get(j, "state")), state);
     json_decref(j);
     return yes;
@@ -86,7 +73,7 @@ static json_t *job_wait_end(const rh_router *r, const char *id, int timeout_s)
 {
     double t0 = tu_now_s();
     for (;;) {
-        json_t *j = job_get(r, id);
+        json_t *j = rh_job_get(r, id);
         const char *s = json_string_value(json_object_get(j, "state"));
         if (!strcmp(s, "succeeded") || !strcmp(s, "failed"))
             return j;

@@ -51,37 +51,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* A counter or gauge from a worker's /metrics (asserted present). */
-static long long worker_metric(const char *sock, const char *name)
-{
-    wc_response w;
-    assert_int_equal(wc_request(sock, "GET", "/metrics", NULL, 5000, &w), 0);
-    assert_int_equal(w.status, 200);
-    char key[160];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(w.body, key);
-    if (!p)
-        fail_msg("no %s in the worker's /metrics", name);
-    long long v = strtoll(p + strlen(key), NULL, 10);
-    wc_response_free(&w);
-    return v;
-}
-
-/* A counter from the router's /metrics (asserted present). */
-static long long router_metric(const rh_router *r, const char *name)
-{
-    wc_response w;
-    assert_int_equal(rh_req(r, "GET", "/metrics", NULL, NULL, &w), 0);
-    assert_int_equal(w.status, 200);
-    char key[160];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(w.body, key);
-    if (!p)
-        fail_msg("no %s in the router's /metrics", name);
-    long long v = strtoll(p + strlen(key), NULL, 10);
-    wc_response_free(&w);
-    return v;
-}
 
 /* The worker's count of the connections it accepted (its /health; this
  * request's connection included). */
@@ -155,7 +124,7 @@ static void test_sequential_requests_one_connection(void **state)
                 "[worker cpu]\nthreads = 1\nctx-limit = 512\nmax-seqs = 4\n");
         assert_int_equal(rh_run(&r, pooled ? NULL : "SPILLWAY_UPSTREAM_POOL=0"), 0);
         char sock[700];
-        snprintf(sock, sizeof sock, "%s/state/cpu.sock", r.dir);
+        rh_worker_sock(&r, "cpu", sock, sizeof sock);
         const int n = 12;
         long long before = accepted(sock); /* this /health connection included */
         run_sequence(&r, n);
@@ -167,9 +136,9 @@ static void test_sequential_requests_one_connection(void **state)
         else
             assert_int_equal(router_conns, n);
         /* the router's own account of it */
-        long long opened = router_metric(&r, "spillway_router_upstream_connections_total"
+        long long opened = rh_metric(r.sock, "spillway_router_upstream_connections_total"
                                              "{event=\"opened\"}");
-        long long reused = router_metric(&r, "spillway_router_upstream_connections_total"
+        long long reused = rh_metric(r.sock, "spillway_router_upstream_connections_total"
                                              "{event=\"reused\"}");
         if (pooled) {
             assert_int_equal(opened, 1);
@@ -186,7 +155,7 @@ static void test_sequential_requests_one_connection(void **state)
             assert_int_equal(accepted(sock) - idle0 - 1, 1);
         }
         /* the worker served every one of them */
-        assert_int_equal(worker_metric(sock, "spillway_worker_requests_total{outcome=\"ok\"}"),
+        assert_int_equal(rh_metric(sock, "spillway_worker_requests_total{outcome=\"ok\"}"),
                          2 * n / 3 + (pooled ? 2 : 0));
         rh_finish(&r);
     }
@@ -202,14 +171,14 @@ static void test_client_gone_cancels(void **state)
             "[worker cpu]\nthreads = 1\nctx-limit = 512\nmax-seqs = 4\nfault = stall_ms:20\n");
     assert_int_equal(rh_run(&r, NULL), 0);
     char sock[700];
-    snprintf(sock, sizeof sock, "%s/state/cpu.sock", r.dir);
+    rh_worker_sock(&r, "cpu", sock, sizeof sock);
     wc_response w;
     int attempts;
     assert_int_equal(post(&r, BODY_PLAIN, &attempts, &w), 200); /* a pooled connection */
     wc_response_free(&w);
     long long conns0 = accepted(sock);
     long long cancelled0 =
-        worker_metric(sock, "spillway_worker_requests_total{outcome=\"cancelled\"}");
+        rh_metric(sock, "spillway_worker_requests_total{outcome=\"cancelled\"}");
 
     /* 400 tokens at 20 ms each: still running when the client leaves */
     int fd = wc_connect(r.sock, 20000);
@@ -228,7 +197,7 @@ static void test_client_gone_cancels(void **state)
     }
     close(fd);
     double t0 = tu_now_s();
-    while (worker_metric(sock, "spillway_worker_requests_total{outcome=\"cancelled\"}") ==
+    while (rh_metric(sock, "spillway_worker_requests_total{outcome=\"cancelled\"}") ==
            cancelled0) {
         if (tu_now_s() - t0 > 10)
             fail_msg("the worker did not cancel the stream after the client left");
@@ -258,22 +227,17 @@ static void test_managed_worker_restart(void **state)
             "[worker cpu]\nthreads = 1\nctx-limit = 512\nmax-seqs = 4\n");
     assert_int_equal(rh_run(&r, NULL), 0);
     char sock[700];
-    snprintf(sock, sizeof sock, "%s/state/cpu.sock", r.dir);
+    rh_worker_sock(&r, "cpu", sock, sizeof sock);
     wc_response w;
     int attempts;
     for (int i = 0; i < 2; i++) {
         assert_int_equal(post(&r, i ? BODY_STREAM : BODY_PLAIN, &attempts, &w), 200);
         wc_response_free(&w);
     }
-    json_t *h = rh_worker_health(&r, "cpu");
-    pid_t pid = (pid_t)json_integer_value(json_object_get(h, "pid"));
-    json_decref(h);
-    assert_true(pid > 0);
+    pid_t pid = rh_worker_pid(&r, "cpu");
     assert_int_equal(kill(pid, SIGKILL), 0);
     rh_wait_restarted(&r, "cpu", 1);
-    h = rh_worker_health(&r, "cpu");
-    assert_true((pid_t)json_integer_value(json_object_get(h, "pid")) != pid);
-    json_decref(h);
+    assert_true(rh_worker_pid(&r, "cpu") != pid);
     long long conns0 = accepted(sock);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(post(&r, i ? BODY_STREAM : BODY_PLAIN, &attempts, &w), 200);
@@ -320,11 +284,11 @@ static void test_stale_connection_retried(void **state)
     /* a socket file can be renamed: connects to the old path now reach
      * the new process */
     assert_int_equal(rename(ext2.socket_path, path), 0);
-    long long ok0 = worker_metric(path, "spillway_worker_requests_total{outcome=\"ok\"}");
+    long long ok0 = rh_metric(path, "spillway_worker_requests_total{outcome=\"ok\"}");
     assert_int_equal(post(&r, BODY_PLAIN, &attempts, &w), 200);
     assert_int_equal(attempts, 1);
     wc_response_free(&w);
-    assert_int_equal(worker_metric(path, "spillway_worker_requests_total{outcome=\"ok\"}"),
+    assert_int_equal(rh_metric(path, "spillway_worker_requests_total{outcome=\"ok\"}"),
                      ok0 + 1);
     json_t *ev = rh_events(&r);
     assert_int_equal(json_array_size(ev), 0);

@@ -91,20 +91,7 @@ static void assert_source(json_t *h, const char *want)
 /* The value of one /metrics line "NAME VALUE" (NAME with its labels). */
 static long long metric(const wc_worker *w, const char *name)
 {
-    wc_response r;
-    assert_int_equal(wc_request(w->socket_path, "GET", "/metrics", NULL, 5000, &r), 0);
-    assert_int_equal(r.status, 200);
-    size_t n = strlen(name);
-    long long v = -1;
-    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
-        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
-            v = atoll(p + n + 1);
-            break;
-        }
-    }
-    wc_response_free(&r);
-    assert_true(v >= 0);
-    return v;
+    return rh_metric(w->socket_path, name);
 }
 
 static int complete(const wc_worker *w, const char *body, wc_response *out)

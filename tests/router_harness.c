@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #define RH_MAX_LIVE 8
 
@@ -471,4 +472,16 @@ bool rh_worker_calls_tools(const char *sock, const char *why)
     if (!ok)
         printf("SKIP: %s\n", why);
     return ok;
+}
+
+sqlite3 *rh_ledger_open(const rh_router *r, bool writable)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/state/ledger.db", r->dir);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, writable ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY,
+                                     NULL),
+                     SQLITE_OK);
+    sqlite3_busy_timeout(db, 10000);
+    return db;
 }

@@ -100,6 +100,11 @@ json_t *rh_job_get(const rh_router *r, const char *id);
  * the caller to skip. */
 bool rh_worker_calls_tools(const char *sock, const char *why);
 
+/* The router's ledger (<dir>/state/ledger.db) opened beside it, read-only
+ * or read-write, waiting up to 10 s on its locks (asserted). */
+struct sqlite3;
+struct sqlite3 *rh_ledger_open(const rh_router *r, bool writable);
+
 /* A raw client connection, for what rh_req cannot show: several requests
  * on one connection, partial sends, what arrives when. buf holds what was
  * read beyond the last response. */

@@ -204,6 +204,19 @@ static void wait_ready(const rh_router *r, const char *name)
     fail_msg("worker %s never became ready", name);
 }
 
+/* Starts a router whose only worker, "eng", is the scripted engine, with
+ * the tool sections, and waits until the engine is ready. */
+static void start_with_engine(rh_router *r, const char *name, const char *server_extra,
+                              bool idempotent, int timeout_ms)
+{
+    char tools[2048], rest[3072];
+    tool_sections(tools, sizeof tools, idempotent, timeout_ms);
+    snprintf(rest, sizeof rest, "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n%s",
+             g_engine.path, tools);
+    assert_int_equal(rh_start(r, name, g_model, server_extra, rest), 0);
+    wait_ready(r, "eng");
+}
+
 /* A managed worker's counter from its own /metrics. */
 static long long worker_metric(const rh_router *r, const char *worker, const char *name)
 {
@@ -487,13 +500,8 @@ static const char *tool_result_in(json_t *req, int k)
 static void test_tool_call_checks(void **state)
 {
     (void)state;
-    char tools[2048], rest[3072];
-    tool_sections(tools, sizeof tools, false, 5000);
-    snprintf(rest, sizeof rest, "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n%s",
-             g_engine.path, tools);
     rh_router r;
-    assert_int_equal(rh_start(&r, "agent-checks", g_model, "max-tool-steps = 4\n", rest), 0);
-    wait_ready(&r, "eng");
+    start_with_engine(&r, "agent-checks", "max-tool-steps = 4\n", false, 5000);
 
     /* a request naming a tool over 63 bytes: a clear 400 */
     wc_response w;
@@ -582,11 +590,7 @@ static const gen_script g_one_call[] = {
 /* The state of a tool step in the ledger ("" when absent). */
 static void step_state(const rh_router *r, const char *id, int step, char *out, size_t cap)
 {
-    char path[700];
-    snprintf(path, sizeof path, "%s/state/ledger.db", r->dir);
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    sqlite3_busy_timeout(db, 5000);
+    sqlite3 *db = rh_ledger_open(r, false);
     sqlite3_stmt *st;
     assert_int_equal(sqlite3_prepare_v2(db,
                                         "SELECT state FROM tool_calls WHERE request_id = ? AND "
@@ -605,14 +609,9 @@ static void step_state(const rh_router *r, const char *id, int step, char *out, 
 static void test_deadline_covers_the_run(void **state)
 {
     (void)state;
-    char tools[2048], rest[3072];
     /* the tool's own time-out (8 s) is far past the run's deadline (1.5 s) */
-    tool_sections(tools, sizeof tools, false, 8000);
-    snprintf(rest, sizeof rest, "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n%s",
-             g_engine.path, tools);
     rh_router r;
-    assert_int_equal(rh_start(&r, "agent-deadline", g_model, NULL, rest), 0);
-    wait_ready(&r, "eng");
+    start_with_engine(&r, "agent-deadline", NULL, false, 8000);
     g_script = g_one_call;
     g_script_len = 2;
     const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"

@@ -104,16 +104,6 @@ static char *job_post(const rh_router *r, const char *prompt, int max_tokens)
     return id;
 }
 
-static sqlite3 *ledger_open(const rh_router *r)
-{
-    char path[700];
-    snprintf(path, sizeof path, "%s/state/ledger.db", r->dir);
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    sqlite3_busy_timeout(db, 10000);
-    return db;
-}
-
 typedef struct job_row {
     char state[16];
     int attempts, finish_writes;
@@ -123,7 +113,7 @@ typedef struct job_row {
 /* The job's row, read from ledger.db with SQLite itself. */
 static job_row ledger_job(const rh_router *r, const char *id)
 {
-    sqlite3 *db = ledger_open(r);
+    sqlite3 *db = rh_ledger_open(r, true);
     sqlite3_stmt *st;
     assert_int_equal(sqlite3_prepare_v2(db,
                                         "SELECT state, attempts, finish_writes, response IS NOT NULL"
@@ -145,7 +135,7 @@ static job_row ledger_job(const rh_router *r, const char *id)
 /* How many worker attempts of request id ended with outcome. */
 static int ledger_attempts(const rh_router *r, const char *id, const char *outcome)
 {
-    sqlite3 *db = ledger_open(r);
+    sqlite3 *db = rh_ledger_open(r, true);
     sqlite3_stmt *st;
     assert_int_equal(sqlite3_prepare_v2(db,
                                         "SELECT count(*) FROM attempts WHERE request_id = ?"
@@ -230,8 +220,7 @@ static void test_sigterm_cancels_running_job(void **state)
     char rest[256];
     snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
     rh_router r;
-    rh_init(&r, "jobs-sigterm", g_model, "job-workers = 1\n", rest);
-    assert_int_equal(rh_run(&r, NULL), 0);
+    assert_int_equal(rh_start(&r, "jobs-sigterm", g_model, "job-workers = 1\n", rest), 0);
 
     /* done before the shutdown: must stay done, not run again */
     char *done = job_post(&r, "Done before", 2);
@@ -307,7 +296,7 @@ static void test_sigterm_cancels_running_job(void **state)
  * wait its busy time-out (5 s) and fail with SQLITE_BUSY. */
 static sqlite3 *lock_ledger(const rh_router *r)
 {
-    sqlite3 *db = ledger_open(r);
+    sqlite3 *db = rh_ledger_open(r, true);
     char *msg = NULL;
     if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, &msg) != SQLITE_OK)
         fail_msg("BEGIN IMMEDIATE: %s", msg);
@@ -327,8 +316,7 @@ static void test_finish_write_fails(void **state)
     char rest[256];
     snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
     rh_router r;
-    rh_init(&r, "jobs-finish-fail", g_model, "job-workers = 1\n", rest);
-    assert_int_equal(rh_run(&r, NULL), 0);
+    assert_int_equal(rh_start(&r, "jobs-finish-fail", g_model, "job-workers = 1\n", rest), 0);
 
     /* held for one failed write: the retry stores the result */
     /* 100 tokens x 30 ms: time to take the lock while it generates */
@@ -395,8 +383,7 @@ static void test_sigterm_during_blocked_write(void **state)
     char rest[256];
     snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
     rh_router r;
-    rh_init(&r, "jobs-stuck-stop", g_model, "job-workers = 1\n", rest);
-    assert_int_equal(rh_run(&r, NULL), 0);
+    assert_int_equal(rh_start(&r, "jobs-stuck-stop", g_model, "job-workers = 1\n", rest), 0);
     char *id = job_post(&r, "Stuck at the end", 100);
     job_wait_state(&r, id, "running", 60);
     sqlite3 *lock = lock_ledger(&r);

@@ -167,9 +167,10 @@ static void test_client_gone_cancels(void **state)
 {
     (void)state;
     rh_router r;
-    rh_init(&r, "pool-cancel", g_model, SERVER_SLOW_HEALTH,
-            "[worker cpu]\nthreads = 1\nctx-limit = 512\nmax-seqs = 4\nfault = stall_ms:20\n");
-    assert_int_equal(rh_run(&r, NULL), 0);
+    assert_int_equal(rh_start(&r, "pool-cancel", g_model, SERVER_SLOW_HEALTH,
+                              "[worker cpu]\nthreads = 1\nctx-limit = 512\nmax-seqs = 4\n"
+                              "fault = stall_ms:20\n"),
+                     0);
     char sock[700];
     rh_worker_sock(&r, "cpu", sock, sizeof sock);
     wc_response w;
@@ -223,9 +224,9 @@ static void test_managed_worker_restart(void **state)
 {
     (void)state;
     rh_router r;
-    rh_init(&r, "pool-restart", g_model, SERVER_SLOW_HEALTH,
-            "[worker cpu]\nthreads = 1\nctx-limit = 512\nmax-seqs = 4\n");
-    assert_int_equal(rh_run(&r, NULL), 0);
+    assert_int_equal(rh_start(&r, "pool-restart", g_model, SERVER_SLOW_HEALTH,
+                              "[worker cpu]\nthreads = 1\nctx-limit = 512\nmax-seqs = 4\n"),
+                     0);
     char sock[700];
     rh_worker_sock(&r, "cpu", sock, sizeof sock);
     wc_response w;
@@ -313,8 +314,7 @@ static void test_crash_on_reused_connection(void **state)
     char rest[800];
     snprintf(rest, sizeof rest, "[worker ext]\nurl = unix:%s\n", ext.socket_path);
     rh_router r;
-    rh_init(&r, "pool-crash", g_model, SERVER_SLOW_HEALTH, rest);
-    assert_int_equal(rh_run(&r, NULL), 0);
+    assert_int_equal(rh_start(&r, "pool-crash", g_model, SERVER_SLOW_HEALTH, rest), 0);
     wc_response w;
     int attempts;
     long long conns0 = accepted(ext.socket_path);

@@ -89,6 +89,17 @@ static void assert_source(json_t *h, const char *want)
 }
 
 /* The value of one /metrics line "NAME VALUE" (NAME with its labels). */
+/* The worker's /health says its rates were measured on a request, both
+ * above zero. */
+static void assert_measured(const wc_worker *w)
+{
+    json_t *h = health(w);
+    assert_source(h, "measured");
+    assert_true(num(h, "prefill_tokens_per_second") > 0);
+    assert_true(num(h, "decode_tokens_per_second") > 0);
+    json_decref(h);
+}
+
 static long long metric(const wc_worker *w, const char *name)
 {
     return rh_metric(w->socket_path, name);
@@ -135,11 +146,7 @@ static void test_rates_before_first_request(void **state)
     assert_true(prompt_tokens > 0);
     assert_int_equal(metric(&w, "spillway_worker_prompt_tokens_total"), prompt_tokens);
     assert_int_equal(metric(&w, "spillway_worker_generated_tokens_total"), 4);
-    h = health(&w);
-    assert_source(h, "measured");
-    assert_true(num(h, "prefill_tokens_per_second") > 0);
-    assert_true(num(h, "decode_tokens_per_second") > 0);
-    json_decref(h);
+    assert_measured(&w);
     assert_int_equal(wc_worker_stop(&w), 0);
 }
 
@@ -162,11 +169,7 @@ static void test_calibration_off(void **state)
                      0);
     assert_int_equal(r.status, 200);
     wc_response_free(&r);
-    h = health(&w);
-    assert_source(h, "measured");
-    assert_true(num(h, "prefill_tokens_per_second") > 0);
-    assert_true(num(h, "decode_tokens_per_second") > 0);
-    json_decref(h);
+    assert_measured(&w);
     assert_int_equal(wc_worker_stop(&w), 0);
 }
 

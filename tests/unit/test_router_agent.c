@@ -248,6 +248,19 @@ static char *agent_body(bool stream, int max_tokens)
     return b;
 }
 
+/* The non-stream agent_body answer (asserted 200) as JSON. */
+static json_t *agent_answer(const rh_router *r, int max_tokens)
+{
+    char *body = agent_body(false, max_tokens);
+    wc_response w;
+    assert_int_equal(rh_req(r, "POST", "/v1/chat/completions", NULL, body, &w), 0);
+    sw_free(body);
+    assert_int_equal(w.status, 200);
+    json_t *j = rh_body_json(&w);
+    wc_response_free(&w);
+    return j;
+}
+
 /* What a streamed agent answer holds. */
 typedef struct streamed {
     char text[8192];
@@ -331,13 +344,7 @@ static void test_usage_and_stream(void **state)
     long long p0 = worker_metric(&r, "cpu", "spillway_worker_prompt_tokens_total");
     long long g0 = worker_metric(&r, "cpu", "spillway_worker_generated_tokens_total");
     long long ok0 = worker_metric(&r, "cpu", "spillway_worker_requests_total{outcome=\"ok\"}");
-    char *body = agent_body(false, 64);
-    wc_response w;
-    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, body, &w), 0);
-    sw_free(body);
-    assert_int_equal(w.status, 200);
-    json_t *j = rh_body_json(&w);
-    wc_response_free(&w);
+    json_t *j = agent_answer(&r, 64);
     long long p1 = worker_metric(&r, "cpu", "spillway_worker_prompt_tokens_total");
     long long g1 = worker_metric(&r, "cpu", "spillway_worker_generated_tokens_total");
     long long ok1 = worker_metric(&r, "cpu", "spillway_worker_requests_total{outcome=\"ok\"}");
@@ -359,7 +366,8 @@ static void test_usage_and_stream(void **state)
     tools_reset();
     p0 = p1;
     g0 = g1;
-    body = agent_body(true, 64);
+    char *body = agent_body(true, 64);
+    wc_response w;
     assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, body, &w), 0);
     sw_free(body);
     assert_int_equal(w.status, 200);
@@ -419,13 +427,7 @@ static void test_stream_failover_after_text(void **state)
     /* the reference: non-stream, its answer fails on a and the run is
      * replayed on b (the tool step reused) */
     tools_reset();
-    char *body = agent_body(false, 80);
-    wc_response w;
-    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, body, &w), 0);
-    sw_free(body);
-    assert_int_equal(w.status, 200);
-    json_t *j = rh_body_json(&w);
-    wc_response_free(&w);
+    json_t *j = agent_answer(&r, 80);
     json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
     char reference[8192];
     snprintf(reference, sizeof reference, "%s",
@@ -438,7 +440,8 @@ static void test_stream_failover_after_text(void **state)
 
     wait_ready(&r, "a"); /* restarted */
     tools_reset();
-    body = agent_body(true, 80);
+    char *body = agent_body(true, 80);
+    wc_response w;
     assert_int_equal(
         rh_req(&r, "POST", "/v1/chat/completions", "X-Request-Id: agent-resume-1\r\n", body, &w),
         0);

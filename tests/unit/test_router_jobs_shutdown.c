@@ -211,6 +211,18 @@ static long completion_tokens(json_t *job)
         json_object_get(json_object_get(job, "response"), "usage"), "completion_tokens"));
 }
 
+/* Waits up to timeout_s for job id to end: succeeded, with that many
+ * completion tokens, after that many attempts. */
+static void assert_job_succeeded(const rh_router *r, const char *id, int timeout_s, long tokens,
+                                 int attempts)
+{
+    json_t *j = job_wait_end(r, id, timeout_s);
+    assert_string_equal(json_string_value(json_object_get(j, "state")), "succeeded");
+    assert_int_equal(completion_tokens(j), tokens);
+    assert_int_equal(json_integer_value(json_object_get(j, "attempts")), attempts);
+    json_decref(j);
+}
+
 /* ---- SIGTERM with a long job running ----------------------------------------- */
 
 static void test_sigterm_cancels_running_job(void **state)
@@ -267,16 +279,8 @@ static void test_sigterm_cancels_running_job(void **state)
      * completes both, once each; the finished one is left alone */
     drop_stall(&r, stall);
     assert_int_equal(rh_run(&r, NULL), 0);
-    json_t *jl = job_wait_end(&r, lng, 120);
-    assert_string_equal(json_string_value(json_object_get(jl, "state")), "succeeded");
-    assert_int_equal(completion_tokens(jl), 300);
-    assert_int_equal(json_integer_value(json_object_get(jl, "attempts")), 2);
-    json_decref(jl);
-    json_t *jw = job_wait_end(&r, waiting, 60);
-    assert_string_equal(json_string_value(json_object_get(jw, "state")), "succeeded");
-    assert_int_equal(completion_tokens(jw), 3);
-    assert_int_equal(json_integer_value(json_object_get(jw, "attempts")), 1);
-    json_decref(jw);
+    assert_job_succeeded(&r, lng, 120, 300, 2);
+    assert_job_succeeded(&r, waiting, 60, 3, 1);
     assert_int_equal(ledger_job(&r, lng).finish_writes, 1);
     assert_int_equal(ledger_job(&r, waiting).finish_writes, 1);
     row = ledger_job(&r, done);
@@ -355,11 +359,7 @@ static void test_finish_write_fails(void **state)
     /* the next start runs it again and finishes it once */
     drop_stall(&r, stall);
     assert_int_equal(rh_run(&r, NULL), 0);
-    json_t *js = job_wait_end(&r, stuck, 60);
-    assert_string_equal(json_string_value(json_object_get(js, "state")), "succeeded");
-    assert_int_equal(completion_tokens(js), 100);
-    assert_int_equal(json_integer_value(json_object_get(js, "attempts")), 2);
-    json_decref(js);
+    assert_job_succeeded(&r, stuck, 60, 100, 2);
     row = ledger_job(&r, stuck);
     assert_int_equal(row.finish_writes, 1);
     /* the first one is not touched by the restart */
@@ -401,11 +401,7 @@ static void test_sigterm_during_blocked_write(void **state)
     assert_int_equal(row.finish_writes, 0);
     drop_stall(&r, stall);
     assert_int_equal(rh_run(&r, NULL), 0);
-    json_t *j = job_wait_end(&r, id, 60);
-    assert_string_equal(json_string_value(json_object_get(j, "state")), "succeeded");
-    assert_int_equal(completion_tokens(j), 100);
-    assert_int_equal(json_integer_value(json_object_get(j, "attempts")), 2);
-    json_decref(j);
+    assert_job_succeeded(&r, id, 60, 100, 2);
     assert_int_equal(ledger_job(&r, id).finish_writes, 1);
     sw_free(id);
     rh_finish(&r);

@@ -33,6 +33,10 @@ static char g_model[512];
 static char g_pool[64];
 static char g_spec[96];
 
+/* A request of exactly 4 generated tokens (ignore_eos). */
+static const char FOUR_TOKENS[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
+                                  "\"temperature\":0,\"ignore_eos\":true}";
+
 static int setup(void **state)
 {
     (void)state;
@@ -132,10 +136,7 @@ static void test_rates_before_first_request(void **state)
     assert_int_equal(metric(&w, "spillway_worker_requests_total{outcome=\"out_of_memory\"}"), 0);
 
     wc_response r;
-    assert_int_equal(complete(&w, "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
-                                  "\"temperature\":0,\"ignore_eos\":true}",
-                              &r),
-                     0);
+    assert_int_equal(complete(&w, FOUR_TOKENS, &r), 0);
     assert_int_equal(r.status, 200);
     json_t *j = json_loads(r.body, 0, NULL);
     json_int_t prompt_tokens =
@@ -163,10 +164,7 @@ static void test_calibration_off(void **state)
     assert_source(h, "none");
     json_decref(h);
     wc_response r;
-    assert_int_equal(complete(&w, "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
-                                  "\"temperature\":0,\"ignore_eos\":true}",
-                              &r),
-                     0);
+    assert_int_equal(complete(&w, FOUR_TOKENS, &r), 0);
     assert_int_equal(r.status, 200);
     wc_response_free(&r);
     assert_measured(&w);

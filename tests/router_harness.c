@@ -458,6 +458,21 @@ json_t *rh_job_get(const rh_router *r, const char *id)
     return j;
 }
 
+json_t *rh_job_wait_end(const rh_router *r, const char *id, int timeout_s)
+{
+    double t0 = tu_now_s();
+    for (;;) {
+        json_t *j = rh_job_get(r, id);
+        const char *s = json_string_value(json_object_get(j, "state"));
+        if (s && (!strcmp(s, "succeeded") || !strcmp(s, "failed")))
+            return j;
+        json_decref(j);
+        if (tu_now_s() - t0 > timeout_s)
+            fail_msg("job %s did not finish in %d s", id, timeout_s);
+        usleep(100 * 1000);
+    }
+}
+
 bool rh_worker_calls_tools(const char *sock, const char *why)
 {
     static const char body[] =

@@ -95,6 +95,9 @@ pid_t rh_worker_pid(const rh_router *r, const char *name);
 long long rh_metric(const char *sock, const char *name);
 /* GET /v1/spillway/jobs/<id>: the job (asserted 200 and JSON). */
 json_t *rh_job_get(const rh_router *r, const char *id);
+/* Polls the job every 100 ms until it is succeeded or failed and returns
+ * it; fails the test after timeout_s. */
+json_t *rh_job_wait_end(const rh_router *r, const char *id, int timeout_s);
 /* Whether the worker at sock answers a forced tool_choice with
  * tool_calls (constrained decoding); prints "SKIP: " and why when not, for
  * the caller to skip. */

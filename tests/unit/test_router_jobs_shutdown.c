@@ -68,22 +68,6 @@ static void job_wait_state(const rh_router *r, const char *id, const char *state
     }
 }
 
-/* Waits until the job is succeeded or failed; returns it. */
-static json_t *job_wait_end(const rh_router *r, const char *id, int timeout_s)
-{
-    double t0 = tu_now_s();
-    for (;;) {
-        json_t *j = rh_job_get(r, id);
-        const char *s = json_string_value(json_object_get(j, "state"));
-        if (!strcmp(s, "succeeded") || !strcmp(s, "failed"))
-            return j;
-        json_decref(j);
-        if (tu_now_s() - t0 > timeout_s)
-            fail_msg("job %s did not finish in %d s", id, timeout_s);
-        usleep(100 * 1000);
-    }
-}
-
 /* POSTs a completions job of max_tokens tokens; its id (sw_free). */
 static char *job_post(const rh_router *r, const char *prompt, int max_tokens)
 {
@@ -216,7 +200,7 @@ static long completion_tokens(json_t *job)
 static void assert_job_succeeded(const rh_router *r, const char *id, int timeout_s, long tokens,
                                  int attempts)
 {
-    json_t *j = job_wait_end(r, id, timeout_s);
+    json_t *j = rh_job_wait_end(r, id, timeout_s);
     assert_string_equal(json_string_value(json_object_get(j, "state")), "succeeded");
     assert_int_equal(completion_tokens(j), tokens);
     assert_int_equal(json_integer_value(json_object_get(j, "attempts")), attempts);
@@ -236,7 +220,7 @@ static void test_sigterm_cancels_running_job(void **state)
 
     /* done before the shutdown: must stay done, not run again */
     char *done = job_post(&r, "Done before", 2);
-    json_t *jd = job_wait_end(&r, done, 60);
+    json_t *jd = rh_job_wait_end(&r, done, 60);
     assert_string_equal(json_string_value(json_object_get(jd, "state")), "succeeded");
     json_decref(jd);
     /* 300 tokens x 200 ms: about a minute of generation */
@@ -329,7 +313,7 @@ static void test_finish_write_fails(void **state)
     sqlite3 *lock = lock_ledger(&r);
     log_wait(&r, brief, "writing its result failed (try 1 of", 60);
     unlock_ledger(lock);
-    json_t *jb = job_wait_end(&r, brief, 60);
+    json_t *jb = rh_job_wait_end(&r, brief, 60);
     assert_string_equal(json_string_value(json_object_get(jb, "state")), "succeeded");
     assert_int_equal(completion_tokens(jb), 100);
     json_decref(jb);

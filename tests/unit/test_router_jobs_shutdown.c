@@ -207,16 +207,23 @@ static void assert_job_succeeded(const rh_router *r, const char *id, int timeout
     json_decref(j);
 }
 
+/* Starts a router with one job runner and one worker slowed by stall
+ * (a "fault = stall_ms:N" line, which drop_stall takes out again). */
+static void start_stalled(rh_router *r, const char *name, const char *stall)
+{
+    char rest[256];
+    snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
+    assert_int_equal(rh_start(r, name, g_model, "job-workers = 1\n", rest), 0);
+}
+
 /* ---- SIGTERM with a long job running ----------------------------------------- */
 
 static void test_sigterm_cancels_running_job(void **state)
 {
     (void)state;
     static const char stall[] = "fault = stall_ms:200\n";
-    char rest[256];
-    snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
     rh_router r;
-    assert_int_equal(rh_start(&r, "jobs-sigterm", g_model, "job-workers = 1\n", rest), 0);
+    start_stalled(&r, "jobs-sigterm", stall);
 
     /* done before the shutdown: must stay done, not run again */
     char *done = job_post(&r, "Done before", 2);
@@ -301,10 +308,8 @@ static void test_finish_write_fails(void **state)
 {
     (void)state;
     static const char stall[] = "fault = stall_ms:30\n";
-    char rest[256];
-    snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
     rh_router r;
-    assert_int_equal(rh_start(&r, "jobs-finish-fail", g_model, "job-workers = 1\n", rest), 0);
+    start_stalled(&r, "jobs-finish-fail", stall);
 
     /* held for one failed write: the retry stores the result */
     /* 100 tokens x 30 ms: time to take the lock while it generates */
@@ -364,10 +369,8 @@ static void test_sigterm_during_blocked_write(void **state)
 {
     (void)state;
     static const char stall[] = "fault = stall_ms:30\n";
-    char rest[256];
-    snprintf(rest, sizeof rest, "[worker cpu]\nthreads = 1\nctx-limit = 1024\n%s", stall);
     rh_router r;
-    assert_int_equal(rh_start(&r, "jobs-stuck-stop", g_model, "job-workers = 1\n", rest), 0);
+    start_stalled(&r, "jobs-stuck-stop", stall);
     char *id = job_post(&r, "Stuck at the end", 100);
     job_wait_state(&r, id, "running", 60);
     sqlite3 *lock = lock_ledger(&r);

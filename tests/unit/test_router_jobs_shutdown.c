@@ -304,6 +304,18 @@ static void unlock_ledger(sqlite3 *db)
     sqlite3_close(db);
 }
 
+/* Posts a 100-token job and, while it runs, holds the ledger's write lock
+ * until the router says its first result write failed; the lock, for
+ * unlock_ledger. */
+static sqlite3 *post_blocked_write(const rh_router *r, const char *prompt, char **id)
+{
+    *id = job_post(r, prompt, 100);
+    job_wait_state(r, *id, "running", 60);
+    sqlite3 *lock = lock_ledger(r);
+    log_wait(r, *id, "writing its result failed (try 1 of", 60);
+    return lock;
+}
+
 static void test_finish_write_fails(void **state)
 {
     (void)state;
@@ -313,10 +325,8 @@ static void test_finish_write_fails(void **state)
 
     /* held for one failed write: the retry stores the result */
     /* 100 tokens x 30 ms: time to take the lock while it generates */
-    char *brief = job_post(&r, "Brief lock", 100);
-    job_wait_state(&r, brief, "running", 60);
-    sqlite3 *lock = lock_ledger(&r);
-    log_wait(&r, brief, "writing its result failed (try 1 of", 60);
+    char *brief = NULL;
+    sqlite3 *lock = post_blocked_write(&r, "Brief lock", &brief);
     unlock_ledger(lock);
     json_t *jb = rh_job_wait_end(&r, brief, 60);
     assert_string_equal(json_string_value(json_object_get(jb, "state")), "succeeded");
@@ -371,10 +381,8 @@ static void test_sigterm_during_blocked_write(void **state)
     static const char stall[] = "fault = stall_ms:30\n";
     rh_router r;
     start_stalled(&r, "jobs-stuck-stop", stall);
-    char *id = job_post(&r, "Stuck at the end", 100);
-    job_wait_state(&r, id, "running", 60);
-    sqlite3 *lock = lock_ledger(&r);
-    log_wait(&r, id, "writing its result failed (try 1 of", 60);
+    char *id = NULL;
+    sqlite3 *lock = post_blocked_write(&r, "Stuck at the end", &id);
     assert_int_equal(kill(r.pid, SIGTERM), 0);
     int st = rh_wait_exit(&r, 30);
     if (st < 0)

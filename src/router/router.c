@@ -326,18 +326,25 @@ out:
         rt__stop_workers();
     /* Connection threads are detached and the wait above is bounded: one
      * still running may be about to store its Idempotency-Key or a tool
-     * step; a job runner left behind may too. Then the ledger and the
-     * tokenizer stay (the process exits right after) rather than being
-     * freed under that thread. */
+     * step; a job runner left behind may too. Then nothing is freed under
+     * that thread: the process ends below. */
     pthread_mutex_lock(&rt__g.mu);
     bool threads_left = rt__g.active_conns > 0 || jobs_left;
     pthread_mutex_unlock(&rt__g.mu);
-    if (!threads_left) {
-        eng_tokenizer_free(rt__g.tok);
-        rt__g.tok = NULL;
-        ldg_close(rt__g.ledger);
-        rt__g.ledger = NULL;
+    if (threads_left) {
+        /* Such a thread also reads the configuration (our caller's) and
+         * the event ring: returning would free them under it. End the
+         * process here instead, all threads at once; the ledger is
+         * SQLite in WAL mode, for which this is the same as a SIGKILL
+         * mid-write (nothing promised is lost, docs/router.md). */
+        SW_WARN("router", "stopped with a request or job thread still busy; exiting now");
+        fflush(NULL);
+        _exit(status);
     }
+    eng_tokenizer_free(rt__g.tok);
+    rt__g.tok = NULL;
+    ldg_close(rt__g.ledger);
+    rt__g.ledger = NULL;
     for (int i = 0; i < RT_EVENTS; i++)
         sw_free(rt__g.events[i]);
     return status;

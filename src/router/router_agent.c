@@ -185,7 +185,10 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
     snprintf(hdr, sizeof hdr, "Idempotency-Key: %s/%d\r\nX-Request-Id: %s\r\n", request_id, step,
              request_id);
     rn_conn c;
-    int rc = rn_request(&c, address, "POST", path, hdr, args, strlen(args), -1, timeout_ms);
+    /* the run's deadline bounds the head too (a tool sending it a byte at
+     * a time would stretch the per-read time-out) */
+    int rc = rn_request_until(&c, address, "POST", path, hdr, args, strlen(args), -1, timeout_ms,
+                              deadline_at >= 0 ? deadline_at : 0);
     pthread_mutex_lock(&rt__g.mu);
     rt__g.tool_calls++;
     pthread_mutex_unlock(&rt__g.mu);

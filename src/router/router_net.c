@@ -115,6 +115,13 @@ static int rn_write_request(int fd, const char *head, size_t head_len, const cha
     return 0;
 }
 
+static double rn_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Reads more bytes into the buffer (compacting it first). Waits on the
  * upstream and, when set, watches the client for a hang-up. */
 static int rn_fill(rn_conn *c)
@@ -128,6 +135,12 @@ static int rn_fill(rn_conn *c)
         return -1;
     int waited = 0;
     for (;;) {
+        /* the overall bound, checked before every wait: bytes that keep
+         * coming slowly must not carry a read past it */
+        if (c->deadline_s > 0 && rn_now_s() >= c->deadline_s) {
+            c->timed_out = true;
+            return -1;
+        }
         struct pollfd p[2] = {{c->fd, POLLIN, 0}, {c->watch_fd, POLLRDHUP, 0}};
         int n = poll(p, c->watch_fd >= 0 ? 2 : 1, 100);
         if (n < 0 && errno == EINTR)
@@ -251,7 +264,16 @@ int rn_request(rn_conn *c, const char *address, const char *method, const char *
                const char *extra_headers, const char *body, size_t body_len, int watch_fd,
                int timeout_ms)
 {
+    return rn_request_until(c, address, method, path, extra_headers, body, body_len, watch_fd,
+                            timeout_ms, 0);
+}
+
+int rn_request_until(rn_conn *c, const char *address, const char *method, const char *path,
+                     const char *extra_headers, const char *body, size_t body_len, int watch_fd,
+                     int timeout_ms, double deadline_s)
+{
     rn_conn_init(c, watch_fd, timeout_ms);
+    c->deadline_s = deadline_s;
     c->fd = rn_connect(address, timeout_ms);
     if (c->fd < 0)
         return -1;
@@ -402,13 +424,6 @@ static void rn_pool_read_env(void)
      * that the stale-connection retry is what copes with a closed one */
     v = getenv("SPILLWAY_FAULT");
     rn_pool_no_idle_check = v && strstr(v, "router_pool_no_idle_check");
-}
-
-static double rn_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* The slot of address (created when absent); -1 when the table is full

@@ -23,6 +23,7 @@ typedef struct rn_conn {
     int fd;
     int watch_fd;        /* client connection to watch for a hang-up, or -1 */
     int timeout_ms;      /* per read */
+    double deadline_s;   /* > 0: no read past this CLOCK_MONOTONIC time */
     char buf[16384];
     size_t len, pos;
     int status;
@@ -73,6 +74,13 @@ int rn_write_all(int fd, const void *p, size_t n);
 /* Sends a request and reads the status line and headers. Returns 0, -1
  * when the worker could not be reached, -3 when it was reached but gave no
  * response head (a crash, or a time-out), -2 when watch_fd hung up. */
+/* rn_request with an overall bound as well: no read waits past deadline_s
+ * (CLOCK_MONOTONIC seconds; <= 0: none), so a peer sending its head a
+ * byte at a time cannot stretch the per-read time-out (a tool call within
+ * an agent run's deadline). The bound stays on c for the body reads. */
+int rn_request_until(rn_conn *c, const char *address, const char *method, const char *path,
+                     const char *extra_headers, const char *body, size_t body_len, int watch_fd,
+                     int timeout_ms, double deadline_s);
 int rn_request(rn_conn *c, const char *address, const char *method, const char *path,
                const char *extra_headers, const char *body, size_t body_len, int watch_fd,
                int timeout_ms);

@@ -11,9 +11,10 @@
  *  - a tool answer longer than the result cap (256 KiB): the tool
  *    answered, so its outcome is known: the result is cut, the run goes
  *    on, and a non-idempotent tool is not treated as "unknown outcome";
- *  - a tool that sends its answer a byte at a time, each read quick but
- *    the whole past the run's deadline: the run ends at the deadline (504
- *    deadline_exceeded), as a tool call waits at most what is left;
+ *  - a tool that sends its answer (or its response head) a byte at a
+ *    time, each read quick but the whole past the run's deadline: the run
+ *    ends at the deadline (504 deadline_exceeded), as a tool call waits at
+ *    most what is left;
  *  - a streamed reply in thousands of pieces (content and tool-call
  *    fragments): the call and the answer are put together whole;
  *  - a streamed generation with text and then a call in the same chunk
@@ -56,6 +57,7 @@ static int g_tool_calls;
 static char g_tool_body[256];
 static atomic_size_t g_tool_answer_bytes; /* 0: "RESULT-n" */
 static atomic_int g_tool_drip_ms;         /* > 0: the answer a byte at a time */
+static atomic_bool g_tool_drip_head;      /* ... its head too */
 
 /* 25 bytes, one every drip_ms: each read of the answer is quick, the
  * whole answer is not. Stops when the router hung up. */
@@ -67,7 +69,15 @@ static void drip_answer(int fd, int drip_ms)
                      "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
                      "Connection: close\r\n\r\n",
                      sizeof body - 1);
-    fs_send_all(fd, head, (size_t)m);
+    if (atomic_load(&g_tool_drip_head)) {
+        for (int i = 0; i < m; i++) {
+            usleep((useconds_t)drip_ms * 1000);
+            if (send(fd, head + i, 1, MSG_NOSIGNAL) != 1)
+                return;
+        }
+    } else {
+        fs_send_all(fd, head, (size_t)m);
+    }
     for (size_t i = 0; i < sizeof body - 1; i++) {
         usleep((useconds_t)drip_ms * 1000);
         if (send(fd, body + i, 1, MSG_NOSIGNAL) != 1)
@@ -118,6 +128,7 @@ static void tool_reset(size_t answer_bytes)
     pthread_mutex_unlock(&g_tool_mu);
     atomic_store(&g_tool_answer_bytes, answer_bytes);
     atomic_store(&g_tool_drip_ms, 0);
+    atomic_store(&g_tool_drip_head, false);
 }
 
 /* ---- the scripted engine ---------------------------------------------- */
@@ -460,16 +471,18 @@ static void test_big_tool_answer(void **state)
 
 /* ---- a tool that answers a byte at a time, past the deadline ---------- */
 
-static void test_deadline_bounds_a_dripping_tool(void **state)
+static void dripping_tool_run(bool head_too)
 {
-    (void)state;
     rh_router r;
-    start_router(&r, "edges-drip", 1024);
+    start_router(&r, head_too ? "edges-driphead" : "edges-drip", 1024);
     tool_reset(0);
-    /* 25 bytes x 240 ms: 6 s of answer, each read well within the tool's
-     * timeout-ms (10 s); the run's deadline is 1.5 s */
+    /* 25 bytes x 240 ms: 6 s of answer (with its ~90-byte head dripped
+     * too: 28 s), each read well within the tool's timeout-ms (10 s); the
+     * run's deadline is 1.5 s */
     atomic_store(&g_tool_drip_ms, 240);
+    atomic_store(&g_tool_drip_head, head_too);
     script(g_one_call, 2);
+    double t0 = tu_now_s();
     wc_response w;
     assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", "X-Spillway-Deadline-Ms: 1500\r\n",
                             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
@@ -480,6 +493,10 @@ static void test_deadline_bounds_a_dripping_tool(void **state)
     if (w.status != 504)
         fail_msg("a tool dripping its answer past the deadline: %d %s", w.status,
                  w.body ? w.body : "");
+    /* the deadline (1.5 s) is what ended it, not the drip (6 s, 28 s):
+     * a bound on the deadline's honesty, with a wide margin */
+    if (tu_now_s() - t0 > 5.0)
+        fail_msg("the run ended %.1f s after it began, its deadline was 1.5 s", tu_now_s() - t0);
     assert_string_equal(rh_error_code(&w, code, sizeof code), "deadline_exceeded");
     /* it ended while the call waited (the outcome unknown), not after the
      * whole answer came in, 6 s later, before the next generation */
@@ -497,6 +514,20 @@ static void test_deadline_bounds_a_dripping_tool(void **state)
     assert_int_equal(json_array_size(g_eng_requests), 1);
     pthread_mutex_unlock(&g_eng_mu);
     rh_finish(&r);
+}
+
+static void test_deadline_bounds_a_dripping_tool(void **state)
+{
+    (void)state;
+    dripping_tool_run(false);
+}
+
+/* the same with the response head a byte at a time: the head's reads are
+ * bounded by the run's deadline too, not only by the per-read time-out */
+static void test_deadline_bounds_a_dripping_head(void **state)
+{
+    (void)state;
+    dripping_tool_run(true);
 }
 
 /* ---- text, then a call, in one streamed generation --------------------- */
@@ -613,6 +644,7 @@ int main(void)
         cmocka_unit_test(test_long_call_id),
         cmocka_unit_test(test_big_tool_answer),
         cmocka_unit_test(test_deadline_bounds_a_dripping_tool),
+        cmocka_unit_test(test_deadline_bounds_a_dripping_head),
         cmocka_unit_test(test_stream_in_pieces),
         cmocka_unit_test(test_stream_text_then_call),
     };

@@ -376,38 +376,9 @@ static void test_idempotency(void **state)
 
 /* ---- jobs -------------------------------------------------------------------- */
 
-static json_t *job_get(const rh_router *r, const char *id)
-{
-    char path[128];
-    snprintf(path, sizeof path, "/v1/spillway/jobs/%s", id);
-    wc_response w;
-    assert_int_equal(rh_req(r, "GET", path, NULL, NULL, &w), 0);
-    assert_int_equal(w.status, 200);
-    json_t *j = rh_body_json(&w);
-    wc_response_free(&w);
-    assert_non_null(j);
-    return j;
-}
-
 static const char *job_state(json_t *j)
 {
     return json_string_value(json_object_get(j, "state"));
-}
-
-/* Waits until the job is succeeded or failed; returns it. */
-static json_t *job_wait(const rh_router *r, const char *id, int timeout_s)
-{
-    double t0 = tu_now_s();
-    for (;;) {
-        json_t *j = job_get(r, id);
-        const char *s = job_state(j);
-        if (!strcmp(s, "succeeded") || !strcmp(s, "failed"))
-            return j;
-        json_decref(j);
-        if (tu_now_s() - t0 > timeout_s)
-            fail_msg("job %s did not finish in %d s", id, timeout_s);
-        usleep(100 * 1000);
-    }
 }
 
 static char *job_post(const rh_router *r, const char *body)
@@ -482,7 +453,7 @@ static void test_jobs_survive_sigkill(void **state)
     /* one running (1 job worker, 40 tokens x 30 ms), the rest queued */
     double t0 = tu_now_s();
     for (;;) {
-        json_t *j = job_get(&r, ids[0]);
+        json_t *j = rh_job_get(&r, ids[0]);
         bool running = !strcmp(job_state(j), "running");
         json_decref(j);
         if (running)
@@ -490,14 +461,14 @@ static void test_jobs_survive_sigkill(void **state)
         assert_true(tu_now_s() - t0 < 30);
         usleep(20 * 1000);
     }
-    json_t *j3 = job_get(&r, ids[NJ - 1]);
+    json_t *j3 = rh_job_get(&r, ids[NJ - 1]);
     assert_string_equal(job_state(j3), "queued");
     json_decref(j3);
     rh_kill9(&r);
     /* the same state directory */
     assert_int_equal(rh_run(&r, NULL), 0);
     for (int i = 0; i < NJ; i++) {
-        json_t *j = job_wait(&r, ids[i], 60);
+        json_t *j = rh_job_wait_end(&r, ids[i], 60);
         assert_string_equal(job_state(j), "succeeded");
         json_t *resp = json_object_get(j, "response");
         assert_string_equal(json_string_value(json_object_get(resp, "object")), "text_completion");
@@ -515,7 +486,7 @@ static void test_jobs_survive_sigkill(void **state)
     /* a job whose deadline has passed fails as such */
     char *late = job_post(&r, "{\"endpoint\":\"completions\",\"deadline_ms\":1,"
                               "\"request\":{\"prompt\":\"x\",\"max_tokens\":2}}");
-    json_t *jl = job_wait(&r, late, 30);
+    json_t *jl = rh_job_wait_end(&r, late, 30);
     assert_string_equal(job_state(jl), "failed");
     assert_string_equal(json_string_value(json_object_get(json_object_get(jl, "error"), "code")),
                         "deadline_exceeded");
@@ -767,7 +738,7 @@ static void crash_case(const char *fault, const char *tool, bool expect_ok, int 
     int before = !strcmp(tool, "book") ? g_tools.calls_book : g_tools.calls_lookup;
     assert_int_equal(before, strstr(fault, "called") ? 1 : 0);
     assert_int_equal(rh_run(&r, NULL), 0);
-    json_t *j = job_wait(&r, id, 60);
+    json_t *j = rh_job_wait_end(&r, id, 60);
     int calls = !strcmp(tool, "book") ? g_tools.calls_book : g_tools.calls_lookup;
     assert_int_equal(calls, expect_calls);
     /* every call of the step carried the same key: <job id>/1 */
@@ -1046,7 +1017,7 @@ static void test_ledger_retention(void **state)
     assert_int_equal(ledger_rows(&r, "attempts", "request_id", "ret-keyed"), 1);
     char *short_job = job_post(&r, "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"a\","
                                    "\"max_tokens\":2,\"temperature\":0}}");
-    json_t *j = job_wait(&r, short_job, 30);
+    json_t *j = rh_job_wait_end(&r, short_job, 30);
     assert_string_equal(job_state(j), "succeeded");
     json_decref(j);
     /* 150 tokens x 30 ms: runs well past the 2 s retention */
@@ -1059,7 +1030,7 @@ static void test_ledger_retention(void **state)
         plain_gone = ledger_rows(&r, "attempts", "request_id", "ret-plain") == 0;
         short_gone = ledger_rows(&r, "jobs", "id", short_job) == 0;
         /* the long job is never swept while it runs */
-        j = job_get(&r, long_job);
+        j = rh_job_get(&r, long_job);
         assert_non_null(j);
         const char *st = job_state(j);
         assert_true(!strcmp(st, "running") || !strcmp(st, "queued") || !strcmp(st, "succeeded"));
@@ -1071,7 +1042,7 @@ static void test_ledger_retention(void **state)
     assert_int_equal(rh_req(&r, "GET", path, NULL, NULL, &w), 0);
     assert_int_equal(w.status, 404);
     wc_response_free(&w);
-    j = job_wait(&r, long_job, 60);
+    j = rh_job_wait_end(&r, long_job, 60);
     assert_string_equal(job_state(j), "succeeded");
     assert_int_equal(json_integer_value(json_object_get(json_object_get(json_object_get(j, "response"),
                                                                         "usage"),

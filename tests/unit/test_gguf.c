@@ -7,6 +7,7 @@
  * ../shared are opened and checked against facts stated in their README.
  */
 #include "testutil.h"
+#include "bin_testutil.h"
 
 #include "common/alloc.h"
 #include "engine/gguf.h"
@@ -1315,15 +1316,12 @@ static void test_llama2_tiny_random(void **state)
 
 static void test_cli_model_info(void **state)
 {
-    const char *bin = tu_spillway_bin();
+    const char *bin = btu_spillway_bin_or_skip();
     char *out = NULL;
     int status = -1;
     (void)state;
-    if (!bin) {
-        print_message("SKIP: SPILLWAY_BIN is not set\n");
-        skip();
+    if (!bin)
         return;
-    }
     /* A writer-made file: known keys, tensors and totals. */
     test_tensors t;
     sw_error err;

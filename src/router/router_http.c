@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -128,8 +129,13 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
         rt__sink_write(q, body, len);
 }
 
-json_t *rt__error_obj(int status, const char *code, const char *msg, const char *param)
+json_t *rt__error_obj(int status, const char *code, const char *message, const char *param)
 {
+    /* a message quoting client or peer text may have been cut inside a
+     * character: as sent, it must still be UTF-8 (utf8.h) */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", message);
+    sw_utf8_repair(msg);
     return json_pack("{s:{s:s, s:s, s:s, s:s?}}", "error", "message", msg, "type",
                      status < 500 ? "invalid_request_error" : "server_error", "code", code,
                      "param", param);

@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/utf8.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -91,7 +92,12 @@ static void send_json(struct evhttp_request *evreq, int status, json_t *body, co
 static json_t *error_object(const char *type, const char *code, const char *message,
                             const char *param, json_t *extra)
 {
-    json_t *e = json_pack("{s:s, s:s, s:s, s:o}", "message", message, "type", type, "code", code,
+    /* a message quoting client text may have been cut inside a character:
+     * as sent, it must still be UTF-8 (utf8.h) */
+    char msg[640];
+    snprintf(msg, sizeof msg, "%s", message);
+    sw_utf8_repair(msg);
+    json_t *e = json_pack("{s:s, s:s, s:s, s:o}", "message", msg, "type", type, "code", code,
                           "param", param ? json_string(param) : json_null());
     if (e && extra)
         json_object_update(e, extra);

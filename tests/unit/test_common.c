@@ -1,11 +1,14 @@
-/* test_common.c - error table, allocation hook, arena, byte-size parsing. */
+/* test_common.c - error table, allocation hook, arena, byte-size parsing,
+ * UTF-8 repair. */
 #include "testutil.h"
 
 #include "common/alloc.h"
 #include "common/arena.h"
 #include "common/error.h"
+#include "common/utf8.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static void test_error_messages(void **state)
@@ -73,12 +76,43 @@ static void test_arena(void **state)
     sw_arena_destroy(arena);
 }
 
+/* sw_utf8_repair: well-formed text is untouched; every byte of a broken
+ * sequence (cut, overlong, surrogate, past U+10FFFF, stray continuation)
+ * becomes '?', and the length never changes. */
+static void test_utf8_repair(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"plain ascii", "plain ascii"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"cut \xc3", "cut ?"},                       /* a 2-byte sequence cut */
+        {"cut \xe2\x82", "cut ??"},                 /* a 3-byte one */
+        {"a\xe2\x82" "b", "a??b"},                     /* cut in the middle */
+        {"\x80x", "?x"},                             /* a stray continuation */
+        {"\xc0\xaf", "??"},                         /* an overlong '/' */
+        {"\xed\xa0\x80", "???"},                   /* a surrogate */
+        {"\xf4\x90\x80\x80", "????"},             /* past U+10FFFF */
+        {"\xff\xfe", "??"},
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", cases[i].in);
+        sw_utf8_repair(buf);
+        if (strcmp(buf, cases[i].out) != 0)
+            fail_msg("case %zu: got '%s', want '%s'", i, buf, cases[i].out);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_messages),
         cmocka_unit_test(test_alloc_fail_after),
         cmocka_unit_test(test_arena),
+        cmocka_unit_test(test_utf8_repair),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

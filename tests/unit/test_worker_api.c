@@ -212,8 +212,12 @@ static void test_logit_bias(void **state)
         assert_int_not_equal(toks[0], plain[0]);
         wc_response_free(&r);
     }
+    /* the last: the message quotes the key cut to 32 bytes, inside an
+     * '\u00e9': the response must still be a JSON error naming the param */
     const char *bad[] = {"[1]", "{\"abc\":1}", "{\"5\":101}", "{\"5\":\"x\"}", "{\"1024\":1}",
-                         "{\"-1\":1}", "{\"05\":1}", "{\"\":1}"};
+                         "{\"-1\":1}", "{\"05\":1}", "{\"\":1}",
+                         "{\"a\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"
+                         "\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\":1}"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(body, sizeof body, "{%s,\"logit_bias\":%s}", base, bad[i]);
         assert_int_equal(post("/v1/completions", body, &r), 0);

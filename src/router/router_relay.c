@@ -6,9 +6,9 @@
  */
 #include "router/router-impl.h"
 #include "router/router_net.h"
+#include "worker/worker.h"
 
 #include "common/alloc.h"
-#include "common/chat_content.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -62,47 +62,13 @@ static long count_prompt(json_t *body, bool chat)
         sw_free(ids);
         return result;
     }
+    /* the worker's own rendering: template, tool definitions, tool calls
+     * and results, content parts (worker.h) */
     json_t *msgs = json_object_get(body, "messages");
-    size_t nm = json_array_size(msgs);
-    if (!json_is_array(msgs) || nm == 0 || nm > 100000)
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0 || json_array_size(msgs) > 100000)
         return -1;
-    eng_chat_message *m = sw_calloc(nm, sizeof *m);
-    char **joined = sw_calloc(nm, sizeof *joined); /* content given as parts */
-    if (!m || !joined) {
-        sw_free(m);
-        sw_free(joined);
-        return -1;
-    }
-    for (size_t i = 0; i < nm; i++) {
-        json_t *e = json_array_get(msgs, i);
-        json_t *content = json_object_get(e, "content");
-        char why[160];
-        m[i].role = json_string_value(json_object_get(e, "role"));
-        if (json_is_array(content) &&
-            sw_chat_content_text(content, &joined[i], why, sizeof why) == SW_OK)
-            m[i].content = joined[i];
-        else
-            m[i].content = json_is_null(content) ? "" : json_string_value(content);
-        if (!m[i].role || !m[i].content)
-            goto done;
-    }
-    char *text = NULL;
-    size_t len = 0, nseg = 0;
-    eng_chat_segment *segs = NULL;
-    if (eng_chat_render_segments(rt__g.family, m, nm, true, &text, &len, &segs, &nseg, NULL) == 0) {
-        if (eng_chat_tokenize(rt__g.tok, text, len, segs, nseg,
-                              eng_chat_tokenize_add_bos(rt__g.family, eng_tokenizer_add_bos(rt__g.tok)),
-                              &ids, &n, NULL) == 0)
-            result = (long)n;
-        sw_free(ids);
-        sw_free(text);
-        sw_free(segs);
-    }
-done:
-    for (size_t i = 0; i < nm; i++)
-        sw_free(joined[i]);
-    sw_free(joined);
-    sw_free(m);
+    if (wk_chat_prompt_tokens(rt__g.tok, rt__g.family, body, &n) == SW_OK)
+        result = (long)n;
     return result;
 }
 

@@ -15,7 +15,11 @@
 #ifndef SPILLWAY_WORKER_WORKER_H
 #define SPILLWAY_WORKER_WORKER_H
 
+#include "engine/chat_template.h"
 #include "engine/model.h"
+#include "engine/tokenizer.h"
+
+#include <jansson.h>
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -57,5 +61,13 @@ wk_options wk_default_options(void);
  * "spillway worker: listening on <address>" on stdout once the socket is
  * bound (the actual port when port 0 was asked for). */
 int wk_serve(const wk_options *opts);
+
+/* How many prompt tokens a worker with this tokenizer and chat family
+ * renders a /v1/chat/completions body to (template, tool definitions,
+ * tool calls and results, content parts: the worker's own code), for the
+ * router's admission. SW_OK and *n_tokens; SW_EINVAL when the worker would
+ * refuse the body (it then answers with the reason); SW_ENOMEM. */
+int wk_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
+                          size_t *n_tokens);
 
 #endif

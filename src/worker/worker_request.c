@@ -780,3 +780,38 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     r->chat = chat;
     return setup_output(s, r, p);
 }
+
+/* The router's admission count of a chat body: the same rendering as a
+ * worker's (template, tool definitions, tool calls and results, content
+ * parts), with a scratch server and request around the tokenizer. */
+int wk_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
+                          size_t *n_tokens)
+{
+    json_t *m = json_object_get(body, "messages");
+    if (!json_is_array(m) || json_array_size(m) == 0)
+        return SW_EINVAL;
+    wk_server *s = sw_calloc(1, sizeof *s);
+    wk_req *r = sw_calloc(1, sizeof *r);
+    int rc = SW_ENOMEM;
+    if (!s || !r || !(r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS,
+                                           sizeof(char *))))
+        goto done;
+    s->tok = tok;
+    s->chat_family = family;
+    wk_parse_error p;
+    memset(&p, 0, sizeof p);
+    char *tools_text = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bool ok = parse_tools(body, true, r, &p, &tools_text) &&
+              tokenize_chat(s, m, tools_text, r, &p, &ids, &n);
+    sw_free(tools_text);
+    sw_free(ids);
+    rc = ok ? SW_OK : SW_EINVAL;
+    if (ok)
+        *n_tokens = n;
+done:
+    wk_req_free(r);
+    sw_free(s);
+    return rc;
+}

@@ -211,7 +211,10 @@ static void start_with_engine(rh_router *r, const char *name, const char *server
 {
     char tools[2048], rest[3072];
     tool_sections(tools, sizeof tools, idempotent, timeout_ms);
-    snprintf(rest, sizeof rest, "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 1024\n%s",
+    /* the scripted engine has no context of its own; admission counts the
+     * rendered conversation with its tool definitions, which the test
+     * model's byte-sized vocabulary makes long: room for four steps */
+    snprintf(rest, sizeof rest, "[worker eng]\nkind = openai\nurl = unix:%s\nctx-limit = 8192\n%s",
              g_engine.path, tools);
     assert_int_equal(rh_start(r, name, g_model, server_extra, rest), 0);
     wait_ready(r, "eng");

@@ -747,6 +747,47 @@ static void *mixed_thread(void *arg)
  * every one completes (replayed or resumed on the CPU) or ends with a
  * typed error, the CPU's own requests are untouched, and the restarted
  * GPU worker serves again. */
+/* Admission counts a chat prompt as the worker renders it: the tool
+ * definitions count too. A short message with long tools over the
+ * context limit is refused by the router itself (400
+ * context_length_exceeded, the worker never asked: its client-error count
+ * stays 0); the same message without the tools is served. */
+static void test_admission_counts_tools(void **state)
+{
+    (void)state;
+    rh_router r;
+    assert_int_equal(rh_start(&r, "tools-count", g_model, NULL,
+                              "[worker cpu]\nthreads = 1\nctx-limit = 256\n"),
+                     0);
+    char desc[1200];
+    memset(desc, 0, sizeof desc);
+    for (size_t i = 0; i + 5 < sizeof desc; i += 5)
+        memcpy(desc + i, "word ", 5);
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":1,"
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+             "\"description\":\"%s\",\"parameters\":{\"type\":\"object\"}}}]}",
+             desc);
+    wc_response w;
+    char code[64];
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, body, &w), 0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "context_length_exceeded");
+    wc_response_free(&w);
+    assert_int_equal(rh_metric(r.sock, "spillway_router_requests_total{worker=\"cpu\","
+                                       "outcome=\"client_error\"}"),
+                     0);
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL,
+                            "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                            "\"max_tokens\":1}",
+                            &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    rh_finish(&r);
+}
+
 static void test_kill_gpu_under_load(void **state)
 {
     char spec[96];
@@ -1112,6 +1153,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_admission_counts_tools),
         cmocka_unit_test(test_admission_and_oom_replay),
         cmocka_unit_test(test_stream_crash),
         cmocka_unit_test(test_cancel_during_failover),

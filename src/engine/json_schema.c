@@ -346,6 +346,22 @@ static bool in_list(const char *k, const char *const *list, size_t n)
     return false;
 }
 
+/* The first keyword of schema object s that neither the compiler nor the
+ * validator handles (uniqueItems only as false), or NULL. */
+static const char *unsupported_keyword(const json_t *s)
+{
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)s, key, v) {
+        if (in_list(key, ignored_keywords, sizeof ignored_keywords / sizeof *ignored_keywords))
+            continue;
+        if (!in_list(key, handled_keywords, sizeof handled_keywords / sizeof *handled_keywords) ||
+            (strcmp(key, "uniqueItems") == 0 && !json_is_false(v)))
+            return key;
+    }
+    return NULL;
+}
+
 static int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
 
 /* A non-negative integer keyword, clamped to INT32_MAX; absent: dflt. */
@@ -641,17 +657,11 @@ static int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int3
     if (!json_is_object(s))
         return fail_at(b, plen, SW_EINVAL, "a schema must be an object");
 
-    const char *key;
-    const json_t *v;
-    json_object_foreach((json_t *)s, key, v) {
-        if (in_list(key, ignored_keywords, sizeof ignored_keywords / sizeof *ignored_keywords))
-            continue;
-        if (!in_list(key, handled_keywords, sizeof handled_keywords / sizeof *handled_keywords) ||
-            (strcmp(key, "uniqueItems") == 0 && !json_is_false(v))) {
-            char what[160];
-            snprintf(what, sizeof what, "unsupported JSON-schema keyword '%.64s'", key);
-            return fail_at(b, path_push(b, plen, key), SW_EUNSUPPORTED, what);
-        }
+    const char *key = unsupported_keyword(s);
+    if (key) {
+        char what[160];
+        snprintf(what, sizeof what, "unsupported JSON-schema keyword '%.64s'", key);
+        return fail_at(b, path_push(b, plen, key), SW_EUNSUPPORTED, what);
     }
     const json_t *any = json_object_get(s, "anyOf");
     const char *any_key = "anyOf";
@@ -1046,17 +1056,11 @@ static int val_check(validator *v, const json_t *s, const json_t *x, int32_t dep
         return val_fail(v, plen, SW_EINVAL, "the schema allows no value here");
     if (!json_is_object(s))
         return val_fail(v, plen, SW_EUNSUPPORTED, "a schema must be an object");
-    const char *key;
-    const json_t *kv;
-    json_object_foreach((json_t *)s, key, kv) {
-        if (in_list(key, ignored_keywords, sizeof ignored_keywords / sizeof *ignored_keywords))
-            continue;
-        if (!in_list(key, handled_keywords, sizeof handled_keywords / sizeof *handled_keywords) ||
-            (strcmp(key, "uniqueItems") == 0 && !json_is_false(kv))) {
-            char what[160];
-            snprintf(what, sizeof what, "unsupported JSON-schema keyword '%.64s'", key);
-            return val_fail(v, plen, SW_EUNSUPPORTED, what);
-        }
+    const char *key = unsupported_keyword(s);
+    if (key) {
+        char what[160];
+        snprintf(what, sizeof what, "unsupported JSON-schema keyword '%.64s'", key);
+        return val_fail(v, plen, SW_EUNSUPPORTED, what);
     }
     const json_t *type = json_object_get(s, "type");
     if (type) {

@@ -2,10 +2,13 @@
 #include "common/utf8.h"
 
 #include <stdint.h>
+#include <string.h>
 
-/* Length of the well-formed sequence at p (1..4), or 0. */
-static size_t sequence_length(const unsigned char *p)
+size_t sw_utf8_sequence(const char *s, size_t avail)
 {
+    const unsigned char *p = (const unsigned char *)s;
+    if (avail == 0)
+        return 0;
     unsigned c = p[0];
     if (c < 0x80)
         return 1;
@@ -19,8 +22,10 @@ static size_t sequence_length(const unsigned char *p)
         len = 4, cp = c & 0x07, min = 0x10000;
     else
         return 0;
+    if (len > avail)
+        return 0;
     for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xc0) != 0x80) /* also stops at the terminating NUL */
+        if ((p[k] & 0xc0) != 0x80)
             return 0;
         cp = cp << 6 | (p[k] & 0x3f);
     }
@@ -31,12 +36,22 @@ static size_t sequence_length(const unsigned char *p)
 
 void sw_utf8_repair(char *s)
 {
-    unsigned char *p = (unsigned char *)s;
-    while (*p) {
-        size_t len = sequence_length(p);
+    size_t left = strlen(s);
+    while (left > 0) {
+        size_t len = sw_utf8_sequence(s, left);
         if (len == 0)
-            *p++ = '?';
-        else
-            p += len;
+            len = 1, *s = '?';
+        s += len;
+        left -= len;
     }
+}
+
+size_t sw_utf8_cut(const char *s, size_t len, size_t n)
+{
+    if (n >= len)
+        return len;
+    /* s[n], the first byte left out, must start a character */
+    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+        n--;
+    return n;
 }

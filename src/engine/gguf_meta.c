@@ -9,6 +9,8 @@
 
 #include "engine/quant.h"
 
+#include "common/utf8.h"
+
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -555,11 +557,7 @@ void eng_gguf_kv_format(const eng_gguf *g, int64_t kv, char *buf, size_t cap)
 done:
     if (f.full && cap >= 4) {
         /* Room for "...", cut before a character, not inside one. */
-        size_t len = f.len;
-        if (len > cap - 4)
-            len = cap - 4;
-        while (len > 0 && ((uint8_t)buf[len] & 0xc0) == 0x80)
-            len--;
+        size_t len = sw_utf8_cut(buf, f.len, cap - 4);
         memcpy(buf + len, "...", 4);
     }
 }

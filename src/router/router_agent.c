@@ -33,6 +33,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "engine/json_schema.h"
 
 #include <stdio.h>
@@ -105,12 +106,7 @@ static int text_or_error(const rt_tool_config *t, char **result)
  * leave the tool's result without its call). */
 static void copy_utf8(char *out, size_t cap, const char *s)
 {
-    size_t n = strlen(s);
-    if (n >= cap) {
-        n = cap - 1;
-        while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
-            n--; /* s[n], the first byte left out, is inside a sequence */
-    }
+    size_t n = sw_utf8_cut(s, strlen(s), cap - 1);
     memcpy(out, s, n);
     out[n] = 0;
 }
@@ -151,8 +147,7 @@ static int read_result(rn_conn *c, double deadline_at, char **out, size_t *len)
         if (r == 0)
             break;
         if (n == RT_MAX_TOOL_RESULT) {
-            while (n > 0 && ((unsigned char)b[n] & 0xc0) == 0x80)
-                n--; /* b[n], the first byte left out, is inside a sequence */
+            n = sw_utf8_cut(b, n + (size_t)r, n); /* b[n] is the byte past the cap */
             break;
         }
         n += (size_t)r;
@@ -218,9 +213,7 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
         return text_or_error(t, result);
     }
     snprintf(msg, sizeof msg, "error: the tool %s answered HTTP %d: ", t->name, status);
-    size_t ml = strlen(msg), show = len > 200 ? 200 : len;
-    while (show > 0 && show < len && ((unsigned char)body[show] & 0xc0) == 0x80)
-        show--; /* not inside a UTF-8 sequence */
+    size_t ml = strlen(msg), show = sw_utf8_cut(body, len, 200);
     *result = sw_malloc(ml + show + 1);
     if (*result) {
         memcpy(*result, msg, ml);
@@ -945,9 +938,7 @@ static void keep_name(const char *gen, char *out, size_t cap)
         snprintf(out, cap, "%s", gen);
         return;
     }
-    size_t keep = RT_TOOL_NAME_MAX - 3;
-    while (keep > 0 && ((unsigned char)gen[keep] & 0xc0) == 0x80)
-        keep--;
+    size_t keep = sw_utf8_cut(gen, n, RT_TOOL_NAME_MAX - 3);
     snprintf(out, cap, "%.*s...", (int)keep, gen);
 }
 

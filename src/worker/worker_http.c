@@ -134,12 +134,8 @@ static json_t *json_text(const char *p, size_t n)
     if (!out)
         return json_string("");
     for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)p[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0 && i + len <= n;
-        for (size_t k = 1; ok && k < len; k++)
-            ok = ((unsigned char)p[i + k] & 0xC0) == 0x80;
-        if (ok) {
+        size_t len = sw_utf8_sequence(p + i, n - i);
+        if (len) {
             memcpy(out + o, p + i, len);
             o += len;
             i += len;

@@ -106,6 +106,22 @@ static void test_utf8_repair(void **state)
     }
 }
 
+/* sw_utf8_cut never ends inside a character; sw_utf8_sequence bounds its
+ * look at avail bytes. */
+static void test_utf8_cut(void **state)
+{
+    (void)state;
+    const char s[] = "a\xc3\xa9\xe2\x82\xac" "b"; /* a, e-acute (2), euro (3), b */
+    size_t len = sizeof s - 1;
+    static const size_t want[] = {0, 1, 1, 3, 3, 3, 6, 7, 7};
+    for (size_t n = 0; n <= len + 1; n++)
+        assert_int_equal(sw_utf8_cut(s, len, n), want[n]);
+    assert_int_equal(sw_utf8_sequence(s + 3, 3), 3);
+    assert_int_equal(sw_utf8_sequence(s + 3, 2), 0); /* cut by avail */
+    assert_int_equal(sw_utf8_sequence("\0", 1), 1);
+    assert_int_equal(sw_utf8_sequence(s, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -113,6 +129,7 @@ int main(void)
         cmocka_unit_test(test_alloc_fail_after),
         cmocka_unit_test(test_arena),
         cmocka_unit_test(test_utf8_repair),
+        cmocka_unit_test(test_utf8_cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,11 +50,7 @@ static rh_router g_rt;
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 11;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-async.gguf"));
-    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
+    if (rh_make_model(g_model, sizeof g_model, "router-async.gguf", 11))
         return -1;
     return rh_start(&g_rt, "async", g_model, "max-body = 4KiB\njob-workers = 1\n",
                     "[worker cpu]\nthreads = 1\nctx-limit = 512\n");

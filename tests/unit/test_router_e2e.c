@@ -40,13 +40,9 @@ static char g_pool[64];
 
 static int setup(void **state)
 {
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 5;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-e2e.gguf"));
     snprintf(g_pool, sizeof g_pool, "rt-e2e-%d", (int)getpid());
     dev_sim_unlink(g_pool, NULL);
-    return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
+    return rh_make_model(g_model, sizeof g_model, "router-e2e.gguf", 5);
 }
 
 static int teardown(void **state)

@@ -39,11 +39,7 @@ static rh_router g_rt;
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 7;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-ka.gguf"));
-    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
+    if (rh_make_model(g_model, sizeof g_model, "router-ka.gguf", 7))
         return -1;
     return rh_start(&g_rt, "ka", g_model,
                     "keepalive-timeout-s = 3\nkeepalive-max-requests = 8\n"

@@ -186,13 +186,9 @@ static int tools_start(void)
 
 static int setup(void **state)
 {
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 7;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-ledger.gguf"));
     snprintf(g_pool, sizeof g_pool, "rt-ldg-%d", (int)getpid());
     dev_sim_unlink(g_pool, NULL);
-    if (eng_model_make(&p, g_model, NULL) || !tu_spillway_bin())
+    if (rh_make_model(g_model, sizeof g_model, "router-ledger.gguf", 7))
         return -1;
     return tools_start();
 }

@@ -47,11 +47,7 @@ static char g_model[512];
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 11;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-upstream.gguf"));
-    return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
+    return rh_make_model(g_model, sizeof g_model, "router-upstream.gguf", 11);
 }
 
 static int teardown(void **state)

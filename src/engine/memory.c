@@ -470,6 +470,13 @@ size_t eng_context_kv_bytes_used(const eng_context *ctx)
     return (ctx->block_bytes_device + ctx->block_bytes_host) * (size_t)ctx->n_blocks_held;
 }
 
+size_t eng_context_kv_block_device_bytes(const eng_context *ctx) { return ctx->block_bytes_device; }
+
+size_t eng_context_kv_device_bytes_used(const eng_context *ctx)
+{
+    return ctx->block_bytes_device * (size_t)ctx->n_blocks_held;
+}
+
 size_t eng_context_workspace_bytes(const eng_context *ctx) { return ctx->layout.total_bytes; }
 
 int32_t eng_context_n_device_layers(const eng_context *ctx) { return ctx->n_device_layers; }

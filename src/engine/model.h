@@ -211,6 +211,10 @@ void eng_seq_clear(eng_context *ctx, int32_t seq_id);
 size_t eng_context_kv_bytes_total(const eng_context *ctx);
 /* KV bytes held now (device and host parts). */
 size_t eng_context_kv_bytes_used(const eng_context *ctx);
+/* The device part of one KV block, and of the blocks held now (0 without
+ * a device, or with every layer's KV on the host). */
+size_t eng_context_kv_block_device_bytes(const eng_context *ctx);
+size_t eng_context_kv_device_bytes_used(const eng_context *ctx);
 size_t eng_context_workspace_bytes(const eng_context *ctx);
 /* Layers whose weights and KV live on the device (0 without a device). */
 int32_t eng_context_n_device_layers(const eng_context *ctx);

@@ -15,6 +15,8 @@
 #define SPILLWAY_ROUTER_IMPL_H
 
 #include "router/router.h"
+#include "router/router_pool.h"
+#include "router/router_queue.h"
 
 #include "ledger/ledger.h"
 
@@ -28,35 +30,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-enum { WS_STARTING, WS_READY, WS_DOWN, WS_SUSPECT };
-
-typedef struct rt_worker {
-    rt_worker_config cfg;
-    char address[640];          /* unix:PATH or http://HOST:PORT */
-    char log_path[600];
-    pid_t pid;
-    int state;
-    double next_start;
-    double backoff;
-    double started_at;
-    double last_health;
-    double last_ok;             /* last /health 200 (or the spawn) */
-    bool ready_once;            /* ready since the last spawn */
-    bool restart_requested;
-    int restarts;
-    int last_exit;              /* exit status of the last exit, -1 none */
-    /* from /health */
-    bool on_device;
-    int64_t mem_total, mem_used, mem_reserved, mem_free;
-    int64_t kv_bpt;
-    int32_t ctx_limit;
-    double prefill_rate, decode_rate;
-    char rates_source[16];  /* the worker's /health: none, calibration, measured */
-    /* metrics */
-    uint64_t req_ok, req_client_error, req_failed, tokens;
-    int inflight;               /* attempts running on it now */
-} rt_worker;
-
 #define RT_EVENTS 128
 
 /* SPILLWAY_SABOTAGE switches (docs/router.md, Sabotage): each disables one
@@ -67,12 +40,14 @@ typedef struct rt_sabotage {
 
 struct rt_jobs;
 
-typedef struct rt__state {
+/* The router: its pieces and what they share. mu guards the metrics,
+ * the event ring and the idle connections; the pool has its own lock,
+ * which also guards the queue. */
+typedef struct rt_router {
     const rt_config *cfg;
     pthread_mutex_t mu;
-    rt_worker w[RT_MAX_WORKERS];
-    int order[RT_MAX_WORKERS];  /* preference order */
-    int n;
+    rt_pool pool;               /* the workers and the books */
+    rt_queue queue;             /* requests waiting for a worker */
     eng_tokenizer *tok;
     eng_chat_family family;
     volatile sig_atomic_t stop;
@@ -82,7 +57,8 @@ typedef struct rt__state {
     int n_events, next_event;
     uint64_t failovers_oom, failovers_crash, rejected_capacity, rejected_auth, rejected_bad;
     uint64_t requests_total;
-    int queued;                 /* requests waiting for a worker now */
+    /* requests answered without a worker, by reason */
+    uint64_t refused_queue_full, refused_queue_timeout, refused_deadline, refused_context;
     uint64_t lat_buckets[12], ttft_buckets[12];
     uint64_t lat_count, ttft_count;
     double lat_sum, ttft_sum;
@@ -101,7 +77,7 @@ typedef struct rt__state {
     uint64_t ledger_swept;      /* rows deleted by the retention sweep */
     uint64_t async_fallbacks;   /* requests queued as jobs (Prefer: respond-async) */
     uint64_t continues_sent;    /* 100 Continue interim responses */
-} rt__state;
+} rt_router;
 
 /* A connection idle between two requests (lives on its thread's stack;
  * linked under rt__g.mu). */
@@ -117,7 +93,7 @@ typedef struct rt_idle {
  * rt__g.mu held. */
 bool rt__evict_idle_locked(void);
 
-extern rt__state rt__g;
+extern rt_router rt__g;
 
 /* What a request sent, kept when capture is on: for the Idempotency-Key
  * store, the jobs and the agent loop's inner generations. A stream is
@@ -180,9 +156,17 @@ typedef struct rt_req {
      * instead (router_jobs.c, rt__jobs_accept_async) */
     bool prefer_async;
     long long job_deadline_ms; /* X-Spillway-Job-Deadline-Ms, -1 none */
+    /* admission (router_queue.h): the place in arrival order, the
+     * ordinal of its first admission (X-Spillway-Admission) and the time
+     * it waited (X-Spillway-Queue-Ms); 0 before */
+    uint64_t ticket, admission;
+    double queue_ms;
+    /* its attempts are recorded in the ledger: an Idempotency-Key, a job
+     * or an agent run (durability promised); else only in memory and
+     * the event log */
+    bool durable;
 } rt_req;
 
-const char *rt__ws_name(int state);
 double rt__now_s(void);  /* monotonic */
 double rt__wall_s(void); /* Unix time */
 /* Histogram bucket bounds (seconds); the 12th bucket is +Inf. */

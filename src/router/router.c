@@ -35,13 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-rt__state rt__g;
-
-const char *rt__ws_name(int s)
-{
-    static const char *n[] = {"starting", "ready", "down", "suspect"};
-    return s >= 0 && s < 4 ? n[s] : "unknown";
-}
+rt_router rt__g;
 
 double rt__now_s(void)
 {
@@ -182,33 +176,8 @@ int rt_serve(const rt_config *c)
         rt__g.ledger = NULL;
         return 1;
     }
-    rt__g.n = c->n_workers;
-    for (int i = 0; i < rt__g.n; i++) {
-        rt_worker *w = &rt__g.w[i];
-        w->cfg = c->workers[i];
-        w->backoff = 0.25;
-        w->last_exit = -1;
-        w->state = w->cfg.managed ? WS_DOWN : WS_STARTING;
-        /* Built in locals: the configuration lives in the same global as
-         * the worker table, and snprintf must not read what it writes. */
-        char address[sizeof w->address], log_path[sizeof w->log_path];
-        if (w->cfg.managed) {
-            snprintf(address, sizeof address, "unix:%s/%s.sock", c->state_dir, w->cfg.name);
-            snprintf(log_path, sizeof log_path, "%s/%s.log", c->state_dir, w->cfg.name);
-            memcpy(w->log_path, log_path, sizeof log_path);
-        } else {
-            snprintf(address, sizeof address, "%s", w->cfg.url);
-        }
-        memcpy(w->address, address, sizeof address);
-        rt__g.order[i] = i;
-    }
-    /* preference order, stable (file order breaks ties) */
-    for (int i = 1; i < rt__g.n; i++)
-        for (int j = i; j > 0 && rt__g.w[rt__g.order[j]].cfg.preference < rt__g.w[rt__g.order[j - 1]].cfg.preference; j--) {
-            int t = rt__g.order[j];
-            rt__g.order[j] = rt__g.order[j - 1];
-            rt__g.order[j - 1] = t;
-        }
+    rt_pool_init(&rt__g.pool, c);
+    rt_queue_init(&rt__g.queue, &rt__g.pool, c->queue_size);
     /* start everything, wait until every worker is ready */
     double t0 = rt__now_s();
     for (;;) {
@@ -216,25 +185,25 @@ int rt_serve(const rt_config *c)
         /* every managed worker, and at least one worker in all: a worker
          * given by url may come up later */
         int ready = 0, managed_waiting = 0;
-        for (int i = 0; i < rt__g.n; i++) {
-            ready += rt__g.w[i].state == WS_READY;
-            managed_waiting += rt__g.w[i].cfg.managed && rt__g.w[i].state != WS_READY;
+        for (int i = 0; i < rt__g.pool.n; i++) {
+            ready += rt__g.pool.w[i].state == WS_READY;
+            managed_waiting += rt__g.pool.w[i].cfg.managed && rt__g.pool.w[i].state != WS_READY;
         }
         if (ready > 0 && managed_waiting == 0)
             break;
-        for (int i = 0; i < rt__g.n; i++)
-            if (rt__g.w[i].last_exit == 1 || rt__g.w[i].last_exit == 2) {
+        for (int i = 0; i < rt__g.pool.n; i++)
+            if (rt__g.pool.w[i].last_exit == 1 || rt__g.pool.w[i].last_exit == 2) {
                 /* a start-up failure (bad model, device or options) does
                  * not get better by restarting */
                 fprintf(stderr, "spillway serve: worker %s failed to start (exit status %d); see %s\n",
-                        rt__g.w[i].cfg.name, rt__g.w[i].last_exit, rt__g.w[i].log_path);
+                        rt__g.pool.w[i].cfg.name, rt__g.pool.w[i].last_exit, rt__g.pool.w[i].log_path);
                 goto out;
             }
         if (rt__g.stop || rt__now_s() - t0 > c->ready_timeout_s) {
-            for (int i = 0; i < rt__g.n; i++)
-                if (rt__g.w[i].state != WS_READY)
+            for (int i = 0; i < rt__g.pool.n; i++)
+                if (rt__g.pool.w[i].state != WS_READY)
                     fprintf(stderr, "spillway serve: worker %s did not become ready (log: %s)\n",
-                            rt__g.w[i].cfg.name, rt__g.w[i].log_path[0] ? rt__g.w[i].log_path : rt__g.w[i].address);
+                            rt__g.pool.w[i].cfg.name, rt__g.pool.w[i].log_path[0] ? rt__g.pool.w[i].log_path : rt__g.pool.w[i].address);
             goto out;
         }
         usleep(50 * 1000);
@@ -251,8 +220,8 @@ int rt_serve(const rt_config *c)
         fprintf(stderr, "spillway serve: cannot start the job runners\n");
         goto out;
     }
-    for (int k = 0; k < rt__g.n; k++) {
-        rt_worker *w = &rt__g.w[rt__g.order[k]];
+    for (int k = 0; k < rt__g.pool.n; k++) {
+        rt_worker *w = &rt__g.pool.w[rt__g.pool.order[k]];
         printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name,
                w->cfg.device[0] ? w->cfg.device : "cpu",
                !strncmp(w->cfg.device, "sim-gpu", 7) ? " [simulated]" : "",

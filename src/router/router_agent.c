@@ -1106,6 +1106,7 @@ run:
         iq.fd = -1;
         iq.cap.on = true;
         iq.single_pass = true;
+        iq.durable = true; /* an agent run's records are promised */
         iq.defer_event = true;
         iq.deadline_ms = left; /* what is left of the run's: admission and queue */
         if (stream) {
@@ -1135,8 +1136,8 @@ run:
         if (iq.worker[0] && !a.text_sent)
             snprintf(q->worker, sizeof q->worker, "%s", iq.worker);
         if (iq.worker_failed)
-            for (int i = 0; i < rt__g.n; i++)
-                if (!strcmp(rt__g.w[i].cfg.name, iq.worker))
+            for (int i = 0; i < rt__g.pool.n; i++)
+                if (!strcmp(rt__g.pool.w[i].cfg.name, iq.worker))
                     failed[i] = true;
         if (a.ended || (a.text_sent && q->write_failed)) {
             /* the stream already ended at the client (an error event after

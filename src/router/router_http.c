@@ -123,6 +123,10 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
                      q->worker[0] ? q->worker : "", q->worker[0] ? "\r\n" : "");
     if (q->attempts > 0 && n > 0 && (size_t)n < sizeof head)
         n += snprintf(head + n, sizeof head - (size_t)n, "X-Spillway-Attempts: %d\r\n", q->attempts);
+    if (q->admission > 0 && n > 0 && (size_t)n < sizeof head)
+        n += snprintf(head + n, sizeof head - (size_t)n,
+                      "X-Spillway-Admission: %llu\r\nX-Spillway-Queue-Ms: %.0f\r\n",
+                      (unsigned long long)q->admission, q->queue_ms);
     if (n > 0 && (size_t)n < sizeof head)
         n += snprintf(head + n, sizeof head - (size_t)n, "%s\r\n", extra ? extra : "");
     if (n > 0 && (size_t)n < sizeof head && rt__sink_write(q, head, (size_t)n) == 0 && len)
@@ -160,23 +164,37 @@ static void handle_health(rt_req *q)
 {
     json_t *ws = json_array();
     int ready = 0;
-    pthread_mutex_lock(&rt__g.mu);
-    for (int k = 0; k < rt__g.n; k++) {
-        rt_worker *w = &rt__g.w[rt__g.order[k]];
+    pthread_mutex_lock(&rt__g.pool.mu);
+    for (int k = 0; k < rt__g.pool.n; k++) {
+        rt_worker *w = &rt__g.pool.w[rt__g.pool.order[k]];
         ready += w->state == WS_READY;
-        json_array_append_new(
-            ws, json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}",
-                          "name", w->cfg.name, "state", rt__ws_name(w->state), "device",
-                          w->cfg.device[0] ? w->cfg.device : "cpu", "managed", w->cfg.managed,
-                          "pid", (int)w->pid, "restarts", w->restarts, "memory_total_bytes",
-                          (json_int_t)w->mem_total, "memory_free_bytes", (json_int_t)w->mem_free,
-                          "kv_bytes_per_token", (json_int_t)w->kv_bpt, "memory_used_bytes",
-                          (json_int_t)w->mem_used, "prefill_tokens_per_second", w->prefill_rate,
-                          "decode_tokens_per_second", w->decode_rate, "rates_source",
-                          w->rates_source[0] ? w->rates_source : "none", "ctx_limit", w->ctx_limit));
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}", "name",
+            w->cfg.name, "state", rt_ws_name(w->state), "device",
+            w->cfg.device[0] ? w->cfg.device : "cpu", "managed", w->cfg.managed, "pid",
+            (int)w->pid, "restarts", w->restarts, "memory_total_bytes", (json_int_t)w->mem_total,
+            "memory_free_bytes", (json_int_t)w->mem_free, "kv_bytes_per_token",
+            (json_int_t)w->kv_bpt, "memory_used_bytes", (json_int_t)w->mem_used,
+            "prefill_tokens_per_second", w->prefill_rate, "decode_tokens_per_second",
+            w->decode_rate, "rates_source", w->rates_source[0] ? w->rates_source : "none",
+            "ctx_limit", w->ctx_limit);
+        /* the router's books beside the worker's own figures */
+        json_object_set_new(o, "books",
+                            json_pack("{s:i, s:i, s:I, s:I, s:b}", "seqs", w->books.seqs,
+                                      "max_seqs", rt_pool_max_seqs(w), "kv_reserved_bytes",
+                                      (json_int_t)w->books.kv_bytes, "kv_budget_bytes",
+                                      (json_int_t)w->kv_budget, "held", w->held));
+        json_object_set_new(o, "reported",
+                            json_pack("{s:i, s:i, s:I, s:I}", "slots_max", w->slots_max,
+                                      "kv_block_tokens", w->kv_block_tokens,
+                                      "kv_block_device_bytes", (json_int_t)w->kv_block_bytes,
+                                      "kv_device_used_bytes", (json_int_t)w->kv_held_bytes));
+        json_array_append_new(ws, o);
     }
-    pthread_mutex_unlock(&rt__g.mu);
-    json_t *h = json_pack("{s:s, s:o}", "status", ready ? "ready" : "unavailable", "workers", ws);
+    int depth = rt__g.queue.depth;
+    pthread_mutex_unlock(&rt__g.pool.mu);
+    json_t *h = json_pack("{s:s, s:o, s:i}", "status", ready ? "ready" : "unavailable", "workers",
+                          ws, "queue_depth", depth);
     json_t *sab = json_array();
     const rt_sabotage *sb = &rt__g.sabotage;
     if (sb->no_replay) json_array_append_new(sab, json_string("no-replay"));
@@ -211,6 +229,68 @@ static void handle_events(rt_req *q)
     free(s);
 }
 
+#define OUT(...) \
+    do { \
+        int k_ = snprintf(b + *n, cap - *n, __VA_ARGS__); \
+        if (k_ > 0 && (size_t)k_ < cap - *n) *n += (size_t)k_; \
+    } while (0)
+
+/* The queue and the books (docs/router.md, Metrics); with both locks. */
+static void metrics_queue(char *b, size_t *n, size_t cap)
+{
+    const rt_queue *qu = &rt__g.queue;
+    OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", qu->depth);
+    OUT("# TYPE spillway_router_queue_peak_depth gauge\nspillway_router_queue_peak_depth %d\n",
+        qu->peak_depth);
+    OUT("# TYPE spillway_router_queue_drain_rate gauge\nspillway_router_queue_drain_rate %.3f\n",
+        qu->rate);
+    OUT("# TYPE spillway_router_queue_passes_total counter\n"
+        "spillway_router_queue_passes_total %llu\n", (unsigned long long)qu->passes);
+    OUT("# TYPE spillway_router_admissions_total counter\nspillway_router_admissions_total %llu\n",
+        (unsigned long long)qu->admissions);
+    const char *name = "spillway_router_queue_wait_seconds";
+    uint64_t cum = 0;
+    OUT("# TYPE %s histogram\n", name);
+    for (int i = 0; i < RT_QWAIT_BUCKETS; i++) {
+        cum += qu->wait_buckets[i];
+        if (i < RT_QWAIT_BUCKETS - 1)
+            OUT("%s_bucket{le=\"%g\"} %llu\n", name, rt_qwait_le[i], (unsigned long long)cum);
+        else
+            OUT("%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    }
+    OUT("%s_sum %.6f\n%s_count %llu\n", name, qu->wait_sum, name,
+        (unsigned long long)qu->wait_count);
+    OUT("# TYPE spillway_router_refusals_total counter\n"
+        "spillway_router_refusals_total{reason=\"queue_full\"} %llu\n"
+        "spillway_router_refusals_total{reason=\"queue_timeout\"} %llu\n"
+        "spillway_router_refusals_total{reason=\"deadline\"} %llu\n"
+        "spillway_router_refusals_total{reason=\"context\"} %llu\n",
+        (unsigned long long)rt__g.refused_queue_full,
+        (unsigned long long)rt__g.refused_queue_timeout,
+        (unsigned long long)rt__g.refused_deadline, (unsigned long long)rt__g.refused_context);
+    OUT("# TYPE spillway_router_worker_refusals_total counter\n");
+    for (int i = 0; i < rt__g.pool.n; i++) {
+        const rt_worker *w = &rt__g.pool.w[i];
+        OUT("spillway_router_worker_refusals_total{worker=\"%s\",reason=\"memory\"} %llu\n"
+            "spillway_router_worker_refusals_total{worker=\"%s\",reason=\"slots\"} %llu\n",
+            w->cfg.name, (unsigned long long)w->refused_memory, w->cfg.name,
+            (unsigned long long)w->refused_slots);
+    }
+    OUT("# TYPE spillway_router_admitted_seqs gauge\n");
+    for (int i = 0; i < rt__g.pool.n; i++)
+        OUT("spillway_router_admitted_seqs{worker=\"%s\"} %d\n", rt__g.pool.w[i].cfg.name,
+            rt__g.pool.w[i].books.seqs);
+    OUT("# TYPE spillway_router_reserved_kv_bytes gauge\n");
+    for (int i = 0; i < rt__g.pool.n; i++)
+        OUT("spillway_router_reserved_kv_bytes{worker=\"%s\"} %lld\n", rt__g.pool.w[i].cfg.name,
+            (long long)rt__g.pool.w[i].books.kv_bytes);
+    OUT("# TYPE spillway_router_kv_budget_bytes gauge\n");
+    for (int i = 0; i < rt__g.pool.n; i++)
+        OUT("spillway_router_kv_budget_bytes{worker=\"%s\"} %lld\n", rt__g.pool.w[i].cfg.name,
+            (long long)rt__g.pool.w[i].kv_budget);
+}
+#undef OUT
+
 static void handle_metrics(rt_req *q)
 {
     size_t cap = 65536, n = 0;
@@ -222,10 +302,12 @@ static void handle_metrics(rt_req *q)
         int k_ = snprintf(b + n, cap - n, __VA_ARGS__); \
         if (k_ > 0 && (size_t)k_ < cap - n) n += (size_t)k_; \
     } while (0)
+    /* lock order: the pool's, then the router's */
+    pthread_mutex_lock(&rt__g.pool.mu);
     pthread_mutex_lock(&rt__g.mu);
     OUT("# TYPE spillway_router_requests_total counter\n");
-    for (int i = 0; i < rt__g.n; i++) {
-        rt_worker *w = &rt__g.w[i];
+    for (int i = 0; i < rt__g.pool.n; i++) {
+        rt_worker *w = &rt__g.pool.w[i];
         OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"ok\"} %llu\n", w->cfg.name,
             (unsigned long long)w->req_ok);
         OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"client_error\"} %llu\n",
@@ -245,26 +327,26 @@ static void handle_metrics(rt_req *q)
     OUT("spillway_router_failovers_total{reason=\"worker_crash\"} %llu\n",
         (unsigned long long)rt__g.failovers_crash);
     OUT("# TYPE spillway_router_worker_up gauge\n");
-    for (int i = 0; i < rt__g.n; i++)
-        OUT("spillway_router_worker_up{worker=\"%s\"} %d\n", rt__g.w[i].cfg.name,
-            rt__g.w[i].state == WS_READY);
+    for (int i = 0; i < rt__g.pool.n; i++)
+        OUT("spillway_router_worker_up{worker=\"%s\"} %d\n", rt__g.pool.w[i].cfg.name,
+            rt__g.pool.w[i].state == WS_READY);
     OUT("# TYPE spillway_router_worker_restarts_total counter\n");
-    for (int i = 0; i < rt__g.n; i++)
-        OUT("spillway_router_worker_restarts_total{worker=\"%s\"} %d\n", rt__g.w[i].cfg.name,
-            rt__g.w[i].restarts);
+    for (int i = 0; i < rt__g.pool.n; i++)
+        OUT("spillway_router_worker_restarts_total{worker=\"%s\"} %d\n", rt__g.pool.w[i].cfg.name,
+            rt__g.pool.w[i].restarts);
     OUT("# TYPE spillway_router_device_memory_bytes gauge\n");
-    for (int i = 0; i < rt__g.n; i++) {
+    for (int i = 0; i < rt__g.pool.n; i++) {
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"total\"} %lld\n",
-            rt__g.w[i].cfg.name, (long long)rt__g.w[i].mem_total);
+            rt__g.pool.w[i].cfg.name, (long long)rt__g.pool.w[i].mem_total);
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"used\"} %lld\n",
-            rt__g.w[i].cfg.name, (long long)rt__g.w[i].mem_used);
+            rt__g.pool.w[i].cfg.name, (long long)rt__g.pool.w[i].mem_used);
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"reserved\"} %lld\n",
-            rt__g.w[i].cfg.name, (long long)rt__g.w[i].mem_reserved);
+            rt__g.pool.w[i].cfg.name, (long long)rt__g.pool.w[i].mem_reserved);
     }
     OUT("# TYPE spillway_router_generated_tokens_total counter\n");
-    for (int i = 0; i < rt__g.n; i++)
-        OUT("spillway_router_generated_tokens_total{worker=\"%s\"} %llu\n", rt__g.w[i].cfg.name,
-            (unsigned long long)rt__g.w[i].tokens);
+    for (int i = 0; i < rt__g.pool.n; i++)
+        OUT("spillway_router_generated_tokens_total{worker=\"%s\"} %llu\n", rt__g.pool.w[i].cfg.name,
+            (unsigned long long)rt__g.pool.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt__g.active_conns);
     rn_pool_counts pc;
@@ -289,7 +371,7 @@ static void handle_metrics(rt_req *q)
     OUT("# TYPE spillway_router_ledger_rows_deleted_total counter\n"
         "spillway_router_ledger_rows_deleted_total %llu\n",
         (unsigned long long)rt__g.ledger_swept);
-    OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", rt__g.queued);
+    metrics_queue(b, &n, cap);
     OUT("# TYPE spillway_router_idempotent_replays_total counter\n"
         "spillway_router_idempotent_replays_total %llu\n",
         (unsigned long long)rt__g.idem_replays);
@@ -324,6 +406,7 @@ static void handle_metrics(rt_req *q)
             (unsigned long long)(h ? rt__g.ttft_count : rt__g.lat_count));
     }
     pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_unlock(&rt__g.pool.mu);
 #undef OUT
     rt__send_response(q, 200, "text/plain; version=0.0.4", NULL, b, n);
     sw_free(b);
@@ -331,11 +414,11 @@ static void handle_metrics(rt_req *q)
 
 static void handle_models(rt_req *q)
 {
-    for (int k = 0; k < rt__g.n; k++) {
-        rt_worker *w = &rt__g.w[rt__g.order[k]];
-        pthread_mutex_lock(&rt__g.mu);
+    for (int k = 0; k < rt__g.pool.n; k++) {
+        rt_worker *w = &rt__g.pool.w[rt__g.pool.order[k]];
+        pthread_mutex_lock(&rt__g.pool.mu);
         bool ready = w->state == WS_READY;
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_unlock(&rt__g.pool.mu);
         if (!ready)
             continue;
         char *body = NULL;

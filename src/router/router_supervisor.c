@@ -137,7 +137,7 @@ static void sup_health_openai(rt_worker *w)
         st = rn_get(w->address, "/v1/models", 2000, &body);
         sw_free(body);
     }
-    pthread_mutex_lock(&rt__g.mu);
+    pthread_mutex_lock(&rt__g.pool.mu);
     if (st == 200) {
         w->on_device = false;
         w->mem_total = w->mem_used = w->mem_reserved = w->mem_free = 0;
@@ -145,6 +145,7 @@ static void sup_health_openai(rt_worker *w)
         w->ctx_limit = w->cfg.ctx_limit;
         w->prefill_rate = w->decode_rate = 0;
         snprintf(w->rates_source, sizeof w->rates_source, "none");
+        rt_pool_reconcile_locked(w);
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s (openai): ready", w->cfg.name);
         w->state = WS_READY;
@@ -155,7 +156,9 @@ static void sup_health_openai(rt_worker *w)
         rn_pool_drop(w->address);
     }
     w->last_health = rt__now_s();
-    pthread_mutex_unlock(&rt__g.mu);
+    w->health_now = false;
+    pthread_mutex_unlock(&rt__g.pool.mu);
+    rt_queue_kick(&rt__g.queue);
 }
 
 static void sup_health(rt_worker *w)
@@ -168,7 +171,7 @@ static void sup_health(rt_worker *w)
     int st = rn_get(w->address, "/health", 2000, &body);
     json_t *j = body ? json_loads(body, 0, NULL) : NULL;
     sw_free(body);
-    pthread_mutex_lock(&rt__g.mu);
+    pthread_mutex_lock(&rt__g.pool.mu);
     if (st == 200 && j) {
         json_t *mem = json_object_get(j, "memory");
         json_t *dev = json_object_get(j, "device");
@@ -183,6 +186,17 @@ static void sup_health(rt_worker *w)
         /* a peer's number: out of range reads as 0 (no limit known) */
         json_int_t ctx = json_integer_value(json_object_get(j, "ctx_limit"));
         w->ctx_limit = ctx > 0 && ctx <= INT32_MAX ? (int32_t)ctx : 0;
+        json_int_t smax = json_integer_value(json_object_get(json_object_get(j, "slots"), "max"));
+        w->slots_max = smax > 0 && smax <= 4096 ? (int32_t)smax : 0;
+        /* the books' units (a worker of an older version has none: its
+         * memory is then not counted, only its sequences) */
+        json_t *kv = json_object_get(j, "kv");
+        json_int_t bt = json_integer_value(json_object_get(kv, "block_tokens"));
+        json_int_t bb = json_integer_value(json_object_get(kv, "block_device_bytes"));
+        json_int_t held = json_integer_value(json_object_get(kv, "device_used_bytes"));
+        w->kv_block_tokens = bt > 0 && bt <= 65536 ? (int32_t)bt : 0;
+        w->kv_block_bytes = bb > 0 ? (int64_t)bb : 0;
+        w->kv_held_bytes = held > 0 ? (int64_t)held : 0;
         w->prefill_rate = json_number_value(json_object_get(j, "prefill_tokens_per_second"));
         w->decode_rate = json_number_value(json_object_get(j, "decode_tokens_per_second"));
         /* one of the words docs/api.md lists, else none: any other text
@@ -196,6 +210,7 @@ static void sup_health(rt_worker *w)
             SW_INFO("router", "worker %s: ready", w->cfg.name);
         if (!w->restart_requested)
             w->state = WS_READY;
+        rt_pool_reconcile_locked(w);
         w->backoff = 0.25;
         w->last_ok = rt__now_s();
         w->ready_once = true;
@@ -207,17 +222,19 @@ static void sup_health(rt_worker *w)
         w->state = WS_DOWN;
     }
     w->last_health = rt__now_s();
-    pthread_mutex_unlock(&rt__g.mu);
+    w->health_now = false;
+    pthread_mutex_unlock(&rt__g.pool.mu);
     json_decref(j);
+    rt_queue_kick(&rt__g.queue); /* ready, or a new budget: waiters may fit */
 }
 
 /* One supervision pass: reap, restart, health-check what is due. */
 void rt__sup_pass(bool force_health)
 {
     double t = rt__now_s();
-    for (int i = 0; i < rt__g.n; i++) {
-        rt_worker *w = &rt__g.w[i];
-        pthread_mutex_lock(&rt__g.mu);
+    for (int i = 0; i < rt__g.pool.n; i++) {
+        rt_worker *w = &rt__g.pool.w[i];
+        pthread_mutex_lock(&rt__g.pool.mu);
         if (w->cfg.managed && w->pid > 0) {
             int status;
             pid_t r = waitpid(w->pid, &status, WNOHANG);
@@ -259,12 +276,12 @@ void rt__sup_pass(bool force_health)
         if (spawn && rt__g.sabotage.no_restart && w->restarts > 0)
             spawn = false; /* SABOTAGE no-restart: a failed worker stays down */
         bool due = w->pid > 0 || !w->cfg.managed;
-        due = due && (force_health || w->state != WS_READY ||
+        due = due && (force_health || w->state != WS_READY || w->health_now ||
                       t - w->last_health >= rt__g.cfg->health_interval_ms / 1000.0);
         due = due && !w->restart_requested && !(w->state == WS_DOWN && w->cfg.managed);
         if (spawn)
             sup_spawn(w);
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_unlock(&rt__g.pool.mu);
         if (!spawn && due)
             sup_health(w);
     }
@@ -320,21 +337,21 @@ void *rt__sup_thread(void *arg)
 
 void rt__stop_workers(void)
 {
-    for (int i = 0; i < rt__g.n; i++)
-        if (rt__g.w[i].pid > 0)
-            kill(rt__g.w[i].pid, SIGTERM);
+    for (int i = 0; i < rt__g.pool.n; i++)
+        if (rt__g.pool.w[i].pid > 0)
+            kill(rt__g.pool.w[i].pid, SIGTERM);
     double t = rt__now_s();
-    for (int i = 0; i < rt__g.n; i++) {
-        while (rt__g.w[i].pid > 0) {
+    for (int i = 0; i < rt__g.pool.n; i++) {
+        while (rt__g.pool.w[i].pid > 0) {
             int st;
-            if (waitpid(rt__g.w[i].pid, &st, WNOHANG) == rt__g.w[i].pid) {
-                rt__g.w[i].pid = 0;
+            if (waitpid(rt__g.pool.w[i].pid, &st, WNOHANG) == rt__g.pool.w[i].pid) {
+                rt__g.pool.w[i].pid = 0;
                 break;
             }
             if (rt__now_s() - t > 10) {
-                kill(rt__g.w[i].pid, SIGKILL);
-                waitpid(rt__g.w[i].pid, &st, 0);
-                rt__g.w[i].pid = 0;
+                kill(rt__g.pool.w[i].pid, SIGKILL);
+                waitpid(rt__g.pool.w[i].pid, &st, 0);
+                rt__g.pool.w[i].pid = 0;
                 break;
             }
             usleep(20000);

@@ -168,6 +168,7 @@ typedef struct wk_server {
     bool device_error_seen;          /* engine thread: a step hit SW_EDEVICE */
     int32_t slots_active;
     size_t kv_used_bytes;
+    size_t kv_device_used_bytes;     /* the device part of kv_used_bytes */
     size_t device_bytes;
     double prefill_tokens, prefill_seconds, decode_tokens, decode_seconds;
     /* the part of those totals that start-up calibration put there: while

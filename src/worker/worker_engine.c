@@ -223,12 +223,14 @@ static void take_held(wk_slot *sl, size_t n, wk_event *ev)
 static void publish_stats(wk_server *s)
 {
     size_t kv = eng_context_kv_bytes_used(s->ctx);
+    size_t kv_dev = eng_context_kv_device_bytes_used(s->ctx);
     size_t dev = eng_context_device_bytes(s->ctx);
     int32_t active = 0;
     for (int32_t i = 0; i < s->n_seqs; i++)
         active += s->slots[i].req != NULL;
     pthread_mutex_lock(&s->lock);
     s->kv_used_bytes = kv;
+    s->kv_device_used_bytes = kv_dev;
     s->device_bytes = dev;
     s->slots_active = active;
     pthread_mutex_unlock(&s->lock);

@@ -702,7 +702,8 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
     pthread_mutex_lock(&s->lock);
     wk_state st = s->state;
     bool ready = st != WK_LOADING && (st != WK_FAILED || s->device_failed);
-    size_t kv_used = s->kv_used_bytes, dev_bytes = s->device_bytes;
+    size_t kv_used = s->kv_used_bytes, kv_dev_used = s->kv_device_used_bytes;
+    size_t dev_bytes = s->device_bytes;
     int32_t active = s->slots_active, queued = s->n_queued;
     double pre = s->prefill_seconds > 0 ? s->prefill_tokens / s->prefill_seconds : 0;
     double dec = s->decode_seconds > 0 ? s->decode_tokens / s->decode_seconds : 0;
@@ -743,6 +744,12 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
         json_object_set_new(h, "slots", json_pack("{s:i, s:i, s:i}", "active", active, "max",
                                                   s->n_seqs, "queued", queued));
         json_object_set_new(h, "kv_bytes_per_token", json_integer((json_int_t)s->kv_bytes_per_token));
+        /* what the router's books count in (docs/api.md, GET /health) */
+        json_object_set_new(
+            h, "kv",
+            json_pack("{s:i, s:I, s:I}", "block_tokens", s->kv_block_tokens, "block_device_bytes",
+                      (json_int_t)eng_context_kv_block_device_bytes(s->ctx), "device_used_bytes",
+                      (json_int_t)kv_dev_used));
         json_object_set_new(h, "ctx_limit", json_integer(s->n_ctx));
         json_object_set_new(h, "policy",
                             json_string(s->o.policy == ENG_KV_GROW ? "grow" : "reserve"));

@@ -1,0 +1,358 @@
+/* router_attempt.c - one attempt: one exchange with one upstream (a
+ * spillway worker or a kind = openai engine), from the request to the
+ * end of its answer, relayed to the sink as it comes, ending in an
+ * outcome (router_failover.h) that says how it ended.
+ */
+#include "router/router_attempt.h"
+#include "router/router_net.h"
+
+#include "common/alloc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Cap on one SSE event from a worker (a token's chunk with logprobs is a
+ * few KiB at most). */
+#define RT_MAX_EVENT_BYTES ((size_t)4 << 20)
+
+typedef enum { FAIL_NONE, FAIL_OOM, FAIL_CRASH, FAIL_BUSY, FAIL_CLIENT_GONE } fail_kind;
+
+/* Out-of-memory as other engines word it (kind = openai workers have no
+ * typed error code): matched case-insensitively anywhere in the error
+ * body or SSE error event. docs/router.md, External upstreams, lists them
+ * with the engines that send them. */
+static const char *const oom_patterns[] = {
+    "out of memory",                 /* CUDA, vLLM "CUDA out of memory", llama.cpp */
+    "failed to allocate",            /* llama.cpp / ggml buffers */
+    "requires more system memory",   /* Ollama */
+    "insufficient memory",           /* Metal, generic */
+    "not enough memory",             /* generic, Windows */
+    "cudamalloc failed",             /* ggml-cuda */
+    "outofdevicememory",             /* Vulkan VK_ERROR_OUT_OF_DEVICE_MEMORY */
+    "unable to allocate",            /* ROCm / HIP, numpy-style */
+};
+
+static bool text_says_oom(const char *text)
+{
+    if (!text)
+        return false;
+    for (size_t i = 0; i < sizeof oom_patterns / sizeof oom_patterns[0]; i++)
+        if (strcasestr(text, oom_patterns[i]))
+            return true;
+    return false;
+}
+
+/* An external engine's failure (status >= 500 with text, or an SSE error
+ * event's text): oom by the table above, busy for 503 (llama-server
+ * "Loading model", overloaded), else a crash-like failure. */
+static fail_kind classify_openai(rt_relay *r, const char *text, int status)
+{
+    if (text_says_oom(text)) {
+        snprintf(r->phase, sizeof r->phase, "%s", r->content_sent ? "decode" : "generation");
+        return FAIL_OOM;
+    }
+    if (status == 503) {
+        snprintf(r->phase, sizeof r->phase, "admission");
+        return FAIL_BUSY;
+    }
+    snprintf(r->phase, sizeof r->phase, "generation");
+    return FAIL_CRASH;
+}
+
+/* Classifies a worker's error object: oom, busy (admission refusals that
+ * another worker may not have) or a crash-like server failure. */
+static fail_kind classify_error(json_t *err, rt_relay *r)
+{
+    const char *code = json_string_value(json_object_get(err, "code"));
+    const char *phase = json_string_value(json_object_get(err, "phase"));
+    if (code && !strcmp(code, "out_of_memory")) {
+        snprintf(r->phase, sizeof r->phase, "%s", phase ? phase : "unknown");
+        return FAIL_OOM;
+    }
+    if (code && (!strcmp(code, "capacity_exceeded") || !strcmp(code, "not_ready") ||
+                 !strcmp(code, "draining"))) {
+        snprintf(r->phase, sizeof r->phase, "admission");
+        return FAIL_BUSY;
+    }
+    snprintf(r->phase, sizeof r->phase, "generation");
+    return FAIL_CRASH;
+}
+
+/* Relays one SSE payload; returns FAIL_NONE to go on, or how it ended. */
+static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
+{
+    if (!strcmp(payload, "[DONE]")) {
+        *done = true;
+        if (rt_sink_event(r, "[DONE]") || rt_sink_chunk(r, "", 0))
+            return FAIL_CLIENT_GONE;
+        r->finished = true;
+        return FAIL_NONE;
+    }
+    json_t *j = json_loads(payload, 0, NULL);
+    if (!j)
+        return FAIL_CRASH;
+    fail_kind fk = FAIL_NONE;
+    json_t *err = json_object_get(j, "error");
+    if (err && r->openai) {
+        fk = classify_openai(r, payload, 500);
+        if (fk == FAIL_BUSY)
+            fk = FAIL_CRASH;
+        json_decref(j);
+        *done = true;
+        return fk;
+    }
+    if (err) {
+        fk = classify_error(err, r);
+        if (fk == FAIL_BUSY)
+            fk = FAIL_CRASH;
+        json_decref(j);
+        *done = true;
+        return fk;
+    }
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *delta = json_object_get(choice, "delta");
+    if (r->chat && json_object_get(delta, "role")) {
+        if (r->role_sent) {
+            json_decref(j);
+            return FAIL_NONE;
+        }
+        r->role_sent = true;
+    }
+    json_t *sp = json_object_get(j, "spillway");
+    json_t *usage = json_object_get(j, "usage");
+    char *rewritten = NULL;
+    if (json_is_object(usage) && r->resume_base > 0) {
+        /* a resumed worker counts only its new tokens */
+        json_int_t base = (json_int_t)r->resume_base;
+        json_object_set_new(usage, "completion_tokens",
+                            json_integer(json_integer_value(json_object_get(usage, "completion_tokens")) + base));
+        json_object_set_new(usage, "total_tokens",
+                            json_integer(json_integer_value(json_object_get(usage, "total_tokens")) + base));
+        rewritten = json_dumps(j, JSON_COMPACT);
+    }
+    int sent = rt_sink_event(r, rewritten ? rewritten : payload);
+    free(rewritten);
+    if (sent) {
+        json_decref(j);
+        return FAIL_CLIENT_GONE;
+    }
+    /* what the client has: a resumed worker gives back text the failed one
+     * held (a possible stop string) from this count on */
+    json_t *text = r->chat ? json_object_get(delta, "content") : json_object_get(choice, "text");
+    if (json_is_string(text))
+        r->text_bytes += json_string_length(text);
+    if ((json_is_string(text) && json_string_length(text) > 0) ||
+        json_array_size(json_object_get(delta, "tool_calls")) > 0) {
+        r->content_sent = true;
+        if (r->ttft < 0) /* an engine without token_ids: the first text */
+            r->ttft = rt__now_s() - r->t_start;
+    }
+    json_t *ids = json_object_get(sp, "token_ids");
+    if (r->ttft < 0 && json_array_size(ids) > 0)
+        r->ttft = rt__now_s() - r->t_start;
+    for (size_t i = 0; i < json_array_size(ids); i++) {
+        if (r->n_tokens == r->cap_tokens) {
+            size_t nc = r->cap_tokens ? r->cap_tokens * 2 : 256;
+            int32_t *nt = sw_realloc(r->tokens, nc * sizeof *nt);
+            if (!nt)
+                break;
+            r->tokens = nt;
+            r->cap_tokens = nc;
+        }
+        r->tokens[r->n_tokens++] = (int32_t)json_integer_value(json_array_get(ids, i));
+    }
+    if (json_is_integer(json_object_get(sp, "draws")))
+        r->draws = json_integer_value(json_object_get(sp, "draws"));
+    json_decref(j);
+    return FAIL_NONE;
+}
+
+/* One exchange with worker w (the books hold its reservation; the caller
+ * gives it back). */
+static fail_kind attempt_run(rt_relay *r, rt_worker *w, const char *body, size_t body_len)
+{
+    rn_conn c;
+    char hdr[256];
+    snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", r->q->request_id);
+    const char *path = r->chat ? "/v1/chat/completions" : "/v1/completions";
+    r->openai = w->cfg.kind == RT_KIND_OPENAI;
+    /* an idle connection to this worker process when there is one; an
+     * external engine gets one of its own per request (docs/router.md,
+     * Worker connections) */
+    rn_target up = {w->address, 0, w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 8, !r->openai};
+    pthread_mutex_lock(&rt__g.pool.mu);
+    up.generation = (uint64_t)(uint32_t)w->restarts << 32 | (uint32_t)w->pid;
+    pthread_mutex_unlock(&rt__g.pool.mu);
+    /* no client socket (a job): the job runners' cancel pipe, so a shutdown
+     * aborts the worker request (router_jobs.c, rt__jobs_cancel) */
+    int rc = rn_request_pooled(&c, &up, "POST", path, hdr, body, body_len,
+                               r->q->fd >= 0 ? r->q->fd : rt__job_cancel_fd,
+                               rt__g.cfg->http_timeout_s * 1000);
+    fail_kind fk = FAIL_NONE;
+    snprintf(r->phase, sizeof r->phase, "connect");
+    if (rc == -2) {
+        fk = FAIL_CLIENT_GONE;
+        goto out;
+    }
+    if (rc != 0) {
+        if (rc == -3)
+            snprintf(r->phase, sizeof r->phase, "before_response");
+        fk = FAIL_CRASH;
+        goto out;
+    }
+    if (c.status != 200 || !r->stream) {
+        char *resp = NULL;
+        size_t len = 0;
+        int br = rn_body_all(&c, &resp, &len, (size_t)256 << 20);
+        if (br == -2) {
+            fk = FAIL_CLIENT_GONE;
+            goto out;
+        }
+        if (br != 0) {
+            snprintf(r->phase, sizeof r->phase, "generation");
+            fk = FAIL_CRASH;
+            goto out;
+        }
+        if (c.status >= 500) {
+            if (r->openai) {
+                fk = classify_openai(r, resp, c.status);
+                sw_free(resp);
+                goto out;
+            }
+            json_t *j = json_loads(resp, 0, NULL);
+            fk = classify_error(json_object_get(j, "error"), r);
+            json_decref(j);
+            sw_free(resp);
+            goto out;
+        }
+        if (r->headers_sent) {
+            /* a resumed stream refused with a 4xx: the client already has
+             * a stream, so the error ends it as an event (never retried) */
+            json_t *j = json_loads(resp, 0, NULL);
+            char *e = j && json_object_get(j, "error") ? json_dumps(j, JSON_COMPACT) : NULL;
+            json_decref(j);
+            if (!e) {
+                json_t *eo = rt__error_obj(500, "worker_failed", "the worker refused the resume", NULL);
+                e = json_dumps(eo, JSON_COMPACT);
+                json_decref(eo);
+            }
+            if (e && (rt_sink_event(r, e) || rt_sink_event(r, "[DONE]") || rt_sink_chunk(r, "", 0)))
+                fk = FAIL_CLIENT_GONE;
+            free(e);
+            sw_free(resp);
+            pthread_mutex_lock(&rt__g.pool.mu);
+            w->req_client_error++;
+            pthread_mutex_unlock(&rt__g.pool.mu);
+            goto out;
+        }
+        /* success or a client error: relayed as is, never retried */
+        json_t *j = json_loads(resp, 0, NULL);
+        long long toks = json_integer_value(
+            json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+        json_decref(j);
+        pthread_mutex_lock(&rt__g.pool.mu);
+        if (c.status == 200) {
+            w->req_ok++;
+            w->tokens += (uint64_t)toks;
+        } else {
+            w->req_client_error++;
+        }
+        pthread_mutex_unlock(&rt__g.pool.mu);
+        r->n_tokens = (size_t)toks;
+        r->status = c.status;
+        rt__send_response(r->q, c.status, c.content_type[0] ? c.content_type : "application/json",
+                      NULL, resp, len);
+        sw_free(resp);
+        r->finished = true;
+        goto out;
+    }
+    /* SSE: split the de-chunked body into events */
+    char *acc = NULL;
+    size_t acc_len = 0, acc_cap = 0;
+    bool done = false;
+    char buf[8192];
+    while (!done) {
+        long n = rn_body(&c, buf, sizeof buf);
+        if (n == -2) {
+            fk = FAIL_CLIENT_GONE;
+            break;
+        }
+        if (n <= 0) {
+            snprintf(r->phase, sizeof r->phase, "generation");
+            fk = FAIL_CRASH; /* the stream ended without [DONE] */
+            break;
+        }
+        if (acc_len + (size_t)n > RT_MAX_EVENT_BYTES) {
+            /* no event is that long: a broken worker */
+            snprintf(r->phase, sizeof r->phase, "generation");
+            fk = FAIL_CRASH;
+            break;
+        }
+        if (acc_len + (size_t)n + 1 > acc_cap) {
+            size_t nc = (acc_len + (size_t)n + 1) * 2;
+            char *na = sw_realloc(acc, nc);
+            if (!na) {
+                fk = FAIL_CRASH;
+                break;
+            }
+            acc = na;
+            acc_cap = nc;
+        }
+        memcpy(acc + acc_len, buf, (size_t)n);
+        acc_len += (size_t)n;
+        acc[acc_len] = 0;
+        char *start = acc;
+        char *sep;
+        while (!done && (sep = strstr(start, "\n\n"))) {
+            *sep = 0;
+            if (!strncmp(start, "data: ", 6)) {
+                fk = stream_payload(r, start + 6, &done);
+                if (fk != FAIL_NONE)
+                    done = true;
+            }
+            start = sep + 2;
+        }
+        size_t rest = acc_len - (size_t)(start - acc);
+        memmove(acc, start, rest);
+        acc_len = rest;
+    }
+    sw_free(acc);
+    if (r->finished) {
+        pthread_mutex_lock(&rt__g.pool.mu);
+        w->req_ok++;
+        w->tokens += r->n_tokens;
+        pthread_mutex_unlock(&rt__g.pool.mu);
+    }
+    if (fk == FAIL_NONE && done)
+        rn_body_drain(&c, 1000); /* the last chunk, so the connection can be reused */
+out:
+    rn_release(&c); /* reused only when the response was read to its end */
+    return fk;
+}
+
+
+rt_outcome rt_attempt_run(rt_relay *r, int wi, const char *body, size_t len, bool *refused_memory)
+{
+    rt_worker *w = &rt__g.pool.w[wi];
+    *refused_memory = false;
+    fail_kind fk = attempt_run(r, w, body, len);
+    switch (fk) {
+    case FAIL_NONE:
+        return r->finished && r->status != 200 ? RT_OUT_CLIENT_ERROR : RT_OUT_OK;
+    case FAIL_CLIENT_GONE:
+        return RT_OUT_CLIENT_GONE;
+    case FAIL_BUSY:
+        return RT_OUT_REFUSED;
+    case FAIL_OOM:
+        if (!strcmp(r->phase, "admission")) {
+            *refused_memory = true; /* refused before any work */
+            return RT_OUT_REFUSED;
+        }
+        return RT_OUT_OOM;
+    case FAIL_CRASH:
+        break;
+    }
+    return RT_OUT_CRASH;
+}

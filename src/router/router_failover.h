@@ -1,0 +1,64 @@
+/* router_failover.h - the failover decision: DESIGN.md's replay table as
+ * a pure function from how an attempt ended, what the client already
+ * received and the worker's kind to what happens next (replay, resume,
+ * back to the queue, stop) and why. test_router_policy checks every row.
+ */
+#ifndef SPILLWAY_ROUTER_FAILOVER_H
+#define SPILLWAY_ROUTER_FAILOVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* How one attempt on one upstream ended. */
+typedef enum rt_outcome {
+    RT_OUT_OK,           /* a full answer relayed */
+    RT_OUT_CLIENT_ERROR, /* a 4xx relayed as is */
+    RT_OUT_REFUSED,      /* refused before any work (slots, memory at
+                            admission, not ready, draining) */
+    RT_OUT_OOM,          /* out of memory while working */
+    RT_OUT_CRASH,        /* connection lost, broken answer, 5xx */
+    RT_OUT_CLIENT_GONE,  /* the client left (or the job was cancelled) */
+} rt_outcome;
+
+/* A server-side tool call of the request (agent runs). */
+typedef enum rt_tool_state {
+    RT_TOOL_NONE,        /* none ran */
+    RT_TOOL_EXECUTED,    /* ran; its result is in the ledger */
+    RT_TOOL_UNKNOWN,     /* started, outcome unknown, not idempotent */
+} rt_tool_state;
+
+typedef struct rt_failover_in {
+    rt_outcome outcome;
+    bool stream;
+    size_t tokens_sent;     /* token ids the client has (a stream) */
+    bool content_sent;      /* text or a tool call reached the client */
+    int kind;               /* RT_KIND_* of the worker it ran on */
+    rt_tool_state tool;
+    bool single_pass;       /* the caller replays the whole run (agent) */
+    bool no_replay, no_resume; /* SPILLWAY_SABOTAGE switches */
+} rt_failover_in;
+
+typedef enum rt_action {
+    RT_FO_DONE,          /* the answer is complete (or a final 4xx) */
+    RT_FO_CANCEL,        /* the client left: nothing more anywhere */
+    RT_FO_REQUEUE,       /* back to its place in the queue; the attempt
+                            does not count against max-attempts */
+    RT_FO_REPLAY,        /* from the start on the next eligible worker */
+    RT_FO_RESUME,        /* after the tokens sent, same sampler draws */
+    RT_FO_STOP,          /* a typed error to the client */
+} rt_action;
+
+typedef struct rt_failover {
+    rt_action action;
+    const char *decision;   /* the failover event's "decision" */
+    const char *reason;     /* the failover event's "reason" */
+    const char *error_code; /* RT_FO_STOP: the error's code */
+    bool out_of_rotation;   /* the worker is suspect until /health */
+    bool restart;           /* poisoned by an out-of-memory: restart it */
+} rt_failover;
+
+rt_failover rt_failover_decide(const rt_failover_in *in);
+
+const char *rt_outcome_name(rt_outcome o);
+
+#endif

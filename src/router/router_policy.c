@@ -1,0 +1,84 @@
+/* router_policy.c - the routing policy (router_policy.h): which worker
+ * takes a request, or why none can now.
+ */
+#include "router/router_policy.h"
+
+#include <string.h>
+
+int64_t rt_policy_kv_bytes(const rt_worker_view *w, long tokens)
+{
+    if (!w->count_memory || tokens <= 0)
+        return 0;
+    int64_t blocks = ((int64_t)tokens + w->block_tokens - 1) / w->block_tokens;
+    return blocks * w->block_bytes;
+}
+
+int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tried,
+                     rt_decision *d)
+{
+    memset(d, 0, sizeof *d);
+    d->worker = -1;
+    d->best_pred_ms = -1;
+    int unknown_rates = -1;
+    int64_t unknown_bytes = 0;
+    long unknown_tokens = 0;
+    for (int k = 0; k < v->n && d->worker < 0; k++) {
+        const rt_worker_view *w = &v->w[k];
+        unsigned why = 0;
+        long prompt = need->prompt < 0 ? 0 : need->prompt;
+        /* the tokens the worker may hold: prompt + max_tokens, within its
+         * context; an unknown prompt reserves the whole context */
+        long tokens = prompt + (need->max_tokens < 0 ? 0 : need->max_tokens);
+        if (w->ctx_limit > 0 && (need->prompt < 0 || need->max_tokens < 0 || tokens > w->ctx_limit))
+            tokens = w->ctx_limit;
+        int64_t bytes = rt_policy_kv_bytes(w, tokens);
+        if (tried && tried[w->index])
+            why = RT_SKIP_TRIED;
+        else if (!need->idle && w->state != WS_READY)
+            why = RT_SKIP_DOWN;
+        else if (need->resume && w->kind == RT_KIND_OPENAI)
+            why = RT_SKIP_KIND;
+        else if (w->ctx_limit > 0 && need->prompt >= w->ctx_limit)
+            why = RT_SKIP_CTX;
+        else if (!need->idle && w->held)
+            why = RT_SKIP_HELD;
+        else if (!need->idle && w->max_seqs > 0 && w->seqs >= w->max_seqs)
+            why = RT_SKIP_SLOTS;
+        else if (w->count_memory &&
+                 bytes > w->kv_budget - (need->idle ? 0 : w->kv_reserved))
+            why = RT_SKIP_MEM;
+        if (!why && need->deadline_ms >= 0) {
+            if (w->prefill_rate > 0 && w->decode_rate > 0) {
+                long gen = tokens - prompt;
+                double pred = need->wait_ms + ((double)prompt / w->prefill_rate +
+                                               (double)(gen > 0 ? gen : 0) / w->decode_rate) *
+                                                  1000;
+                if (d->best_pred_ms < 0 || pred < d->best_pred_ms)
+                    d->best_pred_ms = pred;
+                if (pred > (double)need->deadline_ms)
+                    why = RT_SKIP_DEADLINE;
+            } else {
+                if (unknown_rates < 0) {
+                    unknown_rates = w->index;
+                    unknown_bytes = bytes;
+                    unknown_tokens = tokens;
+                }
+                continue; /* a fallback, not a choice */
+            }
+        }
+        d->reason[w->index] = why;
+        d->skipped |= why;
+        if (!why) {
+            d->worker = w->index;
+            d->kv_bytes = bytes;
+            d->kv_tokens = tokens;
+        }
+    }
+    if (d->worker < 0 && unknown_rates >= 0) {
+        d->worker = unknown_rates;
+        d->kv_bytes = unknown_bytes;
+        d->kv_tokens = unknown_tokens;
+        d->rates_unknown = true;
+    }
+    return d->worker;
+}

@@ -1,0 +1,61 @@
+/* router_policy.h - the routing policy: a pure function from a snapshot
+ * of the pool, one request's need and the workers it already tried to a
+ * decision: a worker and what to reserve there, or why none can take it.
+ * No lock, no I/O, no clock: test_router_policy drives it from tables.
+ */
+#ifndef SPILLWAY_ROUTER_POLICY_H
+#define SPILLWAY_ROUTER_POLICY_H
+
+#include "router/router_pool.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Why a worker was passed over (bits; one per worker in rt_decision). */
+enum {
+    RT_SKIP_TRIED = 1,     /* it failed this request already */
+    RT_SKIP_DOWN = 2,      /* not ready (starting, down, suspect) */
+    RT_SKIP_KIND = 4,      /* a stream to resume, and it cannot resume */
+    RT_SKIP_CTX = 8,       /* the prompt does not fit its context */
+    RT_SKIP_SLOTS = 16,    /* every sequence the books allow is taken */
+    RT_SKIP_MEM = 32,      /* the KV need does not fit its budget now */
+    RT_SKIP_DEADLINE = 64, /* predicted to miss the deadline */
+    RT_SKIP_HELD = 128,    /* it refused since its last /health */
+};
+
+typedef struct rt_need {
+    long prompt;           /* exact prompt tokens; -1 unknown */
+    long max_tokens;       /* -1: up to the context */
+    bool resume;           /* a stream with tokens sent: needs a resume */
+    long long deadline_ms; /* -1 none */
+    double wait_ms;        /* predicted wait before it starts (deadline) */
+    bool idle;             /* judge as if nothing were admitted anywhere
+                              and every worker were ready: could it ever
+                              be served? */
+} rt_need;
+
+typedef struct rt_decision {
+    int worker;            /* index into rt_pool.w, -1 none */
+    int64_t kv_bytes;      /* what to reserve on it (0: memory not counted) */
+    long kv_tokens;        /* the tokens those bytes are for */
+    unsigned skipped;      /* union of the reasons below */
+    unsigned reason[RT_MAX_WORKERS]; /* by rt_pool.w index; 0: chosen or not reached */
+    double best_pred_ms;   /* the best prediction of a worker with rates, -1 none */
+    bool rates_unknown;    /* chosen as the fallback: no worker with rates
+                              was predicted in time, this one has none */
+} rt_decision;
+
+/* The first worker in preference order, not yet tried, that is ready, fits
+ * the need (context, the books' sequences and KV budget) and is predicted
+ * to meet the deadline. With a deadline, a worker that reports no rates
+ * (calibration off, kind = openai) cannot be predicted: it is taken (the
+ * first such) only when no worker with rates is predicted in time. tried
+ * is indexed like rt_pool.w (NULL: none). Returns d->worker. */
+int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tried,
+                     rt_decision *d);
+
+/* KV bytes a request of tokens reserves on a worker: whole blocks of its
+ * block size (0 when memory is not counted there). */
+int64_t rt_policy_kv_bytes(const rt_worker_view *w, long tokens);
+
+#endif

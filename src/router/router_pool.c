@@ -1,0 +1,111 @@
+/* router_pool.c - the worker table and the router's books (router_pool.h).
+ */
+#include "router/router_pool.h"
+
+#include <stdio.h>
+#include <string.h>
+
+const char *rt_ws_name(int s)
+{
+    static const char *n[] = {"starting", "ready", "down", "suspect"};
+    return s >= 0 && s < 4 ? n[s] : "unknown";
+}
+
+void rt_pool_init(rt_pool *p, const rt_config *c)
+{
+    memset(p, 0, sizeof *p);
+    pthread_mutex_init(&p->mu, NULL);
+    p->n = c->n_workers;
+    for (int i = 0; i < p->n; i++) {
+        rt_worker *w = &p->w[i];
+        w->cfg = c->workers[i];
+        w->backoff = 0.25;
+        w->last_exit = -1;
+        w->kv_budget = -1;
+        w->state = w->cfg.managed ? WS_DOWN : WS_STARTING;
+        if (w->cfg.managed) {
+            snprintf(w->address, sizeof w->address, "unix:%s/%s.sock", c->state_dir, w->cfg.name);
+            snprintf(w->log_path, sizeof w->log_path, "%s/%s.log", c->state_dir, w->cfg.name);
+        } else {
+            snprintf(w->address, sizeof w->address, "%s", w->cfg.url);
+        }
+        p->order[i] = i;
+    }
+    /* preference order, stable (file order breaks ties) */
+    for (int i = 1; i < p->n; i++)
+        for (int j = i; j > 0 && p->w[p->order[j]].cfg.preference <
+                                     p->w[p->order[j - 1]].cfg.preference; j--) {
+            int t = p->order[j];
+            p->order[j] = p->order[j - 1];
+            p->order[j - 1] = t;
+        }
+}
+
+void rt_pool_destroy(rt_pool *p) { pthread_mutex_destroy(&p->mu); }
+
+int32_t rt_pool_max_seqs(const rt_worker *w)
+{
+    if (w->cfg.kind == RT_KIND_SPILLWAY && w->slots_max > 0)
+        return w->slots_max;
+    return w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 0;
+}
+
+void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
+{
+    out->n = p->n;
+    for (int k = 0; k < p->n; k++) {
+        const rt_worker *w = &p->w[p->order[k]];
+        rt_worker_view *v = &out->w[k];
+        v->index = p->order[k];
+        v->state = w->state;
+        v->kind = w->cfg.kind;
+        v->ctx_limit = w->ctx_limit;
+        v->max_seqs = rt_pool_max_seqs(w);
+        v->seqs = w->books.seqs;
+        v->held = w->held;
+        v->count_memory = w->kv_budget >= 0 && w->kv_block_tokens > 0 && w->kv_block_bytes > 0;
+        v->block_tokens = w->kv_block_tokens;
+        v->block_bytes = w->kv_block_bytes;
+        v->kv_budget = w->kv_budget;
+        v->kv_reserved = w->books.kv_bytes;
+        v->prefill_rate = w->prefill_rate;
+        v->decode_rate = w->decode_rate;
+    }
+}
+
+void rt_pool_take_locked(rt_pool *p, int wi, int64_t kv_bytes)
+{
+    p->w[wi].books.seqs++;
+    p->w[wi].books.kv_bytes += kv_bytes;
+}
+
+void rt_pool_give_locked(rt_pool *p, int wi, int64_t kv_bytes)
+{
+    rt_books *b = &p->w[wi].books;
+    b->seqs = b->seqs > 0 ? b->seqs - 1 : 0;
+    b->kv_bytes = b->kv_bytes > kv_bytes ? b->kv_bytes - kv_bytes : 0;
+}
+
+void rt_pool_refused_locked(rt_pool *p, int wi, bool memory)
+{
+    rt_worker *w = &p->w[wi];
+    if (memory)
+        w->refused_memory++;
+    else
+        w->refused_slots++;
+    w->held = true;
+    w->health_now = true;
+}
+
+void rt_pool_reconcile_locked(rt_worker *w)
+{
+    /* The budget is what the worker could hold in KV now: the device's
+     * free memory above the reserve plus what its own sequences hold
+     * (the router's books cover those). Memory another process takes on
+     * the same device (a hog, a second worker) lowers it. */
+    if (w->on_device && w->kv_block_tokens > 0 && w->kv_block_bytes > 0)
+        w->kv_budget = (w->mem_free > 0 ? w->mem_free : 0) + w->kv_held_bytes;
+    else
+        w->kv_budget = -1;
+    w->held = false;
+}

@@ -1,0 +1,273 @@
+/* router_queue.c - the FIFO admission queue (router_queue.h).
+ */
+#include "router/router_queue.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <string.h>
+#include <time.h>
+
+const double rt_qwait_le[RT_QWAIT_BUCKETS - 1] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                   0.25,  0.5,    1,     2.5,  5,     10,  30};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void rt_queue_init(rt_queue *q, rt_pool *p, int cap)
+{
+    memset(q, 0, sizeof *q);
+    q->pool = p;
+    q->cap = cap;
+    q->win_start = mono_s();
+}
+
+uint64_t rt_queue_ticket(rt_queue *q)
+{
+    pthread_mutex_lock(&q->pool->mu);
+    uint64_t t = ++q->next_ticket;
+    pthread_mutex_unlock(&q->pool->mu);
+    return t;
+}
+
+/* Links w by ticket: a request coming back (refused, replayed) keeps its
+ * place ahead of later arrivals. */
+static void link_waiter(rt_queue *q, rt_waiter *w)
+{
+    rt_waiter *after = q->tail;
+    while (after && after->ticket > w->ticket)
+        after = after->prev;
+    w->prev = after;
+    w->next = after ? after->next : q->head;
+    if (w->next)
+        w->next->prev = w;
+    else
+        q->tail = w;
+    if (after)
+        after->next = w;
+    else
+        q->head = w;
+    w->queued = true;
+    q->depth++;
+    if (q->depth > q->peak_depth)
+        q->peak_depth = q->depth;
+}
+
+static void unlink_waiter(rt_queue *q, rt_waiter *w)
+{
+    if (!w->queued)
+        return;
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        q->head = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    else
+        q->tail = w->prev;
+    w->prev = w->next = NULL;
+    w->queued = false;
+    q->depth--;
+}
+
+static void count_admission(rt_queue *q, rt_waiter *w, double now)
+{
+    if (w->first)
+        w->ordinal = ++q->admissions;
+    q->win_count++;
+    double span = now - q->win_start;
+    if (span >= 1.0) {
+        double r = (double)q->win_count / span;
+        q->rate = q->rate > 0 ? 0.5 * q->rate + 0.5 * r : r;
+        q->win_start = now;
+        q->win_count = 0;
+    }
+}
+
+static void grant(rt_queue *q, rt_pool_view *v, rt_waiter *w, const rt_decision *d, double now)
+{
+    w->grant = *d;
+    w->granted = true;
+    rt_pool_take_locked(q->pool, d->worker, d->kv_bytes);
+    for (int k = 0; k < v->n; k++)
+        if (v->w[k].index == d->worker) {
+            v->w[k].seqs++;
+            v->w[k].kv_reserved += d->kv_bytes;
+        }
+    count_admission(q, w, now);
+    unlink_waiter(q, w);
+    pthread_cond_signal(&w->cv);
+}
+
+/* Whether any ready worker still has a sequence free by the books: when
+ * none has, no waiter can be admitted and the pass stops early. */
+static bool any_slot(const rt_pool_view *v)
+{
+    for (int k = 0; k < v->n; k++)
+        if (v->w[k].state == WS_READY && !v->w[k].held &&
+            (v->w[k].max_seqs <= 0 || v->w[k].seqs < v->w[k].max_seqs))
+            return true;
+    return false;
+}
+
+void rt_queue_dispatch_locked(rt_queue *q, double now)
+{
+    if (!q->head)
+        return;
+    rt_pool_view v;
+    rt_pool_view_locked(q->pool, &v);
+    int blocked = 0; /* waiters ahead of the current one left waiting */
+    for (rt_waiter *w = q->head, *next; w && any_slot(&v); w = next) {
+        next = w->next;
+        rt_need need = w->need;
+        if (need.deadline_ms >= 0)
+            need.wait_ms = (now - w->t_enqueued) * 1000;
+        rt_decision d;
+        if (rt_policy_decide(&v, &need, w->tried, &d) >= 0) {
+            grant(q, &v, w, &d, now);
+            if (blocked) {
+                /* it passed every blocked waiter ahead of it */
+                for (rt_waiter *b = q->head; b && b != next; b = b->next)
+                    if (b->ticket < w->ticket)
+                        b->passed++;
+                q->passes++;
+            }
+            continue;
+        }
+        blocked++;
+        if (w->passed >= RT_QUEUE_MAX_PASSES)
+            break; /* due: nothing behind it goes first any more */
+    }
+}
+
+void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes)
+{
+    pthread_mutex_lock(&q->pool->mu);
+    rt_pool_give_locked(q->pool, wi, kv_bytes);
+    rt_queue_dispatch_locked(q, mono_s());
+    pthread_mutex_unlock(&q->pool->mu);
+}
+
+void rt_queue_kick(rt_queue *q)
+{
+    pthread_mutex_lock(&q->pool->mu);
+    rt_queue_dispatch_locked(q, mono_s());
+    pthread_mutex_unlock(&q->pool->mu);
+}
+
+int rt_queue_retry_after_locked(const rt_queue *q, double fallback_s)
+{
+    double s = q->rate > 0 ? ((double)q->depth + 1) / q->rate : fallback_s;
+    if (!(s >= 1))
+        return 1;
+    return s > 60 ? 60 : (int)ceil(s);
+}
+
+static void wait_stats(rt_queue *q, double waited)
+{
+    int i = 0;
+    while (i < RT_QWAIT_BUCKETS - 1 && waited > rt_qwait_le[i])
+        i++;
+    q->wait_buckets[i]++;
+    q->wait_count++;
+    q->wait_sum += waited;
+}
+
+/* The waiters ahead of w, for its predicted wait. */
+static int ahead_of(const rt_queue *q, const rt_waiter *w)
+{
+    int n = 0;
+    for (const rt_waiter *b = q->head; b && b != w; b = b->next)
+        n++;
+    return n;
+}
+
+rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int client_fd,
+                               volatile sig_atomic_t *stop, double *waited_s)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    w->granted = false;
+    w->queued = false;
+    w->passed = 0;
+    w->prev = w->next = NULL;
+    double t0 = mono_s();
+    w->t_enqueued = t0;
+    *waited_s = 0;
+    rt_admit_result res = RT_ADMIT_OK;
+
+    pthread_mutex_lock(&q->pool->mu);
+    link_waiter(q, w);
+    rt_queue_dispatch_locked(q, t0);
+    if (!w->granted) {
+        /* could it ever be served, counting its predicted wait? */
+        rt_pool_view v;
+        rt_pool_view_locked(q->pool, &v);
+        rt_need idle = w->need;
+        idle.idle = true;
+        if (idle.deadline_ms >= 0 && q->rate > 0)
+            idle.wait_ms = ahead_of(q, w) / q->rate * 1000;
+        rt_decision d;
+        if (rt_policy_decide(&v, &idle, w->tried, &d) < 0) {
+            w->grant = d;
+            res = (d.skipped & RT_SKIP_DEADLINE) ? RT_ADMIT_DEADLINE : RT_ADMIT_NEVER;
+        } else if (q->depth > q->cap) {
+            res = RT_ADMIT_FULL;
+        }
+    }
+    if (!w->granted && res == RT_ADMIT_OK) {
+        double end = t0 + max_wait_s;
+        double next_check = t0 + 0.25;
+        while (!w->granted) {
+            double now = mono_s();
+            if (*stop) {
+                res = RT_ADMIT_STOPPED;
+                break;
+            }
+            if (now >= end) {
+                res = RT_ADMIT_TIMEOUT;
+                break;
+            }
+            if (client_fd >= 0 && now >= next_check) {
+                /* a hang-up while it waits: it leaves the queue */
+                struct pollfd p = {client_fd, POLLRDHUP, 0};
+                if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                    res = RT_ADMIT_GONE;
+                    break;
+                }
+                next_check = now + 0.25;
+            }
+            double until = end < next_check || client_fd < 0 ? end : next_check;
+            if (until > now + 0.25)
+                until = now + 0.25; /* *stop is read at least this often */
+            struct timespec ts;
+            ts.tv_sec = (time_t)until;
+            ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+            int rc = pthread_cond_timedwait(&w->cv, &q->pool->mu, &ts);
+            (void)rc;
+        }
+        if (w->granted)
+            res = RT_ADMIT_OK;
+    }
+    if (w->granted && res != RT_ADMIT_OK) {
+        /* granted as it gave up: not taken */
+        rt_pool_give_locked(q->pool, w->grant.worker, w->grant.kv_bytes);
+        w->granted = false;
+    }
+    unlink_waiter(q, w);
+    *waited_s = mono_s() - t0;
+    if (res == RT_ADMIT_OK || res == RT_ADMIT_TIMEOUT)
+        wait_stats(q, *waited_s);
+    if (res != RT_ADMIT_OK)
+        rt_queue_dispatch_locked(q, mono_s()); /* its leaving may unblock others */
+    pthread_mutex_unlock(&q->pool->mu);
+    pthread_cond_destroy(&w->cv);
+    return res;
+}

@@ -1,0 +1,44 @@
+/* router_sink.h - where a generation's answer goes: the client socket
+ * (chunked SSE or one response), the capture buffer (idempotency keys,
+ * jobs, an agent run's inner generations) or an agent run's event
+ * callback (rt_req.on_event), and what the client has received so far,
+ * which the failover decision reads.
+ */
+#ifndef SPILLWAY_ROUTER_SINK_H
+#define SPILLWAY_ROUTER_SINK_H
+
+#include "router/router-impl.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* One generation request's relay: what was sent and collected so far,
+ * across its attempts. */
+typedef struct rt_relay {
+    rt_req *q;
+    bool chat, stream;
+    bool headers_sent, role_sent, finished;
+    int32_t *tokens;       /* token ids the client has (sw_free) */
+    size_t n_tokens, cap_tokens;
+    long long draws;       /* sampler draws after them, -1 unknown */
+    char phase[32];        /* where the last failure happened */
+    char final_worker[64]; /* where the last attempt ran */
+    size_t resume_base;    /* tokens sent before this attempt (a resume) */
+    size_t text_bytes;     /* completion text the client got (resume.text_bytes) */
+    double t_start;        /* monotonic, when the request was read */
+    double ttft;           /* seconds to the first token sent, -1 before */
+    int status;            /* HTTP status relayed to the client */
+    bool content_sent;     /* completion text or a tool call reached the client */
+    bool openai;           /* this attempt is on a kind = openai engine */
+} rt_relay;
+
+/* One SSE payload to the client (the stream's head first) and the
+ * capture; -1 when the client is gone. */
+int rt_sink_event(rt_relay *r, const char *payload);
+/* One chunk of the chunked stream ("" ends it); -1 when the client is gone. */
+int rt_sink_chunk(rt_relay *r, const char *data, size_t len);
+/* Ends a stream with an error event, [DONE] and the last chunk. */
+void rt_sink_stream_error(rt_relay *r, json_t *error);
+
+#endif

@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# Router benchmark (issue 6). Prints figures; asserts nothing.
+# Router benchmark (issues 6 and "Router core"). Prints figures; asserts nothing.
 #
-#  1. Overhead: `spillway bench http` with max_tokens 1 (so the engine's
-#     share is small and the router's is visible) against a worker directly
-#     and against `spillway serve` with one managed worker of the same
-#     settings, at 1 and 32 clients; the added latency is router minus
-#     direct, at p50 and p99 (medians of ROUNDS rounds). The router
-#     process's own CPU time over its measured runs (utime+stime in
-#     /proc/PID/stat, children excluded) and its peak resident memory
-#     (VmHWM).
+#  1. Load: `spillway bench http` with max_tokens 1 (so the engine's share
+#     is small and the router's is visible) against one worker directly and
+#     through `spillway serve` in front of that same worker (a url worker),
+#     at CLIENTS concurrent clients (default 1 32 200 1000), in ROUNDS
+#     alternating rounds (bench/router_load.py). Per client count: req/s of
+#     both and their ratio, the router's added p50 and p99 (router minus
+#     direct, per round, median), the router process's CPU per request
+#     (utime+stime from /proc/PID/stat over its runs, workers excluded),
+#     the router's queue wait p50/p99 (delta of the /metrics histogram
+#     spillway_router_queue_wait_seconds over the runs; n/a without it),
+#     requests lost (non-2xx answers and connection errors), and the CPU
+#     the load generator, the router and the worker used (on 2 cores the
+#     load generator competes with both). Peak RSS (VmHWM) of the router.
+#     The worker gets --max-queue big enough that it refuses nothing
+#     directly; the router gets max-connections and queue-size of at least
+#     the largest client count (plus a quarter: a client that reconnects at
+#     once may arrive before the router counted its last connection gone).
+#  1b. PROFILE=1: `perf record -g` of the router at PROFILE_CLIENTS (32)
+#     clients and the top symbols (by shared object and by symbol, self
+#     time); valgrind --tool=callgrind on a second router when perf cannot
+#     record here.
 #  2. Failover: a sim-gpu worker on the grow policy whose device
 #     allocations fail one KV block after start-up (fault =
 #     alloc_fail_after:N), so each stream runs out of memory in decode and
@@ -19,7 +32,13 @@
 #     replay attempt began).
 #
 #   bench/router.sh [BUILD_DIR]                     (default: build)
-#   THREADS=1 REQUESTS=1000 ROUNDS=3 FAILOVERS=5 bench/router.sh build-rbench
+#   THREADS=1 REQUESTS=1000 ROUNDS=3 FAILOVERS=5 CLIENTS="1 32 200 1000" bench/router.sh
+#   KEEPALIVE=1: clients keep their connections (bench http --keepalive)
+#   PROFILE=1 PROFILE_CLIENTS=32 PROFILE_REQUESTS=6000 bench/router.sh
+#     (PROFILE_OUT=DIR keeps perf.data there, for perf report -i DIR/perf.data;
+#     PROFILE_TOOL=callgrind uses valgrind even where perf works)
+#   FAILOVERS=0 skips part 2.
+# Requests per run: REQUESTS at 1 client, else max(2*REQUESTS, 10*clients).
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
@@ -27,12 +46,36 @@ threads=${THREADS:-1}
 requests=${REQUESTS:-1000}
 failovers=${FAILOVERS:-5}
 rounds=${ROUNDS:-3}
+clients=${CLIENTS:-1 32 200 1000}
+profile=${PROFILE:-0}
+profile_clients=${PROFILE_CLIENTS:-32}
+profile_requests=${PROFILE_REQUESTS:-6000}
+here=$(cd "$(dirname "$0")" && pwd)
 [ -x "$bin" ] || { echo "no $bin (build first)" >&2; exit 1; }
 bin=$(cd "$(dirname "$bin")" && pwd)/spillway
+
+maxc=1
+for c in $clients; do [ "$c" -gt "$maxc" ] && maxc=$c; done
+[ "$maxc" -le 1024 ] || { echo "at most 1024 clients (spillway bench http)" >&2; exit 2; }
+conns=$((maxc + maxc / 4 + 16))
+[ "$conns" -ge 1000 ] || conns=1000
+# descriptors: the load generator holds one per client, the router two per
+# client (client + worker connection), the worker one per connection
+want_fds=$((4 * maxc + 256))
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$want_fds" ]; then
+  ulimit -n "$want_fds" 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  [ "$(ulimit -n)" = unlimited ] || [ "$(ulimit -n)" -ge "$want_fds" ] ||
+    echo "warning: ulimit -n is $(ulimit -n), $want_fds wanted for $maxc clients" >&2
+fi
 
 tmp="/tmp/spillway-rbench-$$"
 pool="rbench-$$"
 mkdir -p "$tmp"
+# A copy of the binary, so that a rebuild during the run does not mix two
+# versions (the router runs its managed workers from /proc/self/exe).
+built=$(date -r "$bin" '+%Y-%m-%d %H:%M:%S')
+cp "$bin" "$tmp/spillway"
+bin="$tmp/spillway"
 model="$tmp/model.gguf"
 pids=()
 
@@ -56,8 +99,8 @@ stop() {
 
 # Waits until GET /health on a unix socket answers 200 (or the pid exits).
 wait_ready() {
-  local sock=$1 pid=$2
-  for _ in $(seq 600); do
+  local sock=$1 pid=$2 tries=${3:-600}
+  for _ in $(seq "$tries"); do
     kill -0 "$pid" 2>/dev/null || return 1
     curl -sf --unix-socket "$sock" http://x/health >/dev/null 2>&1 && return 0
     sleep 0.05
@@ -68,97 +111,122 @@ wait_ready() {
 "$bin" model make -o "$model" --dim 128 --layers 2 --heads 4 --kv-heads 2 --ffn 256 \
   --vocab 512 >/dev/null
 body='{"prompt":"Once upon a time","max_tokens":1,"temperature":0}'
-echo "model: dim 128, 2 layers, vocab 512 (f32); workers: $threads thread(s), max-seqs 32"
-echo "requests: max_tokens 1, $requests per run (1 client) and $((requests * 2)) (32 clients), $rounds rounds"
+echo "binary: $build/spillway built $built, sha256 $(sha256sum "$bin" | cut -c1-12)"
+echo "model: dim 128, 2 layers, vocab 512 (f32); worker: $threads thread(s), max-seqs 32," \
+  "max-queue $conns; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "requests: max_tokens 1, clients $clients, $rounds rounds; router max-connections and" \
+  "queue-size $conns; ulimit -n $(ulimit -n)"
 
-# ---- 1. overhead -------------------------------------------------------------
-# The direct worker and the router's worker run side by side (idle when not
-# measured); each round measures direct then router at 1 and at 32 clients,
-# and the figures are the medians over ROUNDS rounds, so a burst of other
-# load on the machine moves one round, not the result.
+# ---- 1. load: router vs the same worker directly ------------------------------
+# One worker; the router reaches it as a url worker, so "direct" and
+# "router" load exactly the same process. Each round measures both at every
+# client count (order alternating between rounds), and the figures are
+# medians over the rounds, so a burst of other load on the machine moves
+# one round, not the result.
 wsock="$tmp/direct.sock"
 "$bin" worker --model "$model" --listen "unix:$wsock" --max-seqs 32 --threads "$threads" \
-  --ctx-limit 256 >/dev/null 2>"$tmp/direct.log" &
+  --ctx-limit 256 --max-queue "$conns" >/dev/null 2>"$tmp/direct.log" &
 wpid=$!
 pids+=("$wpid")
 wait_ready "$wsock" "$wpid" || { echo "worker did not start:" >&2; cat "$tmp/direct.log" >&2; exit 1; }
 
-cat >"$tmp/overhead.ini" <<EOF
+router_ini() { # LISTEN STATE_DIR
+  cat <<EOT
 [server]
-listen = unix:$tmp/router.sock
-state-dir = $tmp/state-overhead
+listen = $1
+state-dir = $2
+max-connections = $conns
+queue-size = $conns
 
 [model]
 path = $model
 
 [worker cpu]
-device = cpu
-ctx-limit = 256
+url = unix:$wsock
 max-seqs = 32
-threads = $threads
-EOF
+EOT
+}
+router_ini "unix:$tmp/router.sock" "$tmp/state-overhead" >"$tmp/overhead.ini"
 "$bin" serve --config "$tmp/overhead.ini" >"$tmp/router.log" 2>&1 &
 rpid=$!
 pids+=("$rpid")
 wait_ready "$tmp/router.sock" "$rpid" || { echo "router did not start:" >&2; cat "$tmp/router.log" >&2; exit 1; }
 
-run() { # target clients requests -> one JSON line
-  "$bin" bench http --target "$1" --clients "$2" --requests "$3" --body "$body" --json || true
-}
-for t in "unix:$wsock" "unix:$tmp/router.sock"; do run "$t" 32 64 >/dev/null; done # warm-up
-tck=$(getconf CLK_TCK)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-now_ns() { date +%s%N; }
-ticks=0 router_ns=0
-: >"$tmp/overhead.jsonl"
-for round in $(seq "$rounds"); do
-  for c in 1 32; do
-    n=$requests
-    [ "$c" = 1 ] || n=$((requests * 2))
-    echo "{\"round\":$round,\"kind\":\"direct\",\"r\":$(run "unix:$wsock" "$c" "$n")}" >>"$tmp/overhead.jsonl"
-    c0=$(cpu_ticks "$rpid")
-    t0=$(now_ns)
-    r=$(run "unix:$tmp/router.sock" "$c" "$n")
-    t1=$(now_ns)
-    c1=$(cpu_ticks "$rpid")
-    ticks=$((ticks + c1 - c0))
-    router_ns=$((router_ns + t1 - t0))
-    echo "{\"round\":$round,\"kind\":\"router\",\"r\":$r}" >>"$tmp/overhead.jsonl"
-  done
-done
+CLIENTS="$clients" ROUNDS="$rounds" REQUESTS="$requests" BODY="$body" KEEPALIVE="${KEEPALIVE:-0}" \
+  python3 "$here/router_load.py" "$bin" "$wsock" "$wpid" "$tmp/router.sock" "$rpid" \
+  "$tmp/overhead.jsonl"
 hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$rpid/status")
 rss=$(awk '/^VmRSS/ {print $2}' "/proc/$rpid/status")
+nth=$(awk '/^Threads/ {print $2}' "/proc/$rpid/status")
+echo "router process: VmHWM $((hwm / 1024)) MiB, VmRSS $((rss / 1024)) MiB, $nth threads now"
+
+# ---- 1b. PROFILE=1: where the router's time goes ---------------------------------
+profile_load() { # TARGET_SOCK
+  local ka=()
+  [ "${KEEPALIVE:-0}" = 0 ] || ka=(--keepalive)
+  "$bin" bench http --target "unix:$1" --clients "$profile_clients" \
+    --requests "$profile_requests" --body "$body" "${ka[@]+"${ka[@]}"}" || true
+}
+if [ "$profile" != 0 ]; then
+  echo
+  echo "profile: the router at $profile_clients clients, $profile_requests requests"
+  perf_ok=0
+  tool=${PROFILE_TOOL:-perf}
+  if [ "$tool" = perf ] && ! command -v perf >/dev/null 2>&1; then
+    apt-get install -y linux-perf >/dev/null 2>&1 || true
+  fi
+  if [ "$tool" = perf ] && command -v perf >/dev/null 2>&1; then
+    perf record -g -F "${PROFILE_FREQ:-2000}" -p "$rpid" -o "$tmp/perf.data" \
+      >"$tmp/perf.log" 2>&1 &
+    perfpid=$!
+    pids+=("$perfpid")
+    sleep 0.5
+    profile_load "$tmp/router.sock"
+    kill -INT "$perfpid" 2>/dev/null || true
+    wait "$perfpid" 2>/dev/null || true
+    stop "$perfpid"
+    if [ -s "$tmp/perf.data" ] &&
+       perf report -i "$tmp/perf.data" --stdio --no-children --sort dso -g none \
+         >"$tmp/perf.dso" 2>/dev/null && grep -q '%' "$tmp/perf.dso"; then
+      perf_ok=1
+      [ -z "${PROFILE_OUT:-}" ] || { mkdir -p "$PROFILE_OUT" && cp "$tmp/perf.data" "$PROFILE_OUT/"; }
+      grep -m1 '^# Samples' "$tmp/perf.dso" || true
+      echo "by shared object (self):"
+      grep -v '^#' "$tmp/perf.dso" | grep '%' | head -6
+      echo "top symbols (self time, all of the router's threads):"
+      perf report -i "$tmp/perf.data" --stdio --no-children --sort dso,symbol -g none \
+        --percent-limit 0.5 2>/dev/null | grep -v '^#' | grep '%' | sed 's/ *-  *- *$//' |
+        head -"${PROFILE_TOP:-20}"
+      echo "samples by what the router was doing (bench/router_profile.py):"
+      perf script -i "$tmp/perf.data" -F comm,tid,ip,sym,dso 2>/dev/null |
+        python3 "$here/router_profile.py" 10
+    else
+      echo "perf could not record here:"; tail -5 "$tmp/perf.log"
+    fi
+  fi
+  if [ "$perf_ok" = 0 ]; then
+    command -v valgrind >/dev/null 2>&1 || apt-get install -y valgrind >/dev/null 2>&1 || true
+    echo "callgrind on a second router (slow: fewer requests)"
+    router_ini "unix:$tmp/cg.sock" "$tmp/state-cg" >"$tmp/cg.ini"
+    valgrind --tool=callgrind --callgrind-out-file="$tmp/callgrind.out" \
+      "$bin" serve --config "$tmp/cg.ini" >"$tmp/cg.log" 2>&1 &
+    cgpid=$!
+    pids+=("$cgpid")
+    if wait_ready "$tmp/cg.sock" "$cgpid" 2400; then
+      profile_requests=$((profile_requests / 10)) profile_load "$tmp/cg.sock"
+      stop "$cgpid"
+      [ -z "${PROFILE_OUT:-}" ] || { mkdir -p "$PROFILE_OUT" && cp "$tmp/callgrind.out" "$PROFILE_OUT/"; }
+      echo "top functions by instructions (user space only; callgrind sees no kernel time):"
+      callgrind_annotate "$tmp/callgrind.out" 2>/dev/null | sed -n '/PROGRAM TOTALS/,$p' |
+        grep -v '^-\|^$' | sed 's|\./[^ ]*/||' | head -"${PROFILE_TOP:-20}"
+    else
+      echo "the router did not start under valgrind:"; tail -5 "$tmp/cg.log"
+    fi
+  fi
+fi
 stop "$rpid"
 stop "$wpid"
-
-python3 - "$tmp/overhead.jsonl" "$ticks" "$tck" "$router_ns" "$hwm" "$rss" <<'PYEOF'
-import json, statistics, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
-ticks, tck, secs = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1e9
-hwm, rss = int(sys.argv[5]), int(sys.argv[6])
-def med(kind, c, key):
-    return statistics.median(x["r"][key] for x in recs
-                             if x["kind"] == kind and x["r"]["clients"] == c)
-print()
-print("medians of %d rounds" % max(x["round"] for x in recs))
-print("%-8s %-8s %9s %9s %9s %10s %7s" % ("clients", "path", "p50 ms", "p99 ms", "mean ms",
-                                         "req/s", "errors"))
-for c in (1, 32):
-    for kind in ("direct", "router"):
-        errs = sum(x["r"]["errors"] for x in recs if x["kind"] == kind and x["r"]["clients"] == c)
-        print("%-8d %-8s %9.3f %9.3f %9.3f %10.1f %7d" % (c, kind, med(kind, c, "p50_ms"),
-              med(kind, c, "p99_ms"), med(kind, c, "mean_ms"), med(kind, c, "requests_per_second"),
-              errs))
-    print("%-8d %-8s %+9.3f %+9.3f %+9.3f" % (c, "added", med("router", c, "p50_ms") -
-          med("direct", c, "p50_ms"), med("router", c, "p99_ms") - med("direct", c, "p99_ms"),
-          med("router", c, "mean_ms") - med("direct", c, "mean_ms")))
-n = sum(x["r"]["count"] + x["r"]["errors"] for x in recs if x["kind"] == "router")
-cpu = ticks / tck
-print()
-print("router process over its runs (%d requests, %.2f s): CPU %.2f s (%.0f%% of one core, "
-      "%.3f ms per request); VmHWM %.1f MiB, VmRSS %.1f MiB" % (n, secs, cpu, 100 * cpu / secs,
-      1000 * cpu / n, hwm / 1024, rss / 1024))
-PYEOF
+[ "$failovers" -gt 0 ] || exit 0
 
 # ---- 2. failover latency ------------------------------------------------------
 # The device allocations a grow-policy worker makes at start-up with the GPU

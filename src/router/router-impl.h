@@ -1,15 +1,26 @@
-/* router-impl.h - what the router's files share: the worker table, the
- * one mutex-guarded state, the request being served, and the helpers each
- * part offers the others. Private to src/router.
+/* router-impl.h - what the router's files share: the router (its pieces
+ * and the state they share), the request being served, and the helpers
+ * each part offers the others. Private to src/router.
  *
  *   router.c            rt_serve: start-up, the accept loop, shutdown; events
- *   router_supervisor.c spawn, reap, restart, /health polling
- *   router_relay.c      admission, routing, relay, failover and resume
+ *   router_conns.c      the connection threads (kept for the next one)
  *   router_http.c       the client side: request parsing, limits, keys,
  *                       responses, /health, /metrics, /v1/models, events
+ *   router_relay.c      one generation request: parse once, admit, attempt,
+ *                       fail over (the pieces below, in this order)
+ *   router_pool.c       the worker table and the books (its own lock)
+ *   router_policy.c     which worker takes a request, or why none (pure)
+ *   router_queue.c      the FIFO admission queue, woken on released capacity
+ *   router_attempt.c    one exchange with one upstream, ending in an outcome
+ *   router_sink.c       where the answer goes: client, capture, agent callback
+ *   router_failover.c   replay / resume / requeue / stop (pure; DESIGN.md's table)
+ *   router_supervisor.c spawn, reap, restart, /health polling into the pool
  *   router_idem.c       Idempotency-Key: stored responses, replay
  *   router_jobs.c       /v1/spillway/jobs and the job runner threads
  *   router_agent.c      agent runs ("tool_execution": "server"), tool calls
+ *
+ * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
+ * the router's (rt_router.mu); no other lock is held while taking either.
  */
 #ifndef SPILLWAY_ROUTER_IMPL_H
 #define SPILLWAY_ROUTER_IMPL_H
@@ -186,7 +197,14 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
 json_t *rt__error_obj(int status, const char *code, const char *msg, const char *param);
 void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
                     const char *param, const char *extra);
-void *rt__conn_thread(void *arg);
+/* Serves one client connection to its end (router_http.c). */
+void rt__conn_serve(int fd);
+/* Serves fd on a connection thread: an idle one kept from an earlier
+ * connection, else a new one (router_conns.c). 0, or -1 when no thread
+ * could be started. */
+int rt__conn_start(int fd);
+/* Shutdown: idle connection threads end. */
+void rt__conns_close(void);
 int rt__listen_on(const char *addr, char *actual, size_t cap);
 
 /* Writes to the client (when fd >= 0); -1 when it is gone. */

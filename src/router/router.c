@@ -255,23 +255,19 @@ int rt_serve(const rt_config *c)
             close(cfd);
             continue;
         }
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, rt__conn_thread, (void *)(intptr_t)cfd)) {
+        if (rt__conn_start(cfd)) {
             close(cfd);
             pthread_mutex_lock(&rt__g.mu);
             rt__g.active_conns--;
             pthread_mutex_unlock(&rt__g.mu);
         }
-        pthread_attr_destroy(&attr);
     }
     status = 0;
     SW_INFO("router", "stopping: no new connections; %d running", rt__g.active_conns);
     /* jobs do not hold the shutdown up: a running one gives its worker
      * request up now and goes back to queued (router_jobs.c) */
     rt__jobs_cancel();
+    rt__conns_close();
     close(lfd);
     if (!strncmp(c->listen, "unix:", 5))
         unlink(c->listen + 5);

@@ -841,9 +841,8 @@ static bool serve_conn(int fd)
     return evicted;
 }
 
-void *rt__conn_thread(void *arg)
+void rt__conn_serve(int fd)
 {
-    int fd = (int)(intptr_t)arg;
     bool evicted = serve_conn(fd);
     shutdown(fd, SHUT_WR);
     close(fd);
@@ -852,7 +851,6 @@ void *rt__conn_thread(void *arg)
         rt__g.active_conns--;
         pthread_mutex_unlock(&rt__g.mu);
     }
-    return NULL;
 }
 
 int rt__listen_on(const char *addr, char *actual, size_t cap)

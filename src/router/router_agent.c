@@ -1060,9 +1060,8 @@ void rt__handle_agent(rt_req *q, json_t *body)
     }
     if (!json_object_get(base, "seed")) {
         /* one seed for the whole run (and its replays) */
-        pthread_mutex_lock(&rt__g.mu);
-        uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (++rt__g.seq * 0x9E3779B97F4A7C15ull);
-        pthread_mutex_unlock(&rt__g.mu);
+        uint64_t n = __atomic_add_fetch(&rt__g.seq, 1, __ATOMIC_RELAXED);
+        uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(base, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
     json_object_set(base, "tools", tools);

@@ -169,9 +169,30 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     return FAIL_NONE;
 }
 
+/* usage.completion_tokens of a JSON answer, found without parsing it
+ * (the last such key: usage comes after the choices, whose text is a
+ * JSON string and so cannot hold the key's quotes unescaped); 0 when
+ * absent. */
+static size_t completion_tokens(const char *resp, size_t len)
+{
+    static const char key[] = "\"completion_tokens\"";
+    const char *at = NULL;
+    for (const char *p = resp; (p = memmem(p, len - (size_t)(p - resp), key, sizeof key - 1));
+         p += sizeof key - 1)
+        at = p;
+    if (!at)
+        return 0;
+    at += sizeof key - 1;
+    while (at < resp + len && (*at == ' ' || *at == ':'))
+        at++;
+    long long v = at < resp + len ? strtoll(at, NULL, 10) : 0;
+    return v > 0 ? (size_t)v : 0;
+}
+
 /* One exchange with worker w (the books hold its reservation; the caller
  * gives it back). */
-static fail_kind attempt_run(rt_relay *r, rt_worker *w, const char *body, size_t body_len)
+static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generation,
+                             const char *body, size_t body_len)
 {
     rn_conn c;
     char hdr[256];
@@ -181,10 +202,8 @@ static fail_kind attempt_run(rt_relay *r, rt_worker *w, const char *body, size_t
     /* an idle connection to this worker process when there is one; an
      * external engine gets one of its own per request (docs/router.md,
      * Worker connections) */
-    rn_target up = {w->address, 0, w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 8, !r->openai};
-    pthread_mutex_lock(&rt__g.pool.mu);
-    up.generation = (uint64_t)(uint32_t)w->restarts << 32 | (uint32_t)w->pid;
-    pthread_mutex_unlock(&rt__g.pool.mu);
+    rn_target up = {w->address, generation, w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 8,
+                    !r->openai};
     /* no client socket (a job): the job runners' cancel pipe, so a shutdown
      * aborts the worker request (router_jobs.c, rt__jobs_cancel) */
     int rc = rn_request_pooled(&c, &up, "POST", path, hdr, body, body_len,
@@ -242,25 +261,10 @@ static fail_kind attempt_run(rt_relay *r, rt_worker *w, const char *body, size_t
                 fk = FAIL_CLIENT_GONE;
             free(e);
             sw_free(resp);
-            pthread_mutex_lock(&rt__g.pool.mu);
-            w->req_client_error++;
-            pthread_mutex_unlock(&rt__g.pool.mu);
-            goto out;
+            goto out; /* the stream ended with the worker's error (never retried) */
         }
         /* success or a client error: relayed as is, never retried */
-        json_t *j = json_loads(resp, 0, NULL);
-        long long toks = json_integer_value(
-            json_object_get(json_object_get(j, "usage"), "completion_tokens"));
-        json_decref(j);
-        pthread_mutex_lock(&rt__g.pool.mu);
-        if (c.status == 200) {
-            w->req_ok++;
-            w->tokens += (uint64_t)toks;
-        } else {
-            w->req_client_error++;
-        }
-        pthread_mutex_unlock(&rt__g.pool.mu);
-        r->n_tokens = (size_t)toks;
+        r->n_tokens = c.status == 200 ? completion_tokens(resp, len) : 0;
         r->status = c.status;
         rt__send_response(r->q, c.status, c.content_type[0] ? c.content_type : "application/json",
                       NULL, resp, len);
@@ -319,12 +323,6 @@ static fail_kind attempt_run(rt_relay *r, rt_worker *w, const char *body, size_t
         acc_len = rest;
     }
     sw_free(acc);
-    if (r->finished) {
-        pthread_mutex_lock(&rt__g.pool.mu);
-        w->req_ok++;
-        w->tokens += r->n_tokens;
-        pthread_mutex_unlock(&rt__g.pool.mu);
-    }
     if (fk == FAIL_NONE && done)
         rn_body_drain(&c, 1000); /* the last chunk, so the connection can be reused */
 out:
@@ -333,11 +331,13 @@ out:
 }
 
 
-rt_outcome rt_attempt_run(rt_relay *r, int wi, const char *body, size_t len, bool *refused_memory)
+rt_outcome rt_attempt_run(rt_relay *r, int wi, uint64_t generation, const char *body, size_t len,
+                          bool *refused_memory)
 {
-    rt_worker *w = &rt__g.pool.w[wi];
+    /* the configuration and address do not change while the router runs */
+    const rt_worker *w = &rt__g.pool.w[wi];
     *refused_memory = false;
-    fail_kind fk = attempt_run(r, w, body, len);
+    fail_kind fk = attempt_run(r, w, generation, body, len);
     switch (fk) {
     case FAIL_NONE:
         return r->finished && r->status != 200 ? RT_OUT_CLIENT_ERROR : RT_OUT_OK;

@@ -437,6 +437,18 @@ static void handle_models(rt_req *q)
 
 /* ---- connections ------------------------------------------------------ */
 
+/* getpid once: it is in every generated request id. */
+static pid_t router_pid(void)
+{
+    static pid_t pid;
+    pid_t p = __atomic_load_n(&pid, __ATOMIC_RELAXED);
+    if (!p) {
+        p = getpid();
+        __atomic_store_n(&pid, p, __ATOMIC_RELAXED);
+    }
+    return p;
+}
+
 static bool auth_ok(const rt_req *q)
 {
     if (rt__g.cfg->n_keys == 0)
@@ -690,10 +702,8 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
     if (plain_token(rid)) { /* under 64 characters: fits request_id */
         snprintf(q.request_id, sizeof q.request_id, "%.63s", rid);
     } else {
-        pthread_mutex_lock(&rt__g.mu);
-        uint64_t s = ++rt__g.seq;
-        pthread_mutex_unlock(&rt__g.mu);
-        snprintf(q.request_id, sizeof q.request_id, "req-%d-%llu-%llx", (int)getpid(),
+        uint64_t s = __atomic_add_fetch(&rt__g.seq, 1, __ATOMIC_RELAXED);
+        snprintf(q.request_id, sizeof q.request_id, "req-%d-%llu-%llx", (int)router_pid(),
                  (unsigned long long)s, (unsigned long long)(rt__wall_s() * 1000) & 0xffffff);
     }
     if (served > 0) {

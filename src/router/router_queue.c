@@ -28,10 +28,7 @@ void rt_queue_init(rt_queue *q, rt_pool *p, int cap)
 
 uint64_t rt_queue_ticket(rt_queue *q)
 {
-    pthread_mutex_lock(&q->pool->mu);
-    uint64_t t = ++q->next_ticket;
-    pthread_mutex_unlock(&q->pool->mu);
-    return t;
+    return __atomic_add_fetch(&q->next_ticket, 1, __ATOMIC_RELAXED);
 }
 
 /* Links w by ticket: a request coming back (refused, replayed) keeps its
@@ -92,6 +89,8 @@ static void grant(rt_queue *q, rt_pool_view *v, rt_waiter *w, const rt_decision 
 {
     w->grant = *d;
     w->granted = true;
+    const rt_worker *wk = &q->pool->w[d->worker];
+    w->generation = (uint64_t)(uint32_t)wk->restarts << 32 | (uint32_t)wk->pid;
     rt_pool_take_locked(q->pool, d->worker, d->kv_bytes);
     for (int k = 0; k < v->n; k++)
         if (v->w[k].index == d->worker) {
@@ -144,10 +143,17 @@ void rt_queue_dispatch_locked(rt_queue *q, double now)
     }
 }
 
-void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes)
+void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t)
 {
     pthread_mutex_lock(&q->pool->mu);
     rt_pool_give_locked(q->pool, wi, kv_bytes);
+    if (t) {
+        rt_worker *w = &q->pool->w[wi];
+        w->req_ok += t->ok;
+        w->req_client_error += t->client_error;
+        w->req_failed += t->failed;
+        w->tokens += t->tokens;
+    }
     rt_queue_dispatch_locked(q, mono_s());
     pthread_mutex_unlock(&q->pool->mu);
 }

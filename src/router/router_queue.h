@@ -41,6 +41,7 @@ typedef struct rt_waiter {
     bool queued;
     bool granted;
     rt_decision grant;          /* valid when granted: the books hold it */
+    uint64_t generation;        /* of the granted worker's process (restarts, pid) */
     uint64_t ordinal;           /* admission ordinal when first granted */
     int passed;
     double t_enqueued;
@@ -88,8 +89,15 @@ typedef enum rt_admit_result {
 rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int client_fd,
                                volatile sig_atomic_t *stop, double *waited_s);
 
-/* Gives back a reservation (worker wi, kv_bytes) and lets waiters in. */
-void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes);
+/* How an attempt ended, for the worker's counters. */
+typedef struct rt_tally {
+    bool ok, client_error, failed;
+    uint64_t tokens;
+} rt_tally;
+
+/* Gives back a reservation (worker wi, kv_bytes), counts the attempt
+ * (t may be NULL) and lets waiters in. */
+void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t);
 
 /* Capacity may have appeared (a worker ready, /health reconciled). */
 void rt_queue_kick(rt_queue *q);

@@ -139,7 +139,6 @@ static void worker_failed(int wi, rt_outcome out, const rt_failover *f)
 {
     pthread_mutex_lock(&rt__g.pool.mu);
     rt_worker *w = &rt__g.pool.w[wi];
-    w->req_failed++;
     if (f->out_of_rotation)
         w->state = WS_SUSPECT;
     if (f->restart && w->cfg.managed)
@@ -257,9 +256,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
     /* A seed of our own, so that a resumed sampled stream continues the
      * same random stream on the next worker. */
     if (!json_object_get(body, "seed")) {
-        pthread_mutex_lock(&rt__g.mu);
-        uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (++rt__g.seq * 0x9E3779B97F4A7C15ull);
-        pthread_mutex_unlock(&rt__g.mu);
+        uint64_t n = __atomic_add_fetch(&rt__g.seq, 1, __ATOMIC_RELAXED);
+        uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(body, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
     long prompt = count_prompt(body, chat);
@@ -331,16 +329,20 @@ static void generate(rt_req *q, bool chat, json_t *body)
         }
         char *bs = attempt_body(body, &r, max_tokens, remaining);
         if (!bs) {
-            rt_queue_release(&rt__g.queue, wi, wt.grant.kv_bytes);
+            rt_queue_release(&rt__g.queue, wi, wt.grant.kv_bytes, NULL);
             rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
             break;
         }
         r.resume_base = r.stream ? r.n_tokens : 0;
         double t_attempt = rt__wall_s();
         bool refused_memory = false;
-        last = rt_attempt_run(&r, wi, bs, strlen(bs), &refused_memory);
+        size_t had = r.n_tokens;
+        last = rt_attempt_run(&r, wi, wt.generation, bs, strlen(bs), &refused_memory);
         free(bs);
-        rt_queue_release(&rt__g.queue, wi, wt.grant.kv_bytes);
+        rt_tally tally = {last == RT_OUT_OK, last == RT_OUT_CLIENT_ERROR,
+                          last == RT_OUT_OOM || last == RT_OUT_CRASH,
+                          last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
+        rt_queue_release(&rt__g.queue, wi, wt.grant.kv_bytes, &tally);
         record_attempt(q, &r, wi, last, t_attempt);
         rt_failover_in fi = {last,
                              r.stream,

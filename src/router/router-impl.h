@@ -2,6 +2,12 @@
  * and the state they share), the request being served, and the helpers
  * each part offers the others. Private to src/router.
  *
+ * The router is handed to every part, as a libuv handle: rt_serve owns
+ * the one rt_router (router.c; no other file names it) and passes a
+ * pointer to it down. A function that serves a request reaches it as
+ * q->rt (rt_req.rt); one that serves none takes an rt_router *rt as its
+ * first parameter.
+ *
  *   router.c            rt_serve: start-up, the accept loop, shutdown; events
  *   router_conns.c      the connection threads (kept for the next one)
  *   router_http.c       the client side: request parsing, limits, keys,
@@ -91,7 +97,7 @@ typedef struct rt_router {
 } rt_router;
 
 /* A connection idle between two requests (lives on its thread's stack;
- * linked under rt__g.mu). */
+ * linked under rt_router.mu). */
 typedef struct rt_idle {
     int fd;
     bool evicted;            /* the accept loop took its slot */
@@ -101,10 +107,8 @@ typedef struct rt_idle {
 /* When max-connections is reached: unlinks the oldest idle keep-alive
  * connection, shuts its socket down and hands its slot to the caller
  * (active_conns unchanged); false when none is idle. Called with
- * rt__g.mu held. */
-bool rt__evict_idle_locked(void);
-
-extern rt_router rt__g;
+ * rt->mu held. */
+bool rt__evict_idle_locked(rt_router *rt);
 
 /* What a request sent, kept when capture is on: for the Idempotency-Key
  * store, the jobs and the agent loop's inner generations. A stream is
@@ -127,6 +131,7 @@ int rt__capture_append(rt_capture *c, const void *p, size_t n);
  * serves), or one the router makes itself (a job, an agent step: fd -1,
  * capture on). */
 typedef struct rt_req {
+    rt_router *rt;           /* the router serving it */
     int fd;
     bool keep_alive;         /* the response says Connection: keep-alive */
     bool chunked_open;       /* a chunked response began and has not ended */
@@ -184,12 +189,12 @@ double rt__wall_s(void); /* Unix time */
 extern const double rt__hist_le[11];
 
 /* supervisor */
-void rt__sup_pass(bool force_health);
-void *rt__sup_thread(void *arg);
-void rt__stop_workers(void);
+void rt__sup_pass(rt_router *rt, bool force_health);
+void *rt__sup_thread(void *arg); /* arg: the rt_router */
+void rt__stop_workers(rt_router *rt);
 
 /* events */
-void rt__ev_record(json_t *ev);
+void rt__ev_record(rt_router *rt, json_t *ev);
 
 /* responses */
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
@@ -198,11 +203,11 @@ json_t *rt__error_obj(int status, const char *code, const char *msg, const char 
 void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
                     const char *param, const char *extra);
 /* Serves one client connection to its end (router_http.c). */
-void rt__conn_serve(int fd);
+void rt__conn_serve(rt_router *rt, int fd);
 /* Serves fd on a connection thread: an idle one kept from an earlier
  * connection, else a new one (router_conns.c). 0, or -1 when no thread
  * could be started. */
-int rt__conn_start(int fd);
+int rt__conn_start(rt_router *rt, int fd);
 /* Shutdown: idle connection threads end. */
 void rt__conns_close(void);
 int rt__listen_on(const char *addr, char *actual, size_t cap);
@@ -224,8 +229,8 @@ void rt__dispatch_generate(rt_req *q, bool chat);
 /* Runs body (JSON text) as a non-streaming request without a client
  * socket; the answer the client would have got is in out (status, body;
  * rt__capture_free). request_id is kept on every attempt. */
-void rt__generate_capture(const char *request_id, bool chat, const char *body, size_t len,
-                          long long deadline_ms, rt_capture *out, int *attempts);
+void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, const char *body,
+                          size_t len, long long deadline_ms, rt_capture *out, int *attempts);
 
 /* agent runs (router_agent.c); body is the parsed request */
 void rt__handle_agent(rt_req *q, json_t *body);
@@ -234,16 +239,16 @@ void rt__handle_agent(rt_req *q, json_t *body);
 void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat);
 
 /* jobs (router_jobs.c) */
-int rt__jobs_start(void);
+int rt__jobs_start(rt_router *rt);
 /* Shutdown, step 1: no job starts any more, and every running job's
  * worker request is aborted (the runner puts the job back to queued).
  * Returns at once; idempotent. */
-void rt__jobs_cancel(void);
+void rt__jobs_cancel(rt_router *rt);
 /* Shutdown, step 2: rt__jobs_cancel, then joins the runners for at most
  * 2 s after the cancel. false when one was left running (stuck in a
  * ledger write or a tool call): the ledger and the tokenizer must then
  * stay allocated until the process exits. */
-bool rt__jobs_stop(void);
+bool rt__jobs_stop(rt_router *rt);
 /* On a job runner thread: the read end of the runners' cancel pipe,
  * which the relay watches as the request's client connection (it hangs
  * up at rt__jobs_cancel); -1 on every other thread. */
@@ -258,6 +263,6 @@ void rt__handle_jobs(rt_req *q);
 int rt__jobs_accept_async(rt_req *q, bool chat);
 
 /* sabotage and router faults, read once at start (router.c) */
-void rt__read_switches(void);
+void rt__read_switches(rt_router *rt);
 
 #endif

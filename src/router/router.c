@@ -1,6 +1,6 @@
 /* router.c - `spillway serve`: start-up, the accept loop and shutdown,
- * plus the shared state and the failover event log (router-impl.h lists
- * the other parts).
+ * plus the router itself (the one rt_router, handed to every part) and
+ * the failover event log (router-impl.h lists the other parts).
  *
  * Threads: the main thread accepts client connections (TCP or a unix
  * socket) and starts one thread per connection (capped); the supervisor
@@ -35,7 +35,10 @@
 #include <time.h>
 #include <unistd.h>
 
-rt_router rt__g;
+/* The router. Only rt_serve (which hands &rt__g to every part) and the
+ * signal handler name it: the handler only sets its stop (a volatile
+ * sig_atomic_t, async-signal-safe), which every part polls as rt->stop. */
+static rt_router rt__g;
 
 double rt__now_s(void)
 {
@@ -51,14 +54,14 @@ double rt__wall_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-void rt__ev_record(json_t *ev)
+void rt__ev_record(rt_router *rt, json_t *ev)
 {
     char *line = json_dumps(ev, JSON_COMPACT);
     if (!line)
         return;
     char path[700];
-    snprintf(path, sizeof path, "%s/events.jsonl", rt__g.cfg->state_dir);
-    pthread_mutex_lock(&rt__g.mu);
+    snprintf(path, sizeof path, "%s/events.jsonl", rt->cfg->state_dir);
+    pthread_mutex_lock(&rt->mu);
     FILE *f = fopen(path, "a");
     if (f) {
         fprintf(f, "%s\n", line);
@@ -66,17 +69,17 @@ void rt__ev_record(json_t *ev)
     }
     char *copy = sw_strdup(line);
     if (copy) {
-        sw_free(rt__g.events[rt__g.next_event]);
-        rt__g.events[rt__g.next_event] = copy;
-        rt__g.next_event = (rt__g.next_event + 1) % RT_EVENTS;
-        if (rt__g.n_events < RT_EVENTS)
-            rt__g.n_events++;
+        sw_free(rt->events[rt->next_event]);
+        rt->events[rt->next_event] = copy;
+        rt->next_event = (rt->next_event + 1) % RT_EVENTS;
+        if (rt->n_events < RT_EVENTS)
+            rt->n_events++;
     }
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_unlock(&rt->mu);
     free(line);
 }
 
-void rt__read_switches(void)
+void rt__read_switches(rt_router *rt)
 {
     const char *sab = getenv("SPILLWAY_SABOTAGE");
     if (sab && *sab) {
@@ -84,15 +87,15 @@ void rt__read_switches(void)
         snprintf(buf, sizeof buf, "%s", sab);
         for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
             if (!strcmp(t, "no-replay"))
-                rt__g.sabotage.no_replay = true;
+                rt->sabotage.no_replay = true;
             else if (!strcmp(t, "no-resume"))
-                rt__g.sabotage.no_resume = true;
+                rt->sabotage.no_resume = true;
             else if (!strcmp(t, "no-tool-ledger"))
-                rt__g.sabotage.no_tool_ledger = true;
+                rt->sabotage.no_tool_ledger = true;
             else if (!strcmp(t, "no-restart"))
-                rt__g.sabotage.no_restart = true;
+                rt->sabotage.no_restart = true;
             else if (!strcmp(t, "no-deadline"))
-                rt__g.sabotage.no_deadline = true;
+                rt->sabotage.no_deadline = true;
             else
                 fprintf(stderr, "spillway serve: SPILLWAY_SABOTAGE: unknown switch '%s' ignored\n", t);
         }
@@ -108,10 +111,10 @@ void rt__read_switches(void)
     const char *fault = getenv("SPILLWAY_FAULT");
     if (fault && *fault) {
         if (strstr(fault, "router_exit_after_tool_started"))
-            rt__g.fault_exit_after_tool_started = true;
+            rt->fault_exit_after_tool_started = true;
         if (strstr(fault, "router_exit_after_tool_called"))
-            rt__g.fault_exit_after_tool_called = true;
-        if (rt__g.fault_exit_after_tool_started || rt__g.fault_exit_after_tool_called) {
+            rt->fault_exit_after_tool_called = true;
+        if (rt->fault_exit_after_tool_started || rt->fault_exit_after_tool_called) {
             SW_WARN("router", "SPILLWAY_FAULT=%s: the router will exit on purpose", fault);
             unsetenv("SPILLWAY_FAULT");
         }
@@ -124,13 +127,14 @@ static void on_signal(int sig)
     rt__g.stop = 1;
 }
 
-static int load_tokenizer(const rt_config *c)
+
+static int load_tokenizer(rt_router *rt, const rt_config *c)
 {
     eng_gguf *gg = NULL;
     sw_error err;
     sw_error_clear(&err);
-    if (eng_gguf_open(c->model_path, &gg, &err) || eng_tokenizer_load(gg, &rt__g.tok, &err) ||
-        eng_chat_choose(gg, c->chat_template[0] ? c->chat_template : NULL, &rt__g.family, NULL,
+    if (eng_gguf_open(c->model_path, &gg, &err) || eng_tokenizer_load(gg, &rt->tok, &err) ||
+        eng_chat_choose(gg, c->chat_template[0] ? c->chat_template : NULL, &rt->family, NULL,
                         &err)) {
         fprintf(stderr, "spillway serve: %s: %s\n", c->model_path,
                 err.message[0] ? err.message : sw_strerror(err.code));
@@ -146,9 +150,10 @@ int rt_serve(const rt_config *c)
     int status = 1, lfd = -1;
     bool sup_started = false;
     pthread_t sup;
-    memset(&rt__g, 0, sizeof rt__g);
-    rt__g.cfg = c;
-    pthread_mutex_init(&rt__g.mu, NULL);
+    rt_router *rt = &rt__g;
+    memset(rt, 0, sizeof *rt);
+    rt->cfg = c;
+    pthread_mutex_init(&rt->mu, NULL);
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -160,50 +165,50 @@ int rt_serve(const rt_config *c)
                 strerror(errno));
         return 1;
     }
-    rt__read_switches();
+    rt__read_switches(rt);
     sw_error lerr;
     sw_error_clear(&lerr);
-    if (ldg_open(c->state_dir, &rt__g.ledger, &lerr)) {
+    if (ldg_open(c->state_dir, &rt->ledger, &lerr)) {
         fprintf(stderr, "spillway serve: %s\n", lerr.message);
         return 1;
     }
     int abandoned = 0;
-    if (ldg_idem_recover(rt__g.ledger, &abandoned, &lerr) == 0 && abandoned)
+    if (ldg_idem_recover(rt->ledger, &abandoned, &lerr) == 0 && abandoned)
         SW_WARN("router", "%d Idempotency-Key(s) were running when the router stopped; a retry "
                 "with the same body runs them again under their request id", abandoned);
-    if (load_tokenizer(c)) {
-        ldg_close(rt__g.ledger);
-        rt__g.ledger = NULL;
+    if (load_tokenizer(rt, c)) {
+        ldg_close(rt->ledger);
+        rt->ledger = NULL;
         return 1;
     }
-    rt_pool_init(&rt__g.pool, c);
-    rt_queue_init(&rt__g.queue, &rt__g.pool, c->queue_size);
+    rt_pool_init(&rt->pool, c);
+    rt_queue_init(&rt->queue, &rt->pool, c->queue_size);
     /* start everything, wait until every worker is ready */
     double t0 = rt__now_s();
     for (;;) {
-        rt__sup_pass(true);
+        rt__sup_pass(rt, true);
         /* every managed worker, and at least one worker in all: a worker
          * given by url may come up later */
         int ready = 0, managed_waiting = 0;
-        for (int i = 0; i < rt__g.pool.n; i++) {
-            ready += rt__g.pool.w[i].state == WS_READY;
-            managed_waiting += rt__g.pool.w[i].cfg.managed && rt__g.pool.w[i].state != WS_READY;
+        for (int i = 0; i < rt->pool.n; i++) {
+            ready += rt->pool.w[i].state == WS_READY;
+            managed_waiting += rt->pool.w[i].cfg.managed && rt->pool.w[i].state != WS_READY;
         }
         if (ready > 0 && managed_waiting == 0)
             break;
-        for (int i = 0; i < rt__g.pool.n; i++)
-            if (rt__g.pool.w[i].last_exit == 1 || rt__g.pool.w[i].last_exit == 2) {
+        for (int i = 0; i < rt->pool.n; i++)
+            if (rt->pool.w[i].last_exit == 1 || rt->pool.w[i].last_exit == 2) {
                 /* a start-up failure (bad model, device or options) does
                  * not get better by restarting */
                 fprintf(stderr, "spillway serve: worker %s failed to start (exit status %d); see %s\n",
-                        rt__g.pool.w[i].cfg.name, rt__g.pool.w[i].last_exit, rt__g.pool.w[i].log_path);
+                        rt->pool.w[i].cfg.name, rt->pool.w[i].last_exit, rt->pool.w[i].log_path);
                 goto out;
             }
-        if (rt__g.stop || rt__now_s() - t0 > c->ready_timeout_s) {
-            for (int i = 0; i < rt__g.pool.n; i++)
-                if (rt__g.pool.w[i].state != WS_READY)
+        if (rt->stop || rt__now_s() - t0 > c->ready_timeout_s) {
+            for (int i = 0; i < rt->pool.n; i++)
+                if (rt->pool.w[i].state != WS_READY)
                     fprintf(stderr, "spillway serve: worker %s did not become ready (log: %s)\n",
-                            rt__g.pool.w[i].cfg.name, rt__g.pool.w[i].log_path[0] ? rt__g.pool.w[i].log_path : rt__g.pool.w[i].address);
+                            rt->pool.w[i].cfg.name, rt->pool.w[i].log_path[0] ? rt->pool.w[i].log_path : rt->pool.w[i].address);
             goto out;
         }
         usleep(50 * 1000);
@@ -214,14 +219,14 @@ int rt_serve(const rt_config *c)
         fprintf(stderr, "spillway serve: cannot listen on %s: %s\n", c->listen, strerror(errno));
         goto out;
     }
-    if (pthread_create(&sup, NULL, rt__sup_thread, NULL) == 0)
+    if (pthread_create(&sup, NULL, rt__sup_thread, rt) == 0)
         sup_started = true;
-    if (rt__jobs_start()) {
+    if (rt__jobs_start(rt)) {
         fprintf(stderr, "spillway serve: cannot start the job runners\n");
         goto out;
     }
-    for (int k = 0; k < rt__g.pool.n; k++) {
-        rt_worker *w = &rt__g.pool.w[rt__g.pool.order[k]];
+    for (int k = 0; k < rt->pool.n; k++) {
+        rt_worker *w = &rt->pool.w[rt->pool.order[k]];
         printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name,
                w->cfg.device[0] ? w->cfg.device : "cpu",
                !strncmp(w->cfg.device, "sim-gpu", 7) ? " [simulated]" : "",
@@ -233,7 +238,7 @@ int rt_serve(const rt_config *c)
                "-d '{\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n",
                actual, c->n_keys ? " -H 'Authorization: Bearer YOUR_KEY'" : "");
     fflush(stdout);
-    while (!rt__g.stop) {
+    while (!rt->stop) {
         struct pollfd p = {lfd, POLLIN, 0};
         int n = poll(&p, 1, 200);
         if (n <= 0)
@@ -241,13 +246,13 @@ int rt_serve(const rt_config *c)
         int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (cfd < 0)
             continue;
-        pthread_mutex_lock(&rt__g.mu);
-        bool full = rt__g.active_conns >= c->max_connections;
+        pthread_mutex_lock(&rt->mu);
+        bool full = rt->active_conns >= c->max_connections;
         if (!full)
-            rt__g.active_conns++;
-        else if (rt__evict_idle_locked())
+            rt->active_conns++;
+        else if (rt__evict_idle_locked(rt))
             full = false; /* the oldest idle keep-alive connection's slot */
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_unlock(&rt->mu);
         if (full) {
             static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
                                        "Content-Length: 0\r\nConnection: close\r\n\r\n";
@@ -255,47 +260,47 @@ int rt_serve(const rt_config *c)
             close(cfd);
             continue;
         }
-        if (rt__conn_start(cfd)) {
+        if (rt__conn_start(rt, cfd)) {
             close(cfd);
-            pthread_mutex_lock(&rt__g.mu);
-            rt__g.active_conns--;
-            pthread_mutex_unlock(&rt__g.mu);
+            pthread_mutex_lock(&rt->mu);
+            rt->active_conns--;
+            pthread_mutex_unlock(&rt->mu);
         }
     }
     status = 0;
-    SW_INFO("router", "stopping: no new connections; %d running", rt__g.active_conns);
+    SW_INFO("router", "stopping: no new connections; %d running", rt->active_conns);
     /* jobs do not hold the shutdown up: a running one gives its worker
      * request up now and goes back to queued (router_jobs.c) */
-    rt__jobs_cancel();
+    rt__jobs_cancel(rt);
     rt__conns_close();
     close(lfd);
     if (!strncmp(c->listen, "unix:", 5))
         unlink(c->listen + 5);
     /* let running requests finish (bounded) */
     for (int i = 0; i < 200; i++) {
-        pthread_mutex_lock(&rt__g.mu);
-        int a = rt__g.active_conns;
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_lock(&rt->mu);
+        int a = rt->active_conns;
+        pthread_mutex_unlock(&rt->mu);
         if (!a)
             break;
         usleep(50 * 1000);
     }
 out:
-    rt__g.stop = 1;
+    rt->stop = 1;
     /* cancelled jobs go back to queued; at most 2 s, then a runner stuck
      * in a ledger write or a tool call is left behind (jobs_left) */
-    bool jobs_left = !rt__jobs_stop();
+    bool jobs_left = !rt__jobs_stop(rt);
     if (sup_started)
         pthread_join(sup, NULL);
     else
-        rt__stop_workers();
+        rt__stop_workers(rt);
     /* Connection threads are detached and the wait above is bounded: one
      * still running may be about to store its Idempotency-Key or a tool
      * step; a job runner left behind may too. Then nothing is freed under
      * that thread: the process ends below. */
-    pthread_mutex_lock(&rt__g.mu);
-    bool threads_left = rt__g.active_conns > 0 || jobs_left;
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_lock(&rt->mu);
+    bool threads_left = rt->active_conns > 0 || jobs_left;
+    pthread_mutex_unlock(&rt->mu);
     if (threads_left) {
         /* Such a thread also reads the configuration (our caller's) and
          * the event ring: returning would free them under it. End the
@@ -306,12 +311,12 @@ out:
         fflush(NULL);
         _exit(status);
     }
-    eng_tokenizer_free(rt__g.tok);
-    rt__g.tok = NULL;
-    ldg_close(rt__g.ledger);
-    rt__g.ledger = NULL;
+    eng_tokenizer_free(rt->tok);
+    rt->tok = NULL;
+    ldg_close(rt->ledger);
+    rt->ledger = NULL;
     for (int i = 0; i < RT_EVENTS; i++)
-        sw_free(rt__g.events[i]);
+        sw_free(rt->events[i]);
     return status;
 }
 

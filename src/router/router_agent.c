@@ -75,11 +75,11 @@ static long long left_ms(const agent_run *a)
     return left >= 9e18 ? (long long)9e18 : left < 1 ? 1 : (long long)left;
 }
 
-static const rt_tool_config *find_tool(const char *name, const bool *allowed)
+static const rt_tool_config *find_tool(rt_router *rt, const char *name, const bool *allowed)
 {
-    for (int i = 0; name && i < rt__g.cfg->n_tools; i++)
-        if (allowed[i] && !strcmp(rt__g.cfg->tools[i].name, name))
-            return &rt__g.cfg->tools[i];
+    for (int i = 0; name && i < rt->cfg->n_tools; i++)
+        if (allowed[i] && !strcmp(rt->cfg->tools[i].name, name))
+            return &rt->cfg->tools[i];
     return NULL;
 }
 
@@ -162,8 +162,8 @@ static int read_result(rn_conn *c, double deadline_at, char **out, size_t *len)
  * the body of a 2xx, cut at RT_MAX_TOOL_RESULT, or an error text), 0 when
  * unknown (time-out, dropped connection: the tool may or may not have
  * acted). *result: sw_free. */
-static int call_tool(const rt_tool_config *t, const char *request_id, int step, const char *args,
-                     int timeout_ms, double deadline_at, char **result)
+static int call_tool(rt_router *rt, const rt_tool_config *t, const char *request_id, int step,
+                     const char *args, int timeout_ms, double deadline_at, char **result)
 {
     char address[600], path[512];
     *result = NULL;
@@ -184,9 +184,9 @@ static int call_tool(const rt_tool_config *t, const char *request_id, int step, 
      * a time would stretch the per-read time-out) */
     int rc = rn_request_until(&c, address, "POST", path, hdr, args, strlen(args), -1, timeout_ms,
                               deadline_at >= 0 ? deadline_at : 0);
-    pthread_mutex_lock(&rt__g.mu);
-    rt__g.tool_calls++;
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_lock(&rt->mu);
+    rt->tool_calls++;
+    pthread_mutex_unlock(&rt->mu);
     char msg[160];
     if (rc == -1) {
         /* never connected: the tool did not receive the call */
@@ -359,15 +359,16 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
                     char **args, char *call_id, size_t call_cap, char **result, bool *reused)
 {
     rt_req *q = a->client;
+    rt_router *rt = q->rt;
     sw_error err;
     sw_error_clear(&err);
     *result = NULL;
     *reused = false;
     bool unknown = false; /* started before, never done */
-    if (!rt__g.sabotage.no_tool_ledger) {
+    if (!rt->sabotage.no_tool_ledger) {
         ldg_tool_step rec;
         bool found = false;
-        if (ldg_tool_get(rt__g.ledger, q->request_id, step, &rec, &found, &err)) {
+        if (ldg_tool_get(rt->ledger, q->request_id, step, &rec, &found, &err)) {
             ledger_fail(a, &err);
             return -1;
         }
@@ -383,9 +384,9 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
                 rec.result = NULL;
                 *reused = true;
                 ldg_tool_step_free(&rec);
-                pthread_mutex_lock(&rt__g.mu);
-                rt__g.tool_reused++;
-                pthread_mutex_unlock(&rt__g.mu);
+                pthread_mutex_lock(&rt->mu);
+                rt->tool_reused++;
+                pthread_mutex_unlock(&rt->mu);
                 SW_INFO("router", "request %s: tool step %d (%s) reused from the ledger",
                         q->request_id, step, tool_name);
                 return 0;
@@ -394,7 +395,7 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
             unknown = true;
         }
     }
-    const rt_tool_config *t = find_tool(tool_name, allowed);
+    const rt_tool_config *t = find_tool(rt, tool_name, allowed);
     char why[640];
     judge_call(t, tool_name, *args, q->request_id, why, sizeof why);
     if (why[0]) {
@@ -403,9 +404,9 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
          * model as the result */
         *result = sw_strdup(why);
         if (!*result ||
-            (!unknown && ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id,
+            (!unknown && ldg_tool_started(rt->ledger, q->request_id, step, tool_name, call_id,
                                           *args ? *args : "", rt__wall_s(), &err)) ||
-            ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
+            ldg_tool_done(rt->ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
             if (!*result)
                 sw_error_set(&err, SW_ENOMEM, "out of memory");
             ledger_fail(a, &err);
@@ -436,12 +437,12 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
         return -1;
     }
     /* committed before the call (a re-call counts in the step's calls) */
-    if (ldg_tool_started(rt__g.ledger, q->request_id, step, tool_name, call_id, *args,
+    if (ldg_tool_started(rt->ledger, q->request_id, step, tool_name, call_id, *args,
                          rt__wall_s(), &err)) {
         ledger_fail(a, &err);
         return -1;
     }
-    if (rt__g.fault_exit_after_tool_started) {
+    if (rt->fault_exit_after_tool_started) {
         SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_started: exiting (status 70)");
         _exit(70);
     }
@@ -460,11 +461,11 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
         if (i > 0)
             SW_INFO("router", "request %s: tool %s gave no answer; idempotent: calling again",
                     q->request_id, t->name);
-        known = call_tool(t, q->request_id, step, *args, timeout_ms, a->deadline_at, result);
+        known = call_tool(rt, t, q->request_id, step, *args, timeout_ms, a->deadline_at, result);
         if (!known && left_ms(a) == 0)
             cut_by_deadline = true;
     }
-    if (rt__g.fault_exit_after_tool_called) {
+    if (rt->fault_exit_after_tool_called) {
         SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_called: exiting (status 70)");
         _exit(70);
     }
@@ -491,7 +492,7 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
         snprintf(msg, sizeof msg, "error: the tool %s did not answer", t->name);
         *result = sw_strdup(msg);
     }
-    if (!*result || ldg_tool_done(rt__g.ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
+    if (!*result || ldg_tool_done(rt->ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
         if (!*result)
             sw_error_set(&err, SW_ENOMEM, "out of memory");
         ledger_fail(a, &err);
@@ -944,7 +945,8 @@ static void keep_name(const char *gen, char *out, size_t cap)
 
 void rt__handle_agent(rt_req *q, json_t *body)
 {
-    const rt_config *cfg = rt__g.cfg;
+    rt_router *rt = q->rt;
+    const rt_config *cfg = rt->cfg;
     json_t *tools = NULL, *base = NULL, *msgs = NULL, *steps = NULL, *final = NULL;
     /* the failover record of the run: the first generation failure, when
      * the replay started and which worker gave the final answer */
@@ -1028,7 +1030,7 @@ void rt__handle_agent(rt_req *q, json_t *body)
             return;
         }
         bool ok = cs ? (!strcmp(cs, "auto") || !strcmp(cs, "none") || !strcmp(cs, "required"))
-                     : (json_is_object(choice) && fname && find_tool(fname, allowed));
+                     : (json_is_object(choice) && fname && find_tool(rt, fname, allowed));
         if (!ok) {
             rt__send_error(q, 400, "invalid_request",
                            "tool_choice must be auto, none, required or a configured function",
@@ -1060,7 +1062,7 @@ void rt__handle_agent(rt_req *q, json_t *body)
     }
     if (!json_object_get(base, "seed")) {
         /* one seed for the whole run (and its replays) */
-        uint64_t n = __atomic_add_fetch(&rt__g.seq, 1, __ATOMIC_RELAXED);
+        uint64_t n = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
         uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(base, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
@@ -1102,6 +1104,7 @@ run:
         }
         rt_req iq;
         memset(&iq, 0, sizeof iq);
+        iq.rt = rt;
         iq.fd = -1;
         iq.cap.on = true;
         iq.single_pass = true;
@@ -1135,8 +1138,8 @@ run:
         if (iq.worker[0] && !a.text_sent)
             snprintf(q->worker, sizeof q->worker, "%s", iq.worker);
         if (iq.worker_failed)
-            for (int i = 0; i < rt__g.pool.n; i++)
-                if (!strcmp(rt__g.pool.w[i].cfg.name, iq.worker))
+            for (int i = 0; i < rt->pool.n; i++)
+                if (!strcmp(rt->pool.w[i].cfg.name, iq.worker))
                     failed[i] = true;
         if (a.ended || (a.text_sent && q->write_failed)) {
             /* the stream already ended at the client (an error event after
@@ -1144,7 +1147,7 @@ run:
             rt__capture_free(&iq.cap);
             goto out;
         }
-        if (iq.worker_failed && !a.text_sent && !rt__g.sabotage.no_replay &&
+        if (iq.worker_failed && !a.text_sent && !rt->sabotage.no_replay &&
             run_attempts < cfg->max_attempts) {
             rt__capture_free(&iq.cap);
             SW_WARN("router", "agent run %s: the worker failed in generation %d; the run is "
@@ -1291,7 +1294,7 @@ out:
             "client_connected", !q->write_failed, "stream", stream, "agent_run", true);
         run_first_error = NULL; /* the record owns it (json_pack "o") */
         if (ev)
-            rt__ev_record(ev);
+            rt__ev_record(rt, ev);
         json_decref(ev);
     }
     json_decref(a.created);

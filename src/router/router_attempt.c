@@ -208,7 +208,7 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
      * aborts the worker request (router_jobs.c, rt__jobs_cancel) */
     int rc = rn_request_pooled(&c, &up, "POST", path, hdr, body, body_len,
                                r->q->fd >= 0 ? r->q->fd : rt__job_cancel_fd,
-                               rt__g.cfg->http_timeout_s * 1000);
+                               r->q->rt->cfg->http_timeout_s * 1000);
     fail_kind fk = FAIL_NONE;
     snprintf(r->phase, sizeof r->phase, "connect");
     if (rc == -2) {
@@ -335,7 +335,7 @@ rt_outcome rt_attempt_run(rt_relay *r, int wi, uint64_t generation, const char *
                           bool *refused_memory)
 {
     /* the configuration and address do not change while the router runs */
-    const rt_worker *w = &rt__g.pool.w[wi];
+    const rt_worker *w = &r->q->rt->pool.w[wi];
     *refused_memory = false;
     fail_kind fk = attempt_run(r, w, generation, body, len);
     switch (fk) {

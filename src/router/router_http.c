@@ -162,11 +162,12 @@ void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
 
 static void handle_health(rt_req *q)
 {
+    rt_router *rt = q->rt;
     json_t *ws = json_array();
     int ready = 0;
-    pthread_mutex_lock(&rt__g.pool.mu);
-    for (int k = 0; k < rt__g.pool.n; k++) {
-        rt_worker *w = &rt__g.pool.w[rt__g.pool.order[k]];
+    pthread_mutex_lock(&rt->pool.mu);
+    for (int k = 0; k < rt->pool.n; k++) {
+        rt_worker *w = &rt->pool.w[rt->pool.order[k]];
         ready += w->state == WS_READY;
         json_t *o = json_pack(
             "{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}", "name",
@@ -191,12 +192,12 @@ static void handle_health(rt_req *q)
                                       "kv_device_used_bytes", (json_int_t)w->kv_held_bytes));
         json_array_append_new(ws, o);
     }
-    int depth = rt__g.queue.depth;
-    pthread_mutex_unlock(&rt__g.pool.mu);
+    int depth = rt->queue.depth;
+    pthread_mutex_unlock(&rt->pool.mu);
     json_t *h = json_pack("{s:s, s:o, s:i}", "status", ready ? "ready" : "unavailable", "workers",
                           ws, "queue_depth", depth);
     json_t *sab = json_array();
-    const rt_sabotage *sb = &rt__g.sabotage;
+    const rt_sabotage *sb = &rt->sabotage;
     if (sb->no_replay) json_array_append_new(sab, json_string("no-replay"));
     if (sb->no_resume) json_array_append_new(sab, json_string("no-resume"));
     if (sb->no_tool_ledger) json_array_append_new(sab, json_string("no-tool-ledger"));
@@ -212,15 +213,16 @@ static void handle_health(rt_req *q)
 
 static void handle_events(rt_req *q)
 {
+    rt_router *rt = q->rt;
     json_t *arr = json_array();
-    pthread_mutex_lock(&rt__g.mu);
-    for (int i = 0; i < rt__g.n_events; i++) {
-        int idx = (rt__g.next_event - rt__g.n_events + i + RT_EVENTS) % RT_EVENTS;
-        json_t *e = json_loads(rt__g.events[idx], 0, NULL);
+    pthread_mutex_lock(&rt->mu);
+    for (int i = 0; i < rt->n_events; i++) {
+        int idx = (rt->next_event - rt->n_events + i + RT_EVENTS) % RT_EVENTS;
+        json_t *e = json_loads(rt->events[idx], 0, NULL);
         if (e)
             json_array_append_new(arr, e);
     }
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_unlock(&rt->mu);
     json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", arr);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -236,9 +238,9 @@ static void handle_events(rt_req *q)
     } while (0)
 
 /* The queue and the books (docs/router.md, Metrics); with both locks. */
-static void metrics_queue(char *b, size_t *n, size_t cap)
+static void metrics_queue(const rt_router *rt, char *b, size_t *n, size_t cap)
 {
-    const rt_queue *qu = &rt__g.queue;
+    const rt_queue *qu = &rt->queue;
     OUT("# TYPE spillway_router_queue_depth gauge\nspillway_router_queue_depth %d\n", qu->depth);
     OUT("# TYPE spillway_router_queue_peak_depth gauge\nspillway_router_queue_peak_depth %d\n",
         qu->peak_depth);
@@ -265,34 +267,35 @@ static void metrics_queue(char *b, size_t *n, size_t cap)
         "spillway_router_refusals_total{reason=\"queue_timeout\"} %llu\n"
         "spillway_router_refusals_total{reason=\"deadline\"} %llu\n"
         "spillway_router_refusals_total{reason=\"context\"} %llu\n",
-        (unsigned long long)rt__g.refused_queue_full,
-        (unsigned long long)rt__g.refused_queue_timeout,
-        (unsigned long long)rt__g.refused_deadline, (unsigned long long)rt__g.refused_context);
+        (unsigned long long)rt->refused_queue_full,
+        (unsigned long long)rt->refused_queue_timeout,
+        (unsigned long long)rt->refused_deadline, (unsigned long long)rt->refused_context);
     OUT("# TYPE spillway_router_worker_refusals_total counter\n");
-    for (int i = 0; i < rt__g.pool.n; i++) {
-        const rt_worker *w = &rt__g.pool.w[i];
+    for (int i = 0; i < rt->pool.n; i++) {
+        const rt_worker *w = &rt->pool.w[i];
         OUT("spillway_router_worker_refusals_total{worker=\"%s\",reason=\"memory\"} %llu\n"
             "spillway_router_worker_refusals_total{worker=\"%s\",reason=\"slots\"} %llu\n",
             w->cfg.name, (unsigned long long)w->refused_memory, w->cfg.name,
             (unsigned long long)w->refused_slots);
     }
     OUT("# TYPE spillway_router_admitted_seqs gauge\n");
-    for (int i = 0; i < rt__g.pool.n; i++)
-        OUT("spillway_router_admitted_seqs{worker=\"%s\"} %d\n", rt__g.pool.w[i].cfg.name,
-            rt__g.pool.w[i].books.seqs);
+    for (int i = 0; i < rt->pool.n; i++)
+        OUT("spillway_router_admitted_seqs{worker=\"%s\"} %d\n", rt->pool.w[i].cfg.name,
+            rt->pool.w[i].books.seqs);
     OUT("# TYPE spillway_router_reserved_kv_bytes gauge\n");
-    for (int i = 0; i < rt__g.pool.n; i++)
-        OUT("spillway_router_reserved_kv_bytes{worker=\"%s\"} %lld\n", rt__g.pool.w[i].cfg.name,
-            (long long)rt__g.pool.w[i].books.kv_bytes);
+    for (int i = 0; i < rt->pool.n; i++)
+        OUT("spillway_router_reserved_kv_bytes{worker=\"%s\"} %lld\n", rt->pool.w[i].cfg.name,
+            (long long)rt->pool.w[i].books.kv_bytes);
     OUT("# TYPE spillway_router_kv_budget_bytes gauge\n");
-    for (int i = 0; i < rt__g.pool.n; i++)
-        OUT("spillway_router_kv_budget_bytes{worker=\"%s\"} %lld\n", rt__g.pool.w[i].cfg.name,
-            (long long)rt__g.pool.w[i].kv_budget);
+    for (int i = 0; i < rt->pool.n; i++)
+        OUT("spillway_router_kv_budget_bytes{worker=\"%s\"} %lld\n", rt->pool.w[i].cfg.name,
+            (long long)rt->pool.w[i].kv_budget);
 }
 #undef OUT
 
 static void handle_metrics(rt_req *q)
 {
+    rt_router *rt = q->rt;
     size_t cap = 65536, n = 0;
     char *b = sw_malloc(cap);
     if (!b)
@@ -303,11 +306,11 @@ static void handle_metrics(rt_req *q)
         if (k_ > 0 && (size_t)k_ < cap - n) n += (size_t)k_; \
     } while (0)
     /* lock order: the pool's, then the router's */
-    pthread_mutex_lock(&rt__g.pool.mu);
-    pthread_mutex_lock(&rt__g.mu);
+    pthread_mutex_lock(&rt->pool.mu);
+    pthread_mutex_lock(&rt->mu);
     OUT("# TYPE spillway_router_requests_total counter\n");
-    for (int i = 0; i < rt__g.pool.n; i++) {
-        rt_worker *w = &rt__g.pool.w[i];
+    for (int i = 0; i < rt->pool.n; i++) {
+        rt_worker *w = &rt->pool.w[i];
         OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"ok\"} %llu\n", w->cfg.name,
             (unsigned long long)w->req_ok);
         OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"client_error\"} %llu\n",
@@ -316,39 +319,39 @@ static void handle_metrics(rt_req *q)
             w->cfg.name, (unsigned long long)w->req_failed);
     }
     OUT("spillway_router_requests_total{worker=\"none\",outcome=\"capacity_exceeded\"} %llu\n",
-        (unsigned long long)rt__g.rejected_capacity);
+        (unsigned long long)rt->rejected_capacity);
     OUT("spillway_router_requests_total{worker=\"none\",outcome=\"unauthorized\"} %llu\n",
-        (unsigned long long)rt__g.rejected_auth);
+        (unsigned long long)rt->rejected_auth);
     OUT("spillway_router_requests_total{worker=\"none\",outcome=\"bad_request\"} %llu\n",
-        (unsigned long long)rt__g.rejected_bad);
+        (unsigned long long)rt->rejected_bad);
     OUT("# TYPE spillway_router_failovers_total counter\n");
     OUT("spillway_router_failovers_total{reason=\"oom\"} %llu\n",
-        (unsigned long long)rt__g.failovers_oom);
+        (unsigned long long)rt->failovers_oom);
     OUT("spillway_router_failovers_total{reason=\"worker_crash\"} %llu\n",
-        (unsigned long long)rt__g.failovers_crash);
+        (unsigned long long)rt->failovers_crash);
     OUT("# TYPE spillway_router_worker_up gauge\n");
-    for (int i = 0; i < rt__g.pool.n; i++)
-        OUT("spillway_router_worker_up{worker=\"%s\"} %d\n", rt__g.pool.w[i].cfg.name,
-            rt__g.pool.w[i].state == WS_READY);
+    for (int i = 0; i < rt->pool.n; i++)
+        OUT("spillway_router_worker_up{worker=\"%s\"} %d\n", rt->pool.w[i].cfg.name,
+            rt->pool.w[i].state == WS_READY);
     OUT("# TYPE spillway_router_worker_restarts_total counter\n");
-    for (int i = 0; i < rt__g.pool.n; i++)
-        OUT("spillway_router_worker_restarts_total{worker=\"%s\"} %d\n", rt__g.pool.w[i].cfg.name,
-            rt__g.pool.w[i].restarts);
+    for (int i = 0; i < rt->pool.n; i++)
+        OUT("spillway_router_worker_restarts_total{worker=\"%s\"} %d\n", rt->pool.w[i].cfg.name,
+            rt->pool.w[i].restarts);
     OUT("# TYPE spillway_router_device_memory_bytes gauge\n");
-    for (int i = 0; i < rt__g.pool.n; i++) {
+    for (int i = 0; i < rt->pool.n; i++) {
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"total\"} %lld\n",
-            rt__g.pool.w[i].cfg.name, (long long)rt__g.pool.w[i].mem_total);
+            rt->pool.w[i].cfg.name, (long long)rt->pool.w[i].mem_total);
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"used\"} %lld\n",
-            rt__g.pool.w[i].cfg.name, (long long)rt__g.pool.w[i].mem_used);
+            rt->pool.w[i].cfg.name, (long long)rt->pool.w[i].mem_used);
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"reserved\"} %lld\n",
-            rt__g.pool.w[i].cfg.name, (long long)rt__g.pool.w[i].mem_reserved);
+            rt->pool.w[i].cfg.name, (long long)rt->pool.w[i].mem_reserved);
     }
     OUT("# TYPE spillway_router_generated_tokens_total counter\n");
-    for (int i = 0; i < rt__g.pool.n; i++)
-        OUT("spillway_router_generated_tokens_total{worker=\"%s\"} %llu\n", rt__g.pool.w[i].cfg.name,
-            (unsigned long long)rt__g.pool.w[i].tokens);
+    for (int i = 0; i < rt->pool.n; i++)
+        OUT("spillway_router_generated_tokens_total{worker=\"%s\"} %llu\n", rt->pool.w[i].cfg.name,
+            (unsigned long long)rt->pool.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
-        rt__g.active_conns);
+        rt->active_conns);
     rn_pool_counts pc;
     rn_pool_get_counts(&pc); /* the connections to workers (router_net.c) */
     OUT("# TYPE spillway_router_upstream_connections_total counter\n"
@@ -361,38 +364,38 @@ static void handle_metrics(rt_req *q)
         (unsigned long long)pc.opened, (unsigned long long)pc.reused,
         (unsigned long long)pc.stale_retries, (unsigned long long)pc.discarded, pc.idle);
     OUT("# TYPE spillway_router_idle_connections gauge\nspillway_router_idle_connections %d\n",
-        rt__g.n_idle);
+        rt->n_idle);
     OUT("# TYPE spillway_router_keepalive_requests_total counter\n"
         "spillway_router_keepalive_requests_total %llu\n",
-        (unsigned long long)rt__g.keepalive_reused);
+        (unsigned long long)rt->keepalive_reused);
     OUT("# TYPE spillway_router_idle_evictions_total counter\n"
         "spillway_router_idle_evictions_total %llu\n",
-        (unsigned long long)rt__g.keepalive_evictions);
+        (unsigned long long)rt->keepalive_evictions);
     OUT("# TYPE spillway_router_ledger_rows_deleted_total counter\n"
         "spillway_router_ledger_rows_deleted_total %llu\n",
-        (unsigned long long)rt__g.ledger_swept);
-    metrics_queue(b, &n, cap);
+        (unsigned long long)rt->ledger_swept);
+    metrics_queue(rt, b, &n, cap);
     OUT("# TYPE spillway_router_idempotent_replays_total counter\n"
         "spillway_router_idempotent_replays_total %llu\n",
-        (unsigned long long)rt__g.idem_replays);
+        (unsigned long long)rt->idem_replays);
     OUT("# TYPE spillway_router_tool_calls_total counter\nspillway_router_tool_calls_total %llu\n",
-        (unsigned long long)rt__g.tool_calls);
+        (unsigned long long)rt->tool_calls);
     OUT("# TYPE spillway_router_tool_steps_reused_total counter\n"
         "spillway_router_tool_steps_reused_total %llu\n",
-        (unsigned long long)rt__g.tool_reused);
+        (unsigned long long)rt->tool_reused);
     OUT("# TYPE spillway_router_jobs_total counter\n"
         "spillway_router_jobs_total{outcome=\"succeeded\"} %llu\n"
         "spillway_router_jobs_total{outcome=\"failed\"} %llu\n",
-        (unsigned long long)rt__g.jobs_done, (unsigned long long)rt__g.jobs_failed);
+        (unsigned long long)rt->jobs_done, (unsigned long long)rt->jobs_failed);
     OUT("# TYPE spillway_router_async_fallbacks_total counter\n"
         "spillway_router_async_fallbacks_total %llu\n",
-        (unsigned long long)rt__g.async_fallbacks);
+        (unsigned long long)rt->async_fallbacks);
     OUT("# TYPE spillway_router_continues_total counter\nspillway_router_continues_total %llu\n",
-        (unsigned long long)rt__g.continues_sent);
+        (unsigned long long)rt->continues_sent);
     for (int h = 0; h < 2; h++) {
         const char *name = h ? "spillway_router_time_to_first_token_seconds"
                              : "spillway_router_request_duration_seconds";
-        const uint64_t *hb = h ? rt__g.ttft_buckets : rt__g.lat_buckets;
+        const uint64_t *hb = h ? rt->ttft_buckets : rt->lat_buckets;
         uint64_t cum = 0;
         OUT("# TYPE %s histogram\n", name);
         for (int i = 0; i < 12; i++) {
@@ -402,11 +405,11 @@ static void handle_metrics(rt_req *q)
             else
                 OUT("%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
         }
-        OUT("%s_sum %.6f\n%s_count %llu\n", name, h ? rt__g.ttft_sum : rt__g.lat_sum, name,
-            (unsigned long long)(h ? rt__g.ttft_count : rt__g.lat_count));
+        OUT("%s_sum %.6f\n%s_count %llu\n", name, h ? rt->ttft_sum : rt->lat_sum, name,
+            (unsigned long long)(h ? rt->ttft_count : rt->lat_count));
     }
-    pthread_mutex_unlock(&rt__g.mu);
-    pthread_mutex_unlock(&rt__g.pool.mu);
+    pthread_mutex_unlock(&rt->mu);
+    pthread_mutex_unlock(&rt->pool.mu);
 #undef OUT
     rt__send_response(q, 200, "text/plain; version=0.0.4", NULL, b, n);
     sw_free(b);
@@ -414,11 +417,12 @@ static void handle_metrics(rt_req *q)
 
 static void handle_models(rt_req *q)
 {
-    for (int k = 0; k < rt__g.pool.n; k++) {
-        rt_worker *w = &rt__g.pool.w[rt__g.pool.order[k]];
-        pthread_mutex_lock(&rt__g.pool.mu);
+    rt_router *rt = q->rt;
+    for (int k = 0; k < rt->pool.n; k++) {
+        rt_worker *w = &rt->pool.w[rt->pool.order[k]];
+        pthread_mutex_lock(&rt->pool.mu);
         bool ready = w->state == WS_READY;
-        pthread_mutex_unlock(&rt__g.pool.mu);
+        pthread_mutex_unlock(&rt->pool.mu);
         if (!ready)
             continue;
         char *body = NULL;
@@ -451,13 +455,14 @@ static pid_t router_pid(void)
 
 static bool auth_ok(const rt_req *q)
 {
-    if (rt__g.cfg->n_keys == 0)
+    rt_router *rt = q->rt;
+    if (rt->cfg->n_keys == 0)
         return true;
     if (strncasecmp(q->auth, "Bearer ", 7))
         return false;
     const char *k = q->auth + 7;
-    for (int i = 0; i < rt__g.cfg->n_keys; i++) {
-        const char *want = rt__g.cfg->api_keys[i];
+    for (int i = 0; i < rt->cfg->n_keys; i++) {
+        const char *want = rt->cfg->api_keys[i];
         size_t a = strlen(k), b = strlen(want);
         unsigned diff = (unsigned)(a ^ b);
         for (size_t j = 0; j < b; j++)
@@ -482,59 +487,59 @@ static bool plain_token(const char *s)
 
 /* ---- keep-alive ------------------------------------------------------ */
 
-static void idle_link(rt_idle *i)
+static void idle_link(rt_router *rt, rt_idle *i)
 {
-    i->prev = rt__g.idle_tail;
+    i->prev = rt->idle_tail;
     i->next = NULL;
-    if (rt__g.idle_tail)
-        rt__g.idle_tail->next = i;
+    if (rt->idle_tail)
+        rt->idle_tail->next = i;
     else
-        rt__g.idle_head = i;
-    rt__g.idle_tail = i;
-    rt__g.n_idle++;
+        rt->idle_head = i;
+    rt->idle_tail = i;
+    rt->n_idle++;
 }
 
-static void idle_unlink(rt_idle *i)
+static void idle_unlink(rt_router *rt, rt_idle *i)
 {
     if (i->prev)
         i->prev->next = i->next;
     else
-        rt__g.idle_head = i->next;
+        rt->idle_head = i->next;
     if (i->next)
         i->next->prev = i->prev;
     else
-        rt__g.idle_tail = i->prev;
+        rt->idle_tail = i->prev;
     i->prev = i->next = NULL;
-    rt__g.n_idle--;
+    rt->n_idle--;
 }
 
-bool rt__evict_idle_locked(void)
+bool rt__evict_idle_locked(rt_router *rt)
 {
-    rt_idle *i = rt__g.idle_head;
+    rt_idle *i = rt->idle_head;
     if (!i)
         return false;
-    idle_unlink(i);
+    idle_unlink(rt, i);
     i->evicted = true;
     /* wakes the connection's poll; its thread closes the fd (it is only
      * closed after the thread took itself off the list, under the mutex,
      * so this fd is still that connection's) */
     shutdown(i->fd, SHUT_RDWR);
-    rt__g.keepalive_evictions++;
+    rt->keepalive_evictions++;
     return true;
 }
 
 /* Waits up to keepalive-timeout-s for the next request's first byte while
  * listed as idle. Returns 1 when bytes (or a hang-up) arrived, 0 on the
  * time-out or shutdown, -1 when the accept loop evicted the connection. */
-static int wait_next_request(int fd)
+static int wait_next_request(rt_router *rt, int fd)
 {
     rt_idle node = {fd, false, NULL, NULL};
-    pthread_mutex_lock(&rt__g.mu);
-    idle_link(&node);
-    pthread_mutex_unlock(&rt__g.mu);
-    double t0 = rt__now_s(), limit = rt__g.cfg->keepalive_timeout_s;
+    pthread_mutex_lock(&rt->mu);
+    idle_link(rt, &node);
+    pthread_mutex_unlock(&rt->mu);
+    double t0 = rt__now_s(), limit = rt->cfg->keepalive_timeout_s;
     int got = 0;
-    while (!rt__g.stop) {
+    while (!rt->stop) {
         double left = limit - (rt__now_s() - t0);
         if (left <= 0)
             break;
@@ -548,11 +553,11 @@ static int wait_next_request(int fd)
         if (n < 0 && errno != EINTR)
             break;
     }
-    pthread_mutex_lock(&rt__g.mu);
+    pthread_mutex_lock(&rt->mu);
     bool evicted = node.evicted;
     if (!evicted)
-        idle_unlink(&node);
-    pthread_mutex_unlock(&rt__g.mu);
+        idle_unlink(rt, &node);
+    pthread_mutex_unlock(&rt->mu);
     return evicted ? -1 : got;
 }
 
@@ -597,10 +602,11 @@ enum { HEAD_MAX = 16384 };
  * client already sent (a pipelined next request), and keeps what follows
  * this request's body. Returns true when the connection may serve
  * another request. */
-static bool serve_one(int fd, char *buf, size_t *bl, int served)
+static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
 {
     rt_req q;
     memset(&q, 0, sizeof q);
+    q.rt = rt;
     q.fd = fd;
     q.deadline_ms = -1;
     q.job_deadline_ms = -1;
@@ -615,7 +621,7 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
             rt__send_error(&q, 400, "invalid_request", "header block too large", NULL, NULL);
             goto done;
         }
-        if (rt__now_s() - t_read > rt__g.cfg->http_timeout_s)
+        if (rt__now_s() - t_read > rt->cfg->http_timeout_s)
             goto done; /* a client that trickles its request is dropped */
         ssize_t r = recv(fd, buf + hl, HEAD_MAX - hl, 0);
         if (r < 0 && errno == EINTR)
@@ -697,26 +703,26 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
      * serve, and any during shutdown, answer Connection: close. */
     q.keep_alive = (!strcmp(version, "HTTP/1.1") ? !has_token(conn, "close")
                                                  : has_token(conn, "keep-alive")) &&
-                   rt__g.cfg->keepalive_timeout_s > 0 &&
-                   served + 1 < rt__g.cfg->keepalive_max_requests && !rt__g.stop;
+                   rt->cfg->keepalive_timeout_s > 0 &&
+                   served + 1 < rt->cfg->keepalive_max_requests && !rt->stop;
     if (plain_token(rid)) { /* under 64 characters: fits request_id */
         snprintf(q.request_id, sizeof q.request_id, "%.63s", rid);
     } else {
-        uint64_t s = __atomic_add_fetch(&rt__g.seq, 1, __ATOMIC_RELAXED);
+        uint64_t s = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
         snprintf(q.request_id, sizeof q.request_id, "req-%d-%llu-%llx", (int)router_pid(),
                  (unsigned long long)s, (unsigned long long)(rt__wall_s() * 1000) & 0xffffff);
     }
     if (served > 0) {
-        pthread_mutex_lock(&rt__g.mu);
-        rt__g.keepalive_reused++;
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_lock(&rt->mu);
+        rt->keepalive_reused++;
+        pthread_mutex_unlock(&rt->mu);
     }
     /* From here an error that leaves the body unread ends the
      * connection: the unread bytes cannot be told from a next request. */
     if (strcmp(q.path, "/health") && !auth_ok(&q)) {
-        pthread_mutex_lock(&rt__g.mu);
-        rt__g.rejected_auth++;
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_lock(&rt->mu);
+        rt->rejected_auth++;
+        pthread_mutex_unlock(&rt->mu);
         if (content_length != 0 || bad_length || chunked)
             q.keep_alive = false;
         rt__send_error(&q, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer)",
@@ -745,10 +751,10 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
         rt__send_error(&q, 400, "invalid_request", "malformed Content-Length", NULL, NULL);
         goto done;
     }
-    if (content_length < 0 || (unsigned long long)content_length > rt__g.cfg->max_body_bytes) {
-        pthread_mutex_lock(&rt__g.mu);
-        rt__g.rejected_bad++;
-        pthread_mutex_unlock(&rt__g.mu);
+    if (content_length < 0 || (unsigned long long)content_length > rt->cfg->max_body_bytes) {
+        pthread_mutex_lock(&rt->mu);
+        rt->rejected_bad++;
+        pthread_mutex_unlock(&rt->mu);
         q.keep_alive = false;
         rt__send_error(&q, 413, "invalid_request", "request body too large", NULL, NULL);
         goto done;
@@ -772,12 +778,12 @@ static bool serve_one(int fd, char *buf, size_t *bl, int served)
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
         if (rn_write_all(fd, cont, sizeof cont - 1))
             goto done;
-        pthread_mutex_lock(&rt__g.mu);
-        rt__g.continues_sent++;
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_lock(&rt->mu);
+        rt->continues_sent++;
+        pthread_mutex_unlock(&rt->mu);
     }
     while (have < (size_t)content_length) {
-        if (rt__now_s() - t_read > rt__g.cfg->http_timeout_s)
+        if (rt__now_s() - t_read > rt->cfg->http_timeout_s)
             goto done;
         ssize_t r = recv(fd, q.body + have, (size_t)content_length - have, 0);
         if (r < 0 && errno == EINTR)
@@ -825,9 +831,9 @@ done:
 
 /* Serves a connection's requests one after another. Returns true when
  * the accept loop evicted it while idle (its slot went to a new one). */
-static bool serve_conn(int fd)
+static bool serve_conn(rt_router *rt, int fd)
 {
-    struct timeval tv = {rt__g.cfg->http_timeout_s, 0};
+    struct timeval tv = {rt->cfg->http_timeout_s, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     char *buf = sw_malloc(HEAD_MAX + 1);
@@ -835,12 +841,12 @@ static bool serve_conn(int fd)
         return false;
     size_t bl = 0;
     bool evicted = false;
-    for (int served = 0; !rt__g.stop; ) {
-        if (!serve_one(fd, buf, &bl, served))
+    for (int served = 0; !rt->stop; ) {
+        if (!serve_one(rt, fd, buf, &bl, served))
             break;
         served++;
         if (bl == 0) { /* nothing pipelined: wait, listed as idle */
-            int w = wait_next_request(fd);
+            int w = wait_next_request(rt, fd);
             if (w < 0)
                 evicted = true;
             if (w <= 0)
@@ -851,15 +857,15 @@ static bool serve_conn(int fd)
     return evicted;
 }
 
-void rt__conn_serve(int fd)
+void rt__conn_serve(rt_router *rt, int fd)
 {
-    bool evicted = serve_conn(fd);
+    bool evicted = serve_conn(rt, fd);
     shutdown(fd, SHUT_WR);
     close(fd);
     if (!evicted) { /* an evicted connection's slot is the new one's now */
-        pthread_mutex_lock(&rt__g.mu);
-        rt__g.active_conns--;
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_lock(&rt->mu);
+        rt->active_conns--;
+        pthread_mutex_unlock(&rt->mu);
     }
 }
 

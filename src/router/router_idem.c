@@ -70,33 +70,34 @@ static void send_stored(rt_req *q, const ldg_stored *s)
 
 void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat)
 {
+    rt_router *rt = q->rt;
     if (q->idem_key_bad) {
         rt__send_error(q, 400, "invalid_request",
                        "Idempotency-Key must have 1 to 255 printable ASCII characters",
                        "Idempotency-Key", NULL);
         return;
     }
-    if (!q->idem_key[0] || !rt__g.ledger) {
+    if (!q->idem_key[0] || !rt->ledger) {
         handler(q, chat);
         return;
     }
     static double last_expire;
     double now = rt__wall_s();
-    pthread_mutex_lock(&rt__g.mu);
+    pthread_mutex_lock(&rt->mu);
     bool expire = now - last_expire > 60;
     if (expire)
         last_expire = now;
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_unlock(&rt->mu);
     sw_error err;
     sw_error_clear(&err);
     if (expire)
-        ldg_idem_expire(rt__g.ledger, now, NULL, NULL);
+        ldg_idem_expire(rt->ledger, now, NULL, NULL);
     char sha[65], rid[80];
     ldg_sha256_hex(q->body ? q->body : "", q->body_len, sha);
     ldg_idem_state st;
     ldg_stored stored;
-    if (ldg_idem_begin(rt__g.ledger, q->idem_key, sha, q->request_id, now,
-                       rt__g.cfg->idempotency_ttl_s, &st, rid, &stored, &err)) {
+    if (ldg_idem_begin(rt->ledger, q->idem_key, sha, q->request_id, now,
+                       rt->cfg->idempotency_ttl_s, &st, rid, &stored, &err)) {
         SW_ERROR("router", "request %s: %s", q->request_id, err.message);
         rt__send_error(q, 503, "ledger_unavailable", "the ledger could not record the key", NULL,
                        "Retry-After: 1\r\n");
@@ -104,9 +105,9 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
     }
     switch (st) {
     case LDG_IDEM_REPLAY:
-        pthread_mutex_lock(&rt__g.mu);
-        rt__g.idem_replays++;
-        pthread_mutex_unlock(&rt__g.mu);
+        pthread_mutex_lock(&rt->mu);
+        rt->idem_replays++;
+        pthread_mutex_unlock(&rt->mu);
         SW_INFO("router", "request %s: Idempotency-Key seen, stored response of %s replayed",
                 q->request_id, stored.request_id);
         send_stored(q, &stored);
@@ -141,20 +142,20 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
     if (!keep) {
         ldg_tool_step first;
         memset(&first, 0, sizeof first);
-        if (ldg_tool_get(rt__g.ledger, q->request_id, 1, &first, &steps, NULL) != SW_OK)
+        if (ldg_tool_get(rt->ledger, q->request_id, 1, &first, &steps, NULL) != SW_OK)
             steps = true; /* unknown: keep the safe side */
         ldg_tool_step_free(&first);
     }
-    int rc = keep    ? ldg_idem_finish(rt__g.ledger, q->idem_key, c->status, c->content_type,
+    int rc = keep    ? ldg_idem_finish(rt->ledger, q->idem_key, c->status, c->content_type,
                                        c->stream, c->body, c->len, rt__wall_s(), &err)
-             : steps ? ldg_idem_abandon(rt__g.ledger, q->idem_key, &err)
-                     : ldg_idem_drop(rt__g.ledger, q->idem_key, &err);
+             : steps ? ldg_idem_abandon(rt->ledger, q->idem_key, &err)
+                     : ldg_idem_drop(rt->ledger, q->idem_key, &err);
     if (rc) {
         SW_WARN("router", "request %s: Idempotency-Key not %s: %s", q->request_id,
                 keep ? "stored" : "dropped", err.message);
         /* left running, every retry would get 409 until the key expires */
         sw_error aerr;
-        if (ldg_idem_abandon(rt__g.ledger, q->idem_key, &aerr))
+        if (ldg_idem_abandon(rt->ledger, q->idem_key, &aerr))
             SW_WARN("router", "request %s: Idempotency-Key not abandoned either: %s",
                     q->request_id, aerr.message);
     }

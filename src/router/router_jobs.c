@@ -105,12 +105,12 @@ out:
 }
 
 /* Whether the runners should give their jobs up (shutdown). */
-static bool stopping(void)
+static bool stopping(rt_router *rt)
 {
     pthread_mutex_lock(&g_jobs.mu);
     bool stop = g_jobs.stop;
     pthread_mutex_unlock(&g_jobs.mu);
-    return stop || rt__g.stop;
+    return stop || rt->stop;
 }
 
 static json_t *error_json(const char *code, const char *msg)
@@ -122,14 +122,14 @@ static json_t *error_json(const char *code, const char *msg)
  * the top of the file); counted and logged as done only once written.
  * false when it could not be written: the job stays running in the
  * ledger and runs again at the next start. */
-static bool finish(const char *id, bool ok, const char *response, json_t *error)
+static bool finish(rt_router *rt, const char *id, bool ok, const char *response, json_t *error)
 {
     char *es = error ? json_dumps(error, JSON_COMPACT) : NULL;
     sw_error err;
     sw_error_clear(&err);
     bool written = false;
     for (int t = 1;; t++) {
-        int rc = ldg_job_finish(rt__g.ledger, id, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED,
+        int rc = ldg_job_finish(rt->ledger, id, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED,
                                 ok ? response : NULL, es, rt__wall_s(), &err);
         if (rc == 0) {
             written = true;
@@ -144,12 +144,12 @@ static bool finish(const char *id, bool ok, const char *response, json_t *error)
         nanosleep(&pause, NULL);
     }
     if (written) {
-        pthread_mutex_lock(&rt__g.mu);
+        pthread_mutex_lock(&rt->mu);
         if (ok)
-            rt__g.jobs_done++;
+            rt->jobs_done++;
         else
-            rt__g.jobs_failed++;
-        pthread_mutex_unlock(&rt__g.mu);
+            rt->jobs_failed++;
+        pthread_mutex_unlock(&rt->mu);
         SW_INFO("router", "job %s: %s", id, ok ? "succeeded" : "failed");
     } else {
         SW_ERROR("router",
@@ -162,22 +162,22 @@ static bool finish(const char *id, bool ok, const char *response, json_t *error)
 }
 
 /* The runner gives the job up unfinished (shutdown): back to queued. */
-static void give_up(const char *id)
+static void give_up(rt_router *rt, const char *id)
 {
     sw_error err;
     bool requeued = false;
-    if (ldg_job_requeue(rt__g.ledger, id, &requeued, &err))
+    if (ldg_job_requeue(rt->ledger, id, &requeued, &err))
         SW_WARN("router", "job %s: cancelled by the shutdown; it stays running in the ledger (%s) "
                 "and runs again at the next start", id, err.message);
     else if (requeued)
         SW_INFO("router", "job %s: cancelled by the shutdown; queued again for the next start", id);
 }
 
-static void run_job(const char *id)
+static void run_job(rt_router *rt, const char *id)
 {
     sw_error err;
     bool claimed = false;
-    if (ldg_job_start(rt__g.ledger, id, rt__wall_s(), &claimed, &err)) {
+    if (ldg_job_start(rt->ledger, id, rt__wall_s(), &claimed, &err)) {
         SW_ERROR("router", "job %s: %s", id, err.message);
         return;
     }
@@ -185,7 +185,7 @@ static void run_job(const char *id)
         return; /* finished already */
     ldg_job j;
     bool found;
-    if (ldg_job_get(rt__g.ledger, id, &j, &found, &err) || !found) {
+    if (ldg_job_get(rt->ledger, id, &j, &found, &err) || !found) {
         SW_ERROR("router", "job %s: cannot read it back", id);
         return;
     }
@@ -197,7 +197,7 @@ static void run_job(const char *id)
             double left = j.created + (double)j.deadline_ms / 1000.0 - rt__wall_s();
             if (left <= 0) {
                 json_t *e = error_json("deadline_exceeded", "the job's deadline passed before it completed");
-                finish(id, false, NULL, e);
+                finish(rt, id, false, NULL, e);
                 json_decref(e);
                 break;
             }
@@ -207,27 +207,27 @@ static void run_job(const char *id)
         }
         rt_capture c;
         int attempts = 0;
-        rt__generate_capture(id, chat, j.request, strlen(j.request), deadline, &c, &attempts);
+        rt__generate_capture(rt, id, chat, j.request, strlen(j.request), deadline, &c, &attempts);
         json_t *resp = c.body ? json_loadb(c.body, c.len, 0, NULL) : NULL;
         const char *code =
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
         bool busy = c.status == 503 && code &&
                     (!strcmp(code, "capacity_exceeded") || !strcmp(code, "worker_failed"));
-        bool stop = stopping();
+        bool stop = stopping(rt);
         bool more = busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
         if (c.status == 200 && resp) {
             /* a whole answer, even one that arrived as the shutdown began */
-            finish(id, true, c.body, NULL);
+            finish(rt, id, true, c.body, NULL);
         } else if (stop) {
             /* cancelled (or cut short) by the shutdown: whatever it
              * answered is not the job's answer */
-            give_up(id);
+            give_up(rt, id);
             more = false;
         } else if (!more) {
             json_t *e = json_incref(json_object_get(resp, "error"));
             if (!e)
                 e = error_json("internal_error", "the job produced no readable response");
-            finish(id, false, NULL, e);
+            finish(rt, id, false, NULL, e);
             json_decref(e);
         }
         json_decref(resp);
@@ -235,26 +235,27 @@ static void run_job(const char *id)
         if (!more)
             break;
         /* no capacity now: the safety route waits and tries again */
-        for (int i = 0; i < 10 && !stopping(); i++)
+        for (int i = 0; i < 10 && !stopping(rt); i++)
             usleep(100 * 1000);
-        if (stopping()) {
-            give_up(id);
+        if (stopping(rt)) {
+            give_up(rt, id);
             break;
         }
     }
     ldg_job_free(&j);
 }
 
+/* arg: the rt_router */
 static void *job_thread(void *arg)
 {
-    (void)arg;
+    rt_router *rt = arg;
     /* every worker request on this thread watches the cancel pipe */
     rt__job_cancel_fd = g_jobs.cancel_pipe[0];
     for (;;) {
         char id[48];
         pthread_mutex_lock(&g_jobs.mu);
-        /* timed: a SIGTERM only sets rt__g.stop; no new job starts then */
-        while (!g_jobs.stop && !rt__g.stop && g_jobs.count == 0) {
+        /* timed: a SIGTERM only sets rt->stop; no new job starts then */
+        while (!g_jobs.stop && !rt->stop && g_jobs.count == 0) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 200 * 1000 * 1000;
@@ -264,7 +265,7 @@ static void *job_thread(void *arg)
             }
             pthread_cond_timedwait(&g_jobs.cv, &g_jobs.mu, &ts);
         }
-        if (g_jobs.stop || rt__g.stop) {
+        if (g_jobs.stop || rt->stop) {
             pthread_mutex_unlock(&g_jobs.mu);
             return NULL;
         }
@@ -272,11 +273,11 @@ static void *job_thread(void *arg)
         g_jobs.head = (g_jobs.head + 1) % g_jobs.cap;
         g_jobs.count--;
         pthread_mutex_unlock(&g_jobs.mu);
-        run_job(id);
+        run_job(rt, id);
     }
 }
 
-int rt__jobs_start(void)
+int rt__jobs_start(rt_router *rt)
 {
     memset(&g_jobs, 0, sizeof g_jobs);
     pthread_mutex_init(&g_jobs.mu, NULL);
@@ -287,11 +288,11 @@ int rt__jobs_start(void)
                 strerror(errno));
         g_jobs.cancel_pipe[0] = g_jobs.cancel_pipe[1] = -1;
     }
-    rt__g.jobs = &g_jobs;
+    rt->jobs = &g_jobs;
     char(*ids)[48] = NULL;
     size_t n = 0;
     sw_error err;
-    if (ldg_job_pending(rt__g.ledger, &ids, &n, &err)) {
+    if (ldg_job_pending(rt->ledger, &ids, &n, &err)) {
         fprintf(stderr, "spillway serve: %s\n", err.message);
         return -1;
     }
@@ -300,16 +301,16 @@ int rt__jobs_start(void)
     if (n)
         SW_INFO("router", "%zu job(s) from the ledger to complete", n);
     sw_free(ids);
-    int want = rt__g.cfg->job_workers;
+    int want = rt->cfg->job_workers;
     for (int i = 0; i < want && i < 64; i++)
-        if (pthread_create(&g_jobs.threads[g_jobs.n_threads], NULL, job_thread, NULL) == 0)
+        if (pthread_create(&g_jobs.threads[g_jobs.n_threads], NULL, job_thread, rt) == 0)
             g_jobs.n_threads++;
     return g_jobs.n_threads > 0 ? 0 : -1;
 }
 
-void rt__jobs_cancel(void)
+void rt__jobs_cancel(rt_router *rt)
 {
-    if (!rt__g.jobs)
+    if (!rt->jobs)
         return;
     pthread_mutex_lock(&g_jobs.mu);
     if (g_jobs.cancel_at == 0) {
@@ -325,11 +326,11 @@ void rt__jobs_cancel(void)
     pthread_mutex_unlock(&g_jobs.mu);
 }
 
-bool rt__jobs_stop(void)
+bool rt__jobs_stop(rt_router *rt)
 {
-    if (!rt__g.jobs)
+    if (!rt->jobs)
         return true;
-    rt__jobs_cancel();
+    rt__jobs_cancel(rt);
     bool all = true;
     for (int i = 0; i < g_jobs.n_threads; i++) {
         if (g_jobs.joined[i])
@@ -368,7 +369,7 @@ bool rt__jobs_stop(void)
         close(g_jobs.cancel_pipe[0]);
     g_jobs.cancel_pipe[0] = -1;
     pthread_mutex_unlock(&g_jobs.mu);
-    rt__g.jobs = NULL;
+    rt->jobs = NULL;
     return true;
 }
 
@@ -394,6 +395,7 @@ static void send_json(rt_req *q, int status, json_t *j, const char *extra)
 static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t deadline_ms,
                       const char *extra, sw_error *err)
 {
+    rt_router *rt = q->rt;
     /* a job's answer is one JSON document: no stream */
     json_object_del(request, "stream");
     json_object_del(request, "stream_options");
@@ -418,7 +420,7 @@ static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t 
     int rc = -1;
     if (!j.request || !answer) {
         sw_error_set(err, SW_ENOMEM, "out of memory");
-    } else if (ldg_job_insert_idem(rt__g.ledger, &j, q->cap.on ? q->idem_key : NULL, 202,
+    } else if (ldg_job_insert_idem(rt->ledger, &j, q->cap.on ? q->idem_key : NULL, 202,
                                    "application/json", answer, strlen(answer), err) == 0) {
         /* committed: now it may be promised */
         if (enqueue(j.id))
@@ -474,7 +476,8 @@ static void jobs_post(rt_req *q, bool unused)
 
 int rt__jobs_accept_async(rt_req *q, bool chat)
 {
-    if (!rt__g.ledger || !rt__g.jobs || q->fd < 0 || q->responded)
+    rt_router *rt = q->rt;
+    if (!rt->ledger || !rt->jobs || q->fd < 0 || q->responded)
         return -1;
     json_t *request = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, NULL);
     if (!json_is_object(request)) {
@@ -499,9 +502,9 @@ int rt__jobs_accept_async(rt_req *q, bool chat)
         memcpy(q->worker, worker, sizeof worker);
         return -1;
     }
-    pthread_mutex_lock(&rt__g.mu);
-    rt__g.async_fallbacks++;
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_lock(&rt->mu);
+    rt->async_fallbacks++;
+    pthread_mutex_unlock(&rt->mu);
     SW_INFO("router", "request %s: no capacity now (Prefer: respond-async): queued as a job",
             q->request_id);
     return 0;
@@ -509,10 +512,11 @@ int rt__jobs_accept_async(rt_req *q, bool chat)
 
 static void jobs_get(rt_req *q, const char *id)
 {
+    rt_router *rt = q->rt;
     ldg_job j;
     bool found = false;
     sw_error err;
-    if (strlen(id) >= sizeof j.id || ldg_job_get(rt__g.ledger, id, &j, &found, &err) || !found) {
+    if (strlen(id) >= sizeof j.id || ldg_job_get(rt->ledger, id, &j, &found, &err) || !found) {
         rt__send_error(q, 404, "not_found", "no such job", NULL, NULL);
         return;
     }

@@ -34,16 +34,16 @@ static void hist_add(uint64_t *buckets, uint64_t *count, double *sum, double v)
     *sum += v;
 }
 
-static void count(uint64_t *counter)
+static void count(rt_router *rt, uint64_t *counter)
 {
-    pthread_mutex_lock(&rt__g.mu);
+    pthread_mutex_lock(&rt->mu);
     (*counter)++;
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_unlock(&rt->mu);
 }
 
 /* Exact prompt tokens as the worker will count them, or -1 when the body
  * cannot be tokenized here (the worker then validates and answers). */
-static long count_prompt(json_t *body, bool chat)
+static long count_prompt(const rt_router *rt, json_t *body, bool chat)
 {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -57,8 +57,8 @@ static long count_prompt(json_t *body, bool chat)
             return json_array_size(p) > 0 ? (long)json_array_size(p) : -1;
         if (!json_is_string(p))
             return -1;
-        if (eng_tokenize(rt__g.tok, json_string_value(p), json_string_length(p),
-                         eng_tokenizer_add_bos(rt__g.tok), false, &ids, &n, NULL) == 0)
+        if (eng_tokenize(rt->tok, json_string_value(p), json_string_length(p),
+                         eng_tokenizer_add_bos(rt->tok), false, &ids, &n, NULL) == 0)
             result = (long)n;
         sw_free(ids);
         return result;
@@ -68,7 +68,7 @@ static long count_prompt(json_t *body, bool chat)
     json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0 || json_array_size(msgs) > 100000)
         return -1;
-    if (wk_chat_prompt_tokens(rt__g.tok, rt__g.family, body, &n) == SW_OK)
+    if (wk_chat_prompt_tokens(rt->tok, rt->family, body, &n) == SW_OK)
         result = (long)n;
     return result;
 }
@@ -102,11 +102,11 @@ static int json_depth(const char *s, size_t n)
 #define RT_MAX_JSON_DEPTH 32
 
 /* The Retry-After header of a capacity answer, from the queue's drain. */
-static void retry_after(char *buf, size_t cap)
+static void retry_after(rt_router *rt, char *buf, size_t cap)
 {
-    pthread_mutex_lock(&rt__g.pool.mu);
-    int s = rt_queue_retry_after_locked(&rt__g.queue, rt__g.cfg->queue_timeout_ms / 1000.0);
-    pthread_mutex_unlock(&rt__g.pool.mu);
+    pthread_mutex_lock(&rt->pool.mu);
+    int s = rt_queue_retry_after_locked(&rt->queue, rt->cfg->queue_timeout_ms / 1000.0);
+    pthread_mutex_unlock(&rt->pool.mu);
     snprintf(buf, cap, "Retry-After: %d\r\n", s);
 }
 
@@ -135,27 +135,28 @@ static char *attempt_body(json_t *body, const rt_relay *r, long max_tokens, long
 }
 
 /* Takes a failed worker out of rotation (restarted when poisoned). */
-static void worker_failed(int wi, rt_outcome out, const rt_failover *f)
+static void worker_failed(rt_router *rt, int wi, rt_outcome out, const rt_failover *f)
 {
-    pthread_mutex_lock(&rt__g.pool.mu);
-    rt_worker *w = &rt__g.pool.w[wi];
+    pthread_mutex_lock(&rt->pool.mu);
+    rt_worker *w = &rt->pool.w[wi];
     if (f->out_of_rotation)
         w->state = WS_SUSPECT;
     if (f->restart && w->cfg.managed)
         w->restart_requested = true;
-    pthread_mutex_unlock(&rt__g.pool.mu);
-    count(out == RT_OUT_OOM ? &rt__g.failovers_oom : &rt__g.failovers_crash);
+    pthread_mutex_unlock(&rt->pool.mu);
+    count(rt, out == RT_OUT_OOM ? &rt->failovers_oom : &rt->failovers_crash);
 }
 
 /* The attempt's ledger row, for requests whose records are promised. */
 static void record_attempt(const rt_req *q, const rt_relay *r, int wi, rt_outcome out,
                            double t_start)
 {
-    if (!rt__g.ledger || !q->durable)
+    rt_router *rt = q->rt;
+    if (!rt->ledger || !q->durable)
         return;
     sw_error lerr;
     bool ok = out == RT_OUT_OK || out == RT_OUT_CLIENT_ERROR;
-    if (ldg_attempt_add(rt__g.ledger, q->request_id, q->attempts, rt__g.pool.w[wi].cfg.name,
+    if (ldg_attempt_add(rt->ledger, q->request_id, q->attempts, rt->pool.w[wi].cfg.name,
                         rt_outcome_name(out), ok ? NULL : r->phase, t_start, rt__wall_s(), &lerr))
         SW_WARN("router", "request %s: %s", q->request_id, lerr.message);
 }
@@ -165,8 +166,9 @@ static void record_attempt(const rt_req *q, const rt_relay *r, int wi, rt_outcom
 static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result ar,
                               const rt_waiter *wt, rt_outcome last, bool failed_before)
 {
+    rt_router *rt = q->rt;
     char ra[48];
-    retry_after(ra, sizeof ra);
+    retry_after(rt, ra, sizeof ra);
     if (r->headers_sent) {
         json_t *e = rt__error_obj(500, "worker_failed",
                                   "the request failed on every eligible worker", NULL);
@@ -181,7 +183,7 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
         return true; /* the 503 below became a job the client polls */
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
         !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND))) {
-        count(&rt__g.refused_context);
+        count(rt, &rt->refused_context);
         rt__send_error(q, 400, "context_length_exceeded",
                        "the prompt is longer than every worker's context limit", "messages", NULL);
         return false;
@@ -192,7 +194,7 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
                  "no worker can finish within the deadline of %lld ms (best prediction %.0f ms, "
                  "counting the wait in the queue)",
                  q->deadline_ms, wt->grant.best_pred_ms);
-        count(&rt__g.refused_deadline);
+        count(rt, &rt->refused_deadline);
         rt__send_error(q, 503, "capacity_exceeded", msg, NULL, ra);
         return false;
     }
@@ -208,7 +210,7 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
                       : q->deadline_ms >= 0
                           ? "no worker had the capacity for this request within its deadline"
                           : "no worker had the capacity for this request within queue-timeout-ms";
-    count(ar == RT_ADMIT_FULL ? &rt__g.refused_queue_full : &rt__g.refused_queue_timeout);
+    count(rt, ar == RT_ADMIT_FULL ? &rt->refused_queue_full : &rt->refused_queue_timeout);
     rt__send_error(q, 503, "capacity_exceeded", msg, NULL, ra);
     return false;
 }
@@ -227,13 +229,14 @@ static void record_failover(const rt_req *q, const rt_relay *r, json_t *first_er
         r->finished ? "completed" : last == RT_OUT_CLIENT_GONE ? "cancelled" : "failed",
         "client_connected", last != RT_OUT_CLIENT_GONE, "stream", r->stream);
     if (ev)
-        rt__ev_record(ev);
+        rt__ev_record(q->rt, ev);
     json_decref(ev);
 }
 
 /* Serves one generation request whose body is parsed (owned here). */
 static void generate(rt_req *q, bool chat, json_t *body)
 {
+    rt_router *rt = q->rt;
     rt_relay r;
     memset(&r, 0, sizeof r);
     r.q = q;
@@ -256,17 +259,17 @@ static void generate(rt_req *q, bool chat, json_t *body)
     /* A seed of our own, so that a resumed sampled stream continues the
      * same random stream on the next worker. */
     if (!json_object_get(body, "seed")) {
-        uint64_t n = __atomic_add_fetch(&rt__g.seq, 1, __ATOMIC_RELAXED);
+        uint64_t n = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
         uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(body, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
-    long prompt = count_prompt(body, chat);
+    long prompt = count_prompt(rt, body, chat);
     if (q->idem_key[0])
         q->durable = true; /* an Idempotency-Key's attempts are promised */
     bool *tried = q->tried; /* kept across an agent run's steps */
-    long long adm_deadline = rt__g.sabotage.no_deadline ? -1 : q->deadline_ms;
+    long long adm_deadline = rt->sabotage.no_deadline ? -1 : q->deadline_ms;
     if (!q->ticket)
-        q->ticket = rt_queue_ticket(&rt__g.queue);
+        q->ticket = rt_queue_ticket(&rt->queue);
     rt_outcome last = RT_OUT_OK;
     json_t *first_error = NULL;
     rt_failover first = {0};
@@ -285,7 +288,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.first = q->admission == 0;
         /* the wait is bounded by queue-timeout-ms and what is left of the
          * deadline */
-        double limit = rt__g.cfg->queue_timeout_ms / 1000.0;
+        double limit = rt->cfg->queue_timeout_ms / 1000.0;
         if (adm_deadline >= 0) {
             double left = adm_deadline / 1000.0 - (rt__now_s() - r.t_start);
             if (left < limit)
@@ -293,9 +296,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         }
         rt_admit_result ar = RT_ADMIT_NEVER;
         double waited = 0;
-        if (q->attempts < rt__g.cfg->max_attempts && refusals < RT_MAX_REFUSALS)
-            ar = rt_queue_admit(&rt__g.queue, &wt, limit,
-                                q->fd >= 0 ? q->fd : rt__job_cancel_fd, &rt__g.stop, &waited);
+        if (q->attempts < rt->cfg->max_attempts && refusals < RT_MAX_REFUSALS)
+            ar = rt_queue_admit(&rt->queue, &wt, limit,
+                                q->fd >= 0 ? q->fd : rt__job_cancel_fd, &rt->stop, &waited);
         else if (refusals >= RT_MAX_REFUSALS)
             ar = RT_ADMIT_TIMEOUT;
         q->queue_ms += waited * 1000;
@@ -303,23 +306,23 @@ static void generate(rt_req *q, bool chat, json_t *body)
             if (ar == RT_ADMIT_GONE)
                 last = RT_OUT_CLIENT_GONE;
             else if (ar == RT_ADMIT_TIMEOUT && !failed_before)
-                count(&rt__g.rejected_capacity);
+                count(rt, &rt->rejected_capacity);
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);
             if (ar != RT_ADMIT_TIMEOUT && ar != RT_ADMIT_GONE && !failed_before && !fallback)
-                count(&rt__g.rejected_capacity);
+                count(rt, &rt->rejected_capacity);
             break;
         }
         if (wt.first)
             q->admission = wt.ordinal;
         int wi = wt.grant.worker;
-        rt_worker *w = &rt__g.pool.w[wi];
+        rt_worker *w = &rt->pool.w[wi];
         q->attempts++;
         if (!r.headers_sent)
             snprintf(q->worker, sizeof q->worker, "%s", w->cfg.name);
         snprintf(r.final_worker, sizeof r.final_worker, "%s", w->cfg.name);
         if (first_error && !replay_start)
             replay_start = rt__wall_s();
-        if (r.stream && r.n_tokens > 0 && rt__g.sabotage.no_resume) {
+        if (r.stream && r.n_tokens > 0 && rt->sabotage.no_resume) {
             /* SABOTAGE no-resume: start over; the client sees the sent
              * tokens twice */
             r.n_tokens = 0;
@@ -329,7 +332,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         }
         char *bs = attempt_body(body, &r, max_tokens, remaining);
         if (!bs) {
-            rt_queue_release(&rt__g.queue, wi, wt.grant.kv_bytes, NULL);
+            rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, NULL);
             rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
             break;
         }
@@ -342,7 +345,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         rt_tally tally = {last == RT_OUT_OK, last == RT_OUT_CLIENT_ERROR,
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
-        rt_queue_release(&rt__g.queue, wi, wt.grant.kv_bytes, &tally);
+        rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, &tally);
         record_attempt(q, &r, wi, last, t_attempt);
         rt_failover_in fi = {last,
                              r.stream,
@@ -351,8 +354,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              w->cfg.kind,
                              RT_TOOL_NONE,
                              q->single_pass,
-                             rt__g.sabotage.no_replay,
-                             rt__g.sabotage.no_resume};
+                             rt->sabotage.no_replay,
+                             rt->sabotage.no_resume};
         rt_failover f = rt_failover_decide(&fi);
         if (f.action == RT_FO_DONE || f.action == RT_FO_CANCEL)
             break;
@@ -360,9 +363,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
             /* the books said it fits and the worker disagreed: the worker
              * takes nothing more until its /health, and the request goes
              * back to its place; the attempt does not count */
-            pthread_mutex_lock(&rt__g.pool.mu);
-            rt_pool_refused_locked(&rt__g.pool, wi, refused_memory);
-            pthread_mutex_unlock(&rt__g.pool.mu);
+            pthread_mutex_lock(&rt->pool.mu);
+            rt_pool_refused_locked(&rt->pool, wi, refused_memory);
+            pthread_mutex_unlock(&rt->pool.mu);
             q->attempts--;
             refusals++;
             SW_WARN("router", "request %s: worker %s refused it (%s) although the books had room; "
@@ -373,7 +376,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         /* oom or crash: out of rotation until the supervisor says ready */
         tried[wi] = true;
         failed_before = true;
-        worker_failed(wi, last, &f);
+        worker_failed(rt, wi, last, &f);
         SW_WARN("router", "request %s: %s on worker %s (phase %s, %zu tokens sent); %s",
                 q->request_id, rt_outcome_name(last), w->cfg.name, r.phase, r.n_tokens,
                 f.action == RT_FO_RESUME ? "resuming" : f.action == RT_FO_REPLAY ? "replaying"
@@ -387,7 +390,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
             first.reason = f.reason;
         }
         if (f.action == RT_FO_STOP) {
-            if (q->single_pass || rt__g.sabotage.no_replay)
+            if (q->single_pass || rt->sabotage.no_replay)
                 q->worker_failed = true; /* the caller (an agent run) decides */
             if (r.headers_sent) {
                 json_t *e = w->cfg.kind == RT_KIND_OPENAI && r.content_sent
@@ -405,7 +408,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                 json_decref(e);
             } else {
                 char ra[48];
-                retry_after(ra, sizeof ra);
+                retry_after(rt, ra, sizeof ra);
                 rt__send_error(q, 503, "worker_failed",
                                last == RT_OUT_OOM ? "out of memory on every eligible worker"
                                                   : "the request failed on every eligible worker",
@@ -430,11 +433,11 @@ static void generate(rt_req *q, bool chat, json_t *body)
             r.final_worker[0] ? r.final_worker : "-", q->attempts, r.n_tokens,
             (rt__now_s() - r.t_start) * 1000);
     if (r.finished && r.status == 200) {
-        pthread_mutex_lock(&rt__g.mu);
-        hist_add(rt__g.lat_buckets, &rt__g.lat_count, &rt__g.lat_sum, rt__now_s() - r.t_start);
+        pthread_mutex_lock(&rt->mu);
+        hist_add(rt->lat_buckets, &rt->lat_count, &rt->lat_sum, rt__now_s() - r.t_start);
         if (r.ttft >= 0)
-            hist_add(rt__g.ttft_buckets, &rt__g.ttft_count, &rt__g.ttft_sum, r.ttft);
-        pthread_mutex_unlock(&rt__g.mu);
+            hist_add(rt->ttft_buckets, &rt->ttft_count, &rt->ttft_sum, r.ttft);
+        pthread_mutex_unlock(&rt->mu);
     }
     sw_free(r.tokens);
     json_decref(body);
@@ -443,8 +446,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
 /* The body as JSON, or a 400 sent (NULL). */
 static json_t *parse_body(rt_req *q)
 {
+    rt_router *rt = q->rt;
     if (json_depth(q->body, q->body_len) > RT_MAX_JSON_DEPTH) {
-        count(&rt__g.rejected_bad);
+        count(rt, &rt->rejected_bad);
         rt__send_error(q, 400, "invalid_request", "the body is nested too deeply (at most 32 levels)",
                        NULL, NULL);
         return NULL;
@@ -452,7 +456,7 @@ static json_t *parse_body(rt_req *q)
     json_error_t jerr;
     json_t *body = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
     if (!body || !json_is_object(body)) {
-        count(&rt__g.rejected_bad);
+        count(rt, &rt->rejected_bad);
         rt__send_error(q, 400, body ? "invalid_request" : "invalid_json",
                        body ? "the body must be a JSON object" : jerr.text, NULL, NULL);
         json_decref(body);
@@ -500,11 +504,12 @@ void rt__dispatch_generate(rt_req *q, bool chat)
     generate(q, chat, body);
 }
 
-void rt__generate_capture(const char *request_id, bool chat, const char *body, size_t len,
-                          long long deadline_ms, rt_capture *out, int *attempts)
+void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, const char *body,
+                          size_t len, long long deadline_ms, rt_capture *out, int *attempts)
 {
     rt_req q;
     memset(&q, 0, sizeof q);
+    q.rt = rt;
     q.fd = -1;
     q.deadline_ms = deadline_ms;
     snprintf(q.method, sizeof q.method, "POST");

@@ -30,10 +30,10 @@
 
 extern char **environ;
 
-static void sup_spawn(rt_worker *w)
+static void sup_spawn(rt_router *rt, rt_worker *w)
 {
     const rt_worker_config *c = &w->cfg;
-    const rt_config *cfg = rt__g.cfg;
+    const rt_config *cfg = rt->cfg;
     char a[16][160];
     const char *argv[40];
     int n = 0;
@@ -127,7 +127,7 @@ static void sup_spawn(rt_worker *w)
  * GET /v1/models answers 200 (llama-server and vLLM have /health, Ollama
  * only the second). It reports no memory and no rates: admission uses
  * the configured ctx-limit and max-seqs only. */
-static void sup_health_openai(rt_worker *w)
+static void sup_health_openai(rt_router *rt, rt_worker *w)
 {
     char *body = NULL;
     int st = rn_get(w->address, "/health", 2000, &body);
@@ -137,7 +137,7 @@ static void sup_health_openai(rt_worker *w)
         st = rn_get(w->address, "/v1/models", 2000, &body);
         sw_free(body);
     }
-    pthread_mutex_lock(&rt__g.pool.mu);
+    pthread_mutex_lock(&rt->pool.mu);
     if (st == 200) {
         w->on_device = false;
         w->mem_total = w->mem_used = w->mem_reserved = w->mem_free = 0;
@@ -157,21 +157,21 @@ static void sup_health_openai(rt_worker *w)
     }
     w->last_health = rt__now_s();
     w->health_now = false;
-    pthread_mutex_unlock(&rt__g.pool.mu);
-    rt_queue_kick(&rt__g.queue);
+    pthread_mutex_unlock(&rt->pool.mu);
+    rt_queue_kick(&rt->queue);
 }
 
-static void sup_health(rt_worker *w)
+static void sup_health(rt_router *rt, rt_worker *w)
 {
     if (w->cfg.kind == RT_KIND_OPENAI) {
-        sup_health_openai(w);
+        sup_health_openai(rt, w);
         return;
     }
     char *body = NULL;
     int st = rn_get(w->address, "/health", 2000, &body);
     json_t *j = body ? json_loads(body, 0, NULL) : NULL;
     sw_free(body);
-    pthread_mutex_lock(&rt__g.pool.mu);
+    pthread_mutex_lock(&rt->pool.mu);
     if (st == 200 && j) {
         json_t *mem = json_object_get(j, "memory");
         json_t *dev = json_object_get(j, "device");
@@ -223,18 +223,18 @@ static void sup_health(rt_worker *w)
     }
     w->last_health = rt__now_s();
     w->health_now = false;
-    pthread_mutex_unlock(&rt__g.pool.mu);
+    pthread_mutex_unlock(&rt->pool.mu);
     json_decref(j);
-    rt_queue_kick(&rt__g.queue); /* ready, or a new budget: waiters may fit */
+    rt_queue_kick(&rt->queue); /* ready, or a new budget: waiters may fit */
 }
 
 /* One supervision pass: reap, restart, health-check what is due. */
-void rt__sup_pass(bool force_health)
+void rt__sup_pass(rt_router *rt, bool force_health)
 {
     double t = rt__now_s();
-    for (int i = 0; i < rt__g.pool.n; i++) {
-        rt_worker *w = &rt__g.pool.w[i];
-        pthread_mutex_lock(&rt__g.pool.mu);
+    for (int i = 0; i < rt->pool.n; i++) {
+        rt_worker *w = &rt->pool.w[i];
+        pthread_mutex_lock(&rt->pool.mu);
         if (w->cfg.managed && w->pid > 0) {
             int status;
             pid_t r = waitpid(w->pid, &status, WNOHANG);
@@ -262,8 +262,8 @@ void rt__sup_pass(bool force_health)
         if (w->cfg.managed && w->pid > 0 && !w->restart_requested && w->state != WS_DOWN) {
             /* A process that stopped answering (hung, stopped, deadlocked)
              * is killed; the reaping above restarts it. */
-            double limit = w->ready_once ? rt__g.cfg->hang_timeout_ms / 1000.0
-                                         : (double)rt__g.cfg->ready_timeout_s;
+            double limit = w->ready_once ? rt->cfg->hang_timeout_ms / 1000.0
+                                         : (double)rt->cfg->ready_timeout_s;
             if (t - w->last_ok > limit) {
                 SW_WARN("router", "worker %s: no healthy answer for %.1f s; killing pid %d",
                         w->cfg.name, t - w->last_ok, (int)w->pid);
@@ -272,18 +272,18 @@ void rt__sup_pass(bool force_health)
                 rn_pool_drop(w->address);
             }
         }
-        bool spawn = w->cfg.managed && w->pid == 0 && !rt__g.stop && t >= w->next_start;
-        if (spawn && rt__g.sabotage.no_restart && w->restarts > 0)
+        bool spawn = w->cfg.managed && w->pid == 0 && !rt->stop && t >= w->next_start;
+        if (spawn && rt->sabotage.no_restart && w->restarts > 0)
             spawn = false; /* SABOTAGE no-restart: a failed worker stays down */
         bool due = w->pid > 0 || !w->cfg.managed;
         due = due && (force_health || w->state != WS_READY || w->health_now ||
-                      t - w->last_health >= rt__g.cfg->health_interval_ms / 1000.0);
+                      t - w->last_health >= rt->cfg->health_interval_ms / 1000.0);
         due = due && !w->restart_requested && !(w->state == WS_DOWN && w->cfg.managed);
         if (spawn)
-            sup_spawn(w);
-        pthread_mutex_unlock(&rt__g.pool.mu);
+            sup_spawn(rt, w);
+        pthread_mutex_unlock(&rt->pool.mu);
         if (!spawn && due)
-            sup_health(w);
+            sup_health(rt, w);
     }
 }
 
@@ -291,11 +291,11 @@ void rt__sup_pass(bool force_health)
  * older than ledger-retention-s. Runs here, between supervision passes,
  * every quarter of the retention (at least 1 s, at most 10 min): each
  * sweep is one short transaction. */
-static void sup_ledger_sweep(double *last)
+static void sup_ledger_sweep(rt_router *rt, double *last)
 {
-    if (!rt__g.ledger)
+    if (!rt->ledger)
         return;
-    double retention = rt__g.cfg->ledger_retention_s, t = rt__now_s();
+    double retention = rt->cfg->ledger_retention_s, t = rt__now_s();
     double every = retention / 4;
     every = every < 1 ? 1 : every > 600 ? 600 : every;
     if (*last > 0 && t - *last < every)
@@ -303,14 +303,14 @@ static void sup_ledger_sweep(double *last)
     *last = t;
     ldg_sweep_counts c;
     sw_error err;
-    if (ldg_retention_sweep(rt__g.ledger, rt__wall_s(), retention, &c, &err)) {
+    if (ldg_retention_sweep(rt->ledger, rt__wall_s(), retention, &c, &err)) {
         SW_WARN("router", "ledger retention sweep: %s", err.message);
         return;
     }
-    pthread_mutex_lock(&rt__g.mu);
-    rt__g.ledger_swept += (uint64_t)c.jobs + (uint64_t)c.attempts + (uint64_t)c.tool_calls +
+    pthread_mutex_lock(&rt->mu);
+    rt->ledger_swept += (uint64_t)c.jobs + (uint64_t)c.attempts + (uint64_t)c.tool_calls +
                           (uint64_t)c.keys;
-    pthread_mutex_unlock(&rt__g.mu);
+    pthread_mutex_unlock(&rt->mu);
     if (c.jobs || c.attempts || c.tool_calls || c.keys)
         SW_INFO("router",
                 "ledger retention: deleted %d job(s), %d attempt(s), %d tool step(s), "
@@ -320,38 +320,39 @@ static void sup_ledger_sweep(double *last)
 
 void *rt__sup_thread(void *arg)
 {
+    rt_router *rt = arg;
     double last_sweep = 0;
-    while (!rt__g.stop) {
-        rt__sup_pass(false);
+    while (!rt->stop) {
+        rt__sup_pass(rt, false);
         rn_pool_sweep(); /* idle worker connections past RN_POOL_IDLE_MS */
-        sup_ledger_sweep(&last_sweep);
+        sup_ledger_sweep(rt, &last_sweep);
         usleep(50 * 1000);
     }
     /* Workers this thread restarted die with it (PR_SET_PDEATHSIG is per
      * thread): stop them all here, gracefully, before it ends. Idle
      * connections to them are closed first. */
     rn_pool_close_all();
-    rt__stop_workers();
+    rt__stop_workers(rt);
     return NULL;
 }
 
-void rt__stop_workers(void)
+void rt__stop_workers(rt_router *rt)
 {
-    for (int i = 0; i < rt__g.pool.n; i++)
-        if (rt__g.pool.w[i].pid > 0)
-            kill(rt__g.pool.w[i].pid, SIGTERM);
+    for (int i = 0; i < rt->pool.n; i++)
+        if (rt->pool.w[i].pid > 0)
+            kill(rt->pool.w[i].pid, SIGTERM);
     double t = rt__now_s();
-    for (int i = 0; i < rt__g.pool.n; i++) {
-        while (rt__g.pool.w[i].pid > 0) {
+    for (int i = 0; i < rt->pool.n; i++) {
+        while (rt->pool.w[i].pid > 0) {
             int st;
-            if (waitpid(rt__g.pool.w[i].pid, &st, WNOHANG) == rt__g.pool.w[i].pid) {
-                rt__g.pool.w[i].pid = 0;
+            if (waitpid(rt->pool.w[i].pid, &st, WNOHANG) == rt->pool.w[i].pid) {
+                rt->pool.w[i].pid = 0;
                 break;
             }
             if (rt__now_s() - t > 10) {
-                kill(rt__g.pool.w[i].pid, SIGKILL);
-                waitpid(rt__g.pool.w[i].pid, &st, 0);
-                rt__g.pool.w[i].pid = 0;
+                kill(rt->pool.w[i].pid, SIGKILL);
+                waitpid(rt->pool.w[i].pid, &st, 0);
+                rt->pool.w[i].pid = 0;
                 break;
             }
             usleep(20000);

@@ -75,6 +75,7 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
     if (in->stream && sent && !in->no_resume) {
         f.action = RT_FO_RESUME;
         f.decision = "resume";
+        f.error_code = NULL;
         f.reason = "stream with tokens already sent: resumed with the sent tokens and sampler draws";
         return f;
     }

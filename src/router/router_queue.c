@@ -167,7 +167,12 @@ void rt_queue_kick(rt_queue *q)
 
 int rt_queue_retry_after_locked(const rt_queue *q, double fallback_s)
 {
-    double s = q->rate > 0 ? ((double)q->depth + 1) / q->rate : fallback_s;
+    /* the current window counts once it is a second old: after a quiet
+     * spell the rate falls instead of keeping the last busy one */
+    double rate = q->rate, span = mono_s() - q->win_start;
+    if (span >= 1.0)
+        rate = 0.5 * rate + 0.5 * (double)q->win_count / span;
+    double s = rate > 0 ? ((double)q->depth + 1) / rate : fallback_s;
     if (!(s >= 1))
         return 1;
     return s > 60 ? 60 : (int)ceil(s);

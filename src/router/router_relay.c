@@ -206,6 +206,8 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
         return false;
     }
     const char *msg = ar == RT_ADMIT_FULL      ? "the queue of requests waiting for a worker is full"
+                      : ar == RT_ADMIT_NEVER
+                          ? "no worker has the memory for this request's KV cache even when idle"
                       : ar == RT_ADMIT_STOPPED ? "the router is shutting down"
                       : q->deadline_ms >= 0
                           ? "no worker had the capacity for this request within its deadline"

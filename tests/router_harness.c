@@ -445,6 +445,115 @@ long long rh_metric(const char *sock, const char *name)
     return v;
 }
 
+long long rh_metric_labeled(const char *sock, const char *name, const char *labels)
+{
+    char series[512];
+    int n = snprintf(series, sizeof series, "%s{%s}", name, labels);
+    assert_true(n > 0 && (size_t)n < sizeof series);
+    return rh_metric(sock, series);
+}
+
+/* GET /metrics at sock, without assertions: the body (sw_free) or NULL. */
+static char *metrics_text(const char *sock)
+{
+    wc_response w;
+    if (wc_request(sock, "GET", "/metrics", NULL, 5000, &w) != 0 || w.status != 200 || !w.body) {
+        wc_response_free(&w);
+        return NULL;
+    }
+    char *body = w.body;
+    w.body = NULL;
+    wc_response_free(&w);
+    return body;
+}
+
+/* The line after the one at p, NULL after the last. */
+static const char *next_line(const char *p)
+{
+    p = strchr(p, '\n');
+    return p ? p + 1 : NULL;
+}
+
+bool rh_metric_get(const char *sock, const char *series, double *value)
+{
+    char *text = metrics_text(sock);
+    if (!text)
+        return false;
+    size_t n = strlen(series);
+    bool found = false;
+    for (const char *p = text; p && *p; p = next_line(p))
+        if (strncmp(p, series, n) == 0 && p[n] == ' ') {
+            *value = strtod(p + n + 1, NULL);
+            found = true;
+            break;
+        }
+    sw_free(text);
+    return found;
+}
+
+int rh_metric_sum(const char *sock, const char *name, double *sum)
+{
+    char *text = metrics_text(sock);
+    if (!text)
+        return -1;
+    size_t n = strlen(name);
+    int count = 0;
+    double total = 0;
+    for (const char *p = text; p && *p; p = next_line(p)) {
+        if (strncmp(p, name, n) != 0 || (p[n] != ' ' && p[n] != '{'))
+            continue;
+        const char *v = p + n;
+        if (*v == '{') {
+            /* label values may hold '}' only inside quotes */
+            bool quoted = false;
+            for (v++; *v && *v != '\n' && (quoted || *v != '}'); v++) {
+                if (*v == '\\' && quoted && v[1])
+                    v++;
+                else if (*v == '"')
+                    quoted = !quoted;
+            }
+            if (*v != '}')
+                continue;
+            v++;
+        }
+        if (*v != ' ')
+            continue;
+        total += strtod(v + 1, NULL);
+        count++;
+    }
+    sw_free(text);
+    if (sum)
+        *sum = total;
+    return count;
+}
+
+pid_t rh_worker_pid_now(const rh_router *r, const char *name, bool *ready)
+{
+    if (ready)
+        *ready = false;
+    wc_response w;
+    if (wc_request(r->sock, "GET", "/health", NULL, 5000, &w) != 0) {
+        wc_response_free(&w);
+        return 0;
+    }
+    json_t *j = rh_body_json(&w);
+    wc_response_free(&w);
+    pid_t pid = 0;
+    json_t *ws = json_object_get(j, "workers");
+    for (size_t i = 0; i < json_array_size(ws); i++) {
+        json_t *e = json_array_get(ws, i);
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (!n || strcmp(n, name))
+            continue;
+        pid = (pid_t)json_integer_value(json_object_get(e, "pid"));
+        const char *st = json_string_value(json_object_get(e, "state"));
+        if (ready)
+            *ready = st && !strcmp(st, "ready");
+    }
+    json_decref(j);
+    return pid;
+}
+
 json_t *rh_job_get(const rh_router *r, const char *id)
 {
     char path[128];

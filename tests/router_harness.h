@@ -93,6 +93,24 @@ pid_t rh_worker_pid(const rh_router *r, const char *name);
 /* A counter or gauge "name value" from the /metrics of the spillway
  * process (worker or router) at sock; asserted present. */
 long long rh_metric(const char *sock, const char *name);
+/* The series name{labels} (labels as written between the braces, e.g.
+ * "worker=\"gpu\",reason=\"memory\"") of the /metrics at sock, as
+ * rh_metric: asserted present. */
+long long rh_metric_labeled(const char *sock, const char *name, const char *labels);
+/* One series ("name" or "name{labels}", written exactly as in the text)
+ * of the /metrics at sock into *value (a float: histogram sums too).
+ * false when /metrics could not be read or the series is absent. Asserts
+ * nothing, so a helper thread may call it. */
+bool rh_metric_get(const char *sock, const char *series, double *value);
+/* Every series of metric name at sock ("name value" and "name{...} value";
+ * not name_bucket and the like): how many there are, their sum into *sum
+ * (may be NULL); -1 when /metrics could not be read. Asserts nothing. */
+int rh_metric_sum(const char *sock, const char *name, double *sum);
+/* The pid the router's /health gives for worker name now (0 while it has
+ * none or when /health cannot be read) and, into *ready (may be NULL),
+ * whether its state is ready. Asserts nothing: a helper thread may call
+ * it, for instance one that kills the worker over and over. */
+pid_t rh_worker_pid_now(const rh_router *r, const char *name, bool *ready);
 /* GET /v1/spillway/jobs/<id>: the job (asserted 200 and JSON). */
 json_t *rh_job_get(const rh_router *r, const char *id);
 /* Polls the job every 100 ms until it is succeeded or failed and returns

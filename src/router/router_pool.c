@@ -22,6 +22,7 @@ void rt_pool_init(rt_pool *p, const rt_config *c)
         w->backoff = 0.25;
         w->last_exit = -1;
         w->kv_budget = -1;
+        w->kv_reported_budget = -1;
         w->state = w->cfg.managed ? WS_DOWN : WS_STARTING;
         if (w->cfg.managed) {
             snprintf(w->address, sizeof w->address, "unix:%s/%s.sock", c->state_dir, w->cfg.name);
@@ -104,7 +105,9 @@ void rt_pool_reconcile_locked(rt_worker *w)
      * (the router's books cover those). Memory another process takes on
      * the same device (a hog, a second worker) lowers it. */
     if (w->on_device && w->kv_block_tokens > 0 && w->kv_block_bytes > 0)
-        w->kv_budget = (w->mem_free > 0 ? w->mem_free : 0) + w->kv_held_bytes;
+        w->kv_budget = w->kv_reported_budget >= 0
+                           ? w->kv_reported_budget /* taken consistently by the worker */
+                           : (w->mem_free > 0 ? w->mem_free : 0) + w->kv_held_bytes;
     else
         w->kv_budget = -1;
     w->held = false;

@@ -52,6 +52,7 @@ typedef struct rt_worker {
     int32_t kv_block_tokens;    /* 0 unknown */
     int64_t kv_block_bytes;     /* one block's device part; 0 unknown */
     int64_t kv_held_bytes;      /* device KV the worker holds now */
+    int64_t kv_reported_budget; /* the KV it could hold now (kv.budget_bytes), -1 none */
     double prefill_rate, decode_rate;
     char rates_source[16];  /* the worker's /health: none, calibration, measured */
     /* the books, and what /health says they may reach */

@@ -197,6 +197,8 @@ static void sup_health(rt_router *rt, rt_worker *w)
         w->kv_block_tokens = bt > 0 && bt <= 65536 ? (int32_t)bt : 0;
         w->kv_block_bytes = bb > 0 ? (int64_t)bb : 0;
         w->kv_held_bytes = held > 0 ? (int64_t)held : 0;
+        json_t *budget = json_object_get(kv, "budget_bytes");
+        w->kv_reported_budget = json_is_integer(budget) ? (int64_t)json_integer_value(budget) : -1;
         w->prefill_rate = json_number_value(json_object_get(j, "prefill_tokens_per_second"));
         w->decode_rate = json_number_value(json_object_get(j, "decode_tokens_per_second"));
         /* one of the words docs/api.md lists, else none: any other text

@@ -169,6 +169,10 @@ typedef struct wk_server {
     int32_t slots_active;
     size_t kv_used_bytes;
     size_t kv_device_used_bytes;     /* the device part of kv_used_bytes */
+    /* the KV the device could hold at that same moment (free above the
+     * reserve + kv_device_used_bytes), read on the engine thread, so the
+     * two agree; -1 without a device figure */
+    int64_t kv_budget_at_publish;
     size_t device_bytes;
     double prefill_tokens, prefill_seconds, decode_tokens, decode_seconds;
     /* the part of those totals that start-up calibration put there: while

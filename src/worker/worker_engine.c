@@ -225,12 +225,19 @@ static void publish_stats(wk_server *s)
     size_t kv = eng_context_kv_bytes_used(s->ctx);
     size_t kv_dev = eng_context_kv_device_bytes_used(s->ctx);
     size_t dev = eng_context_device_bytes(s->ctx);
+    int64_t budget = -1;
+    dev_memory mem;
+    if (s->dev && dev_memory_info(s->dev, &mem, NULL) == SW_OK) {
+        uint64_t reserve = (uint64_t)((double)mem.total_bytes * s->o.reserve);
+        budget = (int64_t)(mem.free_bytes > reserve ? mem.free_bytes - reserve : 0) + (int64_t)kv_dev;
+    }
     int32_t active = 0;
     for (int32_t i = 0; i < s->n_seqs; i++)
         active += s->slots[i].req != NULL;
     pthread_mutex_lock(&s->lock);
     s->kv_used_bytes = kv;
     s->kv_device_used_bytes = kv_dev;
+    s->kv_budget_at_publish = budget;
     s->device_bytes = dev;
     s->slots_active = active;
     pthread_mutex_unlock(&s->lock);

@@ -703,6 +703,8 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
     wk_state st = s->state;
     bool ready = st != WK_LOADING && (st != WK_FAILED || s->device_failed);
     size_t kv_used = s->kv_used_bytes, kv_dev_used = s->kv_device_used_bytes;
+    int64_t budget_at_publish = s->kv_budget_at_publish;
+    bool idle = s->slots_active == 0 && s->n_queued == 0;
     size_t dev_bytes = s->device_bytes;
     int32_t active = s->slots_active, queued = s->n_queued;
     double pre = s->prefill_seconds > 0 ? s->prefill_tokens / s->prefill_seconds : 0;
@@ -744,12 +746,26 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
         json_object_set_new(h, "slots", json_pack("{s:i, s:i, s:i}", "active", active, "max",
                                                   s->n_seqs, "queued", queued));
         json_object_set_new(h, "kv_bytes_per_token", json_integer((json_int_t)s->kv_bytes_per_token));
-        /* what the router's books count in (docs/api.md, GET /health) */
+        /* What the router's books count in (docs/api.md, GET /health).
+         * The budget: the KV this worker could hold now. Free memory read
+         * now plus the KV held at the last step counts blocks freed since
+         * that step twice; the figure taken at the step itself misses an
+         * allocation outside this process since. While requests run the
+         * smaller of the two is right either way; an idle worker's KV does
+         * not change, so the first is exact then. */
+        int64_t budget = -1;
+        if (have_dev) {
+            budget = (int64_t)(mem.free_bytes > reserved ? mem.free_bytes - reserved : 0) +
+                     (int64_t)kv_dev_used;
+            if (!idle && budget_at_publish >= 0 && budget_at_publish < budget)
+                budget = budget_at_publish;
+        }
         json_object_set_new(
             h, "kv",
-            json_pack("{s:i, s:I, s:I}", "block_tokens", s->kv_block_tokens, "block_device_bytes",
-                      (json_int_t)eng_context_kv_block_device_bytes(s->ctx), "device_used_bytes",
-                      (json_int_t)kv_dev_used));
+            json_pack("{s:i, s:I, s:I, s:I}", "block_tokens", s->kv_block_tokens,
+                      "block_device_bytes", (json_int_t)eng_context_kv_block_device_bytes(s->ctx),
+                      "device_used_bytes", (json_int_t)kv_dev_used, "budget_bytes",
+                      (json_int_t)budget));
         json_object_set_new(h, "ctx_limit", json_integer(s->n_ctx));
         json_object_set_new(h, "policy",
                             json_string(s->o.policy == ENG_KV_GROW ? "grow" : "reserve"));

@@ -229,7 +229,8 @@ rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int
         if (rt_policy_decide(&v, &idle, w->tried, &d) < 0) {
             w->grant = d;
             res = (d.skipped & RT_SKIP_DEADLINE) ? RT_ADMIT_DEADLINE : RT_ADMIT_NEVER;
-        } else if (q->depth > q->cap) {
+        } else if (q->depth > q->cap && w->first) {
+            /* a request coming back (refused, replayed) had its place */
             res = RT_ADMIT_FULL;
         }
     }

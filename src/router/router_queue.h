@@ -75,7 +75,8 @@ typedef enum rt_admit_result {
     RT_ADMIT_NEVER,      /* no worker could take it even idle (w->grant's
                             reasons say why: context, tried, kind) */
     RT_ADMIT_DEADLINE,   /* it cannot start and finish within its deadline */
-    RT_ADMIT_FULL,       /* the queue is full */
+    RT_ADMIT_FULL,       /* the queue is full (a first admission only: one
+                            coming back keeps its place) */
     RT_ADMIT_TIMEOUT,    /* waited max_wait_s (queue time-out or deadline) */
     RT_ADMIT_GONE,       /* the client hung up while it waited */
     RT_ADMIT_STOPPED,    /* the router is stopping */

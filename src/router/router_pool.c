@@ -24,12 +24,17 @@ void rt_pool_init(rt_pool *p, const rt_config *c)
         w->kv_budget = -1;
         w->kv_reported_budget = -1;
         w->state = w->cfg.managed ? WS_DOWN : WS_STARTING;
+        /* built in locals: snprintf must not read what it writes, and
+         * the configuration may share an object with the pool */
+        char address[sizeof w->address], log_path[sizeof w->log_path] = "";
         if (w->cfg.managed) {
-            snprintf(w->address, sizeof w->address, "unix:%s/%s.sock", c->state_dir, w->cfg.name);
-            snprintf(w->log_path, sizeof w->log_path, "%s/%s.log", c->state_dir, w->cfg.name);
+            snprintf(address, sizeof address, "unix:%s/%s.sock", c->state_dir, c->workers[i].name);
+            snprintf(log_path, sizeof log_path, "%s/%s.log", c->state_dir, c->workers[i].name);
         } else {
-            snprintf(w->address, sizeof w->address, "%s", w->cfg.url);
+            snprintf(address, sizeof address, "%s", c->workers[i].url);
         }
+        memcpy(w->address, address, sizeof address);
+        memcpy(w->log_path, log_path, sizeof log_path);
         p->order[i] = i;
     }
     /* preference order, stable (file order breaks ties) */

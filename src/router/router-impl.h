@@ -216,6 +216,10 @@ int rt__listen_on(const char *addr, char *actual, size_t cap);
 int rt__sink_write(rt_req *q, const void *p, size_t n);
 /* "keep-alive" or "close": the Connection header of q's response. */
 const char *rt__conn_hdr(const rt_req *q);
+/* Writes the head of a 200 SSE response (chunked; X-Request-Id, the
+ * worker, attempts and admission headers) and starts the capture's
+ * stream; -1 when the client is gone. */
+int rt__stream_begin(rt_req *q);
 /* A chunked response to the client began / ended with its last chunk
  * ("0\r\n\r\n" written): only an ended one lets the connection go on. */
 void rt__chunked_begin(rt_req *q);

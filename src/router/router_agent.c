@@ -229,23 +229,9 @@ static int call_tool(rt_router *rt, const rt_tool_config *t, const char *request
 static int sse_event(rt_req *q, bool *head_sent, const char *payload)
 {
     if (!*head_sent) {
-        char head[600];
-        int n = snprintf(head, sizeof head,
-                         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                         "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                         "Connection: %s\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
-                         "X-Spillway-Attempts: %d\r\n\r\n",
-                         rt__conn_hdr(q), q->request_id, q->worker, q->attempts);
-        rt__chunked_begin(q);
-        if (rt__sink_write(q, head, (size_t)n))
+        if (rt__stream_begin(q))
             return -1;
         *head_sent = true;
-        if (q->cap.on) {
-            q->cap.status = 200;
-            q->cap.stream = true;
-            q->cap.len = 0;
-            snprintf(q->cap.content_type, sizeof q->cap.content_type, "text/event-stream");
-        }
     }
     size_t len = strlen(payload);
     char hex[32];

@@ -14,22 +14,19 @@ const char *rt_outcome_name(rt_outcome o)
 
 rt_failover rt_failover_decide(const rt_failover_in *in)
 {
-    rt_failover f = {RT_FO_STOP, "none", "", "worker_failed", false, false};
+    rt_failover f = {RT_FO_STOP, "none", "", NULL, false, false};
     switch (in->outcome) {
     case RT_OUT_OK:
         f.action = RT_FO_DONE;
         f.reason = "completed";
-        f.error_code = NULL;
         return f;
     case RT_OUT_CLIENT_ERROR:
         f.action = RT_FO_DONE;
         f.reason = "4xx from a worker: not retried";
-        f.error_code = NULL;
         return f;
     case RT_OUT_CLIENT_GONE:
         f.action = RT_FO_CANCEL;
         f.reason = "client disconnected: cancelled everywhere, no replay";
-        f.error_code = NULL;
         return f;
     case RT_OUT_REFUSED:
         /* the books said it fits and the worker disagreed (a race with an
@@ -37,7 +34,6 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
         f.action = RT_FO_REQUEUE;
         f.decision = "requeue";
         f.reason = "refused before any work: back to its place in the queue";
-        f.error_code = NULL;
         return f;
     case RT_OUT_OOM:
     case RT_OUT_CRASH:
@@ -46,7 +42,8 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
     bool sent = in->tokens_sent > 0 || in->content_sent;
     f.out_of_rotation = true;
     f.restart = in->outcome == RT_OUT_OOM;
-    f.error_code = in->outcome == RT_OUT_OOM ? "out_of_memory" : "worker_failed";
+    /* the error of a stop (a replay or a resume has none) */
+    const char *failed = in->outcome == RT_OUT_OOM ? "out_of_memory" : "worker_failed";
     if (in->tool == RT_TOOL_UNKNOWN) {
         f.action = RT_FO_STOP;
         f.error_code = "unsafe_to_retry";
@@ -56,17 +53,20 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
     }
     if (in->single_pass) {
         f.action = RT_FO_STOP;
+        f.error_code = failed;
         f.reason = "the caller replays the whole run";
         return f;
     }
     if (in->no_replay) {
         f.action = RT_FO_STOP;
+        f.error_code = failed;
         f.decision = "none (SPILLWAY_SABOTAGE=no-replay)";
         f.reason = "SPILLWAY_SABOTAGE=no-replay: the failure goes to the client";
         return f;
     }
     if (in->stream && sent && in->kind == RT_KIND_OPENAI) {
         f.action = RT_FO_STOP;
+        f.error_code = failed;
         f.decision = "none (external engine: no resume)";
         f.reason = "stream with text already sent by an external engine (kind = openai): it "
                    "cannot be resumed, so it ended with an error event";
@@ -75,13 +75,11 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
     if (in->stream && sent && !in->no_resume) {
         f.action = RT_FO_RESUME;
         f.decision = "resume";
-        f.error_code = NULL;
         f.reason = "stream with tokens already sent: resumed with the sent tokens and sampler draws";
         return f;
     }
     f.action = RT_FO_REPLAY;
     f.decision = "replay";
-    f.error_code = NULL;
     f.reason = in->stream ? sent ? "SPILLWAY_SABOTAGE=no-resume: replayed from the start; the "
                                    "client sees the sent tokens twice"
                                  : "stream with nothing sent yet: replayed from the start"

@@ -265,13 +265,7 @@ rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int
             int rc = pthread_cond_timedwait(&w->cv, &q->pool->mu, &ts);
             (void)rc;
         }
-        if (w->granted)
-            res = RT_ADMIT_OK;
-    }
-    if (w->granted && res != RT_ADMIT_OK) {
-        /* granted as it gave up: not taken */
-        rt_pool_give_locked(q->pool, w->grant.worker, w->grant.kv_bytes);
-        w->granted = false;
+        /* the loop leaves with res set only while not granted */
     }
     unlink_waiter(q, w);
     *waited_s = mono_s() - t0;

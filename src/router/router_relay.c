@@ -307,11 +307,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         if (ar != RT_ADMIT_OK) {
             if (ar == RT_ADMIT_GONE)
                 last = RT_OUT_CLIENT_GONE;
-            else if (ar == RT_ADMIT_TIMEOUT && !failed_before)
-                count(rt, &rt->rejected_capacity);
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);
-            if (ar != RT_ADMIT_TIMEOUT && ar != RT_ADMIT_GONE && !failed_before && !fallback)
-                count(rt, &rt->rejected_capacity);
+            if (ar != RT_ADMIT_GONE && !failed_before && !fallback)
+                count(rt, &rt->rejected_capacity); /* answered without a worker */
             break;
         }
         if (wt.first)

@@ -24,30 +24,10 @@ int rt_sink_event(rt_relay *r, const char *payload)
 {
     rt_req *q = r->q;
     if (!r->headers_sent) {
-        char head[768];
-        int n = snprintf(head, sizeof head,
-                         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                         "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                         "Connection: %s\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
-                         "X-Spillway-Attempts: %d\r\n",
-                         rt__conn_hdr(q), q->request_id, q->worker, q->attempts);
-        if (q->admission > 0 && n > 0 && (size_t)n < sizeof head)
-            n += snprintf(head + n, sizeof head - (size_t)n,
-                          "X-Spillway-Admission: %llu\r\nX-Spillway-Queue-Ms: %.0f\r\n",
-                          (unsigned long long)q->admission, q->queue_ms);
-        if (n > 0 && (size_t)n < sizeof head)
-            n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
-        rt__chunked_begin(q);
-        if (n <= 0 || (size_t)n >= sizeof head || rt__sink_write(q, head, (size_t)n))
+        if (rt__stream_begin(q))
             return -1;
         r->headers_sent = true;
         r->status = 200;
-        if (q->cap.on) {
-            q->cap.status = 200;
-            q->cap.stream = true;
-            q->cap.len = 0;
-            snprintf(q->cap.content_type, sizeof q->cap.content_type, "text/event-stream");
-        }
     }
     size_t len = strlen(payload);
     char *ev = sw_malloc(len + 9);

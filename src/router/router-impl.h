@@ -8,8 +8,8 @@
  * q->rt (rt_req.rt); one that serves none takes an rt_router *rt as its
  * first parameter.
  *
- *   router.c            rt_serve: start-up, the accept loop, shutdown; events
- *   router_conns.c      the connection threads (kept for the next one)
+ *   router.c            rt_serve: start-up, shutdown; events
+ *   router_conns.c      the connection threads (each accepts for itself)
  *   router_http.c       the client side: request parsing, limits, keys,
  *                       responses, /health, /metrics, /v1/models, events
  *   router_relay.c      one generation request: parse once, admit, attempt,
@@ -86,7 +86,7 @@ typedef struct rt_router {
     struct rt_jobs *jobs;
     uint64_t idem_replays, tool_calls, tool_reused, jobs_done, jobs_failed;
     /* keep-alive connections waiting for their next request, oldest
-     * first (router_http.c); the accept loop closes the oldest one when
+     * first (router_http.c); a new connection closes the oldest one when
      * max-connections is reached (rt__evict_idle) */
     struct rt_idle *idle_head, *idle_tail;
     int n_idle;
@@ -100,7 +100,7 @@ typedef struct rt_router {
  * linked under rt_router.mu). */
 typedef struct rt_idle {
     int fd;
-    bool evicted;            /* the accept loop took its slot */
+    bool evicted;            /* a new connection took its slot */
     struct rt_idle *prev, *next;
 } rt_idle;
 
@@ -204,11 +204,11 @@ void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
                     const char *param, const char *extra);
 /* Serves one client connection to its end (router_http.c). */
 void rt__conn_serve(rt_router *rt, int fd);
-/* Serves fd on a connection thread: an idle one kept from an earlier
- * connection, else a new one (router_conns.c). 0, or -1 when no thread
- * could be started. */
-int rt__conn_start(rt_router *rt, int fd);
-/* Shutdown: idle connection threads end. */
+/* Starts the connection threads, which accept on lfd themselves
+ * (router_conns.c); 0, or -1 when none could be started. */
+int rt__conns_start(rt_router *rt, int lfd);
+/* Shutdown: no connection is accepted any more; returns once no thread
+ * is in accept on the listening socket (at most 1 s). */
 void rt__conns_close(void);
 int rt__listen_on(const char *addr, char *actual, size_t cap);
 

@@ -1,15 +1,16 @@
-/* router.c - `spillway serve`: start-up, the accept loop and shutdown,
- * plus the router itself (the one rt_router, handed to every part) and
- * the failover event log (router-impl.h lists the other parts).
+/* router.c - `spillway serve`: start-up and shutdown, plus the router
+ * itself (the one rt_router, handed to every part) and the failover
+ * event log (router-impl.h lists the other parts).
  *
- * Threads: the main thread accepts client connections (TCP or a unix
- * socket) and starts one thread per connection (capped); the supervisor
- * thread spawns managed workers, reaps and restarts them with back-off and
- * polls every worker's /health. One mutex guards the worker table, the
- * metrics and the event ring. A request's thread predicts its need, picks
- * the first eligible worker in preference order and relays; on `oom` or
- * `worker_crash` it replays (or resumes a stream) on the next eligible
- * worker, per DESIGN.md's replay table.
+ * Threads: the connection threads accept client connections (TCP or a
+ * unix socket) for themselves and serve each to its end
+ * (router_conns.c); the supervisor thread spawns managed workers, reaps
+ * and restarts them with back-off and polls every worker's /health into
+ * the pool; the job runners run jobs; the main thread waits for
+ * SIGTERM/SIGINT. A request's thread admits it through the queue (the
+ * router's books), relays it, and on `oom` or `worker_crash` replays it
+ * (or resumes a stream) on the next eligible worker, per DESIGN.md's
+ * replay table (router_failover.c).
  */
 #include "router/router-impl.h"
 #include "router/router_net.h"
@@ -238,35 +239,13 @@ int rt_serve(const rt_config *c)
                "-d '{\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n",
                actual, c->n_keys ? " -H 'Authorization: Bearer YOUR_KEY'" : "");
     fflush(stdout);
-    while (!rt->stop) {
-        struct pollfd p = {lfd, POLLIN, 0};
-        int n = poll(&p, 1, 200);
-        if (n <= 0)
-            continue;
-        int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (cfd < 0)
-            continue;
-        pthread_mutex_lock(&rt->mu);
-        bool full = rt->active_conns >= c->max_connections;
-        if (!full)
-            rt->active_conns++;
-        else if (rt__evict_idle_locked(rt))
-            full = false; /* the oldest idle keep-alive connection's slot */
-        pthread_mutex_unlock(&rt->mu);
-        if (full) {
-            static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
-                                       "Content-Length: 0\r\nConnection: close\r\n\r\n";
-            rn_write_all(cfd, busy, sizeof busy - 1);
-            close(cfd);
-            continue;
-        }
-        if (rt__conn_start(rt, cfd)) {
-            close(cfd);
-            pthread_mutex_lock(&rt->mu);
-            rt->active_conns--;
-            pthread_mutex_unlock(&rt->mu);
-        }
+    /* the connection threads accept for themselves (router_conns.c) */
+    if (rt__conns_start(rt, lfd)) {
+        fprintf(stderr, "spillway serve: cannot start the connection threads\n");
+        goto out;
     }
+    while (!rt->stop)
+        usleep(100 * 1000);
     status = 0;
     SW_INFO("router", "stopping: no new connections; %d running", rt->active_conns);
     /* jobs do not hold the shutdown up: a running one gives its worker

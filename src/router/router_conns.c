@@ -1,95 +1,143 @@
-/* router_conns.c - the client connection threads: one per connection, as
- * before, but a thread whose connection ended waits up to
- * RT_CONN_IDLE_S for the next accepted one instead of exiting, so a
- * steady load of short connections does not create and destroy a thread
- * (its stack mapped, faulted in and given back) for each: that was two
- * thirds of the router's CPU time per request (docs/internals/router.md).
+/* router_conns.c - the client connection threads. Each one accepts a
+ * connection itself (a blocking accept on the listening socket: the
+ * kernel hands each new connection to one waiting thread), serves it to
+ * its end and goes back to accepting. A thread that takes a connection
+ * while no other one waits in accept starts one more, so a thread is
+ * always ready (up to max-connections + 2 threads: one more than the
+ * connections, so a connection past the limit is still answered 503 at
+ * once). A thread that has waited RT_CONN_IDLE_S while another one waits
+ * too ends.
+ *
+ * Creating and ending a thread per connection was two thirds of the
+ * router's CPU per request, and handing each accepted connection from an
+ * accept loop to a kept thread cost a wake-up and a context switch
+ * (docs/internals/router.md).
  */
 #include "router/router-impl.h"
-
-#include "common/alloc.h"
+#include "router/router_net.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #define RT_CONN_IDLE_S 30
-#define RT_CONN_PENDING 4096
-
-/* An accepted connection and the router that serves it. */
-typedef struct conn_item {
-    rt_router *rt;
-    int fd;
-} conn_item;
+/* how often a thread waiting in accept looks at the shutdown flag */
+#define RT_ACCEPT_WAKE_MS 200
 
 static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    conn_item pending[RT_CONN_PENDING]; /* accepted, for an idle thread */
-    int head, n;
-    int idle;                     /* threads waiting for a connection */
-    bool closing;
-} cc = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {{0}}, 0, 0, 0, false};
+    int lfd;
+    int cap;                 /* threads at most */
+    int threads;             /* running (atomic) */
+    int waiting;             /* in accept now (atomic) */
+    int closing;             /* atomic */
+} cc = {-1, 0, 0, 0, 0};
 
-/* arg: the first connection (a conn_item, sw_malloc; freed here) */
-static void *conn_main(void *arg)
+static double mono_s(void)
 {
-    conn_item it = *(conn_item *)arg;
-    sw_free(arg);
-    for (;;) {
-        rt__conn_serve(it.rt, it.fd);
-        pthread_mutex_lock(&cc.mu);
-        cc.idle++;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += RT_CONN_IDLE_S;
-        while (cc.n == 0 && !cc.closing)
-            if (pthread_cond_timedwait(&cc.cv, &cc.mu, &until) == ETIMEDOUT)
-                break;
-        cc.idle--;
-        if (cc.n == 0) {
-            pthread_mutex_unlock(&cc.mu);
-            return NULL;
-        }
-        it = cc.pending[cc.head];
-        cc.head = (cc.head + 1) % RT_CONN_PENDING;
-        cc.n--;
-        pthread_mutex_unlock(&cc.mu);
-    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int rt__conn_start(rt_router *rt, int fd)
+static int start_thread(rt_router *rt);
+
+/* The connection's slot under max-connections: taken, the oldest idle
+ * keep-alive connection's, or none (503 at once, closed). */
+static bool take_slot(rt_router *rt, int fd)
 {
-    pthread_mutex_lock(&cc.mu);
-    if (cc.idle > cc.n && cc.n < RT_CONN_PENDING && !cc.closing) {
-        cc.pending[(cc.head + cc.n) % RT_CONN_PENDING] = (conn_item){rt, fd};
-        cc.n++;
-        pthread_cond_signal(&cc.cv);
-        pthread_mutex_unlock(&cc.mu);
-        return 0;
+    pthread_mutex_lock(&rt->mu);
+    bool full = rt->active_conns >= rt->cfg->max_connections;
+    if (!full)
+        rt->active_conns++;
+    else if (rt__evict_idle_locked(rt))
+        full = false;
+    pthread_mutex_unlock(&rt->mu);
+    if (full) {
+        static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                                   "Content-Length: 0\r\nConnection: close\r\n\r\n";
+        rn_write_all(fd, busy, sizeof busy - 1);
+        close(fd);
     }
-    pthread_mutex_unlock(&cc.mu);
-    conn_item *it = sw_malloc(sizeof *it);
-    if (!it)
+    return !full;
+}
+
+static void *conn_main(void *arg)
+{
+    rt_router *rt = arg;
+    double idle_since = mono_s();
+    for (;;) {
+        /* counted as waiting before the shutdown flag is read, so that
+         * rt__conns_close, which sets the flag before it reads the count,
+         * never returns while a thread is about to enter accept */
+        int others = __atomic_add_fetch(&cc.waiting, 1, __ATOMIC_SEQ_CST) - 1;
+        if (__atomic_load_n(&cc.closing, __ATOMIC_SEQ_CST) ||
+            (others > 0 && mono_s() - idle_since > RT_CONN_IDLE_S)) {
+            __atomic_sub_fetch(&cc.waiting, 1, __ATOMIC_SEQ_CST);
+            break;
+        }
+        int fd = accept4(cc.lfd, NULL, NULL, SOCK_CLOEXEC);
+        int err = errno;
+        int left = __atomic_sub_fetch(&cc.waiting, 1, __ATOMIC_SEQ_CST);
+        if (fd < 0) {
+            if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
+                usleep(10 * 1000); /* out of descriptors or memory: no busy loop */
+            continue;
+        }
+        if (__atomic_load_n(&cc.closing, __ATOMIC_ACQUIRE)) {
+            close(fd);
+            break;
+        }
+        if (left == 0)
+            start_thread(rt); /* the next connection finds a thread waiting */
+        if (take_slot(rt, fd))
+            rt__conn_serve(rt, fd);
+        idle_since = mono_s();
+    }
+    __atomic_sub_fetch(&cc.threads, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static int start_thread(rt_router *rt)
+{
+    if (__atomic_add_fetch(&cc.threads, 1, __ATOMIC_ACQ_REL) > cc.cap) {
+        __atomic_sub_fetch(&cc.threads, 1, __ATOMIC_RELEASE);
         return -1;
-    it->rt = rt;
-    it->fd = fd;
+    }
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&t, &attr, conn_main, it);
+    int rc = pthread_create(&t, &attr, conn_main, rt);
     pthread_attr_destroy(&attr);
-    if (rc)
-        sw_free(it);
-    return rc ? -1 : 0;
+    if (rc) {
+        __atomic_sub_fetch(&cc.threads, 1, __ATOMIC_RELEASE);
+        return -1;
+    }
+    return 0;
+}
+
+int rt__conns_start(rt_router *rt, int lfd)
+{
+    /* accept wakes this often with EAGAIN (for the shutdown flag); an
+     * accepted TCP socket inherits the time-out, and rt__conn_serve sets
+     * its own */
+    struct timeval tv = {0, RT_ACCEPT_WAKE_MS * 1000};
+    if (setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
+        return -1;
+    cc.lfd = lfd;
+    cc.cap = rt->cfg->max_connections + 2;
+    return start_thread(rt);
 }
 
 void rt__conns_close(void)
 {
-    pthread_mutex_lock(&cc.mu);
-    cc.closing = true;
-    pthread_cond_broadcast(&cc.cv);
-    pthread_mutex_unlock(&cc.mu);
+    __atomic_store_n(&cc.closing, 1, __ATOMIC_SEQ_CST);
+    /* the listening socket is closed after this: no thread may still be
+     * in accept on it (each leaves within RT_ACCEPT_WAKE_MS) */
+    for (int i = 0; i < 50 && __atomic_load_n(&cc.waiting, __ATOMIC_SEQ_CST) > 0; i++)
+        usleep(20 * 1000);
 }

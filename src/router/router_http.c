@@ -557,7 +557,7 @@ bool rt__evict_idle_locked(rt_router *rt)
 
 /* Waits up to keepalive-timeout-s for the next request's first byte while
  * listed as idle. Returns 1 when bytes (or a hang-up) arrived, 0 on the
- * time-out or shutdown, -1 when the accept loop evicted the connection. */
+ * time-out or shutdown, -1 when a new connection took its slot. */
 static int wait_next_request(rt_router *rt, int fd)
 {
     rt_idle node = {fd, false, NULL, NULL};
@@ -857,7 +857,7 @@ done:
 }
 
 /* Serves a connection's requests one after another. Returns true when
- * the accept loop evicted it while idle (its slot went to a new one). */
+ * a new connection took its slot while it was idle (its slot went to a new one). */
 static bool serve_conn(rt_router *rt, int fd)
 {
     struct timeval tv = {rt->cfg->http_timeout_s, 0};

@@ -255,6 +255,18 @@ void rh_assert_header(const wc_response *w, const char *name, const char *want)
         fail_msg("header %s is '%s', want '%s'", name, buf, want);
 }
 
+long long rh_header_ll(const wc_response *w, const char *name)
+{
+    char v[64];
+    if (!wc_header(w, name, v, sizeof v))
+        return -1;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    while (*end == ' ' || *end == '\t')
+        end++;
+    return end == v || *end ? -2 : x;
+}
+
 const char *rh_error_code(const wc_response *w, char *buf, size_t cap)
 {
     json_t *j = rh_body_json(w);

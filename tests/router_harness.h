@@ -76,6 +76,9 @@ json_t *rh_body_json(const wc_response *w);
 /* Fails the test unless header name is present (and equal to want, when
  * want is not NULL). */
 void rh_assert_header(const wc_response *w, const char *name, const char *want);
+/* Header name as a whole number: -1 when absent, -2 when not an integer
+ * (trailing blanks allowed). */
+long long rh_header_ll(const wc_response *w, const char *name);
 /* error.code of an error response into buf ("" when none). */
 const char *rh_error_code(const wc_response *w, char *buf, size_t cap);
 /* GET /v1/spillway/events: the "data" array (asserted). */

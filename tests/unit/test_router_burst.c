@@ -216,18 +216,6 @@ typedef struct client {
     double elapsed;
 } client;
 
-static long long header_ll(const wc_response *w, const char *name)
-{
-    char v[64];
-    if (!wc_header(w, name, v, sizeof v))
-        return -1;
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    while (*end == ' ' || *end == '\t')
-        end++;
-    return end == v || *end ? -2 : x; /* -2: not an integer */
-}
-
 static void *client_thread(void *arg)
 {
     client *c = arg;
@@ -257,8 +245,8 @@ static void *client_thread(void *arg)
         }
         wc_header(&w, "X-Spillway-Worker", c->worker, sizeof c->worker);
         c->has_retry_after = wc_header(&w, "Retry-After", c->retry_after, sizeof c->retry_after);
-        c->admission = header_ll(&w, "X-Spillway-Admission");
-        c->queue_ms = header_ll(&w, "X-Spillway-Queue-Ms");
+        c->admission = rh_header_ll(&w, "X-Spillway-Admission");
+        c->queue_ms = rh_header_ll(&w, "X-Spillway-Queue-Ms");
     }
     c->elapsed = tu_now_s() - t0;
     wc_response_free(&w);

@@ -57,16 +57,6 @@ typedef struct fifo_req {
     atomic_bool finished;
 } fifo_req;
 
-static long long header_ll(const wc_response *w, const char *name)
-{
-    char v[64];
-    if (!wc_header(w, name, v, sizeof v))
-        return -1;
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    return end == v || *end ? -2 : x;
-}
-
 static void *req_thread(void *arg)
 {
     fifo_req *q = arg;
@@ -78,8 +68,8 @@ static void *req_thread(void *arg)
         q->status = w.status;
         if (w.status != 200)
             rh_error_code(&w, q->error, sizeof q->error);
-        q->admission = header_ll(&w, "X-Spillway-Admission");
-        q->queue_ms = header_ll(&w, "X-Spillway-Queue-Ms");
+        q->admission = rh_header_ll(&w, "X-Spillway-Admission");
+        q->queue_ms = rh_header_ll(&w, "X-Spillway-Queue-Ms");
     }
     wc_response_free(&w);
     q->done = tu_now_s();

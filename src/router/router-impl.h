@@ -65,6 +65,12 @@ typedef struct rt_router {
     pthread_mutex_t mu;
     rt_pool pool;               /* the workers and the books */
     rt_queue queue;             /* requests waiting for a worker */
+    struct {                    /* the connection threads (router_conns.c) */
+        int lfd;                /* the listening socket */
+        int cap;                /* threads at most */
+        int threads, waiting;   /* running; in accept now (atomics) */
+        int closing;            /* atomic */
+    } conns;
     eng_tokenizer *tok;
     eng_chat_family family;
     volatile sig_atomic_t stop;
@@ -209,7 +215,7 @@ void rt__conn_serve(rt_router *rt, int fd);
 int rt__conns_start(rt_router *rt, int lfd);
 /* Shutdown: no connection is accepted any more; returns once no thread
  * is in accept on the listening socket (at most 1 s). */
-void rt__conns_close(void);
+void rt__conns_close(rt_router *rt);
 int rt__listen_on(const char *addr, char *actual, size_t cap);
 
 /* Writes to the client (when fd >= 0); -1 when it is gone. */

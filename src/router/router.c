@@ -251,7 +251,7 @@ int rt_serve(const rt_config *c)
     /* jobs do not hold the shutdown up: a running one gives its worker
      * request up now and goes back to queued (router_jobs.c) */
     rt__jobs_cancel(rt);
-    rt__conns_close();
+    rt__conns_close(rt);
     close(lfd);
     if (!strncmp(c->listen, "unix:", 5))
         unlink(c->listen + 5);

@@ -28,14 +28,6 @@
 /* how often a thread waiting in accept looks at the shutdown flag */
 #define RT_ACCEPT_WAKE_MS 200
 
-static struct {
-    int lfd;
-    int cap;                 /* threads at most */
-    int threads;             /* running (atomic) */
-    int waiting;             /* in accept now (atomic) */
-    int closing;             /* atomic */
-} cc = {-1, 0, 0, 0, 0};
-
 static double mono_s(void)
 {
     struct timespec ts;
@@ -73,21 +65,21 @@ static void *conn_main(void *arg)
         /* counted as waiting before the shutdown flag is read, so that
          * rt__conns_close, which sets the flag before it reads the count,
          * never returns while a thread is about to enter accept */
-        int others = __atomic_add_fetch(&cc.waiting, 1, __ATOMIC_SEQ_CST) - 1;
-        if (__atomic_load_n(&cc.closing, __ATOMIC_SEQ_CST) ||
+        int others = __atomic_add_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST) - 1;
+        if (__atomic_load_n(&rt->conns.closing, __ATOMIC_SEQ_CST) ||
             (others > 0 && mono_s() - idle_since > RT_CONN_IDLE_S)) {
-            __atomic_sub_fetch(&cc.waiting, 1, __ATOMIC_SEQ_CST);
+            __atomic_sub_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST);
             break;
         }
-        int fd = accept4(cc.lfd, NULL, NULL, SOCK_CLOEXEC);
+        int fd = accept4(rt->conns.lfd, NULL, NULL, SOCK_CLOEXEC);
         int err = errno;
-        int left = __atomic_sub_fetch(&cc.waiting, 1, __ATOMIC_SEQ_CST);
+        int left = __atomic_sub_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST);
         if (fd < 0) {
             if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
                 usleep(10 * 1000); /* out of descriptors or memory: no busy loop */
             continue;
         }
-        if (__atomic_load_n(&cc.closing, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&rt->conns.closing, __ATOMIC_ACQUIRE)) {
             close(fd);
             break;
         }
@@ -97,14 +89,14 @@ static void *conn_main(void *arg)
             rt__conn_serve(rt, fd);
         idle_since = mono_s();
     }
-    __atomic_sub_fetch(&cc.threads, 1, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(&rt->conns.threads, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
 static int start_thread(rt_router *rt)
 {
-    if (__atomic_add_fetch(&cc.threads, 1, __ATOMIC_ACQ_REL) > cc.cap) {
-        __atomic_sub_fetch(&cc.threads, 1, __ATOMIC_RELEASE);
+    if (__atomic_add_fetch(&rt->conns.threads, 1, __ATOMIC_ACQ_REL) > rt->conns.cap) {
+        __atomic_sub_fetch(&rt->conns.threads, 1, __ATOMIC_RELEASE);
         return -1;
     }
     pthread_t t;
@@ -114,7 +106,7 @@ static int start_thread(rt_router *rt)
     int rc = pthread_create(&t, &attr, conn_main, rt);
     pthread_attr_destroy(&attr);
     if (rc) {
-        __atomic_sub_fetch(&cc.threads, 1, __ATOMIC_RELEASE);
+        __atomic_sub_fetch(&rt->conns.threads, 1, __ATOMIC_RELEASE);
         return -1;
     }
     return 0;
@@ -128,16 +120,16 @@ int rt__conns_start(rt_router *rt, int lfd)
     struct timeval tv = {0, RT_ACCEPT_WAKE_MS * 1000};
     if (setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
         return -1;
-    cc.lfd = lfd;
-    cc.cap = rt->cfg->max_connections + 2;
+    rt->conns.lfd = lfd;
+    rt->conns.cap = rt->cfg->max_connections + 2;
     return start_thread(rt);
 }
 
-void rt__conns_close(void)
+void rt__conns_close(rt_router *rt)
 {
-    __atomic_store_n(&cc.closing, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&rt->conns.closing, 1, __ATOMIC_SEQ_CST);
     /* the listening socket is closed after this: no thread may still be
      * in accept on it (each leaves within RT_ACCEPT_WAKE_MS) */
-    for (int i = 0; i < 50 && __atomic_load_n(&cc.waiting, __ATOMIC_SEQ_CST) > 0; i++)
+    for (int i = 0; i < 50 && __atomic_load_n(&rt->conns.waiting, __ATOMIC_SEQ_CST) > 0; i++)
         usleep(20 * 1000);
 }

@@ -231,6 +231,9 @@ int rt__stream_begin(rt_req *q);
 void rt__chunked_begin(rt_req *q);
 void rt__chunked_end(rt_req *q);
 
+/* The "Retry-After: N\r\n" header line of a capacity answer, N from the
+ * queue's drain rate (router_queue.h) */
+void rt__retry_after(rt_router *rt, char *buf, size_t cap);
 /* generation requests */
 void rt__handle_generate(rt_req *q, bool chat);
 /* A generation route: an agent run when the body asks for

@@ -863,8 +863,10 @@ static void forward(agent_run *a, const rt_capture *c)
             json_decref(j);
             return;
         }
+        char ra[48];
+        rt__retry_after(q->rt, ra, sizeof ra);
         rt__send_response(q, c->status, c->content_type[0] ? c->content_type : "application/json",
-                          c->status == 503 ? "Retry-After: 1\r\n" : NULL, c->body, c->len);
+                          c->status == 503 ? ra : NULL, c->body, c->len);
         return;
     }
     /* the last error event of the stream, if any */
@@ -893,8 +895,10 @@ static void forward(agent_run *a, const rt_capture *c)
         json_t *eo = rt__error_obj(503, cbuf, mbuf, NULL);
         char *s = eo ? json_dumps(eo, JSON_COMPACT) : NULL;
         json_decref(eo);
+        char ra[48];
+        rt__retry_after(q->rt, ra, sizeof ra);
         if (s)
-            rt__send_response(q, 503, "application/json", "Retry-After: 1\r\n", s, strlen(s));
+            rt__send_response(q, 503, "application/json", ra, s, strlen(s));
         else
             rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
         free(s);
@@ -1095,6 +1099,11 @@ run:
         iq.cap.on = true;
         iq.single_pass = true;
         iq.durable = true; /* an agent run's records are promised */
+        /* every generation of the run, and of its replays, keeps the
+         * run's place in arrival order */
+        if (!q->ticket)
+            q->ticket = rt_queue_ticket(&rt->queue);
+        iq.ticket = q->ticket;
         iq.defer_event = true;
         iq.deadline_ms = left; /* what is left of the run's: admission and queue */
         if (stream) {

@@ -101,8 +101,7 @@ static int json_depth(const char *s, size_t n)
 
 #define RT_MAX_JSON_DEPTH 32
 
-/* The Retry-After header of a capacity answer, from the queue's drain. */
-static void retry_after(rt_router *rt, char *buf, size_t cap)
+void rt__retry_after(rt_router *rt, char *buf, size_t cap)
 {
     pthread_mutex_lock(&rt->pool.mu);
     int s = rt_queue_retry_after_locked(&rt->queue, rt->cfg->queue_timeout_ms / 1000.0);
@@ -168,7 +167,7 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
 {
     rt_router *rt = q->rt;
     char ra[48];
-    retry_after(rt, ra, sizeof ra);
+    rt__retry_after(rt, ra, sizeof ra);
     if (r->headers_sent) {
         json_t *e = rt__error_obj(500, "worker_failed",
                                   "the request failed on every eligible worker", NULL);
@@ -408,7 +407,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                 json_decref(e);
             } else {
                 char ra[48];
-                retry_after(rt, ra, sizeof ra);
+                rt__retry_after(rt, ra, sizeof ra);
                 rt__send_error(q, 503, "worker_failed",
                                last == RT_OUT_OOM ? "out of memory on every eligible worker"
                                                   : "the request failed on every eligible worker",

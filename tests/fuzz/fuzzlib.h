@@ -1,0 +1,166 @@
+/* fuzzlib.h - what several fuzz harnesses share: the built-in vocabulary
+ * (the synthetic model's, made in memory), the shared vocabularies of
+ * ../shared/vocab when they are there, a UTF-8 check and a byte splitter.
+ *
+ * A header of static functions rather than a .c file: the build globs
+ * tests/fuzz/fuzz_*.c as harnesses, and each harness is one translation
+ * unit linked with replay_main.c or libFuzzer.
+ *
+ * Everything loaded here is loaded once per process and kept (reachable
+ * from a static, so LeakSanitizer does not count it).
+ */
+#ifndef SPILLWAY_TESTS_FUZZLIB_H
+#define SPILLWAY_TESTS_FUZZLIB_H
+
+#include "common/alloc.h"
+#include "common/utf8.h"
+#include "engine/gguf.h"
+#include "engine/model_make.h"
+#include "engine/tokenizer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define FZ_CHECK(cond)                                                                             \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            __builtin_trap();                                                                      \
+    } while (0)
+
+/* The synthetic model's vocabulary (SPM, 512 pieces: what `spillway model
+ * make` writes), built in memory on first use. NULL only when out of memory. */
+static __attribute__((unused)) const eng_tokenizer *fz_builtin_tokenizer(void)
+{
+    static eng_tokenizer *tok;
+    static bool tried;
+    if (!tried) {
+        eng_model_make_params p = eng_model_make_default_params();
+        void *image = NULL;
+        size_t size = 0;
+        eng_gguf *g = NULL;
+        sw_error err;
+        tried = true;
+        p.n_layer = 1;
+        if (eng_model_make_to_memory(&p, &image, &size, &err) == SW_OK &&
+            eng_gguf_open_memory(image, size, &g, &err) == SW_OK) {
+            if (eng_tokenizer_load(g, &tok, &err) != SW_OK)
+                tok = NULL;
+            eng_gguf_close(g);
+        }
+        sw_free(image);
+        if (!tok)
+            fprintf(stderr, "fuzz: cannot build the built-in vocabulary\n");
+    }
+    return tok;
+}
+
+/* The shared directory: $SPILLWAY_SHARED (set by ctest and make test-fuzz),
+ * else the path CMake knew at configure time (SPILLWAY_FUZZ_SHARED_DIR),
+ * else ../shared. */
+static __attribute__((unused)) const char *fz_shared_dir(void)
+{
+    const char *root = getenv("SPILLWAY_SHARED");
+    if (root && *root)
+        return root;
+#ifdef SPILLWAY_FUZZ_SHARED_DIR
+    return SPILLWAY_FUZZ_SHARED_DIR;
+#else
+    return "../shared";
+#endif
+}
+
+/* A vocabulary of ../shared/vocab (file name, e.g. "ggml-vocab-qwen2.gguf"),
+ * loaded on first use; NULL when the file is absent (the harness then
+ * fuzzes the others and the built-in one). */
+static __attribute__((unused)) eng_tokenizer *fz_shared_tokenizer(const char *file)
+{
+    char path[4096];
+    struct stat st;
+    eng_gguf *g = NULL;
+    eng_tokenizer *tok = NULL;
+    sw_error err;
+    snprintf(path, sizeof path, "%s/vocab/%s", fz_shared_dir(), file);
+    if (stat(path, &st) != 0)
+        return NULL;
+    if (eng_gguf_open(path, &g, &err) != SW_OK) {
+        fprintf(stderr, "fuzz: cannot open %s: %s\n", path, err.message);
+        return NULL;
+    }
+    if (eng_tokenizer_load(g, &tok, &err) != SW_OK) {
+        fprintf(stderr, "fuzz: cannot load the vocabulary of %s: %s\n", path, err.message);
+        tok = NULL;
+    }
+    eng_gguf_close(g);
+    return tok;
+}
+
+/* Whether s[0..n) is well-formed UTF-8 (no overlongs, no surrogates). */
+static __attribute__((unused)) bool fz_utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = b[i];
+        size_t len;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF)
+            len = 2, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF)
+            len = 3, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4)
+            len = 4, cp = c & 0x07;
+        else
+            return false;
+        if (i + len > n)
+            return false;
+        for (size_t k = 1; k < len; k++) {
+            if ((b[i + k] & 0xC0) != 0x80)
+                return false;
+            cp = (cp << 6) | (b[i + k] & 0x3F);
+        }
+        if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+            (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+/* The next field of a byte string cut at sep: [*pos, end of field), *pos
+ * moved past the separator. Returns false when nothing is left. */
+static __attribute__((unused)) bool fz_next_field(const uint8_t *data, size_t size, size_t *pos,
+                                                  uint8_t sep, const uint8_t **field,
+                                                  size_t *len)
+{
+    if (*pos > size)
+        return false;
+    const uint8_t *start = data + *pos;
+    const uint8_t *cut = memchr(start, sep, size - *pos);
+    size_t n = cut ? (size_t)(cut - start) : size - *pos;
+    *field = start;
+    *len = n;
+    *pos += n + 1; /* past the end when it was the last field */
+    return true;
+}
+
+/* A NUL-terminated copy of n bytes (sw_free); NULL when out of memory. */
+static __attribute__((unused)) char *fz_strndup(const uint8_t *p, size_t n)
+{
+    char *s = sw_malloc(n + 1);
+    if (s) {
+        memcpy(s, p, n);
+        s[n] = 0;
+    }
+    return s;
+}
+
+#endif

@@ -1,0 +1,687 @@
+/* test_json_schema_suite.c - the official JSON Schema Test Suite
+ * (../shared/jsonschema-test-suite, drafts 2020-12 and 7) run through the
+ * schema compiler and the constraint automaton.
+ *
+ * For every group of every keyword file: the schema is compiled; where it
+ * compiles, each test instance is serialized the way the generator writes
+ * JSON and fed to the automaton byte by byte. The rule checked is the
+ * engine's: a compiled schema enforces every keyword it holds, so
+ *   - a `valid: false` instance must be rejected in every serialization
+ *     tried (accepting one would let the generator write invalid output);
+ *   - a `valid: true` instance must be accepted in at least one, unless the
+ *     group is listed in g_narrowings below with the reason;
+ *   - every prefix the automaton accepts can still complete (the budget
+ *     logic relies on it: a stuck state would end a generation early);
+ *   - eng_json_validate, wherever it judges, agrees with the suite, and
+ *     accepts every random output of the automaton (it checks tool calls
+ *     that were generated under this grammar).
+ * A refused schema must be refused with a typed error (SW_EUNSUPPORTED or
+ * SW_EINVAL), never crash or hang. Counts per file are printed; they are
+ * the figures of issue 15.
+ *
+ * Serializations: what the generator emits. Compact JSON (no whitespace
+ * outside strings), strings with the escapes \" \\ \b \f \n \r \t only
+ * (other control characters would need \u00XX, which the automaton never
+ * writes), numbers in plain decimal (never an exponent: 1e2 is written
+ * 100), an integer-valued number also as an integer (1.0 as 1, the same
+ * JSON Schema value). Object keys in every order (up to a cap), because
+ * the generator writes declared properties in their declared order and the
+ * instance's own order is arbitrary.
+ *
+ * Draft 7 files carry no "$schema"; the driver adds the draft 7 URI to each
+ * root schema object so the compiler applies draft 7 meanings ($ref beside
+ * other keywords, items as an array, dependencies).
+ */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "common/error.h"
+#include "engine/constrain.h"
+#include "engine/json_schema.h"
+
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the deliberate narrowings ----------------------------------------------
+ * Valid instances the generator never writes. Each entry names a keyword
+ * file (NULL: any), a group description and a test description (NULL: the
+ * whole group), matched exactly, and the reason. The test fails on a valid
+ * instance that is rejected and not listed; a listed one that is accepted
+ * is only reported (the narrowing may be stale). */
+typedef struct narrowing {
+    const char *file;
+    const char *group;
+    const char *test;
+    const char *reason;
+} narrowing;
+
+#define WHY_ADDL "additional properties (not in 'properties') are never generated"
+#define WHY_TYPE                                                                               \
+    "a schema without 'type' whose keywords all concern one type (properties, items, "          \
+    "minLength, ...) generates only values of that type"
+
+static const narrowing g_narrowings[] = {
+    {NULL, "*", "ignores *", WHY_TYPE},
+    {NULL, "a schema given for items", "JavaScript pseudo-array is valid", WHY_TYPE},
+    {NULL, "object properties validation", "doesn't invalidate other properties", WHY_ADDL},
+    {NULL, "additionalProperties with schema", "an additional valid property is valid", WHY_ADDL},
+    {NULL, "additionalProperties are allowed by default", NULL, WHY_ADDL},
+    {NULL, "anyOf complex types", "both anyOf valid (complex)", WHY_ADDL},
+};
+
+/* Bugs the driver found that later commits fix: reported, not failed, so
+ * the driver could land first. Emptied as they are fixed. */
+static const narrowing g_known_bugs[] = {
+    {NULL, "additionalProperties can exist by itself", NULL, "additionalProperties ignored"},
+    {NULL, "additionalProperties with null valued instance properties", NULL,
+     "additionalProperties ignored"},
+    {NULL, "oneOf*", NULL, "oneOf generated and validated as anyOf"},
+    {NULL, "const with -2.0 matches integer and float types", NULL, "-2.0 written as a real"},
+};
+
+/* Exact, or a prefix where the pattern ends with '*'. */
+static bool matches(const char *pattern, const char *s)
+{
+    size_t n = strlen(pattern);
+    if (n > 0 && pattern[n - 1] == '*')
+        return strncmp(pattern, s, n - 1) == 0;
+    return strcmp(pattern, s) == 0;
+}
+
+static const narrowing *listed(const narrowing *table, size_t n, const char *file,
+                               const char *group, const char *test)
+{
+    for (size_t i = 0; i < n; i++) {
+        const narrowing *w = &table[i];
+        const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+        if ((!w->file || strcmp(w->file, base) == 0) && matches(w->group, group) &&
+            (!w->test || (test && matches(w->test, test))))
+            return w;
+    }
+    return NULL;
+}
+
+static const narrowing *narrowed(const char *file, const char *group, const char *test)
+{
+    return listed(g_narrowings, sizeof g_narrowings / sizeof g_narrowings[0], file, group, test);
+}
+
+static const narrowing *known_bug(const char *file, const char *group, const char *test)
+{
+    return listed(g_known_bugs, sizeof g_known_bugs / sizeof g_known_bugs[0], file, group, test);
+}
+
+/* ---- serializations ---------------------------------------------------------- */
+
+/* Serializations tried per value: a cap on the product of key orders and
+ * nested choices. */
+#define SER_CAP 256
+
+typedef struct strlist {
+    char **s;
+    size_t n, cap;
+} strlist;
+
+static void sl_free(strlist *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->s[i]);
+    free(l->s);
+    memset(l, 0, sizeof *l);
+}
+
+static void sl_add(strlist *l, char *s)
+{
+    if (l->n >= SER_CAP) {
+        free(s);
+        return;
+    }
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 8;
+        l->s = realloc(l->s, l->cap * sizeof *l->s);
+        assert_non_null(l->s);
+    }
+    l->s[l->n++] = s;
+}
+
+static char *cat3(const char *a, const char *b, const char *c)
+{
+    size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
+    char *r = malloc(la + lb + lc + 1);
+    assert_non_null(r);
+    memcpy(r, a, la);
+    memcpy(r + la, b, lb);
+    memcpy(r + la + lb, c, lc + 1);
+    return r;
+}
+
+/* A string as the generator writes it. */
+static char *ser_string(const char *s, size_t n)
+{
+    char *r = malloc(n * 6 + 3), *p = r;
+    assert_non_null(r);
+    *p++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        switch (c) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        default: break;
+        }
+        if (esc) {
+            p += sprintf(p, "%s", esc);
+        } else if (c < 0x20) {
+            p += sprintf(p, "\\u%04x", c);
+        } else {
+            *p++ = (char)c;
+        }
+    }
+    *p++ = '"';
+    *p = '\0';
+    return r;
+}
+
+/* A double in plain decimal (the shortest digits that read back the same,
+ * never an exponent). */
+static char *ser_real(double d)
+{
+    char e[64];
+    int prec;
+    for (prec = 1; prec <= 17; prec++) {
+        snprintf(e, sizeof e, "%.*e", prec - 1, d);
+        if (strtod(e, NULL) == d)
+            break;
+    }
+    /* e = [-]D.DDDDe[+-]XX */
+    const char *p = e;
+    bool neg = *p == '-';
+    if (neg)
+        p++;
+    char digits[32];
+    size_t nd = 0;
+    for (; *p && *p != 'e'; p++)
+        if (*p >= '0' && *p <= '9')
+            digits[nd++] = *p;
+    int exp10 = atoi(p + 1);
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
+    /* value = 0.digits * 10^(exp10 + 1) */
+    int point = exp10 + 1;
+    size_t cap = nd + (size_t)abs(point) + 8;
+    char *r = malloc(cap), *o = r;
+    assert_non_null(r);
+    if (neg)
+        *o++ = '-';
+    if (point <= 0) {
+        *o++ = '0';
+        *o++ = '.';
+        for (int i = 0; i < -point; i++)
+            *o++ = '0';
+        memcpy(o, digits, nd);
+        o += nd;
+    } else {
+        for (int i = 0; i < point; i++)
+            *o++ = (size_t)i < nd ? digits[i] : '0';
+        if ((size_t)point < nd) {
+            *o++ = '.';
+            memcpy(o, digits + point, nd - (size_t)point);
+            o += nd - (size_t)point;
+        } else {
+            *o++ = '.';
+            *o++ = '0';
+        }
+    }
+    *o = '\0';
+    return r;
+}
+
+static void ser(const json_t *v, strlist *out);
+
+/* out += every a + b for a in prefix, b in tail (capped). */
+static void cross(const strlist *prefix, const strlist *tail, const char *sep, strlist *out)
+{
+    for (size_t i = 0; i < prefix->n; i++)
+        for (size_t j = 0; j < tail->n && out->n < SER_CAP; j++)
+            sl_add(out, cat3(prefix->s[i], sep, tail->s[j]));
+}
+
+static bool next_perm(size_t *a, size_t n)
+{
+    if (n < 2)
+        return false;
+    size_t i = n - 1;
+    while (i > 0 && a[i - 1] >= a[i])
+        i--;
+    if (i == 0)
+        return false;
+    size_t j = n - 1;
+    while (a[j] <= a[i - 1])
+        j--;
+    size_t t = a[i - 1];
+    a[i - 1] = a[j];
+    a[j] = t;
+    for (size_t l = i, r = n - 1; l < r; l++, r--) {
+        t = a[l];
+        a[l] = a[r];
+        a[r] = t;
+    }
+    return true;
+}
+
+static void ser(const json_t *v, strlist *out)
+{
+    switch (json_typeof(v)) {
+    case JSON_NULL: sl_add(out, strdup("null")); return;
+    case JSON_TRUE: sl_add(out, strdup("true")); return;
+    case JSON_FALSE: sl_add(out, strdup("false")); return;
+    case JSON_INTEGER: {
+        char b[32];
+        snprintf(b, sizeof b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        sl_add(out, strdup(b));
+        return;
+    }
+    case JSON_REAL: {
+        double d = json_real_value(v);
+        char *r = ser_real(d);
+        size_t l = strlen(r);
+        if (l > 2 && strcmp(r + l - 2, ".0") == 0) {
+            /* 1.0: also as the integer 1 */
+            char *i = strdup(r);
+            i[l - 2] = '\0';
+            sl_add(out, i);
+        }
+        sl_add(out, r);
+        return;
+    }
+    case JSON_STRING: sl_add(out, ser_string(json_string_value(v), json_string_length(v))); return;
+    case JSON_ARRAY: {
+        strlist acc = {0};
+        sl_add(&acc, strdup(""));
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            strlist item = {0}, next = {0};
+            ser(json_array_get(v, i), &item);
+            cross(&acc, &item, i ? "," : "", &next);
+            sl_free(&item);
+            sl_free(&acc);
+            acc = next;
+        }
+        for (size_t i = 0; i < acc.n; i++)
+            sl_add(out, cat3("[", acc.s[i], "]"));
+        sl_free(&acc);
+        return;
+    }
+    case JSON_OBJECT: {
+        size_t n = json_object_size(v), k = 0;
+        const char **keys = calloc(n ? n : 1, sizeof *keys);
+        size_t *order = calloc(n ? n : 1, sizeof *order);
+        strlist *kv = calloc(n ? n : 1, sizeof *kv); /* "key":value per key */
+        const char *key;
+        const json_t *x;
+        assert_true(keys && order && kv);
+        json_object_foreach((json_t *)v, key, x) {
+            keys[k] = key;
+            strlist val = {0}, kl = {0};
+            ser(x, &val);
+            sl_add(&kl, ser_string(key, strlen(key)));
+            cross(&kl, &val, ":", &kv[k]);
+            sl_free(&val);
+            sl_free(&kl);
+            order[k] = k;
+            k++;
+        }
+        size_t perms = 0;
+        do {
+            strlist acc = {0};
+            sl_add(&acc, strdup(""));
+            for (size_t i = 0; i < n; i++) {
+                strlist next = {0};
+                cross(&acc, &kv[order[i]], i ? "," : "", &next);
+                sl_free(&acc);
+                acc = next;
+            }
+            for (size_t i = 0; i < acc.n; i++)
+                sl_add(out, cat3("{", acc.s[i], "}"));
+            sl_free(&acc);
+        } while (++perms < 120 && out->n < SER_CAP && next_perm(order, n));
+        for (size_t i = 0; i < n; i++)
+            sl_free(&kv[i]);
+        free(kv);
+        free(keys);
+        free(order);
+        return;
+    }
+    }
+}
+
+/* ---- driving the automaton ------------------------------------------------------ */
+
+typedef struct counts {
+    int groups, compiled, tests;
+    int valid, accepted, narrowed;
+    int invalid, rejected;
+    int failures;
+    int val_judged, val_agree;
+    int known;
+} counts;
+
+/* A failure, or a known bug (g_known_bugs) reported as such. */
+static void report(counts *k, const char *file, const char *group, const char *test,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void report(counts *k, const char *file, const char *group, const char *test,
+                   const char *fmt, ...)
+{
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    bool known = known_bug(file, group, test) != NULL;
+    print_message("%s %s / %s%s%s: %s\n", known ? "KNOWN" : "FAIL", file, group,
+                  test ? " / " : "", test ? test : "", what);
+    if (known)
+        k->known++;
+    else
+        k->failures++;
+}
+
+static eng_cs_vocab *g_vocab; /* the 256 single bytes and one end token (256) */
+
+static void make_vocab(void)
+{
+    static char bytes[256];
+    const char *pieces[257];
+    size_t lens[257];
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    pieces[256] = NULL;
+    lens[256] = 0;
+    int32_t end = 256;
+    sw_error err;
+    assert_int_equal(eng_cs_vocab_create_from_pieces(pieces, lens, 257, &end, 1, &g_vocab, &err),
+                     SW_OK);
+}
+
+/* Feeds text byte by byte; true when the whole text is a complete value.
+ * *stuck is set when an accepted prefix has no completion. */
+static bool feed_text(const eng_grammar *g, const char *text, bool *stuck)
+{
+    eng_constraint *c = NULL;
+    sw_error err;
+    assert_int_equal(eng_constraint_create(g, g_vocab, &c, &err), SW_OK);
+    bool ok = true;
+    for (size_t i = 0; text[i]; i++) {
+        if (!eng_constraint_feed(c, &text[i], 1)) {
+            ok = false;
+            break;
+        }
+        if (eng_constraint_min_bytes(c) >= ((int64_t)1 << 39))
+            *stuck = true;
+    }
+    ok = ok && eng_constraint_is_complete(c);
+    eng_constraint_free(c);
+    return ok;
+}
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rng_next(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* A random output of the automaton (uniform among the allowed bytes, a
+ * budget of 120 bytes): it must parse and eng_json_validate must accept
+ * it wherever it judges. Returns false (and prints) when it does not. */
+static bool random_walk_ok(const eng_grammar *g, const json_t *schema, char *why, size_t cap)
+{
+    eng_constraint *c = NULL;
+    sw_error err;
+    uint32_t mask[(257 + 31) / 32];
+    char out[512];
+    size_t n = 0;
+    assert_int_equal(eng_constraint_create(g, g_vocab, &c, &err), SW_OK);
+    int64_t budget = 120;
+    if (eng_grammar_min_bytes(g) + 20 > budget)
+        budget = eng_grammar_min_bytes(g) + 20;
+    if (budget > (int64_t)sizeof out - 1) {
+        eng_constraint_free(c);
+        return true; /* too long to walk here */
+    }
+    for (;;) {
+        int32_t allowed = eng_constraint_mask(c, budget - (int64_t)n, mask);
+        if (allowed == 0) {
+            snprintf(why, cap, "the random walk got stuck after \"%.*s\"", (int)n, out);
+            eng_constraint_free(c);
+            return false;
+        }
+        int32_t pick = (int32_t)(rng_next() % (uint64_t)allowed), tok = -1;
+        for (int32_t id = 0; id < 257; id++)
+            if (mask[id >> 5] >> (id & 31) & 1u) {
+                if (pick-- == 0) {
+                    tok = id;
+                    break;
+                }
+            }
+        if (tok == 256)
+            break;
+        assert_true(eng_constraint_accept_token(c, tok));
+        out[n++] = (char)tok;
+    }
+    eng_constraint_free(c);
+    out[n] = '\0';
+    json_error_t jerr;
+    json_t *v = json_loadb(out, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    if (!v) {
+        snprintf(why, cap, "the random output \"%s\" does not parse", out);
+        return false;
+    }
+    int rc = eng_json_validate(schema, v, &err);
+    json_decref(v);
+    if (rc == SW_EINVAL) {
+        snprintf(why, cap, "the random output \"%.200s\" fails eng_json_validate: %.200s", out,
+                 err.message);
+        return false;
+    }
+    return true;
+}
+
+static void run_group(const char *file, const json_t *group, bool draft7, counts *k)
+{
+    const char *gdesc = json_string_value(json_object_get(group, "description"));
+    json_t *schema = json_deep_copy(json_object_get(group, "schema"));
+    const json_t *tests = json_object_get(group, "tests");
+    assert_non_null(schema);
+    if (draft7 && json_is_object(schema) && !json_object_get(schema, "$schema"))
+        json_object_set_new(schema, "$schema", json_string("http://json-schema.org/draft-07/schema#"));
+    k->groups++;
+    eng_grammar *g = NULL;
+    sw_error err;
+    sw_error_clear(&err);
+    int rc = eng_grammar_from_schema(schema, &g, &err);
+    if (rc != SW_OK && rc != SW_EUNSUPPORTED && rc != SW_EINVAL) {
+        report(k, file, gdesc, NULL, "compiling gave %d (%s)", rc, err.message);
+    }
+    if (getenv("SUITE_VERBOSE") && rc != SW_OK)
+        print_message("  refused %s / %s: %s\n", file, gdesc, err.message);
+    if (rc == SW_OK)
+        k->compiled++;
+    for (size_t t = 0; t < json_array_size(tests); t++) {
+        const json_t *test = json_array_get(tests, t);
+        const char *tdesc = json_string_value(json_object_get(test, "description"));
+        const json_t *data = json_object_get(test, "data");
+        bool valid = json_is_true(json_object_get(test, "valid"));
+        /* the validator, wherever it judges */
+        sw_error verr;
+        int vrc = eng_json_validate(schema, data, &verr);
+        if (vrc == SW_OK || vrc == SW_EINVAL) {
+            k->val_judged++;
+            if ((vrc == SW_OK) == valid) {
+                k->val_agree++;
+            } else {
+                report(k, file, gdesc, tdesc, "eng_json_validate says %s (%s)",
+                       vrc == SW_OK ? "valid" : "invalid", verr.message);
+            }
+        }
+        k->tests++;
+        if (rc != SW_OK)
+            continue;
+        if (valid)
+            k->valid++;
+        else
+            k->invalid++;
+        strlist texts = {0};
+        ser(data, &texts);
+        bool any = false, stuck = false;
+        const char *accepted_text = NULL;
+        for (size_t i = 0; i < texts.n; i++)
+            if (feed_text(g, texts.s[i], &stuck)) {
+                any = true;
+                accepted_text = texts.s[i];
+                if (valid)
+                    break;
+            }
+        if (stuck) {
+            report(k, file, gdesc, tdesc, "an accepted prefix has no completion");
+        }
+        if (valid && any) {
+            k->accepted++;
+        } else if (valid) {
+            const narrowing *nw = narrowed(file, gdesc, tdesc);
+            if (nw) {
+                k->narrowed++;
+            } else {
+                report(k, file, gdesc, tdesc, "the valid instance %s is refused",
+                       texts.n ? texts.s[0] : "?");
+            }
+        } else if (any) {
+            report(k, file, gdesc, tdesc, "the invalid instance %s is accepted", accepted_text);
+        } else {
+            k->rejected++;
+        }
+        sl_free(&texts);
+    }
+    if (rc == SW_OK) {
+        char why[1024];
+        for (int i = 0; i < 8; i++)
+            if (!random_walk_ok(g, schema, why, sizeof why)) {
+                report(k, file, gdesc, NULL, "%s", why);
+                break;
+            }
+    }
+    eng_grammar_free(g);
+    json_decref(schema);
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void run_draft(const char *draft, int *failures)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "jsonschema-test-suite/tests/%s", draft);
+    const char *dir = tu_shared_path(rel);
+    if (!dir)
+        return;
+    char dirpath[4096];
+    snprintf(dirpath, sizeof dirpath, "%s", dir);
+    DIR *d = opendir(dirpath);
+    assert_non_null(d);
+    char *names[256];
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 256) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && strcmp(e->d_name + l - 5, ".json") == 0)
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_names);
+    counts total = {0};
+    print_message("%s: per file: groups compiled/all; tests; in the compiled groups: valid "
+                  "accepted (+narrowed)/valid, invalid rejected/invalid; validator "
+                  "agrees/judged (all groups); failures\n",
+                  draft);
+    for (size_t i = 0; i < n; i++) {
+        char path[4352];
+        snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
+        json_error_t jerr;
+        json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
+        if (!root)
+            fail_msg("%s: %s (line %d)", path, jerr.text, jerr.line);
+        counts k = {0};
+        char file[300];
+        snprintf(file, sizeof file, "%s/%s", draft, names[i]);
+        for (size_t gi = 0; gi < json_array_size(root); gi++) {
+            run_group(file, json_array_get(root, gi), strcmp(draft, "draft7") == 0, &k);
+        }
+        json_decref(root);
+        /* the invalid instances of the compiled groups only */
+        print_message("  %-28s %3d/%-3d %4d  %3d(+%d)/%-3d  %3d/%-3d  %3d/%-3d  %d\n", names[i],
+                      k.compiled, k.groups, k.tests, k.accepted, k.narrowed, k.valid, k.rejected,
+                      k.invalid, k.val_agree, k.val_judged, k.failures);
+        total.groups += k.groups;
+        total.compiled += k.compiled;
+        total.tests += k.tests;
+        total.valid += k.valid;
+        total.accepted += k.accepted;
+        total.narrowed += k.narrowed;
+        total.invalid += k.invalid;
+        total.rejected += k.rejected;
+        total.val_agree += k.val_agree;
+        total.val_judged += k.val_judged;
+        total.failures += k.failures;
+        total.known += k.known;
+        free(names[i]);
+    }
+    print_message("  %-28s %3d/%-3d %4d  %3d(+%d)/%-3d  %3d/%-3d  %3d/%-3d  %d\n", "TOTAL",
+                  total.compiled, total.groups, total.tests, total.accepted, total.narrowed, total.valid,
+                  total.rejected, total.invalid, total.val_agree, total.val_judged,
+                  total.failures);
+    if (total.known)
+        print_message("  (%d known bugs, listed as KNOWN above, not counted as failures)\n",
+                      total.known);
+    *failures += total.failures;
+}
+
+static void test_suite(void **state)
+{
+    (void)state;
+    int failures = 0;
+    if (!tu_shared_path("jsonschema-test-suite/tests"))
+        return;
+    make_vocab();
+    run_draft("draft2020-12", &failures);
+    run_draft("draft7", &failures);
+    eng_cs_vocab_free(g_vocab);
+    g_vocab = NULL;
+    if (failures)
+        fail_msg("%d failures (listed above)", failures);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_suite),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

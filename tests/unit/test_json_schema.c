@@ -473,8 +473,13 @@ static void test_errors(void **state)
                  "\"format\":\"date\"}}}",
                  SW_EUNSUPPORTED, "#/properties/d/format");
     expect_error("{\"type\":\"integer\",\"minimum\":3}", SW_EUNSUPPORTED, "'minimum'");
-    expect_error("{\"$ref\":\"#/$defs/x\"}", SW_EUNSUPPORTED, "'$ref'");
-    expect_error("{\"allOf\":[{}]}", SW_EUNSUPPORTED, "'allOf'");
+    expect_error("{\"$ref\":\"#/$defs/x\"}", SW_EINVAL, "names no schema");
+    expect_error("{\"$ref\":\"https://example.com/s.json\"}", SW_EUNSUPPORTED, "remote $ref");
+    expect_error("{\"$ref\":\"#\"}", SW_EUNSUPPORTED, "cycle");
+    expect_error("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}",
+                 SW_EUNSUPPORTED, "may both match");
+    expect_error("{\"not\":{\"type\":\"string\",\"minLength\":3}}", SW_EUNSUPPORTED,
+                 "'not' is enforced only");
     expect_error("{\"type\":\"array\",\"uniqueItems\":true}", SW_EUNSUPPORTED, "uniqueItems");
     expect_error("{\"type\":\"array\",\"items\":[{}]}", SW_EUNSUPPORTED, "tuple");
     expect_error("false", SW_EUNSUPPORTED, "false");
@@ -483,8 +488,6 @@ static void test_errors(void **state)
     expect_error("{\"type\":\"array\",\"minItems\":-1}", SW_EINVAL, "minItems");
     expect_error("{\"enum\":[]}", SW_EINVAL, "enum");
     expect_error("{\"type\":\"string\",\"enum\":[1,2]}", SW_EINVAL, "matches");
-    expect_error("{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}", SW_EUNSUPPORTED,
-                 "required");
     expect_error("{\"anyOf\":[]}", SW_EINVAL, "anyOf");
     /* nesting deeper than the automaton's stack */
     char deep[2048] = "";
@@ -493,7 +496,15 @@ static void test_errors(void **state)
     strcat(deep, "{\"type\":\"null\"}");
     for (int i = 0; i < 20; i++)
         strcat(deep, "}");
-    expect_error(deep, SW_EUNSUPPORTED, "nests too deeply");
+    /* arrays may be empty: the deepest levels are never generated */
+    eng_grammar_free(compile_ok(deep));
+    deep[0] = '\0';
+    for (int i = 0; i < 20; i++)
+        strcat(deep, "{\"type\":\"array\",\"minItems\":1,\"items\":");
+    strcat(deep, "{\"type\":\"null\"}");
+    for (int i = 0; i < 20; i++)
+        strcat(deep, "}");
+    expect_error(deep, SW_EUNSUPPORTED, "nest too deeply");
     /* anyOf fan-out is bounded: nesting, and branches per value */
     deep[0] = '\0';
     for (int i = 0; i < 10; i++)

@@ -74,8 +74,19 @@ static const vcase g_cases[] = {
     {"{\"type\":\"object\",\"properties\":{\"a\":false}}", "{\"a\":1}", SW_EINVAL, "(at #/a)"},
     /* outside the subset: not judged */
     {"{\"type\":\"string\",\"pattern\":\"^a\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
-    {"{\"type\":\"integer\",\"minimum\":3}", "1", SW_EUNSUPPORTED, NULL},
-    {"{\"type\":\"array\",\"uniqueItems\":true}", "[1,1]", SW_EUNSUPPORTED, NULL},
+    {"{\"type\":\"string\",\"format\":\"email\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
+    {"{\"$ref\":\"https://example.com/s.json\"}", "1", SW_EUNSUPPORTED, NULL},
+    /* judged exactly */
+    {"{\"type\":\"integer\",\"minimum\":3}", "1", SW_EINVAL, "minimum"},
+    {"{\"type\":\"integer\",\"exclusiveMaximum\":3}", "3", SW_EINVAL, "maximum"},
+    {"{\"type\":\"array\",\"uniqueItems\":true}", "[1,1.0]", SW_EINVAL, "unique"},
+    {"{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", "3", SW_EINVAL, "more than one"},
+    {"{\"not\":{\"type\":\"string\"}}", "\"s\"", SW_EINVAL, "not"},
+    {"{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"properties\":{\"a\":{\"$ref\":"
+     "\"#/$defs/n\"}}}", "{\"a\":\"x\"}", SW_EINVAL, "(at #/a)"},
+    {"{\"allOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}", "{\"a\":1}", SW_EINVAL,
+     "'b'"},
+    {"{\"x-vendor\":1,\"id\":\"s\",\"type\":\"integer\"}", "1", SW_OK, NULL},
     {"{\"type\":\"frobnicate\"}", "1", SW_EUNSUPPORTED, NULL},
     {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[1]", SW_EUNSUPPORTED, NULL},
     /* ignored annotations */
@@ -111,14 +122,14 @@ static void test_deep_schema(void **state)
 {
     (void)state;
     char s[4096] = "", v[1024] = "";
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(s, "{\"type\":\"array\",\"items\":");
     strcat(s, "true");
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(s, "}");
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(v, "[");
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(v, "]");
     json_t *sj = json_loads(s, 0, NULL), *vj = json_loads(v, 0, NULL);
     assert_non_null(sj);

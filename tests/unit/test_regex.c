@@ -15,6 +15,7 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
+#include "engine/formats.h"
 #include "engine/regex.h"
 
 #include <jansson.h>
@@ -244,6 +245,163 @@ static void test_suite(void **state)
                cnt.strings);
         assert_int_equal(cnt.wrong, 0);
     }
+}
+
+/* ---- formats ------------------------------------------------------------ */
+
+/* Valid values the format patterns refuse on purpose (formats.c says
+ * why); everything else must get the suite's verdict. */
+static const char *const g_format_narrowed[] = {
+    "1998-12-31T15:59:60.123-08:00", /* leap second at an offset */
+    "1998-12-31T15:59:60.123-08:00",
+    "15:59:60-08:00",
+    "01:29:60+01:30",
+    "23:29:60+23:30",
+    "15:59:60-08:00",
+    "00:29:60+00:30",
+    "22:59:60-01:00",
+    "00:29:60-23:30",
+};
+
+static bool format_narrowed(const char *s)
+{
+    for (size_t i = 0; i < sizeof g_format_narrowed / sizeof g_format_narrowed[0]; i++)
+        if (strcmp(g_format_narrowed[i], s) == 0)
+            return true;
+    return false;
+}
+
+/* Formats enforced as their ASCII subsets, and hostnames without A-labels
+ * ("xn--"): narrowings formats.c explains. */
+static bool ascii_only(const char *format)
+{
+    return strcmp(format, "idn-email") == 0 || strcmp(format, "iri") == 0 ||
+           strcmp(format, "iri-reference") == 0;
+}
+
+static bool is_ascii(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)s[i] >= 0x80)
+            return false;
+    return true;
+}
+
+static size_t utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((uint8_t)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+static void test_formats(void **state)
+{
+    (void)state;
+    static const char *const names[] = {
+        "date",  "time",          "date-time",     "duration",     "email",
+        "idn-email", "hostname", "ipv4",          "ipv6",         "uuid",
+        "uri",   "iri",           "uri-reference", "iri-reference", "json-pointer",
+        "relative-json-pointer",
+    };
+    static const char *const drafts[] = {"draft2020-12", "draft7"};
+    int total_wrong = 0;
+    const char *dir = tu_shared_path("jsonschema-test-suite/tests");
+    if (!dir)
+        return;
+    char base[512];
+    snprintf(base, sizeof base, "%s", dir);
+    for (size_t d = 0; d < 2; d++) {
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            char path[700];
+            snprintf(path, sizeof path, "%s/%s/optional/format/%s.json", base, drafts[d],
+                     names[i]);
+            int32_t max_chars;
+            const char *pat = eng_format_pattern(names[i], &max_chars);
+            assert_non_null(pat);
+            eng_regex *re = NULL;
+            sw_error err;
+            if (eng_regex_compile(pat, strlen(pat), &re, &err)) {
+                print_error("format %s: %s\n", names[i], err.message);
+                fail();
+            }
+            json_t *root = json_load_file(path, JSON_ALLOW_NUL, NULL);
+            if (!root) { /* draft7 lacks some formats */
+                eng_regex_free(re);
+                continue;
+            }
+            int right = 0, narrowed = 0, wrong = 0, n = 0;
+            size_t gi, ti;
+            json_t *group, *t;
+            json_array_foreach(root, gi, group) {
+                json_array_foreach(json_object_get(group, "tests"), ti, t) {
+                    json_t *data = json_object_get(t, "data");
+                    if (!json_is_string(data))
+                        continue;
+                    const char *s = json_string_value(data);
+                    size_t len = json_string_length(data);
+                    bool want = json_is_true(json_object_get(t, "valid"));
+                    bool got = eng_regex_match(re, s, len) &&
+                               utf8_chars(s, len) <= (size_t)max_chars;
+                    n++;
+                    if (got == want) {
+                        right++;
+                    } else if (want && (format_narrowed(s) ||
+                                        (ascii_only(names[i]) && !is_ascii(s, len)) ||
+                                        strcasestr(s, "xn--"))) {
+                        narrowed++;
+                    } else {
+                        wrong++;
+                        print_error("format %s (%s): \"%s\" (%s): got %d, the suite says %d\n",
+                                    names[i], drafts[d],  s,
+                                    json_string_value(json_object_get(t, "description")), got,
+                                    want);
+                    }
+                }
+            }
+            printf("format %-22s %-12s %2d/%2d right, %d narrowed (%d states)\n", names[i],
+                   drafts[d], right, n, narrowed, (int)eng_regex_n_states(re));
+            total_wrong += wrong;
+            json_decref(root);
+            eng_regex_free(re);
+        }
+    }
+    assert_int_equal(total_wrong, 0);
+    /* Hand cases the suite does not have: month lengths and leap years. */
+    static const struct {
+        const char *format, *text;
+        bool valid;
+    } hand[] = {
+        {"date", "2024-02-29", true},  {"date", "2023-02-29", false},
+        {"date", "1900-02-29", false}, {"date", "2000-02-29", true},
+        {"date", "2400-02-29", true},  {"date", "2100-02-29", false},
+        {"date", "0004-02-29", true},  {"date", "0000-01-01", false}, /* narrowed */
+        {"date", "2023-04-31", false}, {"date", "2023-12-31", true},
+        {"date", "2023-11-31", false}, {"date", "2023-06-30", true},
+        {"date-time", "2023-06-30T23:59:60Z", true},
+        {"date-time", "2023-06-30t12:00:00.5+05:30", true},
+        {"time", "24:00:00Z", false},  {"duration", "PT", false},
+        {"duration", "P1Y2M3DT4H5M6S", true}, {"duration", "P2W", true},
+        {"ipv6", "::ffff:192.168.0.1", true}, {"ipv6", "1:2:3:4:5:6:7:8", true},
+        {"ipv6", "1:2:3:4:5:6:7:8:9", false}, {"ipv6", "1::2::3", false},
+        {"email", "a.b+c@example.com", true}, {"email", "\"a b\"@x.org", true},
+        {"email", "a@[10.0.0.1]", true}, {"email", "a@-x.org", false},
+        {"hostname", "a-b.c0", true},  {"hostname", "a..b", false},
+        {"uri", "urn:isbn:0451450523", true}, {"uri", "http://[::1]:80/a?b#c", true},
+        {"uri", "//no-scheme", false}, {"uri-reference", "//no-scheme", true},
+        {"uri-reference", "a:b:c", true}, {"uri-reference", "%zz", false},
+    };
+    for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++) {
+        const char *pat = eng_format_pattern(hand[i].format, NULL);
+        bool got = match_text(pat, hand[i].text, strlen(hand[i].text));
+        if (got != hand[i].valid) {
+            print_error("format %s on \"%s\": got %d, want %d\n", hand[i].format, hand[i].text,
+                        got, hand[i].valid);
+            fail();
+        }
+    }
+    assert_null(eng_format_pattern("uri-template", NULL)); /* an annotation */
+    assert_null(eng_format_pattern("no-such-format", NULL));
 }
 
 /* ---- refusals and bounds ------------------------------------------------ */
@@ -512,7 +670,7 @@ int main(void)
         cmocka_unit_test(test_hand),        cmocka_unit_test(test_python_table),
         cmocka_unit_test(test_suite),       cmocka_unit_test(test_refused),
         cmocka_unit_test(test_hostile),     cmocka_unit_test(test_liveness),
-        cmocka_unit_test(test_costs),       cmocka_unit_test(test_alloc_faults),
+        cmocka_unit_test(test_costs),       cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_formats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

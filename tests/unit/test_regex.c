@@ -638,6 +638,34 @@ static void test_costs(void **state)
     eng_regex_free(re);
 }
 
+/* The product automaton matches exactly what both match. */
+static void test_intersect(void **state)
+{
+    (void)state;
+    static const char *const pairs[][2] = {
+        {"^a+$", "^.{2,3}$"},  {"b", "^[ab]*$"}, {"^(ab)*$", "^.{0,4}$"},
+        {"^a", "a$"},           {"^a$", "^b$"},   {"^\\d{4}$", "^(19|20)"},
+    };
+    const char *alpha = "ab1920";
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        eng_regex *a = NULL, *b = NULL, *both = NULL;
+        assert_int_equal(eng_regex_compile(pairs[i][0], strlen(pairs[i][0]), &a, NULL), SW_OK);
+        assert_int_equal(eng_regex_compile(pairs[i][1], strlen(pairs[i][1]), &b, NULL), SW_OK);
+        assert_int_equal(eng_regex_intersect(a, b, &both, NULL), SW_OK);
+        for (int k = 0; k < 400; k++) {
+            char s[8];
+            size_t n = rnd() % 7;
+            for (size_t j = 0; j < n; j++)
+                s[j] = alpha[rnd() % 6];
+            bool want = eng_regex_match(a, s, n) && eng_regex_match(b, s, n);
+            assert_int_equal(eng_regex_match(both, s, n), want);
+        }
+        eng_regex_free(a);
+        eng_regex_free(b);
+        eng_regex_free(both);
+    }
+}
+
 static void test_alloc_faults(void **state)
 {
     (void)state;
@@ -671,6 +699,7 @@ int main(void)
         cmocka_unit_test(test_suite),       cmocka_unit_test(test_refused),
         cmocka_unit_test(test_hostile),     cmocka_unit_test(test_liveness),
         cmocka_unit_test(test_costs),       cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_intersect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -221,6 +221,14 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         fk = FAIL_CRASH;
         goto out;
     }
+    if (c.status < 200 || c.status > 599) {
+        /* no final HTTP status (a 1xx, which nothing here asked for, or no
+         * number at all): a broken worker, whose answer is never relayed
+         * to the client as one */
+        snprintf(r->phase, sizeof r->phase, "before_response");
+        fk = FAIL_CRASH;
+        goto out;
+    }
     if (c.status != 200 || !r->stream) {
         char *resp = NULL;
         size_t len = 0;

@@ -164,9 +164,20 @@ static void fuzz_encode(const fz_vocab *v, const char *text, size_t len, bool ad
             FZ_CHECK(out_len == len && !memcmp(back, text, len));
         sw_free(back);
 
-        /* two spans, no special parsing: the same ids as one call */
-        if (len >= 2) {
-            size_t at = 1 + cut % (len - 1);
+        /* two spans, no special parsing: the same ids as one call. A
+         * user-defined token that straddles the cut is not matched across
+         * it (each span is searched on its own), so such a cut moves to
+         * the token's start. */
+        size_t at = len >= 2 ? 1 + cut % (len - 1) : 0;
+        const size_t prefix = !v->bpe && eng_tokenizer_add_space_prefix(tok) && len > 0;
+        for (size_t i = 0, end = 0; i < n && at > 0; i++) {
+            size_t start = end;
+            end += eng_token_to_bytes(tok, ids[i], NULL, 0);
+            if (eng_token_get_type(tok, ids[i]) == ENG_TOKEN_USER_DEFINED && start < at + prefix &&
+                at + prefix < end)
+                at = start > prefix ? start - prefix : 0;
+        }
+        if (at > 0) {
             eng_text_span spans[2] = {{0, at, false}, {at, len - at, false}};
             int32_t *ids2 = NULL;
             size_t n2 = 0;

@@ -80,6 +80,18 @@ static fail_kind classify_error(json_t *err, rt_relay *r)
     return FAIL_CRASH;
 }
 
+/* Whether a chat chunk holds anything besides its delta's role: text, a
+ * tool call, a finish reason, usage or token ids. */
+static bool event_says_more(json_t *j, json_t *choice, json_t *delta)
+{
+    json_t *content = json_object_get(delta, "content");
+    json_t *finish = json_object_get(choice, "finish_reason");
+    return (json_is_string(content) && json_string_length(content) > 0) ||
+           json_array_size(json_object_get(delta, "tool_calls")) > 0 ||
+           (finish && !json_is_null(finish)) || json_is_object(json_object_get(j, "usage")) ||
+           json_array_size(json_object_get(json_object_get(j, "spillway"), "token_ids")) > 0;
+}
+
 /* Relays one SSE payload; returns FAIL_NONE to go on, or how it ended. */
 static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
 {
@@ -113,16 +125,26 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     }
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
     json_t *delta = json_object_get(choice, "delta");
+    bool role_dropped = false;
     if (r->chat && json_object_get(delta, "role")) {
         if (r->role_sent) {
-            json_decref(j);
-            return FAIL_NONE;
+            /* the client has the role already: a resumed worker's first
+             * chunk says it again (and nothing else: dropped), and some
+             * engines (Ollama) say it in every chunk, whose text must
+             * still go through */
+            json_object_del(delta, "role");
+            if (!event_says_more(j, choice, delta)) {
+                json_decref(j);
+                return FAIL_NONE;
+            }
+            role_dropped = true;
+        } else {
+            r->role_sent = true;
         }
-        r->role_sent = true;
     }
     json_t *sp = json_object_get(j, "spillway");
     json_t *usage = json_object_get(j, "usage");
-    char *rewritten = NULL;
+    char *rewritten = role_dropped ? json_dumps(j, JSON_COMPACT) : NULL;
     if (json_is_object(usage) && r->resume_base > 0) {
         /* a resumed worker counts only its new tokens */
         json_int_t base = (json_int_t)r->resume_base;
@@ -130,6 +152,7 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
                             json_integer(json_integer_value(json_object_get(usage, "completion_tokens")) + base));
         json_object_set_new(usage, "total_tokens",
                             json_integer(json_integer_value(json_object_get(usage, "total_tokens")) + base));
+        free(rewritten);
         rewritten = json_dumps(j, JSON_COMPACT);
     }
     int sent = rt_sink_event(r, rewritten ? rewritten : payload);

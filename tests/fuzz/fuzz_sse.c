@@ -18,7 +18,8 @@
  * computed here independently from the input (Content-Length, chunked, or
  * to the end), and a framing that cannot be read is never relayed as an
  * answer; a stream that ends OK ends with data: [DONE] and every event it
- * relayed is "data: " + JSON or [DONE]; token and text counts stay within
+ * relayed is "data: " + JSON or [DONE], and all the text of the events
+ * before [DONE] reached the client; token and text counts stay within
  * what the input holds.
  */
 #include "router/router_attempt.h"
@@ -280,6 +281,31 @@ static void frame(const uint8_t *p, size_t len, fz_answer *a)
 static rt_config fz_cfg;
 static rt_router fz_rt;
 
+/* The text bytes of the events before [DONE] in a stream's body: every
+ * one reaches the client (resume.text_bytes counts them). */
+static size_t stream_text_bytes(const fz_answer *a, bool chat)
+{
+    size_t total = 0;
+    for (const char *at = a->body; at < a->body + a->body_len;) {
+        const char *sep = memmem(at, (size_t)(a->body + a->body_len - at), "\n\n", 2);
+        if (!sep)
+            break;
+        if (!strncmp(at, "data: ", 6)) {
+            size_t n = (size_t)(sep - at) - 6;
+            if (n == 6 && !memcmp(at + 6, "[DONE]", 6))
+                break;
+            json_t *j = json_loadb(at + 6, n, 0, NULL);
+            json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+            json_t *text = chat ? json_object_get(json_object_get(choice, "delta"), "content")
+                                : json_object_get(choice, "text");
+            total += json_is_string(text) ? json_string_length(text) : 0;
+            json_decref(j);
+        }
+        at = sep + 2;
+    }
+    return total;
+}
+
 static void check_stream(const rt_req *q, const rt_relay *r, rt_outcome o, const fz_answer *a,
                          size_t size)
 {
@@ -301,6 +327,7 @@ static void check_stream(const rt_req *q, const rt_relay *r, rt_outcome o, const
         FZ_CHECK(a->head_ok && a->status == 200 && r->finished);
         FZ_CHECK(memmem(a->body, a->body_len, "data: [DONE]", 12));
         FZ_CHECK(cap->len >= 14 && !memcmp(cap->body + cap->len - 14, "data: [DONE]\n\n", 14));
+        FZ_CHECK(r->text_bytes == stream_text_bytes(a, r->chat));
     }
     FZ_CHECK(r->n_tokens <= size && r->text_bytes <= size);
 }

@@ -31,36 +31,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const char *const fz_roles[5] = {"system", "user", "assistant", "tool", "moderator"};
 
-typedef struct fz_vocab {
-    const eng_tokenizer *tok;
-    int32_t *control;      /* the CONTROL token ids */
-    size_t n_control;
-} fz_vocab;
-
-static const fz_vocab *fz_vocab_get(int which)
+static const eng_tokenizer *fz_vocab_get(int which)
 {
     static const char *const files[4] = {NULL, "ggml-vocab-qwen2.gguf", "ggml-vocab-llama-bpe.gguf",
                                          "ggml-vocab-llama-spm.gguf"};
-    static fz_vocab vocabs[4];
+    static const eng_tokenizer *toks[4];
     static bool tried[4];
     if (!tried[which]) {
-        fz_vocab *v = &vocabs[which];
         tried[which] = true;
-        v->tok = which == 0 ? fz_builtin_tokenizer() : fz_shared_tokenizer(files[which]);
-        int32_t n = v->tok ? eng_tokenizer_n_vocab(v->tok) : 0;
-        for (int32_t id = 0; id < n; id++) {
-            if (eng_token_get_type(v->tok, id) != ENG_TOKEN_CONTROL)
-                continue;
-            int32_t *grown = sw_realloc(v->control, (v->n_control + 1) * sizeof *grown);
-            if (!grown)
-                break;
-            v->control = grown;
-            v->control[v->n_control++] = id;
-        }
+        toks[which] = which == 0 ? fz_builtin_tokenizer() : fz_shared_tokenizer(files[which]);
     }
-    if (!vocabs[which].tok)
+    if (!toks[which])
         return which == 0 ? NULL : fz_vocab_get(0);
-    return &vocabs[which];
+    return toks[which];
 }
 
 static bool trim_space(char c)
@@ -129,34 +112,38 @@ static size_t count_occurrences(const char *hay, size_t hay_len, const char *nee
 
 /* The prompt as the worker tokenizes it: ids in the vocabulary, and no
  * control token that the template text does not spell. */
-static void check_tokens(const fz_vocab *v, eng_chat_family f, const char *text, size_t len,
-                         const eng_chat_segment *seg, size_t n_seg)
+static void check_tokens(const eng_tokenizer *tok, eng_chat_family f, const char *text,
+                         size_t len, const eng_chat_segment *seg, size_t n_seg)
 {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     sw_error err;
-    bool add_bos = eng_chat_tokenize_add_bos(f, eng_tokenizer_add_bos(v->tok));
-    int rc = eng_chat_tokenize(v->tok, text, len, seg, n_seg, add_bos, &ids, &n_ids, &err);
+    bool add_bos = eng_chat_tokenize_add_bos(f, eng_tokenizer_add_bos(tok));
+    int rc = eng_chat_tokenize(tok, text, len, seg, n_seg, add_bos, &ids, &n_ids, &err);
     if (rc != SW_OK) {
         FZ_CHECK(rc < 0 && err.message[0] && !ids);
         return;
     }
-    const int32_t n_vocab = eng_tokenizer_n_vocab(v->tok);
+    const int32_t n_vocab = eng_tokenizer_n_vocab(tok);
     for (size_t i = 0; i < n_ids; i++)
         FZ_CHECK(ids[i] >= 0 && ids[i] < n_vocab);
-    for (size_t c = 0; c < v->n_control; c++) {
-        const int32_t id = v->control[c];
-        size_t piece_len = 0, in_ids = 0, spelled = 0;
-        const char *piece = eng_token_piece(v->tok, id, &piece_len);
-        for (size_t i = 0; i < n_ids; i++)
-            in_ids += ids[i] == id;
-        if (in_ids == 0)
+    /* each control token of the prompt, once, against the template text */
+    for (size_t i = 0; i < n_ids; i++) {
+        const int32_t id = ids[i];
+        bool first = eng_token_get_type(tok, id) == ENG_TOKEN_CONTROL;
+        for (size_t k = 0; first && k < i; k++)
+            first = ids[k] != id;
+        if (!first)
             continue;
-        if (add_bos && id == eng_tokenizer_bos(v->tok) && ids[0] == id)
+        size_t piece_len = 0, in_ids = 0, spelled = 0;
+        const char *piece = eng_token_piece(tok, id, &piece_len);
+        for (size_t k = i; k < n_ids; k++)
+            in_ids += ids[k] == id;
+        if (add_bos && id == eng_tokenizer_bos(tok) && ids[0] == id)
             in_ids--;
-        for (size_t s = 0; s < n_seg; s++)
-            if (seg[s].is_template)
-                spelled += count_occurrences(text + seg[s].offset, seg[s].len, piece, piece_len);
+        for (size_t g = 0; g < n_seg; g++)
+            if (seg[g].is_template)
+                spelled += count_occurrences(text + seg[g].offset, seg[g].len, piece, piece_len);
         FZ_CHECK(in_ids <= spelled);
     }
     sw_free(ids);
@@ -200,7 +187,8 @@ static bool parse_input(fz_chat *c, const uint8_t *data, size_t size, bool tools
             return false;
         if (strcmp(c->msgs[i].role, "assistant") != 0)
             continue;
-        while (c->ext[i].n_calls < FZ_MAX_CALLS && fz_next_field(body, body_len, &at, 0x1F, &part, &part_len)) {
+        while (c->ext[i].n_calls < FZ_MAX_CALLS &&
+               fz_next_field(body, body_len, &at, 0x1F, &part, &part_len)) {
             eng_chat_tool_call *call = &c->calls[i][c->ext[i].n_calls++];
             if (!(call->name = keep(c, part, part_len)))
                 return false;
@@ -215,7 +203,8 @@ static bool parse_input(fz_chat *c, const uint8_t *data, size_t size, bool tools
     return true;
 }
 
-static void render_family(const fz_chat *c, eng_chat_family f, bool gen, const fz_vocab *v)
+static void render_family(const fz_chat *c, eng_chat_family f, bool gen,
+                          const eng_tokenizer *v)
 {
     char *t1 = (char *)1, *t2 = (char *)1, *t3 = (char *)1;
     size_t l1 = 7, l2 = 7, l3 = 7, n2 = 7, n3 = 7, clen = 0;
@@ -257,7 +246,8 @@ static void render_family(const fz_chat *c, eng_chat_family f, bool gen, const f
     sw_free(s3);
 }
 
-static void render_family_tools(const fz_chat *c, eng_chat_family f, bool gen, const fz_vocab *v)
+static void render_family_tools(const fz_chat *c, eng_chat_family f, bool gen,
+                                const eng_tokenizer *v)
 {
     char *text = NULL;
     size_t len = 0, n_seg = 0, clen = 0;
@@ -294,7 +284,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     const bool gen = data[0] & 1, tools = data[0] & 2;
-    const fz_vocab *v = fz_vocab_get((data[0] >> 2) & 3);
+    const eng_tokenizer *v = fz_vocab_get((data[0] >> 2) & 3);
     memset(&c, 0, sizeof c);
     if (parse_input(&c, data + 1, size - 1, tools)) {
         for (int f = 0; f < ENG_CHAT_N_FAMILIES; f++) {

@@ -139,7 +139,8 @@ static void fuzz_encode(const fz_vocab *v, const char *text, size_t len, bool ad
      * does (a bad lead byte takes the bytes after it into its byte
      * tokens, a following U+2581 included), so its promises hold for
      * valid UTF-8 without U+2581; BPE's for any bytes. */
-    const bool promised = v->bpe || (fz_utf8_valid(text, len) && !memmem(text, len, "\xE2\x96\x81", 3));
+    const bool promised =
+        v->bpe || (fz_utf8_valid(text, len) && !memmem(text, len, "\xE2\x96\x81", 3));
     if (!special && promised) {
         /* the raw bytes of the tokens are the text (SPM: after its prefix) */
         size_t total = 0;

@@ -3,22 +3,24 @@
  * Input: one byte of options (bit 0: add_generation_prompt, bit 1: the
  * first record is a tools text, bits 2..3: the vocabulary the prompt is
  * tokenized with: built-in, qwen2, llama-bpe or llama-spm when ../shared
- * has them), then records cut at 0x1E, one message each: a role byte
- * (system, user, assistant, tool, or a role no family knows) and the
- * content; in an assistant message, 0x1F cuts the content from its tool
- * calls (name 0x1F arguments, repeated).
+ * has them, bits 4..7: the family whose prompt is tokenized), then
+ * records cut at 0x1E, one message each: a role byte (system, user,
+ * assistant, tool, or a role no family knows) and the content; in an
+ * assistant message, 0x1F cuts the content from its tool calls (name 0x1F
+ * arguments, repeated).
  *
  * Every family renders the messages three ways (eng_chat_render, _segments
- * and _tools without tools), then with the tools and calls, and the
- * prompt is tokenized as the worker does. Invariants: the three ways agree
- * (code, text, length); an error is typed, says why, and leaves the
- * outputs untouched; segments tile the text in order, non-empty,
- * alternating; the client-content segments are exactly the contents (each
- * trimmed as its family trims it), so no client byte is ever template text
- * and no template byte is ever content; with tools, each content is still
- * inside the content segments; token ids lie in the vocabulary, and the
- * prompt has no more control tokens than the template text spells (plus
- * the BOS the tokenizer adds): a client cannot forge a turn marker.
+ * and _tools without tools), then with the tools and calls, and one
+ * family's prompt is tokenized as the worker does. Invariants: the three
+ * ways agree (code, text, length); an error is typed, says why, and
+ * leaves the outputs untouched; segments tile the text in order,
+ * non-empty, alternating; the client-content segments are exactly the
+ * contents (each trimmed as its family trims it), so no client byte is
+ * ever template text and no template byte is ever content; with tools,
+ * each content is still inside the content segments; token ids lie in the
+ * vocabulary, and the prompt has no more control tokens than the template
+ * text spells (plus the BOS the tokenizer adds): a client cannot forge a
+ * turn marker.
  */
 #include "engine/chat_template.h"
 
@@ -287,10 +289,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const eng_tokenizer *v = fz_vocab_get((data[0] >> 2) & 3);
     memset(&c, 0, sizeof c);
     if (parse_input(&c, data + 1, size - 1, tools)) {
+        /* every family renders; one, from the options, is tokenized too
+         * (the costly part) */
+        const int tokenized = (data[0] >> 4) % ENG_CHAT_N_FAMILIES;
         for (int f = 0; f < ENG_CHAT_N_FAMILIES; f++) {
-            render_family(&c, (eng_chat_family)f, gen, v);
+            const eng_tokenizer *tok = f == tokenized ? v : NULL;
+            render_family(&c, (eng_chat_family)f, gen, tok);
             if (c.tools_text || c.any_calls)
-                render_family_tools(&c, (eng_chat_family)f, gen, v);
+                render_family_tools(&c, (eng_chat_family)f, gen, tok);
         }
         /* a family outside the enum is an error, never a rendering */
         char *text = NULL;

@@ -73,6 +73,19 @@ typedef struct cs_node {
     int32_t n_lits;
     char **lits;
     int32_t *lit_lens;
+    /* CS_NUMBER, CS_INTEGER: bounds and multiples (ranged false: any value
+     * the digit limits allow). Per sign ([0] non-negative, [1] negative),
+     * ranges of the integer part's magnitude, inclusive, as decimal digits
+     * without leading zeros (a NULL upper end: no bound): a whole value
+     * ends in int_lo..int_hi, a fraction may follow an integer part in
+     * frac_lo..frac_hi (CS_NUMBER), so every digit after it keeps the
+     * value in bounds; frac_nonzero: at frac_lo itself the fraction must
+     * not be all zeros (exclusiveMinimum 0 allows 0.5, not 0.0). */
+    bool ranged;
+    bool int_ok[2], frac_ok[2], frac_nonzero[2];
+    char *int_lo[2], *int_hi[2], *frac_lo[2], *frac_hi[2];
+    int32_t multiple_of;     /* CS_INTEGER, > 0: a multiple of it (never with ranged) */
+    int32_t max_frac;        /* CS_NUMBER: fraction digits; 0: ENG_CS_MAX_FRAC_DIGITS */
     /* CS_ANYOF */
     int32_t n_alts;
     int32_t *alts;

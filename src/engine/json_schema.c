@@ -53,6 +53,12 @@ static void node_clear(cs_node *n)
     sw_free(n->lits);
     sw_free(n->lit_lens);
     sw_free(n->alts);
+    for (int i = 0; i < 2; i++) {
+        sw_free(n->int_lo[i]);
+        sw_free(n->int_hi[i]);
+        sw_free(n->frac_lo[i]);
+        sw_free(n->frac_hi[i]);
+    }
 }
 
 void eng_grammar_free(eng_grammar *g)
@@ -109,7 +115,19 @@ static int32_t add_node(eng_grammar *g, cs_node *n)
         break;
     case CS_STRING: m = len_add(2, n->min_chars); break;
     case CS_NUMBER:
-    case CS_INTEGER: m = 1; break;
+    case CS_INTEGER:
+        m = 1;
+        if (n->ranged) {
+            /* the shortest of int_lo and frac_lo + ".d", per sign */
+            m = CS_LEN_CAP;
+            for (int sign = 0; sign < 2; sign++) {
+                if (n->int_ok[sign] && sign + (int64_t)strlen(n->int_lo[sign]) < m)
+                    m = sign + (int64_t)strlen(n->int_lo[sign]);
+                if (n->frac_ok[sign] && sign + (int64_t)strlen(n->frac_lo[sign]) + 2 < m)
+                    m = sign + (int64_t)strlen(n->frac_lo[sign]) + 2;
+            }
+        }
+        break;
     case CS_LITERALS:
         m = CS_LEN_CAP;
         for (int32_t i = 0; i < n->n_lits; i++)
@@ -1179,8 +1197,7 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
             strcmp(key, "contains") == 0 || strcmp(key, "dependentSchemas") == 0 ||
             strcmp(key, "dependencies") == 0 || strcmp(key, "propertyNames") == 0 ||
             strcmp(key, "minProperties") == 0 || strcmp(key, "maxProperties") == 0 ||
-            strcmp(key, "multipleOf") == 0 || strcmp(key, "prefixItems") == 0 ||
-            strcmp(key, "dependentRequired") == 0 || IN_LIST(key, bound_keys))
+            strcmp(key, "prefixItems") == 0 || strcmp(key, "dependentRequired") == 0)
             return key;
     }
     return NULL;
@@ -1629,6 +1646,215 @@ static int compile_array(builder *b, const json_t *s, int32_t depth, size_t plen
     return SW_OK;
 }
 
+/* ---- numbers ----
+ * Bounds become integer bounds on the integer part, written as decimal
+ * digit strings, so any bound JSON can write is exact (1e308 has its 309
+ * digits): minimum 1.5 is 2 for the integer part, exclusiveMaximum 10 is
+ * 9. A fraction is generated only after an integer part strictly inside
+ * (constrain-impl.h), so 9.5 is never generated under exclusiveMaximum
+ * 10 (a narrowing). */
+
+typedef struct dec {
+    bool neg;
+    char mag[400]; /* digits, no leading zeros; "0" for zero (never negative) */
+} dec;
+
+static void mag_inc(char *m)
+{
+    size_t n = strlen(m);
+    size_t i = n;
+    while (i > 0 && m[i - 1] == '9')
+        m[--i] = '0';
+    if (i > 0) {
+        m[i - 1]++;
+    } else if (n + 2 < sizeof((dec *)0)->mag) {
+        memmove(m + 1, m, n + 1);
+        m[0] = '1';
+    }
+}
+
+static void mag_dec(char *m)
+{
+    size_t n = strlen(m);
+    size_t i = n;
+    while (i > 0 && m[i - 1] == '0')
+        m[--i] = '9';
+    if (i > 0)
+        m[i - 1]--;
+    size_t z = 0;
+    while (m[z] == '0' && m[z + 1])
+        z++;
+    memmove(m, m + z, strlen(m + z) + 1);
+}
+
+/* floor (down) or ceil of a JSON number, exactly. */
+static void dec_round(const json_t *v, bool down, dec *out)
+{
+    if (json_is_integer(v)) {
+        char t[32];
+        snprintf(t, sizeof t, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        out->neg = t[0] == '-';
+        snprintf(out->mag, sizeof out->mag, "%s", t + out->neg);
+        return;
+    }
+    double d = json_real_value(v), c = down ? floor(d) : ceil(d);
+    snprintf(out->mag, sizeof out->mag, "%.0f", fabs(c));
+    out->neg = c < 0 && strcmp(out->mag, "0") != 0;
+}
+
+static bool num_whole(const json_t *v)
+{
+    return json_is_integer(v) || json_real_value(v) == floor(json_real_value(v));
+}
+
+static void dec_negate(dec *x)
+{
+    x->neg = !x->neg && strcmp(x->mag, "0") != 0;
+}
+
+/* x += delta (+1 or -1) */
+static void dec_step(dec *x, int delta)
+{
+    if ((delta > 0) != x->neg) {
+        mag_inc(x->mag);
+    } else if (strcmp(x->mag, "0") == 0) {
+        x->neg = delta < 0;
+        strcpy(x->mag, "1");
+    } else {
+        mag_dec(x->mag);
+        if (strcmp(x->mag, "0") == 0)
+            x->neg = false;
+    }
+}
+
+static int mag_cmp(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    int c = strcmp(a, b);
+    return c < 0 ? -1 : c > 0;
+}
+
+static int dec_cmp(const dec *a, const dec *b)
+{
+    if (a->neg != b->neg)
+        return a->neg ? -1 : 1;
+    int c = mag_cmp(a->mag, b->mag);
+    return a->neg ? -c : c;
+}
+
+/* multipleOf 10^-p (0.1, 0.01, ...): p, else 0. */
+static int32_t decimal_step(double mo)
+{
+    for (int32_t p = 1; p <= ENG_CS_MAX_FRAC_DIGITS; p++)
+        if (mo == pow(10.0, -p))
+            return p;
+    return 0;
+}
+
+static int compile_number(builder *b, const json_t *s, bool integer, size_t plen, int32_t *out)
+{
+    cs_node nd;
+    memset(&nd, 0, sizeof nd);
+    nd.kind = integer ? CS_INTEGER : CS_NUMBER;
+    for (size_t i = 0; i < 4; i++) {
+        const json_t *v = json_object_get(s, bound_keys[i]);
+        if (v && !json_is_number(v) && !(i >= 2 && json_is_boolean(v)))
+            return fail_at(b, path_push(b, plen, bound_keys[i]), SW_EINVAL,
+                           "a bound must be a number");
+    }
+    const json_t *mo = json_object_get(s, "multipleOf");
+    if (mo) {
+        double m = json_number_value(mo);
+        if (!json_is_number(mo) || !(m > 0))
+            return fail_at(b, path_push(b, plen, "multipleOf"), SW_EINVAL,
+                           "'multipleOf' must be a positive number");
+        if (m == floor(m)) {
+            if (m > INT32_MAX / 10)
+                return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
+                               "'multipleOf' above 214748364 is not supported");
+            /* numbers too: whole multiples only (a narrowing) */
+            nd.kind = CS_INTEGER;
+            nd.multiple_of = m == 1 ? 0 : (int32_t)m;
+        } else if (!integer && decimal_step(m) > 0) {
+            nd.max_frac = decimal_step(m);
+        } else if (!(integer && 1 / m == floor(1 / m))) {
+            return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
+                           "'multipleOf' is enforced for whole numbers and 10^-k only");
+        }
+    }
+    num_bound lo = bound_get(s, true), hi = bound_get(s, false);
+    if (lo.v || hi.v) {
+        if (nd.multiple_of > 0)
+            return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
+                           "'multipleOf' together with minimum/maximum is not supported");
+        nd.ranged = true;
+        /* Per sign, the magnitude's bounds: the non-negative side sees
+         * [lo, hi], the negative one [-hi, -lo]. */
+        for (int sign = 0; sign < 2; sign++) {
+            num_bound l = sign ? hi : lo, h = sign ? lo : hi;
+            /* magnitude bounds, rounded inwards: floor / ceil of the
+             * value, negated for the negative side */
+            dec il, ih, fl, fh;
+            bool has_l = l.v != NULL, has_h = h.v != NULL;
+            if (has_l) {
+                dec_round(l.v, sign, &il); /* ceil(lo), or -floor(hi) */
+                if (sign)
+                    dec_negate(&il);
+                fl = il;
+                if (l.excl && num_whole(l.v))
+                    dec_step(&il, +1);
+            }
+            if (has_h) {
+                dec_round(h.v, !sign, &ih); /* floor(hi), or -ceil(lo) */
+                if (sign)
+                    dec_negate(&ih);
+                if (h.excl && num_whole(h.v))
+                    dec_step(&ih, -1);
+                dec_round(h.v, !sign, &fh); /* floor(hi) - 1, or -ceil(lo) - 1 */
+                if (sign)
+                    dec_negate(&fh);
+                dec_step(&fh, -1);
+            }
+            bool nonzero = has_l && l.excl && num_whole(l.v);
+            dec zero = {false, "0"};
+            if (!has_l || il.neg)
+                il = zero;
+            if (!has_l || fl.neg) {
+                fl = zero; /* below zero: any fraction of 0 is inside */
+                nonzero = false;
+            }
+            bool int_ok = (!has_h || (!ih.neg && dec_cmp(&il, &ih) <= 0)) &&
+                          strlen(il.mag) <= ENG_CS_MAX_INT_DIGITS;
+            bool frac_ok = !integer && nd.kind == CS_NUMBER &&
+                           (!has_h || (!fh.neg && dec_cmp(&fl, &fh) <= 0)) &&
+                           strlen(fl.mag) <= ENG_CS_MAX_INT_DIGITS;
+            /* every value generated is below a bound past the digits */
+            bool ih_cap = has_h && strlen(ih.mag) <= ENG_CS_MAX_INT_DIGITS;
+            bool fh_cap = has_h && strlen(fh.mag) <= ENG_CS_MAX_INT_DIGITS;
+            nd.int_ok[sign] = int_ok;
+            nd.frac_ok[sign] = frac_ok;
+            nd.frac_nonzero[sign] = frac_ok && nonzero;
+            if ((int_ok && (!(nd.int_lo[sign] = sw_strdup(il.mag)) ||
+                            (ih_cap && !(nd.int_hi[sign] = sw_strdup(ih.mag))))) ||
+                (frac_ok && (!(nd.frac_lo[sign] = sw_strdup(fl.mag)) ||
+                             (fh_cap && !(nd.frac_hi[sign] = sw_strdup(fh.mag)))))) {
+                node_clear(&nd);
+                return oom(b);
+            }
+        }
+        if (!nd.int_ok[0] && !nd.int_ok[1] && !nd.frac_ok[0] && !nd.frac_ok[1]) {
+            node_clear(&nd);
+            *out = CS_NEVER;
+            return SW_OK;
+        }
+    }
+    if ((*out = add_node(b->g, &nd)) < 0)
+        return oom(b);
+    return SW_OK;
+}
+
 static int compile_typed(builder *b, const json_t *s, int type, const char *forbid,
                          int32_t depth, size_t plen, int32_t *out)
 {
@@ -1651,8 +1877,8 @@ static int compile_typed(builder *b, const json_t *s, int type, const char *forb
         *out = make_string(g, lo, hi);
         break;
     }
-    case T_NUMBER: *out = make_simple(g, CS_NUMBER); break;
-    case T_INTEGER: *out = make_simple(g, CS_INTEGER); break;
+    case T_NUMBER:
+    case T_INTEGER: return compile_number(b, s, type == T_INTEGER, plen, out);
     case T_BOOLEAN: *out = make_bool(g); break;
     default: {
         json_t *z = json_null();
@@ -2469,10 +2695,12 @@ static int val_number(validator *v, const json_t *s, const json_t *x, size_t ple
         if (json_is_integer(mo) && json_is_integer(x)) {
             ok = json_integer_value(x) % json_integer_value(mo) == 0;
         } else {
+            /* in doubles 44.5988 / 0.0001 is 445987.99999999994: a
+             * quotient this close to a whole number is taken as one */
             double q = d / json_number_value(mo);
             if (!isfinite(q))
                 return val_fail(v, plen, SW_EUNSUPPORTED, "'multipleOf' overflows");
-            ok = q == floor(q);
+            ok = fabs(q - nearbyint(q)) <= 1e-9 * fmax(1.0, fabs(q));
         }
         if (!ok)
             return val_fail(v, plen, SW_EINVAL, "the number is not a multiple of 'multipleOf'");

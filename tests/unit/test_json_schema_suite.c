@@ -61,6 +61,9 @@ typedef struct narrowing {
 } narrowing;
 
 #define WHY_ADDL "additional properties (not in 'properties') are never generated"
+#define WHY_FRAC                                                                               \
+    "a number's fraction is generated only after an integer part within the integer bounds "    \
+    "(minimum 1.1: 2, 3, 2.5 but not 1.1 or 1.5)"
 #define WHY_TYPE                                                                               \
     "a schema without 'type' whose keywords all concern one type (properties, items, "          \
     "minLength, ...) generates only values of that type"
@@ -73,7 +76,14 @@ static const narrowing g_narrowings[] = {
     {NULL, "additionalProperties are allowed by default", NULL, WHY_ADDL},
     {NULL, "anyOf complex types", "both anyOf valid (complex)", WHY_ADDL},
     {NULL, "forbidden property", "property absent", WHY_ADDL},
+    {"minimum.json", "minimum validation", "boundary point is valid", WHY_FRAC},
+    {"exclusiveMinimum.json", "exclusiveMinimum validation", "above the exclusiveMinimum is valid",
+     WHY_FRAC},
+    {"exclusiveMaximum.json", "exclusiveMaximum validation", "below the exclusiveMaximum is valid",
+     WHY_FRAC},
     {NULL, "root pointer ref", NULL, WHY_TYPE},
+    {"format.json", "*", "invalid *",
+     "the formats with a pattern (formats.h) are enforced, as assertions, not annotations"},
     {"vocabulary.json", "schema that uses custom metaschema with with no validation vocabulary",
      NULL, "metaschemas are not fetched: the validation keywords always apply"},
 };

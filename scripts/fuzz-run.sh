@@ -45,7 +45,7 @@ for spec in "$@"; do
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
   corp=$(sed -n 's/.* corp: \([0-9]*\)\/.*/\1/p' <<<"$last")
   echo "$last"
-  summary+=("$(printf '%-16s %6s s %12s execs %9s/s  cov %6s  ft %7s  corpus %6s  crashes 0' \
+  summary+=("$(printf '%-20s %5s s %11s execs %7s/s  cov %5s  ft %6s  corpus %5s  crashes 0' \
     "fuzz_$name" "$seconds" "${runs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}")")
 done
 echo

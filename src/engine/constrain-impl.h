@@ -12,6 +12,7 @@
 #define SPILLWAY_ENGINE_CONSTRAIN_IMPL_H
 
 #include "engine/json_schema.h"
+#include "engine/regex.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -47,6 +48,7 @@ typedef enum cs_kind {
     CS_INTEGER = 5,
     CS_LITERALS = 6, /* one of a set of fixed texts (enum, const, true/false, null) */
     CS_ANYOF = 7,    /* one of the nodes in alts */
+    CS_PATTERN = 8,  /* a string whose content matches re, min_chars..max_chars */
 } cs_kind;
 
 typedef struct cs_node {
@@ -90,6 +92,11 @@ typedef struct cs_node {
     int32_t n_alts;
     int32_t *alts;
     int32_t n_branches;      /* non-anyOf nodes reachable through nested anyOfs (1 for others) */
+    /* CS_PATTERN (owned): the content's automaton over its decoded UTF-8
+     * bytes (pattern and format), and its completion costs in JSON bytes
+     * under min_chars..max_chars; min_bytes is set by the maker. */
+    eng_regex *re;
+    eng_regex_costs *re_costs;
 } cs_node;
 
 struct eng_grammar {

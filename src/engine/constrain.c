@@ -446,6 +446,149 @@ static int step_string(const cs_node *n, cs_frame *f, uint8_t ch)
     return R_ACCEPT;
 }
 
+/* Pattern strings (CS_PATTERN): the content's decoded bytes run the node's
+ * automaton (frame b: its state; a: code points so far; c: a \u escape's
+ * value so far). Escapes: the short ones, and \u00XX for the control
+ * characters that have none; any other character is written as itself,
+ * so every escape decodes to one byte. A byte is taken only when the
+ * automaton can still reach a match within the length bounds
+ * (re_costs), so generation never walks into a dead end. */
+enum { S_U0 = 3, S_U1 = 4, S_U2 = 5, S_U3 = 6 }; /* after \u, \u0, \u00, \u00X */
+
+/* The automaton's state after content byte d, or -1 when no completion
+ * follows; *chars receives the code points then. */
+static int32_t pattern_next(const cs_node *n, const cs_frame *f, uint8_t d, int64_t *chars)
+{
+    int32_t t = eng_regex_step(n->re, f->b, d);
+    int64_t a = f->a + ((d & 0xC0) != 0x80);
+    if (t < 0 || eng_regex_costs_get(n->re_costs, t, a) < 0)
+        return -1;
+    *chars = a;
+    return t;
+}
+
+/* The fewest bytes that complete an escape whose value will be one of
+ * lo..hi, rest bytes of it still unwritten (the closing quote included),
+ * or CS_INF. */
+static int64_t pattern_ctrl_min(const cs_node *n, const cs_frame *f, int lo, int hi, int rest)
+{
+    int64_t best = CS_INF, a;
+    for (int d = lo; d <= hi; d++) {
+        int32_t t = pattern_next(n, f, (uint8_t)d, &a);
+        int64_t m = t < 0 ? CS_INF : rest + eng_regex_costs_get(n->re_costs, t, a) + 1;
+        if (m < best)
+            best = m;
+    }
+    return best;
+}
+
+static int hex_digit(uint8_t ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'f')
+        return (ch | 0x20) - 'a' + 10;
+    return -1;
+}
+
+static const char pattern_esc_from[] = "\"\\/bfnrt";
+static const char pattern_esc_to[] = "\"\\/\b\f\n\r\t";
+
+static int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
+{
+    int64_t a;
+    int32_t t;
+    switch (f->phase) {
+    case S_START:
+        if (ch != '"' || eng_regex_costs_get(n->re_costs, eng_regex_start(n->re), 0) < 0)
+            return R_REJECT;
+        f->phase = S_IN;
+        f->a = 0;
+        f->b = eng_regex_start(n->re);
+        return R_ACCEPT;
+    case S_ESC: {
+        if (ch == 'u') {
+            if (pattern_ctrl_min(n, f, 0, 0x1F, 0) >= CS_INF)
+                return R_REJECT;
+            f->phase = S_U0;
+            return R_ACCEPT;
+        }
+        const char *p = ch ? strchr(pattern_esc_from, ch) : NULL;
+        if (!p || (t = pattern_next(n, f, (uint8_t)pattern_esc_to[p - pattern_esc_from], &a)) < 0)
+            return R_REJECT;
+        f->b = t;
+        f->a = (int32_t)a;
+        f->phase = S_IN;
+        return R_ACCEPT;
+    }
+    case S_U0:
+    case S_U1:
+        if (ch != '0')
+            return R_REJECT;
+        f->phase++;
+        return R_ACCEPT;
+    case S_U2:
+        if ((ch != '0' && ch != '1') ||
+            pattern_ctrl_min(n, f, (ch - '0') * 16, (ch - '0') * 16 + 15, 0) >= CS_INF)
+            return R_REJECT;
+        f->c = (ch - '0') * 16;
+        f->phase = S_U3;
+        return R_ACCEPT;
+    case S_U3:
+        if (hex_digit(ch) < 0 || (t = pattern_next(n, f, (uint8_t)(f->c + hex_digit(ch)), &a)) < 0)
+            return R_REJECT;
+        f->b = t;
+        f->a = (int32_t)a;
+        f->phase = S_IN;
+        return R_ACCEPT;
+    default:
+        break;
+    }
+    bool boundary = eng_regex_pending(n->re, f->b) == 0;
+    if (ch == '"')
+        return boundary && eng_regex_accepting(n->re, f->b) && f->a >= n->min_chars &&
+                       f->a <= n->max_chars
+                   ? R_DONE
+                   : R_REJECT;
+    if (ch == '\\') {
+        if (!boundary)
+            return R_REJECT;
+        f->phase = S_ESC;
+        return R_ACCEPT;
+    }
+    if (ch < 0x20 || (t = pattern_next(n, f, ch, &a)) < 0)
+        return R_REJECT;
+    f->b = t;
+    f->a = (int32_t)a;
+    return R_ACCEPT;
+}
+
+/* The fewest bytes that close a pattern frame. */
+static int64_t pattern_min(const cs_node *n, const cs_frame *f)
+{
+    int64_t best = CS_INF, a;
+    switch (f->phase) {
+    case S_START: return n->min_bytes;
+    case S_ESC:
+        for (const char *p = pattern_esc_from; *p; p++) {
+            int32_t t = pattern_next(n, f, (uint8_t)pattern_esc_to[p - pattern_esc_from], &a);
+            int64_t m = t < 0 ? CS_INF : 1 + eng_regex_costs_get(n->re_costs, t, a) + 1;
+            if (m < best)
+                best = m;
+        }
+        a = pattern_ctrl_min(n, f, 0, 0x1F, 5);
+        return a < best ? a : best;
+    case S_U0: return pattern_ctrl_min(n, f, 0, 0x1F, 4);
+    case S_U1: return pattern_ctrl_min(n, f, 0, 0x1F, 3);
+    case S_U2: return pattern_ctrl_min(n, f, 0, 0x1F, 2);
+    case S_U3: return pattern_ctrl_min(n, f, f->c, f->c + 15, 1);
+    default: {
+        int64_t m = eng_regex_costs_get(n->re_costs, f->b, f->a);
+        return m < 0 ? CS_INF : m + 1;
+    }
+    }
+}
+
 static int step_number(bool integer, cs_frame *f, uint8_t ch)
 {
     bool digit = ch >= '0' && ch <= '9';
@@ -799,7 +942,8 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
         int r;
         switch (n->kind) {
         case CS_STRING:
-            r = step_string(n, f, ch);
+        case CS_PATTERN:
+            r = n->kind == CS_PATTERN ? step_pattern(n, f, ch) : step_string(n, f, ch);
             if (r == R_REJECT)
                 return;
             if (r == R_DONE)
@@ -1042,6 +1186,7 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
         default: return sat(im + (lo > f->a + 1 ? lo - f->a - 1 : 0) * (im + 1) + 1);
         }
     }
+    case CS_PATTERN: return pattern_min(n, f);
     case CS_ANYOF: break;
     }
     return 0;

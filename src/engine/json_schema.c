@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "engine/constrain-impl.h"
+#include "engine/formats.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -53,6 +54,8 @@ static void node_clear(cs_node *n)
     sw_free(n->lits);
     sw_free(n->lit_lens);
     sw_free(n->alts);
+    eng_regex_free(n->re);
+    eng_regex_costs_free(n->re_costs);
     for (int i = 0; i < 2; i++) {
         sw_free(n->int_lo[i]);
         sw_free(n->int_hi[i]);
@@ -114,6 +117,7 @@ static int32_t add_node(eng_grammar *g, cs_node *n)
                                n->min_items > 0 ? n->min_items - 1 : 0));
         break;
     case CS_STRING: m = len_add(2, n->min_chars); break;
+    case CS_PATTERN: m = n->min_bytes; break; /* make_pattern's */
     case CS_NUMBER:
     case CS_INTEGER:
         m = 1;
@@ -725,8 +729,8 @@ static const char *const known_keywords[] = {
     "format",
 };
 
-/* Formats with a defined syntax: enforcing them needs the regular-expression
- * automata, so they are refused for now; any other format is an
+/* Formats with a defined syntax: the ones formats.h has a pattern for are
+ * enforced (CS_PATTERN), the others refused; any other format is an
  * annotation. */
 static const char *const known_formats[] = {
     "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
@@ -1156,14 +1160,11 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
     json_object_foreach((json_t *)s, key, v) {
         if (!is_known_keyword(key))
             continue;
-        if (strcmp(key, "uniqueItems") == 0) {
-            const json_t *mx = json_object_get(s, "maxItems");
-            if (json_is_true(v) && !(json_is_integer(mx) && json_integer_value(mx) <= 1))
-                return key;
-            continue;
-        }
+        if (strcmp(key, "uniqueItems") == 0)
+            continue; /* at most one item is generated */
         if (strcmp(key, "format") == 0) {
-            if (json_is_string(v) && IN_LIST(json_string_value(v), known_formats))
+            if (json_is_string(v) && IN_LIST(json_string_value(v), known_formats) &&
+                !eng_format_pattern(json_string_value(v), NULL))
                 return key;
             continue;
         }
@@ -1182,22 +1183,14 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
             strcmp(key, "then") == 0 || strcmp(key, "else") == 0) {
             continue; /* without contains / if: no effect; with them: refused there */
         }
-        if (strcmp(key, "if") == 0) {
-            if (json_object_get(s, "then") || json_object_get(s, "else"))
-                return key;
-            continue;
-        }
         if (strcmp(key, "$ref") == 0 && d->dialect == SC_2020)
             continue;
         if (strcmp(key, "$ref") == 0)
             return NULL; /* draft 7: the other keywords are ignored */
-        if (strcmp(key, "pattern") == 0 || strcmp(key, "patternProperties") == 0 ||
+        if (strcmp(key, "patternProperties") == 0 ||
             strcmp(key, "unevaluatedItems") == 0 || strcmp(key, "unevaluatedProperties") == 0 ||
             strcmp(key, "$dynamicRef") == 0 || strcmp(key, "$recursiveRef") == 0 ||
-            strcmp(key, "contains") == 0 || strcmp(key, "dependentSchemas") == 0 ||
-            strcmp(key, "dependencies") == 0 || strcmp(key, "propertyNames") == 0 ||
-            strcmp(key, "minProperties") == 0 || strcmp(key, "maxProperties") == 0 ||
-            strcmp(key, "prefixItems") == 0 || strcmp(key, "dependentRequired") == 0)
+            strcmp(key, "prefixItems") == 0)
             return key;
     }
     return NULL;
@@ -1478,14 +1471,60 @@ static char *key_text(const char *name)
 
 /* forbid: a property that must be absent (from not: {required: [...]}),
  * or NULL. */
+/* required with dependentRequired (and draft 7's array dependencies)
+ * folded in: a property's dependencies are required whenever it is
+ * declared or required (a narrowing). New reference, or NULL (oom). */
+static json_t *required_closure(const json_t *s)
+{
+    const json_t *req = json_object_get(s, "required");
+    json_t *all = json_is_array(req) ? json_copy((json_t *)req) : json_array();
+    const json_t *props = json_object_get(s, "properties");
+    static const char *const dep_keys[] = {"dependentRequired", "dependencies"};
+    for (int round = 0; all && round < 4; round++) {
+        for (int d = 0; d < 2; d++) {
+            const json_t *deps = json_object_get(s, dep_keys[d]);
+            const char *k;
+            const json_t *list;
+            json_object_foreach((json_t *)deps, k, list) {
+                if (!json_is_array(list))
+                    continue;
+                bool present = json_object_get(props, k) != NULL;
+                for (size_t i = 0; !present && i < json_array_size(all); i++)
+                    present = json_string_value(json_array_get(all, i)) &&
+                              strcmp(json_string_value(json_array_get(all, i)), k) == 0;
+                for (size_t i = 0; present && i < json_array_size(list); i++) {
+                    const json_t *name = json_array_get(list, i);
+                    bool dup = false;
+                    for (size_t j = 0; j < json_array_size(all) && !dup; j++)
+                        dup = json_equal(json_array_get(all, j), (json_t *)name);
+                    if (!dup && json_is_string(name))
+                        json_array_append(all, (json_t *)name);
+                }
+            }
+        }
+    }
+    return all;
+}
+
 static int compile_object(builder *b, const json_t *s, const char *forbid, int32_t depth,
                           size_t plen, int32_t *out)
 {
     const json_t *props = json_object_get(s, "properties");
-    const json_t *req = json_object_get(s, "required");
     const json_t *addl = json_object_get(s, "additionalProperties");
+    const json_t *names = json_object_get(s, "propertyNames");
     eng_grammar *g = b->g;
     int rc = SW_OK;
+    int32_t min_props, max_props;
+    if ((rc = get_count(b, s, "minProperties", plen, 0, &min_props)) ||
+        (rc = get_count(b, s, "maxProperties", plen, INT32_MAX, &max_props)))
+        return rc;
+    if (json_object_get(s, "required") && !json_is_array(json_object_get(s, "required")))
+        return fail_at(b, path_push(b, plen, "required"), SW_EINVAL,
+                       "'required' must be an array of strings");
+    json_t *req_all = required_closure(s);
+    if (!req_all || !doc_keep(b->doc, req_all))
+        return oom(b);
+    const json_t *req = json_array_size(req_all) ? req_all : json_object_get(s, "required");
     if (props && !json_is_object(props))
         return fail_at(b, path_push(b, plen, "properties"), SW_EINVAL,
                        "'properties' must be an object");
@@ -1506,24 +1545,56 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
         return fail_at(b, path_push(b, plen, "properties"), SW_EUNSUPPORTED,
                        "more than 4096 properties");
     if (n_max == 0) {
-        if (json_is_false(addl)) {
+        if (json_is_false(addl) || max_props == 0) {
             /* only {} */
+            if (min_props > 0) {
+                *out = CS_NEVER;
+                return SW_OK;
+            }
             return make_object(b, NULL, NULL, NULL, 0, out);
         }
-        int32_t item;
-        if (addl && !json_is_true(addl)) {
-            size_t l = path_push(b, plen, "additionalProperties");
-            if ((rc = compile(b, addl, depth + 1, l, &item)))
-                return rc;
-            if (item == CS_NEVER)
-                return make_object(b, NULL, NULL, NULL, 0, out);
-            if (g->any_key < 0 && (g->any_key = make_string(g, 0, INT32_MAX)) < 0)
+        if (min_props > 0 || max_props < INT32_MAX)
+            return fail_at(b, path_push(b, plen, min_props > 0 ? "minProperties" : "maxProperties"),
+                           SW_EUNSUPPORTED,
+                           "minProperties/maxProperties are enforced only for declared "
+                           "properties");
+        /* free keys could name a property that has dependencies */
+        static const char *const dep_keys[] = {"dependentRequired", "dependencies"};
+        for (int d = 0; d < 2; d++)
+            if (json_object_size(json_object_get(s, dep_keys[d])) > 0)
+                return fail_at(b, path_push(b, plen, dep_keys[d]), SW_EUNSUPPORTED,
+                               "dependencies are enforced only for declared properties");
+        int32_t item, key_node = -1;
+        if (names && !json_is_true(names)) {
+            /* keys: strings of the propertyNames schema */
+            json_t *w = json_pack("{s:[{s:s}O]}", "allOf", "type", "string", names);
+            if (!w || !doc_keep(b->doc, w))
                 return oom(b);
+            if ((rc = compile(b, w, depth + 1, path_push(b, plen, "propertyNames"), &key_node)))
+                return rc;
+            if (key_node == CS_NEVER)
+                return make_object(b, NULL, NULL, NULL, 0, out);
+        }
+        if (key_node >= 0 || (addl && !json_is_true(addl))) {
+            if (addl && !json_is_true(addl)) {
+                size_t l = path_push(b, plen, "additionalProperties");
+                if ((rc = compile(b, addl, depth + 1, l, &item)))
+                    return rc;
+                if (item == CS_NEVER)
+                    return make_object(b, NULL, NULL, NULL, 0, out);
+            } else if ((item = make_any(g, any_levels(depth + 1))) < 0) {
+                return oom(b);
+            }
+            if (key_node < 0) {
+                if (g->any_key < 0 && (g->any_key = make_string(g, 0, INT32_MAX)) < 0)
+                    return oom(b);
+                key_node = g->any_key;
+            }
             cs_node obj;
             memset(&obj, 0, sizeof obj);
             obj.kind = CS_ANYOBJ;
             obj.item = item;
-            obj.key_node = g->any_key;
+            obj.key_node = key_node;
             if ((*out = add_node(g, &obj)) < 0)
                 return oom(b);
             return SW_OK;
@@ -1575,7 +1646,22 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
             }
             bool is_req = json_object_get(req_set, key) != NULL;
             int32_t child;
-            if (forbid && strcmp(forbid, key) == 0) {
+            bool name_ok = true;
+            if (names) {
+                /* a name propertyNames refuses is never generated */
+                json_t *ks = json_string(key);
+                sw_error verr;
+                int vrc = ks ? val_judge(b->doc, names, ks, &verr) : SW_ENOMEM;
+                json_decref(ks);
+                if (vrc != SW_OK && vrc != SW_EINVAL) {
+                    rc = vrc == SW_ENOMEM ? oom(b)
+                                          : fail_at(b, path_push(b, plen, "propertyNames"), vrc,
+                                                    verr.message);
+                    goto done;
+                }
+                name_ok = vrc == SW_OK;
+            }
+            if ((forbid && strcmp(forbid, key) == 0) || !name_ok) {
                 child = CS_NEVER;
             } else if ((rc = compile(b, sub, depth + 1, l, &child))) {
                 goto done;
@@ -1595,6 +1681,41 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
             required[n] = is_req;
             n++;
         }
+    }
+    /* minProperties / maxProperties over the declared properties: the
+     * first optional ones become required, the last ones are left out (a
+     * narrowing) */
+    {
+        size_t n_req = 0;
+        for (size_t i = 0; i < n; i++)
+            n_req += required[i];
+        for (size_t i = 0; i < n && n_req < (size_t)min_props; i++)
+            if (!required[i]) {
+                required[i] = true;
+                n_req++;
+            }
+        if (n_req < (size_t)min_props || n_req > (size_t)max_props) {
+            *out = CS_NEVER;
+            goto done;
+        }
+        size_t room = (size_t)max_props - n_req, kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!required[i]) {
+                if (room == 0) {
+                    sw_free(keys[i]);
+                    keys[i] = NULL;
+                    continue;
+                }
+                room--;
+            }
+            keys[kept] = keys[i];
+            children[kept] = children[i];
+            required[kept] = required[i];
+            if (kept != i)
+                keys[i] = NULL;
+            kept++;
+        }
+        n = kept;
     }
     rc = make_object(b, keys, children, required, n, out);
 done:
@@ -1619,11 +1740,35 @@ static int compile_array(builder *b, const json_t *s, int32_t depth, size_t plen
     if ((rc = get_count(b, s, "minItems", plen, 0, &nd.min_items)) ||
         (rc = get_count(b, s, "maxItems", plen, INT32_MAX, &nd.max_items)))
         return rc;
+    /* contains: every item is generated matching it (a narrowing), so
+     * minContains / maxContains become bounds on the item count */
+    const json_t *contains = json_object_get(s, "contains");
+    if (contains) {
+        int32_t cmin = 1, cmax = INT32_MAX;
+        if (b->doc->dialect == SC_2020 &&
+            ((rc = get_count(b, s, "minContains", plen, 1, &cmin)) ||
+             (rc = get_count(b, s, "maxContains", plen, INT32_MAX, &cmax))))
+            return rc;
+        if (cmin > 0 || cmax < INT32_MAX) {
+            json_t *w = json_pack("{s:[OO]}", "allOf", items ? items : json_true(), contains);
+            if (!w || !doc_keep(b->doc, w))
+                return oom(b);
+            items = w;
+            if (cmin > nd.min_items)
+                nd.min_items = cmin;
+            if (cmax < nd.max_items)
+                nd.max_items = cmax;
+        }
+    }
+    /* uniqueItems: at most one item is generated (a narrowing) */
+    if (json_is_true(json_object_get(s, "uniqueItems")) && nd.max_items > 1)
+        nd.max_items = 1;
     if (nd.min_items > nd.max_items) {
         *out = CS_NEVER;
-        return plen <= 1 ? fail_at(b, path_push(b, plen, "minItems"), SW_EINVAL,
-                                   "minItems is larger than maxItems")
-                         : SW_OK;
+        return plen <= 1 && !contains && !json_is_true(json_object_get(s, "uniqueItems"))
+                   ? fail_at(b, path_push(b, plen, "minItems"), SW_EINVAL,
+                             "minItems is larger than maxItems")
+                   : SW_OK;
     }
     if (items && !json_is_true(items)) {
         if ((rc = compile(b, items, depth + 1, path_push(b, plen, "items"), &nd.item)))
@@ -1855,6 +2000,98 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
     return SW_OK;
 }
 
+/* ---- pattern and format ------------------------------------------------------
+ * A string's `pattern` and enforced `format` as one automaton over its
+ * content (regex.h, formats.h; both: their intersection). *re is NULL when
+ * the schema has neither. *max_chars: the format's own length bound
+ * (hostname: 253), INT32_MAX when none. *key names the keyword at fault. */
+static int string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars,
+                            const char **key, sw_error *err)
+{
+    const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    eng_regex *a = NULL, *f = NULL;
+    int rc;
+    *re = NULL;
+    *max_chars = INT32_MAX;
+    *key = "pattern";
+    if (pat) {
+        if (!json_is_string(pat))
+            return sw_error_set(err, SW_EINVAL, "'pattern' must be a string");
+        if ((rc = eng_regex_compile(json_string_value(pat), json_string_length(pat), &a, err)))
+            return rc;
+    }
+    const char *fp = json_is_string(fmt) ? eng_format_pattern(json_string_value(fmt), max_chars)
+                                         : NULL;
+    if (fp && (rc = eng_regex_compile(fp, strlen(fp), &f, err))) {
+        *key = "format";
+        eng_regex_free(a);
+        return rc;
+    }
+    if (a && f) {
+        rc = eng_regex_intersect(a, f, re, err);
+        eng_regex_free(a);
+        eng_regex_free(f);
+        return rc;
+    }
+    if (f)
+        *key = "format";
+    *re = a ? a : f;
+    return SW_OK;
+}
+
+/* An enforced format: an untyped schema holding one is not "any value"
+ * (its strings must match; other types are free). */
+static bool has_enforced_format(const json_t *s)
+{
+    const json_t *fmt = json_object_get(s, "format");
+    return json_is_string(fmt) && eng_format_pattern(json_string_value(fmt), NULL);
+}
+
+/* What each content byte costs in the JSON text: escapes are longer. */
+static void json_byte_costs(uint8_t cost[256])
+{
+    for (int c = 0; c < 256; c++)
+        cost[c] = c < 0x20 ? 6 : 1; /* \u00XX */
+    cost['"'] = cost['\\'] = 2;
+    cost['\b'] = cost['\f'] = cost['\n'] = cost['\r'] = cost['\t'] = 2;
+}
+
+/* A CS_PATTERN node for re (taken over) and lo..hi code points; CS_NEVER
+ * when no string within the bounds matches (an error at the root). */
+static int make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_t plen,
+                        const char *key, int32_t *out)
+{
+    uint8_t cost[256];
+    eng_regex_costs *t = NULL;
+    sw_error e;
+    json_byte_costs(cost);
+    int rc = eng_regex_costs_build(re, cost, lo, hi, &t, &e);
+    if (rc) {
+        eng_regex_free(re);
+        return fail_at(b, path_push(b, plen, key), rc, e.message);
+    }
+    int64_t m = eng_regex_costs_get(t, eng_regex_start(re), 0);
+    if (m < 0) {
+        eng_regex_free(re);
+        eng_regex_costs_free(t);
+        *out = CS_NEVER;
+        return plen <= 1 ? fail_at(b, path_push(b, plen, key), SW_EINVAL,
+                                   "no string of the allowed lengths matches")
+                         : SW_OK;
+    }
+    cs_node nd;
+    memset(&nd, 0, sizeof nd);
+    nd.kind = CS_PATTERN;
+    nd.min_chars = lo;
+    nd.max_chars = hi;
+    nd.re = re;
+    nd.re_costs = t;
+    nd.min_bytes = len_add(2, m);
+    if ((*out = add_node(b->g, &nd)) < 0)
+        return oom(b);
+    return SW_OK;
+}
+
 static int compile_typed(builder *b, const json_t *s, int type, const char *forbid,
                          int32_t depth, size_t plen, int32_t *out)
 {
@@ -1874,6 +2111,14 @@ static int compile_typed(builder *b, const json_t *s, int type, const char *forb
                                        "minLength is larger than maxLength")
                              : SW_OK;
         }
+        eng_regex *re = NULL;
+        int32_t fmt_max;
+        const char *key;
+        sw_error e;
+        if ((rc = string_automaton(s, &re, &fmt_max, &key, &e)))
+            return fail_at(b, path_push(b, plen, key), rc, e.message);
+        if (re)
+            return make_pattern(b, re, lo, hi < fmt_max ? hi : fmt_max, plen, key, out);
         *out = make_string(g, lo, hi);
         break;
     }
@@ -2103,6 +2348,99 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
     return SW_OK;
 }
 
+/* dependentSchemas (and draft 7's schema dependencies): each schema is
+ * applied whether its property is there or not (a narrowing: such a value
+ * satisfies "if p then S" either way), false as "p is never generated". */
+static int compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
+                             int32_t *out)
+{
+    json_t *rest = json_copy((json_t *)s);
+    json_t *all = json_array();
+    if (!rest || !doc_keep(b->doc, rest) || !all || !doc_keep(b->doc, all))
+        return oom(b);
+    json_object_del(rest, "dependentSchemas");
+    json_t *arrays = json_object(); /* dependencies that are lists stay */
+    if (!arrays || json_array_append_new(all, arrays))
+        return oom(b);
+    json_array_append(all, rest);
+    static const char *const keys[] = {"dependentSchemas", "dependencies"};
+    for (int d = 0; d < 2; d++) {
+        const json_t *deps = json_object_get(s, keys[d]);
+        const char *k;
+        const json_t *v;
+        if (!json_is_object(deps))
+            continue;
+        json_object_foreach((json_t *)deps, k, v) {
+            if (json_is_array(v)) {
+                json_object_set(arrays, k, (json_t *)v);
+            } else if (json_is_false(v)) {
+                if (json_array_append_new(all, json_pack("{s:{s:b}}", "properties", k, 0)))
+                    return oom(b);
+            } else if (json_is_object(v)) {
+                json_array_append(all, (json_t *)v);
+            } else if (!json_is_true(v)) {
+                return fail_at(b, path_push(b, path_push(b, plen, keys[d]), k), SW_EINVAL,
+                               "a dependency must be a schema or a list of names");
+            }
+        }
+    }
+    json_object_del(rest, "dependencies");
+    if (json_object_size(arrays))
+        json_object_set(rest, "dependentRequired", arrays);
+    json_array_remove(all, 0);
+    json_t *w = json_pack("{s:O}", "allOf", all);
+    if (!w || !doc_keep(b->doc, w))
+        return oom(b);
+    return compile(b, w, depth, plen, out);
+}
+
+/* if / then / else: the values of (if and then) or of (not if and else).
+ * Where "not if" cannot be enforced (docs/api.md, not), only the first
+ * alternative is generated (a narrowing). */
+static int compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
+{
+    const json_t *cond = json_object_get(s, "if");
+    const json_t *then = json_object_get(s, "then"), *other = json_object_get(s, "else");
+    json_t *rest = json_copy((json_t *)s);
+    if (!rest || !doc_keep(b->doc, rest))
+        return oom(b);
+    json_object_del(rest, "if");
+    json_object_del(rest, "then");
+    json_object_del(rest, "else");
+    json_t *yes = json_pack("{s:[OOO]}", "allOf", rest, cond, then ? then : json_true());
+    json_t *no = json_pack("{s:[O{s:O}O]}", "allOf", rest, "not", cond,
+                           other ? other : json_true());
+    if (!yes || !doc_keep(b->doc, yes) || !no || !doc_keep(b->doc, no))
+        return oom(b);
+    int32_t alts[2], n = 0, a;
+    int rc = compile(b, yes, depth, path_push(b, plen, "then"), &a);
+    if (rc)
+        return rc;
+    if (a != CS_NEVER)
+        alts[n++] = a;
+    rc = compile(b, no, depth, path_push(b, plen, "else"), &a);
+    if (rc == SW_EUNSUPPORTED && n > 0)
+        rc = SW_OK, a = CS_NEVER; /* "not if" cannot be enforced: then only */
+    if (rc)
+        return rc;
+    if (a != CS_NEVER)
+        alts[n++] = a;
+    if (n == 0) {
+        *out = CS_NEVER;
+        return SW_OK;
+    }
+    if (n == 1) {
+        *out = alts[0];
+        return SW_OK;
+    }
+    if ((*out = make_anyof(b->g, alts, n)) < 0)
+        return oom(b);
+    if (b->g->nodes[*out].n_branches > ENG_CS_MAX_BRANCHES)
+        return fail_at(b, plen, SW_EUNSUPPORTED,
+                       "if/then/else alternatives expand to more than 64 branches");
+    return SW_OK;
+}
+
 static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     eng_grammar *g = b->g;
@@ -2158,6 +2496,11 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         b->chain[depth]--;
         return rc;
     }
+    if (json_object_get(s, "dependentSchemas") ||
+        (json_is_object(json_object_get(s, "dependencies")) && b->doc->dialect != SC_2020))
+        return compile_dependent(b, s, depth, plen, out);
+    if (json_object_get(s, "if") && (json_object_get(s, "then") || json_object_get(s, "else")))
+        return compile_if(b, s, depth, plen, out);
     if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf"))
         return compile_anyof(b, s, depth, plen, out);
 
@@ -2182,7 +2525,7 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         return compile_literals(b, s, plen, out);
     if (!type)
         tm = inferred_types(s);
-    bool untyped = !type && tm == T_ALL;
+    bool untyped = !type && tm == T_ALL && !has_enforced_format(s);
     tm &= ~ni.types_out;
     tm &= ni.types_only;
     /* not integer: the numbers left are fractions, which the number node
@@ -2446,7 +2789,7 @@ fail:
  * grammar; the compiler filters enum values through it). Exact wherever it
  * judges: any property order, additional properties, a keyword constrains
  * only values of its type, numbers of any size, oneOf as exactly one. What
- * it cannot judge (pattern, known formats, unevaluated*, $dynamicRef, a
+ * it cannot judge (formats without a pattern, unevaluated*, $dynamicRef, a
  * remote $ref) is SW_EUNSUPPORTED. */
 
 typedef struct validator {
@@ -2730,7 +3073,7 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
             return SW_OK; /* draft 7: the other keywords are ignored */
     }
     static const char *const refused[] = {"unevaluatedItems", "unevaluatedProperties",
-                                          "$dynamicRef", "$recursiveRef", "pattern"};
+                                          "$dynamicRef", "$recursiveRef"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if (json_object_get(s, refused[i])) {
             char what[96];
@@ -2739,6 +3082,7 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
         }
     const json_t *fmt = json_object_get(s, "format");
     if (json_is_string(fmt) && IN_LIST(json_string_value(fmt), known_formats) &&
+        !eng_format_pattern(json_string_value(fmt), NULL) &&
         json_is_string(x))
         return val_fail(v, plen, SW_EUNSUPPORTED, "'format' is not supported");
     const json_t *type = json_object_get(s, "type");
@@ -2823,6 +3167,19 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
             return val_fail(v, plen, SW_EINVAL, "the string is shorter than minLength");
         if (chars > hi)
             return val_fail(v, plen, SW_EINVAL, "the string is longer than maxLength");
+        eng_regex *re = NULL;
+        int32_t fmt_max;
+        const char *key;
+        sw_error perr;
+        if ((rc = string_automaton(s, &re, &fmt_max, &key, &perr)))
+            return val_fail(v, plen, SW_EUNSUPPORTED, perr.message);
+        bool ok = !re || (chars <= fmt_max &&
+                          eng_regex_match(re, json_string_value(x), json_string_length(x)));
+        eng_regex_free(re);
+        if (!ok)
+            return val_fail(v, plen, SW_EINVAL,
+                            strcmp(key, "format") == 0 ? "the string does not match its 'format'"
+                                                       : "the string does not match 'pattern'");
     }
     return SW_OK;
 }

@@ -483,7 +483,13 @@ static void test_errors(void **state)
                  SW_EUNSUPPORTED, "may both match");
     expect_error("{\"not\":{\"type\":\"string\",\"minLength\":3}}", SW_EUNSUPPORTED,
                  "'not' is enforced only");
-    expect_error("{\"type\":\"array\",\"uniqueItems\":true}", SW_EUNSUPPORTED, "uniqueItems");
+    /* uniqueItems: at most one item (a narrowing); two required: refused */
+    eng_grammar_free(compile_ok("{\"type\":\"array\",\"uniqueItems\":true}"));
+    expect_error("{\"type\":\"array\",\"uniqueItems\":true,\"minItems\":2}", SW_EUNSUPPORTED,
+                 "no value");
+    /* free keys could name a property with dependencies */
+    expect_error("{\"dependentRequired\":{\"a\":[\"b\"]}}", SW_EUNSUPPORTED, "dependencies");
+    expect_error("{\"minProperties\":1}", SW_EUNSUPPORTED, "minProperties");
     expect_error("{\"type\":\"array\",\"items\":[{}]}", SW_EUNSUPPORTED, "tuple");
     expect_error("false", SW_EUNSUPPORTED, "false");
     expect_error("{\"type\":\"strin\"}", SW_EINVAL, "unknown type");

@@ -64,6 +64,12 @@ typedef struct narrowing {
 #define WHY_FRAC                                                                               \
     "a number's fraction is generated only after an integer part within the integer bounds "    \
     "(minimum 1.1: 2, 3, 2.5 but not 1.1 or 1.5)"
+#define WHY_CONTAINS "every item is generated matching 'contains' (items that do not are never generated)"
+#define WHY_UNIQUE "uniqueItems: arrays of at most one item are generated"
+#define WHY_DEP "dependentSchemas apply whether or not their property is present"
+#define WHY_IF                                                                                 \
+    "if/then/else: where 'not if' cannot be enforced (if holds more than type, const, enum, "   \
+    "required), only values satisfying if and then are generated"
 #define WHY_TYPE                                                                               \
     "a schema without 'type' whose keywords all concern one type (properties, items, "          \
     "minLength, ...) generates only values of that type"
@@ -84,6 +90,24 @@ static const narrowing g_narrowings[] = {
     {NULL, "root pointer ref", NULL, WHY_TYPE},
     {"format.json", "*", "invalid *",
      "the formats with a pattern (formats.h) are enforced, as assertions, not annotations"},
+    {"contains.json", "contains keyword validation", "array with*", WHY_CONTAINS},
+    {"contains.json", "contains keyword validation", "not array is valid", WHY_TYPE},
+    {"contains.json", "contains keyword with const keyword", NULL, WHY_CONTAINS},
+    {"minContains.json", "minContains=*", "some elements match*", WHY_CONTAINS},
+    {"maxContains.json", "maxContains with contains", "some elements match*", WHY_CONTAINS},
+    {"uniqueItems.json", "uniqueItems validation", NULL, WHY_UNIQUE},
+    {"dependentSchemas.json", "single dependency", "no dependency", WHY_DEP},
+    {"dependentSchemas.json", "boolean subschemas", NULL, WHY_DEP},
+    {"dependentSchemas.json", "dependent subschema incompatible with root", NULL, WHY_DEP},
+    {"dependencies.json", "dependencies with boolean subschemas", NULL, WHY_DEP},
+    {"dependencies.json", "dependent subschema incompatible with root", NULL, WHY_DEP},
+    {"dependencies.json", "multiple dependencies subschema", NULL, WHY_DEP},
+    {"if-then-else.json", "if and then without else", NULL, WHY_IF},
+    {"if-then-else.json", "if and else without then", NULL, WHY_IF},
+    {"if-then-else.json", "if appears at the end when serialized (keyword processing sequence)",
+     NULL, WHY_IF},
+    {"if-then-else.json", "non-interference across combined schemas", NULL, WHY_IF},
+    {"if-then-else.json", "validate against correct branch, then vs else", NULL, WHY_IF},
     {"vocabulary.json", "schema that uses custom metaschema with with no validation vocabulary",
      NULL, "metaschemas are not fetched: the validation keywords always apply"},
 };

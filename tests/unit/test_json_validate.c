@@ -73,8 +73,15 @@ static const vcase g_cases[] = {
     {"true", "[1,{\"a\":null}]", SW_OK, NULL},
     {"{\"type\":\"object\",\"properties\":{\"a\":false}}", "{\"a\":1}", SW_EINVAL, "(at #/a)"},
     /* outside the subset: not judged */
-    {"{\"type\":\"string\",\"pattern\":\"^a\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
-    {"{\"type\":\"string\",\"format\":\"email\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
+    {"{\"type\":\"string\",\"pattern\":\"^a\"}", "\"b\"", SW_EINVAL, "'pattern' (at #)"},
+    {"{\"type\":\"string\",\"pattern\":\"^a\"}", "\"ab\"", SW_OK, NULL},
+    {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "\"aa\"", SW_EUNSUPPORTED, NULL},
+    {"{\"type\":\"string\",\"format\":\"email\"}", "\"b\"", SW_EINVAL, "'format' (at #)"},
+    {"{\"type\":\"string\",\"format\":\"email\"}", "\"a@b.c\"", SW_OK, NULL},
+    {"{\"format\":\"date\"}", "12", SW_OK, NULL}, /* formats constrain strings only */
+    {"{\"format\":\"hostname\"}", "\"a.b\"", SW_OK, NULL},
+    {"{\"type\":\"string\",\"format\":\"idn-hostname\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
+    {"{\"type\":\"string\",\"format\":\"x-custom\"}", "\"b\"", SW_OK, NULL}, /* annotation */
     {"{\"$ref\":\"https://example.com/s.json\"}", "1", SW_EUNSUPPORTED, NULL},
     /* judged exactly */
     {"{\"type\":\"integer\",\"minimum\":3}", "1", SW_EINVAL, "minimum"},

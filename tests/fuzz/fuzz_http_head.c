@@ -288,7 +288,9 @@ static void check_answers(const char *out, size_t len, const uint8_t *in, size_t
         }
         at += body_len;
     }
-    FZ_CHECK(finals <= heads);
+    /* one answer per request head (a head over 16 KiB without its end is
+     * refused once, as too large) */
+    FZ_CHECK(finals <= heads + (in_len >= 16384));
     /* a first request whose head is complete and that has no body is
      * always answered */
     const uint8_t *first_end = memmem(in, in_len, "\r\n\r\n", 4);

@@ -21,6 +21,7 @@
  * than request heads, at most one 100 Continue before each, and a first
  * request with a complete head and no body gets an answer.
  */
+#include "common/log.h"
 #include "router/router-impl.h"
 #include "router/router_net.h"
 
@@ -118,6 +119,8 @@ static bool setup(void)
     if (state)
         return state > 0;
     state = -1;
+    if (!getenv("SPILLWAY_LOG"))
+        sw_log_set_level(SW_LOG_ERROR); /* a line per request otherwise */
     rt_config_defaults(&fz_cfg);
     fz_cfg.http_timeout_s = 2;
     fz_cfg.keepalive_timeout_s = 1;

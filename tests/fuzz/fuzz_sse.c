@@ -22,6 +22,7 @@
  * before [DONE] reached the client; token and text counts stay within
  * what the input holds.
  */
+#include "common/log.h"
 #include "router/router_attempt.h"
 #include "router/router_net.h"
 
@@ -338,6 +339,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1 || !worker_start())
         return 0;
     if (!fz_rt.cfg) {
+        if (!getenv("SPILLWAY_LOG"))
+            sw_log_set_level(SW_LOG_ERROR);
         rt_config_defaults(&fz_cfg);
         fz_cfg.http_timeout_s = 2;
         fz_rt.cfg = &fz_cfg;

@@ -903,6 +903,25 @@ static int32_t key_hi(const cs_node *n, int32_t a)
     return r < n->n_props ? r : n->n_props - 1;
 }
 
+static int64_t sat(int64_t x);
+
+/* The node of an array's item i (prefixItems first). */
+static int32_t array_item(const cs_node *n, int64_t i)
+{
+    return i < n->n_prefix ? n->prefix[i] : n->item;
+}
+
+/* Bytes of items from..to-1 at their shortest, each with its comma. */
+static int64_t array_tail(const eng_grammar *g, const cs_node *n, int64_t from, int64_t to)
+{
+    int64_t sum = 0;
+    for (; from < to && from < n->n_prefix; from++)
+        sum = sat(sum + 1 + g->nodes[n->prefix[from]].min_bytes);
+    if (from < to)
+        sum = sat(sum + (to - from) * (1 + (int64_t)g->nodes[n->item].min_bytes));
+    return sum;
+}
+
 static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out);
 
 /* A value of node starts with ch on top of st. */
@@ -1076,12 +1095,12 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                     return;
                 f->phase = R_AFTER;
                 f->a = 1;
-                enter(g, st, n->item, ch, out);
+                enter(g, st, array_item(n, 0), ch, out);
                 return;
             case R_NEXT:
                 f->phase = R_AFTER;
                 f->a++;
-                enter(g, st, n->item, ch, out);
+                enter(g, st, array_item(n, f->a - 1), ch, out);
                 return;
             default: /* R_AFTER */
                 if (ch == ',' && f->a < n->max_items) {
@@ -1178,12 +1197,14 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
         }
     }
     case CS_ARRAY: {
-        int64_t im = g->nodes[n->item].min_bytes, lo = n->min_items;
+        int64_t lo = n->min_items;
         switch (f->phase) {
         case R_START: return n->min_bytes;
-        case R_FIRST: return lo == 0 ? 1 : sat(lo * im + (lo - 1) + 1);
-        case R_AFTER: return sat((lo > f->a ? lo - f->a : 0) * (im + 1) + 1);
-        default: return sat(im + (lo > f->a + 1 ? lo - f->a - 1 : 0) * (im + 1) + 1);
+        case R_FIRST: return lo == 0 ? 1 : sat(array_tail(g, n, 0, lo) - 1 + 1);
+        case R_AFTER: return sat(array_tail(g, n, f->a, lo) + 1);
+        default: /* R_NEXT: item f->a is next, its comma written */
+            return sat(g->nodes[array_item(n, f->a)].min_bytes +
+                       array_tail(g, n, f->a + 1, lo) + 1);
         }
     }
     case CS_PATTERN: return pattern_min(n, f);

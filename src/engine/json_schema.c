@@ -54,6 +54,7 @@ static void node_clear(cs_node *n)
     sw_free(n->lits);
     sw_free(n->lit_lens);
     sw_free(n->alts);
+    sw_free(n->prefix);
     eng_regex_free(n->re);
     eng_regex_costs_free(n->re_costs);
     for (int i = 0; i < 2; i++) {
@@ -112,10 +113,15 @@ static int32_t add_node(eng_grammar *g, cs_node *n)
         m = 2 + (n->next_req[0] < n->n_props ? n->req_from[0] - 1 : 0);
         break;
     case CS_ANYOBJ: m = 2; break;
-    case CS_ARRAY:
-        m = len_add(2, len_add(len_mul(n->min_items, g->nodes[n->item].min_bytes),
-                               n->min_items > 0 ? n->min_items - 1 : 0));
+    case CS_ARRAY: {
+        /* prefixItems first, then item; a comma between two */
+        int64_t k = n->min_items < n->n_prefix ? n->min_items : n->n_prefix;
+        m = 2 + (n->min_items > 0 ? n->min_items - 1 : 0);
+        for (int64_t i = 0; i < k; i++)
+            m = len_add(m, g->nodes[n->prefix[i]].min_bytes);
+        m = len_add(m, len_mul(n->min_items - k, g->nodes[n->item].min_bytes));
         break;
+    }
     case CS_STRING: m = len_add(2, n->min_chars); break;
     case CS_PATTERN: m = n->min_bytes; break; /* make_pattern's */
     case CS_NUMBER:
@@ -1168,17 +1174,8 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
                 return key;
             continue;
         }
-        if (strcmp(key, "items") == 0) {
-            if (json_is_array(v))
-                return key; /* draft 7 tuples */
-            continue;
-        }
-        if (strcmp(key, "additionalItems") == 0) {
-            /* without a tuple "items" it has no effect */
-            if (json_is_array(json_object_get(s, "items")))
-                return key;
-            continue;
-        }
+        if (strcmp(key, "items") == 0 || strcmp(key, "additionalItems") == 0)
+            continue; /* draft 7 tuples too */
         if (strcmp(key, "minContains") == 0 || strcmp(key, "maxContains") == 0 ||
             strcmp(key, "then") == 0 || strcmp(key, "else") == 0) {
             continue; /* without contains / if: no effect; with them: refused there */
@@ -1189,8 +1186,7 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
             return NULL; /* draft 7: the other keywords are ignored */
         if (strcmp(key, "patternProperties") == 0 ||
             strcmp(key, "unevaluatedItems") == 0 || strcmp(key, "unevaluatedProperties") == 0 ||
-            strcmp(key, "$dynamicRef") == 0 || strcmp(key, "$recursiveRef") == 0 ||
-            strcmp(key, "prefixItems") == 0)
+            strcmp(key, "$dynamicRef") == 0 || strcmp(key, "$recursiveRef") == 0)
             return key;
     }
     return NULL;
@@ -1733,13 +1729,38 @@ static int compile_array(builder *b, const json_t *s, int32_t depth, size_t plen
 {
     eng_grammar *g = b->g;
     const json_t *items = json_object_get(s, "items");
+    const json_t *tuple = json_object_get(s, "prefixItems");
+    const char *tuple_key = "prefixItems";
     cs_node nd;
     int rc;
     memset(&nd, 0, sizeof nd);
     nd.kind = CS_ARRAY;
+    if (b->doc->dialect != SC_2020 || (json_is_array(items) && !tuple)) {
+        /* draft 7 (and a 2020-12 schema written that way): items as an
+         * array is the tuple, additionalItems the rest */
+        tuple = json_is_array(items) ? items : NULL;
+        tuple_key = "items";
+        if (tuple)
+            items = json_object_get(s, "additionalItems");
+    } else if (json_is_array(items)) {
+        return fail_at(b, path_push(b, plen, "items"), SW_EINVAL,
+                       "'items' must be a schema beside 'prefixItems'");
+    }
+    if (tuple && !json_is_array(tuple))
+        return fail_at(b, path_push(b, plen, tuple_key), SW_EINVAL,
+                       "expected an array of schemas");
+    if (json_array_size(tuple) > 256)
+        return fail_at(b, path_push(b, plen, tuple_key), SW_EUNSUPPORTED,
+                       "more than 256 tuple items");
     if ((rc = get_count(b, s, "minItems", plen, 0, &nd.min_items)) ||
         (rc = get_count(b, s, "maxItems", plen, INT32_MAX, &nd.max_items)))
         return rc;
+    if (nd.min_items > nd.max_items) {
+        *out = CS_NEVER;
+        return plen <= 1 ? fail_at(b, path_push(b, plen, "minItems"), SW_EINVAL,
+                                   "minItems is larger than maxItems")
+                         : SW_OK;
+    }
     /* contains: every item is generated matching it (a narrowing), so
      * minContains / maxContains become bounds on the item count */
     const json_t *contains = json_object_get(s, "contains");
@@ -1750,41 +1771,77 @@ static int compile_array(builder *b, const json_t *s, int32_t depth, size_t plen
              (rc = get_count(b, s, "maxContains", plen, INT32_MAX, &cmax))))
             return rc;
         if (cmin > 0 || cmax < INT32_MAX) {
-            json_t *w = json_pack("{s:[OO]}", "allOf", items ? items : json_true(), contains);
-            if (!w || !doc_keep(b->doc, w))
-                return oom(b);
-            items = w;
             if (cmin > nd.min_items)
                 nd.min_items = cmin;
             if (cmax < nd.max_items)
                 nd.max_items = cmax;
+        } else {
+            contains = NULL; /* no effect */
         }
     }
     /* uniqueItems: at most one item is generated (a narrowing) */
     if (json_is_true(json_object_get(s, "uniqueItems")) && nd.max_items > 1)
         nd.max_items = 1;
-    if (nd.min_items > nd.max_items) {
-        *out = CS_NEVER;
-        return plen <= 1 && !contains && !json_is_true(json_object_get(s, "uniqueItems"))
-                   ? fail_at(b, path_push(b, plen, "minItems"), SW_EINVAL,
-                             "minItems is larger than maxItems")
-                   : SW_OK;
+    /* an item's schema: with contains, both */
+    const json_t *item_s[257];
+    size_t n_tuple = json_array_size(tuple);
+    for (size_t i = 0; i <= n_tuple; i++) {
+        const json_t *x = i < n_tuple ? json_array_get(tuple, i) : items;
+        if (contains) {
+            json_t *w = json_pack("{s:[OO]}", "allOf", x ? x : json_true(), contains);
+            if (!w || !doc_keep(b->doc, w))
+                return oom(b);
+            x = w;
+        }
+        item_s[i] = x;
     }
-    if (items && !json_is_true(items)) {
-        if ((rc = compile(b, items, depth + 1, path_push(b, plen, "items"), &nd.item)))
+    if (n_tuple > 0) {
+        nd.prefix = sw_calloc(n_tuple, sizeof *nd.prefix);
+        if (!nd.prefix)
+            return oom(b);
+    }
+    for (size_t i = 0; i < n_tuple && (int64_t)i < nd.max_items; i++) {
+        int32_t node;
+        size_t l = path_push_index(b, path_push(b, plen, tuple_key), i);
+        if ((rc = compile(b, item_s[i], depth + 1, l, &node))) {
+            node_clear(&nd);
             return rc;
-    } else if ((nd.item = make_any(g, any_levels(depth + 1))) < 0) {
-        return oom(b);
+        }
+        if (node == CS_NEVER) {
+            nd.max_items = (int32_t)i; /* no array reaches past it */
+            break;
+        }
+        nd.prefix[nd.n_prefix++] = node;
+    }
+    const json_t *rest = item_s[n_tuple];
+    nd.item = CS_NEVER;
+    if (nd.max_items > nd.n_prefix) {
+        if (rest && !json_is_true(rest)) {
+            size_t l = path_push(b, plen, tuple ? (b->doc->dialect != SC_2020 ? "additionalItems"
+                                                                               : "items")
+                                                : "items");
+            if ((rc = compile(b, rest, depth + 1, l, &nd.item))) {
+                node_clear(&nd);
+                return rc;
+            }
+        } else if ((nd.item = make_any(g, any_levels(depth + 1))) < 0) {
+            node_clear(&nd);
+            return oom(b);
+        }
     }
     if (nd.item == CS_NEVER) {
-        /* only [] */
-        if (nd.min_items > 0) {
-            *out = CS_NEVER;
-            return SW_OK;
-        }
-        nd.max_items = 0;
-        if ((nd.item = make_any(g, 0)) < 0)
+        /* nothing after the tuple */
+        if (nd.max_items > nd.n_prefix)
+            nd.max_items = nd.n_prefix;
+        if ((nd.item = make_any(g, 0)) < 0) {
+            node_clear(&nd);
             return oom(b);
+        }
+    }
+    if (nd.min_items > nd.max_items) {
+        node_clear(&nd);
+        *out = CS_NEVER;
+        return SW_OK;
     }
     if ((*out = add_node(g, &nd)) < 0)
         return oom(b);
@@ -2971,7 +3028,7 @@ static int val_array(validator *v, const json_t *s, const json_t *x, size_t plen
     const json_t *items = json_object_get(s, "items");
     const json_t *prefix = json_object_get(s, "prefixItems");
     const json_t *rest = items;
-    if (v->doc->dialect != SC_2020 && json_is_array(items)) {
+    if (json_is_array(items) && (v->doc->dialect != SC_2020 || !prefix)) {
         prefix = items;
         rest = json_object_get(s, "additionalItems");
     } else if (json_is_array(items)) {

@@ -490,7 +490,25 @@ static void test_errors(void **state)
     /* free keys could name a property with dependencies */
     expect_error("{\"dependentRequired\":{\"a\":[\"b\"]}}", SW_EUNSUPPORTED, "dependencies");
     expect_error("{\"minProperties\":1}", SW_EUNSUPPORTED, "minProperties");
-    expect_error("{\"type\":\"array\",\"items\":[{}]}", SW_EUNSUPPORTED, "tuple");
+    /* tuples: prefixItems, or items as an array (draft 7) with additionalItems */
+    {
+        eng_cs_vocab *bv = byte_vocab();
+        eng_grammar *tg = compile_ok("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},"
+                                     "{\"enum\":[\"a\",\"b\"]}],\"items\":false,\"minItems\":1}");
+        expect_whole(tg, bv, "[1,\"a\"]");
+        expect_whole(tg, bv, "[7]");
+        expect_refused(tg, bv, "[]");
+        expect_refused(tg, bv, "[\"a\"]");
+        expect_refused(tg, bv, "[1,\"a\",2]");
+        eng_grammar_free(tg);
+        tg = compile_ok("{\"type\":\"array\",\"items\":[{\"type\":\"null\"}],"
+                        "\"additionalItems\":{\"type\":\"boolean\"},\"minItems\":3}");
+        expect_whole(tg, bv, "[null,true,false]");
+        expect_refused(tg, bv, "[true]");
+        expect_prefix_only(tg, bv, "[null,true");
+        eng_grammar_free(tg);
+        eng_cs_vocab_free(bv);
+    }
     expect_error("false", SW_EUNSUPPORTED, "false");
     expect_error("{\"type\":\"strin\"}", SW_EINVAL, "unknown type");
     expect_error("{\"type\":\"string\",\"minLength\":5,\"maxLength\":2}", SW_EINVAL, "minLength");

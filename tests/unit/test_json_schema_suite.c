@@ -76,7 +76,7 @@ typedef struct narrowing {
 
 static const narrowing g_narrowings[] = {
     {NULL, "*", "ignores *", WHY_TYPE},
-    {NULL, "a schema given for items", "JavaScript pseudo-array is valid", WHY_TYPE},
+    {NULL, "*", "JavaScript pseudo-array is valid", WHY_TYPE},
     {NULL, "object properties validation", "doesn't invalidate other properties", WHY_ADDL},
     {NULL, "additionalProperties with schema", "an additional valid property is valid", WHY_ADDL},
     {NULL, "additionalProperties are allowed by default", NULL, WHY_ADDL},
@@ -95,7 +95,7 @@ static const narrowing g_narrowings[] = {
     {"contains.json", "contains keyword with const keyword", NULL, WHY_CONTAINS},
     {"minContains.json", "minContains=*", "some elements match*", WHY_CONTAINS},
     {"maxContains.json", "maxContains with contains", "some elements match*", WHY_CONTAINS},
-    {"uniqueItems.json", "uniqueItems validation", NULL, WHY_UNIQUE},
+    {"uniqueItems.json", "uniqueItems*", NULL, WHY_UNIQUE},
     {"dependentSchemas.json", "single dependency", "no dependency", WHY_DEP},
     {"dependentSchemas.json", "boolean subschemas", NULL, WHY_DEP},
     {"dependentSchemas.json", "dependent subschema incompatible with root", NULL, WHY_DEP},

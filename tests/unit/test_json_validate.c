@@ -95,7 +95,9 @@ static const vcase g_cases[] = {
      "'b'"},
     {"{\"x-vendor\":1,\"id\":\"s\",\"type\":\"integer\"}", "1", SW_OK, NULL},
     {"{\"type\":\"frobnicate\"}", "1", SW_EUNSUPPORTED, NULL},
-    {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[1]", SW_EUNSUPPORTED, NULL},
+    /* items as an array: a tuple (draft 7's meaning) */
+    {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[1,\"x\"]", SW_OK, NULL},
+    {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[\"x\"]", SW_EINVAL, "#/0"},
     /* ignored annotations */
     {"{\"type\":\"string\",\"description\":\"d\",\"title\":\"t\",\"default\":\"x\"}", "\"y\"",
      SW_OK, NULL},

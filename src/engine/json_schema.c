@@ -921,16 +921,47 @@ static const char *const max_keys[] = {"maxLength", "maxItems", "maxProperties",
 static const char *const bound_keys[] = {"minimum", "maximum", "exclusiveMinimum",
                                          "exclusiveMaximum"};
 
-/* The schema a side gives property `name`: its properties entry, else its
- * additionalProperties (true when absent). patternProperties are refused
- * before merging. */
-static const json_t *prop_schema(const json_t *s, const char *name)
+/* Whether a patternProperties pattern matches a property name: 1, 0, or
+ * the regex module's error (a pattern it refuses). */
+static int pattern_match_name(const char *pattern, const char *name, sw_error *err)
+{
+    eng_regex *re = NULL;
+    int rc = eng_regex_compile(pattern, strlen(pattern), &re, err);
+    if (rc)
+        return rc;
+    bool m = eng_regex_match(re, name, strlen(name));
+    eng_regex_free(re);
+    return m ? 1 : 0;
+}
+
+/* The schema a side gives property `name` (new reference): its properties
+ * entry and the patternProperties that match the name, else its
+ * additionalProperties (true when absent). */
+static int prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err)
 {
     const json_t *p = json_object_get(json_object_get(s, "properties"), name);
-    if (p)
-        return p;
-    const json_t *a = json_object_get(s, "additionalProperties");
-    return a ? a : json_true();
+    const json_t *pp = json_object_get(s, "patternProperties");
+    json_t *acc = p ? json_incref((json_t *)p) : NULL;
+    const char *pat;
+    const json_t *ps;
+    json_object_foreach((json_t *)pp, pat, ps) {
+        int m = pattern_match_name(pat, name, err);
+        if (m < 0) {
+            json_decref(acc);
+            return m;
+        }
+        if (m) {
+            json_t *w = allof2(acc, ps);
+            json_decref(acc);
+            acc = w;
+        }
+    }
+    if (!acc) {
+        const json_t *a = json_object_get(s, "additionalProperties");
+        acc = a ? json_incref((json_t *)a) : json_true();
+    }
+    *out = acc;
+    return acc ? SW_OK : sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
 }
 
 static int merge_fail(sw_error *err, const char *key)
@@ -1036,19 +1067,47 @@ static int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
     const json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
     const json_t *aa = json_object_get(a, "additionalProperties");
     const json_t *ab = json_object_get(b, "additionalProperties");
-    if (pa || pb || aa || ab) {
-        if (json_object_get(a, "patternProperties") || json_object_get(b, "patternProperties")) {
-            rc = merge_fail(err, "patternProperties");
-            goto fail;
-        }
+    const json_t *qa = json_object_get(a, "patternProperties");
+    const json_t *qb = json_object_get(b, "patternProperties");
+    if (pa || pb || aa || ab || qa || qb) {
         json_t *props = json_object();
         for (int side = 0; props && side < 2; side++) {
             json_object_foreach((json_t *)(side ? pb : pa), k, v) {
                 if (json_object_get(props, k))
                     continue;
-                json_object_set_new(props, k, allof2(prop_schema(a, k), prop_schema(b, k)));
+                json_t *x = NULL, *y = NULL;
+                if ((rc = prop_schema(a, k, &x, err)) || (rc = prop_schema(b, k, &y, err))) {
+                    json_decref(x);
+                    json_decref(props);
+                    goto fail;
+                }
+                json_object_set_new(props, k, allof2(x, y));
+                json_decref(x);
+                json_decref(y);
             }
         }
+        /* a name matching one side's pattern gets the other side's
+         * additionalProperties too (stricter where the other side has a
+         * pattern of its own for it: a narrowing) */
+        json_t *pats = json_object();
+        for (int side = 0; pats && side < 2; side++) {
+            const json_t *q = side ? qb : qa, *other = side ? a : b;
+            const json_t *oq = json_object_get(other, "patternProperties");
+            const json_t *oa = json_object_get(other, "additionalProperties");
+            json_object_foreach((json_t *)q, k, v) {
+                if (json_object_get(pats, k))
+                    continue;
+                json_t *mine = allof2(v, json_object_get(oq, k));
+                json_t *w = json_object_get(oq, k) ? json_incref(mine) : allof2(mine, oa);
+                json_decref(mine);
+                json_object_set_new(pats, k, w);
+            }
+        }
+        json_object_del(m, "patternProperties");
+        if (pats && json_object_size(pats))
+            json_object_set_new(m, "patternProperties", pats);
+        else
+            json_decref(pats);
         if (props && json_object_size(props))
             json_object_set_new(m, "properties", props);
         else
@@ -1184,7 +1243,7 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
             continue;
         if (strcmp(key, "$ref") == 0)
             return NULL; /* draft 7: the other keywords are ignored */
-        if (strcmp(key, "patternProperties") == 0 ||
+        if (
             strcmp(key, "unevaluatedItems") == 0 || strcmp(key, "unevaluatedProperties") == 0 ||
             strcmp(key, "$dynamicRef") == 0 || strcmp(key, "$recursiveRef") == 0)
             return key;
@@ -1508,6 +1567,10 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
     const json_t *props = json_object_get(s, "properties");
     const json_t *addl = json_object_get(s, "additionalProperties");
     const json_t *names = json_object_get(s, "propertyNames");
+    const json_t *pprops = json_object_get(s, "patternProperties");
+    if (pprops && !json_is_object(pprops))
+        return fail_at(b, path_push(b, plen, "patternProperties"), SW_EINVAL,
+                       "'patternProperties' must be an object of schemas");
     eng_grammar *g = b->g;
     int rc = SW_OK;
     int32_t min_props, max_props;
@@ -1560,6 +1623,29 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
             if (json_object_size(json_object_get(s, dep_keys[d])) > 0)
                 return fail_at(b, path_push(b, plen, dep_keys[d]), SW_EUNSUPPORTED,
                                "dependencies are enforced only for declared properties");
+        if (json_object_size(pprops) > 0 && !json_is_false(addl)) {
+            /* a free key may match any pattern: its value satisfies them all
+             * and additionalProperties (a narrowing) */
+            json_t *all = json_array();
+            const char *pat;
+            const json_t *ps;
+            if (!all || !doc_keep(b->doc, all) || json_array_append(all, addl ? (json_t *)addl
+                                                                             : json_true()))
+                return oom(b);
+            json_object_foreach((json_t *)pprops, pat, ps) {
+                sw_error perr;
+                eng_regex *re = NULL;
+                /* a pattern the regex module refuses is refused here too */
+                if ((rc = eng_regex_compile(pat, strlen(pat), &re, &perr)))
+                    return fail_at(b, path_push(b, plen, "patternProperties"), rc, perr.message);
+                eng_regex_free(re);
+                json_array_append(all, (json_t *)ps);
+            }
+            json_t *w = json_pack("{s:O}", "allOf", all);
+            if (!w || !doc_keep(b->doc, w))
+                return oom(b);
+            addl = w;
+        }
         int32_t item, key_node = -1;
         if (names && !json_is_true(names)) {
             /* keys: strings of the propertyNames schema */
@@ -1635,6 +1721,17 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
                     continue;
                 sub = addl ? addl : json_true();
                 l = path_push(b, plen, addl ? "additionalProperties" : "required");
+            }
+            if (json_object_get(s, "patternProperties")) {
+                /* the patterns that match the name apply too */
+                json_t *w = NULL;
+                sw_error perr;
+                if ((rc = prop_schema(s, key, &w, &perr)) || !doc_keep(b->doc, w)) {
+                    rc = rc ? fail_at(b, path_push(b, plen, "patternProperties"), rc, perr.message)
+                            : oom(b);
+                    goto done;
+                }
+                sub = w;
             }
             if (json_object_set_new(seen, key, json_true())) {
                 rc = oom(b);
@@ -2310,13 +2407,18 @@ static bool may_overlap(builder *b, const json_t *x, const json_t *y, int nest)
                    strcmp(json_string_value(json_array_get(ry, j)), name) == 0;
         if (!in_y)
             continue;
-        const json_t *px = prop_schema(x, name), *py = prop_schema(y, name);
+        json_t *px = NULL, *py = NULL;
         const json_t *ex, *ey;
         sw_error scratch;
-        if (effective(b->doc, px, b->base, &ex, &scratch) ||
-            effective(b->doc, py, b->base, &ey, &scratch))
-            continue;
-        if (!may_overlap(b, ex, ey, nest + 1))
+        bool apart = false;
+        if (!prop_schema(x, name, &px, &scratch) && !prop_schema(y, name, &py, &scratch) &&
+            doc_keep(b->doc, json_incref(px)) && doc_keep(b->doc, json_incref(py)) &&
+            !effective(b->doc, px, b->base, &ex, &scratch) &&
+            !effective(b->doc, py, b->base, &ey, &scratch))
+            apart = !may_overlap(b, ex, ey, nest + 1);
+        json_decref(px);
+        json_decref(py);
+        if (apart)
             return false;
     }
     return true;
@@ -2995,13 +3097,28 @@ static int val_object(validator *v, const json_t *s, const json_t *x, size_t ple
             }
         }
     }
-    if (json_object_get(s, "patternProperties"))
-        return val_fail(v, plen, SW_EUNSUPPORTED, "'patternProperties' is not supported");
+    const json_t *pprops = json_object_get(s, "patternProperties");
+    if (pprops && !json_is_object(pprops))
+        return val_fail(v, plen, SW_EUNSUPPORTED, "'patternProperties' must be an object");
     const char *key;
     const json_t *val;
     json_object_foreach((json_t *)x, key, val) {
         const json_t *sub = json_object_get(props, key);
         size_t l = val_push(v, plen, key);
+        bool matched = false;
+        const char *pat;
+        const json_t *ps;
+        json_object_foreach((json_t *)pprops, pat, ps) {
+            sw_error perr;
+            int m = pattern_match_name(pat, key, &perr);
+            if (m < 0)
+                return val_fail(v, plen, SW_EUNSUPPORTED, perr.message);
+            if (m) {
+                matched = true;
+                if ((rc = val_check(v, ps, val, l)))
+                    return rc;
+            }
+        }
         if (names) {
             json_t *ks = json_string(key);
             if (!ks)
@@ -3014,7 +3131,7 @@ static int val_object(validator *v, const json_t *s, const json_t *x, size_t ple
         if (sub) {
             if ((rc = val_check(v, sub, val, l)))
                 return rc;
-        } else if (addl && (rc = val_check(v, addl, val, l))) {
+        } else if (!matched && addl && (rc = val_check(v, addl, val, l))) {
             return rc;
         }
     }

@@ -70,6 +70,9 @@ typedef struct narrowing {
 #define WHY_IF                                                                                 \
     "if/then/else: where 'not if' cannot be enforced (if holds more than type, const, enum, "   \
     "required), only values satisfying if and then are generated"
+#define WHY_PATTERN                                                                            \
+    "a free key (no declared properties) is generated with a value satisfying every "           \
+    "patternProperties schema and additionalProperties, whichever it matches"
 #define WHY_TYPE                                                                               \
     "a schema without 'type' whose keywords all concern one type (properties, items, "          \
     "minLength, ...) generates only values of that type"
@@ -108,6 +111,16 @@ static const narrowing g_narrowings[] = {
      NULL, WHY_IF},
     {"if-then-else.json", "non-interference across combined schemas", NULL, WHY_IF},
     {"if-then-else.json", "validate against correct branch, then vs else", NULL, WHY_IF},
+    {"additionalProperties.json", "additionalProperties being false does not allow other properties",
+     "patternProperties are not additional properties", WHY_ADDL},
+    {"additionalProperties.json", "non-ASCII pattern with additionalProperties", NULL, WHY_ADDL},
+    {"properties.json", "properties, patternProperties, additionalProperties interaction", NULL,
+     WHY_ADDL},
+    {"patternProperties.json", "multiple simultaneous patternProperties are validated", NULL,
+     WHY_PATTERN},
+    {"patternProperties.json", "regexes are not anchored by default and are case sensitive", NULL,
+     WHY_PATTERN},
+    {"patternProperties.json", "patternProperties with boolean schemas", NULL, WHY_PATTERN},
     {"vocabulary.json", "schema that uses custom metaschema with with no validation vocabulary",
      NULL, "metaschemas are not fetched: the validation keywords always apply"},
 };

@@ -11,17 +11,19 @@
  * keywords are annotations (ignored). docs/api.md lists what is enforced
  * and the deliberate narrowings (valid values never generated: additional
  * properties, another key order, exponents, \u escapes, ...); in short:
- * type, enum/const, properties/required/additionalProperties, items,
- * min/maxItems, min/maxLength, numeric bounds of any size and simple
- * multipleOf, $ref into the document ($defs, definitions, any JSON
+ * type, enum/const, properties/required/additionalProperties,
+ * patternProperties, propertyNames, min/maxProperties, dependencies,
+ * items/prefixItems/additionalItems, min/maxItems, contains, uniqueItems,
+ * min/maxLength, pattern/format (regex.h), numeric bounds of any size and
+ * simple multipleOf, $ref into the document ($defs, definitions, any JSON
  * pointer, $id/id bases, $anchor; recursion up to the automaton's depth),
- * allOf (merged), anyOf/oneOf (with siblings distributed; oneOf only
- * when the alternatives cannot overlap), not (type, const, enum,
- * required). The dialect (2020-12, draft 7, draft 4) comes from $schema.
- * Remote $ref, and assertions not enforced yet (pattern, defined formats,
- * patternProperties, prefixItems, contains, if, ...), are SW_EUNSUPPORTED
- * with a message naming the keyword and where it is (a JSON pointer into
- * the schema). Compiling is bounded in nodes and steps.
+ * allOf (merged), anyOf/oneOf (with siblings distributed; oneOf only when
+ * the alternatives cannot overlap), not (type, const, enum, required),
+ * if/then/else. The dialect (2020-12, draft 7, draft 4) comes from
+ * $schema. Remote $ref, unevaluated*, $dynamicRef and what cannot be
+ * enforced are SW_EUNSUPPORTED with a message naming the keyword and where
+ * it is (a JSON pointer into the schema). Compiling is bounded in nodes
+ * and steps.
  */
 #ifndef SPILLWAY_ENGINE_JSON_SCHEMA_H
 #define SPILLWAY_ENGINE_JSON_SCHEMA_H

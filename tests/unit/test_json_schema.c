@@ -656,6 +656,65 @@ static void test_number_bounds(void **state)
                  "multipleOf");
 }
 
+/* ---- hostile schemas ---------------------------------------------------------- */
+
+/* Schemas built to blow up compile time or memory get a typed error (or
+ * compile within the bounds), never a hang: ctest's time-out would catch
+ * one. */
+static void test_hostile(void **state)
+{
+    (void)state;
+    char *big = sw_malloc(1 << 16);
+    assert_non_null(big);
+    /* "billion laughs": each definition refers to the next twice */
+    size_t len = (size_t)snprintf(big, 1 << 16, "{\"$ref\":\"#/$defs/d0\",\"$defs\":{");
+    for (int i = 0; i < 40; i++)
+        len += (size_t)snprintf(big + len, (1 << 16) - len,
+                                "%s\"d%d\":{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":"
+                                "\"#/$defs/d%d\"},\"b\":{\"$ref\":\"#/$defs/d%d\"}}}",
+                                i ? "," : "", i, i + 1, i + 1);
+    snprintf(big + len, (1 << 16) - len, ",\"d40\":{\"type\":\"null\"}}}");
+    json_t *sj = parse(big);
+    eng_grammar *g = NULL;
+    sw_error err;
+    int rc = eng_grammar_from_schema(sj, &g, &err);
+    assert_true(rc == SW_OK || rc == SW_EUNSUPPORTED);
+    eng_grammar_free(g);
+    json_decref(sj);
+    /* anyOf alternatives that refer to each other: distributed fan-out */
+    len = (size_t)snprintf(big, 1 << 16, "{\"$ref\":\"#/$defs/d0\",\"$defs\":{");
+    for (int i = 0; i < 30; i++)
+        len += (size_t)snprintf(big + len, (1 << 16) - len,
+                                "%s\"d%d\":{\"anyOf\":[{\"$ref\":\"#/$defs/d%d\"},{\"allOf\":[{\"$ref\":"
+                                "\"#/$defs/d%d\"},{\"minLength\":%d}]}]}",
+                                i ? "," : "", i, i + 1, i + 1, i);
+    snprintf(big + len, (1 << 16) - len, ",\"d30\":{\"type\":\"string\"}}}");
+    sj = parse(big);
+    g = NULL;
+    rc = eng_grammar_from_schema(sj, &g, &err);
+    assert_true(rc == SW_OK || rc == SW_EUNSUPPORTED);
+    eng_grammar_free(g);
+    json_decref(sj);
+    /* allOf of allOf ... each merging large property sets */
+    len = (size_t)snprintf(big, 1 << 16, "{\"allOf\":[");
+    for (int i = 0; i < 200; i++)
+        len += (size_t)snprintf(big + len, (1 << 16) - len,
+                                "%s{\"properties\":{\"p%d\":{\"minimum\":%d},\"q\":{\"maximum\":%d}}}",
+                                i ? "," : "", i, i, 1000 - i);
+    snprintf(big + len, (1 << 16) - len, "]}");
+    sj = parse(big);
+    g = NULL;
+    rc = eng_grammar_from_schema(sj, &g, &err);
+    assert_true(rc == SW_OK || rc == SW_EUNSUPPORTED);
+    eng_grammar_free(g);
+    json_decref(sj);
+    /* a $ref cycle through allOf never reaches a value */
+    expect_error("{\"$defs\":{\"a\":{\"allOf\":[{\"$ref\":\"#/$defs/b\"}]},\"b\":{\"allOf\":[{"
+                 "\"$ref\":\"#/$defs/a\"}]}},\"$ref\":\"#/$defs/a\"}",
+                 SW_EUNSUPPORTED, "cycle");
+    sw_free(big);
+}
+
 /* ---- the test cases used by the random walks and the model runs ----------- */
 
 static const char *const weather_params =
@@ -1079,6 +1138,7 @@ int main(void)
         cmocka_unit_test(test_masks),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_number_bounds),
+        cmocka_unit_test(test_hostile),
         cmocka_unit_test(test_walk_spm),
         cmocka_unit_test(test_walk_qwen2),
         cmocka_unit_test(test_models_spm),

@@ -1380,6 +1380,62 @@ static void walk(walk_ctx *w, uint32_t node, int32_t depth)
     }
 }
 
+/* Plain tokens (ordinary string characters) decided by their length alone:
+ * in a string, or in a pattern string that has matched for good. */
+static bool plain_by_length(const cs_node *n, const cs_frame *top)
+{
+    if (n->kind == CS_STRING)
+        return top->phase == S_IN && top->pend == 0;
+    return n->kind == CS_PATTERN && top->phase == S_IN && eng_regex_pending(n->re, top->b) == 0 &&
+           eng_regex_universal(n->re, top->b);
+}
+
+/* Inside a pattern string (one stack, its top frame CS_PATTERN in S_IN):
+ * the trie is walked with a copy of that frame alone while the bytes are
+ * content (no stack copies per byte); a quote or a backslash goes back to
+ * the general walk, from the full state rebuilt at that trie node.
+ * base_rest: the shortest completion of the frames below. */
+static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_frame *f,
+                         int64_t base_rest)
+{
+    const cs_trie *t = w->t;
+    const cs_node *n = &w->c->g->nodes[f->node];
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        if (tn->byte == '"' || tn->byte == '\\') {
+            cs_set *cur = &w->c->scratch[depth], *next = &w->c->scratch[depth + 1];
+            cur->n = 1;
+            stack_copy(&cur->s[0], &w->c->state.s[0]);
+            cur->s[0].f[cur->s[0].depth - 1] = *f;
+            set_step(w->c->g, cur, tn->byte, next);
+            if (next->n == 0)
+                continue;
+            if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after) {
+                for (uint32_t k = 0; k < tn->tok_count; k++) {
+                    int32_t id = t->ids[tn->tok_begin + k];
+                    w->mask[id >> 5] |= 1u << (id & 31);
+                    w->count++;
+                }
+            }
+            if (tn->first_child)
+                walk(w, ch, depth + 1);
+            continue;
+        }
+        cs_frame f2 = *f;
+        if (step_pattern(n, &f2, tn->byte) != R_ACCEPT)
+            continue;
+        if (tn->tok_count && base_rest + pattern_min(n, &f2) <= w->budget_after) {
+            for (uint32_t k = 0; k < tn->tok_count; k++) {
+                int32_t id = t->ids[tn->tok_begin + k];
+                w->mask[id >> 5] |= 1u << (id & 31);
+                w->count++;
+            }
+        }
+        if (tn->first_child)
+            walk_pattern(w, ch, depth + 1, &f2, base_rest);
+    }
+}
+
 int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_t *mask)
 {
     const eng_cs_vocab *v = c->v;
@@ -1393,8 +1449,7 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             stack_copy(&s0->s[i], &c->state.s[i]);
         const cs_stack *only = &c->state.s[0];
         const cs_frame *top = &only->f[only->depth - 1];
-        if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_STRING &&
-            top->phase == S_IN && top->pend == 0) {
+        if (c->state.n == 1 && top->node >= 0 && plain_by_length(&g->nodes[top->node], top)) {
             /* Inside a string: ordinary characters keep it open; decide
              * those tokens by their length alone, walk the others. */
             const cs_node *n = &g->nodes[top->node];
@@ -1411,7 +1466,11 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             }
             w.t = &v->special;
         }
-        walk(&w, 0, 0);
+        if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_PATTERN &&
+            top->phase == S_IN && w.t == &v->full)
+            walk_pattern(&w, 0, 0, top, stack_min(g, only) - frame_min(g, top));
+        else
+            walk(&w, 0, 0);
     }
     if (set_complete(g, &c->state)) {
         for (int32_t i = 0; i < v->n_end; i++) {

@@ -1147,6 +1147,7 @@ struct eng_regex {
     uint8_t *accept;   /* n_states */
     uint8_t *live;     /* n_states */
     uint8_t *pend;     /* n_states */
+    uint8_t *universal; /* n_states: every well-formed continuation matches */
 };
 
 typedef struct dfa_build {
@@ -1158,6 +1159,7 @@ typedef struct dfa_build {
     int32_t *stack;    /* m->n */
     int32_t *tmp;      /* m->n: the closure being built */
     int32_t n_tmp;
+    bool collapsed;    /* the last closure matched for good */
     long work;
     /* the sets of the DFA states */
     int32_t *pool;
@@ -1231,6 +1233,7 @@ static void closure(dfa_build *b, bool at_start)
         }
     }
     b->n_tmp = out;
+    b->collapsed = matched;
     if (matched) {
         /* Matched for good: every continuation is accepted. One state:
          * the trailing loop's closure alone. */
@@ -1346,6 +1349,7 @@ static int32_t dfa_state(dfa_build *b, eng_regex *re, bool initial)
     b->n_pool += (size_t)n;
     b->htab[h] = id;
     re->accept[id] = set_accepts(b, set, n, initial);
+    re->universal[id] = b->collapsed;
     return id;
 }
 
@@ -1357,6 +1361,7 @@ void eng_regex_free(eng_regex *re)
     sw_free(re->accept);
     sw_free(re->live);
     sw_free(re->pend);
+    sw_free(re->universal);
     sw_free(re);
 }
 
@@ -1477,10 +1482,11 @@ static int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex 
     b.set_len = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_len);
     b.htab = sw_malloc(RE_HTAB * sizeof *b.htab);
     re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1);
+    re->universal = sw_calloc(ENG_REGEX_MAX_STATES, 1);
     size_t cap_trans = 64 * (size_t)nc;
     re->trans = sw_malloc(cap_trans * sizeof *re->trans);
     if (!b.mark || !b.stack || !b.tmp || !b.set_off || !b.set_len || !b.htab || !re->accept ||
-        !re->trans) {
+        !re->universal || !re->trans) {
         rc = SW_ENOMEM;
         goto done;
     }
@@ -1634,6 +1640,11 @@ bool eng_regex_can_accept(const eng_regex *re, int32_t state)
 int eng_regex_pending(const eng_regex *re, int32_t state)
 {
     return state >= 0 ? re->pend[state] : 0;
+}
+
+bool eng_regex_universal(const eng_regex *re, int32_t state)
+{
+    return state >= 0 && re->universal[state];
 }
 
 int32_t eng_regex_n_states(const eng_regex *re)
@@ -1843,7 +1854,8 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
     int32_t *htab = sw_malloc(RE_HTAB * sizeof *htab);
     int rc = SW_OK;
     if (!re || !pair_a || !pair_b || !htab ||
-        !(re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1))) {
+        !(re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1)) ||
+        !(re->universal = sw_calloc(ENG_REGEX_MAX_STATES, 1))) {
         rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
         goto fail;
     }
@@ -1880,6 +1892,7 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
          (RE_HTAB - 1)] = 0;
     for (int32_t s = 0; s < re->n_states; s++) {
         re->accept[s] = a->accept[pair_a[s]] && b->accept[pair_b[s]];
+        re->universal[s] = a->universal[pair_a[s]] && b->universal[pair_b[s]];
         while ((size_t)re->n_states * (size_t)nc > cap_trans) {
             int32_t *t = sw_realloc(re->trans, 2 * cap_trans * sizeof *t);
             if (!t) {

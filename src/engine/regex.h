@@ -62,6 +62,10 @@ bool eng_regex_can_accept(const eng_regex *re, int32_t state);
 /* UTF-8 continuation bytes the state still expects (0: between code
  * points). */
 int eng_regex_pending(const eng_regex *re, int32_t state);
+/* Matched for good: every well-formed UTF-8 continuation matches (a
+ * pattern that is not anchored at the end, once it has matched). The
+ * constraint decides plain tokens by their length alone there. */
+bool eng_regex_universal(const eng_regex *re, int32_t state);
 int32_t eng_regex_n_states(const eng_regex *re);
 
 /* Whether s (n bytes) matches. */

@@ -549,6 +549,24 @@ static void test_liveness(void **state)
         }
         eng_regex_free(re);
     }
+    /* Matched for good: universal, and only then. */
+    {
+        eng_regex *u = NULL;
+        assert_int_equal(eng_regex_compile("ab", 2, &u, NULL), SW_OK);
+        int32_t s = eng_regex_start(u);
+        assert_false(eng_regex_universal(u, s));
+        s = eng_regex_step(u, s, 'a');
+        assert_false(eng_regex_universal(u, s));
+        s = eng_regex_step(u, s, 'b');
+        assert_true(eng_regex_universal(u, s));
+        assert_true(eng_regex_universal(u, eng_regex_step(u, s, 'z')));
+        eng_regex_free(u);
+        assert_int_equal(eng_regex_compile("^ab$", 4, &u, NULL), SW_OK);
+        s = eng_regex_step(u, eng_regex_step(u, eng_regex_start(u), 'a'), 'b');
+        assert_true(eng_regex_accepting(u, s));
+        assert_false(eng_regex_universal(u, s));
+        eng_regex_free(u);
+    }
     /* A pattern that matches nothing: the start cannot accept. */
     eng_regex *re = NULL;
     assert_int_equal(eng_regex_compile("a^b", 3, &re, NULL), SW_OK);

@@ -1193,7 +1193,8 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
         case A_COLON: return 1 + im + 1;
         case A_VALUE: return im + 1;
         case A_AFTER: return 1;
-        default: return 2 + 1 + im + 1;
+        default: /* A_KEY: a key of key_node (propertyNames may make it long) */
+            return sat((int64_t)g->nodes[n->key_node].min_bytes + 1 + im + 1);
         }
     }
     case CS_ARRAY: {

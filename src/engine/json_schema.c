@@ -1657,6 +1657,46 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
             if (key_node == CS_NEVER)
                 return make_object(b, NULL, NULL, NULL, 0, out);
         }
+        if (key_node >= 0 && g->nodes[key_node].kind == CS_LITERALS &&
+            g->nodes[key_node].n_lits <= 256) {
+            /* a finite set of names: each an optional declared property,
+             * so none is written twice */
+            const cs_node *kn = &g->nodes[key_node];
+            int32_t n_names = kn->n_lits, item_node;
+            if (addl && !json_is_true(addl)) {
+                if ((rc = compile(b, addl, depth + 1, path_push(b, plen, "additionalProperties"),
+                                  &item_node)))
+                    return rc;
+                if (item_node == CS_NEVER)
+                    return make_object(b, NULL, NULL, NULL, 0, out);
+            } else if ((item_node = make_any(g, any_levels(depth + 1))) < 0) {
+                return oom(b);
+            }
+            char **ktext = sw_calloc((size_t)n_names, sizeof *ktext);
+            int32_t *kids = sw_calloc((size_t)n_names, sizeof *kids);
+            bool *kreq = sw_calloc((size_t)n_names, sizeof *kreq);
+            rc = ktext && kids && kreq ? SW_OK : oom(b);
+            for (int32_t i = 0; rc == SW_OK && i < n_names; i++) {
+                kn = &g->nodes[key_node];
+                ktext[i] = sw_malloc((size_t)kn->lit_lens[i] + 2);
+                if (!ktext[i]) {
+                    rc = oom(b);
+                    break;
+                }
+                memcpy(ktext[i], kn->lits[i], (size_t)kn->lit_lens[i]);
+                ktext[i][kn->lit_lens[i]] = ':';
+                ktext[i][kn->lit_lens[i] + 1] = '\0';
+                kids[i] = item_node;
+            }
+            if (rc == SW_OK)
+                rc = make_object(b, ktext, kids, kreq, (size_t)n_names, out);
+            for (int32_t i = 0; ktext && i < n_names; i++)
+                sw_free(ktext[i]);
+            sw_free(ktext);
+            sw_free(kids);
+            sw_free(kreq);
+            return rc;
+        }
         if (key_node >= 0 || (addl && !json_is_true(addl))) {
             if (addl && !json_is_true(addl)) {
                 size_t l = path_push(b, plen, "additionalProperties");
@@ -2076,8 +2116,12 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
             /* numbers too: whole multiples only (a narrowing) */
             nd.kind = CS_INTEGER;
             nd.multiple_of = m == 1 ? 0 : (int32_t)m;
-        } else if (!integer && decimal_step(m) > 0) {
-            nd.max_frac = decimal_step(m);
+        } else if (decimal_step(m) > 0 && decimal_step(m) != 5) {
+            /* 0.1, 0.01, ...: whole numbers only (a narrowing). Their
+             * fractions are multiples too, but validators that divide in
+             * doubles (python-jsonschema) call 0.07 / 0.01 inexact; a whole
+             * number divides exactly for these steps (not for 1e-5) */
+            nd.kind = CS_INTEGER;
         } else if (!(integer && 1 / m == floor(1 / m))) {
             return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
                            "'multipleOf' is enforced for whole numbers and 10^-k only");

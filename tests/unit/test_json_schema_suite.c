@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- the deliberate narrowings ----------------------------------------------
  * Valid instances the generator never writes. Each entry names a keyword
@@ -73,6 +74,9 @@ typedef struct narrowing {
 #define WHY_PATTERN                                                                            \
     "a free key (no declared properties) is generated with a value satisfying every "           \
     "patternProperties schema and additionalProperties, whichever it matches"
+#define WHY_MULT                                                                               \
+    "multipleOf 0.1, 0.01, ...: whole numbers only (validators that divide in doubles call "    \
+    "0.07 / 0.01 inexact)"
 #define WHY_TYPE                                                                               \
     "a schema without 'type' whose keywords all concern one type (properties, items, "          \
     "minLength, ...) generates only values of that type"
@@ -121,6 +125,7 @@ static const narrowing g_narrowings[] = {
     {"patternProperties.json", "regexes are not anchored by default and are case sensitive", NULL,
      WHY_PATTERN},
     {"patternProperties.json", "patternProperties with boolean schemas", NULL, WHY_PATTERN},
+    {"multipleOf.json", "by small number", "0.0075 is multiple of 0.0001", WHY_MULT},
     {"vocabulary.json", "schema that uses custom metaschema with with no validation vocabulary",
      NULL, "metaschemas are not fetched: the validation keywords always apply"},
 };
@@ -488,6 +493,11 @@ static bool feed_text(const eng_grammar *g, const char *text, bool *stuck)
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 
+/* The random outputs of the current group, and every (schema, outputs)
+ * record for the independent check (python3-jsonschema, when installed). */
+static json_t *g_walks;
+static json_t *g_records;
+
 static uint64_t rng_next(void)
 {
     g_rng ^= g_rng << 13;
@@ -536,6 +546,8 @@ static bool random_walk_ok(const eng_grammar *g, const json_t *schema, char *why
     }
     eng_constraint_free(c);
     out[n] = '\0';
+    if (g_walks)
+        json_array_append_new(g_walks, json_stringn(out, n));
     json_error_t jerr;
     json_t *v = json_loadb(out, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     if (!v) {
@@ -631,11 +643,19 @@ static void run_group(const char *file, const json_t *group, bool draft7, counts
     }
     if (rc == SW_OK) {
         char why[1024];
-        for (int i = 0; i < 8; i++)
+        g_walks = json_array();
+        for (int i = 0; i < 16; i++)
             if (!random_walk_ok(g, schema, why, sizeof why)) {
                 report(k, file, gdesc, NULL, "%s", why);
                 break;
             }
+        if (g_records && g_walks)
+            json_array_append_new(g_records, json_pack("{s:s,s:s,s:O,s:o}", "file", file, "group",
+                                                       gdesc, "schema", schema, "outputs",
+                                                       g_walks));
+        else
+            json_decref(g_walks);
+        g_walks = NULL;
     }
     eng_grammar_free(g);
     json_decref(schema);
@@ -714,6 +734,89 @@ static void run_draft(const char *draft, int *failures)
     *failures += total.failures;
 }
 
+/* The random outputs checked by an independent validator: Debian's
+ * python3-jsonschema, when python3 can import it (else skipped, said so). */
+static const char g_checker[] =
+    "import json, sys\n"
+    "import jsonschema\n"
+    "from jsonschema.validators import validator_for\n"
+    "n = bad = skipped = 0\n"
+    "for line in open(sys.argv[1], encoding='utf-8'):\n"
+    "    r = json.loads(line)\n"
+    "    cls = validator_for(r['schema'], default=jsonschema.Draft202012Validator)\n"
+    "    v = cls(r['schema'], format_checker=cls.FORMAT_CHECKER)\n"
+    "    for out in r['outputs']:\n"
+    "        try:\n"
+    "            errs = list(v.iter_errors(json.loads(out)))\n"
+    "        except Exception as e:\n"
+    "            # Python's re cannot read some ECMA-262 patterns (\\p{L}, ...)\n"
+    "            skipped += 1\n"
+    "            continue\n"
+    "        n += 1\n"
+    "        if errs:\n"
+    "            bad += 1\n"
+    "            print('INVALID', r['file'], '/', r['group'], ':', out[:160], ':',\n"
+    "                  errs[0].message[:160])\n"
+    "print('python3-jsonschema: %d random outputs checked, %d invalid, %d it could not '\n"
+    "      'check' % (n, bad, skipped))\n"
+    "sys.exit(1 if bad else 0)\n";
+
+/* python3 on PATH (execv wants a path). */
+static const char *find_python3(void)
+{
+    static char found[4096];
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        const char *end = strchr(path, ':');
+        size_t n = end ? (size_t)(end - path) : strlen(path);
+        if (n > 0 && n + 9 < sizeof found) {
+            memcpy(found, path, n);
+            memcpy(found + n, "/python3", 9);
+            if (access(found, X_OK) == 0)
+                return found;
+        }
+        path = end ? end + 1 : NULL;
+    }
+    return NULL;
+}
+
+static int check_independently(void)
+{
+    const char *py = find_python3();
+    char *out = NULL;
+    int status = -1;
+    if (py) {
+        char *const probe[] = {(char *)py, "-c", "import jsonschema", NULL};
+        if (tu_run_capture(probe, 60, &out, &status) != 0)
+            status = -1;
+        sw_free(out);
+        out = NULL;
+    }
+    if (!py || status != 0) {
+        print_message("independent check skipped: python3 with jsonschema (Debian "
+                      "python3-jsonschema) is not installed\n");
+        return 0;
+    }
+    const char *path = tu_tmp_path("suite-walks.jsonl");
+    char file[4096];
+    snprintf(file, sizeof file, "%s", path);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    for (size_t i = 0; i < json_array_size(g_records); i++) {
+        char *line = json_dumps(json_array_get(g_records, i), JSON_COMPACT | JSON_ENSURE_ASCII);
+        assert_non_null(line);
+        fprintf(f, "%s\n", line);
+        free(line);
+    }
+    fclose(f);
+    char *const argv[] = {(char *)py, "-c", (char *)g_checker, file, NULL};
+    int rc = tu_run_capture(argv, 300, &out, &status);
+    print_message("%s", out ? out : "");
+    sw_free(out);
+    unlink(file);
+    return rc == 0 && status == 0 ? 0 : 1;
+}
+
 static void test_suite(void **state)
 {
     (void)state;
@@ -721,10 +824,14 @@ static void test_suite(void **state)
     if (!tu_shared_path("jsonschema-test-suite/tests"))
         return;
     make_vocab();
+    g_records = json_array();
     run_draft("draft2020-12", &failures);
     run_draft("draft7", &failures);
     eng_cs_vocab_free(g_vocab);
     g_vocab = NULL;
+    failures += check_independently();
+    json_decref(g_records);
+    g_records = NULL;
     if (failures)
         fail_msg("%d failures (listed above)", failures);
 }

@@ -82,12 +82,34 @@ struct eng_cs_vocab {
     int32_t max_len;
 };
 
+/* Pattern strings (CS_PATTERN): the plain tokens one automaton state lets
+ * through, each with the state after it and its code points, so a mask in
+ * a state met before is one pass over a list instead of a trie walk. A
+ * state is listed the second time it is met (a counter such as a hostname
+ * label's length rarely repeats; a loop such as an email's local part
+ * does). */
+#define CS_PAT_SLOTS 2
+
+typedef struct cs_pat_entry {
+    int32_t id, state, chars;
+} cs_pat_entry;
+
+typedef struct cs_pat_cache {
+    int32_t node, state; /* -1: free */
+    bool built;          /* false: met once, e not filled */
+    int32_t n;
+    uint64_t used;
+    cs_pat_entry *e;     /* n_plain entries allocated */
+} cs_pat_cache;
+
 struct eng_constraint {
     const eng_grammar *g;
     const eng_cs_vocab *v;
     cs_set state;
     cs_set *scratch;      /* max_len + 2 sets: the trie walk's states by depth */
     uint32_t *mask;       /* for eng_constraint_sample */
+    cs_pat_cache *pcache; /* CS_PAT_SLOTS, when the grammar has patterns */
+    uint64_t ptick;
 };
 
 /* Length of the UTF-8 character starting with lead byte c and the range
@@ -1261,6 +1283,92 @@ static bool set_complete(const eng_grammar *g, const cs_set *s)
 
 /* ---- the constraint ------------------------------------------------------ */
 
+/* Allocated up front, so masks allocate nothing. */
+static int pat_cache_create(eng_constraint *c)
+{
+    bool patterns = false;
+    for (int32_t i = 0; i < c->g->n_nodes; i++)
+        patterns |= c->g->nodes[i].kind == CS_PATTERN;
+    if (!patterns || c->v->n_plain == 0)
+        return SW_OK;
+    if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
+        return SW_ENOMEM;
+    for (int i = 0; i < CS_PAT_SLOTS; i++) {
+        c->pcache[i].node = -1;
+        if (!(c->pcache[i].e = sw_malloc((size_t)c->v->n_plain * sizeof *c->pcache[i].e)))
+            return SW_ENOMEM;
+    }
+    return SW_OK;
+}
+
+static void pat_cache_free(eng_constraint *c)
+{
+    for (int i = 0; c->pcache && i < CS_PAT_SLOTS; i++)
+        sw_free(c->pcache[i].e);
+    sw_free(c->pcache);
+}
+
+/* The list for (node, state), filled in the second time it is asked for;
+ * NULL the first time (the caller walks the trie). */
+static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_t state)
+{
+    cs_pat_cache *slot = NULL, *lru = &c->pcache[0];
+    for (int i = 0; i < CS_PAT_SLOTS; i++) {
+        if (c->pcache[i].node == node && c->pcache[i].state == state)
+            slot = &c->pcache[i];
+        if (c->pcache[i].used < lru->used)
+            lru = &c->pcache[i];
+    }
+    if (!slot) {
+        lru->node = node;
+        lru->state = state;
+        lru->built = false;
+        lru->used = ++c->ptick;
+        return NULL;
+    }
+    slot->used = ++c->ptick;
+    if (!slot->built) {
+        const eng_cs_vocab *v = c->v;
+        const eng_regex *re = c->g->nodes[node].re;
+        slot->n = 0;
+        for (int32_t i = 0; i < v->n_plain; i++) {
+            int32_t id = v->plain_ids[i], st = state;
+            const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
+            for (int32_t k = 0; k < v->len[id] && st >= 0; k++)
+                st = eng_regex_step(re, st, p[k]);
+            if (st >= 0)
+                slot->e[slot->n++] = (cs_pat_entry){id, st, v->plain_chars[i]};
+        }
+        slot->built = true;
+    }
+    return slot;
+}
+
+/* The plain tokens of a pattern frame from its state's list; false when
+ * there is none yet (or the frame is inside a character): walk them. */
+static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
+                               int64_t budget_after, uint32_t *mask, int32_t *count)
+{
+    const cs_node *n = &c->g->nodes[f->node];
+    if (!c->pcache || eng_regex_pending(n->re, f->b) != 0)
+        return false;
+    const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
+    if (!slot)
+        return false;
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        int64_t a = (int64_t)f->a + e->chars;
+        if (a > n->max_chars)
+            continue;
+        int64_t m = eng_regex_costs_get(n->re_costs, e->state, a);
+        if (m < 0 || base_rest + m + 1 > budget_after)
+            continue;
+        mask[e->id >> 5] |= 1u << (e->id & 31);
+        (*count)++;
+    }
+    return true;
+}
+
 int eng_constraint_create(const eng_grammar *g, const eng_cs_vocab *v, eng_constraint **out,
                           sw_error *err)
 {
@@ -1273,7 +1381,7 @@ int eng_constraint_create(const eng_grammar *g, const eng_cs_vocab *v, eng_const
     c->v = v;
     c->scratch = sw_malloc(((size_t)v->max_len + 2) * sizeof *c->scratch);
     c->mask = sw_calloc(((size_t)v->n_tokens + 31) / 32, sizeof *c->mask);
-    if (!c->scratch || !c->mask) {
+    if (!c->scratch || !c->mask || pat_cache_create(c)) {
         eng_constraint_free(c);
         return sw_error_set(err, SW_ENOMEM, "out of memory starting a constraint");
     }
@@ -1291,6 +1399,7 @@ void eng_constraint_free(eng_constraint *c)
         return;
     sw_free(c->scratch);
     sw_free(c->mask);
+    pat_cache_free(c);
     sw_free(c);
 }
 
@@ -1468,9 +1577,12 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             w.t = &v->special;
         }
         if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_PATTERN &&
-            top->phase == S_IN && w.t == &v->full)
-            walk_pattern(&w, 0, 0, top, stack_min(g, only) - frame_min(g, top));
-        else
+            top->phase == S_IN && w.t == &v->full) {
+            int64_t rest = stack_min(g, only) - frame_min(g, top);
+            if (pattern_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
+                w.t = &v->special;
+            walk_pattern(&w, 0, 0, top, rest);
+        } else
             walk(&w, 0, 0);
     }
     if (set_complete(g, &c->state)) {

@@ -1156,7 +1156,8 @@ static int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
     json_object_foreach((json_t *)a, k, v) {
         if (!is_known_keyword(k) || json_object_get(m, k))
             continue;
-        if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys))
+        if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys) ||
+            ((strcmp(k, "const") == 0 || strcmp(k, "enum") == 0) && json_object_get(m, "enum")))
             continue;
         rc = merge_fail(err, k);
         goto fail;
@@ -1164,7 +1165,8 @@ static int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
     json_object_foreach((json_t *)b, k, v) {
         if (!is_known_keyword(k) || json_object_get(m, k))
             continue;
-        if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys))
+        if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys) ||
+            ((strcmp(k, "const") == 0 || strcmp(k, "enum") == 0) && json_object_get(m, "enum")))
             continue;
         rc = merge_fail(err, k);
         goto fail;
@@ -2644,6 +2646,43 @@ static int compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, i
     return SW_OK;
 }
 
+/* A positive schema meaning "not n", for the simple forms: one numeric
+ * bound (not minimum 5: a number below 5), or one property's schema (not
+ * {properties: {p: S}}: an object with p, not S). New reference, or NULL
+ * when n is not of those forms. */
+static json_t *negate_simple(const json_t *n)
+{
+    if (!json_is_object(n))
+        return NULL;
+    const char *k, *only = NULL;
+    const json_t *v;
+    json_object_foreach((json_t *)n, k, v) {
+        if (!is_known_keyword(k))
+            continue;
+        if (only)
+            return NULL;
+        only = k;
+    }
+    if (!only)
+        return NULL;
+    v = json_object_get(n, only);
+    static const char *const flip[4][2] = {{"minimum", "exclusiveMaximum"},
+                                           {"maximum", "exclusiveMinimum"},
+                                           {"exclusiveMinimum", "maximum"},
+                                           {"exclusiveMaximum", "minimum"}};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(only, flip[i][0]) == 0 && json_is_number(v))
+            return json_pack("{s:s,s:O}", "type", "number", flip[i][1], v);
+    if (strcmp(only, "properties") == 0 && json_is_object(v) && json_object_size(v) == 1) {
+        void *it = json_object_iter((json_t *)v);
+        const char *p = json_object_iter_key(it);
+        json_t *sub = json_object_iter_value(it);
+        return json_pack("{s:s,s:[s],s:{s:{s:O}}}", "type", "object", "required", p,
+                         "properties", p, "not", sub);
+    }
+    return NULL;
+}
+
 static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     eng_grammar *g = b->g;
@@ -2720,8 +2759,20 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
                                "'type' lists a type twice");
     if (json_is_array(type) && json_array_size(type) == 0)
         return fail_at(b, path_push(b, plen, "type"), SW_EINVAL, "'type' is an empty array");
-    not_info ni = {0, T_ALL, NULL, false};
     const json_t *not = json_object_get(s, "not");
+    json_t *positive = not ? negate_simple(not) : NULL;
+    if (positive) {
+        /* not of one bound or one property: an equivalent positive schema */
+        json_t *rest = json_copy((json_t *)s);
+        json_t *w = rest ? json_pack("{s:[OO]}", "allOf", rest, positive) : NULL;
+        json_decref(positive);
+        json_decref(rest);
+        if (!w || !doc_keep(b->doc, w))
+            return oom(b);
+        json_object_del(json_array_get(json_object_get(w, "allOf"), 0), "not");
+        return compile(b, w, depth, plen, out);
+    }
+    not_info ni = {0, T_ALL, NULL, false};
     if (not && (rc = analyze_not(b, not, path_push(b, plen, "not"), &ni, 0)))
         return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))

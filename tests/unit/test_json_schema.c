@@ -708,6 +708,26 @@ static void test_hostile(void **state)
     assert_true(rc == SW_OK || rc == SW_EUNSUPPORTED);
     eng_grammar_free(g);
     json_decref(sj);
+    /* if / then / else on a property's value, and not of a bound */
+    {
+        eng_cs_vocab *bv = byte_vocab();
+        eng_grammar *ig = compile_ok(
+            "{\"type\":\"object\",\"properties\":{\"country\":{\"enum\":[\"US\",\"CA\"]},\"zip\":{"
+            "\"type\":\"string\"}},\"required\":[\"country\"],\"if\":{\"properties\":{\"country\":{"
+            "\"const\":\"US\"}}},\"then\":{\"required\":[\"zip\"]},\"else\":{\"properties\":{\"zip\":"
+            "false}}}");
+        expect_whole(ig, bv, "{\"country\":\"US\",\"zip\":\"1\"}");
+        expect_whole(ig, bv, "{\"country\":\"CA\"}");
+        expect_refused(ig, bv, "{\"country\":\"US\"}");
+        expect_refused(ig, bv, "{\"country\":\"CA\",");
+        eng_grammar_free(ig);
+        ig = compile_ok("{\"type\":\"integer\",\"not\":{\"minimum\":5}}");
+        expect_whole(ig, bv, "4");
+        expect_whole(ig, bv, "-40");
+        expect_refused(ig, bv, "5");
+        eng_grammar_free(ig);
+        eng_cs_vocab_free(bv);
+    }
     /* a $ref cycle through allOf never reaches a value */
     expect_error("{\"$defs\":{\"a\":{\"allOf\":[{\"$ref\":\"#/$defs/b\"}]},\"b\":{\"allOf\":[{"
                  "\"$ref\":\"#/$defs/a\"}]}},\"$ref\":\"#/$defs/a\"}",

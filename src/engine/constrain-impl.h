@@ -88,7 +88,7 @@ typedef struct cs_node {
     bool ranged;
     bool int_ok[2], frac_ok[2], frac_nonzero[2];
     char *int_lo[2], *int_hi[2], *frac_lo[2], *frac_hi[2];
-    int32_t multiple_of;     /* CS_INTEGER, > 0: a multiple of it (never with ranged) */
+    int32_t multiple_of;     /* CS_INTEGER, > 0: a multiple of it */
     int32_t max_frac;        /* CS_NUMBER: fraction digits; 0: ENG_CS_MAX_FRAC_DIGITS */
     /* CS_ANYOF */
     int32_t n_alts;

@@ -710,6 +710,39 @@ static int32_t range_more(int32_t k, const char *lo, uint8_t st_lo, const char *
     return -1;
 }
 
+/* Bounds and a multiple together (integers only, every bound within the
+ * 15 digits, so int64 holds them): the magnitude so far is kept whole in
+ * b (low 32 bits) and c (high), and each length of completion is checked
+ * for a multiple inside its interval. */
+static int64_t num_value(const cs_frame *f)
+{
+    return (int64_t)(uint32_t)f->b | (int64_t)f->c << 32;
+}
+
+static int32_t ranged_multiple_more(const cs_node *n, const cs_frame *f)
+{
+    int s = f->pend;
+    const char *lo = n->int_lo[s], *hi = n->int_hi[s];
+    int32_t ll = (int32_t)strlen(lo), lh = hi ? (int32_t)strlen(hi) : INT32_MAX;
+    int64_t lv = strtoll(lo, NULL, 10), hv = hi ? strtoll(hi, NULL, 10) : INT64_MAX;
+    int64_t p = num_value(f), m = n->multiple_of, pow10 = 1;
+    for (int32_t e = 0; f->a + e <= ENG_CS_MAX_INT_DIGITS; e++, pow10 *= 10) {
+        int32_t len = f->a + e;
+        if (len < ll)
+            continue;
+        if (len > lh)
+            break;
+        int64_t a = p * pow10, b = a + pow10 - 1;
+        if (len == ll && a < lv)
+            a = lv;
+        if (len == lh && b > hv)
+            b = hv;
+        if (a <= b && (a + m - 1) / m * m <= b)
+            return e;
+    }
+    return -1;
+}
+
 static int32_t int_more(const cs_node *n, const cs_frame *f)
 {
     int s = f->pend;
@@ -717,6 +750,8 @@ static int32_t int_more(const cs_node *n, const cs_frame *f)
         return range_more(f->a, NULL, C_EQ, NULL, C_EQ, n->multiple_of, f->b);
     if (!n->int_ok[s])
         return -1;
+    if (n->multiple_of > 0)
+        return ranged_multiple_more(n, f);
     return range_more(f->a, n->int_lo[s], f->lo, n->int_hi[s], f->hi, 0, 0);
 }
 
@@ -747,15 +782,19 @@ static void num_digit(const cs_node *n, cs_frame *f, uint8_t d)
 {
     int s = f->pend;
     int32_t k = f->a + 1;
-    if (n->ranged) {
+    if (n->ranged && n->multiple_of > 0) {
+        int64_t v = num_value(f) * 10 + (d - '0');
+        f->b = (int32_t)(uint32_t)(v & 0xFFFFFFFF);
+        f->c = (int32_t)(v >> 32);
+    } else if (n->ranged) {
         f->lo = cmp_digit(f->lo, k, n->int_lo[s], d);
         f->hi = cmp_digit(f->hi, k, n->int_hi[s], d);
         uint8_t flo = cmp_digit((uint8_t)(f->c & 3), k, n->frac_lo[s], d);
         uint8_t fhi = cmp_digit((uint8_t)(f->c >> 2 & 3), k, n->frac_hi[s], d);
         f->c = flo | fhi << 2;
-    }
-    if (n->multiple_of > 0)
+    } else if (n->multiple_of > 0) {
         f->b = (int32_t)(((int64_t)f->b * 10 + (d - '0')) % n->multiple_of);
+    }
     f->a = k;
 }
 

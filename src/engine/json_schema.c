@@ -2131,9 +2131,6 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
     }
     num_bound lo = bound_get(s, true), hi = bound_get(s, false);
     if (lo.v || hi.v) {
-        if (nd.multiple_of > 0)
-            return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
-                           "'multipleOf' together with minimum/maximum is not supported");
         nd.ranged = true;
         /* Per sign, the magnitude's bounds: the non-negative side sees
          * [lo, hi], the negative one [-hi, -lo]. */
@@ -2185,6 +2182,25 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
                             (ih_cap && !(nd.int_hi[sign] = sw_strdup(ih.mag))))) ||
                 (frac_ok && (!(nd.frac_lo[sign] = sw_strdup(fl.mag)) ||
                              (fh_cap && !(nd.frac_hi[sign] = sw_strdup(fh.mag)))))) {
+                node_clear(&nd);
+                return oom(b);
+            }
+        }
+        for (int sign = 0; sign < 2 && nd.multiple_of > 0; sign++) {
+            /* with a multiple: the least magnitude is the first multiple at
+             * or above int_lo (none in range: no value of that sign) */
+            if (!nd.int_ok[sign])
+                continue;
+            long long lv = strtoll(nd.int_lo[sign], NULL, 10), m = nd.multiple_of;
+            long long q = (lv + m - 1) / m * m;
+            bool ok = q < 1000000000000000LL &&
+                      (!nd.int_hi[sign] || q <= strtoll(nd.int_hi[sign], NULL, 10));
+            char t[24];
+            snprintf(t, sizeof t, "%lld", q);
+            sw_free(nd.int_lo[sign]);
+            nd.int_lo[sign] = ok ? sw_strdup(t) : NULL;
+            nd.int_ok[sign] = ok && nd.int_lo[sign];
+            if (ok && !nd.int_lo[sign]) {
                 node_clear(&nd);
                 return oom(b);
             }

@@ -2281,6 +2281,11 @@ static int make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_
     eng_regex_costs *t = NULL;
     sw_error e;
     json_byte_costs(cost);
+    /* A long maxLength beside a large automaton: at most as many code
+     * points as the costs table holds are generated (a narrowing). */
+    int64_t cap = ENG_REGEX_MAX_COST_CELLS / eng_regex_n_states(re) - 1;
+    if (hi != INT32_MAX && hi > cap && cap >= lo)
+        hi = (int32_t)cap;
     int rc = eng_regex_costs_build(re, cost, lo, hi, &t, &e);
     if (rc) {
         eng_regex_free(re);

@@ -69,6 +69,8 @@ static const char *const g_schemas[] = {
     "\"maxItems\":2}",
     "{\"anyOf\":[{\"type\":\"string\",\"format\":\"ipv4\"},{\"type\":\"string\","
     "\"format\":\"ipv6\"}]}",
+    /* past the costs table: maxLength narrowed to what it holds */
+    "{\"type\":\"string\",\"pattern\":\"^[a-z]{1,30}x\",\"maxLength\":1000000}",
 };
 #define N_SCHEMAS (sizeof g_schemas / sizeof g_schemas[0])
 
@@ -301,6 +303,39 @@ static void test_feed(void **state)
     eng_cs_vocab_free(v);
 }
 
+/* Hostile or unsupported patterns: typed errors, fast. */
+static void test_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema;
+        int code;
+    } cases[] = {
+        {"{\"type\":\"string\",\"pattern\":\"(a|b)*a(a|b){20}\"}", SW_ERANGE},
+        {"{\"type\":\"string\",\"pattern\":\"((a{100}){100}){100}\"}", SW_ERANGE},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]{1,30}x$\",\"minLength\":100000}",
+         SW_ERANGE}, /* the costs table */
+        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", SW_EUNSUPPORTED},
+        {"{\"type\":\"string\",\"pattern\":\"[\"}", SW_EINVAL},
+        {"{\"type\":\"string\",\"pattern\":7}", SW_EINVAL},
+        {"{\"type\":\"string\",\"format\":\"uri-template\"}", SW_EUNSUPPORTED},
+        {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":9}", SW_EINVAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *schema = parse(cases[i].schema);
+        eng_grammar *g = NULL;
+        sw_error err;
+        double t0 = eng_now_seconds();
+        int rc = eng_grammar_from_schema(schema, &g, &err);
+        double dt = eng_now_seconds() - t0;
+        printf("%s: %s (%.1f ms)\n", cases[i].schema, rc ? err.message : "compiled", dt * 1e3);
+        if (rc != cases[i].code)
+            fail_msg("schema %s: got %d, want %d", cases[i].schema, rc, cases[i].code);
+        assert_null(g);
+        json_decref(schema);
+    }
+}
+
 static void test_qwen2(void **state)
 {
     (void)state;
@@ -345,6 +380,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_feed),
         cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_refused),
         cmocka_unit_test(test_qwen2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

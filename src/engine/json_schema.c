@@ -2518,6 +2518,7 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
     json_object_del(rest, key);
     bool siblings = !only_annotations(rest, "");
     const json_t *alts_s[64];
+    bool excluded[64] = {false};
     for (size_t i = 0; i < n; i++) {
         const json_t *a = json_array_get(any, i);
         if (siblings) {
@@ -2537,20 +2538,37 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
             if ((rc = effective(b->doc, alts_s[i], b->base, &eff[i], &e)))
                 return fail_at(b, path_push_index(b, l, i), rc, e.message);
         }
-        for (size_t i = 0; i < n; i++)
-            for (size_t j = i + 1; j < n; j++)
-                if (may_overlap(b, eff[i], eff[j], 0)) {
-                    char what[96];
-                    snprintf(what, sizeof what,
-                             "oneOf alternatives %zu and %zu may both match a value", i, j);
-                    return fail_at(b, l, SW_EUNSUPPORTED, what);
-                }
+        /* Alternatives that may overlap are generated as "this one and not
+         * the others it may overlap" where that not can be enforced (else
+         * the alternative is left out, a narrowing) */
+        for (size_t i = 0; i < n; i++) {
+            json_t *excl = NULL;
+            for (size_t j = 0; j < n; j++) {
+                if (j == i || !may_overlap(b, eff[i], eff[j], 0))
+                    continue;
+                if (!excl && !(excl = json_array()))
+                    return oom(b);
+                json_array_append_new(excl, json_pack("{s:O}", "not", alts_s[j]));
+            }
+            if (!excl)
+                continue;
+            json_array_insert(excl, 0, (json_t *)alts_s[i]);
+            json_t *w = json_pack("{s:o}", "allOf", excl);
+            if (!w || !doc_keep(b->doc, w))
+                return oom(b);
+            alts_s[i] = w;
+            excluded[i] = true;
+        }
     }
-    int32_t alts[64], kept = 0;
+    int32_t alts[64], kept = 0, dropped = 0;
     b->anyof_nesting++;
     for (size_t i = 0; i < n; i++) {
         int32_t a;
         if ((rc = compile(b, alts_s[i], depth, path_push_index(b, l, i), &a))) {
+            if (rc == SW_EUNSUPPORTED && excluded[i]) {
+                dropped++; /* its "not the others" cannot be enforced: left out */
+                continue;
+            }
             b->anyof_nesting--;
             return rc;
         }
@@ -2558,6 +2576,10 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
             alts[kept++] = a;
     }
     b->anyof_nesting--;
+    if (kept == 0 && dropped > 0)
+        return fail_at(b, l, SW_EUNSUPPORTED,
+                       "oneOf alternatives may both match a value, and excluding the others "
+                       "cannot be enforced");
     if (kept == 0) {
         *out = CS_NEVER;
         return SW_OK;

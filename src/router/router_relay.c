@@ -128,7 +128,7 @@ static char *attempt_body(json_t *body, const rt_relay *r, long max_tokens, long
         if (max_tokens >= 0)
             json_object_set_new(b, "max_tokens", json_integer(remaining < 0 ? 0 : remaining));
     }
-    char *s = json_dumps(b, JSON_COMPACT);
+    char *s = sw_json_dumps(b, JSON_COMPACT);
     json_decref(b);
     return s;
 }
@@ -332,7 +332,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
         char *bs = attempt_body(body, &r, max_tokens, remaining);
         if (!bs) {
             rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, NULL);
-            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+            if (r.headers_sent) /* a stream began: it ends with the error */
+                rt_sink_stream_error(&r, NULL);
+            else
+                rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
             break;
         }
         r.resume_base = r.stream ? r.n_tokens : 0;
@@ -453,7 +456,11 @@ static json_t *parse_body(rt_req *q)
         return NULL;
     }
     json_error_t jerr;
-    json_t *body = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!body && sw_json_error_oom(&jerr)) {
+        rt__send_error(q, 500, "internal_error", "out of memory reading the body", NULL, NULL);
+        return NULL;
+    }
     if (!body || !json_is_object(body)) {
         count(rt, &rt->rejected_bad);
         rt__send_error(q, 400, body ? "invalid_request" : "invalid_json",
@@ -527,7 +534,7 @@ void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, cons
     if (!q.cap.status && !q.cap.overflow) {
         /* nothing was answered (out of memory): a server error */
         json_t *e = rt__error_obj(500, "internal_error", "the request produced no response", NULL);
-        char *s = json_dumps(e, JSON_COMPACT);
+        char *s = sw_json_dumps(e, JSON_COMPACT);
         json_decref(e);
         q.cap.status = 500;
         snprintf(q.cap.content_type, sizeof q.cap.content_type, "application/json");

@@ -1148,6 +1148,19 @@ static int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
     const json_t *na_ = json_object_get(a, "not"), *nb_ = json_object_get(b, "not");
     if (na_ && nb_ && !json_equal((json_t *)na_, (json_t *)nb_))
         json_object_set_new(m, "not", json_pack("{s:[OO]}", "anyOf", na_, nb_));
+    /* multipleOf of two whole numbers: their least common multiple */
+    const json_t *ma = json_object_get(a, "multipleOf"), *mb = json_object_get(b, "multipleOf");
+    if (ma && mb && !json_equal((json_t *)ma, (json_t *)mb) && json_is_integer(ma) &&
+        json_is_integer(mb) && json_integer_value(ma) > 0 && json_integer_value(mb) > 0) {
+        long long x = json_integer_value(ma), y = json_integer_value(mb), g = x, h = y;
+        while (h) {
+            long long t = g % h;
+            g = h;
+            h = t;
+        }
+        if (x / g <= INT32_MAX / y)
+            json_object_set_new(m, "multipleOf", json_integer(x / g * y));
+    }
     /* uniqueItems: either */
     if (json_is_true(json_object_get(a, "uniqueItems")) ||
         json_is_true(json_object_get(b, "uniqueItems")))
@@ -2541,6 +2554,8 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
         /* Alternatives that may overlap are generated as "this one and not
          * the others it may overlap" where that not can be enforced (else
          * the alternative is left out, a narrowing) */
+        const json_t *orig[64];
+        memcpy(orig, alts_s, n * sizeof *orig);
         for (size_t i = 0; i < n; i++) {
             json_t *excl = NULL;
             for (size_t j = 0; j < n; j++) {
@@ -2548,11 +2563,11 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
                     continue;
                 if (!excl && !(excl = json_array()))
                     return oom(b);
-                json_array_append_new(excl, json_pack("{s:O}", "not", alts_s[j]));
+                json_array_append_new(excl, json_pack("{s:O}", "not", orig[j]));
             }
             if (!excl)
                 continue;
-            json_array_insert(excl, 0, (json_t *)alts_s[i]);
+            json_array_insert(excl, 0, (json_t *)orig[i]);
             json_t *w = json_pack("{s:o}", "allOf", excl);
             if (!w || !doc_keep(b->doc, w))
                 return oom(b);
@@ -2709,6 +2724,8 @@ static json_t *negate_simple(const json_t *n)
     if (!only)
         return NULL;
     v = json_object_get(n, only);
+    if (strcmp(only, "not") == 0 && json_is_object(v))
+        return json_incref((json_t *)v); /* not not S: S */
     static const char *const flip[4][2] = {{"minimum", "exclusiveMaximum"},
                                            {"maximum", "exclusiveMinimum"},
                                            {"exclusiveMinimum", "maximum"},

@@ -1,7 +1,10 @@
-/* log.c - see log.h. One fprintf per line, so lines from threads and
- * processes sharing stderr do not interleave mid-line. */
+/* log.c - see log.h. One write(2) per line, so lines from threads and
+ * processes sharing stderr do not interleave mid-line; and no stdio lock:
+ * threads logging at once (the router logs every request) never wait on
+ * each other while one of them is in the system call. */
 #include "common/log.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -9,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static sw_log_level current_level = SW_LOG_INFO;
 static bool json_lines;
@@ -52,6 +56,21 @@ sw_log_level sw_log_get_level(void)
     return current_level;
 }
 
+/* The whole line to stderr; a short write goes on (a full pipe), a
+ * failure drops the line (logging never stops the caller). */
+static void write_line(const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
 void sw_log(sw_log_level level, const char *module, const char *fmt, ...)
 {
     char message[2048];
@@ -78,12 +97,22 @@ void sw_log(sw_log_level level, const char *module, const char *fmt, ...)
                                  level_names[level], "module", module, "msg",
                                  message);
         char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
-        if (text)
-            fprintf(stderr, "%s\n", text);
+        if (text) {
+            size_t n = strlen(text);
+            text[n] = '\n'; /* json_dumps's terminator: the line is written by length */
+            write_line(text, n + 1);
+        }
         free(text);
         json_decref(line);
     } else {
-        fprintf(stderr, "%s %-5s %s: %s\n", stamp, level_names[level], module,
-                message);
+        char text[2200];
+        int n = snprintf(text, sizeof text, "%s %-5s %s: %s\n", stamp, level_names[level],
+                         module, message);
+        if (n > 0 && (size_t)n >= sizeof text) {
+            n = (int)sizeof text - 1; /* cut: still one line */
+            text[n - 1] = '\n';
+        }
+        if (n > 0)
+            write_line(text, (size_t)n);
     }
 }

@@ -208,8 +208,12 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
 json_t *rt__error_obj(int status, const char *code, const char *msg, const char *param);
 void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
                     const char *param, const char *extra);
-/* Serves one client connection to its end (router_http.c). */
-void rt__conn_serve(rt_router *rt, int fd);
+/* The longest request head a client may send. */
+#define RT_HEAD_MAX 16384
+/* Serves one client connection to its end (router_http.c). buf: the
+ * calling thread's RT_HEAD_MAX + 1 bytes for the request heads, kept
+ * from one connection to the next (NULL: one of its own for this one). */
+void rt__conn_serve(rt_router *rt, int fd, char *buf);
 /* Starts the connection threads, which accept on lfd themselves
  * (router_conns.c); 0, or -1 when none could be started. */
 int rt__conns_start(rt_router *rt, int lfd);
@@ -220,6 +224,11 @@ int rt__listen_on(const char *addr, char *actual, size_t cap);
 
 /* Writes to the client (when fd >= 0); -1 when it is gone. */
 int rt__sink_write(rt_req *q, const void *p, size_t n);
+/* Sends the iovecs whole on a client socket (non-blocking sends, poll
+ * while it is full, at most timeout_s in all; router_http.c); -1 when
+ * the client is gone or too slow. */
+struct iovec;
+int rt__client_sendv(int fd, struct iovec *iov, int n_iov, int timeout_s);
 /* "keep-alive" or "close": the Connection header of q's response. */
 const char *rt__conn_hdr(const rt_req *q);
 /* Writes the head of a 200 SSE response (chunked; X-Request-Id, the

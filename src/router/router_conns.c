@@ -16,11 +16,14 @@
 #include "router/router-impl.h"
 #include "router/router_net.h"
 
+#include "common/alloc.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,7 +54,8 @@ static bool take_slot(rt_router *rt, int fd)
     if (full) {
         static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
                                    "Content-Length: 0\r\nConnection: close\r\n\r\n";
-        rn_write_all(fd, busy, sizeof busy - 1);
+        struct iovec iov = {(void *)busy, sizeof busy - 1};
+        rt__client_sendv(fd, &iov, 1, 1);
         close(fd);
     }
     return !full;
@@ -61,6 +65,9 @@ static void *conn_main(void *arg)
 {
     rt_router *rt = arg;
     double idle_since = mono_s();
+    /* the request-head buffer, once per thread (not a malloc and free of
+     * 16 KiB per connection) */
+    char *buf = sw_malloc(RT_HEAD_MAX + 1);
     for (;;) {
         /* counted as waiting before the shutdown flag is read, so that
          * rt__conns_close, which sets the flag before it reads the count,
@@ -86,9 +93,10 @@ static void *conn_main(void *arg)
         if (left == 0)
             start_thread(rt); /* the next connection finds a thread waiting */
         if (take_slot(rt, fd))
-            rt__conn_serve(rt, fd);
+            rt__conn_serve(rt, fd, buf);
         idle_since = mono_s();
     }
+    sw_free(buf);
     __atomic_sub_fetch(&rt->conns.threads, 1, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -115,7 +123,9 @@ static int start_thread(rt_router *rt)
 int rt__conns_start(rt_router *rt, int lfd)
 {
     /* accept wakes this often with EAGAIN (for the shutdown flag); an
-     * accepted TCP socket inherits the time-out, and rt__conn_serve sets
+     * accepted TCP socket inherits the time-out, which nothing uses: the
+     * client socket is only read and written without blocking, after a
+     * poll (router_http.c)
      * its own */
     struct timeval tv = {0, RT_ACCEPT_WAKE_MS * 1000};
     if (setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -66,18 +67,89 @@ int rt__capture_append(rt_capture *c, const void *p, size_t n)
     return 0;
 }
 
-int rt__sink_write(rt_req *q, const void *p, size_t n)
+/* The client socket is never blocking-with-a-time-out (no SO_RCVTIMEO or
+ * SO_SNDTIMEO per connection: two system calls each): a send or recv
+ * that would block waits in poll for at most the http time-out. */
+static int client_wait(int fd, short events, double until)
+{
+    for (;;) {
+        double left = until - rt__now_s();
+        if (left <= 0)
+            return -1;
+        struct pollfd p = {fd, events, 0};
+        int n = poll(&p, 1, (int)(left * 1000) + 1);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+int rt__client_sendv(int fd, struct iovec *iov, int n_iov, int timeout_s)
+{
+    double until = rt__now_s() + timeout_s;
+    int i = 0;
+    while (i < n_iov && iov[i].iov_len == 0)
+        i++;
+    while (i < n_iov) {
+        struct msghdr m;
+        memset(&m, 0, sizeof m);
+        m.msg_iov = iov + i;
+        m.msg_iovlen = (size_t)(n_iov - i);
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (client_wait(fd, POLLOUT, until))
+                return -1;
+            continue;
+        }
+        if (w <= 0)
+            return -1;
+        size_t left = (size_t)w;
+        while (i < n_iov && left >= iov[i].iov_len)
+            left -= iov[i++].iov_len;
+        if (i < n_iov) {
+            iov[i].iov_base = (char *)iov[i].iov_base + left;
+            iov[i].iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* recv on the client socket, waiting until `until` (monotonic) for bytes. */
+static ssize_t client_recv(int fd, void *buf, size_t n, double until)
+{
+    for (;;) {
+        ssize_t r = recv(fd, buf, n, MSG_DONTWAIT);
+        if (r >= 0)
+            return r;
+        if (errno == EINTR)
+            continue;
+        if ((errno != EAGAIN && errno != EWOULDBLOCK) || client_wait(fd, POLLIN, until))
+            return -1;
+    }
+}
+
+/* Head and body of one response in one system call. */
+static int sink_write2(rt_req *q, const void *a, size_t an, const void *b, size_t bn)
 {
     if (q->fd < 0)
         return 0; /* a request the router made itself: capture only */
     if (q->write_failed)
         return -1;
     q->responded = true;
-    if (rn_write_all(q->fd, p, n)) {
+    struct iovec iov[2] = {{(void *)a, an}, {(void *)b, b ? bn : 0}};
+    if (rt__client_sendv(q->fd, iov, 2, q->rt->cfg->http_timeout_s)) {
         q->write_failed = true; /* the connection ends after this request */
         return -1;
     }
     return 0;
+}
+
+int rt__sink_write(rt_req *q, const void *p, size_t n)
+{
+    return sink_write2(q, p, n, NULL, 0);
 }
 
 const char *rt__conn_hdr(const rt_req *q)
@@ -129,8 +201,8 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
                       (unsigned long long)q->admission, q->queue_ms);
     if (n > 0 && (size_t)n < sizeof head)
         n += snprintf(head + n, sizeof head - (size_t)n, "%s\r\n", extra ? extra : "");
-    if (n > 0 && (size_t)n < sizeof head && rt__sink_write(q, head, (size_t)n) == 0 && len)
-        rt__sink_write(q, body, len);
+    if (n > 0 && (size_t)n < sizeof head)
+        sink_write2(q, head, (size_t)n, body, len);
 }
 
 int rt__stream_begin(rt_req *q)
@@ -623,7 +695,7 @@ static bool prefers_async(const char *v)
     return false;
 }
 
-enum { HEAD_MAX = 16384 };
+enum { HEAD_MAX = RT_HEAD_MAX };
 
 /* Reads and serves one request of a connection. buf holds *bl bytes the
  * client already sent (a pipelined next request), and keeps what follows
@@ -648,11 +720,8 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__send_error(&q, 400, "invalid_request", "header block too large", NULL, NULL);
             goto done;
         }
-        if (rt__now_s() - t_read > rt->cfg->http_timeout_s)
-            goto done; /* a client that trickles its request is dropped */
-        ssize_t r = recv(fd, buf + hl, HEAD_MAX - hl, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
+        /* a client that trickles its request is dropped */
+        ssize_t r = client_recv(fd, buf + hl, HEAD_MAX - hl, t_read + rt->cfg->http_timeout_s);
         if (r <= 0)
             goto done; /* also the client's close between two requests */
         hl += (size_t)r;
@@ -803,18 +872,16 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
      * an HTTP/1.0 client (RFC 9110 15.2), nor once the body is here. */
     if (expect_continue && have < (size_t)content_length && !strcmp(version, "HTTP/1.1")) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        if (rn_write_all(fd, cont, sizeof cont - 1))
+        struct iovec iov = {(void *)cont, sizeof cont - 1};
+        if (rt__client_sendv(fd, &iov, 1, rt->cfg->http_timeout_s))
             goto done;
         pthread_mutex_lock(&rt->mu);
         rt->continues_sent++;
         pthread_mutex_unlock(&rt->mu);
     }
     while (have < (size_t)content_length) {
-        if (rt__now_s() - t_read > rt->cfg->http_timeout_s)
-            goto done;
-        ssize_t r = recv(fd, q.body + have, (size_t)content_length - have, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
+        ssize_t r = client_recv(fd, q.body + have, (size_t)content_length - have,
+                                t_read + rt->cfg->http_timeout_s);
         if (r <= 0)
             goto done;
         have += (size_t)r;
@@ -858,14 +925,8 @@ done:
 
 /* Serves a connection's requests one after another. Returns true when
  * a new connection took its slot while it was idle (its slot went to a new one). */
-static bool serve_conn(rt_router *rt, int fd)
+static bool serve_conn(rt_router *rt, int fd, char *buf)
 {
-    struct timeval tv = {rt->cfg->http_timeout_s, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    char *buf = sw_malloc(HEAD_MAX + 1);
-    if (!buf)
-        return false;
     size_t bl = 0;
     bool evicted = false;
     for (int served = 0; !rt->stop; ) {
@@ -880,15 +941,15 @@ static bool serve_conn(rt_router *rt, int fd)
                 break;
         }
     }
-    sw_free(buf);
     return evicted;
 }
 
-void rt__conn_serve(rt_router *rt, int fd)
+void rt__conn_serve(rt_router *rt, int fd, char *buf)
 {
-    bool evicted = serve_conn(rt, fd);
-    shutdown(fd, SHUT_WR);
-    close(fd);
+    char *own = buf ? NULL : sw_malloc(RT_HEAD_MAX + 1);
+    bool evicted = buf || own ? serve_conn(rt, fd, buf ? buf : own) : false;
+    sw_free(own);
+    close(fd); /* a FIN, as shutdown(SHUT_WR) would send, one system call less */
     if (!evicted) { /* an evicted connection's slot is the new one's now */
         pthread_mutex_lock(&rt->mu);
         rt->active_conns--;

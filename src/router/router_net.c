@@ -20,6 +20,23 @@
 #include <time.h>
 #include <unistd.h>
 
+/* An upstream read blocks in recv for at most this long (SO_RCVTIMEO, set
+ * once per connection), then looks at the client and the time-outs: one
+ * system call per read instead of a poll and a recv. */
+#define RN_READ_SLICE_MS 100
+/* An idle connection younger than this is used without looking at it
+ * first (a poll per request): a worker closes one only at its own idle
+ * time-out (http-timeout, seconds) or when it exits, and a connection
+ * found closed is sent again by the stale-connection retry below. */
+#define RN_POOL_FRESH_MS 1000
+
+/* The read slice on a new upstream socket. */
+static void rn_set_read_slice(int fd)
+{
+    struct timeval rv = {0, RN_READ_SLICE_MS * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rv, sizeof rv);
+}
+
 int rn_connect(const char *address, int timeout_ms)
 {
     int fd = -1;
@@ -39,6 +56,7 @@ int rn_connect(const char *address, int timeout_ms)
             close(fd);
             return -1;
         }
+        rn_set_read_slice(fd);
         return fd;
     }
     if (!strncmp(address, "http://", 7))
@@ -67,6 +85,8 @@ int rn_connect(const char *address, int timeout_ms)
         fd = -1;
     }
     freeaddrinfo(res);
+    if (fd >= 0)
+        rn_set_read_slice(fd);
     return fd;
 }
 
@@ -123,7 +143,10 @@ static double rn_now_s(void)
 }
 
 /* Reads more bytes into the buffer (compacting it first). Waits on the
- * upstream and, when set, watches the client for a hang-up. */
+ * upstream in slices of RN_READ_SLICE_MS and, when set, looks at the
+ * client for a hang-up after each slice without a byte (a client that
+ * leaves is noticed within a slice; one that leaves a stream, at the
+ * next write). */
 static int rn_fill(rn_conn *c)
 {
     if (c->pos > 0) {
@@ -141,27 +164,26 @@ static int rn_fill(rn_conn *c)
             c->timed_out = true;
             return -1;
         }
-        struct pollfd p[2] = {{c->fd, POLLIN, 0}, {c->watch_fd, POLLRDHUP, 0}};
-        int n = poll(p, c->watch_fd >= 0 ? 2 : 1, 100);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -1;
-        if (c->watch_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-            c->client_gone = true;
-            return -2;
-        }
-        if (p[0].revents) {
-            ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                return r == 0 ? 0 : -1;
+        ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
+        if (r > 0) {
             c->len += (size_t)r;
             c->received += (size_t)r;
             return (int)r;
         }
-        waited += 100;
+        if (r == 0)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        if (c->watch_fd >= 0) {
+            struct pollfd p = {c->watch_fd, POLLRDHUP, 0};
+            if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                c->client_gone = true;
+                return -2;
+            }
+        }
+        waited += RN_READ_SLICE_MS;
         if (waited >= c->timeout_ms) {
             c->timed_out = true;
             return -1;
@@ -480,17 +502,20 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
         }
         *epoch = s->epoch;
         int fd = -1;
-        double now = rn_now_s();
+        double now = rn_now_s(), idle_s = 0;
         while (s->n_idle > 0 && fd < 0) {
             fd = s->fd[--s->n_idle];
-            if (now - s->idle_since_s[s->n_idle] > RN_POOL_IDLE_MS / 1000.0) {
+            idle_s = now - s->idle_since_s[s->n_idle];
+            if (idle_s > RN_POOL_IDLE_MS / 1000.0) {
                 close(fd);
                 rn_pool.counts.discarded++;
                 fd = -1;
             }
         }
+        if (fd >= 0)
+            rn_pool.counts.reused++;
         pthread_mutex_unlock(&rn_pool.mu);
-        if (fd < 0 || rn_pool_no_idle_check)
+        if (fd < 0 || rn_pool_no_idle_check || idle_s < RN_POOL_FRESH_MS / 1000.0)
             return fd;
         /* an idle connection has nothing to read: readable means the worker
          * closed it (its idle time-out, its exit) */
@@ -499,6 +524,7 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
             return fd;
         close(fd);
         pthread_mutex_lock(&rn_pool.mu);
+        rn_pool.counts.reused--;
         rn_pool.counts.discarded++;
         pthread_mutex_unlock(&rn_pool.mu);
     }
@@ -517,12 +543,11 @@ static int rn_pooled_exchange(rn_conn *c, int fd, bool reused, int slot, uint64_
     c->pool_epoch = epoch;
     c->max_idle = t->max_idle < 1 ? 1 : t->max_idle > RN_POOL_MAX_IDLE ? RN_POOL_MAX_IDLE
                                                                         : t->max_idle;
-    pthread_mutex_lock(&rn_pool.mu);
-    if (reused)
-        rn_pool.counts.reused++;
-    else
+    if (!reused) { /* a reused one was counted when it was taken */
+        pthread_mutex_lock(&rn_pool.mu);
         rn_pool.counts.opened++;
-    pthread_mutex_unlock(&rn_pool.mu);
+        pthread_mutex_unlock(&rn_pool.mu);
+    }
     return rn_exchange(c, method, path, extra_headers, body, body_len, true);
 }
 

@@ -6,7 +6,9 @@
  * always ready (up to max-connections + 2 threads: one more than the
  * connections, so a connection past the limit is still answered 503 at
  * once). A thread that has waited RT_CONN_IDLE_S while another one waits
- * too ends.
+ * too ends (accept wakes that often to let it look; at shutdown,
+ * shutdown(2) on the listening socket wakes every thread in accept at
+ * once, so no thread wakes on a short timer, busy or idle).
  *
  * Creating and ending a thread per connection was two thirds of the
  * router's CPU per request, and handing each accepted connection from an
@@ -28,8 +30,6 @@
 #include <unistd.h>
 
 #define RT_CONN_IDLE_S 30
-/* how often a thread waiting in accept looks at the shutdown flag */
-#define RT_ACCEPT_WAKE_MS 200
 
 static double mono_s(void)
 {
@@ -122,12 +122,11 @@ static int start_thread(rt_router *rt)
 
 int rt__conns_start(rt_router *rt, int lfd)
 {
-    /* accept wakes this often with EAGAIN (for the shutdown flag); an
+    /* accept wakes this often with EAGAIN, for the idle threads to end; an
      * accepted TCP socket inherits the time-out, which nothing uses: the
      * client socket is only read and written without blocking, after a
-     * poll (router_http.c)
-     * its own */
-    struct timeval tv = {0, RT_ACCEPT_WAKE_MS * 1000};
+     * poll (router_http.c) */
+    struct timeval tv = {RT_CONN_IDLE_S, 0};
     if (setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
         return -1;
     rt->conns.lfd = lfd;
@@ -139,7 +138,10 @@ void rt__conns_close(rt_router *rt)
 {
     __atomic_store_n(&rt->conns.closing, 1, __ATOMIC_SEQ_CST);
     /* the listening socket is closed after this: no thread may still be
-     * in accept on it (each leaves within RT_ACCEPT_WAKE_MS) */
+     * in accept on it. Shutting it down makes every accept return
+     * (EINVAL, on TCP and Unix sockets alike); a thread between its
+     * count and its accept finds the flag or the shut socket. */
+    shutdown(rt->conns.lfd, SHUT_RDWR);
     for (int i = 0; i < 50 && __atomic_load_n(&rt->conns.waiting, __ATOMIC_SEQ_CST) > 0; i++)
         usleep(20 * 1000);
 }

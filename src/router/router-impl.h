@@ -34,6 +34,7 @@
 #include "router/router.h"
 #include "router/router_pool.h"
 #include "router/router_queue.h"
+#include "router/router_failover.h"
 
 #include "ledger/ledger.h"
 
@@ -157,6 +158,8 @@ typedef struct rt_req {
     rt_capture cap;
     bool single_pass;        /* a worker failure ends it (worker_failed) */
     bool worker_failed;      /* it ended because a worker failed */
+    rt_outcome outcome;      /* how its last attempt ended (router_failover.h) */
+    int outcome_kind;        /* RT_KIND_* of the worker of that attempt */
     bool completed;          /* a full answer (or a final 4xx) was sent */
     bool tried[RT_MAX_WORKERS]; /* workers already tried (failed) */
     const char *error_code;  /* code of an error the router sent itself */

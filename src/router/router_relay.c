@@ -418,6 +418,11 @@ static void generate(rt_req *q, bool chat, json_t *body)
         /* replay or resume: the loop admits it again, keeping its place */
     }
     q->completed = r.finished;
+    q->outcome = last;
+    if (q->attempts > 0 && r.final_worker[0])
+        for (int i = 0; i < rt->pool.n; i++)
+            if (!strcmp(rt->pool.w[i].cfg.name, r.final_worker))
+                q->outcome_kind = rt->pool.w[i].cfg.kind;
     if (first_error && q->defer_event) {
         q->failover_first_error = first_error; /* the agent run records it */
         first_error = NULL;

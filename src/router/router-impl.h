@@ -253,9 +253,13 @@ void rt__handle_generate(rt_req *q, bool chat);
 void rt__dispatch_generate(rt_req *q, bool chat);
 /* Runs body (JSON text) as a non-streaming request without a client
  * socket; the answer the client would have got is in out (status, body;
- * rt__capture_free). request_id is kept on every attempt. */
+ * rt__capture_free). request_id is kept on every attempt. *ticket: its
+ * place in the queue's arrival order, taken on the first call (0) and
+ * kept by the caller for the next tries, so a job that tries again keeps
+ * its place. */
 void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, const char *body,
-                          size_t len, long long deadline_ms, rt_capture *out, int *attempts);
+                          size_t len, long long deadline_ms, uint64_t *ticket, rt_capture *out,
+                          int *attempts);
 
 /* agent runs (router_agent.c); body is the parsed request */
 void rt__handle_agent(rt_req *q, json_t *body);

@@ -509,12 +509,14 @@ void rt__dispatch_generate(rt_req *q, bool chat)
 }
 
 void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, const char *body,
-                          size_t len, long long deadline_ms, rt_capture *out, int *attempts)
+                          size_t len, long long deadline_ms, uint64_t *ticket, rt_capture *out,
+                          int *attempts)
 {
     rt_req q;
     memset(&q, 0, sizeof q);
     q.rt = rt;
     q.fd = -1;
+    q.ticket = *ticket;
     q.deadline_ms = deadline_ms;
     snprintf(q.method, sizeof q.method, "POST");
     snprintf(q.path, sizeof q.path, "%s", chat ? "/v1/chat/completions" : "/v1/completions");
@@ -540,6 +542,7 @@ void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, cons
             rt__capture_append(&q.cap, s, strlen(s));
         free(s);
     }
+    *ticket = q.ticket;
     *out = q.cap;
     if (attempts)
         *attempts = q.attempts;

@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/textbuf.h"
 #include "common/utf8.h"
 
 #include <errno.h>
@@ -167,6 +168,35 @@ void rt__chunked_end(rt_req *q)
     q->chunked_open = false;
 }
 
+/* The head lines every response has after its first ones: Connection,
+ * X-Request-Id, the worker, attempts and admission (each line ends with
+ * CRLF; the last one's CRLF is the caller's, after any extra lines). */
+static void head_common(const rt_req *q, sw_tb *t)
+{
+    SW_TB_LIT(t, "\r\nConnection: ");
+    sw_tb_str(t, rt__conn_hdr(q));
+    SW_TB_LIT(t, "\r\nX-Request-Id: ");
+    sw_tb_str(t, q->request_id);
+    SW_TB_LIT(t, "\r\n");
+    if (q->worker[0]) {
+        SW_TB_LIT(t, "X-Spillway-Worker: ");
+        sw_tb_str(t, q->worker);
+        SW_TB_LIT(t, "\r\n");
+    }
+    if (q->attempts > 0) {
+        SW_TB_LIT(t, "X-Spillway-Attempts: ");
+        sw_tb_u64(t, (uint64_t)q->attempts);
+        SW_TB_LIT(t, "\r\n");
+    }
+    if (q->admission > 0) {
+        SW_TB_LIT(t, "X-Spillway-Admission: ");
+        sw_tb_u64(t, q->admission);
+        SW_TB_LIT(t, "\r\nX-Spillway-Queue-Ms: ");
+        sw_tb_u64(t, (uint64_t)(q->queue_ms + 0.5));
+        SW_TB_LIT(t, "\r\n");
+    }
+}
+
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
                           const char *body, size_t len)
 {
@@ -188,38 +218,33 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
                        : status == 503 ? "Service Unavailable" : status == 504 ? "Gateway Timeout"
                        : status >= 500 ? "Server Error" : "Error";
     char head[1536];
-    int n = snprintf(head, sizeof head,
-                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: %s\r\nX-Request-Id: %s\r\n%s%s%s",
-                     status, reason, ctype, len, rt__conn_hdr(q), q->request_id, q->worker[0] ? "X-Spillway-Worker: " : "",
-                     q->worker[0] ? q->worker : "", q->worker[0] ? "\r\n" : "");
-    if (q->attempts > 0 && n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n, "X-Spillway-Attempts: %d\r\n", q->attempts);
-    if (q->admission > 0 && n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n,
-                      "X-Spillway-Admission: %llu\r\nX-Spillway-Queue-Ms: %.0f\r\n",
-                      (unsigned long long)q->admission, q->queue_ms);
-    if (n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n, "%s\r\n", extra ? extra : "");
-    if (n > 0 && (size_t)n < sizeof head)
-        sink_write2(q, head, (size_t)n, body, len);
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    SW_TB_LIT(&t, "HTTP/1.1 ");
+    sw_tb_u64(&t, (uint64_t)status);
+    SW_TB_LIT(&t, " ");
+    sw_tb_str(&t, reason);
+    SW_TB_LIT(&t, "\r\nContent-Type: ");
+    sw_tb_str(&t, ctype);
+    SW_TB_LIT(&t, "\r\nContent-Length: ");
+    sw_tb_u64(&t, len);
+    head_common(q, &t);
+    sw_tb_str(&t, extra ? extra : "");
+    SW_TB_LIT(&t, "\r\n");
+    if (sw_tb_ok(&t))
+        sink_write2(q, head, t.len, body, len);
 }
 
 int rt__stream_begin(rt_req *q)
 {
     char head[768];
-    int n = snprintf(head, sizeof head,
-                     "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                     "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                     "Connection: %s\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
-                     "X-Spillway-Attempts: %d\r\n",
-                     rt__conn_hdr(q), q->request_id, q->worker, q->attempts);
-    if (q->admission > 0 && n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n,
-                      "X-Spillway-Admission: %llu\r\nX-Spillway-Queue-Ms: %.0f\r\n",
-                      (unsigned long long)q->admission, q->queue_ms);
-    if (n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    sw_tb_str(&t, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                  "Cache-Control: no-cache\r\nTransfer-Encoding: chunked");
+    head_common(q, &t);
+    SW_TB_LIT(&t, "\r\n");
+    int n = sw_tb_ok(&t) ? (int)t.len : -1;
     rt__chunked_begin(q);
     if (q->cap.on) {
         q->cap.status = 200;
@@ -697,6 +722,34 @@ static bool prefers_async(const char *v)
 
 enum { HEAD_MAX = RT_HEAD_MAX };
 
+/* src into dst of cap bytes, cut to fit. */
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+/* The next word of the request line (after spaces or tabs, up to the next
+ * white space) into out; false when there is none or it does not fit. */
+static bool request_word(const char **p, char *out, size_t cap)
+{
+    const char *s = *p;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = 0;
+    while (s[n] && s[n] != ' ' && s[n] != '\t' && s[n] != '\r' && s[n] != '\n')
+        n++;
+    if (n == 0 || n >= cap)
+        return false;
+    memcpy(out, s, n);
+    out[n] = 0;
+    *p = s + n;
+    return true;
+}
+
 /* Reads and serves one request of a connection. buf holds *bl bytes the
  * client already sent (a pipelined next request), and keeps what follows
  * this request's body. Returns true when the connection may serve
@@ -731,7 +784,9 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     size_t head_len = (size_t)(end - buf) + 4;
     *end = 0;
     char version[16] = "";
-    if (sscanf(buf, "%15s %255s %15s", q.method, q.path, version) != 3 ||
+    const char *rl = buf;
+    if (!request_word(&rl, q.method, sizeof q.method) ||
+        !request_word(&rl, q.path, sizeof q.path) || !request_word(&rl, version, sizeof version) ||
         strncmp(version, "HTTP/1.", 7)) {
         snprintf(q.request_id, sizeof q.request_id, "-");
         rt__send_error(&q, 400, "invalid_request", "malformed request line", NULL, NULL);
@@ -753,7 +808,9 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             v++;
         size_t vl = eol ? (size_t)(eol - v) : strlen(v);
         char val[256];
-        snprintf(val, sizeof val, "%.*s", (int)(vl < 255 ? vl : 255), v);
+        size_t vn = vl < sizeof val - 1 ? vl : sizeof val - 1;
+        memcpy(val, v, vn);
+        val[vn] = 0;
         if (nl == 14 && !strncasecmp(line, "Content-Length", 14)) {
             char *e = NULL;
             errno = 0;
@@ -767,11 +824,11 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         } else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))
             chunked = true;
         else if (nl == 10 && !strncasecmp(line, "Connection", 10))
-            snprintf(conn, sizeof conn, "%s", val);
+            copy_str(conn, sizeof conn, val);
         else if (nl == 13 && !strncasecmp(line, "Authorization", 13))
-            snprintf(q.auth, sizeof q.auth, "%s", val);
+            copy_str(q.auth, sizeof q.auth, val);
         else if (nl == 12 && !strncasecmp(line, "X-Request-Id", 12))
-            snprintf(rid, sizeof rid, "%s", val);
+            copy_str(rid, sizeof rid, val);
         else if (nl == 22 && !strncasecmp(line, "X-Spillway-Deadline-Ms", 22))
             q.deadline_ms = strtoll(val, NULL, 10);
         else if (nl == 26 && !strncasecmp(line, "X-Spillway-Job-Deadline-Ms", 26))
@@ -805,8 +862,14 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         snprintf(q.request_id, sizeof q.request_id, "%.63s", rid);
     } else {
         uint64_t s = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
-        snprintf(q.request_id, sizeof q.request_id, "req-%d-%llu-%llx", (int)router_pid(),
-                 (unsigned long long)s, (unsigned long long)(rt__wall_s() * 1000) & 0xffffff);
+        sw_tb t; /* req-PID-SEQ-MS: the pid, a counter, the wall clock's low bits */
+        sw_tb_init(&t, q.request_id, sizeof q.request_id);
+        SW_TB_LIT(&t, "req-");
+        sw_tb_u64(&t, (uint64_t)router_pid());
+        SW_TB_LIT(&t, "-");
+        sw_tb_u64(&t, s);
+        SW_TB_LIT(&t, "-");
+        sw_tb_hex(&t, (uint64_t)(rt__wall_s() * 1000) & 0xffffff);
     }
     if (served > 0) {
         pthread_mutex_lock(&rt->mu);

@@ -4,11 +4,13 @@
 #include "router/router_net.h"
 
 #include "common/alloc.h"
+#include "common/textbuf.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,13 +221,19 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
                        bool keep_alive)
 {
     char head[2048];
-    int n = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: worker\r\nConnection: %s\r\n%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, keep_alive ? "keep-alive" : "close",
-                     extra_headers ? extra_headers : "", body ? body_len : 0);
-    if (n < 0 || (size_t)n >= sizeof head ||
-        rn_write_request(c->fd, head, (size_t)n, body, body_len))
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    sw_tb_str(&t, method);
+    SW_TB_LIT(&t, " ");
+    sw_tb_str(&t, path);
+    SW_TB_LIT(&t, " HTTP/1.1\r\nHost: worker\r\nConnection: ");
+    sw_tb_str(&t, keep_alive ? "keep-alive" : "close");
+    SW_TB_LIT(&t, "\r\n");
+    sw_tb_str(&t, extra_headers ? extra_headers : "");
+    SW_TB_LIT(&t, "Content-Type: application/json\r\nContent-Length: ");
+    sw_tb_u64(&t, body ? body_len : 0);
+    SW_TB_LIT(&t, "\r\n\r\n");
+    if (!sw_tb_ok(&t) || rn_write_request(c->fd, head, t.len, body, body_len))
         return -1;
     char line[4096];
     int r = rn_line(c, line, sizeof line);
@@ -275,7 +283,7 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
 
 static void rn_conn_init(rn_conn *c, int watch_fd, int timeout_ms)
 {
-    memset(c, 0, sizeof *c);
+    memset(c, 0, offsetof(rn_conn, buf));
     c->fd = -1;
     c->watch_fd = watch_fd;
     c->timeout_ms = timeout_ms;

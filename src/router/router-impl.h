@@ -158,6 +158,7 @@ typedef struct rt_req {
     rt_capture cap;
     bool single_pass;        /* a worker failure ends it (worker_failed) */
     bool worker_failed;      /* it ended because a worker failed */
+    bool body_edited;        /* the parsed body no longer says what body (text) does */
     rt_outcome outcome;      /* how its last attempt ended (router_failover.h) */
     int outcome_kind;        /* RT_KIND_* of the worker of that attempt */
     bool completed;          /* a full answer (or a final 4xx) was sent */

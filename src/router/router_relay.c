@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/textbuf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,13 +110,57 @@ void rt__retry_after(rt_router *rt, char *buf, size_t cap)
     snprintf(buf, cap, "Retry-After: %d\r\n", s);
 }
 
-/* The body of the next attempt: after a stream's sent tokens, a resume. */
-static char *attempt_body(json_t *body, const rt_relay *r, long max_tokens, long remaining)
+/* The client's body text with "seed": seed as its first member (the
+ * body is an object without a top-level seed: generate checked), so the
+ * first attempt needs no serialization of the parsed body; NULL when the
+ * text does not start as an object. malloc'd, like json_dumps's. */
+static char *splice_seed(const char *text, size_t len, json_int_t seed)
 {
-    json_t *b = json_deep_copy(body);
+    size_t i = 0;
+    while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n'))
+        i++;
+    if (i == len || text[i] != '{')
+        return NULL;
+    size_t j = i + 1;
+    while (j < len && (text[j] == ' ' || text[j] == '\t' || text[j] == '\r' || text[j] == '\n'))
+        j++;
+    bool empty = j < len && text[j] == '}';
+    char head[40];
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    SW_TB_LIT(&t, "{\"seed\":");
+    sw_tb_i64(&t, seed);
+    if (!empty)
+        SW_TB_LIT(&t, ",");
+    size_t rest = len - (i + 1);
+    char *out = malloc(t.len + rest + 1);
+    if (!out)
+        return NULL;
+    memcpy(out, head, t.len);
+    memcpy(out + t.len, text + i + 1, rest);
+    out[t.len + rest] = 0;
+    return out;
+}
+
+/* The body of the next attempt: after a stream's sent tokens, a resume;
+ * else the client's text (with the router's seed when it added one). */
+static char *attempt_body(const rt_req *q, json_t *body, const rt_relay *r, long max_tokens,
+                          long remaining, bool seed_added)
+{
+    bool resume = r->stream && r->n_tokens > 0;
+    bool text = !resume && q->body && !q->body_edited;
+    if (text && !seed_added)
+        return strdup(q->body);
+    if (text) {
+        char *s = splice_seed(q->body, q->body_len,
+                              json_integer_value(json_object_get(body, "seed")));
+        if (s)
+            return s;
+    }
+    json_t *b = resume ? json_deep_copy(body) : json_incref(body);
     if (!b)
         return NULL;
-    if (r->stream && r->n_tokens > 0) {
+    if (resume) {
         json_t *toks = json_array();
         for (size_t i = 0; i < r->n_tokens; i++)
             json_array_append_new(toks, json_integer(r->tokens[i]));
@@ -259,7 +304,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
     }
     /* A seed of our own, so that a resumed sampled stream continues the
      * same random stream on the next worker. */
+    bool seed_added = false;
     if (!json_object_get(body, "seed")) {
+        seed_added = true;
         uint64_t n = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
         uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(body, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
@@ -329,7 +376,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
             r.role_sent = false;
             r.text_bytes = 0;
         }
-        char *bs = attempt_body(body, &r, max_tokens, remaining);
+        char *bs = attempt_body(q, body, &r, max_tokens, remaining, seed_added);
         if (!bs) {
             rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, NULL);
             rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
@@ -499,6 +546,7 @@ void rt__dispatch_generate(rt_req *q, bool chat)
             /* "client": the ordinary OpenAI flow; the worker does not know
              * the field */
             json_object_del(body, "tool_execution");
+            q->body_edited = true;
             generate(q, chat, body);
             return;
         }

@@ -476,13 +476,28 @@ static void generate(rt_req *q, bool chat, json_t *body)
     }
     if (first_error)
         record_failover(q, &r, first_error, &first, t0, replay_start, last);
-    SW_INFO("router", "request %s: %s, worker %s, %d attempt(s), %zu tokens, %.0f ms",
-            q->request_id,
-            r.finished ? (r.status == 200 ? "ok" : "client error")
-            : fallback ? "queued as a job"
-            : last == RT_OUT_CLIENT_GONE ? "cancelled (client left)" : "failed",
-            r.final_worker[0] ? r.final_worker : "-", q->attempts, r.n_tokens,
-            (rt__now_s() - r.t_start) * 1000);
+    if (sw_log_get_level() <= SW_LOG_INFO) {
+        /* a line per request: built without printf's format parsing */
+        char line[512];
+        sw_tb t;
+        sw_tb_init(&t, line, sizeof line);
+        SW_TB_LIT(&t, "request ");
+        sw_tb_str(&t, q->request_id);
+        SW_TB_LIT(&t, ": ");
+        sw_tb_str(&t, r.finished ? (r.status == 200 ? "ok" : "client error")
+                      : fallback ? "queued as a job"
+                      : last == RT_OUT_CLIENT_GONE ? "cancelled (client left)" : "failed");
+        SW_TB_LIT(&t, ", worker ");
+        sw_tb_str(&t, r.final_worker[0] ? r.final_worker : "-");
+        SW_TB_LIT(&t, ", ");
+        sw_tb_i64(&t, q->attempts);
+        SW_TB_LIT(&t, " attempt(s), ");
+        sw_tb_u64(&t, r.n_tokens);
+        SW_TB_LIT(&t, " tokens, ");
+        sw_tb_u64(&t, (uint64_t)((rt__now_s() - r.t_start) * 1000 + 0.5));
+        SW_TB_LIT(&t, " ms");
+        SW_INFO("router", "%s", line);
+    }
     if (r.finished && r.status == 200) {
         pthread_mutex_lock(&rt->mu);
         hist_add(rt->lat_buckets, &rt->lat_count, &rt->lat_sum, rt__now_s() - r.t_start);

@@ -22,22 +22,11 @@
 #include <time.h>
 #include <unistd.h>
 
-/* An upstream read blocks in recv for at most this long (SO_RCVTIMEO, set
- * once per connection), then looks at the client and the time-outs: one
- * system call per read instead of a poll and a recv. */
-#define RN_READ_SLICE_MS 100
 /* An idle connection younger than this is used without looking at it
  * first (a poll per request): a worker closes one only at its own idle
  * time-out (http-timeout, seconds) or when it exits, and a connection
  * found closed is sent again by the stale-connection retry below. */
 #define RN_POOL_FRESH_MS 1000
-
-/* The read slice on a new upstream socket. */
-static void rn_set_read_slice(int fd)
-{
-    struct timeval rv = {0, RN_READ_SLICE_MS * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rv, sizeof rv);
-}
 
 int rn_connect(const char *address, int timeout_ms)
 {
@@ -58,7 +47,6 @@ int rn_connect(const char *address, int timeout_ms)
             close(fd);
             return -1;
         }
-        rn_set_read_slice(fd);
         return fd;
     }
     if (!strncmp(address, "http://", 7))
@@ -87,8 +75,6 @@ int rn_connect(const char *address, int timeout_ms)
         fd = -1;
     }
     freeaddrinfo(res);
-    if (fd >= 0)
-        rn_set_read_slice(fd);
     return fd;
 }
 
@@ -145,10 +131,13 @@ static double rn_now_s(void)
 }
 
 /* Reads more bytes into the buffer (compacting it first). Waits on the
- * upstream in slices of RN_READ_SLICE_MS and, when set, looks at the
- * client for a hang-up after each slice without a byte (a client that
- * leaves is noticed within a slice; one that leaves a stream, at the
- * next write). */
+ * upstream and, when set, watches the client for a hang-up.
+ *
+ * poll, then recv, rather than one blocking recv with a time-out: a
+ * thread asleep in recv on a Unix socket is woken by every write-space
+ * event of that socket too (the worker reading our request frees its
+ * buffer space), so each answer cost two context switches; poll waits
+ * for input only. */
 static int rn_fill(rn_conn *c)
 {
     if (c->pos > 0) {
@@ -166,26 +155,27 @@ static int rn_fill(rn_conn *c)
             c->timed_out = true;
             return -1;
         }
-        ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
-        if (r > 0) {
+        struct pollfd p[2] = {{c->fd, POLLIN, 0}, {c->watch_fd, POLLRDHUP, 0}};
+        int n = poll(p, c->watch_fd >= 0 ? 2 : 1, 100);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (c->watch_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            c->client_gone = true;
+            return -2;
+        }
+        if (p[0].revents) {
+            ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                return r == 0 ? 0 : -1;
             c->len += (size_t)r;
             c->received += (size_t)r;
             return (int)r;
         }
-        if (r == 0)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        if (c->watch_fd >= 0) {
-            struct pollfd p = {c->watch_fd, POLLRDHUP, 0};
-            if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-                c->client_gone = true;
-                return -2;
-            }
-        }
-        waited += RN_READ_SLICE_MS;
+        waited += 100;
         if (waited >= c->timeout_ms) {
             c->timed_out = true;
             return -1;

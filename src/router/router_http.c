@@ -766,7 +766,7 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     double t_read = rt__now_s();
     size_t hl = *bl;
     buf[hl] = 0;
-    char *end = strstr(buf, "\r\n\r\n");
+    char *end = memmem(buf, hl, "\r\n\r\n", 4);
     while (!end) {
         if (hl == HEAD_MAX) {
             snprintf(q.request_id, sizeof q.request_id, "-");
@@ -779,10 +779,17 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             goto done; /* also the client's close between two requests */
         hl += (size_t)r;
         buf[hl] = 0;
-        end = strstr(buf, "\r\n\r\n");
+        end = memmem(buf, hl, "\r\n\r\n", 4);
     }
     size_t head_len = (size_t)(end - buf) + 4;
     *end = 0;
+    if (memchr(buf, 0, (size_t)(end - buf))) {
+        /* the head is text: a NUL would cut every search below */
+        snprintf(q.request_id, sizeof q.request_id, "-");
+        q.keep_alive = false;
+        rt__send_error(&q, 400, "invalid_request", "a NUL byte in the request head", NULL, NULL);
+        goto done;
+    }
     char version[16] = "";
     const char *rl = buf;
     if (!request_word(&rl, q.method, sizeof q.method) ||
@@ -816,9 +823,14 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             errno = 0;
             long long previous = content_length;
             content_length = strtoll(val, &e, 10);
-            /* two lengths that differ: which body is meant is ambiguous (a
+            /* digits only (RFC 9110 8.6: no sign, no space inside); two
+             * lengths that differ: which body is meant is ambiguous (a
              * request-smuggling shape), RFC 9112 6.3 says refuse */
-            if (e == val || *e || errno || (seen_length && previous != content_length))
+            size_t digits = strspn(val, "0123456789");
+            while (val[digits] == ' ' || val[digits] == '\t')
+                digits++; /* trailing white space is the field's, not the value's */
+            if (e == val || val[0] < '0' || val[0] > '9' || val[digits] || errno ||
+                (seen_length && previous != content_length))
                 bad_length = true;
             seen_length = true;
         } else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))

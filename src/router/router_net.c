@@ -226,14 +226,31 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
     if (!sw_tb_ok(&t) || rn_write_request(c->fd, head, t.len, body, body_len))
         return -1;
     char line[4096];
-    int r = rn_line(c, line, sizeof line);
-    if (r < 0)
-        return r == -2 ? -2 : -3;
-    if (strncmp(line, "HTTP/1.", 7) || strlen(line) < 12)
-        return -3;
+    int r;
+    for (;;) {
+        r = rn_line(c, line, sizeof line);
+        if (r < 0)
+            return r == -2 ? -2 : -3;
+        /* "HTTP/1.x NNN[ reason]": three digits, a final status 200..599;
+         * an interim 1xx head (100 Continue, 103 Early Hints) is skipped */
+        if (strncmp(line, "HTTP/1.", 7) || (line[7] != '0' && line[7] != '1') ||
+            line[8] != ' ' || line[9] < '1' || line[9] > '5' || line[10] < '0' ||
+            line[10] > '9' || line[11] < '0' || line[11] > '9' ||
+            (line[12] != 0 && line[12] != ' '))
+            return -3;
+        c->status = (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
+        if (c->status >= 200)
+            break;
+        if (c->status == 101)
+            return -3; /* no upgrade was asked for */
+        do { /* the interim head's fields, to its empty line */
+            r = rn_line(c, line, sizeof line);
+            if (r < 0)
+                return r == -2 ? -2 : -3;
+        } while (line[0]);
+    }
     /* HTTP/1.1 keeps the connection unless it says close; 1.0 is not reused */
     c->keep_alive = keep_alive && line[7] == '1';
-    c->status = atoi(line + 9);
     for (;;) {
         r = rn_line(c, line, sizeof line);
         if (r < 0)
@@ -253,8 +270,10 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
             char *end;
             errno = 0;
             long long cl = strtoll(v, &end, 10);
-            if (end == v || cl < 0 || errno)
-                return -3; /* not a length: the framing is unknown */
+            while (*end == ' ' || *end == '\t')
+                end++;
+            if (end == v || *v < '0' || *v > '9' || *end || errno)
+                return -3; /* not a length (digits only): the framing is unknown */
             c->has_length = true;
             c->remaining = cl;
         } else if (!strcasecmp(line, "Connection") && strcasestr(v, "close"))
@@ -309,15 +328,21 @@ long rn_body(rn_conn *c, char *out, size_t cap)
         int r = rn_line(c, line, sizeof line);
         if (r < 0)
             return r;
-        if (!line[0]) { /* the CRLF after a chunk's data */
+        if (c->chunk_data_read) { /* the CRLF after a chunk's data, required */
+            if (line[0])
+                return -1;
             r = rn_line(c, line, sizeof line);
             if (r < 0)
                 return r;
         }
-        char *end;
-        long long size = strtoll(line, &end, 16);
-        if (end == line || size < 0)
+        /* chunk-size = 1*HEXDIG, then an optional extension after ';' */
+        size_t digits = strspn(line, "0123456789abcdefABCDEF");
+        size_t after = digits;
+        while (line[after] == ' ' || line[after] == '\t')
+            after++;
+        if (digits == 0 || digits > 15 || (line[after] && line[after] != ';'))
             return -1;
+        long long size = strtoll(line, NULL, 16);
         if (size == 0) {
             /* trailer fields (none from our workers), then an empty line */
             do {
@@ -329,6 +354,7 @@ long rn_body(rn_conn *c, char *out, size_t cap)
             return 0;
         }
         c->remaining = size;
+        c->chunk_data_read = true;
     }
     if (!c->chunked && c->has_length && c->remaining == 0) {
         c->body_done = true;

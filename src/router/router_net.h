@@ -27,6 +27,7 @@ typedef struct rn_conn {
     size_t len, pos;
     int status;
     bool chunked;
+    bool chunk_data_read; /* a chunk's data began: its CRLF comes before the next size */
     int64_t remaining;   /* content-length left, or bytes left in the chunk */
     bool has_length;
     bool body_done;

@@ -34,6 +34,7 @@
 #include "router/router.h"
 #include "router/router_pool.h"
 #include "router/router_queue.h"
+#include "router/router_failover.h"
 
 #include "common/alloc.h"
 #include "ledger/ledger.h"
@@ -158,6 +159,9 @@ typedef struct rt_req {
     rt_capture cap;
     bool single_pass;        /* a worker failure ends it (worker_failed) */
     bool worker_failed;      /* it ended because a worker failed */
+    bool body_edited;        /* the parsed body no longer says what body (text) does */
+    rt_outcome outcome;      /* how its last attempt ended (router_failover.h) */
+    int outcome_kind;        /* RT_KIND_* of the worker of that attempt */
     bool completed;          /* a full answer (or a final 4xx) was sent */
     bool tried[RT_MAX_WORKERS]; /* workers already tried (failed) */
     const char *error_code;  /* code of an error the router sent itself */
@@ -215,8 +219,12 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
 json_t *rt__error_obj(int status, const char *code, const char *msg, const char *param);
 void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
                     const char *param, const char *extra);
-/* Serves one client connection to its end (router_http.c). */
-void rt__conn_serve(rt_router *rt, int fd);
+/* The longest request head a client may send. */
+#define RT_HEAD_MAX 16384
+/* Serves one client connection to its end (router_http.c). buf: the
+ * calling thread's RT_HEAD_MAX + 1 bytes for the request heads, kept
+ * from one connection to the next (NULL: one of its own for this one). */
+void rt__conn_serve(rt_router *rt, int fd, char *buf);
 /* Starts the connection threads, which accept on lfd themselves
  * (router_conns.c); 0, or -1 when none could be started. */
 int rt__conns_start(rt_router *rt, int lfd);
@@ -227,6 +235,11 @@ int rt__listen_on(const char *addr, char *actual, size_t cap);
 
 /* Writes to the client (when fd >= 0); -1 when it is gone. */
 int rt__sink_write(rt_req *q, const void *p, size_t n);
+/* Sends the iovecs whole on a client socket (non-blocking sends, poll
+ * while it is full, at most timeout_s in all; router_http.c); -1 when
+ * the client is gone or too slow. */
+struct iovec;
+int rt__client_sendv(int fd, struct iovec *iov, int n_iov, int timeout_s);
 /* "keep-alive" or "close": the Connection header of q's response. */
 const char *rt__conn_hdr(const rt_req *q);
 /* Writes the head of a 200 SSE response (chunked; X-Request-Id, the
@@ -248,9 +261,13 @@ void rt__handle_generate(rt_req *q, bool chat);
 void rt__dispatch_generate(rt_req *q, bool chat);
 /* Runs body (JSON text) as a non-streaming request without a client
  * socket; the answer the client would have got is in out (status, body;
- * rt__capture_free). request_id is kept on every attempt. */
+ * rt__capture_free). request_id is kept on every attempt. *ticket: its
+ * place in the queue's arrival order, taken on the first call (0) and
+ * kept by the caller for the next tries, so a job that tries again keeps
+ * its place. */
 void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, const char *body,
-                          size_t len, long long deadline_ms, rt_capture *out, int *attempts);
+                          size_t len, long long deadline_ms, uint64_t *ticket, rt_capture *out,
+                          int *attempts);
 
 /* agent runs (router_agent.c); body is the parsed request */
 void rt__handle_agent(rt_req *q, json_t *body);

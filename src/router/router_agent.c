@@ -1142,12 +1142,20 @@ run:
             rt__capture_free(&iq.cap);
             goto out;
         }
-        if (iq.worker_failed && !a.text_sent && !rt->sabotage.no_replay &&
-            run_attempts < cfg->max_attempts) {
+        /* The run's own failover, from the replay table: the generation
+         * stopped (single_pass) without text at the client; the tool steps
+         * so far are in the ledger (a tool whose outcome stayed unknown
+         * ended the run in run_step already). */
+        rt_failover_in fi = {iq.outcome,     false, 0,     a.text_sent,
+                             iq.outcome_kind, n_steps > 0 ? RT_TOOL_EXECUTED : RT_TOOL_NONE,
+                             false,          rt->sabotage.no_replay, rt->sabotage.no_resume};
+        rt_failover f = {RT_FO_STOP, NULL, NULL, NULL, false, false};
+        if (iq.worker_failed && !a.text_sent)
+            f = rt_failover_decide(&fi);
+        if (f.action == RT_FO_REPLAY && run_attempts < cfg->max_attempts) {
             rt__capture_free(&iq.cap);
             SW_WARN("router", "agent run %s: the worker failed in generation %d; the run is "
-                    "replayed (recorded tool steps are reused, not called again)",
-                    q->request_id, gen + 1);
+                    "replayed (%s)", q->request_id, gen + 1, f.reason);
             if (!replay_start)
                 replay_start = rt__wall_s();
             goto run;

@@ -6,7 +6,9 @@
  * always ready (up to max-connections + 2 threads: one more than the
  * connections, so a connection past the limit is still answered 503 at
  * once). A thread that has waited RT_CONN_IDLE_S while another one waits
- * too ends.
+ * too ends (accept wakes that often to let it look; at shutdown,
+ * shutdown(2) on the listening socket wakes every thread in accept at
+ * once, so no thread wakes on a short timer, busy or idle).
  *
  * Creating and ending a thread per connection was two thirds of the
  * router's CPU per request, and handing each accepted connection from an
@@ -16,17 +18,18 @@
 #include "router/router-impl.h"
 #include "router/router_net.h"
 
+#include "common/alloc.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #define RT_CONN_IDLE_S 30
-/* how often a thread waiting in accept looks at the shutdown flag */
-#define RT_ACCEPT_WAKE_MS 200
 
 static double mono_s(void)
 {
@@ -51,7 +54,8 @@ static bool take_slot(rt_router *rt, int fd)
     if (full) {
         static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
                                    "Content-Length: 0\r\nConnection: close\r\n\r\n";
-        rn_write_all(fd, busy, sizeof busy - 1);
+        struct iovec iov = {(void *)busy, sizeof busy - 1};
+        rt__client_sendv(fd, &iov, 1, 1);
         close(fd);
     }
     return !full;
@@ -61,6 +65,9 @@ static void *conn_main(void *arg)
 {
     rt_router *rt = arg;
     double idle_since = mono_s();
+    /* the request-head buffer, once per thread (not a malloc and free of
+     * 16 KiB per connection) */
+    char *buf = sw_malloc(RT_HEAD_MAX + 1);
     for (;;) {
         /* counted as waiting before the shutdown flag is read, so that
          * rt__conns_close, which sets the flag before it reads the count,
@@ -86,9 +93,10 @@ static void *conn_main(void *arg)
         if (left == 0)
             start_thread(rt); /* the next connection finds a thread waiting */
         if (take_slot(rt, fd))
-            rt__conn_serve(rt, fd);
+            rt__conn_serve(rt, fd, buf);
         idle_since = mono_s();
     }
+    sw_free(buf);
     __atomic_sub_fetch(&rt->conns.threads, 1, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -114,10 +122,11 @@ static int start_thread(rt_router *rt)
 
 int rt__conns_start(rt_router *rt, int lfd)
 {
-    /* accept wakes this often with EAGAIN (for the shutdown flag); an
-     * accepted TCP socket inherits the time-out, and rt__conn_serve sets
-     * its own */
-    struct timeval tv = {0, RT_ACCEPT_WAKE_MS * 1000};
+    /* accept wakes this often with EAGAIN, for the idle threads to end; an
+     * accepted TCP socket inherits the time-out, which nothing uses: the
+     * client socket is only read and written without blocking, after a
+     * poll (router_http.c) */
+    struct timeval tv = {RT_CONN_IDLE_S, 0};
     if (setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
         return -1;
     rt->conns.lfd = lfd;
@@ -129,7 +138,10 @@ void rt__conns_close(rt_router *rt)
 {
     __atomic_store_n(&rt->conns.closing, 1, __ATOMIC_SEQ_CST);
     /* the listening socket is closed after this: no thread may still be
-     * in accept on it (each leaves within RT_ACCEPT_WAKE_MS) */
+     * in accept on it. Shutting it down makes every accept return
+     * (EINVAL, on TCP and Unix sockets alike); a thread between its
+     * count and its accept finds the flag or the shut socket. */
+    shutdown(rt->conns.lfd, SHUT_RDWR);
     for (int i = 0; i < 50 && __atomic_load_n(&rt->conns.waiting, __ATOMIC_SEQ_CST) > 0; i++)
         usleep(20 * 1000);
 }

@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/textbuf.h"
 #include "common/utf8.h"
 
 #include <errno.h>
@@ -24,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -66,18 +68,89 @@ int rt__capture_append(rt_capture *c, const void *p, size_t n)
     return 0;
 }
 
-int rt__sink_write(rt_req *q, const void *p, size_t n)
+/* The client socket is never blocking-with-a-time-out (no SO_RCVTIMEO or
+ * SO_SNDTIMEO per connection: two system calls each): a send or recv
+ * that would block waits in poll for at most the http time-out. */
+static int client_wait(int fd, short events, double until)
+{
+    for (;;) {
+        double left = until - rt__now_s();
+        if (left <= 0)
+            return -1;
+        struct pollfd p = {fd, events, 0};
+        int n = poll(&p, 1, (int)(left * 1000) + 1);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+int rt__client_sendv(int fd, struct iovec *iov, int n_iov, int timeout_s)
+{
+    double until = rt__now_s() + timeout_s;
+    int i = 0;
+    while (i < n_iov && iov[i].iov_len == 0)
+        i++;
+    while (i < n_iov) {
+        struct msghdr m;
+        memset(&m, 0, sizeof m);
+        m.msg_iov = iov + i;
+        m.msg_iovlen = (size_t)(n_iov - i);
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (client_wait(fd, POLLOUT, until))
+                return -1;
+            continue;
+        }
+        if (w <= 0)
+            return -1;
+        size_t left = (size_t)w;
+        while (i < n_iov && left >= iov[i].iov_len)
+            left -= iov[i++].iov_len;
+        if (i < n_iov) {
+            iov[i].iov_base = (char *)iov[i].iov_base + left;
+            iov[i].iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* recv on the client socket, waiting until `until` (monotonic) for bytes. */
+static ssize_t client_recv(int fd, void *buf, size_t n, double until)
+{
+    for (;;) {
+        ssize_t r = recv(fd, buf, n, MSG_DONTWAIT);
+        if (r >= 0)
+            return r;
+        if (errno == EINTR)
+            continue;
+        if ((errno != EAGAIN && errno != EWOULDBLOCK) || client_wait(fd, POLLIN, until))
+            return -1;
+    }
+}
+
+/* Head and body of one response in one system call. */
+static int sink_write2(rt_req *q, const void *a, size_t an, const void *b, size_t bn)
 {
     if (q->fd < 0)
         return 0; /* a request the router made itself: capture only */
     if (q->write_failed)
         return -1;
     q->responded = true;
-    if (rn_write_all(q->fd, p, n)) {
+    struct iovec iov[2] = {{(void *)a, an}, {(void *)b, b ? bn : 0}};
+    if (rt__client_sendv(q->fd, iov, 2, q->rt->cfg->http_timeout_s)) {
         q->write_failed = true; /* the connection ends after this request */
         return -1;
     }
     return 0;
+}
+
+int rt__sink_write(rt_req *q, const void *p, size_t n)
+{
+    return sink_write2(q, p, n, NULL, 0);
 }
 
 const char *rt__conn_hdr(const rt_req *q)
@@ -93,6 +166,35 @@ void rt__chunked_begin(rt_req *q)
 void rt__chunked_end(rt_req *q)
 {
     q->chunked_open = false;
+}
+
+/* The head lines every response has after its first ones: Connection,
+ * X-Request-Id, the worker, attempts and admission (each line ends with
+ * CRLF; the last one's CRLF is the caller's, after any extra lines). */
+static void head_common(const rt_req *q, sw_tb *t)
+{
+    SW_TB_LIT(t, "\r\nConnection: ");
+    sw_tb_str(t, rt__conn_hdr(q));
+    SW_TB_LIT(t, "\r\nX-Request-Id: ");
+    sw_tb_str(t, q->request_id);
+    SW_TB_LIT(t, "\r\n");
+    if (q->worker[0]) {
+        SW_TB_LIT(t, "X-Spillway-Worker: ");
+        sw_tb_str(t, q->worker);
+        SW_TB_LIT(t, "\r\n");
+    }
+    if (q->attempts > 0) {
+        SW_TB_LIT(t, "X-Spillway-Attempts: ");
+        sw_tb_u64(t, (uint64_t)q->attempts);
+        SW_TB_LIT(t, "\r\n");
+    }
+    if (q->admission > 0) {
+        SW_TB_LIT(t, "X-Spillway-Admission: ");
+        sw_tb_u64(t, q->admission);
+        SW_TB_LIT(t, "\r\nX-Spillway-Queue-Ms: ");
+        sw_tb_u64(t, (uint64_t)(q->queue_ms + 0.5));
+        SW_TB_LIT(t, "\r\n");
+    }
 }
 
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
@@ -116,38 +218,33 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
                        : status == 503 ? "Service Unavailable" : status == 504 ? "Gateway Timeout"
                        : status >= 500 ? "Server Error" : "Error";
     char head[1536];
-    int n = snprintf(head, sizeof head,
-                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: %s\r\nX-Request-Id: %s\r\n%s%s%s",
-                     status, reason, ctype, len, rt__conn_hdr(q), q->request_id, q->worker[0] ? "X-Spillway-Worker: " : "",
-                     q->worker[0] ? q->worker : "", q->worker[0] ? "\r\n" : "");
-    if (q->attempts > 0 && n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n, "X-Spillway-Attempts: %d\r\n", q->attempts);
-    if (q->admission > 0 && n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n,
-                      "X-Spillway-Admission: %llu\r\nX-Spillway-Queue-Ms: %.0f\r\n",
-                      (unsigned long long)q->admission, q->queue_ms);
-    if (n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n, "%s\r\n", extra ? extra : "");
-    if (n > 0 && (size_t)n < sizeof head && rt__sink_write(q, head, (size_t)n) == 0 && len)
-        rt__sink_write(q, body, len);
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    SW_TB_LIT(&t, "HTTP/1.1 ");
+    sw_tb_u64(&t, (uint64_t)status);
+    SW_TB_LIT(&t, " ");
+    sw_tb_str(&t, reason);
+    SW_TB_LIT(&t, "\r\nContent-Type: ");
+    sw_tb_str(&t, ctype);
+    SW_TB_LIT(&t, "\r\nContent-Length: ");
+    sw_tb_u64(&t, len);
+    head_common(q, &t);
+    sw_tb_str(&t, extra ? extra : "");
+    SW_TB_LIT(&t, "\r\n");
+    if (sw_tb_ok(&t))
+        sink_write2(q, head, t.len, body, len);
 }
 
 int rt__stream_begin(rt_req *q)
 {
     char head[768];
-    int n = snprintf(head, sizeof head,
-                     "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                     "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                     "Connection: %s\r\nX-Request-Id: %s\r\nX-Spillway-Worker: %s\r\n"
-                     "X-Spillway-Attempts: %d\r\n",
-                     rt__conn_hdr(q), q->request_id, q->worker, q->attempts);
-    if (q->admission > 0 && n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n,
-                      "X-Spillway-Admission: %llu\r\nX-Spillway-Queue-Ms: %.0f\r\n",
-                      (unsigned long long)q->admission, q->queue_ms);
-    if (n > 0 && (size_t)n < sizeof head)
-        n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    sw_tb_str(&t, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                  "Cache-Control: no-cache\r\nTransfer-Encoding: chunked");
+    head_common(q, &t);
+    SW_TB_LIT(&t, "\r\n");
+    int n = sw_tb_ok(&t) ? (int)t.len : -1;
     rt__chunked_begin(q);
     if (q->cap.on) {
         q->cap.status = 200;
@@ -630,7 +727,35 @@ static bool prefers_async(const char *v)
     return false;
 }
 
-enum { HEAD_MAX = 16384 };
+enum { HEAD_MAX = RT_HEAD_MAX };
+
+/* src into dst of cap bytes, cut to fit. */
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+/* The next word of the request line (after spaces or tabs, up to the next
+ * white space) into out; false when there is none or it does not fit. */
+static bool request_word(const char **p, char *out, size_t cap)
+{
+    const char *s = *p;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = 0;
+    while (s[n] && s[n] != ' ' && s[n] != '\t' && s[n] != '\r' && s[n] != '\n')
+        n++;
+    if (n == 0 || n >= cap)
+        return false;
+    memcpy(out, s, n);
+    out[n] = 0;
+    *p = s + n;
+    return true;
+}
 
 /* Reads and serves one request of a connection. buf holds *bl bytes the
  * client already sent (a pipelined next request), and keeps what follows
@@ -648,28 +773,34 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     double t_read = rt__now_s();
     size_t hl = *bl;
     buf[hl] = 0;
-    char *end = strstr(buf, "\r\n\r\n");
+    char *end = memmem(buf, hl, "\r\n\r\n", 4);
     while (!end) {
         if (hl == HEAD_MAX) {
             snprintf(q.request_id, sizeof q.request_id, "-");
             rt__send_error(&q, 400, "invalid_request", "header block too large", NULL, NULL);
             goto done;
         }
-        if (rt__now_s() - t_read > rt->cfg->http_timeout_s)
-            goto done; /* a client that trickles its request is dropped */
-        ssize_t r = recv(fd, buf + hl, HEAD_MAX - hl, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
+        /* a client that trickles its request is dropped */
+        ssize_t r = client_recv(fd, buf + hl, HEAD_MAX - hl, t_read + rt->cfg->http_timeout_s);
         if (r <= 0)
             goto done; /* also the client's close between two requests */
         hl += (size_t)r;
         buf[hl] = 0;
-        end = strstr(buf, "\r\n\r\n");
+        end = memmem(buf, hl, "\r\n\r\n", 4);
     }
     size_t head_len = (size_t)(end - buf) + 4;
     *end = 0;
+    if (memchr(buf, 0, (size_t)(end - buf))) {
+        /* the head is text: a NUL would cut every search below */
+        snprintf(q.request_id, sizeof q.request_id, "-");
+        q.keep_alive = false;
+        rt__send_error(&q, 400, "invalid_request", "a NUL byte in the request head", NULL, NULL);
+        goto done;
+    }
     char version[16] = "";
-    if (sscanf(buf, "%15s %255s %15s", q.method, q.path, version) != 3 ||
+    const char *rl = buf;
+    if (!request_word(&rl, q.method, sizeof q.method) ||
+        !request_word(&rl, q.path, sizeof q.path) || !request_word(&rl, version, sizeof version) ||
         strncmp(version, "HTTP/1.", 7)) {
         snprintf(q.request_id, sizeof q.request_id, "-");
         rt__send_error(&q, 400, "invalid_request", "malformed request line", NULL, NULL);
@@ -691,25 +822,32 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             v++;
         size_t vl = eol ? (size_t)(eol - v) : strlen(v);
         char val[256];
-        snprintf(val, sizeof val, "%.*s", (int)(vl < 255 ? vl : 255), v);
+        size_t vn = vl < sizeof val - 1 ? vl : sizeof val - 1;
+        memcpy(val, v, vn);
+        val[vn] = 0;
         if (nl == 14 && !strncasecmp(line, "Content-Length", 14)) {
             char *e = NULL;
             errno = 0;
             long long previous = content_length;
             content_length = strtoll(val, &e, 10);
-            /* two lengths that differ: which body is meant is ambiguous (a
+            /* digits only (RFC 9110 8.6: no sign, no space inside); two
+             * lengths that differ: which body is meant is ambiguous (a
              * request-smuggling shape), RFC 9112 6.3 says refuse */
-            if (e == val || *e || errno || (seen_length && previous != content_length))
+            size_t digits = strspn(val, "0123456789");
+            while (val[digits] == ' ' || val[digits] == '\t')
+                digits++; /* trailing white space is the field's, not the value's */
+            if (e == val || val[0] < '0' || val[0] > '9' || val[digits] || errno ||
+                (seen_length && previous != content_length))
                 bad_length = true;
             seen_length = true;
         } else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))
             chunked = true;
         else if (nl == 10 && !strncasecmp(line, "Connection", 10))
-            snprintf(conn, sizeof conn, "%s", val);
+            copy_str(conn, sizeof conn, val);
         else if (nl == 13 && !strncasecmp(line, "Authorization", 13))
-            snprintf(q.auth, sizeof q.auth, "%s", val);
+            copy_str(q.auth, sizeof q.auth, val);
         else if (nl == 12 && !strncasecmp(line, "X-Request-Id", 12))
-            snprintf(rid, sizeof rid, "%s", val);
+            copy_str(rid, sizeof rid, val);
         else if (nl == 22 && !strncasecmp(line, "X-Spillway-Deadline-Ms", 22))
             q.deadline_ms = strtoll(val, NULL, 10);
         else if (nl == 26 && !strncasecmp(line, "X-Spillway-Job-Deadline-Ms", 26))
@@ -745,8 +883,14 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         snprintf(q.request_id, sizeof q.request_id, "%.63s", rid);
     } else {
         uint64_t s = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
-        snprintf(q.request_id, sizeof q.request_id, "req-%d-%llu-%llx", (int)router_pid(),
-                 (unsigned long long)s, (unsigned long long)(rt__wall_s() * 1000) & 0xffffff);
+        sw_tb t; /* req-PID-SEQ-MS: the pid, a counter, the wall clock's low bits */
+        sw_tb_init(&t, q.request_id, sizeof q.request_id);
+        SW_TB_LIT(&t, "req-");
+        sw_tb_u64(&t, (uint64_t)router_pid());
+        SW_TB_LIT(&t, "-");
+        sw_tb_u64(&t, s);
+        SW_TB_LIT(&t, "-");
+        sw_tb_hex(&t, (uint64_t)(rt__wall_s() * 1000) & 0xffffff);
     }
     if (served > 0) {
         pthread_mutex_lock(&rt->mu);
@@ -815,18 +959,16 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
      * an HTTP/1.0 client (RFC 9110 15.2), nor once the body is here. */
     if (expect_continue && have < (size_t)content_length && !strcmp(version, "HTTP/1.1")) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        if (rn_write_all(fd, cont, sizeof cont - 1))
+        struct iovec iov = {(void *)cont, sizeof cont - 1};
+        if (rt__client_sendv(fd, &iov, 1, rt->cfg->http_timeout_s))
             goto done;
         pthread_mutex_lock(&rt->mu);
         rt->continues_sent++;
         pthread_mutex_unlock(&rt->mu);
     }
     while (have < (size_t)content_length) {
-        if (rt__now_s() - t_read > rt->cfg->http_timeout_s)
-            goto done;
-        ssize_t r = recv(fd, q.body + have, (size_t)content_length - have, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
+        ssize_t r = client_recv(fd, q.body + have, (size_t)content_length - have,
+                                t_read + rt->cfg->http_timeout_s);
         if (r <= 0)
             goto done;
         have += (size_t)r;
@@ -871,14 +1013,8 @@ done:
 
 /* Serves a connection's requests one after another. Returns true when
  * a new connection took its slot while it was idle (its slot went to a new one). */
-static bool serve_conn(rt_router *rt, int fd)
+static bool serve_conn(rt_router *rt, int fd, char *buf)
 {
-    struct timeval tv = {rt->cfg->http_timeout_s, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    char *buf = sw_malloc(HEAD_MAX + 1);
-    if (!buf)
-        return false;
     size_t bl = 0;
     bool evicted = false;
     for (int served = 0; !rt->stop; ) {
@@ -893,15 +1029,15 @@ static bool serve_conn(rt_router *rt, int fd)
                 break;
         }
     }
-    sw_free(buf);
     return evicted;
 }
 
-void rt__conn_serve(rt_router *rt, int fd)
+void rt__conn_serve(rt_router *rt, int fd, char *buf)
 {
-    bool evicted = serve_conn(rt, fd);
-    shutdown(fd, SHUT_WR);
-    close(fd);
+    char *own = buf ? NULL : sw_malloc(RT_HEAD_MAX + 1);
+    bool evicted = buf || own ? serve_conn(rt, fd, buf ? buf : own) : false;
+    sw_free(own);
+    close(fd); /* a FIN, as shutdown(SHUT_WR) would send, one system call less */
     if (!evicted) { /* an evicted connection's slot is the new one's now */
         pthread_mutex_lock(&rt->mu);
         rt->active_conns--;

@@ -191,6 +191,7 @@ static void run_job(rt_router *rt, const char *id)
     }
     bool chat = strcmp(j.endpoint, "completions") != 0;
     SW_INFO("router", "job %s: running (start %d)", id, j.attempts);
+    uint64_t ticket = 0; /* its place in the queue, kept from one try to the next */
     for (int tries = 1;; tries++) {
         long long deadline = -1;
         if (j.deadline_ms >= 0) {
@@ -207,7 +208,8 @@ static void run_job(rt_router *rt, const char *id)
         }
         rt_capture c;
         int attempts = 0;
-        rt__generate_capture(rt, id, chat, j.request, strlen(j.request), deadline, &c, &attempts);
+        rt__generate_capture(rt, id, chat, j.request, strlen(j.request), deadline, &ticket, &c,
+                             &attempts);
         json_t *resp = c.body ? sw_json_loadb(c.body, c.len, 0, NULL) : NULL;
         const char *code =
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));

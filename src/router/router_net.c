@@ -4,11 +4,13 @@
 #include "router/router_net.h"
 
 #include "common/alloc.h"
+#include "common/textbuf.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,12 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+
+/* An idle connection younger than this is used without looking at it
+ * first (a poll per request): a worker closes one only at its own idle
+ * time-out (http-timeout, seconds) or when it exits, and a connection
+ * found closed is sent again by the stale-connection retry below. */
+#define RN_POOL_FRESH_MS 1000
 
 int rn_connect(const char *address, int timeout_ms)
 {
@@ -123,7 +131,13 @@ static double rn_now_s(void)
 }
 
 /* Reads more bytes into the buffer (compacting it first). Waits on the
- * upstream and, when set, watches the client for a hang-up. */
+ * upstream and, when set, watches the client for a hang-up.
+ *
+ * poll, then recv, rather than one blocking recv with a time-out: a
+ * thread asleep in recv on a Unix socket is woken by every write-space
+ * event of that socket too (the worker reading our request frees its
+ * buffer space), so each answer cost two context switches; poll waits
+ * for input only. */
 static int rn_fill(rn_conn *c)
 {
     if (c->pos > 0) {
@@ -197,23 +211,46 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
                        bool keep_alive)
 {
     char head[2048];
-    int n = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: worker\r\nConnection: %s\r\n%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, keep_alive ? "keep-alive" : "close",
-                     extra_headers ? extra_headers : "", body ? body_len : 0);
-    if (n < 0 || (size_t)n >= sizeof head ||
-        rn_write_request(c->fd, head, (size_t)n, body, body_len))
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    sw_tb_str(&t, method);
+    SW_TB_LIT(&t, " ");
+    sw_tb_str(&t, path);
+    SW_TB_LIT(&t, " HTTP/1.1\r\nHost: worker\r\nConnection: ");
+    sw_tb_str(&t, keep_alive ? "keep-alive" : "close");
+    SW_TB_LIT(&t, "\r\n");
+    sw_tb_str(&t, extra_headers ? extra_headers : "");
+    SW_TB_LIT(&t, "Content-Type: application/json\r\nContent-Length: ");
+    sw_tb_u64(&t, body ? body_len : 0);
+    SW_TB_LIT(&t, "\r\n\r\n");
+    if (!sw_tb_ok(&t) || rn_write_request(c->fd, head, t.len, body, body_len))
         return -1;
     char line[4096];
-    int r = rn_line(c, line, sizeof line);
-    if (r < 0)
-        return r == -2 ? -2 : -3;
-    if (strncmp(line, "HTTP/1.", 7) || strlen(line) < 12)
-        return -3;
+    int r;
+    for (;;) {
+        r = rn_line(c, line, sizeof line);
+        if (r < 0)
+            return r == -2 ? -2 : -3;
+        /* "HTTP/1.x NNN[ reason]": three digits, a final status 200..599;
+         * an interim 1xx head (100 Continue, 103 Early Hints) is skipped */
+        if (strncmp(line, "HTTP/1.", 7) || (line[7] != '0' && line[7] != '1') ||
+            line[8] != ' ' || line[9] < '1' || line[9] > '5' || line[10] < '0' ||
+            line[10] > '9' || line[11] < '0' || line[11] > '9' ||
+            (line[12] != 0 && line[12] != ' '))
+            return -3;
+        c->status = (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
+        if (c->status >= 200)
+            break;
+        if (c->status == 101)
+            return -3; /* no upgrade was asked for */
+        do { /* the interim head's fields, to its empty line */
+            r = rn_line(c, line, sizeof line);
+            if (r < 0)
+                return r == -2 ? -2 : -3;
+        } while (line[0]);
+    }
     /* HTTP/1.1 keeps the connection unless it says close; 1.0 is not reused */
     c->keep_alive = keep_alive && line[7] == '1';
-    c->status = atoi(line + 9);
     for (;;) {
         r = rn_line(c, line, sizeof line);
         if (r < 0)
@@ -233,8 +270,10 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
             char *end;
             errno = 0;
             long long cl = strtoll(v, &end, 10);
-            if (end == v || cl < 0 || errno)
-                return -3; /* not a length: the framing is unknown */
+            while (*end == ' ' || *end == '\t')
+                end++;
+            if (end == v || *v < '0' || *v > '9' || *end || errno)
+                return -3; /* not a length (digits only): the framing is unknown */
             c->has_length = true;
             c->remaining = cl;
         } else if (!strcasecmp(line, "Connection") && strcasestr(v, "close"))
@@ -253,7 +292,7 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
 
 static void rn_conn_init(rn_conn *c, int watch_fd, int timeout_ms)
 {
-    memset(c, 0, sizeof *c);
+    memset(c, 0, offsetof(rn_conn, buf));
     c->fd = -1;
     c->watch_fd = watch_fd;
     c->timeout_ms = timeout_ms;
@@ -289,15 +328,21 @@ long rn_body(rn_conn *c, char *out, size_t cap)
         int r = rn_line(c, line, sizeof line);
         if (r < 0)
             return r;
-        if (!line[0]) { /* the CRLF after a chunk's data */
+        if (c->chunk_data_read) { /* the CRLF after a chunk's data, required */
+            if (line[0])
+                return -1;
             r = rn_line(c, line, sizeof line);
             if (r < 0)
                 return r;
         }
-        char *end;
-        long long size = strtoll(line, &end, 16);
-        if (end == line || size < 0)
+        /* chunk-size = 1*HEXDIG, then an optional extension after ';' */
+        size_t digits = strspn(line, "0123456789abcdefABCDEF");
+        size_t after = digits;
+        while (line[after] == ' ' || line[after] == '\t')
+            after++;
+        if (digits == 0 || digits > 15 || (line[after] && line[after] != ';'))
             return -1;
+        long long size = strtoll(line, NULL, 16);
         if (size == 0) {
             /* trailer fields (none from our workers), then an empty line */
             do {
@@ -309,6 +354,7 @@ long rn_body(rn_conn *c, char *out, size_t cap)
             return 0;
         }
         c->remaining = size;
+        c->chunk_data_read = true;
     }
     if (!c->chunked && c->has_length && c->remaining == 0) {
         c->body_done = true;
@@ -480,17 +526,20 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
         }
         *epoch = s->epoch;
         int fd = -1;
-        double now = rn_now_s();
+        double now = rn_now_s(), idle_s = 0;
         while (s->n_idle > 0 && fd < 0) {
             fd = s->fd[--s->n_idle];
-            if (now - s->idle_since_s[s->n_idle] > RN_POOL_IDLE_MS / 1000.0) {
+            idle_s = now - s->idle_since_s[s->n_idle];
+            if (idle_s > RN_POOL_IDLE_MS / 1000.0) {
                 close(fd);
                 rn_pool.counts.discarded++;
                 fd = -1;
             }
         }
+        if (fd >= 0)
+            rn_pool.counts.reused++;
         pthread_mutex_unlock(&rn_pool.mu);
-        if (fd < 0 || rn_pool_no_idle_check)
+        if (fd < 0 || rn_pool_no_idle_check || idle_s < RN_POOL_FRESH_MS / 1000.0)
             return fd;
         /* an idle connection has nothing to read: readable means the worker
          * closed it (its idle time-out, its exit) */
@@ -499,6 +548,7 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
             return fd;
         close(fd);
         pthread_mutex_lock(&rn_pool.mu);
+        rn_pool.counts.reused--;
         rn_pool.counts.discarded++;
         pthread_mutex_unlock(&rn_pool.mu);
     }
@@ -517,12 +567,11 @@ static int rn_pooled_exchange(rn_conn *c, int fd, bool reused, int slot, uint64_
     c->pool_epoch = epoch;
     c->max_idle = t->max_idle < 1 ? 1 : t->max_idle > RN_POOL_MAX_IDLE ? RN_POOL_MAX_IDLE
                                                                         : t->max_idle;
-    pthread_mutex_lock(&rn_pool.mu);
-    if (reused)
-        rn_pool.counts.reused++;
-    else
+    if (!reused) { /* a reused one was counted when it was taken */
+        pthread_mutex_lock(&rn_pool.mu);
         rn_pool.counts.opened++;
-    pthread_mutex_unlock(&rn_pool.mu);
+        pthread_mutex_unlock(&rn_pool.mu);
+    }
     return rn_exchange(c, method, path, extra_headers, body, body_len, true);
 }
 

@@ -32,6 +32,11 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
         if (w->ctx_limit > 0 && (need->prompt < 0 || need->max_tokens < 0 || tokens > w->ctx_limit))
             tokens = w->ctx_limit;
         int64_t bytes = rt_policy_kv_bytes(w, tokens);
+        /* no context figure yet and no bound on the tokens (an unknown
+         * prompt or max_tokens): the request may hold all the KV memory
+         * there is, so it takes the whole budget (it runs alone there) */
+        if (w->count_memory && w->ctx_limit <= 0 && (need->prompt < 0 || need->max_tokens < 0))
+            bytes = w->kv_budget > bytes ? w->kv_budget : bytes;
         if (tried && tried[w->index])
             why = RT_SKIP_TRIED;
         else if (!need->idle && w->state != WS_READY)

@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/textbuf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,13 +110,58 @@ void rt__retry_after(rt_router *rt, char *buf, size_t cap)
     snprintf(buf, cap, "Retry-After: %d\r\n", s);
 }
 
-/* The body of the next attempt: after a stream's sent tokens, a resume. */
-static char *attempt_body(json_t *body, const rt_relay *r, long max_tokens, long remaining)
+/* The client's body text with "seed": seed as its first member (the
+ * body is an object without a top-level seed: generate checked), so the
+ * first attempt needs no serialization of the parsed body; NULL when the
+ * text does not start as an object. From sw_malloc, so free() frees it,
+ * like json_dumps's. */
+static char *splice_seed(const char *text, size_t len, json_int_t seed)
 {
-    json_t *b = json_deep_copy(body);
+    size_t i = 0;
+    while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n'))
+        i++;
+    if (i == len || text[i] != '{')
+        return NULL;
+    size_t j = i + 1;
+    while (j < len && (text[j] == ' ' || text[j] == '\t' || text[j] == '\r' || text[j] == '\n'))
+        j++;
+    bool empty = j < len && text[j] == '}';
+    char head[40];
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    SW_TB_LIT(&t, "{\"seed\":");
+    sw_tb_i64(&t, seed);
+    if (!empty)
+        SW_TB_LIT(&t, ",");
+    size_t rest = len - (i + 1);
+    char *out = sw_malloc(t.len + rest + 1);
+    if (!out)
+        return NULL;
+    memcpy(out, head, t.len);
+    memcpy(out + t.len, text + i + 1, rest);
+    out[t.len + rest] = 0;
+    return out;
+}
+
+/* The body of the next attempt: after a stream's sent tokens, a resume;
+ * else the client's text (with the router's seed when it added one). */
+static char *attempt_body(const rt_req *q, json_t *body, const rt_relay *r, long max_tokens,
+                          long remaining, bool seed_added)
+{
+    bool resume = r->stream && r->n_tokens > 0;
+    bool text = !resume && q->body && !q->body_edited;
+    if (text && !seed_added)
+        return sw_strdup(q->body);
+    if (text) {
+        char *s = splice_seed(q->body, q->body_len,
+                              json_integer_value(json_object_get(body, "seed")));
+        if (s)
+            return s;
+    }
+    json_t *b = resume ? json_deep_copy(body) : json_incref(body);
     if (!b)
         return NULL;
-    if (r->stream && r->n_tokens > 0) {
+    if (resume) {
         json_t *toks = json_array();
         for (size_t i = 0; i < r->n_tokens; i++)
             json_array_append_new(toks, json_integer(r->tokens[i]));
@@ -259,7 +305,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
     }
     /* A seed of our own, so that a resumed sampled stream continues the
      * same random stream on the next worker. */
+    bool seed_added = false;
     if (!json_object_get(body, "seed")) {
+        seed_added = true;
         uint64_t n = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
         uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(body, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
@@ -329,7 +377,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
             r.role_sent = false;
             r.text_bytes = 0;
         }
-        char *bs = attempt_body(body, &r, max_tokens, remaining);
+        char *bs = attempt_body(q, body, &r, max_tokens, remaining, seed_added);
         if (!bs) {
             rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, NULL);
             if (r.headers_sent) /* a stream began: it ends with the error */
@@ -421,19 +469,39 @@ static void generate(rt_req *q, bool chat, json_t *body)
         /* replay or resume: the loop admits it again, keeping its place */
     }
     q->completed = r.finished;
+    q->outcome = last;
+    if (q->attempts > 0 && r.final_worker[0])
+        for (int i = 0; i < rt->pool.n; i++)
+            if (!strcmp(rt->pool.w[i].cfg.name, r.final_worker))
+                q->outcome_kind = rt->pool.w[i].cfg.kind;
     if (first_error && q->defer_event) {
         q->failover_first_error = first_error; /* the agent run records it */
         first_error = NULL;
     }
     if (first_error)
         record_failover(q, &r, first_error, &first, t0, replay_start, last);
-    SW_INFO("router", "request %s: %s, worker %s, %d attempt(s), %zu tokens, %.0f ms",
-            q->request_id,
-            r.finished ? (r.status == 200 ? "ok" : "client error")
-            : fallback ? "queued as a job"
-            : last == RT_OUT_CLIENT_GONE ? "cancelled (client left)" : "failed",
-            r.final_worker[0] ? r.final_worker : "-", q->attempts, r.n_tokens,
-            (rt__now_s() - r.t_start) * 1000);
+    if (sw_log_get_level() <= SW_LOG_INFO) {
+        /* a line per request: built without printf's format parsing */
+        char line[512];
+        sw_tb t;
+        sw_tb_init(&t, line, sizeof line);
+        SW_TB_LIT(&t, "request ");
+        sw_tb_str(&t, q->request_id);
+        SW_TB_LIT(&t, ": ");
+        sw_tb_str(&t, r.finished ? (r.status == 200 ? "ok" : "client error")
+                      : fallback ? "queued as a job"
+                      : last == RT_OUT_CLIENT_GONE ? "cancelled (client left)" : "failed");
+        SW_TB_LIT(&t, ", worker ");
+        sw_tb_str(&t, r.final_worker[0] ? r.final_worker : "-");
+        SW_TB_LIT(&t, ", ");
+        sw_tb_i64(&t, q->attempts);
+        SW_TB_LIT(&t, " attempt(s), ");
+        sw_tb_u64(&t, r.n_tokens);
+        SW_TB_LIT(&t, " tokens, ");
+        sw_tb_u64(&t, (uint64_t)((rt__now_s() - r.t_start) * 1000 + 0.5));
+        SW_TB_LIT(&t, " ms");
+        SW_INFO("router", "%s", line);
+    }
     if (r.finished && r.status == 200) {
         pthread_mutex_lock(&rt->mu);
         hist_add(rt->lat_buckets, &rt->lat_count, &rt->lat_sum, rt__now_s() - r.t_start);
@@ -501,6 +569,7 @@ void rt__dispatch_generate(rt_req *q, bool chat)
             /* "client": the ordinary OpenAI flow; the worker does not know
              * the field */
             json_object_del(body, "tool_execution");
+            q->body_edited = true;
             generate(q, chat, body);
             return;
         }
@@ -511,12 +580,14 @@ void rt__dispatch_generate(rt_req *q, bool chat)
 }
 
 void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, const char *body,
-                          size_t len, long long deadline_ms, rt_capture *out, int *attempts)
+                          size_t len, long long deadline_ms, uint64_t *ticket, rt_capture *out,
+                          int *attempts)
 {
     rt_req q;
     memset(&q, 0, sizeof q);
     q.rt = rt;
     q.fd = -1;
+    q.ticket = *ticket;
     q.deadline_ms = deadline_ms;
     snprintf(q.method, sizeof q.method, "POST");
     snprintf(q.path, sizeof q.path, "%s", chat ? "/v1/chat/completions" : "/v1/completions");
@@ -542,6 +613,7 @@ void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, cons
             rt__capture_append(&q.cap, s, strlen(s));
         free(s);
     }
+    *ticket = q.ticket;
     *out = q.cap;
     if (attempts)
         *attempts = q.attempts;

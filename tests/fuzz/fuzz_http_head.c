@@ -63,7 +63,7 @@ static void *serve_main(void *arg)
         pthread_mutex_lock(&fz_rt.mu);
         fz_rt.active_conns++;
         pthread_mutex_unlock(&fz_rt.mu);
-        rt__conn_serve(&fz_rt, fd); /* closes fd */
+        rt__conn_serve(&fz_rt, fd, NULL); /* closes fd; its own head buffer */
         pthread_mutex_lock(&fz_s.mu);
         fz_s.fd = -1;
         fz_s.done = true;

@@ -10,7 +10,8 @@
  *    cover every skip reason and the order they are checked in, the
  *    preference order, the deadline (exact boundary, the predicted wait,
  *    the fallback to a worker without rates only when no worker with rates
- *    is in time), need.idle, an unknown prompt reserving the whole context,
+ *    is in time), need.idle, an unknown prompt reserving the whole context
+ *    (the whole KV budget while the context is unknown too),
  *    max_tokens -1, and memory that is or is not counted.
  *    rt_policy_kv_bytes: whole blocks, rounded up.
  * 2. The failover decision (router_failover.h): every row of DESIGN.md's
@@ -333,6 +334,15 @@ static const policy_row POLICY_ROWS[] = {
      .n = 1, .w = {{RDY(0), .ctx_limit = 1, MEM16(1024, 0)}},
      .need = {.prompt = -1, .max_tokens = 10, NODL},
      .worker = 0, .kv_bytes = 1024, .kv_tokens = 1, NOBEST},
+    {.name = "unknown prompt, unknown context: the whole budget, alone there",
+     .n = 2, .w = {{RDY(0), MEM16(8192, 0)}, {RDY(1), MEM16(8192, 1024)}},
+     .need = {.prompt = -1, .max_tokens = 10, NODL},
+     .worker = 0, .kv_bytes = 8192, .kv_tokens = 10, NOBEST},
+    {.name = "unknown max_tokens, unknown context: nothing else may be reserved there",
+     .n = 2, .w = {{RDY(0), MEM16(8192, 1)}, {RDY(1)}},
+     .need = {.prompt = 100, .max_tokens = -1, NODL},
+     .worker = 1, .kv_tokens = 100, .skipped = RT_SKIP_MEM, .reason = {[0] = RT_SKIP_MEM},
+     NOBEST},
     {.name = "unknown prompt: the whole context must fit the budget",
      .n = 2, .w = {{RDY(0), .ctx_limit = 4096, MEM16(262143, 0)}, {RDY(1), .ctx_limit = 4096}},
      .need = {.prompt = -1, .max_tokens = 10, NODL},

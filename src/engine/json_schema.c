@@ -1125,8 +1125,9 @@ static int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
             goto fail;
         }
         json_object_set_new(m, "items", allof2(ia, ib));
-    } else if ((ia && !ib && (json_object_get(b, "prefixItems") || json_is_array(json_object_get(b, "items")))) ||
-               (ib && !ia && (json_object_get(a, "prefixItems") || json_is_array(json_object_get(a, "items"))))) {
+    } else if ((ia && !ib && json_object_get(b, "prefixItems")) ||
+               (ib && !ia && json_object_get(a, "prefixItems"))) {
+        /* one side's items would cover the other's tuple positions too */
         rc = merge_fail(err, "items");
         goto fail;
     }
@@ -1411,7 +1412,8 @@ static int get_count(builder *b, const json_t *s, const char *key, size_t plen, 
         *out = dflt;
         return SW_OK;
     }
-    if (json_is_real(v) && json_real_value(v) >= 0 && json_real_value(v) == floor(json_real_value(v))) {
+    if (json_is_real(v) && json_real_value(v) >= 0 &&
+        json_real_value(v) == floor(json_real_value(v))) {
         double d = json_real_value(v);
         *out = d > INT32_MAX ? INT32_MAX : (int32_t)d;
         return SW_OK;
@@ -3147,7 +3149,8 @@ static int val_count(validator *v, const json_t *s, const char *key, size_t plen
         *out = dflt;
         return SW_OK;
     }
-    if (json_is_real(c) && json_real_value(c) >= 0 && json_real_value(c) == floor(json_real_value(c))) {
+    if (json_is_real(c) && json_real_value(c) >= 0 &&
+        json_real_value(c) == floor(json_real_value(c))) {
         *out = json_real_value(c) > 9e18 ? INT64_MAX : (int64_t)json_real_value(c);
         return SW_OK;
     }
@@ -3461,7 +3464,8 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
             return val_fail(v, plen, SW_EINVAL,
                             "the value matches none of the anyOf/oneOf alternatives");
         if (k == 1 && matched > 1)
-            return val_fail(v, plen, SW_EINVAL, "the value matches more than one oneOf alternative");
+            return val_fail(v, plen, SW_EINVAL,
+                            "the value matches more than one oneOf alternative");
     }
     const json_t *not = json_object_get(s, "not");
     if (not) {

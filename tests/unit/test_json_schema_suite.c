@@ -65,7 +65,8 @@ typedef struct narrowing {
 #define WHY_FRAC                                                                               \
     "a number's fraction is generated only after an integer part within the integer bounds "    \
     "(minimum 1.1: 2, 3, 2.5 but not 1.1 or 1.5)"
-#define WHY_CONTAINS "every item is generated matching 'contains' (items that do not are never generated)"
+#define WHY_CONTAINS                                                                           \
+    "every item is generated matching 'contains' (items that do not are never generated)"
 #define WHY_UNIQUE "uniqueItems: arrays of at most one item are generated"
 #define WHY_DEP "dependentSchemas apply whether or not their property is present"
 #define WHY_IF                                                                                 \
@@ -118,7 +119,8 @@ static const narrowing g_narrowings[] = {
      NULL, WHY_IF},
     {"if-then-else.json", "non-interference across combined schemas", NULL, WHY_IF},
     {"if-then-else.json", "validate against correct branch, then vs else", NULL, WHY_IF},
-    {"additionalProperties.json", "additionalProperties being false does not allow other properties",
+    {"additionalProperties.json",
+     "additionalProperties being false does not allow other properties",
      "patternProperties are not additional properties", WHY_ADDL},
     {"additionalProperties.json", "non-ASCII pattern with additionalProperties", NULL, WHY_ADDL},
     {"properties.json", "properties, patternProperties, additionalProperties interaction", NULL,
@@ -575,7 +577,8 @@ static void run_group(const char *file, const json_t *group, bool draft7, counts
     const json_t *tests = json_object_get(group, "tests");
     assert_non_null(schema);
     if (draft7 && json_is_object(schema) && !json_object_get(schema, "$schema"))
-        json_object_set_new(schema, "$schema", json_string("http://json-schema.org/draft-07/schema#"));
+        json_object_set_new(schema, "$schema",
+                            json_string("http://json-schema.org/draft-07/schema#"));
     k->groups++;
     eng_grammar *g = NULL;
     sw_error err;
@@ -729,8 +732,8 @@ static void run_draft(const char *draft, int *failures)
         free(names[i]);
     }
     print_message("  %-28s %3d/%-3d %4d  %3d(+%d)/%-3d  %3d/%-3d  %3d/%-3d  %d\n", "TOTAL",
-                  total.compiled, total.groups, total.tests, total.accepted, total.narrowed, total.valid,
-                  total.rejected, total.invalid, total.val_agree, total.val_judged,
+                  total.compiled, total.groups, total.tests, total.accepted, total.narrowed,
+                  total.valid, total.rejected, total.invalid, total.val_agree, total.val_judged,
                   total.failures);
     if (total.known)
         print_message("  (%d known bugs, listed as KNOWN above, not counted as failures)\n",
@@ -750,66 +753,70 @@ typedef struct fixture {
 } fixture;
 
 static const fixture g_fixtures[] = {
-    {"pydantic 2: nested models, Optional, enum, constrained numbers, uuid/email/date-time, dict, tuple, recursive tree",
-     "{\"$defs\":{\"Address\":{\"properties\":{\"street\":{\"title\":\"Street\",\"type\":\"string\"},\""
-     "zip\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"default\":null,\"title\":\"Zip\"}}"
-     ",\"required\":[\"street\"],\"title\":\"Address\",\"type\":\"object\"},\"Color\":{\"enum\":[\"red\""
-     ",\"green\",\"blue\"],\"title\":\"Color\",\"type\":\"string\"},\"Node\":{\"properties\":{\"value\":"
-     "{\"title\":\"Value\",\"type\":\"integer\"},\"children\":{\"items\":{\"$ref\":\"#/$defs/Node\"},\""
-     "title\":\"Children\",\"type\":\"array\"}},\"required\":[\"value\"],\"title\":\"Node\",\"type\":\"o"
-     "bject\"}},\"properties\":{\"id\":{\"format\":\"uuid\",\"title\":\"Id\",\"type\":\"string\"},\"name"
-     "\":{\"maxLength\":50,\"minLength\":1,\"title\":\"Name\",\"type\":\"string\"},\"age\":{\"exclusiv"
-     "eMinimum\":0,\"maximum\":150,\"title\":\"Age\",\"type\":\"integer\"},\"score\":{\"minimum\":0.0"
-     ",\"maximum\":1.0,\"title\":\"Score\",\"type\":\"number\"},\"email\":{\"format\":\"email\",\"title"
-     "\":\"Email\",\"type\":\"string\"},\"created\":{\"format\":\"date-time\",\"title\":\"Created\",\"ty"
-     "pe\":\"string\"},\"address\":{\"$ref\":\"#/$defs/Address\"},\"color\":{\"$ref\":\"#/$defs/Colo"
-     "r\",\"default\":\"red\"},\"tags\":{\"additionalProperties\":{\"type\":\"integer\"},\"title\":\"T"
-     "ags\",\"type\":\"object\"},\"point\":{\"maxItems\":2,\"minItems\":2,\"prefixItems\":[{\"type\":"
-     "\"number\"},{\"type\":\"number\"}],\"title\":\"Point\",\"type\":\"array\"},\"tree\":{\"anyOf\":[{\""
-     "$ref\":\"#/$defs/Node\"},{\"type\":\"null\"}],\"default\":null}},\"required\":[\"id\",\"name\","
-     "\"age\",\"score\",\"email\",\"created\",\"address\",\"point\"],\"title\":\"User\",\"type\":\"object"
-     "\"}"},
+    {"pydantic 2: nested models, Optional, enum, constrained numbers, uuid/email/date-"
+     "time, dict, tuple, recursive tree",
+     "{\"$defs\":{\"Address\":{\"properties\":{\"street\":{\"title\":\"Street\",\"type\":\"string"
+     "\"},\"zip\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"default\":null,\"title"
+     "\":\"Zip\"}},\"required\":[\"street\"],\"title\":\"Address\",\"type\":\"object\"},\"Color\":"
+     "{\"enum\":[\"red\",\"green\",\"blue\"],\"title\":\"Color\",\"type\":\"string\"},\"Node\":{\""
+     "properties\":{\"value\":{\"title\":\"Value\",\"type\":\"integer\"},\"children\":{\"items\":{"
+     "\"$ref\":\"#/$defs/Node\"},\"title\":\"Children\",\"type\":\"array\"}},\"required\":[\"value"
+     "\"],\"title\":\"Node\",\"type\":\"object\"}},\"properties\":{\"id\":{\"format\":\"uuid\",\"t"
+     "itle\":\"Id\",\"type\":\"string\"},\"name\":{\"maxLength\":50,\"minLength\":1,\"title\":\"Na"
+     "me\",\"type\":\"string\"},\"age\":{\"exclusiveMinimum\":0,\"maximum\":150,\"title\":\"Age\","
+     "\"type\":\"integer\"},\"score\":{\"minimum\":0.0,\"maximum\":1.0,\"title\":\"Score\",\"type"
+     "\":\"number\"},\"email\":{\"format\":\"email\",\"title\":\"Email\",\"type\":\"string\"},\"cr"
+     "eated\":{\"format\":\"date-time\",\"title\":\"Created\",\"type\":\"string\"},\"address\":{\""
+     "$ref\":\"#/$defs/Address\"},\"color\":{\"$ref\":\"#/$defs/Color\",\"default\":\"red\"},\"tag"
+     "s\":{\"additionalProperties\":{\"type\":\"integer\"},\"title\":\"Tags\",\"type\":\"object\"}"
+     ",\"point\":{\"maxItems\":2,\"minItems\":2,\"prefixItems\":[{\"type\":\"number\"},{\"type\":"
+     "\"number\"}],\"title\":\"Point\",\"type\":\"array\"},\"tree\":{\"anyOf\":[{\"$ref\":\"#/$def"
+     "s/Node\"},{\"type\":\"null\"}],\"default\":null}},\"required\":[\"id\",\"name\",\"age\",\"sc"
+     "ore\",\"email\",\"created\",\"address\",\"point\"],\"title\":\"User\",\"type\":\"object\"}"},
     {"pydantic 2: discriminated union (oneOf + const discriminator)",
-     "{\"$defs\":{\"Cat\":{\"properties\":{\"pet_type\":{\"const\":\"cat\",\"title\":\"Pet Type\",\"typ"
-     "e\":\"string\"},\"meows\":{\"title\":\"Meows\",\"type\":\"integer\"}},\"required\":[\"pet_type\","
-     "\"meows\"],\"title\":\"Cat\",\"type\":\"object\"},\"Dog\":{\"properties\":{\"pet_type\":{\"const\""
-     ":\"dog\",\"title\":\"Pet Type\",\"type\":\"string\"},\"barks\":{\"title\":\"Barks\",\"type\":\"numb"
-     "er\"}},\"required\":[\"pet_type\",\"barks\"],\"title\":\"Dog\",\"type\":\"object\"}},\"propertie"
-     "s\":{\"pet\":{\"discriminator\":{\"mapping\":{\"cat\":\"#/$defs/Cat\",\"dog\":\"#/$defs/Dog\"},"
-     "\"propertyName\":\"pet_type\"},\"oneOf\":[{\"$ref\":\"#/$defs/Cat\"},{\"$ref\":\"#/$defs/Dog\""
-     "}],\"title\":\"Pet\"},\"n\":{\"title\":\"N\",\"type\":\"integer\",\"multipleOf\":5}},\"required\":"
-     "[\"pet\",\"n\"],\"title\":\"Model\",\"type\":\"object\"}"},
+     "{\"$defs\":{\"Cat\":{\"properties\":{\"pet_type\":{\"const\":\"cat\",\"title\":\"Pet Type\","
+     "\"type\":\"string\"},\"meows\":{\"title\":\"Meows\",\"type\":\"integer\"}},\"required\":[\"p"
+     "et_type\",\"meows\"],\"title\":\"Cat\",\"type\":\"object\"},\"Dog\":{\"properties\":{\"pet_t"
+     "ype\":{\"const\":\"dog\",\"title\":\"Pet Type\",\"type\":\"string\"},\"barks\":{\"title\":\""
+     "Barks\",\"type\":\"number\"}},\"required\":[\"pet_type\",\"barks\"],\"title\":\"Dog\",\"type"
+     "\":\"object\"}},\"properties\":{\"pet\":{\"discriminator\":{\"mapping\":{\"cat\":\"#/$defs/C"
+     "at\",\"dog\":\"#/$defs/Dog\"},\"propertyName\":\"pet_type\"},\"oneOf\":[{\"$ref\":\"#/$defs/"
+     "Cat\"},{\"$ref\":\"#/$defs/Dog\"}],\"title\":\"Pet\"},\"n\":{\"title\":\"N\",\"type\":\"inte"
+     "ger\",\"multipleOf\":5}},\"required\":[\"pet\",\"n\"],\"title\":\"Model\",\"type\":\"object"
+     "\"}"},
     {"pydantic 2: list of models, Literal, conint, constr, date, Dict[str, List[int]]",
-     "{\"$defs\":{\"Item\":{\"properties\":{\"sku\":{\"maxLength\":8,\"minLength\":3,\"title\":\"Sku\""
-     ",\"type\":\"string\"},\"qty\":{\"exclusiveMaximum\":100,\"minimum\":1,\"title\":\"Qty\",\"type\""
-     ":\"integer\"},\"kind\":{\"enum\":[\"a\",\"b\"],\"title\":\"Kind\",\"type\":\"string\"}},\"required\""
-     ":[\"sku\",\"qty\",\"kind\"],\"title\":\"Item\",\"type\":\"object\"}},\"properties\":{\"items\":{\"i"
-     "tems\":{\"$ref\":\"#/$defs/Item\"},\"maxItems\":3,\"title\":\"Items\",\"type\":\"array\"},\"day\""
-     ":{\"format\":\"date\",\"title\":\"Day\",\"type\":\"string\"},\"groups\":{\"additionalProperties"
-     "\":{\"items\":{\"type\":\"integer\"},\"type\":\"array\"},\"title\":\"Groups\",\"type\":\"object\"},"
-     "\"note\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"default\":null,\"title\":\"Note"
-     "\"}},\"required\":[\"items\",\"day\"],\"title\":\"Order\",\"type\":\"object\"}"},
+     "{\"$defs\":{\"Item\":{\"properties\":{\"sku\":{\"maxLength\":8,\"minLength\":3,\"title\":\"S"
+     "ku\",\"type\":\"string\"},\"qty\":{\"exclusiveMaximum\":100,\"minimum\":1,\"title\":\"Qty\","
+     "\"type\":\"integer\"},\"kind\":{\"enum\":[\"a\",\"b\"],\"title\":\"Kind\",\"type\":\"string"
+     "\"}},\"required\":[\"sku\",\"qty\",\"kind\"],\"title\":\"Item\",\"type\":\"object\"}},\"prop"
+     "erties\":{\"items\":{\"items\":{\"$ref\":\"#/$defs/Item\"},\"maxItems\":3,\"title\":\"Items"
+     "\",\"type\":\"array\"},\"day\":{\"format\":\"date\",\"title\":\"Day\",\"type\":\"string\"},"
+     "\"groups\":{\"additionalProperties\":{\"items\":{\"type\":\"integer\"},\"type\":\"array\"},"
+     "\"title\":\"Groups\",\"type\":\"object\"},\"note\":{\"anyOf\":[{\"type\":\"string\"},{\"type"
+     "\":\"null\"}],\"default\":null,\"title\":\"Note\"}},\"required\":[\"items\",\"day\"],\"title"
+     "\":\"Order\",\"type\":\"object\"}"},
     {"zod 4: object with int, enum, optional, record, nullable, union, array",
-     "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"type\":\"object\",\"prope"
-     "rties\":{\"name\":{\"type\":\"string\",\"minLength\":1},\"age\":{\"type\":\"integer\",\"minimum\""
-     ":-9007199254740991,\"maximum\":9007199254740991},\"role\":{\"type\":\"string\",\"enum\":[\""
-     "admin\",\"user\"]},\"nick\":{\"type\":\"string\"},\"meta\":{\"type\":\"object\",\"propertyNames\""
-     ":{\"type\":\"string\"},\"additionalProperties\":{\"type\":\"number\"}},\"parent\":{\"anyOf\":["
-     "{\"type\":\"string\"},{\"type\":\"null\"}]},\"id\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"nu"
-     "mber\"}]},\"scores\":{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":0,\"maximum\""
-     ":10}}},\"required\":[\"name\",\"age\",\"role\",\"parent\",\"id\",\"scores\"],\"additionalProper"
-     "ties\":false}"},
+     "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"type\":\"object\",\"properti"
+     "es\":{\"name\":{\"type\":\"string\",\"minLength\":1},\"age\":{\"type\":\"integer\",\"minimum"
+     "\":-9007199254740991,\"maximum\":9007199254740991},\"role\":{\"type\":\"string\",\"enum\":["
+     "\"admin\",\"user\"]},\"nick\":{\"type\":\"string\"},\"meta\":{\"type\":\"object\",\"property"
+     "Names\":{\"type\":\"string\"},\"additionalProperties\":{\"type\":\"number\"}},\"parent\":{\""
+     "anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},\"id\":{\"anyOf\":[{\"type\":\"string\""
+     "},{\"type\":\"number\"}]},\"scores\":{\"type\":\"array\",\"items\":{\"type\":\"number\",\"mi"
+     "nimum\":0,\"maximum\":10}}},\"required\":[\"name\",\"age\",\"role\",\"parent\",\"id\",\"scor"
+     "es\"],\"additionalProperties\":false}"},
     {"zod 4: recursive category tree (z.lazy)",
-     "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"$ref\":\"#/$defs/__sche"
-     "ma0\",\"$defs\":{\"__schema0\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\""
-     "},\"subcategories\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/__schema0\"}}},\"requir"
-     "ed\":[\"name\",\"subcategories\"],\"additionalProperties\":false}}}"},
+     "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"$ref\":\"#/$defs/__schema0\""
+     ",\"$defs\":{\"__schema0\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\""
+     "},\"subcategories\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/__schema0\"}}},\"requi"
+     "red\":[\"name\",\"subcategories\"],\"additionalProperties\":false}}}"},
     {"zod 4: tuple, literal, default, int range",
-     "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"type\":\"object\",\"prope"
-     "rties\":{\"pair\":{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer"
-     "\",\"exclusiveMinimum\":0}]},\"kind\":{\"type\":\"string\",\"const\":\"x\"},\"level\":{\"type\":\""
-     "integer\",\"minimum\":1,\"maximum\":5,\"default\":3},\"uuid\":{\"type\":\"string\",\"format\":\""
-     "uuid\"}},\"required\":[\"pair\",\"kind\",\"level\"],\"additionalProperties\":false}"},
+     "{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"type\":\"object\",\"properti"
+     "es\":{\"pair\":{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"intege"
+     "r\",\"exclusiveMinimum\":0}]},\"kind\":{\"type\":\"string\",\"const\":\"x\"},\"level\":{\"ty"
+     "pe\":\"integer\",\"minimum\":1,\"maximum\":5,\"default\":3},\"uuid\":{\"type\":\"string\",\""
+     "format\":\"uuid\"}},\"required\":[\"pair\",\"kind\",\"level\"],\"additionalProperties\":fals"
+     "e}"},
 };
 
 static void run_fixtures(int *failures)

@@ -69,6 +69,8 @@ typedef struct cs_node {
     int32_t item;
     int32_t key_node;
     int32_t min_items, max_items;
+    bool counted;            /* CS_ANYOBJ: min_items..max_items entries (min at most 1: a key
+                                may be written twice, so only "some entry" is sure) */
     int32_t n_prefix;        /* CS_ARRAY: items 0..n_prefix-1 are of prefix[i] (prefixItems), */
     int32_t *prefix;         /* later ones of item */
     /* CS_STRING */

@@ -1109,11 +1109,16 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case A_FIRST:
             case A_KEY:
                 if (ch == '}' && f->phase == A_FIRST) {
-                    st->depth--;
-                    push_out(out, st);
+                    if (!n->counted || n->min_items == 0) {
+                        st->depth--;
+                        push_out(out, st);
+                    }
                     return;
                 }
+                if (n->counted && f->b >= n->max_items)
+                    return;
                 f->phase = A_COLON;
+                f->b++; /* entries begun */
                 enter(g, st, n->key_node, ch, out);
                 return;
             case A_COLON:
@@ -1127,7 +1132,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 enter(g, st, n->item, ch, out);
                 return;
             default: /* A_AFTER */
-                if (ch == ',') {
+                if (ch == ',' && (!n->counted || f->b < n->max_items)) {
                     f->phase = A_KEY;
                     push_out(out, st);
                 } else if (ch == '}') {
@@ -1249,8 +1254,12 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
     case CS_ANYOBJ: {
         int64_t im = g->nodes[n->item].min_bytes;
         switch (f->phase) {
-        case A_START: return 2;
-        case A_FIRST: return 1;
+        case A_START: return n->min_bytes;
+        case A_FIRST:
+            /* one entry owed: a key, ':', a value, '}' */
+            return n->counted && n->min_items > 0
+                       ? sat((int64_t)g->nodes[n->key_node].min_bytes + 1 + im + 1)
+                       : 1;
         case A_COLON: return 1 + im + 1;
         case A_VALUE: return im + 1;
         case A_AFTER: return 1;

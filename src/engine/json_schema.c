@@ -112,7 +112,11 @@ static int32_t add_node(eng_grammar *g, cs_node *n)
     case CS_OBJECT:
         m = 2 + (n->next_req[0] < n->n_props ? n->req_from[0] - 1 : 0);
         break;
-    case CS_ANYOBJ: m = 2; break;
+    case CS_ANYOBJ:
+        m = 2;
+        if (n->counted && n->min_items > 0)
+            m = len_add(len_add(3, g->nodes[n->key_node].min_bytes), g->nodes[n->item].min_bytes);
+        break;
     case CS_ARRAY: {
         /* prefixItems first, then item; a comma between two */
         int64_t k = n->min_items < n->n_prefix ? n->min_items : n->n_prefix;
@@ -1629,11 +1633,12 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
             }
             return make_object(b, NULL, NULL, NULL, 0, out);
         }
-        if (min_props > 0 || max_props < INT32_MAX)
-            return fail_at(b, path_push(b, plen, min_props > 0 ? "minProperties" : "maxProperties"),
-                           SW_EUNSUPPORTED,
-                           "minProperties/maxProperties are enforced only for declared "
-                           "properties");
+        /* free keys may repeat: a count of entries bounds the properties
+         * from above, and from below only as "at least one" */
+        if (min_props > 1)
+            return fail_at(b, path_push(b, plen, "minProperties"), SW_EUNSUPPORTED,
+                           "minProperties above 1 is enforced only for declared properties");
+        bool counted = min_props > 0 || max_props < INT32_MAX;
         /* free keys could name a property that has dependencies */
         static const char *const dep_keys[] = {"dependentRequired", "dependencies"};
         for (int d = 0; d < 2; d++)
@@ -1705,8 +1710,14 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
                 ktext[i][kn->lit_lens[i] + 1] = '\0';
                 kids[i] = item_node;
             }
-            if (rc == SW_OK)
-                rc = make_object(b, ktext, kids, kreq, (size_t)n_names, out);
+            /* min/maxProperties over these names, as for declared ones */
+            int32_t n_used = n_names < max_props ? n_names : max_props;
+            for (int32_t i = 0; i < n_used && i < min_props; i++)
+                kreq[i] = true;
+            if (rc == SW_OK && min_props > n_used)
+                *out = CS_NEVER;
+            else if (rc == SW_OK)
+                rc = make_object(b, ktext, kids, kreq, (size_t)n_used, out);
             for (int32_t i = 0; ktext && i < n_names; i++)
                 sw_free(ktext[i]);
             sw_free(ktext);
@@ -1714,7 +1725,7 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
             sw_free(kreq);
             return rc;
         }
-        if (key_node >= 0 || (addl && !json_is_true(addl))) {
+        if (key_node >= 0 || (addl && !json_is_true(addl)) || counted) {
             if (addl && !json_is_true(addl)) {
                 size_t l = path_push(b, plen, "additionalProperties");
                 if ((rc = compile(b, addl, depth + 1, l, &item)))
@@ -1734,6 +1745,9 @@ static int compile_object(builder *b, const json_t *s, const char *forbid, int32
             obj.kind = CS_ANYOBJ;
             obj.item = item;
             obj.key_node = key_node;
+            obj.counted = counted;
+            obj.min_items = min_props;
+            obj.max_items = max_props;
             if ((*out = add_node(g, &obj)) < 0)
                 return oom(b);
             return SW_OK;

@@ -490,7 +490,19 @@ static void test_errors(void **state)
                  "no value");
     /* free keys could name a property with dependencies */
     expect_error("{\"dependentRequired\":{\"a\":[\"b\"]}}", SW_EUNSUPPORTED, "dependencies");
-    expect_error("{\"minProperties\":1}", SW_EUNSUPPORTED, "minProperties");
+    expect_error("{\"minProperties\":2}", SW_EUNSUPPORTED, "minProperties");
+    {
+        /* free keys counted: at most 2 entries, at least 1 */
+        eng_cs_vocab *bv = byte_vocab();
+        eng_grammar *pg = compile_ok("{\"type\":\"object\",\"additionalProperties\":{\"type\":"
+                                     "\"integer\"},\"maxProperties\":2,\"minProperties\":1}");
+        expect_refused(pg, bv, "{}");
+        expect_whole(pg, bv, "{\"a\":1}");
+        expect_whole(pg, bv, "{\"a\":1,\"b\":2}");
+        expect_refused(pg, bv, "{\"a\":1,\"b\":2,");
+        eng_grammar_free(pg);
+        eng_cs_vocab_free(bv);
+    }
     /* tuples: prefixItems, or items as an array (draft 7) with additionalItems */
     {
         eng_cs_vocab *bv = byte_vocab();

@@ -27,6 +27,9 @@
  */
 #include "engine/formats.h"
 
+#include "engine/regex.h"
+
+#include <pthread.h>
 #include <string.h>
 
 #define D "[0-9]"
@@ -125,4 +128,33 @@ const char *eng_format_pattern(const char *name, int32_t *max_chars)
     if (max_chars)
         *max_chars = INT32_MAX;
     return NULL;
+}
+
+/* One slot per format, filled under the lock on first use. */
+static const eng_regex *compiled[sizeof formats / sizeof formats[0]];
+static pthread_mutex_t compiled_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int eng_format_regex(const char *name, const eng_regex **out, int32_t *max_chars,
+                     sw_error *err)
+{
+    *out = NULL;
+    if (max_chars)
+        *max_chars = INT32_MAX;
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        if (strcmp(formats[i].name, name) != 0)
+            continue;
+        if (max_chars)
+            *max_chars = formats[i].max_chars;
+        int rc = SW_OK;
+        pthread_mutex_lock(&compiled_lock);
+        if (!compiled[i]) {
+            eng_regex *re = NULL;
+            rc = eng_regex_compile(formats[i].pattern, strlen(formats[i].pattern), &re, err);
+            compiled[i] = re;
+        }
+        *out = compiled[i];
+        pthread_mutex_unlock(&compiled_lock);
+        return rc;
+    }
+    return SW_OK;
 }

@@ -14,11 +14,22 @@
 #ifndef SPILLWAY_ENGINE_FORMATS_H
 #define SPILLWAY_ENGINE_FORMATS_H
 
+#include "common/error.h"
+
 #include <stdint.h>
 
 /* The pattern of a format's values, or NULL (not enforced). *max_chars
  * receives a bound on the value's length in code points that the format
  * adds (hostname: 253), INT32_MAX when none. */
 const char *eng_format_pattern(const char *name, int32_t *max_chars);
+
+/* The compiled automaton of a format's pattern, shared: compiled once per
+ * process on first use (the formats' DFAs take milliseconds each, and the
+ * router validates every tool call), kept until exit, read-only, any
+ * thread. *out NULL (SW_OK) when the format has no pattern; an error only
+ * when compiling fails (out of memory). */
+struct eng_regex;
+int eng_format_regex(const char *name, const struct eng_regex **out, int32_t *max_chars,
+                     sw_error *err);
 
 #endif

@@ -2254,7 +2254,7 @@ static int string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars,
                             const char **key, sw_error *err)
 {
     const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-    eng_regex *a = NULL, *f = NULL;
+    eng_regex *a = NULL;
     int rc;
     *re = NULL;
     *max_chars = INT32_MAX;
@@ -2265,22 +2265,23 @@ static int string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars,
         if ((rc = eng_regex_compile(json_string_value(pat), json_string_length(pat), &a, err)))
             return rc;
     }
-    const char *fp = json_is_string(fmt) ? eng_format_pattern(json_string_value(fmt), max_chars)
-                                         : NULL;
-    if (fp && (rc = eng_regex_compile(fp, strlen(fp), &f, err))) {
+    const eng_regex *shared = NULL; /* formats.h's, compiled once */
+    if (json_is_string(fmt) &&
+        (rc = eng_format_regex(json_string_value(fmt), &shared, max_chars, err))) {
         *key = "format";
         eng_regex_free(a);
         return rc;
     }
-    if (a && f) {
-        rc = eng_regex_intersect(a, f, re, err);
+    if (a && shared) {
+        rc = eng_regex_intersect(a, shared, re, err);
         eng_regex_free(a);
-        eng_regex_free(f);
         return rc;
     }
-    if (f)
+    if (shared) {
         *key = "format";
-    *re = a ? a : f;
+        return eng_regex_clone(shared, re, err);
+    }
+    *re = a;
     return SW_OK;
 }
 

@@ -1949,3 +1949,27 @@ fail:
     eng_regex_free(re);
     return rc;
 }
+
+int eng_regex_clone(const eng_regex *re, eng_regex **out, sw_error *err)
+{
+    size_t ns = (size_t)re->n_states, cells = ns * (size_t)re->n_classes;
+    eng_regex *c = sw_calloc(1, sizeof *c);
+    *out = NULL;
+    if (!c || !(c->trans = sw_malloc((cells ? cells : 1) * sizeof *c->trans)) ||
+        !(c->accept = sw_malloc(ns ? ns : 1)) || !(c->live = sw_malloc(ns ? ns : 1)) ||
+        !(c->pend = sw_malloc(ns ? ns : 1)) || !(c->universal = sw_malloc(ns ? ns : 1))) {
+        eng_regex_free(c);
+        return sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
+    }
+    c->n_states = re->n_states;
+    c->n_classes = re->n_classes;
+    c->start = re->start;
+    memcpy(c->class_of, re->class_of, sizeof c->class_of);
+    memcpy(c->trans, re->trans, cells * sizeof *c->trans);
+    memcpy(c->accept, re->accept, ns);
+    memcpy(c->live, re->live, ns);
+    memcpy(c->pend, re->pend, ns);
+    memcpy(c->universal, re->universal, ns);
+    *out = c;
+    return SW_OK;
+}

@@ -71,6 +71,9 @@ int32_t eng_regex_n_states(const eng_regex *re);
 /* Whether s (n bytes) matches. */
 bool eng_regex_match(const eng_regex *re, const char *s, size_t n);
 
+/* A copy (an automaton shared between threads, made owned). */
+int eng_regex_clone(const eng_regex *re, eng_regex **out, sw_error *err);
+
 /* The strings both a and b match (a `pattern` beside a `format`): the
  * product automaton, SW_ERANGE past ENG_REGEX_MAX_STATES. */
 int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out, sw_error *err);

@@ -400,6 +400,22 @@ static void test_formats(void **state)
             fail();
         }
     }
+    /* The shared automata: compiled once, the same each time; a clone
+     * matches what it matches. */
+    const eng_regex *s1 = NULL, *s2 = NULL;
+    int32_t mx = 0;
+    assert_int_equal(eng_format_regex("hostname", &s1, &mx, NULL), SW_OK);
+    assert_int_equal(eng_format_regex("hostname", &s2, NULL, NULL), SW_OK);
+    assert_non_null(s1);
+    assert_ptr_equal(s1, s2);
+    assert_int_equal(mx, 253);
+    eng_regex *copy = NULL;
+    assert_int_equal(eng_regex_clone(s1, &copy, NULL), SW_OK);
+    assert_true(eng_regex_match(copy, "a.b-c", 5) && !eng_regex_match(copy, "a..b", 4));
+    assert_int_equal(eng_regex_n_states(copy), eng_regex_n_states(s1));
+    eng_regex_free(copy);
+    assert_int_equal(eng_format_regex("x-unknown", &s1, &mx, NULL), SW_OK);
+    assert_null(s1);
     assert_null(eng_format_pattern("uri-template", NULL)); /* an annotation */
     assert_null(eng_format_pattern("no-such-format", NULL));
 }

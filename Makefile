@@ -5,6 +5,7 @@ JOBS    ?= $(shell nproc)
 BUILD   ?= build
 ASAN    ?= build-asan
 FUZZ    ?= build-fuzz
+TSAN    ?= build-tsan
 # Seconds of fuzzing per harness in `make test` (FUZZ_SECONDS=N: the same
 # for all); fuzz_gguf, the oldest and the widest, gets more.
 FUZZ_SECONDS_DEFAULT ?= 10
@@ -26,7 +27,7 @@ NVCC     := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda
 CUDA     := $(if $(HAVE_GPU),ON,OFF)
 RUN_CONFIG ?= $(if $(HAVE_GPU),config/cuda.ini,config/demo.ini)
 
-.PHONY: all deps build build-asan build-fuzz build-cuda demo run generate test test-unit test-asan test-fuzz fuzz-long bench clean
+.PHONY: all deps build build-asan build-fuzz build-tsan build-cuda demo run generate test test-unit test-asan test-fuzz fuzz-long test-tsan bench clean
 
 all: build
 
@@ -51,6 +52,28 @@ build-cuda: deps
 build-asan: deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DSPILLWAY_SANITIZE=ON -DSPILLWAY_WERROR=$(WERROR) >/dev/null
 	@cmake --build $(ASAN) -j$(JOBS)
+
+# ThreadSanitizer, in its own tree: the binary and the router's and the
+# worker's tests (test_router_*, test_worker_*), nothing else.
+TSAN_TARGETS := spillway $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_router_*.c tests/unit/test_worker_*.c))
+build-tsan: deps
+	@cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=Debug -DSPILLWAY_TSAN=ON -DSPILLWAY_WERROR=$(WERROR) >/dev/null
+	@cmake --build $(TSAN) -j$(JOBS) --target $(TSAN_TARGETS)
+
+# Those tests under TSan. Every process (test, router, workers) writes its
+# reports under $(TSAN)/tsan-reports, so a race in a worker fails the run
+# too; tests/tsan.supp holds the justified suppressions. Not part of
+# `make test` (a third full build: CI's time); docs/operations.md, Testing,
+# says when it runs.
+TSAN_TESTS ?= ^test_(router|worker)_
+test-tsan: build-tsan
+	@rm -rf $(TSAN)/tsan-reports && mkdir -p $(TSAN)/tsan-reports
+	@cd $(TSAN) && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp log_path=$(abspath $(TSAN))/tsan-reports/report second_deadlock_stack=1" \
+	  ctest --output-on-failure -j$(JOBS) -R '$(TSAN_TESTS)'; rc=$$?; \
+	  if ls tsan-reports/report.* >/dev/null 2>&1; then \
+	    cat tsan-reports/report.* | head -200; \
+	    echo "test-tsan: ThreadSanitizer reports in $(TSAN)/tsan-reports"; exit 1; fi; \
+	  exit $$rc
 
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c), built with clang in their own tree.
 build-fuzz: deps
@@ -98,4 +121,4 @@ bench: build
 	bench/engine.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN) $(FUZZ) $(CUDA_BUILD)
+	rm -rf $(BUILD) $(ASAN) $(FUZZ) $(TSAN) $(CUDA_BUILD)

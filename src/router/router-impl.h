@@ -45,6 +45,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -75,7 +76,10 @@ typedef struct rt_router {
     } conns;
     eng_tokenizer *tok;
     eng_chat_family family;
-    volatile sig_atomic_t stop;
+    /* set by the signal handler, read by every thread: a lock-free
+     * atomic (async-signal-safe, C11 7.14.1.1), not a volatile
+     * sig_atomic_t, which is safe for the handler's own thread only */
+    atomic_int stop;
     int active_conns;
     uint64_t seq;
     char *events[RT_EVENTS];

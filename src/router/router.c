@@ -37,8 +37,8 @@
 #include <unistd.h>
 
 /* The router. Only rt_serve (which hands &rt__g to every part) and the
- * signal handler name it: the handler only sets its stop (a volatile
- * sig_atomic_t, async-signal-safe), which every part polls as rt->stop. */
+ * signal handler name it: the handler only sets its stop (a lock-free
+ * atomic_int, async-signal-safe), which every part polls as rt->stop. */
 static rt_router rt__g;
 
 double rt__now_s(void)
@@ -270,7 +270,10 @@ int rt_serve(const rt_config *c)
     while (!rt->stop)
         usleep(100 * 1000);
     status = 0;
-    SW_INFO("router", "stopping: no new connections; %d running", rt->active_conns);
+    pthread_mutex_lock(&rt->mu);
+    int running = rt->active_conns;
+    pthread_mutex_unlock(&rt->mu);
+    SW_INFO("router", "stopping: no new connections; %d running", running);
     /* jobs do not hold the shutdown up: a running one gives its worker
      * request up now and goes back to queued (router_jobs.c) */
     rt__jobs_cancel(rt);

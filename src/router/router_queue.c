@@ -198,7 +198,7 @@ static int ahead_of(const rt_queue *q, const rt_waiter *w)
 }
 
 rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int client_fd,
-                               volatile sig_atomic_t *stop, double *waited_s)
+                               atomic_int *stop, double *waited_s)
 {
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

@@ -22,6 +22,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -88,7 +89,7 @@ typedef enum rt_admit_result {
  * reservation and gives it back with rt_queue_release; *waited_s is the
  * time spent waiting. */
 rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int client_fd,
-                               volatile sig_atomic_t *stop, double *waited_s);
+                               atomic_int *stop, double *waited_s);
 
 /* How an attempt ended, for the worker's counters. */
 typedef struct rt_tally {

@@ -338,6 +338,15 @@ void *rt__sup_thread(void *arg)
     return NULL;
 }
 
+/* A stopped worker's pid cleared under the pool's lock: /health reads it
+ * from the connection threads, which may still be serving. */
+static void worker_gone(rt_router *rt, int i)
+{
+    pthread_mutex_lock(&rt->pool.mu);
+    rt->pool.w[i].pid = 0;
+    pthread_mutex_unlock(&rt->pool.mu);
+}
+
 void rt__stop_workers(rt_router *rt)
 {
     for (int i = 0; i < rt->pool.n; i++)
@@ -348,13 +357,13 @@ void rt__stop_workers(rt_router *rt)
         while (rt->pool.w[i].pid > 0) {
             int st;
             if (waitpid(rt->pool.w[i].pid, &st, WNOHANG) == rt->pool.w[i].pid) {
-                rt->pool.w[i].pid = 0;
+                worker_gone(rt, i);
                 break;
             }
             if (rt__now_s() - t > 10) {
                 kill(rt->pool.w[i].pid, SIGKILL);
                 waitpid(rt->pool.w[i].pid, &st, 0);
-                rt->pool.w[i].pid = 0;
+                worker_gone(rt, i);
                 break;
             }
             usleep(20000);

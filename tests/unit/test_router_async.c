@@ -32,6 +32,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -401,7 +402,7 @@ static void test_respond_async_idempotent(void **state)
 typedef struct fake_worker {
     int fd;
     char path[700];
-    volatile int stop;
+    atomic_int stop;
     pthread_t th;
 } fake_worker;
 

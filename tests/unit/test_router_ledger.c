@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,14 +55,14 @@ typedef struct tool_server {
     int fd;
     int port;
     pthread_t th;
-    volatile int stop;
+    atomic_int stop;
     pthread_mutex_t mu;
-    int calls_lookup, calls_book;
+    atomic_int calls_lookup, calls_book; /* read by the tests without mu */
     char keys[16][128]; /* Idempotency-Key of each call, in order */
     int n_keys;
-    volatile int hold_ms;       /* hold the reply this long (then answer) */
-    volatile pid_t kill_after;  /* SIGSTOP this pid before answering, */
-    volatile int kill_delay_ms; /* SIGKILL it this much later */
+    atomic_int hold_ms;         /* hold the reply this long (then answer) */
+    atomic_int kill_after;      /* SIGSTOP this pid before answering, */
+    atomic_int kill_delay_ms;   /* SIGKILL it this much later */
 } tool_server;
 
 static tool_server g_tools;

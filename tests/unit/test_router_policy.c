@@ -663,7 +663,7 @@ static void test_failover_outcome_names(void **state)
 
 static rt_pool g_pool;
 static rt_queue g_queue;
-static volatile sig_atomic_t g_stop;
+static atomic_int g_stop;
 
 /* n ready spillway workers w0.. in index order, 4 sequences each, context
  * 4096, memory not counted, no rates. */

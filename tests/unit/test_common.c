@@ -7,7 +7,10 @@
 #include "common/error.h"
 #include "common/utf8.h"
 
+#include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -47,6 +50,96 @@ static void test_alloc_fail_after(void **state)
     char *e = sw_strdup("hello");
     assert_string_equal(e, "hello");
     sw_free(e);
+}
+
+/* Fault scopes: only the allocations made while a scope is current
+ * count, the one asked for fails (once), the count is published for
+ * /metrics, and the thread's failure count moves. */
+static void test_alloc_scope(void **state)
+{
+    (void)state;
+    sw_alloc_scope scope;
+    sw_alloc_scope_init(&scope, 2);
+    void *outside = sw_malloc(8); /* before the scope: not counted */
+    long failures = sw_alloc_thread_failures();
+    sw_alloc_scope *prev = sw_alloc_scope_swap(&scope);
+    void *a = sw_malloc(8), *b = sw_calloc(2, 8), *c = sw_malloc(8), *d = sw_realloc(NULL, 8);
+    assert_ptr_equal(sw_alloc_scope_swap(prev), &scope);
+    void *after = sw_malloc(8);
+    assert_non_null(outside);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_null(c);
+    assert_non_null(d);
+    assert_non_null(after);
+    assert_int_equal(scope.calls, 4);
+    assert_true(scope.failed);
+    assert_int_equal(sw_alloc_thread_failures(), failures + 1);
+    sw_alloc_scope_publish(&scope);
+    char m[512];
+    assert_true(sw_alloc_scope_metrics(m, sizeof m) > 0);
+    assert_non_null(strstr(m, "spillway_fault_scope_allocations 4\n"));
+    assert_non_null(strstr(m, "spillway_fault_allocations_failed_total "));
+    sw_free(outside);
+    sw_free(a);
+    sw_free(b);
+    sw_free(d);
+    sw_free(after);
+
+    long n = 0;
+    assert_true(sw_alloc_scope_parse("alloc_fail_after:17", &n));
+    assert_int_equal(n, 17);
+    assert_true(sw_alloc_scope_parse("alloc_fail_after:-1", &n));
+    assert_int_equal(n, -1);
+    static const char *const bad[] = {"", "alloc_fail_after", "alloc_fail_after:", "x:1",
+                                      "alloc_fail_after:1x", "alloc_fail_after:-2",
+                                      "alloc_fail_after:99999999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_false(sw_alloc_scope_parse(bad[i], &n));
+}
+
+/* jansson through the hook: a call during which an allocation failed
+ * fails as a whole (the loads say out of memory; a syntax error does
+ * not), and the same call succeeds once the failure is spent. */
+static void test_json_wrappers(void **state)
+{
+    (void)state;
+    static const char text[] = "{\"key\":\"a value longer than sixteen bytes\",\"n\":[1,2,3]}";
+    json_error_t e;
+    long k = 0;
+    for (;; k++) {
+        long before = sw_alloc_count();
+        sw_alloc_fail_after(k);
+        json_t *j = sw_json_loads(text, 0, &e);
+        bool fired = sw_alloc_count() - before > k;
+        sw_alloc_fail_after(-1);
+        if (!fired) {
+            assert_non_null(j);
+            char *s = sw_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+            assert_string_equal(s, text);
+            free(s);
+            for (long d = 0;; d++) { /* and every allocation of the dump */
+                before = sw_alloc_count();
+                sw_alloc_fail_after(d);
+                s = sw_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+                fired = sw_alloc_count() - before > d;
+                sw_alloc_fail_after(-1);
+                if (!fired) {
+                    assert_string_equal(s, text);
+                    free(s);
+                    break;
+                }
+                assert_null(s);
+            }
+            json_decref(j);
+            break;
+        }
+        assert_null(j);
+        assert_true(sw_json_error_oom(&e));
+    }
+    assert_true(k > 3);
+    assert_null(sw_json_loadb("{\"a\":", 6, 0, &e));
+    assert_false(sw_json_error_oom(&e));
 }
 
 static void test_arena(void **state)
@@ -124,9 +217,12 @@ static void test_utf8_cut(void **state)
 
 int main(void)
 {
+    sw_alloc_hook_jansson(); /* as the binary does: jansson's allocations counted */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_messages),
         cmocka_unit_test(test_alloc_fail_after),
+        cmocka_unit_test(test_alloc_scope),
+        cmocka_unit_test(test_json_wrappers),
         cmocka_unit_test(test_arena),
         cmocka_unit_test(test_utf8_repair),
         cmocka_unit_test(test_utf8_cut),

@@ -773,8 +773,62 @@ static void test_migrate_from_v1(void **state)
     ldg_close(l);
 }
 
+/* SQLite through the hook (ldg_alloc_hook, in main): every allocation of
+ * an idempotency round (a new key, its finish, the replay) fails in turn.
+ * Each call then succeeds or says it failed, never with a wrong state (a
+ * mismatch, a running key), and the ledger stays usable: a round on a new
+ * key right after, unfaulted, goes through (no transaction left open). */
+static void test_idem_alloc_failures(void **state)
+{
+    (void)state;
+    ldg_ledger *l = open_ok();
+    char h[65];
+    ldg_sha256_hex("body", 4, h);
+    long k = 0;
+    for (;; k++) {
+        char key[48], rid[80];
+        snprintf(key, sizeof key, "faulted-%ld", k);
+        ldg_idem_state s = LDG_IDEM_NEW, s2 = LDG_IDEM_NEW;
+        ldg_stored st;
+        long before = sw_alloc_count();
+        sw_alloc_fail_after(k);
+        int rc1 = ldg_idem_begin(l, key, h, "req", 1000, 60, &s, rid, &st, NULL);
+        int rc2 = rc1 ? -1
+                      : ldg_idem_finish(l, key, 200, "application/json", false, "{}", 2, 1001,
+                                        NULL);
+        int rc3 = rc2 ? -1 : ldg_idem_begin(l, key, h, "req2", 1002, 60, &s2, rid, &st, NULL);
+        bool fired = sw_alloc_count() - before > k;
+        sw_alloc_fail_after(-1);
+        if (!rc1)
+            assert_int_equal(s, LDG_IDEM_NEW);
+        if (!rc3) {
+            assert_int_equal(s2, LDG_IDEM_REPLAY);
+            assert_int_equal(st.body_len, 2);
+            assert_memory_equal(st.body, "{}", 2);
+            ldg_stored_free(&st);
+        }
+        if (!fired) {
+            assert_true(!rc1 && !rc2 && !rc3);
+            break;
+        }
+        snprintf(key, sizeof key, "after-%ld", k);
+        assert_int_equal(ldg_idem_begin(l, key, h, "req", 1000, 60, &s, rid, &st, NULL), 0);
+        assert_int_equal(s, LDG_IDEM_NEW);
+        assert_int_equal(ldg_idem_finish(l, key, 200, "text/plain", false, "x", 1, 1001, NULL), 0);
+        assert_int_equal(ldg_idem_begin(l, key, h, "req", 1002, 60, &s, rid, &st, NULL), 0);
+        assert_int_equal(s, LDG_IDEM_REPLAY);
+        ldg_stored_free(&st);
+    }
+    printf("ledger: %ld allocations per idempotency round, each failed in turn\n", k);
+    assert_true(k > 10);
+    ldg_close(l);
+}
+
 int main(void)
 {
+    /* SQLite allocates through the hook, as in the binary: before any
+     * other SQLite call */
+    assert_int_equal(ldg_alloc_hook(), 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sha256),
         cmocka_unit_test_setup_teardown(test_open_migrate_reopen, setup, teardown),
@@ -786,6 +840,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_retention_sweep, setup, teardown),
         cmocka_unit_test_setup_teardown(test_job_requeue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_from_v1, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idem_alloc_failures, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

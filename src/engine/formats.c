@@ -64,7 +64,8 @@
  * those labels, "xn--" A-labels among them: a narrowing, no A-labels). */
 #define AN "[A-Za-z0-9]"
 #define LDH "[A-Za-z0-9-]"
-#define LABEL AN "(?:" LDH "?" AN "|" LDH LDH AN "|" LDH "(?:" AN LDH "|-" AN ")" LDH "{0,58}" AN ")?"
+#define LABEL                                                                                  \
+    AN "(?:" LDH "?" AN "|" LDH LDH AN "|" LDH "(?:" AN LDH "|-" AN ")" LDH "{0,58}" AN ")?"
 #define HOSTNAME LABEL "(?:\\." LABEL ")*"
 
 #define ATEXT "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"

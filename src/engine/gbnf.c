@@ -140,7 +140,8 @@ static int32_t gb_rule_ref(gb_parser *ps, const char *name, size_t n)
                   ENG_GBNF_MAX_NODES);
     char *copy = rc ? NULL : sw_strndup(name, n);
     if (rc || !copy)
-        return gb_fail(ps, rc ? rc : SW_ENOMEM, rc == SW_ERANGE ? "too many rules" : "out of memory");
+        return gb_fail(ps, rc ? rc : SW_ENOMEM,
+                       rc == SW_ERANGE ? "too many rules" : "out of memory");
     size_t line, col;
     where(ps, ps->pos, &line, &col);
     g->rules[g->n_rules] = (gb_rule){copy, -1, line};

@@ -92,7 +92,8 @@ static void check_output(const char *schema_text, const json_t *schema, const ch
     const json_t *pat = json_object_get(schema, "pattern");
     const json_t *fmt = json_object_get(schema, "format");
     if (json_is_string(val) && (pat || fmt)) {
-        const char *p = pat ? json_string_value(pat) : eng_format_pattern(json_string_value(fmt), NULL);
+        const char *p = pat ? json_string_value(pat)
+                            : eng_format_pattern(json_string_value(fmt), NULL);
         eng_regex *re = NULL;
         assert_int_equal(eng_regex_compile(p, strlen(p), &re, NULL), SW_OK);
         if (!eng_regex_match(re, json_string_value(val), json_string_length(val)))

@@ -732,7 +732,8 @@ int main(void)
         cmocka_unit_test(test_hand),        cmocka_unit_test(test_python_table),
         cmocka_unit_test(test_suite),       cmocka_unit_test(test_refused),
         cmocka_unit_test(test_hostile),     cmocka_unit_test(test_liveness),
-        cmocka_unit_test(test_costs),       cmocka_unit_test(test_alloc_faults), cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_costs),       cmocka_unit_test(test_alloc_faults),
+        cmocka_unit_test(test_formats),
         cmocka_unit_test(test_intersect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -516,6 +516,8 @@ static int hex_digit(uint8_t ch)
 static const char pattern_esc_from[] = "\"\\/bfnrt";
 static const char pattern_esc_to[] = "\"\\/\b\f\n\r\t";
 
+static int64_t pattern_min(const cs_node *n, const cs_frame *f);
+
 static int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
 {
     int64_t a;
@@ -573,7 +575,11 @@ static int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
                    ? R_DONE
                    : R_REJECT;
     if (ch == '\\') {
-        if (!boundary)
+        /* only when some escape can follow: the mask refuses a backslash
+         * that leads nowhere, and feeding must agree with it */
+        cs_frame e = *f;
+        e.phase = S_ESC;
+        if (!boundary || pattern_min(n, &e) >= CS_INF)
             return R_REJECT;
         f->phase = S_ESC;
         return R_ACCEPT;

@@ -27,9 +27,10 @@
 static void test_sample_config(void **state)
 {
     (void)state;
-    rt_config c;
+    static rt_config c; /* large: not on the stack */
     sw_error err;
     sw_error_clear(&err);
+    rt_config_defaults(&c);
     if (rt_config_load(&c, SAMPLE, &err) || rt_config_check(&c, &err))
         fail_msg("%s: %s", SAMPLE, err.message);
     assert_string_equal(c.state_dir, "/var/lib/spillway");

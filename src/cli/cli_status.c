@@ -236,8 +236,10 @@ static int status_once(const char *router, const char *key, bool as_json, bool c
         json_decref(stats);
         return 1;
     }
-    if (status_get(router, key, "/v1/spillway/events", &events) != 200)
-        json_decref(events), events = NULL;
+    if (status_get(router, key, "/v1/spillway/events", &events) != 200) {
+        json_decref(events); /* the table goes without its failovers */
+        events = NULL;
+    }
     json_t *list = json_object_get(events, "data");
     int rc = strcmp(str(stats, "status"), "ready") ? 1 : 0;
     if (as_json) {

@@ -67,6 +67,8 @@ typedef struct rt_stats_slot {
     int64_t epoch;               /* monotonic seconds / RT_STATS_SLOT_S, plus 1;
                                     0 empty */
     uint64_t requests, failed, failovers, tokens;
+    uint64_t waits;              /* admissions that got a worker or timed out */
+    double wait_s;               /* their queue waits, summed */
     uint64_t w_requests[RT_MAX_WORKERS], w_tokens[RT_MAX_WORKERS]; /* by pool index */
 } rt_stats_slot;
 
@@ -243,6 +245,9 @@ void rt__events_wake(rt_router *rt);
  * worker gave), failed (oom or crash), tokens generated. */
 void rt__stats_attempt(rt_router *rt, int wi, bool answered, bool failed, uint64_t tokens);
 void rt__stats_failover(rt_router *rt);
+/* An admission ended after waited_s in the queue (got a worker or timed
+ * out: the queue-wait histogram's waits). */
+void rt__stats_wait(rt_router *rt, double waited_s);
 /* With rt->pool.mu held: worker w as /health and /v1/spillway/stats show it. */
 json_t *rt__worker_json_locked(const rt_worker *w);
 void rt__handle_stats(rt_req *q);

@@ -3,7 +3,10 @@
  * Expect: 100-continue answered before the body is read), checks the API
  * key, assigns the request id and dispatches it; the small
  * routes (/health, /metrics, /v1/models, /v1/spillway/events) and the
- * OpenAI-shaped responses live here too.
+ * OpenAI-shaped responses live here too. The dashboard's routes are
+ * dispatched from here to router_dashboard.c (/dashboard, which needs no
+ * key), router_stats.c (/v1/spillway/stats, /v1/spillway/drill) and
+ * router_events.c (/v1/spillway/events/stream).
  */
 #include "router/router-impl.h"
 #include "router/router_net.h"

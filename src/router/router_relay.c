@@ -304,6 +304,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
         else if (refusals >= RT_MAX_REFUSALS)
             ar = RT_ADMIT_TIMEOUT;
         q->queue_ms += waited * 1000;
+        if (ar == RT_ADMIT_OK || ar == RT_ADMIT_TIMEOUT)
+            rt__stats_wait(rt, waited);
         if (ar != RT_ADMIT_OK) {
             if (ar == RT_ADMIT_GONE)
                 last = RT_OUT_CLIENT_GONE;

@@ -1,6 +1,7 @@
 /* router_stats.c - what the dashboard and `spillway status` read: the
  * activity ring (what ended in each 10 s of the last 10 minutes: answered
- * requests, failed attempts, failovers, tokens, overall and per worker),
+ * requests, failed attempts, failovers, tokens, overall and per worker;
+ * admissions and their mean queue wait),
  * GET /v1/spillway/stats (one snapshot: the workers as /health shows them,
  * their memory split for a bar, the queue, the ring) and the latest drill
  * report found in the state directory, served read-only.
@@ -59,6 +60,15 @@ void rt__stats_failover(rt_router *rt)
 {
     pthread_mutex_lock(&rt->mu);
     stats_slot_locked(rt)->failovers++;
+    pthread_mutex_unlock(&rt->mu);
+}
+
+void rt__stats_wait(rt_router *rt, double waited_s)
+{
+    pthread_mutex_lock(&rt->mu);
+    rt_stats_slot *s = stats_slot_locked(rt);
+    s->waits++;
+    s->wait_s += waited_s;
     pthread_mutex_unlock(&rt->mu);
 }
 
@@ -255,10 +265,24 @@ static json_t *series_locked(const rt_router *rt, int64_t now_epoch,
     return a;
 }
 
+/* With rt->mu held: the mean queue wait of each slot in milliseconds (0
+ * where none ended), in the order of series_locked. */
+static json_t *wait_series_locked(const rt_router *rt, int64_t now_epoch)
+{
+    json_t *a = json_array();
+    for (int64_t e = now_epoch - RT_STATS_SLOTS + 1; e <= now_epoch; e++) {
+        const rt_stats_slot *s = &rt->stats[((e % RT_STATS_SLOTS) + RT_STATS_SLOTS) % RT_STATS_SLOTS];
+        bool any = s->epoch == e && s->waits > 0;
+        json_array_append_new(a, json_real(any ? s->wait_s * 1000 / (double)s->waits : 0.0));
+    }
+    return a;
+}
+
 static uint64_t f_requests(const rt_stats_slot *s, int wi) { (void)wi; return s->requests; }
 static uint64_t f_failed(const rt_stats_slot *s, int wi) { (void)wi; return s->failed; }
 static uint64_t f_failovers(const rt_stats_slot *s, int wi) { (void)wi; return s->failovers; }
 static uint64_t f_tokens(const rt_stats_slot *s, int wi) { (void)wi; return s->tokens; }
+static uint64_t f_waits(const rt_stats_slot *s, int wi) { (void)wi; return s->waits; }
 static uint64_t f_w_requests(const rt_stats_slot *s, int wi) { return s->w_requests[wi]; }
 static uint64_t f_w_tokens(const rt_stats_slot *s, int wi) { return s->w_tokens[wi]; }
 
@@ -299,11 +323,13 @@ void rt__handle_stats(rt_req *q)
                       "wait_seconds_sum", qu->wait_sum, "wait_seconds_mean",
                       qu->wait_count ? qu->wait_sum / (double)qu->wait_count : 0.0,
                       "drain_rate", qu->rate);
-    ring = json_pack("{s:o, s:o, s:o, s:o}", "requests",
+    ring = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "requests",
                      series_locked(rt, now_epoch, f_requests, 0), "failed",
                      series_locked(rt, now_epoch, f_failed, 0), "failovers",
                      series_locked(rt, now_epoch, f_failovers, 0), "tokens",
-                     series_locked(rt, now_epoch, f_tokens, 0));
+                     series_locked(rt, now_epoch, f_tokens, 0), "admissions",
+                     series_locked(rt, now_epoch, f_waits, 0), "queue_wait_ms",
+                     wait_series_locked(rt, now_epoch));
     totals = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "failovers_oom",
                        (json_int_t)rt->failovers_oom, "failovers_crash",
                        (json_int_t)rt->failovers_crash, "refused_queue_full",

@@ -236,6 +236,9 @@ static void test_stream_and_stats(void **state)
     assert_int_equal(sum_series(json_object_get(series, "failed")), 1);
     assert_int_equal(sum_series(json_object_get(series, "failovers")), 1);
     assert_int_equal(sum_series(json_object_get(series, "tokens")), 6);
+    /* two admissions (the gpu attempt, then the cpu replay) */
+    assert_int_equal(sum_series(json_object_get(series, "admissions")), 2);
+    assert_int_equal(json_array_size(json_object_get(series, "queue_wait_ms")), 60);
     assert_int_equal(json_integer_value(json_object_get(s, "events_total")), 1);
     json_t *cpu = json_array_get(json_object_get(s, "workers"), 1);
     assert_int_equal(sum_series(json_object_get(json_object_get(cpu, "series"), "tokens")), 6);

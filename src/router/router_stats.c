@@ -252,6 +252,13 @@ fail:
 
 /* ---- GET /v1/spillway/stats ------------------------------------------- */
 
+/* The slot that holds epoch e when it is in the ring (e may be 0 or less
+ * in the first 10 minutes after the machine's boot: no slot holds it). */
+static const rt_stats_slot *slot_at(const rt_router *rt, int64_t e)
+{
+    return &rt->stats[((e % RT_STATS_SLOTS) + RT_STATS_SLOTS) % RT_STATS_SLOTS];
+}
+
 /* With rt->mu held: series name of the ring, oldest slot first, the last
  * one the current window; field picks a slot's counter. */
 static json_t *series_locked(const rt_router *rt, int64_t now_epoch,
@@ -259,7 +266,7 @@ static json_t *series_locked(const rt_router *rt, int64_t now_epoch,
 {
     json_t *a = json_array();
     for (int64_t e = now_epoch - RT_STATS_SLOTS + 1; e <= now_epoch; e++) {
-        const rt_stats_slot *s = &rt->stats[((e % RT_STATS_SLOTS) + RT_STATS_SLOTS) % RT_STATS_SLOTS];
+        const rt_stats_slot *s = slot_at(rt, e);
         json_array_append_new(a, json_integer(s->epoch == e ? (json_int_t)field(s, wi) : 0));
     }
     return a;
@@ -271,7 +278,7 @@ static json_t *wait_series_locked(const rt_router *rt, int64_t now_epoch)
 {
     json_t *a = json_array();
     for (int64_t e = now_epoch - RT_STATS_SLOTS + 1; e <= now_epoch; e++) {
-        const rt_stats_slot *s = &rt->stats[((e % RT_STATS_SLOTS) + RT_STATS_SLOTS) % RT_STATS_SLOTS];
+        const rt_stats_slot *s = slot_at(rt, e);
         bool any = s->epoch == e && s->waits > 0;
         json_array_append_new(a, json_real(any ? s->wait_s * 1000 / (double)s->waits : 0.0));
     }

@@ -11,7 +11,7 @@
  * stream (the recorded events first, then a new failover as it is
  * recorded; streams hold no max-connections slot; a stream whose client
  * left is let go; a stream open at shutdown ends with its last chunk and
- * the router exits 0); the drill report routes (404 without one, then the
+ * the router exits 0; 16 at most); the drill report routes (404 without one, then the
  * newest report of the state directory, no other path reachable).
  */
 #include "testutil.h"
@@ -257,6 +257,28 @@ static void test_stream_and_stats(void **state)
     rh_conn_close(&a);
 }
 
+/* 16 streams at most (RT_MAX_STREAMS), a 17th is told so; none of them
+ * holds a max-connections slot (2 here), so requests still get in. */
+static void test_stream_cap(void **state)
+{
+    (void)state;
+    rh_router r;
+    start(&r, "cap");
+    enum { N = 16 };
+    rh_conn c[N];
+    for (int i = 0; i < N; i++)
+        open_stream(&c[i], &r);
+    assert_int_equal(status_of(&r, "/v1/spillway/events/stream", AUTH), 503);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(status_of(&r, "/health", NULL), 200);
+    json_t *s = get_stats(&r);
+    assert_int_equal(json_integer_value(json_object_get(s, "event_streams")), N);
+    json_decref(s);
+    for (int i = 0; i < N; i++)
+        rh_conn_close(&c[i]);
+    rh_finish(&r);
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -321,6 +343,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_page_and_keys),
         cmocka_unit_test(test_stream_and_stats),
+        cmocka_unit_test(test_stream_cap),
         cmocka_unit_test(test_drill_report),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -189,6 +189,7 @@ static void worker_failed(rt_router *rt, int wi, rt_outcome out, const rt_failov
         w->restart_requested = true;
     pthread_mutex_unlock(&rt->pool.mu);
     count(rt, out == RT_OUT_OOM ? &rt->failovers_oom : &rt->failovers_crash);
+    rt__stats_failover(rt);
 }
 
 /* The attempt's ledger row, for requests whose records are promised. */
@@ -350,6 +351,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
         else if (refusals >= RT_MAX_REFUSALS)
             ar = RT_ADMIT_TIMEOUT;
         q->queue_ms += waited * 1000;
+        if (ar == RT_ADMIT_OK || ar == RT_ADMIT_TIMEOUT)
+            rt__stats_wait(rt, waited);
         if (ar != RT_ADMIT_OK) {
             if (ar == RT_ADMIT_GONE)
                 last = RT_OUT_CLIENT_GONE;
@@ -392,6 +395,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
         rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, &tally);
+        rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
         record_attempt(q, &r, wi, last, t_attempt);
         rt_failover_in fi = {last,
                              r.stream,

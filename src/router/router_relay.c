@@ -214,7 +214,12 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     rt_router *rt = q->rt;
     char ra[48];
     rt__retry_after(rt, ra, sizeof ra);
+    /* answered without a worker: counted before the answer goes out, so a
+     * client that reads /metrics right after it sees the count */
+    bool counted = ar != RT_ADMIT_GONE && !failed_before;
     if (r->headers_sent) {
+        if (counted)
+            count(rt, &rt->rejected_capacity);
         json_t *e = rt__error_obj(500, "worker_failed",
                                   "the request failed on every eligible worker", NULL);
         rt_sink_stream_error(r, e);
@@ -226,6 +231,8 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     bool capacity = !failed_before && ar != RT_ADMIT_NEVER && ar != RT_ADMIT_STOPPED;
     if (capacity && q->prefer_async && rt__jobs_accept_async(q, chat) == 0)
         return true; /* the 503 below became a job the client polls */
+    if (counted)
+        count(rt, &rt->rejected_capacity);
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
         !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND))) {
         count(rt, &rt->refused_context);
@@ -357,8 +364,6 @@ static void generate(rt_req *q, bool chat, json_t *body)
             if (ar == RT_ADMIT_GONE)
                 last = RT_OUT_CLIENT_GONE;
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);
-            if (ar != RT_ADMIT_GONE && !failed_before && !fallback)
-                count(rt, &rt->rejected_capacity); /* answered without a worker */
             break;
         }
         if (wt.first)

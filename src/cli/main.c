@@ -1,6 +1,9 @@
 /* main.c - entry point of the `spillway` binary: dispatches subcommands. */
 #include "cli/cli.h"
 
+#include "common/alloc.h"
+#include "ledger/ledger.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +34,16 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    /* Every allocation through one hook (common/alloc.h), jansson's and
+     * SQLite's too, so injected failures reach them: installed before
+     * either library is used. The X-Spillway-Fault switch is read now,
+     * before the router may take SPILLWAY_FAULT out of its environment. */
+    sw_alloc_hook_jansson();
+    if (ldg_alloc_hook() != 0)
+        fprintf(stderr, "spillway: SQLite keeps its own allocator (it was already initialized)\n");
+    if (sw_alloc_fault_header_enabled())
+        fprintf(stderr, "spillway: SPILLWAY_FAULT fault_header:1: the X-Spillway-Fault request "
+                        "header is honoured (tests only)\n");
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -4,10 +4,16 @@
  * simulation), so out-of-memory paths are exercised, not just written.
  * sw_free() accepts memory from every function here, including the aligned
  * one. The counters are atomic: the hook works with threads.
+ *
+ * jansson allocates through this hook once sw_alloc_hook_jansson has run,
+ * and SQLite once ldg_alloc_hook (ledger.h) has: both are installed at the
+ * start of the `spillway` binary (src/cli/main.c), so a failure injected
+ * here reaches JSON parsing and building and the ledger too.
  */
 #ifndef SPILLWAY_COMMON_ALLOC_H
 #define SPILLWAY_COMMON_ALLOC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 void *sw_malloc(size_t size);
@@ -24,5 +30,87 @@ void sw_alloc_fail_after(long n);
 
 /* Number of allocation calls (successful or not) since the process began. */
 long sw_alloc_count(void);
+
+/* Makes jansson allocate through the hook (and free with sw_free). An
+ * injected failure of one of jansson's allocations is counted (the
+ * scope, sw_alloc_thread_failures) but jansson gets the memory anyway,
+ * because jansson 2.14 corrupts its heap on some NULLs (alloc.c); the
+ * sw_json_* wrappers below and the servers' checks of
+ * sw_alloc_thread_failures turn it into a failed call. Once per process,
+ * before the first JSON value exists (a value allocated by malloc and
+ * freed here would still work, sw_free being free, but would go
+ * uncounted); calling it again does nothing. */
+void sw_alloc_hook_jansson(void);
+
+/* Allocations that failed on the calling thread since it began (injected
+ * or real). A caller that cannot tell from a library's result whether it
+ * lost memory compares this before and after: jansson, for one, drops a
+ * byte it cannot append to a token and parses on, and json_object_set_new
+ * with a NULL value leaves the key out. */
+long sw_alloc_thread_failures(void);
+
+/* jansson's json_loads, json_loadb and json_dumps, except that a call
+ * during which an allocation of this thread failed fails as a whole,
+ * whatever jansson made of it: on a lost allocation jansson may report a
+ * syntax error, parse a token with a byte missing, or write a key of an
+ * object as "" (it drops bytes it cannot append). A load that fails so
+ * returns NULL with error (when given) set to json_error_out_of_memory,
+ * "out of memory"; sw_json_error_oom says which failure it was. The
+ * servers use these on every request path. */
+struct json_t;
+struct json_error_t;
+struct json_t *sw_json_loads(const char *text, size_t flags, struct json_error_t *error);
+struct json_t *sw_json_loadb(const char *buffer, size_t len, size_t flags,
+                             struct json_error_t *error);
+char *sw_json_dumps(const struct json_t *json, size_t flags); /* free() */
+bool sw_json_error_oom(const struct json_error_t *error);
+
+/* ---- fault scopes: one request's allocations ----------------------------
+ *
+ * sw_alloc_fail_after counts every thread of the process, which suits a
+ * unit test; a server has background threads (health polls, timers) whose
+ * allocations would move the count from run to run. A scope counts only
+ * the allocations made while it is the calling thread's current scope,
+ * and fails the one numbered fail_at (0: the first) of those: a
+ * deterministic "fail the Nth allocation of this request".
+ *
+ * The servers open one for a request that carries the test-only header
+ *   X-Spillway-Fault: alloc_fail_after:N      (N = -1: count, fail none)
+ * and only when the process was started with SPILLWAY_FAULT naming
+ * fault_header:1 (device/fault.h); without it the header is ignored, so a
+ * client cannot fail a production server's allocations.
+ *
+ * A scope belongs to one thread at a time (no locking); a request whose
+ * work moves between callbacks of one thread (the worker's event loop)
+ * makes its scope current again in each (sw_alloc_scope_swap). Work a
+ * request hands to another thread (the worker's engine thread) is not
+ * counted. */
+typedef struct sw_alloc_scope {
+    long calls;   /* allocations counted so far */
+    long fail_at; /* the one that fails; -1: none */
+    bool failed;  /* it did */
+} sw_alloc_scope;
+
+void sw_alloc_scope_init(sw_alloc_scope *scope, long fail_at);
+/* Makes scope (NULL: none) the calling thread's current scope; returns
+ * the previous one, to restore. */
+sw_alloc_scope *sw_alloc_scope_swap(sw_alloc_scope *scope);
+/* The end of a scope's work: its count becomes the process's "last
+ * scope" figure (sw_alloc_scope_metrics). */
+void sw_alloc_scope_publish(const sw_alloc_scope *scope);
+/* Whether this process honours X-Spillway-Fault (SPILLWAY_FAULT has
+ * fault_header:1; read once). */
+bool sw_alloc_fault_header_enabled(void);
+/* The header's value: "alloc_fail_after:N", N >= -1. false when it is
+ * anything else. */
+bool sw_alloc_scope_parse(const char *value, long *fail_at);
+/* Prometheus lines for /metrics, into buf (NUL-terminated; cut at cap):
+ *   spillway_fault_scope_allocations  gauge, allocations of the last
+ *                                     scope published
+ *   spillway_fault_allocations_failed_total  counter, failures injected
+ *                                     by scopes
+ * Nothing (returns 0) in a process that never opened a scope. Returns
+ * the length written. */
+size_t sw_alloc_scope_metrics(char *buf, size_t cap);
 
 #endif

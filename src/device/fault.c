@@ -61,21 +61,22 @@ static int parse_count(const char *text, int64_t *out)
 
 static int parse_entry(const char *entry, dev_fault_config *cfg, unsigned *seen, sw_error *err)
 {
-    static const char *modes[] = {"alloc_fail_after", "alloc_fail_over", "abort_after_tokens",
-                                  "stall_ms", "device_error_after_tokens"};
+    static const char *modes[] = {"alloc_fail_after",  "alloc_fail_over",
+                                  "abort_after_tokens", "stall_ms",
+                                  "device_error_after_tokens", "fault_header"};
     const char *colon = strchr(entry, ':');
     size_t name_len = colon ? (size_t)(colon - entry) : strlen(entry);
     const char *value = colon ? colon + 1 : NULL;
     int mode = -1;
 
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (strlen(modes[i]) == name_len && strncmp(entry, modes[i], name_len) == 0)
             mode = i;
     if (mode < 0)
         return sw_error_set(err, SW_EINVAL,
                             "%s: unknown mode '%.*s' in '%s' (known: alloc_fail_after, "
                             "alloc_fail_over, abort_after_tokens, stall_ms, "
-                            "device_error_after_tokens)",
+                            "device_error_after_tokens, fault_header)",
                             DEV_FAULT_ENV, (int)(name_len > 40 ? 40 : name_len), entry, entry);
     if (!value || !*value)
         return sw_error_set(err, SW_EINVAL, "%s: '%s' needs a value (%s:N)", DEV_FAULT_ENV,
@@ -103,8 +104,13 @@ static int parse_entry(const char *entry, dev_fault_config *cfg, unsigned *seen,
         cfg->abort_after_tokens = n;
     else if (mode == 3)
         cfg->stall_ms = n;
-    else
+    else if (mode == 4)
         cfg->device_error_after_tokens = n;
+    else if (n > 1)
+        return sw_error_set(err, SW_EINVAL, "%s: fault_header is 0 or 1, not '%s'",
+                            DEV_FAULT_ENV, value);
+    else
+        cfg->fault_header = n;
     return SW_OK;
 }
 
@@ -160,6 +166,8 @@ static void describe(const dev_fault_config *cfg, char *buf, size_t cap)
     if (cfg->device_error_after_tokens >= 0)
         FAULT_APPEND("%sdevice_error_after_tokens:%" PRId64, used ? "," : "",
                      cfg->device_error_after_tokens);
+    if (cfg->fault_header)
+        FAULT_APPEND("%sfault_header:1", used ? "," : "");
 #undef FAULT_APPEND
 }
 

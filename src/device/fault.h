@@ -14,6 +14,10 @@
  *                          the device fails for good (SW_EDEVICE, like a
  *                          sticky CUDA error) when token N+1 is due: a
  *                          worker reports it and exits to be restarted
+ *     fault_header:1       the test-only request header X-Spillway-Fault
+ *                          is honoured: it fails the Nth host allocation
+ *                          of that one request (common/alloc.h, fault
+ *                          scopes; the router reads this switch too)
  *
  * Tests and the drill use it to cause each failure on purpose. It is read
  * once per process; dev_fault_set lets a test install a configuration.
@@ -33,6 +37,7 @@ typedef struct dev_fault_config {
     int64_t abort_after_tokens; /* -1: off */
     int64_t stall_ms;           /* 0: off */
     int64_t device_error_after_tokens; /* -1: off */
+    int64_t fault_header;       /* 0: off; 1: X-Spillway-Fault honoured */
 } dev_fault_config;
 
 #define DEV_FAULT_ENV "SPILLWAY_FAULT"

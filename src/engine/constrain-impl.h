@@ -12,6 +12,7 @@
 #define SPILLWAY_ENGINE_CONSTRAIN_IMPL_H
 
 #include "engine/json_schema.h"
+#include "engine/regex.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -47,6 +48,7 @@ typedef enum cs_kind {
     CS_INTEGER = 5,
     CS_LITERALS = 6, /* one of a set of fixed texts (enum, const, true/false, null) */
     CS_ANYOF = 7,    /* one of the nodes in alts */
+    CS_PATTERN = 8,  /* a string whose content matches re, min_chars..max_chars */
 } cs_kind;
 
 typedef struct cs_node {
@@ -67,16 +69,38 @@ typedef struct cs_node {
     int32_t item;
     int32_t key_node;
     int32_t min_items, max_items;
+    bool counted;            /* CS_ANYOBJ: min_items..max_items entries (min at most 1: a key
+                                may be written twice, so only "some entry" is sure) */
+    int32_t n_prefix;        /* CS_ARRAY: items 0..n_prefix-1 are of prefix[i] (prefixItems), */
+    int32_t *prefix;         /* later ones of item */
     /* CS_STRING */
     int32_t min_chars, max_chars;
     /* CS_LITERALS */
     int32_t n_lits;
     char **lits;
     int32_t *lit_lens;
+    /* CS_NUMBER, CS_INTEGER: bounds and multiples (ranged false: any value
+     * the digit limits allow). Per sign ([0] non-negative, [1] negative),
+     * ranges of the integer part's magnitude, inclusive, as decimal digits
+     * without leading zeros (a NULL upper end: no bound): a whole value
+     * ends in int_lo..int_hi, a fraction may follow an integer part in
+     * frac_lo..frac_hi (CS_NUMBER), so every digit after it keeps the
+     * value in bounds; frac_nonzero: at frac_lo itself the fraction must
+     * not be all zeros (exclusiveMinimum 0 allows 0.5, not 0.0). */
+    bool ranged;
+    bool int_ok[2], frac_ok[2], frac_nonzero[2];
+    char *int_lo[2], *int_hi[2], *frac_lo[2], *frac_hi[2];
+    int32_t multiple_of;     /* CS_INTEGER, > 0: a multiple of it */
+    int32_t max_frac;        /* CS_NUMBER: fraction digits; 0: ENG_CS_MAX_FRAC_DIGITS */
     /* CS_ANYOF */
     int32_t n_alts;
     int32_t *alts;
     int32_t n_branches;      /* non-anyOf nodes reachable through nested anyOfs (1 for others) */
+    /* CS_PATTERN (owned): the content's automaton over its decoded UTF-8
+     * bytes (pattern and format), and its completion costs in JSON bytes
+     * under min_chars..max_chars; min_bytes is set by the maker. */
+    eng_regex *re;
+    eng_regex_costs *re_costs;
 } cs_node;
 
 struct eng_grammar {

@@ -82,12 +82,34 @@ struct eng_cs_vocab {
     int32_t max_len;
 };
 
+/* Pattern strings (CS_PATTERN): the plain tokens one automaton state lets
+ * through, each with the state after it and its code points, so a mask in
+ * a state met before is one pass over a list instead of a trie walk. A
+ * state is listed the second time it is met (a counter such as a hostname
+ * label's length rarely repeats; a loop such as an email's local part
+ * does). */
+#define CS_PAT_SLOTS 2
+
+typedef struct cs_pat_entry {
+    int32_t id, state, chars;
+} cs_pat_entry;
+
+typedef struct cs_pat_cache {
+    int32_t node, state; /* -1: free */
+    bool built;          /* false: met once, e not filled */
+    int32_t n;
+    uint64_t used;
+    cs_pat_entry *e;     /* n_plain entries allocated */
+} cs_pat_cache;
+
 struct eng_constraint {
     const eng_grammar *g;
     const eng_cs_vocab *v;
     cs_set state;
     cs_set *scratch;      /* max_len + 2 sets: the trie walk's states by depth */
     uint32_t *mask;       /* for eng_constraint_sample */
+    cs_pat_cache *pcache; /* CS_PAT_SLOTS, when the grammar has patterns */
+    uint64_t ptick;
 };
 
 /* Length of the UTF-8 character starting with lead byte c and the range
@@ -446,6 +468,149 @@ static int step_string(const cs_node *n, cs_frame *f, uint8_t ch)
     return R_ACCEPT;
 }
 
+/* Pattern strings (CS_PATTERN): the content's decoded bytes run the node's
+ * automaton (frame b: its state; a: code points so far; c: a \u escape's
+ * value so far). Escapes: the short ones, and \u00XX for the control
+ * characters that have none; any other character is written as itself,
+ * so every escape decodes to one byte. A byte is taken only when the
+ * automaton can still reach a match within the length bounds
+ * (re_costs), so generation never walks into a dead end. */
+enum { S_U0 = 3, S_U1 = 4, S_U2 = 5, S_U3 = 6 }; /* after \u, \u0, \u00, \u00X */
+
+/* The automaton's state after content byte d, or -1 when no completion
+ * follows; *chars receives the code points then. */
+static int32_t pattern_next(const cs_node *n, const cs_frame *f, uint8_t d, int64_t *chars)
+{
+    int32_t t = eng_regex_step(n->re, f->b, d);
+    int64_t a = f->a + ((d & 0xC0) != 0x80);
+    if (t < 0 || eng_regex_costs_get(n->re_costs, t, a) < 0)
+        return -1;
+    *chars = a;
+    return t;
+}
+
+/* The fewest bytes that complete an escape whose value will be one of
+ * lo..hi, rest bytes of it still unwritten (the closing quote included),
+ * or CS_INF. */
+static int64_t pattern_ctrl_min(const cs_node *n, const cs_frame *f, int lo, int hi, int rest)
+{
+    int64_t best = CS_INF, a;
+    for (int d = lo; d <= hi; d++) {
+        int32_t t = pattern_next(n, f, (uint8_t)d, &a);
+        int64_t m = t < 0 ? CS_INF : rest + eng_regex_costs_get(n->re_costs, t, a) + 1;
+        if (m < best)
+            best = m;
+    }
+    return best;
+}
+
+static int hex_digit(uint8_t ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'f')
+        return (ch | 0x20) - 'a' + 10;
+    return -1;
+}
+
+static const char pattern_esc_from[] = "\"\\/bfnrt";
+static const char pattern_esc_to[] = "\"\\/\b\f\n\r\t";
+
+static int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
+{
+    int64_t a;
+    int32_t t;
+    switch (f->phase) {
+    case S_START:
+        if (ch != '"' || eng_regex_costs_get(n->re_costs, eng_regex_start(n->re), 0) < 0)
+            return R_REJECT;
+        f->phase = S_IN;
+        f->a = 0;
+        f->b = eng_regex_start(n->re);
+        return R_ACCEPT;
+    case S_ESC: {
+        if (ch == 'u') {
+            if (pattern_ctrl_min(n, f, 0, 0x1F, 0) >= CS_INF)
+                return R_REJECT;
+            f->phase = S_U0;
+            return R_ACCEPT;
+        }
+        const char *p = ch ? strchr(pattern_esc_from, ch) : NULL;
+        if (!p || (t = pattern_next(n, f, (uint8_t)pattern_esc_to[p - pattern_esc_from], &a)) < 0)
+            return R_REJECT;
+        f->b = t;
+        f->a = (int32_t)a;
+        f->phase = S_IN;
+        return R_ACCEPT;
+    }
+    case S_U0:
+    case S_U1:
+        if (ch != '0')
+            return R_REJECT;
+        f->phase++;
+        return R_ACCEPT;
+    case S_U2:
+        if ((ch != '0' && ch != '1') ||
+            pattern_ctrl_min(n, f, (ch - '0') * 16, (ch - '0') * 16 + 15, 0) >= CS_INF)
+            return R_REJECT;
+        f->c = (ch - '0') * 16;
+        f->phase = S_U3;
+        return R_ACCEPT;
+    case S_U3:
+        if (hex_digit(ch) < 0 || (t = pattern_next(n, f, (uint8_t)(f->c + hex_digit(ch)), &a)) < 0)
+            return R_REJECT;
+        f->b = t;
+        f->a = (int32_t)a;
+        f->phase = S_IN;
+        return R_ACCEPT;
+    default:
+        break;
+    }
+    bool boundary = eng_regex_pending(n->re, f->b) == 0;
+    if (ch == '"')
+        return boundary && eng_regex_accepting(n->re, f->b) && f->a >= n->min_chars &&
+                       f->a <= n->max_chars
+                   ? R_DONE
+                   : R_REJECT;
+    if (ch == '\\') {
+        if (!boundary)
+            return R_REJECT;
+        f->phase = S_ESC;
+        return R_ACCEPT;
+    }
+    if (ch < 0x20 || (t = pattern_next(n, f, ch, &a)) < 0)
+        return R_REJECT;
+    f->b = t;
+    f->a = (int32_t)a;
+    return R_ACCEPT;
+}
+
+/* The fewest bytes that close a pattern frame. */
+static int64_t pattern_min(const cs_node *n, const cs_frame *f)
+{
+    int64_t best = CS_INF, a;
+    switch (f->phase) {
+    case S_START: return n->min_bytes;
+    case S_ESC:
+        for (const char *p = pattern_esc_from; *p; p++) {
+            int32_t t = pattern_next(n, f, (uint8_t)pattern_esc_to[p - pattern_esc_from], &a);
+            int64_t m = t < 0 ? CS_INF : 1 + eng_regex_costs_get(n->re_costs, t, a) + 1;
+            if (m < best)
+                best = m;
+        }
+        a = pattern_ctrl_min(n, f, 0, 0x1F, 5);
+        return a < best ? a : best;
+    case S_U0: return pattern_ctrl_min(n, f, 0, 0x1F, 4);
+    case S_U1: return pattern_ctrl_min(n, f, 0, 0x1F, 3);
+    case S_U2: return pattern_ctrl_min(n, f, 0, 0x1F, 2);
+    case S_U3: return pattern_ctrl_min(n, f, f->c, f->c + 15, 1);
+    default: {
+        int64_t m = eng_regex_costs_get(n->re_costs, f->b, f->a);
+        return m < 0 ? CS_INF : m + 1;
+    }
+    }
+}
+
 static int step_number(bool integer, cs_frame *f, uint8_t ch)
 {
     bool digit = ch >= '0' && ch <= '9';
@@ -492,6 +657,275 @@ static int step_number(bool integer, cs_frame *f, uint8_t ch)
     }
 }
 
+/* ---- numbers with bounds or multiples ----
+ * A bounded number node (ranged, multiple_of or max_frac set) keeps in its
+ * frame: pend = the sign (0, 1 after '-'), a = the digits so far, lo / hi
+ * = how those digits compare with the same-length prefix of int_lo /
+ * int_hi (C_EQ, C_LT, C_GT), c = the same for frac_lo (bits 0-1) and
+ * frac_hi (bits 2-3), b = the value so far modulo multiple_of, or, in the
+ * fraction, 1 while a nonzero digit is still owed. A digit is accepted only
+ * when some completion stays in bounds, so no accepted prefix is a dead
+ * end. */
+enum { C_EQ = 0, C_LT = 1, C_GT = 2 };
+
+static bool num_bounded(const cs_node *n)
+{
+    return n->ranged || n->multiple_of > 0 || n->max_frac > 0;
+}
+
+static uint8_t cmp_digit(uint8_t state, int32_t k, const char *bound, uint8_t d)
+{
+    if (!bound || state != C_EQ || k > (int32_t)strlen(bound))
+        return state;
+    return d < (uint8_t)bound[k - 1] ? C_LT : d > (uint8_t)bound[k - 1] ? C_GT : C_EQ;
+}
+
+/* The fewest digits to append to k digits (comparing st_lo / st_hi with
+ * lo / hi) so the magnitude ends in lo..hi (and a multiple of mult, from
+ * the remainder rem), or -1 when none can. */
+static int32_t range_more(int32_t k, const char *lo, uint8_t st_lo, const char *hi,
+                          uint8_t st_hi, int32_t mult, int32_t rem)
+{
+    int32_t ll = lo ? (int32_t)strlen(lo) : 1, lh = hi ? (int32_t)strlen(hi) : INT32_MAX;
+    int64_t pow10 = 1;
+    for (int32_t e = 0; k + e <= ENG_CS_MAX_INT_DIGITS; e++, pow10 *= 10) {
+        int32_t len = k + e;
+        if (len < ll)
+            continue;
+        if (len > lh)
+            break;
+        if (lo && len == ll && st_lo == C_LT)
+            continue;
+        if (len == lh && st_hi == C_GT)
+            continue;
+        if (mult > 0) {
+            int64_t t = rem;
+            for (int32_t i = 0; i < e; i++)
+                t = t * 10 % mult;
+            if ((mult - t) % mult >= pow10)
+                continue;
+        }
+        return e;
+    }
+    return -1;
+}
+
+/* Bounds and a multiple together (integers only, every bound within the
+ * 15 digits, so int64 holds them): the magnitude so far is kept whole in
+ * b (low 32 bits) and c (high), and each length of completion is checked
+ * for a multiple inside its interval. */
+static int64_t num_value(const cs_frame *f)
+{
+    return (int64_t)(uint32_t)f->b | (int64_t)f->c << 32;
+}
+
+static int32_t ranged_multiple_more(const cs_node *n, const cs_frame *f)
+{
+    int s = f->pend;
+    const char *lo = n->int_lo[s], *hi = n->int_hi[s];
+    int32_t ll = (int32_t)strlen(lo), lh = hi ? (int32_t)strlen(hi) : INT32_MAX;
+    int64_t lv = strtoll(lo, NULL, 10), hv = hi ? strtoll(hi, NULL, 10) : INT64_MAX;
+    int64_t p = num_value(f), m = n->multiple_of, pow10 = 1;
+    for (int32_t e = 0; f->a + e <= ENG_CS_MAX_INT_DIGITS; e++, pow10 *= 10) {
+        int32_t len = f->a + e;
+        if (len < ll)
+            continue;
+        if (len > lh)
+            break;
+        int64_t a = p * pow10, b = a + pow10 - 1;
+        if (len == ll && a < lv)
+            a = lv;
+        if (len == lh && b > hv)
+            b = hv;
+        if (a <= b && (a + m - 1) / m * m <= b)
+            return e;
+    }
+    return -1;
+}
+
+static int32_t int_more(const cs_node *n, const cs_frame *f)
+{
+    int s = f->pend;
+    if (!n->ranged)
+        return range_more(f->a, NULL, C_EQ, NULL, C_EQ, n->multiple_of, f->b);
+    if (!n->int_ok[s])
+        return -1;
+    if (n->multiple_of > 0)
+        return ranged_multiple_more(n, f);
+    return range_more(f->a, n->int_lo[s], f->lo, n->int_hi[s], f->hi, 0, 0);
+}
+
+static int32_t frac_more(const cs_node *n, const cs_frame *f)
+{
+    int s = f->pend;
+    if (n->kind != CS_NUMBER || n->multiple_of > 0)
+        return -1;
+    if (!n->ranged)
+        return range_more(f->a, NULL, C_EQ, NULL, C_EQ, 0, 0);
+    if (!n->frac_ok[s])
+        return -1;
+    return range_more(f->a, n->frac_lo[s], (uint8_t)(f->c & 3), n->frac_hi[s],
+                      (uint8_t)(f->c >> 2 & 3), 0, 0);
+}
+
+/* The magnitude 0 may start a value of this sign: as a whole value, or as
+ * the integer part of a fraction. */
+static bool zero_ok(const cs_node *n, int s, bool *as_frac)
+{
+    *as_frac = n->kind == CS_NUMBER && n->multiple_of == 0 &&
+               (!n->ranged || (n->frac_ok[s] && strcmp(n->frac_lo[s], "0") == 0));
+    bool whole = !n->ranged || (n->int_ok[s] && strcmp(n->int_lo[s], "0") == 0);
+    return whole || *as_frac;
+}
+
+static void num_digit(const cs_node *n, cs_frame *f, uint8_t d)
+{
+    int s = f->pend;
+    int32_t k = f->a + 1;
+    if (n->ranged && n->multiple_of > 0) {
+        int64_t v = num_value(f) * 10 + (d - '0');
+        f->b = (int32_t)(uint32_t)(v & 0xFFFFFFFF);
+        f->c = (int32_t)(v >> 32);
+    } else if (n->ranged) {
+        f->lo = cmp_digit(f->lo, k, n->int_lo[s], d);
+        f->hi = cmp_digit(f->hi, k, n->int_hi[s], d);
+        uint8_t flo = cmp_digit((uint8_t)(f->c & 3), k, n->frac_lo[s], d);
+        uint8_t fhi = cmp_digit((uint8_t)(f->c >> 2 & 3), k, n->frac_hi[s], d);
+        f->c = flo | fhi << 2;
+    } else if (n->multiple_of > 0) {
+        f->b = (int32_t)(((int64_t)f->b * 10 + (d - '0')) % n->multiple_of);
+    }
+    f->a = k;
+}
+
+/* Entering the fraction after the integer part so far (zero: "0"). */
+static bool num_enter_frac(const cs_node *n, cs_frame *f, bool zero)
+{
+    int s = f->pend;
+    bool owed = false;
+    if (zero) {
+        bool as_frac;
+        zero_ok(n, s, &as_frac);
+        if (!as_frac)
+            return false;
+        owed = n->ranged && n->frac_nonzero[s];
+    } else {
+        if (frac_more(n, f) != 0)
+            return false;
+        /* exactly frac_lo: the fraction must be nonzero */
+        owed = n->ranged && n->frac_nonzero[s] && f->a == (int32_t)strlen(n->frac_lo[s]) &&
+               (f->c & 3) == C_EQ;
+    }
+    f->phase = N_FRAC0;
+    f->a = 0;
+    f->b = owed;
+    return true;
+}
+
+static int step_bounded(const cs_node *n, cs_frame *f, uint8_t ch)
+{
+    bool digit = ch >= '0' && ch <= '9';
+    int32_t max_frac = n->max_frac > 0 ? n->max_frac : ENG_CS_MAX_FRAC_DIGITS;
+    switch (f->phase) {
+    case N_START:
+    case N_NEG:
+        if (ch == '-' && f->phase == N_START) {
+            if (n->ranged && !n->int_ok[1] && !n->frac_ok[1])
+                return R_REJECT;
+            f->phase = N_NEG;
+            f->pend = 1;
+            return R_ACCEPT;
+        }
+        if (!digit)
+            return R_REJECT;
+        if (ch == '0') {
+            bool as_frac;
+            if (!zero_ok(n, f->pend, &as_frac))
+                return R_REJECT;
+            f->phase = N_ZERO;
+            return R_ACCEPT;
+        }
+        num_digit(n, f, ch);
+        if (int_more(n, f) < 0 && frac_more(n, f) < 0)
+            return R_REJECT;
+        f->phase = N_INT;
+        return R_ACCEPT;
+    case N_ZERO: {
+        if (ch == '.' && num_enter_frac(n, f, true))
+            return R_ACCEPT;
+        bool whole = !n->ranged || (n->int_ok[f->pend] && strcmp(n->int_lo[f->pend], "0") == 0);
+        return whole ? R_END : R_REJECT;
+    }
+    case N_INT:
+        if (digit && f->a < ENG_CS_MAX_INT_DIGITS) {
+            cs_frame next = *f;
+            num_digit(n, &next, ch);
+            if (int_more(n, &next) >= 0 || frac_more(n, &next) >= 0) {
+                *f = next;
+                return R_ACCEPT;
+            }
+        }
+        if (ch == '.' && num_enter_frac(n, f, false))
+            return R_ACCEPT;
+        return int_more(n, f) == 0 ? R_END : R_REJECT;
+    case N_FRAC0:
+    default: /* N_FRAC */
+        if (digit && f->a < max_frac) {
+            /* the last place left must pay an owed nonzero digit */
+            if (f->b && ch == '0' && f->a + 1 >= max_frac)
+                return R_REJECT;
+            if (ch != '0')
+                f->b = 0;
+            f->phase = N_FRAC;
+            f->a++;
+            return R_ACCEPT;
+        }
+        if (f->phase == N_FRAC0 || f->b)
+            return R_REJECT;
+        return R_END;
+    }
+}
+
+static bool num_can_end(const cs_node *n, const cs_frame *f)
+{
+    if (!num_bounded(n))
+        return f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC;
+    switch (f->phase) {
+    case N_ZERO: return !n->ranged || (n->int_ok[f->pend] && strcmp(n->int_lo[f->pend], "0") == 0);
+    case N_INT: return int_more(n, f) == 0;
+    case N_FRAC: return f->b == 0;
+    default: return false;
+    }
+}
+
+static int64_t num_min(const cs_node *n, const cs_frame *f)
+{
+    if (!num_bounded(n))
+        return f->phase == N_START || f->phase == N_NEG || f->phase == N_FRAC0 ? 1 : 0;
+    switch (f->phase) {
+    case N_START: return n->min_bytes;
+    case N_NEG: {
+        /* as in json_schema.c's node minimum, for the negative side */
+        int64_t best = CS_INF;
+        if (!n->ranged || n->int_ok[1])
+            best = n->ranged ? (int64_t)strlen(n->int_lo[1]) : 1;
+        if (n->ranged && n->frac_ok[1] && (int64_t)strlen(n->frac_lo[1]) + 2 < best)
+            best = (int64_t)strlen(n->frac_lo[1]) + 2;
+        return best;
+    }
+    case N_ZERO: return num_can_end(n, f) ? 0 : 2;
+    case N_INT: {
+        int32_t i = int_more(n, f), r = frac_more(n, f);
+        int64_t best = i >= 0 ? i : CS_INF;
+        if (r >= 0 && r + 2 < best)
+            best = r + 2;
+        return best;
+    }
+    case N_FRAC0: return 1;
+    default: return f->b ? 1 : 0;
+    }
+}
+
 static bool same_prefix(const cs_node *n, int32_t j, int32_t c, int32_t b)
 {
     return j == c || (n->lit_lens[j] >= b && memcmp(n->lits[j], n->lits[c], (size_t)b) == 0);
@@ -528,6 +962,25 @@ static int32_t key_hi(const cs_node *n, int32_t a)
 {
     int32_t r = n->next_req[a];
     return r < n->n_props ? r : n->n_props - 1;
+}
+
+static int64_t sat(int64_t x);
+
+/* The node of an array's item i (prefixItems first). */
+static int32_t array_item(const cs_node *n, int64_t i)
+{
+    return i < n->n_prefix ? n->prefix[i] : n->item;
+}
+
+/* Bytes of items from..to-1 at their shortest, each with its comma. */
+static int64_t array_tail(const eng_grammar *g, const cs_node *n, int64_t from, int64_t to)
+{
+    int64_t sum = 0;
+    for (; from < to && from < n->n_prefix; from++)
+        sum = sat(sum + 1 + g->nodes[n->prefix[from]].min_bytes);
+    if (from < to)
+        sum = sat(sum + (to - from) * (1 + (int64_t)g->nodes[n->item].min_bytes));
+    return sum;
 }
 
 static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out);
@@ -569,7 +1022,8 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
         int r;
         switch (n->kind) {
         case CS_STRING:
-            r = step_string(n, f, ch);
+        case CS_PATTERN:
+            r = n->kind == CS_PATTERN ? step_pattern(n, f, ch) : step_string(n, f, ch);
             if (r == R_REJECT)
                 return;
             if (r == R_DONE)
@@ -580,6 +1034,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
         case CS_INTEGER:
         case CS_LITERALS:
             r = n->kind == CS_LITERALS ? step_literal(n, f, ch)
+                : num_bounded(n)       ? step_bounded(n, f, ch)
                                        : step_number(n->kind == CS_INTEGER, f, ch);
             if (r == R_REJECT)
                 return;
@@ -654,11 +1109,16 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case A_FIRST:
             case A_KEY:
                 if (ch == '}' && f->phase == A_FIRST) {
-                    st->depth--;
-                    push_out(out, st);
+                    if (!n->counted || n->min_items == 0) {
+                        st->depth--;
+                        push_out(out, st);
+                    }
                     return;
                 }
+                if (n->counted && f->b >= n->max_items)
+                    return;
                 f->phase = A_COLON;
+                f->b++; /* entries begun */
                 enter(g, st, n->key_node, ch, out);
                 return;
             case A_COLON:
@@ -672,7 +1132,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 enter(g, st, n->item, ch, out);
                 return;
             default: /* A_AFTER */
-                if (ch == ',') {
+                if (ch == ',' && (!n->counted || f->b < n->max_items)) {
                     f->phase = A_KEY;
                     push_out(out, st);
                 } else if (ch == '}') {
@@ -701,12 +1161,12 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                     return;
                 f->phase = R_AFTER;
                 f->a = 1;
-                enter(g, st, n->item, ch, out);
+                enter(g, st, array_item(n, 0), ch, out);
                 return;
             case R_NEXT:
                 f->phase = R_AFTER;
                 f->a++;
-                enter(g, st, n->item, ch, out);
+                enter(g, st, array_item(n, f->a - 1), ch, out);
                 return;
             default: /* R_AFTER */
                 if (ch == ',' && f->a < n->max_items) {
@@ -756,7 +1216,7 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
     }
     case CS_NUMBER:
     case CS_INTEGER:
-        return f->phase == N_START || f->phase == N_NEG || f->phase == N_FRAC0 ? 1 : 0;
+        return num_min(n, f);
     case CS_LITERALS: {
         int64_t best = CS_INF;
         for (int32_t j = 0; j < n->n_lits; j++)
@@ -794,23 +1254,31 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
     case CS_ANYOBJ: {
         int64_t im = g->nodes[n->item].min_bytes;
         switch (f->phase) {
-        case A_START: return 2;
-        case A_FIRST: return 1;
+        case A_START: return n->min_bytes;
+        case A_FIRST:
+            /* one entry owed: a key, ':', a value, '}' */
+            return n->counted && n->min_items > 0
+                       ? sat((int64_t)g->nodes[n->key_node].min_bytes + 1 + im + 1)
+                       : 1;
         case A_COLON: return 1 + im + 1;
         case A_VALUE: return im + 1;
         case A_AFTER: return 1;
-        default: return 2 + 1 + im + 1;
+        default: /* A_KEY: a key of key_node (propertyNames may make it long) */
+            return sat((int64_t)g->nodes[n->key_node].min_bytes + 1 + im + 1);
         }
     }
     case CS_ARRAY: {
-        int64_t im = g->nodes[n->item].min_bytes, lo = n->min_items;
+        int64_t lo = n->min_items;
         switch (f->phase) {
         case R_START: return n->min_bytes;
-        case R_FIRST: return lo == 0 ? 1 : sat(lo * im + (lo - 1) + 1);
-        case R_AFTER: return sat((lo > f->a ? lo - f->a : 0) * (im + 1) + 1);
-        default: return sat(im + (lo > f->a + 1 ? lo - f->a - 1 : 0) * (im + 1) + 1);
+        case R_FIRST: return lo == 0 ? 1 : sat(array_tail(g, n, 0, lo) - 1 + 1);
+        case R_AFTER: return sat(array_tail(g, n, f->a, lo) + 1);
+        default: /* R_NEXT: item f->a is next, its comma written */
+            return sat(g->nodes[array_item(n, f->a)].min_bytes +
+                       array_tail(g, n, f->a + 1, lo) + 1);
         }
     }
+    case CS_PATTERN: return pattern_min(n, f);
     case CS_ANYOF: break;
     }
     return 0;
@@ -845,7 +1313,7 @@ static bool stack_complete(const eng_grammar *g, const cs_stack *st)
         if (n->kind == CS_LITERALS)
             can_end = literal_can_end(n, f);
         else if (n->kind == CS_NUMBER || n->kind == CS_INTEGER)
-            can_end = f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC;
+            can_end = num_can_end(n, f);
         if (!can_end)
             return false;
         d--;
@@ -863,6 +1331,92 @@ static bool set_complete(const eng_grammar *g, const cs_set *s)
 
 /* ---- the constraint ------------------------------------------------------ */
 
+/* Allocated up front, so masks allocate nothing. */
+static int pat_cache_create(eng_constraint *c)
+{
+    bool patterns = false;
+    for (int32_t i = 0; i < c->g->n_nodes; i++)
+        patterns |= c->g->nodes[i].kind == CS_PATTERN;
+    if (!patterns || c->v->n_plain == 0)
+        return SW_OK;
+    if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
+        return SW_ENOMEM;
+    for (int i = 0; i < CS_PAT_SLOTS; i++) {
+        c->pcache[i].node = -1;
+        if (!(c->pcache[i].e = sw_malloc((size_t)c->v->n_plain * sizeof *c->pcache[i].e)))
+            return SW_ENOMEM;
+    }
+    return SW_OK;
+}
+
+static void pat_cache_free(eng_constraint *c)
+{
+    for (int i = 0; c->pcache && i < CS_PAT_SLOTS; i++)
+        sw_free(c->pcache[i].e);
+    sw_free(c->pcache);
+}
+
+/* The list for (node, state), filled in the second time it is asked for;
+ * NULL the first time (the caller walks the trie). */
+static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_t state)
+{
+    cs_pat_cache *slot = NULL, *lru = &c->pcache[0];
+    for (int i = 0; i < CS_PAT_SLOTS; i++) {
+        if (c->pcache[i].node == node && c->pcache[i].state == state)
+            slot = &c->pcache[i];
+        if (c->pcache[i].used < lru->used)
+            lru = &c->pcache[i];
+    }
+    if (!slot) {
+        lru->node = node;
+        lru->state = state;
+        lru->built = false;
+        lru->used = ++c->ptick;
+        return NULL;
+    }
+    slot->used = ++c->ptick;
+    if (!slot->built) {
+        const eng_cs_vocab *v = c->v;
+        const eng_regex *re = c->g->nodes[node].re;
+        slot->n = 0;
+        for (int32_t i = 0; i < v->n_plain; i++) {
+            int32_t id = v->plain_ids[i], st = state;
+            const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
+            for (int32_t k = 0; k < v->len[id] && st >= 0; k++)
+                st = eng_regex_step(re, st, p[k]);
+            if (st >= 0)
+                slot->e[slot->n++] = (cs_pat_entry){id, st, v->plain_chars[i]};
+        }
+        slot->built = true;
+    }
+    return slot;
+}
+
+/* The plain tokens of a pattern frame from its state's list; false when
+ * there is none yet (or the frame is inside a character): walk them. */
+static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
+                               int64_t budget_after, uint32_t *mask, int32_t *count)
+{
+    const cs_node *n = &c->g->nodes[f->node];
+    if (!c->pcache || eng_regex_pending(n->re, f->b) != 0)
+        return false;
+    const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
+    if (!slot)
+        return false;
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        int64_t a = (int64_t)f->a + e->chars;
+        if (a > n->max_chars)
+            continue;
+        int64_t m = eng_regex_costs_get(n->re_costs, e->state, a);
+        if (m < 0 || base_rest + m + 1 > budget_after)
+            continue;
+        mask[e->id >> 5] |= 1u << (e->id & 31);
+        (*count)++;
+    }
+    return true;
+}
+
 int eng_constraint_create(const eng_grammar *g, const eng_cs_vocab *v, eng_constraint **out,
                           sw_error *err)
 {
@@ -875,7 +1429,7 @@ int eng_constraint_create(const eng_grammar *g, const eng_cs_vocab *v, eng_const
     c->v = v;
     c->scratch = sw_malloc(((size_t)v->max_len + 2) * sizeof *c->scratch);
     c->mask = sw_calloc(((size_t)v->n_tokens + 31) / 32, sizeof *c->mask);
-    if (!c->scratch || !c->mask) {
+    if (!c->scratch || !c->mask || pat_cache_create(c)) {
         eng_constraint_free(c);
         return sw_error_set(err, SW_ENOMEM, "out of memory starting a constraint");
     }
@@ -893,6 +1447,7 @@ void eng_constraint_free(eng_constraint *c)
         return;
     sw_free(c->scratch);
     sw_free(c->mask);
+    pat_cache_free(c);
     sw_free(c);
 }
 
@@ -983,6 +1538,62 @@ static void walk(walk_ctx *w, uint32_t node, int32_t depth)
     }
 }
 
+/* Plain tokens (ordinary string characters) decided by their length alone:
+ * in a string, or in a pattern string that has matched for good. */
+static bool plain_by_length(const cs_node *n, const cs_frame *top)
+{
+    if (n->kind == CS_STRING)
+        return top->phase == S_IN && top->pend == 0;
+    return n->kind == CS_PATTERN && top->phase == S_IN && eng_regex_pending(n->re, top->b) == 0 &&
+           eng_regex_universal(n->re, top->b);
+}
+
+/* Inside a pattern string (one stack, its top frame CS_PATTERN in S_IN):
+ * the trie is walked with a copy of that frame alone while the bytes are
+ * content (no stack copies per byte); a quote or a backslash goes back to
+ * the general walk, from the full state rebuilt at that trie node.
+ * base_rest: the shortest completion of the frames below. */
+static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_frame *f,
+                         int64_t base_rest)
+{
+    const cs_trie *t = w->t;
+    const cs_node *n = &w->c->g->nodes[f->node];
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        if (tn->byte == '"' || tn->byte == '\\') {
+            cs_set *cur = &w->c->scratch[depth], *next = &w->c->scratch[depth + 1];
+            cur->n = 1;
+            stack_copy(&cur->s[0], &w->c->state.s[0]);
+            cur->s[0].f[cur->s[0].depth - 1] = *f;
+            set_step(w->c->g, cur, tn->byte, next);
+            if (next->n == 0)
+                continue;
+            if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after) {
+                for (uint32_t k = 0; k < tn->tok_count; k++) {
+                    int32_t id = t->ids[tn->tok_begin + k];
+                    w->mask[id >> 5] |= 1u << (id & 31);
+                    w->count++;
+                }
+            }
+            if (tn->first_child)
+                walk(w, ch, depth + 1);
+            continue;
+        }
+        cs_frame f2 = *f;
+        if (step_pattern(n, &f2, tn->byte) != R_ACCEPT)
+            continue;
+        if (tn->tok_count && base_rest + pattern_min(n, &f2) <= w->budget_after) {
+            for (uint32_t k = 0; k < tn->tok_count; k++) {
+                int32_t id = t->ids[tn->tok_begin + k];
+                w->mask[id >> 5] |= 1u << (id & 31);
+                w->count++;
+            }
+        }
+        if (tn->first_child)
+            walk_pattern(w, ch, depth + 1, &f2, base_rest);
+    }
+}
+
 int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_t *mask)
 {
     const eng_cs_vocab *v = c->v;
@@ -996,8 +1607,7 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             stack_copy(&s0->s[i], &c->state.s[i]);
         const cs_stack *only = &c->state.s[0];
         const cs_frame *top = &only->f[only->depth - 1];
-        if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_STRING &&
-            top->phase == S_IN && top->pend == 0) {
+        if (c->state.n == 1 && top->node >= 0 && plain_by_length(&g->nodes[top->node], top)) {
             /* Inside a string: ordinary characters keep it open; decide
              * those tokens by their length alone, walk the others. */
             const cs_node *n = &g->nodes[top->node];
@@ -1014,7 +1624,14 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             }
             w.t = &v->special;
         }
-        walk(&w, 0, 0);
+        if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_PATTERN &&
+            top->phase == S_IN && w.t == &v->full) {
+            int64_t rest = stack_min(g, only) - frame_min(g, top);
+            if (pattern_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
+                w.t = &v->special;
+            walk_pattern(&w, 0, 0, top, rest);
+        } else
+            walk(&w, 0, 0);
     }
     if (set_complete(g, &c->state)) {
         for (int32_t i = 0; i < v->n_end; i++) {

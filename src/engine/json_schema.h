@@ -6,27 +6,24 @@
  * test models included. The grammar describes the exact compact text
  * (no whitespace outside strings) that may be generated.
  *
- * Supported (docs/internals/engine.md, "Constrained decoding", has the
- * details):
- *   type: object (properties, required; properties are generated in their
- *         declared order and optional ones may be skipped; no properties:
- *         any object, or {} with additionalProperties false / a schema),
- *         string (minLength, maxLength; escapes \" \\ \/ \b \f \n \r \t,
- *         never \u), number (up to 15 integer and 6 fraction digits, no
- *         exponent), integer (up to 15 digits), boolean, null, array
- *         (items, minItems, maxItems), a list of types (any of them);
- *   enum (any JSON values), const, anyOf and oneOf (oneOf is generated as
- *         anyOf: alternatives that overlap can yield a value matching
- *         several; anyOf inside anyOf up to 8 deep, at most 64 branches
- *         per value), nesting up to ENG_CS_MAX_DEPTH frames;
- *   no type, no enum/const/anyOf: any JSON value (nesting bounded).
- * Ignored, because ignoring them cannot produce an invalid value:
- *   description, title, default, examples, $schema, $id, $comment,
- *   deprecated, readOnly, writeOnly, nullable, additionalProperties (only
- *   declared properties are generated), uniqueItems false.
- * Anything else (pattern, format, minimum, $ref, allOf, ...) is refused
- * with SW_EUNSUPPORTED and a message naming the keyword and where it is
- * (a JSON pointer into the schema).
+ * The rule: a keyword is enforced, or the schema is refused with a typed
+ * error naming it; a generated value never violates the schema. Unknown
+ * keywords are annotations (ignored). docs/api.md lists what is enforced
+ * and the deliberate narrowings (valid values never generated: additional
+ * properties, another key order, exponents, \u escapes, ...); in short:
+ * type, enum/const, properties/required/additionalProperties,
+ * patternProperties, propertyNames, min/maxProperties, dependencies,
+ * items/prefixItems/additionalItems, min/maxItems, contains, uniqueItems,
+ * min/maxLength, pattern/format (regex.h), numeric bounds of any size and
+ * simple multipleOf, $ref into the document ($defs, definitions, any JSON
+ * pointer, $id/id bases, $anchor; recursion up to the automaton's depth),
+ * allOf (merged), anyOf/oneOf (with siblings distributed; oneOf only when
+ * the alternatives cannot overlap), not (type, const, enum, required),
+ * if/then/else. The dialect (2020-12, draft 7, draft 4) comes from
+ * $schema. Remote $ref, unevaluated*, $dynamicRef and what cannot be
+ * enforced are SW_EUNSUPPORTED with a message naming the keyword and where
+ * it is (a JSON pointer into the schema). Compiling is bounded in nodes
+ * and steps.
  */
 #ifndef SPILLWAY_ENGINE_JSON_SCHEMA_H
 #define SPILLWAY_ENGINE_JSON_SCHEMA_H
@@ -63,16 +60,18 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
 
 void eng_grammar_free(eng_grammar *g);
 
-/* Checks a parsed value against a schema of the subset above with JSON
- * Schema's meaning, not the grammar's (any property order; additional
- * properties allowed unless additionalProperties is false or a schema,
- * which is then applied; a keyword constrains only values of its type;
- * integers may be written 1.0; numbers of any size; oneOf checked as
- * anyOf, as it is generated). For values that did not come from the
- * grammar: the router checks a model's tool-call arguments with it.
+/* Checks a parsed value against a schema with JSON Schema's exact meaning,
+ * not the grammar's (any property order; additional properties; a keyword
+ * constrains only values of its type; integers may be written 1.0;
+ * numbers of any size; oneOf as exactly one; not, if/then/else, contains,
+ * uniqueItems, dependencies, propertyNames, prefixItems too). Every value
+ * the grammar generates passes. For values that did not come from the
+ * grammar: the router checks a model's tool-call arguments with it; the
+ * compiler filters enum values through it.
  * SW_OK: valid. SW_EINVAL: not valid, the message says why and where (a
  * JSON pointer into the value, "#/items/2"). SW_EUNSUPPORTED: the schema
- * is malformed or outside the subset, the value was not judged. */
+ * is malformed or uses what cannot be judged (known formats, unevaluated*,
+ * $dynamicRef, a remote $ref); the value was not judged. */
 int eng_json_validate(const struct json_t *schema, const struct json_t *value, sw_error *err);
 
 /* Bytes of the shortest text the grammar accepts. */

@@ -16,6 +16,7 @@
 
 #include "common/alloc.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdarg.h>
@@ -25,7 +26,22 @@
 struct ldg_ledger {
     sqlite3 *db;
     pthread_mutex_t mu;
+    /* ldg_attempt_add could not put synchronous back to FULL (out of
+     * memory): the next caller does, before its write (ledger_lock) */
+    bool sync_normal;
 };
+
+/* Takes the ledger's mutex, and first restores synchronous=FULL if an
+ * attempt record left it NORMAL: every write after it makes a promise. If
+ * that fails too, the write still goes ahead (it is synced with the next
+ * FULL commit) and the next caller tries again. */
+static void ledger_lock(ldg_ledger *l)
+{
+    pthread_mutex_lock(&l->mu);
+    if (l->sync_normal &&
+        sqlite3_exec(l->db, "PRAGMA synchronous=FULL", NULL, NULL, NULL) == SQLITE_OK)
+        l->sync_normal = false;
+}
 
 /* Migrations: entry i takes the schema from version i to i + 1. Never
  * edit one that shipped; append. */
@@ -87,6 +103,68 @@ static const char *const k_migrations[LDG_SCHEMA_VERSION] = {
     "CREATE INDEX idempotency_expires ON idempotency(expires);"
     "CREATE INDEX idempotency_request ON idempotency(request_id);",
 };
+
+/* ---- SQLite's allocator ---------------------------------------------------
+ * SQLite asks an allocation's size back (xSize), which sw_malloc does not
+ * keep: each block carries it in a header of LDG_MEM_HEADER bytes, a
+ * multiple of 16 so that the memory SQLite gets keeps malloc's alignment
+ * (SQLite needs 8). */
+#define LDG_MEM_HEADER 16
+
+static void *mem_malloc(int n)
+{
+    if (n <= 0)
+        return NULL;
+    unsigned char *p = sw_malloc((size_t)n + LDG_MEM_HEADER);
+    if (!p)
+        return NULL;
+    memcpy(p, &(size_t){(size_t)n}, sizeof(size_t));
+    return p + LDG_MEM_HEADER;
+}
+
+static void mem_free(void *p)
+{
+    if (p)
+        sw_free((unsigned char *)p - LDG_MEM_HEADER);
+}
+
+static int mem_size(void *p)
+{
+    size_t n = 0;
+    if (p)
+        memcpy(&n, (unsigned char *)p - LDG_MEM_HEADER, sizeof n);
+    return (int)n;
+}
+
+/* SQLite never calls it with p NULL nor n <= 0 (sqlite3Realloc handles
+ * those itself). On failure the old block stays valid, as with realloc. */
+static void *mem_realloc(void *p, int n)
+{
+    if (n <= 0)
+        return NULL;
+    unsigned char *base = p ? (unsigned char *)p - LDG_MEM_HEADER : NULL;
+    unsigned char *q = sw_realloc(base, (size_t)n + LDG_MEM_HEADER);
+    if (!q)
+        return NULL;
+    memcpy(q, &(size_t){(size_t)n}, sizeof(size_t));
+    return q + LDG_MEM_HEADER;
+}
+
+static int mem_roundup(int n)
+{
+    return n > INT_MAX - 7 ? n : (n + 7) & ~7;
+}
+
+static int mem_init(void *app) { (void)app; return SQLITE_OK; }
+static void mem_shutdown(void *app) { (void)app; }
+
+int ldg_alloc_hook(void)
+{
+    static const sqlite3_mem_methods methods = {
+        mem_malloc, mem_free, mem_realloc, mem_size, mem_roundup, mem_init, mem_shutdown, NULL,
+    };
+    return sqlite3_config(SQLITE_CONFIG_MALLOC, &methods) == SQLITE_OK ? SW_OK : SW_EINTERNAL;
+}
 
 static int db_fail(ldg_ledger *l, sw_error *err, const char *what)
 {
@@ -183,7 +261,7 @@ void ldg_close(ldg_ledger *l)
 
 int ldg_schema_version(ldg_ledger *l)
 {
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int v = user_version(l);
     pthread_mutex_unlock(&l->mu);
     return v;
@@ -259,10 +337,13 @@ static char *col_text(sqlite3_stmt *st, int i)
     return t ? sw_strdup((const char *)t) : NULL;
 }
 
-static void col_copy(sqlite3_stmt *st, int i, char *dst, size_t cap)
+/* "" for NULL; false when the column is not NULL but SQLite ran out of
+ * memory making its text (dst is then ""). */
+static bool col_copy(sqlite3_stmt *st, int i, char *dst, size_t cap)
 {
     const unsigned char *t = sqlite3_column_text(st, i);
     snprintf(dst, cap, "%s", t ? (const char *)t : "");
+    return t || sqlite3_column_type(st, i) == SQLITE_NULL;
 }
 
 /* ---- idempotency keys ---------------------------------------------------- */
@@ -282,7 +363,7 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
     int rc = SW_OK;
     memset(stored, 0, sizeof *stored);
     snprintf(request_id_out, 80, "%s", request_id);
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     /* IMMEDIATE: the look-up and the insert are one decision; a second
      * request with the same key waits for it and then sees "running". */
     if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
@@ -301,22 +382,33 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
         const char *sha = (const char *)sqlite3_column_text(st, 0);
         const char *rstate = (const char *)sqlite3_column_text(st, 2);
         insert = false;
-        if (!sha || strcmp(sha, body_sha256)) {
+        if (!sha || !rstate) {
+            /* both columns are NOT NULL: SQLite ran out of memory
+             * converting them, which is neither a mismatch nor a run */
+            sqlite3_finalize(st);
+            rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+            goto rollback;
+        }
+        if (strcmp(sha, body_sha256)) {
             *state = LDG_IDEM_MISMATCH;
-        } else if (!rstate || !strcmp(rstate, "running")) { /* NULL: out of memory */
+        } else if (!strcmp(rstate, "running")) {
             *state = LDG_IDEM_RUNNING;
         } else if (!strcmp(rstate, "abandoned")) {
             take_over = true;
-            col_copy(st, 1, request_id_out, 80);
+            if (!col_copy(st, 1, request_id_out, 80)) {
+                sqlite3_finalize(st);
+                rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+                goto rollback;
+            }
         } else {
             *state = LDG_IDEM_REPLAY;
             stored->status = sqlite3_column_int(st, 3);
-            col_copy(st, 4, stored->content_type, sizeof stored->content_type);
-            col_copy(st, 1, stored->request_id, sizeof stored->request_id);
+            bool texts = col_copy(st, 4, stored->content_type, sizeof stored->content_type) &&
+                         col_copy(st, 1, stored->request_id, sizeof stored->request_id);
             stored->stream = sqlite3_column_int(st, 6) != 0;
             int n = sqlite3_column_bytes(st, 5);
             const void *p = sqlite3_column_blob(st, 5);
-            stored->body = sw_malloc((size_t)n + 1);
+            stored->body = texts && (p || n == 0) ? sw_malloc((size_t)n + 1) : NULL;
             if (!stored->body) {
                 sqlite3_finalize(st);
                 rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
@@ -367,7 +459,7 @@ int ldg_idem_finish(ldg_ledger *l, const char *key, int status, const char *cont
                     bool stream, const char *body, size_t body_len, double now_s, sw_error *err)
 {
     (void)now_s;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "UPDATE idempotency SET state = 'done', status = ?, content_type = ?,"
@@ -380,7 +472,7 @@ int ldg_idem_finish(ldg_ledger *l, const char *key, int status, const char *cont
 
 int ldg_idem_drop(ldg_ledger *l, const char *key, sw_error *err)
 {
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE key = ? AND state = 'running'",
                               "s", key),
                       NULL, err);
@@ -390,7 +482,7 @@ int ldg_idem_drop(ldg_ledger *l, const char *key, sw_error *err)
 
 int ldg_idem_abandon(ldg_ledger *l, const char *key, sw_error *err)
 {
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "UPDATE idempotency SET state = 'abandoned' WHERE key = ?"
@@ -404,7 +496,7 @@ int ldg_idem_abandon(ldg_ledger *l, const char *key, sw_error *err)
 int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err)
 {
     int changes = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err, "UPDATE idempotency SET state = 'abandoned' WHERE state = 'running'",
                            ""),
@@ -418,7 +510,7 @@ int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err)
 int ldg_idem_expire(ldg_ledger *l, double now_s, int *n, sw_error *err)
 {
     int changes = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE expires <= ?", "d", now_s),
                       &changes, err);
     pthread_mutex_unlock(&l->mu);
@@ -433,7 +525,7 @@ int ldg_attempt_add(ldg_ledger *l, const char *request_id, int attempt, const ch
                     const char *outcome, const char *error, double started_s, double finished_s,
                     sw_error *err)
 {
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     /* a record, not a promise: no sync of its own (see the top) */
     sqlite3_exec(l->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
     int rc = run_stmt(l,
@@ -443,8 +535,11 @@ int ldg_attempt_add(ldg_ledger *l, const char *request_id, int attempt, const ch
                            "sisssdd", request_id, attempt, worker, outcome, error, started_s,
                            finished_s),
                       NULL, err);
-    if (sqlite3_exec(l->db, "PRAGMA synchronous=FULL", NULL, NULL, NULL) != SQLITE_OK && rc == SW_OK)
-        rc = db_fail(l, err, "restoring synchronous=FULL");
+    if (sqlite3_exec(l->db, "PRAGMA synchronous=FULL", NULL, NULL, NULL) != SQLITE_OK) {
+        l->sync_normal = true; /* the next ledger_lock tries again */
+        if (rc == SW_OK)
+            rc = db_fail(l, err, "restoring synchronous=FULL");
+    }
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
@@ -452,7 +547,7 @@ int ldg_attempt_add(ldg_ledger *l, const char *request_id, int attempt, const ch
 int ldg_attempt_count(ldg_ledger *l, const char *request_id, int *n, sw_error *err)
 {
     *n = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = SW_OK;
     sqlite3_stmt *st =
         prep(l, err, "SELECT count(*) FROM attempts WHERE request_id = ?", "s", request_id);
@@ -481,7 +576,7 @@ void ldg_tool_step_free(ldg_tool_step *s)
 int ldg_tool_started(ldg_ledger *l, const char *request_id, int step, const char *tool,
                      const char *call_id, const char *arguments, double now_s, sw_error *err)
 {
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "INSERT INTO tool_calls (request_id, step, tool, call_id, arguments,"
@@ -499,7 +594,7 @@ int ldg_tool_done(ldg_ledger *l, const char *request_id, int step, const char *r
                   double now_s, sw_error *err)
 {
     int changes = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "UPDATE tool_calls SET state = 'done', result = ?, finished = ?"
@@ -519,7 +614,7 @@ int ldg_tool_get(ldg_ledger *l, const char *request_id, int step, ldg_tool_step 
     memset(out, 0, sizeof *out);
     *found = false;
     int rc = SW_OK;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     sqlite3_stmt *st = prep(l, err,
                             "SELECT tool, call_id, arguments, state, result, calls, started,"
                             " finished FROM tool_calls WHERE request_id = ? AND step = ?",
@@ -584,7 +679,7 @@ void ldg_job_free(ldg_job *j)
 
 int ldg_job_insert(ldg_ledger *l, const ldg_job *j, sw_error *err)
 {
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "INSERT INTO jobs (id, endpoint, request, deadline_ms, state, created)"
@@ -603,7 +698,7 @@ int ldg_job_insert_idem(ldg_ledger *l, const ldg_job *j, const char *idem_key, i
     if (!idem_key || !idem_key[0])
         return ldg_job_insert(l, j, err);
     int rc;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
         goto out;
     rc = run_stmt(l,
@@ -638,7 +733,7 @@ int ldg_job_get(ldg_ledger *l, const char *id, ldg_job *out, bool *found, sw_err
     memset(out, 0, sizeof *out);
     *found = false;
     int rc = SW_OK;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     sqlite3_stmt *st = prep(l, err,
                             "SELECT endpoint, request, deadline_ms, state, attempts, finish_writes,"
                             " response, error, created, started, finished FROM jobs WHERE id = ?",
@@ -679,7 +774,7 @@ out:
 int ldg_job_start(ldg_ledger *l, const char *id, double now_s, bool *claimed, sw_error *err)
 {
     int changes = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "UPDATE jobs SET state = 'running', attempts = attempts + 1, started = ?"
@@ -697,7 +792,7 @@ int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *respons
     if (state != LDG_JOB_SUCCEEDED && state != LDG_JOB_FAILED)
         return sw_error_set(err, SW_EINVAL, "ledger: a job finishes as succeeded or failed");
     int changes = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     /* No guard on the previous state: finish_writes counts every final
      * write, so a job run twice shows up (tests check it is 1). */
     int rc = run_stmt(l,
@@ -715,7 +810,7 @@ int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *respons
 int ldg_job_requeue(ldg_ledger *l, const char *id, bool *requeued, sw_error *err)
 {
     int changes = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     /* only from running: a succeeded or failed job keeps its final record */
     int rc = run_stmt(l,
                       prep(l, err, "UPDATE jobs SET state = 'queued' WHERE id = ? AND state = 'running'",
@@ -733,7 +828,7 @@ int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err)
     *n = 0;
     int rc = SW_OK;
     size_t cap = 0;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     sqlite3_stmt *st = prep(l, err,
                             "SELECT id FROM jobs WHERE state IN ('queued', 'running')"
                             " ORDER BY created, rowid",
@@ -789,7 +884,7 @@ int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_swe
     ldg_sweep_counts c = {0, 0, 0, 0};
     double cut = now_s - retention_s;
     int rc;
-    pthread_mutex_lock(&l->mu);
+    ledger_lock(l);
     if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
         goto out;
     if ((rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE expires <= ?", "d", now_s),

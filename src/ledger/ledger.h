@@ -24,6 +24,13 @@ typedef struct ldg_ledger ldg_ledger;
 /* The schema version ldg_open migrates to. */
 #define LDG_SCHEMA_VERSION 2
 
+/* Makes SQLite allocate through spillway's hook (common/alloc.h), so an
+ * injected failure reaches the ledger too (SQLITE_CONFIG_MALLOC). Once per
+ * process, before any other SQLite call: SQLite takes a configuration only
+ * before it initializes. SW_OK, or SW_EINTERNAL when SQLite was already
+ * initialized (it then keeps its own allocator). */
+int ldg_alloc_hook(void);
+
 /* Opens (creating) <dir>/ledger.db and migrates it. SW_EIO with SQLite's
  * message on failure; SW_EUNSUPPORTED for a database from a newer program. */
 int ldg_open(const char *dir, ldg_ledger **out, sw_error *err);

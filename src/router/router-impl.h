@@ -40,6 +40,7 @@
 #include "router/router_queue.h"
 #include "router/router_failover.h"
 
+#include "common/alloc.h"
 #include "ledger/ledger.h"
 
 #include "engine/chat_template.h"
@@ -220,6 +221,12 @@ typedef struct rt_req {
      * or an agent run (durability promised); else only in memory and
      * the event log */
     bool durable;
+    /* X-Spillway-Fault (tests; common/alloc.h, fault scopes): from its
+     * header line to the end of the request, the allocations of the
+     * request's thread are counted and the one asked for fails */
+    bool fault_scoped;
+    sw_alloc_scope fault_scope;
+    sw_alloc_scope *fault_prev; /* the thread's scope before */
 } rt_req;
 
 double rt__now_s(void);  /* monotonic */
@@ -345,5 +352,11 @@ int rt__jobs_accept_async(rt_req *q, bool chat);
 
 /* sabotage and router faults, read once at start (router.c) */
 void rt__read_switches(rt_router *rt);
+/* The X-Spillway-Fault header line of q (its value): opens q's fault
+ * scope when this process honours the header (SPILLWAY_FAULT
+ * fault_header:1) and the value parses; else nothing. */
+void rt__fault_scope_begin(rt_req *q, const char *value);
+/* The end of q: its scope, if any, is closed and published. */
+void rt__fault_scope_end(rt_req *q);
 
 #endif

@@ -57,7 +57,7 @@ double rt__wall_s(void)
 
 void rt__ev_record(rt_router *rt, json_t *ev)
 {
-    char *line = json_dumps(ev, JSON_COMPACT);
+    char *line = sw_json_dumps(ev, JSON_COMPACT);
     if (!line)
         return;
     char path[700];
@@ -122,6 +122,29 @@ void rt__read_switches(rt_router *rt)
             unsetenv("SPILLWAY_FAULT");
         }
     }
+}
+
+void rt__fault_scope_begin(rt_req *q, const char *value)
+{
+    long fail_at;
+    if (q->fault_scoped || !sw_alloc_fault_header_enabled())
+        return;
+    if (!sw_alloc_scope_parse(value, &fail_at)) {
+        SW_WARN("router", "X-Spillway-Fault: '%.80s' ignored (alloc_fail_after:N)", value);
+        return;
+    }
+    sw_alloc_scope_init(&q->fault_scope, fail_at);
+    q->fault_prev = sw_alloc_scope_swap(&q->fault_scope);
+    q->fault_scoped = true;
+}
+
+void rt__fault_scope_end(rt_req *q)
+{
+    if (!q->fault_scoped)
+        return;
+    sw_alloc_scope_swap(q->fault_prev);
+    sw_alloc_scope_publish(&q->fault_scope);
+    q->fault_scoped = false;
 }
 
 static void on_signal(int sig)

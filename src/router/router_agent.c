@@ -269,7 +269,7 @@ static void run_fail(agent_run *a, int status, const char *code, const char *msg
         return;
     q->error_code = code;
     json_t *e = rt__error_obj(status, code, msg, param);
-    char *s = e ? json_dumps(e, JSON_COMPACT) : NULL;
+    char *s = e ? sw_json_dumps(e, JSON_COMPACT) : NULL;
     json_decref(e);
     if (s && sse_event(q, &a->head_sent, s) == 0 && sse_event(q, &a->head_sent, "[DONE]") == 0)
         sse_end(q);
@@ -317,14 +317,14 @@ static void judge_call(const rt_tool_config *t, const char *tool_name, const cha
     /* duplicate keys are refused: the check would judge the last value of
      * a key, and the tool (which gets the text) may well read the first */
     json_error_t jerr;
-    json_t *aj = json_loads(args ? args : "", JSON_REJECT_DUPLICATES, &jerr);
+    json_t *aj = sw_json_loads(args ? args : "", JSON_REJECT_DUPLICATES, &jerr);
     if (!json_is_object(aj)) {
         snprintf(why, cap, "error: the arguments are not a JSON object%s%.200s",
                  aj ? "" : ": ", aj ? "" : jerr.text);
         json_decref(aj);
         return;
     }
-    json_t *schema = json_loads(t->parameters, 0, NULL);
+    json_t *schema = sw_json_loads(t->parameters, 0, NULL);
     sw_error verr;
     sw_error_clear(&verr);
     int rc = schema ? eng_json_validate(schema, aj, &verr) : SW_EUNSUPPORTED;
@@ -513,7 +513,7 @@ static int agent_on_event(rt_req *gen, const char *payload)
     rt_req *q = a->client;
     if (a->ended || !strcmp(payload, "[DONE]"))
         return 0;
-    json_t *j = json_loads(payload, 0, NULL);
+    json_t *j = sw_json_loads(payload, 0, NULL);
     if (!j)
         return 0;
     int rc = 0;
@@ -546,7 +546,7 @@ static int agent_on_event(rt_req *gen, const char *payload)
                             json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta",
                                       "role", "assistant", "content", "", "logprobs",
                                       "finish_reason"));
-        char *rs = role ? json_dumps(role, JSON_COMPACT) : NULL;
+        char *rs = role ? sw_json_dumps(role, JSON_COMPACT) : NULL;
         json_decref(role);
         int saved = q->attempts; /* the header counts this generation's too */
         q->attempts += gen->attempts;
@@ -563,7 +563,7 @@ static int agent_on_event(rt_req *gen, const char *payload)
     json_object_set_new(j, "id", json_string(a->stream_id));
     json_object_set(j, "created", a->created ? a->created : json_null());
     json_object_set(j, "model", a->model ? a->model : json_null());
-    char *out = rc == 0 ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *out = rc == 0 ? sw_json_dumps(j, JSON_COMPACT) : NULL;
     if (rc == 0)
         rc = out && sse_event(q, &a->head_sent, out) == 0 ? 0 : -1;
     free(out);
@@ -698,7 +698,7 @@ static json_t *completion_from_sse(const char *body, size_t len)
             if (pn == 6 && !memcmp(pl, "[DONE]", 6)) {
                 done = true;
             } else {
-                json_t *j = json_loadb(pl, pn, 0, NULL);
+                json_t *j = sw_json_loadb(pl, pn, 0, NULL);
                 if (!j || json_object_get(j, "error") || gather_chunk(j, g))
                     bad = true;
                 if (!bad && !first)
@@ -785,7 +785,7 @@ static void send_as_stream(rt_req *q, json_t *final, bool with_usage)
     for (int i = 0; i < 3 && ok; i++) {
         if (!evs[i])
             continue;
-        char *s = json_dumps(evs[i], JSON_COMPACT);
+        char *s = sw_json_dumps(evs[i], JSON_COMPACT);
         ok = s && sse_event(q, &head, s) == 0;
         free(s);
     }
@@ -828,7 +828,7 @@ static void finish_stream(agent_run *a, json_t *final, bool with_usage)
     for (int i = 0; i < 3 && ok; i++) {
         if (!evs[i])
             continue;
-        char *s = json_dumps(evs[i], JSON_COMPACT);
+        char *s = sw_json_dumps(evs[i], JSON_COMPACT);
         ok = s && sse_event(q, &a->head_sent, s) == 0;
         free(s);
     }
@@ -851,7 +851,7 @@ static void forward(agent_run *a, const rt_capture *c)
         return;
     if (c->status > 0 && c->body && !c->stream) {
         if (a->head_sent) {
-            json_t *j = json_loadb(c->body, c->len, 0, NULL);
+            json_t *j = sw_json_loadb(c->body, c->len, 0, NULL);
             json_t *e = json_object_get(j, "error");
             run_fail(a, c->status,
                      json_string_value(json_object_get(e, "code")) ?: "worker_failed",
@@ -882,7 +882,7 @@ static void forward(agent_run *a, const rt_capture *c)
         }
         p = sep + 2;
     }
-    json_t *j = ev ? json_loadb(ev, ev_len, 0, NULL) : NULL;
+    json_t *j = ev ? sw_json_loadb(ev, ev_len, 0, NULL) : NULL;
     json_t *e = json_object_get(j, "error");
     const char *code = json_string_value(json_object_get(e, "code"));
     char cbuf[64];
@@ -893,7 +893,7 @@ static void forward(agent_run *a, const rt_capture *c)
     json_decref(j);
     if (!a->head_sent) {
         json_t *eo = rt__error_obj(503, cbuf, mbuf, NULL);
-        char *s = eo ? json_dumps(eo, JSON_COMPACT) : NULL;
+        char *s = eo ? sw_json_dumps(eo, JSON_COMPACT) : NULL;
         json_decref(eo);
         char ra[48];
         rt__retry_after(q->rt, ra, sizeof ra);
@@ -1033,7 +1033,7 @@ void rt__handle_agent(rt_req *q, json_t *body)
     for (int i = 0; i < cfg->n_tools; i++) {
         if (!allowed[i])
             continue;
-        json_t *params = json_loads(cfg->tools[i].parameters, 0, NULL);
+        json_t *params = sw_json_loads(cfg->tools[i].parameters, 0, NULL);
         json_array_append_new(
             tools, json_pack("{s:s, s:{s:s, s:s, s:o}}", "type", "function", "function", "name",
                              cfg->tools[i].name, "description", cfg->tools[i].description,
@@ -1086,7 +1086,7 @@ run:
             json_object_set(b, "tool_choice", choice);
         else
             json_object_set_new(b, "tool_choice", json_string("auto"));
-        char *bs = json_dumps(b, JSON_COMPACT);
+        char *bs = sw_json_dumps(b, JSON_COMPACT);
         json_decref(b);
         if (!bs) {
             run_fail(&a, 500, "internal_error", "out of memory", NULL, NULL);
@@ -1165,7 +1165,7 @@ run:
             resp = iq.completed && !iq.cap.overflow ? completion_from_sse(iq.cap.body, iq.cap.len)
                                                     : NULL;
         else if (iq.cap.status == 200)
-            resp = json_loadb(iq.cap.body, iq.cap.len, 0, NULL);
+            resp = sw_json_loadb(iq.cap.body, iq.cap.len, 0, NULL);
         if (!resp && (iq.cap.status != 200 || iq.cap.stream)) {
             forward(&a, &iq.cap);
             rt__capture_free(&iq.cap);
@@ -1254,7 +1254,7 @@ run:
         } else if (stream) {
             send_as_stream(q, final, stream_usage);
         } else {
-            char *s = json_dumps(final, JSON_COMPACT);
+            char *s = sw_json_dumps(final, JSON_COMPACT);
             if (s) {
                 rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
                 q->completed = true;

@@ -80,6 +80,30 @@ static fail_kind classify_error(json_t *err, rt_relay *r)
     return FAIL_CRASH;
 }
 
+/* Whether a chat chunk holds anything besides its delta's role: text, a
+ * tool call, a finish reason, usage or token ids. */
+static bool event_says_more(json_t *j, json_t *choice, json_t *delta)
+{
+    json_t *content = json_object_get(delta, "content");
+    json_t *finish = json_object_get(choice, "finish_reason");
+    return (json_is_string(content) && json_string_length(content) > 0) ||
+           json_array_size(json_object_get(delta, "tool_calls")) > 0 ||
+           (finish && !json_is_null(finish)) || json_is_object(json_object_get(j, "usage")) ||
+           json_array_size(json_object_get(json_object_get(j, "spillway"), "token_ids")) > 0;
+}
+
+/* The router ran out of memory relaying a stream (its own memory, not the
+ * worker's fault): the stream ends here with the error, and nothing is
+ * retried (a resume from what the router could not keep would not be the
+ * same stream). */
+static fail_kind stream_out_of_memory(rt_relay *r, json_t *j, bool *done)
+{
+    json_decref(j);
+    rt_sink_stream_error(r, NULL);
+    *done = true;
+    return FAIL_CLIENT_GONE;
+}
+
 /* Relays one SSE payload; returns FAIL_NONE to go on, or how it ended. */
 static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
 {
@@ -90,7 +114,10 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
         r->finished = true;
         return FAIL_NONE;
     }
-    json_t *j = json_loads(payload, 0, NULL);
+    json_error_t jerr;
+    json_t *j = sw_json_loads(payload, 0, &jerr);
+    if (!j && sw_json_error_oom(&jerr))
+        return stream_out_of_memory(r, NULL, done);
     if (!j)
         return FAIL_CRASH;
     fail_kind fk = FAIL_NONE;
@@ -113,16 +140,26 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     }
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
     json_t *delta = json_object_get(choice, "delta");
+    bool role_dropped = false;
     if (r->chat && json_object_get(delta, "role")) {
         if (r->role_sent) {
-            json_decref(j);
-            return FAIL_NONE;
+            /* the client has the role already: a resumed worker's first
+             * chunk says it again (and nothing else: dropped), and some
+             * engines (Ollama) say it in every chunk, whose text must
+             * still go through */
+            json_object_del(delta, "role");
+            if (!event_says_more(j, choice, delta)) {
+                json_decref(j);
+                return FAIL_NONE;
+            }
+            role_dropped = true;
+        } else {
+            r->role_sent = true;
         }
-        r->role_sent = true;
     }
     json_t *sp = json_object_get(j, "spillway");
     json_t *usage = json_object_get(j, "usage");
-    char *rewritten = NULL;
+    char *rewritten = role_dropped ? sw_json_dumps(j, JSON_COMPACT) : NULL;
     if (json_is_object(usage) && r->resume_base > 0) {
         /* a resumed worker counts only its new tokens */
         json_int_t base = (json_int_t)r->resume_base;
@@ -130,8 +167,13 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
                             json_integer(json_integer_value(json_object_get(usage, "completion_tokens")) + base));
         json_object_set_new(usage, "total_tokens",
                             json_integer(json_integer_value(json_object_get(usage, "total_tokens")) + base));
-        rewritten = json_dumps(j, JSON_COMPACT);
+        free(rewritten);
+        rewritten = sw_json_dumps(j, JSON_COMPACT);
+        if (!rewritten)
+            return stream_out_of_memory(r, j, done);
     }
+    if (role_dropped && !rewritten)
+        return stream_out_of_memory(r, j, done);
     int sent = rt_sink_event(r, rewritten ? rewritten : payload);
     free(rewritten);
     if (sent) {
@@ -156,8 +198,8 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
         if (r->n_tokens == r->cap_tokens) {
             size_t nc = r->cap_tokens ? r->cap_tokens * 2 : 256;
             int32_t *nt = sw_realloc(r->tokens, nc * sizeof *nt);
-            if (!nt)
-                break;
+            if (!nt) /* a resume would miss this token */
+                return stream_out_of_memory(r, j, done);
             r->tokens = nt;
             r->cap_tokens = nc;
         }
@@ -221,6 +263,14 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         fk = FAIL_CRASH;
         goto out;
     }
+    if (c.status < 200 || c.status > 599) {
+        /* no final HTTP status (a 1xx, which nothing here asked for, or no
+         * number at all): a broken worker, whose answer is never relayed
+         * to the client as one */
+        snprintf(r->phase, sizeof r->phase, "before_response");
+        fk = FAIL_CRASH;
+        goto out;
+    }
     if (c.status != 200 || !r->stream) {
         char *resp = NULL;
         size_t len = 0;
@@ -240,7 +290,7 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
                 sw_free(resp);
                 goto out;
             }
-            json_t *j = json_loads(resp, 0, NULL);
+            json_t *j = sw_json_loads(resp, 0, NULL);
             fk = classify_error(json_object_get(j, "error"), r);
             json_decref(j);
             sw_free(resp);
@@ -249,12 +299,12 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         if (r->headers_sent) {
             /* a resumed stream refused with a 4xx: the client already has
              * a stream, so the error ends it as an event (never retried) */
-            json_t *j = json_loads(resp, 0, NULL);
-            char *e = j && json_object_get(j, "error") ? json_dumps(j, JSON_COMPACT) : NULL;
+            json_t *j = sw_json_loads(resp, 0, NULL);
+            char *e = j && json_object_get(j, "error") ? sw_json_dumps(j, JSON_COMPACT) : NULL;
             json_decref(j);
             if (!e) {
                 json_t *eo = rt__error_obj(500, "worker_failed", "the worker refused the resume", NULL);
-                e = json_dumps(eo, JSON_COMPACT);
+                e = sw_json_dumps(eo, JSON_COMPACT);
                 json_decref(eo);
             }
             if (e && (rt_sink_event(r, e) || rt_sink_event(r, "[DONE]") || rt_sink_chunk(r, "", 0)))

@@ -277,11 +277,17 @@ void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
 {
     q->error_code = code; /* static strings only */
     json_t *e = rt__error_obj(status, code, msg, param);
-    char *s = json_dumps(e, JSON_COMPACT);
+    char *s = sw_json_dumps(e, JSON_COMPACT);
     json_decref(e);
     if (s) {
         rt__send_response(q, status, "application/json", extra, s, strlen(s));
         free(s);
+    } else { /* out of memory: the same answer, a fixed message (code is an identifier) */
+        char b[256];
+        int n = snprintf(b, sizeof b, "{\"error\":{\"message\":\"out of memory\",\"type\":\"%s\","
+                         "\"code\":\"%s\"}}", status < 500 ? "invalid_request_error" : "server_error", code);
+        if (n > 0 && (size_t)n < sizeof b)
+            rt__send_response(q, status, "application/json", extra, b, (size_t)n);
     }
 }
 
@@ -312,7 +318,7 @@ static void handle_health(rt_req *q)
     if (sb->no_restart) json_array_append_new(sab, json_string("no-restart"));
     if (sb->no_deadline) json_array_append_new(sab, json_string("no-deadline"));
     json_object_set_new(h, "sabotage", sab);
-    char *s = json_dumps(h, JSON_COMPACT);
+    char *s = sw_json_dumps(h, JSON_COMPACT);
     json_decref(h);
     if (s)
         rt__send_response(q, ready ? 200 : 503, "application/json", NULL, s, strlen(s));
@@ -326,13 +332,13 @@ static void handle_events(rt_req *q)
     pthread_mutex_lock(&rt->mu);
     for (int i = 0; i < rt->n_events; i++) {
         int idx = (rt->next_event - rt->n_events + i + RT_EVENTS) % RT_EVENTS;
-        json_t *e = json_loads(rt->events[idx], 0, NULL);
+        json_t *e = sw_json_loads(rt->events[idx], 0, NULL);
         if (e)
             json_array_append_new(arr, e);
     }
     pthread_mutex_unlock(&rt->mu);
     json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", arr);
-    char *s = json_dumps(o, JSON_COMPACT);
+    char *s = sw_json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (s)
         rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
@@ -483,6 +489,7 @@ static void handle_metrics(rt_req *q)
         "spillway_router_ledger_rows_deleted_total %llu\n",
         (unsigned long long)rt->ledger_swept);
     metrics_queue(rt, b, &n, cap);
+    n += sw_alloc_scope_metrics(b + n, cap - n); /* X-Spillway-Fault tests; usually nothing */
     OUT("# TYPE spillway_router_idempotent_replays_total counter\n"
         "spillway_router_idempotent_replays_total %llu\n",
         (unsigned long long)rt->idem_replays);
@@ -829,6 +836,8 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             q.deadline_ms = strtoll(val, NULL, 10);
         else if (nl == 26 && !strncasecmp(line, "X-Spillway-Job-Deadline-Ms", 26))
             q.job_deadline_ms = strtoll(val, NULL, 10);
+        else if (nl == 16 && !strncasecmp(line, "X-Spillway-Fault", 16))
+            rt__fault_scope_begin(&q, val); /* tests only (router.c) */
         else if (nl == 6 && !strncasecmp(line, "Prefer", 6))
             q.prefer_async = q.prefer_async || prefers_async(val);
         else if (nl == 6 && !strncasecmp(line, "Expect", 6)) {
@@ -917,8 +926,11 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         goto done;
     }
     q.body = sw_malloc((size_t)content_length + 1);
-    if (!q.body)
+    if (!q.body) {
+        q.keep_alive = false; /* the body is left unread */
+        rt__send_error(&q, 500, "internal_error", "out of memory", NULL, NULL);
         goto done;
+    }
     size_t have = hl - head_len;
     if (have > (size_t)content_length)
         have = (size_t)content_length;
@@ -994,6 +1006,7 @@ done:
     again = again && q.keep_alive && !q.write_failed;
     *bl = again ? hl : 0;
     sw_free(q.body);
+    rt__fault_scope_end(&q);
     return again;
 }
 

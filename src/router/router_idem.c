@@ -29,7 +29,7 @@ static void send_stored(rt_req *q, const ldg_stored *s)
          * queued by Prefer: respond-async): its headers again, from the
          * job id in the stored body, so a retry is told the same thing. */
         char extra[256] = "X-Spillway-Idempotent-Replay: true\r\n";
-        json_t *o = s->status == 202 ? json_loadb(s->body, s->body_len, 0, NULL) : NULL;
+        json_t *o = s->status == 202 ? sw_json_loadb(s->body, s->body_len, 0, NULL) : NULL;
         const char *id = json_string_value(json_object_get(o, "id"));
         if (id && strlen(id) < 64) {
             bool generation = strcmp(q->path, "/v1/spillway/jobs") != 0;

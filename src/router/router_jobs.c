@@ -124,7 +124,7 @@ static json_t *error_json(const char *code, const char *msg)
  * ledger and runs again at the next start. */
 static bool finish(rt_router *rt, const char *id, bool ok, const char *response, json_t *error)
 {
-    char *es = error ? json_dumps(error, JSON_COMPACT) : NULL;
+    char *es = error ? sw_json_dumps(error, JSON_COMPACT) : NULL;
     sw_error err;
     sw_error_clear(&err);
     bool written = false;
@@ -210,7 +210,7 @@ static void run_job(rt_router *rt, const char *id)
         int attempts = 0;
         rt__generate_capture(rt, id, chat, j.request, strlen(j.request), deadline, &ticket, &c,
                              &attempts);
-        json_t *resp = c.body ? json_loadb(c.body, c.len, 0, NULL) : NULL;
+        json_t *resp = c.body ? sw_json_loadb(c.body, c.len, 0, NULL) : NULL;
         const char *code =
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
         bool busy = c.status == 503 && code &&
@@ -379,7 +379,7 @@ bool rt__jobs_stop(rt_router *rt)
 
 static void send_json(rt_req *q, int status, json_t *j, const char *extra)
 {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = j ? sw_json_dumps(j, JSON_COMPACT) : NULL;
     if (s)
         rt__send_response(q, status, "application/json", extra, s, strlen(s));
     else
@@ -412,12 +412,12 @@ static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t 
     for (size_t i = 0; i < sizeof rnd; i++)
         n += snprintf(j.id + n, sizeof j.id - (size_t)n, "%02x", rnd[i]);
     snprintf(j.endpoint, sizeof j.endpoint, "%s", endpoint);
-    j.request = json_dumps(request, JSON_COMPACT);
+    j.request = sw_json_dumps(request, JSON_COMPACT);
     j.deadline_ms = deadline_ms;
     j.created = rt__wall_s();
     json_t *o = json_pack("{s:s, s:s, s:s, s:I}", "id", j.id, "object", "spillway.job", "state",
                           "queued", "created", (json_int_t)j.created);
-    char *answer = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *answer = o ? sw_json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     int rc = -1;
     if (!j.request || !answer) {
@@ -443,12 +443,14 @@ static void jobs_post(rt_req *q, bool unused)
 {
     (void)unused;
     json_error_t je;
-    json_t *body = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &je);
+    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &je);
     json_t *request = json_object_get(body, "request");
     json_t *ep = json_object_get(body, "endpoint");
     json_t *dl = json_object_get(body, "deadline_ms");
     const char *endpoint = ep ? json_string_value(ep) : "chat";
-    if (!json_is_object(body)) {
+    if (!body && sw_json_error_oom(&je)) {
+        rt__send_error(q, 500, "internal_error", "out of memory reading the body", NULL, NULL);
+    } else if (!json_is_object(body)) {
         rt__send_error(q, 400, body ? "invalid_request" : "invalid_json",
                        body ? "the body must be a JSON object" : je.text, NULL, NULL);
     } else if (!endpoint || (strcmp(endpoint, "chat") && strcmp(endpoint, "completions"))) {
@@ -481,7 +483,7 @@ int rt__jobs_accept_async(rt_req *q, bool chat)
     rt_router *rt = q->rt;
     if (!rt->ledger || !rt->jobs || q->fd < 0 || q->responded)
         return -1;
-    json_t *request = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *request = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, NULL);
     if (!json_is_object(request)) {
         json_decref(request);
         return -1;
@@ -532,12 +534,12 @@ static void jobs_get(rt_req *q, const char *id)
     if (j.deadline_ms >= 0)
         json_object_set_new(o, "deadline_ms", json_integer((json_int_t)j.deadline_ms));
     if (j.state == LDG_JOB_SUCCEEDED && j.response) {
-        json_t *r = json_loads(j.response, 0, NULL);
+        json_t *r = sw_json_loads(j.response, 0, NULL);
         if (r)
             json_object_set_new(o, "response", r);
     }
     if (j.state == LDG_JOB_FAILED && j.error) {
-        json_t *e = json_loads(j.error, 0, NULL);
+        json_t *e = sw_json_loads(j.error, 0, NULL);
         if (e)
             json_object_set_new(o, "error", e);
     }

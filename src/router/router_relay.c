@@ -113,7 +113,8 @@ void rt__retry_after(rt_router *rt, char *buf, size_t cap)
 /* The client's body text with "seed": seed as its first member (the
  * body is an object without a top-level seed: generate checked), so the
  * first attempt needs no serialization of the parsed body; NULL when the
- * text does not start as an object. malloc'd, like json_dumps's. */
+ * text does not start as an object. From sw_malloc, so free() frees it,
+ * like json_dumps's. */
 static char *splice_seed(const char *text, size_t len, json_int_t seed)
 {
     size_t i = 0;
@@ -133,7 +134,7 @@ static char *splice_seed(const char *text, size_t len, json_int_t seed)
     if (!empty)
         SW_TB_LIT(&t, ",");
     size_t rest = len - (i + 1);
-    char *out = malloc(t.len + rest + 1);
+    char *out = sw_malloc(t.len + rest + 1);
     if (!out)
         return NULL;
     memcpy(out, head, t.len);
@@ -150,7 +151,7 @@ static char *attempt_body(const rt_req *q, json_t *body, const rt_relay *r, long
     bool resume = r->stream && r->n_tokens > 0;
     bool text = !resume && q->body && !q->body_edited;
     if (text && !seed_added)
-        return strdup(q->body);
+        return sw_strdup(q->body);
     if (text) {
         char *s = splice_seed(q->body, q->body_len,
                               json_integer_value(json_object_get(body, "seed")));
@@ -173,7 +174,7 @@ static char *attempt_body(const rt_req *q, json_t *body, const rt_relay *r, long
         if (max_tokens >= 0)
             json_object_set_new(b, "max_tokens", json_integer(remaining < 0 ? 0 : remaining));
     }
-    char *s = json_dumps(b, JSON_COMPACT);
+    char *s = sw_json_dumps(b, JSON_COMPACT);
     json_decref(b);
     return s;
 }
@@ -387,7 +388,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
         char *bs = attempt_body(q, body, &r, max_tokens, remaining, seed_added);
         if (!bs) {
             rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, NULL);
-            rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+            if (r.headers_sent) /* a stream began: it ends with the error */
+                rt_sink_stream_error(&r, NULL);
+            else
+                rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
             break;
         }
         r.resume_base = r.stream ? r.n_tokens : 0;
@@ -529,7 +533,11 @@ static json_t *parse_body(rt_req *q)
         return NULL;
     }
     json_error_t jerr;
-    json_t *body = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!body && sw_json_error_oom(&jerr)) {
+        rt__send_error(q, 500, "internal_error", "out of memory reading the body", NULL, NULL);
+        return NULL;
+    }
     if (!body || !json_is_object(body)) {
         count(rt, &rt->rejected_bad);
         rt__send_error(q, 400, body ? "invalid_request" : "invalid_json",
@@ -606,7 +614,7 @@ void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, cons
     if (!q.cap.status && !q.cap.overflow) {
         /* nothing was answered (out of memory): a server error */
         json_t *e = rt__error_obj(500, "internal_error", "the request produced no response", NULL);
-        char *s = json_dumps(e, JSON_COMPACT);
+        char *s = sw_json_dumps(e, JSON_COMPACT);
         json_decref(e);
         q.cap.status = 500;
         snprintf(q.cap.content_type, sizeof q.cap.content_type, "application/json");

@@ -30,26 +30,31 @@ int rt_sink_event(rt_relay *r, const char *payload)
         r->status = 200;
     }
     size_t len = strlen(payload);
-    char *ev = sw_malloc(len + 9);
-    if (!ev)
-        return -1;
-    memcpy(ev, "data: ", 6);
-    memcpy(ev + 6, payload, len);
-    memcpy(ev + 6 + len, "\n\n", 2);
-    if (q->cap.on)
-        rt__capture_append(&q->cap, ev, len + 8);
+    if (q->cap.on) { /* an overflow (or out of memory) marks it incomplete */
+        rt__capture_append(&q->cap, "data: ", 6);
+        rt__capture_append(&q->cap, payload, len);
+        rt__capture_append(&q->cap, "\n\n", 2);
+    }
     /* an agent run's streamed generation has no client socket: its
      * filter decides what of each event the client sees */
-    int rc = q->on_event ? q->on_event(q, payload) : rt_sink_chunk(r, ev, len + 8);
-    sw_free(ev);
-    return rc;
+    if (q->on_event)
+        return q->on_event(q, payload);
+    /* one chunk, written in pieces: an event costs no allocation, so the
+     * end of a stream that ran out of memory still gets out */
+    char hex[32];
+    int n = snprintf(hex, sizeof hex, "%zx\r\n", len + 8);
+    if (rt__sink_write(q, hex, (size_t)n) || rt__sink_write(q, "data: ", 6) ||
+        rt__sink_write(q, payload, len) || rt__sink_write(q, "\n\n\r\n", 4))
+        return -1;
+    return 0;
 }
 
 void rt_sink_stream_error(rt_relay *r, json_t *error)
 {
-    char *s = json_dumps(error, JSON_COMPACT);
-    if (s)
-        rt_sink_event(r, s);
+    char *s = error ? sw_json_dumps(error, JSON_COMPACT) : NULL;
+    rt_sink_event(r, s ? s
+                       : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                         "\"code\":\"internal_error\"}}");
     free(s);
     rt_sink_event(r, "[DONE]");
     rt_sink_chunk(r, "", 0);

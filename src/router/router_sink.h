@@ -38,7 +38,9 @@ typedef struct rt_relay {
 int rt_sink_event(rt_relay *r, const char *payload);
 /* One chunk of the chunked stream ("" ends it); -1 when the client is gone. */
 int rt_sink_chunk(rt_relay *r, const char *data, size_t len);
-/* Ends a stream with an error event, [DONE] and the last chunk. */
+/* Ends a stream with an error event, [DONE] and the last chunk; error
+ * NULL (or one that cannot be written out) sends internal_error, "out of
+ * memory". */
 void rt_sink_stream_error(rt_relay *r, json_t *error);
 
 #endif

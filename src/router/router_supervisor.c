@@ -170,7 +170,7 @@ static void sup_health(rt_router *rt, rt_worker *w)
     }
     char *body = NULL;
     int st = rn_get(w->address, "/health", 2000, &body);
-    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *j = body ? sw_json_loads(body, 0, NULL) : NULL;
     sw_free(body);
     pthread_mutex_lock(&rt->pool.mu);
     if (st == 200 && j) {

@@ -13,6 +13,7 @@
 #ifndef SPILLWAY_WORKER_IMPL_H
 #define SPILLWAY_WORKER_IMPL_H
 
+#include "common/alloc.h"
 #include "device/device.h"
 #include "engine/chat_template.h"
 #include "engine/constrain.h"
@@ -103,6 +104,14 @@ struct wk_req {
     size_t text_len, text_cap;
     json_t *token_ids;
     json_t *lp;                      /* non-stream logprobs being built */
+    /* an allocation failed while an event of it was handled: the answer
+     * ends with a 500 / an error event (worker_http.c, sse_send) */
+    bool broken;
+    long fail_mark;                  /* sw_alloc_thread_failures() at the event's start */
+    /* X-Spillway-Fault (tests; common/alloc.h): the request's fault
+     * scope, current in each callback of the event loop that serves it */
+    bool fault_scoped;
+    sw_alloc_scope fault_scope;
     /* under wk_server.lock */
     bool cancelled;
 };

@@ -63,10 +63,14 @@ void wk_http_wake(wk_server *s)
 
 /* ---- responses ------------------------------------------------------- */
 
+/* body NULL, or one that cannot be written out, sends the out-of-memory
+ * error instead (a 500, whatever status was meant). */
 static void send_json(struct evhttp_request *evreq, int status, json_t *body, const char *req_id)
 {
     struct evbuffer *buf = evbuffer_new();
-    char *dump = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    char *dump = body ? sw_json_dumps(body, JSON_COMPACT) : NULL;
+    if (!dump && status < 500)
+        status = 500;
     struct evkeyvalq *h = evhttp_request_get_output_headers(evreq);
     evhttp_add_header(h, "Content-Type", "application/json");
     if (req_id)
@@ -315,9 +319,18 @@ static void on_reply_done(struct evhttp_request *evreq, void *arg)
     maybe_finish_drain(s);
 }
 
+/* A stream's chunk, unless the request is broken: an allocation failed
+ * while this event was handled (since r->fail_mark), so the chunk, or
+ * the state it reports, may lack a part. Then nothing more is sent but
+ * the error at the end (stream_finish). */
 static void sse_send(wk_req *r, json_t *chunk)
 {
-    char *dump = chunk ? json_dumps(chunk, JSON_COMPACT) : NULL;
+    char *dump = chunk && !r->broken ? sw_json_dumps(chunk, JSON_COMPACT) : NULL;
+    if (!dump || sw_alloc_thread_failures() != r->fail_mark) {
+        r->broken = true;
+        free(dump);
+        return;
+    }
     struct evbuffer *b = evbuffer_new();
     if (b && dump) {
         evbuffer_add_printf(b, "data: %s\n\n", dump);
@@ -329,7 +342,8 @@ static void sse_send(wk_req *r, json_t *chunk)
     free(dump);
 }
 
-static void sse_raw(wk_req *r, const char *text)
+/* Writes text as it is (allocating nothing of ours). */
+static void sse_write(wk_req *r, const char *text)
 {
     struct evbuffer *b = evbuffer_new();
     if (!b)
@@ -338,6 +352,16 @@ static void sse_raw(wk_req *r, const char *text)
     if (!r->detached)
         evhttp_send_reply_chunk(r->evreq, b);
     evbuffer_free(b);
+}
+
+/* The end of a stream: [DONE], after the error event of a broken one. */
+static void stream_finish(wk_req *r)
+{
+    if (r->broken)
+        sse_write(r, "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                     "\"code\":\"internal_error\",\"param\":null}}\n\n");
+    sse_write(r, "data: [DONE]\n\n");
+    evhttp_send_reply_end(r->evreq);
 }
 
 static json_t *chunk_base(wk_server *s, wk_req *r)
@@ -577,8 +601,7 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
             sse_send(r, c);
             json_decref(c);
         }
-        sse_raw(r, "data: [DONE]\n\n");
-        evhttp_send_reply_end(r->evreq);
+        stream_finish(r);
     } else {
         /* a reply that is a call has no content (OpenAI: null) */
         json_t *text = calls ? json_null() : json_text(r->text ? r->text : "", r->text_len);
@@ -596,7 +619,8 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
                                  r->chat ? "chat.completion" : "text_completion", "created",
                                  (json_int_t)r->created, "model", s->model_id, "choices", choice,
                                  "usage", usage_of(r, ev->n_generated), "spillway", ext);
-        send_json(r->evreq, 200, body, r->id);
+        bool whole = !r->broken && sw_alloc_thread_failures() == r->fail_mark;
+        send_json(r->evreq, 200, whole ? body : NULL, r->id);
         json_decref(body);
     }
     json_decref(ext);
@@ -607,12 +631,39 @@ static void handle_error(wk_server *s, wk_req *r, const wk_event *ev)
     json_t *body = error_object(ev->type, ev->code, ev->message, NULL, ev->extra);
     if (r->stream && r->started) {
         sse_send(r, body);
-        sse_raw(r, "data: [DONE]\n\n");
-        evhttp_send_reply_end(r->evreq);
+        stream_finish(r);
     } else {
-        send_json(r->evreq, ev->http_status, body, r->id);
+        bool whole = sw_alloc_thread_failures() == r->fail_mark;
+        send_json(r->evreq, ev->http_status, whole ? body : NULL, r->id);
     }
     json_decref(body);
+}
+
+/* X-Spillway-Fault (tests only; common/alloc.h): when this worker honours
+ * it (SPILLWAY_FAULT fault_header:1) and the request carries one that
+ * parses, scope is opened and made current (the previous one into
+ * *prev); false otherwise. */
+static bool fault_scope_open(struct evhttp_request *evreq, sw_alloc_scope *scope,
+                             sw_alloc_scope **prev)
+{
+    long fail_at;
+    if (!sw_alloc_fault_header_enabled())
+        return false;
+    const char *v =
+        evhttp_find_header(evhttp_request_get_input_headers(evreq), "X-Spillway-Fault");
+    if (!v || !sw_alloc_scope_parse(v, &fail_at))
+        return false;
+    sw_alloc_scope_init(scope, fail_at);
+    *prev = sw_alloc_scope_swap(scope);
+    return true;
+}
+
+/* The end of a scoped request's work: the thread's scope back, the count
+ * published. */
+static void fault_scope_close(sw_alloc_scope *scope, sw_alloc_scope *prev)
+{
+    sw_alloc_scope_swap(prev);
+    sw_alloc_scope_publish(scope);
 }
 
 static void on_pipe(evutil_socket_t fd, short what, void *arg)
@@ -630,6 +681,8 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
         next = ev->next;
         wk_req *r = ev->req;
         bool final = ev->kind == WK_EV_DONE || ev->kind == WK_EV_ERROR;
+        sw_alloc_scope *fault_prev = r->fault_scoped ? sw_alloc_scope_swap(&r->fault_scope) : NULL;
+        r->fail_mark = sw_alloc_thread_failures();
         if (final && evhttp_request_get_connection(r->evreq)) {
             evhttp_connection_set_closecb(evhttp_request_get_connection(r->evreq), NULL, NULL);
             if (!r->detached) {
@@ -656,6 +709,18 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
             case WK_EV_DONE: handle_done(s, r, ev); break;
             case WK_EV_ERROR: handle_error(s, r, ev); break;
             }
+            /* a part of the answer was lost (a token id, text, a chunk):
+             * the rest is not worth generating; the end says so */
+            if (!r->broken && sw_alloc_thread_failures() != r->fail_mark)
+                r->broken = true;
+            if (r->broken && !final)
+                wk_engine_cancel(s, r);
+        }
+        if (r->fault_scoped) {
+            if (final)
+                fault_scope_close(&r->fault_scope, fault_prev);
+            else
+                sw_alloc_scope_swap(fault_prev);
         }
         if (final) {
             live_remove(s, r);
@@ -817,6 +882,9 @@ static void handle_metrics(wk_server *s, struct evhttp_request *evreq)
         (unsigned long long)s->generated_tokens_total, s->kv_used_bytes, s->slots_active,
         s->n_seqs, s->n_queued, s->dev && s->state != WK_LOADING ? dev_is_simulated(s->dev) : 0);
     pthread_mutex_unlock(&s->lock);
+    char fault_lines[256]; /* X-Spillway-Fault tests; usually nothing */
+    if (sw_alloc_scope_metrics(fault_lines, sizeof fault_lines))
+        evbuffer_add(b, fault_lines, strlen(fault_lines));
     evhttp_add_header(evhttp_request_get_output_headers(evreq), "Content-Type",
                       "text/plain; version=0.0.4");
     evhttp_send_reply(evreq, 200, "OK", b);
@@ -839,8 +907,15 @@ static json_t *read_body(wk_server *s, struct evhttp_request *evreq, const char 
     }
     unsigned char *data = evbuffer_pullup(in, (ev_ssize_t)len);
     json_error_t jerr;
-    json_t *body = json_loadb((const char *)data, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!body)
+    json_t *body = NULL;
+    bool oom = !data && len > 0; /* the pull-up into one piece failed */
+    if (!oom) {
+        body = sw_json_loadb((const char *)data, len, JSON_REJECT_DUPLICATES, &jerr);
+        oom = !body && sw_json_error_oom(&jerr);
+    }
+    if (oom)
+        send_error(evreq, 500, "internal_error", NULL, req_id, "out of memory reading the body");
+    else if (!body)
         send_error(evreq, 400, "invalid_json", NULL, req_id, "the body is not valid JSON: %s",
                    jerr.text);
     return body;
@@ -881,6 +956,12 @@ static void handle_tokenize(wk_server *s, struct evhttp_request *evreq)
 
 static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool chat)
 {
+    sw_alloc_scope fault, *fault_prev = NULL;
+    bool scoped = fault_scope_open(evreq, &fault, &fault_prev);
+    /* jansson and the prompt's rendering can lose memory without saying
+     * so (a key left out, a byte dropped): any failed allocation from
+     * here to the submit makes it a 500, never another request's answer */
+    long failures_before = sw_alloc_thread_failures();
     wk_req *r = sw_calloc(1, sizeof *r);
     const char *hdr_id = evhttp_find_header(evhttp_request_get_input_headers(evreq),
                                             "X-Request-Id");
@@ -900,13 +981,21 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
                  (unsigned long long)s->next_id);
     if (!r) {
         send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
+        if (scoped)
+            fault_scope_close(&fault, fault_prev);
         return;
+    }
+    if (scoped) { /* the count goes on in the request, which outlives this call */
+        r->fault_scope = fault;
+        r->fault_scoped = true;
+        sw_alloc_scope_swap(&r->fault_scope);
     }
     snprintf(r->id, sizeof r->id, "%s", id);
     if (!(body = read_body(s, evreq, id)))
         goto fail_quiet;
     memset(&p, 0, sizeof p);
-    if (!wk__parse_request(s, body, chat, r, &p)) {
+    bool parsed = wk__parse_request(s, body, chat, r, &p);
+    if (!parsed && sw_alloc_thread_failures() == failures_before) {
         send_error(evreq, p.status ? p.status : 400, p.code ? p.code : "invalid_request", p.param,
                    id, "%s", p.msg);
         goto fail_quiet;
@@ -918,6 +1007,10 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
                         : NULL;
     r->created = (int64_t)time(NULL);
     r->evreq = evreq;
+    if (!parsed || sw_alloc_thread_failures() != failures_before) {
+        send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
+        goto fail_quiet;
+    }
     if (wk_engine_submit(s, r)) {
         send_error(evreq, 503, "capacity_exceeded", NULL, id,
                    "the worker's queue is full (%d requests waiting)", s->o.max_queue);
@@ -925,9 +1018,13 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     }
     live_add(s, r);
     evhttp_connection_set_closecb(evhttp_request_get_connection(evreq), on_conn_close, r);
+    if (scoped)
+        sw_alloc_scope_swap(fault_prev); /* on_pipe makes it current again */
     return;
 fail_quiet:
     json_decref(body);
+    if (scoped)
+        fault_scope_close(&r->fault_scope, fault_prev);
     wk_req_free(r);
 }
 

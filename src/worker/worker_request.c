@@ -295,11 +295,11 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
             } else if (wk__tool_known(r, json_string_value(name))) {
                 ok = bad(p, "tools", "tools[%zu]: the name '%s' is used twice", i,
                          json_string_value(name));
-            } else if (!(r->tool_names[r->n_tools] = sw_strdup(json_string_value(name))) ||
-                       !(defs[i] = json_dumps(t, JSON_COMPACT))) {
+            } else if (!(r->tool_names[r->n_tools] = sw_strdup(json_string_value(name)))) {
                 ok = bad(p, NULL, "out of memory");
+            } else if (r->n_tools++, !(defs[i] = sw_json_dumps(t, JSON_COMPACT))) {
+                ok = bad(p, NULL, "out of memory"); /* the name is freed with r */
             } else {
-                r->n_tools++;
                 gt[i].name = json_string_value(name);
                 gt[i].parameters = json_is_object(params) ? params : NULL;
                 text_len += strlen(defs[i]) + 1;

@@ -123,14 +123,14 @@ static json_t *tool_call_object(const wk_req *r, size_t index, const char *name,
  * 3) "parameters"} naming an offered tool; NULL otherwise. */
 static json_t *auto_call_from(const wk_req *r, size_t index, const char *p, size_t n)
 {
-    json_t *v = json_loadb(p, n, 0, NULL);
+    json_t *v = sw_json_loadb(p, n, 0, NULL);
     json_t *out = NULL;
     const char *name = json_string_value(json_object_get(v, "name"));
     json_t *args = json_object_get(v, "arguments");
     if (!args)
         args = json_object_get(v, "parameters");
     if (json_is_string(args)) {
-        json_t *parsed = json_loads(json_string_value(args), 0, NULL);
+        json_t *parsed = sw_json_loads(json_string_value(args), 0, NULL);
         if (json_is_object(parsed)) {
             json_object_set_new(v, "arguments", parsed);
             args = parsed;
@@ -139,7 +139,7 @@ static json_t *auto_call_from(const wk_req *r, size_t index, const char *p, size
         }
     }
     if (name && wk__tool_known(r, name) && json_is_object(args)) {
-        char *text = json_dumps(args, JSON_COMPACT);
+        char *text = sw_json_dumps(args, JSON_COMPACT);
         if (text)
             out = tool_call_object(r, index, name, json_string(text));
         free(text);
@@ -201,7 +201,7 @@ json_t *wk__forced_calls(const wk_req *r)
     size_t start = wk__forced_args_start(r->text, r->text_len, name, sizeof name);
     if (!start || r->text_len < start + 2 || r->text[r->text_len - 1] != '}')
         return NULL;
-    json_t *whole = json_loadb(r->text, r->text_len, 0, NULL);
+    json_t *whole = sw_json_loadb(r->text, r->text_len, 0, NULL);
     bool ok = json_is_object(json_object_get(whole, "arguments"));
     json_decref(whole);
     if (!ok)

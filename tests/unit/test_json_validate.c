@@ -73,11 +73,31 @@ static const vcase g_cases[] = {
     {"true", "[1,{\"a\":null}]", SW_OK, NULL},
     {"{\"type\":\"object\",\"properties\":{\"a\":false}}", "{\"a\":1}", SW_EINVAL, "(at #/a)"},
     /* outside the subset: not judged */
-    {"{\"type\":\"string\",\"pattern\":\"^a\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
-    {"{\"type\":\"integer\",\"minimum\":3}", "1", SW_EUNSUPPORTED, NULL},
-    {"{\"type\":\"array\",\"uniqueItems\":true}", "[1,1]", SW_EUNSUPPORTED, NULL},
+    {"{\"type\":\"string\",\"pattern\":\"^a\"}", "\"b\"", SW_EINVAL, "'pattern' (at #)"},
+    {"{\"type\":\"string\",\"pattern\":\"^a\"}", "\"ab\"", SW_OK, NULL},
+    {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "\"aa\"", SW_EUNSUPPORTED, NULL},
+    {"{\"type\":\"string\",\"format\":\"email\"}", "\"b\"", SW_EINVAL, "'format' (at #)"},
+    {"{\"type\":\"string\",\"format\":\"email\"}", "\"a@b.c\"", SW_OK, NULL},
+    {"{\"format\":\"date\"}", "12", SW_OK, NULL}, /* formats constrain strings only */
+    {"{\"format\":\"hostname\"}", "\"a.b\"", SW_OK, NULL},
+    {"{\"type\":\"string\",\"format\":\"idn-hostname\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
+    {"{\"type\":\"string\",\"format\":\"x-custom\"}", "\"b\"", SW_OK, NULL}, /* annotation */
+    {"{\"$ref\":\"https://example.com/s.json\"}", "1", SW_EUNSUPPORTED, NULL},
+    /* judged exactly */
+    {"{\"type\":\"integer\",\"minimum\":3}", "1", SW_EINVAL, "minimum"},
+    {"{\"type\":\"integer\",\"exclusiveMaximum\":3}", "3", SW_EINVAL, "maximum"},
+    {"{\"type\":\"array\",\"uniqueItems\":true}", "[1,1.0]", SW_EINVAL, "unique"},
+    {"{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", "3", SW_EINVAL, "more than one"},
+    {"{\"not\":{\"type\":\"string\"}}", "\"s\"", SW_EINVAL, "not"},
+    {"{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"properties\":{\"a\":{\"$ref\":"
+     "\"#/$defs/n\"}}}", "{\"a\":\"x\"}", SW_EINVAL, "(at #/a)"},
+    {"{\"allOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}", "{\"a\":1}", SW_EINVAL,
+     "'b'"},
+    {"{\"x-vendor\":1,\"id\":\"s\",\"type\":\"integer\"}", "1", SW_OK, NULL},
     {"{\"type\":\"frobnicate\"}", "1", SW_EUNSUPPORTED, NULL},
-    {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[1]", SW_EUNSUPPORTED, NULL},
+    /* items as an array: a tuple (draft 7's meaning) */
+    {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[1,\"x\"]", SW_OK, NULL},
+    {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[\"x\"]", SW_EINVAL, "#/0"},
     /* ignored annotations */
     {"{\"type\":\"string\",\"description\":\"d\",\"title\":\"t\",\"default\":\"x\"}", "\"y\"",
      SW_OK, NULL},
@@ -111,14 +131,14 @@ static void test_deep_schema(void **state)
 {
     (void)state;
     char s[4096] = "", v[1024] = "";
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(s, "{\"type\":\"array\",\"items\":");
     strcat(s, "true");
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(s, "}");
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(v, "[");
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 80; i++)
         strcat(v, "]");
     json_t *sj = json_loads(s, 0, NULL), *vj = json_loads(v, 0, NULL);
     assert_non_null(sj);

@@ -436,8 +436,8 @@ static void test_bad_requests(void **state)
                "invalid_request", "tool_choice");
     expect_400(chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
                      "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
-                     "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":"
-                     "\"email\"}}}}}],\"tool_choice\":\"required\"}",
+                     "\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+                     "\"unevaluatedProperties\":false}}}}}],\"tool_choice\":\"required\"}",
                "unsupported_schema", "tools");
     expect_400(chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
                      "{\"type\":\"xml\"}}",
@@ -447,7 +447,7 @@ static void test_bad_requests(void **state)
                "invalid_request", "response_format");
     expect_400(chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
                      "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
-                     "{\"type\":\"string\",\"pattern\":\"a+\"}}}}",
+                     "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}}}}",
                "unsupported_schema", "response_format");
     expect_400(chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":3,"
                      "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"

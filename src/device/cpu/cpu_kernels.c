@@ -13,11 +13,13 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CPU_HAVE_X86 1
+#include <cpuid.h>
 #else
 #define CPU_HAVE_X86 0
 #endif
@@ -160,6 +162,16 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
 #undef CPU_INHERIT
 }
 
+#if CPU_HAVE_X86
+/* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 does not know
+ * "f16c" in __builtin_cpu_supports, and the fuzz build is clang. */
+static bool cpu_has_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+}
+#endif
+
 static void cpu_dispatch_init(void)
 {
     cpu__kernel_table *s = &cpu_tables[CPU_ISA_SCALAR];
@@ -190,8 +202,7 @@ static void cpu_dispatch_init(void)
 
 #if CPU_HAVE_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) {
         memset(&cpu_tables[CPU_ISA_AVX2], 0, sizeof cpu_tables[CPU_ISA_AVX2]);
         cpu__kernels_avx2_init(&cpu_tables[CPU_ISA_AVX2]);
         cpu_table_inherit(&cpu_tables[CPU_ISA_AVX2], s);

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs libFuzzer harnesses for a while each and prints, per harness, the
+# executions, the coverage (cov: edges, ft: features) and the corpus size.
+#
+#   scripts/fuzz-run.sh FUZZ_DIR NAME=SECONDS [NAME=SECONDS ...]
+#
+# FUZZ_DIR is a `make build-fuzz` tree holding fuzz_NAME. Each harness runs
+# on a copy of tests/fuzz/corpus/NAME in FUZZ_DIR/corpus/NAME (the inputs it
+# finds stay there; crash files go to FUZZ_DIR/fuzz_NAME-crash-*), never in
+# the source tree. The first failing harness stops the run with its log's
+# tail; exit status 1. `make test-fuzz` (a few seconds each) and `make
+# fuzz-long` (10 minutes each) call it; docs/operations.md, Fuzzing.
+set -euo pipefail
+
+if [ $# -lt 2 ]; then
+  echo "usage: $0 FUZZ_DIR NAME=SECONDS..." >&2
+  exit 2
+fi
+fuzz_dir=$1
+shift
+src=$(cd "$(dirname "$0")/.." && pwd)
+summary=()
+for spec in "$@"; do
+  name=${spec%%=*}
+  seconds=${spec#*=}
+  bin=$fuzz_dir/fuzz_$name
+  dir=$fuzz_dir/corpus/$name
+  log=$fuzz_dir/fuzz_$name.log
+  rm -rf "$dir" && mkdir -p "$dir"
+  if [ -d "$src/tests/fuzz/corpus/$name" ]; then
+    cp -R "$src/tests/fuzz/corpus/$name/." "$dir/"
+  fi
+  echo "fuzz_$name: fuzzing for $seconds s"
+  if ! "$bin" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+       -print_final_stats=1 -artifact_prefix="$fuzz_dir/fuzz_$name-" "$dir" >"$log" 2>&1; then
+    tail -60 "$log"
+    echo "fuzz_$name: FAILED (log: $log)"
+    exit 1
+  fi
+  # "#N DONE cov: C ft: F corp: K/..." is the last status line
+  last=$(grep -E '^#[0-9]+' "$log" | tail -1)
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
+  ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
+  corp=$(sed -n 's/.* corp: \([0-9]*\)\/.*/\1/p' <<<"$last")
+  echo "$last"
+  summary+=("$(printf '%-20s %5s s %11s execs %7s/s  cov %5s  ft %6s  corpus %5s  crashes 0' \
+    "fuzz_$name" "$seconds" "${runs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}")")
+done
+echo
+echo "fuzzing summary:"
+printf '  %s\n' "${summary[@]}"

@@ -1,0 +1,24 @@
+/* formats.h - JSON Schema `format` values as regular expressions
+ * (regex.h), so that constrained decoding can enforce them like `pattern`.
+ *
+ * Each known format is an anchored ECMA-262 pattern that accepts only
+ * valid values: exact where a regular language can be (dates with each
+ * month's days and February 29 only in leap years, IPv4 without leading
+ * zeros, IPv6 with every :: placement, URIs per the RFC 3986 ABNF), a
+ * subset where it cannot; the narrowings are listed in formats.c and in
+ * docs/internals/engine.md. For any other name the answer is NULL: the
+ * schema compiler refuses the formats JSON Schema defines that have no
+ * pattern here (idn-hostname, uri-template, regex) and takes the rest as
+ * annotations.
+ */
+#ifndef SPILLWAY_ENGINE_FORMATS_H
+#define SPILLWAY_ENGINE_FORMATS_H
+
+#include <stdint.h>
+
+/* The pattern of a format's values, or NULL (not enforced). *max_chars
+ * receives a bound on the value's length in code points that the format
+ * adds (hostname: 253), INT32_MAX when none. */
+const char *eng_format_pattern(const char *name, int32_t *max_chars);
+
+#endif

@@ -1,0 +1,387 @@
+/* test_json_pattern.c - `pattern` and `format` through the whole path:
+ * json_schema.c compiles them into CS_PATTERN nodes, constrain.c runs the
+ * node's automaton over the string's decoded content.
+ *
+ * Checked against eng_json_validate and the pattern automaton itself
+ * (regex.h), not against the constraint's own idea of the language:
+ *   - random generation over a hand vocabulary (single bytes, escapes,
+ *     multi-byte pieces) from barely enough budget to roomy: every output
+ *     completes within the budget, parses, validates, and its string
+ *     content matches;
+ *   - fed texts: valid values (with short escapes, \u00XX escapes of
+ *     control characters, UTF-8) are accepted, invalid ones refused, and
+ *     eng_grammar_min_bytes is the length of the shortest text;
+ *   - on the qwen2 vocabulary (../shared; skipped when absent) random walks
+ *     validate too, and the mask time per token is printed.
+ */
+#include "testutil.h"
+
+#include "common/alloc.h"
+#include "engine/constrain.h"
+#include "engine/formats.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/json_schema.h"
+#include "engine/regex.h"
+#include "engine/tokenizer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+static json_t *parse(const char *text)
+{
+    json_error_t e;
+    json_t *j = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+    if (!j)
+        fail_msg("bad JSON in the test: %s: %s", text, e.text);
+    return j;
+}
+
+static const char *const g_schemas[] = {
+    "{\"type\":\"string\",\"pattern\":\"^[a-z]{2,5}-\\\\d{3}$\"}",
+    "{\"type\":\"string\",\"pattern\":\"\\\\d\"}",
+    "{\"type\":\"string\",\"pattern\":\"^[^x]*\\\"$\"}",
+    "{\"type\":\"string\",\"pattern\":\"^[\\\\x00-\\\\x1f]{2}$\"}",
+    "{\"type\":\"string\",\"pattern\":\"^(\\\\\\\\|/)+$\",\"maxLength\":3}",
+    "{\"type\":\"string\",\"pattern\":\"^a+$\",\"minLength\":3,\"maxLength\":4}",
+    "{\"type\":\"string\",\"pattern\":\"\\u00e9|\\ud83d\\ude00\"}",
+    "{\"type\":\"string\",\"pattern\":\"^\\\\p{L}{2}$\"}",
+    "{\"type\":\"string\",\"format\":\"date\"}",
+    "{\"type\":\"string\",\"format\":\"time\"}",
+    "{\"type\":\"string\",\"format\":\"date-time\"}",
+    "{\"type\":\"string\",\"format\":\"duration\"}",
+    "{\"type\":\"string\",\"format\":\"email\"}",
+    "{\"type\":\"string\",\"format\":\"email\",\"minLength\":10,\"maxLength\":20}",
+    "{\"type\":\"string\",\"format\":\"hostname\"}",
+    "{\"type\":\"string\",\"format\":\"ipv4\"}",
+    "{\"type\":\"string\",\"format\":\"ipv6\"}",
+    "{\"type\":\"string\",\"format\":\"uuid\"}",
+    "{\"type\":\"string\",\"format\":\"uri\"}",
+    "{\"type\":\"string\",\"format\":\"uri-reference\",\"maxLength\":12}",
+    "{\"type\":\"string\",\"format\":\"json-pointer\"}",
+    "{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"^2024\"}",
+    "{\"format\":\"ipv4\"}",
+    "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"},"
+    "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},\"x\":{\"type\":\"string\","
+    "\"pattern\":\"^x\"}},\"required\":[\"d\",\"x\"]}",
+    "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"format\":\"email\"},\"minItems\":1,"
+    "\"maxItems\":2}",
+    "{\"anyOf\":[{\"type\":\"string\",\"format\":\"ipv4\"},{\"type\":\"string\","
+    "\"format\":\"ipv6\"}]}",
+    /* past the costs table: maxLength narrowed to what it holds */
+    "{\"type\":\"string\",\"pattern\":\"^[a-z]{1,30}x\",\"maxLength\":1000000}",
+};
+#define N_SCHEMAS (sizeof g_schemas / sizeof g_schemas[0])
+
+/* Every string in the value whose schema has a pattern or a format matches
+ * it (the validator checks that; this checks the validator's verdict is
+ * not vacuous: the root string against the automaton directly). */
+static void check_output(const char *schema_text, const json_t *schema, const char *out,
+                         size_t len)
+{
+    json_error_t e;
+    json_t *val = json_loadb(out, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+    if (!val)
+        fail_msg("schema %s: output %.*s does not parse: %s", schema_text, (int)len, out, e.text);
+    sw_error err;
+    int rc = eng_json_validate(schema, val, &err);
+    if (rc != SW_OK)
+        fail_msg("schema %s: output %.*s does not validate: %s", schema_text, (int)len, out,
+                 err.message);
+    const json_t *pat = json_object_get(schema, "pattern");
+    const json_t *fmt = json_object_get(schema, "format");
+    if (json_is_string(val) && (pat || fmt)) {
+        const char *p = pat ? json_string_value(pat) : eng_format_pattern(json_string_value(fmt), NULL);
+        eng_regex *re = NULL;
+        assert_int_equal(eng_regex_compile(p, strlen(p), &re, NULL), SW_OK);
+        if (!eng_regex_match(re, json_string_value(val), json_string_length(val)))
+            fail_msg("schema %s: output %.*s does not match", schema_text, (int)len, out);
+        eng_regex_free(re);
+    }
+    json_decref(val);
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 33;
+}
+
+static bool bit(const uint32_t *mask, int32_t id)
+{
+    return mask[id >> 5] >> (id & 31) & 1u;
+}
+
+/* One walk: tokens uniformly among the allowed ones; the text goes to out. */
+static size_t walk(const eng_grammar *g, const eng_cs_vocab *v, const char *const *pieces,
+                   const size_t *lens, const eng_tokenizer *tok, uint64_t seed, int64_t budget,
+                   char *out, size_t cap, double *mask_s, int *n_masks)
+{
+    eng_constraint *c = NULL;
+    assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+    int32_t n = eng_cs_vocab_n_tokens(v);
+    uint32_t *mask = sw_calloc(((size_t)n + 31) / 32, sizeof *mask);
+    size_t len = 0;
+    uint64_t rng = seed * 2654435761ULL + 7;
+    for (int64_t left = budget; left > 0; left--) {
+        double t0 = eng_now_seconds();
+        int32_t allowed = eng_constraint_mask(c, left, mask);
+        if (mask_s) {
+            *mask_s += eng_now_seconds() - t0;
+            (*n_masks)++;
+        }
+        assert_true(allowed > 0);
+        int32_t pick = (int32_t)(rng_next(&rng) % (uint64_t)allowed), id = -1;
+        for (int32_t i = 0; i < n; i++)
+            if (bit(mask, i) && pick-- == 0) {
+                id = i;
+                break;
+            }
+        assert_true(id >= 0);
+        if (eng_constraint_is_end_token(c, id))
+            break;
+        assert_true(eng_constraint_accept_token(c, id));
+        if (tok) {
+            len += eng_token_to_bytes(tok, id, out + len, cap - len);
+        } else {
+            memcpy(out + len, pieces[id], lens[id]);
+            len += lens[id];
+        }
+        assert_true(len < cap);
+        if (eng_constraint_is_closed(c))
+            break;
+    }
+    assert_true(eng_constraint_is_complete(c));
+    sw_free(mask);
+    eng_constraint_free(c);
+    return len;
+}
+
+/* Every byte, and pieces that cross the string's parts. */
+static const char *const g_extra[] = {
+    "\\n", "\\u00", "\\u001f", "\\\"", "\\\\", "\\/", "ab", "-1", "2024-", "-02-29", "T12:",
+    ":00Z", "@example.com", "://", "é", "😀", "\"}", "\",\"", "::", "0.", "\"2", "x\"",
+};
+#define N_EXTRA (sizeof g_extra / sizeof g_extra[0])
+
+static void hand_vocab(eng_cs_vocab **v, const char **pieces, size_t *lens, char *bytes)
+{
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    for (size_t i = 0; i < N_EXTRA; i++) {
+        pieces[256 + i] = g_extra[i];
+        lens[256 + i] = strlen(g_extra[i]);
+    }
+    pieces[256 + N_EXTRA] = NULL; /* the end token */
+    lens[256 + N_EXTRA] = 0;
+    int32_t end = 256 + (int32_t)N_EXTRA;
+    assert_int_equal(eng_cs_vocab_create_from_pieces(pieces, lens, 257 + (int32_t)N_EXTRA, &end,
+                                                     1, v, NULL),
+                     SW_OK);
+}
+
+static void test_generate(void **state)
+{
+    (void)state;
+    const char *pieces[257 + N_EXTRA];
+    size_t lens[257 + N_EXTRA];
+    char bytes[256];
+    eng_cs_vocab *v = NULL;
+    hand_vocab(&v, pieces, lens, bytes);
+    char *out = sw_malloc(1 << 14);
+    for (size_t k = 0; k < N_SCHEMAS; k++) {
+        json_t *schema = parse(g_schemas[k]);
+        eng_grammar *g = NULL;
+        sw_error err;
+        if (eng_grammar_from_schema(schema, &g, &err))
+            fail_msg("schema %s: %s", g_schemas[k], err.message);
+        int64_t min = eng_grammar_min_bytes(g);
+        for (int r = 0; r < 60; r++) {
+            int64_t budget = min + (r * 13) % 90;
+            size_t len = walk(g, v, pieces, lens, NULL, (uint64_t)(r + 100 * k), budget, out,
+                              1 << 14, NULL, NULL);
+            check_output(g_schemas[k], schema, out, len);
+        }
+        eng_grammar_free(g);
+        json_decref(schema);
+    }
+    sw_free(out);
+    eng_cs_vocab_free(v);
+}
+
+/* Texts fed byte by byte: accepted exactly when the value is valid in the
+ * form the generator writes. */
+static void test_feed(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema, *text;
+        bool accepted;
+    } cases[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^a\\\\nb$\"}", "\"a\\nb\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^a\\\\nb$\"}", "\"a\\u000ab\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^a\\\\nb$\"}", "\"a\\u000Ab\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^a\\\\nb$\"}", "\"ab\"", false},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\\x01$\"}", "\"\\u0001\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\\x01$\"}", "\"\\u0002\"", false},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\"$\"}", "\"\\\"\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\\\\\\$\"}", "\"\\\\\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^/$\"}", "\"\\/\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^A$\"}", "\"\\u0041\"", false}, /* written as A */
+        {"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\xc3\xa9\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\xc3\"", false},
+        {"{\"type\":\"string\",\"pattern\":\"^.$\"}", "\"\xed\xa0\x80\"", false}, /* surrogate */
+        {"{\"type\":\"string\",\"pattern\":\"b\"}", "\"abc\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"b\"}", "\"ac\"", false},
+        {"{\"type\":\"string\",\"pattern\":\"^a*$\",\"maxLength\":2}", "\"aa\"", true},
+        {"{\"type\":\"string\",\"pattern\":\"^a*$\",\"maxLength\":2}", "\"aaa\"", false},
+        {"{\"type\":\"string\",\"format\":\"date\"}", "\"2024-02-29\"", true},
+        {"{\"type\":\"string\",\"format\":\"date\"}", "\"2023-02-29\"", false},
+        {"{\"type\":\"string\",\"format\":\"email\"}", "\"a.b@c.de\"", true},
+        {"{\"type\":\"string\",\"format\":\"email\"}", "\"\\\"a b\\\"@c.de\"", true},
+        {"{\"type\":\"string\",\"format\":\"email\"}", "\"a..b@c.de\"", false},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", "\"a.b\"", true},
+        {"{\"type\":\"string\",\"format\":\"ipv4\"}", "\"1.2.3.04\"", false},
+        {"{\"format\":\"ipv4\"}", "12", true},
+        {"{\"format\":\"ipv4\"}", "\"12\"", false},
+        {"{\"type\":\"string\",\"format\":\"x-unknown\"}", "\"anything\"", true},
+    };
+    const char *pieces[257 + N_EXTRA];
+    size_t lens[257 + N_EXTRA];
+    char bytes[256];
+    eng_cs_vocab *v = NULL;
+    hand_vocab(&v, pieces, lens, bytes);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *schema = parse(cases[i].schema);
+        eng_grammar *g = NULL;
+        sw_error err;
+        if (eng_grammar_from_schema(schema, &g, &err))
+            fail_msg("schema %s: %s", cases[i].schema, err.message);
+        eng_constraint *c = NULL;
+        assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+        bool ok = eng_constraint_feed(c, cases[i].text, strlen(cases[i].text)) &&
+                  eng_constraint_is_complete(c);
+        if (ok != cases[i].accepted)
+            fail_msg("schema %s, text %s: accepted %d, want %d", cases[i].schema, cases[i].text,
+                     ok, cases[i].accepted);
+        if (ok) { /* the validator agrees */
+            json_t *val = parse(cases[i].text);
+            assert_int_equal(eng_json_validate(schema, val, NULL), SW_OK);
+            json_decref(val);
+        }
+        eng_constraint_free(c);
+        eng_grammar_free(g);
+        json_decref(schema);
+    }
+    /* The shortest texts, in bytes. */
+    static const struct {
+        const char *schema;
+        int64_t min_bytes;
+    } mins[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^a{3}$\"}", 5},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\"$\"}", 4},      /* "\"" */
+        {"{\"type\":\"string\",\"pattern\":\"^\\\\x01$\"}", 8},   /* "\u0001" */
+        {"{\"type\":\"string\",\"pattern\":\"x\",\"minLength\":3}", 5},
+        {"{\"type\":\"string\",\"format\":\"date\"}", 12},
+        {"{\"type\":\"string\",\"format\":\"ipv6\"}", 4}, /* "::" */
+        {"{\"type\":\"string\",\"format\":\"uuid\"}", 38},
+    };
+    for (size_t i = 0; i < sizeof mins / sizeof mins[0]; i++) {
+        json_t *schema = parse(mins[i].schema);
+        eng_grammar *g = NULL;
+        assert_int_equal(eng_grammar_from_schema(schema, &g, NULL), SW_OK);
+        if (eng_grammar_min_bytes(g) != mins[i].min_bytes)
+            fail_msg("schema %s: min_bytes %lld, want %lld", mins[i].schema,
+                     (long long)eng_grammar_min_bytes(g), (long long)mins[i].min_bytes);
+        eng_grammar_free(g);
+        json_decref(schema);
+    }
+    eng_cs_vocab_free(v);
+}
+
+/* Hostile or unsupported patterns: typed errors, fast. */
+static void test_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema;
+        int code;
+    } cases[] = {
+        {"{\"type\":\"string\",\"pattern\":\"(a|b)*a(a|b){20}\"}", SW_ERANGE},
+        {"{\"type\":\"string\",\"pattern\":\"((a{100}){100}){100}\"}", SW_ERANGE},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]{1,30}x$\",\"minLength\":100000}",
+         SW_ERANGE}, /* the costs table */
+        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", SW_EUNSUPPORTED},
+        {"{\"type\":\"string\",\"pattern\":\"[\"}", SW_EINVAL},
+        {"{\"type\":\"string\",\"pattern\":7}", SW_EINVAL},
+        {"{\"type\":\"string\",\"format\":\"uri-template\"}", SW_EUNSUPPORTED},
+        {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":9}", SW_EINVAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *schema = parse(cases[i].schema);
+        eng_grammar *g = NULL;
+        sw_error err;
+        double t0 = eng_now_seconds();
+        int rc = eng_grammar_from_schema(schema, &g, &err);
+        double dt = eng_now_seconds() - t0;
+        printf("%s: %s (%.1f ms)\n", cases[i].schema, rc ? err.message : "compiled", dt * 1e3);
+        if (rc != cases[i].code)
+            fail_msg("schema %s: got %d, want %d", cases[i].schema, rc, cases[i].code);
+        assert_null(g);
+        json_decref(schema);
+    }
+}
+
+static void test_qwen2(void **state)
+{
+    (void)state;
+    const char *path = tu_shared_path("vocab/ggml-vocab-qwen2.gguf");
+    if (!path)
+        return;
+    eng_gguf *gg = NULL;
+    eng_tokenizer *tok = NULL;
+    eng_cs_vocab *v = NULL;
+    assert_int_equal(eng_gguf_open(path, &gg, NULL), SW_OK);
+    assert_int_equal(eng_tokenizer_load(gg, &tok, NULL), SW_OK);
+    assert_int_equal(eng_cs_vocab_create(tok, &v, NULL), SW_OK);
+    char *out = sw_malloc(1 << 16);
+    static const size_t picks[] = {0, 8, 10, 12, 18, 23};
+    for (size_t p = 0; p < sizeof picks / sizeof picks[0]; p++) {
+        const char *text = g_schemas[picks[p]];
+        json_t *schema = parse(text);
+        eng_grammar *g = NULL;
+        double t0 = eng_now_seconds();
+        assert_int_equal(eng_grammar_from_schema(schema, &g, NULL), SW_OK);
+        double compile_s = eng_now_seconds() - t0, mask_s = 0;
+        int n_masks = 0;
+        for (int r = 0; r < 6; r++) {
+            int64_t budget = eng_grammar_min_bytes(g) + r * 9;
+            size_t len = walk(g, v, NULL, NULL, tok, (uint64_t)r + 50 * p, budget, out, 1 << 16,
+                              &mask_s, &n_masks);
+            check_output(text, schema, out, len);
+        }
+        printf("qwen2 %s: compile %.1f ms, %.3f ms per mask (%d masks)\n", text,
+               compile_s * 1e3, 1e3 * mask_s / (n_masks ? n_masks : 1), n_masks);
+        eng_grammar_free(g);
+        json_decref(schema);
+    }
+    sw_free(out);
+    eng_cs_vocab_free(v);
+    eng_tokenizer_free(tok);
+    eng_gguf_close(gg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_feed),
+        cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_qwen2),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -196,7 +196,7 @@ void rt__handle_drill(rt_req *q)
                            "STATE/NAME writes one there)", NULL, NULL);
             return;
         }
-        char *s = json_dumps(d, JSON_COMPACT);
+        char *s = sw_json_dumps(d, JSON_COMPACT);
         json_decref(d);
         if (s)
             rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
@@ -358,7 +358,7 @@ void rt__handle_stats(rt_req *q)
         RT_STATS_SLOTS, "series_end_time", rt__wall_s() + (slot_end_mono - now), "series", ring,
         "queue", queue, "totals", totals, "workers", ws, "events_total", (json_int_t)events_total,
         "connections", conns, "event_streams", streams, "drill_report", drill_json(rt));
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *s = o ? sw_json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s)
         rt__send_response(q, 200, "application/json", "Cache-Control: no-store\r\n", s, strlen(s));

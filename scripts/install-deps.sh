@@ -16,6 +16,16 @@ packages=(
   python3            # the benchmark scripts summarise JSON records
   librsvg2-bin       # rsvg-convert: the drill test renders its timeline.svg
 )
+# The dashboard's browser test (tests/browser): Debian's chromium (about
+# 80 MB to download, 360 MB installed with chromium-common), node and npm
+# (playwright-core comes from npm into the build tree at test time).
+# SPILLWAY_NO_BROWSER=1 leaves them out; the test then skips.
+if [ -z "${SPILLWAY_NO_BROWSER:-}" ]; then
+  packages+=(chromium nodejs)
+  # a nodejs that carries its own npm (NodeSource's) conflicts with
+  # Debian's npm package: only where there is no npm
+  command -v npm >/dev/null 2>&1 || packages+=(npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -14,6 +14,7 @@ int cli_hog_main(int argc, char **argv);        /* spillway hog */
 int cli_worker_main(int argc, char **argv);     /* spillway worker */
 int cli_serve_main(int argc, char **argv);      /* spillway serve */
 int cli_drill_main(int argc, char **argv);      /* spillway drill */
+int cli_status_main(int argc, char **argv);     /* spillway status */
 int cli_bench_profiles_main(int argc, char **argv); /* spillway bench profiles */
 
 /* Parses sizes like "512", "64KiB", "512MiB", "2GiB" (also KB/MB/GB as

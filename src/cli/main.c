@@ -25,6 +25,7 @@ static void usage(FILE *out)
             "  worker   serve one model over HTTP (OpenAI API)\n"
             "  serve    the router: workers, admission, failover (--config FILE)\n"
             "  drill    the failover proof: scenarios, verdicts, report (--out DIR)\n"
+            "  status   a running router's workers, memory, queue and failovers (--router URL)\n"
             "  version  print the version\n"
             "\n"
             "`spillway <command> --help` describes each command.\n",
@@ -64,6 +65,8 @@ int main(int argc, char **argv)
         return cli_serve_main(argc - 1, argv + 1);
     if (strcmp(cmd, "drill") == 0)
         return cli_drill_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "status") == 0)
+        return cli_status_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("spillway %s\n", SPILLWAY_VERSION);
         return 0;

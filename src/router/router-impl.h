@@ -24,6 +24,10 @@
  *   router_idem.c       Idempotency-Key: stored responses, replay
  *   router_jobs.c       /v1/spillway/jobs and the job runner threads
  *   router_agent.c      agent runs ("tool_execution": "server"), tool calls
+ *   router_stats.c      the activity ring, /v1/spillway/stats, the drill
+ *                       report routes
+ *   router_events.c     /v1/spillway/events/stream (server-sent events)
+ *   router_dashboard.c  /dashboard (the page, embedded at build time)
  *
  * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
  * the router's (rt_router.mu); no other lock is held while taking either.
@@ -51,6 +55,24 @@
 #include <sys/types.h>
 
 #define RT_EVENTS 128
+/* event streams open at once (/v1/spillway/events/stream); they do not
+ * count against max-connections */
+#define RT_MAX_STREAMS 16
+/* the activity ring: RT_STATS_SLOTS slots of RT_STATS_SLOT_S seconds each
+ * (the last 10 minutes) */
+#define RT_STATS_SLOTS 60
+#define RT_STATS_SLOT_S 10
+
+/* One slot of the activity ring (router_stats.c): what ended in one
+ * RT_STATS_SLOT_S window. Guarded by rt_router.mu. */
+typedef struct rt_stats_slot {
+    int64_t epoch;               /* monotonic seconds / RT_STATS_SLOT_S, plus 1;
+                                    0 empty */
+    uint64_t requests, failed, failovers, tokens;
+    uint64_t waits;              /* admissions that got a worker or timed out */
+    double wait_s;               /* their queue waits, summed */
+    uint64_t w_requests[RT_MAX_WORKERS], w_tokens[RT_MAX_WORKERS]; /* by pool index */
+} rt_stats_slot;
 
 /* SPILLWAY_SABOTAGE switches (docs/router.md, Sabotage): each disables one
  * safety so the drill can show that its scenario detects the loss. */
@@ -84,6 +106,13 @@ typedef struct rt_router {
     uint64_t seq;
     char *events[RT_EVENTS];
     int n_events, next_event;
+    uint64_t events_total;      /* events recorded since the start (the last
+                                   one's stream id) */
+    pthread_cond_t events_cond; /* broadcast on each event and at shutdown
+                                   (CLOCK_MONOTONIC); waited on with mu */
+    int n_streams;              /* event streams open (not in active_conns) */
+    rt_stats_slot stats[RT_STATS_SLOTS];
+    double started_at;          /* monotonic */
     uint64_t failovers_oom, failovers_crash, rejected_capacity, rejected_auth, rejected_bad;
     uint64_t requests_total;
     /* requests answered without a worker, by reason */
@@ -216,6 +245,28 @@ void rt__stop_workers(rt_router *rt);
 
 /* events */
 void rt__ev_record(rt_router *rt, json_t *ev);
+/* GET /v1/spillway/events/stream: the recorded events, then each new one
+ * as it is recorded, until the client leaves or the router stops
+ * (router_events.c). The connection ends after it. */
+void rt__handle_events_stream(rt_req *q);
+/* Shutdown: wakes every event stream (they end). */
+void rt__events_wake(rt_router *rt);
+
+/* the activity ring and the snapshot routes (router_stats.c) */
+/* One attempt ended on pool worker wi: ok (answered: 2xx or a 4xx the
+ * worker gave), failed (oom or crash), tokens generated. */
+void rt__stats_attempt(rt_router *rt, int wi, bool answered, bool failed, uint64_t tokens);
+void rt__stats_failover(rt_router *rt);
+/* An admission ended after waited_s in the queue (got a worker or timed
+ * out: the queue-wait histogram's waits). */
+void rt__stats_wait(rt_router *rt, double waited_s);
+/* With rt->pool.mu held: worker w as /health and /v1/spillway/stats show it. */
+json_t *rt__worker_json_locked(const rt_worker *w);
+void rt__handle_stats(rt_req *q);
+/* GET /v1/spillway/drill and /v1/spillway/drill/FILE */
+void rt__handle_drill(rt_req *q);
+/* GET /dashboard (router_dashboard.c) */
+void rt__handle_dashboard(rt_req *q);
 
 /* responses */
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,

@@ -75,6 +75,8 @@ void rt__ev_record(rt_router *rt, json_t *ev)
         rt->next_event = (rt->next_event + 1) % RT_EVENTS;
         if (rt->n_events < RT_EVENTS)
             rt->n_events++;
+        rt->events_total++;
+        pthread_cond_broadcast(&rt->events_cond); /* the event streams */
     }
     pthread_mutex_unlock(&rt->mu);
     free(line);
@@ -178,6 +180,12 @@ int rt_serve(const rt_config *c)
     memset(rt, 0, sizeof *rt);
     rt->cfg = c;
     pthread_mutex_init(&rt->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&rt->events_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    rt->started_at = rt__now_s();
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -274,6 +282,7 @@ int rt_serve(const rt_config *c)
     int running = rt->active_conns;
     pthread_mutex_unlock(&rt->mu);
     SW_INFO("router", "stopping: no new connections; %d running", running);
+    rt__events_wake(rt); /* the event streams end now */
     /* jobs do not hold the shutdown up: a running one gives its worker
      * request up now and goes back to queued (router_jobs.c) */
     rt__jobs_cancel(rt);
@@ -281,10 +290,11 @@ int rt_serve(const rt_config *c)
     close(lfd);
     if (!strncmp(c->listen, "unix:", 5))
         unlink(c->listen + 5);
-    /* let running requests finish (bounded) */
+    /* let running requests finish (bounded); an event stream's connection
+     * is counted in n_streams while it streams */
     for (int i = 0; i < 200; i++) {
         pthread_mutex_lock(&rt->mu);
-        int a = rt->active_conns;
+        int a = rt->active_conns + rt->n_streams;
         pthread_mutex_unlock(&rt->mu);
         if (!a)
             break;
@@ -304,7 +314,7 @@ out:
      * step; a job runner left behind may too. Then nothing is freed under
      * that thread: the process ends below. */
     pthread_mutex_lock(&rt->mu);
-    bool threads_left = rt->active_conns > 0 || jobs_left;
+    bool threads_left = rt->active_conns > 0 || rt->n_streams > 0 || jobs_left;
     pthread_mutex_unlock(&rt->mu);
     if (threads_left) {
         /* Such a thread also reads the configuration (our caller's) and
@@ -322,6 +332,7 @@ out:
     rt->ledger = NULL;
     for (int i = 0; i < RT_EVENTS; i++)
         sw_free(rt->events[i]);
+    pthread_cond_destroy(&rt->events_cond);
     return status;
 }
 

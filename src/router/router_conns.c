@@ -5,7 +5,8 @@
  * while no other one waits in accept starts one more, so a thread is
  * always ready (up to max-connections + 2 threads: one more than the
  * connections, so a connection past the limit is still answered 503 at
- * once). A thread that has waited RT_CONN_IDLE_S while another one waits
+ * once; plus RT_MAX_STREAMS for the event streams, which hand their slot
+ * back). A thread that has waited RT_CONN_IDLE_S while another one waits
  * too ends (accept wakes that often to let it look; at shutdown,
  * shutdown(2) on the listening socket wakes every thread in accept at
  * once, so no thread wakes on a short timer, busy or idle).
@@ -130,7 +131,9 @@ int rt__conns_start(rt_router *rt, int lfd)
     if (setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
         return -1;
     rt->conns.lfd = lfd;
-    rt->conns.cap = rt->cfg->max_connections + 2;
+    /* an event stream holds a thread but no max-connections slot
+     * (router_events.c): room for as many of them */
+    rt->conns.cap = rt->cfg->max_connections + 2 + RT_MAX_STREAMS;
     return start_thread(rt);
 }
 

@@ -3,7 +3,10 @@
  * Expect: 100-continue answered before the body is read), checks the API
  * key, assigns the request id and dispatches it; the small
  * routes (/health, /metrics, /v1/models, /v1/spillway/events) and the
- * OpenAI-shaped responses live here too.
+ * OpenAI-shaped responses live here too. The dashboard's routes are
+ * dispatched from here to router_dashboard.c (/dashboard, which needs no
+ * key), router_stats.c (/v1/spillway/stats, /v1/spillway/drill) and
+ * router_events.c (/v1/spillway/events/stream).
  */
 #include "router/router-impl.h"
 #include "router/router_net.h"
@@ -299,28 +302,9 @@ static void handle_health(rt_req *q)
     for (int k = 0; k < rt->pool.n; k++) {
         rt_worker *w = &rt->pool.w[rt->pool.order[k]];
         ready += w->state == WS_READY;
-        json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}", "name",
-            w->cfg.name, "state", rt_ws_name(w->state), "device",
-            w->cfg.device[0] ? w->cfg.device : "cpu", "managed", w->cfg.managed, "pid",
-            (int)w->pid, "restarts", w->restarts, "memory_total_bytes", (json_int_t)w->mem_total,
-            "memory_free_bytes", (json_int_t)w->mem_free, "kv_bytes_per_token",
-            (json_int_t)w->kv_bpt, "memory_used_bytes", (json_int_t)w->mem_used,
-            "prefill_tokens_per_second", w->prefill_rate, "decode_tokens_per_second",
-            w->decode_rate, "rates_source", w->rates_source[0] ? w->rates_source : "none",
-            "ctx_limit", w->ctx_limit);
-        /* the router's books beside the worker's own figures */
-        json_object_set_new(o, "books",
-                            json_pack("{s:i, s:i, s:I, s:I, s:b}", "seqs", w->books.seqs,
-                                      "max_seqs", rt_pool_max_seqs(w), "kv_reserved_bytes",
-                                      (json_int_t)w->books.kv_bytes, "kv_budget_bytes",
-                                      (json_int_t)w->kv_budget, "held", w->held));
-        json_object_set_new(o, "reported",
-                            json_pack("{s:i, s:i, s:I, s:I}", "slots_max", w->slots_max,
-                                      "kv_block_tokens", w->kv_block_tokens,
-                                      "kv_block_device_bytes", (json_int_t)w->kv_block_bytes,
-                                      "kv_device_used_bytes", (json_int_t)w->kv_held_bytes));
-        json_array_append_new(ws, o);
+        json_t *o = rt__worker_json_locked(w);
+        if (o)
+            json_array_append_new(ws, o);
     }
     int depth = rt->queue.depth;
     pthread_mutex_unlock(&rt->pool.mu);
@@ -899,7 +883,9 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     }
     /* From here an error that leaves the body unread ends the
      * connection: the unread bytes cannot be told from a next request. */
-    if (strcmp(q.path, "/health") && !auth_ok(&q)) {
+    /* /health (load balancers) and the dashboard's page (it holds no
+     * data: it asks for the key itself) need no key */
+    if (strcmp(q.path, "/health") && strcmp(q.path, "/dashboard") && !auth_ok(&q)) {
         pthread_mutex_lock(&rt->mu);
         rt->rejected_auth++;
         pthread_mutex_unlock(&rt->mu);
@@ -983,6 +969,19 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__with_idempotency(&q, rt__dispatch_generate, !strcmp(q.path, "/v1/chat/completions"));
     } else if (!strcmp(q.path, "/v1/spillway/jobs") || !strncmp(q.path, "/v1/spillway/jobs/", 18)) {
         rt__handle_jobs(&q);
+    } else if (!strcmp(q.path, "/dashboard") || !strcmp(q.path, "/v1/spillway/stats") ||
+               !strcmp(q.path, "/v1/spillway/events/stream") ||
+               !strcmp(q.path, "/v1/spillway/drill") || !strncmp(q.path, "/v1/spillway/drill/", 19)) {
+        if (!get)
+            rt__send_error(&q, 405, "method_not_allowed", "use GET", NULL, NULL);
+        else if (q.path[1] == 'd')
+            rt__handle_dashboard(&q);
+        else if (q.path[13] == 's')
+            rt__handle_stats(&q);
+        else if (q.path[13] == 'e')
+            rt__handle_events_stream(&q);
+        else
+            rt__handle_drill(&q);
     } else if (!strcmp(q.path, "/health") || !strcmp(q.path, "/v1/spillway/events") ||
                !strcmp(q.path, "/metrics") || !strcmp(q.path, "/v1/models") ||
                !strncmp(q.path, "/v1/models/", 11)) {

@@ -46,6 +46,8 @@ typedef struct rt_worker {
     /* from /health */
     bool on_device;
     int64_t mem_total, mem_used, mem_reserved, mem_free;
+    int64_t mem_context;        /* its context's device bytes (weights,
+                                   workspace, KV) */
     int64_t kv_bpt;
     int32_t ctx_limit;
     int32_t slots_max;          /* the worker's max-seqs; 0 unknown */

@@ -190,6 +190,7 @@ static void worker_failed(rt_router *rt, int wi, rt_outcome out, const rt_failov
         w->restart_requested = true;
     pthread_mutex_unlock(&rt->pool.mu);
     count(rt, out == RT_OUT_OOM ? &rt->failovers_oom : &rt->failovers_crash);
+    rt__stats_failover(rt);
 }
 
 /* The attempt's ledger row, for requests whose records are promised. */
@@ -214,7 +215,12 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     rt_router *rt = q->rt;
     char ra[48];
     rt__retry_after(rt, ra, sizeof ra);
+    /* answered without a worker: counted before the answer goes out, so a
+     * client that reads /metrics right after it sees the count */
+    bool counted = ar != RT_ADMIT_GONE && !failed_before;
     if (r->headers_sent) {
+        if (counted)
+            count(rt, &rt->rejected_capacity);
         json_t *e = rt__error_obj(500, "worker_failed",
                                   "the request failed on every eligible worker", NULL);
         rt_sink_stream_error(r, e);
@@ -226,6 +232,8 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     bool capacity = !failed_before && ar != RT_ADMIT_NEVER && ar != RT_ADMIT_STOPPED;
     if (capacity && q->prefer_async && rt__jobs_accept_async(q, chat) == 0)
         return true; /* the 503 below became a job the client polls */
+    if (counted)
+        count(rt, &rt->rejected_capacity);
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
         !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND))) {
         count(rt, &rt->refused_context);
@@ -351,12 +359,12 @@ static void generate(rt_req *q, bool chat, json_t *body)
         else if (refusals >= RT_MAX_REFUSALS)
             ar = RT_ADMIT_TIMEOUT;
         q->queue_ms += waited * 1000;
+        if (ar == RT_ADMIT_OK || ar == RT_ADMIT_TIMEOUT)
+            rt__stats_wait(rt, waited);
         if (ar != RT_ADMIT_OK) {
             if (ar == RT_ADMIT_GONE)
                 last = RT_OUT_CLIENT_GONE;
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);
-            if (ar != RT_ADMIT_GONE && !failed_before && !fallback)
-                count(rt, &rt->rejected_capacity); /* answered without a worker */
             break;
         }
         if (wt.first)
@@ -396,6 +404,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
         rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, &tally);
+        rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
         record_attempt(q, &r, wi, last, t_attempt);
         rt_failover_in fi = {last,
                              r.stream,

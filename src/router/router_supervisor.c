@@ -141,6 +141,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
     if (st == 200) {
         w->on_device = false;
         w->mem_total = w->mem_used = w->mem_reserved = w->mem_free = 0;
+        w->mem_context = 0;
         w->kv_bpt = 0;
         w->ctx_limit = w->cfg.ctx_limit;
         w->prefill_rate = w->decode_rate = 0;
@@ -182,6 +183,7 @@ static void sup_health(rt_router *rt, rt_worker *w)
         w->mem_used = json_integer_value(json_object_get(mem, "used_bytes"));
         w->mem_reserved = json_integer_value(json_object_get(mem, "reserved_bytes"));
         w->mem_free = json_integer_value(json_object_get(mem, "free_bytes"));
+        w->mem_context = json_integer_value(json_object_get(mem, "context_device_bytes"));
         w->kv_bpt = json_integer_value(json_object_get(j, "kv_bytes_per_token"));
         /* a peer's number: out of range reads as 0 (no limit known) */
         json_int_t ctx = json_integer_value(json_object_get(j, "ctx_limit"));

@@ -290,11 +290,7 @@ int rt__listen_on(const char *addr, char *actual, size_t cap);
 
 /* Writes to the client (when fd >= 0); -1 when it is gone. */
 int rt__sink_write(rt_req *q, const void *p, size_t n);
-/* Sends the iovecs whole on a client socket (non-blocking sends, poll
- * while it is full, at most timeout_s in all; router_http.c); -1 when
- * the client is gone or too slow. */
-struct iovec;
-int rt__client_sendv(int fd, struct iovec *iov, int n_iov, int timeout_s);
+
 /* "keep-alive" or "close": the Connection header of q's response. */
 const char *rt__conn_hdr(const rt_req *q);
 /* Writes the head of a 200 SSE response (chunked; X-Request-Id, the

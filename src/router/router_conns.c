@@ -56,7 +56,7 @@ static bool take_slot(rt_router *rt, int fd)
         static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
                                    "Content-Length: 0\r\nConnection: close\r\n\r\n";
         struct iovec iov = {(void *)busy, sizeof busy - 1};
-        rt__client_sendv(fd, &iov, 1, 1);
+        rn_sendv(fd, &iov, 1, 1000);
         close(fd);
     }
     return !full;

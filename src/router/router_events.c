@@ -22,6 +22,7 @@
  * after it), or when a write fails or times out (http-timeout).
  */
 #include "router/router-impl.h"
+#include "router/router_net.h"
 
 #include "common/alloc.h"
 
@@ -51,7 +52,7 @@ static int send_chunk(rt_req *q, const char *p, size_t n)
     int hn = snprintf(head, sizeof head, "%zx\r\n", n);
     struct iovec iov[3] = {{head, (size_t)hn}, {(void *)p, n}, {(void *)"\r\n", 2}};
     q->responded = true;
-    if (rt__client_sendv(q->fd, iov, 3, q->rt->cfg->http_timeout_s)) {
+    if (rn_sendv(q->fd, iov, 3, q->rt->cfg->http_timeout_s * 1000)) {
         q->write_failed = true;
         return -1;
     }
@@ -172,7 +173,7 @@ void rt__handle_events_stream(rt_req *q)
     }
     if (!q->write_failed) {
         struct iovec iov = {(void *)"0\r\n\r\n", 5};
-        if (!rt__client_sendv(q->fd, &iov, 1, 1))
+        if (!rn_sendv(q->fd, &iov, 1, 1000))
             rt__chunked_end(q);
     }
 out:

@@ -72,8 +72,9 @@ int rt__capture_append(rt_capture *c, const void *p, size_t n)
 }
 
 /* The client socket is never blocking-with-a-time-out (no SO_RCVTIMEO or
- * SO_SNDTIMEO per connection: two system calls each): a send or recv
- * that would block waits in poll for at most the http time-out. */
+ * SO_SNDTIMEO per connection: two system calls each): a recv that would
+ * block waits here, in poll, for at most the http time-out; sends go
+ * through rn_sendv with that time-out (router_net.h). */
 static int client_wait(int fd, short events, double until)
 {
     for (;;) {
@@ -87,38 +88,6 @@ static int client_wait(int fd, short events, double until)
         if (n < 0 && errno != EINTR)
             return -1;
     }
-}
-
-int rt__client_sendv(int fd, struct iovec *iov, int n_iov, int timeout_s)
-{
-    double until = rt__now_s() + timeout_s;
-    int i = 0;
-    while (i < n_iov && iov[i].iov_len == 0)
-        i++;
-    while (i < n_iov) {
-        struct msghdr m;
-        memset(&m, 0, sizeof m);
-        m.msg_iov = iov + i;
-        m.msg_iovlen = (size_t)(n_iov - i);
-        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (client_wait(fd, POLLOUT, until))
-                return -1;
-            continue;
-        }
-        if (w <= 0)
-            return -1;
-        size_t left = (size_t)w;
-        while (i < n_iov && left >= iov[i].iov_len)
-            left -= iov[i++].iov_len;
-        if (i < n_iov) {
-            iov[i].iov_base = (char *)iov[i].iov_base + left;
-            iov[i].iov_len -= left;
-        }
-    }
-    return 0;
 }
 
 /* recv on the client socket, waiting until `until` (monotonic) for bytes. */
@@ -144,7 +113,7 @@ static int sink_write2(rt_req *q, const void *a, size_t an, const void *b, size_
         return -1;
     q->responded = true;
     struct iovec iov[2] = {{(void *)a, an}, {(void *)b, b ? bn : 0}};
-    if (rt__client_sendv(q->fd, iov, 2, q->rt->cfg->http_timeout_s)) {
+    if (rn_sendv(q->fd, iov, 2, q->rt->cfg->http_timeout_s * 1000)) {
         q->write_failed = true; /* the connection ends after this request */
         return -1;
     }
@@ -946,7 +915,7 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     if (expect_continue && have < (size_t)content_length && !strcmp(version, "HTTP/1.1")) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
         struct iovec iov = {(void *)cont, sizeof cont - 1};
-        if (rt__client_sendv(fd, &iov, 1, rt->cfg->http_timeout_s))
+        if (rn_sendv(fd, &iov, 1, rt->cfg->http_timeout_s * 1000))
             goto done;
         pthread_mutex_lock(&rt->mu);
         rt->continues_sent++;

@@ -93,23 +93,32 @@ int rn_write_all(int fd, const void *p, size_t n)
     return 0;
 }
 
-/* Head and body in one sendmsg where the socket takes them, so that the
- * worker reads the whole request in one wake-up, not the head alone and
- * then the body. */
-static int rn_write_request(int fd, const char *head, size_t head_len, const char *body,
-                            size_t body_len)
+static double rn_now_s(void);
+
+int rn_sendv(int fd, struct iovec *iov, int n_iov, int timeout_ms)
 {
-    struct iovec iov[2] = {{(void *)head, head_len}, {(void *)body, body ? body_len : 0}};
-    int n_iov = body && body_len ? 2 : 1;
+    double until = timeout_ms >= 0 ? rn_now_s() + timeout_ms / 1000.0 : 0;
+    int flags = MSG_NOSIGNAL | (timeout_ms >= 0 ? MSG_DONTWAIT : 0);
     int i = 0;
+    while (i < n_iov && iov[i].iov_len == 0)
+        i++;
     while (i < n_iov) {
         struct msghdr m;
         memset(&m, 0, sizeof m);
         m.msg_iov = iov + i;
         m.msg_iovlen = (size_t)(n_iov - i);
-        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        ssize_t w = sendmsg(fd, &m, flags);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && timeout_ms >= 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            double left = until - rn_now_s();
+            struct pollfd p = {fd, POLLOUT, 0};
+            if (left <= 0)
+                return -1;
+            if (poll(&p, 1, (int)(left * 1000) + 1) < 0 && errno != EINTR)
+                return -1;
+            continue;
+        }
         if (w <= 0)
             return -1;
         size_t left = (size_t)w;
@@ -121,6 +130,16 @@ static int rn_write_request(int fd, const char *head, size_t head_len, const cha
         }
     }
     return 0;
+}
+
+/* Head and body in one sendmsg where the socket takes them, so that the
+ * worker reads the whole request in one wake-up, not the head alone and
+ * then the body. */
+static int rn_write_request(int fd, const char *head, size_t head_len, const char *body,
+                            size_t body_len)
+{
+    struct iovec iov[2] = {{(void *)head, head_len}, {(void *)body, body ? body_len : 0}};
+    return rn_sendv(fd, iov, 2, -1);
 }
 
 static double rn_now_s(void)

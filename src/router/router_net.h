@@ -74,6 +74,13 @@ typedef struct rn_pool_counts {
 /* address: "unix:PATH", "http://HOST:PORT" or "HOST:PORT". -1 on failure. */
 int rn_connect(const char *address, int timeout_ms);
 int rn_write_all(int fd, const void *p, size_t n);
+/* Sends the iovecs whole (empty ones skipped; they are updated as bytes
+ * go). timeout_ms < 0: blocking sends (the socket's own SO_SNDTIMEO
+ * bounds them); else non-blocking sends with a poll while the socket is
+ * full, at most timeout_ms in all (the router's client sockets, which
+ * carry no time-outs of their own). 0, or -1. */
+struct iovec;
+int rn_sendv(int fd, struct iovec *iov, int n_iov, int timeout_ms);
 /* Sends a request and reads the status line and headers. Returns 0, -1
  * when the worker could not be reached, -3 when it was reached but gave no
  * response head (a crash, or a time-out), -2 when watch_fd hung up. */

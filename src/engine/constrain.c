@@ -1522,6 +1522,16 @@ typedef struct walk_ctx {
     int32_t count;
 } walk_ctx;
 
+/* Every token that ends at trie node tn goes into the mask. */
+static inline void allow_tokens(walk_ctx *w, const cs_tnode *tn)
+{
+    for (uint32_t k = 0; k < tn->tok_count; k++) {
+        int32_t id = w->t->ids[tn->tok_begin + k];
+        w->mask[id >> 5] |= 1u << (id & 31);
+        w->count++;
+    }
+}
+
 static void walk(walk_ctx *w, uint32_t node, int32_t depth)
 {
     const cs_trie *t = w->t;
@@ -1532,13 +1542,8 @@ static void walk(walk_ctx *w, uint32_t node, int32_t depth)
         set_step(w->c->g, cur, tn->byte, next);
         if (next->n == 0)
             continue;
-        if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after) {
-            for (uint32_t k = 0; k < tn->tok_count; k++) {
-                int32_t id = t->ids[tn->tok_begin + k];
-                w->mask[id >> 5] |= 1u << (id & 31);
-                w->count++;
-            }
-        }
+        if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after)
+            allow_tokens(w, tn);
         if (tn->first_child)
             walk(w, ch, depth + 1);
     }
@@ -1574,13 +1579,8 @@ static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_fra
             set_step(w->c->g, cur, tn->byte, next);
             if (next->n == 0)
                 continue;
-            if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after) {
-                for (uint32_t k = 0; k < tn->tok_count; k++) {
-                    int32_t id = t->ids[tn->tok_begin + k];
-                    w->mask[id >> 5] |= 1u << (id & 31);
-                    w->count++;
-                }
-            }
+            if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after)
+                allow_tokens(w, tn);
             if (tn->first_child)
                 walk(w, ch, depth + 1);
             continue;
@@ -1588,13 +1588,8 @@ static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_fra
         cs_frame f2 = *f;
         if (step_pattern(n, &f2, tn->byte) != R_ACCEPT)
             continue;
-        if (tn->tok_count && base_rest + pattern_min(n, &f2) <= w->budget_after) {
-            for (uint32_t k = 0; k < tn->tok_count; k++) {
-                int32_t id = t->ids[tn->tok_begin + k];
-                w->mask[id >> 5] |= 1u << (id & 31);
-                w->count++;
-            }
-        }
+        if (tn->tok_count && base_rest + pattern_min(n, &f2) <= w->budget_after)
+            allow_tokens(w, tn);
         if (tn->first_child)
             walk_pattern(w, ch, depth + 1, &f2, base_rest);
     }

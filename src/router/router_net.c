@@ -78,21 +78,6 @@ int rn_connect(const char *address, int timeout_ms)
     return fd;
 }
 
-int rn_write_all(int fd, const void *p, size_t n)
-{
-    const char *s = p;
-    while (n > 0) {
-        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        s += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static double rn_now_s(void);
 
 int rn_sendv(int fd, struct iovec *iov, int n_iov, int timeout_ms)

@@ -73,7 +73,6 @@ typedef struct rn_pool_counts {
 
 /* address: "unix:PATH", "http://HOST:PORT" or "HOST:PORT". -1 on failure. */
 int rn_connect(const char *address, int timeout_ms);
-int rn_write_all(int fd, const void *p, size_t n);
 /* Sends the iovecs whole (empty ones skipped; they are updated as bytes
  * go). timeout_ms < 0: blocking sends (the socket's own SO_SNDTIMEO
  * bounds them); else non-blocking sends with a poll while the socket is

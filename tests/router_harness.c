@@ -74,13 +74,24 @@ void rh_init(rh_router *r, const char *name, const char *model, const char *serv
     snprintf(r->sock, sizeof r->sock, "%s/router.sock", r->dir);
     snprintf(r->cfg, sizeof r->cfg, "%s/router.ini", r->dir);
     snprintf(r->log, sizeof r->log, "%s/router.log", r->dir);
-    FILE *f = fopen(r->cfg, "w");
+    rh_write_config(r, model, server_extra, rest);
+}
+
+void rh_write_config(const rh_router *r, const char *model, const char *server_extra,
+                     const char *rest)
+{
+    /* written whole under another name, then renamed: a reload never
+     * reads half a file */
+    char tmp[640];
+    snprintf(tmp, sizeof tmp, "%s.tmp", r->cfg);
+    FILE *f = fopen(tmp, "w");
     assert_non_null(f);
     fprintf(f,
             "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
             "ready-timeout = 30\n%s\n[model]\npath = %s\n%s",
             r->sock, r->dir, server_extra ? server_extra : "", model, rest ? rest : "");
-    fclose(f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(rename(tmp, r->cfg), 0);
 }
 
 int rh_run(rh_router *r, const char *env)

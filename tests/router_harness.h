@@ -44,6 +44,9 @@ int rh_make_model(char *out, size_t cap, const char *file, uint64_t seed);
  * sections). Does not start it. */
 void rh_init(rh_router *r, const char *name, const char *model, const char *server_extra,
              const char *rest);
+/* Writes router.ini again, as rh_init does (for a reload). */
+void rh_write_config(const rh_router *r, const char *model, const char *server_extra,
+                     const char *rest);
 /* Starts (or restarts, same directory) the router; env: one extra "K=V"
  * or NULL (SPILLWAY_FAULT and SPILLWAY_SABOTAGE are cleared first). Waits
  * up to 40 s for /health 200; 0, or -1 when it exited or never answered. */

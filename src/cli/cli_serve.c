@@ -56,18 +56,7 @@ int cli_serve_main(int argc, char **argv)
     static rt_config cfg;
     sw_error err;
     sw_error_clear(&err);
-    rt_config_defaults(&cfg);
-    if (rt_config_load(&cfg, config, &err)) {
-        fprintf(stderr, "spillway serve: %s\n", err.message);
-        return 2;
-    }
-    if ((listen && snprintf(cfg.listen, sizeof cfg.listen, "%s", listen) >= (int)sizeof cfg.listen) ||
-        (state && snprintf(cfg.state_dir, sizeof cfg.state_dir, "%s", state) >= (int)sizeof cfg.state_dir) ||
-        (model && snprintf(cfg.model_path, sizeof cfg.model_path, "%s", model) >= (int)sizeof cfg.model_path)) {
-        fprintf(stderr, "spillway serve: option too long\n");
-        return 2;
-    }
-    if (rt_config_check(&cfg, &err)) {
+    if (rt_config_read(&cfg, config, listen, state, model, &err)) {
         fprintf(stderr, "spillway serve: %s\n", err.message);
         return 2;
     }

@@ -28,6 +28,8 @@
  *                       report routes
  *   router_events.c     /v1/spillway/events/stream (server-sent events)
  *   router_dashboard.c  /dashboard (the page, embedded at build time)
+ *   router_reload.c     SIGHUP and POST /v1/spillway/reload: the file read
+ *                       again, workers added, drained, restarted
  *
  * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
  * the router's (rt_router.mu); no other lock is held while taking either.
@@ -82,11 +84,26 @@ typedef struct rt_sabotage {
 
 struct rt_jobs;
 
+/* A configuration a reload replaced, kept until the router ends: a
+ * request that began before it may still read it. */
+typedef struct rt_retired {
+    rt_config *cfg;
+    struct rt_retired *next;
+} rt_retired;
+
 /* The router: its pieces and what they share. mu guards the metrics,
  * the event ring and the idle connections; the pool has its own lock,
  * which also guards the queue. */
 typedef struct rt_router {
-    const rt_config *cfg;
+    /* the running configuration: read as rt->cfg->KEY (an atomic load of
+     * the pointer); a reload publishes a new one whole (router_reload.c).
+     * Its workers are what the router started with: the pool has the
+     * live ones. */
+    const rt_config *_Atomic cfg;
+    const rt_config *first_cfg;  /* rt_serve's caller's; never freed here */
+    rt_retired *retired;         /* guarded by the reload lock */
+    uint64_t reloads_ok, reloads_failed;
+    atomic_int reload_signal;    /* SIGHUP seen, the main thread reloads */
     pthread_mutex_t mu;
     rt_pool pool;               /* the workers and the books */
     rt_queue queue;             /* requests waiting for a worker */
@@ -267,6 +284,21 @@ void rt__handle_stats(rt_req *q);
 void rt__handle_drill(rt_req *q);
 /* GET /dashboard (router_dashboard.c) */
 void rt__handle_dashboard(rt_req *q);
+/* Slot wi takes a new worker: its columns of the activity ring are
+ * cleared (takes rt->mu; may be called with the pool's lock held). */
+void rt__stats_clear_worker(rt_router *rt, int wi);
+
+/* reload (router_reload.c) */
+/* Reads the configuration file again and applies it; origin names the
+ * trigger in the log. 0 and *answer (the summary: workers added, removed,
+ * restarted, unchanged; settings applied and those that need a restart),
+ * or an error with err naming the file's line and key: then nothing
+ * changed. */
+int rt__reload(rt_router *rt, const char *origin, json_t **answer, sw_error *err);
+/* POST /v1/spillway/reload */
+void rt__handle_reload(rt_req *q);
+/* At the end: every configuration a reload allocated. */
+void rt__reload_free_retired(rt_router *rt);
 
 /* responses */
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,

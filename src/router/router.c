@@ -149,8 +149,10 @@ void rt__fault_scope_end(rt_req *q)
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    rt__g.stop = 1;
+    if (sig == SIGHUP)
+        rt__g.reload_signal = 1; /* the main thread reloads */
+    else
+        rt__g.stop = 1;
 }
 
 
@@ -179,6 +181,7 @@ int rt_serve(const rt_config *c)
     rt_router *rt = &rt__g;
     memset(rt, 0, sizeof *rt);
     rt->cfg = c;
+    rt->first_cfg = c;
     pthread_mutex_init(&rt->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -192,6 +195,7 @@ int rt_serve(const rt_config *c)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* a reload (done once serving) */
     if (mkdir(c->state_dir, 0700) && errno != EEXIST) {
         fprintf(stderr, "spillway serve: cannot create state-dir %s: %s\n", c->state_dir,
                 strerror(errno));
@@ -222,13 +226,13 @@ int rt_serve(const rt_config *c)
         /* every managed worker, and at least one worker in all: a worker
          * given by url may come up later */
         int ready = 0, managed_waiting = 0;
-        for (int i = 0; i < rt->pool.n; i++) {
+        for (int i = 0; i < rt->pool.n_slots; i++) {
             ready += rt->pool.w[i].state == WS_READY;
             managed_waiting += rt->pool.w[i].cfg.managed && rt->pool.w[i].state != WS_READY;
         }
         if (ready > 0 && managed_waiting == 0)
             break;
-        for (int i = 0; i < rt->pool.n; i++)
+        for (int i = 0; i < rt->pool.n_slots; i++)
             if (rt->pool.w[i].last_exit == 1 || rt->pool.w[i].last_exit == 2) {
                 /* a start-up failure (bad model, device or options) does
                  * not get better by restarting */
@@ -237,7 +241,7 @@ int rt_serve(const rt_config *c)
                 goto out;
             }
         if (rt->stop || rt__now_s() - t0 > c->ready_timeout_s) {
-            for (int i = 0; i < rt->pool.n; i++)
+            for (int i = 0; i < rt->pool.n_slots; i++)
                 if (rt->pool.w[i].state != WS_READY)
                     fprintf(stderr, "spillway serve: worker %s did not become ready (log: %s)\n",
                             rt->pool.w[i].cfg.name, rt->pool.w[i].log_path[0] ? rt->pool.w[i].log_path : rt->pool.w[i].address);
@@ -257,7 +261,7 @@ int rt_serve(const rt_config *c)
         fprintf(stderr, "spillway serve: cannot start the job runners\n");
         goto out;
     }
-    for (int k = 0; k < rt->pool.n; k++) {
+    for (int k = 0; k < rt->pool.n_live; k++) {
         rt_worker *w = &rt->pool.w[rt->pool.order[k]];
         printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name,
                w->cfg.device[0] ? w->cfg.device : "cpu",
@@ -275,8 +279,16 @@ int rt_serve(const rt_config *c)
         fprintf(stderr, "spillway serve: cannot start the connection threads\n");
         goto out;
     }
-    while (!rt->stop)
+    while (!rt->stop) {
+        if (atomic_exchange(&rt->reload_signal, 0)) {
+            json_t *answer = NULL;
+            sw_error rerr;
+            sw_error_clear(&rerr);
+            if (rt__reload(rt, "SIGHUP", &answer, &rerr) == 0)
+                json_decref(answer); /* logged there */
+        }
         usleep(100 * 1000);
+    }
     status = 0;
     pthread_mutex_lock(&rt->mu);
     int running = rt->active_conns;
@@ -328,6 +340,7 @@ out:
     }
     eng_tokenizer_free(rt->tok);
     rt->tok = NULL;
+    rt__reload_free_retired(rt);
     ldg_close(rt->ledger);
     rt->ledger = NULL;
     for (int i = 0; i < RT_EVENTS; i++)

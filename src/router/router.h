@@ -24,7 +24,8 @@
 
 typedef struct rt_worker_config {
     char name[64];
-    int line;                  /* of its [worker NAME] header, for messages */
+    int position;              /* its place among the [worker] sections
+                                  (breaks ties in preference) */
     bool managed;              /* true: the router spawns it */
     char url[512];             /* unix:PATH or http://HOST:PORT (not managed) */
     char device[128];          /* "" = cpu profile */
@@ -87,6 +88,12 @@ typedef struct rt_config {
     int job_workers;           /* jobs run at once (2) */
     rt_tool_config tools[RT_MAX_TOOLS];
     int n_tools;
+    int drain_timeout_s;       /* a reload's drain of a removed or changed
+                                  worker, at most (300) */
+    /* what `spillway serve` was started with: a reload reads the file
+     * again and applies the same command-line overrides ("" none) */
+    char config_path[512];
+    char override_listen[256], override_state_dir[512], override_model[512];
 } rt_config;
 
 void rt_config_defaults(rt_config *c);
@@ -97,6 +104,11 @@ int rt_config_load(rt_config *c, const char *path, sw_error *err);
  * model, at least one worker, a non-loopback listen address only with an
  * API key. */
 int rt_config_check(const rt_config *c, sw_error *err);
+/* What `spillway serve` and a reload do: defaults, the file at path,
+ * the overrides (NULL or "" none; kept in c for the next reload), the
+ * check. SW_EINVAL / SW_EIO with the message naming file, line and key. */
+int rt_config_read(rt_config *c, const char *path, const char *listen, const char *state_dir,
+                   const char *model, sw_error *err);
 
 /* Runs the router until SIGTERM / SIGINT; returns the exit status. Prints
  * "spillway serve: listening on HOST:PORT" on stdout once bound (the real

@@ -1132,10 +1132,13 @@ run:
         q->attempts += iq.attempts;
         if (iq.worker[0] && !a.text_sent)
             snprintf(q->worker, sizeof q->worker, "%s", iq.worker);
-        if (iq.worker_failed)
-            for (int i = 0; i < rt->pool.n; i++)
+        if (iq.worker_failed) {
+            pthread_mutex_lock(&rt->pool.mu);
+            RT_POOL_FOR_LIVE(&rt->pool, i)
                 if (!strcmp(rt->pool.w[i].cfg.name, iq.worker))
                     failed[i] = true;
+            pthread_mutex_unlock(&rt->pool.mu);
+        }
         if (a.ended || (a.text_sent && q->write_failed)) {
             /* the stream already ended at the client (an error event after
              * text, or the client left) */

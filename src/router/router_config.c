@@ -44,6 +44,7 @@ void rt_config_defaults(rt_config *c)
     c->idempotency_ttl_s = 86400;
     c->max_tool_steps = 4;
     c->job_workers = 2;
+    c->drain_timeout_s = 300;
 }
 
 static int cfg_fail(cfg_parse *p, const char *section, const char *name, const char *why,
@@ -184,6 +185,10 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);
         c->ready_timeout_s = (int)x;
+    } else if (!strcmp(name, "drain-timeout-s")) {
+        if (!cfg_int(v, 1, 86400, &x))
+            return cfg_fail(p, s, name, "expected seconds 1..86400", v);
+        c->drain_timeout_s = (int)x;
     } else {
         return cfg_fail(p, s, name, "unknown key", v);
     }
@@ -387,6 +392,7 @@ static int cfg_handler(void *user, const char *section, const char *name, const 
             w->gpu_layers = -1;
             w->reserve = -1;
             w->preference = c->n_workers;
+            w->position = c->n_workers;
             c->n_workers++;
             p->cur = w;
             snprintf(p->cur_section, sizeof p->cur_section, "%s", section);
@@ -472,4 +478,33 @@ int rt_config_check(const rt_config *c, sw_error *err)
                             "without [server] api-keys",
                             c->listen);
     return SW_OK;
+}
+
+static int cfg_override(char *dst, size_t cap, char *keep, size_t keep_cap, const char *v,
+                        const char *what, sw_error *err)
+{
+    if (!v || !v[0])
+        return SW_OK;
+    if (!cfg_copy(dst, cap, v) || !cfg_copy(keep, keep_cap, v))
+        return sw_error_set(err, SW_EINVAL, "%s: too long", what);
+    return SW_OK;
+}
+
+int rt_config_read(rt_config *c, const char *path, const char *listen, const char *state_dir,
+                   const char *model, sw_error *err)
+{
+    rt_config_defaults(c);
+    if (!cfg_copy(c->config_path, sizeof c->config_path, path))
+        return sw_error_set(err, SW_EINVAL, "configuration path too long");
+    int rc = rt_config_load(c, path, err);
+    if (rc)
+        return rc;
+    if ((rc = cfg_override(c->listen, sizeof c->listen, c->override_listen,
+                           sizeof c->override_listen, listen, "--listen", err)) ||
+        (rc = cfg_override(c->state_dir, sizeof c->state_dir, c->override_state_dir,
+                           sizeof c->override_state_dir, state_dir, "--state-dir", err)) ||
+        (rc = cfg_override(c->model_path, sizeof c->model_path, c->override_model,
+                           sizeof c->override_model, model, "--model", err)))
+        return rc;
+    return rt_config_check(c, err);
 }

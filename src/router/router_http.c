@@ -268,9 +268,9 @@ static void handle_health(rt_req *q)
     json_t *ws = json_array();
     int ready = 0;
     pthread_mutex_lock(&rt->pool.mu);
-    for (int k = 0; k < rt->pool.n; k++) {
+    for (int k = 0; k < rt->pool.n_live; k++) {
         rt_worker *w = &rt->pool.w[rt->pool.order[k]];
-        ready += w->state == WS_READY;
+        ready += rt_pool_state_locked(w) == WS_READY;
         json_t *o = rt__worker_json_locked(w);
         if (o)
             json_array_append_new(ws, o);
@@ -354,7 +354,7 @@ static void metrics_queue(const rt_router *rt, char *b, size_t *n, size_t cap)
         (unsigned long long)rt->refused_queue_timeout,
         (unsigned long long)rt->refused_deadline, (unsigned long long)rt->refused_context);
     OUT("# TYPE spillway_router_worker_refusals_total counter\n");
-    for (int i = 0; i < rt->pool.n; i++) {
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
         const rt_worker *w = &rt->pool.w[i];
         OUT("spillway_router_worker_refusals_total{worker=\"%s\",reason=\"memory\"} %llu\n"
             "spillway_router_worker_refusals_total{worker=\"%s\",reason=\"slots\"} %llu\n",
@@ -362,15 +362,15 @@ static void metrics_queue(const rt_router *rt, char *b, size_t *n, size_t cap)
             (unsigned long long)w->refused_slots);
     }
     OUT("# TYPE spillway_router_admitted_seqs gauge\n");
-    for (int i = 0; i < rt->pool.n; i++)
+    RT_POOL_FOR_LIVE(&rt->pool, i)
         OUT("spillway_router_admitted_seqs{worker=\"%s\"} %d\n", rt->pool.w[i].cfg.name,
             rt->pool.w[i].books.seqs);
     OUT("# TYPE spillway_router_reserved_kv_bytes gauge\n");
-    for (int i = 0; i < rt->pool.n; i++)
+    RT_POOL_FOR_LIVE(&rt->pool, i)
         OUT("spillway_router_reserved_kv_bytes{worker=\"%s\"} %lld\n", rt->pool.w[i].cfg.name,
             (long long)rt->pool.w[i].books.kv_bytes);
     OUT("# TYPE spillway_router_kv_budget_bytes gauge\n");
-    for (int i = 0; i < rt->pool.n; i++)
+    RT_POOL_FOR_LIVE(&rt->pool, i)
         OUT("spillway_router_kv_budget_bytes{worker=\"%s\"} %lld\n", rt->pool.w[i].cfg.name,
             (long long)rt->pool.w[i].kv_budget);
 }
@@ -392,7 +392,7 @@ static void handle_metrics(rt_req *q)
     pthread_mutex_lock(&rt->pool.mu);
     pthread_mutex_lock(&rt->mu);
     OUT("# TYPE spillway_router_requests_total counter\n");
-    for (int i = 0; i < rt->pool.n; i++) {
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
         rt_worker *w = &rt->pool.w[i];
         OUT("spillway_router_requests_total{worker=\"%s\",outcome=\"ok\"} %llu\n", w->cfg.name,
             (unsigned long long)w->req_ok);
@@ -413,15 +413,15 @@ static void handle_metrics(rt_req *q)
     OUT("spillway_router_failovers_total{reason=\"worker_crash\"} %llu\n",
         (unsigned long long)rt->failovers_crash);
     OUT("# TYPE spillway_router_worker_up gauge\n");
-    for (int i = 0; i < rt->pool.n; i++)
+    RT_POOL_FOR_LIVE(&rt->pool, i)
         OUT("spillway_router_worker_up{worker=\"%s\"} %d\n", rt->pool.w[i].cfg.name,
             rt->pool.w[i].state == WS_READY);
     OUT("# TYPE spillway_router_worker_restarts_total counter\n");
-    for (int i = 0; i < rt->pool.n; i++)
+    RT_POOL_FOR_LIVE(&rt->pool, i)
         OUT("spillway_router_worker_restarts_total{worker=\"%s\"} %d\n", rt->pool.w[i].cfg.name,
             rt->pool.w[i].restarts);
     OUT("# TYPE spillway_router_device_memory_bytes gauge\n");
-    for (int i = 0; i < rt->pool.n; i++) {
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"total\"} %lld\n",
             rt->pool.w[i].cfg.name, (long long)rt->pool.w[i].mem_total);
         OUT("spillway_router_device_memory_bytes{worker=\"%s\",kind=\"used\"} %lld\n",
@@ -430,11 +430,15 @@ static void handle_metrics(rt_req *q)
             rt->pool.w[i].cfg.name, (long long)rt->pool.w[i].mem_reserved);
     }
     OUT("# TYPE spillway_router_generated_tokens_total counter\n");
-    for (int i = 0; i < rt->pool.n; i++)
+    RT_POOL_FOR_LIVE(&rt->pool, i)
         OUT("spillway_router_generated_tokens_total{worker=\"%s\"} %llu\n", rt->pool.w[i].cfg.name,
             (unsigned long long)rt->pool.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt->active_conns);
+    OUT("# TYPE spillway_router_reloads_total counter\n"
+        "spillway_router_reloads_total{result=\"ok\"} %llu\n"
+        "spillway_router_reloads_total{result=\"failed\"} %llu\n",
+        (unsigned long long)rt->reloads_ok, (unsigned long long)rt->reloads_failed);
     rn_pool_counts pc;
     rn_pool_get_counts(&pc); /* the connections to workers (router_net.c) */
     OUT("# TYPE spillway_router_upstream_connections_total counter\n"
@@ -502,17 +506,22 @@ static void handle_metrics(rt_req *q)
 static void handle_models(rt_req *q)
 {
     rt_router *rt = q->rt;
-    for (int k = 0; k < rt->pool.n; k++) {
-        rt_worker *w = &rt->pool.w[rt->pool.order[k]];
-        pthread_mutex_lock(&rt->pool.mu);
-        bool ready = w->state == WS_READY;
-        pthread_mutex_unlock(&rt->pool.mu);
-        if (!ready)
-            continue;
+    /* the ready workers' addresses, copied: a reload may change the
+     * pool while a worker is asked */
+    char addr[RT_MAX_WORKERS][sizeof rt->pool.w[0].address];
+    int n = 0;
+    pthread_mutex_lock(&rt->pool.mu);
+    for (int k = 0; k < rt->pool.n_live; k++) {
+        const rt_worker *w = &rt->pool.w[rt->pool.order[k]];
+        if (rt_pool_state_locked(w) == WS_READY)
+            memcpy(addr[n++], w->address, sizeof addr[0]);
+    }
+    pthread_mutex_unlock(&rt->pool.mu);
+    for (int k = 0; k < n; k++) {
         char *body = NULL;
         /* the list, or one model (/v1/models/{id}: 200 or 404 as the
          * worker says) */
-        int st = rn_get(w->address, q->path, 5000, &body);
+        int st = rn_get(addr[k], q->path, 5000, &body);
         if ((st == 200 || (st == 404 && q->path[10] == '/')) && body) {
             rt__send_response(q, st, "application/json", NULL, body, strlen(body));
             sw_free(body);
@@ -938,6 +947,11 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__with_idempotency(&q, rt__dispatch_generate, !strcmp(q.path, "/v1/chat/completions"));
     } else if (!strcmp(q.path, "/v1/spillway/jobs") || !strncmp(q.path, "/v1/spillway/jobs/", 18)) {
         rt__handle_jobs(&q);
+    } else if (!strcmp(q.path, "/v1/spillway/reload")) {
+        if (!post)
+            rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
+        else
+            rt__handle_reload(&q);
     } else if (!strcmp(q.path, "/dashboard") || !strcmp(q.path, "/v1/spillway/stats") ||
                !strcmp(q.path, "/v1/spillway/events/stream") ||
                !strcmp(q.path, "/v1/spillway/drill") || !strncmp(q.path, "/v1/spillway/drill/", 19)) {

@@ -7,44 +7,66 @@
 
 const char *rt_ws_name(int s)
 {
-    static const char *n[] = {"starting", "ready", "down", "suspect"};
-    return s >= 0 && s < 4 ? n[s] : "unknown";
+    static const char *n[] = {"starting", "ready", "down", "suspect", "draining"};
+    return s >= 0 && s < 5 ? n[s] : "unknown";
+}
+
+int rt_pool_state_locked(const rt_worker *w)
+{
+    return w->drain != RT_DRAIN_NONE ? WS_DRAINING : w->state;
+}
+
+void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc,
+                              const char *state_dir)
+{
+    rt_worker *w = &p->w[i];
+    /* built in locals first: wc may be this slot's own next_cfg */
+    rt_worker_config cfg = *wc;
+    char address[sizeof w->address], log_path[sizeof w->log_path] = "";
+    if (cfg.managed) {
+        snprintf(address, sizeof address, "unix:%s/%s.sock", state_dir, cfg.name);
+        snprintf(log_path, sizeof log_path, "%s/%s.log", state_dir, cfg.name);
+    } else {
+        snprintf(address, sizeof address, "%s", cfg.url);
+    }
+    memset(w, 0, sizeof *w);
+    w->cfg = cfg;
+    w->backoff = 0.25;
+    w->last_exit = -1;
+    w->kv_budget = -1;
+    w->kv_reported_budget = -1;
+    w->state = cfg.managed ? WS_DOWN : WS_STARTING;
+    memcpy(w->address, address, sizeof address);
+    memcpy(w->log_path, log_path, sizeof log_path);
+}
+
+void rt_pool_sort_locked(rt_pool *p)
+{
+    p->n_live = 0;
+    for (int i = 0; i < p->n_slots; i++)
+        if (!p->w[i].gone)
+            p->order[p->n_live++] = i;
+    /* insertion sort: preference, then the place in the file */
+    for (int i = 1; i < p->n_live; i++)
+        for (int j = i; j > 0; j--) {
+            const rt_worker_config *a = &p->w[p->order[j]].cfg, *b = &p->w[p->order[j - 1]].cfg;
+            if (a->preference > b->preference ||
+                (a->preference == b->preference && a->position >= b->position))
+                break;
+            int t = p->order[j];
+            p->order[j] = p->order[j - 1];
+            p->order[j - 1] = t;
+        }
 }
 
 void rt_pool_init(rt_pool *p, const rt_config *c)
 {
     memset(p, 0, sizeof *p);
     pthread_mutex_init(&p->mu, NULL);
-    p->n = c->n_workers;
-    for (int i = 0; i < p->n; i++) {
-        rt_worker *w = &p->w[i];
-        w->cfg = c->workers[i];
-        w->backoff = 0.25;
-        w->last_exit = -1;
-        w->kv_budget = -1;
-        w->kv_reported_budget = -1;
-        w->state = w->cfg.managed ? WS_DOWN : WS_STARTING;
-        /* built in locals: snprintf must not read what it writes, and
-         * the configuration may share an object with the pool */
-        char address[sizeof w->address], log_path[sizeof w->log_path] = "";
-        if (w->cfg.managed) {
-            snprintf(address, sizeof address, "unix:%s/%s.sock", c->state_dir, c->workers[i].name);
-            snprintf(log_path, sizeof log_path, "%s/%s.log", c->state_dir, c->workers[i].name);
-        } else {
-            snprintf(address, sizeof address, "%s", c->workers[i].url);
-        }
-        memcpy(w->address, address, sizeof address);
-        memcpy(w->log_path, log_path, sizeof log_path);
-        p->order[i] = i;
-    }
-    /* preference order, stable (file order breaks ties) */
-    for (int i = 1; i < p->n; i++)
-        for (int j = i; j > 0 && p->w[p->order[j]].cfg.preference <
-                                     p->w[p->order[j - 1]].cfg.preference; j--) {
-            int t = p->order[j];
-            p->order[j] = p->order[j - 1];
-            p->order[j - 1] = t;
-        }
+    p->n_slots = c->n_workers;
+    for (int i = 0; i < p->n_slots; i++)
+        rt_pool_slot_init_locked(p, i, &c->workers[i], c->state_dir);
+    rt_pool_sort_locked(p);
 }
 
 void rt_pool_destroy(rt_pool *p) { pthread_mutex_destroy(&p->mu); }
@@ -58,12 +80,16 @@ int32_t rt_pool_max_seqs(const rt_worker *w)
 
 void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
 {
-    out->n = p->n;
-    for (int k = 0; k < p->n; k++) {
+    out->n = 0;
+    for (int k = 0; k < p->n_live; k++) {
         const rt_worker *w = &p->w[p->order[k]];
-        rt_worker_view *v = &out->w[k];
+        /* a worker being removed takes nothing new, ever: to the policy
+         * it is not there (one that drains to restart is only not ready) */
+        if (w->drain == RT_DRAIN_REMOVE)
+            continue;
+        rt_worker_view *v = &out->w[out->n++];
         v->index = p->order[k];
-        v->state = w->state;
+        v->state = rt_pool_state_locked(w);
         v->kind = w->cfg.kind;
         v->ctx_limit = w->ctx_limit;
         v->max_seqs = rt_pool_max_seqs(w);

@@ -17,9 +17,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-enum { WS_STARTING, WS_READY, WS_DOWN, WS_SUSPECT };
+enum { WS_STARTING, WS_READY, WS_DOWN, WS_SUSPECT, WS_DRAINING };
 
 const char *rt_ws_name(int state);
+
+/* A reload (router_reload.c) drains a worker before it stops it: its
+ * admitted requests finish, no new one is admitted. REMOVE: then it is
+ * gone; RESTART: then it starts again with its new configuration. */
+enum { RT_DRAIN_NONE, RT_DRAIN_REMOVE, RT_DRAIN_RESTART };
 
 /* What the router has admitted to one worker and not yet seen end. */
 typedef struct rt_books {
@@ -66,14 +71,30 @@ typedef struct rt_worker {
     /* metrics */
     uint64_t req_ok, req_client_error, req_failed, tokens;
     uint64_t refused_memory, refused_slots; /* by the worker (stay 0) */
+    /* reload (router_reload.c; the supervisor ends the drain) */
+    int drain;                  /* RT_DRAIN_* */
+    double drain_since;         /* when the drain began */
+    double stop_sent_at;        /* SIGTERM sent after the drain; 0 not yet */
+    rt_worker_config next_cfg;  /* RT_DRAIN_RESTART: what it starts with */
+    bool gone;                  /* a removed worker's slot, free for reuse */
 } rt_worker;
 
+/* The slots w[0..n_slots) keep their index for the router's life: a
+ * request's books and tried[] name a worker by it. A removed worker's
+ * slot is marked gone and may later take an added one; order lists the
+ * slots that are not gone (n_live), in preference order. */
 typedef struct rt_pool {
     pthread_mutex_t mu;
     rt_worker w[RT_MAX_WORKERS];
-    int order[RT_MAX_WORKERS];  /* preference order */
-    int n;
+    int n_slots;
+    int order[RT_MAX_WORKERS];  /* preference order, live slots only */
+    int n_live;
 } rt_pool;
+
+/* for each live slot index i (not gone), in preference order; with the
+ * pool's lock held */
+#define RT_POOL_FOR_LIVE(p, i)                                                  \
+    for (int i##_k = 0, i = 0; i##_k < (p)->n_live && ((i = (p)->order[i##_k]), 1); i##_k++)
 
 /* One worker as the policy sees it: a copy taken under the lock. */
 typedef struct rt_worker_view {
@@ -99,6 +120,15 @@ typedef struct rt_pool_view {
 /* Fills the pool from the configuration (state, addresses, preference
  * order); the lock is initialised here. */
 void rt_pool_init(rt_pool *p, const rt_config *c);
+/* With p->mu held: slot i made a new worker of configuration wc (down
+ * when managed, else starting; its socket and log under state_dir). */
+void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc,
+                              const char *state_dir);
+/* With p->mu held: order rebuilt from the live slots, by preference,
+ * ties in file order (cfg.position). */
+void rt_pool_sort_locked(rt_pool *p);
+/* With p->mu held: the state a worker shows (draining while it drains). */
+int rt_pool_state_locked(const rt_worker *w);
 void rt_pool_destroy(rt_pool *p);
 
 /* With p->mu held: a snapshot of every worker in preference order. */

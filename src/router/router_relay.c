@@ -479,10 +479,13 @@ static void generate(rt_req *q, bool chat, json_t *body)
     }
     q->completed = r.finished;
     q->outcome = last;
-    if (q->attempts > 0 && r.final_worker[0])
-        for (int i = 0; i < rt->pool.n; i++)
+    if (q->attempts > 0 && r.final_worker[0]) {
+        pthread_mutex_lock(&rt->pool.mu);
+        RT_POOL_FOR_LIVE(&rt->pool, i)
             if (!strcmp(rt->pool.w[i].cfg.name, r.final_worker))
                 q->outcome_kind = rt->pool.w[i].cfg.kind;
+        pthread_mutex_unlock(&rt->pool.mu);
+    }
     if (first_error && q->defer_event) {
         q->failover_first_error = first_error; /* the agent run records it */
         first_error = NULL;

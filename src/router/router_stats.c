@@ -56,6 +56,16 @@ void rt__stats_attempt(rt_router *rt, int wi, bool answered, bool failed, uint64
     pthread_mutex_unlock(&rt->mu);
 }
 
+void rt__stats_clear_worker(rt_router *rt, int wi)
+{
+    if (wi < 0 || wi >= RT_MAX_WORKERS)
+        return;
+    pthread_mutex_lock(&rt->mu);
+    for (int i = 0; i < RT_STATS_SLOTS; i++)
+        rt->stats[i].w_requests[wi] = rt->stats[i].w_tokens[wi] = 0;
+    pthread_mutex_unlock(&rt->mu);
+}
+
 void rt__stats_failover(rt_router *rt)
 {
     pthread_mutex_lock(&rt->mu);
@@ -76,7 +86,7 @@ json_t *rt__worker_json_locked(const rt_worker *w)
 {
     json_t *o = json_pack(
         "{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}", "name",
-        w->cfg.name, "state", rt_ws_name(w->state), "device",
+        w->cfg.name, "state", rt_ws_name(rt_pool_state_locked(w)), "device",
         w->cfg.device[0] ? w->cfg.device : "cpu", "managed", w->cfg.managed, "pid", (int)w->pid,
         "restarts", w->restarts, "memory_total_bytes", (json_int_t)w->mem_total,
         "memory_free_bytes", (json_int_t)w->mem_free, "kv_bytes_per_token",
@@ -305,7 +315,7 @@ void rt__handle_stats(rt_req *q)
     /* lock order: the pool's, then the router's */
     pthread_mutex_lock(&rt->pool.mu);
     pthread_mutex_lock(&rt->mu);
-    for (int k = 0; k < rt->pool.n; k++) {
+    for (int k = 0; k < rt->pool.n_live; k++) {
         int wi = rt->pool.order[k];
         const rt_worker *w = &rt->pool.w[wi];
         ready += w->state == WS_READY;

@@ -232,13 +232,76 @@ static void sup_health(rt_router *rt, rt_worker *w)
     rt_queue_kick(&rt->queue); /* ready, or a new budget: waiters may fit */
 }
 
+/* With the pool's lock: a worker a reload drains (router_reload.c).
+ * Once the books show nothing admitted to it (or drain-timeout-s is
+ * over: what still runs there then fails over as from a crash), its
+ * process gets SIGTERM (SIGKILL 10 s later); once reaped, or at once for
+ * a worker the router does not run, a removed worker's slot is gone and
+ * a changed one starts again with its new configuration. */
+static void sup_drain_locked(rt_router *rt, int i, double t)
+{
+    rt_worker *w = &rt->pool.w[i];
+    bool overdue = t - w->drain_since > rt->cfg->drain_timeout_s;
+    if (w->books.seqs > 0 && !overdue)
+        return;
+    if (w->cfg.managed && w->pid > 0) {
+        if (!w->stop_sent_at) {
+            if (w->books.seqs > 0)
+                SW_WARN("router", "worker %s: drain-timeout-s passed with %d request(s) running; "
+                        "stopping it anyway", w->cfg.name, w->books.seqs);
+            SW_INFO("router", "worker %s: drained; stopping pid %d", w->cfg.name, (int)w->pid);
+            kill(w->pid, SIGTERM);
+            w->stop_sent_at = t;
+        } else if (t - w->stop_sent_at > 10) {
+            kill(w->pid, SIGKILL);
+        }
+        int status;
+        if (waitpid(w->pid, &status, WNOHANG) != w->pid)
+            return;
+        w->pid = 0;
+    }
+    rn_pool_drop(w->address); /* no connection outlives the drain */
+    if (w->drain == RT_DRAIN_REMOVE) {
+        SW_INFO("router", "worker %s: removed", w->cfg.name);
+        w->gone = true;
+        w->drain = RT_DRAIN_NONE;
+        w->state = WS_DOWN;
+    } else {
+        /* the same name and counters, a new configuration and process */
+        rt_worker keep = *w;
+        rt_pool_slot_init_locked(&rt->pool, i, &keep.next_cfg, rt->cfg->state_dir);
+        w->restarts = keep.restarts;
+        w->req_ok = keep.req_ok;
+        w->req_client_error = keep.req_client_error;
+        w->req_failed = keep.req_failed;
+        w->tokens = keep.tokens;
+        w->refused_memory = keep.refused_memory;
+        w->refused_slots = keep.refused_slots;
+        SW_INFO("router", "worker %s: restarting with its new configuration", w->cfg.name);
+    }
+    rt_pool_sort_locked(&rt->pool);
+}
+
 /* One supervision pass: reap, restart, health-check what is due. */
 void rt__sup_pass(rt_router *rt, bool force_health)
 {
     double t = rt__now_s();
-    for (int i = 0; i < rt->pool.n; i++) {
+    for (int i = 0;; i++) {
         rt_worker *w = &rt->pool.w[i];
         pthread_mutex_lock(&rt->pool.mu);
+        if (i >= rt->pool.n_slots) { /* a reload may add slots */
+            pthread_mutex_unlock(&rt->pool.mu);
+            break;
+        }
+        if (w->gone) {
+            pthread_mutex_unlock(&rt->pool.mu);
+            continue;
+        }
+        if (w->drain != RT_DRAIN_NONE) {
+            sup_drain_locked(rt, i, t);
+            pthread_mutex_unlock(&rt->pool.mu);
+            continue;
+        }
         if (w->cfg.managed && w->pid > 0) {
             int status;
             pid_t r = waitpid(w->pid, &status, WNOHANG);
@@ -351,11 +414,14 @@ static void worker_gone(rt_router *rt, int i)
 
 void rt__stop_workers(rt_router *rt)
 {
-    for (int i = 0; i < rt->pool.n; i++)
+    pthread_mutex_lock(&rt->pool.mu);
+    int n = rt->pool.n_slots; /* a reload on a connection thread may still add one */
+    pthread_mutex_unlock(&rt->pool.mu);
+    for (int i = 0; i < n; i++)
         if (rt->pool.w[i].pid > 0)
             kill(rt->pool.w[i].pid, SIGTERM);
     double t = rt__now_s();
-    for (int i = 0; i < rt->pool.n; i++) {
+    for (int i = 0; i < n; i++) {
         while (rt->pool.w[i].pid > 0) {
             int st;
             if (waitpid(rt->pool.w[i].pid, &st, WNOHANG) == rt->pool.w[i].pid) {

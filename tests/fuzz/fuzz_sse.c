@@ -347,7 +347,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pthread_mutex_init(&fz_rt.mu, NULL);
         snprintf(fz_rt.pool.w[0].address, sizeof fz_rt.pool.w[0].address, "unix:%s", fz_w.sock);
         snprintf(fz_rt.pool.w[0].cfg.name, sizeof fz_rt.pool.w[0].cfg.name, "fuzz");
-        fz_rt.pool.n = 1;
+        fz_rt.pool.n_slots = 1;
+        fz_rt.pool.n_live = 1; /* order[0] = 0 */
     }
     const uint8_t flags = data[0];
     fz_rt.pool.w[0].cfg.kind = flags & 4 ? RT_KIND_OPENAI : RT_KIND_SPILLWAY;

@@ -671,7 +671,7 @@ static void pool_fill(rt_pool *p, int n)
 {
     memset(p, 0, sizeof *p);
     pthread_mutex_init(&p->mu, NULL);
-    p->n = n;
+    p->n_slots = p->n_live = n;
     for (int i = 0; i < n; i++) {
         rt_worker *w = &p->w[i];
         snprintf(w->cfg.name, sizeof w->cfg.name, "w%d", i);

@@ -4,8 +4,9 @@
  * the whole time:
  *
  * - SIGHUP after the file lost worker "a" and gained "c" (preferred):
- *   "a" drains and its process is gone, "c" starts and serves the next
- *   request;
+ *   "a" drains (a long stream it was serving when the reload came goes on
+ *   to its end on "a", with no failover, while /health shows "a"
+ *   draining), then its process is gone; "c" starts and serves;
  * - POST /v1/spillway/reload after "b" changed (its ctx-limit): "b"
  *   drains and starts again as a new process with the new limit; the
  *   answer lists it as restarted and "c" as unchanged;
@@ -181,6 +182,25 @@ static bool lists(json_t *arr, const char *s)
     return false;
 }
 
+/* Reads the raw connection until needle arrives (bounded). */
+static void read_until(rh_conn *c, const char *needle, double timeout_s)
+{
+    double t0 = tu_now_s();
+    while (!(c->buf && strstr(c->buf, needle))) {
+        double left = timeout_s - (tu_now_s() - t0);
+        if (left <= 0 || !rh_conn_read_more(c, left))
+            fail_msg("'%s' did not arrive; so far: %.300s", needle, c->buf ? c->buf : "");
+    }
+}
+
+static const char *worker_state(const rh_router *r, const char *name, char *buf, size_t cap)
+{
+    json_t *h = rh_worker_health(r, name);
+    snprintf(buf, cap, "%s", json_string_value(json_object_get(h, "state")) ?: "");
+    json_decref(h);
+    return buf;
+}
+
 /* ---- the test ---------------------------------------------------------- */
 
 static void test_reload_under_load(void **state)
@@ -189,7 +209,24 @@ static void test_reload_under_load(void **state)
     if (!tu_spillway_bin())
         skip();
     rh_router r;
-    assert_int_equal(rh_start(&r, "reload", g_model, NULL, WORKER("a", "") WORKER("b", "")), 0);
+    /* a takes the long stream: it is preferred and holds 4096 tokens */
+    assert_int_equal(rh_start(&r, "reload", g_model, NULL,
+                              "[worker a]\nthreads = 1\nctx-limit = 4096\ncalibrate = false\n"
+                              "preference = -2\n" WORKER("b", "")),
+                     0);
+    rh_conn stream;
+    rh_conn_open(&stream, r.sock);
+    static const char long_req_body[] =
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":3000,\"temperature\":0,"
+        "\"ignore_eos\":true,\"stream\":true}";
+    char long_req[512];
+    int n = snprintf(long_req, sizeof long_req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                     sizeof long_req_body - 1, long_req_body);
+    rh_conn_send(&stream, long_req, (size_t)n);
+    read_until(&stream, "data: ", 20);
+    assert_non_null(strstr(stream.buf, "X-Spillway-Worker: a\r\n"));
     load l;
     memset(&l, 0, sizeof l);
     l.r = &r;
@@ -206,8 +243,22 @@ static void test_reload_under_load(void **state)
                     WORKER("b", "") WORKER("c", "preference = -1\n"));
     int sent_before = atomic_load(&l.sent);
     assert_int_equal(kill(r.pid, SIGHUP), 0);
-    wait_workers(&r, "c,b");
+    /* a drains: the stream it serves goes on to its end */
+    char st[32];
     double t0 = tu_now_s();
+    while (strcmp(worker_state(&r, "a", st, sizeof st), "draining") && tu_now_s() - t0 < 10)
+        usleep(20 * 1000);
+    assert_string_equal(st, "draining");
+    read_until(&stream, "data: [DONE]", 60);
+    assert_null(strstr(stream.buf, "\"error\""));
+    /* 3000 tokens, each its own event (and the usage-less final one) */
+    int events = 0;
+    for (const char *p = stream.buf; (p = strstr(p, "\"text\":")); p++)
+        events++;
+    assert_true(events >= 3000);
+    rh_conn_close(&stream);
+    wait_workers(&r, "c,b");
+    t0 = tu_now_s();
     while (!process_gone(a_pid) && tu_now_s() - t0 < 15)
         usleep(50 * 1000);
     assert_true(process_gone(a_pid));
@@ -278,6 +329,11 @@ static void test_reload_under_load(void **state)
 
     assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_reloads_total", "result=\"ok\""),
                      2);
+    /* the drains were drains: nothing failed over (the stream too) */
+    assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_failovers_total",
+                                       "reason=\"worker_crash\""), 0);
+    assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_failovers_total",
+                                       "reason=\"oom\""), 0);
 
     /* 4. keys apply at once; listen needs a restart and stays */
     char server[700];

@@ -103,8 +103,11 @@ static int setup_from_config(drill *d, const char *path)
     }
     worker_extra(gpu, d->gpu_extra, sizeof d->gpu_extra, true);
     worker_extra(cpu, d->cpu_extra, sizeof d->cpu_extra, false);
-    if (!d->model[0])
-        snprintf(d->model, sizeof d->model, "%s", cfg.model_path);
+    if (!d->model[0]) {
+        /* the GPU worker's model */
+        int m = rt_config_worker_model(&cfg, gpu);
+        snprintf(d->model, sizeof d->model, "%s", cfg.models[m < 0 ? 0 : m].path);
+    }
     return 0;
 }
 

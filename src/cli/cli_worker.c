@@ -29,6 +29,8 @@ static void usage(FILE *out)
             "      --http-timeout S    per-connection read/write time-out (default 30)\n"
             "      --chat-template F   chatml, llama2, llama3, mistral, zephyr, phi3, gemma\n"
             "                          (default: detected from the model's template)\n"
+            "      --model-id ID       the id it answers to as \"model\" (default: the file's\n"
+            "                          general.name, else its file name)\n"
             "      --no-calibrate      skip the start-up measurement of the prefill/decode\n"
             "                          rates (/health has none until requests measure them)\n"
             "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
@@ -52,7 +54,7 @@ int cli_worker_main(int argc, char **argv)
 {
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
-           OPT_NO_CALIBRATE };
+           OPT_NO_CALIBRATE, OPT_MODEL_ID };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -70,6 +72,7 @@ int cli_worker_main(int argc, char **argv)
         {"http-timeout", required_argument, 0, OPT_TIMEOUT},
         {"chat-template", required_argument, 0, OPT_CHAT},
         {"no-calibrate", no_argument, 0, OPT_NO_CALIBRATE},
+        {"model-id", required_argument, 0, OPT_MODEL_ID},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -146,6 +149,7 @@ int cli_worker_main(int argc, char **argv)
             }
             break;
         case OPT_CHAT: o.chat_template = optarg; break;
+        case OPT_MODEL_ID: o.model_id = optarg; break;
         case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -154,6 +158,11 @@ int cli_worker_main(int argc, char **argv)
     if (!o.model_path || !o.listen) {
         fprintf(stderr, "spillway worker: --model and --listen are required\n");
         usage(stderr);
+        return 2;
+    }
+    if (o.model_id && (!o.model_id[0] || strlen(o.model_id) >= 256 ||
+                       !wk_model_id_valid(o.model_id, strlen(o.model_id)))) {
+        fprintf(stderr, "spillway worker: --model-id: 1..255 bytes of printable UTF-8\n");
         return 2;
     }
     return wk_serve(&o);

@@ -84,6 +84,15 @@ typedef struct rt_sabotage {
 
 struct rt_jobs;
 
+/* A model the router serves (fixed from start to exit): its id, the
+ * tokenizer and chat family its prompts are counted with. */
+typedef struct rt_model {
+    rt_model_config cfg;       /* name: the id (resolved for a [model]
+                                  section without one) */
+    eng_tokenizer *tok;
+    eng_chat_family family;
+} rt_model;
+
 /* A configuration a reload replaced, kept until the router ends: a
  * request that began before it may still read it. */
 typedef struct rt_retired {
@@ -113,8 +122,12 @@ typedef struct rt_router {
         int threads, waiting;   /* running; in accept now (atomics) */
         int closing;            /* atomic */
     } conns;
-    eng_tokenizer *tok;
-    eng_chat_family family;
+    rt_model models[RT_MAX_MODELS];
+    int n_models;
+    int default_model;          /* a request without "model" goes there */
+    bool route_by_model;        /* [model NAME] sections: the router picks
+                                   the model's workers by "model"; a [model]
+                                   section alone leaves "model" to them */
     /* set by the signal handler, read by every thread: a lock-free
      * atomic (async-signal-safe, C11 7.14.1.1), not a volatile
      * sig_atomic_t, which is safe for the handler's own thread only */
@@ -203,6 +216,8 @@ typedef struct rt_req {
     char *body;
     size_t body_len;
     char worker[64];
+    int model;               /* index into rt->models of the model that
+                                serves it (0 until its body is read) */
     int attempts;
     char idem_key[256];      /* Idempotency-Key, "" none */
     bool idem_key_bad;       /* present but not 1..255 printable ASCII */
@@ -278,7 +293,7 @@ void rt__stats_failover(rt_router *rt);
  * out: the queue-wait histogram's waits). */
 void rt__stats_wait(rt_router *rt, double waited_s);
 /* With rt->pool.mu held: worker w as /health and /v1/spillway/stats show it. */
-json_t *rt__worker_json_locked(const rt_worker *w);
+json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w);
 void rt__handle_stats(rt_req *q);
 /* GET /v1/spillway/drill and /v1/spillway/drill/FILE */
 void rt__handle_drill(rt_req *q);
@@ -337,6 +352,9 @@ void rt__chunked_end(rt_req *q);
 /* The "Retry-After: N\r\n" header line of a capacity answer, N from the
  * queue's drain rate (router_queue.h) */
 void rt__retry_after(rt_router *rt, char *buf, size_t cap);
+/* The model a request's "model" names (id or alias; absent or null: the
+ * default), -1 when none (router_relay.c). */
+int rt__model_find(const rt_router *rt, const char *id);
 /* generation requests */
 void rt__handle_generate(rt_req *q, bool chat);
 /* A generation route: an agent run when the body asks for

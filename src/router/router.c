@@ -18,6 +18,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "engine/gguf.h"
+#include "worker/worker.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -156,21 +157,44 @@ static void on_signal(int sig)
 }
 
 
-static int load_tokenizer(rt_router *rt, const rt_config *c)
+/* Every model's tokenizer and chat family, for counting prompts; the id
+ * of a [model] section without a name from the file, as its workers take
+ * it (wk_model_id). */
+static int load_models(rt_router *rt, const rt_config *c)
 {
-    eng_gguf *gg = NULL;
-    sw_error err;
-    sw_error_clear(&err);
-    if (eng_gguf_open(c->model_path, &gg, &err) || eng_tokenizer_load(gg, &rt->tok, &err) ||
-        eng_chat_choose(gg, c->chat_template[0] ? c->chat_template : NULL, &rt->family, NULL,
-                        &err)) {
-        fprintf(stderr, "spillway serve: %s: %s\n", c->model_path,
-                err.message[0] ? err.message : sw_strerror(err.code));
+    rt->route_by_model = !c->legacy_model;
+    rt->default_model = 0;
+    for (int i = 0; i < c->n_models; i++) {
+        rt_model *m = &rt->models[i];
+        m->cfg = c->models[i];
+        if (m->cfg.is_default)
+            rt->default_model = i;
+        eng_gguf *gg = NULL;
+        sw_error err;
+        sw_error_clear(&err);
+        if (eng_gguf_open(m->cfg.path, &gg, &err) || eng_tokenizer_load(gg, &m->tok, &err) ||
+            eng_chat_choose(gg, m->cfg.chat_template[0] ? m->cfg.chat_template : NULL,
+                            &m->family, NULL, &err)) {
+            fprintf(stderr, "spillway serve: %s: %s\n", m->cfg.path,
+                    err.message[0] ? err.message : sw_strerror(err.code));
+            eng_gguf_close(gg);
+            return -1;
+        }
+        if (!m->cfg.name[0])
+            wk_model_id(gg, m->cfg.path, m->cfg.name, sizeof m->cfg.name);
         eng_gguf_close(gg);
-        return -1;
+        rt->n_models = i + 1;
     }
-    eng_gguf_close(gg);
     return 0;
+}
+
+static void free_models(rt_router *rt)
+{
+    for (int i = 0; i < rt->n_models; i++) {
+        eng_tokenizer_free(rt->models[i].tok);
+        rt->models[i].tok = NULL;
+    }
+    rt->n_models = 0;
 }
 
 int rt_serve(const rt_config *c)
@@ -212,7 +236,8 @@ int rt_serve(const rt_config *c)
     if (ldg_idem_recover(rt->ledger, &abandoned, &lerr) == 0 && abandoned)
         SW_WARN("router", "%d Idempotency-Key(s) were running when the router stopped; a retry "
                 "with the same body runs them again under their request id", abandoned);
-    if (load_tokenizer(rt, c)) {
+    if (load_models(rt, c)) {
+        free_models(rt);
         ldg_close(rt->ledger);
         rt->ledger = NULL;
         return 1;
@@ -338,8 +363,7 @@ out:
         fflush(NULL);
         _exit(status);
     }
-    eng_tokenizer_free(rt->tok);
-    rt->tok = NULL;
+    free_models(rt);
     rt__reload_free_retired(rt);
     ldg_close(rt->ledger);
     rt->ledger = NULL;

@@ -21,6 +21,21 @@
 #define RT_MAX_KEYS 8
 #define RT_MAX_ENV 8
 #define RT_MAX_TOOLS 16
+#define RT_MAX_MODELS 8
+#define RT_MAX_ALIASES 8
+
+/* A model the router serves: a [model NAME] section, or the one [model]
+ * section (its name then "" in the file, the model's id, taken at start:
+ * general.name, else the file name). */
+typedef struct rt_model_config {
+    char name[64];             /* the id clients send as "model" */
+    int position;              /* its place among the model sections */
+    char path[512];
+    char chat_template[32];    /* "" = detected */
+    char aliases[RT_MAX_ALIASES][64]; /* more ids clients may send */
+    int n_aliases;
+    bool is_default;           /* default = true: a request without "model" */
+} rt_model_config;
 
 typedef struct rt_worker_config {
     char name[64];
@@ -42,6 +57,7 @@ typedef struct rt_worker_config {
     int kind;                  /* RT_KIND_SPILLWAY (default) or RT_KIND_OPENAI */
     bool skip_calibration;     /* calibrate = false: managed worker started
                                   with --no-calibrate */
+    char model[64];            /* model = NAME; "" = the only model */
 } rt_worker_config;
 
 /* What a worker is: a spillway worker (its /health figures, resume, typed
@@ -79,8 +95,9 @@ typedef struct rt_config {
     int health_interval_ms;    /* default 1000 */
     int hang_timeout_ms;       /* a ready worker silent this long is killed (15000) */
     int ready_timeout_s;       /* managed worker start-up (default 120) */
-    char model_path[512];
-    char chat_template[32];    /* "" = detected */
+    rt_model_config models[RT_MAX_MODELS];
+    int n_models;
+    bool legacy_model;         /* the one [model] section (no NAME) */
     rt_worker_config workers[RT_MAX_WORKERS];
     int n_workers;
     int idempotency_ttl_s;     /* how long an Idempotency-Key is kept (86400) */
@@ -101,14 +118,18 @@ void rt_config_defaults(rt_config *c);
  * key: SW_EINVAL for a bad value or unknown key, SW_EIO when unreadable. */
 int rt_config_load(rt_config *c, const char *path, sw_error *err);
 /* Checks the finished configuration (after command-line overrides): a
- * model, at least one worker, a non-loopback listen address only with an
- * API key. */
+ * model with a path, at most one default, ids and aliases distinct, every
+ * worker's model known (and named when there are several), at least one
+ * worker, a non-loopback listen address only with an API key. */
 int rt_config_check(const rt_config *c, sw_error *err);
 /* What `spillway serve` and a reload do: defaults, the file at path,
- * the overrides (NULL or "" none; kept in c for the next reload), the
- * check. SW_EINVAL / SW_EIO with the message naming file, line and key. */
+ * the overrides (NULL or "" none; kept in c for the next reload; model:
+ * the path of the only model), the check. SW_EINVAL / SW_EIO with the message naming file, line and key. */
 int rt_config_read(rt_config *c, const char *path, const char *listen, const char *state_dir,
                    const char *model, sw_error *err);
+/* The model of worker configuration w: its index in c->models, -1 when
+ * it names none there. */
+int rt_config_worker_model(const rt_config *c, const rt_worker_config *w);
 
 /* Runs the router until SIGTERM / SIGINT; returns the exit status. Prints
  * "spillway serve: listening on HOST:PORT" on stdout once bound (the real

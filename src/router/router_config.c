@@ -22,6 +22,7 @@ typedef struct cfg_parse {
     char cur_section[128];
     rt_worker_config *cur;
     rt_tool_config *cur_tool;
+    rt_model_config *cur_model;
 } cfg_parse;
 
 void rt_config_defaults(rt_config *c)
@@ -97,6 +98,30 @@ static bool cfg_copy(char *dst, size_t cap, const char *v)
     if (n >= cap)
         return false;
     memcpy(dst, v, n + 1);
+    return true;
+}
+
+/* aliases and default belong to named models only */
+static bool c_legacy(const cfg_parse *p)
+{
+    return p->c->legacy_model;
+}
+
+static bool cfg_model_id(const char *v)
+{
+    size_t n = strlen(v);
+    return n > 0 && n < 64 &&
+           strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-") == n;
+}
+
+static bool cfg_bool(const char *v, bool *out)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
+        *out = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
+        *out = false;
+    else
+        return false;
     return true;
 }
 
@@ -206,6 +231,9 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
             w->managed = false;
         else
             return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "model")) {
+        if (!cfg_model_id(v) || !cfg_copy(w->model, sizeof w->model, v))
+            return cfg_fail(p, s, name, "expected the NAME of a [model NAME] section", v);
     } else if (!strcmp(name, "calibrate")) {
         if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
             w->skip_calibration = false;
@@ -351,24 +379,78 @@ static int cfg_tool(cfg_parse *p, const char *s, const char *name, const char *v
     return 1;
 }
 
+/* A model id or alias: what clients send as "model" (Ollama's
+ * "name:tag" and Hugging Face's "org/name" included). */
+static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *v)
+{
+    rt_model_config *m = p->cur_model;
+    if (!strcmp(name, "path")) {
+        if (!v[0] || !cfg_copy(m->path, sizeof m->path, v))
+            return cfg_fail(p, s, name, "expected a file path", v);
+    } else if (!strcmp(name, "chat-template")) {
+        if (!cfg_copy(m->chat_template, sizeof m->chat_template, v))
+            return cfg_fail(p, s, name, "too long", v);
+    } else if (!strcmp(name, "aliases") && !c_legacy(p)) {
+        char buf[1024];
+        if (!cfg_copy(buf, sizeof buf, v))
+            return cfg_fail(p, s, name, "too long", v);
+        m->n_aliases = 0;
+        for (char *save = NULL, *t = strtok_r(buf, ", \t", &save); t;
+             t = strtok_r(NULL, ", \t", &save)) {
+            if (m->n_aliases >= RT_MAX_ALIASES)
+                return cfg_fail(p, s, name, "too many aliases (at most 8)", v);
+            if (!cfg_model_id(t))
+                return cfg_fail(p, s, name, "aliases are 1..63 of [A-Za-z0-9._:/-]", v);
+            snprintf(m->aliases[m->n_aliases++], sizeof m->aliases[0], "%s", t);
+        }
+    } else if (!strcmp(name, "default") && !c_legacy(p)) {
+        if (!cfg_bool(v, &m->is_default))
+            return cfg_fail(p, s, name, "expected true or false", v);
+    } else {
+        return cfg_fail(p, s, name, "unknown key", v);
+    }
+    return 1;
+}
+
 static int cfg_handler(void *user, const char *section, const char *name, const char *value)
 {
     cfg_parse *p = user;
     rt_config *c = p->c;
     if (!strcmp(section, "server"))
         return cfg_server(p, section, name, value);
-    if (!strcmp(section, "model")) {
-        if (!strcmp(name, "path")) {
-            if (!value[0] || !cfg_copy(c->model_path, sizeof c->model_path, value))
-                return cfg_fail(p, section, name, "expected a file path", value);
-            return 1;
+    if (!strcmp(section, "model") || !strncmp(section, "model ", 6)) {
+        if (strcmp(section, p->cur_section)) {
+            const char *mname = section + 5;
+            while (*mname == ' ')
+                mname++;
+            bool legacy = !*mname;
+            if (c->n_models > 0 && (legacy || c->legacy_model))
+                return cfg_fail(p, section, name,
+                                legacy ? "a [model] section without a name goes alone (use "
+                                         "[model NAME] sections for several)"
+                                       : "[model NAME] sections cannot follow a [model] "
+                                         "section without a name",
+                                value);
+            size_t n = strlen(mname);
+            if (!legacy && (n >= sizeof c->models[0].name || !cfg_model_id(mname)))
+                return cfg_fail(p, section, name, "model names are 1..63 of [A-Za-z0-9._:/-]",
+                                value);
+            for (int i = 0; i < c->n_models; i++)
+                if (!strcmp(c->models[i].name, mname))
+                    return cfg_fail(p, section, name, "model section given twice", value);
+            if (c->n_models >= RT_MAX_MODELS)
+                return cfg_fail(p, section, name, "too many models (at most 8)", value);
+            rt_model_config *m = &c->models[c->n_models];
+            memset(m, 0, sizeof *m);
+            snprintf(m->name, sizeof m->name, "%s", mname);
+            m->position = c->n_models++;
+            c->legacy_model = legacy;
+            p->cur_model = m;
+            p->cur = NULL;
+            p->cur_tool = NULL;
+            snprintf(p->cur_section, sizeof p->cur_section, "%s", section);
         }
-        if (!strcmp(name, "chat-template")) {
-            if (!cfg_copy(c->chat_template, sizeof c->chat_template, value))
-                return cfg_fail(p, section, name, "too long", value);
-            return 1;
-        }
-        return cfg_fail(p, section, name, "unknown key", value);
+        return cfg_model(p, section, name, value);
     }
     if (!strncmp(section, "worker ", 7)) {
         const char *wname = section + 7;
@@ -395,6 +477,7 @@ static int cfg_handler(void *user, const char *section, const char *name, const 
             w->position = c->n_workers;
             c->n_workers++;
             p->cur = w;
+            p->cur_model = NULL;
             snprintf(p->cur_section, sizeof p->cur_section, "%s", section);
         }
         return cfg_worker(p, section, name, value);
@@ -419,6 +502,7 @@ static int cfg_handler(void *user, const char *section, const char *name, const 
             t->timeout_ms = 5000;
             p->cur_tool = t;
             p->cur = NULL;
+            p->cur_model = NULL;
             snprintf(p->cur_section, sizeof p->cur_section, "%s", section);
         }
         return cfg_tool(p, section, name, value);
@@ -454,11 +538,41 @@ static bool cfg_loopback(const char *listen)
 
 int rt_config_check(const rt_config *c, sw_error *err)
 {
-    if (!c->model_path[0])
-        return sw_error_set(err, SW_EINVAL, "[model] path is required");
+    if (c->n_models == 0)
+        return sw_error_set(err, SW_EINVAL, "a [model] or [model NAME] section is required");
+    int defaults = 0;
+    for (int i = 0; i < c->n_models; i++) {
+        const rt_model_config *m = &c->models[i];
+        if (!m->path[0])
+            return sw_error_set(err, SW_EINVAL, "[model%s%s] path is required",
+                                m->name[0] ? " " : "", m->name);
+        defaults += m->is_default;
+        /* every id and alias names one model */
+        for (int a = -1; a < m->n_aliases; a++) {
+            const char *id = a < 0 ? m->name : m->aliases[a];
+            for (int j = 0; j < c->n_models; j++)
+                for (int b = -1; b < c->models[j].n_aliases; b++) {
+                    const char *other = b < 0 ? c->models[j].name : c->models[j].aliases[b];
+                    if ((j != i || b != a) && id[0] && !strcmp(id, other))
+                        return sw_error_set(err, SW_EINVAL,
+                                            "[model %s]: '%s' names model %s too", m->name, id,
+                                            c->models[j].name);
+                }
+        }
+    }
+    if (defaults > 1)
+        return sw_error_set(err, SW_EINVAL, "default = true on more than one [model NAME]");
     if (c->n_workers == 0)
         return sw_error_set(err, SW_EINVAL, "at least one [worker NAME] section is required");
     for (int i = 0; i < c->n_workers; i++) {
+        const rt_worker_config *w = &c->workers[i];
+        if (!w->model[0] && c->n_models > 1)
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: model = NAME is required when there are several "
+                                "models", w->name);
+        if (rt_config_worker_model(c, w) < 0)
+            return sw_error_set(err, SW_EINVAL, "[worker %s]: model = %s: no [model %s] section",
+                                w->name, w->model, w->model);
         if (c->workers[i].kind == RT_KIND_OPENAI && (c->workers[i].managed || !c->workers[i].url[0]))
             return sw_error_set(err, SW_EINVAL,
                                 "[worker %s]: kind = openai is an engine the router does not "
@@ -490,6 +604,34 @@ static int cfg_override(char *dst, size_t cap, char *keep, size_t keep_cap, cons
     return SW_OK;
 }
 
+int rt_config_worker_model(const rt_config *c, const rt_worker_config *w)
+{
+    if (!w->model[0])
+        return c->n_models == 1 ? 0 : -1;
+    for (int i = 0; i < c->n_models; i++)
+        if (c->models[i].name[0] && !strcmp(c->models[i].name, w->model))
+            return i;
+    return -1;
+}
+
+/* --model: the path of the only model (a [model] section made when the
+ * file has none); refused when there are several. */
+static int cfg_override_model(rt_config *c, const char *model, sw_error *err)
+{
+    if (!model || !model[0])
+        return SW_OK;
+    if (c->n_models > 1)
+        return sw_error_set(err, SW_EINVAL,
+                            "--model: the configuration has several models; set their paths in "
+                            "their [model NAME] sections");
+    if (c->n_models == 0) {
+        c->n_models = 1;
+        c->legacy_model = true;
+    }
+    return cfg_override(c->models[0].path, sizeof c->models[0].path, c->override_model,
+                        sizeof c->override_model, model, "--model", err);
+}
+
 int rt_config_read(rt_config *c, const char *path, const char *listen, const char *state_dir,
                    const char *model, sw_error *err)
 {
@@ -503,8 +645,7 @@ int rt_config_read(rt_config *c, const char *path, const char *listen, const cha
                            sizeof c->override_listen, listen, "--listen", err)) ||
         (rc = cfg_override(c->state_dir, sizeof c->state_dir, c->override_state_dir,
                            sizeof c->override_state_dir, state_dir, "--state-dir", err)) ||
-        (rc = cfg_override(c->model_path, sizeof c->model_path, c->override_model,
-                           sizeof c->override_model, model, "--model", err)))
+        (rc = cfg_override_model(c, model, err)))
         return rc;
     return rt_config_check(c, err);
 }

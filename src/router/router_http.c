@@ -16,6 +16,7 @@
 #include "common/textbuf.h"
 #include "common/utf8.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -153,6 +154,8 @@ static void head_common(const rt_req *q, sw_tb *t)
     if (q->worker[0]) {
         SW_TB_LIT(t, "X-Spillway-Worker: ");
         sw_tb_str(t, q->worker);
+        SW_TB_LIT(t, "\r\nX-Spillway-Model: ");
+        sw_tb_str(t, q->rt->models[q->model].cfg.name);
         SW_TB_LIT(t, "\r\n");
     }
     if (q->attempts > 0) {
@@ -271,7 +274,7 @@ static void handle_health(rt_req *q)
     for (int k = 0; k < rt->pool.n_live; k++) {
         rt_worker *w = &rt->pool.w[rt->pool.order[k]];
         ready += rt_pool_state_locked(w) == WS_READY;
-        json_t *o = rt__worker_json_locked(w);
+        json_t *o = rt__worker_json_locked(rt, w);
         if (o)
             json_array_append_new(ws, o);
     }
@@ -503,33 +506,85 @@ static void handle_metrics(rt_req *q)
     sw_free(b);
 }
 
+/* A model as /v1/models lists it (OpenAI's model object, plus its
+ * context, aliases and workers). With the pool's lock held. */
+static json_t *model_json_locked(const rt_router *rt, int mi)
+{
+    const rt_model_config *m = &rt->models[mi].cfg;
+    int32_t ctx = 0;
+    json_t *ws = json_array(), *aliases = json_array();
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
+        const rt_worker *w = &rt->pool.w[i];
+        if (w->model != mi)
+            continue;
+        if (w->ctx_limit > ctx)
+            ctx = w->ctx_limit;
+        json_array_append_new(ws, json_pack("{s:s, s:s}", "name", w->cfg.name, "state",
+                                            rt_ws_name(rt_pool_state_locked(w))));
+    }
+    for (int a = 0; a < m->n_aliases; a++)
+        json_array_append_new(aliases, json_string(m->aliases[a]));
+    return json_pack("{s:s, s:s, s:I, s:s, s:i, s:o, s:o}", "id", m->name, "object", "model",
+                     "created", (json_int_t)0, "owned_by", "spillway", "context_length", ctx,
+                     "aliases", aliases, "workers", ws);
+}
+
+/* Percent-decodes src (a path segment) into dst; false when malformed or
+ * too long. */
+static bool percent_decode(const char *src, char *dst, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = src; *p; p++) {
+        int c = (unsigned char)*p;
+        if (c == '%') {
+            int hi = (unsigned char)p[1], lo = hi ? (unsigned char)p[2] : 0;
+            if (!isxdigit(hi) || !isxdigit(lo))
+                return false;
+            c = (isdigit(hi) ? hi - '0' : (tolower(hi) - 'a' + 10)) * 16 +
+                (isdigit(lo) ? lo - '0' : (tolower(lo) - 'a' + 10));
+            p += 2;
+        }
+        if (!c || n + 1 >= cap)
+            return false;
+        dst[n++] = (char)c;
+    }
+    dst[n] = 0;
+    return true;
+}
+
+/* GET /v1/models: every model the router serves, by the router itself
+ * (a model is listed whether or not a worker of it is ready now);
+ * /v1/models/{id}: one (an alias finds it too), else 404. */
 static void handle_models(rt_req *q)
 {
     rt_router *rt = q->rt;
-    /* the ready workers' addresses, copied: a reload may change the
-     * pool while a worker is asked */
-    char addr[RT_MAX_WORKERS][sizeof rt->pool.w[0].address];
-    int n = 0;
-    pthread_mutex_lock(&rt->pool.mu);
-    for (int k = 0; k < rt->pool.n_live; k++) {
-        const rt_worker *w = &rt->pool.w[rt->pool.order[k]];
-        if (rt_pool_state_locked(w) == WS_READY)
-            memcpy(addr[n++], w->address, sizeof addr[0]);
-    }
-    pthread_mutex_unlock(&rt->pool.mu);
-    for (int k = 0; k < n; k++) {
-        char *body = NULL;
-        /* the list, or one model (/v1/models/{id}: 200 or 404 as the
-         * worker says) */
-        int st = rn_get(addr[k], q->path, 5000, &body);
-        if ((st == 200 || (st == 404 && q->path[10] == '/')) && body) {
-            rt__send_response(q, st, "application/json", NULL, body, strlen(body));
-            sw_free(body);
+    json_t *out = NULL;
+    if (q->path[10] == '/') {
+        char id[256];
+        int mi = percent_decode(q->path + 11, id, sizeof id) ? rt__model_find(rt, id) : -1;
+        if (mi < 0) {
+            rt__send_error(q, 404, "model_not_found", "no such model here (GET /v1/models lists them)",
+                           "model", NULL);
             return;
         }
-        sw_free(body);
+        pthread_mutex_lock(&rt->pool.mu);
+        out = model_json_locked(rt, mi);
+        pthread_mutex_unlock(&rt->pool.mu);
+    } else {
+        json_t *data = json_array();
+        pthread_mutex_lock(&rt->pool.mu);
+        for (int mi = 0; mi < rt->n_models; mi++)
+            json_array_append_new(data, model_json_locked(rt, mi));
+        pthread_mutex_unlock(&rt->pool.mu);
+        out = json_pack("{s:s, s:o}", "object", "list", "data", data);
     }
-    rt__send_error(q, 503, "capacity_exceeded", "no worker is ready", NULL, "Retry-After: 1\r\n");
+    char *s = out ? sw_json_dumps(out, JSON_COMPACT) : NULL;
+    json_decref(out);
+    if (s)
+        rt__send_response(q, 200, "application/json", NULL, s, strlen(s));
+    else
+        rt__send_error(q, 500, "out_of_memory", "out of memory", NULL, NULL);
+    free(s);
 }
 
 /* ---- connections ------------------------------------------------------ */

@@ -37,7 +37,9 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
          * there is, so it takes the whole budget (it runs alone there) */
         if (w->count_memory && w->ctx_limit <= 0 && (need->prompt < 0 || need->max_tokens < 0))
             bytes = w->kv_budget > bytes ? w->kv_budget : bytes;
-        if (tried && tried[w->index])
+        if (need->model >= 0 && w->model != need->model)
+            why = RT_SKIP_MODEL;
+        else if (tried && tried[w->index])
             why = RT_SKIP_TRIED;
         else if (!need->idle && w->state != WS_READY)
             why = RT_SKIP_DOWN;

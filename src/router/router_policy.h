@@ -21,9 +21,12 @@ enum {
     RT_SKIP_MEM = 32,      /* the KV need does not fit its budget now */
     RT_SKIP_DEADLINE = 64, /* predicted to miss the deadline */
     RT_SKIP_HELD = 128,    /* it refused since its last /health */
+    RT_SKIP_MODEL = 256,   /* it serves another model */
 };
 
 typedef struct rt_need {
+    int model;             /* the model asked for (rt_worker_view.model);
+                              -1 any */
     long prompt;           /* exact prompt tokens; -1 unknown */
     long max_tokens;       /* -1: up to the context */
     bool resume;           /* a stream with tokens sent: needs a resume */

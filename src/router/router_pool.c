@@ -16,7 +16,7 @@ int rt_pool_state_locked(const rt_worker *w)
     return w->drain != RT_DRAIN_NONE ? WS_DRAINING : w->state;
 }
 
-void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc,
+void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc, int model,
                               const char *state_dir)
 {
     rt_worker *w = &p->w[i];
@@ -31,6 +31,7 @@ void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc,
     }
     memset(w, 0, sizeof *w);
     w->cfg = cfg;
+    w->model = model;
     w->backoff = 0.25;
     w->last_exit = -1;
     w->kv_budget = -1;
@@ -65,7 +66,8 @@ void rt_pool_init(rt_pool *p, const rt_config *c)
     pthread_mutex_init(&p->mu, NULL);
     p->n_slots = c->n_workers;
     for (int i = 0; i < p->n_slots; i++)
-        rt_pool_slot_init_locked(p, i, &c->workers[i], c->state_dir);
+        rt_pool_slot_init_locked(p, i, &c->workers[i], rt_config_worker_model(c, &c->workers[i]),
+                                 c->state_dir);
     rt_pool_sort_locked(p);
 }
 
@@ -89,6 +91,7 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
             continue;
         rt_worker_view *v = &out->w[out->n++];
         v->index = p->order[k];
+        v->model = w->model;
         v->state = rt_pool_state_locked(w);
         v->kind = w->cfg.kind;
         v->ctx_limit = w->ctx_limit;

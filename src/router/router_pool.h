@@ -34,6 +34,7 @@ typedef struct rt_books {
 
 typedef struct rt_worker {
     rt_worker_config cfg;
+    int model;                  /* index into the router's models */
     char address[640];          /* unix:PATH or http://HOST:PORT */
     char log_path[600];
     pid_t pid;
@@ -76,6 +77,7 @@ typedef struct rt_worker {
     double drain_since;         /* when the drain began */
     double stop_sent_at;        /* SIGTERM sent after the drain; 0 not yet */
     rt_worker_config next_cfg;  /* RT_DRAIN_RESTART: what it starts with */
+    int next_model;             /* and the model it then serves */
     bool gone;                  /* a removed worker's slot, free for reuse */
 } rt_worker;
 
@@ -99,6 +101,7 @@ typedef struct rt_pool {
 /* One worker as the policy sees it: a copy taken under the lock. */
 typedef struct rt_worker_view {
     int index;                  /* into rt_pool.w */
+    int model;                  /* the model it serves */
     int state;
     int kind;                   /* RT_KIND_* */
     int32_t ctx_limit;          /* 0 unknown */
@@ -120,9 +123,10 @@ typedef struct rt_pool_view {
 /* Fills the pool from the configuration (state, addresses, preference
  * order); the lock is initialised here. */
 void rt_pool_init(rt_pool *p, const rt_config *c);
-/* With p->mu held: slot i made a new worker of configuration wc (down
+/* With p->mu held: slot i made a new worker of configuration wc, serving
+ * model (an index into the router's models) (down
  * when managed, else starting; its socket and log under state_dir). */
-void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc,
+void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc, int model,
                               const char *state_dir);
 /* With p->mu held: order rebuilt from the live slots, by preference,
  * ties in file order (cfg.position). */

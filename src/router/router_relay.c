@@ -44,7 +44,7 @@ static void count(rt_router *rt, uint64_t *counter)
 
 /* Exact prompt tokens as the worker will count them, or -1 when the body
  * cannot be tokenized here (the worker then validates and answers). */
-static long count_prompt(const rt_router *rt, json_t *body, bool chat)
+static long count_prompt(const rt_model *m, json_t *body, bool chat)
 {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -58,8 +58,8 @@ static long count_prompt(const rt_router *rt, json_t *body, bool chat)
             return json_array_size(p) > 0 ? (long)json_array_size(p) : -1;
         if (!json_is_string(p))
             return -1;
-        if (eng_tokenize(rt->tok, json_string_value(p), json_string_length(p),
-                         eng_tokenizer_add_bos(rt->tok), false, &ids, &n, NULL) == 0)
+        if (eng_tokenize(m->tok, json_string_value(p), json_string_length(p),
+                         eng_tokenizer_add_bos(m->tok), false, &ids, &n, NULL) == 0)
             result = (long)n;
         sw_free(ids);
         return result;
@@ -69,7 +69,7 @@ static long count_prompt(const rt_router *rt, json_t *body, bool chat)
     json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0 || json_array_size(msgs) > 100000)
         return -1;
-    if (wk_chat_prompt_tokens(rt->tok, rt->family, body, &n) == SW_OK)
+    if (wk_chat_prompt_tokens(m->tok, m->family, body, &n) == SW_OK)
         result = (long)n;
     return result;
 }
@@ -234,8 +234,16 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
         return true; /* the 503 below became a job the client polls */
     if (counted)
         count(rt, &rt->rejected_capacity);
+    if (ar == RT_ADMIT_NEVER && !failed_before && !(wt->grant.skipped & ~(unsigned)RT_SKIP_MODEL)) {
+        /* every worker serves another model (a reload removed this one's) */
+        char msg[160];
+        snprintf(msg, sizeof msg, "no worker serves the model '%s' now",
+                 rt->models[q->model].cfg.name);
+        rt__send_error(q, 503, "capacity_exceeded", msg, "model", ra);
+        return false;
+    }
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
-        !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND))) {
+        !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND | RT_SKIP_MODEL))) {
         count(rt, &rt->refused_context);
         rt__send_error(q, 400, "context_length_exceeded",
                        "the prompt is longer than every worker's context limit", "messages", NULL);
@@ -288,10 +296,74 @@ static void record_failover(const rt_req *q, const rt_relay *r, json_t *first_er
     json_decref(ev);
 }
 
+int rt__model_find(const rt_router *rt, const char *id)
+{
+    for (int i = 0; i < rt->n_models; i++) {
+        const rt_model_config *m = &rt->models[i].cfg;
+        if (!strcmp(m->name, id))
+            return i;
+        for (int a = 0; a < m->n_aliases; a++)
+            if (!strcmp(m->aliases[a], id))
+                return i;
+    }
+    return -1;
+}
+
+/* The model q asks for into q->model (docs/router.md, Several models):
+ * "model" (an id or an alias; an alias is rewritten to the id the
+ * workers answer to), else the default. With a [model] section alone the
+ * workers check "model" themselves, as they always did. false when q was
+ * answered (400, 404 model_not_found listing the ids). */
+static bool resolve_model(rt_req *q, json_t *body)
+{
+    rt_router *rt = q->rt;
+    json_t *m = json_object_get(body, "model");
+    q->model = rt->default_model;
+    if (!rt->route_by_model || !m || json_is_null(m))
+        return true;
+    if (!json_is_string(m)) {
+        rt__send_error(q, 400, "invalid_request", "'model' must be a string", "model", NULL);
+        return false;
+    }
+    int i = rt__model_find(rt, json_string_value(m));
+    if (i < 0) {
+        char msg[1024];
+        sw_tb t;
+        sw_tb_init(&t, msg, sizeof msg);
+        SW_TB_LIT(&t, "the model '");
+        sw_tb_put(&t, json_string_value(m), json_string_length(m) > 200 ? 200 : json_string_length(m));
+        SW_TB_LIT(&t, "' does not exist; this router serves: ");
+        for (int k = 0; k < rt->n_models; k++) {
+            const rt_model_config *mc = &rt->models[k].cfg;
+            if (k)
+                SW_TB_LIT(&t, ", ");
+            sw_tb_str(&t, mc->name);
+            for (int a = 0; a < mc->n_aliases; a++) {
+                sw_tb_str(&t, a ? ", " : " (aliases: ");
+                sw_tb_str(&t, mc->aliases[a]);
+            }
+            if (mc->n_aliases)
+                SW_TB_LIT(&t, ")");
+        }
+        rt__send_error(q, 404, "model_not_found", msg, "model", NULL);
+        return false;
+    }
+    q->model = i;
+    if (strcmp(json_string_value(m), rt->models[i].cfg.name)) {
+        json_object_set_new(body, "model", json_string(rt->models[i].cfg.name));
+        q->body_edited = true;
+    }
+    return true;
+}
+
 /* Serves one generation request whose body is parsed (owned here). */
 static void generate(rt_req *q, bool chat, json_t *body)
 {
     rt_router *rt = q->rt;
+    if (!resolve_model(q, body)) {
+        json_decref(body);
+        return;
+    }
     rt_relay r;
     memset(&r, 0, sizeof r);
     r.q = q;
@@ -320,7 +392,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(body, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
-    long prompt = count_prompt(rt, body, chat);
+    long prompt = count_prompt(&rt->models[q->model], body, chat);
     if (q->idem_key[0])
         q->durable = true; /* an Idempotency-Key's attempts are promised */
     bool *tried = q->tried; /* kept across an agent run's steps */
@@ -337,6 +409,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         rt_waiter wt;
         memset(&wt, 0, sizeof wt);
         wt.ticket = q->ticket;
+        wt.need.model = rt->route_by_model ? q->model : -1;
         wt.need.prompt = prompt < 0 ? -1 : prompt + (long)r.n_tokens;
         wt.need.max_tokens = remaining;
         wt.need.resume = r.stream && (r.n_tokens > 0 || r.content_sent);
@@ -563,6 +636,10 @@ void rt__dispatch_generate(rt_req *q, bool chat)
     json_t *body = parse_body(q); /* once per request */
     if (!body)
         return;
+    if (!resolve_model(q, body)) { /* before an agent run begins */
+        json_decref(body);
+        return;
+    }
     json_t *te = json_object_get(body, "tool_execution");
     if (te) {
         const char *v = json_string_value(te);

@@ -39,8 +39,9 @@ typedef struct setting {
 static const setting settings[] = {
     SETTING("[server] listen", listen, true),
     SETTING("[server] state-dir", state_dir, true),
-    SETTING("[model] path", model_path, true),
-    SETTING("[model] chat-template", chat_template, true),
+    SETTING("[model] sections", models, true),
+    SETTING("[model] sections", n_models, true),
+    SETTING("[model] sections", legacy_model, true),
     SETTING("[server] max-connections", max_connections, true),
     SETTING("[server] queue-size", queue_size, true),
     SETTING("[server] job-workers", job_workers, true),
@@ -110,7 +111,7 @@ static bool worker_differs(const rt_worker_config *a, const rt_worker_config *b)
            a->gpu_layers != b->gpu_layers || a->ctx_limit != b->ctx_limit ||
            a->max_seqs != b->max_seqs || a->reserve != b->reserve ||
            strcmp(a->policy, b->policy) || a->threads != b->threads || a->kind != b->kind ||
-           a->skip_calibration != b->skip_calibration;
+           a->skip_calibration != b->skip_calibration || strcmp(a->model, b->model);
 }
 
 /* With the pool's lock: the live slot of worker name, -1 none. */
@@ -148,6 +149,12 @@ static int apply_workers_locked(rt_router *rt, const rt_config *next, json_t *ou
     bool taken[RT_MAX_WORKERS] = {false};
     int n_slots = p->n_slots;
     for (int k = 0; k < next->n_workers; k++) {
+        /* next has the running models (fixed at start) */
+        if (rt_config_worker_model(next, &next->workers[k]) < 0)
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: model = %s is not a model this router serves "
+                                "(model sections need a restart)",
+                                next->workers[k].name, next->workers[k].model);
         slot_of[k] = find_live(p, next->workers[k].name);
         if (slot_of[k] >= 0)
             continue;
@@ -170,7 +177,8 @@ static int apply_workers_locked(rt_router *rt, const rt_config *next, json_t *ou
         const rt_worker_config *wc = &next->workers[k];
         if (slot_of[k] <= -2) {
             int s = -2 - slot_of[k];
-            rt_pool_slot_init_locked(p, s, wc, rt->cfg->state_dir);
+            rt_pool_slot_init_locked(p, s, wc, rt_config_worker_model(next, wc),
+                                     rt->cfg->state_dir);
             if (s >= p->n_slots)
                 p->n_slots = s + 1;
             rt__stats_clear_worker(rt, s);
@@ -182,6 +190,7 @@ static int apply_workers_locked(rt_router *rt, const rt_config *next, json_t *ou
         if (worker_differs(running, wc) || w->drain == RT_DRAIN_RESTART) {
             /* a worker already draining to restart takes the newest file */
             w->next_cfg = *wc;
+            w->next_model = rt_config_worker_model(next, wc);
             begin_drain(w, RT_DRAIN_RESTART, now);
             json_array_append_new(restarted, json_string(wc->name));
         } else {

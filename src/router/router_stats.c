@@ -82,7 +82,7 @@ void rt__stats_wait(rt_router *rt, double waited_s)
     pthread_mutex_unlock(&rt->mu);
 }
 
-json_t *rt__worker_json_locked(const rt_worker *w)
+json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
 {
     json_t *o = json_pack(
         "{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}", "name",
@@ -96,6 +96,7 @@ json_t *rt__worker_json_locked(const rt_worker *w)
         "ctx_limit", w->ctx_limit);
     if (!o)
         return NULL;
+    json_object_set_new(o, "model", json_string(rt->models[w->model].cfg.name));
     /* the router's books beside the worker's own figures */
     json_object_set_new(o, "books",
                         json_pack("{s:i, s:i, s:I, s:I, s:b}", "seqs", w->books.seqs, "max_seqs",
@@ -319,7 +320,7 @@ void rt__handle_stats(rt_req *q)
         int wi = rt->pool.order[k];
         const rt_worker *w = &rt->pool.w[wi];
         ready += w->state == WS_READY;
-        json_t *o = rt__worker_json_locked(w);
+        json_t *o = rt__worker_json_locked(rt, w);
         if (!o)
             continue;
         json_object_set_new(o, "memory", memory_json_locked(w));

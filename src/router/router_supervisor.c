@@ -33,14 +33,16 @@ extern char **environ;
 static void sup_spawn(rt_router *rt, rt_worker *w)
 {
     const rt_worker_config *c = &w->cfg;
-    const rt_config *cfg = rt->cfg;
+    const rt_model_config *model = &rt->models[w->model].cfg;
     char a[16][160];
-    const char *argv[40];
+    const char *argv[42];
     int n = 0;
     argv[n++] = "spillway";
     argv[n++] = "worker";
     argv[n++] = "--model";
-    argv[n++] = cfg->model_path;
+    argv[n++] = model->path;
+    argv[n++] = "--model-id"; /* the router's id: what clients send */
+    argv[n++] = model->name;
     argv[n++] = "--listen";
     argv[n++] = w->address;
     int k = 0;
@@ -66,8 +68,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         ARG("--policy", "%s", c->policy);
     if (c->threads)
         ARG("--threads", "%d", c->threads);
-    if (cfg->chat_template[0])
-        ARG("--chat-template", "%s", cfg->chat_template);
+    if (model->chat_template[0])
+        ARG("--chat-template", "%s", model->chat_template);
 #undef ARG
     if (c->skip_calibration)
         argv[n++] = "--no-calibrate";
@@ -269,7 +271,8 @@ static void sup_drain_locked(rt_router *rt, int i, double t)
     } else {
         /* the same name and counters, a new configuration and process */
         rt_worker keep = *w;
-        rt_pool_slot_init_locked(&rt->pool, i, &keep.next_cfg, rt->cfg->state_dir);
+        rt_pool_slot_init_locked(&rt->pool, i, &keep.next_cfg, keep.next_model,
+                                 rt->cfg->state_dir);
         w->restarts = keep.restarts;
         w->req_ok = keep.req_ok;
         w->req_client_error = keep.req_client_error;

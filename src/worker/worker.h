@@ -48,6 +48,8 @@ typedef struct wk_options {
     size_t max_header_bytes;     /* header blocks above get 400 (16 KiB) */
     int http_timeout_s;          /* read/write time-out per connection (30) */
     const char *chat_template;   /* family name overriding detection, or NULL */
+    const char *model_id;        /* the id it answers to (--model-id), or NULL:
+                                    wk_model_id's */
     bool skip_calibration;       /* true: no start-up measurement of the rates
                                     (--no-calibrate); /health has none until
                                     traffic measures them */
@@ -61,6 +63,14 @@ wk_options wk_default_options(void);
  * "spillway worker: listening on <address>" on stdout once the socket is
  * bound (the actual port when port 0 was asked for). */
 int wk_serve(const wk_options *opts);
+
+/* A model's id when none is given: the file's general.name, else the
+ * file name of path, else "model" (each only when it is 1..cap-1 bytes of
+ * printable UTF-8); also the router's for a [model] section without a
+ * name. */
+void wk_model_id(const eng_gguf *gg, const char *path, char *out, size_t cap);
+/* Whether p (n bytes) can be a model id: printable UTF-8. */
+bool wk_model_id_valid(const char *p, size_t n);
 
 /* How many prompt tokens a worker with this tokenizer and chat family
  * renders a /v1/chat/completions body to (template, tool definitions,

@@ -39,6 +39,7 @@ static void check_worker(const rt_config *c, int i)
     FZ_TERMINATED(w->name);
     FZ_TERMINATED(w->url);
     FZ_TERMINATED(w->device);
+    FZ_TERMINATED(w->model);
     FZ_TERMINATED(w->policy);
     FZ_CHECK(valid_name(w->name));
     for (int k = 0; k < i; k++)
@@ -84,8 +85,17 @@ static void check_config(const rt_config *c)
 {
     FZ_TERMINATED(c->listen);
     FZ_TERMINATED(c->state_dir);
-    FZ_TERMINATED(c->model_path);
-    FZ_TERMINATED(c->chat_template);
+    FZ_CHECK(c->n_models >= 0 && c->n_models <= RT_MAX_MODELS);
+    for (int i = 0; i < c->n_models; i++) {
+        const rt_model_config *m = &c->models[i];
+        FZ_TERMINATED(m->name);
+        FZ_TERMINATED(m->path);
+        FZ_TERMINATED(m->chat_template);
+        FZ_CHECK(m->n_aliases >= 0 && m->n_aliases <= RT_MAX_ALIASES);
+        for (int a = 0; a < m->n_aliases; a++)
+            FZ_TERMINATED(m->aliases[a]);
+        FZ_CHECK(!c->legacy_model || (c->n_models == 1 && !m->name[0]));
+    }
     FZ_CHECK(c->listen[0] && c->state_dir[0]);
     FZ_CHECK(c->n_keys >= 0 && c->n_keys <= RT_MAX_KEYS);
     for (int i = 0; i < c->n_keys; i++) {
@@ -126,8 +136,15 @@ static void check_check(const rt_config *c)
         FZ_CHECK(rc < 0 && err.code == rc && err.message[0]);
         return;
     }
-    FZ_CHECK(c->model_path[0] && c->n_workers >= 1);
+    FZ_CHECK(c->n_models >= 1 && c->n_workers >= 1);
+    int defaults = 0;
+    for (int i = 0; i < c->n_models; i++) {
+        FZ_CHECK(c->models[i].path[0]);
+        defaults += c->models[i].is_default;
+    }
+    FZ_CHECK(defaults <= 1);
     for (int i = 0; i < c->n_workers; i++) {
+        FZ_CHECK(rt_config_worker_model(c, &c->workers[i]) >= 0);
         FZ_CHECK(c->workers[i].managed || c->workers[i].url[0]);
         FZ_CHECK(c->workers[i].kind != RT_KIND_OPENAI || !c->workers[i].managed);
     }

@@ -130,9 +130,11 @@ static bool setup(void)
     fz_cfg.queue_timeout_ms = 0;
     snprintf(fz_cfg.api_keys[0], sizeof fz_cfg.api_keys[0], "%s", FZ_API_KEY);
     fz_rt.cfg = &fz_cfg;
-    fz_rt.tok = (eng_tokenizer *)fz_builtin_tokenizer();
-    fz_rt.family = ENG_CHAT_CHATML;
-    if (!fz_rt.tok || pthread_mutex_init(&fz_rt.mu, NULL) != 0 || !open_ledger())
+    fz_rt.n_models = 1; /* a [model] section alone: "model" left to the workers */
+    snprintf(fz_rt.models[0].cfg.name, sizeof fz_rt.models[0].cfg.name, "fuzz");
+    fz_rt.models[0].tok = (eng_tokenizer *)fz_builtin_tokenizer();
+    fz_rt.models[0].family = ENG_CHAT_CHATML;
+    if (!fz_rt.models[0].tok || pthread_mutex_init(&fz_rt.mu, NULL) != 0 || !open_ledger())
         return false;
     rt_pool_init(&fz_rt.pool, &fz_cfg);
     rt_queue_init(&fz_rt.queue, &fz_rt.pool, 0);

@@ -127,7 +127,7 @@ static void test_check(void **state)
     c.n_workers = 0;
     assert_int_equal(rt_config_check(&c, &err), SW_EINVAL);
     c.n_workers = 1;
-    c.model_path[0] = 0;
+    c.models[0].path[0] = 0;
     assert_int_equal(rt_config_check(&c, &err), SW_EINVAL);
     remove(p);
 }

@@ -1,0 +1,286 @@
+/* test_router_models.c - end-to-end: two models behind one router
+ * (docs/router.md, Several models) on a real `spillway serve`: [model
+ * alpha] (aliases a1 and first, the default) and [model beta], two
+ * synthetic models of different weights, one managed worker each.
+ *
+ * - a request naming alpha, its alias or no model goes to alpha's worker;
+ *   one naming beta to beta's; each answers with the id of the model that
+ *   answered (the body's "model" and X-Spillway-Model), with the tokens
+ *   that model gives alone (`spillway run`), in OpenAI's response shape
+ *   (chat, non-stream and stream);
+ * - an unknown model gets 404 model_not_found whose message lists every
+ *   id and alias; a "model" that is not a string gets 400;
+ * - /v1/models lists both (id, object, owned_by, context_length, aliases,
+ *   workers), /v1/models/ALIAS finds its model, an unknown one is 404;
+ * - /health names each worker's model;
+ * - the configuration's checks: a worker without "model" when there are
+ *   several, an unknown model, two defaults, a shared alias.
+ */
+#include "testutil.h"
+#include "router_harness.h"
+#include "worker_client.h"
+
+#include "common/alloc.h"
+#include "router/router.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define MAXTOK 64
+
+static char g_alpha[512], g_beta[512];
+
+static int setup(void **state)
+{
+    (void)state;
+    if (rh_make_model(g_alpha, sizeof g_alpha, "router-models-alpha.gguf", 41))
+        return 0; /* no binary: every test skips */
+    return rh_make_model(g_beta, sizeof g_beta, "router-models-beta.gguf", 42);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rh_stop_all();
+    remove(g_alpha);
+    remove(g_beta);
+    return 0;
+}
+
+static void start(rh_router *r)
+{
+    char models[2048];
+    snprintf(models, sizeof models,
+             "[model alpha]\npath = %s\naliases = a1, first\ndefault = true\n"
+             "[model beta]\npath = %s\n"
+             "[worker wa]\nmodel = alpha\nthreads = 1\nctx-limit = 512\ncalibrate = false\n"
+             "[worker wb]\nmodel = beta\nthreads = 1\nctx-limit = 256\ncalibrate = false\n",
+             g_alpha, g_beta);
+    /* rh_init writes a [model] path = ... section; these sections stand
+     * instead: it is given an empty model and the rest */
+    rh_init(r, "models", "", NULL, NULL);
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg,
+             "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+             "ready-timeout = 30\n%s",
+             r->sock, r->dir, models);
+    FILE *f = fopen(r->cfg, "w");
+    assert_non_null(f);
+    fputs(cfg, f);
+    fclose(f);
+    assert_int_equal(rh_run(r, NULL), 0);
+}
+
+/* OpenAI's chat completion object, as a strict client reads it. */
+static void check_chat_shape(json_t *j, const char *model)
+{
+    assert_true(json_is_string(json_object_get(j, "id")));
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    assert_true(json_is_integer(json_object_get(j, "created")));
+    assert_string_equal(json_string_value(json_object_get(j, "model")), model);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 1);
+    assert_int_equal(json_integer_value(json_object_get(c0, "index")), 0);
+    json_t *msg = json_object_get(c0, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+    assert_true(json_is_string(json_object_get(msg, "content")));
+    assert_true(json_is_string(json_object_get(c0, "finish_reason")));
+    json_t *u = json_object_get(j, "usage");
+    json_int_t pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+    json_int_t ct = json_integer_value(json_object_get(u, "completion_tokens"));
+    assert_true(pt > 0 && ct > 0);
+    assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")), pt + ct);
+}
+
+/* One completion naming model (NULL: no "model"): answered by worker
+ * and model want, with the tokens of path run alone. */
+static void check_completion(const rh_router *r, const char *model, const char *want_worker,
+                             const char *want_model, const char *path)
+{
+    static const char *const args[] = {"-n", "12", "--temp", "0", "--ignore-eos", NULL};
+    int ref[MAXTOK], got[MAXTOK];
+    int n_ref = wc_run_tokens(path, "Once upon a time", args, ref, MAXTOK);
+    assert_int_equal(n_ref, 12);
+    for (int stream = 0; stream < 2; stream++) {
+        char body[512], m[96] = "";
+        if (model)
+            snprintf(m, sizeof m, "\"model\":\"%s\",", model);
+        snprintf(body, sizeof body,
+                 "{%s\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0,"
+                 "\"ignore_eos\":true,\"stream\":%s}",
+                 m, stream ? "true" : "false");
+        wc_response w;
+        assert_int_equal(rh_req(r, "POST", "/v1/completions", NULL, body, &w), 0);
+        assert_int_equal(w.status, 200);
+        rh_assert_header(&w, "X-Spillway-Worker", want_worker);
+        rh_assert_header(&w, "X-Spillway-Model", want_model);
+        assert_int_equal(wc_tokens_of(&w, stream, got, MAXTOK, NULL, NULL, 0), n_ref);
+        assert_memory_equal(got, ref, (size_t)n_ref * sizeof(int));
+        if (!stream) {
+            json_t *j = rh_body_json(&w);
+            assert_string_equal(json_string_value(json_object_get(j, "model")), want_model);
+            json_decref(j);
+        } else {
+            /* every chunk names the model that answered */
+            assert_non_null(strstr(w.body, "\"model\":\""));
+            char needle[96];
+            snprintf(needle, sizeof needle, "\"model\":\"%s\"", want_model);
+            for (const char *p = w.body; (p = strstr(p, "\"model\":\"")); p++)
+                assert_int_equal(strncmp(p, needle, strlen(needle)), 0);
+        }
+        wc_response_free(&w);
+    }
+}
+
+static void check_chat(const rh_router *r, const char *model)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],"
+             "\"max_tokens\":6,\"temperature\":0}",
+             model);
+    wc_response w;
+    assert_int_equal(rh_req(r, "POST", "/v1/chat/completions", NULL, body, &w), 0);
+    assert_int_equal(w.status, 200);
+    json_t *j = rh_body_json(&w);
+    assert_non_null(j);
+    check_chat_shape(j, model);
+    json_decref(j);
+    wc_response_free(&w);
+}
+
+static void test_two_models(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    rh_router r;
+    start(&r);
+    check_completion(&r, "alpha", "wa", "alpha", g_alpha);
+    check_completion(&r, "beta", "wb", "beta", g_beta);
+    check_completion(&r, "a1", "wa", "alpha", g_alpha);   /* an alias */
+    check_completion(&r, NULL, "wa", "alpha", g_alpha);   /* the default */
+    check_chat(&r, "alpha");
+    check_chat(&r, "beta");
+
+    /* an unknown model: 404 with the list */
+    wc_response w;
+    char code[64];
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"model\":\"gamma\",\"prompt\":\"Hi\",\"max_tokens\":2}", &w), 0);
+    assert_int_equal(w.status, 404);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "model_not_found");
+    json_t *j = rh_body_json(&w);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "gamma"));
+    assert_non_null(strstr(msg, "alpha"));
+    assert_non_null(strstr(msg, "beta"));
+    assert_non_null(strstr(msg, "a1"));
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
+                        "model");
+    json_decref(j);
+    wc_response_free(&w);
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL,
+                            "{\"model\":7,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                            &w), 0);
+    assert_int_equal(w.status, 400);
+    wc_response_free(&w);
+
+    /* /v1/models */
+    assert_int_equal(rh_req(&r, "GET", "/v1/models", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    j = rh_body_json(&w);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "list");
+    json_t *data = json_object_get(j, "data");
+    assert_int_equal(json_array_size(data), 2);
+    static const char *const ids[] = {"alpha", "beta"}, *const workers[] = {"wa", "wb"};
+    static const int ctx[] = {512, 256};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *m = json_array_get(data, i);
+        assert_string_equal(json_string_value(json_object_get(m, "id")), ids[i]);
+        assert_string_equal(json_string_value(json_object_get(m, "object")), "model");
+        assert_string_equal(json_string_value(json_object_get(m, "owned_by")), "spillway");
+        assert_true(json_is_integer(json_object_get(m, "created")));
+        assert_int_equal(json_integer_value(json_object_get(m, "context_length")), ctx[i]);
+        json_t *ws = json_object_get(m, "workers");
+        assert_int_equal(json_array_size(ws), 1);
+        assert_string_equal(json_string_value(json_object_get(json_array_get(ws, 0), "name")),
+                            workers[i]);
+        assert_string_equal(json_string_value(json_object_get(json_array_get(ws, 0), "state")),
+                            "ready");
+    }
+    assert_int_equal(json_array_size(json_object_get(json_array_get(data, 0), "aliases")), 2);
+    json_decref(j);
+    wc_response_free(&w);
+    assert_int_equal(rh_req(&r, "GET", "/v1/models/first", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    j = rh_body_json(&w);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "alpha");
+    json_decref(j);
+    wc_response_free(&w);
+    assert_int_equal(rh_req(&r, "GET", "/v1/models/gamma", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 404);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "model_not_found");
+    wc_response_free(&w);
+
+    /* /health names each worker's model */
+    json_t *h = rh_worker_health(&r, "wb");
+    assert_string_equal(json_string_value(json_object_get(h, "model")), "beta");
+    json_decref(h);
+    rh_finish(&r);
+}
+
+/* The checks of [model NAME] sections and [worker] model. */
+static void test_model_config_checks(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *ini, *want;
+    } bad[] = {
+        {"[model a]\npath = x\n[model b]\npath = y\n[worker w]\nthreads = 1\n",
+         "model = NAME is required"},
+        {"[model a]\npath = x\n[worker w]\nmodel = zz\n", "no [model zz] section"},
+        {"[model a]\npath = x\ndefault = true\n[model b]\npath = y\ndefault = true\n"
+         "[worker w]\nmodel = a\n",
+         "default = true on more than one"},
+        {"[model a]\npath = x\naliases = same\n[model b]\npath = y\naliases = same\n"
+         "[worker w]\nmodel = a\n",
+         "'same' names model"},
+        {"[model a]\npath = x\naliases = b\n[model b]\npath = y\n[worker w]\nmodel = a\n",
+         "'b' names model"},
+        {"[model a]\naliases = z\n[worker w]\nmodel = a\n", "[model a] path is required"},
+        {"[model]\npath = x\n[model b]\npath = y\n[worker w]\nmodel = b\n",
+         "cannot follow a [model] section without a name"},
+        {"[model]\npath = x\naliases = q\n[worker w]\nthreads = 1\n", "unknown key"},
+        {"[model a b]\npath = x\n", "model names are"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s", tu_tmp_path("router-models-bad.ini"));
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(bad[i].ini, f);
+        fclose(f);
+        rt_config c;
+        sw_error err;
+        sw_error_clear(&err);
+        int rc = rt_config_read(&c, path, NULL, NULL, NULL, &err);
+        if (rc != SW_EINVAL || !strstr(err.message, bad[i].want))
+            fail_msg("case %zu: rc %d, '%s' (want '%s')", i, rc, err.message, bad[i].want);
+        remove(path);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_config_checks),
+        cmocka_unit_test(test_two_models),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

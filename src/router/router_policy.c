@@ -52,7 +52,9 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
         else if (!need->idle && w->max_seqs > 0 && w->seqs >= w->max_seqs)
             why = RT_SKIP_SLOTS;
         else if (w->count_memory &&
-                 bytes > w->kv_budget - (need->idle ? 0 : w->kv_reserved))
+                 (need->idle ? bytes > (w->shared_device ? w->kv_device_capacity : w->kv_budget)
+                             : bytes > w->kv_budget - w->kv_reserved ||
+                                   (w->shared_device && bytes > w->kv_device_room)))
             why = RT_SKIP_MEM;
         if (!why && need->deadline_ms >= 0) {
             if (w->prefill_rate > 0 && w->decode_rate > 0) {

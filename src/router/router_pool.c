@@ -2,6 +2,7 @@
  */
 #include "router/router_pool.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc, int
     w->last_exit = -1;
     w->kv_budget = -1;
     w->kv_reported_budget = -1;
+    w->kv_device_capacity = -1;
     w->state = cfg.managed ? WS_DOWN : WS_STARTING;
     memcpy(w->address, address, sizeof address);
     memcpy(w->log_path, log_path, sizeof log_path);
@@ -80,6 +82,51 @@ int32_t rt_pool_max_seqs(const rt_worker *w)
     return w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 0;
 }
 
+bool rt_pool_same_device(const rt_worker *a, const rt_worker *b)
+{
+    return a->cfg.device[0] && strcmp(a->cfg.device, "cpu") && !strcmp(a->cfg.device, b->cfg.device);
+}
+
+/* With p->mu held: how many live workers share w's device (w included;
+ * 1 when it has one of its own or is on the CPU), and what the books
+ * admitted to all of them. */
+static int device_share(const rt_pool *p, const rt_worker *w, int64_t *reserved)
+{
+    int n = 0;
+    *reserved = 0;
+    for (int j = 0; j < p->n_slots; j++) {
+        const rt_worker *o = &p->w[j];
+        if (o->gone || (o != w && !rt_pool_same_device(w, o)))
+            continue;
+        n++;
+        *reserved += o->books.kv_bytes;
+    }
+    return n;
+}
+
+void rt_pool_device_measure_locked(rt_pool *p, int wi)
+{
+    rt_worker *w = &p->w[wi];
+    int64_t reserved, capacity = INT64_MAX;
+    if (device_share(p, w, &reserved) < 2 || reserved > 0)
+        return;
+    /* idle by the books and by every worker's last report: each budget
+     * is then the device's KV memory; the smallest, in case one report
+     * is from before another worker's weights were loaded */
+    for (int j = 0; j < p->n_slots; j++) {
+        const rt_worker *o = &p->w[j];
+        if (o->gone || !rt_pool_same_device(w, o))
+            continue;
+        if (o->kv_budget < 0 || o->kv_held_bytes > 0 || o->books.seqs > 0)
+            return;
+        if (o->kv_budget < capacity)
+            capacity = o->kv_budget;
+    }
+    for (int j = 0; j < p->n_slots; j++)
+        if (!p->w[j].gone && rt_pool_same_device(w, &p->w[j]))
+            p->w[j].kv_device_capacity = capacity;
+}
+
 void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
 {
     out->n = 0;
@@ -103,6 +150,22 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->block_bytes = w->kv_block_bytes;
         v->kv_budget = w->kv_budget;
         v->kv_reserved = w->books.kv_bytes;
+        /* Workers on one device (of one model or of several) share it:
+         * what the books admitted to all of them must fit its KV memory,
+         * measured while it was idle. Each one's own budget still applies
+         * (memory another process took); it cannot stand alone, since two
+         * workers' reports are from two moments. */
+        v->device = -1;
+        v->shared_device = false;
+        int64_t device_reserved;
+        if (device_share(p, w, &device_reserved) > 1) {
+            for (int j = 0; j < p->n_slots && v->device < 0; j++)
+                if (!p->w[j].gone && rt_pool_same_device(w, &p->w[j]))
+                    v->device = j;
+            v->shared_device = w->kv_device_capacity >= 0;
+            v->kv_device_capacity = w->kv_device_capacity;
+            v->kv_device_room = w->kv_device_capacity - device_reserved;
+        }
         v->prefill_rate = w->prefill_rate;
         v->decode_rate = w->decode_rate;
     }

@@ -69,6 +69,10 @@ typedef struct rt_worker {
                                    /health; -1 when memory is not counted */
     bool held;                  /* refused since the last /health: the books
                                    may not grow until it reconciles them */
+    int64_t kv_device_capacity; /* on a device other workers share: its KV
+                                   memory, measured while all of them were
+                                   idle (rt_pool_device_measure_locked); -1
+                                   not yet */
     /* metrics */
     uint64_t req_ok, req_client_error, req_failed, tokens;
     uint64_t refused_memory, refused_slots; /* by the worker (stay 0) */
@@ -102,6 +106,8 @@ typedef struct rt_pool {
 typedef struct rt_worker_view {
     int index;                  /* into rt_pool.w */
     int model;                  /* the model it serves */
+    int device;                 /* the first slot on its device (a shared
+                                   sim-gpu pool, cuda:N), -1 on the CPU */
     int state;
     int kind;                   /* RT_KIND_* */
     int32_t ctx_limit;          /* 0 unknown */
@@ -111,7 +117,13 @@ typedef struct rt_worker_view {
     bool count_memory;          /* on a device, with block figures */
     int32_t block_tokens;
     int64_t block_bytes;
-    int64_t kv_budget, kv_reserved;
+    int64_t kv_budget;
+    int64_t kv_reserved;        /* its books */
+    /* a device other workers share, whose KV memory was measured idle:
+     * that memory (what it could hold were nothing admitted) and what is
+     * left of it after what the books admitted to every worker there */
+    bool shared_device;
+    int64_t kv_device_capacity, kv_device_room;
     double prefill_rate, decode_rate;
 } rt_worker_view;
 
@@ -135,6 +147,10 @@ void rt_pool_sort_locked(rt_pool *p);
 int rt_pool_state_locked(const rt_worker *w);
 void rt_pool_destroy(rt_pool *p);
 
+/* Whether two workers draw on one device's memory: the same sim-gpu
+ * pool or cuda:N (the CPU is not counted). */
+bool rt_pool_same_device(const rt_worker *a, const rt_worker *b);
+
 /* With p->mu held: a snapshot of every worker in preference order. */
 void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out);
 
@@ -154,5 +170,9 @@ void rt_pool_refused_locked(rt_pool *p, int wi, bool memory);
 /* With p->mu held: new /health figures reconcile the books (the budget
  * follows what the device really has free). */
 void rt_pool_reconcile_locked(rt_worker *w);
+/* With p->mu held, after slot wi's /health: when it shares its device
+ * and every worker there is idle (books and reports), the device's KV
+ * memory is measured for all of them. */
+void rt_pool_device_measure_locked(rt_pool *p, int wi);
 
 #endif

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
@@ -92,11 +93,19 @@ static void grant(rt_queue *q, rt_pool_view *v, rt_waiter *w, const rt_decision 
     const rt_worker *wk = &q->pool->w[d->worker];
     w->generation = (uint64_t)(uint32_t)wk->restarts << 32 | (uint32_t)wk->pid;
     rt_pool_take_locked(q->pool, d->worker, d->kv_bytes);
+    int device = -1;
     for (int k = 0; k < v->n; k++)
-        if (v->w[k].index == d->worker) {
+        if (v->w[k].index == d->worker)
+            device = v->w[k].device;
+    for (int k = 0; k < v->n; k++) {
+        if (v->w[k].index == d->worker)
             v->w[k].seqs++;
+        if (v->w[k].index == d->worker)
             v->w[k].kv_reserved += d->kv_bytes;
-        }
+        /* the reservation binds every worker on its device */
+        if (device >= 0 && v->w[k].device == device)
+            v->w[k].kv_device_room -= d->kv_bytes;
+    }
     count_admission(q, w, now);
     unlink_waiter(q, w);
     pthread_cond_signal(&w->cv);

@@ -149,6 +149,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
         w->prefill_rate = w->decode_rate = 0;
         snprintf(w->rates_source, sizeof w->rates_source, "none");
         rt_pool_reconcile_locked(w);
+        rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s (openai): ready", w->cfg.name);
         w->state = WS_READY;
@@ -217,6 +218,7 @@ static void sup_health(rt_router *rt, rt_worker *w)
         if (!w->restart_requested)
             w->state = WS_READY;
         rt_pool_reconcile_locked(w);
+        rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         w->backoff = 0.25;
         w->last_ok = rt__now_s();
         w->ready_once = true;

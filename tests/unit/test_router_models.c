@@ -14,25 +14,35 @@
  *   workers), /v1/models/ALIAS finds its model, an unknown one is 404;
  * - /health names each worker's model;
  * - the configuration's checks: a worker without "model" when there are
- *   several, an unknown model, two defaults, a shared alias.
+ *   several, an unknown model, two defaults, a shared alias;
+ * - one device for both: alpha's and beta's GPU workers on one sim-gpu
+ *   pool whose free memory holds the KV of about three requests, a burst
+ *   of 24 requests on alpha with 8 on beta among them: every one is
+ *   answered 200 by its own model, and neither worker ever refused a
+ *   request for memory nor failed one (the router's books count what it
+ *   admitted to either against the one device).
  */
 #include "testutil.h"
 #include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
+#include "device/device.h"
 #include "router/router.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #define MAXTOK 64
 
 static char g_alpha[512], g_beta[512];
+static char g_pool[64];
 
 static int setup(void **state)
 {
@@ -46,24 +56,25 @@ static int teardown(void **state)
 {
     (void)state;
     rh_stop_all();
+    if (g_pool[0])
+        dev_sim_unlink(g_pool, NULL);
     remove(g_alpha);
     remove(g_beta);
     return 0;
 }
 
-static void start(rh_router *r)
+/* A router of models alpha and beta and the given worker sections. */
+static void start_with(rh_router *r, const char *server, const char *workers)
 {
-    char models[2048];
+    char models[4096];
     snprintf(models, sizeof models,
-             "[model alpha]\npath = %s\naliases = a1, first\ndefault = true\n"
-             "[model beta]\npath = %s\n"
-             "[worker wa]\nmodel = alpha\nthreads = 1\nctx-limit = 512\ncalibrate = false\n"
-             "[worker wb]\nmodel = beta\nthreads = 1\nctx-limit = 256\ncalibrate = false\n",
-             g_alpha, g_beta);
+             "%s\n[model alpha]\npath = %s\naliases = a1, first\ndefault = true\n"
+             "[model beta]\npath = %s\n%s",
+             server, g_alpha, g_beta, workers);
     /* rh_init writes a [model] path = ... section; these sections stand
      * instead: it is given an empty model and the rest */
     rh_init(r, "models", "", NULL, NULL);
-    char cfg[4096];
+    char cfg[8192];
     snprintf(cfg, sizeof cfg,
              "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
              "ready-timeout = 30\n%s",
@@ -73,6 +84,13 @@ static void start(rh_router *r)
     fputs(cfg, f);
     fclose(f);
     assert_int_equal(rh_run(r, NULL), 0);
+}
+
+static void start(rh_router *r)
+{
+    start_with(r, "",
+               "[worker wa]\nmodel = alpha\nthreads = 1\nctx-limit = 512\ncalibrate = false\n"
+               "[worker wb]\nmodel = beta\nthreads = 1\nctx-limit = 256\ncalibrate = false\n");
 }
 
 /* OpenAI's chat completion object, as a strict client reads it. */
@@ -235,6 +253,159 @@ static void test_two_models(void **state)
     rh_finish(&r);
 }
 
+/* ---- one device, two models ------------------------------------------- */
+
+#define BURST_A 24
+#define BURST_B 8
+#define NEW 12
+#define PROMPT "Once upon a time"
+
+typedef struct burst_client {
+    const rh_router *r;
+    const char *model;
+    int status;
+    char answered_by[64];
+    int n_tokens;
+    char error[200];
+} burst_client;
+
+static void *burst_one(void *arg)
+{
+    burst_client *c = arg;
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\":\"%s\",\"prompt\":\"" PROMPT "\",\"max_tokens\":%d,"
+             "\"temperature\":0,\"ignore_eos\":true}",
+             c->model, NEW);
+    wc_response w;
+    memset(&w, 0, sizeof w);
+    if (rh_req(c->r, "POST", "/v1/completions", NULL, body, &w) == 0) {
+        c->status = w.status;
+        if (!wc_header(&w, "X-Spillway-Model", c->answered_by, sizeof c->answered_by))
+            c->answered_by[0] = 0;
+        int toks[MAXTOK];
+        c->n_tokens = wc_tokens_of(&w, false, toks, MAXTOK, NULL, NULL, 0);
+        if (w.status != 200)
+            snprintf(c->error, sizeof c->error, "%.199s", w.body ? w.body : "");
+    }
+    wc_response_free(&w);
+    return NULL;
+}
+
+/* The pool capacity that leaves, under the 10% reserve, the weights of
+ * both models and the KV of `fit` requests free: from a worker of alpha
+ * alone (beta has the same shapes). */
+static long long probe_capacity(const char *spec, int fit)
+{
+    wc_worker w;
+    const char *args[] = {"--device", spec, "--sim-capacity", "64MiB", "--max-seqs", "4",
+                          "--threads", "1", "--ctx-limit", "256", "--policy", "grow",
+                          "--no-calibrate", NULL};
+    assert_int_equal(wc_worker_start(&w, g_alpha, args, NULL, 60, NULL), 0);
+    wc_response h;
+    assert_int_equal(wc_request(w.socket_path, "GET", "/health", NULL, 5000, &h), 0);
+    json_t *hj = rh_body_json(&h);
+    long long fixed =
+        json_integer_value(json_object_get(json_object_get(hj, "memory"), "self_bytes"));
+    long long kv_bpt = json_integer_value(json_object_get(hj, "kv_bytes_per_token"));
+    long long block = json_integer_value(json_object_get(json_object_get(hj, "kv"), "block_tokens"));
+    json_decref(hj);
+    wc_response_free(&h);
+    assert_true(fixed > 0 && kv_bpt > 0 && block > 0);
+    assert_int_equal(wc_worker_stop(&w), 0);
+    dev_sim_unlink(g_pool, NULL);
+    long long prompt = 8; /* more than PROMPT's tokens with BOS */
+    long long blocks = (prompt + NEW + block - 1) / block;
+    long long free_bytes = fit * blocks * block * kv_bpt;
+    return (long long)((double)(2 * fixed + free_bytes) / 0.9) + 4096;
+}
+
+static void test_shared_device(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    snprintf(g_pool, sizeof g_pool, "rt-models-%d", (int)getpid());
+    dev_sim_unlink(g_pool, NULL);
+    char spec[96];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    long long capacity = probe_capacity(spec, 3);
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker ga]\nmodel = alpha\ndevice = %s\nsim-capacity = %lld\npolicy = grow\n"
+             "max-seqs = 4\nthreads = 1\nctx-limit = 256\ncalibrate = false\nfault = stall_ms:3\n"
+             "[worker gb]\nmodel = beta\ndevice = %s\nsim-capacity = %lld\npolicy = grow\n"
+             "max-seqs = 4\nthreads = 1\nctx-limit = 256\ncalibrate = false\nfault = stall_ms:3\n",
+             spec, capacity, spec, capacity);
+    rh_router r;
+    start_with(&r, "queue-size = 256\nqueue-timeout-ms = 120000\n", workers);
+    /* the two workers start one after the other: until the router has
+     * each one's /health from after both loaded their weights, the first
+     * one's figures do not know the second one's weights */
+    double t0 = tu_now_s();
+    for (;;) {
+        json_t *ha = rh_worker_health(&r, "ga"), *hb = rh_worker_health(&r, "gb");
+        json_int_t fa = json_integer_value(json_object_get(ha, "memory_free_bytes"));
+        json_int_t fb = json_integer_value(json_object_get(hb, "memory_free_bytes"));
+        json_decref(ha);
+        json_decref(hb);
+        if (fa > 0 && fa == fb) {
+            if (getenv("MODELS_DEBUG")) {
+                json_t *h = rh_worker_health(&r, "ga");
+                char *t = json_dumps(h, JSON_COMPACT);
+                fprintf(stderr, "capacity %lld ga: %s\n", capacity, t);
+                free(t);
+                json_decref(h);
+            }
+            break;
+        }
+        if (tu_now_s() - t0 > 10)
+            fail_msg("the workers' free memory never agreed (%lld, %lld)", (long long)fa,
+                     (long long)fb);
+        usleep(20 * 1000);
+    }
+    burst_client c[BURST_A + BURST_B];
+    pthread_t th[BURST_A + BURST_B];
+    for (int i = 0; i < BURST_A + BURST_B; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        c[i].r = &r;
+        /* beta's among alpha's: clients 3, 6, 9, ... */
+        c[i].model = i % 3 == 0 && i / 3 < BURST_B ? "beta" : "alpha";
+        assert_int_equal(pthread_create(&th[i], NULL, burst_one, &c[i]), 0);
+    }
+    for (int i = 0; i < BURST_A + BURST_B; i++)
+        pthread_join(th[i], NULL);
+    int answered_b = 0;
+    if (getenv("MODELS_DEBUG"))
+        for (int i = 0; i < BURST_A + BURST_B; i++)
+            fprintf(stderr, "client %d %s: %d %s\n", i, c[i].model, c[i].status, c[i].error);
+    for (int i = 0; i < BURST_A + BURST_B; i++) {
+        if (c[i].status != 200 || strcmp(c[i].answered_by, c[i].model) || c[i].n_tokens != NEW)
+            fail_msg("client %d (%s): status %d, answered by '%s', %d tokens: %s", i, c[i].model,
+                     c[i].status, c[i].answered_by, c[i].n_tokens, c[i].error);
+        answered_b += !strcmp(c[i].model, "beta");
+    }
+    assert_int_equal(answered_b, BURST_B);
+    static const char *const ws[] = {"ga", "gb"};
+    for (int k = 0; k < 2; k++) {
+        char labels[128];
+        snprintf(labels, sizeof labels, "worker=\"%s\",reason=\"memory\"", ws[k]);
+        assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_worker_refusals_total", labels),
+                         0);
+        snprintf(labels, sizeof labels, "worker=\"%s\",outcome=\"failed\"", ws[k]);
+        assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_requests_total", labels), 0);
+    }
+    /* the books are empty again, on both */
+    for (int k = 0; k < 2; k++) {
+        json_t *h = rh_worker_health(&r, ws[k]);
+        json_t *books = json_object_get(h, "books");
+        assert_int_equal(json_integer_value(json_object_get(books, "seqs")), 0);
+        assert_int_equal(json_integer_value(json_object_get(books, "kv_reserved_bytes")), 0);
+        json_decref(h);
+    }
+    rh_finish(&r);
+}
+
 /* The checks of [model NAME] sections and [worker] model. */
 static void test_model_config_checks(void **state)
 {
@@ -281,6 +452,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_config_checks),
         cmocka_unit_test(test_two_models),
+        cmocka_unit_test(test_shared_device),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

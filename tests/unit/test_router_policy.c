@@ -680,6 +680,7 @@ static void pool_fill(rt_pool *p, int n)
         w->slots_max = 4;
         w->ctx_limit = 4096;
         w->kv_budget = -1;
+        w->kv_device_capacity = -1;
         w->last_exit = -1;
         p->order[i] = i;
     }
@@ -842,6 +843,65 @@ static void test_queue_memory_books(void **state)
     /* giving back more than is booked stops at zero */
     rt_queue_release(&g_queue, 0, 4096, NULL);
     assert_books(&g_pool, 0, 0, 0);
+}
+
+/* Two workers on one device (of two models, or of one) share its KV
+ * memory, measured while both were idle: what the books admitted to one
+ * binds the other; a request that would fit the idle device waits, it is
+ * not refused; on two devices each has its own. A request names its
+ * model. */
+static void test_queue_shared_device(void **state)
+{
+    (void)state;
+    g_stop = 0;
+    for (int shared = 1; shared >= 0; shared--) {
+        pool_fill(&g_pool, 2);
+        pool_memory(&g_pool, 0, 20480); /* each sees the same free memory */
+        pool_memory(&g_pool, 1, 20480);
+        g_pool.w[1].model = 1;
+        snprintf(g_pool.w[0].cfg.device, sizeof g_pool.w[0].cfg.device, "sim-gpu:one");
+        snprintf(g_pool.w[1].cfg.device, sizeof g_pool.w[1].cfg.device, "%s",
+                 shared ? "sim-gpu:one" : "sim-gpu:two");
+        /* both idle: the shared device's KV memory is measured */
+        rt_pool_device_measure_locked(&g_pool, 1);
+        assert_int_equal(g_pool.w[0].kv_device_capacity, shared ? 20480 : -1);
+        rt_queue_init(&g_queue, &g_pool, 8);
+        rt_waiter a1, a2, b1, b2;
+        waiter_init(&g_queue, &a1, 100, 50, -1); /* 10 blocks each */
+        waiter_init(&g_queue, &a2, 100, 50, -1);
+        waiter_init(&g_queue, &b1, 100, 50, -1);
+        waiter_init(&g_queue, &b2, 100, 50, -1);
+        b1.need.model = b2.need.model = 1;
+        /* a burst on model 0 fills the device */
+        assert_int_equal(admit_now(&g_queue, &a1), RT_ADMIT_OK);
+        assert_int_equal(admit_now(&g_queue, &a2), RT_ADMIT_OK);
+        assert_int_equal(a1.grant.worker, 0);
+        assert_int_equal(a2.grant.worker, 0);
+        /* model 1's worker sees it only when they share the device */
+        assert_int_equal(admit_now(&g_queue, &b1), shared ? RT_ADMIT_TIMEOUT : RT_ADMIT_OK);
+        if (shared) {
+            /* once model 0's worker holds it, its /health says so: the
+             * free memory both report fell, nothing is outstanding */
+            g_pool.w[0].kv_held_bytes = 20480;
+            g_pool.w[1].kv_budget = 0;
+            assert_int_equal(admit_now(&g_queue, &b1), RT_ADMIT_TIMEOUT);
+            /* model 0's requests end: their memory is back for model 1 */
+            rt_queue_release(&g_queue, 0, a1.grant.kv_bytes, NULL);
+            rt_queue_release(&g_queue, 0, a2.grant.kv_bytes, NULL);
+            g_pool.w[0].kv_held_bytes = 0;
+            g_pool.w[0].kv_budget = g_pool.w[1].kv_budget = 20480;
+            assert_int_equal(admit_now(&g_queue, &b1), RT_ADMIT_OK);
+        }
+        assert_int_equal(b1.grant.worker, 1);
+        /* and a model-0 request waiting now is bound by model 1's */
+        assert_int_equal(admit_now(&g_queue, &b2), RT_ADMIT_OK);
+        rt_waiter a3;
+        waiter_init(&g_queue, &a3, 100, 50, -1);
+        /* shared: b1 and b2 hold the device; else a1 and a2 hold worker 0 */
+        assert_int_equal(admit_now(&g_queue, &a3), RT_ADMIT_TIMEOUT);
+        if (shared)
+            pthread_mutex_destroy(&g_pool.mu); /* pool_fill makes it again */
+    }
 }
 
 /* FULL, NEVER, DEADLINE and TIMEOUT, each without waiting. */
@@ -1161,6 +1221,7 @@ int main(void)
         cmocka_unit_test_teardown(test_queue_grant_and_release, queue_teardown),
         cmocka_unit_test_teardown(test_queue_memory_books, queue_teardown),
         cmocka_unit_test_teardown(test_queue_refusals, queue_teardown),
+        cmocka_unit_test_teardown(test_queue_shared_device, queue_teardown),
         cmocka_unit_test_teardown(test_queue_retry_after, queue_teardown),
         cmocka_unit_test_teardown(test_queue_fifo_arrival_order, queue_teardown),
         cmocka_unit_test_teardown(test_queue_fifo_ticket_order, queue_teardown),

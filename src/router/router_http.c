@@ -265,6 +265,28 @@ void rt__send_error(rt_req *q, int status, const char *code, const char *msg,
 
 /* ---- small routes ----------------------------------------------------- */
 
+/* One model's share of the pool (/health, /metrics): its ready
+ * workers, the books of all its workers and the device memory of their
+ * contexts (weights, workspace, KV) by their last /health. */
+typedef struct model_tally {
+    int ready, seqs;
+    int64_t kv_reserved, device_bytes;
+} model_tally;
+
+static void model_tally_locked(const rt_router *rt, int mi, model_tally *t)
+{
+    memset(t, 0, sizeof *t);
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
+        const rt_worker *w = &rt->pool.w[i];
+        if (w->model != mi)
+            continue;
+        t->ready += rt_pool_state_locked(w) == WS_READY;
+        t->seqs += w->books.seqs;
+        t->kv_reserved += w->books.kv_bytes;
+        t->device_bytes += w->on_device ? w->mem_context : 0;
+    }
+}
+
 static void handle_health(rt_req *q)
 {
     rt_router *rt = q->rt;
@@ -279,9 +301,19 @@ static void handle_health(rt_req *q)
             json_array_append_new(ws, o);
     }
     int depth = rt->queue.depth;
+    json_t *models = json_array();
+    for (int mi = 0; mi < rt->n_models; mi++) {
+        model_tally t;
+        model_tally_locked(rt, mi, &t);
+        json_array_append_new(models, json_pack("{s:s, s:i, s:i, s:I, s:I}", "id",
+                                                rt->models[mi].cfg.name, "workers_ready",
+                                                t.ready, "seqs", t.seqs, "kv_reserved_bytes",
+                                                (json_int_t)t.kv_reserved, "device_bytes",
+                                                (json_int_t)t.device_bytes));
+    }
     pthread_mutex_unlock(&rt->pool.mu);
-    json_t *h = json_pack("{s:s, s:o, s:i}", "status", ready ? "ready" : "unavailable", "workers",
-                          ws, "queue_depth", depth);
+    json_t *h = json_pack("{s:s, s:o, s:o, s:i}", "status", ready ? "ready" : "unavailable",
+                          "workers", ws, "models", models, "queue_depth", depth);
     json_t *sab = json_array();
     const rt_sabotage *sb = &rt->sabotage;
     if (sb->no_replay) json_array_append_new(sab, json_string("no-replay"));
@@ -438,6 +470,19 @@ static void handle_metrics(rt_req *q)
             (unsigned long long)rt->pool.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt->active_conns);
+    /* each family's samples together, after its TYPE line */
+    static const char *const model_families[] = {"spillway_router_model_admitted_seqs",
+                                                 "spillway_router_model_reserved_kv_bytes",
+                                                 "spillway_router_model_device_bytes"};
+    for (int f = 0; f < 3; f++) {
+        OUT("# TYPE %s gauge\n", model_families[f]);
+        for (int mi = 0; mi < rt->n_models; mi++) {
+            model_tally t;
+            model_tally_locked(rt, mi, &t);
+            long long v = f == 0 ? t.seqs : f == 1 ? (long long)t.kv_reserved : (long long)t.device_bytes;
+            OUT("%s{model=\"%s\"} %lld\n", model_families[f], rt->models[mi].cfg.name, v);
+        }
+    }
     OUT("# TYPE spillway_router_reloads_total counter\n"
         "spillway_router_reloads_total{result=\"ok\"} %llu\n"
         "spillway_router_reloads_total{result=\"failed\"} %llu\n",

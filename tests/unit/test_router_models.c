@@ -395,6 +395,25 @@ static void test_shared_device(void **state)
         snprintf(labels, sizeof labels, "worker=\"%s\",outcome=\"failed\"", ws[k]);
         assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_requests_total", labels), 0);
     }
+    /* per model: its device memory, nothing admitted now */
+    static const char *const ms[] = {"alpha", "beta"};
+    for (int k = 0; k < 2; k++) {
+        char labels[64];
+        snprintf(labels, sizeof labels, "model=\"%s\"", ms[k]);
+        assert_true(rh_metric_labeled(r.sock, "spillway_router_model_device_bytes", labels) > 0);
+        assert_int_equal(
+            rh_metric_labeled(r.sock, "spillway_router_model_reserved_kv_bytes", labels), 0);
+    }
+    wc_response hw;
+    assert_int_equal(rh_req(&r, "GET", "/health", NULL, NULL, &hw), 0);
+    json_t *hj = rh_body_json(&hw);
+    json_t *hm = json_object_get(hj, "models");
+    assert_int_equal(json_array_size(hm), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(hm, 1), "id")), "beta");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(hm, 1), "workers_ready")), 1);
+    assert_true(json_integer_value(json_object_get(json_array_get(hm, 1), "device_bytes")) > 0);
+    json_decref(hj);
+    wc_response_free(&hw);
     /* the books are empty again, on both */
     for (int k = 0; k < 2; k++) {
         json_t *h = rh_worker_health(&r, ws[k]);

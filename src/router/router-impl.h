@@ -165,6 +165,8 @@ typedef struct rt_router {
     uint64_t ledger_swept;      /* rows deleted by the retention sweep */
     uint64_t async_fallbacks;   /* requests queued as jobs (Prefer: respond-async) */
     uint64_t continues_sent;    /* 100 Continue interim responses */
+    /* capacity fallbacks to another model, by [from][to] model index */
+    uint64_t capacity_fallbacks[RT_MAX_MODELS][RT_MAX_MODELS];
 } rt_router;
 
 /* A connection idle between two requests (lives on its thread's stack;
@@ -218,6 +220,9 @@ typedef struct rt_req {
     char worker[64];
     int model;               /* index into rt->models of the model that
                                 serves it (0 until its body is read) */
+    int asked_model;         /* the one the body asked for (a capacity
+                                fallback changes model, not this) */
+    bool no_fallback;        /* X-Spillway-Fallback: none */
     int attempts;
     char idem_key[256];      /* Idempotency-Key, "" none */
     bool idem_key_bad;       /* present but not 1..255 printable ASCII */

@@ -35,6 +35,10 @@ typedef struct rt_model_config {
     char aliases[RT_MAX_ALIASES][64]; /* more ids clients may send */
     int n_aliases;
     bool is_default;           /* default = true: a request without "model" */
+    /* fallback = OTHER[, ...]: models that answer, in this order, a
+     * request this one's workers cannot admit in time */
+    char fallback[RT_MAX_MODELS - 1][64];
+    int n_fallback;
 } rt_model_config;
 
 typedef struct rt_worker_config {

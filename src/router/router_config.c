@@ -403,6 +403,19 @@ static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *
                 return cfg_fail(p, s, name, "aliases are 1..63 of [A-Za-z0-9._:/-]", v);
             snprintf(m->aliases[m->n_aliases++], sizeof m->aliases[0], "%s", t);
         }
+    } else if (!strcmp(name, "fallback") && !c_legacy(p)) {
+        char buf[1024];
+        if (!cfg_copy(buf, sizeof buf, v))
+            return cfg_fail(p, s, name, "too long", v);
+        m->n_fallback = 0;
+        for (char *save = NULL, *t = strtok_r(buf, ", \t", &save); t;
+             t = strtok_r(NULL, ", \t", &save)) {
+            if (m->n_fallback >= RT_MAX_MODELS - 1)
+                return cfg_fail(p, s, name, "too many fallbacks (at most 7)", v);
+            if (!cfg_model_id(t) || !strcmp(t, m->name))
+                return cfg_fail(p, s, name, "expected the NAMEs of other [model NAME] sections", v);
+            snprintf(m->fallback[m->n_fallback++], sizeof m->fallback[0], "%s", t);
+        }
     } else if (!strcmp(name, "default") && !c_legacy(p)) {
         if (!cfg_bool(v, &m->is_default))
             return cfg_fail(p, s, name, "expected true or false", v);
@@ -562,6 +575,17 @@ int rt_config_check(const rt_config *c, sw_error *err)
     }
     if (defaults > 1)
         return sw_error_set(err, SW_EINVAL, "default = true on more than one [model NAME]");
+    for (int i = 0; i < c->n_models; i++)
+        for (int f = 0; f < c->models[i].n_fallback; f++) {
+            bool known = false;
+            for (int j = 0; j < c->n_models && !known; j++)
+                known = j != i && !strcmp(c->models[j].name, c->models[i].fallback[f]);
+            if (!known)
+                return sw_error_set(err, SW_EINVAL,
+                                    "[model %s] fallback = %s: no other [model %s] section",
+                                    c->models[i].name, c->models[i].fallback[f],
+                                    c->models[i].fallback[f]);
+        }
     if (c->n_workers == 0)
         return sw_error_set(err, SW_EINVAL, "at least one [worker NAME] section is required");
     for (int i = 0; i < c->n_workers; i++) {

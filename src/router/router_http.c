@@ -157,6 +157,11 @@ static void head_common(const rt_req *q, sw_tb *t)
         SW_TB_LIT(t, "\r\nX-Spillway-Model: ");
         sw_tb_str(t, q->rt->models[q->model].cfg.name);
         SW_TB_LIT(t, "\r\n");
+        if (q->model != q->asked_model) { /* a capacity fallback */
+            SW_TB_LIT(t, "X-Spillway-Fallback-From: ");
+            sw_tb_str(t, q->rt->models[q->asked_model].cfg.name);
+            SW_TB_LIT(t, "\r\n");
+        }
     }
     if (q->attempts > 0) {
         SW_TB_LIT(t, "X-Spillway-Attempts: ");
@@ -470,6 +475,13 @@ static void handle_metrics(rt_req *q)
             (unsigned long long)rt->pool.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt->active_conns);
+    OUT("# TYPE spillway_router_capacity_fallbacks_total counter\n");
+    for (int from = 0; from < rt->n_models; from++)
+        for (int to = 0; to < rt->n_models; to++)
+            if (from != to && rt->models[from].cfg.n_fallback)
+                OUT("spillway_router_capacity_fallbacks_total{from=\"%s\",to=\"%s\"} %llu\n",
+                    rt->models[from].cfg.name, rt->models[to].cfg.name,
+                    (unsigned long long)rt->capacity_fallbacks[from][to]);
     /* each family's samples together, after its TYPE line */
     static const char *const model_families[] = {"spillway_router_model_admitted_seqs",
                                                  "spillway_router_model_reserved_kv_bytes",
@@ -914,6 +926,8 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             q.deadline_ms = strtoll(val, NULL, 10);
         else if (nl == 26 && !strncasecmp(line, "X-Spillway-Job-Deadline-Ms", 26))
             q.job_deadline_ms = strtoll(val, NULL, 10);
+        else if (nl == 19 && !strncasecmp(line, "X-Spillway-Fallback", 19))
+            q.no_fallback = !strcasecmp(val, "none"); /* else: as configured */
         else if (nl == 16 && !strncasecmp(line, "X-Spillway-Fault", 16))
             rt__fault_scope_begin(&q, val); /* tests only (router.c) */
         else if (nl == 6 && !strncasecmp(line, "Prefer", 6))

@@ -318,7 +318,7 @@ static bool resolve_model(rt_req *q, json_t *body)
 {
     rt_router *rt = q->rt;
     json_t *m = json_object_get(body, "model");
-    q->model = rt->default_model;
+    q->model = q->asked_model = rt->default_model;
     if (!rt->route_by_model || !m || json_is_null(m))
         return true;
     if (!json_is_string(m)) {
@@ -348,12 +348,68 @@ static bool resolve_model(rt_req *q, json_t *body)
         rt__send_error(q, 404, "model_not_found", msg, "model", NULL);
         return false;
     }
-    q->model = i;
+    q->model = q->asked_model = i;
     if (strcmp(json_string_value(m), rt->models[i].cfg.name)) {
         json_object_set_new(body, "model", json_string(rt->models[i].cfg.name));
         q->body_edited = true;
     }
     return true;
+}
+
+/* The reason a capacity answer gives, as events and metrics name it. */
+static const char *capacity_reason(rt_admit_result ar)
+{
+    switch (ar) {
+    case RT_ADMIT_FULL: return "queue_full";
+    case RT_ADMIT_DEADLINE: return "deadline";
+    case RT_ADMIT_TIMEOUT: return "queue_timeout";
+    case RT_ADMIT_NEVER: return "no_capacity";
+    default: return NULL;
+    }
+}
+
+/* The capacity fallback (docs/router.md, Several models): when the model
+ * q is on could not admit it (ar), the next model of the asked model's
+ * fallback list, -1 when none is left or q may not fall back (the
+ * client's X-Spillway-Fallback: none, output already sent). */
+static int next_fallback(const rt_req *q, rt_admit_result ar, int *step)
+{
+    const rt_router *rt = q->rt;
+    if (!rt->route_by_model || q->no_fallback || !capacity_reason(ar))
+        return -1;
+    const rt_model_config *asked = &rt->models[q->asked_model].cfg;
+    while (*step < asked->n_fallback) {
+        int to = rt__model_find(rt, asked->fallback[(*step)++]);
+        if (to >= 0 && to != q->model)
+            return to;
+    }
+    return -1;
+}
+
+/* q moves to model to: its body names it, the event and the metric say
+ * why. */
+static void fall_back(rt_req *q, json_t *body, int to, rt_admit_result ar, double t0)
+{
+    rt_router *rt = q->rt;
+    int from = q->model;
+    const char *reason = capacity_reason(ar);
+    json_object_set_new(body, "model", json_string(rt->models[to].cfg.name));
+    q->body_edited = true;
+    q->model = to;
+    pthread_mutex_lock(&rt->mu);
+    rt->capacity_fallbacks[from][to]++;
+    pthread_mutex_unlock(&rt->mu);
+    SW_INFO("router", "request %s: model %s cannot take it in time (%s); answered by model %s "
+            "(capacity fallback)", q->request_id, rt->models[from].cfg.name, reason,
+            rt->models[to].cfg.name);
+    json_t *ev = json_pack("{s:s, s:s, s:f, s:f, s:s, s:s, s:s, s:s}", "type",
+                           "capacity_fallback", "request_id", q->request_id, "received_time", t0,
+                           "time", rt__wall_s(), "from_model", rt->models[from].cfg.name,
+                           "to_model", rt->models[to].cfg.name, "reason", reason, "route",
+                           "capacity");
+    if (ev)
+        rt__ev_record(rt, ev);
+    json_decref(ev);
 }
 
 /* Serves one generation request whose body is parsed (owned here). */
@@ -403,7 +459,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
     json_t *first_error = NULL;
     rt_failover first = {0};
     bool failed_before = false, fallback = false;
-    int refusals = 0;
+    int refusals = 0, fallback_step = 0;
     for (;;) {
         long remaining = max_tokens < 0 ? -1 : max_tokens - (long)r.n_tokens;
         rt_waiter wt;
@@ -437,6 +493,16 @@ static void generate(rt_req *q, bool chat, json_t *body)
         if (ar != RT_ADMIT_OK) {
             if (ar == RT_ADMIT_GONE)
                 last = RT_OUT_CLIENT_GONE;
+            /* another model only before anything was sent or tried: a
+             * stream is never continued by another model */
+            int to = q->attempts == 0 && !failed_before && !r.headers_sent
+                         ? next_fallback(q, ar, &fallback_step)
+                         : -1;
+            if (to >= 0) {
+                fall_back(q, body, to, ar, t0);
+                prompt = count_prompt(&rt->models[q->model], body, chat);
+                continue;
+            }
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);
             break;
         }

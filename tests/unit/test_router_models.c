@@ -20,7 +20,14 @@
  *   of 24 requests on alpha with 8 on beta among them: every one is
  *   answered 200 by its own model, and neither worker ever refused a
  *   request for memory nor failed one (the router's books count what it
- *   admitted to either against the one device).
+ *   admitted to either against the one device);
+ * - the capacity fallback: alpha (fallback = beta) on one GPU worker of
+ *   one sequence, busy with a long stream: a request for alpha with a
+ *   300 ms deadline is answered by beta (its "model", X-Spillway-Model,
+ *   X-Spillway-Fallback-From: alpha), a capacity_fallback event says why
+ *   and the metric counts it; the same request with X-Spillway-Fallback:
+ *   none gets 503 capacity_exceeded; the stream alpha was serving ends on
+ *   alpha, whole.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -425,6 +432,98 @@ static void test_shared_device(void **state)
     rh_finish(&r);
 }
 
+static void test_capacity_fallback(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    rh_router r;
+    rh_init(&r, "fallback", "", NULL, NULL);
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg,
+             "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+             "ready-timeout = 30\n"
+             "[model alpha]\npath = %s\nfallback = beta\n"
+             "[model beta]\npath = %s\n"
+             "[worker ga]\nmodel = alpha\nthreads = 1\nctx-limit = 512\nmax-seqs = 1\n"
+             "calibrate = false\nfault = stall_ms:20\n"
+             "[worker gb]\nmodel = beta\nthreads = 1\nctx-limit = 256\ncalibrate = false\n",
+             r.sock, r.dir, g_alpha, g_beta);
+    FILE *f = fopen(r.cfg, "w");
+    assert_non_null(f);
+    fputs(cfg, f);
+    fclose(f);
+    assert_int_equal(rh_run(&r, NULL), 0);
+
+    /* alpha's one sequence is taken by a long stream */
+    rh_conn busy;
+    rh_conn_open(&busy, r.sock);
+    static const char busy_body[] =
+        "{\"model\":\"alpha\",\"prompt\":\"Once upon a time\",\"max_tokens\":100,"
+        "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n%s",
+                     sizeof busy_body - 1, busy_body);
+    rh_conn_send(&busy, req, (size_t)n);
+    while (!(busy.buf && strstr(busy.buf, "data: ")))
+        assert_true(rh_conn_read_more(&busy, 20));
+
+    const char *body = "{\"model\":\"alpha\",\"prompt\":\"Hi\",\"max_tokens\":4}";
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", "X-Spillway-Deadline-Ms: 300\r\n", body,
+                            &w), 0);
+    if (w.status != 200)
+        fail_msg("fallback: status %d: %s", w.status, w.body ? w.body : "");
+    rh_assert_header(&w, "X-Spillway-Model", "beta");
+    rh_assert_header(&w, "X-Spillway-Worker", "gb");
+    rh_assert_header(&w, "X-Spillway-Fallback-From", "alpha");
+    json_t *j = rh_body_json(&w);
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "beta");
+    json_decref(j);
+    char rid[128];
+    assert_true(wc_header(&w, "X-Request-Id", rid, sizeof rid));
+    wc_response_free(&w);
+    /* the event says why */
+    json_t *evs = rh_events(&r);
+    bool seen = false;
+    size_t i;
+    json_t *e;
+    json_array_foreach(evs, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "request_id")) ?: "", rid))
+            continue;
+        seen = true;
+        assert_string_equal(json_string_value(json_object_get(e, "type")), "capacity_fallback");
+        assert_string_equal(json_string_value(json_object_get(e, "from_model")), "alpha");
+        assert_string_equal(json_string_value(json_object_get(e, "to_model")), "beta");
+        assert_string_equal(json_string_value(json_object_get(e, "reason")), "queue_timeout");
+    }
+    json_decref(evs);
+    assert_true(seen);
+    assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_capacity_fallbacks_total",
+                                       "from=\"alpha\",to=\"beta\""), 1);
+
+    /* forbidden by the client: a typed capacity answer */
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions",
+                            "X-Spillway-Deadline-Ms: 300\r\nX-Spillway-Fallback: none\r\n", body,
+                            &w), 0);
+    assert_int_equal(w.status, 503);
+    char code[64];
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "capacity_exceeded");
+    rh_assert_header(&w, "Retry-After", NULL);
+    wc_response_free(&w);
+    assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_capacity_fallbacks_total",
+                                       "from=\"alpha\",to=\"beta\""), 1);
+
+    /* the stream alpha was serving ends there, whole */
+    while (!strstr(busy.buf, "data: [DONE]"))
+        assert_true(rh_conn_read_more(&busy, 60));
+    assert_null(strstr(busy.buf, "\"model\":\"beta\""));
+    rh_conn_close(&busy);
+    rh_finish(&r);
+}
+
 /* The checks of [model NAME] sections and [worker] model. */
 static void test_model_config_checks(void **state)
 {
@@ -448,6 +547,9 @@ static void test_model_config_checks(void **state)
          "cannot follow a [model] section without a name"},
         {"[model]\npath = x\naliases = q\n[worker w]\nthreads = 1\n", "unknown key"},
         {"[model a b]\npath = x\n", "model names are"},
+        {"[model a]\npath = x\nfallback = zz\n[worker w]\nmodel = a\n",
+         "fallback = zz: no other [model zz]"},
+        {"[model a]\npath = x\nfallback = a\n[worker w]\nmodel = a\n", "other [model NAME]"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char path[600];
@@ -472,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_model_config_checks),
         cmocka_unit_test(test_two_models),
         cmocka_unit_test(test_shared_device),
+        cmocka_unit_test(test_capacity_fallback),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

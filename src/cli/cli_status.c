@@ -157,17 +157,19 @@ static void print_table(FILE *out, const char *router, json_t *stats, json_t *ev
             series_sum(json_object_get(series, "failovers")),
             series_sum(json_object_get(series, "failed")));
     json_t *workers = json_object_get(stats, "workers");
-    int name_w = 6, dev_w = 6;
+    int name_w = 6, model_w = 5, dev_w = 6;
     size_t i;
     json_t *w;
     json_array_foreach(workers, i, w) {
         int n = (int)strlen(str(w, "name")), d = (int)strlen(str(w, "device"));
+        int m = (int)strlen(str(w, "model"));
         name_w = n > name_w ? n : name_w;
+        model_w = m > model_w ? m : model_w;
         dev_w = d > dev_w ? d : dev_w;
     }
-    fprintf(out, "\n%-*s  %-8s  %-*s  %-7s  %-40s  %-21s  %8s  %8s  %8s\n", name_w, "WORKER",
-            "STATE", dev_w, "DEVICE", "SEQS", "MEMORY", "KV USED/ADMITTED", "REQ/10M",
-            "TOK/10M", "RESTARTS");
+    fprintf(out, "\n%-*s  %-*s  %-8s  %-*s  %-7s  %-40s  %-21s  %8s  %8s  %8s\n", name_w,
+            "WORKER", model_w, "MODEL", "STATE", dev_w, "DEVICE", "SEQS", "MEMORY",
+            "KV USED/ADMITTED", "REQ/10M", "TOK/10M", "RESTARTS");
     json_array_foreach(workers, i, w) {
         json_t *books = json_object_get(w, "books"), *m = json_object_get(w, "memory");
         json_t *ws = json_object_get(w, "series");
@@ -186,8 +188,9 @@ static void print_table(FILE *out, const char *router, json_t *stats, json_t *ev
         } else {
             snprintf(kv, sizeof kv, "-");
         }
-        fprintf(out, "%-*s  %-8s  %-*s  %-7s  %-40s  %-21s  %8lld  %8lld  %8lld\n", name_w,
-                str(w, "name"), str(w, "state"), dev_w, str(w, "device"), seqs, bar, kv,
+        fprintf(out, "%-*s  %-*s  %-8s  %-*s  %-7s  %-40s  %-21s  %8lld  %8lld  %8lld\n", name_w,
+                str(w, "name"), model_w, str(w, "model"), str(w, "state"), dev_w,
+                str(w, "device"), seqs, bar, kv,
                 series_sum(json_object_get(ws, "requests")),
                 series_sum(json_object_get(ws, "tokens")), num(w, "restarts"));
     }

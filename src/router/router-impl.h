@@ -280,6 +280,15 @@ void rt__sup_pass(rt_router *rt, bool force_health);
 void *rt__sup_thread(void *arg); /* arg: the rt_router */
 void rt__stop_workers(rt_router *rt);
 
+/* workers on demand (router_demand.c), with the pool's lock */
+/* Once per supervision pass: idle ones stopped, stopped ones a waiting
+ * request needs started (or room made for them). */
+void rt__demand_pass_locked(rt_router *rt, double t);
+/* Worker w answered its first ready /health since its spawn. */
+void rt__demand_ready_locked(rt_router *rt, rt_worker *w);
+/* After each /health: its idle footprint, when it is idle. */
+void rt__demand_learn_locked(rt_worker *w);
+
 /* events */
 void rt__ev_record(rt_router *rt, json_t *ev);
 /* GET /v1/spillway/events/stream: the recorded events, then each new one

@@ -250,12 +250,15 @@ int rt_serve(const rt_config *c)
         rt__sup_pass(rt, true);
         /* every managed worker, and at least one worker in all: a worker
          * given by url may come up later */
-        int ready = 0, managed_waiting = 0;
+        int ready = 0, managed_waiting = 0, on_demand = 0;
         for (int i = 0; i < rt->pool.n_slots; i++) {
-            ready += rt->pool.w[i].state == WS_READY;
-            managed_waiting += rt->pool.w[i].cfg.managed && rt->pool.w[i].state != WS_READY;
+            const rt_worker *w = &rt->pool.w[i];
+            ready += w->state == WS_READY;
+            on_demand += w->cfg.on_demand;
+            managed_waiting += w->cfg.managed && !w->cfg.on_demand && w->state != WS_READY;
         }
-        if (ready > 0 && managed_waiting == 0)
+        /* workers on demand start later, for their first request */
+        if ((ready > 0 || on_demand == rt->pool.n_slots) && managed_waiting == 0)
             break;
         for (int i = 0; i < rt->pool.n_slots; i++)
             if (rt->pool.w[i].last_exit == 1 || rt->pool.w[i].last_exit == 2) {

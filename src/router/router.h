@@ -62,6 +62,10 @@ typedef struct rt_worker_config {
     bool skip_calibration;     /* calibrate = false: managed worker started
                                   with --no-calibrate */
     char model[64];            /* model = NAME; "" = the only model */
+    bool on_demand;            /* on-demand = true: started when its model is
+                                  asked for, stopped when idle */
+    int32_t idle_timeout_s;    /* idle-timeout-s: an on-demand worker without
+                                  requests this long is stopped (300) */
 } rt_worker_config;
 
 /* What a worker is: a spillway worker (its /health figures, resume, typed

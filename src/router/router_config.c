@@ -284,6 +284,13 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
         if (strcmp(v, "reserve") && strcmp(v, "grow"))
             return cfg_fail(p, s, name, "expected reserve or grow", v);
         snprintf(w->policy, sizeof w->policy, "%s", v);
+    } else if (!strcmp(name, "on-demand")) {
+        if (!cfg_bool(v, &w->on_demand))
+            return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "idle-timeout-s")) {
+        if (!cfg_int(v, 1, 30 * 86400, &x))
+            return cfg_fail(p, s, name, "expected seconds 1..2592000", v);
+        w->idle_timeout_s = (int32_t)x;
     } else if (!strcmp(name, "threads")) {
         if (!cfg_int(v, 0, 1024, &x))
             return cfg_fail(p, s, name, "expected an integer 0..1024", v);
@@ -488,6 +495,7 @@ static int cfg_handler(void *user, const char *section, const char *name, const 
             w->reserve = -1;
             w->preference = c->n_workers;
             w->position = c->n_workers;
+            w->idle_timeout_s = 300;
             c->n_workers++;
             p->cur = w;
             p->cur_model = NULL;
@@ -597,6 +605,10 @@ int rt_config_check(const rt_config *c, sw_error *err)
         if (rt_config_worker_model(c, w) < 0)
             return sw_error_set(err, SW_EINVAL, "[worker %s]: model = %s: no [model %s] section",
                                 w->name, w->model, w->model);
+        if (w->on_demand && !w->managed)
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: on-demand = true needs a worker the router starts "
+                                "(managed)", w->name);
         if (c->workers[i].kind == RT_KIND_OPENAI && (c->workers[i].managed || !c->workers[i].url[0]))
             return sw_error_set(err, SW_EINVAL,
                                 "[worker %s]: kind = openai is an engine the router does not "

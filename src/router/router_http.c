@@ -306,6 +306,10 @@ static void handle_health(rt_req *q)
             json_array_append_new(ws, o);
     }
     int depth = rt->queue.depth;
+    /* a worker on demand starts for the first request: the router can
+     * serve with none running */
+    for (int k = 0; k < rt->pool.n_live && !ready; k++)
+        ready += rt->pool.w[rt->pool.order[k]].cfg.on_demand;
     json_t *models = json_array();
     for (int mi = 0; mi < rt->n_models; mi++) {
         model_tally t;
@@ -475,6 +479,24 @@ static void handle_metrics(rt_req *q)
             (unsigned long long)rt->pool.w[i].tokens);
     OUT("# TYPE spillway_router_connections gauge\nspillway_router_connections %d\n",
         rt->active_conns);
+    /* workers on demand */
+    OUT("# TYPE spillway_router_worker_demand_starts_total counter\n");
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (rt->pool.w[i].cfg.on_demand)
+            OUT("spillway_router_worker_demand_starts_total{worker=\"%s\"} %llu\n",
+                rt->pool.w[i].cfg.name, (unsigned long long)rt->pool.w[i].demand_starts);
+    OUT("# TYPE spillway_router_worker_stops_total counter\n");
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (rt->pool.w[i].cfg.on_demand)
+            OUT("spillway_router_worker_stops_total{worker=\"%s\",reason=\"idle\"} %llu\n"
+                "spillway_router_worker_stops_total{worker=\"%s\",reason=\"evicted\"} %llu\n",
+                rt->pool.w[i].cfg.name, (unsigned long long)rt->pool.w[i].idle_stops,
+                rt->pool.w[i].cfg.name, (unsigned long long)rt->pool.w[i].evictions);
+    OUT("# TYPE spillway_router_worker_start_seconds gauge\n");
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (rt->pool.w[i].cfg.on_demand)
+            OUT("spillway_router_worker_start_seconds{worker=\"%s\"} %.3f\n",
+                rt->pool.w[i].cfg.name, rt->pool.w[i].start_seconds);
     OUT("# TYPE spillway_router_capacity_fallbacks_total counter\n");
     for (int from = 0; from < rt->n_models; from++)
         for (int to = 0; to < rt->n_models; to++)

@@ -8,8 +8,8 @@
 
 const char *rt_ws_name(int s)
 {
-    static const char *n[] = {"starting", "ready", "down", "suspect", "draining"};
-    return s >= 0 && s < 5 ? n[s] : "unknown";
+    static const char *n[] = {"starting", "ready", "down", "suspect", "draining", "stopped"};
+    return s >= 0 && s < 6 ? n[s] : "unknown";
 }
 
 int rt_pool_state_locked(const rt_worker *w)
@@ -38,7 +38,7 @@ void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc, int
     w->kv_budget = -1;
     w->kv_reported_budget = -1;
     w->kv_device_capacity = -1;
-    w->state = cfg.managed ? WS_DOWN : WS_STARTING;
+    w->state = cfg.on_demand ? WS_STOPPED : cfg.managed ? WS_DOWN : WS_STARTING;
     memcpy(w->address, address, sizeof address);
     memcpy(w->log_path, log_path, sizeof log_path);
 }

@@ -17,14 +17,15 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-enum { WS_STARTING, WS_READY, WS_DOWN, WS_SUSPECT, WS_DRAINING };
+enum { WS_STARTING, WS_READY, WS_DOWN, WS_SUSPECT, WS_DRAINING, WS_STOPPED };
 
 const char *rt_ws_name(int state);
 
 /* A reload (router_reload.c) drains a worker before it stops it: its
  * admitted requests finish, no new one is admitted. REMOVE: then it is
  * gone; RESTART: then it starts again with its new configuration. */
-enum { RT_DRAIN_NONE, RT_DRAIN_REMOVE, RT_DRAIN_RESTART };
+enum { RT_DRAIN_NONE, RT_DRAIN_REMOVE, RT_DRAIN_RESTART,
+       RT_DRAIN_STOP /* an on-demand worker: idle, or evicted for another */ };
 
 /* What the router has admitted to one worker and not yet seen end. */
 typedef struct rt_books {
@@ -83,6 +84,15 @@ typedef struct rt_worker {
     rt_worker_config next_cfg;  /* RT_DRAIN_RESTART: what it starts with */
     int next_model;             /* and the model it then serves */
     bool gone;                  /* a removed worker's slot, free for reuse */
+    /* on demand (router_demand.c): stopped (WS_STOPPED) until its model
+     * is asked for */
+    double last_busy;           /* the last pass it had requests (or its start) */
+    int64_t footprint;          /* device bytes it takes idle (weights and
+                                   workspace), learned from its /health; 0
+                                   unknown */
+    uint64_t demand_starts, idle_stops, evictions;
+    double start_seconds;       /* its last start, spawn to ready */
+    double spawned_at;
 } rt_worker;
 
 /* The slots w[0..n_slots) keep their index for the router's life: a

@@ -97,6 +97,14 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
     if (!o)
         return NULL;
     json_object_set_new(o, "model", json_string(rt->models[w->model].cfg.name));
+    if (w->cfg.on_demand)
+        json_object_set_new(o, "on_demand",
+                            json_pack("{s:i, s:I, s:f, s:I, s:I, s:I}", "idle_timeout_s",
+                                      w->cfg.idle_timeout_s, "footprint_bytes",
+                                      (json_int_t)w->footprint, "start_seconds", w->start_seconds,
+                                      "starts", (json_int_t)w->demand_starts, "idle_stops",
+                                      (json_int_t)w->idle_stops, "evictions",
+                                      (json_int_t)w->evictions));
     /* the router's books beside the worker's own figures */
     json_object_set_new(o, "books",
                         json_pack("{s:i, s:i, s:I, s:I, s:b}", "seqs", w->books.seqs, "max_seqs",

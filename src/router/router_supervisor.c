@@ -215,9 +215,12 @@ static void sup_health(rt_router *rt, rt_worker *w)
                  rs && (!strcmp(rs, "calibration") || !strcmp(rs, "measured")) ? rs : "none");
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s: ready", w->cfg.name);
+        if (!w->ready_once)
+            rt__demand_ready_locked(rt, w);
         if (!w->restart_requested)
             w->state = WS_READY;
         rt_pool_reconcile_locked(w);
+        rt__demand_learn_locked(w);
         rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         w->backoff = 0.25;
         w->last_ok = rt__now_s();
@@ -265,7 +268,16 @@ static void sup_drain_locked(rt_router *rt, int i, double t)
         w->pid = 0;
     }
     rn_pool_drop(w->address); /* no connection outlives the drain */
-    if (w->drain == RT_DRAIN_REMOVE) {
+    if (w->drain == RT_DRAIN_STOP) {
+        /* on demand: stopped until its model is asked for again */
+        w->drain = RT_DRAIN_NONE;
+        w->state = WS_STOPPED;
+        w->on_device = false;
+        w->kv_budget = -1;
+        w->kv_held_bytes = 0;
+        w->kv_device_capacity = -1;
+        SW_INFO("router", "worker %s: stopped", w->cfg.name);
+    } else if (w->drain == RT_DRAIN_REMOVE) {
         SW_INFO("router", "worker %s: removed", w->cfg.name);
         w->gone = true;
         w->drain = RT_DRAIN_NONE;
@@ -291,6 +303,9 @@ static void sup_drain_locked(rt_router *rt, int i, double t)
 void rt__sup_pass(rt_router *rt, bool force_health)
 {
     double t = rt__now_s();
+    pthread_mutex_lock(&rt->pool.mu);
+    rt__demand_pass_locked(rt, t);
+    pthread_mutex_unlock(&rt->pool.mu);
     for (int i = 0;; i++) {
         rt_worker *w = &rt->pool.w[i];
         pthread_mutex_lock(&rt->pool.mu);
@@ -322,6 +337,14 @@ void rt__sup_pass(rt_router *rt, bool force_health)
                 w->backoff = w->backoff * 2 > 10 ? 10 : w->backoff * 2;
                 w->restarts++;
                 rn_pool_drop(w->address); /* no connection outlives its process */
+                if (w->cfg.on_demand && !w->ready_once) {
+                    /* a start that failed (no room on the device?): it is
+                     * tried again, after the back-off, for the next request
+                     * that waits, once room was made (router_demand.c) */
+                    w->state = WS_STOPPED;
+                    w->on_device = false;
+                    w->kv_budget = -1;
+                }
             }
         }
         if (w->cfg.managed && w->pid > 0 && w->restart_requested && w->state != WS_DOWN) {
@@ -344,7 +367,8 @@ void rt__sup_pass(rt_router *rt, bool force_health)
                 rn_pool_drop(w->address);
             }
         }
-        bool spawn = w->cfg.managed && w->pid == 0 && !rt->stop && t >= w->next_start;
+        bool spawn = w->cfg.managed && w->pid == 0 && !rt->stop && t >= w->next_start &&
+                     w->state != WS_STOPPED;
         if (spawn && rt->sabotage.no_restart && w->restarts > 0)
             spawn = false; /* SABOTAGE no-restart: a failed worker stays down */
         bool due = w->pid > 0 || !w->cfg.managed;

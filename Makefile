@@ -16,6 +16,7 @@ FUZZ_LONG_SECONDS ?= 600
 FUZZERS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 WERROR  := $(if $(SPILLWAY_WERROR),ON,OFF)
 DEMO    := $(BUILD)/models/demo.gguf
+DEMO_SMALL := $(BUILD)/models/demo-small.gguf
 PROMPT  ?= Once upon a time
 # CUDA: with an NVIDIA GPU (`nvidia-smi -L` lists one) the main build has
 # the cuda:N device and `make run` serves on it (config/cuda.ini; else
@@ -27,7 +28,7 @@ NVCC     := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda
 CUDA     := $(if $(HAVE_GPU),ON,OFF)
 RUN_CONFIG ?= $(if $(HAVE_GPU),config/cuda.ini,config/demo.ini)
 
-.PHONY: all deps build build-asan build-fuzz build-tsan build-cuda demo run generate test test-unit test-asan test-fuzz fuzz-long test-tsan bench clean
+.PHONY: all deps build build-asan build-fuzz build-tsan build-cuda demo run run-models generate test test-unit test-asan test-fuzz fuzz-long test-tsan bench clean
 
 all: build
 
@@ -85,13 +86,22 @@ $(DEMO): | build
 	@mkdir -p $(dir $(DEMO))
 	$(BUILD)/spillway model make -o $(DEMO) --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 768 --vocab 2048 --type q8_0 --seed 1
 
+# The smaller model of config/models.ini (its capacity fallback).
+$(DEMO_SMALL): | build
+	@mkdir -p $(dir $(DEMO_SMALL))
+	$(BUILD)/spillway model make -o $(DEMO_SMALL) --dim 128 --layers 2 --heads 4 --kv-heads 2 --ffn 384 --vocab 2048 --type q8_0 --seed 2
+
 demo: build $(DEMO)
 
 # The main job: the router with one GPU worker and one CPU worker on
 # 127.0.0.1:8080, until Ctrl-C: cuda:0 when there is a GPU (config/cuda.ini),
-# else a simulated GPU (config/demo.ini).
+# else a simulated GPU (config/demo.ini). `make run-models`: two models on
+# one simulated GPU (config/models.ini).
 run: demo
 	$(BUILD)/spillway serve --config $(RUN_CONFIG)
+
+run-models: demo $(DEMO_SMALL)
+	$(BUILD)/spillway serve --config config/models.ini
 
 # A one-shot generation on the demo model.
 generate: demo

@@ -27,7 +27,11 @@
  *   X-Spillway-Fallback-From: alpha), a capacity_fallback event says why
  *   and the metric counts it; the same request with X-Spillway-Fallback:
  *   none gets 503 capacity_exceeded; the stream alpha was serving ends on
- *   alpha, whole.
+ *   alpha, whole;
+ * - config/models.ini, the documented example, loads and passes the
+ *   checks (two models, their GPU workers on one device, one on demand,
+ *   the fallback), and serves both models when its paths point at the
+ *   test's models (the small one's worker started by its first request).
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -524,6 +528,102 @@ static void test_capacity_fallback(void **state)
     rh_finish(&r);
 }
 
+/* s with every from replaced by to (sw_free). */
+static char *replace_all(const char *s, const char *from, const char *to)
+{
+    size_t n = 0, fl = strlen(from), tl = strlen(to);
+    for (const char *p = s; (p = strstr(p, from)); p += fl)
+        n++;
+    char *out = sw_malloc(strlen(s) + n * tl + 1), *o = out;
+    assert_non_null(out);
+    for (const char *p = s, *q; ; p = q + fl) {
+        q = strstr(p, from);
+        size_t k = q ? (size_t)(q - p) : strlen(p);
+        memcpy(o, p, k);
+        o += k;
+        if (!q)
+            break;
+        memcpy(o, to, tl);
+        o += tl;
+    }
+    *o = 0;
+    return out;
+}
+
+static void test_models_ini_example(void **state)
+{
+    (void)state;
+    const char *path = SPILLWAY_SOURCE_DIR "/config/models.ini";
+    rt_config c;
+    sw_error err;
+    sw_error_clear(&err);
+    if (rt_config_read(&c, path, NULL, NULL, NULL, &err))
+        fail_msg("%s: %s", path, err.message);
+    assert_int_equal(c.n_models, 2);
+    assert_false(c.legacy_model);
+    assert_string_equal(c.models[0].name, "demo");
+    assert_true(c.models[0].is_default);
+    assert_int_equal(c.models[0].n_fallback, 1);
+    assert_string_equal(c.models[0].fallback[0], "demo-small");
+    int gpu = -1, small = -1;
+    for (int i = 0; i < c.n_workers; i++) {
+        if (!strcmp(c.workers[i].name, "gpu"))
+            gpu = i;
+        if (!strcmp(c.workers[i].name, "gpu-small"))
+            small = i;
+    }
+    assert_true(gpu >= 0 && small >= 0);
+    assert_string_equal(c.workers[gpu].device, c.workers[small].device);
+    assert_true(c.workers[small].on_demand);
+    assert_int_equal(rt_config_worker_model(&c, &c.workers[small]), 1);
+    if (!tu_spillway_bin())
+        skip();
+
+    /* served, with the test's models and a pool, socket and state of its own */
+    char *text = tu_read_file(path, NULL);
+    assert_non_null(text);
+    rh_router r;
+    rh_init(&r, "models-ini", "", NULL, NULL);
+    char listen[700], state_dir[700], pool[96];
+    snprintf(listen, sizeof listen, "listen = unix:%s", r.sock);
+    snprintf(state_dir, sizeof state_dir, "state-dir = %s/state", r.dir);
+    snprintf(g_pool, sizeof g_pool, "rt-models-ini-%d", (int)getpid());
+    dev_sim_unlink(g_pool, NULL);
+    snprintf(pool, sizeof pool, "sim-gpu:%s", g_pool);
+    static const char *const from[] = {"listen = 127.0.0.1:8080", "state-dir = build/state-models",
+                                       "build/models/demo-small.gguf", "build/models/demo.gguf",
+                                       "sim-gpu:models"};
+    const char *to[] = {listen, state_dir, g_beta, g_alpha, pool};
+    for (int k = 0; k < 5; k++) {
+        assert_non_null(strstr(text, from[k]));
+        char *t = replace_all(text, from[k], to[k]);
+        sw_free(text);
+        text = t;
+    }
+    FILE *f = fopen(r.cfg, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    sw_free(text);
+    assert_int_equal(rh_run(&r, NULL), 0);
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &w), 0);
+    assert_int_equal(w.status, 200);
+    rh_assert_header(&w, "X-Spillway-Model", "demo");
+    wc_response_free(&w);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"model\":\"small\",\"prompt\":\"Once upon a time\","
+                            "\"max_tokens\":4}",
+                            &w), 0);
+    assert_int_equal(w.status, 200);
+    rh_assert_header(&w, "X-Spillway-Model", "demo-small");
+    rh_assert_header(&w, "X-Spillway-Worker", "gpu-small");
+    wc_response_free(&w);
+    rh_finish(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
 /* The checks of [model NAME] sections and [worker] model. */
 static void test_model_config_checks(void **state)
 {
@@ -575,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_two_models),
         cmocka_unit_test(test_shared_device),
         cmocka_unit_test(test_capacity_fallback),
+        cmocka_unit_test(test_models_ini_example),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -30,6 +30,8 @@
  *   router_dashboard.c  /dashboard (the page, embedded at build time)
  *   router_reload.c     SIGHUP and POST /v1/spillway/reload: the file read
  *                       again, workers added, drained, restarted
+ *   router_demand.c     workers on demand: started for a waiting request,
+ *                       stopped when idle or to make room
  *
  * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
  * the router's (rt_router.mu); no other lock is held while taking either.

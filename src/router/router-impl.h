@@ -167,8 +167,10 @@ typedef struct rt_router {
     uint64_t ledger_swept;      /* rows deleted by the retention sweep */
     uint64_t async_fallbacks;   /* requests queued as jobs (Prefer: respond-async) */
     uint64_t continues_sent;    /* 100 Continue interim responses */
-    /* capacity fallbacks to another model, by [from][to] model index */
-    uint64_t capacity_fallbacks[RT_MAX_MODELS][RT_MAX_MODELS];
+    /* capacity fallbacks to another model, by [from][to] model index and
+     * reason (RT_FALLBACK_REASONS, router_relay.c) */
+#define RT_FALLBACK_REASONS 4
+    uint64_t capacity_fallbacks[RT_MAX_MODELS][RT_MAX_MODELS][RT_FALLBACK_REASONS];
 } rt_router;
 
 /* A connection idle between two requests (lives on its thread's stack;
@@ -368,6 +370,9 @@ void rt__chunked_end(rt_req *q);
 /* The "Retry-After: N\r\n" header line of a capacity answer, N from the
  * queue's drain rate (router_queue.h) */
 void rt__retry_after(rt_router *rt, char *buf, size_t cap);
+/* The reasons of a capacity fallback, as metrics and events name them:
+ * queue_full, deadline, queue_timeout, no_capacity. */
+extern const char *const rt__fallback_reasons[RT_FALLBACK_REASONS];
 /* The model a request's "model" names (id or alias; absent or null: the
  * default), -1 when none (router_relay.c). */
 int rt__model_find(const rt_router *rt, const char *id);

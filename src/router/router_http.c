@@ -500,10 +500,13 @@ static void handle_metrics(rt_req *q)
     OUT("# TYPE spillway_router_capacity_fallbacks_total counter\n");
     for (int from = 0; from < rt->n_models; from++)
         for (int to = 0; to < rt->n_models; to++)
-            if (from != to && rt->models[from].cfg.n_fallback)
-                OUT("spillway_router_capacity_fallbacks_total{from=\"%s\",to=\"%s\"} %llu\n",
-                    rt->models[from].cfg.name, rt->models[to].cfg.name,
-                    (unsigned long long)rt->capacity_fallbacks[from][to]);
+            for (int why = 0; why < RT_FALLBACK_REASONS; why++)
+                if (from != to && rt->models[from].cfg.n_fallback)
+                    OUT("spillway_router_capacity_fallbacks_total{from=\"%s\",to=\"%s\","
+                        "reason=\"%s\"} %llu\n",
+                        rt->models[from].cfg.name, rt->models[to].cfg.name,
+                        rt__fallback_reasons[why],
+                        (unsigned long long)rt->capacity_fallbacks[from][to][why]);
     /* each family's samples together, after its TYPE line */
     static const char *const model_families[] = {"spillway_router_model_admitted_seqs",
                                                  "spillway_router_model_reserved_kv_bytes",

@@ -356,15 +356,19 @@ static bool resolve_model(rt_req *q, json_t *body)
     return true;
 }
 
-/* The reason a capacity answer gives, as events and metrics name it. */
-static const char *capacity_reason(rt_admit_result ar)
+const char *const rt__fallback_reasons[RT_FALLBACK_REASONS] = {"queue_full", "deadline",
+                                                                "queue_timeout", "no_capacity"};
+
+/* The reason a capacity answer gives (an index into rt__fallback_reasons),
+ * -1 for an answer that is not about capacity. */
+static int capacity_reason(rt_admit_result ar)
 {
     switch (ar) {
-    case RT_ADMIT_FULL: return "queue_full";
-    case RT_ADMIT_DEADLINE: return "deadline";
-    case RT_ADMIT_TIMEOUT: return "queue_timeout";
-    case RT_ADMIT_NEVER: return "no_capacity";
-    default: return NULL;
+    case RT_ADMIT_FULL: return 0;
+    case RT_ADMIT_DEADLINE: return 1;
+    case RT_ADMIT_TIMEOUT: return 2;
+    case RT_ADMIT_NEVER: return 3;
+    default: return -1;
     }
 }
 
@@ -375,7 +379,7 @@ static const char *capacity_reason(rt_admit_result ar)
 static int next_fallback(const rt_req *q, rt_admit_result ar, int *step)
 {
     const rt_router *rt = q->rt;
-    if (!rt->route_by_model || q->no_fallback || !capacity_reason(ar))
+    if (!rt->route_by_model || q->no_fallback || capacity_reason(ar) < 0)
         return -1;
     const rt_model_config *asked = &rt->models[q->asked_model].cfg;
     while (*step < asked->n_fallback) {
@@ -391,13 +395,13 @@ static int next_fallback(const rt_req *q, rt_admit_result ar, int *step)
 static void fall_back(rt_req *q, json_t *body, int to, rt_admit_result ar, double t0)
 {
     rt_router *rt = q->rt;
-    int from = q->model;
-    const char *reason = capacity_reason(ar);
+    int from = q->model, why = capacity_reason(ar);
+    const char *reason = rt__fallback_reasons[why];
     json_object_set_new(body, "model", json_string(rt->models[to].cfg.name));
     q->body_edited = true;
     q->model = to;
     pthread_mutex_lock(&rt->mu);
-    rt->capacity_fallbacks[from][to]++;
+    rt->capacity_fallbacks[from][to][why]++;
     pthread_mutex_unlock(&rt->mu);
     SW_INFO("router", "request %s: model %s cannot take it in time (%s); answered by model %s "
             "(capacity fallback)", q->request_id, rt->models[from].cfg.name, reason,

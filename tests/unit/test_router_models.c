@@ -506,7 +506,7 @@ static void test_capacity_fallback(void **state)
     json_decref(evs);
     assert_true(seen);
     assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_capacity_fallbacks_total",
-                                       "from=\"alpha\",to=\"beta\""), 1);
+                                       "from=\"alpha\",to=\"beta\",reason=\"queue_timeout\""), 1);
 
     /* forbidden by the client: a typed capacity answer */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions",
@@ -518,7 +518,7 @@ static void test_capacity_fallback(void **state)
     rh_assert_header(&w, "Retry-After", NULL);
     wc_response_free(&w);
     assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_capacity_fallbacks_total",
-                                       "from=\"alpha\",to=\"beta\""), 1);
+                                       "from=\"alpha\",to=\"beta\",reason=\"queue_timeout\""), 1);
 
     /* the stream alpha was serving ends there, whole */
     while (!strstr(busy.buf, "data: [DONE]"))

@@ -632,3 +632,27 @@ sqlite3 *rh_ledger_open(const rh_router *r, bool writable)
     sqlite3_busy_timeout(db, 10000);
     return db;
 }
+
+void rh_conn_read_until(rh_conn *c, const char *needle, double timeout_s)
+{
+    double t0 = tu_now_s();
+    while (!(c->buf && strstr(c->buf, needle))) {
+        double left = timeout_s - (tu_now_s() - t0);
+        if (left <= 0 || !rh_conn_read_more(c, left))
+            fail_msg("'%s' did not arrive; so far: %.300s", needle, c->buf ? c->buf : "");
+    }
+}
+
+void rh_stream_start(rh_conn *c, const rh_router *r, const char *body)
+{
+    rh_conn_open(c, r->sock);
+    char head[256];
+    int n = snprintf(head, sizeof head,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     strlen(body));
+    rh_conn_send(c, head, (size_t)n);
+    rh_conn_send(c, body, strlen(body));
+    rh_conn_read_until(c, "data: ", 20);
+}

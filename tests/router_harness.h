@@ -148,6 +148,12 @@ void rh_conn_close(rh_conn *c);
 void rh_conn_send(rh_conn *c, const char *p, size_t n);
 /* Reads what arrives within timeout_s into buf; false on time-out or EOF. */
 bool rh_conn_read_more(rh_conn *c, double timeout_s);
+/* Opens a connection and POSTs body to /v1/completions on it (a stream),
+ * then reads until its first "data: " event (20 s at most, asserted): a
+ * stream in progress, its head and first events in c->buf. */
+void rh_stream_start(rh_conn *c, const rh_router *r, const char *body);
+/* Reads until needle is in c->buf (timeout_s at most, asserted). */
+void rh_conn_read_until(rh_conn *c, const char *needle, double timeout_s);
 /* Reads exactly one response (Content-Length or chunked framing, within
  * 60 s, the connection staying open until it is whole) and keeps any bytes
  * after it in buf. */

@@ -388,6 +388,23 @@ static int cfg_tool(cfg_parse *p, const char *s, const char *name, const char *v
 
 /* A model id or alias: what clients send as "model" (Ollama's
  * "name:tag" and Hugging Face's "org/name" included). */
+/* A comma- or space-separated list of model ids into out (at most max,
+ * none equal to self when self is not NULL); false when one is bad or
+ * there are too many. */
+static bool cfg_id_list(const char *v, char (*out)[64], int max, int *n, const char *self)
+{
+    char buf[1024];
+    if (!cfg_copy(buf, sizeof buf, v))
+        return false;
+    *n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ", \t", &save); t; t = strtok_r(NULL, ", \t", &save)) {
+        if (*n >= max || !cfg_model_id(t) || (self && !strcmp(t, self)))
+            return false;
+        snprintf(out[(*n)++], 64, "%s", t);
+    }
+    return true;
+}
+
 static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *v)
 {
     rt_model_config *m = p->cur_model;
@@ -398,31 +415,11 @@ static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *
         if (!cfg_copy(m->chat_template, sizeof m->chat_template, v))
             return cfg_fail(p, s, name, "too long", v);
     } else if (!strcmp(name, "aliases") && !c_legacy(p)) {
-        char buf[1024];
-        if (!cfg_copy(buf, sizeof buf, v))
-            return cfg_fail(p, s, name, "too long", v);
-        m->n_aliases = 0;
-        for (char *save = NULL, *t = strtok_r(buf, ", \t", &save); t;
-             t = strtok_r(NULL, ", \t", &save)) {
-            if (m->n_aliases >= RT_MAX_ALIASES)
-                return cfg_fail(p, s, name, "too many aliases (at most 8)", v);
-            if (!cfg_model_id(t))
-                return cfg_fail(p, s, name, "aliases are 1..63 of [A-Za-z0-9._:/-]", v);
-            snprintf(m->aliases[m->n_aliases++], sizeof m->aliases[0], "%s", t);
-        }
+        if (!cfg_id_list(v, m->aliases, RT_MAX_ALIASES, &m->n_aliases, NULL))
+            return cfg_fail(p, s, name, "at most 8 aliases, each 1..63 of [A-Za-z0-9._:/-]", v);
     } else if (!strcmp(name, "fallback") && !c_legacy(p)) {
-        char buf[1024];
-        if (!cfg_copy(buf, sizeof buf, v))
-            return cfg_fail(p, s, name, "too long", v);
-        m->n_fallback = 0;
-        for (char *save = NULL, *t = strtok_r(buf, ", \t", &save); t;
-             t = strtok_r(NULL, ", \t", &save)) {
-            if (m->n_fallback >= RT_MAX_MODELS - 1)
-                return cfg_fail(p, s, name, "too many fallbacks (at most 7)", v);
-            if (!cfg_model_id(t) || !strcmp(t, m->name))
-                return cfg_fail(p, s, name, "expected the NAMEs of other [model NAME] sections", v);
-            snprintf(m->fallback[m->n_fallback++], sizeof m->fallback[0], "%s", t);
-        }
+        if (!cfg_id_list(v, m->fallback, RT_MAX_MODELS - 1, &m->n_fallback, m->name))
+            return cfg_fail(p, s, name, "expected the NAMEs of other [model NAME] sections", v);
     } else if (!strcmp(name, "default") && !c_legacy(p)) {
         if (!cfg_bool(v, &m->is_default))
             return cfg_fail(p, s, name, "expected true or false", v);

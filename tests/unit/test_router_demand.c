@@ -197,18 +197,9 @@ static void test_on_demand(void **state)
 
     /* a busy worker is never stopped for another */
     rh_conn busy;
-    rh_conn_open(&busy, r.sock);
-    static const char stream_body[] =
-        "{\"model\":\"beta\",\"prompt\":\"Once upon a time\",\"max_tokens\":120,"
-        "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n%s",
-                     sizeof stream_body - 1, stream_body);
-    rh_conn_send(&busy, req, (size_t)n);
-    while (!(busy.buf && strstr(busy.buf, "data: ")))
-        assert_true(rh_conn_read_more(&busy, 20));
+    rh_stream_start(&busy, &r,
+                    "{\"model\":\"beta\",\"prompt\":\"Once upon a time\",\"max_tokens\":120,"
+                    "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}");
     pid_t gb_pid = rh_worker_pid(&r, "gb");
     asker a = {.r = &r};
     pthread_t th;
@@ -216,8 +207,7 @@ static void test_on_demand(void **state)
     usleep(400 * 1000); /* the alpha request waits meanwhile */
     assert_string_equal(state_of(&r, "gb", st, sizeof st), "ready");
     assert_int_equal(rh_worker_pid(&r, "gb"), gb_pid);
-    while (!strstr(busy.buf, "data: [DONE]"))
-        assert_true(rh_conn_read_more(&busy, 60));
+    rh_conn_read_until(&busy, "data: [DONE]", 60);
     double stream_end = tu_now_s();
     assert_null(strstr(busy.buf, "\"error\""));
     int events = 0;

@@ -461,18 +461,9 @@ static void test_capacity_fallback(void **state)
 
     /* alpha's one sequence is taken by a long stream */
     rh_conn busy;
-    rh_conn_open(&busy, r.sock);
-    static const char busy_body[] =
-        "{\"model\":\"alpha\",\"prompt\":\"Once upon a time\",\"max_tokens\":100,"
-        "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n%s",
-                     sizeof busy_body - 1, busy_body);
-    rh_conn_send(&busy, req, (size_t)n);
-    while (!(busy.buf && strstr(busy.buf, "data: ")))
-        assert_true(rh_conn_read_more(&busy, 20));
+    rh_stream_start(&busy, &r,
+                    "{\"model\":\"alpha\",\"prompt\":\"Once upon a time\",\"max_tokens\":100,"
+                    "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}");
 
     const char *body = "{\"model\":\"alpha\",\"prompt\":\"Hi\",\"max_tokens\":4}";
     wc_response w;
@@ -521,8 +512,7 @@ static void test_capacity_fallback(void **state)
                                        "from=\"alpha\",to=\"beta\",reason=\"queue_timeout\""), 1);
 
     /* the stream alpha was serving ends there, whole */
-    while (!strstr(busy.buf, "data: [DONE]"))
-        assert_true(rh_conn_read_more(&busy, 60));
+    rh_conn_read_until(&busy, "data: [DONE]", 60);
     assert_null(strstr(busy.buf, "\"model\":\"beta\""));
     rh_conn_close(&busy);
     rh_finish(&r);

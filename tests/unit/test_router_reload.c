@@ -182,17 +182,6 @@ static bool lists(json_t *arr, const char *s)
     return false;
 }
 
-/* Reads the raw connection until needle arrives (bounded). */
-static void read_until(rh_conn *c, const char *needle, double timeout_s)
-{
-    double t0 = tu_now_s();
-    while (!(c->buf && strstr(c->buf, needle))) {
-        double left = timeout_s - (tu_now_s() - t0);
-        if (left <= 0 || !rh_conn_read_more(c, left))
-            fail_msg("'%s' did not arrive; so far: %.300s", needle, c->buf ? c->buf : "");
-    }
-}
-
 static const char *worker_state(const rh_router *r, const char *name, char *buf, size_t cap)
 {
     json_t *h = rh_worker_health(r, name);
@@ -215,17 +204,9 @@ static void test_reload_under_load(void **state)
                               "preference = -2\n" WORKER("b", "")),
                      0);
     rh_conn stream;
-    rh_conn_open(&stream, r.sock);
-    static const char long_req_body[] =
-        "{\"prompt\":\"Once upon a time\",\"max_tokens\":3000,\"temperature\":0,"
-        "\"ignore_eos\":true,\"stream\":true}";
-    char long_req[512];
-    int n = snprintf(long_req, sizeof long_req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                     sizeof long_req_body - 1, long_req_body);
-    rh_conn_send(&stream, long_req, (size_t)n);
-    read_until(&stream, "data: ", 20);
+    rh_stream_start(&stream, &r,
+                    "{\"prompt\":\"Once upon a time\",\"max_tokens\":3000,\"temperature\":0,"
+                    "\"ignore_eos\":true,\"stream\":true}");
     assert_non_null(strstr(stream.buf, "X-Spillway-Worker: a\r\n"));
     load l;
     memset(&l, 0, sizeof l);
@@ -249,7 +230,7 @@ static void test_reload_under_load(void **state)
     while (strcmp(worker_state(&r, "a", st, sizeof st), "draining") && tu_now_s() - t0 < 10)
         usleep(20 * 1000);
     assert_string_equal(st, "draining");
-    read_until(&stream, "data: [DONE]", 60);
+    rh_conn_read_until(&stream, "data: [DONE]", 60);
     assert_null(strstr(stream.buf, "\"error\""));
     /* 3000 tokens, each its own event (and the usage-less final one) */
     int events = 0;

@@ -1,6 +1,6 @@
-/* model.c - loading a llama-architecture GGUF model and checking that every
- * tensor the forward pass needs is present with the right shape and a
- * supported type. The forward pass itself is in forward.c; the memory
+/* model.c - loading a GGUF model of the llama family (llama, qwen2,
+ * qwen3) and checking that every tensor the forward pass needs is present
+ * with the right shape and a supported type. The forward pass itself is in forward.c; the memory
  * figures are in memory.c. */
 #include "engine/model-impl.h"
 
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama, qwen2";
+static const char *const supported_architectures = "llama, qwen2, qwen3";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -143,6 +143,9 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     } else if (arch_len == 5 && memcmp(arch, "qwen2", 5) == 0) {
         hp->arch = ENG_ARCH_QWEN2;
         hp->rope_style = ENG_ROPE_NEOX;
+    } else if (arch_len == 5 && memcmp(arch, "qwen3", 5) == 0) {
+        hp->arch = ENG_ARCH_QWEN3;
+        hp->rope_style = ENG_ROPE_NEOX;
     } else {
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "unsupported model architecture '%.*s' (supported: %s)",
@@ -154,6 +157,8 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
 
     hp->n_ctx_train = 2048;
     hp->rms_eps = 1e-5f;
+    /* Files carry rope.freq_base; without it qwen2 has had 1e6 here, and
+     * qwen3 takes llama.cpp's default, 10000, so both engines agree. */
     hp->rope_freq_base = hp->arch == ENG_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
     if ((rc = read_u32(g, a, "embedding_length", &hp->n_embd, true, err)) ||
         (rc = read_u32(g, a, "block_count", &hp->n_layer, true, err)) ||
@@ -166,13 +171,31 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
         (rc = read_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)) ||
         (rc = read_f32(g, a, "rope.freq_base", &hp->rope_freq_base, err)))
         return rc;
-    if (hp->n_embd % hp->n_head != 0)
-        return sw_error_set(err, SW_EFORMAT, "embedding length %d is not a multiple of %d heads",
-                            hp->n_embd, hp->n_head);
     if (hp->n_head % hp->n_head_kv != 0)
         return sw_error_set(err, SW_EFORMAT, "%d heads are not a multiple of %d KV heads",
                             hp->n_head, hp->n_head_kv);
-    hp->head_dim = hp->n_embd / hp->n_head;
+    /* The head size: attention.key_length when the file has it (Qwen3's
+     * heads are wider than n_embd / n_head), else the width split evenly.
+     * The KV cache and attention keep one size for K and V. */
+    int32_t key_length = 0, value_length = 0;
+    if ((rc = read_u32(g, a, "attention.key_length", &key_length, false, err)) ||
+        (rc = read_u32(g, a, "attention.value_length", &value_length, false, err)))
+        return rc;
+    if (key_length == 0 && value_length != 0)
+        key_length = value_length;
+    if (value_length == 0)
+        value_length = key_length;
+    if (key_length != value_length)
+        return sw_error_set(err, SW_EUNSUPPORTED, "key length %d differs from value length %d "
+                            "(one head size for K and V is supported)", key_length,
+                            value_length);
+    if (key_length == 0 && hp->n_embd % hp->n_head != 0)
+        return sw_error_set(err, SW_EFORMAT, "embedding length %d is not a multiple of %d heads",
+                            hp->n_embd, hp->n_head);
+    if (key_length > 4096 || (int64_t)key_length * hp->n_head > (1 << 20))
+        return sw_error_set(err, SW_EFORMAT, "key length %d x %d heads is out of range",
+                            key_length, hp->n_head);
+    hp->head_dim = key_length ? key_length : hp->n_embd / hp->n_head;
     hp->n_rot = hp->head_dim;
     if ((rc = read_u32(g, a, "rope.dimension_count", &hp->n_rot, false, err)))
         return rc;
@@ -287,7 +310,18 @@ static int bind_weights(eng_model *m, sw_error *err)
                                   spec[s].dst, err)))
                 return rc;
         }
-        /* Q/K/V biases: required by qwen2, allowed (rare) for llama. */
+        /* Qwen3's per-head RMS norms of Q and K (one weight vector of
+         * head_dim values each, shared by all heads). */
+        if (hp->arch == ENG_ARCH_QWEN3) {
+            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", i);
+            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->q_norm, err)))
+                return rc;
+            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", i);
+            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->k_norm, err)))
+                return rc;
+        }
+        /* Q/K/V biases: required by qwen2, allowed (rare) for llama and
+         * qwen3 (llama.cpp loads them when present). */
         struct {
             const char *suffix;
             int64_t n;
@@ -351,10 +385,9 @@ static void weights_for_each(eng_model *m, int32_t n_device_layers,
     if (!m->hp.tied_output && !head_on_device)
         fn(&m->output, arg);
     for (int32_t l = n_device_layers; l < m->hp.n_layer; l++) {
-        eng_layer *L = &m->layers[l];
-        eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-                             &L->w_gate, &L->w_up, &L->w_down, &L->bq, &L->bk, &L->bv};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        eng_weight *all[ENG_LAYER_N_WEIGHTS];
+        eng__layer_weights(&m->layers[l], all);
+        for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++)
             if (all[i]->data)
                 fn(all[i], arg);
     }

@@ -34,6 +34,23 @@ const char *tu_shared_path(const char *relative)
     return path;
 }
 
+const char *tu_data_path(const char *relative)
+{
+    static char path[4096];
+    const char *root = getenv("SPILLWAY_TEST_DATA");
+    struct stat st;
+    if (!root || !*root)
+        root = "tests/data";
+    snprintf(path, sizeof path, "%s/%s", root, relative);
+    if (stat(path, &st) != 0) {
+        print_message("SKIP: this test needs %s (test data committed under tests/data; "
+                      "SPILLWAY_TEST_DATA points at it); it is absent\n", path);
+        skip();
+        return NULL;
+    }
+    return path;
+}
+
 const char *tu_tmp_path(const char *name)
 {
     static char path[4096];

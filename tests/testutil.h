@@ -2,7 +2,8 @@
  *
  * Paths: ../shared (models and vocabularies with reference outputs) comes
  * from SPILLWAY_SHARED, set by CTest; tests that need it call
- * tu_shared_path(), which skips the test with a clear message when absent.
+ * tu_shared_path(), which skips the test with a clear message when absent;
+ * tests/data (SPILLWAY_TEST_DATA) likewise through tu_data_path().
  */
 #ifndef SPILLWAY_TESTUTIL_H
 #define SPILLWAY_TESTUTIL_H
@@ -18,6 +19,11 @@
  * "SKIP: ... needs ../shared ..." and marking the test skipped (the caller
  * must return). The string is static storage, valid until the next call. */
 const char *tu_shared_path(const char *relative);
+
+/* The same for a file under tests/data (SPILLWAY_TEST_DATA, set by CTest):
+ * small reference data committed with the tests, each file's origin in
+ * tests/data/README.md. */
+const char *tu_data_path(const char *relative);
 
 /* A fresh scratch file path under the build tree (SPILLWAY_TEST_TMP or
  * /tmp) unique to this process; static storage, valid until the next call. */

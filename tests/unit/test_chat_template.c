@@ -572,6 +572,16 @@ static const template_case template_cases[] = {
      "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}"
      "{{'<start_of_turn>model\\n'}}{% endif %}",
      ENG_CHAT_GEMMA},
+    /* Qwen3: ChatML with thinking (an excerpt of its generation prompt and
+     * of the part that splits an assistant turn's reasoning off) */
+    {"{%- for message in messages %}{%- if message.role == \"assistant\" %}{%- if '</think>' "
+     "in content %}{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n')"
+     ".split('<think>')[-1].lstrip('\\n') %}{%- set content = content.split('</think>')[-1]"
+     ".lstrip('\\n') %}{%- endif %}{{- '<|im_start|>' + message.role + '\\n' + content }}"
+     "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n"
+     "</think>\\n\\n' }}{%- endif %}{%- endif %}",
+     ENG_CHAT_CHATML},
 };
 
 static void test_detect(void **state)

@@ -1,5 +1,5 @@
 /* model.c - loading a GGUF model of the llama family (llama, qwen2,
- * qwen3) and checking that every tensor the forward pass needs is present
+ * qwen3, phi3) and checking that every tensor the forward pass needs is present
  * with the right shape and a supported type. The forward pass itself is in forward.c; the memory
  * figures are in memory.c. */
 #include "engine/model-impl.h"
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama, qwen2, qwen3";
+static const char *const supported_architectures = "llama, qwen2, qwen3, phi3";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -112,6 +112,13 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
                             "none, linear, llama3)", (int)(type_len > 32 ? 32 : type_len), type);
     }
 
+    /* Phi-3's 128k files (LongRoPE) carry two factor tables and an
+     * attention factor; not implemented: refused rather than run wrong. */
+    if (eng_gguf_find_tensor(g, "rope_factors_long.weight") ||
+        eng_gguf_find_tensor(g, "rope_factors_short.weight"))
+        return sw_error_set(err, SW_EUNSUPPORTED, "LongRoPE scaling (tensors rope_factors_long "
+                            "/ rope_factors_short, Phi-3 128k files) is not supported yet");
+
     /* Files converted from Llama 3.1+ carry the factors as a tensor. */
     const eng_gguf_tensor *t = eng_gguf_find_tensor(g, "rope_freqs.weight");
     if (t) {
@@ -145,6 +152,11 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
         hp->rope_style = ENG_ROPE_NEOX;
     } else if (arch_len == 5 && memcmp(arch, "qwen3", 5) == 0) {
         hp->arch = ENG_ARCH_QWEN3;
+        hp->rope_style = ENG_ROPE_NEOX;
+    } else if (arch_len == 4 && memcmp(arch, "phi3", 4) == 0) {
+        /* phi3.attention.sliding_window is ignored, as llama.cpp does
+         * (its Phi-3 files declare a window their models were not run with) */
+        hp->arch = ENG_ARCH_PHI3;
         hp->rope_style = ENG_ROPE_NEOX;
     } else {
         return sw_error_set(err, SW_EUNSUPPORTED,
@@ -205,6 +217,24 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     if (!(hp->rms_eps > 0.0f) || !(hp->rope_freq_base > 0.0f))
         return sw_error_set(err, SW_EFORMAT, "rms epsilon and rope base must be positive");
     return SW_OK;
+}
+
+/* Splits a bound matrix of fused products (phi3's attn_qkv: Q, K, V rows;
+ * its ffn_up: gate, then up rows) into consecutive row ranges of n_parts
+ * weights that read the same bytes: the forward pass, the copies and the
+ * byte counts then treat them as the separate matrices they stand for
+ * (their sizes add up to the tensor's). */
+static void split_rows(const eng_weight *fused, const int64_t *rows, int n_parts,
+                       eng_weight *const *parts)
+{
+    const unsigned char *at = fused->data;
+    for (int i = 0; i < n_parts; i++) {
+        *parts[i] = *fused;
+        parts[i]->data = at;
+        parts[i]->n_out = rows[i];
+        parts[i]->size_bytes = (size_t)rows[i] * fused->row_bytes;
+        at += parts[i]->size_bytes;
+    }
 }
 
 /* Finds a tensor, checks its shape {n_in, n_out} (n_out 0 for vectors) and
@@ -304,7 +334,36 @@ static int bind_weights(eng_model *m, sw_error *err)
             {"ffn_up", hp->n_embd, hp->n_ff, false, &L->w_up},
             {"ffn_down", hp->n_ff, hp->n_embd, false, &L->w_down},
         };
+        /* Fused Q/K/V (attn_qkv: Q rows, then K, then V), which phi3 files
+         * have and llama.cpp accepts for the others too. */
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", i);
+        const bool fused_qkv = eng_gguf_find_tensor(g, name) != NULL;
+        if (fused_qkv) {
+            eng_weight qkv;
+            const int64_t rows[3] = {q_dim, kv_dim, kv_dim};
+            eng_weight *const parts[3] = {&L->wq, &L->wk, &L->wv};
+            if ((rc = bind_weight(g, name, hp->n_embd, q_dim + 2 * kv_dim, false, &qkv, err)))
+                return rc;
+            split_rows(&qkv, rows, 3, parts);
+        }
+        /* phi3's feed-forward input is one ffn_up of the gate rows, then
+         * the up rows (llama.cpp: SwiGLU of its two halves, gate first). */
+        const bool fused_gate_up = hp->arch == ENG_ARCH_PHI3;
+        if (fused_gate_up) {
+            eng_weight gate_up;
+            const int64_t rows[2] = {hp->n_ff, hp->n_ff};
+            eng_weight *const parts[2] = {&L->w_gate, &L->w_up};
+            snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
+            if ((rc = bind_weight(g, name, hp->n_embd, 2 * (int64_t)hp->n_ff, false, &gate_up,
+                                  err)))
+                return rc;
+            split_rows(&gate_up, rows, 2, parts);
+        }
         for (size_t s = 0; s < sizeof spec / sizeof spec[0]; s++) {
+            const eng_weight *dst = spec[s].dst;
+            if ((fused_qkv && (dst == &L->wq || dst == &L->wk || dst == &L->wv)) ||
+                (fused_gate_up && (dst == &L->w_gate || dst == &L->w_up)))
+                continue;
             snprintf(name, sizeof name, "blk.%d.%s.weight", i, spec[s].suffix);
             if ((rc = bind_weight(g, name, spec[s].n_in, spec[s].n_out, spec[s].vector,
                                   spec[s].dst, err)))
@@ -320,19 +379,34 @@ static int bind_weights(eng_model *m, sw_error *err)
             if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->k_norm, err)))
                 return rc;
         }
-        /* Q/K/V biases: required by qwen2, allowed (rare) for llama and
-         * qwen3 (llama.cpp loads them when present). */
-        struct {
-            const char *suffix;
-            int64_t n;
-            eng_weight *dst;
-        } bias[] = {{"attn_q", q_dim, &L->bq}, {"attn_k", kv_dim, &L->bk}, {"attn_v", kv_dim, &L->bv}};
-        for (size_t b = 0; b < 3; b++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", i, bias[b].suffix);
-            if (!eng_gguf_find_tensor(g, name) && hp->arch != ENG_ARCH_QWEN2)
-                continue;
-            if ((rc = bind_weight(g, name, bias[b].n, 0, true, bias[b].dst, err)))
+        /* Q/K/V biases: required by qwen2, allowed (rare) for the others
+         * (llama.cpp loads them when present); one fused attn_qkv.bias of
+         * Q's values, then K's, then V's, or one per product. */
+        const int64_t bias_n[3] = {q_dim, kv_dim, kv_dim};
+        eng_weight *const bias_dst[3] = {&L->bq, &L->bk, &L->bv};
+        const char *const bias_name[3] = {"attn_q", "attn_k", "attn_v"};
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.bias", i);
+        if (eng_gguf_find_tensor(g, name)) {
+            eng_weight qkv_b;
+            if ((rc = bind_weight(g, name, q_dim + 2 * kv_dim, 0, true, &qkv_b, err)))
                 return rc;
+            const float *at = qkv_b.data;
+            for (int b = 0; b < 3; b++) {
+                *bias_dst[b] = qkv_b;
+                bias_dst[b]->data = at;
+                bias_dst[b]->n_in = bias_n[b];
+                bias_dst[b]->size_bytes = (size_t)bias_n[b] * sizeof(float);
+                bias_dst[b]->row_bytes = bias_dst[b]->size_bytes;
+                at += bias_n[b];
+            }
+        } else {
+            for (int b = 0; b < 3; b++) {
+                snprintf(name, sizeof name, "blk.%d.%s.bias", i, bias_name[b]);
+                if (!eng_gguf_find_tensor(g, name) && hp->arch != ENG_ARCH_QWEN2)
+                    continue;
+                if ((rc = bind_weight(g, name, bias_n[b], 0, true, bias_dst[b], err)))
+                    return rc;
+            }
         }
     }
     return SW_OK;

@@ -29,6 +29,8 @@ typedef enum eng_arch {
     ENG_ARCH_QWEN3 = 2,  /* Qwen3 (dense): per-head RMS norms on Q and K before
                             RoPE, NeoX-style RoPE, no biases, head size from
                             attention.key_length */
+    ENG_ARCH_PHI3 = 3,   /* Phi-3 / Phi-4: fused attn_qkv and gate/up (ffn_up of
+                            2 x n_ff rows) matrices, NeoX-style RoPE */
 } eng_arch;
 
 /* How RoPE pairs the dimensions of a head: consecutive (x[2i], x[2i+1]) for

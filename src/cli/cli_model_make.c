@@ -24,14 +24,15 @@ static void model_make_usage(FILE *f)
             "                           [--ffn N] [--vocab N] [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
             "                                  q5_k|q6_k|iq4_nl|iq4_xs|q3_k_m|q4_k_m|q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
-            "                           [--arch llama|llama3|qwen2|qwen3] [--rope-base B]\n"
+            "                           [--arch llama|llama3|qwen2|qwen3|phi3] [--rope-base B]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
             "vocabulary. --arch llama3: the llama layout with Llama 3's RoPE frequency\n"
             "factors as a rope_freqs.weight tensor, as converted Llama 3.1 files carry\n"
             "them (rope base 500000 unless --rope-base); qwen2: Q/K/V biases, NeoX RoPE, the\n"
             "qwen2 key prefix (rope base 1000000 unless --rope-base); qwen3: per-head RMS\n"
             "norms of Q and K (attn_q_norm / attn_k_norm), NeoX RoPE, the qwen3 key prefix\n"
-            "with attention.key_length (rope base 1000000 unless --rope-base).\n"
+            "with attention.key_length (rope base 1000000 unless --rope-base); phi3: fused\n"
+            "attn_qkv and gate/up (one ffn_up of 2 x ffn rows), NeoX RoPE, the phi3 prefix.\n"
             "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
             "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
             "ffn and heads x head dim to be multiples of 256. q4_k_m / q5_k_m: mostly q4_k / q5_k, with\n"
@@ -147,9 +148,9 @@ int cli_model_make(int argc, char **argv)
             p.name = val;
         } else if (strcmp(opt, "--arch") == 0) {
             if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2") &&
-                strcmp(val, "qwen3")) {
-                fprintf(stderr, "spillway model make: --arch must be llama, llama3, qwen2 or "
-                                "qwen3, got '%s'\n", val);
+                strcmp(val, "qwen3") && strcmp(val, "phi3")) {
+                fprintf(stderr, "spillway model make: --arch must be llama, llama3, qwen2, "
+                                "qwen3 or phi3, got '%s'\n", val);
                 return 2;
             }
             p.architecture = val;

@@ -538,10 +538,14 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
         return sw_error_set(err, SW_EINVAL, "model make: no parameters");
     if (p->architecture && strcmp(p->architecture, "llama") != 0 &&
         strcmp(p->architecture, "llama3") != 0 && strcmp(p->architecture, "qwen2") != 0 &&
-        strcmp(p->architecture, "qwen3") != 0)
+        strcmp(p->architecture, "qwen3") != 0 && strcmp(p->architecture, "phi3") != 0)
         return sw_error_set(err, SW_EINVAL,
                             "model make: architecture '%s' is not supported (llama, llama3, "
-                            "qwen2, qwen3)", p->architecture);
+                            "qwen2, qwen3, phi3)", p->architecture);
+    if (p->architecture && strcmp(p->architecture, "phi3") == 0 && p->head_dim != 0 &&
+        (int64_t)p->head_dim * p->n_head != p->n_embd)
+        return sw_error_set(err, SW_EINVAL, "model make: phi3's heads must fill the width "
+                            "(heads x head dim = dim, as llama.cpp loads it)");
     if (p->n_embd <= 0 || p->n_embd > (1 << 16))
         return sw_error_set(err, SW_EINVAL, "model make: dim %d must be in 1..65536", p->n_embd);
     if (p->n_layer <= 0 || p->n_layer > 1024)
@@ -649,6 +653,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
     /* layer -1: the tensors before the blocks; layer n_layer: after; else
      * block `layer`. */
     const int64_t d = p->n_embd, head_dim = mm_head_dim(p);
+    const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
     const int64_t q_out = p->n_head * head_dim, kv_out = p->n_head_kv * head_dim;
     const float u = 1.7320508f; /* sqrt(3): amplitude of a uniform with std 1 */
     const float head_amp = 4.0f * u / sqrtf((float)d);
@@ -692,9 +697,15 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         const float in_d = u / sqrtf((float)d), in_q = u / sqrtf((float)q_out),
                     in_ff = u / sqrtf((float)p->n_ff);
         MM_T("blk.%d.attn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
-        MM_T("blk.%d.attn_q.weight", wt, 2, d, q_out, 0.0f, in_d);
-        MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
-        MM_T("blk.%d.attn_v.weight", v_t, 2, d, kv_out, 0.0f, in_d);
+        if (phi3) {
+            /* Phi-3's fused Q/K/V: the Q rows, then K's, then V's (one
+             * type: a mix's extra bits for attn_v do not apply) */
+            MM_T("blk.%d.attn_qkv.weight", wt, 2, d, q_out + 2 * kv_out, 0.0f, in_d);
+        } else {
+            MM_T("blk.%d.attn_q.weight", wt, 2, d, q_out, 0.0f, in_d);
+            MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
+            MM_T("blk.%d.attn_v.weight", v_t, 2, d, kv_out, 0.0f, in_d);
+        }
         if (p->architecture && strcmp(p->architecture, "qwen2") == 0) {
             /* Qwen2's Q/K/V biases (F32), small next to the products. */
             MM_T("blk.%d.attn_q.bias", f32, 1, q_out, 1, 0.0f, 0.2f);
@@ -708,8 +719,13 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         }
         MM_T("blk.%d.attn_output.weight", out_proj_t, 2, q_out, d, 0.0f, in_q);
         MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
-        MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
-        MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
+        if (phi3) {
+            /* Phi-3's fused gate and up: the gate rows, then the up rows */
+            MM_T("blk.%d.ffn_up.weight", wt, 2, d, 2 * (int64_t)p->n_ff, 0.0f, in_d);
+        } else {
+            MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
+            MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
+        }
         MM_T("blk.%d.ffn_down.weight", down_t, 2, p->n_ff, d, 0.0f, in_ff);
     }
 #undef MM_T
@@ -772,11 +788,12 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
 {
     int rc = SW_OK;
     const uint32_t head_dim = (uint32_t)mm_head_dim(p);
-    /* qwen2 and qwen3 files use their own key prefix; "llama3" is the llama
+    /* qwen2, qwen3 and phi3 files use their own key prefix; "llama3" is the llama
      * architecture (its RoPE factors are a tensor, mm_add_llama3_rope_freqs). */
     const bool qwen3 = p->architecture && strcmp(p->architecture, "qwen3") == 0;
     const bool qwen2 = p->architecture && strcmp(p->architecture, "qwen2") == 0;
-    const char *a = qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama";
+    const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
+    const char *a = qwen3 ? "qwen3" : qwen2 ? "qwen2" : phi3 ? "phi3" : "llama";
     char key[96];
 #define MM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
 #define MM_CHECK(call)                                                                          \

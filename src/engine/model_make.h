@@ -1,5 +1,5 @@
 /* model_make.h - synthetic GGUF models of the llama family (llama, Llama 3,
- * qwen2, qwen3) for tests, CI and the demo (`spillway model make`).
+ * qwen2, qwen3, phi3) for tests, CI and the demo (`spillway model make`).
  *
  * The files have exactly the tensor names, shapes (GGUF ne order) and
  * metadata keys that llama.cpp uses for each architecture, so every
@@ -71,9 +71,11 @@ typedef enum eng_model_make_mix {
 typedef struct eng_model_make_params {
     const char *architecture; /* "llama" (NULL means "llama"), "llama3" (the llama
                                  layout with Llama 3 RoPE scaling keys),
-                                 "qwen2" (qwen2 keys, Q/K/V biases) or "qwen3"
+                                 "qwen2" (qwen2 keys, Q/K/V biases), "qwen3"
                                  (qwen3 keys, per-head Q/K norm weights,
-                                 attention.key_length / value_length) */
+                                 attention.key_length / value_length) or
+                                 "phi3" (phi3 keys, fused attn_qkv and an
+                                 ffn_up of gate then up rows, no ffn_gate) */
     const char *name;         /* general.name; NULL: "spillway-synthetic" */
     int32_t n_embd;           /* model dimension */
     int32_t n_layer;

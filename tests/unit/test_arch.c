@@ -11,7 +11,9 @@
  *   - qwen3's Q/K norms act per head: scaling each head of Q and K by its
  *     own power of two changes nothing, scaling V or the norm weights
  *     does; a file missing a norm or with mismatched head sizes is refused
- *     (qwen3's outputs against llama.cpp's are in test_arch_golden).
+ *     (qwen3's outputs against llama.cpp's are in test_arch_golden);
+ *   - phi3's fused attn_qkv (with its bias) and gate/up ffn_up compute what
+ *     the separate matrices of the llama file do, gate first.
  * Files are derived from a `model make` model by rewriting its GGUF. */
 #include "testutil.h"
 
@@ -397,6 +399,137 @@ static void test_qwen3_head_norms(void **state)
     assert_non_null(strstr(err.message, "head size 32"));
 }
 
+/* Fuses a file's separate Q/K/V matrices (and biases) into attn_qkv and its
+ * gate and up matrices into one ffn_up, as Phi-3 files have them: the rows
+ * (values) of Q, then K, then V; of the gate, then up (up first with
+ * swap_gate_up). The data of a GGUF matrix is its rows one after another,
+ * so fusing is concatenation. */
+static void fuse_phi3(const char *src, const char *dst, bool swap_gate_up)
+{
+    eng_gguf *g;
+    sw_error err;
+    if (eng_gguf_open(src, &g, &err))
+        fail_msg("open: %s", err.message);
+    eng_gguf_writer *w = eng_gguf_writer_create();
+    for (int64_t i = 0; i < eng_gguf_n_kv(g); i++)
+        assert_int_equal(eng_gguf_writer_copy_kv(w, g, i, eng_gguf_kv_key(g, i)), SW_OK);
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+        const char *parts_of[2][4] = {{".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
+                                       ".attn_qkv.weight"},
+                                      {".attn_q.bias", ".attn_k.bias", ".attn_v.bias",
+                                       ".attn_qkv.bias"}};
+        const char *own = NULL, *first = NULL, *second = NULL, *third = NULL, *fused = NULL;
+        for (int k = 0; k < 2; k++) {
+            if (ends_with(t->name, parts_of[k][1]) || ends_with(t->name, parts_of[k][2]))
+                goto next; /* taken with Q */
+            if (ends_with(t->name, parts_of[k][0])) {
+                own = first = parts_of[k][0], second = parts_of[k][1], third = parts_of[k][2];
+                fused = parts_of[k][3];
+            }
+        }
+        if (ends_with(t->name, ".ffn_up.weight"))
+            continue; /* taken with the gate */
+        if (ends_with(t->name, ".ffn_gate.weight")) {
+            own = ".ffn_gate.weight";
+            first = swap_gate_up ? ".ffn_up.weight" : ".ffn_gate.weight";
+            second = swap_gate_up ? ".ffn_gate.weight" : ".ffn_up.weight";
+            fused = ".ffn_up.weight";
+        }
+        if (!fused) {
+            eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
+                                       t->size_bytes);
+            continue;
+        }
+        {
+            int prefix = (int)(strlen(t->name) - strlen(own));
+            const char *names[3] = {first, second, third};
+            const eng_gguf_tensor *parts[3] = {NULL, NULL, NULL};
+            size_t bytes = 0;
+            int64_t ne[2] = {t->n_dims == 1 ? 0 : t->ne[0], 0}; /* the fused dimension adds up */
+            for (int k = 0; k < 3 && names[k]; k++) {
+                char name[128];
+                snprintf(name, sizeof name, "%.*s%s", prefix, t->name, names[k]);
+                parts[k] = eng_gguf_find_tensor(g, name);
+                assert_non_null(parts[k]);
+                bytes += parts[k]->size_bytes;
+                ne[t->n_dims - 1] += parts[k]->ne[t->n_dims - 1];
+            }
+            unsigned char *data = sw_malloc(bytes), *at = data;
+            for (int k = 0; k < 3 && parts[k]; k++) {
+                memcpy(at, parts[k]->data, parts[k]->size_bytes);
+                at += parts[k]->size_bytes;
+            }
+            char name[128];
+            snprintf(name, sizeof name, "%.*s%s", prefix, t->name, fused);
+            assert_int_equal(eng_gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, data,
+                                                        bytes), SW_OK);
+            sw_free(data);
+        }
+    next:;
+    }
+    if (eng_gguf_writer_write(w, dst, &err))
+        fail_msg("write: %s", err.message);
+    eng_gguf_writer_free(w);
+    eng_gguf_close(g);
+}
+
+/* phi3: a file whose Q/K/V matrices and biases are fused (attn_qkv) and
+ * whose gate and up are one ffn_up computes what the llama file with the
+ * separate matrices does (Q/K rows in the NeoX order, as for qwen2); the
+ * halves of ffn_up swapped, it does not. */
+static void test_phi3_fused_equals_llama(void **state)
+{
+    (void)state;
+    const char *base = base_model();
+    const int32_t head_dim = 32;
+    char llama_b[4096], sep[4096], phi3[4096], swapped[4096];
+    snprintf(llama_b, sizeof llama_b, "%s", tu_tmp_path("arch-llama-bias3.gguf"));
+    snprintf(sep, sizeof sep, "%s", tu_tmp_path("arch-phi3-separate.gguf"));
+    snprintf(phi3, sizeof phi3, "%s", tu_tmp_path("arch-phi3.gguf"));
+    snprintf(swapped, sizeof swapped, "%s", tu_tmp_path("arch-phi3-swapped.gguf"));
+    rewrite_model(base, llama_b, &(rewrite){.bias_value = 0.5f}, head_dim);
+    rewrite_model(base, sep, &(rewrite){.arch = "phi3", .permute_neox = true, .bias_value = 0.5f},
+                  head_dim);
+    fuse_phi3(sep, phi3, false);
+    fuse_phi3(sep, swapped, true);
+
+    eng_model *model;
+    sw_error err;
+    if (eng_model_load(phi3, &model, &err))
+        fail_msg("load: %s", err.message);
+    const eng_hparams *hp = eng_model_hparams(model);
+    assert_int_equal(hp->arch, ENG_ARCH_PHI3);
+    assert_int_equal(hp->rope_style, ENG_ROPE_NEOX);
+    const eng_layer *L = &model->layers[1];
+    /* views into the fused tensors: consecutive rows, sizes adding up */
+    assert_ptr_equal((const unsigned char *)L->wk.data,
+                     (const unsigned char *)L->wq.data + L->wq.size_bytes);
+    assert_ptr_equal((const unsigned char *)L->wv.data,
+                     (const unsigned char *)L->wk.data + L->wk.size_bytes);
+    assert_ptr_equal((const unsigned char *)L->w_up.data,
+                     (const unsigned char *)L->w_gate.data + L->w_gate.size_bytes);
+    assert_ptr_equal((const float *)L->bk.data, (const float *)L->bq.data + L->bq.n_in);
+    assert_int_equal(L->w_gate.n_out, hp->n_ff);
+    assert_int_equal(L->wk.n_out, hp->n_head_kv * hp->head_dim);
+    eng_model_free(model);
+
+    int32_t n;
+    float *a = run_logits(llama_b, &n);
+    float *b = run_logits(phi3, &n);
+    float *c = run_logits(swapped, &n);
+    if (max_diff(a, b, n) > 1e-4f)
+        fail_msg("the fused phi3 file differs from the llama file by %g", max_diff(a, b, n));
+    assert_true(max_diff(a, c, n) > 1e-2f);
+    sw_free(a);
+    sw_free(b);
+    sw_free(c);
+
+    /* phi3 needs the fused ffn_up: the separate file is refused */
+    assert_int_equal(eng_model_load(sep, &model, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "ffn_up.weight"));
+}
+
 static bool sink_token(void *user, const eng_generate_step *step)
 {
     struct sink { int32_t *t; int n; } *s = user;
@@ -404,15 +537,16 @@ static bool sink_token(void *user, const eng_generate_step *step)
     return true;
 }
 
-/* `model make --arch qwen2 | llama3 | qwen3` files load as those architectures and
+/* `model make --arch qwen2 | llama3 | qwen3 | phi3` files load as those architectures and
  * generate deterministically; each differs from the plain llama file. */
 static void test_made_architectures(void **state)
 {
     (void)state;
-    const char *archs[] = {"llama", "qwen2", "llama3", "qwen3"};
-    const eng_arch want_arch[] = {ENG_ARCH_LLAMA, ENG_ARCH_QWEN2, ENG_ARCH_LLAMA, ENG_ARCH_QWEN3};
-    int32_t tokens[4][16];
-    for (int a = 0; a < 4; a++) {
+    const char *archs[] = {"llama", "qwen2", "llama3", "qwen3", "phi3"};
+    const eng_arch want_arch[] = {ENG_ARCH_LLAMA, ENG_ARCH_QWEN2, ENG_ARCH_LLAMA, ENG_ARCH_QWEN3,
+                                  ENG_ARCH_PHI3};
+    int32_t tokens[5][16];
+    for (int a = 0; a < 5; a++) {
         eng_model_make_params p = eng_model_make_default_params();
         sw_error err;
         p.architecture = archs[a];
@@ -435,11 +569,15 @@ static void test_made_architectures(void **state)
             fail_msg("load %s: %s", archs[a], err.message);
         const eng_hparams *hp = eng_model_hparams(model);
         assert_int_equal(hp->arch, want_arch[a]);
-        assert_int_equal(hp->rope_style, a == 1 || a == 3 ? ENG_ROPE_NEOX : ENG_ROPE_NORMAL);
+        assert_int_equal(hp->rope_style, a == 0 || a == 2 ? ENG_ROPE_NORMAL : ENG_ROPE_NEOX);
         if (a == 1)
             assert_non_null(model->layers[0].bq.data);
         if (a == 3)
             assert_non_null(model->layers[0].q_norm.data);
+        if (a == 4) /* the views into attn_qkv */
+            assert_ptr_equal((const unsigned char *)model->layers[0].wk.data,
+                             (const unsigned char *)model->layers[0].wq.data +
+                                 model->layers[0].wq.size_bytes);
         if (a == 2) {
             /* as files converted from Llama 3.1+: the factors as a tensor,
              * no rope.scaling keys (llama.cpp refuses type "llama3") */
@@ -473,6 +611,7 @@ static void test_made_architectures(void **state)
     }
     assert_memory_not_equal(tokens[0], tokens[1], sizeof tokens[0]);
     assert_memory_not_equal(tokens[1], tokens[3], sizeof tokens[0]);
+    assert_memory_not_equal(tokens[1], tokens[4], sizeof tokens[0]);
 }
 
 int main(void)
@@ -481,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_qwen2_neox_equals_permuted_llama),
         cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_qwen3_head_norms),
+        cmocka_unit_test(test_phi3_fused_equals_llama),
         cmocka_unit_test(test_made_architectures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -19,9 +19,10 @@
 static void model_make_usage(FILE *f)
 {
     fprintf(f,
-            "usage: spillway model make -o FILE [--preset tiny|small|1b|qwen3-tiny] [--dim N]\n"
-            "                           [--layers N] [--heads N] [--kv-heads N] [--head-dim N]\n"
-            "                           [--ffn N] [--vocab N] [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
+            "usage: spillway model make -o FILE [--preset tiny|small|1b|qwen3-tiny|phi3-tiny]\n"
+            "                           [--dim N] [--layers N] [--heads N] [--kv-heads N]\n"
+            "                           [--head-dim N] [--ffn N] [--vocab N] [--ctx N]\n"
+            "                           [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
             "                                  q5_k|q6_k|iq4_nl|iq4_xs|q3_k_m|q4_k_m|q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
             "                           [--arch llama|llama3|qwen2|qwen3|phi3] [--rope-base B]\n"
@@ -43,7 +44,9 @@ static void model_make_usage(FILE *f)
             "         small dim 512, 8 layers, 8 heads, 4 kv, ffn 1536, vocab 32000, q8_0\n"
             "         1b    dim 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000, q8_0\n"
             "         qwen3-tiny  qwen3, dim 128, 2 layers, 4 heads of 64, 2 kv, ffn 384,\n"
-            "               vocab 1024, f32, rope base 1e6\n");
+            "               vocab 1024, f32, rope base 1e6\n"
+            "         phi3-tiny   phi3, dim 128, 2 layers, 4 heads, 2 kv, ffn 384, vocab 1024,\n"
+            "               f32\n");
 }
 
 static int model_make_int(const char *opt, const char *text, int32_t *out)
@@ -72,7 +75,7 @@ int cli_model_make(int argc, char **argv)
         if (strcmp(argv[i], "--preset") == 0) {
             if (i + 1 >= argc || eng_model_make_preset(argv[i + 1], &p) != 0) {
                 fprintf(stderr,
-                        "spillway model make: --preset needs tiny, small, 1b or qwen3-tiny\n");
+                        "spillway model make: --preset needs tiny, small, 1b, qwen3-tiny or phi3-tiny\n");
                 return 2;
             }
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {

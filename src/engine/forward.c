@@ -1,5 +1,5 @@
-/* forward.c - the forward pass of the llama family (llama, qwen2, qwen3) on
- * the CPU.
+/* forward.c - the forward pass of the llama family (llama, qwen2, qwen3,
+ * phi3) on the CPU.
  *
  * For a batch of n new tokens of one sequence at positions p..p+n-1:
  *   x = embed(tokens)
@@ -7,7 +7,8 @@
  *               x += Wdown . (silu(Wgate . rms(x)) * (Wup . rms(x)))
  *   logits = Wout . rms(x_last)
  * qwen2 adds biases to the Q/K/V products; qwen3 RMS-normalises every head
- * of Q and K (its own weight vector per layer) before RoPE.
+ * of Q and K (its own weight vector per layer) before RoPE; phi3's fused
+ * matrices arrive here as separate ones (model.c binds row views).
  * Matrix products run on the thread pool, rows split between threads; the
  * activations are converted once per product to the weight type's dot
  * format (cpu_convert_activations). Attention reads K and V from the

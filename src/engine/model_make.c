@@ -525,6 +525,15 @@ int eng_model_make_preset(const char *name, eng_model_make_params *out)
         p.n_vocab = 1024;
         p.rope_freq_base = 1000000.0f;
         p.rms_eps = 1e-6f;
+    } else if (strcmp(name, "phi3-tiny") == 0) {
+        /* Phi-3's layout at test size: fused Q/K/V and gate/up matrices */
+        p.architecture = "phi3";
+        p.n_embd = 128;
+        p.n_layer = 2;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.n_ff = 384;
+        p.n_vocab = 1024;
     } else {
         return SW_ENOTFOUND;
     }

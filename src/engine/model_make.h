@@ -112,6 +112,9 @@ eng_model_make_params eng_model_make_default_params(void);
  *           than dim / heads, as Qwen3's), 2 KV, FFN 384, vocab 1024, F32,
  *           rope base 1e6, rms eps 1e-6 (tests/data/qwen3-tiny.golden.json
  *           holds llama.cpp's greedy outputs of it)
+ *   phi3-tiny - architecture phi3 (fused attn_qkv and gate/up), dim 128,
+ *           2 layers, 4 heads, 2 KV, FFN 384, vocab 1024, F32, rope base
+ *           10000 (tests/data/phi3-tiny.golden.json)
  * Returns SW_OK, or SW_ENOTFOUND for an unknown name (*out untouched). */
 int eng_model_make_preset(const char *name, eng_model_make_params *out);
 

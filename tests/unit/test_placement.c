@@ -92,8 +92,8 @@ static uint64_t self_bytes(dev_device *dev)
 /* The plan's device bytes equal what a context really allocates on the
  * device once n_seqs sequences hold n_ctx tokens each - exactly, for several
  * shapes, every architecture (qwen2's biases, Llama 3's rope_freqs tensor,
- * qwen3's Q/K norms and heads wider than dim / heads), profiles and context
- * sizes. */
+ * qwen3's Q/K norms and heads wider than dim / heads, phi3's fused
+ * matrices), profiles and context sizes. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
@@ -108,6 +108,7 @@ static void test_plan_equals_allocation(void **state)
         {"qwen2", 64, 2, 4, 2, 0, 128, ENG_TYPE_Q8_0},
         {"llama3", 64, 2, 4, 2, 0, 128, ENG_TYPE_F16},
         {"qwen3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
+        {"phi3", 96, 2, 6, 3, 0, 192, ENG_TYPE_F16},
     };
     const int32_t ctx_sizes[] = {17, 64, 200};
     dev_device *dev = open_pool("plan", 256 * MiB);

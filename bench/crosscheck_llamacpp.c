@@ -27,25 +27,7 @@
 #include <stdlib.h>
 
 #include "llama.h"
-
-static void quiet_log(enum ggml_log_level level, const char *text, void *user)
-{
-    (void)level, (void)text, (void)user;
-}
-
-/* log-softmax of one row of logits into out. */
-static void log_probs(const float *logits, int n, double *out)
-{
-    double max = logits[0], sum = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > max)
-            max = logits[i];
-    for (int i = 0; i < n; i++)
-        sum += exp((double)logits[i] - max);
-    double lse = max + log(sum);
-    for (int i = 0; i < n; i++)
-        out[i] = (double)logits[i] - lse;
-}
+#include "llamacpp_common.h"
 
 int main(int argc, char **argv)
 {

@@ -25,6 +25,11 @@ const char *tu_shared_path(const char *relative);
  * tests/data/README.md. */
 const char *tu_data_path(const char *relative);
 
+/* The ids of a JSON array of integers (a golden file's tokens) in a new
+ * buffer (sw_free); *n is the count. */
+struct json_t;
+int32_t *tu_json_ids(const struct json_t *array, size_t *n);
+
 /* A fresh scratch file path under the build tree (SPILLWAY_TEST_TMP or
  * /tmp) unique to this process; static storage, valid until the next call. */
 const char *tu_tmp_path(const char *name);

@@ -33,8 +33,9 @@
  * keeps both in F32. The first step's log-probabilities differ by up to
  * 3.4e-3 for qwen3-tiny and 2.7e-3 for phi3-tiny (printed); llama.cpp
  * itself, run with flash attention off and an F32 KV cache, moves
- * qwen3-tiny's by up to 4.3e-3 (and is then within 1.4e-3 of spillway). Greedy tokens are compared while the
- * reference's margin between its best two tokens is above NEAR_TIE. */
+ * qwen3-tiny's by up to 4.3e-3 (and is then within 1.4e-3 of spillway).
+ * Greedy tokens are compared while the reference's margin between its best
+ * two tokens is above NEAR_TIE. */
 #define NEAR_TIE 1e-2
 #define TOP5_TOL 5e-3
 
@@ -52,15 +53,6 @@ static bool collect(void *user, const eng_generate_step *step)
     if (c->n < 256)
         c->tokens[c->n++] = step->token;
     return true;
-}
-
-static int32_t *json_ids(json_t *array, size_t *n)
-{
-    *n = json_array_size(array);
-    int32_t *ids = sw_calloc(*n ? *n : 1, sizeof *ids);
-    for (size_t i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(array, i));
-    return ids;
 }
 
 /* Makes the preset's model into a scratch file; fails on a sha256 other
@@ -118,7 +110,7 @@ static void check_golden(const char *file, eng_arch arch)
     json_array_foreach(json_object_get(golden, "tokenize"), i, t) {
         const char *text = json_string_value(json_object_get(t, "text"));
         size_t n_want;
-        int32_t *want = json_ids(json_object_get(t, "tokens"), &n_want);
+        int32_t *want = tu_json_ids(json_object_get(t, "tokens"), &n_want);
         int32_t *got;
         size_t n_got = tu_tokenize(tok, text, strlen(text), false, true, &got);
         tu_assert_ids_equal(got, n_got, want, n_want, text);
@@ -136,8 +128,8 @@ static void check_golden(const char *file, eng_arch arch)
     double worst = 0.0;
     json_array_foreach(json_object_get(golden, "greedy"), i, g) {
         size_t n_prompt, n_expect, n_margin;
-        int32_t *prompt = json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
-        int32_t *expect = json_ids(json_object_get(g, "tokens"), &n_expect);
+        int32_t *prompt = tu_json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
+        int32_t *expect = tu_json_ids(json_object_get(g, "tokens"), &n_expect);
         json_t *margins = json_object_get(g, "margins");
         n_margin = json_array_size(margins);
         assert_int_equal(n_margin, n_expect);

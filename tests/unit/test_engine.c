@@ -44,15 +44,6 @@ static json_t *load_golden(const char *name)
     return root;
 }
 
-static int32_t *json_ids(json_t *array, size_t *n)
-{
-    *n = json_array_size(array);
-    int32_t *ids = sw_calloc(*n ? *n : 1, sizeof *ids);
-    for (size_t i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(array, i));
-    return ids;
-}
-
 static void run_greedy(eng_context *ctx, const int32_t *prompt, size_t n_prompt, int32_t n,
                        int32_t top_logprobs, collected *out)
 {
@@ -97,8 +88,8 @@ static void test_stories_greedy_golden(void **state)
         json_t *g;
         json_array_foreach(json_object_get(golden, "greedy"), i, g) {
             size_t n_prompt, n_expect;
-            int32_t *prompt = json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
-            int32_t *expect = json_ids(json_object_get(g, "tokens"), &n_expect);
+            int32_t *prompt = tu_json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
+            int32_t *expect = tu_json_ids(json_object_get(g, "tokens"), &n_expect);
             collected got;
             run_greedy(ctx, prompt, n_prompt, (int32_t)n_expect, 5, &got);
             for (size_t t = 0; t < n_expect; t++)
@@ -145,8 +136,8 @@ static void test_tiny_random_top5_golden(void **state)
     json_t *g;
     json_array_foreach(json_object_get(golden, "greedy"), i, g) {
         size_t n_prompt, n_expect;
-        int32_t *prompt = json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
-        int32_t *expect = json_ids(json_object_get(g, "tokens"), &n_expect);
+        int32_t *prompt = tu_json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
+        int32_t *expect = tu_json_ids(json_object_get(g, "tokens"), &n_expect);
         json_t *top = json_object_get(g, "first_step_top5");
         collected got;
         run_greedy(ctx, prompt, n_prompt, 1, 5, &got);

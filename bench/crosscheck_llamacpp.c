@@ -44,14 +44,9 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    llama_log_set(quiet_log, NULL);
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
-    if (!model) {
-        fprintf(stderr, "%s: llama.cpp cannot load it\n", argv[1]);
+    struct llama_model *model = load_quietly(argv[1]);
+    if (!model)
         return 2;
-    }
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 512;
     cp.n_batch = 512;

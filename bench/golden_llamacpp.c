@@ -50,14 +50,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "N_TOKENS must be in 1..256\n");
         return 2;
     }
-    llama_log_set(quiet_log, NULL);
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
-    if (!model) {
-        fprintf(stderr, "%s: llama.cpp cannot load it\n", argv[1]);
+    struct llama_model *model = load_quietly(argv[1]);
+    if (!model)
         return 2;
-    }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
     double *lp = malloc(sizeof *lp * (size_t)n_vocab);

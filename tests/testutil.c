@@ -50,6 +50,16 @@ const char *tu_data_path(const char *relative)
                          "test data committed under tests/data; SPILLWAY_TEST_DATA points at it");
 }
 
+bool tu_collect_step(void *user, const eng_generate_step *step)
+{
+    tu_steps *c = user;
+    if (c->n == 0)
+        c->first = *step;
+    if (c->n < TU_STEPS_MAX)
+        c->tokens[c->n++] = step->token;
+    return true;
+}
+
 int32_t *tu_json_ids(const json_t *array, size_t *n)
 {
     *n = json_array_size(array);

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "engine/generate.h"
+
 /* Full path of a file under ../shared, or NULL after printing
  * "SKIP: ... needs ../shared ..." and marking the test skipped (the caller
  * must return). The string is static storage, valid until the next call. */
@@ -24,6 +26,17 @@ const char *tu_shared_path(const char *relative);
  * small reference data committed with the tests, each file's origin in
  * tests/data/README.md. */
 const char *tu_data_path(const char *relative);
+
+/* What an eng_generate callback (tu_collect_step, user = a tu_steps
+ * zeroed by the caller) saw: the first TU_STEPS_MAX tokens and the whole
+ * first step, with its top log-probabilities. */
+#define TU_STEPS_MAX 512
+typedef struct tu_steps {
+    int32_t tokens[TU_STEPS_MAX];
+    eng_generate_step first;
+    int32_t n;
+} tu_steps;
+bool tu_collect_step(void *user, const eng_generate_step *step);
 
 /* The ids of a JSON array of integers (a golden file's tokens) in a new
  * buffer (sw_free); *n is the count. */

@@ -39,22 +39,6 @@
 #define NEAR_TIE 1e-2
 #define TOP5_TOL 5e-3
 
-typedef struct collected {
-    int32_t tokens[256];
-    eng_generate_step first;
-    int32_t n;
-} collected;
-
-static bool collect(void *user, const eng_generate_step *step)
-{
-    collected *c = user;
-    if (c->n == 0)
-        c->first = *step;
-    if (c->n < 256)
-        c->tokens[c->n++] = step->token;
-    return true;
-}
-
 /* Makes the preset's model into a scratch file; fails on a sha256 other
  * than the golden's. */
 static const char *make_recorded_model(json_t *golden)
@@ -136,14 +120,14 @@ static void check_golden(const char *file, eng_arch arch)
 
         eng_generate_params gp = eng_generate_default_params();
         eng_generate_stats stats;
-        collected got;
+        tu_steps got;
         memset(&got, 0, sizeof got);
         gp.max_tokens = (int32_t)n_expect;
         gp.sampling.temperature = 0.0f;
         gp.top_logprobs = 5;
         gp.ignore_eos = true;
-        assert_true(n_expect <= 256);
-        if (eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, collect, &got, &stats, &err))
+        assert_true(n_expect <= TU_STEPS_MAX);
+        if (eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, tu_collect_step, &got, &stats, &err))
             fail_msg("generate: %s", err.message);
         assert_int_equal(got.n, (int32_t)n_expect);
         size_t s = 0;

@@ -1,7 +1,7 @@
-/* model.c - loading a GGUF model of the llama family (llama, qwen2,
- * qwen3, phi3) and checking that every tensor the forward pass needs is present
- * with the right shape and a supported type. The forward pass itself is in forward.c; the memory
- * figures are in memory.c. */
+/* model.c - loading a GGUF model of the llama family (llama, qwen2, qwen3,
+ * phi3) and checking that every tensor the forward pass needs is present
+ * with the right shape and a supported type. The forward pass itself is in
+ * forward.c; the memory figures are in memory.c. */
 #include "engine/model-impl.h"
 
 #include "common/alloc.h"
@@ -170,7 +170,8 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     hp->n_ctx_train = 2048;
     hp->rms_eps = 1e-5f;
     /* Files carry rope.freq_base; without it qwen2 has had 1e6 here, and
-     * qwen3 takes llama.cpp's default, 10000, so both engines agree. */
+     * the later architectures take llama.cpp's default, 10000, so both
+     * engines agree. */
     hp->rope_freq_base = hp->arch == ENG_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
     if ((rc = read_u32(g, a, "embedding_length", &hp->n_embd, true, err)) ||
         (rc = read_u32(g, a, "block_count", &hp->n_layer, true, err)) ||

@@ -3,8 +3,8 @@
 # (llama.cpp) on GGUF files of every architecture and weight type spillway
 # loads, made by `spillway model make` and quantized by llama.cpp's own
 # llama-quantize: ../shared has recorded outputs for two small llama files
-# only, so qwen2, Llama 3's RoPE factors, BF16 and the K-quants get their
-# second opinion here. Prints a table; exits 1 when a model fails.
+# only, so qwen2, qwen3, phi3, Llama 3's RoPE factors, BF16 and the K-quants
+# get their second opinion here. Prints a table; exits 1 when a model fails.
 #
 #   bench/crosscheck.sh [BUILD_DIR]      (default: build; needs the llama.cpp
 #                                         that bench/llamacpp-build.sh builds)
@@ -38,7 +38,7 @@ cc -O2 -o "$work/crosscheck_llamacpp" "$here/crosscheck_llamacpp.c" -I"$ref_src/
   -I"$ref_src/ggml/include" -L"$ref_bin" -lllama -lggml -lggml-base -ljansson -lm \
   -Wl,-rpath,"$ref_bin"
 cc -O2 -o "$work/dequantize_gguf" "$here/dequantize_gguf.c" -I"$here/../src" \
-  "$build/libspillway_core.a" -lm -lpthread
+  "$build/libspillway_core.a" -ljansson -lm -lpthread
 xc="$work/crosscheck_llamacpp"
 prompt="Once upon a time there was a little"
 
@@ -52,10 +52,16 @@ declare -A made=(
   [qwen2-q3_k_m]="--arch qwen2 --type q3_k_m" [llama3-f32]="--arch llama3 --type f32"
   [llama3-q4_k_m]="--arch llama3 --type q4_k_m" [qwen2-f32]="--arch qwen2 --type f32"
   [qwen2-q8_0]="--arch qwen2 --type q8_0" [qwen2-q4_k_m]="--arch qwen2 --type q4_k_m"
-  [llama-tied-q8_0]="--type q8_0 --tied")
+  [llama-tied-q8_0]="--type q8_0 --tied"
+  [qwen3-f32]="--arch qwen3 --head-dim 128 --type f32" [qwen3-f16]="--arch qwen3 --head-dim 128 --type f16"
+  [qwen3-q8_0]="--arch qwen3 --head-dim 128 --type q8_0"
+  [qwen3-q4_k_m]="--arch qwen3 --head-dim 128 --type q4_k_m"
+  [phi3-f32]="--arch phi3 --type f32" [phi3-f16]="--arch phi3 --type f16"
+  [phi3-q8_0]="--arch phi3 --type q8_0" [phi3-q4_k_m]="--arch phi3 --type q4_k_m")
 order="llama-f32 llama-f16 llama-bf16 llama-q8_0 llama-q4_0 llama-q4_k llama-q5_k llama-q6_k
        llama-q4_k_m llama-q5_k_m llama-q3_k llama-q2_k llama-iq4_xs llama-iq4_nl llama-q3_k_m
-       llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0"
+       llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0
+       qwen3-f32 qwen3-f16 qwen3-q8_0 qwen3-q4_k_m phi3-f32 phi3-f16 phi3-q8_0 phi3-q4_k_m"
 files=()
 for m in $order; do
   f="$work/$m.gguf"
@@ -67,7 +73,7 @@ done
 # Files quantized by llama.cpp's own quantizer (its choice of types per
 # tensor, as the GGUF files people download were made). No imatrix: the
 # low-bit types here do not need one (Q2_K only warns).
-for base in llama-f32 llama3-f32 qwen2-f32; do
+for base in llama-f32 llama3-f32 qwen2-f32 qwen3-f32 phi3-f32; do
   for t in Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0 Q3_K_S Q3_K_M Q3_K_L Q2_K IQ4_XS IQ4_NL; do
     f="$work/llamacpp-${base%-f32}-$t.gguf"
     [ -f "$f" ] || "$ref_bin/llama-quantize" "$work/$base.gguf" "$f" "$t" >"$f.log" 2>&1 ||
@@ -89,7 +95,8 @@ for f in "${files[@]}"; do
   "$bin" run -m "$f" -p "$prompt" -n 24 --temp 0 --ignore-eos --json --top-logprobs 5 \
     >"$work/$name.json" 2>/dev/null
   read -r steps agree diff _ < <("$xc" "$f" "$work/$name.json")
-  type=$("$bin" model info "$f" | awk '$1 == "blk.0.attn_q.weight" { print $2 }')
+  type=$("$bin" model info "$f" |
+    awk '$1 == "blk.0.attn_q.weight" || $1 == "blk.0.attn_qkv.weight" { print $2 }')
   ours_exact=-; ref_exact=-
   if [ "$type" != f32 ] && [ "$type" != f16 ]; then
     "$work/dequantize_gguf" "$f" "$work/$name.f32.gguf"

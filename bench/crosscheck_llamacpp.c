@@ -27,25 +27,7 @@
 #include <stdlib.h>
 
 #include "llama.h"
-
-static void quiet_log(enum ggml_log_level level, const char *text, void *user)
-{
-    (void)level, (void)text, (void)user;
-}
-
-/* log-softmax of one row of logits into out. */
-static void log_probs(const float *logits, int n, double *out)
-{
-    double max = logits[0], sum = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > max)
-            max = logits[i];
-    for (int i = 0; i < n; i++)
-        sum += exp((double)logits[i] - max);
-    double lse = max + log(sum);
-    for (int i = 0; i < n; i++)
-        out[i] = (double)logits[i] - lse;
-}
+#include "llamacpp_common.h"
 
 int main(int argc, char **argv)
 {
@@ -62,14 +44,9 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    llama_log_set(quiet_log, NULL);
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
-    if (!model) {
-        fprintf(stderr, "%s: llama.cpp cannot load it\n", argv[1]);
+    struct llama_model *model = load_quietly(argv[1]);
+    if (!model)
         return 2;
-    }
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 512;
     cp.n_batch = 512;

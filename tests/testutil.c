@@ -4,6 +4,8 @@
 #include "common/alloc.h"
 #include "engine/tokenizer.h"
 
+#include <jansson.h>
+
 #include <stdbool.h>
 
 #include <errno.h>
@@ -17,21 +19,55 @@
 #include <time.h>
 #include <unistd.h>
 
-const char *tu_shared_path(const char *relative)
+/* path = root/relative when it exists, else NULL after the SKIP line; root
+ * from the environment variable env, or default_root. */
+static const char *existing_path(const char *env, const char *default_root,
+                                 const char *relative, const char *what)
 {
     static char path[4096];
-    const char *root = getenv("SPILLWAY_SHARED");
+    const char *root = getenv(env);
     struct stat st;
     if (!root || !*root)
-        root = "../shared";
+        root = default_root;
     snprintf(path, sizeof path, "%s/%s", root, relative);
     if (stat(path, &st) != 0) {
-        print_message("SKIP: this test needs %s (the shared models and vocabularies beside the "
-                      "checkout); it is absent\n", path);
+        print_message("SKIP: this test needs %s (%s); it is absent\n", path, what);
         skip();
         return NULL;
     }
     return path;
+}
+
+const char *tu_shared_path(const char *relative)
+{
+    return existing_path("SPILLWAY_SHARED", "../shared", relative,
+                         "the shared models and vocabularies beside the checkout");
+}
+
+const char *tu_data_path(const char *relative)
+{
+    return existing_path("SPILLWAY_TEST_DATA", "tests/data", relative,
+                         "test data committed under tests/data; SPILLWAY_TEST_DATA points at it");
+}
+
+bool tu_collect_step(void *user, const eng_generate_step *step)
+{
+    tu_steps *c = user;
+    if (c->n == 0)
+        c->first = *step;
+    if (c->n < TU_STEPS_MAX)
+        c->tokens[c->n++] = step->token;
+    return true;
+}
+
+int32_t *tu_json_ids(const json_t *array, size_t *n)
+{
+    *n = json_array_size(array);
+    int32_t *ids = sw_calloc(*n ? *n : 1, sizeof *ids);
+    assert_non_null(ids);
+    for (size_t i = 0; i < *n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(array, i));
+    return ids;
 }
 
 const char *tu_tmp_path(const char *name)

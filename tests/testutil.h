@@ -2,7 +2,8 @@
  *
  * Paths: ../shared (models and vocabularies with reference outputs) comes
  * from SPILLWAY_SHARED, set by CTest; tests that need it call
- * tu_shared_path(), which skips the test with a clear message when absent.
+ * tu_shared_path(), which skips the test with a clear message when absent;
+ * tests/data (SPILLWAY_TEST_DATA) likewise through tu_data_path().
  */
 #ifndef SPILLWAY_TESTUTIL_H
 #define SPILLWAY_TESTUTIL_H
@@ -14,10 +15,33 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "engine/generate.h"
+
 /* Full path of a file under ../shared, or NULL after printing
  * "SKIP: ... needs ../shared ..." and marking the test skipped (the caller
  * must return). The string is static storage, valid until the next call. */
 const char *tu_shared_path(const char *relative);
+
+/* The same for a file under tests/data (SPILLWAY_TEST_DATA, set by CTest):
+ * small reference data committed with the tests, each file's origin in
+ * tests/data/README.md. */
+const char *tu_data_path(const char *relative);
+
+/* What an eng_generate callback (tu_collect_step, user = a tu_steps
+ * zeroed by the caller) saw: the first TU_STEPS_MAX tokens and the whole
+ * first step, with its top log-probabilities. */
+#define TU_STEPS_MAX 512
+typedef struct tu_steps {
+    int32_t tokens[TU_STEPS_MAX];
+    eng_generate_step first;
+    int32_t n;
+} tu_steps;
+bool tu_collect_step(void *user, const eng_generate_step *step);
+
+/* The ids of a JSON array of integers (a golden file's tokens) in a new
+ * buffer (sw_free); *n is the count. */
+struct json_t;
+int32_t *tu_json_ids(const struct json_t *array, size_t *n);
 
 /* A fresh scratch file path under the build tree (SPILLWAY_TEST_TMP or
  * /tmp) unique to this process; static storage, valid until the next call. */

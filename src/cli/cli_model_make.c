@@ -1,4 +1,5 @@
-/* cli_model_make.c - `spillway model make`: writes a synthetic llama GGUF
+/* cli_model_make.c - `spillway model make`: writes a synthetic GGUF of the
+ * llama family
  * (engine/model_make.h) for tests, CI and the demo, so nobody needs to
  * download a model to try spillway. A preset (default tiny) is applied
  * first, then the shape options override it, whatever their order. */
@@ -18,25 +19,34 @@
 static void model_make_usage(FILE *f)
 {
     fprintf(f,
-            "usage: spillway model make -o FILE [--preset tiny|small|1b] [--dim N] [--layers N]\n"
-            "                           [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
-            "                           [--ctx N] [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
+            "usage: spillway model make -o FILE [--preset tiny|small|1b|qwen3-tiny|phi3-tiny]\n"
+            "                           [--dim N] [--layers N] [--heads N] [--kv-heads N]\n"
+            "                           [--head-dim N] [--ffn N] [--vocab N] [--ctx N]\n"
+            "                           [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
             "                                  q5_k|q6_k|iq4_nl|iq4_xs|q3_k_m|q4_k_m|q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
-            "                           [--arch llama|llama3|qwen2] [--rope-base B]\n"
+            "                           [--arch llama|llama3|qwen2|qwen3|phi3] [--rope-base B]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
             "vocabulary. --arch llama3: the llama layout with Llama 3's RoPE frequency\n"
             "factors as a rope_freqs.weight tensor, as converted Llama 3.1 files carry\n"
             "them (rope base 500000 unless --rope-base); qwen2: Q/K/V biases, NeoX RoPE, the\n"
-            "qwen2 key prefix (rope base 1000000 unless --rope-base)\n"
-            "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim\n"
-            "and ffn to be multiples of 256. q4_k_m / q5_k_m: mostly q4_k / q5_k, with\n"
-            "output, and attn_v / ffn_down in some layers, in q6_k (as Q4_K_M files are);\n"
-            "q3_k_m: mostly q3_k, attn_v / ffn_down / attn_output in q4_k or q5_k, output\n"
-            "in q6_k (as llama.cpp's Q3_K_M).\n"
+            "qwen2 key prefix (rope base 1000000 unless --rope-base); qwen3: per-head RMS\n"
+            "norms of Q and K (attn_q_norm / attn_k_norm), NeoX RoPE, the qwen3 key prefix\n"
+            "with attention.key_length (rope base 1000000 unless --rope-base); phi3: fused\n"
+            "attn_qkv and gate/up (one ffn_up of 2 x ffn rows), NeoX RoPE, the phi3 prefix.\n"
+            "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
+            "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
+            "ffn and heads x head dim to be multiples of 256. q4_k_m / q5_k_m: mostly\n"
+            "q4_k / q5_k, with output, and attn_v / ffn_down in some layers, in q6_k (as\n"
+            "Q4_K_M files are); q3_k_m: mostly q3_k, attn_v / ffn_down / attn_output in\n"
+            "q4_k or q5_k, output in q6_k (as llama.cpp's Q3_K_M).\n"
             "presets: tiny  dim 64, 2 layers, 4 heads, 2 kv, ffn 128, vocab 512, f32 (default)\n"
             "         small dim 512, 8 layers, 8 heads, 4 kv, ffn 1536, vocab 32000, q8_0\n"
-            "         1b    dim 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000, q8_0\n");
+            "         1b    dim 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000, q8_0\n"
+            "         qwen3-tiny  qwen3, dim 128, 2 layers, 4 heads of 64, 2 kv, ffn 384,\n"
+            "               vocab 1024, f32, rope base 1e6\n"
+            "         phi3-tiny   phi3, dim 128, 2 layers, 4 heads, 2 kv, ffn 384, vocab 1024,\n"
+            "               f32\n");
 }
 
 static int model_make_int(const char *opt, const char *text, int32_t *out)
@@ -64,7 +74,8 @@ int cli_model_make(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--preset") == 0) {
             if (i + 1 >= argc || eng_model_make_preset(argv[i + 1], &p) != 0) {
-                fprintf(stderr, "spillway model make: --preset needs tiny, small or 1b\n");
+                fprintf(stderr,
+                        "spillway model make: --preset needs tiny, small, 1b, qwen3-tiny or phi3-tiny\n");
                 return 2;
             }
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -84,6 +95,7 @@ int cli_model_make(int argc, char **argv)
             strcmp(opt, "--preset") != 0 && strcmp(opt, "--dim") != 0 &&
             strcmp(opt, "--layers") != 0 && strcmp(opt, "--heads") != 0 &&
             strcmp(opt, "--kv-heads") != 0 && strcmp(opt, "--ffn") != 0 &&
+            strcmp(opt, "--head-dim") != 0 &&
             strcmp(opt, "--vocab") != 0 && strcmp(opt, "--ctx") != 0 &&
             strcmp(opt, "--type") != 0 && strcmp(opt, "--seed") != 0 &&
             strcmp(opt, "--name") != 0 && strcmp(opt, "--arch") != 0 &&
@@ -138,16 +150,18 @@ int cli_model_make(int argc, char **argv)
         } else if (strcmp(opt, "--name") == 0) {
             p.name = val;
         } else if (strcmp(opt, "--arch") == 0) {
-            if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2")) {
-                fprintf(stderr, "spillway model make: --arch must be llama, llama3 or qwen2, "
-                                "got '%s'\n", val);
+            if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2") &&
+                strcmp(val, "qwen3") && strcmp(val, "phi3")) {
+                fprintf(stderr, "spillway model make: --arch must be llama, llama3, qwen2, "
+                                "qwen3 or phi3, got '%s'\n", val);
                 return 2;
             }
             p.architecture = val;
             if (!rope_base_set)
-                p.rope_freq_base = strcmp(val, "llama3") == 0  ? 500000.0f
-                                   : strcmp(val, "qwen2") == 0 ? 1000000.0f
-                                                               : 10000.0f;
+                p.rope_freq_base = strcmp(val, "llama3") == 0 ? 500000.0f
+                                   : strcmp(val, "qwen2") == 0 || strcmp(val, "qwen3") == 0
+                                       ? 1000000.0f
+                                       : 10000.0f;
         } else if (strcmp(opt, "--rope-base") == 0) {
             char *end;
             double base = strtod(val, &end);
@@ -168,6 +182,8 @@ int cli_model_make(int argc, char **argv)
                 target = &p.n_head_kv;
             else if (strcmp(opt, "--ffn") == 0)
                 target = &p.n_ff;
+            else if (strcmp(opt, "--head-dim") == 0)
+                target = &p.head_dim;
             else if (strcmp(opt, "--vocab") == 0)
                 target = &p.n_vocab;
             else

@@ -29,7 +29,7 @@ static const char *const family_names[ENG_CHAT_N_FAMILIES] = {
     [ENG_CHAT_CHATML] = "chatml",   [ENG_CHAT_LLAMA2] = "llama2",
     [ENG_CHAT_LLAMA3] = "llama3",   [ENG_CHAT_MISTRAL] = "mistral",
     [ENG_CHAT_ZEPHYR] = "zephyr",   [ENG_CHAT_PHI3] = "phi3",
-    [ENG_CHAT_GEMMA] = "gemma",
+    [ENG_CHAT_GEMMA] = "gemma",     [ENG_CHAT_PHI4] = "phi4",
 };
 
 static bool family_valid(eng_chat_family f)
@@ -94,15 +94,19 @@ static bool contains(const char *hay, size_t len, const char *needle)
 }
 
 /* Order matters: a template is classified by the first rule it matches.
- * ChatML goes first because ChatML fine-tunes of other bases keep their
- * base's vocabulary but not its markers; "[INST]" with "<<SYS>>" must be
+ * Phi-4 writes ChatML's markers with its own separator, so it goes first
+ * (as in llama.cpp's detection); then ChatML, because ChatML fine-tunes of
+ * other bases keep their base's vocabulary but not its markers; "[INST]"
+ * with "<<SYS>>" must be
  * tried before plain "[INST]". Zephyr's template writes its turn end as the
  * eos_token variable rather than a literal "</s>", hence both. */
 static bool detect(const char *t, size_t len, eng_chat_family *out)
 {
     if (!t || len == 0)
         return false;
-    if (contains(t, len, "<|im_start|>"))
+    if (contains(t, len, "<|im_sep|>"))
+        *out = ENG_CHAT_PHI4;
+    else if (contains(t, len, "<|im_start|>"))
         *out = ENG_CHAT_CHATML;
     else if (contains(t, len, "<|start_header_id|>"))
         *out = ENG_CHAT_LLAMA3;
@@ -457,6 +461,25 @@ static void render_mistral(chat_builder *b, const eng_chat_message *m, size_t n)
     }
 }
 
+/* Phi-4 (microsoft/phi-4's template): ChatML's markers, the role followed
+ * by <|im_sep|> instead of a newline and nothing after <|im_end|>:
+ *   <|im_start|>{role}<|im_sep|>{content}<|im_end|> ...
+ *   <|im_start|>assistant<|im_sep|>
+ * Its template has no tool role (it drops such messages); as for the other
+ * families without one, tool results are written as user turns. */
+static void render_phi4(chat_builder *b, const eng_chat_message *m, size_t n, bool gen)
+{
+    for (size_t i = 0; i < n; i++) {
+        tmpl(b, "<|im_start|>");
+        tmpl(b, role_of(&m[i]) == ROLE_TOOL ? "user" : m[i].role);
+        tmpl(b, "<|im_sep|>");
+        content(b, m[i].content, false);
+        tmpl(b, "<|im_end|>");
+    }
+    if (gen)
+        tmpl(b, "<|im_start|>assistant<|im_sep|>");
+}
+
 /* Zephyr (HuggingFaceH4/zephyr-7b-beta model card and template) and Phi-3
  * (microsoft/Phi-3-mini-4k-instruct model card and template) share a shape:
  *   <|{role}|>\n{content}{end}\n ... <|assistant|>\n
@@ -517,6 +540,7 @@ static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *m
     case ENG_CHAT_ZEPHYR: render_tagged(b, msgs, n, gen, "</s>"); break;
     case ENG_CHAT_PHI3: render_tagged(b, msgs, n, gen, "<|end|>"); break;
     case ENG_CHAT_GEMMA: render_gemma(b, msgs, n, gen); break;
+    case ENG_CHAT_PHI4: render_phi4(b, msgs, n, gen); break;
     }
 }
 
@@ -797,7 +821,8 @@ size_t eng_chat_stop_strings(eng_chat_family f, const char **out, size_t cap)
     const char *const *list = NULL;
     size_t count = 0;
     switch (f) {
-    case ENG_CHAT_CHATML: list = chatml; count = 1; break;
+    case ENG_CHAT_CHATML:
+    case ENG_CHAT_PHI4: list = chatml; count = 1; break;
     case ENG_CHAT_LLAMA2:
     case ENG_CHAT_MISTRAL:
     case ENG_CHAT_ZEPHYR: list = eos; count = 1; break;
@@ -819,7 +844,8 @@ const char *eng_chat_bos_text(eng_chat_family f)
     case ENG_CHAT_GEMMA: return "<bos>";
     case ENG_CHAT_CHATML:
     case ENG_CHAT_ZEPHYR:
-    case ENG_CHAT_PHI3: return NULL;
+    case ENG_CHAT_PHI3:
+    case ENG_CHAT_PHI4: return NULL;
     }
     return NULL;
 }

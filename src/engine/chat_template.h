@@ -11,6 +11,7 @@
  * and the exact rules below at more length).
  *
  * Families and what recognises them (checked in this order, first match):
+ *   "<|im_sep|>"                        -> ENG_CHAT_PHI4    (Phi-4)
  *   "<|im_start|>"                      -> ENG_CHAT_CHATML  (Qwen, many fine-tunes)
  *   "<|start_header_id|>"               -> ENG_CHAT_LLAMA3
  *   "<start_of_turn>"                   -> ENG_CHAT_GEMMA
@@ -22,7 +23,7 @@
  * caller is told so (is_fallback / eng_chat_source) so it can log it.
  *
  * Roles: "system", "user", "assistant", "tool" (exact, lower case).
- *   - system: ChatML, Llama 3, Zephyr and Phi-3 render it as a turn of its
+ *   - system: ChatML, Llama 3, Zephyr, Phi-3 and Phi-4 render it as a turn of its
  *     own wherever it appears. Llama 2 (<<SYS>> block), Mistral and Gemma
  *     fold it into the first user message, so there it is allowed only as
  *     the first message and must be followed by a user message.
@@ -39,15 +40,15 @@
  * Content is inserted verbatim: no escaping, no added text. Like the
  * published Jinja templates, Llama 2, Llama 3 and Gemma trim leading and
  * trailing whitespace of each content (ASCII space, \t, \n, \v, \f, \r);
- * ChatML, Mistral, Zephyr and Phi-3 do not. Gemma's folded system text is
+ * ChatML, Mistral, Zephyr, Phi-3 and Phi-4 do not. Gemma's folded system text is
  * not trimmed (as Gemma's template). Content ends at its first NUL byte.
  *
  * BOS rule (llama.cpp's convention for templates that write the BOS):
  * Llama 2 and Mistral ("<s>"), Llama 3 ("<|begin_of_text|>") and Gemma
  * ("<bos>") render the BOS text at the start of the prompt (Llama 2 also
  * before every later [INST]); the caller must then tokenize with special
- * parsing for those markers and must NOT add another BOS. ChatML, Zephyr and
- * Phi-3 render no BOS; the caller adds one when the vocabulary asks for it.
+ * parsing for those markers and must NOT add another BOS. ChatML, Zephyr,
+ * Phi-3 and Phi-4 render no BOS; the caller adds one when the vocabulary asks for it.
  * eng_chat_tokenize_add_bos() encodes exactly this.
  *
  * Special tokens in content: a client can write "<|im_end|>" in a message.
@@ -78,9 +79,10 @@ typedef enum eng_chat_family {
     ENG_CHAT_ZEPHYR = 4,
     ENG_CHAT_PHI3 = 5,
     ENG_CHAT_GEMMA = 6,
+    ENG_CHAT_PHI4 = 7,
 } eng_chat_family;
 
-#define ENG_CHAT_N_FAMILIES 7
+#define ENG_CHAT_N_FAMILIES 8
 
 /* The GGUF key holding the Jinja template. */
 #define ENG_CHAT_TEMPLATE_KEY "tokenizer.chat_template"
@@ -96,7 +98,7 @@ typedef struct eng_chat_message {
 } eng_chat_message;
 
 /* Stable lower-case name: "chatml", "llama2", "llama3", "mistral",
- * "zephyr", "phi3", "gemma"; "unknown" for a value outside the enum. */
+ * "zephyr", "phi3", "gemma", "phi4"; "unknown" for a value outside the enum. */
 const char *eng_chat_family_name(eng_chat_family f);
 
 /* Family by name, for the configurable override. Case-insensitive, and '-'
@@ -176,7 +178,7 @@ int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, si
  * offer, the calls an assistant turn made, and the tool results. Families
  * with a published tool format get it; the others get the generic one:
  *   - Hermes style (ChatML/Qwen 2.5, and the generic rendering for Llama 2,
- *     Mistral, Zephyr, Phi-3, Gemma): the tools are described in a "# Tools"
+ *     Mistral, Zephyr, Phi-3, Gemma, Phi-4): the tools are described in a "# Tools"
  *     section appended to the system message (a system message is added
  *     when there is none) listing each definition inside <tools></tools>,
  *     and an assistant call is written as
@@ -239,7 +241,7 @@ int eng_chat_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
                       int32_t **ids_out, size_t *n_out, sw_error *err);
 
 /* The strings that end an assistant turn in family f, most important
- * first: "<|im_end|>" (ChatML), "</s>" (Llama 2, Mistral, Zephyr),
+ * first: "<|im_end|>" (ChatML, Phi-4), "</s>" (Llama 2, Mistral, Zephyr),
  * "<|eot_id|>" and "<|eom_id|>" (Llama 3; eom ends a 3.1 tool-call turn),
  * "<|end|>" (Phi-3), "<end_of_turn>" (Gemma). The worker stops on them as
  * special tokens when the vocabulary has them (eng_token_find) and as stop

@@ -1,10 +1,14 @@
-/* forward.c - the llama forward pass on the CPU.
+/* forward.c - the forward pass of the llama family (llama, qwen2, qwen3,
+ * phi3) on the CPU.
  *
  * For a batch of n new tokens of one sequence at positions p..p+n-1:
  *   x = embed(tokens)
  *   per layer:  x += Wo . attention(rope(Wq . rms(x)), rope(Wk . rms(x)), Wv . rms(x))
  *               x += Wdown . (silu(Wgate . rms(x)) * (Wup . rms(x)))
  *   logits = Wout . rms(x_last)
+ * qwen2 adds biases to the Q/K/V products; qwen3 RMS-normalises every head
+ * of Q and K (its own weight vector per layer) before RoPE; phi3's fused
+ * matrices arrive here as separate ones (model.c binds row views).
  * Matrix products run on the thread pool, rows split between threads; the
  * activations are converted once per product to the weight type's dot
  * format (cpu_convert_activations). Attention reads K and V from the
@@ -136,6 +140,15 @@ static void rms_norm(float *out, const float *x, const float *weight, int64_t n,
     float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
     for (int64_t i = 0; i < n; i++)
         out[i] = x[i] * scale * weight[i];
+}
+
+/* qwen3: each of n_heads consecutive heads of head_dim values normalised
+ * on its own, in place, with one weight vector for all of them. */
+static void head_norms(float *x, const float *weight, int64_t n_heads, int32_t head_dim,
+                       float eps)
+{
+    for (int64_t h = 0; h < n_heads; h++)
+        rms_norm(x + h * head_dim, x + h * head_dim, weight, head_dim, eps);
 }
 
 /* Rotates the first n_rot values of each head: pair i is (x[2i], x[2i+1])
@@ -365,6 +378,10 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             add_bias(k, &L->bk, n, kv_dim);
             add_bias(v, &L->bv, n, kv_dim);
         }
+        if (L->q_norm.data)
+            head_norms(q, L->q_norm.data, n * hp->n_head, hp->head_dim, hp->rms_eps);
+        if (L->k_norm.data)
+            head_norms(k, L->k_norm.data, n * hp->n_head_kv, hp->head_dim, hp->rms_eps);
         for (int64_t t = 0; t < n; t++) {
             int32_t pos = meta[t].pos;
             rope(ctx, q + t * q_dim, hp->n_head, k + t * kv_dim, hp->n_head_kv, pos);

@@ -29,23 +29,18 @@ size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type)
     return eng__kv_bytes_per_token_layers(hp, kv_type, hp->n_layer);
 }
 
-static const eng_weight *layer_weight(const eng_layer *L, int i)
-{
-    const eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-                               &L->w_gate, &L->w_up, &L->w_down, &L->bq, &L->bk, &L->bv};
-    return i < 12 ? all[i] : NULL;
-}
-/* Absent tensors (no biases) have size 0 and take no room. */
-#define LAYER_WEIGHTS 12
-
 size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool with_output,
                                 bool padded)
 {
     size_t bytes = 0;
 #define ADD(size) (bytes += padded ? ALIGN64(size) : (size))
-    for (int32_t l = 0; l < n_layers; l++)
-        for (int i = 0; i < LAYER_WEIGHTS; i++)
-            ADD(layer_weight(&model->layers[l], i)->size_bytes);
+    /* absent tensors (no biases, no Q/K norms) have size 0 and take no room */
+    for (int32_t l = 0; l < n_layers; l++) {
+        eng_weight *all[ENG_LAYER_N_WEIGHTS];
+        eng__layer_weights(&model->layers[l], all);
+        for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++)
+            ADD(all[i]->size_bytes);
+    }
     if (with_output) {
         ADD(model->output_norm.size_bytes);
         ADD(model->output.size_bytes);
@@ -218,10 +213,9 @@ static int place_weights(eng_context *ctx, sw_error *err)
         return rc;
     ctx->device_weights_bytes = bytes;
     for (int32_t l = 0; l < ctx->n_device_layers; l++) {
-        eng_layer *L = &ctx->layers[l];
-        eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-                             &L->w_gate, &L->w_up, &L->w_down, &L->bq, &L->bk, &L->bv};
-        for (int i = 0; i < LAYER_WEIGHTS; i++) {
+        eng_weight *all[ENG_LAYER_N_WEIGHTS];
+        eng__layer_weights(&ctx->layers[l], all);
+        for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++) {
             if (!all[i]->data)
                 continue;
             if ((rc = dev_upload(ctx->params.device, ctx->device_weights + at, all[i]->data,

@@ -24,11 +24,26 @@ typedef struct eng_layer {
     eng_weight wk;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wv;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wo;        /* (n_head*head_dim -> n_embd) */
+    eng_weight q_norm, k_norm; /* qwen3: (head_dim) f32, RMS norm weights applied to
+                                  every Q and K head before RoPE; data NULL if none */
     eng_weight ffn_norm;  /* (n_embd) f32 */
     eng_weight w_gate;    /* (n_embd -> n_ff) */
     eng_weight w_up;      /* (n_embd -> n_ff) */
     eng_weight w_down;    /* (n_ff -> n_embd) */
 } eng_layer;
+
+/* Every tensor of a layer, in the order a device copy lays them out
+ * (model.c, memory.c); absent ones (biases, Q/K norms) have data NULL and
+ * size 0. */
+#define ENG_LAYER_N_WEIGHTS 14
+static inline void eng__layer_weights(eng_layer *L, eng_weight *out[ENG_LAYER_N_WEIGHTS])
+{
+    eng_weight *all[ENG_LAYER_N_WEIGHTS] = {
+        &L->attn_norm, &L->wq,   &L->wk,   &L->wv, &L->wo,     &L->ffn_norm, &L->w_gate,
+        &L->w_up,      &L->w_down, &L->bq, &L->bk, &L->bv,     &L->q_norm,   &L->k_norm};
+    for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++)
+        out[i] = all[i];
+}
 
 struct eng_model {
     eng_gguf *gguf;            /* owns the mapping the weights point into */

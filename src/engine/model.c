@@ -1,7 +1,7 @@
-/* model.c - loading a llama-architecture GGUF model and checking that every
- * tensor the forward pass needs is present with the right shape and a
- * supported type. The forward pass itself is in forward.c; the memory
- * figures are in memory.c. */
+/* model.c - loading a GGUF model of the llama family (llama, qwen2, qwen3,
+ * phi3) and checking that every tensor the forward pass needs is present
+ * with the right shape and a supported type. The forward pass itself is in
+ * forward.c; the memory figures are in memory.c. */
 #include "engine/model-impl.h"
 
 #include "common/alloc.h"
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama, qwen2";
+static const char *const supported_architectures = "llama, qwen2, qwen3, phi3";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -112,6 +112,13 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
                             "none, linear, llama3)", (int)(type_len > 32 ? 32 : type_len), type);
     }
 
+    /* Phi-3's 128k files (LongRoPE) carry two factor tables and an
+     * attention factor; not implemented: refused rather than run wrong. */
+    if (eng_gguf_find_tensor(g, "rope_factors_long.weight") ||
+        eng_gguf_find_tensor(g, "rope_factors_short.weight"))
+        return sw_error_set(err, SW_EUNSUPPORTED, "LongRoPE scaling (tensors rope_factors_long "
+                            "/ rope_factors_short, Phi-3 128k files) is not supported yet");
+
     /* Files converted from Llama 3.1+ carry the factors as a tensor. */
     const eng_gguf_tensor *t = eng_gguf_find_tensor(g, "rope_freqs.weight");
     if (t) {
@@ -143,6 +150,14 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     } else if (arch_len == 5 && memcmp(arch, "qwen2", 5) == 0) {
         hp->arch = ENG_ARCH_QWEN2;
         hp->rope_style = ENG_ROPE_NEOX;
+    } else if (arch_len == 5 && memcmp(arch, "qwen3", 5) == 0) {
+        hp->arch = ENG_ARCH_QWEN3;
+        hp->rope_style = ENG_ROPE_NEOX;
+    } else if (arch_len == 4 && memcmp(arch, "phi3", 4) == 0) {
+        /* phi3.attention.sliding_window is ignored, as llama.cpp does
+         * (its Phi-3 files declare a window their models were not run with) */
+        hp->arch = ENG_ARCH_PHI3;
+        hp->rope_style = ENG_ROPE_NEOX;
     } else {
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "unsupported model architecture '%.*s' (supported: %s)",
@@ -154,6 +169,9 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
 
     hp->n_ctx_train = 2048;
     hp->rms_eps = 1e-5f;
+    /* Files carry rope.freq_base; without it qwen2 has had 1e6 here, and
+     * the later architectures take llama.cpp's default, 10000, so both
+     * engines agree. */
     hp->rope_freq_base = hp->arch == ENG_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
     if ((rc = read_u32(g, a, "embedding_length", &hp->n_embd, true, err)) ||
         (rc = read_u32(g, a, "block_count", &hp->n_layer, true, err)) ||
@@ -166,13 +184,31 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
         (rc = read_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err)) ||
         (rc = read_f32(g, a, "rope.freq_base", &hp->rope_freq_base, err)))
         return rc;
-    if (hp->n_embd % hp->n_head != 0)
-        return sw_error_set(err, SW_EFORMAT, "embedding length %d is not a multiple of %d heads",
-                            hp->n_embd, hp->n_head);
     if (hp->n_head % hp->n_head_kv != 0)
         return sw_error_set(err, SW_EFORMAT, "%d heads are not a multiple of %d KV heads",
                             hp->n_head, hp->n_head_kv);
-    hp->head_dim = hp->n_embd / hp->n_head;
+    /* The head size: attention.key_length when the file has it (Qwen3's
+     * heads are wider than n_embd / n_head), else the width split evenly.
+     * The KV cache and attention keep one size for K and V. */
+    int32_t key_length = 0, value_length = 0;
+    if ((rc = read_u32(g, a, "attention.key_length", &key_length, false, err)) ||
+        (rc = read_u32(g, a, "attention.value_length", &value_length, false, err)))
+        return rc;
+    if (key_length == 0 && value_length != 0)
+        key_length = value_length;
+    if (value_length == 0)
+        value_length = key_length;
+    if (key_length != value_length)
+        return sw_error_set(err, SW_EUNSUPPORTED, "key length %d differs from value length %d "
+                            "(one head size for K and V is supported)", key_length,
+                            value_length);
+    if (key_length == 0 && hp->n_embd % hp->n_head != 0)
+        return sw_error_set(err, SW_EFORMAT, "embedding length %d is not a multiple of %d heads",
+                            hp->n_embd, hp->n_head);
+    if (key_length > 4096 || (int64_t)key_length * hp->n_head > (1 << 20))
+        return sw_error_set(err, SW_EFORMAT, "key length %d x %d heads is out of range",
+                            key_length, hp->n_head);
+    hp->head_dim = key_length ? key_length : hp->n_embd / hp->n_head;
     hp->n_rot = hp->head_dim;
     if ((rc = read_u32(g, a, "rope.dimension_count", &hp->n_rot, false, err)))
         return rc;
@@ -182,6 +218,24 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     if (!(hp->rms_eps > 0.0f) || !(hp->rope_freq_base > 0.0f))
         return sw_error_set(err, SW_EFORMAT, "rms epsilon and rope base must be positive");
     return SW_OK;
+}
+
+/* Splits a bound matrix of fused products (phi3's attn_qkv: Q, K, V rows;
+ * its ffn_up: gate, then up rows) into consecutive row ranges of n_parts
+ * weights that read the same bytes: the forward pass, the copies and the
+ * byte counts then treat them as the separate matrices they stand for
+ * (their sizes add up to the tensor's). */
+static void split_rows(const eng_weight *fused, const int64_t *rows, int n_parts,
+                       eng_weight *const *parts)
+{
+    const unsigned char *at = fused->data;
+    for (int i = 0; i < n_parts; i++) {
+        *parts[i] = *fused;
+        parts[i]->data = at;
+        parts[i]->n_out = rows[i];
+        parts[i]->size_bytes = (size_t)rows[i] * fused->row_bytes;
+        at += parts[i]->size_bytes;
+    }
 }
 
 /* Finds a tensor, checks its shape {n_in, n_out} (n_out 0 for vectors) and
@@ -281,24 +335,79 @@ static int bind_weights(eng_model *m, sw_error *err)
             {"ffn_up", hp->n_embd, hp->n_ff, false, &L->w_up},
             {"ffn_down", hp->n_ff, hp->n_embd, false, &L->w_down},
         };
+        /* Fused Q/K/V (attn_qkv: Q rows, then K, then V), which phi3 files
+         * have and llama.cpp accepts for the others too. */
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", i);
+        const bool fused_qkv = eng_gguf_find_tensor(g, name) != NULL;
+        if (fused_qkv) {
+            eng_weight qkv;
+            const int64_t rows[3] = {q_dim, kv_dim, kv_dim};
+            eng_weight *const parts[3] = {&L->wq, &L->wk, &L->wv};
+            if ((rc = bind_weight(g, name, hp->n_embd, q_dim + 2 * kv_dim, false, &qkv, err)))
+                return rc;
+            split_rows(&qkv, rows, 3, parts);
+        }
+        /* phi3's feed-forward input is one ffn_up of the gate rows, then
+         * the up rows (llama.cpp: SwiGLU of its two halves, gate first). */
+        const bool fused_gate_up = hp->arch == ENG_ARCH_PHI3;
+        if (fused_gate_up) {
+            eng_weight gate_up;
+            const int64_t rows[2] = {hp->n_ff, hp->n_ff};
+            eng_weight *const parts[2] = {&L->w_gate, &L->w_up};
+            snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
+            if ((rc = bind_weight(g, name, hp->n_embd, 2 * (int64_t)hp->n_ff, false, &gate_up,
+                                  err)))
+                return rc;
+            split_rows(&gate_up, rows, 2, parts);
+        }
         for (size_t s = 0; s < sizeof spec / sizeof spec[0]; s++) {
+            const eng_weight *dst = spec[s].dst;
+            if ((fused_qkv && (dst == &L->wq || dst == &L->wk || dst == &L->wv)) ||
+                (fused_gate_up && (dst == &L->w_gate || dst == &L->w_up)))
+                continue;
             snprintf(name, sizeof name, "blk.%d.%s.weight", i, spec[s].suffix);
             if ((rc = bind_weight(g, name, spec[s].n_in, spec[s].n_out, spec[s].vector,
                                   spec[s].dst, err)))
                 return rc;
         }
-        /* Q/K/V biases: required by qwen2, allowed (rare) for llama. */
-        struct {
-            const char *suffix;
-            int64_t n;
-            eng_weight *dst;
-        } bias[] = {{"attn_q", q_dim, &L->bq}, {"attn_k", kv_dim, &L->bk}, {"attn_v", kv_dim, &L->bv}};
-        for (size_t b = 0; b < 3; b++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", i, bias[b].suffix);
-            if (!eng_gguf_find_tensor(g, name) && hp->arch != ENG_ARCH_QWEN2)
-                continue;
-            if ((rc = bind_weight(g, name, bias[b].n, 0, true, bias[b].dst, err)))
+        /* Qwen3's per-head RMS norms of Q and K (one weight vector of
+         * head_dim values each, shared by all heads). */
+        if (hp->arch == ENG_ARCH_QWEN3) {
+            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", i);
+            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->q_norm, err)))
                 return rc;
+            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", i);
+            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->k_norm, err)))
+                return rc;
+        }
+        /* Q/K/V biases: required by qwen2, allowed (rare) for the others
+         * (llama.cpp loads them when present); one fused attn_qkv.bias of
+         * Q's values, then K's, then V's, or one per product. */
+        const int64_t bias_n[3] = {q_dim, kv_dim, kv_dim};
+        eng_weight *const bias_dst[3] = {&L->bq, &L->bk, &L->bv};
+        const char *const bias_name[3] = {"attn_q", "attn_k", "attn_v"};
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.bias", i);
+        if (eng_gguf_find_tensor(g, name)) {
+            eng_weight qkv_b;
+            if ((rc = bind_weight(g, name, q_dim + 2 * kv_dim, 0, true, &qkv_b, err)))
+                return rc;
+            const float *at = qkv_b.data;
+            for (int b = 0; b < 3; b++) {
+                *bias_dst[b] = qkv_b;
+                bias_dst[b]->data = at;
+                bias_dst[b]->n_in = bias_n[b];
+                bias_dst[b]->size_bytes = (size_t)bias_n[b] * sizeof(float);
+                bias_dst[b]->row_bytes = bias_dst[b]->size_bytes;
+                at += bias_n[b];
+            }
+        } else {
+            for (int b = 0; b < 3; b++) {
+                snprintf(name, sizeof name, "blk.%d.%s.bias", i, bias_name[b]);
+                if (!eng_gguf_find_tensor(g, name) && hp->arch != ENG_ARCH_QWEN2)
+                    continue;
+                if ((rc = bind_weight(g, name, bias_n[b], 0, true, bias_dst[b], err)))
+                    return rc;
+            }
         }
     }
     return SW_OK;
@@ -351,10 +460,9 @@ static void weights_for_each(eng_model *m, int32_t n_device_layers,
     if (!m->hp.tied_output && !head_on_device)
         fn(&m->output, arg);
     for (int32_t l = n_device_layers; l < m->hp.n_layer; l++) {
-        eng_layer *L = &m->layers[l];
-        eng_weight *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-                             &L->w_gate, &L->w_up, &L->w_down, &L->bq, &L->bk, &L->bv};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        eng_weight *all[ENG_LAYER_N_WEIGHTS];
+        eng__layer_weights(&m->layers[l], all);
+        for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++)
             if (all[i]->data)
                 fn(all[i], arg);
     }

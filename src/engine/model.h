@@ -26,6 +26,11 @@
 typedef enum eng_arch {
     ENG_ARCH_LLAMA = 0,  /* Llama 1/2/3, Mistral, TinyLlama, SmolLM */
     ENG_ARCH_QWEN2 = 1,  /* Qwen2 / Qwen2.5: Q/K/V biases, NeoX-style RoPE */
+    ENG_ARCH_QWEN3 = 2,  /* Qwen3 (dense): per-head RMS norms on Q and K before
+                            RoPE, NeoX-style RoPE, no biases, head size from
+                            attention.key_length */
+    ENG_ARCH_PHI3 = 3,   /* Phi-3 / Phi-4: fused attn_qkv and gate/up (ffn_up of
+                            2 x n_ff rows) matrices, NeoX-style RoPE */
 } eng_arch;
 
 /* How RoPE pairs the dimensions of a head: consecutive (x[2i], x[2i+1]) for
@@ -44,7 +49,9 @@ typedef struct eng_hparams {
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;
-    int32_t head_dim;    /* n_embd / n_head */
+    int32_t head_dim;    /* attention.key_length (= value_length), else
+                            n_embd / n_head; n_head * head_dim need not be
+                            n_embd (Qwen3: 16 heads of 128 on a 1024 width) */
     int32_t n_rot;       /* rotated dimensions per head (rope.dimension_count) */
     int32_t n_ff;
     int32_t n_ctx_train;

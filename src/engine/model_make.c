@@ -1,4 +1,4 @@
-/* model_make.c - synthetic llama GGUF models (see model_make.h).
+/* model_make.c - synthetic GGUF models of the llama family (see model_make.h).
  *
  * Three parts: the vocabulary builder (a small SentencePiece merge simulator
  * decides which intermediate pieces a word needs), the weight generator (a
@@ -462,6 +462,12 @@ static int mm_tensor_generate(const mm_tensor *t, uint64_t seed, float *row, voi
 
 /* ---- parameters ----------------------------------------------------------- */
 
+/* The head size: as given, or the width split evenly between the heads. */
+static int32_t mm_head_dim(const eng_model_make_params *p)
+{
+    return p->head_dim ? p->head_dim : p->n_embd / p->n_head;
+}
+
 eng_model_make_params eng_model_make_default_params(void)
 {
     eng_model_make_params p;
@@ -506,6 +512,28 @@ int eng_model_make_preset(const char *name, eng_model_make_params *out)
         p.n_ff = 5632;
         p.n_vocab = 32000;
         p.weight_type = ENG_TYPE_Q8_0;
+    } else if (strcmp(name, "qwen3-tiny") == 0) {
+        /* Qwen3's layout at test size: heads wider than dim / heads (as
+         * Qwen3-0.6B's 16 x 128 on a width of 1024), grouped-query. */
+        p.architecture = "qwen3";
+        p.n_embd = 128;
+        p.n_layer = 2;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.head_dim = 64;
+        p.n_ff = 384;
+        p.n_vocab = 1024;
+        p.rope_freq_base = 1000000.0f;
+        p.rms_eps = 1e-6f;
+    } else if (strcmp(name, "phi3-tiny") == 0) {
+        /* Phi-3's layout at test size: fused Q/K/V and gate/up matrices */
+        p.architecture = "phi3";
+        p.n_embd = 128;
+        p.n_layer = 2;
+        p.n_head = 4;
+        p.n_head_kv = 2;
+        p.n_ff = 384;
+        p.n_vocab = 1024;
     } else {
         return SW_ENOTFOUND;
     }
@@ -518,10 +546,15 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     if (!p)
         return sw_error_set(err, SW_EINVAL, "model make: no parameters");
     if (p->architecture && strcmp(p->architecture, "llama") != 0 &&
-        strcmp(p->architecture, "llama3") != 0 && strcmp(p->architecture, "qwen2") != 0)
+        strcmp(p->architecture, "llama3") != 0 && strcmp(p->architecture, "qwen2") != 0 &&
+        strcmp(p->architecture, "qwen3") != 0 && strcmp(p->architecture, "phi3") != 0)
         return sw_error_set(err, SW_EINVAL,
-                            "model make: architecture '%s' is not supported (llama, llama3, qwen2)",
-                            p->architecture);
+                            "model make: architecture '%s' is not supported (llama, llama3, "
+                            "qwen2, qwen3, phi3)", p->architecture);
+    if (p->architecture && strcmp(p->architecture, "phi3") == 0 && p->head_dim != 0 &&
+        (int64_t)p->head_dim * p->n_head != p->n_embd)
+        return sw_error_set(err, SW_EINVAL, "model make: phi3's heads must fill the width "
+                            "(heads x head dim = dim, as llama.cpp loads it)");
     if (p->n_embd <= 0 || p->n_embd > (1 << 16))
         return sw_error_set(err, SW_EINVAL, "model make: dim %d must be in 1..65536", p->n_embd);
     if (p->n_layer <= 0 || p->n_layer > 1024)
@@ -530,17 +563,20 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     if (p->n_head <= 0 || p->n_head_kv <= 0)
         return sw_error_set(err, SW_EINVAL, "model make: heads (%d) and kv heads (%d) must be positive",
                             p->n_head, p->n_head_kv);
-    if (p->n_embd % p->n_head != 0)
+    if (p->head_dim < 0 || p->head_dim > 1024)
+        return sw_error_set(err, SW_EINVAL, "model make: head dim %d must be in 0..1024 (0: "
+                            "dim / heads)", p->head_dim);
+    if (p->head_dim == 0 && p->n_embd % p->n_head != 0)
         return sw_error_set(err, SW_EINVAL, "model make: dim %d is not a multiple of heads %d",
                             p->n_embd, p->n_head);
     if (p->n_head % p->n_head_kv != 0)
         return sw_error_set(err, SW_EINVAL,
                             "model make: heads %d is not a multiple of kv heads %d",
                             p->n_head, p->n_head_kv);
-    if ((p->n_embd / p->n_head) % 2 != 0)
+    if (mm_head_dim(p) % 2 != 0)
         return sw_error_set(err, SW_EINVAL,
-                            "model make: head dimension %d (dim / heads) must be even for RoPE",
-                            p->n_embd / p->n_head);
+                            "model make: head dimension %d must be even for RoPE",
+                            mm_head_dim(p));
     if (p->n_ff <= 0 || p->n_ff > (1 << 18))
         return sw_error_set(err, SW_EINVAL, "model make: ffn %d must be in 1..262144", p->n_ff);
     if (p->n_vocab < ENG_MODEL_MAKE_MIN_VOCAB || p->n_vocab > ENG_MODEL_MAKE_MAX_VOCAB)
@@ -563,6 +599,7 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     if (p->mix != ENG_MIX_NONE && p->mix != ENG_MIX_Q4_K_M && p->mix != ENG_MIX_Q5_K_M &&
         p->mix != ENG_MIX_Q3_K_M)
         return sw_error_set(err, SW_EINVAL, "model make: unknown mix %d", (int)p->mix);
+    const int64_t q_width = (int64_t)p->n_head * mm_head_dim(p);
     switch (p->weight_type) {
     case ENG_TYPE_F32:
     case ENG_TYPE_F16:
@@ -571,11 +608,12 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     case ENG_TYPE_Q8_0:
     case ENG_TYPE_Q4_0:
     case ENG_TYPE_IQ4_NL:
-        if (p->n_embd % 32 != 0 || p->n_ff % 32 != 0)
+        if (p->n_embd % 32 != 0 || p->n_ff % 32 != 0 || q_width % 32 != 0)
             return sw_error_set(err, SW_EINVAL,
-                                "model make: %s needs dim (%d) and ffn (%d) to be multiples of "
-                                "32 (the quantization block)",
-                                eng_type_traits_get(p->weight_type)->name, p->n_embd, p->n_ff);
+                                "model make: %s needs dim (%d), ffn (%d) and heads x head dim "
+                                "(%d) to be multiples of 32 (the quantization block)",
+                                eng_type_traits_get(p->weight_type)->name, p->n_embd, p->n_ff,
+                                (int)q_width);
         break;
     case ENG_TYPE_Q2_K:
     case ENG_TYPE_Q3_K:
@@ -583,12 +621,13 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     case ENG_TYPE_Q4_K:
     case ENG_TYPE_Q5_K:
     case ENG_TYPE_Q6_K:
-        /* every matrix row is dim or ffn values long */
-        if (p->n_embd % 256 != 0 || p->n_ff % 256 != 0)
+        /* every matrix row is dim, ffn or heads x head dim values long */
+        if (p->n_embd % 256 != 0 || p->n_ff % 256 != 0 || q_width % 256 != 0)
             return sw_error_set(err, SW_EINVAL,
-                                "model make: %s needs dim (%d) and ffn (%d) to be multiples of "
-                                "256 (the K-quant super-block)",
-                                eng_type_traits_get(p->weight_type)->name, p->n_embd, p->n_ff);
+                                "model make: %s needs dim (%d), ffn (%d) and heads x head dim "
+                                "(%d) to be multiples of 256 (the K-quant super-block)",
+                                eng_type_traits_get(p->weight_type)->name, p->n_embd, p->n_ff,
+                                (int)q_width);
         break;
     default:
         return sw_error_set(err, SW_EINVAL,
@@ -622,7 +661,8 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
 {
     /* layer -1: the tensors before the blocks; layer n_layer: after; else
      * block `layer`. */
-    const int64_t d = p->n_embd, head_dim = p->n_embd / p->n_head;
+    const int64_t d = p->n_embd, head_dim = mm_head_dim(p);
+    const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
     const int64_t q_out = p->n_head * head_dim, kv_out = p->n_head_kv * head_dim;
     const float u = 1.7320508f; /* sqrt(3): amplitude of a uniform with std 1 */
     const float head_amp = 4.0f * u / sqrtf((float)d);
@@ -666,19 +706,35 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         const float in_d = u / sqrtf((float)d), in_q = u / sqrtf((float)q_out),
                     in_ff = u / sqrtf((float)p->n_ff);
         MM_T("blk.%d.attn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
-        MM_T("blk.%d.attn_q.weight", wt, 2, d, q_out, 0.0f, in_d);
-        MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
-        MM_T("blk.%d.attn_v.weight", v_t, 2, d, kv_out, 0.0f, in_d);
+        if (phi3) {
+            /* Phi-3's fused Q/K/V: the Q rows, then K's, then V's (one
+             * type: a mix's extra bits for attn_v do not apply) */
+            MM_T("blk.%d.attn_qkv.weight", wt, 2, d, q_out + 2 * kv_out, 0.0f, in_d);
+        } else {
+            MM_T("blk.%d.attn_q.weight", wt, 2, d, q_out, 0.0f, in_d);
+            MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
+            MM_T("blk.%d.attn_v.weight", v_t, 2, d, kv_out, 0.0f, in_d);
+        }
         if (p->architecture && strcmp(p->architecture, "qwen2") == 0) {
             /* Qwen2's Q/K/V biases (F32), small next to the products. */
             MM_T("blk.%d.attn_q.bias", f32, 1, q_out, 1, 0.0f, 0.2f);
             MM_T("blk.%d.attn_k.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
             MM_T("blk.%d.attn_v.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
         }
+        if (p->architecture && strcmp(p->architecture, "qwen3") == 0) {
+            /* Qwen3's per-head RMS norm weights of Q and K (F32). */
+            MM_T("blk.%d.attn_q_norm.weight", f32, 1, head_dim, 1, 1.0f, 0.1f);
+            MM_T("blk.%d.attn_k_norm.weight", f32, 1, head_dim, 1, 1.0f, 0.1f);
+        }
         MM_T("blk.%d.attn_output.weight", out_proj_t, 2, q_out, d, 0.0f, in_q);
         MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
-        MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
-        MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
+        if (phi3) {
+            /* Phi-3's fused gate and up: the gate rows, then the up rows */
+            MM_T("blk.%d.ffn_up.weight", wt, 2, d, 2 * (int64_t)p->n_ff, 0.0f, in_d);
+        } else {
+            MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
+            MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
+        }
         MM_T("blk.%d.ffn_down.weight", down_t, 2, p->n_ff, d, 0.0f, in_ff);
     }
 #undef MM_T
@@ -740,11 +796,13 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
                            const char **pieces)
 {
     int rc = SW_OK;
-    const uint32_t head_dim = (uint32_t)(p->n_embd / p->n_head);
-    /* qwen2 files use their own key prefix; "llama3" is the llama
+    const uint32_t head_dim = (uint32_t)mm_head_dim(p);
+    /* qwen2, qwen3 and phi3 files use their own key prefix; "llama3" is the llama
      * architecture (its RoPE factors are a tensor, mm_add_llama3_rope_freqs). */
+    const bool qwen3 = p->architecture && strcmp(p->architecture, "qwen3") == 0;
     const bool qwen2 = p->architecture && strcmp(p->architecture, "qwen2") == 0;
-    const char *a = qwen2 ? "qwen2" : "llama";
+    const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
+    const char *a = qwen3 ? "qwen3" : qwen2 ? "qwen2" : phi3 ? "phi3" : "llama";
     char key[96];
 #define MM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
 #define MM_CHECK(call)                                                                          \
@@ -767,6 +825,12 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("rope.dimension_count"), head_dim));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.head_count"), (uint32_t)p->n_head));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+    /* The head size, as converted Qwen3 files write it (and any file whose
+     * heads are not dim / heads wide). */
+    if (qwen3 || p->head_dim != 0) {
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.key_length"), head_dim));
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.value_length"), head_dim));
+    }
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("rope.freq_base"), p->rope_freq_base));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("vocab_size"), (uint32_t)p->n_vocab));
@@ -792,7 +856,7 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
 static int mm_add_llama3_rope_freqs(eng_gguf_writer *w, const eng_model_make_params *p,
                                     float *row, sw_error *err)
 {
-    const int64_t head_dim = p->n_embd / p->n_head, n = head_dim / 2;
+    const int64_t head_dim = mm_head_dim(p), n = head_dim / 2;
     for (int64_t i = 0; i < n; i++) {
         float freq = powf(p->rope_freq_base, -2.0f * (float)i / (float)head_dim);
         row[i] = eng_rope_llama3_factor(freq, 8.0f, 1.0f, 4.0f, 8192.0f);
@@ -830,6 +894,8 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
     pieces = sw_calloc((size_t)v.n, sizeof *pieces);
     w = eng_gguf_writer_create();
     int64_t max_row = p->n_embd > p->n_ff ? p->n_embd : p->n_ff;
+    if ((int64_t)p->n_head * mm_head_dim(p) > max_row) /* attn_output's rows */
+        max_row = (int64_t)p->n_head * mm_head_dim(p);
     row = sw_malloc(sizeof(float) * (size_t)max_row);
     head_scale = sw_malloc(sizeof(float) * (size_t)v.n);
     if (!pieces || !w || !row || !head_scale) {

@@ -1,8 +1,8 @@
-/* model_make.h - synthetic llama-architecture GGUF models for tests, CI and
- * the demo (`spillway model make`).
+/* model_make.h - synthetic GGUF models of the llama family (llama, Llama 3,
+ * qwen2, qwen3, phi3) for tests, CI and the demo (`spillway model make`).
  *
  * The files have exactly the tensor names, shapes (GGUF ne order) and
- * metadata keys that llama.cpp uses for the llama architecture, so every
+ * metadata keys that llama.cpp uses for each architecture, so every
  * loader path is the one a real model takes; only the weights are
  * deterministic pseudo-random numbers (a pure function of the seed and the
  * tensor name), and the file says so in general.description and
@@ -16,7 +16,8 @@
  *     normalised final state have std ~4: peaked enough that greedy decoding
  *     has a clear winner most of the time, not so peaked that sampling is
  *     one-hot;
- *   token_embd (untied): 1;  norm weights: 1 +- 0.1 (uniform).
+ *   token_embd (untied): 1;  norm weights (qwen3's Q/K head norms too):
+ *   1 +- 0.1 (uniform).
  * The head's rows (output, or token_embd when tied) are scaled per token:
  * whole words of the built-in lists x1, other normal pieces x0.5, byte and
  * control tokens x0.25. Random text then mostly consists of words rather
@@ -69,13 +70,20 @@ typedef enum eng_model_make_mix {
 
 typedef struct eng_model_make_params {
     const char *architecture; /* "llama" (NULL means "llama"), "llama3" (the llama
-                                 layout with Llama 3 RoPE scaling keys) or
-                                 "qwen2" (qwen2 keys, Q/K/V biases) */
+                                 layout with Llama 3 RoPE scaling keys),
+                                 "qwen2" (qwen2 keys, Q/K/V biases), "qwen3"
+                                 (qwen3 keys, per-head Q/K norm weights,
+                                 attention.key_length / value_length) or
+                                 "phi3" (phi3 keys, fused attn_qkv and an
+                                 ffn_up of gate then up rows, no ffn_gate) */
     const char *name;         /* general.name; NULL: "spillway-synthetic" */
     int32_t n_embd;           /* model dimension */
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;        /* divides n_head (grouped-query attention) */
+    int32_t head_dim;         /* 0: n_embd / n_head; else the head size, written as
+                                 attention.key_length / value_length (n_head *
+                                 head_dim need not be n_embd, as in Qwen3) */
     int32_t n_ff;             /* feed-forward hidden size */
     int32_t n_vocab;
     int32_t n_ctx_train;      /* llama.context_length; default 2048 */
@@ -100,12 +108,20 @@ eng_model_make_params eng_model_make_default_params(void);
  *   small - dim 512, 8 layers, 8 heads, 4 KV, FFN 1536, vocab 32000, Q8_0
  *   1b    - dim 2048, 22 layers, 32 heads, 4 KV, FFN 5632, vocab 32000, Q8_0
  *           (TinyLlama-1.1B's shape)
+ *   qwen3-tiny - architecture qwen3, dim 128, 2 layers, 4 heads of 64 (wider
+ *           than dim / heads, as Qwen3's), 2 KV, FFN 384, vocab 1024, F32,
+ *           rope base 1e6, rms eps 1e-6 (tests/data/qwen3-tiny.golden.json
+ *           holds llama.cpp's greedy outputs of it)
+ *   phi3-tiny - architecture phi3 (fused attn_qkv and gate/up), dim 128,
+ *           2 layers, 4 heads, 2 KV, FFN 384, vocab 1024, F32, rope base
+ *           10000 (tests/data/phi3-tiny.golden.json)
  * Returns SW_OK, or SW_ENOTFOUND for an unknown name (*out untouched). */
 int eng_model_make_preset(const char *name, eng_model_make_params *out);
 
 /* Checks the parameters; SW_EINVAL with a message saying which rule failed:
- * positive sizes, n_embd % n_head == 0, n_head % n_head_kv == 0, even head
- * dimension, n_embd and n_ff multiples of 32 for Q8_0 / Q4_0, vocabulary in
+ * positive sizes, n_embd % n_head == 0 (unless head_dim is given),
+ * n_head % n_head_kv == 0, even head dimension, n_embd, n_ff and
+ * n_head * head_dim multiples of 32 for Q8_0 / Q4_0 (256 for K-quants), vocabulary in
  * [ENG_MODEL_MAKE_MIN_VOCAB, ENG_MODEL_MAKE_MAX_VOCAB], a supported weight
  * type and architecture, positive eps / rope base / context. */
 int eng_model_make_validate(const eng_model_make_params *p, sw_error *err);

@@ -7,7 +7,13 @@
  *     differs from one without, and its qwen2 twin agrees with it);
  *   - RoPE scaling: all-ones rope_freqs is a no-op, other factors and linear
  *     scaling change the output, and the llama3 rule's factors match the
- *     published formula.
+ *     published formula;
+ *   - qwen3's Q/K norms act per head: scaling each head of Q and K by its
+ *     own power of two changes nothing, scaling V or the norm weights
+ *     does; a file missing a norm or with mismatched head sizes is refused
+ *     (qwen3's outputs against llama.cpp's are in test_arch_golden);
+ *   - phi3's fused attn_qkv (with its bias) and gate/up ffn_up compute what
+ *     the separate matrices of the llama file do, gate first.
  * Files are derived from a `model make` model by rewriting its GGUF. */
 #include "testutil.h"
 
@@ -31,7 +37,19 @@ typedef struct rewrite {
     const float *rope_freqs;  /* add rope_freqs.weight (n_rot/2 values) */
     float linear_scale;       /* != 0: llama.rope.scaling.type linear */
     bool llama3;              /* llama3 rope scaling keys (factor 8, 1, 4, 8192) */
+    const char *scale_suffix; /* F32 tensors whose name ends so: rows of even
+                                 heads x scale, of odd heads / scale */
+    float scale;
+    const char *drop_suffix;  /* tensors whose name ends so are left out */
+    const char *u32_key;      /* set this u32 key to u32_value */
+    uint32_t u32_value;
 } rewrite;
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
 
 /* Row index in the llama layout for row r of the NeoX layout, within a head. */
 static int64_t neox_source_row(int64_t r, int64_t head_dim)
@@ -58,6 +76,8 @@ static void rewrite_model(const char *src, const char *dst, const rewrite *rw, i
             snprintf(renamed, sizeof renamed, "%s", key);
         if (strcmp(key, "general.architecture") == 0 && rw->arch)
             assert_int_equal(eng_gguf_writer_set_str(w, renamed, rw->arch), SW_OK);
+        else if (rw->u32_key && strcmp(key, rw->u32_key) == 0)
+            assert_int_equal(eng_gguf_writer_set_u32(w, renamed, rw->u32_value), SW_OK);
         else if (eng_gguf_writer_copy_kv(w, g, i, renamed) != SW_OK)
             fail_msg("cannot copy key %s", key);
     }
@@ -78,7 +98,21 @@ static void rewrite_model(const char *src, const char *dst, const rewrite *rw, i
     for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
         const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
         bool is_qk = strstr(t->name, ".attn_q.weight") || strstr(t->name, ".attn_k.weight");
-        if (rw->permute_neox && is_qk) {
+        if (rw->drop_suffix && ends_with(t->name, rw->drop_suffix))
+            continue;
+        if (rw->scale_suffix && ends_with(t->name, rw->scale_suffix)) {
+            assert_int_equal(t->type, ENG_TYPE_F32);
+            float *data = sw_malloc(t->size_bytes);
+            const float *from = t->data;
+            int64_t n_in = t->ne[0], n_rows = t->n_dims > 1 ? t->ne[1] : 1;
+            for (int64_t r = 0; r < n_rows; r++) {
+                float f = (r / head_dim) % 2 ? 1.0f / rw->scale : rw->scale;
+                for (int64_t c = 0; c < n_in; c++)
+                    data[r * n_in + c] = from[r * n_in + c] * f;
+            }
+            eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, data, t->size_bytes);
+            sw_free(data);
+        } else if (rw->permute_neox && is_qk) {
             size_t row_bytes = t->size_bytes / (size_t)t->ne[1];
             unsigned char *data = sw_malloc(t->size_bytes);
             for (int64_t r = 0; r < t->ne[1]; r++)
@@ -285,6 +319,217 @@ static void test_rope_scaling(void **state)
     eng_model_free(model);
 }
 
+/* qwen3: Q and K are RMS-normalised per head before RoPE, so a file whose
+ * Q and K rows are scaled per head (x4 and /4 on alternate heads; powers
+ * of two, exact in F32) computes the same logits but for the norm's
+ * epsilon (1e-6 against mean squares of ~1/16..16: ~1e-5 of the logits);
+ * V has no norm, and the norm weights are used. */
+static void test_qwen3_head_norms(void **state)
+{
+    (void)state;
+    eng_model_make_params p = eng_model_make_default_params();
+    sw_error err;
+    const int32_t head_dim = 64; /* 4 heads of 64 on a width of 128 */
+    p.architecture = "qwen3";
+    p.n_embd = 128;
+    p.n_layer = 2;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.head_dim = head_dim;
+    p.n_ff = 256;
+    p.n_vocab = 512;
+    p.rope_freq_base = 1000000.0f;
+    p.rms_eps = 1e-6f; /* Qwen3's; the epsilon is all that sees the scale */
+    p.seed = 5;
+    char base[4096];
+    snprintf(base, sizeof base, "%s", tu_tmp_path("arch-qwen3.gguf"));
+    assert_int_equal(eng_model_make(&p, base, &err), SW_OK);
+    eng_model *model;
+    if (eng_model_load(base, &model, &err))
+        fail_msg("load: %s", err.message);
+    const eng_hparams *hp = eng_model_hparams(model);
+    assert_int_equal(hp->arch, ENG_ARCH_QWEN3);
+    assert_int_equal(hp->rope_style, ENG_ROPE_NEOX);
+    assert_int_equal(hp->head_dim, head_dim);
+    assert_int_equal(model->layers[1].wq.n_out, 4 * head_dim);
+    assert_int_equal(model->layers[1].wo.n_in, 4 * head_dim);
+    assert_non_null(model->layers[1].q_norm.data);
+    assert_non_null(model->layers[1].k_norm.data);
+    assert_null(model->layers[1].bq.data);
+    eng_model_free(model);
+
+    const char *names[] = {"q", "k", "v", "qnorm"};
+    const char *suffixes[] = {".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
+                              ".attn_q_norm.weight"};
+    float *logits[5];
+    int32_t n;
+    logits[0] = run_logits(base, &n);
+    for (int i = 0; i < 4; i++) {
+        char name[64], path[4096];
+        snprintf(name, sizeof name, "arch-qwen3-%s.gguf", names[i]);
+        snprintf(path, sizeof path, "%s", tu_tmp_path(name));
+        /* a norm weight vector is one row: scaled as a whole */
+        rewrite_model(base, path, &(rewrite){.scale_suffix = suffixes[i], .scale = 4.0f},
+                      head_dim);
+        logits[i + 1] = run_logits(path, &n);
+    }
+    if (max_diff(logits[0], logits[1], n) > 1e-4f || max_diff(logits[0], logits[2], n) > 1e-4f)
+        fail_msg("per-head scaling of Q / K changed the logits by %g / %g",
+                 max_diff(logits[0], logits[1], n), max_diff(logits[0], logits[2], n));
+    assert_true(max_diff(logits[0], logits[3], n) > 1e-2f);
+    assert_true(max_diff(logits[0], logits[4], n) > 1e-2f);
+    for (int i = 0; i < 5; i++)
+        sw_free(logits[i]);
+
+    /* Refused, with the reason: a missing norm, K and V heads of different
+     * sizes, a head size narrower than the file's RoPE dimensions. */
+    char bad[4096], bad2[4096];
+    snprintf(bad, sizeof bad, "%s", tu_tmp_path("arch-qwen3-bad.gguf"));
+    snprintf(bad2, sizeof bad2, "%s", tu_tmp_path("arch-qwen3-bad2.gguf"));
+    rewrite_model(base, bad, &(rewrite){.drop_suffix = "blk.1.attn_k_norm.weight"}, head_dim);
+    assert_int_equal(eng_model_load(bad, &model, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "blk.1.attn_k_norm.weight"));
+    rewrite_model(base, bad, &(rewrite){.u32_key = "qwen3.attention.key_length",
+                                        .u32_value = 32}, head_dim);
+    assert_int_equal(eng_model_load(bad, &model, &err), SW_EUNSUPPORTED);
+    assert_non_null(strstr(err.message, "value length"));
+    rewrite_model(bad, bad2, &(rewrite){.u32_key = "qwen3.attention.value_length",
+                                        .u32_value = 32}, head_dim);
+    assert_int_equal(eng_model_load(bad2, &model, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "head size 32"));
+}
+
+/* Fuses a file's separate Q/K/V matrices (and biases) into attn_qkv and its
+ * gate and up matrices into one ffn_up, as Phi-3 files have them: the rows
+ * (values) of Q, then K, then V; of the gate, then up (up first with
+ * swap_gate_up). The data of a GGUF matrix is its rows one after another,
+ * so fusing is concatenation. */
+static void fuse_phi3(const char *src, const char *dst, bool swap_gate_up)
+{
+    eng_gguf *g;
+    sw_error err;
+    if (eng_gguf_open(src, &g, &err))
+        fail_msg("open: %s", err.message);
+    eng_gguf_writer *w = eng_gguf_writer_create();
+    for (int64_t i = 0; i < eng_gguf_n_kv(g); i++)
+        assert_int_equal(eng_gguf_writer_copy_kv(w, g, i, eng_gguf_kv_key(g, i)), SW_OK);
+    for (int64_t i = 0; i < eng_gguf_n_tensors(g); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+        const char *parts_of[2][4] = {{".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
+                                       ".attn_qkv.weight"},
+                                      {".attn_q.bias", ".attn_k.bias", ".attn_v.bias",
+                                       ".attn_qkv.bias"}};
+        const char *own = NULL, *first = NULL, *second = NULL, *third = NULL, *fused = NULL;
+        for (int k = 0; k < 2; k++) {
+            if (ends_with(t->name, parts_of[k][1]) || ends_with(t->name, parts_of[k][2]))
+                goto next; /* taken with Q */
+            if (ends_with(t->name, parts_of[k][0])) {
+                own = first = parts_of[k][0], second = parts_of[k][1], third = parts_of[k][2];
+                fused = parts_of[k][3];
+            }
+        }
+        if (ends_with(t->name, ".ffn_up.weight"))
+            continue; /* taken with the gate */
+        if (ends_with(t->name, ".ffn_gate.weight")) {
+            own = ".ffn_gate.weight";
+            first = swap_gate_up ? ".ffn_up.weight" : ".ffn_gate.weight";
+            second = swap_gate_up ? ".ffn_gate.weight" : ".ffn_up.weight";
+            fused = ".ffn_up.weight";
+        }
+        if (!fused) {
+            eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
+                                       t->size_bytes);
+            continue;
+        }
+        {
+            int prefix = (int)(strlen(t->name) - strlen(own));
+            const char *names[3] = {first, second, third};
+            const eng_gguf_tensor *parts[3] = {NULL, NULL, NULL};
+            size_t bytes = 0;
+            int64_t ne[2] = {t->n_dims == 1 ? 0 : t->ne[0], 0}; /* the fused dimension adds up */
+            for (int k = 0; k < 3 && names[k]; k++) {
+                char name[128];
+                snprintf(name, sizeof name, "%.*s%s", prefix, t->name, names[k]);
+                parts[k] = eng_gguf_find_tensor(g, name);
+                assert_non_null(parts[k]);
+                bytes += parts[k]->size_bytes;
+                ne[t->n_dims - 1] += parts[k]->ne[t->n_dims - 1];
+            }
+            unsigned char *data = sw_malloc(bytes), *at = data;
+            for (int k = 0; k < 3 && parts[k]; k++) {
+                memcpy(at, parts[k]->data, parts[k]->size_bytes);
+                at += parts[k]->size_bytes;
+            }
+            char name[128];
+            snprintf(name, sizeof name, "%.*s%s", prefix, t->name, fused);
+            assert_int_equal(eng_gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, data,
+                                                        bytes), SW_OK);
+            sw_free(data);
+        }
+    next:;
+    }
+    if (eng_gguf_writer_write(w, dst, &err))
+        fail_msg("write: %s", err.message);
+    eng_gguf_writer_free(w);
+    eng_gguf_close(g);
+}
+
+/* phi3: a file whose Q/K/V matrices and biases are fused (attn_qkv) and
+ * whose gate and up are one ffn_up computes what the llama file with the
+ * separate matrices does (Q/K rows in the NeoX order, as for qwen2); the
+ * halves of ffn_up swapped, it does not. */
+static void test_phi3_fused_equals_llama(void **state)
+{
+    (void)state;
+    const char *base = base_model();
+    const int32_t head_dim = 32;
+    char llama_b[4096], sep[4096], phi3[4096], swapped[4096];
+    snprintf(llama_b, sizeof llama_b, "%s", tu_tmp_path("arch-llama-bias3.gguf"));
+    snprintf(sep, sizeof sep, "%s", tu_tmp_path("arch-phi3-separate.gguf"));
+    snprintf(phi3, sizeof phi3, "%s", tu_tmp_path("arch-phi3.gguf"));
+    snprintf(swapped, sizeof swapped, "%s", tu_tmp_path("arch-phi3-swapped.gguf"));
+    rewrite_model(base, llama_b, &(rewrite){.bias_value = 0.5f}, head_dim);
+    rewrite_model(base, sep, &(rewrite){.arch = "phi3", .permute_neox = true, .bias_value = 0.5f},
+                  head_dim);
+    fuse_phi3(sep, phi3, false);
+    fuse_phi3(sep, swapped, true);
+
+    eng_model *model;
+    sw_error err;
+    if (eng_model_load(phi3, &model, &err))
+        fail_msg("load: %s", err.message);
+    const eng_hparams *hp = eng_model_hparams(model);
+    assert_int_equal(hp->arch, ENG_ARCH_PHI3);
+    assert_int_equal(hp->rope_style, ENG_ROPE_NEOX);
+    const eng_layer *L = &model->layers[1];
+    /* views into the fused tensors: consecutive rows, sizes adding up */
+    assert_ptr_equal((const unsigned char *)L->wk.data,
+                     (const unsigned char *)L->wq.data + L->wq.size_bytes);
+    assert_ptr_equal((const unsigned char *)L->wv.data,
+                     (const unsigned char *)L->wk.data + L->wk.size_bytes);
+    assert_ptr_equal((const unsigned char *)L->w_up.data,
+                     (const unsigned char *)L->w_gate.data + L->w_gate.size_bytes);
+    assert_ptr_equal((const float *)L->bk.data, (const float *)L->bq.data + L->bq.n_in);
+    assert_int_equal(L->w_gate.n_out, hp->n_ff);
+    assert_int_equal(L->wk.n_out, hp->n_head_kv * hp->head_dim);
+    eng_model_free(model);
+
+    int32_t n;
+    float *a = run_logits(llama_b, &n);
+    float *b = run_logits(phi3, &n);
+    float *c = run_logits(swapped, &n);
+    if (max_diff(a, b, n) > 1e-4f)
+        fail_msg("the fused phi3 file differs from the llama file by %g", max_diff(a, b, n));
+    assert_true(max_diff(a, c, n) > 1e-2f);
+    sw_free(a);
+    sw_free(b);
+    sw_free(c);
+
+    /* phi3 needs the fused ffn_up: the separate file is refused */
+    assert_int_equal(eng_model_load(sep, &model, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "ffn_up.weight"));
+}
+
 static bool sink_token(void *user, const eng_generate_step *step)
 {
     struct sink { int32_t *t; int n; } *s = user;
@@ -292,14 +537,16 @@ static bool sink_token(void *user, const eng_generate_step *step)
     return true;
 }
 
-/* `model make --arch qwen2 | llama3` files load as those architectures and
+/* `model make --arch qwen2 | llama3 | qwen3 | phi3` files load as those architectures and
  * generate deterministically; each differs from the plain llama file. */
 static void test_made_architectures(void **state)
 {
     (void)state;
-    const char *archs[] = {"llama", "qwen2", "llama3"};
-    int32_t tokens[3][16];
-    for (int a = 0; a < 3; a++) {
+    const char *archs[] = {"llama", "qwen2", "llama3", "qwen3", "phi3"};
+    const eng_arch want_arch[] = {ENG_ARCH_LLAMA, ENG_ARCH_QWEN2, ENG_ARCH_LLAMA, ENG_ARCH_QWEN3,
+                                  ENG_ARCH_PHI3};
+    int32_t tokens[5][16];
+    for (int a = 0; a < 5; a++) {
         eng_model_make_params p = eng_model_make_default_params();
         sw_error err;
         p.architecture = archs[a];
@@ -310,7 +557,7 @@ static void test_made_architectures(void **state)
         p.n_ff = 512;
         p.n_vocab = 600;
         p.weight_type = ENG_TYPE_Q8_0;
-        p.rope_freq_base = a == 1 ? 1000000.0f : a == 2 ? 500000.0f : 10000.0f;
+        p.rope_freq_base = a == 1 || a == 3 ? 1000000.0f : a == 2 ? 500000.0f : 10000.0f;
         char name[32];
         snprintf(name, sizeof name, "made-%s.gguf", archs[a]);
         char path[4096];
@@ -321,10 +568,16 @@ static void test_made_architectures(void **state)
         if (eng_model_load(path, &model, &err))
             fail_msg("load %s: %s", archs[a], err.message);
         const eng_hparams *hp = eng_model_hparams(model);
-        assert_int_equal(hp->arch, a == 1 ? ENG_ARCH_QWEN2 : ENG_ARCH_LLAMA);
-        assert_int_equal(hp->rope_style, a == 1 ? ENG_ROPE_NEOX : ENG_ROPE_NORMAL);
+        assert_int_equal(hp->arch, want_arch[a]);
+        assert_int_equal(hp->rope_style, a == 0 || a == 2 ? ENG_ROPE_NORMAL : ENG_ROPE_NEOX);
         if (a == 1)
             assert_non_null(model->layers[0].bq.data);
+        if (a == 3)
+            assert_non_null(model->layers[0].q_norm.data);
+        if (a == 4) /* the views into attn_qkv */
+            assert_ptr_equal((const unsigned char *)model->layers[0].wk.data,
+                             (const unsigned char *)model->layers[0].wq.data +
+                                 model->layers[0].wq.size_bytes);
         if (a == 2) {
             /* as files converted from Llama 3.1+: the factors as a tensor,
              * no rope.scaling keys (llama.cpp refuses type "llama3") */
@@ -357,6 +610,8 @@ static void test_made_architectures(void **state)
         eng_model_free(model);
     }
     assert_memory_not_equal(tokens[0], tokens[1], sizeof tokens[0]);
+    assert_memory_not_equal(tokens[1], tokens[3], sizeof tokens[0]);
+    assert_memory_not_equal(tokens[1], tokens[4], sizeof tokens[0]);
 }
 
 int main(void)
@@ -364,6 +619,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2_neox_equals_permuted_llama),
         cmocka_unit_test(test_rope_scaling),
+        cmocka_unit_test(test_qwen3_head_norms),
+        cmocka_unit_test(test_phi3_fused_equals_llama),
         cmocka_unit_test(test_made_architectures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -170,6 +170,20 @@ static void test_phi3(void **state)
                   conversation_contents, 4);
 }
 
+static void test_phi4(void **state)
+{
+    (void)state;
+    /* microsoft/phi-4's template: <|im_start|>{role}<|im_sep|>{content}
+     * <|im_end|>, no newlines, <|im_start|>assistant<|im_sep|> to generate */
+    expect_render(ENG_CHAT_PHI4, conversation, N_CONVERSATION, true,
+                  "<|im_start|>system<|im_sep|>You are a helpful assistant.<|im_end|>"
+                  "<|im_start|>user<|im_sep|>Hello!<|im_end|>"
+                  "<|im_start|>assistant<|im_sep|>Hi! How can I help?<|im_end|>"
+                  "<|im_start|>user<|im_sep|>What is 2+2?<|im_end|>"
+                  "<|im_start|>assistant<|im_sep|>",
+                  conversation_contents, 4);
+}
+
 static void test_gemma(void **state)
 {
     (void)state;
@@ -572,6 +586,24 @@ static const template_case template_cases[] = {
      "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}"
      "{{'<start_of_turn>model\\n'}}{% endif %}",
      ENG_CHAT_GEMMA},
+    /* Qwen3: ChatML with thinking (an excerpt of its generation prompt and
+     * of the part that splits an assistant turn's reasoning off) */
+    {"{%- for message in messages %}{%- if message.role == \"assistant\" %}{%- if '</think>' "
+     "in content %}{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n')"
+     ".split('<think>')[-1].lstrip('\\n') %}{%- set content = content.split('</think>')[-1]"
+     ".lstrip('\\n') %}{%- endif %}{{- '<|im_start|>' + message.role + '\\n' + content }}"
+     "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n"
+     "</think>\\n\\n' }}{%- endif %}{%- endif %}",
+     ENG_CHAT_CHATML},
+    /* Phi-4 (microsoft/phi-4): ChatML's markers with <|im_sep|> */
+    {"{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system"
+     "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') %}"
+     "{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
+     "(message['role'] == 'assistant') %}{{'<|im_start|>assistant<|im_sep|>' + "
+     "message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+     "{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}",
+     ENG_CHAT_PHI4},
 };
 
 static void test_detect(void **state)
@@ -754,7 +786,7 @@ static void test_names(void **state)
 {
     (void)state;
     static const char *const names[ENG_CHAT_N_FAMILIES] = {
-        "chatml", "llama2", "llama3", "mistral", "zephyr", "phi3", "gemma",
+        "chatml", "llama2", "llama3", "mistral", "zephyr", "phi3", "gemma", "phi4",
     };
     for (int i = 0; i < ENG_CHAT_N_FAMILIES; i++) {
         assert_string_equal(eng_chat_family_name((eng_chat_family)i), names[i]);
@@ -796,6 +828,7 @@ static void test_stop_strings(void **state)
         {ENG_CHAT_ZEPHYR, 1, "</s>", NULL},
         {ENG_CHAT_PHI3, 1, "<|end|>", NULL},
         {ENG_CHAT_GEMMA, 1, "<end_of_turn>", NULL},
+        {ENG_CHAT_PHI4, 1, "<|im_end|>", NULL},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const char *out[ENG_CHAT_MAX_STOP_STRINGS] = {NULL};
@@ -842,6 +875,7 @@ static void test_bos_rule(void **state)
     assert_null(eng_chat_bos_text(ENG_CHAT_CHATML));
     assert_null(eng_chat_bos_text(ENG_CHAT_ZEPHYR));
     assert_null(eng_chat_bos_text(ENG_CHAT_PHI3));
+    assert_null(eng_chat_bos_text(ENG_CHAT_PHI4));
     for (int i = 0; i < ENG_CHAT_N_FAMILIES; i++) {
         eng_chat_family f = (eng_chat_family)i;
         const char *bos = eng_chat_bos_text(f);
@@ -1166,6 +1200,7 @@ int main(void)
         cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_zephyr),
         cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_phi4),
         cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_trimming),
         cmocka_unit_test(test_tool_role),

@@ -743,15 +743,6 @@ static bool collect(void *user, const eng_generate_step *step)
     return true;
 }
 
-static int32_t *json_ids(json_t *array, size_t *n)
-{
-    *n = json_array_size(array);
-    int32_t *ids = sw_calloc(*n ? *n : 1, sizeof *ids);
-    for (size_t i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(array, i));
-    return ids;
-}
-
 static eng_context *gpu_context(const eng_model *model, int32_t n_gpu_layers, uint32_t kv_type,
                                 int32_t n_seqs)
 {
@@ -798,9 +789,9 @@ static void test_stories_greedy_golden(void **state)
             json_t *g;
             json_array_foreach(json_object_get(golden, "greedy"), i, g) {
                 size_t n_prompt, n_expect;
-                int32_t *prompt = json_ids(json_object_get(g, "prompt_tokens_with_bos"),
-                                           &n_prompt);
-                int32_t *expect = json_ids(json_object_get(g, "tokens"), &n_expect);
+                int32_t *prompt = tu_json_ids(json_object_get(g, "prompt_tokens_with_bos"),
+                                              &n_prompt);
+                int32_t *expect = tu_json_ids(json_object_get(g, "tokens"), &n_expect);
                 eng_generate_params gp = eng_generate_default_params();
                 eng_generate_stats stats;
                 collected got = {0};

@@ -17,22 +17,6 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef struct collected {
-    int32_t tokens[512];
-    eng_generate_step first;
-    int32_t n;
-} collected;
-
-static bool collect(void *user, const eng_generate_step *step)
-{
-    collected *c = user;
-    if (c->n == 0)
-        c->first = *step;
-    if (c->n < 512)
-        c->tokens[c->n++] = step->token;
-    return true;
-}
-
 static json_t *load_golden(const char *name)
 {
     const char *path = tu_shared_path(name);
@@ -44,17 +28,8 @@ static json_t *load_golden(const char *name)
     return root;
 }
 
-static int32_t *json_ids(json_t *array, size_t *n)
-{
-    *n = json_array_size(array);
-    int32_t *ids = sw_calloc(*n ? *n : 1, sizeof *ids);
-    for (size_t i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(array, i));
-    return ids;
-}
-
 static void run_greedy(eng_context *ctx, const int32_t *prompt, size_t n_prompt, int32_t n,
-                       int32_t top_logprobs, collected *out)
+                       int32_t top_logprobs, tu_steps *out)
 {
     eng_generate_params gp = eng_generate_default_params();
     eng_generate_stats stats;
@@ -64,7 +39,7 @@ static void run_greedy(eng_context *ctx, const int32_t *prompt, size_t n_prompt,
     gp.top_logprobs = top_logprobs;
     gp.ignore_eos = true;
     memset(out, 0, sizeof *out);
-    int rc = eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, collect, out, &stats, &err);
+    int rc = eng_generate(ctx, prompt, (int32_t)n_prompt, &gp, tu_collect_step, out, &stats, &err);
     if (rc)
         fail_msg("generate: %s", err.message);
     assert_int_equal(out->n, n);
@@ -97,9 +72,9 @@ static void test_stories_greedy_golden(void **state)
         json_t *g;
         json_array_foreach(json_object_get(golden, "greedy"), i, g) {
             size_t n_prompt, n_expect;
-            int32_t *prompt = json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
-            int32_t *expect = json_ids(json_object_get(g, "tokens"), &n_expect);
-            collected got;
+            int32_t *prompt = tu_json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
+            int32_t *expect = tu_json_ids(json_object_get(g, "tokens"), &n_expect);
+            tu_steps got;
             run_greedy(ctx, prompt, n_prompt, (int32_t)n_expect, 5, &got);
             for (size_t t = 0; t < n_expect; t++)
                 if (got.tokens[t] != expect[t])
@@ -145,10 +120,10 @@ static void test_tiny_random_top5_golden(void **state)
     json_t *g;
     json_array_foreach(json_object_get(golden, "greedy"), i, g) {
         size_t n_prompt, n_expect;
-        int32_t *prompt = json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
-        int32_t *expect = json_ids(json_object_get(g, "tokens"), &n_expect);
+        int32_t *prompt = tu_json_ids(json_object_get(g, "prompt_tokens_with_bos"), &n_prompt);
+        int32_t *expect = tu_json_ids(json_object_get(g, "tokens"), &n_expect);
         json_t *top = json_object_get(g, "first_step_top5");
-        collected got;
+        tu_steps got;
         run_greedy(ctx, prompt, n_prompt, 1, 5, &got);
         for (size_t k = 0; k < json_array_size(top); k++) {
             json_t *e = json_array_get(top, k);
@@ -471,19 +446,20 @@ static void test_resume_is_exact(void **state)
         gp.sampling.min_p = 0.0f;
         gp.sampling.presence_penalty = mode == 2 ? 0.5f : 0.0f;
         gp.sampling.repeat_penalty = mode == 2 ? 1.1f : 1.0f;
-        collected full;
+        tu_steps full;
         memset(&full, 0, sizeof full);
-        assert_int_equal(eng_generate(ctx, prompt, n_prompt, &gp, collect, &full, &stats, &err),
+        assert_int_equal(eng_generate(ctx, prompt, n_prompt, &gp, tu_collect_step, &full, &stats,
+                                      &err),
                          SW_OK);
         assert_int_equal(full.n, n);
         if (mode > 0) {
             /* A sampled run must differ from greedy somewhere, or the test
              * would not exercise the random stream. */
-            collected greedy;
+            tu_steps greedy;
             eng_generate_params gg = gp;
             gg.sampling.temperature = 0.0f;
             memset(&greedy, 0, sizeof greedy);
-            eng_generate(ctx, prompt, n_prompt, &gg, collect, &greedy, &stats, &err);
+            eng_generate(ctx, prompt, n_prompt, &gg, tu_collect_step, &greedy, &stats, &err);
             assert_memory_not_equal(greedy.tokens, full.tokens, sizeof(int32_t) * (size_t)n);
         }
         for (int32_t k = 1; k < n; k += 9) {
@@ -494,10 +470,10 @@ static void test_resume_is_exact(void **state)
             rp.max_tokens = n - k;
             rp.skip_draws = (uint64_t)k;
             rp.replay_tokens = k;
-            collected tail;
+            tu_steps tail;
             memset(&tail, 0, sizeof tail);
-            assert_int_equal(eng_generate(ctx, resumed_prompt, n_prompt + k, &rp, collect, &tail,
-                                          &stats, &err),
+            assert_int_equal(eng_generate(ctx, resumed_prompt, n_prompt + k, &rp, tu_collect_step,
+                                          &tail, &stats, &err),
                              SW_OK);
             assert_int_equal(tail.n, n - k);
             for (int32_t t = 0; t < n - k; t++)

@@ -51,12 +51,17 @@ static int unlink_pool(void **state)
     return 0;
 }
 
-static eng_model *make_and_load(const char *name, int32_t dim, int32_t layers, int32_t heads,
-                                int32_t kv_heads, int32_t ff, uint32_t type)
+/* A llama model, or of another architecture with make_arch (head_dim 0:
+ * dim / heads). */
+static eng_model *make_arch(const char *name, const char *arch, int32_t dim, int32_t layers,
+                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t ff,
+                            uint32_t type)
 {
     eng_model_make_params p = eng_model_make_default_params();
     eng_model *model;
     sw_error err;
+    p.architecture = arch;
+    p.head_dim = head_dim;
     p.n_embd = dim;
     p.n_layer = layers;
     p.n_head = heads;
@@ -71,6 +76,12 @@ static eng_model *make_and_load(const char *name, int32_t dim, int32_t layers, i
     return model;
 }
 
+static eng_model *make_and_load(const char *name, int32_t dim, int32_t layers, int32_t heads,
+                                int32_t kv_heads, int32_t ff, uint32_t type)
+{
+    return make_arch(name, "llama", dim, layers, heads, kv_heads, 0, ff, type);
+}
+
 static uint64_t self_bytes(dev_device *dev)
 {
     dev_memory mem;
@@ -80,25 +91,33 @@ static uint64_t self_bytes(dev_device *dev)
 
 /* The plan's device bytes equal what a context really allocates on the
  * device once n_seqs sequences hold n_ctx tokens each - exactly, for several
- * shapes, profiles and context sizes. */
+ * shapes, every architecture (qwen2's biases, Llama 3's rope_freqs tensor,
+ * qwen3's Q/K norms and heads wider than dim / heads, phi3's fused
+ * matrices), profiles and context sizes. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
     struct {
-        int32_t dim, layers, heads, kv_heads, ff;
+        const char *arch;
+        int32_t dim, layers, heads, kv_heads, head_dim, ff;
         uint32_t type;
     } shapes[] = {
-        {64, 2, 4, 2, 128, ENG_TYPE_F32},
-        {128, 3, 8, 2, 256, ENG_TYPE_Q8_0},
-        {96, 4, 6, 3, 192, ENG_TYPE_F16},
+        {"llama", 64, 2, 4, 2, 0, 128, ENG_TYPE_F32},
+        {"llama", 128, 3, 8, 2, 0, 256, ENG_TYPE_Q8_0},
+        {"llama", 96, 4, 6, 3, 0, 192, ENG_TYPE_F16},
+        {"qwen2", 64, 2, 4, 2, 0, 128, ENG_TYPE_Q8_0},
+        {"llama3", 64, 2, 4, 2, 0, 128, ENG_TYPE_F16},
+        {"qwen3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
+        {"phi3", 96, 2, 6, 3, 0, 192, ENG_TYPE_F16},
     };
     const int32_t ctx_sizes[] = {17, 64, 200};
     dev_device *dev = open_pool("plan", 256 * MiB);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         char name[32];
         snprintf(name, sizeof name, "plan-%zu.gguf", s);
-        eng_model *model = make_and_load(name, shapes[s].dim, shapes[s].layers, shapes[s].heads,
-                                         shapes[s].kv_heads, shapes[s].ff, shapes[s].type);
+        eng_model *model = make_arch(name, shapes[s].arch, shapes[s].dim, shapes[s].layers,
+                                     shapes[s].heads, shapes[s].kv_heads, shapes[s].head_dim,
+                                     shapes[s].ff, shapes[s].type);
         int32_t n_layer = eng_model_hparams(model)->n_layer;
         const int32_t gpu_layers[] = {-1, 0, 1, n_layer - 1};
         for (size_t g = 0; g < 4; g++) {
@@ -131,8 +150,9 @@ static void test_plan_equals_allocation(void **state)
                     assert_int_equal(eng_seq_reserve(ctx, q, ctx_sizes[c], &err), SW_OK);
                 uint64_t used = self_bytes(dev) - before;
                 if (used != plan.device_bytes || used != eng_context_device_bytes(ctx))
-                    fail_msg("shape %zu gpu-layers %d ctx %d seqs %d: planned %llu, allocated "
-                             "%llu, context says %zu", s, gpu_layers[g], ctx_sizes[c], n_seqs,
+                    fail_msg("shape %zu (%s) gpu-layers %d ctx %d seqs %d: planned %llu, "
+                             "allocated %llu, context says %zu", s, shapes[s].arch,
+                             gpu_layers[g], ctx_sizes[c], n_seqs,
                              (unsigned long long)plan.device_bytes, (unsigned long long)used,
                              eng_context_device_bytes(ctx));
                 assert_true(plan.fits);

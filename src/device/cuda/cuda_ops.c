@@ -100,6 +100,12 @@ int cuda_engine_check(const eng_context *ctx, sw_error *err)
     if (hp->head_dim > CUDA_ATTENTION_MAX_HEAD_DIM)
         return sw_error_set(err, SW_EUNSUPPORTED, "head size %d: the CUDA attention kernel "
                             "takes at most %d", hp->head_dim, CUDA_ATTENTION_MAX_HEAD_DIM);
+    /* qwen3's per-head Q/K norms have no kernel yet: such a file runs on
+     * the cpu device (or with no layers on the GPU), never wrongly here. */
+    if (ctx->n_device_layers > 0 && ctx->layers[0].q_norm.data)
+        return sw_error_set(err, SW_EUNSUPPORTED, "architecture %s: the per-head Q/K norms "
+                            "have no CUDA kernel yet (run it on the cpu device)",
+                            hp->architecture);
     for (int32_t l = 0; l < ctx->n_device_layers; l++) {
         const eng_layer *L = &ctx->layers[l];
         const eng_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,

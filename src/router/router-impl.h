@@ -32,6 +32,7 @@
  *                       again, workers added, drained, restarted
  *   router_demand.c     workers on demand: started for a waiting request,
  *                       stopped when idle or to make room
+ *   router_command.c    an engine the router runs (command =): its argv
  *
  * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
  * the router's (rt_router.mu); no other lock is held while taking either.
@@ -283,6 +284,16 @@ extern const double rt__hist_le[11];
 void rt__sup_pass(rt_router *rt, bool force_health);
 void *rt__sup_thread(void *arg); /* arg: the rt_router */
 void rt__stop_workers(rt_router *rt);
+
+/* an engine the router runs (router_command.c) */
+#define RT_CMD_MAX_ARGS 64
+/* A free loopback port, as address "http://127.0.0.1:PORT"; 0 or -1. */
+int rt__pick_port(char *address, size_t cap);
+/* Worker w's command as an argv (strings in buf, at most max - 1, NULL
+ * after them) with {host} {port} {model_path} substituted, and the
+ * program's path into exe; SW_EINVAL naming what is wrong. */
+int rt__command_argv(const rt_worker *w, const char *model_path, char *buf, size_t cap,
+                     const char **argv, int max, char *exe, size_t exe_cap, sw_error *err);
 
 /* workers on demand (router_demand.c), with the pool's lock */
 /* Once per supervision pass: idle ones stopped, stopped ones a waiting

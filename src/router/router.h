@@ -66,6 +66,9 @@ typedef struct rt_worker_config {
                                   asked for, stopped when idle */
     int32_t idle_timeout_s;    /* idle-timeout-s: an on-demand worker without
                                   requests this long is stopped (300) */
+    char command[1024];        /* kind = openai: the engine the router runs
+                                  (an argv template: {host} {port}
+                                  {model_path}); "" none */
 } rt_worker_config;
 
 /* What a worker is: a spillway worker (its /health figures, resume, typed

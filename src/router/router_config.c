@@ -252,7 +252,11 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
         if ((strncmp(v, "unix:", 5) && strncmp(v, "http://", 7)) ||
             !cfg_copy(w->url, sizeof w->url, v) || strlen(v) < 8)
             return cfg_fail(p, s, name, "expected unix:PATH or http://HOST:PORT", v);
-        w->managed = false;
+        w->managed = w->command[0] != 0; /* a url alone: a worker already running */
+    } else if (!strcmp(name, "command")) {
+        if (!v[0] || !cfg_copy(w->command, sizeof w->command, v))
+            return cfg_fail(p, s, name, "expected a command line (at most 1023 bytes)", v);
+        w->managed = true;
     } else if (!strcmp(name, "device")) {
         if (!strcmp(v, "cpu"))
             w->device[0] = 0;
@@ -606,11 +610,21 @@ int rt_config_check(const rt_config *c, sw_error *err)
             return sw_error_set(err, SW_EINVAL,
                                 "[worker %s]: on-demand = true needs a worker the router starts "
                                 "(managed)", w->name);
-        if (c->workers[i].kind == RT_KIND_OPENAI && (c->workers[i].managed || !c->workers[i].url[0]))
+        if (w->command[0] && w->kind != RT_KIND_OPENAI)
             return sw_error_set(err, SW_EINVAL,
-                                "[worker %s]: kind = openai is an engine the router does not "
-                                "start: it needs a url",
-                                c->workers[i].name);
+                                "[worker %s]: command = is for kind = openai (an engine the "
+                                "router runs); a spillway worker is started without one",
+                                w->name);
+        if (w->command[0] && w->url[0] && strncmp(w->url, "http://", 7))
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: a command's url is http://HOST:PORT (where it "
+                                "listens), or none: the router then picks a loopback port",
+                                w->name);
+        if (w->kind == RT_KIND_OPENAI && !w->command[0] && (w->managed || !w->url[0]))
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: kind = openai needs a url (an engine already "
+                                "running) or a command (one the router runs)",
+                                w->name);
         if (!c->workers[i].managed && !c->workers[i].url[0])
             return sw_error_set(err, SW_EINVAL, "[worker %s]: managed = false needs a url",
                                 c->workers[i].name);

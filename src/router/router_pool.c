@@ -25,7 +25,13 @@ void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc, int
     rt_worker_config cfg = *wc;
     char address[sizeof w->address], log_path[sizeof w->log_path] = "";
     if (cfg.managed) {
-        snprintf(address, sizeof address, "unix:%s/%s.sock", state_dir, cfg.name);
+        /* a spillway worker listens where the router says; an engine the
+         * router runs, at its url (or a port picked when it first starts:
+         * router_supervisor.c) */
+        if (cfg.kind == RT_KIND_OPENAI)
+            snprintf(address, sizeof address, "%s", cfg.url);
+        else
+            snprintf(address, sizeof address, "unix:%s/%s.sock", state_dir, cfg.name);
         snprintf(log_path, sizeof log_path, "%s/%s.log", state_dir, cfg.name);
     } else {
         snprintf(address, sizeof address, "%s", cfg.url);

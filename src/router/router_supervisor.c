@@ -35,8 +35,24 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
     const rt_worker_config *c = &w->cfg;
     const rt_model_config *model = &rt->models[w->model].cfg;
     char a[16][160];
-    const char *argv[42];
+    const char *argv[RT_CMD_MAX_ARGS];
+    char cmd_buf[4096], exe[1024] = "/proc/self/exe";
     int n = 0;
+    if (c->kind == RT_KIND_OPENAI) {
+        /* an engine of its own (router_command.c): its url, or a port of
+         * ours, picked once and kept across restarts */
+        sw_error err;
+        sw_error_clear(&err);
+        if ((!w->address[0] && rt__pick_port(w->address, sizeof w->address)) ||
+            rt__command_argv(w, model->path, cmd_buf, sizeof cmd_buf, argv, RT_CMD_MAX_ARGS, exe,
+                             sizeof exe, &err)) {
+            SW_ERROR("router", "worker %s: cannot start its command: %s", c->name,
+                     err.message[0] ? err.message : strerror(errno));
+            w->next_start = rt__now_s() + 10;
+            return;
+        }
+        goto spawn;
+    }
     argv[n++] = "spillway";
     argv[n++] = "worker";
     argv[n++] = "--model";
@@ -74,6 +90,7 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
     if (c->skip_calibration)
         argv[n++] = "--no-calibrate";
     argv[n] = NULL;
+spawn:;
     /* The environment is built before fork: only async-signal-safe calls
      * happen in the child. */
     size_t ne = 0;
@@ -89,7 +106,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
     for (int i = 0; i < c->n_env; i++)
         envp[m++] = c->env[i];
     envp[m] = NULL;
-    unlink(w->address + 5);
+    if (!strncmp(w->address, "unix:", 5))
+        unlink(w->address + 5);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
@@ -107,7 +125,7 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
             dup2(nul, 0);
             close(nul);
         }
-        execve("/proc/self/exe", (char *const *)argv, (char *const *)envp);
+        execve(exe, (char *const *)argv, (char *const *)envp);
         _exit(127);
     }
     sw_free(envp);
@@ -121,8 +139,12 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
     w->started_at = rt__now_s();
     w->last_ok = w->started_at;
     w->ready_once = false;
-    SW_INFO("router", "worker %s: started pid %d (%s), log %s", c->name, (int)pid,
-            c->device[0] ? c->device : "cpu", w->log_path);
+    if (c->kind == RT_KIND_OPENAI)
+        SW_INFO("router", "worker %s: started pid %d (%s, at %s), log %s", c->name, (int)pid, exe,
+                w->address, w->log_path);
+    else
+        SW_INFO("router", "worker %s: started pid %d (%s), log %s", c->name, (int)pid,
+                c->device[0] ? c->device : "cpu", w->log_path);
 }
 
 /* An external engine (kind = openai): ready when GET /health or else

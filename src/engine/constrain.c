@@ -414,8 +414,15 @@ static void stack_copy(cs_stack *dst, const cs_stack *src)
     memcpy(dst->f, src->f, (size_t)src->depth * sizeof src->f[0]);
 }
 
+/* Adds a stack to the set unless it is there already (two paths to the
+ * same stack are common in ambiguous GBNF grammars; frames are zeroed
+ * when pushed, so equal stacks compare equal byte for byte). */
 static void push_out(cs_set *out, const cs_stack *st)
 {
+    for (int32_t i = 0; i < out->n; i++)
+        if (out->s[i].depth == st->depth &&
+            memcmp(out->s[i].f, st->f, (size_t)st->depth * sizeof st->f[0]) == 0)
+            return;
     if (out->n < ENG_CS_MAX_ALTS)
         stack_copy(&out->s[out->n++], st);
 }
@@ -1003,12 +1010,88 @@ static void enter(const eng_grammar *g, cs_stack *st, int32_t node, uint8_t ch, 
         }
         return;
     }
-    if (st->depth >= ENG_CS_MAX_DEPTH)
+    if (st->depth + (n->need_frames > 0 ? n->need_frames : 1) > ENG_CS_MAX_DEPTH)
         return;
     cs_frame *f = &st->f[st->depth++];
     memset(f, 0, sizeof *f);
     f->node = node;
     run(g, st, ch, out);
+}
+
+/* GBNF frames (gbnf_compile.c). CS_RAW: b is the automaton's state.
+ * CS_SEQ: a is the child to come. CS_REP: a counts the iterations begun.
+ * phase 0: just entered, so the byte must start a non-empty match (an
+ * empty one is the parent's choice: a child with minimum 0 may be
+ * skipped); 1: under way. Where the frame may end and also go on, the
+ * stack forks. */
+
+/* The frame ends and the byte goes to the frame below, on a copy. */
+static void fork_end(const eng_grammar *g, const cs_stack *st, uint8_t ch, cs_set *out)
+{
+    cs_stack copy;
+    stack_copy(&copy, st);
+    copy.depth--;
+    run(g, &copy, ch, out);
+}
+
+/* A copy of st whose top frame moved on to (phase 1, a) enters node;
+ * tail: the frame has nothing left after it, so it is popped first. */
+static void fork_enter(const eng_grammar *g, const cs_stack *st, int32_t a, bool tail,
+                       int32_t node, uint8_t ch, cs_set *out)
+{
+    cs_stack copy;
+    stack_copy(&copy, st);
+    cs_frame *f = &copy.f[copy.depth - 1];
+    f->phase = 1;
+    f->a = a;
+    if (tail)
+        copy.depth--;
+    enter(g, &copy, node, ch, out);
+}
+
+/* Returns true when the byte goes on to the frame below (st popped). */
+static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_stack *st, uint8_t ch,
+                     cs_set *out)
+{
+    cs_frame *f = &st->f[st->depth - 1];
+    bool fresh = f->phase == 0;
+    switch (n->kind) {
+    case CS_RAW: {
+        int32_t from = fresh ? eng_regex_start(n->re) : f->b;
+        int32_t to = eng_regex_step(n->re, from, ch);
+        if (!fresh && eng_regex_accepting(n->re, from)) {
+            if (to < 0) {
+                st->depth--;
+                return true;
+            }
+            fork_end(g, st, ch, out);
+        }
+        if (to < 0)
+            return false;
+        f->phase = 1;
+        f->b = to;
+        push_out(out, st);
+        return false;
+    }
+    case CS_SEQ:
+        for (int32_t i = f->a; i < n->n_seq; i++) {
+            fork_enter(g, st, i + 1, i + 1 == n->n_seq, n->seq[i], ch, out);
+            if (g->nodes[n->seq[i]].min_bytes > 0)
+                return false;
+        }
+        if (fresh)
+            return false;
+        st->depth--; /* the rest may be empty */
+        return true;
+    case CS_REP:
+        if (n->max_items < 0 || f->a < n->max_items)
+            fork_enter(g, st, f->a + 1, f->a + 1 == n->max_items, n->item, ch, out);
+        if (fresh || (f->a < n->min_items && g->nodes[n->item].min_bytes > 0))
+            return false;
+        st->depth--;
+        return true;
+    default: return false;
+    }
 }
 
 static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
@@ -1184,6 +1267,12 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 }
                 return;
             }
+        case CS_RAW:
+        case CS_SEQ:
+        case CS_REP:
+            if (run_gbnf(g, n, st, ch, out))
+                continue;
+            return;
         case CS_ANYOF:
             return; /* never on a stack: enter() forks instead */
         }
@@ -1285,6 +1374,12 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
         }
     }
     case CS_PATTERN: return pattern_min(n, f);
+    case CS_RAW: return f->phase ? eng_regex_costs_get(n->re_costs, f->b, 0) : n->min_bytes;
+    case CS_SEQ: return n->seq_from[f->a];
+    case CS_REP:
+        return f->a < n->min_items
+                   ? sat((int64_t)(n->min_items - f->a) * g->nodes[n->item].min_bytes)
+                   : 0;
     case CS_ANYOF: break;
     }
     return 0;
@@ -1320,11 +1415,16 @@ static bool stack_complete(const eng_grammar *g, const cs_stack *st)
             can_end = literal_can_end(n, f);
         else if (n->kind == CS_NUMBER || n->kind == CS_INTEGER)
             can_end = num_can_end(n, f);
+        else if (n->kind == CS_RAW)
+            can_end = eng_regex_accepting(n->re, f->b);
+        else if (n->kind == CS_SEQ || n->kind == CS_REP)
+            can_end = frame_min(g, f) == 0;
         if (!can_end)
             return false;
         d--;
     }
-    return d == 1 && st->f[0].phase == 1;
+    /* the root done, or not begun with a grammar that allows nothing */
+    return d == 1 && (st->f[0].phase == 1 || g->nodes[g->root].min_bytes == 0);
 }
 
 static bool set_complete(const eng_grammar *g, const cs_set *s)

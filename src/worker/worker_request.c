@@ -1,14 +1,15 @@
 /* worker_request.c - turns a completions or chat body into a wk_req: every
  * field checked (typed 400s naming the parameter), chat messages rendered
  * with the model's template and tokenized, tools / tool_choice /
- * response_format compiled into the request's constraint, stop strings and
- * the resume extension read. Runs on the HTTP thread; docs/api.md lists the
+ * response_format or a GBNF grammar compiled into the request's
+ * constraint, stop strings and the resume extension read. Runs on the HTTP thread; docs/api.md lists the
  * fields and errors produced here.
  */
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
 #include "common/chat_content.h"
+#include "engine/gbnf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -407,6 +408,33 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
     return true;
 }
 
+/* grammar: a GBNF grammar (llama-server's field and syntax) compiled into
+ * the request's constraint, like a JSON schema; with a JSON
+ * response_format or offered tools it would be a second constraint, so
+ * it is refused there. An empty string is no grammar (as llama-server). */
+static bool parse_grammar(json_t *body, wk_req *r, wk_parse_error *p)
+{
+    json_t *gr = json_object_get(body, "grammar");
+    if (!gr || json_is_null(gr))
+        return true;
+    if (!json_is_string(gr))
+        return bad(p, "grammar", "'grammar' must be a string (GBNF)");
+    if (json_string_length(gr) == 0)
+        return true;
+    if (r->output == WK_OUT_JSON)
+        return bad(p, "grammar", "'grammar' cannot be combined with a JSON response_format");
+    if (r->output != WK_OUT_TEXT)
+        return bad(p, "grammar", "'grammar' cannot be combined with tools (unless tool_choice "
+                                 "is \"none\")");
+    sw_error err;
+    int rc = eng_grammar_from_gbnf(json_string_value(gr), json_string_length(gr), &r->grammar,
+                                   &err);
+    if (rc)
+        return bad(p, rc == SW_ENOMEM ? NULL : "grammar", "%s", err.message);
+    r->output = WK_OUT_GRAMMAR;
+    return true;
+}
+
 static bool add_stop(wk_parse_error *p, wk_req *r, const char *text, size_t len)
 {
     if (len == 0)
@@ -444,7 +472,9 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
         if (need > avail)
             return bad(p, r->max_tokens < room ? "max_tokens" : "messages",
                        "the %s needs at least %lld more tokens; %lld are left (max_tokens and "
-                       "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call" : "response format",
+                       "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call"
+                                      : r->output == WK_OUT_GRAMMAR ? "grammar"
+                                                                    : "response format",
                        (long long)need, (long long)avail);
     }
     if (tool_reply && r->n_resume > 0) {
@@ -672,7 +702,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!json_is_array(m) || json_array_size(m) == 0)
             return bad(p, "messages", "'messages' must be a non-empty array");
         char *tools_text = NULL;
-        bool ok = parse_tools(body, chat, r, p, &tools_text) &&
+        bool ok = parse_tools(body, chat, r, p, &tools_text) && parse_grammar(body, r, p) &&
                   tokenize_chat(s, m, tools_text, r, p, &ids, &n_ids);
         sw_free(tools_text);
         if (!ok)
@@ -693,6 +723,8 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!parse_tools(body, chat, r, p, &tools_text))
             return false;
         sw_free(tools_text);
+        if (!parse_grammar(body, r, p))
+            return false;
         sw_error err;
         if (token_ids) {
             /* OpenAI: token ids are the prompt as given (no BOS added) */

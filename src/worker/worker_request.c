@@ -543,6 +543,96 @@ static bool parse_logit_bias(wk_server *s, json_t *body, wk_req *r, wk_parse_err
 
 /* Builds a request from a completions / chat body; false (and p filled)
  * when the body is not acceptable. */
+/* ---- NUL in strings ------------------------------------------------------
+ * JSON may write \u0000 in a string, and the body is parsed to keep it.
+ * The prompt and the grammar are handled with their lengths, and so are
+ * the data of a JSON schema (const, enum, default, examples, pattern, and
+ * the annotations); everywhere else a string is used as a C string (a
+ * name, a role, a message the template renders), where a NUL would cut it
+ * short without a word, so there it is a 400 naming the field. */
+
+static bool schema_data_key(const char *k)
+{
+    static const char *const keys[] = {"const",       "enum",  "default",  "examples", "pattern",
+                                       "description", "title", "$comment", NULL};
+    for (int i = 0; keys[i]; i++)
+        if (strcmp(k, keys[i]) == 0)
+            return true;
+    return false;
+}
+
+/* No string under v holds a NUL; in a schema, its data are not looked at. */
+static bool nul_free(json_t *v, bool schema, int depth)
+{
+    const char *k;
+    json_t *e;
+    size_t i;
+    if (depth > 256)
+        return false; /* not from a body the parser took */
+    if (json_is_string(v))
+        return !memchr(json_string_value(v), 0, json_string_length(v));
+    json_array_foreach(v, i, e) {
+        if (!nul_free(e, schema, depth + 1))
+            return false;
+    }
+    json_object_foreach(v, k, e) {
+        if ((!schema || !schema_data_key(k)) && !nul_free(e, schema, depth + 1))
+            return false;
+    }
+    return true;
+}
+
+/* An object whose member `schema_key` is a schema. */
+static bool nul_free_holder(json_t *v, const char *schema_key)
+{
+    const char *k;
+    json_t *e;
+    json_object_foreach(v, k, e) {
+        if (!nul_free(e, strcmp(k, schema_key) == 0, 1))
+            return false;
+    }
+    return json_is_object(v) || nul_free(v, false, 1);
+}
+
+/* The top-level field with a NUL where none may be, or NULL. */
+static const char *nul_field(json_t *body)
+{
+    const char *k;
+    json_t *v, *e;
+    size_t i;
+    json_object_foreach(body, k, v) {
+        bool ok = true;
+        if (strcmp(k, "prompt") == 0 || strcmp(k, "grammar") == 0)
+            continue;
+        if (strcmp(k, "response_format") == 0 && json_is_object(v)) {
+            const char *k2;
+            json_t *v2;
+            json_object_foreach(v, k2, v2) {
+                if (ok)
+                    ok = strcmp(k2, "json_schema") == 0 ? nul_free_holder(v2, "schema")
+                                                         : nul_free(v2, false, 1);
+            }
+        } else if (strcmp(k, "tools") == 0 && json_is_array(v)) {
+            json_array_foreach(v, i, e) {
+                const char *k2;
+                json_t *v2;
+                json_object_foreach(e, k2, v2) {
+                    if (ok)
+                        ok = strcmp(k2, "function") == 0 ? nul_free_holder(v2, "parameters")
+                                                          : nul_free(v2, false, 1);
+                }
+                if (ok && !json_is_object(e))
+                    ok = nul_free(e, false, 1);
+            }
+        } else {
+            ok = nul_free(v, false, 0);
+        }
+        if (!ok)
+            return k;
+    }
+    return NULL;
+}
+
 bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_parse_error *p)
 {
     json_t *v;
@@ -552,6 +642,11 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
 
     if (!json_is_object(body))
         return bad(p, NULL, "the body must be a JSON object");
+    const char *nul_at = nul_field(body);
+    if (nul_at)
+        return bad(p, nul_at, "'%.64s' has a string with a NUL character (\\u0000): allowed only "
+                   "in 'prompt', 'grammar' and the values of a JSON schema (const, enum, "
+                   "default, examples, pattern)", nul_at);
     v = json_object_get(body, "model");
     if (v && !json_is_null(v)) {
         if (!json_is_string(v))

@@ -596,6 +596,14 @@ static void test_bad_requests(void **state)
     assert_non_null(json_object_get(ej, "param"));
     json_decref(okj);
     wc_response_free(&w);
+    /* an integer past 64 bits: the router's own typed 400 (never rounded) */
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth,
+                            "{\"prompt\":\"Hi\",\"max_tokens\":18446744073709551616}", &w),
+                     0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
+    assert_non_null(strstr(w.body, "64 bits"));
+    wc_response_free(&w);
     /* the worker's 400 is relayed, never retried */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);
     assert_int_equal(w.status, 400);
@@ -785,10 +793,10 @@ static void test_admission_counts_tools(void **state)
 }
 
 /* A grammar (GBNF) passes through the router: a stream whose GPU worker
- * crashes after 3 tokens is resumed on the CPU (the body re-serialized
+ * crashes after 3 tokens (sent: each token stalls 20 ms) is resumed on the CPU (the body re-serialized
  * with the resume, the resumed tokens fed through the grammar again) and
  * the whole text still matches it; a grammar that does not parse is the
- * worker's 400, naming the param. */
+ * worker's 400, naming the param; a NUL in the prompt passes through. */
 static void test_grammar_resumed(void **state)
 {
     (void)state;
@@ -796,7 +804,7 @@ static void test_grammar_resumed(void **state)
     snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
     snprintf(workers, sizeof workers,
              "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nmax-seqs = 2\nthreads = 1\n"
-             "ctx-limit = 512\nfault = abort_after_tokens:3\n"
+             "ctx-limit = 512\nfault = abort_after_tokens:3,stall_ms:20\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 512\n",
              spec);
     rh_router r;
@@ -831,6 +839,12 @@ static void test_grammar_resumed(void **state)
     assert_int_equal(w.status, 400);
     assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
     assert_non_null(strstr(w.body, "\"param\":\"grammar\""));
+    wc_response_free(&w);
+    /* a NUL in the prompt passes through to the worker, which takes it */
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"H\\u0000i\",\"max_tokens\":2}", &w),
+                     0);
+    assert_int_equal(w.status, 200);
     wc_response_free(&w);
     rh_finish(&r);
 }

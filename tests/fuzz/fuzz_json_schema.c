@@ -44,30 +44,7 @@ static const char *const fz_multi[] = {
 
 static const eng_cs_vocab *fz_vocab(void)
 {
-    static eng_cs_vocab *v;
-    static bool tried;
-    if (!tried) {
-        static char bytes[256];
-        const char *pieces[FZ_N_TOKENS];
-        size_t lens[FZ_N_TOKENS];
-        int32_t end_id = FZ_END_ID;
-        sw_error err;
-        tried = true;
-        for (int i = 0; i < 256; i++) {
-            bytes[i] = (char)i;
-            pieces[i] = &bytes[i];
-            lens[i] = 1;
-        }
-        for (size_t i = 0; i < FZ_N_MULTI; i++) {
-            pieces[256 + i] = fz_multi[i];
-            lens[256 + i] = strlen(fz_multi[i]);
-        }
-        pieces[FZ_END_ID] = NULL;
-        lens[FZ_END_ID] = 0;
-        if (eng_cs_vocab_create_from_pieces(pieces, lens, FZ_N_TOKENS, &end_id, 1, &v, &err))
-            v = NULL;
-    }
-    return v;
+    return fz_byte_vocab(fz_multi, (int32_t)FZ_N_MULTI);
 }
 
 static bool bit(const uint32_t *mask, int32_t id)

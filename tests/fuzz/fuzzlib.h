@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/utf8.h"
+#include "engine/constrain.h"
 #include "engine/gguf.h"
 #include "engine/model_make.h"
 #include "engine/tokenizer.h"
@@ -161,6 +162,37 @@ static __attribute__((unused)) char *fz_strndup(const uint8_t *p, size_t n)
         s[n] = 0;
     }
     return s;
+}
+
+/* A constraint vocabulary of the 256 single bytes, then the n_multi
+ * pieces, then one end token (id 256 + n_multi), built on first use and
+ * kept; NULL when out of memory. One per harness (one per process). */
+static __attribute__((unused)) const eng_cs_vocab *fz_byte_vocab(const char *const *multi,
+                                                                 int32_t n_multi)
+{
+    static eng_cs_vocab *v;
+    static bool tried;
+    if (!tried && n_multi <= 64) {
+        static char bytes[256];
+        const char *pieces[256 + 64 + 1];
+        size_t lens[256 + 64 + 1];
+        int32_t end_id = 256 + n_multi;
+        tried = true;
+        for (int i = 0; i < 256; i++) {
+            bytes[i] = (char)i;
+            pieces[i] = &bytes[i];
+            lens[i] = 1;
+        }
+        for (int32_t i = 0; i < n_multi; i++) {
+            pieces[256 + i] = multi[i];
+            lens[256 + i] = strlen(multi[i]);
+        }
+        pieces[end_id] = NULL;
+        lens[end_id] = 0;
+        if (eng_cs_vocab_create_from_pieces(pieces, lens, end_id + 1, &end_id, 1, &v, NULL))
+            v = NULL;
+    }
+    return v;
 }
 
 #endif

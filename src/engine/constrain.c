@@ -87,8 +87,12 @@ struct eng_cs_vocab {
  * a state met before is one pass over a list instead of a trie walk. A
  * state is listed the second time it is met (a counter such as a hostname
  * label's length rarely repeats; a loop such as an email's local part
- * does). */
+ * does). GBNF automata (CS_RAW) use the same lists; there a token that
+ * passes an accepting state before its last byte could also end the
+ * automaton and go on below, so its entry is undecided (state
+ * CS_PAT_UNDECIDED) and the token is fed from the full state instead. */
 #define CS_PAT_SLOTS 2
+#define CS_PAT_UNDECIDED (-2)
 
 typedef struct cs_pat_entry {
     int32_t id, state, chars;
@@ -1442,7 +1446,7 @@ static int pat_cache_create(eng_constraint *c)
 {
     bool patterns = false;
     for (int32_t i = 0; i < c->g->n_nodes; i++)
-        patterns |= c->g->nodes[i].kind == CS_PATTERN;
+        patterns |= c->g->nodes[i].kind == CS_PATTERN || c->g->nodes[i].kind == CS_RAW;
     if (!patterns || c->v->n_plain == 0)
         return SW_OK;
     if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
@@ -1484,13 +1488,19 @@ static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_
     if (!slot->built) {
         const eng_cs_vocab *v = c->v;
         const eng_regex *re = c->g->nodes[node].re;
+        bool raw = c->g->nodes[node].kind == CS_RAW;
         slot->n = 0;
         for (int32_t i = 0; i < v->n_plain; i++) {
             int32_t id = v->plain_ids[i], st = state;
             const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
-            for (int32_t k = 0; k < v->len[id] && st >= 0; k++)
+            for (int32_t k = 0; k < v->len[id] && st >= 0; k++) {
+                if (raw && k > 0 && eng_regex_accepting(re, st)) {
+                    st = CS_PAT_UNDECIDED;
+                    break;
+                }
                 st = eng_regex_step(re, st, p[k]);
-            if (st >= 0)
+            }
+            if (st >= 0 || st == CS_PAT_UNDECIDED)
                 slot->e[slot->n++] = (cs_pat_entry){id, st, v->plain_chars[i]};
         }
         slot->built = true;
@@ -1695,6 +1705,79 @@ static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_fra
     }
 }
 
+/* Whether token id (not an end token) is accepted from the state with
+ * its shortest completion within budget_after: fed through the full
+ * state (scratch[0] and [1]). */
+static bool token_fits(eng_constraint *c, int32_t id, int64_t budget_after)
+{
+    const cs_set *cur = &c->state;
+    const uint8_t *p = (const uint8_t *)c->v->blob + c->v->off[id];
+    for (int32_t k = 0; k < c->v->len[id]; k++) {
+        cs_set *next = &c->scratch[k & 1];
+        set_step(c->g, cur, p[k], next);
+        if (next->n == 0)
+            return false;
+        cur = next;
+    }
+    return set_min(c->g, cur) <= budget_after;
+}
+
+/* The plain tokens of a CS_RAW frame that cannot end here, from its
+ * state's list; false when there is none yet (walk them). */
+static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
+                           int64_t budget_after, uint32_t *mask, int32_t *count)
+{
+    const cs_node *n = &c->g->nodes[f->node];
+    if (!c->pcache || eng_regex_accepting(n->re, f->b))
+        return false;
+    const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
+    if (!slot)
+        return false;
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        bool ok = e->state == CS_PAT_UNDECIDED
+                      ? token_fits(c, e->id, budget_after)
+                      : base_rest + eng_regex_costs_get(n->re_costs, e->state, 0) <= budget_after;
+        if (ok) {
+            mask[e->id >> 5] |= 1u << (e->id & 31);
+            (*count)++;
+        }
+    }
+    return true;
+}
+
+/* Inside a GBNF automaton (one stack, its top frame CS_RAW): while the
+ * automaton cannot end there, a byte only steps it, so the trie is walked
+ * with a copy of that frame alone (one table lookup per trie node, no
+ * stack copies); where it could end (the byte may belong to the frames
+ * below) the general walk takes over from the full state. */
+static void walk_raw(walk_ctx *w, uint32_t node, int32_t depth, const cs_frame *f,
+                     int64_t base_rest)
+{
+    const cs_node *n = &w->c->g->nodes[f->node];
+    if (eng_regex_accepting(n->re, f->b)) {
+        cs_set *cur = &w->c->scratch[depth];
+        cur->n = 1;
+        stack_copy(&cur->s[0], &w->c->state.s[0]);
+        cur->s[0].f[cur->s[0].depth - 1] = *f;
+        walk(w, node, depth);
+        return;
+    }
+    const cs_trie *t = w->t;
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        int32_t to = eng_regex_step(n->re, f->b, tn->byte);
+        if (to < 0)
+            continue;
+        cs_frame f2 = *f;
+        f2.b = to;
+        if (tn->tok_count && base_rest + eng_regex_costs_get(n->re_costs, to, 0) <= w->budget_after)
+            allow_tokens(w, tn);
+        if (tn->first_child)
+            walk_raw(w, ch, depth + 1, &f2, base_rest);
+    }
+}
+
 int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_t *mask)
 {
     const eng_cs_vocab *v = c->v;
@@ -1731,8 +1814,14 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             if (pattern_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
                 w.t = &v->special;
             walk_pattern(&w, 0, 0, top, rest);
-        } else
+        } else if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_RAW) {
+            int64_t rest = stack_min(g, only) - frame_min(g, top);
+            if (raw_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
+                w.t = &v->special;
+            walk_raw(&w, 0, 0, top, rest);
+        } else {
             walk(&w, 0, 0);
+        }
     }
     if (set_complete(g, &c->state)) {
         for (int32_t i = 0; i < v->n_end; i++) {

@@ -418,17 +418,35 @@ static void stack_copy(cs_stack *dst, const cs_stack *src)
     memcpy(dst->f, src->f, (size_t)src->depth * sizeof src->f[0]);
 }
 
+static int64_t stack_min(const eng_grammar *g, const cs_stack *st);
+
 /* Adds a stack to the set unless it is there already (two paths to the
  * same stack are common in ambiguous GBNF grammars; frames are zeroed
- * when pushed, so equal stacks compare equal byte for byte). */
-static void push_out(cs_set *out, const cs_stack *st)
+ * when pushed, so equal stacks compare equal byte for byte). A full set
+ * keeps the stacks with the shortest completions: the one with the
+ * longest gives way, so the state's minimum is never lost and the budget
+ * rule (some token always shortens it) holds however many are dropped. */
+static void push_out(const eng_grammar *g, cs_set *out, const cs_stack *st)
 {
     for (int32_t i = 0; i < out->n; i++)
         if (out->s[i].depth == st->depth &&
             memcmp(out->s[i].f, st->f, (size_t)st->depth * sizeof st->f[0]) == 0)
             return;
-    if (out->n < ENG_CS_MAX_ALTS)
+    if (out->n < ENG_CS_MAX_ALTS) {
         stack_copy(&out->s[out->n++], st);
+        return;
+    }
+    int64_t mine = stack_min(g, st), worst = -1;
+    int32_t at = -1;
+    for (int32_t i = 0; i < out->n; i++) {
+        int64_t m = stack_min(g, &out->s[i]);
+        if (m > worst) {
+            worst = m;
+            at = i;
+        }
+    }
+    if (mine < worst)
+        stack_copy(&out->s[at], st);
 }
 
 enum { R_REJECT = 0, R_ACCEPT = 1, R_DONE = 2, R_END = 3 };
@@ -1074,7 +1092,7 @@ static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_stack *st, uint8
             return false;
         f->phase = 1;
         f->b = to;
-        push_out(out, st);
+        push_out(g, out, st);
         return false;
     }
     case CS_SEQ:
@@ -1121,7 +1139,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 return;
             if (r == R_DONE)
                 st->depth--;
-            push_out(out, st);
+            push_out(g, out, st);
             return;
         case CS_NUMBER:
         case CS_INTEGER:
@@ -1132,7 +1150,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             if (r == R_REJECT)
                 return;
             if (r == R_ACCEPT) {
-                push_out(out, st);
+                push_out(g, out, st);
                 return;
             }
             st->depth--; /* R_END: the byte belongs to the frame below */
@@ -1142,7 +1160,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case O_START:
                 if (ch == '{') {
                     f->phase = O_FIRST;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case O_FIRST:
@@ -1150,7 +1168,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 if (ch == '}' && f->phase == O_FIRST) {
                     if (n->next_req[0] == n->n_props) {
                         st->depth--;
-                        push_out(out, st);
+                        push_out(g, out, st);
                     }
                     return;
                 }
@@ -1159,7 +1177,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 f->phase = O_KEY;
                 f->c = f->a;
                 f->b = 1;
-                push_out(out, st);
+                push_out(g, out, st);
                 return;
             case O_KEY: {
                 int32_t hi = key_hi(n, f->a), b = f->b;
@@ -1171,7 +1189,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                     f->b = b + 1;
                     if (f->b == n->key_lens[j])
                         f->phase = O_VALUE;
-                    push_out(out, st);
+                    push_out(g, out, st);
                     return;
                 }
                 return;
@@ -1184,10 +1202,10 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             default: /* O_AFTER */
                 if (ch == ',' && f->a < n->n_props) {
                     f->phase = O_KEYSTART;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 } else if (ch == '}' && n->next_req[f->a] == n->n_props) {
                     st->depth--;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             }
@@ -1196,7 +1214,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case A_START:
                 if (ch == '{') {
                     f->phase = A_FIRST;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case A_FIRST:
@@ -1204,7 +1222,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 if (ch == '}' && f->phase == A_FIRST) {
                     if (!n->counted || n->min_items == 0) {
                         st->depth--;
-                        push_out(out, st);
+                        push_out(g, out, st);
                     }
                     return;
                 }
@@ -1217,7 +1235,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case A_COLON:
                 if (ch == ':') {
                     f->phase = A_VALUE;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case A_VALUE:
@@ -1227,10 +1245,10 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             default: /* A_AFTER */
                 if (ch == ',' && (!n->counted || f->b < n->max_items)) {
                     f->phase = A_KEY;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 } else if (ch == '}') {
                     st->depth--;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             }
@@ -1239,14 +1257,14 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case R_START:
                 if (ch == '[') {
                     f->phase = R_FIRST;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case R_FIRST:
                 if (ch == ']') {
                     if (n->min_items == 0) {
                         st->depth--;
-                        push_out(out, st);
+                        push_out(g, out, st);
                     }
                     return;
                 }
@@ -1264,10 +1282,10 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             default: /* R_AFTER */
                 if (ch == ',' && f->a < n->max_items) {
                     f->phase = R_NEXT;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 } else if (ch == ']' && f->a >= n->min_items) {
                     st->depth--;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             }

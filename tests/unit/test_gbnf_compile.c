@@ -262,6 +262,19 @@ static void test_budget(void **state)
     assert_false(eng_constraint_feed(c, "?", 1));
     eng_constraint_free(c);
     eng_grammar_free(g);
+    /* ambiguous enough to fill the state's 8 stacks: the ones kept are
+     * those closest to the end, so with the budget at exactly the
+     * shortest completion some token still leads there (a fuzz find) */
+    g = compile("root ::= x{3}\nx ::= \"(\" y? \"(\"\ny ::= x+\n");
+    assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+    assert_true(eng_constraint_feed(c, "(((((((((((", 11));
+    for (int64_t min; (min = eng_constraint_min_bytes(c)) > 0;) {
+        assert_true(eng_constraint_mask(c, min, mask) > 0);
+        assert_true(eng_constraint_feed(c, "(", 1));
+        assert_true(eng_constraint_min_bytes(c) < min);
+    }
+    eng_constraint_free(c);
+    eng_grammar_free(g);
     eng_cs_vocab_free(v);
 }
 

@@ -582,21 +582,27 @@ static bool nul_free(json_t *v, bool schema, int depth)
     return true;
 }
 
-/* An object whose member `schema_key` is a schema. */
-static bool nul_free_holder(json_t *v, const char *schema_key)
+/* No NUL under v but in the schema at the end of path (member names, one
+ * level each: {"json_schema", "schema"}), whose data may hold them. */
+static bool nul_free_path(json_t *v, const char *const *path, int depth)
 {
     const char *k;
     json_t *e;
+    if (!*path || !json_is_object(v))
+        return nul_free(v, !*path, depth);
     json_object_foreach(v, k, e) {
-        if (!nul_free(e, strcmp(k, schema_key) == 0, 1))
+        if (!(strcmp(k, *path) == 0 ? nul_free_path(e, path + 1, depth + 1)
+                                    : nul_free(e, false, depth + 1)))
             return false;
     }
-    return json_is_object(v) || nul_free(v, false, 1);
+    return true;
 }
 
 /* The top-level field with a NUL where none may be, or NULL. */
 static const char *nul_field(json_t *body)
 {
+    static const char *const rf_schema[] = {"json_schema", "schema", NULL};
+    static const char *const tool_schema[] = {"function", "parameters", NULL};
     const char *k;
     json_t *v, *e;
     size_t i;
@@ -604,28 +610,15 @@ static const char *nul_field(json_t *body)
         bool ok = true;
         if (strcmp(k, "prompt") == 0 || strcmp(k, "grammar") == 0)
             continue;
-        if (strcmp(k, "response_format") == 0 && json_is_object(v)) {
-            const char *k2;
-            json_t *v2;
-            json_object_foreach(v, k2, v2) {
-                if (ok)
-                    ok = strcmp(k2, "json_schema") == 0 ? nul_free_holder(v2, "schema")
-                                                         : nul_free(v2, false, 1);
-            }
+        if (strcmp(k, "response_format") == 0) {
+            ok = nul_free_path(v, rf_schema, 1);
         } else if (strcmp(k, "tools") == 0 && json_is_array(v)) {
             json_array_foreach(v, i, e) {
-                const char *k2;
-                json_t *v2;
-                json_object_foreach(e, k2, v2) {
-                    if (ok)
-                        ok = strcmp(k2, "function") == 0 ? nul_free_holder(v2, "parameters")
-                                                          : nul_free(v2, false, 1);
-                }
-                if (ok && !json_is_object(e))
-                    ok = nul_free(e, false, 1);
+                if (ok)
+                    ok = nul_free_path(e, tool_schema, 2);
             }
         } else {
-            ok = nul_free(v, false, 0);
+            ok = nul_free(v, false, 1);
         }
         if (!ok)
             return k;

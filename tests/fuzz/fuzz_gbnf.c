@@ -8,9 +8,10 @@
  * completed under the tightest budget that allows it.
  *
  * Invariants: parsing and compiling are bounded and their errors typed
- * with a message (a compile refuses only what parses); the mask agrees
- * with feeding (checked on the first 8 states and every 16th after them)
- * and never allows a byte that feeding refuses; complete exactly when the
+ * with a message (a compile refuses only what parses); fz_cs_run's
+ * (fuzzlib.h): the mask agrees with feeding (checked on the first 8
+ * states and every 16th after them) and never allows a byte that feeding
+ * refuses; complete exactly when the
  * shortest completion is 0 bytes, the end token allowed exactly then;
  * every complete text is in the grammar's language by the parser's
  * reference matcher (short texts: it is exponential in the worst case);
@@ -30,7 +31,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * (its memory is rules x bytes^2 bits) */
 #define FZ_MAX_MATCHED 48
 #define FZ_MAX_MATCHED_RULES 512
-#define FZ_BIG_BUDGET ((int64_t)1 << 40)
 
 static const char *const fz_multi[] = {
     "ab", "abc", "  ", "\n", "()", "[]", "{\"", "\":", "12", "-1", "true", "x y",
@@ -40,87 +40,19 @@ static const char *const fz_multi[] = {
 #define FZ_N_TOKENS (256 + FZ_N_MULTI + 1)
 #define FZ_END_ID (FZ_N_TOKENS - 1)
 
-static bool bit(const uint32_t *mask, int32_t id)
-{
-    return (mask[id / 32] >> (id % 32)) & 1;
-}
-
 typedef struct fz_run {
     const eng_gbnf *ref;
-    eng_constraint *c;
+    fz_cs_walk w;
     char text[FZ_MAX_CANDIDATE + FZ_MAX_COMPLETION * 8];
-    size_t len;
     uint32_t mask[(FZ_N_TOKENS + 31) / 32];
 } fz_run;
 
-static void check_state(fz_run *r, bool with_mask)
+/* A complete text is in the language (judged where the matcher is cheap). */
+static void check_text(const fz_cs_walk *w)
 {
-    bool complete = eng_constraint_is_complete(r->c);
-    int64_t min = eng_constraint_min_bytes(r->c);
-    FZ_CHECK(min >= 0 && complete == (min == 0));
-    FZ_CHECK(!eng_constraint_is_closed(r->c) || complete);
-    if (with_mask) {
-        eng_constraint_mask(r->c, FZ_BIG_BUDGET, r->mask);
-        FZ_CHECK(bit(r->mask, FZ_END_ID) == complete);
-    }
-    if (complete && r->len <= FZ_MAX_MATCHED && eng_gbnf_n_rules(r->ref) <= FZ_MAX_MATCHED_RULES)
-        FZ_CHECK(eng_gbnf_match(r->ref, r->text, r->len));
-}
-
-static void check_refusals(fz_run *r)
-{
-    eng_constraint_mask(r->c, FZ_BIG_BUDGET, r->mask);
-    for (int b = 0; b < 256; b++) {
-        char byte = (char)b;
-        if (!bit(r->mask, b))
-            FZ_CHECK(!eng_constraint_feed(r->c, &byte, 1));
-    }
-}
-
-static void walk(fz_run *r, const uint8_t *cand, size_t n)
-{
-    check_refusals(r);
-    bool masked = true;
-    check_state(r, masked);
-    for (size_t i = 0, fed_bytes = 0; i < n && i < FZ_MAX_CANDIDATE; i++) {
-        char byte = (char)cand[i];
-        bool fed = eng_constraint_feed(r->c, &byte, 1);
-        FZ_CHECK(!masked || fed == bit(r->mask, cand[i]));
-        if (!fed)
-            continue;
-        r->text[r->len++] = byte;
-        fed_bytes++;
-        masked = fed_bytes < 8 || fed_bytes % 16 == 0;
-        check_state(r, masked);
-    }
-    check_refusals(r);
-    check_state(r, true);
-
-    int64_t min = eng_constraint_min_bytes(r->c);
-    if (min > FZ_MAX_COMPLETION)
-        return;
-    uint32_t pick = n ? cand[n - 1] : 0;
-    for (int step = 0; !eng_constraint_is_complete(r->c); step++) {
-        FZ_CHECK(step < FZ_MAX_COMPLETION);
-        int32_t n_allowed = eng_constraint_mask(r->c, min, r->mask);
-        FZ_CHECK(n_allowed > 0 && !bit(r->mask, FZ_END_ID));
-        int32_t k = (int32_t)((pick = pick * 1103515245u + 12345u) >> 8) % n_allowed, chosen = -1;
-        for (int32_t id = 0; id < FZ_N_TOKENS && chosen < 0; id++)
-            if (bit(r->mask, id) && k-- == 0)
-                chosen = id;
-        FZ_CHECK(chosen >= 0 && chosen != FZ_END_ID);
-        FZ_CHECK(eng_constraint_accept_token(r->c, chosen));
-        const char *piece = chosen < 256 ? (const char[]){(char)chosen} : fz_multi[chosen - 256];
-        size_t piece_len = chosen < 256 ? 1 : strlen(fz_multi[chosen - 256]);
-        FZ_CHECK(r->len + piece_len <= sizeof r->text);
-        memcpy(r->text + r->len, piece, piece_len);
-        r->len += piece_len;
-        int64_t next = eng_constraint_min_bytes(r->c);
-        FZ_CHECK(next <= min - 1);
-        min = next;
-    }
-    check_state(r, true);
-    FZ_CHECK(eng_constraint_accept_token(r->c, FZ_END_ID));
+    const fz_run *r = w->user;
+    if (w->len <= FZ_MAX_MATCHED && eng_gbnf_n_rules(r->ref) <= FZ_MAX_MATCHED_RULES)
+        FZ_CHECK(eng_gbnf_match(r->ref, w->text, w->len));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -154,10 +86,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     memset(&r, 0, sizeof r);
     r.ref = ref;
-    if (eng_constraint_create(g, v, &r.c, &err) == SW_OK) {
-        FZ_CHECK(eng_constraint_min_bytes(r.c) == eng_grammar_min_bytes(g));
-        walk(&r, cand, cand_len);
-        eng_constraint_free(r.c);
+    r.w = (fz_cs_walk){NULL,          fz_multi, FZ_N_TOKENS, FZ_END_ID, r.text, 0,
+                       sizeof r.text, r.mask,   check_text,  &r};
+    if (eng_constraint_create(g, v, &r.w.c, &err) == SW_OK) {
+        FZ_CHECK(eng_constraint_min_bytes(r.w.c) == eng_grammar_min_bytes(g));
+        fz_cs_run(&r.w, cand, cand_len, FZ_MAX_CANDIDATE, FZ_MAX_COMPLETION);
+        eng_constraint_free(r.w.c);
     }
     eng_grammar_free(g);
     eng_gbnf_free(ref);

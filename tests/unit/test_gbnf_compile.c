@@ -15,25 +15,11 @@
 #include "common/alloc.h"
 #include "engine/constrain.h"
 #include "engine/gbnf.h"
+#include "gbnf_testdata.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *const g_json =
-    "root   ::= object\n"
-    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
-    "object ::=\n"
-    "  \"{\" ws (\n"
-    "    string \":\" ws value\n"
-    "    (\",\" ws string \":\" ws value)*\n"
-    "  )? \"}\" ws\n"
-    "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
-    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] |\n"
-    "  \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* "
-    "\"\\\"\" ws\n"
-    "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n"
-    "ws     ::= | [ \\t\\n] ws\n";
 
 static const char *const g_expr =
     "root ::= expr\n"
@@ -136,7 +122,7 @@ static void test_verdicts(void **state)
     int32_t n_tok;
     eng_cs_vocab *v = vocab(&n_tok);
     for (size_t i = 0; g_cases[i].text; i++) {
-        const char *gr = g_cases[i].grammar ? g_cases[i].grammar : g_json;
+        const char *gr = g_cases[i].grammar ? g_cases[i].grammar : tu_gbnf_json;
         const char *text = g_cases[i].text;
         eng_gbnf *ref = NULL;
         assert_int_equal(eng_gbnf_parse(gr, strlen(gr), &ref, NULL), SW_OK);
@@ -232,7 +218,7 @@ static void sample_runs(const char *gr, int runs, int budget)
 static void test_sampled(void **state)
 {
     (void)state;
-    sample_runs(g_json, 40, 40);
+    sample_runs(tu_gbnf_json, 40, 40);
     sample_runs(g_expr, 40, 24);
     sample_runs(g_list, 40, 20);
     sample_runs(g_ambiguous, 40, 12);
@@ -365,7 +351,7 @@ static void test_alloc_faults(void **state)
     for (long n = 0;; n++) {
         sw_alloc_fail_after(n);
         eng_grammar *g = NULL;
-        int rc = eng_grammar_from_gbnf(g_json, strlen(g_json), &g, NULL);
+        int rc = eng_grammar_from_gbnf(tu_gbnf_json, strlen(tu_gbnf_json), &g, NULL);
         sw_alloc_fail_after(-1);
         if (rc == SW_OK) {
             eng_grammar_free(g);

@@ -21,9 +21,11 @@
 /* Frames on one automaton stack (the root frame included): bounds the
  * nesting of a schema. */
 #define ENG_CS_MAX_DEPTH 16
-/* Alternative stacks followed at once (anyOf branches that agree on the
- * bytes so far). More are dropped: every kept stack is still completable,
- * so dropping only narrows what may be generated. */
+/* Alternative stacks followed at once (anyOf branches, or readings of an
+ * ambiguous GBNF grammar, that agree on the bytes so far). More are
+ * dropped, those with the longest completions first: every kept stack is
+ * still completable, so dropping only narrows what may be generated, and
+ * the shortest completion is never lost (the budget rule needs it). */
 #define ENG_CS_MAX_ALTS 8
 /* Longer tokens are never allowed: the mask walk keeps one state per byte
  * of the longest token (real vocabularies stay far below). */

@@ -7,10 +7,12 @@
  * Feeding a byte runs the top frame: it accepts the byte, refuses it, or
  * ends (a number or a literal ends at the first byte that cannot extend
  * it, which is then fed to the frame below). Expecting a value of an anyOf
- * node forks the stack, one copy per alternative that accepts the byte.
+ * node forks the stack, one copy per alternative that accepts the byte;
+ * GBNF frames (gbnf_compile.c) fork also where they may end or go on.
  *
  * Minimum completion: every frame knows the fewest bytes that close it
- * from its phase (node minimum lengths come from json_schema.c), and a
+ * from its phase (node minimum lengths come from json_schema.c and
+ * gbnf_compile.c), and a
  * stack's minimum is the sum over its frames; the state's is the smallest
  * over its stacks. The budget rule compares it with the tokens left.
  */

@@ -92,6 +92,11 @@ bool sw_json_error_oom(const json_error_t *error)
     return json_error_code(error) == json_error_out_of_memory;
 }
 
+bool sw_json_error_number_range(const json_error_t *error)
+{
+    return json_error_code(error) == json_error_numeric_overflow;
+}
+
 void sw_alloc_fail_after(long n)
 {
     atomic_store(&fail_at, n < 0 ? -1 : atomic_load(&alloc_calls) + n);

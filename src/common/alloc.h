@@ -64,6 +64,10 @@ struct json_t *sw_json_loadb(const char *buffer, size_t len, size_t flags,
                              struct json_error_t *error);
 char *sw_json_dumps(const struct json_t *json, size_t flags); /* free() */
 bool sw_json_error_oom(const struct json_error_t *error);
+/* The load failed on a number jansson cannot hold: an integer outside
+ * int64 or a real beyond a double's range. Request bodies answer it with
+ * a typed 400 that says so (never a value silently rounded). */
+bool sw_json_error_number_range(const struct json_error_t *error);
 
 /* ---- fault scopes: one request's allocations ----------------------------
  *

@@ -21,9 +21,11 @@
 /* Frames on one automaton stack (the root frame included): bounds the
  * nesting of a schema. */
 #define ENG_CS_MAX_DEPTH 16
-/* Alternative stacks followed at once (anyOf branches that agree on the
- * bytes so far). More are dropped: every kept stack is still completable,
- * so dropping only narrows what may be generated. */
+/* Alternative stacks followed at once (anyOf branches, or readings of an
+ * ambiguous GBNF grammar, that agree on the bytes so far). More are
+ * dropped, those with the longest completions first: every kept stack is
+ * still completable, so dropping only narrows what may be generated, and
+ * the shortest completion is never lost (the budget rule needs it). */
 #define ENG_CS_MAX_ALTS 8
 /* Longer tokens are never allowed: the mask walk keeps one state per byte
  * of the longest token (real vocabularies stay far below). */
@@ -49,7 +51,17 @@ typedef enum cs_kind {
     CS_LITERALS = 6, /* one of a set of fixed texts (enum, const, true/false, null) */
     CS_ANYOF = 7,    /* one of the nodes in alts */
     CS_PATTERN = 8,  /* a string whose content matches re, min_chars..max_chars */
+    /* GBNF grammars (gbnf_compile.c): raw text, not JSON values. */
+    CS_RAW = 9,      /* bytes that the automaton re matches as a whole (re_costs: unbounded) */
+    CS_SEQ = 10,     /* the n_seq nodes seq[], one after the other */
+    CS_REP = 11,     /* node item, min_items..max_items times (max_items -1: unbounded) */
 } cs_kind;
+
+/* Minimum lengths saturate here: a value this long can never be generated
+ * anyway, and sums of several stay far from overflow. A GBNF node whose
+ * minimum is CS_LEN_CAP has no finite text at all (gbnf_compile.c prunes
+ * such nodes from every place they could be entered). */
+#define CS_LEN_CAP (INT32_MAX / 8)
 
 typedef struct cs_node {
     cs_kind kind;
@@ -101,6 +113,16 @@ typedef struct cs_node {
      * under min_chars..max_chars; min_bytes is set by the maker. */
     eng_regex *re;
     eng_regex_costs *re_costs;
+    /* CS_SEQ: seq_from[i] (n_seq + 1 entries) is the sum of the minimum
+     * lengths of seq[i..]. */
+    int32_t n_seq;
+    int32_t *seq;
+    int32_t *seq_from;
+    /* GBNF nodes: stack frames the node's shortest text needs, its own
+     * included (0, as JSON nodes have it: one). A value is entered only
+     * where its shortest text still fits under ENG_CS_MAX_DEPTH, so the
+     * minimum completion is always reachable and the budget stays exact. */
+    int32_t need_frames;
 } cs_node;
 
 struct eng_grammar {

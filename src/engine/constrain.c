@@ -7,10 +7,12 @@
  * Feeding a byte runs the top frame: it accepts the byte, refuses it, or
  * ends (a number or a literal ends at the first byte that cannot extend
  * it, which is then fed to the frame below). Expecting a value of an anyOf
- * node forks the stack, one copy per alternative that accepts the byte.
+ * node forks the stack, one copy per alternative that accepts the byte;
+ * GBNF frames (gbnf_compile.c) fork also where they may end or go on.
  *
  * Minimum completion: every frame knows the fewest bytes that close it
- * from its phase (node minimum lengths come from json_schema.c), and a
+ * from its phase (node minimum lengths come from json_schema.c and
+ * gbnf_compile.c), and a
  * stack's minimum is the sum over its frames; the state's is the smallest
  * over its stacks. The budget rule compares it with the tokens left.
  */
@@ -87,8 +89,12 @@ struct eng_cs_vocab {
  * a state met before is one pass over a list instead of a trie walk. A
  * state is listed the second time it is met (a counter such as a hostname
  * label's length rarely repeats; a loop such as an email's local part
- * does). */
+ * does). GBNF automata (CS_RAW) use the same lists; there a token that
+ * passes an accepting state before its last byte could also end the
+ * automaton and go on below, so its entry is undecided (state
+ * CS_PAT_UNDECIDED) and the token is fed from the full state instead. */
 #define CS_PAT_SLOTS 2
+#define CS_PAT_UNDECIDED (-2)
 
 typedef struct cs_pat_entry {
     int32_t id, state, chars;
@@ -414,10 +420,35 @@ static void stack_copy(cs_stack *dst, const cs_stack *src)
     memcpy(dst->f, src->f, (size_t)src->depth * sizeof src->f[0]);
 }
 
-static void push_out(cs_set *out, const cs_stack *st)
+static int64_t stack_min(const eng_grammar *g, const cs_stack *st);
+
+/* Adds a stack to the set unless it is there already (two paths to the
+ * same stack are common in ambiguous GBNF grammars; frames are zeroed
+ * when pushed, so equal stacks compare equal byte for byte). A full set
+ * keeps the stacks with the shortest completions: the one with the
+ * longest gives way, so the state's minimum is never lost and the budget
+ * rule (some token always shortens it) holds however many are dropped. */
+static void push_out(const eng_grammar *g, cs_set *out, const cs_stack *st)
 {
-    if (out->n < ENG_CS_MAX_ALTS)
+    for (int32_t i = 0; i < out->n; i++)
+        if (out->s[i].depth == st->depth &&
+            memcmp(out->s[i].f, st->f, (size_t)st->depth * sizeof st->f[0]) == 0)
+            return;
+    if (out->n < ENG_CS_MAX_ALTS) {
         stack_copy(&out->s[out->n++], st);
+        return;
+    }
+    int64_t mine = stack_min(g, st), worst = -1;
+    int32_t at = -1;
+    for (int32_t i = 0; i < out->n; i++) {
+        int64_t m = stack_min(g, &out->s[i]);
+        if (m > worst) {
+            worst = m;
+            at = i;
+        }
+    }
+    if (mine < worst)
+        stack_copy(&out->s[at], st);
 }
 
 enum { R_REJECT = 0, R_ACCEPT = 1, R_DONE = 2, R_END = 3 };
@@ -1003,12 +1034,88 @@ static void enter(const eng_grammar *g, cs_stack *st, int32_t node, uint8_t ch, 
         }
         return;
     }
-    if (st->depth >= ENG_CS_MAX_DEPTH)
+    if (st->depth + (n->need_frames > 0 ? n->need_frames : 1) > ENG_CS_MAX_DEPTH)
         return;
     cs_frame *f = &st->f[st->depth++];
     memset(f, 0, sizeof *f);
     f->node = node;
     run(g, st, ch, out);
+}
+
+/* GBNF frames (gbnf_compile.c). CS_RAW: b is the automaton's state.
+ * CS_SEQ: a is the child to come. CS_REP: a counts the iterations begun.
+ * phase 0: just entered, so the byte must start a non-empty match (an
+ * empty one is the parent's choice: a child with minimum 0 may be
+ * skipped); 1: under way. Where the frame may end and also go on, the
+ * stack forks. */
+
+/* The frame ends and the byte goes to the frame below, on a copy. */
+static void fork_end(const eng_grammar *g, const cs_stack *st, uint8_t ch, cs_set *out)
+{
+    cs_stack copy;
+    stack_copy(&copy, st);
+    copy.depth--;
+    run(g, &copy, ch, out);
+}
+
+/* A copy of st whose top frame moved on to (phase 1, a) enters node;
+ * tail: the frame has nothing left after it, so it is popped first. */
+static void fork_enter(const eng_grammar *g, const cs_stack *st, int32_t a, bool tail,
+                       int32_t node, uint8_t ch, cs_set *out)
+{
+    cs_stack copy;
+    stack_copy(&copy, st);
+    cs_frame *f = &copy.f[copy.depth - 1];
+    f->phase = 1;
+    f->a = a;
+    if (tail)
+        copy.depth--;
+    enter(g, &copy, node, ch, out);
+}
+
+/* Returns true when the byte goes on to the frame below (st popped). */
+static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_stack *st, uint8_t ch,
+                     cs_set *out)
+{
+    cs_frame *f = &st->f[st->depth - 1];
+    bool fresh = f->phase == 0;
+    switch (n->kind) {
+    case CS_RAW: {
+        int32_t from = fresh ? eng_regex_start(n->re) : f->b;
+        int32_t to = eng_regex_step(n->re, from, ch);
+        if (!fresh && eng_regex_accepting(n->re, from)) {
+            if (to < 0) {
+                st->depth--;
+                return true;
+            }
+            fork_end(g, st, ch, out);
+        }
+        if (to < 0)
+            return false;
+        f->phase = 1;
+        f->b = to;
+        push_out(g, out, st);
+        return false;
+    }
+    case CS_SEQ:
+        for (int32_t i = f->a; i < n->n_seq; i++) {
+            fork_enter(g, st, i + 1, i + 1 == n->n_seq, n->seq[i], ch, out);
+            if (g->nodes[n->seq[i]].min_bytes > 0)
+                return false;
+        }
+        if (fresh)
+            return false;
+        st->depth--; /* the rest may be empty */
+        return true;
+    case CS_REP:
+        if (n->max_items < 0 || f->a < n->max_items)
+            fork_enter(g, st, f->a + 1, f->a + 1 == n->max_items, n->item, ch, out);
+        if (fresh || (f->a < n->min_items && g->nodes[n->item].min_bytes > 0))
+            return false;
+        st->depth--;
+        return true;
+    default: return false;
+    }
 }
 
 static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
@@ -1034,7 +1141,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 return;
             if (r == R_DONE)
                 st->depth--;
-            push_out(out, st);
+            push_out(g, out, st);
             return;
         case CS_NUMBER:
         case CS_INTEGER:
@@ -1045,7 +1152,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             if (r == R_REJECT)
                 return;
             if (r == R_ACCEPT) {
-                push_out(out, st);
+                push_out(g, out, st);
                 return;
             }
             st->depth--; /* R_END: the byte belongs to the frame below */
@@ -1055,7 +1162,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case O_START:
                 if (ch == '{') {
                     f->phase = O_FIRST;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case O_FIRST:
@@ -1063,7 +1170,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 if (ch == '}' && f->phase == O_FIRST) {
                     if (n->next_req[0] == n->n_props) {
                         st->depth--;
-                        push_out(out, st);
+                        push_out(g, out, st);
                     }
                     return;
                 }
@@ -1072,7 +1179,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 f->phase = O_KEY;
                 f->c = f->a;
                 f->b = 1;
-                push_out(out, st);
+                push_out(g, out, st);
                 return;
             case O_KEY: {
                 int32_t hi = key_hi(n, f->a), b = f->b;
@@ -1084,7 +1191,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                     f->b = b + 1;
                     if (f->b == n->key_lens[j])
                         f->phase = O_VALUE;
-                    push_out(out, st);
+                    push_out(g, out, st);
                     return;
                 }
                 return;
@@ -1097,10 +1204,10 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             default: /* O_AFTER */
                 if (ch == ',' && f->a < n->n_props) {
                     f->phase = O_KEYSTART;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 } else if (ch == '}' && n->next_req[f->a] == n->n_props) {
                     st->depth--;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             }
@@ -1109,7 +1216,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case A_START:
                 if (ch == '{') {
                     f->phase = A_FIRST;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case A_FIRST:
@@ -1117,7 +1224,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 if (ch == '}' && f->phase == A_FIRST) {
                     if (!n->counted || n->min_items == 0) {
                         st->depth--;
-                        push_out(out, st);
+                        push_out(g, out, st);
                     }
                     return;
                 }
@@ -1130,7 +1237,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case A_COLON:
                 if (ch == ':') {
                     f->phase = A_VALUE;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case A_VALUE:
@@ -1140,10 +1247,10 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             default: /* A_AFTER */
                 if (ch == ',' && (!n->counted || f->b < n->max_items)) {
                     f->phase = A_KEY;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 } else if (ch == '}') {
                     st->depth--;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             }
@@ -1152,14 +1259,14 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case R_START:
                 if (ch == '[') {
                     f->phase = R_FIRST;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             case R_FIRST:
                 if (ch == ']') {
                     if (n->min_items == 0) {
                         st->depth--;
-                        push_out(out, st);
+                        push_out(g, out, st);
                     }
                     return;
                 }
@@ -1177,13 +1284,19 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             default: /* R_AFTER */
                 if (ch == ',' && f->a < n->max_items) {
                     f->phase = R_NEXT;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 } else if (ch == ']' && f->a >= n->min_items) {
                     st->depth--;
-                    push_out(out, st);
+                    push_out(g, out, st);
                 }
                 return;
             }
+        case CS_RAW:
+        case CS_SEQ:
+        case CS_REP:
+            if (run_gbnf(g, n, st, ch, out))
+                continue;
+            return;
         case CS_ANYOF:
             return; /* never on a stack: enter() forks instead */
         }
@@ -1285,6 +1398,12 @@ static int64_t frame_min(const eng_grammar *g, const cs_frame *f)
         }
     }
     case CS_PATTERN: return pattern_min(n, f);
+    case CS_RAW: return f->phase ? eng_regex_costs_get(n->re_costs, f->b, 0) : n->min_bytes;
+    case CS_SEQ: return n->seq_from[f->a];
+    case CS_REP:
+        return f->a < n->min_items
+                   ? sat((int64_t)(n->min_items - f->a) * g->nodes[n->item].min_bytes)
+                   : 0;
     case CS_ANYOF: break;
     }
     return 0;
@@ -1320,11 +1439,16 @@ static bool stack_complete(const eng_grammar *g, const cs_stack *st)
             can_end = literal_can_end(n, f);
         else if (n->kind == CS_NUMBER || n->kind == CS_INTEGER)
             can_end = num_can_end(n, f);
+        else if (n->kind == CS_RAW)
+            can_end = eng_regex_accepting(n->re, f->b);
+        else if (n->kind == CS_SEQ || n->kind == CS_REP)
+            can_end = frame_min(g, f) == 0;
         if (!can_end)
             return false;
         d--;
     }
-    return d == 1 && st->f[0].phase == 1;
+    /* the root done, or not begun with a grammar that allows nothing */
+    return d == 1 && (st->f[0].phase == 1 || g->nodes[g->root].min_bytes == 0);
 }
 
 static bool set_complete(const eng_grammar *g, const cs_set *s)
@@ -1342,7 +1466,7 @@ static int pat_cache_create(eng_constraint *c)
 {
     bool patterns = false;
     for (int32_t i = 0; i < c->g->n_nodes; i++)
-        patterns |= c->g->nodes[i].kind == CS_PATTERN;
+        patterns |= c->g->nodes[i].kind == CS_PATTERN || c->g->nodes[i].kind == CS_RAW;
     if (!patterns || c->v->n_plain == 0)
         return SW_OK;
     if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
@@ -1384,13 +1508,19 @@ static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_
     if (!slot->built) {
         const eng_cs_vocab *v = c->v;
         const eng_regex *re = c->g->nodes[node].re;
+        bool raw = c->g->nodes[node].kind == CS_RAW;
         slot->n = 0;
         for (int32_t i = 0; i < v->n_plain; i++) {
             int32_t id = v->plain_ids[i], st = state;
             const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
-            for (int32_t k = 0; k < v->len[id] && st >= 0; k++)
+            for (int32_t k = 0; k < v->len[id] && st >= 0; k++) {
+                if (raw && k > 0 && eng_regex_accepting(re, st)) {
+                    st = CS_PAT_UNDECIDED;
+                    break;
+                }
                 st = eng_regex_step(re, st, p[k]);
-            if (st >= 0)
+            }
+            if (st >= 0 || st == CS_PAT_UNDECIDED)
                 slot->e[slot->n++] = (cs_pat_entry){id, st, v->plain_chars[i]};
         }
         slot->built = true;
@@ -1595,6 +1725,79 @@ static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_fra
     }
 }
 
+/* Whether token id (not an end token) is accepted from the state with
+ * its shortest completion within budget_after: fed through the full
+ * state (scratch[0] and [1]). */
+static bool token_fits(eng_constraint *c, int32_t id, int64_t budget_after)
+{
+    const cs_set *cur = &c->state;
+    const uint8_t *p = (const uint8_t *)c->v->blob + c->v->off[id];
+    for (int32_t k = 0; k < c->v->len[id]; k++) {
+        cs_set *next = &c->scratch[k & 1];
+        set_step(c->g, cur, p[k], next);
+        if (next->n == 0)
+            return false;
+        cur = next;
+    }
+    return set_min(c->g, cur) <= budget_after;
+}
+
+/* The plain tokens of a CS_RAW frame that cannot end here, from its
+ * state's list; false when there is none yet (walk them). */
+static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
+                           int64_t budget_after, uint32_t *mask, int32_t *count)
+{
+    const cs_node *n = &c->g->nodes[f->node];
+    if (!c->pcache || eng_regex_accepting(n->re, f->b))
+        return false;
+    const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
+    if (!slot)
+        return false;
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        bool ok = e->state == CS_PAT_UNDECIDED
+                      ? token_fits(c, e->id, budget_after)
+                      : base_rest + eng_regex_costs_get(n->re_costs, e->state, 0) <= budget_after;
+        if (ok) {
+            mask[e->id >> 5] |= 1u << (e->id & 31);
+            (*count)++;
+        }
+    }
+    return true;
+}
+
+/* Inside a GBNF automaton (one stack, its top frame CS_RAW): while the
+ * automaton cannot end there, a byte only steps it, so the trie is walked
+ * with a copy of that frame alone (one table lookup per trie node, no
+ * stack copies); where it could end (the byte may belong to the frames
+ * below) the general walk takes over from the full state. */
+static void walk_raw(walk_ctx *w, uint32_t node, int32_t depth, const cs_frame *f,
+                     int64_t base_rest)
+{
+    const cs_node *n = &w->c->g->nodes[f->node];
+    if (eng_regex_accepting(n->re, f->b)) {
+        cs_set *cur = &w->c->scratch[depth];
+        cur->n = 1;
+        stack_copy(&cur->s[0], &w->c->state.s[0]);
+        cur->s[0].f[cur->s[0].depth - 1] = *f;
+        walk(w, node, depth);
+        return;
+    }
+    const cs_trie *t = w->t;
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        int32_t to = eng_regex_step(n->re, f->b, tn->byte);
+        if (to < 0)
+            continue;
+        cs_frame f2 = *f;
+        f2.b = to;
+        if (tn->tok_count && base_rest + eng_regex_costs_get(n->re_costs, to, 0) <= w->budget_after)
+            allow_tokens(w, tn);
+        if (tn->first_child)
+            walk_raw(w, ch, depth + 1, &f2, base_rest);
+    }
+}
+
 int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_t *mask)
 {
     const eng_cs_vocab *v = c->v;
@@ -1631,8 +1834,14 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             if (pattern_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
                 w.t = &v->special;
             walk_pattern(&w, 0, 0, top, rest);
-        } else
+        } else if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_RAW) {
+            int64_t rest = stack_min(g, only) - frame_min(g, top);
+            if (raw_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
+                w.t = &v->special;
+            walk_raw(&w, 0, 0, top, rest);
+        } else {
             walk(&w, 0, 0);
+        }
     }
     if (set_complete(g, &c->state)) {
         for (int32_t i = 0; i < v->n_end; i++) {

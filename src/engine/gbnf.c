@@ -536,6 +536,11 @@ int32_t eng_gbnf_n_rules(const eng_gbnf *g)
     return g->n_rules;
 }
 
+int32_t eng_gbnf_n_nodes(const eng_gbnf *g)
+{
+    return g->n_nodes;
+}
+
 int32_t eng_gbnf_rule(const eng_gbnf *g, const char *name)
 {
     for (int32_t i = 0; i < g->n_rules; i++)

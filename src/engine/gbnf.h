@@ -1,9 +1,9 @@
 /* gbnf.h - GBNF grammars, llama.cpp's (the `grammar` field llama-server
  * takes), parsed into rules.
  *
- * Not wired into generation yet: this is the parser the constraint
- * automaton will compile from, and a reference matcher for tests. The
- * syntax: `name ::= alternatives`, one rule per line (a rule continues on
+ * The parser, a reference matcher for tests, and the compiler into the
+ * constraint automaton (gbnf_compile.c) that enforces a request's
+ * `grammar` as constrain.h enforces a JSON schema. The syntax: `name ::= alternatives`, one rule per line (a rule continues on
  * the next line after `|` or inside parentheses), `# comments`; elements
  * are "literals" (escapes \n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH),
  * [character classes] with ranges and ^ negation, `.` (any character),
@@ -18,6 +18,7 @@
 #define SPILLWAY_ENGINE_GBNF_H
 
 #include "common/error.h"
+#include "engine/json_schema.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -55,7 +56,16 @@ typedef struct eng_gbnf eng_gbnf;
 int eng_gbnf_parse(const char *text, size_t len, eng_gbnf **out, sw_error *err);
 void eng_gbnf_free(eng_gbnf *g);
 
+/* Parses and compiles a grammar into the automaton constrain.h runs (the
+ * text generated is exactly a string of root's language, UTF-8). Errors:
+ * the parser's (SW_EINVAL with the line and column, SW_ERANGE), and
+ * SW_EINVAL for a left-recursive rule (named) or a root without any
+ * finite text, SW_ERANGE for a grammar whose automata or nesting pass the
+ * bounds (gbnf_compile.c). Bounded in time and memory on any input. */
+int eng_grammar_from_gbnf(const char *text, size_t len, eng_grammar **out, sw_error *err);
+
 int32_t eng_gbnf_n_rules(const eng_gbnf *g);
+int32_t eng_gbnf_n_nodes(const eng_gbnf *g);
 /* Index of a rule by name, or -1. */
 int32_t eng_gbnf_rule(const eng_gbnf *g, const char *name);
 const char *eng_gbnf_rule_name(const eng_gbnf *g, int32_t rule);

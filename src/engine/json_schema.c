@@ -19,10 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Minimum lengths saturate here: a value this long can never be generated
- * anyway, and sums of several stay far from overflow. */
-#define CS_LEN_CAP (INT32_MAX / 8)
-
 static int32_t len_add(int64_t a, int64_t b)
 {
     int64_t s = a + b;
@@ -55,6 +51,8 @@ static void node_clear(cs_node *n)
     sw_free(n->lit_lens);
     sw_free(n->alts);
     sw_free(n->prefix);
+    sw_free(n->seq);
+    sw_free(n->seq_from);
     eng_regex_free(n->re);
     eng_regex_costs_free(n->re_costs);
     for (int i = 0; i < 2; i++) {
@@ -154,6 +152,9 @@ static int32_t add_node(eng_grammar *g, cs_node *n)
             if (g->nodes[n->alts[i]].min_bytes < m)
                 m = g->nodes[n->alts[i]].min_bytes;
         break;
+    case CS_RAW:
+    case CS_SEQ:
+    case CS_REP: break; /* GBNF's (gbnf_compile.c), never made here */
     }
     n->min_bytes = len_add(m, 0);
     n->n_branches = 1;

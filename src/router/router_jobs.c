@@ -443,7 +443,8 @@ static void jobs_post(rt_req *q, bool unused)
 {
     (void)unused;
     json_error_t je;
-    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &je);
+    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
+                                 &je);
     json_t *request = json_object_get(body, "request");
     json_t *ep = json_object_get(body, "endpoint");
     json_t *dl = json_object_get(body, "deadline_ms");
@@ -483,7 +484,8 @@ int rt__jobs_accept_async(rt_req *q, bool chat)
     rt_router *rt = q->rt;
     if (!rt->ledger || !rt->jobs || q->fd < 0 || q->responded)
         return -1;
-    json_t *request = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *request =
+        sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
     if (!json_is_object(request)) {
         json_decref(request);
         return -1;

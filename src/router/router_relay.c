@@ -679,9 +679,24 @@ static json_t *parse_body(rt_req *q)
         return NULL;
     }
     json_error_t jerr;
-    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    /* \u0000 is JSON (the worker says where it may be); the first attempt
+     * forwards the client's text, a resume the body re-serialized, which
+     * writes it back as \u0000 */
+    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
+                                 &jerr);
     if (!body && sw_json_error_oom(&jerr)) {
         rt__send_error(q, 500, "internal_error", "out of memory reading the body", NULL, NULL);
+        return NULL;
+    }
+    if (!body && sw_json_error_number_range(&jerr)) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "the body has a number outside what is supported exactly (integers within 64 "
+                 "bits, reals within a double's range) at line %d, column %d; write a larger "
+                 "bound as a real (1.8446744073709552e19)",
+                 jerr.line, jerr.column);
+        count(rt, &rt->rejected_bad);
+        rt__send_error(q, 400, "invalid_request", msg, NULL, NULL);
         return NULL;
     }
     if (!body || !json_is_object(body)) {
@@ -713,7 +728,7 @@ void rt__dispatch_generate(rt_req *q, bool chat)
     json_t *te = json_object_get(body, "tool_execution");
     if (te) {
         const char *v = json_string_value(te);
-        if (!v || (strcmp(v, "server") && strcmp(v, "client"))) {
+        if (!v || strlen(v) != json_string_length(te) || (strcmp(v, "server") && strcmp(v, "client"))) {
             rt__send_error(q, 400, "invalid_request",
                            "tool_execution must be \"server\" or \"client\"", "tool_execution",
                            NULL);

@@ -49,6 +49,7 @@ typedef enum wk_output {
     WK_OUT_JSON = 1,        /* response_format json_object / json_schema: constrained */
     WK_OUT_TOOL_FORCED = 2, /* tool_choice required / named: a constrained call */
     WK_OUT_TOOL_AUTO = 3,   /* tools offered: a reply in the family's call syntax is parsed */
+    WK_OUT_GRAMMAR = 4,     /* grammar (GBNF): constrained text */
 } wk_output;
 
 /* Streaming a tool reply (HTTP thread): what was already turned into

@@ -910,11 +910,19 @@ static json_t *read_body(wk_server *s, struct evhttp_request *evreq, const char 
     json_t *body = NULL;
     bool oom = !data && len > 0; /* the pull-up into one piece failed */
     if (!oom) {
-        body = sw_json_loadb((const char *)data, len, JSON_REJECT_DUPLICATES, &jerr);
+        /* \u0000 is JSON: wk__parse_request says where it may be */
+        body = sw_json_loadb((const char *)data, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
+                             &jerr);
         oom = !body && sw_json_error_oom(&jerr);
     }
     if (oom)
         send_error(evreq, 500, "internal_error", NULL, req_id, "out of memory reading the body");
+    else if (!body && sw_json_error_number_range(&jerr))
+        send_error(evreq, 400, "invalid_request", NULL, req_id,
+                   "the body has a number outside what is supported exactly (integers within "
+                   "64 bits, reals within a double's range) at line %d, column %d; write a "
+                   "larger bound as a real (1.8446744073709552e19)",
+                   jerr.line, jerr.column);
     else if (!body)
         send_error(evreq, 400, "invalid_json", NULL, req_id, "the body is not valid JSON: %s",
                    jerr.text);

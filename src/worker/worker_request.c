@@ -1,14 +1,15 @@
 /* worker_request.c - turns a completions or chat body into a wk_req: every
  * field checked (typed 400s naming the parameter), chat messages rendered
  * with the model's template and tokenized, tools / tool_choice /
- * response_format compiled into the request's constraint, stop strings and
- * the resume extension read. Runs on the HTTP thread; docs/api.md lists the
+ * response_format or a GBNF grammar compiled into the request's
+ * constraint, stop strings and the resume extension read. Runs on the HTTP thread; docs/api.md lists the
  * fields and errors produced here.
  */
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
 #include "common/chat_content.h"
+#include "engine/gbnf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -407,6 +408,33 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
     return true;
 }
 
+/* grammar: a GBNF grammar (llama-server's field and syntax) compiled into
+ * the request's constraint, like a JSON schema; with a JSON
+ * response_format or offered tools it would be a second constraint, so
+ * it is refused there. An empty string is no grammar (as llama-server). */
+static bool parse_grammar(json_t *body, wk_req *r, wk_parse_error *p)
+{
+    json_t *gr = json_object_get(body, "grammar");
+    if (!gr || json_is_null(gr))
+        return true;
+    if (!json_is_string(gr))
+        return bad(p, "grammar", "'grammar' must be a string (GBNF)");
+    if (json_string_length(gr) == 0)
+        return true;
+    if (r->output == WK_OUT_JSON)
+        return bad(p, "grammar", "'grammar' cannot be combined with a JSON response_format");
+    if (r->output != WK_OUT_TEXT)
+        return bad(p, "grammar", "'grammar' cannot be combined with tools (unless tool_choice "
+                                 "is \"none\")");
+    sw_error err;
+    int rc = eng_grammar_from_gbnf(json_string_value(gr), json_string_length(gr), &r->grammar,
+                                   &err);
+    if (rc)
+        return bad(p, rc == SW_ENOMEM ? NULL : "grammar", "%s", err.message);
+    r->output = WK_OUT_GRAMMAR;
+    return true;
+}
+
 static bool add_stop(wk_parse_error *p, wk_req *r, const char *text, size_t len)
 {
     if (len == 0)
@@ -444,7 +472,9 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
         if (need > avail)
             return bad(p, r->max_tokens < room ? "max_tokens" : "messages",
                        "the %s needs at least %lld more tokens; %lld are left (max_tokens and "
-                       "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call" : "response format",
+                       "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call"
+                                      : r->output == WK_OUT_GRAMMAR ? "grammar"
+                                                                    : "response format",
                        (long long)need, (long long)avail);
     }
     if (tool_reply && r->n_resume > 0) {
@@ -513,6 +543,89 @@ static bool parse_logit_bias(wk_server *s, json_t *body, wk_req *r, wk_parse_err
 
 /* Builds a request from a completions / chat body; false (and p filled)
  * when the body is not acceptable. */
+/* ---- NUL in strings ------------------------------------------------------
+ * JSON may write \u0000 in a string, and the body is parsed to keep it.
+ * The prompt and the grammar are handled with their lengths, and so are
+ * the data of a JSON schema (const, enum, default, examples, pattern, and
+ * the annotations); everywhere else a string is used as a C string (a
+ * name, a role, a message the template renders), where a NUL would cut it
+ * short without a word, so there it is a 400 naming the field. */
+
+static bool schema_data_key(const char *k)
+{
+    static const char *const keys[] = {"const",       "enum",  "default",  "examples", "pattern",
+                                       "description", "title", "$comment", NULL};
+    for (int i = 0; keys[i]; i++)
+        if (strcmp(k, keys[i]) == 0)
+            return true;
+    return false;
+}
+
+/* No string under v holds a NUL; in a schema, its data are not looked at. */
+static bool nul_free(json_t *v, bool schema, int depth)
+{
+    const char *k;
+    json_t *e;
+    size_t i;
+    if (depth > 256)
+        return false; /* not from a body the parser took */
+    if (json_is_string(v))
+        return !memchr(json_string_value(v), 0, json_string_length(v));
+    json_array_foreach(v, i, e) {
+        if (!nul_free(e, schema, depth + 1))
+            return false;
+    }
+    json_object_foreach(v, k, e) {
+        if ((!schema || !schema_data_key(k)) && !nul_free(e, schema, depth + 1))
+            return false;
+    }
+    return true;
+}
+
+/* No NUL under v but in the schema at the end of path (member names, one
+ * level each: {"json_schema", "schema"}), whose data may hold them. */
+static bool nul_free_path(json_t *v, const char *const *path, int depth)
+{
+    const char *k;
+    json_t *e;
+    if (!*path || !json_is_object(v))
+        return nul_free(v, !*path, depth);
+    json_object_foreach(v, k, e) {
+        if (!(strcmp(k, *path) == 0 ? nul_free_path(e, path + 1, depth + 1)
+                                    : nul_free(e, false, depth + 1)))
+            return false;
+    }
+    return true;
+}
+
+/* The top-level field with a NUL where none may be, or NULL. */
+static const char *nul_field(json_t *body)
+{
+    static const char *const rf_schema[] = {"json_schema", "schema", NULL};
+    static const char *const tool_schema[] = {"function", "parameters", NULL};
+    const char *k;
+    json_t *v, *e;
+    size_t i;
+    json_object_foreach(body, k, v) {
+        bool ok = true;
+        if (strcmp(k, "prompt") == 0 || strcmp(k, "grammar") == 0)
+            continue;
+        if (strcmp(k, "response_format") == 0) {
+            ok = nul_free_path(v, rf_schema, 1);
+        } else if (strcmp(k, "tools") == 0 && json_is_array(v)) {
+            json_array_foreach(v, i, e) {
+                if (ok)
+                    ok = nul_free_path(e, tool_schema, 2);
+            }
+        } else {
+            ok = nul_free(v, false, 1);
+        }
+        if (!ok)
+            return k;
+    }
+    return NULL;
+}
+
 bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_parse_error *p)
 {
     json_t *v;
@@ -522,6 +635,11 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
 
     if (!json_is_object(body))
         return bad(p, NULL, "the body must be a JSON object");
+    const char *nul_at = nul_field(body);
+    if (nul_at)
+        return bad(p, nul_at, "'%.64s' has a string with a NUL character (\\u0000): allowed only "
+                   "in 'prompt', 'grammar' and the values of a JSON schema (const, enum, "
+                   "default, examples, pattern)", nul_at);
     v = json_object_get(body, "model");
     if (v && !json_is_null(v)) {
         if (!json_is_string(v))
@@ -672,7 +790,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!json_is_array(m) || json_array_size(m) == 0)
             return bad(p, "messages", "'messages' must be a non-empty array");
         char *tools_text = NULL;
-        bool ok = parse_tools(body, chat, r, p, &tools_text) &&
+        bool ok = parse_tools(body, chat, r, p, &tools_text) && parse_grammar(body, r, p) &&
                   tokenize_chat(s, m, tools_text, r, p, &ids, &n_ids);
         sw_free(tools_text);
         if (!ok)
@@ -693,6 +811,8 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!parse_tools(body, chat, r, p, &tools_text))
             return false;
         sw_free(tools_text);
+        if (!parse_grammar(body, r, p))
+            return false;
         sw_error err;
         if (token_ids) {
             /* OpenAI: token ids are the prompt as given (no BOS added) */

@@ -10,11 +10,12 @@
  * end token, and afterwards completes the value under the tightest budget
  * it allows.
  *
- * Invariants: a compile error is typed and says why; the mask agrees with
- * feeding (a byte is allowed exactly when it is accepted; checked on the
- * first 8 states and every 16th after them, a mask being costly) and allows no
- * byte that feeding refuses; complete exactly when the shortest completion
- * is 0 bytes, the end token allowed exactly when complete; whatever the
+ * Invariants: a compile error is typed and says why; fz_cs_run's
+ * (fuzzlib.h): the mask agrees with feeding (a byte is allowed exactly
+ * when it is accepted; checked on the first 8 states and every 16th after
+ * them, a mask being costly) and allows no byte that feeding refuses;
+ * complete exactly when the shortest completion is 0 bytes, the end token
+ * allowed exactly when complete; whatever the
  * automaton accepts as complete parses as JSON (jansson) and validates
  * with eng_json_validate against the schema (a tool call: a known name
  * and arguments that validate); with a budget of exactly the shortest
@@ -32,7 +33,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define FZ_MAX_CANDIDATE 512
 #define FZ_MAX_COMPLETION 2048
-#define FZ_BIG_BUDGET ((int64_t)1 << 40)
 
 static const char *const fz_multi[] = {
     "{\"", "\":", "\",\"", "\"}", "},", "[]", "{}", "true", "false", "null", "12", "-0.5",
@@ -44,52 +44,24 @@ static const char *const fz_multi[] = {
 
 static const eng_cs_vocab *fz_vocab(void)
 {
-    static eng_cs_vocab *v;
-    static bool tried;
-    if (!tried) {
-        static char bytes[256];
-        const char *pieces[FZ_N_TOKENS];
-        size_t lens[FZ_N_TOKENS];
-        int32_t end_id = FZ_END_ID;
-        sw_error err;
-        tried = true;
-        for (int i = 0; i < 256; i++) {
-            bytes[i] = (char)i;
-            pieces[i] = &bytes[i];
-            lens[i] = 1;
-        }
-        for (size_t i = 0; i < FZ_N_MULTI; i++) {
-            pieces[256 + i] = fz_multi[i];
-            lens[256 + i] = strlen(fz_multi[i]);
-        }
-        pieces[FZ_END_ID] = NULL;
-        lens[FZ_END_ID] = 0;
-        if (eng_cs_vocab_create_from_pieces(pieces, lens, FZ_N_TOKENS, &end_id, 1, &v, &err))
-            v = NULL;
-    }
-    return v;
-}
-
-static bool bit(const uint32_t *mask, int32_t id)
-{
-    return (mask[id / 32] >> (id % 32)) & 1;
+    return fz_byte_vocab(fz_multi, (int32_t)FZ_N_MULTI);
 }
 
 typedef struct fz_run {
     int mode;
     json_t *schema;
-    eng_constraint *c;
+    fz_cs_walk w;
     char text[FZ_MAX_CANDIDATE + FZ_MAX_COMPLETION * 16]; /* a piece is at most 16 bytes */
-    size_t len;
     uint32_t mask[(FZ_N_TOKENS + 31) / 32];
 } fz_run;
 
 /* The text so far is a complete value: it must be JSON that validates. */
-static void check_value(const fz_run *r)
+static void check_value(const fz_cs_walk *w)
 {
+    const fz_run *r = w->user;
     json_error_t jerr;
     sw_error err;
-    json_t *value = json_loadb(r->text, r->len, JSON_DECODE_ANY, &jerr);
+    json_t *value = json_loadb(w->text, w->len, JSON_DECODE_ANY, &jerr);
     FZ_CHECK(value != NULL);
     if (r->mode == 0) {
         FZ_CHECK(eng_json_validate(r->schema, value, &err) == SW_OK);
@@ -103,90 +75,6 @@ static void check_value(const fz_run *r)
         FZ_CHECK(json_is_object(value));
     }
     json_decref(value);
-}
-
-/* The state's own consistency: complete iff no byte is missing, closed
- * only when complete; with_mask: r->mask computed for it, the end token
- * allowed iff complete. A complete value is checked. */
-static void check_state(fz_run *r, bool with_mask)
-{
-    bool complete = eng_constraint_is_complete(r->c);
-    int64_t min = eng_constraint_min_bytes(r->c);
-    FZ_CHECK(min >= 0 && complete == (min == 0));
-    FZ_CHECK(!eng_constraint_is_closed(r->c) || complete);
-    if (with_mask) {
-        eng_constraint_mask(r->c, FZ_BIG_BUDGET, r->mask);
-        FZ_CHECK(bit(r->mask, FZ_END_ID) == complete);
-        FZ_CHECK(eng_constraint_is_end_token(r->c, FZ_END_ID));
-    }
-    if (complete)
-        check_value(r);
-}
-
-/* Every byte the mask refuses, feeding refuses too (refusal leaves the
- * state unchanged, so all 256 can be tried). */
-static void check_refusals(fz_run *r)
-{
-    eng_constraint_mask(r->c, FZ_BIG_BUDGET, r->mask);
-    for (int b = 0; b < 256; b++) {
-        char byte = (char)b;
-        if (!bit(r->mask, b))
-            FZ_CHECK(!eng_constraint_feed(r->c, &byte, 1));
-    }
-}
-
-static void walk(fz_run *r, const uint8_t *cand, size_t n)
-{
-    /* A mask walks the whole vocabulary: it is computed for the first 8
-     * states and every 16th after them, which keeps the harness fast on
-     * long values. */
-    check_refusals(r);
-    bool masked = true;
-    check_state(r, masked);
-    for (size_t i = 0, fed_bytes = 0; i < n && i < FZ_MAX_CANDIDATE; i++) {
-        /* r->mask, when masked, is the current state's (a refused byte
-         * changes nothing) */
-        char byte = (char)cand[i];
-        bool fed = eng_constraint_feed(r->c, &byte, 1);
-        FZ_CHECK(!masked || fed == bit(r->mask, cand[i]));
-        if (!fed)
-            continue;
-        r->text[r->len++] = byte;
-        fed_bytes++;
-        masked = fed_bytes < 8 || fed_bytes % 16 == 0;
-        check_state(r, masked);
-    }
-    check_refusals(r);
-    check_state(r, true);
-
-    /* Complete it with the budget exactly at the shortest completion:
-     * some token is always allowed, and each shrinks it. */
-    int64_t min = eng_constraint_min_bytes(r->c);
-    if (min > FZ_MAX_COMPLETION)
-        return;
-    uint32_t pick = n ? cand[n - 1] : 0;
-    for (int step = 0; !eng_constraint_is_complete(r->c); step++) {
-        FZ_CHECK(step < FZ_MAX_COMPLETION);
-        int32_t n_allowed = eng_constraint_mask(r->c, min, r->mask);
-        FZ_CHECK(n_allowed > 0 && !bit(r->mask, FZ_END_ID));
-        /* the k-th allowed token, k from the input */
-        int32_t k = (int32_t)((pick = pick * 1103515245u + 12345u) >> 8) % n_allowed, chosen = -1;
-        for (int32_t id = 0; id < FZ_N_TOKENS && chosen < 0; id++)
-            if (bit(r->mask, id) && k-- == 0)
-                chosen = id;
-        FZ_CHECK(chosen >= 0 && chosen != FZ_END_ID);
-        FZ_CHECK(eng_constraint_accept_token(r->c, chosen));
-        const char *piece = chosen < 256 ? (const char[]){(char)chosen} : fz_multi[chosen - 256];
-        size_t piece_len = chosen < 256 ? 1 : strlen(fz_multi[chosen - 256]);
-        FZ_CHECK(r->len + piece_len <= sizeof r->text);
-        memcpy(r->text + r->len, piece, piece_len);
-        r->len += piece_len;
-        int64_t next = eng_constraint_min_bytes(r->c);
-        FZ_CHECK(next <= min - 1);
-        min = next;
-    }
-    check_state(r, true);
-    FZ_CHECK(eng_constraint_accept_token(r->c, FZ_END_ID));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -226,10 +114,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_decref(r.schema);
         return 0;
     }
-    if (eng_constraint_create(g, v, &r.c, &err) == SW_OK) {
-        FZ_CHECK(eng_constraint_min_bytes(r.c) == eng_grammar_min_bytes(g));
-        walk(&r, cand, cand_len);
-        eng_constraint_free(r.c);
+    r.w = (fz_cs_walk){NULL,          fz_multi, FZ_N_TOKENS, FZ_END_ID, r.text, 0,
+                       sizeof r.text, r.mask,   check_value, &r};
+    if (eng_constraint_create(g, v, &r.w.c, &err) == SW_OK) {
+        FZ_CHECK(eng_constraint_min_bytes(r.w.c) == eng_grammar_min_bytes(g));
+        fz_cs_run(&r.w, cand, cand_len, FZ_MAX_CANDIDATE, FZ_MAX_COMPLETION);
+        eng_constraint_free(r.w.c);
     }
     eng_grammar_free(g);
     json_decref(r.schema);

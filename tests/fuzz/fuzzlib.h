@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/utf8.h"
+#include "engine/constrain.h"
 #include "engine/gguf.h"
 #include "engine/model_make.h"
 #include "engine/tokenizer.h"
@@ -161,6 +162,141 @@ static __attribute__((unused)) char *fz_strndup(const uint8_t *p, size_t n)
         s[n] = 0;
     }
     return s;
+}
+
+/* A constraint vocabulary of the 256 single bytes, then the n_multi
+ * pieces, then one end token (id 256 + n_multi), built on first use and
+ * kept; NULL when out of memory. One per harness (one per process). */
+static __attribute__((unused)) const eng_cs_vocab *fz_byte_vocab(const char *const *multi,
+                                                                 int32_t n_multi)
+{
+    static eng_cs_vocab *v;
+    static bool tried;
+    if (!tried && n_multi <= 64) {
+        static char bytes[256];
+        const char *pieces[256 + 64 + 1];
+        size_t lens[256 + 64 + 1];
+        int32_t end_id = 256 + n_multi;
+        tried = true;
+        for (int i = 0; i < 256; i++) {
+            bytes[i] = (char)i;
+            pieces[i] = &bytes[i];
+            lens[i] = 1;
+        }
+        for (int32_t i = 0; i < n_multi; i++) {
+            pieces[256 + i] = multi[i];
+            lens[256 + i] = strlen(multi[i]);
+        }
+        pieces[end_id] = NULL;
+        lens[end_id] = 0;
+        if (eng_cs_vocab_create_from_pieces(pieces, lens, end_id + 1, &end_id, 1, &v, NULL))
+            v = NULL;
+    }
+    return v;
+}
+
+/* A constraint driven as the structured-output harnesses drive it: fed
+ * the candidate bytes (a refused byte is skipped), then completed under
+ * the tightest budget. Invariants checked (FZ_CHECK): complete exactly
+ * when the shortest completion is 0 bytes, closed only when complete, the
+ * end token allowed exactly when complete; the mask agrees with feeding
+ * (on the first 8 states and every 16th after them, a mask being costly)
+ * and allows no byte feeding refuses; with the budget at exactly the
+ * shortest completion some token is always allowed and each one shortens
+ * it. on_complete judges the text whenever it is complete. The vocabulary
+ * is fz_byte_vocab's with the same pieces. */
+typedef struct fz_cs_walk {
+    eng_constraint *c;
+    const char *const *multi;
+    int32_t n_tokens, end_id; /* 256 + pieces + 1, the last id */
+    char *text;
+    size_t len, cap;
+    uint32_t *mask;           /* (n_tokens + 31) / 32 words */
+    void (*on_complete)(const struct fz_cs_walk *w);
+    const void *user;
+} fz_cs_walk;
+
+static __attribute__((unused)) bool fz_bit(const uint32_t *mask, int32_t id)
+{
+    return (mask[id / 32] >> (id % 32)) & 1;
+}
+
+static __attribute__((unused)) void fz_cs_check_state(fz_cs_walk *w, bool with_mask)
+{
+    bool complete = eng_constraint_is_complete(w->c);
+    int64_t min = eng_constraint_min_bytes(w->c);
+    FZ_CHECK(min >= 0 && complete == (min == 0));
+    FZ_CHECK(!eng_constraint_is_closed(w->c) || complete);
+    if (with_mask) {
+        eng_constraint_mask(w->c, (int64_t)1 << 40, w->mask);
+        FZ_CHECK(fz_bit(w->mask, w->end_id) == complete);
+        FZ_CHECK(eng_constraint_is_end_token(w->c, w->end_id));
+    }
+    if (complete)
+        w->on_complete(w);
+}
+
+/* Every byte the mask refuses, feeding refuses too (a refusal leaves the
+ * state as it was, so all 256 can be tried). */
+static __attribute__((unused)) void fz_cs_check_refusals(fz_cs_walk *w)
+{
+    eng_constraint_mask(w->c, (int64_t)1 << 40, w->mask);
+    for (int b = 0; b < 256; b++) {
+        char byte = (char)b;
+        if (!fz_bit(w->mask, b))
+            FZ_CHECK(!eng_constraint_feed(w->c, &byte, 1));
+    }
+}
+
+static __attribute__((unused)) void fz_cs_run(fz_cs_walk *w, const uint8_t *cand, size_t n,
+                                              size_t max_cand, int64_t max_completion)
+{
+    fz_cs_check_refusals(w);
+    bool masked = true;
+    fz_cs_check_state(w, masked);
+    for (size_t i = 0, fed_bytes = 0; i < n && i < max_cand; i++) {
+        /* w->mask, when masked, is the current state's */
+        char byte = (char)cand[i];
+        bool fed = eng_constraint_feed(w->c, &byte, 1);
+        FZ_CHECK(!masked || fed == fz_bit(w->mask, cand[i]));
+        if (!fed)
+            continue;
+        FZ_CHECK(w->len < w->cap);
+        w->text[w->len++] = byte;
+        fed_bytes++;
+        masked = fed_bytes < 8 || fed_bytes % 16 == 0;
+        fz_cs_check_state(w, masked);
+    }
+    fz_cs_check_refusals(w);
+    fz_cs_check_state(w, true);
+
+    int64_t min = eng_constraint_min_bytes(w->c);
+    if (min > max_completion)
+        return;
+    uint32_t pick = n ? cand[n - 1] : 0;
+    for (int64_t step = 0; !eng_constraint_is_complete(w->c); step++) {
+        FZ_CHECK(step < max_completion);
+        int32_t n_allowed = eng_constraint_mask(w->c, min, w->mask);
+        FZ_CHECK(n_allowed > 0 && !fz_bit(w->mask, w->end_id));
+        /* the k-th allowed token, k from the input */
+        int32_t k = (int32_t)((pick = pick * 1103515245u + 12345u) >> 8) % n_allowed, chosen = -1;
+        for (int32_t id = 0; id < w->n_tokens && chosen < 0; id++)
+            if (fz_bit(w->mask, id) && k-- == 0)
+                chosen = id;
+        FZ_CHECK(chosen >= 0 && chosen != w->end_id);
+        FZ_CHECK(eng_constraint_accept_token(w->c, chosen));
+        char one = (char)chosen;
+        const char *piece = chosen < 256 ? &one : w->multi[chosen - 256];
+        size_t piece_len = chosen < 256 ? 1 : strlen(w->multi[chosen - 256]);
+        FZ_CHECK(w->len + piece_len <= w->cap);
+        memcpy(w->text + w->len, piece, piece_len);
+        w->len += piece_len;
+        int64_t next = eng_constraint_min_bytes(w->c);
+        FZ_CHECK(next <= min - 1);
+        min = next;
+    }
+    fz_cs_check_state(w, true);
+    FZ_CHECK(eng_constraint_accept_token(w->c, w->end_id));
 }
 
 #endif

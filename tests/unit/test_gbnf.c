@@ -9,24 +9,9 @@
 
 #include "common/alloc.h"
 #include "engine/gbnf.h"
+#include "gbnf_testdata.h"
 
 #include <string.h>
-
-static const char *const g_json =
-    "# JSON, with optional white space\n"
-    "root   ::= object\n"
-    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
-    "object ::=\n"
-    "  \"{\" ws (\n"
-    "    string \":\" ws value\n"
-    "    (\",\" ws string \":\" ws value)*\n"
-    "  )? \"}\" ws\n"
-    "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
-    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] |\n"
-    "  \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* "
-    "\"\\\"\" ws\n"
-    "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n"
-    "ws     ::= | [ \\t\\n] ws\n";
 
 typedef struct mcase {
     const char *grammar, *text;
@@ -69,7 +54,7 @@ static void test_match(void **state)
 {
     (void)state;
     for (size_t i = 0; i < sizeof g_match / sizeof g_match[0]; i++) {
-        const char *gr = g_match[i].grammar ? g_match[i].grammar : g_json;
+        const char *gr = g_match[i].grammar ? g_match[i].grammar : tu_gbnf_json;
         eng_gbnf *g = NULL;
         sw_error err;
         if (eng_gbnf_parse(gr, strlen(gr), &g, &err))
@@ -86,7 +71,7 @@ static void test_structure(void **state)
 {
     (void)state;
     eng_gbnf *g = NULL;
-    assert_int_equal(eng_gbnf_parse(g_json, strlen(g_json), &g, NULL), SW_OK);
+    assert_int_equal(eng_gbnf_parse(tu_gbnf_json, strlen(tu_gbnf_json), &g, NULL), SW_OK);
     assert_int_equal(eng_gbnf_n_rules(g), 7);
     int32_t ws = eng_gbnf_rule(g, "ws");
     assert_true(ws >= 0);
@@ -159,7 +144,7 @@ static void test_alloc_faults(void **state)
     for (long n = 0;; n++) {
         eng_gbnf *g = NULL;
         sw_alloc_fail_after(n);
-        int rc = eng_gbnf_parse(g_json, strlen(g_json), &g, NULL);
+        int rc = eng_gbnf_parse(tu_gbnf_json, strlen(tu_gbnf_json), &g, NULL);
         sw_alloc_fail_after(-1);
         eng_gbnf_free(g);
         if (rc == SW_OK)

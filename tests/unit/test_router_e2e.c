@@ -596,6 +596,14 @@ static void test_bad_requests(void **state)
     assert_non_null(json_object_get(ej, "param"));
     json_decref(okj);
     wc_response_free(&w);
+    /* an integer past 64 bits: the router's own typed 400 (never rounded) */
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth,
+                            "{\"prompt\":\"Hi\",\"max_tokens\":18446744073709551616}", &w),
+                     0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
+    assert_non_null(strstr(w.body, "64 bits"));
+    wc_response_free(&w);
     /* the worker's 400 is relayed, never retried */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);
     assert_int_equal(w.status, 400);
@@ -778,6 +786,63 @@ static void test_admission_counts_tools(void **state)
                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
                             "\"max_tokens\":1}",
                             &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    rh_finish(&r);
+}
+
+/* A grammar (GBNF) passes through the router: a stream whose GPU worker
+ * crashes after 3 tokens (sent: each token stalls 20 ms) is resumed on the CPU (the body re-serialized
+ * with the resume, the resumed tokens fed through the grammar again) and
+ * the whole text still matches it; a grammar that does not parse is the
+ * worker's 400, naming the param; a NUL in the prompt passes through. */
+static void test_grammar_resumed(void **state)
+{
+    (void)state;
+    char spec[96], workers[512];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nmax-seqs = 2\nthreads = 1\n"
+             "ctx-limit = 512\nfault = abort_after_tokens:3,stall_ms:20\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 512\n",
+             spec);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "grammar", g_model, NULL, workers), 0);
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"Once\",\"max_tokens\":24,\"stream\":true,\"seed\":5,"
+                            "\"grammar\":\"root ::= \\\"(\\\" [a-z]{12} \\\")\\\"\"}",
+                            &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    int toks[MAXTOK];
+    char *text = NULL, finish[32];
+    assert_true(wc_tokens_of(&w, true, toks, MAXTOK, &text, finish, sizeof finish) > 3);
+    assert_string_equal(finish, "stop");
+    bool ok = strlen(text) == 14 && text[0] == '(' && text[13] == ')';
+    for (int i = 1; ok && i < 13; i++)
+        ok = text[i] >= 'a' && text[i] <= 'z';
+    if (!ok)
+        fail_msg("not in the grammar: '%s'", text);
+    sw_free(text);
+    wc_response_free(&w);
+    json_t *ev = rh_events(&r);
+    assert_int_equal((int)json_array_size(ev), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ev, 0), "decision")),
+                        "resume");
+    json_decref(ev);
+    char code[64];
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"Once\",\"grammar\":\"root ::= [a-\"}", &w),
+                     0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
+    assert_non_null(strstr(w.body, "\"param\":\"grammar\""));
+    wc_response_free(&w);
+    /* a NUL in the prompt passes through to the worker, which takes it */
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"H\\u0000i\",\"max_tokens\":2}", &w),
                      0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
@@ -1152,6 +1217,7 @@ int main(void)
         cmocka_unit_test(test_admission_counts_tools),
         cmocka_unit_test(test_admission_and_oom_replay),
         cmocka_unit_test(test_stream_crash),
+        cmocka_unit_test(test_grammar_resumed),
         cmocka_unit_test(test_cancel_during_failover),
         cmocka_unit_test(test_kill_gpu_under_load),
         cmocka_unit_test(test_startup_failure),

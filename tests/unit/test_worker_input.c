@@ -75,9 +75,32 @@ static const bad_case cases[] = {
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"a\",7]}", 400, "invalid_request",
      "stop"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":\"\"}", 400, "invalid_request", "stop"},
-    /* jansson refuses NUL in strings: no NUL ever reaches stop/prompt */
+    /* \u0000 parses; outside the prompt, the grammar and a schema's data
+     * (where strings are C strings) it is refused naming the field */
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":\"\\u0000x\"}", 400,
-     "invalid_json", NULL},
+     "invalid_request", "stop"},
+    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"model\":\"m\\u0000\"}", 400,
+     "invalid_request", "model"},
+    {"POST", "/v1/chat/completions",
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400, "invalid_request",
+     "messages"},
+    {"POST", "/v1/chat/completions",
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+     "\"function\":{\"name\":\"f\\u0000g\",\"parameters\":{\"const\":\"\\u0000\"}}}]}",
+     400, "invalid_request", "tools"},
+    {"POST", "/v1/completions",
+     "{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+     "\"name\":\"n\",\"schema\":{\"type\":\"string\",\"format\":\"date\\u0000\"}}}}", 400,
+     "invalid_request", "response_format"},
+    /* numbers jansson cannot hold exactly: a typed 400, never rounded */
+    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":99999999999999999999}", 400,
+     "invalid_request", NULL},
+    {"POST", "/v1/completions",
+     "{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+     "\"name\":\"n\",\"schema\":{\"type\":\"integer\",\"maximum\":-18446744073709551616}}}}",
+     400, "invalid_request", NULL},
+    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"temperature\":1e400}", 400,
+     "invalid_request", NULL},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":50}", 400, "invalid_request",
      "logprobs"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"seed\":\"x\"}", 400, "invalid_request", "seed"},
@@ -145,6 +168,50 @@ static void test_bad_inputs_table(void **state)
         json_decref(j);
         wc_response_free(&r);
     }
+}
+
+/* \u0000 where it is data: a prompt (tokenized with its length, as
+ * /tokenize counts it) and a schema's const, generated exactly. */
+static void test_nul_in_data(void **state)
+{
+    (void)state;
+    wc_response r;
+    assert_int_equal(wc_request(g_w.socket_path, "POST", "/tokenize",
+                                "{\"content\":\"a\\u0000b\",\"add_special\":true}", 10000, &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    size_t n_tok = json_array_size(json_object_get(j, "tokens"));
+    assert_true(n_tok >= 2); /* the NUL and what follows it are there */
+    json_decref(j);
+    wc_response_free(&r);
+    assert_int_equal(wc_request(g_w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":\"a\\u0000b\",\"max_tokens\":1}", 10000, &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    j = json_loads(r.body, 0, NULL);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
+                                                        "prompt_tokens")),
+                     (json_int_t)n_tok);
+    json_decref(j);
+    wc_response_free(&r);
+    assert_int_equal(wc_request(g_w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":\"x\",\"max_tokens\":20,\"response_format\":{\"type\":"
+                                "\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
+                                "{\"enum\":[\"a\\u0000b\",\"\\u0000\"]}}}}",
+                                10000, &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    j = json_loads(r.body, 0, NULL);
+    const char *text = json_string_value(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    assert_true(json_is_string(v));
+    assert_true((json_string_length(v) == 3 && memcmp(json_string_value(v), "a\0b", 3) == 0) ||
+                (json_string_length(v) == 1 && json_string_value(v)[0] == 0));
+    json_decref(v);
+    json_decref(j);
+    wc_response_free(&r);
 }
 
 static void assert_still_serving(void)
@@ -287,6 +354,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_inputs_table),
+        cmocka_unit_test(test_nul_in_data),
         cmocka_unit_test(test_transport_abuse),
         cmocka_unit_test(test_context_limit_ends_generation),
         cmocka_unit_test(test_slow_client),

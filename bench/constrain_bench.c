@@ -1,0 +1,207 @@
+/* constrain_bench.c - what structured output costs on a real vocabulary:
+ * the vocabulary index, compiling a large JSON schema (and a GBNF
+ * grammar), and the token mask per generated token. Prints figures,
+ * asserts nothing (bench/constrain.sh builds and runs it).
+ *
+ *   constrain_bench VOCAB.gguf SCHEMA.json [WALKS [TOKENS]]
+ *
+ * Masks are timed along seeded random walks: at each step the mask of the
+ * current state is computed (timed) and one allowed token is taken, the
+ * end token whenever it is allowed, else a uniform pick, so the walk goes
+ * through every kind of position (keys, enums, bounded numbers, patterns,
+ * free strings) until the value closes or TOKENS run out (the budget keeps
+ * every walk completable). The distribution over all masks is printed:
+ * mean, median, 90th, 99th percentile and the worst.
+ */
+#include "common/alloc.h"
+#include "engine/constrain.h"
+#include "engine/gbnf.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/json_schema.h"
+#include "engine/tokenizer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A JSON grammar in GBNF, the kind llama.cpp users send. */
+static const char *const json_gbnf =
+    "root   ::= object\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+    "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
+    "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+    "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" "
+    "[0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] "
+    "[1-9]{0,15})? ws\n"
+    "ws     ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+
+typedef struct series {
+    double *ms;
+    size_t n, cap;
+} series;
+
+static void series_add(series *s, double ms)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 1024;
+        s->ms = realloc(s->ms, s->cap * sizeof *s->ms);
+        if (!s->ms) {
+            fprintf(stderr, "out of memory\n");
+            exit(1);
+        }
+    }
+    s->ms[s->n++] = ms;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void series_print(const char *what, series *s)
+{
+    if (s->n == 0)
+        return;
+    qsort(s->ms, s->n, sizeof *s->ms, cmp_double);
+    double sum = 0;
+    for (size_t i = 0; i < s->n; i++)
+        sum += s->ms[i];
+    printf("  %-34s %7zu masks  mean %.3f ms  p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", what,
+           s->n, sum / (double)s->n, s->ms[s->n / 2], s->ms[s->n * 9 / 10],
+           s->ms[s->n * 99 / 100], s->ms[s->n - 1]);
+}
+
+static uint64_t rng_step(uint64_t *x)
+{
+    *x += 0x9E3779B97F4A7C15ull;
+    uint64_t z = *x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* One seeded walk; its masks go into s. Returns the tokens taken. */
+static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int64_t tokens,
+                series *s)
+{
+    eng_constraint *c = NULL;
+    if (eng_constraint_create(g, v, &c, NULL))
+        return -1;
+    int32_t n_tok = eng_cs_vocab_n_tokens(v);
+    uint32_t *mask = sw_malloc(((size_t)n_tok + 31) / 32 * sizeof *mask);
+    int taken = 0;
+    for (int64_t left = tokens; left > 0 && mask; left--) {
+        double t0 = eng_now_seconds();
+        int32_t allowed = eng_constraint_mask(c, left, mask);
+        series_add(s, (eng_now_seconds() - t0) * 1e3);
+        if (allowed <= 0)
+            break;
+        int32_t pick = (int32_t)(rng_step(&seed) % (uint64_t)allowed), id = -1, end = -1;
+        for (int32_t w = 0; w < (n_tok + 31) / 32; w++) {
+            for (uint32_t bits = mask[w]; bits; bits &= bits - 1) {
+                int32_t t = w * 32 + __builtin_ctz(bits);
+                if (eng_constraint_is_end_token(c, t))
+                    end = t;
+                if (pick-- == 0)
+                    id = t;
+            }
+        }
+        if (end >= 0 || id < 0)
+            break; /* complete: the walk ends as generation would */
+        eng_constraint_accept_token(c, id);
+        taken++;
+        if (eng_constraint_is_closed(c))
+            break;
+    }
+    sw_free(mask);
+    eng_constraint_free(c);
+    return taken;
+}
+
+static void walks(const char *what, const eng_grammar *g, const eng_cs_vocab *v, int n_walks,
+                  int64_t tokens)
+{
+    series s = {0};
+    long total = 0;
+    for (int i = 0; i < n_walks; i++)
+        total += walk(g, v, 1000 + (uint64_t)i, tokens, &s);
+    printf("  %s: %d walks, %ld tokens\n", what, n_walks, total);
+    series_print("mask per token", &s);
+    free(s.ms);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s VOCAB.gguf SCHEMA.json [WALKS [TOKENS]]\n", argv[0]);
+        return 2;
+    }
+    int n_walks = argc > 3 ? atoi(argv[3]) : 20;
+    int64_t tokens = argc > 4 ? atoll(argv[4]) : 3000;
+    sw_error err;
+    eng_gguf *gg = NULL;
+    eng_tokenizer *tok = NULL;
+    eng_cs_vocab *v = NULL;
+    if (eng_gguf_open(argv[1], &gg, &err) || eng_tokenizer_load(gg, &tok, &err)) {
+        fprintf(stderr, "%s: %s\n", argv[1], err.message);
+        return 1;
+    }
+    double t0 = eng_now_seconds();
+    if (eng_cs_vocab_create(tok, &v, &err)) {
+        fprintf(stderr, "vocabulary index: %s\n", err.message);
+        return 1;
+    }
+    printf("vocabulary %s: %d tokens, indexed in %.1f ms\n", argv[1], eng_tokenizer_n_vocab(tok),
+           (eng_now_seconds() - t0) * 1e3);
+
+    json_error_t jerr;
+    json_t *schema = json_load_file(argv[2], 0, &jerr);
+    if (!schema) {
+        fprintf(stderr, "%s: %s (line %d)\n", argv[2], jerr.text, jerr.line);
+        return 1;
+    }
+    eng_grammar *g = NULL;
+    double best = 1e30;
+    for (int i = 0; i < 10; i++) {
+        eng_grammar_free(g);
+        g = NULL;
+        t0 = eng_now_seconds();
+        if (eng_grammar_from_schema(schema, &g, &err)) {
+            fprintf(stderr, "%s: %s\n", argv[2], err.message);
+            return 1;
+        }
+        double ms = (eng_now_seconds() - t0) * 1e3;
+        best = ms < best ? ms : best;
+    }
+    printf("schema %s: compiled in %.2f ms (best of 10), shortest value %lld bytes\n", argv[2],
+           best, (long long)eng_grammar_min_bytes(g));
+    walks("schema", g, v, n_walks, tokens);
+    eng_grammar_free(g);
+    json_decref(schema);
+
+    g = NULL;
+    best = 1e30;
+    for (int i = 0; i < 10; i++) {
+        eng_grammar_free(g);
+        g = NULL;
+        t0 = eng_now_seconds();
+        if (eng_grammar_from_gbnf(json_gbnf, strlen(json_gbnf), &g, &err)) {
+            fprintf(stderr, "gbnf: %s\n", err.message);
+            return 1;
+        }
+        double ms = (eng_now_seconds() - t0) * 1e3;
+        best = ms < best ? ms : best;
+    }
+    printf("GBNF JSON grammar: compiled in %.2f ms (best of 10)\n", best);
+    walks("GBNF JSON grammar", g, v, n_walks, tokens / 10);
+    eng_grammar_free(g);
+
+    eng_cs_vocab_free(v);
+    eng_tokenizer_free(tok);
+    eng_gguf_close(gg);
+    return 0;
+}

@@ -261,6 +261,13 @@ int rt_serve(const rt_config *c)
         if ((ready > 0 || on_demand == rt->pool.n_slots) && managed_waiting == 0)
             break;
         for (int i = 0; i < rt->pool.n_slots; i++)
+            if (rt->pool.w[i].start_error[0]) {
+                /* a command that cannot run does not get better either */
+                fprintf(stderr, "spillway serve: worker %s cannot start: %s\n",
+                        rt->pool.w[i].cfg.name, rt->pool.w[i].start_error);
+                goto out;
+            }
+        for (int i = 0; i < rt->pool.n_slots; i++)
             if (rt->pool.w[i].last_exit == 1 || rt->pool.w[i].last_exit == 2) {
                 /* a start-up failure (bad model, device or options) does
                  * not get better by restarting */

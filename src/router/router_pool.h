@@ -92,7 +92,7 @@ typedef struct rt_worker {
                                    unknown */
     uint64_t demand_starts, idle_stops, evictions;
     double start_seconds;       /* its last start, spawn to ready */
-    double spawned_at;
+    char start_error[SW_ERROR_MESSAGE_MAX]; /* why its command cannot start, "" none */
 } rt_worker;
 
 /* The slots w[0..n_slots) keep their index for the router's life: a

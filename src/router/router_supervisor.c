@@ -46,8 +46,10 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         if ((!w->address[0] && rt__pick_port(w->address, sizeof w->address)) ||
             rt__command_argv(w, model->path, cmd_buf, sizeof cmd_buf, argv, RT_CMD_MAX_ARGS, exe,
                              sizeof exe, &err)) {
-            SW_ERROR("router", "worker %s: cannot start its command: %s", c->name,
+            snprintf(w->start_error, sizeof w->start_error, "%s",
                      err.message[0] ? err.message : strerror(errno));
+            SW_ERROR("router", "worker %s: cannot start its command: %s", c->name,
+                     w->start_error);
             w->next_start = rt__now_s() + 10;
             return;
         }

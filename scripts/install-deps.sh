@@ -14,6 +14,7 @@ packages=(
   clang              # libFuzzer harnesses (make test-fuzz)
   curl               # bench/worker.sh and bench/router.sh talk to workers over sockets
   python3            # the benchmark scripts summarise JSON records
+  python3-jsonschema # the independent validator of structured output (test_json_schema_suite)
   librsvg2-bin       # rsvg-convert: the drill test renders its timeline.svg
 )
 # The dashboard's browser test (tests/browser): Debian's chromium (about

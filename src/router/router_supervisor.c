@@ -180,7 +180,9 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
         w->last_ok = rt__now_s();
         w->ready_once = true;
     } else {
-        w->state = WS_DOWN;
+        /* an engine the router runs is starting until it answers (or
+         * ready-timeout / hang-timeout-ms kill it); one at a url is down */
+        w->state = w->cfg.managed && w->pid > 0 ? WS_STARTING : WS_DOWN;
         rn_pool_drop(w->address);
     }
     w->last_health = rt__now_s();

@@ -4,7 +4,8 @@
  * treat as a foreign engine (no extensions: its /health is only "up"),
  * on a loopback port the router picks, beside a managed CPU worker.
  *
- * - the router starts it (its pid in /health, its output in
+ * - the router starts it (through sh, half a second late: it is starting,
+ *   not down, until it answers; its pid in /health, its output in
  *   STATE/ext.log) and routes to it;
  * - SIGKILL while it holds four non-stream requests: each is replayed on
  *   the CPU worker and answered 200 there;
@@ -89,8 +90,10 @@ static void test_managed_engine(void **state)
     char workers[2048];
     snprintf(workers, sizeof workers,
              "[worker ext]\nkind = openai\n"
-             "command = %s worker --model {model_path} --listen {host}:{port} --threads 1 "
-             "--ctx-limit 256 --max-seqs 4 --no-calibrate\n"
+             /* through sh, so that it starts late: the router's first
+              * health checks find nothing listening yet */
+             "command = /bin/sh -c 'sleep 0.5; exec \"%s\" worker --model \"{model_path}\" "
+             "--listen {host}:{port} --threads 1 --ctx-limit 256 --max-seqs 4 --no-calibrate'\n"
              "env = SPILLWAY_FAULT=stall_ms:40\nctx-limit = 256\nmax-seqs = 4\n"
              "[worker cpu]\nthreads = 1\nctx-limit = 256\nmax-seqs = 4\ncalibrate = false\n",
              tu_spillway_bin());

@@ -428,23 +428,27 @@ static int bind_weights(eng_model *m, sw_error *err)
                                   spec[s].dst, err)))
                 return rc;
         }
-        /* Qwen3's and Gemma 3's per-head RMS norms of Q and K (one weight
-         * vector of head_dim values each, shared by all heads). */
-        if (hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_GEMMA3) {
-            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", i);
-            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->q_norm, err)))
-                return rc;
-            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", i);
-            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->k_norm, err)))
-                return rc;
-        }
-        /* Gemma 3's norms of the attention and FFN outputs. */
-        if (hp->arch == ENG_ARCH_GEMMA3) {
-            snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", i);
-            if ((rc = bind_weight(g, name, hp->n_embd, 0, true, &L->attn_post_norm, err)))
-                return rc;
-            snprintf(name, sizeof name, "blk.%d.post_ffw_norm.weight", i);
-            if ((rc = bind_weight(g, name, hp->n_embd, 0, true, &L->ffn_post_norm, err)))
+        /* The norms some architectures add, F32 vectors: Qwen3's and Gemma
+         * 3's per-head RMS norms of Q and K (head_dim values, shared by all
+         * heads), Gemma 3's of the attention and FFN outputs (n_embd). */
+        const bool qk_norms = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_GEMMA3;
+        const bool post_norms = hp->arch == ENG_ARCH_GEMMA3;
+        const struct {
+            bool wanted;
+            const char *suffix;
+            int64_t n;
+            eng_weight *dst;
+        } norms[] = {
+            {qk_norms, "attn_q_norm", hp->head_dim, &L->q_norm},
+            {qk_norms, "attn_k_norm", hp->head_dim, &L->k_norm},
+            {post_norms, "post_attention_norm", hp->n_embd, &L->attn_post_norm},
+            {post_norms, "post_ffw_norm", hp->n_embd, &L->ffn_post_norm},
+        };
+        for (size_t k = 0; k < sizeof norms / sizeof norms[0]; k++) {
+            if (!norms[k].wanted)
+                continue;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", i, norms[k].suffix);
+            if ((rc = bind_weight(g, name, norms[k].n, 0, true, norms[k].dst, err)))
                 return rc;
         }
         L->sliding = layer_slides(hp, i);

@@ -535,19 +535,12 @@ int eng_model_make_preset(const char *name, eng_model_make_params *out)
         p.n_ff = 384;
         p.n_vocab = 1024;
     } else if (strcmp(name, "gemma3-tiny") == 0) {
-        /* Gemma 3's layout at test size: heads wider than dim / heads, a
-         * sliding layer with a window shorter than the test prompts, then
-         * a global one, and the soft-cap that Gemma 2 files carry */
+        /* Gemma 3's layout at test size: qwen3-tiny's shape (heads wider
+         * than dim / heads), a sliding layer with a window shorter than
+         * the test prompts, then a global one, and a soft-capped head
+         * (Gemma 2's files have one; llama.cpp applies it to gemma3's too) */
+        eng_model_make_preset("qwen3-tiny", &p); /* its shape, base and eps */
         p.architecture = "gemma3";
-        p.n_embd = 128;
-        p.n_layer = 2;
-        p.n_head = 4;
-        p.n_head_kv = 2;
-        p.head_dim = 64;
-        p.n_ff = 384;
-        p.n_vocab = 1024;
-        p.rope_freq_base = 1000000.0f;
-        p.rms_eps = 1e-6f;
         p.sliding_window = 8;
         p.sliding_window_pattern = 2;
         p.final_logit_softcap = 30.0f;

@@ -3,7 +3,7 @@
 # (llama.cpp) on GGUF files of every architecture and weight type spillway
 # loads, made by `spillway model make` and quantized by llama.cpp's own
 # llama-quantize: ../shared has recorded outputs for two small llama files
-# only, so qwen2, qwen3, phi3, Llama 3's RoPE factors, BF16 and the K-quants
+# only, so qwen2, qwen3, phi3, gemma3, Llama 3's RoPE factors, BF16 and the K-quants
 # get their second opinion here. Prints a table; exits 1 when a model fails.
 #
 #   bench/crosscheck.sh [BUILD_DIR]      (default: build; needs the llama.cpp
@@ -43,6 +43,9 @@ xc="$work/crosscheck_llamacpp"
 prompt="Once upon a time there was a little"
 
 # name -> `model make` arguments; files from ../shared when present.
+# gemma3: heads of 128 (wider than dim / heads, as Gemma 3's 256), layer 0
+# sliding with a window of 4 (shorter than the prompt), layer 1 global.
+gemma3="--arch gemma3 --head-dim 128 --sliding-window 4 --swa-pattern 2"
 declare -A made=(
   [llama-f32]="--type f32" [llama-f16]="--type f16" [llama-bf16]="--type bf16"
   [llama-q8_0]="--type q8_0" [llama-q4_0]="--type q4_0" [llama-q4_k]="--type q4_k"
@@ -57,11 +60,14 @@ declare -A made=(
   [qwen3-q8_0]="--arch qwen3 --head-dim 128 --type q8_0"
   [qwen3-q4_k_m]="--arch qwen3 --head-dim 128 --type q4_k_m"
   [phi3-f32]="--arch phi3 --type f32" [phi3-f16]="--arch phi3 --type f16"
-  [phi3-q8_0]="--arch phi3 --type q8_0" [phi3-q4_k_m]="--arch phi3 --type q4_k_m")
+  [phi3-q8_0]="--arch phi3 --type q8_0" [phi3-q4_k_m]="--arch phi3 --type q4_k_m"
+  [gemma3-f32]="$gemma3 --type f32" [gemma3-f16]="$gemma3 --type f16"
+  [gemma3-q8_0]="$gemma3 --type q8_0" [gemma3-q4_k_m]="$gemma3 --type q4_k_m")
 order="llama-f32 llama-f16 llama-bf16 llama-q8_0 llama-q4_0 llama-q4_k llama-q5_k llama-q6_k
        llama-q4_k_m llama-q5_k_m llama-q3_k llama-q2_k llama-iq4_xs llama-iq4_nl llama-q3_k_m
        llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0
-       qwen3-f32 qwen3-f16 qwen3-q8_0 qwen3-q4_k_m phi3-f32 phi3-f16 phi3-q8_0 phi3-q4_k_m"
+       qwen3-f32 qwen3-f16 qwen3-q8_0 qwen3-q4_k_m phi3-f32 phi3-f16 phi3-q8_0 phi3-q4_k_m
+       gemma3-f32 gemma3-f16 gemma3-q8_0 gemma3-q4_k_m"
 files=()
 for m in $order; do
   f="$work/$m.gguf"
@@ -73,7 +79,7 @@ done
 # Files quantized by llama.cpp's own quantizer (its choice of types per
 # tensor, as the GGUF files people download were made). No imatrix: the
 # low-bit types here do not need one (Q2_K only warns).
-for base in llama-f32 llama3-f32 qwen2-f32 qwen3-f32 phi3-f32; do
+for base in llama-f32 llama3-f32 qwen2-f32 qwen3-f32 phi3-f32 gemma3-f32; do
   for t in Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0 Q3_K_S Q3_K_M Q3_K_L Q2_K IQ4_XS IQ4_NL; do
     f="$work/llamacpp-${base%-f32}-$t.gguf"
     [ -f "$f" ] || "$ref_bin/llama-quantize" "$work/$base.gguf" "$f" "$t" >"$f.log" 2>&1 ||

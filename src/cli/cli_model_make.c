@@ -19,13 +19,15 @@
 static void model_make_usage(FILE *f)
 {
     fprintf(f,
-            "usage: spillway model make -o FILE [--preset tiny|small|1b|qwen3-tiny|phi3-tiny]\n"
+            "usage: spillway model make -o FILE [--preset tiny|small|1b|qwen3-tiny|phi3-tiny|\n"
+            "                                             gemma3-tiny]\n"
             "                           [--dim N] [--layers N] [--heads N] [--kv-heads N]\n"
             "                           [--head-dim N] [--ffn N] [--vocab N] [--ctx N]\n"
             "                           [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
             "                                  q5_k|q6_k|iq4_nl|iq4_xs|q3_k_m|q4_k_m|q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
-            "                           [--arch llama|llama3|qwen2|qwen3|phi3] [--rope-base B]\n"
+            "                           [--arch llama|llama3|qwen2|qwen3|phi3|gemma3]\n"
+            "                           [--rope-base B] [--sliding-window N] [--swa-pattern N]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
             "vocabulary. --arch llama3: the llama layout with Llama 3's RoPE frequency\n"
             "factors as a rope_freqs.weight tensor, as converted Llama 3.1 files carry\n"
@@ -33,7 +35,11 @@ static void model_make_usage(FILE *f)
             "qwen2 key prefix (rope base 1000000 unless --rope-base); qwen3: per-head RMS\n"
             "norms of Q and K (attn_q_norm / attn_k_norm), NeoX RoPE, the qwen3 key prefix\n"
             "with attention.key_length (rope base 1000000 unless --rope-base); phi3: fused\n"
-            "attn_qkv and gate/up (one ffn_up of 2 x ffn rows), NeoX RoPE, the phi3 prefix.\n"
+            "attn_qkv and gate/up (one ffn_up of 2 x ffn rows), NeoX RoPE, the phi3 prefix;\n"
+            "gemma3: qwen3's Q/K norms plus post_attention_norm / post_ffw_norm, GeGLU,\n"
+            "no space prefix, the gemma3 prefix (rope base 1000000 unless --rope-base);\n"
+            "--sliding-window N (gemma3): layers attend to the last N positions, all but\n"
+            "every --swa-pattern-th (written when given; llama.cpp's default is 6).\n"
             "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
             "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
             "ffn and heads x head dim to be multiples of 256. q4_k_m / q5_k_m: mostly\n"
@@ -46,7 +52,10 @@ static void model_make_usage(FILE *f)
             "         qwen3-tiny  qwen3, dim 128, 2 layers, 4 heads of 64, 2 kv, ffn 384,\n"
             "               vocab 1024, f32, rope base 1e6\n"
             "         phi3-tiny   phi3, dim 128, 2 layers, 4 heads, 2 kv, ffn 384, vocab 1024,\n"
-            "               f32\n");
+            "               f32\n"
+            "         gemma3-tiny gemma3, dim 128, 2 layers (sliding window 8, pattern 2),\n"
+            "               4 heads of 64, 2 kv, ffn 384, vocab 1024, f32, rope base 1e6,\n"
+            "               final logit soft-cap 30\n");
 }
 
 static int model_make_int(const char *opt, const char *text, int32_t *out)
@@ -99,7 +108,8 @@ int cli_model_make(int argc, char **argv)
             strcmp(opt, "--vocab") != 0 && strcmp(opt, "--ctx") != 0 &&
             strcmp(opt, "--type") != 0 && strcmp(opt, "--seed") != 0 &&
             strcmp(opt, "--name") != 0 && strcmp(opt, "--arch") != 0 &&
-            strcmp(opt, "--rope-base") != 0) {
+            strcmp(opt, "--rope-base") != 0 && strcmp(opt, "--sliding-window") != 0 &&
+            strcmp(opt, "--swa-pattern") != 0) {
             fprintf(stderr, "spillway model make: unknown option '%s'\n", opt);
             model_make_usage(stderr);
             return 2;
@@ -151,15 +161,16 @@ int cli_model_make(int argc, char **argv)
             p.name = val;
         } else if (strcmp(opt, "--arch") == 0) {
             if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2") &&
-                strcmp(val, "qwen3") && strcmp(val, "phi3")) {
+                strcmp(val, "qwen3") && strcmp(val, "phi3") && strcmp(val, "gemma3")) {
                 fprintf(stderr, "spillway model make: --arch must be llama, llama3, qwen2, "
-                                "qwen3 or phi3, got '%s'\n", val);
+                                "qwen3, phi3 or gemma3, got '%s'\n", val);
                 return 2;
             }
             p.architecture = val;
             if (!rope_base_set)
                 p.rope_freq_base = strcmp(val, "llama3") == 0 ? 500000.0f
-                                   : strcmp(val, "qwen2") == 0 || strcmp(val, "qwen3") == 0
+                                   : strcmp(val, "qwen2") == 0 || strcmp(val, "qwen3") == 0 ||
+                                           strcmp(val, "gemma3") == 0
                                        ? 1000000.0f
                                        : 10000.0f;
         } else if (strcmp(opt, "--rope-base") == 0) {
@@ -186,6 +197,10 @@ int cli_model_make(int argc, char **argv)
                 target = &p.head_dim;
             else if (strcmp(opt, "--vocab") == 0)
                 target = &p.n_vocab;
+            else if (strcmp(opt, "--sliding-window") == 0)
+                target = &p.sliding_window;
+            else if (strcmp(opt, "--swa-pattern") == 0)
+                target = &p.sliding_window_pattern;
             else
                 target = &p.n_ctx_train;
             if (model_make_int(opt, val, target) != 0)

@@ -1,5 +1,5 @@
 /* forward.c - the forward pass of the llama family (llama, qwen2, qwen3,
- * phi3) on the CPU.
+ * phi3, gemma3) on the CPU.
  *
  * For a batch of n new tokens of one sequence at positions p..p+n-1:
  *   x = embed(tokens)
@@ -9,6 +9,11 @@
  * qwen2 adds biases to the Q/K/V products; qwen3 RMS-normalises every head
  * of Q and K (its own weight vector per layer) before RoPE; phi3's fused
  * matrices arrive here as separate ones (model.c binds row views).
+ * gemma3 scales the embedding by sqrt(dim), RMS-normalises Q and K per head
+ * as qwen3 does, normalises the attention and FFN outputs again before each
+ * residual add, gates with GELU (tanh form) instead of SiLU, lets its
+ * sliding layers see only the last n_swa positions (RoPE base of their
+ * own, no linear scaling), and may soft-cap the logits.
  * Matrix products run on the thread pool, rows split between threads; the
  * activations are converted once per product to the weight type's dot
  * format (cpu_convert_activations). Attention reads K and V from the
@@ -47,7 +52,20 @@ typedef struct matmul_job {
     size_t xq_row_bytes;
     int64_t n_tokens;
     bool per_token;    /* tokens of different sequences: batch-invariant path */
+    bool gelu;         /* glu with GELU (gemma3), not SiLU */
 } matmul_job;
+
+/* The gate's activation times up: SiLU (SwiGLU) or GELU in its tanh form
+ * (GeGLU, gemma3), computed in f32 (llama.cpp's CPU path looks GELU up in
+ * a table of f16 inputs, a rounding this does not copy). */
+static inline float glu_value(float g, float up, bool gelu)
+{
+    if (gelu) {
+        const float sqrt_2_over_pi = 0.79788456080286535588f;
+        return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * up;
+    }
+    return g / (1.0f + expf(-g)) * up;
+}
 
 static void matmul_rows(const matmul_job *job, int m, int64_t r0, int64_t r1)
 {
@@ -72,10 +90,8 @@ static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
         for (int64_t t = 0; t < job->n_tokens; t++) {
             float *gate = job->y[0] + t * job->y_stride[0];
             const float *up = job->y[1] + t * job->y_stride[1];
-            for (int64_t i = begin; i < end; i++) {
-                float g = gate[i];
-                gate[i] = g / (1.0f + expf(-g)) * up[i];
-            }
+            for (int64_t i = begin; i < end; i++)
+                gate[i] = glu_value(gate[i], up[i], job->gelu);
         }
         return;
     }
@@ -114,7 +130,7 @@ static bool matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, flo
     glu = glu && n_mats == 2 && w[0]->n_out == w[1]->n_out;
 
     matmul_job job = {.n_mats = n_mats, .glu = glu, .xq = act, .n_tokens = n_tokens,
-                      .per_token = per_token};
+                      .per_token = per_token, .gelu = ctx->model->hp.ffn_gelu};
     int64_t rows = 0;
     size_t row_bytes = 0;
     eng_type_row_bytes(act_type, w[0]->n_in, &row_bytes);
@@ -156,15 +172,17 @@ static void head_norms(float *x, const float *weight, int64_t n_heads, int32_t h
  * by theta_i = (pos / linear) * base^(-2i/n_rot) / factor_i. theta is
  * advanced by repeated multiplication, as the reference engine does, so the
  * angles agree with it to the last bit. Q and K of a token are rotated in one
- * pass, so each angle's cosine and sine are computed once. */
+ * pass, so each angle's cosine and sine are computed once. A sliding layer
+ * (gemma3) has its own base and no linear scaling. */
 static void rope(const eng_context *ctx, float *q, int32_t n_heads, float *k,
-                 int32_t n_heads_kv, int32_t pos)
+                 int32_t n_heads_kv, int32_t pos, bool sliding)
 {
     const eng_hparams *hp = &ctx->model->hp;
     const float *factors = ctx->model->rope_factors;
     const int32_t half = hp->n_rot / 2;
     const bool neox = hp->rope_style == ENG_ROPE_NEOX;
-    float theta = (float)pos / hp->rope_linear_factor;
+    const float theta_scale = sliding ? ctx->rope_theta_scale_swa : ctx->rope_theta_scale;
+    float theta = sliding ? (float)pos : (float)pos / hp->rope_linear_factor;
     for (int32_t i = 0; i < half; i++) {
         float angle = theta / factors[i];
         float c = cosf(angle), s = sinf(angle);
@@ -176,7 +194,7 @@ static void rope(const eng_context *ctx, float *q, int32_t n_heads, float *k,
             p[i0] = a * c - b * s;
             p[i1] = a * s + b * c;
         }
-        theta *= ctx->rope_theta_scale;
+        theta *= theta_scale;
     }
 }
 
@@ -221,8 +239,28 @@ static unsigned char *kv_row(eng_context *ctx, const eng_sequence *seq, int32_t 
     return base + in_block;
 }
 
+/* The first position a token at pos attends to in a layer: 0, or for a
+ * sliding layer the start of its window of n_swa positions (llama.cpp's
+ * standard window: pos - p < n_swa). */
+static int32_t attention_first_pos(const eng_context *ctx, int32_t layer, int32_t pos)
+{
+    const int32_t n_swa = ctx->model->hp.n_swa;
+    if (!ctx->layers[layer].sliding || pos < n_swa)
+        return 0;
+    return pos - n_swa + 1;
+}
+
+/* Rows of a layer's K or V from position p0 to the end of its block or to
+ * n_pos, whichever comes first. */
+static int32_t block_rows(const eng_context *ctx, int32_t p0, int32_t n_pos)
+{
+    const int32_t block_tokens = ctx->params.kv_block_tokens;
+    int32_t rows = block_tokens - p0 % block_tokens;
+    return n_pos - p0 < rows ? n_pos - p0 : rows;
+}
+
 /* One head of one token: softmax(q . K^T * scale) . V over the token's
- * sequence up to its position. */
+ * sequence up to its position (within its window on a sliding layer). */
 static void attention_head(const attention_job *job, int64_t t, int32_t h, float *scores)
 {
     eng_context *ctx = job->ctx;
@@ -230,19 +268,19 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
     const int32_t hd = hp->head_dim, n_head = hp->n_head;
     const int32_t group = hp->n_head / hp->n_head_kv;
     const bool kv_f16 = ctx->params.kv_type != ENG_TYPE_F32;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->attn_scale;
     int32_t kv_head = h / group;
     const eng_sequence *seq = job->meta[t].seq;
     int32_t n_pos = job->meta[t].pos + 1; /* causal: itself and before, same sequence */
+    const int32_t first = attention_first_pos(ctx, job->layer, job->meta[t].pos);
     const float *q = job->q + t * (int64_t)n_head * hd + (int64_t)h * hd;
     float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
     const size_t kv_dim = (size_t)hp->n_head_kv * hd;
-    const int32_t block_tokens = ctx->params.kv_block_tokens;
 
     /* Scores a block at a time: a block's K rows for this layer are
      * consecutive, kv_dim elements apart. */
-    for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
-        int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+    for (int32_t p0 = first, rows; p0 < n_pos; p0 += rows) {
+        rows = block_rows(ctx, p0, n_pos);
         unsigned char *k = kv_row(ctx, seq, job->layer, 0, p0);
         if (kv_f16)
             cpu_dot_f16_f32_rows((const uint16_t *)k + (size_t)kv_head * hd, kv_dim, rows,
@@ -251,10 +289,10 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
             cpu_dot_f32_rows((const float *)k + (size_t)kv_head * hd, kv_dim, rows, q, hd,
                              scale, scores + p0);
     }
-    cpu_softmax_f32(scores, n_pos);
+    cpu_softmax_f32(scores + first, n_pos - first);
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
-        int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+    for (int32_t p0 = first, rows; p0 < n_pos; p0 += rows) {
+        rows = block_rows(ctx, p0, n_pos);
         unsigned char *v = kv_row(ctx, seq, job->layer, 1, p0);
         if (kv_f16)
             cpu_axpy_f16_rows(out, scores + p0, (const uint16_t *)v + (size_t)kv_head * hd,
@@ -280,13 +318,14 @@ static void attention_prefetch(const attention_job *job, int64_t t, int32_t kv_h
     eng_context *ctx = job->ctx;
     const eng_hparams *hp = &ctx->model->hp;
     const eng_sequence *seq = job->meta[t].seq;
-    const int32_t n_pos = job->meta[t].pos + 1, block_tokens = ctx->params.kv_block_tokens;
+    const int32_t n_pos = job->meta[t].pos + 1;
+    const int32_t first = attention_first_pos(ctx, job->layer, job->meta[t].pos);
     const size_t elem = ctx->params.kv_type == ENG_TYPE_F32 ? 4 : 2;
     const size_t row_bytes = (size_t)hp->n_head_kv * hp->head_dim * elem;
     const size_t head_bytes = (size_t)hp->head_dim * elem;
     for (int kv = 0; kv < 2; kv++)
-        for (int32_t p0 = 0; p0 < n_pos; p0 += block_tokens) {
-            int32_t rows = n_pos - p0 < block_tokens ? n_pos - p0 : block_tokens;
+        for (int32_t p0 = first, rows; p0 < n_pos; p0 += rows) {
+            rows = block_rows(ctx, p0, n_pos);
             const unsigned char *base = kv_row(ctx, seq, job->layer, kv, p0) +
                                         (size_t)kv_head * head_bytes;
             for (int32_t r = 0; r < rows; r++)
@@ -359,6 +398,9 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
                            (const unsigned char *)m->token_embd.data +
                                (size_t)tokens[t] * m->token_embd.row_bytes,
                            x + t * dim, dim);
+    if (hp->embd_scale != 1.0f)
+        for (int64_t i = 0; i < n * dim; i++)
+            x[i] *= hp->embd_scale;
 
     if (ctx->cuda) {
         if ((rc = cuda_forward_layers(ctx, x, meta, n, per_token, err)))
@@ -384,7 +426,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             head_norms(k, L->k_norm.data, n * hp->n_head_kv, hp->head_dim, hp->rms_eps);
         for (int64_t t = 0; t < n; t++) {
             int32_t pos = meta[t].pos;
-            rope(ctx, q + t * q_dim, hp->n_head, k + t * kv_dim, hp->n_head_kv, pos);
+            rope(ctx, q + t * q_dim, hp->n_head, k + t * kv_dim, hp->n_head_kv, pos, L->sliding);
             unsigned char *k_dst = kv_row(ctx, meta[t].seq, l, 0, pos);
             unsigned char *v_dst = kv_row(ctx, meta[t].seq, l, 1, pos);
             if (kv_f16) {
@@ -404,6 +446,10 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             const eng_weight *w[1] = {&L->wo};
             float *y[1] = {xn};
             matmul(ctx, 1, w, y, att, n, per_token, false);
+            if (L->attn_post_norm.data)
+                for (int64_t t = 0; t < n; t++)
+                    rms_norm(xn + t * dim, xn + t * dim, L->attn_post_norm.data, dim,
+                             hp->rms_eps);
             for (int64_t i = 0; i < n * dim; i++)
                 x[i] += xn[i];
         }
@@ -414,15 +460,17 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             const eng_weight *w[2] = {&L->w_gate, &L->w_up};
             float *y[2] = {gate, up};
             if (!matmul(ctx, 2, w, y, xn, n, per_token, true))
-                for (int64_t i = 0; i < n * n_ff; i++) {
-                    float g = gate[i];
-                    gate[i] = g / (1.0f + expf(-g)) * up[i];
-                }
+                for (int64_t i = 0; i < n * n_ff; i++)
+                    gate[i] = glu_value(gate[i], up[i], hp->ffn_gelu);
         }
         {
             const eng_weight *w[1] = {&L->w_down};
             float *y[1] = {xn};
             matmul(ctx, 1, w, y, gate, n, per_token, false);
+            if (L->ffn_post_norm.data)
+                for (int64_t t = 0; t < n; t++)
+                    rms_norm(xn + t * dim, xn + t * dim, L->ffn_post_norm.data, dim,
+                             hp->rms_eps);
             for (int64_t i = 0; i < n * dim; i++)
                 x[i] += xn[i];
         }
@@ -439,6 +487,11 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
         const eng_weight *w[1] = {&ctx->output};
         float *y[1] = {(float *)(ws + ctx->layout.logits)};
         matmul(ctx, 1, w, y, xn, n_logit, per_token, false);
+        if (hp->final_logit_softcap > 0.0f) {
+            const float cap = hp->final_logit_softcap, inv_cap = 1.0f / cap;
+            for (int64_t i = 0; i < (int64_t)n_logit * hp->n_vocab; i++)
+                y[0][i] = tanhf(y[0][i] * inv_cap) * cap;
+        }
     }
     return SW_OK;
 }

@@ -328,6 +328,7 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         }
     }
     ctx->rope_theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    ctx->rope_theta_scale_swa = powf(hp->rope_freq_base_swa, -2.0f / (float)hp->n_rot);
     if (on_cuda && ((rc = device_alloc(ctx, ctx->layout.total_bytes, "workspace",
                                        (void **)&ctx->device_workspace, err)) ||
                     (rc = cuda_engine_create(ctx, err))))

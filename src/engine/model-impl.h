@@ -30,17 +30,23 @@ typedef struct eng_layer {
     eng_weight w_gate;    /* (n_embd -> n_ff) */
     eng_weight w_up;      /* (n_embd -> n_ff) */
     eng_weight w_down;    /* (n_ff -> n_embd) */
+    eng_weight attn_post_norm, ffn_post_norm; /* gemma3: (n_embd) f32, RMS norms of
+                                                 the attention and FFN outputs
+                                                 before the residual add; data
+                                                 NULL if none */
+    bool sliding;         /* gemma3: attends to the last n_swa positions only */
 } eng_layer;
 
 /* Every tensor of a layer, in the order a device copy lays them out
- * (model.c, memory.c); absent ones (biases, Q/K norms) have data NULL and
+ * (model.c, memory.c); absent ones (biases, Q/K norms, post norms) have data NULL and
  * size 0. */
-#define ENG_LAYER_N_WEIGHTS 14
+#define ENG_LAYER_N_WEIGHTS 16
 static inline void eng__layer_weights(eng_layer *L, eng_weight *out[ENG_LAYER_N_WEIGHTS])
 {
     eng_weight *all[ENG_LAYER_N_WEIGHTS] = {
         &L->attn_norm, &L->wq,   &L->wk,   &L->wv, &L->wo,     &L->ffn_norm, &L->w_gate,
-        &L->w_up,      &L->w_down, &L->bq, &L->bk, &L->bv,     &L->q_norm,   &L->k_norm};
+        &L->w_up,      &L->w_down, &L->bq, &L->bk, &L->bv,     &L->q_norm,   &L->k_norm,
+        &L->attn_post_norm, &L->ffn_post_norm};
     for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++)
         out[i] = all[i];
 }
@@ -131,6 +137,7 @@ struct eng_context {
     unsigned char *device_workspace;
     struct cuda_engine *cuda;
     float rope_theta_scale;     /* base^(-2 / n_rot) */
+    float rope_theta_scale_swa; /* rope_freq_base_swa^(-2 / n_rot): sliding layers */
 };
 
 /* Bytes of the weights of layers [0, n_layers) (plus the output head when

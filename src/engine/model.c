@@ -1,5 +1,5 @@
 /* model.c - loading a GGUF model of the llama family (llama, qwen2, qwen3,
- * phi3) and checking that every tensor the forward pass needs is present
+ * phi3, gemma3) and checking that every tensor the forward pass needs is present
  * with the right shape and a supported type. The forward pass itself is in
  * forward.c; the memory figures are in memory.c. */
 #include "engine/model-impl.h"
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama, qwen2, qwen3, phi3";
+static const char *const supported_architectures = "llama, qwen2, qwen3, phi3, gemma3";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -135,6 +135,56 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
     return SW_OK;
 }
 
+/* Gemma 3's additions, with llama.cpp's defaults for absent keys: the
+ * sliding window (no key or 0: every layer global), its layer pattern
+ * (6: five sliding, then one global), the sliding layers' RoPE base
+ * (10000), the final soft-cap (none), and the 27B's attention scale
+ * (1/sqrt(dim / heads) rather than 1/sqrt(head size), which llama.cpp
+ * picks by its 62 layers). The norm weights need no care: the converter
+ * has already added Gemma's 1 to them. */
+static int read_gemma3_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
+{
+    const char *a = hp->architecture;
+    int rc;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->ffn_gelu = true;
+    if ((rc = read_f32(g, a, "final_logit_softcapping", &hp->final_logit_softcap, err)))
+        return rc;
+    if (!(hp->final_logit_softcap >= 0.0f) || !isfinite(hp->final_logit_softcap))
+        return sw_error_set(err, SW_EFORMAT, "gemma3: final logit soft-cap out of range");
+    if ((rc = read_u32(g, a, "attention.sliding_window", &hp->n_swa, false, err)))
+        return rc;
+    if (hp->n_swa > 0) {
+        char key[128];
+        uint32_t pattern = 6;
+        snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+        if (eng_gguf_find_key(g, key) >= 0 && (rc = eng_gguf_get_u32(g, key, &pattern, err)))
+            return rc == SW_EFORMAT ? sw_error_set(err, SW_EUNSUPPORTED, "'%s' as a per-layer "
+                                                   "array is not supported (a number is)", key)
+                                    : rc;
+        if (pattern > (1u << 20))
+            return sw_error_set(err, SW_EFORMAT, "'%s' = %u is out of range", key, pattern);
+        hp->swa_pattern = (int32_t)pattern;
+        hp->rope_freq_base_swa = 10000.0f;
+        if ((rc = read_f32(g, a, "rope.freq_base_swa", &hp->rope_freq_base_swa, err)))
+            return rc;
+        if (!(hp->rope_freq_base_swa > 0.0f))
+            return sw_error_set(err, SW_EFORMAT, "rope.freq_base_swa must be positive");
+    }
+    if (hp->n_layer == 62)
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    return SW_OK;
+}
+
+/* Whether layer l is a sliding-window layer (llama.cpp's rule: with a
+ * pattern n, layer l slides unless l % n == n - 1; n 0: all slide). */
+static bool layer_slides(const eng_hparams *hp, int32_t l)
+{
+    if (hp->n_swa <= 0)
+        return false;
+    return hp->swa_pattern == 0 || l % hp->swa_pattern < hp->swa_pattern - 1;
+}
+
 static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
 {
     const char *arch;
@@ -157,6 +207,9 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
         /* phi3.attention.sliding_window is ignored, as llama.cpp does
          * (its Phi-3 files declare a window their models were not run with) */
         hp->arch = ENG_ARCH_PHI3;
+        hp->rope_style = ENG_ROPE_NEOX;
+    } else if (arch_len == 6 && memcmp(arch, "gemma3", 6) == 0) {
+        hp->arch = ENG_ARCH_GEMMA3;
         hp->rope_style = ENG_ROPE_NEOX;
     } else {
         return sw_error_set(err, SW_EUNSUPPORTED,
@@ -217,6 +270,11 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
                             hp->n_rot, hp->head_dim);
     if (!(hp->rms_eps > 0.0f) || !(hp->rope_freq_base > 0.0f))
         return sw_error_set(err, SW_EFORMAT, "rms epsilon and rope base must be positive");
+    hp->embd_scale = 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->rope_freq_base_swa = hp->rope_freq_base;
+    if (hp->arch == ENG_ARCH_GEMMA3)
+        return read_gemma3_hparams(g, hp, err);
     return SW_OK;
 }
 
@@ -370,16 +428,30 @@ static int bind_weights(eng_model *m, sw_error *err)
                                   spec[s].dst, err)))
                 return rc;
         }
-        /* Qwen3's per-head RMS norms of Q and K (one weight vector of
-         * head_dim values each, shared by all heads). */
-        if (hp->arch == ENG_ARCH_QWEN3) {
-            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", i);
-            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->q_norm, err)))
-                return rc;
-            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", i);
-            if ((rc = bind_weight(g, name, hp->head_dim, 0, true, &L->k_norm, err)))
+        /* The norms some architectures add, F32 vectors: Qwen3's and Gemma
+         * 3's per-head RMS norms of Q and K (head_dim values, shared by all
+         * heads), Gemma 3's of the attention and FFN outputs (n_embd). */
+        const bool qk_norms = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_GEMMA3;
+        const bool post_norms = hp->arch == ENG_ARCH_GEMMA3;
+        const struct {
+            bool wanted;
+            const char *suffix;
+            int64_t n;
+            eng_weight *dst;
+        } norms[] = {
+            {qk_norms, "attn_q_norm", hp->head_dim, &L->q_norm},
+            {qk_norms, "attn_k_norm", hp->head_dim, &L->k_norm},
+            {post_norms, "post_attention_norm", hp->n_embd, &L->attn_post_norm},
+            {post_norms, "post_ffw_norm", hp->n_embd, &L->ffn_post_norm},
+        };
+        for (size_t k = 0; k < sizeof norms / sizeof norms[0]; k++) {
+            if (!norms[k].wanted)
+                continue;
+            snprintf(name, sizeof name, "blk.%d.%s.weight", i, norms[k].suffix);
+            if ((rc = bind_weight(g, name, norms[k].n, 0, true, norms[k].dst, err)))
                 return rc;
         }
+        L->sliding = layer_slides(hp, i);
         /* Q/K/V biases: required by qwen2, allowed (rare) for the others
          * (llama.cpp loads them when present); one fused attn_qkv.bias of
          * Q's values, then K's, then V's, or one per product. */

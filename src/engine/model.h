@@ -31,6 +31,11 @@ typedef enum eng_arch {
                             attention.key_length */
     ENG_ARCH_PHI3 = 3,   /* Phi-3 / Phi-4: fused attn_qkv and gate/up (ffn_up of
                             2 x n_ff rows) matrices, NeoX-style RoPE */
+    ENG_ARCH_GEMMA3 = 4, /* Gemma 3 (text): embedding scaled by sqrt(dim),
+                            per-head Q/K RMS norms, RMS norms after attention
+                            and after the FFN too, GELU(tanh)-gated FFN,
+                            sliding-window layers with their own RoPE base,
+                            optional final logit soft-capping */
 } eng_arch;
 
 /* How RoPE pairs the dimensions of a head: consecutive (x[2i], x[2i+1]) for
@@ -63,6 +68,23 @@ typedef struct eng_hparams {
      * (rope.scaling.type "llama3"), see eng_model_rope_factors. */
     float rope_linear_factor;
     bool tied_output;    /* output head shares token_embd */
+    /* gemma3 and what it brings; the other architectures have the
+     * neutral values (1, false, 0, the file's base). */
+    float embd_scale;          /* the embedding row is multiplied by it (gemma3:
+                                  sqrt(n_embd)) */
+    bool ffn_gelu;             /* gated FFN with GELU (tanh form), not SiLU */
+    float attn_scale;          /* scores are q . k * attn_scale: 1/sqrt(head_dim),
+                                  Gemma 3 27B 1/sqrt(n_embd / n_head) as
+                                  llama.cpp has it */
+    float final_logit_softcap; /* > 0: logits = c * tanh(logits / c) */
+    int32_t n_swa;             /* attention.sliding_window: the window (tokens,
+                                  the current one included) of the layers
+                                  marked sliding; 0 = none */
+    int32_t swa_pattern;       /* attention.sliding_window_pattern: of every
+                                  swa_pattern layers the last is global */
+    float rope_freq_base_swa;  /* rope.freq_base_swa (default 10000): the
+                                  sliding layers' base; they take no linear
+                                  scaling */
 } eng_hparams;
 
 typedef struct eng_model eng_model;

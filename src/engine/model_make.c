@@ -534,6 +534,16 @@ int eng_model_make_preset(const char *name, eng_model_make_params *out)
         p.n_head_kv = 2;
         p.n_ff = 384;
         p.n_vocab = 1024;
+    } else if (strcmp(name, "gemma3-tiny") == 0) {
+        /* Gemma 3's layout at test size: qwen3-tiny's shape (heads wider
+         * than dim / heads), a sliding layer with a window shorter than
+         * the test prompts, then a global one, and a soft-capped head
+         * (Gemma 2's files have one; llama.cpp applies it to gemma3's too) */
+        eng_model_make_preset("qwen3-tiny", &p); /* its shape, base and eps */
+        p.architecture = "gemma3";
+        p.sliding_window = 8;
+        p.sliding_window_pattern = 2;
+        p.final_logit_softcap = 30.0f;
     } else {
         return SW_ENOTFOUND;
     }
@@ -547,10 +557,20 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
         return sw_error_set(err, SW_EINVAL, "model make: no parameters");
     if (p->architecture && strcmp(p->architecture, "llama") != 0 &&
         strcmp(p->architecture, "llama3") != 0 && strcmp(p->architecture, "qwen2") != 0 &&
-        strcmp(p->architecture, "qwen3") != 0 && strcmp(p->architecture, "phi3") != 0)
+        strcmp(p->architecture, "qwen3") != 0 && strcmp(p->architecture, "phi3") != 0 &&
+        strcmp(p->architecture, "gemma3") != 0)
         return sw_error_set(err, SW_EINVAL,
                             "model make: architecture '%s' is not supported (llama, llama3, "
-                            "qwen2, qwen3, phi3)", p->architecture);
+                            "qwen2, qwen3, phi3, gemma3)", p->architecture);
+    const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
+    if (!gemma3 && (p->sliding_window != 0 || p->sliding_window_pattern != 0 ||
+                    p->final_logit_softcap != 0.0f))
+        return sw_error_set(err, SW_EINVAL, "model make: a sliding window, its pattern and the "
+                            "logit soft-cap are gemma3's");
+    if (p->sliding_window < 0 || p->sliding_window_pattern < 0 ||
+        !(p->final_logit_softcap >= 0.0f) || !isfinite(p->final_logit_softcap))
+        return sw_error_set(err, SW_EINVAL, "model make: sliding window, pattern and soft-cap "
+                            "must not be negative");
     if (p->architecture && strcmp(p->architecture, "phi3") == 0 && p->head_dim != 0 &&
         (int64_t)p->head_dim * p->n_head != p->n_embd)
         return sw_error_set(err, SW_EINVAL, "model make: phi3's heads must fill the width "
@@ -663,6 +683,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
      * block `layer`. */
     const int64_t d = p->n_embd, head_dim = mm_head_dim(p);
     const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
+    const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
     const int64_t q_out = p->n_head * head_dim, kv_out = p->n_head_kv * head_dim;
     const float u = 1.7320508f; /* sqrt(3): amplitude of a uniform with std 1 */
     const float head_amp = 4.0f * u / sqrtf((float)d);
@@ -697,7 +718,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
     }
     if (layer < 0) {
         MM_T("token_embd.weight", wt, 2, d, p->n_vocab, 0.0f,
-             p->tied_output ? head_amp : u);
+             p->tied_output ? head_amp : gemma3 ? u / sqrtf((float)d) : u);
     } else if (layer >= p->n_layer) {
         MM_T("output_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         if (!p->tied_output)
@@ -721,12 +742,14 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             MM_T("blk.%d.attn_k.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
             MM_T("blk.%d.attn_v.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
         }
-        if (p->architecture && strcmp(p->architecture, "qwen3") == 0) {
-            /* Qwen3's per-head RMS norm weights of Q and K (F32). */
+        if (gemma3 || (p->architecture && strcmp(p->architecture, "qwen3") == 0)) {
+            /* Qwen3's and Gemma 3's per-head RMS norm weights of Q and K (F32). */
             MM_T("blk.%d.attn_q_norm.weight", f32, 1, head_dim, 1, 1.0f, 0.1f);
             MM_T("blk.%d.attn_k_norm.weight", f32, 1, head_dim, 1, 1.0f, 0.1f);
         }
         MM_T("blk.%d.attn_output.weight", out_proj_t, 2, q_out, d, 0.0f, in_q);
+        if (gemma3) /* the norm of the attention output, before the residual add */
+            MM_T("blk.%d.post_attention_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         if (phi3) {
             /* Phi-3's fused gate and up: the gate rows, then the up rows */
@@ -736,6 +759,8 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
         }
         MM_T("blk.%d.ffn_down.weight", down_t, 2, p->n_ff, d, 0.0f, in_ff);
+        if (gemma3)
+            MM_T("blk.%d.post_ffw_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
     }
 #undef MM_T
     return n;
@@ -802,7 +827,8 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     const bool qwen3 = p->architecture && strcmp(p->architecture, "qwen3") == 0;
     const bool qwen2 = p->architecture && strcmp(p->architecture, "qwen2") == 0;
     const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
-    const char *a = qwen3 ? "qwen3" : qwen2 ? "qwen2" : phi3 ? "phi3" : "llama";
+    const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
+    const char *a = qwen3 ? "qwen3" : qwen2 ? "qwen2" : phi3 ? "phi3" : gemma3 ? "gemma3" : "llama";
     char key[96];
 #define MM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
 #define MM_CHECK(call)                                                                          \
@@ -827,13 +853,22 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
     /* The head size, as converted Qwen3 files write it (and any file whose
      * heads are not dim / heads wide). */
-    if (qwen3 || p->head_dim != 0) {
+    if (qwen3 || gemma3 || p->head_dim != 0) {
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.key_length"), head_dim));
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.value_length"), head_dim));
     }
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("rope.freq_base"), p->rope_freq_base));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("vocab_size"), (uint32_t)p->n_vocab));
+    if (p->sliding_window > 0)
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.sliding_window"),
+                                         (uint32_t)p->sliding_window));
+    if (p->sliding_window_pattern > 0)
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.sliding_window_pattern"),
+                                         (uint32_t)p->sliding_window_pattern));
+    if (p->final_logit_softcap > 0.0f)
+        MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("final_logit_softcapping"),
+                                         p->final_logit_softcap));
 #undef MM_KEY
     MM_CHECK(eng_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
     MM_CHECK(eng_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", pieces, (uint64_t)v->n));
@@ -844,7 +879,9 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0));
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true));
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false));
-    MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", true));
+    /* Gemma's SentencePiece files have no space prefix (the converter
+     * writes add_space_prefix false) */
+    MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", !gemma3));
 #undef MM_CHECK
     return rc;
 }

@@ -1,5 +1,5 @@
 /* model_make.h - synthetic GGUF models of the llama family (llama, Llama 3,
- * qwen2, qwen3, phi3) for tests, CI and the demo (`spillway model make`).
+ * qwen2, qwen3, phi3, gemma3) for tests, CI and the demo (`spillway model make`).
  *
  * The files have exactly the tensor names, shapes (GGUF ne order) and
  * metadata keys that llama.cpp uses for each architecture, so every
@@ -75,7 +75,11 @@ typedef struct eng_model_make_params {
                                  (qwen3 keys, per-head Q/K norm weights,
                                  attention.key_length / value_length) or
                                  "phi3" (phi3 keys, fused attn_qkv and an
-                                 ffn_up of gate then up rows, no ffn_gate) */
+                                 ffn_up of gate then up rows, no ffn_gate) or
+                                 "gemma3" (gemma3 keys, per-head Q/K norms,
+                                 post_attention_norm / post_ffw_norm, key_length;
+                                 token_embd of std 1/sqrt(dim), so that the
+                                 embedding scaled by sqrt(dim) has std 1) */
     const char *name;         /* general.name; NULL: "spillway-synthetic" */
     int32_t n_embd;           /* model dimension */
     int32_t n_layer;
@@ -97,6 +101,12 @@ typedef struct eng_model_make_params {
     bool tied_output;         /* no output.weight: the head uses token_embd */
     uint64_t seed;            /* default 1 */
     eng_model_make_mix mix;   /* ENG_MIX_NONE: every matrix weight_type */
+    /* gemma3 only; 0 leaves the key out (llama.cpp's default then applies) */
+    int32_t sliding_window;          /* gemma3.attention.sliding_window (0: none,
+                                        every layer global) */
+    int32_t sliding_window_pattern;  /* gemma3.attention.sliding_window_pattern
+                                        (0: absent, which llama.cpp reads as 6) */
+    float final_logit_softcap;       /* gemma3.final_logit_softcapping (0: absent) */
 } eng_model_make_params;
 
 /* The "tiny" preset: dim 64, 2 layers, 4 heads, 2 KV heads, FFN 128,
@@ -115,6 +125,11 @@ eng_model_make_params eng_model_make_default_params(void);
  *   phi3-tiny - architecture phi3 (fused attn_qkv and gate/up), dim 128,
  *           2 layers, 4 heads, 2 KV, FFN 384, vocab 1024, F32, rope base
  *           10000 (tests/data/phi3-tiny.golden.json)
+ *   gemma3-tiny - architecture gemma3, dim 128, 2 layers (layer 0 sliding with
+ *           a window of 8, layer 1 global: pattern 2), 4 heads of 64, 2 KV,
+ *           FFN 384, vocab 1024, F32, rope base 1e6 (the sliding layer's
+ *           10000 by default), rms eps 1e-6, final logit soft-cap 30
+ *           (tests/data/gemma3-tiny.golden.json)
  * Returns SW_OK, or SW_ENOTFOUND for an unknown name (*out untouched). */
 int eng_model_make_preset(const char *name, eng_model_make_params *out);
 

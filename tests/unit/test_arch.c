@@ -13,7 +13,11 @@
  *     does; a file missing a norm or with mismatched head sizes is refused
  *     (qwen3's outputs against llama.cpp's are in test_arch_golden);
  *   - phi3's fused attn_qkv (with its bias) and gate/up ffn_up compute what
- *     the separate matrices of the llama file do, gate first.
+ *     the separate matrices of the llama file do, gate first;
+ *   - gemma3's window covers exactly what it should, its pattern picks the
+ *     layers, its soft-cap is c tanh(x / c); its keys (window, pattern,
+ *     soft-cap, scales) load as llama.cpp reads them (its outputs against llama.cpp's, window included, are in
+ *     test_arch_golden).
  * Files are derived from a `model make` model by rewriting its GGUF. */
 #include "testutil.h"
 
@@ -537,16 +541,70 @@ static bool sink_token(void *user, const eng_generate_step *step)
     return true;
 }
 
-/* `model make --arch qwen2 | llama3 | qwen3 | phi3` files load as those architectures and
- * generate deterministically; each differs from the plain llama file. */
+/* gemma3's window, its layer pattern and the soft-cap, by equivalence on
+ * 20 tokens (the files share their weights; the global base is the sliding
+ * layers' default, 10000, so only the window tells them apart): a window
+ * of 20 sees what no window sees, so does a window of 4 that no layer has
+ * (pattern 1: every layer global), and a window of 4 on layer 0 does not;
+ * a soft-cap c turns the logits into c tanh(logits / c). */
+static void make_gemma3(const char *name, int32_t window, int32_t pattern, float cap,
+                        char *path, size_t cap_path)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    sw_error err;
+    p.architecture = "gemma3";
+    p.n_embd = 64;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.head_dim = 32;
+    p.sliding_window = window;
+    p.sliding_window_pattern = pattern;
+    p.final_logit_softcap = cap;
+    snprintf(path, cap_path, "%s", tu_tmp_path(name));
+    if (eng_model_make(&p, path, &err))
+        fail_msg("make %s: %s", name, err.message);
+}
+
+static void test_gemma3_window_and_softcap(void **state)
+{
+    (void)state;
+    char none[4096], wide[4096], unused[4096], narrow[4096], capped[4096];
+    int32_t n;
+    make_gemma3("g3-none.gguf", 0, 0, 0.0f, none, sizeof none);
+    make_gemma3("g3-wide.gguf", 20, 2, 0.0f, wide, sizeof wide);
+    make_gemma3("g3-unused.gguf", 4, 1, 0.0f, unused, sizeof unused);
+    make_gemma3("g3-narrow.gguf", 4, 2, 0.0f, narrow, sizeof narrow);
+    make_gemma3("g3-capped.gguf", 0, 0, 3.0f, capped, sizeof capped);
+    float *a = run_logits(none, &n);
+    float *b = run_logits(wide, &n);
+    float *c = run_logits(unused, &n);
+    float *d = run_logits(narrow, &n);
+    float *e = run_logits(capped, &n);
+    assert_true(max_diff(a, b, n) == 0.0f);
+    assert_true(max_diff(a, c, n) == 0.0f);
+    if (max_diff(a, d, n) < 1e-3f)
+        fail_msg("a window of 4 changes nothing (%g)", max_diff(a, d, n));
+    for (int32_t i = 0; i < n; i++)
+        assert_float_equal(e[i], 3.0f * tanhf(a[i] / 3.0f), 1e-5);
+    sw_free(a);
+    sw_free(b);
+    sw_free(c);
+    sw_free(d);
+    sw_free(e);
+}
+
+/* `model make --arch qwen2 | llama3 | qwen3 | phi3 | gemma3` files load as those
+ * architectures and generate deterministically; each differs from the plain
+ * llama file. gemma3's keys come out as llama.cpp reads them: layers 0, 2
+ * slide (pattern 2), layer 1 is global, the soft-cap and scales are set. */
 static void test_made_architectures(void **state)
 {
     (void)state;
-    const char *archs[] = {"llama", "qwen2", "llama3", "qwen3", "phi3"};
+    const char *archs[] = {"llama", "qwen2", "llama3", "qwen3", "phi3", "gemma3"};
     const eng_arch want_arch[] = {ENG_ARCH_LLAMA, ENG_ARCH_QWEN2, ENG_ARCH_LLAMA, ENG_ARCH_QWEN3,
-                                  ENG_ARCH_PHI3};
-    int32_t tokens[5][16];
-    for (int a = 0; a < 5; a++) {
+                                  ENG_ARCH_PHI3, ENG_ARCH_GEMMA3};
+    int32_t tokens[6][16];
+    for (int a = 0; a < 6; a++) {
         eng_model_make_params p = eng_model_make_default_params();
         sw_error err;
         p.architecture = archs[a];
@@ -557,7 +615,13 @@ static void test_made_architectures(void **state)
         p.n_ff = 512;
         p.n_vocab = 600;
         p.weight_type = ENG_TYPE_Q8_0;
-        p.rope_freq_base = a == 1 || a == 3 ? 1000000.0f : a == 2 ? 500000.0f : 10000.0f;
+        p.rope_freq_base = a == 1 || a == 3 || a == 5 ? 1000000.0f : a == 2 ? 500000.0f : 10000.0f;
+        if (a == 5) {
+            p.n_layer = 3;
+            p.sliding_window = 4;
+            p.sliding_window_pattern = 2;
+            p.final_logit_softcap = 20.0f;
+        }
         char name[32];
         snprintf(name, sizeof name, "made-%s.gguf", archs[a]);
         char path[4096];
@@ -574,6 +638,20 @@ static void test_made_architectures(void **state)
             assert_non_null(model->layers[0].bq.data);
         if (a == 3)
             assert_non_null(model->layers[0].q_norm.data);
+        if (a == 5) {
+            assert_non_null(model->layers[0].q_norm.data);
+            assert_non_null(model->layers[0].attn_post_norm.data);
+            assert_non_null(model->layers[0].ffn_post_norm.data);
+            assert_true(model->layers[0].sliding && !model->layers[1].sliding &&
+                        model->layers[2].sliding);
+            assert_int_equal(hp->n_swa, 4);
+            assert_true(hp->ffn_gelu);
+            assert_float_equal(hp->embd_scale, 16.0f, 1e-6);
+            assert_float_equal(hp->final_logit_softcap, 20.0f, 0.0);
+            assert_float_equal(hp->rope_freq_base_swa, 10000.0f, 0.0);
+            assert_float_equal(hp->attn_scale, 1.0f / 8.0f, 1e-7);
+            assert_false(eng_tokenizer_add_space_prefix(model->tokenizer));
+        }
         if (a == 4) /* the views into attn_qkv */
             assert_ptr_equal((const unsigned char *)model->layers[0].wk.data,
                              (const unsigned char *)model->layers[0].wq.data +
@@ -612,6 +690,7 @@ static void test_made_architectures(void **state)
     assert_memory_not_equal(tokens[0], tokens[1], sizeof tokens[0]);
     assert_memory_not_equal(tokens[1], tokens[3], sizeof tokens[0]);
     assert_memory_not_equal(tokens[1], tokens[4], sizeof tokens[0]);
+    assert_memory_not_equal(tokens[3], tokens[5], sizeof tokens[0]);
 }
 
 int main(void)
@@ -621,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_qwen3_head_norms),
         cmocka_unit_test(test_phi3_fused_equals_llama),
+        cmocka_unit_test(test_gemma3_window_and_softcap),
         cmocka_unit_test(test_made_architectures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

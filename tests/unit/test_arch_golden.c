@@ -1,5 +1,5 @@
 /* test_arch_golden.c - architectures that ../shared has no model of (qwen3,
- * phi3), checked against the reference engine: `model make` presets whose greedy
+ * phi3, gemma3), checked against the reference engine: `model make` presets whose greedy
  * outputs llama.cpp recorded (tests/data/PRESET.golden.json, made by
  * bench/record-goldens.sh; tests/data/README.md says how and with what).
  *
@@ -72,7 +72,7 @@ static const char *make_recorded_model(json_t *golden)
     return path;
 }
 
-static void check_golden(const char *file, eng_arch arch)
+static void check_golden(const char *file, eng_arch arch, double top5_tol)
 {
     const char *golden_path = tu_data_path(file);
     if (!golden_path)
@@ -153,7 +153,7 @@ static void check_golden(const char *file, eng_arch arch)
                     continue;
                 found = true;
                 worst = fmax(worst, fabs(got.first.top[j].logprob - ref));
-                if (fabs(got.first.top[j].logprob - ref) > TOP5_TOL)
+                if (fabs(got.first.top[j].logprob - ref) > top5_tol)
                     fail_msg("prompt %zu: id %d has logprob %f, llama.cpp %f", i, ref_id,
                              got.first.top[j].logprob, ref);
             }
@@ -176,13 +176,31 @@ static void check_golden(const char *file, eng_arch arch)
 static void test_qwen3_tiny_golden(void **state)
 {
     (void)state;
-    check_golden("qwen3-tiny.golden.json", ENG_ARCH_QWEN3);
+    check_golden("qwen3-tiny.golden.json", ENG_ARCH_QWEN3, TOP5_TOL);
 }
 
 static void test_phi3_tiny_golden(void **state)
 {
     (void)state;
-    check_golden("phi3-tiny.golden.json", ENG_ARCH_PHI3);
+    check_golden("phi3-tiny.golden.json", ENG_ARCH_PHI3, TOP5_TOL);
+}
+
+/* gemma3-tiny: a sliding layer (window 8, shorter than the prompts and
+ * their continuations) before a global one, the soft-capped head, GeGLU.
+ * Every greedy token agrees (160), and a window one position too long or
+ * too short fails within the first five tokens; the first step's
+ * log-probabilities differ by up to 6.4e-3 (4.0e-3 with the window made
+ * longer than the prompts), above TOP5_TOL. Where the rest comes from is
+ * not pinned down yet (llama.cpp's F16 rounding of Q in flash attention,
+ * and its GELU table of F16 inputs, which spillway does not copy, are the
+ * candidates; copying the GELU rounding changes nothing measurable), so
+ * this golden has a tolerance of its own. */
+#define GEMMA3_TOP5_TOL 1e-2
+
+static void test_gemma3_tiny_golden(void **state)
+{
+    (void)state;
+    check_golden("gemma3-tiny.golden.json", ENG_ARCH_GEMMA3, GEMMA3_TOP5_TOL);
 }
 
 int main(void)
@@ -190,6 +208,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_tiny_golden),
         cmocka_unit_test(test_phi3_tiny_golden),
+        cmocka_unit_test(test_gemma3_tiny_golden),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,6 +70,10 @@ static eng_model *make_arch(const char *name, const char *arch, int32_t dim, int
     p.n_vocab = 512;
     p.weight_type = type;
     p.seed = 11;
+    if (strcmp(arch, "gemma3") == 0) { /* sliding and global layers */
+        p.sliding_window = 8;
+        p.sliding_window_pattern = 2;
+    }
     const char *path = tu_tmp_path(name);
     if (eng_model_make(&p, path, &err) || eng_model_load(path, &model, &err))
         fail_msg("model %s: %s", name, err.message);
@@ -93,7 +97,9 @@ static uint64_t self_bytes(dev_device *dev)
  * device once n_seqs sequences hold n_ctx tokens each - exactly, for several
  * shapes, every architecture (qwen2's biases, Llama 3's rope_freqs tensor,
  * qwen3's Q/K norms and heads wider than dim / heads, phi3's fused
- * matrices), profiles and context sizes. */
+ * matrices, gemma3's post norms and sliding layers - which keep every
+ * position's KV for now, as the global ones do), profiles and context
+ * sizes. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
@@ -109,6 +115,7 @@ static void test_plan_equals_allocation(void **state)
         {"llama3", 64, 2, 4, 2, 0, 128, ENG_TYPE_F16},
         {"qwen3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
         {"phi3", 96, 2, 6, 3, 0, 192, ENG_TYPE_F16},
+        {"gemma3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
     };
     const int32_t ctx_sizes[] = {17, 64, 200};
     dev_device *dev = open_pool("plan", 256 * MiB);

@@ -46,7 +46,13 @@ typedef struct rt_worker_config {
     int position;              /* its place among the [worker] sections
                                   (breaks ties in preference) */
     bool managed;              /* true: the router spawns it */
-    char url[512];             /* unix:PATH or http://HOST:PORT (not managed) */
+    char url[512];             /* unix:PATH, http://HOST:PORT or (kind = openai,
+                                  not managed) https://HOST[:PORT] */
+    char ca_file[512];         /* https: a CA (PEM) trusted besides the system's */
+    char api_key_env[128];     /* the variable holding the key sent as
+                                  Authorization: Bearer; "" none. Only the
+                                  name lives here: the key is read at start
+                                  into router_net's upstream table */
     char device[128];          /* "" = cpu profile */
     uint64_t sim_capacity;     /* 0 = worker default */
     int32_t gpu_layers;        /* -1 = all */

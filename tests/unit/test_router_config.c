@@ -132,12 +132,69 @@ static void test_check(void **state)
     remove(p);
 }
 
+/* Loads and checks text: 0, or the error with its message in err. */
+static int load_checked(const char *name, const char *text, sw_error *err)
+{
+    rt_config c;
+    rt_config_defaults(&c);
+    const char *p = write_ini(name, text);
+    int rc = rt_config_load(&c, p, err);
+    if (rc == 0)
+        rc = rt_config_check(&c, err);
+    remove(p);
+    return rc;
+}
+
+/* https:// urls, ca-file and api-key-env (a remote tier over TLS) */
+static void test_remote(void **state)
+{
+    sw_error err;
+    rt_config c;
+    rt_config_defaults(&c);
+    const char *p = write_ini("remote", "[model]\npath = m\n[worker cloud]\nkind = openai\n"
+                                        "url = https://api.example.com\nca-file = /etc/ca.pem\n"
+                                        "api-key-env = CLOUD_KEY\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    assert_int_equal(rt_config_check(&c, &err), 0);
+    assert_string_equal(c.workers[0].url, "https://api.example.com");
+    assert_string_equal(c.workers[0].ca_file, "/etc/ca.pem");
+    assert_string_equal(c.workers[0].api_key_env, "CLOUD_KEY");
+    assert_false(c.workers[0].managed);
+    remove(p);
+
+    expect_error("bad-key-env", "[worker a]\nkind = openai\napi-key-env = A-B\n", 3,
+                 "api-key-env");
+    expect_error("digit-key-env", "[worker a]\nkind = openai\napi-key-env = 1KEY\n", 3,
+                 "api-key-env");
+    assert_int_equal(load_checked("https-spillway",
+                                  "[model]\npath = m\n[worker a]\nurl = https://h:1\n", &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "https:// url is for kind = openai"));
+    assert_int_equal(load_checked("https-command",
+                                  "[model]\npath = m\n[worker a]\nkind = openai\n"
+                                  "url = https://h:1\ncommand = engine\n",
+                                  &err),
+                     SW_EINVAL);
+    assert_int_equal(load_checked("ca-http",
+                                  "[model]\npath = m\n[worker a]\nkind = openai\n"
+                                  "url = http://h:1\nca-file = /ca.pem\n",
+                                  &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "ca-file needs an https:// url"));
+    assert_int_equal(load_checked("key-spillway",
+                                  "[model]\npath = m\n[worker a]\nurl = http://h:1\n"
+                                  "api-key-env = K\n",
+                                  &err),
+                     SW_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_check),
+        cmocka_unit_test(test_remote),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -642,6 +642,15 @@ int rt_config_check(const rt_config *c, sw_error *err)
                                 "[worker %s]: api-key-env is for kind = openai at a url, "
                                 "without a command (not yet for an engine the router runs)",
                                 w->name);
+        /* the TLS settings and the key belong to the address (router_tls.h) */
+        for (int j = 0; j < i; j++)
+            if (!w->managed && !c->workers[j].managed && !strcmp(w->url, c->workers[j].url) &&
+                (strcmp(w->ca_file, c->workers[j].ca_file) ||
+                 strcmp(w->api_key_env, c->workers[j].api_key_env)))
+                return sw_error_set(err, SW_EINVAL,
+                                    "[worker %s]: url %s is also [worker %s]'s, with another "
+                                    "ca-file or api-key-env",
+                                    w->name, w->url, c->workers[j].name);
         if (w->kind == RT_KIND_OPENAI && !w->command[0] && (w->managed || !w->url[0]))
             return sw_error_set(err, SW_EINVAL,
                                 "[worker %s]: kind = openai needs a url (an engine already "

@@ -117,6 +117,11 @@ int rn_upstream_add(const char *address, const char *name, const char *ca_file,
         SSL_CTX_set_verify(nu.ctx, SSL_VERIFY_PEER, NULL);
         SSL_CTX_set_mode(nu.ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
                                      SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+        /* many servers close without a close_notify: an end like a plain
+         * socket's, where Content-Length and chunking catch a cut body */
+        SSL_CTX_set_options(nu.ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
         char why[256];
         if (SSL_CTX_set_default_verify_paths(nu.ctx) != 1) {
             tls_errors(why, sizeof why, "no system trust store");
@@ -332,10 +337,9 @@ long rn_tls_read(struct ssl_st *ssl, void *buf, size_t cap, short *want_events)
         return -4;
     }
     ERR_clear_error();
-    /* a close_notify, or (as many servers do) the socket closed without
-     * one: both end a body read to its end; Content-Length and chunking
-     * tell a cut short response apart */
-    return e == SSL_ERROR_ZERO_RETURN || e == SSL_ERROR_SYSCALL ? 0 : -1;
+    /* a close_notify, or the socket closed without one (allowed above):
+     * the end of the connection */
+    return e == SSL_ERROR_ZERO_RETURN ? 0 : -1;
 }
 
 int rn_tls_pending(struct ssl_st *ssl)

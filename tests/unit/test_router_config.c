@@ -181,6 +181,14 @@ static void test_remote(void **state)
                                   &err),
                      SW_EINVAL);
     assert_non_null(strstr(err.message, "ca-file needs an https:// url"));
+    assert_int_equal(load_checked("same-url",
+                                  "[model]\npath = m\n[worker a]\nkind = openai\n"
+                                  "url = https://h:1\napi-key-env = K1\n"
+                                  "[worker b]\nkind = openai\nurl = https://h:1\n"
+                                  "api-key-env = K2\n",
+                                  &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "also [worker a]'s"));
     assert_int_equal(load_checked("key-spillway",
                                   "[model]\npath = m\n[worker a]\nurl = http://h:1\n"
                                   "api-key-env = K\n",

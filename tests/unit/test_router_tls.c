@@ -122,6 +122,11 @@ typedef struct tls_server {
     char host[128];            /* the last Host header seen */
 } tls_server;
 
+/* One server at a time, static: a test that failed with it running leaves
+ * its threads on this, not on a stack gone, and the next start stops it. */
+static tls_server g_srv;
+static bool g_srv_running;
+
 typedef struct tls_conn {
     tls_server *s;
     int fd;
@@ -273,8 +278,13 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
+static void tls_server_stop(tls_server *s);
+
 static void tls_server_start(tls_server *s)
 {
+    if (g_srv_running)
+        tls_server_stop(&g_srv);
+    g_srv_running = true;
     memset(s, 0, sizeof *s);
     pthread_mutex_init(&s->mu, NULL);
     s->ctx = SSL_CTX_new(TLS_server_method());
@@ -300,6 +310,7 @@ static void tls_server_start(tls_server *s)
 
 static void tls_server_stop(tls_server *s)
 {
+    g_srv_running = false;
     atomic_store(&s->stop, true);
     pthread_join(s->th, NULL);
     close(s->lfd);
@@ -351,21 +362,30 @@ static char *read_log(const rh_router *r)
     return log;
 }
 
+/* The upstream, then a router whose [worker remote] is at its https://
+ * url with ca-file = g_dir/ca and the key in TEST_KEY_VAR; more: the rest
+ * of that section and further sections. */
+static void start_both(tls_server *s, rh_router *r, const char *name, const char *ca,
+                       const char *more)
+{
+    tls_server_start(s);
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
+             "ca-file = %s/%s\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n%s",
+             s->port, g_dir, ca, more);
+    rh_init(r, name, g_model, NULL, workers);
+    assert_int_equal(rh_run(r, "TEST_KEY_VAR=" TEST_KEY), 0);
+}
+
 static void test_tls_remote_serves(void **state)
 {
     (void)state;
     if (!g_have_certs)
         skip();
-    tls_server s;
-    tls_server_start(&s);
-    char workers[2048];
-    snprintf(workers, sizeof workers,
-             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
-             "ca-file = %s/ca.pem\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n",
-             s.port, g_dir);
+    tls_server *s = &g_srv;
     rh_router r;
-    rh_init(&r, "tls-serve", g_model, NULL, workers);
-    assert_int_equal(rh_run(&r, "TEST_KEY_VAR=" TEST_KEY), 0);
+    start_both(s, &r, "tls-serve", "ca.pem", "");
     wait_ready(&r, "remote");
     for (int i = 0; i < 2; i++) {
         wc_response a;
@@ -377,13 +397,18 @@ static void test_tls_remote_serves(void **state)
         assert_non_null(strstr(a.body, "from the remote tier"));
         wc_response_free(&a);
     }
-    pthread_mutex_lock(&s.mu);
-    assert_int_equal(s.n_completions, 2);
-    assert_string_equal(s.auth, "Bearer " TEST_KEY);
+    /* what it saw, copied out: no assertion fails with its lock held */
+    pthread_mutex_lock(&s->mu);
+    int n_completions = s->n_completions;
+    char auth[sizeof s->auth], host[sizeof s->host];
+    memcpy(auth, s->auth, sizeof auth);
+    memcpy(host, s->host, sizeof host);
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(n_completions, 2);
+    assert_string_equal(auth, "Bearer " TEST_KEY);
     char want_host[64];
-    snprintf(want_host, sizeof want_host, "127.0.0.1:%d", s.port);
-    assert_string_equal(s.host, want_host);
-    pthread_mutex_unlock(&s.mu);
+    snprintf(want_host, sizeof want_host, "127.0.0.1:%d", s->port);
+    assert_string_equal(host, want_host);
 
     assert_no_key_in(&r, "/health");
     assert_no_key_in(&r, "/metrics");
@@ -392,7 +417,7 @@ static void test_tls_remote_serves(void **state)
     assert_null(strstr(log, TEST_KEY));
     sw_free(log);
     rh_finish(&r);
-    tls_server_stop(&s);
+    tls_server_stop(s);
 }
 
 static void test_tls_wrong_ca_refused(void **state)
@@ -400,18 +425,10 @@ static void test_tls_wrong_ca_refused(void **state)
     (void)state;
     if (!g_have_certs)
         skip();
-    tls_server s;
-    tls_server_start(&s);
-    char workers[2048];
-    snprintf(workers, sizeof workers,
-             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
-             "ca-file = %s/wrong.pem\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n"
-             "preference = -1\n"
-             "[worker cpu]\nthreads = 1\nctx-limit = 1024\n",
-             s.port, g_dir);
+    tls_server *s = &g_srv;
     rh_router r;
-    rh_init(&r, "tls-wrong", g_model, NULL, workers);
-    assert_int_equal(rh_run(&r, "TEST_KEY_VAR=" TEST_KEY), 0);
+    start_both(s, &r, "tls-wrong", "wrong.pem",
+               "preference = -1\n[worker cpu]\nthreads = 1\nctx-limit = 1024\n");
     wait_ready(&r, "cpu");
     /* the log says why, naming the worker, within a few health checks */
     bool logged = false;
@@ -432,10 +449,11 @@ static void test_tls_wrong_ca_refused(void **state)
     assert_string_equal(v, "cpu");
     wc_response_free(&a);
     assert_string_not_equal(worker_state(&r, "remote", st, sizeof st), "ready");
-    pthread_mutex_lock(&s.mu);
-    assert_int_equal(s.n_handshakes, 0);
-    assert_int_equal(s.n_requests, 0);
-    pthread_mutex_unlock(&s.mu);
+    pthread_mutex_lock(&s->mu);
+    int n_handshakes = s->n_handshakes, n_requests = s->n_requests;
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(n_handshakes, 0);
+    assert_int_equal(n_requests, 0);
     /* logged once, not at every health check */
     char *log = read_log(&r);
     int times = 0;
@@ -448,7 +466,7 @@ static void test_tls_wrong_ca_refused(void **state)
     assert_no_key_in(&r, "/metrics");
     assert_no_key_in(&r, "/v1/spillway/events");
     rh_finish(&r);
-    tls_server_stop(&s);
+    tls_server_stop(s);
 }
 
 static void test_tls_missing_key_variable(void **state)

@@ -174,6 +174,30 @@ static void conn_reply(SSL *ssl, int status, const char *body)
     SSL_write(ssl, buf, n);
 }
 
+/* A stream as an OpenAI server sends it: SSE events in chunks, [DONE]. */
+static void conn_stream(SSL *ssl)
+{
+    static const char *events[] = {
+        "data: {\"id\":\"cmpl-remote\",\"object\":\"text_completion\",\"created\":1,"
+        "\"model\":\"remote\",\"choices\":[{\"index\":0,\"text\":\" streamed\","
+        "\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"cmpl-remote\",\"object\":\"text_completion\",\"created\":1,"
+        "\"model\":\"remote\",\"choices\":[{\"index\":0,\"text\":\" over TLS\","
+        "\"finish_reason\":\"length\"}]}\n\n",
+        "data: [DONE]\n\n",
+    };
+    const char *head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                       "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n";
+    SSL_write(ssl, head, (int)strlen(head));
+    for (size_t i = 0; i < sizeof events / sizeof events[0]; i++) {
+        char chunk[1024];
+        int n = snprintf(chunk, sizeof chunk, "%zx\r\n%s\r\n", strlen(events[i]), events[i]);
+        SSL_write(ssl, chunk, n);
+        usleep(20 * 1000); /* separate records, separate reads */
+    }
+    SSL_write(ssl, "0\r\n\r\n", 5);
+}
+
 static void *conn_main(void *arg)
 {
     tls_conn *tc = arg;
@@ -231,6 +255,8 @@ static void *conn_main(void *arg)
         else if (!strncmp(req, "GET /v1/models ", 15))
             conn_reply(ssl, 200, "{\"object\":\"list\",\"data\":[{\"id\":\"remote\","
                                  "\"object\":\"model\"}]}");
+        else if (completion && strstr(req + head_len, "\"stream\":true"))
+            conn_stream(ssl);
         else if (completion)
             conn_reply(ssl, 200,
                        "{\"id\":\"cmpl-remote\",\"object\":\"text_completion\",\"created\":1,"
@@ -354,6 +380,16 @@ static void assert_no_key_in(const rh_router *r, const char *path)
     wc_response_free(&w);
 }
 
+/* Fails when the key is in any file of the router's directory (its
+ * state: the ledger, the logs). */
+static void assert_no_key_in_files(const rh_router *r)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "grep -rqaF '%s' '%s'", TEST_KEY, r->dir);
+    if (system(cmd) == 0)
+        fail_msg("the api key appears in a file under %s", r->dir);
+}
+
 static char *read_log(const rh_router *r)
 {
     size_t n = 0;
@@ -397,6 +433,19 @@ static void test_tls_remote_serves(void **state)
         assert_non_null(strstr(a.body, "from the remote tier"));
         wc_response_free(&a);
     }
+    /* a stream: chunked SSE read over TLS, relayed */
+    wc_response st;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
+                            "\"stream\":true}",
+                            &st),
+                     0);
+    assert_int_equal(st.status, 200);
+    assert_non_null(strstr(st.body, " streamed"));
+    assert_non_null(strstr(st.body, " over TLS"));
+    assert_non_null(strstr(st.body, "[DONE]"));
+    wc_response_free(&st);
+
     /* what it saw, copied out: no assertion fails with its lock held */
     pthread_mutex_lock(&s->mu);
     int n_completions = s->n_completions;
@@ -404,7 +453,7 @@ static void test_tls_remote_serves(void **state)
     memcpy(auth, s->auth, sizeof auth);
     memcpy(host, s->host, sizeof host);
     pthread_mutex_unlock(&s->mu);
-    assert_int_equal(n_completions, 2);
+    assert_int_equal(n_completions, 3);
     assert_string_equal(auth, "Bearer " TEST_KEY);
     char want_host[64];
     snprintf(want_host, sizeof want_host, "127.0.0.1:%d", s->port);
@@ -416,6 +465,7 @@ static void test_tls_remote_serves(void **state)
     char *log = read_log(&r);
     assert_null(strstr(log, TEST_KEY));
     sw_free(log);
+    assert_no_key_in_files(&r);
     rh_finish(&r);
     tls_server_stop(s);
 }

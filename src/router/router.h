@@ -39,6 +39,8 @@ typedef struct rt_model_config {
      * request this one's workers cannot admit in time */
     char fallback[RT_MAX_MODELS - 1][64];
     int n_fallback;
+    bool remote_never;         /* remote = never: its requests never go to a
+                                  remote worker (rt_config_worker_remote) */
 } rt_model_config;
 
 typedef struct rt_worker_config {
@@ -147,6 +149,9 @@ int rt_config_read(rt_config *c, const char *path, const char *listen, const cha
 /* The model of worker configuration w: its index in c->models, -1 when
  * it names none there. */
 int rt_config_worker_model(const rt_config *c, const rt_worker_config *w);
+/* Whether a request sent to w leaves the machine: a kind = openai worker
+ * at an https:// url, or at an http:// url whose host is not loopback. */
+bool rt_config_worker_remote(const rt_worker_config *w);
 
 /* Runs the router until SIGTERM / SIGINT; returns the exit status. Prints
  * "spillway serve: listening on HOST:PORT" on stdout once bound (the real

@@ -436,6 +436,10 @@ static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *
     } else if (!strcmp(name, "default") && !c_legacy(p)) {
         if (!cfg_bool(v, &m->is_default))
             return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "remote")) {
+        if (strcmp(v, "never") && strcmp(v, "allowed"))
+            return cfg_fail(p, s, name, "expected never or allowed", v);
+        m->remote_never = !strcmp(v, "never");
     } else {
         return cfg_fail(p, s, name, "unknown key", v);
     }
@@ -565,6 +569,19 @@ static bool cfg_loopback(const char *listen)
         return true; /* a local socket is not reachable from outside */
     return (n == 9 && !strncmp(listen, "127.0.0.1", 9)) || (n == 9 && !strncmp(listen, "localhost", 9)) ||
            (n == 5 && !strncmp(listen, "[::1]", 5)) || (n >= 4 && !strncmp(listen, "127.", 4));
+}
+
+bool rt_config_worker_remote(const rt_worker_config *w)
+{
+    if (w->managed || w->kind != RT_KIND_OPENAI)
+        return false;
+    if (!strncmp(w->url, "https://", 8))
+        return true;
+    if (strncmp(w->url, "http://", 7))
+        return false; /* unix: */
+    char hostport[512];
+    snprintf(hostport, sizeof hostport, "%.*s", (int)strcspn(w->url + 7, "/"), w->url + 7);
+    return !cfg_loopback(hostport);
 }
 
 int rt_config_check(const rt_config *c, sw_error *err)

@@ -120,6 +120,7 @@ typedef struct rt_worker_view {
                                    sim-gpu pool, cuda:N), -1 on the CPU */
     int state;
     int kind;                   /* RT_KIND_* */
+    bool remote;                /* rt_config_worker_remote */
     int32_t ctx_limit;          /* 0 unknown */
     int32_t max_seqs;           /* 0 no limit known */
     int seqs;                   /* admitted now (books) */

@@ -35,6 +35,12 @@ static void hist_add(uint64_t *buckets, uint64_t *count, double *sum, double v)
     *sum += v;
 }
 
+/* remote = never on model (an index into rt->models; -1: none). */
+static bool model_local_only(const rt_router *rt, int model)
+{
+    return model >= 0 && model < rt->n_models && rt->models[model].cfg.remote_never;
+}
+
 static void count(rt_router *rt, uint64_t *counter)
 {
     pthread_mutex_lock(&rt->mu);
@@ -238,6 +244,15 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
         /* every worker serves another model (a reload removed this one's) */
         char msg[160];
         snprintf(msg, sizeof msg, "no worker serves the model '%s' now",
+                 rt->models[q->model].cfg.name);
+        rt__send_error(q, 503, "capacity_exceeded", msg, "model", ra);
+        return false;
+    }
+    if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_REMOTE) &&
+        !(wt->grant.skipped & ~(unsigned)(RT_SKIP_REMOTE | RT_SKIP_MODEL))) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "the model '%s' has remote = never, and only remote workers serve it",
                  rt->models[q->model].cfg.name);
         rt__send_error(q, 503, "capacity_exceeded", msg, "model", ra);
         return false;
@@ -473,6 +488,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.prompt = prompt < 0 ? -1 : prompt + (long)r.n_tokens;
         wt.need.max_tokens = remaining;
         wt.need.resume = r.stream && (r.n_tokens > 0 || r.content_sent);
+        /* the model asked for and the one answering (a fallback): either's
+         * remote = never keeps the request on the machine */
+        wt.need.local_only = model_local_only(rt, q->asked_model) ||
+                             model_local_only(rt, q->model);
         wt.need.deadline_ms = q->attempts == 0 && !failed_before ? adm_deadline : -1;
         wt.tried = tried;
         wt.first = q->admission == 0;

@@ -189,6 +189,31 @@ static void test_remote(void **state)
                                   &err),
                      SW_EINVAL);
     assert_non_null(strstr(err.message, "also [worker a]'s"));
+    expect_error("bad-remote", "[model]\npath = m\nremote = sometimes\n", 3, "remote");
+    rt_config_defaults(&c);
+    p = write_ini("remote-never", "[model]\npath = m\nremote = never\n[worker a]\nthreads = 1\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    assert_true(c.models[0].remote_never);
+    remove(p);
+    /* what leaves the machine */
+    rt_worker_config w;
+    memset(&w, 0, sizeof w);
+    w.kind = RT_KIND_OPENAI;
+    const struct {
+        const char *url;
+        bool remote;
+    } urls[] = {{"https://api.example.com", true}, {"https://127.0.0.1:8443", true},
+                {"http://10.0.0.5:8080", true},    {"http://gpu-box:8080/v1", true},
+                {"http://127.0.0.1:8080", false},  {"http://localhost:11434", false},
+                {"http://[::1]:8080", false},      {"unix:/run/engine.sock", false}};
+    for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
+        snprintf(w.url, sizeof w.url, "%s", urls[i].url);
+        if (rt_config_worker_remote(&w) != urls[i].remote)
+            fail_msg("%s: remote should be %d", urls[i].url, urls[i].remote);
+    }
+    w.managed = true; /* an engine the router runs is local */
+    snprintf(w.url, sizeof w.url, "http://10.0.0.5:8080");
+    assert_false(rt_config_worker_remote(&w));
     assert_int_equal(load_checked("key-spillway",
                                   "[model]\npath = m\n[worker a]\nurl = http://h:1\n"
                                   "api-key-env = K\n",

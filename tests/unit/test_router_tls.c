@@ -399,17 +399,18 @@ static char *read_log(const rh_router *r)
 }
 
 /* The upstream, then a router whose [worker remote] is at its https://
- * url with ca-file = g_dir/ca and the key in TEST_KEY_VAR; more: the rest
- * of that section and further sections. */
-static void start_both(tls_server *s, rh_router *r, const char *name, const char *ca,
-                       const char *more)
+ * url with ca-file = g_dir/ca and the key in TEST_KEY_VAR; model: more
+ * lines of the [model] section; more: the rest of the worker's section
+ * and further sections. */
+static void start_both(tls_server *s, rh_router *r, const char *name, const char *model,
+                       const char *ca, const char *more)
 {
     tls_server_start(s);
     char workers[2048];
     snprintf(workers, sizeof workers,
-             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
+             "%s[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
              "ca-file = %s/%s\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n%s",
-             s->port, g_dir, ca, more);
+             model, s->port, g_dir, ca, more);
     rh_init(r, name, g_model, NULL, workers);
     assert_int_equal(rh_run(r, "TEST_KEY_VAR=" TEST_KEY), 0);
 }
@@ -421,7 +422,7 @@ static void test_tls_remote_serves(void **state)
         skip();
     tls_server *s = &g_srv;
     rh_router r;
-    start_both(s, &r, "tls-serve", "ca.pem", "");
+    start_both(s, &r, "tls-serve", "", "ca.pem", "");
     wait_ready(&r, "remote");
     for (int i = 0; i < 2; i++) {
         wc_response a;
@@ -477,7 +478,7 @@ static void test_tls_wrong_ca_refused(void **state)
         skip();
     tls_server *s = &g_srv;
     rh_router r;
-    start_both(s, &r, "tls-wrong", "wrong.pem",
+    start_both(s, &r, "tls-wrong", "", "wrong.pem",
                "preference = -1\n[worker cpu]\nthreads = 1\nctx-limit = 1024\n");
     wait_ready(&r, "cpu");
     /* the log says why, naming the worker, within a few health checks */
@@ -519,6 +520,52 @@ static void test_tls_wrong_ca_refused(void **state)
     tls_server_stop(s);
 }
 
+/* remote = never on the model: with a CPU worker beside it, the remote
+ * worker (tried first, and ready) gets nothing; alone, a typed 503. */
+static void test_tls_remote_never(void **state)
+{
+    (void)state;
+    if (!g_have_certs)
+        skip();
+    tls_server *s = &g_srv;
+    rh_router r;
+    start_both(s, &r, "tls-never", "remote = never\n", "ca.pem",
+               "preference = -1\n[worker cpu]\nthreads = 1\nctx-limit = 1024\n");
+    wait_ready(&r, "remote");
+    wait_ready(&r, "cpu");
+    for (int i = 0; i < 2; i++) {
+        wc_response a;
+        assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
+        assert_int_equal(a.status, 200);
+        char v[64];
+        assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
+        assert_string_equal(v, "cpu");
+        wc_response_free(&a);
+    }
+    pthread_mutex_lock(&s->mu);
+    int sent_remote = s->n_completions;
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(sent_remote, 0);
+    rh_finish(&r);
+    tls_server_stop(s);
+
+    start_both(s, &r, "tls-never-alone", "remote = never\n", "ca.pem", "");
+    wait_ready(&r, "remote");
+    wc_response a;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
+    assert_int_equal(a.status, 503);
+    char code[64];
+    assert_string_equal(rh_error_code(&a, code, sizeof code), "capacity_exceeded");
+    assert_non_null(strstr(a.body, "remote = never"));
+    wc_response_free(&a);
+    rh_finish(&r);
+    pthread_mutex_lock(&s->mu);
+    int n_completions = s->n_completions;
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(n_completions, 0);
+    tls_server_stop(s);
+}
+
 static void test_tls_missing_key_variable(void **state)
 {
     (void)state;
@@ -540,6 +587,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tls_remote_serves),
         cmocka_unit_test(test_tls_wrong_ca_refused),
+        cmocka_unit_test(test_tls_remote_never),
         cmocka_unit_test(test_tls_missing_key_variable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

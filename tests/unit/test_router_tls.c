@@ -390,6 +390,28 @@ static void assert_no_key_in_files(const rh_router *r)
         fail_msg("the api key appears in a file under %s", r->dir);
 }
 
+/* How many remote_route events for worker say route. */
+static int count_routes(const rh_router *r, const char *worker, const char *route)
+{
+    json_t *evs = rh_events(r);
+    int n = 0;
+    for (size_t i = 0; i < json_array_size(evs); i++) {
+        json_t *e = json_array_get(evs, i);
+        n += !strcmp(json_string_value(json_object_get(e, "type")) ?: "", "remote_route") &&
+             !strcmp(json_string_value(json_object_get(e, "worker")) ?: "", worker) &&
+             !strcmp(json_string_value(json_object_get(e, "route")) ?: "", route);
+    }
+    json_decref(evs);
+    return n;
+}
+
+static long long route_metric(const rh_router *r, const char *worker, const char *route)
+{
+    char labels[128];
+    snprintf(labels, sizeof labels, "worker=\"%s\",route=\"%s\"", worker, route);
+    return rh_metric_labeled(r->sock, "spillway_router_remote_requests_total", labels);
+}
+
 static char *read_log(const rh_router *r)
 {
     size_t n = 0;
@@ -446,6 +468,12 @@ static void test_tls_remote_serves(void **state)
     assert_non_null(strstr(st.body, " over TLS"));
     assert_non_null(strstr(st.body, "[DONE]"));
     wc_response_free(&st);
+
+    /* the model lives only there: routine, each attempt */
+    assert_int_equal(count_routes(&r, "remote", "routine"), 3);
+    assert_int_equal(count_routes(&r, "remote", "capacity"), 0);
+    assert_int_equal(route_metric(&r, "remote", "routine"), 3);
+    assert_int_equal(route_metric(&r, "remote", "capacity"), 0);
 
     /* what it saw, copied out: no assertion fails with its lock held */
     pthread_mutex_lock(&s->mu);
@@ -566,6 +594,45 @@ static void test_tls_remote_never(void **state)
     tls_server_stop(s);
 }
 
+/* route labels: a local CPU worker first, the remote one after it. A
+ * request the CPU worker takes sends nothing remote; one whose prompt
+ * exceeds the CPU worker's context goes remote as capacity. */
+static void test_tls_route_capacity(void **state)
+{
+    (void)state;
+    if (!g_have_certs)
+        skip();
+    tls_server *s = &g_srv;
+    rh_router r;
+    start_both(s, &r, "tls-route", "", "ca.pem",
+               "preference = 10\n[worker cpu]\nthreads = 1\nctx-limit = 32\n");
+    wait_ready(&r, "remote");
+    wait_ready(&r, "cpu");
+    wc_response a;
+    char v[64];
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
+    assert_int_equal(a.status, 200);
+    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
+    assert_string_equal(v, "cpu");
+    wc_response_free(&a);
+    char big[4096];
+    int n = snprintf(big, sizeof big, "{\"prompt\":\"");
+    for (int i = 0; i < 40; i++)
+        n += snprintf(big + n, sizeof big - (size_t)n, "once upon a time ");
+    snprintf(big + n, sizeof big - (size_t)n, "\",\"max_tokens\":4}");
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, big, &a), 0);
+    assert_int_equal(a.status, 200);
+    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
+    assert_string_equal(v, "remote");
+    wc_response_free(&a);
+    assert_int_equal(count_routes(&r, "remote", "capacity"), 1);
+    assert_int_equal(count_routes(&r, "remote", "routine"), 0);
+    assert_int_equal(route_metric(&r, "remote", "capacity"), 1);
+    assert_int_equal(route_metric(&r, "remote", "routine"), 0);
+    rh_finish(&r);
+    tls_server_stop(s);
+}
+
 static void test_tls_missing_key_variable(void **state)
 {
     (void)state;
@@ -588,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_tls_remote_serves),
         cmocka_unit_test(test_tls_wrong_ca_refused),
         cmocka_unit_test(test_tls_remote_never),
+        cmocka_unit_test(test_tls_route_capacity),
         cmocka_unit_test(test_tls_missing_key_variable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -390,6 +390,28 @@ static void assert_no_key_in_files(const rh_router *r)
         fail_msg("the api key appears in a file under %s", r->dir);
 }
 
+/* POST /v1/completions body: 200, answered by worker. */
+static void expect_served_by(const rh_router *r, const char *body, const char *worker)
+{
+    wc_response a;
+    char v[64];
+    assert_int_equal(rh_req(r, "POST", "/v1/completions", NULL, body, &a), 0);
+    assert_int_equal(a.status, 200);
+    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
+    assert_string_equal(v, worker);
+    wc_response_free(&a);
+}
+
+/* The completions the upstream answered (read under its lock, asserted
+ * outside it). */
+static int upstream_completions(tls_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_completions;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 /* How many remote_route events for worker say route. */
 static int count_routes(const rh_router *r, const char *worker, const char *route)
 {
@@ -520,13 +542,7 @@ static void test_tls_wrong_ca_refused(void **state)
     assert_true(logged);
     char st[32];
     assert_string_not_equal(worker_state(&r, "remote", st, sizeof st), "ready");
-    wc_response a;
-    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
-    assert_int_equal(a.status, 200);
-    char v[64];
-    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
-    assert_string_equal(v, "cpu");
-    wc_response_free(&a);
+    expect_served_by(&r, BODY, "cpu");
     assert_string_not_equal(worker_state(&r, "remote", st, sizeof st), "ready");
     pthread_mutex_lock(&s->mu);
     int n_handshakes = s->n_handshakes, n_requests = s->n_requests;
@@ -561,19 +577,9 @@ static void test_tls_remote_never(void **state)
                "preference = -1\n[worker cpu]\nthreads = 1\nctx-limit = 1024\n");
     wait_ready(&r, "remote");
     wait_ready(&r, "cpu");
-    for (int i = 0; i < 2; i++) {
-        wc_response a;
-        assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
-        assert_int_equal(a.status, 200);
-        char v[64];
-        assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
-        assert_string_equal(v, "cpu");
-        wc_response_free(&a);
-    }
-    pthread_mutex_lock(&s->mu);
-    int sent_remote = s->n_completions;
-    pthread_mutex_unlock(&s->mu);
-    assert_int_equal(sent_remote, 0);
+    for (int i = 0; i < 2; i++)
+        expect_served_by(&r, BODY, "cpu");
+    assert_int_equal(upstream_completions(s), 0);
     rh_finish(&r);
     tls_server_stop(s);
 
@@ -587,10 +593,7 @@ static void test_tls_remote_never(void **state)
     assert_non_null(strstr(a.body, "remote = never"));
     wc_response_free(&a);
     rh_finish(&r);
-    pthread_mutex_lock(&s->mu);
-    int n_completions = s->n_completions;
-    pthread_mutex_unlock(&s->mu);
-    assert_int_equal(n_completions, 0);
+    assert_int_equal(upstream_completions(s), 0);
     tls_server_stop(s);
 }
 
@@ -608,23 +611,13 @@ static void test_tls_route_capacity(void **state)
                "preference = 10\n[worker cpu]\nthreads = 1\nctx-limit = 32\n");
     wait_ready(&r, "remote");
     wait_ready(&r, "cpu");
-    wc_response a;
-    char v[64];
-    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
-    assert_int_equal(a.status, 200);
-    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
-    assert_string_equal(v, "cpu");
-    wc_response_free(&a);
+    expect_served_by(&r, BODY, "cpu");
     char big[4096];
     int n = snprintf(big, sizeof big, "{\"prompt\":\"");
     for (int i = 0; i < 40; i++)
         n += snprintf(big + n, sizeof big - (size_t)n, "once upon a time ");
     snprintf(big + n, sizeof big - (size_t)n, "\",\"max_tokens\":4}");
-    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, big, &a), 0);
-    assert_int_equal(a.status, 200);
-    assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
-    assert_string_equal(v, "remote");
-    wc_response_free(&a);
+    expect_served_by(&r, big, "remote");
     assert_int_equal(count_routes(&r, "remote", "capacity"), 1);
     assert_int_equal(count_routes(&r, "remote", "routine"), 0);
     assert_int_equal(route_metric(&r, "remote", "capacity"), 1);

@@ -15,6 +15,13 @@
  * - The wrong CA: the worker never becomes ready, the log names the
  *   worker and the verification error, the upstream saw no request, and
  *   requests go to the managed CPU worker beside it.
+ * - A certificate from the right CA for another name: refused too (IP
+ *   address mismatch), the CPU worker answers.
+ * - remote = never on the model: the remote worker, ready and first in
+ *   preference, gets nothing; alone, a typed 503.
+ * - Route labels: routine for a model only the remote worker serves,
+ *   capacity for a prompt past the CPU worker's context (events and
+ *   /metrics).
  * - api-key-env naming a variable that is not set: serve refuses to
  *   start, saying which.
  */
@@ -54,7 +61,8 @@ static int sh(const char *cmd)
 }
 
 /* ca.pem/ca.key, srv.pem/srv.key (signed by ca, for 127.0.0.1 and
- * localhost) and wrong.pem (another CA) in g_dir. */
+ * localhost), other.pem (the same key, signed by ca, for another name
+ * only) and wrong.pem (another CA) in g_dir. */
 static bool make_certs(void)
 {
     if (sh("command -v openssl >/dev/null 2>&1"))
@@ -75,7 +83,11 @@ static bool make_certs(void)
              "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nbasicConstraints=CA:FALSE\\n' "
              "> ext.cnf && "
              "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-             "-out srv.pem -days 2 -extfile ext.cnf",
+             "-out srv.pem -days 2 -extfile ext.cnf && "
+             "printf 'subjectAltName=DNS:other.example\\nbasicConstraints=CA:FALSE\\n' "
+             "> other.cnf && "
+             "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+             "-out other.pem -days 2 -extfile other.cnf",
              g_dir);
     char full[4200];
     snprintf(full, sizeof full, "(%s) >/dev/null 2>&1", cmd);
@@ -306,6 +318,8 @@ static void *accept_main(void *arg)
 
 static void tls_server_stop(tls_server *s);
 
+static const char *g_srv_cert = "srv.pem"; /* what the next server shows */
+
 static void tls_server_start(tls_server *s)
 {
     if (g_srv_running)
@@ -316,7 +330,7 @@ static void tls_server_start(tls_server *s)
     s->ctx = SSL_CTX_new(TLS_server_method());
     assert_non_null(s->ctx);
     char path[700];
-    snprintf(path, sizeof path, "%s/srv.pem", g_dir);
+    snprintf(path, sizeof path, "%s/%s", g_dir, g_srv_cert);
     assert_int_equal(SSL_CTX_use_certificate_chain_file(s->ctx, path), 1);
     snprintf(path, sizeof path, "%s/srv.key", g_dir);
     assert_int_equal(SSL_CTX_use_PrivateKey_file(s->ctx, path, SSL_FILETYPE_PEM), 1);
@@ -626,6 +640,36 @@ static void test_tls_route_capacity(void **state)
     tls_server_stop(s);
 }
 
+/* A certificate from the right CA for another name: refused (the host
+ * is checked, not only the chain); the CPU worker beside it answers. */
+static void test_tls_wrong_host_refused(void **state)
+{
+    (void)state;
+    if (!g_have_certs)
+        skip();
+    tls_server *s = &g_srv;
+    rh_router r;
+    g_srv_cert = "other.pem";
+    start_both(s, &r, "tls-host", "", "ca.pem",
+               "preference = -1\n[worker cpu]\nthreads = 1\nctx-limit = 1024\n");
+    g_srv_cert = "srv.pem";
+    wait_ready(&r, "cpu");
+    bool logged = false;
+    for (double t0 = tu_now_s(); !logged && tu_now_s() - t0 < 10; usleep(100 * 1000)) {
+        char *log = read_log(&r);
+        logged = strstr(log, "worker remote: TLS to 127.0.0.1:") &&
+                 strstr(log, "IP address mismatch");
+        sw_free(log);
+    }
+    assert_true(logged);
+    char st[32];
+    assert_string_not_equal(worker_state(&r, "remote", st, sizeof st), "ready");
+    expect_served_by(&r, BODY, "cpu");
+    assert_int_equal(upstream_completions(s), 0);
+    rh_finish(&r);
+    tls_server_stop(s);
+}
+
 static void test_tls_missing_key_variable(void **state)
 {
     (void)state;
@@ -647,6 +691,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tls_remote_serves),
         cmocka_unit_test(test_tls_wrong_ca_refused),
+        cmocka_unit_test(test_tls_wrong_host_refused),
         cmocka_unit_test(test_tls_remote_never),
         cmocka_unit_test(test_tls_route_capacity),
         cmocka_unit_test(test_tls_missing_key_variable),

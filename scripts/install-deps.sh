@@ -11,6 +11,8 @@ packages=(
   libevent-dev       # event loop + HTTP (worker, router)
   libsqlite3-dev     # ledger
   libinih-dev        # configuration
+  libssl-dev         # TLS to remote upstreams (the router's https:// workers)
+  openssl            # test_router_tls makes its certificates with the CLI
   clang              # libFuzzer harnesses (make test-fuzz)
   curl               # bench/worker.sh and bench/router.sh talk to workers over sockets
   python3            # the benchmark scripts summarise JSON records

@@ -287,6 +287,11 @@ void rt__stop_workers(rt_router *rt);
 
 /* an engine the router runs (router_command.c) */
 #define RT_CMD_MAX_ARGS 64
+/* Registers every worker reached over TLS or with a key (router_tls.h):
+ * the key of its api-key-env read from the environment now (unset: an
+ * error naming the worker), its ca-file loaded. At start and at reload;
+ * 0 or the error. */
+int rt__upstreams_register(const rt_config *c, sw_error *err);
 /* A free loopback port, as address "http://127.0.0.1:PORT"; 0 or -1. */
 int rt__pick_port(char *address, size_t cap);
 /* Worker w's command as an argv (strings in buf, at most max - 1, NULL

@@ -14,6 +14,7 @@
  */
 #include "router/router-impl.h"
 #include "router/router_net.h"
+#include "router/router_tls.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -197,6 +198,29 @@ static void free_models(rt_router *rt)
     rt->n_models = 0;
 }
 
+int rt__upstreams_register(const rt_config *c, sw_error *err)
+{
+    for (int i = 0; i < c->n_workers; i++) {
+        const rt_worker_config *w = &c->workers[i];
+        if (w->managed || (strncmp(w->url, "https://", 8) && !w->api_key_env[0]))
+            continue;
+        const char *key = "";
+        if (w->api_key_env[0]) {
+            /* read once, here: the key lives on in router_tls's table only */
+            key = getenv(w->api_key_env);
+            if (!key || !key[0])
+                return sw_error_set(err, SW_EINVAL,
+                                    "[worker %s]: api-key-env = %s, but %s is not set (or "
+                                    "empty) in the router's environment",
+                                    w->name, w->api_key_env, w->api_key_env);
+        }
+        int rc = rn_upstream_add(w->url, w->name, w->ca_file, key, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 int rt_serve(const rt_config *c)
 {
     int status = 1, lfd = -1;
@@ -237,6 +261,13 @@ int rt_serve(const rt_config *c)
         SW_WARN("router", "%d Idempotency-Key(s) were running when the router stopped; a retry "
                 "with the same body runs them again under their request id", abandoned);
     if (load_models(rt, c)) {
+        free_models(rt);
+        ldg_close(rt->ledger);
+        rt->ledger = NULL;
+        return 1;
+    }
+    if (rt__upstreams_register(c, &lerr)) {
+        fprintf(stderr, "spillway serve: %s\n", lerr.message);
         free_models(rt);
         ldg_close(rt->ledger);
         rt->ledger = NULL;

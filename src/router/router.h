@@ -39,6 +39,8 @@ typedef struct rt_model_config {
      * request this one's workers cannot admit in time */
     char fallback[RT_MAX_MODELS - 1][64];
     int n_fallback;
+    bool remote_never;         /* remote = never: its requests never go to a
+                                  remote worker (rt_config_worker_remote) */
 } rt_model_config;
 
 typedef struct rt_worker_config {
@@ -46,7 +48,13 @@ typedef struct rt_worker_config {
     int position;              /* its place among the [worker] sections
                                   (breaks ties in preference) */
     bool managed;              /* true: the router spawns it */
-    char url[512];             /* unix:PATH or http://HOST:PORT (not managed) */
+    char url[512];             /* unix:PATH, http://HOST:PORT or (kind = openai,
+                                  not managed) https://HOST[:PORT] */
+    char ca_file[512];         /* https: a CA (PEM) trusted besides the system's */
+    char api_key_env[128];     /* the variable holding the key sent as
+                                  Authorization: Bearer; "" none. Only the
+                                  name lives here: the key is read at start
+                                  into router_net's upstream table */
     char device[128];          /* "" = cpu profile */
     uint64_t sim_capacity;     /* 0 = worker default */
     int32_t gpu_layers;        /* -1 = all */
@@ -141,6 +149,9 @@ int rt_config_read(rt_config *c, const char *path, const char *listen, const cha
 /* The model of worker configuration w: its index in c->models, -1 when
  * it names none there. */
 int rt_config_worker_model(const rt_config *c, const rt_worker_config *w);
+/* Whether a request sent to w leaves the machine: a kind = openai worker
+ * at an https:// url, or at an http:// url whose host is not loopback. */
+bool rt_config_worker_remote(const rt_worker_config *w);
 
 /* Runs the router until SIGTERM / SIGINT; returns the exit status. Prints
  * "spillway serve: listening on HOST:PORT" on stdout once bound (the real

@@ -249,10 +249,19 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
         else
             return cfg_fail(p, s, name, "expected spillway or openai", v);
     } else if (!strcmp(name, "url")) {
-        if ((strncmp(v, "unix:", 5) && strncmp(v, "http://", 7)) ||
-            !cfg_copy(w->url, sizeof w->url, v) || strlen(v) < 8)
-            return cfg_fail(p, s, name, "expected unix:PATH or http://HOST:PORT", v);
+        if ((strncmp(v, "unix:", 5) && strncmp(v, "http://", 7) && strncmp(v, "https://", 8)) ||
+            !cfg_copy(w->url, sizeof w->url, v) || strlen(v) < 9)
+            return cfg_fail(p, s, name,
+                            "expected unix:PATH, http://HOST:PORT or https://HOST[:PORT]", v);
         w->managed = w->command[0] != 0; /* a url alone: a worker already running */
+    } else if (!strcmp(name, "ca-file")) {
+        if (!v[0] || !cfg_copy(w->ca_file, sizeof w->ca_file, v))
+            return cfg_fail(p, s, name, "expected the path of a PEM file of CA certificates", v);
+    } else if (!strcmp(name, "api-key-env")) {
+        size_t n = strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_");
+        if (!v[0] || v[n] || (v[0] >= '0' && v[0] <= '9') ||
+            !cfg_copy(w->api_key_env, sizeof w->api_key_env, v))
+            return cfg_fail(p, s, name, "expected the NAME of an environment variable", v);
     } else if (!strcmp(name, "command")) {
         if (!v[0] || !cfg_copy(w->command, sizeof w->command, v))
             return cfg_fail(p, s, name, "expected a command line (at most 1023 bytes)", v);
@@ -427,6 +436,10 @@ static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *
     } else if (!strcmp(name, "default") && !c_legacy(p)) {
         if (!cfg_bool(v, &m->is_default))
             return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "remote")) {
+        if (strcmp(v, "never") && strcmp(v, "allowed"))
+            return cfg_fail(p, s, name, "expected never or allowed", v);
+        m->remote_never = !strcmp(v, "never");
     } else {
         return cfg_fail(p, s, name, "unknown key", v);
     }
@@ -558,6 +571,19 @@ static bool cfg_loopback(const char *listen)
            (n == 5 && !strncmp(listen, "[::1]", 5)) || (n >= 4 && !strncmp(listen, "127.", 4));
 }
 
+bool rt_config_worker_remote(const rt_worker_config *w)
+{
+    if (w->managed || w->kind != RT_KIND_OPENAI)
+        return false;
+    if (!strncmp(w->url, "https://", 8))
+        return true;
+    if (strncmp(w->url, "http://", 7))
+        return false; /* unix: */
+    char hostport[512];
+    snprintf(hostport, sizeof hostport, "%.*s", (int)strcspn(w->url + 7, "/"), w->url + 7);
+    return !cfg_loopback(hostport);
+}
+
 int rt_config_check(const rt_config *c, sw_error *err)
 {
     if (c->n_models == 0)
@@ -620,6 +646,28 @@ int rt_config_check(const rt_config *c, sw_error *err)
                                 "[worker %s]: a command's url is http://HOST:PORT (where it "
                                 "listens), or none: the router then picks a loopback port",
                                 w->name);
+        if (!strncmp(w->url, "https://", 8) && (w->kind != RT_KIND_OPENAI || w->command[0]))
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: an https:// url is for kind = openai without a "
+                                "command (a remote service)",
+                                w->name);
+        if (w->ca_file[0] && strncmp(w->url, "https://", 8))
+            return sw_error_set(err, SW_EINVAL, "[worker %s]: ca-file needs an https:// url",
+                                w->name);
+        if (w->api_key_env[0] && (w->kind != RT_KIND_OPENAI || w->command[0]))
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: api-key-env is for kind = openai at a url, "
+                                "without a command (not yet for an engine the router runs)",
+                                w->name);
+        /* the TLS settings and the key belong to the address (router_tls.h) */
+        for (int j = 0; j < i; j++)
+            if (!w->managed && !c->workers[j].managed && !strcmp(w->url, c->workers[j].url) &&
+                (strcmp(w->ca_file, c->workers[j].ca_file) ||
+                 strcmp(w->api_key_env, c->workers[j].api_key_env)))
+                return sw_error_set(err, SW_EINVAL,
+                                    "[worker %s]: url %s is also [worker %s]'s, with another "
+                                    "ca-file or api-key-env",
+                                    w->name, w->url, c->workers[j].name);
         if (w->kind == RT_KIND_OPENAI && !w->command[0] && (w->managed || !w->url[0]))
             return sw_error_set(err, SW_EINVAL,
                                 "[worker %s]: kind = openai needs a url (an engine already "

@@ -497,6 +497,13 @@ static void handle_metrics(rt_req *q)
         if (rt->pool.w[i].cfg.on_demand)
             OUT("spillway_router_worker_start_seconds{worker=\"%s\"} %.3f\n",
                 rt->pool.w[i].cfg.name, rt->pool.w[i].start_seconds);
+    OUT("# TYPE spillway_router_remote_requests_total counter\n");
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (rt_config_worker_remote(&rt->pool.w[i].cfg))
+            OUT("spillway_router_remote_requests_total{worker=\"%s\",route=\"routine\"} %llu\n"
+                "spillway_router_remote_requests_total{worker=\"%s\",route=\"capacity\"} %llu\n",
+                rt->pool.w[i].cfg.name, (unsigned long long)rt->pool.w[i].remote_routes[0],
+                rt->pool.w[i].cfg.name, (unsigned long long)rt->pool.w[i].remote_routes[1]);
     OUT("# TYPE spillway_router_capacity_fallbacks_total counter\n");
     for (int from = 0; from < rt->n_models; from++)
         for (int to = 0; to < rt->n_models; to++)

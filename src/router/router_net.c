@@ -3,6 +3,8 @@
  * connections it reuses. */
 #include "router/router_net.h"
 
+#include "router/router_tls.h"
+
 #include "common/alloc.h"
 #include "common/textbuf.h"
 
@@ -49,16 +51,34 @@ int rn_connect(const char *address, int timeout_ms)
         }
         return fd;
     }
+    const char *default_port = NULL;
     if (!strncmp(address, "http://", 7))
         address += 7;
-    char host[256];
-    const char *colon = strrchr(address, ':');
-    if (!colon || (size_t)(colon - address) >= sizeof host)
+    else if (!strncmp(address, "https://", 8))
+        address += 8, default_port = "443";
+    char host[256], port[16];
+    size_t hostport_len = strcspn(address, "/");
+    const char *colon = memchr(address, ':', hostport_len);
+    if (address[0] == '[') { /* [v6]:PORT */
+        const char *close = memchr(address, ']', hostport_len);
+        colon = close && close[1] == ':' ? close + 1 : NULL;
+        if (!close || (size_t)(close - address - 1) >= sizeof host)
+            return -1;
+        memcpy(host, address + 1, (size_t)(close - address - 1));
+        host[close - address - 1] = 0;
+    } else {
+        size_t host_len = colon ? (size_t)(colon - address) : hostport_len;
+        if (host_len >= sizeof host)
+            return -1;
+        memcpy(host, address, host_len);
+        host[host_len] = 0;
+    }
+    if (colon)
+        snprintf(port, sizeof port, "%.*s", (int)(address + hostport_len - colon - 1), colon + 1);
+    else if (default_port)
+        snprintf(port, sizeof port, "%s", default_port);
+    else
         return -1;
-    memcpy(host, address, (size_t)(colon - address));
-    host[colon - address] = 0;
-    char port[16];
-    snprintf(port, sizeof port, "%.*s", (int)strcspn(colon + 1, "/"), colon + 1);
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_socktype = SOCK_STREAM;
@@ -119,12 +139,18 @@ int rn_sendv(int fd, struct iovec *iov, int n_iov, int timeout_ms)
 
 /* Head and body in one sendmsg where the socket takes them, so that the
  * worker reads the whole request in one wake-up, not the head alone and
- * then the body. */
-static int rn_write_request(int fd, const char *head, size_t head_len, const char *body,
+ * then the body. Over TLS, two records (the socket is non-blocking there:
+ * the per-read time-out bounds the writes). */
+static int rn_write_request(rn_conn *c, const char *head, size_t head_len, const char *body,
                             size_t body_len)
 {
+    if (c->tls)
+        return rn_tls_write(c->tls, head, head_len, c->timeout_ms) ||
+                       (body && body_len && rn_tls_write(c->tls, body, body_len, c->timeout_ms))
+                   ? -1
+                   : 0;
     struct iovec iov[2] = {{(void *)head, head_len}, {(void *)body, body ? body_len : 0}};
-    return rn_sendv(fd, iov, 2, -1);
+    return rn_sendv(c->fd, iov, 2, -1);
 }
 
 static double rn_now_s(void)
@@ -152,6 +178,7 @@ static int rn_fill(rn_conn *c)
     if (c->len == sizeof c->buf)
         return -1;
     int waited = 0;
+    short want = POLLIN;
     for (;;) {
         /* the overall bound, checked before every wait: bytes that keep
          * coming slowly must not carry a read past it */
@@ -159,7 +186,16 @@ static int rn_fill(rn_conn *c)
             c->timed_out = true;
             return -1;
         }
-        struct pollfd p[2] = {{c->fd, POLLIN, 0}, {c->watch_fd, POLLRDHUP, 0}};
+        /* TLS: a record already decrypted is not on the socket any more */
+        if (c->tls && rn_tls_pending(c->tls) > 0) {
+            long r = rn_tls_read(c->tls, c->buf + c->len, sizeof c->buf - c->len, &want);
+            if (r > 0) {
+                c->len += (size_t)r;
+                c->received += (size_t)r;
+                return (int)r;
+            }
+        }
+        struct pollfd p[2] = {{c->fd, want, 0}, {c->watch_fd, POLLRDHUP, 0}};
         int n = poll(p, c->watch_fd >= 0 ? 2 : 1, 100);
         if (n < 0 && errno == EINTR)
             continue;
@@ -168,6 +204,17 @@ static int rn_fill(rn_conn *c)
         if (c->watch_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
             c->client_gone = true;
             return -2;
+        }
+        if (p[0].revents && c->tls) {
+            long r = rn_tls_read(c->tls, c->buf + c->len, sizeof c->buf - c->len, &want);
+            if (r == -4)
+                continue; /* a record not yet whole, or a handshake message */
+            if (r <= 0)
+                return r == 0 ? 0 : -1;
+            want = POLLIN;
+            c->len += (size_t)r;
+            c->received += (size_t)r;
+            return (int)r;
         }
         if (p[0].revents) {
             ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
@@ -214,20 +261,31 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
                        const char *extra_headers, const char *body, size_t body_len,
                        bool keep_alive)
 {
-    char head[2048];
+    char head[4096];
     sw_tb t;
     sw_tb_init(&t, head, sizeof head);
     sw_tb_str(&t, method);
     SW_TB_LIT(&t, " ");
     sw_tb_str(&t, path);
-    SW_TB_LIT(&t, " HTTP/1.1\r\nHost: worker\r\nConnection: ");
+    SW_TB_LIT(&t, " HTTP/1.1\r\n");
+    if (c->up) {
+        /* the upstream's own Host, and its key: in the request only */
+        char up_headers[1500];
+        int n = rn_upstream_headers(c->up, up_headers, sizeof up_headers);
+        if (n < 0)
+            return -1;
+        sw_tb_put(&t, up_headers, (size_t)n);
+    } else {
+        SW_TB_LIT(&t, "Host: worker\r\n");
+    }
+    SW_TB_LIT(&t, "Connection: ");
     sw_tb_str(&t, keep_alive ? "keep-alive" : "close");
     SW_TB_LIT(&t, "\r\n");
     sw_tb_str(&t, extra_headers ? extra_headers : "");
     SW_TB_LIT(&t, "Content-Type: application/json\r\nContent-Length: ");
     sw_tb_u64(&t, body ? body_len : 0);
     SW_TB_LIT(&t, "\r\n\r\n");
-    if (!sw_tb_ok(&t) || rn_write_request(c->fd, head, t.len, body, body_len))
+    if (!sw_tb_ok(&t) || rn_write_request(c, head, t.len, body, body_len))
         return -1;
     char line[4096];
     int r;
@@ -303,6 +361,25 @@ static void rn_conn_init(rn_conn *c, int watch_fd, int timeout_ms)
     c->pool_slot = -1;
 }
 
+/* Connects c to address: the socket, and TLS on it for an https://
+ * upstream (router_tls.h). 0, or -1 with c->fd closed. */
+static int rn_open(rn_conn *c, const char *address, int timeout_ms)
+{
+    c->up = rn_upstream_find(address);
+    c->fd = rn_connect(address, timeout_ms);
+    if (c->fd < 0)
+        return -1;
+    if (c->up && rn_upstream_tls(c->up)) {
+        c->tls = rn_tls_open(c->up, c->fd, timeout_ms);
+        if (!c->tls) {
+            close(c->fd);
+            c->fd = -1;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int rn_request(rn_conn *c, const char *address, const char *method, const char *path,
                const char *extra_headers, const char *body, size_t body_len, int watch_fd,
                int timeout_ms)
@@ -317,8 +394,7 @@ int rn_request_until(rn_conn *c, const char *address, const char *method, const 
 {
     rn_conn_init(c, watch_fd, timeout_ms);
     c->deadline_s = deadline_s;
-    c->fd = rn_connect(address, timeout_ms);
-    if (c->fd < 0)
+    if (rn_open(c, address, timeout_ms))
         return -1;
     return rn_exchange(c, method, path, extra_headers, body, body_len, false);
 }
@@ -426,6 +502,8 @@ int rn_body_all(rn_conn *c, char **out, size_t *len, size_t max)
 
 void rn_close(rn_conn *c)
 {
+    rn_tls_free(c->tls);
+    c->tls = NULL;
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -452,6 +530,7 @@ typedef struct rn_pool_slot {
     uint64_t epoch;          /* bumped at every drop */
     int n_idle;
     int fd[RN_POOL_MAX_IDLE];
+    struct ssl_st *tls[RN_POOL_MAX_IDLE]; /* TLS on fd[i], or NULL */
     double idle_since_s[RN_POOL_MAX_IDLE];
 } rn_pool_slot;
 
@@ -492,20 +571,28 @@ static int rn_slot_locked(const char *address)
     return rn_pool.n_slots++;
 }
 
+/* Closes an idle connection (its TLS first). */
+static void rn_idle_close(int fd, struct ssl_st *tls)
+{
+    rn_tls_free(tls);
+    close(fd);
+}
+
 /* Closes every idle connection of s. Called with rn_pool.mu held. */
 static void rn_slot_clear_locked(rn_pool_slot *s)
 {
     for (int i = 0; i < s->n_idle; i++)
-        close(s->fd[i]);
+        rn_idle_close(s->fd[i], s->tls[i]);
     rn_pool.counts.discarded += (uint64_t)s->n_idle;
     s->n_idle = 0;
 }
 
 /* An idle connection to t (its slot and epoch in *slot, *epoch, also when
- * none is returned), or -1. One the worker has closed, or that has bytes
- * nobody asked for, is discarded on the way. */
-static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
+ * none is returned; its TLS in *tls), or -1. One the worker has closed, or
+ * that has bytes nobody asked for, is discarded on the way. */
+static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch, struct ssl_st **tls)
 {
+    *tls = NULL;
     for (;;) {
         pthread_mutex_lock(&rn_pool.mu);
         int i = rn_slot_locked(t->address);
@@ -533,9 +620,11 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
         double now = rn_now_s(), idle_s = 0;
         while (s->n_idle > 0 && fd < 0) {
             fd = s->fd[--s->n_idle];
+            *tls = s->tls[s->n_idle];
             idle_s = now - s->idle_since_s[s->n_idle];
             if (idle_s > RN_POOL_IDLE_MS / 1000.0) {
-                close(fd);
+                rn_idle_close(fd, *tls);
+                *tls = NULL;
                 rn_pool.counts.discarded++;
                 fd = -1;
             }
@@ -550,7 +639,8 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
         struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
         if (poll(&p, 1, 0) == 0)
             return fd;
-        close(fd);
+        rn_idle_close(fd, *tls);
+        *tls = NULL;
         pthread_mutex_lock(&rn_pool.mu);
         rn_pool.counts.reused--;
         rn_pool.counts.discarded++;
@@ -559,13 +649,16 @@ static int rn_pool_take(const rn_target *t, int *slot, uint64_t *epoch)
 }
 
 /* One exchange of a pooled request on fd (reused: it came from the pool). */
-static int rn_pooled_exchange(rn_conn *c, int fd, bool reused, int slot, uint64_t epoch,
+static int rn_pooled_exchange(rn_conn *c, int fd, struct ssl_st *tls, bool reused, int slot,
+                              uint64_t epoch,
                               const rn_target *t, const char *method, const char *path,
                               const char *extra_headers, const char *body, size_t body_len,
                               int watch_fd, int timeout_ms)
 {
     rn_conn_init(c, watch_fd, timeout_ms);
     c->fd = fd;
+    c->tls = tls;
+    c->up = rn_upstream_find(t->address);
     c->reused = reused;
     c->pool_slot = slot;
     c->pool_epoch = epoch;
@@ -589,18 +682,17 @@ int rn_request_pooled(rn_conn *c, const rn_target *t, const char *method, const 
                           watch_fd, timeout_ms);
     int slot = -1;
     uint64_t epoch = 0;
-    int fd = rn_pool_take(t, &slot, &epoch);
+    struct ssl_st *tls = NULL;
+    int fd = rn_pool_take(t, &slot, &epoch, &tls);
     if (fd < 0) {
-        fd = rn_connect(t->address, timeout_ms);
-        if (fd < 0) {
-            rn_conn_init(c, watch_fd, timeout_ms);
+        rn_conn_init(c, watch_fd, timeout_ms);
+        if (rn_open(c, t->address, timeout_ms))
             return -1;
-        }
-        return rn_pooled_exchange(c, fd, false, slot, epoch, t, method, path, extra_headers,
-                                  body, body_len, watch_fd, timeout_ms);
+        return rn_pooled_exchange(c, c->fd, c->tls, false, slot, epoch, t, method, path,
+                                  extra_headers, body, body_len, watch_fd, timeout_ms);
     }
-    int rc = rn_pooled_exchange(c, fd, true, slot, epoch, t, method, path, extra_headers, body,
-                                body_len, watch_fd, timeout_ms);
+    int rc = rn_pooled_exchange(c, fd, tls, true, slot, epoch, t, method, path, extra_headers,
+                                body, body_len, watch_fd, timeout_ms);
     /* The stale-connection race: the worker closed this idle connection
      * (its idle time-out) while we were sending on it. Sending the
      * request again on a new connection is safe when it was reused, the
@@ -636,13 +728,11 @@ int rn_request_pooled(rn_conn *c, const rn_target *t, const char *method, const 
     pthread_mutex_lock(&rn_pool.mu);
     rn_pool.counts.stale_retries++;
     pthread_mutex_unlock(&rn_pool.mu);
-    fd = rn_connect(t->address, timeout_ms);
-    if (fd < 0) {
-        rn_conn_init(c, watch_fd, timeout_ms);
+    rn_conn_init(c, watch_fd, timeout_ms);
+    if (rn_open(c, t->address, timeout_ms))
         return -3; /* reached a moment ago, gone now: a crash before the response */
-    }
-    return rn_pooled_exchange(c, fd, false, slot, epoch, t, method, path, extra_headers, body,
-                              body_len, watch_fd, timeout_ms);
+    return rn_pooled_exchange(c, c->fd, c->tls, false, slot, epoch, t, method, path,
+                              extra_headers, body, body_len, watch_fd, timeout_ms);
 }
 
 int rn_body_drain(rn_conn *c, int wait_ms)
@@ -663,15 +753,18 @@ void rn_release(rn_conn *c)
     if (c->fd < 0)
         return;
     bool reusable = c->pool_slot >= 0 && c->keep_alive && c->body_done && !c->client_gone &&
-                    c->pos == c->len; /* nothing beyond the response */
+                    c->pos == c->len && /* nothing beyond the response */
+                    (!c->tls || rn_tls_pending(c->tls) == 0);
     if (reusable) {
         pthread_mutex_lock(&rn_pool.mu);
         rn_pool_slot *s = &rn_pool.slots[c->pool_slot];
         if (s->epoch == c->pool_epoch && s->n_idle < c->max_idle) {
             s->fd[s->n_idle] = c->fd;
+            s->tls[s->n_idle] = c->tls;
             s->idle_since_s[s->n_idle] = rn_now_s();
             s->n_idle++;
             c->fd = -1;
+            c->tls = NULL;
         }
         pthread_mutex_unlock(&rn_pool.mu);
     }
@@ -700,10 +793,13 @@ void rn_pool_sweep(void)
         /* the oldest are at the bottom of the stack */
         int expired = 0;
         while (expired < s->n_idle &&
-               now - s->idle_since_s[expired] > RN_POOL_IDLE_MS / 1000.0)
-            close(s->fd[expired++]);
+               now - s->idle_since_s[expired] > RN_POOL_IDLE_MS / 1000.0) {
+            rn_idle_close(s->fd[expired], s->tls[expired]);
+            expired++;
+        }
         if (expired) {
             memmove(s->fd, s->fd + expired, (size_t)(s->n_idle - expired) * sizeof s->fd[0]);
+            memmove(s->tls, s->tls + expired, (size_t)(s->n_idle - expired) * sizeof s->tls[0]);
             memmove(s->idle_since_s, s->idle_since_s + expired,
                     (size_t)(s->n_idle - expired) * sizeof s->idle_since_s[0]);
             s->n_idle -= expired;

@@ -19,8 +19,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct ssl_st;
+struct rn_upstream;
+
 typedef struct rn_conn {
     int fd;
+    struct ssl_st *tls;  /* TLS on fd (an https:// upstream), or NULL */
+    const struct rn_upstream *up; /* its entry in router_tls.h's table, or NULL */
     int watch_fd;        /* client connection to watch for a hang-up, or -1 */
     int timeout_ms;      /* per read */
     double deadline_s;   /* > 0: no read past this CLOCK_MONOTONIC time */
@@ -71,7 +76,10 @@ typedef struct rn_pool_counts {
     int idle;               /* idle now */
 } rn_pool_counts;
 
-/* address: "unix:PATH", "http://HOST:PORT" or "HOST:PORT". -1 on failure. */
+/* address: "unix:PATH", "http://HOST:PORT", "https://HOST[:PORT]" (443 by
+ * default) or "HOST:PORT". The TCP connection only: rn_request* add TLS
+ * for an address registered with rn_upstream_add (router_tls.h). -1 on
+ * failure. */
 int rn_connect(const char *address, int timeout_ms);
 /* Sends the iovecs whole (empty ones skipped; they are updated as bytes
  * go). timeout_ms < 0: blocking sends (the socket's own SO_SNDTIMEO

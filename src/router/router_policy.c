@@ -39,6 +39,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             bytes = w->kv_budget > bytes ? w->kv_budget : bytes;
         if (need->model >= 0 && w->model != need->model)
             why = RT_SKIP_MODEL;
+        else if (need->local_only && w->remote)
+            why = RT_SKIP_REMOTE;
         else if (tried && tried[w->index])
             why = RT_SKIP_TRIED;
         else if (!need->idle && w->state != WS_READY)

@@ -22,6 +22,7 @@ enum {
     RT_SKIP_DEADLINE = 64, /* predicted to miss the deadline */
     RT_SKIP_HELD = 128,    /* it refused since its last /health */
     RT_SKIP_MODEL = 256,   /* it serves another model */
+    RT_SKIP_REMOTE = 512,  /* remote, and the model says remote = never */
 };
 
 typedef struct rt_need {
@@ -30,6 +31,7 @@ typedef struct rt_need {
     long prompt;           /* exact prompt tokens; -1 unknown */
     long max_tokens;       /* -1: up to the context */
     bool resume;           /* a stream with tokens sent: needs a resume */
+    bool local_only;       /* remote = never: no remote worker */
     long long deadline_ms; /* -1 none */
     double wait_ms;        /* predicted wait before it starts (deadline) */
     bool idle;             /* judge as if nothing were admitted anywhere

@@ -147,6 +147,7 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->model = w->model;
         v->state = rt_pool_state_locked(w);
         v->kind = w->cfg.kind;
+        v->remote = rt_config_worker_remote(&w->cfg);
         v->ctx_limit = w->ctx_limit;
         v->max_seqs = rt_pool_max_seqs(w);
         v->seqs = w->books.seqs;

@@ -91,6 +91,9 @@ typedef struct rt_worker {
                                    workspace), learned from its /health; 0
                                    unknown */
     uint64_t demand_starts, idle_stops, evictions;
+    /* attempts sent to it while remote (rt_config_worker_remote), by
+     * route: [0] routine, [1] capacity (router_relay.c, remote_route) */
+    uint64_t remote_routes[2];
     double start_seconds;       /* its last start, spawn to ready */
     char start_error[SW_ERROR_MESSAGE_MAX]; /* why its command cannot start, "" none */
 } rt_worker;
@@ -120,6 +123,7 @@ typedef struct rt_worker_view {
                                    sim-gpu pool, cuda:N), -1 on the CPU */
     int state;
     int kind;                   /* RT_KIND_* */
+    bool remote;                /* rt_config_worker_remote */
     int32_t ctx_limit;          /* 0 unknown */
     int32_t max_seqs;           /* 0 no limit known */
     int seqs;                   /* admitted now (books) */

@@ -35,6 +35,12 @@ static void hist_add(uint64_t *buckets, uint64_t *count, double *sum, double v)
     *sum += v;
 }
 
+/* remote = never on model (an index into rt->models; -1: none). */
+static bool model_local_only(const rt_router *rt, int model)
+{
+    return model >= 0 && model < rt->n_models && rt->models[model].cfg.remote_never;
+}
+
 static void count(rt_router *rt, uint64_t *counter)
 {
     pthread_mutex_lock(&rt->mu);
@@ -242,6 +248,15 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
         rt__send_error(q, 503, "capacity_exceeded", msg, "model", ra);
         return false;
     }
+    if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_REMOTE) &&
+        !(wt->grant.skipped & ~(unsigned)(RT_SKIP_REMOTE | RT_SKIP_MODEL))) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "the model '%s' has remote = never, and only remote workers serve it",
+                 rt->models[q->model].cfg.name);
+        rt__send_error(q, 503, "capacity_exceeded", msg, "model", ra);
+        return false;
+    }
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
         !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND | RT_SKIP_MODEL))) {
         count(rt, &rt->refused_context);
@@ -416,6 +431,33 @@ static void fall_back(rt_req *q, json_t *body, int to, rt_admit_result ar, doubl
     json_decref(ev);
 }
 
+/* An attempt granted to a remote worker wi: routine when nothing local
+ * was passed over for it (the model lives only there, or the remote
+ * worker comes first in preference), capacity when a local worker of the
+ * model was passed over (busy, full, down, predicted late, failed it) or
+ * the request fell back from another model. Counted per worker, and an
+ * event (docs/router.md, Remote services over TLS). */
+static void remote_route(rt_req *q, int wi, const rt_decision *grant)
+{
+    rt_router *rt = q->rt;
+    bool capacity = q->model != q->asked_model;
+    char worker[64];
+    pthread_mutex_lock(&rt->pool.mu);
+    for (int k = 0; k < rt->pool.n_slots && !capacity; k++)
+        capacity = k != wi && (grant->reason[k] & ~(unsigned)RT_SKIP_MODEL) &&
+                   !rt_config_worker_remote(&rt->pool.w[k].cfg);
+    rt->pool.w[wi].remote_routes[capacity]++;
+    snprintf(worker, sizeof worker, "%s", rt->pool.w[wi].cfg.name);
+    pthread_mutex_unlock(&rt->pool.mu);
+    json_t *ev = json_pack("{s:s, s:s, s:f, s:s, s:s, s:s}", "type", "remote_route",
+                           "request_id", q->request_id, "time", rt__wall_s(), "worker", worker,
+                           "model", rt->models[q->model].cfg.name, "route",
+                           capacity ? "capacity" : "routine");
+    if (ev)
+        rt__ev_record(rt, ev);
+    json_decref(ev);
+}
+
 /* Serves one generation request whose body is parsed (owned here). */
 static void generate(rt_req *q, bool chat, json_t *body)
 {
@@ -473,6 +515,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.prompt = prompt < 0 ? -1 : prompt + (long)r.n_tokens;
         wt.need.max_tokens = remaining;
         wt.need.resume = r.stream && (r.n_tokens > 0 || r.content_sent);
+        /* the model asked for and the one answering (a fallback): either's
+         * remote = never keeps the request on the machine */
+        wt.need.local_only = model_local_only(rt, q->asked_model) ||
+                             model_local_only(rt, q->model);
         wt.need.deadline_ms = q->attempts == 0 && !failed_before ? adm_deadline : -1;
         wt.tried = tried;
         wt.first = q->admission == 0;
@@ -515,6 +561,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
         int wi = wt.grant.worker;
         rt_worker *w = &rt->pool.w[wi];
         q->attempts++;
+        if (rt_config_worker_remote(&w->cfg))
+            remote_route(q, wi, &wt.grant);
         if (!r.headers_sent)
             snprintf(q->worker, sizeof q->worker, "%s", w->cfg.name);
         snprintf(r.final_worker, sizeof r.final_worker, "%s", w->cfg.name);

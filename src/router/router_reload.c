@@ -112,7 +112,8 @@ static bool worker_differs(const rt_worker_config *a, const rt_worker_config *b)
            a->max_seqs != b->max_seqs || a->reserve != b->reserve ||
            strcmp(a->policy, b->policy) || a->threads != b->threads || a->kind != b->kind ||
            a->skip_calibration != b->skip_calibration || strcmp(a->model, b->model) || strcmp(a->command, b->command) ||
-           a->on_demand != b->on_demand || a->idle_timeout_s != b->idle_timeout_s;
+           a->on_demand != b->on_demand || a->idle_timeout_s != b->idle_timeout_s ||
+           strcmp(a->ca_file, b->ca_file) || strcmp(a->api_key_env, b->api_key_env);
 }
 
 /* With the pool's lock: the live slot of worker name, -1 none. */
@@ -248,6 +249,8 @@ int rt__reload(rt_router *rt, const char *origin, json_t **answer, sw_error *err
     rc = rt_config_read(next, cur->config_path, cur->override_listen, cur->override_state_dir,
                         cur->override_model, err);
     if (rc)
+        goto fail;
+    if ((rc = rt__upstreams_register(next, err)))
         goto fail;
     bool settings_changed = diff_settings(cur, next, applied, fixed);
     /* the running configuration is kept when a new one is published (a

@@ -132,12 +132,102 @@ static void test_check(void **state)
     remove(p);
 }
 
+/* Loads and checks text: 0, or the error with its message in err. */
+static int load_checked(const char *name, const char *text, sw_error *err)
+{
+    rt_config c;
+    rt_config_defaults(&c);
+    const char *p = write_ini(name, text);
+    int rc = rt_config_load(&c, p, err);
+    if (rc == 0)
+        rc = rt_config_check(&c, err);
+    remove(p);
+    return rc;
+}
+
+/* https:// urls, ca-file and api-key-env (a remote tier over TLS) */
+static void test_remote(void **state)
+{
+    sw_error err;
+    rt_config c;
+    rt_config_defaults(&c);
+    const char *p = write_ini("remote", "[model]\npath = m\n[worker cloud]\nkind = openai\n"
+                                        "url = https://api.example.com\nca-file = /etc/ca.pem\n"
+                                        "api-key-env = CLOUD_KEY\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    assert_int_equal(rt_config_check(&c, &err), 0);
+    assert_string_equal(c.workers[0].url, "https://api.example.com");
+    assert_string_equal(c.workers[0].ca_file, "/etc/ca.pem");
+    assert_string_equal(c.workers[0].api_key_env, "CLOUD_KEY");
+    assert_false(c.workers[0].managed);
+    remove(p);
+
+    expect_error("bad-key-env", "[worker a]\nkind = openai\napi-key-env = A-B\n", 3,
+                 "api-key-env");
+    expect_error("digit-key-env", "[worker a]\nkind = openai\napi-key-env = 1KEY\n", 3,
+                 "api-key-env");
+    assert_int_equal(load_checked("https-spillway",
+                                  "[model]\npath = m\n[worker a]\nurl = https://h:1\n", &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "https:// url is for kind = openai"));
+    assert_int_equal(load_checked("https-command",
+                                  "[model]\npath = m\n[worker a]\nkind = openai\n"
+                                  "url = https://h:1\ncommand = engine\n",
+                                  &err),
+                     SW_EINVAL);
+    assert_int_equal(load_checked("ca-http",
+                                  "[model]\npath = m\n[worker a]\nkind = openai\n"
+                                  "url = http://h:1\nca-file = /ca.pem\n",
+                                  &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "ca-file needs an https:// url"));
+    assert_int_equal(load_checked("same-url",
+                                  "[model]\npath = m\n[worker a]\nkind = openai\n"
+                                  "url = https://h:1\napi-key-env = K1\n"
+                                  "[worker b]\nkind = openai\nurl = https://h:1\n"
+                                  "api-key-env = K2\n",
+                                  &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "also [worker a]'s"));
+    expect_error("bad-remote", "[model]\npath = m\nremote = sometimes\n", 3, "remote");
+    rt_config_defaults(&c);
+    p = write_ini("remote-never", "[model]\npath = m\nremote = never\n[worker a]\nthreads = 1\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    assert_true(c.models[0].remote_never);
+    remove(p);
+    /* what leaves the machine */
+    rt_worker_config w;
+    memset(&w, 0, sizeof w);
+    w.kind = RT_KIND_OPENAI;
+    const struct {
+        const char *url;
+        bool remote;
+    } urls[] = {{"https://api.example.com", true}, {"https://127.0.0.1:8443", true},
+                {"http://10.0.0.5:8080", true},    {"http://gpu-box:8080/v1", true},
+                {"http://127.0.0.1:8080", false},  {"http://localhost:11434", false},
+                {"http://[::1]:8080", false},      {"unix:/run/engine.sock", false}};
+    for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
+        snprintf(w.url, sizeof w.url, "%s", urls[i].url);
+        if (rt_config_worker_remote(&w) != urls[i].remote)
+            fail_msg("%s: remote should be %d", urls[i].url, urls[i].remote);
+    }
+    w.managed = true; /* an engine the router runs is local */
+    snprintf(w.url, sizeof w.url, "http://10.0.0.5:8080");
+    assert_false(rt_config_worker_remote(&w));
+    assert_int_equal(load_checked("key-spillway",
+                                  "[model]\npath = m\n[worker a]\nurl = http://h:1\n"
+                                  "api-key-env = K\n",
+                                  &err),
+                     SW_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_check),
+        cmocka_unit_test(test_remote),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

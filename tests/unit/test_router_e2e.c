@@ -596,13 +596,15 @@ static void test_bad_requests(void **state)
     assert_non_null(json_object_get(ej, "param"));
     json_decref(okj);
     wc_response_free(&w);
-    /* an integer past 64 bits: the router's own typed 400 (never rounded) */
+    /* an integer past 64 bits outside a schema: the router's own typed
+     * 400 naming the field (never rounded) */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth,
                             "{\"prompt\":\"Hi\",\"max_tokens\":18446744073709551616}", &w),
                      0);
     assert_int_equal(w.status, 400);
     assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
     assert_non_null(strstr(w.body, "64 bits"));
+    assert_non_null(strstr(w.body, "\"param\":\"max_tokens\""));
     wc_response_free(&w);
     /* the worker's 400 is relayed, never retried */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);

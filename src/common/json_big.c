@@ -71,25 +71,36 @@ static bool out_of_range(const char *p, size_t n)
     return errno == ERANGE && isinf(d);
 }
 
-/* No string under v but the markers holds a NUL. */
-static bool nul_free(const json_t *v, int depth)
+/* Every string under v passes ok. */
+static bool strings_all(const json_t *v, bool (*ok)(const json_t *), int depth)
 {
     const char *k;
     json_t *e;
     size_t i;
     if (depth > 2048)
-        return false;
+        return false; /* not from a body the parser took */
     if (json_is_string(v))
-        return sw_json_big_text(v) || !memchr(json_string_value(v), 0, json_string_length(v));
+        return ok(v);
     json_array_foreach((json_t *)v, i, e) {
-        if (!nul_free(e, depth + 1))
+        if (!strings_all(e, ok, depth + 1))
             return false;
     }
     json_object_foreach((json_t *)v, k, e) {
-        if (!nul_free(e, depth + 1))
+        if (!strings_all(e, ok, depth + 1))
             return false;
     }
     return true;
+}
+
+/* A marker, or a string without NUL. */
+static bool nul_free_string(const json_t *v)
+{
+    return sw_json_big_text(v) || !memchr(json_string_value(v), 0, json_string_length(v));
+}
+
+static bool not_marker(const json_t *v)
+{
+    return !sw_json_big_text(v);
 }
 
 json_t *sw_json_loadb_big(const char *buffer, size_t len, size_t flags, json_error_t *error)
@@ -174,7 +185,7 @@ json_t *sw_json_loadb_big(const char *buffer, size_t len, size_t flags, json_err
      * below, in its own strings only */
     j = sw_json_loadb(out, o, flags | JSON_ALLOW_NUL, e);
     sw_free(out);
-    if (j && !(flags & JSON_ALLOW_NUL) && !nul_free(j, 0)) {
+    if (j && !(flags & JSON_ALLOW_NUL) && !strings_all(j, nul_free_string, 0)) {
         json_decref(j);
         snprintf(e->text, JSON_ERROR_TEXT_LENGTH - 1,
                  "\\u0000 is not allowed without JSON_ALLOW_NUL");
@@ -219,22 +230,7 @@ size_t sw__json_big_restore(char *text, size_t len)
 /* No marker under v. */
 static bool big_free(const json_t *v, int depth)
 {
-    const char *k;
-    json_t *e;
-    size_t i;
-    if (depth > 256)
-        return false; /* not from a body the parser took */
-    if (json_is_string(v))
-        return !sw_json_big_text(v);
-    json_array_foreach((json_t *)v, i, e) {
-        if (!big_free(e, depth + 1))
-            return false;
-    }
-    json_object_foreach((json_t *)v, k, e) {
-        if (!big_free(e, depth + 1))
-            return false;
-    }
-    return true;
+    return strings_all(v, not_marker, depth);
 }
 
 /* An object whose member `schema_key` is a schema: the other members. */

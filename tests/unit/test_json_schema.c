@@ -807,6 +807,51 @@ static void test_big_numbers(void **state)
                  "past a double's range");
     expect_error("{\"type\":\"integer\",\"multipleOf\":100000000000000000000}",
                  SW_EUNSUPPORTED, "multipleOf");
+
+    /* the JSON Schema Test Suite's optional bignum groups: every invalid
+     * instance refused; a valid one refused only without a bound (15
+     * digits then: a narrowing); the validator agrees with every verdict */
+    const char *path = tu_shared_path("jsonschema-test-suite/tests/draft2020-12/optional/bignum.json");
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (f) {
+        static char text[1 << 16];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = '\0';
+        json_t *groups = parse(text);
+        size_t gi, ti;
+        json_t *group, *t;
+        int taken = 0, narrowed = 0;
+        json_array_foreach(groups, gi, group) {
+            json_t *schema = json_object_get(group, "schema");
+            eng_grammar *bg = NULL;
+            sw_error err;
+            if (eng_grammar_from_schema(schema, &bg, &err))
+                fail_msg("bignum group %zu: %s", gi, err.message);
+            bool bounded = !json_object_get(schema, "type");
+            json_array_foreach(json_object_get(group, "tests"), ti, t) {
+                json_t *data = json_object_get(t, "data");
+                bool valid = json_is_true(json_object_get(t, "valid"));
+                char *dt = sw_json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY);
+                assert_non_null(dt);
+                bool complete;
+                bool accepted = feed_bytes(bg, v, dt, &complete) < 0 && complete;
+                if (accepted && !valid)
+                    fail_msg("bignum group %zu: the invalid %s is accepted", gi, dt);
+                if (valid && !accepted && bounded)
+                    fail_msg("bignum group %zu: the valid %s is refused", gi, dt);
+                if ((eng_json_validate(schema, data, NULL) == SW_OK) != valid)
+                    fail_msg("bignum group %zu: the validator misjudges %s", gi, dt);
+                taken += accepted && valid;
+                narrowed += valid && !accepted;
+                free(dt);
+            }
+            eng_grammar_free(bg);
+        }
+        print_message("  bignum.json: %d valid taken, %d narrowed (no bound: 15 digits)\n", taken,
+                      narrowed);
+        json_decref(groups);
+    }
     eng_cs_vocab_free(v);
 }
 

@@ -3469,7 +3469,8 @@ static int val_number(validator *v, const json_t *s, const json_t *x, size_t ple
     const json_t *mo = json_object_get(s, "multipleOf");
     if (mo) {
         if (sw_json_big_text(mo))
-            return val_fail(v, plen, SW_EUNSUPPORTED, "'multipleOf' past 64 bits is not supported");
+            return val_fail(v, plen, SW_EUNSUPPORTED,
+                            "'multipleOf' past 64 bits is not supported");
         if (!json_is_number(mo) || json_number_value(mo) <= 0)
             return val_fail(v, plen, SW_EUNSUPPORTED, "'multipleOf' must be a positive number");
         bool ok = false;

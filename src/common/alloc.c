@@ -1,5 +1,6 @@
 /* alloc.c - the allocation hook and its fault scopes (see alloc.h). */
 #include "common/alloc.h"
+#include "common/json_big.h"
 
 #include <limits.h>
 #include <jansson.h>
@@ -84,6 +85,8 @@ char *sw_json_dumps(const json_t *json, size_t flags)
         free(s);
         return NULL;
     }
+    if (s)
+        sw__json_big_restore(s, strlen(s)); /* numbers a body kept as markers */
     return s;
 }
 

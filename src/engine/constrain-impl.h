@@ -37,6 +37,9 @@
 /* Digits of an integer part and of a fraction: 15 keeps every integer
  * exact in a double and in int64. */
 #define ENG_CS_MAX_INT_DIGITS 15
+/* A ranged integer part (no multipleOf) may be as long as its bounds, up to
+ * this many digits: a maximum of 10^23 allows every integer up to it. */
+#define ENG_CS_MAX_BIG_DIGITS 400
 #define ENG_CS_MAX_FRAC_DIGITS 6
 /* Nesting levels of free JSON under "json_object" and untyped schemas. */
 #define ENG_CS_ANY_DEPTH 4
@@ -102,6 +105,7 @@ typedef struct cs_node {
     bool ranged;
     bool int_ok[2], frac_ok[2], frac_nonzero[2];
     char *int_lo[2], *int_hi[2], *frac_lo[2], *frac_hi[2];
+    int32_t int_digits;      /* ranged: the integer part's most digits; 0: ENG_CS_MAX_INT_DIGITS */
     int32_t multiple_of;     /* CS_INTEGER, > 0: a multiple of it */
     int32_t max_frac;        /* CS_NUMBER: fraction digits; 0: ENG_CS_MAX_FRAC_DIGITS */
     /* CS_ANYOF */

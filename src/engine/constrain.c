@@ -720,12 +720,13 @@ static uint8_t cmp_digit(uint8_t state, int32_t k, const char *bound, uint8_t d)
 /* The fewest digits to append to k digits (comparing st_lo / st_hi with
  * lo / hi) so the magnitude ends in lo..hi (and a multiple of mult, from
  * the remainder rem), or -1 when none can. */
-static int32_t range_more(int32_t k, const char *lo, uint8_t st_lo, const char *hi,
-                          uint8_t st_hi, int32_t mult, int32_t rem)
+static int32_t range_more(int32_t k, int32_t max_digits, const char *lo, uint8_t st_lo,
+                          const char *hi, uint8_t st_hi, int32_t mult, int32_t rem)
 {
     int32_t ll = lo ? (int32_t)strlen(lo) : 1, lh = hi ? (int32_t)strlen(hi) : INT32_MAX;
-    int64_t pow10 = 1;
-    for (int32_t e = 0; k + e <= ENG_CS_MAX_INT_DIGITS; e++, pow10 *= 10) {
+    int64_t pow10 = 1; /* used with mult only, which keeps to 15 digits */
+    for (int32_t e = 0; k + e <= max_digits;
+         e++, pow10 = pow10 <= INT64_MAX / 10 ? pow10 * 10 : pow10) {
         int32_t len = k + e;
         if (len < ll)
             continue;
@@ -780,16 +781,23 @@ static int32_t ranged_multiple_more(const cs_node *n, const cs_frame *f)
     return -1;
 }
 
+/* The integer part's most digits. */
+static int32_t int_digits(const cs_node *n)
+{
+    return n->int_digits > 0 ? n->int_digits : ENG_CS_MAX_INT_DIGITS;
+}
+
 static int32_t int_more(const cs_node *n, const cs_frame *f)
 {
     int s = f->pend;
     if (!n->ranged)
-        return range_more(f->a, NULL, C_EQ, NULL, C_EQ, n->multiple_of, f->b);
+        return range_more(f->a, ENG_CS_MAX_INT_DIGITS, NULL, C_EQ, NULL, C_EQ, n->multiple_of,
+                          f->b);
     if (!n->int_ok[s])
         return -1;
     if (n->multiple_of > 0)
         return ranged_multiple_more(n, f);
-    return range_more(f->a, n->int_lo[s], f->lo, n->int_hi[s], f->hi, 0, 0);
+    return range_more(f->a, int_digits(n), n->int_lo[s], f->lo, n->int_hi[s], f->hi, 0, 0);
 }
 
 static int32_t frac_more(const cs_node *n, const cs_frame *f)
@@ -798,11 +806,11 @@ static int32_t frac_more(const cs_node *n, const cs_frame *f)
     if (n->kind != CS_NUMBER || n->multiple_of > 0)
         return -1;
     if (!n->ranged)
-        return range_more(f->a, NULL, C_EQ, NULL, C_EQ, 0, 0);
+        return range_more(f->a, ENG_CS_MAX_INT_DIGITS, NULL, C_EQ, NULL, C_EQ, 0, 0);
     if (!n->frac_ok[s])
         return -1;
-    return range_more(f->a, n->frac_lo[s], (uint8_t)(f->c & 3), n->frac_hi[s],
-                      (uint8_t)(f->c >> 2 & 3), 0, 0);
+    return range_more(f->a, ENG_CS_MAX_INT_DIGITS, n->frac_lo[s], (uint8_t)(f->c & 3),
+                      n->frac_hi[s], (uint8_t)(f->c >> 2 & 3), 0, 0);
 }
 
 /* The magnitude 0 may start a value of this sign: as a whole value, or as
@@ -894,7 +902,7 @@ static int step_bounded(const cs_node *n, cs_frame *f, uint8_t ch)
         return whole ? R_END : R_REJECT;
     }
     case N_INT:
-        if (digit && f->a < ENG_CS_MAX_INT_DIGITS) {
+        if (digit && f->a < (n->ranged ? int_digits(n) : ENG_CS_MAX_INT_DIGITS)) {
             cs_frame next = *f;
             num_digit(n, &next, ch);
             if (int_more(n, &next) >= 0 || frac_more(n, &next) >= 0) {

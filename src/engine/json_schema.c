@@ -9,6 +9,7 @@
 #include "engine/json_schema.h"
 
 #include "common/alloc.h"
+#include "common/json_big.h"
 #include "engine/constrain-impl.h"
 #include "engine/formats.h"
 
@@ -223,7 +224,7 @@ static int fail_at(builder *b, size_t len, int code, const char *what)
 /* A text copy of a JSON value (compact), sw_malloc'd. */
 static char *dump_value(const json_t *v, int32_t *len_out)
 {
-    char *j = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *j = sw_json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY); /* markers: their numbers */
     if (!j)
         return NULL;
     size_t n = strlen(j);
@@ -829,9 +830,14 @@ static json_t *type_json(int m)
     return a;
 }
 
+static bool is_num(const json_t *v);
+static int num_cmp(const json_t *a, const json_t *b);
+
 /* JSON equality where 1 and 1.0 are the same number (JSON Schema's). */
 static bool val_equal(const json_t *a, const json_t *b)
 {
+    if ((sw_json_big_text(a) || sw_json_big_text(b)) && is_num(a) && is_num(b))
+        return num_cmp(a, b) == 0;
     if (json_is_number(a) && json_is_number(b)) {
         if (json_is_integer(a) && json_is_integer(b))
             return json_integer_value(a) == json_integer_value(b);
@@ -879,13 +885,154 @@ typedef struct num_bound {
     bool excl;
 } num_bound;
 
+/* ---- numbers past 64 bits ----
+ * A body's number that jansson cannot hold is a marker string with the
+ * literal's text (json_big.h). Integers of up to ENG_CS_MAX_BIG_DIGITS
+ * digits are exact everywhere a schema compares numbers (bounds, const,
+ * enum); a fraction or an exponent past a double's range is refused where
+ * a keyword would need its value. */
+
+static bool is_num(const json_t *v)
+{
+    return json_is_number(v) || sw_json_big_text(v);
+}
+
+/* The marker of an integer the compiler can use exactly. */
+static bool big_ok(const json_t *v)
+{
+    const char *t = sw_json_big_text(v);
+    return t && !strpbrk(t, ".eE") && strlen(t) <= ENG_CS_MAX_BIG_DIGITS;
+}
+
+/* A whole value held exactly: int64, a marker integer or a whole double. */
+static bool num_exact_whole(const json_t *v)
+{
+    if (json_is_integer(v) || big_ok(v))
+        return true;
+    return json_is_real(v) && isfinite(json_real_value(v)) &&
+           json_real_value(v) == floor(json_real_value(v));
+}
+
+static double num_double(const json_t *v)
+{
+    const char *t = sw_json_big_text(v);
+    return t ? strtod(t, NULL) : json_number_value(v);
+}
+
+typedef struct dec {
+    bool neg;
+    char mag[ENG_CS_MAX_BIG_DIGITS + 8]; /* digits, no leading zeros; "0" for zero (never
+                                            negative) */
+} dec;
+
+static void mag_inc(char *m)
+{
+    size_t n = strlen(m);
+    size_t i = n;
+    while (i > 0 && m[i - 1] == '9')
+        m[--i] = '0';
+    if (i > 0) {
+        m[i - 1]++;
+    } else if (n + 2 < sizeof((dec *)0)->mag) {
+        memmove(m + 1, m, n + 1);
+        m[0] = '1';
+    }
+}
+
+static void mag_dec(char *m)
+{
+    size_t n = strlen(m);
+    size_t i = n;
+    while (i > 0 && m[i - 1] == '0')
+        m[--i] = '9';
+    if (i > 0)
+        m[i - 1]--;
+    size_t z = 0;
+    while (m[z] == '0' && m[z + 1])
+        z++;
+    memmove(m, m + z, strlen(m + z) + 1);
+}
+
+/* floor (down) or ceil of a JSON number, exactly (a number past 64 bits:
+ * an integer of at most ENG_CS_MAX_BIG_DIGITS digits, big_ok). */
+static void dec_round(const json_t *v, bool down, dec *out)
+{
+    const char *big = sw_json_big_text(v);
+    if (big) {
+        out->neg = big[0] == '-';
+        snprintf(out->mag, sizeof out->mag, "%s", big + out->neg);
+        return;
+    }
+    if (json_is_integer(v)) {
+        char t[32];
+        snprintf(t, sizeof t, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        out->neg = t[0] == '-';
+        snprintf(out->mag, sizeof out->mag, "%s", t + out->neg);
+        return;
+    }
+    double d = json_real_value(v), c = down ? floor(d) : ceil(d);
+    snprintf(out->mag, sizeof out->mag, "%.0f", fabs(c));
+    out->neg = c < 0 && strcmp(out->mag, "0") != 0;
+}
+
+static bool num_whole(const json_t *v)
+{
+    return json_is_integer(v) || sw_json_big_text(v) ||
+           json_real_value(v) == floor(json_real_value(v));
+}
+
+static void dec_negate(dec *x)
+{
+    x->neg = !x->neg && strcmp(x->mag, "0") != 0;
+}
+
+/* x += delta (+1 or -1) */
+static void dec_step(dec *x, int delta)
+{
+    if ((delta > 0) != x->neg) {
+        mag_inc(x->mag);
+    } else if (strcmp(x->mag, "0") == 0) {
+        x->neg = delta < 0;
+        strcpy(x->mag, "1");
+    } else {
+        mag_dec(x->mag);
+        if (strcmp(x->mag, "0") == 0)
+            x->neg = false;
+    }
+}
+
+static int mag_cmp(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    int c = strcmp(a, b);
+    return c < 0 ? -1 : c > 0;
+}
+
+static int dec_cmp(const dec *a, const dec *b)
+{
+    if (a->neg != b->neg)
+        return a->neg ? -1 : 1;
+    int c = mag_cmp(a->mag, b->mag);
+    return a->neg ? -c : c;
+}
+
 static int num_cmp(const json_t *a, const json_t *b)
 {
     if (json_is_integer(a) && json_is_integer(b))
         return json_integer_value(a) < json_integer_value(b)
                    ? -1
                    : json_integer_value(a) > json_integer_value(b);
-    double x = json_number_value(a), y = json_number_value(b);
+    if (num_exact_whole(a) && num_exact_whole(b)) {
+        dec x, y;
+        dec_round(a, true, &x);
+        dec_round(b, true, &y);
+        return dec_cmp(&x, &y);
+    }
+    /* a fraction is within 2^53, a marker integer beyond 2^63: doubles
+     * order them rightly */
+    double x = num_double(a), y = num_double(b);
     return x < y ? -1 : x > y;
 }
 
@@ -894,11 +1041,11 @@ static num_bound bound_get(const json_t *s, bool lower)
     num_bound r = {NULL, false};
     const json_t *plain = json_object_get(s, lower ? "minimum" : "maximum");
     const json_t *ex = json_object_get(s, lower ? "exclusiveMinimum" : "exclusiveMaximum");
-    if (json_is_number(plain))
+    if (is_num(plain))
         r.v = plain;
     if (json_is_true(ex) && r.v) {
         r.excl = true;
-    } else if (json_is_number(ex)) {
+    } else if (is_num(ex)) {
         int c = r.v ? num_cmp(ex, r.v) : (lower ? 1 : -1);
         if (lower ? c >= 0 : c <= 0) {
             r.v = ex;
@@ -2025,96 +2172,6 @@ static int compile_array(builder *b, const json_t *s, int32_t depth, size_t plen
  * (constrain-impl.h), so 9.5 is never generated under exclusiveMaximum
  * 10 (a narrowing). */
 
-typedef struct dec {
-    bool neg;
-    char mag[400]; /* digits, no leading zeros; "0" for zero (never negative) */
-} dec;
-
-static void mag_inc(char *m)
-{
-    size_t n = strlen(m);
-    size_t i = n;
-    while (i > 0 && m[i - 1] == '9')
-        m[--i] = '0';
-    if (i > 0) {
-        m[i - 1]++;
-    } else if (n + 2 < sizeof((dec *)0)->mag) {
-        memmove(m + 1, m, n + 1);
-        m[0] = '1';
-    }
-}
-
-static void mag_dec(char *m)
-{
-    size_t n = strlen(m);
-    size_t i = n;
-    while (i > 0 && m[i - 1] == '0')
-        m[--i] = '9';
-    if (i > 0)
-        m[i - 1]--;
-    size_t z = 0;
-    while (m[z] == '0' && m[z + 1])
-        z++;
-    memmove(m, m + z, strlen(m + z) + 1);
-}
-
-/* floor (down) or ceil of a JSON number, exactly. */
-static void dec_round(const json_t *v, bool down, dec *out)
-{
-    if (json_is_integer(v)) {
-        char t[32];
-        snprintf(t, sizeof t, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        out->neg = t[0] == '-';
-        snprintf(out->mag, sizeof out->mag, "%s", t + out->neg);
-        return;
-    }
-    double d = json_real_value(v), c = down ? floor(d) : ceil(d);
-    snprintf(out->mag, sizeof out->mag, "%.0f", fabs(c));
-    out->neg = c < 0 && strcmp(out->mag, "0") != 0;
-}
-
-static bool num_whole(const json_t *v)
-{
-    return json_is_integer(v) || json_real_value(v) == floor(json_real_value(v));
-}
-
-static void dec_negate(dec *x)
-{
-    x->neg = !x->neg && strcmp(x->mag, "0") != 0;
-}
-
-/* x += delta (+1 or -1) */
-static void dec_step(dec *x, int delta)
-{
-    if ((delta > 0) != x->neg) {
-        mag_inc(x->mag);
-    } else if (strcmp(x->mag, "0") == 0) {
-        x->neg = delta < 0;
-        strcpy(x->mag, "1");
-    } else {
-        mag_dec(x->mag);
-        if (strcmp(x->mag, "0") == 0)
-            x->neg = false;
-    }
-}
-
-static int mag_cmp(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la != lb)
-        return la < lb ? -1 : 1;
-    int c = strcmp(a, b);
-    return c < 0 ? -1 : c > 0;
-}
-
-static int dec_cmp(const dec *a, const dec *b)
-{
-    if (a->neg != b->neg)
-        return a->neg ? -1 : 1;
-    int c = mag_cmp(a->mag, b->mag);
-    return a->neg ? -c : c;
-}
-
 /* multipleOf 10^-p (0.1, 0.01, ...): p, else 0. */
 static int32_t decimal_step(double mo)
 {
@@ -2131,11 +2188,18 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
     nd.kind = integer ? CS_INTEGER : CS_NUMBER;
     for (size_t i = 0; i < 4; i++) {
         const json_t *v = json_object_get(s, bound_keys[i]);
-        if (v && !json_is_number(v) && !(i >= 2 && json_is_boolean(v)))
+        if (v && !is_num(v) && !(i >= 2 && json_is_boolean(v)))
             return fail_at(b, path_push(b, plen, bound_keys[i]), SW_EINVAL,
                            "a bound must be a number");
+        if (sw_json_big_text(v) && !big_ok(v))
+            return fail_at(b, path_push(b, plen, bound_keys[i]), SW_EUNSUPPORTED,
+                           "a bound past a double's range is supported as an integer of at most "
+                           "400 digits only (no fraction, no exponent)");
     }
     const json_t *mo = json_object_get(s, "multipleOf");
+    if (sw_json_big_text(mo))
+        return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
+                       "'multipleOf' above 214748364 is not supported");
     if (mo) {
         double m = json_number_value(mo);
         if (!json_is_number(mo) || !(m > 0))
@@ -2197,13 +2261,26 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
                 fl = zero; /* below zero: any fraction of 0 is inside */
                 nonzero = false;
             }
+            /* the integer part may be as long as the bounds (not with a
+             * multiple: its arithmetic is in int64) */
+            size_t digits = ENG_CS_MAX_INT_DIGITS;
+            if (nd.multiple_of == 0) {
+                if (has_l && strlen(il.mag) > digits)
+                    digits = strlen(il.mag);
+                if (has_h && !ih.neg && strlen(ih.mag) > digits)
+                    digits = strlen(ih.mag);
+                if (digits > ENG_CS_MAX_BIG_DIGITS)
+                    digits = ENG_CS_MAX_BIG_DIGITS;
+                if ((int32_t)digits > nd.int_digits)
+                    nd.int_digits = (int32_t)digits;
+            }
             bool int_ok = (!has_h || (!ih.neg && dec_cmp(&il, &ih) <= 0)) &&
-                          strlen(il.mag) <= ENG_CS_MAX_INT_DIGITS;
+                          strlen(il.mag) <= digits;
             bool frac_ok = !integer && nd.kind == CS_NUMBER &&
                            (!has_h || (!fh.neg && dec_cmp(&fl, &fh) <= 0)) &&
                            strlen(fl.mag) <= ENG_CS_MAX_INT_DIGITS;
             /* every value generated is below a bound past the digits */
-            bool ih_cap = has_h && strlen(ih.mag) <= ENG_CS_MAX_INT_DIGITS;
+            bool ih_cap = has_h && strlen(ih.mag) <= digits;
             bool fh_cap = has_h && strlen(fh.mag) <= ENG_CS_MAX_INT_DIGITS;
             nd.int_ok[sign] = int_ok;
             nd.frac_ok[sign] = frac_ok;
@@ -2749,7 +2826,7 @@ static json_t *negate_simple(const json_t *n)
                                            {"exclusiveMinimum", "maximum"},
                                            {"exclusiveMaximum", "minimum"}};
     for (int i = 0; i < 4; i++)
-        if (strcmp(only, flip[i][0]) == 0 && json_is_number(v))
+        if (strcmp(only, flip[i][0]) == 0 && is_num(v))
             return json_pack("{s:s,s:O}", "type", "number", flip[i][1], v);
     if (strcmp(only, "properties") == 0 && json_is_object(v) && json_object_size(v) == 1) {
         void *it = json_object_iter((json_t *)v);
@@ -3181,10 +3258,12 @@ static bool type_matches(const json_t *x, int bit)
     switch (bit) {
     case T_OBJECT: return json_is_object(x);
     case T_ARRAY: return json_is_array(x);
-    case T_STRING: return json_is_string(x);
-    case T_NUMBER: return json_is_number(x);
+    case T_STRING: return json_is_string(x) && !sw_json_big_text(x);
+    case T_NUMBER: return is_num(x);
     case T_INTEGER:
-        if (json_is_integer(x))
+        /* a marker with a fraction or an exponent is taken as no integer
+         * (an enum keeps fewer values: a narrowing) */
+        if (json_is_integer(x) || big_ok(x))
             return true;
         if (json_is_real(x)) {
             /* a whole number (1.0, 1e300) */
@@ -3365,9 +3444,18 @@ static int val_array(validator *v, const json_t *s, const json_t *x, size_t plen
     return SW_OK;
 }
 
+/* x mod m for a marker integer, exactly (0 < m < 2^59). */
+static int64_t big_mod(const char *t, int64_t m)
+{
+    int64_t r = 0;
+    for (const char *p = t + (t[0] == '-'); *p; p++)
+        r = (r * 10 + (*p - '0')) % m;
+    return r;
+}
+
 static int val_number(validator *v, const json_t *s, const json_t *x, size_t plen)
 {
-    double d = json_number_value(x);
+    double d = num_double(x);
     for (int lower = 0; lower < 2; lower++) {
         num_bound nb = bound_get(s, lower);
         if (!nb.v)
@@ -3380,11 +3468,20 @@ static int val_number(validator *v, const json_t *s, const json_t *x, size_t ple
     }
     const json_t *mo = json_object_get(s, "multipleOf");
     if (mo) {
+        if (sw_json_big_text(mo))
+            return val_fail(v, plen, SW_EUNSUPPORTED,
+                            "'multipleOf' past 64 bits is not supported");
         if (!json_is_number(mo) || json_number_value(mo) <= 0)
             return val_fail(v, plen, SW_EUNSUPPORTED, "'multipleOf' must be a positive number");
         bool ok = false;
         if (json_is_integer(mo) && json_is_integer(x)) {
             ok = json_integer_value(x) % json_integer_value(mo) == 0;
+        } else if (json_is_integer(mo) && big_ok(x) && json_integer_value(mo) < (1LL << 59)) {
+            ok = big_mod(sw_json_big_text(x), json_integer_value(mo)) == 0;
+        } else if (sw_json_big_text(x)) {
+            return val_fail(v, plen, SW_EUNSUPPORTED,
+                            "'multipleOf' of a number past 64 bits: only whole multiples below "
+                            "2^59 are checked");
         } else {
             /* in doubles 44.5988 / 0.0001 is 445987.99999999994: a
              * quotient this close to a whole number is taken as one */
@@ -3504,7 +3601,7 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
         return val_object(v, s, x, plen);
     if (json_is_array(x))
         return val_array(v, s, x, plen);
-    if (json_is_number(x))
+    if (is_num(x))
         return val_number(v, s, x, plen);
     if (json_is_string(x)) {
         int64_t lo, hi;

@@ -32,6 +32,7 @@
 #include "router/router-impl.h"
 
 #include "common/alloc.h"
+#include "common/json_big.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -443,8 +444,8 @@ static void jobs_post(rt_req *q, bool unused)
 {
     (void)unused;
     json_error_t je;
-    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
-                                 &je);
+    json_t *body = sw_json_loadb_big(q->body, q->body_len,
+                                     JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     json_t *request = json_object_get(body, "request");
     json_t *ep = json_object_get(body, "endpoint");
     json_t *dl = json_object_get(body, "deadline_ms");
@@ -485,7 +486,7 @@ int rt__jobs_accept_async(rt_req *q, bool chat)
     if (!rt->ledger || !rt->jobs || q->fd < 0 || q->responded)
         return -1;
     json_t *request =
-        sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
+        sw_json_loadb_big(q->body, q->body_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
     if (!json_is_object(request)) {
         json_decref(request);
         return -1;

@@ -13,6 +13,7 @@
 #include "worker/worker.h"
 
 #include "common/alloc.h"
+#include "common/json_big.h"
 #include "common/log.h"
 #include "common/textbuf.h"
 
@@ -729,9 +730,10 @@ static json_t *parse_body(rt_req *q)
     json_error_t jerr;
     /* \u0000 is JSON (the worker says where it may be); the first attempt
      * forwards the client's text, a resume the body re-serialized, which
-     * writes it back as \u0000 */
-    json_t *body = sw_json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
-                                 &jerr);
+     * writes it back as \u0000; a number past 64 bits is kept as a marker
+     * that sw_json_dumps writes back as the number (json_big.h) */
+    json_t *body = sw_json_loadb_big(q->body, q->body_len,
+                                     JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
     if (!body && sw_json_error_oom(&jerr)) {
         rt__send_error(q, 500, "internal_error", "out of memory reading the body", NULL, NULL);
         return NULL;
@@ -740,8 +742,8 @@ static json_t *parse_body(rt_req *q)
         char msg[256];
         snprintf(msg, sizeof msg,
                  "the body has a number outside what is supported exactly (integers within 64 "
-                 "bits, reals within a double's range) at line %d, column %d; write a larger "
-                 "bound as a real (1.8446744073709552e19)",
+                 "bits, reals within a double's range; 512 characters at most in a JSON "
+                 "schema) at line %d, column %d",
                  jerr.line, jerr.column);
         count(rt, &rt->rejected_bad);
         rt__send_error(q, 400, "invalid_request", msg, NULL, NULL);
@@ -751,6 +753,20 @@ static json_t *parse_body(rt_req *q)
         count(rt, &rt->rejected_bad);
         rt__send_error(q, 400, body ? "invalid_request" : "invalid_json",
                        body ? "the body must be a JSON object" : jerr.text, NULL, NULL);
+        json_decref(body);
+        return NULL;
+    }
+    /* a number past 64 bits is taken in a JSON schema only (json_big.h) */
+    const char *big_at = sw_json_big_field(body);
+    if (big_at) {
+        char msg[320];
+        snprintf(msg, sizeof msg,
+                 "'%.64s' has a number outside what is supported exactly (integers within 64 "
+                 "bits, reals within a double's range); such numbers are taken only in a JSON "
+                 "schema (response_format, a tool's parameters)",
+                 big_at);
+        count(rt, &rt->rejected_bad);
+        rt__send_error(q, 400, "invalid_request", msg, big_at, NULL);
         json_decref(body);
         return NULL;
     }

@@ -13,6 +13,7 @@
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
+#include "common/json_big.h"
 #include "common/log.h"
 #include "common/utf8.h"
 
@@ -910,9 +911,10 @@ static json_t *read_body(wk_server *s, struct evhttp_request *evreq, const char 
     json_t *body = NULL;
     bool oom = !data && len > 0; /* the pull-up into one piece failed */
     if (!oom) {
-        /* \u0000 is JSON: wk__parse_request says where it may be */
-        body = sw_json_loadb((const char *)data, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
-                             &jerr);
+        /* \u0000 is JSON, and so is a number past 64 bits:
+         * wk__parse_request says where either may be */
+        body = sw_json_loadb_big((const char *)data, len,
+                                 JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
         oom = !body && sw_json_error_oom(&jerr);
     }
     if (oom)
@@ -920,8 +922,8 @@ static json_t *read_body(wk_server *s, struct evhttp_request *evreq, const char 
     else if (!body && sw_json_error_number_range(&jerr))
         send_error(evreq, 400, "invalid_request", NULL, req_id,
                    "the body has a number outside what is supported exactly (integers within "
-                   "64 bits, reals within a double's range) at line %d, column %d; write a "
-                   "larger bound as a real (1.8446744073709552e19)",
+                   "64 bits, reals within a double's range; 512 characters at most in a "
+                   "JSON schema) at line %d, column %d",
                    jerr.line, jerr.column);
     else if (!body)
         send_error(evreq, 400, "invalid_json", NULL, req_id, "the body is not valid JSON: %s",

@@ -9,6 +9,7 @@
 
 #include "common/alloc.h"
 #include "common/chat_content.h"
+#include "common/json_big.h"
 #include "engine/gbnf.h"
 
 #include <errno.h>
@@ -569,8 +570,8 @@ static bool nul_free(json_t *v, bool schema, int depth)
     size_t i;
     if (depth > 256)
         return false; /* not from a body the parser took */
-    if (json_is_string(v))
-        return !memchr(json_string_value(v), 0, json_string_length(v));
+    if (json_is_string(v)) /* a number past 64 bits is no string (json_big.h) */
+        return sw_json_big_text(v) || !memchr(json_string_value(v), 0, json_string_length(v));
     json_array_foreach(v, i, e) {
         if (!nul_free(e, schema, depth + 1))
             return false;
@@ -635,6 +636,11 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
 
     if (!json_is_object(body))
         return bad(p, NULL, "the body must be a JSON object");
+    const char *big_at = sw_json_big_field(body);
+    if (big_at)
+        return bad(p, big_at, "'%.64s' has a number outside what is supported exactly (integers "
+                   "within 64 bits, reals within a double's range); such numbers are taken only "
+                   "in a JSON schema (response_format, a tool's parameters)", big_at);
     const char *nul_at = nul_field(body);
     if (nul_at)
         return bad(p, nul_at, "'%.64s' has a string with a NUL character (\\u0000): allowed only "

@@ -8,6 +8,7 @@
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
+#include "common/json_big.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,7 +124,7 @@ static json_t *tool_call_object(const wk_req *r, size_t index, const char *name,
  * 3) "parameters"} naming an offered tool; NULL otherwise. */
 static json_t *auto_call_from(const wk_req *r, size_t index, const char *p, size_t n)
 {
-    json_t *v = sw_json_loadb(p, n, 0, NULL);
+    json_t *v = sw_json_loadb_big(p, n, 0, NULL); /* a number past 64 bits: kept */
     json_t *out = NULL;
     const char *name = json_string_value(json_object_get(v, "name"));
     json_t *args = json_object_get(v, "arguments");
@@ -201,7 +202,7 @@ json_t *wk__forced_calls(const wk_req *r)
     size_t start = wk__forced_args_start(r->text, r->text_len, name, sizeof name);
     if (!start || r->text_len < start + 2 || r->text[r->text_len - 1] != '}')
         return NULL;
-    json_t *whole = sw_json_loadb(r->text, r->text_len, 0, NULL);
+    json_t *whole = sw_json_loadb_big(r->text, r->text_len, 0, NULL);
     bool ok = json_is_object(json_object_get(whole, "arguments"));
     json_decref(whole);
     if (!ok)

@@ -596,13 +596,15 @@ static void test_bad_requests(void **state)
     assert_non_null(json_object_get(ej, "param"));
     json_decref(okj);
     wc_response_free(&w);
-    /* an integer past 64 bits: the router's own typed 400 (never rounded) */
+    /* an integer past 64 bits outside a schema: the router's own typed
+     * 400 naming the field (never rounded) */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth,
                             "{\"prompt\":\"Hi\",\"max_tokens\":18446744073709551616}", &w),
                      0);
     assert_int_equal(w.status, 400);
     assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_request");
     assert_non_null(strstr(w.body, "64 bits"));
+    assert_non_null(strstr(w.body, "\"param\":\"max_tokens\""));
     wc_response_free(&w);
     /* the worker's 400 is relayed, never retried */
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", auth, "{\"prompt\":7}", &w), 0);
@@ -846,6 +848,29 @@ static void test_grammar_resumed(void **state)
                      0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
+    /* a schema with bounds past 64 bits passes through the router to the
+     * worker (here the CPU one, not resumed; a resume's re-serialized body
+     * writes the numbers back: sw_json_dumps, checked in test_json_schema) */
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"Once\",\"max_tokens\":40,\"stream\":true,\"seed\":5,"
+                            "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                            "\"name\":\"n\",\"schema\":{\"type\":\"integer\",\"minimum\":"
+                            "18446744073709551616,\"maximum\":100000000000000000000000}}}}",
+                            &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    assert_true(wc_tokens_of(&w, true, toks, MAXTOK, &text, finish, sizeof finish) > 0);
+    assert_string_equal(finish, "stop");
+    size_t n = strlen(text);
+    if (strspn(text, "0123456789") != n || n < 20 || n > 24 || text[0] == '0' ||
+        (n == 20 && strcmp(text, "18446744073709551616") < 0) ||
+        (n == 24 && strcmp(text, "100000000000000000000000") > 0))
+        fail_msg("outside [2^64, 10^23]: '%s'", text);
+    sw_free(text);
+    wc_response_free(&w);
+    ev = rh_events(&r);
+    print_message("  bounds past 64 bits: %zu failover event(s) so far\n", json_array_size(ev));
+    json_decref(ev);
     rh_finish(&r);
 }
 

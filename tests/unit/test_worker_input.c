@@ -92,15 +92,21 @@ static const bad_case cases[] = {
      "{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
      "\"name\":\"n\",\"schema\":{\"type\":\"string\",\"format\":\"date\\u0000\"}}}}", 400,
      "invalid_request", "response_format"},
-    /* numbers jansson cannot hold exactly: a typed 400, never rounded */
+    /* numbers jansson cannot hold exactly: outside a schema a typed 400
+     * naming the field, never rounded; in a schema, a real past a double
+     * in a bound is refused (an integer is exact: test_worker_bignum) */
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":99999999999999999999}", 400,
-     "invalid_request", NULL},
+     "invalid_request", "max_tokens"},
     {"POST", "/v1/completions",
      "{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
-     "\"name\":\"n\",\"schema\":{\"type\":\"integer\",\"maximum\":-18446744073709551616}}}}",
-     400, "invalid_request", NULL},
+     "\"name\":\"n\",\"schema\":{\"type\":\"integer\",\"maximum\":-1e400}}}}",
+     400, "unsupported_schema", "response_format"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"temperature\":1e400}", 400,
-     "invalid_request", NULL},
+     "invalid_request", "temperature"},
+    {"POST", "/v1/completions",
+     "{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+     "\"name\":18446744073709551616,\"schema\":{\"type\":\"integer\"}}}}",
+     400, "invalid_request", "response_format"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":50}", 400, "invalid_request",
      "logprobs"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"seed\":\"x\"}", 400, "invalid_request", "seed"},

@@ -158,7 +158,10 @@ static bool exchange(int fd, const uint8_t *in, size_t in_len, char **out, size_
         shutdown(fd, SHUT_WR);
     for (;;) {
         struct pollfd p = {fd, (short)(POLLIN | (sent < in_len ? POLLOUT : 0)), 0};
-        if (poll(&p, 1, 10000) <= 0)
+        int ready = poll(&p, 1, 10000);
+        if (ready < 0 && errno == EINTR)
+            continue; /* libFuzzer's alarm: its signal ends a poll early */
+        if (ready <= 0)
             break; /* the router holds a request for at most http-timeout */
         if ((p.revents & POLLOUT) && sent < in_len) {
             ssize_t w = send(fd, in + sent, in_len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);

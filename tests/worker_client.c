@@ -208,10 +208,12 @@ int wc_connect(const char *socket_path, int timeout_ms)
     return fd;
 }
 
+/* To a socket: a peer that closed first is an error (EPIPE), never the
+ * test process's death by SIGPIPE. */
 static int write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)

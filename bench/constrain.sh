@@ -15,5 +15,5 @@ vocab=${VOCAB:-$here/../../shared/vocab/ggml-vocab-qwen2.gguf}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cc -O2 -std=c11 -o "$work/constrain_bench" "$here/constrain_bench.c" -I"$here/../src" \
-  "$build/libspillway_core.a" -ljansson -lm -lpthread
+  $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
 "$work/constrain_bench" "$vocab" "$here/k8s_deployment.schema.json" "${WALKS:-20}" "${TOKENS:-3000}"

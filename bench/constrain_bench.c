@@ -14,12 +14,12 @@
  * mean, median, 90th, 99th percentile and the worst.
  */
 #include "common/alloc.h"
-#include "engine/constrain.h"
-#include "engine/gbnf.h"
+#include "grammar/constrain.h"
+#include "grammar/gbnf.h"
 #include "engine/generate.h"
-#include "engine/gguf.h"
-#include "engine/json_schema.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "grammar/json_schema.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -38,7 +38,7 @@ cc -O2 -o "$work/crosscheck_llamacpp" "$here/crosscheck_llamacpp.c" -I"$ref_src/
   -I"$ref_src/ggml/include" -L"$ref_bin" -lllama -lggml -lggml-base -ljansson -lm \
   -Wl,-rpath,"$ref_bin"
 cc -O2 -o "$work/dequantize_gguf" "$here/dequantize_gguf.c" -I"$here/../src" \
-  "$build/libspillway_core.a" -ljansson -lm -lpthread
+  $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
 xc="$work/crosscheck_llamacpp"
 prompt="Once upon a time there was a little"
 

@@ -6,10 +6,10 @@
  * arithmetic can be told apart from their distance to each other.
  *
  *   dequantize_gguf IN.gguf OUT.gguf
- * Built by bench/crosscheck.sh against build/libspillway_core.a. */
+ * Built by bench/crosscheck.sh against the room libraries of build/ (build/spillway-libs.txt). */
 #include "common/alloc.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
 
 #include <stdio.h>
 #include <string.h>

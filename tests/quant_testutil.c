@@ -5,9 +5,9 @@
 
 #include "common/alloc.h"
 #include "device/cpu/cpu_kernels.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/model.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>

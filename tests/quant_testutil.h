@@ -3,7 +3,7 @@
  * Q3_K, Q2_K, IQ4_XS, IQ4_NL) and of made models (test_model_make.c), so
  * that each check is written once.
  *
- * Expected values stay independent of engine/quant.c: the random numbers
+ * Expected values stay independent of quant/quant.c: the random numbers
  * and the half decoder are written here from their definitions; the
  * matmul check compares the kernels against the scalar reference with a
  * tolerance the caller computes from its own block decoder.
@@ -11,7 +11,7 @@
 #ifndef SPILLWAY_QUANT_TESTUTIL_H
 #define SPILLWAY_QUANT_TESTUTIL_H
 
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -4,7 +4,7 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 

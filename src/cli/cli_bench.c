@@ -19,7 +19,7 @@
 #include "device/cpu/threadpool.h"
 #include "engine/generate.h"
 #include "engine/model.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <getopt.h>

@@ -16,13 +16,13 @@
  * workers as is). Figures, not a test: nothing here judges speed.
  */
 #include "cli/cli.h"
-#include "cli/drill_impl.h"
+#include "drill/drill_impl.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
 #include "device/device.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -11,12 +11,12 @@
  * docs/drill.md is the user's guide.
  */
 #include "cli/cli.h"
-#include "cli/drill_impl.h"
+#include "drill/drill_impl.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
 #include "device/device.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 #include "router/router.h"
 
 #include <getopt.h>

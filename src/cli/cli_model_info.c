@@ -8,8 +8,8 @@
 #include "cli/cli.h"
 
 #include "common/alloc.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
 
 #include <inttypes.h>
 #include <jansson.h>

@@ -1,12 +1,12 @@
 /* cli_model_make.c - `spillway model make`: writes a synthetic GGUF of the
  * llama family
- * (engine/model_make.h) for tests, CI and the demo, so nobody needs to
+ * (modelgen/model_make.h) for tests, CI and the demo, so nobody needs to
  * download a model to try spillway. A preset (default tiny) is applied
  * first, then the shape options override it, whatever their order. */
 #include "cli/cli.h"
 
-#include "engine/model_make.h"
-#include "engine/quant.h"
+#include "modelgen/model_make.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -5,18 +5,18 @@
  * record instead (tokens, counts, speeds, and with --top-logprobs each step's
  * K most likely tokens with their natural-log probabilities).
  * --json-schema FILE constrains the output to JSON valid under the schema
- * in FILE (engine/constrain.h), as the worker's response_format does.
+ * in FILE (grammar/constrain.h), as the worker's response_format does.
  */
 #include "cli/cli.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
 #include "device/device.h"
-#include "engine/constrain.h"
+#include "grammar/constrain.h"
 #include "engine/generate.h"
-#include "engine/json_schema.h"
+#include "grammar/json_schema.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <getopt.h>
 #include <jansson.h>

@@ -2,6 +2,7 @@
  * wk_options and runs the worker (src/worker). */
 #include "cli/cli.h"
 
+#include "api/api.h"
 #include "worker/worker.h"
 
 #include <getopt.h>
@@ -162,7 +163,7 @@ int cli_worker_main(int argc, char **argv)
         return 2;
     }
     if (o.model_id && (!o.model_id[0] || strlen(o.model_id) >= 256 ||
-                       !wk_model_id_valid(o.model_id, strlen(o.model_id)))) {
+                       !api_model_id_valid(o.model_id, strlen(o.model_id)))) {
         fprintf(stderr, "spillway worker: --model-id: 1..255 bytes of printable UTF-8\n");
         return 2;
     }

@@ -21,15 +21,15 @@
  * Nothing here allocates: every buffer is in the context's workspace.
  *
  * On a cuda:N device the layers placed there run on the GPU instead
- * (device/cuda/cuda_ops.h): the hidden state goes to the GPU after the
+ * (engine/forward_cuda.h): the hidden state goes to the GPU after the
  * embedding and comes back before the first CPU layer; in the full profile
  * the output head runs there too. The CPU path is the same either way.
  */
 #include "engine/model-impl.h"
 
 #include "device/cpu/cpu_kernels.h"
-#include "device/cuda/cuda_ops.h"
-#include "engine/quant.h"
+#include "engine/forward_cuda.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <string.h>

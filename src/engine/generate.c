@@ -1,7 +1,7 @@
 /* generate.c - see generate.h. */
 #include "engine/generate.h"
 
-#include "engine/constrain.h"
+#include "grammar/constrain.h"
 
 #include "common/alloc.h"
 #include "device/fault.h"
@@ -54,6 +54,34 @@ static int32_t top_k_logprobs(const float *logprobs, int32_t n_vocab, int32_t k,
         top[at].logprob = lp;
     }
     return n;
+}
+
+int eng_constraint_sample(eng_constraint *c, eng_sampler *s, float *logits, int32_t n_logits,
+                          const int32_t *history, size_t n_history, int64_t remaining_tokens,
+                          int32_t *token_out, bool *is_end, sw_error *err)
+{
+    uint32_t *mask = eng_constraint_mask_buffer(c);
+    int32_t n_tokens = eng_constraint_n_tokens(c);
+    int32_t allowed = eng_constraint_mask(c, remaining_tokens, mask);
+    if (allowed == 0)
+        return sw_error_set(err, SW_EINVAL,
+                            "no token can continue the constrained output within the budget");
+    eng_sampler_mask_logits(logits, n_logits, mask, n_tokens);
+    int32_t tok = eng_sampler_sample(s, logits, history, n_history);
+    if (tok < 0 || tok >= n_tokens || !(mask[tok >> 5] >> (tok & 31) & 1u)) {
+        /* Only possible with non-finite logits everywhere: the first
+         * allowed token keeps the output valid. */
+        for (tok = 0; tok < n_tokens; tok++)
+            if (mask[tok >> 5] >> (tok & 31) & 1u)
+                break;
+    }
+    bool end = eng_constraint_is_end_token(c, tok);
+    if (!eng_constraint_accept_token(c, tok))
+        return sw_error_set(err, SW_EINTERNAL, "an allowed token was refused by the automaton");
+    *token_out = tok;
+    if (is_end)
+        *is_end = end;
+    return SW_OK;
 }
 
 int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,

@@ -14,6 +14,7 @@
 
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "grammar/constrain.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,7 +30,7 @@ typedef struct eng_generate_params {
     int32_t replay_tokens;        /* resume: the last replay_tokens of the prompt were
                                      generated before; they are decoded one by one */
     int32_t seq_id;               /* which sequence of the context */
-    /* Constrained decoding (engine/constrain.h), or NULL: each token is
+    /* Constrained decoding (grammar/constrain.h), or NULL: each token is
      * drawn under the constraint's mask (still one sampler draw) and fed to
      * it; generation ends when the value is closed or an end token comes.
      * The caller owns it and has fed it the replayed tokens of a resume. */
@@ -77,5 +78,16 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
 
 /* Monotonic clock in seconds. */
 double eng_now_seconds(void);
+
+/* One constrained step (grammar/constrain.h): */
+/* Masks logits (disallowed ids -> -inf), samples with one draw of the
+ * sampler (so counter-based resume stays exact), and feeds the token.
+ * *token_out receives it; *is_end tells an end token (nothing fed).
+ * SW_EINVAL when nothing is allowed (the budget is below the value's
+ * minimum), SW_EINTERNAL if the sampler picked a masked token (cannot
+ * happen with finite logits; the first allowed token is then used). */
+int eng_constraint_sample(eng_constraint *c, eng_sampler *s, float *logits, int32_t n_logits,
+                          const int32_t *history, size_t n_history, int64_t remaining_tokens,
+                          int32_t *token_out, bool *is_end, sw_error *err);
 
 #endif

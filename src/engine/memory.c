@@ -9,9 +9,9 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "device/cuda/cuda_ops.h"
+#include "engine/forward_cuda.h"
 #include "device/device.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <string.h>

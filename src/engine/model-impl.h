@@ -133,7 +133,7 @@ struct eng_context {
     /* cuda:N with device layers: the workspace above stays in host memory
      * (the embedding and the CPU layers use it) and the GPU's activations
      * live in device_workspace, a VRAM allocation of the same layout; cuda
-     * is the GPU side's state (device/cuda/cuda_ops.c). NULL otherwise. */
+     * is the GPU side's state (engine/forward_cuda.c). NULL otherwise. */
     unsigned char *device_workspace;
     struct cuda_engine *cuda;
     float rope_theta_scale;     /* base^(-2 / n_rot) */

@@ -6,7 +6,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>

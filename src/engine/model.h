@@ -15,8 +15,8 @@
 #define SPILLWAY_ENGINE_MODEL_H
 
 #include "common/error.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -2,7 +2,7 @@
 #include "engine/plan.h"
 
 #include "engine/model-impl.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <string.h>
 

@@ -48,8 +48,8 @@
 #include "common/alloc.h"
 #include "ledger/ledger.h"
 
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
+#include "chat/chat_template.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -18,8 +18,8 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "engine/gguf.h"
-#include "worker/worker.h"
+#include "gguf/gguf.h"
+#include "api/api.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -160,7 +160,7 @@ static void on_signal(int sig)
 
 /* Every model's tokenizer and chat family, for counting prompts; the id
  * of a [model] section without a name from the file, as its workers take
- * it (wk_model_id). */
+ * it (api_model_id). */
 static int load_models(rt_router *rt, const rt_config *c)
 {
     rt->route_by_model = !c->legacy_model;
@@ -182,7 +182,7 @@ static int load_models(rt_router *rt, const rt_config *c)
             return -1;
         }
         if (!m->cfg.name[0])
-            wk_model_id(gg, m->cfg.path, m->cfg.name, sizeof m->cfg.name);
+            api_model_id(gg, m->cfg.path, m->cfg.name, sizeof m->cfg.name);
         eng_gguf_close(gg);
         rt->n_models = i + 1;
     }

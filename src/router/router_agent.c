@@ -34,7 +34,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/utf8.h"
-#include "engine/json_schema.h"
+#include "grammar/json_schema.h"
 
 #include <stdio.h>
 #include <stdlib.h>

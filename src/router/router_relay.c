@@ -10,7 +10,7 @@
 #include "router/router_failover.h"
 #include "router/router_net.h"
 #include "router/router_queue.h"
-#include "worker/worker.h"
+#include "api/api.h"
 
 #include "common/alloc.h"
 #include "common/json_big.h"
@@ -76,7 +76,7 @@ static long count_prompt(const rt_model *m, json_t *body, bool chat)
     json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0 || json_array_size(msgs) > 100000)
         return -1;
-    if (wk_chat_prompt_tokens(m->tok, m->family, body, &n) == SW_OK)
+    if (api_chat_prompt_tokens(m->tok, m->family, body, &n) == SW_OK)
         result = (long)n;
     return result;
 }

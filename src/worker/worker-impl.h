@@ -14,14 +14,15 @@
 #define SPILLWAY_WORKER_IMPL_H
 
 #include "common/alloc.h"
+#include "api/api.h"
 #include "device/device.h"
-#include "engine/chat_template.h"
-#include "engine/constrain.h"
+#include "chat/chat_template.h"
+#include "grammar/constrain.h"
 #include "engine/generate.h"
-#include "engine/json_schema.h"
+#include "grammar/json_schema.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 #include "worker/worker.h"
 
 #include <jansson.h>
@@ -240,12 +241,7 @@ void wk_http_wake(wk_server *s);
 /* worker_request.c */
 /* Why a body was refused: the HTTP status (0 = 400), the error code (NULL =
  * invalid_request), the parameter at fault and the message. */
-typedef struct wk_parse_error {
-    char msg[512];
-    const char *param;
-    int status;
-    const char *code;
-} wk_parse_error;
+typedef api_error wk_parse_error; /* api.h */
 /* Fills r from a completions (chat false) or chat body; false with *p set
  * when the body is refused. What r holds is freed by wk_req_free either way. */
 bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_parse_error *p);

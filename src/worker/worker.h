@@ -15,9 +15,9 @@
 #ifndef SPILLWAY_WORKER_WORKER_H
 #define SPILLWAY_WORKER_WORKER_H
 
-#include "engine/chat_template.h"
+#include "chat/chat_template.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 
@@ -49,7 +49,7 @@ typedef struct wk_options {
     int http_timeout_s;          /* read/write time-out per connection (30) */
     const char *chat_template;   /* family name overriding detection, or NULL */
     const char *model_id;        /* the id it answers to (--model-id), or NULL:
-                                    wk_model_id's */
+                                    api_model_id's */
     bool skip_calibration;       /* true: no start-up measurement of the rates
                                     (--no-calibrate); /health has none until
                                     traffic measures them */
@@ -63,21 +63,5 @@ wk_options wk_default_options(void);
  * "spillway worker: listening on <address>" on stdout once the socket is
  * bound (the actual port when port 0 was asked for). */
 int wk_serve(const wk_options *opts);
-
-/* A model's id when none is given: the file's general.name, else the
- * file name of path, else "model" (each only when it is 1..cap-1 bytes of
- * printable UTF-8); also the router's for a [model] section without a
- * name. */
-void wk_model_id(const eng_gguf *gg, const char *path, char *out, size_t cap);
-/* Whether p (n bytes) can be a model id: printable UTF-8. */
-bool wk_model_id_valid(const char *p, size_t n);
-
-/* How many prompt tokens a worker with this tokenizer and chat family
- * renders a /v1/chat/completions body to (template, tool definitions,
- * tool calls and results, content parts: the worker's own code), for the
- * router's admission. SW_OK and *n_tokens; SW_EINVAL when the worker would
- * refuse the body (it then answers with the reason); SW_ENOMEM. */
-int wk_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
-                          size_t *n_tokens);
 
 #endif

@@ -620,38 +620,6 @@ static bool step(wk_server *s, ev_list *l)
     return !fatal && !s->device_error_seen;
 }
 
-/* A model id goes into every JSON response: printable, valid UTF-8. */
-bool wk_model_id_valid(const char *p, size_t n)
-{
-    json_t *j = json_stringn(p, n);
-    bool ok = j != NULL;
-    json_decref(j);
-    for (size_t i = 0; ok && i < n; i++)
-        ok = (unsigned char)p[i] >= 0x20 && p[i] != 0x7f;
-    return ok;
-}
-
-void wk_model_id(const eng_gguf *gg, const char *path, char *out, size_t cap)
-{
-    const char *name = NULL;
-    size_t name_len = 0;
-    if (!gg || eng_gguf_get_str(gg, "general.name", &name, &name_len, NULL) || name_len == 0 ||
-        name_len >= cap || !wk_model_id_valid(name, name_len)) {
-        const char *base = strrchr(path, '/');
-        name = base ? base + 1 : path;
-        name_len = strlen(name);
-        if (name_len >= cap || !wk_model_id_valid(name, name_len)) {
-            name = "model";
-            name_len = strlen(name);
-        }
-    }
-    if (name_len >= cap)
-        name_len = cap ? cap - 1 : 0;
-    memcpy(out, name, name_len);
-    if (cap)
-        out[name_len] = '\0';
-}
-
 static int load(wk_server *s, sw_error *err)
 {
     int rc;
@@ -687,7 +655,7 @@ static int load(wk_server *s, sw_error *err)
     if (s->o.model_id)
         snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else
-        wk_model_id(eng_model_gguf(s->model), s->o.model_path, s->model_id, sizeof s->model_id);
+        api_model_id(eng_model_gguf(s->model), s->o.model_path, s->model_id, sizeof s->model_id);
     s->tok = eng_model_tokenizer(s->model);
     if ((rc = eng_cs_vocab_create(s->tok, &s->cs_vocab, err)))
         return rc;

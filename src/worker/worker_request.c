@@ -8,9 +8,8 @@
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
-#include "common/chat_content.h"
 #include "common/json_big.h"
-#include "engine/gbnf.h"
+#include "grammar/gbnf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -23,23 +22,6 @@
 #define WK_MAX_STOPS 16
 #define WK_MAX_STOP_BYTES 256
 #define WK_MAX_LOGIT_BIAS 1024
-static bool bad(wk_parse_error *p, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static bool bad(wk_parse_error *p, const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(p->msg, sizeof p->msg, fmt, ap);
-    va_end(ap);
-    p->param = param;
-    if (!p->status) {
-        p->status = 400;
-        p->code = "invalid_request";
-    }
-    return false;
-}
-
 static bool get_number(wk_parse_error *p, json_t *body, const char *key, double lo, double hi,
                        double *out)
 {
@@ -47,10 +29,10 @@ static bool get_number(wk_parse_error *p, json_t *body, const char *key, double 
     if (!v || json_is_null(v))
         return true;
     if (!json_is_number(v))
-        return bad(p, key, "'%s' must be a number", key);
+        return api_bad(p, key, "'%s' must be a number", key);
     double d = json_number_value(v);
     if (!isfinite(d) || d < lo || d > hi)
-        return bad(p, key, "'%s' must be between %g and %g", key, lo, hi);
+        return api_bad(p, key, "'%s' must be between %g and %g", key, lo, hi);
     *out = d;
     return true;
 }
@@ -62,10 +44,10 @@ static bool get_int(wk_parse_error *p, json_t *body, const char *key, json_int_t
     if (!v || json_is_null(v))
         return true;
     if (!json_is_integer(v))
-        return bad(p, key, "'%s' must be an integer", key);
+        return api_bad(p, key, "'%s' must be an integer", key);
     json_int_t i = json_integer_value(v);
     if (i < lo || i > hi)
-        return bad(p, key, "'%s' must be between %lld and %lld", key, (long long)lo,
+        return api_bad(p, key, "'%s' must be between %lld and %lld", key, (long long)lo,
                    (long long)hi);
     *out = i;
     return true;
@@ -77,122 +59,23 @@ static bool get_bool(wk_parse_error *p, json_t *body, const char *key, bool *out
     if (!v || json_is_null(v))
         return true;
     if (!json_is_boolean(v))
-        return bad(p, key, "'%s' must be true or false", key);
+        return api_bad(p, key, "'%s' must be true or false", key);
     *out = json_is_true(v);
     return true;
 }
 
-/* The tool parts of message i: tool_calls of an assistant message, the
- * tool_call_id of a tool message. calls (n entries) is filled; strings
- * point into the body. */
-static bool message_tools(json_t *m, size_t i, const char *role, eng_chat_message_tools *x,
-                          eng_chat_tool_call **calls_out, wk_parse_error *p)
-{
-    json_t *tc = json_object_get(m, "tool_calls");
-    json_t *id = json_object_get(m, "tool_call_id");
-    if (strcmp(role, "tool") == 0) {
-        if (!json_is_string(id))
-            return bad(p, "messages", "messages[%zu] (tool) needs a string 'tool_call_id'", i);
-        x->tool_call_id = json_string_value(id);
-    }
-    if (!tc || json_is_null(tc))
-        return true;
-    if (strcmp(role, "assistant") != 0)
-        return bad(p, "messages", "messages[%zu]: only assistant messages have 'tool_calls'", i);
-    size_t n = json_array_size(tc);
-    if (!json_is_array(tc) || n > 64)
-        return bad(p, "messages", "messages[%zu].tool_calls must be an array (at most 64)", i);
-    if (n == 0)
-        return true;
-    eng_chat_tool_call *calls = sw_calloc(n, sizeof *calls);
-    if (!calls)
-        return bad(p, NULL, "out of memory");
-    *calls_out = calls;
-    for (size_t k = 0; k < n; k++) {
-        json_t *c = json_array_get(tc, k);
-        json_t *fn = json_object_get(c, "function");
-        json_t *type = json_object_get(c, "type");
-        json_t *cid = json_object_get(c, "id");
-        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
-        if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(name) ||
-            !json_is_string(args) || (type && strcmp(json_string_value(type) ? json_string_value(type) : "", "function") != 0) ||
-            (cid && !json_is_string(cid)))
-            return bad(p, "messages",
-                       "messages[%zu].tool_calls[%zu] must be {\"id\": string, \"type\": "
-                       "\"function\", \"function\": {\"name\": string, \"arguments\": "
-                       "string}}", i, k);
-        calls[k].id = json_string_value(cid);
-        calls[k].name = json_string_value(name);
-        calls[k].arguments = json_string_value(args);
-    }
-    x->calls = calls;
-    x->n_calls = n;
-    return true;
-}
-
-/* The chat prompt in the model's own template family (chat_template.h),
- * tokenized so that only the template's text can produce control tokens.
- * Allocates *ids (sw_free). */
+/* The chat prompt in the model's own template family (api.h), and the
+ * family's end-of-turn markers as stop tokens or strings. Allocates *ids
+ * (sw_free). */
 static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text, wk_req *r,
                           wk_parse_error *p, int32_t **ids, size_t *n_ids)
 {
-    size_t n = json_array_size(messages);
-    eng_chat_message *msgs = sw_calloc(n, sizeof *msgs);
-    eng_chat_message_tools *ext = sw_calloc(n, sizeof *ext);
-    eng_chat_tool_call **calls = sw_calloc(n, sizeof *calls);
-    char **joined = sw_calloc(n, sizeof *joined); /* content given as parts */
-    char *text = NULL;
-    size_t len = 0, n_seg = 0;
-    eng_chat_segment *seg = NULL;
-    sw_error err;
-    bool ok = false;
-
-    if (!msgs || !ext || !calls || !joined) {
-        bad(p, NULL, "out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(messages, i);
-        json_t *jr = json_object_get(m, "role"), *jc = json_object_get(m, "content");
-        if (!json_is_object(m) || !json_is_string(jr)) {
-            bad(p, "messages", "messages[%zu] must be an object with a string 'role'", i);
-            goto done;
-        }
-        msgs[i].role = json_string_value(jr);
-        if (json_is_string(jc)) {
-            msgs[i].content = json_string_value(jc);
-        } else if ((!jc || json_is_null(jc)) && strcmp(msgs[i].role, "assistant") == 0) {
-            msgs[i].content = "";
-        } else if (json_is_array(jc)) {
-            char why[160];
-            int rc = sw_chat_content_text(jc, &joined[i], why, sizeof why);
-            if (rc == SW_ENOMEM) {
-                bad(p, NULL, "out of memory");
-                goto done;
-            }
-            if (rc != SW_OK) {
-                bad(p, "messages", "messages[%zu]: %s", i, why);
-                goto done;
-            }
-            msgs[i].content = joined[i];
-        } else {
-            bad(p, "messages", "messages[%zu].content must be a string or an array of text parts",
-                i);
-            goto done;
-        }
-        if (!message_tools(m, i, msgs[i].role, &ext[i], &calls[i], p))
-            goto done;
-    }
-    if (eng_chat_render_tools(s->chat_family, msgs, ext, n, tools_text, true, &text, &len, &seg,
-                              &n_seg, &err)) {
-        bad(p, "messages", "%s", err.message);
-        goto done;
-    }
-    bool add_bos = eng_chat_tokenize_add_bos(s->chat_family, eng_tokenizer_add_bos(s->tok));
-    if (eng_chat_tokenize(s->tok, text, len, seg, n_seg, add_bos, ids, n_ids, &err)) {
-        bad(p, "messages", "cannot tokenize the prompt: %s", err.message);
-        goto done;
-    }
+    api_chat_messages m;
+    bool ok = api_chat_messages_parse(messages, &m, p) &&
+              api_chat_tokenize(s->tok, s->chat_family, &m, tools_text, ids, n_ids, p);
+    api_chat_messages_free(&m);
+    if (!ok)
+        return false;
     /* The family's end-of-turn markers: a token when the vocabulary has
      * one, else a stop string. */
     const char *stops[ENG_CHAT_MAX_STOP_STRINGS];
@@ -204,49 +87,24 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
         else if (id < 0 && r->n_stops < WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS) {
             /* a NULL entry would reach strlen in the stop check */
             if (!(r->stops[r->n_stops] = sw_strdup(stops[i]))) {
-                bad(p, NULL, "out of memory");
                 sw_free(*ids);
                 *ids = NULL;
-                goto done;
+                return api_bad(p, NULL, "out of memory");
             }
             r->n_stops++;
         }
     }
-    ok = true;
-done:
-    for (size_t i = 0; calls && i < n; i++)
-        sw_free(calls[i]);
-    for (size_t i = 0; joined && i < n; i++)
-        sw_free(joined[i]);
-    sw_free(joined);
-    sw_free(calls);
-    sw_free(ext);
-    sw_free(msgs);
-    sw_free(text);
-    sw_free(seg);
-    return ok;
+    return true;
 }
 
 /* ---- tools, tool_choice, response_format ------------------------------- */
-
-static bool valid_tool_name(const char *n)
-{
-    size_t len = strlen(n);
-    if (len == 0 || len > 64)
-        return false;
-    for (const char *c = n; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-              *c == '_' || *c == '-'))
-            return false;
-    return true;
-}
 
 /* A schema compile error as a 400. */
 static bool bad_schema(wk_parse_error *p, const char *param, int rc, const sw_error *err)
 {
     p->status = 400;
     p->code = rc == SW_EUNSUPPORTED ? "unsupported_schema" : "invalid_request";
-    return bad(p, param, "%s", err->message);
+    return api_bad(p, param, "%s", err->message);
 }
 
 /* Sets r->output, r->grammar and r->tool_names from tools, tool_choice and
@@ -254,110 +112,33 @@ static bool bad_schema(wk_parse_error *p, const char *param, int rc, const sw_er
  * in the prompt (NULL: none). */
 static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, char **tools_text)
 {
-    json_t *tools = json_object_get(body, "tools");
-    json_t *choice = json_object_get(body, "tool_choice");
     json_t *rf = json_object_get(body, "response_format");
-    eng_grammar_tool gt[64];
-    size_t n_tools = 0, text_len = 0;
+    eng_grammar_tool gt[API_MAX_TOOLS];
+    api_tools t;
     sw_error err;
     int rc;
 
     *tools_text = NULL;
     r->output = WK_OUT_TEXT;
-    if (tools && !json_is_null(tools)) {
-        if (!chat)
-            return bad(p, "tools", "'tools' needs /v1/chat/completions");
-        n_tools = json_array_size(tools);
-        if (!json_is_array(tools) || n_tools == 0 || n_tools > 64)
-            return bad(p, "tools", "'tools' must be an array of 1 to 64 tools");
-        r->tool_names = sw_calloc(n_tools, sizeof *r->tool_names);
-        char **defs = sw_calloc(n_tools, sizeof *defs);
-        if (!r->tool_names || !defs) {
-            sw_free(defs);
-            return bad(p, NULL, "out of memory");
-        }
-        bool ok = true;
-        for (size_t i = 0; ok && i < n_tools; i++) {
-            json_t *t = json_array_get(tools, i);
-            json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
-            json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
-            json_t *desc = json_object_get(fn, "description"), *strict = json_object_get(fn, "strict");
-            if (!json_is_object(t) || !json_is_string(type) ||
-                strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn)) {
-                ok = bad(p, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": "
-                         "{...}}", i);
-            } else if (!json_is_string(name) || !valid_tool_name(json_string_value(name))) {
-                ok = bad(p, "tools", "tools[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, "
-                         "_ and -", i);
-            } else if ((params && !json_is_object(params) && !json_is_null(params)) ||
-                       (desc && !json_is_string(desc) && !json_is_null(desc)) ||
-                       (strict && !json_is_boolean(strict) && !json_is_null(strict))) {
-                ok = bad(p, "tools", "tools[%zu].function: 'parameters' must be an object, "
-                         "'description' a string, 'strict' a boolean", i);
-            } else if (wk__tool_known(r, json_string_value(name))) {
-                ok = bad(p, "tools", "tools[%zu]: the name '%s' is used twice", i,
-                         json_string_value(name));
-            } else if (!(r->tool_names[r->n_tools] = sw_strdup(json_string_value(name)))) {
-                ok = bad(p, NULL, "out of memory");
-            } else if (r->n_tools++, !(defs[i] = sw_json_dumps(t, JSON_COMPACT))) {
-                ok = bad(p, NULL, "out of memory"); /* the name is freed with r */
-            } else {
-                gt[i].name = json_string_value(name);
-                gt[i].parameters = json_is_object(params) ? params : NULL;
-                text_len += strlen(defs[i]) + 1;
-            }
-        }
-        if (ok && (*tools_text = sw_malloc(text_len + 1)) != NULL) {
-            size_t at = 0;
-            for (size_t i = 0; i < n_tools; i++) {
-                size_t l = strlen(defs[i]);
-                memcpy(*tools_text + at, defs[i], l);
-                at += l;
-                (*tools_text)[at++] = '\n';
-            }
-            (*tools_text)[at] = '\0';
-        } else if (ok) {
-            ok = bad(p, NULL, "out of memory");
-        }
-        for (size_t i = 0; i < n_tools; i++)
-            free(defs[i]);
-        sw_free(defs);
-        if (!ok)
-            return false;
+    if (!api_tools_parse(body, chat, &t, p)) {
+        api_tools_free(&t);
+        return false;
     }
-
-    /* tool_choice: "none", "auto" (the default with tools), "required", or
-     * {"type": "function", "function": {"name": ...}}. */
-    enum { CHOICE_NONE, CHOICE_AUTO, CHOICE_REQUIRED, CHOICE_NAMED } mode =
-        n_tools ? CHOICE_AUTO : CHOICE_NONE;
-    size_t named = 0;
-    if (choice && !json_is_null(choice)) {
-        if (!n_tools)
-            return bad(p, "tool_choice", "'tool_choice' needs 'tools'");
-        const char *cs = json_string_value(choice);
-        json_t *cname = json_object_get(json_object_get(choice, "function"), "name");
-        if (cs && strcmp(cs, "none") == 0) {
-            mode = CHOICE_NONE;
-        } else if (cs && strcmp(cs, "auto") == 0) {
-            mode = CHOICE_AUTO;
-        } else if (cs && strcmp(cs, "required") == 0) {
-            mode = CHOICE_REQUIRED;
-        } else if (json_is_object(choice) &&
-                   json_is_string(json_object_get(choice, "type")) &&
-                   strcmp(json_string_value(json_object_get(choice, "type")), "function") == 0 &&
-                   json_is_string(cname)) {
-            mode = CHOICE_NAMED;
-            while (named < r->n_tools && strcmp(r->tool_names[named], json_string_value(cname)))
-                named++;
-            if (named == r->n_tools)
-                return bad(p, "tool_choice", "tool_choice names '%.64s', which is not in 'tools'",
-                           json_string_value(cname));
-        } else {
-            return bad(p, "tool_choice", "'tool_choice' must be \"none\", \"auto\", "
-                       "\"required\" or {\"type\": \"function\", \"function\": {\"name\": "
-                       "...}}");
-        }
+    if (t.n && !(r->tool_names = sw_calloc(t.n, sizeof *r->tool_names))) {
+        api_tools_free(&t);
+        return api_bad(p, NULL, "out of memory");
     }
+    for (size_t i = 0; i < t.n; i++) {
+        if (!(r->tool_names[i] = sw_strdup(t.names[i]))) {
+            api_tools_free(&t);
+            return api_bad(p, NULL, "out of memory");
+        }
+        r->n_tools++;
+        gt[i].name = t.names[i];
+        gt[i].parameters = t.parameters[i];
+    }
+    *tools_text = t.text; /* now the caller's */
+    t.text = NULL;
 
     /* response_format: {"type": "text" | "json_object" | "json_schema",
      * "json_schema": {"name", "schema", "strict", "description"}}. */
@@ -365,10 +146,10 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
     if (rf && !json_is_null(rf)) {
         const char *type = json_string_value(json_object_get(rf, "type"));
         if (!json_is_object(rf) || !type)
-            return bad(p, "response_format", "'response_format' must be an object with a 'type'");
+            return api_bad(p, "response_format", "'response_format' must be an object with a 'type'");
         if (strcmp(type, "json_object") == 0) {
             if ((rc = eng_grammar_json_object(&json_g, &err)))
-                return bad(p, NULL, "%s", err.message);
+                return api_bad(p, NULL, "%s", err.message);
         } else if (strcmp(type, "json_schema") == 0) {
             json_t *js = json_object_get(rf, "json_schema");
             json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
@@ -376,7 +157,7 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
             if (!json_is_object(js) || !json_is_string(name) || json_string_length(name) == 0 ||
                 (schema && !json_is_object(schema) && !json_is_boolean(schema)) ||
                 (strict && !json_is_boolean(strict) && !json_is_null(strict)))
-                return bad(p, "response_format",
+                return api_bad(p, "response_format",
                            "'response_format.json_schema' must be {\"name\": string, "
                            "\"schema\": object, \"strict\": boolean}");
             rc = schema ? eng_grammar_from_schema(schema, &json_g, &err)
@@ -384,14 +165,14 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
             if (rc)
                 return bad_schema(p, "response_format", rc, &err);
         } else if (strcmp(type, "text") != 0) {
-            return bad(p, "response_format", "unknown response_format type '%.32s' (text, "
+            return api_bad(p, "response_format", "unknown response_format type '%.32s' (text, "
                        "json_object or json_schema)", type);
         }
     }
 
-    if (mode == CHOICE_REQUIRED || mode == CHOICE_NAMED) {
+    if (t.choice == API_CHOICE_REQUIRED || t.choice == API_CHOICE_NAMED) {
         eng_grammar_free(json_g);
-        rc = mode == CHOICE_NAMED ? eng_grammar_tool_call(&gt[named], 1, &r->grammar, &err)
+        rc = t.choice == API_CHOICE_NAMED ? eng_grammar_tool_call(&gt[t.named], 1, &r->grammar, &err)
                                   : eng_grammar_tool_call(gt, r->n_tools, &r->grammar, &err);
         if (rc)
             return bad_schema(p, "tools", rc, &err);
@@ -399,11 +180,11 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
     } else if (json_g) {
         r->grammar = json_g;
         r->output = WK_OUT_JSON;
-    } else if (mode == CHOICE_AUTO) {
+    } else if (t.choice == API_CHOICE_AUTO) {
         r->output = WK_OUT_TOOL_AUTO;
     }
     if (r->output == WK_OUT_TEXT || r->output == WK_OUT_JSON) {
-        sw_free(*tools_text); /* tool_choice none: the tools are not offered */
+        sw_free(*tools_text); /* not offered (api_tools_in_prompt) */
         *tools_text = NULL;
     }
     return true;
@@ -419,19 +200,19 @@ static bool parse_grammar(json_t *body, wk_req *r, wk_parse_error *p)
     if (!gr || json_is_null(gr))
         return true;
     if (!json_is_string(gr))
-        return bad(p, "grammar", "'grammar' must be a string (GBNF)");
+        return api_bad(p, "grammar", "'grammar' must be a string (GBNF)");
     if (json_string_length(gr) == 0)
         return true;
     if (r->output == WK_OUT_JSON)
-        return bad(p, "grammar", "'grammar' cannot be combined with a JSON response_format");
+        return api_bad(p, "grammar", "'grammar' cannot be combined with a JSON response_format");
     if (r->output != WK_OUT_TEXT)
-        return bad(p, "grammar", "'grammar' cannot be combined with tools (unless tool_choice "
+        return api_bad(p, "grammar", "'grammar' cannot be combined with tools (unless tool_choice "
                                  "is \"none\")");
     sw_error err;
     int rc = eng_grammar_from_gbnf(json_string_value(gr), json_string_length(gr), &r->grammar,
                                    &err);
     if (rc)
-        return bad(p, rc == SW_ENOMEM ? NULL : "grammar", "%s", err.message);
+        return api_bad(p, rc == SW_ENOMEM ? NULL : "grammar", "%s", err.message);
     r->output = WK_OUT_GRAMMAR;
     return true;
 }
@@ -439,15 +220,15 @@ static bool parse_grammar(json_t *body, wk_req *r, wk_parse_error *p)
 static bool add_stop(wk_parse_error *p, wk_req *r, const char *text, size_t len)
 {
     if (len == 0)
-        return bad(p, "stop", "stop strings must not be empty");
+        return api_bad(p, "stop", "stop strings must not be empty");
     if (memchr(text, '\0', len))
-        return bad(p, "stop", "stop strings must not contain NUL");
+        return api_bad(p, "stop", "stop strings must not contain NUL");
     if (len > WK_MAX_STOP_BYTES || r->n_stops >= WK_MAX_STOPS)
-        return bad(p, "stop", "at most %d stop strings of at most %d bytes", WK_MAX_STOPS,
+        return api_bad(p, "stop", "at most %d stop strings of at most %d bytes", WK_MAX_STOPS,
                    WK_MAX_STOP_BYTES);
     char *copy = sw_strndup(text, len);
     if (!copy)
-        return bad(p, "stop", "out of memory");
+        return api_bad(p, "stop", "out of memory");
     r->stops[r->n_stops++] = copy;
     return true;
 }
@@ -463,15 +244,15 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
     bool tool_reply = r->chat && (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO);
     if (r->grammar) {
         if (eng_constraint_create(r->grammar, s->cs_vocab, &r->cons, &err))
-            return bad(p, NULL, "%s", err.message);
+            return api_bad(p, NULL, "%s", err.message);
         for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt; i++)
             if (!eng_constraint_accept_token(r->cons, r->prompt[i]))
-                return bad(p, "resume", "the resumed tokens do not fit the response format");
+                return api_bad(p, "resume", "the resumed tokens do not fit the response format");
         int64_t need = eng_constraint_min_bytes(r->cons);
         int64_t room = (int64_t)s->n_ctx - r->n_prompt;
         int64_t avail = r->max_tokens < room ? r->max_tokens : room;
         if (need > avail)
-            return bad(p, r->max_tokens < room ? "max_tokens" : "messages",
+            return api_bad(p, r->max_tokens < room ? "max_tokens" : "messages",
                        "the %s needs at least %lld more tokens; %lld are left (max_tokens and "
                        "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call"
                                       : r->output == WK_OUT_GRAMMAR ? "grammar"
@@ -484,7 +265,7 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
         size_t cap = eng_detok_max_bytes(s->tok);
         char *buf = sw_malloc(cap);
         if (!buf)
-            return bad(p, NULL, "out of memory");
+            return api_bad(p, NULL, "out of memory");
         for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt; i++)
             wk__text_append(r, buf, eng_detok_push(s->tok, &d, r->prompt[i], buf, cap));
         sw_free(buf);
@@ -509,17 +290,17 @@ static bool parse_logit_bias(wk_server *s, json_t *body, wk_req *r, wk_parse_err
     if (!v || json_is_null(v))
         return true;
     if (!json_is_object(v))
-        return bad(p, "logit_bias", "'logit_bias' must be an object of token ids to numbers");
+        return api_bad(p, "logit_bias", "'logit_bias' must be an object of token ids to numbers");
     size_t n = json_object_size(v);
     if (n > WK_MAX_LOGIT_BIAS)
-        return bad(p, "logit_bias", "'logit_bias' has %zu entries, at most %d are accepted", n,
+        return api_bad(p, "logit_bias", "'logit_bias' has %zu entries, at most %d are accepted", n,
                    WK_MAX_LOGIT_BIAS);
     if (n == 0)
         return true;
     r->bias_ids = sw_malloc(sizeof *r->bias_ids * n);
     r->bias_values = sw_malloc(sizeof *r->bias_values * n);
     if (!r->bias_ids || !r->bias_values)
-        return bad(p, NULL, "out of memory");
+        return api_bad(p, NULL, "out of memory");
     const int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
     int32_t k = 0;
     json_object_foreach(v, key, bias) {
@@ -528,11 +309,11 @@ static bool parse_logit_bias(wk_server *s, json_t *body, wk_req *r, wk_parse_err
         long id = strtol(key, &end, 10);
         if (!*key || *end || errno || id < 0 || id >= n_vocab || key[0] == '+' ||
             (key[0] == '0' && key[1]))
-            return bad(p, "logit_bias", "'logit_bias' keys must be token ids below %d, not '%.32s'",
+            return api_bad(p, "logit_bias", "'logit_bias' keys must be token ids below %d, not '%.32s'",
                        n_vocab, key);
         double d = json_is_number(bias) ? json_number_value(bias) : NAN;
         if (!isfinite(d) || d < -100 || d > 100)
-            return bad(p, "logit_bias", "'logit_bias' values must be numbers from -100 to 100");
+            return api_bad(p, "logit_bias", "'logit_bias' values must be numbers from -100 to 100");
         r->bias_ids[k] = (int32_t)id;
         r->bias_values[k++] = (float)d;
     }
@@ -635,26 +416,26 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     bool add_bos = eng_tokenizer_add_bos(s->tok);
 
     if (!json_is_object(body))
-        return bad(p, NULL, "the body must be a JSON object");
+        return api_bad(p, NULL, "the body must be a JSON object");
     const char *big_at = sw_json_big_field(body);
     if (big_at)
-        return bad(p, big_at, "'%.64s' has a number outside what is supported exactly (integers "
+        return api_bad(p, big_at, "'%.64s' has a number outside what is supported exactly (integers "
                    "within 64 bits, reals within a double's range); such numbers are taken only "
                    "in a JSON schema (response_format, a tool's parameters)", big_at);
     const char *nul_at = nul_field(body);
     if (nul_at)
-        return bad(p, nul_at, "'%.64s' has a string with a NUL character (\\u0000): allowed only "
+        return api_bad(p, nul_at, "'%.64s' has a string with a NUL character (\\u0000): allowed only "
                    "in 'prompt', 'grammar' and the values of a JSON schema (const, enum, "
                    "default, examples, pattern)", nul_at);
     v = json_object_get(body, "model");
     if (v && !json_is_null(v)) {
         if (!json_is_string(v))
-            return bad(p, "model", "'model' must be a string");
+            return api_bad(p, "model", "'model' must be a string");
         const char *m = json_string_value(v);
         if (strcmp(m, s->model_id) != 0) {
             p->status = 404;
             p->code = "model_not_found";
-            return bad(p, "model", "this worker serves '%s', not '%s'", s->model_id, m);
+            return api_bad(p, "model", "this worker serves '%s', not '%s'", s->model_id, m);
         }
     }
     json_int_t n = 1;
@@ -672,14 +453,14 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!get_bool(p, body, "echo", &echo))
             return false;
         if (echo)
-            return bad(p, "echo", "'echo' (the prompt repeated in the answer) is not supported");
+            return api_bad(p, "echo", "'echo' (the prompt repeated in the answer) is not supported");
         if (!get_int(p, body, "best_of", 1, 1, &best_of)) {
             snprintf(p->msg, sizeof p->msg, "only best_of = 1 is supported");
             return false;
         }
         if (suffix && !json_is_null(suffix) &&
             !(json_is_string(suffix) && json_string_length(suffix) == 0))
-            return bad(p, "suffix", "'suffix' (insertion) is not supported");
+            return api_bad(p, "suffix", "'suffix' (insertion) is not supported");
     }
     json_int_t max_tokens = 16;
     if (chat)
@@ -731,7 +512,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     v = json_object_get(body, "seed");
     if (v && !json_is_null(v)) {
         if (!json_is_integer(v))
-            return bad(p, "seed", "'seed' must be an integer");
+            return api_bad(p, "seed", "'seed' must be an integer");
         r->sampling.seed = (uint64_t)json_integer_value(v);
     } else {
         struct timespec ts;
@@ -745,7 +526,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     v = json_object_get(body, "stream_options");
     if (v && !json_is_null(v)) {
         if (!json_is_object(v))
-            return bad(p, "stream_options", "'stream_options' must be an object");
+            return api_bad(p, "stream_options", "'stream_options' must be an object");
         if (!get_bool(p, v, "include_usage", &r->include_usage))
             return false;
     }
@@ -759,7 +540,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
             return false;
         r->top_logprobs = (int32_t)i;
         if (r->top_logprobs && !r->logprobs)
-            return bad(p, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            return api_bad(p, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
     } else if (v && !json_is_null(v)) {
         i = 0;
         if (!get_int(p, body, "logprobs", 0, ENG_MAX_TOP_LOGPROBS, &i))
@@ -770,7 +551,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     /* stop: a string or an array of strings. */
     r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS, sizeof(char *));
     if (!r->stops)
-        return bad(p, NULL, "out of memory");
+        return api_bad(p, NULL, "out of memory");
     v = json_object_get(body, "stop");
     if (json_is_string(v)) {
         if (!add_stop(p, r, json_string_value(v), json_string_length(v)))
@@ -780,12 +561,12 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         json_t *e;
         json_array_foreach(v, k, e) {
             if (!json_is_string(e))
-                return bad(p, "stop", "'stop' must be a string or an array of strings");
+                return api_bad(p, "stop", "'stop' must be a string or an array of strings");
             if (!add_stop(p, r, json_string_value(e), json_string_length(e)))
                 return false;
         }
     } else if (v && !json_is_null(v)) {
-        return bad(p, "stop", "'stop' must be a string or an array of strings");
+        return api_bad(p, "stop", "'stop' must be a string or an array of strings");
     }
 
     /* The prompt. */
@@ -794,7 +575,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     if (chat) {
         json_t *m = json_object_get(body, "messages");
         if (!json_is_array(m) || json_array_size(m) == 0)
-            return bad(p, "messages", "'messages' must be a non-empty array");
+            return api_bad(p, "messages", "'messages' must be a non-empty array");
         char *tools_text = NULL;
         bool ok = parse_tools(body, chat, r, p, &tools_text) && parse_grammar(body, r, p) &&
                   tokenize_chat(s, m, tools_text, r, p, &ids, &n_ids);
@@ -811,7 +592,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         bool token_ids = json_is_array(v) && json_array_size(v) > 0 &&
                          json_is_integer(json_array_get(v, 0));
         if (!json_is_string(v) && !token_ids)
-            return bad(p, "prompt", "'prompt' must be a string or an array of token ids (one "
+            return api_bad(p, "prompt", "'prompt' must be a string or an array of token ids (one "
                                     "prompt per request)");
         char *tools_text = NULL;
         if (!parse_tools(body, chat, r, p, &tools_text))
@@ -825,28 +606,28 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
             const int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
             n_ids = json_array_size(v);
             if (n_ids > (size_t)WK_MAX_TOKENS_LIMIT)
-                return bad(p, "prompt", "the prompt has more than %d token ids",
+                return api_bad(p, "prompt", "the prompt has more than %d token ids",
                            WK_MAX_TOKENS_LIMIT);
             if (!(ids = sw_malloc(sizeof *ids * n_ids)))
-                return bad(p, NULL, "out of memory");
+                return api_bad(p, NULL, "out of memory");
             for (size_t k = 0; k < n_ids; k++) {
                 json_t *t = json_array_get(v, k);
                 if (!json_is_integer(t) || json_integer_value(t) < 0 ||
                     json_integer_value(t) >= n_vocab) {
                     sw_free(ids);
-                    return bad(p, "prompt", "'prompt' token ids must be integers below %d",
+                    return api_bad(p, "prompt", "'prompt' token ids must be integers below %d",
                                n_vocab);
                 }
                 ids[k] = (int32_t)json_integer_value(t);
             }
         } else if (eng_tokenize(s->tok, json_string_value(v), json_string_length(v), add_bos,
                                 false, &ids, &n_ids, &err)) {
-            return bad(p, "prompt", "cannot tokenize the prompt: %s", err.message);
+            return api_bad(p, "prompt", "cannot tokenize the prompt: %s", err.message);
         }
     }
     if (n_ids == 0) {
         sw_free(ids);
-        return bad(p, chat ? "messages" : "prompt", "the prompt is empty");
+        return api_bad(p, chat ? "messages" : "prompt", "the prompt is empty");
     }
 
     /* resume: {"tokens": [ids already emitted], "draws": k, "text_bytes": n} */
@@ -858,7 +639,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         json_t *toks = json_object_get(res, "tokens");
         if (!json_is_object(res) || !json_is_array(toks)) {
             sw_free(ids);
-            return bad(p, "resume", "'resume' must be {\"tokens\": [ids], \"draws\": k}");
+            return api_bad(p, "resume", "'resume' must be {\"tokens\": [ids], \"draws\": k}");
         }
         n_res = json_array_size(toks);
         r->skip_draws = n_res;
@@ -866,7 +647,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (dr && !json_is_null(dr)) {
             if (!json_is_integer(dr) || json_integer_value(dr) < 0) {
                 sw_free(ids);
-                return bad(p, "resume", "'resume.draws' must be a non-negative integer");
+                return api_bad(p, "resume", "'resume.draws' must be a non-negative integer");
             }
             r->skip_draws = (uint64_t)json_integer_value(dr);
         }
@@ -874,7 +655,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (tb && !json_is_null(tb)) {
             if (!json_is_integer(tb) || json_integer_value(tb) < 0) {
                 sw_free(ids);
-                return bad(p, "resume", "'resume.text_bytes' must be a non-negative integer");
+                return api_bad(p, "resume", "'resume.text_bytes' must be a non-negative integer");
             }
             r->resume_text_bytes = (int64_t)json_integer_value(tb);
         }
@@ -883,13 +664,13 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         sw_free(ids);
         p->status = 400;
         p->code = "context_length_exceeded";
-        return bad(p, chat ? "messages" : "prompt",
+        return api_bad(p, chat ? "messages" : "prompt",
                    "the prompt has %zu tokens, the context limit is %d", n_ids + n_res, s->n_ctx);
     }
     r->prompt = sw_malloc((n_ids + n_res) * sizeof(int32_t));
     if (!r->prompt) {
         sw_free(ids);
-        return bad(p, NULL, "out of memory");
+        return api_bad(p, NULL, "out of memory");
     }
     memcpy(r->prompt, ids, n_ids * sizeof(int32_t));
     sw_free(ids);
@@ -897,7 +678,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     for (size_t k = 0; k < n_res; k++) {
         json_t *t = json_array_get(json_object_get(res, "tokens"), k);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab)
-            return bad(p, "resume", "'resume.tokens' must be token ids below %d", n_vocab);
+            return api_bad(p, "resume", "'resume.tokens' must be token ids below %d", n_vocab);
         r->prompt[n_ids + k] = (int32_t)json_integer_value(t);
     }
     r->n_prompt = (int32_t)(n_ids + n_res);
@@ -905,39 +686,4 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     r->n_resume = (int32_t)n_res;
     r->chat = chat;
     return setup_output(s, r, p);
-}
-
-/* The router's admission count of a chat body: the same rendering as a
- * worker's (template, tool definitions, tool calls and results, content
- * parts), with a scratch server and request around the tokenizer. */
-int wk_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
-                          size_t *n_tokens)
-{
-    json_t *m = json_object_get(body, "messages");
-    if (!json_is_array(m) || json_array_size(m) == 0)
-        return SW_EINVAL;
-    wk_server *s = sw_calloc(1, sizeof *s);
-    wk_req *r = sw_calloc(1, sizeof *r);
-    int rc = SW_ENOMEM;
-    if (!s || !r || !(r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS,
-                                           sizeof(char *))))
-        goto done;
-    s->tok = tok;
-    s->chat_family = family;
-    wk_parse_error p;
-    memset(&p, 0, sizeof p);
-    char *tools_text = NULL;
-    int32_t *ids = NULL;
-    size_t n = 0;
-    bool ok = parse_tools(body, true, r, &p, &tools_text) &&
-              tokenize_chat(s, m, tools_text, r, &p, &ids, &n);
-    sw_free(tools_text);
-    sw_free(ids);
-    rc = ok ? SW_OK : SW_EINVAL;
-    if (ok)
-        *n_tokens = n;
-done:
-    wk_req_free(r);
-    sw_free(s);
-    return rc;
 }

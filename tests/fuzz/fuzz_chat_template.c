@@ -22,7 +22,7 @@
  * text spells (plus the BOS the tokenizer adds): a client cannot forge a
  * turn marker.
  */
-#include "engine/chat_template.h"
+#include "chat/chat_template.h"
 
 #include "fuzzlib.h"
 

@@ -18,8 +18,8 @@
  * with a budget of exactly the shortest completion some token is always
  * allowed and each shrinks it, so the text always completes in time.
  */
-#include "engine/constrain.h"
-#include "engine/gbnf.h"
+#include "grammar/constrain.h"
+#include "grammar/gbnf.h"
 
 #include "fuzzlib.h"
 

@@ -9,7 +9,7 @@
  * a corpus directory in every build.
  */
 #include "common/alloc.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stdint.h>
 #include <string.h>

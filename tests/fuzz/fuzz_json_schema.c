@@ -22,8 +22,8 @@
  * completion, some token is always allowed and every step shrinks that
  * completion by at least one byte, so the value always completes in time.
  */
-#include "engine/constrain.h"
-#include "engine/json_schema.h"
+#include "grammar/constrain.h"
+#include "grammar/json_schema.h"
 
 #include "fuzzlib.h"
 

@@ -15,7 +15,7 @@
  * accepts; a clone has the same states; the intersection with a fixed
  * pattern matches exactly what both match.
  */
-#include "engine/regex.h"
+#include "grammar/regex.h"
 
 #include "fuzzlib.h"
 

@@ -13,10 +13,10 @@
  * context, counts within their caps, sampling values within the ranges
  * docs/api.md gives, a constraint exactly when the output is constrained);
  * and a chat prompt has the token count that the router's admission
- * (wk_chat_prompt_tokens) computes for the same body.
+ * (api_chat_prompt_tokens) computes for the same body.
  */
-#include "engine/chat_template.h"
-#include "engine/constrain.h"
+#include "chat/chat_template.h"
+#include "grammar/constrain.h"
 #include "worker/worker-impl.h"
 
 #include "fuzzlib.h"
@@ -152,7 +152,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (chat) {
             /* the router admits on the same count the worker prompts with */
             size_t n_tokens = 0;
-            FZ_CHECK(wk_chat_prompt_tokens(s->tok, s->chat_family, body, &n_tokens) == SW_OK);
+            FZ_CHECK(api_chat_prompt_tokens(s->tok, s->chat_family, body, &n_tokens) == SW_OK);
             FZ_CHECK(n_tokens == (size_t)r->n_prompt_client);
         }
     }

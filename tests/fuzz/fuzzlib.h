@@ -14,10 +14,10 @@
 
 #include "common/alloc.h"
 #include "common/utf8.h"
-#include "engine/constrain.h"
-#include "engine/gguf.h"
-#include "engine/model_make.h"
-#include "engine/tokenizer.h"
+#include "grammar/constrain.h"
+#include "gguf/gguf.h"
+#include "modelgen/model_make.h"
+#include "text/tokenizer.h"
 
 #include <stdbool.h>
 #include <stddef.h>

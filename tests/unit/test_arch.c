@@ -23,11 +23,11 @@
 
 #include "common/alloc.h"
 #include "engine/generate.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/model.h"
 #include "engine/model-impl.h"
-#include "engine/model_make.h"
-#include "engine/quant.h"
+#include "modelgen/model_make.h"
+#include "quant/quant.h"
 
 #define _USE_MATH_DEFINES
 #include <math.h>

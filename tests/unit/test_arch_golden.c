@@ -19,7 +19,7 @@
 #include "common/alloc.h"
 #include "engine/generate.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 #include "ledger/ledger.h"
 
 #include <jansson.h>

@@ -1,5 +1,5 @@
 /* test_chat_template.c - chat template rendering, detection and the rules
- * around them (engine/chat_template.h).
+ * around them (chat/chat_template.h).
  *
  * The expected prompts below were written by hand from each family's
  * published format (cited at each string), not produced by this code. The
@@ -9,9 +9,9 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/chat_template.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "chat/chat_template.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -5,8 +5,8 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
-#include "engine/quant.h"
+#include "modelgen/model_make.h"
+#include "quant/quant.h"
 
 #include <jansson.h>
 #include <signal.h>

@@ -2,7 +2,7 @@
  *
  * Per operation (the kernels of device/cuda/cuda_kernels.h) against the CPU
  * kernels or a reference written here from the definitions in forward.c and
- * engine/quant.h; the blocked KV cache and attention; the whole model
+ * quant/quant.h; the blocked KV cache and attention; the whole model
  * (stories260K's greedy goldens, recorded by llama.cpp, on the full and
  * split profiles; logits of prefill, decode and batched steps against a CPU
  * context); a too-large allocation giving SW_EDEVOOM with the context
@@ -28,12 +28,13 @@
 #ifdef SPILLWAY_CUDA
 #include "device/cpu/cpu_kernels.h"
 #include "device/cuda/cuda_kernels.h"
-#include "device/cuda/cuda_ops.h"
+#include "device/cuda/cuda_device.h"
+#include "engine/forward_cuda.h"
 #include "engine/generate.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 #include "engine/plan.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <fnmatch.h>
 #include <jansson.h>
@@ -242,7 +243,7 @@ static void rope_reference(float *ref, int neox, const float *factors, float lin
 
 /* ---- the kernels' element code on the host (no GPU needed) ------------------------ */
 
-/* Offsets of the f16 scales in a block of each quantized type (engine/quant.h);
+/* Offsets of the f16 scales in a block of each quantized type (quant/quant.h);
  * random bytes elsewhere reach every bit pattern of the quants and of the
  * packed 6-bit K-quant scales, which quantizing random floats would not. */
 static void random_row(uint32_t type, int64_t n_in, unsigned char *row, size_t row_bytes)
@@ -279,7 +280,7 @@ static void random_row(uint32_t type, int64_t n_in, unsigned char *row, size_t r
 }
 
 /* The kernels' dequantization (dequant_group, float_value, the 6-bit scale
- * unpacking), run on the host, equals engine/quant.c's value for value:
+ * unpacking), run on the host, equals quant/quant.c's value for value:
  * every block layout and index is the CPU's. Runs in any CUDA build. */
 static void test_host_dequantize_layouts(void **state)
 {

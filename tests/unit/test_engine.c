@@ -7,10 +7,10 @@
 
 #include "common/alloc.h"
 #include "engine/generate.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
-#include "engine/quant.h"
+#include "modelgen/model_make.h"
+#include "quant/quant.h"
 
 #include <jansson.h>
 #include <math.h>

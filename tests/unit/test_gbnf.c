@@ -1,4 +1,4 @@
-/* test_gbnf.c - the GBNF parser (src/engine/gbnf.c): grammars in
+/* test_gbnf.c - the GBNF parser (src/grammar/gbnf.c): grammars in
  * llama.cpp's syntax parse into rules, the reference matcher gives the
  * verdicts the grammar's meaning gives (derived by hand from each
  * grammar), malformed grammars are SW_EINVAL with the line and column,
@@ -8,7 +8,7 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/gbnf.h"
+#include "grammar/gbnf.h"
 #include "gbnf_testdata.h"
 
 #include <string.h>

@@ -1,5 +1,5 @@
 /* test_gbnf_compile.c - GBNF grammars compiled into the constraint automaton
- * (src/engine/gbnf_compile.c run by src/engine/constrain.c).
+ * (src/grammar/gbnf_compile.c run by src/grammar/constrain.c).
  *
  * Against the parser's reference matcher (eng_gbnf_match): fed byte by
  * byte, a text is accepted as complete exactly when it is in the
@@ -13,8 +13,8 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/constrain.h"
-#include "engine/gbnf.h"
+#include "grammar/constrain.h"
+#include "grammar/gbnf.h"
 #include "gbnf_testdata.h"
 
 #include <stdio.h>

@@ -10,8 +10,8 @@
 #include "bin_testutil.h"
 
 #include "common/alloc.h"
-#include "engine/gguf.h"
-#include "engine/quant.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -17,13 +17,13 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/constrain.h"
-#include "engine/formats.h"
+#include "grammar/constrain.h"
+#include "grammar/formats.h"
 #include "engine/generate.h"
-#include "engine/gguf.h"
-#include "engine/json_schema.h"
-#include "engine/regex.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "grammar/json_schema.h"
+#include "grammar/regex.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

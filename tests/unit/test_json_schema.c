@@ -18,12 +18,12 @@
 
 #include "common/alloc.h"
 #include "common/json_big.h"
-#include "engine/constrain.h"
+#include "grammar/constrain.h"
 #include "engine/generate.h"
-#include "engine/gguf.h"
-#include "engine/json_schema.h"
+#include "gguf/gguf.h"
+#include "grammar/json_schema.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 #include "engine/sampler.h"
 
 #include <jansson.h>

@@ -36,8 +36,8 @@
 
 #include "common/alloc.h"
 #include "common/error.h"
-#include "engine/constrain.h"
-#include "engine/json_schema.h"
+#include "grammar/constrain.h"
+#include "grammar/json_schema.h"
 
 #include <dirent.h>
 #include <jansson.h>

@@ -11,7 +11,7 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/json_schema.h"
+#include "grammar/json_schema.h"
 
 #include <jansson.h>
 #include <string.h>

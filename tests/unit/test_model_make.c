@@ -9,11 +9,11 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
-#include "engine/quant.h"
-#include "engine/tokenizer.h"
+#include "modelgen/model_make.h"
+#include "quant/quant.h"
+#include "text/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>

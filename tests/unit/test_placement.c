@@ -8,9 +8,9 @@
 #include "device/device.h"
 #include "engine/generate.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 #include "engine/plan.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * CPU kernels at every instruction-set level this machine supports.
  *
  * Expected values come from code written here, independently of
- * engine/quant.c: a half decoder built on ldexp, block parsers that read the
+ * quant/quant.c: a half decoder built on ldexp, block parsers that read the
  * raw bytes as the ggml layouts describe them, the F16C instructions
  * themselves, and the scalar reference for the SIMD levels.
  *
@@ -18,7 +18,7 @@
 
 #include "common/alloc.h"
 #include "device/cpu/cpu_kernels.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <pthread.h>

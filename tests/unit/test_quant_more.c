@@ -4,7 +4,7 @@
  * with them. test_quant.c covers the older types the same way.
  *
  * Expected values come from code written here from the public layout
- * descriptions (the ggml block structs; quant.h), not from engine/quant.c:
+ * descriptions (the ggml block structs; quant.h), not from quant/quant.c:
  * a decoder that walks the blocks the way ggml's format description does
  * (shift and mask per group of 32, the Q3_K scales unpacked as 32-bit
  * words), and hand-built blocks whose values were worked out by hand.
@@ -17,10 +17,10 @@
 
 #include "common/alloc.h"
 #include "device/cpu/cpu_kernels.h"
-#include "engine/gguf.h"
+#include "gguf/gguf.h"
 #include "engine/model.h"
-#include "engine/model_make.h"
-#include "engine/quant.h"
+#include "modelgen/model_make.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>

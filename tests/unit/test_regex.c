@@ -1,4 +1,4 @@
-/* test_regex.c - the ECMA-262 pattern compiler (src/engine/regex.c).
+/* test_regex.c - the ECMA-262 pattern compiler (src/grammar/regex.c).
  *
  * Verdicts come from three independent places: a hand table written from
  * ECMA-262's wording; regex_cases.h, generated once by Python's re from
@@ -15,8 +15,8 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/formats.h"
-#include "engine/regex.h"
+#include "grammar/formats.h"
+#include "grammar/regex.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -23,7 +23,7 @@
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -24,7 +24,7 @@
 
 #include "common/alloc.h"
 #include "device/device.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

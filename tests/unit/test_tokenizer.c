@@ -12,9 +12,9 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/gguf.h"
-#include "engine/model_make.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "modelgen/model_make.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

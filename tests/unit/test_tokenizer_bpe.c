@@ -13,8 +13,8 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 
 #include "common/alloc.h"
 #include "device/device.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 
 #include <errno.h>
 #include <jansson.h>

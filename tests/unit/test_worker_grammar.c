@@ -15,8 +15,8 @@
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/gbnf.h"
-#include "engine/model_make.h"
+#include "grammar/gbnf.h"
+#include "modelgen/model_make.h"
 
 #include <jansson.h>
 #include <stdio.h>

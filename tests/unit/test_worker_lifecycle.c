@@ -8,7 +8,7 @@
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/model_make.h"
+#include "modelgen/model_make.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -4,12 +4,12 @@
  * The level is chosen once, from the CPU's features and the environment
  * variable SPILLWAY_CPU_KERNELS (which can only lower it), and every entry
  * point of cpu_kernels.h goes through the chosen table. The scalar versions
- * here mirror engine/quant.c's reference arithmetic; the SIMD files only
+ * here mirror quant/quant.c's reference arithmetic; the SIMD files only
  * change the order of float additions.
  */
 #include "device/cpu/cpu_kernels.h"
 #include "device/cpu/cpu_kernels_impl.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -7,7 +7,7 @@
  * the process the tile registers), AVX-512 (F, BW, VL, VNNI), AVX2+FMA+F16C, or portable C.
  * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512|amx in the environment forces a lower
  * level (for tests and comparisons); it is read once, at the first call.
- * Results equal the scalar reference in engine/quant.h up to float summation
+ * Results equal the scalar reference in quant/quant.h up to float summation
  * order (tests/unit/test_quant.c checks |simd - ref| <= 1e-5 * sum |terms|);
  * activation conversion (cpu_convert_activations, cpu_fp32_to_fp16_row) and
  * fp16 decoding are bit-exact at every level.

@@ -21,14 +21,14 @@
  * signed x signed products go through VPMADDUBSW as |w| x (x with w's sign)
  * (|w| <= 127 and |x| <= 127 keep the pair sums inside int16).
  * Integer sums are exact; only the float combination per block differs in
- * order from the reference (engine/quant.c). No state, no allocation.
+ * order from the reference (quant/quant.c). No state, no allocation.
  */
 #include "device/cpu/cpu_kernels_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 
 #include "device/cpu/cpu_kernels_avx2_inline.h"
-#include "engine/quant.h"
+#include "quant/quant.h"
 
 #include <immintrin.h>
 #include <stdint.h>

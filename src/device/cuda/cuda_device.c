@@ -14,7 +14,7 @@
  * allocates and computes from a different thread than the one that opened
  * the device, so every entry point selects the handle's GPU first.
  */
-#include "device/cuda/cuda_ops.h"
+#include "device/cuda/cuda_device.h"
 
 #include "common/alloc.h"
 #include "common/log.h"

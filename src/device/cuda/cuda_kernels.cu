@@ -8,10 +8,10 @@
  *     registers and multiplies them with f32 activations (the CPU converts
  *     activations to Q8_0/Q8_K first, hence the looser tolerance for
  *     quantized types). Decode-sized products only; prefill goes through
- *     cuBLAS (cuda_ops.c) on rows dequantized by cuda_dequantize_rows.
+ *     cuBLAS (engine/forward_cuda.c) on rows dequantized by cuda_dequantize_rows.
  *   - attention: one block of 4 warps per (token, head); each warp walks a
  *     share of the positions with an online softmax, then the warps merge.
- * The block layouts are those of engine/quant.h, read byte by byte here so
+ * The block layouts are those of quant/quant.h, read byte by byte here so
  * no alignment is assumed. Built without fast math: RoPE's angles and the
  * exponentials use the accurate cosf/sinf/expf.
  */
@@ -22,7 +22,7 @@
 #include <math.h>
 #include <string.h>
 
-/* GGUF type ids (engine/quant.h). */
+/* GGUF type ids (quant/quant.h). */
 enum {
     T_F32 = 0,
     T_F16 = 1,

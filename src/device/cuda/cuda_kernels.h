@@ -1,6 +1,6 @@
 /* cuda_kernels.h - the GPU kernels of the forward pass, as plain C calls.
  *
- * Implemented in cuda_kernels.cu (nvcc); called by cuda_ops.c and by the
+ * Implemented in cuda_kernels.cu (nvcc); called by engine/forward_cuda.c and by the
  * per-operation parity tests (tests/unit/test_cuda.c), which compare each
  * one with the CPU's. Every pointer named d_* is device memory; every
  * function only enqueues work on `stream` and returns the launch status as

@@ -1,0 +1,114 @@
+/* api.h - the OpenAI protocol pieces the worker and the router share.
+ *
+ * Both processes read the same request bodies: the worker to serve them,
+ * the router to route and admit them (a model id to match, a prompt's
+ * token count for the context and KV checks). What both need lives here,
+ * so that neither includes the other (docs/internals/rooms.md): the id a
+ * model file is served as, a chat body's messages and tools as the chat
+ * room's types, and the token count of a chat prompt.
+ */
+#ifndef SPILLWAY_API_H
+#define SPILLWAY_API_H
+
+#include "chat/chat_template.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* A refused body: the message, the parameter it names (or NULL), and the
+ * HTTP status and error code (400 invalid_request unless set before). */
+typedef struct api_error {
+    char msg[512];
+    const char *param;
+    int status;
+    const char *code;
+} api_error;
+
+/* Fills e (status 400 and invalid_request when none is set yet); returns
+ * false, so that a parser can `return api_bad(...)`. */
+bool api_bad(api_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- model ids ---------------------------------------------------------- */
+
+/* A model's id when none is given: the file's general.name, else the
+ * file name of path, else "model" (each only when it is 1..cap-1 bytes of
+ * printable UTF-8). The worker's and the router's for a [model] section
+ * without a name. */
+void api_model_id(const eng_gguf *gg, const char *path, char *out, size_t cap);
+/* Whether p (n bytes) can be a model id: printable UTF-8 (it goes into
+ * every JSON response). */
+bool api_model_id_valid(const char *p, size_t n);
+
+/* ---- chat messages -------------------------------------------------------- */
+
+/* A chat body's messages as the chat room renders them. Strings point into
+ * the body (keep it alive); content given as parts is joined into owned
+ * copies. */
+typedef struct api_chat_messages {
+    eng_chat_message *msgs;
+    eng_chat_message_tools *tools; /* tool_calls, tool_call_id per message */
+    size_t n;
+    eng_chat_tool_call **calls_; /* owned, per message */
+    char **joined_;              /* owned, per message */
+} api_chat_messages;
+
+/* Reads `messages` (a non-empty array is the caller's check). False with e
+ * set when a message is malformed; every field is freed by
+ * api_chat_messages_free either way. */
+bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error *e);
+void api_chat_messages_free(api_chat_messages *m);
+
+/* ---- tools and tool_choice ------------------------------------------------ */
+
+#define API_MAX_TOOLS 64
+
+typedef enum api_tool_choice {
+    API_CHOICE_NONE,     /* no tools, or tool_choice "none" */
+    API_CHOICE_AUTO,     /* the default with tools */
+    API_CHOICE_REQUIRED, /* some tool must be called */
+    API_CHOICE_NAMED,    /* this one: names[named] */
+} api_tool_choice;
+
+typedef struct api_tools {
+    size_t n;
+    const char *names[API_MAX_TOOLS]; /* into the body */
+    json_t *parameters[API_MAX_TOOLS]; /* into the body; NULL: none given */
+    char *text;       /* the definitions as the prompt shows them, one compact
+                         JSON per line (sw_free); NULL without tools */
+    api_tool_choice choice;
+    size_t named;
+} api_tools;
+
+/* Reads and checks `tools` and `tool_choice` (chat false: a completions
+ * body, where tools are refused). False with e set when refused; t is
+ * freed by api_tools_free either way. */
+bool api_tools_parse(json_t *body, bool chat, api_tools *t, api_error *e);
+void api_tools_free(api_tools *t);
+
+/* Whether the prompt shows the tools' definitions: the model is offered
+ * them (auto, without a JSON response_format) or must call one. */
+bool api_tools_in_prompt(const api_tools *t, json_t *body);
+
+/* ---- the prompt ------------------------------------------------------------ */
+
+/* The chat prompt in the family's template with the tools' text, tokenized
+ * so that only the template's text can produce control tokens: what a
+ * worker prefills. *ids (sw_free) and *n_ids; false with e set. */
+bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
+                       const api_chat_messages *m, const char *tools_text, int32_t **ids,
+                       size_t *n_ids, api_error *e);
+
+/* How many prompt tokens a worker with this tokenizer and chat family
+ * renders a /v1/chat/completions body to (template, tool definitions,
+ * tool calls and results, content parts), for the router's admission,
+ * without compiling any grammar. SW_OK and *n_tokens; SW_EINVAL when a
+ * worker would refuse the body for its messages or tools (it then answers
+ * with the reason); SW_ENOMEM. */
+int api_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
+                           size_t *n_tokens);
+
+#endif

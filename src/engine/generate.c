@@ -36,12 +36,11 @@ const char *eng_finish_reason_name(eng_finish_reason reason)
     return "length";
 }
 
-/* The k largest log-probabilities, best first (ties: lower id first). */
-static int32_t top_k_logprobs(const float *logprobs, int32_t n_vocab, int32_t k,
-                              eng_token_logprob *top)
+int32_t eng_top_logprobs(const float *logprobs, int32_t n_vocab, int32_t k,
+                         eng_token_logprob *top)
 {
     int32_t n = 0;
-    for (int32_t id = 0; id < n_vocab; id++) {
+    for (int32_t id = 0; id < n_vocab && k > 0; id++) {
         float lp = logprobs[id];
         if (n == k && !(lp > top[n - 1].logprob))
             continue;
@@ -81,6 +80,31 @@ int eng_constraint_sample(eng_constraint *c, eng_sampler *s, float *logits, int3
     *token_out = tok;
     if (is_end)
         *is_end = end;
+    return SW_OK;
+}
+
+int eng_sample_step(const eng_step_inputs *in, float *logits, int32_t *history,
+                    size_t *n_history, eng_generate_step *step, bool *constraint_end,
+                    sw_error *err)
+{
+    if (in->logprobs) {
+        eng_log_softmax(logits, in->logprobs, in->n_vocab);
+        step->n_top = eng_top_logprobs(in->logprobs, in->n_vocab, in->top_logprobs, step->top);
+    }
+    bool end = false;
+    if (in->constraint) {
+        int rc = eng_constraint_sample(in->constraint, in->sampler, logits, in->n_vocab, history,
+                                       *n_history, in->budget, &step->token, &end, err);
+        if (rc)
+            return rc;
+        end = end || eng_constraint_is_closed(in->constraint);
+    } else {
+        step->token = eng_sampler_sample(in->sampler, logits, history, *n_history);
+    }
+    if (in->logprobs)
+        step->logprob = in->logprobs[step->token];
+    history[(*n_history)++] = step->token;
+    *constraint_end = end;
     return SW_OK;
 }
 
@@ -163,27 +187,21 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
             goto done;
         }
         memset(&step, 0, sizeof step);
-        if (top_k) {
-            eng_log_softmax(logits, logprobs, n_vocab);
-            step.n_top = top_k_logprobs(logprobs, n_vocab, top_k, step.top);
-        }
         step.index = i;
+        int64_t left_ctx = (int64_t)n_ctx - eng_seq_length(ctx, params->seq_id);
+        eng_step_inputs in = {
+            .sampler = sampler,
+            .n_vocab = n_vocab,
+            .logprobs = top_k ? logprobs : NULL,
+            .top_logprobs = top_k,
+            .constraint = params->constraint,
+            .budget = params->max_tokens - i < left_ctx ? params->max_tokens - i : left_ctx,
+        };
         bool eog;
-        if (params->constraint) {
-            int64_t left_ctx = (int64_t)n_ctx - eng_seq_length(ctx, params->seq_id);
-            int64_t left = params->max_tokens - i < left_ctx ? params->max_tokens - i : left_ctx;
-            bool end = false;
-            if ((rc = eng_constraint_sample(params->constraint, sampler, logits, n_vocab,
-                                            history, n_history, left, &step.token, &end, err)))
-                goto done;
-            eog = end || eng_constraint_is_closed(params->constraint);
-        } else {
-            step.token = eng_sampler_sample(sampler, logits, history, n_history);
+        if ((rc = eng_sample_step(&in, logits, history, &n_history, &step, &eog, err)))
+            goto done;
+        if (!params->constraint)
             eog = !params->ignore_eos && eng_tokenizer_is_eog(tok, step.token);
-        }
-        if (top_k)
-            step.logprob = logprobs[step.token];
-        history[n_history++] = step.token;
         stats->n_generated++;
         if (on_token && !on_token(user, &step)) {
             stats->finish = ENG_FINISH_CANCELLED;

@@ -79,6 +79,34 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
 /* Monotonic clock in seconds. */
 double eng_now_seconds(void);
 
+/* The k largest log-probabilities (k <= ENG_MAX_TOP_LOGPROBS), best first
+ * (ties: lower id first); returns how many (min(k, n_vocab)). */
+int32_t eng_top_logprobs(const float *logprobs, int32_t n_vocab, int32_t k,
+                         eng_token_logprob *top);
+
+/* What one sampling step reads besides the logits. */
+typedef struct eng_step_inputs {
+    eng_sampler *sampler;
+    int32_t n_vocab;
+    float *logprobs;           /* n_vocab floats of scratch, or NULL: no log-probabilities */
+    int32_t top_logprobs;      /* alternatives to report (0..ENG_MAX_TOP_LOGPROBS) */
+    struct eng_constraint *constraint; /* or NULL */
+    int64_t budget;            /* tokens that may still be generated, this one included
+                                  (the constraint closes its value within it) */
+} eng_step_inputs;
+
+/* The per-token step of every generation loop (eng_generate here, the
+ * worker's batched decode): the log-probabilities and top alternatives
+ * when asked, one sampler draw (under the constraint's mask when there is
+ * one, which is then fed the token), and the token appended to history
+ * (*n_history grows by one). Fills step->token, ->logprob, ->top, ->n_top;
+ * *constraint_end: the constraint's value is closed or an end token came
+ * (false without a constraint: end-of-generation is the caller's rule).
+ * Errors: eng_constraint_sample's. */
+int eng_sample_step(const eng_step_inputs *in, float *logits, int32_t *history,
+                    size_t *n_history, eng_generate_step *step, bool *constraint_end,
+                    sw_error *err);
+
 /* One constrained step (grammar/constrain.h): */
 /* Masks logits (disallowed ids -> -inf), samples with one draw of the
  * sampler (so counter-based resume stays exact), and feeds the token.

@@ -5,11 +5,11 @@
  * every active sequence by one step (a prefill chunk of at most
  * prefill_chunk tokens for a newcomer, one token for the others) in one
  * batched call, and post what happened to the HTTP thread. The per-token
- * order is exactly eng_generate's (fault hook, logprobs of the raw logits,
- * sample, stop checks, decode), so a worker's tokens equal `spillway run`'s.
- * A request with a constraint (response_format, a forced tool call) samples
- * through eng_constraint_sample instead: the same single draw, under the
- * mask, with the budget that max_tokens and the context leave; it ends as
+ * step is eng_generate's own (eng_sample_step: logprobs of the raw logits,
+ * one draw, under the constraint's mask when there is one), in eng_generate's
+ * order (fault hook, step, stop checks, decode), so a worker's tokens equal
+ * `spillway run`'s. A constrained request (response_format, a forced tool
+ * call) gets the budget that max_tokens and the context leave; it ends as
  * soon as the value is closed, and stop strings do not cut it. Between
  * loading the model and reporting ready it measures the worker's own
  * prefill and decode rates (calibrate), so the router can predict
@@ -431,25 +431,6 @@ static int decode_step(wk_server *s, const eng_batch_entry *entries, int32_t n, 
     return SW_OK;
 }
 
-static int32_t top_logprobs_of(const float *logprobs, int32_t n_vocab, int32_t k,
-                               eng_token_logprob *top)
-{
-    int32_t n = 0;
-    for (int32_t id = 0; id < n_vocab && k > 0; id++) {
-        float lp = logprobs[id];
-        if (n == k && !(lp > top[n - 1].logprob))
-            continue;
-        int32_t at = n < k ? n++ : k - 1;
-        while (at > 0 && lp > top[at - 1].logprob) {
-            top[at] = top[at - 1];
-            at--;
-        }
-        top[at].id = id;
-        top[at].logprob = lp;
-    }
-    return n;
-}
-
 /* One token of a decoding slot: eng_generate's loop body up to the decode.
  * Returns true when the slot continues (its token goes into this step). */
 static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
@@ -471,31 +452,34 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
         fail_slot(s, seq, l, SW_ENOMEM, "decode", &err);
         return false;
     }
-    if (sl->logprobs) {
-        eng_log_softmax(sl->logits, sl->logprobs, n_vocab);
-        ev->n_top = top_logprobs_of(sl->logprobs, n_vocab, req->top_logprobs, ev->top);
-    }
-    int32_t token;
+    /* The budget of a constrained reply is what max_tokens and the
+     * context still allow. */
+    int64_t left = (int64_t)req->max_tokens - sl->n_generated;
+    int64_t room = (int64_t)s->n_ctx - eng_seq_length(s->ctx, seq);
+    eng_step_inputs in = {
+        .sampler = sl->sampler,
+        .n_vocab = n_vocab,
+        .logprobs = sl->logprobs,
+        .top_logprobs = req->top_logprobs,
+        .constraint = req->cons,
+        .budget = left < room ? left : room,
+    };
+    eng_generate_step step;
     bool constraint_end = false;
-    if (req->cons) {
-        /* Constrained: the mask, one draw, and the automaton advanced; the
-         * budget is what max_tokens and the context still allow. */
-        int64_t left = (int64_t)req->max_tokens - sl->n_generated;
-        int64_t room = (int64_t)s->n_ctx - eng_seq_length(s->ctx, seq);
-        sw_error err;
-        if (eng_constraint_sample(req->cons, sl->sampler, sl->logits, n_vocab, sl->history,
-                                  sl->n_history, left < room ? left : room, &token,
-                                  &constraint_end, &err)) {
-            fail_slot(s, seq, l, SW_EINTERNAL, "decode", &err);
-            return false;
-        }
-    } else {
-        token = eng_sampler_sample(sl->sampler, sl->logits, sl->history, sl->n_history);
+    sw_error err;
+    memset(&step, 0, sizeof step);
+    if (eng_sample_step(&in, sl->logits, sl->history, &sl->n_history, &step, &constraint_end,
+                        &err)) {
+        fail_slot(s, seq, l, SW_EINTERNAL, "decode", &err);
+        return false;
     }
-    if (sl->logprobs)
-        ev->logprob = sl->logprobs[token];
+    int32_t token = step.token;
     ev->token = token;
-    sl->history[sl->n_history++] = token;
+    if (sl->logprobs) {
+        ev->logprob = step.logprob;
+        ev->n_top = step.n_top;
+        memcpy(ev->top, step.top, sizeof ev->top);
+    }
     sl->n_generated++;
 
     char buf[4096];
@@ -505,7 +489,7 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
     /* A constrained reply is never cut by stop strings (they could cut the
      * JSON); it ends when the value is closed. */
     take_held(sl, req->cons ? sl->held_len : held_release(req, sl, &stopped), ev);
-    if (req->cons && (constraint_end || eng_constraint_is_closed(req->cons))) {
+    if (req->cons && constraint_end) {
         finish_slot(s, seq, l, "stop");
         return false;
     }

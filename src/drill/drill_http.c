@@ -10,6 +10,7 @@
  */
 #include "drill/drill_impl.h"
 
+#include "api/sse.h"
 #include "common/alloc.h"
 
 #include <ctype.h>
@@ -448,18 +449,11 @@ int dh_sse_split(const char *body, size_t len, char ***events, bool *framing_ok)
     char **ev = NULL;
     bool ok = true;
     size_t i = 0;
-    while (i < len) {
-        const char *end = NULL;
-        for (size_t k = i; k + 1 < len; k++)
-            if (body[k] == '\n' && body[k + 1] == '\n') {
-                end = body + k;
-                break;
-            }
-        if (!end)
-            break; /* incomplete */
-        size_t el = (size_t)(end - (body + i));
-        const char *e = body + i;
-        if (el < 6 || strncmp(e, "data: ", 6) || memchr(e, '\n', el))
+    api_sse_event sse;
+    while (i < len && api_sse_next(body + i, len - i, &sse)) { /* else incomplete */
+        size_t el = sse.text_len;
+        const char *e = sse.text;
+        if (!sse.data || memchr(e, '\n', el))
             ok = false;
         if (n == cap) {
             cap = cap ? cap * 2 : 64;
@@ -470,14 +464,13 @@ int dh_sse_split(const char *body, size_t len, char ***events, bool *framing_ok)
             }
             ev = ne;
         }
-        ev[n] = el >= 6 && strncmp(e, "data: ", 6) == 0 ? sw_strndup(e + 6, el - 6)
-                                                        : sw_strndup(e, el);
+        ev[n] = sse.data ? sw_strndup(sse.data, sse.data_len) : sw_strndup(e, el);
         if (!ev[n]) {
             dh_sse_free(ev, n);
             return -1;
         }
         n++;
-        i += el + 2;
+        i += sse.consumed;
     }
     if (framing_ok)
         *framing_ok = ok;

@@ -31,6 +31,7 @@
 #include "router/router-impl.h"
 #include "router/router_net.h"
 
+#include "api/sse.h"
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/utf8.h"
@@ -688,25 +689,19 @@ static json_t *completion_from_sse(const char *body, size_t len)
     gathered *g = sw_calloc(1, sizeof *g);
     bool done = false, bad = !g;
     const char *p = body, *end = body ? body + len : NULL;
-    while (!bad && p && p < end) {
-        const char *sep = memmem(p, (size_t)(end - p), "\n\n", 2);
-        if (!sep)
-            break;
-        if (sep - p >= 6 && !strncmp(p, "data: ", 6)) {
-            const char *pl = p + 6;
-            size_t pn = (size_t)(sep - pl);
-            if (pn == 6 && !memcmp(pl, "[DONE]", 6)) {
-                done = true;
-            } else {
-                json_t *j = sw_json_loadb(pl, pn, 0, NULL);
-                if (!j || json_object_get(j, "error") || gather_chunk(j, g))
-                    bad = true;
-                if (!bad && !first)
-                    first = json_incref(j);
-                json_decref(j);
-            }
+    api_sse_event ev;
+    while (!bad && p && p < end && api_sse_next(p, (size_t)(end - p), &ev)) {
+        if (api_sse_is_done(&ev)) {
+            done = true;
+        } else if (ev.data) {
+            json_t *j = sw_json_loadb(ev.data, ev.data_len, 0, NULL);
+            if (!j || json_object_get(j, "error") || gather_chunk(j, g))
+                bad = true;
+            if (!bad && !first)
+                first = json_incref(j);
+            json_decref(j);
         }
-        p = sep + 2;
+        p += ev.consumed;
     }
     if (!bad && done && g->finish && first) {
         json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
@@ -872,15 +867,13 @@ static void forward(agent_run *a, const rt_capture *c)
     /* the last error event of the stream, if any */
     const char *ev = NULL, *p = c->body, *end = c->body ? c->body + c->len : NULL;
     size_t ev_len = 0;
-    while (p && p < end) {
-        const char *sep = memmem(p, (size_t)(end - p), "\n\n", 2);
-        if (!sep)
-            break;
-        if (sep - p > 16 && !strncmp(p, "data: {\"error\"", 14)) {
-            ev = p + 6;
-            ev_len = (size_t)(sep - ev);
+    api_sse_event sse;
+    while (p && p < end && api_sse_next(p, (size_t)(end - p), &sse)) {
+        if (sse.data && sse.data_len > 10 && !strncmp(sse.data, "{\"error\"", 8)) {
+            ev = sse.data;
+            ev_len = sse.data_len;
         }
-        p = sep + 2;
+        p += sse.consumed;
     }
     json_t *j = ev ? sw_json_loadb(ev, ev_len, 0, NULL) : NULL;
     json_t *e = json_object_get(j, "error");

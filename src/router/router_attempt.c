@@ -6,6 +6,7 @@
 #include "router/router_attempt.h"
 #include "router/router_net.h"
 
+#include "api/sse.h"
 #include "common/alloc.h"
 
 #include <stdio.h>
@@ -358,15 +359,15 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         acc_len += (size_t)n;
         acc[acc_len] = 0;
         char *start = acc;
-        char *sep;
-        while (!done && (sep = strstr(start, "\n\n"))) {
-            *sep = 0;
-            if (!strncmp(start, "data: ", 6)) {
-                fk = stream_payload(r, start + 6, &done);
+        api_sse_event ev;
+        while (!done && api_sse_next(start, acc_len - (size_t)(start - acc), &ev)) {
+            start[ev.text_len] = 0; /* the payload as a string */
+            if (ev.data) {
+                fk = stream_payload(r, (char *)ev.data, &done);
                 if (fk != FAIL_NONE)
                     done = true;
             }
-            start = sep + 2;
+            start += ev.consumed;
         }
         size_t rest = acc_len - (size_t)(start - acc);
         memmove(acc, start, rest);

@@ -11,6 +11,7 @@
  */
 #include "router/router-impl.h"
 
+#include "api/sse.h"
 #include "common/alloc.h"
 #include "common/log.h"
 
@@ -55,8 +56,8 @@ static void send_stored(rt_req *q, const ldg_stored *s)
     /* one chunk per event, as the original stream was sent */
     const char *p = s->body, *end = s->body + s->body_len;
     while (p < end) {
-        const char *sep = strstr(p, "\n\n");
-        size_t len = sep ? (size_t)(sep - p) + 2 : (size_t)(end - p);
+        api_sse_event ev;
+        size_t len = api_sse_next(p, (size_t)(end - p), &ev) ? ev.consumed : (size_t)(end - p);
         char hex[32];
         int hn = snprintf(hex, sizeof hex, "%zx\r\n", len);
         if (rt__sink_write(q, hex, (size_t)hn) || rt__sink_write(q, p, len) ||

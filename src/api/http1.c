@@ -139,6 +139,7 @@ int api_http_response_head(const char *buf, size_t len, size_t max_head, api_htt
         if (!api_http_status_line(line, (size_t)(eol - line), &r->status, &r->minor) ||
             r->status == 101)
             return -1; /* no upgrade is ever asked for */
+        r->final_at = at;
         at = head_end;
         if (r->status >= 200) {
             r->fields = eol + 2;

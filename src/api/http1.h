@@ -59,6 +59,7 @@ typedef struct api_http_response {
     int status;           /* the final status (an interim 1xx head is skipped) */
     int minor;            /* HTTP/1.<minor> */
     size_t head_len;      /* bytes through the head's blank line (any 1xx included) */
+    size_t final_at;      /* where the final head's status line starts */
     const char *fields;   /* its header lines: [fields, fields + fields_len) */
     size_t fields_len;
     bool chunked;         /* Transfer-Encoding names chunked */

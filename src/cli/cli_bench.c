@@ -14,6 +14,8 @@
  */
 #include "cli/cli.h"
 
+#include "api/http1.h"
+
 #include "common/alloc.h"
 #include "device/cpu/cpu_kernels.h"
 #include "device/cpu/threadpool.h"
@@ -381,48 +383,42 @@ static int http_once(const http_bench *b)
             head[got++] = buf[i];
     }
     head[got] = '\0';
-    int code;
-    if (got >= 12 && strncmp(head, "HTTP/1.", 7) == 0 && sscanf(head + 9, "%3d", &code) == 1)
+    const char *eol = strstr(head, "\r\n");
+    int code, minor;
+    if (api_http_status_line(head, eol ? (size_t)(eol - head) : got, &code, &minor))
         status = code;
 done:
     close(fd);
     return status;
 }
 
-/* Length of the whole response at the start of p (n bytes; NUL after
- * them), 0 while incomplete; *close when the server ends the connection
- * after it. Framed by Content-Length or chunked encoding. */
-static size_t http_framed_length(const char *p, size_t n, bool *close_after)
+/* Length of the whole response at the start of p (n bytes), 0 while
+ * incomplete, (size_t)-1 when malformed; *status, and *close when the
+ * server ends the connection after it (api/http1's framing). */
+static size_t http_framed_length(const char *p, size_t n, bool *close_after, int *status)
 {
-    const char *end = strstr(p, "\r\n\r\n");
-    if (!end)
-        return 0;
-    size_t head = (size_t)(end - p) + 4, want = 0;
-    bool chunked = false;
-    *close_after = false;
-    for (const char *l = strstr(p, "\r\n"); l && l < end; l = strstr(l + 2, "\r\n")) {
-        const char *h = l + 2;
-        if (!strncasecmp(h, "Content-Length:", 15))
-            want = (size_t)strtoull(h + 15, NULL, 10);
-        else if (!strncasecmp(h, "Transfer-Encoding:", 18))
-            chunked = true;
-        else if (!strncasecmp(h, "Connection:", 11) && strncasecmp(h + 11, " keep-alive", 11))
-            *close_after = true;
-    }
-    if (!chunked)
-        return n >= head + want && want <= SIZE_MAX - head ? head + want : 0;
-    for (size_t at = head;;) {
-        const char *eol = at < n ? strstr(p + at, "\r\n") : NULL;
-        if (!eol)
+    api_http_response r;
+    int h = api_http_response_head(p, n, (size_t)64 << 10, &r);
+    if (h <= 0)
+        return h < 0 ? (size_t)-1 : 0;
+    *close_after = r.close;
+    *status = r.status;
+    if (!r.chunked && !r.has_length)
+        return r.head_len; /* the body runs to the close: not waited for */
+    api_http_body body;
+    api_http_body_init(&body, &r);
+    size_t at = r.head_len;
+    while (!body.done) {
+        const char *d;
+        size_t dn;
+        long k = api_http_body_next(&body, p + at, n - at, &d, &dn);
+        if (k < 0)
+            return (size_t)-1;
+        if (k == 0)
             return 0;
-        size_t sz = (size_t)strtoull(p + at, NULL, 16);
-        at = (size_t)(eol - p) + 2;
-        if (sz == 0)
-            return n >= at + 2 ? at + 2 : 0;
-        if (sz > n || n - at < sz + 2)
-            return 0;
-        at += sz + 2;
+        at += (size_t)k;
     }
+    return at;
 }
 
 /* --keepalive: one request on the thread's connection (opened when there
@@ -450,7 +446,8 @@ static int http_keepalive_once(const http_bench *b, int *fd, char **buf, size_t 
     }
     size_t got = 0, len = 0;
     bool close_after = false;
-    while (!(len = http_framed_length(*buf, got, &close_after))) {
+    int code = -1;
+    while (!(len = http_framed_length(*buf, got, &close_after, &code))) {
         if (*cap - got < 16385) {
             if (*cap > ((size_t)1 << 30))
                 goto drop;
@@ -469,9 +466,8 @@ static int http_keepalive_once(const http_bench *b, int *fd, char **buf, size_t 
         got += (size_t)n;
         (*buf)[got] = '\0';
     }
-    int code = -1;
-    if (len >= 12 && strncmp(*buf, "HTTP/1.", 7) == 0 && sscanf(*buf + 9, "%3d", &code) != 1)
-        code = -1;
+    if (len == (size_t)-1)
+        goto drop;
     if (close_after || got != len) { /* closed by the server, or extra bytes */
         close(*fd);
         *fd = -1;

@@ -10,6 +10,7 @@
  */
 #include "drill/drill_impl.h"
 
+#include "api/http1.h"
 #include "api/sse.h"
 #include "common/alloc.h"
 
@@ -110,16 +111,15 @@ static int send_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* Incremental response parser: raw bytes in, head and de-chunked body out. */
+/* Incremental response reading: raw bytes in, head and de-chunked body out
+ * (the framing is api/http1's). */
 typedef struct parser {
     char *raw;
     size_t raw_len, raw_cap;
     size_t pos;          /* first raw byte not yet consumed (after the head) */
     bool have_head;
-    bool chunked;
-    bool has_length;
-    int64_t remaining;   /* content left, or left in the current chunk */
-    bool in_chunk_data;
+    bool close_framed;   /* the body ends with the connection */
+    api_http_body body;
     bool done;
     bool overflow;
 } parser;
@@ -140,124 +140,40 @@ static int body_append(dh_response *out, const char *p, size_t n, parser *ps)
     return 0;
 }
 
-static bool head_value(const char *head, const char *name, char *buf, size_t cap)
-{
-    size_t nl = strlen(name);
-    const char *line = strstr(head, "\r\n");
-    while (line) {
-        line += 2;
-        if (strncasecmp(line, name, nl) == 0 && line[nl] == ':') {
-            const char *v = line + nl + 1;
-            while (*v == ' ' || *v == '\t')
-                v++;
-            size_t vl = strcspn(v, "\r\n");
-            while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
-                vl--;
-            if (vl >= cap)
-                vl = cap - 1;
-            memcpy(buf, v, vl);
-            buf[vl] = '\0';
-            return true;
-        }
-        line = strstr(line, "\r\n");
-    }
-    return false;
-}
-
 /* Consumes what it can of raw; returns -1 on a malformed response. */
 static int parse_step(parser *ps, dh_response *out)
 {
     if (!ps->have_head) {
-        char *end = NULL;
-        for (size_t i = 0; i + 3 < ps->raw_len; i++)
-            if (memcmp(ps->raw + i, "\r\n\r\n", 4) == 0) {
-                end = ps->raw + i;
-                break;
-            }
-        if (!end)
-            return ps->raw_len > 65536 ? -1 : 0;
-        size_t hl = (size_t)(end - ps->raw);
-        out->headers = sw_strndup(ps->raw, hl + 2);
+        api_http_response r;
+        int h = api_http_response_head(ps->raw, ps->raw_len, 65536, &r);
+        if (h <= 0)
+            return h;
+        /* the final head's status line and fields, each line with its CRLF */
+        out->headers = sw_strndup(ps->raw + r.final_at, r.head_len - 2 - r.final_at);
         if (!out->headers)
             return -1;
-        int code;
-        if (hl < 12 || strncmp(ps->raw, "HTTP/1.", 7) || sscanf(ps->raw + 9, "%3d", &code) != 1)
-            return -1;
-        out->status = code;
+        out->status = r.status;
         out->t_headers = dh_now();
         ps->have_head = true;
-        ps->pos = hl + 4;
-        char v[64];
-        if (head_value(out->headers, "Transfer-Encoding", v, sizeof v) &&
-            strcasestr(v, "chunked")) {
-            ps->chunked = true;
-        } else if (head_value(out->headers, "Content-Length", v, sizeof v)) {
-            char *e;
-            long long n = strtoll(v, &e, 10);
-            if (*e || n < 0)
-                return -1;
-            ps->has_length = true;
-            ps->remaining = n;
-            if (n == 0)
-                ps->done = true;
-        }
+        ps->pos = r.head_len;
+        ps->close_framed = !r.chunked && !r.has_length;
+        api_http_body_init(&ps->body, &r);
+        ps->done = ps->body.done;
         if (!out->body && body_append(out, "", 0, ps))
             return -1;
     }
     while (!ps->done && ps->pos < ps->raw_len) {
-        const char *p = ps->raw + ps->pos;
-        size_t avail = ps->raw_len - ps->pos;
-        if (!ps->chunked) {
-            size_t take = avail;
-            if (ps->has_length && (int64_t)take > ps->remaining)
-                take = (size_t)ps->remaining;
-            if (body_append(out, p, take, ps))
-                return -1;
-            ps->pos += take;
-            if (ps->has_length) {
-                ps->remaining -= (int64_t)take;
-                if (ps->remaining == 0)
-                    ps->done = true;
-            }
-            continue;
-        }
-        if (ps->in_chunk_data) {
-            if (ps->remaining > 0) {
-                size_t take = avail < (size_t)ps->remaining ? avail : (size_t)ps->remaining;
-                if (body_append(out, p, take, ps))
-                    return -1;
-                ps->pos += take;
-                ps->remaining -= (int64_t)take;
-                continue;
-            }
-            if (avail < 2)
-                return 0;
-            if (memcmp(p, "\r\n", 2))
-                return -1;
-            ps->pos += 2;
-            ps->in_chunk_data = false;
-            continue;
-        }
-        const char *eol = memchr(p, '\n', avail);
-        if (!eol)
-            return avail > 64 ? -1 : 0;
-        char *e;
-        long long n = strtoll(p, &e, 16);
-        if (e == p || n < 0 || n > (long long)DH_MAX_BODY)
+        const char *d;
+        size_t dn;
+        long k = api_http_body_next(&ps->body, ps->raw + ps->pos, ps->raw_len - ps->pos, &d, &dn);
+        if (k < 0)
             return -1;
-        if (n == 0) {
-            /* the last chunk: an empty trailer ends it */
-            const char *rest = eol + 1;
-            size_t rl = ps->raw_len - (size_t)(rest - ps->raw);
-            if (rl < 2)
-                return 0;
-            ps->pos = (size_t)(rest - ps->raw) + 2;
-            ps->done = true;
+        if (k == 0)
             break;
-        }
-        ps->pos = (size_t)(eol + 1 - ps->raw);
-        ps->remaining = n;
-        ps->in_chunk_data = true;
+        if (dn && body_append(out, d, dn, ps))
+            return -1;
+        ps->pos += (size_t)k;
+        ps->done = ps->body.done;
     }
     return 0;
 }
@@ -350,7 +266,7 @@ int dh_exchange(const char *address, const char *method, const char *path,
         }
         if (n == 0) {
             /* EOF: the end of a close-delimited body, else a broken one */
-            if (ps.have_head && !ps.chunked && !ps.has_length)
+            if (ps.have_head && ps.close_framed)
                 ps.done = true;
             else if (!ps.done)
                 out->broken = true;
@@ -395,7 +311,15 @@ bool dh_header(const dh_response *r, const char *name, char *buf, size_t cap)
 {
     if (!r->headers || !cap)
         return false;
-    return head_value(r->headers, name, buf, cap);
+    const char *fields = strstr(r->headers, "\r\n"), *v;
+    size_t vn;
+    if (!fields || !api_http_find_field(fields + 2, r->headers + strlen(r->headers), name, &v, &vn))
+        return false;
+    if (vn >= cap)
+        vn = cap - 1;
+    memcpy(buf, v, vn);
+    buf[vn] = '\0';
+    return true;
 }
 
 json_t *dh_get_json(const char *address, const char *path, int timeout_ms, int *status_out)

@@ -1,6 +1,8 @@
 /* router_harness.c - see router_harness.h. */
 #include "router_harness.h"
 
+#include "api/http1.h"
+
 #include "testutil.h"
 
 #include "common/alloc.h"
@@ -382,38 +384,24 @@ bool rh_conn_read_more(rh_conn *c, double timeout_s)
 }
 
 /* Length of the whole response at the start of p (n bytes), 0 when more
- * bytes are needed. Framed by Content-Length or chunked encoding. */
+ * bytes are needed. Framed by Content-Length or chunked encoding, read by
+ * the tree's own framing (api/http1.h). */
 static size_t response_length(const char *p, size_t n)
 {
-    const char *end = memmem(p, n, "\r\n\r\n", 4);
-    if (!end)
+    api_http_response r;
+    char *body;
+    size_t body_len, used;
+    int rc = api_http_decode(p, n, false, &r, &body, &body_len, &used);
+    if (rc < 0)
+        fail_msg("a malformed response: %.200s", p);
+    if (rc == 0) {
+        if (api_http_response_head(p, n, (size_t)64 << 10, &r) == 1 && !r.chunked &&
+            !r.has_length)
+            fail_msg("a response without Content-Length or chunked framing");
         return 0;
-    size_t head = (size_t)(end - p) + 4;
-    char h[8192];
-    snprintf(h, sizeof h, "%.*s", (int)(head < sizeof h - 1 ? head : sizeof h - 1), p);
-    for (char *q = h; *q; q++)
-        if (*q >= 'A' && *q <= 'Z')
-            *q = (char)(*q - 'A' + 'a');
-    char *cl = strstr(h, "\r\ncontent-length:");
-    if (cl) {
-        size_t want = head + (size_t)strtoull(cl + 17, NULL, 10);
-        return n >= want ? want : 0;
     }
-    if (!strstr(h, "transfer-encoding: chunked"))
-        fail_msg("a response without Content-Length or chunked framing");
-    size_t at = head;
-    for (;;) {
-        const char *eol = memmem(p + at, n - at, "\r\n", 2);
-        if (!eol)
-            return 0;
-        size_t sz = (size_t)strtoull(p + at, NULL, 16);
-        at = (size_t)(eol - p) + 2;
-        if (sz == 0)
-            return n >= at + 2 ? at + 2 : 0;
-        if (n < at + sz + 2)
-            return 0;
-        at += sz + 2;
-    }
+    sw_free(body);
+    return used;
 }
 
 void rh_conn_read_response(rh_conn *c, wc_response *out)

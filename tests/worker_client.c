@@ -1,6 +1,8 @@
 /* worker_client.c - see worker_client.h. */
 #include "worker_client.h"
 
+#include "api/http1.h"
+
 #include "testutil.h"
 
 #include "common/alloc.h"
@@ -168,25 +170,16 @@ void wc_response_free(wc_response *r)
 
 bool wc_header(const wc_response *r, const char *name, char *buf, size_t cap)
 {
-    size_t nl = strlen(name);
-    const char *p = r->headers;
-    while (p && *p) {
-        const char *eol = strstr(p, "\r\n");
-        size_t ll = eol ? (size_t)(eol - p) : strlen(p);
-        if (ll > nl && strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
-            const char *v = p + nl + 1;
-            while (*v == ' ')
-                v++;
-            size_t vl = ll - (size_t)(v - p);
-            if (vl >= cap)
-                vl = cap - 1;
-            memcpy(buf, v, vl);
-            buf[vl] = '\0';
-            return true;
-        }
-        p = eol ? eol + 2 : NULL;
-    }
-    return false;
+    const char *fields = r->headers ? strstr(r->headers, "\r\n") : NULL, *v;
+    size_t vn;
+    if (!fields || !cap ||
+        !api_http_find_field(fields + 2, r->headers + strlen(r->headers), name, &v, &vn))
+        return false;
+    if (vn >= cap)
+        vn = cap - 1;
+    memcpy(buf, v, vn);
+    buf[vn] = '\0';
+    return true;
 }
 
 int wc_connect(const char *socket_path, int timeout_ms)
@@ -224,56 +217,21 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* Decodes a chunked body in place; -1 on a framing error. */
-static int dechunk(char *body, size_t len, size_t *out_len)
-{
-    size_t in = 0, out = 0;
-    for (;;) {
-        char *eol = memmem(body + in, len - in, "\r\n", 2);
-        if (!eol)
-            return -1;
-        char *end;
-        unsigned long n = strtoul(body + in, &end, 16);
-        if (end == body + in)
-            return -1;
-        in = (size_t)(eol - body) + 2;
-        if (n == 0)
-            break;
-        if (in + n + 2 > len || memcmp(body + in + n, "\r\n", 2) != 0)
-            return -1;
-        memmove(body + out, body + in, n);
-        out += n;
-        in += n + 2;
-    }
-    body[out] = '\0';
-    *out_len = out;
-    return 0;
-}
-
+/* The framing is the tree's own (api/http1.h): a response the router or a
+ * worker frames wrongly fails here. */
 int wc_response_parse(const char *raw, size_t len, wc_response *out)
 {
     memset(out, 0, sizeof *out);
-    const char *hend = memmem(raw, len, "\r\n\r\n", 4);
-    if (!hend || len < 12 || strncmp(raw, "HTTP/1.", 7) != 0)
+    api_http_response r;
+    size_t used;
+    if (api_http_decode(raw, len, true, &r, &out->body, &out->body_len, &used) != 1)
         return -1;
-    out->status = atoi(raw + 9);
-    out->headers = sw_strndup(raw, (size_t)(hend - raw) + 2);
-    size_t blen = len - (size_t)(hend + 4 - raw);
-    out->body = sw_malloc(blen + 1);
-    if (!out->headers || !out->body) {
+    out->status = r.status;
+    out->chunked = r.chunked;
+    out->headers = sw_strndup(raw + r.final_at, r.head_len - 2 - r.final_at);
+    if (!out->headers) {
         wc_response_free(out);
         return -1;
-    }
-    memcpy(out->body, hend + 4, blen);
-    out->body[blen] = '\0';
-    out->body_len = blen;
-    char te[64];
-    if (wc_header(out, "Transfer-Encoding", te, sizeof te) && strcasecmp(te, "chunked") == 0) {
-        out->chunked = true;
-        if (dechunk(out->body, out->body_len, &out->body_len) != 0) {
-            wc_response_free(out);
-            return -1;
-        }
     }
     return 0;
 }

@@ -9,8 +9,8 @@
  * any other part type is refused rather than dropped: a client whose
  * image silently vanished would get an answer about nothing.
  */
-#ifndef SPILLWAY_COMMON_CHAT_CONTENT_H
-#define SPILLWAY_COMMON_CHAT_CONTENT_H
+#ifndef SPILLWAY_CHAT_CHAT_CONTENT_H
+#define SPILLWAY_CHAT_CHAT_CONTENT_H
 
 #include <jansson.h>
 #include <stddef.h>

@@ -61,8 +61,8 @@
  *
  * Every function here is pure (no global state): safe from any thread.
  */
-#ifndef SPILLWAY_ENGINE_CHAT_TEMPLATE_H
-#define SPILLWAY_ENGINE_CHAT_TEMPLATE_H
+#ifndef SPILLWAY_CHAT_CHAT_TEMPLATE_H
+#define SPILLWAY_CHAT_CHAT_TEMPLATE_H
 
 #include "common/error.h"
 #include "gguf/gguf.h"

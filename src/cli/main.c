@@ -19,7 +19,7 @@ static void usage(FILE *out)
             "\n"
             "commands:\n"
             "  run      generate text from a prompt on the command line\n"
-            "  model    make | info  (make a test model, inspect a GGUF file)\n"
+            "  model    make | info | plan  (make a test model, inspect a GGUF file, plan its memory)\n"
             "  bench    engine | memory | http | profiles  (speed, latency, placement profiles)\n"
             "  hog      hold device memory until stopped (fill a GPU on purpose)\n"
             "  worker   serve one model over HTTP (OpenAI API)\n"

@@ -10,10 +10,11 @@
  * user's client sees (status, headers, SSE events), plus what the router
  * and the workers publish (/health, /metrics, /v1/spillway/events). It
  * uses no router internals, so a bug in the router cannot hide itself.
- * Private to src/cli.
+ * The drill room's interface: src/drill holds these files, and the cli
+ * room's cli_drill.c and the bench profiles use them.
  */
-#ifndef SPILLWAY_CLI_DRILL_IMPL_H
-#define SPILLWAY_CLI_DRILL_IMPL_H
+#ifndef SPILLWAY_DRILL_DRILL_IMPL_H
+#define SPILLWAY_DRILL_DRILL_IMPL_H
 
 #include <jansson.h>
 #include <pthread.h>

@@ -63,7 +63,7 @@ struct cuda_engine {
 /* A kernel launcher's or runtime call's result as a status. */
 static int check(const eng_context *ctx, int cuda_error, const char *what, sw_error *err)
 {
-    return cuda__status(cuda_error, dev_spec(ctx->params.device), what, err);
+    return cuda_status(cuda_error, dev_spec(ctx->params.device), what, err);
 }
 
 static int check_blas(const eng_context *ctx, cublasStatus_t st, const char *what, sw_error *err)
@@ -138,7 +138,7 @@ int cuda_engine_create(eng_context *ctx, sw_error *err)
 
     if ((rc = cuda_engine_check(ctx, err)))
         return rc;
-    if ((rc = cuda__select(dev, err)))
+    if ((rc = cuda_select(dev, err)))
         return rc;
     {
         const char *kernel = "";
@@ -211,7 +211,7 @@ void cuda_engine_free(eng_context *ctx)
     struct cuda_engine *g = ctx->cuda;
     if (!g)
         return;
-    if (g->blas_ready && cuda__select(ctx->params.device, NULL) == SW_OK)
+    if (g->blas_ready && cuda_select(ctx->params.device, NULL) == SW_OK)
         cublasDestroy(g->blas);
     dev_free(ctx->params.device, g->d_blas_ws, g->blas_ws_bytes);
     dev_free(ctx->params.device, g->d_scratch, g->scratch_bytes);
@@ -370,7 +370,7 @@ int cuda_forward_layers(eng_context *ctx, float *x, const eng_token_meta *meta, 
 
     if (!ctx->cuda)
         return sw_error_set(err, SW_EINTERNAL, "CUDA engine not set up");
-    if ((rc = cuda__select(dev, err)) || (rc = dev_upload(dev, DWS(ctx, x), x, x_bytes, err)) ||
+    if ((rc = cuda_select(dev, err)) || (rc = dev_upload(dev, DWS(ctx, x), x, x_bytes, err)) ||
         (rc = upload_tables(ctx, meta, n, err)))
         return rc;
     for (int32_t l = 0; l < ctx->n_device_layers; l++)
@@ -393,7 +393,7 @@ int cuda_forward_output(eng_context *ctx, const int64_t *logit_tokens, int32_t n
 
     if (!ctx->cuda || ctx->n_device_layers != hp->n_layer)
         return sw_error_set(err, SW_EINTERNAL, "the output head is not on the GPU");
-    if ((rc = cuda__select(ctx->params.device, err)))
+    if ((rc = cuda_select(ctx->params.device, err)))
         return rc;
     for (int32_t r = 0; r < n_logit; r++)
         if ((rc = check(ctx, cuda_rms_norm(xn + r * dim, x + logit_tokens[r] * dim,

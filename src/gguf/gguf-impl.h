@@ -3,8 +3,8 @@
  * struct and the small decoding, type and index helpers they all use.
  * Private to src/gguf/gguf*.c.
  */
-#ifndef SPILLWAY_ENGINE_GGUF_IMPL_H
-#define SPILLWAY_ENGINE_GGUF_IMPL_H
+#ifndef SPILLWAY_GGUF_GGUF_IMPL_H
+#define SPILLWAY_GGUF_GGUF_IMPL_H
 
 #include "gguf/gguf.h"
 

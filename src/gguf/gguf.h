@@ -31,8 +31,8 @@
  * offset 4 is misaligned (...)"; eng_gguf_open prefixes the path.
  * A handle is immutable after open, so it may be read from many threads.
  */
-#ifndef SPILLWAY_ENGINE_GGUF_H
-#define SPILLWAY_ENGINE_GGUF_H
+#ifndef SPILLWAY_GGUF_GGUF_H
+#define SPILLWAY_GGUF_GGUF_H
 
 #include "common/error.h"
 

@@ -8,8 +8,8 @@
  * fixed-size value that can be copied while walking the token trie.
  * Only json_schema.c and constrain.c include this file.
  */
-#ifndef SPILLWAY_ENGINE_CONSTRAIN_IMPL_H
-#define SPILLWAY_ENGINE_CONSTRAIN_IMPL_H
+#ifndef SPILLWAY_GRAMMAR_CONSTRAIN_IMPL_H
+#define SPILLWAY_GRAMMAR_CONSTRAIN_IMPL_H
 
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"

@@ -19,8 +19,8 @@
  * Special and control tokens are never allowed; the vocabulary's
  * end-of-generation tokens are allowed exactly when the value is complete.
  */
-#ifndef SPILLWAY_ENGINE_CONSTRAIN_H
-#define SPILLWAY_ENGINE_CONSTRAIN_H
+#ifndef SPILLWAY_GRAMMAR_CONSTRAIN_H
+#define SPILLWAY_GRAMMAR_CONSTRAIN_H
 
 #include "common/error.h"
 #include "grammar/json_schema.h"

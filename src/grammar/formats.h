@@ -6,13 +6,13 @@
  * month's days and February 29 only in leap years, IPv4 without leading
  * zeros, IPv6 with every :: placement, URIs per the RFC 3986 ABNF), a
  * subset where it cannot; the narrowings are listed in formats.c and in
- * docs/internals/engine.md. For any other name the answer is NULL: the
+ * docs/internals/grammar.md. For any other name the answer is NULL: the
  * schema compiler refuses the formats JSON Schema defines that have no
  * pattern here (idn-hostname, uri-template, regex) and takes the rest as
  * annotations.
  */
-#ifndef SPILLWAY_ENGINE_FORMATS_H
-#define SPILLWAY_ENGINE_FORMATS_H
+#ifndef SPILLWAY_GRAMMAR_FORMATS_H
+#define SPILLWAY_GRAMMAR_FORMATS_H
 
 #include "common/error.h"
 

@@ -14,8 +14,8 @@
  * to ENG_GBNF_MAX_COUNT; past them SW_ERANGE, malformed text SW_EINVAL
  * with the line and column.
  */
-#ifndef SPILLWAY_ENGINE_GBNF_H
-#define SPILLWAY_ENGINE_GBNF_H
+#ifndef SPILLWAY_GRAMMAR_GBNF_H
+#define SPILLWAY_GRAMMAR_GBNF_H
 
 #include "common/error.h"
 #include "grammar/json_schema.h"

@@ -25,8 +25,8 @@
  * it is (a JSON pointer into the schema). Compiling is bounded in nodes
  * and steps.
  */
-#ifndef SPILLWAY_ENGINE_JSON_SCHEMA_H
-#define SPILLWAY_ENGINE_JSON_SCHEMA_H
+#ifndef SPILLWAY_GRAMMAR_JSON_SCHEMA_H
+#define SPILLWAY_GRAMMAR_JSON_SCHEMA_H
 
 #include "common/error.h"
 

@@ -28,8 +28,8 @@
  * would pass ENG_REGEX_MAX_STATES states, or whose construction passes a
  * fixed work bound (a hostile `(a|b)*a(a|b){20}` fails in milliseconds).
  */
-#ifndef SPILLWAY_ENGINE_REGEX_H
-#define SPILLWAY_ENGINE_REGEX_H
+#ifndef SPILLWAY_GRAMMAR_REGEX_H
+#define SPILLWAY_GRAMMAR_REGEX_H
 
 #include "common/error.h"
 

@@ -37,8 +37,8 @@
  *   reach it, so the tokenizer produces whole-word tokens for listed words.
  *   There are no duplicate pieces.
  */
-#ifndef SPILLWAY_ENGINE_MODEL_MAKE_H
-#define SPILLWAY_ENGINE_MODEL_MAKE_H
+#ifndef SPILLWAY_MODELGEN_MODEL_MAKE_H
+#define SPILLWAY_MODELGEN_MODEL_MAKE_H
 
 #include "common/error.h"
 

@@ -56,8 +56,8 @@
  * Everything here is portable scalar C and serves as the reference the SIMD
  * kernels (device/cpu/cpu_kernels.h) are tested against.
  */
-#ifndef SPILLWAY_ENGINE_QUANT_H
-#define SPILLWAY_ENGINE_QUANT_H
+#ifndef SPILLWAY_QUANT_QUANT_H
+#define SPILLWAY_QUANT_QUANT_H
 
 #include <stdbool.h>
 #include <stddef.h>

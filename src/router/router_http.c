@@ -11,6 +11,8 @@
 #include "router/router-impl.h"
 #include "router/router_net.h"
 
+#include "api/http1.h"
+
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/textbuf.h"
@@ -798,24 +800,6 @@ static int wait_next_request(rt_router *rt, int fd)
     return evicted ? -1 : got;
 }
 
-/* Whether a comma-separated header value holds the token (any case). */
-static bool has_token(const char *v, const char *tok)
-{
-    size_t tl = strlen(tok);
-    for (const char *p = v; *p;) {
-        while (*p == ' ' || *p == '\t' || *p == ',')
-            p++;
-        size_t n = strcspn(p, ",");
-        size_t m = n;
-        while (m && (p[m - 1] == ' ' || p[m - 1] == '\t'))
-            m--;
-        if (m == tl && !strncasecmp(p, tok, tl))
-            return true;
-        p += n;
-    }
-    return false;
-}
-
 /* Whether a Prefer header value (RFC 7240: comma-separated
  * preferences, each "token[=value]" with optional ";param"s) holds
  * respond-async. */
@@ -932,19 +916,15 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         memcpy(val, v, vn);
         val[vn] = 0;
         if (nl == 14 && !strncasecmp(line, "Content-Length", 14)) {
-            char *e = NULL;
-            errno = 0;
             long long previous = content_length;
-            content_length = strtoll(val, &e, 10);
-            /* digits only (RFC 9110 8.6: no sign, no space inside); two
-             * lengths that differ: which body is meant is ambiguous (a
+            int64_t cl = 0;
+            /* digits only (RFC 9110 8.6: no sign, no space inside; api/http1.h);
+             * two lengths that differ: which body is meant is ambiguous (a
              * request-smuggling shape), RFC 9112 6.3 says refuse */
-            size_t digits = strspn(val, "0123456789");
-            while (val[digits] == ' ' || val[digits] == '\t')
-                digits++; /* trailing white space is the field's, not the value's */
-            if (e == val || val[0] < '0' || val[0] > '9' || val[digits] || errno ||
-                (seen_length && previous != content_length))
+            if (!api_http_content_length(val, strlen(val), &cl) ||
+                (seen_length && previous != cl))
                 bad_length = true;
+            content_length = cl;
             seen_length = true;
         } else if (nl == 17 && !strncasecmp(line, "Transfer-Encoding", 17))
             chunked = true;
@@ -965,7 +945,7 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         else if (nl == 6 && !strncasecmp(line, "Prefer", 6))
             q.prefer_async = q.prefer_async || prefers_async(val);
         else if (nl == 6 && !strncasecmp(line, "Expect", 6)) {
-            if (has_token(val, "100-continue"))
+            if (api_http_has_token(val, strlen(val), "100-continue"))
                 expect_continue = true;
             else if (val[0])
                 expect_other = true;
@@ -983,8 +963,9 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     /* HTTP/1.1 is persistent unless the client says close; HTTP/1.0 only
      * when it asks for keep-alive. The last request a connection may
      * serve, and any during shutdown, answer Connection: close. */
-    q.keep_alive = (!strcmp(version, "HTTP/1.1") ? !has_token(conn, "close")
-                                                 : has_token(conn, "keep-alive")) &&
+    size_t conn_len = strlen(conn);
+    q.keep_alive = (!strcmp(version, "HTTP/1.1") ? !api_http_has_token(conn, conn_len, "close")
+                                                 : api_http_has_token(conn, conn_len, "keep-alive")) &&
                    rt->cfg->keepalive_timeout_s > 0 &&
                    served + 1 < rt->cfg->keepalive_max_requests && !rt->stop;
     if (plain_token(rid)) { /* under 64 characters: fits request_id */

@@ -3,6 +3,8 @@
  * connections it reuses. */
 #include "router/router_net.h"
 
+#include "api/http1.h"
+
 #include "router/router_tls.h"
 
 #include "common/alloc.h"
@@ -288,19 +290,15 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
     if (!sw_tb_ok(&t) || rn_write_request(c, head, t.len, body, body_len))
         return -1;
     char line[4096];
-    int r;
+    int r, minor = 1;
     for (;;) {
         r = rn_line(c, line, sizeof line);
         if (r < 0)
             return r == -2 ? -2 : -3;
-        /* "HTTP/1.x NNN[ reason]": three digits, a final status 200..599;
+        /* "HTTP/1.x NNN[ reason]" (api/http1.h), a final status 200..599;
          * an interim 1xx head (100 Continue, 103 Early Hints) is skipped */
-        if (strncmp(line, "HTTP/1.", 7) || (line[7] != '0' && line[7] != '1') ||
-            line[8] != ' ' || line[9] < '1' || line[9] > '5' || line[10] < '0' ||
-            line[10] > '9' || line[11] < '0' || line[11] > '9' ||
-            (line[12] != 0 && line[12] != ' '))
+        if (!api_http_status_line(line, strlen(line), &c->status, &minor))
             return -3;
-        c->status = (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
         if (c->status >= 200)
             break;
         if (c->status == 101)
@@ -312,7 +310,7 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
         } while (line[0]);
     }
     /* HTTP/1.1 keeps the connection unless it says close; 1.0 is not reused */
-    c->keep_alive = keep_alive && line[7] == '1';
+    c->keep_alive = keep_alive && minor == 1;
     for (;;) {
         r = rn_line(c, line, sizeof line);
         if (r < 0)
@@ -329,12 +327,8 @@ static int rn_exchange(rn_conn *c, const char *method, const char *path,
         if (!strcasecmp(line, "Transfer-Encoding") && strstr(v, "chunked"))
             c->chunked = true;
         else if (!strcasecmp(line, "Content-Length")) {
-            char *end;
-            errno = 0;
-            long long cl = strtoll(v, &end, 10);
-            while (*end == ' ' || *end == '\t')
-                end++;
-            if (end == v || *v < '0' || *v > '9' || *end || errno)
+            int64_t cl;
+            if (!api_http_content_length(v, strlen(v), &cl))
                 return -3; /* not a length (digits only): the framing is unknown */
             c->has_length = true;
             c->remaining = cl;
@@ -416,13 +410,9 @@ long rn_body(rn_conn *c, char *out, size_t cap)
                 return r;
         }
         /* chunk-size = 1*HEXDIG, then an optional extension after ';' */
-        size_t digits = strspn(line, "0123456789abcdefABCDEF");
-        size_t after = digits;
-        while (line[after] == ' ' || line[after] == '\t')
-            after++;
-        if (digits == 0 || digits > 15 || (line[after] && line[after] != ';'))
+        int64_t size;
+        if (!api_http_chunk_size(line, strlen(line), &size))
             return -1;
-        long long size = strtoll(line, NULL, 16);
         if (size == 0) {
             /* trailer fields (none from our workers), then an empty line */
             do {

@@ -72,7 +72,7 @@ static long count_prompt(const rt_model *m, json_t *body, bool chat)
         return result;
     }
     /* the worker's own rendering: template, tool definitions, tool calls
-     * and results, content parts (worker.h) */
+     * and results, content parts (api/api.h) */
     json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0 || json_array_size(msgs) > 100000)
         return -1;

@@ -3,8 +3,8 @@
  * byte-level BPE code (tokenizer_bpe.c). Callers outside these two files
  * use tokenizer.h only.
  */
-#ifndef SPILLWAY_ENGINE_TOKENIZER_IMPL_H
-#define SPILLWAY_ENGINE_TOKENIZER_IMPL_H
+#ifndef SPILLWAY_TEXT_TOKENIZER_IMPL_H
+#define SPILLWAY_TEXT_TOKENIZER_IMPL_H
 
 #include "text/tokenizer.h"
 

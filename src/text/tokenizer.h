@@ -25,8 +25,8 @@
  * A loaded tokenizer is immutable: any number of threads may tokenize and
  * detokenize with it at once (each with its own eng_detok).
  */
-#ifndef SPILLWAY_ENGINE_TOKENIZER_H
-#define SPILLWAY_ENGINE_TOKENIZER_H
+#ifndef SPILLWAY_TEXT_TOKENIZER_H
+#define SPILLWAY_TEXT_TOKENIZER_H
 
 #include "common/error.h"
 #include "gguf/gguf.h"

@@ -4,8 +4,8 @@
  * needs neither Python nor ICU. Lookups live with their only user,
  * tokenizer_bpe.c.
  */
-#ifndef SPILLWAY_ENGINE_UNICODE_TABLES_H
-#define SPILLWAY_ENGINE_UNICODE_TABLES_H
+#ifndef SPILLWAY_TEXT_UNICODE_TABLES_H
+#define SPILLWAY_TEXT_UNICODE_TABLES_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -30,7 +30,7 @@ typedef struct cuda_impl {
     char name[256];     /* the GPU's name, for logs */
 } cuda_impl;
 
-int cuda__status(int cuda_error, const char *spec, const char *what, sw_error *err)
+int cuda_status(int cuda_error, const char *spec, const char *what, sw_error *err)
 {
     cudaError_t e = (cudaError_t)cuda_error;
     if (e == cudaSuccess)
@@ -43,10 +43,10 @@ int cuda__status(int cuda_error, const char *spec, const char *what, sw_error *e
                         cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-int cuda__select(const dev_device *dev, sw_error *err)
+int cuda_select(const dev_device *dev, sw_error *err)
 {
     const cuda_impl *impl = dev->impl;
-    return cuda__status(cudaSetDevice(impl->index), dev->spec, "selecting the GPU", err);
+    return cuda_status(cudaSetDevice(impl->index), dev->spec, "selecting the GPU", err);
 }
 
 
@@ -80,7 +80,7 @@ static int cuda_open(dev_device *dev, const char *argument, const dev_options *o
         return sw_error_set(err, SW_ENOTFOUND, "%s: no such GPU (%d visible: cuda:0..cuda:%d)",
                             dev->spec, count, count - 1);
     if ((e = cudaGetDeviceProperties(&prop, index)) != cudaSuccess)
-        return cuda__status(e, dev->spec, "reading the GPU's properties", err);
+        return cuda_status(e, dev->spec, "reading the GPU's properties", err);
     impl = sw_calloc(1, sizeof *impl);
     if (!impl)
         return sw_error_set(err, SW_ENOMEM, "out of host memory opening %s", dev->spec);
@@ -106,7 +106,7 @@ static int cuda_alloc(dev_device *dev, size_t bytes, void **out, sw_error *err)
     cudaError_t e;
     int rc;
 
-    if ((rc = cuda__select(dev, err)))
+    if ((rc = cuda_select(dev, err)))
         return rc;
     /* cudaMalloc(0) gives NULL; the interface promises a valid pointer. */
     e = cudaMalloc(&ptr, bytes ? bytes : 1);
@@ -115,7 +115,7 @@ static int cuda_alloc(dev_device *dev, size_t bytes, void **out, sw_error *err)
         return SW_OK;
     }
     if (e != cudaErrorMemoryAllocation)
-        return cuda__status(e, dev->spec, "cudaMalloc", err);
+        return cuda_status(e, dev->spec, "cudaMalloc", err);
     cudaGetLastError();
     cudaMemGetInfo(&free_b, &total_b);
     return sw_error_set(err, SW_EDEVOOM, "%s out of memory: asked %s, %s used of %s", dev->spec,
@@ -126,7 +126,7 @@ static int cuda_alloc(dev_device *dev, size_t bytes, void **out, sw_error *err)
 
 static void cuda_free(dev_device *dev, void *ptr, size_t bytes)
 {
-    if (cuda__select(dev, NULL) != SW_OK)
+    if (cuda_select(dev, NULL) != SW_OK)
         return;
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess)
@@ -137,8 +137,8 @@ static int cuda_memory_info(dev_device *dev, dev_memory *out, sw_error *err)
 {
     size_t free_b = 0, total_b = 0;
     int rc;
-    if ((rc = cuda__select(dev, err)) ||
-        (rc = cuda__status(cudaMemGetInfo(&free_b, &total_b), dev->spec, "cudaMemGetInfo", err)))
+    if ((rc = cuda_select(dev, err)) ||
+        (rc = cuda_status(cudaMemGetInfo(&free_b, &total_b), dev->spec, "cudaMemGetInfo", err)))
         return rc;
     out->total_bytes = total_b;
     out->free_bytes = free_b;
@@ -150,9 +150,9 @@ static int cuda_memory_info(dev_device *dev, dev_memory *out, sw_error *err)
 static int cuda_upload(dev_device *dev, void *dst, const void *src, size_t bytes, sw_error *err)
 {
     int rc;
-    if ((rc = cuda__select(dev, err)))
+    if ((rc = cuda_select(dev, err)))
         return rc;
-    return cuda__status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), dev->spec,
+    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), dev->spec,
                         "copying to the GPU", err);
 }
 
@@ -161,9 +161,9 @@ int cuda_download(dev_device *dev, void *dst, const void *src, size_t bytes, sw_
     int rc;
     if (bytes == 0)
         return SW_OK;
-    if ((rc = cuda__select(dev, err)))
+    if ((rc = cuda_select(dev, err)))
         return rc;
-    return cuda__status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), dev->spec,
+    return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), dev->spec,
                         "copying from the GPU", err);
 }
 

@@ -25,9 +25,9 @@ int cuda_visible_devices(void);
  * value as a status:
  * cudaErrorMemoryAllocation is SW_EDEVOOM (and cleared), anything else
  * SW_EDEVICE with the runtime's message. */
-int cuda__status(int cuda_error, const char *spec, const char *what, sw_error *err);
+int cuda_status(int cuda_error, const char *spec, const char *what, sw_error *err);
 /* Makes the handle's GPU current for the calling thread. */
-int cuda__select(const struct dev_device *dev, sw_error *err);
+int cuda_select(const struct dev_device *dev, sw_error *err);
 
 #else /* !SPILLWAY_CUDA */
 

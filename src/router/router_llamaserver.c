@@ -209,6 +209,10 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
         goto done;
     if (r->chat) {
         /* the server's own template renders the messages */
+        if (!json_is_array(json_object_get(b, "messages"))) {
+            snprintf(why, why_cap, "no messages (the engine answers that)");
+            goto done;
+        }
         json_t *t = json_pack("{s:O}", "messages", json_object_get(b, "messages"));
         char *tb = t ? sw_json_dumps(t, JSON_COMPACT) : NULL;
         json_decref(t);
@@ -223,7 +227,10 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
         if (!json_is_string(prompt)) {
             json_decref(pj);
             snprintf(why, why_cap, "/apply-template answered %d", st);
-            rc = st == -2 ? -2 : -1;
+            /* unreachable: a failure before the answer (replayed); an
+             * answer without a prompt (a 4xx, an older server): the OpenAI
+             * endpoint, which says what is wrong */
+            rc = st == -2 ? -2 : st < 0 ? -1 : 1;
             goto done;
         }
         json_object_set(nb, "prompt", prompt);

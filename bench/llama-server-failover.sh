@@ -195,6 +195,18 @@ for _ in range(300):
     time.sleep(0.2)
 print("gpu after: state %s, pid %d, restarts %d" % (g["state"], g["pid"], g["restarts"]))
 check("llama-server restarted by the router (a new pid, ready)", g["state"] == "ready" and g["pid"] != pid)
+
+# for comparison only (not a check): llama-server's own greedy stream of the
+# same request, from the restarted process
+m = re.findall(r"worker gpu: started pid %d \([^,]*, at http://([\d.]+):(\d+)\)" % g["pid"], log + open(os.path.join(d, "router.log")).read())
+if m and k is not None:
+    h2 = http.client.HTTPConnection(m[-1][0], int(m[-1][1]), timeout=60)
+    h2.request("POST", "/completion", json.dumps({"prompt": body["prompt"], "n_predict": max_tokens, "temperature": 0,
+                                                  "ignore_eos": True, "return_tokens": True}))
+    own = json.loads(h2.getresponse().read()).get("tokens", [])
+    same = next((i for i, (a, b) in enumerate(zip(own, ids)) if a != b), min(len(own), len(ids)))
+    print("llama-server's own greedy tokens agree with the client's stream for the first %d of %d "
+          "(the first k = %d are its own; after them the CPU worker's continuation)" % (same, len(ids), k))
 sys.exit(0 if all(checks) and ok else 1)
 PY
 rc=$?

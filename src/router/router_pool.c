@@ -85,9 +85,16 @@ int32_t rt_pool_max_seqs(const rt_worker *w)
 {
     if (w->cfg.kind == RT_KIND_SPILLWAY && w->slots_max > 0)
         return w->slots_max;
-    /* llama-server: max-seqs when set, else its /slots count */
-    if (w->cfg.kind == RT_KIND_LLAMA_SERVER && w->cfg.max_seqs <= 0 && w->slots_max > 0)
-        return w->slots_max;
+    /* llama-server: max-seqs when set, else its /slots count, less the
+     * slots other clients of it held at the last poll (at least one: it
+     * queues what finds no slot free) */
+    if (w->cfg.kind == RT_KIND_LLAMA_SERVER) {
+        int32_t n = w->cfg.max_seqs > 0 ? w->cfg.max_seqs : w->slots_max;
+        if (n <= 0)
+            return 0;
+        n -= w->ls_foreign;
+        return n < 1 ? 1 : n;
+    }
     return w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 0;
 }
 

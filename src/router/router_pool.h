@@ -102,6 +102,9 @@ typedef struct rt_worker {
      * a spillway worker can resume them) only when it matched */
     bool ls_vocab_checked, ls_vocab_same;
     int32_t ls_slots_busy;      /* /slots: is_processing, at the last poll */
+    int32_t ls_foreign;         /* of them, more than the router had running
+                                   there: requests of other clients, whose
+                                   slots the router does not count on */
 } rt_worker;
 
 /* The slots w[0..n_slots) keep their index for the router's life: a

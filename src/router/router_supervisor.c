@@ -194,6 +194,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
                 w->ctx_limit = ls.n_ctx;
             w->slots_max = ls.slots;
             w->ls_slots_busy = ls.slots_busy;
+            w->ls_foreign = ls.slots_busy > w->books.seqs ? ls.slots_busy - w->books.seqs : 0;
             if (ls.prefill_rate > 0 && ls.decode_rate > 0) {
                 w->prefill_rate = ls.prefill_rate;
                 w->decode_rate = ls.decode_rate;

@@ -4,7 +4,8 @@
  * the native shapes of llama.cpp's tools/server/README.md, beside a real
  * spillway CPU worker of the same model.
  *
- * - its /health, /slots and /metrics become the router's figures, and its
+ * - its /health, /slots and /metrics become the router's figures (a slot
+ *   busy with another client's request is not counted on), and its
  *   /tokenize, which gives the model's ids, makes it resumable;
  * - a completion stream goes to POST /completion; after k tokens the peer
  *   dies: the client's one stream has the k tokens, then the CPU worker's
@@ -339,8 +340,11 @@ static void test_resume_from_llama_server(void **state)
     assert_true(json_real_value(json_object_get(h, "decode_tokens_per_second")) == 52.25);
     assert_true(json_real_value(json_object_get(h, "prefill_tokens_per_second")) == 480.5);
     assert_string_equal(json_string_value(json_object_get(h, "rates_source")), "measured");
+    /* one of its two slots busy with another client's request: the
+     * router counts on the other only */
+    assert_int_equal(json_integer_value(json_object_get(ls, "slots_foreign")), 1);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(h, "books"), "max_seqs")),
-                     2);
+                     1);
     json_decref(h);
 
     /* a completion stream: killed after k tokens, resumed on cpu */

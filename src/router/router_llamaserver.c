@@ -29,6 +29,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,9 +375,13 @@ int rt__ls_translate(rt_relay *r, const char *payload, char *out[RT_LS_MAX_OUT],
         if (!out[(*n_out)++])
             rc = -1;
         if (rc == 0 && r->ls_include_usage) {
+            /* a peer's numbers: out of range reads as 0 */
             json_int_t p = json_integer_value(json_object_get(j, "tokens_evaluated"));
-            json_t *u = json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens",
-                                  predicted, "total_tokens", p + predicted);
+            json_int_t g = predicted;
+            p = p > 0 && p <= INT32_MAX ? p : 0;
+            g = g > 0 && g <= INT32_MAX ? g : 0;
+            json_t *u = json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens", g,
+                                  "total_tokens", p + g);
             out[*n_out] = u ? chunk(r, NULL, 0, NULL, NULL, u) : NULL;
             json_decref(u);
             if (!out[(*n_out)++])

@@ -54,8 +54,9 @@ static fail_kind classify_openai(rt_relay *r, const char *text, int status)
 {
     /* llama-server's "Context size has been exceeded." is llama_decode
      * finding no room in the KV cache mid-generation: its memory */
-    if (text_says_oom(text) ||
-        (r->ls_kind && text && strcasestr(text, "context size has been exceeded"))) {
+    if (r->ls_kind && text && strcasestr(text, "context size has been exceeded"))
+        r->ls_kv_full = true; /* its KV cache full: the server released the slots itself */
+    if (text_says_oom(text) || r->ls_kv_full) {
         snprintf(r->phase, sizeof r->phase, "%s", r->content_sent ? "decode" : "generation");
         return FAIL_OOM;
     }
@@ -280,6 +281,7 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
     r->ls_kind = w->cfg.kind == RT_KIND_LLAMA_SERVER;
     r->ls_native = false;
     r->refused_context = false;
+    r->ls_kv_full = false;
     char *native = NULL;
     if (r->ls_kind && r->stream) {
         /* a stream on a llama-server whose vocabulary is the model's: its

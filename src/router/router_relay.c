@@ -650,6 +650,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         /* oom or crash: out of rotation until the supervisor says ready */
         tried[wi] = true;
         failed_before = true;
+        if (r.ls_kv_full)
+            f.restart = false; /* llama-server's KV cache was full: it is not
+                                  poisoned, and a restart reloads the model */
         worker_failed(rt, wi, last, &f);
         SW_WARN("router", "request %s: %s on worker %s (phase %s, %zu tokens sent); %s",
                 q->request_id, rt_outcome_name(last), w->cfg.name, r.phase, r.n_tokens,

@@ -36,6 +36,8 @@ typedef struct rt_relay {
     bool ls_kind;          /* this attempt is on a llama-server */
     bool refused_context;  /* it answered exceed_context_size_error */
     int32_t refused_n_ctx; /* with this n_ctx (0 not given) */
+    bool ls_kv_full;       /* "Context size has been exceeded.": an oom
+                              that does not call for a restart */
     bool ls_native;        /* this attempt's events are native ones */
     bool ls_first;         /* its next chunk is its first */
     bool ls_include_usage; /* stream_options.include_usage */

@@ -222,9 +222,9 @@ static json_t *wait_checked(const rh_router *r, const char *name)
     return NULL;
 }
 
-/* A stream through the router: its events (each payload; sw_free), the
- * token ids the chunks carried, the text; asserted 200 and ending with
- * [DONE]. */
+/* A stream through the router, asserted 200 and ending with [DONE]: the
+ * token ids its chunks carried, its text, how many chunks said the role,
+ * the worker header, an error event's code, usage.completion_tokens. */
 typedef struct streamed {
     int32_t ids[64];
     int n_ids;
@@ -302,8 +302,8 @@ static void assert_first_k(const streamed *s)
     char pieces[512] = "";
     for (int i = 0; i < K; i++)
         strncat(pieces, g_piece[i], sizeof pieces - strlen(pieces) - 1);
-    /* a completion's text: the pieces as sent; a chat's first piece may
-     * lose its leading space nowhere: the router relays text as is */
+    /* the text the client got begins with the pieces the fake sent,
+     * relayed as they were */
     assert_memory_equal(s->text, pieces, strlen(pieces));
 }
 

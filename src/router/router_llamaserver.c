@@ -280,6 +280,8 @@ void rt__ls_stream_begin(rt_relay *r)
     r->ls_native = true;
     r->ls_first = true;
     r->ls_ids = 0;
+    r->ls_ids_gap = false; /* only a failed attempt before it with nothing sent
+                              can have left one (it was replayed) */
     r->ls_created = (long long)time(NULL);
 }
 

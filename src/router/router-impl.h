@@ -33,6 +33,8 @@
  *   router_demand.c     workers on demand: started for a waiting request,
  *                       stopped when idle or to make room
  *   router_command.c    an engine the router runs (command =): its argv
+ *   router_llamaserver.c kind = llama-server: health figures, the native
+ *                       stream with token ids, its typed errors
  *
  * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
  * the router's (rt_router.mu); no other lock is held while taking either.

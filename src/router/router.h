@@ -66,7 +66,8 @@ typedef struct rt_worker_config {
     int32_t preference;        /* lower first; ties in file order */
     char env[RT_MAX_ENV][256]; /* extra "K=V" for a managed worker */
     int n_env;
-    int kind;                  /* RT_KIND_SPILLWAY (default) or RT_KIND_OPENAI */
+    int kind;                  /* RT_KIND_SPILLWAY (default), RT_KIND_OPENAI or
+                                  RT_KIND_LLAMA_SERVER */
     bool skip_calibration;     /* calibrate = false: managed worker started
                                   with --no-calibrate */
     char model[64];            /* model = NAME; "" = the only model */
@@ -74,15 +75,21 @@ typedef struct rt_worker_config {
                                   asked for, stopped when idle */
     int32_t idle_timeout_s;    /* idle-timeout-s: an on-demand worker without
                                   requests this long is stopped (300) */
-    char command[1024];        /* kind = openai: the engine the router runs
+    char command[1024];        /* kind = openai or llama-server: the engine the
+                                  router runs
                                   (an argv template: {host} {port}
                                   {model_path}); "" none */
 } rt_worker_config;
 
 /* What a worker is: a spillway worker (its /health figures, resume, typed
- * errors), or another OpenAI-compatible engine at a url (llama-server,
- * Ollama, vLLM): no extensions used (docs/router.md, External upstreams). */
-enum { RT_KIND_SPILLWAY = 0, RT_KIND_OPENAI = 1 };
+ * errors), another OpenAI-compatible engine at a url (llama-server,
+ * Ollama, vLLM): no extensions used (docs/router.md, External upstreams),
+ * or llama.cpp's llama-server through its native API (router_llamaserver.c:
+ * token ids of its streams, so a spillway worker can resume them; /slots,
+ * /metrics, /tokenize; its typed errors). Both others are external:
+ * never resumed onto, no spillway extensions sent. */
+enum { RT_KIND_SPILLWAY = 0, RT_KIND_OPENAI = 1, RT_KIND_LLAMA_SERVER = 2 };
+#define RT_KIND_EXTERNAL(kind) ((kind) != RT_KIND_SPILLWAY)
 
 /* A server-side tool ([tool NAME]): the router calls it in agent runs
  * ("tool_execution": "server"); docs/router.md, Tools. */

@@ -4,10 +4,12 @@
  * outcome (router_failover.h) that says how it ended.
  */
 #include "router/router_attempt.h"
+#include "router/router_llamaserver.h"
 #include "router/router_net.h"
 
 #include "api/sse.h"
 #include "common/alloc.h"
+#include "common/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,8 @@
  * few KiB at most). */
 #define RT_MAX_EVENT_BYTES ((size_t)4 << 20)
 
-typedef enum { FAIL_NONE, FAIL_OOM, FAIL_CRASH, FAIL_BUSY, FAIL_CLIENT_GONE } fail_kind;
+typedef enum { FAIL_NONE, FAIL_OOM, FAIL_CRASH, FAIL_BUSY, FAIL_CLIENT_GONE,
+               FAIL_CONTEXT /* llama-server: the prompt is over its context */ } fail_kind;
 
 /* Out-of-memory as other engines word it (kind = openai workers have no
  * typed error code): matched case-insensitively anywhere in the error
@@ -50,7 +53,11 @@ static bool text_says_oom(const char *text)
  * "Loading model", overloaded), else a crash-like failure. */
 static fail_kind classify_openai(rt_relay *r, const char *text, int status)
 {
-    if (text_says_oom(text)) {
+    /* llama-server's "Context size has been exceeded." is llama_decode
+     * finding no room in the KV cache mid-generation: its memory */
+    if (r->ls_kind && text && strcasestr(text, "context size has been exceeded"))
+        r->ls_kv_full = true; /* its KV cache full: the server released the slots itself */
+    if (text_says_oom(text) || r->ls_kv_full) {
         snprintf(r->phase, sizeof r->phase, "%s", r->content_sent ? "decode" : "generation");
         return FAIL_OOM;
     }
@@ -212,6 +219,36 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     return FAIL_NONE;
 }
 
+/* One native event of a llama-server stream: translated into the
+ * chunks the client asked for, each relayed as a spillway worker's
+ * (router_llamaserver.c). */
+static fail_kind native_payload(rt_relay *r, const char *payload, bool *done)
+{
+    char *out[RT_LS_MAX_OUT];
+    int n = 0;
+    char etext[512];
+    int rc = rt__ls_translate(r, payload, out, &n, etext, sizeof etext);
+    fail_kind fk = FAIL_NONE;
+    for (int i = 0; i < n; i++) {
+        if (fk == FAIL_NONE && !*done)
+            fk = stream_payload(r, out[i], done);
+        free(out[i]);
+    }
+    if (fk != FAIL_NONE || *done)
+        return fk;
+    if (rc == 1) {
+        fk = classify_openai(r, etext, 500);
+        *done = true;
+        return fk == FAIL_BUSY ? FAIL_CRASH : fk;
+    }
+    if (rc < 0) {
+        snprintf(r->phase, sizeof r->phase, "generation");
+        *done = true;
+        return FAIL_CRASH;
+    }
+    return FAIL_NONE;
+}
+
 /* usage.completion_tokens of a JSON answer, found without parsing it
  * (the last such key: usage comes after the choices, whose text is a
  * JSON string and so cannot hold the key's quotes unescaped); 0 when
@@ -241,7 +278,38 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
     char hdr[256];
     snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", r->q->request_id);
     const char *path = r->chat ? "/v1/chat/completions" : "/v1/completions";
-    r->openai = w->cfg.kind == RT_KIND_OPENAI;
+    r->openai = RT_KIND_EXTERNAL(w->cfg.kind);
+    r->ls_kind = w->cfg.kind == RT_KIND_LLAMA_SERVER;
+    r->ls_native = false;
+    r->refused_context = false;
+    r->ls_kv_full = false;
+    char *native = NULL;
+    if (r->ls_kind && r->stream) {
+        /* a stream on a llama-server whose vocabulary is the model's: its
+         * native endpoint, whose events carry the token ids */
+        pthread_mutex_lock(&r->q->rt->pool.mu);
+        bool same = w->ls_vocab_same;
+        pthread_mutex_unlock(&r->q->rt->pool.mu);
+        char why[160] = "its vocabulary differs from the model's (or was not checked yet)";
+        int nr = same ? rt__ls_native_body(r, w->address, body, body_len, &native, why, sizeof why)
+                      : 1;
+        if (nr == -2)
+            return FAIL_CLIENT_GONE;
+        if (nr == -1) {
+            snprintf(r->phase, sizeof r->phase, "before_response");
+            SW_WARN("router", "request %s: worker %s: %s", r->q->request_id, w->cfg.name, why);
+            return FAIL_CRASH;
+        }
+        if (nr == 0) {
+            path = "/completion";
+            body = native;
+            body_len = strlen(native);
+            rt__ls_stream_begin(r);
+        } else {
+            SW_DEBUG("router", "request %s: worker %s: the OpenAI endpoint (not resumable): %s",
+                     r->q->request_id, w->cfg.name, why);
+        }
+    }
     /* an idle connection to this worker process when there is one; an
      * external engine gets one of its own per request (docs/router.md,
      * Worker connections) */
@@ -283,6 +351,15 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         if (br != 0) {
             snprintf(r->phase, sizeof r->phase, "generation");
             fk = FAIL_CRASH;
+            goto out;
+        }
+        if (r->ls_kind && c.status == 400 && rt__ls_context_error(resp, &r->refused_n_ctx)) {
+            /* its context is smaller than the router counted: another
+             * worker may take it (router_relay.c) */
+            r->refused_context = true;
+            snprintf(r->phase, sizeof r->phase, "admission");
+            fk = FAIL_CONTEXT;
+            sw_free(resp);
             goto out;
         }
         if (c.status >= 500) {
@@ -363,7 +440,8 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         while (!done && api_sse_next(start, acc_len - (size_t)(start - acc), &ev)) {
             start[ev.text_len] = 0; /* the payload as a string */
             if (ev.data) {
-                fk = stream_payload(r, (char *)ev.data, &done);
+                fk = r->ls_native ? native_payload(r, (char *)ev.data, &done)
+                                  : stream_payload(r, (char *)ev.data, &done);
                 if (fk != FAIL_NONE)
                     done = true;
             }
@@ -378,6 +456,7 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         rn_body_drain(&c, 1000); /* the last chunk, so the connection can be reused */
 out:
     rn_release(&c); /* reused only when the response was read to its end */
+    free(native);
     return fk;
 }
 
@@ -395,6 +474,7 @@ rt_outcome rt_attempt_run(rt_relay *r, int wi, uint64_t generation, const char *
     case FAIL_CLIENT_GONE:
         return RT_OUT_CLIENT_GONE;
     case FAIL_BUSY:
+    case FAIL_CONTEXT: /* r->refused_context says which */
         return RT_OUT_REFUSED;
     case FAIL_OOM:
         if (!strcmp(r->phase, "admission")) {

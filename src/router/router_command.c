@@ -1,6 +1,6 @@
 /* router_command.c - an engine the router runs (docs/router.md, Managed
- * external engines): `command = ...` on a kind = openai worker, split
- * into an argv without a shell, with {host}, {port} and {model_path}
+ * external engines): `command = ...` on a kind = openai or llama-server
+ * worker, split into an argv without a shell, with {host}, {port} and {model_path}
  * taken from the worker's url and its model, and the program found on
  * PATH before the fork (the child calls only execve).
  */

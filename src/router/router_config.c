@@ -246,8 +246,10 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
             w->kind = RT_KIND_SPILLWAY;
         else if (!strcmp(v, "openai"))
             w->kind = RT_KIND_OPENAI;
+        else if (!strcmp(v, "llama-server"))
+            w->kind = RT_KIND_LLAMA_SERVER;
         else
-            return cfg_fail(p, s, name, "expected spillway or openai", v);
+            return cfg_fail(p, s, name, "expected spillway, openai or llama-server", v);
     } else if (!strcmp(name, "url")) {
         if ((strncmp(v, "unix:", 5) && strncmp(v, "http://", 7) && strncmp(v, "https://", 8)) ||
             !cfg_copy(w->url, sizeof w->url, v) || strlen(v) < 9)
@@ -573,7 +575,7 @@ static bool cfg_loopback(const char *listen)
 
 bool rt_config_worker_remote(const rt_worker_config *w)
 {
-    if (w->managed || w->kind != RT_KIND_OPENAI)
+    if (w->managed || !RT_KIND_EXTERNAL(w->kind))
         return false;
     if (!strncmp(w->url, "https://", 8))
         return true;
@@ -636,10 +638,11 @@ int rt_config_check(const rt_config *c, sw_error *err)
             return sw_error_set(err, SW_EINVAL,
                                 "[worker %s]: on-demand = true needs a worker the router starts "
                                 "(managed)", w->name);
-        if (w->command[0] && w->kind != RT_KIND_OPENAI)
+        if (w->command[0] && !RT_KIND_EXTERNAL(w->kind))
             return sw_error_set(err, SW_EINVAL,
-                                "[worker %s]: command = is for kind = openai (an engine the "
-                                "router runs); a spillway worker is started without one",
+                                "[worker %s]: command = is for kind = openai or llama-server "
+                                "(an engine the router runs); a spillway worker is started "
+                                "without one",
                                 w->name);
         if (w->command[0] && w->url[0] && strncmp(w->url, "http://", 7))
             return sw_error_set(err, SW_EINVAL,
@@ -668,11 +671,11 @@ int rt_config_check(const rt_config *c, sw_error *err)
                                     "[worker %s]: url %s is also [worker %s]'s, with another "
                                     "ca-file or api-key-env",
                                     w->name, w->url, c->workers[j].name);
-        if (w->kind == RT_KIND_OPENAI && !w->command[0] && (w->managed || !w->url[0]))
+        if (RT_KIND_EXTERNAL(w->kind) && !w->command[0] && (w->managed || !w->url[0]))
             return sw_error_set(err, SW_EINVAL,
-                                "[worker %s]: kind = openai needs a url (an engine already "
+                                "[worker %s]: kind = %s needs a url (an engine already "
                                 "running) or a command (one the router runs)",
-                                w->name);
+                                w->name, w->kind == RT_KIND_OPENAI ? "openai" : "llama-server");
         if (!c->workers[i].managed && !c->workers[i].url[0])
             return sw_error_set(err, SW_EINVAL, "[worker %s]: managed = false needs a url",
                                 c->workers[i].name);

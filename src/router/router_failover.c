@@ -64,12 +64,24 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
         f.reason = "SPILLWAY_SABOTAGE=no-replay: the failure goes to the client";
         return f;
     }
-    if (in->stream && sent && in->kind == RT_KIND_OPENAI) {
+    if (in->stream && sent && RT_KIND_EXTERNAL(in->kind) &&
+        !(in->kind == RT_KIND_LLAMA_SERVER && in->external_ids && in->tokens_sent > 0)) {
         f.action = RT_FO_STOP;
         f.error_code = failed;
         f.decision = "none (external engine: no resume)";
-        f.reason = "stream with text already sent by an external engine (kind = openai): it "
-                   "cannot be resumed, so it ended with an error event";
+        f.reason = in->kind == RT_KIND_LLAMA_SERVER
+                       ? "stream with text already sent by llama-server without the token ids "
+                         "of all of it (the OpenAI endpoint, a token without its id, or another "
+                         "vocabulary): it cannot be resumed, so it ended with an error event"
+                       : "stream with text already sent by an external engine (kind = openai): "
+                         "it cannot be resumed, so it ended with an error event";
+        return f;
+    }
+    if (in->stream && sent && RT_KIND_EXTERNAL(in->kind) && !in->no_resume) {
+        f.action = RT_FO_RESUME;
+        f.decision = "resume";
+        f.reason = "stream with tokens already sent by llama-server (native, with their ids): "
+                   "resumed with the sent tokens on a spillway worker, whose continuation it is";
         return f;
     }
     if (in->stream && sent && !in->no_resume) {

@@ -36,6 +36,10 @@ typedef struct rt_failover_in {
     rt_tool_state tool;
     bool single_pass;       /* the caller replays the whole run (agent) */
     bool no_replay, no_resume; /* SPILLWAY_SABOTAGE switches */
+    /* an external engine gave the token ids of all it sent (kind =
+     * llama-server's native stream, its vocabulary the model's): a
+     * spillway worker can resume from them */
+    bool external_ids;
 } rt_failover_in;
 
 typedef enum rt_action {

@@ -45,7 +45,7 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             why = RT_SKIP_TRIED;
         else if (!need->idle && w->state != WS_READY)
             why = RT_SKIP_DOWN;
-        else if (need->resume && w->kind == RT_KIND_OPENAI)
+        else if (need->resume && RT_KIND_EXTERNAL(w->kind))
             why = RT_SKIP_KIND;
         else if (w->ctx_limit > 0 && need->prompt >= w->ctx_limit)
             why = RT_SKIP_CTX;

@@ -28,7 +28,7 @@ void rt_pool_slot_init_locked(rt_pool *p, int i, const rt_worker_config *wc, int
         /* a spillway worker listens where the router says; an engine the
          * router runs, at its url (or a port picked when it first starts:
          * router_supervisor.c) */
-        if (cfg.kind == RT_KIND_OPENAI)
+        if (RT_KIND_EXTERNAL(cfg.kind))
             snprintf(address, sizeof address, "%s", cfg.url);
         else
             snprintf(address, sizeof address, "unix:%s/%s.sock", state_dir, cfg.name);
@@ -85,6 +85,16 @@ int32_t rt_pool_max_seqs(const rt_worker *w)
 {
     if (w->cfg.kind == RT_KIND_SPILLWAY && w->slots_max > 0)
         return w->slots_max;
+    /* llama-server: max-seqs when set, else its /slots count, less the
+     * slots other clients of it held at the last poll (at least one: it
+     * queues what finds no slot free) */
+    if (w->cfg.kind == RT_KIND_LLAMA_SERVER) {
+        int32_t n = w->cfg.max_seqs > 0 ? w->cfg.max_seqs : w->slots_max;
+        if (n <= 0)
+            return 0;
+        n -= w->ls_foreign;
+        return n < 1 ? 1 : n;
+    }
     return w->cfg.max_seqs > 0 ? w->cfg.max_seqs : 0;
 }
 

@@ -96,6 +96,15 @@ typedef struct rt_worker {
     uint64_t remote_routes[2];
     double start_seconds;       /* its last start, spawn to ready */
     char start_error[SW_ERROR_MESSAGE_MAX]; /* why its command cannot start, "" none */
+    /* kind = llama-server (router_llamaserver.c): its vocabulary checked
+     * against the model's (POST /tokenize, once per process), and the
+     * verdict: its streams go through the native API (token ids kept, so
+     * a spillway worker can resume them) only when it matched */
+    bool ls_vocab_checked, ls_vocab_same;
+    int32_t ls_slots_busy;      /* /slots: is_processing, at the last poll */
+    int32_t ls_foreign;         /* of them, more than the router had running
+                                   there: requests of other clients, whose
+                                   slots the router does not count on */
 } rt_worker;
 
 /* The slots w[0..n_slots) keep their index for the router's life: a

@@ -507,6 +507,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
     rt_failover first = {0};
     bool failed_before = false, fallback = false;
     int refusals = 0, fallback_step = 0;
+    bool ctx_refused = false; /* a llama-server refused it: over its context */
     for (;;) {
         long remaining = max_tokens < 0 ? -1 : max_tokens - (long)r.n_tokens;
         rt_waiter wt;
@@ -553,6 +554,15 @@ static void generate(rt_req *q, bool chat, json_t *body)
                 fall_back(q, body, to, ar, t0);
                 prompt = count_prompt(&rt->models[q->model], body, chat);
                 continue;
+            }
+            if (ar == RT_ADMIT_NEVER && ctx_refused && !failed_before && !r.headers_sent) {
+                /* a llama-server said the prompt is over its context, and
+                 * no other worker is left to take it */
+                count(rt, &rt->refused_context);
+                rt__send_error(q, 400, "context_length_exceeded",
+                               "the prompt is longer than every worker's context limit",
+                               chat ? "messages" : "prompt", NULL);
+                break;
             }
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);
             break;
@@ -606,10 +616,23 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              RT_TOOL_NONE,
                              q->single_pass,
                              rt->sabotage.no_replay,
-                             rt->sabotage.no_resume};
+                             rt->sabotage.no_resume,
+                             r.ls_native && !r.ls_ids_gap};
         rt_failover f = rt_failover_decide(&fi);
         if (f.action == RT_FO_DONE || f.action == RT_FO_CANCEL)
             break;
+        if (f.action == RT_FO_REQUEUE && r.refused_context) {
+            /* llama-server: exceed_context_size_error (its slots' n_ctx,
+             * which its next /slots poll gives the books): not that
+             * worker again; the attempt does not count */
+            tried[wi] = true;
+            ctx_refused = true;
+            q->attempts--;
+            SW_INFO("router", "request %s: worker %s refused it: the prompt is over its context "
+                    "(n_ctx %d); trying the others", q->request_id, w->cfg.name,
+                    (int)r.refused_n_ctx);
+            continue;
+        }
         if (f.action == RT_FO_REQUEUE) {
             /* the books said it fits and the worker disagreed: the worker
              * takes nothing more until its /health, and the request goes
@@ -627,6 +650,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         /* oom or crash: out of rotation until the supervisor says ready */
         tried[wi] = true;
         failed_before = true;
+        if (r.ls_kv_full)
+            f.restart = false; /* llama-server's KV cache was full: it is not
+                                  poisoned, and a restart reloads the model */
         worker_failed(rt, wi, last, &f);
         SW_WARN("router", "request %s: %s on worker %s (phase %s, %zu tokens sent); %s",
                 q->request_id, rt_outcome_name(last), w->cfg.name, r.phase, r.n_tokens,
@@ -644,7 +670,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
             if (q->single_pass || rt->sabotage.no_replay)
                 q->worker_failed = true; /* the caller (an agent run) decides */
             if (r.headers_sent) {
-                json_t *e = w->cfg.kind == RT_KIND_OPENAI && r.content_sent
+                json_t *e = RT_KIND_EXTERNAL(w->cfg.kind) && r.content_sent
                                 ? rt__error_obj(500, f.error_code,
                                                 last == RT_OUT_OOM
                                                     ? "the engine ran out of memory after text was "

@@ -30,7 +30,20 @@ typedef struct rt_relay {
     double ttft;           /* seconds to the first token sent, -1 before */
     int status;            /* HTTP status relayed to the client */
     bool content_sent;     /* completion text or a tool call reached the client */
-    bool openai;           /* this attempt is on a kind = openai engine */
+    bool openai;           /* this attempt is on an external engine (kind =
+                              openai or llama-server) */
+    /* kind = llama-server (router_llamaserver.c) */
+    bool ls_kind;          /* this attempt is on a llama-server */
+    bool refused_context;  /* it answered exceed_context_size_error */
+    int32_t refused_n_ctx; /* with this n_ctx (0 not given) */
+    bool ls_kv_full;       /* "Context size has been exceeded.": an oom
+                              that does not call for a restart */
+    bool ls_native;        /* this attempt's events are native ones */
+    bool ls_first;         /* its next chunk is its first */
+    bool ls_include_usage; /* stream_options.include_usage */
+    bool ls_ids_gap;       /* a token came without its id: no resume */
+    size_t ls_ids;         /* ids it sent in this attempt */
+    long long ls_created;  /* the chunks' "created" */
 } rt_relay;
 
 /* One SSE payload to the client (the stream's head first) and the

@@ -97,6 +97,18 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
     if (!o)
         return NULL;
     json_object_set_new(o, "model", json_string(rt->models[w->model].cfg.name));
+    json_object_set_new(o, "kind", json_string(w->cfg.kind == RT_KIND_OPENAI ? "openai"
+                                               : w->cfg.kind == RT_KIND_LLAMA_SERVER
+                                                   ? "llama-server"
+                                                   : "spillway"));
+    if (w->cfg.kind == RT_KIND_LLAMA_SERVER)
+        /* router_llamaserver.c: its /slots, and whether its streams carry
+         * token ids a spillway worker can resume from */
+        json_object_set_new(o, "llama_server",
+                            json_pack("{s:b, s:b, s:i, s:i, s:i}", "vocab_checked",
+                                      w->ls_vocab_checked, "resumable", w->ls_vocab_same,
+                                      "slots", w->slots_max, "slots_busy", w->ls_slots_busy,
+                                      "slots_foreign", w->ls_foreign));
     if (w->cfg.on_demand)
         json_object_set_new(o, "on_demand",
                             json_pack("{s:i, s:I, s:f, s:I, s:I, s:I}", "idle_timeout_s",

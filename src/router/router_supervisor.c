@@ -5,6 +5,7 @@
  * main thread during start-up).
  */
 #include "router/router-impl.h"
+#include "router/router_llamaserver.h"
 #include "router/router_net.h"
 
 #include "common/alloc.h"
@@ -38,7 +39,7 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
     const char *argv[RT_CMD_MAX_ARGS];
     char cmd_buf[4096], exe[1024] = "/proc/self/exe";
     int n = 0;
-    if (c->kind == RT_KIND_OPENAI) {
+    if (RT_KIND_EXTERNAL(c->kind)) {
         /* an engine of its own (router_command.c): its url, or a port of
          * ours, picked once and kept across restarts */
         sw_error err;
@@ -141,7 +142,8 @@ spawn:;
     w->started_at = rt__now_s();
     w->last_ok = w->started_at;
     w->ready_once = false;
-    if (c->kind == RT_KIND_OPENAI)
+    w->ls_vocab_checked = w->ls_vocab_same = false; /* a new process: asked again */
+    if (RT_KIND_EXTERNAL(c->kind))
         SW_INFO("router", "worker %s: started pid %d (%s, at %s), log %s", c->name, (int)pid, exe,
                 w->address, w->log_path);
     else
@@ -156,12 +158,26 @@ spawn:;
 static void sup_health_openai(rt_router *rt, rt_worker *w)
 {
     char *body = NULL;
-    int st = rn_get(w->address, "/health", 2000, &body);
-    sw_free(body);
-    body = NULL;
-    if (st != 200) {
-        st = rn_get(w->address, "/v1/models", 2000, &body);
+    int st;
+    rt_ls_health ls;
+    bool is_ls = w->cfg.kind == RT_KIND_LLAMA_SERVER;
+    if (is_ls) {
+        /* llama-server (router_llamaserver.c): /health, /slots, /metrics,
+         * and its vocabulary once per process */
+        pthread_mutex_lock(&rt->pool.mu);
+        bool check = !w->ls_vocab_checked;
+        pthread_mutex_unlock(&rt->pool.mu);
+        st = rt__ls_health(rt, w->address, w->model, check, &ls);
+        if (!check)
+            ls.vocab_checked = false; /* the verdict stays */
+    } else {
+        st = rn_get(w->address, "/health", 2000, &body);
         sw_free(body);
+        body = NULL;
+        if (st != 200) {
+            st = rn_get(w->address, "/v1/models", 2000, &body);
+            sw_free(body);
+        }
     }
     pthread_mutex_lock(&rt->pool.mu);
     if (st == 200) {
@@ -172,10 +188,35 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
         w->ctx_limit = w->cfg.ctx_limit;
         w->prefill_rate = w->decode_rate = 0;
         snprintf(w->rates_source, sizeof w->rates_source, "none");
+        if (is_ls) {
+            /* ctx-limit and max-seqs when set, else its slots' figures */
+            if (!w->ctx_limit)
+                w->ctx_limit = ls.n_ctx;
+            w->slots_max = ls.slots;
+            w->ls_slots_busy = ls.slots_busy;
+            w->ls_foreign = ls.slots_busy > w->books.seqs ? ls.slots_busy - w->books.seqs : 0;
+            if (ls.prefill_rate > 0 && ls.decode_rate > 0) {
+                w->prefill_rate = ls.prefill_rate;
+                w->decode_rate = ls.decode_rate;
+                snprintf(w->rates_source, sizeof w->rates_source, "measured");
+            }
+            if (ls.vocab_checked) {
+                w->ls_vocab_checked = true;
+                w->ls_vocab_same = ls.vocab_same;
+                if (ls.vocab_same)
+                    SW_INFO("router", "worker %s (llama-server): its vocabulary is the model's: "
+                            "its streams can be resumed on a spillway worker", w->cfg.name);
+                else
+                    SW_WARN("router", "worker %s (llama-server): its /tokenize does not give "
+                            "the model's token ids (another vocabulary?): its streams take the "
+                            "OpenAI endpoint and cannot be resumed", w->cfg.name);
+            }
+        }
         rt_pool_reconcile_locked(w);
         rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         if (w->state != WS_READY)
-            SW_INFO("router", "worker %s (openai): ready", w->cfg.name);
+            SW_INFO("router", "worker %s (%s): ready", w->cfg.name,
+                    is_ls ? "llama-server" : "openai");
         w->state = WS_READY;
         w->last_ok = rt__now_s();
         w->ready_once = true;
@@ -193,7 +234,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
 
 static void sup_health(rt_router *rt, rt_worker *w)
 {
-    if (w->cfg.kind == RT_KIND_OPENAI) {
+    if (RT_KIND_EXTERNAL(w->cfg.kind)) {
         sup_health_openai(rt, w);
         return;
     }

@@ -1,0 +1,412 @@
+/* router_llamaserver.c - kind = llama-server: llama.cpp's llama-server
+ * through its native API where that gives what the OpenAI shim hides
+ * (docs/engines.md; the fields are those of llama.cpp's
+ * tools/server/README.md, checked against a real llama-server by
+ * bench/llama-server-failover.sh).
+ *
+ * - Health: GET /health (200 ready, 503 "Loading model" starting), then
+ *   GET /slots (how many, how many processing, their n_ctx) and, when the
+ *   server runs with --metrics, GET /metrics (its average prompt and
+ *   generation rates, which the deadline prediction uses).
+ * - Once per process, POST /tokenize of a probe text, compared with the
+ *   router's own tokenizer of the model: only a server whose vocabulary
+ *   matches has its streams resumed on a spillway worker.
+ * - A stream goes to POST /completion (a chat's messages rendered first
+ *   by POST /apply-template), whose events carry the token ids; each is
+ *   translated into the OpenAI chunk the client asked for, with the ids
+ *   in "spillway": {"token_ids"} as a spillway worker sends them, so the
+ *   relay keeps them for a resume. A request with a field this mapping
+ *   does not carry over (tools, response_format, logprobs, n, ...) and
+ *   every non-stream request take the OpenAI endpoints instead, as
+ *   kind = openai does: replayed after a failure, never resumed.
+ * - Errors: exceed_context_size_error (a 400 with n_ctx) and the
+ *   out-of-memory texts, classified in router_attempt.c.
+ */
+#include "router/router-impl.h"
+#include "router/router_llamaserver.h"
+#include "router/router_net.h"
+
+#include "common/alloc.h"
+#include "common/log.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* The probe /tokenize is asked for: words, digits, punctuation, spaces
+ * and a few non-ASCII characters, so that a different vocabulary (or a
+ * different pre-tokenizer) shows. */
+static const char ls_probe[] = "Once upon a time, 42 little robots said: \"Hello\" - "
+                               "caf\xc3\xa9 na\xc3\xafve \xe2\x82\xac 3.14";
+
+/* One value of a Prometheus text exposition, "name value" at a line's
+ * start; 0 when absent. */
+static double metric_value(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, name, n) && (p[n] == ' ' || p[n] == '\t'))
+            return strtod(p + n, NULL);
+    return 0;
+}
+
+/* POST path with a JSON body to address; the answer's status and body
+ * (sw_free), -1 when it could not be reached or read. */
+static int post_json(const char *address, const char *path, const char *body, int timeout_ms,
+                     int watch_fd, char **out)
+{
+    rn_conn c;
+    *out = NULL;
+    int rc = rn_request(&c, address, "POST", path, "Content-Type: application/json\r\n", body,
+                        strlen(body), watch_fd, timeout_ms);
+    if (rc != 0) {
+        rn_close(&c);
+        return rc == -2 ? -2 : -1;
+    }
+    size_t len = 0;
+    int br = rn_body_all(&c, out, &len, (size_t)16 << 20);
+    int status = c.status;
+    rn_close(&c);
+    if (br != 0) {
+        sw_free(*out);
+        *out = NULL;
+        return br == -2 ? -2 : -1;
+    }
+    return status;
+}
+
+/* Whether the server's /tokenize of the probe gives the ids the router's
+ * tokenizer gives; *answered false when it could not be asked. */
+static bool vocab_same(const char *address, const eng_tokenizer *tok, bool *answered)
+{
+    *answered = false;
+    json_t *req = json_pack("{s:s, s:b, s:b}", "content", ls_probe, "add_special", 0,
+                            "parse_special", 0);
+    char *body = req ? sw_json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    if (!body)
+        return false;
+    char *resp = NULL;
+    int st = post_json(address, "/tokenize", body, 2000, -1, &resp);
+    free(body);
+    json_t *j = st == 200 && resp ? sw_json_loads(resp, 0, NULL) : NULL;
+    sw_free(resp);
+    if (st > 0 && st != 200)
+        *answered = true; /* it answers, but has no /tokenize: not the same */
+    if (!j)
+        return false;
+    *answered = true;
+    json_t *ids = json_object_get(j, "tokens");
+    int32_t *mine = NULL;
+    size_t n = 0;
+    bool same = false;
+    if (tok && json_is_array(ids) &&
+        eng_tokenize(tok, ls_probe, sizeof ls_probe - 1, false, false, &mine, &n, NULL) == 0) {
+        same = json_array_size(ids) == n;
+        for (size_t i = 0; same && i < n; i++)
+            same = json_is_integer(json_array_get(ids, i)) &&
+                   json_integer_value(json_array_get(ids, i)) == mine[i];
+    }
+    sw_free(mine);
+    json_decref(j);
+    return same;
+}
+
+int rt__ls_health(const rt_router *rt, const char *address, int model, bool check_vocab,
+                  rt_ls_health *h)
+{
+    memset(h, 0, sizeof *h);
+    char *body = NULL;
+    int st = rn_get(address, "/health", 2000, &body);
+    sw_free(body);
+    body = NULL;
+    if (st != 200)
+        return st;
+    /* /slots: an array, one object per slot ({"id", "n_ctx",
+     * "is_processing", ...}); 501 with --no-slots */
+    if (rn_get(address, "/slots", 2000, &body) == 200 && body) {
+        json_t *j = sw_json_loads(body, 0, NULL);
+        if (json_is_array(j) && json_array_size(j) > 0 && json_array_size(j) <= 4096) {
+            h->slots = (int32_t)json_array_size(j);
+            for (size_t i = 0; i < json_array_size(j); i++)
+                h->slots_busy += json_is_true(json_object_get(json_array_get(j, i),
+                                                              "is_processing"));
+            json_int_t ctx = json_integer_value(json_object_get(json_array_get(j, 0), "n_ctx"));
+            h->n_ctx = ctx > 0 && ctx <= INT32_MAX ? (int32_t)ctx : 0;
+        }
+        json_decref(j);
+    }
+    sw_free(body);
+    body = NULL;
+    /* /metrics (only with --metrics): the averages since its start */
+    if (rn_get(address, "/metrics", 2000, &body) == 200 && body) {
+        double p = metric_value(body, "llamacpp:prompt_tokens_seconds");
+        double d = metric_value(body, "llamacpp:predicted_tokens_seconds");
+        h->prefill_rate = p > 0 && p < 1e9 ? p : 0;
+        h->decode_rate = d > 0 && d < 1e9 ? d : 0;
+    }
+    sw_free(body);
+    if (check_vocab) {
+        bool answered = false;
+        h->vocab_same = vocab_same(address, rt->models[model].tok, &answered);
+        h->vocab_checked = answered;
+    }
+    return 200;
+}
+
+/* The OpenAI fields the native /completion takes under the same name and
+ * meaning. */
+static const char *const same_fields[] = {
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+    "frequency_penalty", "repeat_penalty", "typical_p", "ignore_eos", "grammar",
+};
+/* What a request may hold besides them and still take the native path:
+ * the router's own or those mapped below. */
+static const char *const handled_fields[] = {
+    "model", "prompt", "messages", "stream", "stream_options", "max_tokens",
+    "max_completion_tokens", "stop", "user", "n", "timeout",
+};
+
+static bool in_list(const char *k, const char *const *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(k, list[i]))
+            return true;
+    return false;
+}
+
+int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_t len,
+                       char **out, char *why, size_t why_cap)
+{
+    *out = NULL;
+    why[0] = 0;
+    json_t *b = sw_json_loadb(body, len, JSON_ALLOW_NUL, NULL);
+    if (!json_is_object(b)) {
+        json_decref(b);
+        snprintf(why, why_cap, "the body does not parse");
+        return 1;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(b, k, v) {
+        if (!in_list(k, same_fields, sizeof same_fields / sizeof same_fields[0]) &&
+            !in_list(k, handled_fields, sizeof handled_fields / sizeof handled_fields[0])) {
+            snprintf(why, why_cap, "'%.64s' has no native equivalent here", k);
+            json_decref(b);
+            return 1;
+        }
+    }
+    json_t *n = json_object_get(b, "n");
+    if (n && !(json_is_integer(n) && json_integer_value(n) == 1)) {
+        snprintf(why, why_cap, "n other than 1");
+        json_decref(b);
+        return 1;
+    }
+    json_t *nb = json_object();
+    int rc = 1;
+    if (!nb)
+        goto done;
+    if (r->chat) {
+        /* the server's own template renders the messages */
+        if (!json_is_array(json_object_get(b, "messages"))) {
+            snprintf(why, why_cap, "no messages (the engine answers that)");
+            goto done;
+        }
+        json_t *t = json_pack("{s:O}", "messages", json_object_get(b, "messages"));
+        char *tb = t ? sw_json_dumps(t, JSON_COMPACT) : NULL;
+        json_decref(t);
+        char *resp = NULL;
+        int st = tb ? post_json(address, "/apply-template", tb,
+                                r->q->rt->cfg->http_timeout_s * 1000, r->q->fd, &resp)
+                    : -1;
+        free(tb);
+        json_t *pj = st == 200 && resp ? sw_json_loads(resp, 0, NULL) : NULL;
+        sw_free(resp);
+        json_t *prompt = json_object_get(pj, "prompt");
+        if (!json_is_string(prompt)) {
+            json_decref(pj);
+            snprintf(why, why_cap, "/apply-template answered %d", st);
+            /* unreachable: a failure before the answer (replayed); an
+             * answer without a prompt (a 4xx, an older server): the OpenAI
+             * endpoint, which says what is wrong */
+            rc = st == -2 ? -2 : st < 0 ? -1 : 1;
+            goto done;
+        }
+        json_object_set(nb, "prompt", prompt);
+        json_decref(pj);
+    } else {
+        json_t *p = json_object_get(b, "prompt");
+        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+            p = json_array_get(p, 0);
+        if (!json_is_string(p)) {
+            snprintf(why, why_cap, "a prompt that is not one string");
+            goto done;
+        }
+        json_object_set(nb, "prompt", p);
+    }
+    for (size_t i = 0; i < sizeof same_fields / sizeof same_fields[0]; i++)
+        if (json_object_get(b, same_fields[i]))
+            json_object_set(nb, same_fields[i], json_object_get(b, same_fields[i]));
+    json_t *mt = json_object_get(b, "max_completion_tokens");
+    if (!mt)
+        mt = json_object_get(b, "max_tokens");
+    /* the defaults the router counts with (router_relay.c): 16 for a
+     * completion, none for a chat */
+    json_object_set_new(nb, "n_predict", json_is_integer(mt) ? json_incref(mt)
+                                                             : json_integer(r->chat ? -1 : 16));
+    json_t *stop = json_object_get(b, "stop");
+    if (json_is_string(stop))
+        json_object_set_new(nb, "stop", json_pack("[O]", stop));
+    else if (json_is_array(stop))
+        json_object_set(nb, "stop", stop);
+    json_object_set_new(nb, "stream", json_true());
+    json_object_set_new(nb, "return_tokens", json_true());
+    r->ls_include_usage =
+        json_is_true(json_object_get(json_object_get(b, "stream_options"), "include_usage"));
+    *out = sw_json_dumps(nb, JSON_COMPACT);
+    rc = *out ? 0 : -1;
+    if (!*out)
+        snprintf(why, why_cap, "out of memory");
+done:
+    json_decref(nb);
+    json_decref(b);
+    return rc;
+}
+
+void rt__ls_stream_begin(rt_relay *r)
+{
+    r->ls_native = true;
+    r->ls_first = true;
+    r->ls_ids = 0;
+    r->ls_ids_gap = false; /* only a failed attempt before it with nothing sent
+                              can have left one (it was replayed) */
+    r->ls_created = (long long)time(NULL);
+}
+
+/* One OpenAI chunk: text (NULL: none) with the ids, finish (NULL: null),
+ * role on a chat's first; usage instead of choices when usage. */
+static char *chunk(const rt_relay *r, const char *text, size_t text_len, json_t *ids,
+                   const char *finish, json_t *usage)
+{
+    const rt_router *rt = r->q->rt;
+    /* the id a spillway worker gives its chunks (the request's id), so
+     * that a resumed stream keeps one id */
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s}", "id", r->q->request_id, "object",
+                          r->chat ? "chat.completion.chunk" : "text_completion", "created",
+                          (json_int_t)r->ls_created, "model", rt->models[r->q->model].cfg.name);
+    if (!c)
+        return NULL;
+    json_t *choices = json_array();
+    if (!usage) {
+        json_t *ch = json_pack("{s:i, s:s?}", "index", 0, "finish_reason", finish);
+        if (ch && !finish)
+            json_object_set_new(ch, "finish_reason", json_null());
+        json_t *t = text ? json_stringn(text, text_len) : json_string("");
+        if (r->chat) {
+            json_t *delta = json_object();
+            if (r->ls_first)
+                json_object_set_new(delta, "role", json_string("assistant"));
+            if (text || !finish)
+                json_object_set(delta, "content", t);
+            json_object_set_new(ch, "delta", delta);
+        } else {
+            json_object_set(ch, "text", t);
+            json_object_set_new(ch, "logprobs", json_null());
+        }
+        json_decref(t);
+        json_array_append_new(choices, ch);
+    }
+    json_object_set_new(c, "choices", choices);
+    if (usage)
+        json_object_set(c, "usage", usage);
+    if (json_array_size(ids) > 0)
+        json_object_set_new(c, "spillway", json_pack("{s:O}", "token_ids", ids));
+    char *s = sw_json_dumps(c, JSON_COMPACT);
+    json_decref(c);
+    return s;
+}
+
+int rt__ls_translate(rt_relay *r, const char *payload, char *out[RT_LS_MAX_OUT], int *n_out,
+                     char *error_text, size_t error_cap)
+{
+    *n_out = 0;
+    error_text[0] = 0;
+    json_t *j = sw_json_loads(payload, 0, NULL);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return -1;
+    }
+    json_t *err = json_object_get(j, "error");
+    if (err) {
+        /* {"error": {"code", "message", "type"}} mid-stream */
+        const char *msg = json_string_value(json_object_get(err, "message"));
+        const char *type = json_string_value(json_object_get(err, "type"));
+        snprintf(error_text, error_cap, "%s: %s", type ? type : "error", msg ? msg : "");
+        json_decref(j);
+        return 1;
+    }
+    json_t *content = json_object_get(j, "content");
+    json_t *ids = json_object_get(j, "tokens");
+    bool stop = json_is_true(json_object_get(j, "stop"));
+    /* tokens_predicted counts every token it generated: more than the ids
+     * it sent means some went without one (llama-server sends no event
+     * for a token that ends inside a UTF-8 character): from there the ids
+     * no longer cover the text, and the stream cannot be resumed */
+    json_int_t predicted = json_integer_value(json_object_get(j, "tokens_predicted"));
+    if (json_is_array(ids))
+        r->ls_ids += json_array_size(ids);
+    if (!stop && predicted > 0 && (size_t)predicted > r->ls_ids)
+        r->ls_ids_gap = true;
+    int rc = 0;
+    if (!stop || (json_is_string(content) && json_string_length(content) > 0) ||
+        json_array_size(ids) > 0) {
+        out[*n_out] = chunk(r, json_string_value(content), json_string_length(content),
+                            r->ls_ids_gap ? NULL : ids, NULL, NULL);
+        if (!out[(*n_out)++])
+            rc = -1;
+        r->ls_first = false;
+    }
+    if (stop && rc == 0) {
+        /* stop_type: eos, word (a stop string) or limit (n_predict; the
+         * context's end too, "truncated") */
+        const char *st = json_string_value(json_object_get(j, "stop_type"));
+        out[*n_out] = chunk(r, NULL, 0, NULL, st && !strcmp(st, "limit") ? "length" : "stop",
+                            NULL);
+        if (!out[(*n_out)++])
+            rc = -1;
+        if (rc == 0 && r->ls_include_usage) {
+            /* a peer's numbers: out of range reads as 0 */
+            json_int_t p = json_integer_value(json_object_get(j, "tokens_evaluated"));
+            json_int_t g = predicted;
+            p = p > 0 && p <= INT32_MAX ? p : 0;
+            g = g > 0 && g <= INT32_MAX ? g : 0;
+            json_t *u = json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens", g,
+                                  "total_tokens", p + g);
+            out[*n_out] = u ? chunk(r, NULL, 0, NULL, NULL, u) : NULL;
+            json_decref(u);
+            if (!out[(*n_out)++])
+                rc = -1;
+        }
+        if (rc == 0) {
+            out[*n_out] = sw_strdup("[DONE]");
+            if (!out[(*n_out)++])
+                rc = -1;
+        }
+    }
+    json_decref(j);
+    return rc;
+}
+
+bool rt__ls_context_error(const char *body, int32_t *n_ctx)
+{
+    json_t *j = body ? sw_json_loads(body, 0, NULL) : NULL;
+    json_t *e = json_object_get(j, "error");
+    const char *type = json_string_value(json_object_get(e, "type"));
+    bool yes = type && !strcmp(type, "exceed_context_size_error");
+    json_int_t c = json_integer_value(json_object_get(e, "n_ctx"));
+    *n_ctx = yes && c > 0 && c <= INT32_MAX ? (int32_t)c : 0;
+    json_decref(j);
+    return yes;
+}

@@ -1,0 +1,507 @@
+/* test_router_llamaserver.c - end-to-end: a kind = llama-server worker
+ * (docs/engines.md) through the real router process, the llama-server
+ * being a scripted peer on a real socket (tests/fake_server.h) that speaks
+ * the native shapes of llama.cpp's tools/server/README.md, beside a real
+ * spillway CPU worker of the same model.
+ *
+ * - its /health, /slots and /metrics become the router's figures (a slot
+ *   busy with another client's request is not counted on), and its
+ *   /tokenize, which gives the model's ids, makes it resumable;
+ * - a completion stream goes to POST /completion; after k tokens the peer
+ *   dies: the client's one stream has the k tokens, then the CPU worker's
+ *   continuation from them, which is exactly what that worker gives when
+ *   asked directly to resume from those k tokens;
+ * - a chat stream the same way, its messages rendered by /apply-template,
+ *   the role said once;
+ * - "Context size has been exceeded." mid-stream is an out-of-memory, and
+ *   resumed too;
+ * - a token that came without its id (tokens_predicted ahead of the ids):
+ *   the stream cannot be resumed and ends with an error event;
+ * - exceed_context_size_error: the CPU worker answers instead;
+ * - a /tokenize with other ids: not resumable; its streams take the OpenAI
+ *   endpoint, and a death after text ends the stream with an error event.
+ */
+#include "testutil.h"
+#include "router_harness.h"
+#include "fake_server.h"
+#include "worker_client.h"
+
+#include "common/alloc.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define K 4 /* tokens the fake llama-server sends before it dies */
+
+enum { MODE_KILL, MODE_OOM, MODE_GAP, MODE_CTX };
+
+static char g_model[512];
+static eng_gguf *g_gguf;
+static eng_tokenizer *g_tok;
+static int32_t g_ids[K];
+static char g_piece[K][64];
+static fs_server g_fake;
+static atomic_int g_mode;
+static atomic_bool g_bad_vocab;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_last_path[64];
+static char g_last_body[8192];
+static char g_last_template[8192];
+
+static int setup(void **state)
+{
+    (void)state;
+    if (rh_make_model(g_model, sizeof g_model, "router-llamaserver.gguf", 67))
+        return -1;
+    if (eng_gguf_open(g_model, &g_gguf, NULL) || eng_tokenizer_load(g_gguf, &g_tok, NULL))
+        return -1;
+    /* the k tokens the fake generates: ids of the model's vocabulary */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (eng_tokenize(g_tok, " there was a little dog", 23, false, false, &ids, &n, NULL) || n < K)
+        return -1;
+    for (int i = 0; i < K; i++) {
+        g_ids[i] = ids[i];
+        size_t len = eng_token_to_bytes(g_tok, ids[i], g_piece[i], sizeof g_piece[i] - 1);
+        g_piece[i][len < sizeof g_piece[i] ? len : sizeof g_piece[i] - 1] = 0;
+    }
+    sw_free(ids);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rh_stop_all();
+    eng_tokenizer_free(g_tok);
+    eng_gguf_close(g_gguf);
+    remove(g_model);
+    return 0;
+}
+
+static void reply_json(int fd, int status, const char *body)
+{
+    fs_send_reply(fd, status, "application/json", body, strlen(body));
+}
+
+static void send_event(int fd, const char *payload)
+{
+    char ev[2048];
+    int n = snprintf(ev, sizeof ev, "data: %s\n\n", payload);
+    fs_send_all(fd, ev, (size_t)n);
+}
+
+/* The native stream: k events with their ids, then the end the mode says. */
+static void native_stream(int fd)
+{
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Connection: close\r\n\r\n";
+    fs_send_all(fd, head, sizeof head - 1);
+    int mode = atomic_load(&g_mode);
+    for (int i = 0; i < K; i++) {
+        json_t *e = json_pack("{s:i, s:s, s:[i], s:b, s:i, s:i, s:i}", "index", 0, "content",
+                              g_piece[i], "tokens", (int)g_ids[i], "stop", 0, "id_slot", 0,
+                              "tokens_predicted", i + 1 + (mode == MODE_GAP && i >= 2),
+                              "tokens_evaluated", 5);
+        char *s = json_dumps(e, JSON_COMPACT);
+        send_event(fd, s);
+        free(s);
+        json_decref(e);
+        usleep(20 * 1000);
+    }
+    if (mode == MODE_OOM)
+        send_event(fd, "{\"error\":{\"code\":500,\"message\":\"Context size has been exceeded.\","
+                       "\"type\":\"server_error\"}}");
+    /* then it dies: the connection ends without the final event */
+}
+
+/* The OpenAI endpoint's stream (the path a request takes when the
+ * vocabulary differs): k chunks of text, then it dies. */
+static void openai_stream(int fd)
+{
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Connection: close\r\n\r\n";
+    fs_send_all(fd, head, sizeof head - 1);
+    for (int i = 0; i < K; i++) {
+        json_t *e = json_pack("{s:s, s:[{s:s, s:i, s:n, s:n}]}", "object", "text_completion",
+                              "choices", "text", g_piece[i], "index", 0, "logprobs",
+                              "finish_reason");
+        char *s = json_dumps(e, JSON_COMPACT);
+        send_event(fd, s);
+        free(s);
+        json_decref(e);
+        usleep(20 * 1000);
+    }
+}
+
+static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
+{
+    (void)s;
+    char method[8] = "", path[64] = "";
+    sscanf(req, "%7s %63s", method, path);
+    if (!strcmp(path, "/health")) {
+        reply_json(fd, 200, "{\"status\":\"ok\"}");
+        return;
+    }
+    if (!strcmp(path, "/slots")) {
+        reply_json(fd, 200, "[{\"id\":0,\"n_ctx\":256,\"is_processing\":false},"
+                            "{\"id\":1,\"n_ctx\":256,\"is_processing\":true}]");
+        return;
+    }
+    if (!strcmp(path, "/metrics")) {
+        static const char m[] = "# HELP llamacpp:prompt_tokens_seconds Average prompt throughput\n"
+                                "llamacpp:prompt_tokens_seconds 480.5\n"
+                                "llamacpp:predicted_tokens_seconds 52.25\n";
+        fs_send_reply(fd, 200, "text/plain; version=0.0.4", m, sizeof m - 1);
+        return;
+    }
+    if (!strcmp(path, "/tokenize")) {
+        json_t *b = json_loads(body, 0, NULL);
+        const char *text = json_string_value(json_object_get(b, "content"));
+        int32_t *ids = NULL;
+        size_t n = 0;
+        json_t *arr = json_array();
+        if (text && eng_tokenize(g_tok, text, strlen(text), false, false, &ids, &n, NULL) == 0)
+            for (size_t i = 0; i < n; i++)
+                json_array_append_new(arr, json_integer(ids[i] + atomic_load(&g_bad_vocab)));
+        sw_free(ids);
+        json_t *o = json_pack("{s:o}", "tokens", arr);
+        char *out = json_dumps(o, JSON_COMPACT);
+        reply_json(fd, 200, out);
+        free(out);
+        json_decref(o);
+        json_decref(b);
+        return;
+    }
+    if (!strcmp(path, "/apply-template")) {
+        pthread_mutex_lock(&g_mu);
+        snprintf(g_last_template, sizeof g_last_template, "%s", body);
+        pthread_mutex_unlock(&g_mu);
+        reply_json(fd, 200, "{\"prompt\":\"<|user|>\\nHi<|assistant|>\\n\"}");
+        return;
+    }
+    pthread_mutex_lock(&g_mu);
+    snprintf(g_last_path, sizeof g_last_path, "%s", path);
+    snprintf(g_last_body, sizeof g_last_body, "%s", body);
+    pthread_mutex_unlock(&g_mu);
+    if (atomic_load(&g_mode) == MODE_CTX) {
+        reply_json(fd, 400, "{\"error\":{\"code\":400,\"message\":\"request (300 tokens) exceeds "
+                            "the available context size (256 tokens), try increasing it\","
+                            "\"type\":\"exceed_context_size_error\",\"n_prompt_tokens\":300,"
+                            "\"n_ctx\":256}}");
+        return;
+    }
+    if (!strcmp(path, "/completion"))
+        native_stream(fd);
+    else
+        openai_stream(fd);
+}
+
+/* Waits until worker name's llama_server.vocab_checked, and is ready. */
+static json_t *wait_checked(const rh_router *r, const char *name)
+{
+    for (int i = 0; i < 300; i++) {
+        json_t *h = rh_worker_health(r, name);
+        json_t *ls = json_object_get(h, "llama_server");
+        if (json_is_true(json_object_get(ls, "vocab_checked")) &&
+            !strcmp(json_string_value(json_object_get(h, "state")) ?: "", "ready"))
+            return h;
+        json_decref(h);
+        usleep(100 * 1000);
+    }
+    fail_msg("worker %s: its vocabulary was never checked", name);
+    return NULL;
+}
+
+/* A stream through the router, asserted 200 and ending with [DONE]: the
+ * token ids its chunks carried, its text, how many chunks said the role,
+ * the worker header, an error event's code, usage.completion_tokens. */
+typedef struct streamed {
+    int32_t ids[64];
+    int n_ids;
+    char text[4096];
+    int roles;             /* chunks with delta.role */
+    char worker[64];
+    char error_code[64];   /* of an error event, "" none */
+    json_int_t usage_completion; /* -1 none */
+} streamed;
+
+static void stream_via(const rh_router *r, const char *path, const char *body, bool chat,
+                       streamed *out)
+{
+    memset(out, 0, sizeof *out);
+    out->usage_completion = -1;
+    wc_response w;
+    assert_int_equal(rh_req(r, "POST", path, NULL, body, &w), 0);
+    assert_int_equal(w.status, 200);
+    assert_true(wc_header(&w, "X-Spillway-Worker", out->worker, sizeof out->worker));
+    char **ev = NULL;
+    int n = wc_sse_parse(w.body, w.body_len, &ev);
+    assert_true(n > 0);
+    assert_string_equal(ev[n - 1], "[DONE]");
+    for (int i = 0; i < n - 1; i++) {
+        json_t *j = json_loads(ev[i], 0, NULL);
+        assert_non_null(j);
+        json_t *err = json_object_get(j, "error");
+        if (err)
+            snprintf(out->error_code, sizeof out->error_code, "%s",
+                     json_string_value(json_object_get(err, "code")) ?: "?");
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *text = chat ? json_object_get(json_object_get(ch, "delta"), "content")
+                            : json_object_get(ch, "text");
+        if (json_is_string(text))
+            strncat(out->text, json_string_value(text), sizeof out->text - strlen(out->text) - 1);
+        if (chat && json_object_get(json_object_get(ch, "delta"), "role"))
+            out->roles++;
+        json_t *ids = json_object_get(json_object_get(j, "spillway"), "token_ids");
+        for (size_t k = 0; k < json_array_size(ids) && out->n_ids < 64; k++)
+            out->ids[out->n_ids++] = (int32_t)json_integer_value(json_array_get(ids, k));
+        json_t *u = json_object_get(j, "usage");
+        if (json_is_object(u))
+            out->usage_completion = json_integer_value(json_object_get(u, "completion_tokens"));
+        json_decref(j);
+    }
+    wc_sse_free(ev, n);
+    wc_response_free(&w);
+}
+
+/* The last failover event of the router: its decision, the first error's
+ * kind and worker, the worker that finished it. */
+static void last_failover(const rh_router *r, char *decision, char *kind, char *first_worker,
+                          char *final_worker)
+{
+    json_t *evs = rh_events(r);
+    json_t *last = NULL;
+    for (size_t i = 0; i < json_array_size(evs); i++)
+        if (json_object_get(json_array_get(evs, i), "first_error"))
+            last = json_array_get(evs, i);
+    assert_non_null(last);
+    json_t *fe = json_object_get(last, "first_error");
+    snprintf(decision, 64, "%s", json_string_value(json_object_get(last, "decision")) ?: "");
+    snprintf(kind, 64, "%s", json_string_value(json_object_get(fe, "kind")) ?: "");
+    snprintf(first_worker, 64, "%s", json_string_value(json_object_get(fe, "worker")) ?: "");
+    snprintf(final_worker, 64, "%s",
+             json_string_value(json_object_get(last, "replay_worker")) ?: "");
+    json_decref(evs);
+}
+
+static void assert_first_k(const streamed *s)
+{
+    assert_true(s->n_ids >= K);
+    for (int i = 0; i < K; i++)
+        assert_int_equal(s->ids[i], g_ids[i]);
+    char pieces[512] = "";
+    for (int i = 0; i < K; i++)
+        strncat(pieces, g_piece[i], sizeof pieces - strlen(pieces) - 1);
+    /* the text the client got begins with the pieces the fake sent,
+     * relayed as they were */
+    assert_memory_equal(s->text, pieces, strlen(pieces));
+}
+
+static void router_config(char *out, size_t cap)
+{
+    snprintf(out, cap,
+             "[worker ls]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 256\nmax-seqs = 4\ncalibrate = false\n",
+             g_fake.path);
+}
+
+static void test_resume_from_llama_server(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    atomic_store(&g_bad_vocab, false);
+    atomic_store(&g_mode, MODE_KILL);
+    fs_start(&g_fake, "llamaserver-fake.sock", (size_t)1 << 20, false, fake_answer);
+    char workers[1024];
+    router_config(workers, sizeof workers);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver", g_model, NULL, workers), 0);
+    rh_wait_restarted(&r, "cpu", 0);
+
+    /* its /slots, /metrics and /tokenize in the router's /health */
+    json_t *h = wait_checked(&r, "ls");
+    json_t *ls = json_object_get(h, "llama_server");
+    assert_string_equal(json_string_value(json_object_get(h, "kind")), "llama-server");
+    assert_true(json_is_true(json_object_get(ls, "resumable")));
+    assert_int_equal(json_integer_value(json_object_get(ls, "slots")), 2);
+    assert_int_equal(json_integer_value(json_object_get(ls, "slots_busy")), 1);
+    assert_int_equal(json_integer_value(json_object_get(h, "ctx_limit")), 256);
+    assert_true(json_real_value(json_object_get(h, "decode_tokens_per_second")) == 52.25);
+    assert_true(json_real_value(json_object_get(h, "prefill_tokens_per_second")) == 480.5);
+    assert_string_equal(json_string_value(json_object_get(h, "rates_source")), "measured");
+    /* one of its two slots busy with another client's request: the
+     * router counts on the other only */
+    assert_int_equal(json_integer_value(json_object_get(ls, "slots_foreign")), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(h, "books"), "max_seqs")),
+                     1);
+    json_decref(h);
+
+    /* a completion stream: killed after k tokens, resumed on cpu */
+    streamed s;
+    stream_via(&r, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0,"
+               "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+               false, &s);
+    assert_string_equal(s.worker, "ls");
+    assert_string_equal(s.error_code, "");
+    assert_first_k(&s);
+    assert_int_equal(s.n_ids, 12);
+    assert_int_equal(s.usage_completion, 12);
+    pthread_mutex_lock(&g_mu);
+    assert_string_equal(g_last_path, "/completion");
+    json_t *nb = json_loads(g_last_body, 0, NULL);
+    pthread_mutex_unlock(&g_mu);
+    assert_non_null(nb);
+    assert_string_equal(json_string_value(json_object_get(nb, "prompt")), "Once upon a time");
+    assert_int_equal(json_integer_value(json_object_get(nb, "n_predict")), 12);
+    assert_true(json_is_true(json_object_get(nb, "stream")));
+    assert_true(json_is_true(json_object_get(nb, "return_tokens")));
+    assert_true(json_is_integer(json_object_get(nb, "seed")));
+    assert_null(json_object_get(nb, "stream_options"));
+    assert_null(json_object_get(nb, "max_tokens"));
+    json_decref(nb);
+    char decision[64], kind[64], first[64], final[64];
+    last_failover(&r, decision, kind, first, final);
+    assert_string_equal(decision, "resume");
+    assert_string_equal(kind, "worker_crash");
+    assert_string_equal(first, "ls");
+    assert_string_equal(final, "cpu");
+
+    /* the rest is the CPU worker's own continuation from those k tokens */
+    char sock[700], direct[1024];
+    rh_worker_sock(&r, "cpu", sock, sizeof sock);
+    snprintf(direct, sizeof direct,
+             "{\"prompt\":\"Once upon a time\",\"max_tokens\":%d,\"temperature\":0,"
+             "\"stream\":true,\"resume\":{\"tokens\":[%d,%d,%d,%d]}}",
+             12 - K, g_ids[0], g_ids[1], g_ids[2], g_ids[3]);
+    wc_response w;
+    assert_int_equal(wc_request(sock, "POST", "/v1/completions", direct, 30000, &w), 0);
+    assert_int_equal(w.status, 200);
+    int want[64];
+    int n_want = wc_tokens_of(&w, true, want, 64, NULL, NULL, 0);
+    wc_response_free(&w);
+    assert_int_equal(n_want, 12 - K);
+    for (int i = 0; i < n_want; i++)
+        assert_int_equal(s.ids[K + i], want[i]);
+
+    /* a chat stream: /apply-template, then the same */
+    rh_wait_restarted(&r, "ls", 0);
+    stream_via(&r, "/v1/chat/completions",
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":10,"
+               "\"temperature\":0,\"stream\":true}",
+               true, &s);
+    assert_string_equal(s.worker, "ls");
+    assert_string_equal(s.error_code, "");
+    assert_first_k(&s);
+    assert_int_equal(s.n_ids, 10);
+    assert_int_equal(s.roles, 1);
+    pthread_mutex_lock(&g_mu);
+    assert_non_null(strstr(g_last_template, "\"messages\""));
+    assert_non_null(strstr(g_last_body, "<|user|>"));
+    pthread_mutex_unlock(&g_mu);
+    last_failover(&r, decision, kind, first, final);
+    assert_string_equal(decision, "resume");
+    assert_string_equal(final, "cpu");
+
+    /* "Context size has been exceeded." mid-stream: out of memory, resumed */
+    rh_wait_restarted(&r, "ls", 0);
+    atomic_store(&g_mode, MODE_OOM);
+    stream_via(&r, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":9,\"temperature\":0,"
+               "\"stream\":true}",
+               false, &s);
+    assert_string_equal(s.error_code, "");
+    assert_first_k(&s);
+    assert_int_equal(s.n_ids, 9);
+    last_failover(&r, decision, kind, first, final);
+    assert_string_equal(decision, "resume");
+    assert_string_equal(kind, "oom");
+
+    /* a token without its id: no resume, the stream ends with an error */
+    rh_wait_restarted(&r, "ls", 0);
+    atomic_store(&g_mode, MODE_GAP);
+    stream_via(&r, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":9,\"temperature\":0,"
+               "\"stream\":true}",
+               false, &s);
+    assert_string_equal(s.error_code, "worker_failed");
+    assert_int_equal(s.n_ids, 2); /* the ids before the gap */
+    last_failover(&r, decision, kind, first, final);
+    assert_string_equal(decision, "none (external engine: no resume)");
+
+    /* exceed_context_size_error: the CPU worker answers */
+    rh_wait_restarted(&r, "ls", 0);
+    atomic_store(&g_mode, MODE_CTX);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL,
+                            "{\"prompt\":\"Once upon a time\",\"max_tokens\":3}", &w), 0);
+    assert_int_equal(w.status, 200);
+    rh_assert_header(&w, "X-Spillway-Worker", "cpu");
+    rh_assert_header(&w, "X-Spillway-Attempts", "1");
+    wc_response_free(&w);
+    pthread_mutex_lock(&g_mu);
+    assert_string_equal(g_last_path, "/v1/completions"); /* non-stream: the OpenAI endpoint */
+    pthread_mutex_unlock(&g_mu);
+
+    rh_finish(&r);
+    fs_stop(&g_fake);
+}
+
+static void test_other_vocabulary(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    atomic_store(&g_bad_vocab, true);
+    atomic_store(&g_mode, MODE_KILL);
+    fs_start(&g_fake, "llamaserver-fake2.sock", (size_t)1 << 20, false, fake_answer);
+    char workers[1024];
+    router_config(workers, sizeof workers);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver-vocab", g_model, NULL, workers), 0);
+    rh_wait_restarted(&r, "cpu", 0);
+    json_t *h = wait_checked(&r, "ls");
+    assert_false(json_is_true(json_object_get(json_object_get(h, "llama_server"), "resumable")));
+    json_decref(h);
+    char *log = tu_read_file(r.log, NULL);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "does not give the model's token ids"));
+    sw_free(log);
+
+    /* its stream takes the OpenAI endpoint; dead after text: an error event */
+    streamed s;
+    stream_via(&r, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0,"
+               "\"stream\":true}",
+               false, &s);
+    assert_string_equal(s.worker, "ls");
+    assert_string_equal(s.error_code, "worker_failed");
+    assert_int_equal(s.n_ids, 0);
+    pthread_mutex_lock(&g_mu);
+    assert_string_equal(g_last_path, "/v1/completions");
+    pthread_mutex_unlock(&g_mu);
+    char decision[64], kind[64], first[64], final[64];
+    last_failover(&r, decision, kind, first, final);
+    assert_string_equal(decision, "none (external engine: no resume)");
+    rh_finish(&r);
+    fs_stop(&g_fake);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resume_from_llama_server),
+        cmocka_unit_test(test_other_vocabulary),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

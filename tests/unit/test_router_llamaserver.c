@@ -27,8 +27,8 @@
 #include "worker_client.h"
 
 #include "common/alloc.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -6,6 +6,7 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
+#include "modelgen/model_make.h"
 
 #include <jansson.h>
 
@@ -476,4 +477,27 @@ int wc_stream_chunks(const wc_response *r, char **texts, int *ids, int cap)
     sw_free(acc);
     wc_sse_free(evs, ne);
     return n;
+}
+
+int wc_worker_start_made(wc_worker *w, const char *file, uint64_t seed, int ctx_limit,
+                         char *model_path, size_t cap)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 1024;
+    p.seed = seed;
+    snprintf(model_path, cap, "%s", tu_tmp_path(file));
+    if (eng_model_make(&p, model_path, NULL) != 0 || !tu_spillway_bin())
+        return -1;
+    char ctx[16];
+    snprintf(ctx, sizeof ctx, "%d", ctx_limit);
+    const char *const args[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit", ctx, NULL};
+    return wc_worker_start(w, model_path, args, NULL, 30, NULL);
+}
+
+int wc_worker_stop_made(wc_worker *w, const char *model_path)
+{
+    int st = wc_worker_stop(w);
+    remove(model_path);
+    wc_worker_kill_all();
+    return st == 0 ? 0 : -1;
 }

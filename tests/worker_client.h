@@ -9,6 +9,7 @@
 #define SPILLWAY_TESTS_WORKER_CLIENT_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -32,6 +33,15 @@ int wc_worker_stop(wc_worker *w);
  * running: for group teardowns, after an assertion left a test early.
  * (Workers also get SIGKILL when the test process dies.) */
 void wc_worker_kill_all(void);
+/* The worker tests' usual set-up: a made test model (vocabulary 1024, this
+ * seed) at tu_tmp_path(file) (its path into model_path, cap bytes), served
+ * with --max-seqs 2 --threads 1 --ctx-limit ctx_limit. 0, or -1 when the
+ * model or the worker could not be made. */
+int wc_worker_start_made(wc_worker *w, const char *file, uint64_t seed, int ctx_limit,
+                         char *model_path, size_t cap);
+/* Its teardown: stops the worker, removes the model, kills any other
+ * worker left; 0 when the worker exited cleanly. */
+int wc_worker_stop_made(wc_worker *w, const char *model_path);
 /* Waits up to timeout_s for the process to exit by itself; returns its
  * exit status, or -1 on time-out (the process is still there). */
 int wc_worker_wait(wc_worker *w, int timeout_s);

@@ -36,24 +36,13 @@ static wc_worker g_w;
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.n_vocab = 1024;
-    p.seed = 11;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("worker-tools.gguf"));
-    if (eng_model_make(&p, g_model, NULL) != 0 || !tu_spillway_bin())
-        return -1;
-    static const char *const args[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit", "2048",
-                                       NULL};
-    return wc_worker_start(&g_w, g_model, args, NULL, 30, NULL);
+    return wc_worker_start_made(&g_w, "worker-tools.gguf", 11, 2048, g_model, sizeof g_model);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int st = wc_worker_stop(&g_w);
-    remove(g_model);
-    wc_worker_kill_all();
-    return st == 0 ? 0 : -1;
+    return wc_worker_stop_made(&g_w, g_model);
 }
 
 /* POST with an X-Request-Id (the tool call ids derive from it). */

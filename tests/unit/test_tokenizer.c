@@ -547,12 +547,10 @@ static void test_bad_vocabularies(void **state)
 
 /* ---- llama.cpp's vocabulary test vectors -------------------------------- */
 
-static void test_vocab_llama_spm(void **state)
+/* Every case of a vocabulary's .inp/.out pair (llama.cpp's tokenizer test
+ * vectors) tokenizes to llama.cpp's ids and decodes back to its text. */
+static void check_spm_vectors(const char *p, size_t expected_cases)
 {
-    (void)state;
-    const char *p = tu_shared_path("vocab/ggml-vocab-llama-spm.gguf");
-    if (!p)
-        return;
     char gguf_path[4096];
     snprintf(gguf_path, sizeof gguf_path, "%s", p);
     size_t n_cases;
@@ -573,9 +571,27 @@ static void test_vocab_llama_spm(void **state)
         sw_free(text);
         sw_free(ids);
     }
-    assert_int_equal(n_cases, 46);
+    assert_int_equal(n_cases, expected_cases);
     eng_tokenizer_free(tok);
     tu_vocab_cases_free(cases, n_cases);
+}
+
+static void test_vocab_llama_spm(void **state)
+{
+    (void)state;
+    const char *p = tu_shared_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (p)
+        check_spm_vectors(p, 46);
+}
+
+/* Phi-3's vocabulary (the phi3 family; tests/data, from llama.cpp's
+ * models/, MIT) */
+static void test_vocab_phi3(void **state)
+{
+    (void)state;
+    const char *p = tu_data_path("ggml-vocab-phi-3.gguf");
+    if (p)
+        check_spm_vectors(p, 46);
 }
 
 /* ---- the model golden files --------------------------------------------- */
@@ -871,6 +887,7 @@ int main(void)
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_bad_vocabularies),
         cmocka_unit_test(test_vocab_llama_spm),
+        cmocka_unit_test(test_vocab_phi3),
         cmocka_unit_test(test_golden_stories260k),
         cmocka_unit_test(test_golden_llama2_tiny),
         cmocka_unit_test(test_naive_reference_mini),

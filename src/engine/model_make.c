@@ -794,9 +794,14 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             /* the router (F32, as llama.cpp's quantizer leaves it), then the
              * experts as 3-D tensors {row length, rows, experts}; ffn_down's
              * extra bits in a mix apply to ffn_down_exps, as llama.cpp's
-             * name rules have it */
+             * name rules have it. The router's logits have std 4 (a unit-RMS
+             * input): routing is decided by clear margins most of the time,
+             * so that two engines' rounding rarely tips a near-tie between
+             * the last chosen expert and the next, which changes a layer's
+             * output by a step, not a rounding (std 1 tipped one or two of
+             * 24 steps of some quantized files) */
             const int64_t e = p->n_expert;
-            MM_T("blk.%d.ffn_gate_inp.weight", f32, 2, d, e, 0.0f, in_d);
+            MM_T("blk.%d.ffn_gate_inp.weight", f32, 2, d, e, 0.0f, 4.0f * in_d);
             MM_T("blk.%d.ffn_gate_exps.weight", wt, 3, d, p->n_ff, 0.0f, in_d);
             if (t)
                 t[n - 1].ne[2] = e;

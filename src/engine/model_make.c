@@ -548,7 +548,7 @@ int eng_model_make_preset(const char *name, eng_model_make_params *out)
     } else if (strcmp(name, "qwen3moe-small") == 0) {
         /* a shape for decode speed: Qwen3-30B-A3B's proportions (heads of
          * 128 wider than dim / heads, 8 of the experts per token, each a
-         * fraction of dim wide) at a size a test machine holds: 0.8 G
+         * fraction of dim wide) at a size a test machine holds: 0.91 G
          * parameters, of which a token reads about a fifth */
         p.architecture = "qwen3moe";
         p.n_embd = 1024;

@@ -139,7 +139,7 @@ eng_model_make_params eng_model_make_default_params(void);
  *           (tests/data/qwen3moe-tiny.golden.json)
  *   qwen3moe-small - architecture qwen3moe, dim 1024, 8 layers, 16 heads of
  *           128, 4 KV, 64 experts of FFN 512, 8 used, vocab 32000, Q8_0, rope
- *           base 1e6, rms eps 1e-6 (a decode speed shape: 0.8 G parameters,
+ *           base 1e6, rms eps 1e-6 (a decode speed shape: 0.91 G parameters,
  *           about a fifth of them read per token)
  *   gemma3-tiny - architecture gemma3, dim 128, 2 layers (layer 0 sliding with
  *           a window of 8, layer 1 global: pattern 2), 4 heads of 64, 2 KV,

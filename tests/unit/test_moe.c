@@ -6,7 +6,8 @@
  *     zeros every probability ties and the lowest ids win, so NaN in the
  *     other experts changes nothing, while changing a chosen one does;
  *   - a batched decode step gives each sequence the logits it gets alone,
- *     bit for bit, and a prefill agrees with token-by-token decoding;
+ *     bit for bit, and a prefill (one of 64 tokens too, dozens per expert)
+ *     agrees with token-by-token decoding;
  *   - expert_weights_norm false is read (the weights are then the plain
  *     probabilities), true is the default;
  *   - the decode read figure counts the chosen share of the experts, and
@@ -319,6 +320,42 @@ static void test_batch_and_prefill(void **state)
     eng_model_free(model);
 }
 
+/* A prefill long enough that each of 4 experts gets dozens of tokens (the
+ * kernels' many-token tiles, AMX where the CPU has it) agrees with
+ * token-by-token decoding as closely as a dense prefill does. */
+static void test_long_prefill(void **state)
+{
+    (void)state;
+    char path[4096];
+    make_model("moe-q8-long.gguf", "qwen3moe", 4, 2, ENG_TYPE_Q8_0, path, sizeof path);
+    eng_model *model;
+    eng_context *ctx;
+    sw_error err;
+    if (eng_model_load(path, &model, &err))
+        fail_msg("load: %s", err.message);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_threads = 2;
+    cp.n_seq_max = 2;
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
+    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    float *a = sw_malloc(sizeof(float) * (size_t)n_vocab);
+    float *b = sw_malloc(sizeof(float) * (size_t)n_vocab);
+    int32_t prompt[64];
+    for (int i = 0; i < 64; i++)
+        prompt[i] = 3 + (i * 53) % (n_vocab - 3);
+    assert_int_equal(eng_decode(ctx, 0, prompt, 64, a, &err), SW_OK);
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(eng_decode(ctx, 1, &prompt[i], 1, b, &err), SW_OK);
+    print_message("64-token prefill vs decode: %g\n", max_diff(a, b, n_vocab));
+    if (max_diff(a, b, n_vocab) > 5e-2f)
+        fail_msg("prefill and decode differ by %g", max_diff(a, b, n_vocab));
+    sw_free(a);
+    sw_free(b);
+    eng_context_free(ctx);
+    eng_model_free(model);
+}
+
 static void test_weights_norm_key(void **state)
 {
     (void)state;
@@ -391,6 +428,7 @@ int main(void)
         cmocka_unit_test(test_one_expert_equals_dense),
         cmocka_unit_test(test_unchosen_experts_unread),
         cmocka_unit_test(test_batch_and_prefill),
+        cmocka_unit_test(test_long_prefill),
         cmocka_unit_test(test_weights_norm_key),
         cmocka_unit_test(test_read_bytes_and_refusals),
     };

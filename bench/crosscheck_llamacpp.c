@@ -12,12 +12,18 @@
  * spillway's token, and how far apart are the two log-probabilities of
  * each of spillway's top-K ids.
  *
- *   crosscheck_llamacpp MODEL.gguf RUN.json
+ *   crosscheck_llamacpp MODEL.gguf RUN.json [EXACT.gguf]
  * prints "STEPS AGREE MAXDIFF MEANDIFF": the number of steps, in how many
  * of them llama.cpp's argmax is spillway's token, and the largest and the
  * mean |difference| between the two engines' log-probabilities of
- * spillway's top-K ids.
+ * spillway's top-K ids. With EXACT.gguf (the same weights dequantized),
+ * llama.cpp runs that file on the same tokens too, and a fifth figure is
+ * the mean |difference| between its two runs - llama.cpp's distance from
+ * exact arithmetic on spillway's token sequence, the one spillway's own
+ * distance is measured on.
  * bench/crosscheck.sh judges the figures; exit status 2 is an error.
+ * CROSSCHECK_STEPS=1 in the environment also prints each step's mean
+ * |difference| to stderr.
  *
  * Built by bench/crosscheck.sh against the llama.cpp that
  * bench/reference.sh builds; never part of spillway itself. */
@@ -31,8 +37,8 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s MODEL.gguf RUN.json\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s MODEL.gguf RUN.json [EXACT.gguf]\n", argv[0]);
         return 2;
     }
     json_error_t jerr;
@@ -45,39 +51,48 @@ int main(int argc, char **argv)
     }
 
     struct llama_model *model = load_quietly(argv[1]);
-    if (!model)
+    struct llama_model *exact = argc == 4 ? load_quietly(argv[3]) : NULL;
+    if (!model || (argc == 4 && !exact))
         return 2;
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 512;
     cp.n_batch = 512;
     cp.n_threads = cp.n_threads_batch = 2;
     struct llama_context *ctx = llama_init_from_model(model, cp);
+    struct llama_context *ctx_exact = exact ? llama_init_from_model(exact, cp) : NULL;
     int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     double *lp = malloc(sizeof *lp * (size_t)n_vocab);
+    double *lp_exact = malloc(sizeof *lp_exact * (size_t)n_vocab);
+    if ((exact && !ctx_exact) || !lp_exact)
+        return 2;
     size_t n_prompt = json_array_size(prompt);
     llama_token *tokens = malloc(sizeof *tokens * n_prompt);
     if (!ctx || !lp || !tokens)
         return 2;
     for (size_t i = 0; i < n_prompt; i++)
         tokens[i] = (llama_token)json_integer_value(json_array_get(prompt, i));
-    if (llama_decode(ctx, llama_batch_get_one(tokens, (int32_t)n_prompt)) != 0) {
+    if (llama_decode(ctx, llama_batch_get_one(tokens, (int32_t)n_prompt)) != 0 ||
+        (ctx_exact && llama_decode(ctx_exact, llama_batch_get_one(tokens, (int32_t)n_prompt)))) {
         fprintf(stderr, "llama_decode failed on the prompt\n");
         return 2;
     }
 
     size_t n_steps = json_array_size(steps), agree = 0;
-    double worst = 0, sum = 0;
+    double worst = 0, sum = 0, sum_exact = 0;
     size_t compared = 0;
     for (size_t s = 0; s < n_steps; s++) {
         json_t *step = json_array_get(steps, s);
         llama_token ours = (llama_token)json_integer_value(json_object_get(step, "token"));
         log_probs(llama_get_logits_ith(ctx, -1), n_vocab, lp);
+        if (ctx_exact)
+            log_probs(llama_get_logits_ith(ctx_exact, -1), n_vocab, lp_exact);
         int argmax = 0;
         for (int i = 1; i < n_vocab; i++)
             if (lp[i] > lp[argmax])
                 argmax = i;
         agree += argmax == ours;
         json_t *top = json_object_get(step, "top_logprobs");
+        double step_sum = 0;
         for (size_t k = 0; k < json_array_size(top); k++) {
             json_t *e = json_array_get(top, k);
             json_int_t id = json_integer_value(json_object_get(e, "id"));
@@ -87,15 +102,28 @@ int main(int argc, char **argv)
             if (d > worst)
                 worst = d;
             sum += d;
+            step_sum += d;
+            if (ctx_exact)
+                sum_exact += fabs(lp[id] - lp_exact[id]);
             compared++;
         }
-        if (llama_decode(ctx, llama_batch_get_one(&ours, 1)) != 0) {
+        if (getenv("CROSSCHECK_STEPS")) /* where a mean comes from, step by step */
+            fprintf(stderr, "step %zu: argmax %s, mean |difference| %.4f\n", s,
+                    argmax == ours ? "=" : "!=", step_sum / (double)(json_array_size(top) ?: 1));
+        if (llama_decode(ctx, llama_batch_get_one(&ours, 1)) != 0 ||
+            (ctx_exact && llama_decode(ctx_exact, llama_batch_get_one(&ours, 1)) != 0)) {
             fprintf(stderr, "llama_decode failed at step %zu\n", s);
             return 2;
         }
     }
-    printf("%zu %zu %.6f %.6f\n", n_steps, agree, worst, compared ? sum / (double)compared : 0.0);
+    printf("%zu %zu %.6f %.6f", n_steps, agree, worst, compared ? sum / (double)compared : 0.0);
+    if (ctx_exact)
+        printf(" %.6f", compared ? sum_exact / (double)compared : 0.0);
+    printf("\n");
     free(lp);
+    free(lp_exact);
+    llama_free(ctx_exact);
+    llama_model_free(exact);
     free(tokens);
     llama_free(ctx);
     llama_model_free(model);

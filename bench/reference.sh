@@ -54,7 +54,8 @@ mkdir -p "$dir"
 printf '%-12s %9s %9s %6s %9s %9s %6s\n' model prefill "ref" ratio decode "ref" ratio
 for m in $models; do
   file="$dir/bench-$m.gguf"
-  [ -f "$file" ] || "$bin" model make --preset "${m%%-*}" --type "${m#*-}" -o "$file" >/dev/null
+  # PRESET-TYPE: the type is after the last '-' (presets may have one: qwen3moe-small)
+  [ -f "$file" ] || "$bin" model make --preset "${m%-*}" --type "${m##*-}" -o "$file" >/dev/null
   op=0; od=0; rp=0; rd=0
   for _ in $(seq "$runs"); do
     read -r p d < <(our_figures "$file"); op=$(max "$op" "$p"); od=$(max "$od" "$d")

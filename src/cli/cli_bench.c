@@ -169,6 +169,8 @@ static int bench_engine(int argc, char **argv)
     const char *type = "mixed";
     {
         const eng_gguf_tensor *t = eng_gguf_find_tensor(eng_model_gguf(model), "blk.0.ffn_up.weight");
+        if (!t) /* a mixture of experts */
+            t = eng_gguf_find_tensor(eng_model_gguf(model), "blk.0.ffn_up_exps.weight");
         const eng_type_traits *tr = t ? eng_type_traits_get(t->type) : NULL;
         if (tr)
             type = tr->name;

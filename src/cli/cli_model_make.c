@@ -20,14 +20,16 @@ static void model_make_usage(FILE *f)
 {
     fprintf(f,
             "usage: spillway model make -o FILE [--preset tiny|small|1b|qwen3-tiny|phi3-tiny|\n"
-            "                                             gemma3-tiny]\n"
+            "                                             gemma3-tiny|qwen3moe-tiny|\n"
+            "                                             qwen3moe-small]\n"
             "                           [--dim N] [--layers N] [--heads N] [--kv-heads N]\n"
             "                           [--head-dim N] [--ffn N] [--vocab N] [--ctx N]\n"
             "                           [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
             "                                  q5_k|q6_k|iq4_nl|iq4_xs|q3_k_m|q4_k_m|q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
-            "                           [--arch llama|llama3|qwen2|qwen3|phi3|gemma3]\n"
+            "                           [--arch llama|llama3|qwen2|qwen3|qwen3moe|phi3|gemma3]\n"
             "                           [--rope-base B] [--sliding-window N] [--swa-pattern N]\n"
+            "                           [--experts N] [--experts-used N]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
             "vocabulary. --arch llama3: the llama layout with Llama 3's RoPE frequency\n"
             "factors as a rope_freqs.weight tensor, as converted Llama 3.1 files carry\n"
@@ -40,6 +42,9 @@ static void model_make_usage(FILE *f)
             "no space prefix, the gemma3 prefix (rope base 1000000 unless --rope-base);\n"
             "--sliding-window N (gemma3): layers attend to the last N positions, all but\n"
             "every --swa-pattern-th (written when given; llama.cpp's default is 6).\n"
+            "qwen3moe: qwen3's attention, and per layer a router (ffn_gate_inp) and\n"
+            "--experts N experts (default 8) of hidden size --ffn as 3-D ffn_gate_exps /\n"
+            "ffn_up_exps / ffn_down_exps, --experts-used N (default 2) per token.\n"
             "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
             "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
             "ffn and heads x head dim to be multiples of 256. q4_k_m / q5_k_m: mostly\n"
@@ -55,7 +60,11 @@ static void model_make_usage(FILE *f)
             "               f32\n"
             "         gemma3-tiny gemma3, dim 128, 2 layers (sliding window 8, pattern 2),\n"
             "               4 heads of 64, 2 kv, ffn 384, vocab 1024, f32, rope base 1e6,\n"
-            "               final logit soft-cap 30\n");
+            "               final logit soft-cap 30\n"
+            "         qwen3moe-tiny qwen3-tiny's shape as qwen3moe, 8 experts of ffn 128,\n"
+            "               2 used\n"
+            "         qwen3moe-small qwen3moe, dim 1024, 8 layers, 16 heads of 128, 4 kv,\n"
+            "               64 experts of ffn 512, 8 used, vocab 32000, q8_0\n");
 }
 
 static int model_make_int(const char *opt, const char *text, int32_t *out)
@@ -84,7 +93,8 @@ int cli_model_make(int argc, char **argv)
         if (strcmp(argv[i], "--preset") == 0) {
             if (i + 1 >= argc || eng_model_make_preset(argv[i + 1], &p) != 0) {
                 fprintf(stderr,
-                        "spillway model make: --preset needs tiny, small, 1b, qwen3-tiny or phi3-tiny\n");
+                        "spillway model make: --preset needs tiny, small, 1b, qwen3-tiny, "
+                        "phi3-tiny, gemma3-tiny, qwen3moe-tiny or qwen3moe-small\n");
                 return 2;
             }
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -109,7 +119,8 @@ int cli_model_make(int argc, char **argv)
             strcmp(opt, "--type") != 0 && strcmp(opt, "--seed") != 0 &&
             strcmp(opt, "--name") != 0 && strcmp(opt, "--arch") != 0 &&
             strcmp(opt, "--rope-base") != 0 && strcmp(opt, "--sliding-window") != 0 &&
-            strcmp(opt, "--swa-pattern") != 0) {
+            strcmp(opt, "--swa-pattern") != 0 && strcmp(opt, "--experts") != 0 &&
+            strcmp(opt, "--experts-used") != 0) {
             fprintf(stderr, "spillway model make: unknown option '%s'\n", opt);
             model_make_usage(stderr);
             return 2;
@@ -161,16 +172,18 @@ int cli_model_make(int argc, char **argv)
             p.name = val;
         } else if (strcmp(opt, "--arch") == 0) {
             if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2") &&
-                strcmp(val, "qwen3") && strcmp(val, "phi3") && strcmp(val, "gemma3")) {
+                strcmp(val, "qwen3") && strcmp(val, "phi3") && strcmp(val, "gemma3") &&
+                strcmp(val, "qwen3moe")) {
                 fprintf(stderr, "spillway model make: --arch must be llama, llama3, qwen2, "
-                                "qwen3, phi3 or gemma3, got '%s'\n", val);
+                                "qwen3, qwen3moe, phi3 or gemma3, got '%s'\n", val);
                 return 2;
             }
             p.architecture = val;
             if (!rope_base_set)
                 p.rope_freq_base = strcmp(val, "llama3") == 0 ? 500000.0f
                                    : strcmp(val, "qwen2") == 0 || strcmp(val, "qwen3") == 0 ||
-                                           strcmp(val, "gemma3") == 0
+                                           strcmp(val, "gemma3") == 0 ||
+                                           strcmp(val, "qwen3moe") == 0
                                        ? 1000000.0f
                                        : 10000.0f;
         } else if (strcmp(opt, "--rope-base") == 0) {
@@ -201,11 +214,22 @@ int cli_model_make(int argc, char **argv)
                 target = &p.sliding_window;
             else if (strcmp(opt, "--swa-pattern") == 0)
                 target = &p.sliding_window_pattern;
+            else if (strcmp(opt, "--experts") == 0)
+                target = &p.n_expert;
+            else if (strcmp(opt, "--experts-used") == 0)
+                target = &p.n_expert_used;
             else
                 target = &p.n_ctx_train;
             if (model_make_int(opt, val, target) != 0)
                 return 2;
         }
+    }
+    /* qwen3moe without --experts / --experts-used: 8 experts, 2 used */
+    if (p.architecture && strcmp(p.architecture, "qwen3moe") == 0) {
+        if (p.n_expert == 0)
+            p.n_expert = p.n_expert_used > 8 ? p.n_expert_used : 8;
+        if (p.n_expert_used == 0)
+            p.n_expert_used = p.n_expert < 2 ? p.n_expert : 2;
     }
     if (!path) {
         fprintf(stderr, "spillway model make: -o FILE is required\n");
@@ -225,14 +249,17 @@ int cli_model_make(int argc, char **argv)
     long long size = stat(path, &st) == 0 ? (long long)st.st_size : -1;
     const eng_type_traits *tr = eng_type_traits_get(p.weight_type);
     int64_t n_params = eng_model_make_n_params(&p);
+    char experts[64] = "";
+    if (p.n_expert > 0)
+        snprintf(experts, sizeof experts, ", %d experts (%d used)", p.n_expert, p.n_expert_used);
     printf("wrote %s: %lld bytes, %" PRId64 " parameters (%.1fM), %s, dim %d, %d layers, "
-           "%d heads / %d kv, ffn %d, vocab %d%s, seed %" PRIu64 "\n",
+           "%d heads / %d kv, ffn %d, vocab %d%s, seed %" PRIu64 "%s\n",
            path, size, n_params, (double)n_params / 1e6, p.mix == ENG_MIX_Q4_K_M   ? "q4_k_m"
            : p.mix == ENG_MIX_Q5_K_M ? "q5_k_m"
            : tr                      ? tr->name
                                      : "?",
            p.n_embd,
            p.n_layer, p.n_head, p.n_head_kv, p.n_ff, p.n_vocab, p.tied_output ? ", tied" : "",
-           p.seed);
+           p.seed, experts);
     return 0;
 }

@@ -109,7 +109,7 @@ int cli_model_plan(int argc, char **argv)
     if (json) {
         json_t *rec = json_pack(
             "{s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
-            " s:I, s:I, s:b, s:i, s:i, s:i}",
+            " s:I, s:I, s:b, s:i, s:i, s:i, s:i, s:i, s:I}",
             "model", path, "device", dev_spec(dev), "simulated", dev_is_simulated(dev), "layers",
             hp->n_layer, "device_layers", plan.n_device_layers, "ctx", pp.n_ctx, "seqs",
             pp.n_seqs, "reserve_fraction", (double)pp.reserve_fraction, "weights_device_bytes",
@@ -122,7 +122,9 @@ int cli_model_plan(int argc, char **argv)
             (json_int_t)plan.capacity_bytes, "free_bytes", (json_int_t)plan.free_bytes,
             "reserve_bytes", (json_int_t)plan.reserve_bytes, "kv_host_bytes",
             (json_int_t)plan.kv_host_bytes, "fits", plan.fits, "max_ctx", plan.max_ctx,
-            "max_seqs", plan.max_seqs, "max_gpu_layers", plan.max_gpu_layers);
+            "max_seqs", plan.max_seqs, "max_gpu_layers", plan.max_gpu_layers, "experts",
+            hp->n_expert, "experts_used", hp->n_expert_used, "decode_read_bytes",
+            (json_int_t)eng_model_decode_read_bytes(model));
         char *text = json_dumps(rec, JSON_COMPACT);
         printf("%s\n", text);
         free(text);
@@ -145,6 +147,13 @@ int cli_model_plan(int argc, char **argv)
         human(plan.weights_host_bytes, b, sizeof b);
         printf("  weights        %12s on the device, %s in host memory%s\n", a, b,
                pp.weights_stay_mapped ? " (mapped)" : "");
+        if (hp->n_expert > 0) {
+            /* every expert is held; a token reads only the ones it is routed to */
+            human(eng_model_weights_bytes(model), a, sizeof a);
+            human(eng_model_decode_read_bytes(model), b, sizeof b);
+            printf("  experts        %12d per layer, %d used per token: all held (%s of "
+                   "weights), %s read per decoded token\n", hp->n_expert, hp->n_expert_used, a, b);
+        }
         printf("  kv per token   %12llu bytes on the device, %llu in host memory\n",
                (unsigned long long)plan.kv_bytes_per_token_device,
                (unsigned long long)plan.kv_bytes_per_token_host);

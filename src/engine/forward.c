@@ -1,5 +1,5 @@
 /* forward.c - the forward pass of the llama family (llama, qwen2, qwen3,
- * phi3, gemma3) on the CPU.
+ * qwen3moe, phi3, gemma3) on the CPU.
  *
  * For a batch of n new tokens of one sequence at positions p..p+n-1:
  *   x = embed(tokens)
@@ -13,7 +13,8 @@
  * as qwen3 does, normalises the attention and FFN outputs again before each
  * residual add, gates with GELU (tanh form) instead of SiLU, lets its
  * sliding layers see only the last n_swa positions (RoPE base of their
- * own, no linear scaling), and may soft-cap the logits.
+ * own, no linear scaling), and may soft-cap the logits. qwen3moe is qwen3
+ * with a mixture of experts in place of the FFN (forward_moe.c).
  * Matrix products run on the thread pool, rows split between threads; the
  * activations are converted once per product to the weight type's dot
  * format (cpu_convert_activations). Attention reads K and V from the
@@ -144,6 +145,12 @@ static bool matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, flo
     }
     cpu_threadpool_run(ctx->pool, glu ? w[0]->n_out : rows, 16, matmul_task, &job);
     return glu;
+}
+
+bool eng__matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, float *const *y,
+                 const float *x, int64_t n_tokens, bool per_token, bool glu)
+{
+    return matmul(ctx, n_mats, w, y, x, n_tokens, per_token, glu);
 }
 
 /* ---- element-wise pieces --------------------------------------------------- */
@@ -456,6 +463,12 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
 
         for (int64_t t = 0; t < n; t++)
             rms_norm(xn + t * dim, x + t * dim, L->ffn_norm.data, dim, hp->rms_eps);
+        if (L->gate_exps.data) { /* mixture of experts (forward_moe.c) */
+            eng__moe_ffn(ctx, L, xn, xn, n, per_token);
+            for (int64_t i = 0; i < n * dim; i++)
+                x[i] += xn[i];
+            continue;
+        }
         {
             const eng_weight *w[2] = {&L->w_gate, &L->w_up};
             float *y[2] = {gate, up};

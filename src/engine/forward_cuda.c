@@ -102,6 +102,12 @@ int cuda_engine_check(const eng_context *ctx, sw_error *err)
     if (hp->head_dim > CUDA_ATTENTION_MAX_HEAD_DIM)
         return sw_error_set(err, SW_EUNSUPPORTED, "head size %d: the CUDA attention kernel "
                             "takes at most %d", hp->head_dim, CUDA_ATTENTION_MAX_HEAD_DIM);
+    /* qwen3moe's experts have no kernels here: refused by name, not only
+     * through its Q/K norms below */
+    if (ctx->n_device_layers > 0 && hp->n_expert > 0)
+        return sw_error_set(err, SW_EUNSUPPORTED, "architecture %s: mixture-of-experts layers "
+                            "have no CUDA kernels yet (run it on the cpu device)",
+                            hp->architecture);
     /* qwen3's and gemma3's per-head Q/K norms have no kernel yet (nor
      * gemma3's post norms, GeGLU, window and soft-cap): such a file runs on
      * the cpu device (or with no layers on the GPU), never wrongly here. */

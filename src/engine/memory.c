@@ -92,10 +92,19 @@ void eng__cuda_sizes(const eng_model *model, int32_t n_device_layers, int32_t n_
 
 size_t eng_model_decode_read_bytes(const eng_model *model)
 {
-    /* every layer and the head; of the embedding table one row */
-    size_t row = model->hp.n_vocab > 0 ? model->token_embd.size_bytes / (size_t)model->hp.n_vocab
-                                       : 0;
-    return eng__layer_weights_bytes(model, model->hp.n_layer, true, false) + row;
+    /* every layer and the head; of the embedding table one row; of a MoE
+     * layer's experts the n_expert_used a token is routed to (each expert
+     * is an equal share of its tensor) */
+    const eng_hparams *hp = &model->hp;
+    size_t row = hp->n_vocab > 0 ? model->token_embd.size_bytes / (size_t)hp->n_vocab : 0;
+    size_t bytes = eng__layer_weights_bytes(model, hp->n_layer, true, false) + row;
+    for (int32_t l = 0; hp->n_expert > 0 && l < hp->n_layer; l++) {
+        const eng_layer *L = &model->layers[l];
+        const size_t experts = L->gate_exps.size_bytes + L->up_exps.size_bytes +
+                               L->down_exps.size_bytes;
+        bytes -= experts / (size_t)hp->n_expert * (size_t)(hp->n_expert - hp->n_expert_used);
+    }
+    return bytes;
 }
 
 size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens)
@@ -118,19 +127,32 @@ void eng__workspace_layout(const eng_model *model, int32_t n_batch, int32_t n_ct
     size_t q_dim = (size_t)hp->n_head * hp->head_dim;
     size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     size_t act = act_row_bytes(&model->output);
+    size_t moe_act = 0;
     size_t at = 0;
+    /* a MoE model has no dense FFN: its gate / up rows are per slot */
+    const size_t n_ff_dense = hp->n_expert > 0 ? 0 : (size_t)hp->n_ff;
+    const size_t slots = nb * (size_t)hp->n_expert_used;
 
     for (int32_t i = 0; i < hp->n_layer; i++) {
         const eng_layer *L = &model->layers[i];
         const eng_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
-                                  &L->w_down};
+                                  &L->w_down, &L->ffn_gate_inp, &L->gate_exps};
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) {
             size_t b = act_row_bytes(ws[j]);
             if (b > act)
                 act = b;
         }
+        /* the experts' inputs: grouped rows of the gate/up input, then the
+         * down input */
+        const eng_weight *ex[] = {&L->gate_exps, &L->down_exps};
+        for (size_t j = 0; j < 2; j++) {
+            size_t b = act_row_bytes(ex[j]);
+            if (b > moe_act)
+                moe_act = b;
+        }
     }
     act = ALIGN64(act);
+    moe_act = ALIGN64(moe_act);
     memset(out, 0, sizeof *out);
 #define TAKE(field, bytes) (out->field = at, at += ALIGN64(bytes))
     TAKE(x, nb * hp->n_embd * sizeof(float));
@@ -139,9 +161,18 @@ void eng__workspace_layout(const eng_model *model, int32_t n_batch, int32_t n_ct
     TAKE(k, nb * kv_dim * sizeof(float));
     TAKE(v, nb * kv_dim * sizeof(float));
     TAKE(att, nb * q_dim * sizeof(float));
-    TAKE(gate, nb * hp->n_ff * sizeof(float));
-    TAKE(up, nb * hp->n_ff * sizeof(float));
+    TAKE(gate, nb * n_ff_dense * sizeof(float));
+    TAKE(up, nb * n_ff_dense * sizeof(float));
     TAKE(act, nb * act);
+    TAKE(router, nb * (size_t)hp->n_expert * sizeof(float));
+    TAKE(moe_weight, slots * sizeof(float));
+    TAKE(moe_slot_row, slots * sizeof(int32_t));
+    TAKE(moe_row_token, slots * sizeof(int32_t));
+    TAKE(moe_first, hp->n_expert > 0 ? ((size_t)hp->n_expert + 1) * sizeof(int32_t) : 0);
+    TAKE(moe_act, slots * moe_act);
+    TAKE(moe_gate, slots * (size_t)hp->n_ff_exp * sizeof(float));
+    TAKE(moe_up, slots * (size_t)hp->n_ff_exp * sizeof(float));
+    TAKE(moe_out, slots * (size_t)hp->n_embd * sizeof(float));
     out->logit_rows = n_seqs < n_batch ? n_seqs : n_batch;
     TAKE(logits, (size_t)out->logit_rows * (size_t)hp->n_vocab * sizeof(float));
     TAKE(scores, (size_t)n_threads * (size_t)n_ctx * sizeof(float));
@@ -150,6 +181,7 @@ void eng__workspace_layout(const eng_model *model, int32_t n_batch, int32_t n_ct
     TAKE(logit_map, (size_t)out->logit_rows * sizeof(int64_t));
 #undef TAKE
     out->act_row_bytes = act;
+    out->moe_act_row_bytes = moe_act;
     out->total_bytes = at;
 }
 

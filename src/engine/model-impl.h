@@ -34,19 +34,30 @@ typedef struct eng_layer {
                                                  the attention and FFN outputs
                                                  before the residual add; data
                                                  NULL if none */
+    /* qwen3moe, in place of w_gate / w_up / w_down (which are then absent):
+     * the router and the experts. GGUF stores the experts as 3-D tensors
+     * ne = {n_in, rows, n_expert}; they are bound as matrices of all the
+     * experts' rows back to back, so expert e's matrix is rows
+     * [e * rows, (e + 1) * rows) - an ordinary 2-D weight of its type. */
+    eng_weight ffn_gate_inp; /* (n_embd -> n_expert) router logits */
+    eng_weight gate_exps;    /* (n_embd -> n_expert * n_ff_exp) */
+    eng_weight up_exps;      /* (n_embd -> n_expert * n_ff_exp) */
+    eng_weight down_exps;    /* (n_ff_exp -> n_expert * n_embd) */
     bool sliding;         /* gemma3: attends to the last n_swa positions only */
 } eng_layer;
 
 /* Every tensor of a layer, in the order a device copy lays them out
- * (model.c, memory.c); absent ones (biases, Q/K norms, post norms) have data NULL and
- * size 0. */
-#define ENG_LAYER_N_WEIGHTS 16
+ * (model.c, memory.c); absent ones (biases, Q/K norms, post norms, the
+ * dense FFN of a MoE layer or the experts of a dense one) have data NULL
+ * and size 0. */
+#define ENG_LAYER_N_WEIGHTS 20
 static inline void eng__layer_weights(eng_layer *L, eng_weight *out[ENG_LAYER_N_WEIGHTS])
 {
     eng_weight *all[ENG_LAYER_N_WEIGHTS] = {
         &L->attn_norm, &L->wq,   &L->wk,   &L->wv, &L->wo,     &L->ffn_norm, &L->w_gate,
         &L->w_up,      &L->w_down, &L->bq, &L->bk, &L->bv,     &L->q_norm,   &L->k_norm,
-        &L->attn_post_norm, &L->ffn_post_norm};
+        &L->attn_post_norm, &L->ffn_post_norm, &L->ffn_gate_inp, &L->gate_exps,
+        &L->up_exps,   &L->down_exps};
     for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++)
         out[i] = all[i];
 }
@@ -73,6 +84,18 @@ struct eng_model {
  * that planning predicts is the size that is allocated. */
 typedef struct eng_workspace_layout {
     size_t x, xn, q, k, v, att, gate, up, act, logits, scores; /* byte offsets */
+    /* Mixture of experts (forward_moe.c; empty for dense models), with
+     * slots = n_batch * n_expert_used (a token's choice of expert each):
+     * router (n_batch, n_expert) f32 logits, then probabilities;
+     * moe_weight (slots) f32 and moe_slot_row (slots) int32: each slot's
+     * weight and the row it was given among the rows grouped by expert;
+     * moe_row_token (slots) int32: the token of each grouped row;
+     * moe_first (n_expert + 1) int32: expert e's rows start there;
+     * moe_act (slots rows of the larger converted activation row);
+     * moe_gate, moe_up (slots, n_ff_exp) f32; moe_out (slots, n_embd) f32. */
+    size_t router, moe_weight, moe_slot_row, moe_row_token, moe_first, moe_act;
+    size_t moe_gate, moe_up, moe_out;
+    size_t moe_act_row_bytes; /* one row of moe_act, largest case */
     size_t meta;           /* n_batch eng_token_meta */
     size_t batch_tokens;   /* n_batch int32: the tokens of a batched step */
     size_t logit_map;      /* logit_rows int64: batch index of each logits row */
@@ -147,6 +170,17 @@ size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool w
                                 bool padded);
 #define eng__device_weights_bytes(model, n_layers, with_output) \
     eng__layer_weights_bytes(model, n_layers, with_output, true)
+
+/* Products sharing one input, as forward.c runs them (its matmul): y[m] =
+ * w[m] . x for n_tokens rows of x; with glu (gate, up), y[0] becomes
+ * act(gate) * up and true is returned. */
+bool eng__matmul(eng_context *ctx, int n_mats, const eng_weight *const *w, float *const *y,
+                 const float *x, int64_t n_tokens, bool per_token, bool glu);
+
+/* The mixture-of-experts FFN of layer L (forward_moe.c): out (n_tokens,
+ * n_embd) = sum over each token's chosen experts of weight x expert(xn). */
+void eng__moe_ffn(eng_context *ctx, const eng_layer *L, const float *xn, float *out,
+                  int64_t n_tokens, bool per_token);
 
 /* Takes KV blocks so seq holds n_tokens tokens' worth (memory.c). */
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err);

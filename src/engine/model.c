@@ -1,5 +1,5 @@
 /* model.c - loading a GGUF model of the llama family (llama, qwen2, qwen3,
- * phi3, gemma3) and checking that every tensor the forward pass needs is present
+ * qwen3moe, phi3, gemma3) and checking that every tensor the forward pass needs is present
  * with the right shape and a supported type. The forward pass itself is in
  * forward.c; the memory figures are in memory.c. */
 #include "engine/model-impl.h"
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama, qwen2, qwen3, phi3, gemma3";
+static const char *const supported_architectures = "llama, qwen2, qwen3, qwen3moe, phi3, gemma3";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -176,6 +176,46 @@ static int read_gemma3_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err
     return SW_OK;
 }
 
+/* The experts of a qwen3moe file: expert_count and expert_used_count
+ * (required; one number each - llama.cpp also takes a per-layer array of
+ * the latter, refused here), expert_feed_forward_length (else, as llama.cpp,
+ * feed_forward_length / expert_used_count), expert_weights_norm (llama.cpp
+ * renormalises qwen3moe's chosen weights whatever the file says, and
+ * Qwen3's converted files do not write the key: absent means true). */
+static int read_moe_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
+{
+    const char *a = hp->architecture;
+    char key[128];
+    int rc;
+    if ((rc = read_u32(g, a, "expert_count", &hp->n_expert, true, err)))
+        return rc;
+    snprintf(key, sizeof key, "%s.expert_used_count", a);
+    rc = read_u32(g, a, "expert_used_count", &hp->n_expert_used, true, err);
+    if (rc == SW_EFORMAT && eng_gguf_find_key(g, key) >= 0 && hp->n_expert_used == 0)
+        return sw_error_set(err, SW_EUNSUPPORTED, "'%s' is not one number (a per-layer array "
+                            "is not supported)", key);
+    if (rc || (rc = read_u32(g, a, "expert_feed_forward_length", &hp->n_ff_exp, false, err)))
+        return rc;
+    if (hp->n_expert > ENG_MAX_EXPERTS || hp->n_expert_used > hp->n_expert ||
+        hp->n_expert_used > ENG_MAX_EXPERTS_USED)
+        return sw_error_set(err, SW_EFORMAT, "%d experts, %d used per token: out of range (at "
+                            "most %d experts, %d used, used <= experts)", hp->n_expert,
+                            hp->n_expert_used, ENG_MAX_EXPERTS, ENG_MAX_EXPERTS_USED);
+    if (hp->n_ff_exp == 0)
+        hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+    if (hp->n_ff_exp <= 0)
+        return sw_error_set(err, SW_EFORMAT, "model metadata is missing '%s.expert_feed_"
+                            "forward_length' (and has no feed_forward_length to derive it)", a);
+    if (hp->n_ff == 0)
+        hp->n_ff = hp->n_ff_exp * hp->n_expert_used;
+    hp->expert_weights_norm = true;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+    if (eng_gguf_find_key(g, key) >= 0 &&
+        (rc = eng_gguf_get_bool(g, key, &hp->expert_weights_norm, err)))
+        return rc;
+    return SW_OK;
+}
+
 /* Whether layer l is a sliding-window layer (llama.cpp's rule: with a
  * pattern n, layer l slides unless l % n == n - 1; n 0: all slide). */
 static bool layer_slides(const eng_hparams *hp, int32_t l)
@@ -203,6 +243,9 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     } else if (arch_len == 5 && memcmp(arch, "qwen3", 5) == 0) {
         hp->arch = ENG_ARCH_QWEN3;
         hp->rope_style = ENG_ROPE_NEOX;
+    } else if (arch_len == 8 && memcmp(arch, "qwen3moe", 8) == 0) {
+        hp->arch = ENG_ARCH_QWEN3MOE;
+        hp->rope_style = ENG_ROPE_NEOX;
     } else if (arch_len == 4 && memcmp(arch, "phi3", 4) == 0) {
         /* phi3.attention.sliding_window is ignored, as llama.cpp does
          * (its Phi-3 files declare a window their models were not run with) */
@@ -226,9 +269,10 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
      * the later architectures take llama.cpp's default, 10000, so both
      * engines agree. */
     hp->rope_freq_base = hp->arch == ENG_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
+    const bool moe = hp->arch == ENG_ARCH_QWEN3MOE;
     if ((rc = read_u32(g, a, "embedding_length", &hp->n_embd, true, err)) ||
         (rc = read_u32(g, a, "block_count", &hp->n_layer, true, err)) ||
-        (rc = read_u32(g, a, "feed_forward_length", &hp->n_ff, true, err)) ||
+        (rc = read_u32(g, a, "feed_forward_length", &hp->n_ff, !moe, err)) ||
         (rc = read_u32(g, a, "attention.head_count", &hp->n_head, true, err)) ||
         (rc = read_u32(g, a, "context_length", &hp->n_ctx_train, false, err)))
         return rc;
@@ -275,6 +319,8 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     hp->rope_freq_base_swa = hp->rope_freq_base;
     if (hp->arch == ENG_ARCH_GEMMA3)
         return read_gemma3_hparams(g, hp, err);
+    if (moe)
+        return read_moe_hparams(g, hp, err);
     return SW_OK;
 }
 
@@ -298,11 +344,13 @@ static void split_rows(const eng_weight *fused, const int64_t *rows, int n_parts
 
 /* Finds a tensor, checks its shape {n_in, n_out} (n_out 0 for vectors) and
  * that the engine supports its type. */
+static int bind_weight_tensor(const eng_gguf_tensor *t, const char *name, int64_t n_in,
+                              int64_t n_out, eng_weight *out, sw_error *err);
+
 static int bind_weight(const eng_gguf *g, const char *name, int64_t n_in, int64_t n_out,
                        bool vector_f32, eng_weight *out, sw_error *err)
 {
     const eng_gguf_tensor *t = eng_gguf_find_tensor(g, name);
-    const eng_type_traits *traits;
     if (!t)
         return sw_error_set(err, SW_EFORMAT, "model is missing tensor '%s'", name);
     if (vector_f32) {
@@ -317,7 +365,14 @@ static int bind_weight(const eng_gguf *g, const char *name, int64_t n_in, int64_
                             (long long)t->ne[0], (long long)(t->n_dims > 1 ? t->ne[1] : 1),
                             (long long)n_in, (long long)n_out);
     }
-    traits = eng_type_traits_get(t->type);
+    return bind_weight_tensor(t, name, n_in, n_out, out, err);
+}
+
+/* The type and row checks of a tensor whose shape is known to be right. */
+static int bind_weight_tensor(const eng_gguf_tensor *t, const char *name, int64_t n_in,
+                              int64_t n_out, eng_weight *out, sw_error *err)
+{
+    const eng_type_traits *traits = eng_type_traits_get(t->type);
     if (!traits || !traits->supported) {
         char supported[256] = "";
         for (uint32_t id = 0; id < ENG_TYPE_COUNT_; id++) {
@@ -340,6 +395,60 @@ static int bind_weight(const eng_gguf *g, const char *name, int64_t n_in, int64_
         return sw_error_set(err, SW_EFORMAT, "tensor '%s': row of %lld values does not fit "
                             "type %s blocks", name, (long long)n_in, traits->name);
     out->size_bytes = t->size_bytes;
+    return SW_OK;
+}
+
+/* Binds a 3-D tensor of experts, ne = {n_in, rows, n_expert}, as one
+ * matrix of n_expert * rows rows (expert e's are rows [e * rows, (e + 1) *
+ * rows), see eng_layer), after checking its shape as bind_weight does. */
+static int bind_experts(const eng_gguf *g, const char *name, int64_t n_in, int64_t rows,
+                        int64_t n_expert, eng_weight *out, sw_error *err)
+{
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(g, name);
+    if (!t)
+        return sw_error_set(err, SW_EFORMAT, "model is missing tensor '%s'", name);
+    if (t->n_dims != 3 || t->ne[0] != n_in || t->ne[1] != rows || t->ne[2] != n_expert)
+        return sw_error_set(err, SW_EFORMAT, "tensor '%s' has shape [%lld, %lld, %lld], expected "
+                            "[%lld, %lld, %lld] (row length, rows, experts)", name,
+                            (long long)t->ne[0], (long long)t->ne[1],
+                            (long long)(t->n_dims > 2 ? t->ne[2] : 1), (long long)n_in,
+                            (long long)rows, (long long)n_expert);
+    /* the same checks of type and row size as a matrix of all the rows */
+    eng_gguf_tensor flat = *t;
+    flat.n_dims = 2;
+    flat.ne[1] = rows * n_expert;
+    flat.ne[2] = 1;
+    return bind_weight_tensor(&flat, name, n_in, rows * n_expert, out, err);
+}
+
+/* A qwen3moe layer's router (ffn_gate_inp, {n_embd, n_expert}) and experts
+ * (ffn_gate_exps, ffn_up_exps {n_embd, n_ff_exp, n_expert}; ffn_down_exps
+ * {n_ff_exp, n_embd, n_expert}). The gate and up experts share one
+ * conversion of their input (forward_moe.c), so their types must have the
+ * same activation format (llama.cpp's quantizer gives them one type). */
+static int bind_moe(const eng_gguf *g, const eng_hparams *hp, int32_t layer, eng_layer *L,
+                    sw_error *err)
+{
+    const int64_t d = hp->n_embd, f = hp->n_ff_exp, e = hp->n_expert;
+    char name[96];
+    int rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", layer);
+    if ((rc = bind_weight(g, name, d, e, false, &L->ffn_gate_inp, err)))
+        return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", layer);
+    if ((rc = bind_experts(g, name, d, f, e, &L->gate_exps, err)))
+        return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", layer);
+    if ((rc = bind_experts(g, name, d, f, e, &L->up_exps, err)))
+        return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", layer);
+    if ((rc = bind_experts(g, name, f, d, e, &L->down_exps, err)))
+        return rc;
+    if (eng_vec_dot_type(L->gate_exps.type) != eng_vec_dot_type(L->up_exps.type))
+        return sw_error_set(err, SW_EUNSUPPORTED, "blk.%d: ffn_gate_exps (%s) and ffn_up_exps "
+                            "(%s) of types with different activation formats are not supported",
+                            layer, eng_type_traits_get(L->gate_exps.type)->name,
+                            eng_type_traits_get(L->up_exps.type)->name);
     return SW_OK;
 }
 
@@ -418,20 +527,26 @@ static int bind_weights(eng_model *m, sw_error *err)
                 return rc;
             split_rows(&gate_up, rows, 2, parts);
         }
+        /* qwen3moe: the router and the experts in place of the dense FFN */
+        const bool moe = hp->n_expert > 0;
         for (size_t s = 0; s < sizeof spec / sizeof spec[0]; s++) {
             const eng_weight *dst = spec[s].dst;
             if ((fused_qkv && (dst == &L->wq || dst == &L->wk || dst == &L->wv)) ||
-                (fused_gate_up && (dst == &L->w_gate || dst == &L->w_up)))
+                (fused_gate_up && (dst == &L->w_gate || dst == &L->w_up)) ||
+                (moe && (dst == &L->w_gate || dst == &L->w_up || dst == &L->w_down)))
                 continue;
             snprintf(name, sizeof name, "blk.%d.%s.weight", i, spec[s].suffix);
             if ((rc = bind_weight(g, name, spec[s].n_in, spec[s].n_out, spec[s].vector,
                                   spec[s].dst, err)))
                 return rc;
         }
+        if (moe && (rc = bind_moe(g, hp, i, L, err)))
+            return rc;
         /* The norms some architectures add, F32 vectors: Qwen3's and Gemma
          * 3's per-head RMS norms of Q and K (head_dim values, shared by all
          * heads), Gemma 3's of the attention and FFN outputs (n_embd). */
-        const bool qk_norms = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_GEMMA3;
+        const bool qk_norms = hp->arch == ENG_ARCH_QWEN3 || hp->arch == ENG_ARCH_QWEN3MOE ||
+                              hp->arch == ENG_ARCH_GEMMA3;
         const bool post_norms = hp->arch == ENG_ARCH_GEMMA3;
         const struct {
             bool wanted;

@@ -36,6 +36,11 @@ typedef enum eng_arch {
                             and after the FFN too, GELU(tanh)-gated FFN,
                             sliding-window layers with their own RoPE base,
                             optional final logit soft-capping */
+    ENG_ARCH_QWEN3MOE = 5, /* Qwen3 mixture of experts: qwen3's attention, and
+                              in place of the dense FFN a router choosing
+                              expert_used_count of expert_count SwiGLU experts
+                              per token (softmax, top-k, renormalised), no
+                              shared expert */
 } eng_arch;
 
 /* How RoPE pairs the dimensions of a head: consecutive (x[2i], x[2i+1]) for
@@ -85,9 +90,21 @@ typedef struct eng_hparams {
     float rope_freq_base_swa;  /* rope.freq_base_swa (default 10000): the
                                   sliding layers' base; they take no linear
                                   scaling */
+    /* Mixture of experts (qwen3moe); 0 / false for dense models. */
+    int32_t n_expert;          /* expert_count: experts per layer */
+    int32_t n_expert_used;     /* expert_used_count: experts each token runs */
+    int32_t n_ff_exp;          /* expert_feed_forward_length: one expert's hidden
+                                  size (else n_ff / n_expert_used, as llama.cpp) */
+    bool expert_weights_norm;  /* the chosen experts' probabilities are divided
+                                  by their sum (expert_weights_norm; qwen3moe:
+                                  true when the key is absent) */
 } eng_hparams;
 
 typedef struct eng_model eng_model;
+
+/* Bounds on a mixture-of-experts file (llama.cpp takes up to 1024 experts). */
+#define ENG_MAX_EXPERTS 1024
+#define ENG_MAX_EXPERTS_USED 64
 
 /* Llama 3's RoPE rule: the divisor of one frequency (radians per position)
  * given the scaling factor, the low/high frequency factors and the
@@ -126,7 +143,10 @@ const eng_gguf *eng_model_gguf(const eng_model *model);
 /* Exact bytes of all weight tensors. */
 size_t eng_model_weights_bytes(const eng_model *model);
 /* Weight bytes one decoded token reads: every layer, the output head, one
- * row of the embedding table (what bounds decode speed by bandwidth). */
+ * row of the embedding table (what bounds decode speed by bandwidth). Of a
+ * mixture-of-experts layer only n_expert_used of its n_expert experts are
+ * counted (and the router): a token reads the experts it was routed to, while
+ * eng_model_weights_bytes (what is held) counts every expert. */
 size_t eng_model_decode_read_bytes(const eng_model *model);
 /* Host memory holding the weights' huge-page copy (whole 2 MiB pages), 0
  * when they are read from the file mapping. */

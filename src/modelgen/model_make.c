@@ -421,10 +421,12 @@ typedef struct mm_tensor {
     char name[64];
     uint32_t type;
     uint32_t n_dims;
-    int64_t ne[2];       /* ne[0] innermost (row length), ne[1] rows */
+    int64_t ne[3];       /* ne[0] innermost (row length), ne[1] rows, ne[2] experts
+                            (1 for matrices and vectors; rows are generated
+                            over ne[1] * ne[2]) */
     float center;        /* values are center + amplitude * U[-1, 1) */
     float amplitude;
-    const float *row_scale; /* ne[1] factors on the amplitude, or NULL */
+    const float *row_scale; /* ne[1] factors on the amplitude, or NULL (2-D only) */
 } mm_tensor;
 
 /* Generates one tensor row by row into a new buffer (sw_free). Element e
@@ -434,8 +436,9 @@ static int mm_tensor_generate(const mm_tensor *t, uint64_t seed, float *row, voi
                               size_t *out_size)
 {
     size_t row_bytes, size;
+    const int64_t n_rows = t->ne[1] * t->ne[2];
     if (!eng_type_row_bytes(t->type, t->ne[0], &row_bytes) ||
-        __builtin_mul_overflow(row_bytes, (size_t)t->ne[1], &size))
+        __builtin_mul_overflow(row_bytes, (size_t)n_rows, &size))
         return SW_EINVAL;
     unsigned char *data = sw_malloc(size ? size : 1);
     if (!data)
@@ -443,7 +446,7 @@ static int mm_tensor_generate(const mm_tensor *t, uint64_t seed, float *row, voi
     const uint64_t key =
         mm_mix64(mm_mix64(seed ^ 0x243f6a8885a308d3ULL) ^ mm_fnv1a(t->name, strlen(t->name)));
     const int64_t n = t->ne[0];
-    for (int64_t r = 0; r < t->ne[1]; r++) {
+    for (int64_t r = 0; r < n_rows; r++) {
         const float amplitude = t->amplitude * (t->row_scale ? t->row_scale[r] : 1.0f);
         uint64_t counter = key + (uint64_t)(r * n) * 0x9e3779b97f4a7c15ULL;
         for (int64_t i = 0; i < n; i++) {
@@ -534,6 +537,32 @@ int eng_model_make_preset(const char *name, eng_model_make_params *out)
         p.n_head_kv = 2;
         p.n_ff = 384;
         p.n_vocab = 1024;
+    } else if (strcmp(name, "qwen3moe-tiny") == 0) {
+        /* Qwen3-MoE's layout at test size: qwen3-tiny's attention, and 8
+         * experts of hidden size 128 per layer, 2 of them per token */
+        eng_model_make_preset("qwen3-tiny", &p);
+        p.architecture = "qwen3moe";
+        p.n_ff = 128;
+        p.n_expert = 8;
+        p.n_expert_used = 2;
+    } else if (strcmp(name, "qwen3moe-small") == 0) {
+        /* a shape for decode speed: Qwen3-30B-A3B's proportions (heads of
+         * 128 wider than dim / heads, 8 of the experts per token, each a
+         * fraction of dim wide) at a size a test machine holds: 0.91 G
+         * parameters, of which a token reads about a fifth */
+        p.architecture = "qwen3moe";
+        p.n_embd = 1024;
+        p.n_layer = 8;
+        p.n_head = 16;
+        p.n_head_kv = 4;
+        p.head_dim = 128;
+        p.n_ff = 512;
+        p.n_expert = 64;
+        p.n_expert_used = 8;
+        p.n_vocab = 32000;
+        p.rope_freq_base = 1000000.0f;
+        p.rms_eps = 1e-6f;
+        p.weight_type = ENG_TYPE_Q8_0;
     } else if (strcmp(name, "gemma3-tiny") == 0) {
         /* Gemma 3's layout at test size: qwen3-tiny's shape (heads wider
          * than dim / heads), a sliding layer with a window shorter than
@@ -558,10 +587,18 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     if (p->architecture && strcmp(p->architecture, "llama") != 0 &&
         strcmp(p->architecture, "llama3") != 0 && strcmp(p->architecture, "qwen2") != 0 &&
         strcmp(p->architecture, "qwen3") != 0 && strcmp(p->architecture, "phi3") != 0 &&
-        strcmp(p->architecture, "gemma3") != 0)
+        strcmp(p->architecture, "gemma3") != 0 && strcmp(p->architecture, "qwen3moe") != 0)
         return sw_error_set(err, SW_EINVAL,
                             "model make: architecture '%s' is not supported (llama, llama3, "
-                            "qwen2, qwen3, phi3, gemma3)", p->architecture);
+                            "qwen2, qwen3, qwen3moe, phi3, gemma3)", p->architecture);
+    const bool qwen3moe = p->architecture && strcmp(p->architecture, "qwen3moe") == 0;
+    if (!qwen3moe && (p->n_expert != 0 || p->n_expert_used != 0))
+        return sw_error_set(err, SW_EINVAL, "model make: experts are qwen3moe's");
+    if (qwen3moe && (p->n_expert < 1 || p->n_expert > 256 || p->n_expert_used < 1 ||
+                     p->n_expert_used > p->n_expert || p->n_expert_used > 64))
+        return sw_error_set(err, SW_EINVAL, "model make: qwen3moe needs 1..256 experts (%d) and "
+                            "1..min(experts, 64) of them used per token (%d)", p->n_expert,
+                            p->n_expert_used);
     const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
     if (!gemma3 && (p->sliding_window != 0 || p->sliding_window_pattern != 0 ||
                     p->final_logit_softcap != 0.0f))
@@ -684,6 +721,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
     const int64_t d = p->n_embd, head_dim = mm_head_dim(p);
     const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
     const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
+    const bool qwen3moe = p->architecture && strcmp(p->architecture, "qwen3moe") == 0;
     const int64_t q_out = p->n_head * head_dim, kv_out = p->n_head_kv * head_dim;
     const float u = 1.7320508f; /* sqrt(3): amplitude of a uniform with std 1 */
     const float head_amp = 4.0f * u / sqrtf((float)d);
@@ -696,6 +734,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             t[n].n_dims = (nd);                                                                \
             t[n].ne[0] = (e0);                                                                 \
             t[n].ne[1] = (e1);                                                                 \
+            t[n].ne[2] = 1;                                                                    \
             t[n].center = (ctr);                                                               \
             t[n].amplitude = (amp);                                                            \
             t[n].row_scale = NULL;                                                             \
@@ -742,7 +781,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             MM_T("blk.%d.attn_k.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
             MM_T("blk.%d.attn_v.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
         }
-        if (gemma3 || (p->architecture && strcmp(p->architecture, "qwen3") == 0)) {
+        if (gemma3 || qwen3moe || (p->architecture && strcmp(p->architecture, "qwen3") == 0)) {
             /* Qwen3's and Gemma 3's per-head RMS norm weights of Q and K (F32). */
             MM_T("blk.%d.attn_q_norm.weight", f32, 1, head_dim, 1, 1.0f, 0.1f);
             MM_T("blk.%d.attn_k_norm.weight", f32, 1, head_dim, 1, 1.0f, 0.1f);
@@ -751,14 +790,36 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
         if (gemma3) /* the norm of the attention output, before the residual add */
             MM_T("blk.%d.post_attention_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
         MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
-        if (phi3) {
+        if (qwen3moe) {
+            /* the router (F32, as llama.cpp's quantizer leaves it), then the
+             * experts as 3-D tensors {row length, rows, experts}; ffn_down's
+             * extra bits in a mix apply to ffn_down_exps, as llama.cpp's
+             * name rules have it. The router's logits have std 4 (a unit-RMS
+             * input): routing is decided by clear margins most of the time,
+             * so that two engines' rounding rarely tips a near-tie between
+             * the last chosen expert and the next, which changes a layer's
+             * output by a step, not a rounding (std 1 tipped one or two of
+             * 24 steps of some quantized files) */
+            const int64_t e = p->n_expert;
+            MM_T("blk.%d.ffn_gate_inp.weight", f32, 2, d, e, 0.0f, 4.0f * in_d);
+            MM_T("blk.%d.ffn_gate_exps.weight", wt, 3, d, p->n_ff, 0.0f, in_d);
+            if (t)
+                t[n - 1].ne[2] = e;
+            MM_T("blk.%d.ffn_up_exps.weight", wt, 3, d, p->n_ff, 0.0f, in_d);
+            if (t)
+                t[n - 1].ne[2] = e;
+            MM_T("blk.%d.ffn_down_exps.weight", down_t, 3, p->n_ff, d, 0.0f, in_ff);
+            if (t)
+                t[n - 1].ne[2] = e;
+        } else if (phi3) {
             /* Phi-3's fused gate and up: the gate rows, then the up rows */
             MM_T("blk.%d.ffn_up.weight", wt, 2, d, 2 * (int64_t)p->n_ff, 0.0f, in_d);
         } else {
             MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
             MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
         }
-        MM_T("blk.%d.ffn_down.weight", down_t, 2, p->n_ff, d, 0.0f, in_ff);
+        if (!qwen3moe)
+            MM_T("blk.%d.ffn_down.weight", down_t, 2, p->n_ff, d, 0.0f, in_ff);
         if (gemma3)
             MM_T("blk.%d.post_ffw_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
     }
@@ -775,7 +836,7 @@ int64_t eng_model_make_n_params(const eng_model_make_params *p)
     for (int32_t layer = -1; layer <= p->n_layer; layer++) {
         int64_t n = mm_tensor_table(p, layer, t);
         for (int64_t i = 0; i < n; i++)
-            total += t[i].ne[0] * t[i].ne[1];
+            total += t[i].ne[0] * t[i].ne[1] * t[i].ne[2];
     }
     return total;
 }
@@ -828,7 +889,9 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     const bool qwen2 = p->architecture && strcmp(p->architecture, "qwen2") == 0;
     const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
     const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
-    const char *a = qwen3 ? "qwen3" : qwen2 ? "qwen2" : phi3 ? "phi3" : gemma3 ? "gemma3" : "llama";
+    const bool qwen3moe = p->architecture && strcmp(p->architecture, "qwen3moe") == 0;
+    const char *a = qwen3 ? "qwen3" : qwen3moe ? "qwen3moe" : qwen2 ? "qwen2" : phi3 ? "phi3"
+                    : gemma3 ? "gemma3" : "llama";
     char key[96];
 #define MM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
 #define MM_CHECK(call)                                                                          \
@@ -853,13 +916,22 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
     /* The head size, as converted Qwen3 files write it (and any file whose
      * heads are not dim / heads wide). */
-    if (qwen3 || gemma3 || p->head_dim != 0) {
+    if (qwen3 || qwen3moe || gemma3 || p->head_dim != 0) {
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.key_length"), head_dim));
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.value_length"), head_dim));
     }
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("rope.freq_base"), p->rope_freq_base));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("vocab_size"), (uint32_t)p->n_vocab));
+    if (qwen3moe) {
+        /* the keys Qwen3-MoE's converted files have (no expert_weights_norm:
+         * renormalised is the architecture's default) */
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("expert_count"), (uint32_t)p->n_expert));
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("expert_used_count"),
+                                         (uint32_t)p->n_expert_used));
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("expert_feed_forward_length"),
+                                         (uint32_t)p->n_ff));
+    }
     if (p->sliding_window > 0)
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.sliding_window"),
                                          (uint32_t)p->sliding_window));

@@ -1,5 +1,5 @@
 /* model_make.h - synthetic GGUF models of the llama family (llama, Llama 3,
- * qwen2, qwen3, phi3, gemma3) for tests, CI and the demo (`spillway model make`).
+ * qwen2, qwen3, qwen3moe, phi3, gemma3) for tests, CI and the demo (`spillway model make`).
  *
  * The files have exactly the tensor names, shapes (GGUF ne order) and
  * metadata keys that llama.cpp uses for each architecture, so every
@@ -76,6 +76,8 @@ typedef struct eng_model_make_params {
                                  attention.key_length / value_length) or
                                  "phi3" (phi3 keys, fused attn_qkv and an
                                  ffn_up of gate then up rows, no ffn_gate) or
+                                 "qwen3moe" (qwen3's attention, a router and
+                                 n_expert experts per layer, see below) or
                                  "gemma3" (gemma3 keys, per-head Q/K norms,
                                  post_attention_norm / post_ffw_norm, key_length;
                                  token_embd of std 1/sqrt(dim), so that the
@@ -107,6 +109,13 @@ typedef struct eng_model_make_params {
     int32_t sliding_window_pattern;  /* gemma3.attention.sliding_window_pattern
                                         (0: absent, which llama.cpp reads as 6) */
     float final_logit_softcap;       /* gemma3.final_logit_softcapping (0: absent) */
+    /* qwen3moe only (0 elsewhere): expert_count and expert_used_count; each
+     * expert's hidden size is n_ff (written as expert_feed_forward_length
+     * and as feed_forward_length), and a layer has ffn_gate_inp (the router,
+     * F32, std 1/sqrt(dim)) and the 3-D ffn_gate_exps / ffn_up_exps /
+     * ffn_down_exps in place of ffn_gate / ffn_up / ffn_down */
+    int32_t n_expert;
+    int32_t n_expert_used;
 } eng_model_make_params;
 
 /* The "tiny" preset: dim 64, 2 layers, 4 heads, 2 KV heads, FFN 128,
@@ -125,6 +134,13 @@ eng_model_make_params eng_model_make_default_params(void);
  *   phi3-tiny - architecture phi3 (fused attn_qkv and gate/up), dim 128,
  *           2 layers, 4 heads, 2 KV, FFN 384, vocab 1024, F32, rope base
  *           10000 (tests/data/phi3-tiny.golden.json)
+ *   qwen3moe-tiny - architecture qwen3moe, qwen3-tiny's shape with 8 experts
+ *           of FFN 128 per layer, 2 used per token
+ *           (tests/data/qwen3moe-tiny.golden.json)
+ *   qwen3moe-small - architecture qwen3moe, dim 1024, 8 layers, 16 heads of
+ *           128, 4 KV, 64 experts of FFN 512, 8 used, vocab 32000, Q8_0, rope
+ *           base 1e6, rms eps 1e-6 (a decode speed shape: 0.91 G parameters,
+ *           about a fifth of them read per token)
  *   gemma3-tiny - architecture gemma3, dim 128, 2 layers (layer 0 sliding with
  *           a window of 8, layer 1 global: pattern 2), 4 heads of 64, 2 KV,
  *           FFN 384, vocab 1024, F32, rope base 1e6 (the sliding layer's

@@ -1,5 +1,5 @@
 /* test_arch_golden.c - architectures that ../shared has no model of (qwen3,
- * phi3, gemma3), checked against the reference engine: `model make` presets whose greedy
+ * phi3, gemma3, qwen3moe), checked against the reference engine: `model make` presets whose greedy
  * outputs llama.cpp recorded (tests/data/PRESET.golden.json, made by
  * bench/record-goldens.sh; tests/data/README.md says how and with what).
  *
@@ -203,12 +203,22 @@ static void test_gemma3_tiny_golden(void **state)
     check_golden("gemma3-tiny.golden.json", ENG_ARCH_GEMMA3, GEMMA3_TOP5_TOL);
 }
 
+/* qwen3moe-tiny: qwen3-tiny's attention with 8 experts per layer, 2 chosen
+ * per token; a different choice of experts at any step would show as a
+ * token or log-probability far off. */
+static void test_qwen3moe_tiny_golden(void **state)
+{
+    (void)state;
+    check_golden("qwen3moe-tiny.golden.json", ENG_ARCH_QWEN3MOE, TOP5_TOL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_tiny_golden),
         cmocka_unit_test(test_phi3_tiny_golden),
         cmocka_unit_test(test_gemma3_tiny_golden),
+        cmocka_unit_test(test_qwen3moe_tiny_golden),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,6 +74,10 @@ static eng_model *make_arch(const char *name, const char *arch, int32_t dim, int
         p.sliding_window = 8;
         p.sliding_window_pattern = 2;
     }
+    if (strcmp(arch, "qwen3moe") == 0) { /* 6 experts of ff rows, 2 per token */
+        p.n_expert = 6;
+        p.n_expert_used = 2;
+    }
     const char *path = tu_tmp_path(name);
     if (eng_model_make(&p, path, &err) || eng_model_load(path, &model, &err))
         fail_msg("model %s: %s", name, err.message);
@@ -98,8 +102,8 @@ static uint64_t self_bytes(dev_device *dev)
  * shapes, every architecture (qwen2's biases, Llama 3's rope_freqs tensor,
  * qwen3's Q/K norms and heads wider than dim / heads, phi3's fused
  * matrices, gemma3's post norms and sliding layers - which keep every
- * position's KV for now, as the global ones do), profiles and context
- * sizes. */
+ * position's KV for now, as the global ones do - and qwen3moe's router and
+ * experts, every expert held on the device), profiles and context sizes. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
@@ -116,6 +120,7 @@ static void test_plan_equals_allocation(void **state)
         {"qwen3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
         {"phi3", 96, 2, 6, 3, 0, 192, ENG_TYPE_F16},
         {"gemma3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
+        {"qwen3moe", 128, 3, 4, 2, 64, 96, ENG_TYPE_Q8_0},
     };
     const int32_t ctx_sizes[] = {17, 64, 200};
     dev_device *dev = open_pool("plan", 256 * MiB);

@@ -176,7 +176,10 @@ struct sc_doc;
 typedef struct builder {
     eng_grammar *g;
     sw_error *err;
-    int32_t anyof_nesting;
+    /* anyOf directly inside anyOf, per stack frame: an alternative that is
+     * an object or an array starts a frame of its own (recursion through
+     * Optional[Self] nests frames, not anyOfs) */
+    int32_t anyof_nesting[ENG_CS_MAX_DEPTH + 1];
     char path[256];
     struct sc_doc *doc;                   /* the schema's identifiers and merged schemas */
     const char *base;                     /* where the current schema's $ref resolve */
@@ -2617,7 +2620,7 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
         return fail_at(b, l, SW_EINVAL, "expected a non-empty array of schemas");
     if (n > 64)
         return fail_at(b, l, SW_EUNSUPPORTED, "more than 64 alternatives");
-    if (b->anyof_nesting >= ENG_CS_MAX_ANYOF_NESTING)
+    if (b->anyof_nesting[depth] >= ENG_CS_MAX_ANYOF_NESTING)
         return fail_at(b, l, SW_EUNSUPPORTED, "anyOf/oneOf nested too deeply");
     /* the other keywords go into every alternative */
     json_t *rest = json_copy((json_t *)s);
@@ -2671,7 +2674,7 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
         }
     }
     int32_t alts[64], kept = 0, dropped = 0;
-    b->anyof_nesting++;
+    b->anyof_nesting[depth]++;
     for (size_t i = 0; i < n; i++) {
         int32_t a;
         if ((rc = compile(b, alts_s[i], depth, path_push_index(b, l, i), &a))) {
@@ -2679,13 +2682,13 @@ static int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen
                 dropped++; /* its "not the others" cannot be enforced: left out */
                 continue;
             }
-            b->anyof_nesting--;
+            b->anyof_nesting[depth]--;
             return rc;
         }
         if (a != CS_NEVER)
             alts[kept++] = a;
     }
-    b->anyof_nesting--;
+    b->anyof_nesting[depth]--;
     if (kept == 0 && dropped > 0)
         return fail_at(b, l, SW_EUNSUPPORTED,
                        "oneOf alternatives may both match a value, and excluding the others "

@@ -79,21 +79,28 @@ struct eng_cs_vocab {
     int32_t *plain_ids;   /* tokens of ordinary string characters only */
     int32_t *plain_chars; /* their code points */
     int32_t n_plain;
+    int32_t max_plain_chars;
+    uint32_t *plain_bits; /* the plain tokens as a mask ((n_tokens + 31) / 32 words) */
     cs_trie full;         /* every allowed token */
     cs_trie special;      /* allowed tokens that are not plain */
+    cs_trie plain;        /* the plain tokens (pattern lists are built walking it) */
     int32_t max_len;
 };
 
 /* Pattern strings (CS_PATTERN): the plain tokens one automaton state lets
  * through, each with the state after it and its code points, so a mask in
  * a state met before is one pass over a list instead of a trie walk. A
- * state is listed the second time it is met (a counter such as a hostname
- * label's length rarely repeats; a loop such as an email's local part
- * does). GBNF automata (CS_RAW) use the same lists; there a token that
- * passes an accepting state before its last byte could also end the
- * automaton and go on below, so its entry is undecided (state
- * CS_PAT_UNDECIDED) and the token is fed from the full state instead. */
-#define CS_PAT_SLOTS 2
+ * state's list is built the first time it is met, by one walk of the plain
+ * tokens' trie with the automaton alone (one table lookup per trie node, a
+ * refused byte prunes every token under it), so building costs about what
+ * one trie walk of the mask would. GBNF automata (CS_RAW) use the same
+ * lists; there a token that passes an accepting state before its last byte
+ * could also end the automaton and go on below, so its entry is undecided
+ * (state CS_PAT_UNDECIDED) and the token is fed from the full state
+ * instead. The slots are few because each holds room for every plain
+ * token (allocated with the constraint, so masks allocate nothing); the
+ * least recently used is replaced. */
+#define CS_PAT_SLOTS 4
 #define CS_PAT_UNDECIDED (-2)
 
 typedef struct cs_pat_entry {
@@ -102,10 +109,18 @@ typedef struct cs_pat_entry {
 
 typedef struct cs_pat_cache {
     int32_t node, state; /* -1: free */
-    bool built;          /* false: met once, e not filled */
     int32_t n;
     uint64_t used;
     cs_pat_entry *e;     /* n_plain entries allocated */
+    /* The whole list as a mask, for the usual case where every entry fits:
+     * fast when no entry is undecided and (CS_PATTERN) the length is
+     * unbounded, so past min_chars an entry's cost is its state's alone;
+     * bits then holds the n_bits entries whose cost is finite, the largest
+     * of which is max_cost. */
+    bool fast;
+    int32_t n_bits;
+    int64_t max_cost;
+    uint32_t *bits;      /* (n_tokens + 31) / 32 words */
 } cs_pat_cache;
 
 struct eng_constraint {
@@ -265,8 +280,10 @@ void eng_cs_vocab_free(eng_cs_vocab *v)
     sw_free(v->end_ids);
     sw_free(v->plain_ids);
     sw_free(v->plain_chars);
+    sw_free(v->plain_bits);
     trie_free(&v->full);
     trie_free(&v->special);
+    trie_free(&v->plain);
     sw_free(v);
 }
 
@@ -281,11 +298,13 @@ static int vocab_finish(eng_cs_vocab *v, sw_error *err)
     int32_t n = v->n_tokens, n_special = 0;
     cs_sort_item *all = sw_malloc((size_t)(n ? n : 1) * sizeof *all);
     cs_sort_item *spec = sw_malloc((size_t)(n ? n : 1) * sizeof *spec);
+    cs_sort_item *plain = sw_malloc((size_t)(n ? n : 1) * sizeof *plain);
     v->plain_ids = sw_malloc((size_t)(n ? n : 1) * sizeof *v->plain_ids);
     v->plain_chars = sw_malloc((size_t)(n ? n : 1) * sizeof *v->plain_chars);
+    v->plain_bits = sw_calloc(((size_t)n + 31) / 32 + 1, sizeof *v->plain_bits);
     int32_t n_all = 0;
     int rc = SW_OK;
-    if (!all || !spec || !v->plain_ids || !v->plain_chars) {
+    if (!all || !spec || !plain || !v->plain_ids || !v->plain_chars || !v->plain_bits) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
         goto done;
     }
@@ -298,18 +317,24 @@ static int vocab_finish(eng_cs_vocab *v, sw_error *err)
             v->max_len = v->len[id];
         int32_t chars = plain_chars(p, v->len[id]);
         if (chars >= 0) {
+            plain[v->n_plain] = (cs_sort_item){p, v->len[id], id};
             v->plain_ids[v->n_plain] = id;
             v->plain_chars[v->n_plain++] = chars;
+            v->plain_bits[id >> 5] |= 1u << (id & 31);
+            if (chars > v->max_plain_chars)
+                v->max_plain_chars = chars;
         } else {
             spec[n_special++] = (cs_sort_item){p, v->len[id], id};
         }
     }
     if (trie_build(&v->full, all, n_all, v->max_len) ||
-        trie_build(&v->special, spec, n_special, v->max_len))
+        trie_build(&v->special, spec, n_special, v->max_len) ||
+        trie_build(&v->plain, plain, v->n_plain, v->max_len))
         rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
 done:
     sw_free(all);
     sw_free(spec);
+    sw_free(plain);
     return rc;
 }
 
@@ -1479,9 +1504,11 @@ static int pat_cache_create(eng_constraint *c)
         return SW_OK;
     if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
         return SW_ENOMEM;
+    size_t words = ((size_t)c->v->n_tokens + 31) / 32;
     for (int i = 0; i < CS_PAT_SLOTS; i++) {
         c->pcache[i].node = -1;
-        if (!(c->pcache[i].e = sw_malloc((size_t)c->v->n_plain * sizeof *c->pcache[i].e)))
+        if (!(c->pcache[i].e = sw_malloc((size_t)c->v->n_plain * sizeof *c->pcache[i].e)) ||
+            !(c->pcache[i].bits = sw_malloc(words * sizeof *c->pcache[i].bits)))
             return SW_ENOMEM;
     }
     return SW_OK;
@@ -1489,13 +1516,92 @@ static int pat_cache_create(eng_constraint *c)
 
 static void pat_cache_free(eng_constraint *c)
 {
-    for (int i = 0; c->pcache && i < CS_PAT_SLOTS; i++)
+    for (int i = 0; c->pcache && i < CS_PAT_SLOTS; i++) {
         sw_free(c->pcache[i].e);
+        sw_free(c->pcache[i].bits);
+    }
     sw_free(c->pcache);
 }
 
-/* The list for (node, state), filled in the second time it is asked for;
- * NULL the first time (the caller walks the trie). */
+typedef struct list_walk {
+    const cs_trie *t;
+    const eng_regex *re;
+    bool raw;
+    cs_pat_cache *slot;
+} list_walk;
+
+/* Every token under trie node `node` (itself excluded) as undecided. */
+static void list_undecided(list_walk *lw, uint32_t node)
+{
+    const cs_trie *t = lw->t;
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        for (uint32_t k = 0; k < tn->tok_count; k++)
+            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k],
+                                                        CS_PAT_UNDECIDED, 0};
+        list_undecided(lw, ch);
+    }
+}
+
+/* The plain tokens under trie node `node`, reached in automaton state
+ * `state` after `bytes` bytes and `chars` code points. */
+static void list_walk_node(list_walk *lw, uint32_t node, int32_t state, int32_t bytes,
+                           int32_t chars)
+{
+    if (lw->raw && bytes > 0 && eng_regex_accepting(lw->re, state)) {
+        list_undecided(lw, node);
+        return;
+    }
+    const cs_trie *t = lw->t;
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        int32_t to = eng_regex_step(lw->re, state, tn->byte);
+        if (to < 0)
+            continue;
+        int32_t c2 = chars + ((tn->byte & 0xC0) != 0x80);
+        for (uint32_t k = 0; k < tn->tok_count; k++)
+            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k], to, c2};
+        if (tn->first_child)
+            list_walk_node(lw, ch, to, bytes + 1, c2);
+    }
+}
+
+/* The slot's mask (cs_pat_cache.fast), after its list is built. */
+static void pat_cache_bits(const eng_constraint *c, const cs_node *n, cs_pat_cache *slot)
+{
+    slot->fast = n->kind == CS_RAW || n->max_chars == INT32_MAX;
+    slot->n_bits = 0;
+    slot->max_cost = 0;
+    if (!slot->fast)
+        return;
+    memset(slot->bits, 0, ((size_t)c->v->n_tokens + 31) / 32 * sizeof *slot->bits);
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        if (e->state == CS_PAT_UNDECIDED) {
+            slot->fast = false;
+            return;
+        }
+        int64_t m = eng_regex_costs_get(n->re_costs, e->state, n->kind == CS_RAW ? 0 : n->min_chars);
+        if (m < 0)
+            continue;
+        slot->bits[e->id >> 5] |= 1u << (e->id & 31);
+        slot->n_bits++;
+        if (m > slot->max_cost)
+            slot->max_cost = m;
+    }
+}
+
+/* ORs a slot's mask into mask. */
+static void pat_cache_or(const eng_constraint *c, const cs_pat_cache *slot, uint32_t *mask,
+                         int32_t *count)
+{
+    size_t words = ((size_t)c->v->n_tokens + 31) / 32;
+    for (size_t i = 0; i < words; i++)
+        mask[i] |= slot->bits[i];
+    *count += slot->n_bits;
+}
+
+/* The list for (node, state), built the first time it is asked for. */
 static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_t state)
 {
     cs_pat_cache *slot = NULL, *lru = &c->pcache[0];
@@ -1506,38 +1612,21 @@ static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_
             lru = &c->pcache[i];
     }
     if (!slot) {
-        lru->node = node;
-        lru->state = state;
-        lru->built = false;
-        lru->used = ++c->ptick;
-        return NULL;
+        slot = lru;
+        slot->node = node;
+        slot->state = state;
+        slot->n = 0;
+        const cs_node *n = &c->g->nodes[node];
+        list_walk lw = {&c->v->plain, n->re, n->kind == CS_RAW, slot};
+        list_walk_node(&lw, 0, state, 0, 0);
+        pat_cache_bits(c, n, slot);
     }
     slot->used = ++c->ptick;
-    if (!slot->built) {
-        const eng_cs_vocab *v = c->v;
-        const eng_regex *re = c->g->nodes[node].re;
-        bool raw = c->g->nodes[node].kind == CS_RAW;
-        slot->n = 0;
-        for (int32_t i = 0; i < v->n_plain; i++) {
-            int32_t id = v->plain_ids[i], st = state;
-            const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
-            for (int32_t k = 0; k < v->len[id] && st >= 0; k++) {
-                if (raw && k > 0 && eng_regex_accepting(re, st)) {
-                    st = CS_PAT_UNDECIDED;
-                    break;
-                }
-                st = eng_regex_step(re, st, p[k]);
-            }
-            if (st >= 0 || st == CS_PAT_UNDECIDED)
-                slot->e[slot->n++] = (cs_pat_entry){id, st, v->plain_chars[i]};
-        }
-        slot->built = true;
-    }
     return slot;
 }
 
 /* The plain tokens of a pattern frame from its state's list; false when
- * there is none yet (or the frame is inside a character): walk them. */
+ * the frame is inside a character (or there are no lists): walk them. */
 static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
                                int64_t budget_after, uint32_t *mask, int32_t *count)
 {
@@ -1545,8 +1634,10 @@ static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t bas
     if (!c->pcache || eng_regex_pending(n->re, f->b) != 0)
         return false;
     const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
-    if (!slot)
-        return false;
+    if (slot->fast && f->a >= n->min_chars && base_rest + slot->max_cost + 1 <= budget_after) {
+        pat_cache_or(c, slot, mask, count);
+        return true;
+    }
     for (int32_t i = 0; i < slot->n; i++) {
         const cs_pat_entry *e = &slot->e[i];
         int64_t a = (int64_t)f->a + e->chars;
@@ -1751,7 +1842,8 @@ static bool token_fits(eng_constraint *c, int32_t id, int64_t budget_after)
 }
 
 /* The plain tokens of a CS_RAW frame that cannot end here, from its
- * state's list; false when there is none yet (walk them). */
+ * state's list; false where it could end (or there are no lists): walk
+ * them. */
 static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
                            int64_t budget_after, uint32_t *mask, int32_t *count)
 {
@@ -1759,8 +1851,10 @@ static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_re
     if (!c->pcache || eng_regex_accepting(n->re, f->b))
         return false;
     const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
-    if (!slot)
-        return false;
+    if (slot->fast && base_rest + slot->max_cost <= budget_after) {
+        pat_cache_or(c, slot, mask, count);
+        return true;
+    }
     for (int32_t i = 0; i < slot->n; i++) {
         const cs_pat_entry *e = &slot->e[i];
         bool ok = e->state == CS_PAT_UNDECIDED
@@ -1826,13 +1920,21 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             int64_t room = (int64_t)n->max_chars - top->a;
             int64_t need = n->min_chars > top->a ? n->min_chars - top->a : 0;
             int64_t base = stack_min(g, only);
-            for (int32_t i = 0; i < v->n_plain; i++) {
-                int64_t k = v->plain_chars[i];
-                if (k > room || base - (k < need ? k : need) > w.budget_after)
-                    continue;
-                int32_t id = v->plain_ids[i];
-                mask[id >> 5] |= 1u << (id & 31);
-                w.count++;
+            if (room >= v->max_plain_chars && need == 0 && base <= w.budget_after) {
+                /* every plain token fits: the precomputed mask */
+                size_t words = ((size_t)v->n_tokens + 31) / 32;
+                for (size_t i = 0; i < words; i++)
+                    mask[i] |= v->plain_bits[i];
+                w.count += v->n_plain;
+            } else {
+                for (int32_t i = 0; i < v->n_plain; i++) {
+                    int64_t k = v->plain_chars[i];
+                    if (k > room || base - (k < need ? k : need) > w.budget_after)
+                        continue;
+                    int32_t id = v->plain_ids[i];
+                    mask[id >> 5] |= 1u << (id & 31);
+                    w.count++;
+                }
             }
             w.t = &v->special;
         }

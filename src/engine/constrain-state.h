@@ -125,18 +125,18 @@ enum { R_REJECT = 0, R_ACCEPT = 1, R_DONE = 2, R_END = 3 };
 
 /* ---- shared between the files ---------------------------------------- */
 
-void stack_copy(cs_stack *dst, const cs_stack *src);
-int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch);
-int64_t pattern_min(const cs_node *n, const cs_frame *f);
-void set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set *out);
-int64_t frame_min(const eng_grammar *g, const cs_frame *f);
-int64_t stack_min(const eng_grammar *g, const cs_stack *st);
-int64_t set_min(const eng_grammar *g, const cs_set *s);
-bool set_complete(const eng_grammar *g, const cs_set *s);
-int utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi);
-bool num_bounded(const cs_node *n);
-int step_bounded(const cs_node *n, cs_frame *f, uint8_t ch);
-bool num_can_end(const cs_node *n, const cs_frame *f);
-int64_t num_min(const cs_node *n, const cs_frame *f);
+void eng__cs_stack_copy(cs_stack *dst, const cs_stack *src);
+int eng__cs_step_pattern(const cs_node *n, cs_frame *f, uint8_t ch);
+int64_t eng__cs_pattern_min(const cs_node *n, const cs_frame *f);
+void eng__cs_set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set *out);
+int64_t eng__cs_frame_min(const eng_grammar *g, const cs_frame *f);
+int64_t eng__cs_stack_min(const eng_grammar *g, const cs_stack *st);
+int64_t eng__cs_set_min(const eng_grammar *g, const cs_set *s);
+bool eng__cs_set_complete(const eng_grammar *g, const cs_set *s);
+int eng__cs_utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi);
+bool eng__cs_num_bounded(const cs_node *n);
+int eng__cs_step_bounded(const cs_node *n, cs_frame *f, uint8_t ch);
+bool eng__cs_num_can_end(const cs_node *n, const cs_frame *f);
+int64_t eng__cs_num_min(const cs_node *n, const cs_frame *f);
 
 #endif

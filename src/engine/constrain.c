@@ -28,13 +28,13 @@
 
 /* ---- the automaton ------------------------------------------------------- */
 
-void stack_copy(cs_stack *dst, const cs_stack *src)
+void eng__cs_stack_copy(cs_stack *dst, const cs_stack *src)
 {
     dst->depth = src->depth;
     memcpy(dst->f, src->f, (size_t)src->depth * sizeof src->f[0]);
 }
 
-int64_t stack_min(const eng_grammar *g, const cs_stack *st);
+int64_t eng__cs_stack_min(const eng_grammar *g, const cs_stack *st);
 
 /* Adds a stack to the set unless it is there already (two paths to the
  * same stack are common in ambiguous GBNF grammars; frames are zeroed
@@ -49,20 +49,20 @@ static void push_out(const eng_grammar *g, cs_set *out, const cs_stack *st)
             memcmp(out->s[i].f, st->f, (size_t)st->depth * sizeof st->f[0]) == 0)
             return;
     if (out->n < ENG_CS_MAX_ALTS) {
-        stack_copy(&out->s[out->n++], st);
+        eng__cs_stack_copy(&out->s[out->n++], st);
         return;
     }
-    int64_t mine = stack_min(g, st), worst = -1;
+    int64_t mine = eng__cs_stack_min(g, st), worst = -1;
     int32_t at = -1;
     for (int32_t i = 0; i < out->n; i++) {
-        int64_t m = stack_min(g, &out->s[i]);
+        int64_t m = eng__cs_stack_min(g, &out->s[i]);
         if (m > worst) {
             worst = m;
             at = i;
         }
     }
     if (mine < worst)
-        stack_copy(&out->s[at], st);
+        eng__cs_stack_copy(&out->s[at], st);
 }
 
 static int step_string(const cs_node *n, cs_frame *f, uint8_t ch)
@@ -100,7 +100,7 @@ static int step_string(const cs_node *n, cs_frame *f, uint8_t ch)
     }
     if (ch >= 0x80) {
         uint8_t lo, hi;
-        int k = utf8_lead(ch, &lo, &hi);
+        int k = eng__cs_utf8_lead(ch, &lo, &hi);
         if (k == 0)
             return R_REJECT;
         f->pend = (uint8_t)k;
@@ -159,9 +159,9 @@ static int hex_digit(uint8_t ch)
 static const char pattern_esc_from[] = "\"\\/bfnrt";
 static const char pattern_esc_to[] = "\"\\/\b\f\n\r\t";
 
-int64_t pattern_min(const cs_node *n, const cs_frame *f);
+int64_t eng__cs_pattern_min(const cs_node *n, const cs_frame *f);
 
-int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
+int eng__cs_step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
 {
     int64_t a;
     int32_t t;
@@ -222,7 +222,7 @@ int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
          * that leads nowhere, and feeding must agree with it */
         cs_frame e = *f;
         e.phase = S_ESC;
-        if (!boundary || pattern_min(n, &e) >= CS_INF)
+        if (!boundary || eng__cs_pattern_min(n, &e) >= CS_INF)
             return R_REJECT;
         f->phase = S_ESC;
         return R_ACCEPT;
@@ -235,7 +235,7 @@ int step_pattern(const cs_node *n, cs_frame *f, uint8_t ch)
 }
 
 /* The fewest bytes that close a pattern frame. */
-int64_t pattern_min(const cs_node *n, const cs_frame *f)
+int64_t eng__cs_pattern_min(const cs_node *n, const cs_frame *f)
 {
     int64_t best = CS_INF, a;
     switch (f->phase) {
@@ -372,7 +372,7 @@ static void enter(const eng_grammar *g, cs_stack *st, int32_t node, uint8_t ch, 
     if (n->kind == CS_ANYOF) {
         for (int32_t i = 0; i < n->n_alts; i++) {
             cs_stack copy;
-            stack_copy(&copy, st);
+            eng__cs_stack_copy(&copy, st);
             enter(g, &copy, n->alts[i], ch, out);
         }
         return;
@@ -396,7 +396,7 @@ static void enter(const eng_grammar *g, cs_stack *st, int32_t node, uint8_t ch, 
 static void fork_end(const eng_grammar *g, const cs_stack *st, uint8_t ch, cs_set *out)
 {
     cs_stack copy;
-    stack_copy(&copy, st);
+    eng__cs_stack_copy(&copy, st);
     copy.depth--;
     run(g, &copy, ch, out);
 }
@@ -407,7 +407,7 @@ static void fork_enter(const eng_grammar *g, const cs_stack *st, int32_t a, bool
                        int32_t node, uint8_t ch, cs_set *out)
 {
     cs_stack copy;
-    stack_copy(&copy, st);
+    eng__cs_stack_copy(&copy, st);
     cs_frame *f = &copy.f[copy.depth - 1];
     f->phase = 1;
     f->a = a;
@@ -479,7 +479,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
         switch (n->kind) {
         case CS_STRING:
         case CS_PATTERN:
-            r = n->kind == CS_PATTERN ? step_pattern(n, f, ch) : step_string(n, f, ch);
+            r = n->kind == CS_PATTERN ? eng__cs_step_pattern(n, f, ch) : step_string(n, f, ch);
             if (r == R_REJECT)
                 return;
             if (r == R_DONE)
@@ -489,9 +489,9 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
         case CS_NUMBER:
         case CS_INTEGER:
         case CS_LITERALS:
-            r = n->kind == CS_LITERALS ? step_literal(n, f, ch)
-                : num_bounded(n)       ? step_bounded(n, f, ch)
-                                       : step_number(n->kind == CS_INTEGER, f, ch);
+            r = n->kind == CS_LITERALS   ? step_literal(n, f, ch)
+                : eng__cs_num_bounded(n) ? eng__cs_step_bounded(n, f, ch)
+                                         : step_number(n->kind == CS_INTEGER, f, ch);
             if (r == R_REJECT)
                 return;
             if (r == R_ACCEPT) {
@@ -647,12 +647,12 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
     }
 }
 
-void set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set *out)
+void eng__cs_set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set *out)
 {
     out->n = 0;
     for (int32_t i = 0; i < in->n; i++) {
         cs_stack tmp;
-        stack_copy(&tmp, &in->s[i]);
+        eng__cs_stack_copy(&tmp, &in->s[i]);
         run(g, &tmp, ch, out);
     }
 }
@@ -662,7 +662,7 @@ static int64_t sat(int64_t x)
     return x > CS_INF ? CS_INF : x;
 }
 
-int64_t frame_min(const eng_grammar *g, const cs_frame *f)
+int64_t eng__cs_frame_min(const eng_grammar *g, const cs_frame *f)
 {
     if (f->node < 0)
         return f->phase == 0 ? g->nodes[g->root].min_bytes : 0;
@@ -677,8 +677,7 @@ int64_t frame_min(const eng_grammar *g, const cs_frame *f)
         return f->pend + need + 1;
     }
     case CS_NUMBER:
-    case CS_INTEGER:
-        return num_min(n, f);
+    case CS_INTEGER: return eng__cs_num_min(n, f);
     case CS_LITERALS: {
         int64_t best = CS_INF;
         for (int32_t j = 0; j < n->n_lits; j++)
@@ -740,7 +739,7 @@ int64_t frame_min(const eng_grammar *g, const cs_frame *f)
                        array_tail(g, n, f->a + 1, lo) + 1);
         }
     }
-    case CS_PATTERN: return pattern_min(n, f);
+    case CS_PATTERN: return eng__cs_pattern_min(n, f);
     case CS_RAW: return f->phase ? eng_regex_costs_get(n->re_costs, f->b, 0) : n->min_bytes;
     case CS_SEQ: return n->seq_from[f->a];
     case CS_REP:
@@ -752,19 +751,19 @@ int64_t frame_min(const eng_grammar *g, const cs_frame *f)
     return 0;
 }
 
-int64_t stack_min(const eng_grammar *g, const cs_stack *st)
+int64_t eng__cs_stack_min(const eng_grammar *g, const cs_stack *st)
 {
     int64_t m = 0;
     for (int32_t i = 0; i < st->depth; i++)
-        m = sat(m + frame_min(g, &st->f[i]));
+        m = sat(m + eng__cs_frame_min(g, &st->f[i]));
     return m;
 }
 
-int64_t set_min(const eng_grammar *g, const cs_set *s)
+int64_t eng__cs_set_min(const eng_grammar *g, const cs_set *s)
 {
     int64_t best = CS_INF;
     for (int32_t i = 0; i < s->n; i++) {
-        int64_t m = stack_min(g, &s->s[i]);
+        int64_t m = eng__cs_stack_min(g, &s->s[i]);
         if (m < best)
             best = m;
     }
@@ -781,11 +780,11 @@ static bool stack_complete(const eng_grammar *g, const cs_stack *st)
         if (n->kind == CS_LITERALS)
             can_end = literal_can_end(n, f);
         else if (n->kind == CS_NUMBER || n->kind == CS_INTEGER)
-            can_end = num_can_end(n, f);
+            can_end = eng__cs_num_can_end(n, f);
         else if (n->kind == CS_RAW)
             can_end = eng_regex_accepting(n->re, f->b);
         else if (n->kind == CS_SEQ || n->kind == CS_REP)
-            can_end = frame_min(g, f) == 0;
+            can_end = eng__cs_frame_min(g, f) == 0;
         if (!can_end)
             return false;
         d--;
@@ -794,7 +793,7 @@ static bool stack_complete(const eng_grammar *g, const cs_stack *st)
     return d == 1 && (st->f[0].phase == 1 || g->nodes[g->root].min_bytes == 0);
 }
 
-bool set_complete(const eng_grammar *g, const cs_set *s)
+bool eng__cs_set_complete(const eng_grammar *g, const cs_set *s)
 {
     for (int32_t i = 0; i < s->n; i++)
         if (stack_complete(g, &s->s[i]))

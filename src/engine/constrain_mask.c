@@ -101,7 +101,8 @@ static void pat_cache_bits(const eng_constraint *c, const cs_node *n, cs_pat_cac
             slot->fast = false;
             return;
         }
-        int64_t m = eng_regex_costs_get(n->re_costs, e->state, n->kind == CS_RAW ? 0 : n->min_chars);
+        int32_t chars = n->kind == CS_RAW ? 0 : n->min_chars;
+        int64_t m = eng_regex_costs_get(n->re_costs, e->state, chars);
         if (m < 0)
             continue;
         slot->bits[e->id >> 5] |= 1u << (e->id & 31);
@@ -212,7 +213,7 @@ bool eng_constraint_feed(eng_constraint *c, const char *bytes, size_t n)
     const cs_set *cur = &c->state;
     for (size_t i = 0; i < n; i++) {
         cs_set *next = &c->scratch[i & 1];
-        set_step(c->g, cur, (uint8_t)bytes[i], next);
+        eng__cs_set_step(c->g, cur, (uint8_t)bytes[i], next);
         if (next->n == 0)
             return false;
         cur = next;
@@ -220,7 +221,7 @@ bool eng_constraint_feed(eng_constraint *c, const char *bytes, size_t n)
     if (cur != &c->state) {
         c->state.n = cur->n;
         for (int32_t i = 0; i < cur->n; i++)
-            stack_copy(&c->state.s[i], &cur->s[i]);
+            eng__cs_stack_copy(&c->state.s[i], &cur->s[i]);
     }
     return true;
 }
@@ -243,15 +244,15 @@ bool eng_constraint_accept_token(eng_constraint *c, int32_t token)
 
 bool eng_constraint_is_complete(const eng_constraint *c)
 {
-    return set_complete(c->g, &c->state);
+    return eng__cs_set_complete(c->g, &c->state);
 }
 
 bool eng_constraint_is_closed(const eng_constraint *c)
 {
-    if (!set_complete(c->g, &c->state))
+    if (!eng__cs_set_complete(c->g, &c->state))
         return false;
     for (int ch = 0; ch < 256; ch++) {
-        set_step(c->g, &c->state, (uint8_t)ch, &c->scratch[0]);
+        eng__cs_set_step(c->g, &c->state, (uint8_t)ch, &c->scratch[0]);
         if (c->scratch[0].n > 0)
             return false;
     }
@@ -260,7 +261,7 @@ bool eng_constraint_is_closed(const eng_constraint *c)
 
 int64_t eng_constraint_min_bytes(const eng_constraint *c)
 {
-    return set_complete(c->g, &c->state) ? 0 : set_min(c->g, &c->state);
+    return eng__cs_set_complete(c->g, &c->state) ? 0 : eng__cs_set_min(c->g, &c->state);
 }
 
 typedef struct walk_ctx {
@@ -288,10 +289,10 @@ static void walk(walk_ctx *w, uint32_t node, int32_t depth)
     cs_set *next = &w->c->scratch[depth + 1];
     for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
         const cs_tnode *tn = &t->nodes[ch];
-        set_step(w->c->g, cur, tn->byte, next);
+        eng__cs_set_step(w->c->g, cur, tn->byte, next);
         if (next->n == 0)
             continue;
-        if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after)
+        if (tn->tok_count && eng__cs_set_min(w->c->g, next) <= w->budget_after)
             allow_tokens(w, tn);
         if (tn->first_child)
             walk(w, ch, depth + 1);
@@ -323,21 +324,21 @@ static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_fra
         if (tn->byte == '"' || tn->byte == '\\') {
             cs_set *cur = &w->c->scratch[depth], *next = &w->c->scratch[depth + 1];
             cur->n = 1;
-            stack_copy(&cur->s[0], &w->c->state.s[0]);
+            eng__cs_stack_copy(&cur->s[0], &w->c->state.s[0]);
             cur->s[0].f[cur->s[0].depth - 1] = *f;
-            set_step(w->c->g, cur, tn->byte, next);
+            eng__cs_set_step(w->c->g, cur, tn->byte, next);
             if (next->n == 0)
                 continue;
-            if (tn->tok_count && set_min(w->c->g, next) <= w->budget_after)
+            if (tn->tok_count && eng__cs_set_min(w->c->g, next) <= w->budget_after)
                 allow_tokens(w, tn);
             if (tn->first_child)
                 walk(w, ch, depth + 1);
             continue;
         }
         cs_frame f2 = *f;
-        if (step_pattern(n, &f2, tn->byte) != R_ACCEPT)
+        if (eng__cs_step_pattern(n, &f2, tn->byte) != R_ACCEPT)
             continue;
-        if (tn->tok_count && base_rest + pattern_min(n, &f2) <= w->budget_after)
+        if (tn->tok_count && base_rest + eng__cs_pattern_min(n, &f2) <= w->budget_after)
             allow_tokens(w, tn);
         if (tn->first_child)
             walk_pattern(w, ch, depth + 1, &f2, base_rest);
@@ -353,12 +354,12 @@ static bool token_fits(eng_constraint *c, int32_t id, int64_t budget_after)
     const uint8_t *p = (const uint8_t *)c->v->blob + c->v->off[id];
     for (int32_t k = 0; k < c->v->len[id]; k++) {
         cs_set *next = &c->scratch[k & 1];
-        set_step(c->g, cur, p[k], next);
+        eng__cs_set_step(c->g, cur, p[k], next);
         if (next->n == 0)
             return false;
         cur = next;
     }
-    return set_min(c->g, cur) <= budget_after;
+    return eng__cs_set_min(c->g, cur) <= budget_after;
 }
 
 /* The plain tokens of a CS_RAW frame that cannot end here, from its
@@ -400,7 +401,7 @@ static void walk_raw(walk_ctx *w, uint32_t node, int32_t depth, const cs_frame *
     if (eng_regex_accepting(n->re, f->b)) {
         cs_set *cur = &w->c->scratch[depth];
         cur->n = 1;
-        stack_copy(&cur->s[0], &w->c->state.s[0]);
+        eng__cs_stack_copy(&cur->s[0], &w->c->state.s[0]);
         cur->s[0].f[cur->s[0].depth - 1] = *f;
         walk(w, node, depth);
         return;
@@ -430,7 +431,7 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
         cs_set *s0 = &c->scratch[0];
         s0->n = c->state.n;
         for (int32_t i = 0; i < c->state.n; i++)
-            stack_copy(&s0->s[i], &c->state.s[i]);
+            eng__cs_stack_copy(&s0->s[i], &c->state.s[i]);
         const cs_stack *only = &c->state.s[0];
         const cs_frame *top = &only->f[only->depth - 1];
         if (c->state.n == 1 && top->node >= 0 && plain_by_length(&g->nodes[top->node], top)) {
@@ -439,7 +440,7 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             const cs_node *n = &g->nodes[top->node];
             int64_t room = (int64_t)n->max_chars - top->a;
             int64_t need = n->min_chars > top->a ? n->min_chars - top->a : 0;
-            int64_t base = stack_min(g, only);
+            int64_t base = eng__cs_stack_min(g, only);
             if (room >= v->max_plain_chars && need == 0 && base <= w.budget_after) {
                 /* every plain token fits: the precomputed mask */
                 size_t words = ((size_t)v->n_tokens + 31) / 32;
@@ -460,12 +461,12 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
         }
         if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_PATTERN &&
             top->phase == S_IN && w.t == &v->full) {
-            int64_t rest = stack_min(g, only) - frame_min(g, top);
+            int64_t rest = eng__cs_stack_min(g, only) - eng__cs_frame_min(g, top);
             if (pattern_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
                 w.t = &v->special;
             walk_pattern(&w, 0, 0, top, rest);
         } else if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_RAW) {
-            int64_t rest = stack_min(g, only) - frame_min(g, top);
+            int64_t rest = eng__cs_stack_min(g, only) - eng__cs_frame_min(g, top);
             if (raw_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
                 w.t = &v->special;
             walk_raw(&w, 0, 0, top, rest);
@@ -473,7 +474,7 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
             walk(&w, 0, 0);
         }
     }
-    if (set_complete(g, &c->state)) {
+    if (eng__cs_set_complete(g, &c->state)) {
         for (int32_t i = 0; i < v->n_end; i++) {
             int32_t id = v->end_ids[i];
             mask[id >> 5] |= 1u << (id & 31);

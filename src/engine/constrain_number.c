@@ -22,7 +22,7 @@
  * end. */
 enum { C_EQ = 0, C_LT = 1, C_GT = 2 };
 
-bool num_bounded(const cs_node *n)
+bool eng__cs_num_bounded(const cs_node *n)
 {
     return n->ranged || n->multiple_of > 0 || n->max_frac > 0;
 }
@@ -184,7 +184,7 @@ static bool num_enter_frac(const cs_node *n, cs_frame *f, bool zero)
     return true;
 }
 
-int step_bounded(const cs_node *n, cs_frame *f, uint8_t ch)
+int eng__cs_step_bounded(const cs_node *n, cs_frame *f, uint8_t ch)
 {
     bool digit = ch >= '0' && ch <= '9';
     int32_t max_frac = n->max_frac > 0 ? n->max_frac : ENG_CS_MAX_FRAC_DIGITS;
@@ -248,9 +248,9 @@ int step_bounded(const cs_node *n, cs_frame *f, uint8_t ch)
     }
 }
 
-bool num_can_end(const cs_node *n, const cs_frame *f)
+bool eng__cs_num_can_end(const cs_node *n, const cs_frame *f)
 {
-    if (!num_bounded(n))
+    if (!eng__cs_num_bounded(n))
         return f->phase == N_ZERO || f->phase == N_INT || f->phase == N_FRAC;
     switch (f->phase) {
     case N_ZERO: return !n->ranged || (n->int_ok[f->pend] && strcmp(n->int_lo[f->pend], "0") == 0);
@@ -260,9 +260,9 @@ bool num_can_end(const cs_node *n, const cs_frame *f)
     }
 }
 
-int64_t num_min(const cs_node *n, const cs_frame *f)
+int64_t eng__cs_num_min(const cs_node *n, const cs_frame *f)
 {
-    if (!num_bounded(n))
+    if (!eng__cs_num_bounded(n))
         return f->phase == N_START || f->phase == N_NEG || f->phase == N_FRAC0 ? 1 : 0;
     switch (f->phase) {
     case N_START: return n->min_bytes;
@@ -275,7 +275,7 @@ int64_t num_min(const cs_node *n, const cs_frame *f)
             best = (int64_t)strlen(n->frac_lo[1]) + 2;
         return best;
     }
-    case N_ZERO: return num_can_end(n, f) ? 0 : 2;
+    case N_ZERO: return eng__cs_num_can_end(n, f) ? 0 : 2;
     case N_INT: {
         int32_t i = int_more(n, f), r = frac_more(n, f);
         int64_t best = i >= 0 ? i : CS_INF;

@@ -14,7 +14,7 @@
 /* Length of the UTF-8 character starting with lead byte c and the range
  * of its first continuation byte (RFC 3629: no overlong forms, no
  * surrogates, nothing above U+10FFFF); 0 for a byte that cannot lead. */
-int utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi)
+int eng__cs_utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi)
 {
     *lo = 0x80;
     *hi = 0xBF;
@@ -58,7 +58,7 @@ static int32_t plain_chars(const uint8_t *p, int32_t n)
             i++;
             continue;
         }
-        int k = utf8_lead(c, &lo, &hi);
+        int k = eng__cs_utf8_lead(c, &lo, &hi);
         if (k == 0 || i + k >= n || p[i + 1] < lo || p[i + 1] > hi)
             return -1;
         for (int j = 2; j <= k; j++)

@@ -63,7 +63,7 @@ static const char *const known_formats[] = {
     "json-pointer", "relative-json-pointer", "regex",
 };
 
-#define IN_LIST(k, list) in_list((k), (list), sizeof(list) / sizeof *(list))
+#define IN_LIST(k, list) eng__sc_in_list((k), (list), sizeof(list) / sizeof *(list))
 
 enum {
     T_OBJECT = 1, T_ARRAY = 2, T_STRING = 4, T_NUMBER = 8, T_INTEGER = 16, T_BOOLEAN = 32,
@@ -106,65 +106,65 @@ typedef struct not_info {
 
 /* ---- shared between the files ---------------------------------------- */
 
-size_t pointer_push(char *path, size_t cap, size_t len, const char *seg);
-size_t path_push(builder *b, size_t len, const char *seg);
-size_t path_push_index(builder *b, size_t len, size_t i);
-int fail_at(builder *b, size_t len, int code, const char *what);
-char *dump_value(const json_t *v, int32_t *len_out);
-bool only_annotations(const json_t *s, const char *except);
-int effective(sc_doc *d, const json_t *s, const char *base, const json_t **out,
-              sw_error *err);
-int oom(builder *b);
-int get_count(builder *b, const json_t *s, const char *key, size_t plen, int32_t dflt,
-              int32_t *out);
-int string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars,
-                     const char **key, sw_error *err);
-int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
-int32_t len_add(int64_t a, int64_t b);
-void node_clear(cs_node *n);
-eng_grammar *grammar_new(void);
-int32_t add_node(eng_grammar *g, cs_node *n);
-int32_t make_literals(eng_grammar *g, const json_t *const *vals, size_t n);
-int32_t make_string(eng_grammar *g, int32_t min_chars, int32_t max_chars);
-int32_t make_anyof(eng_grammar *g, const int32_t *alts, int32_t n);
-int32_t make_bool(eng_grammar *g);
-int32_t make_any(eng_grammar *g, int32_t levels);
-int32_t make_any_object(eng_grammar *g, int32_t levels);
-int32_t any_levels(int32_t depth);
-void ptr_key(const json_t *s, char *key, size_t cap);
-const char *doc_base_of(const sc_doc *d, const json_t *s);
-void doc_free(sc_doc *d);
-int doc_init(sc_doc *d, const json_t *root, sw_error *err);
-json_t *doc_keep(sc_doc *d, json_t *s);
-int doc_resolve(const sc_doc *d, const char *base, const char *ref, const json_t **out,
-                sw_error *err);
-bool in_list(const char *k, const char *const *list, size_t n);
-bool is_known_keyword(const char *k);
-int type_mask(const json_t *type);
-bool val_equal(const json_t *a, const json_t *b);
-bool is_num(const json_t *v);
-bool big_ok(const json_t *v);
-double num_double(const json_t *v);
-void dec_round(const json_t *v, bool down, dec *out);
-bool num_whole(const json_t *v);
-void dec_negate(dec *x);
-void dec_step(dec *x, int delta);
-int dec_cmp(const dec *a, const dec *b);
-int num_cmp(const json_t *a, const json_t *b);
-num_bound bound_get(const json_t *s, bool lower);
-int pattern_match_name(const char *pattern, const char *name, sw_error *err);
-int prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err);
-int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err);
-int compile_literals(builder *b, const json_t *s, size_t plen, int32_t *out);
-int compile_object(builder *b, const json_t *s, const char *forbid, int32_t depth,
-                   size_t plen, int32_t *out);
-int compile_array(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
-int analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, int nest);
-int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
-int compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
+size_t eng__sc_pointer_push(char *path, size_t cap, size_t len, const char *seg);
+size_t eng__sc_path_push(builder *b, size_t len, const char *seg);
+size_t eng__sc_path_push_index(builder *b, size_t len, size_t i);
+int eng__sc_fail_at(builder *b, size_t len, int code, const char *what);
+char *eng__sc_dump_value(const json_t *v, int32_t *len_out);
+bool eng__sc_only_annotations(const json_t *s, const char *except);
+int eng__sc_effective(sc_doc *d, const json_t *s, const char *base, const json_t **out,
+                      sw_error *err);
+int eng__sc_oom(builder *b);
+int eng__sc_get_count(builder *b, const json_t *s, const char *key, size_t plen, int32_t dflt,
                       int32_t *out);
-int compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
-json_t *negate_simple(const json_t *n);
-int val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err);
+int eng__sc_string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars, const char **key,
+                             sw_error *err);
+int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
+int32_t eng__sc_len_add(int64_t a, int64_t b);
+void eng__sc_node_clear(cs_node *n);
+eng_grammar *eng__sc_grammar_new(void);
+int32_t eng__sc_add_node(eng_grammar *g, cs_node *n);
+int32_t eng__sc_make_literals(eng_grammar *g, const json_t *const *vals, size_t n);
+int32_t eng__sc_make_string(eng_grammar *g, int32_t min_chars, int32_t max_chars);
+int32_t eng__sc_make_anyof(eng_grammar *g, const int32_t *alts, int32_t n);
+int32_t eng__sc_make_bool(eng_grammar *g);
+int32_t eng__sc_make_any(eng_grammar *g, int32_t levels);
+int32_t eng__sc_make_any_object(eng_grammar *g, int32_t levels);
+int32_t eng__sc_any_levels(int32_t depth);
+void eng__sc_ptr_key(const json_t *s, char *key, size_t cap);
+const char *eng__sc_doc_base_of(const sc_doc *d, const json_t *s);
+void eng__sc_doc_free(sc_doc *d);
+int eng__sc_doc_init(sc_doc *d, const json_t *root, sw_error *err);
+json_t *eng__sc_doc_keep(sc_doc *d, json_t *s);
+int eng__sc_doc_resolve(const sc_doc *d, const char *base, const char *ref, const json_t **out,
+                        sw_error *err);
+bool eng__sc_in_list(const char *k, const char *const *list, size_t n);
+bool eng__sc_is_known_keyword(const char *k);
+int eng__sc_type_mask(const json_t *type);
+bool eng__sc_val_equal(const json_t *a, const json_t *b);
+bool eng__sc_is_num(const json_t *v);
+bool eng__sc_big_ok(const json_t *v);
+double eng__sc_num_double(const json_t *v);
+void eng__sc_dec_round(const json_t *v, bool down, dec *out);
+bool eng__sc_num_whole(const json_t *v);
+void eng__sc_dec_negate(dec *x);
+void eng__sc_dec_step(dec *x, int delta);
+int eng__sc_dec_cmp(const dec *a, const dec *b);
+int eng__sc_num_cmp(const json_t *a, const json_t *b);
+num_bound eng__sc_bound_get(const json_t *s, bool lower);
+int eng__sc_pattern_match_name(const char *pattern, const char *name, sw_error *err);
+int eng__sc_prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err);
+int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err);
+int eng__sc_compile_literals(builder *b, const json_t *s, size_t plen, int32_t *out);
+int eng__sc_compile_object(builder *b, const json_t *s, const char *forbid, int32_t depth,
+                           size_t plen, int32_t *out);
+int eng__sc_compile_array(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
+int eng__sc_analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, int nest);
+int eng__sc_compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
+int eng__sc_compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
+                              int32_t *out);
+int eng__sc_compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
+json_t *eng__sc_negate_simple(const json_t *n);
+int eng__sc_val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err);
 
 #endif

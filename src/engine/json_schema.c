@@ -25,7 +25,7 @@
 
 /* Appends "/seg" (JSON pointer escaping) to the path at len; returns the new
  * length (the path is cut short, never overflowed). */
-size_t pointer_push(char *path, size_t cap, size_t len, const char *seg)
+size_t eng__sc_pointer_push(char *path, size_t cap, size_t len, const char *seg)
 {
     if (len + 1 < cap)
         path[len++] = '/';
@@ -41,26 +41,26 @@ size_t pointer_push(char *path, size_t cap, size_t len, const char *seg)
     return len;
 }
 
-size_t path_push(builder *b, size_t len, const char *seg)
+size_t eng__sc_path_push(builder *b, size_t len, const char *seg)
 {
-    return pointer_push(b->path, sizeof b->path, len, seg);
+    return eng__sc_pointer_push(b->path, sizeof b->path, len, seg);
 }
 
-size_t path_push_index(builder *b, size_t len, size_t i)
+size_t eng__sc_path_push_index(builder *b, size_t len, size_t i)
 {
     char seg[24];
     snprintf(seg, sizeof seg, "%zu", i);
-    return path_push(b, len, seg);
+    return eng__sc_path_push(b, len, seg);
 }
 
-int fail_at(builder *b, size_t len, int code, const char *what)
+int eng__sc_fail_at(builder *b, size_t len, int code, const char *what)
 {
     b->path[len] = '\0';
     return sw_error_set(b->err, code, "%s (at %s)", what, b->path);
 }
 
 /* A text copy of a JSON value (compact), sw_malloc'd. */
-char *dump_value(const json_t *v, int32_t *len_out)
+char *eng__sc_dump_value(const json_t *v, int32_t *len_out)
 {
     char *j = sw_json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY); /* markers: their numbers */
     if (!j)
@@ -114,7 +114,7 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)s, key, v) {
-        if (!is_known_keyword(key))
+        if (!eng__sc_is_known_keyword(key))
             continue;
         if (strcmp(key, "uniqueItems") == 0)
             continue; /* at most one item is generated */
@@ -143,12 +143,12 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
 }
 
 /* True when every keyword of s other than `except` is an annotation. */
-bool only_annotations(const json_t *s, const char *except)
+bool eng__sc_only_annotations(const json_t *s, const char *except)
 {
     const char *k;
     const json_t *v;
     json_object_foreach((json_t *)s, k, v) {
-        if (strcmp(k, except) != 0 && is_known_keyword(k))
+        if (strcmp(k, except) != 0 && eng__sc_is_known_keyword(k))
             return false;
     }
     return true;
@@ -172,7 +172,7 @@ static int flatten(sc_doc *d, const json_t *s, const char *base, json_t *atoms, 
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "allOf / $ref nest too deeply (a $ref cycle that never reaches a "
                             "value?)");
-    const char *mine = doc_base_of(d, s);
+    const char *mine = eng__sc_doc_base_of(d, s);
     if (!mine)
         mine = base;
     const json_t *ref = json_object_get(s, "$ref");
@@ -194,8 +194,9 @@ static int flatten(sc_doc *d, const json_t *s, const char *base, json_t *atoms, 
             json_object_del(rest, "$ref");
             json_object_del(rest, "allOf");
             char key[32];
-            ptr_key(rest, key, sizeof key);
-            if (!doc_keep(d, rest) || json_object_set_new(d->bases, key, json_string(mine)) ||
+            eng__sc_ptr_key(rest, key, sizeof key);
+            if (!eng__sc_doc_keep(d, rest) ||
+                json_object_set_new(d->bases, key, json_string(mine)) ||
                 json_array_append(atoms, rest))
                 return sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
         }
@@ -205,9 +206,9 @@ static int flatten(sc_doc *d, const json_t *s, const char *base, json_t *atoms, 
     }
     if (ref) {
         const json_t *target;
-        if ((rc = doc_resolve(d, mine, json_string_value(ref), &target, err)))
+        if ((rc = eng__sc_doc_resolve(d, mine, json_string_value(ref), &target, err)))
             return rc;
-        const char *tb = doc_base_of(d, target);
+        const char *tb = eng__sc_doc_base_of(d, target);
         if ((rc = flatten(d, target, tb ? tb : mine, atoms, chain + 1, err)))
             return rc;
     }
@@ -216,8 +217,8 @@ static int flatten(sc_doc *d, const json_t *s, const char *base, json_t *atoms, 
 
 /* s without allOf / $ref: one schema (borrowed: the document's or its
  * arena's), or false. */
-int effective(sc_doc *d, const json_t *s, const char *base, const json_t **out,
-              sw_error *err)
+int eng__sc_effective(sc_doc *d, const json_t *s, const char *base, const json_t **out,
+                      sw_error *err)
 {
     if (!json_is_object(s) || (!json_object_get(s, "allOf") && !json_object_get(s, "$ref"))) {
         *out = s;
@@ -240,7 +241,7 @@ int effective(sc_doc *d, const json_t *s, const char *base, const json_t **out,
             continue;
         }
         json_t *m = NULL;
-        rc = merge2(acc, x, &m, err);
+        rc = eng__sc_merge2(acc, x, &m, err);
         json_decref(acc);
         acc = m;
         if (json_is_false(acc))
@@ -259,9 +260,10 @@ int effective(sc_doc *d, const json_t *s, const char *base, const json_t **out,
         return SW_OK;
     }
     char key[32];
-    ptr_key(acc, key, sizeof key);
-    bool known = doc_base_of(d, acc) != NULL;
-    if (!doc_keep(d, acc) || (!known && json_object_set_new(d->bases, key, json_string(base))))
+    eng__sc_ptr_key(acc, key, sizeof key);
+    bool known = eng__sc_doc_base_of(d, acc) != NULL;
+    if (!eng__sc_doc_keep(d, acc) ||
+        (!known && json_object_set_new(d->bases, key, json_string(base))))
         return sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
     *out = acc;
     return SW_OK;
@@ -269,17 +271,17 @@ int effective(sc_doc *d, const json_t *s, const char *base, const json_t **out,
 
 /* ---- compiling one schema ---- */
 
-int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
-int val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err);
+int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
+int eng__sc_val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err);
 
-int oom(builder *b)
+int eng__sc_oom(builder *b)
 {
     return sw_error_set(b->err, SW_ENOMEM, "out of memory compiling the schema");
 }
 
 /* A non-negative integer keyword, clamped to INT32_MAX; absent: dflt. */
-int get_count(builder *b, const json_t *s, const char *key, size_t plen, int32_t dflt,
-              int32_t *out)
+int eng__sc_get_count(builder *b, const json_t *s, const char *key, size_t plen, int32_t dflt,
+                      int32_t *out)
 {
     const json_t *v = json_object_get(s, key);
     if (!v) {
@@ -293,8 +295,8 @@ int get_count(builder *b, const json_t *s, const char *key, size_t plen, int32_t
         return SW_OK;
     }
     if (!json_is_integer(v) || json_integer_value(v) < 0) {
-        size_t l = path_push(b, plen, key);
-        return fail_at(b, l, SW_EINVAL, "expected a non-negative integer");
+        size_t l = eng__sc_path_push(b, plen, key);
+        return eng__sc_fail_at(b, l, SW_EINVAL, "expected a non-negative integer");
     }
     json_int_t i = json_integer_value(v);
     *out = i > INT32_MAX ? INT32_MAX : (int32_t)i;
@@ -325,27 +327,28 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
     nd.kind = integer ? CS_INTEGER : CS_NUMBER;
     for (size_t i = 0; i < 4; i++) {
         const json_t *v = json_object_get(s, bound_keys[i]);
-        if (v && !is_num(v) && !(i >= 2 && json_is_boolean(v)))
-            return fail_at(b, path_push(b, plen, bound_keys[i]), SW_EINVAL,
-                           "a bound must be a number");
-        if (sw_json_big_text(v) && !big_ok(v))
-            return fail_at(b, path_push(b, plen, bound_keys[i]), SW_EUNSUPPORTED,
-                           "a bound past a double's range is supported as an integer of at most "
-                           "400 digits only (no fraction, no exponent)");
+        if (v && !eng__sc_is_num(v) && !(i >= 2 && json_is_boolean(v)))
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, bound_keys[i]), SW_EINVAL,
+                                   "a bound must be a number");
+        if (sw_json_big_text(v) && !eng__sc_big_ok(v))
+            return eng__sc_fail_at(
+                b, eng__sc_path_push(b, plen, bound_keys[i]), SW_EUNSUPPORTED,
+                "a bound past a double's range is supported as an integer of at most "
+                "400 digits only (no fraction, no exponent)");
     }
     const json_t *mo = json_object_get(s, "multipleOf");
     if (sw_json_big_text(mo))
-        return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
-                       "'multipleOf' above 214748364 is not supported");
+        return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
+                               "'multipleOf' above 214748364 is not supported");
     if (mo) {
         double m = json_number_value(mo);
         if (!json_is_number(mo) || !(m > 0))
-            return fail_at(b, path_push(b, plen, "multipleOf"), SW_EINVAL,
-                           "'multipleOf' must be a positive number");
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "multipleOf"), SW_EINVAL,
+                                   "'multipleOf' must be a positive number");
         if (m == floor(m)) {
             if (m > INT32_MAX / 10)
-                return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
-                               "'multipleOf' above 214748364 is not supported");
+                return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
+                                       "'multipleOf' above 214748364 is not supported");
             /* numbers too: whole multiples only (a narrowing) */
             nd.kind = CS_INTEGER;
             nd.multiple_of = m == 1 ? 0 : (int32_t)m;
@@ -356,11 +359,11 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
              * number divides exactly for these steps (not for 1e-5) */
             nd.kind = CS_INTEGER;
         } else if (!(integer && 1 / m == floor(1 / m))) {
-            return fail_at(b, path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
-                           "'multipleOf' is enforced for whole numbers and 10^-k only");
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
+                                   "'multipleOf' is enforced for whole numbers and 10^-k only");
         }
     }
-    num_bound lo = bound_get(s, true), hi = bound_get(s, false);
+    num_bound lo = eng__sc_bound_get(s, true), hi = eng__sc_bound_get(s, false);
     if (lo.v || hi.v) {
         nd.ranged = true;
         /* Per sign, the magnitude's bounds: the non-negative side sees
@@ -372,25 +375,25 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
             dec il, ih, fl, fh;
             bool has_l = l.v != NULL, has_h = h.v != NULL;
             if (has_l) {
-                dec_round(l.v, sign, &il); /* ceil(lo), or -floor(hi) */
+                eng__sc_dec_round(l.v, sign, &il); /* ceil(lo), or -floor(hi) */
                 if (sign)
-                    dec_negate(&il);
+                    eng__sc_dec_negate(&il);
                 fl = il;
-                if (l.excl && num_whole(l.v))
-                    dec_step(&il, +1);
+                if (l.excl && eng__sc_num_whole(l.v))
+                    eng__sc_dec_step(&il, +1);
             }
             if (has_h) {
-                dec_round(h.v, !sign, &ih); /* floor(hi), or -ceil(lo) */
+                eng__sc_dec_round(h.v, !sign, &ih); /* floor(hi), or -ceil(lo) */
                 if (sign)
-                    dec_negate(&ih);
-                if (h.excl && num_whole(h.v))
-                    dec_step(&ih, -1);
-                dec_round(h.v, !sign, &fh); /* floor(hi) - 1, or -ceil(lo) - 1 */
+                    eng__sc_dec_negate(&ih);
+                if (h.excl && eng__sc_num_whole(h.v))
+                    eng__sc_dec_step(&ih, -1);
+                eng__sc_dec_round(h.v, !sign, &fh); /* floor(hi) - 1, or -ceil(lo) - 1 */
                 if (sign)
-                    dec_negate(&fh);
-                dec_step(&fh, -1);
+                    eng__sc_dec_negate(&fh);
+                eng__sc_dec_step(&fh, -1);
             }
-            bool nonzero = has_l && l.excl && num_whole(l.v);
+            bool nonzero = has_l && l.excl && eng__sc_num_whole(l.v);
             dec zero = {false, "0"};
             if (!has_l || il.neg)
                 il = zero;
@@ -411,10 +414,10 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
                 if ((int32_t)digits > nd.int_digits)
                     nd.int_digits = (int32_t)digits;
             }
-            bool int_ok = (!has_h || (!ih.neg && dec_cmp(&il, &ih) <= 0)) &&
-                          strlen(il.mag) <= digits;
+            bool int_ok =
+                (!has_h || (!ih.neg && eng__sc_dec_cmp(&il, &ih) <= 0)) && strlen(il.mag) <= digits;
             bool frac_ok = !integer && nd.kind == CS_NUMBER &&
-                           (!has_h || (!fh.neg && dec_cmp(&fl, &fh) <= 0)) &&
+                           (!has_h || (!fh.neg && eng__sc_dec_cmp(&fl, &fh) <= 0)) &&
                            strlen(fl.mag) <= ENG_CS_MAX_INT_DIGITS;
             /* every value generated is below a bound past the digits */
             bool ih_cap = has_h && strlen(ih.mag) <= digits;
@@ -426,8 +429,8 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
                             (ih_cap && !(nd.int_hi[sign] = sw_strdup(ih.mag))))) ||
                 (frac_ok && (!(nd.frac_lo[sign] = sw_strdup(fl.mag)) ||
                              (fh_cap && !(nd.frac_hi[sign] = sw_strdup(fh.mag)))))) {
-                node_clear(&nd);
-                return oom(b);
+                eng__sc_node_clear(&nd);
+                return eng__sc_oom(b);
             }
         }
         for (int sign = 0; sign < 2 && nd.multiple_of > 0; sign++) {
@@ -445,18 +448,18 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
             nd.int_lo[sign] = ok ? sw_strdup(t) : NULL;
             nd.int_ok[sign] = ok && nd.int_lo[sign];
             if (ok && !nd.int_lo[sign]) {
-                node_clear(&nd);
-                return oom(b);
+                eng__sc_node_clear(&nd);
+                return eng__sc_oom(b);
             }
         }
         if (!nd.int_ok[0] && !nd.int_ok[1] && !nd.frac_ok[0] && !nd.frac_ok[1]) {
-            node_clear(&nd);
+            eng__sc_node_clear(&nd);
             *out = CS_NEVER;
             return SW_OK;
         }
     }
-    if ((*out = add_node(b->g, &nd)) < 0)
-        return oom(b);
+    if ((*out = eng__sc_add_node(b->g, &nd)) < 0)
+        return eng__sc_oom(b);
     return SW_OK;
 }
 
@@ -465,8 +468,8 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
  * content (regex.h, formats.h; both: their intersection). *re is NULL when
  * the schema has neither. *max_chars: the format's own length bound
  * (hostname: 253), INT32_MAX when none. *key names the keyword at fault. */
-int string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars,
-                     const char **key, sw_error *err)
+int eng__sc_string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars, const char **key,
+                             sw_error *err)
 {
     const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
     eng_regex *a = NULL;
@@ -534,15 +537,15 @@ static int make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_
     int rc = eng_regex_costs_build(re, cost, lo, hi, &t, &e);
     if (rc) {
         eng_regex_free(re);
-        return fail_at(b, path_push(b, plen, key), rc, e.message);
+        return eng__sc_fail_at(b, eng__sc_path_push(b, plen, key), rc, e.message);
     }
     int64_t m = eng_regex_costs_get(t, eng_regex_start(re), 0);
     if (m < 0) {
         eng_regex_free(re);
         eng_regex_costs_free(t);
         *out = CS_NEVER;
-        return plen <= 1 ? fail_at(b, path_push(b, plen, key), SW_EINVAL,
-                                   "no string of the allowed lengths matches")
+        return plen <= 1 ? eng__sc_fail_at(b, eng__sc_path_push(b, plen, key), SW_EINVAL,
+                                           "no string of the allowed lengths matches")
                          : SW_OK;
     }
     cs_node nd;
@@ -552,9 +555,9 @@ static int make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_
     nd.max_chars = hi;
     nd.re = re;
     nd.re_costs = t;
-    nd.min_bytes = len_add(2, m);
-    if ((*out = add_node(b->g, &nd)) < 0)
-        return oom(b);
+    nd.min_bytes = eng__sc_len_add(2, m);
+    if ((*out = eng__sc_add_node(b->g, &nd)) < 0)
+        return eng__sc_oom(b);
     return SW_OK;
 }
 
@@ -564,42 +567,42 @@ static int compile_typed(builder *b, const json_t *s, int type, const char *forb
     eng_grammar *g = b->g;
     int rc;
     switch (type) {
-    case T_OBJECT: return compile_object(b, s, forbid, depth, plen, out);
-    case T_ARRAY: return compile_array(b, s, depth, plen, out);
+    case T_OBJECT: return eng__sc_compile_object(b, s, forbid, depth, plen, out);
+    case T_ARRAY: return eng__sc_compile_array(b, s, depth, plen, out);
     case T_STRING: {
         int32_t lo, hi;
-        if ((rc = get_count(b, s, "minLength", plen, 0, &lo)) ||
-            (rc = get_count(b, s, "maxLength", plen, INT32_MAX, &hi)))
+        if ((rc = eng__sc_get_count(b, s, "minLength", plen, 0, &lo)) ||
+            (rc = eng__sc_get_count(b, s, "maxLength", plen, INT32_MAX, &hi)))
             return rc;
         if (lo > hi) {
             *out = CS_NEVER;
-            return plen <= 1 ? fail_at(b, path_push(b, plen, "minLength"), SW_EINVAL,
-                                       "minLength is larger than maxLength")
+            return plen <= 1 ? eng__sc_fail_at(b, eng__sc_path_push(b, plen, "minLength"),
+                                               SW_EINVAL, "minLength is larger than maxLength")
                              : SW_OK;
         }
         eng_regex *re = NULL;
         int32_t fmt_max;
         const char *key;
         sw_error e;
-        if ((rc = string_automaton(s, &re, &fmt_max, &key, &e)))
-            return fail_at(b, path_push(b, plen, key), rc, e.message);
+        if ((rc = eng__sc_string_automaton(s, &re, &fmt_max, &key, &e)))
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, key), rc, e.message);
         if (re)
             return make_pattern(b, re, lo, hi < fmt_max ? hi : fmt_max, plen, key, out);
-        *out = make_string(g, lo, hi);
+        *out = eng__sc_make_string(g, lo, hi);
         break;
     }
     case T_NUMBER:
     case T_INTEGER: return compile_number(b, s, type == T_INTEGER, plen, out);
-    case T_BOOLEAN: *out = make_bool(g); break;
+    case T_BOOLEAN: *out = eng__sc_make_bool(g); break;
     default: {
         json_t *z = json_null();
         const json_t *v[1] = {z};
-        *out = make_literals(g, v, 1);
+        *out = eng__sc_make_literals(g, v, 1);
         break;
     }
     }
     if (*out < 0)
-        return oom(b);
+        return eng__sc_oom(b);
     return SW_OK;
 }
 
@@ -608,8 +611,8 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
     eng_grammar *g = b->g;
     int rc;
     if (json_is_true(s)) {
-        if ((*out = make_any(g, any_levels(depth))) < 0)
-            return oom(b);
+        if ((*out = eng__sc_make_any(g, eng__sc_any_levels(depth))) < 0)
+            return eng__sc_oom(b);
         return SW_OK;
     }
     if (json_is_false(s)) {
@@ -617,7 +620,7 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         return SW_OK;
     }
     if (!json_is_object(s))
-        return fail_at(b, plen, SW_EINVAL, "a schema must be an object");
+        return eng__sc_fail_at(b, plen, SW_EINVAL, "a schema must be an object");
     const json_t *ref = json_object_get(s, "$ref");
     bool draft_ref = ref && b->doc->dialect != SC_2020;
     if (!draft_ref) {
@@ -626,77 +629,81 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
             char what[160];
             snprintf(what, sizeof what, "unsupported JSON-schema keyword '%.64s'%s", key,
                      strcmp(key, "items") == 0 ? " (tuple 'items', an array of schemas)" : "");
-            return fail_at(b, path_push(b, plen, key), SW_EUNSUPPORTED, what);
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, key), SW_EUNSUPPORTED, what);
         }
     }
-    if (ref && !json_object_get(s, "allOf") && (draft_ref || only_annotations(s, "$ref"))) {
+    if (ref && !json_object_get(s, "allOf") && (draft_ref || eng__sc_only_annotations(s, "$ref"))) {
         /* a plain reference: compile the target itself (so a recursive
          * schema reuses its nodes level by level) */
         const json_t *target;
         if (!json_is_string(ref))
-            return fail_at(b, path_push(b, plen, "$ref"), SW_EINVAL, "'$ref' must be a string");
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "$ref"), SW_EINVAL,
+                                   "'$ref' must be a string");
         sw_error e;
-        if ((rc = doc_resolve(b->doc, b->base, json_string_value(ref), &target, &e)))
-            return fail_at(b, path_push(b, plen, "$ref"), rc, e.message);
+        if ((rc = eng__sc_doc_resolve(b->doc, b->base, json_string_value(ref), &target, &e)))
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "$ref"), rc, e.message);
         if (b->chain[depth] >= SC_MAX_REF_CHAIN)
-            return fail_at(b, path_push(b, plen, "$ref"), SW_EUNSUPPORTED,
-                           "a $ref cycle that never reaches a value");
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "$ref"), SW_EUNSUPPORTED,
+                                   "a $ref cycle that never reaches a value");
         b->chain[depth]++;
-        rc = compile(b, target, depth, path_push(b, plen, "$ref"), out);
+        rc = eng__sc_compile(b, target, depth, eng__sc_path_push(b, plen, "$ref"), out);
         b->chain[depth]--;
         return rc;
     }
     if (ref || json_object_get(s, "allOf")) {
         const json_t *m;
         sw_error e;
-        if ((rc = effective(b->doc, s, b->base, &m, &e)))
-            return fail_at(b, plen, rc, e.message);
+        if ((rc = eng__sc_effective(b->doc, s, b->base, &m, &e)))
+            return eng__sc_fail_at(b, plen, rc, e.message);
         if (b->chain[depth] >= SC_MAX_REF_CHAIN)
-            return fail_at(b, plen, SW_EUNSUPPORTED, "a $ref cycle that never reaches a value");
+            return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED,
+                                   "a $ref cycle that never reaches a value");
         b->chain[depth]++;
-        rc = compile(b, m, depth, plen, out);
+        rc = eng__sc_compile(b, m, depth, plen, out);
         b->chain[depth]--;
         return rc;
     }
     if (json_object_get(s, "dependentSchemas") ||
         (json_is_object(json_object_get(s, "dependencies")) && b->doc->dialect != SC_2020))
-        return compile_dependent(b, s, depth, plen, out);
+        return eng__sc_compile_dependent(b, s, depth, plen, out);
     if (json_object_get(s, "if") && (json_object_get(s, "then") || json_object_get(s, "else")))
-        return compile_if(b, s, depth, plen, out);
+        return eng__sc_compile_if(b, s, depth, plen, out);
     if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf"))
-        return compile_anyof(b, s, depth, plen, out);
+        return eng__sc_compile_anyof(b, s, depth, plen, out);
 
     const json_t *type = json_object_get(s, "type");
-    int tm = type_mask(type);
+    int tm = eng__sc_type_mask(type);
     if (tm < 0)
-        return fail_at(b, path_push(b, plen, "type"), SW_EINVAL,
-                       "unknown type (expected object, array, string, number, integer, "
-                       "boolean or null, or a list of them)");
+        return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "type"), SW_EINVAL,
+                               "unknown type (expected object, array, string, number, integer, "
+                               "boolean or null, or a list of them)");
     for (size_t i = 0; json_is_array(type) && i < json_array_size(type); i++)
         for (size_t j = 0; j < i; j++)
             if (json_equal(json_array_get(type, i), json_array_get(type, j)))
-                return fail_at(b, path_push_index(b, path_push(b, plen, "type"), i), SW_EINVAL,
-                               "'type' lists a type twice");
+                return eng__sc_fail_at(
+                    b, eng__sc_path_push_index(b, eng__sc_path_push(b, plen, "type"), i), SW_EINVAL,
+                    "'type' lists a type twice");
     if (json_is_array(type) && json_array_size(type) == 0)
-        return fail_at(b, path_push(b, plen, "type"), SW_EINVAL, "'type' is an empty array");
+        return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "type"), SW_EINVAL,
+                               "'type' is an empty array");
     const json_t *not = json_object_get(s, "not");
-    json_t *positive = not ? negate_simple(not) : NULL;
+    json_t *positive = not ? eng__sc_negate_simple(not ) : NULL;
     if (positive) {
         /* not of one bound or one property: an equivalent positive schema */
         json_t *rest = json_copy((json_t *)s);
         json_t *w = rest ? json_pack("{s:[OO]}", "allOf", rest, positive) : NULL;
         json_decref(positive);
         json_decref(rest);
-        if (!w || !doc_keep(b->doc, w))
-            return oom(b);
+        if (!w || !eng__sc_doc_keep(b->doc, w))
+            return eng__sc_oom(b);
         json_object_del(json_array_get(json_object_get(w, "allOf"), 0), "not");
-        return compile(b, w, depth, plen, out);
+        return eng__sc_compile(b, w, depth, plen, out);
     }
     not_info ni = {0, T_ALL, NULL, false};
-    if (not && (rc = analyze_not(b, not, path_push(b, plen, "not"), &ni, 0)))
+    if (not &&(rc = eng__sc_analyze_not(b, not, eng__sc_path_push(b, plen, "not"), &ni, 0)))
         return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))
-        return compile_literals(b, s, plen, out);
+        return eng__sc_compile_literals(b, s, plen, out);
     if (!type)
         tm = inferred_types(s);
     bool untyped = !type && tm == T_ALL && !has_enforced_format(s);
@@ -709,12 +716,13 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
     if (ni.filter) {
         /* a finite set of values: true, false, null */
         if (tm & ~(T_BOOLEAN | T_NULL))
-            return fail_at(b, path_push(b, plen, "not"), SW_EUNSUPPORTED,
-                           "'not' with const or enum is enforced only for booleans and null "
-                           "(or beside an enum)");
+            return eng__sc_fail_at(
+                b, eng__sc_path_push(b, plen, "not"), SW_EUNSUPPORTED,
+                "'not' with const or enum is enforced only for booleans and null "
+                "(or beside an enum)");
         json_t *e = json_array();
-        if (!e || !doc_keep(b->doc, e))
-            return oom(b);
+        if (!e || !eng__sc_doc_keep(b->doc, e))
+            return eng__sc_oom(b);
         if (tm & T_BOOLEAN) {
             json_array_append(e, json_true());
             json_array_append(e, json_false());
@@ -726,14 +734,14 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
             return SW_OK;
         }
         json_t *with = json_copy((json_t *)s);
-        if (!with || !doc_keep(b->doc, with))
-            return oom(b);
+        if (!with || !eng__sc_doc_keep(b->doc, with))
+            return eng__sc_oom(b);
         json_object_set(with, "enum", e);
-        return compile_literals(b, with, plen, out);
+        return eng__sc_compile_literals(b, with, plen, out);
     }
     if (untyped && ni.types_out == 0 && ni.types_only == T_ALL) {
-        if ((*out = make_any(g, any_levels(depth))) < 0)
-            return oom(b);
+        if ((*out = eng__sc_make_any(g, eng__sc_any_levels(depth))) < 0)
+            return eng__sc_oom(b);
         return SW_OK;
     }
     int32_t alts[8], n = 0;
@@ -757,16 +765,16 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         *out = alts[0];
         return SW_OK;
     }
-    if ((*out = make_anyof(g, alts, n)) < 0)
-        return oom(b);
+    if ((*out = eng__sc_make_anyof(g, alts, n)) < 0)
+        return eng__sc_oom(b);
     return SW_OK;
 }
 
-int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
+int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     if (++b->steps > SC_MAX_COMPILE_STEPS || b->g->n_nodes > SC_MAX_NODES)
-        return fail_at(b, plen, SW_EUNSUPPORTED,
-                       "the schema is too large to compile (too many nodes or steps)");
+        return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED,
+                               "the schema is too large to compile (too many nodes or steps)");
     /* A value in the last frame of the stack cannot hold anything: deeper
      * values are never generated (recursive schemas stop here). */
     if (depth + 1 > ENG_CS_MAX_DEPTH) {
@@ -774,7 +782,7 @@ int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *ou
         return SW_OK;
     }
     const char *saved = b->base;
-    const char *mine = json_is_object(s) ? doc_base_of(b->doc, s) : NULL;
+    const char *mine = json_is_object(s) ? eng__sc_doc_base_of(b->doc, s) : NULL;
     char key[48];
     if (mine)
         b->base = mine;
@@ -787,7 +795,7 @@ int compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *ou
         rc = compile_inner(b, s, depth, plen, out);
         if (rc == SW_OK && json_is_object(s) &&
             json_object_set_new(b->memo, key, json_integer(*out)))
-            rc = oom(b);
+            rc = eng__sc_oom(b);
     }
     b->base = saved;
     return rc;
@@ -802,17 +810,17 @@ int eng_grammar_from_schema(const json_t *schema, eng_grammar **out, sw_error *e
     strcpy(b.path, "#");
     if (!schema || !out)
         return sw_error_set(err, SW_EINVAL, "eng_grammar_from_schema: NULL argument");
-    int rc = doc_init(&doc, schema, err);
+    int rc = eng__sc_doc_init(&doc, schema, err);
     if (rc)
         return rc;
     b.doc = &doc;
     b.base = SC_DEFAULT_BASE;
     b.memo = json_object();
-    if (!b.memo || !(b.g = grammar_new())) {
+    if (!b.memo || !(b.g = eng__sc_grammar_new())) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory compiling the schema");
         goto fail;
     }
-    rc = compile(&b, schema, 1, 1, &b.g->root);
+    rc = eng__sc_compile(&b, schema, 1, 1, &b.g->root);
     if (rc == SW_OK && b.g->root == CS_NEVER)
         rc = sw_error_set(err, SW_EUNSUPPORTED,
                           "the schema accepts no value that can be generated (it is 'false', "
@@ -822,20 +830,20 @@ int eng_grammar_from_schema(const json_t *schema, eng_grammar **out, sw_error *e
     if (rc)
         goto fail;
     json_decref(b.memo);
-    doc_free(&doc);
+    eng__sc_doc_free(&doc);
     *out = b.g;
     return SW_OK;
 fail:
     json_decref(b.memo);
-    doc_free(&doc);
+    eng__sc_doc_free(&doc);
     eng_grammar_free(b.g);
     return rc;
 }
 
 int eng_grammar_json_object(eng_grammar **out, sw_error *err)
 {
-    eng_grammar *g = grammar_new();
-    if (!g || (g->root = make_any_object(g, any_levels(1))) < 0) {
+    eng_grammar *g = eng__sc_grammar_new();
+    if (!g || (g->root = eng__sc_make_any_object(g, eng__sc_any_levels(1))) < 0) {
         eng_grammar_free(g);
         return sw_error_set(err, SW_ENOMEM, "out of memory building the json_object grammar");
     }
@@ -854,24 +862,25 @@ static int compile_params(builder *b, const json_t *params, size_t plen, int32_t
         empty = json_pack("{s:s, s:{}, s:b}", "type", "object", "properties",
                           "additionalProperties", 0);
         if (!empty)
-            return oom(b);
+            return eng__sc_oom(b);
         params = empty;
     }
-    if ((rc = doc_init(&doc, params, b->err))) {
+    if ((rc = eng__sc_doc_init(&doc, params, b->err))) {
         json_decref(empty);
         return rc;
     }
     b->doc = &doc;
     b->base = SC_DEFAULT_BASE;
     b->memo = json_object();
-    rc = b->memo ? compile(b, params, 2, plen, out) : oom(b);
+    rc = b->memo ? eng__sc_compile(b, params, 2, plen, out) : eng__sc_oom(b);
     if (rc == SW_OK && (*out == CS_NEVER || (b->g->nodes[*out].kind != CS_OBJECT &&
                                              b->g->nodes[*out].kind != CS_ANYOBJ)))
-        rc = fail_at(b, plen, SW_EUNSUPPORTED, "a tool's parameters must be an object schema");
+        rc = eng__sc_fail_at(b, plen, SW_EUNSUPPORTED,
+                             "a tool's parameters must be an object schema");
     json_decref(b->memo);
     b->memo = NULL;
     b->doc = NULL;
-    doc_free(&doc);
+    eng__sc_doc_free(&doc);
     json_decref(empty);
     return rc;
 }
@@ -886,7 +895,7 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
         return sw_error_set(err, SW_EINVAL, "eng_grammar_tool_call: no tools");
     if (n_tools > 64)
         return sw_error_set(err, SW_EUNSUPPORTED, "at most 64 tools can be offered at once");
-    if (!(b.g = grammar_new()))
+    if (!(b.g = eng__sc_grammar_new()))
         return sw_error_set(err, SW_ENOMEM, "out of memory compiling the tools");
     eng_grammar *g = b.g;
     int32_t wrappers[64];
@@ -900,7 +909,7 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
             goto fail;
         json_t *name = json_string(tools[t].name ? tools[t].name : "");
         const json_t *nv[1] = {name};
-        int32_t name_node = name ? make_literals(g, nv, 1) : -1;
+        int32_t name_node = name ? eng__sc_make_literals(g, nv, 1) : -1;
         json_decref(name);
         cs_node nd;
         memset(&nd, 0, sizeof nd);
@@ -917,7 +926,7 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
             !nd.req_from || !nd.any_from || !nd.next_req ||
             !(nd.keys[0] = sw_strdup("\"name\":")) || !(nd.keys[1] = sw_strdup("\"arguments\":"))) {
             nd.n_props = 2;
-            node_clear(&nd);
+            eng__sc_node_clear(&nd);
             rc = sw_error_set(err, SW_ENOMEM, "out of memory compiling the tools");
             goto fail;
         }
@@ -927,25 +936,25 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
         nd.children[0] = name_node;
         nd.children[1] = args;
         nd.required[0] = nd.required[1] = true;
-        int32_t one1 = len_add(12, g->nodes[args].min_bytes);
-        int32_t one0 = len_add(7, g->nodes[name_node].min_bytes);
+        int32_t one1 = eng__sc_len_add(12, g->nodes[args].min_bytes);
+        int32_t one0 = eng__sc_len_add(7, g->nodes[name_node].min_bytes);
         nd.req_from[2] = 0;
-        nd.req_from[1] = len_add(1, one1);
-        nd.req_from[0] = len_add(len_add(1, one0), nd.req_from[1]);
+        nd.req_from[1] = eng__sc_len_add(1, one1);
+        nd.req_from[0] = eng__sc_len_add(eng__sc_len_add(1, one0), nd.req_from[1]);
         nd.any_from[2] = CS_LEN_CAP;
         nd.any_from[1] = one1;
         nd.any_from[0] = one0 < one1 ? one0 : one1;
         nd.next_req[0] = 0;
         nd.next_req[1] = 1;
         nd.next_req[2] = 2;
-        if ((wrappers[t] = add_node(g, &nd)) < 0) {
+        if ((wrappers[t] = eng__sc_add_node(g, &nd)) < 0) {
             rc = sw_error_set(err, SW_ENOMEM, "out of memory compiling the tools");
             goto fail;
         }
     }
     if (n_tools == 1)
         g->root = wrappers[0];
-    else if ((g->root = make_anyof(g, wrappers, (int32_t)n_tools)) < 0) {
+    else if ((g->root = eng__sc_make_anyof(g, wrappers, (int32_t)n_tools)) < 0) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory compiling the tools");
         goto fail;
     }

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, int nest)
+int eng__sc_analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, int nest)
 {
     if (json_is_false(n))
         return SW_OK;
@@ -27,16 +27,16 @@ int analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, int nest
     const json_t *eff;
     int rc;
     if (nest > 8)
-        return fail_at(b, plen, SW_EUNSUPPORTED, "'not' nested too deeply");
-    if ((rc = effective(b->doc, n, b->base, &eff, b->err)))
+        return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED, "'not' nested too deeply");
+    if ((rc = eng__sc_effective(b->doc, n, b->base, &eff, b->err)))
         return rc;
     if (json_is_boolean(eff))
-        return analyze_not(b, eff, plen, ni, nest + 1);
+        return eng__sc_analyze_not(b, eff, plen, ni, nest + 1);
     const char *k;
     const json_t *v;
     int kinds = 0;
     json_object_foreach((json_t *)eff, k, v) {
-        if (!is_known_keyword(k))
+        if (!eng__sc_is_known_keyword(k))
             continue;
         kinds++;
         if (strcmp(k, "type") == 0 || strcmp(k, "const") == 0 || strcmp(k, "enum") == 0)
@@ -46,17 +46,17 @@ int analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, int nest
             continue;
         if (strcmp(k, "anyOf") == 0 && json_is_array(v))
             continue;
-        return fail_at(b, plen, SW_EUNSUPPORTED,
-                       "'not' is enforced only for type, const, enum and required");
+        return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED,
+                               "'not' is enforced only for type, const, enum and required");
     }
     const json_t *any = json_object_get(eff, "anyOf");
     if (any) {
         if (kinds != 1)
-            return fail_at(b, plen, SW_EUNSUPPORTED,
-                           "'not' is enforced only for type, const, enum and required");
+            return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED,
+                                   "'not' is enforced only for type, const, enum and required");
         /* not (A or B) = not A and not B */
         for (size_t i = 0; i < json_array_size(any); i++)
-            if ((rc = analyze_not(b, json_array_get(any, i), plen, ni, nest + 1)))
+            if ((rc = eng__sc_analyze_not(b, json_array_get(any, i), plen, ni, nest + 1)))
                 return rc;
         return SW_OK;
     }
@@ -65,20 +65,20 @@ int analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, int nest
         return SW_OK;
     }
     const json_t *req = json_object_get(eff, "required");
-    int tm = type_mask(json_object_get(eff, "type"));
+    int tm = eng__sc_type_mask(json_object_get(eff, "type"));
     if (tm < 0)
-        return fail_at(b, plen, SW_EINVAL, "a malformed 'type' inside 'not'");
+        return eng__sc_fail_at(b, plen, SW_EINVAL, "a malformed 'type' inside 'not'");
     if (req) {
         if (json_object_get(eff, "type"))
-            return fail_at(b, plen, SW_EUNSUPPORTED,
-                           "'not' with both type and required is not supported");
+            return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED,
+                                   "'not' with both type and required is not supported");
         /* not required [a, ...]: an object that lacks one of them; a (the
          * first) is never generated */
         ni->types_only &= T_OBJECT;
         if (!ni->forbid)
             ni->forbid = json_string_value(json_array_get(req, 0));
         else if (strcmp(ni->forbid, json_string_value(json_array_get(req, 0))) != 0)
-            return fail_at(b, plen, SW_EUNSUPPORTED, "two 'not required' in one schema");
+            return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED, "two 'not required' in one schema");
         return SW_OK;
     }
     ni->types_out |= tm;
@@ -94,7 +94,8 @@ static bool may_overlap(builder *b, const json_t *x, const json_t *y, int nest)
         return false;
     if (!json_is_object(x) || !json_is_object(y) || nest > 4)
         return true;
-    int tx = type_mask(json_object_get(x, "type")), ty = type_mask(json_object_get(y, "type"));
+    int tx = eng__sc_type_mask(json_object_get(x, "type")),
+        ty = eng__sc_type_mask(json_object_get(y, "type"));
     if (tx >= 0 && ty >= 0 && (tx & ty) == 0)
         return false;
     for (int side = 0; side < 2; side++) {
@@ -106,7 +107,7 @@ static bool may_overlap(builder *b, const json_t *x, const json_t *y, int nest)
         bool all_refused = true;
         for (size_t i = 0; i < n && all_refused; i++) {
             sw_error verr;
-            if (val_judge(b->doc, q, c ? c : json_array_get(e, i), &verr) != SW_EINVAL)
+            if (eng__sc_val_judge(b->doc, q, c ? c : json_array_get(e, i), &verr) != SW_EINVAL)
                 all_refused = false;
         }
         if (all_refused)
@@ -126,10 +127,12 @@ static bool may_overlap(builder *b, const json_t *x, const json_t *y, int nest)
         const json_t *ex, *ey;
         sw_error scratch;
         bool apart = false;
-        if (!prop_schema(x, name, &px, &scratch) && !prop_schema(y, name, &py, &scratch) &&
-            doc_keep(b->doc, json_incref(px)) && doc_keep(b->doc, json_incref(py)) &&
-            !effective(b->doc, px, b->base, &ex, &scratch) &&
-            !effective(b->doc, py, b->base, &ey, &scratch))
+        if (!eng__sc_prop_schema(x, name, &px, &scratch) &&
+            !eng__sc_prop_schema(y, name, &py, &scratch) &&
+            eng__sc_doc_keep(b->doc, json_incref(px)) &&
+            eng__sc_doc_keep(b->doc, json_incref(py)) &&
+            !eng__sc_effective(b->doc, px, b->base, &ex, &scratch) &&
+            !eng__sc_effective(b->doc, py, b->base, &ey, &scratch))
             apart = !may_overlap(b, ex, ey, nest + 1);
         json_decref(px);
         json_decref(py);
@@ -139,7 +142,7 @@ static bool may_overlap(builder *b, const json_t *x, const json_t *y, int nest)
     return true;
 }
 
-int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
+int eng__sc_compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     eng_grammar *g = b->g;
     const json_t *any = json_object_get(s, "anyOf");
@@ -151,28 +154,28 @@ int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32
         one = true;
     }
     size_t n = json_array_size(any);
-    size_t l = path_push(b, plen, key);
+    size_t l = eng__sc_path_push(b, plen, key);
     int rc;
     if (!json_is_array(any) || n == 0)
-        return fail_at(b, l, SW_EINVAL, "expected a non-empty array of schemas");
+        return eng__sc_fail_at(b, l, SW_EINVAL, "expected a non-empty array of schemas");
     if (n > 64)
-        return fail_at(b, l, SW_EUNSUPPORTED, "more than 64 alternatives");
+        return eng__sc_fail_at(b, l, SW_EUNSUPPORTED, "more than 64 alternatives");
     if (b->anyof_nesting[depth] >= ENG_CS_MAX_ANYOF_NESTING)
-        return fail_at(b, l, SW_EUNSUPPORTED, "anyOf/oneOf nested too deeply");
+        return eng__sc_fail_at(b, l, SW_EUNSUPPORTED, "anyOf/oneOf nested too deeply");
     /* the other keywords go into every alternative */
     json_t *rest = json_copy((json_t *)s);
-    if (!rest || !doc_keep(b->doc, rest))
-        return oom(b);
+    if (!rest || !eng__sc_doc_keep(b->doc, rest))
+        return eng__sc_oom(b);
     json_object_del(rest, key);
-    bool siblings = !only_annotations(rest, "");
+    bool siblings = !eng__sc_only_annotations(rest, "");
     const json_t *alts_s[64];
     bool excluded[64] = {false};
     for (size_t i = 0; i < n; i++) {
         const json_t *a = json_array_get(any, i);
         if (siblings) {
             json_t *w = json_pack("{s:[OO]}", "allOf", rest, a);
-            if (!w || !doc_keep(b->doc, w))
-                return oom(b);
+            if (!w || !eng__sc_doc_keep(b->doc, w))
+                return eng__sc_oom(b);
             a = w;
         }
         alts_s[i] = a;
@@ -183,8 +186,8 @@ int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32
         const json_t *eff[64];
         for (size_t i = 0; i < n; i++) {
             sw_error e;
-            if ((rc = effective(b->doc, alts_s[i], b->base, &eff[i], &e)))
-                return fail_at(b, path_push_index(b, l, i), rc, e.message);
+            if ((rc = eng__sc_effective(b->doc, alts_s[i], b->base, &eff[i], &e)))
+                return eng__sc_fail_at(b, eng__sc_path_push_index(b, l, i), rc, e.message);
         }
         /* Alternatives that may overlap are generated as "this one and not
          * the others it may overlap" where that not can be enforced (else
@@ -197,15 +200,15 @@ int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32
                 if (j == i || !may_overlap(b, eff[i], eff[j], 0))
                     continue;
                 if (!excl && !(excl = json_array()))
-                    return oom(b);
+                    return eng__sc_oom(b);
                 json_array_append_new(excl, json_pack("{s:O}", "not", orig[j]));
             }
             if (!excl)
                 continue;
             json_array_insert(excl, 0, (json_t *)orig[i]);
             json_t *w = json_pack("{s:o}", "allOf", excl);
-            if (!w || !doc_keep(b->doc, w))
-                return oom(b);
+            if (!w || !eng__sc_doc_keep(b->doc, w))
+                return eng__sc_oom(b);
             alts_s[i] = w;
             excluded[i] = true;
         }
@@ -214,7 +217,7 @@ int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32
     b->anyof_nesting[depth]++;
     for (size_t i = 0; i < n; i++) {
         int32_t a;
-        if ((rc = compile(b, alts_s[i], depth, path_push_index(b, l, i), &a))) {
+        if ((rc = eng__sc_compile(b, alts_s[i], depth, eng__sc_path_push_index(b, l, i), &a))) {
             if (rc == SW_EUNSUPPORTED && excluded[i]) {
                 dropped++; /* its "not the others" cannot be enforced: left out */
                 continue;
@@ -227,9 +230,10 @@ int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32
     }
     b->anyof_nesting[depth]--;
     if (kept == 0 && dropped > 0)
-        return fail_at(b, l, SW_EUNSUPPORTED,
-                       "oneOf alternatives may both match a value, and excluding the others "
-                       "cannot be enforced");
+        return eng__sc_fail_at(
+            b, l, SW_EUNSUPPORTED,
+            "oneOf alternatives may both match a value, and excluding the others "
+            "cannot be enforced");
     if (kept == 0) {
         *out = CS_NEVER;
         return SW_OK;
@@ -238,28 +242,27 @@ int compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32
         *out = alts[0];
         return SW_OK;
     }
-    if ((*out = make_anyof(g, alts, kept)) < 0)
-        return oom(b);
+    if ((*out = eng__sc_make_anyof(g, alts, kept)) < 0)
+        return eng__sc_oom(b);
     if (g->nodes[*out].n_branches > ENG_CS_MAX_BRANCHES)
-        return fail_at(b, l, SW_EUNSUPPORTED,
-                       "anyOf/oneOf alternatives expand to more than 64 branches");
+        return eng__sc_fail_at(b, l, SW_EUNSUPPORTED,
+                               "anyOf/oneOf alternatives expand to more than 64 branches");
     return SW_OK;
 }
 
 /* dependentSchemas (and draft 7's schema dependencies): each schema is
  * applied whether its property is there or not (a narrowing: such a value
  * satisfies "if p then S" either way), false as "p is never generated". */
-int compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
-                      int32_t *out)
+int eng__sc_compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     json_t *rest = json_copy((json_t *)s);
     json_t *all = json_array();
-    if (!rest || !doc_keep(b->doc, rest) || !all || !doc_keep(b->doc, all))
-        return oom(b);
+    if (!rest || !eng__sc_doc_keep(b->doc, rest) || !all || !eng__sc_doc_keep(b->doc, all))
+        return eng__sc_oom(b);
     json_object_del(rest, "dependentSchemas");
     json_t *arrays = json_object(); /* dependencies that are lists stay */
     if (!arrays || json_array_append_new(all, arrays))
-        return oom(b);
+        return eng__sc_oom(b);
     json_array_append(all, rest);
     static const char *const keys[] = {"dependentSchemas", "dependencies"};
     for (int d = 0; d < 2; d++) {
@@ -273,12 +276,13 @@ int compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
                 json_object_set(arrays, k, (json_t *)v);
             } else if (json_is_false(v)) {
                 if (json_array_append_new(all, json_pack("{s:{s:b}}", "properties", k, 0)))
-                    return oom(b);
+                    return eng__sc_oom(b);
             } else if (json_is_object(v)) {
                 json_array_append(all, (json_t *)v);
             } else if (!json_is_true(v)) {
-                return fail_at(b, path_push(b, path_push(b, plen, keys[d]), k), SW_EINVAL,
-                               "a dependency must be a schema or a list of names");
+                return eng__sc_fail_at(
+                    b, eng__sc_path_push(b, eng__sc_path_push(b, plen, keys[d]), k), SW_EINVAL,
+                    "a dependency must be a schema or a list of names");
             }
         }
     }
@@ -287,36 +291,36 @@ int compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
         json_object_set(rest, "dependentRequired", arrays);
     json_array_remove(all, 0);
     json_t *w = json_pack("{s:O}", "allOf", all);
-    if (!w || !doc_keep(b->doc, w))
-        return oom(b);
-    return compile(b, w, depth, plen, out);
+    if (!w || !eng__sc_doc_keep(b->doc, w))
+        return eng__sc_oom(b);
+    return eng__sc_compile(b, w, depth, plen, out);
 }
 
 /* if / then / else: the values of (if and then) or of (not if and else).
  * Where "not if" cannot be enforced (docs/api.md, not), only the first
  * alternative is generated (a narrowing). */
-int compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
+int eng__sc_compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     const json_t *cond = json_object_get(s, "if");
     const json_t *then = json_object_get(s, "then"), *other = json_object_get(s, "else");
     json_t *rest = json_copy((json_t *)s);
-    if (!rest || !doc_keep(b->doc, rest))
-        return oom(b);
+    if (!rest || !eng__sc_doc_keep(b->doc, rest))
+        return eng__sc_oom(b);
     json_object_del(rest, "if");
     json_object_del(rest, "then");
     json_object_del(rest, "else");
     json_t *yes = json_pack("{s:[OOO]}", "allOf", rest, cond, then ? then : json_true());
     json_t *no = json_pack("{s:[O{s:O}O]}", "allOf", rest, "not", cond,
                            other ? other : json_true());
-    if (!yes || !doc_keep(b->doc, yes) || !no || !doc_keep(b->doc, no))
-        return oom(b);
+    if (!yes || !eng__sc_doc_keep(b->doc, yes) || !no || !eng__sc_doc_keep(b->doc, no))
+        return eng__sc_oom(b);
     int32_t alts[2], n = 0, a;
-    int rc = compile(b, yes, depth, path_push(b, plen, "then"), &a);
+    int rc = eng__sc_compile(b, yes, depth, eng__sc_path_push(b, plen, "then"), &a);
     if (rc)
         return rc;
     if (a != CS_NEVER)
         alts[n++] = a;
-    rc = compile(b, no, depth, path_push(b, plen, "else"), &a);
+    rc = eng__sc_compile(b, no, depth, eng__sc_path_push(b, plen, "else"), &a);
     if (rc == SW_EUNSUPPORTED && n > 0)
         rc = SW_OK, a = CS_NEVER; /* "not if" cannot be enforced: then only */
     if (rc)
@@ -331,11 +335,11 @@ int compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t 
         *out = alts[0];
         return SW_OK;
     }
-    if ((*out = make_anyof(b->g, alts, n)) < 0)
-        return oom(b);
+    if ((*out = eng__sc_make_anyof(b->g, alts, n)) < 0)
+        return eng__sc_oom(b);
     if (b->g->nodes[*out].n_branches > ENG_CS_MAX_BRANCHES)
-        return fail_at(b, plen, SW_EUNSUPPORTED,
-                       "if/then/else alternatives expand to more than 64 branches");
+        return eng__sc_fail_at(b, plen, SW_EUNSUPPORTED,
+                               "if/then/else alternatives expand to more than 64 branches");
     return SW_OK;
 }
 
@@ -343,14 +347,14 @@ int compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t 
  * bound (not minimum 5: a number below 5), or one property's schema (not
  * {properties: {p: S}}: an object with p, not S). New reference, or NULL
  * when n is not of those forms. */
-json_t *negate_simple(const json_t *n)
+json_t *eng__sc_negate_simple(const json_t *n)
 {
     if (!json_is_object(n))
         return NULL;
     const char *k, *only = NULL;
     const json_t *v;
     json_object_foreach((json_t *)n, k, v) {
-        if (!is_known_keyword(k))
+        if (!eng__sc_is_known_keyword(k))
             continue;
         if (only)
             return NULL;
@@ -366,7 +370,7 @@ json_t *negate_simple(const json_t *n)
                                            {"exclusiveMinimum", "maximum"},
                                            {"exclusiveMaximum", "minimum"}};
     for (int i = 0; i < 4; i++)
-        if (strcmp(only, flip[i][0]) == 0 && is_num(v))
+        if (strcmp(only, flip[i][0]) == 0 && eng__sc_is_num(v))
             return json_pack("{s:s,s:O}", "type", "number", flip[i][1], v);
     if (strcmp(only, "properties") == 0 && json_is_object(v) && json_object_size(v) == 1) {
         void *it = json_object_iter((json_t *)v);

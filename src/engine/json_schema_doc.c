@@ -128,15 +128,15 @@ static void uri_resolve(const char *base, const char *ref, char *out, size_t cap
         out[n - 1] = '\0';
 }
 
-void ptr_key(const json_t *s, char *key, size_t cap)
+void eng__sc_ptr_key(const json_t *s, char *key, size_t cap)
 {
     snprintf(key, cap, "%p", (const void *)s);
 }
 
-const char *doc_base_of(const sc_doc *d, const json_t *s)
+const char *eng__sc_doc_base_of(const sc_doc *d, const json_t *s)
 {
     char key[32];
-    ptr_key(s, key, sizeof key);
+    eng__sc_ptr_key(s, key, sizeof key);
     return json_string_value(json_object_get(d->bases, key));
 }
 
@@ -187,7 +187,7 @@ static int doc_index(sc_doc *d, const json_t *s, const char *base, int depth, sw
             return sw_error_set(err, SW_ENOMEM, "out of memory indexing the schema");
     }
     char key[32];
-    ptr_key(s, key, sizeof key);
+    eng__sc_ptr_key(s, key, sizeof key);
     if (json_object_set_new(d->bases, key, json_string(mine)))
         return sw_error_set(err, SW_ENOMEM, "out of memory indexing the schema");
     if (ref_only)
@@ -218,7 +218,7 @@ static int doc_index(sc_doc *d, const json_t *s, const char *base, int depth, sw
     return SW_OK;
 }
 
-void doc_free(sc_doc *d)
+void eng__sc_doc_free(sc_doc *d)
 {
     json_decref(d->ids);
     json_decref(d->bases);
@@ -226,7 +226,7 @@ void doc_free(sc_doc *d)
     memset(d, 0, sizeof *d);
 }
 
-int doc_init(sc_doc *d, const json_t *root, sw_error *err)
+int eng__sc_doc_init(sc_doc *d, const json_t *root, sw_error *err)
 {
     memset(d, 0, sizeof *d);
     d->root = root;
@@ -235,23 +235,23 @@ int doc_init(sc_doc *d, const json_t *root, sw_error *err)
     d->bases = json_object();
     d->arena = json_array();
     if (!d->ids || !d->bases || !d->arena) {
-        doc_free(d);
+        eng__sc_doc_free(d);
         return sw_error_set(err, SW_ENOMEM, "out of memory indexing the schema");
     }
     /* the root under the default base too, so "#/..." always resolves */
     if (json_object_set(d->ids, SC_DEFAULT_BASE, (json_t *)root)) {
-        doc_free(d);
+        eng__sc_doc_free(d);
         return sw_error_set(err, SW_ENOMEM, "out of memory indexing the schema");
     }
     int rc = doc_index(d, root, SC_DEFAULT_BASE, 0, err);
     if (rc)
-        doc_free(d);
+        eng__sc_doc_free(d);
     return rc;
 }
 
 /* Keeps a schema made while merging alive with the document (the reference
  * is taken over); returns it, or NULL (and frees it) out of memory. */
-json_t *doc_keep(sc_doc *d, json_t *s)
+json_t *eng__sc_doc_keep(sc_doc *d, json_t *s)
 {
     if (!s || json_array_append_new(d->arena, s))
         return NULL;
@@ -310,8 +310,8 @@ static const json_t *json_pointer_get(const json_t *doc, const char *ptr)
 
 /* The schema a $ref names, seen from base; *target_base receives the base
  * URI the target's own references resolve against (storage of d). */
-int doc_resolve(const sc_doc *d, const char *base, const char *ref, const json_t **out,
-                sw_error *err)
+int eng__sc_doc_resolve(const sc_doc *d, const char *base, const char *ref, const json_t **out,
+                        sw_error *err)
 {
     char abs[SC_URI_MAX], docuri[SC_URI_MAX], frag[SC_URI_MAX];
     uri_resolve(base ? base : SC_DEFAULT_BASE, ref, abs, sizeof abs);

@@ -35,7 +35,7 @@ static const char *const known_keywords[] = {
  * enforced (CS_PATTERN), the others refused; any other format is an
  * annotation. */
 
-bool in_list(const char *k, const char *const *list, size_t n)
+bool eng__sc_in_list(const char *k, const char *const *list, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (strcmp(k, list[i]) == 0)
@@ -43,8 +43,7 @@ bool in_list(const char *k, const char *const *list, size_t n)
     return false;
 }
 
-
-bool is_known_keyword(const char *k)
+bool eng__sc_is_known_keyword(const char *k)
 {
     return IN_LIST(k, known_keywords);
 }
@@ -74,7 +73,7 @@ static int type_bit(const char *t)
 
 /* The types a "type" keyword allows (number includes integer); -1 when
  * malformed. Absent: all. */
-int type_mask(const json_t *type)
+int eng__sc_type_mask(const json_t *type)
 {
     if (!type)
         return T_ALL;
@@ -110,14 +109,14 @@ static json_t *type_json(int m)
     return a;
 }
 
-bool is_num(const json_t *v);
-int num_cmp(const json_t *a, const json_t *b);
+bool eng__sc_is_num(const json_t *v);
+int eng__sc_num_cmp(const json_t *a, const json_t *b);
 
 /* JSON equality where 1 and 1.0 are the same number (JSON Schema's). */
-bool val_equal(const json_t *a, const json_t *b)
+bool eng__sc_val_equal(const json_t *a, const json_t *b)
 {
-    if ((sw_json_big_text(a) || sw_json_big_text(b)) && is_num(a) && is_num(b))
-        return num_cmp(a, b) == 0;
+    if ((sw_json_big_text(a) || sw_json_big_text(b)) && eng__sc_is_num(a) && eng__sc_is_num(b))
+        return eng__sc_num_cmp(a, b) == 0;
     if (json_is_number(a) && json_is_number(b)) {
         if (json_is_integer(a) && json_is_integer(b))
             return json_integer_value(a) == json_integer_value(b);
@@ -127,7 +126,7 @@ bool val_equal(const json_t *a, const json_t *b)
         if (json_array_size(a) != json_array_size(b))
             return false;
         for (size_t i = 0; i < json_array_size(a); i++)
-            if (!val_equal(json_array_get(a, i), json_array_get(b, i)))
+            if (!eng__sc_val_equal(json_array_get(a, i), json_array_get(b, i)))
                 return false;
         return true;
     }
@@ -138,7 +137,7 @@ bool val_equal(const json_t *a, const json_t *b)
         const json_t *x;
         json_object_foreach((json_t *)a, k, x) {
             const json_t *y = json_object_get(b, k);
-            if (!y || !val_equal(x, y))
+            if (!y || !eng__sc_val_equal(x, y))
                 return false;
         }
         return true;
@@ -165,13 +164,13 @@ static json_t *allof2(const json_t *a, const json_t *b)
  * enum); a fraction or an exponent past a double's range is refused where
  * a keyword would need its value. */
 
-bool is_num(const json_t *v)
+bool eng__sc_is_num(const json_t *v)
 {
     return json_is_number(v) || sw_json_big_text(v);
 }
 
 /* The marker of an integer the compiler can use exactly. */
-bool big_ok(const json_t *v)
+bool eng__sc_big_ok(const json_t *v)
 {
     const char *t = sw_json_big_text(v);
     return t && !strpbrk(t, ".eE") && strlen(t) <= ENG_CS_MAX_BIG_DIGITS;
@@ -180,13 +179,13 @@ bool big_ok(const json_t *v)
 /* A whole value held exactly: int64, a marker integer or a whole double. */
 static bool num_exact_whole(const json_t *v)
 {
-    if (json_is_integer(v) || big_ok(v))
+    if (json_is_integer(v) || eng__sc_big_ok(v))
         return true;
     return json_is_real(v) && isfinite(json_real_value(v)) &&
            json_real_value(v) == floor(json_real_value(v));
 }
 
-double num_double(const json_t *v)
+double eng__sc_num_double(const json_t *v)
 {
     const char *t = sw_json_big_text(v);
     return t ? strtod(t, NULL) : json_number_value(v);
@@ -223,7 +222,7 @@ static void mag_dec(char *m)
 
 /* floor (down) or ceil of a JSON number, exactly (a number past 64 bits:
  * an integer of at most ENG_CS_MAX_BIG_DIGITS digits, big_ok). */
-void dec_round(const json_t *v, bool down, dec *out)
+void eng__sc_dec_round(const json_t *v, bool down, dec *out)
 {
     const char *big = sw_json_big_text(v);
     if (big) {
@@ -243,19 +242,19 @@ void dec_round(const json_t *v, bool down, dec *out)
     out->neg = c < 0 && strcmp(out->mag, "0") != 0;
 }
 
-bool num_whole(const json_t *v)
+bool eng__sc_num_whole(const json_t *v)
 {
     return json_is_integer(v) || sw_json_big_text(v) ||
            json_real_value(v) == floor(json_real_value(v));
 }
 
-void dec_negate(dec *x)
+void eng__sc_dec_negate(dec *x)
 {
     x->neg = !x->neg && strcmp(x->mag, "0") != 0;
 }
 
 /* x += delta (+1 or -1) */
-void dec_step(dec *x, int delta)
+void eng__sc_dec_step(dec *x, int delta)
 {
     if ((delta > 0) != x->neg) {
         mag_inc(x->mag);
@@ -278,7 +277,7 @@ static int mag_cmp(const char *a, const char *b)
     return c < 0 ? -1 : c > 0;
 }
 
-int dec_cmp(const dec *a, const dec *b)
+int eng__sc_dec_cmp(const dec *a, const dec *b)
 {
     if (a->neg != b->neg)
         return a->neg ? -1 : 1;
@@ -286,7 +285,7 @@ int dec_cmp(const dec *a, const dec *b)
     return a->neg ? -c : c;
 }
 
-int num_cmp(const json_t *a, const json_t *b)
+int eng__sc_num_cmp(const json_t *a, const json_t *b)
 {
     if (json_is_integer(a) && json_is_integer(b))
         return json_integer_value(a) < json_integer_value(b)
@@ -294,27 +293,27 @@ int num_cmp(const json_t *a, const json_t *b)
                    : json_integer_value(a) > json_integer_value(b);
     if (num_exact_whole(a) && num_exact_whole(b)) {
         dec x, y;
-        dec_round(a, true, &x);
-        dec_round(b, true, &y);
-        return dec_cmp(&x, &y);
+        eng__sc_dec_round(a, true, &x);
+        eng__sc_dec_round(b, true, &y);
+        return eng__sc_dec_cmp(&x, &y);
     }
     /* a fraction is within 2^53, a marker integer beyond 2^63: doubles
      * order them rightly */
-    double x = num_double(a), y = num_double(b);
+    double x = eng__sc_num_double(a), y = eng__sc_num_double(b);
     return x < y ? -1 : x > y;
 }
 
-num_bound bound_get(const json_t *s, bool lower)
+num_bound eng__sc_bound_get(const json_t *s, bool lower)
 {
     num_bound r = {NULL, false};
     const json_t *plain = json_object_get(s, lower ? "minimum" : "maximum");
     const json_t *ex = json_object_get(s, lower ? "exclusiveMinimum" : "exclusiveMaximum");
-    if (is_num(plain))
+    if (eng__sc_is_num(plain))
         r.v = plain;
     if (json_is_true(ex) && r.v) {
         r.excl = true;
-    } else if (is_num(ex)) {
-        int c = r.v ? num_cmp(ex, r.v) : (lower ? 1 : -1);
+    } else if (eng__sc_is_num(ex)) {
+        int c = r.v ? eng__sc_num_cmp(ex, r.v) : (lower ? 1 : -1);
         if (lower ? c >= 0 : c <= 0) {
             r.v = ex;
             r.excl = true;
@@ -330,7 +329,7 @@ static num_bound bound_tighter(num_bound a, num_bound b, bool lower)
         return b;
     if (!b.v)
         return a;
-    int c = num_cmp(a.v, b.v);
+    int c = eng__sc_num_cmp(a.v, b.v);
     if (c == 0)
         return a.excl ? a : b;
     return (lower ? c > 0 : c < 0) ? a : b;
@@ -339,7 +338,7 @@ static num_bound bound_tighter(num_bound a, num_bound b, bool lower)
 
 /* Whether a patternProperties pattern matches a property name: 1, 0, or
  * the regex module's error (a pattern it refuses). */
-int pattern_match_name(const char *pattern, const char *name, sw_error *err)
+int eng__sc_pattern_match_name(const char *pattern, const char *name, sw_error *err)
 {
     eng_regex *re = NULL;
     int rc = eng_regex_compile(pattern, strlen(pattern), &re, err);
@@ -353,7 +352,7 @@ int pattern_match_name(const char *pattern, const char *name, sw_error *err)
 /* The schema a side gives property `name` (new reference): its properties
  * entry and the patternProperties that match the name, else its
  * additionalProperties (true when absent). */
-int prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err)
+int eng__sc_prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err)
 {
     const json_t *p = json_object_get(json_object_get(s, "properties"), name);
     const json_t *pp = json_object_get(s, "patternProperties");
@@ -361,7 +360,7 @@ int prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err)
     const char *pat;
     const json_t *ps;
     json_object_foreach((json_t *)pp, pat, ps) {
-        int m = pattern_match_name(pat, name, err);
+        int m = eng__sc_pattern_match_name(pat, name, err);
         if (m < 0) {
             json_decref(acc);
             return m;
@@ -387,7 +386,7 @@ static int merge_fail(sw_error *err, const char *key)
 }
 
 /* a and b: schema objects without allOf or $ref. *out: new reference. */
-int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
+int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
 {
     json_t *m = json_object();
     if (!m)
@@ -399,7 +398,7 @@ int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
     for (int side = 0; side < 2; side++) {
         const json_t *x = side ? b : a, *y = side ? a : b;
         json_object_foreach((json_t *)x, k, v) {
-            if (!is_known_keyword(k) || json_object_get(m, k))
+            if (!eng__sc_is_known_keyword(k) || json_object_get(m, k))
                 continue;
             const json_t *w = json_object_get(y, k);
             if (!w || json_equal((json_t *)v, (json_t *)w))
@@ -407,7 +406,8 @@ int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
         }
     }
     /* types */
-    int ta = type_mask(json_object_get(a, "type")), tb = type_mask(json_object_get(b, "type"));
+    int ta = eng__sc_type_mask(json_object_get(a, "type")),
+        tb = eng__sc_type_mask(json_object_get(b, "type"));
     if (ta < 0 || tb < 0) {
         rc = sw_error_set(err, SW_EINVAL, "allOf: a malformed 'type'");
         goto fail;
@@ -424,16 +424,17 @@ int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
     for (size_t i = 0; i < 4; i++) {
         const json_t *x = json_object_get(a, min_keys[i]), *y = json_object_get(b, min_keys[i]);
         if (x && y)
-            json_object_set(m, min_keys[i], num_cmp(x, y) >= 0 ? (json_t *)x : (json_t *)y);
+            json_object_set(m, min_keys[i], eng__sc_num_cmp(x, y) >= 0 ? (json_t *)x : (json_t *)y);
         x = json_object_get(a, max_keys[i]);
         y = json_object_get(b, max_keys[i]);
         if (x && y)
-            json_object_set(m, max_keys[i], num_cmp(x, y) <= 0 ? (json_t *)x : (json_t *)y);
+            json_object_set(m, max_keys[i], eng__sc_num_cmp(x, y) <= 0 ? (json_t *)x : (json_t *)y);
     }
     for (size_t i = 0; i < 4; i++)
         json_object_del(m, bound_keys[i]);
     for (int lower = 0; lower < 2; lower++) {
-        num_bound t = bound_tighter(bound_get(a, lower), bound_get(b, lower), lower);
+        num_bound t =
+            bound_tighter(eng__sc_bound_get(a, lower), eng__sc_bound_get(b, lower), lower);
         if (t.v)
             json_object_set(m, t.excl ? (lower ? "exclusiveMinimum" : "exclusiveMaximum")
                                       : (lower ? "minimum" : "maximum"),
@@ -450,7 +451,7 @@ int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
         for (size_t i = 0; both && i < na; i++) {
             const json_t *x = ca ? ca : json_array_get(ea, i);
             for (size_t j = 0; j < nb; j++)
-                if (val_equal(x, cb ? cb : json_array_get(eb, j))) {
+                if (eng__sc_val_equal(x, cb ? cb : json_array_get(eb, j))) {
                     json_array_append(both, (json_t *)x);
                     break;
                 }
@@ -492,7 +493,8 @@ int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
                 if (json_object_get(props, k))
                     continue;
                 json_t *x = NULL, *y = NULL;
-                if ((rc = prop_schema(a, k, &x, err)) || (rc = prop_schema(b, k, &y, err))) {
+                if ((rc = eng__sc_prop_schema(a, k, &x, err)) ||
+                    (rc = eng__sc_prop_schema(b, k, &y, err))) {
                     json_decref(x);
                     json_decref(props);
                     goto fail;
@@ -584,7 +586,7 @@ int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
         json_object_set(m, "uniqueItems", json_true());
     /* anything else on both sides with different values */
     json_object_foreach((json_t *)a, k, v) {
-        if (!is_known_keyword(k) || json_object_get(m, k))
+        if (!eng__sc_is_known_keyword(k) || json_object_get(m, k))
             continue;
         if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys) ||
             ((strcmp(k, "const") == 0 || strcmp(k, "enum") == 0) && json_object_get(m, "enum")))
@@ -593,7 +595,7 @@ int merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err)
         goto fail;
     }
     json_object_foreach((json_t *)b, k, v) {
-        if (!is_known_keyword(k) || json_object_get(m, k))
+        if (!eng__sc_is_known_keyword(k) || json_object_get(m, k))
             continue;
         if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys) ||
             ((strcmp(k, "const") == 0 || strcmp(k, "enum") == 0) && json_object_get(m, "enum")))

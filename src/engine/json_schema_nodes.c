@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int32_t len_add(int64_t a, int64_t b)
+int32_t eng__sc_len_add(int64_t a, int64_t b)
 {
     int64_t s = a + b;
     return s > CS_LEN_CAP ? CS_LEN_CAP : (int32_t)s;
@@ -28,10 +28,10 @@ static int32_t len_mul(int64_t a, int64_t b)
         return 0;
     if (a > CS_LEN_CAP / b)
         return CS_LEN_CAP;
-    return len_add(a * b, 0);
+    return eng__sc_len_add(a * b, 0);
 }
 
-void node_clear(cs_node *n)
+void eng__sc_node_clear(cs_node *n)
 {
     for (int32_t i = 0; i < n->n_props; i++)
         sw_free(n->keys ? n->keys[i] : NULL);
@@ -65,7 +65,7 @@ void eng_grammar_free(eng_grammar *g)
     if (!g)
         return;
     for (int32_t i = 0; i < g->n_nodes; i++)
-        node_clear(&g->nodes[i]);
+        eng__sc_node_clear(&g->nodes[i]);
     sw_free(g->nodes);
     sw_free(g);
 }
@@ -75,7 +75,7 @@ int64_t eng_grammar_min_bytes(const eng_grammar *g)
     return g->nodes[g->root].min_bytes;
 }
 
-eng_grammar *grammar_new(void)
+eng_grammar *eng__sc_grammar_new(void)
 {
     eng_grammar *g = sw_calloc(1, sizeof *g);
     if (!g)
@@ -89,13 +89,13 @@ eng_grammar *grammar_new(void)
 
 /* Appends a node (moved in: on failure its arrays are freed). Returns its
  * index, or -1 out of memory. Children must already exist. */
-int32_t add_node(eng_grammar *g, cs_node *n)
+int32_t eng__sc_add_node(eng_grammar *g, cs_node *n)
 {
     if (g->n_nodes == g->cap_nodes) {
         int32_t cap = g->cap_nodes ? g->cap_nodes * 2 : 16;
         cs_node *p = sw_realloc(g->nodes, (size_t)cap * sizeof *p);
         if (!p) {
-            node_clear(n);
+            eng__sc_node_clear(n);
             return -1;
         }
         g->nodes = p;
@@ -110,18 +110,19 @@ int32_t add_node(eng_grammar *g, cs_node *n)
     case CS_ANYOBJ:
         m = 2;
         if (n->counted && n->min_items > 0)
-            m = len_add(len_add(3, g->nodes[n->key_node].min_bytes), g->nodes[n->item].min_bytes);
+            m = eng__sc_len_add(eng__sc_len_add(3, g->nodes[n->key_node].min_bytes),
+                                g->nodes[n->item].min_bytes);
         break;
     case CS_ARRAY: {
         /* prefixItems first, then item; a comma between two */
         int64_t k = n->min_items < n->n_prefix ? n->min_items : n->n_prefix;
         m = 2 + (n->min_items > 0 ? n->min_items - 1 : 0);
         for (int64_t i = 0; i < k; i++)
-            m = len_add(m, g->nodes[n->prefix[i]].min_bytes);
-        m = len_add(m, len_mul(n->min_items - k, g->nodes[n->item].min_bytes));
+            m = eng__sc_len_add(m, g->nodes[n->prefix[i]].min_bytes);
+        m = eng__sc_len_add(m, len_mul(n->min_items - k, g->nodes[n->item].min_bytes));
         break;
     }
-    case CS_STRING: m = len_add(2, n->min_chars); break;
+    case CS_STRING: m = eng__sc_len_add(2, n->min_chars); break;
     case CS_PATTERN: m = n->min_bytes; break; /* make_pattern's */
     case CS_NUMBER:
     case CS_INTEGER:
@@ -153,7 +154,7 @@ int32_t add_node(eng_grammar *g, cs_node *n)
     case CS_SEQ:
     case CS_REP: break; /* GBNF's (gbnf_compile.c), never made here */
     }
-    n->min_bytes = len_add(m, 0);
+    n->min_bytes = eng__sc_len_add(m, 0);
     n->n_branches = 1;
     if (n->kind == CS_ANYOF) {
         int64_t b = 0;
@@ -167,7 +168,7 @@ int32_t add_node(eng_grammar *g, cs_node *n)
 
 /* ---- node makers ---------------------------------------------------------- */
 
-int32_t make_literals(eng_grammar *g, const json_t *const *vals, size_t n)
+int32_t eng__sc_make_literals(eng_grammar *g, const json_t *const *vals, size_t n)
 {
     cs_node nd;
     memset(&nd, 0, sizeof nd);
@@ -175,7 +176,7 @@ int32_t make_literals(eng_grammar *g, const json_t *const *vals, size_t n)
     nd.lits = sw_calloc(n ? n : 1, sizeof *nd.lits);
     nd.lit_lens = sw_calloc(n ? n : 1, sizeof *nd.lit_lens);
     if (!nd.lits || !nd.lit_lens) {
-        node_clear(&nd);
+        eng__sc_node_clear(&nd);
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -187,15 +188,15 @@ int32_t make_literals(eng_grammar *g, const json_t *const *vals, size_t n)
             nd.lits[i] = sw_strdup(t);
             nd.lit_lens[i] = nd.lits[i] ? (int32_t)strlen(t) : 0;
         } else {
-            nd.lits[i] = dump_value(vals[i], &nd.lit_lens[i]);
+            nd.lits[i] = eng__sc_dump_value(vals[i], &nd.lit_lens[i]);
         }
         nd.n_lits = (int32_t)i + 1;
         if (!nd.lits[i]) {
-            node_clear(&nd);
+            eng__sc_node_clear(&nd);
             return -1;
         }
     }
-    return add_node(g, &nd);
+    return eng__sc_add_node(g, &nd);
 }
 
 static int32_t make_simple(eng_grammar *g, cs_kind kind)
@@ -203,20 +204,20 @@ static int32_t make_simple(eng_grammar *g, cs_kind kind)
     cs_node nd;
     memset(&nd, 0, sizeof nd);
     nd.kind = kind;
-    return add_node(g, &nd);
+    return eng__sc_add_node(g, &nd);
 }
 
-int32_t make_string(eng_grammar *g, int32_t min_chars, int32_t max_chars)
+int32_t eng__sc_make_string(eng_grammar *g, int32_t min_chars, int32_t max_chars)
 {
     cs_node nd;
     memset(&nd, 0, sizeof nd);
     nd.kind = CS_STRING;
     nd.min_chars = min_chars;
     nd.max_chars = max_chars;
-    return add_node(g, &nd);
+    return eng__sc_add_node(g, &nd);
 }
 
-int32_t make_anyof(eng_grammar *g, const int32_t *alts, int32_t n)
+int32_t eng__sc_make_anyof(eng_grammar *g, const int32_t *alts, int32_t n)
 {
     cs_node nd;
     memset(&nd, 0, sizeof nd);
@@ -226,19 +227,19 @@ int32_t make_anyof(eng_grammar *g, const int32_t *alts, int32_t n)
         return -1;
     memcpy(nd.alts, alts, (size_t)n * sizeof *alts);
     nd.n_alts = n;
-    return add_node(g, &nd);
+    return eng__sc_add_node(g, &nd);
 }
 
-int32_t make_bool(eng_grammar *g)
+int32_t eng__sc_make_bool(eng_grammar *g)
 {
     json_t *t = json_true(), *f = json_false();
     const json_t *v[2] = {t, f};
-    return make_literals(g, v, 2);
+    return eng__sc_make_literals(g, v, 2);
 }
 
 /* Any JSON value nested at most `levels` deep (objects and arrays at
  * levels > 0 only), cached per level. */
-int32_t make_any(eng_grammar *g, int32_t levels)
+int32_t eng__sc_make_any(eng_grammar *g, int32_t levels)
 {
     if (levels < 0)
         levels = 0;
@@ -248,33 +249,34 @@ int32_t make_any(eng_grammar *g, int32_t levels)
         return g->any_cache[levels];
     int32_t alts[5], n = 0;
     if (levels > 0) {
-        int32_t inner = make_any(g, levels - 1);
+        int32_t inner = eng__sc_make_any(g, levels - 1);
         if (inner < 0)
             return -1;
-        if (g->any_key < 0 && (g->any_key = make_string(g, 0, INT32_MAX)) < 0)
+        if (g->any_key < 0 && (g->any_key = eng__sc_make_string(g, 0, INT32_MAX)) < 0)
             return -1;
         cs_node obj;
         memset(&obj, 0, sizeof obj);
         obj.kind = CS_ANYOBJ;
         obj.item = inner;
         obj.key_node = g->any_key;
-        if ((alts[n++] = add_node(g, &obj)) < 0)
+        if ((alts[n++] = eng__sc_add_node(g, &obj)) < 0)
             return -1;
         cs_node arr;
         memset(&arr, 0, sizeof arr);
         arr.kind = CS_ARRAY;
         arr.item = inner;
         arr.max_items = INT32_MAX;
-        if ((alts[n++] = add_node(g, &arr)) < 0)
+        if ((alts[n++] = eng__sc_add_node(g, &arr)) < 0)
             return -1;
     }
-    if ((alts[n++] = make_string(g, 0, INT32_MAX)) < 0 || (alts[n++] = make_simple(g, CS_NUMBER)) < 0)
+    if ((alts[n++] = eng__sc_make_string(g, 0, INT32_MAX)) < 0 ||
+        (alts[n++] = make_simple(g, CS_NUMBER)) < 0)
         return -1;
     json_t *t = json_true(), *f = json_false(), *z = json_null();
     const json_t *lits[3] = {t, f, z};
-    if ((alts[n++] = make_literals(g, lits, 3)) < 0)
+    if ((alts[n++] = eng__sc_make_literals(g, lits, 3)) < 0)
         return -1;
-    int32_t any = make_anyof(g, alts, n);
+    int32_t any = eng__sc_make_anyof(g, alts, n);
     if (any >= 0)
         g->any_cache[levels] = any;
     return any;
@@ -282,24 +284,24 @@ int32_t make_any(eng_grammar *g, int32_t levels)
 
 /* An object with levels of nesting below it (json_object mode, schemas
  * with type object and no properties). */
-int32_t make_any_object(eng_grammar *g, int32_t levels)
+int32_t eng__sc_make_any_object(eng_grammar *g, int32_t levels)
 {
-    int32_t inner = make_any(g, levels - 1);
+    int32_t inner = eng__sc_make_any(g, levels - 1);
     if (inner < 0)
         return -1;
-    if (g->any_key < 0 && (g->any_key = make_string(g, 0, INT32_MAX)) < 0)
+    if (g->any_key < 0 && (g->any_key = eng__sc_make_string(g, 0, INT32_MAX)) < 0)
         return -1;
     cs_node obj;
     memset(&obj, 0, sizeof obj);
     obj.kind = CS_ANYOBJ;
     obj.item = inner;
     obj.key_node = g->any_key;
-    return add_node(g, &obj);
+    return eng__sc_add_node(g, &obj);
 }
 
 /* Levels of free nesting that fit below a value in frame `depth`: each
  * level takes a frame, and an object's key string one more. */
-int32_t any_levels(int32_t depth)
+int32_t eng__sc_any_levels(int32_t depth)
 {
     int32_t room = ENG_CS_MAX_DEPTH - depth - 2;
     if (room > ENG_CS_ANY_DEPTH)

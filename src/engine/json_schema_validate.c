@@ -40,7 +40,7 @@ typedef struct validator {
 
 static size_t val_push(validator *v, size_t len, const char *seg)
 {
-    return pointer_push(v->path, sizeof v->path, len, seg);
+    return eng__sc_pointer_push(v->path, sizeof v->path, len, seg);
 }
 
 static size_t val_push_index(validator *v, size_t len, size_t i)
@@ -84,11 +84,11 @@ static bool type_matches(const json_t *x, int bit)
     case T_OBJECT: return json_is_object(x);
     case T_ARRAY: return json_is_array(x);
     case T_STRING: return json_is_string(x) && !sw_json_big_text(x);
-    case T_NUMBER: return is_num(x);
+    case T_NUMBER: return eng__sc_is_num(x);
     case T_INTEGER:
         /* a marker with a fraction or an exponent is taken as no integer
          * (an enum keeps fewer values: a narrowing) */
-        if (json_is_integer(x) || big_ok(x))
+        if (json_is_integer(x) || eng__sc_big_ok(x))
             return true;
         if (json_is_real(x)) {
             /* a whole number (1.0, 1e300) */
@@ -188,7 +188,7 @@ static int val_object(validator *v, const json_t *s, const json_t *x, size_t ple
         const json_t *ps;
         json_object_foreach((json_t *)pprops, pat, ps) {
             sw_error perr;
-            int m = pattern_match_name(pat, key, &perr);
+            int m = eng__sc_pattern_match_name(pat, key, &perr);
             if (m < 0)
                 return val_fail(v, plen, SW_EUNSUPPORTED, perr.message);
             if (m) {
@@ -263,7 +263,7 @@ static int val_array(validator *v, const json_t *s, const json_t *x, size_t plen
     if (json_is_true(json_object_get(s, "uniqueItems"))) {
         for (size_t i = 0; i < n; i++)
             for (size_t j = i + 1; j < n; j++)
-                if (val_equal(json_array_get(x, i), json_array_get(x, j)))
+                if (eng__sc_val_equal(json_array_get(x, i), json_array_get(x, j)))
                     return val_fail(v, plen, SW_EINVAL, "the array's items are not unique");
     }
     return SW_OK;
@@ -280,12 +280,12 @@ static int64_t big_mod(const char *t, int64_t m)
 
 static int val_number(validator *v, const json_t *s, const json_t *x, size_t plen)
 {
-    double d = num_double(x);
+    double d = eng__sc_num_double(x);
     for (int lower = 0; lower < 2; lower++) {
-        num_bound nb = bound_get(s, lower);
+        num_bound nb = eng__sc_bound_get(s, lower);
         if (!nb.v)
             continue;
-        int c = num_cmp(x, nb.v);
+        int c = eng__sc_num_cmp(x, nb.v);
         if (lower ? (c < 0 || (c == 0 && nb.excl)) : (c > 0 || (c == 0 && nb.excl)))
             return val_fail(v, plen, SW_EINVAL,
                             lower ? "the number is below the minimum"
@@ -301,7 +301,8 @@ static int val_number(validator *v, const json_t *s, const json_t *x, size_t ple
         bool ok = false;
         if (json_is_integer(mo) && json_is_integer(x)) {
             ok = json_integer_value(x) % json_integer_value(mo) == 0;
-        } else if (json_is_integer(mo) && big_ok(x) && json_integer_value(mo) < (1LL << 59)) {
+        } else if (json_is_integer(mo) && eng__sc_big_ok(x) &&
+                   json_integer_value(mo) < (1LL << 59)) {
             ok = big_mod(sw_json_big_text(x), json_integer_value(mo)) == 0;
         } else if (sw_json_big_text(x)) {
             return val_fail(v, plen, SW_EUNSUPPORTED,
@@ -335,7 +336,7 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
         const json_t *target;
         sw_error e;
         if (!json_is_string(ref) ||
-            (rc = doc_resolve(v->doc, v->base, json_string_value(ref), &target, &e)))
+            (rc = eng__sc_doc_resolve(v->doc, v->base, json_string_value(ref), &target, &e)))
             return val_fail(v, plen, SW_EUNSUPPORTED, json_is_string(ref) ? e.message : "$ref");
         if ((rc = val_check(v, target, x, plen)))
             return rc;
@@ -357,7 +358,7 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
         return val_fail(v, plen, SW_EUNSUPPORTED, "'format' is not supported");
     const json_t *type = json_object_get(s, "type");
     if (type) {
-        int tm = type_mask(type);
+        int tm = eng__sc_type_mask(type);
         if (tm < 0)
             return val_fail(v, plen, SW_EUNSUPPORTED, "an unknown 'type'");
         bool match = false;
@@ -371,12 +372,12 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
     const json_t *e = json_object_get(s, "enum");
     if (e && !json_is_array(e))
         return val_fail(v, plen, SW_EUNSUPPORTED, "'enum' must be an array");
-    if (c && !val_equal(c, x))
+    if (c && !eng__sc_val_equal(c, x))
         return val_fail(v, plen, SW_EINVAL, "the value is not the schema's const");
     if (e) {
         bool found = false;
         for (size_t i = 0; i < json_array_size(e) && !found; i++)
-            found = val_equal(json_array_get(e, i), x);
+            found = eng__sc_val_equal(json_array_get(e, i), x);
         if (!found)
             return val_fail(v, plen, SW_EINVAL, "the value is not one of the enum values");
     }
@@ -426,7 +427,7 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
         return val_object(v, s, x, plen);
     if (json_is_array(x))
         return val_array(v, s, x, plen);
-    if (is_num(x))
+    if (eng__sc_is_num(x))
         return val_number(v, s, x, plen);
     if (json_is_string(x)) {
         int64_t lo, hi;
@@ -442,7 +443,7 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
         int32_t fmt_max;
         const char *key;
         sw_error perr;
-        if ((rc = string_automaton(s, &re, &fmt_max, &key, &perr)))
+        if ((rc = eng__sc_string_automaton(s, &re, &fmt_max, &key, &perr)))
             return val_fail(v, plen, SW_EUNSUPPORTED, perr.message);
         bool ok = !re || (chars <= fmt_max &&
                           eng_regex_match(re, json_string_value(x), json_string_length(x)));
@@ -462,7 +463,7 @@ static int val_check(validator *v, const json_t *s, const json_t *x, size_t plen
     if (v->depth >= VAL_MAX_DEPTH)
         return val_fail(v, plen, SW_EUNSUPPORTED, "the schema nests too deeply");
     const char *saved = v->base;
-    const char *mine = json_is_object(s) ? doc_base_of(v->doc, s) : NULL;
+    const char *mine = json_is_object(s) ? eng__sc_doc_base_of(v->doc, s) : NULL;
     if (mine)
         v->base = mine;
     v->depth++;
@@ -473,7 +474,7 @@ static int val_check(validator *v, const json_t *s, const json_t *x, size_t plen
 }
 
 /* The compiler's use: schema belongs to d (or its arena). */
-int val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err)
+int eng__sc_val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err)
 {
     validator v;
     memset(&v, 0, sizeof v);
@@ -490,11 +491,11 @@ int eng_json_validate(const json_t *schema, const json_t *value, sw_error *err)
         return sw_error_set(err, SW_EUNSUPPORTED, "eng_json_validate: NULL argument");
     sc_doc d;
     sw_error e;
-    int rc = doc_init(&d, schema, &e);
+    int rc = eng__sc_doc_init(&d, schema, &e);
     if (rc)
         return sw_error_set(err, rc == SW_ENOMEM ? SW_ENOMEM : SW_EUNSUPPORTED,
                             "the schema cannot be checked: %s", e.message);
-    rc = val_judge(&d, schema, value, err);
-    doc_free(&d);
+    rc = eng__sc_val_judge(&d, schema, value, err);
+    eng__sc_doc_free(&d);
     return rc;
 }

@@ -316,7 +316,7 @@ static void test_refused(void **state)
         {"{\"type\":\"string\",\"pattern\":\"((a{100}){100}){100}\"}", SW_ERANGE},
         {"{\"type\":\"string\",\"pattern\":\"^[a-z]{1,30}x$\",\"minLength\":100000}",
          SW_ERANGE}, /* the costs table */
-        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", SW_EUNSUPPORTED},
+        {"{\"type\":\"string\",\"pattern\":\"(?:(?=ab)a)*\"}", SW_EUNSUPPORTED},
         {"{\"type\":\"string\",\"pattern\":\"[\"}", SW_EINVAL},
         {"{\"type\":\"string\",\"pattern\":7}", SW_EINVAL},
         {"{\"type\":\"string\",\"format\":\"uri-template\"}", SW_EUNSUPPORTED},

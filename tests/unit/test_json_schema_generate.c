@@ -264,15 +264,13 @@ typedef struct refused_fixture {
 } refused_fixture;
 
 static const refused_fixture g_refused[] = {
-    {"pydantic2-decimal.json", "lookahead",
-     "pydantic writes Decimal's string form as a pattern with lookaheads"},
-    {"zod4-duration.json", "lookahead", "zod's z.iso.duration() pattern has lookaheads"},
+    {NULL, NULL, NULL}, /* none today */
 };
 
 static const refused_fixture *refused(const char *file)
 {
     for (size_t i = 0; i < sizeof g_refused / sizeof *g_refused; i++)
-        if (strcmp(g_refused[i].file, file) == 0)
+        if (g_refused[i].file && strcmp(g_refused[i].file, file) == 0)
             return &g_refused[i];
     return NULL;
 }

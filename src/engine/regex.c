@@ -35,6 +35,10 @@
 #define RE_MAX_COUNT 100000     /* largest {m,n} bound */
 #define RE_WORK_MAX (1L << 25)  /* NFA states visited by the subset construction */
 #define RE_MAX_CP 0x10FFFFu
+/* Lookahead automata per pattern, nested and {m,n} copies counted: each is
+ * a construction of its own, so this bounds the work a pattern can ask for
+ * (RE_WORK_MAX each). */
+#define RE_MAX_LOOKS 16
 
 /* ---- code point sets --------------------------------------------------- */
 
@@ -778,6 +782,7 @@ typedef struct re_nfa {
     nfa_state *s;
     int32_t n, cap;
     int rc;
+    int32_t n_looks; /* lookahead automata compiled for the pattern (RE_MAX_LOOKS) */
 } re_nfa;
 
 static int32_t nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2)
@@ -1508,9 +1513,13 @@ static bool ast_has_bol(const re_parser *p, int32_t id)
 
 /* X (the AST node id) as a DFA of the strings that start with a match of
  * X; at_start: whether ^ inside it holds where it begins. */
-static int look_dfa(const re_parser *p, int32_t id, bool at_start, eng_regex **out)
+static int look_dfa(const re_parser *p, int32_t id, bool at_start, int32_t *n_looks,
+                    eng_regex **out)
 {
+    if (++*n_looks > RE_MAX_LOOKS)
+        return SW_ERANGE;
     re_nfa m2 = {0};
+    m2.n_looks = *n_looks;
     int32_t match = nfa_add(&m2, NS_MATCH, 0, 0, -1, -1);
     int32_t tail = emit_any_star(&m2, match);
     int32_t body = emit(&m2, p, id, tail);
@@ -1520,6 +1529,7 @@ static int look_dfa(const re_parser *p, int32_t id, bool at_start, eng_regex **o
         rc = SW_ENOMEM;
     if (!rc)
         rc = dfa_build_all(&m2, body, tail, re, at_start);
+    *n_looks = m2.n_looks;
     sw_free(m2.s);
     if (rc) {
         eng_regex_free(re);
@@ -1682,11 +1692,11 @@ static int32_t emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t
     bool neg = a->min != 0;
     int32_t child = a->first, entry = -1;
     eng_regex *x = NULL;
-    int rc = look_dfa(p, child, false, &x);
+    int rc = look_dfa(p, child, false, &m->n_looks, &x);
     if (!rc && (entry = look_product(m, x, neg, next)) >= 0 && ast_has_bol(p, child)) {
         /* ^ inside X: at the start X reads it as holding */
         eng_regex *xs = NULL;
-        rc = look_dfa(p, child, true, &xs);
+        rc = look_dfa(p, child, true, &m->n_looks, &xs);
         int32_t at_start = rc ? -1 : look_product(m, xs, neg, next);
         eng_regex_free(xs);
         int32_t bol = at_start >= 0 ? nfa_add(m, NS_BOL, 0, 0, at_start, -1) : -1;
@@ -1838,9 +1848,12 @@ int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error
             sw_error_set(err, rc, "pattern: a lookahead inside an unbounded repetition "
                                   "(* + {m,})");
         else
-            sw_error_set(err, rc, rc == SW_ERANGE ? "pattern too large (more than %d NFA states)"
-                                                  : "pattern: out of memory",
-                         ENG_REGEX_MAX_NFA_STATES);
+            sw_error_set(err, rc,
+                         rc == SW_ERANGE ? "pattern too large (more than %d NFA states, a "
+                                           "lookahead's automaton past %d states, or more than "
+                                           "%d lookaheads with their copies)"
+                                         : "pattern: out of memory",
+                         ENG_REGEX_MAX_NFA_STATES, ENG_REGEX_MAX_STATES, RE_MAX_LOOKS);
         goto fail;
     }
     re = sw_calloc(1, sizeof *re);

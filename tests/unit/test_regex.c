@@ -480,6 +480,8 @@ static void test_hostile(void **state)
         "(\\p{L}{50}){50}",
         "(.*.*.*.*.*){10000}",
         "[\\s\\S]*a[\\s\\S]{30}",
+        "((?=(a|b)*a(a|b){12})a){40}", /* a lookahead's automaton copied 40 times */
+        "(?=(a|b)*a(a|b){20})",
         deep,
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

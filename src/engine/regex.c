@@ -1739,12 +1739,16 @@ static int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex 
     b.set_off = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_off);
     b.set_len = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_len);
     b.htab = sw_malloc(RE_HTAB * sizeof *b.htab);
+    /* allocated up front: a state's set may be empty (a lookahead whose ^
+     * is read after the start), and pointer arithmetic on NULL is not C */
+    b.cap_pool = 4096;
+    b.pool = sw_malloc(b.cap_pool * sizeof *b.pool);
     re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1);
     re->universal = sw_calloc(ENG_REGEX_MAX_STATES, 1);
     size_t cap_trans = 64 * (size_t)nc;
     re->trans = sw_malloc(cap_trans * sizeof *re->trans);
-    if (!b.mark || !b.stack || !b.tmp || !b.set_off || !b.set_len || !b.htab || !re->accept ||
-        !re->universal || !re->trans) {
+    if (!b.mark || !b.stack || !b.tmp || !b.set_off || !b.set_len || !b.htab || !b.pool ||
+        !re->accept || !re->universal || !re->trans) {
         rc = SW_ENOMEM;
         goto done;
     }

@@ -801,6 +801,19 @@ int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int
     return rc;
 }
 
+/* A pattern too large for the automata (regex.h: SW_ERANGE) is, for a
+ * schema, a construct outside what can be enforced: json_schema.h's
+ * SW_EUNSUPPORTED, the message kept. */
+static int too_large_unsupported(int rc, sw_error *err)
+{
+    if (rc == SW_ERANGE) {
+        rc = SW_EUNSUPPORTED;
+        if (err)
+            err->code = rc;
+    }
+    return rc;
+}
+
 int eng_grammar_from_schema(const json_t *schema, eng_grammar **out, sw_error *err)
 {
     builder b;
@@ -837,7 +850,7 @@ fail:
     json_decref(b.memo);
     eng__sc_doc_free(&doc);
     eng_grammar_free(b.g);
-    return rc;
+    return too_large_unsupported(rc, err);
 }
 
 int eng_grammar_json_object(eng_grammar **out, sw_error *err)
@@ -962,6 +975,6 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
     return SW_OK;
 fail:
     eng_grammar_free(g);
-    return rc;
+    return too_large_unsupported(rc, err);
 }
 

@@ -3,7 +3,10 @@
 # time of a Kubernetes-sized schema (bench/k8s_deployment.schema.json: a
 # Deployment in the shape of apps/v1, 17 definitions and 210 properties,
 # with patterns, formats, enums, bounds and free-keyed maps) and of a
-# GBNF JSON grammar, and the mask time per token along random walks.
+# GBNF JSON grammar, and the mask time per token along random walks, as
+# wall-clock time and as the thread's CPU time (on a loaded machine the
+# wall-clock tail is mostly waiting for a core). BENCH_SLOW_MS=x lists the
+# masks slower than x ms (CPU) with the text before them.
 # Prints figures; asserts nothing; not part of `make test`.
 #
 #   bench/constrain.sh [BUILD_DIR]            (default: build)

@@ -11,8 +11,11 @@
  * through every kind of position (keys, enums, bounded numbers, patterns,
  * free strings) until the value closes or TOKENS run out (the budget keeps
  * every walk completable). The distribution over all masks is printed:
- * mean, median, 90th, 99th percentile and the worst.
+ * mean, median, 90th, 99th percentile and the worst, in wall-clock time and
+ * in the thread's CPU time.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include "common/alloc.h"
 #include "grammar/constrain.h"
 #include "grammar/gbnf.h"
@@ -25,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* A JSON grammar in GBNF, the kind llama.cpp users send. */
 static const char *const json_gbnf =
@@ -42,6 +46,20 @@ typedef struct series {
     double *ms;
     size_t n, cap;
 } series;
+
+/* The thread's CPU time in seconds: the mask's own work, without the time
+ * the thread waited for a core (the shared machine is often loaded several
+ * times over, and wall-clock percentiles then measure the scheduler). */
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* BENCH_SLOW_MS=x prints the text before each mask slower than x ms (CPU). */
+static double g_slow_ms = -1;
+static const eng_tokenizer *g_tok;
 
 static void series_add(series *s, double ms)
 {
@@ -84,10 +102,13 @@ static uint64_t rng_step(uint64_t *x)
     return z ^ (z >> 31);
 }
 
-/* One seeded walk; its masks go into s. Returns the tokens taken. */
+/* One seeded walk; its masks go into s (wall clock) and cpu (CPU time).
+ * Returns the tokens taken. */
 static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int64_t tokens,
-                series *s)
+                series *s, series *cpu)
 {
+    char text[8192];
+    size_t text_len = 0;
     eng_constraint *c = NULL;
     if (eng_constraint_create(g, v, &c, NULL))
         return -1;
@@ -95,9 +116,15 @@ static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int6
     uint32_t *mask = sw_malloc(((size_t)n_tok + 31) / 32 * sizeof *mask);
     int taken = 0;
     for (int64_t left = tokens; left > 0 && mask; left--) {
-        double t0 = eng_now_seconds();
+        double t0 = eng_now_seconds(), c0 = cpu_seconds();
         int32_t allowed = eng_constraint_mask(c, left, mask);
+        double cpu_ms = (cpu_seconds() - c0) * 1e3;
         series_add(s, (eng_now_seconds() - t0) * 1e3);
+        series_add(cpu, cpu_ms);
+        if (g_slow_ms >= 0 && cpu_ms > g_slow_ms)
+            printf("    slow mask %.3f ms (%d allowed) after: %.*s\n", cpu_ms, allowed,
+                   (int)(text_len < 300 ? text_len : 300),
+                   text + (text_len < 300 ? 0 : text_len - 300));
         if (allowed <= 0)
             break;
         int32_t pick = (int32_t)(rng_step(&seed) % (uint64_t)allowed), id = -1, end = -1;
@@ -113,6 +140,12 @@ static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int6
         if (end >= 0 || id < 0)
             break; /* complete: the walk ends as generation would */
         eng_constraint_accept_token(c, id);
+        char piece[512];
+        size_t n_piece = eng_token_to_bytes(g_tok, id, piece, sizeof piece);
+        if (n_piece <= sizeof piece && text_len + n_piece < sizeof text) {
+            memcpy(text + text_len, piece, n_piece);
+            text_len += n_piece;
+        }
         taken++;
         if (eng_constraint_is_closed(c))
             break;
@@ -125,13 +158,15 @@ static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int6
 static void walks(const char *what, const eng_grammar *g, const eng_cs_vocab *v, int n_walks,
                   int64_t tokens)
 {
-    series s = {0};
+    series s = {0}, cpu = {0};
     long total = 0;
     for (int i = 0; i < n_walks; i++)
-        total += walk(g, v, 1000 + (uint64_t)i, tokens, &s);
+        total += walk(g, v, 1000 + (uint64_t)i, tokens, &s, &cpu);
     printf("  %s: %d walks, %ld tokens\n", what, n_walks, total);
-    series_print("mask per token", &s);
+    series_print("mask per token (wall clock)", &s);
+    series_print("mask per token (thread CPU time)", &cpu);
     free(s.ms);
+    free(cpu.ms);
 }
 
 int main(int argc, char **argv)
@@ -142,6 +177,8 @@ int main(int argc, char **argv)
     }
     int n_walks = argc > 3 ? atoi(argv[3]) : 20;
     int64_t tokens = argc > 4 ? atoll(argv[4]) : 3000;
+    if (getenv("BENCH_SLOW_MS"))
+        g_slow_ms = atof(getenv("BENCH_SLOW_MS"));
     sw_error err;
     eng_gguf *gg = NULL;
     eng_tokenizer *tok = NULL;
@@ -150,6 +187,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", argv[1], err.message);
         return 1;
     }
+    g_tok = tok;
     double t0 = eng_now_seconds();
     if (eng_cs_vocab_create(tok, &v, &err)) {
         fprintf(stderr, "vocabulary index: %s\n", err.message);

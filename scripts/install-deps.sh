@@ -16,7 +16,8 @@ packages=(
   clang              # libFuzzer harnesses (make test-fuzz)
   curl               # bench/worker.sh and bench/router.sh talk to workers over sockets
   python3            # the benchmark scripts summarise JSON records
-  python3-jsonschema # the independent validator of structured output (test_json_schema_suite)
+  python3-jsonschema # the independent validator of structured output (test_json_schema_suite, _generate)
+  python3-rfc3987    # lets python3-jsonschema check format uri / uri-reference
   librsvg2-bin       # rsvg-convert: the drill test renders its timeline.svg
 )
 # The dashboard's browser test (tests/browser): Debian's chromium (about

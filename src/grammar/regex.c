@@ -35,6 +35,10 @@
 #define RE_MAX_COUNT 100000     /* largest {m,n} bound */
 #define RE_WORK_MAX (1L << 25)  /* NFA states visited by the subset construction */
 #define RE_MAX_CP 0x10FFFFu
+/* Lookahead automata per pattern, nested and {m,n} copies counted: each is
+ * a construction of its own, so this bounds the work a pattern can ask for
+ * (RE_WORK_MAX each). */
+#define RE_MAX_LOOKS 16
 
 /* ---- code point sets --------------------------------------------------- */
 
@@ -149,14 +153,14 @@ static int set_add_word(re_set *s)
 
 /* ---- the syntax tree ---------------------------------------------------- */
 
-enum { A_EMPTY, A_SET, A_CAT, A_ALT, A_REP, A_BOL, A_EOL };
+enum { A_EMPTY, A_SET, A_CAT, A_ALT, A_REP, A_BOL, A_EOL, A_LOOK };
 
 typedef struct re_ast {
     uint8_t kind;
     int32_t first, last; /* A_CAT, A_ALT, A_REP: children (linked by next) */
     int32_t next;
     int32_t n_children;
-    int32_t min, max;    /* A_REP: max -1 = unbounded */
+    int32_t min, max;    /* A_REP: max -1 = unbounded; A_LOOK: min 1 = negative */
     int32_t set_off, set_n; /* A_SET: ranges in the parser's pool */
 } re_ast;
 
@@ -626,7 +630,21 @@ static int32_t p_atom(re_parser *p)
             if (p_eat(p, ':')) {
                 /* a non-capturing group */
             } else if (p_peek(p) == '=' || p_peek(p) == '!') {
-                return p_fail(p, SW_EUNSUPPORTED, "lookahead");
+                bool neg = p->p[p->pos++] == '!';
+                if (++p->depth > RE_MAX_DEPTH)
+                    return p_fail(p, SW_ERANGE, "groups nested too deeply");
+                int32_t inner = p_disjunction(p);
+                p->depth--;
+                if (inner < 0)
+                    return -1;
+                if (!p_eat(p, ')'))
+                    return p_fail(p, SW_EINVAL, "missing )");
+                int32_t look = p_node(p, A_LOOK);
+                if (look < 0)
+                    return -1;
+                p->nodes[look].min = neg;
+                p_append(p, look, inner);
+                return look;
             } else if (p_eat(p, '<')) {
                 if (p_peek(p) == '=' || p_peek(p) == '!')
                     return p_fail(p, SW_EUNSUPPORTED, "lookbehind");
@@ -705,7 +723,7 @@ static int32_t p_term(re_parser *p)
     }
     p_eat(p, '?'); /* lazy: the same strings match */
     uint8_t k = p->nodes[atom].kind;
-    if (k == A_BOL || k == A_EOL)
+    if (k == A_BOL || k == A_EOL || k == A_LOOK)
         return p_fail(p, SW_EINVAL, "nothing to repeat");
     int32_t rep = p_node(p, A_REP);
     if (rep < 0)
@@ -750,7 +768,9 @@ static int32_t p_disjunction(re_parser *p)
 
 /* ---- the NFA ------------------------------------------------------------ */
 
-enum { NS_BYTE, NS_SPLIT, NS_EPS, NS_BOL, NS_EOL, NS_MATCH, NS_FAIL };
+/* NS_NOTBOL: an epsilon edge taken everywhere but at the start (a
+ * lookahead holding ^ follows one reading at the start, another after). */
+enum { NS_BYTE, NS_SPLIT, NS_EPS, NS_BOL, NS_EOL, NS_MATCH, NS_FAIL, NS_NOTBOL };
 
 typedef struct nfa_state {
     uint8_t kind;
@@ -762,6 +782,7 @@ typedef struct re_nfa {
     nfa_state *s;
     int32_t n, cap;
     int rc;
+    int32_t n_looks; /* lookahead automata compiled for the pattern (RE_MAX_LOOKS) */
 } re_nfa;
 
 static int32_t nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2)
@@ -1071,6 +1092,8 @@ static int32_t emit_any_star(re_nfa *m, int32_t next)
     return s;
 }
 
+static int32_t emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next);
+
 static int32_t emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
 {
     if (m->rc || next < 0)
@@ -1085,6 +1108,8 @@ static int32_t emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
         return nfa_add(m, NS_BOL, 0, 0, next, -1);
     case A_EOL:
         return nfa_add(m, NS_EOL, 0, 0, next, -1);
+    case A_LOOK:
+        return emit_look(m, p, a, next);
     case A_CAT: {
         if (a->n_children == 0)
             return next;
@@ -1222,6 +1247,10 @@ static void closure(dfa_build *b, bool at_start)
             if (at_start)
                 nx[0] = st->out;
             break;
+        case NS_NOTBOL:
+            if (!at_start)
+                nx[0] = st->out;
+            break;
         default:
             break;
         }
@@ -1286,6 +1315,7 @@ static bool set_accepts(dfa_build *b, const int32_t *set, int32_t n, bool at_sta
         case NS_EPS:
         case NS_EOL: nx[0] = st->out; break;
         case NS_BOL: if (at_start) nx[0] = st->out; break;
+        case NS_NOTBOL: if (!at_start) nx[0] = st->out; break;
         default: break;
         }
         for (int k = 0; k < 2; k++)
@@ -1452,7 +1482,235 @@ done:
     return rc;
 }
 
-static int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re)
+/* ---- lookahead ----------------------------------------------------------
+ * (?=X) and (?!X) at a point of the pattern constrain the rest of the
+ * string from there: some prefix of it matches X, or none does. X is
+ * compiled on its own into a DFA (anchored at that point, any text after
+ * it), and the part of the NFA that follows the lookahead (`next` and all
+ * it reaches, the trailing loop included) is copied as a product with that
+ * DFA: state (q, d) reads a byte as q does while d steps X's automaton over
+ * it. Once d has matched for good (a positive lookahead holds) or can no
+ * longer match (a negative one holds), the copy hands over to the original
+ * q; the opposite outcomes drop the edge. At the end of the string ($, or
+ * the match state) a pending lookahead is decided by whether d accepts
+ * there. Built back to front like the rest, the continuation must be
+ * complete: a lookahead inside an unbounded repetition (whose loop edge is
+ * patched in after its body) is refused. */
+
+static int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
+                         bool at_start);
+
+static bool ast_has_bol(const re_parser *p, int32_t id)
+{
+    const re_ast *a = &p->nodes[id];
+    if (a->kind == A_BOL)
+        return true;
+    for (int32_t c = a->first; c >= 0; c = p->nodes[c].next)
+        if (ast_has_bol(p, c))
+            return true;
+    return false;
+}
+
+/* X (the AST node id) as a DFA of the strings that start with a match of
+ * X; at_start: whether ^ inside it holds where it begins. */
+static int look_dfa(const re_parser *p, int32_t id, bool at_start, int32_t *n_looks,
+                    eng_regex **out)
+{
+    if (++*n_looks > RE_MAX_LOOKS)
+        return SW_ERANGE;
+    re_nfa m2 = {0};
+    m2.n_looks = *n_looks;
+    int32_t match = nfa_add(&m2, NS_MATCH, 0, 0, -1, -1);
+    int32_t tail = emit_any_star(&m2, match);
+    int32_t body = emit(&m2, p, id, tail);
+    int rc = body < 0 ? (m2.rc ? m2.rc : SW_EINTERNAL) : SW_OK;
+    eng_regex *re = NULL;
+    if (!rc && !(re = sw_calloc(1, sizeof *re)))
+        rc = SW_ENOMEM;
+    if (!rc)
+        rc = dfa_build_all(&m2, body, tail, re, at_start);
+    *n_looks = m2.n_looks;
+    sw_free(m2.s);
+    if (rc) {
+        eng_regex_free(re);
+        return rc;
+    }
+    *out = re;
+    return SW_OK;
+}
+
+typedef struct look_prod {
+    re_nfa *m;
+    const eng_regex *x;
+    bool neg;
+    int32_t fail;      /* an NS_FAIL state */
+    int64_t *keys;     /* (q << 32 | d) + 1, 0: empty */
+    int32_t *vals;
+    size_t cap, n;
+    int32_t (*work)[3]; /* (q, d, product state) still to fill */
+    size_t n_work, cap_work;
+} look_prod;
+
+/* The product state of (q, d), made (and queued) on first use; the
+ * original q where the lookahead is settled as holding, the fail state
+ * where it is settled as failing; -1 when out of memory or past the
+ * bounds (m->rc set). */
+static int32_t look_pair(look_prod *lp, int32_t q, int32_t d)
+{
+    re_nfa *m = lp->m;
+    if (m->rc)
+        return -1;
+    bool dead = d == ENG_REGEX_DEAD || !eng_regex_can_accept(lp->x, d);
+    if (dead)
+        return lp->neg ? q : lp->fail;
+    if (eng_regex_universal(lp->x, d))
+        return lp->neg ? lp->fail : q;
+    if (lp->n * 2 >= lp->cap) {
+        size_t cap = lp->cap ? lp->cap * 2 : 1024;
+        int64_t *keys = sw_calloc(cap, sizeof *keys);
+        int32_t *vals = sw_malloc(cap * sizeof *vals);
+        if (!keys || !vals) {
+            sw_free(keys);
+            sw_free(vals);
+            m->rc = SW_ENOMEM;
+            return -1;
+        }
+        for (size_t i = 0; i < lp->cap; i++) {
+            if (!lp->keys[i])
+                continue;
+            size_t h = (size_t)((uint64_t)lp->keys[i] * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
+            while (keys[h])
+                h = (h + 1) & (cap - 1);
+            keys[h] = lp->keys[i];
+            vals[h] = lp->vals[i];
+        }
+        sw_free(lp->keys);
+        sw_free(lp->vals);
+        lp->keys = keys;
+        lp->vals = vals;
+        lp->cap = cap;
+    }
+    int64_t key = ((int64_t)q << 32 | (uint32_t)d) + 1;
+    size_t h = (size_t)((uint64_t)key * 0x9E3779B97F4A7C15ull >> 20) & (lp->cap - 1);
+    while (lp->keys[h]) {
+        if (lp->keys[h] == key)
+            return lp->vals[h];
+        h = (h + 1) & (lp->cap - 1);
+    }
+    if (lp->n_work == lp->cap_work) {
+        size_t cap = lp->cap_work ? lp->cap_work * 2 : 256;
+        void *w = sw_realloc(lp->work, cap * sizeof *lp->work);
+        if (!w) {
+            m->rc = SW_ENOMEM;
+            return -1;
+        }
+        lp->work = w;
+        lp->cap_work = cap;
+    }
+    int32_t st = nfa_add(m, NS_FAIL, 0, 0, -1, -1); /* filled in by look_fill */
+    if (st < 0)
+        return -1;
+    lp->keys[h] = key;
+    lp->vals[h] = st;
+    lp->n++;
+    lp->work[lp->n_work][0] = q;
+    lp->work[lp->n_work][1] = d;
+    lp->work[lp->n_work][2] = st;
+    lp->n_work++;
+    return st;
+}
+
+/* Fills product state st for (q, d). */
+static void look_fill(look_prod *lp, int32_t q, int32_t d, int32_t st)
+{
+    re_nfa *m = lp->m;
+    nfa_state orig = m->s[q];
+    nfa_state made = {NS_FAIL, 0, 0, -1, -1};
+    switch (orig.kind) {
+    case NS_BYTE: {
+        int32_t result = -1;
+        for (int b = orig.lo; b <= orig.hi && !m->rc;) {
+            int32_t to = eng_regex_step(lp->x, d, (uint8_t)b);
+            int e = b;
+            while (e + 1 <= orig.hi && eng_regex_step(lp->x, d, (uint8_t)(e + 1)) == to)
+                e++;
+            int32_t t = look_pair(lp, orig.out, to);
+            if (t >= 0 && t != lp->fail) {
+                int32_t edge = nfa_add(m, NS_BYTE, (uint8_t)b, (uint8_t)e, t, -1);
+                result = result < 0 || edge < 0 ? edge : nfa_add(m, NS_SPLIT, 0, 0, result, edge);
+            }
+            b = e + 1;
+        }
+        if (result >= 0)
+            made = (nfa_state){NS_EPS, 0, 0, result, -1};
+        break;
+    }
+    case NS_SPLIT:
+        if (orig.out < 0 || orig.out2 < 0) {
+            m->rc = SW_EUNSUPPORTED; /* inside a loop still being built */
+            return;
+        }
+        made = (nfa_state){NS_SPLIT, 0, 0, look_pair(lp, orig.out, d), -1};
+        made.out2 = look_pair(lp, orig.out2, d);
+        break;
+    case NS_EPS:
+    case NS_BOL:
+    case NS_NOTBOL:
+        made = (nfa_state){orig.kind, 0, 0, look_pair(lp, orig.out, d), -1};
+        break;
+    case NS_EOL:
+    case NS_MATCH:
+        /* the end of the string: X's verdict on what it has read */
+        if (eng_regex_accepting(lp->x, d) != lp->neg)
+            made = (nfa_state){NS_EOL, 0, 0, orig.kind == NS_EOL ? orig.out : q, -1};
+        break;
+    default:
+        break;
+    }
+    if (!m->rc)
+        m->s[st] = made;
+}
+
+/* Copies next's continuation as the product with X's automaton x. */
+static int32_t look_product(re_nfa *m, const eng_regex *x, bool neg, int32_t next)
+{
+    look_prod lp = {m, x, neg, -1, NULL, NULL, 0, 0, NULL, 0, 0};
+    lp.fail = nfa_add(m, NS_FAIL, 0, 0, -1, -1);
+    int32_t entry = lp.fail >= 0 ? look_pair(&lp, next, eng_regex_start(x)) : -1;
+    while (lp.n_work > 0 && !m->rc) {
+        lp.n_work--;
+        look_fill(&lp, lp.work[lp.n_work][0], lp.work[lp.n_work][1], lp.work[lp.n_work][2]);
+    }
+    sw_free(lp.keys);
+    sw_free(lp.vals);
+    sw_free(lp.work);
+    return m->rc ? -1 : entry;
+}
+
+static int32_t emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next)
+{
+    bool neg = a->min != 0;
+    int32_t child = a->first, entry = -1;
+    eng_regex *x = NULL;
+    int rc = look_dfa(p, child, false, &m->n_looks, &x);
+    if (!rc && (entry = look_product(m, x, neg, next)) >= 0 && ast_has_bol(p, child)) {
+        /* ^ inside X: at the start X reads it as holding */
+        eng_regex *xs = NULL;
+        rc = look_dfa(p, child, true, &m->n_looks, &xs);
+        int32_t at_start = rc ? -1 : look_product(m, xs, neg, next);
+        eng_regex_free(xs);
+        int32_t bol = at_start >= 0 ? nfa_add(m, NS_BOL, 0, 0, at_start, -1) : -1;
+        int32_t notbol = bol >= 0 ? nfa_add(m, NS_NOTBOL, 0, 0, entry, -1) : -1;
+        entry = notbol >= 0 ? nfa_add(m, NS_SPLIT, 0, 0, bol, notbol) : -1;
+    }
+    eng_regex_free(x);
+    if (rc && !m->rc)
+        m->rc = rc;
+    return m->rc ? -1 : entry;
+}
+
+static int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
+                         bool at_start)
 {
     dfa_build b = {0};
     b.m = m;
@@ -1481,12 +1739,16 @@ static int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex 
     b.set_off = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_off);
     b.set_len = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_len);
     b.htab = sw_malloc(RE_HTAB * sizeof *b.htab);
+    /* allocated up front: a state's set may be empty (a lookahead whose ^
+     * is read after the start), and pointer arithmetic on NULL is not C */
+    b.cap_pool = 4096;
+    b.pool = sw_malloc(b.cap_pool * sizeof *b.pool);
     re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1);
     re->universal = sw_calloc(ENG_REGEX_MAX_STATES, 1);
     size_t cap_trans = 64 * (size_t)nc;
     re->trans = sw_malloc(cap_trans * sizeof *re->trans);
-    if (!b.mark || !b.stack || !b.tmp || !b.set_off || !b.set_len || !b.htab || !re->accept ||
-        !re->universal || !re->trans) {
+    if (!b.mark || !b.stack || !b.tmp || !b.set_off || !b.set_len || !b.htab || !b.pool ||
+        !re->accept || !re->universal || !re->trans) {
         rc = SW_ENOMEM;
         goto done;
     }
@@ -1494,8 +1756,8 @@ static int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex 
     re->start = -1;
     b.tmp[0] = head;
     b.n_tmp = 1;
-    closure(&b, true);
-    re->start = dfa_state(&b, re, true);
+    closure(&b, at_start);
+    re->start = dfa_state(&b, re, at_start);
     if (re->start < 0) {
         rc = b.rc;
         goto done;
@@ -1586,9 +1848,16 @@ int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error
     int32_t head = body >= 0 ? emit_any_star(&m, body) : -1;
     if (head < 0) {
         rc = m.rc ? m.rc : SW_EINTERNAL;
-        sw_error_set(err, rc, rc == SW_ERANGE ? "pattern too large (more than %d NFA states)"
-                                              : "pattern: out of memory",
-                     ENG_REGEX_MAX_NFA_STATES);
+        if (rc == SW_EUNSUPPORTED)
+            sw_error_set(err, rc, "pattern: a lookahead inside an unbounded repetition "
+                                  "(* + {m,})");
+        else
+            sw_error_set(err, rc,
+                         rc == SW_ERANGE ? "pattern too large (more than %d NFA states, a "
+                                           "lookahead's automaton past %d states, or more than "
+                                           "%d lookaheads with their copies)"
+                                         : "pattern: out of memory",
+                         ENG_REGEX_MAX_NFA_STATES, ENG_REGEX_MAX_STATES, RE_MAX_LOOKS);
         goto fail;
     }
     re = sw_calloc(1, sizeof *re);
@@ -1596,7 +1865,7 @@ int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error
         rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
         goto fail;
     }
-    rc = dfa_build_all(&m, head, tail, re);
+    rc = dfa_build_all(&m, head, tail, re, true);
     if (rc) {
         sw_error_set(err, rc, rc == SW_ERANGE ? "pattern too large (its automaton passes %d "
                                                 "states or the construction's work bound)"

@@ -21,9 +21,13 @@
  * pairs combined) \u{H..} and identity escapes of punctuation (\/ \. ...);
  * quantifiers * + ? {m} {m,} {m,n} (lazy ones are greedy: a DFA decides
  * whether a string matches, not which part); groups ( ), (?: ), (?<name> );
- * alternation; ^ and $ (at the ends of the string).
- * Refused with SW_EUNSUPPORTED: backreferences (\1, \k<name>), lookahead
- * and lookbehind, \b \B, other \p properties, lone surrogates.
+ * alternation; ^ and $ (at the ends of the string); lookahead (?= ) and
+ * (?! ), ^ inside them included (regex.c: a product of what follows with
+ * the lookahead's own automaton).
+ * Refused with SW_EUNSUPPORTED: backreferences (\1, \k<name>),
+ * lookbehind, a lookahead inside an unbounded repetition (* + {m,}) whose
+ * verdict depends on the loop, \b \B, other \p properties, lone
+ * surrogates.
  * SW_EINVAL: a malformed pattern. SW_ERANGE: a pattern whose automaton
  * would pass ENG_REGEX_MAX_STATES states, or whose construction passes a
  * fixed work bound (a hostile `(a|b)*a(a|b){20}` fails in milliseconds).

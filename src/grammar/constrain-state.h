@@ -1,0 +1,142 @@
+/* constrain-state.h - what the files of the constraint automaton share:
+ * its state (frames, stacks, sets), the vocabulary index and the
+ * constraint (constrain.c runs the automaton, constrain_number.c its
+ * bounded numbers, constrain_vocab.c indexes the vocabulary,
+ * constrain_mask.c computes masks). Only those files include it.
+ */
+#ifndef SPILLWAY_ENGINE_CONSTRAIN_STATE_H
+#define SPILLWAY_ENGINE_CONSTRAIN_STATE_H
+
+#include "grammar/constrain.h"
+#include "grammar/constrain-impl.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cs_frame {
+    int32_t node;   /* -1: the root */
+    uint8_t phase;
+    uint8_t pend;   /* string: UTF-8 continuation bytes still expected */
+    uint8_t lo, hi; /* string: range of the next continuation byte */
+    int32_t a, b, c;
+} cs_frame;
+
+typedef struct cs_stack {
+    int32_t depth;
+    cs_frame f[ENG_CS_MAX_DEPTH];
+} cs_stack;
+
+typedef struct cs_set {
+    int32_t n;
+    cs_stack s[ENG_CS_MAX_ALTS];
+} cs_set;
+
+/* Phases. */
+enum { S_START = 0, S_IN = 1, S_ESC = 2 };
+enum { N_START = 0, N_NEG = 1, N_ZERO = 2, N_INT = 3, N_FRAC0 = 4, N_FRAC = 5 };
+enum { O_START = 0, O_FIRST = 1, O_KEYSTART = 2, O_KEY = 3, O_VALUE = 4, O_AFTER = 5 };
+enum { A_START = 0, A_FIRST = 1, A_COLON = 2, A_VALUE = 3, A_AFTER = 4, A_KEY = 5 };
+enum { R_START = 0, R_FIRST = 1, R_AFTER = 2, R_NEXT = 3 };
+
+#define CS_INF ((int64_t)1 << 40)
+
+/* ---- the vocabulary ---------------------------------------------------- */
+
+typedef struct cs_tnode {
+    uint32_t first_child; /* 0: none (the root is never a child) */
+    uint32_t next;        /* next sibling, 0: none */
+    uint32_t tok_begin;   /* tokens ending here: ids[tok_begin .. +tok_count) */
+    uint32_t tok_count;
+    uint8_t byte;
+} cs_tnode;
+
+typedef struct cs_trie {
+    cs_tnode *nodes;
+    uint32_t n_nodes;
+    int32_t *ids;         /* tokens sorted by bytes */
+} cs_trie;
+
+struct eng_cs_vocab {
+    int32_t n_tokens;
+    char *blob;           /* every token's bytes */
+    size_t *off;          /* n_tokens */
+    int32_t *len;         /* n_tokens; 0: never allowed */
+    uint8_t *is_end;      /* n_tokens */
+    int32_t *end_ids;
+    int32_t n_end;
+    int32_t *plain_ids;   /* tokens of ordinary string characters only */
+    int32_t *plain_chars; /* their code points */
+    int32_t n_plain;
+    int32_t max_plain_chars;
+    uint32_t *plain_bits; /* the plain tokens as a mask ((n_tokens + 31) / 32 words) */
+    cs_trie full;         /* every allowed token */
+    cs_trie special;      /* allowed tokens that are not plain */
+    cs_trie plain;        /* the plain tokens (pattern lists are built walking it) */
+    int32_t max_len;
+};
+
+/* Pattern strings (CS_PATTERN): the plain tokens one automaton state lets
+ * through, each with the state after it and its code points, so a mask in
+ * a state met before is one pass over a list instead of a trie walk. A
+ * state's list is built the first time it is met, by one walk of the plain
+ * tokens' trie with the automaton alone (one table lookup per trie node, a
+ * refused byte prunes every token under it), so building costs about what
+ * one trie walk of the mask would. GBNF automata (CS_RAW) use the same
+ * lists; there a token that passes an accepting state before its last byte
+ * could also end the automaton and go on below, so its entry is undecided
+ * (state CS_PAT_UNDECIDED) and the token is fed from the full state
+ * instead. The slots are few because each holds room for every plain
+ * token (allocated with the constraint, so masks allocate nothing); the
+ * least recently used is replaced. */
+#define CS_PAT_SLOTS 4
+#define CS_PAT_UNDECIDED (-2)
+
+typedef struct cs_pat_entry {
+    int32_t id, state, chars;
+} cs_pat_entry;
+
+typedef struct cs_pat_cache {
+    int32_t node, state; /* -1: free */
+    int32_t n;
+    uint64_t used;
+    cs_pat_entry *e;     /* n_plain entries allocated */
+    /* The whole list as a mask, for the usual case where every entry fits:
+     * fast when no entry is undecided and (CS_PATTERN) the length is
+     * unbounded, so past min_chars an entry's cost is its state's alone;
+     * bits then holds the n_bits entries whose cost is finite, the largest
+     * of which is max_cost. */
+    bool fast;
+    int32_t n_bits;
+    int64_t max_cost;
+    uint32_t *bits;      /* (n_tokens + 31) / 32 words */
+} cs_pat_cache;
+
+struct eng_constraint {
+    const eng_grammar *g;
+    const eng_cs_vocab *v;
+    cs_set state;
+    cs_set *scratch;      /* max_len + 2 sets: the trie walk's states by depth */
+    uint32_t *mask;       /* eng_constraint_mask_buffer: for the engine's sampling step */
+    cs_pat_cache *pcache; /* CS_PAT_SLOTS, when the grammar has patterns */
+    uint64_t ptick;
+};
+enum { R_REJECT = 0, R_ACCEPT = 1, R_DONE = 2, R_END = 3 };
+
+/* ---- shared between the files ---------------------------------------- */
+
+void eng__cs_stack_copy(cs_stack *dst, const cs_stack *src);
+int eng__cs_step_pattern(const cs_node *n, cs_frame *f, uint8_t ch);
+int64_t eng__cs_pattern_min(const cs_node *n, const cs_frame *f);
+void eng__cs_set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set *out);
+int64_t eng__cs_frame_min(const eng_grammar *g, const cs_frame *f);
+int64_t eng__cs_stack_min(const eng_grammar *g, const cs_stack *st);
+int64_t eng__cs_set_min(const eng_grammar *g, const cs_set *s);
+bool eng__cs_set_complete(const eng_grammar *g, const cs_set *s);
+int eng__cs_utf8_lead(uint8_t c, uint8_t *lo, uint8_t *hi);
+bool eng__cs_num_bounded(const cs_node *n);
+int eng__cs_step_bounded(const cs_node *n, cs_frame *f, uint8_t ch);
+bool eng__cs_num_can_end(const cs_node *n, const cs_frame *f);
+int64_t eng__cs_num_min(const cs_node *n, const cs_frame *f);
+
+#endif

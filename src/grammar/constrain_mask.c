@@ -1,0 +1,494 @@
+/* constrain_mask.c - the constraint: its life cycle, feeding tokens, and
+ * the token masks walked over the vocabulary's tries (constrain.h has the
+ * contract, constrain.c the automaton, constrain-state.h the state).
+ */
+#include "grammar/constrain.h"
+
+#include "common/alloc.h"
+#include "grammar/constrain-impl.h"
+#include "grammar/constrain-state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the constraint ------------------------------------------------------ */
+
+/* Allocated up front, so masks allocate nothing. */
+static int pat_cache_create(eng_constraint *c)
+{
+    bool patterns = false;
+    for (int32_t i = 0; i < c->g->n_nodes; i++)
+        patterns |= c->g->nodes[i].kind == CS_PATTERN || c->g->nodes[i].kind == CS_RAW;
+    if (!patterns || c->v->n_plain == 0)
+        return SW_OK;
+    if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
+        return SW_ENOMEM;
+    size_t words = ((size_t)c->v->n_tokens + 31) / 32;
+    for (int i = 0; i < CS_PAT_SLOTS; i++) {
+        c->pcache[i].node = -1;
+        if (!(c->pcache[i].e = sw_malloc((size_t)c->v->n_plain * sizeof *c->pcache[i].e)) ||
+            !(c->pcache[i].bits = sw_malloc(words * sizeof *c->pcache[i].bits)))
+            return SW_ENOMEM;
+    }
+    return SW_OK;
+}
+
+static void pat_cache_free(eng_constraint *c)
+{
+    for (int i = 0; c->pcache && i < CS_PAT_SLOTS; i++) {
+        sw_free(c->pcache[i].e);
+        sw_free(c->pcache[i].bits);
+    }
+    sw_free(c->pcache);
+}
+
+typedef struct list_walk {
+    const cs_trie *t;
+    const eng_regex *re;
+    bool raw;
+    cs_pat_cache *slot;
+} list_walk;
+
+/* Every token under trie node `node` (itself excluded) as undecided. */
+static void list_undecided(list_walk *lw, uint32_t node)
+{
+    const cs_trie *t = lw->t;
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        for (uint32_t k = 0; k < tn->tok_count; k++)
+            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k],
+                                                        CS_PAT_UNDECIDED, 0};
+        list_undecided(lw, ch);
+    }
+}
+
+/* The plain tokens under trie node `node`, reached in automaton state
+ * `state` after `bytes` bytes and `chars` code points. */
+static void list_walk_node(list_walk *lw, uint32_t node, int32_t state, int32_t bytes,
+                           int32_t chars)
+{
+    if (lw->raw && bytes > 0 && eng_regex_accepting(lw->re, state)) {
+        list_undecided(lw, node);
+        return;
+    }
+    const cs_trie *t = lw->t;
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        int32_t to = eng_regex_step(lw->re, state, tn->byte);
+        if (to < 0)
+            continue;
+        int32_t c2 = chars + ((tn->byte & 0xC0) != 0x80);
+        for (uint32_t k = 0; k < tn->tok_count; k++)
+            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k], to, c2};
+        if (tn->first_child)
+            list_walk_node(lw, ch, to, bytes + 1, c2);
+    }
+}
+
+/* The slot's mask (cs_pat_cache.fast), after its list is built. */
+static void pat_cache_bits(const eng_constraint *c, const cs_node *n, cs_pat_cache *slot)
+{
+    slot->fast = n->kind == CS_RAW || n->max_chars == INT32_MAX;
+    slot->n_bits = 0;
+    slot->max_cost = 0;
+    if (!slot->fast)
+        return;
+    memset(slot->bits, 0, ((size_t)c->v->n_tokens + 31) / 32 * sizeof *slot->bits);
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        if (e->state == CS_PAT_UNDECIDED) {
+            slot->fast = false;
+            return;
+        }
+        int32_t chars = n->kind == CS_RAW ? 0 : n->min_chars;
+        int64_t m = eng_regex_costs_get(n->re_costs, e->state, chars);
+        if (m < 0)
+            continue;
+        slot->bits[e->id >> 5] |= 1u << (e->id & 31);
+        slot->n_bits++;
+        if (m > slot->max_cost)
+            slot->max_cost = m;
+    }
+}
+
+/* ORs a slot's mask into mask. */
+static void pat_cache_or(const eng_constraint *c, const cs_pat_cache *slot, uint32_t *mask,
+                         int32_t *count)
+{
+    size_t words = ((size_t)c->v->n_tokens + 31) / 32;
+    for (size_t i = 0; i < words; i++)
+        mask[i] |= slot->bits[i];
+    *count += slot->n_bits;
+}
+
+/* The list for (node, state), built the first time it is asked for. */
+static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_t state)
+{
+    cs_pat_cache *slot = NULL, *lru = &c->pcache[0];
+    for (int i = 0; i < CS_PAT_SLOTS; i++) {
+        if (c->pcache[i].node == node && c->pcache[i].state == state)
+            slot = &c->pcache[i];
+        if (c->pcache[i].used < lru->used)
+            lru = &c->pcache[i];
+    }
+    if (!slot) {
+        slot = lru;
+        slot->node = node;
+        slot->state = state;
+        slot->n = 0;
+        const cs_node *n = &c->g->nodes[node];
+        list_walk lw = {&c->v->plain, n->re, n->kind == CS_RAW, slot};
+        list_walk_node(&lw, 0, state, 0, 0);
+        pat_cache_bits(c, n, slot);
+    }
+    slot->used = ++c->ptick;
+    return slot;
+}
+
+/* The plain tokens of a pattern frame from its state's list; false when
+ * the frame is inside a character (or there are no lists): walk them. */
+static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
+                               int64_t budget_after, uint32_t *mask, int32_t *count)
+{
+    const cs_node *n = &c->g->nodes[f->node];
+    if (!c->pcache || eng_regex_pending(n->re, f->b) != 0)
+        return false;
+    const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
+    if (slot->fast && f->a >= n->min_chars && base_rest + slot->max_cost + 1 <= budget_after) {
+        pat_cache_or(c, slot, mask, count);
+        return true;
+    }
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        int64_t a = (int64_t)f->a + e->chars;
+        if (a > n->max_chars)
+            continue;
+        int64_t m = eng_regex_costs_get(n->re_costs, e->state, a);
+        if (m < 0 || base_rest + m + 1 > budget_after)
+            continue;
+        mask[e->id >> 5] |= 1u << (e->id & 31);
+        (*count)++;
+    }
+    return true;
+}
+
+int eng_constraint_create(const eng_grammar *g, const eng_cs_vocab *v, eng_constraint **out,
+                          sw_error *err)
+{
+    if (!g || !v || !out || g->root < 0)
+        return sw_error_set(err, SW_EINVAL, "eng_constraint_create: NULL argument");
+    eng_constraint *c = sw_calloc(1, sizeof *c);
+    if (!c)
+        return sw_error_set(err, SW_ENOMEM, "out of memory starting a constraint");
+    c->g = g;
+    c->v = v;
+    c->scratch = sw_malloc(((size_t)v->max_len + 2) * sizeof *c->scratch);
+    c->mask = sw_calloc(((size_t)v->n_tokens + 31) / 32, sizeof *c->mask);
+    if (!c->scratch || !c->mask || pat_cache_create(c)) {
+        eng_constraint_free(c);
+        return sw_error_set(err, SW_ENOMEM, "out of memory starting a constraint");
+    }
+    c->state.n = 1;
+    c->state.s[0].depth = 1;
+    memset(&c->state.s[0].f[0], 0, sizeof c->state.s[0].f[0]);
+    c->state.s[0].f[0].node = -1;
+    *out = c;
+    return SW_OK;
+}
+
+void eng_constraint_free(eng_constraint *c)
+{
+    if (!c)
+        return;
+    sw_free(c->scratch);
+    sw_free(c->mask);
+    pat_cache_free(c);
+    sw_free(c);
+}
+
+bool eng_constraint_feed(eng_constraint *c, const char *bytes, size_t n)
+{
+    /* scratch[0] and [1] alternate; the state changes only on success. */
+    const cs_set *cur = &c->state;
+    for (size_t i = 0; i < n; i++) {
+        cs_set *next = &c->scratch[i & 1];
+        eng__cs_set_step(c->g, cur, (uint8_t)bytes[i], next);
+        if (next->n == 0)
+            return false;
+        cur = next;
+    }
+    if (cur != &c->state) {
+        c->state.n = cur->n;
+        for (int32_t i = 0; i < cur->n; i++)
+            eng__cs_stack_copy(&c->state.s[i], &cur->s[i]);
+    }
+    return true;
+}
+
+uint32_t *eng_constraint_mask_buffer(eng_constraint *c)
+{
+    return c->mask;
+}
+
+int32_t eng_constraint_n_tokens(const eng_constraint *c)
+{
+    return c->v->n_tokens;
+}
+
+bool eng_constraint_is_end_token(const eng_constraint *c, int32_t token)
+{
+    return token >= 0 && token < c->v->n_tokens && c->v->is_end[token];
+}
+
+bool eng_constraint_accept_token(eng_constraint *c, int32_t token)
+{
+    if (token < 0 || token >= c->v->n_tokens)
+        return false;
+    if (c->v->is_end[token])
+        return eng_constraint_is_complete(c);
+    if (c->v->len[token] <= 0)
+        return false;
+    return eng_constraint_feed(c, c->v->blob + c->v->off[token], (size_t)c->v->len[token]);
+}
+
+bool eng_constraint_is_complete(const eng_constraint *c)
+{
+    return eng__cs_set_complete(c->g, &c->state);
+}
+
+bool eng_constraint_is_closed(const eng_constraint *c)
+{
+    if (!eng__cs_set_complete(c->g, &c->state))
+        return false;
+    for (int ch = 0; ch < 256; ch++) {
+        eng__cs_set_step(c->g, &c->state, (uint8_t)ch, &c->scratch[0]);
+        if (c->scratch[0].n > 0)
+            return false;
+    }
+    return true;
+}
+
+int64_t eng_constraint_min_bytes(const eng_constraint *c)
+{
+    return eng__cs_set_complete(c->g, &c->state) ? 0 : eng__cs_set_min(c->g, &c->state);
+}
+
+typedef struct walk_ctx {
+    eng_constraint *c;
+    const cs_trie *t;
+    int64_t budget_after;
+    uint32_t *mask;
+    int32_t count;
+} walk_ctx;
+
+/* Every token that ends at trie node tn goes into the mask. */
+static inline void allow_tokens(walk_ctx *w, const cs_tnode *tn)
+{
+    for (uint32_t k = 0; k < tn->tok_count; k++) {
+        int32_t id = w->t->ids[tn->tok_begin + k];
+        w->mask[id >> 5] |= 1u << (id & 31);
+        w->count++;
+    }
+}
+
+static void walk(walk_ctx *w, uint32_t node, int32_t depth)
+{
+    const cs_trie *t = w->t;
+    const cs_set *cur = &w->c->scratch[depth];
+    cs_set *next = &w->c->scratch[depth + 1];
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        eng__cs_set_step(w->c->g, cur, tn->byte, next);
+        if (next->n == 0)
+            continue;
+        if (tn->tok_count && eng__cs_set_min(w->c->g, next) <= w->budget_after)
+            allow_tokens(w, tn);
+        if (tn->first_child)
+            walk(w, ch, depth + 1);
+    }
+}
+
+/* Plain tokens (ordinary string characters) decided by their length alone:
+ * in a string, or in a pattern string that has matched for good. */
+static bool plain_by_length(const cs_node *n, const cs_frame *top)
+{
+    if (n->kind == CS_STRING)
+        return top->phase == S_IN && top->pend == 0;
+    return n->kind == CS_PATTERN && top->phase == S_IN && eng_regex_pending(n->re, top->b) == 0 &&
+           eng_regex_universal(n->re, top->b);
+}
+
+/* Inside a pattern string (one stack, its top frame CS_PATTERN in S_IN):
+ * the trie is walked with a copy of that frame alone while the bytes are
+ * content (no stack copies per byte); a quote or a backslash goes back to
+ * the general walk, from the full state rebuilt at that trie node.
+ * base_rest: the shortest completion of the frames below. */
+static void walk_pattern(walk_ctx *w, uint32_t node, int32_t depth, const cs_frame *f,
+                         int64_t base_rest)
+{
+    const cs_trie *t = w->t;
+    const cs_node *n = &w->c->g->nodes[f->node];
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        if (tn->byte == '"' || tn->byte == '\\') {
+            cs_set *cur = &w->c->scratch[depth], *next = &w->c->scratch[depth + 1];
+            cur->n = 1;
+            eng__cs_stack_copy(&cur->s[0], &w->c->state.s[0]);
+            cur->s[0].f[cur->s[0].depth - 1] = *f;
+            eng__cs_set_step(w->c->g, cur, tn->byte, next);
+            if (next->n == 0)
+                continue;
+            if (tn->tok_count && eng__cs_set_min(w->c->g, next) <= w->budget_after)
+                allow_tokens(w, tn);
+            if (tn->first_child)
+                walk(w, ch, depth + 1);
+            continue;
+        }
+        cs_frame f2 = *f;
+        if (eng__cs_step_pattern(n, &f2, tn->byte) != R_ACCEPT)
+            continue;
+        if (tn->tok_count && base_rest + eng__cs_pattern_min(n, &f2) <= w->budget_after)
+            allow_tokens(w, tn);
+        if (tn->first_child)
+            walk_pattern(w, ch, depth + 1, &f2, base_rest);
+    }
+}
+
+/* Whether token id (not an end token) is accepted from the state with
+ * its shortest completion within budget_after: fed through the full
+ * state (scratch[0] and [1]). */
+static bool token_fits(eng_constraint *c, int32_t id, int64_t budget_after)
+{
+    const cs_set *cur = &c->state;
+    const uint8_t *p = (const uint8_t *)c->v->blob + c->v->off[id];
+    for (int32_t k = 0; k < c->v->len[id]; k++) {
+        cs_set *next = &c->scratch[k & 1];
+        eng__cs_set_step(c->g, cur, p[k], next);
+        if (next->n == 0)
+            return false;
+        cur = next;
+    }
+    return eng__cs_set_min(c->g, cur) <= budget_after;
+}
+
+/* The plain tokens of a CS_RAW frame that cannot end here, from its
+ * state's list; false where it could end (or there are no lists): walk
+ * them. */
+static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
+                           int64_t budget_after, uint32_t *mask, int32_t *count)
+{
+    const cs_node *n = &c->g->nodes[f->node];
+    if (!c->pcache || eng_regex_accepting(n->re, f->b))
+        return false;
+    const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
+    if (slot->fast && base_rest + slot->max_cost <= budget_after) {
+        pat_cache_or(c, slot, mask, count);
+        return true;
+    }
+    for (int32_t i = 0; i < slot->n; i++) {
+        const cs_pat_entry *e = &slot->e[i];
+        bool ok = e->state == CS_PAT_UNDECIDED
+                      ? token_fits(c, e->id, budget_after)
+                      : base_rest + eng_regex_costs_get(n->re_costs, e->state, 0) <= budget_after;
+        if (ok) {
+            mask[e->id >> 5] |= 1u << (e->id & 31);
+            (*count)++;
+        }
+    }
+    return true;
+}
+
+/* Inside a GBNF automaton (one stack, its top frame CS_RAW): while the
+ * automaton cannot end there, a byte only steps it, so the trie is walked
+ * with a copy of that frame alone (one table lookup per trie node, no
+ * stack copies); where it could end (the byte may belong to the frames
+ * below) the general walk takes over from the full state. */
+static void walk_raw(walk_ctx *w, uint32_t node, int32_t depth, const cs_frame *f,
+                     int64_t base_rest)
+{
+    const cs_node *n = &w->c->g->nodes[f->node];
+    if (eng_regex_accepting(n->re, f->b)) {
+        cs_set *cur = &w->c->scratch[depth];
+        cur->n = 1;
+        eng__cs_stack_copy(&cur->s[0], &w->c->state.s[0]);
+        cur->s[0].f[cur->s[0].depth - 1] = *f;
+        walk(w, node, depth);
+        return;
+    }
+    const cs_trie *t = w->t;
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        int32_t to = eng_regex_step(n->re, f->b, tn->byte);
+        if (to < 0)
+            continue;
+        cs_frame f2 = *f;
+        f2.b = to;
+        if (tn->tok_count && base_rest + eng_regex_costs_get(n->re_costs, to, 0) <= w->budget_after)
+            allow_tokens(w, tn);
+        if (tn->first_child)
+            walk_raw(w, ch, depth + 1, &f2, base_rest);
+    }
+}
+
+int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_t *mask)
+{
+    const eng_cs_vocab *v = c->v;
+    const eng_grammar *g = c->g;
+    memset(mask, 0, ((size_t)v->n_tokens + 31) / 32 * sizeof *mask);
+    walk_ctx w = {c, &v->full, remaining_tokens - 1, mask, 0};
+    if (remaining_tokens > 0) {
+        cs_set *s0 = &c->scratch[0];
+        s0->n = c->state.n;
+        for (int32_t i = 0; i < c->state.n; i++)
+            eng__cs_stack_copy(&s0->s[i], &c->state.s[i]);
+        const cs_stack *only = &c->state.s[0];
+        const cs_frame *top = &only->f[only->depth - 1];
+        if (c->state.n == 1 && top->node >= 0 && plain_by_length(&g->nodes[top->node], top)) {
+            /* Inside a string: ordinary characters keep it open; decide
+             * those tokens by their length alone, walk the others. */
+            const cs_node *n = &g->nodes[top->node];
+            int64_t room = (int64_t)n->max_chars - top->a;
+            int64_t need = n->min_chars > top->a ? n->min_chars - top->a : 0;
+            int64_t base = eng__cs_stack_min(g, only);
+            if (room >= v->max_plain_chars && need == 0 && base <= w.budget_after) {
+                /* every plain token fits: the precomputed mask */
+                size_t words = ((size_t)v->n_tokens + 31) / 32;
+                for (size_t i = 0; i < words; i++)
+                    mask[i] |= v->plain_bits[i];
+                w.count += v->n_plain;
+            } else {
+                for (int32_t i = 0; i < v->n_plain; i++) {
+                    int64_t k = v->plain_chars[i];
+                    if (k > room || base - (k < need ? k : need) > w.budget_after)
+                        continue;
+                    int32_t id = v->plain_ids[i];
+                    mask[id >> 5] |= 1u << (id & 31);
+                    w.count++;
+                }
+            }
+            w.t = &v->special;
+        }
+        if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_PATTERN &&
+            top->phase == S_IN && w.t == &v->full) {
+            int64_t rest = eng__cs_stack_min(g, only) - eng__cs_frame_min(g, top);
+            if (pattern_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
+                w.t = &v->special;
+            walk_pattern(&w, 0, 0, top, rest);
+        } else if (c->state.n == 1 && top->node >= 0 && g->nodes[top->node].kind == CS_RAW) {
+            int64_t rest = eng__cs_stack_min(g, only) - eng__cs_frame_min(g, top);
+            if (raw_plain_mask(c, top, rest, w.budget_after, mask, &w.count))
+                w.t = &v->special;
+            walk_raw(&w, 0, 0, top, rest);
+        } else {
+            walk(&w, 0, 0);
+        }
+    }
+    if (eng__cs_set_complete(g, &c->state)) {
+        for (int32_t i = 0; i < v->n_end; i++) {
+            int32_t id = v->end_ids[i];
+            mask[id >> 5] |= 1u << (id & 31);
+            w.count++;
+        }
+    }
+    return w.count;
+}

@@ -50,6 +50,23 @@
 #endif
 #define K_INLINE static inline __attribute__((always_inline))
 
+/* Prefetches the cache lines of `bytes` consecutive bytes at p (bytes a
+ * compile-time constant after inlining). One prefetch per 64 bytes, so
+ * when a row's consecutive blocks are prefetched one after the other no
+ * line falls between two prefetched addresses: a K-quant super-block is
+ * 2-4 lines (144, 176, 210 bytes), and one prefetch per block left the
+ * others to the hardware prefetcher, which does not follow 8 interleaved
+ * rows (Q4_K decode streamed ~15% below Q4_0 from DRAM). */
+K_INLINE void k_prefetch_span(const unsigned char *p, const size_t bytes, const int hint)
+{
+    for (size_t o = 0; o < bytes; o += 64) {
+        if (hint == 0)
+            _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+        else
+            _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+    }
+}
+
 static inline short k_load_f16(const unsigned char *p)
 {
     short v;
@@ -337,9 +354,9 @@ K_INLINE void k_tile_k(const int R, const int T, const int kind, const unsigned 
             for (int r = 0; r < R; r++) {
                 const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
                 if (K_PREFETCH)
-                    _mm_prefetch((const char *)wb + K_PREFETCH, _MM_HINT_T0);
+                    k_prefetch_span(wb + K_PREFETCH, wbytes, 0);
                 if (K_PREFETCH_TILE)
-                    _mm_prefetch((const char *)wb + (size_t)R * w_row_bytes, _MM_HINT_T1);
+                    k_prefetch_span(wb + (size_t)R * w_row_bytes, wbytes, 1);
                 __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wb + 192)));
                 sc16[r] = _mm512_castsi256_si512(s);
                 short hd;
@@ -395,9 +412,9 @@ K_INLINE void k_tile_k(const int R, const int T, const int kind, const unsigned 
             for (int r = 0; r < R; r++) {
                 const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
                 if (K_PREFETCH)
-                    _mm_prefetch((const char *)wb + K_PREFETCH, _MM_HINT_T0);
+                    k_prefetch_span(wb + K_PREFETCH, wbytes, 0);
                 if (K_PREFETCH_TILE)
-                    _mm_prefetch((const char *)wb + (size_t)R * w_row_bytes, _MM_HINT_T1);
+                    k_prefetch_span(wb + (size_t)R * w_row_bytes, wbytes, 1);
                 uint64_t sc, mn;
                 k_k_scales(wb + 4, &sc, &mn);
                 scw[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));

@@ -55,16 +55,24 @@ typedef struct matmul_job {
     bool gelu;         /* glu with GELU (gemma3), not SiLU */
 } matmul_job;
 
-/* The gate's activation times up: SiLU (SwiGLU) or GELU in its tanh form
- * (GeGLU, gemma3), computed in f32 (llama.cpp's CPU path looks GELU up in
- * a table of f16 inputs, a rounding this does not copy). */
-static inline float glu_value(float g, float up, bool gelu)
+/* The gate's activation times up for GeGLU (gemma3): GELU in its tanh
+ * form, computed in f32 (llama.cpp's CPU path looks GELU up in a table of
+ * f16 inputs, a rounding this does not copy). SwiGLU is cpu_swiglu_f32. */
+static inline float geglu_value(float g, float up)
 {
-    if (gelu) {
-        const float sqrt_2_over_pi = 0.79788456080286535588f;
-        return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * up;
+    const float sqrt_2_over_pi = 0.79788456080286535588f;
+    return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * up;
+}
+
+/* gate[i] = act(gate[i]) * up[i] for i in [0, n). */
+static void glu_rows(float *gate, const float *up, int64_t n, bool gelu)
+{
+    if (!gelu) {
+        cpu_swiglu_f32(gate, up, n);
+        return;
     }
-    return g / (1.0f + expf(-g)) * up;
+    for (int64_t i = 0; i < n; i++)
+        gate[i] = geglu_value(gate[i], up[i]);
 }
 
 static void matmul_rows(const matmul_job *job, int m, int64_t r0, int64_t r1)
@@ -90,8 +98,7 @@ static void matmul_task(void *arg, int64_t begin, int64_t end, int thread_index)
         for (int64_t t = 0; t < job->n_tokens; t++) {
             float *gate = job->y[0] + t * job->y_stride[0];
             const float *up = job->y[1] + t * job->y_stride[1];
-            for (int64_t i = begin; i < end; i++)
-                gate[i] = glu_value(gate[i], up[i], job->gelu);
+            glu_rows(gate + begin, up + begin, end - begin, job->gelu);
         }
         return;
     }
@@ -460,8 +467,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             const eng_weight *w[2] = {&L->w_gate, &L->w_up};
             float *y[2] = {gate, up};
             if (!matmul(ctx, 2, w, y, xn, n, per_token, true))
-                for (int64_t i = 0; i < n * n_ff; i++)
-                    gate[i] = glu_value(gate[i], up[i], hp->ffn_gelu);
+                glu_rows(gate, up, n * n_ff, hp->ffn_gelu);
         }
         {
             const eng_weight *w[1] = {&L->w_down};

@@ -125,6 +125,12 @@ static void cpu_scalar_softmax_f32(float *x, int64_t n)
         x[i] = x[i] / sum;
 }
 
+static void cpu_scalar_swiglu_f32(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
 /* ---- dispatch ------------------------------------------------------------ */
 
 static cpu__kernel_table cpu_tables[4];
@@ -159,6 +165,7 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
     CPU_INHERIT(matmul_q3_k)
     CPU_INHERIT(matmul_iq4_xs)
     CPU_INHERIT(matmul_iq4_nl)
+    CPU_INHERIT(swiglu_f32)
 #undef CPU_INHERIT
 }
 
@@ -196,6 +203,7 @@ static void cpu_dispatch_init(void)
     s->matmul_q3_k = cpu_scalar_matmul_q3_k;
     s->matmul_iq4_xs = cpu_scalar_matmul_iq4_xs;
     s->matmul_iq4_nl = cpu_scalar_matmul_iq4_nl;
+    s->swiglu_f32 = cpu_scalar_swiglu_f32;
     cpu_tables[CPU_ISA_AVX2] = *s;
     cpu_tables[CPU_ISA_AVX512] = *s;
     cpu_tables[CPU_ISA_AMX] = *s;
@@ -460,4 +468,10 @@ void cpu_softmax_f32(float *x, int64_t n)
 {
     if (n > 0)
         cpu_table()->softmax_f32(x, n);
+}
+
+void cpu_swiglu_f32(float *gate, const float *up, int64_t n)
+{
+    if (n > 0)
+        cpu_table()->swiglu_f32(gate, up, n);
 }

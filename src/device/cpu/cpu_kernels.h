@@ -101,5 +101,11 @@ void cpu_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
  * libm's expf and sums in order; AVX-512 a vectorised exp (within 2 ulp of
  * expf) and vector partial sums, so the levels differ in the last bits. */
 void cpu_softmax_f32(float *x, int64_t n);
+/* SwiGLU in place: gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).
+ * The scalar level computes exactly that with libm's expf; AVX-512 with
+ * its vectorised exp of -|g| (so the exponent never overflows), so the
+ * levels differ in the last bits. Each element's result depends only on
+ * its own inputs (not on n or its position). */
+void cpu_swiglu_f32(float *gate, const float *up, int64_t n);
 
 #endif

@@ -813,6 +813,24 @@ static void k_softmax_f32(float *x, int64_t n)
     }
 }
 
+/* SwiGLU: with e = exp(-|g|) (at most 1, so nothing overflows),
+ * silu(g) = g / (1 + e) for g >= 0 and g e / (1 + e) for g < 0, both
+ * equal to g / (1 + exp(-g)). The scalar level's libm expf per value was
+ * 5-8% of a 1.1B-shaped prefill. */
+static void k_swiglu_f32(float *gate, const float *up, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        __m512 e = k_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+        __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+        __m512 num = _mm512_mask_mul_ps(g, neg, g, e);
+        __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+    }
+}
+
 static void k_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
 {
     __m512 va = _mm512_set1_ps(a);
@@ -855,6 +873,7 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->dot_f16_f32_rows = k_dot_f16_f32_rows;
     table->axpy_f16_rows = k_axpy_f16_rows;
     table->softmax_f32 = k_softmax_f32;
+    table->swiglu_f32 = k_swiglu_f32;
     table->fp32_to_fp16_row = k_fp32_to_fp16_row;
     table->fp16_to_fp32_row = k_fp16_to_fp32_row;
     table->matmul_bf16 = k_matmul_bf16;

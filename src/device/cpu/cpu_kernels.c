@@ -134,6 +134,10 @@ static void cpu_scalar_swiglu_f32(float *gate, const float *up, int64_t n)
 /* ---- dispatch ------------------------------------------------------------ */
 
 static cpu__kernel_table cpu_tables[4];
+/* For cpu_matmul_rows_per_token at the AVX-512 and AMX levels: the AVX-512
+ * table without the products whose arithmetic depends on the token count
+ * (the AMX tiles, the repacked Q4_0 prefill). */
+static cpu__kernel_table cpu_per_token_table;
 static cpu_isa cpu_best_isa = CPU_ISA_SCALAR;  /* what the CPU supports */
 static cpu_isa cpu_active_isa = CPU_ISA_SCALAR; /* what is in use */
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -222,6 +226,8 @@ static void cpu_dispatch_init(void)
             memset(&cpu_tables[CPU_ISA_AVX512], 0, sizeof cpu_tables[CPU_ISA_AVX512]);
             cpu__kernels_avx512_init(&cpu_tables[CPU_ISA_AVX512]);
             cpu_table_inherit(&cpu_tables[CPU_ISA_AVX512], &cpu_tables[CPU_ISA_AVX2]);
+            cpu_per_token_table = cpu_tables[CPU_ISA_AVX512];
+            cpu__kernels_prefill_avx512_init(&cpu_tables[CPU_ISA_AVX512]);
             cpu_tables[CPU_ISA_AMX] = cpu_tables[CPU_ISA_AVX512];
             cpu_best_isa = CPU_ISA_AVX512;
             /* AMX: the AVX-512 table with the prefill products replaced */
@@ -381,8 +387,8 @@ void cpu_matmul_rows_per_token(uint32_t wtype, const void *w, size_t w_row_bytes
                                float *y, int64_t y_stride, int64_t r0, int64_t r1)
 {
     const cpu__kernel_table *k = cpu_table();
-    if (cpu_active_isa == CPU_ISA_AMX)
-        k = &cpu_tables[CPU_ISA_AVX512];
+    if (cpu_active_isa >= CPU_ISA_AVX512)
+        k = &cpu_per_token_table;
     matmul_with(k, wtype, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,
                 r1);
 }

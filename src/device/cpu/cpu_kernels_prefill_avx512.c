@@ -1,0 +1,204 @@
+/* cpu_kernels_prefill_avx512.c - Q4_0 prefill products for AVX-512 VNNI
+ * without AMX: the weights of 16 rows repacked, per call, into the layout
+ * VPDPBUSD wants, so that one instruction's 16 int32 lanes are 16 rows.
+ *
+ * Why: the AVX-512 tiles in cpu_kernels_avx512.c give each (row, token)
+ * its own accumulator, so every VPDPBUSD (64 products) is followed by a
+ * conversion, a multiply and a multiply-add of its 16 partial sums: three
+ * float operations per integer one, and a block's unpacked weights go
+ * through a permute per row. Here a zmm holds 4 quants of one block for 16
+ * rows (the VNNI layout), the activation's matching 4 bytes are broadcast
+ * from memory (folded into the instruction), and the 8 steps of a 32-value
+ * block accumulate into the same int32 lanes; the float scaling then runs
+ * once per block for 16 rows, and results land in y without a horizontal
+ * sum. A block costs 8 VPDPBUSD + 3 float operations per token and row
+ * tile, against 16 x 4 before.
+ *
+ * Loop order (as in cpu_kernels_amx.c): token groups, block chunks, row
+ * tiles of 16, token tiles of 4. Per chunk of 64 blocks and group of
+ * tokens, the activation scales and -8 x (sum of each block's quants)
+ * (Q4_0's offset, taken out in integers: the weights stay unsigned
+ * nibbles for VPDPBUSD's unsigned operand) are computed once; per row tile
+ * the chunk's weights are gathered and unpacked once (32 KiB on the
+ * stack, kept in L1) and serve every token tile of the group.
+ *
+ * Integer sums are exact, so results differ from the scalar reference only
+ * in the order of float additions (per block, then over blocks) - but not
+ * the same order as the row x token tiles: the result of a (row, token)
+ * depends on whether this path ran, i.e. on the number of tokens in the
+ * call. cpu_matmul_rows_per_token therefore never comes here
+ * (cpu_kernels.c keeps the AVX-512 table without it for that).
+ */
+#include "device/cpu/cpu_kernels_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define P_QK 32        /* values per block */
+#define P_Q8_BYTES 34  /* bytes of a Q8_0 activation block */
+#define P_Q4_BYTES 18  /* bytes of a Q4_0 block */
+#define P_CHUNK 64     /* blocks repacked at once: 16 rows x 64 x 8 x 64 B = 32 KiB */
+#define P_GROUP 128    /* tokens whose activation scales and sums are kept at once */
+/* Fewer tokens than this go to the row x token tiles: the repack is paid
+ * per row tile whatever the token count. */
+#ifndef P_MIN_TOKENS
+#define P_MIN_TOKENS 8
+#endif
+#define P_INLINE static inline __attribute__((always_inline))
+
+static cpu__matmul_fn p_fallback_q4_0;
+
+/* The B vectors of blocks [b0, b0 + nc) of 16 rows at wr (rows outside
+ * rmask zero): wv[j][g] holds values 4g..4g+3 of block b0 + j of every
+ * row, as unsigned nibbles (0..15), and dw[j] the rows' scales. */
+P_INLINE void p_repack_q4_0(const unsigned char *wr, size_t w_row_bytes, int64_t b0, int nc,
+                            __mmask16 rmask, __m512i (*wv)[8], float (*dw)[16])
+{
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32((int)w_row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    for (int j = 0; j < nc; j++) {
+        const unsigned char *blk = wr + (size_t)(b0 + j) * P_Q4_BYTES;
+        /* the scale's dword also holds the first quants; keep the low half */
+        __m512i s = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
+        _mm512_store_ps(dw[j], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+#pragma GCC unroll 4
+        for (int kk = 0; kk < 4; kk++) {
+            /* qs[4kk .. 4kk+3]: low nibbles are values 4kk.., high ones
+             * 16 + 4kk.. */
+            __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 2 + 4 * kk, 1);
+            wv[j][kk] = _mm512_and_si512(v, low4);
+            wv[j][kk + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+        }
+    }
+}
+
+/* One tile: 16 rows x T tokens over the chunk's nc blocks. x points to the
+ * first token's row at block b0; dx and nxs are the chunk's per-token
+ * columns at the tile's first token. */
+P_INLINE void p_tile(const int T, const __m512i (*wv)[8], const float (*dw)[16], int nc,
+                     const unsigned char *x, size_t x_row_bytes, const float (*dx)[P_GROUP],
+                     const int32_t (*nxs)[P_GROUP], int first_chunk, float *y, int64_t y_stride,
+                     __mmask16 rmask)
+{
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int j = 0; j < nc; j++) {
+        __m512i isum[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            isum[t] = _mm512_set1_epi32(nxs[j][t]);
+        const unsigned char *xb = x + (size_t)j * P_Q8_BYTES + 2;
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m512i w = _mm512_load_si512(&wv[j][g]);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                int32_t xg;
+                memcpy(&xg, xb + (size_t)t * x_row_bytes + 4 * g, 4);
+                isum[t] = _mm512_dpbusd_epi32(isum[t], w, _mm512_set1_epi32(xg));
+            }
+        }
+        const __m512 d = _mm512_load_ps(dw[j]);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
+                                     _mm512_mul_ps(d, _mm512_set1_ps(dx[j][t])), acc[t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        float *yt = y + t * y_stride;
+        __m512 v = acc[t];
+        if (!first_chunk)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rmask, yt));
+        _mm512_mask_storeu_ps(yt, rmask, v);
+    }
+}
+
+static void p_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    const int64_t nb = n_in / P_QK;
+    /* the weight gathers index rows with int32 offsets */
+    if (n_tokens < P_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
+        p_fallback_q4_0(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+        return;
+    }
+    /* on the stack: one chunk's B vectors and row scales (36 KiB), its
+     * activation scales and offsets for a group of tokens (64 KiB) */
+    _Alignas(64) __m512i wv[P_CHUNK][8];
+    _Alignas(64) float dw[P_CHUNK][16];
+    _Alignas(64) float dx[P_CHUNK][P_GROUP];
+    _Alignas(64) int32_t nxs[P_CHUNK][P_GROUP];
+    const __m512i ones = _mm512_set1_epi8(1);
+
+    for (int64_t tg = 0; tg < n_tokens; tg += P_GROUP) {
+        const int ng = n_tokens - tg < P_GROUP ? (int)(n_tokens - tg) : P_GROUP;
+        const unsigned char *xg = (const unsigned char *)xq + (size_t)tg * xq_row_bytes;
+        for (int64_t b0 = 0; b0 < nb; b0 += P_CHUNK) {
+            const int nc = nb - b0 < P_CHUNK ? (int)(nb - b0) : P_CHUNK;
+            for (int t = 0; t < ng; t++) {
+                const unsigned char *xr = xg + (size_t)t * xq_row_bytes + (size_t)b0 * P_Q8_BYTES;
+                for (int j = 0; j < nc; j++) {
+                    const unsigned char *xb = xr + (size_t)j * P_Q8_BYTES;
+                    uint16_t h;
+                    memcpy(&h, xb, 2);
+                    dx[j][t] = _cvtsh_ss(h);
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(xb + 2));
+                    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                                    _mm512_castsi512_si256(ones), q);
+                    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s),
+                                               _mm256_extracti128_si256(s, 1));
+                    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+                    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+                    nxs[j][t] = -8 * _mm_cvtsi128_si32(s4);
+                }
+            }
+            for (int64_t r = r0; r < r1; r += 16) {
+                const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+                const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
+                const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+                p_repack_q4_0(wr, w_row_bytes, b0, nc, rmask, wv, dw);
+                for (int tt = 0; tt < ng; tt += 4) {
+                    const int nt = ng - tt < 4 ? ng - tt : 4;
+                    const unsigned char *xt =
+                        xg + (size_t)tt * xq_row_bytes + (size_t)b0 * P_Q8_BYTES;
+                    float *yt = y + (tg + tt) * y_stride + r;
+                    const float(*dxt)[P_GROUP] = (const float(*)[P_GROUP])&dx[0][tt];
+                    const int32_t(*nxt)[P_GROUP] = (const int32_t(*)[P_GROUP])&nxs[0][tt];
+                    const __m512i(*wvc)[8] = (const __m512i(*)[8])wv;
+                    const float(*dwc)[16] = (const float(*)[16])dw;
+                    switch (nt) {
+                    case 4: p_tile(4, wvc, dwc, nc, xt, xq_row_bytes, dxt, nxt, b0 == 0, yt, y_stride, rmask); break;
+                    case 3: p_tile(3, wvc, dwc, nc, xt, xq_row_bytes, dxt, nxt, b0 == 0, yt, y_stride, rmask); break;
+                    case 2: p_tile(2, wvc, dwc, nc, xt, xq_row_bytes, dxt, nxt, b0 == 0, yt, y_stride, rmask); break;
+                    default: p_tile(1, wvc, dwc, nc, xt, xq_row_bytes, dxt, nxt, b0 == 0, yt, y_stride, rmask); break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+void cpu__kernels_prefill_avx512_init(cpu__kernel_table *table)
+{
+    p_fallback_q4_0 = table->matmul_q4_0;
+    table->matmul_q4_0 = p_matmul_q4_0;
+}
+
+#else /* not x86: the dispatcher never calls this */
+
+void cpu__kernels_prefill_avx512_init(cpu__kernel_table *table)
+{
+    (void)table;
+}
+
+#endif

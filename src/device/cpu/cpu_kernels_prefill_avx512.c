@@ -1,6 +1,7 @@
-/* cpu_kernels_prefill_avx512.c - Q4_0 prefill products for AVX-512 VNNI
- * without AMX: the weights of 16 rows repacked, per call, into the layout
- * VPDPBUSD wants, so that one instruction's 16 int32 lanes are 16 rows.
+/* cpu_kernels_prefill_avx512.c - Q4_0 and Q8_0 prefill products for
+ * AVX-512 VNNI without AMX: the weights of 16 rows repacked, per call, into
+ * the layout VPDPBUSD wants, so that one instruction's 16 int32 lanes are
+ * 16 rows.
  *
  * Why: the AVX-512 tiles in cpu_kernels_avx512.c give each (row, token)
  * its own accumulator, so every VPDPBUSD (64 products) is followed by a
@@ -16,9 +17,10 @@
  *
  * Loop order (as in cpu_kernels_amx.c): token groups, block chunks, row
  * tiles of 16, token tiles of 4. Per chunk of 64 blocks and group of
- * tokens, the activation scales and -8 x (sum of each block's quants)
- * (Q4_0's offset, taken out in integers: the weights stay unsigned
- * nibbles for VPDPBUSD's unsigned operand) are computed once; per row tile
+ * tokens, the activation scales and -offset x (sum of each block's quants)
+ * are computed once (VPDPBUSD's first operand is unsigned: Q4_0's nibbles
+ * are q + 8 already, Q8_0's quants get 128 added by flipping the top bit;
+ * the offset times the activations is taken out in integers); per row tile
  * the chunk's weights are gathered and unpacked once (32 KiB on the
  * stack, kept in L1) and serve every token tile of the group.
  *
@@ -40,6 +42,7 @@
 #define P_QK 32        /* values per block */
 #define P_Q8_BYTES 34  /* bytes of a Q8_0 activation block */
 #define P_Q4_BYTES 18  /* bytes of a Q4_0 block */
+#define P_Q8W_BYTES 34 /* bytes of a Q8_0 weight block */
 #define P_CHUNK 64     /* blocks repacked at once: 16 rows x 64 x 8 x 64 B = 32 KiB */
 #define P_GROUP 128    /* tokens whose activation scales and sums are kept at once */
 /* Fewer tokens than this go to the row x token tiles: the repack is paid
@@ -50,23 +53,34 @@
 #define P_INLINE static inline __attribute__((always_inline))
 
 static cpu__matmul_fn p_fallback_q4_0;
+static cpu__matmul_fn p_fallback_q8_0;
 
 /* The B vectors of blocks [b0, b0 + nc) of 16 rows at wr (rows outside
  * rmask zero): wv[j][g] holds values 4g..4g+3 of block b0 + j of every
- * row, as unsigned nibbles (0..15), and dw[j] the rows' scales. */
-P_INLINE void p_repack_q4_0(const unsigned char *wr, size_t w_row_bytes, int64_t b0, int nc,
-                            __mmask16 rmask, __m512i (*wv)[8], float (*dw)[16])
+ * row, unsigned (Q4_0: the nibbles, 0..15; q8: Q8_0's quants + 128), and
+ * dw[j] the rows' scales (0 outside rmask). */
+P_INLINE void p_repack(const int q8, const unsigned char *wr, size_t w_row_bytes, int64_t b0,
+                       int nc, __mmask16 rmask, __m512i (*wv)[8], float (*dw)[16])
 {
     const __m512i idx = _mm512_mullo_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         _mm512_set1_epi32((int)w_row_bytes));
     const __m512i zero = _mm512_setzero_si512();
     const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i top = _mm512_set1_epi8((char)0x80);
     for (int j = 0; j < nc; j++) {
-        const unsigned char *blk = wr + (size_t)(b0 + j) * P_Q4_BYTES;
+        const unsigned char *blk = wr + (size_t)(b0 + j) * (q8 ? P_Q8W_BYTES : P_Q4_BYTES);
         /* the scale's dword also holds the first quants; keep the low half */
         __m512i s = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
         _mm512_store_ps(dw[j], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+        if (q8) {
+            /* rows outside rmask become 128s: their scale is 0 */
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++)
+                wv[j][g] = _mm512_xor_si512(
+                    _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 2 + 4 * g, 1), top);
+            continue;
+        }
 #pragma GCC unroll 4
         for (int kk = 0; kk < 4; kk++) {
             /* qs[4kk .. 4kk+3]: low nibbles are values 4kk.., high ones
@@ -122,14 +136,17 @@ P_INLINE void p_tile(const int T, const __m512i (*wv)[8], const float (*dw)[16],
     }
 }
 
-static void p_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
-                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
-                          int64_t r0, int64_t r1)
+/* q8: Q8_0 weights, else Q4_0. */
+P_INLINE void p_matmul(const int q8, const void *w, size_t w_row_bytes, int64_t n_in,
+                       const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                       int64_t y_stride, int64_t r0, int64_t r1)
 {
     const int64_t nb = n_in / P_QK;
+    const int32_t offset = q8 ? 128 : 8;
     /* the weight gathers index rows with int32 offsets */
     if (n_tokens < P_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
-        p_fallback_q4_0(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+        (q8 ? p_fallback_q8_0 : p_fallback_q4_0)(w, w_row_bytes, n_in, xq, xq_row_bytes,
+                                                 n_tokens, y, y_stride, r0, r1);
         return;
     }
     /* on the stack: one chunk's B vectors and row scales (36 KiB), its
@@ -159,14 +176,14 @@ static void p_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const
                                                _mm256_extracti128_si256(s, 1));
                     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
                     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-                    nxs[j][t] = -8 * _mm_cvtsi128_si32(s4);
+                    nxs[j][t] = -offset * _mm_cvtsi128_si32(s4);
                 }
             }
             for (int64_t r = r0; r < r1; r += 16) {
                 const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
                 const __mmask16 rmask = (__mmask16)((1u << nr) - 1);
                 const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
-                p_repack_q4_0(wr, w_row_bytes, b0, nc, rmask, wv, dw);
+                p_repack(q8, wr, w_row_bytes, b0, nc, rmask, wv, dw);
                 for (int tt = 0; tt < ng; tt += 4) {
                     const int nt = ng - tt < 4 ? ng - tt : 4;
                     const unsigned char *xt =
@@ -188,10 +205,26 @@ static void p_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const
     }
 }
 
+static void p_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    p_matmul(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void p_matmul_q8_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                          size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                          int64_t r0, int64_t r1)
+{
+    p_matmul(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
 void cpu__kernels_prefill_avx512_init(cpu__kernel_table *table)
 {
     p_fallback_q4_0 = table->matmul_q4_0;
+    p_fallback_q8_0 = table->matmul_q8_0;
     table->matmul_q4_0 = p_matmul_q4_0;
+    table->matmul_q8_0 = p_matmul_q8_0;
 }
 
 #else /* not x86: the dispatcher never calls this */

@@ -4,7 +4,7 @@
  * Each entry point dispatches once (at first use) to the best implementation
  * the CPU supports: AMX (int8 tiles for the quantized products of 8 tokens
  * or more, i.e. prefill, AVX-512 for the rest; only where the kernel grants
- * the process the tile registers), AVX-512 (F, BW, VL, VNNI; Q4_0 prefill
+ * the process the tile registers), AVX-512 (F, BW, VL, VNNI; Q4_0/Q8_0/Q4_K prefill
  * on weights repacked per call), AVX2+FMA+F16C, or portable C.
  * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512|amx in the environment forces a lower
  * level (for tests and comparisons); it is read once, at the first call.
@@ -71,7 +71,7 @@ void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t 
 /* The same for tokens whose results must not depend on how many tokens
  * share the call - a decode step of several sequences: each (row, token)
  * result is bit for bit what a one-token call gives. cpu_matmul_rows may
- * switch to the AMX tiles, or at the AVX-512 level to Q4_0 weights
+ * switch to the AMX tiles, or at the AVX-512 level to Q4_0/Q8_0/Q4_K weights
  * repacked per call (cpu_kernels_prefill_avx512.c), from a few tokens on,
  * which round differently, so this never does (the AVX-512 tiles compute every (row, token) with the
  * same operations whatever their shape; test_quant checks it per type). */

@@ -58,7 +58,7 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN { print (b > a) ? b : a }'; }
 
 mkdir -p "$dir"
 "$bin" bench memory --threads "$threads" --bytes 1GiB
-isa=$("$bin" bench engine -m "$(dirname "$0")/../../shared/models/stories260K.gguf" --prompt 8 --gen 1 \
+isa=$("$bin" bench engine -m "$(dirname "$0")/../../shared/models/stories260K.gguf" --prompt 16 --gen 4 \
   --threads 1 --reps 1 --json 2>/dev/null | grep -o '"isa":"[a-z0-9]*"' | cut -d'"' -f4 || true)
 echo "spillway kernels: ${isa:-unknown (../shared/models/stories260K.gguf absent)}, $threads threads"
 printf '%-12s %9s %9s %6s %9s %9s %6s  %s\n' model prefill "ref" ratio decode "ref" ratio load

@@ -24,6 +24,13 @@
 # its generation from an empty context, ours after the 128-token prompt, so
 # each of our decode steps attends over 128 more positions: the comparison
 # leans towards the reference.
+#
+# SPILLWAY_CPU_KERNELS=avx512 measures spillway without the AMX tiles (a
+# machine whose kernel does not grant them gets that level anyway); the
+# level in use and the load average at the end of each model's runs are
+# printed with its row, since on a shared machine both change the figures.
+# Under load, llama.cpp's 2-thread figures collapse (its workers spin and
+# wait for each other at every step): compare with THREADS=1 then.
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
@@ -51,7 +58,10 @@ max() { awk -v a="$1" -v b="$2" 'BEGIN { print (b > a) ? b : a }'; }
 
 mkdir -p "$dir"
 "$bin" bench memory --threads "$threads" --bytes 1GiB
-printf '%-12s %9s %9s %6s %9s %9s %6s\n' model prefill "ref" ratio decode "ref" ratio
+isa=$("$bin" bench engine -m "$(dirname "$0")/../../shared/models/stories260K.gguf" --prompt 16 --gen 4 \
+  --threads 1 --reps 1 --json 2>/dev/null | grep -o '"isa":"[a-z0-9]*"' | cut -d'"' -f4 || true)
+echo "spillway kernels: ${isa:-unknown (../shared/models/stories260K.gguf absent)}, $threads threads"
+printf '%-12s %9s %9s %6s %9s %9s %6s  %s\n' model prefill "ref" ratio decode "ref" ratio load
 for m in $models; do
   file="$dir/bench-$m.gguf"
   # PRESET-TYPE: the type is after the last '-' (presets may have one: qwen3moe-small)
@@ -63,5 +73,6 @@ for m in $models; do
   done
   awk -v n="$m" -v op="$op" -v od="$od" -v rp="$rp" -v rd="$rd" \
     'function r(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "-" }
-     BEGIN { printf "%-12s %9.1f %9.1f %6s %9.1f %9.1f %6s\n", n, op, rp, r(op, rp), od, rd, r(od, rd) }'
+     BEGIN { printf "%-12s %9.1f %9.1f %6s %9.1f %9.1f %6s", n, op, rp, r(op, rp), od, rd, r(od, rd) }'
+  printf '  %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
 done

@@ -125,9 +125,19 @@ static void cpu_scalar_softmax_f32(float *x, int64_t n)
         x[i] = x[i] / sum;
 }
 
+static void cpu_scalar_swiglu_f32(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
 /* ---- dispatch ------------------------------------------------------------ */
 
 static cpu__kernel_table cpu_tables[4];
+/* For cpu_matmul_rows_per_token at the AVX-512 and AMX levels: the AVX-512
+ * table without the products whose arithmetic depends on the token count
+ * (the AMX tiles, the repacked Q4_0 prefill). */
+static cpu__kernel_table cpu_per_token_table;
 static cpu_isa cpu_best_isa = CPU_ISA_SCALAR;  /* what the CPU supports */
 static cpu_isa cpu_active_isa = CPU_ISA_SCALAR; /* what is in use */
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
@@ -159,6 +169,7 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
     CPU_INHERIT(matmul_q3_k)
     CPU_INHERIT(matmul_iq4_xs)
     CPU_INHERIT(matmul_iq4_nl)
+    CPU_INHERIT(swiglu_f32)
 #undef CPU_INHERIT
 }
 
@@ -196,6 +207,7 @@ static void cpu_dispatch_init(void)
     s->matmul_q3_k = cpu_scalar_matmul_q3_k;
     s->matmul_iq4_xs = cpu_scalar_matmul_iq4_xs;
     s->matmul_iq4_nl = cpu_scalar_matmul_iq4_nl;
+    s->swiglu_f32 = cpu_scalar_swiglu_f32;
     cpu_tables[CPU_ISA_AVX2] = *s;
     cpu_tables[CPU_ISA_AVX512] = *s;
     cpu_tables[CPU_ISA_AMX] = *s;
@@ -214,6 +226,8 @@ static void cpu_dispatch_init(void)
             memset(&cpu_tables[CPU_ISA_AVX512], 0, sizeof cpu_tables[CPU_ISA_AVX512]);
             cpu__kernels_avx512_init(&cpu_tables[CPU_ISA_AVX512]);
             cpu_table_inherit(&cpu_tables[CPU_ISA_AVX512], &cpu_tables[CPU_ISA_AVX2]);
+            cpu_per_token_table = cpu_tables[CPU_ISA_AVX512];
+            cpu__kernels_prefill_avx512_init(&cpu_tables[CPU_ISA_AVX512]);
             cpu_tables[CPU_ISA_AMX] = cpu_tables[CPU_ISA_AVX512];
             cpu_best_isa = CPU_ISA_AVX512;
             /* AMX: the AVX-512 table with the prefill products replaced */
@@ -373,8 +387,8 @@ void cpu_matmul_rows_per_token(uint32_t wtype, const void *w, size_t w_row_bytes
                                float *y, int64_t y_stride, int64_t r0, int64_t r1)
 {
     const cpu__kernel_table *k = cpu_table();
-    if (cpu_active_isa == CPU_ISA_AMX)
-        k = &cpu_tables[CPU_ISA_AVX512];
+    if (cpu_active_isa >= CPU_ISA_AVX512)
+        k = &cpu_per_token_table;
     matmul_with(k, wtype, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,
                 r1);
 }
@@ -460,4 +474,10 @@ void cpu_softmax_f32(float *x, int64_t n)
 {
     if (n > 0)
         cpu_table()->softmax_f32(x, n);
+}
+
+void cpu_swiglu_f32(float *gate, const float *up, int64_t n)
+{
+    if (n > 0)
+        cpu_table()->swiglu_f32(gate, up, n);
 }

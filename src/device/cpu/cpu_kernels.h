@@ -4,7 +4,8 @@
  * Each entry point dispatches once (at first use) to the best implementation
  * the CPU supports: AMX (int8 tiles for the quantized products of 8 tokens
  * or more, i.e. prefill, AVX-512 for the rest; only where the kernel grants
- * the process the tile registers), AVX-512 (F, BW, VL, VNNI), AVX2+FMA+F16C, or portable C.
+ * the process the tile registers), AVX-512 (F, BW, VL, VNNI; Q4_0/Q8_0/Q4_K prefill
+ * on weights repacked per call), AVX2+FMA+F16C, or portable C.
  * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512|amx in the environment forces a lower
  * level (for tests and comparisons); it is read once, at the first call.
  * Results equal the scalar reference in quant/quant.h up to float summation
@@ -70,8 +71,9 @@ void cpu_matmul_rows(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t 
 /* The same for tokens whose results must not depend on how many tokens
  * share the call - a decode step of several sequences: each (row, token)
  * result is bit for bit what a one-token call gives. cpu_matmul_rows may
- * switch to the AMX tiles from a few tokens on, which round differently,
- * so this never does (the AVX-512 tiles compute every (row, token) with the
+ * switch to the AMX tiles, or at the AVX-512 level to Q4_0/Q8_0/Q4_K weights
+ * repacked per call (cpu_kernels_prefill_avx512.c), from a few tokens on,
+ * which round differently, so this never does (the AVX-512 tiles compute every (row, token) with the
  * same operations whatever their shape; test_quant checks it per type). */
 void cpu_matmul_rows_per_token(uint32_t wtype, const void *w, size_t w_row_bytes, int64_t n_in,
                                const void *xq, size_t xq_row_bytes, int64_t n_tokens,
@@ -101,5 +103,11 @@ void cpu_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
  * libm's expf and sums in order; AVX-512 a vectorised exp (within 2 ulp of
  * expf) and vector partial sums, so the levels differ in the last bits. */
 void cpu_softmax_f32(float *x, int64_t n);
+/* SwiGLU in place: gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).
+ * The scalar level computes exactly that with libm's expf; AVX-512 with
+ * its vectorised exp of -|g| (so the exponent never overflows), so the
+ * levels differ in the last bits. Each element's result depends only on
+ * its own inputs (not on n or its position). */
+void cpu_swiglu_f32(float *gate, const float *up, int64_t n);
 
 #endif

@@ -50,6 +50,23 @@
 #endif
 #define K_INLINE static inline __attribute__((always_inline))
 
+/* Prefetches the cache lines of `bytes` consecutive bytes at p (bytes a
+ * compile-time constant after inlining). One prefetch per 64 bytes, so
+ * when a row's consecutive blocks are prefetched one after the other no
+ * line falls between two prefetched addresses: a K-quant super-block is
+ * 2-4 lines (144, 176, 210 bytes), and one prefetch per block left the
+ * others to the hardware prefetcher, which does not follow 8 interleaved
+ * rows (Q4_K decode streamed ~15% below Q4_0 from DRAM). */
+K_INLINE void k_prefetch_span(const unsigned char *p, const size_t bytes, const int hint)
+{
+    for (size_t o = 0; o < bytes; o += 64) {
+        if (hint == 0)
+            _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+        else
+            _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+    }
+}
+
 static inline short k_load_f16(const unsigned char *p)
 {
     short v;
@@ -337,9 +354,9 @@ K_INLINE void k_tile_k(const int R, const int T, const int kind, const unsigned 
             for (int r = 0; r < R; r++) {
                 const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
                 if (K_PREFETCH)
-                    _mm_prefetch((const char *)wb + K_PREFETCH, _MM_HINT_T0);
+                    k_prefetch_span(wb + K_PREFETCH, wbytes, 0);
                 if (K_PREFETCH_TILE)
-                    _mm_prefetch((const char *)wb + (size_t)R * w_row_bytes, _MM_HINT_T1);
+                    k_prefetch_span(wb + (size_t)R * w_row_bytes, wbytes, 1);
                 __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wb + 192)));
                 sc16[r] = _mm512_castsi256_si512(s);
                 short hd;
@@ -395,9 +412,9 @@ K_INLINE void k_tile_k(const int R, const int T, const int kind, const unsigned 
             for (int r = 0; r < R; r++) {
                 const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
                 if (K_PREFETCH)
-                    _mm_prefetch((const char *)wb + K_PREFETCH, _MM_HINT_T0);
+                    k_prefetch_span(wb + K_PREFETCH, wbytes, 0);
                 if (K_PREFETCH_TILE)
-                    _mm_prefetch((const char *)wb + (size_t)R * w_row_bytes, _MM_HINT_T1);
+                    k_prefetch_span(wb + (size_t)R * w_row_bytes, wbytes, 1);
                 uint64_t sc, mn;
                 k_k_scales(wb + 4, &sc, &mn);
                 scw[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
@@ -796,6 +813,24 @@ static void k_softmax_f32(float *x, int64_t n)
     }
 }
 
+/* SwiGLU: with e = exp(-|g|) (at most 1, so nothing overflows),
+ * silu(g) = g / (1 + e) for g >= 0 and g e / (1 + e) for g < 0, both
+ * equal to g / (1 + exp(-g)). The scalar level's libm expf per value was
+ * 5-8% of a 1.1B-shaped prefill. */
+static void k_swiglu_f32(float *gate, const float *up, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        __m512 e = k_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+        __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+        __m512 num = _mm512_mask_mul_ps(g, neg, g, e);
+        __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+    }
+}
+
 static void k_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
 {
     __m512 va = _mm512_set1_ps(a);
@@ -838,6 +873,7 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->dot_f16_f32_rows = k_dot_f16_f32_rows;
     table->axpy_f16_rows = k_axpy_f16_rows;
     table->softmax_f32 = k_softmax_f32;
+    table->swiglu_f32 = k_swiglu_f32;
     table->fp32_to_fp16_row = k_fp32_to_fp16_row;
     table->fp16_to_fp32_row = k_fp16_to_fp32_row;
     table->matmul_bf16 = k_matmul_bf16;

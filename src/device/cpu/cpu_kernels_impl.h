@@ -53,6 +53,8 @@ typedef struct cpu__kernel_table {
     cpu__matmul_fn matmul_q3_k;
     cpu__matmul_fn matmul_iq4_xs;
     cpu__matmul_fn matmul_iq4_nl;
+    /* cpu_swiglu_f32 */
+    void (*swiglu_f32)(float *gate, const float *up, int64_t n);
 } cpu__kernel_table;
 
 /* Filled by cpu_kernels_avx2.c / cpu_kernels_avx512.c (x86-64 builds only). */
@@ -60,6 +62,12 @@ void cpu__kernels_avx2_init(cpu__kernel_table *table);
 /* The Q2_K, Q3_K, IQ4_XS and IQ4_NL entries, called by the above. */
 void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table);
 void cpu__kernels_avx512_init(cpu__kernel_table *table);
+/* cpu_kernels_prefill_avx512.c: given the completed AVX-512 table, replaces
+ * the Q4_0, Q8_0 and Q4_K products with ones whose batches of 8+ tokens run on
+ * weights repacked per call (fewer go to the old entries). Their results
+ * depend on the token count, so cpu_kernels.c keeps the table from before
+ * this for cpu_matmul_rows_per_token. */
+void cpu__kernels_prefill_avx512_init(cpu__kernel_table *table);
 
 /* cpu_kernels_amx.c: whether the CPU has AMX-TILE and AMX-INT8 and the
  * kernel granted this process the tile registers (asked once, here; the

@@ -82,21 +82,21 @@ struct eng_regex {
 #define RE_HTAB (ENG_REGEX_MAX_STATES * 4)
 
 /* regex_parse.c */
-int32_t p_fail(re_parser *p, int code, const char *what);
-int32_t p_disjunction(re_parser *p);
+int32_t eng__rx_p_fail(re_parser *p, int code, const char *what);
+int32_t eng__rx_p_disjunction(re_parser *p);
 
 /* regex_nfa.c */
-int32_t nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2);
-int32_t emit_any_star(re_nfa *m, int32_t next);
-int32_t emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next);
+int32_t eng__rx_nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2);
+int32_t eng__rx_emit_any_star(re_nfa *m, int32_t next);
+int32_t eng__rx_emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next);
 
 /* regex_dfa.c */
-int utf8_role(uint8_t c);
-int dfa_finish(eng_regex *re);
-int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
-                  bool at_start);
+int eng__rx_utf8_role(uint8_t c);
+int eng__rx_dfa_finish(eng_regex *re);
+int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
+                          bool at_start);
 
 /* regex_look.c */
-int32_t emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next);
+int32_t eng__rx_emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next);
 
 #endif

@@ -43,17 +43,17 @@ int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error
     p.p = (const uint8_t *)pattern;
     p.len = len;
     p.err = err;
-    int32_t root = p_disjunction(&p);
+    int32_t root = eng__rx_p_disjunction(&p);
     if (root >= 0 && p.pos < p.len)
-        root = p_fail(&p, SW_EINVAL, "unmatched )");
+        root = eng__rx_p_fail(&p, SW_EINVAL, "unmatched )");
     if (root < 0) {
         rc = p.rc;
         goto fail;
     }
-    int32_t match = nfa_add(&m, NS_MATCH, 0, 0, -1, -1);
-    int32_t tail = emit_any_star(&m, match);
-    int32_t body = emit(&m, &p, root, tail);
-    int32_t head = body >= 0 ? emit_any_star(&m, body) : -1;
+    int32_t match = eng__rx_nfa_add(&m, NS_MATCH, 0, 0, -1, -1);
+    int32_t tail = eng__rx_emit_any_star(&m, match);
+    int32_t body = eng__rx_emit(&m, &p, root, tail);
+    int32_t head = body >= 0 ? eng__rx_emit_any_star(&m, body) : -1;
     if (head < 0) {
         rc = m.rc ? m.rc : SW_EINTERNAL;
         if (rc == SW_EUNSUPPORTED)
@@ -73,7 +73,7 @@ int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error
         rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
         goto fail;
     }
-    rc = dfa_build_all(&m, head, tail, re, true);
+    rc = eng__rx_dfa_build_all(&m, head, tail, re, true);
     if (rc) {
         sw_error_set(err, rc, rc == SW_ERANGE ? "pattern too large (its automaton passes %d "
                                                 "states or the construction's work bound)"

@@ -163,7 +163,7 @@ int eng_regex_costs_build(const eng_regex *re, const uint8_t byte_cost[256], int
         int32_t c = re->class_of[b];
         if (byte_cost[b] < class_cost[c])
             class_cost[c] = byte_cost[b];
-        lead[c] = utf8_role((uint8_t)b) >= 0;
+        lead[c] = eng__rx_utf8_role((uint8_t)b) >= 0;
     }
     int32_t top = t->levels - 1;
     if (unbounded) {

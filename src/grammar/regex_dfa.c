@@ -1,6 +1,6 @@
 /* regex_dfa.c - the subset construction (stage 3 of regex.c's overview):
  * byte classes, epsilon closures, the DFA states' sets, then liveness,
- * pruning and pending continuation bytes (dfa_finish).
+ * pruning and pending continuation bytes (eng__rx_dfa_finish).
  */
 #include "grammar/regex-impl.h"
 
@@ -230,7 +230,7 @@ void eng_regex_free(eng_regex *re)
     sw_free(re);
 }
 
-int utf8_role(uint8_t c)
+int eng__rx_utf8_role(uint8_t c)
 {
     if (c < 0x80)
         return 0; /* a whole character */
@@ -245,7 +245,7 @@ int utf8_role(uint8_t c)
 
 /* Liveness (reverse reachability from the accepting states), pruning of
  * the transitions into dead states, pending continuation bytes. */
-int dfa_finish(eng_regex *re)
+int eng__rx_dfa_finish(eng_regex *re)
 {
     int32_t ns = re->n_states, nc = re->n_classes;
     size_t edges = (size_t)ns * (size_t)nc;
@@ -303,7 +303,7 @@ int dfa_finish(eng_regex *re)
             int32_t t = re->trans[(size_t)s * (size_t)nc + (size_t)c];
             if (t < 0 || seen[t])
                 continue;
-            int role = utf8_role(rep[c]);
+            int role = eng__rx_utf8_role(rep[c]);
             re->pend[t] = (uint8_t)(re->pend[s] > 0 ? re->pend[s] - 1 : (role > 0 ? role : 0));
             seen[t] = 1;
             queue[qt++] = t;
@@ -317,8 +317,8 @@ done:
     return rc;
 }
 
-int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
-                  bool at_start)
+int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
+                          bool at_start)
 {
     dfa_build b = {0};
     b.m = m;
@@ -419,7 +419,7 @@ int dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
     }
     sw_free(seed);
     if (!rc)
-        rc = dfa_finish(re);
+        rc = eng__rx_dfa_finish(re);
 done:
     sw_free(b.mark);
     sw_free(b.stack);

@@ -97,7 +97,7 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
             re->trans[(size_t)s * (size_t)nc + (size_t)c] = t;
         }
     }
-    if ((rc = dfa_finish(re))) {
+    if ((rc = eng__rx_dfa_finish(re))) {
         sw_error_set(err, rc, "pattern: out of memory");
         goto fail;
     }

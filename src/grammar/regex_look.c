@@ -40,15 +40,15 @@ static int look_dfa(const re_parser *p, int32_t id, bool at_start, int32_t *n_lo
         return SW_ERANGE;
     re_nfa m2 = {0};
     m2.n_looks = *n_looks;
-    int32_t match = nfa_add(&m2, NS_MATCH, 0, 0, -1, -1);
-    int32_t tail = emit_any_star(&m2, match);
-    int32_t body = emit(&m2, p, id, tail);
+    int32_t match = eng__rx_nfa_add(&m2, NS_MATCH, 0, 0, -1, -1);
+    int32_t tail = eng__rx_emit_any_star(&m2, match);
+    int32_t body = eng__rx_emit(&m2, p, id, tail);
     int rc = body < 0 ? (m2.rc ? m2.rc : SW_EINTERNAL) : SW_OK;
     eng_regex *re = NULL;
     if (!rc && !(re = sw_calloc(1, sizeof *re)))
         rc = SW_ENOMEM;
     if (!rc)
-        rc = dfa_build_all(&m2, body, tail, re, at_start);
+        rc = eng__rx_dfa_build_all(&m2, body, tail, re, at_start);
     *n_looks = m2.n_looks;
     sw_free(m2.s);
     if (rc) {
@@ -127,7 +127,7 @@ static int32_t look_pair(look_prod *lp, int32_t q, int32_t d)
         lp->work = w;
         lp->cap_work = cap;
     }
-    int32_t st = nfa_add(m, NS_FAIL, 0, 0, -1, -1); /* filled in by look_fill */
+    int32_t st = eng__rx_nfa_add(m, NS_FAIL, 0, 0, -1, -1); /* filled in by look_fill */
     if (st < 0)
         return -1;
     lp->keys[h] = key;
@@ -156,8 +156,10 @@ static void look_fill(look_prod *lp, int32_t q, int32_t d, int32_t st)
                 e++;
             int32_t t = look_pair(lp, orig.out, to);
             if (t >= 0 && t != lp->fail) {
-                int32_t edge = nfa_add(m, NS_BYTE, (uint8_t)b, (uint8_t)e, t, -1);
-                result = result < 0 || edge < 0 ? edge : nfa_add(m, NS_SPLIT, 0, 0, result, edge);
+                int32_t edge = eng__rx_nfa_add(m, NS_BYTE, (uint8_t)b, (uint8_t)e, t, -1);
+                result = result < 0 || edge < 0
+                             ? edge
+                             : eng__rx_nfa_add(m, NS_SPLIT, 0, 0, result, edge);
             }
             b = e + 1;
         }
@@ -195,7 +197,7 @@ static void look_fill(look_prod *lp, int32_t q, int32_t d, int32_t st)
 static int32_t look_product(re_nfa *m, const eng_regex *x, bool neg, int32_t next)
 {
     look_prod lp = {m, x, neg, -1, NULL, NULL, 0, 0, NULL, 0, 0};
-    lp.fail = nfa_add(m, NS_FAIL, 0, 0, -1, -1);
+    lp.fail = eng__rx_nfa_add(m, NS_FAIL, 0, 0, -1, -1);
     int32_t entry = lp.fail >= 0 ? look_pair(&lp, next, eng_regex_start(x)) : -1;
     while (lp.n_work > 0 && !m->rc) {
         lp.n_work--;
@@ -207,7 +209,7 @@ static int32_t look_product(re_nfa *m, const eng_regex *x, bool neg, int32_t nex
     return m->rc ? -1 : entry;
 }
 
-int32_t emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next)
+int32_t eng__rx_emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next)
 {
     bool neg = a->min != 0;
     int32_t child = a->first, entry = -1;
@@ -219,9 +221,9 @@ int32_t emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next)
         rc = look_dfa(p, child, true, &m->n_looks, &xs);
         int32_t at_start = rc ? -1 : look_product(m, xs, neg, next);
         eng_regex_free(xs);
-        int32_t bol = at_start >= 0 ? nfa_add(m, NS_BOL, 0, 0, at_start, -1) : -1;
-        int32_t notbol = bol >= 0 ? nfa_add(m, NS_NOTBOL, 0, 0, entry, -1) : -1;
-        entry = notbol >= 0 ? nfa_add(m, NS_SPLIT, 0, 0, bol, notbol) : -1;
+        int32_t bol = at_start >= 0 ? eng__rx_nfa_add(m, NS_BOL, 0, 0, at_start, -1) : -1;
+        int32_t notbol = bol >= 0 ? eng__rx_nfa_add(m, NS_NOTBOL, 0, 0, entry, -1) : -1;
+        entry = notbol >= 0 ? eng__rx_nfa_add(m, NS_SPLIT, 0, 0, bol, notbol) : -1;
     }
     eng_regex_free(x);
     if (rc && !m->rc)

@@ -10,7 +10,7 @@
 
 /* ---- the NFA ------------------------------------------------------------ */
 
-int32_t nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2)
+int32_t eng__rx_nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2)
 {
     if (m->rc)
         return -1;
@@ -258,8 +258,8 @@ static int32_t cls_emit(cls_build *b, int32_t node)
     int32_t t = -1;
     for (int32_t i = 0; i < n; i++) {
         const int32_t *kk = b->keys + base + 3 * i;
-        int32_t s = nfa_add(b->m, NS_BYTE, (uint8_t)kk[0], (uint8_t)kk[1], kk[2], -1);
-        t = t < 0 ? s : nfa_add(b->m, NS_SPLIT, 0, 0, t, s);
+        int32_t s = eng__rx_nfa_add(b->m, NS_BYTE, (uint8_t)kk[0], (uint8_t)kk[1], kk[2], -1);
+        t = t < 0 ? s : eng__rx_nfa_add(b->m, NS_SPLIT, 0, 0, t, s);
     }
     if (b->m->rc)
         return -1;
@@ -281,7 +281,7 @@ static int32_t emit_set(re_nfa *m, const re_range *r, int32_t n, int32_t next)
     if (m->rc)
         goto done;
     if (b.n_edges == 0) {
-        out = nfa_add(m, NS_FAIL, 0, 0, -1, -1);
+        out = eng__rx_nfa_add(m, NS_FAIL, 0, 0, -1, -1);
         goto done;
     }
     b.memo_cap = 16;
@@ -307,9 +307,9 @@ done:
 static const re_range any_char[] = {{0, RE_MAX_CP}};
 
 /* A loop over any code point, then next; the loop's split state. */
-int32_t emit_any_star(re_nfa *m, int32_t next)
+int32_t eng__rx_emit_any_star(re_nfa *m, int32_t next)
 {
-    int32_t s = nfa_add(m, NS_SPLIT, 0, 0, -1, next);
+    int32_t s = eng__rx_nfa_add(m, NS_SPLIT, 0, 0, -1, next);
     int32_t body = emit_set(m, any_char, 1, s);
     if (body < 0)
         return -1;
@@ -317,7 +317,7 @@ int32_t emit_any_star(re_nfa *m, int32_t next)
     return s;
 }
 
-int32_t emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
+int32_t eng__rx_emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
 {
     if (m->rc || next < 0)
         return -1;
@@ -328,11 +328,11 @@ int32_t emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
     case A_SET:
         return emit_set(m, p->pool.r + a->set_off, a->set_n, next);
     case A_BOL:
-        return nfa_add(m, NS_BOL, 0, 0, next, -1);
+        return eng__rx_nfa_add(m, NS_BOL, 0, 0, next, -1);
     case A_EOL:
-        return nfa_add(m, NS_EOL, 0, 0, next, -1);
+        return eng__rx_nfa_add(m, NS_EOL, 0, 0, next, -1);
     case A_LOOK:
-        return emit_look(m, p, a, next);
+        return eng__rx_emit_look(m, p, a, next);
     case A_CAT: {
         if (a->n_children == 0)
             return next;
@@ -346,39 +346,39 @@ int32_t emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
             kids[k++] = c;
         int32_t t = next;
         for (int32_t i = k - 1; i >= 0 && t >= 0; i--)
-            t = emit(m, p, kids[i], t);
+            t = eng__rx_emit(m, p, kids[i], t);
         sw_free(kids);
         return t;
     }
     case A_ALT: {
         int32_t t = -1;
         for (int32_t c = a->first; c >= 0; c = p->nodes[c].next) {
-            int32_t s = emit(m, p, c, next);
+            int32_t s = eng__rx_emit(m, p, c, next);
             if (s < 0)
                 return -1;
-            t = t < 0 ? s : nfa_add(m, NS_SPLIT, 0, 0, t, s);
+            t = t < 0 ? s : eng__rx_nfa_add(m, NS_SPLIT, 0, 0, t, s);
         }
         return t;
     }
     case A_REP: {
         int32_t t = next;
         if (a->max < 0) {
-            int32_t s = nfa_add(m, NS_SPLIT, 0, 0, -1, next);
+            int32_t s = eng__rx_nfa_add(m, NS_SPLIT, 0, 0, -1, next);
             if (s < 0)
                 return -1;
-            int32_t body = emit(m, p, a->first, s);
+            int32_t body = eng__rx_emit(m, p, a->first, s);
             if (body < 0)
                 return -1;
             m->s[s].out = body;
             t = s;
         } else {
             for (int32_t i = a->min; i < a->max && t >= 0; i++) {
-                int32_t body = emit(m, p, a->first, t);
-                t = nfa_add(m, NS_SPLIT, 0, 0, body, next);
+                int32_t body = eng__rx_emit(m, p, a->first, t);
+                t = eng__rx_nfa_add(m, NS_SPLIT, 0, 0, body, next);
             }
         }
         for (int32_t i = 0; i < a->min && t >= 0; i++)
-            t = emit(m, p, a->first, t);
+            t = eng__rx_emit(m, p, a->first, t);
         return t;
     }
     }

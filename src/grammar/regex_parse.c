@@ -114,7 +114,7 @@ static int set_add_word(re_set *s)
 
 /* ---- the syntax tree ---------------------------------------------------- */
 
-int32_t p_fail(re_parser *p, int code, const char *what)
+int32_t eng__rx_p_fail(re_parser *p, int code, const char *what)
 {
     if (!p->rc) {
         p->rc = code;
@@ -128,10 +128,10 @@ static int32_t p_node(re_parser *p, uint8_t kind)
     if (p->n_nodes == p->cap_nodes) {
         int32_t cap = p->cap_nodes ? p->cap_nodes * 2 : 32;
         if (cap > ENG_REGEX_MAX_NFA_STATES)
-            return p_fail(p, SW_ERANGE, "pattern too large");
+            return eng__rx_p_fail(p, SW_ERANGE, "pattern too large");
         re_ast *n = sw_realloc(p->nodes, (size_t)cap * sizeof *n);
         if (!n)
-            return p_fail(p, SW_ENOMEM, "out of memory");
+            return eng__rx_p_fail(p, SW_ENOMEM, "out of memory");
         p->nodes = n;
         p->cap_nodes = cap;
     }
@@ -160,7 +160,7 @@ static int32_t p_set_node(re_parser *p, re_set *s, bool negate)
     int rc = negate ? set_negate(s) : SW_OK;
     int32_t id = -1;
     if (rc) {
-        p_fail(p, rc, rc == SW_ENOMEM ? "out of memory" : "class too large");
+        eng__rx_p_fail(p, rc, rc == SW_ENOMEM ? "out of memory" : "class too large");
         goto done;
     }
     if ((id = p_node(p, A_SET)) < 0)
@@ -169,7 +169,7 @@ static int32_t p_set_node(re_parser *p, re_set *s, bool negate)
     p->nodes[id].set_n = s->n;
     for (int32_t i = 0; i < s->n; i++) {
         if ((rc = set_add(&p->pool, s->r[i].lo, s->r[i].hi))) {
-            id = p_fail(p, rc, rc == SW_ENOMEM ? "out of memory" : "pattern too large");
+            id = eng__rx_p_fail(p, rc, rc == SW_ENOMEM ? "out of memory" : "pattern too large");
             goto done;
         }
     }
@@ -183,7 +183,7 @@ static int32_t p_char_node(re_parser *p, uint32_t cp)
 {
     re_set s = {0};
     if (set_add(&s, cp, cp))
-        return p_fail(p, SW_ENOMEM, "out of memory");
+        return eng__rx_p_fail(p, SW_ENOMEM, "out of memory");
     return p_set_node(p, &s, false);
 }
 
@@ -222,18 +222,18 @@ static int64_t p_utf8(re_parser *p)
         k = 4;
         cp = c & 0x07;
     } else {
-        return p_fail(p, SW_EINVAL, "invalid UTF-8");
+        return eng__rx_p_fail(p, SW_EINVAL, "invalid UTF-8");
     }
     if (avail < k)
-        return p_fail(p, SW_EINVAL, "invalid UTF-8");
+        return eng__rx_p_fail(p, SW_EINVAL, "invalid UTF-8");
     for (size_t i = 1; i < k; i++) {
         if ((s[i] & 0xC0) != 0x80)
-            return p_fail(p, SW_EINVAL, "invalid UTF-8");
+            return eng__rx_p_fail(p, SW_EINVAL, "invalid UTF-8");
         cp = cp << 6 | (s[i] & 0x3F);
     }
     if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > RE_MAX_CP)) ||
         (cp >= 0xD800 && cp <= 0xDFFF))
-        return p_fail(p, SW_EINVAL, "invalid UTF-8");
+        return eng__rx_p_fail(p, SW_EINVAL, "invalid UTF-8");
     p->pos += k;
     return cp;
 }
@@ -275,18 +275,18 @@ static int64_t p_unicode_escape(re_parser *p)
         while (hex_val(p_peek(p)) >= 0) {
             v = v * 16 + hex_val(p->p[p->pos++]);
             if (v > RE_MAX_CP)
-                return p_fail(p, SW_EINVAL, "\\u{...} beyond U+10FFFF");
+                return eng__rx_p_fail(p, SW_EINVAL, "\\u{...} beyond U+10FFFF");
             digits++;
         }
         if (!digits || !p_eat(p, '}'))
-            return p_fail(p, SW_EINVAL, "malformed \\u{...} escape");
+            return eng__rx_p_fail(p, SW_EINVAL, "malformed \\u{...} escape");
         if (v >= 0xD800 && v <= 0xDFFF)
-            return p_fail(p, SW_EUNSUPPORTED, "a lone surrogate");
+            return eng__rx_p_fail(p, SW_EUNSUPPORTED, "a lone surrogate");
         return v;
     }
     int64_t v = p_hex(p, 4);
     if (v < 0)
-        return p_fail(p, SW_EINVAL, "malformed \\u escape");
+        return eng__rx_p_fail(p, SW_EINVAL, "malformed \\u escape");
     if (v >= 0xD800 && v <= 0xDBFF && p->len - p->pos >= 6 && p->p[p->pos] == '\\' &&
         p->p[p->pos + 1] == 'u') {
         size_t save = p->pos;
@@ -297,7 +297,7 @@ static int64_t p_unicode_escape(re_parser *p)
         p->pos = save;
     }
     if (v >= 0xD800 && v <= 0xDFFF)
-        return p_fail(p, SW_EUNSUPPORTED, "a lone surrogate");
+        return eng__rx_p_fail(p, SW_EUNSUPPORTED, "a lone surrogate");
     return v;
 }
 
@@ -305,12 +305,12 @@ static int64_t p_unicode_escape(re_parser *p)
 static int p_property(re_parser *p, re_set *s, bool negate)
 {
     if (!p_eat(p, '{'))
-        return p_fail(p, SW_EINVAL, "\\p needs {name}"), -1;
+        return eng__rx_p_fail(p, SW_EINVAL, "\\p needs {name}"), -1;
     size_t start = p->pos;
     while (p->pos < p->len && p->p[p->pos] != '}')
         p->pos++;
     if (p->pos >= p->len)
-        return p_fail(p, SW_EINVAL, "unterminated \\p{"), -1;
+        return eng__rx_p_fail(p, SW_EINVAL, "unterminated \\p{"), -1;
     const char *name = (const char *)p->p + start;
     size_t n = p->pos - start;
     p->pos++;
@@ -322,14 +322,14 @@ static int p_property(re_parser *p, re_set *s, bool negate)
              RE_IS("General_Category=Number"))
         rc = set_add_table(s, eng_unicode_numbers, eng_unicode_numbers_count);
     else
-        return p_fail(p, SW_EUNSUPPORTED, "this Unicode property (only L and N)"), -1;
+        return eng__rx_p_fail(p, SW_EUNSUPPORTED, "this Unicode property (only L and N)"), -1;
 #undef RE_IS
     if (rc)
-        return p_fail(p, rc, "out of memory"), -1;
+        return eng__rx_p_fail(p, rc, "out of memory"), -1;
     if (negate) {
         set_normalize(s);
         if ((rc = set_negate(s)))
-            return p_fail(p, rc, "out of memory"), -1;
+            return eng__rx_p_fail(p, rc, "out of memory"), -1;
     }
     return 0;
 }
@@ -339,7 +339,7 @@ static int p_property(re_parser *p, re_set *s, bool negate)
 static int p_escape(re_parser *p, bool in_class, re_set *s, uint32_t *cp)
 {
     if (p->pos >= p->len)
-        return p_fail(p, SW_EINVAL, "trailing backslash"), -1;
+        return eng__rx_p_fail(p, SW_EINVAL, "trailing backslash"), -1;
     int c = p->p[p->pos++];
     int rc = SW_OK;
     switch (c) {
@@ -362,20 +362,20 @@ static int p_escape(re_parser *p, bool in_class, re_set *s, uint32_t *cp)
     case 'c': {
         int l = p_peek(p);
         if (!((l >= 'a' && l <= 'z') || (l >= 'A' && l <= 'Z')))
-            return p_fail(p, SW_EINVAL, "\\c needs a letter"), -1;
+            return eng__rx_p_fail(p, SW_EINVAL, "\\c needs a letter"), -1;
         p->pos++;
         *cp = (uint32_t)(l % 32);
         return 0;
     }
     case '0':
         if (p_peek(p) >= '0' && p_peek(p) <= '9')
-            return p_fail(p, SW_EUNSUPPORTED, "legacy octal escapes"), -1;
+            return eng__rx_p_fail(p, SW_EUNSUPPORTED, "legacy octal escapes"), -1;
         *cp = 0;
         return 0;
     case 'x': {
         int64_t v = p_hex(p, 2);
         if (v < 0)
-            return p_fail(p, SW_EINVAL, "malformed \\x escape"), -1;
+            return eng__rx_p_fail(p, SW_EINVAL, "malformed \\x escape"), -1;
         *cp = (uint32_t)v;
         return 0;
     }
@@ -391,11 +391,11 @@ static int p_escape(re_parser *p, bool in_class, re_set *s, uint32_t *cp)
             *cp = 8;
             return 0;
         }
-        return p_fail(p, SW_EUNSUPPORTED, "word boundaries (\\b)"), -1;
+        return eng__rx_p_fail(p, SW_EUNSUPPORTED, "word boundaries (\\b)"), -1;
     case 'B':
-        return p_fail(p, SW_EUNSUPPORTED, "word boundaries (\\B)"), -1;
+        return eng__rx_p_fail(p, SW_EUNSUPPORTED, "word boundaries (\\B)"), -1;
     case 'k':
-        return p_fail(p, SW_EUNSUPPORTED, "backreferences (\\k)"), -1;
+        return eng__rx_p_fail(p, SW_EUNSUPPORTED, "backreferences (\\k)"), -1;
     case '-':
         *cp = '-';
         return 0;
@@ -403,9 +403,9 @@ static int p_escape(re_parser *p, bool in_class, re_set *s, uint32_t *cp)
         break;
     }
     if (c >= '1' && c <= '9')
-        return p_fail(p, SW_EUNSUPPORTED, "backreferences"), -1;
+        return eng__rx_p_fail(p, SW_EUNSUPPORTED, "backreferences"), -1;
     if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
-        return p_fail(p, SW_EINVAL, "unknown escape"), -1;
+        return eng__rx_p_fail(p, SW_EINVAL, "unknown escape"), -1;
     /* An identity escape: the character itself. */
     p->pos--;
     int64_t v = p_utf8(p);
@@ -415,11 +415,11 @@ static int p_escape(re_parser *p, bool in_class, re_set *s, uint32_t *cp)
     return 0;
 cls:
     if (rc)
-        return p_fail(p, rc, "out of memory"), -1;
+        return eng__rx_p_fail(p, rc, "out of memory"), -1;
     if (c >= 'A' && c <= 'Z') {
         set_normalize(s);
         if ((rc = set_negate(s)))
-            return p_fail(p, rc, "out of memory"), -1;
+            return eng__rx_p_fail(p, rc, "out of memory"), -1;
     }
     return 1;
 }
@@ -434,7 +434,7 @@ static int p_class_atom(re_parser *p, re_set *s, uint32_t *cp)
             for (int32_t i = 0; i < tmp.n; i++)
                 if (set_add(s, tmp.r[i].lo, tmp.r[i].hi)) {
                     sw_free(tmp.r);
-                    return p_fail(p, SW_ENOMEM, "out of memory"), -1;
+                    return eng__rx_p_fail(p, SW_ENOMEM, "out of memory"), -1;
                 }
         }
         sw_free(tmp.r);
@@ -454,7 +454,7 @@ static int32_t p_class(re_parser *p)
     for (;;) {
         if (p->pos >= p->len) {
             sw_free(s.r);
-            return p_fail(p, SW_EINVAL, "unterminated character class");
+            return eng__rx_p_fail(p, SW_EINVAL, "unterminated character class");
         }
         if (p_eat(p, ']'))
             break;
@@ -476,7 +476,7 @@ static int32_t p_class(re_parser *p)
             }
             if (a > b) {
                 sw_free(s.r);
-                return p_fail(p, SW_EINVAL, "class range out of order");
+                return eng__rx_p_fail(p, SW_EINVAL, "class range out of order");
             }
             if (set_add(&s, a, b))
                 goto oom;
@@ -486,7 +486,7 @@ static int32_t p_class(re_parser *p)
     }
     return p_set_node(p, &s, negate);
 oom:
-    p_fail(p, SW_ENOMEM, "out of memory");
+    eng__rx_p_fail(p, SW_ENOMEM, "out of memory");
 fail:
     sw_free(s.r);
     return -1;
@@ -531,7 +531,7 @@ no:
     return false;
 }
 
-int32_t p_disjunction(re_parser *p);
+int32_t eng__rx_p_disjunction(re_parser *p);
 
 static int32_t p_atom(re_parser *p)
 {
@@ -545,10 +545,10 @@ static int32_t p_atom(re_parser *p)
         p->pos++;
         return p_node(p, A_EOL);
     case '*': case '+': case '?':
-        return p_fail(p, SW_EINVAL, "nothing to repeat");
+        return eng__rx_p_fail(p, SW_EINVAL, "nothing to repeat");
     case '{':
         if (p_braces(p, &qa, &qb))
-            return p_fail(p, SW_EINVAL, "nothing to repeat");
+            return eng__rx_p_fail(p, SW_EINVAL, "nothing to repeat");
         p->pos++;
         return p_char_node(p, '{');
     case '.': {
@@ -556,7 +556,7 @@ static int32_t p_atom(re_parser *p)
         re_set s = {0};
         if (set_add(&s, '\n', '\n') || set_add(&s, '\r', '\r') || set_add(&s, 0x2028, 0x2029)) {
             sw_free(s.r);
-            return p_fail(p, SW_ENOMEM, "out of memory");
+            return eng__rx_p_fail(p, SW_ENOMEM, "out of memory");
         }
         return p_set_node(p, &s, true);
     }
@@ -571,13 +571,13 @@ static int32_t p_atom(re_parser *p)
             } else if (p_peek(p) == '=' || p_peek(p) == '!') {
                 bool neg = p->p[p->pos++] == '!';
                 if (++p->depth > RE_MAX_DEPTH)
-                    return p_fail(p, SW_ERANGE, "groups nested too deeply");
-                int32_t inner = p_disjunction(p);
+                    return eng__rx_p_fail(p, SW_ERANGE, "groups nested too deeply");
+                int32_t inner = eng__rx_p_disjunction(p);
                 p->depth--;
                 if (inner < 0)
                     return -1;
                 if (!p_eat(p, ')'))
-                    return p_fail(p, SW_EINVAL, "missing )");
+                    return eng__rx_p_fail(p, SW_EINVAL, "missing )");
                 int32_t look = p_node(p, A_LOOK);
                 if (look < 0)
                     return -1;
@@ -586,30 +586,30 @@ static int32_t p_atom(re_parser *p)
                 return look;
             } else if (p_eat(p, '<')) {
                 if (p_peek(p) == '=' || p_peek(p) == '!')
-                    return p_fail(p, SW_EUNSUPPORTED, "lookbehind");
+                    return eng__rx_p_fail(p, SW_EUNSUPPORTED, "lookbehind");
                 int n = 0;
                 while (p->pos < p->len && p->p[p->pos] != '>') {
                     int ch = p->p[p->pos];
                     if (!(ch == '_' || ch == '$' || ch >= 0x80 || (ch >= '0' && ch <= '9' && n) ||
                           (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')))
-                        return p_fail(p, SW_EINVAL, "bad group name");
+                        return eng__rx_p_fail(p, SW_EINVAL, "bad group name");
                     p->pos++;
                     n++;
                 }
                 if (!n || !p_eat(p, '>'))
-                    return p_fail(p, SW_EINVAL, "bad group name");
+                    return eng__rx_p_fail(p, SW_EINVAL, "bad group name");
             } else {
-                return p_fail(p, SW_EINVAL, "unknown group syntax (?");
+                return eng__rx_p_fail(p, SW_EINVAL, "unknown group syntax (?");
             }
         }
         if (++p->depth > RE_MAX_DEPTH)
-            return p_fail(p, SW_ERANGE, "groups nested too deeply");
-        int32_t inner = p_disjunction(p);
+            return eng__rx_p_fail(p, SW_ERANGE, "groups nested too deeply");
+        int32_t inner = eng__rx_p_disjunction(p);
         p->depth--;
         if (inner < 0)
             return -1;
         if (!p_eat(p, ')'))
-            return p_fail(p, SW_EINVAL, "missing )");
+            return eng__rx_p_fail(p, SW_EINVAL, "missing )");
         return inner;
     }
     case '\\': {
@@ -654,16 +654,16 @@ static int32_t p_term(re_parser *p)
         p->pos++;
     } else if (c == '{' && p_braces(p, &min, &max)) {
         if (max >= 0 && min > max)
-            return p_fail(p, SW_EINVAL, "numbers out of order in {}");
+            return eng__rx_p_fail(p, SW_EINVAL, "numbers out of order in {}");
         if (min > RE_MAX_COUNT || max > RE_MAX_COUNT)
-            return p_fail(p, SW_ERANGE, "repetition count too large");
+            return eng__rx_p_fail(p, SW_ERANGE, "repetition count too large");
     } else {
         return atom;
     }
     p_eat(p, '?'); /* lazy: the same strings match */
     uint8_t k = p->nodes[atom].kind;
     if (k == A_BOL || k == A_EOL || k == A_LOOK)
-        return p_fail(p, SW_EINVAL, "nothing to repeat");
+        return eng__rx_p_fail(p, SW_EINVAL, "nothing to repeat");
     int32_t rep = p_node(p, A_REP);
     if (rep < 0)
         return -1;
@@ -687,7 +687,7 @@ static int32_t p_alternative(re_parser *p)
     return cat;
 }
 
-int32_t p_disjunction(re_parser *p)
+int32_t eng__rx_p_disjunction(re_parser *p)
 {
     int32_t first = p_alternative(p);
     if (first < 0 || p_peek(p) != '|')

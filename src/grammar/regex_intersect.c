@@ -1,0 +1,139 @@
+/* regex_intersect.c - the product of two compiled patterns
+ * (eng_regex_intersect) and a deep copy of one (eng_regex_clone).
+ */
+#include "grammar/regex-impl.h"
+
+#include "common/alloc.h"
+
+#include <string.h>
+
+/* ---- intersection ------------------------------------------------------- */
+
+int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out, sw_error *err)
+{
+    *out = NULL;
+    eng_regex *re = sw_calloc(1, sizeof *re);
+    int32_t *pair_a = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *pair_a);
+    int32_t *pair_b = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *pair_b);
+    int32_t *htab = sw_malloc(RE_HTAB * sizeof *htab);
+    int rc = SW_OK;
+    if (!re || !pair_a || !pair_b || !htab ||
+        !(re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1)) ||
+        !(re->universal = sw_calloc(ENG_REGEX_MAX_STATES, 1))) {
+        rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
+        goto fail;
+    }
+    /* Classes: bytes that both automata treat alike. */
+    uint8_t rep[256];
+    int32_t nc = 0;
+    for (int x = 0; x < 256; x++) {
+        int32_t c = -1;
+        for (int y = 0; y < x; y++)
+            if (a->class_of[y] == a->class_of[x] && b->class_of[y] == b->class_of[x]) {
+                c = re->class_of[y];
+                break;
+            }
+        if (c < 0) {
+            c = nc++;
+            rep[c] = (uint8_t)x;
+        }
+        re->class_of[x] = (uint8_t)c;
+    }
+    re->n_classes = nc;
+    size_t cap_trans = 64 * (size_t)nc;
+    if (!(re->trans = sw_malloc(cap_trans * sizeof *re->trans))) {
+        rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
+        goto fail;
+    }
+    memset(htab, 0xFF, RE_HTAB * sizeof *htab);
+    int32_t nb = b->n_states;
+    /* Start; then breadth first, adding pairs as they are reached. */
+    pair_a[0] = a->start;
+    pair_b[0] = b->start;
+    re->n_states = 1;
+    re->start = 0;
+    htab[((uint32_t)a->start * (uint32_t)nb + (uint32_t)b->start) * 2654435761u &
+         (RE_HTAB - 1)] = 0;
+    for (int32_t s = 0; s < re->n_states; s++) {
+        re->accept[s] = a->accept[pair_a[s]] && b->accept[pair_b[s]];
+        re->universal[s] = a->universal[pair_a[s]] && b->universal[pair_b[s]];
+        while ((size_t)re->n_states * (size_t)nc > cap_trans) {
+            int32_t *t = sw_realloc(re->trans, 2 * cap_trans * sizeof *t);
+            if (!t) {
+                rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
+                goto fail;
+            }
+            re->trans = t;
+            cap_trans *= 2;
+        }
+        for (int32_t c = 0; c < nc; c++) {
+            int32_t ta = eng_regex_step(a, pair_a[s], rep[c]);
+            int32_t tb = ta < 0 ? -1 : eng_regex_step(b, pair_b[s], rep[c]);
+            int32_t t = ENG_REGEX_DEAD;
+            if (ta >= 0 && tb >= 0) {
+                uint32_t key = (uint32_t)ta * (uint32_t)nb + (uint32_t)tb;
+                uint32_t h = key * 2654435761u & (RE_HTAB - 1);
+                for (;; h = (h + 1) & (RE_HTAB - 1)) {
+                    int32_t id = htab[h];
+                    if (id < 0 || (pair_a[id] == ta && pair_b[id] == tb))
+                        break;
+                }
+                if (htab[h] >= 0) {
+                    t = htab[h];
+                } else {
+                    if (re->n_states >= ENG_REGEX_MAX_STATES) {
+                        rc = sw_error_set(err, SW_ERANGE,
+                                          "pattern and format together too large (their "
+                                          "automaton passes %d states)",
+                                          ENG_REGEX_MAX_STATES);
+                        goto fail;
+                    }
+                    t = re->n_states++;
+                    pair_a[t] = ta;
+                    pair_b[t] = tb;
+                    htab[h] = t;
+                }
+            }
+            re->trans[(size_t)s * (size_t)nc + (size_t)c] = t;
+        }
+    }
+    if ((rc = eng__rx_dfa_finish(re))) {
+        sw_error_set(err, rc, "pattern: out of memory");
+        goto fail;
+    }
+    sw_free(pair_a);
+    sw_free(pair_b);
+    sw_free(htab);
+    *out = re;
+    return SW_OK;
+fail:
+    sw_free(pair_a);
+    sw_free(pair_b);
+    sw_free(htab);
+    eng_regex_free(re);
+    return rc;
+}
+
+int eng_regex_clone(const eng_regex *re, eng_regex **out, sw_error *err)
+{
+    size_t ns = (size_t)re->n_states, cells = ns * (size_t)re->n_classes;
+    eng_regex *c = sw_calloc(1, sizeof *c);
+    *out = NULL;
+    if (!c || !(c->trans = sw_malloc((cells ? cells : 1) * sizeof *c->trans)) ||
+        !(c->accept = sw_malloc(ns ? ns : 1)) || !(c->live = sw_malloc(ns ? ns : 1)) ||
+        !(c->pend = sw_malloc(ns ? ns : 1)) || !(c->universal = sw_malloc(ns ? ns : 1))) {
+        eng_regex_free(c);
+        return sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
+    }
+    c->n_states = re->n_states;
+    c->n_classes = re->n_classes;
+    c->start = re->start;
+    memcpy(c->class_of, re->class_of, sizeof c->class_of);
+    memcpy(c->trans, re->trans, cells * sizeof *c->trans);
+    memcpy(c->accept, re->accept, ns);
+    memcpy(c->live, re->live, ns);
+    memcpy(c->pend, re->pend, ns);
+    memcpy(c->universal, re->universal, ns);
+    *out = c;
+    return SW_OK;
+}

@@ -22,7 +22,7 @@
  * quantifiers * + ? {m} {m,} {m,n} (lazy ones are greedy: a DFA decides
  * whether a string matches, not which part); groups ( ), (?: ), (?<name> );
  * alternation; ^ and $ (at the ends of the string); lookahead (?= ) and
- * (?! ), ^ inside them included (regex.c: a product of what follows with
+ * (?! ), ^ inside them included (regex_look.c: a product of what follows with
  * the lookahead's own automaton).
  * Refused with SW_EUNSUPPORTED: backreferences (\1, \k<name>),
  * lookbehind, a lookahead inside an unbounded repetition (* + {m,}) whose

@@ -13,8 +13,10 @@
  * wk_serve (worker_http.c) before its first libevent call: the worker is
  * the only part of spillway that uses libevent (the router runs its own
  * sockets and threads), and a libevent block allocated before would still
- * be freed right, sw_free being free. libevent checks its allocations and
- * fails the call (evbuffer_add returns -1, evhttp drops the connection).
+ * be freed right, sw_free being free. libevent ignores some failed
+ * allocations of its own writes (a reply's status line and headers, a
+ * chunk's framing); worker_http.c prepares the output so that they need
+ * none (out_reserve).
  */
 #ifndef SPILLWAY_COMMON_ALLOC_H
 #define SPILLWAY_COMMON_ALLOC_H

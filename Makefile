@@ -120,7 +120,7 @@ test-fuzz: build-fuzz
 	@scripts/fuzz-run.sh $(FUZZ) $(foreach f,$(FUZZERS),$(f)=$(call fuzz_seconds,$(f)))
 
 # Every harness for FUZZ_LONG_SECONDS (10 minutes) each, one after the
-# other (about 1.5 hours): the long run docs/operations.md, Fuzzing, asks
+# other (about 1.7 hours): the long run docs/operations.md, Fuzzing, asks
 # for before a release. FUZZERS="http_head sse" runs some only.
 fuzz-long: build-fuzz
 	@scripts/fuzz-run.sh $(FUZZ) $(foreach f,$(FUZZERS),$(f)=$(FUZZ_LONG_SECONDS))

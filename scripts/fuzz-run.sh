@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs libFuzzer harnesses for a while each and prints, per harness, the
-# executions, the coverage (cov: edges, ft: features) and the corpus size.
+# executions (in all, per second, per CPU second of the harness), the
+# coverage (cov: edges, ft: features), the corpus size and the machine's
+# load average (1 minute) at the start and at the end.
 #
 #   scripts/fuzz-run.sh FUZZ_DIR NAME=SECONDS [NAME=SECONDS ...]
 #
@@ -19,6 +21,7 @@ fi
 fuzz_dir=$1
 shift
 src=$(cd "$(dirname "$0")/.." && pwd)
+TIMEFORMAT='%U %S' # bash's time: user and system seconds
 summary=()
 for spec in "$@"; do
   name=${spec%%=*}
@@ -31,12 +34,21 @@ for spec in "$@"; do
     cp -R "$src/tests/fuzz/corpus/$name/." "$dir/"
   fi
   echo "fuzz_$name: fuzzing for $seconds s"
-  if ! "$bin" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-       -print_final_stats=1 -artifact_prefix="$fuzz_dir/fuzz_$name-" "$dir" >"$log" 2>&1; then
+  load_start=$(cut -d' ' -f1 /proc/loadavg)
+  rc=0
+  # the harness's CPU seconds (user + system): executions per CPU second
+  # do not depend on how many others share the machine, executions per
+  # second do
+  { time "$bin" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$fuzz_dir/fuzz_$name-" "$dir" >"$log" 2>&1 \
+      || rc=$?; } 2>"$log.time"
+  if [ "$rc" -ne 0 ]; then
     tail -60 "$log"
     echo "fuzz_$name: FAILED (log: $log)"
     exit 1
   fi
+  load_end=$(cut -d' ' -f1 /proc/loadavg)
+  cpu=$(awk '{printf "%.0f", $1 + $2}' "$log.time")
   # "#N DONE cov: C ft: F corp: K/..." is the last status line
   last=$(grep -E '^#[0-9]+' "$log" | tail -1)
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
@@ -44,9 +56,11 @@ for spec in "$@"; do
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
   corp=$(sed -n 's/.* corp: \([0-9]*\)\/.*/\1/p' <<<"$last")
+  per_cpu=$(awk -v r="${runs:-0}" -v c="$cpu" 'BEGIN { printf "%.0f", (c > 0 ? r / c : 0) }')
   echo "$last"
-  summary+=("$(printf '%-20s %5s s %11s execs %7s/s  cov %5s  ft %6s  corpus %5s  crashes 0' \
-    "fuzz_$name" "$seconds" "${runs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}")")
+  summary+=("$(printf '%-20s %5s s %11s execs %7s/s  cpu %5s s %7s/cpu-s  cov %5s  ft %6s  corpus %5s  load %s-%s  crashes 0' \
+    "fuzz_$name" "$seconds" "${runs:-?}" "${rate:-?}" "$cpu" "$per_cpu" "${cov:-?}" "${ft:-?}" \
+    "${corp:-?}" "$load_start" "$load_end")")
 done
 echo
 echo "fuzzing summary:"

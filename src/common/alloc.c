@@ -16,8 +16,8 @@ static atomic_long fail_at = -1; /* absolute call number that fails, or -1 */
 
 /* the calling thread's fault scope (alloc.h), NULL when none */
 static _Thread_local sw_alloc_scope *scope_current;
-static atomic_bool scope_used;        /* a scope was ever published */
-static atomic_long scope_last_calls;  /* of the last scope published */
+static atomic_bool scope_used[SW_ALLOC_THREAD_KINDS];       /* one was ever published */
+static atomic_long scope_last_calls[SW_ALLOC_THREAD_KINDS]; /* of the last published */
 static atomic_long scope_failures;    /* failures injected by scopes */
 
 static _Thread_local long thread_failures; /* sw_alloc_thread_failures */
@@ -180,11 +180,18 @@ void sw_alloc_hook_jansson(void)
 
 /* ---- fault scopes ------------------------------------------------------- */
 
-void sw_alloc_scope_init(sw_alloc_scope *scope, long fail_at_call)
+void sw_alloc_scope_init_on(sw_alloc_scope *scope, sw_alloc_thread thread, long fail_at_call)
 {
     scope->calls = 0;
     scope->fail_at = fail_at_call < 0 ? -1 : fail_at_call;
     scope->failed = false;
+    scope->thread = thread >= 0 && thread < SW_ALLOC_THREAD_KINDS ? thread
+                                                                  : SW_ALLOC_THREAD_REQUEST;
+}
+
+void sw_alloc_scope_init(sw_alloc_scope *scope, long fail_at_call)
+{
+    sw_alloc_scope_init_on(scope, SW_ALLOC_THREAD_REQUEST, fail_at_call);
 }
 
 sw_alloc_scope *sw_alloc_scope_swap(sw_alloc_scope *scope)
@@ -196,8 +203,8 @@ sw_alloc_scope *sw_alloc_scope_swap(sw_alloc_scope *scope)
 
 void sw_alloc_scope_publish(const sw_alloc_scope *scope)
 {
-    atomic_store(&scope_last_calls, scope->calls);
-    atomic_store(&scope_used, true);
+    atomic_store(&scope_last_calls[scope->thread], scope->calls);
+    atomic_store(&scope_used[scope->thread], true);
 }
 
 static bool header_enabled;
@@ -224,10 +231,23 @@ bool sw_alloc_fault_header_enabled(void)
 
 bool sw_alloc_scope_parse(const char *value, long *fail_at_call)
 {
+    sw_alloc_thread thread;
+    return sw_alloc_scope_parse_on(value, &thread, fail_at_call) &&
+           thread == SW_ALLOC_THREAD_REQUEST;
+}
+
+bool sw_alloc_scope_parse_on(const char *value, sw_alloc_thread *thread, long *fail_at_call)
+{
     static const char mode[] = "alloc_fail_after:";
+    static const char engine[] = "engine:";
     if (!value || strncmp(value, mode, sizeof mode - 1))
         return false;
     const char *p = value + sizeof mode - 1;
+    *thread = SW_ALLOC_THREAD_REQUEST;
+    if (!strncmp(p, engine, sizeof engine - 1)) {
+        *thread = SW_ALLOC_THREAD_ENGINE;
+        p += sizeof engine - 1;
+    }
     if (!strcmp(p, "-1")) {
         *fail_at_call = -1;
         return true;
@@ -253,14 +273,21 @@ size_t sw_alloc_scope_metrics(char *buf, size_t cap)
     if (!cap)
         return 0;
     buf[0] = '\0';
-    if (!atomic_load(&scope_used))
+    if (!atomic_load(&scope_used[SW_ALLOC_THREAD_REQUEST]))
         return 0;
     int n = snprintf(buf, cap,
                      "# TYPE spillway_fault_scope_allocations gauge\n"
-                     "spillway_fault_scope_allocations %ld\n"
-                     "# TYPE spillway_fault_allocations_failed_total counter\n"
-                     "spillway_fault_allocations_failed_total %ld\n",
-                     atomic_load(&scope_last_calls), atomic_load(&scope_failures));
+                     "spillway_fault_scope_allocations %ld\n",
+                     atomic_load(&scope_last_calls[SW_ALLOC_THREAD_REQUEST]));
+    if (n >= 0 && (size_t)n < cap && atomic_load(&scope_used[SW_ALLOC_THREAD_ENGINE]))
+        n += snprintf(buf + n, cap - (size_t)n,
+                      "spillway_fault_scope_allocations{thread=\"engine\"} %ld\n",
+                      atomic_load(&scope_last_calls[SW_ALLOC_THREAD_ENGINE]));
+    if (n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n,
+                      "# TYPE spillway_fault_allocations_failed_total counter\n"
+                      "spillway_fault_allocations_failed_total %ld\n",
+                      atomic_load(&scope_failures));
     if (n < 0)
         return 0;
     return (size_t)n < cap ? (size_t)n : cap - 1;

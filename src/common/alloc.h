@@ -8,7 +8,15 @@
  * jansson allocates through this hook once sw_alloc_hook_jansson has run,
  * and SQLite once ldg_alloc_hook (ledger.h) has: both are installed at the
  * start of the `spillway` binary (src/cli/main.c), so a failure injected
- * here reaches JSON parsing and building and the ledger too.
+ * here reaches JSON parsing and building and the ledger too. libevent
+ * (event_set_mem_functions with sw_malloc, sw_realloc, sw_free) is set in
+ * wk_serve (worker_http.c) before its first libevent call: the worker is
+ * the only part of spillway that uses libevent (the router runs its own
+ * sockets and threads), and a libevent block allocated before would still
+ * be freed right, sw_free being free. libevent ignores some failed
+ * allocations of its own writes (a reply's status line and headers, a
+ * chunk's framing); worker_http.c prepares the output so that they need
+ * none (out_reserve).
  */
 #ifndef SPILLWAY_COMMON_ALLOC_H
 #define SPILLWAY_COMMON_ALLOC_H
@@ -86,16 +94,38 @@ bool sw_json_error_number_range(const struct json_error_t *error);
  *
  * A scope belongs to one thread at a time (no locking); a request whose
  * work moves between callbacks of one thread (the worker's event loop)
- * makes its scope current again in each (sw_alloc_scope_swap). Work a
- * request hands to another thread (the worker's engine thread) is not
- * counted. */
+ * makes its scope current again in each (sw_alloc_scope_swap).
+ *
+ * Work a request hands to another thread is counted in a scope of its
+ * own, one per thread kind (sw_alloc_thread), so that "the Nth
+ * allocation" is the same one in every run however the threads
+ * interleave; the header names the kind:
+ *   X-Spillway-Fault: alloc_fail_after:engine:N
+ * fails the Nth allocation the worker's engine thread makes for the
+ * request (admission, sampling, the held text, the final event), and the
+ * request thread's scope then counts without failing (and the other way
+ * round). The engine's batched decode allocates for the whole step, not
+ * for one request, and is not counted. The router's supervisor thread
+ * (spawn, reap, health polls) does no work for any one request, and a
+ * job's runner thread works after the 202 has answered the request that
+ * queued it, so neither is a request's scope (docs/operations.md,
+ * Testing). */
+typedef enum sw_alloc_thread {
+    SW_ALLOC_THREAD_REQUEST = 0, /* the thread that serves the request */
+    SW_ALLOC_THREAD_ENGINE = 1,  /* the worker's engine thread, for its sequence */
+    SW_ALLOC_THREAD_KINDS
+} sw_alloc_thread;
+
 typedef struct sw_alloc_scope {
     long calls;   /* allocations counted so far */
     long fail_at; /* the one that fails; -1: none */
     bool failed;  /* it did */
+    sw_alloc_thread thread;
 } sw_alloc_scope;
 
+/* A scope of the request thread (sw_alloc_scope_init_on: of another). */
 void sw_alloc_scope_init(sw_alloc_scope *scope, long fail_at);
+void sw_alloc_scope_init_on(sw_alloc_scope *scope, sw_alloc_thread thread, long fail_at);
 /* Makes scope (NULL: none) the calling thread's current scope; returns
  * the previous one, to restore. */
 sw_alloc_scope *sw_alloc_scope_swap(sw_alloc_scope *scope);
@@ -108,9 +138,13 @@ bool sw_alloc_fault_header_enabled(void);
 /* The header's value: "alloc_fail_after:N", N >= -1. false when it is
  * anything else. */
 bool sw_alloc_scope_parse(const char *value, long *fail_at);
+/* The same, and "alloc_fail_after:engine:N" (*thread says which). */
+bool sw_alloc_scope_parse_on(const char *value, sw_alloc_thread *thread, long *fail_at);
 /* Prometheus lines for /metrics, into buf (NUL-terminated; cut at cap):
  *   spillway_fault_scope_allocations  gauge, allocations of the last
- *                                     scope published
+ *                                     scope published (request thread)
+ *   spillway_fault_scope_allocations{thread="engine"}  the same for the
+ *                                     engine's scopes, once one was
  *   spillway_fault_allocations_failed_total  counter, failures injected
  *                                     by scopes
  * Nothing (returns 0) in a process that never opened a scope. Returns

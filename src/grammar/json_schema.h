@@ -40,7 +40,9 @@ typedef struct eng_grammar eng_grammar; /* immutable once built; any thread may 
 /* Compiles a schema (a JSON object, or true). Errors: SW_EUNSUPPORTED (a
  * keyword or construct outside the subset), SW_EINVAL (a malformed schema:
  * wrong keyword types, minLength > maxLength, an empty enum, ...),
- * SW_ENOMEM. The message names the keyword and its JSON pointer. */
+ * SW_ERANGE (a pattern whose automaton is past ENG_REGEX_MAX_STATES,
+ * regex.h), SW_ENOMEM. The message names the keyword and its JSON
+ * pointer. */
 int eng_grammar_from_schema(const struct json_t *schema, eng_grammar **out, sw_error *err);
 
 /* Any JSON object (response_format "json_object"), nesting bounded by

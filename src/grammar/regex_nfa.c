@@ -326,7 +326,9 @@ int32_t eng__rx_emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
     case A_EMPTY:
         return next;
     case A_SET:
-        return emit_set(m, p->pool.r + a->set_off, a->set_n, next);
+        /* an empty class ([]) may come before any range exists: no pointer
+         * arithmetic on the pool's NULL */
+        return emit_set(m, a->set_n ? p->pool.r + a->set_off : NULL, a->set_n, next);
     case A_BOL:
         return eng__rx_nfa_add(m, NS_BOL, 0, 0, next, -1);
     case A_EOL:

@@ -111,9 +111,11 @@ struct wk_req {
     bool broken;
     long fail_mark;                  /* sw_alloc_thread_failures() at the event's start */
     /* X-Spillway-Fault (tests; common/alloc.h): the request's fault
-     * scope, current in each callback of the event loop that serves it */
+     * scope, current in each callback of the event loop that serves it,
+     * and its engine thread's, current while the engine works for it */
     bool fault_scoped;
     sw_alloc_scope fault_scope;
+    sw_alloc_scope engine_fault_scope;
     /* under wk_server.lock */
     bool cancelled;
 };

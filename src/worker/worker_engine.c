@@ -156,6 +156,18 @@ static void slot_release(wk_server *s, int32_t seq)
     memset(sl, 0, sizeof *sl);
 }
 
+/* X-Spillway-Fault (tests; common/alloc.h): the request's engine-side
+ * fault scope is current while the engine works for it (admission,
+ * sampling, the end), so its allocations there are counted and the
+ * header's engine:N fails one. Returns the previous scope, to restore. A
+ * failure the code does not report (the held text, an event's text, one
+ * inside the constraint) still ends the request with a 500: the thread's
+ * failure count is compared before and after. */
+static sw_alloc_scope *engine_scope_enter(wk_req *req)
+{
+    return sw_alloc_scope_swap(req->fault_scoped ? &req->engine_fault_scope : NULL);
+}
+
 static bool held_append(wk_slot *sl, const char *text, size_t n)
 {
     if (n == 0)
@@ -263,7 +275,9 @@ static void finish_slot(wk_server *s, int32_t seq, ev_list *l, const char *finis
 {
     wk_slot *sl = &s->slots[seq];
     wk_req *req = sl->req;
+    sw_alloc_scope *scope_prev = engine_scope_enter(req);
     wk_event *ev = ev_new_final(l, WK_EV_DONE, req);
+    long failures = sw_alloc_thread_failures(); /* after the event: it never fails */
     if (strcmp(finish, "cancelled") != 0 && !sl->stop_hit) {
         char buf[16];
         size_t n = eng_detok_flush(&sl->detok, buf, sizeof buf);
@@ -278,12 +292,28 @@ static void finish_slot(wk_server *s, int32_t seq, ev_list *l, const char *finis
             finish = "stop";
         take_held(sl, n, ev);
     }
+    if (sw_alloc_thread_failures() != failures) {
+        /* the last text was lost: the end is an error, not a short answer */
+        sw_free(ev->text);
+        ev->text = NULL;
+        ev->text_len = 0;
+        ev->kind = WK_EV_ERROR;
+        ev->http_status = 500;
+        ev->type = "server_error";
+        ev->code = "internal_error";
+        snprintf(ev->message, sizeof ev->message, "out of host memory");
+        count_outcome(s, "error", req->n_prompt_client, sl->n_generated);
+        slot_release(s, seq);
+        sw_alloc_scope_swap(scope_prev);
+        return;
+    }
     ev->finish = finish;
     ev->n_generated = sl->n_generated;
     ev->draws = sl->sampler ? eng_sampler_draws(sl->sampler) : req->skip_draws;
     count_outcome(s, strcmp(finish, "cancelled") == 0 ? "cancelled" : "ok", req->n_prompt_client,
                   sl->n_generated);
     slot_release(s, seq);
+    sw_alloc_scope_swap(scope_prev);
 }
 
 static void fail_slot(wk_server *s, int32_t seq, ev_list *l, int rc, const char *phase,
@@ -291,6 +321,7 @@ static void fail_slot(wk_server *s, int32_t seq, ev_list *l, int rc, const char 
 {
     wk_req *req = s->slots[seq].req;
     int32_t n_gen = s->slots[seq].n_generated;
+    sw_alloc_scope *scope_prev = engine_scope_enter(req);
     if (rc == SW_EDEVOOM) {
         json_t *extra = json_pack("{s:s, s:i}", "phase", phase, "tokens_generated", n_gen);
         ev_error(l, req, 503, "server_error", "out_of_memory", extra,
@@ -303,11 +334,12 @@ static void fail_slot(wk_server *s, int32_t seq, ev_list *l, int rc, const char 
         count_outcome(s, "error", req->n_prompt_client, n_gen);
     }
     slot_release(s, seq);
+    sw_alloc_scope_swap(scope_prev);
 }
 
 /* Admission of a newcomer into a free slot: allocations, then (policy
  * reserve) the whole KV need of prompt + max_tokens, all or nothing. */
-static void admit(wk_server *s, wk_req *req, ev_list *l)
+static void admit_slot(wk_server *s, wk_req *req, ev_list *l, long failures)
 {
     int32_t seq = -1;
     for (int32_t i = 0; i < s->n_seqs; i++) {
@@ -396,7 +428,19 @@ static void admit(wk_server *s, wk_req *req, ev_list *l)
             return;
         }
     }
+    if (sw_alloc_thread_failures() != failures) { /* the resumed text held back */
+        sw_error_set(&err, SW_ENOMEM, "out of host memory admitting the request");
+        fail_slot(s, seq, l, SW_ENOMEM, "admission", &err);
+        return;
+    }
     ev_new_final(l, WK_EV_START, req);
+}
+
+static void admit(wk_server *s, wk_req *req, ev_list *l)
+{
+    sw_alloc_scope *scope_prev = engine_scope_enter(req);
+    admit_slot(s, req, l, sw_alloc_thread_failures());
+    sw_alloc_scope_swap(scope_prev);
 }
 
 /* The batched step: one eng_decode_batch per group of entries whose tokens
@@ -433,7 +477,7 @@ static int decode_step(wk_server *s, const eng_batch_entry *entries, int32_t n, 
 
 /* One token of a decoding slot: eng_generate's loop body up to the decode.
  * Returns true when the slot continues (its token goes into this step). */
-static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
+static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures)
 {
     wk_slot *sl = &s->slots[seq];
     wk_req *req = sl->req;
@@ -445,6 +489,7 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
         fail_slot(s, seq, l, SW_EDEVICE, "decode", &err);
         return false;
     }
+    wk_event *before = l->tail;
     wk_event *ev = ev_new(l, WK_EV_TOKEN, req);
     if (!ev) {
         sw_error err;
@@ -489,6 +534,19 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
     /* A constrained reply is never cut by stop strings (they could cut the
      * JSON); it ends when the value is closed. */
     take_held(sl, req->cons ? sl->held_len : held_release(req, sl, &stopped), ev);
+    if (sw_alloc_thread_failures() != failures) {
+        /* this token's text (or the constraint's step) lost memory: the
+         * event is dropped and the request ends with an error */
+        if (before)
+            before->next = NULL;
+        else
+            l->head = NULL;
+        l->tail = before;
+        wk_event_free(ev);
+        sw_error_set(&err, SW_ENOMEM, "out of host memory");
+        fail_slot(s, seq, l, SW_ENOMEM, "decode", &err);
+        return false;
+    }
     if (req->cons && constraint_end) {
         finish_slot(s, seq, l, "stop");
         return false;
@@ -511,6 +569,14 @@ static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
     }
     sl->pending_token = token;
     return true;
+}
+
+static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
+{
+    sw_alloc_scope *scope_prev = engine_scope_enter(s->slots[seq].req);
+    bool going = sample_slot_in(s, seq, l, sw_alloc_thread_failures());
+    sw_alloc_scope_swap(scope_prev);
+    return going;
 }
 
 static bool device_fatal(int rc)

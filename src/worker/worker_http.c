@@ -64,32 +64,78 @@ void wk_http_wake(wk_server *s)
 
 /* ---- responses ------------------------------------------------------- */
 
-/* body NULL, or one that cannot be written out, sends the out-of-memory
- * error instead (a 500, whatever status was meant). */
-static void send_json(struct evhttp_request *evreq, int status, json_t *body, const char *req_id)
+/* libevent goes through the allocation hook (wk_serve), and some of its
+ * writes ignore a failed allocation: evhttp_send_reply's status line and
+ * headers, a chunk's size line and CRLF. So before anything goes out, the
+ * connection's output buffer is grown to hold it (libevent's writes then
+ * need no memory) and the body's buffer gets room for the CRLF and the
+ * last chunk that libevent appends to it; a lost allocation in that
+ * preparation (sw_alloc_thread_failures) means nothing was sent, and the
+ * caller answers otherwise. */
+#define WK_HEAD_RESERVE 1024 /* status line, our headers, Date, Connection */
+#define WK_OOM_BODY                                                                             \
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":"              \
+    "\"internal_error\",\"param\":null}}"
+
+static bool out_reserve(struct evhttp_request *evreq, size_t bytes)
 {
-    struct evbuffer *buf = evbuffer_new();
-    char *dump = body ? sw_json_dumps(body, JSON_COMPACT) : NULL;
-    if (!dump && status < 500)
-        status = 500;
-    struct evkeyvalq *h = evhttp_request_get_output_headers(evreq);
-    evhttp_add_header(h, "Content-Type", "application/json");
-    if (req_id)
-        evhttp_add_header(h, "X-Request-Id", req_id);
-    if (status == 503)
-        evhttp_add_header(h, "Retry-After", "1");
-    if (buf) {
-        if (dump)
-            evbuffer_add(buf, dump, strlen(dump));
-        else
-            evbuffer_add_printf(buf, "{\"error\":{\"message\":\"out of memory\",\"type\":"
-                                     "\"server_error\",\"code\":\"internal_error\","
-                                     "\"param\":null}}");
-        evbuffer_add(buf, "\n", 1);
+    struct evhttp_connection *conn = evhttp_request_get_connection(evreq);
+    struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
+    struct evbuffer *out = bev ? bufferevent_get_output(bev) : NULL;
+    return out && evbuffer_expand(out, bytes) == 0;
+}
+
+/* A buffer holding text, with room after it for what libevent appends
+ * (a chunk's CRLF, the last chunk); NULL when memory ran out. */
+static struct evbuffer *body_buffer(const char *text, size_t len)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (b && (evbuffer_add(b, text, len) != 0 || evbuffer_expand(b, 8) != 0)) {
+        evbuffer_free(b);
+        b = NULL;
     }
-    evhttp_send_reply(evreq, status, NULL, buf);
+    return b;
+}
+
+/* One try at a whole JSON answer: false (nothing sent) when memory ran out
+ * on the way. */
+static bool try_send_json(struct evhttp_request *evreq, int status, const char *text,
+                          const char *req_id)
+{
+    long failures = sw_alloc_thread_failures();
+    size_t len = strlen(text);
+    char length[32];
+    snprintf(length, sizeof length, "%zu", len + 1);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(evreq);
+    static const char *const ours[] = {"Content-Type", "Content-Length", "X-Request-Id",
+                                       "Retry-After"};
+    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
+        evhttp_remove_header(h, ours[i]); /* an earlier try's */
+    struct evbuffer *buf = evbuffer_new();
+    bool ok = buf && evbuffer_add(buf, text, len) == 0 && evbuffer_add(buf, "\n", 1) == 0 &&
+              evhttp_add_header(h, "Content-Type", "application/json") == 0 &&
+              evhttp_add_header(h, "Content-Length", length) == 0 &&
+              (!req_id || evhttp_add_header(h, "X-Request-Id", req_id) == 0) &&
+              (status != 503 || evhttp_add_header(h, "Retry-After", "1") == 0) &&
+              out_reserve(evreq, WK_HEAD_RESERVE) && sw_alloc_thread_failures() == failures;
+    if (ok)
+        evhttp_send_reply(evreq, status, NULL, buf);
     if (buf)
         evbuffer_free(buf);
+    return ok;
+}
+
+/* body NULL, or one that cannot be written out, sends the out-of-memory
+ * error instead (a 500, whatever status was meant); when even that cannot
+ * be prepared, the connection gets what libevent can still send. */
+static void send_json(struct evhttp_request *evreq, int status, json_t *body, const char *req_id)
+{
+    char *dump = body ? sw_json_dumps(body, JSON_COMPACT) : NULL;
+    if (!dump || !try_send_json(evreq, status, dump, req_id)) {
+        if (!try_send_json(evreq, status >= 500 ? status : 500, WK_OOM_BODY, req_id) &&
+            !try_send_json(evreq, status >= 500 ? status : 500, WK_OOM_BODY, req_id))
+            evhttp_send_reply(evreq, 500, NULL, NULL);
+    }
     free(dump);
 }
 
@@ -320,6 +366,8 @@ static void on_reply_done(struct evhttp_request *evreq, void *arg)
     maybe_finish_drain(s);
 }
 
+static bool sse_write(wk_req *r, const char *text);
+
 /* A stream's chunk, unless the request is broken: an allocation failed
  * while this event was handled (since r->fail_mark), so the chunk, or
  * the state it reports, may lack a part. Then nothing more is sent but
@@ -332,36 +380,45 @@ static void sse_send(wk_req *r, json_t *chunk)
         free(dump);
         return;
     }
-    struct evbuffer *b = evbuffer_new();
-    if (b && dump) {
-        evbuffer_add_printf(b, "data: %s\n\n", dump);
-        if (!r->detached)
-            evhttp_send_reply_chunk(r->evreq, b);
+    size_t len = strlen(dump);
+    char *event = sw_malloc(len + 9);
+    if (event) {
+        memcpy(event, "data: ", 6);
+        memcpy(event + 6, dump, len);
+        memcpy(event + 6 + len, "\n\n", 3);
     }
+    free(dump);
+    if (!event || !sse_write(r, event))
+        r->broken = true; /* nothing of it went out */
+    sw_free(event);
+}
+
+/* Writes text as one chunk, whole or not at all (false: memory ran out
+ * preparing it; nothing was sent). */
+static bool sse_write(wk_req *r, const char *text)
+{
+    long failures = sw_alloc_thread_failures();
+    size_t len = strlen(text);
+    struct evbuffer *b = body_buffer(text, len);
+    bool ok = b && out_reserve(r->evreq, 32) && sw_alloc_thread_failures() == failures;
+    if (ok && !r->detached)
+        evhttp_send_reply_chunk(r->evreq, b);
     if (b)
         evbuffer_free(b);
-    free(dump);
+    return ok;
 }
 
-/* Writes text as it is (allocating nothing of ours). */
-static void sse_write(wk_req *r, const char *text)
-{
-    struct evbuffer *b = evbuffer_new();
-    if (!b)
-        return;
-    evbuffer_add(b, text, strlen(text));
-    if (!r->detached)
-        evhttp_send_reply_chunk(r->evreq, b);
-    evbuffer_free(b);
-}
-
-/* The end of a stream: [DONE], after the error event of a broken one. */
+/* The end of a stream: [DONE], after the error event of a broken one. The
+ * end is tried twice (a lost allocation of its preparation is one); a
+ * stream that still cannot end so is ended by libevent as it can. */
 static void stream_finish(wk_req *r)
 {
-    if (r->broken)
-        sse_write(r, "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                     "\"code\":\"internal_error\",\"param\":null}}\n\n");
-    sse_write(r, "data: [DONE]\n\n");
+    static const char with_error[] =
+        "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+        "\"code\":\"internal_error\",\"param\":null}}\n\ndata: [DONE]\n\n";
+    const char *end = r->broken ? with_error : with_error + sizeof with_error - 1 - 14;
+    if (!sse_write(r, end) && !sse_write(r, end))
+        SW_WARN(MOD, "%s: out of memory ending the stream", r->id);
     evhttp_send_reply_end(r->evreq);
 }
 
@@ -372,13 +429,31 @@ static json_t *chunk_base(wk_server *s, wk_req *r)
                      (json_int_t)r->created, "model", s->model_id);
 }
 
+/* The stream's head; when memory runs out preparing it nothing is sent,
+ * r->started stays false and r->broken is set: the end is then a whole
+ * 500 (handle_done, handle_error). */
 static void stream_start(wk_req *r)
 {
+    long failures = sw_alloc_thread_failures();
     struct evkeyvalq *h = evhttp_request_get_output_headers(r->evreq);
-    evhttp_add_header(h, "Content-Type", "text/event-stream");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_add_header(h, "X-Request-Id", r->id);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_remove_header(h, "Cache-Control");
+    evhttp_remove_header(h, "X-Request-Id");
+    if (evhttp_add_header(h, "Content-Type", "text/event-stream") != 0 ||
+        evhttp_add_header(h, "Cache-Control", "no-cache") != 0 ||
+        evhttp_add_header(h, "X-Request-Id", r->id) != 0 ||
+        !out_reserve(r->evreq, WK_HEAD_RESERVE) || sw_alloc_thread_failures() != failures) {
+        r->broken = true;
+        return;
+    }
+    /* libevent 2.1 ignores a failed allocation inside: the
+     * Transfer-Encoding header it adds (the chunks would then go out
+     * without it), Date. Nothing here could repair that head, so its
+     * allocations are outside the request's fault scope: a real failure
+     * there is libevent's limitation (docs/operations.md). */
+    sw_alloc_scope *scope = sw_alloc_scope_swap(NULL);
     evhttp_send_reply_start(r->evreq, 200, "OK");
+    sw_alloc_scope_swap(scope);
     r->started = true;
 }
 
@@ -581,9 +656,12 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     }
     json_t *ext = json_pack("{s:O, s:I}", "token_ids", r->token_ids, "draws", (json_int_t)ev->draws);
     json_object_set_new(ext, "seed", json_integer((json_int_t)r->sampling.seed));
-    if (r->stream) {
-        if (!r->started)
-            stream_start(r);
+    if (r->stream && !r->started && !r->broken)
+        stream_start(r);
+    if (r->stream && !r->started) {
+        /* nothing was sent (its head could not be prepared): a whole 500 */
+        send_json(r->evreq, 500, NULL, r->id);
+    } else if (r->stream) {
         json_t *c = chunk_base(s, r);
         json_t *choice = r->chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta",
                                              "logprobs", "finish_reason", finish)
@@ -643,27 +721,34 @@ static void handle_error(wk_server *s, wk_req *r, const wk_event *ev)
 /* X-Spillway-Fault (tests only; common/alloc.h): when this worker honours
  * it (SPILLWAY_FAULT fault_header:1) and the request carries one that
  * parses, scope is opened and made current (the previous one into
- * *prev); false otherwise. */
+ * *prev), and engine_scope is set up for the engine thread's part (the
+ * failure goes to the thread the header names); false otherwise. */
 static bool fault_scope_open(struct evhttp_request *evreq, sw_alloc_scope *scope,
-                             sw_alloc_scope **prev)
+                             sw_alloc_scope *engine_scope, sw_alloc_scope **prev)
 {
     long fail_at;
+    sw_alloc_thread thread;
     if (!sw_alloc_fault_header_enabled())
         return false;
     const char *v =
         evhttp_find_header(evhttp_request_get_input_headers(evreq), "X-Spillway-Fault");
-    if (!v || !sw_alloc_scope_parse(v, &fail_at))
+    if (!v || !sw_alloc_scope_parse_on(v, &thread, &fail_at))
         return false;
-    sw_alloc_scope_init(scope, fail_at);
+    sw_alloc_scope_init(scope, thread == SW_ALLOC_THREAD_REQUEST ? fail_at : -1);
+    sw_alloc_scope_init_on(engine_scope, SW_ALLOC_THREAD_ENGINE,
+                           thread == SW_ALLOC_THREAD_ENGINE ? fail_at : -1);
     *prev = sw_alloc_scope_swap(scope);
     return true;
 }
 
-/* The end of a scoped request's work: the thread's scope back, the count
- * published. */
-static void fault_scope_close(sw_alloc_scope *scope, sw_alloc_scope *prev)
+/* The end of a scoped request's work: the thread's scope back, the counts
+ * published (engine_scope NULL: the request never reached the engine). */
+static void fault_scope_close(sw_alloc_scope *scope, const sw_alloc_scope *engine_scope,
+                              sw_alloc_scope *prev)
 {
     sw_alloc_scope_swap(prev);
+    if (engine_scope)
+        sw_alloc_scope_publish(engine_scope);
     sw_alloc_scope_publish(scope);
 }
 
@@ -718,8 +803,8 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
                 wk_engine_cancel(s, r);
         }
         if (r->fault_scoped) {
-            if (final)
-                fault_scope_close(&r->fault_scope, fault_prev);
+            if (final) /* the engine is done with r: it posted the final event */
+                fault_scope_close(&r->fault_scope, &r->engine_fault_scope, fault_prev);
             else
                 sw_alloc_scope_swap(fault_prev);
         }
@@ -966,8 +1051,8 @@ static void handle_tokenize(wk_server *s, struct evhttp_request *evreq)
 
 static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool chat)
 {
-    sw_alloc_scope fault, *fault_prev = NULL;
-    bool scoped = fault_scope_open(evreq, &fault, &fault_prev);
+    sw_alloc_scope fault, engine_fault, *fault_prev = NULL;
+    bool scoped = fault_scope_open(evreq, &fault, &engine_fault, &fault_prev);
     /* jansson and the prompt's rendering can lose memory without saying
      * so (a key left out, a byte dropped): any failed allocation from
      * here to the submit makes it a 500, never another request's answer */
@@ -992,11 +1077,12 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     if (!r) {
         send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
         if (scoped)
-            fault_scope_close(&fault, fault_prev);
+            fault_scope_close(&fault, NULL, fault_prev);
         return;
     }
     if (scoped) { /* the count goes on in the request, which outlives this call */
         r->fault_scope = fault;
+        r->engine_fault_scope = engine_fault;
         r->fault_scoped = true;
         sw_alloc_scope_swap(&r->fault_scope);
     }
@@ -1034,7 +1120,7 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
 fail_quiet:
     json_decref(body);
     if (scoped)
-        fault_scope_close(&r->fault_scope, fault_prev);
+        fault_scope_close(&r->fault_scope, NULL, fault_prev);
     wk_req_free(r);
 }
 
@@ -1255,6 +1341,10 @@ int wk_serve(const wk_options *opts)
     }
     s->pipe_r = fds[0];
     s->pipe_w = fds[1];
+    /* libevent's buffers, requests and events through the allocation hook
+     * (common/alloc.h), so X-Spillway-Fault reaches them: before libevent's
+     * first allocation in this process, which is the next line */
+    event_set_mem_functions(sw_malloc, sw_realloc, sw_free);
     s->base = event_base_new();
     s->http = s->base ? evhttp_new(s->base) : NULL;
     if (!s->http) {

@@ -9,8 +9,8 @@
  *
  * Invariants: parsing and compiling are bounded and their errors typed
  * with a message (a compile refuses only what parses); fz_cs_run's
- * (fuzzlib.h): the mask agrees with feeding (checked on the first 8
- * states and every 16th after them) and never allows a byte that feeding
+ * (fuzzlib.h): the mask agrees with feeding (checked on a bounded sample
+ * of the states) and never allows a byte that feeding
  * refuses; complete exactly when the
  * shortest completion is 0 bytes, the end token allowed exactly then;
  * every complete text is in the grammar's language by the parser's

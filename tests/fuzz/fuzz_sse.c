@@ -209,9 +209,21 @@ static void frame(const uint8_t *p, size_t len, fz_answer *a)
     bool chunked = false, has_length = false;
     long long length = 0;
     memset(a, 0, sizeof *a);
-    if (!next_line(&c, line, sizeof line) || strncmp(line, "HTTP/1.", 7) || strlen(line) < 12)
-        return;
-    a->status = atoi(line + 9);
+    for (;;) {
+        if (!next_line(&c, line, sizeof line) || strncmp(line, "HTTP/1.", 7) || strlen(line) < 12)
+            return;
+        a->status = atoi(line + 9);
+        if (a->status < 100 || a->status >= 200)
+            break;
+        /* an interim head (100 Continue, 103 Early Hints) is skipped to
+         * its empty line; 101 (an upgrade nobody asked for) is unreadable */
+        if (a->status == 101)
+            return;
+        do {
+            if (!next_line(&c, line, sizeof line))
+                return;
+        } while (line[0]);
+    }
     for (;;) {
         if (!next_line(&c, line, sizeof line))
             return;

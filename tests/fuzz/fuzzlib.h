@@ -200,7 +200,8 @@ static __attribute__((unused)) const eng_cs_vocab *fz_byte_vocab(const char *con
  * the tightest budget. Invariants checked (FZ_CHECK): complete exactly
  * when the shortest completion is 0 bytes, closed only when complete, the
  * end token allowed exactly when complete; the mask agrees with feeding
- * (on the first 8 states and every 16th after them, a mask being costly)
+ * (on the first FZ_MASK_FIRST states and FZ_MASK_SPREAD more spread over
+ * the input from an offset it chooses, a mask being costly)
  * and allows no byte feeding refuses; with the budget at exactly the
  * shortest completion some token is always allowed and each one shortens
  * it. on_complete judges the text whenever it is complete. The vocabulary
@@ -221,14 +222,18 @@ static __attribute__((unused)) bool fz_bit(const uint32_t *mask, int32_t id)
     return (mask[id / 32] >> (id % 32)) & 1;
 }
 
-static __attribute__((unused)) void fz_cs_check_state(fz_cs_walk *w, bool with_mask)
+/* with_mask: the mask's checks too; mask_held: w->mask is already this
+ * state's (fz_cs_check_refusals made it), not computed again */
+static __attribute__((unused)) void fz_cs_check_state(fz_cs_walk *w, bool with_mask,
+                                                      bool mask_held)
 {
     bool complete = eng_constraint_is_complete(w->c);
     int64_t min = eng_constraint_min_bytes(w->c);
     FZ_CHECK(min >= 0 && complete == (min == 0));
     FZ_CHECK(!eng_constraint_is_closed(w->c) || complete);
     if (with_mask) {
-        eng_constraint_mask(w->c, (int64_t)1 << 40, w->mask);
+        if (!mask_held)
+            eng_constraint_mask(w->c, (int64_t)1 << 40, w->mask);
         FZ_CHECK(fz_bit(w->mask, w->end_id) == complete);
         FZ_CHECK(eng_constraint_is_end_token(w->c, w->end_id));
     }
@@ -237,7 +242,7 @@ static __attribute__((unused)) void fz_cs_check_state(fz_cs_walk *w, bool with_m
 }
 
 /* Every byte the mask refuses, feeding refuses too (a refusal leaves the
- * state as it was, so all 256 can be tried). */
+ * state as it was, so all 256 can be tried). w->mask is left the state's. */
 static __attribute__((unused)) void fz_cs_check_refusals(fz_cs_walk *w)
 {
     eng_constraint_mask(w->c, (int64_t)1 << 40, w->mask);
@@ -248,12 +253,24 @@ static __attribute__((unused)) void fz_cs_check_refusals(fz_cs_walk *w)
     }
 }
 
+#define FZ_MASK_FIRST 4
+#define FZ_MASK_SPREAD 6
+
 static __attribute__((unused)) void fz_cs_run(fz_cs_walk *w, const uint8_t *cand, size_t n,
                                               size_t max_cand, int64_t max_completion)
 {
     fz_cs_check_refusals(w);
     bool masked = true;
-    fz_cs_check_state(w, masked);
+    fz_cs_check_state(w, masked, true);
+    /* The states that get a mask (a mask walks the whole vocabulary, the
+     * cost of an input): the first FZ_MASK_FIRST, then at most
+     * FZ_MASK_SPREAD more, one every `stride` fed bytes from an offset the
+     * input chooses, so that over many inputs every position is checked
+     * while one input costs a bounded number of masks. */
+    size_t fed_max = n < max_cand ? n : max_cand;
+    size_t stride = fed_max / FZ_MASK_SPREAD > 1 ? fed_max / FZ_MASK_SPREAD : 1;
+    size_t offset = n ? cand[0] % stride : 0;
+    int spread_masks = 0;
     for (size_t i = 0, fed_bytes = 0; i < n && i < max_cand; i++) {
         /* w->mask, when masked, is the current state's */
         char byte = (char)cand[i];
@@ -264,11 +281,15 @@ static __attribute__((unused)) void fz_cs_run(fz_cs_walk *w, const uint8_t *cand
         FZ_CHECK(w->len < w->cap);
         w->text[w->len++] = byte;
         fed_bytes++;
-        masked = fed_bytes < 8 || fed_bytes % 16 == 0;
-        fz_cs_check_state(w, masked);
+        masked = fed_bytes < FZ_MASK_FIRST;
+        if (!masked && fed_bytes % stride == offset && spread_masks < FZ_MASK_SPREAD) {
+            masked = true;
+            spread_masks++;
+        }
+        fz_cs_check_state(w, masked, false);
     }
     fz_cs_check_refusals(w);
-    fz_cs_check_state(w, true);
+    fz_cs_check_state(w, true, true);
 
     int64_t min = eng_constraint_min_bytes(w->c);
     if (min > max_completion)
@@ -295,7 +316,7 @@ static __attribute__((unused)) void fz_cs_run(fz_cs_walk *w, const uint8_t *cand
         FZ_CHECK(next <= min - 1);
         min = next;
     }
-    fz_cs_check_state(w, true);
+    fz_cs_check_state(w, true, false);
     FZ_CHECK(eng_constraint_accept_token(w->c, w->end_id));
 }
 

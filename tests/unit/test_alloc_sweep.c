@@ -11,12 +11,16 @@
  * the processes run with SPILLWAY_FAULT=fault_header:1 and each faulted
  * request carries X-Spillway-Fault: alloc_fail_after:N; a first run with
  * N = -1 counts the request's allocations
- * (spillway_fault_scope_allocations in /metrics). Only the thread that
- * serves the request counts: the worker's engine thread and the router's
- * supervisor are not swept here.
+ * (spillway_fault_scope_allocations in /metrics). Each thread kind that
+ * works for the request counts in its own scope: the thread that serves
+ * it, and the worker's engine thread (alloc_fail_after:engine:N; its
+ * count is spillway_fault_scope_allocations{thread="engine"}). The
+ * router's supervisor and job threads do no work inside a request's
+ * answer (common/alloc.h says why) and are not swept.
  *
  * Cases: on the worker, a chat request with tools (forced call,
- * non-stream) and a stream with a resume; on the router, the same chat
+ * non-stream) and a stream with a resume, each on the event loop's
+ * thread and again on the engine thread; on the router, the same chat
  * request, a stream that loses its worker after a few events and is
  * resumed on another (the first "worker" is a proxy in this process that
  * cuts the stream), and a request with an Idempotency-Key (the SQLite
@@ -72,7 +76,10 @@ typedef struct sweep_case {
     /* before each run (may be NULL): waits until the setup is as the
      * reference run found it */
     void (*before)(void);
+    bool engine;         /* the worker's engine thread's allocations, not the request thread's */
 } sweep_case;
+
+#define ENGINE_DENSE 40 /* the engine chat case: every N below it, then SWEEP_SPARSE more */
 
 static int send_request(const sweep_case *c, long fail_at, bool faulted, const char *key,
                         wc_response *out)
@@ -81,7 +88,8 @@ static int send_request(const sweep_case *c, long fail_at, bool faulted, const c
     int n = snprintf(headers, sizeof headers, "X-Request-Id: sweep-%s\r\n", c->name);
     if (faulted)
         n += snprintf(headers + n, sizeof headers - (size_t)n,
-                      "X-Spillway-Fault: alloc_fail_after:%ld\r\n", fail_at);
+                      "X-Spillway-Fault: alloc_fail_after:%s%ld\r\n", c->engine ? "engine:" : "",
+                      fail_at);
     if (key)
         snprintf(headers + n, sizeof headers - (size_t)n, "Idempotency-Key: %s\r\n", key);
     rh_router target;
@@ -289,7 +297,9 @@ static bool sweep(const sweep_case *c)
     assert_int_equal(send_request(c, -1, true, c->idempotent ? "count" : NULL, &w), 0);
     assert_int_equal(w.status, 200);
     wc_response_free(&w);
-    long total = rh_metric(c->sock, "spillway_fault_scope_allocations");
+    long total = c->engine ? rh_metric_labeled(c->sock, "spillway_fault_scope_allocations",
+                                               "thread=\"engine\"")
+                           : rh_metric(c->sock, "spillway_fault_scope_allocations");
     long failed_before = rh_metric(c->sock, "spillway_fault_allocations_failed_total");
     assert_true(total > 0);
 
@@ -353,8 +363,12 @@ static void test_worker_sweeps(void **state)
     assert_int_equal(wc_worker_start(&g_w, g_model, args, env, 60, NULL), 0);
 
     sweep_case chat = {"worker-chat-tools", g_w.socket_path, "/v1/chat/completions",
-                       CHAT_TOOLS_BODY, false, false, CHAT_DENSE, NULL};
+                       CHAT_TOOLS_BODY, false, false, CHAT_DENSE, NULL, false};
     sweep(&chat);
+    sweep_case chat_engine = {"worker-engine-chat-tools", g_w.socket_path,
+                              "/v1/chat/completions", CHAT_TOOLS_BODY, false, false,
+                              ENGINE_DENSE, NULL, true};
+    sweep(&chat_engine);
 
     /* a stream resumed after 3 tokens of an unfaulted run */
     static const char prompt[] =
@@ -371,8 +385,11 @@ static void test_worker_sweeps(void **state)
              "\"resume\":{\"draws\":3,\"tokens\":[%d,%d,%d]}}",
              prompt, ids[0], ids[1], ids[2]);
     sweep_case resume = {"worker-stream-resume", g_w.socket_path, "/v1/completions", body,
-                         true, false, 0, NULL};
+                         true, false, 0, NULL, false};
     sweep(&resume);
+    sweep_case resume_engine = {"worker-engine-stream-resume", g_w.socket_path,
+                                "/v1/completions", body, true, false, 0, NULL, true};
+    sweep(&resume_engine);
 
     assert_int_equal(wc_worker_stop(&g_w), 0);
     assert_log_clean(g_w.log_path);
@@ -477,13 +494,13 @@ static void test_router_sweeps(void **state)
     cut_ready();
 
     sweep_case chat = {"router-chat-tools", g_router.sock, "/v1/chat/completions",
-                       CHAT_TOOLS_BODY, false, false, CHAT_DENSE, NULL};
+                       CHAT_TOOLS_BODY, false, false, CHAT_DENSE, NULL, false};
     sweep(&chat);
 
     sweep_case resume = {"router-stream-resume", g_router.sock, "/v1/completions",
                          "{\"prompt\":\"The little dog\",\"temperature\":0,\"seed\":5,\"ignore_eos\":true,"
                          "\"max_tokens\":10,\"stream\":true}",
-                         true, false, 0, cut_ready};
+                         true, false, 0, cut_ready, false};
     long resumed = rh_metric_labeled(g_router.sock, "spillway_router_failovers_total",
                                      "reason=\"worker_crash\"");
     /* the streams lost their first worker and went on on the other */
@@ -494,7 +511,7 @@ static void test_router_sweeps(void **state)
     sweep_case idem = {"router-idempotent", g_router.sock, "/v1/completions",
                        "{\"prompt\":\"Once upon a time\",\"temperature\":0,\"seed\":5,\"ignore_eos\":true,"
                        "\"max_tokens\":6}",
-                       false, true, 0, NULL};
+                       false, true, 0, NULL, false};
     sweep(&idem);
 
     rh_finish(&g_router);

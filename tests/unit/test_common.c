@@ -96,6 +96,30 @@ static void test_alloc_scope(void **state)
                                       "alloc_fail_after:99999999999999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_false(sw_alloc_scope_parse(bad[i], &n));
+
+    /* the engine thread's form: its own kind, refused by the plain parse
+     * (the router has no engine thread) */
+    sw_alloc_thread thread = SW_ALLOC_THREAD_REQUEST;
+    assert_true(sw_alloc_scope_parse_on("alloc_fail_after:engine:5", &thread, &n));
+    assert_int_equal(thread, SW_ALLOC_THREAD_ENGINE);
+    assert_int_equal(n, 5);
+    assert_true(sw_alloc_scope_parse_on("alloc_fail_after:7", &thread, &n));
+    assert_int_equal(thread, SW_ALLOC_THREAD_REQUEST);
+    assert_false(sw_alloc_scope_parse("alloc_fail_after:engine:5", &n));
+    assert_false(sw_alloc_scope_parse_on("alloc_fail_after:engine:", &thread, &n));
+    assert_false(sw_alloc_scope_parse_on("alloc_fail_after:router:1", &thread, &n));
+    /* its count is published as its own series */
+    sw_alloc_scope engine;
+    sw_alloc_scope_init_on(&engine, SW_ALLOC_THREAD_ENGINE, -1);
+    prev = sw_alloc_scope_swap(&engine);
+    void *e = sw_malloc(8);
+    sw_alloc_scope_swap(prev);
+    assert_non_null(e);
+    sw_free(e);
+    sw_alloc_scope_publish(&engine);
+    assert_true(sw_alloc_scope_metrics(m, sizeof m) > 0);
+    assert_non_null(strstr(m, "spillway_fault_scope_allocations 4\n"));
+    assert_non_null(strstr(m, "spillway_fault_scope_allocations{thread=\"engine\"} 1\n"));
 }
 
 /* jansson through the hook: a call during which an allocation failed

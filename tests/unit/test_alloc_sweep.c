@@ -166,6 +166,8 @@ typedef struct sweep_tally {
 /* A failed check: printed, counted, and the sweep goes on (up to
  * SWEEP_MAX_PROBLEMS), so one run shows every broken path. */
 #define SWEEP_MAX_PROBLEMS 25
+/* how far a request's allocation count may vary between runs */
+#define SWEEP_COUNT_SLACK 16
 #define PROBLEM(t, ...)                                                                         \
     do {                                                                                       \
         printf("PROBLEM: " __VA_ARGS__);                                                       \
@@ -304,6 +306,7 @@ static bool sweep(const sweep_case *c)
     assert_true(total > 0);
 
     sweep_tally t = {0};
+    int must_fail = 0; /* runs whose N lies below any count a run can have */
     const char *from = getenv("SPILLWAY_SWEEP_FROM");
     for (long n = from ? atol(from) : 0; n < total && t.problems < SWEEP_MAX_PROBLEMS;
          n = next_fail_at(c, n, total)) {
@@ -321,16 +324,22 @@ static bool sweep(const sweep_case *c)
         }
         wc_response_free(&w);
         t.runs++;
+        if (n < total - SWEEP_COUNT_SLACK)
+            must_fail++;
         /* an answer like the reference showed already that the process
          * serves on; an idempotent one is retried all the same (the key's
          * state in the ledger) */
         if (t.same == same_before || c->idempotent)
             check_normal(c, c->idempotent ? key : NULL, reference, n, &t);
     }
-    /* every run failed one allocation: none was past the request's end */
+    /* every run failed one allocation (at most one), none was past the
+     * request's end: a stream's count varies by a few between runs (libevent
+     * allocates when the socket is flushed), so the last SWEEP_COUNT_SLACK
+     * values of N may fall past a run's end */
     long failed = rh_metric(c->sock, "spillway_fault_allocations_failed_total") - failed_before;
-    if (failed != t.runs)
-        PROBLEM(&t, "%s: %d runs failed %ld allocations", c->name, t.runs, failed);
+    if (failed > t.runs || failed < must_fail)
+        PROBLEM(&t, "%s: %d runs (%d with N below the count's spread) failed %ld allocations",
+                c->name, t.runs, must_fail, failed);
     printf("sweep %s: %ld allocations per request, %d of them failed in turn: %d answered as "
            "unfaulted, %d typed 5xx, %d streams ended by an error event; %.1f s\n",
            c->name, total, t.runs, t.same, t.errors, t.stream_errors, tu_now_s() - t0);

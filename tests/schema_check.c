@@ -115,6 +115,22 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+size_t sc_json_files(const char *dir, char **names, size_t cap)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && strcmp(e->d_name + l - 5, ".json") == 0)
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_names);
+    return n;
+}
+
 json_t *sc_fixtures_load(void)
 {
     const char *dir = tu_data_path("schemas");
@@ -122,18 +138,8 @@ json_t *sc_fixtures_load(void)
         return NULL;
     char dirpath[4096];
     snprintf(dirpath, sizeof dirpath, "%s", dir);
-    DIR *d = opendir(dirpath);
-    assert_non_null(d);
     char *names[128];
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 128) {
-        size_t l = strlen(e->d_name);
-        if (l > 5 && strcmp(e->d_name + l - 5, ".json") == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof *names, cmp_names);
+    size_t n = sc_json_files(dirpath, names, 128);
     json_t *all = json_array();
     for (size_t i = 0; i < n; i++) {
         char path[4352];

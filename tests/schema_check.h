@@ -27,4 +27,8 @@ int sc_check(const json_t *records, const char *tag);
  * the directory is absent. */
 json_t *sc_fixtures_load(void);
 
+/* The names of the .json files in dir, sorted (each strdup'd: free()),
+ * at most cap. */
+size_t sc_json_files(const char *dir, char **names, size_t cap);
+
 #endif

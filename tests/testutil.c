@@ -2,6 +2,8 @@
 #include "testutil.h"
 
 #include "common/alloc.h"
+#include "engine/model.h"
+#include "quant/quant.h"
 #include "text/tokenizer.h"
 
 #include <jansson.h>
@@ -289,4 +291,28 @@ tu_vocab_case *tu_vocab_cases_load(const char *gguf_path, size_t *n_out)
     sw_free(out);
     *n_out = n;
     return cases;
+}
+
+float *tu_prompt_logits(const char *path, int32_t *n_vocab_out)
+{
+    eng_model *model;
+    eng_context *ctx;
+    sw_error err;
+    if (eng_model_load(path, &model, &err))
+        fail_msg("load %s: %s", path, err.message);
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    cp.kv_type = ENG_TYPE_F32;
+    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
+    int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    int32_t tokens[20];
+    for (int i = 0; i < 20; i++)
+        tokens[i] = 3 + (i * 37) % (n_vocab - 3);
+    float *logits = sw_malloc(sizeof(float) * (size_t)n_vocab);
+    assert_int_equal(eng_decode(ctx, 0, tokens, 20, logits, &err), SW_OK);
+    eng_context_free(ctx);
+    eng_model_free(model);
+    *n_vocab_out = n_vocab;
+    return logits;
 }

@@ -80,4 +80,9 @@ typedef struct tu_vocab_case {
 tu_vocab_case *tu_vocab_cases_load(const char *gguf_path, size_t *n_out);
 void tu_vocab_cases_free(tu_vocab_case *cases, size_t n);
 
+/* The logits (n_vocab floats, sw_free) of the model file at path after a
+ * fixed 20-token prompt (positions well past 0, so RoPE acts): an F32 KV
+ * cache, 2 threads. For tests that compare two files' arithmetic. */
+float *tu_prompt_logits(const char *path, int32_t *n_vocab_out);
+
 #endif

@@ -172,31 +172,6 @@ static const char *base_model(void)
     return path;
 }
 
-/* Logits after a fixed 20-token prompt (positions well past 0 so RoPE acts). */
-static float *run_logits(const char *path, int32_t *n_vocab_out)
-{
-    eng_model *model;
-    eng_context *ctx;
-    sw_error err;
-    if (eng_model_load(path, &model, &err))
-        fail_msg("load %s: %s", path, err.message);
-    eng_context_params cp = eng_context_default_params();
-    cp.n_ctx = 64;
-    cp.n_threads = 2;
-    cp.kv_type = ENG_TYPE_F32;
-    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
-    int32_t n_vocab = eng_model_hparams(model)->n_vocab;
-    int32_t tokens[20];
-    for (int i = 0; i < 20; i++)
-        tokens[i] = 3 + (i * 37) % (n_vocab - 3);
-    float *logits = sw_malloc(sizeof(float) * (size_t)n_vocab);
-    assert_int_equal(eng_decode(ctx, 0, tokens, 20, logits, &err), SW_OK);
-    eng_context_free(ctx);
-    eng_model_free(model);
-    *n_vocab_out = n_vocab;
-    return logits;
-}
-
 static float max_diff(const float *a, const float *b, int32_t n)
 {
     float d = 0;
@@ -219,10 +194,10 @@ static void test_qwen2_neox_equals_permuted_llama(void **state)
     rewrite_model(base, qwen_b, &(rewrite){.arch = "qwen2", .permute_neox = true, .bias_value = 0.5f}, head_dim);
 
     int32_t n;
-    float *a = run_logits(base, &n);
-    float *b = run_logits(llama_b, &n);
-    float *c = run_logits(qwen, &n);
-    float *d = run_logits(qwen_b, &n);
+    float *a = tu_prompt_logits(base, &n);
+    float *b = tu_prompt_logits(llama_b, &n);
+    float *c = tu_prompt_logits(qwen, &n);
+    float *d = tu_prompt_logits(qwen_b, &n);
     /* Biases matter... */
     assert_true(max_diff(a, b, n) > 1e-2f);
     /* ...and NeoX on permuted rows is the llama layout, bias or not. */
@@ -233,7 +208,7 @@ static void test_qwen2_neox_equals_permuted_llama(void **state)
     char unpermuted[4096];
     snprintf(unpermuted, sizeof unpermuted, "%s", tu_tmp_path("arch-qwen2-raw.gguf"));
     rewrite_model(base, unpermuted, &(rewrite){.arch = "qwen2", .bias_value = 1e-30f}, head_dim);
-    float *e = run_logits(unpermuted, &n);
+    float *e = tu_prompt_logits(unpermuted, &n);
     assert_true(max_diff(a, e, n) > 1e-3f);
     sw_free(a);
     sw_free(b);
@@ -269,10 +244,10 @@ static void test_rope_scaling(void **state)
     rewrite_model(base, p2, &(rewrite){.rope_freqs = halves}, head_dim);
     rewrite_model(base, p3, &(rewrite){.linear_scale = 4.0f}, head_dim);
     int32_t n;
-    float *a = run_logits(base, &n);
-    float *b = run_logits(p1, &n);
-    float *c = run_logits(p2, &n);
-    float *d = run_logits(p3, &n);
+    float *a = tu_prompt_logits(base, &n);
+    float *b = tu_prompt_logits(p1, &n);
+    float *c = tu_prompt_logits(p2, &n);
+    float *d = tu_prompt_logits(p3, &n);
     assert_true(max_diff(a, b, n) == 0.0f);
     assert_true(max_diff(a, c, n) > 1e-4f);
     assert_true(max_diff(a, d, n) > 1e-4f);
@@ -367,7 +342,7 @@ static void test_qwen3_head_norms(void **state)
                               ".attn_q_norm.weight"};
     float *logits[5];
     int32_t n;
-    logits[0] = run_logits(base, &n);
+    logits[0] = tu_prompt_logits(base, &n);
     for (int i = 0; i < 4; i++) {
         char name[64], path[4096];
         snprintf(name, sizeof name, "arch-qwen3-%s.gguf", names[i]);
@@ -375,7 +350,7 @@ static void test_qwen3_head_norms(void **state)
         /* a norm weight vector is one row: scaled as a whole */
         rewrite_model(base, path, &(rewrite){.scale_suffix = suffixes[i], .scale = 4.0f},
                       head_dim);
-        logits[i + 1] = run_logits(path, &n);
+        logits[i + 1] = tu_prompt_logits(path, &n);
     }
     if (max_diff(logits[0], logits[1], n) > 1e-4f || max_diff(logits[0], logits[2], n) > 1e-4f)
         fail_msg("per-head scaling of Q / K changed the logits by %g / %g",
@@ -519,9 +494,9 @@ static void test_phi3_fused_equals_llama(void **state)
     eng_model_free(model);
 
     int32_t n;
-    float *a = run_logits(llama_b, &n);
-    float *b = run_logits(phi3, &n);
-    float *c = run_logits(swapped, &n);
+    float *a = tu_prompt_logits(llama_b, &n);
+    float *b = tu_prompt_logits(phi3, &n);
+    float *c = tu_prompt_logits(swapped, &n);
     if (max_diff(a, b, n) > 1e-4f)
         fail_msg("the fused phi3 file differs from the llama file by %g", max_diff(a, b, n));
     assert_true(max_diff(a, c, n) > 1e-2f);
@@ -575,11 +550,11 @@ static void test_gemma3_window_and_softcap(void **state)
     make_gemma3("g3-unused.gguf", 4, 1, 0.0f, unused, sizeof unused);
     make_gemma3("g3-narrow.gguf", 4, 2, 0.0f, narrow, sizeof narrow);
     make_gemma3("g3-capped.gguf", 0, 0, 3.0f, capped, sizeof capped);
-    float *a = run_logits(none, &n);
-    float *b = run_logits(wide, &n);
-    float *c = run_logits(unused, &n);
-    float *d = run_logits(narrow, &n);
-    float *e = run_logits(capped, &n);
+    float *a = tu_prompt_logits(none, &n);
+    float *b = tu_prompt_logits(wide, &n);
+    float *c = tu_prompt_logits(unused, &n);
+    float *d = tu_prompt_logits(narrow, &n);
+    float *e = tu_prompt_logits(capped, &n);
     assert_true(max_diff(a, b, n) == 0.0f);
     assert_true(max_diff(a, c, n) == 0.0f);
     if (max_diff(a, d, n) < 1e-3f)

@@ -177,11 +177,6 @@ static int generate_under(gen_model *m, const eng_grammar *g, const json_t *sche
     return failures;
 }
 
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static void run_draft(gen_model *m, const char *draft, int *failures)
 {
     char rel[256];
@@ -191,18 +186,8 @@ static void run_draft(gen_model *m, const char *draft, int *failures)
         return;
     char dirpath[4096];
     snprintf(dirpath, sizeof dirpath, "%s", dir);
-    DIR *d = opendir(dirpath);
-    assert_non_null(d);
     char *names[256];
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 256) {
-        size_t l = strlen(e->d_name);
-        if (l > 5 && strcmp(e->d_name + l - 5, ".json") == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof *names, cmp_names);
+    size_t n = sc_json_files(dirpath, names, 256);
     bool draft7 = strcmp(draft, "draft7") == 0;
     int seeds = g_full ? 16 : 3;
     gen_counts total = {0};

@@ -671,11 +671,6 @@ static void run_group(const char *file, const json_t *group, bool draft7, counts
     json_decref(schema);
 }
 
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static void run_draft(const char *draft, int *failures)
 {
     char rel[256];
@@ -685,18 +680,8 @@ static void run_draft(const char *draft, int *failures)
         return;
     char dirpath[4096];
     snprintf(dirpath, sizeof dirpath, "%s", dir);
-    DIR *d = opendir(dirpath);
-    assert_non_null(d);
     char *names[256];
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 256) {
-        size_t l = strlen(e->d_name);
-        if (l > 5 && strcmp(e->d_name + l - 5, ".json") == 0)
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, n, sizeof *names, cmp_names);
+    size_t n = sc_json_files(dirpath, names, 256);
     counts total = {0};
     print_message("%s: per file: groups compiled/all; tests; in the compiled groups: valid "
                   "accepted (+narrowed)/valid, invalid rejected/invalid; validator "

@@ -156,31 +156,6 @@ static const char *make_model(const char *name, const char *arch, int32_t n_expe
     return path;
 }
 
-/* Logits after a fixed 20-token prompt. */
-static float *run_logits(const char *path, int32_t *n_vocab_out)
-{
-    eng_model *model;
-    eng_context *ctx;
-    sw_error err;
-    if (eng_model_load(path, &model, &err))
-        fail_msg("load %s: %s", path, err.message);
-    eng_context_params cp = eng_context_default_params();
-    cp.n_ctx = 64;
-    cp.n_threads = 2;
-    cp.kv_type = ENG_TYPE_F32;
-    assert_int_equal(eng_context_create(model, &cp, &ctx, &err), SW_OK);
-    int32_t n_vocab = eng_model_hparams(model)->n_vocab;
-    int32_t tokens[20];
-    for (int i = 0; i < 20; i++)
-        tokens[i] = 3 + (i * 37) % (n_vocab - 3);
-    float *logits = sw_malloc(sizeof(float) * (size_t)n_vocab);
-    assert_int_equal(eng_decode(ctx, 0, tokens, 20, logits, &err), SW_OK);
-    eng_context_free(ctx);
-    eng_model_free(model);
-    *n_vocab_out = n_vocab;
-    return logits;
-}
-
 static float max_diff(const float *a, const float *b, int32_t n)
 {
     float d = 0;
@@ -213,8 +188,8 @@ static void test_one_expert_equals_dense(void **state)
     eng_model_free(model);
 
     int32_t n;
-    float *a = run_logits(dense, &n);
-    float *b = run_logits(moe, &n);
+    float *a = tu_prompt_logits(dense, &n);
+    float *b = tu_prompt_logits(moe, &n);
     if (max_diff(a, b, n) > 1e-5f)
         fail_msg("one expert differs from the dense FFN by %g", max_diff(a, b, n));
     sw_free(a);
@@ -238,11 +213,11 @@ static void test_unchosen_experts_unread(void **state)
     rewrite_model(base, chosen, &(rewrite){.zero_router = true, .first_expert = 1,
                                            .expert_value = 0.0f});
     int32_t n;
-    float *a = run_logits(zero, &n);
-    float *b = run_logits(nan_rest, &n);
-    float *c = run_logits(other_rest, &n);
-    float *d = run_logits(chosen, &n);
-    float *e = run_logits(base, &n);
+    float *a = tu_prompt_logits(zero, &n);
+    float *b = tu_prompt_logits(nan_rest, &n);
+    float *c = tu_prompt_logits(other_rest, &n);
+    float *d = tu_prompt_logits(chosen, &n);
+    float *e = tu_prompt_logits(base, &n);
     for (int32_t i = 0; i < n; i++)
         assert_true(isfinite(b[i]));
     assert_true(max_diff(a, b, n) == 0.0f);
@@ -367,9 +342,9 @@ static void test_weights_norm_key(void **state)
     rewrite_model(base, on, &(rewrite){.bool_key = "qwen3moe.expert_weights_norm",
                                        .bool_value = true});
     int32_t n;
-    float *a = run_logits(base, &n);
-    float *b = run_logits(off, &n);
-    float *c = run_logits(on, &n);
+    float *a = tu_prompt_logits(base, &n);
+    float *b = tu_prompt_logits(off, &n);
+    float *c = tu_prompt_logits(on, &n);
     assert_true(max_diff(a, c, n) == 0.0f);
     assert_true(max_diff(a, b, n) > 1e-3f);
     sw_free(a);

@@ -31,7 +31,6 @@
 #include "modelgen/model_make.h"
 #include "text/tokenizer.h"
 
-#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

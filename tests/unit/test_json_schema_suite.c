@@ -40,7 +40,6 @@
 #include "grammar/constrain.h"
 #include "grammar/json_schema.h"
 
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>

@@ -439,7 +439,10 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
         api_sse_event ev;
         while (!done && api_sse_next(start, acc_len - (size_t)(start - acc), &ev)) {
             start[ev.text_len] = 0; /* the payload as a string */
-            if (ev.data) {
+            if (ev.data && memchr(ev.data, 0, ev.data_len)) {
+                fk = FAIL_CRASH; /* a NUL in a payload: not JSON, not a prefix of it */
+                done = true;
+            } else if (ev.data) {
                 fk = r->ls_native ? native_payload(r, (char *)ev.data, &done)
                                   : stream_payload(r, (char *)ev.data, &done);
                 if (fk != FAIL_NONE)

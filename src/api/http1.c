@@ -72,7 +72,8 @@ bool api_http_chunk_size(const char *line, size_t n, int64_t *size)
                                        : -1;
         if (d < 0)
             break;
-        x = x * 16 + d;
+        if (digits < 15) /* past 15 digits the line is refused below */
+            x = x * 16 + d;
     }
     size_t at = digits;
     while (at < n && ows(line[at]))

@@ -271,7 +271,7 @@ static void run_profile(profile *p, const char *model, const char *out_dir, cons
         double ts = dh_now();
         dh_exchange(address, "POST", "/v1/completions", NULL, body, 300000, on_stream, &st, &w);
         double t_end = dh_now();
-        free(body);
+        sw_free(body);
         const char *usage = w.body ? strstr(w.body, "\"prompt_tokens\":") : NULL;
         p->prompt_tokens[i] = usage ? atoi(usage + 16) : 0;
         if (w.status != 200 || st.tokens < gen) {

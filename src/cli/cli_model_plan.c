@@ -6,6 +6,7 @@
  */
 #include "cli/cli.h"
 
+#include "common/alloc.h"
 #include "device/device.h"
 #include "engine/model.h"
 #include "engine/plan.h"
@@ -127,7 +128,7 @@ int cli_model_plan(int argc, char **argv)
             (json_int_t)eng_model_decode_read_bytes(model));
         char *text = json_dumps(rec, JSON_COMPACT);
         printf("%s\n", text);
-        free(text);
+        sw_free(text);
         json_decref(rec);
     } else {
         char a[32], b[32], d[32];

@@ -325,7 +325,7 @@ int cli_run_main(int argc, char **argv)
         char *dump = record ? json_dumps(record, JSON_COMPACT) : NULL;
         if (dump)
             printf("%s\n", dump);
-        free(dump);
+        sw_free(dump);
         json_decref(record);
         sw_free(text);
         sw_free(gen);

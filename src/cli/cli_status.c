@@ -250,7 +250,7 @@ static int status_once(const char *router, const char *key, bool as_json, bool c
         char *s = json_dumps(stats, JSON_COMPACT);
         if (s)
             printf("%s\n", s);
-        free(s);
+        sw_free(s);
     } else {
         if (clear)
             fputs("\033[H\033[2J", stdout);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static atomic_long alloc_calls;
 static atomic_long fail_at = -1; /* absolute call number that fails, or -1 */
@@ -82,7 +83,7 @@ char *sw_json_dumps(const json_t *json, size_t flags)
     long before = thread_failures;
     char *s = json_dumps(json, flags);
     if (s && thread_failures != before) {
-        free(s);
+        sw_free(s);
         return NULL;
     }
     if (s)
@@ -154,27 +155,124 @@ char *sw_strndup(const char *s, size_t n)
 
 char *sw_strdup(const char *s) { return sw_strndup(s, strlen(s)); }
 
-void sw_free(void *ptr) { free(ptr); }
+static bool in_reserve(const void *p);
+static void reserve_give_back(void);
 
-/* jansson's allocator. An injected failure is counted like any other
- * (the scope, sw_alloc_thread_failures) but the memory is given all the
- * same: jansson 2.14 does not survive a NULL everywhere (its lexer drops
- * the byte it could not save and then decodes past the end of the token:
- * a heap overflow; json_dumps writes a key it could not append as ""), so
- * a failure is delivered to spillway as "that jansson call failed"
- * through the sw_json_* wrappers and the callers' checks of
- * sw_alloc_thread_failures instead. A real NULL from malloc still reaches
- * jansson (a limit of jansson, not worked around here). */
+void sw_free(void *ptr)
+{
+    if (in_reserve(ptr))
+        reserve_give_back();
+    else
+        free(ptr);
+}
+
+/* ---- jansson's reserve ---------------------------------------------------
+ *
+ * jansson 2.14 does not survive a NULL from its allocator everywhere: its
+ * lexer drops the byte it could not save to a token and then decodes past
+ * the token's end (a heap overflow), and json_dumps writes a key it could
+ * not append as "". So jansson is never handed a NULL. An injected failure
+ * is counted (the scope, sw_alloc_thread_failures) and the memory given
+ * all the same; a real NULL from malloc is counted too, and the block
+ * comes from this reserve instead: address space mapped once, before the
+ * first JSON value, whose pages cost nothing until a failure touches them.
+ * Either way the sw_json_* wrappers and the callers' checks of
+ * sw_alloc_thread_failures turn the call into a failed one, and its
+ * blocks come back through sw_free.
+ *
+ * Blocks are cut from the front (a bump pointer, under a lock: failures
+ * are rare and short-lived); when the last one is freed the reserve
+ * starts again from the front and its pages go back to the system. Only
+ * when the reserve itself is spent (SW_JSON_RESERVE_BYTES of blocks alive
+ * at once, or the mapping failed at start) does jansson see a NULL. */
+#define SW_JSON_RESERVE_BYTES ((size_t)64 << 20)
+#define RESERVE_ALIGN 16
+
+static struct {
+    pthread_mutex_t lock;
+    unsigned char *base; /* NULL: not mapped */
+    size_t used;         /* bytes cut from the front */
+    size_t high;         /* the most ever cut since the last return */
+    long live;           /* blocks not yet freed */
+    atomic_long blocks;  /* blocks ever given (sw_alloc_json_reserve_blocks) */
+} reserve = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static atomic_long system_refusals = -1; /* sw_alloc_test_refuse_system */
+
+static bool in_reserve(const void *p)
+{
+    const unsigned char *b = reserve.base;
+    return b && (const unsigned char *)p >= b && (const unsigned char *)p < b + SW_JSON_RESERVE_BYTES;
+}
+
+static void *reserve_take(size_t size)
+{
+    size_t need = (size + RESERVE_ALIGN - 1) & ~(size_t)(RESERVE_ALIGN - 1);
+    void *p = NULL;
+    pthread_mutex_lock(&reserve.lock);
+    if (reserve.base && need >= size && need <= SW_JSON_RESERVE_BYTES - reserve.used) {
+        p = reserve.base + reserve.used;
+        reserve.used += need;
+        if (reserve.used > reserve.high)
+            reserve.high = reserve.used;
+        reserve.live++;
+        atomic_fetch_add(&reserve.blocks, 1);
+    }
+    pthread_mutex_unlock(&reserve.lock);
+    return p;
+}
+
+static void reserve_give_back(void)
+{
+    pthread_mutex_lock(&reserve.lock);
+    if (--reserve.live == 0) {
+        /* the pages read as zero again, and cost nothing, until next time */
+        madvise(reserve.base, reserve.high, MADV_DONTNEED);
+        reserve.used = reserve.high = 0;
+    }
+    pthread_mutex_unlock(&reserve.lock);
+}
+
+/* A test's stand-in for malloc running dry (alloc.h). */
+static void *system_malloc(size_t size)
+{
+    long left = atomic_load(&system_refusals);
+    if (left >= 0 && atomic_compare_exchange_strong(&system_refusals, &left, left - 1) &&
+        left == 0)
+        return NULL;
+    return malloc(size);
+}
+
+void sw_alloc_test_refuse_system(long n) { atomic_store(&system_refusals, n < 0 ? -1 : n); }
+
+long sw_alloc_json_reserve_blocks(void) { return atomic_load(&reserve.blocks); }
+
+long sw_alloc_json_reserve_live(void)
+{
+    pthread_mutex_lock(&reserve.lock);
+    long live = reserve.live;
+    pthread_mutex_unlock(&reserve.lock);
+    return live;
+}
+
 static void *jansson_malloc(size_t size)
 {
     (void)should_fail();
-    return counted(malloc(size ? size : 1));
+    void *p = counted(system_malloc(size ? size : 1));
+    return p ? p : reserve_take(size ? size : 1);
 }
 
 void sw_alloc_hook_jansson(void)
 {
     /* Before any JSON value exists (alloc.h): jansson's own defaults are
      * malloc and free, which sw_free matches, so a second call is harmless. */
+    pthread_mutex_lock(&reserve.lock);
+    if (!reserve.base) {
+        void *m = mmap(NULL, SW_JSON_RESERVE_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        reserve.base = m == MAP_FAILED ? NULL : m;
+    }
+    pthread_mutex_unlock(&reserve.lock);
     json_set_alloc_funcs(jansson_malloc, sw_free);
 }
 

@@ -42,13 +42,24 @@ long sw_alloc_count(void);
 /* Makes jansson allocate through the hook (and free with sw_free). An
  * injected failure of one of jansson's allocations is counted (the
  * scope, sw_alloc_thread_failures) but jansson gets the memory anyway,
- * because jansson 2.14 corrupts its heap on some NULLs (alloc.c); the
+ * because jansson 2.14 corrupts its heap on some NULLs (alloc.c); a real
+ * NULL from malloc is counted alike and the block taken from a reserve
+ * mapped here (64 MiB of address space, untouched until needed). The
  * sw_json_* wrappers below and the servers' checks of
- * sw_alloc_thread_failures turn it into a failed call. Once per process,
- * before the first JSON value exists (a value allocated by malloc and
- * freed here would still work, sw_free being free, but would go
- * uncounted); calling it again does nothing. */
+ * sw_alloc_thread_failures turn either into a failed call. Once per
+ * process, before the first JSON value exists (a value allocated by
+ * malloc and freed here would still work, sw_free taking both, but would
+ * go uncounted); calling it again does nothing. */
 void sw_alloc_hook_jansson(void);
+/* Blocks jansson has been given from the reserve since the process began. */
+long sw_alloc_json_reserve_blocks(void);
+/* Of those, the ones not yet freed. */
+long sw_alloc_json_reserve_live(void);
+/* Tests only: the system allocation n jansson allocations from now (0 =
+ * the next) is taken as malloc's NULL, as when memory really runs out;
+ * a negative n disarms it. It is not a spillway failure injection: the
+ * reserve is what answers it. */
+void sw_alloc_test_refuse_system(long n);
 
 /* Allocations that failed on the calling thread since it began (injected
  * or real). A caller that cannot tell from a library's result whether it
@@ -70,7 +81,7 @@ struct json_error_t;
 struct json_t *sw_json_loads(const char *text, size_t flags, struct json_error_t *error);
 struct json_t *sw_json_loadb(const char *buffer, size_t len, size_t flags,
                              struct json_error_t *error);
-char *sw_json_dumps(const struct json_t *json, size_t flags); /* free() */
+char *sw_json_dumps(const struct json_t *json, size_t flags); /* free() (never a reserve block) */
 bool sw_json_error_oom(const struct json_error_t *error);
 /* The load failed on a number jansson cannot hold: an integer outside
  * int64 or a real beyond a double's range. Request bodies answer it with

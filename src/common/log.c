@@ -3,6 +3,7 @@
  * threads logging at once (the router logs every request) never wait on
  * each other while one of them is in the system call. */
 #include "common/log.h"
+#include "common/alloc.h"
 
 #include "common/textbuf.h"
 
@@ -122,7 +123,7 @@ void sw_log(sw_log_level level, const char *module, const char *fmt, ...)
             text[n] = '\n'; /* json_dumps's terminator: the line is written by length */
             write_line(text, n + 1);
         }
-        free(text);
+        sw_free(text); /* json_dumps: may be a reserve block (alloc.h) */
         json_decref(line);
         return;
     }

@@ -56,24 +56,15 @@ typedef struct matmul_job {
     bool gelu;         /* glu with GELU (gemma3), not SiLU */
 } matmul_job;
 
-/* The gate's activation times up for GeGLU (gemma3): GELU in its tanh
- * form, computed in f32 (llama.cpp's CPU path looks GELU up in a table of
- * f16 inputs, a rounding this does not copy). SwiGLU is cpu_swiglu_f32. */
-static inline float geglu_value(float g, float up)
-{
-    const float sqrt_2_over_pi = 0.79788456080286535588f;
-    return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * up;
-}
-
-/* gate[i] = act(gate[i]) * up[i] for i in [0, n). */
+/* gate[i] = act(gate[i]) * up[i] for i in [0, n): SwiGLU, or GeGLU for
+ * gemma3 (GELU in its tanh form, computed in f32: llama.cpp's CPU path
+ * looks GELU up in a table of f16 inputs, a rounding this does not copy). */
 static void glu_rows(float *gate, const float *up, int64_t n, bool gelu)
 {
-    if (!gelu) {
+    if (gelu)
+        cpu_geglu_f32(gate, up, n);
+    else
         cpu_swiglu_f32(gate, up, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++)
-        gate[i] = geglu_value(gate[i], up[i]);
 }
 
 static void matmul_rows(const matmul_job *job, int m, int64_t r0, int64_t r1)

@@ -131,6 +131,16 @@ static void cpu_scalar_swiglu_f32(float *gate, const float *up, int64_t n)
         gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* GELU in its tanh form, in f32 with libm's tanhf. */
+static void cpu_scalar_geglu_f32(float *gate, const float *up, int64_t n)
+{
+    const float sqrt_2_over_pi = 0.79788456080286535588f;
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * up[i];
+    }
+}
+
 /* ---- dispatch ------------------------------------------------------------ */
 
 static cpu__kernel_table cpu_tables[4];
@@ -170,6 +180,7 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
     CPU_INHERIT(matmul_iq4_xs)
     CPU_INHERIT(matmul_iq4_nl)
     CPU_INHERIT(swiglu_f32)
+    CPU_INHERIT(geglu_f32)
 #undef CPU_INHERIT
 }
 
@@ -208,6 +219,7 @@ static void cpu_dispatch_init(void)
     s->matmul_iq4_xs = cpu_scalar_matmul_iq4_xs;
     s->matmul_iq4_nl = cpu_scalar_matmul_iq4_nl;
     s->swiglu_f32 = cpu_scalar_swiglu_f32;
+    s->geglu_f32 = cpu_scalar_geglu_f32;
     cpu_tables[CPU_ISA_AVX2] = *s;
     cpu_tables[CPU_ISA_AVX512] = *s;
     cpu_tables[CPU_ISA_AMX] = *s;
@@ -480,4 +492,10 @@ void cpu_swiglu_f32(float *gate, const float *up, int64_t n)
 {
     if (n > 0)
         cpu_table()->swiglu_f32(gate, up, n);
+}
+
+void cpu_geglu_f32(float *gate, const float *up, int64_t n)
+{
+    if (n > 0)
+        cpu_table()->geglu_f32(gate, up, n);
 }

@@ -109,5 +109,13 @@ void cpu_softmax_f32(float *x, int64_t n);
  * levels differ in the last bits. Each element's result depends only on
  * its own inputs (not on n or its position). */
 void cpu_swiglu_f32(float *gate, const float *up, int64_t n);
+/* GeGLU in place (gemma3's FFN): gate[i] = gelu(gate[i]) * up[i], GELU in
+ * its tanh form, 0.5 g (1 + tanh(z)) with z = sqrt(2/pi) (g + 0.044715 g^3).
+ * The scalar level computes exactly that with libm's tanhf; AVX-512 the
+ * same function as g sigmoid(2z) = g / (1 + e^-2z), with its vectorised
+ * exp of -|2z|, so the levels differ in the last bits (and the vector form
+ * keeps its relative precision for very negative g, where 1 + tanh(z)
+ * cancels). Each element's result depends only on its own inputs. */
+void cpu_geglu_f32(float *gate, const float *up, int64_t n);
 
 #endif

@@ -831,6 +831,29 @@ static void k_swiglu_f32(float *gate, const float *up, int64_t n)
     }
 }
 
+/* GeGLU: gelu(g) = 0.5 g (1 + tanh z) = g sigmoid(2z), and with
+ * e = exp(-|2z|) the sigmoid is 1 / (1 + e) for z >= 0 and e / (1 + e)
+ * for z < 0, as in SwiGLU. z overflows to +-inf for |g| past about 1e13,
+ * where e is 0 and the result g (or -0) times up, as the tanh form gives. */
+static void k_geglu_f32(float *gate, const float *up, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 c = _mm512_set1_ps(2.0f * 0.79788456080286535588f);
+    const __m512 cubic = _mm512_set1_ps(0.044715f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = k_tail_mask(n - i);
+        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        /* 2z = 2 sqrt(2/pi) g (1 + 0.044715 g^2) */
+        __m512 z2 = _mm512_mul_ps(_mm512_mul_ps(c, g),
+                                  _mm512_fmadd_ps(_mm512_mul_ps(cubic, g), g, one));
+        __m512 e = k_exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(z2)));
+        __mmask16 neg = _mm512_cmp_ps_mask(z2, _mm512_setzero_ps(), _CMP_LT_OQ);
+        __m512 num = _mm512_mask_mul_ps(g, neg, g, e);
+        __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+    }
+}
+
 static void k_axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
 {
     __m512 va = _mm512_set1_ps(a);
@@ -874,6 +897,7 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->axpy_f16_rows = k_axpy_f16_rows;
     table->softmax_f32 = k_softmax_f32;
     table->swiglu_f32 = k_swiglu_f32;
+    table->geglu_f32 = k_geglu_f32;
     table->fp32_to_fp16_row = k_fp32_to_fp16_row;
     table->fp16_to_fp32_row = k_fp16_to_fp32_row;
     table->matmul_bf16 = k_matmul_bf16;

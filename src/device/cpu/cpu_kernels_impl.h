@@ -53,8 +53,9 @@ typedef struct cpu__kernel_table {
     cpu__matmul_fn matmul_q3_k;
     cpu__matmul_fn matmul_iq4_xs;
     cpu__matmul_fn matmul_iq4_nl;
-    /* cpu_swiglu_f32 */
+    /* cpu_swiglu_f32, cpu_geglu_f32 */
     void (*swiglu_f32)(float *gate, const float *up, int64_t n);
+    void (*geglu_f32)(float *gate, const float *up, int64_t n);
 } cpu__kernel_table;
 
 /* Filled by cpu_kernels_avx2.c / cpu_kernels_avx512.c (x86-64 builds only). */

@@ -56,7 +56,7 @@ build-asan: deps
 
 # ThreadSanitizer, in its own tree: the binary and the router's and the
 # worker's tests (test_router_*, test_worker_*), nothing else.
-TSAN_TARGETS := spillway $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_router_*.c tests/unit/test_worker_*.c))
+TSAN_TARGETS := spillway test_alloc_sweep $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_router_*.c tests/unit/test_worker_*.c))
 build-tsan: deps
 	@cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=Debug -DSPILLWAY_TSAN=ON -DSPILLWAY_WERROR=$(WERROR) >/dev/null
 	@cmake --build $(TSAN) -j$(JOBS) --target $(TSAN_TARGETS)
@@ -66,7 +66,7 @@ build-tsan: deps
 # too; tests/tsan.supp holds the justified suppressions. Not part of
 # `make test` (a third full build: CI's time); docs/operations.md, Testing,
 # says when it runs.
-TSAN_TESTS ?= ^test_(router|worker)_
+TSAN_TESTS ?= ^(test_(router|worker)_|tsan_alloc_sweep_engine$$)
 test-tsan: build-tsan
 	@rm -rf $(TSAN)/tsan-reports && mkdir -p $(TSAN)/tsan-reports
 	@cd $(TSAN) && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp log_path=$(abspath $(TSAN))/tsan-reports/report second_deadlock_stack=1" \

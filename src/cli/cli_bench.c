@@ -152,8 +152,11 @@ static int bench_engine(int argc, char **argv)
         prompt[i] = 3 + (int32_t)(((uint64_t)i * 2654435761u) % (uint64_t)(hp->n_vocab - 3));
 
     bench_result best = {0, 0}, r;
-    /* Warm-up: faults the mapped weights in and settles the threads. */
-    if (bench_once(ctx, prompt, n_prompt < 16 ? n_prompt : 16, 4, logits, &r, &err))
+    /* Warm-up: faults the mapped weights in and settles the threads. It
+     * stays within the measured run's tokens, which is all the context
+     * holds (--prompt 8 --gen 1 on a model of that context must run). */
+    if (bench_once(ctx, prompt, n_prompt < 16 ? n_prompt : 16, n_gen < 4 ? n_gen : 4, logits, &r,
+                   &err))
         goto fail;
     for (int32_t i = 0; i < reps; i++) {
         if (bench_once(ctx, prompt, n_prompt, n_gen, logits, &r, &err))

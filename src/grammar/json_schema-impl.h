@@ -120,6 +120,8 @@ int eng__sc_get_count(builder *b, const json_t *s, const char *key, size_t plen,
 int eng__sc_string_automaton(const json_t *s, eng_regex **re, int32_t *max_chars, const char **key,
                              sw_error *err);
 int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
+int eng__sc_make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_t plen,
+                         const char *key, int32_t *out);
 int32_t eng__sc_len_add(int64_t a, int64_t b);
 void eng__sc_node_clear(cs_node *n);
 eng_grammar *eng__sc_grammar_new(void);

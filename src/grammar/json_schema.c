@@ -521,13 +521,15 @@ static void json_byte_costs(uint8_t cost[256])
 }
 
 /* A CS_PATTERN node for re (taken over) and lo..hi code points; CS_NEVER
- * when no string within the bounds matches (an error at the root). */
-static int make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_t plen,
-                        const char *key, int32_t *out)
+ * when no string within the bounds matches (an error at the root). key:
+ * the keyword below plen that errors name (NULL: plen itself). */
+int eng__sc_make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_t plen,
+                         const char *key, int32_t *out)
 {
     uint8_t cost[256];
     eng_regex_costs *t = NULL;
     sw_error e;
+    size_t at = key ? eng__sc_path_push(b, plen, key) : plen;
     json_byte_costs(cost);
     /* A long maxLength beside a large automaton: at most as many code
      * points as the costs table holds are generated (a narrowing). */
@@ -537,14 +539,14 @@ static int make_pattern(builder *b, eng_regex *re, int32_t lo, int32_t hi, size_
     int rc = eng_regex_costs_build(re, cost, lo, hi, &t, &e);
     if (rc) {
         eng_regex_free(re);
-        return eng__sc_fail_at(b, eng__sc_path_push(b, plen, key), rc, e.message);
+        return eng__sc_fail_at(b, at, rc, e.message);
     }
     int64_t m = eng_regex_costs_get(t, eng_regex_start(re), 0);
     if (m < 0) {
         eng_regex_free(re);
         eng_regex_costs_free(t);
         *out = CS_NEVER;
-        return plen <= 1 ? eng__sc_fail_at(b, eng__sc_path_push(b, plen, key), SW_EINVAL,
+        return plen <= 1 ? eng__sc_fail_at(b, at, SW_EINVAL,
                                            "no string of the allowed lengths matches")
                          : SW_OK;
     }
@@ -587,7 +589,7 @@ static int compile_typed(builder *b, const json_t *s, int type, const char *forb
         if ((rc = eng__sc_string_automaton(s, &re, &fmt_max, &key, &e)))
             return eng__sc_fail_at(b, eng__sc_path_push(b, plen, key), rc, e.message);
         if (re)
-            return make_pattern(b, re, lo, hi < fmt_max ? hi : fmt_max, plen, key, out);
+            return eng__sc_make_pattern(b, re, lo, hi < fmt_max ? hi : fmt_max, plen, key, out);
         *out = eng__sc_make_string(g, lo, hi);
         break;
     }

@@ -84,30 +84,35 @@ static void uri_dot_segments(char *u)
     memcpy(path, out, o + 1);
 }
 
-/* out = ref resolved against base (RFC 3986, the forms schemas use). */
-static void uri_resolve(const char *base, const char *ref, char *out, size_t cap)
+/* out = ref resolved against base (RFC 3986, the forms schemas use); false
+ * when it does not fit in cap (a URI is never cut short: a cut one could
+ * name another schema). */
+static bool uri_resolve(const char *base, const char *ref, char *out, size_t cap)
 {
     char b[SC_URI_MAX];
+    int n;
+    if (strlen(base) >= sizeof b)
+        return false;
     snprintf(b, sizeof b, "%s", base);
     if (uri_has_scheme(ref)) {
-        snprintf(out, cap, "%s", ref);
+        n = snprintf(out, cap, "%s", ref);
     } else if (ref[0] == '#') {
         uri_strip_fragment(b);
-        snprintf(out, cap, "%s%s", b, ref);
+        n = snprintf(out, cap, "%s%s", b, ref);
     } else if (ref[0] == '\0') {
         uri_strip_fragment(b);
-        snprintf(out, cap, "%s", b);
+        n = snprintf(out, cap, "%s", b);
     } else if (ref[0] == '/' && ref[1] == '/') {
         char *c = strchr(b, ':');
         if (c)
             c[1] = '\0';
-        snprintf(out, cap, "%s%s", b, ref);
+        n = snprintf(out, cap, "%s%s", b, ref);
     } else if (ref[0] == '/') {
         char *a = strstr(b, "://");
         char *slash = a ? strchr(a + 3, '/') : strchr(b, ':');
         if (slash)
             slash[a ? 0 : 1] = '\0';
-        snprintf(out, cap, "%s%s", b, ref);
+        n = snprintf(out, cap, "%s%s", b, ref);
     } else {
         uri_strip_fragment(b);
         char *q = strchr(b, '?');
@@ -119,13 +124,16 @@ static void uri_resolve(const char *base, const char *ref, char *out, size_t cap
             slash[1] = '\0';
         else if (colon)
             colon[1] = '\0';
-        snprintf(out, cap, "%s%s", b, ref);
+        n = snprintf(out, cap, "%s%s", b, ref);
     }
+    if (n < 0 || (size_t)n >= cap)
+        return false;
     uri_dot_segments(out);
     /* "x#" is "x" */
-    size_t n = strlen(out);
-    if (n > 0 && out[n - 1] == '#')
-        out[n - 1] = '\0';
+    size_t len = strlen(out);
+    if (len > 0 && out[len - 1] == '#')
+        out[len - 1] = '\0';
+    return true;
 }
 
 void eng__sc_ptr_key(const json_t *s, char *key, size_t cap)
@@ -165,7 +173,10 @@ static int doc_index(sc_doc *d, const json_t *s, const char *base, int depth, sw
     const char *id = json_string_value(json_object_get(s, d->dialect == SC_DRAFT4 ? "id" : "$id"));
     if (id && !ref_only) {
         char abs[SC_URI_MAX];
-        uri_resolve(base, id, abs, sizeof abs);
+        if (!uri_resolve(base, id, abs, sizeof abs))
+            return sw_error_set(err, SW_EUNSUPPORTED,
+                                "an $id whose URI is longer than %d bytes is not supported",
+                                SC_URI_MAX - 1);
         if (id[0] == '#') {
             /* draft 6/7: "$id": "#name" is an anchor */
             if (json_object_set(d->ids, abs, (json_t *)s))
@@ -182,7 +193,11 @@ static int doc_index(sc_doc *d, const json_t *s, const char *base, int depth, sw
         anchor = json_string_value(json_object_get(s, "$dynamicAnchor"));
     if (anchor) {
         char abs[SC_URI_MAX * 2];
-        snprintf(abs, sizeof abs, "%s#%s", mine, anchor);
+        int n = snprintf(abs, sizeof abs, "%s#%s", mine, anchor);
+        if (n < 0 || (size_t)n >= sizeof abs)
+            return sw_error_set(err, SW_EUNSUPPORTED,
+                                "an $anchor longer than %d bytes is not supported",
+                                SC_URI_MAX - 1);
         if (!json_object_get(d->ids, abs) && json_object_set(d->ids, abs, (json_t *)s))
             return sw_error_set(err, SW_ENOMEM, "out of memory indexing the schema");
     }
@@ -314,7 +329,10 @@ int eng__sc_doc_resolve(const sc_doc *d, const char *base, const char *ref, cons
                         sw_error *err)
 {
     char abs[SC_URI_MAX], docuri[SC_URI_MAX], frag[SC_URI_MAX];
-    uri_resolve(base ? base : SC_DEFAULT_BASE, ref, abs, sizeof abs);
+    if (!uri_resolve(base ? base : SC_DEFAULT_BASE, ref, abs, sizeof abs))
+        return sw_error_set(err, SW_EUNSUPPORTED,
+                            "a $ref whose URI is longer than %d bytes is not supported",
+                            SC_URI_MAX - 1);
     snprintf(docuri, sizeof docuri, "%s", abs);
     char *h = strchr(docuri, '#');
     frag[0] = '\0';

@@ -130,8 +130,6 @@ static char *key_text(const char *name)
     return k;
 }
 
-/* forbid: a property that must be absent (from not: {required: [...]}),
- * or NULL. */
 /* required with dependentRequired (and draft 7's array dependencies)
  * folded in: a property's dependencies are required whenever it is
  * declared or required (a narrowing). New reference, or NULL (oom). */
@@ -167,6 +165,161 @@ static json_t *required_closure(const json_t *s)
     return all;
 }
 
+/* ---- free keys that must not take some names --------------------------------
+ * An object without declared properties generates free keys. A name with
+ * dependentRequired (draft 7: dependencies as a list) would need its
+ * dependents beside it, which a free key cannot promise; the name that a
+ * 'not required' forbids must never appear. Both are enforced by leaving
+ * those names out of the free keys (a narrowing: such objects are valid
+ * where the dependents are there too). */
+
+/* The names a free key of s must not take, as a JSON array kept in the
+ * document (NULL when there are none); *key names the keyword they come
+ * from, for messages. */
+static int free_key_exclusions(builder *b, const json_t *s, const char *forbid, size_t plen,
+                               json_t **out, const char **key)
+{
+    static const char *const dep_keys[] = {"dependentRequired", "dependencies"};
+    json_t *names = NULL;
+    *out = NULL;
+    *key = NULL;
+    for (int d = 0; d < 3; d++) {
+        const json_t *deps = d < 2 ? json_object_get(s, dep_keys[d]) : NULL;
+        const char *k;
+        const json_t *list;
+        if (d < 2 && !deps)
+            continue;
+        if (d < 2 && !json_is_object(deps))
+            return eng__sc_fail_at(b, eng__sc_path_push(b, plen, dep_keys[d]), SW_EINVAL,
+                                   "expected an object of dependencies");
+        if (d == 2 && !forbid)
+            continue;
+        if (!names && (!(names = json_array()) || !eng__sc_doc_keep(b->doc, names)))
+            return eng__sc_oom(b);
+        if (d == 2) {
+            if (json_array_append_new(names, json_string(forbid)))
+                return eng__sc_oom(b);
+            if (!*key)
+                *key = "not";
+            continue;
+        }
+        json_object_foreach((json_t *)deps, k, list) {
+            if (!json_is_array(list))
+                return eng__sc_fail_at(
+                    b, eng__sc_path_push(b, plen, dep_keys[d]), SW_EUNSUPPORTED,
+                    "dependencies that are schemas are enforced only for declared properties");
+            if (json_array_size(list) == 0)
+                continue; /* no dependents: no constraint */
+            if (json_array_append_new(names, json_string(k)))
+                return eng__sc_oom(b);
+            if (!*key)
+                *key = dep_keys[d];
+        }
+    }
+    *out = names;
+    return SW_OK;
+}
+
+/* Whether a generated key text ("\"name\":") is one of the names: 1 yes,
+ * 0 no, -1 out of memory. */
+static int key_excluded(const char *text, const json_t *names)
+{
+    for (size_t i = 0; i < json_array_size(names); i++) {
+        char *t = key_text(json_string_value(json_array_get(names, i)));
+        if (!t)
+            return -1;
+        bool same = strcmp(t, text) == 0;
+        sw_free(t);
+        if (same)
+            return 1;
+    }
+    return 0;
+}
+
+/* Appends c as a \u{X} escape (every code point: the names need no other
+ * quoting in a pattern). */
+static size_t put_code_point(char *p, uint32_t c)
+{
+    return (size_t)sprintf(p, "\\u{%X}", (unsigned)c);
+}
+
+/* A pattern that matches every string except the names:
+ * ^(?!(?:n1|n2|...)$). */
+static int exclusion_regex(const json_t *names, eng_regex **out, sw_error *err)
+{
+    size_t cap = 16;
+    for (size_t i = 0; i < json_array_size(names); i++)
+        cap += json_string_length(json_array_get(names, i)) * 12 + 1;
+    char *pat = sw_malloc(cap), *p = pat;
+    if (!pat)
+        return sw_error_set(err, SW_ENOMEM, "out of memory compiling the schema");
+    p += sprintf(p, "^(?!(?:");
+    for (size_t i = 0; i < json_array_size(names); i++) {
+        const unsigned char *u =
+            (const unsigned char *)json_string_value(json_array_get(names, i));
+        size_t n = json_string_length(json_array_get(names, i));
+        if (i)
+            *p++ = '|';
+        for (size_t j = 0; j < n;) {
+            /* valid UTF-8 (jansson checks it) */
+            uint32_t c = u[j];
+            size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+            if (len > 1)
+                c &= 0x3Fu >> (len - 1);
+            for (size_t t = 1; t < len && j + t < n; t++)
+                c = (c << 6) | (u[j + t] & 0x3Fu);
+            p += put_code_point(p, c);
+            j += len;
+        }
+    }
+    p += sprintf(p, ")$)");
+    int rc = eng_regex_compile(pat, (size_t)(p - pat), out, err);
+    sw_free(pat);
+    return rc;
+}
+
+/* The key node of free keys without the names: any string (key_node < 0),
+ * or the propertyNames node (a string or a pattern) intersected with "not
+ * one of them". *out may be CS_NEVER (no key is left). */
+static int exclusion_key(builder *b, const json_t *names, int32_t key_node, size_t plen,
+                         const char *key, int32_t *out)
+{
+    eng_regex *ex = NULL, *re = NULL;
+    int32_t lo = 0, hi = INT32_MAX;
+    sw_error e;
+    size_t l = eng__sc_path_push(b, plen, key);
+    int rc = exclusion_regex(names, &ex, &e);
+    if (rc)
+        return eng__sc_fail_at(b, l, rc, e.message);
+    if (key_node < 0) {
+        re = ex;
+    } else if (b->g->nodes[key_node].kind == CS_STRING ||
+               b->g->nodes[key_node].kind == CS_PATTERN) {
+        const cs_node *kn = &b->g->nodes[key_node];
+        lo = kn->min_chars;
+        hi = kn->max_chars;
+        if (kn->kind == CS_STRING) {
+            re = ex;
+        } else {
+            rc = eng_regex_intersect(kn->re, ex, &re, &e);
+            eng_regex_free(ex);
+            if (rc)
+                return eng__sc_fail_at(b, l, rc, e.message);
+        }
+    } else {
+        eng_regex_free(ex);
+        return eng__sc_fail_at(b, l, SW_EUNSUPPORTED,
+                               "names a free key must not take (dependencies, not required) "
+                               "are enforced only beside a propertyNames that is one string "
+                               "schema");
+    }
+    /* at the keyword, never the root: no key left is CS_NEVER, not an
+     * error */
+    return eng__sc_make_pattern(b, re, lo, hi, l, NULL, out);
+}
+
+/* forbid: a property that must be absent (from not: {required: [...]}),
+ * or NULL. */
 int eng__sc_compile_object(builder *b, const json_t *s, const char *forbid, int32_t depth,
                            size_t plen, int32_t *out)
 {
@@ -226,12 +379,11 @@ int eng__sc_compile_object(builder *b, const json_t *s, const char *forbid, int3
                 b, eng__sc_path_push(b, plen, "minProperties"), SW_EUNSUPPORTED,
                 "minProperties above 1 is enforced only for declared properties");
         bool counted = min_props > 0 || max_props < INT32_MAX;
-        /* free keys could name a property that has dependencies */
-        static const char *const dep_keys[] = {"dependentRequired", "dependencies"};
-        for (int d = 0; d < 2; d++)
-            if (json_object_size(json_object_get(s, dep_keys[d])) > 0)
-                return eng__sc_fail_at(b, eng__sc_path_push(b, plen, dep_keys[d]), SW_EUNSUPPORTED,
-                                       "dependencies are enforced only for declared properties");
+        /* names a free key never takes (dependencies, not required) */
+        json_t *excluded = NULL;
+        const char *excl_key = NULL;
+        if ((rc = free_key_exclusions(b, s, forbid, plen, &excluded, &excl_key)))
+            return rc;
         if (json_object_size(pprops) > 0 && !json_is_false(addl)) {
             /* a free key may match any pattern: its value satisfies them all
              * and additionalProperties (a narrowing) */
@@ -287,18 +439,28 @@ int eng__sc_compile_object(builder *b, const json_t *s, const char *forbid, int3
             char **ktext = sw_calloc((size_t)n_names, sizeof *ktext);
             int32_t *kids = sw_calloc((size_t)n_names, sizeof *kids);
             bool *kreq = sw_calloc((size_t)n_names, sizeof *kreq);
+            int32_t n_lits = n_names;
             rc = ktext && kids && kreq ? SW_OK : eng__sc_oom(b);
-            for (int32_t i = 0; rc == SW_OK && i < n_names; i++) {
+            n_names = 0;
+            for (int32_t i = 0; rc == SW_OK && i < n_lits; i++) {
                 kn = &g->nodes[key_node];
-                ktext[i] = sw_malloc((size_t)kn->lit_lens[i] + 2);
-                if (!ktext[i]) {
+                char *t = sw_malloc((size_t)kn->lit_lens[i] + 2);
+                if (!t) {
                     rc = eng__sc_oom(b);
                     break;
                 }
-                memcpy(ktext[i], kn->lits[i], (size_t)kn->lit_lens[i]);
-                ktext[i][kn->lit_lens[i]] = ':';
-                ktext[i][kn->lit_lens[i] + 1] = '\0';
-                kids[i] = item_node;
+                memcpy(t, kn->lits[i], (size_t)kn->lit_lens[i]);
+                t[kn->lit_lens[i]] = ':';
+                t[kn->lit_lens[i] + 1] = '\0';
+                int ex = key_excluded(t, excluded);
+                if (ex) {
+                    sw_free(t);
+                    if (ex < 0)
+                        rc = eng__sc_oom(b);
+                    continue; /* never generated */
+                }
+                ktext[n_names] = t;
+                kids[n_names++] = item_node;
             }
             /* min/maxProperties over these names, as for declared ones */
             int32_t n_used = n_names < max_props ? n_names : max_props;
@@ -314,6 +476,12 @@ int eng__sc_compile_object(builder *b, const json_t *s, const char *forbid, int3
             sw_free(kids);
             sw_free(kreq);
             return rc;
+        }
+        if (json_array_size(excluded) > 0) {
+            if ((rc = exclusion_key(b, excluded, key_node, plen, excl_key, &key_node)))
+                return rc;
+            if (key_node == CS_NEVER)
+                return make_object(b, NULL, NULL, NULL, 0, out);
         }
         if (key_node >= 0 || (addl && !json_is_true(addl)) || counted) {
             if (addl && !json_is_true(addl)) {

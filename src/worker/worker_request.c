@@ -99,9 +99,17 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
 
 /* ---- tools, tool_choice, response_format ------------------------------- */
 
-/* A schema compile error as a 400. */
+/* A schema compile error as a 400; out of memory while compiling is the
+ * worker's 500 internal_error "out of memory" (as the HTTP thread answers
+ * every request that lost an allocation), never a 400 that blames the
+ * schema. */
 static bool bad_schema(wk_parse_error *p, const char *param, int rc, const sw_error *err)
 {
+    if (rc == SW_ENOMEM) {
+        p->status = 500;
+        p->code = "internal_error";
+        return api_bad(p, NULL, "out of memory");
+    }
     p->status = 400;
     p->code = rc == SW_EUNSUPPORTED ? "unsupported_schema" : "invalid_request";
     return api_bad(p, param, "%s", err->message);

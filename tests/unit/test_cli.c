@@ -1,5 +1,6 @@
 /* test_cli.c - the `spillway` binary end to end: run (text and JSON,
- * including --top-logprobs), model plan, and fault injection through the
+ * including --top-logprobs), model plan, bench engine on a small context,
+ * and fault injection through the
  * environment of a real process (abort after k tokens, failed device
  * allocations, stalls). */
 #include "testutil.h"
@@ -194,6 +195,26 @@ static void test_model_plan_json(void **state)
     unlink(name);
 }
 
+/* bench engine with a context of --prompt + --gen tokens only: the
+ * warm-up must fit it too (it decoded 4 tokens whatever --gen said, so
+ * --prompt 8 --gen 1 failed: "12 tokens exceed the context of 9"). */
+static void test_bench_engine_small(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    int status;
+    const char *m = model_path();
+    char *out = run(&status, (const char *[]){"bench", "engine", "-m", m, "--prompt", "8",
+                                              "--gen", "1", "--reps", "1", "--json", NULL});
+    if (status != 0)
+        fail_msg("bench engine --prompt 8 --gen 1 exited %d: %s", status, out);
+    /* the record (compact JSON; logs may share the captured output) */
+    assert_non_null(strstr(out, "\"prompt_tokens\":8"));
+    assert_non_null(strstr(out, "\"generated_tokens\":1"));
+    sw_free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -201,6 +222,7 @@ int main(void)
         cmocka_unit_test(test_fault_abort_after_tokens),
         cmocka_unit_test(test_fault_alloc_and_stall),
         cmocka_unit_test(test_model_plan_json),
+        cmocka_unit_test(test_bench_engine_small),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -81,6 +81,9 @@ typedef struct narrowing {
 #define WHY_ONEOF                                                                              \
     "oneOf alternatives that may overlap are generated as 'this one and not the others'; "      \
     "what that not cannot express is left out (not integer: no numbers)"
+#define WHY_DEPREQ                                                                             \
+    "an object of free keys never has a key that has dependentRequired dependents (the "       \
+    "dependents beside it would make it valid)"
 #define WHY_TYPE                                                                               \
     "a schema without 'type' whose keywords all concern one type (properties, items, "          \
     "minLength, ...) generates only values of that type"
@@ -110,6 +113,14 @@ static const narrowing g_narrowings[] = {
     {"dependentSchemas.json", "single dependency", "no dependency", WHY_DEP},
     {"dependentSchemas.json", "boolean subschemas", NULL, WHY_DEP},
     {"dependentSchemas.json", "dependent subschema incompatible with root", NULL, WHY_DEP},
+    {"dependentRequired.json", "single dependency", "with dependency", WHY_DEPREQ},
+    {"dependentRequired.json", "multiple dependents required", "with dependencies", WHY_DEPREQ},
+    {"dependentRequired.json", "dependencies with escaped characters", "CRLF", WHY_DEPREQ},
+    {"dependentRequired.json", "dependencies with escaped characters", "quoted quotes",
+     WHY_DEPREQ},
+    {"dependencies.json", "dependencies", "with dependency", WHY_DEPREQ},
+    {"dependencies.json", "multiple dependencies", "with dependencies", WHY_DEPREQ},
+    {NULL, "*", "non-object is valid", WHY_TYPE},
     {"dependencies.json", "dependencies with boolean subschemas", NULL, WHY_DEP},
     {"dependencies.json", "dependent subschema incompatible with root", NULL, WHY_DEP},
     {"dependencies.json", "multiple dependencies subschema", NULL, WHY_DEP},
@@ -433,7 +444,25 @@ typedef struct counts {
     int failures;
     int val_judged, val_agree;
     int known;
+    /* why groups were refused: distinct messages (the first group refused
+     * with each), with how many */
+    char reason_group[8][64], reason[8][320];
+    int reason_count[8], n_reasons;
 } counts;
+
+static void note_refusal(counts *k, const char *gdesc, const char *message)
+{
+    for (int i = 0; i < k->n_reasons; i++)
+        if (strcmp(k->reason[i], message) == 0) {
+            k->reason_count[i]++;
+            return;
+        }
+    if (k->n_reasons < 8) {
+        snprintf(k->reason_group[k->n_reasons], sizeof k->reason_group[0], "%s", gdesc);
+        snprintf(k->reason[k->n_reasons], sizeof k->reason[0], "%s", message);
+        k->reason_count[k->n_reasons++] = 1;
+    }
+}
 
 /* A failure, or a known bug (g_known_bugs) reported as such. */
 static void report(counts *k, const char *file, const char *group, const char *test,
@@ -589,6 +618,8 @@ static void run_group(const char *file, const json_t *group, bool draft7, counts
     }
     if (getenv("SUITE_VERBOSE") && rc != SW_OK)
         print_message("  refused %s / %s: %s\n", file, gdesc, err.message);
+    if (rc != SW_OK)
+        note_refusal(k, gdesc, err.message);
     if (rc == SW_OK)
         k->compiled++;
     for (size_t t = 0; t < json_array_size(tests); t++) {
@@ -682,6 +713,7 @@ static void run_draft(const char *draft, int *failures)
     char *names[256];
     size_t n = sc_json_files(dirpath, names, 256);
     counts total = {0};
+    char none[2048] = ""; /* the files that compile no group */
     print_message("%s: per file: groups compiled/all; tests; in the compiled groups: valid "
                   "accepted (+narrowed)/valid, invalid rejected/invalid; validator "
                   "agrees/judged (all groups); failures\n",
@@ -716,12 +748,22 @@ static void run_draft(const char *draft, int *failures)
         total.val_judged += k.val_judged;
         total.failures += k.failures;
         total.known += k.known;
+        if (k.compiled == 0 && k.groups > 0) {
+            /* a file none of whose groups compiles: why, every time (issue
+             * 15 lists them) */
+            for (int r = 0; r < k.n_reasons; r++)
+                print_message("      refused (%d group%s, e.g. \"%s\"): %s\n", k.reason_count[r],
+                              k.reason_count[r] == 1 ? "" : "s", k.reason_group[r], k.reason[r]);
+            snprintf(none + strlen(none), sizeof none - strlen(none), "%s%s",
+                     none[0] ? ", " : "", names[i]);
+        }
         free(names[i]);
     }
     print_message("  %-28s %3d/%-3d %4d  %3d(+%d)/%-3d  %3d/%-3d  %3d/%-3d  %d\n", "TOTAL",
                   total.compiled, total.groups, total.tests, total.accepted, total.narrowed,
                   total.valid, total.rejected, total.invalid, total.val_agree, total.val_judged,
                   total.failures);
+    print_message("  files that compile no group: %s\n", none[0] ? none : "none");
     if (total.known)
         print_message("  (%d known bugs, listed as KNOWN above, not counted as failures)\n",
                       total.known);

@@ -126,6 +126,16 @@ int cli_model_plan(int argc, char **argv)
             "max_seqs", plan.max_seqs, "max_gpu_layers", plan.max_gpu_layers, "experts",
             hp->n_expert, "experts_used", hp->n_expert_used, "decode_read_bytes",
             (json_int_t)eng_model_decode_read_bytes(model));
+        /* sliding-window layers (0 without): their share of the per-token
+         * figures and the most blocks of it a sequence holds, against the
+         * blocks of the whole context */
+        json_object_set_new(rec, "kv_sliding_bytes_per_token_device",
+                            json_integer((json_int_t)plan.kv_sliding_bytes_per_token_device));
+        json_object_set_new(rec, "kv_sliding_bytes_per_token_host",
+                            json_integer((json_int_t)plan.kv_sliding_bytes_per_token_host));
+        json_object_set_new(rec, "kv_sliding_blocks_max", json_integer(plan.kv_sliding_blocks_max));
+        json_object_set_new(rec, "kv_blocks_per_seq", json_integer(plan.kv_blocks_per_seq));
+        json_object_set_new(rec, "sliding_window", json_integer(hp->n_swa));
         char *text = json_dumps(rec, JSON_COMPACT);
         printf("%s\n", text);
         sw_free(text);
@@ -158,6 +168,12 @@ int cli_model_plan(int argc, char **argv)
         printf("  kv per token   %12llu bytes on the device, %llu in host memory\n",
                (unsigned long long)plan.kv_bytes_per_token_device,
                (unsigned long long)plan.kv_bytes_per_token_host);
+        if (plan.kv_sliding_blocks_max > 0)
+            printf("  sliding layers %12llu of those bytes per token, window %d: at most %d "
+                   "of the %d blocks per sequence\n",
+                   (unsigned long long)(plan.kv_sliding_bytes_per_token_device +
+                                        plan.kv_sliding_bytes_per_token_host),
+                   hp->n_swa, plan.kv_sliding_blocks_max, plan.kv_blocks_per_seq);
         human(plan.kv_device_bytes, a, sizeof a);
         human(plan.kv_host_bytes, b, sizeof b);
         printf("  kv for ctx     %12s on the device, %s in host memory\n", a, b);

@@ -30,9 +30,18 @@ void dr__s1_run(drill *d, dr_scenario *s)
         long long fb = json_integer_value(json_object_get(g, "memory_free_bytes"));
         long long kv = json_integer_value(json_object_get(g, "kv_bytes_per_token"));
         long long cctx = json_integer_value(json_object_get(c, "ctx_limit"));
+        json_t *rep = json_object_get(g, "reported");
+        dr_kv_figures fig = {
+            .per_token = kv,
+            .block_tokens = json_integer_value(json_object_get(rep, "kv_block_tokens")),
+            .block_bytes = json_integer_value(json_object_get(rep, "kv_block_device_bytes")),
+            .sliding_bytes =
+                json_integer_value(json_object_get(rep, "kv_sliding_block_device_bytes")),
+            .sliding_max = json_integer_value(json_object_get(rep, "kv_sliding_blocks_max")),
+        };
         json_decref(g);
         json_decref(c);
-        long long need = kv > 0 ? fb / kv + 64 : 0;
+        long long need = kv > 0 ? dr__kv_tokens_fitting(&fig, fb) + 64 : 0;
         if (!kv || !cctx || need + 16 >= cctx || need > DR_MAX_TOKENS) {
             dr__skip(d, s, "attached: needs workers named 'gpu' and 'cpu', and a CPU context "
                        "longer than the GPU's free KV (%lld tokens)", need);

@@ -358,8 +358,19 @@ void dr__workers_ini(drill *d, char *buf, size_t cap, const char *policy, const 
 bool dr__start_router(drill *d, dr_scenario *s, const char *name, const char *server_extra,
                       const char *workers);
 void dr__stop_router(drill *d, dr_scenario *s);
-/* Takes GPU memory so that about `tokens` tokens of KV stay free there,
- * then waits until the router has seen it; 0 or -1. */
+/* A worker's KV figures (its /health, docs/api.md) and what they make of
+ * a sequence: tokens x per_token, or for a sliding-window model (gemma3)
+ * whole blocks of which the local layers' share counts at most
+ * sliding_max times; the most tokens whose KV fits in bytes. */
+typedef struct dr_kv_figures {
+    long long per_token, block_tokens, block_bytes, sliding_bytes, sliding_max;
+} dr_kv_figures;
+bool dr__kv_sliding(const dr_kv_figures *k);
+long long dr__kv_bytes_for_tokens(const dr_kv_figures *k, long long tokens);
+long long dr__kv_tokens_fitting(const dr_kv_figures *k, long long bytes);
+/* Takes GPU memory so that about `tokens` tokens of KV stay free there
+ * (by dr__kv_bytes_for_tokens), then waits until the router has seen it;
+ * 0 or -1. */
 int dr__leave_free_tokens(drill *d, dr_router *rt, const char *scenario, int tokens);
 /* Waits until the GPU worker holds KV memory (a request runs there). */
 bool dr__wait_gpu_busy(const char *gpu_sock, long long base_kv, int timeout_ms);

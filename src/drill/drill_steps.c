@@ -373,17 +373,59 @@ bool dr__wait_restarted(const char *address, const char *name, int min_restarts,
     return false;
 }
 
+bool dr__kv_sliding(const dr_kv_figures *k)
+{
+    return k->block_tokens > 0 && k->block_bytes > 0 && k->sliding_bytes > 0 &&
+           k->sliding_bytes <= k->block_bytes && k->sliding_max > 0;
+}
+
+long long dr__kv_bytes_for_tokens(const dr_kv_figures *k, long long tokens)
+{
+    if (!dr__kv_sliding(k))
+        return tokens * k->per_token;
+    long long b = (tokens + k->block_tokens - 1) / k->block_tokens;
+    return b * k->block_bytes - (b > k->sliding_max ? (b - k->sliding_max) * k->sliding_bytes : 0);
+}
+
+long long dr__kv_tokens_fitting(const dr_kv_figures *k, long long bytes)
+{
+    if (!dr__kv_sliding(k))
+        return k->per_token > 0 ? bytes / k->per_token : 0;
+    long long b, within = k->sliding_max * k->block_bytes;
+    long long past = k->block_bytes - k->sliding_bytes; /* a block beyond the window */
+    if (bytes < within)
+        b = bytes / k->block_bytes;
+    else
+        b = past > 0 ? k->sliding_max + (bytes - within) / past : (1ll << 40);
+    return b * k->block_tokens;
+}
+
+/* The figures of a worker's /health (docs/api.md). */
+static dr_kv_figures kv_figures(json_t *h)
+{
+    dr_kv_figures k = {
+        .per_token = dr__health_int(h, NULL, "kv_bytes_per_token"),
+        .block_tokens = dr__health_int(h, "kv", "block_tokens"),
+        .block_bytes = dr__health_int(h, "kv", "block_device_bytes"),
+        .sliding_bytes = dr__health_int(h, "kv", "sliding_block_device_bytes"),
+        .sliding_max = dr__health_int(h, "kv", "sliding_blocks_max"),
+    };
+    return k;
+}
+
 /* Takes GPU memory so that about `tokens` tokens of KV stay free there,
  * then waits until the router has seen it. */
 int dr__leave_free_tokens(drill *d, dr_router *rt, const char *scenario, int tokens)
 {
     json_t *h = dr__worker_health(rt->gpu_sock);
     long long free_bytes = dr__health_int(h, "memory", "free_bytes");
-    long long kvpt = dr__health_int(h, NULL, "kv_bytes_per_token");
+    dr_kv_figures kv = kv_figures(h);
+    long long kvpt = kv.per_token;
     json_decref(h);
     if (kvpt <= 0 || free_bytes <= 0)
         return -1;
-    long long keep = (long long)tokens * kvpt;
+    /* a sliding-window model's tokens past the window cost less */
+    long long keep = dr__kv_bytes_for_tokens(&kv, tokens);
     char why[512];
     if (free_bytes > keep) {
         if (dr_hog_take(d, (uint64_t)(free_bytes - keep), why, sizeof why)) {

@@ -18,7 +18,11 @@
  * Matrix products run on the thread pool, rows split between threads; the
  * activations are converted once per product to the weight type's dot
  * format (cpu_convert_activations). Attention reads K and V from the
- * sequence's KV blocks and runs in parallel over (token, head) pairs.
+ * sequence's KV blocks and runs in parallel over (token, head) pairs. A
+ * sliding layer's K and V are in the sequence's ring of sliding blocks
+ * (model-impl.h, eng_kv_block); where that ring is shorter than the
+ * context, the layer writes and attends a block's worth of a sequence at a
+ * time, which computes the same values in the same order.
  * Nothing here allocates: every buffer is in the context's workspace.
  *
  * On a cuda:N device the layers placed there run on the GPU instead
@@ -281,24 +285,27 @@ typedef struct attention_job {
     int32_t heads_per_item; /* consecutive heads of one KV head per work item */
     const float *q;    /* (n_tokens, n_head * head_dim) */
     float *out;        /* (n_tokens, n_head * head_dim) */
+    bool prefetch;     /* a decode step's few tokens (attention_prefetch) */
 } attention_job;
 
 /* Address of the K (kv = 0) or V (kv = 1) row of position pos in a layer:
- * in the block's device part for device layers, its host part otherwise. */
+ * in a global block, or for a sliding layer in the sequence's ring of
+ * sliding blocks; in the block's device part for device layers, its host
+ * part otherwise (eng_kv_place). */
 static unsigned char *kv_row(eng_context *ctx, const eng_sequence *seq, int32_t layer, int kv,
                              int32_t pos)
 {
     const eng_hparams *hp = &ctx->model->hp;
+    const eng_kv_place *place = &ctx->kv_place[layer];
     int32_t block_tokens = ctx->params.kv_block_tokens;
     size_t elem = ctx->params.kv_type == ENG_TYPE_F32 ? 4 : 2;
     size_t row_bytes = (size_t)hp->n_head_kv * hp->head_dim * elem;
-    const eng_kv_block *block = &seq->blocks[pos / block_tokens];
-    unsigned char *base = block->device_part;
-    if (layer >= ctx->n_device_layers) {
-        base = block->host_part;
-        layer -= ctx->n_device_layers;
-    }
-    size_t in_block = ((size_t)(layer * 2 + kv) * block_tokens + pos % block_tokens) * row_bytes;
+    int32_t b = pos / block_tokens;
+    const eng_kv_block *block = place->sliding ? &seq->swa_blocks[b % ctx->swa_ring_blocks]
+                                               : &seq->blocks[b];
+    unsigned char *base = place->on_device ? block->device_part : block->host_part;
+    size_t in_block =
+        ((size_t)(place->index * 2 + kv) * block_tokens + pos % block_tokens) * row_bytes;
     return base + in_block;
 }
 
@@ -408,7 +415,7 @@ static void attention_task(void *arg, int64_t begin, int64_t end, int thread_ind
     for (int64_t item = begin; item < end; item++) {
         int32_t h0 = (int32_t)(item % items_per_token) * hpi;
         const int32_t group = ctx->model->hp.n_head / ctx->model->hp.n_head_kv;
-        if (job->n_tokens <= ATTENTION_PREFETCH_TOKENS)
+        if (job->prefetch)
             attention_prefetch(job, item / items_per_token, h0 / group);
         for (int32_t h = h0; h < h0 + hpi; h++)
             attention_head(job, item / items_per_token, h, scores);
@@ -430,6 +437,27 @@ static int32_t attention_heads_per_item(const eng_context *ctx, int64_t n_tokens
     while (hpi % 2 == 0 && n_tokens * (hp->n_head / hpi) < want)
         hpi /= 2;
     return hpi;
+}
+
+/* The end of the run of tokens from t0 that a sliding layer's ring can
+ * take at once: up to the first token that starts a new block of a
+ * sequence already in the run, where that block's ring slot holds an older
+ * block (block >= ring). A token attends back to ceil((n_swa - 1) / block)
+ * blocks before its own, and the ring holds one more than that, so while
+ * every sequence writes within one block (or into slots not used yet), no
+ * write reaches a block that a token of the run still reads. Decode steps
+ * (one token per sequence) are one run, and so is a prompt's first ring of
+ * blocks. */
+static int64_t kv_segment_end(const eng_context *ctx, const eng_token_meta *meta, int64_t t0,
+                              int64_t n)
+{
+    const int32_t block_tokens = ctx->params.kv_block_tokens, ring = ctx->swa_ring_blocks;
+    int64_t t = t0 + 1;
+    /* tokens of one sequence are consecutive and in order */
+    while (t < n && !(meta[t].seq == meta[t - 1].seq && meta[t].pos % block_tokens == 0 &&
+                      meta[t].pos / block_tokens >= ring))
+        t++;
+    return t;
 }
 
 /* ---- one batch ---------------------------------------------------------------- */
@@ -486,22 +514,33 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             head_norms(q, L->q_norm.data, n * hp->n_head, hp->head_dim, hp->rms_eps);
         if (L->k_norm.data)
             head_norms(k, L->k_norm.data, n * hp->n_head_kv, hp->head_dim, hp->rms_eps);
-        for (int64_t t = 0; t < n; t++) {
-            int32_t pos = meta[t].pos;
-            rope(ctx, q + t * q_dim, hp->n_head, k + t * kv_dim, hp->n_head_kv, pos, L->sliding);
-            unsigned char *k_dst = kv_row(ctx, meta[t].seq, l, 0, pos);
-            unsigned char *v_dst = kv_row(ctx, meta[t].seq, l, 1, pos);
-            if (kv_f16) {
-                cpu_fp32_to_fp16_row(k + t * kv_dim, (uint16_t *)k_dst, kv_dim);
-                cpu_fp32_to_fp16_row(v + t * kv_dim, (uint16_t *)v_dst, kv_dim);
-            } else {
-                memcpy(k_dst, k + t * kv_dim, (size_t)kv_dim * sizeof(float));
-                memcpy(v_dst, v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+        /* K and V into the cache, then attention: for all n tokens at
+         * once, or on a sliding layer whose ring is shorter than the
+         * context a block's worth of each sequence at a time, so that no
+         * token's write lands in a ring block that an earlier token of the
+         * batch still attends to (kv_segment_end). */
+        const bool ring = ctx->kv_place[l].sliding &&
+                          ctx->swa_ring_blocks < ctx->max_blocks_per_seq;
+        for (int64_t t0 = 0, t1; t0 < n; t0 = t1) {
+            t1 = ring ? kv_segment_end(ctx, meta, t0, n) : n;
+            for (int64_t t = t0; t < t1; t++) {
+                int32_t pos = meta[t].pos;
+                rope(ctx, q + t * q_dim, hp->n_head, k + t * kv_dim, hp->n_head_kv, pos,
+                     L->sliding);
+                unsigned char *k_dst = kv_row(ctx, meta[t].seq, l, 0, pos);
+                unsigned char *v_dst = kv_row(ctx, meta[t].seq, l, 1, pos);
+                if (kv_f16) {
+                    cpu_fp32_to_fp16_row(k + t * kv_dim, (uint16_t *)k_dst, kv_dim);
+                    cpu_fp32_to_fp16_row(v + t * kv_dim, (uint16_t *)v_dst, kv_dim);
+                } else {
+                    memcpy(k_dst, k + t * kv_dim, (size_t)kv_dim * sizeof(float));
+                    memcpy(v_dst, v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+                }
             }
-        }
-        {
-            attention_job job = {ctx, meta, l, n, attention_heads_per_item(ctx, n), q, att};
-            cpu_threadpool_run(ctx->pool, n * (hp->n_head / job.heads_per_item), 1,
+            attention_job job = {ctx, meta + t0, l, t1 - t0,
+                                 attention_heads_per_item(ctx, t1 - t0), q + t0 * q_dim,
+                                 att + t0 * q_dim, n <= ATTENTION_PREFETCH_TOKENS};
+            cpu_threadpool_run(ctx->pool, (t1 - t0) * (hp->n_head / job.heads_per_item), 1,
                                attention_task, &job);
         }
         {

@@ -18,15 +18,54 @@
 
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
-size_t eng__kv_bytes_per_token_layers(const eng_hparams *hp, uint32_t kv_type, int32_t n_layers)
+/* K and V of one token of one layer. */
+static size_t kv_layer_token_bytes(const eng_hparams *hp, uint32_t kv_type)
 {
     size_t elem = kv_type == ENG_TYPE_F32 ? 4 : 2;
-    return 2 * (size_t)n_layers * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+    return 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+}
+
+size_t eng__kv_bytes_per_token_kind(const eng_hparams *hp, uint32_t kv_type, int32_t l0,
+                                    int32_t l1, bool sliding)
+{
+    size_t n = 0;
+    for (int32_t l = l0; l < l1; l++)
+        n += eng__layer_slides(hp, l) == sliding;
+    return n * kv_layer_token_bytes(hp, kv_type);
 }
 
 size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type)
 {
-    return eng__kv_bytes_per_token_layers(hp, kv_type, hp->n_layer);
+    return (size_t)hp->n_layer * kv_layer_token_bytes(hp, kv_type);
+}
+
+size_t eng_kv_sliding_bytes_per_token(const eng_hparams *hp, uint32_t kv_type)
+{
+    return eng__kv_bytes_per_token_kind(hp, kv_type, 0, hp->n_layer, true);
+}
+
+int32_t eng_kv_sliding_blocks_max(const eng_hparams *hp, int32_t block_tokens, int32_t n_ctx)
+{
+    if (block_tokens <= 0 || n_ctx <= 0 || eng_kv_sliding_bytes_per_token(hp, ENG_TYPE_F16) == 0)
+        return 0;
+    /* A token at pos attends to [pos - n_swa + 1, pos]: with its own block
+     * b that is blocks b - ceil((n_swa - 1) / B) .. b, and nothing older
+     * is needed by it or by any later token. */
+    int64_t ring = ((int64_t)hp->n_swa - 1 + block_tokens - 1) / block_tokens + 1;
+    int64_t all = ((int64_t)n_ctx + block_tokens - 1) / block_tokens;
+    return (int32_t)(ring < all ? ring : all);
+}
+
+size_t eng_kv_sequence_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens,
+                             int32_t n_ctx, int64_t n_tokens)
+{
+    if (block_tokens <= 0 || n_tokens <= 0)
+        return 0;
+    int64_t blocks = (n_tokens + block_tokens - 1) / block_tokens;
+    int64_t ring = eng_kv_sliding_blocks_max(hp, block_tokens, n_ctx);
+    size_t swa = eng_kv_sliding_bytes_per_token(hp, kv_type) * (size_t)block_tokens;
+    size_t global = eng_kv_block_bytes(hp, kv_type, block_tokens) - swa;
+    return (size_t)blocks * global + (size_t)(blocks < ring ? blocks : ring) * swa;
 }
 
 size_t eng__layer_weights_bytes(const eng_model *model, int32_t n_layers, bool with_output,
@@ -308,9 +347,11 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
     ctx->n_device_layers = !p.device ? 0 : p.n_gpu_layers < 0 ? hp->n_layer : p.n_gpu_layers;
 
     ctx->layers = sw_calloc((size_t)hp->n_layer, sizeof *ctx->layers);
+    ctx->kv_place = sw_calloc((size_t)hp->n_layer, sizeof *ctx->kv_place);
     ctx->max_blocks_per_seq = (p.n_ctx + p.kv_block_tokens - 1) / p.kv_block_tokens;
+    ctx->swa_ring_blocks = eng_kv_sliding_blocks_max(hp, p.kv_block_tokens, p.n_ctx);
     ctx->seqs = sw_calloc((size_t)p.n_seq_max, sizeof *ctx->seqs);
-    if (!ctx->layers || !ctx->seqs) {
+    if (!ctx->layers || !ctx->kv_place || !ctx->seqs) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory creating a context");
         goto fail;
     }
@@ -319,16 +360,37 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
     ctx->output = model->output;
     for (int32_t s = 0; s < p.n_seq_max; s++) {
         ctx->seqs[s].blocks = sw_calloc((size_t)ctx->max_blocks_per_seq, sizeof(eng_kv_block));
-        if (!ctx->seqs[s].blocks) {
+        if (ctx->swa_ring_blocks > 0)
+            ctx->seqs[s].swa_blocks = sw_calloc((size_t)ctx->swa_ring_blocks,
+                                                sizeof(eng_kv_block));
+        if (!ctx->seqs[s].blocks || (ctx->swa_ring_blocks > 0 && !ctx->seqs[s].swa_blocks)) {
             rc = sw_error_set(err, SW_ENOMEM, "out of memory for block tables");
             goto fail;
         }
     }
-    ctx->block_bytes_device =
-        eng__kv_bytes_per_token_layers(hp, p.kv_type, ctx->n_device_layers) * (size_t)p.kv_block_tokens;
-    ctx->block_bytes_host =
-        eng__kv_bytes_per_token_layers(hp, p.kv_type, hp->n_layer - ctx->n_device_layers) *
-        (size_t)p.kv_block_tokens;
+    /* Each layer's place: its kind, its part, its index among that kind's
+     * layers of that part. Sliding layers have blocks of their own even
+     * when the ring is as long as the context (it then never wraps), so
+     * that there is one layout. */
+    {
+        int32_t next[2][2] = {{0, 0}, {0, 0}}; /* [sliding][on device] */
+        for (int32_t l = 0; l < hp->n_layer; l++) {
+            eng_kv_place *kp = &ctx->kv_place[l];
+            kp->sliding = ctx->swa_ring_blocks > 0 && eng__layer_slides(hp, l);
+            kp->on_device = l < ctx->n_device_layers;
+            kp->index = next[kp->sliding][kp->on_device]++;
+        }
+    }
+    {
+        const size_t bt = (size_t)p.kv_block_tokens;
+        const int32_t nd = ctx->n_device_layers, nl = hp->n_layer;
+        ctx->swa_block_bytes_device =
+            eng__kv_bytes_per_token_kind(hp, p.kv_type, 0, nd, true) * bt;
+        ctx->swa_block_bytes_host =
+            eng__kv_bytes_per_token_kind(hp, p.kv_type, nd, nl, true) * bt;
+        ctx->block_bytes_device = eng__kv_bytes_per_token_kind(hp, p.kv_type, 0, nd, false) * bt;
+        ctx->block_bytes_host = eng__kv_bytes_per_token_kind(hp, p.kv_type, nd, nl, false) * bt;
+    }
 
     /* A model the CUDA kernels cannot run (a weight type they lack) is
      * refused before its weights are copied to the GPU. */
@@ -392,8 +454,10 @@ void eng_context_free(eng_context *ctx)
             if (ctx->seqs[s].blocks)
                 eng_seq_clear(ctx, s);
             sw_free(ctx->seqs[s].blocks);
+            sw_free(ctx->seqs[s].swa_blocks);
         }
     sw_free(ctx->seqs);
+    sw_free(ctx->kv_place);
     cuda_engine_free(ctx);
     if (ctx->device_workspace)
         dev_free(ctx->params.device, ctx->device_workspace, ctx->layout.total_bytes);
@@ -410,54 +474,84 @@ void eng_context_free(eng_context *ctx)
 const eng_context_params *eng_context_params_get(const eng_context *ctx) { return &ctx->params; }
 const eng_model *eng_context_model(const eng_context *ctx) { return ctx->model; }
 
-static void block_release(eng_context *ctx, eng_kv_block *b)
+/* The two parts of a block of one kind: global (sliding false) or sliding. */
+static void block_part_bytes(const eng_context *ctx, bool sliding, size_t *device, size_t *host)
 {
+    *device = sliding ? ctx->swa_block_bytes_device : ctx->block_bytes_device;
+    *host = sliding ? ctx->swa_block_bytes_host : ctx->block_bytes_host;
+}
+
+static void block_release(eng_context *ctx, eng_kv_block *b, bool sliding)
+{
+    size_t device, host;
+    block_part_bytes(ctx, sliding, &device, &host);
     if (b->device_part)
-        dev_free(ctx->params.device, b->device_part, ctx->block_bytes_device);
+        dev_free(ctx->params.device, b->device_part, device);
     sw_free(b->host_part);
     b->device_part = NULL;
     b->host_part = NULL;
 }
 
-static int block_take(eng_context *ctx, eng_kv_block *b, sw_error *err)
+static int block_take(eng_context *ctx, eng_kv_block *b, bool sliding, sw_error *err)
 {
+    size_t device, host;
     int rc;
+    block_part_bytes(ctx, sliding, &device, &host);
     b->device_part = NULL;
     b->host_part = NULL;
-    if (ctx->block_bytes_device &&
-        (rc = device_alloc(ctx, ctx->block_bytes_device, "kv", (void **)&b->device_part, err)))
+    if (device && (rc = device_alloc(ctx, device, "kv", (void **)&b->device_part, err)))
         return rc;
-    if (ctx->block_bytes_host) {
-        b->host_part = sw_aligned_alloc(64, ctx->block_bytes_host);
+    if (host) {
+        b->host_part = sw_aligned_alloc(64, host);
         if (!b->host_part) {
-            block_release(ctx, b);
+            block_release(ctx, b, sliding);
             return sw_error_set(err, SW_ENOMEM, "out of host memory for a KV block");
         }
     }
     return SW_OK;
 }
 
+/* Gives back a sequence's blocks beyond n_global global and n_sliding
+ * sliding ones (the newest first). */
+static void seq_release_to(eng_context *ctx, eng_sequence *seq, int32_t n_global,
+                           int32_t n_sliding)
+{
+    while (seq->n_swa_blocks > n_sliding) {
+        block_release(ctx, &seq->swa_blocks[--seq->n_swa_blocks], true);
+        ctx->n_swa_blocks_held--;
+    }
+    while (seq->n_blocks > n_global) {
+        block_release(ctx, &seq->blocks[--seq->n_blocks], false);
+        ctx->n_blocks_held--;
+    }
+}
+
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err)
 {
     int32_t need = (n_tokens + ctx->params.kv_block_tokens - 1) / ctx->params.kv_block_tokens;
-    int32_t had = seq->n_blocks;
+    int32_t need_swa = need < ctx->swa_ring_blocks ? need : ctx->swa_ring_blocks;
+    int32_t had = seq->n_blocks, had_swa = seq->n_swa_blocks;
     int rc;
     if (n_tokens > ctx->params.n_ctx || need > ctx->max_blocks_per_seq)
         return sw_error_set(err, SW_ECONTEXT, "%d tokens exceed the context of %d", n_tokens,
                             ctx->params.n_ctx);
+    /* All or nothing: a failure gives back what this call took. */
     while (seq->n_blocks < need) {
-        if ((rc = block_take(ctx, &seq->blocks[seq->n_blocks], err))) {
-            /* All or nothing: give back what this call took. */
-            while (seq->n_blocks > had) {
-                block_release(ctx, &seq->blocks[--seq->n_blocks]);
-                ctx->n_blocks_held--;
-            }
-            return rc;
-        }
+        if ((rc = block_take(ctx, &seq->blocks[seq->n_blocks], false, err)))
+            goto fail;
         seq->n_blocks++;
         ctx->n_blocks_held++;
     }
+    while (seq->n_swa_blocks < need_swa) {
+        if ((rc = block_take(ctx, &seq->swa_blocks[seq->n_swa_blocks], true, err)))
+            goto fail;
+        seq->n_swa_blocks++;
+        ctx->n_swa_blocks_held++;
+    }
     return SW_OK;
+fail:
+    seq_release_to(ctx, seq, had, had_swa);
+    return rc;
 }
 
 int eng_seq_reserve(eng_context *ctx, int32_t seq_id, int32_t n_tokens, sw_error *err)
@@ -479,29 +573,49 @@ void eng_seq_clear(eng_context *ctx, int32_t seq_id)
     if (seq_id < 0 || seq_id >= ctx->params.n_seq_max)
         return;
     eng_sequence *seq = &ctx->seqs[seq_id];
-    while (seq->n_blocks > 0) {
-        block_release(ctx, &seq->blocks[--seq->n_blocks]);
-        ctx->n_blocks_held--;
-    }
+    seq_release_to(ctx, seq, 0, 0);
     seq->n_tokens = 0;
 }
 
 size_t eng_context_kv_bytes_total(const eng_context *ctx)
 {
-    return (ctx->block_bytes_device + ctx->block_bytes_host) * (size_t)ctx->max_blocks_per_seq *
-           (size_t)ctx->params.n_seq_max;
+    return eng_context_kv_sequence_bytes(ctx, ctx->params.n_ctx) * (size_t)ctx->params.n_seq_max;
+}
+
+size_t eng_context_kv_sequence_bytes(const eng_context *ctx, int64_t n_tokens)
+{
+    return eng_kv_sequence_bytes(&ctx->model->hp, ctx->params.kv_type,
+                                 ctx->params.kv_block_tokens, ctx->params.n_ctx, n_tokens);
 }
 
 size_t eng_context_kv_bytes_used(const eng_context *ctx)
 {
-    return (ctx->block_bytes_device + ctx->block_bytes_host) * (size_t)ctx->n_blocks_held;
+    return (ctx->block_bytes_device + ctx->block_bytes_host) * (size_t)ctx->n_blocks_held +
+           (ctx->swa_block_bytes_device + ctx->swa_block_bytes_host) *
+               (size_t)ctx->n_swa_blocks_held;
 }
 
-size_t eng_context_kv_block_device_bytes(const eng_context *ctx) { return ctx->block_bytes_device; }
+size_t eng_context_kv_block_device_bytes(const eng_context *ctx)
+{
+    return ctx->block_bytes_device + ctx->swa_block_bytes_device;
+}
+
+size_t eng_context_kv_sliding_block_device_bytes(const eng_context *ctx)
+{
+    return ctx->swa_block_bytes_device;
+}
+
+int32_t eng_context_kv_sliding_blocks_max(const eng_context *ctx) { return ctx->swa_ring_blocks; }
+
+int32_t eng_context_kv_sliding_blocks_held(const eng_context *ctx)
+{
+    return ctx->n_swa_blocks_held;
+}
 
 size_t eng_context_kv_device_bytes_used(const eng_context *ctx)
 {
-    return ctx->block_bytes_device * (size_t)ctx->n_blocks_held;
+    return ctx->block_bytes_device * (size_t)ctx->n_blocks_held +
+           ctx->swa_block_bytes_device * (size_t)ctx->n_swa_blocks_held;
 }
 
 size_t eng_context_workspace_bytes(const eng_context *ctx) { return ctx->layout.total_bytes; }
@@ -514,5 +628,5 @@ size_t eng_context_device_bytes(const eng_context *ctx)
         return 0;
     return ctx->device_weights_bytes +
            (ctx->workspace_on_device || ctx->device_workspace ? ctx->layout.total_bytes : 0) +
-           ctx->block_bytes_device * (size_t)ctx->n_blocks_held + cuda_engine_device_bytes(ctx);
+           eng_context_kv_device_bytes_used(ctx) + cuda_engine_device_bytes(ctx);
 }

@@ -113,18 +113,37 @@ typedef struct eng_token_meta {
     int32_t pos;
 } eng_token_meta;
 
-/* One KV block: block_tokens tokens of every layer's K and V. The layers
- * on the device have their part in device memory, the others in host
- * memory; each part is laid out [layer][K|V][token in block][kv_dim]. */
+/* One KV block: block_tokens tokens of K and V of one kind of layer. A
+ * global block holds the global layers' (every position is kept, in
+ * blocks[pos / block_tokens]); a sliding block holds the sliding-window
+ * layers' (gemma3), in a ring of swa_ring_blocks blocks per sequence that
+ * the window moves round: position pos is in swa_blocks[(pos /
+ * block_tokens) % swa_ring_blocks], over a position one ring earlier that
+ * no token attends to any more (forward.c writes and attends a block at a
+ * time on those layers for that). A model without sliding layers has
+ * global blocks only, holding every layer, as before the ring existed. The
+ * layers on the device have their part in device memory, the others in
+ * host memory; each part is laid out [layer][K|V][token in block][kv_dim],
+ * layer counting only the layers of its kind and part (eng_kv_place). */
 typedef struct eng_kv_block {
-    unsigned char *device_part;  /* n_device_layers layers, or NULL */
-    unsigned char *host_part;    /* the remaining layers, or NULL */
+    unsigned char *device_part;  /* device layers of the kind, or NULL */
+    unsigned char *host_part;    /* the kind's host layers, or NULL */
 } eng_kv_block;
+
+/* Where layer l's K and V are: in global or sliding blocks, in their
+ * device or host part, at which layer index of that part. */
+typedef struct eng_kv_place {
+    bool sliding;
+    bool on_device;
+    int32_t index;
+} eng_kv_place;
 
 typedef struct eng_sequence {
     int32_t n_tokens;     /* tokens whose K/V are in the cache */
-    int32_t n_blocks;     /* blocks held */
+    int32_t n_blocks;     /* global blocks held: ceil(reserved tokens / block) */
     eng_kv_block *blocks; /* max_blocks_per_seq entries */
+    int32_t n_swa_blocks; /* sliding blocks held: min(n_blocks, swa_ring_blocks) */
+    eng_kv_block *swa_blocks; /* swa_ring_blocks entries (NULL without sliding layers) */
 } eng_sequence;
 
 struct eng_context {
@@ -144,10 +163,17 @@ struct eng_context {
 
     /* KV: blocks are taken from the device (and host) as sequences need
      * them and given back when they are cleared. */
-    size_t block_bytes_device;  /* device part of one block */
-    size_t block_bytes_host;    /* host part of one block */
+    size_t block_bytes_device;  /* device part of one global block */
+    size_t block_bytes_host;    /* host part of one global block */
+    size_t swa_block_bytes_device; /* device part of one sliding block (0: none) */
+    size_t swa_block_bytes_host;   /* host part of one sliding block */
     int32_t max_blocks_per_seq;
-    int32_t n_blocks_held;      /* over all sequences */
+    int32_t swa_ring_blocks;    /* sliding blocks a sequence holds at most
+                                   (eng_kv_sliding_blocks_max); 0: no
+                                   sliding layer */
+    int32_t n_blocks_held;      /* global blocks, over all sequences */
+    int32_t n_swa_blocks_held;  /* sliding blocks, over all sequences */
+    eng_kv_place *kv_place;     /* n_layer */
     eng_sequence *seqs;         /* n_seq_max */
 
     unsigned char *workspace;
@@ -196,7 +222,18 @@ typedef struct eng_cuda_sizes {
 void eng__cuda_sizes(const eng_model *model, int32_t n_device_layers, int32_t n_batch,
                      int32_t n_seq_max, int32_t max_blocks_per_seq, eng_cuda_sizes *out);
 
-/* KV bytes per token of a range of layers. */
-size_t eng__kv_bytes_per_token_layers(const eng_hparams *hp, uint32_t kv_type, int32_t n_layers);
+/* Whether layer l is a sliding-window layer (llama.cpp's rule: with a
+ * pattern n, layer l slides unless l % n == n - 1; n 0: all slide). */
+static inline bool eng__layer_slides(const eng_hparams *hp, int32_t l)
+{
+    if (hp->n_swa <= 0)
+        return false;
+    return hp->swa_pattern == 0 || l % hp->swa_pattern < hp->swa_pattern - 1;
+}
+
+/* KV bytes per token of the layers in [l0, l1) that slide (sliding true)
+ * or that do not. */
+size_t eng__kv_bytes_per_token_kind(const eng_hparams *hp, uint32_t kv_type, int32_t l0,
+                                    int32_t l1, bool sliding);
 
 #endif

@@ -216,15 +216,6 @@ static int read_moe_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     return SW_OK;
 }
 
-/* Whether layer l is a sliding-window layer (llama.cpp's rule: with a
- * pattern n, layer l slides unless l % n == n - 1; n 0: all slide). */
-static bool layer_slides(const eng_hparams *hp, int32_t l)
-{
-    if (hp->n_swa <= 0)
-        return false;
-    return hp->swa_pattern == 0 || l % hp->swa_pattern < hp->swa_pattern - 1;
-}
-
 static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
 {
     const char *arch;
@@ -566,7 +557,7 @@ static int bind_weights(eng_model *m, sw_error *err)
             if ((rc = bind_weight(g, name, norms[k].n, 0, true, norms[k].dst, err)))
                 return rc;
         }
-        L->sliding = layer_slides(hp, i);
+        L->sliding = eng__layer_slides(hp, i);
         /* Q/K/V biases: required by qwen2, allowed (rare) for the others
          * (llama.cpp loads them when present); one fused attn_qkv.bias of
          * Q's values, then K's, then V's, or one per product. */

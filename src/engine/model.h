@@ -4,8 +4,9 @@
  * eng_model is the read-only part (hyper-parameters, weights mapped from the
  * GGUF file, the tokenizer); it can be shared by several contexts.
  * eng_context is the mutable part: the KV cache, kept in fixed-size blocks of
- * tokens (a sequence holds ceil(tokens / block) blocks, taken from a free
- * list as it grows), the workspace for the largest batch, and a thread pool.
+ * tokens (a sequence holds ceil(tokens / block) blocks, taken from the
+ * device as it grows; of sliding-window layers only the blocks their window
+ * can still reach), the workspace for the largest batch, and a thread pool.
  *
  * Memory accounting: eng_model_weights_bytes, eng_kv_bytes_per_token and
  * eng_workspace_bytes are the exact figures the context allocates, and the
@@ -151,10 +152,27 @@ size_t eng_model_decode_read_bytes(const eng_model *model);
 /* Host memory holding the weights' huge-page copy (whole 2 MiB pages), 0
  * when they are read from the file mapping. */
 size_t eng_model_host_copy_bytes(const eng_model *model);
-/* 2 (K and V) x layers x n_head_kv x head_dim x sizeof(kv element). */
+/* 2 (K and V) x layers x n_head_kv x head_dim x sizeof(kv element): what
+ * a token costs while a sequence is shorter than the sliding window (with
+ * no sliding-window layers: always). */
 size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
-/* Bytes of one KV block of block_tokens tokens. */
+/* Bytes of one KV block of block_tokens tokens, every layer's share. */
 size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens);
+/* The sliding-window layers' share of eng_kv_bytes_per_token (gemma3's
+ * local layers; 0 for a model without sliding layers). */
+size_t eng_kv_sliding_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
+/* The most blocks of the sliding layers' share a sequence holds in a
+ * context of n_ctx tokens: the blocks a window of n_swa positions can
+ * reach, ceil((n_swa - 1) / block_tokens) + 1, or the whole context if
+ * that is fewer; 0 without sliding layers. A sequence past them reuses
+ * them as the window moves on. */
+int32_t eng_kv_sliding_blocks_max(const eng_hparams *hp, int32_t block_tokens, int32_t n_ctx);
+/* KV bytes (host and device) a sequence of n_tokens tokens holds in such a
+ * context: with b = ceil(n_tokens / block_tokens), b blocks of the global
+ * layers' share and min(b, eng_kv_sliding_blocks_max) of the sliding
+ * layers'. Without sliding layers: b x eng_kv_block_bytes. */
+size_t eng_kv_sequence_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens,
+                             int32_t n_ctx, int64_t n_tokens);
 /* Activations and scratch for batches of up to n_batch tokens with contexts
  * up to n_ctx, n_threads threads and n_seqs sequences (logits of each
  * sequence's last token in a batched step): what eng_context_create
@@ -258,12 +276,24 @@ void eng_seq_clear(eng_context *ctx, int32_t seq_id);
 /* KV bytes that n_seqs sequences of n_ctx tokens would hold: the most the
  * context can take. */
 size_t eng_context_kv_bytes_total(const eng_context *ctx);
+/* KV bytes (device and host parts) a sequence of n_tokens holds in this
+ * context (eng_kv_sequence_bytes). */
+size_t eng_context_kv_sequence_bytes(const eng_context *ctx, int64_t n_tokens);
 /* KV bytes held now (device and host parts). */
 size_t eng_context_kv_bytes_used(const eng_context *ctx);
-/* The device part of one KV block, and of the blocks held now (0 without
- * a device, or with every layer's KV on the host). */
+/* The device part of one KV block, every layer's share, and of the blocks
+ * held now (0 without a device, or with every layer's KV on the host). */
 size_t eng_context_kv_block_device_bytes(const eng_context *ctx);
 size_t eng_context_kv_device_bytes_used(const eng_context *ctx);
+/* Sliding-window layers: the device part of their share of a block (0
+ * without such layers or device), the most blocks of that share one
+ * sequence holds (0 without such layers), and those held now over all
+ * sequences. A sequence of n tokens holds on the device b x
+ * eng_context_kv_block_device_bytes less (b - that most) x the sliding
+ * share when b = ceil(n / block) is beyond that most. */
+size_t eng_context_kv_sliding_block_device_bytes(const eng_context *ctx);
+int32_t eng_context_kv_sliding_blocks_max(const eng_context *ctx);
+int32_t eng_context_kv_sliding_blocks_held(const eng_context *ctx);
 size_t eng_context_workspace_bytes(const eng_context *ctx);
 /* Layers whose weights and KV live on the device (0 without a device). */
 int32_t eng_context_n_device_layers(const eng_context *ctx);

@@ -30,15 +30,24 @@ static uint64_t device_bytes_for(const eng_model *m, const eng_plan_params *p, i
 {
     const eng_hparams *hp = &m->hp;
     int32_t n_batch = p->n_batch < n_ctx ? p->n_batch : n_ctx;
-    uint64_t blocks = (uint64_t)((n_ctx + p->kv_block_tokens - 1) / p->kv_block_tokens) *
-                      (uint64_t)n_seqs;
-    uint64_t kv_tok_dev = eng__kv_bytes_per_token_layers(hp, p->kv_type, n_layers);
-    uint64_t kv_tok_host = eng__kv_bytes_per_token_layers(hp, p->kv_type, hp->n_layer - n_layers);
+    const uint64_t bt = (uint64_t)p->kv_block_tokens;
+    /* per sequence: every block of the global layers, of the sliding ones
+     * at most their window's (eng_kv_sequence_bytes) */
+    uint64_t blocks = (uint64_t)((n_ctx + p->kv_block_tokens - 1) / p->kv_block_tokens);
+    uint64_t swa_blocks = (uint64_t)eng_kv_sliding_blocks_max(hp, p->kv_block_tokens, n_ctx);
+    uint64_t swa_tok_dev = eng__kv_bytes_per_token_kind(hp, p->kv_type, 0, n_layers, true);
+    uint64_t swa_tok_host =
+        eng__kv_bytes_per_token_kind(hp, p->kv_type, n_layers, hp->n_layer, true);
+    uint64_t glob_tok_dev = eng__kv_bytes_per_token_kind(hp, p->kv_type, 0, n_layers, false);
+    uint64_t glob_tok_host =
+        eng__kv_bytes_per_token_kind(hp, p->kv_type, n_layers, hp->n_layer, false);
+    uint64_t kv_tok_dev = glob_tok_dev + swa_tok_dev;
+    uint64_t kv_tok_host = glob_tok_host + swa_tok_host;
     uint64_t weights_dev = p->weights_stay_mapped || n_layers == 0
                                ? 0
                                : eng__device_weights_bytes(m, n_layers, n_layers == hp->n_layer);
     uint64_t workspace = eng_workspace_bytes(m, n_batch, n_ctx, p->n_threads, n_seqs);
-    uint64_t kv_dev = blocks * kv_tok_dev * (uint64_t)p->kv_block_tokens;
+    uint64_t kv_dev = (blocks * glob_tok_dev + swa_blocks * swa_tok_dev) * bt * (uint64_t)n_seqs;
     uint64_t total = weights_dev + kv_dev + (n_layers > 0 ? workspace : 0);
     if (p->device_is_cuda && n_layers > 0) {
         eng_cuda_sizes cs;
@@ -55,9 +64,14 @@ static uint64_t device_bytes_for(const eng_model *m, const eng_plan_params *p, i
             (weights_dev ? eng__layer_weights_bytes(m, n_layers, n_layers == hp->n_layer, false) : 0);
         out->kv_bytes_per_token_device = kv_tok_dev;
         out->kv_bytes_per_token_host = kv_tok_host;
-        out->kv_block_bytes_device = kv_tok_dev * (uint64_t)p->kv_block_tokens;
+        out->kv_block_bytes_device = kv_tok_dev * bt;
+        out->kv_sliding_bytes_per_token_device = swa_tok_dev;
+        out->kv_sliding_bytes_per_token_host = swa_tok_host;
+        out->kv_sliding_blocks_max = (int32_t)swa_blocks;
+        out->kv_blocks_per_seq = (int32_t)blocks;
         out->kv_device_bytes = kv_dev;
-        out->kv_host_bytes = blocks * kv_tok_host * (uint64_t)p->kv_block_tokens;
+        out->kv_host_bytes =
+            (blocks * glob_tok_host + swa_blocks * swa_tok_host) * bt * (uint64_t)n_seqs;
         out->workspace_bytes = workspace;
         out->device_bytes = total;
     }

@@ -6,7 +6,9 @@
  *   device bytes = weights of the device layers (+ output head in the full
  *                  profile; none on a `cpu` device, where weights stay
  *                  mapped) + workspace + KV of n_seqs sequences of n_ctx
- *                  tokens (whole blocks, device layers only);
+ *                  tokens (whole blocks, device layers only; of the
+ *                  sliding-window layers only the blocks their window
+ *                  reaches, eng_kv_sequence_bytes);
  *   it fits when device bytes <= free - reserve, reserve = capacity x share.
  * The limits (largest context, most sequences, most GPU layers) are searched
  * with the same rule.
@@ -37,9 +39,16 @@ typedef struct eng_plan {
     int32_t n_device_layers;
     uint64_t weights_device_bytes;    /* copied to the device */
     uint64_t weights_host_bytes;      /* read from the file mapping */
-    uint64_t kv_bytes_per_token_device;
+    uint64_t kv_bytes_per_token_device; /* every layer's (within the window) */
     uint64_t kv_bytes_per_token_host;
-    uint64_t kv_block_bytes_device;   /* one block's device part */
+    uint64_t kv_block_bytes_device;   /* one block's device part, every layer */
+    /* the sliding-window layers' share of the per-token figures (0
+     * without such layers), and the most blocks of that share a sequence
+     * holds, against the blocks of the global share */
+    uint64_t kv_sliding_bytes_per_token_device;
+    uint64_t kv_sliding_bytes_per_token_host;
+    int32_t kv_sliding_blocks_max;    /* 0 without sliding layers */
+    int32_t kv_blocks_per_seq;        /* ceil(n_ctx / kv_block_tokens) */
     uint64_t kv_device_bytes;         /* n_seqs x n_ctx tokens, whole blocks */
     uint64_t kv_host_bytes;
     uint64_t workspace_bytes;         /* on the device when a layer is there */

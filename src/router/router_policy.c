@@ -10,7 +10,12 @@ int64_t rt_policy_kv_bytes(const rt_worker_view *w, long tokens)
     if (!w->count_memory || tokens <= 0)
         return 0;
     int64_t blocks = ((int64_t)tokens + w->block_tokens - 1) / w->block_tokens;
-    return blocks * w->block_bytes;
+    /* a sliding-window model's local layers hold at most their window's
+     * blocks, however long the sequence */
+    int64_t beyond = w->sliding_block_bytes > 0 && blocks > w->sliding_blocks_max
+                         ? blocks - w->sliding_blocks_max
+                         : 0;
+    return blocks * w->block_bytes - beyond * w->sliding_block_bytes;
 }
 
 int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tried,

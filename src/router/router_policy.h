@@ -60,7 +60,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
                      rt_decision *d);
 
 /* KV bytes a request of tokens reserves on a worker: whole blocks of its
- * block size (0 when memory is not counted there). */
+ * block size, of a sliding-window model's local share no more than
+ * sliding_blocks_max (0 when memory is not counted there). */
 int64_t rt_policy_kv_bytes(const rt_worker_view *w, long tokens);
 
 #endif

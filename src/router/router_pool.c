@@ -165,6 +165,8 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->count_memory = w->kv_budget >= 0 && w->kv_block_tokens > 0 && w->kv_block_bytes > 0;
         v->block_tokens = w->kv_block_tokens;
         v->block_bytes = w->kv_block_bytes;
+        v->sliding_block_bytes = w->kv_sliding_block_bytes;
+        v->sliding_blocks_max = w->kv_sliding_blocks_max;
         v->kv_budget = w->kv_budget;
         v->kv_reserved = w->books.kv_bytes;
         /* Workers on one device (of one model or of several) share it:

@@ -60,6 +60,11 @@ typedef struct rt_worker {
     int32_t slots_max;          /* the worker's max-seqs; 0 unknown */
     int32_t kv_block_tokens;    /* 0 unknown */
     int64_t kv_block_bytes;     /* one block's device part; 0 unknown */
+    /* a sliding-window model (gemma3): the local layers' share of
+     * kv_block_bytes, and the most blocks of that share a sequence holds
+     * (kv.sliding_*; 0 when none or not reported: every block whole) */
+    int64_t kv_sliding_block_bytes;
+    int32_t kv_sliding_blocks_max;
     int64_t kv_held_bytes;      /* device KV the worker holds now */
     int64_t kv_reported_budget; /* the KV it could hold now (kv.budget_bytes), -1 none */
     double prefill_rate, decode_rate;
@@ -140,6 +145,8 @@ typedef struct rt_worker_view {
     bool count_memory;          /* on a device, with block figures */
     int32_t block_tokens;
     int64_t block_bytes;
+    int64_t sliding_block_bytes;  /* rt_worker's kv_sliding_* */
+    int32_t sliding_blocks_max;
     int64_t kv_budget;
     int64_t kv_reserved;        /* its books */
     /* a device other workers share, whose KV memory was measured idle:

@@ -124,10 +124,13 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
                                   (json_int_t)w->books.kv_bytes, "kv_budget_bytes",
                                   (json_int_t)w->kv_budget, "held", w->held));
     json_object_set_new(o, "reported",
-                        json_pack("{s:i, s:i, s:I, s:I}", "slots_max", w->slots_max,
+                        json_pack("{s:i, s:i, s:I, s:I, s:I, s:i}", "slots_max", w->slots_max,
                                   "kv_block_tokens", w->kv_block_tokens, "kv_block_device_bytes",
                                   (json_int_t)w->kv_block_bytes, "kv_device_used_bytes",
-                                  (json_int_t)w->kv_held_bytes));
+                                  (json_int_t)w->kv_held_bytes,
+                                  "kv_sliding_block_device_bytes",
+                                  (json_int_t)w->kv_sliding_block_bytes,
+                                  "kv_sliding_blocks_max", w->kv_sliding_blocks_max));
     return o;
 }
 

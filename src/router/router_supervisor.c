@@ -269,6 +269,13 @@ static void sup_health(rt_router *rt, rt_worker *w)
         w->kv_block_tokens = bt > 0 && bt <= 65536 ? (int32_t)bt : 0;
         w->kv_block_bytes = bb > 0 ? (int64_t)bb : 0;
         w->kv_held_bytes = held > 0 ? (int64_t)held : 0;
+        /* a sliding-window model's local layers: counted only when the
+         * share is a part of the block and the cap is one a context has */
+        json_int_t sb = json_integer_value(json_object_get(kv, "sliding_block_device_bytes"));
+        json_int_t sm = json_integer_value(json_object_get(kv, "sliding_blocks_max"));
+        bool sliding = sb > 0 && sb <= bb && sm > 0 && sm <= (1 << 24);
+        w->kv_sliding_block_bytes = sliding ? (int64_t)sb : 0;
+        w->kv_sliding_blocks_max = sliding ? (int32_t)sm : 0;
         json_t *budget = json_object_get(kv, "budget_bytes");
         w->kv_reported_budget = json_is_integer(budget) ? (int64_t)json_integer_value(budget) : -1;
         w->prefill_rate = json_number_value(json_object_get(j, "prefill_tokens_per_second"));

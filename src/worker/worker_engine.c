@@ -401,9 +401,7 @@ static void admit_slot(wk_server *s, wk_req *req, ev_list *l, long failures)
         if (rc == SW_EDEVOOM) {
             dev_memory mem = {0};
             uint64_t free_bytes = 0;
-            uint64_t blocks = ((uint64_t)need + (uint64_t)s->kv_block_tokens - 1) /
-                              (uint64_t)s->kv_block_tokens;
-            uint64_t needed = blocks * (uint64_t)s->kv_block_bytes;
+            uint64_t needed = eng_context_kv_sequence_bytes(s->ctx, need);
             if (s->dev && dev_memory_info(s->dev, &mem, NULL) == SW_OK) {
                 uint64_t reserve = (uint64_t)((double)mem.total_bytes * s->o.reserve);
                 free_bytes = mem.free_bytes > reserve ? mem.free_bytes - reserve : 0;

@@ -913,10 +913,12 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
         }
         json_object_set_new(
             h, "kv",
-            json_pack("{s:i, s:I, s:I, s:I}", "block_tokens", s->kv_block_tokens,
+            json_pack("{s:i, s:I, s:I, s:I, s:I, s:i}", "block_tokens", s->kv_block_tokens,
                       "block_device_bytes", (json_int_t)eng_context_kv_block_device_bytes(s->ctx),
                       "device_used_bytes", (json_int_t)kv_dev_used, "budget_bytes",
-                      (json_int_t)budget));
+                      (json_int_t)budget, "sliding_block_device_bytes",
+                      (json_int_t)eng_context_kv_sliding_block_device_bytes(s->ctx),
+                      "sliding_blocks_max", eng_context_kv_sliding_blocks_max(s->ctx)));
         json_object_set_new(h, "ctx_limit", json_integer(s->n_ctx));
         json_object_set_new(h, "policy",
                             json_string(s->o.policy == ENG_KV_GROW ? "grow" : "reserve"));

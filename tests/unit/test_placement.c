@@ -101,9 +101,10 @@ static uint64_t self_bytes(dev_device *dev)
  * device once n_seqs sequences hold n_ctx tokens each - exactly, for several
  * shapes, every architecture (qwen2's biases, Llama 3's rope_freqs tensor,
  * qwen3's Q/K norms and heads wider than dim / heads, phi3's fused
- * matrices, gemma3's post norms and sliding layers - which keep every
- * position's KV for now, as the global ones do - and qwen3moe's router and
- * experts, every expert held on the device), profiles and context sizes. */
+ * matrices, gemma3's post norms and sliding layers - whose KV is only the
+ * blocks their window of 8 reaches, 2 of 16 tokens, where the context is
+ * longer - and qwen3moe's router and experts, every expert held on the
+ * device), profiles and context sizes. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
@@ -175,6 +176,119 @@ static void test_plan_equals_allocation(void **state)
         }
         eng_model_free(model);
     }
+    close_pool(dev);
+}
+
+/* A sliding-window model (gemma3, a window of 40 against contexts of up to
+ * 300) under both policies: with RESERVE the whole need taken up front,
+ * with GROW the sequences decoded (prefill chunks and single tokens) to
+ * the end of the context. Either way the device holds exactly what the plan
+ * says, and the sliding layers' share is the ring's 4 blocks of 16 tokens
+ * per sequence, not the context's: the plan's KV is below what every
+ * position of every layer would take. While growing, the device holds
+ * eng_kv_sequence_bytes of each sequence's length (all layers are on the
+ * device here). */
+static void test_plan_equals_allocation_sliding(void **state)
+{
+    (void)state;
+    eng_model_make_params mp = eng_model_make_default_params();
+    eng_model *model;
+    sw_error err;
+    mp.architecture = "gemma3";
+    mp.n_embd = 128;
+    mp.n_layer = 4;
+    mp.n_head = 4;
+    mp.n_head_kv = 2;
+    mp.head_dim = 64;
+    mp.n_ff = 256;
+    mp.n_vocab = 512;
+    mp.weight_type = ENG_TYPE_Q8_0;
+    mp.sliding_window = 40;
+    mp.sliding_window_pattern = 2; /* layers 0 and 2 slide */
+    mp.seed = 12;
+    const char *path = tu_tmp_path("plan-sliding.gguf");
+    if (eng_model_make(&mp, path, &err) || eng_model_load(path, &model, &err))
+        fail_msg("model: %s", err.message);
+    const eng_hparams *hp = eng_model_hparams(model);
+    dev_device *dev = open_pool("plan-sliding", 256 * MiB);
+    const int32_t ctx_sizes[] = {30, 100, 300};
+    const int32_t gpu_layers[] = {-1, 1, 3};
+    for (int policy = 0; policy < 2; policy++) {
+        for (size_t g = 0; g < 3; g++) {
+            for (size_t c = 0; c < 3; c++) {
+                const int32_t n_ctx = ctx_sizes[c], n_seqs = 2;
+                eng_context_params cp = eng_context_default_params();
+                cp.n_ctx = n_ctx;
+                cp.n_seq_max = n_seqs;
+                cp.n_threads = 2;
+                cp.n_batch = 32;
+                cp.device = dev;
+                cp.n_gpu_layers = gpu_layers[g];
+                cp.kv_policy = policy ? ENG_KV_GROW : ENG_KV_RESERVE;
+                eng_plan_params pp = eng_plan_default_params();
+                pp.n_gpu_layers = gpu_layers[g];
+                pp.n_ctx = n_ctx;
+                pp.n_seqs = n_seqs;
+                pp.n_threads = 2;
+                pp.n_batch = 32;
+                dev_memory mem;
+                eng_plan plan;
+                assert_int_equal(dev_memory_info(dev, &mem, NULL), SW_OK);
+                assert_int_equal(eng_plan_compute(model, &pp, mem.total_bytes, mem.free_bytes,
+                                                  &plan, &err), SW_OK);
+                const int32_t blocks = (n_ctx + 15) / 16;
+                const int32_t ring = blocks < 4 ? blocks : 4; /* ceil(39 / 16) + 1 */
+                assert_int_equal(plan.kv_sliding_blocks_max, ring);
+                assert_int_equal(plan.kv_blocks_per_seq, blocks);
+                assert_int_equal(plan.kv_device_bytes,
+                                 (uint64_t)n_seqs * 16 *
+                                     ((uint64_t)blocks * (plan.kv_bytes_per_token_device -
+                                                          plan.kv_sliding_bytes_per_token_device) +
+                                      (uint64_t)ring * plan.kv_sliding_bytes_per_token_device));
+                if (n_ctx > 16 * 4)
+                    assert_true(plan.kv_device_bytes <
+                                (uint64_t)n_seqs * blocks * plan.kv_block_bytes_device);
+                uint64_t before = self_bytes(dev);
+                eng_context *ctx;
+                if (eng_context_create(model, &cp, &ctx, &err))
+                    fail_msg("context: %s", err.message);
+                const uint64_t fixed = self_bytes(dev) - before;
+                for (int32_t q = 0; q < n_seqs; q++) {
+                    if (!policy) {
+                        assert_int_equal(eng_seq_reserve(ctx, q, n_ctx, &err), SW_OK);
+                        continue;
+                    }
+                    int32_t tokens[32], len = 0;
+                    uint64_t held_before = self_bytes(dev) - before - fixed;
+                    while (len < n_ctx) {
+                        int32_t n = len == 0 ? 23 : (len / 7) % 2 ? 1 : 9;
+                        if (n > n_ctx - len)
+                            n = n_ctx - len;
+                        for (int32_t i = 0; i < n; i++)
+                            tokens[i] = (len + i + q * 13) % hp->n_vocab;
+                        if (eng_decode(ctx, q, tokens, n, NULL, &err))
+                            fail_msg("decode: %s", err.message);
+                        len += n;
+                        if (gpu_layers[g] < 0)
+                            assert_int_equal(self_bytes(dev) - before - fixed - held_before,
+                                             eng_context_kv_sequence_bytes(ctx, len));
+                    }
+                }
+                uint64_t used = self_bytes(dev) - before;
+                if (used != plan.device_bytes || used != eng_context_device_bytes(ctx))
+                    fail_msg("%s, gpu-layers %d, ctx %d: planned %llu, allocated %llu, the "
+                             "context says %zu", policy ? "grow" : "reserve", gpu_layers[g],
+                             n_ctx, (unsigned long long)plan.device_bytes,
+                             (unsigned long long)used, eng_context_device_bytes(ctx));
+                assert_int_equal(eng_context_kv_sliding_blocks_held(ctx), n_seqs * ring);
+                assert_int_equal(eng_context_kv_bytes_used(ctx), eng_context_kv_bytes_total(ctx));
+                eng_context_free(ctx);
+                assert_int_equal(self_bytes(dev), before);
+            }
+        }
+    }
+    eng_model_free(model);
+    remove(path);
     close_pool(dev);
 }
 
@@ -510,6 +624,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_plan_equals_allocation, unlink_pool),
+        cmocka_unit_test_teardown(test_plan_equals_allocation_sliding, unlink_pool),
         cmocka_unit_test_teardown(test_plan_limits, unlink_pool),
         cmocka_unit_test_teardown(test_profiles_agree, unlink_pool),
         cmocka_unit_test_teardown(test_grow_oom_mid_generation, unlink_pool),

@@ -13,7 +13,8 @@
  *    is in time), need.idle, an unknown prompt reserving the whole context
  *    (the whole KV budget while the context is unknown too),
  *    max_tokens -1, and memory that is or is not counted.
- *    rt_policy_kv_bytes: whole blocks, rounded up.
+ *    rt_policy_kv_bytes: whole blocks, rounded up; of a sliding-window
+ *    model's local layers no more than their window's blocks.
  * 2. The failover decision (router_failover.h): every row of DESIGN.md's
  *    "When is a request replayable?" table that is a failover (the deadline
  *    row is the policy's, above), and every input combination that changes
@@ -468,6 +469,36 @@ static void test_policy_kv_bytes(void **state)
             print_error("row %zu: %ld tokens: %lld bytes, want %lld\n", i, rows[i].tokens,
                         (long long)got, (long long)rows[i].bytes);
         assert_true(got == rows[i].bytes);
+    }
+    /* A sliding-window model: blocks of 1024 bytes of which 768 are the
+     * local layers' share, at most 3 blocks of it per sequence; a share
+     * the worker did not report (0) counts whole blocks, as before. */
+    static const struct {
+        int64_t sliding_bytes;
+        int32_t sliding_max;
+        long tokens;
+        int64_t bytes;
+    } sliding[] = {
+        {768, 3, 1, 1024},
+        {768, 3, 48, 3072},
+        {768, 3, 49, 3072 + 256},
+        {768, 3, 160, 3 * 1024 + 7 * 256},
+        {768, 3, 1L << 20, 3 * 768 + (int64_t)(1 << 16) * 256},
+        {0, 3, 160, 10 * 1024},
+    };
+    for (size_t i = 0; i < sizeof sliding / sizeof sliding[0]; i++) {
+        rt_worker_view w;
+        memset(&w, 0, sizeof w);
+        w.count_memory = true;
+        w.block_tokens = 16;
+        w.block_bytes = 1024;
+        w.sliding_block_bytes = sliding[i].sliding_bytes;
+        w.sliding_blocks_max = sliding[i].sliding_max;
+        int64_t got = rt_policy_kv_bytes(&w, sliding[i].tokens);
+        if (got != sliding[i].bytes)
+            print_error("sliding row %zu: %ld tokens: %lld bytes, want %lld\n", i,
+                        sliding[i].tokens, (long long)got, (long long)sliding[i].bytes);
+        assert_true(got == sliding[i].bytes);
     }
 }
 

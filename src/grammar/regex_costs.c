@@ -71,9 +71,55 @@ static void costs_level(const eng_regex *re, const int32_t *class_cost, const ui
     }
 }
 
+/* A binary min-heap of states by dist, with each state's place in it
+ * (pos, -1 when out), so that a shorter distance moves a state up. */
+typedef struct cost_heap {
+    int32_t *item, *pos;
+    const int32_t *dist;
+    int32_t n;
+} cost_heap;
+
+static void heap_up(cost_heap *h, int32_t i)
+{
+    int32_t x = h->item[i];
+    while (i > 0) {
+        int32_t parent = (i - 1) / 2;
+        if (h->dist[h->item[parent]] <= h->dist[x])
+            break;
+        h->item[i] = h->item[parent];
+        h->pos[h->item[i]] = i;
+        i = parent;
+    }
+    h->item[i] = x;
+    h->pos[x] = i;
+}
+
+static int32_t heap_pop(cost_heap *h)
+{
+    int32_t top = h->item[0], x = h->item[--h->n], i = 0;
+    h->pos[top] = -1;
+    if (h->n == 0)
+        return top;
+    for (;;) {
+        int32_t kid = 2 * i + 1;
+        if (kid >= h->n)
+            break;
+        if (kid + 1 < h->n && h->dist[h->item[kid + 1]] < h->dist[h->item[kid]])
+            kid++;
+        if (h->dist[h->item[kid]] >= h->dist[x])
+            break;
+        h->item[i] = h->item[kid];
+        h->pos[h->item[i]] = i;
+        i = kid;
+    }
+    h->item[i] = x;
+    h->pos[x] = i;
+    return top;
+}
+
 /* The level where the length no longer matters (unbounded, chars >=
  * min_chars): shortest paths to acceptance, Dijkstra over the reversed
- * edges. */
+ * edges (the distances do not depend on the order ties are taken in). */
 static int costs_free_level(const eng_regex *re, const int32_t *class_cost, int32_t *row,
                             int32_t levels)
 {
@@ -82,10 +128,11 @@ static int costs_free_level(const eng_regex *re, const int32_t *class_cost, int3
     int32_t *start = sw_calloc((size_t)ns + 1, sizeof *start);
     int32_t *from = sw_malloc((edges ? edges : 1) * sizeof *from);
     int32_t *via = sw_malloc((edges ? edges : 1) * sizeof *via);
-    int32_t *dist = sw_malloc((size_t)ns * sizeof *dist);
-    uint8_t *done = sw_calloc((size_t)ns, 1);
+    int32_t *dist = sw_malloc(((size_t)ns + 1) * sizeof *dist);
+    int32_t *item = sw_malloc(((size_t)ns + 1) * sizeof *item);
+    int32_t *pos = sw_malloc(((size_t)ns + 1) * sizeof *pos);
     int rc = SW_OK;
-    if (!start || !from || !via || !dist || !done) {
+    if (!start || !from || !via || !dist || !item || !pos) {
         rc = SW_ENOMEM;
         goto out;
     }
@@ -103,20 +150,30 @@ static int costs_free_level(const eng_regex *re, const int32_t *class_cost, int3
             via[dist[t]++] = (int32_t)(e % (size_t)nc);
         }
     }
-    for (int32_t i = 0; i < ns; i++)
+    cost_heap h = {item, pos, dist, 0};
+    for (int32_t i = 0; i < ns; i++) {
         dist[i] = re->accept[i] ? 0 : INT32_MAX;
-    for (;;) {
-        int32_t u = -1;
-        for (int32_t i = 0; i < ns; i++)
-            if (!done[i] && dist[i] != INT32_MAX && (u < 0 || dist[i] < dist[u]))
-                u = i;
-        if (u < 0)
-            break;
-        done[u] = 1;
+        pos[i] = -1;
+        if (re->accept[i]) {
+            item[h.n] = i;
+            pos[i] = h.n++;
+        }
+    }
+    /* pos >= 0: in the heap; -2: done */
+    while (h.n > 0) {
+        int32_t u = heap_pop(&h);
+        pos[u] = -2;
         for (int32_t k = start[u]; k < start[u + 1]; k++) {
+            int32_t w = from[k];
             int32_t v = cost_add(dist[u], class_cost[via[k]]);
-            if (v < dist[from[k]])
-                dist[from[k]] = v;
+            if (pos[w] == -2 || v >= dist[w])
+                continue;
+            dist[w] = v;
+            if (pos[w] < 0) {
+                item[h.n] = w;
+                pos[w] = h.n++;
+            }
+            heap_up(&h, pos[w]);
         }
     }
     for (int32_t i = 0; i < ns; i++)
@@ -126,7 +183,8 @@ out:
     sw_free(from);
     sw_free(via);
     sw_free(dist);
-    sw_free(done);
+    sw_free(item);
+    sw_free(pos);
     return rc;
 }
 

@@ -1,6 +1,14 @@
 /* regex_dfa.c - the subset construction (stage 3 of regex.c's overview):
  * byte classes, epsilon closures, the DFA states' sets, then liveness,
  * pruning and pending continuation bytes (eng__rx_dfa_finish).
+ *
+ * What a state costs, since a pattern is request input: a closure is one
+ * walk with generation-stamped marks (no clearing) and its set is kept in
+ * the order the walk found it, under an order-free hash (a sum over the
+ * members) and compared with a stamp per kept member, so no closure is
+ * sorted; adjacent byte classes that no range of the set tells apart
+ * share one closure. The automaton, the states' numbering and the work
+ * counter are those of sorted sets and one closure per class.
  */
 #include "grammar/regex-impl.h"
 
@@ -17,17 +25,23 @@ typedef struct dfa_build {
     /* closure scratch */
     uint32_t *mark;    /* m->n: generation of the last visit */
     uint32_t gen;
+    uint32_t *kept;    /* m->n: kept_gen where the state is in the closure */
+    uint32_t kept_gen;
     int32_t *stack;    /* m->n */
-    int32_t *tmp;      /* m->n: the closure being built */
+    int32_t *eol;      /* m->n: set_accepts' $ states */
+    int32_t *tmp;      /* m->n: the closure being built, in no order */
     int32_t n_tmp;
+    uint32_t tmp_hash; /* set_hash of tmp */
     bool collapsed;    /* the last closure matched for good */
     long work;
-    /* the sets of the DFA states */
+    /* the sets of the DFA states (each in the order its closure found it) */
     int32_t *pool;
     size_t n_pool, cap_pool;
-    size_t *set_off;
-    int32_t *set_len;
-    int32_t *htab;     /* open addressing, RE_HTAB entries: state or -1 */
+    size_t *set_off;   /* ENG_REGEX_MAX_STATES */
+    int32_t *set_len;  /* ENG_REGEX_MAX_STATES */
+    uint32_t *set_hash; /* ENG_REGEX_MAX_STATES */
+    int32_t *htab;     /* open addressing, cap_htab entries: state or -1 */
+    uint32_t cap_htab; /* a power of two, at least twice the states */
     int rc;
 } dfa_build;
 
@@ -39,19 +53,50 @@ static int int_cmp(const void *pa, const void *pb)
     return a < b ? -1 : a > b;
 }
 
-/* Closes the seeds (in b->tmp, b->n_tmp of them) over epsilon edges:
+/* A state's part of a set's hash: the hash is the sum of its members'
+ * (the same for the set in any order; a set is kept in the order its
+ * closure found it, so no sort is needed to recognise it again). */
+static uint32_t member_hash(int32_t x)
+{
+    uint32_t h = (uint32_t)x * 0x9E3779B1u;
+    h ^= h >> 15;
+    h *= 0x85EBCA77u;
+    h ^= h >> 13;
+    return h;
+}
+
+static void keep(dfa_build *b, int32_t x)
+{
+    b->tmp[b->n_tmp++] = x;
+    b->kept[x] = b->kept_gen;
+    b->tmp_hash += member_hash(x);
+}
+
+static void kept_next(dfa_build *b)
+{
+    if (++b->kept_gen == 0) {
+        memset(b->kept, 0, (size_t)b->m->n * sizeof *b->kept);
+        b->kept_gen = 1;
+    }
+    b->n_tmp = 0;
+    b->tmp_hash = 0;
+}
+
+/* Closes the seeds (n_seeds of them) over epsilon edges into b->tmp:
  * splits always, ^ only at the start, $ never (acceptance decides it).
- * Keeps the states that matter for a set: bytes, $, the match. */
-static void closure(dfa_build *b, bool at_start)
+ * Keeps the states that matter for a set: bytes, $, the match. The work
+ * counted is the states visited, whatever the order of the walk. */
+static void closure(dfa_build *b, const int32_t *seeds, int32_t n_seeds, bool at_start)
 {
     const nfa_state *s = b->m->s;
-    int32_t sp = 0, out = 0;
+    int32_t sp = 0;
     if (++b->gen == 0) {
         memset(b->mark, 0, (size_t)b->m->n * sizeof *b->mark);
         b->gen = 1;
     }
-    for (int32_t i = 0; i < b->n_tmp; i++) {
-        int32_t x = b->tmp[i];
+    kept_next(b);
+    for (int32_t i = 0; i < n_seeds; i++) {
+        int32_t x = seeds[i];
         if (b->mark[x] != b->gen) {
             b->mark[x] = b->gen;
             b->stack[sp++] = x;
@@ -69,7 +114,7 @@ static void closure(dfa_build *b, bool at_start)
         case NS_BYTE:
         case NS_EOL:
         case NS_MATCH:
-            b->tmp[out++] = x;
+            keep(b, x);
             break;
         case NS_SPLIT:
             nx[0] = st->out;
@@ -96,20 +141,20 @@ static void closure(dfa_build *b, bool at_start)
             }
         }
     }
-    b->n_tmp = out;
     b->collapsed = matched;
     if (matched) {
         /* Matched for good: every continuation is accepted. One state:
          * the trailing loop's closure alone. */
-        sp = out = 0;
+        sp = 0;
         ++b->gen;
+        kept_next(b);
         b->mark[b->tail] = b->gen;
         b->stack[sp++] = b->tail;
         while (sp > 0) {
             int32_t x = b->stack[--sp];
             const nfa_state *st = &s[x];
             if (st->kind == NS_BYTE || st->kind == NS_MATCH) {
-                b->tmp[out++] = x;
+                keep(b, x);
             } else if (st->kind == NS_SPLIT) {
                 int32_t nx[2] = {st->out, st->out2};
                 for (int k = 0; k < 2; k++)
@@ -119,9 +164,7 @@ static void closure(dfa_build *b, bool at_start)
                     }
             }
         }
-        b->n_tmp = out;
     }
-    qsort(b->tmp, (size_t)b->n_tmp, sizeof *b->tmp, int_cmp);
 }
 
 /* Whether a set accepts at the end of the string: the match is in it, or
@@ -129,14 +172,24 @@ static void closure(dfa_build *b, bool at_start)
 static bool set_accepts(dfa_build *b, const int32_t *set, int32_t n, bool at_start)
 {
     const nfa_state *s = b->m->s;
-    int32_t sp = 0;
-    ++b->gen;
+    int32_t sp = 0, n_eol = 0;
     for (int32_t i = 0; i < n; i++) {
         if (s[set[i]].kind == NS_MATCH)
             return true;
-        if (s[set[i]].kind == NS_EOL && b->mark[s[set[i]].out] != b->gen) {
-            b->mark[s[set[i]].out] = b->gen;
-            b->stack[sp++] = s[set[i]].out;
+        if (s[set[i]].kind == NS_EOL)
+            b->eol[n_eol++] = set[i];
+    }
+    /* The walk from the $ states in increasing order, as when sets were
+     * kept sorted: where it stops at the match decides the work counted,
+     * and so which patterns the work bound refuses. */
+    if (n_eol > 1)
+        qsort(b->eol, (size_t)n_eol, sizeof *b->eol, int_cmp);
+    ++b->gen;
+    for (int32_t i = 0; i < n_eol; i++) {
+        int32_t out = s[b->eol[i]].out;
+        if (b->mark[out] != b->gen) {
+            b->mark[out] = b->gen;
+            b->stack[sp++] = out;
         }
     }
     while (sp > 0) {
@@ -162,14 +215,48 @@ static bool set_accepts(dfa_build *b, const int32_t *set, int32_t n, bool at_sta
     return false;
 }
 
-static uint32_t set_hash(const int32_t *set, int32_t n, bool initial)
+static uint32_t set_hash(const dfa_build *b, bool initial)
 {
-    uint32_t h = 2166136261u ^ (initial ? 0x9E3779B9u : 0);
-    for (int32_t i = 0; i < n; i++) {
-        h ^= (uint32_t)set[i];
-        h *= 16777619u;
-    }
+    uint32_t h = b->tmp_hash + (uint32_t)b->n_tmp * 0x27D4EB2Fu;
+    h ^= initial ? 0x9E3779B9u : 0;
+    h ^= h >> 16;
     return h;
+}
+
+/* Whether DFA state id's set is b->tmp's: as long, and each of its
+ * members kept by the last closure. */
+static bool set_is_tmp(const dfa_build *b, int32_t id)
+{
+    if (b->set_len[id] != b->n_tmp)
+        return false;
+    const int32_t *set = b->pool + b->set_off[id];
+    for (int32_t i = 0; i < b->n_tmp; i++)
+        if (b->kept[set[i]] != b->kept_gen)
+            return false;
+    return true;
+}
+
+/* Twice as many slots (the table stays at most half full). */
+static int htab_grow(dfa_build *b)
+{
+    uint32_t cap = b->cap_htab * 2;
+    int32_t *t = sw_malloc((size_t)cap * sizeof *t);
+    if (!t)
+        return SW_ENOMEM;
+    memset(t, 0xFF, (size_t)cap * sizeof *t);
+    for (uint32_t i = 0; i < b->cap_htab; i++) {
+        int32_t id = b->htab[i];
+        if (id < 0)
+            continue;
+        uint32_t h = b->set_hash[id] & (cap - 1);
+        while (t[h] >= 0)
+            h = (h + 1) & (cap - 1);
+        t[h] = id;
+    }
+    sw_free(b->htab);
+    b->htab = t;
+    b->cap_htab = cap;
+    return SW_OK;
 }
 
 /* The DFA state of the set in b->tmp: found, or added (with its
@@ -178,13 +265,13 @@ static int32_t dfa_state(dfa_build *b, eng_regex *re, bool initial)
 {
     const int32_t *set = b->tmp;
     int32_t n = b->n_tmp;
-    uint32_t h = set_hash(set, n, initial) & (RE_HTAB - 1);
-    for (;; h = (h + 1) & (RE_HTAB - 1)) {
+    uint32_t hash = set_hash(b, initial);
+    uint32_t h = hash & (b->cap_htab - 1);
+    for (;; h = (h + 1) & (b->cap_htab - 1)) {
         int32_t id = b->htab[h];
         if (id < 0)
             break;
-        if ((id == re->start) == initial && b->set_len[id] == n &&
-            memcmp(b->pool + b->set_off[id], set, (size_t)n * sizeof *set) == 0)
+        if (b->set_hash[id] == hash && (id == re->start) == initial && set_is_tmp(b, id))
             return id;
     }
     if (re->n_states >= ENG_REGEX_MAX_STATES) {
@@ -211,8 +298,11 @@ static int32_t dfa_state(dfa_build *b, eng_regex *re, bool initial)
     memcpy(b->pool + b->n_pool, set, (size_t)n * sizeof *set);
     b->set_off[id] = b->n_pool;
     b->set_len[id] = n;
+    b->set_hash[id] = hash;
     b->n_pool += (size_t)n;
     b->htab[h] = id;
+    if ((uint32_t)re->n_states * 2 > b->cap_htab && (b->rc = htab_grow(b)))
+        return -1;
     re->accept[id] = set_accepts(b, set, n, initial);
     re->universal[id] = b->collapsed;
     return id;
@@ -317,6 +407,62 @@ done:
     return rc;
 }
 
+/* The transitions of DFA state s, one per byte class. Adjacent classes
+ * that the same NFA byte states of s's set read (no range of the set
+ * begins or ends between them) go to the same state: that is reused
+ * with the work its closure counted, so the work counter and the
+ * automaton are what a closure per class gives. */
+static int dfa_row(dfa_build *b, eng_regex *re, int32_t s, const uint8_t *rep, int32_t *seed,
+                   uint8_t *cut)
+{
+    const re_nfa *m = b->m;
+    int32_t nc = re->n_classes;
+    memset(cut, 0, (size_t)nc + 1);
+    {
+        const int32_t *set = b->pool + b->set_off[s];
+        for (int32_t i = 0; i < b->set_len[s]; i++) {
+            const nfa_state *st = &m->s[set[i]];
+            if (st->kind == NS_BYTE) {
+                cut[re->class_of[st->lo]] = 1;
+                cut[re->class_of[st->hi] + 1] = 1;
+            }
+        }
+    }
+    int32_t t = ENG_REGEX_DEAD;
+    long closure_work = 0;
+    for (int32_t c = 0; c < nc; c++) {
+        /* Reread: dfa_state() may move the pool. */
+        const int32_t *set = b->pool + b->set_off[s];
+        int32_t n = b->set_len[s];
+        b->work += n;
+        if (c == 0 || cut[c]) {
+            int32_t n_seed = 0;
+            uint8_t r = rep[c];
+            for (int32_t i = 0; i < n; i++) {
+                const nfa_state *st = &m->s[set[i]];
+                if (st->kind == NS_BYTE && st->lo <= r && r <= st->hi)
+                    seed[n_seed++] = st->out;
+            }
+            t = ENG_REGEX_DEAD;
+            closure_work = 0;
+            if (n_seed) {
+                long before = b->work;
+                closure(b, seed, n_seed, false);
+                closure_work = b->work - before;
+                t = b->n_tmp ? dfa_state(b, re, false) : ENG_REGEX_DEAD;
+                if (b->rc)
+                    return b->rc;
+            }
+        } else {
+            b->work += closure_work; /* what the same closure counted */
+        }
+        re->trans[(size_t)s * (size_t)nc + (size_t)c] = t;
+        if (b->work > RE_WORK_MAX)
+            return SW_ERANGE;
+    }
+    return SW_OK;
+}
+
 int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
                           bool at_start)
 {
@@ -324,6 +470,7 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
     b.m = m;
     b.tail = tail;
     int rc = SW_OK;
+    int32_t *seed = NULL;
     /* Byte classes: bytes between the same NFA range boundaries. */
     uint8_t cut[257] = {0};
     for (int32_t i = 0; i < m->n; i++)
@@ -342,11 +489,16 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
     }
     re->n_classes = ++nc;
     b.mark = sw_calloc((size_t)m->n, sizeof *b.mark);
+    b.kept = sw_calloc((size_t)m->n, sizeof *b.kept);
     b.stack = sw_malloc((size_t)m->n * sizeof *b.stack);
+    b.eol = sw_malloc((size_t)m->n * sizeof *b.eol);
     b.tmp = sw_malloc((size_t)m->n * sizeof *b.tmp);
+    seed = sw_malloc((size_t)m->n * sizeof *seed);
     b.set_off = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_off);
     b.set_len = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_len);
-    b.htab = sw_malloc(RE_HTAB * sizeof *b.htab);
+    b.set_hash = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *b.set_hash);
+    b.cap_htab = 64;
+    b.htab = sw_malloc(b.cap_htab * sizeof *b.htab);
     /* allocated up front: a state's set may be empty (a lookahead whose ^
      * is read after the start), and pointer arithmetic on NULL is not C */
     b.cap_pool = 4096;
@@ -355,27 +507,21 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
     re->universal = sw_calloc(ENG_REGEX_MAX_STATES, 1);
     size_t cap_trans = 64 * (size_t)nc;
     re->trans = sw_malloc(cap_trans * sizeof *re->trans);
-    if (!b.mark || !b.stack || !b.tmp || !b.set_off || !b.set_len || !b.htab || !b.pool ||
-        !re->accept || !re->universal || !re->trans) {
+    if (!b.mark || !b.kept || !b.stack || !b.eol || !b.tmp || !seed || !b.set_off ||
+        !b.set_len || !b.set_hash || !b.htab || !b.pool || !re->accept || !re->universal ||
+        !re->trans) {
         rc = SW_ENOMEM;
         goto done;
     }
-    memset(b.htab, 0xFF, RE_HTAB * sizeof *b.htab);
+    memset(b.htab, 0xFF, b.cap_htab * sizeof *b.htab);
     re->start = -1;
-    b.tmp[0] = head;
-    b.n_tmp = 1;
-    closure(&b, at_start);
+    closure(&b, &head, 1, at_start);
     re->start = dfa_state(&b, re, at_start);
     if (re->start < 0) {
         rc = b.rc;
         goto done;
     }
-    int32_t *seed = sw_malloc((size_t)m->n * sizeof *seed);
-    if (!seed) {
-        rc = SW_ENOMEM;
-        goto done;
-    }
-    for (int32_t s = 0; s < re->n_states; s++) {
+    for (int32_t s = 0; s < re->n_states && !rc; s++) {
         while ((size_t)re->n_states * (size_t)nc > cap_trans) {
             size_t cap = cap_trans * 2;
             int32_t *t = sw_realloc(re->trans, cap * sizeof *t);
@@ -386,47 +532,22 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
             re->trans = t;
             cap_trans = cap;
         }
-        for (int32_t c = 0; c < nc; c++) {
-            /* Reread: dfa_state() may move the pool. */
-            const int32_t *set = b.pool + b.set_off[s];
-            int32_t n = b.set_len[s], n_seed = 0;
-            uint8_t r = rep[c];
-            for (int32_t i = 0; i < n; i++) {
-                const nfa_state *st = &m->s[set[i]];
-                if (st->kind == NS_BYTE && st->lo <= r && r <= st->hi)
-                    seed[n_seed++] = st->out;
-            }
-            b.work += n;
-            int32_t t = ENG_REGEX_DEAD;
-            if (n_seed) {
-                memcpy(b.tmp, seed, (size_t)n_seed * sizeof *seed);
-                b.n_tmp = n_seed;
-                closure(&b, false);
-                t = b.n_tmp ? dfa_state(&b, re, false) : ENG_REGEX_DEAD;
-                if (b.rc) {
-                    rc = b.rc;
-                    break;
-                }
-            }
-            re->trans[(size_t)s * (size_t)nc + (size_t)c] = t;
-            if (b.work > RE_WORK_MAX) {
-                rc = SW_ERANGE;
-                break;
-            }
-        }
-        if (rc)
-            break;
+        if (!rc)
+            rc = dfa_row(&b, re, s, rep, seed, cut);
     }
-    sw_free(seed);
     if (!rc)
         rc = eng__rx_dfa_finish(re);
 done:
+    sw_free(seed);
     sw_free(b.mark);
+    sw_free(b.kept);
     sw_free(b.stack);
+    sw_free(b.eol);
     sw_free(b.tmp);
     sw_free(b.pool);
     sw_free(b.set_off);
     sw_free(b.set_len);
+    sw_free(b.set_hash);
     sw_free(b.htab);
     return rc;
 }

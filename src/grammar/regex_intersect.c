@@ -15,7 +15,14 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
     eng_regex *re = sw_calloc(1, sizeof *re);
     int32_t *pair_a = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *pair_a);
     int32_t *pair_b = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *pair_b);
-    int32_t *htab = sw_malloc(RE_HTAB * sizeof *htab);
+    /* at most twice as many slots as there can be pairs: a small pattern
+     * beside a format does not clear the largest table */
+    int64_t max_pairs = (int64_t)a->n_states * b->n_states;
+    uint32_t cap_htab = 64;
+    while (cap_htab < RE_HTAB && cap_htab < 2 * max_pairs)
+        cap_htab *= 2;
+    uint32_t mask = cap_htab - 1;
+    int32_t *htab = sw_malloc(cap_htab * sizeof *htab);
     int rc = SW_OK;
     if (!re || !pair_a || !pair_b || !htab ||
         !(re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1)) ||
@@ -23,21 +30,17 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
         rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
         goto fail;
     }
-    /* Classes: bytes that both automata treat alike. */
+    /* Classes: bytes that both automata treat alike, numbered in the
+     * order of their first bytes. A class of each is a run of bytes, so a
+     * pair of classes is one too: a byte starts a new class where either
+     * automaton's class changes. */
     uint8_t rep[256];
     int32_t nc = 0;
     for (int x = 0; x < 256; x++) {
-        int32_t c = -1;
-        for (int y = 0; y < x; y++)
-            if (a->class_of[y] == a->class_of[x] && b->class_of[y] == b->class_of[x]) {
-                c = re->class_of[y];
-                break;
-            }
-        if (c < 0) {
-            c = nc++;
-            rep[c] = (uint8_t)x;
-        }
-        re->class_of[x] = (uint8_t)c;
+        if (x == 0 || a->class_of[x] != a->class_of[x - 1] ||
+            b->class_of[x] != b->class_of[x - 1])
+            rep[nc++] = (uint8_t)x;
+        re->class_of[x] = (uint8_t)(nc - 1);
     }
     re->n_classes = nc;
     size_t cap_trans = 64 * (size_t)nc;
@@ -45,15 +48,14 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
         rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
         goto fail;
     }
-    memset(htab, 0xFF, RE_HTAB * sizeof *htab);
+    memset(htab, 0xFF, cap_htab * sizeof *htab);
     int32_t nb = b->n_states;
     /* Start; then breadth first, adding pairs as they are reached. */
     pair_a[0] = a->start;
     pair_b[0] = b->start;
     re->n_states = 1;
     re->start = 0;
-    htab[((uint32_t)a->start * (uint32_t)nb + (uint32_t)b->start) * 2654435761u &
-         (RE_HTAB - 1)] = 0;
+    htab[((uint32_t)a->start * (uint32_t)nb + (uint32_t)b->start) * 2654435761u & mask] = 0;
     for (int32_t s = 0; s < re->n_states; s++) {
         re->accept[s] = a->accept[pair_a[s]] && b->accept[pair_b[s]];
         re->universal[s] = a->universal[pair_a[s]] && b->universal[pair_b[s]];
@@ -72,8 +74,8 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
             int32_t t = ENG_REGEX_DEAD;
             if (ta >= 0 && tb >= 0) {
                 uint32_t key = (uint32_t)ta * (uint32_t)nb + (uint32_t)tb;
-                uint32_t h = key * 2654435761u & (RE_HTAB - 1);
-                for (;; h = (h + 1) & (RE_HTAB - 1)) {
+                uint32_t h = key * 2654435761u & mask;
+                for (;; h = (h + 1) & mask) {
                     int32_t id = htab[h];
                     if (id < 0 || (pair_a[id] == ta && pair_b[id] == tb))
                         break;

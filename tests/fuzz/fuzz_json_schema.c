@@ -61,7 +61,8 @@ static void check_value(const fz_cs_walk *w)
     const fz_run *r = w->user;
     json_error_t jerr;
     sw_error err;
-    json_t *value = json_loadb(w->text, w->len, JSON_DECODE_ANY, &jerr);
+    /* a string may hold \u0000, which the schema allows: JSON_ALLOW_NUL */
+    json_t *value = json_loadb(w->text, w->len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     FZ_CHECK(value != NULL);
     if (r->mode == 0) {
         FZ_CHECK(eng_json_validate(r->schema, value, &err) == SW_OK);

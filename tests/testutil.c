@@ -3,6 +3,7 @@
 
 #include "common/alloc.h"
 #include "engine/model.h"
+#include "grammar/constrain.h"
 #include "quant/quant.h"
 #include "text/tokenizer.h"
 
@@ -315,4 +316,24 @@ float *tu_prompt_logits(const char *path, int32_t *n_vocab_out)
     eng_model_free(model);
     *n_vocab_out = n_vocab;
     return logits;
+}
+
+eng_cs_vocab *tu_byte_vocab(void)
+{
+    static char bytes[256];
+    const char *pieces[257];
+    size_t lens[257];
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    pieces[256] = NULL;
+    lens[256] = 0;
+    int32_t end = 256;
+    eng_cs_vocab *v = NULL;
+    sw_error err;
+    if (eng_cs_vocab_create_from_pieces(pieces, lens, 257, &end, 1, &v, &err) != SW_OK)
+        fail_msg("byte vocabulary: %s", err.message);
+    return v;
 }

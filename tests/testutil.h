@@ -85,4 +85,9 @@ void tu_vocab_cases_free(tu_vocab_case *cases, size_t n);
  * cache, 2 threads. For tests that compare two files' arithmetic. */
 float *tu_prompt_logits(const char *path, int32_t *n_vocab_out);
 
+/* The constraint tests' vocabulary: the 256 single bytes as tokens 0..255
+ * and one end token, 256. Fails the test when it cannot be made. */
+struct eng_cs_vocab;
+struct eng_cs_vocab *tu_byte_vocab(void);
+
 #endif

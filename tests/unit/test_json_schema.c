@@ -216,24 +216,7 @@ static eng_grammar *compile_ok(const char *schema_text)
 
 /* ---- byte-level ----------------------------------------------------------- */
 
-static eng_cs_vocab *byte_vocab(void)
-{
-    /* 256 single bytes, token 256 = end */
-    static char bytes[256];
-    const char *pieces[257];
-    size_t lens[257];
-    for (int i = 0; i < 256; i++) {
-        bytes[i] = (char)i;
-        pieces[i] = &bytes[i];
-        lens[i] = 1;
-    }
-    pieces[256] = NULL;
-    lens[256] = 0;
-    int32_t end = 256;
-    eng_cs_vocab *v = NULL;
-    assert_int_equal(eng_cs_vocab_create_from_pieces(pieces, lens, 257, &end, 1, &v, NULL), SW_OK);
-    return v;
-}
+static eng_cs_vocab *byte_vocab(void) { return tu_byte_vocab(); }
 
 /* Whether text is accepted as a whole value. */
 static bool accepts(const eng_grammar *g, const eng_cs_vocab *v, const char *text, bool *complete)

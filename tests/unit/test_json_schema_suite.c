@@ -487,23 +487,7 @@ static void report(counts *k, const char *file, const char *group, const char *t
 
 static eng_cs_vocab *g_vocab; /* the 256 single bytes and one end token (256) */
 
-static void make_vocab(void)
-{
-    static char bytes[256];
-    const char *pieces[257];
-    size_t lens[257];
-    for (int i = 0; i < 256; i++) {
-        bytes[i] = (char)i;
-        pieces[i] = &bytes[i];
-        lens[i] = 1;
-    }
-    pieces[256] = NULL;
-    lens[256] = 0;
-    int32_t end = 256;
-    sw_error err;
-    assert_int_equal(eng_cs_vocab_create_from_pieces(pieces, lens, 257, &end, 1, &g_vocab, &err),
-                     SW_OK);
-}
+static void make_vocab(void) { g_vocab = tu_byte_vocab(); }
 
 /* Feeds text byte by byte; true when the whole text is a complete value.
  * *stuck is set when an accepted prefix has no completion. */

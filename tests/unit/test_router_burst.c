@@ -28,6 +28,15 @@
  *   Retry-After >= 1 within a few seconds (none waits for a slot), the
  *   rest 200; the queue never held more than 8 and the refusals are
  *   counted as queue_full.
+ * - A sliding-window model (gemma3, 3 of 4 layers with a window of 16
+ *   tokens): 64 clients at once, each about 70 tokens long, against a GPU
+ *   whose free KV holds three of them counted by the window (a sliding
+ *   layer keeps at most its ring of blocks) but only one counted in whole
+ *   blocks of every layer. The router's books put more than one on the
+ *   GPU at a time and never pass its free memory, no worker refused or ran
+ *   out of memory (so the window's count is not an undercount), every
+ *   answer is the request's greedy tokens; then half that burst while the
+ *   GPU worker is killed over and over, every answer still exact.
  *
  * Sized for CI (the suite also runs under ASan on 2 cores): a tiny model,
  * 12 new tokens per request.
@@ -39,6 +48,8 @@
 
 #include "common/alloc.h"
 #include "device/device.h"
+#include "modelgen/model_make.h"
+#include "quant/quant.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -52,10 +63,11 @@
 #define BURST 128
 #define NKIND 16 /* distinct requests; client i sends kind 5i mod NKIND */
 #define NEW_TOKENS 12
-#define MAXTOK 64
+#define MAXTOK 128
 #define KV_BLOCK 16 /* tokens per KV block: what a grow worker takes at a time */
 
 static char g_model[512];
+static char g_swa_model[512]; /* test d's gemma3 file */
 static char g_pool[64];
 
 static int setup(void **state)
@@ -78,6 +90,8 @@ static int teardown(void **state)
         dev_sim_unlink(g_pool, NULL);
     if (g_model[0])
         remove(g_model);
+    if (g_swa_model[0])
+        remove(g_swa_model);
     return 0;
 }
 
@@ -727,12 +741,195 @@ static void test_burst_queue_full(void **state)
     dev_sim_unlink(g_pool, NULL);
 }
 
+/* d: a sliding-window model under a burst, then under kills. */
+#define SWA_CLIENTS 64
+#define SWA_NEW 120
+
+static long long health_int(json_t *h, const char *obj, const char *key)
+{
+    json_t *v = json_object_get(obj ? json_object_get(h, obj) : h, key);
+    if (!json_is_integer(v))
+        fail_msg("/health: no integer %s%s%s", obj ? obj : "", obj ? "." : "", key);
+    return json_integer_value(v);
+}
+
+static void swa_clients_init(client *cs, const rh_router *r)
+{
+    static const char *const bodies[2] = {
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":120,\"temperature\":0,"
+        "\"ignore_eos\":true}",
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":120,\"temperature\":0,"
+        "\"ignore_eos\":true,\"stream\":true}"};
+    clients_free(cs, SWA_CLIENTS);
+    memset(cs, 0, sizeof(client) * SWA_CLIENTS);
+    for (int i = 0; i < SWA_CLIENTS; i++) {
+        cs[i].r = r;
+        cs[i].index = i;
+        cs[i].stream_override = i % 2;
+        cs[i].body_override = bodies[i % 2];
+        cs[i].path_override = "/v1/completions";
+    }
+}
+
+/* Every client got 200 with the tokens and text of the request alone. */
+static void swa_check_answers(const client *cs, int n, const reference *ref)
+{
+    for (int i = 0; i < n; i++) {
+        const client *c = &cs[i];
+        if (c->status != 200)
+            fail_msg("client %d: status %d (%s) after %.2f s", i, c->status, c->error,
+                     c->elapsed);
+        if (c->n_tokens != ref->n || memcmp(c->tokens, ref->tokens, (size_t)ref->n * sizeof(int)))
+            fail_msg("client %d (%s, worker %s): %d tokens, not the %d of the request alone", i,
+                     c->stream_override ? "stream" : "non-stream", c->worker, c->n_tokens,
+                     ref->n);
+        if (!c->text || strcmp(c->text, ref->text))
+            fail_msg("client %d (worker %s): text '%s', want '%s'", i, c->worker,
+                     c->text ? c->text : "(none)", ref->text);
+    }
+}
+
+static void test_burst_sliding_window(void **state)
+{
+    (void)state;
+    if (!btu_spillway_bin_or_skip())
+        return;
+    eng_model_make_params p = eng_model_make_default_params();
+    p.architecture = "gemma3";
+    p.n_embd = 64;
+    p.n_layer = 4;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.head_dim = 32;
+    p.n_ff = 128;
+    p.n_vocab = 1024;
+    p.weight_type = ENG_TYPE_Q8_0;
+    p.sliding_window = 16;
+    p.sliding_window_pattern = 4; /* layers 0-2 slide, 3 is global */
+    p.seed = 29;
+    snprintf(g_swa_model, sizeof g_swa_model, "%s", tu_tmp_path("router-burst-swa.gguf"));
+    assert_int_equal(eng_model_make(&p, g_swa_model, NULL), 0);
+
+    char spec[96], workers[1024];
+    use_pool("d", spec, sizeof spec);
+
+    /* The worker's figures and the request alone: its tokens and length. */
+    wc_worker w;
+    const char *pargs[] = {"--device", spec, "--sim-capacity", "64MiB", "--max-seqs", "4",
+                           "--threads", "1", "--ctx-limit", "256", "--policy", "grow", NULL};
+    assert_int_equal(wc_worker_start(&w, g_swa_model, pargs, NULL, 60, NULL), 0);
+    wc_response hr;
+    assert_int_equal(wc_request(w.socket_path, "GET", "/health", NULL, 5000, &hr), 0);
+    json_t *hj = rh_body_json(&hr);
+    long long fixed = health_int(hj, "memory", "self_bytes");
+    long long block_tokens = health_int(hj, "kv", "block_tokens");
+    long long block = health_int(hj, "kv", "block_device_bytes");
+    long long sliding = health_int(hj, "kv", "sliding_block_device_bytes");
+    long long ring = health_int(hj, "kv", "sliding_blocks_max");
+    json_decref(hj);
+    wc_response_free(&hr);
+    reference ref = {0};
+    wc_response rr;
+    assert_int_equal(wc_request(w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":\"Once upon a time\",\"max_tokens\":120,"
+                                "\"temperature\":0,\"ignore_eos\":true}",
+                                60000, &rr),
+                     0);
+    assert_int_equal(rr.status, 200);
+    char finish[32];
+    ref.n = wc_tokens_of(&rr, false, ref.tokens, MAXTOK, &ref.text, finish, sizeof finish);
+    assert_int_equal(ref.n, SWA_NEW);
+    json_t *rj = rh_body_json(&rr);
+    long long prompt =
+        json_integer_value(json_object_get(json_object_get(rj, "usage"), "prompt_tokens"));
+    json_decref(rj);
+    wc_response_free(&rr);
+    assert_int_equal(wc_worker_stop(&w), 0);
+    dev_sim_unlink(g_pool, NULL);
+    assert_true(prompt > 0 && fixed > 0);
+
+    /* a request's KV: whole blocks of every layer, and by the window */
+    long long blocks = (prompt + SWA_NEW + block_tokens - 1) / block_tokens;
+    assert_true(blocks > ring); /* longer than the window's ring */
+    long long whole = blocks * block;
+    long long windowed = blocks * (block - sliding) + ring * sliding;
+    /* free KV for three by the window, under two counted whole */
+    long long kv_free = 3 * windowed + windowed / 2;
+    assert_true(kv_free < 2 * whole);
+    long long capacity = (long long)((double)(fixed + kv_free) / 0.9) + 4096;
+    printf("sliding burst: %lld blocks a request, %lld bytes whole, %lld windowed; %lld free\n",
+           blocks, whole, windowed, kv_free);
+
+    for (int killing = 0; killing < 2; killing++) {
+        burst_workers(workers, sizeof workers, spec, capacity,
+                      killing ? "stall_ms:4" : "stall_ms:2", killing ? "stall_ms:4" : "stall_ms:2");
+        rh_router r;
+        assert_int_equal(rh_start(&r, killing ? "burst-d-kill" : "burst-d", g_swa_model,
+                                  SERVER_BURST, workers),
+                         0);
+        json_t *h = rh_worker_health(&r, "gpu");
+        long long budget = health_int(h, "books", "kv_budget_bytes");
+        json_decref(h);
+        assert_true(budget >= 3 * windowed && budget < 2 * whole);
+
+        swa_clients_init(g_clients, &r);
+        monitor m = {.r = &r};
+        killer k = {.r = &r, .name = "gpu"};
+        /* under kills, half as many: each kill replays what ran there */
+        int n = killing ? SWA_CLIENTS / 2 : SWA_CLIENTS;
+        double wall = run_burst(g_clients, n, &m, killing ? &k : NULL);
+        int on_gpu = 0;
+        for (int i = 0; i < n; i++)
+            on_gpu += !strcmp(g_clients[i].worker, "gpu");
+        printf("sliding burst of %d%s: %.2f s, %d kills, %d answered by the GPU; GPU books at "
+               "most %.0f seqs %.0f bytes (budget %lld)\n",
+               n, killing ? " under kills" : "", wall, k.kills, on_gpu, m.max_seqs[0],
+               m.max_kv[0], budget);
+        swa_check_answers(g_clients, n, &ref);
+        assert_true(m.seen_seqs);
+        assert_true(m.max_seqs[0] <= 4 && m.max_seqs[1] <= 4);
+        assert_true(m.max_kv[0] <= (double)budget);
+        if (!killing) {
+            /* more than one at a time on the GPU: counted whole, one fits */
+            if (m.max_seqs[0] < 2)
+                fail_msg("the GPU held at most %.0f sequences at once", m.max_seqs[0]);
+            assert_true(on_gpu > 0);
+            char sock[700];
+            rh_worker_sock(&r, "gpu", sock, sizeof sock);
+            assert_int_equal(rh_metric(sock, "spillway_worker_admission_refusals_total"), 0);
+            assert_int_equal(
+                rh_metric(sock, "spillway_worker_requests_total{outcome=\"out_of_memory\"}"), 0);
+            double sum = -1;
+            assert_true(rh_metric_sum(r.sock, "spillway_router_worker_refusals_total", &sum) >= 1);
+            assert_true(sum == 0);
+            json_t *ev = rh_events(&r);
+            assert_int_equal(json_array_size(ev), 0);
+            json_decref(ev);
+        } else {
+            if (k.kills < 3)
+                fail_msg("the GPU worker was killed %d times during the burst, not at least 3",
+                         k.kills);
+            json_t *ev = rh_events(&r);
+            assert_true(json_array_size(ev) > 0);
+            json_decref(ev);
+        }
+        assert_books_empty(&r);
+        clients_free(g_clients, SWA_CLIENTS);
+        if (killing)
+            rh_wait_restarted(&r, "gpu", k.kills);
+        rh_finish(&r);
+        dev_sim_unlink(g_pool, NULL);
+    }
+    sw_free(ref.text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_burst_exact_no_worker_refusals),
         cmocka_unit_test(test_burst_gpu_killed_repeatedly),
         cmocka_unit_test(test_burst_queue_full),
+        cmocka_unit_test(test_burst_sliding_window),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     refs_free();

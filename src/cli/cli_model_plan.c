@@ -168,12 +168,19 @@ int cli_model_plan(int argc, char **argv)
         printf("  kv per token   %12llu bytes on the device, %llu in host memory\n",
                (unsigned long long)plan.kv_bytes_per_token_device,
                (unsigned long long)plan.kv_bytes_per_token_host);
-        if (plan.kv_sliding_blocks_max > 0)
-            printf("  sliding layers %12llu of those bytes per token, window %d: at most %d "
-                   "of the %d blocks per sequence\n",
-                   (unsigned long long)(plan.kv_sliding_bytes_per_token_device +
-                                        plan.kv_sliding_bytes_per_token_host),
-                   hp->n_swa, plan.kv_sliding_blocks_max, plan.kv_blocks_per_seq);
+        if (plan.kv_sliding_blocks_max > 0) {
+            /* a sliding layer's share is held for the window only: past
+             * its ring a token adds only the global layers' share */
+            unsigned long long sliding = plan.kv_sliding_bytes_per_token_device +
+                                         plan.kv_sliding_bytes_per_token_host;
+            unsigned long long all =
+                plan.kv_bytes_per_token_device + plan.kv_bytes_per_token_host;
+            printf("  sliding layers %12llu of those bytes per token, held for the window of %d "
+                   "only (a ring of at most %d of a sequence's %d blocks); past it a token adds "
+                   "%llu bytes\n",
+                   sliding, hp->n_swa, plan.kv_sliding_blocks_max, plan.kv_blocks_per_seq,
+                   all - sliding);
+        }
         human(plan.kv_device_bytes, a, sizeof a);
         human(plan.kv_host_bytes, b, sizeof b);
         printf("  kv for ctx     %12s on the device, %s in host memory\n", a, b);

@@ -31,6 +31,10 @@ typedef struct api_error {
  * false, so that a parser can `return api_bad(...)`. */
 bool api_bad(api_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* An allocation lost while reading the body: 500 internal_error "out of
+ * memory" whatever was set before (the body is not to blame, and the
+ * client may retry); returns false. */
+bool api_oom(api_error *e);
 
 /* ---- model ids ---------------------------------------------------------- */
 

@@ -25,6 +25,15 @@ bool api_bad(api_error *e, const char *param, const char *fmt, ...)
     return false;
 }
 
+bool api_oom(api_error *e)
+{
+    snprintf(e->msg, sizeof e->msg, "out of memory");
+    e->param = NULL;
+    e->status = 500;
+    e->code = "internal_error";
+    return false;
+}
+
 /* The tool parts of message i: tool_calls of an assistant message, the
  * tool_call_id of a tool message. *calls_out (n entries) is allocated;
  * strings point into the body. */
@@ -50,7 +59,7 @@ static bool message_tools(json_t *m, size_t i, const char *role, eng_chat_messag
         return true;
     eng_chat_tool_call *calls = sw_calloc(n, sizeof *calls);
     if (!calls)
-        return api_bad(e, NULL, "out of memory");
+        return api_oom(e);
     *calls_out = calls;
     for (size_t k = 0; k < n; k++) {
         json_t *c = json_array_get(tc, k);
@@ -85,7 +94,7 @@ bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error
     out->joined_ = sw_calloc(n, sizeof *out->joined_); /* content given as parts */
     out->n = n;
     if (!out->msgs || !out->tools || !out->calls_ || !out->joined_)
-        return api_bad(e, NULL, "out of memory");
+        return api_oom(e);
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(messages, i);
         json_t *jr = json_object_get(m, "role"), *jc = json_object_get(m, "content");
@@ -102,7 +111,7 @@ bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error
             char why[160];
             int rc = sw_chat_content_text(jc, &out->joined_[i], why, sizeof why);
             if (rc == SW_ENOMEM)
-                return api_bad(e, NULL, "out of memory");
+                return api_oom(e);
             if (rc != SW_OK)
                 return api_bad(e, "messages", "messages[%zu]: %s", i, why);
             msg->content = out->joined_[i];
@@ -175,7 +184,7 @@ static bool parse_tool_list(json_t *tools, api_tools *t, api_error *e)
             ok = api_bad(e, "tools", "tools[%zu]: the name '%s' is used twice", i,
                          json_string_value(name));
         } else if (!(defs[i] = sw_json_dumps(tool, JSON_COMPACT))) {
-            ok = api_bad(e, NULL, "out of memory");
+            ok = api_oom(e);
         } else {
             t->names[t->n] = json_string_value(name);
             t->parameters[t->n] = json_is_object(params) ? params : NULL;
@@ -193,7 +202,7 @@ static bool parse_tool_list(json_t *tools, api_tools *t, api_error *e)
         }
         t->text[at] = '\0';
     } else if (ok) {
-        ok = api_bad(e, NULL, "out of memory");
+        ok = api_oom(e);
     }
     for (size_t i = 0; i < n && i < API_MAX_TOOLS; i++)
         free(defs[i]); /* sw_json_dumps: jansson's allocation */
@@ -271,12 +280,16 @@ bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
     eng_chat_segment *seg = NULL;
     sw_error err;
     bool ok = false;
-    if (eng_chat_render_tools(family, m->msgs, m->tools, m->n, tools_text, true, &text, &len,
-                              &seg, &n_seg, &err)) {
-        api_bad(e, "messages", "%s", err.message);
+    int rc = eng_chat_render_tools(family, m->msgs, m->tools, m->n, tools_text, true, &text,
+                                   &len, &seg, &n_seg, &err);
+    if (rc) {
+        rc == SW_ENOMEM ? api_oom(e) : api_bad(e, "messages", "%s", err.message);
     } else {
         bool add_bos = eng_chat_tokenize_add_bos(family, eng_tokenizer_add_bos(tok));
-        if (eng_chat_tokenize(tok, text, len, seg, n_seg, add_bos, ids, n_ids, &err))
+        rc = eng_chat_tokenize(tok, text, len, seg, n_seg, add_bos, ids, n_ids, &err);
+        if (rc == SW_ENOMEM)
+            api_oom(e);
+        else if (rc)
             api_bad(e, "messages", "cannot tokenize the prompt: %s", err.message);
         else
             ok = true;

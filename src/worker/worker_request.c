@@ -89,7 +89,7 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
             if (!(r->stops[r->n_stops] = sw_strdup(stops[i]))) {
                 sw_free(*ids);
                 *ids = NULL;
-                return api_bad(p, NULL, "out of memory");
+                return api_oom(p);
             }
             r->n_stops++;
         }
@@ -105,11 +105,8 @@ static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text
  * schema. */
 static bool bad_schema(wk_parse_error *p, const char *param, int rc, const sw_error *err)
 {
-    if (rc == SW_ENOMEM) {
-        p->status = 500;
-        p->code = "internal_error";
-        return api_bad(p, NULL, "out of memory");
-    }
+    if (rc == SW_ENOMEM)
+        return api_oom(p);
     p->status = 400;
     p->code = rc == SW_EUNSUPPORTED ? "unsupported_schema" : "invalid_request";
     return api_bad(p, param, "%s", err->message);
@@ -134,12 +131,12 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
     }
     if (t.n && !(r->tool_names = sw_calloc(t.n, sizeof *r->tool_names))) {
         api_tools_free(&t);
-        return api_bad(p, NULL, "out of memory");
+        return api_oom(p);
     }
     for (size_t i = 0; i < t.n; i++) {
         if (!(r->tool_names[i] = sw_strdup(t.names[i]))) {
             api_tools_free(&t);
-            return api_bad(p, NULL, "out of memory");
+            return api_oom(p);
         }
         r->n_tools++;
         gt[i].name = t.names[i];
@@ -157,7 +154,7 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
             return api_bad(p, "response_format", "'response_format' must be an object with a 'type'");
         if (strcmp(type, "json_object") == 0) {
             if ((rc = eng_grammar_json_object(&json_g, &err)))
-                return api_bad(p, NULL, "%s", err.message);
+                return rc == SW_ENOMEM ? api_oom(p) : api_bad(p, NULL, "%s", err.message);
         } else if (strcmp(type, "json_schema") == 0) {
             json_t *js = json_object_get(rf, "json_schema");
             json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
@@ -220,7 +217,7 @@ static bool parse_grammar(json_t *body, wk_req *r, wk_parse_error *p)
     int rc = eng_grammar_from_gbnf(json_string_value(gr), json_string_length(gr), &r->grammar,
                                    &err);
     if (rc)
-        return api_bad(p, rc == SW_ENOMEM ? NULL : "grammar", "%s", err.message);
+        return rc == SW_ENOMEM ? api_oom(p) : api_bad(p, "grammar", "%s", err.message);
     r->output = WK_OUT_GRAMMAR;
     return true;
 }
@@ -236,7 +233,7 @@ static bool add_stop(wk_parse_error *p, wk_req *r, const char *text, size_t len)
                    WK_MAX_STOP_BYTES);
     char *copy = sw_strndup(text, len);
     if (!copy)
-        return api_bad(p, "stop", "out of memory");
+        return api_oom(p);
     r->stops[r->n_stops++] = copy;
     return true;
 }
@@ -251,8 +248,9 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
      * the resumed tokens' text (as the engine's detokenizer does). */
     bool tool_reply = r->chat && (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO);
     if (r->grammar) {
-        if (eng_constraint_create(r->grammar, s->cs_vocab, &r->cons, &err))
-            return api_bad(p, NULL, "%s", err.message);
+        int rc = eng_constraint_create(r->grammar, s->cs_vocab, &r->cons, &err);
+        if (rc)
+            return rc == SW_ENOMEM ? api_oom(p) : api_bad(p, NULL, "%s", err.message);
         for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt; i++)
             if (!eng_constraint_accept_token(r->cons, r->prompt[i]))
                 return api_bad(p, "resume", "the resumed tokens do not fit the response format");
@@ -273,7 +271,7 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
         size_t cap = eng_detok_max_bytes(s->tok);
         char *buf = sw_malloc(cap);
         if (!buf)
-            return api_bad(p, NULL, "out of memory");
+            return api_oom(p);
         for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt; i++)
             wk__text_append(r, buf, eng_detok_push(s->tok, &d, r->prompt[i], buf, cap));
         sw_free(buf);
@@ -308,7 +306,7 @@ static bool parse_logit_bias(wk_server *s, json_t *body, wk_req *r, wk_parse_err
     r->bias_ids = sw_malloc(sizeof *r->bias_ids * n);
     r->bias_values = sw_malloc(sizeof *r->bias_values * n);
     if (!r->bias_ids || !r->bias_values)
-        return api_bad(p, NULL, "out of memory");
+        return api_oom(p);
     const int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
     int32_t k = 0;
     json_object_foreach(v, key, bias) {
@@ -559,7 +557,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     /* stop: a string or an array of strings. */
     r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS, sizeof(char *));
     if (!r->stops)
-        return api_bad(p, NULL, "out of memory");
+        return api_oom(p);
     v = json_object_get(body, "stop");
     if (json_is_string(v)) {
         if (!add_stop(p, r, json_string_value(v), json_string_length(v)))
@@ -617,7 +615,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
                 return api_bad(p, "prompt", "the prompt has more than %d token ids",
                            WK_MAX_TOKENS_LIMIT);
             if (!(ids = sw_malloc(sizeof *ids * n_ids)))
-                return api_bad(p, NULL, "out of memory");
+                return api_oom(p);
             for (size_t k = 0; k < n_ids; k++) {
                 json_t *t = json_array_get(v, k);
                 if (!json_is_integer(t) || json_integer_value(t) < 0 ||
@@ -628,9 +626,13 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
                 }
                 ids[k] = (int32_t)json_integer_value(t);
             }
-        } else if (eng_tokenize(s->tok, json_string_value(v), json_string_length(v), add_bos,
-                                false, &ids, &n_ids, &err)) {
-            return api_bad(p, "prompt", "cannot tokenize the prompt: %s", err.message);
+        } else {
+            int rc = eng_tokenize(s->tok, json_string_value(v), json_string_length(v), add_bos,
+                                  false, &ids, &n_ids, &err);
+            if (rc)
+                return rc == SW_ENOMEM ? api_oom(p)
+                                       : api_bad(p, "prompt", "cannot tokenize the prompt: %s",
+                                                 err.message);
         }
     }
     if (n_ids == 0) {
@@ -678,7 +680,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     r->prompt = sw_malloc((n_ids + n_res) * sizeof(int32_t));
     if (!r->prompt) {
         sw_free(ids);
-        return api_bad(p, NULL, "out of memory");
+        return api_oom(p);
     }
     memcpy(r->prompt, ids, n_ids * sizeof(int32_t));
     sw_free(ids);

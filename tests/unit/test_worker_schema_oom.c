@@ -1,17 +1,19 @@
-/* test_worker_schema_oom.c - a response_format schema whose compile runs
- * out of memory is answered as the worker answers every lost allocation,
- * 500 internal_error "out of memory", never a 400 that blames the schema.
+/* test_worker_schema_oom.c - a request body whose parse runs out of
+ * memory is answered as the worker answers every lost allocation, 500
+ * internal_error "out of memory", never a 400 that blames the body.
  *
  * The request parser (wk__parse_request, what the worker's HTTP thread
- * runs on a body) is given a completions body with a valid json_schema
- * response_format, on a scratch server with the built-in vocabulary of a
- * `model make` model; every allocation it makes is failed in turn
- * (sw_alloc_fail_after). A refusal that names response_format is the bug
- * (the schema is valid: the unfaulted parse accepts it); the ones that
- * failed inside the compile must say 500 internal_error. The HTTP thread
- * also turns any refusal during which an allocation failed into a 500
- * (worker_http.c), so over a socket both answers look alike: the parser's
- * own answer is what this test holds to.
+ * runs on a body) is given valid bodies - a completions body with a
+ * json_schema response_format; a chat body with content parts, tools,
+ * stop strings and logit_bias; a GBNF grammar - on a scratch server with
+ * the built-in vocabulary of a `model make` model; every allocation it
+ * makes is failed in turn (sw_alloc_fail_after), up to the first parse
+ * that succeeds. Each refusal must be 500 internal_error "out of memory"
+ * naming no parameter (the unfaulted parse accepts the body, so any other
+ * answer blames it wrongly). The HTTP thread also turns any refusal
+ * during which an allocation failed into a 500 (worker_http.c), so over a
+ * socket both answers look alike: the parser's own answer is what this
+ * test holds to.
  */
 #include "testutil.h"
 
@@ -34,7 +36,71 @@
     "\"maximum\":99},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]}}},"         \
     "\"required\":[\"when\",\"n\"]}}}}"
 
-static void test_schema_oom_is_500(void **state)
+#define CHAT_BODY                                                                               \
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\","         \
+    "\"content\":[{\"type\":\"text\",\"text\":\"what is the\"},{\"type\":\"text\",\"text\":"    \
+    "\" weather\"}]}],\"max_tokens\":300,\"stop\":[\"\\n\\n\",\"END\"],\"logit_bias\":"         \
+    "{\"5\":-100,\"7\":2.5},\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"          \
+    "\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"   \
+    "\"string\"}},\"required\":[\"city\"]}}}]}"
+
+#define GRAMMAR_BODY                                                                            \
+    "{\"prompt\":\"hello\",\"max_tokens\":64,\"grammar\":\"root ::= \\\"yes\\\" | \\\"no\\\" "  \
+    "| [0-9]+\"}"
+
+static const struct {
+    const char *json;
+    bool chat;
+    int output; /* what the unfaulted parse makes of it */
+} BODIES[] = {
+    {BODY, false, WK_OUT_JSON},
+    {CHAT_BODY, true, WK_OUT_TOOL_AUTO},
+    {GRAMMAR_BODY, false, WK_OUT_GRAMMAR},
+};
+
+/* Fails every allocation of the parse of body b in turn; returns how many
+ * were refused (each checked to be the 500). */
+static int sweep_body(wk_server *s, size_t b)
+{
+    json_error_t je;
+    json_t *body = json_loads(BODIES[b].json, 0, &je);
+    if (!body)
+        fail_msg("body %zu: %s", b, je.text);
+    bool chat = BODIES[b].chat;
+
+    /* unfaulted: accepted */
+    wk_req *r = sw_calloc(1, sizeof *r);
+    wk_parse_error p;
+    assert_non_null(r);
+    memset(&p, 0, sizeof p);
+    if (!wk__parse_request(s, body, chat, r, &p))
+        fail_msg("body %zu: the unfaulted body is refused: %d %s", b, p.status, p.msg);
+    assert_int_equal(r->output, BODIES[b].output);
+    wk_req_free(r);
+
+    int refused = 0;
+    for (long n = 0;; n++) {
+        r = sw_calloc(1, sizeof *r);
+        assert_non_null(r);
+        memset(&p, 0, sizeof p);
+        sw_alloc_fail_after(n);
+        bool ok = wk__parse_request(s, body, chat, r, &p);
+        sw_alloc_fail_after(-1);
+        wk_req_free(r);
+        if (ok)
+            break;
+        if (p.status != 500 || !p.code || strcmp(p.code, "internal_error") ||
+            strcmp(p.msg, "out of memory") || p.param)
+            fail_msg("body %zu, allocation %ld failed: answered %d %s (param %s): %s", b, n,
+                     p.status, p.code ? p.code : "?", p.param ? p.param : "none", p.msg);
+        refused++;
+        assert_true(n < 1000000);
+    }
+    json_decref(body);
+    return refused;
+}
+
+static void test_parse_oom_is_500(void **state)
 {
     (void)state;
     eng_model_make_params mp = eng_model_make_default_params();
@@ -57,49 +123,14 @@ static void test_schema_oom_is_500(void **state)
     snprintf(s->model_id, sizeof s->model_id, "oom-test");
     assert_int_equal(eng_cs_vocab_create(tok, &s->cs_vocab, &err), SW_OK);
 
-    json_error_t je;
-    json_t *body = json_loads(BODY, 0, &je);
-    assert_non_null(body);
-
-    /* unfaulted: accepted, a constrained JSON reply */
-    wk_req *r = sw_calloc(1, sizeof *r);
-    wk_parse_error p;
-    assert_non_null(r);
-    memset(&p, 0, sizeof p);
-    if (!wk__parse_request(s, body, false, r, &p))
-        fail_msg("the unfaulted body is refused: %d %s", p.status, p.msg);
-    assert_int_equal(r->output, WK_OUT_JSON);
-    wk_req_free(r);
-
-    int in_compile = 0, elsewhere = 0;
-    for (long n = 0;; n++) {
-        r = sw_calloc(1, sizeof *r);
-        assert_non_null(r);
-        memset(&p, 0, sizeof p);
-        sw_alloc_fail_after(n);
-        bool ok = wk__parse_request(s, body, false, r, &p);
-        sw_alloc_fail_after(-1);
-        wk_req_free(r);
-        if (ok)
-            break;
-        if (p.param && strcmp(p.param, "response_format") == 0)
-            fail_msg("allocation %ld failed: answered %d %s (param response_format): %s", n,
-                     p.status, p.code ? p.code : "?", p.msg);
-        if (p.status == 500) {
-            assert_string_equal(p.code, "internal_error");
-            assert_string_equal(p.msg, "out of memory");
-            in_compile++;
-        } else {
-            elsewhere++; /* the HTTP thread answers these 500 too (see above) */
-        }
-        assert_true(n < 1000000);
+    for (size_t b = 0; b < sizeof BODIES / sizeof *BODIES; b++) {
+        int refused = sweep_body(s, b);
+        print_message("body %zu: %d failed allocations, each answered 500 out of memory\n", b,
+                      refused);
+        /* the parse allocates: the sweep failed something */
+        assert_true(refused > 5);
     }
-    print_message("failed allocations: %d in the schema's compile (500), %d elsewhere\n",
-                  in_compile, elsewhere);
-    /* the sweep reached the compile */
-    assert_true(in_compile > 0);
 
-    json_decref(body);
     eng_cs_vocab_free(s->cs_vocab);
     sw_free(s);
     eng_tokenizer_free(tok);
@@ -108,7 +139,7 @@ static void test_schema_oom_is_500(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_schema_oom_is_500),
+        cmocka_unit_test(test_parse_oom_is_500),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

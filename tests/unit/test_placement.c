@@ -106,8 +106,9 @@ static uint64_t self_bytes(dev_device *dev)
  * qwen3's Q/K norms and heads wider than dim / heads, phi3's fused
  * matrices, gemma3's post norms and sliding layers - whose KV is only the
  * blocks their window of 8 reaches, 2 of 16 tokens, where the context is
- * longer - a llama file with a window of 8, every layer sliding, and qwen3moe's router and experts, every expert held on the
- * device), profiles and context sizes. */
+ * longer - a llama file with a window of 8, every layer sliding, and
+ * qwen3moe's router and experts, every expert held on the device),
+ * profiles and context sizes. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;

@@ -13,7 +13,9 @@
  * as qwen3 does, normalises the attention and FFN outputs again before each
  * residual add, gates with GELU (tanh form) instead of SiLU, lets its
  * sliding layers see only the last n_swa positions (RoPE base of their
- * own, no linear scaling), and may soft-cap the logits. qwen3moe is qwen3
+ * own, no linear scaling), and may soft-cap the logits. A llama file with
+ * attention.sliding_window (Mistral) has every layer sliding, with the
+ * model's own RoPE. qwen3moe is qwen3
  * with a mixture of experts in place of the FFN (forward_moe.c).
  * Matrix products run on the thread pool, rows split between threads; the
  * activations are converted once per product to the weight type's dot
@@ -239,8 +241,9 @@ static void head_norms(float *x, const float *weight, int64_t n_heads, int32_t h
  * by theta_i = (pos / linear) * base^(-2i/n_rot) / factor_i. theta is
  * advanced by repeated multiplication, as the reference engine does, so the
  * angles agree with it to the last bit. Q and K of a token are rotated in one
- * pass, so each angle's cosine and sine are computed once. A sliding layer
- * (gemma3) has its own base and no linear scaling. */
+ * pass, so each angle's cosine and sine are computed once. Gemma 3's
+ * sliding layers have their own base and no linear scaling; a llama
+ * file's (all of its layers, with a window) rotate as global layers do. */
 static void rope(const eng_context *ctx, float *q, int32_t n_heads, float *k,
                  int32_t n_heads_kv, int32_t pos, bool sliding)
 {
@@ -248,8 +251,9 @@ static void rope(const eng_context *ctx, float *q, int32_t n_heads, float *k,
     const float *factors = ctx->model->rope_factors;
     const int32_t half = hp->n_rot / 2;
     const bool neox = hp->rope_style == ENG_ROPE_NEOX;
-    const float theta_scale = sliding ? ctx->rope_theta_scale_swa : ctx->rope_theta_scale;
-    float theta = sliding ? (float)pos : (float)pos / hp->rope_linear_factor;
+    const bool gemma3_local = sliding && hp->arch == ENG_ARCH_GEMMA3;
+    const float theta_scale = gemma3_local ? ctx->rope_theta_scale_swa : ctx->rope_theta_scale;
+    float theta = gemma3_local ? (float)pos : (float)pos / hp->rope_linear_factor;
     for (int32_t i = 0; i < half; i++) {
         float angle = theta / factors[i];
         float c = cosf(angle), s = sinf(angle);

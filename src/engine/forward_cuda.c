@@ -115,8 +115,10 @@ int cuda_engine_check(const eng_context *ctx, sw_error *err)
         return sw_error_set(err, SW_EUNSUPPORTED, "architecture %s: the per-head Q/K norms "
                             "have no CUDA kernel yet (run it on the cpu device)",
                             hp->architecture);
-    /* a sliding layer's KV is in the sequence's ring of sliding blocks
-     * (model-impl.h), which the device block tables do not hold */
+    /* a sliding layer's KV (gemma3's local layers, every layer of a llama
+     * file with a window - even one as long as the context) is in the
+     * sequence's ring of sliding blocks (model-impl.h), which the device
+     * block tables do not hold */
     for (int32_t l = 0; l < ctx->n_device_layers; l++)
         if (ctx->kv_place[l].sliding)
             return sw_error_set(err, SW_EUNSUPPORTED, "architecture %s: sliding-window layers "

@@ -43,7 +43,8 @@ typedef struct eng_layer {
     eng_weight gate_exps;    /* (n_embd -> n_expert * n_ff_exp) */
     eng_weight up_exps;      /* (n_embd -> n_expert * n_ff_exp) */
     eng_weight down_exps;    /* (n_ff_exp -> n_expert * n_embd) */
-    bool sliding;         /* gemma3: attends to the last n_swa positions only */
+    bool sliding;         /* attends to the last n_swa positions only (gemma3's
+                             local layers, a windowed llama file's all) */
 } eng_layer;
 
 /* Every tensor of a layer, in the order a device copy lays them out
@@ -116,7 +117,7 @@ typedef struct eng_token_meta {
 /* One KV block: block_tokens tokens of K and V of one kind of layer. A
  * global block holds the global layers' (every position is kept, in
  * blocks[pos / block_tokens]); a sliding block holds the sliding-window
- * layers' (gemma3), in a ring of swa_ring_blocks blocks per sequence that
+ * layers' (gemma3, windowed llama), in a ring of swa_ring_blocks blocks per sequence that
  * the window moves round: position pos is in swa_blocks[(pos /
  * block_tokens) % swa_ring_blocks], over a position one ring earlier that
  * no token attends to any more (forward.c writes and attends a block at a

@@ -135,6 +135,25 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
     return SW_OK;
 }
 
+/* ARCH.attention.sliding_window: the window of the sliding layers, the
+ * current position included (0 or absent: none). */
+static int read_sliding_window(const eng_gguf *g, eng_hparams *hp, sw_error *err)
+{
+    char key[128];
+    uint32_t window = 0;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", hp->architecture);
+    int rc = eng_gguf_get_u32(g, key, &window, err);
+    if (rc == SW_ENOTFOUND)
+        return SW_OK;
+    if (rc != SW_OK)
+        return rc;
+    if (window > (1u << 30))
+        return sw_error_set(err, SW_EFORMAT, "model metadata '%s' = %u is out of range", key,
+                            window);
+    hp->n_swa = (int32_t)window;
+    return SW_OK;
+}
+
 /* Gemma 3's additions, with llama.cpp's defaults for absent keys: the
  * sliding window (no key or 0: every layer global), its layer pattern
  * (6: five sliding, then one global), the sliding layers' RoPE base
@@ -152,7 +171,7 @@ static int read_gemma3_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err
         return rc;
     if (!(hp->final_logit_softcap >= 0.0f) || !isfinite(hp->final_logit_softcap))
         return sw_error_set(err, SW_EFORMAT, "gemma3: final logit soft-cap out of range");
-    if ((rc = read_u32(g, a, "attention.sliding_window", &hp->n_swa, false, err)))
+    if ((rc = read_sliding_window(g, hp, err)))
         return rc;
     if (hp->n_swa > 0) {
         char key[128];
@@ -310,6 +329,17 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     hp->rope_freq_base_swa = hp->rope_freq_base;
     if (hp->arch == ENG_ARCH_GEMMA3)
         return read_gemma3_hparams(g, hp, err);
+    /* A llama file's window (Mistral 7B v0.1's config has 4096): every
+     * layer slides, with the model's own RoPE (swa_pattern 0). llama.cpp
+     * reads no such key for llama and attends every position; spillway
+     * follows the file. qwen2.attention.sliding_window stays ignored:
+     * Qwen2 configs carry a window with use_sliding_window false, and their
+     * models attend every position. */
+    if (hp->arch == ENG_ARCH_LLAMA) {
+        hp->swa_pattern = 0;
+        if ((rc = read_sliding_window(g, hp, err)))
+            return rc;
+    }
     if (moe)
         return read_moe_hparams(g, hp, err);
     return SW_OK;

@@ -25,7 +25,8 @@
 
 /* Architectures the engine runs. */
 typedef enum eng_arch {
-    ENG_ARCH_LLAMA = 0,  /* Llama 1/2/3, Mistral, TinyLlama, SmolLM */
+    ENG_ARCH_LLAMA = 0,  /* Llama 1/2/3, Mistral, TinyLlama, SmolLM; with
+                            attention.sliding_window every layer slides */
     ENG_ARCH_QWEN2 = 1,  /* Qwen2 / Qwen2.5: Q/K/V biases, NeoX-style RoPE */
     ENG_ARCH_QWEN3 = 2,  /* Qwen3 (dense): per-head RMS norms on Q and K before
                             RoPE, NeoX-style RoPE, no biases, head size from
@@ -85,12 +86,14 @@ typedef struct eng_hparams {
     float final_logit_softcap; /* > 0: logits = c * tanh(logits / c) */
     int32_t n_swa;             /* attention.sliding_window: the window (tokens,
                                   the current one included) of the layers
-                                  marked sliding; 0 = none */
+                                  marked sliding (gemma3, llama); 0 = none */
     int32_t swa_pattern;       /* attention.sliding_window_pattern: of every
-                                  swa_pattern layers the last is global */
-    float rope_freq_base_swa;  /* rope.freq_base_swa (default 10000): the
-                                  sliding layers' base; they take no linear
-                                  scaling */
+                                  swa_pattern layers the last is global;
+                                  0 (llama): every layer slides */
+    float rope_freq_base_swa;  /* gemma3's rope.freq_base_swa (default 10000):
+                                  its sliding layers' base; they take no
+                                  linear scaling (a llama file's sliding
+                                  layers rotate as global ones) */
     /* Mixture of experts (qwen3moe); 0 / false for dense models. */
     int32_t n_expert;          /* expert_count: experts per layer */
     int32_t n_expert_used;     /* expert_used_count: experts each token runs */
@@ -159,7 +162,8 @@ size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
 /* Bytes of one KV block of block_tokens tokens, every layer's share. */
 size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens);
 /* The sliding-window layers' share of eng_kv_bytes_per_token (gemma3's
- * local layers; 0 for a model without sliding layers). */
+ * local layers, every layer of a llama file with a window; 0 for a model
+ * without sliding layers). */
 size_t eng_kv_sliding_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
 /* The most blocks of the sliding layers' share a sequence holds in a
  * context of n_ctx tokens: the blocks a window of n_swa positions can

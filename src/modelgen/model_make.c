@@ -600,10 +600,14 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
                             "1..min(experts, 64) of them used per token (%d)", p->n_expert,
                             p->n_expert_used);
     const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
-    if (!gemma3 && (p->sliding_window != 0 || p->sliding_window_pattern != 0 ||
-                    p->final_logit_softcap != 0.0f))
-        return sw_error_set(err, SW_EINVAL, "model make: a sliding window, its pattern and the "
-                            "logit soft-cap are gemma3's");
+    const bool llama = !p->architecture || strcmp(p->architecture, "llama") == 0 ||
+                       strcmp(p->architecture, "llama3") == 0;
+    if (!gemma3 && !llama && p->sliding_window != 0)
+        return sw_error_set(err, SW_EINVAL, "model make: a sliding window is gemma3's or "
+                            "llama's (llama3's)");
+    if (!gemma3 && (p->sliding_window_pattern != 0 || p->final_logit_softcap != 0.0f))
+        return sw_error_set(err, SW_EINVAL, "model make: a sliding-window pattern and the "
+                            "logit soft-cap are gemma3's (a llama window covers every layer)");
     if (p->sliding_window < 0 || p->sliding_window_pattern < 0 ||
         !(p->final_logit_softcap >= 0.0f) || !isfinite(p->final_logit_softcap))
         return sw_error_set(err, SW_EINVAL, "model make: sliding window, pattern and soft-cap "

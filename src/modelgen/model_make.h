@@ -103,9 +103,11 @@ typedef struct eng_model_make_params {
     bool tied_output;         /* no output.weight: the head uses token_embd */
     uint64_t seed;            /* default 1 */
     eng_model_make_mix mix;   /* ENG_MIX_NONE: every matrix weight_type */
-    /* gemma3 only; 0 leaves the key out (llama.cpp's default then applies) */
-    int32_t sliding_window;          /* gemma3.attention.sliding_window (0: none,
-                                        every layer global) */
+    /* gemma3 only (the window also llama / llama3); 0 leaves the key out
+     * (llama.cpp's default then applies) */
+    int32_t sliding_window;          /* ARCH.attention.sliding_window (0: none,
+                                        every layer global; llama: every layer
+                                        slides, as Mistral 7B v0.1) */
     int32_t sliding_window_pattern;  /* gemma3.attention.sliding_window_pattern
                                         (0: absent, which llama.cpp reads as 6) */
     float final_logit_softcap;       /* gemma3.final_logit_softcapping (0: absent) */

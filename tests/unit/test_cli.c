@@ -1,6 +1,6 @@
 /* test_cli.c - the `spillway` binary end to end: run (text and JSON,
- * including --top-logprobs), model plan, bench engine on a small context,
- * and fault injection through the
+ * including --top-logprobs), model plan (a windowed llama file's too),
+ * bench engine on a small context, and fault injection through the
  * environment of a real process (abort after k tokens, failed device
  * allocations, stalls). */
 #include "testutil.h"
@@ -195,6 +195,43 @@ static void test_model_plan_json(void **state)
     unlink(name);
 }
 
+/* model make --sliding-window for llama (every layer slides, Mistral's
+ * kind), then model plan --json: every layer's KV is the ring's, 5 blocks
+ * of 16 tokens for a window of 64 (ceil(63 / 16) + 1), not the context's
+ * 16 blocks. */
+static void test_model_plan_sliding_llama(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    int status;
+    char path[4096];
+    snprintf(path, sizeof path, "%s", tu_tmp_path("cli-window.gguf"));
+    char *out = run(&status, (const char *[]){"model", "make", "--sliding-window", "64", "-o",
+                                              path, NULL});
+    assert_int_equal(status, 0);
+    sw_free(out);
+    out = run(&status, (const char *[]){"model", "plan", "-m", path, "--device", "cpu", "--ctx",
+                                        "256", "--seqs", "2", "--json", NULL});
+    assert_int_equal(status, 0);
+    json_t *rec = json_loads(out, 0, NULL);
+    assert_non_null(rec);
+    /* preset tiny: 2 layers x 2 (K,V) x 2 kv heads x 16 dims x 2 bytes */
+    const json_int_t per_token = 2 * 2 * 2 * 16 * 2;
+    assert_int_equal(json_integer_value(json_object_get(rec, "sliding_window")), 64);
+    assert_int_equal(json_integer_value(json_object_get(rec, "kv_bytes_per_token_device")),
+                     per_token);
+    assert_int_equal(json_integer_value(json_object_get(rec, "kv_sliding_bytes_per_token_device")),
+                     per_token);
+    assert_int_equal(json_integer_value(json_object_get(rec, "kv_sliding_blocks_max")), 5);
+    assert_int_equal(json_integer_value(json_object_get(rec, "kv_blocks_per_seq")), 16);
+    assert_int_equal(json_integer_value(json_object_get(rec, "kv_device_bytes")),
+                     2 * 5 * 16 * per_token);
+    json_decref(rec);
+    sw_free(out);
+    unlink(path);
+}
+
 /* bench engine with a context of --prompt + --gen tokens only: the
  * warm-up must fit it too (it decoded 4 tokens whatever --gen said, so
  * --prompt 8 --gen 1 failed: "12 tokens exceed the context of 9"). */
@@ -222,6 +259,7 @@ int main(void)
         cmocka_unit_test(test_fault_abort_after_tokens),
         cmocka_unit_test(test_fault_alloc_and_stall),
         cmocka_unit_test(test_model_plan_json),
+        cmocka_unit_test(test_model_plan_sliding_llama),
         cmocka_unit_test(test_bench_engine_small),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

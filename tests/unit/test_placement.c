@@ -60,7 +60,8 @@ static eng_model *make_arch(const char *name, const char *arch, int32_t dim, int
     eng_model_make_params p = eng_model_make_default_params();
     eng_model *model;
     sw_error err;
-    p.architecture = arch;
+    const bool llama_window = strcmp(arch, "llama+window") == 0;
+    p.architecture = llama_window ? "llama" : arch;
     p.head_dim = head_dim;
     p.n_embd = dim;
     p.n_layer = layers;
@@ -74,6 +75,8 @@ static eng_model *make_arch(const char *name, const char *arch, int32_t dim, int
         p.sliding_window = 8;
         p.sliding_window_pattern = 2;
     }
+    if (llama_window) /* Mistral's kind: every layer slides */
+        p.sliding_window = 8;
     if (strcmp(arch, "qwen3moe") == 0) { /* 6 experts of ff rows, 2 per token */
         p.n_expert = 6;
         p.n_expert_used = 2;
@@ -103,8 +106,9 @@ static uint64_t self_bytes(dev_device *dev)
  * qwen3's Q/K norms and heads wider than dim / heads, phi3's fused
  * matrices, gemma3's post norms and sliding layers - whose KV is only the
  * blocks their window of 8 reaches, 2 of 16 tokens, where the context is
- * longer - and qwen3moe's router and experts, every expert held on the
- * device), profiles and context sizes. */
+ * longer - a llama file with a window of 8, every layer sliding, and
+ * qwen3moe's router and experts, every expert held on the device),
+ * profiles and context sizes. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
@@ -121,6 +125,7 @@ static void test_plan_equals_allocation(void **state)
         {"qwen3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
         {"phi3", 96, 2, 6, 3, 0, 192, ENG_TYPE_F16},
         {"gemma3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
+        {"llama+window", 96, 3, 6, 2, 0, 192, ENG_TYPE_Q8_0},
         {"qwen3moe", 128, 3, 4, 2, 64, 96, ENG_TYPE_Q8_0},
     };
     const int32_t ctx_sizes[] = {17, 64, 200};
@@ -179,8 +184,9 @@ static void test_plan_equals_allocation(void **state)
     close_pool(dev);
 }
 
-/* A sliding-window model (gemma3, a window of 40 against contexts of up to
- * 300) under both policies: with RESERVE the whole need taken up front,
+/* A sliding-window model (gemma3, layers 0 and 2 sliding, and a llama file,
+ * every layer sliding; a window of 40 against contexts of up to 300) under
+ * both policies: with RESERVE the whole need taken up front,
  * with GROW the sequences decoded (prefill chunks and single tokens) to
  * the end of the context. Either way the device holds exactly what the plan
  * says, and the sliding layers' share is the ring's 4 blocks of 16 tokens
@@ -188,13 +194,21 @@ static void test_plan_equals_allocation(void **state)
  * position of every layer would take. While growing, the device holds
  * eng_kv_sequence_bytes of each sequence's length (all layers are on the
  * device here). */
+static void plan_equals_allocation_sliding(const char *arch);
+
 static void test_plan_equals_allocation_sliding(void **state)
 {
     (void)state;
+    for (int arch = 0; arch < 2; arch++)
+        plan_equals_allocation_sliding(arch ? "llama" : "gemma3");
+}
+
+static void plan_equals_allocation_sliding(const char *arch)
+{
     eng_model_make_params mp = eng_model_make_default_params();
     eng_model *model;
     sw_error err;
-    mp.architecture = "gemma3";
+    mp.architecture = arch;
     mp.n_embd = 128;
     mp.n_layer = 4;
     mp.n_head = 4;
@@ -204,7 +218,8 @@ static void test_plan_equals_allocation_sliding(void **state)
     mp.n_vocab = 512;
     mp.weight_type = ENG_TYPE_Q8_0;
     mp.sliding_window = 40;
-    mp.sliding_window_pattern = 2; /* layers 0 and 2 slide */
+    if (strcmp(arch, "gemma3") == 0)
+        mp.sliding_window_pattern = 2; /* layers 0 and 2 slide */
     mp.seed = 12;
     const char *path = tu_tmp_path("plan-sliding.gguf");
     if (eng_model_make(&mp, path, &err) || eng_model_load(path, &model, &err))
@@ -276,8 +291,9 @@ static void test_plan_equals_allocation_sliding(void **state)
                 }
                 uint64_t used = self_bytes(dev) - before;
                 if (used != plan.device_bytes || used != eng_context_device_bytes(ctx))
-                    fail_msg("%s, gpu-layers %d, ctx %d: planned %llu, allocated %llu, the "
-                             "context says %zu", policy ? "grow" : "reserve", gpu_layers[g],
+                    fail_msg("%s %s, gpu-layers %d, ctx %d: planned %llu, allocated %llu, "
+                             "the context says %zu", arch, policy ? "grow" : "reserve",
+                             gpu_layers[g],
                              n_ctx, (unsigned long long)plan.device_bytes,
                              (unsigned long long)used, eng_context_device_bytes(ctx));
                 assert_int_equal(eng_context_kv_sliding_blocks_held(ctx), n_seqs * ring);

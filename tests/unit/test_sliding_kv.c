@@ -1,5 +1,6 @@
 /* test_sliding_kv.c - windowed KV memory for sliding-window layers
- * (gemma3): a sequence many windows long keeps, of its sliding layers,
+ * (gemma3's local layers; a llama file with attention.sliding_window, every
+ * layer sliding): a sequence many windows long keeps, of its sliding layers,
  * only a ring of the blocks its window reaches, and computes exactly what
  * it computes with every position kept.
  *
@@ -12,14 +13,15 @@
  * and windows, single-token steps, and batched steps of several sequences
  * (eng_decode_batch), with F16 and F32 caches. Every step also checks the
  * sliding blocks held against the ring's bound and the bytes held
- * against eng_kv_sequence_bytes. The accounting functions are checked
- * against hand-computed values, and a model without sliding layers has
- * none of them.
+ * against eng_kv_sequence_bytes. The accounting functions and the plan
+ * are checked against hand-computed values, and a model without sliding
+ * layers has none of them.
  */
 #include "testutil.h"
 
 #include "common/alloc.h"
 #include "engine/model.h"
+#include "engine/plan.h"
 #include "modelgen/model_make.h"
 #include "quant/quant.h"
 
@@ -29,9 +31,11 @@
 #define N_CTX 320
 #define WINDOW 8
 
-static char g_path[4096];
+static char g_path[4096];       /* gemma3 */
+static char g_llama_path[4096]; /* llama with a window */
 
-/* gemma3, 3 layers: 0 and 2 slide (pattern 2: every second is global). */
+/* gemma3, 3 layers: 0 and 2 slide (pattern 2: every second is global);
+ * llama, 3 layers, all sliding, with the same window. */
 static int setup(void **state)
 {
     (void)state;
@@ -55,6 +59,14 @@ static int setup(void **state)
         print_error("model make: %s\n", err.message);
         return -1;
     }
+    p.architecture = "llama";
+    p.head_dim = 0;
+    p.sliding_window_pattern = 0;
+    snprintf(g_llama_path, sizeof g_llama_path, "%s", tu_tmp_path("sliding-kv-llama.gguf"));
+    if (eng_model_make(&p, g_llama_path, &err)) {
+        print_error("model make: %s\n", err.message);
+        return -1;
+    }
     return 0;
 }
 
@@ -62,6 +74,7 @@ static int teardown(void **state)
 {
     (void)state;
     remove(g_path);
+    remove(g_llama_path);
     return 0;
 }
 
@@ -198,12 +211,11 @@ static void expect_same(const run *a, const run *b, int32_t n_vocab, const char 
                      "reference's (every position kept)", what, block_tokens, r);
 }
 
-static void test_ring_equals_full_kv(void **state)
+static void ring_equals_full_kv(const char *path)
 {
-    (void)state;
     eng_model *model;
     sw_error err;
-    if (eng_model_load(g_path, &model, &err))
+    if (eng_model_load(path, &model, &err))
         fail_msg("load: %s", err.message);
     const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
     const uint32_t kv_types[] = {ENG_TYPE_F16, ENG_TYPE_F32};
@@ -224,6 +236,54 @@ static void test_ring_equals_full_kv(void **state)
         sw_free(ref.logits);
         sw_free(ref_batch.logits);
     }
+    eng_model_free(model);
+}
+
+static void test_ring_equals_full_kv(void **state)
+{
+    (void)state;
+    ring_equals_full_kv(g_path);
+}
+
+static void test_ring_equals_full_kv_llama(void **state)
+{
+    (void)state;
+    ring_equals_full_kv(g_llama_path);
+}
+
+/* The llama file's figures: every layer slides, so a sequence past the
+ * ring holds the ring's blocks only, and the plan (what `model plan`
+ * prints) says so. */
+static void test_accounting_llama(void **state)
+{
+    (void)state;
+    eng_model *model;
+    sw_error err;
+    if (eng_model_load(g_llama_path, &model, &err))
+        fail_msg("load: %s", err.message);
+    const eng_hparams *hp = eng_model_hparams(model);
+    const size_t layer_token = 2 * 2 * 16 * 2; /* K and V, 2 kv heads of 16, f16 */
+    assert_int_equal(hp->n_swa, WINDOW);
+    assert_int_equal(eng_kv_bytes_per_token(hp, ENG_TYPE_F16), 3 * layer_token);
+    assert_int_equal(eng_kv_sliding_bytes_per_token(hp, ENG_TYPE_F16), 3 * layer_token);
+    assert_int_equal(eng_kv_sliding_blocks_max(hp, 4, N_CTX), 3);
+    /* 300 tokens in blocks of 16: the ring's 2 blocks, nothing global */
+    assert_int_equal(eng_kv_sequence_bytes(hp, ENG_TYPE_F16, 16, N_CTX, 300),
+                     2 * 16 * 3 * layer_token);
+    eng_plan_params pp = eng_plan_default_params();
+    eng_plan plan;
+    pp.n_gpu_layers = 0;
+    pp.n_ctx = N_CTX;
+    pp.n_seqs = 2;
+    pp.kv_block_tokens = 16;
+    pp.kv_type = ENG_TYPE_F16;
+    assert_int_equal(eng_plan_compute(model, &pp, (uint64_t)1 << 30, (uint64_t)1 << 30, &plan,
+                                      &err), SW_OK);
+    assert_int_equal(plan.kv_sliding_blocks_max, 2);
+    assert_int_equal(plan.kv_blocks_per_seq, 20);
+    assert_int_equal(plan.kv_sliding_bytes_per_token_host, plan.kv_bytes_per_token_host);
+    assert_int_equal(plan.kv_host_bytes, 2 * eng_kv_sequence_bytes(hp, ENG_TYPE_F16, 16,
+                                                                     N_CTX, N_CTX));
     eng_model_free(model);
 }
 
@@ -306,7 +366,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_equals_full_kv),
+        cmocka_unit_test(test_ring_equals_full_kv_llama),
         cmocka_unit_test(test_accounting),
+        cmocka_unit_test(test_accounting_llama),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,7 +6,8 @@
 # GBNF JSON grammar, and the mask time per token along random walks, as
 # wall-clock time and as the thread's CPU time (on a loaded machine the
 # wall-clock tail is mostly waiting for a core). BENCH_SLOW_MS=x lists the
-# masks slower than x ms (CPU) with the text before them.
+# masks slower than x ms (CPU) with the text before them; BENCH_MASK_HASH=1
+# prints a hash of each walk's masks (to compare two builds).
 # Prints figures; asserts nothing; not part of `make test`.
 #
 #   bench/constrain.sh [BUILD_DIR]            (default: build)

@@ -12,7 +12,8 @@
  * free strings) until the value closes or TOKENS run out (the budget keeps
  * every walk completable). The distribution over all masks is printed:
  * mean, median, 90th, 99th percentile and the worst, in wall-clock time and
- * in the thread's CPU time.
+ * in the thread's CPU time. BENCH_MASK_HASH=1 also prints a hash of each
+ * walk's masks (two builds whose hashes agree computed the same masks).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
@@ -25,6 +26,7 @@
 #include "text/tokenizer.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +61,10 @@ static double cpu_seconds(void)
 
 /* BENCH_SLOW_MS=x prints the text before each mask slower than x ms (CPU). */
 static double g_slow_ms = -1;
+/* BENCH_MASK_HASH=1 prints a hash of every mask of each walk, so two builds
+ * can be compared for identical masks. */
+static bool g_hash;
+static double g_create_ms; /* CPU time creating the walks' constraints */
 static const eng_tokenizer *g_tok;
 
 static void series_add(series *s, double ms)
@@ -109,12 +115,16 @@ static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int6
 {
     char text[8192];
     size_t text_len = 0;
+    uint64_t seed0 = seed;
     eng_constraint *c = NULL;
+    double c0 = cpu_seconds();
     if (eng_constraint_create(g, v, &c, NULL))
         return -1;
+    g_create_ms += (cpu_seconds() - c0) * 1e3;
     int32_t n_tok = eng_cs_vocab_n_tokens(v);
     uint32_t *mask = sw_malloc(((size_t)n_tok + 31) / 32 * sizeof *mask);
     int taken = 0;
+    uint64_t hash = 14695981039346656037ull;
     for (int64_t left = tokens; left > 0 && mask; left--) {
         double t0 = eng_now_seconds(), c0 = cpu_seconds();
         int32_t allowed = eng_constraint_mask(c, left, mask);
@@ -125,6 +135,8 @@ static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int6
             printf("    slow mask %.3f ms (%d allowed) after: %.*s\n", cpu_ms, allowed,
                    (int)(text_len < 300 ? text_len : 300),
                    text + (text_len < 300 ? 0 : text_len - 300));
+        for (int32_t w = 0; g_hash && w < (n_tok + 31) / 32; w++)
+            hash = (hash ^ mask[w]) * 1099511628211ull;
         if (allowed <= 0)
             break;
         int32_t pick = (int32_t)(rng_step(&seed) % (uint64_t)allowed), id = -1, end = -1;
@@ -150,6 +162,9 @@ static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int6
         if (eng_constraint_is_closed(c))
             break;
     }
+    if (g_hash)
+        printf("    walk %llu: %d tokens, masks hash %016llx\n", (unsigned long long)seed0, taken,
+               (unsigned long long)hash);
     sw_free(mask);
     eng_constraint_free(c);
     return taken;
@@ -160,9 +175,11 @@ static void walks(const char *what, const eng_grammar *g, const eng_cs_vocab *v,
 {
     series s = {0}, cpu = {0};
     long total = 0;
+    g_create_ms = 0;
     for (int i = 0; i < n_walks; i++)
         total += walk(g, v, 1000 + (uint64_t)i, tokens, &s, &cpu);
-    printf("  %s: %d walks, %ld tokens\n", what, n_walks, total);
+    printf("  %s: %d walks, %ld tokens, %.3f ms CPU per constraint created\n", what, n_walks,
+           total, g_create_ms / n_walks);
     series_print("mask per token (wall clock)", &s);
     series_print("mask per token (thread CPU time)", &cpu);
     free(s.ms);
@@ -179,6 +196,7 @@ int main(int argc, char **argv)
     int64_t tokens = argc > 4 ? atoll(argv[4]) : 3000;
     if (getenv("BENCH_SLOW_MS"))
         g_slow_ms = atof(getenv("BENCH_SLOW_MS"));
+    g_hash = getenv("BENCH_MASK_HASH") != NULL;
     sw_error err;
     eng_gguf *gg = NULL;
     eng_tokenizer *tok = NULL;

@@ -70,6 +70,12 @@ struct eng_cs_vocab {
     int32_t n_plain;
     int32_t max_plain_chars;
     uint32_t *plain_bits; /* the plain tokens as a mask ((n_tokens + 31) / 32 words) */
+    /* byte_plain[byte_plain_off[b] .. byte_plain_off[b + 1]): the plain
+     * tokens (indices into plain_ids) holding byte b as a character's
+     * first byte (pattern lists of states that nearly every character
+     * keeps, cs_pat_cache.whole). */
+    int32_t *byte_plain_off; /* 257 */
+    int32_t *byte_plain;
     cs_trie full;         /* every allowed token */
     cs_trie special;      /* allowed tokens that are not plain */
     cs_trie plain;        /* the plain tokens (pattern lists are built walking it) */
@@ -110,6 +116,12 @@ typedef struct cs_pat_cache {
     int32_t n_bits;
     int64_t max_cost;
     uint32_t *bits;      /* (n_tokens + 31) / 32 words */
+    /* A state that every plain character either keeps or refuses (inside
+     * `.*` or a GBNF string, say): the list is not written out; it is
+     * every plain token whose bit is set in bits (n of them), each with
+     * this state after it and its own code points. fast and n_bits then
+     * say whether bits is also the mask (n_bits 0: no entry fits). */
+    bool whole;
 } cs_pat_cache;
 
 struct eng_constraint {

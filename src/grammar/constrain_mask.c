@@ -85,6 +85,121 @@ static void list_walk_node(list_walk *lw, uint32_t node, int32_t state, int32_t 
     }
 }
 
+/* Whether every plain character read from state `state` either comes back
+ * to it or is refused, with no accepting state inside a character (raw:
+ * such a token would be undecided). refused_ascii gets the refused
+ * one-byte characters, dirty_lead the first bytes of the longer
+ * characters of which some are refused. Per first byte the characters are
+ * walked as pairs (state, bytes still to come) over their byte ranges;
+ * false also when that meets too many pairs. */
+#define WHOLE_MAX_PAIRS 64
+static bool whole_state(const eng_regex *re, int32_t state, bool raw, bool refused_ascii[128],
+                        bool dirty_lead[256])
+{
+    if (raw && eng_regex_accepting(re, state))
+        return false;
+    memset(refused_ascii, 0, 128 * sizeof *refused_ascii);
+    memset(dirty_lead, 0, 256 * sizeof *dirty_lead);
+    for (int ch = 0x20; ch < 0x80; ch++) {
+        if (ch == '"' || ch == '\\')
+            continue;
+        int32_t to = eng_regex_step(re, state, (uint8_t)ch);
+        if (to < 0)
+            refused_ascii[ch] = true;
+        else if (to != state)
+            return false;
+    }
+    for (int lead = 0xC0; lead < 0x100; lead++) {
+        uint8_t lo, hi;
+        int k = eng__cs_utf8_lead((uint8_t)lead, &lo, &hi);
+        if (k == 0)
+            continue;
+        int32_t first = eng_regex_step(re, state, (uint8_t)lead);
+        if (first < 0) {
+            dirty_lead[lead] = true;
+            continue;
+        }
+        if (raw && eng_regex_accepting(re, first))
+            return false;
+        struct { int32_t q; int rest; uint8_t lo, hi; } pair[WHOLE_MAX_PAIRS];
+        int n_pairs = 1, done = 0;
+        pair[0].q = first, pair[0].rest = k, pair[0].lo = lo, pair[0].hi = hi;
+        for (; done < n_pairs; done++) {
+            int32_t q = pair[done].q;
+            int rest = pair[done].rest;
+            for (int b = pair[done].lo; b <= pair[done].hi; b++) {
+                int32_t to = eng_regex_step(re, q, (uint8_t)b);
+                if (to < 0) {
+                    dirty_lead[lead] = true;
+                    continue;
+                }
+                if (rest == 1) {
+                    if (to != state)
+                        return false;
+                    continue;
+                }
+                if (raw && eng_regex_accepting(re, to))
+                    return false;
+                bool seen = false;
+                for (int i = 0; i < n_pairs && !seen; i++)
+                    seen = pair[i].q == to && pair[i].rest == rest - 1 && pair[i].lo == 0x80;
+                if (seen)
+                    continue;
+                if (n_pairs == WHOLE_MAX_PAIRS)
+                    return false;
+                pair[n_pairs].q = to, pair[n_pairs].rest = rest - 1;
+                pair[n_pairs].lo = 0x80, pair[n_pairs].hi = 0xBF;
+                n_pairs++;
+            }
+        }
+    }
+    return true;
+}
+
+/* Whether a whole slot is worth it: the tokens it must look at (those
+ * holding a refused or dirty first byte) are few, so most plain tokens are
+ * in the set (a state that keeps a few characters and refuses the rest is
+ * better walked). */
+static bool whole_is_cheap(const eng_cs_vocab *v, const bool refused_ascii[128],
+                           const bool dirty_lead[256])
+{
+    int64_t looked_at = 0;
+    for (int b = 0; b < 256; b++)
+        if (b < 128 ? refused_ascii[b] : dirty_lead[b])
+            looked_at += v->byte_plain_off[b + 1] - v->byte_plain_off[b];
+    return looked_at * 8 <= v->n_plain;
+}
+
+/* A whole slot's token set (cs_pat_cache.whole): every plain token, less
+ * those holding a refused one-byte character, less those of a dirty first
+ * byte that the automaton refuses when fed them. */
+static void whole_build(const eng_constraint *c, const eng_regex *re, cs_pat_cache *slot,
+                        const bool refused_ascii[128], const bool dirty_lead[256])
+{
+    const eng_cs_vocab *v = c->v;
+    memcpy(slot->bits, v->plain_bits, ((size_t)v->n_tokens + 31) / 32 * sizeof *slot->bits);
+    slot->n = v->n_plain;
+    for (int b = 0; b < 256; b++) {
+        bool refused = b < 128 ? refused_ascii[b] : dirty_lead[b];
+        for (int32_t j = v->byte_plain_off[b]; refused && j < v->byte_plain_off[b + 1]; j++) {
+            int32_t id = v->plain_ids[v->byte_plain[j]];
+            uint32_t bit = 1u << (id & 31);
+            if (!(slot->bits[id >> 5] & bit))
+                continue;
+            if (b >= 128) { /* fed from the state: kept unless refused */
+                const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
+                int32_t q = slot->state;
+                for (int32_t k = 0; k < v->len[id] && q >= 0; k++)
+                    q = eng_regex_step(re, q, p[k]);
+                if (q >= 0)
+                    continue;
+            }
+            slot->bits[id >> 5] &= ~bit;
+            slot->n--;
+        }
+    }
+}
+
 /* The slot's mask (cs_pat_cache.fast), after its list is built. */
 static void pat_cache_bits(const eng_constraint *c, const cs_node *n, cs_pat_cache *slot)
 {
@@ -111,10 +226,43 @@ static void pat_cache_bits(const eng_constraint *c, const cs_node *n, cs_pat_cac
     }
 }
 
+/* A whole slot's fast mask: its entries share one state, so one cost. */
+static void whole_bits(const cs_node *n, cs_pat_cache *slot)
+{
+    slot->fast = n->kind == CS_RAW || n->max_chars == INT32_MAX;
+    int64_t m = eng_regex_costs_get(n->re_costs, slot->state, n->kind == CS_RAW ? 0 : n->min_chars);
+    slot->n_bits = slot->fast && m >= 0 ? slot->n : 0;
+    slot->max_cost = slot->n_bits > 0 ? m : 0;
+}
+
+/* The list's entry i, for a slot that is not whole: slot->e; for a whole
+ * one, plain token i if it is in the set (false: it is not). */
+static inline bool pat_entry(const eng_constraint *c, const cs_pat_cache *slot, int32_t i,
+                             cs_pat_entry *e)
+{
+    if (!slot->whole) {
+        *e = slot->e[i];
+        return true;
+    }
+    int32_t id = c->v->plain_ids[i];
+    if (!(slot->bits[id >> 5] & (1u << (id & 31))))
+        return false;
+    *e = (cs_pat_entry){id, slot->state, c->v->plain_chars[i]};
+    return true;
+}
+
+/* The number of entries pat_entry walks over. */
+static inline int32_t pat_entries(const eng_constraint *c, const cs_pat_cache *slot)
+{
+    return slot->whole ? c->v->n_plain : slot->n;
+}
+
 /* ORs a slot's mask into mask. */
 static void pat_cache_or(const eng_constraint *c, const cs_pat_cache *slot, uint32_t *mask,
                          int32_t *count)
 {
+    if (slot->n_bits == 0)
+        return; /* a whole slot's bits hold its set, not a mask, then */
     size_t words = ((size_t)c->v->n_tokens + 31) / 32;
     for (size_t i = 0; i < words; i++)
         mask[i] |= slot->bits[i];
@@ -137,9 +285,17 @@ static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_
         slot->state = state;
         slot->n = 0;
         const cs_node *n = &c->g->nodes[node];
-        list_walk lw = {&c->v->plain, n->re, n->kind == CS_RAW, slot};
-        list_walk_node(&lw, 0, state, 0, 0);
-        pat_cache_bits(c, n, slot);
+        bool refused_ascii[128], dirty_lead[256];
+        slot->whole = whole_state(n->re, state, n->kind == CS_RAW, refused_ascii, dirty_lead) &&
+                      whole_is_cheap(c->v, refused_ascii, dirty_lead);
+        if (slot->whole) {
+            whole_build(c, n->re, slot, refused_ascii, dirty_lead);
+            whole_bits(n, slot);
+        } else {
+            list_walk lw = {&c->v->plain, n->re, n->kind == CS_RAW, slot};
+            list_walk_node(&lw, 0, state, 0, 0);
+            pat_cache_bits(c, n, slot);
+        }
     }
     slot->used = ++c->ptick;
     return slot;
@@ -158,8 +314,11 @@ static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t bas
         pat_cache_or(c, slot, mask, count);
         return true;
     }
-    for (int32_t i = 0; i < slot->n; i++) {
-        const cs_pat_entry *e = &slot->e[i];
+    for (int32_t i = 0; i < pat_entries(c, slot); i++) {
+        cs_pat_entry entry;
+        if (!pat_entry(c, slot, i, &entry))
+            continue;
+        const cs_pat_entry *e = &entry;
         int64_t a = (int64_t)f->a + e->chars;
         if (a > n->max_chars)
             continue;
@@ -385,8 +544,11 @@ static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_re
         pat_cache_or(c, slot, mask, count);
         return true;
     }
-    for (int32_t i = 0; i < slot->n; i++) {
-        const cs_pat_entry *e = &slot->e[i];
+    for (int32_t i = 0; i < pat_entries(c, slot); i++) {
+        cs_pat_entry entry;
+        if (!pat_entry(c, slot, i, &entry))
+            continue;
+        const cs_pat_entry *e = &entry;
         bool ok = e->state == CS_PAT_UNDECIDED
                       ? token_fits(c, e->id, budget_after)
                       : base_rest + eng_regex_costs_get(n->re_costs, e->state, 0) <= budget_after;

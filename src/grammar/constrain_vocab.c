@@ -159,6 +159,8 @@ void eng_cs_vocab_free(eng_cs_vocab *v)
     sw_free(v->plain_ids);
     sw_free(v->plain_chars);
     sw_free(v->plain_bits);
+    sw_free(v->byte_plain_off);
+    sw_free(v->byte_plain);
     trie_free(&v->full);
     trie_free(&v->special);
     trie_free(&v->plain);
@@ -168,6 +170,52 @@ void eng_cs_vocab_free(eng_cs_vocab *v)
 int32_t eng_cs_vocab_n_tokens(const eng_cs_vocab *v)
 {
     return v->n_tokens;
+}
+
+/* For each byte value, the plain tokens (indices into plain_ids) that hold
+ * it as a character's first byte: two passes, counting then filling. */
+static int plain_byte_index(eng_cs_vocab *v)
+{
+    int32_t *last = sw_malloc(256 * sizeof *last);
+    v->byte_plain_off = sw_calloc(257, sizeof *v->byte_plain_off);
+    if (!last || !v->byte_plain_off) {
+        sw_free(last);
+        return SW_ENOMEM;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int b = 0; b < 256; b++)
+            last[b] = -1;
+        int32_t *at = NULL;
+        if (pass) {
+            at = sw_malloc(256 * sizeof *at);
+            v->byte_plain = sw_malloc(((size_t)v->byte_plain_off[256] + 1) * sizeof *v->byte_plain);
+            if (!at || !v->byte_plain) {
+                sw_free(at);
+                sw_free(last);
+                return SW_ENOMEM;
+            }
+            memcpy(at, v->byte_plain_off, 256 * sizeof *at);
+        }
+        for (int32_t i = 0; i < v->n_plain; i++) {
+            int32_t id = v->plain_ids[i];
+            const uint8_t *p = (const uint8_t *)v->blob + v->off[id];
+            for (int32_t k = 0; k < v->len[id]; k++) {
+                if ((p[k] & 0xC0) == 0x80 || last[p[k]] == i)
+                    continue;
+                last[p[k]] = i;
+                if (pass)
+                    v->byte_plain[at[p[k]]++] = i;
+                else
+                    v->byte_plain_off[p[k] + 1]++;
+            }
+        }
+        if (!pass)
+            for (int b = 0; b < 256; b++)
+                v->byte_plain_off[b + 1] += v->byte_plain_off[b];
+        sw_free(at);
+    }
+    sw_free(last);
+    return SW_OK;
 }
 
 /* The shared part of both constructors: v->blob/off/len/is_end are set. */
@@ -207,7 +255,7 @@ static int vocab_finish(eng_cs_vocab *v, sw_error *err)
     }
     if (trie_build(&v->full, all, n_all, v->max_len) ||
         trie_build(&v->special, spec, n_special, v->max_len) ||
-        trie_build(&v->plain, plain, v->n_plain, v->max_len))
+        trie_build(&v->plain, plain, v->n_plain, v->max_len) || plain_byte_index(v))
         rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
 done:
     sw_free(all);

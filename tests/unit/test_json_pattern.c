@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "grammar/constrain.h"
 #include "grammar/formats.h"
+#include "grammar/gbnf.h"
 #include "engine/generate.h"
 #include "gguf/gguf.h"
 #include "grammar/json_schema.h"
@@ -380,6 +381,92 @@ static void test_qwen2(void **state)
     eng_gguf_close(gg);
 }
 
+/* Whether token t is allowed after `prefix` with `left` tokens to go, by
+ * feeding it to a fresh constraint: the judge of the masks below. */
+static bool token_allowed(const eng_grammar *g, const eng_cs_vocab *v, const char *prefix,
+                          int32_t t, int64_t left)
+{
+    eng_constraint *c = NULL;
+    assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+    assert_true(eng_constraint_feed(c, prefix, strlen(prefix)));
+    bool end = eng_constraint_is_end_token(c, t);
+    bool ok = eng_constraint_accept_token(c, t) && (end || eng_constraint_min_bytes(c) <= left - 1);
+    eng_constraint_free(c);
+    return ok;
+}
+
+/* States that nearly every character keeps (inside `.*`, a GBNF string
+ * refusing 0x7F): their lists are the plain-token mask less the tokens
+ * holding a refused character. The mask, with the budget far and near and
+ * the length bounded or not, agrees token by token with feeding: every
+ * token holding 0x7F or a character that starts with 0xE2 (U+2028 and
+ * U+2029 are refused by `.`) and every 37th other token. */
+static void test_qwen2_whole_states(void **state)
+{
+    (void)state;
+    const char *path = tu_shared_path("vocab/ggml-vocab-qwen2.gguf");
+    if (!path)
+        return;
+    eng_gguf *gg = NULL;
+    eng_tokenizer *tok = NULL;
+    eng_cs_vocab *v = NULL;
+    assert_int_equal(eng_gguf_open(path, &gg, NULL), SW_OK);
+    assert_int_equal(eng_tokenizer_load(gg, &tok, NULL), SW_OK);
+    assert_int_equal(eng_cs_vocab_create(tok, &v, NULL), SW_OK);
+    static const struct {
+        const char *schema, *gbnf, *prefix;
+        int64_t left;
+    } cases[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^/.*$\"}", NULL, "\"/", 1000},
+        {"{\"type\":\"string\",\"pattern\":\"^/.*$\"}", NULL, "\"/ab", 4},
+        {"{\"type\":\"string\",\"pattern\":\"^/.*$\",\"maxLength\":12}", NULL, "\"/x", 1000},
+        {NULL, "root ::= \"\\\"\" [^\"\\\\\\x7F\\x00-\\x1F]* \"\\\"\"", "\"ab", 1000},
+        {NULL, "root ::= \"\\\"\" [^\"\\\\\\x7F\\x00-\\x1F]* \"\\\"\"", "\"ab", 3},
+    };
+    int32_t n = eng_cs_vocab_n_tokens(v);
+    uint32_t *mask = sw_calloc(((size_t)n + 31) / 32, sizeof *mask);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        eng_grammar *g = NULL;
+        if (cases[i].schema) {
+            json_t *schema = parse(cases[i].schema);
+            assert_int_equal(eng_grammar_from_schema(schema, &g, NULL), SW_OK);
+            json_decref(schema);
+        } else {
+            sw_error err;
+            if (eng_grammar_from_gbnf(cases[i].gbnf, strlen(cases[i].gbnf), &g, &err))
+                fail_msg("%s: %s", cases[i].gbnf, err.message);
+        }
+        eng_constraint *c = NULL;
+        assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+        assert_true(eng_constraint_feed(c, cases[i].prefix, strlen(cases[i].prefix)));
+        int32_t allowed = eng_constraint_mask(c, cases[i].left, mask), checked = 0, ones = 0;
+        for (int32_t t = 0; t < n; t++) {
+            char piece[512];
+            size_t len = eng_token_to_bytes(tok, t, piece, sizeof piece);
+            bool odd = memchr(piece, 0x7F, len < sizeof piece ? len : sizeof piece) ||
+                       memchr(piece, 0xE2, len < sizeof piece ? len : sizeof piece);
+            ones += bit(mask, t);
+            if (!odd && t % 37)
+                continue;
+            checked++;
+            if (bit(mask, t) != token_allowed(g, v, cases[i].prefix, t, cases[i].left))
+                fail_msg("%s after %s: token %d (%.*s) %s by the mask, not by feeding",
+                         cases[i].schema ? cases[i].schema : cases[i].gbnf, cases[i].prefix, t,
+                         (int)len, piece, bit(mask, t) ? "allowed" : "refused");
+        }
+        assert_int_equal(allowed, ones);
+        printf("%s after %s (%lld left): %d allowed, %d checked by feeding\n",
+               cases[i].schema ? cases[i].schema : cases[i].gbnf, cases[i].prefix,
+               (long long)cases[i].left, allowed, checked);
+        eng_constraint_free(c);
+        eng_grammar_free(g);
+    }
+    sw_free(mask);
+    eng_cs_vocab_free(v);
+    eng_tokenizer_free(tok);
+    eng_gguf_close(gg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_qwen2),
+        cmocka_unit_test(test_qwen2_whole_states),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -138,6 +138,9 @@ const char *eng__sc_doc_base_of(const sc_doc *d, const json_t *s);
 void eng__sc_doc_free(sc_doc *d);
 int eng__sc_doc_init(sc_doc *d, const json_t *root, sw_error *err);
 json_t *eng__sc_doc_keep(sc_doc *d, json_t *s);
+/* The JSON text of the built-in metaschema a URI (no fragment) names, or
+ * NULL (json_schema_meta.c). */
+const char *eng__sc_builtin_metaschema(const char *uri);
 int eng__sc_doc_resolve(const sc_doc *d, const char *base, const char *ref, const json_t **out,
                         sw_error *err);
 bool eng__sc_in_list(const char *k, const char *const *list, size_t n);

@@ -772,6 +772,11 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
     return SW_OK;
 }
 
+static bool is_leaf_kind(int kind)
+{
+    return kind == CS_STRING || kind == CS_PATTERN || kind == CS_INTEGER || kind == CS_NUMBER;
+}
+
 int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     if (++b->steps > SC_MAX_COMPILE_STEPS || b->g->n_nodes > SC_MAX_NODES)
@@ -788,8 +793,16 @@ int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int
     char key[48];
     if (mine)
         b->base = mine;
+    /* A string or number node holds no frame of the stack: the one made
+     * at any depth serves every depth ("%p/leaf"). A recursive schema's
+     * patterns (the metaschema's $id, $anchor, ...) are then compiled once,
+     * not once per level. */
+    char leaf_key[48];
+    snprintf(leaf_key, sizeof leaf_key, "%p/leaf", (const void *)s);
     snprintf(key, sizeof key, "%p/%d", (const void *)s, (int)depth);
-    const json_t *memo = json_is_object(s) ? json_object_get(b->memo, key) : NULL;
+    const json_t *memo = NULL;
+    if (json_is_object(s) && !(memo = json_object_get(b->memo, leaf_key)))
+        memo = json_object_get(b->memo, key);
     int rc = SW_OK;
     if (memo) {
         *out = (int32_t)json_integer_value(memo);
@@ -797,6 +810,9 @@ int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int
         rc = compile_inner(b, s, depth, plen, out);
         if (rc == SW_OK && json_is_object(s) &&
             json_object_set_new(b->memo, key, json_integer(*out)))
+            rc = eng__sc_oom(b);
+        if (rc == SW_OK && json_is_object(s) && *out >= 0 && is_leaf_kind(b->g->nodes[*out].kind) &&
+            json_object_set_new(b->memo, leaf_key, json_integer(*out)))
             rc = eng__sc_oom(b);
     }
     b->base = saved;

@@ -419,6 +419,31 @@ static void test_other_remote_refused(void **state)
     }
 }
 
+/* The compiler reuses a string node across depths (the metaschema's
+ * patterns are compiled once), only for a schema that compiled nothing
+ * below it: a recursive anyOf with a string alternative keeps its
+ * recursion at every level. */
+static void test_recursive_string_or_array(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *s = json_loads("{\"$defs\":{\"t\":{\"anyOf\":[{\"type\":\"string\",\"pattern\":"
+                           "\"^a+$\"},{\"type\":\"object\",\"properties\":{\"c\":"
+                           "{\"$ref\":\"#/$defs/t\"}},\"required\":[\"c\"]}]}},"
+                           "\"$ref\":\"#/$defs/t\"}",
+                           0, &jerr);
+    assert_non_null(s);
+    eng_grammar *g = NULL;
+    sw_error err;
+    assert_int_equal(eng_grammar_from_schema(s, &g, &err), SW_OK);
+    assert_true(feed_text(g, "\"aa\""));
+    assert_true(feed_text(g, "{\"c\":\"a\"}"));
+    assert_true(feed_text(g, "{\"c\":{\"c\":\"a\"}}"));
+    assert_false(feed_text(g, "{\"c\":\"b\"}"));
+    eng_grammar_free(g);
+    json_decref(s);
+}
+
 int main(void)
 {
     g_vocab = tu_byte_vocab();
@@ -426,6 +451,7 @@ int main(void)
         cmocka_unit_test(test_valid_accepted),
         cmocka_unit_test(test_invalid_rejected),
         cmocka_unit_test(test_other_remote_refused),
+        cmocka_unit_test(test_recursive_string_or_array),
         cmocka_unit_test(test_suite_schemas_2020),
         cmocka_unit_test(test_suite_schemas_draft7),
     };

@@ -815,7 +815,8 @@ int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int
         /* only where nothing below was compiled: an anyOf whose recursive
          * alternative ended at the stack's bottom is a string there, not
          * above */
-        bool leaf = b->steps == steps_before && *out >= 0 && is_leaf_kind(b->g->nodes[*out].kind);
+        bool leaf = rc == SW_OK && b->steps == steps_before && *out >= 0 &&
+                    is_leaf_kind(b->g->nodes[*out].kind);
         if (rc == SW_OK && json_is_object(s) && leaf &&
             json_object_set_new(b->memo, leaf_key, json_integer(*out)))
             rc = eng__sc_oom(b);

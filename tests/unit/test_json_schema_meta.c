@@ -406,7 +406,8 @@ static void test_other_remote_refused(void **state)
 {
     (void)state;
     static const char *const refs[] = {
-        "https://json-schema.org/draft/2020-12/meta/core", "http://json-schema.org/draft-06/schema#",
+        "https://json-schema.org/draft/2020-12/meta/core",
+        "http://json-schema.org/draft-06/schema#",
         "https://example.com/schema", "https://json-schema.org/draft/2020-12/schemax",
     };
     for (size_t i = 0; i < sizeof refs / sizeof *refs; i++) {

@@ -4,7 +4,8 @@
  * and resolves $ref, json_schema_merge.c merges allOf and compares
  * numbers, json_schema_object.c compiles objects and arrays,
  * json_schema_combine.c not / anyOf / oneOf / if / dependencies,
- * json_schema_validate.c validates values). Only those files include it.
+ * json_schema_validate.c validates values, json_schema_meta.c holds the
+ * built-in metaschemas). Only those files include it.
  */
 #ifndef SPILLWAY_ENGINE_JSON_SCHEMA_IMPL_H
 #define SPILLWAY_ENGINE_JSON_SCHEMA_IMPL_H

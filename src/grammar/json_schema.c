@@ -320,6 +320,19 @@ static int32_t decimal_step(double mo)
     return 0;
 }
 
+/* m = a / 2^j with a odd and j in 1..20, a below 214748364: a, else 0
+ * (m is not such a fraction; every such double is exact). */
+static int32_t dyadic_numerator(double m)
+{
+    double x = m;
+    for (int j = 1; j <= 20; j++) {
+        x *= 2;
+        if (x == floor(x))
+            return x < INT32_MAX / 10 ? (int32_t)x : 0;
+    }
+    return 0;
+}
+
 static int compile_number(builder *b, const json_t *s, bool integer, size_t plen, int32_t *out)
 {
     cs_node nd;
@@ -358,9 +371,18 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
              * doubles (python-jsonschema) call 0.07 / 0.01 inexact; a whole
              * number divides exactly for these steps (not for 1e-5) */
             nd.kind = CS_INTEGER;
+        } else if (dyadic_numerator(m) > 0) {
+            /* m = a / 2^j, a odd (1.5, 2.5, 0.25): an integer is a multiple
+             * of m exactly when a divides it, and n / m is then exact in
+             * doubles too; numbers get those integers only (a narrowing:
+             * 4.5 is never generated for 1.5) */
+            nd.kind = CS_INTEGER;
+            int32_t a = dyadic_numerator(m);
+            nd.multiple_of = a == 1 ? 0 : a;
         } else if (!(integer && 1 / m == floor(1 / m))) {
             return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
-                                   "'multipleOf' is enforced for whole numbers and 10^-k only");
+                                   "'multipleOf' is enforced for whole numbers, 10^-k and "
+                                   "fractions a / 2^j only");
         }
     }
     num_bound lo = eng__sc_bound_get(s, true), hi = eng__sc_bound_get(s, false);

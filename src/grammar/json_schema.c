@@ -89,6 +89,20 @@ static const char *const string_keywords[] = {"minLength", "maxLength", "pattern
 static const char *const number_keywords[] = {"minimum", "maximum", "exclusiveMinimum",
                                               "exclusiveMaximum", "multipleOf"};
 
+/* Whether no array satisfies the schema's contains: contains false
+ * (without minContains 0), or minContains above maxContains. */
+static bool contains_unsatisfiable(const json_t *s)
+{
+    const json_t *c = json_object_get(s, "contains");
+    const json_t *lo = json_object_get(s, "minContains"), *hi = json_object_get(s, "maxContains");
+    if (!c)
+        return false;
+    double min = json_is_number(lo) ? json_number_value(lo) : 1;
+    if (json_is_false(c) && min > 0)
+        return true;
+    return json_is_number(hi) && min > json_number_value(hi);
+}
+
 static int inferred_types(const json_t *s)
 {
     int m = 0;
@@ -728,8 +742,9 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))
         return eng__sc_compile_literals(b, s, plen, out);
+    int inferred = T_ALL;
     if (!type)
-        tm = inferred_types(s);
+        tm = inferred = inferred_types(s);
     bool untyped = !type && tm == T_ALL && !has_enforced_format(s);
     tm &= ~ni.types_out;
     tm &= ni.types_only;
@@ -780,6 +795,26 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
             return rc;
         if (a != CS_NEVER)
             alts[n++] = a;
+    }
+    if (n == 0 && !type && inferred == T_ARRAY && contains_unsatisfiable(s)) {
+        /* no array can satisfy contains ({"contains": false}, maxContains
+         * below minContains): the values of the other types, which those
+         * keywords do not constrain, are still valid. Only there: where
+         * the compiler's own narrowings leave no array, a 400 says so
+         * rather than a string standing in for the array */
+        int other = T_ALL & ~inferred & ~ni.types_out & ni.types_only;
+        if (ni.types_out & T_INTEGER)
+            other &= ~(T_NUMBER | T_INTEGER);
+        for (size_t i = 0; i < 7; i++) {
+            int t = order[i];
+            if (!(other & t) || (t == T_INTEGER && (other & T_NUMBER)))
+                continue;
+            int32_t a;
+            if ((rc = compile_typed(b, s, t, ni.forbid, depth, plen, &a)))
+                return rc;
+            if (a != CS_NEVER)
+                alts[n++] = a;
+        }
     }
     if (n == 0) {
         *out = CS_NEVER;

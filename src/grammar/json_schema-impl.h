@@ -4,7 +4,8 @@
  * and resolves $ref, json_schema_merge.c merges allOf and compares
  * numbers, json_schema_object.c compiles objects and arrays,
  * json_schema_combine.c not / anyOf / oneOf / if / dependencies,
- * json_schema_validate.c validates values). Only those files include it.
+ * json_schema_validate.c validates values, json_schema_meta.c holds the
+ * built-in metaschemas). Only those files include it.
  */
 #ifndef SPILLWAY_ENGINE_JSON_SCHEMA_IMPL_H
 #define SPILLWAY_ENGINE_JSON_SCHEMA_IMPL_H
@@ -138,6 +139,9 @@ const char *eng__sc_doc_base_of(const sc_doc *d, const json_t *s);
 void eng__sc_doc_free(sc_doc *d);
 int eng__sc_doc_init(sc_doc *d, const json_t *root, sw_error *err);
 json_t *eng__sc_doc_keep(sc_doc *d, json_t *s);
+/* The JSON text of the built-in metaschema a URI (no fragment) names, or
+ * NULL (json_schema_meta.c). */
+const char *eng__sc_builtin_metaschema(const char *uri);
 int eng__sc_doc_resolve(const sc_doc *d, const char *base, const char *ref, const json_t **out,
                         sw_error *err);
 bool eng__sc_in_list(const char *k, const char *const *list, size_t n);

@@ -89,6 +89,20 @@ static const char *const string_keywords[] = {"minLength", "maxLength", "pattern
 static const char *const number_keywords[] = {"minimum", "maximum", "exclusiveMinimum",
                                               "exclusiveMaximum", "multipleOf"};
 
+/* Whether no array satisfies the schema's contains: contains false
+ * (without minContains 0), or minContains above maxContains. */
+static bool contains_unsatisfiable(const json_t *s)
+{
+    const json_t *c = json_object_get(s, "contains");
+    const json_t *lo = json_object_get(s, "minContains"), *hi = json_object_get(s, "maxContains");
+    if (!c)
+        return false;
+    double min = json_is_number(lo) ? json_number_value(lo) : 1;
+    if (json_is_false(c) && min > 0)
+        return true;
+    return json_is_number(hi) && min > json_number_value(hi);
+}
+
 static int inferred_types(const json_t *s)
 {
     int m = 0;
@@ -320,6 +334,19 @@ static int32_t decimal_step(double mo)
     return 0;
 }
 
+/* m = a / 2^j with a odd and j in 1..20, a below 214748364: a, else 0
+ * (m is not such a fraction; every such double is exact). */
+static int32_t dyadic_numerator(double m)
+{
+    double x = m;
+    for (int j = 1; j <= 20; j++) {
+        x *= 2;
+        if (x == floor(x))
+            return x < INT32_MAX / 10 ? (int32_t)x : 0;
+    }
+    return 0;
+}
+
 static int compile_number(builder *b, const json_t *s, bool integer, size_t plen, int32_t *out)
 {
     cs_node nd;
@@ -358,9 +385,18 @@ static int compile_number(builder *b, const json_t *s, bool integer, size_t plen
              * doubles (python-jsonschema) call 0.07 / 0.01 inexact; a whole
              * number divides exactly for these steps (not for 1e-5) */
             nd.kind = CS_INTEGER;
+        } else if (dyadic_numerator(m) > 0) {
+            /* m = a / 2^j, a odd (1.5, 2.5, 0.25): an integer is a multiple
+             * of m exactly when a divides it, and n / m is then exact in
+             * doubles too; numbers get those integers only (a narrowing:
+             * 4.5 is never generated for 1.5) */
+            nd.kind = CS_INTEGER;
+            int32_t a = dyadic_numerator(m);
+            nd.multiple_of = a == 1 ? 0 : a;
         } else if (!(integer && 1 / m == floor(1 / m))) {
             return eng__sc_fail_at(b, eng__sc_path_push(b, plen, "multipleOf"), SW_EUNSUPPORTED,
-                                   "'multipleOf' is enforced for whole numbers and 10^-k only");
+                                   "'multipleOf' is enforced for whole numbers, 10^-k and "
+                                   "fractions a / 2^j only");
         }
     }
     num_bound lo = eng__sc_bound_get(s, true), hi = eng__sc_bound_get(s, false);
@@ -706,8 +742,9 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))
         return eng__sc_compile_literals(b, s, plen, out);
+    int inferred = T_ALL;
     if (!type)
-        tm = inferred_types(s);
+        tm = inferred = inferred_types(s);
     bool untyped = !type && tm == T_ALL && !has_enforced_format(s);
     tm &= ~ni.types_out;
     tm &= ni.types_only;
@@ -759,6 +796,26 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         if (a != CS_NEVER)
             alts[n++] = a;
     }
+    if (n == 0 && !type && inferred == T_ARRAY && contains_unsatisfiable(s)) {
+        /* no array can satisfy contains ({"contains": false}, maxContains
+         * below minContains): the values of the other types, which those
+         * keywords do not constrain, are still valid. Only there: where
+         * the compiler's own narrowings leave no array, a 400 says so
+         * rather than a string standing in for the array */
+        int other = T_ALL & ~inferred & ~ni.types_out & ni.types_only;
+        if (ni.types_out & T_INTEGER)
+            other &= ~(T_NUMBER | T_INTEGER);
+        for (size_t i = 0; i < 7; i++) {
+            int t = order[i];
+            if (!(other & t) || (t == T_INTEGER && (other & T_NUMBER)))
+                continue;
+            int32_t a;
+            if ((rc = compile_typed(b, s, t, ni.forbid, depth, plen, &a)))
+                return rc;
+            if (a != CS_NEVER)
+                alts[n++] = a;
+        }
+    }
     if (n == 0) {
         *out = CS_NEVER;
         return SW_OK;
@@ -770,6 +827,11 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
     if ((*out = eng__sc_make_anyof(g, alts, n)) < 0)
         return eng__sc_oom(b);
     return SW_OK;
+}
+
+static bool is_leaf_kind(int kind)
+{
+    return kind == CS_STRING || kind == CS_PATTERN || kind == CS_INTEGER || kind == CS_NUMBER;
 }
 
 int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
@@ -788,15 +850,32 @@ int eng__sc_compile(builder *b, const json_t *s, int32_t depth, size_t plen, int
     char key[48];
     if (mine)
         b->base = mine;
+    /* A string or number node holds no frame of the stack: the one made
+     * at any depth serves every depth ("%p/leaf"). A recursive schema's
+     * patterns (the metaschema's $id, $anchor, ...) are then compiled once,
+     * not once per level. */
+    char leaf_key[48];
+    snprintf(leaf_key, sizeof leaf_key, "%p/leaf", (const void *)s);
     snprintf(key, sizeof key, "%p/%d", (const void *)s, (int)depth);
-    const json_t *memo = json_is_object(s) ? json_object_get(b->memo, key) : NULL;
+    const json_t *memo = NULL;
+    if (json_is_object(s) && !(memo = json_object_get(b->memo, leaf_key)))
+        memo = json_object_get(b->memo, key);
     int rc = SW_OK;
     if (memo) {
         *out = (int32_t)json_integer_value(memo);
     } else {
+        int64_t steps_before = b->steps;
         rc = compile_inner(b, s, depth, plen, out);
         if (rc == SW_OK && json_is_object(s) &&
             json_object_set_new(b->memo, key, json_integer(*out)))
+            rc = eng__sc_oom(b);
+        /* only where nothing below was compiled: an anyOf whose recursive
+         * alternative ended at the stack's bottom is a string there, not
+         * above */
+        bool leaf = rc == SW_OK && b->steps == steps_before && *out >= 0 &&
+                    is_leaf_kind(b->g->nodes[*out].kind);
+        if (rc == SW_OK && json_is_object(s) && leaf &&
+            json_object_set_new(b->memo, leaf_key, json_integer(*out)))
             rc = eng__sc_oom(b);
     }
     b->base = saved;

@@ -20,8 +20,9 @@
  * allOf (merged), anyOf/oneOf (with siblings distributed; oneOf only when
  * the alternatives cannot overlap), not (type, const, enum, required),
  * if/then/else. The dialect (2020-12, draft 7, draft 4) comes from
- * $schema. Remote $ref, unevaluated*, $dynamicRef and what cannot be
- * enforced are SW_EUNSUPPORTED with a message naming the keyword and where
+ * $schema. The metaschemas of draft 7 and 2020-12 are built in
+ * (json_schema_meta.c). Remote $ref, unevaluated*, $dynamicRef and what
+ * cannot be enforced are SW_EUNSUPPORTED with a message naming the keyword and where
  * it is (a JSON pointer into the schema). Compiling is bounded in nodes
  * and steps.
  */

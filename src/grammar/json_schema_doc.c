@@ -22,7 +22,9 @@
  * holds schemas gets its base URI (from the $id / id above it), and every
  * $id and $anchor is recorded as an absolute URI. A $ref is resolved
  * against the base of the schema that holds it; a URI outside the document
- * is a remote reference, refused (nothing is fetched). */
+ * is a remote reference, refused (nothing is fetched), except the
+ * well-known metaschema URIs of draft 7 and 2020-12, which name built-in
+ * documents (json_schema_meta.c). */
 
 
 static sc_dialect dialect_of(const json_t *root)
@@ -323,6 +325,28 @@ static const json_t *json_pointer_get(const json_t *doc, const char *ptr)
     return *p ? NULL : cur;
 }
 
+/* A well-known metaschema URI: the built-in document (json_schema_meta.c)
+ * is parsed into the document's arena and indexed under that URI the
+ * first time a reference names it (*out NULL: not one of them). The
+ * document is changed through a const pointer here, as a cache: the index
+ * only grows, and what was resolved before stays where it was. */
+static int doc_load_builtin(sc_doc *d, const char *uri, const json_t **out, sw_error *err)
+{
+    *out = NULL;
+    const char *text = eng__sc_builtin_metaschema(uri);
+    if (!text)
+        return SW_OK;
+    json_error_t jerr;
+    json_t *meta = sw_json_loads(text, 0, &jerr);
+    if (!meta || !eng__sc_doc_keep(d, meta) || json_object_set(d->ids, uri, meta))
+        return sw_error_set(err, SW_ENOMEM, "out of memory loading the built-in metaschema");
+    int rc = doc_index(d, meta, uri, 0, err);
+    if (rc)
+        return rc;
+    *out = meta;
+    return SW_OK;
+}
+
 /* The schema a $ref names, seen from base; *target_base receives the base
  * URI the target's own references resolve against (storage of d). */
 int eng__sc_doc_resolve(const sc_doc *d, const char *base, const char *ref, const json_t **out,
@@ -341,6 +365,11 @@ int eng__sc_doc_resolve(const sc_doc *d, const char *base, const char *ref, cons
         *h = '\0';
     }
     const json_t *doc = json_object_get(d->ids, docuri);
+    if (!doc) {
+        int rc = doc_load_builtin((sc_doc *)d, docuri, &doc, err);
+        if (rc)
+            return rc;
+    }
     if (!doc)
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "a remote $ref (%.200s) is not supported: only references into the "

@@ -621,6 +621,9 @@ static void test_number_bounds(void **state)
         "{\"type\":\"integer\",\"multipleOf\":7,\"exclusiveMinimum\":-50}",
         "{\"type\":\"integer\",\"multipleOf\":10,\"minimum\":95,\"maximum\":1000}",
         "{\"type\":\"integer\",\"multipleOf\":13,\"minimum\":-1000,\"maximum\":-900}",
+        "{\"type\":\"number\",\"multipleOf\":1.5,\"minimum\":-20,\"maximum\":20}",
+        "{\"type\":\"integer\",\"multipleOf\":2.5}",
+        "{\"multipleOf\":0.25,\"exclusiveMaximum\":9}",
     };
     eng_cs_vocab *v = byte_vocab();
     for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
@@ -788,6 +791,7 @@ static void test_big_numbers(void **state)
     /* refused with a typed error: a huge real bound, a huge multipleOf */
     expect_error("{\"type\":\"integer\",\"maximum\":1e400}", SW_EUNSUPPORTED,
                  "past a double's range");
+    expect_error("{\"type\":\"number\",\"multipleOf\":0.3}", SW_EUNSUPPORTED, "multipleOf");
     expect_error("{\"type\":\"integer\",\"multipleOf\":100000000000000000000}",
                  SW_EUNSUPPORTED, "multipleOf");
 

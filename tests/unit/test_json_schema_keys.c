@@ -172,6 +172,39 @@ static void test_free_keys(void **state)
     }
 }
 
+/* contains that no array satisfies ({"contains": false}, maxContains
+ * below minContains): without a type, every non-array is valid and may be
+ * generated; no array is; with "type": "array" the schema is a 400. */
+static void test_unsatisfiable_contains(void **state)
+{
+    (void)state;
+    static const char *const schemas[] = {
+        "{\"contains\":false}",
+        "{\"contains\":{\"const\":1},\"minContains\":2,\"maxContains\":1}",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        json_t *s = parse(schemas[i]);
+        eng_grammar *g = NULL;
+        sw_error err;
+        if (eng_grammar_from_schema(s, &g, &err))
+            fail_msg("compile %s: %s", schemas[i], err.message);
+        assert_true(whole(g, "\"x\""));
+        assert_true(whole(g, "{}"));
+        assert_true(whole(g, "null"));
+        assert_false(whole(g, "[]"));
+        assert_false(whole(g, "[1]"));
+        assert_false(whole(g, "[1,1]"));
+        walks_validate(g, s, schemas[i]);
+        eng_grammar_free(g);
+        json_decref(s);
+    }
+    json_t *s = parse("{\"type\":\"array\",\"contains\":false}");
+    eng_grammar *g = NULL;
+    sw_error err;
+    assert_int_equal(eng_grammar_from_schema(s, &g, &err), SW_EUNSUPPORTED);
+    json_decref(s);
+}
+
 /* What stays refused, with a typed error naming the keyword. */
 static void test_free_keys_refused(void **state)
 {
@@ -305,6 +338,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_free_keys),
         cmocka_unit_test(test_free_keys_refused),
+        cmocka_unit_test(test_unsatisfiable_contains),
         cmocka_unit_test(test_long_uris),
         cmocka_unit_test(test_out_of_memory),
     };

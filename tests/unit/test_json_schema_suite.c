@@ -78,6 +78,8 @@ typedef struct narrowing {
 #define WHY_MULT                                                                               \
     "multipleOf 0.1, 0.01, ...: whole numbers only (validators that divide in doubles call "    \
     "0.07 / 0.01 inexact)"
+#define WHY_MULT_DYADIC                                                                        \
+    "multipleOf 1.5 (a / 2^j): the whole multiples only (3, 6, ...; 4.5 is never generated)"
 #define WHY_ONEOF                                                                              \
     "oneOf alternatives that may overlap are generated as 'this one and not the others'; "      \
     "what that not cannot express is left out (not integer: no numbers)"
@@ -142,6 +144,8 @@ static const narrowing g_narrowings[] = {
      WHY_PATTERN},
     {"patternProperties.json", "patternProperties with boolean schemas", NULL, WHY_PATTERN},
     {"multipleOf.json", "by small number", "0.0075 is multiple of 0.0001", WHY_MULT},
+    {"multipleOf.json", "by number", "4.5 is multiple of 1.5", WHY_MULT_DYADIC},
+    {"multipleOf.json", "by number", "-4.5 is multiple of 1.5", WHY_MULT_DYADIC},
     {"oneOf.json", "oneOf", "second oneOf valid", WHY_ONEOF},
     {"vocabulary.json", "schema that uses custom metaschema with with no validation vocabulary",
      NULL, "metaschemas are not fetched: the validation keywords always apply"},

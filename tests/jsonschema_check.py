@@ -14,6 +14,8 @@
 # Where the installed jsonschema has no checker for one of those, a strict
 # one written here from RFC 3339 / ISO 8601 / RFC 1123 is added, and the
 # report names it, so a reader knows which checks are not jsonschema's own.
+# relative-json-pointer is always this script's own (REPLACEMENTS: a
+# jsonschema version in use refuses valid ones).
 #
 # Prints per file: outputs, invalid, not checkable (Python's re cannot
 # compile some ECMA-262 patterns, e.g. \p{L}), not judged (see "tests"
@@ -77,8 +79,23 @@ def check_hostname(s):
     return all(_LABEL.match(label) for label in s.split("."))
 
 
+_REL_PTR = re.compile(r"^(?:0|[1-9][0-9]*)(?:[+-](?:0|[1-9][0-9]*))?(?:#|(?:/(?:[^/~]|~[01])*)*)$")
+
+
+def check_relative_json_pointer(s):
+    # draft-bhutton-relative-json-pointer-00: a non-negative integer, an
+    # optional index manipulation (2020-12's draft; draft 7's has none, and
+    # accepting it here only widens the judge), then "#" or a JSON pointer
+    return not isinstance(s, str) or bool(_REL_PTR.match(s))
+
+
 SUPPLEMENTS = {"date-time": check_date_time, "time": check_time, "duration": check_duration,
                "hostname": check_hostname}
+
+# Formats whose installed checker is replaced outright, because a version in
+# use gets it wrong: jsonschema 4.26 refuses "6704#" as a relative JSON
+# pointer (a non-negative integer then "#" is one).
+REPLACEMENTS = {"relative-json-pointer": check_relative_json_pointer}
 
 
 def format_checker(cls):
@@ -88,6 +105,10 @@ def format_checker(cls):
         if name not in fc.checkers:
             fc.checks(name)(fn)
             added.append(name)
+    for name, fn in REPLACEMENTS.items():
+        if fc.checkers.get(name, (None,))[0] is not fn:
+            fc.checks(name)(fn)
+        added.append(name)
     return fc, added
 
 
@@ -148,7 +169,8 @@ def main(path):
           % (JS_VERSION, jsonschema.__file__.rsplit("/", 2)[0]))
     if supplemented:
         print("  formats checked by this script's own checkers (the installed jsonschema has "
-              "none): %s" % ", ".join(sorted(supplemented)))
+              "none, or gets it wrong: %s): %s" % (", ".join(sorted(REPLACEMENTS)),
+                                                   ", ".join(sorted(supplemented))))
     tot = [0, 0, 0, 0]
     for f in order:
         k = per_file[f]

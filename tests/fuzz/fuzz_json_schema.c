@@ -4,26 +4,30 @@
  * Input: a mode byte, a schema (JSON), a NUL byte, then candidate bytes.
  * Mode 0 compiles the schema (eng_grammar_from_schema), mode 1 makes the
  * tool-call grammar of one or two tools: "f" with the schema as its
- * parameters, "g" (when there are two) with a fixed small schema, so that
- * the input's schema is compiled once (a pattern's automaton is the cost
- * of an input),
- * mode 2 is response_format json_object (the schema is ignored). The
- * automaton then runs over the candidate bytes (a refused byte is skipped)
- * on a vocabulary of the 256 single bytes, some multi-byte pieces and one
- * end token, and afterwards completes the value under the tightest budget
- * it allows.
+ * parameters and "g" (when there are two) with a fixed small schema, so
+ * that the input's schema is compiled once; mode 2 is response_format
+ * json_object (the schema is ignored). The automaton then runs over the
+ * candidate bytes (a refused byte is skipped) on a vocabulary of the 256
+ * single bytes, some multi-byte pieces and one end token, and afterwards
+ * completes the value under the tightest budget it allows.
  *
  * Invariants: a compile error is typed and says why; fz_cs_run's
  * (fuzzlib.h): the mask agrees with feeding (a byte is allowed exactly
  * when it is accepted; checked on a bounded sample of the states, a mask
  * being costly: fuzzlib.h) and allows no byte that feeding refuses;
  * complete exactly when the shortest completion is 0 bytes, the end token
- * allowed exactly when complete; whatever the
- * automaton accepts as complete parses as JSON (jansson) and validates
- * with eng_json_validate against the schema (a tool call: a known name
- * and arguments that validate against that tool's schema); with a budget of exactly the shortest
- * completion, some token is always allowed and every step shrinks that
- * completion by at least one byte, so the value always completes in time.
+ * allowed exactly when complete; whatever the automaton accepts as
+ * complete parses as JSON (jansson) and validates with eng_json_validate
+ * against the schema (a tool call: a known name and arguments that
+ * validate against that tool's schema); with a budget of exactly the
+ * shortest completion, some token is always allowed and every step
+ * shrinks that completion by at least one byte, so the value always
+ * completes in time.
+ *
+ * Bounded for speed (docs/operations.md, Fuzzing): the fuzz build caps a
+ * pattern's automaton at 2048 DFA states and 2^22 subset-construction
+ * steps (not 8192 and 2^25), so a larger pattern is the typed SW_ERANGE,
+ * and scripts/fuzz-run.sh gives inputs of at most 1024 bytes.
  */
 #include "grammar/constrain.h"
 #include "grammar/json_schema.h"

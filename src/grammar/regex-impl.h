@@ -13,7 +13,11 @@
 
 #define RE_MAX_DEPTH 128
 #define RE_MAX_COUNT 100000     /* largest {m,n} bound */
-#define RE_WORK_MAX (1L << 25)  /* NFA states visited by the subset construction */
+/* NFA states visited by the subset construction; the fuzz build defines a
+ * smaller bound on the command line (CMakeLists.txt) */
+#ifndef RE_WORK_MAX
+#define RE_WORK_MAX (1L << 25)
+#endif
 #define RE_MAX_CP 0x10FFFFu
 /* Lookahead automata per pattern, nested and {m,n} copies counted: each is
  * a construction of its own, so this bounds the work a pattern can ask for

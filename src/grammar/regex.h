@@ -41,9 +41,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* States of one DFA, and of the Thompson NFA it is built from. */
+/* States of one DFA, and of the Thompson NFA it is built from. The fuzz
+ * build (SPILLWAY_FUZZ) defines smaller caps on the command line
+ * (CMakeLists.txt): a compile's cost grows with the states. */
+#ifndef ENG_REGEX_MAX_STATES
 #define ENG_REGEX_MAX_STATES 8192
+#endif
+#ifndef ENG_REGEX_MAX_NFA_STATES
 #define ENG_REGEX_MAX_NFA_STATES 200000
+#endif
 /* The state step() returns for a byte after which no match is reachable. */
 #define ENG_REGEX_DEAD (-1)
 

@@ -17,6 +17,11 @@
  * reference matcher (short texts: it is exponential in the worst case);
  * with a budget of exactly the shortest completion some token is always
  * allowed and each shrinks it, so the text always completes in time.
+ *
+ * Bounded for speed (docs/operations.md, Fuzzing): the fuzz build caps a
+ * pattern at 2048 DFA states, 32768 NFA states and 2^22 subset-construction
+ * steps (not 8192, 200000 and 2^25), so a larger one is the typed
+ * SW_ERANGE, and scripts/fuzz-run.sh gives inputs of at most 1024 bytes.
  */
 #include "grammar/constrain.h"
 #include "grammar/gbnf.h"

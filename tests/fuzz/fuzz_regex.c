@@ -14,6 +14,11 @@
  * cost is known exactly where a match is reachable and 0 where the state
  * accepts; a clone has the same states; the intersection with a fixed
  * pattern matches exactly what both match.
+ *
+ * Bounded for speed (docs/operations.md, Fuzzing): the fuzz build caps a
+ * pattern at 2048 DFA states, 32768 NFA states and 2^22 subset-construction
+ * steps (not 8192, 200000 and 2^25), so a larger one is the typed
+ * SW_ERANGE, and scripts/fuzz-run.sh gives inputs of at most 1024 bytes.
  */
 #include "grammar/regex.h"
 

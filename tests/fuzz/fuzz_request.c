@@ -1,19 +1,21 @@
 /* fuzz_request.c - libFuzzer harness for the worker's request parser.
  *
- * Input: one byte of options (bit 0: chat, bits 1..3: the chat family,
- * bit 4: a small context), then a completions or chat body (JSON). The
- * body goes through wk__parse_request on a scratch server with the
- * built-in vocabulary, as the worker's HTTP thread runs it, so messages,
- * tools, tool_choice, response_format (a real schema compile and
- * constraint), logit_bias, stop and resume are all reached.
+ * Input: one byte of options (bit 0: chat, bits 1..3: the chat family, bit 4:
+ * a small context, bit 5: an allocation of the parser fails, the n-th with n
+ * from bits 6..7 and the body's length), then a completions or chat body
+ * (JSON). The body goes through wk__parse_request on a scratch server with
+ * the built-in vocabulary, as the worker's HTTP thread runs it, so messages,
+ * tools, tool_choice, response_format (a real schema compile and constraint),
+ * logit_bias, stop and resume are all reached.
  *
  * Invariants: a refusal is a typed 4xx (status, code and message set, the
- * parameter named or NULL); an accepted request holds only what the
- * parser promises (token ids inside the vocabulary, the prompt within the
- * context, counts within their caps, sampling values within the ranges
- * docs/api.md gives, a constraint exactly when the output is constrained);
- * and a chat prompt has the token count that the router's admission
- * (api_chat_prompt_tokens) computes for the same body.
+ * parameter named or NULL), or, only when an allocation failed, 500
+ * internal_error "out of memory" (no parameter); an accepted request holds
+ * only what the parser promises (token ids inside the vocabulary, the prompt
+ * within the context, counts within their caps, sampling values within the
+ * ranges docs/api.md gives, a constraint exactly when the output is
+ * constrained); and a chat prompt has the token count that the router's
+ * admission (api_chat_prompt_tokens) computes for the same body.
  */
 #include "chat/chat_template.h"
 #include "grammar/constrain.h"
@@ -50,12 +52,18 @@ static wk_server *fz_server(void)
     return s;
 }
 
-static void check_refusal(const wk_parse_error *p)
+/* oom: an allocation failed while parsing */
+static void check_refusal(const wk_parse_error *p, bool oom)
 {
     FZ_CHECK(p->msg[0] != 0 && strlen(p->msg) < sizeof p->msg);
-    FZ_CHECK(p->status >= 400 && p->status < 500);
     FZ_CHECK(p->code && p->code[0]);
     FZ_CHECK(!p->param || p->param[0]);
+    if (p->status == 500) {
+        FZ_CHECK(oom && !strcmp(p->code, "internal_error") && !p->param);
+        FZ_CHECK(!strcmp(p->msg, "out of memory"));
+    } else {
+        FZ_CHECK(p->status >= 400 && p->status < 500);
+    }
 }
 
 static void check_request(const wk_server *s, const wk_req *r, bool chat)
@@ -144,8 +152,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     wk_parse_error p;
     memset(&p, 0, sizeof p);
-    if (!wk__parse_request(s, body, chat, r, &p)) {
-        check_refusal(&p);
+    long failed_before = sw_alloc_thread_failures();
+    if (data[0] & 32)
+        sw_alloc_fail_after((long)((data[0] >> 6) << 7 | ((size - 1) & 127)));
+    bool accepted = wk__parse_request(s, body, chat, r, &p);
+    sw_alloc_fail_after(-1);
+    bool oom = sw_alloc_thread_failures() != failed_before;
+    if (!accepted) {
+        check_refusal(&p, oom);
     } else {
         FZ_CHECK(p.msg[0] == 0);
         check_request(s, r, chat);

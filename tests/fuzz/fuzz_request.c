@@ -9,8 +9,8 @@
  * logit_bias, stop and resume are all reached.
  *
  * Invariants: a refusal is a typed 4xx (status, code and message set, the
- * parameter named or NULL), or, only when an allocation failed, 500
- * internal_error "out of memory" (no parameter); an accepted request holds
+ * parameter named or NULL) when no allocation failed, and 500
+ * internal_error "out of memory" (no parameter) when one did; an accepted request holds
  * only what the parser promises (token ids inside the vocabulary, the prompt
  * within the context, counts within their caps, sampling values within the
  * ranges docs/api.md gives, a constraint exactly when the output is
@@ -62,6 +62,8 @@ static void check_refusal(const wk_parse_error *p, bool oom)
         FZ_CHECK(oom && !strcmp(p->code, "internal_error") && !p->param);
         FZ_CHECK(!strcmp(p->msg, "out of memory"));
     } else {
+        /* a lost allocation is the worker's, never the body's fault */
+        FZ_CHECK(!oom);
         FZ_CHECK(p->status >= 400 && p->status < 500);
     }
 }

@@ -644,6 +644,27 @@ static int compile_typed(builder *b, const json_t *s, int type, const char *forb
     return SW_OK;
 }
 
+/* Appends to alts (n of them so far, room for 7 more) the nodes of s for
+ * each type of the mask tm that can hold a value, in a fixed order (an
+ * integer is left to number when both are in tm). */
+static int compile_types(builder *b, const json_t *s, int tm, const char *forbid,
+                         int32_t depth, size_t plen, int32_t *alts, int32_t *n)
+{
+    static const int order[] = {T_OBJECT, T_ARRAY, T_STRING, T_NUMBER, T_INTEGER, T_BOOLEAN,
+                                T_NULL};
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        int t = order[i], rc;
+        if (!(tm & t) || (t == T_INTEGER && (tm & T_NUMBER)))
+            continue;
+        int32_t a;
+        if ((rc = compile_typed(b, s, t, forbid, depth, plen, &a)))
+            return rc;
+        if (a != CS_NEVER)
+            alts[(*n)++] = a;
+    }
+    return SW_OK;
+}
+
 static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
 {
     eng_grammar *g = b->g;
@@ -784,18 +805,8 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         return SW_OK;
     }
     int32_t alts[8], n = 0;
-    static const int order[] = {T_OBJECT, T_ARRAY, T_STRING, T_NUMBER, T_INTEGER, T_BOOLEAN,
-                                T_NULL};
-    for (size_t i = 0; i < 7; i++) {
-        int t = order[i];
-        if (!(tm & t) || (t == T_INTEGER && (tm & T_NUMBER)))
-            continue;
-        int32_t a;
-        if ((rc = compile_typed(b, s, t, ni.forbid, depth, plen, &a)))
-            return rc;
-        if (a != CS_NEVER)
-            alts[n++] = a;
-    }
+    if ((rc = compile_types(b, s, tm, ni.forbid, depth, plen, alts, &n)))
+        return rc;
     if (n == 0 && !type && inferred == T_ARRAY && contains_unsatisfiable(s)) {
         /* no array can satisfy contains ({"contains": false}, maxContains
          * below minContains): the values of the other types, which those
@@ -805,16 +816,8 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         int other = T_ALL & ~inferred & ~ni.types_out & ni.types_only;
         if (ni.types_out & T_INTEGER)
             other &= ~(T_NUMBER | T_INTEGER);
-        for (size_t i = 0; i < 7; i++) {
-            int t = order[i];
-            if (!(other & t) || (t == T_INTEGER && (other & T_NUMBER)))
-                continue;
-            int32_t a;
-            if ((rc = compile_typed(b, s, t, ni.forbid, depth, plen, &a)))
-                return rc;
-            if (a != CS_NEVER)
-                alts[n++] = a;
-        }
+        if ((rc = compile_types(b, s, other, ni.forbid, depth, plen, alts, &n)))
+            return rc;
     }
     if (n == 0) {
         *out = CS_NEVER;

@@ -7,6 +7,7 @@
 
 #include "common/alloc.h"
 #include "modelgen/model_make.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,6 +55,25 @@ int rh_make_model(char *out, size_t cap, const char *file, uint64_t seed)
 {
     eng_model_make_params p = eng_model_make_default_params();
     p.n_vocab = 1024;
+    p.seed = seed;
+    snprintf(out, cap, "%s", tu_tmp_path(file));
+    return eng_model_make(&p, out, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
+}
+
+int rh_make_sliding_model(char *out, size_t cap, const char *file, uint64_t seed)
+{
+    eng_model_make_params p = eng_model_make_default_params();
+    p.architecture = "gemma3";
+    p.n_embd = 64;
+    p.n_layer = 4;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.head_dim = 32;
+    p.n_ff = 128;
+    p.n_vocab = 1024;
+    p.weight_type = ENG_TYPE_Q8_0;
+    p.sliding_window = 16;
+    p.sliding_window_pattern = 4; /* layers 0-2 slide, 3 is global */
     p.seed = seed;
     snprintf(out, cap, "%s", tu_tmp_path(file));
     return eng_model_make(&p, out, NULL) == 0 && tu_spillway_bin() ? 0 : -1;

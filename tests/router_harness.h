@@ -37,6 +37,11 @@ void tu_rm_tree(const char *dir);
  * tu_tmp_path(file), its path into out. 0, or -1 when it could not be made
  * or SPILLWAY_BIN is not set (for a group setup to return). */
 int rh_make_model(char *out, size_t cap, const char *file, uint64_t seed);
+/* The same for a small gemma3 file whose sliding layers have a window:
+ * width 64, 4 layers (0-2 slide with a window of 16 tokens, 3 is global),
+ * 4 heads of 32 over 2 KV heads (1 KiB of F16 KV per token), FFN 128,
+ * vocabulary 1024, Q8_0. */
+int rh_make_sliding_model(char *out, size_t cap, const char *file, uint64_t seed);
 
 /* Creates the directory and writes router.ini: a [server] section (unix
  * socket, state dir, health every 100 ms, ready-timeout 30, then

@@ -48,8 +48,6 @@
 
 #include "common/alloc.h"
 #include "device/device.h"
-#include "modelgen/model_make.h"
-#include "quant/quant.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -794,21 +792,8 @@ static void test_burst_sliding_window(void **state)
     (void)state;
     if (!btu_spillway_bin_or_skip())
         return;
-    eng_model_make_params p = eng_model_make_default_params();
-    p.architecture = "gemma3";
-    p.n_embd = 64;
-    p.n_layer = 4;
-    p.n_head = 4;
-    p.n_head_kv = 2;
-    p.head_dim = 32;
-    p.n_ff = 128;
-    p.n_vocab = 1024;
-    p.weight_type = ENG_TYPE_Q8_0;
-    p.sliding_window = 16;
-    p.sliding_window_pattern = 4; /* layers 0-2 slide, 3 is global */
-    p.seed = 29;
-    snprintf(g_swa_model, sizeof g_swa_model, "%s", tu_tmp_path("router-burst-swa.gguf"));
-    assert_int_equal(eng_model_make(&p, g_swa_model, NULL), 0);
+    assert_int_equal(
+        rh_make_sliding_model(g_swa_model, sizeof g_swa_model, "router-burst-swa.gguf", 29), 0);
 
     char spec[96], workers[1024];
     use_pool("d", spec, sizeof spec);

@@ -18,8 +18,6 @@
 #include "worker_client.h"
 
 #include "device/device.h"
-#include "modelgen/model_make.h"
-#include "quant/quant.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -34,23 +32,9 @@ static char g_pool[64];
 static int setup(void **state)
 {
     (void)state;
-    eng_model_make_params p = eng_model_make_default_params();
     snprintf(g_pool, sizeof g_pool, "rt-swa-%d", (int)getpid());
     dev_sim_unlink(g_pool, NULL);
-    p.architecture = "gemma3";
-    p.n_embd = 64;
-    p.n_layer = 4;
-    p.n_head = 4;
-    p.n_head_kv = 2;
-    p.head_dim = 32;
-    p.n_ff = 128;
-    p.n_vocab = 1024;
-    p.weight_type = ENG_TYPE_Q8_0;
-    p.sliding_window = 16;
-    p.sliding_window_pattern = 4; /* layers 0-2 slide, 3 is global */
-    p.seed = 9;
-    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("router-sliding.gguf"));
-    return eng_model_make(&p, g_model, NULL) == 0 && tu_spillway_bin() ? 0 : -1;
+    return rh_make_sliding_model(g_model, sizeof g_model, "router-sliding.gguf", 9);
 }
 
 static int teardown(void **state)

@@ -115,7 +115,9 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-size_t sc_json_files(const char *dir, char **names, size_t cap)
+/* The names of the .json files in dir, sorted (each strdup'd), at most
+ * cap. */
+static size_t json_files(const char *dir, char **names, size_t cap)
 {
     DIR *d = opendir(dir);
     assert_non_null(d);
@@ -131,25 +133,39 @@ size_t sc_json_files(const char *dir, char **names, size_t cap)
     return n;
 }
 
-json_t *sc_fixtures_load(void)
+/* Every .json file of dir (NULL: absent, already said) parsed with
+ * flags, as {name_key: NAME, value_key: DOCUMENT}, sorted by name. */
+static json_t *load_dir(const char *dir, size_t flags, const char *name_key,
+                        const char *value_key)
 {
-    const char *dir = tu_data_path("schemas");
     if (!dir)
         return NULL;
     char dirpath[4096];
     snprintf(dirpath, sizeof dirpath, "%s", dir);
-    char *names[128];
-    size_t n = sc_json_files(dirpath, names, 128);
+    char *names[256];
+    size_t n = json_files(dirpath, names, 256);
     json_t *all = json_array();
     for (size_t i = 0; i < n; i++) {
         char path[4352];
         snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
         json_error_t jerr;
-        json_t *schema = json_load_file(path, JSON_DECODE_ANY, &jerr);
-        if (!schema)
+        json_t *doc = json_load_file(path, flags, &jerr);
+        if (!doc)
             fail_msg("%s: %s (line %d)", path, jerr.text, jerr.line);
-        json_array_append_new(all, json_pack("{s:s,s:o}", "file", names[i], "schema", schema));
+        json_array_append_new(all, json_pack("{s:s,s:o}", name_key, names[i], value_key, doc));
         free(names[i]);
     }
     return all;
+}
+
+json_t *sc_fixtures_load(void)
+{
+    return load_dir(tu_data_path("schemas"), JSON_DECODE_ANY, "file", "schema");
+}
+
+json_t *sc_suite_load(const char *draft)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "jsonschema-test-suite/tests/%s", draft);
+    return load_dir(tu_shared_path(rel), JSON_ALLOW_NUL, "name", "groups");
 }

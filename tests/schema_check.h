@@ -27,8 +27,11 @@ int sc_check(const json_t *records, const char *tag);
  * the directory is absent. */
 json_t *sc_fixtures_load(void);
 
-/* The names of the .json files in dir, sorted (each strdup'd: free()),
- * at most cap. */
-size_t sc_json_files(const char *dir, char **names, size_t cap);
+/* The keyword files of the JSON Schema Test Suite's draft ("draft2020-12",
+ * "draft7") in ../shared/jsonschema-test-suite, sorted by name: a JSON
+ * array of {"name": "allOf.json", "groups": [...]}, the file's groups as
+ * parsed with NUL escapes allowed. NULL (after saying why) when the suite
+ * is absent; a file that does not parse fails the test. */
+json_t *sc_suite_load(const char *draft);
 
 #endif

@@ -178,30 +178,22 @@ static int generate_under(gen_model *m, const eng_grammar *g, const json_t *sche
 
 static void run_draft(gen_model *m, const char *draft, int *failures)
 {
-    char rel[256];
-    snprintf(rel, sizeof rel, "jsonschema-test-suite/tests/%s", draft);
-    const char *dir = tu_shared_path(rel);
-    if (!dir)
+    json_t *files = sc_suite_load(draft);
+    if (!files)
         return;
-    char dirpath[4096];
-    snprintf(dirpath, sizeof dirpath, "%s", dir);
-    char *names[256];
-    size_t n = sc_json_files(dirpath, names, 256);
     bool draft7 = strcmp(draft, "draft7") == 0;
     int seeds = g_full ? 16 : 3;
     gen_counts total = {0};
     print_message("%s on %s, %d seed(s) per group: per file: groups compiled/all, outputs, "
                   "failed generations\n",
                   draft, m->preset, seeds);
-    for (size_t i = 0; i < n; i++) {
-        char path[4352];
-        snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
-        json_error_t jerr;
-        json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
-        if (!root)
-            fail_msg("%s: %s (line %d)", path, jerr.text, jerr.line);
+    size_t i;
+    json_t *entry;
+    json_array_foreach (files, i, entry) {
+        const char *name = json_string_value(json_object_get(entry, "name"));
+        const json_t *root = json_object_get(entry, "groups");
         char file[300];
-        snprintf(file, sizeof file, "%s/%s", draft, names[i]);
+        snprintf(file, sizeof file, "%s/%s", draft, name);
         gen_counts k = {0};
         for (size_t gi = 0; gi < json_array_size(root); gi++) {
             const json_t *group = json_array_get(root, gi);
@@ -224,15 +216,14 @@ static void run_draft(gen_model *m, const char *draft, int *failures)
             }
             json_decref(schema);
         }
-        json_decref(root);
-        print_message("  %-28s %3d/%-3d %4d %d\n", names[i], k.compiled, k.groups, k.outputs,
+        print_message("  %-28s %3d/%-3d %4d %d\n", name, k.compiled, k.groups, k.outputs,
                       k.failures);
         total.groups += k.groups;
         total.compiled += k.compiled;
         total.outputs += k.outputs;
         total.failures += k.failures;
-        free(names[i]);
     }
+    json_decref(files);
     print_message("  %-28s %3d/%-3d %4d %d\n", "TOTAL", total.compiled, total.groups,
                   total.outputs, total.failures);
     *failures += total.failures;

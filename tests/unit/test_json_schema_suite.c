@@ -691,37 +691,28 @@ static void run_group(const char *file, const json_t *group, bool draft7, counts
 
 static void run_draft(const char *draft, int *failures)
 {
-    char rel[256];
-    snprintf(rel, sizeof rel, "jsonschema-test-suite/tests/%s", draft);
-    const char *dir = tu_shared_path(rel);
-    if (!dir)
+    json_t *files = sc_suite_load(draft);
+    if (!files)
         return;
-    char dirpath[4096];
-    snprintf(dirpath, sizeof dirpath, "%s", dir);
-    char *names[256];
-    size_t n = sc_json_files(dirpath, names, 256);
     counts total = {0};
     char none[2048] = ""; /* the files that compile no group */
     print_message("%s: per file: groups compiled/all; tests; in the compiled groups: valid "
                   "accepted (+narrowed)/valid, invalid rejected/invalid; validator "
                   "agrees/judged (all groups); failures\n",
                   draft);
-    for (size_t i = 0; i < n; i++) {
-        char path[4352];
-        snprintf(path, sizeof path, "%s/%s", dirpath, names[i]);
-        json_error_t jerr;
-        json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
-        if (!root)
-            fail_msg("%s: %s (line %d)", path, jerr.text, jerr.line);
+    size_t i;
+    json_t *entry;
+    json_array_foreach (files, i, entry) {
+        const char *name = json_string_value(json_object_get(entry, "name"));
+        const json_t *groups = json_object_get(entry, "groups");
         counts k = {0};
         char file[300];
-        snprintf(file, sizeof file, "%s/%s", draft, names[i]);
-        for (size_t gi = 0; gi < json_array_size(root); gi++) {
-            run_group(file, json_array_get(root, gi), strcmp(draft, "draft7") == 0, &k);
+        snprintf(file, sizeof file, "%s/%s", draft, name);
+        for (size_t gi = 0; gi < json_array_size(groups); gi++) {
+            run_group(file, json_array_get(groups, gi), strcmp(draft, "draft7") == 0, &k);
         }
-        json_decref(root);
         /* the invalid instances of the compiled groups only */
-        print_message("  %-28s %3d/%-3d %4d  %3d(+%d)/%-3d  %3d/%-3d  %3d/%-3d  %d\n", names[i],
+        print_message("  %-28s %3d/%-3d %4d  %3d(+%d)/%-3d  %3d/%-3d  %3d/%-3d  %d\n", name,
                       k.compiled, k.groups, k.tests, k.accepted, k.narrowed, k.valid, k.rejected,
                       k.invalid, k.val_agree, k.val_judged, k.failures);
         total.groups += k.groups;
@@ -743,10 +734,10 @@ static void run_draft(const char *draft, int *failures)
                 print_message("      refused (%d group%s, e.g. \"%s\"): %s\n", k.reason_count[r],
                               k.reason_count[r] == 1 ? "" : "s", k.reason_group[r], k.reason[r]);
             snprintf(none + strlen(none), sizeof none - strlen(none), "%s%s",
-                     none[0] ? ", " : "", names[i]);
+                     none[0] ? ", " : "", name);
         }
-        free(names[i]);
     }
+    json_decref(files);
     print_message("  %-28s %3d/%-3d %4d  %3d(+%d)/%-3d  %3d/%-3d  %3d/%-3d  %d\n", "TOTAL",
                   total.compiled, total.groups, total.tests, total.accepted, total.narrowed,
                   total.valid, total.rejected, total.invalid, total.val_agree, total.val_judged,

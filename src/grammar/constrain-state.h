@@ -57,6 +57,27 @@ typedef struct cs_trie {
     int32_t *ids;         /* tokens sorted by bytes */
 } cs_trie;
 
+/* A trie laid out flat in depth-first order, for the pattern lists' walk
+ * (constrain_mask.c): a linear scan over one array that jumps past the
+ * subtree of a refused byte, instead of following child and sibling links
+ * (a third of the time per node on qwen2's plain tokens). Node i's subtree
+ * is nodes[i .. skip), the tokens ending at it are ids[tok_off .. nodes[i +
+ * 1].tok_off), those below it ids[nodes[i + 1].tok_off .. nodes[skip]
+ * .tok_off); nodes[n_nodes] is a sentinel holding the end of ids. The root
+ * is not stored: the nodes at depth 1 are its children. */
+typedef struct cs_flat_node {
+    uint32_t skip;
+    uint32_t tok_off;
+    uint16_t depth;       /* bytes from the root, 1..ENG_CS_MAX_TOKEN_BYTES */
+    uint8_t byte;
+} cs_flat_node;
+
+typedef struct cs_flat_trie {
+    cs_flat_node *nodes;  /* n_nodes + 1 */
+    uint32_t n_nodes;
+    int32_t *ids;         /* tokens sorted by bytes */
+} cs_flat_trie;
+
 struct eng_cs_vocab {
     int32_t n_tokens;
     char *blob;           /* every token's bytes */
@@ -78,7 +99,7 @@ struct eng_cs_vocab {
     int32_t *byte_plain;
     cs_trie full;         /* every allowed token */
     cs_trie special;      /* allowed tokens that are not plain */
-    cs_trie plain;        /* the plain tokens (pattern lists are built walking it) */
+    cs_flat_trie plain;   /* the plain tokens (pattern lists are built walking it) */
     int32_t max_len;
 };
 

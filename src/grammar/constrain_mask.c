@@ -7,6 +7,7 @@
 #include "common/alloc.h"
 #include "grammar/constrain-impl.h"
 #include "grammar/constrain-state.h"
+#include "grammar/regex-impl.h" /* the DFA's table, read directly by list_build */
 
 #include <stdlib.h>
 #include <string.h>
@@ -42,47 +43,45 @@ static void pat_cache_free(eng_constraint *c)
     sw_free(c->pcache);
 }
 
-typedef struct list_walk {
-    const cs_trie *t;
-    const eng_regex *re;
-    bool raw;
-    cs_pat_cache *slot;
-} list_walk;
-
-/* Every token under trie node `node` (itself excluded) as undecided. */
-static void list_undecided(list_walk *lw, uint32_t node)
+/* A state's list, built by one scan of the flat plain trie with the
+ * automaton alone: per node one table lookup from its parent's state (kept
+ * per depth), a refused byte jumps past every token under it. For GBNF
+ * (raw), once an accepting state is reached inside a token, the tokens
+ * below that node are undecided (cs_pat_cache). The entries come in the
+ * trie's depth-first order. */
+static void list_build(const eng_cs_vocab *v, const eng_regex *re, bool raw, int32_t state,
+                       cs_pat_cache *slot)
 {
-    const cs_trie *t = lw->t;
-    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
-        const cs_tnode *tn = &t->nodes[ch];
-        for (uint32_t k = 0; k < tn->tok_count; k++)
-            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k],
-                                                        CS_PAT_UNDECIDED, 0};
-        list_undecided(lw, ch);
-    }
-}
-
-/* The plain tokens under trie node `node`, reached in automaton state
- * `state` after `bytes` bytes and `chars` code points. */
-static void list_walk_node(list_walk *lw, uint32_t node, int32_t state, int32_t bytes,
-                           int32_t chars)
-{
-    if (lw->raw && bytes > 0 && eng_regex_accepting(lw->re, state)) {
-        list_undecided(lw, node);
-        return;
-    }
-    const cs_trie *t = lw->t;
-    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
-        const cs_tnode *tn = &t->nodes[ch];
-        int32_t to = eng_regex_step(lw->re, state, tn->byte);
-        if (to < 0)
+    const cs_flat_node *nd = v->plain.nodes;
+    const int32_t *ids = v->plain.ids;
+    const int32_t *trans = re->trans;
+    const size_t n_classes = (size_t)re->n_classes;
+    int32_t state_at[ENG_CS_MAX_TOKEN_BYTES + 1], chars_at[ENG_CS_MAX_TOKEN_BYTES + 1];
+    cs_pat_entry *e = slot->e;
+    int32_t n = 0;
+    state_at[0] = state;
+    chars_at[0] = 0;
+    for (uint32_t i = 0; i < v->plain.n_nodes;) {
+        const cs_flat_node *x = &nd[i];
+        int32_t to = trans[(size_t)state_at[x->depth - 1] * n_classes + re->class_of[x->byte]];
+        if (to < 0) {
+            i = x->skip;
             continue;
-        int32_t c2 = chars + ((tn->byte & 0xC0) != 0x80);
-        for (uint32_t k = 0; k < tn->tok_count; k++)
-            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k], to, c2};
-        if (tn->first_child)
-            list_walk_node(lw, ch, to, bytes + 1, c2);
+        }
+        int32_t chars = chars_at[x->depth - 1] + ((x->byte & 0xC0) != 0x80);
+        for (uint32_t k = x->tok_off; k < nd[i + 1].tok_off; k++)
+            e[n++] = (cs_pat_entry){ids[k], to, chars};
+        if (raw && re->accept[to]) {
+            for (uint32_t k = nd[i + 1].tok_off; k < nd[x->skip].tok_off; k++)
+                e[n++] = (cs_pat_entry){ids[k], CS_PAT_UNDECIDED, 0};
+            i = x->skip;
+            continue;
+        }
+        state_at[x->depth] = to;
+        chars_at[x->depth] = chars;
+        i++;
     }
+    slot->n = n;
 }
 
 /* Whether every plain character read from state `state` either comes back
@@ -292,8 +291,7 @@ static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_
             whole_build(c, n->re, slot, refused_ascii, dirty_lead);
             whole_bits(n, slot);
         } else {
-            list_walk lw = {&c->v->plain, n->re, n->kind == CS_RAW, slot};
-            list_walk_node(&lw, 0, state, 0, 0);
+            list_build(c->v, n->re, n->kind == CS_RAW, state, slot);
             pat_cache_bits(c, n, slot);
         }
     }

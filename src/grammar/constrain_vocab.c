@@ -147,6 +147,48 @@ static int trie_build(cs_trie *t, cs_sort_item *items, int32_t n, int32_t max_le
     return SW_OK;
 }
 
+/* Fills flat->nodes from *next on with the subtree of linked node `node`
+ * (itself excluded: its children at `depth`), in depth-first order, and
+ * counts the tokens into *tok. Recursion is bounded by the longest token. */
+static void trie_flatten_below(const cs_trie *t, uint32_t node, uint16_t depth,
+                               cs_flat_trie *flat, uint32_t *next, uint32_t *tok)
+{
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        uint32_t at = (*next)++;
+        flat->nodes[at].byte = tn->byte;
+        flat->nodes[at].depth = depth;
+        flat->nodes[at].tok_off = *tok;
+        for (uint32_t k = 0; k < tn->tok_count; k++)
+            flat->ids[(*tok)++] = t->ids[tn->tok_begin + k];
+        trie_flatten_below(t, ch, (uint16_t)(depth + 1), flat, next, tok);
+        flat->nodes[at].skip = *next;
+    }
+}
+
+/* The flat copy of a linked trie (cs_flat_trie) holding n_ids tokens. */
+static int trie_flatten(const cs_trie *t, int32_t n_ids, cs_flat_trie *flat)
+{
+    memset(flat, 0, sizeof *flat);
+    flat->n_nodes = t->n_nodes - 1; /* the root is not stored */
+    flat->nodes = sw_calloc((size_t)flat->n_nodes + 1, sizeof *flat->nodes);
+    flat->ids = sw_malloc((size_t)(n_ids ? n_ids : 1) * sizeof *flat->ids);
+    if (!flat->nodes || !flat->ids)
+        return SW_ENOMEM;
+    uint32_t next = 0, tok = 0;
+    trie_flatten_below(t, 0, 1, flat, &next, &tok);
+    flat->nodes[flat->n_nodes].tok_off = tok;
+    flat->nodes[flat->n_nodes].skip = flat->n_nodes;
+    return SW_OK;
+}
+
+static void flat_trie_free(cs_flat_trie *t)
+{
+    sw_free(t->nodes);
+    sw_free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
 void eng_cs_vocab_free(eng_cs_vocab *v)
 {
     if (!v)
@@ -163,7 +205,7 @@ void eng_cs_vocab_free(eng_cs_vocab *v)
     sw_free(v->byte_plain);
     trie_free(&v->full);
     trie_free(&v->special);
-    trie_free(&v->plain);
+    flat_trie_free(&v->plain);
     sw_free(v);
 }
 
@@ -253,10 +295,13 @@ static int vocab_finish(eng_cs_vocab *v, sw_error *err)
             spec[n_special++] = (cs_sort_item){p, v->len[id], id};
         }
     }
+    cs_trie linked_plain = {0};
     if (trie_build(&v->full, all, n_all, v->max_len) ||
         trie_build(&v->special, spec, n_special, v->max_len) ||
-        trie_build(&v->plain, plain, v->n_plain, v->max_len) || plain_byte_index(v))
+        trie_build(&linked_plain, plain, v->n_plain, v->max_len) ||
+        trie_flatten(&linked_plain, v->n_plain, &v->plain) || plain_byte_index(v))
         rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+    trie_free(&linked_plain);
 done:
     sw_free(all);
     sw_free(spec);

@@ -78,6 +78,8 @@ typedef struct cs_flat_trie {
     int32_t *ids;         /* tokens sorted by bytes */
 } cs_flat_trie;
 
+#define CS_UPTO_MASKS 17
+
 struct eng_cs_vocab {
     int32_t n_tokens;
     char *blob;           /* every token's bytes */
@@ -97,6 +99,16 @@ struct eng_cs_vocab {
      * keeps, cs_pat_cache.whole). */
     int32_t *byte_plain_off; /* 257 */
     int32_t *byte_plain;
+    /* Plain tokens by their code points, for a string whose length bound
+     * is near (constrain_mask.c, plain_by_chars): plain_upto holds
+     * CS_UPTO_MASKS masks, mask k the plain tokens of at most k code points
+     * (plain_upto_n[k] of them); the longer ones are listed, by_chars
+     * (indices into plain_ids, fewest code points first) from
+     * by_chars_off[k] on having k or more (max_plain_chars + 2 offsets). */
+    uint32_t *plain_upto;
+    int32_t plain_upto_n[CS_UPTO_MASKS];
+    int32_t *by_chars;
+    int32_t *by_chars_off;
     cs_trie full;         /* every allowed token */
     cs_trie special;      /* allowed tokens that are not plain */
     cs_flat_trie plain;   /* the plain tokens (pattern lists are built walking it) */

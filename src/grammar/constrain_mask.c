@@ -27,7 +27,8 @@ static int pat_cache_create(eng_constraint *c)
     size_t words = ((size_t)c->v->n_tokens + 31) / 32;
     for (int i = 0; i < CS_PAT_SLOTS; i++) {
         c->pcache[i].node = -1;
-        if (!(c->pcache[i].e = sw_malloc((size_t)c->v->n_plain * sizeof *c->pcache[i].e)) ||
+        /* one entry more: list_build writes one past the list */
+        if (!(c->pcache[i].e = sw_malloc(((size_t)c->v->n_plain + 1) * sizeof *c->pcache[i].e)) ||
             !(c->pcache[i].bits = sw_malloc(words * sizeof *c->pcache[i].bits)))
             return SW_ENOMEM;
     }
@@ -56,28 +57,35 @@ static void list_build(const eng_cs_vocab *v, const eng_regex *re, bool raw, int
     const int32_t *ids = v->plain.ids;
     const int32_t *trans = re->trans;
     const size_t n_classes = (size_t)re->n_classes;
-    int32_t state_at[ENG_CS_MAX_TOKEN_BYTES + 1], chars_at[ENG_CS_MAX_TOKEN_BYTES + 1];
+    /* per depth: the transition row of the state there, and code points */
+    const int32_t *row_at[ENG_CS_MAX_TOKEN_BYTES + 1];
+    int32_t chars_at[ENG_CS_MAX_TOKEN_BYTES + 1];
     cs_pat_entry *e = slot->e;
     int32_t n = 0;
-    state_at[0] = state;
+    row_at[0] = trans + (size_t)state * n_classes;
     chars_at[0] = 0;
     for (uint32_t i = 0; i < v->plain.n_nodes;) {
         const cs_flat_node *x = &nd[i];
-        int32_t to = trans[(size_t)state_at[x->depth - 1] * n_classes + re->class_of[x->byte]];
+        int32_t to = row_at[x->depth - 1][re->class_of[x->byte]];
         if (to < 0) {
             i = x->skip;
             continue;
         }
         int32_t chars = chars_at[x->depth - 1] + ((x->byte & 0xC0) != 0x80);
-        for (uint32_t k = x->tok_off; k < nd[i + 1].tok_off; k++)
+        uint32_t k = x->tok_off, end = nd[i + 1].tok_off;
+        /* Most nodes end one token or none: written either way, counted
+         * when it is one (e and ids have room for one more). */
+        e[n] = (cs_pat_entry){ids[k], to, chars};
+        n += k < end;
+        for (k++; k < end; k++)
             e[n++] = (cs_pat_entry){ids[k], to, chars};
         if (raw && re->accept[to]) {
-            for (uint32_t k = nd[i + 1].tok_off; k < nd[x->skip].tok_off; k++)
+            for (k = end; k < nd[x->skip].tok_off; k++)
                 e[n++] = (cs_pat_entry){ids[k], CS_PAT_UNDECIDED, 0};
             i = x->skip;
             continue;
         }
-        state_at[x->depth] = to;
+        row_at[x->depth] = trans + (size_t)to * n_classes;
         chars_at[x->depth] = chars;
         i++;
     }
@@ -208,14 +216,24 @@ static void pat_cache_bits(const eng_constraint *c, const cs_node *n, cs_pat_cac
     if (!slot->fast)
         return;
     memset(slot->bits, 0, ((size_t)c->v->n_tokens + 31) / 32 * sizeof *slot->bits);
+    /* A list holds tens of thousands of entries over a few states: their
+     * costs are looked up once each through a small direct-mapped memo. */
+    struct { int32_t state; int64_t cost; } memo[64];
+    for (int i = 0; i < 64; i++)
+        memo[i].state = -1;
+    int32_t chars = n->kind == CS_RAW ? 0 : n->min_chars;
     for (int32_t i = 0; i < slot->n; i++) {
         const cs_pat_entry *e = &slot->e[i];
         if (e->state == CS_PAT_UNDECIDED) {
             slot->fast = false;
             return;
         }
-        int32_t chars = n->kind == CS_RAW ? 0 : n->min_chars;
-        int64_t m = eng_regex_costs_get(n->re_costs, e->state, chars);
+        int h = e->state & 63;
+        if (memo[h].state != e->state) {
+            memo[h].state = e->state;
+            memo[h].cost = eng_regex_costs_get(n->re_costs, e->state, chars);
+        }
+        int64_t m = memo[h].cost;
         if (m < 0)
             continue;
         slot->bits[e->id >> 5] |= 1u << (e->id & 31);
@@ -465,6 +483,39 @@ static void walk(walk_ctx *w, uint32_t node, int32_t depth)
     }
 }
 
+/* ORs in the plain tokens of lo..hi code points (mask is still empty of
+ * plain tokens): the short ones from the vocabulary's masks by code
+ * points, the few longer ones from its list by code points. */
+static void plain_by_chars(const eng_cs_vocab *v, int64_t lo, int64_t hi, uint32_t *mask,
+                           int32_t *count)
+{
+    if (hi > v->max_plain_chars)
+        hi = v->max_plain_chars;
+    if (lo > hi)
+        return;
+    if (lo < CS_UPTO_MASKS) {
+        size_t words = ((size_t)v->n_tokens + 31) / 32;
+        int64_t top = hi < CS_UPTO_MASKS - 1 ? hi : CS_UPTO_MASKS - 1;
+        const uint32_t *upto = v->plain_upto + (size_t)top * words;
+        if (lo == 0) {
+            for (size_t i = 0; i < words; i++)
+                mask[i] |= upto[i];
+            *count += v->plain_upto_n[top];
+        } else {
+            const uint32_t *below = v->plain_upto + (size_t)(lo - 1) * words;
+            for (size_t i = 0; i < words; i++)
+                mask[i] |= upto[i] & ~below[i];
+            *count += v->plain_upto_n[top] - v->plain_upto_n[lo - 1];
+        }
+        lo = CS_UPTO_MASKS;
+    }
+    for (int32_t j = v->by_chars_off[lo]; j < v->by_chars_off[hi + 1]; j++) {
+        int32_t id = v->plain_ids[v->by_chars[j]];
+        mask[id >> 5] |= 1u << (id & 31);
+        (*count)++;
+    }
+}
+
 /* Plain tokens (ordinary string characters) decided by their length alone:
  * in a string, or in a pattern string that has matched for good. */
 static bool plain_by_length(const cs_node *n, const cs_frame *top)
@@ -617,14 +668,11 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
                     mask[i] |= v->plain_bits[i];
                 w.count += v->n_plain;
             } else {
-                for (int32_t i = 0; i < v->n_plain; i++) {
-                    int64_t k = v->plain_chars[i];
-                    if (k > room || base - (k < need ? k : need) > w.budget_after)
-                        continue;
-                    int32_t id = v->plain_ids[i];
-                    mask[id >> 5] |= 1u << (id & 31);
-                    w.count++;
-                }
+                /* A token of k code points fits when k <= room and the
+                 * completion left, base - min(k, need), is in budget. */
+                int64_t short_by = base - w.budget_after, lo = short_by > 0 ? short_by : 0;
+                if (need >= lo)
+                    plain_by_chars(v, lo, room, mask, &w.count);
             }
             w.t = &v->special;
         }

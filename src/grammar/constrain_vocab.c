@@ -172,7 +172,7 @@ static int trie_flatten(const cs_trie *t, int32_t n_ids, cs_flat_trie *flat)
     memset(flat, 0, sizeof *flat);
     flat->n_nodes = t->n_nodes - 1; /* the root is not stored */
     flat->nodes = sw_calloc((size_t)flat->n_nodes + 1, sizeof *flat->nodes);
-    flat->ids = sw_malloc((size_t)(n_ids ? n_ids : 1) * sizeof *flat->ids);
+    flat->ids = sw_calloc((size_t)n_ids + 1, sizeof *flat->ids); /* + 1: list_build */
     if (!flat->nodes || !flat->ids)
         return SW_ENOMEM;
     uint32_t next = 0, tok = 0;
@@ -203,6 +203,9 @@ void eng_cs_vocab_free(eng_cs_vocab *v)
     sw_free(v->plain_bits);
     sw_free(v->byte_plain_off);
     sw_free(v->byte_plain);
+    sw_free(v->plain_upto);
+    sw_free(v->by_chars);
+    sw_free(v->by_chars_off);
     trie_free(&v->full);
     trie_free(&v->special);
     flat_trie_free(&v->plain);
@@ -260,6 +263,40 @@ static int plain_byte_index(eng_cs_vocab *v)
     return SW_OK;
 }
 
+/* The plain tokens by code points (eng_cs_vocab.plain_upto, by_chars):
+ * a counting sort by code points, then the masks of the short ones. */
+static int plain_chars_index(eng_cs_vocab *v)
+{
+    size_t words = ((size_t)v->n_tokens + 31) / 32;
+    int32_t n_counts = v->max_plain_chars + 2;
+    v->by_chars_off = sw_calloc((size_t)n_counts, sizeof *v->by_chars_off);
+    v->by_chars = sw_malloc(((size_t)v->n_plain + 1) * sizeof *v->by_chars);
+    v->plain_upto = sw_calloc(CS_UPTO_MASKS * words, sizeof *v->plain_upto);
+    int32_t *at = sw_malloc((size_t)n_counts * sizeof *at);
+    if (!v->by_chars_off || !v->by_chars || !v->plain_upto || !at) {
+        sw_free(at);
+        return SW_ENOMEM;
+    }
+    for (int32_t i = 0; i < v->n_plain; i++)
+        v->by_chars_off[v->plain_chars[i] + 1]++;
+    for (int32_t k = 1; k < n_counts; k++)
+        v->by_chars_off[k] += v->by_chars_off[k - 1];
+    memcpy(at, v->by_chars_off, (size_t)n_counts * sizeof *at);
+    for (int32_t i = 0; i < v->n_plain; i++)
+        v->by_chars[at[v->plain_chars[i]]++] = i;
+    sw_free(at);
+    for (int32_t k = 0; k < CS_UPTO_MASKS; k++) {
+        uint32_t *m = v->plain_upto + (size_t)k * words;
+        int32_t end = v->by_chars_off[k + 1 < n_counts ? k + 1 : n_counts - 1];
+        for (int32_t j = 0; j < end; j++) {
+            int32_t id = v->plain_ids[v->by_chars[j]];
+            m[id >> 5] |= 1u << (id & 31);
+        }
+        v->plain_upto_n[k] = end;
+    }
+    return SW_OK;
+}
+
 /* The shared part of both constructors: v->blob/off/len/is_end are set. */
 static int vocab_finish(eng_cs_vocab *v, sw_error *err)
 {
@@ -299,7 +336,8 @@ static int vocab_finish(eng_cs_vocab *v, sw_error *err)
     if (trie_build(&v->full, all, n_all, v->max_len) ||
         trie_build(&v->special, spec, n_special, v->max_len) ||
         trie_build(&linked_plain, plain, v->n_plain, v->max_len) ||
-        trie_flatten(&linked_plain, v->n_plain, &v->plain) || plain_byte_index(v))
+        trie_flatten(&linked_plain, v->n_plain, &v->plain) || plain_byte_index(v) ||
+        plain_chars_index(v))
         rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
     trie_free(&linked_plain);
 done:

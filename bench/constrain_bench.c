@@ -142,7 +142,7 @@ static int walk(const eng_grammar *g, const eng_cs_vocab *v, uint64_t seed, int6
         if (!repeat || cpu_ms < cpu_ms_at[n_masks])
             cpu_ms_at[n_masks] = cpu_ms;
         cpu_ms = cpu_ms_at[n_masks++];
-        if (g_slow_ms >= 0 && cpu_ms > g_slow_ms && (!repeat || g_last_repeat))
+        if (g_slow_ms >= 0 && cpu_ms > g_slow_ms && g_last_repeat)
             printf("    slow mask %.3f ms (%d allowed) after: %.*s\n", cpu_ms, allowed,
                    (int)(text_len < 300 ? text_len : 300),
                    text + (text_len < 300 ? 0 : text_len - 300));

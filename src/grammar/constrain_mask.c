@@ -317,6 +317,68 @@ static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_
     return slot;
 }
 
+/* ORs in the plain tokens of lo..hi code points that are in `within`
+ * (NULL: every plain token), none of which mask holds yet: the short ones
+ * from the vocabulary's masks by code points, the few longer ones from its
+ * list by code points. */
+static void plain_by_chars(const eng_cs_vocab *v, int64_t lo, int64_t hi, const uint32_t *within,
+                           uint32_t *mask, int32_t *count)
+{
+    if (hi > v->max_plain_chars)
+        hi = v->max_plain_chars;
+    if (lo > hi)
+        return;
+    if (lo < CS_UPTO_MASKS) {
+        size_t words = ((size_t)v->n_tokens + 31) / 32;
+        int64_t top = hi < CS_UPTO_MASKS - 1 ? hi : CS_UPTO_MASKS - 1;
+        const uint32_t *upto = v->plain_upto + (size_t)top * words;
+        const uint32_t *below = lo > 0 ? v->plain_upto + (size_t)(lo - 1) * words : NULL;
+        if (!within) {
+            for (size_t i = 0; i < words; i++)
+                mask[i] |= below ? upto[i] & ~below[i] : upto[i];
+            *count += v->plain_upto_n[top] - (below ? v->plain_upto_n[lo - 1] : 0);
+        } else {
+            for (size_t i = 0; i < words; i++) {
+                uint32_t add = (below ? upto[i] & ~below[i] : upto[i]) & within[i];
+                mask[i] |= add;
+                *count += __builtin_popcount(add);
+            }
+        }
+        lo = CS_UPTO_MASKS;
+    }
+    for (int32_t j = v->by_chars_off[lo]; j < v->by_chars_off[hi + 1]; j++) {
+        int32_t id = v->plain_ids[v->by_chars[j]];
+        if (within && !(within[id >> 5] & (1u << (id & 31))))
+            continue;
+        mask[id >> 5] |= 1u << (id & 31);
+        (*count)++;
+    }
+}
+
+/* A whole slot's tokens that fit (pattern_plain_mask's slow case): they
+ * share one state, so whether one fits depends on its code points alone;
+ * each count is decided once, and each run of counts that fit is taken
+ * from the slot's set by plain_by_chars. */
+static void whole_plain_mask(const eng_constraint *c, const cs_node *n, const cs_pat_cache *slot,
+                             int64_t chars_before, int64_t base_rest, int64_t budget_after,
+                             uint32_t *mask, int32_t *count)
+{
+    int64_t run_lo = -1;
+    for (int64_t k = 1; k <= c->v->max_plain_chars + 1; k++) {
+        bool fits = false;
+        if (k <= c->v->max_plain_chars && chars_before + k <= n->max_chars) {
+            int64_t m = eng_regex_costs_get(n->re_costs, slot->state, chars_before + k);
+            fits = m >= 0 && base_rest + m + 1 <= budget_after;
+        }
+        if (fits && run_lo < 0)
+            run_lo = k;
+        if (!fits && run_lo >= 0) {
+            plain_by_chars(c->v, run_lo, k - 1, slot->bits, mask, count);
+            run_lo = -1;
+        }
+    }
+}
+
 /* The plain tokens of a pattern frame from its state's list; false when
  * the frame is inside a character (or there are no lists): walk them. */
 static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_rest,
@@ -328,6 +390,10 @@ static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t bas
     const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
     if (slot->fast && f->a >= n->min_chars && base_rest + slot->max_cost + 1 <= budget_after) {
         pat_cache_or(c, slot, mask, count);
+        return true;
+    }
+    if (slot->whole) {
+        whole_plain_mask(c, n, slot, f->a, base_rest, budget_after, mask, count);
         return true;
     }
     for (int32_t i = 0; i < pat_entries(c, slot); i++) {
@@ -483,39 +549,6 @@ static void walk(walk_ctx *w, uint32_t node, int32_t depth)
     }
 }
 
-/* ORs in the plain tokens of lo..hi code points (mask is still empty of
- * plain tokens): the short ones from the vocabulary's masks by code
- * points, the few longer ones from its list by code points. */
-static void plain_by_chars(const eng_cs_vocab *v, int64_t lo, int64_t hi, uint32_t *mask,
-                           int32_t *count)
-{
-    if (hi > v->max_plain_chars)
-        hi = v->max_plain_chars;
-    if (lo > hi)
-        return;
-    if (lo < CS_UPTO_MASKS) {
-        size_t words = ((size_t)v->n_tokens + 31) / 32;
-        int64_t top = hi < CS_UPTO_MASKS - 1 ? hi : CS_UPTO_MASKS - 1;
-        const uint32_t *upto = v->plain_upto + (size_t)top * words;
-        if (lo == 0) {
-            for (size_t i = 0; i < words; i++)
-                mask[i] |= upto[i];
-            *count += v->plain_upto_n[top];
-        } else {
-            const uint32_t *below = v->plain_upto + (size_t)(lo - 1) * words;
-            for (size_t i = 0; i < words; i++)
-                mask[i] |= upto[i] & ~below[i];
-            *count += v->plain_upto_n[top] - v->plain_upto_n[lo - 1];
-        }
-        lo = CS_UPTO_MASKS;
-    }
-    for (int32_t j = v->by_chars_off[lo]; j < v->by_chars_off[hi + 1]; j++) {
-        int32_t id = v->plain_ids[v->by_chars[j]];
-        mask[id >> 5] |= 1u << (id & 31);
-        (*count)++;
-    }
-}
-
 /* Plain tokens (ordinary string characters) decided by their length alone:
  * in a string, or in a pattern string that has matched for good. */
 static bool plain_by_length(const cs_node *n, const cs_frame *top)
@@ -591,6 +624,15 @@ static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_re
     const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
     if (slot->fast && base_rest + slot->max_cost <= budget_after) {
         pat_cache_or(c, slot, mask, count);
+        return true;
+    }
+    if (slot->whole) { /* one state, no undecided entry: all or none */
+        if (base_rest + eng_regex_costs_get(n->re_costs, slot->state, 0) <= budget_after) {
+            size_t words = ((size_t)c->v->n_tokens + 31) / 32;
+            for (size_t i = 0; i < words; i++)
+                mask[i] |= slot->bits[i];
+            *count += slot->n;
+        }
         return true;
     }
     for (int32_t i = 0; i < pat_entries(c, slot); i++) {
@@ -672,7 +714,7 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
                  * completion left, base - min(k, need), is in budget. */
                 int64_t short_by = base - w.budget_after, lo = short_by > 0 ? short_by : 0;
                 if (need >= lo)
-                    plain_by_chars(v, lo, room, mask, &w.count);
+                    plain_by_chars(v, lo, room, NULL, mask, &w.count);
             }
             w.t = &v->special;
         }

@@ -344,6 +344,8 @@ static void plain_by_chars(const eng_cs_vocab *v, int64_t lo, int64_t hi, const 
                 *count += __builtin_popcount(add);
             }
         }
+        if (hi < CS_UPTO_MASKS)
+            return;
         lo = CS_UPTO_MASKS;
     }
     for (int32_t j = v->by_chars_off[lo]; j < v->by_chars_off[hi + 1]; j++) {

@@ -14,7 +14,46 @@
 
 /* ---- the constraint ------------------------------------------------------ */
 
-/* Allocated up front, so masks allocate nothing. */
+void eng__cs_slots_free(cs_pat_cache *slots)
+{
+    for (int i = 0; slots && i < CS_PAT_SLOTS; i++) {
+        sw_free(slots[i].e);
+        sw_free(slots[i].bits);
+    }
+    sw_free(slots);
+}
+
+/* A set of slots from the vocabulary's pool, or NULL when it is empty.
+ * The pool is the vocabulary's one mutable part (constrain-state.h): the
+ * cast drops the const of a shared, otherwise immutable index. */
+static cs_pat_cache *pool_take(const eng_cs_vocab *cv)
+{
+    eng_cs_vocab *v = (eng_cs_vocab *)cv;
+    cs_pat_cache *slots = NULL;
+    pthread_mutex_lock(&v->pool_lock);
+    if (v->n_pool > 0)
+        slots = v->pool[--v->n_pool];
+    pthread_mutex_unlock(&v->pool_lock);
+    return slots;
+}
+
+/* Gives a whole set back to the pool; false when the pool is full. */
+static bool pool_give(const eng_cs_vocab *cv, cs_pat_cache *slots)
+{
+    eng_cs_vocab *v = (eng_cs_vocab *)cv;
+    bool kept = false;
+    pthread_mutex_lock(&v->pool_lock);
+    if (v->n_pool < CS_POOL_SETS) {
+        v->pool[v->n_pool++] = slots;
+        kept = true;
+    }
+    pthread_mutex_unlock(&v->pool_lock);
+    return kept;
+}
+
+/* Allocated up front, so masks allocate nothing: a set from the
+ * vocabulary's pool, or a new one, touched here once (the pool keeps it
+ * touched for the constraints after this one). */
 static int pat_cache_create(eng_constraint *c)
 {
     bool patterns = false;
@@ -22,26 +61,39 @@ static int pat_cache_create(eng_constraint *c)
         patterns |= c->g->nodes[i].kind == CS_PATTERN || c->g->nodes[i].kind == CS_RAW;
     if (!patterns || c->v->n_plain == 0)
         return SW_OK;
+    if ((c->pcache = pool_take(c->v))) {
+        for (int i = 0; i < CS_PAT_SLOTS; i++) {
+            c->pcache[i].node = -1;
+            c->pcache[i].used = 0;
+        }
+        return SW_OK;
+    }
     if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
         return SW_ENOMEM;
     size_t words = ((size_t)c->v->n_tokens + 31) / 32;
+    size_t entries = (size_t)c->v->n_plain + 1; /* one more: list_build writes one past */
     for (int i = 0; i < CS_PAT_SLOTS; i++) {
         c->pcache[i].node = -1;
-        /* one entry more: list_build writes one past the list */
-        if (!(c->pcache[i].e = sw_malloc(((size_t)c->v->n_plain + 1) * sizeof *c->pcache[i].e)) ||
+        if (!(c->pcache[i].e = sw_malloc(entries * sizeof *c->pcache[i].e)) ||
             !(c->pcache[i].bits = sw_malloc(words * sizeof *c->pcache[i].bits)))
             return SW_ENOMEM;
+        memset(c->pcache[i].e, 0, entries * sizeof *c->pcache[i].e);
+        memset(c->pcache[i].bits, 0, words * sizeof *c->pcache[i].bits);
     }
     return SW_OK;
 }
 
+/* Back to the pool when whole (a create that failed half-way frees it). */
 static void pat_cache_free(eng_constraint *c)
 {
-    for (int i = 0; c->pcache && i < CS_PAT_SLOTS; i++) {
-        sw_free(c->pcache[i].e);
-        sw_free(c->pcache[i].bits);
-    }
-    sw_free(c->pcache);
+    if (!c->pcache)
+        return;
+    bool whole = true;
+    for (int i = 0; i < CS_PAT_SLOTS; i++)
+        whole &= c->pcache[i].e && c->pcache[i].bits;
+    if (!whole || !pool_give(c->v, c->pcache))
+        eng__cs_slots_free(c->pcache);
+    c->pcache = NULL;
 }
 
 /* A state's list, built by one scan of the flat plain trie with the

@@ -209,6 +209,10 @@ void eng_cs_vocab_free(eng_cs_vocab *v)
     trie_free(&v->full);
     trie_free(&v->special);
     flat_trie_free(&v->plain);
+    if (v->pool_ready)
+        pthread_mutex_destroy(&v->pool_lock);
+    for (int32_t i = 0; i < v->n_pool; i++)
+        eng__cs_slots_free(v->pool[i]);
     sw_free(v);
 }
 
@@ -301,6 +305,9 @@ static int plain_chars_index(eng_cs_vocab *v)
 static int vocab_finish(eng_cs_vocab *v, sw_error *err)
 {
     int32_t n = v->n_tokens, n_special = 0;
+    if (pthread_mutex_init(&v->pool_lock, NULL))
+        return sw_error_set(err, SW_ENOMEM, "out of resources indexing the vocabulary");
+    v->pool_ready = true;
     cs_sort_item *all = sw_malloc((size_t)(n ? n : 1) * sizeof *all);
     cs_sort_item *spec = sw_malloc((size_t)(n ? n : 1) * sizeof *spec);
     cs_sort_item *plain = sw_malloc((size_t)(n ? n : 1) * sizeof *plain);

@@ -139,8 +139,9 @@ struct eng_cs_vocab {
  * could also end the automaton and go on below, so its entry is undecided
  * (state CS_PAT_UNDECIDED) and the token is fed from the full state
  * instead. The slots are few because each holds room for every plain
- * token (allocated with the constraint, so masks allocate nothing); the
- * least recently used is replaced. */
+ * token (taken with the constraint from the vocabulary's pool, or
+ * allocated and touched then, so masks allocate nothing and fault in no
+ * page); the least recently used is replaced. */
 #define CS_PAT_SLOTS 4
 #define CS_PAT_UNDECIDED (-2)
 

@@ -7,7 +7,10 @@
 # wall-clock time and as the thread's CPU time (on a loaded machine the
 # wall-clock tail is mostly waiting for a core). BENCH_SLOW_MS=x lists the
 # masks slower than x ms (CPU) with the text before them; BENCH_MASK_HASH=1
-# prints a hash of each walk's masks (to compare two builds).
+# prints a hash of each walk's masks (to compare two builds);
+# BENCH_REPEAT=r runs each seeded walk r times and keeps each mask's least
+# CPU time (the VM counts the moments its CPU is taken away as the
+# thread's CPU time, so a single run's worst masks are often those).
 # Prints figures; asserts nothing; not part of `make test`.
 #
 #   bench/constrain.sh [BUILD_DIR]            (default: build)

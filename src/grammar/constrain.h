@@ -31,7 +31,9 @@
 #include <stdint.h>
 
 /* The token byte strings of a vocabulary, arranged for mask computation.
- * Immutable once built: shared by every constraint and every thread. */
+ * Immutable once built, but for a pool of pattern-list memory its
+ * constraints hand on to each other under a lock: shared by every
+ * constraint and every thread; freed after its last constraint. */
 typedef struct eng_cs_vocab eng_cs_vocab;
 
 /* From a tokenizer: each token's bytes as eng_token_to_bytes gives them

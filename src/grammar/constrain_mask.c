@@ -7,13 +7,53 @@
 #include "common/alloc.h"
 #include "grammar/constrain-impl.h"
 #include "grammar/constrain-state.h"
+#include "grammar/regex-impl.h" /* the DFA's table, read directly by list_build */
 
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- the constraint ------------------------------------------------------ */
 
-/* Allocated up front, so masks allocate nothing. */
+void eng__cs_slots_free(cs_pat_cache *slots)
+{
+    for (int i = 0; slots && i < CS_PAT_SLOTS; i++) {
+        sw_free(slots[i].e);
+        sw_free(slots[i].bits);
+    }
+    sw_free(slots);
+}
+
+/* A set of slots from the vocabulary's pool, or NULL when it is empty.
+ * The pool is the vocabulary's one mutable part (constrain-state.h): the
+ * cast drops the const of a shared, otherwise immutable index. */
+static cs_pat_cache *pool_take(const eng_cs_vocab *cv)
+{
+    eng_cs_vocab *v = (eng_cs_vocab *)cv;
+    cs_pat_cache *slots = NULL;
+    pthread_mutex_lock(&v->pool_lock);
+    if (v->n_pool > 0)
+        slots = v->pool[--v->n_pool];
+    pthread_mutex_unlock(&v->pool_lock);
+    return slots;
+}
+
+/* Gives a whole set back to the pool; false when the pool is full. */
+static bool pool_give(const eng_cs_vocab *cv, cs_pat_cache *slots)
+{
+    eng_cs_vocab *v = (eng_cs_vocab *)cv;
+    bool kept = false;
+    pthread_mutex_lock(&v->pool_lock);
+    if (v->n_pool < CS_POOL_SETS) {
+        v->pool[v->n_pool++] = slots;
+        kept = true;
+    }
+    pthread_mutex_unlock(&v->pool_lock);
+    return kept;
+}
+
+/* Allocated up front, so masks allocate nothing: a set from the
+ * vocabulary's pool, or a new one, touched here once (the pool keeps it
+ * touched for the constraints after this one). */
 static int pat_cache_create(eng_constraint *c)
 {
     bool patterns = false;
@@ -21,68 +61,87 @@ static int pat_cache_create(eng_constraint *c)
         patterns |= c->g->nodes[i].kind == CS_PATTERN || c->g->nodes[i].kind == CS_RAW;
     if (!patterns || c->v->n_plain == 0)
         return SW_OK;
+    if ((c->pcache = pool_take(c->v))) {
+        for (int i = 0; i < CS_PAT_SLOTS; i++) {
+            c->pcache[i].node = -1;
+            c->pcache[i].used = 0;
+        }
+        return SW_OK;
+    }
     if (!(c->pcache = sw_calloc(CS_PAT_SLOTS, sizeof *c->pcache)))
         return SW_ENOMEM;
     size_t words = ((size_t)c->v->n_tokens + 31) / 32;
+    size_t entries = (size_t)c->v->n_plain + 1; /* one more: list_build writes one past */
     for (int i = 0; i < CS_PAT_SLOTS; i++) {
         c->pcache[i].node = -1;
-        if (!(c->pcache[i].e = sw_malloc((size_t)c->v->n_plain * sizeof *c->pcache[i].e)) ||
+        if (!(c->pcache[i].e = sw_malloc(entries * sizeof *c->pcache[i].e)) ||
             !(c->pcache[i].bits = sw_malloc(words * sizeof *c->pcache[i].bits)))
             return SW_ENOMEM;
+        memset(c->pcache[i].e, 0, entries * sizeof *c->pcache[i].e);
+        memset(c->pcache[i].bits, 0, words * sizeof *c->pcache[i].bits);
     }
     return SW_OK;
 }
 
+/* Back to the pool when whole (a create that failed half-way frees it). */
 static void pat_cache_free(eng_constraint *c)
 {
-    for (int i = 0; c->pcache && i < CS_PAT_SLOTS; i++) {
-        sw_free(c->pcache[i].e);
-        sw_free(c->pcache[i].bits);
-    }
-    sw_free(c->pcache);
-}
-
-typedef struct list_walk {
-    const cs_trie *t;
-    const eng_regex *re;
-    bool raw;
-    cs_pat_cache *slot;
-} list_walk;
-
-/* Every token under trie node `node` (itself excluded) as undecided. */
-static void list_undecided(list_walk *lw, uint32_t node)
-{
-    const cs_trie *t = lw->t;
-    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
-        const cs_tnode *tn = &t->nodes[ch];
-        for (uint32_t k = 0; k < tn->tok_count; k++)
-            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k],
-                                                        CS_PAT_UNDECIDED, 0};
-        list_undecided(lw, ch);
-    }
-}
-
-/* The plain tokens under trie node `node`, reached in automaton state
- * `state` after `bytes` bytes and `chars` code points. */
-static void list_walk_node(list_walk *lw, uint32_t node, int32_t state, int32_t bytes,
-                           int32_t chars)
-{
-    if (lw->raw && bytes > 0 && eng_regex_accepting(lw->re, state)) {
-        list_undecided(lw, node);
+    if (!c->pcache)
         return;
-    }
-    const cs_trie *t = lw->t;
-    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
-        const cs_tnode *tn = &t->nodes[ch];
-        int32_t to = eng_regex_step(lw->re, state, tn->byte);
-        if (to < 0)
+    bool whole = true;
+    for (int i = 0; i < CS_PAT_SLOTS; i++)
+        whole &= c->pcache[i].e && c->pcache[i].bits;
+    if (!whole || !pool_give(c->v, c->pcache))
+        eng__cs_slots_free(c->pcache);
+    c->pcache = NULL;
+}
+
+/* A state's list, built by one scan of the flat plain trie with the
+ * automaton alone: per node one table lookup from its parent's state (kept
+ * per depth), a refused byte jumps past every token under it. For GBNF
+ * (raw), once an accepting state is reached inside a token, the tokens
+ * below that node are undecided (cs_pat_cache). The entries come in the
+ * trie's depth-first order. */
+static void list_build(const eng_cs_vocab *v, const eng_regex *re, bool raw, int32_t state,
+                       cs_pat_cache *slot)
+{
+    const cs_flat_node *nd = v->plain.nodes;
+    const int32_t *ids = v->plain.ids;
+    const int32_t *trans = re->trans;
+    const size_t n_classes = (size_t)re->n_classes;
+    /* per depth: the transition row of the state there, and code points */
+    const int32_t *row_at[ENG_CS_MAX_TOKEN_BYTES + 1];
+    int32_t chars_at[ENG_CS_MAX_TOKEN_BYTES + 1];
+    cs_pat_entry *e = slot->e;
+    int32_t n = 0;
+    row_at[0] = trans + (size_t)state * n_classes;
+    chars_at[0] = 0;
+    for (uint32_t i = 0; i < v->plain.n_nodes;) {
+        const cs_flat_node *x = &nd[i];
+        int32_t to = row_at[x->depth - 1][re->class_of[x->byte]];
+        if (to < 0) {
+            i = x->skip;
             continue;
-        int32_t c2 = chars + ((tn->byte & 0xC0) != 0x80);
-        for (uint32_t k = 0; k < tn->tok_count; k++)
-            lw->slot->e[lw->slot->n++] = (cs_pat_entry){t->ids[tn->tok_begin + k], to, c2};
-        if (tn->first_child)
-            list_walk_node(lw, ch, to, bytes + 1, c2);
+        }
+        int32_t chars = chars_at[x->depth - 1] + ((x->byte & 0xC0) != 0x80);
+        uint32_t k = x->tok_off, end = nd[i + 1].tok_off;
+        /* Most nodes end one token or none: written either way, counted
+         * when it is one (e and ids have room for one more). */
+        e[n] = (cs_pat_entry){ids[k], to, chars};
+        n += k < end;
+        for (k++; k < end; k++)
+            e[n++] = (cs_pat_entry){ids[k], to, chars};
+        if (raw && re->accept[to]) {
+            for (k = end; k < nd[x->skip].tok_off; k++)
+                e[n++] = (cs_pat_entry){ids[k], CS_PAT_UNDECIDED, 0};
+            i = x->skip;
+            continue;
+        }
+        row_at[x->depth] = trans + (size_t)to * n_classes;
+        chars_at[x->depth] = chars;
+        i++;
     }
+    slot->n = n;
 }
 
 /* Whether every plain character read from state `state` either comes back
@@ -209,14 +268,24 @@ static void pat_cache_bits(const eng_constraint *c, const cs_node *n, cs_pat_cac
     if (!slot->fast)
         return;
     memset(slot->bits, 0, ((size_t)c->v->n_tokens + 31) / 32 * sizeof *slot->bits);
+    /* A list holds tens of thousands of entries over a few states: their
+     * costs are looked up once each through a small direct-mapped memo. */
+    struct { int32_t state; int64_t cost; } memo[64];
+    for (int i = 0; i < 64; i++)
+        memo[i].state = -1;
+    int32_t chars = n->kind == CS_RAW ? 0 : n->min_chars;
     for (int32_t i = 0; i < slot->n; i++) {
         const cs_pat_entry *e = &slot->e[i];
         if (e->state == CS_PAT_UNDECIDED) {
             slot->fast = false;
             return;
         }
-        int32_t chars = n->kind == CS_RAW ? 0 : n->min_chars;
-        int64_t m = eng_regex_costs_get(n->re_costs, e->state, chars);
+        int h = e->state & 63;
+        if (memo[h].state != e->state) {
+            memo[h].state = e->state;
+            memo[h].cost = eng_regex_costs_get(n->re_costs, e->state, chars);
+        }
+        int64_t m = memo[h].cost;
         if (m < 0)
             continue;
         slot->bits[e->id >> 5] |= 1u << (e->id & 31);
@@ -292,13 +361,76 @@ static const cs_pat_cache *pat_cache_get(eng_constraint *c, int32_t node, int32_
             whole_build(c, n->re, slot, refused_ascii, dirty_lead);
             whole_bits(n, slot);
         } else {
-            list_walk lw = {&c->v->plain, n->re, n->kind == CS_RAW, slot};
-            list_walk_node(&lw, 0, state, 0, 0);
+            list_build(c->v, n->re, n->kind == CS_RAW, state, slot);
             pat_cache_bits(c, n, slot);
         }
     }
     slot->used = ++c->ptick;
     return slot;
+}
+
+/* ORs in the plain tokens of lo..hi code points that are in `within`
+ * (NULL: every plain token), none of which mask holds yet: the short ones
+ * from the vocabulary's masks by code points, the few longer ones from its
+ * list by code points. */
+static void plain_by_chars(const eng_cs_vocab *v, int64_t lo, int64_t hi, const uint32_t *within,
+                           uint32_t *mask, int32_t *count)
+{
+    if (hi > v->max_plain_chars)
+        hi = v->max_plain_chars;
+    if (lo > hi)
+        return;
+    if (lo < CS_UPTO_MASKS) {
+        size_t words = ((size_t)v->n_tokens + 31) / 32;
+        int64_t top = hi < CS_UPTO_MASKS - 1 ? hi : CS_UPTO_MASKS - 1;
+        const uint32_t *upto = v->plain_upto + (size_t)top * words;
+        const uint32_t *below = lo > 0 ? v->plain_upto + (size_t)(lo - 1) * words : NULL;
+        if (!within) {
+            for (size_t i = 0; i < words; i++)
+                mask[i] |= below ? upto[i] & ~below[i] : upto[i];
+            *count += v->plain_upto_n[top] - (below ? v->plain_upto_n[lo - 1] : 0);
+        } else {
+            for (size_t i = 0; i < words; i++) {
+                uint32_t add = (below ? upto[i] & ~below[i] : upto[i]) & within[i];
+                mask[i] |= add;
+                *count += __builtin_popcount(add);
+            }
+        }
+        if (hi < CS_UPTO_MASKS)
+            return;
+        lo = CS_UPTO_MASKS;
+    }
+    for (int32_t j = v->by_chars_off[lo]; j < v->by_chars_off[hi + 1]; j++) {
+        int32_t id = v->plain_ids[v->by_chars[j]];
+        if (within && !(within[id >> 5] & (1u << (id & 31))))
+            continue;
+        mask[id >> 5] |= 1u << (id & 31);
+        (*count)++;
+    }
+}
+
+/* A whole slot's tokens that fit (pattern_plain_mask's slow case): they
+ * share one state, so whether one fits depends on its code points alone;
+ * each count is decided once, and each run of counts that fit is taken
+ * from the slot's set by plain_by_chars. */
+static void whole_plain_mask(const eng_constraint *c, const cs_node *n, const cs_pat_cache *slot,
+                             int64_t chars_before, int64_t base_rest, int64_t budget_after,
+                             uint32_t *mask, int32_t *count)
+{
+    int64_t run_lo = -1;
+    for (int64_t k = 1; k <= c->v->max_plain_chars + 1; k++) {
+        bool fits = false;
+        if (k <= c->v->max_plain_chars && chars_before + k <= n->max_chars) {
+            int64_t m = eng_regex_costs_get(n->re_costs, slot->state, chars_before + k);
+            fits = m >= 0 && base_rest + m + 1 <= budget_after;
+        }
+        if (fits && run_lo < 0)
+            run_lo = k;
+        if (!fits && run_lo >= 0) {
+            plain_by_chars(c->v, run_lo, k - 1, slot->bits, mask, count);
+            run_lo = -1;
+        }
+    }
 }
 
 /* The plain tokens of a pattern frame from its state's list; false when
@@ -312,6 +444,10 @@ static bool pattern_plain_mask(eng_constraint *c, const cs_frame *f, int64_t bas
     const cs_pat_cache *slot = pat_cache_get(c, f->node, f->b);
     if (slot->fast && f->a >= n->min_chars && base_rest + slot->max_cost + 1 <= budget_after) {
         pat_cache_or(c, slot, mask, count);
+        return true;
+    }
+    if (slot->whole) {
+        whole_plain_mask(c, n, slot, f->a, base_rest, budget_after, mask, count);
         return true;
     }
     for (int32_t i = 0; i < pat_entries(c, slot); i++) {
@@ -544,6 +680,15 @@ static bool raw_plain_mask(eng_constraint *c, const cs_frame *f, int64_t base_re
         pat_cache_or(c, slot, mask, count);
         return true;
     }
+    if (slot->whole) { /* one state, no undecided entry: all or none */
+        if (base_rest + eng_regex_costs_get(n->re_costs, slot->state, 0) <= budget_after) {
+            size_t words = ((size_t)c->v->n_tokens + 31) / 32;
+            for (size_t i = 0; i < words; i++)
+                mask[i] |= slot->bits[i];
+            *count += slot->n;
+        }
+        return true;
+    }
     for (int32_t i = 0; i < pat_entries(c, slot); i++) {
         cs_pat_entry entry;
         if (!pat_entry(c, slot, i, &entry))
@@ -619,14 +764,11 @@ int32_t eng_constraint_mask(eng_constraint *c, int64_t remaining_tokens, uint32_
                     mask[i] |= v->plain_bits[i];
                 w.count += v->n_plain;
             } else {
-                for (int32_t i = 0; i < v->n_plain; i++) {
-                    int64_t k = v->plain_chars[i];
-                    if (k > room || base - (k < need ? k : need) > w.budget_after)
-                        continue;
-                    int32_t id = v->plain_ids[i];
-                    mask[id >> 5] |= 1u << (id & 31);
-                    w.count++;
-                }
+                /* A token of k code points fits when k <= room and the
+                 * completion left, base - min(k, need), is in budget. */
+                int64_t short_by = base - w.budget_after, lo = short_by > 0 ? short_by : 0;
+                if (need >= lo)
+                    plain_by_chars(v, lo, room, NULL, mask, &w.count);
             }
             w.t = &v->special;
         }

@@ -147,6 +147,48 @@ static int trie_build(cs_trie *t, cs_sort_item *items, int32_t n, int32_t max_le
     return SW_OK;
 }
 
+/* Fills flat->nodes from *next on with the subtree of linked node `node`
+ * (itself excluded: its children at `depth`), in depth-first order, and
+ * counts the tokens into *tok. Recursion is bounded by the longest token. */
+static void trie_flatten_below(const cs_trie *t, uint32_t node, uint16_t depth,
+                               cs_flat_trie *flat, uint32_t *next, uint32_t *tok)
+{
+    for (uint32_t ch = t->nodes[node].first_child; ch; ch = t->nodes[ch].next) {
+        const cs_tnode *tn = &t->nodes[ch];
+        uint32_t at = (*next)++;
+        flat->nodes[at].byte = tn->byte;
+        flat->nodes[at].depth = depth;
+        flat->nodes[at].tok_off = *tok;
+        for (uint32_t k = 0; k < tn->tok_count; k++)
+            flat->ids[(*tok)++] = t->ids[tn->tok_begin + k];
+        trie_flatten_below(t, ch, (uint16_t)(depth + 1), flat, next, tok);
+        flat->nodes[at].skip = *next;
+    }
+}
+
+/* The flat copy of a linked trie (cs_flat_trie) holding n_ids tokens. */
+static int trie_flatten(const cs_trie *t, int32_t n_ids, cs_flat_trie *flat)
+{
+    memset(flat, 0, sizeof *flat);
+    flat->n_nodes = t->n_nodes - 1; /* the root is not stored */
+    flat->nodes = sw_calloc((size_t)flat->n_nodes + 1, sizeof *flat->nodes);
+    flat->ids = sw_calloc((size_t)n_ids + 1, sizeof *flat->ids); /* + 1: list_build */
+    if (!flat->nodes || !flat->ids)
+        return SW_ENOMEM;
+    uint32_t next = 0, tok = 0;
+    trie_flatten_below(t, 0, 1, flat, &next, &tok);
+    flat->nodes[flat->n_nodes].tok_off = tok;
+    flat->nodes[flat->n_nodes].skip = flat->n_nodes;
+    return SW_OK;
+}
+
+static void flat_trie_free(cs_flat_trie *t)
+{
+    sw_free(t->nodes);
+    sw_free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
 void eng_cs_vocab_free(eng_cs_vocab *v)
 {
     if (!v)
@@ -161,9 +203,16 @@ void eng_cs_vocab_free(eng_cs_vocab *v)
     sw_free(v->plain_bits);
     sw_free(v->byte_plain_off);
     sw_free(v->byte_plain);
+    sw_free(v->plain_upto);
+    sw_free(v->by_chars);
+    sw_free(v->by_chars_off);
     trie_free(&v->full);
     trie_free(&v->special);
-    trie_free(&v->plain);
+    flat_trie_free(&v->plain);
+    if (v->pool_ready)
+        pthread_mutex_destroy(&v->pool_lock);
+    for (int32_t i = 0; i < v->n_pool; i++)
+        eng__cs_slots_free(v->pool[i]);
     sw_free(v);
 }
 
@@ -218,10 +267,47 @@ static int plain_byte_index(eng_cs_vocab *v)
     return SW_OK;
 }
 
+/* The plain tokens by code points (eng_cs_vocab.plain_upto, by_chars):
+ * a counting sort by code points, then the masks of the short ones. */
+static int plain_chars_index(eng_cs_vocab *v)
+{
+    size_t words = ((size_t)v->n_tokens + 31) / 32;
+    int32_t n_counts = v->max_plain_chars + 2;
+    v->by_chars_off = sw_calloc((size_t)n_counts, sizeof *v->by_chars_off);
+    v->by_chars = sw_malloc(((size_t)v->n_plain + 1) * sizeof *v->by_chars);
+    v->plain_upto = sw_calloc(CS_UPTO_MASKS * words, sizeof *v->plain_upto);
+    int32_t *at = sw_malloc((size_t)n_counts * sizeof *at);
+    if (!v->by_chars_off || !v->by_chars || !v->plain_upto || !at) {
+        sw_free(at);
+        return SW_ENOMEM;
+    }
+    for (int32_t i = 0; i < v->n_plain; i++)
+        v->by_chars_off[v->plain_chars[i] + 1]++;
+    for (int32_t k = 1; k < n_counts; k++)
+        v->by_chars_off[k] += v->by_chars_off[k - 1];
+    memcpy(at, v->by_chars_off, (size_t)n_counts * sizeof *at);
+    for (int32_t i = 0; i < v->n_plain; i++)
+        v->by_chars[at[v->plain_chars[i]]++] = i;
+    sw_free(at);
+    for (int32_t k = 0; k < CS_UPTO_MASKS; k++) {
+        uint32_t *m = v->plain_upto + (size_t)k * words;
+        int32_t end = v->by_chars_off[k + 1 < n_counts ? k + 1 : n_counts - 1];
+        for (int32_t j = 0; j < end; j++) {
+            int32_t id = v->plain_ids[v->by_chars[j]];
+            m[id >> 5] |= 1u << (id & 31);
+        }
+        v->plain_upto_n[k] = end;
+    }
+    return SW_OK;
+}
+
 /* The shared part of both constructors: v->blob/off/len/is_end are set. */
 static int vocab_finish(eng_cs_vocab *v, sw_error *err)
 {
     int32_t n = v->n_tokens, n_special = 0;
+    if (pthread_mutex_init(&v->pool_lock, NULL))
+        return sw_error_set(err, SW_ENOMEM, "out of resources indexing the vocabulary");
+    v->pool_ready = true;
     cs_sort_item *all = sw_malloc((size_t)(n ? n : 1) * sizeof *all);
     cs_sort_item *spec = sw_malloc((size_t)(n ? n : 1) * sizeof *spec);
     cs_sort_item *plain = sw_malloc((size_t)(n ? n : 1) * sizeof *plain);
@@ -253,10 +339,14 @@ static int vocab_finish(eng_cs_vocab *v, sw_error *err)
             spec[n_special++] = (cs_sort_item){p, v->len[id], id};
         }
     }
+    cs_trie linked_plain = {0};
     if (trie_build(&v->full, all, n_all, v->max_len) ||
         trie_build(&v->special, spec, n_special, v->max_len) ||
-        trie_build(&v->plain, plain, v->n_plain, v->max_len) || plain_byte_index(v))
+        trie_build(&linked_plain, plain, v->n_plain, v->max_len) ||
+        trie_flatten(&linked_plain, v->n_plain, &v->plain) || plain_byte_index(v) ||
+        plain_chars_index(v))
         rc = sw_error_set(err, SW_ENOMEM, "out of memory indexing the vocabulary");
+    trie_free(&linked_plain);
 done:
     sw_free(all);
     sw_free(spec);

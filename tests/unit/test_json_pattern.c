@@ -478,6 +478,124 @@ static void test_qwen2_whole_states(void **state)
     eng_gguf_close(gg);
 }
 
+/* Whether the token's bytes are all label-key characters ([A-Za-z0-9._/-]). */
+static bool key_class_only(const char *piece, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        char ch = piece[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-' || ch == '/'))
+            return false;
+    }
+    return len > 0;
+}
+
+/* States whose lists are built by the scan of the flat plain trie (not
+ * whole: every character moves the automaton on), and strings whose
+ * length bound is near (plain tokens by code points, the short ones from
+ * masks, the long ones from a list): the mask agrees token by token with
+ * feeding. The label-key pattern of Kubernetes maps counts up to 63 per
+ * part, so a key after 0, 30, 61 and 62 characters, after its '/', and in
+ * its second part only, and with the budget near; strings with maxLength
+ * near, with minLength and the budget near, and a whole state with
+ * maxLength and the budget near (the GBNF lists' undecided entries are
+ * judged by test_generate). Checked: every token of 17 or more bytes
+ * (past the per-count masks, near the counts' ends), every 5th made of key
+ * characters, every 61st other one (under ASan, where a fresh constraint
+ * per token costs about 10 ms: every 16th, 100th and 2003rd). */
+#ifdef __SANITIZE_ADDRESS__
+#define LIST_LONG_STRIDE 16
+#define LIST_KEY_STRIDE 100
+#define LIST_STRIDE 2003
+#else
+#define LIST_LONG_STRIDE 1
+#define LIST_KEY_STRIDE 5
+#define LIST_STRIDE 61
+#endif
+
+static void test_qwen2_list_states(void **state)
+{
+    (void)state;
+    const char *path = tu_shared_path("vocab/ggml-vocab-qwen2.gguf");
+    if (!path)
+        return;
+    eng_gguf *gg = NULL;
+    eng_tokenizer *tok = NULL;
+    eng_cs_vocab *v = NULL;
+    assert_int_equal(eng_gguf_open(path, &gg, NULL), SW_OK);
+    assert_int_equal(eng_tokenizer_load(gg, &tok, NULL), SW_OK);
+    assert_int_equal(eng_cs_vocab_create(tok, &v, NULL), SW_OK);
+    static const char *const key_map =
+        "{\"type\":\"object\",\"propertyNames\":{\"pattern\":"
+        "\"^([a-z0-9.-]{1,63}/)?[A-Za-z0-9._-]{1,63}$\"},"
+        "\"additionalProperties\":{\"type\":\"string\",\"maxLength\":63}}";
+    char key30[64], key61[80], key62[80];
+    snprintf(key30, sizeof key30, "{\"%.30s", "abcdefghijklmnopqrstuvwxyz0123456789");
+    snprintf(key61, sizeof key61, "{\"%.61s", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    snprintf(key62, sizeof key62, "{\"%.62s", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    const struct {
+        const char *schema, *gbnf, *prefix;
+        int64_t left;
+    } cases[] = {
+        {key_map, NULL, "{\"", 1000},
+        {key_map, NULL, key30, 1000},
+        {key_map, NULL, key61, 1000},
+        {key_map, NULL, key62, 1000},
+        {key_map, NULL, "{\"app.k8s.io/", 1000},
+        {key_map, NULL, "{\"Ab", 1000},
+        {key_map, NULL, "{\"ab", 5},
+        {"{\"type\":\"string\",\"maxLength\":20}", NULL, "\"abc", 1000},
+        {"{\"type\":\"string\",\"minLength\":10,\"maxLength\":40}", NULL, "\"ab", 6},
+        {"{\"type\":\"string\",\"pattern\":\"^/.*$\",\"maxLength\":40}", NULL, "\"/x", 10},
+    };
+    int32_t n = eng_cs_vocab_n_tokens(v);
+    uint32_t *mask = sw_calloc(((size_t)n + 31) / 32, sizeof *mask);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        eng_grammar *g = NULL;
+        sw_error err;
+        if (cases[i].schema) {
+            json_t *schema = parse(cases[i].schema);
+            if (eng_grammar_from_schema(schema, &g, &err))
+                fail_msg("%s: %s", cases[i].schema, err.message);
+            json_decref(schema);
+        } else if (eng_grammar_from_gbnf(cases[i].gbnf, strlen(cases[i].gbnf), &g, &err)) {
+            fail_msg("%s: %s", cases[i].gbnf, err.message);
+        }
+        eng_constraint *c = NULL;
+        assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
+        assert_true(eng_constraint_feed(c, cases[i].prefix, strlen(cases[i].prefix)));
+        int32_t allowed = eng_constraint_mask(c, cases[i].left, mask), checked = 0, ones = 0;
+        int32_t n_long = 0, n_key = 0;
+        for (int32_t t = 0; t < n; t++) {
+            char piece[512];
+            size_t len = eng_token_to_bytes(tok, t, piece, sizeof piece);
+            ones += bit(mask, t);
+            bool pick = len >= 17 && len <= sizeof piece ? n_long++ % LIST_LONG_STRIDE == 0
+                        : key_class_only(piece, len < sizeof piece ? len : 0)
+                            ? n_key++ % LIST_KEY_STRIDE == 0
+                            : t % LIST_STRIDE == 0;
+            if (!pick)
+                continue;
+            checked++;
+            if (bit(mask, t) != token_allowed(g, v, cases[i].prefix, t, cases[i].left))
+                fail_msg("%s after %s (%lld left): token %d (%.*s) %s by the mask, not by feeding",
+                         cases[i].schema ? cases[i].schema : cases[i].gbnf, cases[i].prefix,
+                         (long long)cases[i].left, t, (int)(len < sizeof piece ? len : 0), piece,
+                         bit(mask, t) ? "allowed" : "refused");
+        }
+        assert_int_equal(allowed, ones);
+        printf("%s after %s (%lld left): %d allowed, %d checked by feeding\n",
+               cases[i].schema ? "schema" : cases[i].gbnf, cases[i].prefix,
+               (long long)cases[i].left, allowed, checked);
+        eng_constraint_free(c);
+        eng_grammar_free(g);
+    }
+    sw_free(mask);
+    eng_cs_vocab_free(v);
+    eng_tokenizer_free(tok);
+    eng_gguf_close(gg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -486,6 +604,7 @@ int main(void)
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen2_whole_states),
+        cmocka_unit_test(test_qwen2_list_states),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

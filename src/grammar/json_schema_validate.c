@@ -414,8 +414,10 @@ static int val_check_inner(validator *v, const json_t *s, const json_t *x, size_
         if (ok)
             return val_fail(v, plen, SW_EINVAL, "the value matches the schema of 'not'");
     }
+    /* `if` without `then` or `else` has no effect, whatever its value (the
+     * compiler ignores it too) */
     const json_t *cond = json_object_get(s, "if");
-    if (cond) {
+    if (cond && (json_object_get(s, "then") || json_object_get(s, "else"))) {
         bool ok = false;
         if ((rc = val_try(v, cond, x, plen, &ok)))
             return rc;

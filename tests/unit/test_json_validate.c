@@ -98,6 +98,13 @@ static const vcase g_cases[] = {
     /* items as an array: a tuple (draft 7's meaning) */
     {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[1,\"x\"]", SW_OK, NULL},
     {"{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}]}", "[\"x\"]", SW_EINVAL, "#/0"},
+    /* if: only with then or else, whatever its value without them (the
+     * compiler ignores such an if too; fuzz_json_schema found the two
+     * disagreeing on {"if":"number"}) */
+    {"{\"if\":\"number\"}", "0", SW_OK, NULL},
+    {"{\"if\":{\"type\":\"integer\"},\"then\":{\"minimum\":5}}", "3", SW_EINVAL, "minimum"},
+    {"{\"if\":{\"type\":\"integer\"},\"else\":{\"type\":\"string\"}}", "true", SW_EINVAL,
+     "(at #)"},
     /* ignored annotations */
     {"{\"type\":\"string\",\"description\":\"d\",\"title\":\"t\",\"default\":\"x\"}", "\"y\"",
      SW_OK, NULL},

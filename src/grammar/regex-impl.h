@@ -72,11 +72,17 @@ typedef struct re_nfa {
     int32_t n_looks; /* lookahead automata compiled for the pattern (RE_MAX_LOOKS) */
 } re_nfa;
 
+/* A DFA state's number in the transition table: 16 bits, since a pattern
+ * has at most ENG_REGEX_MAX_STATES states; half the table's memory (and
+ * of what a compile allocates, copies and walks) of 32-bit entries. */
+typedef int16_t re_state_id;
+_Static_assert(ENG_REGEX_MAX_STATES <= INT16_MAX, "a DFA state must fit re_state_id");
+
 struct eng_regex {
     int32_t n_states, n_classes;
     int32_t start;
     uint8_t class_of[256];
-    int32_t *trans;    /* n_states * n_classes */
+    re_state_id *trans; /* n_states * n_classes: a state or ENG_REGEX_DEAD */
     uint8_t *accept;   /* n_states */
     uint8_t *live;     /* n_states */
     uint8_t *pend;     /* n_states */
@@ -99,6 +105,25 @@ int eng__rx_utf8_role(uint8_t c);
 int eng__rx_dfa_finish(eng_regex *re);
 int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
                           bool at_start);
+
+/* regex_rows.c: an automaton's rows while it is built, in blocks of
+ * rows_per_block rows (row s at block[s / rows_per_block]) */
+typedef struct re_rows {
+    int32_t n_classes, rows_per_block;
+    re_state_id **block;
+    int32_t n_block, cap_block;
+} re_rows;
+void eng__rx_rows_init(re_rows *r, int32_t n_classes);
+/* State's row (n_classes entries), its block allocated when state is the
+ * first of it; rows are asked for in increasing order. NULL: out of memory. */
+re_state_id *eng__rx_rows_at(re_rows *r, int32_t state);
+/* The rows of states 0..n_states-1 as one table (*out, the caller's);
+ * the blocks are freed. */
+int eng__rx_rows_join(re_rows *r, int32_t n_states, re_state_id **out);
+void eng__rx_rows_free(re_rows *r);
+/* re->accept and re->universal for at least n_states states (*cap of
+ * them allocated now; the new entries are unset). */
+int eng__rx_flags_reserve(eng_regex *re, int32_t *cap, int32_t n_states);
 
 /* regex_look.c */
 int32_t eng__rx_emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next);

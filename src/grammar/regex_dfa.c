@@ -59,8 +59,9 @@ typedef struct dfa_build {
     int32_t *seed;
     int32_t *memo_seeds;
     size_t cap_memo_seeds;
-    seed_memo memo[512]; /* RE_SEED_SLOTS */
-    uint32_t memo_gen;
+    seed_memo *memo;   /* memo_slots (a power of two, at least twice the classes) */
+    uint32_t memo_slots, memo_gen;
+    void *scratch;     /* the block that mark .. byte_hi live in */
     re_rows rows;      /* the transitions, joined into re->trans at the end */
     int rc;
 } dfa_build;
@@ -495,7 +496,6 @@ done:
  * set's), so the same closure; it is looked up, not walked again, and its
  * work counted again, so the work counter is what a closure per class
  * gives. Lists are kept up to RE_SEED_MEMO_MAX entries per row. */
-#define RE_SEED_SLOTS 512 /* at least twice the classes */
 #define RE_SEED_MEMO_MAX ((size_t)1 << 16)
 
 static uint32_t seeds_hash(const int32_t *seed, int32_t n)
@@ -511,8 +511,8 @@ static uint32_t seeds_hash(const int32_t *seed, int32_t n)
  * or is free for it otherwise. */
 static seed_memo *seeds_find(dfa_build *b, const int32_t *seed, int32_t n_seed, uint32_t hash)
 {
-    uint32_t h = hash & (RE_SEED_SLOTS - 1);
-    for (;; h = (h + 1) & (RE_SEED_SLOTS - 1)) {
+    uint32_t h = hash & (b->memo_slots - 1);
+    for (;; h = (h + 1) & (b->memo_slots - 1)) {
         seed_memo *e = &b->memo[h];
         if (e->gen != b->memo_gen)
             return e;
@@ -552,7 +552,7 @@ static int dfa_row(dfa_build *b, eng_regex *re, int32_t s, const uint8_t *rep, u
     if (!row)
         return SW_ENOMEM;
     if (++b->memo_gen == 0) {
-        memset(b->memo, 0, sizeof b->memo);
+        memset(b->memo, 0, b->memo_slots * sizeof *b->memo);
         b->memo_gen = 1;
     }
     size_t n_memo_seeds = 0;
@@ -562,6 +562,19 @@ static int dfa_row(dfa_build *b, eng_regex *re, int32_t s, const uint8_t *rep, u
         b->work += n;
         if (c == 0 || cut[c]) {
             /* the list is built where the memo would keep it */
+            if (n_memo_seeds + (size_t)n_bytes > b->cap_memo_seeds &&
+                b->cap_memo_seeds < RE_SEED_MEMO_MAX) {
+                size_t cap = b->cap_memo_seeds * 2;
+                while (cap < n_memo_seeds + (size_t)n_bytes)
+                    cap *= 2;
+                if (cap > RE_SEED_MEMO_MAX)
+                    cap = RE_SEED_MEMO_MAX;
+                int32_t *kept = sw_realloc(b->memo_seeds, cap * sizeof *kept);
+                if (!kept)
+                    return SW_ENOMEM;
+                b->memo_seeds = kept;
+                b->cap_memo_seeds = cap;
+            }
             bool memo_room = n_memo_seeds + (size_t)n_bytes <= b->cap_memo_seeds;
             int32_t *seed = memo_room ? b->memo_seeds + n_memo_seeds : b->seed;
             int32_t n_seed = 0;
@@ -626,16 +639,28 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
             rep[nc] = (uint8_t)c;
     }
     re->n_classes = ++nc;
-    b.mark = sw_calloc((size_t)m->n, sizeof *b.mark);
-    b.kept = sw_calloc((size_t)m->n, sizeof *b.kept);
-    b.stack = sw_malloc((size_t)m->n * sizeof *b.stack);
-    b.eol = sw_malloc((size_t)m->n * sizeof *b.eol);
-    b.tmp = sw_malloc((size_t)m->n * sizeof *b.tmp);
-    b.seed = sw_malloc((size_t)m->n * sizeof *b.seed);
-    b.byte_lo = sw_malloc((size_t)m->n);
-    b.byte_hi = sw_malloc((size_t)m->n);
-    b.byte_out = sw_malloc((size_t)m->n * sizeof *b.byte_out);
-    b.cap_memo_seeds = (size_t)m->n * 4 < RE_SEED_MEMO_MAX ? (size_t)m->n * 4 : RE_SEED_MEMO_MAX;
+    b.memo_slots = 8;
+    while (b.memo_slots < 2 * (uint32_t)nc)
+        b.memo_slots *= 2;
+    b.memo = sw_calloc(b.memo_slots, sizeof *b.memo);
+    /* The scratch of m->n entries each, in one block (one allocation, not
+     * nine: under ASan each is filled and poisoned on its own); mark and
+     * kept start at generation 0. */
+    size_t n = (size_t)m->n;
+    b.scratch = sw_malloc(n * (7 * sizeof(int32_t) + 2));
+    if (b.scratch) {
+        b.mark = b.scratch;
+        b.kept = (uint32_t *)b.scratch + n;
+        memset(b.scratch, 0, 2 * n * sizeof(uint32_t));
+        b.stack = (int32_t *)b.scratch + 2 * n;
+        b.eol = (int32_t *)b.scratch + 3 * n;
+        b.tmp = (int32_t *)b.scratch + 4 * n;
+        b.seed = (int32_t *)b.scratch + 5 * n;
+        b.byte_out = (int32_t *)b.scratch + 6 * n;
+        b.byte_lo = (uint8_t *)((int32_t *)b.scratch + 7 * n);
+        b.byte_hi = b.byte_lo + n;
+    }
+    b.cap_memo_seeds = n < RE_SEED_MEMO_MAX ? n : RE_SEED_MEMO_MAX;
     b.memo_seeds = sw_malloc(b.cap_memo_seeds * sizeof *b.memo_seeds);
     b.cap_htab = 64;
     b.htab = sw_malloc(b.cap_htab * sizeof *b.htab);
@@ -644,8 +669,7 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
     b.cap_pool = 256;
     b.pool = sw_malloc(b.cap_pool * sizeof *b.pool);
     eng__rx_rows_init(&b.rows, nc);
-    if (!b.mark || !b.kept || !b.stack || !b.eol || !b.tmp || !b.seed || !b.byte_lo ||
-        !b.byte_hi || !b.byte_out || !b.memo_seeds || !b.htab || !b.pool) {
+    if (!b.scratch || !b.memo || !b.memo_seeds || !b.htab || !b.pool) {
         rc = SW_ENOMEM;
         goto done;
     }
@@ -664,16 +688,9 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
     if (!rc)
         rc = eng__rx_dfa_finish(re);
 done:
-    sw_free(b.seed);
-    sw_free(b.byte_lo);
-    sw_free(b.byte_hi);
-    sw_free(b.byte_out);
+    sw_free(b.scratch);
+    sw_free(b.memo);
     sw_free(b.memo_seeds);
-    sw_free(b.mark);
-    sw_free(b.kept);
-    sw_free(b.stack);
-    sw_free(b.eol);
-    sw_free(b.tmp);
     sw_free(b.pool);
     sw_free(b.set_off);
     sw_free(b.set_len);

@@ -70,6 +70,11 @@ typedef struct re_nfa {
     int32_t n, cap;
     int rc;
     int32_t n_looks; /* lookahead automata compiled for the pattern (RE_MAX_LOOKS) */
+    /* a class's trie and memo (regex_nfa.c), kept from one class to the
+     * next: a pattern has many classes, each would allocate them anew */
+    void *cls_nodes, *cls_edges, *cls_memo;
+    int32_t *cls_keys;
+    int32_t cap_cls_nodes, cap_cls_edges, cap_cls_memo, cap_cls_keys;
 } re_nfa;
 
 /* A DFA state's number in the transition table: 16 bits, since a pattern
@@ -96,6 +101,7 @@ int32_t eng__rx_p_fail(re_parser *p, int code, const char *what);
 int32_t eng__rx_p_disjunction(re_parser *p);
 
 /* regex_nfa.c */
+void eng__rx_nfa_free(re_nfa *m); /* its states and buffers; m itself is the caller's */
 int32_t eng__rx_nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2);
 int32_t eng__rx_emit_any_star(re_nfa *m, int32_t next);
 int32_t eng__rx_emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next);

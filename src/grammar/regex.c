@@ -83,13 +83,13 @@ int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error
     }
     sw_free(p.nodes);
     sw_free(p.pool.r);
-    sw_free(m.s);
+    eng__rx_nfa_free(&m);
     *out = re;
     return SW_OK;
 fail:
     sw_free(p.nodes);
     sw_free(p.pool.r);
-    sw_free(m.s);
+    eng__rx_nfa_free(&m);
     eng_regex_free(re);
     return rc;
 }

@@ -50,7 +50,7 @@ static int look_dfa(const re_parser *p, int32_t id, bool at_start, int32_t *n_lo
     if (!rc)
         rc = eng__rx_dfa_build_all(&m2, body, tail, re, at_start);
     *n_looks = m2.n_looks;
-    sw_free(m2.s);
+    eng__rx_nfa_free(&m2);
     if (rc) {
         eng_regex_free(re);
         return rc;

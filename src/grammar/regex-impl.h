@@ -112,12 +112,14 @@ int eng__rx_dfa_finish(eng_regex *re);
 int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
                           bool at_start);
 
-/* regex_rows.c: an automaton's rows while it is built, in blocks of
- * rows_per_block rows (row s at block[s / rows_per_block]) */
+/* regex_rows.c: an automaton's rows while it is built, in blocks; block
+ * b holds the rows of states first[b] .. (first[b + 1] or end) - 1 */
 typedef struct re_rows {
-    int32_t n_classes, rows_per_block;
+    int32_t n_classes, max_rows; /* max_rows: a block's most */
     re_state_id **block;
+    int32_t *first;
     int32_t n_block, cap_block;
+    int32_t end; /* the rows the blocks have room for */
 } re_rows;
 void eng__rx_rows_init(re_rows *r, int32_t n_classes);
 /* State's row (n_classes entries), its block allocated when state is the

@@ -44,10 +44,15 @@ typedef struct dfa_build {
     bool collapsed;    /* the last closure matched for good */
     long work;
     /* the sets of the DFA states (each in the order its closure found it) */
-    int32_t *pool;
-    size_t n_pool, cap_pool;
-    int32_t cap_states; /* of set_off, set_len, set_hash, re->accept, re->universal */
-    size_t *set_off;
+    /* in chunks that never move (the sets of a large automaton are
+     * megabytes; one pool grown by doubling copied them each time) */
+    int32_t *pool;     /* the chunk being filled: used of cap_pool entries */
+    size_t used_pool, cap_pool;
+    size_t n_pool;     /* entries in every chunk: RE_MAX_POOL */
+    int32_t **chunks;
+    int32_t n_chunks, cap_chunks;
+    int32_t cap_states; /* of set_at, set_len, set_hash, re->accept, re->universal */
+    const int32_t **set_at;
     int32_t *set_len;
     uint32_t *set_hash;
     int32_t *htab;     /* open addressing, cap_htab entries: state or -1 */
@@ -66,7 +71,8 @@ typedef struct dfa_build {
     int rc;
 } dfa_build;
 
-#define RE_MAX_POOL ((size_t)1 << 24)
+#define RE_MAX_POOL ((size_t)1 << 24) /* entries in the sets of one construction */
+#define RE_POOL_CHUNK ((size_t)1 << 14)
 
 static int int_cmp(const void *pa, const void *pb)
 {
@@ -250,7 +256,7 @@ static bool set_is_tmp(const dfa_build *b, int32_t id)
 {
     if (b->set_len[id] != b->n_tmp)
         return false;
-    const int32_t *set = b->pool + b->set_off[id];
+    const int32_t *set = b->set_at[id];
     for (int32_t i = 0; i < b->n_tmp; i++)
         if (b->kept[set[i]] != b->kept_gen)
             return false;
@@ -280,6 +286,33 @@ static int htab_grow(dfa_build *b)
     return SW_OK;
 }
 
+/* A new chunk for the sets, with room for at least n entries: twice the
+ * last one's, up to RE_POOL_CHUNK, or n. */
+static int pool_chunk(dfa_build *b, size_t n)
+{
+    if (b->n_chunks == b->cap_chunks) {
+        int32_t cap = b->cap_chunks ? b->cap_chunks * 2 : 8;
+        int32_t **chunks = sw_realloc(b->chunks, (size_t)cap * sizeof *chunks);
+        if (!chunks)
+            return SW_ENOMEM;
+        b->chunks = chunks;
+        b->cap_chunks = cap;
+    }
+    size_t cap = b->cap_pool ? b->cap_pool * 2 : 256;
+    if (cap > RE_POOL_CHUNK)
+        cap = RE_POOL_CHUNK;
+    if (cap < n)
+        cap = n;
+    int32_t *pool = sw_malloc(cap * sizeof *pool);
+    if (!pool)
+        return SW_ENOMEM;
+    b->chunks[b->n_chunks++] = pool;
+    b->pool = pool;
+    b->cap_pool = cap;
+    b->used_pool = 0;
+    return SW_OK;
+}
+
 /* Room for one more state's set and flags: the arrays grow with the
  * states (by doubling), not sized to ENG_REGEX_MAX_STATES up front. */
 static int states_reserve(dfa_build *b, eng_regex *re)
@@ -289,9 +322,9 @@ static int states_reserve(dfa_build *b, eng_regex *re)
         return SW_OK;
     if (eng__rx_flags_reserve(re, &cap, n))
         return SW_ENOMEM;
-    size_t *off = sw_realloc(b->set_off, (size_t)cap * sizeof *off);
+    const int32_t **off = sw_realloc(b->set_at, (size_t)cap * sizeof *off);
     if (off)
-        b->set_off = off;
+        b->set_at = off;
     int32_t *len = off ? sw_realloc(b->set_len, (size_t)cap * sizeof *len) : NULL;
     if (len)
         b->set_len = len;
@@ -324,27 +357,18 @@ static int32_t dfa_state(dfa_build *b, eng_regex *re, bool initial)
     }
     if ((b->rc = states_reserve(b, re)))
         return -1;
-    if (b->n_pool + (size_t)n > b->cap_pool) {
-        size_t cap = b->cap_pool * 2;
-        while (cap < b->n_pool + (size_t)n)
-            cap *= 2;
-        if (cap > RE_MAX_POOL) {
-            b->rc = SW_ERANGE;
-            return -1;
-        }
-        int32_t *pool = sw_realloc(b->pool, cap * sizeof *pool);
-        if (!pool) {
-            b->rc = SW_ENOMEM;
-            return -1;
-        }
-        b->pool = pool;
-        b->cap_pool = cap;
+    if (b->n_pool + (size_t)n > RE_MAX_POOL) {
+        b->rc = SW_ERANGE;
+        return -1;
     }
+    if (b->used_pool + (size_t)n > b->cap_pool && (b->rc = pool_chunk(b, (size_t)n)))
+        return -1;
     int32_t id = re->n_states++;
-    memcpy(b->pool + b->n_pool, set, (size_t)n * sizeof *set);
-    b->set_off[id] = b->n_pool;
+    memcpy(b->pool + b->used_pool, set, (size_t)n * sizeof *set);
+    b->set_at[id] = b->pool + b->used_pool;
     b->set_len[id] = n;
     b->set_hash[id] = hash;
+    b->used_pool += (size_t)n;
     b->n_pool += (size_t)n;
     b->htab[h] = id;
     if ((uint32_t)re->n_states * 2 > b->cap_htab && (b->rc = htab_grow(b)))
@@ -533,10 +557,10 @@ static int dfa_row(dfa_build *b, eng_regex *re, int32_t s, const uint8_t *rep, u
     const re_nfa *m = b->m;
     int32_t nc = re->n_classes;
     memset(cut, 0, (size_t)nc + 1);
-    /* the set's byte states, compactly (dfa_state() may move the pool) */
+    /* the set's byte states, compactly */
     int32_t n = b->set_len[s], n_bytes = 0;
     {
-        const int32_t *set = b->pool + b->set_off[s];
+        const int32_t *set = b->set_at[s];
         for (int32_t i = 0; i < n; i++) {
             const nfa_state *st = &m->s[set[i]];
             if (st->kind == NS_BYTE) {
@@ -666,10 +690,9 @@ int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex
     b.htab = sw_malloc(b.cap_htab * sizeof *b.htab);
     /* allocated up front: a state's set may be empty (a lookahead whose ^
      * is read after the start), and pointer arithmetic on NULL is not C */
-    b.cap_pool = 256;
-    b.pool = sw_malloc(b.cap_pool * sizeof *b.pool);
+    int pool_rc = pool_chunk(&b, 0);
     eng__rx_rows_init(&b.rows, nc);
-    if (!b.scratch || !b.memo || !b.memo_seeds || !b.htab || !b.pool) {
+    if (!b.scratch || !b.memo || !b.memo_seeds || !b.htab || pool_rc) {
         rc = SW_ENOMEM;
         goto done;
     }
@@ -691,8 +714,10 @@ done:
     sw_free(b.scratch);
     sw_free(b.memo);
     sw_free(b.memo_seeds);
-    sw_free(b.pool);
-    sw_free(b.set_off);
+    for (int32_t i = 0; i < b.n_chunks; i++)
+        sw_free(b.chunks[i]);
+    sw_free(b.chunks);
+    sw_free(b.set_at);
     sw_free(b.set_len);
     sw_free(b.set_hash);
     sw_free(b.htab);

@@ -86,7 +86,7 @@ static int32_t look_pair(look_prod *lp, int32_t q, int32_t d)
     if (eng_regex_universal(lp->x, d))
         return lp->neg ? lp->fail : q;
     if (lp->n * 2 >= lp->cap) {
-        size_t cap = lp->cap ? lp->cap * 2 : 1024;
+        size_t cap = lp->cap ? lp->cap * 2 : 64;
         int64_t *keys = sw_calloc(cap, sizeof *keys);
         int32_t *vals = sw_malloc(cap * sizeof *vals);
         if (!keys || !vals) {

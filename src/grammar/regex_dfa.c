@@ -7,8 +7,10 @@
  * the order the walk found it, under an order-free hash (a sum over the
  * members) and compared with a stamp per kept member, so no closure is
  * sorted; adjacent byte classes that no range of the set tells apart
- * share one closure. The automaton, the states' numbering and the work
- * counter are those of sorted sets and one closure per class.
+ * share one closure, and so do other classes of a row with the same seed
+ * states (a memo per row). The sets live in chunks that never move, the
+ * rows in regex_rows.c's blocks. The automaton, the states' numbering and
+ * the work counter are those of sorted sets and one closure per class.
  */
 #include "grammar/regex-impl.h"
 

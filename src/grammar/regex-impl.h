@@ -70,13 +70,24 @@ typedef struct re_nfa {
     int32_t n, cap;
     int rc;
     int32_t n_looks; /* lookahead automata compiled for the pattern (RE_MAX_LOOKS) */
+    /* a class's trie and memo (regex_nfa.c), kept from one class to the
+     * next: a pattern has many classes, each would allocate them anew */
+    void *cls_nodes, *cls_edges, *cls_memo;
+    int32_t *cls_keys;
+    int32_t cap_cls_nodes, cap_cls_edges, cap_cls_memo, cap_cls_keys;
 } re_nfa;
+
+/* A DFA state's number in the transition table: 16 bits, since a pattern
+ * has at most ENG_REGEX_MAX_STATES states; half the table's memory (and
+ * of what a compile allocates, copies and walks) of 32-bit entries. */
+typedef int16_t re_state_id;
+_Static_assert(ENG_REGEX_MAX_STATES <= INT16_MAX, "a DFA state must fit re_state_id");
 
 struct eng_regex {
     int32_t n_states, n_classes;
     int32_t start;
     uint8_t class_of[256];
-    int32_t *trans;    /* n_states * n_classes */
+    re_state_id *trans; /* n_states * n_classes: a state or ENG_REGEX_DEAD */
     uint8_t *accept;   /* n_states */
     uint8_t *live;     /* n_states */
     uint8_t *pend;     /* n_states */
@@ -90,6 +101,7 @@ int32_t eng__rx_p_fail(re_parser *p, int code, const char *what);
 int32_t eng__rx_p_disjunction(re_parser *p);
 
 /* regex_nfa.c */
+void eng__rx_nfa_free(re_nfa *m); /* its states and buffers; m itself is the caller's */
 int32_t eng__rx_nfa_add(re_nfa *m, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2);
 int32_t eng__rx_emit_any_star(re_nfa *m, int32_t next);
 int32_t eng__rx_emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next);
@@ -99,6 +111,27 @@ int eng__rx_utf8_role(uint8_t c);
 int eng__rx_dfa_finish(eng_regex *re);
 int eng__rx_dfa_build_all(const re_nfa *m, int32_t head, int32_t tail, eng_regex *re,
                           bool at_start);
+
+/* regex_rows.c: an automaton's rows while it is built, in blocks; block
+ * b holds the rows of states first[b] .. (first[b + 1] or end) - 1 */
+typedef struct re_rows {
+    int32_t n_classes, max_rows; /* max_rows: a block's most */
+    re_state_id **block;
+    int32_t *first;
+    int32_t n_block, cap_block;
+    int32_t end; /* the rows the blocks have room for */
+} re_rows;
+void eng__rx_rows_init(re_rows *r, int32_t n_classes);
+/* State's row (n_classes entries), its block allocated when state is the
+ * first of it; rows are asked for in increasing order. NULL: out of memory. */
+re_state_id *eng__rx_rows_at(re_rows *r, int32_t state);
+/* The rows of states 0..n_states-1 as one table (*out, the caller's);
+ * the blocks are freed. */
+int eng__rx_rows_join(re_rows *r, int32_t n_states, re_state_id **out);
+void eng__rx_rows_free(re_rows *r);
+/* re->accept and re->universal for at least n_states states (*cap of
+ * them allocated now; the new entries are unset). */
+int eng__rx_flags_reserve(eng_regex *re, int32_t *cap, int32_t n_states);
 
 /* regex_look.c */
 int32_t eng__rx_emit_look(re_nfa *m, const re_parser *p, const re_ast *a, int32_t next);

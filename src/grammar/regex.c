@@ -24,8 +24,8 @@
  *
  * Files: regex_parse.c (1), regex_nfa.c (2), regex_dfa.c (3),
  * regex_look.c (lookahead), regex_costs.c (completion costs),
- * regex_intersect.c (intersection, clone); regex-impl.h holds what they
- * share. This file: compiling a pattern, and stepping the automaton.
+ * regex_intersect.c (intersection, clone), regex_rows.c (an automaton's
+ * rows and flags while it is built); regex-impl.h holds what they share. This file: compiling a pattern, and stepping the automaton.
  */
 #include "grammar/regex-impl.h"
 
@@ -83,13 +83,13 @@ int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error
     }
     sw_free(p.nodes);
     sw_free(p.pool.r);
-    sw_free(m.s);
+    eng__rx_nfa_free(&m);
     *out = re;
     return SW_OK;
 fail:
     sw_free(p.nodes);
     sw_free(p.pool.r);
-    sw_free(m.s);
+    eng__rx_nfa_free(&m);
     eng_regex_free(re);
     return rc;
 }

@@ -5,6 +5,8 @@
 
 #include "common/alloc.h"
 
+#include <string.h>
+
 /* ---- completion costs under a length bound ----------------------------- */
 
 struct eng_regex_costs {
@@ -119,37 +121,60 @@ static int32_t heap_pop(cost_heap *h)
 
 /* The level where the length no longer matters (unbounded, chars >=
  * min_chars): shortest paths to acceptance, Dijkstra over the reversed
- * edges (the distances do not depend on the order ties are taken in). */
+ * edges (the distances do not depend on the order ties are taken in).
+ * One reversed edge per (state, successor) pair, at the least cost of
+ * the classes between them: a row has few distinct successors, and the
+ * distances are those over every class's edge. */
 static int costs_free_level(const eng_regex *re, const int32_t *class_cost, int32_t *row,
                             int32_t levels)
 {
     int32_t ns = re->n_states, nc = re->n_classes;
-    size_t edges = (size_t)ns * (size_t)nc;
     int32_t *start = sw_calloc((size_t)ns + 1, sizeof *start);
-    int32_t *from = sw_malloc((edges ? edges : 1) * sizeof *from);
-    int32_t *via = sw_malloc((edges ? edges : 1) * sizeof *via);
+    int32_t *stamp = sw_malloc(((size_t)ns + 1) * sizeof *stamp);
+    int32_t *slot = sw_malloc(((size_t)ns + 1) * sizeof *slot);
     int32_t *dist = sw_malloc(((size_t)ns + 1) * sizeof *dist);
     int32_t *item = sw_malloc(((size_t)ns + 1) * sizeof *item);
     int32_t *pos = sw_malloc(((size_t)ns + 1) * sizeof *pos);
+    int32_t *from = NULL, *cost = NULL;
     int rc = SW_OK;
-    if (!start || !from || !via || !dist || !item || !pos) {
+    if (!start || !stamp || !slot || !dist || !item || !pos) {
         rc = SW_ENOMEM;
         goto out;
     }
-    for (size_t e = 0; e < edges; e++)
-        if (re->trans[e] >= 0)
-            start[re->trans[e] + 1]++;
+    memset(stamp, 0xFF, (size_t)ns * sizeof *stamp);
+    for (int32_t s = 0; s < ns; s++)
+        for (int32_t c = 0; c < nc; c++) {
+            int32_t t = re->trans[(size_t)s * (size_t)nc + (size_t)c];
+            if (t >= 0 && stamp[t] != s) {
+                stamp[t] = s;
+                start[t + 1]++;
+            }
+        }
     for (int32_t i = 0; i < ns; i++)
         start[i + 1] += start[i];
+    from = sw_malloc(((size_t)start[ns] + 1) * sizeof *from);
+    cost = sw_malloc(((size_t)start[ns] + 1) * sizeof *cost);
+    if (!from || !cost) {
+        rc = SW_ENOMEM;
+        goto out;
+    }
     for (int32_t i = 0; i < ns; i++)
         dist[i] = start[i]; /* a fill cursor for now */
-    for (size_t e = 0; e < edges; e++) {
-        int32_t t = re->trans[e];
-        if (t >= 0) {
-            from[dist[t]] = (int32_t)(e / (size_t)nc);
-            via[dist[t]++] = (int32_t)(e % (size_t)nc);
+    memset(stamp, 0xFF, (size_t)ns * sizeof *stamp);
+    for (int32_t s = 0; s < ns; s++)
+        for (int32_t c = 0; c < nc; c++) {
+            int32_t t = re->trans[(size_t)s * (size_t)nc + (size_t)c];
+            if (t < 0)
+                continue;
+            if (stamp[t] != s) {
+                stamp[t] = s;
+                slot[t] = dist[t]++;
+                from[slot[t]] = s;
+                cost[slot[t]] = class_cost[c];
+            } else if (class_cost[c] < cost[slot[t]]) {
+                cost[slot[t]] = class_cost[c];
+            }
         }
-    }
     cost_heap h = {item, pos, dist, 0};
     for (int32_t i = 0; i < ns; i++) {
         dist[i] = re->accept[i] ? 0 : INT32_MAX;
@@ -165,7 +190,7 @@ static int costs_free_level(const eng_regex *re, const int32_t *class_cost, int3
         pos[u] = -2;
         for (int32_t k = start[u]; k < start[u + 1]; k++) {
             int32_t w = from[k];
-            int32_t v = cost_add(dist[u], class_cost[via[k]]);
+            int32_t v = cost_add(dist[u], cost[k]);
             if (pos[w] == -2 || v >= dist[w])
                 continue;
             dist[w] = v;
@@ -180,8 +205,10 @@ static int costs_free_level(const eng_regex *re, const int32_t *class_cost, int3
         row[(size_t)i * (size_t)levels] = dist[i];
 out:
     sw_free(start);
+    sw_free(stamp);
+    sw_free(slot);
     sw_free(from);
-    sw_free(via);
+    sw_free(cost);
     sw_free(dist);
     sw_free(item);
     sw_free(pos);

@@ -9,12 +9,36 @@
 
 /* ---- intersection ------------------------------------------------------- */
 
+/* Room for n_states product states: their pairs and flags, grown by
+ * doubling rather than sized to ENG_REGEX_MAX_STATES up front. */
+static int states_reserve(eng_regex *re, int32_t *cap, int32_t **pair_a, int32_t **pair_b,
+                          int32_t n_states)
+{
+    if (n_states <= *cap)
+        return SW_OK;
+    int32_t c = *cap;
+    if (eng__rx_flags_reserve(re, &c, n_states))
+        return SW_ENOMEM;
+    int32_t *a = sw_realloc(*pair_a, (size_t)c * sizeof *a);
+    if (!a)
+        return SW_ENOMEM;
+    *pair_a = a;
+    int32_t *b = sw_realloc(*pair_b, (size_t)c * sizeof *b);
+    if (!b)
+        return SW_ENOMEM;
+    *pair_b = b;
+    *cap = c;
+    return SW_OK;
+}
+
 int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out, sw_error *err)
 {
     *out = NULL;
     eng_regex *re = sw_calloc(1, sizeof *re);
-    int32_t *pair_a = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *pair_a);
-    int32_t *pair_b = sw_malloc(ENG_REGEX_MAX_STATES * sizeof *pair_b);
+    /* each product state's pair; cap_states of them, grown with re's flags */
+    int32_t *pair_a = NULL, *pair_b = NULL;
+    int32_t cap_states = 0;
+    re_rows rows;
     /* at most twice as many slots as there can be pairs: a small pattern
      * beside a format does not clear the largest table */
     int64_t max_pairs = (int64_t)a->n_states * b->n_states;
@@ -24,9 +48,8 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
     uint32_t mask = cap_htab - 1;
     int32_t *htab = sw_malloc(cap_htab * sizeof *htab);
     int rc = SW_OK;
-    if (!re || !pair_a || !pair_b || !htab ||
-        !(re->accept = sw_calloc(ENG_REGEX_MAX_STATES, 1)) ||
-        !(re->universal = sw_calloc(ENG_REGEX_MAX_STATES, 1))) {
+    eng__rx_rows_init(&rows, 1);
+    if (!re || !htab) {
         rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
         goto fail;
     }
@@ -43,8 +66,8 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
         re->class_of[x] = (uint8_t)(nc - 1);
     }
     re->n_classes = nc;
-    size_t cap_trans = 64 * (size_t)nc;
-    if (!(re->trans = sw_malloc(cap_trans * sizeof *re->trans))) {
+    eng__rx_rows_init(&rows, nc);
+    if (states_reserve(re, &cap_states, &pair_a, &pair_b, 1)) {
         rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
         goto fail;
     }
@@ -59,14 +82,10 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
     for (int32_t s = 0; s < re->n_states; s++) {
         re->accept[s] = a->accept[pair_a[s]] && b->accept[pair_b[s]];
         re->universal[s] = a->universal[pair_a[s]] && b->universal[pair_b[s]];
-        while ((size_t)re->n_states * (size_t)nc > cap_trans) {
-            int32_t *t = sw_realloc(re->trans, 2 * cap_trans * sizeof *t);
-            if (!t) {
-                rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
-                goto fail;
-            }
-            re->trans = t;
-            cap_trans *= 2;
+        re_state_id *row = eng__rx_rows_at(&rows, s);
+        if (!row) {
+            rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
+            goto fail;
         }
         for (int32_t c = 0; c < nc; c++) {
             int32_t ta = eng_regex_step(a, pair_a[s], rep[c]);
@@ -90,16 +109,21 @@ int eng_regex_intersect(const eng_regex *a, const eng_regex *b, eng_regex **out,
                                           ENG_REGEX_MAX_STATES);
                         goto fail;
                     }
+                    if (states_reserve(re, &cap_states, &pair_a, &pair_b, re->n_states + 1)) {
+                        rc = sw_error_set(err, SW_ENOMEM, "pattern: out of memory");
+                        goto fail;
+                    }
                     t = re->n_states++;
                     pair_a[t] = ta;
                     pair_b[t] = tb;
                     htab[h] = t;
                 }
             }
-            re->trans[(size_t)s * (size_t)nc + (size_t)c] = t;
+            row[c] = (re_state_id)t;
         }
     }
-    if ((rc = eng__rx_dfa_finish(re))) {
+    if ((rc = eng__rx_rows_join(&rows, re->n_states, &re->trans)) ||
+        (rc = eng__rx_dfa_finish(re))) {
         sw_error_set(err, rc, "pattern: out of memory");
         goto fail;
     }
@@ -112,6 +136,7 @@ fail:
     sw_free(pair_a);
     sw_free(pair_b);
     sw_free(htab);
+    eng__rx_rows_free(&rows);
     eng_regex_free(re);
     return rc;
 }

@@ -50,7 +50,7 @@ static int look_dfa(const re_parser *p, int32_t id, bool at_start, int32_t *n_lo
     if (!rc)
         rc = eng__rx_dfa_build_all(&m2, body, tail, re, at_start);
     *n_looks = m2.n_looks;
-    sw_free(m2.s);
+    eng__rx_nfa_free(&m2);
     if (rc) {
         eng_regex_free(re);
         return rc;
@@ -86,7 +86,7 @@ static int32_t look_pair(look_prod *lp, int32_t q, int32_t d)
     if (eng_regex_universal(lp->x, d))
         return lp->neg ? lp->fail : q;
     if (lp->n * 2 >= lp->cap) {
-        size_t cap = lp->cap ? lp->cap * 2 : 1024;
+        size_t cap = lp->cap ? lp->cap * 2 : 64;
         int64_t *keys = sw_calloc(cap, sizeof *keys);
         int32_t *vals = sw_malloc(cap * sizeof *vals);
         if (!keys || !vals) {

@@ -268,11 +268,42 @@ static int32_t cls_emit(cls_build *b, int32_t node)
     return t;
 }
 
+void eng__rx_nfa_free(re_nfa *m)
+{
+    sw_free(m->s);
+    sw_free(m->cls_nodes);
+    sw_free(m->cls_edges);
+    sw_free(m->cls_memo);
+    sw_free(m->cls_keys);
+    m->s = NULL;
+    m->cls_nodes = m->cls_edges = m->cls_memo = NULL;
+    m->cls_keys = NULL;
+}
+
+/* Room for need entries of size bytes in *p (a buffer kept between
+ * classes): no bound of its own, the trie's is grow()'s. */
+static int reserve(void **p, int32_t *cap, int32_t need, size_t size)
+{
+    if (need <= *cap)
+        return SW_OK;
+    void *q = sw_realloc(*p, (size_t)need * size);
+    if (!q)
+        return SW_ENOMEM;
+    *p = q;
+    *cap = need;
+    return SW_OK;
+}
+
 static int32_t emit_set(re_nfa *m, const re_range *r, int32_t n, int32_t next)
 {
     cls_build b = {0};
     b.m = m;
     b.next = next;
+    /* the buffers of the classes before (re_nfa keeps them) */
+    b.nodes = m->cls_nodes;
+    b.cap_nodes = m->cap_cls_nodes;
+    b.edges = m->cls_edges;
+    b.cap_edges = m->cap_cls_edges;
     int32_t out = -1;
     if (cls_new_node(&b) < 0)
         goto done;
@@ -287,20 +318,21 @@ static int32_t emit_set(re_nfa *m, const re_range *r, int32_t n, int32_t next)
     b.memo_cap = 16;
     while (b.memo_cap < 2 * b.n_nodes)
         b.memo_cap *= 2;
-    b.memo = sw_malloc((size_t)b.memo_cap * sizeof *b.memo);
-    b.keys = sw_malloc((size_t)(3 * b.n_edges + 1) * sizeof *b.keys);
-    if (!b.memo || !b.keys) {
+    if (reserve(&m->cls_memo, &m->cap_cls_memo, b.memo_cap, sizeof *b.memo) ||
+        reserve((void **)&m->cls_keys, &m->cap_cls_keys, 3 * b.n_edges + 1, sizeof *b.keys)) {
         m->rc = SW_ENOMEM;
         goto done;
     }
+    b.memo = m->cls_memo;
+    b.keys = m->cls_keys;
     for (int32_t i = 0; i < b.memo_cap; i++)
         b.memo[i].state = -1;
     out = cls_emit(&b, 0);
 done:
-    sw_free(b.nodes);
-    sw_free(b.edges);
-    sw_free(b.memo);
-    sw_free(b.keys);
+    m->cls_nodes = b.nodes;
+    m->cap_cls_nodes = b.cap_nodes;
+    m->cls_edges = b.edges;
+    m->cap_cls_edges = b.cap_edges;
     return m->rc ? -1 : out;
 }
 
@@ -338,7 +370,10 @@ int32_t eng__rx_emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
     case A_CAT: {
         if (a->n_children == 0)
             return next;
-        int32_t *kids = sw_malloc((size_t)a->n_children * sizeof *kids);
+        /* the children back to front; most concatenations are short */
+        int32_t few[16];
+        int32_t *kids = a->n_children <= 16 ? few
+                                             : sw_malloc((size_t)a->n_children * sizeof *kids);
         if (!kids) {
             m->rc = SW_ENOMEM;
             return -1;
@@ -349,7 +384,8 @@ int32_t eng__rx_emit(re_nfa *m, const re_parser *p, int32_t id, int32_t next)
         int32_t t = next;
         for (int32_t i = k - 1; i >= 0 && t >= 0; i--)
             t = eng__rx_emit(m, p, kids[i], t);
-        sw_free(kids);
+        if (kids != few)
+            sw_free(kids);
         return t;
     }
     case A_ALT: {

@@ -179,12 +179,21 @@ done:
     return id;
 }
 
+/* A one-character set node: its range straight into the pool (a literal
+ * is most of a pattern; a set of its own would be allocated, copied and
+ * freed for each). */
 static int32_t p_char_node(re_parser *p, uint32_t cp)
 {
-    re_set s = {0};
-    if (set_add(&s, cp, cp))
-        return eng__rx_p_fail(p, SW_ENOMEM, "out of memory");
-    return p_set_node(p, &s, false);
+    int32_t id = p_node(p, A_SET);
+    if (id < 0)
+        return -1;
+    int32_t off = p->pool.n;
+    int rc = set_add(&p->pool, cp, cp);
+    if (rc)
+        return eng__rx_p_fail(p, rc, rc == SW_ENOMEM ? "out of memory" : "pattern too large");
+    p->nodes[id].set_off = off;
+    p->nodes[id].set_n = 1;
+    return id;
 }
 
 static bool p_eat(re_parser *p, char c)

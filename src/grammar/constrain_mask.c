@@ -107,10 +107,10 @@ static void list_build(const eng_cs_vocab *v, const eng_regex *re, bool raw, int
 {
     const cs_flat_node *nd = v->plain.nodes;
     const int32_t *ids = v->plain.ids;
-    const int32_t *trans = re->trans;
+    const re_state_id *trans = re->trans;
     const size_t n_classes = (size_t)re->n_classes;
     /* per depth: the transition row of the state there, and code points */
-    const int32_t *row_at[ENG_CS_MAX_TOKEN_BYTES + 1];
+    const re_state_id *row_at[ENG_CS_MAX_TOKEN_BYTES + 1];
     int32_t chars_at[ENG_CS_MAX_TOKEN_BYTES + 1];
     cs_pat_entry *e = slot->e;
     int32_t n = 0;

@@ -443,12 +443,21 @@ static int64_t array_tail(const eng_grammar *g, const cs_node *n, int64_t from, 
 
 static void run(const eng_grammar *g, cs_wstack *st, uint8_t ch, cs_set *out);
 
+static bool refuses_first(const cs_node *n, uint8_t ch)
+{
+    return (n->refused_first[ch >> 5] >> (ch & 31)) & 1;
+}
+
 /* A value of node starts with ch on top of st. */
 static void enter(const eng_grammar *g, cs_wstack *st, int32_t node, uint8_t ch, cs_set *out)
 {
     const cs_node *n = &g->nodes[node];
+    if (refuses_first(n, ch))
+        return;
     if (n->kind == CS_ANYOF) {
         for (int32_t i = 0; i < n->n_alts; i++) {
+            if (refuses_first(&g->nodes[n->alts[i]], ch))
+                continue;
             cs_wstack copy;
             wstack_fork(&copy, st);
             enter(g, &copy, n->alts[i], ch, out);
@@ -484,6 +493,8 @@ static void fork_end(const eng_grammar *g, const cs_wstack *st, uint8_t ch, cs_s
 static void fork_enter(const eng_grammar *g, const cs_wstack *st, int32_t a, bool tail,
                        int32_t node, uint8_t ch, cs_set *out)
 {
+    if (refuses_first(&g->nodes[node], ch))
+        return; /* enter() would refuse it: spare the copy */
     cs_wstack copy;
     wstack_fork(&copy, st);
     if (tail) {

@@ -676,6 +676,51 @@ static int need_frames(gc *c)
     return 0;
 }
 
+/* The bytes each node's texts may begin with (the least fixpoint over
+ * first_edges: an automaton's from its start state, a sequence's or an
+ * any-of's the union of the nodes it may enter first), stored as their
+ * complement in refused_first. Past the work bound nothing is ruled out,
+ * which is only slower. */
+static int first_bytes(gc *c)
+{
+    eng_grammar *g = c->g;
+    int32_t nn = g->n_nodes;
+    uint32_t(*first)[8] = sw_calloc((size_t)nn, sizeof *first);
+    if (!first)
+        return gc_fail(c, SW_ENOMEM, "out of memory");
+    for (int32_t i = 0; i < nn; i++) {
+        const cs_node *n = &g->nodes[i];
+        if (n->kind != CS_RAW)
+            continue;
+        int32_t start = eng_regex_start(n->re);
+        for (int b = 0; b < 256; b++)
+            if (eng_regex_step(n->re, start, (uint8_t)b) >= 0)
+                first[i][b >> 5] |= 1u << (b & 31);
+    }
+    long work = 0;
+    bool changed = true;
+    while (changed && work <= GC_MAX_WORK) {
+        changed = false;
+        for (int32_t i = 0; i < nn; i++) {
+            const cs_node *n = &g->nodes[i];
+            if (n->kind == CS_RAW)
+                continue;
+            for (int32_t k = 0, y; (y = first_edges(g, n, k)) >= 0; k++, work++)
+                for (int w = 0; w < 8; w++) {
+                    uint32_t v = first[i][w] | first[y][w];
+                    changed |= v != first[i][w];
+                    first[i][w] = v;
+                }
+        }
+        work += nn;
+    }
+    for (int32_t i = 0; i < nn; i++)
+        for (int w = 0; w < 8; w++)
+            g->nodes[i].refused_first[w] = changed ? 0 : ~first[i][w];
+    sw_free(first);
+    return 0;
+}
+
 static int compile(gc *c)
 {
     int32_t nr = c->n_rules, n_order = 0;
@@ -725,7 +770,7 @@ static int compile(gc *c)
         gc_fail(c, SW_EINVAL, "'root' has no finite text (its rules recurse without a way out)");
         goto done;
     }
-    if (prune(c) || left_recursion(c) || need_frames(c))
+    if (prune(c) || left_recursion(c) || need_frames(c) || first_bytes(c))
         goto done;
     if (c->g->nodes[c->g->root].need_frames + 1 > ENG_CS_MAX_DEPTH) {
         gc_fail(c, SW_ERANGE, "nested too deeply (its shortest text needs more than the "

@@ -591,6 +591,21 @@ static bool has_bit(const uint64_t *s, size_t i)
     return s[i >> 6] >> (i & 63) & 1;
 }
 
+/* The first set bit at or after i, or past the end (words * 64). */
+static size_t next_bit(const uint64_t *s, size_t words, size_t i)
+{
+    size_t w = i >> 6;
+    if (w >= words)
+        return words * 64;
+    uint64_t rest = s[w] & (~0ull << (i & 63));
+    while (!rest) {
+        if (++w == words)
+            return words * 64;
+        rest = s[w];
+    }
+    return w * 64 + (size_t)__builtin_ctzll(rest);
+}
+
 /* Bitsets of texts up to 255 code points (the tests' and the fuzz
  * harness's) live on the C stack: an allocation per node visit was most
  * of the matcher's time. Longer texts' are allocated. */
@@ -645,23 +660,19 @@ static void m_node(gb_match *m, int32_t node, const uint64_t *from, uint64_t *to
         return;
     switch (nd->kind) {
     case ENG_GBNF_CLASS:
-        for (size_t i = 0; i < m->n; i++) {
-            if (!has_bit(from, i))
-                continue;
+        for (size_t i = next_bit(from, w, 0); i < m->n; i = next_bit(from, w, i + 1)) {
             bool in = false;
-            for (int32_t r = 0; r < nd->n_ranges; r++) {
+            for (int32_t r = 0; r < nd->n_ranges && !in; r++) {
                 const eng_gbnf_range *rg = &g->ranges[nd->range_off + r];
-                if (m->cp[i] >= rg->lo && m->cp[i] <= rg->hi)
-                    in = true;
+                in = m->cp[i] >= rg->lo && m->cp[i] <= rg->hi;
             }
             if (in != nd->negated)
                 set_bit(to, i + 1);
         }
         return;
     case ENG_GBNF_REF:
-        for (size_t i = 0; i <= m->n; i++)
-            if (has_bit(from, i))
-                m_rule(m, nd->rule, i, to);
+        for (size_t i = next_bit(from, w, 0); i <= m->n; i = next_bit(from, w, i + 1))
+            m_rule(m, nd->rule, i, to);
         return;
     case ENG_GBNF_ALT:
     case ENG_GBNF_SEQ:

@@ -511,7 +511,9 @@ static void fork_enter(const eng_grammar *g, const cs_wstack *st, int32_t a, boo
 static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_wstack *st, uint8_t ch,
                      cs_set *out)
 {
-    cs_frame *f = wstack_top(st);
+    /* read in place: most bytes are refused, and a sequence or a
+     * repetition only forks, so the frame is copied when one is taken */
+    const cs_frame *f = wstack_at(st, st->depth - 1);
     bool fresh = f->phase == 0;
     switch (n->kind) {
     case CS_RAW: {
@@ -526,8 +528,9 @@ static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_wstack *st, uint
         }
         if (to < 0)
             return false;
-        f->phase = 1;
-        f->b = to;
+        cs_frame *taken = wstack_top(st);
+        taken->phase = 1;
+        taken->b = to;
         push_out(g, out, st);
         return false;
     }
@@ -557,6 +560,13 @@ static void run(const eng_grammar *g, cs_wstack *st, uint8_t ch, cs_set *out)
     for (;;) {
         if (st->depth <= 0)
             return;
+        const cs_frame *top = wstack_at(st, st->depth - 1);
+        cs_kind kind = top->node >= 0 ? g->nodes[top->node].kind : CS_ANYOF;
+        if (kind == CS_RAW || kind == CS_SEQ || kind == CS_REP) {
+            if (run_gbnf(g, &g->nodes[top->node], st, ch, out))
+                continue;
+            return;
+        }
         cs_frame *f = wstack_top(st);
         if (f->node < 0) {
             if (f->phase == 0) {
@@ -727,10 +737,7 @@ static void run(const eng_grammar *g, cs_wstack *st, uint8_t ch, cs_set *out)
             }
         case CS_RAW:
         case CS_SEQ:
-        case CS_REP:
-            if (run_gbnf(g, n, st, ch, out))
-                continue;
-            return;
+        case CS_REP: return; /* run above, before the frame is copied */
         case CS_ANYOF:
             return; /* never on a stack: enter() forks instead */
         }

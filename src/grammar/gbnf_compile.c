@@ -582,7 +582,10 @@ static int32_t first_edges(const eng_grammar *g, const cs_node *n, int32_t k)
     return -1;
 }
 
-/* Left recursion: a cycle of first_edges (iterative depth-first walk). */
+/* Left recursion: a cycle of first_edges anywhere in the graph (an
+ * iterative depth-first walk from every node not yet seen: a rule reached
+ * only after a byte is entered as freshly as the root, so checking the
+ * root's first nodes alone missed `root ::= . a`, `a ::= "x"* a | ...`). */
 static int left_recursion(gc *c)
 {
     eng_grammar *g = c->g;
@@ -595,28 +598,32 @@ static int left_recursion(gc *c)
         rc = gc_fail(c, SW_ENOMEM, "out of memory");
         goto done;
     }
-    stack[sp++] = g->root;
-    color[g->root] = 1;
-    while (sp > 0 && !rc) {
-        int32_t x = stack[sp - 1];
-        int32_t y = first_edges(g, &g->nodes[x], cursor[x]++);
-        if (y < 0) {
-            color[x] = 2;
-            sp--;
-        } else if (color[y] == 0) {
-            color[y] = 1;
-            stack[sp++] = y;
-        } else if (color[y] == 1) {
-            const char *name = "?";
-            for (int32_t i = sp - 1; i >= 0; i--) {
-                if (c->node_rule[stack[i]] >= 0)
-                    name = eng_gbnf_rule_name(c->gb, c->node_rule[stack[i]]);
-                if (stack[i] == y)
-                    break;
+    for (int32_t from = 0; from < nn && !rc; from++) {
+        if (color[from])
+            continue;
+        stack[sp++] = from;
+        color[from] = 1;
+        while (sp > 0 && !rc) {
+            int32_t x = stack[sp - 1];
+            int32_t y = first_edges(g, &g->nodes[x], cursor[x]++);
+            if (y < 0) {
+                color[x] = 2;
+                sp--;
+            } else if (color[y] == 0) {
+                color[y] = 1;
+                stack[sp++] = y;
+            } else if (color[y] == 1) {
+                const char *name = "?";
+                for (int32_t i = sp - 1; i >= 0; i--) {
+                    if (c->node_rule[stack[i]] >= 0)
+                        name = eng_gbnf_rule_name(c->gb, c->node_rule[stack[i]]);
+                    if (stack[i] == y)
+                        break;
+                }
+                rc = gc_fail(c, SW_EINVAL,
+                             "grammar: rule '%.64s' is left-recursive (it can reach itself "
+                             "before any character)", name);
             }
-            rc = gc_fail(c, SW_EINVAL,
-                         "grammar: rule '%.64s' is left-recursive (it can reach itself before "
-                         "any character)", name);
         }
     }
 done:

@@ -127,6 +127,11 @@ typedef struct cs_node {
      * where its shortest text still fits under ENG_CS_MAX_DEPTH, so the
      * minimum completion is always reachable and the budget stays exact. */
     int32_t need_frames;
+    /* GBNF nodes: bit b set when no text of the node begins with byte b
+     * (gbnf_compile.c), so the automaton enters the node for that byte
+     * not at all (it would push and fork frames only to refuse the byte).
+     * All clear, as JSON nodes have it: nothing is ruled out. */
+    uint32_t refused_first[8];
 } cs_node;
 
 struct eng_grammar {

@@ -36,23 +36,101 @@ void eng__cs_stack_copy(cs_stack *dst, const cs_stack *src)
 
 int64_t eng__cs_stack_min(const eng_grammar *g, const cs_stack *st);
 
+/* A stack being fed one byte. Feeding forks it (anyOf branches, GBNF
+ * readings), and copying whole stacks at every fork was most of the
+ * automaton's time, so a walk stack shares its lower frames with the
+ * stack of the input set it came from: frames [0, shared) are base's
+ * (the input set is not written while a byte is fed), frames [shared,
+ * depth) are its own, in f[] at the same index. Only the top is ever
+ * written (run pops, changes the top frame, pushes), so the top frame is
+ * copied into f[] the first time it is touched, and a fork copies only
+ * the frames its parent owns. A fork runs to its end before its parent
+ * goes on, so base is stable for the whole walk. */
+typedef struct cs_wstack {
+    const cs_frame *base;
+    int32_t shared;
+    int32_t depth;
+    cs_frame f[ENG_CS_MAX_DEPTH];
+} cs_wstack;
+
+static const cs_frame *wstack_at(const cs_wstack *ws, int32_t i)
+{
+    return i < ws->shared ? &ws->base[i] : &ws->f[i];
+}
+
+/* The top frame, made the stack's own so that it may be written. */
+static cs_frame *wstack_top(cs_wstack *ws)
+{
+    int32_t i = ws->depth - 1;
+    if (i < ws->shared) {
+        ws->f[i] = ws->base[i];
+        ws->shared = i;
+    }
+    return &ws->f[i];
+}
+
+static void wstack_pop(cs_wstack *ws)
+{
+    ws->depth--;
+    if (ws->shared > ws->depth)
+        ws->shared = ws->depth;
+}
+
+/* dst (not initialised) becomes a fork of src: the same base, its own
+ * copy of src's own frames. */
+static void wstack_fork(cs_wstack *dst, const cs_wstack *src)
+{
+    dst->base = src->base;
+    dst->shared = src->shared;
+    dst->depth = src->depth;
+    memcpy(dst->f + src->shared, src->f + src->shared,
+           (size_t)(src->depth - src->shared) * sizeof src->f[0]);
+}
+
+static bool wstack_equal(const cs_stack *s, const cs_wstack *ws)
+{
+    /* the own frames first: two readings mostly differ near the top */
+    return s->depth == ws->depth &&
+           memcmp(s->f + ws->shared, ws->f + ws->shared,
+                  (size_t)(ws->depth - ws->shared) * sizeof s->f[0]) == 0 &&
+           memcmp(s->f, ws->base, (size_t)ws->shared * sizeof s->f[0]) == 0;
+}
+
+static void wstack_store(cs_stack *dst, const cs_wstack *ws)
+{
+    dst->depth = ws->depth;
+    memcpy(dst->f, ws->base, (size_t)ws->shared * sizeof dst->f[0]);
+    memcpy(dst->f + ws->shared, ws->f + ws->shared,
+           (size_t)(ws->depth - ws->shared) * sizeof dst->f[0]);
+}
+
+static int64_t wstack_min(const eng_grammar *g, const cs_wstack *ws)
+{
+    int64_t m = 0;
+    for (int32_t i = 0; i < ws->depth; i++) {
+        m += eng__cs_frame_min(g, wstack_at(ws, i));
+        if (m > CS_INF)
+            m = CS_INF;
+    }
+    return m;
+}
+
 /* Adds a stack to the set unless it is there already (two paths to the
  * same stack are common in ambiguous GBNF grammars; frames are zeroed
  * when pushed, so equal stacks compare equal byte for byte). A full set
  * keeps the stacks with the shortest completions: the one with the
  * longest gives way, so the state's minimum is never lost and the budget
  * rule (some token always shortens it) holds however many are dropped. */
-static void push_out(const eng_grammar *g, cs_set *out, const cs_stack *st)
+static void push_out(const eng_grammar *g, cs_set *out, const cs_wstack *st)
 {
     for (int32_t i = 0; i < out->n; i++)
-        if (out->s[i].depth == st->depth &&
-            memcmp(out->s[i].f, st->f, (size_t)st->depth * sizeof st->f[0]) == 0)
+        if (wstack_equal(&out->s[i], st))
             return;
     if (out->n < ENG_CS_MAX_ALTS) {
-        eng__cs_stack_copy(&out->s[out->n++], st);
+        wstack_store(&out->s[out->n++], st);
         return;
     }
-    int64_t mine = eng__cs_stack_min(g, st), worst = -1;
+    int64_t mine = wstack_min(g, st), worst = -1;
     int32_t at = -1;
     for (int32_t i = 0; i < out->n; i++) {
         int64_t m = eng__cs_stack_min(g, &out->s[i]);
@@ -62,7 +140,7 @@ static void push_out(const eng_grammar *g, cs_set *out, const cs_stack *st)
         }
     }
     if (mine < worst)
-        eng__cs_stack_copy(&out->s[at], st);
+        wstack_store(&out->s[at], st);
 }
 
 static int step_string(const cs_node *n, cs_frame *f, uint8_t ch)
@@ -363,23 +441,32 @@ static int64_t array_tail(const eng_grammar *g, const cs_node *n, int64_t from, 
     return sum;
 }
 
-static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out);
+static void run(const eng_grammar *g, cs_wstack *st, uint8_t ch, cs_set *out);
+
+static bool refuses_first(const cs_node *n, uint8_t ch)
+{
+    return (n->refused_first[ch >> 5] >> (ch & 31)) & 1;
+}
 
 /* A value of node starts with ch on top of st. */
-static void enter(const eng_grammar *g, cs_stack *st, int32_t node, uint8_t ch, cs_set *out)
+static void enter(const eng_grammar *g, cs_wstack *st, int32_t node, uint8_t ch, cs_set *out)
 {
     const cs_node *n = &g->nodes[node];
+    if (refuses_first(n, ch))
+        return;
     if (n->kind == CS_ANYOF) {
         for (int32_t i = 0; i < n->n_alts; i++) {
-            cs_stack copy;
-            eng__cs_stack_copy(&copy, st);
+            if (refuses_first(&g->nodes[n->alts[i]], ch))
+                continue;
+            cs_wstack copy;
+            wstack_fork(&copy, st);
             enter(g, &copy, n->alts[i], ch, out);
         }
         return;
     }
     if (st->depth + (n->need_frames > 0 ? n->need_frames : 1) > ENG_CS_MAX_DEPTH)
         return;
-    cs_frame *f = &st->f[st->depth++];
+    cs_frame *f = &st->f[st->depth++]; /* above shared: the stack's own */
     memset(f, 0, sizeof *f);
     f->node = node;
     run(g, st, ch, out);
@@ -393,34 +480,40 @@ static void enter(const eng_grammar *g, cs_stack *st, int32_t node, uint8_t ch, 
  * stack forks. */
 
 /* The frame ends and the byte goes to the frame below, on a copy. */
-static void fork_end(const eng_grammar *g, const cs_stack *st, uint8_t ch, cs_set *out)
+static void fork_end(const eng_grammar *g, const cs_wstack *st, uint8_t ch, cs_set *out)
 {
-    cs_stack copy;
-    eng__cs_stack_copy(&copy, st);
-    copy.depth--;
+    cs_wstack copy;
+    wstack_fork(&copy, st);
+    wstack_pop(&copy);
     run(g, &copy, ch, out);
 }
 
 /* A copy of st whose top frame moved on to (phase 1, a) enters node;
  * tail: the frame has nothing left after it, so it is popped first. */
-static void fork_enter(const eng_grammar *g, const cs_stack *st, int32_t a, bool tail,
+static void fork_enter(const eng_grammar *g, const cs_wstack *st, int32_t a, bool tail,
                        int32_t node, uint8_t ch, cs_set *out)
 {
-    cs_stack copy;
-    eng__cs_stack_copy(&copy, st);
-    cs_frame *f = &copy.f[copy.depth - 1];
-    f->phase = 1;
-    f->a = a;
-    if (tail)
-        copy.depth--;
+    if (refuses_first(&g->nodes[node], ch))
+        return; /* enter() would refuse it: spare the copy */
+    cs_wstack copy;
+    wstack_fork(&copy, st);
+    if (tail) {
+        wstack_pop(&copy);
+    } else {
+        cs_frame *f = wstack_top(&copy);
+        f->phase = 1;
+        f->a = a;
+    }
     enter(g, &copy, node, ch, out);
 }
 
 /* Returns true when the byte goes on to the frame below (st popped). */
-static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_stack *st, uint8_t ch,
+static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_wstack *st, uint8_t ch,
                      cs_set *out)
 {
-    cs_frame *f = &st->f[st->depth - 1];
+    /* read in place: most bytes are refused, and a sequence or a
+     * repetition only forks, so the frame is copied when one is taken */
+    const cs_frame *f = wstack_at(st, st->depth - 1);
     bool fresh = f->phase == 0;
     switch (n->kind) {
     case CS_RAW: {
@@ -428,15 +521,16 @@ static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_stack *st, uint8
         int32_t to = eng_regex_step(n->re, from, ch);
         if (!fresh && eng_regex_accepting(n->re, from)) {
             if (to < 0) {
-                st->depth--;
+                wstack_pop(st);
                 return true;
             }
             fork_end(g, st, ch, out);
         }
         if (to < 0)
             return false;
-        f->phase = 1;
-        f->b = to;
+        cs_frame *taken = wstack_top(st);
+        taken->phase = 1;
+        taken->b = to;
         push_out(g, out, st);
         return false;
     }
@@ -448,25 +542,32 @@ static bool run_gbnf(const eng_grammar *g, const cs_node *n, cs_stack *st, uint8
         }
         if (fresh)
             return false;
-        st->depth--; /* the rest may be empty */
+        wstack_pop(st); /* the rest may be empty */
         return true;
     case CS_REP:
         if (n->max_items < 0 || f->a < n->max_items)
             fork_enter(g, st, f->a + 1, f->a + 1 == n->max_items, n->item, ch, out);
         if (fresh || (f->a < n->min_items && g->nodes[n->item].min_bytes > 0))
             return false;
-        st->depth--;
+        wstack_pop(st);
         return true;
     default: return false;
     }
 }
 
-static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
+static void run(const eng_grammar *g, cs_wstack *st, uint8_t ch, cs_set *out)
 {
     for (;;) {
         if (st->depth <= 0)
             return;
-        cs_frame *f = &st->f[st->depth - 1];
+        const cs_frame *top = wstack_at(st, st->depth - 1);
+        cs_kind kind = top->node >= 0 ? g->nodes[top->node].kind : CS_ANYOF;
+        if (kind == CS_RAW || kind == CS_SEQ || kind == CS_REP) {
+            if (run_gbnf(g, &g->nodes[top->node], st, ch, out))
+                continue;
+            return;
+        }
+        cs_frame *f = wstack_top(st);
         if (f->node < 0) {
             if (f->phase == 0) {
                 f->phase = 1;
@@ -483,7 +584,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             if (r == R_REJECT)
                 return;
             if (r == R_DONE)
-                st->depth--;
+                wstack_pop(st);
             push_out(g, out, st);
             return;
         case CS_NUMBER:
@@ -498,7 +599,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                 push_out(g, out, st);
                 return;
             }
-            st->depth--; /* R_END: the byte belongs to the frame below */
+            wstack_pop(st); /* R_END: the byte belongs to the frame below */
             continue;
         case CS_OBJECT:
             switch (f->phase) {
@@ -512,7 +613,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case O_KEYSTART:
                 if (ch == '}' && f->phase == O_FIRST) {
                     if (n->next_req[0] == n->n_props) {
-                        st->depth--;
+                        wstack_pop(st);
                         push_out(g, out, st);
                     }
                     return;
@@ -549,7 +650,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                     f->phase = O_KEYSTART;
                     push_out(g, out, st);
                 } else if (ch == '}' && n->next_req[f->a] == n->n_props) {
-                    st->depth--;
+                    wstack_pop(st);
                     push_out(g, out, st);
                 }
                 return;
@@ -566,7 +667,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case A_KEY:
                 if (ch == '}' && f->phase == A_FIRST) {
                     if (!n->counted || n->min_items == 0) {
-                        st->depth--;
+                        wstack_pop(st);
                         push_out(g, out, st);
                     }
                     return;
@@ -592,7 +693,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                     f->phase = A_KEY;
                     push_out(g, out, st);
                 } else if (ch == '}') {
-                    st->depth--;
+                    wstack_pop(st);
                     push_out(g, out, st);
                 }
                 return;
@@ -608,7 +709,7 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
             case R_FIRST:
                 if (ch == ']') {
                     if (n->min_items == 0) {
-                        st->depth--;
+                        wstack_pop(st);
                         push_out(g, out, st);
                     }
                     return;
@@ -629,17 +730,14 @@ static void run(const eng_grammar *g, cs_stack *st, uint8_t ch, cs_set *out)
                     f->phase = R_NEXT;
                     push_out(g, out, st);
                 } else if (ch == ']' && f->a >= n->min_items) {
-                    st->depth--;
+                    wstack_pop(st);
                     push_out(g, out, st);
                 }
                 return;
             }
         case CS_RAW:
         case CS_SEQ:
-        case CS_REP:
-            if (run_gbnf(g, n, st, ch, out))
-                continue;
-            return;
+        case CS_REP: return; /* run above, before the frame is copied */
         case CS_ANYOF:
             return; /* never on a stack: enter() forks instead */
         }
@@ -651,9 +749,10 @@ void eng__cs_set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set
 {
     out->n = 0;
     for (int32_t i = 0; i < in->n; i++) {
-        cs_stack tmp;
-        eng__cs_stack_copy(&tmp, &in->s[i]);
-        run(g, &tmp, ch, out);
+        cs_wstack ws; /* f[] is written as frames become its own */
+        ws.base = in->s[i].f;
+        ws.shared = ws.depth = in->s[i].depth;
+        run(g, &ws, ch, out);
     }
 }
 

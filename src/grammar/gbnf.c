@@ -591,6 +591,37 @@ static bool has_bit(const uint64_t *s, size_t i)
     return s[i >> 6] >> (i & 63) & 1;
 }
 
+/* The first set bit at or after i, or past the end (words * 64). */
+static size_t next_bit(const uint64_t *s, size_t words, size_t i)
+{
+    size_t w = i >> 6;
+    if (w >= words)
+        return words * 64;
+    uint64_t rest = s[w] & (~0ull << (i & 63));
+    while (!rest) {
+        if (++w == words)
+            return words * 64;
+        rest = s[w];
+    }
+    return w * 64 + (size_t)__builtin_ctzll(rest);
+}
+
+/* Bitsets of texts up to 255 code points (the tests' and the fuzz
+ * harness's) live on the C stack: an allocation per node visit was most
+ * of the matcher's time. Longer texts' are allocated. */
+#define GB_MATCH_LOCAL_WORDS 4
+
+static uint64_t *bits_get(const gb_match *m, uint64_t *local)
+{
+    return m->words <= GB_MATCH_LOCAL_WORDS ? local : sw_malloc(m->words * sizeof *local);
+}
+
+static void bits_put(const gb_match *m, uint64_t *bits) /* NULL is fine */
+{
+    if (m->words > GB_MATCH_LOCAL_WORDS)
+        sw_free(bits);
+}
+
 /* End positions of node from every start in `from` into `to` (cleared). */
 static void m_node(gb_match *m, int32_t node, const uint64_t *from, uint64_t *to);
 
@@ -603,14 +634,16 @@ static void m_rule(gb_match *m, int32_t rule, size_t start, uint64_t *to)
         return; /* left recursion: nothing through it */
     if (*st == 0) {
         *st = 1;
-        uint64_t *from = sw_calloc(w, sizeof *from);
+        uint64_t local[GB_MATCH_LOCAL_WORDS];
+        uint64_t *from = bits_get(m, local);
         if (!from) {
             m->oom = true;
             return;
         }
+        memset(from, 0, w * sizeof *from);
         set_bit(from, start);
         m_node(m, m->g->rules[rule].body, from, slot);
-        sw_free(from);
+        bits_put(m, from);
         *st = 2;
     }
     for (size_t i = 0; i < w; i++)
@@ -627,32 +660,29 @@ static void m_node(gb_match *m, int32_t node, const uint64_t *from, uint64_t *to
         return;
     switch (nd->kind) {
     case ENG_GBNF_CLASS:
-        for (size_t i = 0; i < m->n; i++) {
-            if (!has_bit(from, i))
-                continue;
+        for (size_t i = next_bit(from, w, 0); i < m->n; i = next_bit(from, w, i + 1)) {
             bool in = false;
-            for (int32_t r = 0; r < nd->n_ranges; r++) {
+            for (int32_t r = 0; r < nd->n_ranges && !in; r++) {
                 const eng_gbnf_range *rg = &g->ranges[nd->range_off + r];
-                if (m->cp[i] >= rg->lo && m->cp[i] <= rg->hi)
-                    in = true;
+                in = m->cp[i] >= rg->lo && m->cp[i] <= rg->hi;
             }
             if (in != nd->negated)
                 set_bit(to, i + 1);
         }
         return;
     case ENG_GBNF_REF:
-        for (size_t i = 0; i <= m->n; i++)
-            if (has_bit(from, i))
-                m_rule(m, nd->rule, i, to);
+        for (size_t i = next_bit(from, w, 0); i <= m->n; i = next_bit(from, w, i + 1))
+            m_rule(m, nd->rule, i, to);
         return;
     case ENG_GBNF_ALT:
     case ENG_GBNF_SEQ:
     case ENG_GBNF_REP: {
-        uint64_t *cur = sw_malloc(w * sizeof *cur), *tmp = sw_malloc(w * sizeof *tmp);
+        uint64_t cur_local[GB_MATCH_LOCAL_WORDS], tmp_local[GB_MATCH_LOCAL_WORDS];
+        uint64_t *cur = bits_get(m, cur_local), *tmp = bits_get(m, tmp_local);
         if (!cur || !tmp) {
             m->oom = true;
-            sw_free(cur);
-            sw_free(tmp);
+            bits_put(m, cur);
+            bits_put(m, tmp);
             return;
         }
         memcpy(cur, from, w * sizeof *cur);
@@ -688,8 +718,8 @@ static void m_node(gb_match *m, int32_t node, const uint64_t *from, uint64_t *to
                     break;
             }
         }
-        sw_free(cur);
-        sw_free(tmp);
+        bits_put(m, cur);
+        bits_put(m, tmp);
         return;
     }
     }

@@ -582,7 +582,10 @@ static int32_t first_edges(const eng_grammar *g, const cs_node *n, int32_t k)
     return -1;
 }
 
-/* Left recursion: a cycle of first_edges (iterative depth-first walk). */
+/* Left recursion: a cycle of first_edges anywhere in the graph (an
+ * iterative depth-first walk from every node not yet seen: a rule reached
+ * only after a byte is entered as freshly as the root, so checking the
+ * root's first nodes alone missed `root ::= . a`, `a ::= "x"* a | ...`). */
 static int left_recursion(gc *c)
 {
     eng_grammar *g = c->g;
@@ -595,28 +598,32 @@ static int left_recursion(gc *c)
         rc = gc_fail(c, SW_ENOMEM, "out of memory");
         goto done;
     }
-    stack[sp++] = g->root;
-    color[g->root] = 1;
-    while (sp > 0 && !rc) {
-        int32_t x = stack[sp - 1];
-        int32_t y = first_edges(g, &g->nodes[x], cursor[x]++);
-        if (y < 0) {
-            color[x] = 2;
-            sp--;
-        } else if (color[y] == 0) {
-            color[y] = 1;
-            stack[sp++] = y;
-        } else if (color[y] == 1) {
-            const char *name = "?";
-            for (int32_t i = sp - 1; i >= 0; i--) {
-                if (c->node_rule[stack[i]] >= 0)
-                    name = eng_gbnf_rule_name(c->gb, c->node_rule[stack[i]]);
-                if (stack[i] == y)
-                    break;
+    for (int32_t from = 0; from < nn && !rc; from++) {
+        if (color[from])
+            continue;
+        stack[sp++] = from;
+        color[from] = 1;
+        while (sp > 0 && !rc) {
+            int32_t x = stack[sp - 1];
+            int32_t y = first_edges(g, &g->nodes[x], cursor[x]++);
+            if (y < 0) {
+                color[x] = 2;
+                sp--;
+            } else if (color[y] == 0) {
+                color[y] = 1;
+                stack[sp++] = y;
+            } else if (color[y] == 1) {
+                const char *name = "?";
+                for (int32_t i = sp - 1; i >= 0; i--) {
+                    if (c->node_rule[stack[i]] >= 0)
+                        name = eng_gbnf_rule_name(c->gb, c->node_rule[stack[i]]);
+                    if (stack[i] == y)
+                        break;
+                }
+                rc = gc_fail(c, SW_EINVAL,
+                             "grammar: rule '%.64s' is left-recursive (it can reach itself "
+                             "before any character)", name);
             }
-            rc = gc_fail(c, SW_EINVAL,
-                         "grammar: rule '%.64s' is left-recursive (it can reach itself before "
-                         "any character)", name);
         }
     }
 done:
@@ -676,6 +683,51 @@ static int need_frames(gc *c)
     return 0;
 }
 
+/* The bytes each node's texts may begin with (the least fixpoint over
+ * first_edges: an automaton's from its start state, a sequence's or an
+ * any-of's the union of the nodes it may enter first), stored as their
+ * complement in refused_first. Past the work bound nothing is ruled out,
+ * which is only slower. */
+static int first_bytes(gc *c)
+{
+    eng_grammar *g = c->g;
+    int32_t nn = g->n_nodes;
+    uint32_t(*first)[8] = sw_calloc((size_t)nn, sizeof *first);
+    if (!first)
+        return gc_fail(c, SW_ENOMEM, "out of memory");
+    for (int32_t i = 0; i < nn; i++) {
+        const cs_node *n = &g->nodes[i];
+        if (n->kind != CS_RAW)
+            continue;
+        int32_t start = eng_regex_start(n->re);
+        for (int b = 0; b < 256; b++)
+            if (eng_regex_step(n->re, start, (uint8_t)b) >= 0)
+                first[i][b >> 5] |= 1u << (b & 31);
+    }
+    long work = 0;
+    bool changed = true;
+    while (changed && work <= GC_MAX_WORK) {
+        changed = false;
+        for (int32_t i = 0; i < nn; i++) {
+            const cs_node *n = &g->nodes[i];
+            if (n->kind == CS_RAW)
+                continue;
+            for (int32_t k = 0, y; (y = first_edges(g, n, k)) >= 0; k++, work++)
+                for (int w = 0; w < 8; w++) {
+                    uint32_t v = first[i][w] | first[y][w];
+                    changed |= v != first[i][w];
+                    first[i][w] = v;
+                }
+        }
+        work += nn;
+    }
+    for (int32_t i = 0; i < nn; i++)
+        for (int w = 0; w < 8; w++)
+            g->nodes[i].refused_first[w] = changed ? 0 : ~first[i][w];
+    sw_free(first);
+    return 0;
+}
+
 static int compile(gc *c)
 {
     int32_t nr = c->n_rules, n_order = 0;
@@ -725,7 +777,7 @@ static int compile(gc *c)
         gc_fail(c, SW_EINVAL, "'root' has no finite text (its rules recurse without a way out)");
         goto done;
     }
-    if (prune(c) || left_recursion(c) || need_frames(c))
+    if (prune(c) || left_recursion(c) || need_frames(c) || first_bytes(c))
         goto done;
     if (c->g->nodes[c->g->root].need_frames + 1 > ENG_CS_MAX_DEPTH) {
         gc_fail(c, SW_ERANGE, "nested too deeply (its shortest text needs more than the "

@@ -275,6 +275,10 @@ static const ecase g_errors[] = {
     {"root ::= x\n", SW_EINVAL, "'x'"},
     {"root ::= expr\nexpr ::= expr \"+\" [0-9] | [0-9]\n", SW_EINVAL, "'expr' is left-recursive"},
     {"root ::= a\na ::= b? a \"x\" | \"y\"\nb ::= \"z\"\n", SW_EINVAL, "left-recursive"},
+    /* left recursion in a rule the root reaches only after a byte (it
+     * recursed without end, a stack overflow, when only the root's first
+     * nodes were checked) */
+    {"root ::= . a\na ::= \"x\"* a | \"y\"\n", SW_EINVAL, "'a' is left-recursive"},
     {"root ::= \"x\" root\n", SW_EINVAL, "no finite text"},
     {"root ::= \"(\" root \")\" | \"(\" root\n", SW_EINVAL, "no finite text"},
     {"root ::= a\na ::= \"(\" a \")\" | \"(\" b \")\"\nb ::= \"[\" b \"]\" | \"[\" a", SW_EINVAL,

@@ -342,18 +342,41 @@ static void test_refused(void **state)
     }
 }
 
+/* The qwen2 vocabulary of ../shared, its tokenizer and constraint index;
+ * false (the test skipped, said why) when it is absent. */
+typedef struct qwen2_vocab {
+    eng_gguf *gg;
+    eng_tokenizer *tok;
+    eng_cs_vocab *v;
+} qwen2_vocab;
+
+static bool qwen2_open(qwen2_vocab *q)
+{
+    memset(q, 0, sizeof *q);
+    const char *path = tu_shared_path("vocab/ggml-vocab-qwen2.gguf");
+    if (!path)
+        return false;
+    assert_int_equal(eng_gguf_open(path, &q->gg, NULL), SW_OK);
+    assert_int_equal(eng_tokenizer_load(q->gg, &q->tok, NULL), SW_OK);
+    assert_int_equal(eng_cs_vocab_create(q->tok, &q->v, NULL), SW_OK);
+    return true;
+}
+
+static void qwen2_close(qwen2_vocab *q)
+{
+    eng_cs_vocab_free(q->v);
+    eng_tokenizer_free(q->tok);
+    eng_gguf_close(q->gg);
+}
+
 static void test_qwen2(void **state)
 {
     (void)state;
-    const char *path = tu_shared_path("vocab/ggml-vocab-qwen2.gguf");
-    if (!path)
+    qwen2_vocab q;
+    if (!qwen2_open(&q))
         return;
-    eng_gguf *gg = NULL;
-    eng_tokenizer *tok = NULL;
-    eng_cs_vocab *v = NULL;
-    assert_int_equal(eng_gguf_open(path, &gg, NULL), SW_OK);
-    assert_int_equal(eng_tokenizer_load(gg, &tok, NULL), SW_OK);
-    assert_int_equal(eng_cs_vocab_create(tok, &v, NULL), SW_OK);
+    eng_cs_vocab *v = q.v;
+    const eng_tokenizer *tok = q.tok;
     char *out = sw_malloc(1 << 16);
     static const size_t picks[] = {0, 8, 10, 12, 18, 23};
     for (size_t p = 0; p < sizeof picks / sizeof picks[0]; p++) {
@@ -376,9 +399,7 @@ static void test_qwen2(void **state)
         json_decref(schema);
     }
     sw_free(out);
-    eng_cs_vocab_free(v);
-    eng_tokenizer_free(tok);
-    eng_gguf_close(gg);
+    qwen2_close(&q);
 }
 
 /* Whether token t is allowed after `prefix` with `left` tokens to go, by
@@ -414,15 +435,11 @@ static bool token_allowed(const eng_grammar *g, const eng_cs_vocab *v, const cha
 static void test_qwen2_whole_states(void **state)
 {
     (void)state;
-    const char *path = tu_shared_path("vocab/ggml-vocab-qwen2.gguf");
-    if (!path)
+    qwen2_vocab q;
+    if (!qwen2_open(&q))
         return;
-    eng_gguf *gg = NULL;
-    eng_tokenizer *tok = NULL;
-    eng_cs_vocab *v = NULL;
-    assert_int_equal(eng_gguf_open(path, &gg, NULL), SW_OK);
-    assert_int_equal(eng_tokenizer_load(gg, &tok, NULL), SW_OK);
-    assert_int_equal(eng_cs_vocab_create(tok, &v, NULL), SW_OK);
+    eng_cs_vocab *v = q.v;
+    const eng_tokenizer *tok = q.tok;
     static const struct {
         const char *schema, *gbnf, *prefix;
         int64_t left;
@@ -473,9 +490,7 @@ static void test_qwen2_whole_states(void **state)
         eng_grammar_free(g);
     }
     sw_free(mask);
-    eng_cs_vocab_free(v);
-    eng_tokenizer_free(tok);
-    eng_gguf_close(gg);
+    qwen2_close(&q);
 }
 
 /* Whether the token's bytes are all label-key characters ([A-Za-z0-9._/-]). */
@@ -516,15 +531,11 @@ static bool key_class_only(const char *piece, size_t len)
 static void test_qwen2_list_states(void **state)
 {
     (void)state;
-    const char *path = tu_shared_path("vocab/ggml-vocab-qwen2.gguf");
-    if (!path)
+    qwen2_vocab q;
+    if (!qwen2_open(&q))
         return;
-    eng_gguf *gg = NULL;
-    eng_tokenizer *tok = NULL;
-    eng_cs_vocab *v = NULL;
-    assert_int_equal(eng_gguf_open(path, &gg, NULL), SW_OK);
-    assert_int_equal(eng_tokenizer_load(gg, &tok, NULL), SW_OK);
-    assert_int_equal(eng_cs_vocab_create(tok, &v, NULL), SW_OK);
+    eng_cs_vocab *v = q.v;
+    const eng_tokenizer *tok = q.tok;
     static const char *const key_map =
         "{\"type\":\"object\",\"propertyNames\":{\"pattern\":"
         "\"^([a-z0-9.-]{1,63}/)?[A-Za-z0-9._-]{1,63}$\"},"
@@ -591,9 +602,7 @@ static void test_qwen2_list_states(void **state)
         eng_grammar_free(g);
     }
     sw_free(mask);
-    eng_cs_vocab_free(v);
-    eng_tokenizer_free(tok);
-    eng_gguf_close(gg);
+    qwen2_close(&q);
 }
 
 int main(void)

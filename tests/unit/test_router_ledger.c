@@ -925,19 +925,28 @@ static void test_sabotage(void **state)
     assert_string_equal(rh_error_code(&w, code, sizeof code), "worker_failed");
     wc_response_free(&w);
     assert_int_equal(worker_ok_count(&r, "cpu"), cpu0); /* not replayed there */
-    usleep(1500 * 1000); /* several supervision passes */
-    assert_int_equal(rh_req(&r, "GET", "/health", NULL, NULL, &w), 0);
-    h = rh_body_json(&w);
-    json_t *ws = json_object_get(h, "workers");
-    for (size_t i = 0; i < json_array_size(ws); i++) {
-        json_t *x = json_array_get(ws, i);
-        if (!strcmp(json_string_value(json_object_get(x, "name")), "gpu")) {
-            assert_string_equal(json_string_value(json_object_get(x, "state")), "down");
-            assert_int_equal(json_integer_value(json_object_get(x, "pid")), 0);
-        }
+    /* the supervisor sees the crash (the relay marked the worker suspect)
+     * and, with no-restart, leaves it down: never restarted */
+    const char *gpu_state = NULL;
+    json_t *gh = NULL;
+    for (double t0 = tu_now_s(); tu_now_s() - t0 < 30; usleep(100 * 1000)) {
+        json_decref(gh);
+        gh = rh_worker_health(&r, "gpu");
+        gpu_state = json_string_value(json_object_get(gh, "state"));
+        if (gpu_state && !strcmp(gpu_state, "down"))
+            break;
     }
-    json_decref(h);
-    wc_response_free(&w);
+    assert_non_null(gpu_state);
+    assert_string_equal(gpu_state, "down");
+    assert_int_equal(json_integer_value(json_object_get(gh, "pid")), 0);
+    json_int_t exits = json_integer_value(json_object_get(gh, "restarts")); /* counts exits */
+    usleep(1500 * 1000); /* several supervision passes: still down, not started again */
+    json_decref(gh);
+    gh = rh_worker_health(&r, "gpu");
+    assert_string_equal(json_string_value(json_object_get(gh, "state")), "down");
+    assert_int_equal(json_integer_value(json_object_get(gh, "pid")), 0);
+    assert_int_equal(json_integer_value(json_object_get(gh, "restarts")), exits);
+    json_decref(gh);
     char *log = tu_read_file(r.log, NULL);
     assert_non_null(strstr(log, "SPILLWAY_SABOTAGE=no-replay,no-restart is set"));
     sw_free(log);

@@ -66,7 +66,7 @@ build-tsan: deps
 # too; tests/tsan.supp holds the justified suppressions. Not part of
 # `make test` (a third full build: CI's time); docs/operations.md, Testing,
 # says when it runs.
-TSAN_TESTS ?= ^(test_(router|worker)_|tsan_alloc_sweep_engine$$)
+TSAN_TESTS ?= ^(test_(router|worker)_|test_regex_cache$$|tsan_alloc_sweep_engine$$)
 test-tsan: build-tsan
 	@rm -rf $(TSAN)/tsan-reports && mkdir -p $(TSAN)/tsan-reports
 	@cd $(TSAN) && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp log_path=$(abspath $(TSAN))/tsan-reports/report second_deadlock_stack=1" \

@@ -253,7 +253,7 @@ static int32_t gc_raw(gc *c, const gc_text *t, bool may_fail, int32_t slot)
     memset(&nd, 0, sizeof nd);
     nd.kind = CS_RAW;
     sw_error e;
-    int rc = full.overflow ? SW_ERANGE : eng_regex_compile(full.p, full.n, &nd.re, &e);
+    int rc = full.overflow ? SW_ERANGE : eng_regex_compile_cached(full.p, full.n, &nd.re, &e);
     sw_free(full.p);
     if (rc == SW_ENOMEM)
         return gc_fail(c, rc, "out of memory");

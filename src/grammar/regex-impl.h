@@ -7,6 +7,7 @@
 
 #include "grammar/regex.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -84,6 +85,7 @@ typedef int16_t re_state_id;
 _Static_assert(ENG_REGEX_MAX_STATES <= INT16_MAX, "a DFA state must fit re_state_id");
 
 struct eng_regex {
+    atomic_int refs; /* references besides the first (0 when allocated) */
     int32_t n_states, n_classes;
     int32_t start;
     uint8_t class_of[256];

@@ -57,7 +57,33 @@
 typedef struct eng_regex eng_regex;
 
 int eng_regex_compile(const char *pattern, size_t len, eng_regex **out, sw_error *err);
+/* Releases one reference: the automaton is freed with the last. */
 void eng_regex_free(eng_regex *re);
+/* One more reference to re (released by eng_regex_free); re itself. */
+eng_regex *eng_regex_ref(eng_regex *re);
+
+/* eng_regex_compile through the process's cache of compiled patterns
+ * (regex_cache.c): *out may be shared with other holders (it is
+ * immutable), and a refusal other than SW_ENOMEM is remembered with its
+ * message, so the same pattern is refused again without the work. */
+int eng_regex_compile_cached(const char *pattern, size_t len, eng_regex **out, sw_error *err);
+/* Empties the cache (tests; the allocation-failure sweep). */
+void eng_regex_cache_clear(void);
+
+/* What the cache holds and has done since the process started. */
+typedef struct eng_regex_cache_stats {
+    uint64_t hits, misses; /* lookups: found, compiled */
+    uint64_t evictions;
+    size_t entries, bytes; /* held now: patterns, and their bytes */
+    size_t max_entries, max_bytes;
+} eng_regex_cache_stats;
+void eng_regex_cache_stats_get(eng_regex_cache_stats *out);
+/* Bounds the cache (at most ENG_REGEX_CACHE_ENTRIES entries; 0 keeps a
+ * bound as it is), evicting at once what no longer fits; tests. The
+ * defaults: ENG_REGEX_CACHE_ENTRIES patterns, ENG_REGEX_CACHE_BYTES. */
+#define ENG_REGEX_CACHE_ENTRIES 1024
+#define ENG_REGEX_CACHE_BYTES ((size_t)32 << 20)
+void eng_regex_cache_limit(size_t max_entries, size_t max_bytes);
 
 int32_t eng_regex_start(const eng_regex *re);
 /* The state after one more byte, or ENG_REGEX_DEAD when no string with

@@ -380,9 +380,15 @@ static int32_t dfa_state(dfa_build *b, eng_regex *re, bool initial)
     return id;
 }
 
+eng_regex *eng_regex_ref(eng_regex *re)
+{
+    atomic_fetch_add_explicit(&re->refs, 1, memory_order_relaxed);
+    return re;
+}
+
 void eng_regex_free(eng_regex *re)
 {
-    if (!re)
+    if (!re || atomic_fetch_sub_explicit(&re->refs, 1, memory_order_acq_rel) > 0)
         return;
     sw_free(re->trans);
     sw_free(re->accept);

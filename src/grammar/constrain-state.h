@@ -30,6 +30,12 @@ typedef struct cs_stack {
 
 typedef struct cs_set {
     int32_t n;
+    /* Written by eng__cs_set_step for the set it fills, and meaningful
+     * only while it fills it (constrain.c, push_out): each stack's hash,
+     * and once the set is full (have_min) each one's shortest completion. */
+    bool have_min;
+    uint64_t hash[ENG_CS_MAX_ALTS];
+    int64_t min[ENG_CS_MAX_ALTS];
     cs_stack s[ENG_CS_MAX_ALTS];
 } cs_set;
 

@@ -115,32 +115,58 @@ static int64_t wstack_min(const eng_grammar *g, const cs_wstack *ws)
     return m;
 }
 
+/* A walk stack's frames hashed, word by word (frames are zeroed when
+ * pushed, so equal stacks hash equal). */
+static uint64_t wstack_hash(const cs_wstack *ws)
+{
+    uint64_t h = (uint64_t)ws->depth * 0x9E3779B97F4A7C15ull;
+    for (int32_t i = 0; i < ws->depth; i++) {
+        const cs_frame *f = wstack_at(ws, i);
+        uint32_t w[sizeof *f / 4];
+        memcpy(w, f, sizeof w);
+        for (size_t k = 0; k < sizeof w / sizeof w[0]; k++)
+            h = (h ^ w[k]) * 0xFF51AFD7ED558CCDull;
+    }
+    return h ^ (h >> 29);
+}
+
 /* Adds a stack to the set unless it is there already (two paths to the
- * same stack are common in ambiguous GBNF grammars; frames are zeroed
- * when pushed, so equal stacks compare equal byte for byte). A full set
- * keeps the stacks with the shortest completions: the one with the
- * longest gives way, so the state's minimum is never lost and the budget
- * rule (some token always shortens it) holds however many are dropped. */
+ * same stack are common in ambiguous GBNF grammars; the hashes are
+ * compared first, the frames only when they agree). A full set keeps the
+ * stacks with the shortest completions: the one with the longest gives
+ * way, so the state's minimum is never lost and the budget rule (some
+ * token always shortens it) holds however many are dropped. The full
+ * set's minima are computed once, then kept with the stacks. */
 static void push_out(const eng_grammar *g, cs_set *out, const cs_wstack *st)
 {
+    uint64_t h = wstack_hash(st);
     for (int32_t i = 0; i < out->n; i++)
-        if (wstack_equal(&out->s[i], st))
+        if (out->hash[i] == h && wstack_equal(&out->s[i], st))
             return;
     if (out->n < ENG_CS_MAX_ALTS) {
+        out->hash[out->n] = h;
         wstack_store(&out->s[out->n++], st);
         return;
     }
-    int64_t mine = wstack_min(g, st), worst = -1;
+    if (!out->have_min) {
+        for (int32_t i = 0; i < out->n; i++)
+            out->min[i] = eng__cs_stack_min(g, &out->s[i]);
+        out->have_min = true;
+    }
+    int64_t worst = -1;
     int32_t at = -1;
     for (int32_t i = 0; i < out->n; i++) {
-        int64_t m = eng__cs_stack_min(g, &out->s[i]);
-        if (m > worst) {
-            worst = m;
+        if (out->min[i] > worst) {
+            worst = out->min[i];
             at = i;
         }
     }
-    if (mine < worst)
+    int64_t mine = wstack_min(g, st);
+    if (mine < worst) {
+        out->hash[at] = h;
+        out->min[at] = mine;
         wstack_store(&out->s[at], st);
+    }
 }
 
 static int step_string(const cs_node *n, cs_frame *f, uint8_t ch)
@@ -748,6 +774,7 @@ static void run(const eng_grammar *g, cs_wstack *st, uint8_t ch, cs_set *out)
 void eng__cs_set_step(const eng_grammar *g, const cs_set *in, uint8_t ch, cs_set *out)
 {
     out->n = 0;
+    out->have_min = false;
     for (int32_t i = 0; i < in->n; i++) {
         cs_wstack ws; /* f[] is written as frames become its own */
         ws.base = in->s[i].f;

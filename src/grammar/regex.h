@@ -81,8 +81,12 @@ void eng_regex_cache_stats_get(eng_regex_cache_stats *out);
 /* Bounds the cache (at most ENG_REGEX_CACHE_ENTRIES entries; 0 keeps a
  * bound as it is), evicting at once what no longer fits; tests. The
  * defaults: ENG_REGEX_CACHE_ENTRIES patterns, ENG_REGEX_CACHE_BYTES. */
+#ifndef ENG_REGEX_CACHE_ENTRIES /* the fuzz build holds more (CMakeLists.txt) */
 #define ENG_REGEX_CACHE_ENTRIES 1024
+#endif
+#ifndef ENG_REGEX_CACHE_BYTES
 #define ENG_REGEX_CACHE_BYTES ((size_t)32 << 20)
+#endif
 void eng_regex_cache_limit(size_t max_entries, size_t max_bytes);
 
 int32_t eng_regex_start(const eng_regex *re);

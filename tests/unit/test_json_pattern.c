@@ -416,6 +416,60 @@ static bool token_allowed(const eng_grammar *g, const eng_cs_vocab *v, const cha
     return ok;
 }
 
+/* A state to judge: a schema or a GBNF grammar, the text fed, the budget. */
+typedef struct mask_case {
+    const char *schema, *gbnf, *prefix;
+    int64_t left;
+} mask_case;
+
+/* Whether token t (its bytes: piece, len of them, len past sizeof piece
+ * when cut) is one the test checks by feeding; count[] is the picker's,
+ * zero at each case. */
+typedef bool (*token_pick)(int32_t t, const char *piece, size_t len, size_t cap,
+                           int32_t count[2]);
+
+/* The mask of the case's state agrees with feeding on every token `pick`
+ * chooses, and counts its own bits. */
+static void check_mask_case(const qwen2_vocab *q, uint32_t *mask, const mask_case *mc,
+                            token_pick pick)
+{
+    eng_grammar *g = NULL;
+    sw_error err;
+    const char *what = mc->schema ? mc->schema : mc->gbnf;
+    if (mc->schema) {
+        json_t *schema = parse(mc->schema);
+        if (eng_grammar_from_schema(schema, &g, &err))
+            fail_msg("%s: %s", what, err.message);
+        json_decref(schema);
+    } else if (eng_grammar_from_gbnf(mc->gbnf, strlen(mc->gbnf), &g, &err)) {
+        fail_msg("%s: %s", what, err.message);
+    }
+    eng_constraint *c = NULL;
+    assert_int_equal(eng_constraint_create(g, q->v, &c, NULL), SW_OK);
+    assert_true(eng_constraint_feed(c, mc->prefix, strlen(mc->prefix)));
+    int32_t allowed = eng_constraint_mask(c, mc->left, mask), checked = 0, ones = 0;
+    int32_t count[2] = {0, 0};
+    int32_t n = eng_cs_vocab_n_tokens(q->v);
+    for (int32_t t = 0; t < n; t++) {
+        char piece[512];
+        size_t len = eng_token_to_bytes(q->tok, t, piece, sizeof piece);
+        ones += bit(mask, t);
+        if (!pick(t, piece, len, sizeof piece, count))
+            continue;
+        checked++;
+        if (bit(mask, t) != token_allowed(g, q->v, mc->prefix, t, mc->left))
+            fail_msg("%s after %s (%lld left): token %d (%.*s) %s by the mask, not by feeding",
+                     what, mc->prefix, (long long)mc->left, t,
+                     (int)(len < sizeof piece ? len : sizeof piece), piece,
+                     bit(mask, t) ? "allowed" : "refused");
+    }
+    assert_int_equal(allowed, ones);
+    printf("%s after %s (%lld left): %d allowed, %d checked by feeding\n", what, mc->prefix,
+           (long long)mc->left, allowed, checked);
+    eng_constraint_free(c);
+    eng_grammar_free(g);
+}
+
 /* States that nearly every character keeps (inside `.*`, a GBNF string
  * refusing 0x7F): their lists are the plain-token mask less the tokens
  * holding a refused character. The mask, with the budget far and near and
@@ -432,63 +486,30 @@ static bool token_allowed(const eng_grammar *g, const eng_cs_vocab *v, const cha
 #define WHOLE_STRIDE 37
 #endif
 
+/* count[0]: the odd tokens seen */
+static bool pick_whole(int32_t t, const char *piece, size_t len, size_t cap, int32_t count[2])
+{
+    size_t have = len < cap ? len : cap;
+    bool odd = memchr(piece, 0x7F, have) || memchr(piece, 0xE2, have);
+    return odd ? count[0]++ % WHOLE_ODD_STRIDE == 0 : t % WHOLE_STRIDE == 0;
+}
+
 static void test_qwen2_whole_states(void **state)
 {
     (void)state;
     qwen2_vocab q;
     if (!qwen2_open(&q))
         return;
-    eng_cs_vocab *v = q.v;
-    const eng_tokenizer *tok = q.tok;
-    static const struct {
-        const char *schema, *gbnf, *prefix;
-        int64_t left;
-    } cases[] = {
+    static const mask_case cases[] = {
         {"{\"type\":\"string\",\"pattern\":\"^/.*$\"}", NULL, "\"/", 1000},
         {"{\"type\":\"string\",\"pattern\":\"^/.*$\"}", NULL, "\"/ab", 4},
         {"{\"type\":\"string\",\"pattern\":\"^/.*$\",\"maxLength\":12}", NULL, "\"/x", 1000},
         {NULL, "root ::= \"\\\"\" [^\"\\\\\\x7F\\x00-\\x1F]* \"\\\"\"", "\"ab", 1000},
         {NULL, "root ::= \"\\\"\" [^\"\\\\\\x7F\\x00-\\x1F]* \"\\\"\"", "\"ab", 3},
     };
-    int32_t n = eng_cs_vocab_n_tokens(v);
-    uint32_t *mask = sw_calloc(((size_t)n + 31) / 32, sizeof *mask);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        eng_grammar *g = NULL;
-        if (cases[i].schema) {
-            json_t *schema = parse(cases[i].schema);
-            assert_int_equal(eng_grammar_from_schema(schema, &g, NULL), SW_OK);
-            json_decref(schema);
-        } else {
-            sw_error err;
-            if (eng_grammar_from_gbnf(cases[i].gbnf, strlen(cases[i].gbnf), &g, &err))
-                fail_msg("%s: %s", cases[i].gbnf, err.message);
-        }
-        eng_constraint *c = NULL;
-        assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
-        assert_true(eng_constraint_feed(c, cases[i].prefix, strlen(cases[i].prefix)));
-        int32_t allowed = eng_constraint_mask(c, cases[i].left, mask), checked = 0, ones = 0;
-        int32_t n_odd = 0;
-        for (int32_t t = 0; t < n; t++) {
-            char piece[512];
-            size_t len = eng_token_to_bytes(tok, t, piece, sizeof piece);
-            bool odd = memchr(piece, 0x7F, len < sizeof piece ? len : sizeof piece) ||
-                       memchr(piece, 0xE2, len < sizeof piece ? len : sizeof piece);
-            ones += bit(mask, t);
-            if (odd ? n_odd++ % WHOLE_ODD_STRIDE : t % WHOLE_STRIDE)
-                continue;
-            checked++;
-            if (bit(mask, t) != token_allowed(g, v, cases[i].prefix, t, cases[i].left))
-                fail_msg("%s after %s: token %d (%.*s) %s by the mask, not by feeding",
-                         cases[i].schema ? cases[i].schema : cases[i].gbnf, cases[i].prefix, t,
-                         (int)len, piece, bit(mask, t) ? "allowed" : "refused");
-        }
-        assert_int_equal(allowed, ones);
-        printf("%s after %s (%lld left): %d allowed, %d checked by feeding\n",
-               cases[i].schema ? cases[i].schema : cases[i].gbnf, cases[i].prefix,
-               (long long)cases[i].left, allowed, checked);
-        eng_constraint_free(c);
-        eng_grammar_free(g);
-    }
+    uint32_t *mask = sw_calloc(((size_t)eng_cs_vocab_n_tokens(q.v) + 31) / 32, sizeof *mask);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_mask_case(&q, mask, &cases[i], pick_whole);
     sw_free(mask);
     qwen2_close(&q);
 }
@@ -528,14 +549,22 @@ static bool key_class_only(const char *piece, size_t len)
 #define LIST_STRIDE 61
 #endif
 
+/* count[0]: the long tokens seen, count[1]: the key-character ones */
+static bool pick_list(int32_t t, const char *piece, size_t len, size_t cap, int32_t count[2])
+{
+    if (len >= 17 && len <= cap)
+        return count[0]++ % LIST_LONG_STRIDE == 0;
+    if (key_class_only(piece, len < cap ? len : 0))
+        return count[1]++ % LIST_KEY_STRIDE == 0;
+    return t % LIST_STRIDE == 0;
+}
+
 static void test_qwen2_list_states(void **state)
 {
     (void)state;
     qwen2_vocab q;
     if (!qwen2_open(&q))
         return;
-    eng_cs_vocab *v = q.v;
-    const eng_tokenizer *tok = q.tok;
     static const char *const key_map =
         "{\"type\":\"object\",\"propertyNames\":{\"pattern\":"
         "\"^([a-z0-9.-]{1,63}/)?[A-Za-z0-9._-]{1,63}$\"},"
@@ -544,10 +573,7 @@ static void test_qwen2_list_states(void **state)
     snprintf(key30, sizeof key30, "{\"%.30s", "abcdefghijklmnopqrstuvwxyz0123456789");
     snprintf(key61, sizeof key61, "{\"%.61s", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
     snprintf(key62, sizeof key62, "{\"%.62s", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
-    const struct {
-        const char *schema, *gbnf, *prefix;
-        int64_t left;
-    } cases[] = {
+    const mask_case cases[] = {
         {key_map, NULL, "{\"", 1000},
         {key_map, NULL, key30, 1000},
         {key_map, NULL, key61, 1000},
@@ -559,48 +585,9 @@ static void test_qwen2_list_states(void **state)
         {"{\"type\":\"string\",\"minLength\":10,\"maxLength\":40}", NULL, "\"ab", 6},
         {"{\"type\":\"string\",\"pattern\":\"^/.*$\",\"maxLength\":40}", NULL, "\"/x", 10},
     };
-    int32_t n = eng_cs_vocab_n_tokens(v);
-    uint32_t *mask = sw_calloc(((size_t)n + 31) / 32, sizeof *mask);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        eng_grammar *g = NULL;
-        sw_error err;
-        if (cases[i].schema) {
-            json_t *schema = parse(cases[i].schema);
-            if (eng_grammar_from_schema(schema, &g, &err))
-                fail_msg("%s: %s", cases[i].schema, err.message);
-            json_decref(schema);
-        } else if (eng_grammar_from_gbnf(cases[i].gbnf, strlen(cases[i].gbnf), &g, &err)) {
-            fail_msg("%s: %s", cases[i].gbnf, err.message);
-        }
-        eng_constraint *c = NULL;
-        assert_int_equal(eng_constraint_create(g, v, &c, NULL), SW_OK);
-        assert_true(eng_constraint_feed(c, cases[i].prefix, strlen(cases[i].prefix)));
-        int32_t allowed = eng_constraint_mask(c, cases[i].left, mask), checked = 0, ones = 0;
-        int32_t n_long = 0, n_key = 0;
-        for (int32_t t = 0; t < n; t++) {
-            char piece[512];
-            size_t len = eng_token_to_bytes(tok, t, piece, sizeof piece);
-            ones += bit(mask, t);
-            bool pick = len >= 17 && len <= sizeof piece ? n_long++ % LIST_LONG_STRIDE == 0
-                        : key_class_only(piece, len < sizeof piece ? len : 0)
-                            ? n_key++ % LIST_KEY_STRIDE == 0
-                            : t % LIST_STRIDE == 0;
-            if (!pick)
-                continue;
-            checked++;
-            if (bit(mask, t) != token_allowed(g, v, cases[i].prefix, t, cases[i].left))
-                fail_msg("%s after %s (%lld left): token %d (%.*s) %s by the mask, not by feeding",
-                         cases[i].schema ? cases[i].schema : cases[i].gbnf, cases[i].prefix,
-                         (long long)cases[i].left, t, (int)(len < sizeof piece ? len : 0), piece,
-                         bit(mask, t) ? "allowed" : "refused");
-        }
-        assert_int_equal(allowed, ones);
-        printf("%s after %s (%lld left): %d allowed, %d checked by feeding\n",
-               cases[i].schema ? "schema" : cases[i].gbnf, cases[i].prefix,
-               (long long)cases[i].left, allowed, checked);
-        eng_constraint_free(c);
-        eng_grammar_free(g);
-    }
+    uint32_t *mask = sw_calloc(((size_t)eng_cs_vocab_n_tokens(q.v) + 31) / 32, sizeof *mask);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_mask_case(&q, mask, &cases[i], pick_list);
     sw_free(mask);
     qwen2_close(&q);
 }

@@ -653,10 +653,12 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
             meta[t].seq = seq;
             meta[t].pos = seq->n_tokens + t;
         }
+        eng__prefix_note_tokens(ctx, seq, tokens + done, n);
         if ((rc = forward_tokens(ctx, tokens + done, meta, n, &last_token,
                                  last && logits ? 1 : 0, false, err)))
             return rc;
         seq->n_tokens += n;
+        eng__prefix_publish(ctx, seq);
         done += n;
     }
     if (logits)
@@ -681,6 +683,7 @@ static int run_entries(eng_context *ctx, const eng_batch_entry *entries, const i
         const eng_batch_entry *e = &entries[which[k]];
         eng_sequence *seq = &ctx->seqs[e->seq_id];
         memcpy(tokens + n, e->tokens, sizeof(int32_t) * (size_t)e->n_tokens);
+        eng__prefix_note_tokens(ctx, seq, e->tokens, e->n_tokens);
         for (int32_t t = 0; t < e->n_tokens; t++) {
             meta[n + t].seq = seq;
             meta[n + t].pos = seq->n_tokens + t;
@@ -695,6 +698,7 @@ static int run_entries(eng_context *ctx, const eng_batch_entry *entries, const i
     for (int32_t k = 0; k < n_which; k++) {
         const eng_batch_entry *e = &entries[which[k]];
         ctx->seqs[e->seq_id].n_tokens += e->n_tokens;
+        eng__prefix_publish(ctx, &ctx->seqs[e->seq_id]);
         if (e->logits)
             memcpy(e->logits, ws + ctx->layout.logits +
                    (size_t)n_logit++ * (size_t)hp->n_vocab * sizeof(float),

@@ -392,6 +392,9 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         ctx->block_bytes_host = eng__kv_bytes_per_token_kind(hp, p.kv_type, nd, nl, false) * bt;
     }
 
+    if ((rc = eng__prefix_init(ctx, err)))
+        goto fail;
+
     /* A model the CUDA kernels cannot run (a weight type they lack) is
      * refused before its weights are copied to the GPU. */
     if (ctx->n_device_layers > 0 && dev_get_kind(p.device) == DEV_KIND_CUDA &&
@@ -456,6 +459,7 @@ void eng_context_free(eng_context *ctx)
             sw_free(ctx->seqs[s].blocks);
             sw_free(ctx->seqs[s].swa_blocks);
         }
+    eng__prefix_free(ctx);
     sw_free(ctx->seqs);
     sw_free(ctx->kv_place);
     cuda_engine_free(ctx);
@@ -481,7 +485,7 @@ static void block_part_bytes(const eng_context *ctx, bool sliding, size_t *devic
     *host = sliding ? ctx->swa_block_bytes_host : ctx->block_bytes_host;
 }
 
-static void block_release(eng_context *ctx, eng_kv_block *b, bool sliding)
+void eng__block_free(eng_context *ctx, eng_kv_block *b, bool sliding)
 {
     size_t device, host;
     block_part_bytes(ctx, sliding, &device, &host);
@@ -492,6 +496,10 @@ static void block_release(eng_context *ctx, eng_kv_block *b, bool sliding)
     b->host_part = NULL;
 }
 
+/* Takes a block's memory: from the device (and host), or, for a global
+ * block, from the prefix cache's least recently used unused block when the
+ * context's KV capacity is reached or the device refuses - cached blocks
+ * never cause a refusal. */
 static int block_take(eng_context *ctx, eng_kv_block *b, bool sliding, sw_error *err)
 {
     size_t device, host;
@@ -499,16 +507,26 @@ static int block_take(eng_context *ctx, eng_kv_block *b, bool sliding, sw_error 
     block_part_bytes(ctx, sliding, &device, &host);
     b->device_part = NULL;
     b->host_part = NULL;
-    if (device && (rc = device_alloc(ctx, device, "kv", (void **)&b->device_part, err)))
-        return rc;
-    if (host) {
+    b->entry = NULL;
+    const eng_prefix_cache *pc = &ctx->prefix;
+    if (!sliding && pc->n_unused > 0 && ctx->n_blocks_held + pc->n_unused >= pc->capacity_blocks &&
+        eng__prefix_evict_into(ctx, b))
+        return SW_OK;
+    rc = SW_OK;
+    if (device)
+        rc = device_alloc(ctx, device, "kv", (void **)&b->device_part, err);
+    if (rc == SW_OK && host) {
         b->host_part = sw_aligned_alloc(64, host);
         if (!b->host_part) {
-            block_release(ctx, b, sliding);
-            return sw_error_set(err, SW_ENOMEM, "out of host memory for a KV block");
+            eng__block_free(ctx, b, sliding);
+            rc = sw_error_set(err, SW_ENOMEM, "out of host memory for a KV block");
         }
     }
-    return SW_OK;
+    if (rc && !sliding && eng__prefix_evict_into(ctx, b)) {
+        sw_error_clear(err);
+        return SW_OK;
+    }
+    return rc;
 }
 
 /* Gives back a sequence's blocks beyond n_global global and n_sliding
@@ -517,13 +535,11 @@ static void seq_release_to(eng_context *ctx, eng_sequence *seq, int32_t n_global
                            int32_t n_sliding)
 {
     while (seq->n_swa_blocks > n_sliding) {
-        block_release(ctx, &seq->swa_blocks[--seq->n_swa_blocks], true);
+        eng__block_free(ctx, &seq->swa_blocks[--seq->n_swa_blocks], true);
         ctx->n_swa_blocks_held--;
     }
-    while (seq->n_blocks > n_global) {
-        block_release(ctx, &seq->blocks[--seq->n_blocks], false);
-        ctx->n_blocks_held--;
-    }
+    while (seq->n_blocks > n_global)
+        eng__prefix_release_block(ctx, &seq->blocks[--seq->n_blocks]);
 }
 
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err)
@@ -575,6 +591,7 @@ void eng_seq_clear(eng_context *ctx, int32_t seq_id)
     eng_sequence *seq = &ctx->seqs[seq_id];
     seq_release_to(ctx, seq, 0, 0);
     seq->n_tokens = 0;
+    seq->n_published = 0;
 }
 
 size_t eng_context_kv_bytes_total(const eng_context *ctx)
@@ -628,5 +645,6 @@ size_t eng_context_device_bytes(const eng_context *ctx)
         return 0;
     return ctx->device_weights_bytes +
            (ctx->workspace_on_device || ctx->device_workspace ? ctx->layout.total_bytes : 0) +
-           eng_context_kv_device_bytes_used(ctx) + cuda_engine_device_bytes(ctx);
+           eng_context_kv_device_bytes_used(ctx) +
+           ctx->block_bytes_device * (size_t)ctx->prefix.n_unused + cuda_engine_device_bytes(ctx);
 }

@@ -129,6 +129,10 @@ typedef struct eng_token_meta {
 typedef struct eng_kv_block {
     unsigned char *device_part;  /* device layers of the kind, or NULL */
     unsigned char *host_part;    /* the kind's host layers, or NULL */
+    /* The prefix cache's entry this block is (prefix_cache.c), shared by
+     * every sequence that holds it and never written again; NULL: the
+     * sequence's own block. */
+    struct eng_prefix_entry *entry;
 } eng_kv_block;
 
 /* Where layer l's K and V are: in global or sliding blocks, in their
@@ -145,7 +149,33 @@ typedef struct eng_sequence {
     eng_kv_block *blocks; /* max_blocks_per_seq entries */
     int32_t n_swa_blocks; /* sliding blocks held: min(n_blocks, swa_ring_blocks) */
     eng_kv_block *swa_blocks; /* swa_ring_blocks entries (NULL without sliding layers) */
+    /* The prefix cache's view (prefix_cache.c; NULL when it is off): the
+     * token ids whose K/V the sequence holds (max_blocks_per_seq x block
+     * tokens), the chain hash of each full block, and how many of the full
+     * blocks have been offered to the cache. */
+    int32_t *token_ids;
+    uint64_t *block_hash;
+    int32_t n_published;
 } eng_sequence;
+
+/* The prefix cache (prefix_cache.c): full global KV blocks kept after
+ * their sequences end, keyed by a chain hash of the token ids from the
+ * sequence's start to the block's end. Everything else that decides a
+ * block's contents (model, KV type, layer placement) is fixed for the
+ * context that owns the cache. An entry held by no sequence is on the LRU
+ * list and can be evicted at any time. */
+typedef struct eng_prefix_entry eng_prefix_entry;
+typedef struct eng_prefix_cache {
+    bool enabled;
+    int32_t capacity_blocks;      /* in-use + cached global blocks at most */
+    size_t n_buckets;             /* a power of two */
+    eng_prefix_entry **buckets;
+    eng_prefix_entry *lru_oldest, *lru_newest; /* entries held by no sequence */
+    int32_t n_entries;
+    int32_t n_unused;             /* entries on the LRU list */
+    int32_t n_shared;             /* entries held by two sequences or more */
+    eng_prefix_cache_stats counts; /* lookups, hits, tokens_reused, evictions */
+} eng_prefix_cache;
 
 struct eng_context {
     const eng_model *model;
@@ -172,10 +202,12 @@ struct eng_context {
     int32_t swa_ring_blocks;    /* sliding blocks a sequence holds at most
                                    (eng_kv_sliding_blocks_max); 0: no
                                    sliding layer */
-    int32_t n_blocks_held;      /* global blocks, over all sequences */
+    int32_t n_blocks_held;      /* global blocks some sequence holds (a shared
+                                   block once) */
     int32_t n_swa_blocks_held;  /* sliding blocks, over all sequences */
     eng_kv_place *kv_place;     /* n_layer */
     eng_sequence *seqs;         /* n_seq_max */
+    eng_prefix_cache prefix;
 
     unsigned char *workspace;
     bool workspace_on_device;
@@ -211,6 +243,23 @@ void eng__moe_ffn(eng_context *ctx, const eng_layer *L, const float *xn, float *
 
 /* Takes KV blocks so seq holds n_tokens tokens' worth (memory.c). */
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err);
+/* Frees one global or sliding block's memory (memory.c). */
+void eng__block_free(eng_context *ctx, eng_kv_block *b, bool sliding);
+
+/* prefix_cache.c, for memory.c and forward.c: */
+int eng__prefix_init(eng_context *ctx, sw_error *err);
+void eng__prefix_free(eng_context *ctx);
+/* Hands the memory of the least recently used cached block to b (which
+ * becomes a private block); false when nothing is evictable. */
+bool eng__prefix_evict_into(eng_context *ctx, eng_kv_block *b);
+/* Records n tokens about to be appended to seq (before the forward pass). */
+void eng__prefix_note_tokens(eng_context *ctx, eng_sequence *seq, const int32_t *tokens,
+                             int32_t n);
+/* Offers seq's newly completed blocks to the cache (after n_tokens grew). */
+void eng__prefix_publish(eng_context *ctx, eng_sequence *seq);
+/* A sequence lets go of one of its global blocks: a cache entry loses a
+ * holder (and goes on the LRU list at none), a private block is freed. */
+void eng__prefix_release_block(eng_context *ctx, eng_kv_block *b);
 
 /* VRAM a cuda:N context takes beyond weights, KV and workspace (its block
  * tables, the GEMM scratch, cuBLAS's workspace), as cuda_engine_create

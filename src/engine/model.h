@@ -219,6 +219,10 @@ typedef struct eng_context_params {
      * (default 0.10): an allocation that would leave less free fails with
      * SW_EDEVOOM before the device itself is full. */
     float reserve_fraction;
+    /* Keep full KV blocks after their sequences end, for later sequences
+     * that start with the same tokens (eng_seq_attach_prefix; off by
+     * default). Models with sliding-window layers never cache. */
+    bool prefix_cache;
 } eng_context_params;
 
 eng_context_params eng_context_default_params(void);
@@ -304,5 +308,46 @@ int32_t eng_context_n_device_layers(const eng_context *ctx);
 /* Bytes this context holds on its device now (weights copied there, the
  * workspace, KV blocks' device parts); 0 without a device. */
 size_t eng_context_device_bytes(const eng_context *ctx);
+
+/* ---- the prefix cache (prefix_cache.c; docs/internals/prefix-cache.md) ----
+ *
+ * With params.prefix_cache, every full global KV block a sequence computes
+ * is offered to the context's cache, keyed by a chain hash of the token ids
+ * from the sequence's start to the block's end. A block stays in the cache
+ * when its sequences end, and a later sequence that starts with the same
+ * tokens takes it instead of recomputing it; sequences with a common prefix
+ * hold its blocks once. Blocks no sequence holds are evictable, least
+ * recently used first: taking a new block evicts one whenever the device
+ * (or the context's KV capacity, n_seq_max x max blocks of a sequence) is
+ * full, so the cache never causes a refusal or an out-of-memory. The
+ * memory figures above (eng_context_kv_bytes_used and its device part)
+ * count blocks in use, each shared block once; cached blocks are counted
+ * apart, below, and are included in eng_context_device_bytes. */
+typedef struct eng_prefix_cache_stats {
+    uint64_t lookups;         /* eng_seq_attach_prefix calls with the cache on */
+    uint64_t hits;            /* ... that attached at least one block */
+    uint64_t tokens_reused;   /* prompt tokens not recomputed */
+    uint64_t evictions;       /* cached blocks dropped to make room */
+    int32_t entries;          /* blocks in the cache, in use or not */
+    int32_t blocks_cached;    /* ... that no sequence holds (evictable) */
+    int32_t blocks_shared;    /* ... that two sequences or more hold */
+    size_t bytes_cached;      /* evictable bytes, host and device parts */
+    size_t device_bytes_cached; /* the device part of bytes_cached */
+} eng_prefix_cache_stats;
+
+/* Gives an empty sequence (no token yet; blocks it reserved are fine) the
+ * longest run of cached blocks that tokens[0..n_tokens) starts with, but
+ * never the block of the last token, whose logits the caller needs; the
+ * sequence then holds that many tokens (a multiple of kv_block_tokens),
+ * returned. 0 when the cache is off, nothing matches, or the sequence is
+ * not empty. Reserved blocks that cached ones replace are given back. */
+int32_t eng_seq_attach_prefix(eng_context *ctx, int32_t seq_id, const int32_t *tokens,
+                              int32_t n_tokens);
+/* Turns the cache on or off (off drops every cached block no sequence
+ * holds; blocks in use stay until their sequences end). Ignored for models
+ * with sliding-window layers. */
+void eng_context_set_prefix_cache(eng_context *ctx, bool on);
+bool eng_context_prefix_cache_on(const eng_context *ctx);
+void eng_context_prefix_cache_stats(const eng_context *ctx, eng_prefix_cache_stats *out);
 
 #endif

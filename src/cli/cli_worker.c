@@ -35,6 +35,9 @@ static void usage(FILE *out)
             "                          general.name, else its file name)\n"
             "      --no-calibrate      skip the start-up measurement of the prefill/decode\n"
             "                          rates (/health has none until requests measure them)\n"
+            "      --no-prefix-cache   compute every prompt whole (default: finished requests'\n"
+            "                          KV blocks are kept, evictable, for prompts that start\n"
+            "                          the same)\n"
             "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
             "1 when the model or device cannot be set up, 2 for bad options,\n"
             "75 after an unrecoverable device error (restart the worker).\n");
@@ -56,7 +59,7 @@ int cli_worker_main(int argc, char **argv)
 {
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
-           OPT_NO_CALIBRATE, OPT_MODEL_ID };
+           OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -74,6 +77,7 @@ int cli_worker_main(int argc, char **argv)
         {"http-timeout", required_argument, 0, OPT_TIMEOUT},
         {"chat-template", required_argument, 0, OPT_CHAT},
         {"no-calibrate", no_argument, 0, OPT_NO_CALIBRATE},
+        {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},
         {"model-id", required_argument, 0, OPT_MODEL_ID},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -153,6 +157,7 @@ int cli_worker_main(int argc, char **argv)
         case OPT_CHAT: o.chat_template = optarg; break;
         case OPT_MODEL_ID: o.model_id = optarg; break;
         case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
+        case OPT_NO_PREFIX_CACHE: o.prefix_cache = false; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -335,12 +335,15 @@ typedef struct eng_prefix_cache_stats {
     size_t device_bytes_cached; /* the device part of bytes_cached */
 } eng_prefix_cache_stats;
 
-/* Gives an empty sequence (no token yet; blocks it reserved are fine) the
- * longest run of cached blocks that tokens[0..n_tokens) starts with, but
- * never the block of the last token, whose logits the caller needs; the
- * sequence then holds that many tokens (a multiple of kv_block_tokens),
- * returned. 0 when the cache is off, nothing matches, or the sequence is
- * not empty. Reserved blocks that cached ones replace are given back. */
+/* Gives a sequence that holds no computed token yet (nothing, blocks it
+ * reserved, or cached blocks an earlier call attached) the longest run of
+ * cached blocks that tokens[0..n_tokens) continues with, but never the
+ * block of the last token, whose logits the caller needs. Returns the
+ * tokens attached by this call (a multiple of kv_block_tokens; the
+ * sequence's length grows by as much): 0 when the cache is off, nothing
+ * more matches, or the sequence holds computed tokens or tokens that
+ * tokens does not start with. Reserved blocks that cached ones replace
+ * are given back. */
 int32_t eng_seq_attach_prefix(eng_context *ctx, int32_t seq_id, const int32_t *tokens,
                               int32_t n_tokens);
 /* Turns the cache on or off (off drops every cached block no sequence

@@ -279,16 +279,23 @@ int32_t eng_seq_attach_prefix(eng_context *ctx, int32_t seq_id, const int32_t *t
     if (seq_id < 0 || seq_id >= ctx->params.n_seq_max || !tokens || !prefix_active(ctx))
         return 0;
     eng_sequence *seq = &ctx->seqs[seq_id];
-    if (seq->n_tokens != 0)
+    /* Only cached blocks so far (none, or an earlier call's): the run
+     * continues after them, if tokens still starts with them. */
+    int32_t b = seq->n_tokens / bt;
+    if (seq->n_tokens % bt || seq->n_published != b ||
+        memcmp(seq->token_ids, tokens, (size_t)seq->n_tokens * sizeof *tokens) != 0)
         return 0;
+    for (int32_t i = 0; i < b; i++)
+        if (!seq->blocks[i].entry)
+            return 0;
     pc->counts.lookups++;
     /* The last token is always computed (its logits are the next step), so
      * its block is never attached. */
     int32_t max_blocks = n_tokens > 0 ? (n_tokens - 1) / bt : 0;
     if (max_blocks > ctx->max_blocks_per_seq)
         max_blocks = ctx->max_blocks_per_seq;
-    uint64_t parent = PREFIX_CHAIN_START;
-    int32_t b = 0;
+    const int32_t first = b;
+    uint64_t parent = b ? seq->block_hash[b - 1] : PREFIX_CHAIN_START;
     for (; b < max_blocks; b++) {
         const int32_t *blk_tokens = tokens + (size_t)b * bt;
         uint64_t hash = prefix_block_hash(parent, blk_tokens, bt);
@@ -314,13 +321,13 @@ int32_t eng_seq_attach_prefix(eng_context *ctx, int32_t seq_id, const int32_t *t
         seq->block_hash[b] = hash;
         parent = hash;
     }
-    if (b == 0)
+    if (b == first)
         return 0;
     seq->n_tokens = b * bt;
     seq->n_published = b;
     pc->counts.hits++;
-    pc->counts.tokens_reused += (uint64_t)seq->n_tokens;
-    return seq->n_tokens;
+    pc->counts.tokens_reused += (uint64_t)(b - first) * (uint64_t)bt;
+    return (b - first) * bt;
 }
 
 void eng_context_set_prefix_cache(eng_context *ctx, bool on)

@@ -70,6 +70,8 @@ typedef struct rt_worker_config {
                                   RT_KIND_LLAMA_SERVER */
     bool skip_calibration;     /* calibrate = false: managed worker started
                                   with --no-calibrate */
+    bool no_prefix_cache;      /* prefix_cache = false: managed worker started
+                                  with --no-prefix-cache */
     char model[64];            /* model = NAME; "" = the only model */
     bool on_demand;            /* on-demand = true: started when its model is
                                   asked for, stopped when idle */

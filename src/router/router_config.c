@@ -241,6 +241,13 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
             w->skip_calibration = true;
         else
             return cfg_fail(p, s, name, "expected true or false", v);
+    } else if (!strcmp(name, "prefix_cache")) {
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
+            w->no_prefix_cache = false;
+        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
+            w->no_prefix_cache = true;
+        else
+            return cfg_fail(p, s, name, "expected true or false", v);
     } else if (!strcmp(name, "kind")) {
         if (!strcmp(v, "spillway"))
             w->kind = RT_KIND_SPILLWAY;

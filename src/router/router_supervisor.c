@@ -92,6 +92,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
 #undef ARG
     if (c->skip_calibration)
         argv[n++] = "--no-calibrate";
+    if (c->no_prefix_cache)
+        argv[n++] = "--no-prefix-cache";
     argv[n] = NULL;
 spawn:;
     /* The environment is built before fork: only async-signal-safe calls

@@ -83,6 +83,8 @@ struct wk_req {
     float *bias_values;
     uint64_t skip_draws;
     bool ignore_eos;
+    bool cache_prompt;               /* llama-server's cache_prompt (default true):
+                                        false computes the whole prompt */
     char **stops;
     size_t n_stops;
     int32_t stop_tokens[WK_MAX_STOP_TOKENS]; /* chat: end-of-turn tokens */
@@ -139,6 +141,7 @@ typedef struct wk_event {
     eng_token_logprob top[ENG_MAX_TOP_LOGPROBS];
     const char *finish;              /* DONE: "stop", "length", "cancelled" */
     int32_t n_generated;
+    int32_t n_cached;                /* DONE: prompt tokens taken from the prefix cache */
     uint64_t draws;                  /* sampler draws consumed so far in total */
     int http_status;                 /* ERROR */
     const char *code;
@@ -152,6 +155,7 @@ typedef struct wk_event {
 typedef struct wk_slot {
     wk_req *req;                     /* NULL: free */
     int32_t n_prefilled;
+    int32_t n_cached;                /* of n_prefilled, taken from the prefix cache */
     int32_t *history;
     size_t n_history;
     eng_sampler *sampler;
@@ -193,6 +197,12 @@ typedef struct wk_server {
     double calib_prefill_tokens, calib_decode_tokens;
     uint64_t n_ok, n_error, n_cancelled, n_rejected, n_oom;
     uint64_t prompt_tokens_total, generated_tokens_total;
+    /* prompt tokens the engine computed (prefill), and the prefix cache:
+     * requests that took cached tokens or none, and the engine's figures
+     * at the last step */
+    uint64_t prompt_tokens_computed;
+    uint64_t cache_hits, cache_misses;
+    eng_prefix_cache_stats cache;
     /* ---- set by the engine thread before state READY; read-only after ---- */
     eng_model *model;
     eng_context *ctx;

@@ -53,6 +53,9 @@ typedef struct wk_options {
     bool skip_calibration;       /* true: no start-up measurement of the rates
                                     (--no-calibrate); /health has none until
                                     traffic measures them */
+    bool prefix_cache;           /* keep finished sequences' KV blocks for
+                                    prompts that start the same (default
+                                    true; --no-prefix-cache) */
 } wk_options;
 
 wk_options wk_default_options(void);

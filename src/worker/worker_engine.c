@@ -246,7 +246,13 @@ static void publish_stats(wk_server *s)
     int32_t active = 0;
     for (int32_t i = 0; i < s->n_seqs; i++)
         active += s->slots[i].req != NULL;
+    eng_prefix_cache_stats cache;
+    eng_context_prefix_cache_stats(s->ctx, &cache);
+    /* cached blocks are evictable: the KV this worker could hold counts them */
+    if (budget >= 0)
+        budget += (int64_t)cache.device_bytes_cached;
     pthread_mutex_lock(&s->lock);
+    s->cache = cache;
     s->kv_used_bytes = kv;
     s->kv_device_used_bytes = kv_dev;
     s->kv_budget_at_publish = budget;
@@ -309,6 +315,7 @@ static void finish_slot(wk_server *s, int32_t seq, ev_list *l, const char *finis
     }
     ev->finish = finish;
     ev->n_generated = sl->n_generated;
+    ev->n_cached = sl->n_cached;
     ev->draws = sl->sampler ? eng_sampler_draws(sl->sampler) : req->skip_draws;
     count_outcome(s, strcmp(finish, "cancelled") == 0 ? "cancelled" : "ok", req->n_prompt_client,
                   sl->n_generated);
@@ -335,6 +342,24 @@ static void fail_slot(wk_server *s, int32_t seq, ev_list *l, int rc, const char 
     }
     slot_release(s, seq);
     sw_alloc_scope_swap(scope_prev);
+}
+
+/* The prefix cache (engine/model.h): a slot that has computed nothing of
+ * its prompt yet takes the cached blocks its prompt starts with, at
+ * admission (so they are not reserved again) and again before its first
+ * prefill chunk (a request admitted with others that share its start finds
+ * the blocks the first of them computed meanwhile). Not for a resumed
+ * stream, whose replayed tokens must be computed as they were generated,
+ * nor when the request says cache_prompt: false. */
+static void attach_cached_prefix(wk_server *s, int32_t seq)
+{
+    wk_slot *sl = &s->slots[seq];
+    const wk_req *req = sl->req;
+    if (!req->cache_prompt || req->n_resume > 0 || sl->n_prefilled != sl->n_cached)
+        return;
+    int32_t n = eng_seq_attach_prefix(s->ctx, seq, req->prompt, req->n_prompt);
+    sl->n_prefilled += n;
+    sl->n_cached += n;
 }
 
 /* Admission of a newcomer into a free slot: allocations, then (policy
@@ -388,6 +413,7 @@ static void admit_slot(wk_server *s, wk_req *req, ev_list *l, long failures)
             held_append(sl, buf + (skip > 0 ? skip : 0), n - (size_t)(skip > 0 ? skip : 0));
     }
     eng_seq_clear(s->ctx, seq);
+    attach_cached_prefix(s, seq);
     {
         /* reserve: the whole need of prompt + max_tokens; grow: the prompt
          * (prefill would take it anyway), so a prompt that cannot fit is
@@ -609,11 +635,16 @@ static bool step(wk_server *s, ev_list *l)
              * streams together give their solo tokens; a resumed stream
              * continues bit for bit). */
             int32_t fresh = sl->req->n_prompt - sl->req->n_resume;
+            if (n_prefill_tokens == 0)
+                attach_cached_prefix(s, seq);
             int32_t left = sl->n_prefilled < fresh ? fresh - sl->n_prefilled
                                                    : sl->req->n_prompt - sl->n_prefilled;
             int32_t chunk = sl->n_prefilled < fresh ? left : 1;
-            if (chunk > s->o.prefill_chunk)
-                chunk = s->o.prefill_chunk;
+            /* after cached tokens, the chunks keep the cold run's
+             * boundaries (multiples of prefill_chunk) */
+            int32_t to_boundary = s->o.prefill_chunk - sl->n_prefilled % s->o.prefill_chunk;
+            if (chunk > to_boundary)
+                chunk = to_boundary;
             if (chunk > 1 && n_prefill_tokens > 0)
                 continue; /* one prefill chunk per step */
             bool last = sl->n_prefilled + chunk == sl->req->n_prompt;
@@ -659,6 +690,13 @@ static bool step(wk_server *s, ev_list *l)
         } else if (prefill[i]) {
             sl->n_prefilled += entries[i].n_tokens;
             if (sl->n_prefilled == sl->req->n_prompt) {
+                pthread_mutex_lock(&s->lock);
+                s->prompt_tokens_computed += (uint64_t)(sl->n_prefilled - sl->n_cached);
+                if (sl->n_cached > 0)
+                    s->cache_hits++;
+                else
+                    s->cache_misses++;
+                pthread_mutex_unlock(&s->lock);
                 sl->decoding = true;
                 if (sl->req->max_tokens == 0)
                     finish_slot(s, seq, l, "length");
@@ -912,6 +950,8 @@ void *wk_engine_main(void *arg)
         wk_http_wake(s);
         return NULL;
     }
+    /* on after calibration: its scratch prompt is nobody's prefix */
+    eng_context_set_prefix_cache(s->ctx, s->o.prefix_cache);
     publish_stats(s);
     pthread_mutex_lock(&s->lock);
     if (s->state == WK_LOADING)

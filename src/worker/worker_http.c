@@ -47,6 +47,7 @@ wk_options wk_default_options(void)
     o.max_seqs = 4;
     o.reserve = 0.10f;
     o.policy = ENG_KV_RESERVE;
+    o.prefix_cache = true;
     o.prefill_chunk = 64;
     o.max_queue = 64;
     o.max_body_bytes = (size_t)1 << 20;
@@ -562,10 +563,15 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
     wk__text_append(r, ev->text, ev->text_len);
 }
 
-static json_t *usage_of(const wk_req *r, int32_t n_generated)
+/* OpenAI's usage, with prompt_tokens_details.cached_tokens: the prompt
+ * tokens taken from the prefix cache, not computed again. */
+static json_t *usage_of(const wk_req *r, const wk_event *ev)
 {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", r->n_prompt_client, "completion_tokens",
-                     n_generated, "total_tokens", r->n_prompt_client + n_generated);
+    int32_t cached = ev->n_cached < r->n_prompt_client ? ev->n_cached : r->n_prompt_client;
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", r->n_prompt_client,
+                     "completion_tokens", ev->n_generated, "total_tokens",
+                     r->n_prompt_client + ev->n_generated, "prompt_tokens_details",
+                     "cached_tokens", cached);
 }
 
 /* The final chunks of a streamed tool reply before the finish chunk;
@@ -676,7 +682,7 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         if (r->include_usage) {
             c = chunk_base(s, r);
             json_object_set_new(c, "choices", json_array());
-            json_object_set_new(c, "usage", usage_of(r, ev->n_generated));
+            json_object_set_new(c, "usage", usage_of(r, ev));
             sse_send(r, c);
             json_decref(c);
         }
@@ -697,7 +703,7 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:O}", "id", r->id, "object",
                                  r->chat ? "chat.completion" : "text_completion", "created",
                                  (json_int_t)r->created, "model", s->model_id, "choices", choice,
-                                 "usage", usage_of(r, ev->n_generated), "spillway", ext);
+                                 "usage", usage_of(r, ev), "spillway", ext);
         bool whole = !r->broken && sw_alloc_thread_failures() == r->fail_mark;
         send_json(r->evreq, 200, whole ? body : NULL, r->id);
         json_decref(body);
@@ -857,6 +863,9 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
     int64_t budget_at_publish = s->kv_budget_at_publish;
     bool idle = s->slots_active == 0 && s->n_queued == 0;
     size_t dev_bytes = s->device_bytes;
+    eng_prefix_cache_stats cache = s->cache;
+    uint64_t cache_hits = s->cache_hits, cache_misses = s->cache_misses;
+    uint64_t computed = s->prompt_tokens_computed;
     int32_t active = s->slots_active, queued = s->n_queued;
     double pre = s->prefill_seconds > 0 ? s->prefill_tokens / s->prefill_seconds : 0;
     double dec = s->decode_seconds > 0 ? s->decode_tokens / s->decode_seconds : 0;
@@ -888,12 +897,13 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
                       eng_context_n_device_layers(s->ctx)));
         json_object_set_new(
             h, "memory",
-            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "total_bytes",
+            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "total_bytes",
                       (json_int_t)mem.total_bytes, "used_bytes", (json_int_t)mem.used_bytes,
                       "reserved_bytes", (json_int_t)reserved, "free_bytes",
                       (json_int_t)(mem.free_bytes > reserved ? mem.free_bytes - reserved : 0),
                       "self_bytes", (json_int_t)mem.self_bytes, "context_device_bytes",
-                      (json_int_t)dev_bytes, "kv_used_bytes", (json_int_t)kv_used));
+                      (json_int_t)dev_bytes, "kv_used_bytes", (json_int_t)kv_used,
+                      "kv_cached_bytes", (json_int_t)cache.bytes_cached));
         json_object_set_new(h, "slots", json_pack("{s:i, s:i, s:i}", "active", active, "max",
                                                   s->n_seqs, "queued", queued));
         json_object_set_new(h, "kv_bytes_per_token", json_integer((json_int_t)s->kv_bytes_per_token));
@@ -906,8 +916,9 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
          * not change, so the first is exact then. */
         int64_t budget = -1;
         if (have_dev) {
+            /* cached blocks are evictable: free for the books */
             budget = (int64_t)(mem.free_bytes > reserved ? mem.free_bytes - reserved : 0) +
-                     (int64_t)kv_dev_used;
+                     (int64_t)kv_dev_used + (int64_t)cache.device_bytes_cached;
             if (!idle && budget_at_publish >= 0 && budget_at_publish < budget)
                 budget = budget_at_publish;
         }
@@ -919,6 +930,16 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
                       (json_int_t)budget, "sliding_block_device_bytes",
                       (json_int_t)eng_context_kv_sliding_block_device_bytes(s->ctx),
                       "sliding_blocks_max", eng_context_kv_sliding_blocks_max(s->ctx)));
+        json_object_set_new(
+            h, "prefix_cache",
+            json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:i, s:I, s:I}", "enabled",
+                      eng_context_prefix_cache_on(s->ctx), "hits", (json_int_t)cache_hits,
+                      "misses", (json_int_t)cache_misses, "tokens_reused",
+                      (json_int_t)cache.tokens_reused, "prompt_tokens_computed",
+                      (json_int_t)computed, "evictions", (json_int_t)cache.evictions, "entries",
+                      cache.entries, "blocks_cached", cache.blocks_cached, "blocks_shared",
+                      cache.blocks_shared, "bytes_cached", (json_int_t)cache.bytes_cached,
+                      "device_bytes_cached", (json_int_t)cache.device_bytes_cached));
         json_object_set_new(h, "ctx_limit", json_integer(s->n_ctx));
         json_object_set_new(h, "policy",
                             json_string(s->o.policy == ENG_KV_GROW ? "grow" : "reserve"));
@@ -963,12 +984,31 @@ static void handle_metrics(wk_server *s, struct evhttp_request *evreq)
         "# TYPE spillway_worker_queue_length gauge\n"
         "spillway_worker_queue_length %d\n"
         "# TYPE spillway_worker_device_simulated gauge\n"
-        "spillway_worker_device_simulated %d\n",
+        "spillway_worker_device_simulated %d\n"
+        "# HELP spillway_worker_prompt_tokens_computed_total Prompt tokens prefilled (not taken from the prefix cache).\n"
+        "# TYPE spillway_worker_prompt_tokens_computed_total counter\n"
+        "spillway_worker_prompt_tokens_computed_total %llu\n"
+        "# HELP spillway_worker_prefix_cache_requests_total Requests by whether they took cached prompt tokens.\n"
+        "# TYPE spillway_worker_prefix_cache_requests_total counter\n"
+        "spillway_worker_prefix_cache_requests_total{result=\"hit\"} %llu\n"
+        "spillway_worker_prefix_cache_requests_total{result=\"miss\"} %llu\n"
+        "# TYPE spillway_worker_prefix_cache_tokens_reused_total counter\n"
+        "spillway_worker_prefix_cache_tokens_reused_total %llu\n"
+        "# TYPE spillway_worker_prefix_cache_evictions_total counter\n"
+        "spillway_worker_prefix_cache_evictions_total %llu\n"
+        "# HELP spillway_worker_prefix_cache_bytes KV bytes cached and held by no request (evictable).\n"
+        "# TYPE spillway_worker_prefix_cache_bytes gauge\n"
+        "spillway_worker_prefix_cache_bytes %zu\n"
+        "# TYPE spillway_worker_prefix_cache_blocks_shared gauge\n"
+        "spillway_worker_prefix_cache_blocks_shared %d\n",
         (unsigned long long)s->n_ok, (unsigned long long)s->n_error,
         (unsigned long long)s->n_oom, (unsigned long long)s->n_cancelled,
         (unsigned long long)s->n_rejected, (unsigned long long)s->prompt_tokens_total,
         (unsigned long long)s->generated_tokens_total, s->kv_used_bytes, s->slots_active,
-        s->n_seqs, s->n_queued, s->dev && s->state != WK_LOADING ? dev_is_simulated(s->dev) : 0);
+        s->n_seqs, s->n_queued, s->dev && s->state != WK_LOADING ? dev_is_simulated(s->dev) : 0,
+        (unsigned long long)s->prompt_tokens_computed, (unsigned long long)s->cache_hits,
+        (unsigned long long)s->cache_misses, (unsigned long long)s->cache.tokens_reused,
+        (unsigned long long)s->cache.evictions, s->cache.bytes_cached, s->cache.blocks_shared);
     pthread_mutex_unlock(&s->lock);
     char fault_lines[256]; /* X-Spillway-Fault tests; usually nothing */
     if (sw_alloc_scope_metrics(fault_lines, sizeof fault_lines))

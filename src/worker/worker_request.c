@@ -477,6 +477,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     r->max_tokens = (int32_t)max_tokens;
 
     r->sampling = eng_sampler_default_params();
+    r->cache_prompt = true;
     r->sampling.temperature = 1.0f;
     r->sampling.top_p = 1.0f;
     r->sampling.top_k = 0;
@@ -527,7 +528,8 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
                            (s->next_id << 20);
         r->sampling.seed &= 0x7FFFFFFFFFFFFFFFull; /* fits a JSON integer */
     }
-    if (!get_bool(p, body, "stream", &r->stream) || !get_bool(p, body, "ignore_eos", &r->ignore_eos))
+    if (!get_bool(p, body, "stream", &r->stream) || !get_bool(p, body, "ignore_eos", &r->ignore_eos) ||
+        !get_bool(p, body, "cache_prompt", &r->cache_prompt))
         return false;
     v = json_object_get(body, "stream_options");
     if (v && !json_is_null(v)) {

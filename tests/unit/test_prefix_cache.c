@@ -167,7 +167,15 @@ static void test_hit_matches_cold(void **state)
     assert_int_equal(eng_seq_attach_prefix(ctx, 0, tokens, 32), 16);
     eng_seq_clear(ctx, 0);
     assert_int_equal(eng_seq_attach_prefix(ctx, 0, tokens, 33), 32);
-    /* not an empty sequence: nothing attached */
+    /* a later call continues a run of cached blocks (up to block 6 now) */
+    assert_int_equal(eng_seq_attach_prefix(ctx, 0, tokens, 120), 80);
+    assert_int_equal(eng_seq_length(ctx, 0), 112);
+    eng_seq_clear(ctx, 0);
+    /* ... but not a different start, nor a sequence with computed tokens */
+    assert_int_equal(eng_seq_attach_prefix(ctx, 0, tokens, 20), 16);
+    other[5] = 7;
+    assert_int_equal(eng_seq_attach_prefix(ctx, 0, other, 120), 0);
+    assert_int_equal(eng_decode(ctx, 0, tokens + 16, 1, NULL, &err), SW_OK);
     assert_int_equal(eng_seq_attach_prefix(ctx, 0, tokens, 120), 0);
     eng_seq_clear(ctx, 0);
 

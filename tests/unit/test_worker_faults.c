@@ -138,7 +138,10 @@ static void test_admission_refusal(void **state)
     assert_int_equal(wc_tokens_of(&r, false, got, MAXTOK, NULL, NULL, 0), 100);
     assert_memory_equal(got, ref, sizeof(int) * 100);
     wc_response_free(&r);
-    assert_int_equal(mem(&w, "used_bytes"), used0);
+    /* what it leaves is its full KV blocks, in the prefix cache (evictable) */
+    assert_int_equal(mem(&w, "kv_used_bytes"), kv0);
+    assert_true(mem(&w, "kv_cached_bytes") > 0);
+    assert_int_equal(mem(&w, "used_bytes"), used0 + mem(&w, "kv_cached_bytes"));
 
     j = get_json(&w, "/health");
     assert_string_equal(json_string_value(json_object_get(json_object_get(j, "device"), "kind")),
@@ -286,9 +289,19 @@ static void test_grow_injected_oom(void **state)
     assert_string_equal(json_string_value(json_object_get(h, "state")), "ready");
     json_decref(h);
 
-    /* Every further allocation fails now: under grow the prompt's blocks
-     * are taken at admission, so a new request is refused there. */
+    /* Every further allocation fails now. A's first block (16 tokens) is
+     * in the prefix cache, evictable: the next request gets its memory
+     * from there (cached blocks never cause a refusal) ... */
     wc_response r;
+    assert_true(mem(&w, "kv_cached_bytes") > 0);
+    assert_int_equal(wc_request(w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":\"Hi\",\"max_tokens\":5,\"stream\":true}", 10000, &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    wc_response_free(&r);
+    assert_int_equal(mem(&w, "kv_cached_bytes"), 0);
+    /* ... and with nothing cached left, under grow the prompt's blocks are
+     * taken at admission, so a new request is refused there. */
     assert_int_equal(wc_request(w.socket_path, "POST", "/v1/completions",
                                 "{\"prompt\":\"Hi\",\"max_tokens\":5,\"stream\":true}", 10000, &r),
                      0);

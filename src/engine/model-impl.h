@@ -170,6 +170,9 @@ typedef struct eng_prefix_cache {
     int32_t capacity_blocks;      /* in-use + cached global blocks at most */
     size_t n_buckets;             /* a power of two */
     eng_prefix_entry **buckets;
+    eng_prefix_entry *pool;       /* capacity_blocks entries, allocated once */
+    int32_t *pool_tokens;         /* their token ids */
+    eng_prefix_entry *free_entries;
     eng_prefix_entry *lru_oldest, *lru_newest; /* entries held by no sequence */
     int32_t n_entries;
     int32_t n_unused;             /* entries on the LRU list */

@@ -27,6 +27,11 @@
  * holds. The two never exceed capacity_blocks, the KV the context was
  * planned for (n_seq_max sequences of n_ctx tokens).
  *
+ * Memory: the table and capacity_blocks entries are allocated with the
+ * context; caching a block allocates nothing (an entry is taken from the
+ * free list, which cannot be empty: every entry is a block some sequence
+ * holds or a cached one, and there are at most capacity_blocks of those).
+ *
  * Single-threaded, like the context it belongs to.
  */
 #include "engine/model-impl.h"
@@ -41,9 +46,9 @@ struct eng_prefix_entry {
     int32_t refs;                 /* sequences holding it */
     unsigned char *device_part;
     unsigned char *host_part;
-    eng_prefix_entry *bucket_next;
+    eng_prefix_entry *bucket_next; /* or the free list's next */
     eng_prefix_entry *lru_prev, *lru_next; /* on the LRU list when refs == 0 */
-    int32_t tokens[];             /* block_tokens */
+    int32_t *tokens;              /* block_tokens */
 };
 
 #define PREFIX_CHAIN_START 0x243f6a8885a308d3ULL
@@ -84,6 +89,16 @@ int eng__prefix_init(eng_context *ctx, sw_error *err)
     if (!pc->buckets)
         return sw_error_set(err, SW_ENOMEM, "out of memory for the prefix cache's table");
     pc->n_buckets = n;
+    const size_t cap = (size_t)pc->capacity_blocks, bt = (size_t)ctx->params.kv_block_tokens;
+    pc->pool = sw_calloc(cap, sizeof *pc->pool);
+    pc->pool_tokens = sw_malloc(cap * bt * sizeof *pc->pool_tokens);
+    if (!pc->pool || !pc->pool_tokens)
+        return sw_error_set(err, SW_ENOMEM, "out of memory for the prefix cache's entries");
+    for (size_t i = cap; i-- > 0;) {
+        pc->pool[i].tokens = pc->pool_tokens + i * bt;
+        pc->pool[i].bucket_next = pc->free_entries;
+        pc->free_entries = &pc->pool[i];
+    }
     const size_t per_seq = (size_t)ctx->max_blocks_per_seq;
     for (int32_t s = 0; s < ctx->params.n_seq_max; s++) {
         eng_sequence *seq = &ctx->seqs[s];
@@ -95,6 +110,12 @@ int eng__prefix_init(eng_context *ctx, sw_error *err)
     }
     pc->enabled = ctx->params.prefix_cache;
     return SW_OK;
+}
+
+static void entry_put(eng_prefix_cache *pc, eng_prefix_entry *e)
+{
+    e->bucket_next = pc->free_entries;
+    pc->free_entries = e;
 }
 
 static void lru_unlink(eng_prefix_cache *pc, eng_prefix_entry *e)
@@ -170,7 +191,7 @@ bool eng__prefix_evict_into(eng_context *ctx, eng_kv_block *b)
     b->device_part = e->device_part;
     b->host_part = e->host_part;
     b->entry = NULL;
-    sw_free(e);
+    entry_put(&ctx->prefix, e);
     return true;
 }
 
@@ -180,7 +201,7 @@ static void drop_unused(eng_context *ctx)
     while ((e = evict_oldest(ctx))) {
         eng_kv_block b = {e->device_part, e->host_part, NULL};
         eng__block_free(ctx, &b, false);
-        sw_free(e);
+        entry_put(&ctx->prefix, e);
     }
 }
 
@@ -190,7 +211,12 @@ void eng__prefix_free(eng_context *ctx)
     if (pc->buckets)
         drop_unused(ctx);
     sw_free(pc->buckets);
+    sw_free(pc->pool);
+    sw_free(pc->pool_tokens);
     pc->buckets = NULL;
+    pc->pool = NULL;
+    pc->pool_tokens = NULL;
+    pc->free_entries = NULL;
     if (ctx->seqs)
         for (int32_t s = 0; s < ctx->params.n_seq_max; s++) {
             sw_free(ctx->seqs[s].token_ids);
@@ -223,10 +249,10 @@ void eng__prefix_publish(eng_context *ctx, eng_sequence *seq)
         seq->block_hash[b] = hash;
         if (!prefix_active(ctx) || blk->entry || table_find(pc, hash, parent, tokens, bt))
             continue;
-        /* Best effort: without memory for the entry the block stays private. */
-        eng_prefix_entry *e = sw_malloc(sizeof *e + (size_t)bt * sizeof(int32_t));
-        if (!e)
+        eng_prefix_entry *e = pc->free_entries;
+        if (!e) /* cannot happen (see the top); the block stays private */
             continue;
+        pc->free_entries = e->bucket_next;
         e->hash = hash;
         e->parent_hash = parent;
         e->refs = 1;
@@ -264,7 +290,7 @@ void eng__prefix_release_block(eng_context *ctx, eng_kv_block *b)
         table_remove(pc, e);
         eng_kv_block mem = {e->device_part, e->host_part, NULL};
         eng__block_free(ctx, &mem, false);
-        sw_free(e);
+        entry_put(pc, e);
         return;
     }
     eng__block_free(ctx, b, false);

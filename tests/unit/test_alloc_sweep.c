@@ -98,16 +98,27 @@ static int send_request(const sweep_case *c, long fail_at, bool faulted, const c
     return rh_req(&target, "POST", c->path, headers, c->body, out);
 }
 
-/* The answer with what differs between two identical runs taken out:
- * "created" of every object at the top (a stream: of every event).
- * NULL when it is not JSON (a stream: when the framing is wrong). */
+/* What differs between two identical runs, taken out of an answer (or a
+ * stream's event): "created", and usage.prompt_tokens_details, whose
+ * cached_tokens depend on what the worker's prefix cache holds. */
+static void drop_run_dependent(json_t *j)
+{
+    json_object_del(j, "created");
+    json_t *usage = json_object_get(j, "usage");
+    if (json_is_object(usage))
+        json_object_del(usage, "prompt_tokens_details");
+}
+
+/* The answer with what differs between two identical runs taken out
+ * (drop_run_dependent; a stream: of every event). NULL when it is not
+ * JSON (a stream: when the framing is wrong). */
 static char *normalized(const wc_response *w, bool stream)
 {
     if (!stream) {
         json_t *j = json_loads(w->body ? w->body : "", 0, NULL);
         if (!j)
             return NULL;
-        json_object_del(j, "created");
+        drop_run_dependent(j);
         char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
         json_decref(j);
         return s;
@@ -124,7 +135,7 @@ static char *normalized(const wc_response *w, bool stream)
         json_t *j = json_loads(events[i], 0, NULL);
         char *s = NULL;
         if (j) {
-            json_object_del(j, "created");
+            drop_run_dependent(j);
             s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
             json_decref(j);
         }

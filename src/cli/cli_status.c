@@ -109,7 +109,8 @@ static void fmt_bytes(long long n, char *buf, size_t cap)
 }
 
 /* The memory bar, 20 cells: '#' this worker's context (weights,
- * workspace, KV), 'o' other use, '.' free, 'r' the reserve. */
+ * workspace, KV in use), 'c' KV its prefix cache keeps (evictable), 'o'
+ * other use, '.' free, 'r' the reserve. */
 static void mem_bar(json_t *m, char *buf, size_t cap)
 {
     if (!json_is_true(json_object_get(m, "counted"))) {
@@ -117,14 +118,14 @@ static void mem_bar(json_t *m, char *buf, size_t cap)
         return;
     }
     double total = (double)num(m, "total_bytes");
-    double part[4] = {(double)(num(m, "weights_bytes") + num(m, "kv_used_bytes")),
-                      (double)num(m, "other_bytes"), (double)num(m, "free_bytes"),
-                      (double)num(m, "reserve_bytes")};
-    const char marks[4] = {'#', 'o', '.', 'r'};
+    double part[5] = {(double)(num(m, "weights_bytes") + num(m, "kv_used_bytes")),
+                      (double)num(m, "kv_cached_bytes"), (double)num(m, "other_bytes"),
+                      (double)num(m, "free_bytes"), (double)num(m, "reserve_bytes")};
+    const char marks[5] = {'#', 'c', 'o', '.', 'r'};
     char bar[21];
     int at = 0;
     double acc = 0;
-    for (int p = 0; p < 4; p++) {
+    for (int p = 0; p < 5; p++) {
         acc += part[p];
         int upto = total > 0 ? (int)(acc / total * 20 + 0.5) : 0;
         if (upto > 20)
@@ -136,7 +137,7 @@ static void mem_bar(json_t *m, char *buf, size_t cap)
         bar[at++] = '.';
     bar[20] = 0;
     char used[32], tot[32];
-    fmt_bytes((long long)(total - part[2] - part[3]), used, sizeof used);
+    fmt_bytes((long long)(total - part[3] - part[4]), used, sizeof used);
     fmt_bytes((long long)total, tot, sizeof tot);
     snprintf(buf, cap, "[%s] %s/%s", bar, used, tot);
 }
@@ -167,13 +168,13 @@ static void print_table(FILE *out, const char *router, json_t *stats, json_t *ev
         model_w = m > model_w ? m : model_w;
         dev_w = d > dev_w ? d : dev_w;
     }
-    fprintf(out, "\n%-*s  %-*s  %-8s  %-*s  %-7s  %-40s  %-21s  %8s  %8s  %8s\n", name_w,
+    fprintf(out, "\n%-*s  %-*s  %-8s  %-*s  %-7s  %-40s  %-27s  %8s  %8s  %8s\n", name_w,
             "WORKER", model_w, "MODEL", "STATE", dev_w, "DEVICE", "SEQS", "MEMORY",
-            "KV USED/ADMITTED", "REQ/10M", "TOK/10M", "RESTARTS");
+            "KV USED/ADMITTED +CACHED", "REQ/10M", "TOK/10M", "RESTARTS");
     json_array_foreach(workers, i, w) {
         json_t *books = json_object_get(w, "books"), *m = json_object_get(w, "memory");
         json_t *ws = json_object_get(w, "series");
-        char seqs[24], bar[96], kv[48];
+        char seqs[24], bar[96], kv[80];
         long long max = num(books, "max_seqs");
         if (max > 0)
             snprintf(seqs, sizeof seqs, "%lld/%lld", num(books, "seqs"), max);
@@ -181,14 +182,15 @@ static void print_table(FILE *out, const char *router, json_t *stats, json_t *ev
             snprintf(seqs, sizeof seqs, "%lld", num(books, "seqs"));
         mem_bar(m, bar, sizeof bar);
         if (json_is_true(json_object_get(m, "counted"))) {
-            char a[24], b[24];
+            char a[24], b[24], c[24];
             fmt_bytes(num(m, "kv_used_bytes"), a, sizeof a);
             fmt_bytes(num(m, "kv_admitted_bytes"), b, sizeof b);
-            snprintf(kv, sizeof kv, "%s/%s", a, b);
+            fmt_bytes(num(m, "kv_cached_bytes"), c, sizeof c);
+            snprintf(kv, sizeof kv, "%s/%s +%s", a, b, c);
         } else {
             snprintf(kv, sizeof kv, "-");
         }
-        fprintf(out, "%-*s  %-*s  %-8s  %-*s  %-7s  %-40s  %-21s  %8lld  %8lld  %8lld\n", name_w,
+        fprintf(out, "%-*s  %-*s  %-8s  %-*s  %-7s  %-40s  %-27s  %8lld  %8lld  %8lld\n", name_w,
                 str(w, "name"), model_w, str(w, "model"), str(w, "state"), dev_w,
                 str(w, "device"), seqs, bar, kv,
                 series_sum(json_object_get(ws, "requests")),

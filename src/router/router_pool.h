@@ -66,6 +66,8 @@ typedef struct rt_worker {
     int64_t kv_sliding_block_bytes;
     int32_t kv_sliding_blocks_max;
     int64_t kv_held_bytes;      /* device KV the worker holds now */
+    int64_t kv_cached_bytes;    /* device KV its prefix cache keeps (evictable,
+                                   in its budget) */
     int64_t kv_reported_budget; /* the KV it could hold now (kv.budget_bytes), -1 none */
     double prefill_rate, decode_rate;
     char rates_source[16];  /* the worker's /health: none, calibration, measured */

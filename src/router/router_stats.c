@@ -141,7 +141,8 @@ static int64_t nonneg(int64_t v)
 
 /* The device memory of a worker as the bar draws it, left to right: the
  * weights with the compute workspace (the worker reports them as one, its
- * context's device bytes less its KV), the KV the worker holds, the rest
+ * context's device bytes less its KV), the KV the worker holds, the KV its
+ * prefix cache keeps (held by no request: evictable, free to the books), the rest
  * of what the device has in use (other processes, and this one outside
  * its context), free, the reserve; the books' KV is drawn over the KV
  * part. Each figure is the worker's last /health but the books; a sum
@@ -149,12 +150,13 @@ static int64_t nonneg(int64_t v)
  * bar's to clip. */
 static json_t *memory_json_locked(const rt_worker *w)
 {
-    int64_t kv_used = nonneg(w->kv_held_bytes);
+    int64_t kv_used = nonneg(w->kv_held_bytes), kv_cached = nonneg(w->kv_cached_bytes);
     int64_t context = nonneg(w->mem_context);
-    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "counted",
+    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "counted",
                      w->on_device && w->mem_total > 0, "total_bytes", (json_int_t)w->mem_total,
-                     "weights_bytes", (json_int_t)nonneg(context - kv_used), "kv_used_bytes",
-                     (json_int_t)kv_used, "kv_admitted_bytes", (json_int_t)w->books.kv_bytes,
+                     "weights_bytes", (json_int_t)nonneg(context - kv_used - kv_cached),
+                     "kv_used_bytes", (json_int_t)kv_used, "kv_cached_bytes",
+                     (json_int_t)kv_cached, "kv_admitted_bytes", (json_int_t)w->books.kv_bytes,
                      "other_bytes", (json_int_t)nonneg(w->mem_used - context), "free_bytes",
                      (json_int_t)nonneg(w->mem_free), "reserve_bytes",
                      (json_int_t)nonneg(w->mem_reserved));

@@ -271,6 +271,8 @@ static void sup_health(rt_router *rt, rt_worker *w)
         w->kv_block_tokens = bt > 0 && bt <= 65536 ? (int32_t)bt : 0;
         w->kv_block_bytes = bb > 0 ? (int64_t)bb : 0;
         w->kv_held_bytes = held > 0 ? (int64_t)held : 0;
+        json_int_t cached = json_integer_value(json_object_get(kv, "device_cached_bytes"));
+        w->kv_cached_bytes = cached > 0 ? (int64_t)cached : 0;
         /* a sliding-window model's local layers: counted only when the
          * share is a part of the block and the cap is one a context has */
         json_int_t sb = json_integer_value(json_object_get(kv, "sliding_block_device_bytes"));
@@ -351,6 +353,7 @@ static void sup_drain_locked(rt_router *rt, int i, double t)
         w->on_device = false;
         w->kv_budget = -1;
         w->kv_held_bytes = 0;
+        w->kv_cached_bytes = 0;
         w->kv_device_capacity = -1;
         SW_INFO("router", "worker %s: stopped", w->cfg.name);
     } else if (w->drain == RT_DRAIN_REMOVE) {

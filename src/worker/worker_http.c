@@ -924,9 +924,10 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
         }
         json_object_set_new(
             h, "kv",
-            json_pack("{s:i, s:I, s:I, s:I, s:I, s:i}", "block_tokens", s->kv_block_tokens,
+            json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:i}", "block_tokens", s->kv_block_tokens,
                       "block_device_bytes", (json_int_t)eng_context_kv_block_device_bytes(s->ctx),
-                      "device_used_bytes", (json_int_t)kv_dev_used, "budget_bytes",
+                      "device_used_bytes", (json_int_t)kv_dev_used, "device_cached_bytes",
+                      (json_int_t)cache.device_bytes_cached, "budget_bytes",
                       (json_int_t)budget, "sliding_block_device_bytes",
                       (json_int_t)eng_context_kv_sliding_block_device_bytes(s->ctx),
                       "sliding_blocks_max", eng_context_kv_sliding_blocks_max(s->ctx)));

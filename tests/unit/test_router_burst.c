@@ -8,7 +8,8 @@
  *
  * - 128 clients at once (each its own connection; stream and non-stream,
  *   greedy and seeded sampling, completions and chat) against a sim-gpu
- *   worker whose free memory holds about three of them and a CPU worker,
+ *   worker whose free memory holds about three of them, filled first with
+ *   its prefix cache (earlier requests' blocks, evictable), and a CPU worker,
  *   both max-seqs 4, a queue that holds the burst: every answer is 200
  *   and equal (token ids and text) to the same request served alone by a
  *   worker; each carries X-Spillway-Admission (the ordinals are 1..128,
@@ -526,6 +527,36 @@ static void test_burst_exact_no_worker_refusals(void **state)
     long long gpu_free = json_integer_value(json_object_get(h, "memory_free_bytes"));
     json_decref(h);
     assert_true(gpu_free > 0);
+    /* The GPU worker's prefix cache takes its free memory first: distinct
+     * prompts of 3 blocks each, sent to it directly, until less than two
+     * blocks are free. */
+    char gpu_sock[700];
+    rh_worker_sock(&r, "gpu", gpu_sock, sizeof gpu_sock);
+    long long cached = 0, left = gpu_free, block = 0;
+    for (int i = 0; i < 40 && (block == 0 || left >= 2 * block); i++) {
+        char body[1024];
+        int at = snprintf(body, sizeof body, "{\"prompt\":[");
+        for (int t = 0; t < 3 * KV_BLOCK + 1; t++)
+            at += snprintf(body + at, sizeof body - (size_t)at, "%s%d", t ? "," : "",
+                           3 + (t * 7 + i * 131) % 1000);
+        snprintf(body + at, sizeof body - (size_t)at, "],\"max_tokens\":1}");
+        wc_response fr;
+        assert_int_equal(wc_request(gpu_sock, "POST", "/v1/completions", body, 60000, &fr), 0);
+        assert_int_equal(fr.status, 200);
+        wc_response_free(&fr);
+        wc_response hr;
+        assert_int_equal(wc_request(gpu_sock, "GET", "/health", NULL, 5000, &hr), 0);
+        json_t *hj = rh_body_json(&hr);
+        cached = json_integer_value(json_object_get(json_object_get(hj, "memory"),
+                                                    "kv_cached_bytes"));
+        left = json_integer_value(json_object_get(json_object_get(hj, "memory"), "free_bytes"));
+        block = json_integer_value(json_object_get(json_object_get(hj, "kv"),
+                                                   "block_device_bytes"));
+        json_decref(hj);
+        wc_response_free(&hr);
+    }
+    printf("the GPU's prefix cache holds %lld bytes before the burst, %lld free\n", cached, left);
+    assert_true(block > 0 && left < 2 * block && cached >= gpu_free / 2);
 
     clients_init(&r);
     monitor m = {.r = &r};
@@ -547,9 +578,11 @@ static void test_burst_exact_no_worker_refusals(void **state)
         on_cpu += !strcmp(g_clients[i].worker, "cpu");
     }
     printf("gpu %d, cpu %d, longest queue wait %lld ms; books at most: gpu %.0f seqs %.0f bytes "
-           "(free %lld), cpu %.0f seqs, queue %.0f\n",
+           "(free %lld), cpu %.0f seqs, queue %.0f; the GPU's prefix cache evicted %lld blocks\n",
            on_gpu, on_cpu, max_wait, m.max_seqs[0], m.max_kv[0], gpu_free, m.max_seqs[1],
-           m.max_depth);
+           m.max_depth, rh_metric(gpu_sock, "spillway_worker_prefix_cache_evictions_total"));
+    /* the cache gave its memory back: evicted, never refused (below) */
+    assert_true(rh_metric(gpu_sock, "spillway_worker_prefix_cache_evictions_total") > 0);
     assert_int_equal(on_gpu + on_cpu, BURST);
     assert_true(on_gpu > 0 && on_cpu > 0);
     /* 128 requests for 8 slots: some waited in the router's queue */

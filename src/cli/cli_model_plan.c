@@ -4,6 +4,7 @@
  * context, sequence count and GPU layer count that would. The numbers come
  * from eng_plan_compute, the function admission uses at run time.
  */
+#include "quant/quant.h"
 #include "cli/cli.h"
 
 #include "common/alloc.h"
@@ -29,7 +30,8 @@ static void usage(FILE *out)
             "  --gpu-layers N    layers on the device: -1 = all (default), 0..n_layer = split\n"
             "  --ctx C           tokens per sequence (default 2048)\n"
             "  --seqs S          sequences at once (default 1)\n"
-            "  --reserve P       share of the device never handed out (default 0.10)\n");
+            "  --reserve P       share of the device never handed out (default 0.10)\n"
+            "  --kv-type T       f16 (default) | q8_0 | q4_0 | f32: the KV cache's elements\n");
 }
 
 static void human(uint64_t bytes, char *buf, size_t cap)
@@ -52,6 +54,7 @@ int cli_model_plan(int argc, char **argv)
         {"ctx", required_argument, 0, 'c'},      {"seqs", required_argument, 0, 's'},
         {"reserve", required_argument, 0, 'r'},  {"batch", required_argument, 0, 'b'},
         {"threads", required_argument, 0, 't'},  {"json", no_argument, 0, 'j'},
+        {"kv-type", required_argument, 0, 'k'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
     };
     const char *path = NULL, *spec = "cpu";
@@ -61,7 +64,7 @@ int cli_model_plan(int argc, char **argv)
     int c;
 
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:d:c:s:r:b:t:jh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:d:c:s:r:b:t:k:jh", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': path = optarg; break;
         case 'd': spec = optarg; break;
@@ -78,6 +81,15 @@ int cli_model_plan(int argc, char **argv)
         case 'b': pp.n_batch = atoi(optarg); break;
         case 't': pp.n_threads = atoi(optarg); break;
         case 'j': json = true; break;
+        case 'k': {
+            int t = eng_kv_type_from_name(optarg);
+            if (t < 0) {
+                fprintf(stderr, "spillway model plan: --kv-type is f16, q8_0, q4_0 or f32\n");
+                return 2;
+            }
+            pp.kv_type = (uint32_t)t;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -7,6 +7,7 @@
  * --json-schema FILE constrains the output to JSON valid under the schema
  * in FILE (grammar/constrain.h), as the worker's response_format does.
  */
+#include "quant/quant.h"
 #include "cli/cli.h"
 
 #include "common/alloc.h"
@@ -38,6 +39,7 @@ typedef struct run_options {
     unsigned long long sim_capacity;
     int32_t gpu_layers;
     eng_kv_policy policy;
+    uint32_t kv_type;
     float reserve;
     eng_sampler_params sampling;
     const char *json_schema;    /* --json-schema FILE, or NULL */
@@ -76,6 +78,7 @@ static void usage(FILE *out)
             "      --sim-capacity B    capacity when creating a sim-gpu pool (e.g. 512MiB)\n"
             "      --gpu-layers N      layers on the device: -1 = all (default), N = split\n"
             "      --policy P          reserve (default) | grow: when KV memory is taken\n"
+            "      --kv-type T         f16 (default) | q8_0 | q4_0 | f32: the KV cache's elements\n"
             "      --reserve F         share of the device never used (default 0.10)\n");
 }
 
@@ -107,7 +110,7 @@ static int parse_options(int argc, char **argv, run_options *o)
     enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_PRESENCE,
            OPT_FREQUENCY, OPT_SEED, OPT_TOPLOGPROBS, OPT_JSON, OPT_IGNORE_EOS, OPT_NO_BOS,
            OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_POLICY, OPT_RESERVE,
-           OPT_JSON_SCHEMA };
+           OPT_JSON_SCHEMA, OPT_KV_TYPE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -127,12 +130,14 @@ static int parse_options(int argc, char **argv, run_options *o)
         {"policy", required_argument, 0, OPT_POLICY},
         {"reserve", required_argument, 0, OPT_RESERVE},
         {"json-schema", required_argument, 0, OPT_JSON_SCHEMA},
+        {"kv-type", required_argument, 0, OPT_KV_TYPE},
         {0, 0, 0, 0},
     };
     int c;
     char *end;
 
     memset(o, 0, sizeof *o);
+    o->kv_type = ENG_TYPE_F16;
     o->n_predict = 64;
     o->sampling = eng_sampler_default_params();
     o->sampling.temperature = 0.0f;
@@ -187,6 +192,15 @@ static int parse_options(int argc, char **argv, run_options *o)
                 return 2;
             }
             break;
+        case OPT_KV_TYPE: {
+            int t = eng_kv_type_from_name(optarg);
+            if (t < 0) {
+                fprintf(stderr, "spillway run: --kv-type is f16, q8_0, q4_0 or f32\n");
+                return 2;
+            }
+            o->kv_type = (uint32_t)t;
+            break;
+        }
         case OPT_RESERVE: o->reserve = (float)value; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
@@ -267,6 +281,7 @@ int cli_run_main(int argc, char **argv)
     cp.device = dev;
     cp.n_gpu_layers = opts.gpu_layers;
     cp.kv_policy = opts.policy;
+    cp.kv_type = opts.kv_type;
     cp.reserve_fraction = opts.reserve;
     cp.n_threads = opts.n_threads;
     cp.n_ctx = opts.n_ctx;

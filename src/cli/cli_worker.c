@@ -1,5 +1,6 @@
 /* cli_worker.c - `spillway worker`: parses the command line into
  * wk_options and runs the worker (src/worker). */
+#include "quant/quant.h"
 #include "cli/cli.h"
 
 #include "api/api.h"
@@ -23,6 +24,7 @@ static void usage(FILE *out)
             "      --max-seqs S        sequences served at once (default 4, at most 64)\n"
             "      --reserve F         share of the device never used (default 0.10)\n"
             "      --policy P          reserve (default) | grow: when KV memory is taken\n"
+            "      --kv-type T         f16 (default) | q8_0 | q4_0 | f32: the KV cache's elements\n"
             "  -t, --threads T         threads (default: one per core)\n"
             "      --prefill-chunk N   prompt tokens per prefill chunk, one newcomer per step (default 64)\n"
             "      --max-queue N       requests waiting for a slot (default 64)\n"
@@ -59,7 +61,7 @@ int cli_worker_main(int argc, char **argv)
 {
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
-           OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE };
+           OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -78,6 +80,7 @@ int cli_worker_main(int argc, char **argv)
         {"chat-template", required_argument, 0, OPT_CHAT},
         {"no-calibrate", no_argument, 0, OPT_NO_CALIBRATE},
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},
+        {"kv-type", required_argument, 0, OPT_KV_TYPE},
         {"model-id", required_argument, 0, OPT_MODEL_ID},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -158,6 +161,15 @@ int cli_worker_main(int argc, char **argv)
         case OPT_MODEL_ID: o.model_id = optarg; break;
         case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
         case OPT_NO_PREFIX_CACHE: o.prefix_cache = false; break;
+        case OPT_KV_TYPE: {
+            int t = eng_kv_type_from_name(optarg);
+            if (t < 0) {
+                fprintf(stderr, "spillway worker: --kv-type is f16, q8_0, q4_0 or f32\n");
+                return 2;
+            }
+            o.kv_type = (uint32_t)t;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

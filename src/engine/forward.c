@@ -302,9 +302,9 @@ static unsigned char *kv_row(eng_context *ctx, const eng_sequence *seq, int32_t 
     const eng_hparams *hp = &ctx->model->hp;
     const eng_kv_place *place = &ctx->kv_place[layer];
     int32_t block_tokens = ctx->params.kv_block_tokens;
-    size_t elem = ctx->params.kv_type == ENG_TYPE_F32 ? 4 : 2;
-    size_t row_bytes = (size_t)hp->n_head_kv * hp->head_dim * elem;
+    size_t row_bytes = ctx->kv_row_bytes;
     int32_t b = pos / block_tokens;
+    (void)hp;
     const eng_kv_block *block = place->sliding ? &seq->swa_blocks[b % ctx->swa_ring_blocks]
                                                : &seq->blocks[b];
     unsigned char *base = place->on_device ? block->device_part : block->host_part;
@@ -333,6 +333,30 @@ static int32_t block_rows(const eng_context *ctx, int32_t p0, int32_t n_pos)
     return n_pos - p0 < rows ? n_pos - p0 : rows;
 }
 
+
+/* Attention over quantized K and V rows (q8_0, q4_0): a K row's head part
+ * with the query converted to Q8_0 is an integer dot product per block of
+ * 32, as llama.cpp computes it; a V row's head part is expanded to floats
+ * and added in. */
+static void attention_scores_quant(uint32_t type, const unsigned char *rows, size_t row_bytes,
+                                   int32_t n_rows, const void *q8, int32_t hd, float scale,
+                                   float *out)
+{
+    for (int32_t r = 0; r < n_rows; r++)
+        out[r] = cpu_vec_dot(type, hd, rows + (size_t)r * row_bytes, q8) * scale;
+}
+
+static void attention_values_quant(uint32_t type, float *y, const float *weights,
+                                   const unsigned char *rows, size_t row_bytes, int32_t n_rows,
+                                   int32_t hd)
+{
+    float v[ENG_KV_QUANT_MAX_HEAD];
+    for (int32_t r = 0; r < n_rows; r++) {
+        eng_dequantize_row(type, rows + (size_t)r * row_bytes, v, hd);
+        cpu_axpy_f32(y, weights[r], v, hd);
+    }
+}
+
 /* One head of one token: softmax(q . K^T * scale) . V over the token's
  * sequence up to its position (within its window on a sliding layer). */
 static void attention_head(const attention_job *job, int64_t t, int32_t h, float *scores)
@@ -341,7 +365,7 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
     const eng_hparams *hp = &ctx->model->hp;
     const int32_t hd = hp->head_dim, n_head = hp->n_head;
     const int32_t group = hp->n_head / hp->n_head_kv;
-    const bool kv_f16 = ctx->params.kv_type != ENG_TYPE_F32;
+    const uint32_t kv_type = ctx->params.kv_type;
     const float scale = hp->attn_scale;
     int32_t kv_head = h / group;
     const eng_sequence *seq = job->meta[t].seq;
@@ -350,13 +374,24 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
     const float *q = job->q + t * (int64_t)n_head * hd + (int64_t)h * hd;
     float *out = job->out + t * (int64_t)n_head * hd + (int64_t)h * hd;
     const size_t kv_dim = (size_t)hp->n_head_kv * hd;
+    const bool quant = kv_type == ENG_TYPE_Q8_0 || kv_type == ENG_TYPE_Q4_0;
+    /* a quantized row's head part: hd / 32 blocks, at this offset */
+    size_t head_bytes = 0;
+    unsigned char q8[ENG_KV_QUANT_MAX_HEAD / 32 * 34];
+    if (quant) {
+        eng_type_row_bytes(kv_type, hd, &head_bytes);
+        cpu_convert_activations(kv_type, q, hd, 1, hd, q8);
+    }
 
     /* Scores a block at a time: a block's K rows for this layer are
      * consecutive, kv_dim elements apart. */
     for (int32_t p0 = first, rows; p0 < n_pos; p0 += rows) {
         rows = block_rows(ctx, p0, n_pos);
         unsigned char *k = kv_row(ctx, seq, job->layer, 0, p0);
-        if (kv_f16)
+        if (quant)
+            attention_scores_quant(kv_type, k + (size_t)kv_head * head_bytes, ctx->kv_row_bytes,
+                                   rows, q8, hd, scale, scores + p0);
+        else if (kv_type == ENG_TYPE_F16)
             cpu_dot_f16_f32_rows((const uint16_t *)k + (size_t)kv_head * hd, kv_dim, rows,
                                  q, hd, scale, scores + p0);
         else
@@ -368,7 +403,10 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
     for (int32_t p0 = first, rows; p0 < n_pos; p0 += rows) {
         rows = block_rows(ctx, p0, n_pos);
         unsigned char *v = kv_row(ctx, seq, job->layer, 1, p0);
-        if (kv_f16)
+        if (quant)
+            attention_values_quant(kv_type, out, scores + p0, v + (size_t)kv_head * head_bytes,
+                                   ctx->kv_row_bytes, rows, hd);
+        else if (kv_type == ENG_TYPE_F16)
             cpu_axpy_f16_rows(out, scores + p0, (const uint16_t *)v + (size_t)kv_head * hd,
                               kv_dim, rows, hd);
         else
@@ -394,9 +432,8 @@ static void attention_prefetch(const attention_job *job, int64_t t, int32_t kv_h
     const eng_sequence *seq = job->meta[t].seq;
     const int32_t n_pos = job->meta[t].pos + 1;
     const int32_t first = attention_first_pos(ctx, job->layer, job->meta[t].pos);
-    const size_t elem = ctx->params.kv_type == ENG_TYPE_F32 ? 4 : 2;
-    const size_t row_bytes = (size_t)hp->n_head_kv * hp->head_dim * elem;
-    const size_t head_bytes = (size_t)hp->head_dim * elem;
+    const size_t row_bytes = ctx->kv_row_bytes;
+    const size_t head_bytes = row_bytes / (size_t)hp->n_head_kv;
     for (int kv = 0; kv < 2; kv++)
         for (int32_t p0 = first, rows; p0 < n_pos; p0 += rows) {
             rows = block_rows(ctx, p0, n_pos);
@@ -479,7 +516,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
     const eng_hparams *hp = &m->hp;
     const int64_t dim = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, n_ff = hp->n_ff;
-    const bool kv_f16 = ctx->params.kv_type != ENG_TYPE_F32;
+    const uint32_t kv_type = ctx->params.kv_type;
     unsigned char *ws = ctx->workspace;
     float *x = (float *)(ws + ctx->layout.x), *xn = (float *)(ws + ctx->layout.xn);
     float *q = (float *)(ws + ctx->layout.q), *k = (float *)(ws + ctx->layout.k);
@@ -533,12 +570,15 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
                      L->sliding);
                 unsigned char *k_dst = kv_row(ctx, meta[t].seq, l, 0, pos);
                 unsigned char *v_dst = kv_row(ctx, meta[t].seq, l, 1, pos);
-                if (kv_f16) {
+                if (kv_type == ENG_TYPE_F16) {
                     cpu_fp32_to_fp16_row(k + t * kv_dim, (uint16_t *)k_dst, kv_dim);
                     cpu_fp32_to_fp16_row(v + t * kv_dim, (uint16_t *)v_dst, kv_dim);
-                } else {
+                } else if (kv_type == ENG_TYPE_F32) {
                     memcpy(k_dst, k + t * kv_dim, (size_t)kv_dim * sizeof(float));
                     memcpy(v_dst, v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+                } else { /* q8_0 / q4_0: llama.cpp's block formats */
+                    eng_quantize_row(kv_type, k + t * kv_dim, k_dst, kv_dim);
+                    eng_quantize_row(kv_type, v + t * kv_dim, v_dst, kv_dim);
                 }
             }
             attention_job job = {ctx, meta + t0, l, t1 - t0,

@@ -18,11 +18,57 @@
 
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
+bool eng_kv_type_supported(const eng_hparams *hp, uint32_t kv_type)
+{
+    switch (kv_type) {
+    case ENG_TYPE_F32:
+    case ENG_TYPE_F16:
+        return true;
+    case ENG_TYPE_Q8_0:
+    case ENG_TYPE_Q4_0:
+        /* each head's part of a row is whole blocks of 32 */
+        return hp->head_dim > 0 && hp->head_dim % 32 == 0 &&
+               hp->head_dim <= ENG_KV_QUANT_MAX_HEAD;
+    default:
+        return false;
+    }
+}
+
+int eng_kv_type_from_name(const char *name)
+{
+    static const struct { const char *name; uint32_t type; } kv_types[] = {
+        {"f16", ENG_TYPE_F16}, {"f32", ENG_TYPE_F32}, {"q8_0", ENG_TYPE_Q8_0},
+        {"q4_0", ENG_TYPE_Q4_0}};
+    for (size_t i = 0; name && i < sizeof kv_types / sizeof kv_types[0]; i++)
+        if (strcmp(name, kv_types[i].name) == 0)
+            return (int)kv_types[i].type;
+    return -1;
+}
+
+const char *eng_kv_type_name(uint32_t kv_type)
+{
+    switch (kv_type) {
+    case ENG_TYPE_F16: return "f16";
+    case ENG_TYPE_F32: return "f32";
+    case ENG_TYPE_Q8_0: return "q8_0";
+    case ENG_TYPE_Q4_0: return "q4_0";
+    default: return "?";
+    }
+}
+
+size_t eng_kv_row_bytes(const eng_hparams *hp, uint32_t kv_type)
+{
+    size_t bytes = 0;
+    if (!eng_kv_type_supported(hp, kv_type) ||
+        !eng_type_row_bytes(kv_type, (int64_t)hp->n_head_kv * hp->head_dim, &bytes))
+        return 0;
+    return bytes;
+}
+
 /* K and V of one token of one layer. */
 static size_t kv_layer_token_bytes(const eng_hparams *hp, uint32_t kv_type)
 {
-    size_t elem = kv_type == ENG_TYPE_F32 ? 4 : 2;
-    return 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+    return 2 * eng_kv_row_bytes(hp, kv_type);
 }
 
 size_t eng__kv_bytes_per_token_kind(const eng_hparams *hp, uint32_t kv_type, int32_t l0,
@@ -331,8 +377,18 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
         p.n_seq_max = 1;
     if (p.kv_block_tokens <= 0)
         p.kv_block_tokens = 16;
-    if (p.kv_type != ENG_TYPE_F16 && p.kv_type != ENG_TYPE_F32) {
-        rc = sw_error_set(err, SW_EINVAL, "KV cache type must be f16 or f32");
+    if (!eng_kv_type_supported(hp, p.kv_type)) {
+        rc = p.kv_type == ENG_TYPE_Q8_0 || p.kv_type == ENG_TYPE_Q4_0
+                 ? sw_error_set(err, SW_EINVAL, "KV cache type %s needs a head size that is a "
+                                "multiple of 32 (this model's is %d)",
+                                eng_kv_type_name(p.kv_type), hp->head_dim)
+                 : sw_error_set(err, SW_EINVAL, "KV cache type must be f16, f32, q8_0 or q4_0");
+        goto fail;
+    }
+    if (p.device && dev_get_kind(p.device) == DEV_KIND_CUDA && p.n_gpu_layers != 0 &&
+        p.kv_type != ENG_TYPE_F16 && p.kv_type != ENG_TYPE_F32) {
+        rc = sw_error_set(err, SW_EINVAL, "KV cache type %s is not available on CUDA yet "
+                          "(f16 or f32)", eng_kv_type_name(p.kv_type));
         goto fail;
     }
     if (p.n_ctx > (1 << 24) || p.n_seq_max > 4096 || p.kv_block_tokens > 4096 ||
@@ -344,6 +400,7 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
     }
     ctx->model = model;
     ctx->params = p;
+    ctx->kv_row_bytes = eng_kv_row_bytes(hp, p.kv_type);
     ctx->n_device_layers = !p.device ? 0 : p.n_gpu_layers < 0 ? hp->n_layer : p.n_gpu_layers;
 
     ctx->layers = sw_calloc((size_t)hp->n_layer, sizeof *ctx->layers);

@@ -114,6 +114,10 @@ typedef struct eng_token_meta {
     int32_t pos;
 } eng_token_meta;
 
+/* The largest head a quantized KV cache (q8_0, q4_0) serves: attention
+ * keeps a head's row in scratch on the stack (forward.c). */
+#define ENG_KV_QUANT_MAX_HEAD 1024
+
 /* One KV block: block_tokens tokens of K and V of one kind of layer. A
  * global block holds the global layers' (every position is kept, in
  * blocks[pos / block_tokens]); a sliding block holds the sliding-window
@@ -201,6 +205,7 @@ struct eng_context {
     size_t block_bytes_host;    /* host part of one global block */
     size_t swa_block_bytes_device; /* device part of one sliding block (0: none) */
     size_t swa_block_bytes_host;   /* host part of one sliding block */
+    size_t kv_row_bytes;        /* one token's K (or V) of one layer (eng_kv_row_bytes) */
     int32_t max_blocks_per_seq;
     int32_t swa_ring_blocks;    /* sliding blocks a sequence holds at most
                                    (eng_kv_sliding_blocks_max); 0: no

@@ -159,6 +159,16 @@ size_t eng_model_host_copy_bytes(const eng_model *model);
  * a token costs while a sequence is shorter than the sliding window (with
  * no sliding-window layers: always). */
 size_t eng_kv_bytes_per_token(const eng_hparams *hp, uint32_t kv_type);
+/* KV cache element types: f32, f16 (the default), and llama.cpp's q8_0 and
+ * q4_0 blocks of 32 values (K and V alike), which need a head size that is
+ * a multiple of 32 (each head's part of a row is then whole blocks). The
+ * row of one token's K (or V) in one layer: n_head_kv x head_dim values;
+ * 0 for a type the model cannot use. */
+bool eng_kv_type_supported(const eng_hparams *hp, uint32_t kv_type);
+size_t eng_kv_row_bytes(const eng_hparams *hp, uint32_t kv_type);
+/* "f16", "f32", "q8_0", "q4_0" <-> the type id; -1 / "?" otherwise. */
+int eng_kv_type_from_name(const char *name);
+const char *eng_kv_type_name(uint32_t kv_type);
 /* Bytes of one KV block of block_tokens tokens, every layer's share. */
 size_t eng_kv_block_bytes(const eng_hparams *hp, uint32_t kv_type, int32_t block_tokens);
 /* The sliding-window layers' share of eng_kv_bytes_per_token (gemma3's
@@ -205,7 +215,8 @@ typedef struct eng_context_params {
     int32_t n_threads;       /* 0: one per core */
     int32_t n_seq_max;       /* sequences that can be open at once (default 1) */
     int32_t kv_block_tokens; /* tokens per KV block (default 16) */
-    uint32_t kv_type;        /* ENG_TYPE_F16 (default) or ENG_TYPE_F32 */
+    uint32_t kv_type;        /* ENG_TYPE_F16 (default), F32, Q8_0 or Q4_0
+                                (eng_kv_type_supported; not Q8_0/Q4_0 on CUDA) */
     /* Placement. device NULL is the CPU profile: everything in host memory,
      * weights read from the file mapping. With a device, the first
      * n_gpu_layers layers (-1 = all, the full profile; 0..n_layer = split)

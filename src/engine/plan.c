@@ -86,7 +86,7 @@ int eng_plan_compute(const eng_model *model, const eng_plan_params *params,
     if (p.n_gpu_layers < -1 || p.n_gpu_layers > hp->n_layer || p.n_ctx < 1 ||
         p.n_ctx > (1 << 24) || p.n_seqs < 1 || p.n_seqs > 4096 || p.n_batch < 1 ||
         p.n_threads < 1 || p.kv_block_tokens < 1 || p.kv_block_tokens > 4096 ||
-        (p.kv_type != ENG_TYPE_F16 && p.kv_type != ENG_TYPE_F32) ||
+        !eng_kv_type_supported(hp, p.kv_type) ||
         !(p.reserve_fraction >= 0.0f && p.reserve_fraction < 1.0f))
         return sw_error_set(err, SW_EINVAL, "plan parameters out of range (gpu layers -1..%d, "
                             "ctx >= 1, seqs 1..4096, reserve in [0, 1))", hp->n_layer);

@@ -62,6 +62,7 @@ typedef struct rt_worker_config {
     int32_t max_seqs;          /* 0 = worker default */
     double reserve;            /* < 0 = worker default */
     char policy[16];           /* "" = worker default */
+    char kv_type[8];           /* kv-type: "" = worker default (f16) */
     int32_t threads;           /* 0 = worker default */
     int32_t preference;        /* lower first; ties in file order */
     char env[RT_MAX_ENV][256]; /* extra "K=V" for a managed worker */
@@ -70,7 +71,7 @@ typedef struct rt_worker_config {
                                   RT_KIND_LLAMA_SERVER */
     bool skip_calibration;     /* calibrate = false: managed worker started
                                   with --no-calibrate */
-    bool no_prefix_cache;      /* prefix_cache = false: managed worker started
+    bool no_prefix_cache;      /* prefix-cache = false: managed worker started
                                   with --no-prefix-cache */
     char model[64];            /* model = NAME; "" = the only model */
     bool on_demand;            /* on-demand = true: started when its model is

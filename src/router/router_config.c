@@ -241,13 +241,11 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
             w->skip_calibration = true;
         else
             return cfg_fail(p, s, name, "expected true or false", v);
-    } else if (!strcmp(name, "prefix_cache")) {
-        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
-            w->no_prefix_cache = false;
-        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
-            w->no_prefix_cache = true;
-        else
+    } else if (!strcmp(name, "prefix-cache")) {
+        bool on;
+        if (!cfg_bool(v, &on))
             return cfg_fail(p, s, name, "expected true or false", v);
+        w->no_prefix_cache = !on;
     } else if (!strcmp(name, "kind")) {
         if (!strcmp(v, "spillway"))
             w->kind = RT_KIND_SPILLWAY;
@@ -302,6 +300,10 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
         if (end == v || *end || !(d >= 0 && d <= 0.99))
             return cfg_fail(p, s, name, "expected a share 0..0.99", v);
         w->reserve = d;
+    } else if (!strcmp(name, "kv-type")) {
+        if (strcmp(v, "f16") && strcmp(v, "q8_0") && strcmp(v, "q4_0") && strcmp(v, "f32"))
+            return cfg_fail(p, s, name, "expected f16, q8_0, q4_0 or f32", v);
+        snprintf(w->kv_type, sizeof w->kv_type, "%s", v);
     } else if (!strcmp(name, "policy")) {
         if (strcmp(v, "reserve") && strcmp(v, "grow"))
             return cfg_fail(p, s, name, "expected reserve or grow", v);

@@ -110,7 +110,7 @@ static bool worker_differs(const rt_worker_config *a, const rt_worker_config *b)
            strcmp(a->device, b->device) || a->sim_capacity != b->sim_capacity ||
            a->gpu_layers != b->gpu_layers || a->ctx_limit != b->ctx_limit ||
            a->max_seqs != b->max_seqs || a->reserve != b->reserve ||
-           strcmp(a->policy, b->policy) || a->threads != b->threads || a->kind != b->kind ||
+           strcmp(a->policy, b->policy) || strcmp(a->kv_type, b->kv_type) || a->threads != b->threads || a->kind != b->kind ||
            a->skip_calibration != b->skip_calibration ||
            a->no_prefix_cache != b->no_prefix_cache || strcmp(a->model, b->model) || strcmp(a->command, b->command) ||
            a->on_demand != b->on_demand || a->idle_timeout_s != b->idle_timeout_s ||

@@ -85,6 +85,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         ARG("--reserve", "%g", c->reserve);
     if (c->policy[0])
         ARG("--policy", "%s", c->policy);
+    if (c->kv_type[0])
+        ARG("--kv-type", "%s", c->kv_type);
     if (c->threads)
         ARG("--threads", "%d", c->threads);
     if (model->chat_template[0])

@@ -40,6 +40,7 @@ typedef struct wk_options {
     int32_t max_seqs;            /* sequences served at once (default 4) */
     float reserve;               /* share of the device never used (0.10) */
     eng_kv_policy policy;
+    uint32_t kv_type;            /* the KV cache's elements (ENG_TYPE_F16 default) */
     int32_t threads;             /* 0: one per core */
     const char *listen;          /* "unix:PATH", "HOST:PORT" or "PORT" */
     int32_t prefill_chunk;       /* prompt tokens per prefill chunk, one newcomer per step (64) */

@@ -726,6 +726,7 @@ static int load(wk_server *s, sw_error *err)
     cp.device = s->dev;
     cp.n_gpu_layers = s->o.gpu_layers;
     cp.kv_policy = s->o.policy;
+    cp.kv_type = s->o.kv_type;
     cp.reserve_fraction = s->o.reserve;
     cp.n_threads = s->o.threads;
     cp.n_seq_max = s->o.max_seqs;

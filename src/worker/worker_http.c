@@ -10,6 +10,7 @@
  * request's constraint, advanced by the engine); the reply text is turned
  * into OpenAI tool_calls here (non-stream and stream) when it is a call.
  */
+#include "quant/quant.h"
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
@@ -47,6 +48,7 @@ wk_options wk_default_options(void)
     o.max_seqs = 4;
     o.reserve = 0.10f;
     o.policy = ENG_KV_RESERVE;
+    o.kv_type = ENG_TYPE_F16;
     o.prefix_cache = true;
     o.prefill_chunk = 64;
     o.max_queue = 64;

@@ -108,7 +108,8 @@ static uint64_t self_bytes(dev_device *dev)
  * blocks their window of 8 reaches, 2 of 16 tokens, where the context is
  * longer - a llama file with a window of 8, every layer sliding, and
  * qwen3moe's router and experts, every expert held on the device),
- * profiles and context sizes. */
+ * profiles and context sizes, and for the shapes whose heads are whole
+ * blocks of 32 (qwen3, gemma3, qwen3moe) the q8_0 and q4_0 KV types too. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
@@ -138,6 +139,10 @@ static void test_plan_equals_allocation(void **state)
                                      shapes[s].ff, shapes[s].type);
         int32_t n_layer = eng_model_hparams(model)->n_layer;
         const int32_t gpu_layers[] = {-1, 0, 1, n_layer - 1};
+        const uint32_t kv_types[] = {ENG_TYPE_F16, ENG_TYPE_Q8_0, ENG_TYPE_Q4_0};
+        const size_t n_kv_types = eng_kv_type_supported(eng_model_hparams(model), ENG_TYPE_Q8_0)
+                                      ? 3 : 1;
+        for (size_t kt = 0; kt < n_kv_types; kt++)
         for (size_t g = 0; g < 4; g++) {
             for (size_t c = 0; c < 3; c++) {
                 int32_t n_seqs = 1 + (int32_t)(c % 2);
@@ -148,7 +153,9 @@ static void test_plan_equals_allocation(void **state)
                 cp.n_batch = 32;
                 cp.device = dev;
                 cp.n_gpu_layers = gpu_layers[g];
+                cp.kv_type = kv_types[kt];
                 eng_plan_params pp = eng_plan_default_params();
+                pp.kv_type = kv_types[kt];
                 pp.n_gpu_layers = gpu_layers[g];
                 pp.n_ctx = ctx_sizes[c];
                 pp.n_seqs = n_seqs;
@@ -168,9 +175,9 @@ static void test_plan_equals_allocation(void **state)
                     assert_int_equal(eng_seq_reserve(ctx, q, ctx_sizes[c], &err), SW_OK);
                 uint64_t used = self_bytes(dev) - before;
                 if (used != plan.device_bytes || used != eng_context_device_bytes(ctx))
-                    fail_msg("shape %zu (%s) gpu-layers %d ctx %d seqs %d: planned %llu, "
+                    fail_msg("shape %zu (%s) kv %s gpu-layers %d ctx %d seqs %d: planned %llu, "
                              "allocated %llu, context says %zu", s, shapes[s].arch,
-                             gpu_layers[g], ctx_sizes[c], n_seqs,
+                             eng_kv_type_name(kv_types[kt]), gpu_layers[g], ctx_sizes[c], n_seqs,
                              (unsigned long long)plan.device_bytes, (unsigned long long)used,
                              eng_context_device_bytes(ctx));
                 assert_true(plan.fits);

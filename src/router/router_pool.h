@@ -66,6 +66,8 @@ typedef struct rt_worker {
     int64_t kv_sliding_block_bytes;
     int32_t kv_sliding_blocks_max;
     int64_t kv_held_bytes;      /* device KV the worker holds now */
+    char kv_type[8];            /* its KV cache's element type ("f16", "q8_0",
+                                   ...; "" unknown) */
     int64_t kv_cached_bytes;    /* device KV its prefix cache keeps (evictable,
                                    in its budget) */
     int64_t kv_reported_budget; /* the KV it could hold now (kv.budget_bytes), -1 none */

@@ -294,11 +294,28 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     return false;
 }
 
-/* The failover event of a request that failed over at least once. */
+/* A worker's KV cache type by name ("" when unknown or gone). */
+static void worker_kv_type(rt_router *rt, const char *name, char *out, size_t cap)
+{
+    out[0] = '\0';
+    pthread_mutex_lock(&rt->pool.mu);
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (!strcmp(rt->pool.w[i].cfg.name, name))
+            snprintf(out, cap, "%s", rt->pool.w[i].kv_type);
+    pthread_mutex_unlock(&rt->pool.mu);
+}
+
+/* The failover event of a request that failed over at least once. With
+ * the KV cache types of the first worker and the one that finished: a
+ * replay or resume is token-exact between workers of the same kind and KV
+ * type; across types the answer is a valid one, not the same bits. */
 static void record_failover(const rt_req *q, const rt_relay *r, json_t *first_error,
                             const rt_failover *first, double t0, double replay_start,
                             rt_outcome last)
 {
+    char final_kv[8] = "";
+    if (r->finished)
+        worker_kv_type(q->rt, r->final_worker, final_kv, sizeof final_kv);
     json_t *ev = json_pack(
         "{s:s, s:f, s:o, s:s, s:s, s:s?, s:f, s:f, s:I, s:i, s:s, s:b, s:b}", "request_id",
         q->request_id, "received_time", t0, "first_error", first_error, "decision",
@@ -307,6 +324,11 @@ static void record_failover(const rt_req *q, const rt_relay *r, json_t *first_er
         rt__wall_s(), "tokens", (json_int_t)r->n_tokens, "attempts", q->attempts, "outcome",
         r->finished ? "completed" : last == RT_OUT_CLIENT_GONE ? "cancelled" : "failed",
         "client_connected", last != RT_OUT_CLIENT_GONE, "stream", r->stream);
+    const char *first_kv = json_string_value(json_object_get(first_error, "kv_type"));
+    if (ev && final_kv[0] && first_kv && first_kv[0]) {
+        json_object_set_new(ev, "replay_kv_type", json_string(final_kv));
+        json_object_set_new(ev, "same_kv_type", json_boolean(!strcmp(final_kv, first_kv)));
+    }
     if (ev)
         rt__ev_record(q->rt, ev);
     json_decref(ev);
@@ -661,6 +683,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
         if (!first_error) {
             first_error = json_pack("{s:s, s:s, s:s, s:f}", "worker", w->cfg.name, "kind",
                                     rt_outcome_name(last), "phase", r.phase, "time", rt__wall_s());
+            char kv[8];
+            worker_kv_type(rt, w->cfg.name, kv, sizeof kv);
+            if (first_error && kv[0])
+                json_object_set_new(first_error, "kv_type", json_string(kv));
             first = f;
         } else if (f.action == RT_FO_STOP && first.action != RT_FO_STOP) {
             first.decision = f.decision; /* how it ended, e.g. no resume */

@@ -97,6 +97,8 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
     if (!o)
         return NULL;
     json_object_set_new(o, "model", json_string(rt->models[w->model].cfg.name));
+    if (w->kv_type[0])
+        json_object_set_new(o, "kv_type", json_string(w->kv_type));
     json_object_set_new(o, "kind", json_string(w->cfg.kind == RT_KIND_OPENAI ? "openai"
                                                : w->cfg.kind == RT_KIND_LLAMA_SERVER
                                                    ? "llama-server"

@@ -275,6 +275,12 @@ static void sup_health(rt_router *rt, rt_worker *w)
         w->kv_held_bytes = held > 0 ? (int64_t)held : 0;
         json_int_t cached = json_integer_value(json_object_get(kv, "device_cached_bytes"));
         w->kv_cached_bytes = cached > 0 ? (int64_t)cached : 0;
+        const char *kt = json_string_value(json_object_get(j, "kv_type"));
+        snprintf(w->kv_type, sizeof w->kv_type, "%s",
+                 kt && (!strcmp(kt, "f16") || !strcmp(kt, "f32") || !strcmp(kt, "q8_0") ||
+                        !strcmp(kt, "q4_0"))
+                     ? kt
+                     : "");
         /* a sliding-window model's local layers: counted only when the
          * share is a part of the block and the cap is one a context has */
         json_int_t sb = json_integer_value(json_object_get(kv, "sliding_block_device_bytes"));

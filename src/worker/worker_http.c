@@ -944,6 +944,9 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
                       cache.blocks_shared, "bytes_cached", (json_int_t)cache.bytes_cached,
                       "device_bytes_cached", (json_int_t)cache.device_bytes_cached));
         json_object_set_new(h, "ctx_limit", json_integer(s->n_ctx));
+        json_object_set_new(
+            h, "kv_type",
+            json_string(eng_kv_type_name(eng_context_params_get(s->ctx)->kv_type)));
         json_object_set_new(h, "policy",
                             json_string(s->o.policy == ENG_KV_GROW ? "grow" : "reserve"));
         json_object_set_new(h, "prefill_tokens_per_second", json_real(pre));

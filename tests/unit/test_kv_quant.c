@@ -5,6 +5,7 @@
  * the prefix cache with them. (test_placement checks that the plan equals
  * the allocation for them.) */
 #include "testutil.h"
+#include "worker_client.h"
 
 #include "common/alloc.h"
 #include "device/device.h"
@@ -13,6 +14,7 @@
 #include "modelgen/model_make.h"
 #include "quant/quant.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -273,6 +275,47 @@ static void test_prefix_cache_with_q4_0(void **state)
     eng_model_free(model);
 }
 
+/* A worker with --kv-type q8_0 says so in /health and answers; one whose
+ * model's heads are not whole blocks stops at start-up, saying why. */
+static void test_worker_kv_type(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin()) {
+        printf("SKIP: needs the spillway binary (SPILLWAY_BIN)\n");
+        skip();
+    }
+    eng_model_free(make("kvq-worker.gguf", 256, 4));
+    char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp_path("kvq-worker.gguf"));
+    static const char *const args[] = {"--kv-type", "q8_0", "--threads", "1", "--ctx-limit",
+                                       "256", "--no-calibrate", NULL};
+    wc_worker w;
+    assert_int_equal(wc_worker_start(&w, path, args, NULL, 30, NULL), 0);
+    wc_response r;
+    assert_int_equal(wc_request(w.socket_path, "GET", "/health", NULL, 10000, &r), 0);
+    json_t *h = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(h, "kv_type")), "q8_0");
+    json_decref(h);
+    wc_response_free(&r);
+    assert_int_equal(wc_request(w.socket_path, "POST", "/v1/completions",
+                                "{\"prompt\":[5,6,7,8],\"max_tokens\":8,\"temperature\":0}",
+                                30000, &r),
+                     0);
+    assert_int_equal(r.status, 200);
+    wc_response_free(&r);
+    assert_int_equal(wc_worker_stop(&w), 0);
+
+    eng_model_free(make("kvq-worker16.gguf", 64, 4));
+    snprintf(path, sizeof path, "%s", tu_tmp_path("kvq-worker16.gguf"));
+    int status = 0;
+    assert_int_equal(wc_worker_start(&w, path, args, NULL, 30, &status), -1);
+    assert_int_equal(status, 1);
+    char *log = tu_read_file(w.log_path, NULL);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "multiple of 32"));
+    sw_free(log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_sequences_that_fit),
         cmocka_unit_test(test_fidelity),
         cmocka_unit_test(test_prefix_cache_with_q4_0),
+        cmocka_unit_test(test_worker_kv_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

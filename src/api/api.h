@@ -114,5 +114,8 @@ bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
  * with the reason); SW_ENOMEM. */
 int api_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
                            size_t *n_tokens);
+/* The same with the token ids themselves (*ids_out, sw_free) on SW_OK. */
+int api_chat_prompt_ids(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
+                        int32_t **ids_out, size_t *n_tokens);
 
 #endif

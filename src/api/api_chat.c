@@ -302,6 +302,15 @@ bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
 int api_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
                            size_t *n_tokens)
 {
+    int32_t *ids = NULL;
+    int rc = api_chat_prompt_ids(tok, family, body, &ids, n_tokens);
+    sw_free(ids);
+    return rc;
+}
+
+int api_chat_prompt_ids(const eng_tokenizer *tok, eng_chat_family family, json_t *body,
+                        int32_t **ids_out, size_t *n_tokens)
+{
     json_t *messages = json_object_get(body, "messages");
     if (!json_is_array(messages) || json_array_size(messages) == 0)
         return SW_EINVAL;
@@ -317,8 +326,11 @@ int api_chat_prompt_tokens(const eng_tokenizer *tok, eng_chat_family family, jso
               api_chat_tokenize(tok, family, &m, api_tools_in_prompt(&t, body) ? t.text : NULL,
                                 &ids, &n, &e);
     int rc = ok ? SW_OK : sw_alloc_thread_failures() != failures ? SW_ENOMEM : SW_EINVAL;
-    if (ok)
+    if (ok) {
         *n_tokens = n;
+        *ids_out = ids;
+        ids = NULL;
+    }
     sw_free(ids);
     api_chat_messages_free(&m);
     api_tools_free(&t);

@@ -5,6 +5,11 @@
 
 #include <string.h>
 
+static int rt_policy_match(const rt_worker_view *w, const rt_need *need)
+{
+    return rt_prefix_match(w->prefix, need->prefix, need->n_prefix);
+}
+
 int64_t rt_policy_kv_bytes(const rt_worker_view *w, long tokens)
 {
     if (!w->count_memory || tokens <= 0)
@@ -18,6 +23,21 @@ int64_t rt_policy_kv_bytes(const rt_worker_view *w, long tokens)
     return blocks * w->block_bytes - beyond * w->sliding_block_bytes;
 }
 
+bool rt_policy_prefers(const rt_worker_view *a, int ma, const rt_worker_view *b, int mb,
+                       long prompt, long gen)
+{
+    if (mb <= ma)
+        return false;
+    if (a->prefill_rate > 0 && a->decode_rate > 0 && b->prefill_rate > 0 && b->decode_rate > 0) {
+        double left_a = (double)prompt - (double)ma * RT_PREFIX_BLOCK_TOKENS;
+        double left_b = (double)prompt - (double)mb * RT_PREFIX_BLOCK_TOKENS;
+        double ta = (left_a > 0 ? left_a : 0) / a->prefill_rate + (double)gen / a->decode_rate;
+        double tb = (left_b > 0 ? left_b : 0) / b->prefill_rate + (double)gen / b->decode_rate;
+        return tb < ta;
+    }
+    return true;
+}
+
 int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tried,
                      rt_decision *d)
 {
@@ -27,7 +47,11 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
     int unknown_rates = -1;
     int64_t unknown_bytes = 0;
     long unknown_tokens = 0;
-    for (int k = 0; k < v->n && d->worker < 0; k++) {
+    /* with the prompt's blocks, every worker is looked at: the one chosen
+     * so far (k_best) may give way to one that holds more of the prompt */
+    const bool by_prefix = need->prefix && need->n_prefix > 0 && !need->idle;
+    int k_best = -1, m_best = 0;
+    for (int k = 0; k < v->n && (d->worker < 0 || by_prefix); k++) {
         const rt_worker_view *w = &v->w[k];
         unsigned why = 0;
         long prompt = need->prompt < 0 ? 0 : need->prompt;
@@ -85,6 +109,13 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
         d->reason[w->index] = why;
         d->skipped |= why;
         if (!why) {
+            int m = by_prefix && w->prefix ? rt_policy_match(w, need) : 0;
+            long gen = tokens - prompt;
+            if (k_best >= 0 &&
+                !rt_policy_prefers(&v->w[k_best], m_best, w, m, prompt, gen > 0 ? gen : 0))
+                continue;
+            k_best = k;
+            m_best = m;
             d->worker = w->index;
             d->kv_bytes = bytes;
             d->kv_tokens = tokens;

@@ -11,6 +11,7 @@
 #define SPILLWAY_ROUTER_POOL_H
 
 #include "router/router.h"
+#include "router/router_prefix.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -66,6 +67,8 @@ typedef struct rt_worker {
     int64_t kv_sliding_block_bytes;
     int32_t kv_sliding_blocks_max;
     int64_t kv_held_bytes;      /* device KV the worker holds now */
+    rt_prefix_summary prefix;   /* the prompts it was given lately (its
+                                   prefix cache's likely contents) */
     char kv_type[8];            /* its KV cache's element type ("f16", "q8_0",
                                    ...; "" unknown) */
     int64_t kv_cached_bytes;    /* device KV its prefix cache keeps (evictable,
@@ -159,6 +162,7 @@ typedef struct rt_worker_view {
     bool shared_device;
     int64_t kv_device_capacity, kv_device_room;
     double prefill_rate, decode_rate;
+    const rt_prefix_summary *prefix; /* the worker's; read under the pool's lock */
 } rt_worker_view;
 
 typedef struct rt_pool_view {

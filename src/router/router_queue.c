@@ -93,6 +93,9 @@ static void grant(rt_queue *q, rt_pool_view *v, rt_waiter *w, const rt_decision 
     const rt_worker *wk = &q->pool->w[d->worker];
     w->generation = (uint64_t)(uint32_t)wk->restarts << 32 | (uint32_t)wk->pid;
     rt_pool_take_locked(q->pool, d->worker, d->kv_bytes);
+    /* its prompt will be in that worker's prefix cache */
+    if (w->need.prefix)
+        rt_prefix_note(&q->pool->w[d->worker].prefix, w->need.prefix, w->need.n_prefix);
     int device = -1;
     for (int k = 0; k < v->n; k++)
         if (v->w[k].index == d->worker)

@@ -50,34 +50,48 @@ static void count(rt_router *rt, uint64_t *counter)
 }
 
 /* Exact prompt tokens as the worker will count them, or -1 when the body
- * cannot be tokenized here (the worker then validates and answers). */
-static long count_prompt(const rt_model *m, json_t *body, bool chat)
+ * cannot be tokenized here (the worker then validates and answers); with
+ * prefix (RT_PREFIX_MAX_BLOCKS entries), the chain hashes of its blocks
+ * for placement by prefix (router_prefix.h), their count in *n_prefix. */
+static long count_prompt(const rt_model *m, json_t *body, bool chat, uint64_t *prefix,
+                         int *n_prefix)
 {
     int32_t *ids = NULL;
     size_t n = 0;
     long result = -1;
+    if (n_prefix)
+        *n_prefix = 0;
     if (!chat) {
         json_t *p = json_object_get(body, "prompt");
         if (json_is_array(p) && json_array_size(p) == 1 &&
             (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
             p = json_array_get(p, 0);
-        if (json_is_array(p)) /* token ids, as the worker takes them */
-            return json_array_size(p) > 0 ? (long)json_array_size(p) : -1;
-        if (!json_is_string(p))
-            return -1;
-        if (eng_tokenize(m->tok, json_string_value(p), json_string_length(p),
-                         eng_tokenizer_add_bos(m->tok), false, &ids, &n, NULL) == 0)
+        if (json_is_array(p)) { /* token ids, as the worker takes them */
+            n = json_array_size(p);
+            if (n == 0)
+                return -1;
+            ids = prefix ? sw_malloc(n * sizeof *ids) : NULL;
+            for (size_t i = 0; ids && i < n; i++) {
+                json_t *t = json_array_get(p, i);
+                ids[i] = json_is_integer(t) ? (int32_t)json_integer_value(t) : -1;
+            }
             result = (long)n;
-        sw_free(ids);
-        return result;
+        } else if (json_is_string(p) &&
+                   eng_tokenize(m->tok, json_string_value(p), json_string_length(p),
+                                eng_tokenizer_add_bos(m->tok), false, &ids, &n, NULL) == 0) {
+            result = (long)n;
+        }
+    } else {
+        /* the worker's own rendering: template, tool definitions, tool calls
+         * and results, content parts (api/api.h) */
+        json_t *msgs = json_object_get(body, "messages");
+        if (json_is_array(msgs) && json_array_size(msgs) > 0 && json_array_size(msgs) <= 100000 &&
+            api_chat_prompt_ids(m->tok, m->family, body, &ids, &n) == SW_OK)
+            result = (long)n;
     }
-    /* the worker's own rendering: template, tool definitions, tool calls
-     * and results, content parts (api/api.h) */
-    json_t *msgs = json_object_get(body, "messages");
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0 || json_array_size(msgs) > 100000)
-        return -1;
-    if (api_chat_prompt_tokens(m->tok, m->family, body, &n) == SW_OK)
-        result = (long)n;
+    if (result >= 0 && ids && prefix && n_prefix)
+        *n_prefix = rt_prefix_hashes(ids, n, prefix, RT_PREFIX_MAX_BLOCKS);
+    sw_free(ids);
     return result;
 }
 
@@ -517,7 +531,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
         uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
         json_object_set_new(body, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
-    long prompt = count_prompt(&rt->models[q->model], body, chat);
+    /* the prompt's blocks, for placement by prefix (none: no preference) */
+    uint64_t *prefix = sw_malloc(RT_PREFIX_MAX_BLOCKS * sizeof *prefix);
+    int n_prefix = 0;
+    long prompt = count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
     if (q->idem_key[0])
         q->durable = true; /* an Idempotency-Key's attempts are promised */
     bool *tried = q->tried; /* kept across an agent run's steps */
@@ -538,6 +555,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.model = rt->route_by_model ? q->model : -1;
         wt.need.prompt = prompt < 0 ? -1 : prompt + (long)r.n_tokens;
         wt.need.max_tokens = remaining;
+        wt.need.prefix = prefix;
+        wt.need.n_prefix = prefix ? n_prefix : 0;
         wt.need.resume = r.stream && (r.n_tokens > 0 || r.content_sent);
         /* the model asked for and the one answering (a fallback): either's
          * remote = never keeps the request on the machine */
@@ -574,7 +593,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                          : -1;
             if (to >= 0) {
                 fall_back(q, body, to, ar, t0);
-                prompt = count_prompt(&rt->models[q->model], body, chat);
+                prompt = count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
                 continue;
             }
             if (ar == RT_ADMIT_NEVER && ctx_refused && !failed_before && !r.headers_sent) {
@@ -766,6 +785,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         pthread_mutex_unlock(&rt->mu);
     }
     sw_free(r.tokens);
+    sw_free(prefix);
     json_decref(body);
 }
 

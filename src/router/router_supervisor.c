@@ -147,6 +147,7 @@ spawn:;
     w->last_ok = w->started_at;
     w->ready_once = false;
     w->ls_vocab_checked = w->ls_vocab_same = false; /* a new process: asked again */
+    rt_prefix_clear(&w->prefix);                     /* ... with an empty cache */
     if (RT_KIND_EXTERNAL(c->kind))
         SW_INFO("router", "worker %s: started pid %d (%s, at %s), log %s", c->name, (int)pid, exe,
                 w->address, w->log_path);

@@ -877,6 +877,112 @@ static void test_queue_grant_and_release(void **state)
     assert_int_equal(g_queue.passes, 0);
 }
 
+/* Placement by prefix (router_prefix.h): a granted prompt's blocks go
+ * into its worker's summary, and the next request that starts the same is
+ * granted there while it has room - over the preferred worker, which
+ * holds none of it; otherwise preference order as before. With rates, a
+ * worker whose prefill of what it lacks plus decode is predicted slower
+ * does not take it for its cache. A new process starts with an empty
+ * summary. */
+static void test_queue_prefix_placement(void **state)
+{
+    (void)state;
+    g_stop = 0;
+    pool_fill(&g_pool, 2);
+    rt_queue_init(&g_queue, &g_pool, 8);
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = 3 + i * 7;
+    uint64_t h[RT_PREFIX_MAX_BLOCKS], other[RT_PREFIX_MAX_BLOCKS];
+    int n = rt_prefix_hashes(ids, 200, h, RT_PREFIX_MAX_BLOCKS);
+    assert_int_equal(n, 199 / 16); /* never the last token's block */
+    assert_int_equal(rt_prefix_hashes(ids, 17, h, RT_PREFIX_MAX_BLOCKS), 1);
+    assert_int_equal(rt_prefix_hashes(ids, 16, h, RT_PREFIX_MAX_BLOCKS), 0);
+    assert_int_equal(rt_prefix_hashes(ids, 200, h, 4), 4);
+    n = rt_prefix_hashes(ids, 200, h, RT_PREFIX_MAX_BLOCKS);
+    ids[40] = 1; /* a prompt that parts in block 2 */
+    int n_other = rt_prefix_hashes(ids, 200, other, RT_PREFIX_MAX_BLOCKS);
+    assert_true(other[0] == h[0] && other[1] == h[1] && other[2] != h[2]);
+
+    /* the first goes to w0 (preferred); w1 has served the prompt before */
+    rt_prefix_note(&g_pool.w[1].prefix, h, n);
+    assert_int_equal(rt_prefix_match(&g_pool.w[1].prefix, h, n), n);
+    assert_int_equal(rt_prefix_match(&g_pool.w[1].prefix, other, n_other), 2);
+    assert_int_equal(rt_prefix_match(&g_pool.w[0].prefix, h, n), 0);
+    rt_waiter a, b, c, d;
+    waiter_init(&g_queue, &a, 200, 10, -1);
+    a.need.prefix = h;
+    a.need.n_prefix = n;
+    assert_int_equal(admit_now(&g_queue, &a), RT_ADMIT_OK);
+    assert_int_equal(a.grant.worker, 1);
+    /* one that parts after two blocks also prefers w1 (2 > 0) */
+    waiter_init(&g_queue, &b, 200, 10, -1);
+    b.need.prefix = other;
+    b.need.n_prefix = n_other;
+    assert_int_equal(admit_now(&g_queue, &b), RT_ADMIT_OK);
+    assert_int_equal(b.grant.worker, 1);
+    /* ... and is remembered there now */
+    assert_int_equal(rt_prefix_match(&g_pool.w[1].prefix, other, n_other), n_other);
+    /* no hashes: preference order */
+    waiter_init(&g_queue, &c, 200, 10, -1);
+    assert_int_equal(admit_now(&g_queue, &c), RT_ADMIT_OK);
+    assert_int_equal(c.grant.worker, 0);
+    /* w1 full: w0 takes it, and remembers it too */
+    g_pool.w[1].books.seqs = 4;
+    waiter_init(&g_queue, &d, 200, 10, -1);
+    d.need.prefix = h;
+    d.need.n_prefix = n;
+    assert_int_equal(admit_now(&g_queue, &d), RT_ADMIT_OK);
+    assert_int_equal(d.grant.worker, 0);
+    assert_int_equal(d.grant.reason[1], RT_SKIP_SLOTS);
+    assert_int_equal(rt_prefix_match(&g_pool.w[0].prefix, h, n), n);
+    g_pool.w[1].books.seqs = 0;
+    rt_queue_release(&g_queue, 1, 0, NULL);
+    rt_queue_release(&g_queue, 1, 0, NULL);
+    rt_queue_release(&g_queue, 0, 0, NULL);
+    rt_queue_release(&g_queue, 0, 0, NULL);
+
+    /* rates: w1 (a CPU worker, say) holds the whole prompt but decodes 20
+     * times slower than w0, which holds none of it: 200 tokens of prefill
+     * at 2000/s (0.1 s) plus 100 of decode at 200/s (0.5 s) on w0 beat
+     * 100 at 10/s (10 s) on w1 */
+    rt_prefix_clear(&g_pool.w[0].prefix);
+    g_pool.w[0].prefill_rate = 2000;
+    g_pool.w[0].decode_rate = 200;
+    g_pool.w[1].prefill_rate = 200;
+    g_pool.w[1].decode_rate = 10;
+    rt_waiter e;
+    waiter_init(&g_queue, &e, 200, 100, -1);
+    e.need.prefix = h;
+    e.need.n_prefix = n;
+    assert_int_equal(admit_now(&g_queue, &e), RT_ADMIT_OK);
+    assert_int_equal(e.grant.worker, 0);
+    rt_queue_release(&g_queue, 0, 0, NULL);
+    /* the same rates, w0 a little faster at decode only: the saved
+     * prefill on w1 wins */
+    rt_prefix_clear(&g_pool.w[0].prefix);
+    g_pool.w[1].decode_rate = 190;
+    rt_waiter f;
+    waiter_init(&g_queue, &f, 2000, 10, -1);
+    int32_t long_ids[2000];
+    for (int i = 0; i < 2000; i++)
+        long_ids[i] = 5 + i;
+    static uint64_t lh[RT_PREFIX_MAX_BLOCKS];
+    int nl = rt_prefix_hashes(long_ids, 2000, lh, RT_PREFIX_MAX_BLOCKS);
+    rt_prefix_note(&g_pool.w[1].prefix, lh, nl);
+    f.need.prefix = lh;
+    f.need.n_prefix = nl;
+    assert_int_equal(admit_now(&g_queue, &f), RT_ADMIT_OK);
+    assert_int_equal(f.grant.worker, 1);
+    rt_queue_release(&g_queue, 1, 0, NULL);
+    assert_true(rt_policy_prefers(&(rt_worker_view){.prefill_rate = 0}, 0,
+                                  &(rt_worker_view){.prefill_rate = 0}, 1, 100, 10));
+    assert_false(rt_policy_prefers(&(rt_worker_view){.prefill_rate = 0}, 3,
+                                   &(rt_worker_view){.prefill_rate = 0}, 3, 100, 10));
+    rt_prefix_clear(&g_pool.w[1].prefix);
+    assert_int_equal(rt_prefix_match(&g_pool.w[1].prefix, h, n), 0);
+}
+
 /* The books' reservations bound memory: a third request that does not fit
  * what is left waits (max_wait_s 0: TIMEOUT at once, not NEVER: idle it
  * fits), and fits again once one is released. */
@@ -1288,6 +1394,7 @@ int main(void)
         cmocka_unit_test(test_failover_table),
         cmocka_unit_test(test_failover_outcome_names),
         cmocka_unit_test_teardown(test_queue_grant_and_release, queue_teardown),
+        cmocka_unit_test_teardown(test_queue_prefix_placement, queue_teardown),
         cmocka_unit_test_teardown(test_queue_memory_books, queue_teardown),
         cmocka_unit_test_teardown(test_queue_refusals, queue_teardown),
         cmocka_unit_test_teardown(test_queue_shared_device, queue_teardown),

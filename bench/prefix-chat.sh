@@ -14,8 +14,9 @@
 #    competes with the other for the cores. CONVERSATIONS conversations
 #    (each its own system prompt); the median of turns 2..TURNS per server.
 # 2. Throughput with 8 chats at once that share one system prompt (3 turns
-#    of 48 tokens each): spillway --max-seqs 8 against llama-server -np 8,
-#    one server at a time, ROUNDS rounds alternated.
+#    of 48 tokens each, a new system prompt each round): spillway
+#    --max-seqs 8 against llama-server -np 8, one server at a time, ROUNDS
+#    rounds alternated.
 # 3. Sequences of 2048 tokens that fit on a 256 MiB sim-gpu with f16, q8_0
 #    and q4_0 KV (`spillway model plan`).
 #
@@ -30,9 +31,11 @@ turns=${TURNS:-6}
 rounds=${ROUNDS:-2}
 ref_bin="${REF_DIR:-build-reference}/src/build/bin/llama-server"
 dir="$build/models"
-model="$dir/bench-small-q8_0.gguf"
+# the small preset (512-dim, 8 layers, 32k vocabulary, Q8_0) trained for
+# 8192 tokens, so that a conversation is not cut at the preset's 2048
+model="$dir/bench-small-q8_0-ctx8k.gguf"
 mkdir -p "$dir"
-[ -f "$model" ] || "$bin" model make --preset small --type q8_0 -o "$model" >/dev/null
+[ -f "$model" ] || "$bin" model make --preset small --type q8_0 --ctx 8192 -o "$model" >/dev/null
 
 port_sw=$((20000 + $$ % 10000))
 port_ls=$((port_sw + 1))
@@ -126,6 +129,8 @@ for ci in range(convs):
             history[name].append({"role": "user",
                                   "content": f"Question {t}: what happens next by the river?"})
             s, text, prompt, cached = chat(port, history[name], 32)
+            if s is None:
+                sys.exit(f"{name}: turn {t} of conversation {ci} gave no text (see its log)")
             ttft[name][t].append(s)
             if t > 1 and cached is not None:
                 cached_seen[name].append((prompt, cached))
@@ -147,8 +152,7 @@ if have_ls:
 
 # ---- 2. 8 chats sharing a system prompt -----------------------------------
 print("2. 8 chats at once sharing one system prompt, 3 turns of 48 tokens each")
-shared = system_prompt(99)
-def client(port, i, out):
+def client(port, i, out, shared):
     msgs = [{"role": "system", "content": shared}]
     n = 0
     for t in range(3):
@@ -159,9 +163,10 @@ def client(port, i, out):
     out[i] = n
 results = {name: [] for name, _ in servers}
 for rnd in range(rounds):
+    shared = system_prompt(99 + rnd)  # a new one each round: no server has it yet
     for name, port in servers:
         out = [0] * 8
-        th = [threading.Thread(target=client, args=(port, i, out)) for i in range(8)]
+        th = [threading.Thread(target=client, args=(port, i, out, shared)) for i in range(8)]
         t0 = time.monotonic()
         for x in th: x.start()
         for x in th: x.join()

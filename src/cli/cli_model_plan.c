@@ -148,6 +148,7 @@ int cli_model_plan(int argc, char **argv)
         json_object_set_new(rec, "kv_sliding_blocks_max", json_integer(plan.kv_sliding_blocks_max));
         json_object_set_new(rec, "kv_blocks_per_seq", json_integer(plan.kv_blocks_per_seq));
         json_object_set_new(rec, "sliding_window", json_integer(hp->n_swa));
+        json_object_set_new(rec, "kv_type", json_string(eng_kv_type_name(pp.kv_type)));
         char *text = json_dumps(rec, JSON_COMPACT);
         printf("%s\n", text);
         sw_free(text);
@@ -177,9 +178,9 @@ int cli_model_plan(int argc, char **argv)
             printf("  experts        %12d per layer, %d used per token: all held (%s of "
                    "weights), %s read per decoded token\n", hp->n_expert, hp->n_expert_used, a, b);
         }
-        printf("  kv per token   %12llu bytes on the device, %llu in host memory\n",
+        printf("  kv per token   %12llu bytes on the device, %llu in host memory (%s)\n",
                (unsigned long long)plan.kv_bytes_per_token_device,
-               (unsigned long long)plan.kv_bytes_per_token_host);
+               (unsigned long long)plan.kv_bytes_per_token_host, eng_kv_type_name(pp.kv_type));
         if (plan.kv_sliding_blocks_max > 0) {
             /* a sliding layer's share is held for the window only: past
              * its ring a token adds only the global layers' share */
@@ -195,7 +196,8 @@ int cli_model_plan(int argc, char **argv)
         }
         human(plan.kv_device_bytes, a, sizeof a);
         human(plan.kv_host_bytes, b, sizeof b);
-        printf("  kv for ctx     %12s on the device, %s in host memory\n", a, b);
+        printf("  kv for ctx     %12s on the device, %s in host memory: in use by requests,\n"
+               "                 or kept by the prefix cache (evictable, never more)\n", a, b);
         human(plan.workspace_bytes, a, sizeof a);
         printf("  workspace      %12s%s\n", a, plan.n_device_layers ? " (device)" : " (host)");
         human(plan.reserve_bytes, a, sizeof a);

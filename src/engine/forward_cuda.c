@@ -332,7 +332,10 @@ static int layer_forward(eng_context *ctx, int32_t l, int64_t n, bool per_token,
         .max_blocks = ctx->max_blocks_per_seq,
         .block_tokens = ctx->params.kv_block_tokens,
         .kv_dim = (int32_t)kv_dim,
-        .f16 = ctx->params.kv_type != ENG_TYPE_F32,
+        .type = ctx->params.kv_type == ENG_TYPE_F16    ? CUDA_KV_F16
+                : ctx->params.kv_type == ENG_TYPE_Q8_0 ? CUDA_KV_Q8_0
+                : ctx->params.kv_type == ENG_TYPE_Q4_0 ? CUDA_KV_Q4_0
+                                                       : CUDA_KV_F32,
     };
     int rc;
 

@@ -385,12 +385,6 @@ int eng_context_create(const eng_model *model, const eng_context_params *params,
                  : sw_error_set(err, SW_EINVAL, "KV cache type must be f16, f32, q8_0 or q4_0");
         goto fail;
     }
-    if (p.device && dev_get_kind(p.device) == DEV_KIND_CUDA && p.n_gpu_layers != 0 &&
-        p.kv_type != ENG_TYPE_F16 && p.kv_type != ENG_TYPE_F32) {
-        rc = sw_error_set(err, SW_EINVAL, "KV cache type %s is not available on CUDA yet "
-                          "(f16 or f32)", eng_kv_type_name(p.kv_type));
-        goto fail;
-    }
     if (p.n_ctx > (1 << 24) || p.n_seq_max > 4096 || p.kv_block_tokens > 4096 ||
         !(p.reserve_fraction >= 0.0f && p.reserve_fraction < 1.0f) ||
         p.n_gpu_layers < -1 || p.n_gpu_layers > hp->n_layer) {

@@ -216,7 +216,7 @@ typedef struct eng_context_params {
     int32_t n_seq_max;       /* sequences that can be open at once (default 1) */
     int32_t kv_block_tokens; /* tokens per KV block (default 16) */
     uint32_t kv_type;        /* ENG_TYPE_F16 (default), F32, Q8_0 or Q4_0
-                                (eng_kv_type_supported; not Q8_0/Q4_0 on CUDA) */
+                                (eng_kv_type_supported) */
     /* Placement. device NULL is the CPU profile: everything in host memory,
      * weights read from the file mapping. With a device, the first
      * n_gpu_layers layers (-1 = all, the full profile; 0..n_layer = split)

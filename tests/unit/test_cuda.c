@@ -598,17 +598,45 @@ static void case_free(int on_gpu, void *p, size_t bytes)
         sw_free(p);
 }
 
-static void kv_attention_case(int f16, int on_gpu)
+/* The engine's type of a CUDA_KV_* type (for the CPU's reference). */
+static uint32_t kv_engine_type(int type)
 {
-    enum { BT = 4, MAXB = 4, SLOTS = 2, LAYERS = 2, NH = 4, NKV = 2, HD = 40 };
-    enum { KVD = NKV * HD, LAYER = 1 };
+    return type == CUDA_KV_F16    ? ENG_TYPE_F16
+           : type == CUDA_KV_Q8_0 ? ENG_TYPE_Q8_0
+           : type == CUDA_KV_Q4_0 ? ENG_TYPE_Q4_0
+                                  : ENG_TYPE_F32;
+}
+
+static const char *kv_type_label(int type)
+{
+    return eng_kv_type_name(kv_engine_type(type));
+}
+
+/* A float row as the cache will hold it: converted to the type and back
+ * with the CPU's reference code; the bytes into raw (row_bytes). */
+static void kv_as_stored(int type, const float *x, int n, float *out, unsigned char *raw)
+{
+    uint32_t t = kv_engine_type(type);
+    eng_quantize_row(t, x, raw, n);
+    eng_dequantize_row(t, raw, out, n);
+}
+
+/* heads of 32 values (whole blocks for q8_0 / q4_0), or 40 for the float
+ * types (a head size that is not a multiple of a warp) */
+static void kv_attention_case(int type, int on_gpu)
+{
+    const bool quant = type == CUDA_KV_Q8_0 || type == CUDA_KV_Q4_0;
+    enum { BT = 4, MAXB = 4, SLOTS = 2, LAYERS = 2, NH = 4, NKV = 2, HD_MAX = 40 };
+    enum { KVD_MAX = NKV * HD_MAX, LAYER = 1 };
+    const int HD = quant ? 32 : HD_MAX, KVD = NKV * HD;
     const int32_t n_pos[SLOTS] = {13, 7};
-    const size_t elem = f16 ? 2 : 4;
-    const size_t block_bytes = (size_t)LAYERS * 2 * BT * KVD * elem;
+    const size_t row_bytes = cuda_kv_row_bytes(type, KVD);
+    const size_t block_bytes = (size_t)LAYERS * 2 * BT * row_bytes;
     unsigned char *blocks[SLOTS * MAXB] = {0};
     /* K and V of every (slot, position), as the cache will hold them. */
-    static float k[SLOTS][MAXB * BT][KVD], v[SLOTS][MAXB * BT][KVD];
-    float rows_k[20 * KVD], rows_v[20 * KVD];
+    static float k[SLOTS][MAXB * BT][KVD_MAX], v[SLOTS][MAXB * BT][KVD_MAX];
+    static unsigned char k_raw[SLOTS][MAXB * BT][KVD_MAX * 4], v_raw[SLOTS][MAXB * BT][KVD_MAX * 4];
+    float rows_k[20 * KVD_MAX], rows_v[20 * KVD_MAX];
     int32_t slot_of[20], pos_of[20];
     int n_rows = 0;
 
@@ -622,11 +650,9 @@ static void kv_attention_case(int f16, int on_gpu)
             for (int i = 0; i < KVD; i++) {
                 rows_k[n_rows * KVD + i] = rnd();
                 rows_v[n_rows * KVD + i] = rnd();
-                k[s][p][i] = f16 ? eng_fp16_to_fp32(eng_fp32_to_fp16(rows_k[n_rows * KVD + i]))
-                                 : rows_k[n_rows * KVD + i];
-                v[s][p][i] = f16 ? eng_fp16_to_fp32(eng_fp32_to_fp16(rows_v[n_rows * KVD + i]))
-                                 : rows_v[n_rows * KVD + i];
             }
+            kv_as_stored(type, rows_k + n_rows * KVD, KVD, k[s][p], k_raw[s][p]);
+            kv_as_stored(type, rows_v + n_rows * KVD, KVD, v[s][p], v_raw[s][p]);
         }
     unsigned char **d_table = case_copy(on_gpu, blocks, sizeof blocks);
     int32_t *d_slot = case_copy(on_gpu, slot_of, sizeof slot_of);
@@ -634,32 +660,30 @@ static void kv_attention_case(int f16, int on_gpu)
     float *d_k = case_copy(on_gpu, rows_k, sizeof rows_k);
     float *d_v = case_copy(on_gpu, rows_v, sizeof rows_v);
     cuda_kv_view kv = {.d_blocks = d_table, .max_blocks = MAXB, .block_tokens = BT,
-                       .kv_dim = KVD, .f16 = f16};
+                       .kv_dim = KVD, .type = type};
     if (on_gpu)
         expect_ok(cuda_kv_store(&kv, LAYER, d_k, d_v, n_rows, d_slot, d_pos, NULL), "kv store");
     else
         cuda_kernels_host_kv_store(&kv, LAYER, d_k, d_v, n_rows, d_slot, d_pos);
 
-    /* The layout of a block, element by element: slot 0, block 1 holds
-     * positions 4..7; layer 1's K rows come after layer 0's K and V. */
+    /* The layout of a block, row by row: slot 0, block 1 holds positions
+     * 4..7; layer 1's K rows come after layer 0's K and V; each row is the
+     * CPU's conversion of it, byte for byte (q8_0 / q4_0: its quantizer). */
     unsigned char *host_block = sw_malloc(block_bytes);
     case_read(on_gpu, host_block, blocks[1], block_bytes);
     for (int in_block = 0; in_block < BT; in_block++)
-        for (int kvi = 0; kvi < 2; kvi++)
-            for (int i = 0; i < KVD; i += 7) {
-                size_t at = ((size_t)(LAYER * 2 + kvi) * BT + in_block) * KVD + i;
-                float want = kvi ? v[0][4 + in_block][i] : k[0][4 + in_block][i];
-                float have = f16 ? eng_fp16_to_fp32(((uint16_t *)host_block)[at])
-                                 : ((float *)host_block)[at];
-                if (have != want)
-                    fail_msg("kv layout: slot 0 pos %d %s[%d] is %g, expected %g",
-                             4 + in_block, kvi ? "V" : "K", i, have, want);
-            }
+        for (int kvi = 0; kvi < 2; kvi++) {
+            size_t at = ((size_t)(LAYER * 2 + kvi) * BT + in_block) * row_bytes;
+            const unsigned char *want = kvi ? v_raw[0][4 + in_block] : k_raw[0][4 + in_block];
+            if (memcmp(host_block + at, want, row_bytes) != 0)
+                fail_msg("kv layout (%s): slot 0 pos %d, the %s row differs from the CPU's",
+                         kv_type_label(type), 4 + in_block, kvi ? "V" : "K");
+        }
     sw_free(host_block);
 
     /* Queries at the last, a middle and the first position of each slot. */
     const int32_t q_slot[5] = {0, 0, 1, 1, 0}, q_pos[5] = {12, 3, 6, 0, 4};
-    float q[5 * NH * HD], ref[5 * NH * HD], got[5 * NH * HD];
+    float q[5 * NH * HD_MAX], ref[5 * NH * HD_MAX], got[5 * NH * HD_MAX];
     char what[64];
     for (int i = 0; i < 5 * NH * HD; i++)
         q[i] = rnd();
@@ -694,7 +718,7 @@ static void kv_attention_case(int f16, int on_gpu)
         expect_ok(cuda_kernels_host_attention(&kv, LAYER, d_q, d_out, 5, NH, NKV, HD, d_qslot,
                                               d_qpos), "host attention");
     case_read(on_gpu, got, d_out, sizeof got);
-    snprintf(what, sizeof what, "%sattention, %s kv", on_gpu ? "" : "host ", f16 ? "f16" : "f32");
+    snprintf(what, sizeof what, "%sattention, %s kv", on_gpu ? "" : "host ", kv_type_label(type));
     expect_close(what, got, ref, 5 * NH * HD, 1e-5);
 
     for (int i = 0; i < SLOTS * MAXB; i++)
@@ -715,18 +739,19 @@ static void test_kv_attention_parity(void **state)
 {
     (void)state;
     NEED_GPU();
-    kv_attention_case(1, 1);
-    kv_attention_case(0, 1);
+    for (int type = CUDA_KV_F32; type <= CUDA_KV_Q4_0; type++)
+        kv_attention_case(type, 1);
 }
 
 /* The same case through the host twins of the KV store and attention
- * kernels: their block layout and index arithmetic, the online softmax and
- * the warps' merge, checked without a GPU. */
+ * kernels: their block layout and index arithmetic, the q8_0 / q4_0
+ * quantizers against the CPU's, the online softmax and the warps' merge,
+ * checked without a GPU, for every KV type. */
 static void test_host_kv_attention(void **state)
 {
     (void)state;
-    kv_attention_case(1, 0);
-    kv_attention_case(0, 0);
+    for (int type = CUDA_KV_F32; type <= CUDA_KV_Q4_0; type++)
+        kv_attention_case(type, 0);
 }
 
 /* ---- the whole model ---------------------------------------------------------------------- */
@@ -922,6 +947,84 @@ static void test_logits_parity(void **state)
     eng_model_free(model);
 }
 
+/* q8_0 and q4_0 KV on the GPU (a made model with heads of 64): the logits
+ * of a prefill and of decode steps against a CPU context with the same KV
+ * type (the CPU quantizes the query to Q8_0 for its K products, the GPU
+ * does not: a few hundredths of the logits' scale apart at most, printed;
+ * held to 0.05, which a wrong block layout exceeds many times over), and
+ * the plan equals the allocation. */
+static void test_quant_kv_parity(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    eng_model_make_params mp = eng_model_make_default_params();
+    mp.n_embd = 256;
+    mp.n_layer = 2;
+    mp.n_head = 4;
+    mp.n_head_kv = 2;
+    mp.n_ff = 512;
+    mp.n_vocab = 512;
+    mp.weight_type = ENG_TYPE_Q8_0;
+    const char *path = tu_tmp_path("cuda-kvq.gguf");
+    sw_error err;
+    if (eng_model_make(&mp, path, &err))
+        fail_msg("model make: %s", err.message);
+    eng_model *model;
+    if (eng_model_load(path, &model, &err))
+        fail_msg("load: %s", err.message);
+    const int32_t n_vocab = eng_model_hparams(model)->n_vocab;
+    const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0};
+    float *cpu_logits = sw_malloc((size_t)n_vocab * sizeof(float));
+    float *gpu_logits = sw_malloc((size_t)n_vocab * sizeof(float));
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 3 + (i * 37) % (n_vocab - 3);
+    for (int ti = 0; ti < 2; ti++) {
+        eng_context_params cp = eng_context_default_params();
+        cp.n_ctx = 256;
+        cp.n_threads = 2;
+        cp.kv_type = types[ti];
+        eng_context *cpu;
+        assert_int_equal(eng_context_create(model, &cp, &cpu, &err), SW_OK);
+        dev_memory before, after;
+        assert_int_equal(dev_memory_info(gpu, &before, &err), SW_OK);
+        eng_context *ctx = gpu_context(model, -1, types[ti], 1);
+        char what[64];
+        assert_int_equal(eng_decode(cpu, 0, prompt, 40, cpu_logits, &err), SW_OK);
+        if (eng_decode(ctx, 0, prompt, 40, gpu_logits, &err))
+            fail_msg("gpu prefill: %s", err.message);
+        snprintf(what, sizeof what, "prefill, kv %s", eng_kv_type_name(types[ti]));
+        expect_close(what, gpu_logits, cpu_logits, n_vocab, 5e-2);
+        for (int step = 0; step < 3; step++) {
+            int32_t token = 5 + step;
+            assert_int_equal(eng_decode(cpu, 0, &token, 1, cpu_logits, &err), SW_OK);
+            if (eng_decode(ctx, 0, &token, 1, gpu_logits, &err))
+                fail_msg("gpu decode: %s", err.message);
+            snprintf(what, sizeof what, "decode step %d, kv %s", step,
+                     eng_kv_type_name(types[ti]));
+            expect_close(what, gpu_logits, cpu_logits, n_vocab, 5e-2);
+        }
+        assert_int_equal(eng_seq_reserve(ctx, 0, 256, &err), SW_OK);
+        eng_plan_params pp = eng_plan_default_params();
+        pp.n_ctx = 256;
+        pp.n_seqs = 1;
+        pp.n_threads = 2;
+        pp.kv_type = types[ti];
+        pp.device_is_cuda = true;
+        eng_plan plan;
+        assert_int_equal(eng_plan_compute(model, &pp, before.total_bytes, before.free_bytes,
+                                          &plan, &err),
+                         SW_OK);
+        assert_int_equal(dev_memory_info(gpu, &after, &err), SW_OK);
+        assert_int_equal(plan.device_bytes, after.self_bytes - before.self_bytes);
+        eng_context_free(ctx);
+        eng_context_free(cpu);
+    }
+    sw_free(cpu_logits);
+    sw_free(gpu_logits);
+    eng_model_free(model);
+}
+
 /* The prefill path for quantized weights: rows dequantized into the
  * scratch chunk by chunk, then cuBLAS. A synthetic Q8_0 model whose FFN
  * matrices are larger than the scratch as f32 (2048 x 4608: 36 MiB, so
@@ -1074,6 +1177,7 @@ int main(void)
         cmocka_unit_test(test_elementwise_parity),
         cmocka_unit_test(test_rope_parity),
         cmocka_unit_test(test_kv_attention_parity),
+        cmocka_unit_test(test_quant_kv_parity),
         cmocka_unit_test(test_stories_greedy_golden),
         cmocka_unit_test(test_logits_parity),
         cmocka_unit_test(test_gemm_chunks),

@@ -444,14 +444,30 @@ extern "C" int cuda_rope(float *d_x, int64_t n_rows, int32_t n_heads, int32_t he
  * cuda_kernels_host_kv_store / cuda_kernels_host_attention run the same
  * code over host memory for test_cuda. */
 
+static __host__ __device__ __forceinline__ size_t kv_row_bytes(int32_t type, int32_t n)
+{
+    switch (type) {
+    case CUDA_KV_F16: return (size_t)n * 2;
+    case CUDA_KV_Q8_0: return (size_t)(n / 32) * 34;
+    case CUDA_KV_Q4_0: return (size_t)(n / 32) * 18;
+    default: return (size_t)n * 4;
+    }
+}
+
+extern "C" size_t cuda_kv_row_bytes(int32_t type, int32_t n)
+{
+    return kv_row_bytes(type, n);
+}
+
+/* Byte offset of the K (kv_i 0) or V row of position pos in a layer. */
 static __host__ __device__ __forceinline__ size_t kv_offset(const cuda_kv_view &kv, int32_t layer,
                                                             int kv_i, int32_t pos)
 {
     return ((size_t)(layer * 2 + kv_i) * kv.block_tokens + pos % kv.block_tokens) *
-           (size_t)kv.kv_dim;
+           kv_row_bytes(kv.type, kv.kv_dim);
 }
 
-/* The block of row t's position and the element offsets of its K and V rows
+/* The block of row t's position and the byte offsets of its K and V rows
  * there. */
 static __host__ __device__ __forceinline__ unsigned char *kv_store_where(
     const cuda_kv_view &kv, int32_t layer, int32_t slot, int32_t p, size_t *k_at, size_t *v_at)
@@ -461,20 +477,77 @@ static __host__ __device__ __forceinline__ unsigned char *kv_store_where(
     return kv.d_blocks[(int64_t)slot * kv.max_blocks + p / kv.block_tokens];
 }
 
+/* Element i of a float row into a f32 or f16 row. */
 static __host__ __device__ __forceinline__ void kv_store_element(const cuda_kv_view &kv,
-                                                                 unsigned char *block,
-                                                                 size_t k_at, size_t v_at,
-                                                                 const float *kt,
-                                                                 const float *vt, int32_t i)
+                                                                 unsigned char *row,
+                                                                 const float *x, int32_t i)
 {
-    if (kv.f16) {
-        __half *b = reinterpret_cast<__half *>(block);
-        b[k_at + i] = __float2half_rn(kt[i]);
-        b[v_at + i] = __float2half_rn(vt[i]);
+    if (kv.type == CUDA_KV_F16)
+        reinterpret_cast<__half *>(row)[i] = __float2half_rn(x[i]);
+    else
+        reinterpret_cast<float *>(row)[i] = x[i];
+}
+
+/* Block j (32 values) of a float row into a q8_0 or q4_0 row: the CPU's
+ * reference quantizers (quant/quant.c), the same operations in the same
+ * order, so the bytes are the CPU's. */
+static __host__ __device__ __forceinline__ void kv_store_block(const cuda_kv_view &kv,
+                                                               unsigned char *row,
+                                                               const float *x, int32_t j)
+{
+    const float *v = x + (size_t)j * 32;
+    if (kv.type == CUDA_KV_Q8_0) {
+        unsigned char *b = row + (size_t)j * 34;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        *reinterpret_cast<__half *>(b) = __float2half_rn(d);
+        for (int i = 0; i < 32; i++) {
+            float q = roundf(v[i] * id);
+            if (!(q >= -127.0f))
+                q = q != q ? 0.0f : -127.0f;
+            if (q > 127.0f)
+                q = 127.0f;
+            b[2 + i] = (unsigned char)(signed char)q;
+        }
     } else {
-        float *b = reinterpret_cast<float *>(block);
-        b[k_at + i] = kt[i];
-        b[v_at + i] = vt[i];
+        unsigned char *b = row + (size_t)j * 18;
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(v[i]) > amax) {
+                amax = fabsf(v[i]);
+                max = v[i];
+            }
+        float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        *reinterpret_cast<__half *>(b) = __float2half_rn(d);
+        for (int i = 0; i < 16; i++) {
+            float v0 = v[i] * id + 8.5f, v1 = v[i + 16] * id + 8.5f;
+            int q0 = v0 >= 0.0f && v0 < 16.0f ? (int)v0 : (v0 >= 16.0f ? 15 : 0);
+            int q1 = v1 >= 0.0f && v1 < 16.0f ? (int)v1 : (v1 >= 16.0f ? 15 : 0);
+            b[2 + i] = (unsigned char)((q0 > 15 ? 15 : q0) | (q1 > 15 ? 15 : q1) << 4);
+        }
+    }
+}
+
+/* Work item i of a row's store: an element, or a block of 32 of a
+ * quantized type; kv_store_items says how many. */
+static __host__ __device__ __forceinline__ int32_t kv_store_items(const cuda_kv_view &kv)
+{
+    return kv.type == CUDA_KV_Q8_0 || kv.type == CUDA_KV_Q4_0 ? kv.kv_dim / 32 : kv.kv_dim;
+}
+
+static __host__ __device__ __forceinline__ void kv_store_item(const cuda_kv_view &kv,
+                                                              unsigned char *block, size_t k_at,
+                                                              size_t v_at, const float *kt,
+                                                              const float *vt, int32_t i)
+{
+    if (kv.type == CUDA_KV_Q8_0 || kv.type == CUDA_KV_Q4_0) {
+        kv_store_block(kv, block + k_at, kt, i);
+        kv_store_block(kv, block + v_at, vt, i);
+    } else {
+        kv_store_element(kv, block + k_at, kt, i);
+        kv_store_element(kv, block + v_at, vt, i);
     }
 }
 
@@ -484,8 +557,9 @@ static __global__ void kv_store_kernel(cuda_kv_view kv, int32_t layer, const flo
     const int64_t t = blockIdx.x;
     size_t k_at, v_at;
     unsigned char *block = kv_store_where(kv, layer, slot[t], pos[t], &k_at, &v_at);
-    for (int32_t i = threadIdx.x; i < kv.kv_dim; i += blockDim.x)
-        kv_store_element(kv, block, k_at, v_at, k + t * kv.kv_dim, v + t * kv.kv_dim, i);
+    const int32_t items = kv_store_items(kv);
+    for (int32_t i = threadIdx.x; i < items; i += blockDim.x)
+        kv_store_item(kv, block, k_at, v_at, k + t * kv.kv_dim, v + t * kv.kv_dim, i);
 }
 
 extern "C" int cuda_kv_store(const cuda_kv_view *kv, int32_t layer, const float *d_k,
@@ -499,12 +573,28 @@ extern "C" int cuda_kv_store(const cuda_kv_view *kv, int32_t layer, const float 
     return status_of_launch();
 }
 
+/* Value d of the row at byte offset `at` of block b. */
 static __host__ __device__ __forceinline__ float kv_value(const cuda_kv_view &kv,
-                                                          const unsigned char *b, size_t at)
+                                                          const unsigned char *b, size_t at,
+                                                          int32_t d)
 {
-    if (kv.f16)
-        return __half2float(reinterpret_cast<const __half *>(b)[at]);
-    return reinterpret_cast<const float *>(b)[at];
+    const unsigned char *row = b + at;
+    switch (kv.type) {
+    case CUDA_KV_F16:
+        return __half2float(reinterpret_cast<const __half *>(row)[d]);
+    case CUDA_KV_Q8_0: {
+        const unsigned char *blk = row + (size_t)(d / 32) * 34;
+        return load_f16(blk) * (float)(signed char)blk[2 + d % 32];
+    }
+    case CUDA_KV_Q4_0: {
+        const unsigned char *blk = row + (size_t)(d / 32) * 18;
+        int j = d % 32;
+        int q = j < 16 ? blk[2 + j] & 15 : blk[2 + j - 16] >> 4;
+        return load_f16(blk) * (float)(q - 8);
+    }
+    default:
+        return reinterpret_cast<const float *>(row)[d];
+    }
 }
 
 /* One (row, head) of attention as a block of ATT_WARPS warps computes it:
@@ -550,13 +640,15 @@ static __host__ __device__ __forceinline__ void att_lane_init(att_lane *a, const
     a->l = 0.0f;
 }
 
-/* Position p's block and the offsets of this KV head's K and V there. */
+/* Position p's block and the byte offsets of this KV head's K and V rows
+ * there. */
 static __host__ __device__ __forceinline__ const unsigned char *att_where(
     const cuda_kv_view &kv, const att_row &r, int32_t layer, int32_t head_dim, int32_t p,
     size_t *k_at, size_t *v_at)
 {
-    *k_at = kv_offset(kv, layer, 0, p) + (size_t)r.kv_head * head_dim;
-    *v_at = kv_offset(kv, layer, 1, p) + (size_t)r.kv_head * head_dim;
+    const size_t head_bytes = kv_row_bytes(kv.type, head_dim);
+    *k_at = kv_offset(kv, layer, 0, p) + (size_t)r.kv_head * head_bytes;
+    *v_at = kv_offset(kv, layer, 1, p) + (size_t)r.kv_head * head_bytes;
     return r.blocks[p / kv.block_tokens];
 }
 
@@ -571,7 +663,7 @@ static __host__ __device__ __forceinline__ float att_lane_dot(const cuda_kv_view
     for (int j = 0; j < ATT_PER_LANE; j++) {
         int d = lane + WARP * j;
         if (d < head_dim)
-            s += a->qr[j] * kv_value(kv, b, k_at + d);
+            s += a->qr[j] * kv_value(kv, b, k_at, d);
     }
     return s;
 }
@@ -590,7 +682,7 @@ static __host__ __device__ __forceinline__ void att_lane_update(const cuda_kv_vi
     for (int j = 0; j < ATT_PER_LANE; j++) {
         int d = lane + WARP * j;
         if (d < head_dim)
-            a->acc[j] = a->acc[j] * correction + e * kv_value(kv, b, v_at + d);
+            a->acc[j] = a->acc[j] * correction + e * kv_value(kv, b, v_at, d);
     }
     a->m = m_new;
 }
@@ -748,8 +840,8 @@ extern "C" void cuda_kernels_host_kv_store(const cuda_kv_view *kv, int32_t layer
     for (int64_t t = 0; t < n_rows; t++) {
         size_t k_at, v_at;
         unsigned char *block = kv_store_where(*kv, layer, slot[t], pos[t], &k_at, &v_at);
-        for (int32_t i = 0; i < kv->kv_dim; i++)
-            kv_store_element(*kv, block, k_at, v_at, k + t * kv->kv_dim, v + t * kv->kv_dim, i);
+        for (int32_t i = 0; i < kv_store_items(*kv); i++)
+            kv_store_item(*kv, block, k_at, v_at, k + t * kv->kv_dim, v + t * kv->kv_dim, i);
     }
 }
 

@@ -59,17 +59,27 @@ int cuda_rope(float *d_x, int64_t n_rows, int32_t n_heads, int32_t head_dim, int
  * slot s is d_blocks[s * max_blocks + b] (its device part); within it,
  * layer l's K (kv = 0) or V (kv = 1) row of in-block token i is at element
  * ((l * 2 + kv) * block_tokens + i) * kv_dim. */
+/* The KV cache's element types (the engine's kv_type): f32, f16, and
+ * llama.cpp's q8_0 and q4_0 blocks of 32 values (an f16 scale, then 32
+ * int8 or 16 bytes of nibbles: 34 and 18 bytes), whose rows of one head
+ * are whole blocks (head_dim a multiple of 32). */
+enum { CUDA_KV_F32 = 0, CUDA_KV_F16 = 1, CUDA_KV_Q8_0 = 2, CUDA_KV_Q4_0 = 3 };
+
 typedef struct cuda_kv_view {
     unsigned char *const *d_blocks;
     int32_t max_blocks;
     int32_t block_tokens;
     int32_t kv_dim;       /* n_head_kv * head_dim */
-    int32_t f16;          /* elements are f16 (else f32) */
+    int32_t type;         /* CUDA_KV_* */
 } cuda_kv_view;
+
+/* Bytes of n values of a KV type (n a multiple of 32 for q8_0, q4_0). */
+size_t cuda_kv_row_bytes(int32_t type, int32_t n);
 
 /* Writes rows t < n_rows of k and v (kv_dim floats each) into layer
  * `layer` of the cache, at position d_pos[t] of the sequence in slot
- * d_slot[t] (f32 -> f16 rounds to nearest even, as the CPU). */
+ * d_slot[t] (f32 -> f16 rounds to nearest even, as the CPU; q8_0 and q4_0
+ * blocks quantized with the CPU's reference code, bit for bit). */
 int cuda_kv_store(const cuda_kv_view *kv, int32_t layer, const float *d_k, const float *d_v,
                   int64_t n_rows, const int32_t *d_slot, const int32_t *d_pos, void *stream);
 

@@ -9,6 +9,7 @@
 
 #include "common/alloc.h"
 #include "device/device.h"
+#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/plan.h"
 #include "modelgen/model_make.h"
@@ -275,6 +276,53 @@ static void test_prefix_cache_with_q4_0(void **state)
     eng_model_free(model);
 }
 
+/* Resume stays token-exact with a quantized cache: a seeded generation of
+ * 30 tokens, then the same from the prompt and its first k tokens
+ * (replayed one at a time, as generated, the sampler advanced k draws),
+ * for q8_0 and q4_0. */
+static void test_resume_exact(void **state)
+{
+    (void)state;
+    eng_model *model = make("kvq-resume.gguf", 256, 4);
+    const uint32_t types[] = {ENG_TYPE_Q8_0, ENG_TYPE_Q4_0};
+    const int32_t prompt[] = {1, 40, 41, 300, 301, 400};
+    const int32_t n_prompt = 6, n = 30;
+    sw_error err;
+    for (int ti = 0; ti < 2; ti++) {
+        eng_context *ctx = context(model, types[ti], false);
+        eng_generate_params gp = eng_generate_default_params();
+        eng_generate_stats stats;
+        gp.max_tokens = n;
+        gp.ignore_eos = true;
+        gp.sampling.temperature = 1.0f;
+        gp.sampling.seed = 77;
+        tu_steps full;
+        memset(&full, 0, sizeof full);
+        assert_int_equal(eng_generate(ctx, prompt, n_prompt, &gp, tu_collect_step, &full, &stats,
+                                      &err),
+                         SW_OK);
+        assert_int_equal(full.n, n);
+        for (int32_t k = 1; k < n; k += 9) {
+            int32_t resumed[64];
+            memcpy(resumed, prompt, sizeof prompt);
+            memcpy(resumed + n_prompt, full.tokens, sizeof(int32_t) * (size_t)k);
+            eng_generate_params rp = gp;
+            rp.max_tokens = n - k;
+            rp.skip_draws = (uint64_t)k;
+            rp.replay_tokens = k;
+            tu_steps tail;
+            memset(&tail, 0, sizeof tail);
+            assert_int_equal(eng_generate(ctx, resumed, n_prompt + k, &rp, tu_collect_step, &tail,
+                                          &stats, &err),
+                             SW_OK);
+            assert_int_equal(tail.n, n - k);
+            assert_memory_equal(tail.tokens, full.tokens + k, sizeof(int32_t) * (size_t)(n - k));
+        }
+        eng_context_free(ctx);
+    }
+    eng_model_free(model);
+}
+
 /* A worker with --kv-type q8_0 says so in /health and answers; one whose
  * model's heads are not whole blocks stops at start-up, saying why. */
 static void test_worker_kv_type(void **state)
@@ -323,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_sequences_that_fit),
         cmocka_unit_test(test_fidelity),
         cmocka_unit_test(test_prefix_cache_with_q4_0),
+        cmocka_unit_test(test_resume_exact),
         cmocka_unit_test(test_worker_kv_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -337,3 +337,12 @@ eng_cs_vocab *tu_byte_vocab(void)
         fail_msg("byte vocabulary: %s", err.message);
     return v;
 }
+
+int32_t tu_argmax(const float *v, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}

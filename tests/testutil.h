@@ -61,6 +61,8 @@ int tu_run_capture(char *const argv[], int timeout_s, char **stdout_out, int *ex
 struct eng_tokenizer;
 size_t tu_tokenize(const struct eng_tokenizer *tok, const char *text, size_t len, bool add_bos,
                    bool parse_special, int32_t **ids);
+/* The index of the largest of v[0..n), the lowest on a tie. */
+int32_t tu_argmax(const float *v, int32_t n);
 /* Fails the test, printing both sequences, unless they are equal. */
 void tu_assert_ids_equal(const int32_t *got, size_t n_got, const int32_t *want, size_t n_want,
                          const char *what);

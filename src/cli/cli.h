@@ -4,6 +4,8 @@
 #ifndef SPILLWAY_CLI_H
 #define SPILLWAY_CLI_H
 
+#include <stdint.h>
+
 int cli_model_main(int argc, char **argv);      /* spillway model ... */
 int cli_model_make(int argc, char **argv);      /* spillway model make */
 int cli_model_info(int argc, char **argv);      /* spillway model info */
@@ -20,5 +22,10 @@ int cli_bench_profiles_main(int argc, char **argv); /* spillway bench profiles *
 /* Parses sizes like "512", "64KiB", "512MiB", "2GiB" (also KB/MB/GB as
  * powers of 1000). Returns 0 on success. */
 int cli_parse_bytes(const char *text, unsigned long long *out);
+
+/* --kv-type's value: f16, q8_0, q4_0 or f32 into *out (an ENG_TYPE_*).
+ * Returns 0, or 2 (the exit status for bad options) after printing
+ * "spillway COMMAND: --kv-type is ..." to stderr. */
+int cli_parse_kv_type(const char *command, const char *text, uint32_t *out);
 
 #endif

@@ -4,7 +4,6 @@
  * context, sequence count and GPU layer count that would. The numbers come
  * from eng_plan_compute, the function admission uses at run time.
  */
-#include "quant/quant.h"
 #include "cli/cli.h"
 
 #include "common/alloc.h"
@@ -81,15 +80,10 @@ int cli_model_plan(int argc, char **argv)
         case 'b': pp.n_batch = atoi(optarg); break;
         case 't': pp.n_threads = atoi(optarg); break;
         case 'j': json = true; break;
-        case 'k': {
-            int t = eng_kv_type_from_name(optarg);
-            if (t < 0) {
-                fprintf(stderr, "spillway model plan: --kv-type is f16, q8_0, q4_0 or f32\n");
+        case 'k':
+            if (cli_parse_kv_type("model plan", optarg, &pp.kv_type))
                 return 2;
-            }
-            pp.kv_type = (uint32_t)t;
             break;
-        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

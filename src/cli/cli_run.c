@@ -7,7 +7,6 @@
  * --json-schema FILE constrains the output to JSON valid under the schema
  * in FILE (grammar/constrain.h), as the worker's response_format does.
  */
-#include "quant/quant.h"
 #include "cli/cli.h"
 
 #include "common/alloc.h"
@@ -18,6 +17,7 @@
 #include "grammar/json_schema.h"
 #include "engine/model.h"
 #include "text/tokenizer.h"
+#include "quant/quant.h"
 
 #include <getopt.h>
 #include <jansson.h>
@@ -192,15 +192,10 @@ static int parse_options(int argc, char **argv, run_options *o)
                 return 2;
             }
             break;
-        case OPT_KV_TYPE: {
-            int t = eng_kv_type_from_name(optarg);
-            if (t < 0) {
-                fprintf(stderr, "spillway run: --kv-type is f16, q8_0, q4_0 or f32\n");
+        case OPT_KV_TYPE:
+            if (cli_parse_kv_type("run", optarg, &o->kv_type))
                 return 2;
-            }
-            o->kv_type = (uint32_t)t;
             break;
-        }
         case OPT_RESERVE: o->reserve = (float)value; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;

@@ -1,6 +1,5 @@
 /* cli_worker.c - `spillway worker`: parses the command line into
  * wk_options and runs the worker (src/worker). */
-#include "quant/quant.h"
 #include "cli/cli.h"
 
 #include "api/api.h"
@@ -161,15 +160,10 @@ int cli_worker_main(int argc, char **argv)
         case OPT_MODEL_ID: o.model_id = optarg; break;
         case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
         case OPT_NO_PREFIX_CACHE: o.prefix_cache = false; break;
-        case OPT_KV_TYPE: {
-            int t = eng_kv_type_from_name(optarg);
-            if (t < 0) {
-                fprintf(stderr, "spillway worker: --kv-type is f16, q8_0, q4_0 or f32\n");
+        case OPT_KV_TYPE:
+            if (cli_parse_kv_type("worker", optarg, &o.kv_type))
                 return 2;
-            }
-            o.kv_type = (uint32_t)t;
             break;
-        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -1,8 +1,11 @@
 /* parse.c - small argument parsers shared by the subcommands. */
 #include "cli/cli.h"
 
+#include "engine/model.h"
+
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -31,4 +34,16 @@ int cli_parse_bytes(const char *text, unsigned long long *out)
         }
     }
     return -1;
+}
+
+int cli_parse_kv_type(const char *command, const char *text, uint32_t *out)
+{
+    int type = eng_kv_type_from_name(text);
+    if (type < 0) {
+        fprintf(stderr, "spillway %s: --kv-type is f16, q8_0, q4_0 or f32, not '%s'\n", command,
+                text);
+        return 2;
+    }
+    *out = (uint32_t)type;
+    return 0;
 }

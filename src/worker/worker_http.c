@@ -10,13 +10,13 @@
  * request's constraint, advanced by the engine); the reply text is turned
  * into OpenAI tool_calls here (non-stream and stream) when it is a call.
  */
-#include "quant/quant.h"
 #include "worker/worker-impl.h"
 
 #include "common/alloc.h"
 #include "common/json_big.h"
 #include "common/log.h"
 #include "common/utf8.h"
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <event2/buffer.h>

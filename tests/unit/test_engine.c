@@ -225,15 +225,6 @@ static void test_batched_prefill_matches_stepwise(void **state)
     }
 }
 
-static int32_t argmax_of(const float *v, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* Continuous batching: three sequences advanced together - a prefill
  * chunk of one joining while the others decode - produce the greedy tokens
  * each produces alone; a sequence past its context is left out with
@@ -263,7 +254,7 @@ static void test_decode_batch_matches_single(void **state)
     for (int s = 0; s < 3; s++) {
         assert_int_equal(eng_decode(ctx, s, prompts[s], 5, logits[s], &err), SW_OK);
         for (int i = 0; i < 12; i++) {
-            alone[s][i] = argmax_of(logits[s], n_vocab);
+            alone[s][i] = tu_argmax(logits[s], n_vocab);
             assert_int_equal(eng_decode(ctx, s, &alone[s][i], 1, logits[s], &err), SW_OK);
         }
         eng_seq_clear(ctx, s);
@@ -289,7 +280,7 @@ static void test_decode_batch_matches_single(void **state)
             int s = entries[i].seq_id;
             assert_int_equal(status[i], SW_OK);
             started[s] = true;
-            next[s] = together[s][produced[s]++] = argmax_of(logits[s], n_vocab);
+            next[s] = together[s][produced[s]++] = tu_argmax(logits[s], n_vocab);
         }
     }
     assert_memory_equal(alone, together, sizeof alone);

@@ -176,15 +176,6 @@ static double top5_distance(const float *ref, const float *got, int32_t n)
     return d / k;
 }
 
-static int32_t argmax(const float *v, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* Fidelity: against an F32 cache (exact K and V), 8 prompts of 96 tokens,
  * the mean |difference| of the last step's top-5 log-probabilities, for
  * F16, q8_0 and q4_0; then greedy for 24 steps, each cache on its own
@@ -220,7 +211,7 @@ static void test_fidelity(void **state)
             worst = d > worst ? d : worst;
             bool same = true;
             for (int s = 0; s < 24; s++) {
-                int32_t a = argmax(lr, n_vocab), b = argmax(lg, n_vocab);
+                int32_t a = tu_argmax(lr, n_vocab), b = tu_argmax(lg, n_vocab);
                 same = same && a == b;
                 agree += same;
                 steps++;

@@ -416,15 +416,6 @@ static void test_profiles_agree(void **state)
     close_pool(dev);
 }
 
-static int32_t argmax(const float *v, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* Under GROW, a sequence that runs out of device memory mid-generation
  * ends with SW_EDEVOOM and gives its blocks back, while a second sequence
  * on the same context finishes with the tokens it has when run alone. */
@@ -454,7 +445,7 @@ static void test_grow_oom_mid_generation(void **state)
         int32_t tok = 1;
         for (int i = 0; i < 40; i++) {
             assert_int_equal(eng_decode(c, 0, &tok, 1, logits, &err), SW_OK);
-            ref[i] = tok = argmax(logits, hp->n_vocab);
+            ref[i] = tok = tu_argmax(logits, hp->n_vocab);
         }
         eng_context_free(c);
         sw_free(logits);
@@ -485,7 +476,7 @@ static void test_grow_oom_mid_generation(void **state)
      * prompt arriving in chunks) until B runs out of blocks. */
     while (n_a < 40) {
         assert_int_equal(eng_decode(ctx, 0, &a_tok, 1, logits, &err), SW_OK);
-        got[n_a++] = a_tok = argmax(logits, hp->n_vocab);
+        got[n_a++] = a_tok = tu_argmax(logits, hp->n_vocab);
         if (b_status == SW_OK && b_len >= 0) {
             int32_t chunk[16];
             for (int i = 0; i < 16; i++)

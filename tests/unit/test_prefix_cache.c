@@ -81,15 +81,6 @@ static float max_rel_diff(const float *a, const float *b, int32_t n)
     return diff / fmaxf(1.0f, max_abs);
 }
 
-static int32_t argmax(const float *v, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = i;
-    return best;
-}
-
 /* A second request whose first 100 tokens a first one computed (a
  * 32-token prefill, then one-token steps, as a chat turn and its reply
  * are): it attaches the 6 full blocks and computes the other 24 tokens.
@@ -148,7 +139,7 @@ static void test_hit_matches_cold(void **state)
     printf("hit vs cold prefill: max relative logit difference %g (stepwise vs prefill: %g)\n", d,
            tolerance);
     assert_true(d <= tolerance * 1.01f);
-    assert_int_equal(argmax(hot_logits, n_vocab), argmax(cold_logits, n_vocab));
+    assert_int_equal(tu_argmax(hot_logits, n_vocab), tu_argmax(cold_logits, n_vocab));
     eng_context_prefix_cache_stats(ctx, &st);
     assert_int_equal(st.lookups, 1);
     assert_int_equal(st.hits, 1);

@@ -1,0 +1,41 @@
+/* sampler-impl.h - the sampler's vector kernels, per instruction set.
+ *
+ * sampler.c picks one set per call from cpu_kernels_isa() (the same
+ * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
+ * kernels). Every set gives bit-identical results to the scalar code in
+ * sampler.c: the maximum is exact in any order, and the exponential is the
+ * same sequence of single-precision operations (no fused multiply-add) in
+ * every lane, so a draw does not depend on the machine that makes it.
+ */
+#ifndef SPILLWAY_ENGINE_SAMPLER_IMPL_H
+#define SPILLWAY_ENGINE_SAMPLER_IMPL_H
+
+#include <stdint.h>
+
+/* Range of eng__sampler_exp's argument that gives a non-zero result; below
+ * it (and for -inf) the weight is 0. */
+#define ENG_SAMPLER_EXP_MIN (-80.0f)
+
+/* NaN -> -inf in place; returns the largest value (-inf if none). */
+typedef float (*eng__sampler_sanitize_max_fn)(float *logits, int32_t n);
+/* The largest of n values (no NaN among them). */
+typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
+/* out[i] = eng__sampler_exp((logits[i] - max) * inv_temp). */
+typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float max,
+                                        float inv_temp, float *out);
+
+typedef struct eng__sampler_kernels {
+    eng__sampler_sanitize_max_fn sanitize_max;
+    eng__sampler_max_fn max;
+    eng__sampler_weights_fn weights;
+} eng__sampler_kernels;
+
+/* The scalar exponential every kernel reproduces lane by lane. */
+float eng__sampler_exp(float x);
+
+#if defined(__x86_64__) || defined(__i386__)
+extern const eng__sampler_kernels eng__sampler_kernels_avx2;   /* sampler_avx2.c */
+extern const eng__sampler_kernels eng__sampler_kernels_avx512; /* sampler_avx512.c */
+#endif
+
+#endif

@@ -1,0 +1,85 @@
+/* sampler_avx512.c - the sampler's kernels for AVX-512 (F, DQ): 16 lanes of
+ * sampler-impl.h's NaN cleaning, maximum and exponential, each lane the
+ * same operations as the scalar eng__sampler_exp (no fused multiply-add),
+ * so the weights are bit-identical on every instruction set. */
+#include "engine/sampler-impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+#include <math.h>
+
+static float avx512_sanitize_max(float *logits, int32_t n)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(logits + i);
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        if (nan) {
+            v = _mm512_mask_mov_ps(v, nan, neg_inf);
+            _mm512_storeu_ps(logits + i, v);
+        }
+        mx = _mm512_max_ps(mx, v);
+    }
+    float m = _mm512_reduce_max_ps(mx);
+    for (; i < n; i++) {
+        if (isnan(logits[i]))
+            logits[i] = -INFINITY;
+        if (logits[i] > m)
+            m = logits[i];
+    }
+    return m;
+}
+
+static float avx512_max(const float *logits, int32_t n)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(logits + i));
+    float m = _mm512_reduce_max_ps(mx);
+    for (; i < n; i++)
+        if (logits[i] > m)
+            m = logits[i];
+    return m;
+}
+
+static void avx512_weights(const float *logits, int32_t n, float max, float inv_temp, float *out)
+{
+    const __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_temp);
+    const __m512 lo = _mm512_set1_ps(ENG_SAMPLER_EXP_MIN);
+    const __m512 log2e = _mm512_set1_ps(1.44269504f), magic = _mm512_set1_ps(12582912.0f);
+    const __m512 ln2_hi = _mm512_set1_ps(0.693145752f), ln2_lo = _mm512_set1_ps(1.42860677e-6f);
+    const __m512 c6 = _mm512_set1_ps(1.38888892e-3f), c5 = _mm512_set1_ps(8.33333377e-3f);
+    const __m512 c4 = _mm512_set1_ps(4.16666679e-2f), c3 = _mm512_set1_ps(0.166666672f);
+    const __m512 c2 = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const __m512i bias = _mm512_set1_epi32(127);
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv);
+        __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+        x = _mm512_mask_mov_ps(lo, live, x); /* dead lanes: any finite value */
+        __m512 t = _mm512_mul_ps(x, log2e);
+        __m512 kf = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
+        __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(kf, ln2_hi));
+        r = _mm512_sub_ps(r, _mm512_mul_ps(kf, ln2_lo));
+        __m512 p = c6;
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), c5);
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), c4);
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), c3);
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), c2);
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
+        __m512i k = _mm512_cvttps_epi32(kf);
+        __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, bias), 23));
+        _mm512_storeu_ps(out + i, _mm512_maskz_mul_ps(live, p, scale));
+    }
+    for (; i < n; i++)
+        out[i] = eng__sampler_exp((logits[i] - max) * inv_temp);
+}
+
+const eng__sampler_kernels eng__sampler_kernels_avx512 = {avx512_sanitize_max, avx512_max, avx512_weights};
+
+#endif

@@ -24,10 +24,16 @@ typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
 typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float max,
                                         float inv_temp, float *out);
 
+/* The indices i (ascending) of the weights whose top 12 bits are key
+ * (bits >> 20 == key), into out (room for n); returns how many. */
+typedef int32_t (*eng__sampler_bucket_fn)(const float *weight, int32_t n, uint32_t key,
+                                          int32_t *out);
+
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
     eng__sampler_max_fn max;
     eng__sampler_weights_fn weights;
+    eng__sampler_bucket_fn bucket;
 } eng__sampler_kernels;
 
 /* The scalar exponential every kernel reproduces lane by lane. */

@@ -80,6 +80,10 @@
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
                                 e <= 1 (0x3f800000 >> 20 = 1016) fit too */
 #define SAMPLER_SMALL 16     /* groups this small are sorted directly */
+/* The top level's histogram is built as SAMPLER_LANES partial ones, token i
+ * into part i % SAMPLER_LANES: consecutive tokens in one bucket (the common
+ * case) would otherwise wait on each other's read-modify-write. */
+#define SAMPLER_LANES 4
 
 typedef struct eng_candidate {
     float value; /* logit */
@@ -90,12 +94,14 @@ struct eng_sampler {
     eng_sampler_params params;
     int32_t n_vocab;
     uint64_t draws;
+    const eng__sampler_kernels *kern; /* this call's */
     eng_candidate *cand;  /* n_vocab: top-k's heap, then its survivors in id order */
     float *weight;        /* n_vocab: e of each candidate (index order = id order) */
     int32_t *group_a;     /* n_vocab each: indices into weight of the bucket */
     int32_t *group_b;     /*   being refined (sampler_find) */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e, this call */
+    uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* mass_top in the making */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
 };
 
@@ -345,6 +351,19 @@ static float sampler_scalar_max(const float *logits, int32_t n)
     return m;
 }
 
+static int32_t sampler_scalar_bucket(const float *weight, int32_t n, uint32_t key, int32_t *out)
+{
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &weight[i], sizeof bits);
+        /* without a branch: members are scattered, a branch mispredicts */
+        out[m] = i;
+        m += (bits >> 20) == key;
+    }
+    return m;
+}
+
 static void sampler_scalar_weights(const float *logits, int32_t n, float max, float inv_temp,
                                    float *out)
 {
@@ -353,7 +372,8 @@ static void sampler_scalar_weights(const float *logits, int32_t n, float max, fl
 }
 
 static const eng__sampler_kernels sampler_kernels_scalar = {
-    sampler_scalar_sanitize_max, sampler_scalar_max, sampler_scalar_weights};
+    sampler_scalar_sanitize_max, sampler_scalar_max, sampler_scalar_weights,
+    sampler_scalar_bucket};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -378,7 +398,9 @@ static inline uint32_t sampler_bits(float e)
 
 static inline uint64_t sampler_mass(float e)
 {
-    return (uint64_t)(e * SAMPLER_MASS_SCALE);
+    /* through int64_t: e * 2^40 <= 2^40, and the signed conversion is one
+     * instruction where the unsigned one tests for 2^63 first */
+    return (uint64_t)(int64_t)(e * SAMPLER_MASS_SCALE);
 }
 
 /* floor(u * total / 2^53) for u < 2^53, without 128-bit integers. */
@@ -411,23 +433,30 @@ static int32_t sampler_walk(const uint64_t *mass, uint64_t target, uint64_t *acc
 static uint64_t sampler_histogram(eng_sampler *s, int32_t n, float min_p, uint64_t *above)
 {
     const float *e = s->weight;
-    uint64_t *mass = s->mass_top;
-    memset(mass, 0, sizeof s->mass_top);
+    memset(s->mass_part, 0, sizeof s->mass_part);
     uint64_t kept = 0;
-    if (min_p > 0.0f) {
-        for (int32_t i = 0; i < n; i++) {
-            uint64_t w = sampler_mass(e[i]);
-            mass[sampler_bits(e[i]) >> 20] += w;
-            kept += e[i] >= min_p ? w : 0;
+    int32_t i = 0;
+    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES) {
+        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
+            uint64_t w = sampler_mass(e[i + l]);
+            s->mass_part[l][sampler_bits(e[i + l]) >> 20] += w;
+            kept += w & (0 - (uint64_t)(e[i + l] >= min_p)); /* no branch */
         }
-    } else {
-        for (int32_t i = 0; i < n; i++)
-            mass[sampler_bits(e[i]) >> 20] += sampler_mass(e[i]);
+    }
+    for (; i < n; i++) {
+        uint64_t w = sampler_mass(e[i]);
+        s->mass_part[0][sampler_bits(e[i]) >> 20] += w;
+        kept += w & (0 - (uint64_t)(e[i] >= min_p));
     }
     uint64_t total = 0;
-    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++)
-        total += mass[b];
-    *above = kept;
+    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
+        uint64_t m = 0;
+        for (int32_t l = 0; l < SAMPLER_LANES; l++)
+            m += s->mass_part[l][b];
+        s->mass_top[b] = m;
+        total += m;
+    }
+    *above = min_p > 0.0f ? kept : 0;
     return total;
 }
 
@@ -459,10 +488,8 @@ static int32_t sampler_find(eng_sampler *s, int32_t n, uint64_t target, uint64_t
         *through = acc;
         return 0;
     }
-    int32_t *group = s->group_a, *spare = s->group_b, m = 0;
-    for (int32_t i = 0; i < n; i++)
-        if ((sampler_bits(e[i]) >> 20) == (uint32_t)b)
-            group[m++] = i;
+    int32_t *group = s->group_a, *spare = s->group_b;
+    int32_t m = s->kern->bucket(e, n, (uint32_t)b, group);
     for (int shift = 10; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
         memset(s->mass_sub, 0, sizeof s->mass_sub);
         for (int32_t j = 0; j < m; j++) {
@@ -471,9 +498,10 @@ static int32_t sampler_find(eng_sampler *s, int32_t n, uint64_t target, uint64_t
         }
         b = sampler_walk(s->mass_sub, target, &acc);
         int32_t k = 0;
-        for (int32_t j = 0; j < m; j++)
-            if (((sampler_bits(e[group[j]]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b)
-                spare[k++] = group[j];
+        for (int32_t j = 0; j < m; j++) {
+            spare[k] = group[j];
+            k += ((sampler_bits(e[group[j]]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b;
+        }
         int32_t *tmp = group;
         group = spare;
         spare = tmp;
@@ -499,6 +527,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
 {
     const eng_sampler_params *p = &s->params;
     const eng__sampler_kernels *kern = sampler_kernels();
+    s->kern = kern;
     const int32_t n = s->n_vocab;
     const uint64_t u = sampler_uniform_bits(p->seed, s->draws);
     s->draws++;

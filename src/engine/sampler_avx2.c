@@ -88,6 +88,29 @@ static void avx2_weights(const float *logits, int32_t n, float max, float inv_te
         out[i] = eng__sampler_exp((logits[i] - max) * inv_temp);
 }
 
-const eng__sampler_kernels eng__sampler_kernels_avx2 = {avx2_sanitize_max, avx2_max, avx2_weights};
+static int32_t avx2_bucket(const float *weight, int32_t n, uint32_t key, int32_t *out)
+{
+    const __m256i vkey = _mm256_set1_epi32((int32_t)key);
+    int32_t m = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i bits = _mm256_loadu_si256((const __m256i *)(weight + i));
+        unsigned hit = (unsigned)_mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_srli_epi32(bits, 20), vkey)));
+        while (hit) {
+            out[m++] = i + __builtin_ctz(hit);
+            hit &= hit - 1;
+        }
+    }
+    for (; i < n; i++) {
+        uint32_t bits;
+        __builtin_memcpy(&bits, &weight[i], sizeof bits);
+        out[m] = i;
+        m += (bits >> 20) == key;
+    }
+    return m;
+}
+
+const eng__sampler_kernels eng__sampler_kernels_avx2 = {avx2_sanitize_max, avx2_max, avx2_weights,
+                                                        avx2_bucket};
 
 #endif

@@ -29,15 +29,28 @@ typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float ma
 typedef int32_t (*eng__sampler_bucket_fn)(const float *weight, int32_t n, uint32_t key,
                                           int32_t *out);
 
+/* Masses of n weights: packed[i] = (bits(e) >> 20) << 52 | trunc(e * 2^40)
+ * (the top-level bucket above the mass, for the histogram); *total = the
+ * sum of the masses, *above = the sum of those with e >= min_p. */
+typedef void (*eng__sampler_masses_fn)(const float *weight, int32_t n, float min_p,
+                                       uint64_t *packed, uint64_t *total, uint64_t *above);
+
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
     eng__sampler_max_fn max;
     eng__sampler_weights_fn weights;
     eng__sampler_bucket_fn bucket;
+    eng__sampler_masses_fn masses;
 } eng__sampler_kernels;
+
+#define ENG_SAMPLER_MASS_SCALE 1099511627776.0f /* 2^40: e -> integer mass */
+#define ENG_SAMPLER_MASS_BITS 52                /* packed: bucket above, mass below */
 
 /* The scalar exponential every kernel reproduces lane by lane. */
 float eng__sampler_exp(float x);
+/* The scalar masses (AVX2 has no float -> int64 conversion). */
+void eng__sampler_masses_scalar(const float *weight, int32_t n, float min_p, uint64_t *packed,
+                                uint64_t *total, uint64_t *above);
 
 #if defined(__x86_64__) || defined(__i386__)
 extern const eng__sampler_kernels eng__sampler_kernels_avx2;   /* sampler_avx2.c */

@@ -74,7 +74,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SAMPLER_MASS_SCALE 1099511627776.0f /* 2^40: e -> integer mass */
 /* n_vocab masses of at most 2^40 add up below 2^64. */
 #define SAMPLER_MAX_VOCAB (1 << 23)
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
@@ -97,6 +96,7 @@ struct eng_sampler {
     const eng__sampler_kernels *kern; /* this call's */
     eng_candidate *cand;  /* n_vocab: top-k's heap, then its survivors in id order */
     float *weight;        /* n_vocab: e of each candidate (index order = id order) */
+    uint64_t *packed;     /* n_vocab: bucket and mass of each (masses kernel) */
     int32_t *group_a;     /* n_vocab each: indices into weight of the bucket */
     int32_t *group_b;     /*   being refined (sampler_find) */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
@@ -137,9 +137,10 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->cand = sw_calloc((size_t)n_vocab, sizeof *s->cand);
     s->counts = sw_calloc((size_t)n_vocab, sizeof *s->counts);
     s->weight = sw_calloc((size_t)n_vocab, sizeof *s->weight);
+    s->packed = sw_calloc((size_t)n_vocab, sizeof *s->packed);
     s->group_a = sw_calloc((size_t)n_vocab, sizeof *s->group_a);
     s->group_b = sw_calloc((size_t)n_vocab, sizeof *s->group_b);
-    if (!s->cand || !s->counts || !s->weight || !s->group_a || !s->group_b)
+    if (!s->cand || !s->counts || !s->weight || !s->packed || !s->group_a || !s->group_b)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -165,6 +166,7 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->cand);
     sw_free(s->counts);
     sw_free(s->weight);
+    sw_free(s->packed);
     sw_free(s->group_a);
     sw_free(s->group_b);
     sw_free((void *)s->params.bias_ids);
@@ -373,7 +375,7 @@ static void sampler_scalar_weights(const float *logits, int32_t n, float max, fl
 
 static const eng__sampler_kernels sampler_kernels_scalar = {
     sampler_scalar_sanitize_max, sampler_scalar_max, sampler_scalar_weights,
-    sampler_scalar_bucket};
+    sampler_scalar_bucket, eng__sampler_masses_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -400,7 +402,7 @@ static inline uint64_t sampler_mass(float e)
 {
     /* through int64_t: e * 2^40 <= 2^40, and the signed conversion is one
      * instruction where the unsigned one tests for 2^63 first */
-    return (uint64_t)(int64_t)(e * SAMPLER_MASS_SCALE);
+    return (uint64_t)(int64_t)(e * ENG_SAMPLER_MASS_SCALE);
 }
 
 /* floor(u * total / 2^53) for u < 2^53, without 128-bit integers. */
@@ -427,36 +429,45 @@ static int32_t sampler_walk(const uint64_t *mass, uint64_t target, uint64_t *acc
     return -1;
 }
 
+void eng__sampler_masses_scalar(const float *weight, int32_t n, float min_p, uint64_t *packed,
+                                uint64_t *total, uint64_t *above)
+{
+    uint64_t t = 0, a = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint64_t w = sampler_mass(weight[i]);
+        packed[i] = (uint64_t)(sampler_bits(weight[i]) >> 20) << ENG_SAMPLER_MASS_BITS | w;
+        t += w;
+        a += w & (0 - (uint64_t)(weight[i] >= min_p)); /* no branch */
+    }
+    *total = t;
+    *above = a;
+}
+
 /* Histogram of weight[0..n) by the top 12 bits into mass_top; returns the
- * total mass, and in *above the mass of the candidates with e >= min_p
- * (when min_p > 0). */
+ * total mass, and in *above the mass of the candidates with e >= min_p. */
 static uint64_t sampler_histogram(eng_sampler *s, int32_t n, float min_p, uint64_t *above)
 {
-    const float *e = s->weight;
-    memset(s->mass_part, 0, sizeof s->mass_part);
-    uint64_t kept = 0;
-    int32_t i = 0;
-    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES) {
-        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
-            uint64_t w = sampler_mass(e[i + l]);
-            s->mass_part[l][sampler_bits(e[i + l]) >> 20] += w;
-            kept += w & (0 - (uint64_t)(e[i + l] >= min_p)); /* no branch */
-        }
-    }
-    for (; i < n; i++) {
-        uint64_t w = sampler_mass(e[i]);
-        s->mass_part[0][sampler_bits(e[i]) >> 20] += w;
-        kept += w & (0 - (uint64_t)(e[i] >= min_p));
-    }
+    const uint64_t low = (1ULL << ENG_SAMPLER_MASS_BITS) - 1;
+    const uint64_t *packed = s->packed;
     uint64_t total = 0;
+    s->kern->masses(s->weight, n, min_p, s->packed, &total, above);
+    memset(s->mass_part, 0, sizeof s->mass_part);
+    int32_t i = 0;
+    uint64_t(*part)[SAMPLER_BUCKETS] = s->mass_part;
+    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES) { /* written out: 4 lanes */
+        part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
+        part[1][packed[i + 1] >> ENG_SAMPLER_MASS_BITS] += packed[i + 1] & low;
+        part[2][packed[i + 2] >> ENG_SAMPLER_MASS_BITS] += packed[i + 2] & low;
+        part[3][packed[i + 3] >> ENG_SAMPLER_MASS_BITS] += packed[i + 3] & low;
+    }
+    for (; i < n; i++)
+        s->mass_part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
     for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
         uint64_t m = 0;
         for (int32_t l = 0; l < SAMPLER_LANES; l++)
             m += s->mass_part[l][b];
         s->mass_top[b] = m;
-        total += m;
     }
-    *above = min_p > 0.0f ? kept : 0;
     return total;
 }
 
@@ -591,7 +602,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     uint64_t kept = total, through = 0;
     if (p->min_p > 0.0f) {
         /* the best candidate (e = 1, mass 2^40) at least */
-        const uint64_t best_mass = (uint64_t)SAMPLER_MASS_SCALE;
+        const uint64_t best_mass = (uint64_t)ENG_SAMPLER_MASS_SCALE;
         kept = above_min_p > best_mass ? above_min_p : best_mass;
     }
     if (p->top_p < 1.0f) {

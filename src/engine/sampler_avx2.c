@@ -111,6 +111,7 @@ static int32_t avx2_bucket(const float *weight, int32_t n, uint32_t key, int32_t
 }
 
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {avx2_sanitize_max, avx2_max, avx2_weights,
-                                                        avx2_bucket};
+                                                        avx2_bucket,
+                                                        eng__sampler_masses_scalar};
 
 #endif

@@ -88,11 +88,10 @@ static int32_t avx512_bucket(const float *weight, int32_t n, uint32_t key, int32
     for (; i + 16 <= n; i += 16) {
         __m512i bits = _mm512_loadu_si512((const void *)(weight + i));
         __mmask16 hit = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32(bits, 20), vkey);
-        if (hit) {
-            /* a full store at out + m: m <= i, so it stays inside out[0, n) */
-            _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(hit, idx));
-            m += __builtin_popcount(hit);
-        }
+        /* a full store at out + m, hit or not (no branch to mispredict):
+         * m <= i, so it stays inside out[0, n) */
+        _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(hit, idx));
+        m += __builtin_popcount(hit);
         idx = _mm512_add_epi32(idx, step);
     }
     for (; i < n; i++) {
@@ -104,7 +103,37 @@ static int32_t avx512_bucket(const float *weight, int32_t n, uint32_t key, int32
     return m;
 }
 
+static void avx512_masses(const float *weight, int32_t n, float min_p, uint64_t *packed,
+                          uint64_t *total, uint64_t *above)
+{
+    const __m512 scale = _mm512_set1_ps(ENG_SAMPLER_MASS_SCALE), vmin_p = _mm512_set1_ps(min_p);
+    __m512i sum = _mm512_setzero_si512(), sum_above = _mm512_setzero_si512();
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = _mm512_loadu_ps(weight + i);
+        __mmask16 keep = _mm512_cmp_ps_mask(e, vmin_p, _CMP_GE_OQ);
+        __m512 scaled = _mm512_mul_ps(e, scale);
+        __m512i key = _mm512_srli_epi32(_mm512_castps_si512(e), 20);
+        __m512i w_lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(scaled));
+        __m512i w_hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(scaled, 1));
+        __m512i k_lo = _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(key)),
+                                         ENG_SAMPLER_MASS_BITS);
+        __m512i k_hi = _mm512_slli_epi64(
+            _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(key, 1)), ENG_SAMPLER_MASS_BITS);
+        _mm512_storeu_si512((void *)(packed + i), _mm512_or_si512(k_lo, w_lo));
+        _mm512_storeu_si512((void *)(packed + i + 8), _mm512_or_si512(k_hi, w_hi));
+        sum = _mm512_add_epi64(sum, _mm512_add_epi64(w_lo, w_hi));
+        sum_above = _mm512_mask_add_epi64(sum_above, (__mmask8)keep, sum_above, w_lo);
+        sum_above = _mm512_mask_add_epi64(sum_above, (__mmask8)(keep >> 8), sum_above, w_hi);
+    }
+    uint64_t t = 0, a = 0;
+    eng__sampler_masses_scalar(weight + i, n - i, min_p, packed + i, &t, &a);
+    *total = t + (uint64_t)_mm512_reduce_add_epi64(sum);
+    *above = a + (uint64_t)_mm512_reduce_add_epi64(sum_above);
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {avx512_sanitize_max, avx512_max,
-                                                          avx512_weights, avx512_bucket};
+                                                          avx512_weights, avx512_bucket,
+                                                          avx512_masses};
 
 #endif

@@ -20,27 +20,28 @@
 typedef float (*eng__sampler_sanitize_max_fn)(float *logits, int32_t n);
 /* The largest of n values (no NaN among them). */
 typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
-/* out[i] = eng__sampler_exp((logits[i] - max) * inv_temp). */
+/* The weights and masses of n candidates: e[i] = eng__sampler_exp((logits[i]
+ * - max) * inv_temp); packed[i] = (bits(e[i]) >> 20) << 52 | trunc(e[i] *
+ * 2^40) (the top-level bucket above the mass, for the histogram); *total =
+ * the sum of the masses, *above = the sum of those with e >= min_p. */
 typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float max,
-                                        float inv_temp, float *out);
+                                        float inv_temp, float min_p, float *e,
+                                        uint64_t *packed, uint64_t *total, uint64_t *above);
+/* The first index in [from, n) whose value is above threshold, or n. */
+typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from, int32_t n,
+                                               float threshold);
 
 /* The indices i (ascending) of the weights whose top 12 bits are key
  * (bits >> 20 == key), into out (room for n); returns how many. */
 typedef int32_t (*eng__sampler_bucket_fn)(const float *weight, int32_t n, uint32_t key,
                                           int32_t *out);
 
-/* Masses of n weights: packed[i] = (bits(e) >> 20) << 52 | trunc(e * 2^40)
- * (the top-level bucket above the mass, for the histogram); *total = the
- * sum of the masses, *above = the sum of those with e >= min_p. */
-typedef void (*eng__sampler_masses_fn)(const float *weight, int32_t n, float min_p,
-                                       uint64_t *packed, uint64_t *total, uint64_t *above);
-
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
     eng__sampler_max_fn max;
     eng__sampler_weights_fn weights;
     eng__sampler_bucket_fn bucket;
-    eng__sampler_masses_fn masses;
+    eng__sampler_first_above_fn first_above;
 } eng__sampler_kernels;
 
 #define ENG_SAMPLER_MASS_SCALE 1099511627776.0f /* 2^40: e -> integer mass */
@@ -48,8 +49,9 @@ typedef struct eng__sampler_kernels {
 
 /* The scalar exponential every kernel reproduces lane by lane. */
 float eng__sampler_exp(float x);
-/* The scalar masses (AVX2 has no float -> int64 conversion). */
-void eng__sampler_masses_scalar(const float *weight, int32_t n, float min_p, uint64_t *packed,
+/* The scalar masses of weights e[0..n) (AVX2 has no float -> int64
+ * conversion): packed, *total and *above as eng__sampler_weights_fn's. */
+void eng__sampler_masses_scalar(const float *e, int32_t n, float min_p, uint64_t *packed,
                                 uint64_t *total, uint64_t *above);
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -286,8 +286,12 @@ static void sampler_heap_down(eng_candidate *h, size_t n, size_t i)
     }
 }
 
-/* Puts the k best of logits[0..n) into cand[0..k), unordered. */
-static void sampler_select_top_k(eng_candidate *cand, const float *logits, int32_t n, int32_t k)
+/* Puts the k best of logits[0..n) into cand[0..k), unordered. A later
+ * token enters only with a logit above the heap's worst (an equal one has
+ * a larger id, so it ranks after), so runs of those that cannot are
+ * skipped by first_above, 8 or 16 at a time. */
+static void sampler_select_top_k(const eng__sampler_kernels *kern, eng_candidate *cand,
+                                 const float *logits, int32_t n, int32_t k)
 {
     for (int32_t i = 0; i < k; i++) {
         cand[i].value = logits[i];
@@ -295,12 +299,10 @@ static void sampler_select_top_k(eng_candidate *cand, const float *logits, int32
     }
     for (size_t i = (size_t)k / 2; i-- > 0;)
         sampler_heap_down(cand, (size_t)k, i);
-    for (int32_t i = k; i < n; i++) {
-        eng_candidate c = {logits[i], i};
-        if (sampler_before(&c, &cand[0])) {
-            cand[0] = c;
-            sampler_heap_down(cand, (size_t)k, 0);
-        }
+    for (int32_t i = kern->first_above(logits, k, n, cand[0].value); i < n;
+         i = kern->first_above(logits, i + 1, n, cand[0].value)) {
+        cand[0] = (eng_candidate){logits[i], i};
+        sampler_heap_down(cand, (size_t)k, 0);
     }
 }
 
@@ -367,15 +369,26 @@ static int32_t sampler_scalar_bucket(const float *weight, int32_t n, uint32_t ke
 }
 
 static void sampler_scalar_weights(const float *logits, int32_t n, float max, float inv_temp,
-                                   float *out)
+                                   float min_p, float *e, uint64_t *packed, uint64_t *total,
+                                   uint64_t *above)
 {
     for (int32_t i = 0; i < n; i++)
-        out[i] = eng__sampler_exp((logits[i] - max) * inv_temp);
+        e[i] = eng__sampler_exp((logits[i] - max) * inv_temp);
+    eng__sampler_masses_scalar(e, n, min_p, packed, total, above);
+}
+
+static int32_t sampler_scalar_first_above(const float *values, int32_t from, int32_t n,
+                                          float threshold)
+{
+    for (int32_t i = from; i < n; i++)
+        if (values[i] > threshold)
+            return i;
+    return n;
 }
 
 static const eng__sampler_kernels sampler_kernels_scalar = {
     sampler_scalar_sanitize_max, sampler_scalar_max, sampler_scalar_weights,
-    sampler_scalar_bucket, eng__sampler_masses_scalar};
+    sampler_scalar_bucket, sampler_scalar_first_above};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -443,14 +456,12 @@ void eng__sampler_masses_scalar(const float *weight, int32_t n, float min_p, uin
     *above = a;
 }
 
-/* Histogram of weight[0..n) by the top 12 bits into mass_top; returns the
- * total mass, and in *above the mass of the candidates with e >= min_p. */
-static uint64_t sampler_histogram(eng_sampler *s, int32_t n, float min_p, uint64_t *above)
+/* Histogram of the packed masses of n candidates by their top 12 bits
+ * into mass_top. */
+static void sampler_histogram(eng_sampler *s, int32_t n)
 {
     const uint64_t low = (1ULL << ENG_SAMPLER_MASS_BITS) - 1;
     const uint64_t *packed = s->packed;
-    uint64_t total = 0;
-    s->kern->masses(s->weight, n, min_p, s->packed, &total, above);
     memset(s->mass_part, 0, sizeof s->mass_part);
     int32_t i = 0;
     uint64_t(*part)[SAMPLER_BUCKETS] = s->mass_part;
@@ -461,14 +472,13 @@ static uint64_t sampler_histogram(eng_sampler *s, int32_t n, float min_p, uint64
         part[3][packed[i + 3] >> ENG_SAMPLER_MASS_BITS] += packed[i + 3] & low;
     }
     for (; i < n; i++)
-        s->mass_part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
+        part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
     for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
         uint64_t m = 0;
         for (int32_t l = 0; l < SAMPLER_LANES; l++)
-            m += s->mass_part[l][b];
+            m += part[l][b];
         s->mass_top[b] = m;
     }
-    return total;
 }
 
 /* Sorts a small group of indices into the order: e descending, then index
@@ -576,7 +586,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     if (p->top_k > 0 && p->top_k < n) {
         n_cand = p->top_k;
         cand = s->cand;
-        sampler_select_top_k(cand, logits, n, n_cand);
+        sampler_select_top_k(kern, cand, logits, n, n_cand);
         qsort(cand, (size_t)n_cand, sizeof *cand, sampler_cmp_id);
         for (int32_t i = 0; i < n_cand; i++)
             s->weight[i] = cand[i].value;
@@ -595,10 +605,10 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     float inv_temp = 1.0f / p->temperature;
     if (!(inv_temp <= FLT_MAX))
         inv_temp = FLT_MAX;
-    kern->weights(values, n_cand, max, inv_temp, s->weight);
-
-    uint64_t above_min_p = 0;
-    const uint64_t total = sampler_histogram(s, n_cand, p->min_p, &above_min_p);
+    uint64_t total = 0, above_min_p = 0;
+    kern->weights(values, n_cand, max, inv_temp, p->min_p, s->weight, s->packed, &total,
+                  &above_min_p);
+    sampler_histogram(s, n_cand);
     uint64_t kept = total, through = 0;
     if (p->min_p > 0.0f) {
         /* the best candidate (e = 1, mass 2^40) at least */

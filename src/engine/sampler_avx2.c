@@ -54,7 +54,8 @@ static float avx2_max(const float *logits, int32_t n)
     return m;
 }
 
-static void avx2_weights(const float *logits, int32_t n, float max, float inv_temp, float *out)
+static void avx2_weights(const float *logits, int32_t n, float max, float inv_temp, float min_p,
+                         float *out, uint64_t *packed, uint64_t *total, uint64_t *above)
 {
     const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
     const __m256 lo = _mm256_set1_ps(ENG_SAMPLER_EXP_MIN);
@@ -86,6 +87,22 @@ static void avx2_weights(const float *logits, int32_t n, float max, float inv_te
     }
     for (; i < n; i++)
         out[i] = eng__sampler_exp((logits[i] - max) * inv_temp);
+    eng__sampler_masses_scalar(out, n, min_p, packed, total, above);
+}
+
+static int32_t avx2_first_above(const float *values, int32_t from, int32_t n, float threshold)
+{
+    const __m256 t = _mm256_set1_ps(threshold);
+    int32_t i = from;
+    for (; i + 8 <= n; i += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(values + i), t, _CMP_GT_OQ));
+        if (hit)
+            return i + __builtin_ctz((unsigned)hit);
+    }
+    for (; i < n; i++)
+        if (values[i] > threshold)
+            return i;
+    return n;
 }
 
 static int32_t avx2_bucket(const float *weight, int32_t n, uint32_t key, int32_t *out)
@@ -111,7 +128,6 @@ static int32_t avx2_bucket(const float *weight, int32_t n, uint32_t key, int32_t
 }
 
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {avx2_sanitize_max, avx2_max, avx2_weights,
-                                                        avx2_bucket,
-                                                        eng__sampler_masses_scalar};
+                                                        avx2_bucket, avx2_first_above};
 
 #endif

@@ -46,7 +46,9 @@ static float avx512_max(const float *logits, int32_t n)
     return m;
 }
 
-static void avx512_weights(const float *logits, int32_t n, float max, float inv_temp, float *out)
+static void avx512_weights(const float *logits, int32_t n, float max, float inv_temp,
+                           float min_p, float *e, uint64_t *packed, uint64_t *total,
+                           uint64_t *above)
 {
     const __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_temp);
     const __m512 lo = _mm512_set1_ps(ENG_SAMPLER_EXP_MIN);
@@ -56,6 +58,8 @@ static void avx512_weights(const float *logits, int32_t n, float max, float inv_
     const __m512 c4 = _mm512_set1_ps(4.16666679e-2f), c3 = _mm512_set1_ps(0.166666672f);
     const __m512 c2 = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     const __m512i bias = _mm512_set1_epi32(127);
+    const __m512 scale = _mm512_set1_ps(ENG_SAMPLER_MASS_SCALE), vmin_p = _mm512_set1_ps(min_p);
+    __m512i sum = _mm512_setzero_si512(), sum_above = _mm512_setzero_si512();
     int32_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv);
@@ -73,11 +77,31 @@ static void avx512_weights(const float *logits, int32_t n, float max, float inv_
         p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
         p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
         __m512i k = _mm512_cvttps_epi32(kf);
-        __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, bias), 23));
-        _mm512_storeu_ps(out + i, _mm512_maskz_mul_ps(live, p, scale));
+        __m512 two_k = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, bias), 23));
+        __m512 w = _mm512_maskz_mul_ps(live, p, two_k);
+        _mm512_storeu_ps(e + i, w);
+        /* the masses: trunc(e * 2^40) in two halves of 8 64-bit lanes */
+        __mmask16 keep = _mm512_cmp_ps_mask(w, vmin_p, _CMP_GE_OQ);
+        __m512 scaled = _mm512_mul_ps(w, scale);
+        __m512i key = _mm512_srli_epi32(_mm512_castps_si512(w), 20);
+        __m512i m_lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(scaled));
+        __m512i m_hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(scaled, 1));
+        __m512i k_lo = _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(key)),
+                                         ENG_SAMPLER_MASS_BITS);
+        __m512i k_hi = _mm512_slli_epi64(
+            _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(key, 1)), ENG_SAMPLER_MASS_BITS);
+        _mm512_storeu_si512((void *)(packed + i), _mm512_or_si512(k_lo, m_lo));
+        _mm512_storeu_si512((void *)(packed + i + 8), _mm512_or_si512(k_hi, m_hi));
+        sum = _mm512_add_epi64(sum, _mm512_add_epi64(m_lo, m_hi));
+        sum_above = _mm512_mask_add_epi64(sum_above, (__mmask8)keep, sum_above, m_lo);
+        sum_above = _mm512_mask_add_epi64(sum_above, (__mmask8)(keep >> 8), sum_above, m_hi);
     }
-    for (; i < n; i++)
-        out[i] = eng__sampler_exp((logits[i] - max) * inv_temp);
+    for (int32_t j = i; j < n; j++)
+        e[j] = eng__sampler_exp((logits[j] - max) * inv_temp);
+    uint64_t t = 0, a = 0;
+    eng__sampler_masses_scalar(e + i, n - i, min_p, packed + i, &t, &a);
+    *total = t + (uint64_t)_mm512_reduce_add_epi64(sum);
+    *above = a + (uint64_t)_mm512_reduce_add_epi64(sum_above);
 }
 
 static int32_t avx512_bucket(const float *weight, int32_t n, uint32_t key, int32_t *out)
@@ -103,37 +127,23 @@ static int32_t avx512_bucket(const float *weight, int32_t n, uint32_t key, int32
     return m;
 }
 
-static void avx512_masses(const float *weight, int32_t n, float min_p, uint64_t *packed,
-                          uint64_t *total, uint64_t *above)
+static int32_t avx512_first_above(const float *values, int32_t from, int32_t n, float threshold)
 {
-    const __m512 scale = _mm512_set1_ps(ENG_SAMPLER_MASS_SCALE), vmin_p = _mm512_set1_ps(min_p);
-    __m512i sum = _mm512_setzero_si512(), sum_above = _mm512_setzero_si512();
-    int32_t i = 0;
+    const __m512 t = _mm512_set1_ps(threshold);
+    int32_t i = from;
     for (; i + 16 <= n; i += 16) {
-        __m512 e = _mm512_loadu_ps(weight + i);
-        __mmask16 keep = _mm512_cmp_ps_mask(e, vmin_p, _CMP_GE_OQ);
-        __m512 scaled = _mm512_mul_ps(e, scale);
-        __m512i key = _mm512_srli_epi32(_mm512_castps_si512(e), 20);
-        __m512i w_lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(scaled));
-        __m512i w_hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(scaled, 1));
-        __m512i k_lo = _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(key)),
-                                         ENG_SAMPLER_MASS_BITS);
-        __m512i k_hi = _mm512_slli_epi64(
-            _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(key, 1)), ENG_SAMPLER_MASS_BITS);
-        _mm512_storeu_si512((void *)(packed + i), _mm512_or_si512(k_lo, w_lo));
-        _mm512_storeu_si512((void *)(packed + i + 8), _mm512_or_si512(k_hi, w_hi));
-        sum = _mm512_add_epi64(sum, _mm512_add_epi64(w_lo, w_hi));
-        sum_above = _mm512_mask_add_epi64(sum_above, (__mmask8)keep, sum_above, w_lo);
-        sum_above = _mm512_mask_add_epi64(sum_above, (__mmask8)(keep >> 8), sum_above, w_hi);
+        __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(values + i), t, _CMP_GT_OQ);
+        if (hit)
+            return i + __builtin_ctz(hit);
     }
-    uint64_t t = 0, a = 0;
-    eng__sampler_masses_scalar(weight + i, n - i, min_p, packed + i, &t, &a);
-    *total = t + (uint64_t)_mm512_reduce_add_epi64(sum);
-    *above = a + (uint64_t)_mm512_reduce_add_epi64(sum_above);
+    for (; i < n; i++)
+        if (values[i] > threshold)
+            return i;
+    return n;
 }
 
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {avx512_sanitize_max, avx512_max,
                                                           avx512_weights, avx512_bucket,
-                                                          avx512_masses};
+                                                          avx512_first_above};
 
 #endif

@@ -725,16 +725,21 @@ static void test_same_token_as_reference(void **state)
 }
 
 /* The vector kernels give the scalar exponential's bits on every input,
- * -inf, the cut-off and values around it included. */
+ * -inf, the cut-off and values around it included, and the scalar masses
+ * and sums. */
 static void test_kernels_match_scalar(void **state)
 {
     (void)state;
     enum { V = 4099 };
     float *logits = sw_malloc(sizeof(float) * V);
     float *want = sw_malloc(sizeof(float) * V), *got = sw_malloc(sizeof(float) * V);
+    uint64_t *packed = sw_malloc(sizeof(uint64_t) * V);
+    uint64_t *want_packed = sw_malloc(sizeof(uint64_t) * V);
     assert_non_null(logits);
     assert_non_null(want);
     assert_non_null(got);
+    assert_non_null(packed);
+    assert_non_null(want_packed);
     test_rng_state = 31;
     for (int i = 0; i < V; i++)
         logits[i] = (float)(test_rand() * 100.0 - 95.0);
@@ -754,8 +759,12 @@ static void test_kernels_match_scalar(void **state)
         for (int k = 0; k < 2; k++) {
             if (cpu_kernels_force_isa(need[k]) < need[k])
                 continue; /* this CPU lacks it */
-            ks[k]->weights(logits, V, 5.0f, inv_temps[t], got);
+            uint64_t total = 0, above = 0, want_total = 1, want_above = 1;
+            ks[k]->weights(logits, V, 5.0f, inv_temps[t], 0.01f, got, packed, &total, &above);
             assert_memory_equal(want, got, sizeof(float) * V);
+            eng__sampler_masses_scalar(want, V, 0.01f, want_packed, &want_total, &want_above);
+            assert_memory_equal(want_packed, packed, sizeof(uint64_t) * V);
+            assert_true(total == want_total && above == want_above);
         }
         cpu_kernels_force_isa(CPU_ISA_AMX);
 #endif
@@ -770,6 +779,8 @@ static void test_kernels_match_scalar(void **state)
     sw_free(logits);
     sw_free(want);
     sw_free(got);
+    sw_free(packed);
+    sw_free(want_packed);
 }
 
 static void test_large_vocab_top_k(void **state)

@@ -15,7 +15,9 @@
  *      they are edits of the logits, not part of the random choice.
  *   2. temperature <= 0: greedy. The argmax; ties go to the lowest id.
  *   3. Otherwise: top-k (the k largest logits, ties by lowest id; a heap
- *      selection, so small k never sorts the vocabulary). Each candidate
+ *      selection that skips, a vector at a time, logits that cannot enter
+ *      it, so small k never sorts the vocabulary; the k survivors are then
+ *      put in id order). Each candidate
  *      then gets a weight relative to the best one,
  *        e = eng__sampler_exp((logit - max) * (1 / temperature))
  *      in single precision (1 / temperature rounded to float, at most
@@ -56,9 +58,11 @@
  * pure function of (seed, k), built from the splitmix64 finaliser, so
  * there is no hidden state to save or restore beyond the counter.
  *
- * Memory: every buffer (candidates, weights, the groups of a search, the
- * histograms, penalty counts, the bias list) is allocated once at create;
- * sampling allocates nothing.
+ * Memory: every buffer (candidates, weights and packed masses, the groups
+ * of a search, the histograms, penalty counts, the bias list) is allocated
+ * once at create, 32 bytes per vocabulary entry and 48 KiB of histograms;
+ * sampling allocates nothing. A vocabulary of more than 2^23 entries is
+ * refused at create (its masses could pass 2^64).
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
 

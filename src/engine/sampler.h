@@ -9,9 +9,13 @@
  *
  * Order of operations (sampler.c has the details): NaN -> -inf; logit bias;
  * penalties (also in greedy mode); temperature <= 0: argmax, ties to the lowest id;
- * else top-k -> temperature -> softmax -> top-p -> min-p -> renormalise ->
- * pick with draw k's uniform number, walking tokens by probability
- * descending, ties by id ascending.
+ * else top-k -> temperature -> softmax (each candidate's weight relative to
+ * the best, from a single-precision exponential that is bit-identical on
+ * every instruction set, and its integer mass) -> top-p -> min-p ->
+ * renormalise -> pick with draw k's uniform number, walking tokens by
+ * probability descending, ties by id ascending. The walk is a linear-time
+ * search, not a sort; all sums are integer sums, so a draw is a pure
+ * function of (logits, parameters, seed, k) whatever the machine.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_H
 #define SPILLWAY_ENGINE_SAMPLER_H
@@ -45,6 +49,8 @@ eng_sampler_params eng_sampler_default_params(void);
 
 typedef struct eng_sampler eng_sampler;
 
+/* NULL for n_vocab outside [1, 2^23] (the masses of 2^23 tokens add up
+ * below 2^64) or when memory runs out. Allocates everything a draw uses. */
 eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_vocab);
 void eng_sampler_free(eng_sampler *s);
 

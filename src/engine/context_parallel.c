@@ -31,3 +31,8 @@ void eng_context_parallel_for(eng_context *ctx, int32_t n_items,
     ctx_parallel_job job = {fn, arg};
     cpu_threadpool_run(ctx->pool, n_items, 1, ctx_parallel_task, &job);
 }
+
+int32_t eng_context_n_threads(const eng_context *ctx)
+{
+    return ctx->pool ? cpu_threadpool_size(ctx->pool) : 1;
+}

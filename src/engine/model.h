@@ -241,6 +241,8 @@ const eng_model *eng_context_model(const eng_context *ctx);
  * (context_parallel.c). */
 void eng_context_parallel_for(eng_context *ctx, int32_t n_items,
                               void (*fn)(void *arg, int32_t item), void *arg);
+/* The threads eng_context_parallel_for runs on (the caller's included). */
+int32_t eng_context_n_threads(const eng_context *ctx);
 
 /* Runs the model over n_tokens new tokens of sequence seq_id (appended after
  * the tokens it already holds; batches larger than n_batch are split). If

@@ -31,10 +31,11 @@ typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float ma
 typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from, int32_t n,
                                                float threshold);
 
-/* The indices i (ascending) of the weights whose top 12 bits are key
- * (bits >> 20 == key), into out (room for n); returns how many. */
-typedef int32_t (*eng__sampler_bucket_fn)(const float *weight, int32_t n, uint32_t key,
-                                          int32_t *out);
+/* The indices i in [from, to) (ascending) of the weights whose top 12 bits
+ * are key (bits >> 20 == key), into out (room for to - from); returns how
+ * many. */
+typedef int32_t (*eng__sampler_bucket_fn)(const float *weight, int32_t from, int32_t to,
+                                          uint32_t key, int32_t *out);
 
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;

@@ -83,9 +83,8 @@
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
                                 e <= 1 (0x3f800000 >> 20 = 1016) fit too */
 #define SAMPLER_SMALL 16     /* groups this small are sorted directly */
-/* The top level's histogram is built as SAMPLER_LANES partial ones, token i
- * into part i % SAMPLER_LANES: consecutive tokens in one bucket (the common
- * case) would otherwise wait on each other's read-modify-write. */
+/* The top level's histogram is built as SAMPLER_LANES partial ones
+ * (sampler_histogram_lanes), shared out between a pass's chunks. */
 #define SAMPLER_LANES 4
 
 typedef struct eng_candidate {
@@ -98,6 +97,7 @@ struct eng_sampler {
     int32_t n_vocab;
     uint64_t draws;
     const eng__sampler_kernels *kern; /* this call's */
+    eng_sampler_threads threads;      /* lent (eng_sampler_set_threads); for_each NULL: none */
     eng_candidate *cand;  /* n_vocab: top-k's heap, then its survivors in id order */
     float *weight;        /* n_vocab: e of each candidate (index order = id order) */
     uint64_t *packed;     /* n_vocab: bucket and mass of each (masses kernel) */
@@ -186,6 +186,14 @@ uint64_t eng_sampler_draws(const eng_sampler *s)
 void eng_sampler_set_draws(eng_sampler *s, uint64_t draws)
 {
     s->draws = draws;
+}
+
+void eng_sampler_set_threads(eng_sampler *s, const eng_sampler_threads *threads)
+{
+    if (threads && threads->for_each)
+        s->threads = *threads;
+    else
+        memset(&s->threads, 0, sizeof s->threads);
 }
 
 void eng_sampler_mask_logits(float *logits, int32_t n_logits, const uint32_t *allowed,
@@ -359,10 +367,11 @@ static float sampler_scalar_max(const float *logits, int32_t n)
     return m;
 }
 
-static int32_t sampler_scalar_bucket(const float *weight, int32_t n, uint32_t key, int32_t *out)
+static int32_t sampler_scalar_bucket(const float *weight, int32_t from, int32_t to, uint32_t key,
+                                     int32_t *out)
 {
     int32_t m = 0;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = from; i < to; i++) {
         uint32_t bits;
         memcpy(&bits, &weight[i], sizeof bits);
         /* without a branch: members are scattered, a branch mispredicts */
@@ -460,29 +469,99 @@ void eng__sampler_masses_scalar(const float *weight, int32_t n, float min_p, uin
     *above = a;
 }
 
-/* Histogram of the packed masses of n candidates by their top 12 bits
- * into mass_top. */
-static void sampler_histogram(eng_sampler *s, int32_t n)
+/* ---- passes over the candidates, split between lent threads ------------ */
+
+/* Fewer candidates stay on one thread: the hand-off would cost more than
+ * half a pass. */
+#define SAMPLER_PARALLEL_MIN 16384
+
+/* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4:
+ * chunk c builds its histogram in lanes [c, c + 1) * SAMPLER_LANES /
+ * n_chunks of mass_part), what each chunk found, and the pass's inputs. The
+ * results do not depend on the chunking: maxima and integer sums combine
+ * exactly, and gathers are concatenated in chunk order. */
+typedef struct sampler_pass {
+    eng_sampler *s;
+    int32_t n, n_chunks;
+    float *logits;                 /* sanitize: the whole vocabulary */
+    const float *values;           /* weigh: the candidates' logits */
+    float max, inv_temp, min_p;
+    uint32_t key;                  /* gather: the top-level bucket */
+    float chunk_max[SAMPLER_LANES];
+    uint64_t total[SAMPLER_LANES], above[SAMPLER_LANES];
+    int32_t found[SAMPLER_LANES];
+} sampler_pass;
+
+static void sampler_chunk(const sampler_pass *ps, int32_t c, int32_t *begin, int32_t *end)
+{
+    /* chunks of a multiple of 64 candidates: whole vectors, whole lines */
+    int64_t per = (((int64_t)ps->n + ps->n_chunks - 1) / ps->n_chunks + 63) & ~(int64_t)63;
+    int64_t b = (int64_t)c * per, e = b + per;
+    *begin = (int32_t)(b < ps->n ? b : ps->n);
+    *end = (int32_t)(e < ps->n ? e : ps->n);
+}
+
+static void sampler_run(sampler_pass *ps, void (*fn)(void *arg, int32_t chunk))
+{
+    if (ps->n_chunks > 1)
+        ps->s->threads.for_each(ps->s->threads.ctx, ps->n_chunks, fn, ps);
+    else
+        fn(ps, 0);
+}
+
+static void sampler_sanitize_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
+}
+
+/* Adds n packed masses to the histogram lanes part[0, lanes), candidate i
+ * into lane i % lanes: neighbours in one bucket (the common case) would
+ * otherwise wait on each other's read-modify-write. */
+static void sampler_histogram_lanes(uint64_t (*part)[SAMPLER_BUCKETS], int32_t lanes,
+                                    const uint64_t *packed, int32_t n)
 {
     const uint64_t low = (1ULL << ENG_SAMPLER_MASS_BITS) - 1;
-    const uint64_t *packed = s->packed;
-    memset(s->mass_part, 0, sizeof s->mass_part);
     int32_t i = 0;
-    uint64_t(*part)[SAMPLER_BUCKETS] = s->mass_part;
-    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES) { /* written out: 4 lanes */
-        part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
-        part[1][packed[i + 1] >> ENG_SAMPLER_MASS_BITS] += packed[i + 1] & low;
-        part[2][packed[i + 2] >> ENG_SAMPLER_MASS_BITS] += packed[i + 2] & low;
-        part[3][packed[i + 3] >> ENG_SAMPLER_MASS_BITS] += packed[i + 3] & low;
+    if (lanes == 4) {
+        for (; i + 4 <= n; i += 4) { /* written out */
+            part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
+            part[1][packed[i + 1] >> ENG_SAMPLER_MASS_BITS] += packed[i + 1] & low;
+            part[2][packed[i + 2] >> ENG_SAMPLER_MASS_BITS] += packed[i + 2] & low;
+            part[3][packed[i + 3] >> ENG_SAMPLER_MASS_BITS] += packed[i + 3] & low;
+        }
+    } else if (lanes == 2) {
+        for (; i + 2 <= n; i += 2) {
+            part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
+            part[1][packed[i + 1] >> ENG_SAMPLER_MASS_BITS] += packed[i + 1] & low;
+        }
     }
     for (; i < n; i++)
         part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
-    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
-        uint64_t m = 0;
-        for (int32_t l = 0; l < SAMPLER_LANES; l++)
-            m += part[l][b];
-        s->mass_top[b] = m;
-    }
+}
+
+/* A chunk's weights and masses, and their histogram in its lanes. */
+static void sampler_weigh_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    eng_sampler *s = ps->s;
+    int32_t b, e, lanes = SAMPLER_LANES / ps->n_chunks;
+    sampler_chunk(ps, c, &b, &e);
+    s->kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p, s->weight + b,
+                     s->packed + b, &ps->total[c], &ps->above[c]);
+    sampler_histogram_lanes(s->mass_part + c * lanes, lanes, s->packed + b, e - b);
+}
+
+/* A chunk's members of the top-level bucket key, at group_a + its start. */
+static void sampler_gather_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    eng_sampler *s = ps->s;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    ps->found[c] = s->kern->bucket(s->weight, b, e, ps->key, s->group_a + b);
 }
 
 /* Sorts a small group of indices into the order: e descending, then index
@@ -499,11 +578,11 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
     }
 }
 
-/* The index into weight[0..n) of the first candidate of the order whose
+/* The index into weight[0..ps->n) of the first candidate of the order whose
  * cumulative mass exceeds target (which must be below the total mass), and
  * in *through the cumulative mass up to and including it. mass_top holds
- * sampler_histogram's buckets. */
-static int32_t sampler_find(eng_sampler *s, int32_t n, uint64_t target, uint64_t *through)
+ * the top-level histogram. The top-level gather runs in ps's chunks. */
+static int32_t sampler_find(eng_sampler *s, sampler_pass *ps, uint64_t target, uint64_t *through)
 {
     const float *e = s->weight;
     uint64_t acc = 0;
@@ -514,7 +593,15 @@ static int32_t sampler_find(eng_sampler *s, int32_t n, uint64_t target, uint64_t
         return 0;
     }
     int32_t *group = s->group_a, *spare = s->group_b;
-    int32_t m = s->kern->bucket(e, n, (uint32_t)b, group);
+    ps->key = (uint32_t)b;
+    sampler_run(ps, sampler_gather_task);
+    int32_t m = ps->found[0];
+    for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
+        int32_t begin, end;
+        sampler_chunk(ps, c, &begin, &end);
+        memmove(group + m, group + begin, sizeof *group * (size_t)ps->found[c]);
+        m += ps->found[c];
+    }
     for (int shift = 10; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
         memset(s->mass_sub, 0, sizeof s->mass_sub);
         for (int32_t j = 0; j < m; j++) {
@@ -557,7 +644,15 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     const uint64_t u = sampler_uniform_bits(p->seed, s->draws);
     s->draws++;
 
-    float max = kern->sanitize_max(logits, n);
+    int32_t chunks = 1;
+    if (s->threads.for_each && s->threads.n_threads >= 2)
+        chunks = s->threads.n_threads >= 4 ? 4 : 2;
+    sampler_pass ps = {.s = s, .n = n, .n_chunks = n >= SAMPLER_PARALLEL_MIN ? chunks : 1,
+                       .logits = logits};
+    sampler_run(&ps, sampler_sanitize_task);
+    float max = ps.chunk_max[0];
+    for (int32_t c = 1; c < ps.n_chunks; c++)
+        max = ps.chunk_max[c] > max ? ps.chunk_max[c] : max;
     bool edited = false;
     for (int32_t j = 0; j < p->n_bias; j++) {
         int32_t id = p->bias_ids[j];
@@ -609,10 +704,25 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     float inv_temp = 1.0f / p->temperature;
     if (!(inv_temp <= FLT_MAX))
         inv_temp = FLT_MAX;
+    ps.n = n_cand;
+    ps.n_chunks = n_cand >= SAMPLER_PARALLEL_MIN ? chunks : 1;
+    ps.values = values;
+    ps.max = max;
+    ps.inv_temp = inv_temp;
+    ps.min_p = p->min_p;
+    memset(s->mass_part, 0, sizeof s->mass_part);
+    sampler_run(&ps, sampler_weigh_task);
     uint64_t total = 0, above_min_p = 0;
-    kern->weights(values, n_cand, max, inv_temp, p->min_p, s->weight, s->packed, &total,
-                  &above_min_p);
-    sampler_histogram(s, n_cand);
+    for (int32_t c = 0; c < ps.n_chunks; c++) {
+        total += ps.total[c];
+        above_min_p += ps.above[c];
+    }
+    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
+        uint64_t m = 0;
+        for (int32_t l = 0; l < SAMPLER_LANES; l++)
+            m += s->mass_part[l][b];
+        s->mass_top[b] = m;
+    }
     uint64_t kept = total, through = 0;
     if (p->min_p > 0.0f) {
         /* the best candidate (e = 1, mass 2^40) at least */
@@ -621,11 +731,11 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     }
     if (p->top_p < 1.0f) {
         uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
-        sampler_find(s, n_cand, need > 0 ? need - 1 : 0, &through);
+        sampler_find(s, &ps, need > 0 ? need - 1 : 0, &through);
         if (through < kept)
             kept = through;
     }
-    int32_t pos = sampler_find(s, n_cand, sampler_scale_u53(u, kept), &through);
+    int32_t pos = sampler_find(s, &ps, sampler_scale_u53(u, kept), &through);
     return cand ? cand[pos].id : pos;
 }
 

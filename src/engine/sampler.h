@@ -76,6 +76,23 @@ void eng_sampler_mask_logits(float *logits, int32_t n_logits, const uint32_t *al
 uint64_t eng_sampler_draws(const eng_sampler *s);
 void eng_sampler_set_draws(eng_sampler *s, uint64_t draws);
 
+/* Threads a draw may use: for_each(ctx, n, fn, arg) calls fn(arg, i) for
+ * every i in [0, n), on up to n_threads threads, and returns when all are
+ * done (e.g. eng_context_parallel_for on a context's pool). */
+typedef struct eng_sampler_threads {
+    void (*for_each)(void *ctx, int32_t n_items, void (*fn)(void *arg, int32_t item),
+                     void *arg);
+    void *ctx;
+    int32_t n_threads;
+} eng_sampler_threads;
+
+/* Lends threads to the draws of s until called again (NULL: none). A draw
+ * over at least 16384 candidates then splits its passes over the
+ * vocabulary into 2 or 4 chunks, one item each; the token is the same
+ * (sums are exact, gathers keep their order). The threads must be free
+ * while s draws: not the loop that runs the draw itself. */
+void eng_sampler_set_threads(eng_sampler *s, const eng_sampler_threads *threads);
+
 /* The uniform number in [0, 1) of draw k for a seed: the counter-based stream. */
 double eng_sampler_uniform(uint64_t seed, uint64_t k);
 

@@ -105,11 +105,12 @@ static int32_t avx2_first_above(const float *values, int32_t from, int32_t n, fl
     return n;
 }
 
-static int32_t avx2_bucket(const float *weight, int32_t n, uint32_t key, int32_t *out)
+static int32_t avx2_bucket(const float *weight, int32_t from, int32_t to, uint32_t key,
+                           int32_t *out)
 {
     const __m256i vkey = _mm256_set1_epi32((int32_t)key);
-    int32_t m = 0, i = 0;
-    for (; i + 8 <= n; i += 8) {
+    int32_t m = 0, i = from;
+    for (; i + 8 <= to; i += 8) {
         __m256i bits = _mm256_loadu_si256((const __m256i *)(weight + i));
         unsigned hit = (unsigned)_mm256_movemask_ps(
             _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_srli_epi32(bits, 20), vkey)));
@@ -118,7 +119,7 @@ static int32_t avx2_bucket(const float *weight, int32_t n, uint32_t key, int32_t
             hit &= hit - 1;
         }
     }
-    for (; i < n; i++) {
+    for (; i < to; i++) {
         uint32_t bits;
         __builtin_memcpy(&bits, &weight[i], sizeof bits);
         out[m] = i;

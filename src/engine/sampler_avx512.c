@@ -104,21 +104,24 @@ static void avx512_weights(const float *logits, int32_t n, float max, float inv_
     *above = a + (uint64_t)_mm512_reduce_add_epi64(sum_above);
 }
 
-static int32_t avx512_bucket(const float *weight, int32_t n, uint32_t key, int32_t *out)
+static int32_t avx512_bucket(const float *weight, int32_t from, int32_t to, uint32_t key,
+                             int32_t *out)
 {
     const __m512i vkey = _mm512_set1_epi32((int32_t)key), step = _mm512_set1_epi32(16);
-    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int32_t m = 0, i = 0;
-    for (; i + 16 <= n; i += 16) {
+    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(from),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                     13, 14, 15));
+    int32_t m = 0, i = from;
+    for (; i + 16 <= to; i += 16) {
         __m512i bits = _mm512_loadu_si512((const void *)(weight + i));
         __mmask16 hit = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32(bits, 20), vkey);
         /* a full store at out + m, hit or not (no branch to mispredict):
-         * m <= i, so it stays inside out[0, n) */
+         * m <= i - from, so it stays inside out[0, to - from) */
         _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(hit, idx));
         m += __builtin_popcount(hit);
         idx = _mm512_add_epi32(idx, step);
     }
-    for (; i < n; i++) {
+    for (; i < to; i++) {
         uint32_t bits;
         __builtin_memcpy(&bits, &weight[i], sizeof bits);
         out[m] = i;

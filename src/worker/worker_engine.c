@@ -497,7 +497,8 @@ static eng_step_inputs slot_step_inputs(wk_server *s, int32_t seq)
 }
 
 /* A step's samples drawn ahead, in parallel on the context's threads, for
- * the decoding slots without a constraint (step(), phase 1): a draw reads
+ * the decoding slots without a constraint (step(), phase 1; a single such
+ * slot lends the threads to its draw instead): a draw reads
  * and writes only its own slot (logits, history, sampler, log-probability
  * scratch) and allocates nothing, so it gives the token the one-by-one
  * path would. A constraint's step feeds its automaton and may allocate
@@ -526,6 +527,12 @@ static void presample_task(void *arg, int32_t item)
     /* without a constraint eng_sample_step cannot fail */
     pre->done = eng_sample_step(&in, sl->logits, sl->history, &sl->n_history, &pre->step,
                                 &pre->constraint_end, &err) == SW_OK;
+}
+
+static void presample_for_each(void *ctx, int32_t n_items, void (*fn)(void *arg, int32_t item),
+                               void *arg)
+{
+    eng_context_parallel_for(ctx, n_items, fn, arg);
 }
 
 /* A slot that fails before taking its drawn token gives the draw back, so
@@ -666,8 +673,17 @@ static bool step(wk_server *s, ev_list *l)
         if (sl->req && sl->decoding && !sl->req->cons)
             job.seqs[n_pre++] = seq;
     }
-    if (n_pre > 1)
+    if (n_pre > 1) {
         eng_context_parallel_for(s->ctx, n_pre, presample_task, &job);
+    } else if (n_pre == 1) {
+        /* one slot: its draw splits the vocabulary over the threads instead */
+        eng_sampler *sampler = s->slots[job.seqs[0]].sampler;
+        eng_sampler_threads threads = {presample_for_each, s->ctx,
+                                       eng_context_n_threads(s->ctx)};
+        eng_sampler_set_threads(sampler, &threads);
+        presample_task(&job, 0);
+        eng_sampler_set_threads(sampler, NULL);
+    }
 
     /* Phase 2: each slot in turn (events, text, stops, the batch) */
     for (int32_t seq = 0; seq < s->n_seqs; seq++) {

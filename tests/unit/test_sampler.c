@@ -3,7 +3,8 @@
  * exact penalty amounts, the empirical distribution against a softmax the
  * test computes itself (temperature alone and under each truncation), the
  * same token as a sort-everything reference of the documented order on
- * random logits (ties, -inf, NaN; every instruction set), and a stable
+ * random logits (ties, -inf, NaN; every instruction set; passes split into
+ * chunks for lent threads), and a stable
  * log-softmax. Everything uses fixed seeds, so the statistical checks are
  * deterministic. */
 #include "testutil.h"
@@ -660,6 +661,18 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
     return id;
 }
 
+/* A for_each that runs the items last to first on the calling thread: a
+ * draw split into chunks must not depend on the order they finish in. */
+static int reverse_calls;
+static void reverse_for_each(void *ctx, int32_t n_items, void (*fn)(void *arg, int32_t item),
+                             void *arg)
+{
+    (void)ctx;
+    reverse_calls++;
+    for (int32_t i = n_items; i-- > 0;)
+        fn(arg, i);
+}
+
 static void test_same_token_as_reference(void **state)
 {
     (void)state;
@@ -700,6 +713,11 @@ static void test_same_token_as_reference(void **state)
                 cpu_kernels_force_isa(isas[ii]);
                 eng_sampler *s = eng_sampler_create(&p, n);
                 assert_non_null(s);
+                /* lent threads (2 or 4 chunks) for large vocabularies */
+                eng_sampler *st = eng_sampler_create(&p, n);
+                assert_non_null(st);
+                eng_sampler_threads th = {reverse_for_each, NULL, round % 2 ? 4 : 2};
+                eng_sampler_set_threads(st, &th);
                 for (uint64_t d = 0; d < 8; d++) {
                     memcpy(a, logits, sizeof(float) * (size_t)n);
                     memcpy(b, logits, sizeof(float) * (size_t)n);
@@ -711,14 +729,19 @@ static void test_same_token_as_reference(void **state)
                                  "%d, reference %d", n, kind, (double)p.temperature, p.top_k,
                                  (double)p.top_p, (double)p.min_p, (int)isas[ii], (int)d, got,
                                  want);
+                    memcpy(a, logits, sizeof(float) * (size_t)n);
+                    eng_sampler_set_draws(st, d * 977);
+                    assert_int_equal(eng_sampler_sample(st, a, NULL, 0), want);
                     checked++;
                 }
                 eng_sampler_free(s);
+                eng_sampler_free(st);
             }
         }
     }
     cpu_kernels_force_isa(CPU_ISA_AMX); /* back to the best the CPU has */
     assert_true(checked > 1000);
+    assert_true(reverse_calls > 0); /* the 20000-token vocabularies split */
     sw_free(logits);
     sw_free(a);
     sw_free(b);

@@ -2,10 +2,13 @@
  *
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
- * kernels). Every set gives bit-identical results to the scalar code in
- * sampler.c: the maximum is exact in any order, and the exponential is the
- * same sequence of single-precision operations (no fused multiply-add) in
- * every lane, so a draw does not depend on the machine that makes it.
+ * kernels): NaN cleaning and the maximum, the weights with their integer
+ * masses and sums, the gather of a histogram bucket's members, and top-k's
+ * skip to the next logit above a threshold. Every set gives bit-identical
+ * results to the scalar code in sampler.c: maxima and integer sums are
+ * exact in any order, and the exponential is the same sequence of
+ * single-precision operations (no fused multiply-add) in every lane, so a
+ * draw does not depend on the machine that makes it.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_IMPL_H
 #define SPILLWAY_ENGINE_SAMPLER_IMPL_H

@@ -1,7 +1,9 @@
-/* sampler_avx2.c - the sampler's kernels for AVX2: 8 lanes of
- * sampler-impl.h's NaN cleaning, maximum and exponential, each lane the
- * same operations as the scalar eng__sampler_exp (no fused multiply-add),
- * so the weights are bit-identical on every instruction set. */
+/* sampler_avx2.c - the sampler's kernels (sampler-impl.h) for AVX2, 8
+ * lanes: NaN cleaning and maximum; the weights, each lane the same
+ * operations as the scalar eng__sampler_exp (no fused multiply-add), so
+ * they are bit-identical on every instruction set (the masses are the
+ * scalar code's: AVX2 has no float -> int64 conversion); a bucket's members
+ * by movemask; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

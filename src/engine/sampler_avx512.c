@@ -1,7 +1,9 @@
-/* sampler_avx512.c - the sampler's kernels for AVX-512 (F, DQ): 16 lanes of
- * sampler-impl.h's NaN cleaning, maximum and exponential, each lane the
+/* sampler_avx512.c - the sampler's kernels (sampler-impl.h) for AVX-512
+ * (F, DQ), 16 lanes: NaN cleaning and maximum; the weights, each lane the
  * same operations as the scalar eng__sampler_exp (no fused multiply-add),
- * so the weights are bit-identical on every instruction set. */
+ * so they are bit-identical on every instruction set, with their masses
+ * converted 8 to a vector (float -> int64, which AVX2 lacks); a bucket's
+ * members by compress; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -247,6 +247,18 @@ void eng_context_free(eng_context *ctx);
 const eng_context_params *eng_context_params_get(const eng_context *ctx);
 const eng_model *eng_context_model(const eng_context *ctx);
 
+/* Runs fn(arg, item) for every item in [0, n_items) on the context's
+ * threads (the caller's among them) and returns when all are done: for
+ * per-sequence work between decodes, e.g. the samples of a batched step.
+ * Items must be independent of each other and must not allocate (the
+ * allocation hook's per-thread scope and failure count are the caller's).
+ * Not during a decode on the same context; one caller at a time
+ * (context_parallel.c). */
+void eng_context_parallel_for(eng_context *ctx, int32_t n_items,
+                              void (*fn)(void *arg, int32_t item), void *arg);
+/* The threads eng_context_parallel_for runs on (the caller's included). */
+int32_t eng_context_n_threads(const eng_context *ctx);
+
 /* Runs the model over n_tokens new tokens of sequence seq_id (appended after
  * the tokens it already holds; batches larger than n_batch are split). If
  * logits is not NULL, the last token's n_vocab logits are written there.

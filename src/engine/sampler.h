@@ -9,9 +9,13 @@
  *
  * Order of operations (sampler.c has the details): NaN -> -inf; logit bias;
  * penalties (also in greedy mode); temperature <= 0: argmax, ties to the lowest id;
- * else top-k -> temperature -> softmax -> top-p -> min-p -> renormalise ->
- * pick with draw k's uniform number, walking tokens by probability
- * descending, ties by id ascending.
+ * else top-k -> temperature -> softmax (each candidate's weight relative to
+ * the best, from a single-precision exponential that is bit-identical on
+ * every instruction set, and its integer mass) -> top-p -> min-p ->
+ * renormalise -> pick with draw k's uniform number, walking tokens by
+ * probability descending, ties by id ascending. The walk is a linear-time
+ * search, not a sort; all sums are integer sums, so a draw is a pure
+ * function of (logits, parameters, seed, k) whatever the machine.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_H
 #define SPILLWAY_ENGINE_SAMPLER_H
@@ -45,6 +49,8 @@ eng_sampler_params eng_sampler_default_params(void);
 
 typedef struct eng_sampler eng_sampler;
 
+/* NULL for n_vocab outside [1, 2^23] (the masses of 2^23 tokens add up
+ * below 2^64) or when memory runs out. Allocates everything a draw uses. */
 eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_vocab);
 void eng_sampler_free(eng_sampler *s);
 
@@ -69,6 +75,23 @@ void eng_sampler_mask_logits(float *logits, int32_t n_logits, const uint32_t *al
 
 uint64_t eng_sampler_draws(const eng_sampler *s);
 void eng_sampler_set_draws(eng_sampler *s, uint64_t draws);
+
+/* Threads a draw may use: for_each(ctx, n, fn, arg) calls fn(arg, i) for
+ * every i in [0, n), on up to n_threads threads, and returns when all are
+ * done (e.g. eng_context_parallel_for on a context's pool). */
+typedef struct eng_sampler_threads {
+    void (*for_each)(void *ctx, int32_t n_items, void (*fn)(void *arg, int32_t item),
+                     void *arg);
+    void *ctx;
+    int32_t n_threads;
+} eng_sampler_threads;
+
+/* Lends threads to the draws of s until called again (NULL: none). A draw
+ * over at least 16384 candidates then splits its passes over the
+ * vocabulary into 2 or 4 chunks, one item each; the token is the same
+ * (sums are exact, gathers keep their order). The threads must be free
+ * while s draws: not the loop that runs the draw itself. */
+void eng_sampler_set_threads(eng_sampler *s, const eng_sampler_threads *threads);
 
 /* The uniform number in [0, 1) of draw k for a seed: the counter-based stream. */
 double eng_sampler_uniform(uint64_t seed, uint64_t k);

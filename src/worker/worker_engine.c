@@ -8,7 +8,10 @@
  * step is eng_generate's own (eng_sample_step: logprobs of the raw logits,
  * one draw, under the constraint's mask when there is one), in eng_generate's
  * order (fault hook, step, stop checks, decode), so a worker's tokens equal
- * `spillway run`'s. A constrained request (response_format, a forced tool
+ * `spillway run`'s; with several decoding slots, the unconstrained ones'
+ * draws are made first, in parallel on the context's threads (wk_presample),
+ * and a slot that fails before taking its token gives the draw back, so the
+ * result is the same. A constrained request (response_format, a forced tool
  * call) gets the budget that max_tokens and the context leave; it ends as
  * soon as the value is closed, and stop strings do not cut it. Between
  * loading the model and reporting ready it measures the worker's own
@@ -499,17 +502,89 @@ static int decode_step(wk_server *s, const eng_batch_entry *entries, int32_t n, 
     return SW_OK;
 }
 
-/* One token of a decoding slot: eng_generate's loop body up to the decode.
- * Returns true when the slot continues (its token goes into this step). */
-static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures)
+/* What eng_sample_step reads for a decoding slot. */
+static eng_step_inputs slot_step_inputs(wk_server *s, int32_t seq)
 {
     wk_slot *sl = &s->slots[seq];
     wk_req *req = sl->req;
-    const int32_t n_vocab = eng_model_hparams(s->model)->n_vocab;
+    /* The budget of a constrained reply is what max_tokens and the
+     * context still allow. */
+    int64_t left = (int64_t)req->max_tokens - sl->n_generated;
+    int64_t room = (int64_t)s->n_ctx - eng_seq_length(s->ctx, seq);
+    eng_step_inputs in = {
+        .sampler = sl->sampler,
+        .n_vocab = eng_model_hparams(s->model)->n_vocab,
+        .logprobs = sl->logprobs,
+        .top_logprobs = req->top_logprobs,
+        .constraint = req->cons,
+        .budget = left < room ? left : room,
+    };
+    return in;
+}
+
+/* A step's samples drawn ahead, in parallel on the context's threads, for
+ * the decoding slots without a constraint (step(), phase 1; a single such
+ * slot lends the threads to its draw instead): a draw reads
+ * and writes only its own slot (logits, history, sampler, log-probability
+ * scratch) and allocates nothing, so it gives the token the one-by-one
+ * path would. A constraint's step feeds its automaton and may allocate
+ * (under the request's allocation scope): those slots draw in phase 2. */
+typedef struct wk_presample {
+    bool done;
+    bool constraint_end;
+    eng_generate_step step;
+} wk_presample;
+
+typedef struct wk_presample_job {
+    wk_server *s;
+    int32_t seqs[WK_MAX_SLOTS];
+    wk_presample *pre; /* indexed by seq */
+} wk_presample_job;
+
+static void presample_task(void *arg, int32_t item)
+{
+    wk_presample_job *job = arg;
+    int32_t seq = job->seqs[item];
+    wk_slot *sl = &job->s->slots[seq];
+    wk_presample *pre = &job->pre[seq];
+    eng_step_inputs in = slot_step_inputs(job->s, seq);
+    sw_error err;
+    memset(&pre->step, 0, sizeof pre->step);
+    /* without a constraint eng_sample_step cannot fail */
+    pre->done = eng_sample_step(&in, sl->logits, sl->history, &sl->n_history, &pre->step,
+                                &pre->constraint_end, &err) == SW_OK;
+}
+
+static void presample_for_each(void *ctx, int32_t n_items, void (*fn)(void *arg, int32_t item),
+                               void *arg)
+{
+    eng_context_parallel_for(ctx, n_items, fn, arg);
+}
+
+/* A slot that fails before taking its drawn token gives the draw back, so
+ * its counter and history are what the one-by-one path leaves. */
+static void presample_undo(wk_slot *sl, wk_presample *pre)
+{
+    if (!pre || !pre->done)
+        return;
+    sl->n_history--;
+    eng_sampler_set_draws(sl->sampler, eng_sampler_draws(sl->sampler) - 1);
+    pre->done = false;
+}
+
+/* One token of a decoding slot: eng_generate's loop body up to the decode,
+ * with the token drawn ahead in pre when pre->done. Returns true when the
+ * slot continues (its token goes into this step). */
+static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures,
+                           wk_presample *pre)
+{
+    wk_slot *sl = &s->slots[seq];
+    wk_req *req = sl->req;
     if (dev_fault_before_token((int64_t)sl->n_generated) == SW_EDEVICE) {
         sw_error err;
         sw_error_set(&err, SW_EDEVICE, "the device failed (injected by SPILLWAY_FAULT)");
         s->device_error_seen = true;
+        presample_undo(sl, pre);
         fail_slot(s, seq, l, SW_EDEVICE, "decode", &err);
         return false;
     }
@@ -518,29 +593,24 @@ static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures)
     if (!ev) {
         sw_error err;
         sw_error_set(&err, SW_ENOMEM, "out of host memory");
+        presample_undo(sl, pre);
         fail_slot(s, seq, l, SW_ENOMEM, "decode", &err);
         return false;
     }
-    /* The budget of a constrained reply is what max_tokens and the
-     * context still allow. */
-    int64_t left = (int64_t)req->max_tokens - sl->n_generated;
-    int64_t room = (int64_t)s->n_ctx - eng_seq_length(s->ctx, seq);
-    eng_step_inputs in = {
-        .sampler = sl->sampler,
-        .n_vocab = n_vocab,
-        .logprobs = sl->logprobs,
-        .top_logprobs = req->top_logprobs,
-        .constraint = req->cons,
-        .budget = left < room ? left : room,
-    };
     eng_generate_step step;
     bool constraint_end = false;
     sw_error err;
     memset(&step, 0, sizeof step);
-    if (eng_sample_step(&in, sl->logits, sl->history, &sl->n_history, &step, &constraint_end,
-                        &err)) {
-        fail_slot(s, seq, l, SW_EINTERNAL, "decode", &err);
-        return false;
+    if (pre && pre->done) {
+        step = pre->step;
+        constraint_end = pre->constraint_end;
+    } else {
+        eng_step_inputs in = slot_step_inputs(s, seq);
+        if (eng_sample_step(&in, sl->logits, sl->history, &sl->n_history, &step,
+                            &constraint_end, &err)) {
+            fail_slot(s, seq, l, SW_EINTERNAL, "decode", &err);
+            return false;
+        }
     }
     int32_t token = step.token;
     ev->token = token;
@@ -595,10 +665,10 @@ static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures)
     return true;
 }
 
-static bool sample_slot(wk_server *s, int32_t seq, ev_list *l)
+static bool sample_slot(wk_server *s, int32_t seq, ev_list *l, wk_presample *pre)
 {
     sw_alloc_scope *scope_prev = engine_scope_enter(s->slots[seq].req);
-    bool going = sample_slot_in(s, seq, l, sw_alloc_thread_failures());
+    bool going = sample_slot_in(s, seq, l, sw_alloc_thread_failures(), pre);
     sw_alloc_scope_swap(scope_prev);
     return going;
 }
@@ -619,6 +689,29 @@ static bool step(wk_server *s, ev_list *l)
     bool prefill[WK_MAX_SLOTS];
     int32_t n = 0, n_prefill_tokens = 0, n_decode_tokens = 0;
 
+    /* Phase 1: the decoding slots' samples, in parallel (wk_presample). */
+    wk_presample pre[WK_MAX_SLOTS];
+    wk_presample_job job = {.s = s, .pre = pre};
+    int32_t n_pre = 0;
+    for (int32_t seq = 0; seq < s->n_seqs; seq++) {
+        wk_slot *sl = &s->slots[seq];
+        pre[seq].done = false;
+        if (sl->req && sl->decoding && !sl->req->cons)
+            job.seqs[n_pre++] = seq;
+    }
+    if (n_pre > 1) {
+        eng_context_parallel_for(s->ctx, n_pre, presample_task, &job);
+    } else if (n_pre == 1) {
+        /* one slot: its draw splits the vocabulary over the threads instead */
+        eng_sampler *sampler = s->slots[job.seqs[0]].sampler;
+        eng_sampler_threads threads = {presample_for_each, s->ctx,
+                                       eng_context_n_threads(s->ctx)};
+        eng_sampler_set_threads(sampler, &threads);
+        presample_task(&job, 0);
+        eng_sampler_set_threads(sampler, NULL);
+    }
+
+    /* Phase 2: each slot in turn (events, text, stops, the batch) */
     for (int32_t seq = 0; seq < s->n_seqs; seq++) {
         wk_slot *sl = &s->slots[seq];
         if (!sl->req)
@@ -653,7 +746,7 @@ static bool step(wk_server *s, ev_list *l)
             prefill[n] = true;
             n_prefill_tokens += chunk;
         } else {
-            if (!sample_slot(s, seq, l))
+            if (!sample_slot(s, seq, l, &pre[seq]))
                 continue;
             entries[n] = (eng_batch_entry){seq, &sl->pending_token, 1, sl->logits};
             prefill[n] = false;

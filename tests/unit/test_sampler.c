@@ -1,12 +1,20 @@
 /* test_sampler.c - the sampler: greedy and its tie rule, the counter-based
  * random stream and resumption, top-k / top-p / min-p sets derived by hand,
  * exact penalty amounts, the empirical distribution against a softmax the
- * test computes itself, and a stable log-softmax. Everything uses fixed
- * seeds, so the statistical checks are deterministic. */
+ * test computes itself (temperature alone and under each truncation), the
+ * same token as a sort-everything reference of the documented order on
+ * random logits (ties, -inf, NaN; every instruction set; passes split into
+ * chunks for lent threads), and a stable
+ * log-softmax. Everything uses fixed seeds, so the statistical checks are
+ * deterministic. */
 #include "testutil.h"
 
 #include "common/alloc.h"
+#include "device/cpu/cpu_kernels.h"
+#include "engine/sampler-impl.h"
 #include "engine/sampler.h"
+
+#include <stdlib.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -54,7 +62,7 @@ static void test_defaults(void **state)
     assert_null(eng_sampler_create(&p, 0));
     assert_null(eng_sampler_create(NULL, 10));
     /* each of create's allocations can fail cleanly */
-    for (long n = 0; n < 3; n++) {
+    for (long n = 0; n < 6; n++) {
         sw_alloc_fail_after(n);
         eng_sampler *s = eng_sampler_create(&p, 100);
         sw_alloc_fail_after(-1);
@@ -456,6 +464,348 @@ static void test_distribution_matches_softmax(void **state)
     check_distribution(logits, 12, 1.7f, 200000, 777);
 }
 
+/* ---- truncated distributions ------------------------------------------------ */
+
+/* The distribution the documented steps give, in double precision: top-k
+ * by logit (ties: lower id), softmax at temperature T, min-p, top-p (the
+ * shortest prefix by probability reaching top_p), renormalised. The test's
+ * logits keep every cut away from a boundary, so the sampler's float
+ * arithmetic makes the same cuts. */
+static void expected_distribution(const float *logits, int32_t n, float t, int32_t top_k,
+                                  float top_p, float min_p, double *prob)
+{
+    int32_t *order = sw_malloc(sizeof(int32_t) * (size_t)n);
+    assert_non_null(order);
+    for (int32_t i = 0; i < n; i++)
+        order[i] = i;
+    for (int32_t i = 1; i < n; i++) /* insertion sort: logit desc, id asc */
+        for (int32_t j = i; j > 0 && logits[order[j]] > logits[order[j - 1]]; j--) {
+            int32_t x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    int32_t kept = top_k > 0 && top_k < n ? top_k : n;
+    double z = 0.0;
+    for (int32_t r = 0; r < kept; r++)
+        z += exp((logits[order[r]] - logits[order[0]]) / (double)t);
+    int32_t cut = kept;
+    double cum = 0.0;
+    for (int32_t r = 0; r < kept; r++) {
+        double pr = exp((logits[order[r]] - logits[order[0]]) / (double)t) / z;
+        if (min_p > 0.0f && r > 0 && pr < min_p * (1.0 / z)) {
+            cut = r < cut ? r : cut;
+            break;
+        }
+        cum += pr;
+        if (top_p < 1.0f && cum >= top_p) {
+            cut = r + 1 < cut ? r + 1 : cut;
+            break;
+        }
+    }
+    double zk = 0.0;
+    for (int32_t r = 0; r < cut; r++)
+        zk += exp((logits[order[r]] - logits[order[0]]) / (double)t);
+    for (int32_t i = 0; i < n; i++)
+        prob[i] = 0.0;
+    for (int32_t r = 0; r < cut; r++)
+        prob[order[r]] = exp((logits[order[r]] - logits[order[0]]) / (double)t) / zk;
+    sw_free(order);
+}
+
+static void check_truncated(const float *logits, int32_t n, float t, int32_t top_k, float top_p,
+                            float min_p, int draws, uint64_t seed)
+{
+    long *counts = sw_calloc((size_t)n, sizeof *counts);
+    double *prob = sw_calloc((size_t)n, sizeof *prob);
+    assert_non_null(counts);
+    assert_non_null(prob);
+    eng_sampler_params p = plain_params(t, seed);
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    sample_counts(&p, logits, n, draws, counts);
+    expected_distribution(logits, n, t, top_k, top_p, min_p, prob);
+    double chi2 = 0.0;
+    int df = -1;
+    for (int32_t i = 0; i < n; i++) {
+        if (prob[i] == 0.0) {
+            assert_int_equal(counts[i], 0); /* cut off: never drawn */
+            continue;
+        }
+        double expect = prob[i] * draws;
+        assert_true(fabs(counts[i] / (double)draws - prob[i]) < 4.5 * 0.5 / sqrt((double)draws));
+        chi2 += (counts[i] - expect) * (counts[i] - expect) / expect;
+        df++;
+    }
+    /* a bound past the 99.99% point of chi-square for df <= 20 */
+    if (df > 0)
+        assert_true(chi2 < df + 8.0 * sqrt(2.0 * df) + 10.0);
+    sw_free(counts);
+    sw_free(prob);
+}
+
+static void test_truncated_distributions(void **state)
+{
+    (void)state;
+    /* 16 logits at shuffled ids; the cuts below fall between values whose
+     * probabilities differ clearly. */
+    const float logits[16] = {0.3f, -1.2f, 2.0f, 1.1f, 0.0f, -0.5f, 1.6f, 0.7f,
+                              -2.5f, 0.2f, 1.4f, -0.1f, -3.0f, 0.9f, -1.8f, 2.6f};
+    const int draws = 200000;
+    check_truncated(logits, 16, 0.8f, 0, 1.0f, 0.0f, draws, 101);     /* temperature only */
+    check_truncated(logits, 16, 1.0f, 5, 1.0f, 0.0f, draws, 102);     /* top-k */
+    check_truncated(logits, 16, 0.8f, 0, 0.75f, 0.0f, draws, 103);    /* top-p */
+    check_truncated(logits, 16, 1.3f, 0, 1.0f, 0.12f, draws, 104);    /* min-p */
+    check_truncated(logits, 16, 0.9f, 8, 0.9f, 0.0f, draws, 105);     /* top-k + top-p */
+    check_truncated(logits, 16, 1.1f, 10, 1.0f, 0.1f, draws, 106);    /* top-k + min-p */
+    check_truncated(logits, 16, 1.0f, 0, 0.8f, 0.15f, draws, 107);    /* top-p + min-p */
+    check_truncated(logits, 16, 1.2f, 12, 0.85f, 0.05f, draws, 108);  /* all three */
+    /* the same over a larger vocabulary, where the search has to split
+     * buckets (many tokens per top-level bucket) */
+    enum { V = 3000 };
+    float *big = sw_malloc(sizeof(float) * V);
+    assert_non_null(big);
+    test_rng_state = 2024;
+    for (int i = 0; i < V; i++)
+        big[i] = (float)(test_rand() * 3.0);
+    big[17] = 9.0f;
+    big[2900] = 8.5f;
+    big[1234] = 8.0f;
+    check_truncated(big, V, 1.0f, 0, 0.5f, 0.0f, 100000, 109); /* top-p inside the head */
+    check_truncated(big, V, 1.0f, 0, 1.0f, 0.2f, 100000, 110); /* min-p keeps three */
+    sw_free(big);
+}
+
+/* ---- the order contract: a sort-everything reference ----------------------- */
+
+typedef struct ref_cand {
+    float e;
+    int32_t id;
+} ref_cand;
+
+static int ref_cmp(const void *pa, const void *pb)
+{
+    const ref_cand *a = pa, *b = pb;
+    if (a->e != b->e)
+        return a->e > b->e ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+static int ref_cmp_logit(const void *pa, const void *pb)
+{
+    return ref_cmp(pa, pb); /* the same order on a logit in .e */
+}
+
+/* The documented draw (sampler.c's top comment), written as plainly as
+ * possible: sort every candidate, cut, walk. Only the exponential is the
+ * sampler's own (eng__sampler_exp), as the contract defines it. */
+static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n, uint64_t draw)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (isnan(logits[i]))
+            logits[i] = -INFINITY;
+    if (!(p->temperature > 0.0f)) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n; i++)
+            if (logits[i] > logits[best])
+                best = i;
+        return best;
+    }
+    ref_cand *c = sw_malloc(sizeof *c * (size_t)n);
+    assert_non_null(c);
+    for (int32_t i = 0; i < n; i++)
+        c[i] = (ref_cand){logits[i], i};
+    qsort(c, (size_t)n, sizeof *c, ref_cmp_logit);
+    int32_t m = p->top_k > 0 && p->top_k < n ? p->top_k : n;
+    float max = c[0].e;
+    if (!(max > -INFINITY) || max == INFINITY) {
+        int32_t id = c[0].id;
+        sw_free(c);
+        return id;
+    }
+    float inv_t = 1.0f / p->temperature;
+    for (int32_t i = 0; i < m; i++)
+        c[i].e = eng__sampler_exp((c[i].e - max) * inv_t);
+    qsort(c, (size_t)m, sizeof *c, ref_cmp);
+    uint64_t total = 0, above = 0;
+    for (int32_t i = 0; i < m; i++) {
+        uint64_t w = (uint64_t)(c[i].e * 1099511627776.0f);
+        total += w;
+        if (c[i].e >= p->min_p)
+            above += w;
+    }
+    uint64_t kept = total;
+    if (p->min_p > 0.0f)
+        kept = above > (1ULL << 40) ? above : (1ULL << 40);
+    if (p->top_p < 1.0f) {
+        uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
+        uint64_t cum = 0;
+        for (int32_t i = 0; i < m; i++) {
+            cum += (uint64_t)(c[i].e * 1099511627776.0f);
+            if (cum >= need && cum > 0)
+                break;
+        }
+        if (cum < kept)
+            kept = cum;
+    }
+    uint64_t u = (uint64_t)(eng_sampler_uniform(p->seed, draw) * 9007199254740992.0);
+    uint64_t target = (uint64_t)(((unsigned __int128)u * kept) >> 53);
+    uint64_t cum = 0;
+    int32_t id = -1;
+    for (int32_t i = 0; i < m && id < 0; i++) {
+        cum += (uint64_t)(c[i].e * 1099511627776.0f);
+        if (cum > target)
+            id = c[i].id;
+    }
+    sw_free(c);
+    return id;
+}
+
+/* A for_each that runs the items last to first on the calling thread: a
+ * draw split into chunks must not depend on the order they finish in. */
+static int reverse_calls;
+static void reverse_for_each(void *ctx, int32_t n_items, void (*fn)(void *arg, int32_t item),
+                             void *arg)
+{
+    (void)ctx;
+    reverse_calls++;
+    for (int32_t i = n_items; i-- > 0;)
+        fn(arg, i);
+}
+
+static void test_same_token_as_reference(void **state)
+{
+    (void)state;
+    const int32_t sizes[] = {1, 2, 7, 40, 300, 2000, 20000};
+    const float temps[] = {0.0f, 0.3f, 0.8f, 1.0f, 2.5f, 1e-6f};
+    const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.0f};
+    const float min_ps[] = {0.0f, 0.05f, 0.5f, 1.5f};
+    const cpu_isa isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
+    float *logits = sw_malloc(sizeof(float) * 20000);
+    float *a = sw_malloc(sizeof(float) * 20000), *b = sw_malloc(sizeof(float) * 20000);
+    assert_non_null(logits);
+    assert_non_null(a);
+    assert_non_null(b);
+    test_rng_state = 777;
+    long checked = 0;
+    for (int round = 0; round < 12; round++) {
+        for (size_t zi = 0; zi < sizeof sizes / sizeof sizes[0]; zi++) {
+            int32_t n = sizes[zi];
+            /* kinds: spread values, few distinct values (ties), -inf and
+             * NaN sprinkled, a narrow range (many tokens per bucket) */
+            int kind = round % 4;
+            for (int32_t i = 0; i < n; i++) {
+                double r = test_rand();
+                if (kind == 0)
+                    logits[i] = (float)(r * 20.0 - 10.0);
+                else if (kind == 1)
+                    logits[i] = (float)((int)(r * 5.0)) * 0.5f;
+                else if (kind == 2)
+                    logits[i] = r < 0.2 ? -INFINITY : r < 0.25 ? NAN : (float)(r * 6.0);
+                else
+                    logits[i] = (float)(r * 1e-3);
+            }
+            eng_sampler_params p = plain_params(temps[round % 6], 1000 + (uint64_t)round);
+            p.top_k = round % 3 == 0 ? 0 : round % 3 == 1 ? 5 : n / 2;
+            p.top_p = top_ps[(round + zi) % 4];
+            p.min_p = min_ps[(round / 4 + zi) % 4];
+            for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+                cpu_kernels_force_isa(isas[ii]);
+                eng_sampler *s = eng_sampler_create(&p, n);
+                assert_non_null(s);
+                /* lent threads (2 or 4 chunks) for large vocabularies */
+                eng_sampler *st = eng_sampler_create(&p, n);
+                assert_non_null(st);
+                eng_sampler_threads th = {reverse_for_each, NULL, round % 2 ? 4 : 2};
+                eng_sampler_set_threads(st, &th);
+                for (uint64_t d = 0; d < 8; d++) {
+                    memcpy(a, logits, sizeof(float) * (size_t)n);
+                    memcpy(b, logits, sizeof(float) * (size_t)n);
+                    eng_sampler_set_draws(s, d * 977);
+                    int32_t got = eng_sampler_sample(s, a, NULL, 0);
+                    int32_t want = ref_sample(&p, b, n, d * 977);
+                    if (got != want)
+                        fail_msg("n %d kind %d T %g top_k %d top_p %g min_p %g isa %d draw %d: "
+                                 "%d, reference %d", n, kind, (double)p.temperature, p.top_k,
+                                 (double)p.top_p, (double)p.min_p, (int)isas[ii], (int)d, got,
+                                 want);
+                    memcpy(a, logits, sizeof(float) * (size_t)n);
+                    eng_sampler_set_draws(st, d * 977);
+                    assert_int_equal(eng_sampler_sample(st, a, NULL, 0), want);
+                    checked++;
+                }
+                eng_sampler_free(s);
+                eng_sampler_free(st);
+            }
+        }
+    }
+    cpu_kernels_force_isa(CPU_ISA_AMX); /* back to the best the CPU has */
+    assert_true(checked > 1000);
+    assert_true(reverse_calls > 0); /* the 20000-token vocabularies split */
+    sw_free(logits);
+    sw_free(a);
+    sw_free(b);
+}
+
+/* The vector kernels give the scalar exponential's bits on every input,
+ * -inf, the cut-off and values around it included, and the scalar masses
+ * and sums. */
+static void test_kernels_match_scalar(void **state)
+{
+    (void)state;
+    enum { V = 4099 };
+    float *logits = sw_malloc(sizeof(float) * V);
+    float *want = sw_malloc(sizeof(float) * V), *got = sw_malloc(sizeof(float) * V);
+    uint64_t *packed = sw_malloc(sizeof(uint64_t) * V);
+    uint64_t *want_packed = sw_malloc(sizeof(uint64_t) * V);
+    assert_non_null(logits);
+    assert_non_null(want);
+    assert_non_null(got);
+    assert_non_null(packed);
+    assert_non_null(want_packed);
+    test_rng_state = 31;
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)(test_rand() * 100.0 - 95.0);
+    logits[3] = -INFINITY;
+    logits[10] = 5.0f;
+    logits[11] = 5.0f + ENG_SAMPLER_EXP_MIN;
+    logits[12] = nextafterf(logits[11], -INFINITY);
+    const float inv_temps[] = {1.0f, 1.25f, 0.37f, 3.0e38f};
+    for (size_t t = 0; t < sizeof inv_temps / sizeof inv_temps[0]; t++) {
+        for (int i = 0; i < V; i++)
+            want[i] = eng__sampler_exp((logits[i] - 5.0f) * inv_temps[t]);
+        assert_true(want[10] == 1.0f);
+#if defined(__x86_64__) || defined(__i386__)
+        const eng__sampler_kernels *ks[] = {&eng__sampler_kernels_avx2,
+                                            &eng__sampler_kernels_avx512};
+        const cpu_isa need[] = {CPU_ISA_AVX2, CPU_ISA_AVX512};
+        for (int k = 0; k < 2; k++) {
+            if (cpu_kernels_force_isa(need[k]) < need[k])
+                continue; /* this CPU lacks it */
+            uint64_t total = 0, above = 0, want_total = 1, want_above = 1;
+            ks[k]->weights(logits, V, 5.0f, inv_temps[t], 0.01f, got, packed, &total, &above);
+            assert_memory_equal(want, got, sizeof(float) * V);
+            eng__sampler_masses_scalar(want, V, 0.01f, want_packed, &want_total, &want_above);
+            assert_memory_equal(want_packed, packed, sizeof(uint64_t) * V);
+            assert_true(total == want_total && above == want_above);
+        }
+        cpu_kernels_force_isa(CPU_ISA_AMX);
+#endif
+    }
+    /* the exponential itself: within 2 ulp-ish of exp over its range */
+    for (float x = -79.0f; x <= 0.0f; x += 0.013f) {
+        double ref = exp((double)x), e = eng__sampler_exp(x);
+        assert_true(fabs(e - ref) <= 3e-7 * ref);
+    }
+    assert_true(eng__sampler_exp(0.0f) == 1.0f);
+    assert_true(eng__sampler_exp(-INFINITY) == 0.0f);
+    sw_free(logits);
+    sw_free(want);
+    sw_free(got);
+    sw_free(packed);
+    sw_free(want_packed);
+}
+
 static void test_large_vocab_top_k(void **state)
 {
     (void)state;
@@ -481,7 +831,7 @@ static void test_large_vocab_top_k(void **state)
         assert_true(larger < 40);
     }
     eng_sampler_free(s);
-    /* No top-k at all: a full sort, still correct. */
+    /* No top-k at all: the whole vocabulary, still correct. */
     p = plain_params(1.0f, 6);
     s = eng_sampler_create(&p, V);
     memcpy(copy, logits, sizeof(float) * V);
@@ -568,6 +918,9 @@ int main(void)
         cmocka_unit_test(test_min_p_set),
         cmocka_unit_test(test_penalties_exact),
         cmocka_unit_test(test_distribution_matches_softmax),
+        cmocka_unit_test(test_truncated_distributions),
+        cmocka_unit_test(test_same_token_as_reference),
+        cmocka_unit_test(test_kernels_match_scalar),
         cmocka_unit_test(test_large_vocab_top_k),
         cmocka_unit_test(test_degenerate_logits),
         cmocka_unit_test(test_log_softmax),

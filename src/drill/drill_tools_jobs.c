@@ -251,6 +251,25 @@ static double router_sum_others(const char *metrics)
     return total - none;
 }
 
+/* The router's metrics once the requests it has answered are all counted:
+ * it counts an attempt just after relaying its answer, so a client can read
+ * the metrics between the two; read until two reads 100 ms apart agree on
+ * router_sum_others (at most 2 s). The text is the caller's (sw_free). */
+static char *settled_metrics(const char *address)
+{
+    char *m = dr__metrics_text(address);
+    for (int i = 0; i < 20; i++) {
+        dh_sleep_ms(100);
+        char *again = dr__metrics_text(address);
+        bool same = router_sum_others(m) == router_sum_others(again);
+        sw_free(m);
+        m = again;
+        if (same)
+            break;
+    }
+    return m;
+}
+
 static void s6_job(drill *d, dr_scenario *s, const int *ref, int n_ref)
 {
     dr_router *rt = &d->router;
@@ -373,7 +392,7 @@ void dr__s6_run(drill *d, dr_scenario *s)
     }
     double predicted_ms = (8.0 / prefill + DR_BIG_TOKENS / decode) * 1000.0;
     int deadline_ms = predicted_ms >= 20 ? (int)(predicted_ms / 10) : 1;
-    char *m0 = dr__metrics_text(rt->address);
+    char *m0 = settled_metrics(rt->address); /* the warm-up counted */
     double seen0 = router_sum_others(m0);
     double refused0 = dh_metric(m0, "spillway_router_requests_total{worker=\"none\",outcome=\"capacity_exceeded\"}");
     sw_free(m0);

@@ -23,19 +23,9 @@ int64_t rt_policy_kv_bytes(const rt_worker_view *w, long tokens)
     return blocks * w->block_bytes - beyond * w->sliding_block_bytes;
 }
 
-bool rt_policy_prefers(const rt_worker_view *a, int ma, const rt_worker_view *b, int mb,
-                       long prompt, long gen)
+bool rt_policy_prefers(const rt_worker_view *a, int ma, const rt_worker_view *b, int mb)
 {
-    if (mb <= ma)
-        return false;
-    if (a->prefill_rate > 0 && a->decode_rate > 0 && b->prefill_rate > 0 && b->decode_rate > 0) {
-        double left_a = (double)prompt - (double)ma * RT_PREFIX_BLOCK_TOKENS;
-        double left_b = (double)prompt - (double)mb * RT_PREFIX_BLOCK_TOKENS;
-        double ta = (left_a > 0 ? left_a : 0) / a->prefill_rate + (double)gen / a->decode_rate;
-        double tb = (left_b > 0 ? left_b : 0) / b->prefill_rate + (double)gen / b->decode_rate;
-        return tb < ta;
-    }
-    return true;
+    return a->preference == b->preference && mb > ma;
 }
 
 int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tried,
@@ -110,9 +100,7 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
         d->skipped |= why;
         if (!why) {
             int m = by_prefix && w->prefix ? rt_policy_match(w, need) : 0;
-            long gen = tokens - prompt;
-            if (k_best >= 0 &&
-                !rt_policy_prefers(&v->w[k_best], m_best, w, m, prompt, gen > 0 ? gen : 0))
+            if (k_best >= 0 && !rt_policy_prefers(&v->w[k_best], m_best, w, m))
                 continue;
             k_best = k;
             m_best = m;

@@ -54,21 +54,21 @@ typedef struct rt_decision {
 
 /* The first worker in preference order, not yet tried, that is ready, fits
  * the need (context, the books' sequences and KV budget) and is predicted
- * to meet the deadline. With the prompt's block hashes, a later worker
- * that also fits is taken instead when its summary holds a longer start of
- * the prompt and it is predicted to finish sooner for it: with both
- * workers' rates, prefill of what it lacks plus decode; without, a longer
- * match wins (rt_policy_prefers). With a deadline, a worker that reports no rates
+ * to meet the deadline. With the prompt's block hashes, a later worker of
+ * the same preference (workers an operator ranks alike: replicas) that
+ * also fits is taken instead when its summary holds a longer start of the
+ * prompt (rt_policy_prefers): preference order itself is never overridden,
+ * so a request is not moved to a slower tier for its cache. With a deadline, a worker that reports no rates
  * (calibration off, kind = openai) cannot be predicted: it is taken (the
  * first such) only when no worker with rates is predicted in time. tried
  * is indexed like rt_pool.w (NULL: none). Returns d->worker. */
 int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tried,
                      rt_decision *d);
 
-/* Whether worker b, whose summary holds mb of the prompt's blocks, is
- * better for it than a (which holds ma): see rt_policy_decide. */
-bool rt_policy_prefers(const rt_worker_view *a, int ma, const rt_worker_view *b, int mb,
-                       long prompt, long gen);
+/* Whether worker b, whose summary holds mb of the prompt's blocks, takes
+ * it over a (which holds ma, and comes first in preference order): b is of
+ * the same preference and holds more. */
+bool rt_policy_prefers(const rt_worker_view *a, int ma, const rt_worker_view *b, int mb);
 
 /* KV bytes a request of tokens reserves on a worker: whole blocks of its
  * block size, of a sliding-window model's local share no more than

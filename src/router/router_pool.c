@@ -188,6 +188,7 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->prefill_rate = w->prefill_rate;
         v->decode_rate = w->decode_rate;
         v->prefix = &w->prefix;
+        v->preference = w->cfg.preference;
     }
 }
 

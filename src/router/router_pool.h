@@ -163,6 +163,7 @@ typedef struct rt_worker_view {
     int64_t kv_device_capacity, kv_device_room;
     double prefill_rate, decode_rate;
     const rt_prefix_summary *prefix; /* the worker's; read under the pool's lock */
+    int32_t preference;         /* its configured preference (the order's key) */
 } rt_worker_view;
 
 typedef struct rt_pool_view {

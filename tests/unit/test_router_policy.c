@@ -879,11 +879,10 @@ static void test_queue_grant_and_release(void **state)
 
 /* Placement by prefix (router_prefix.h): a granted prompt's blocks go
  * into its worker's summary, and the next request that starts the same is
- * granted there while it has room - over the preferred worker, which
- * holds none of it; otherwise preference order as before. With rates, a
- * worker whose prefill of what it lacks plus decode is predicted slower
- * does not take it for its cache. A new process starts with an empty
- * summary. */
+ * granted there while it has room - over the first worker of the same
+ * preference, which holds none of it; otherwise preference order as
+ * before, and a worker ranked after the first is never taken for its
+ * cache. A new process starts with an empty summary. */
 static void test_queue_prefix_placement(void **state)
 {
     (void)state;
@@ -942,15 +941,10 @@ static void test_queue_prefix_placement(void **state)
     rt_queue_release(&g_queue, 0, 0, NULL);
     rt_queue_release(&g_queue, 0, 0, NULL);
 
-    /* rates: w1 (a CPU worker, say) holds the whole prompt but decodes 20
-     * times slower than w0, which holds none of it: 200 tokens of prefill
-     * at 2000/s (0.1 s) plus 100 of decode at 200/s (0.5 s) on w0 beat
-     * 100 at 10/s (10 s) on w1 */
+    /* w1 ranked after w0 (a CPU worker behind a GPU, say): its summary
+     * holding the whole prompt does not move the request off w0 */
     rt_prefix_clear(&g_pool.w[0].prefix);
-    g_pool.w[0].prefill_rate = 2000;
-    g_pool.w[0].decode_rate = 200;
-    g_pool.w[1].prefill_rate = 200;
-    g_pool.w[1].decode_rate = 10;
+    g_pool.w[1].cfg.preference = 2;
     rt_waiter e;
     waiter_init(&g_queue, &e, 200, 100, -1);
     e.need.prefix = h;
@@ -958,27 +952,13 @@ static void test_queue_prefix_placement(void **state)
     assert_int_equal(admit_now(&g_queue, &e), RT_ADMIT_OK);
     assert_int_equal(e.grant.worker, 0);
     rt_queue_release(&g_queue, 0, 0, NULL);
-    /* the same rates, w0 a little faster at decode only: the saved
-     * prefill on w1 wins */
-    rt_prefix_clear(&g_pool.w[0].prefix);
-    g_pool.w[1].decode_rate = 190;
-    rt_waiter f;
-    waiter_init(&g_queue, &f, 2000, 10, -1);
-    int32_t long_ids[2000];
-    for (int i = 0; i < 2000; i++)
-        long_ids[i] = 5 + i;
-    static uint64_t lh[RT_PREFIX_MAX_BLOCKS];
-    int nl = rt_prefix_hashes(long_ids, 2000, lh, RT_PREFIX_MAX_BLOCKS);
-    rt_prefix_note(&g_pool.w[1].prefix, lh, nl);
-    f.need.prefix = lh;
-    f.need.n_prefix = nl;
-    assert_int_equal(admit_now(&g_queue, &f), RT_ADMIT_OK);
-    assert_int_equal(f.grant.worker, 1);
-    rt_queue_release(&g_queue, 1, 0, NULL);
-    assert_true(rt_policy_prefers(&(rt_worker_view){.prefill_rate = 0}, 0,
-                                  &(rt_worker_view){.prefill_rate = 0}, 1, 100, 10));
-    assert_false(rt_policy_prefers(&(rt_worker_view){.prefill_rate = 0}, 3,
-                                   &(rt_worker_view){.prefill_rate = 0}, 3, 100, 10));
+    g_pool.w[1].cfg.preference = 0;
+    assert_true(rt_policy_prefers(&(rt_worker_view){.preference = 1}, 0,
+                                  &(rt_worker_view){.preference = 1}, 1));
+    assert_false(rt_policy_prefers(&(rt_worker_view){.preference = 1}, 3,
+                                   &(rt_worker_view){.preference = 1}, 3));
+    assert_false(rt_policy_prefers(&(rt_worker_view){.preference = 1}, 0,
+                                   &(rt_worker_view){.preference = 2}, 9));
     rt_prefix_clear(&g_pool.w[1].prefix);
     assert_int_equal(rt_prefix_match(&g_pool.w[1].prefix, h, n), 0);
 }

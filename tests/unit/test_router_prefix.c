@@ -1,10 +1,11 @@
 /* test_router_prefix.c - end-to-end: the router places a request on the
  * worker whose prefix cache likely holds its prompt's start
- * (router_prefix.h). Two equal CPU workers (one sequence each) behind a
- * real `spillway serve`: three conversations start at once, so both
- * workers get some; then they grow over three more turns, one request at
- * a time - which preference order alone would all send to the first
- * worker - and each stays on the worker that served its first turn, which
+ * (router_prefix.h). Two equal CPU workers of the same preference (one
+ * sequence each) behind a real `spillway serve`: three conversations start
+ * at once, so both workers get some; then they grow over three more turns,
+ * one request at a time - which preference order alone would all send to
+ * the first worker - and each stays on the worker that served its first
+ * turn, which
  * takes the earlier turns from its cache
  * (usage.prompt_tokens_details.cached_tokens through the router, in the
  * stream's usage too). */
@@ -106,8 +107,8 @@ static void test_conversations_stay(void **state)
         return;
     rh_router r;
     assert_int_equal(rh_start(&r, "prefix", g_model, NULL,
-                              "[worker a]\nthreads = 1\nctx-limit = 1024\nmax-seqs = 1\n"
-                              "[worker b]\nthreads = 1\nctx-limit = 1024\nmax-seqs = 1\n"),
+                              "[worker a]\nthreads = 1\nctx-limit = 1024\nmax-seqs = 1\npreference = 1\n"
+                              "[worker b]\nthreads = 1\nctx-limit = 1024\nmax-seqs = 1\npreference = 1\n"),
                      0);
     enum { CONV = 3, TURNS = 4 };
     json_t *conv[CONV];

@@ -56,7 +56,7 @@ build-asan: deps
 
 # ThreadSanitizer, in its own tree: the binary and the router's and the
 # worker's tests (test_router_*, test_worker_*), nothing else.
-TSAN_TARGETS := spillway test_alloc_sweep $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_router_*.c tests/unit/test_worker_*.c))
+TSAN_TARGETS := spillway test_alloc_sweep test_regex_cache $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_router_*.c tests/unit/test_worker_*.c))
 build-tsan: deps
 	@cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=Debug -DSPILLWAY_TSAN=ON -DSPILLWAY_WERROR=$(WERROR) >/dev/null
 	@cmake --build $(TSAN) -j$(JOBS) --target $(TSAN_TARGETS)

@@ -39,6 +39,8 @@ static void usage(FILE *out)
             "      --no-prefix-cache   compute every prompt whole (default: finished requests'\n"
             "                          KV blocks are kept, evictable, for prompts that start\n"
             "                          the same)\n"
+            "      --shared-device     other workers allocate on this device: keep no KV\n"
+            "                          block after its requests end (the router says so)\n"
             "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
             "1 when the model or device cannot be set up, 2 for bad options,\n"
             "75 after an unrecoverable device error (restart the worker).\n");
@@ -60,7 +62,7 @@ int cli_worker_main(int argc, char **argv)
 {
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
-           OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE };
+           OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE, OPT_SHARED_DEVICE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -80,6 +82,7 @@ int cli_worker_main(int argc, char **argv)
         {"no-calibrate", no_argument, 0, OPT_NO_CALIBRATE},
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},
         {"kv-type", required_argument, 0, OPT_KV_TYPE},
+        {"shared-device", no_argument, 0, OPT_SHARED_DEVICE},
         {"model-id", required_argument, 0, OPT_MODEL_ID},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -160,6 +163,7 @@ int cli_worker_main(int argc, char **argv)
         case OPT_MODEL_ID: o.model_id = optarg; break;
         case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
         case OPT_NO_PREFIX_CACHE: o.prefix_cache = false; break;
+        case OPT_SHARED_DEVICE: o.shared_device = true; break;
         case OPT_KV_TYPE:
             if (cli_parse_kv_type("worker", optarg, &o.kv_type))
                 return 2;

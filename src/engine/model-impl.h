@@ -171,6 +171,7 @@ typedef struct eng_sequence {
 typedef struct eng_prefix_entry eng_prefix_entry;
 typedef struct eng_prefix_cache {
     bool enabled;
+    bool retain;                  /* keep blocks no sequence holds (default) */
     int32_t capacity_blocks;      /* in-use + cached global blocks at most */
     size_t n_buckets;             /* a power of two */
     eng_prefix_entry **buckets;

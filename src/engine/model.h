@@ -369,11 +369,21 @@ typedef struct eng_prefix_cache_stats {
  * are given back. */
 int32_t eng_seq_attach_prefix(eng_context *ctx, int32_t seq_id, const int32_t *tokens,
                               int32_t n_tokens);
+/* The tokens at a sequence's start whose blocks are cache entries now
+ * (attached, or offered by it and new to the cache): the blocks another
+ * sequence with the same start takes instead of its own. A multiple of
+ * kv_block_tokens; 0 with the cache off. */
+int32_t eng_seq_prefix_cached_tokens(const eng_context *ctx, int32_t seq_id);
 /* Turns the cache on or off (off drops every cached block no sequence
  * holds; blocks in use stay until their sequences end). Ignored for models
  * with sliding-window layers. */
 void eng_context_set_prefix_cache(eng_context *ctx, bool on);
 bool eng_context_prefix_cache_on(const eng_context *ctx);
+/* With retain false, a block is dropped when its last sequence lets go,
+ * as with the cache off, while sequences in flight still share: for a
+ * device other processes allocate on, where cached blocks this context
+ * alone can evict would take memory they count on (default true). */
+void eng_context_set_prefix_cache_retain(eng_context *ctx, bool retain);
 void eng_context_prefix_cache_stats(const eng_context *ctx, eng_prefix_cache_stats *out);
 
 #endif

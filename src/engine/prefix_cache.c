@@ -109,6 +109,7 @@ int eng__prefix_init(eng_context *ctx, sw_error *err)
             return sw_error_set(err, SW_ENOMEM, "out of memory for the prefix cache's tables");
     }
     pc->enabled = ctx->params.prefix_cache;
+    pc->retain = true;
     return SW_OK;
 }
 
@@ -283,7 +284,7 @@ void eng__prefix_release_block(eng_context *ctx, eng_kv_block *b)
         ctx->n_blocks_held--;
         b->device_part = b->host_part = NULL;
         b->entry = NULL;
-        if (pc->enabled) {
+        if (pc->enabled && pc->retain) {
             lru_push_newest(pc, e);
             return;
         }
@@ -356,12 +357,30 @@ int32_t eng_seq_attach_prefix(eng_context *ctx, int32_t seq_id, const int32_t *t
     return (b - first) * bt;
 }
 
+int32_t eng_seq_prefix_cached_tokens(const eng_context *ctx, int32_t seq_id)
+{
+    if (seq_id < 0 || seq_id >= ctx->params.n_seq_max)
+        return 0;
+    const eng_sequence *seq = &ctx->seqs[seq_id];
+    int32_t b = 0;
+    while (b < seq->n_published && seq->blocks[b].entry)
+        b++;
+    return b * ctx->params.kv_block_tokens;
+}
+
 void eng_context_set_prefix_cache(eng_context *ctx, bool on)
 {
     if (!ctx->prefix.buckets)
         return;
     ctx->prefix.enabled = on;
     if (!on)
+        drop_unused(ctx);
+}
+
+void eng_context_set_prefix_cache_retain(eng_context *ctx, bool retain)
+{
+    ctx->prefix.retain = retain;
+    if (!retain && ctx->prefix.buckets)
         drop_unused(ctx);
 }
 

@@ -202,6 +202,14 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     json_t *ids = json_object_get(sp, "token_ids");
     if (r->ttft < 0 && json_array_size(ids) > 0)
         r->ttft = rt__now_s() - r->t_start;
+    json_t *pt = json_object_get(sp, "prefix_tokens");
+    if (!r->shared_noted && json_is_integer(pt) && r->prefix) {
+        /* the prompt is computed: its cached blocks count once */
+        r->shared_noted = true;
+        r->shared_moved = rt_queue_shared_attach(&r->q->rt->queue, r->attempt_worker, r->prefix,
+                                                 r->n_prefix, (int64_t)json_integer_value(pt),
+                                                 &r->shared_registered);
+    }
     for (size_t i = 0; i < json_array_size(ids); i++) {
         if (r->n_tokens == r->cap_tokens) {
             size_t nc = r->cap_tokens ? r->cap_tokens * 2 : 256;

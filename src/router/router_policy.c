@@ -5,6 +5,17 @@
 
 #include <string.h>
 
+int rt_policy_shared_blocks(const rt_worker_view *w, const rt_need *need)
+{
+    int n = 0;
+    if (!need->share || need->idle || !need->prefix || !w->shared || !w->count_memory ||
+        w->block_tokens != RT_PREFIX_BLOCK_TOKENS || w->sliding_block_bytes > 0)
+        return 0;
+    while (n < need->n_prefix && rt_shared_refs(w->shared, need->prefix[n]) > 0)
+        n++;
+    return n;
+}
+
 static int rt_policy_match(const rt_worker_view *w, const rt_need *need)
 {
     return rt_prefix_match(w->prefix, need->prefix, need->n_prefix);
@@ -37,6 +48,7 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
     int unknown_rates = -1;
     int64_t unknown_bytes = 0;
     long unknown_tokens = 0;
+    int unknown_shared = 0;
     /* with the prompt's blocks, every worker is looked at: the one chosen
      * so far (k_best) may give way to one that holds more of the prompt */
     const bool by_prefix = need->prefix && need->n_prefix > 0 && !need->idle;
@@ -56,6 +68,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
          * there is, so it takes the whole budget (it runs alone there) */
         if (w->count_memory && w->ctx_limit <= 0 && (need->prompt < 0 || need->max_tokens < 0))
             bytes = w->kv_budget > bytes ? w->kv_budget : bytes;
+        int shared = rt_policy_shared_blocks(w, need);
+        bytes -= (int64_t)shared * w->block_bytes;
         if (need->model >= 0 && w->model != need->model)
             why = RT_SKIP_MODEL;
         else if (need->local_only && w->remote)
@@ -92,6 +106,7 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
                     unknown_rates = w->index;
                     unknown_bytes = bytes;
                     unknown_tokens = tokens;
+                    unknown_shared = shared;
                 }
                 continue; /* a fallback, not a choice */
             }
@@ -107,12 +122,14 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             d->worker = w->index;
             d->kv_bytes = bytes;
             d->kv_tokens = tokens;
+            d->shared_blocks = shared;
         }
     }
     if (d->worker < 0 && unknown_rates >= 0) {
         d->worker = unknown_rates;
         d->kv_bytes = unknown_bytes;
         d->kv_tokens = unknown_tokens;
+        d->shared_blocks = unknown_shared;
         d->rates_unknown = true;
     }
     return d->worker;

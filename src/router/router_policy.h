@@ -39,11 +39,17 @@ typedef struct rt_need {
                               be served? */
     const uint64_t *prefix; /* the prompt's block hashes (router_prefix.h) */
     int n_prefix;
+    bool share;            /* the worker will take its prompt's cached blocks
+                              (not a resume, not cache_prompt: false): blocks
+                              requests in flight hold are not reserved again */
 } rt_need;
 
 typedef struct rt_decision {
     int worker;            /* index into rt_pool.w, -1 none */
     int64_t kv_bytes;      /* what to reserve on it (0: memory not counted) */
+    int shared_blocks;     /* the prompt's first blocks that requests in flight
+                              there hold (the worker's shared table): not in
+                              kv_bytes; the grant holds them once more */
     long kv_tokens;        /* the tokens those bytes are for */
     unsigned skipped;      /* union of the reasons below */
     unsigned reason[RT_MAX_WORKERS]; /* by rt_pool.w index; 0: chosen or not reached */
@@ -69,6 +75,12 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
  * it over a (which holds ma, and comes first in preference order): b is of
  * the same preference and holds more. */
 bool rt_policy_prefers(const rt_worker_view *a, int ma, const rt_worker_view *b, int mb);
+
+/* The prompt's first blocks that requests in flight on w hold (its shared
+ * table): a request that will take them from the worker's cache does not
+ * reserve them again (0 unless need->share, memory counted, 16-token
+ * blocks, no sliding layers). */
+int rt_policy_shared_blocks(const rt_worker_view *w, const rt_need *need);
 
 /* KV bytes a request of tokens reserves on a worker: whole blocks of its
  * block size, of a sliding-window model's local share no more than

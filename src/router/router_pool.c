@@ -188,6 +188,7 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->prefill_rate = w->prefill_rate;
         v->decode_rate = w->decode_rate;
         v->prefix = &w->prefix;
+        v->shared = &w->shared;
         v->preference = w->cfg.preference;
     }
 }
@@ -203,6 +204,39 @@ void rt_pool_give_locked(rt_pool *p, int wi, int64_t kv_bytes)
     rt_books *b = &p->w[wi].books;
     b->seqs = b->seqs > 0 ? b->seqs - 1 : 0;
     b->kv_bytes = b->kv_bytes > kv_bytes ? b->kv_bytes - kv_bytes : 0;
+}
+
+int64_t rt_pool_shared_attach_locked(rt_pool *p, int wi, const uint64_t *hashes, int n,
+                                     int64_t prefix_tokens, int *registered)
+{
+    rt_worker *w = &p->w[wi];
+    const int64_t bb = w->kv_block_bytes;
+    int64_t moved = 0;
+    int reg = *registered;
+    if (!hashes || n <= 0 || bb <= 0 || w->kv_budget < 0 ||
+        w->kv_block_tokens != RT_PREFIX_BLOCK_TOKENS || w->kv_sliding_block_bytes > 0)
+        return 0;
+    const int64_t in_cache = prefix_tokens / RT_PREFIX_BLOCK_TOKENS;
+    for (; reg < n && reg < in_cache; reg++) {
+        int32_t after;
+        if (!rt_shared_take(&w->shared, hashes[reg], &after))
+            break;
+        moved += bb;
+        if (after > 1) /* held by another already: charged once */
+            w->books.kv_bytes = w->books.kv_bytes > bb ? w->books.kv_bytes - bb : 0;
+    }
+    *registered = reg;
+    return moved;
+}
+
+void rt_pool_shared_release_locked(rt_pool *p, int wi, const uint64_t *hashes, int registered)
+{
+    rt_worker *w = &p->w[wi];
+    for (int i = 0; i < registered; i++)
+        if (rt_shared_give(&w->shared, hashes[i]) == 0)
+            w->books.kv_bytes = w->books.kv_bytes > w->kv_block_bytes
+                                    ? w->books.kv_bytes - w->kv_block_bytes
+                                    : 0;
 }
 
 void rt_pool_refused_locked(rt_pool *p, int wi, bool memory)

@@ -69,6 +69,8 @@ typedef struct rt_worker {
     int64_t kv_held_bytes;      /* device KV the worker holds now */
     rt_prefix_summary prefix;   /* the prompts it was given lately (its
                                    prefix cache's likely contents) */
+    rt_prefix_shared shared;    /* prompt blocks its requests in flight hold,
+                                   charged once in books.kv_bytes */
     char kv_type[8];            /* its KV cache's element type ("f16", "q8_0",
                                    ...; "" unknown) */
     int64_t kv_cached_bytes;    /* device KV its prefix cache keeps (evictable,
@@ -163,6 +165,7 @@ typedef struct rt_worker_view {
     int64_t kv_device_capacity, kv_device_room;
     double prefill_rate, decode_rate;
     const rt_prefix_summary *prefix; /* the worker's; read under the pool's lock */
+    const rt_prefix_shared *shared;  /* likewise: blocks its requests in flight hold */
     int32_t preference;         /* its configured preference (the order's key) */
 } rt_worker_view;
 
@@ -200,6 +203,26 @@ int32_t rt_pool_max_seqs(const rt_worker *w);
 /* With p->mu held: the books take / give back one request's share. */
 void rt_pool_take_locked(rt_pool *p, int wi, int64_t kv_bytes);
 void rt_pool_give_locked(rt_pool *p, int wi, int64_t kv_bytes);
+
+/* With p->mu held: a request in flight on worker wi has its first token,
+ * so its prompt's blocks (hashes[0..n), router_prefix.h) are computed and
+ * held, and the worker said that the first prefix_tokens of them are in
+ * blocks of its prefix cache (spillway.prefix_tokens: one block per key,
+ * so every request in flight with that start holds the same ones). Those
+ * blocks leave the request's reservation for the worker's shared table,
+ * which charges each once: a block another request in flight holds
+ * already leaves the books. The others (the request's own copies) stay in
+ * its reservation. Returns the bytes that left the request's reservation
+ * (it gives back that much less at its end) and the blocks it registered,
+ * for rt_pool_shared_release. Nothing where memory is not counted or
+ * blocks are not of 16 tokens. */
+int64_t rt_pool_shared_attach_locked(rt_pool *p, int wi, const uint64_t *hashes, int n,
+                                     int64_t prefix_tokens, int *registered);
+/* (*registered, on entry: the blocks the grant already registered,
+ * rt_decision.shared_blocks; they are skipped.) */
+/* ... and at its end: its registered blocks are held once fewer; a block
+ * nobody holds any more leaves the books. */
+void rt_pool_shared_release_locked(rt_pool *p, int wi, const uint64_t *hashes, int registered);
 
 /* With p->mu held: the worker refused a request the books admitted
  * (memory or slots): it takes nothing more until its next /health, which

@@ -65,3 +65,56 @@ void rt_prefix_clear(rt_prefix_summary *s)
 {
     memset(s, 0, sizeof *s);
 }
+
+/* The slot of h, or of the first free one on its probe when absent
+ * (-1: neither). */
+static int shared_find(const rt_prefix_shared *m, uint64_t h, bool *found)
+{
+    int free_slot = -1;
+    for (int k = 0; k < RT_SHARED_SLOTS; k++) {
+        int i = (int)((h + (uint64_t)k) & (RT_SHARED_SLOTS - 1));
+        if (m->hash[i] == h) {
+            *found = true;
+            return i;
+        }
+        if (m->refs[i] == 0 && free_slot < 0)
+            free_slot = i;
+        if (m->hash[i] == 0)
+            break;
+    }
+    *found = false;
+    return free_slot;
+}
+
+int32_t rt_shared_refs(const rt_prefix_shared *m, uint64_t h)
+{
+    bool found;
+    int i = shared_find(m, h, &found);
+    return found ? m->refs[i] : 0;
+}
+
+bool rt_shared_take(rt_prefix_shared *m, uint64_t h, int32_t *refs_after)
+{
+    bool found;
+    int i = shared_find(m, h, &found);
+    if (i < 0)
+        return false;
+    if (!found)
+        m->hash[i] = h;
+    if (m->refs[i]++ == 0)
+        m->live++;
+    *refs_after = m->refs[i];
+    return true;
+}
+
+int32_t rt_shared_give(rt_prefix_shared *m, uint64_t h)
+{
+    bool found;
+    int i = shared_find(m, h, &found);
+    if (!found || m->refs[i] == 0)
+        return 0;
+    int32_t after = --m->refs[i];
+    if (after == 0 && --m->live == 0)
+        memset(m, 0, sizeof *m); /* empty: the kept hashes go too */
+    return after;
+}

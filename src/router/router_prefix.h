@@ -16,6 +16,7 @@
 #ifndef SPILLWAY_ROUTER_PREFIX_H
 #define SPILLWAY_ROUTER_PREFIX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,5 +41,24 @@ void rt_prefix_note(rt_prefix_summary *s, const uint64_t *hashes, int n);
 /* How many of the prompt's leading blocks the summary remembers. */
 int rt_prefix_match(const rt_prefix_summary *s, const uint64_t *hashes, int n);
 void rt_prefix_clear(rt_prefix_summary *s);
+
+/* The blocks requests in flight on a worker hold, counted once in the
+ * router's books (rt_queue_shared_attach): a chain hash and how many
+ * requests hold it. Open addressing; a slot whose count fell to 0 keeps
+ * its hash for the probes until the table is empty again. */
+#define RT_SHARED_SLOTS 8192       /* a power of two */
+typedef struct rt_prefix_shared {
+    uint64_t hash[RT_SHARED_SLOTS]; /* 0: never used */
+    int32_t refs[RT_SHARED_SLOTS];
+    int32_t live;                   /* slots with refs > 0 */
+} rt_prefix_shared;
+
+/* How many requests hold h (0: none). */
+int32_t rt_shared_refs(const rt_prefix_shared *m, uint64_t h);
+/* One more holder of h; its count after into *refs_after. False (nothing
+ * changed) when the table has no room for a new hash. */
+bool rt_shared_take(rt_prefix_shared *m, uint64_t h, int32_t *refs_after);
+/* One holder fewer; the count after (0: nobody holds h now). */
+int32_t rt_shared_give(rt_prefix_shared *m, uint64_t h);
 
 #endif

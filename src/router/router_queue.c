@@ -93,9 +93,16 @@ static void grant(rt_queue *q, rt_pool_view *v, rt_waiter *w, const rt_decision 
     const rt_worker *wk = &q->pool->w[d->worker];
     w->generation = (uint64_t)(uint32_t)wk->restarts << 32 | (uint32_t)wk->pid;
     rt_pool_take_locked(q->pool, d->worker, d->kv_bytes);
-    /* its prompt will be in that worker's prefix cache */
-    if (w->need.prefix)
-        rt_prefix_note(&q->pool->w[d->worker].prefix, w->need.prefix, w->need.n_prefix);
+    /* its prompt will be in that worker's prefix cache; the blocks it
+     * shares with requests in flight there are held once more */
+    if (w->need.prefix) {
+        rt_worker *wk_w = &q->pool->w[d->worker];
+        rt_prefix_note(&wk_w->prefix, w->need.prefix, w->need.n_prefix);
+        for (int i = 0; i < d->shared_blocks; i++) {
+            int32_t after;
+            rt_shared_take(&wk_w->shared, w->need.prefix[i], &after); /* present: cannot fail */
+        }
+    }
     int device = -1;
     for (int k = 0; k < v->n; k++)
         if (v->w[k].index == d->worker)
@@ -155,9 +162,8 @@ void rt_queue_dispatch_locked(rt_queue *q, double now)
     }
 }
 
-void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t)
+static void release_locked(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t)
 {
-    pthread_mutex_lock(&q->pool->mu);
     rt_pool_give_locked(q->pool, wi, kv_bytes);
     if (t) {
         rt_worker *w = &q->pool->w[wi];
@@ -167,7 +173,34 @@ void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t)
         w->tokens += t->tokens;
     }
     rt_queue_dispatch_locked(q, mono_s());
+}
+
+void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t)
+{
+    pthread_mutex_lock(&q->pool->mu);
+    release_locked(q, wi, kv_bytes, t);
     pthread_mutex_unlock(&q->pool->mu);
+}
+
+void rt_queue_release_shared(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t,
+                             const uint64_t *hashes, int registered)
+{
+    pthread_mutex_lock(&q->pool->mu);
+    rt_pool_shared_release_locked(q->pool, wi, hashes, registered);
+    release_locked(q, wi, kv_bytes, t);
+    pthread_mutex_unlock(&q->pool->mu);
+}
+
+int64_t rt_queue_shared_attach(rt_queue *q, int wi, const uint64_t *hashes, int n,
+                               int64_t prefix_tokens, int *registered)
+{
+    pthread_mutex_lock(&q->pool->mu);
+    int64_t moved = rt_pool_shared_attach_locked(q->pool, wi, hashes, n, prefix_tokens,
+                                                 registered);
+    if (moved > 0)
+        rt_queue_dispatch_locked(q, mono_s());
+    pthread_mutex_unlock(&q->pool->mu);
+    return moved;
 }
 
 void rt_queue_kick(rt_queue *q)

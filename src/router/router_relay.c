@@ -557,6 +557,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.max_tokens = remaining;
         wt.need.prefix = prefix;
         wt.need.n_prefix = prefix ? n_prefix : 0;
+        /* the worker takes the prompt's cached blocks, unless it replays a
+         * resumed stream's tokens or the client said cache_prompt: false */
+        wt.need.share = !(r.stream && r.n_tokens > 0) &&
+                        !json_is_false(json_object_get(body, "cache_prompt"));
         wt.need.resume = r.stream && (r.n_tokens > 0 || r.content_sent);
         /* the model asked for and the one answering (a fallback): either's
          * remote = never keeps the request on the machine */
@@ -630,7 +634,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
         }
         char *bs = attempt_body(q, body, &r, max_tokens, remaining, seed_added);
         if (!bs) {
-            rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, NULL);
+            rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes, NULL, prefix,
+                                    wt.grant.shared_blocks);
             if (r.headers_sent) /* a stream began: it ends with the error */
                 rt_sink_stream_error(&r, NULL);
             else
@@ -638,6 +643,12 @@ static void generate(rt_req *q, bool chat, json_t *body)
             break;
         }
         r.resume_base = r.stream ? r.n_tokens : 0;
+        r.attempt_worker = wi;
+        r.prefix = prefix;
+        r.n_prefix = prefix ? n_prefix : 0;
+        r.shared_noted = false;
+        r.shared_registered = wt.grant.shared_blocks; /* held once more since the grant */
+        r.shared_moved = 0;
         double t_attempt = rt__wall_s();
         bool refused_memory = false;
         size_t had = r.n_tokens;
@@ -646,7 +657,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
         rt_tally tally = {last == RT_OUT_OK, last == RT_OUT_CLIENT_ERROR,
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
-        rt_queue_release(&rt->queue, wi, wt.grant.kv_bytes, &tally);
+        rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes - r.shared_moved, &tally,
+                                prefix, r.shared_registered);
         rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
         record_attempt(q, &r, wi, last, t_attempt);
         rt_failover_in fi = {last,

@@ -44,6 +44,15 @@ typedef struct rt_relay {
     bool ls_ids_gap;       /* a token came without its id: no resume */
     size_t ls_ids;         /* ids it sent in this attempt */
     long long ls_created;  /* the chunks' "created" */
+    /* the prompt's blocks counted once in the books (router_prefix.h,
+     * rt_queue_shared_attach): this attempt's worker, the prompt's block
+     * hashes, and what its first token moved into the shared table */
+    int attempt_worker;
+    const uint64_t *prefix;
+    int n_prefix;
+    bool shared_noted;
+    int shared_registered;
+    int64_t shared_moved;
 } rt_relay;
 
 /* One SSE payload to the client (the stream's head first) and the

@@ -96,6 +96,14 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         argv[n++] = "--no-calibrate";
     if (c->no_prefix_cache)
         argv[n++] = "--no-prefix-cache";
+    /* another worker of this configuration on the same device: a prefix
+     * cache only this worker could evict would take memory the books give
+     * the other (docs/internals/prefix-cache.md) */
+    for (int j = 0; j < rt->pool.n_slots; j++)
+        if (&rt->pool.w[j] != w && !rt->pool.w[j].gone && rt_pool_same_device(w, &rt->pool.w[j])) {
+            argv[n++] = "--shared-device";
+            break;
+        }
     argv[n] = NULL;
 spawn:;
     /* The environment is built before fork: only async-signal-safe calls

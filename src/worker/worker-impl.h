@@ -102,6 +102,7 @@ struct wk_req {
     wk_tool_stream ts;
     struct evhttp_request *evreq;
     bool started;                    /* stream: headers and first chunk sent */
+    bool prefix_reported;            /* stream: spillway.prefix_tokens went out */
     bool detached;                   /* libevent dropped the connection */
     bool gone;                       /* the client closed its end */
     char *text;                      /* non-stream: the text so far */
@@ -142,6 +143,7 @@ typedef struct wk_event {
     const char *finish;              /* DONE: "stop", "length", "cancelled" */
     int32_t n_generated;
     int32_t n_cached;                /* DONE: prompt tokens taken from the prefix cache */
+    int32_t prefix_tokens;           /* first TOKEN: eng_seq_prefix_cached_tokens */
     uint64_t draws;                  /* sampler draws consumed so far in total */
     int http_status;                 /* ERROR */
     const char *code;

@@ -57,6 +57,10 @@ typedef struct wk_options {
     bool prefix_cache;           /* keep finished sequences' KV blocks for
                                     prompts that start the same (default
                                     true; --no-prefix-cache) */
+    bool shared_device;          /* other workers allocate on the device
+                                    (--shared-device): the prefix cache
+                                    keeps no block after its requests end,
+                                    only shares among requests in flight */
 } wk_options;
 
 wk_options wk_default_options(void);

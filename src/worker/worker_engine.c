@@ -614,6 +614,8 @@ static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures,
     }
     int32_t token = step.token;
     ev->token = token;
+    if (sl->n_generated == 0) /* the prompt is computed: its blocks are in place */
+        ev->prefix_tokens = eng_seq_prefix_cached_tokens(s->ctx, seq);
     if (sl->logprobs) {
         ev->logprob = step.logprob;
         ev->n_top = step.n_top;
@@ -1046,6 +1048,7 @@ void *wk_engine_main(void *arg)
     }
     /* on after calibration: its scratch prompt is nobody's prefix */
     eng_context_set_prefix_cache(s->ctx, s->o.prefix_cache);
+    eng_context_set_prefix_cache_retain(s->ctx, !s->o.shared_device);
     publish_stats(s);
     pthread_mutex_lock(&s->lock);
     if (s->state == WK_LOADING)

@@ -472,6 +472,22 @@ static void stream_first_chat_chunk(wk_server *s, wk_req *r)
     json_decref(c);
 }
 
+/* A streamed token chunk's extension: its token id, and on the stream's
+ * first token `prefix_tokens`, the tokens at the prompt's start whose KV
+ * blocks are prefix-cache entries (any other request with that start
+ * shares them), so that the router counts them once in its books
+ * (docs/internals/prefix-cache.md). Not in a resumed stream, whose chunks
+ * are the uninterrupted stream's from the resume point on. */
+static json_t *stream_extension(wk_req *r, const wk_event *ev)
+{
+    json_t *x = json_pack("{s:[i]}", "token_ids", ev->token);
+    if (x && !r->prefix_reported && r->n_resume == 0) {
+        r->prefix_reported = true;
+        json_object_set_new(x, "prefix_tokens", json_integer(ev->prefix_tokens));
+    }
+    return x;
+}
+
 /* The delta of one streamed token of a tool reply (may be empty). */
 static json_t *tool_stream_delta(wk_req *r, const wk_event *ev)
 {
@@ -526,7 +542,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         json_object_set_new(c, "choices",
                             json_pack("[{s:i, s:o, s:o, s:n}]", "index", 0, "delta",
                                       tool_stream_delta(r, ev), "logprobs", lp, "finish_reason"));
-        json_object_set_new(c, "spillway", json_pack("{s:[i]}", "token_ids", ev->token));
+        json_object_set_new(c, "spillway", stream_extension(r, ev));
         sse_send(r, c);
         json_decref(c);
         return;
@@ -550,7 +566,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
                                  : json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "text", text,
                                              "logprobs", lp, "finish_reason");
         json_object_set_new(c, "choices", json_pack("[o]", choice));
-        json_object_set_new(c, "spillway", json_pack("{s:[i]}", "token_ids", ev->token));
+        json_object_set_new(c, "spillway", stream_extension(r, ev));
         sse_send(r, c);
         json_decref(c);
         r->text_len += ev->text_len; /* the offset only, for text_offset */

@@ -963,6 +963,101 @@ static void test_queue_prefix_placement(void **state)
     assert_int_equal(rt_prefix_match(&g_pool.w[1].prefix, h, n), 0);
 }
 
+/* The prompt blocks requests in flight share count once in the books
+ * (rt_pool_shared_attach_locked): A (20 blocks reserved: 10 of prompt)
+ * reaches its first token with all 10 in the worker's prefix cache; B,
+ * with the same first 6 blocks, reaches its own with those 6 cached and 2
+ * more blocks of its own copy. The books hold A's and B's reservations
+ * less the 6 blocks they share; as they end, the shared blocks stay
+ * charged to the one still holding them, and the books end at 0. A block
+ * outside the cache (prefix_tokens) stays in its request's reservation.
+ * A request granted while the blocks it starts with are held reserves only
+ * the rest. */
+static void test_shared_blocks_once(void **state)
+{
+    (void)state;
+    g_stop = 0;
+    pool_fill(&g_pool, 1);
+    pool_memory(&g_pool, 0, 1 << 20); /* blocks of 16 tokens, 1 KiB */
+    rt_queue_init(&g_queue, &g_pool, 8);
+    const int64_t bb = 1024;
+    int32_t a_ids[170], b_ids[170];
+    for (int i = 0; i < 170; i++) {
+        a_ids[i] = 3 + i;
+        b_ids[i] = i < 96 ? a_ids[i] : 1000 + i; /* the same first 6 blocks */
+    }
+    uint64_t ha[RT_PREFIX_MAX_BLOCKS], hb[RT_PREFIX_MAX_BLOCKS];
+    int na = rt_prefix_hashes(a_ids, 170, ha, RT_PREFIX_MAX_BLOCKS);
+    int nb = rt_prefix_hashes(b_ids, 170, hb, RT_PREFIX_MAX_BLOCKS);
+    assert_int_equal(na, 10);
+    assert_int_equal(nb, 10);
+
+    rt_waiter a, b;
+    waiter_init(&g_queue, &a, 170, 150, -1); /* 320 tokens: 20 blocks */
+    waiter_init(&g_queue, &b, 170, 150, -1);
+    assert_int_equal(admit_now(&g_queue, &a), RT_ADMIT_OK);
+    assert_int_equal(admit_now(&g_queue, &b), RT_ADMIT_OK);
+    assert_true(a.grant.kv_bytes == 20 * bb && b.grant.kv_bytes == 20 * bb);
+    assert_books(&g_pool, 0, 2, 40 * bb);
+
+    int reg_a = a.grant.shared_blocks, reg_b = b.grant.shared_blocks; /* none in flight yet */
+    assert_int_equal(reg_a + reg_b, 0);
+    int64_t moved_a = rt_queue_shared_attach(&g_queue, 0, ha, na, 160, &reg_a);
+    assert_int_equal(reg_a, 10);
+    assert_true(moved_a == 10 * bb);
+    assert_books(&g_pool, 0, 2, 40 * bb); /* moved into the table, not gone */
+    /* B: 6 blocks shared with A, 2 of its own offered, the rest its copies */
+    int64_t moved_b = rt_queue_shared_attach(&g_queue, 0, hb, nb, 128, &reg_b);
+    assert_int_equal(reg_b, 8);
+    assert_true(moved_b == 8 * bb);
+    assert_books(&g_pool, 0, 2, 34 * bb); /* the 6 shared blocks once */
+    assert_int_equal(rt_shared_refs(&g_pool.w[0].shared, ha[5]), 2);
+    assert_int_equal(rt_shared_refs(&g_pool.w[0].shared, hb[6]), 1);
+    assert_int_equal(rt_shared_refs(&g_pool.w[0].shared, hb[8]), 0);
+
+    /* C, A's prompt again, arrives now: A's 10 blocks are held, so C
+     * reserves only its other 10 (need.share; not when it is a resumed
+     * stream, whose worker computes the prompt itself) and holds them once
+     * more from its grant */
+    rt_waiter c, c2;
+    waiter_init(&g_queue, &c2, 170, 150, -1);
+    c2.need.prefix = ha;
+    c2.need.n_prefix = na;
+    c2.need.share = false;
+    assert_int_equal(admit_now(&g_queue, &c2), RT_ADMIT_OK);
+    assert_true(c2.grant.kv_bytes == 20 * bb && c2.grant.shared_blocks == 0);
+    rt_queue_release_shared(&g_queue, 0, c2.grant.kv_bytes, NULL, ha, 0);
+    waiter_init(&g_queue, &c, 170, 150, -1);
+    c.need.prefix = ha;
+    c.need.n_prefix = na;
+    c.need.share = true;
+    assert_int_equal(admit_now(&g_queue, &c), RT_ADMIT_OK);
+    assert_int_equal(c.grant.shared_blocks, 10);
+    assert_true(c.grant.kv_bytes == 10 * bb);
+    assert_books(&g_pool, 0, 3, 44 * bb);
+    assert_int_equal(rt_shared_refs(&g_pool.w[0].shared, ha[9]), 2);
+    /* its first token: the 10 it holds from the grant are skipped */
+    int reg_c = c.grant.shared_blocks;
+    assert_true(rt_queue_shared_attach(&g_queue, 0, ha, na, 160, &reg_c) == 0);
+    assert_int_equal(reg_c, 10);
+    rt_queue_release_shared(&g_queue, 0, c.grant.kv_bytes, NULL, ha, reg_c);
+    assert_books(&g_pool, 0, 2, 34 * bb);
+
+    /* A ends: its 4 own blocks leave with it, the 6 shared stay for B */
+    rt_queue_release_shared(&g_queue, 0, a.grant.kv_bytes - moved_a, NULL, ha, reg_a);
+    assert_books(&g_pool, 0, 1, 20 * bb);
+    assert_int_equal(rt_shared_refs(&g_pool.w[0].shared, ha[5]), 1);
+    rt_queue_release_shared(&g_queue, 0, b.grant.kv_bytes - moved_b, NULL, hb, reg_b);
+    assert_books(&g_pool, 0, 0, 0);
+    assert_int_equal(g_pool.w[0].shared.live, 0);
+
+    /* memory not counted (a CPU worker): nothing moves */
+    g_pool.w[0].kv_budget = -1;
+    reg_a = 0;
+    assert_true(rt_queue_shared_attach(&g_queue, 0, ha, na, 160, &reg_a) == 0);
+    assert_int_equal(reg_a, 0);
+}
+
 /* The books' reservations bound memory: a third request that does not fit
  * what is left waits (max_wait_s 0: TIMEOUT at once, not NEVER: idle it
  * fits), and fits again once one is released. */
@@ -1375,6 +1470,7 @@ int main(void)
         cmocka_unit_test(test_failover_outcome_names),
         cmocka_unit_test_teardown(test_queue_grant_and_release, queue_teardown),
         cmocka_unit_test_teardown(test_queue_prefix_placement, queue_teardown),
+        cmocka_unit_test_teardown(test_shared_blocks_once, queue_teardown),
         cmocka_unit_test_teardown(test_queue_memory_books, queue_teardown),
         cmocka_unit_test_teardown(test_queue_refusals, queue_teardown),
         cmocka_unit_test_teardown(test_queue_shared_device, queue_teardown),

@@ -934,20 +934,21 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
 {
     if (n <= 0)
         return;
-    float max_logit = -INFINITY;
-    int32_t n_inf = 0;
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        if (l > max_logit)
-            max_logit = l;
-        if (l == INFINITY)
-            n_inf++;
-    }
+    /* The sampler's kernels, on a copy (NaN becomes -inf): the maximum,
+     * then the masses of exp(logit - max) summed per block, exact integers
+     * (a token below ~1e-12 of the best adds nothing), so the result is the
+     * same on every instruction set. */
+    const eng__sampler_kernels *kern = sampler_kernels();
+    memcpy(logprobs, logits, sizeof *logprobs * (size_t)n);
+    const float max_logit = kern->sanitize_max(logprobs, n);
     if (max_logit == INFINITY) {
         /* +inf entries share all the mass. */
+        int32_t n_inf = 0;
+        for (int32_t i = 0; i < n; i++)
+            n_inf += logprobs[i] == INFINITY;
         const float lp = (float)-log((double)n_inf);
         for (int32_t i = 0; i < n; i++)
-            logprobs[i] = logits[i] == INFINITY ? lp : -INFINITY;
+            logprobs[i] = logprobs[i] == INFINITY ? lp : -INFINITY;
         return;
     }
     if (max_logit == -INFINITY) {
@@ -957,18 +958,17 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
             logprobs[i] = lp;
         return;
     }
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        if (!isnan(l))
-            sum += exp((double)l - (double)max_logit);
+    enum { BLOCKS = 64 };
+    uint64_t kept[BLOCKS], sum = 0;
+    for (int32_t b = 0; b < n; b += BLOCKS * ENG_SAMPLER_BLOCK) {
+        int32_t len = n - b < BLOCKS * ENG_SAMPLER_BLOCK ? n - b : BLOCKS * ENG_SAMPLER_BLOCK;
+        kern->weights(logprobs + b, len, max_logit, 1.0f, 0.0f, NULL, kept);
+        for (int32_t k = 0; k < (len + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK; k++)
+            sum += kept[k];
     }
     /* (l - max) - log(sum), not l - (max + log(sum)): with max = 1e30 the
-     * latter would lose log(sum) to rounding. */
-    const double log_sum = log(sum);
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        logprobs[i] = isnan(l) ? -INFINITY
-                               : (float)(((double)l - (double)max_logit) - log_sum);
-    }
+     * latter would lose log(sum) to rounding. The best's mass is 2^40. */
+    const double log_sum = log((double)sum) - 40.0 * M_LN2;
+    for (int32_t i = 0; i < n; i++)
+        logprobs[i] = (float)(((double)logprobs[i] - (double)max_logit) - log_sum);
 }

@@ -988,6 +988,23 @@ static void test_log_softmax(void **state)
     assert_true(fabs(total - 1.0) < 1e-5);
     /* differences are preserved */
     assert_true(fabs((lp[1] - lp[0]) - (logits[1] - logits[0])) < 1e-3);
+    /* within rounding of a log-softmax in double, and the same bits on
+     * every instruction set */
+    double max = -INFINITY, sum = 0.0;
+    for (int i = 0; i < V; i++)
+        max = logits[i] > max ? logits[i] : max;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - max);
+    for (int i = 0; i < V; i++)
+        assert_true(fabs(lp[i] - (((double)logits[i] - max) - log(sum))) < 4e-6);
+    const cpu_isa isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        float other[V];
+        cpu_kernels_force_isa(isas[k]);
+        eng_log_softmax(logits, other, V);
+        assert_memory_equal(lp, other, sizeof other);
+    }
+    cpu_kernels_force_isa(CPU_ISA_AMX);
 
     /* Huge logits: no overflow. */
     const float huge[4] = {1e30f, 1e30f, 0.0f, -1e30f};

@@ -3,7 +3,7 @@
 # (llama.cpp) on GGUF files of every architecture and weight type spillway
 # loads, made by `spillway model make` and quantized by llama.cpp's own
 # llama-quantize: ../shared has recorded outputs for two small llama files
-# only, so qwen2, qwen3, qwen3moe, phi3, gemma3, Llama 3's RoPE factors, BF16 and the K-quants
+# only, so qwen2, qwen3, qwen3moe, phi3, gemma3, gpt-oss, Llama 3's RoPE factors, BF16 and the K-quants
 # get their second opinion here. Prints a table; exits 1 when a model fails.
 #
 #   bench/crosscheck.sh [BUILD_DIR]      (default: build; needs the llama.cpp
@@ -54,6 +54,10 @@ prompt="Once upon a time there was a little"
 gemma3="--arch gemma3 --head-dim 128 --sliding-window 4 --swa-pattern 2"
 # qwen3moe: qwen3's heads, 8 experts of ffn 512 per layer, 2 used per token.
 qwen3moe="--arch qwen3moe --head-dim 128 --experts 8 --experts-used 2"
+# gpt-oss: heads of 64 (as gpt-oss's), 32 experts of ffn 512, 4 used per
+# token (gpt-oss-20b's), layer 0 sliding with a window of 4, layer 1 global,
+# YaRN, sinks, biases.
+gptoss="--arch gpt-oss --head-dim 64 --experts 32 --experts-used 4 --sliding-window 4"
 declare -A made=(
   [llama-f32]="--type f32" [llama-f16]="--type f16" [llama-bf16]="--type bf16"
   [llama-q8_0]="--type q8_0" [llama-q4_0]="--type q4_0" [llama-q4_k]="--type q4_k"
@@ -72,13 +76,14 @@ declare -A made=(
   [gemma3-f32]="$gemma3 --type f32" [gemma3-f16]="$gemma3 --type f16"
   [gemma3-q8_0]="$gemma3 --type q8_0" [gemma3-q4_k_m]="$gemma3 --type q4_k_m"
   [qwen3moe-f32]="$qwen3moe --type f32" [qwen3moe-f16]="$qwen3moe --type f16"
-  [qwen3moe-q8_0]="$qwen3moe --type q8_0" [qwen3moe-q4_k_m]="$qwen3moe --type q4_k_m")
+  [qwen3moe-q8_0]="$qwen3moe --type q8_0" [qwen3moe-q4_k_m]="$qwen3moe --type q4_k_m"
+  [gpt-oss-f32]="$gptoss --type f32" [gpt-oss-q8_0]="$gptoss --type q8_0")
 order="llama-f32 llama-f16 llama-bf16 llama-q8_0 llama-q4_0 llama-q4_k llama-q5_k llama-q6_k
        llama-q4_k_m llama-q5_k_m llama-q3_k llama-q2_k llama-iq4_xs llama-iq4_nl llama-q3_k_m
        llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0
        qwen3-f32 qwen3-f16 qwen3-q8_0 qwen3-q4_k_m phi3-f32 phi3-f16 phi3-q8_0 phi3-q4_k_m
        gemma3-f32 gemma3-f16 gemma3-q8_0 gemma3-q4_k_m
-       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m"
+       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m gpt-oss-f32 gpt-oss-q8_0"
 files=()
 for m in $order; do
   f="$work/$m.gguf"

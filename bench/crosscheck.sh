@@ -77,13 +77,14 @@ declare -A made=(
   [gemma3-q8_0]="$gemma3 --type q8_0" [gemma3-q4_k_m]="$gemma3 --type q4_k_m"
   [qwen3moe-f32]="$qwen3moe --type f32" [qwen3moe-f16]="$qwen3moe --type f16"
   [qwen3moe-q8_0]="$qwen3moe --type q8_0" [qwen3moe-q4_k_m]="$qwen3moe --type q4_k_m"
-  [gpt-oss-f32]="$gptoss --type f32" [gpt-oss-q8_0]="$gptoss --type q8_0")
+  [gpt-oss-f32]="$gptoss --type f32" [gpt-oss-f16]="$gptoss --type f16"
+  [gpt-oss-q8_0]="$gptoss --type q8_0")
 order="llama-f32 llama-f16 llama-bf16 llama-q8_0 llama-q4_0 llama-q4_k llama-q5_k llama-q6_k
        llama-q4_k_m llama-q5_k_m llama-q3_k llama-q2_k llama-iq4_xs llama-iq4_nl llama-q3_k_m
        llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0
        qwen3-f32 qwen3-f16 qwen3-q8_0 qwen3-q4_k_m phi3-f32 phi3-f16 phi3-q8_0 phi3-q4_k_m
        gemma3-f32 gemma3-f16 gemma3-q8_0 gemma3-q4_k_m
-       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m gpt-oss-f32 gpt-oss-q8_0"
+       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m gpt-oss-f32 gpt-oss-f16 gpt-oss-q8_0"
 files=()
 for m in $order; do
   f="$work/$m.gguf"

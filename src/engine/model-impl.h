@@ -19,14 +19,15 @@ typedef struct eng_weight {
 
 typedef struct eng_layer {
     eng_weight attn_norm; /* (n_embd) f32 */
-    eng_weight bq, bk, bv; /* qwen2: (q_dim), (kv_dim), (kv_dim) f32 biases; data NULL if none */
+    eng_weight bq, bk, bv; /* qwen2, gpt-oss: (q_dim), (kv_dim), (kv_dim) f32 biases; data NULL if none */
     eng_weight wq;        /* (n_embd -> n_head*head_dim) */
     eng_weight wk;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wv;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wo;        /* (n_head*head_dim -> n_embd) */
     eng_weight q_norm, k_norm; /* qwen3: (head_dim) f32, RMS norm weights applied to
                                   every Q and K head before RoPE; data NULL if none */
-    eng_weight ffn_norm;  /* (n_embd) f32 */
+    eng_weight ffn_norm;  /* (n_embd) f32 (gpt-oss: the file's post_attention_norm,
+                             its norm before the experts) */
     eng_weight w_gate;    /* (n_embd -> n_ff) */
     eng_weight w_up;      /* (n_embd -> n_ff) */
     eng_weight w_down;    /* (n_ff -> n_embd) */
@@ -34,7 +35,7 @@ typedef struct eng_layer {
                                                  the attention and FFN outputs
                                                  before the residual add; data
                                                  NULL if none */
-    /* qwen3moe, in place of w_gate / w_up / w_down (which are then absent):
+    /* qwen3moe and gpt-oss, in place of w_gate / w_up / w_down (which are then absent):
      * the router and the experts. GGUF stores the experts as 3-D tensors
      * ne = {n_in, rows, n_expert}; they are bound as matrices of all the
      * experts' rows back to back, so expert e's matrix is rows

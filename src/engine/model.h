@@ -78,8 +78,8 @@ typedef struct eng_hparams {
     float rope_freq_base;
     /* RoPE scaling: positions are divided by rope_linear_factor (linear
      * scaling, 1 = none); each frequency i is divided by a factor from the
-     * file's rope_freqs.weight tensor or from the Llama 3 rule
-     * (rope.scaling.type "llama3"), see eng_model_rope_factors. */
+     * file's rope_freqs.weight tensor, from the Llama 3 rule
+     * (rope.scaling.type "llama3") or from YaRN's (below). */
     float rope_linear_factor;
     bool tied_output;    /* output head shares token_embd */
     /* gemma3 and what it brings; the other architectures have the

@@ -19,7 +19,8 @@ typedef struct eng_weight {
 
 typedef struct eng_layer {
     eng_weight attn_norm; /* (n_embd) f32 */
-    eng_weight bq, bk, bv; /* qwen2, gpt-oss: (q_dim), (kv_dim), (kv_dim) f32 biases; data NULL if none */
+    eng_weight bq, bk, bv; /* qwen2, gpt-oss: (q_dim), (kv_dim), (kv_dim) f32 biases;
+                              data NULL if none */
     eng_weight wq;        /* (n_embd -> n_head*head_dim) */
     eng_weight wk;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wv;        /* (n_embd -> n_head_kv*head_dim) */

@@ -14,7 +14,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama, qwen2, qwen3, qwen3moe, phi3, gemma3, gpt-oss";
+static const char *const supported_architectures =
+    "llama, qwen2, qwen3, qwen3moe, phi3, gemma3, gpt-oss";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -156,7 +157,8 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
                                                    hp->yarn_beta_slow);
     } else if (type && !(type_len == 4 && memcmp(type, "none", 4) == 0)) {
         return sw_error_set(err, SW_EUNSUPPORTED, "unsupported rope scaling '%.*s' (supported: "
-                            "none, linear, llama3, yarn)", (int)(type_len > 32 ? 32 : type_len), type);
+                            "none, linear, llama3, yarn)", (int)(type_len > 32 ? 32 : type_len),
+                            type);
     }
 
     /* Phi-3's 128k files (LongRoPE) carry two factor tables and an

@@ -1,7 +1,8 @@
 /* test_arch_golden.c - architectures that ../shared has no model of (qwen3,
- * phi3, gemma3, qwen3moe, gpt-oss), checked against the reference engine: `model make` presets whose greedy
- * outputs llama.cpp recorded (tests/data/PRESET.golden.json, made by
- * bench/record-goldens.sh; tests/data/README.md says how and with what).
+ * phi3, gemma3, qwen3moe, gpt-oss), checked against the reference engine:
+ * `model make` presets whose greedy outputs llama.cpp recorded
+ * (tests/data/PRESET.golden.json, made by bench/record-goldens.sh;
+ * tests/data/README.md says how and with what).
  *
  * The model is made again here from its preset, and its sha256 must be the
  * one the golden was recorded on: a changed generator fails as a stale

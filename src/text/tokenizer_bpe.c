@@ -787,7 +787,7 @@ static size_t gpt4o_letters(const uint32_t *cps, const uint8_t *cls, size_t n, s
 #undef L_AT
     if (!end)
         return 0;
-    return end + match_contraction(cps, n, end, true);
+    return end < n ? end + match_contraction(cps, n, end, true) : end;
 }
 
 /* gpt-4o (o200k, gpt-oss's), as llama.cpp runs it - its form of the

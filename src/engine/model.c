@@ -134,10 +134,11 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
             m->rope_factors[i] = eng_rope_llama3_factor(freq, factor, low, high, original);
         }
     } else if (type && type_len == 4 && memcmp(type, "yarn", 4) == 0) {
-        /* llama.cpp's defaults: original context the training one, beta
-         * 32 and 1 (it reads no beta keys for these architectures), the
-         * attention factor 1 + 0.1 ln(factor) on cos and sin, times the
-         * file's rope.scaling.attn_factor */
+        /* gpt-oss's, and any other architecture's, as llama.cpp applies
+         * it to all of these alike, with its defaults: original context
+         * the training one, beta 32 and 1 (it reads no beta keys for these
+         * architectures), the attention factor 1 + 0.1 ln(factor) on cos
+         * and sin, times the file's rope.scaling.attn_factor */
         int32_t original = hp->n_ctx_train;
         float attn_factor = 1.0f;
         if ((rc = read_u32(g, arch, "rope.scaling.original_context_length", &original, false,
@@ -146,6 +147,11 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
             return rc;
         if (!(factor > 0.0f) || !isfinite(factor) || !(attn_factor > 0.0f))
             return sw_error_set(err, SW_EFORMAT, "yarn rope scaling parameters out of range");
+        /* gemma3's sliding layers rotate with a base and scale of their
+         * own, which the divisors below (one base) do not cover */
+        if (hp->arch == ENG_ARCH_GEMMA3)
+            return sw_error_set(err, SW_EUNSUPPORTED, "yarn rope scaling is not supported for "
+                                "gemma3");
         hp->yarn_factor = factor;
         hp->yarn_beta_fast = 32.0f;
         hp->yarn_beta_slow = 1.0f;

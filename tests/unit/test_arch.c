@@ -44,6 +44,7 @@ typedef struct rewrite {
     const float *rope_freqs;  /* add rope_freqs.weight (n_rot/2 values) */
     float linear_scale;       /* != 0: llama.rope.scaling.type linear */
     bool llama3;              /* llama3 rope scaling keys (factor 8, 1, 4, 8192) */
+    float yarn_factor;        /* != 0: ARCH.rope.scaling.type yarn, original context 64 */
     const char *scale_suffix; /* F32 tensors whose name ends so: rows of even
                                  heads x scale, of odd heads / scale */
     float scale;
@@ -94,6 +95,16 @@ static void rewrite_model(const char *src, const char *dst, const rewrite *rw, i
         eng_gguf_writer_set_str(w, key, "linear");
         snprintf(key, sizeof key, "%s.rope.scaling.factor", rw->arch ? rw->arch : "llama");
         eng_gguf_writer_set_f32(w, key, rw->linear_scale);
+    }
+    if (rw->yarn_factor != 0.0f) {
+        const char *a = rw->arch ? rw->arch : "llama";
+        char key[64];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        eng_gguf_writer_set_str(w, key, "yarn");
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+        eng_gguf_writer_set_f32(w, key, rw->yarn_factor);
+        snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
+        eng_gguf_writer_set_u32(w, key, 64);
     }
     if (rw->llama3) {
         eng_gguf_writer_set_str(w, "llama.rope.scaling.type", "llama3");
@@ -258,6 +269,24 @@ static void test_rope_scaling(void **state)
     sw_free(b);
     sw_free(c);
     sw_free(d);
+
+    /* YaRN on a llama file: factor 1 is no scaling (each divisor 1 up to
+     * rounding, no attention factor), factor 4 changes the output */
+    {
+        char y1[4096], y4[4096];
+        snprintf(y1, sizeof y1, "%s", tu_tmp_path("arch-yarn1.gguf"));
+        snprintf(y4, sizeof y4, "%s", tu_tmp_path("arch-yarn4.gguf"));
+        rewrite_model(base, y1, &(rewrite){.yarn_factor = 1.0f}, head_dim);
+        rewrite_model(base, y4, &(rewrite){.yarn_factor = 4.0f}, head_dim);
+        float *e = tu_prompt_logits(base, &n);
+        float *f = tu_prompt_logits(y1, &n);
+        float *g = tu_prompt_logits(y4, &n);
+        assert_true(max_diff(e, f, n) < 1e-4f);
+        assert_true(max_diff(e, g, n) > 1e-3f);
+        sw_free(e);
+        sw_free(f);
+        sw_free(g);
+    }
 
     /* The llama3 rule: each frequency's divisor from the published formula
      * (factor 8, low 1, high 4, original context 8192), recomputed here in
@@ -569,6 +598,14 @@ static void test_gemma3_window_and_softcap(void **state)
     sw_free(c);
     sw_free(d);
     sw_free(e);
+    /* YaRN is refused for gemma3 (its sliding layers' own base and scale) */
+    char yarn[4096];
+    snprintf(yarn, sizeof yarn, "%s", tu_tmp_path("g3-yarn.gguf"));
+    rewrite_model(wide, yarn, &(rewrite){.arch = "gemma3", .yarn_factor = 4.0f}, 32);
+    eng_model *model;
+    sw_error err;
+    assert_int_equal(eng_model_load(yarn, &model, &err), SW_EUNSUPPORTED);
+    assert_non_null(strstr(err.message, "yarn"));
 }
 
 /* `model make --arch qwen2 | llama3 | qwen3 | phi3 | gemma3 | gpt-oss` files

@@ -228,6 +228,31 @@ static void record_attempt(const rt_req *q, const rt_relay *r, int wi, rt_outcom
         SW_WARN("router", "request %s: %s", q->request_id, lerr.message);
 }
 
+/* The 400 of a prompt no worker's context holds with room for one
+ * generated token: the prompt's own count (prompt < 0: not counted here,
+ * a llama-server refused it) and the largest context of the model's
+ * workers. */
+static void send_context_error(rt_req *q, bool chat, long prompt)
+{
+    rt_router *rt = q->rt;
+    int32_t ctx = 0;
+    pthread_mutex_lock(&rt->pool.mu);
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (rt->pool.w[i].model == q->model && rt->pool.w[i].ctx_limit > ctx)
+            ctx = rt->pool.w[i].ctx_limit;
+    pthread_mutex_unlock(&rt->pool.mu);
+    char msg[256];
+    if (prompt >= 0 && ctx > 0)
+        snprintf(msg, sizeof msg,
+                 "the prompt has %ld tokens: %s the largest context of the model's workers, "
+                 "%d tokens, which holds the prompt and the completion together",
+                 prompt, prompt > ctx ? "more than" : "no completion token fits in", (int)ctx);
+    else
+        snprintf(msg, sizeof msg, "the prompt is longer than every worker's context limit");
+    count(rt, &rt->refused_context);
+    rt__send_error(q, 400, "context_length_exceeded", msg, chat ? "messages" : "prompt", NULL);
+}
+
 /* What the client gets when the request got no (further) worker. Returns
  * true when it became a job (Prefer: respond-async). */
 static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result ar,
@@ -274,9 +299,7 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     }
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
         !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND | RT_SKIP_MODEL))) {
-        count(rt, &rt->refused_context);
-        rt__send_error(q, 400, "context_length_exceeded",
-                       "the prompt is longer than every worker's context limit", "messages", NULL);
+        send_context_error(q, chat, wt->need.prompt);
         return false;
     }
     if (ar == RT_ADMIT_DEADLINE) {
@@ -603,10 +626,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
             if (ar == RT_ADMIT_NEVER && ctx_refused && !failed_before && !r.headers_sent) {
                 /* a llama-server said the prompt is over its context, and
                  * no other worker is left to take it */
-                count(rt, &rt->refused_context);
-                rt__send_error(q, 400, "context_length_exceeded",
-                               "the prompt is longer than every worker's context limit",
-                               chat ? "messages" : "prompt", NULL);
+                send_context_error(q, chat, -1);
                 break;
             }
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);

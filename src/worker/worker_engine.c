@@ -659,7 +659,9 @@ static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures,
         finish_slot(s, seq, l, "stop");
         return false;
     }
-    if (sl->n_generated >= req->max_tokens || eng_seq_length(s->ctx, seq) >= s->n_ctx) {
+    /* The context holds the prompt and every generated token, this one
+     * included (not yet decoded): it ends when that count reaches n_ctx. */
+    if (sl->n_generated >= req->max_tokens || eng_seq_length(s->ctx, seq) + 1 >= s->n_ctx) {
         finish_slot(s, seq, l, "length");
         return false;
     }
@@ -793,7 +795,9 @@ static bool step(wk_server *s, ev_list *l)
                     s->cache_misses++;
                 pthread_mutex_unlock(&s->lock);
                 sl->decoding = true;
-                if (sl->req->max_tokens == 0)
+                /* a resumed stream whose tokens fill the context has
+                 * no room left (a client's prompt that does was refused) */
+                if (sl->req->max_tokens == 0 || sl->req->n_prompt >= s->n_ctx)
                     finish_slot(s, seq, l, "length");
             }
         }

@@ -258,7 +258,7 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
         int64_t room = (int64_t)s->n_ctx - r->n_prompt;
         int64_t avail = r->max_tokens < room ? r->max_tokens : room;
         if (need > avail)
-            return api_bad(p, r->max_tokens < room ? "max_tokens" : "messages",
+            return api_bad(p, r->max_tokens < room ? "max_tokens" : r->chat ? "messages" : "prompt",
                        "the %s needs at least %lld more tokens; %lld are left (max_tokens and "
                        "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call"
                                       : r->output == WK_OUT_GRAMMAR ? "grammar"
@@ -672,12 +672,25 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
             r->resume_text_bytes = (int64_t)json_integer_value(tb);
         }
     }
-    if (n_ids + n_res > (size_t)s->n_ctx) {
+    /* The context holds the prompt and the generated tokens together: a
+     * client's prompt that fills it leaves no room for one (a resumed
+     * stream's tokens that fill it end the stream with "length"). The
+     * message counts the prompt alone, resumed tokens apart. */
+    if (n_ids + n_res > (size_t)s->n_ctx ||
+        (n_res == 0 && n_ids == (size_t)s->n_ctx && r->max_tokens > 0)) {
         sw_free(ids);
         p->status = 400;
         p->code = "context_length_exceeded";
+        if (n_res > 0)
+            return api_bad(p, chat ? "messages" : "prompt",
+                           "the prompt has %zu tokens and the resumed stream %zu more: %zu, over "
+                           "the context of %d tokens",
+                           n_ids, n_res, n_ids + n_res, s->n_ctx);
         return api_bad(p, chat ? "messages" : "prompt",
-                   "the prompt has %zu tokens, the context limit is %d", n_ids + n_res, s->n_ctx);
+                       "the prompt has %zu tokens: %s the context of %d tokens, which holds the "
+                       "prompt and the completion together",
+                       n_ids, n_ids > (size_t)s->n_ctx ? "more than" : "no completion token fits in",
+                       s->n_ctx);
     }
     r->prompt = sw_malloc((n_ids + n_res) * sizeof(int32_t));
     if (!r->prompt) {

@@ -538,7 +538,8 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         json_array_append_new(r->token_ids, json_integer(ev->token));
         wk__text_append(r, ev->text, ev->text_len);
         json_t *c = chunk_base(s, r);
-        json_t *lp = r->logprobs ? json_pack("{s:[o]}", "content", chat_logprob_entry(s, ev))
+        json_t *lp = r->logprobs ? json_pack("{s:[o], s:n}", "content",
+                                             chat_logprob_entry(s, ev), "refusal")
                                  : json_null();
         json_object_set_new(c, "choices",
                             json_pack("[{s:i, s:o, s:o, s:n}]", "index", 0, "delta",
@@ -556,7 +557,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         if (r->logprobs) {
             json_decref(lp);
             if (r->chat) {
-                lp = json_pack("{s:[o]}", "content", chat_logprob_entry(s, ev));
+                lp = json_pack("{s:[o], s:n}", "content", chat_logprob_entry(s, ev), "refusal");
             } else {
                 lp = completion_logprob_new();
                 completion_logprob_append(s, lp, ev, r->text_len);
@@ -1164,7 +1165,9 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     json_decref(body);
     body = NULL;
     r->token_ids = json_array();
-    r->lp = r->logprobs ? (chat ? json_pack("{s:[]}", "content") : completion_logprob_new())
+    /* chat: OpenAI's schema has refusal (null) beside content */
+    r->lp = r->logprobs ? (chat ? json_pack("{s:[], s:n}", "content", "refusal")
+                                : completion_logprob_new())
                         : NULL;
     r->created = (int64_t)time(NULL);
     r->evreq = evreq;

@@ -159,12 +159,14 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
             json_t *js = json_object_get(rf, "json_schema");
             json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
             json_t *strict = json_object_get(js, "strict");
-            if (!json_is_object(js) || !json_is_string(name) || json_string_length(name) == 0 ||
+            /* name is OpenAI's label for the schema: optional here, as in
+             * llama-server and vLLM (nothing reads it) */
+            if (!json_is_object(js) || (name && !json_is_string(name) && !json_is_null(name)) ||
                 (schema && !json_is_object(schema) && !json_is_boolean(schema)) ||
                 (strict && !json_is_boolean(strict) && !json_is_null(strict)))
                 return api_bad(p, "response_format",
                            "'response_format.json_schema' must be {\"name\": string, "
-                           "\"schema\": object, \"strict\": boolean}");
+                           "\"schema\": object, \"strict\": boolean} (name optional)");
             rc = schema ? eng_grammar_from_schema(schema, &json_g, &err)
                         : eng_grammar_json_object(&json_g, &err);
             if (rc)

@@ -66,7 +66,8 @@ typedef struct wk_req wk_req;
 struct wk_req {
     wk_req *next;                    /* engine queue link */
     wk_req *live_prev, *live_next;   /* HTTP thread: requests in flight */
-    char id[72];
+    char id[72];                     /* X-Request-Id (the router's, or made here) */
+    char resp_id[96];                /* the body's id: chatcmpl-/cmpl- and the request id */
     bool chat;
     bool stream;
     bool include_usage;
@@ -212,6 +213,7 @@ typedef struct wk_server {
     const eng_tokenizer *tok;
     eng_cs_vocab *cs_vocab;          /* the vocabulary indexed for constrained decoding */
     char model_id[256];
+    char fingerprint[64];            /* system_fingerprint (api_system_fingerprint) */
     eng_chat_family chat_family;
     int32_t n_ctx;
     int32_t n_seqs;

@@ -842,6 +842,7 @@ static int load(wk_server *s, sw_error *err)
         snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else
         api_model_id(eng_model_gguf(s->model), s->o.model_path, s->model_id, sizeof s->model_id);
+    api_system_fingerprint(s->o.model_path, s->fingerprint, sizeof s->fingerprint);
     s->tok = eng_model_tokenizer(s->model);
     if ((rc = eng_cs_vocab_create(s->tok, &s->cs_vocab, err)))
         return rc;

@@ -428,9 +428,10 @@ static void stream_finish(wk_req *r)
 
 static json_t *chunk_base(wk_server *s, wk_req *r)
 {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", r->id, "object",
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->resp_id, "object",
                      r->chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)r->created, "model", s->model_id);
+                     (json_int_t)r->created, "model", s->model_id, "system_fingerprint",
+                     s->fingerprint);
 }
 
 /* The stream's head; when memory runs out preparing it nothing is sent,
@@ -720,9 +721,10 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
                                              "logprobs", lp, "finish_reason", finish);
         if (calls)
             json_object_set_new(json_object_get(choice, "message"), "tool_calls", calls);
-        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:O}", "id", r->id, "object",
-                                 r->chat ? "chat.completion" : "text_completion", "created",
-                                 (json_int_t)r->created, "model", s->model_id, "choices", choice,
+        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o], s:o, s:O}", "id", r->resp_id,
+                                 "object", r->chat ? "chat.completion" : "text_completion",
+                                 "created", (json_int_t)r->created, "model", s->model_id,
+                                 "system_fingerprint", s->fingerprint, "choices", choice,
                                  "usage", usage_of(r, ev), "spillway", ext);
         bool whole = !r->broken && sw_alloc_thread_failures() == r->fail_mark;
         send_json(r->evreq, 200, whole ? body : NULL, r->id);
@@ -1153,6 +1155,11 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
         sw_alloc_scope_swap(&r->fault_scope);
     }
     snprintf(r->id, sizeof r->id, "%s", id);
+    /* The body's id is OpenAI's shape, chatcmpl-/cmpl- before the request
+     * id (the router's req-...), unless it has it already. */
+    const char *kind = chat ? "chatcmpl-" : "cmpl-";
+    snprintf(r->resp_id, sizeof r->resp_id, "%s%s",
+             strncmp(id, kind, strlen(kind)) == 0 ? "" : kind, id);
     if (!(body = read_body(s, evreq, id)))
         goto fail_quiet;
     memset(&p, 0, sizeof p);

@@ -68,6 +68,8 @@ struct wk_req {
     wk_req *live_prev, *live_next;   /* HTTP thread: requests in flight */
     char id[72];                     /* X-Request-Id (the router's, or made here) */
     char resp_id[96];                /* the body's id: chatcmpl-/cmpl- and the request id */
+    char *echo;                      /* completions' echo: the prompt's text, or NULL */
+    size_t echo_len;
     bool chat;
     bool stream;
     bool include_usage;

@@ -40,6 +40,7 @@ void wk_req_free(wk_req *req)
     sw_free(req->bias_values);
     sw_free(req->prompt);
     sw_free(req->text);
+    sw_free(req->echo);
     json_decref(req->token_ids);
     json_decref(req->lp);
     eng_constraint_free(req->cons);

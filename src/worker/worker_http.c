@@ -474,6 +474,21 @@ static void stream_first_chat_chunk(wk_server *s, wk_req *r)
     json_decref(c);
 }
 
+/* echo: the prompt's text in a chunk of its own before the first token's
+ * (not in a resumed stream, whose client has it already). */
+static void stream_echo_chunk(wk_server *s, wk_req *r)
+{
+    if (r->n_resume > 0)
+        return;
+    json_t *c = chunk_base(s, r);
+    json_object_set_new(c, "choices",
+                        json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "text",
+                                  json_text(r->echo, r->echo_len), "logprobs", "finish_reason"));
+    json_object_set_new(c, "spillway", json_pack("{s:[]}", "token_ids"));
+    sse_send(r, c);
+    json_decref(c);
+}
+
 /* A streamed token chunk's extension: its token id, and on the stream's
  * first token `prefix_tokens`, the tokens at the prompt's start whose KV
  * blocks are prefix-cache entries (any other request with that start
@@ -817,6 +832,8 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
                     stream_start(r);
                     if (r->chat)
                         stream_first_chat_chunk(s, r);
+                    else if (r->echo)
+                        stream_echo_chunk(s, r);
                 }
                 break;
             case WK_EV_TOKEN: handle_token(s, r, ev); break;
@@ -1172,6 +1189,8 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     json_decref(body);
     body = NULL;
     r->token_ids = json_array();
+    if (r->echo && !r->stream) /* the answer's text starts with the prompt's */
+        wk__text_append(r, r->echo, r->echo_len);
     /* chat: OpenAI's schema has refusal (null) beside content */
     r->lp = r->logprobs ? (chat ? json_pack("{s:[], s:n}", "content", "refusal")
                                 : completion_logprob_new())

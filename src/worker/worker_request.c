@@ -454,14 +454,12 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     /* Completions options that change what the answer means: refused
      * rather than ignored, so a client never reads an answer to a question
      * it did not ask. */
+    bool echo = false;
     if (!chat) {
-        bool echo = false;
         json_int_t best_of = 1;
         json_t *suffix = json_object_get(body, "suffix");
         if (!get_bool(p, body, "echo", &echo))
             return false;
-        if (echo)
-            return api_bad(p, "echo", "'echo' (the prompt repeated in the answer) is not supported");
         if (!get_int(p, body, "best_of", 1, 1, &best_of)) {
             snprintf(p->msg, sizeof p->msg, "only best_of = 1 is supported");
             return false;
@@ -557,6 +555,11 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
             return false;
         r->logprobs = true;
         r->top_logprobs = (int32_t)i;
+        /* OpenAI then gives the prompt tokens' log-probabilities too:
+         * refused rather than answered without them */
+        if (echo)
+            return api_bad(p, "echo", "'echo' with 'logprobs' (the prompt tokens' "
+                                      "log-probabilities) is not supported");
     }
     /* stop: a string or an array of strings. */
     r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS, sizeof(char *));
@@ -611,6 +614,10 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!parse_grammar(body, r, p))
             return false;
         sw_error err;
+        if (echo && !token_ids && !(r->echo = sw_strndup(json_string_value(v),
+                                                          json_string_length(v))))
+            return api_oom(p);
+        r->echo_len = r->echo ? json_string_length(v) : 0;
         if (token_ids) {
             /* OpenAI: token ids are the prompt as given (no BOS added) */
             const int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
@@ -642,6 +649,11 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     if (n_ids == 0) {
         sw_free(ids);
         return api_bad(p, chat ? "messages" : "prompt", "the prompt is empty");
+    }
+    if (echo && !r->echo && !(r->echo = eng_detokenize_ex(s->tok, ids, n_ids, true,
+                                                         &r->echo_len))) {
+        sw_free(ids); /* the echo of token ids: their text */
+        return api_oom(p);
     }
 
     /* resume: {"tokens": [ids already emitted], "draws": k, "text_bytes": n} */
@@ -711,6 +723,12 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     r->n_prompt = (int32_t)(n_ids + n_res);
     r->n_prompt_client = (int32_t)n_ids;
     r->n_resume = (int32_t)n_res;
+    /* the client's text count of an echoed stream (the router's) starts
+     * with the echo, which a resumed stream does not send again */
+    if (r->echo && n_res > 0 && r->resume_text_bytes >= 0)
+        r->resume_text_bytes = r->resume_text_bytes > (int64_t)r->echo_len
+                                   ? r->resume_text_bytes - (int64_t)r->echo_len
+                                   : 0;
     r->chat = chat;
     return setup_output(s, r, p);
 }

@@ -250,6 +250,8 @@ int wk_engine_submit(wk_server *s, wk_req *req);
 /* Marks a request cancelled (the client went away) and wakes the engine. */
 void wk_engine_cancel(wk_server *s, wk_req *req);
 void wk_req_free(wk_req *req);
+/* Whether name is the model's id or one of its aliases. */
+bool wk__model_name_is(const wk_server *s, const char *name);
 void wk_event_free(wk_event *ev);
 
 /* worker_http.c */

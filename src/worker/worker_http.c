@@ -886,11 +886,26 @@ static const char *state_name(wk_state st)
     return "failed";
 }
 
-/* The model as /v1/models lists it and /v1/models/{id} returns it. */
+bool wk__model_name_is(const wk_server *s, const char *name)
+{
+    if (strcmp(name, s->model_id) == 0)
+        return true;
+    for (size_t i = 0; i < s->o.n_aliases; i++)
+        if (strcmp(name, s->o.aliases[i]) == 0)
+            return true;
+    return false;
+}
+
+/* The model as /v1/models lists it and /v1/models/{id} returns it; its
+ * aliases (--alias) as the router lists a model's. */
 static json_t *model_object(const wk_server *s)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_id, "object", "model", "created",
-                     (json_int_t)0, "owned_by", "spillway", "context_length", s->n_ctx);
+    json_t *aliases = json_array();
+    for (size_t i = 0; i < s->o.n_aliases; i++)
+        json_array_append_new(aliases, json_string(s->o.aliases[i]));
+    return json_pack("{s:s, s:s, s:I, s:s, s:i, s:o}", "id", s->model_id, "object", "model",
+                     "created", (json_int_t)0, "owned_by", "spillway", "context_length", s->n_ctx,
+                     "aliases", aliases);
 }
 
 static void handle_health(wk_server *s, struct evhttp_request *evreq)
@@ -1314,7 +1329,7 @@ static void on_request(struct evhttp_request *evreq, void *arg)
         /* OpenAI's "retrieve model": the id is percent-decoded (an id may
          * hold a '/') */
         char *id = evhttp_uridecode(path + 11, 0, NULL);
-        if (id && strcmp(id, s->model_id) == 0) {
+        if (id && wk__model_name_is(s, id)) {
             json_t *m = model_object(s);
             send_json(evreq, 200, m, NULL);
             json_decref(m);

@@ -440,7 +440,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!json_is_string(v))
             return api_bad(p, "model", "'model' must be a string");
         const char *m = json_string_value(v);
-        if (strcmp(m, s->model_id) != 0) {
+        if (!wk__model_name_is(s, m)) {
             p->status = 404;
             p->code = "model_not_found";
             return api_bad(p, "model", "this worker serves '%s', not '%s'", s->model_id, m);

@@ -960,3 +960,53 @@ void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, cons
     if (attempts)
         *attempts = q.attempts;
 }
+
+/* POST /tokenize: relayed to a ready worker of the model ("model" as for a
+ * generation; a spillway worker or a llama-server, which take the same
+ * {"content", "add_special"}), its answer given back as it is. Not
+ * queued and not counted in the books: it holds no sequence. */
+void rt__handle_tokenize(rt_req *q)
+{
+    rt_router *rt = q->rt;
+    json_t *body = parse_body(q);
+    if (!body)
+        return;
+    if (!resolve_model(q, body)) {
+        json_decref(body);
+        return;
+    }
+    json_decref(body);
+    char address[sizeof rt->pool.w[0].address] = "";
+    pthread_mutex_lock(&rt->pool.mu);
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
+        const rt_worker *w = &rt->pool.w[i];
+        if (w->model == q->model && rt_pool_state_locked(w) == WS_READY &&
+            w->cfg.kind != RT_KIND_OPENAI) {
+            snprintf(address, sizeof address, "%s", w->address);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rt->pool.mu);
+    if (!address[0]) {
+        char ra[48];
+        rt__retry_after(rt, ra, sizeof ra);
+        rt__send_error(q, 503, "capacity_exceeded", "no worker of the model is ready to tokenize",
+                       NULL, ra);
+        return;
+    }
+    rn_conn c;
+    char *out = NULL;
+    size_t len = 0;
+    char hdr[128];
+    snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\nContent-Type: application/json\r\n",
+             q->request_id);
+    int rc = rn_request(&c, address, "POST", "/tokenize", hdr, q->body, q->body_len, q->fd,
+                        rt->cfg->http_timeout_s * 1000);
+    if (rc == 0 && rn_body_all(&c, &out, &len, rt->cfg->max_body_bytes * 8 + 65536) == 0)
+        rt__send_response(q, c.status, c.content_type[0] ? c.content_type : "application/json",
+                          NULL, out, len);
+    else if (rc != -2)
+        rt__send_error(q, 502, "worker_failed", "the worker did not answer /tokenize", NULL, NULL);
+    rn_close(&c);
+    sw_free(out);
+}

@@ -567,7 +567,7 @@ static void test_bad_requests(void **state)
     const char *ok_body = "{\"prompt\":\"Hi\",\"max_tokens\":2}";
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, ok_body, &w), 0);
     assert_int_equal(w.status, 401);
-    assert_string_equal(rh_error_code(&w, code, sizeof code), "unauthorized");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_api_key");
     wc_response_free(&w);
     assert_int_equal(rh_req(&r, "POST", "/v1/completions",
                          "Authorization: Bearer test-key-0123456780\r\n", ok_body, &w),

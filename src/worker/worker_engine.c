@@ -62,18 +62,26 @@ void wk_event_free(wk_event *ev)
 
 int wk_engine_submit(wk_server *s, wk_req *req)
 {
+    return wk_engine_submit_all(s, &req, 1);
+}
+
+int wk_engine_submit_all(wk_server *s, wk_req *const *reqs, int32_t n)
+{
     int rc = SW_OK;
     pthread_mutex_lock(&s->lock);
-    if (s->n_queued >= s->o.max_queue) {
+    if (s->n_queued + n > s->o.max_queue) {
         rc = SW_ERANGE;
     } else {
-        req->next = NULL;
-        if (s->queue_tail)
-            s->queue_tail->next = req;
-        else
-            s->queue_head = req;
-        s->queue_tail = req;
-        s->n_queued++;
+        for (int32_t i = 0; i < n; i++) {
+            wk_req *req = reqs[i];
+            req->next = NULL;
+            if (s->queue_tail)
+                s->queue_tail->next = req;
+            else
+                s->queue_head = req;
+            s->queue_tail = req;
+            s->n_queued++;
+        }
         pthread_cond_signal(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);

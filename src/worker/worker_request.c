@@ -447,10 +447,12 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         }
     }
     json_int_t n = 1;
-    if (!get_int(p, body, "n", 1, 1, &n)) {
-        snprintf(p->msg, sizeof p->msg, "only n = 1 is supported");
+    if (!get_int(p, body, "n", 1, WK_MAX_CHOICES, &n)) {
+        snprintf(p->msg, sizeof p->msg, "'n' must be 1..%d (choices in one answer)",
+                 WK_MAX_CHOICES);
         return false;
     }
+    r->n_choices = (int32_t)n;
     /* Completions options that change what the answer means: refused
      * rather than ignored, so a client never reads an answer to a question
      * it did not ask. */
@@ -661,6 +663,10 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     size_t n_res = 0;
     r->skip_draws = 0;
     r->resume_text_bytes = -1;
+    if (res && !json_is_null(res) && r->n_choices > 1) {
+        sw_free(ids);
+        return api_bad(p, "resume", "'resume' continues one choice: n must be 1");
+    }
     if (res && !json_is_null(res)) {
         json_t *toks = json_object_get(res, "tokens");
         if (!json_is_object(res) || !json_is_array(toks)) {

@@ -68,7 +68,7 @@ static const bad_case cases[] = {
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"temperature\":-1}", 400, "invalid_request",
      "temperature"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"top_p\":2}", 400, "invalid_request", "top_p"},
-    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":2}", 400, "invalid_request", "n"},
+    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":17}", 400, "invalid_request", "n"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "invalid_request",
      "stream"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":5}", 400, "invalid_request", "stop"},

@@ -30,6 +30,8 @@ typedef struct rt_need {
                               -1 any */
     long prompt;           /* exact prompt tokens; -1 unknown */
     long max_tokens;       /* -1: up to the context */
+    int n_choices;         /* n: sequences it runs (each holds prompt +
+                              max_tokens); 0 or 1: one */
     bool resume;           /* a stream with tokens sent: needs a resume */
     bool local_only;       /* remote = never: no remote worker */
     long long deadline_ms; /* -1 none */

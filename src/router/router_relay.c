@@ -539,6 +539,13 @@ static void generate(rt_req *q, bool chat, json_t *body)
     if (!mt)
         mt = json_object_get(body, "max_tokens");
     long max_tokens = json_is_integer(mt) ? (long)json_integer_value(mt) : (chat ? -1 : 16);
+    /* n > 1: that many sequences on one worker (the worker checks the
+     * range); never resumed (router_failover.c) */
+    json_t *nv = json_object_get(body, "n");
+    int n_choices = json_is_integer(nv) && json_integer_value(nv) > 1 &&
+                            json_integer_value(nv) <= 64
+                        ? (int)json_integer_value(nv)
+                        : 1;
     if (q->deadline_ms < 0 && json_is_number(json_object_get(body, "timeout"))) {
         /* the client's number: one outside long long must not be
          * converted (undefined); a negative one means none, as before */
@@ -578,6 +585,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.model = rt->route_by_model ? q->model : -1;
         wt.need.prompt = prompt < 0 ? -1 : prompt + (long)r.n_tokens;
         wt.need.max_tokens = remaining;
+        wt.need.n_choices = n_choices;
         wt.need.prefix = prefix;
         wt.need.n_prefix = prefix ? n_prefix : 0;
         /* the worker takes the prompt's cached blocks, unless it replays a
@@ -649,7 +657,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
              * tokens twice */
             r.n_tokens = 0;
             r.draws = -1;
-            r.role_sent = false;
+            r.roles_sent = 0;
             r.text_bytes = 0;
         }
         char *bs = attempt_body(q, body, &r, max_tokens, remaining, seed_added);
@@ -690,7 +698,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              q->single_pass,
                              rt->sabotage.no_replay,
                              rt->sabotage.no_resume,
-                             r.ls_native && !r.ls_ids_gap};
+                             r.ls_native && !r.ls_ids_gap,
+                             n_choices > 1};
         rt_failover f = rt_failover_decide(&fi);
         if (f.action == RT_FO_DONE || f.action == RT_FO_CANCEL)
             break;

@@ -3,9 +3,9 @@
  * router over their sockets: prompt and generated tokens never exceed the
  * context (the last one ends "length"), a context error counts the prompt
  * alone, chat logprobs carry refusal: null, ids are chatcmpl-/cmpl-, a
- * system_fingerprint, json_schema without a name, echo, the worker's
- * --alias, and the router's invalid_api_key, request_too_large and
- * /tokenize. */
+ * system_fingerprint, json_schema without a name, echo, n > 1 choices
+ * (streamed and not), the worker's --alias, and the router's
+ * invalid_api_key, request_too_large and /tokenize. */
 #include "testutil.h"
 #include "router_harness.h"
 #include "worker_client.h"
@@ -15,6 +15,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CTX 256
 
@@ -271,7 +272,8 @@ static void check_shape(const target *t)
 
     /* echo: the prompt's text before the completion's */
     j = post_json(t, "/v1/completions",
-                  "{\"prompt\":\"Once upon\",\"max_tokens\":3,\"temperature\":0,\"echo\":true}", 200);
+                  "{\"prompt\":\"Once upon\",\"max_tokens\":3,\"temperature\":0,\"echo\":true}",
+                  200);
     const char *text = json_string_value(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
     json_t *plain = post_json(t, "/v1/completions",
@@ -319,6 +321,125 @@ static void check_shape(const target *t)
     json_decref(j);
 }
 
+/* ---- 4: n > 1 ---- */
+
+static const char *text_of(json_t *choice, bool chat)
+{
+    return chat ? json_string_value(json_object_get(json_object_get(choice, "message"), "content"))
+                : json_string_value(json_object_get(choice, "text"));
+}
+
+static void check_choices(const target *t)
+{
+    /* non-stream: n choices, each its index; choice i draws with seed + i
+     * (so choice 1 of seed 5 is the n = 1 answer of seed 6); usage sums */
+    json_t *j = post_json(t, "/v1/completions",
+                          "{\"prompt\":\"Once upon\",\"max_tokens\":6,\"n\":4,\"seed\":5,"
+                          "\"ignore_eos\":true}",
+                          200);
+    json_t *choices = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(choices), 4);
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(choices, i), "index")),
+                         (json_int_t)i);
+    assert_int_equal(usage_int(j, "completion_tokens"), 24);
+    assert_int_equal(usage_int(j, "total_tokens"), usage_int(j, "prompt_tokens") + 24);
+    json_t *one = post_json(t, "/v1/completions",
+                            "{\"prompt\":\"Once upon\",\"max_tokens\":6,\"seed\":6,"
+                            "\"ignore_eos\":true}",
+                            200);
+    assert_string_equal(text_of(json_array_get(choices, 1), false),
+                        text_of(json_array_get(json_object_get(one, "choices"), 0), false));
+    json_decref(one);
+    /* the four seeds drew four different continuations here */
+    assert_true(strcmp(text_of(json_array_get(choices, 0), false),
+                       text_of(json_array_get(choices, 1), false)) != 0);
+    json_decref(j);
+
+    /* greedy: every choice is the same answer */
+    j = post_json(t, "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":5,"
+                  "\"n\":2,\"temperature\":0}",
+                  200);
+    choices = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(choices), 2);
+    assert_string_equal(text_of(json_array_get(choices, 0), true),
+                        text_of(json_array_get(choices, 1), true));
+    json_decref(j);
+
+    /* streamed: the choices' chunks interleave, each with its index; each
+     * index gets its role chunk and its finish_reason; one usage chunk
+     * (summed) and one [DONE] at the end */
+    wc_response w;
+    post_h(t, "/v1/chat/completions", NULL,
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,"
+           "\"n\":3,\"ignore_eos\":true,\"stream\":true,"
+           "\"stream_options\":{\"include_usage\":true}}",
+           &w);
+    assert_int_equal(w.status, 200);
+    char **evs = NULL;
+    int ne = wc_sse_parse(w.body, w.body_len, &evs);
+    assert_true(ne > 3);
+    assert_string_equal(evs[ne - 1], "[DONE]");
+    int roles[3] = {0}, finishes[3] = {0}, contents[3] = {0}, usages = 0;
+    for (int i = 0; i < ne - 1; i++) {
+        json_t *c = json_loads(evs[i], 0, NULL);
+        assert_non_null(c);
+        assert_null(json_object_get(c, "error"));
+        json_t *u = json_object_get(c, "usage");
+        if (u) {
+            usages++;
+            assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 12);
+            assert_int_equal(i, ne - 2); /* the last event before [DONE] */
+        }
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+        if (ch) {
+            json_int_t k = json_integer_value(json_object_get(ch, "index"));
+            assert_true(k >= 0 && k < 3);
+            json_t *d = json_object_get(ch, "delta");
+            roles[k] += json_object_get(d, "role") != NULL;
+            contents[k] += json_string_length(json_object_get(d, "content")) > 0;
+            finishes[k] += json_is_string(json_object_get(ch, "finish_reason"));
+        }
+        json_decref(c);
+    }
+    assert_int_equal(usages, 1);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(roles[k], 1);
+        assert_int_equal(finishes[k], 1);
+        assert_true(contents[k] >= 1);
+    }
+    wc_sse_free(evs, ne);
+    wc_response_free(&w);
+
+    /* completions streamed: every index, one [DONE] */
+    post_h(t, "/v1/completions", NULL,
+           "{\"prompt\":\"Once\",\"max_tokens\":3,\"n\":2,\"ignore_eos\":true,"
+           "\"stream\":true}",
+           &w);
+    assert_int_equal(w.status, 200);
+    ne = wc_sse_parse(w.body, w.body_len, &evs);
+    int per[2] = {0};
+    for (int i = 0; i < ne - 1; i++) {
+        json_t *c = json_loads(evs[i], 0, NULL);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+        json_int_t k = json_integer_value(json_object_get(ch, "index"));
+        assert_true(k == 0 || k == 1);
+        per[k]++;
+        json_decref(c);
+    }
+    assert_int_equal(per[0], 4); /* 3 tokens and the finish chunk */
+    assert_int_equal(per[1], 4);
+    wc_sse_free(evs, ne);
+    wc_response_free(&w);
+
+    /* more than 16: a typed 400 */
+    j = post_json(t, "/v1/completions", "{\"prompt\":\"Hi\",\"n\":17}", 400);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(j, "error"), "param")), "n");
+    json_decref(j);
+}
+
 static void test_worker(void **state)
 {
     (void)state;
@@ -329,6 +450,28 @@ static void test_worker(void **state)
     target t = {wk.socket_path, NULL};
     check_context(&t);
     check_shape(&t);
+    check_choices(&t);
+    /* a client that leaves mid-stream: every choice is cancelled, and the
+     * worker serves on (it exits cleanly at the end) */
+    for (int k = 0; k < 2; k++) {
+        int fd = wc_connect(wk.socket_path, 20000);
+        assert_true(fd >= 0);
+        assert_int_equal(wc_send(fd, "POST", k ? "/v1/chat/completions" : "/v1/completions",
+                                 k ? "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                                     "\"n\":3,\"ignore_eos\":true,\"stream\":true}"
+                                   : "{\"prompt\":\"Hi\",\"n\":3,\"max_tokens\":200,"
+                                     "\"ignore_eos\":true}"),
+                         0);
+        char head[256];
+        if (k)
+            assert_true(read(fd, head, sizeof head) > 0); /* the stream began */
+        close(fd);
+    }
+    json_decref(post_json(&t, "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":2,\"n\":2}",
+                          200));
+    /* a resume continues one choice */
+    json_decref(post_json(&t, "/v1/completions",
+                          "{\"prompt\":\"Hi\",\"n\":2,\"resume\":{\"tokens\":[5]}}", 400));
 
     /* --alias: each name answers as "model"; another is still a 404 */
     const char *names[] = {"first", "second", "third"};
@@ -371,6 +514,7 @@ static void test_router(void **state)
     target t = {r.sock, &r};
     check_context(&t);
     check_shape(&t);
+    check_choices(&t);
 
     /* /tokenize: the worker's answer */
     const char *tb = "{\"content\":\"Once upon a time\"}";

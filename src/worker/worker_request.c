@@ -709,7 +709,8 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         return api_bad(p, chat ? "messages" : "prompt",
                        "the prompt has %zu tokens: %s the context of %d tokens, which holds the "
                        "prompt and the completion together",
-                       n_ids, n_ids > (size_t)s->n_ctx ? "more than" : "no completion token fits in",
+                       n_ids,
+                       n_ids > (size_t)s->n_ctx ? "more than" : "no completion token fits in",
                        s->n_ctx);
     }
     r->prompt = sw_malloc((n_ids + n_res) * sizeof(int32_t));

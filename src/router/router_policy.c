@@ -87,7 +87,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             why = RT_SKIP_CTX;
         else if (!need->idle && w->held)
             why = RT_SKIP_HELD;
-        else if (!need->idle && w->max_seqs > 0 && w->seqs >= w->max_seqs)
+        else if (!need->idle && w->max_seqs > 0 &&
+                 w->seqs + rt_policy_seqs(need, w->max_seqs) > w->max_seqs)
             why = RT_SKIP_SLOTS;
         else if (w->count_memory &&
                  (need->idle ? bytes > (w->shared_device ? w->kv_device_capacity : w->kv_budget)

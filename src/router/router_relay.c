@@ -663,7 +663,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         char *bs = attempt_body(q, body, &r, max_tokens, remaining, seed_added);
         if (!bs) {
             rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes, NULL, prefix,
-                                    wt.grant.shared_blocks);
+                                    wt.grant.shared_blocks, wt.grant.seqs);
             if (r.headers_sent) /* a stream began: it ends with the error */
                 rt_sink_stream_error(&r, NULL);
             else
@@ -686,7 +686,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
         rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes - r.shared_moved, &tally,
-                                prefix, r.shared_registered);
+                                prefix, r.shared_registered, wt.grant.seqs);
         rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
         record_attempt(q, &r, wi, last, t_attempt);
         rt_failover_in fi = {last,

@@ -371,6 +371,25 @@ static const policy_row POLICY_ROWS[] = {
      .n = 1, .w = {{RDY(0), .ctx_limit = 1000, MEM16(1 << 20, 0)}},
      .need = {.prompt = 100, .max_tokens = 5000, NODL},
      .worker = 0, .kv_bytes = 64512, .kv_tokens = 1000, NOBEST},
+    /* n > 1: a sequence per choice */
+    {.name = "n = 3 reserves each choice's KV (3 x 10 blocks)",
+     .n = 1, .w = {{RDY(0), MEM16(1 << 20, 0)}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 3, NODL},
+     .worker = 0, .kv_bytes = 30720, .kv_tokens = 150, NOBEST},
+    {.name = "n = 3 does not fit a budget of two choices",
+     .n = 1, .w = {{RDY(0), MEM16(20480, 0)}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 3, NODL},
+     .worker = -1, .kv_tokens = 0, .skipped = RT_SKIP_MEM, .reason = {[0] = RT_SKIP_MEM},
+     NOBEST},
+    {.name = "n = 3 needs three free sequences",
+     .n = 2, .w = {{RDY(0), .max_seqs = 4, .seqs = 2}, {RDY(1), .max_seqs = 4, .seqs = 1}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 3, NODL},
+     .worker = 1, .kv_tokens = 150, .skipped = RT_SKIP_SLOTS, .reason = {[0] = RT_SKIP_SLOTS},
+     NOBEST},
+    {.name = "n over max_seqs takes every sequence (the worker queues the rest)",
+     .n = 1, .w = {{RDY(0), .max_seqs = 2, .seqs = 0}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 5, NODL},
+     .worker = 0, .kv_tokens = 150, NOBEST},
 };
 
 static void check_policy_row(const policy_row *r, const bool *tried)
@@ -886,6 +905,19 @@ static void test_queue_grant_and_release(void **state)
     rt_queue_release(&g_queue, 0, 0, NULL);
     assert_books(&g_pool, 0, 0, 0);
     assert_int_equal(g_queue.passes, 0);
+
+    /* n = 3: three sequences and each one's KV taken, and given back */
+    g_pool.w[1].books.seqs = 0;
+    rt_waiter e;
+    waiter_init(&g_queue, &e, 100, 50, -1);
+    e.need.n_choices = 3;
+    assert_int_equal(admit_now(&g_queue, &e), RT_ADMIT_OK);
+    assert_int_equal(e.grant.worker, 1);
+    assert_int_equal(e.grant.seqs, 3);
+    assert_true(e.grant.kv_bytes == 30720);
+    assert_books(&g_pool, 1, 3, 30720);
+    rt_queue_release_shared(&g_queue, 1, e.grant.kv_bytes, NULL, NULL, 0, e.grant.seqs);
+    assert_books(&g_pool, 1, 0, 0);
 }
 
 /* Placement by prefix (router_prefix.h): a granted prompt's blocks go
@@ -1037,7 +1069,7 @@ static void test_shared_blocks_once(void **state)
     c2.need.share = false;
     assert_int_equal(admit_now(&g_queue, &c2), RT_ADMIT_OK);
     assert_true(c2.grant.kv_bytes == 20 * bb && c2.grant.shared_blocks == 0);
-    rt_queue_release_shared(&g_queue, 0, c2.grant.kv_bytes, NULL, ha, 0);
+    rt_queue_release_shared(&g_queue, 0, c2.grant.kv_bytes, NULL, ha, 0, 1);
     waiter_init(&g_queue, &c, 170, 150, -1);
     c.need.prefix = ha;
     c.need.n_prefix = na;
@@ -1051,14 +1083,14 @@ static void test_shared_blocks_once(void **state)
     int reg_c = c.grant.shared_blocks;
     assert_true(rt_queue_shared_attach(&g_queue, 0, ha, na, 160, &reg_c) == 0);
     assert_int_equal(reg_c, 10);
-    rt_queue_release_shared(&g_queue, 0, c.grant.kv_bytes, NULL, ha, reg_c);
+    rt_queue_release_shared(&g_queue, 0, c.grant.kv_bytes, NULL, ha, reg_c, 1);
     assert_books(&g_pool, 0, 2, 34 * bb);
 
     /* A ends: its 4 own blocks leave with it, the 6 shared stay for B */
-    rt_queue_release_shared(&g_queue, 0, a.grant.kv_bytes - moved_a, NULL, ha, reg_a);
+    rt_queue_release_shared(&g_queue, 0, a.grant.kv_bytes - moved_a, NULL, ha, reg_a, 1);
     assert_books(&g_pool, 0, 1, 20 * bb);
     assert_int_equal(rt_shared_refs(&g_pool.w[0].shared, ha[5]), 1);
-    rt_queue_release_shared(&g_queue, 0, b.grant.kv_bytes - moved_b, NULL, hb, reg_b);
+    rt_queue_release_shared(&g_queue, 0, b.grant.kv_bytes - moved_b, NULL, hb, reg_b, 1);
     assert_books(&g_pool, 0, 0, 0);
     assert_int_equal(g_pool.w[0].shared.live, 0);
 

@@ -47,6 +47,9 @@ void wk_req_free(wk_req *req)
     for (size_t i = 0; i < req->n_tools; i++)
         sw_free(req->tool_names[i]);
     sw_free(req->tool_names);
+    eng_reasoning_free(&req->rs);
+    eng_reasoning_delta_free(&req->rd);
+    eng_reasoning_text_free(&req->reasoning);
     sw_free(req);
 }
 

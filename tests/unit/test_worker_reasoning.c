@@ -1,0 +1,366 @@
+/* test_worker_reasoning.c - end-to-end: a thinking family's reply split into
+ * reasoning_content and content by a real `spillway worker` over HTTP.
+ *
+ * A tiny random model cannot be made to think, so its text is forced with
+ * a grammar (GBNF, the `grammar` field): "<think>\n...\n</think>\n\n..." for
+ * a worker serving the Qwen3 family (--chat-template qwen3), and
+ * "...</think>..." for one serving DeepSeek-R1's (the prompt opened the
+ * thought). The split is checked non-stream and stream (the deltas add up
+ * to the non-stream answer of the same seed), with reasoning_format none
+ * (the text as generated), cut by max_tokens inside the thought
+ * (finish_reason length, all reasoning), resumed mid-thought (the
+ * continuation's deltas still reasoning_content, the whole equal to the
+ * uninterrupted stream), and refused values (400 naming the parameter).
+ */
+#include "testutil.h"
+#include "worker_client.h"
+
+#include "modelgen/model_make.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+static char g_model[512];
+static wc_worker g_qwen3, g_r1;
+
+static const char *const g_think =
+    "root ::= \"<think>\\n\" [a-z]{2,8} \"\\n</think>\\n\\n\" [a-z]{1,6}\n";
+static const char *const g_open = "root ::= [a-z]{2,8} \"</think>\\n\\n\" [a-z]{1,6}\n";
+
+static int setup(void **state)
+{
+    (void)state;
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 1024;
+    p.seed = 31;
+    snprintf(g_model, sizeof g_model, "%s", tu_tmp_path("worker-reasoning.gguf"));
+    if (eng_model_make(&p, g_model, NULL) != 0 || !tu_spillway_bin())
+        return -1;
+    const char *const a1[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit", "1024",
+                              "--chat-template", "qwen3", NULL};
+    const char *const a2[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit", "1024",
+                              "--chat-template", "deepseek-r1", NULL};
+    if (wc_worker_start(&g_qwen3, g_model, a1, NULL, 30, NULL) != 0)
+        return -1;
+    return wc_worker_start(&g_r1, g_model, a2, NULL, 30, NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int a = wc_worker_stop(&g_qwen3), b = wc_worker_stop(&g_r1);
+    remove(g_model);
+    wc_worker_kill_all();
+    return a == 0 && b == 0 ? 0 : -1;
+}
+
+/* POSTs a chat body (consumed); the parsed JSON, or for a stream the body
+ * as a JSON string. */
+static json_t *post(const wc_worker *w, json_t *body, int want_status)
+{
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    wc_response r;
+    assert_int_equal(wc_request(w->socket_path, "POST", "/v1/chat/completions", s, 60000, &r), 0);
+    free(s);
+    if (r.status != want_status)
+        fail_msg("status %d: %s", r.status, r.body);
+    json_t *j = want_status == 200 && strstr(r.headers, "text/event-stream")
+                    ? json_string(r.body)
+                    : json_loads(r.body, 0, NULL);
+    if (!j)
+        fail_msg("not JSON: %s", r.body);
+    wc_response_free(&r);
+    return j;
+}
+
+static json_t *chat_body(const char *grammar, int seed, int max_tokens, bool stream)
+{
+    return json_pack("{s:[{s:s, s:s}], s:i, s:i, s:b, s:s, s:f}", "messages", "role", "user",
+                     "content", "think", "seed", seed, "max_tokens", max_tokens, "stream", stream,
+                     "grammar", grammar, "temperature", 1.0);
+}
+
+typedef struct reply {
+    char reasoning[512];
+    char content[512];
+    bool has_reasoning_field;
+    char finish[32];
+    int ids[128];
+    int n_ids;
+    int n_chunks_after_content_with_reasoning; /* reasoning deltas after content began */
+} reply;
+
+static void cat(char *dst, size_t cap, const char *s)
+{
+    if (s)
+        snprintf(dst + strlen(dst), cap - strlen(dst), "%s", s);
+}
+
+static void read_message(json_t *j, reply *out)
+{
+    memset(out, 0, sizeof *out);
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    json_t *rc = json_object_get(msg, "reasoning_content");
+    out->has_reasoning_field = rc != NULL;
+    cat(out->reasoning, sizeof out->reasoning, json_string_value(rc));
+    cat(out->content, sizeof out->content, json_string_value(json_object_get(msg, "content")));
+    cat(out->finish, sizeof out->finish,
+        json_string_value(json_object_get(choice, "finish_reason")));
+}
+
+static void read_stream(json_t *j, reply *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *body = json_string_value(j);
+    char **ev = NULL;
+    int n = wc_sse_parse(body, strlen(body), &ev);
+    assert_true(n >= 2);
+    assert_string_equal(ev[n - 1], "[DONE]");
+    for (int i = 0; i < n - 1; i++) {
+        json_t *e = json_loads(ev[i], 0, NULL);
+        assert_non_null(e);
+        assert_null(json_object_get(e, "error"));
+        json_t *choice = json_array_get(json_object_get(e, "choices"), 0);
+        json_t *d = json_object_get(choice, "delta");
+        const char *rc = json_string_value(json_object_get(d, "reasoning_content"));
+        if (rc) {
+            out->has_reasoning_field = true;
+            if (out->content[0])
+                out->n_chunks_after_content_with_reasoning++;
+        }
+        cat(out->reasoning, sizeof out->reasoning, rc);
+        cat(out->content, sizeof out->content, json_string_value(json_object_get(d, "content")));
+        cat(out->finish, sizeof out->finish,
+            json_string_value(json_object_get(choice, "finish_reason")));
+        json_t *ids = json_object_get(json_object_get(e, "spillway"), "token_ids");
+        for (size_t k = 0; k < json_array_size(ids) && out->n_ids < 128; k++)
+            out->ids[out->n_ids++] = (int)json_integer_value(json_array_get(ids, k));
+        json_decref(e);
+    }
+    wc_sse_free(ev, n);
+}
+
+static bool all_lower(const char *s, size_t lo, size_t hi)
+{
+    size_t n = strlen(s);
+    for (const char *p = s; *p; p++)
+        if (*p < 'a' || *p > 'z')
+            return false;
+    return n >= lo && n <= hi;
+}
+
+static void test_split_qwen3(void **state)
+{
+    (void)state;
+    for (int seed = 1; seed <= 3; seed++) {
+        reply a, b;
+        json_t *j = post(&g_qwen3, chat_body(g_think, seed, 60, false), 200);
+        read_message(j, &a);
+        json_decref(j);
+        assert_string_equal(a.finish, "stop");
+        if (!all_lower(a.reasoning, 2, 8) || !all_lower(a.content, 1, 6))
+            fail_msg("seed %d: reasoning '%s' content '%s'", seed, a.reasoning, a.content);
+        j = post(&g_qwen3, chat_body(g_think, seed, 60, true), 200);
+        read_stream(j, &b);
+        json_decref(j);
+        /* the deltas add up to the same answer, thought first */
+        assert_string_equal(b.reasoning, a.reasoning);
+        assert_string_equal(b.content, a.content);
+        assert_string_equal(b.finish, "stop");
+        assert_int_equal(b.n_chunks_after_content_with_reasoning, 0);
+    }
+}
+
+static void test_split_deepseek_open(void **state)
+{
+    (void)state;
+    for (int seed = 1; seed <= 2; seed++) {
+        reply a, b;
+        json_t *j = post(&g_r1, chat_body(g_open, seed, 60, false), 200);
+        read_message(j, &a);
+        json_decref(j);
+        if (!all_lower(a.reasoning, 2, 8) || !all_lower(a.content, 1, 6))
+            fail_msg("seed %d: reasoning '%s' content '%s'", seed, a.reasoning, a.content);
+        j = post(&g_r1, chat_body(g_open, seed, 60, true), 200);
+        read_stream(j, &b);
+        json_decref(j);
+        assert_string_equal(b.reasoning, a.reasoning);
+        assert_string_equal(b.content, a.content);
+    }
+}
+
+/* reasoning_format none: the text as generated, no reasoning_content. */
+static void test_format_none(void **state)
+{
+    (void)state;
+    reply a, b;
+    json_t *body = chat_body(g_think, 2, 60, false);
+    json_object_set_new(body, "reasoning_format", json_string("none"));
+    json_t *j = post(&g_qwen3, body, 200);
+    read_message(j, &a);
+    json_decref(j);
+    assert_false(a.has_reasoning_field);
+    assert_memory_equal(a.content, "<think>\n", 8);
+    assert_non_null(strstr(a.content, "\n</think>\n\n"));
+    body = chat_body(g_think, 2, 60, true);
+    json_object_set_new(body, "reasoning_format", json_string("none"));
+    j = post(&g_qwen3, body, 200);
+    read_stream(j, &b);
+    json_decref(j);
+    assert_false(b.has_reasoning_field);
+    assert_string_equal(b.content, a.content);
+    /* and "deepseek" asked for explicitly is the default's split */
+    body = chat_body(g_think, 2, 60, false);
+    json_object_set_new(body, "reasoning_format", json_string("deepseek"));
+    j = post(&g_qwen3, body, 200);
+    read_message(j, &b);
+    json_decref(j);
+    assert_true(strstr(a.content, b.reasoning) != NULL && b.reasoning[0]);
+}
+
+/* A thought never closed within max_tokens: reasoning, finish length. */
+static void test_unclosed_at_max_tokens(void **state)
+{
+    (void)state;
+    static const char *const g_long = "root ::= \"<think>\\n\" [a-z ]*\n";
+    int cut = 0;
+    for (int seed = 1; seed <= 3; seed++) {
+        for (int stream = 0; stream < 2; stream++) {
+            reply a;
+            json_t *j = post(&g_qwen3, chat_body(g_long, seed, 8, stream), 200);
+            if (stream)
+                read_stream(j, &a);
+            else
+                read_message(j, &a);
+            json_decref(j);
+            if (strcmp(a.finish, "length") != 0)
+                continue;
+            cut++;
+            assert_true(a.reasoning[0] != '\0');
+            assert_string_equal(a.content, "");
+            assert_null(strchr(a.reasoning, '<'));
+        }
+    }
+    assert_true(cut >= 2);
+}
+
+/* A stream resumed after k tokens inside the thought: the resumed
+ * worker's deltas continue as reasoning_content, and the two parts add up
+ * to the uninterrupted stream. */
+static void test_resume_mid_thought(void **state)
+{
+    (void)state;
+    reply full;
+    json_t *j = post(&g_qwen3, chat_body(g_think, 5, 60, true), 200);
+    read_stream(j, &full);
+    json_decref(j);
+    assert_true(full.n_ids >= 4);
+    /* the first token that gave reasoning text: cut right after it; what
+     * the client had then is the stream's text up to that chunk */
+    int k = 0;
+    char head[512] = "";
+    {
+        j = post(&g_qwen3, chat_body(g_think, 5, 60, true), 200);
+        const char *body = json_string_value(j);
+        char **ev = NULL;
+        int n = wc_sse_parse(body, strlen(body), &ev);
+        int ids_seen = 0;
+        for (int i = 0; i < n - 1 && !k; i++) {
+            json_t *e = json_loads(ev[i], 0, NULL);
+            json_t *d = json_object_get(json_array_get(json_object_get(e, "choices"), 0), "delta");
+            ids_seen += (int)json_array_size(
+                json_object_get(json_object_get(e, "spillway"), "token_ids"));
+            assert_null(json_object_get(d, "content") &&
+                                json_string_length(json_object_get(d, "content")) > 0
+                            ? d
+                            : NULL);
+            if (json_string_length(json_object_get(d, "reasoning_content")) > 0) {
+                k = ids_seen;
+                cat(head, sizeof head, json_string_value(json_object_get(d, "reasoning_content")));
+            }
+            json_decref(e);
+        }
+        wc_sse_free(ev, n);
+        json_decref(j);
+    }
+    assert_true(k > 0 && k < full.n_ids);
+    json_t *body = chat_body(g_think, 5, 60 - k, true);
+    json_t *toks = json_array();
+    for (int i = 0; i < k; i++)
+        json_array_append_new(toks, json_integer(full.ids[i]));
+    json_object_set_new(body, "resume", json_pack("{s:o, s:i}", "tokens", toks, "draws", k));
+    reply rest;
+    j = post(&g_qwen3, body, 200);
+    read_stream(j, &rest);
+    json_decref(j);
+    /* the continuation starts in the thought */
+    assert_true(rest.reasoning[0] != '\0' || strlen(head) == strlen(full.reasoning));
+    char joined[1024];
+    snprintf(joined, sizeof joined, "%s%s", head, rest.reasoning);
+    assert_string_equal(joined, full.reasoning);
+    assert_string_equal(rest.content, full.content);
+    assert_string_equal(rest.finish, "stop");
+}
+
+/* enable_thinking false renders the empty thought: the prompt is longer
+ * by its tokens, and the reply is split the same way. */
+static void test_enable_thinking_false(void **state)
+{
+    (void)state;
+    json_t *a = post(&g_qwen3, chat_body(g_think, 1, 60, false), 200);
+    json_t *body = chat_body(g_think, 1, 60, false);
+    json_object_set_new(body, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", 0));
+    json_t *b = post(&g_qwen3, body, 200);
+    json_int_t pa = json_integer_value(json_object_get(json_object_get(a, "usage"), "prompt_tokens"));
+    json_int_t pb = json_integer_value(json_object_get(json_object_get(b, "usage"), "prompt_tokens"));
+    /* "<think>\n\n</think>\n\n" is 19 bytes: byte tokens, or fewer merged */
+    assert_true(pb > pa);
+    json_decref(a);
+    json_decref(b);
+}
+
+static void expect_400(json_t *body, const char *param)
+{
+    json_t *j = post(&g_qwen3, body, 400);
+    json_t *e = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), param);
+    json_decref(j);
+}
+
+static void test_bad_values(void **state)
+{
+    (void)state;
+    json_t *b = chat_body(g_think, 1, 60, false);
+    json_object_set_new(b, "reasoning_format", json_string("parsed"));
+    expect_400(b, "reasoning_format");
+    b = chat_body(g_think, 1, 60, false);
+    json_object_set_new(b, "reasoning_format", json_integer(1));
+    expect_400(b, "reasoning_format");
+    b = chat_body(g_think, 1, 60, false);
+    json_object_set_new(b, "chat_template_kwargs", json_pack("{s:s}", "enable_thinking", "no"));
+    expect_400(b, "chat_template_kwargs");
+    b = chat_body(g_think, 1, 60, false);
+    json_object_set_new(b, "chat_template_kwargs", json_string("x"));
+    expect_400(b, "chat_template_kwargs");
+    b = chat_body(g_think, 1, 60, false);
+    json_object_set_new(b, "reasoning_effort", json_string("max"));
+    expect_400(b, "reasoning_effort");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_qwen3),
+        cmocka_unit_test(test_split_deepseek_open),
+        cmocka_unit_test(test_format_none),
+        cmocka_unit_test(test_unclosed_at_max_tokens),
+        cmocka_unit_test(test_resume_mid_thought),
+        cmocka_unit_test(test_enable_thinking_false),
+        cmocka_unit_test(test_bad_values),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -22,7 +22,7 @@
 #include <string.h>
 
 static char g_model[512];
-static wc_worker g_qwen3, g_r1;
+static wc_worker g_qwen3, g_r1, g_oss;
 
 static const char *const g_think =
     "root ::= \"<think>\\n\" [a-z]{2,8} \"\\n</think>\\n\\n\" [a-z]{1,6}\n";
@@ -41,18 +41,21 @@ static int setup(void **state)
                               "--chat-template", "qwen3", NULL};
     const char *const a2[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit", "1024",
                               "--chat-template", "deepseek-r1", NULL};
-    if (wc_worker_start(&g_qwen3, g_model, a1, NULL, 30, NULL) != 0)
+    const char *const a3[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit", "1024",
+                              "--chat-template", "harmony", NULL};
+    if (wc_worker_start(&g_qwen3, g_model, a1, NULL, 30, NULL) != 0 ||
+        wc_worker_start(&g_r1, g_model, a2, NULL, 30, NULL) != 0)
         return -1;
-    return wc_worker_start(&g_r1, g_model, a2, NULL, 30, NULL);
+    return wc_worker_start(&g_oss, g_model, a3, NULL, 30, NULL);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int a = wc_worker_stop(&g_qwen3), b = wc_worker_stop(&g_r1);
+    int a = wc_worker_stop(&g_qwen3), b = wc_worker_stop(&g_r1), c = wc_worker_stop(&g_oss);
     remove(g_model);
     wc_worker_kill_all();
-    return a == 0 && b == 0 ? 0 : -1;
+    return a == 0 && b == 0 && c == 0 ? 0 : -1;
 }
 
 /* POSTs a chat body (consumed); the parsed JSON, or for a stream the body
@@ -322,6 +325,119 @@ static void test_enable_thinking_false(void **state)
     json_decref(b);
 }
 
+/* ---- gpt-oss (harmony) --------------------------------------------------
+ * The tiny model's vocabulary has no harmony control tokens, so its markers
+ * are plain text here; a reply is put in the model's mouth as resumed
+ * tokens (resume: the text a first worker had generated), and the worker
+ * goes on from it: its splitter reads the resumed text first. */
+
+static json_t *tokenize(const wc_worker *w, const char *text)
+{
+    json_t *b = json_pack("{s:s}", "content", text);
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    wc_response r;
+    assert_int_equal(wc_request(w->socket_path, "POST", "/tokenize", s, 60000, &r), 0);
+    free(s);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    wc_response_free(&r);
+    json_t *t = json_incref(json_object_get(j, "tokens"));
+    json_decref(j);
+    return t;
+}
+
+static json_t *oss_body(const char *said, int max_tokens, bool stream, bool tools)
+{
+    json_t *b = json_pack("{s:[{s:s, s:s}, {s:s, s:s}], s:i, s:i, s:b, s:{s:o}}", "messages",
+                          "role", "system", "content", "Be brief.", "role", "user", "content",
+                          "Weather in Paris?", "seed", 1, "max_tokens", max_tokens, "stream",
+                          stream, "resume", "tokens", tokenize(&g_oss, said));
+    if (tools)
+        json_object_set_new(
+            b, "tools",
+            json_pack("[{s:s, s:{s:s, s:s, s:{s:s, s:{s:{s:s}}, s:[s]}}}]", "type", "function",
+                      "function", "name", "get_weather", "description", "Current weather.",
+                      "parameters", "type", "object", "properties", "city", "type", "string",
+                      "required", "city"));
+    return b;
+}
+
+/* A commentary message to=functions.get_weather is a tool call; the
+ * analysis before it the reasoning the client already had. */
+static void test_harmony_tool_call(void **state)
+{
+    (void)state;
+    const char *said = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+                       "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                       "<|message|>{\"city\":\"Paris\"}<|call|>";
+    for (int stream = 0; stream < 2; stream++) {
+        json_t *j = post(&g_oss, oss_body(said, 1, stream, true), 200);
+        json_t *calls = NULL, *choice = NULL;
+        const char *finish = NULL;
+        if (!stream) {
+            choice = json_array_get(json_object_get(j, "choices"), 0);
+            calls = json_object_get(json_object_get(choice, "message"), "tool_calls");
+            finish = json_string_value(json_object_get(choice, "finish_reason"));
+            assert_true(json_is_null(json_object_get(json_object_get(choice, "message"),
+                                                     "content")));
+            assert_string_equal(finish, "tool_calls");
+        } else {
+            const char *body = json_string_value(j);
+            char **ev = NULL;
+            int n = wc_sse_parse(body, strlen(body), &ev);
+            for (int i = 0; i < n - 1; i++) {
+                json_t *e = json_loads(ev[i], 0, NULL);
+                json_t *c = json_array_get(json_object_get(e, "choices"), 0);
+                json_t *tc = json_object_get(json_object_get(c, "delta"), "tool_calls");
+                if (tc) {
+                    assert_null(calls);
+                    calls = json_incref(tc);
+                }
+                if (json_is_string(json_object_get(c, "finish_reason")))
+                    assert_string_equal(
+                        json_string_value(json_object_get(c, "finish_reason")), "tool_calls");
+                json_decref(e);
+            }
+            wc_sse_free(ev, n);
+        }
+        assert_int_equal(json_array_size(calls), 1);
+        json_t *fn = json_object_get(json_array_get(calls, 0), "function");
+        assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+        assert_string_equal(json_string_value(json_object_get(fn, "arguments")),
+                            "{\"city\":\"Paris\"}");
+        if (stream)
+            json_decref(calls);
+        json_decref(j);
+    }
+}
+
+/* Resumed inside the analysis channel: the new text is reasoning; with
+ * reasoning_format none it is content, markers included. */
+static void test_harmony_resumed_analysis(void **state)
+{
+    (void)state;
+    const char *said = "<|channel|>analysis<|message|>The user wants";
+    reply a;
+    json_t *j = post(&g_oss, oss_body(said, 4, true, false), 200);
+    read_stream(j, &a);
+    json_decref(j);
+    assert_string_equal(a.finish, "length");
+    assert_string_equal(a.content, "");
+    j = post(&g_oss, oss_body(said, 4, false, false), 200);
+    reply b;
+    read_message(j, &b);
+    json_decref(j);
+    assert_string_equal(b.reasoning, a.reasoning);
+    json_t *body = oss_body("<|channel|>final<|message|>Sunny", 2, false, false);
+    json_object_set_new(body, "reasoning_format", json_string("none"));
+    j = post(&g_oss, body, 200);
+    read_message(j, &b);
+    json_decref(j);
+    assert_false(b.has_reasoning_field);
+    assert_string_equal(b.finish, "length");
+}
+
 static void expect_400(json_t *body, const char *param)
 {
     json_t *j = post(&g_qwen3, body, 400);
@@ -361,6 +477,8 @@ int main(void)
         cmocka_unit_test(test_resume_mid_thought),
         cmocka_unit_test(test_enable_thinking_false),
         cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_harmony_tool_call),
+        cmocka_unit_test(test_harmony_resumed_analysis),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -308,6 +308,60 @@ static void test_resume_mid_thought(void **state)
     assert_string_equal(rest.finish, "stop");
 }
 
+/* A stream cut while the resumed worker must give back text the client
+ * never got (held by the first as a possible stop string, as
+ * resume.text_bytes says): here the resumed tokens run to the end of the
+ * thought's closing "\n</think>\n\n", and the client is said to have only
+ * the thought's text. The splitter is fed only what the client had, so the
+ * closing tags given back end the thought again, and what follows is
+ * content (fed everything, it would take the tags given back for content).
+ * No grammar: with one the engine holds nothing back. */
+static void test_resume_held_text(void **state)
+{
+    (void)state;
+    json_t *j = post(&g_qwen3, chat_body(g_think, 6, 60, true), 200);
+    const char *body = json_string_value(j);
+    char **ev = NULL;
+    int n = wc_sse_parse(body, strlen(body), &ev);
+    int ids[128], n_ids = 0, k = 0;
+    long bytes = 0, bytes_thought = 0;
+    for (int i = 0; i < n - 1 && !k; i++) {
+        json_t *e = json_loads(ev[i], 0, NULL);
+        json_t *d = json_object_get(json_array_get(json_object_get(e, "choices"), 0), "delta");
+        json_t *sp = json_object_get(e, "spillway");
+        json_t *t = json_object_get(sp, "token_ids");
+        if (json_array_size(t) == 1) {
+            if (json_object_get(d, "content")) {
+                k = n_ids; /* the tokens before the answer's first */
+            } else {
+                ids[n_ids++] = (int)json_integer_value(json_array_get(t, 0));
+                bytes += (long)json_integer_value(json_object_get(sp, "text_bytes"));
+                if (json_object_get(d, "reasoning_content"))
+                    bytes_thought = bytes;
+            }
+        }
+        json_decref(e);
+    }
+    wc_sse_free(ev, n);
+    json_decref(j);
+    assert_true(k > 0 && bytes_thought > 0 && bytes > bytes_thought);
+    json_t *b = json_pack("{s:[{s:s, s:s}], s:i, s:i, s:b, s:f, s:[s]}", "messages", "role",
+                          "user", "content", "think", "seed", 6, "max_tokens", 4, "stream", 1,
+                          "temperature", 1.0, "stop", "XYZ");
+    json_t *toks = json_array();
+    for (int i = 0; i < k; i++)
+        json_array_append_new(toks, json_integer(ids[i]));
+    json_object_set_new(b, "resume", json_pack("{s:o, s:i, s:I}", "tokens", toks, "draws", k,
+                                               "text_bytes", (json_int_t)bytes_thought));
+    reply rest;
+    j = post(&g_qwen3, b, 200);
+    read_stream(j, &rest);
+    json_decref(j);
+    if (rest.reasoning[0] || strstr(rest.content, "think>"))
+        fail_msg("after the closing tags given back: reasoning '%s' content '%s'",
+                 rest.reasoning, rest.content);
+}
+
 /* enable_thinking false renders the empty thought: the prompt is longer
  * by its tokens, and the reply is split the same way. */
 static void test_enable_thinking_false(void **state)
@@ -475,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_format_none),
         cmocka_unit_test(test_unclosed_at_max_tokens),
         cmocka_unit_test(test_resume_mid_thought),
+        cmocka_unit_test(test_resume_held_text),
         cmocka_unit_test(test_enable_thinking_false),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_harmony_tool_call),

@@ -102,8 +102,10 @@ static bool contains(const char *hay, size_t len, const char *needle)
 }
 
 /* Order matters: a template is classified by the first rule it matches.
- * Harmony's and DeepSeek's markers are their own; a ChatML template that
- * writes "<think>" is Qwen3's (or a fine-tune's of it). Phi-4 writes ChatML's markers with its own separator, so it goes first
+ * Harmony's and DeepSeek's markers are their own (DeepSeek's with a
+ * thought: R1's templates write "<think>" or drop "</think>" from earlier
+ * turns, V3's do neither); a ChatML template that writes "<think>" is
+ * Qwen3's (or a fine-tune's of it). Phi-4 writes ChatML's markers with its own separator, so it goes first
  * (as in llama.cpp's detection); then ChatML, because ChatML fine-tunes of
  * other bases keep their base's vocabulary but not its markers; "[INST]"
  * with "<<SYS>>" must be
@@ -115,8 +117,9 @@ static bool detect(const char *t, size_t len, eng_chat_family *out)
         return false;
     if (contains(t, len, "<|channel|>"))
         *out = ENG_CHAT_HARMONY;
-    else if (contains(t, len, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>")) /* <｜Assistant｜> */
-        *out = ENG_CHAT_DEEPSEEK_R1;
+    else if (contains(t, len, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>") && /* <｜Assistant｜> */
+             contains(t, len, "think>"))
+        *out = ENG_CHAT_DEEPSEEK_R1; /* DeepSeek-V3's own format has no thought */
     else if (contains(t, len, "<|im_sep|>"))
         *out = ENG_CHAT_PHI4;
     else if (contains(t, len, "<|im_start|>"))

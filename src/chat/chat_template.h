@@ -12,7 +12,7 @@
  *
  * Families and what recognises them (checked in this order, first match):
  *   "<|channel|>"                       -> ENG_CHAT_HARMONY (gpt-oss; chat_harmony.c)
- *   "<｜Assistant｜>"                   -> ENG_CHAT_DEEPSEEK_R1 (DeepSeek-R1 and its
+ *   "<｜Assistant｜>" and "think>"       -> ENG_CHAT_DEEPSEEK_R1 (DeepSeek-R1 and its
  *                                          Qwen 2 / Llama distills)
  *   "<|im_sep|>"                        -> ENG_CHAT_PHI4    (Phi-4)
  *   "<|im_start|>" and "<think>"        -> ENG_CHAT_QWEN3   (Qwen3: ChatML that thinks)

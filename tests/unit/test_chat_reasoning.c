@@ -283,6 +283,12 @@ static void test_detect(void **state)
     assert_int_equal(eng_chat_detect(qwen3, sizeof qwen3 - 1, &fb), ENG_CHAT_QWEN3);
     assert_false(fb);
     assert_int_equal(eng_chat_detect(r1, sizeof r1 - 1, &fb), ENG_CHAT_DEEPSEEK_R1);
+    /* DeepSeek-V3's own format (no thought) is not R1's */
+    static const char v3[] =
+        "{{ bos_token }}{%- for message in messages %}{%- if message['role'] == 'user' %}"
+        "{{'<\xef\xbd\x9cUser\xef\xbd\x9c>' + message['content']}}{%- endif %}{%- endfor %}"
+        "{% if add_generation_prompt %}{{'<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>'}}{% endif %}";
+    assert_int_not_equal(eng_chat_detect(v3, sizeof v3 - 1, NULL), ENG_CHAT_DEEPSEEK_R1);
     assert_int_equal(eng_chat_detect(oss, sizeof oss - 1, &fb), ENG_CHAT_HARMONY);
     eng_chat_family f;
     assert_int_equal(eng_chat_family_from_name("gpt-oss", &f), SW_OK);

@@ -269,7 +269,10 @@ void eng_chat__render_harmony(chat_builder *b, const eng_chat_message *m,
         } else if (strcmp(role, "tool") == 0) {
             const char *name = result_name(m, ext, i);
             tmpl(b, "<|start|>functions.");
-            client(b, name ? name : "unknown");
+            if (name)
+                client(b, name);
+            else
+                tmpl(b, "unknown"); /* a result without a call before it */
             tmpl(b, " to=assistant<|channel|>commentary<|message|>");
             client(b, m[i].content);
             tmpl(b, "<|end|>");

@@ -60,7 +60,8 @@ eng_reasoning_syntax eng_chat_reasoning_syntax(eng_chat_family f)
 {
     switch (f) {
     case ENG_CHAT_QWEN3: return ENG_REASONING_THINK;
-    case ENG_CHAT_DEEPSEEK_R1: return ENG_REASONING_THINK_OPEN;
+    case ENG_CHAT_DEEPSEEK_R1:
+    case ENG_CHAT_QWEN3_THINKING: return ENG_REASONING_THINK_OPEN;
     case ENG_CHAT_HARMONY: return ENG_REASONING_HARMONY;
     default: return ENG_REASONING_NONE;
     }

@@ -5,7 +5,8 @@
  *   - Qwen3 (ENG_CHAT_QWEN3): "<think>\n...\n</think>\n\nanswer"; the model
  *     opens the thought itself (or, with enable_thinking false, the prompt
  *     holds an empty one and the reply is all answer);
- *   - DeepSeek-R1 and its Qwen 2 / Llama distills (ENG_CHAT_DEEPSEEK_R1):
+ *   - DeepSeek-R1 and its Qwen 2 / Llama distills (ENG_CHAT_DEEPSEEK_R1), and
+ *     the thinking-only Qwen3 / QwQ (ENG_CHAT_QWEN3_THINKING):
  *     the generation prompt ends with "<think>\n", so the reply begins in
  *     the middle of the thought and only "</think>" marks its end (a reply
  *     that writes "<think>" again first has it skipped);

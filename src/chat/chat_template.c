@@ -32,7 +32,7 @@ static const char *const family_names[ENG_CHAT_N_FAMILIES] = {
     [ENG_CHAT_ZEPHYR] = "zephyr",   [ENG_CHAT_PHI3] = "phi3",
     [ENG_CHAT_GEMMA] = "gemma",     [ENG_CHAT_PHI4] = "phi4",
     [ENG_CHAT_QWEN3] = "qwen3",     [ENG_CHAT_DEEPSEEK_R1] = "deepseek-r1",
-    [ENG_CHAT_HARMONY] = "harmony",
+    [ENG_CHAT_HARMONY] = "harmony", [ENG_CHAT_QWEN3_THINKING] = "qwen3-thinking",
 };
 
 static bool family_valid(eng_chat_family f)
@@ -123,7 +123,9 @@ static bool detect(const char *t, size_t len, eng_chat_family *out)
     else if (contains(t, len, "<|im_sep|>"))
         *out = ENG_CHAT_PHI4;
     else if (contains(t, len, "<|im_start|>"))
-        *out = contains(t, len, "<think>") ? ENG_CHAT_QWEN3 : ENG_CHAT_CHATML;
+        *out = contains(t, len, "assistant\\n<think>\\n") ? ENG_CHAT_QWEN3_THINKING
+               : contains(t, len, "<think>")              ? ENG_CHAT_QWEN3
+                                                          : ENG_CHAT_CHATML;
     else if (contains(t, len, "<|start_header_id|>"))
         *out = ENG_CHAT_LLAMA3;
     else if (contains(t, len, "<start_of_turn>"))
@@ -207,7 +209,7 @@ int eng_chat_choose(const eng_gguf *g, const char *override_name, eng_chat_famil
             return sw_error_set(err, SW_EINVAL,
                                 "unknown chat template family '%.64s' (expected auto, chatml, "
                                 "llama2, llama3, mistral, zephyr, phi3, gemma, phi4, qwen3, "
-                                "deepseek-r1 or harmony)",
+                                "qwen3-thinking, deepseek-r1 or harmony)",
                                 override_name);
         src = ENG_CHAT_FROM_OVERRIDE;
     } else {
@@ -404,11 +406,13 @@ static void render_chatml(chat_builder *b, const eng_chat_message *m, size_t n, 
 
 /* Qwen3 (Qwen/Qwen3-* templates): ChatML; an assistant turn of the
  * history without its thought; with enable_thinking false the generation
- * prompt holds an empty thought so that the model answers at once. (Its
- * template shows tool results inside <tool_response> of a user turn; here
- * they stay a "tool" turn, as for ChatML.) */
+ * prompt holds an empty thought so that the model answers at once. The
+ * thinking-only models (Qwen3-*-Thinking-2507, QwQ) have no switch: their
+ * generation prompt opens the thought (open). (Its template shows tool
+ * results inside <tool_response> of a user turn; here they stay a "tool"
+ * turn, as for ChatML.) */
 static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, bool gen,
-                         bool thinking_off)
+                         bool thinking_off, bool open)
 {
     for (size_t i = 0; i < n; i++) {
         tmpl(b, "<|im_start|>");
@@ -421,8 +425,9 @@ static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, b
         tmpl(b, "<|im_end|>\n");
     }
     if (gen)
-        tmpl(b, thinking_off ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-                             : "<|im_start|>assistant\n");
+        tmpl(b, open           ? "<|im_start|>assistant\n<think>\n"
+                : thinking_off ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                               : "<|im_start|>assistant\n");
 }
 
 /* DeepSeek-R1 and its distills (deepseek-ai/DeepSeek-R1-Distill-* templates):
@@ -619,7 +624,8 @@ static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *m
     bool gen = o->add_generation_prompt;
     switch (f) {
     case ENG_CHAT_CHATML: render_chatml(b, msgs, n, gen); break;
-    case ENG_CHAT_QWEN3: render_qwen3(b, msgs, n, gen, o->thinking_off); break;
+    case ENG_CHAT_QWEN3: render_qwen3(b, msgs, n, gen, o->thinking_off, false); break;
+    case ENG_CHAT_QWEN3_THINKING: render_qwen3(b, msgs, n, gen, false, true); break;
     case ENG_CHAT_DEEPSEEK_R1: render_deepseek_r1(b, msgs, n, gen); break;
     case ENG_CHAT_HARMONY: eng_chat__render_harmony(b, msgs, ext, n, o); break;
     case ENG_CHAT_LLAMA2: render_llama2(b, msgs, n); break;
@@ -951,6 +957,7 @@ size_t eng_chat_stop_strings(eng_chat_family f, const char **out, size_t cap)
     switch (f) {
     case ENG_CHAT_CHATML:
     case ENG_CHAT_QWEN3:
+    case ENG_CHAT_QWEN3_THINKING:
     case ENG_CHAT_PHI4: list = chatml; count = 1; break;
     case ENG_CHAT_DEEPSEEK_R1: list = deepseek; count = 1; break;
     case ENG_CHAT_HARMONY: list = harmony; count = 2; break;
@@ -976,6 +983,7 @@ const char *eng_chat_bos_text(eng_chat_family f)
     case ENG_CHAT_DEEPSEEK_R1: return "<" DS_BAR "begin" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">";
     case ENG_CHAT_CHATML:
     case ENG_CHAT_QWEN3:
+    case ENG_CHAT_QWEN3_THINKING:
     case ENG_CHAT_HARMONY:
     case ENG_CHAT_ZEPHYR:
     case ENG_CHAT_PHI3:

@@ -15,6 +15,9 @@
  *   "<｜Assistant｜>" and "think>"       -> ENG_CHAT_DEEPSEEK_R1 (DeepSeek-R1 and its
  *                                          Qwen 2 / Llama distills)
  *   "<|im_sep|>"                        -> ENG_CHAT_PHI4    (Phi-4)
+ *   "<|im_start|>" and "assistant\n<think>\n" (the Jinja source's escapes)
+ *                                       -> ENG_CHAT_QWEN3_THINKING (Qwen3-*-Thinking-2507,
+ *                                          QwQ: the generation prompt opens the thought)
  *   "<|im_start|>" and "<think>"        -> ENG_CHAT_QWEN3   (Qwen3: ChatML that thinks)
  *   "<|im_start|>"                      -> ENG_CHAT_CHATML  (Qwen, many fine-tunes)
  *   "<|start_header_id|>"               -> ENG_CHAT_LLAMA3
@@ -87,9 +90,10 @@ typedef enum eng_chat_family {
     ENG_CHAT_QWEN3 = 8,       /* ChatML with <think> (chat_reasoning.h) */
     ENG_CHAT_DEEPSEEK_R1 = 9, /* <｜User｜> / <｜Assistant｜>, prompt opens <think> */
     ENG_CHAT_HARMONY = 10,    /* gpt-oss: OpenAI's harmony format */
+    ENG_CHAT_QWEN3_THINKING = 11, /* Qwen3 thinking-only (2507), QwQ: the prompt opens <think> */
 } eng_chat_family;
 
-#define ENG_CHAT_N_FAMILIES 11
+#define ENG_CHAT_N_FAMILIES 12
 
 /* The GGUF key holding the Jinja template. */
 #define ENG_CHAT_TEMPLATE_KEY "tokenizer.chat_template"
@@ -105,7 +109,8 @@ typedef struct eng_chat_message {
 } eng_chat_message;
 
 /* Stable lower-case name: "chatml", "llama2", "llama3", "mistral",
- * "zephyr", "phi3", "gemma", "phi4", "qwen3", "deepseek-r1", "harmony";
+ * "zephyr", "phi3", "gemma", "phi4", "qwen3", "deepseek-r1", "harmony",
+ * "qwen3-thinking";
  * "unknown" for a value outside the enum. eng_chat_family_from_name also
  * takes "gpt-oss" for harmony. */
 const char *eng_chat_family_name(eng_chat_family f);

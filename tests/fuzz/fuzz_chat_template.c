@@ -61,7 +61,8 @@ static void expected_content(eng_chat_family f, const eng_chat_message *m, size_
     bool trim = f == ENG_CHAT_LLAMA2 || f == ENG_CHAT_LLAMA3 || (f == ENG_CHAT_GEMMA && !system);
     *s = m[i].content;
     *len = strlen(m[i].content);
-    if ((f == ENG_CHAT_QWEN3 || f == ENG_CHAT_DEEPSEEK_R1) && !strcmp(m[i].role, "assistant")) {
+    if ((f == ENG_CHAT_QWEN3 || f == ENG_CHAT_QWEN3_THINKING || f == ENG_CHAT_DEEPSEEK_R1) &&
+        !strcmp(m[i].role, "assistant")) {
         /* the thought of an earlier turn is left out */
         const char *p = *s, *q;
         while ((q = strstr(p, "</think>")) != NULL)

@@ -290,6 +290,14 @@ static void test_detect(void **state)
         "{% if add_generation_prompt %}{{'<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>'}}{% endif %}";
     assert_int_not_equal(eng_chat_detect(v3, sizeof v3 - 1, NULL), ENG_CHAT_DEEPSEEK_R1);
     assert_int_equal(eng_chat_detect(oss, sizeof oss - 1, &fb), ENG_CHAT_HARMONY);
+    /* Qwen3-*-Thinking-2507's (abbreviated): the prompt opens the thought */
+    static const char qwen3_thinking[] =
+        "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"
+        "{%- set content = content.split('</think>')[-1] %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}";
+    assert_int_equal(eng_chat_detect(qwen3_thinking, sizeof qwen3_thinking - 1, NULL),
+                     ENG_CHAT_QWEN3_THINKING);
+    assert_int_equal(eng_chat_reasoning_syntax(ENG_CHAT_QWEN3_THINKING), ENG_REASONING_THINK_OPEN);
     eng_chat_family f;
     assert_int_equal(eng_chat_family_from_name("gpt-oss", &f), SW_OK);
     assert_int_equal(f, ENG_CHAT_HARMONY);
@@ -333,6 +341,10 @@ static void test_qwen3_enable_thinking(void **state)
     assert_string_equal(t, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!"
                            "<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
                            "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    sw_free(t);
+    /* the thinking-only models open the thought, whatever the switch */
+    t = render(ENG_CHAT_QWEN3_THINKING, m + 2, NULL, 1, &o, NULL, NULL);
+    assert_string_equal(t, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n");
     sw_free(t);
     /* ChatML ignores it */
     t = render(ENG_CHAT_CHATML, m + 2, NULL, 1, &o, NULL, NULL);

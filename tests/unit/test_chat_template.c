@@ -787,7 +787,7 @@ static void test_names(void **state)
     (void)state;
     static const char *const names[ENG_CHAT_N_FAMILIES] = {
         "chatml", "llama2", "llama3", "mistral", "zephyr", "phi3", "gemma", "phi4",
-        "qwen3", "deepseek-r1", "harmony",
+        "qwen3", "deepseek-r1", "harmony", "qwen3-thinking",
     };
     for (int i = 0; i < ENG_CHAT_N_FAMILIES; i++) {
         assert_string_equal(eng_chat_family_name((eng_chat_family)i), names[i]);

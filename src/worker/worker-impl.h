@@ -275,9 +275,10 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
  * worker's default and the body's reasoning_format (false with *p set for
  * an unknown value). */
 bool wk__reasoning_setup(wk_server *s, json_t *body, wk_req *r, wk_parse_error *p);
-/* The reply text of a token event as the splitter and the reply see it:
- * ev->text, or for harmony a control token's marker text. */
-const char *wk__event_text(wk_server *s, const wk_req *r, const wk_event *ev, size_t *len);
+/* Harmony: the marker text of a control token (its piece, which the
+ * detokenizer leaves out), which comes after the event's text; NULL for
+ * other tokens and families. */
+const char *wk__event_marker(wk_server *s, const wk_req *r, int32_t token, size_t *len);
 /* A resumed request: the resumed tokens' text the first worker had
  * released, fed to the splitter (output dropped: the client has it; a
  * tool reply keeps the content in r->text, as its calls are parsed from

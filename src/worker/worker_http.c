@@ -533,20 +533,35 @@ static json_t *tool_stream_delta(wk_req *r, const char *text, size_t text_len)
     return delta;
 }
 
-/* One event's text through the splitter: *content and *reasoning (with
- * their lengths) are what goes out now. Without a split, all of it is
- * content. A splitter out of memory breaks the reply. */
-static void split_text(wk_req *r, const char *text, size_t len, bool final, const char **content,
-                       size_t *content_len, const char **reasoning, size_t *reasoning_len)
+/* One event's text, then a harmony marker (or NULL), through the
+ * splitter: *content and *reasoning (with their lengths) are what goes out
+ * now. Without a split, all of it is content. Out of memory the reply is
+ * broken. */
+static void split_text(wk_req *r, const char *text, size_t len, const char *marker,
+                       size_t marker_len, bool final, const char **content, size_t *content_len,
+                       const char **reasoning, size_t *reasoning_len)
 {
     *content = text;
     *content_len = len;
     *reasoning = NULL;
     *reasoning_len = 0;
-    if (!r->split)
+    if (!r->split && !marker)
         return;
     eng_reasoning_delta_clear(&r->rd);
+    if (!r->split) {
+        /* the text and the marker, as one piece of content */
+        eng_reasoning r_none;
+        eng_reasoning_init(&r_none, ENG_REASONING_NONE);
+        if (eng_reasoning_push(&r_none, text, len, &r->rd) != SW_OK ||
+            eng_reasoning_push(&r_none, marker, marker_len, &r->rd) != SW_OK)
+            r->broken = true;
+        eng_reasoning_free(&r_none);
+        *content = r->rd.content.p ? r->rd.content.p : "";
+        *content_len = r->rd.content.len;
+        return;
+    }
     if (eng_reasoning_push(&r->rs, text, len, &r->rd) != SW_OK ||
+        (marker && eng_reasoning_push(&r->rs, marker, marker_len, &r->rd) != SW_OK) ||
         (final && eng_reasoning_finish(&r->rs, &r->rd) != SW_OK))
         r->broken = true;
     *content = r->rd.content.p ? r->rd.content.p : "";
@@ -557,10 +572,11 @@ static void split_text(wk_req *r, const char *text, size_t len, bool final, cons
 
 static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
 {
-    size_t raw_len = 0, text_len = 0, reasoning_len = 0;
-    const char *raw = wk__event_text(s, r, ev, &raw_len);
+    size_t marker_len = 0, text_len = 0, reasoning_len = 0;
+    const char *marker = wk__event_marker(s, r, ev->token, &marker_len);
     const char *text = NULL, *reasoning = NULL;
-    split_text(r, raw, raw_len, false, &text, &text_len, &reasoning, &reasoning_len);
+    split_text(r, ev->text ? ev->text : "", ev->text_len, marker, marker_len, false, &text,
+               &text_len, &reasoning, &reasoning_len);
     if (r->stream && r->chat &&
         (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO)) {
         /* Tool replies: the text is kept to follow the call's shape; every
@@ -699,8 +715,8 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     /* the text released at the end and what the splitter held */
     size_t end_len = 0, reasoning_len = 0;
     const char *end_text = NULL, *reasoning = NULL;
-    split_text(r, ev->text ? ev->text : "", ev->text_len, true, &end_text, &end_len, &reasoning,
-               &reasoning_len);
+    split_text(r, ev->text ? ev->text : "", ev->text_len, NULL, 0, true, &end_text, &end_len,
+               &reasoning, &reasoning_len);
     if (reasoning_len && r->stream && r->started) {
         json_t *c = chunk_base(s, r);
         json_object_set_new(c, "choices", json_pack("[{s:i, s:{s:o}, s:n, s:n}]", "index", 0,

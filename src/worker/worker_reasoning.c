@@ -45,19 +45,15 @@ bool wk__reasoning_setup(wk_server *s, json_t *body, wk_req *r, wk_parse_error *
     return true;
 }
 
-const char *wk__event_text(wk_server *s, const wk_req *r, const wk_event *ev, size_t *len)
+const char *wk__event_marker(wk_server *s, const wk_req *r, int32_t token, size_t *len)
 {
-    if (r->harmony_text && ev->text_len == 0 && ev->token >= 0 &&
-        eng_token_get_type(s->tok, ev->token) == ENG_TOKEN_CONTROL) {
-        size_t n = 0;
-        const char *piece = eng_token_piece(s->tok, ev->token, &n);
-        if (piece) {
-            *len = n;
-            return piece;
-        }
-    }
-    *len = ev->text_len;
-    return ev->text ? ev->text : "";
+    *len = 0;
+    if (!r->harmony_text || token < 0 || eng_token_get_type(s->tok, token) != ENG_TOKEN_CONTROL)
+        return NULL;
+    const char *piece = eng_token_piece(s->tok, token, len);
+    if (!piece)
+        *len = 0;
+    return piece;
 }
 
 /* The engine of the resumed worker releases again the resumed text the
@@ -78,17 +74,13 @@ bool wk__reasoning_resume(wk_server *s, wk_req *r, bool tool_reply)
     eng_reasoning_delta scratch = {0};
     bool ok = buf != NULL;
     for (int32_t i = r->n_prompt - r->n_resume; ok && i < r->n_prompt; i++) {
-        size_t n = eng_detok_push(s->tok, &d, r->prompt[i], buf, cap);
-        wk_event ev = {.token = r->prompt[i], .text = buf, .text_len = n};
-        size_t len = 0;
-        const char *text = wk__event_text(s, r, &ev, &len);
-        if (text != buf) { /* a marker: no engine bytes */
-            ok = eng_reasoning_push(&r->rs, text, len, &scratch) == SW_OK;
-        } else {
-            size_t take = (int64_t)n < budget ? n : (size_t)budget;
-            budget -= (int64_t)take;
-            ok = eng_reasoning_push(&r->rs, buf, take, &scratch) == SW_OK;
-        }
+        size_t n = eng_detok_push(s->tok, &d, r->prompt[i], buf, cap), mlen = 0;
+        size_t take = (int64_t)n < budget ? n : (size_t)budget;
+        budget -= (int64_t)take;
+        ok = eng_reasoning_push(&r->rs, buf, take, &scratch) == SW_OK;
+        const char *marker = wk__event_marker(s, r, r->prompt[i], &mlen);
+        if (ok && marker) /* no engine bytes */
+            ok = eng_reasoning_push(&r->rs, marker, mlen, &scratch) == SW_OK;
         if (tool_reply)
             wk__text_append(r, scratch.content.p, scratch.content.len);
         eng_reasoning_delta_clear(&scratch);

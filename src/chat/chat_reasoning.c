@@ -256,6 +256,8 @@ static int harmony_header(eng_reasoning *r, const char *h, size_t n)
     if (ch) {
         const char *p = ch + 11;
         size_t k = 0;
+        while (p < h + n && is_space(*p))
+            p++;
         while (p < h + n && !is_space(*p) && *p != '<' && k + 1 < sizeof channel)
             channel[k++] = *p++;
         channel[k] = '\0';

@@ -99,9 +99,16 @@ json_t *wk__harmony_calls(const wk_req *r)
         const eng_reasoning_call *c = &r->rs.calls[i];
         if (!wk__tool_known(r, c->name))
             continue;
-        /* the arguments as generated, when they are a JSON object */
+        /* the arguments as generated (white space around them dropped),
+         * when they are a JSON object */
         const char *a = c->arguments.p ? c->arguments.p : "";
-        json_t *parsed = sw_json_loadb_big(a, c->arguments.len, 0, NULL);
+        size_t a_len = c->arguments.len;
+        while (a_len > 0 && (*a == ' ' || *a == '\n' || *a == '\t' || *a == '\r'))
+            a++, a_len--;
+        while (a_len > 0 && (a[a_len - 1] == ' ' || a[a_len - 1] == '\n' ||
+                             a[a_len - 1] == '\t' || a[a_len - 1] == '\r'))
+            a_len--;
+        json_t *parsed = sw_json_loadb_big(a, a_len, 0, NULL);
         bool object = json_is_object(parsed);
         json_decref(parsed);
         if (!object)
@@ -110,7 +117,7 @@ json_t *wk__harmony_calls(const wk_req *r)
         wk__tool_call_id(r, json_array_size(calls), id, sizeof id);
         json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s%}}", "id", id, "type",
                                                "function", "function", "name", c->name,
-                                               "arguments", a, c->arguments.len));
+                                               "arguments", a, a_len));
     }
     if (json_array_size(calls) == 0) {
         json_decref(calls);

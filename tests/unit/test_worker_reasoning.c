@@ -15,14 +15,92 @@
 #include "testutil.h"
 #include "worker_client.h"
 
+#include "common/alloc.h"
+#include "gguf/gguf.h"
 #include "modelgen/model_make.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
-static char g_model[512];
-static wc_worker g_qwen3, g_r1, g_oss;
+static char g_model[512], g_oss_model[512];
+static wc_worker g_qwen3, g_r1, g_oss, g_oss_real;
+
+/* A gpt-oss-like file: the made model with its last pieces turned into
+ * harmony's control tokens, <|return|> as EOS, and a template with
+ * harmony's markers (so the family is detected, not named). */
+static const char *const g_harmony_tokens[] = {
+    "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+    "<|constrain|>",
+};
+#define N_HARMONY 7
+static int32_t g_harmony_id[N_HARMONY];
+
+static int make_harmony_model(const char *src, const char *dst)
+{
+    eng_gguf *g = NULL;
+    sw_error err;
+    if (eng_gguf_open(src, &g, &err))
+        return -1;
+    eng_gguf_writer *w = eng_gguf_writer_create();
+    int64_t kt = eng_gguf_find_key(g, "tokenizer.ggml.tokens");
+    int64_t ky = eng_gguf_find_key(g, "tokenizer.ggml.token_type");
+    uint64_t n = 0;
+    eng_gguf_value_type et;
+    int rc = w && kt >= 0 && ky >= 0 ? SW_OK : SW_EINVAL;
+    if (!rc)
+        rc = eng_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, &err);
+    char **pieces = sw_calloc(n ? n : 1, sizeof *pieces);
+    int32_t *types = sw_calloc(n ? n : 1, sizeof *types);
+    for (uint64_t i = 0; !rc && i < n; i++) {
+        const char *p;
+        size_t len;
+        rc = eng_gguf_arr_str(g, kt, i, &p, &len);
+        if (!rc)
+            rc = eng_gguf_arr_i32(g, ky, i, &types[i]);
+        pieces[i] = sw_strndup(p, len);
+    }
+    for (int k = 0; !rc && k < N_HARMONY; k++) {
+        uint64_t id = n - N_HARMONY + (uint64_t)k;
+        sw_free(pieces[id]);
+        pieces[id] = sw_strdup(g_harmony_tokens[k]);
+        types[id] = 3; /* CONTROL */
+        g_harmony_id[k] = (int32_t)id;
+    }
+    for (int64_t i = 0; !rc && i < eng_gguf_n_kv(g); i++) {
+        const char *key = eng_gguf_kv_key(g, i);
+        if (strcmp(key, "tokenizer.ggml.tokens") && strcmp(key, "tokenizer.ggml.token_type") &&
+            strcmp(key, "tokenizer.ggml.eos_token_id"))
+            rc = eng_gguf_writer_copy_kv(w, g, i, key);
+    }
+    if (!rc)
+        rc = eng_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, n);
+    if (!rc)
+        rc = eng_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, n);
+    if (!rc)
+        rc = eng_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)g_harmony_id[4]);
+    if (!rc)
+        rc = eng_gguf_writer_set_str(
+            w, "tokenizer.chat_template",
+            "{{- \"<|start|>system<|message|>\" }}{%- for message in loop_messages -%}"
+            "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + "
+            "\"<|end|>\" }}{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant"
+            "{%- endif -%}");
+    for (int64_t i = 0; !rc && i < eng_gguf_n_tensors(g); i++) {
+        const eng_gguf_tensor *t = eng_gguf_tensor_at(g, i);
+        rc = eng_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
+                                        t->size_bytes);
+    }
+    if (!rc)
+        rc = eng_gguf_writer_write(w, dst, &err);
+    for (uint64_t i = 0; i < n; i++)
+        sw_free(pieces[i]);
+    sw_free(pieces);
+    sw_free(types);
+    eng_gguf_writer_free(w);
+    eng_gguf_close(g);
+    return rc ? -1 : 0;
+}
 
 static const char *const g_think =
     "root ::= \"<think>\\n\" [a-z]{2,8} \"\\n</think>\\n\\n\" [a-z]{1,6}\n";
@@ -46,16 +124,23 @@ static int setup(void **state)
     if (wc_worker_start(&g_qwen3, g_model, a1, NULL, 30, NULL) != 0 ||
         wc_worker_start(&g_r1, g_model, a2, NULL, 30, NULL) != 0)
         return -1;
-    return wc_worker_start(&g_oss, g_model, a3, NULL, 30, NULL);
+    snprintf(g_oss_model, sizeof g_oss_model, "%s", tu_tmp_path("worker-reasoning-oss.gguf"));
+    const char *const a4[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit", "1024", NULL};
+    if (make_harmony_model(g_model, g_oss_model) != 0 ||
+        wc_worker_start(&g_oss, g_model, a3, NULL, 30, NULL) != 0)
+        return -1;
+    return wc_worker_start(&g_oss_real, g_oss_model, a4, NULL, 30, NULL);
 }
 
 static int teardown(void **state)
 {
     (void)state;
     int a = wc_worker_stop(&g_qwen3), b = wc_worker_stop(&g_r1), c = wc_worker_stop(&g_oss);
+    int d = wc_worker_stop(&g_oss_real);
     remove(g_model);
+    remove(g_oss_model);
     wc_worker_kill_all();
-    return a == 0 && b == 0 && c == 0 ? 0 : -1;
+    return a == 0 && b == 0 && c == 0 && d == 0 ? 0 : -1;
 }
 
 /* POSTs a chat body (consumed); the parsed JSON, or for a stream the body
@@ -492,6 +577,103 @@ static void test_harmony_resumed_analysis(void **state)
     assert_string_equal(b.finish, "length");
 }
 
+/* Harmony with its markers as control tokens (which the detokenizer
+ * shows as nothing): the family is recognised in the template (the worker
+ * has no --chat-template; only harmony splits this way), the
+ * worker feeds the markers to the splitter, stops on <|call|> and
+ * <|return|>, and does not stop on <|end|> (it only ends the analysis). A
+ * reply is given as resumed tokens; logit_bias forces the next token. */
+enum { H_START, H_CHANNEL, H_MESSAGE, H_END, H_RETURN, H_CALL, H_CONSTRAIN };
+
+static void add_text(json_t *ids, const char *text)
+{
+    json_t *t = tokenize(&g_oss_real, text);
+    json_array_extend(ids, t);
+    json_decref(t);
+}
+
+static json_t *real_body(json_t *resume_ids, int force, int max_tokens, bool stream)
+{
+    json_t *b = json_pack("{s:[{s:s, s:s}], s:i, s:i, s:b, s:{s:o}}", "messages", "role", "user",
+                          "content", "Weather in Paris?", "seed", 1, "max_tokens", max_tokens,
+                          "stream", stream, "resume", "tokens", resume_ids);
+    char id[16];
+    snprintf(id, sizeof id, "%d", g_harmony_id[force]);
+    json_object_set_new(b, "logit_bias", json_pack("{s:i}", id, 100));
+    return b;
+}
+
+static void test_harmony_control_tokens(void **state)
+{
+    (void)state;
+    /* the analysis, then a call cut before <|call|>, which the bias forces */
+    json_t *ids = json_array();
+    json_array_append_new(ids, json_integer(g_harmony_id[H_CHANNEL]));
+    add_text(ids, "analysis");
+    json_array_append_new(ids, json_integer(g_harmony_id[H_MESSAGE]));
+    add_text(ids, "Need the weather.");
+    json_array_append_new(ids, json_integer(g_harmony_id[H_END]));
+    json_array_append_new(ids, json_integer(g_harmony_id[H_START]));
+    add_text(ids, "assistant");
+    json_array_append_new(ids, json_integer(g_harmony_id[H_CHANNEL]));
+    add_text(ids, "commentary to=functions.get_weather ");
+    json_array_append_new(ids, json_integer(g_harmony_id[H_CONSTRAIN]));
+    add_text(ids, "json");
+    json_array_append_new(ids, json_integer(g_harmony_id[H_MESSAGE]));
+    add_text(ids, "{\"city\":\"Paris\"}");
+    json_t *b = real_body(ids, H_CALL, 5, false);
+    json_object_set_new(
+        b, "tools",
+        json_pack("[{s:s, s:{s:s, s:{s:s, s:{s:{s:s}}}}}]", "type", "function", "function",
+                  "name", "get_weather", "parameters", "type", "object", "properties", "city",
+                  "type", "string"));
+    json_t *j = post(&g_oss_real, b, 200);
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls");
+    json_t *fn = json_object_get(
+        json_array_get(json_object_get(json_object_get(choice, "message"), "tool_calls"), 0),
+        "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")),
+                        "{\"city\":\"Paris\"}");
+    /* <|call|> stopped it: one token */
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
+                                                        "completion_tokens")), 1);
+    json_decref(j);
+
+    /* inside the analysis, <|end|> forced: the marker is no text, and
+     * generation goes on after it (<|end|> ends a message, not the turn) */
+    for (int stream = 0; stream < 2; stream++) {
+        ids = json_array();
+        json_array_append_new(ids, json_integer(g_harmony_id[H_CHANNEL]));
+        add_text(ids, "analysis");
+        json_array_append_new(ids, json_integer(g_harmony_id[H_MESSAGE]));
+        add_text(ids, "Thinking");
+        reply r;
+        j = post(&g_oss_real, real_body(ids, H_END, 3, stream), 200);
+        if (stream)
+            read_stream(j, &r);
+        else
+            read_message(j, &r);
+        json_decref(j);
+        assert_string_equal(r.finish, "length");
+        assert_string_equal(r.reasoning, "");
+        assert_string_equal(r.content, "");
+    }
+    /* with reasoning_format none the markers are content */
+    ids = json_array();
+    json_array_append_new(ids, json_integer(g_harmony_id[H_CHANNEL]));
+    add_text(ids, "final");
+    json_array_append_new(ids, json_integer(g_harmony_id[H_MESSAGE]));
+    b = real_body(ids, H_END, 1, false);
+    json_object_set_new(b, "reasoning_format", json_string("none"));
+    reply r;
+    j = post(&g_oss_real, b, 200);
+    read_message(j, &r);
+    json_decref(j);
+    assert_string_equal(r.content, "<|end|>");
+}
+
 static void expect_400(json_t *body, const char *param)
 {
     json_t *j = post(&g_qwen3, body, 400);
@@ -534,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_harmony_tool_call),
         cmocka_unit_test(test_harmony_resumed_analysis),
+        cmocka_unit_test(test_harmony_control_tokens),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -802,10 +802,10 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         }
         stream_finish(r);
     } else {
-        /* a reply that is a call has no content (OpenAI: null) */
-        json_t *text = calls && r->text_len == 0 ? json_null()
-                       : calls && !r->harmony_calls ? json_null()
-                                                    : json_text(r->text ? r->text : "", r->text_len);
+        /* a reply that is a call has no content (OpenAI: null); a harmony
+         * call may follow a commentary preamble, which is its content */
+        bool no_content = calls && (r->text_len == 0 || !r->harmony_calls);
+        json_t *text = no_content ? json_null() : json_text(r->text ? r->text : "", r->text_len);
         json_t *lp = r->logprobs ? json_incref(r->lp) : json_null();
         /* refusal: required by OpenAI's schema for a chat message; a local
          * model never refuses through that channel, so it is null */

@@ -577,6 +577,61 @@ static void test_harmony_resumed_analysis(void **state)
     assert_string_equal(b.finish, "length");
 }
 
+/* Qwen3 calls a tool after its thought (the Hermes syntax in the
+ * content): the reply is given as resumed tokens and ended by EOS, which
+ * logit_bias forces; the call is parsed from the content, not from the
+ * thought before it. */
+static void test_qwen3_tool_call_after_thought(void **state)
+{
+    (void)state;
+    const char *said = "<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n"
+                       "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                       "</tool_call>";
+    for (int stream = 0; stream < 2; stream++) {
+        json_t *b = json_pack("{s:[{s:s, s:s}], s:i, s:b, s:{s:o}, s:{s:i}}", "messages", "role",
+                              "user", "content", "Weather in Paris?", "max_tokens", 3, "stream",
+                              stream, "resume", "tokens", tokenize(&g_qwen3, said), "logit_bias",
+                              "2", 100);
+        json_object_set_new(
+            b, "tools",
+            json_pack("[{s:s, s:{s:s, s:{s:s, s:{s:{s:s}}}}}]", "type", "function", "function",
+                      "name", "get_weather", "parameters", "type", "object", "properties",
+                      "city", "type", "string"));
+        json_t *j = post(&g_qwen3, b, 200);
+        json_t *calls = NULL;
+        char finish[32] = "", content[256] = "";
+        if (!stream) {
+            json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+            calls = json_incref(json_object_get(json_object_get(choice, "message"), "tool_calls"));
+            cat(finish, sizeof finish, json_string_value(json_object_get(choice, "finish_reason")));
+        } else {
+            const char *body = json_string_value(j);
+            char **ev = NULL;
+            int n = wc_sse_parse(body, strlen(body), &ev);
+            for (int i = 0; i < n - 1; i++) {
+                json_t *e = json_loads(ev[i], 0, NULL);
+                json_t *c = json_array_get(json_object_get(e, "choices"), 0);
+                json_t *d = json_object_get(c, "delta");
+                if (json_object_get(d, "tool_calls"))
+                    calls = json_incref(json_object_get(d, "tool_calls"));
+                cat(content, sizeof content, json_string_value(json_object_get(d, "content")));
+                cat(finish, sizeof finish, json_string_value(json_object_get(c, "finish_reason")));
+                json_decref(e);
+            }
+            wc_sse_free(ev, n);
+        }
+        assert_string_equal(finish, "tool_calls");
+        assert_string_equal(content, "");
+        assert_int_equal(json_array_size(calls), 1);
+        json_t *fn = json_object_get(json_array_get(calls, 0), "function");
+        assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+        assert_string_equal(json_string_value(json_object_get(fn, "arguments")),
+                            "{\"city\":\"Paris\"}");
+        json_decref(calls);
+        json_decref(j);
+    }
+}
+
 /* Harmony with its markers as control tokens (which the detokenizer
  * shows as nothing): the family is recognised in the template (the worker
  * has no --chat-template; only harmony splits this way), the
@@ -717,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_harmony_tool_call),
         cmocka_unit_test(test_harmony_resumed_analysis),
         cmocka_unit_test(test_harmony_control_tokens),
+        cmocka_unit_test(test_qwen3_tool_call_after_thought),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -102,7 +102,8 @@ bool api_tools_in_prompt(const api_tools *t, json_t *body);
 /* What a chat body asks of the template beyond its messages (o's tools
  * are the caller's): chat_template_kwargs {"enable_thinking": bool} (Qwen3;
  * llama-server's and vLLM's field; other keys are ignored),
- * "reasoning_effort" ("low", "medium" or "high"; harmony), and today's UTC
+ * "reasoning_effort" ("low", "medium" or "high", and OpenAI's "minimal" as
+ * "low"; harmony), and today's UTC
  * date for harmony's system message (into date, 11 bytes). False with e
  * set for a wrong type or value. */
 bool api_chat_options_parse(json_t *body, eng_chat_options *o, char date[11], api_error *e);

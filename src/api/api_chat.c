@@ -288,10 +288,12 @@ bool api_chat_options_parse(json_t *body, eng_chat_options *o, char date[11], ap
     json_t *effort = json_object_get(body, "reasoning_effort");
     if (effort && !json_is_null(effort)) {
         const char *v = json_string_value(effort);
-        if (!v || (strcmp(v, "low") != 0 && strcmp(v, "medium") != 0 && strcmp(v, "high") != 0))
-            return api_bad(e, "reasoning_effort",
-                           "'reasoning_effort' must be \"low\", \"medium\" or \"high\"");
-        o->reasoning_effort = v;
+        if (!v || (strcmp(v, "minimal") != 0 && strcmp(v, "low") != 0 &&
+                   strcmp(v, "medium") != 0 && strcmp(v, "high") != 0))
+            return api_bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", "
+                           "\"low\", \"medium\" or \"high\"");
+        /* OpenAI's "minimal" is gpt-oss's least: low */
+        o->reasoning_effort = strcmp(v, "minimal") == 0 ? "low" : v;
     }
     time_t now = time(NULL);
     struct tm tm;

@@ -853,8 +853,11 @@ static int load(wk_server *s, sw_error *err)
     } else if (rc) {
         return rc;
     }
-    SW_INFO(MOD, "chat template: %s (%s)", eng_chat_family_name(s->chat_family),
-            eng_chat_source_name(source));
+    bool thinks = eng_chat_reasoning_syntax(s->chat_family) != ENG_REASONING_NONE;
+    SW_INFO(MOD, "chat template: %s (%s)%s%s", eng_chat_family_name(s->chat_family),
+            eng_chat_source_name(source), thinks ? ", reasoning format " : "",
+            thinks ? (s->o.reasoning_format == ENG_REASONING_FORMAT_NONE ? "none" : "deepseek")
+                   : "");
     s->n_ctx = p->n_ctx;
     if (s->o.prefill_chunk > p->n_batch)
         s->o.prefill_chunk = p->n_batch;

@@ -194,9 +194,11 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     json_t *thought = r->chat ? json_object_get(delta, "reasoning_content") : NULL;
     /* a worker that splits a reply's thought off says how many of the
      * engine's text bytes the chunk stands for (tags and white space it
-     * holds or drops make the deltas differ) */
+     * holds or drops make the deltas differ): one token's text, which the
+     * worker's engine caps at 4096 bytes; a larger claim is not believed */
     json_t *engine_bytes = json_object_get(sp, "text_bytes");
-    if (json_is_integer(engine_bytes) && json_integer_value(engine_bytes) >= 0)
+    if (json_is_integer(engine_bytes) && json_integer_value(engine_bytes) >= 0 &&
+        json_integer_value(engine_bytes) <= 4096)
         r->text_bytes += (size_t)json_integer_value(engine_bytes);
     else if (json_is_string(text))
         r->text_bytes += json_string_length(text);

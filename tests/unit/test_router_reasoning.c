@@ -104,10 +104,47 @@ static void test_resumed_mid_thought(void **state)
     rh_finish(&r);
 }
 
+/* The model's reasoning-format key reaches its workers
+ * (--reasoning-format): none leaves the thought in the content; a
+ * request's own reasoning_format still wins. */
+static void test_model_reasoning_format(void **state)
+{
+    (void)state;
+    rh_router r;
+    assert_int_equal(rh_start(&r, "reasoning-none", g_model, NULL,
+                              "chat-template = qwen3\nreasoning-format = none\n"
+                              "[worker a]\nthreads = 1\nctx-limit = 512\n"),
+                     0);
+    char body[512];
+    snprintf(body, sizeof body, g_body, "false");
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, body, &w), 0);
+    assert_int_equal(w.status, 200);
+    json_t *j = rh_body_json(&w);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_null(json_object_get(msg, "reasoning_content"));
+    assert_memory_equal(json_string_value(json_object_get(msg, "content")), "<think>\n", 8);
+    json_decref(j);
+    wc_response_free(&w);
+    /* the request's field wins over the worker's default */
+    char split[600];
+    snprintf(split, sizeof split, "%.*s,\"reasoning_format\":\"deepseek\"}",
+             (int)strlen(body) - 1, body);
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, split, &w), 0);
+    assert_int_equal(w.status, 200);
+    j = rh_body_json(&w);
+    msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_true(json_string_length(json_object_get(msg, "reasoning_content")) >= 20);
+    json_decref(j);
+    wc_response_free(&w);
+    rh_finish(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resumed_mid_thought),
+        cmocka_unit_test(test_model_reasoning_format),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -55,6 +55,7 @@ bool api_model_id_valid(const char *p, size_t n);
 typedef struct api_chat_messages {
     eng_chat_message *msgs;
     eng_chat_message_tools *tools; /* tool_calls, tool_call_id per message */
+    const char **reasoning;        /* reasoning_content per message, or NULL */
     size_t n;
     eng_chat_tool_call **calls_; /* owned, per message */
     char **joined_;              /* owned, per message */

@@ -93,8 +93,9 @@ bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error
     out->tools = sw_calloc(n, sizeof *out->tools);
     out->calls_ = sw_calloc(n, sizeof *out->calls_);
     out->joined_ = sw_calloc(n, sizeof *out->joined_); /* content given as parts */
+    out->reasoning = sw_calloc(n, sizeof *out->reasoning);
     out->n = n;
-    if (!out->msgs || !out->tools || !out->calls_ || !out->joined_)
+    if (!out->msgs || !out->tools || !out->calls_ || !out->joined_ || !out->reasoning)
         return api_oom(e);
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(messages, i);
@@ -120,6 +121,14 @@ bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error
             return api_bad(e, "messages",
                            "messages[%zu].content must be a string or an array of text parts", i);
         }
+        json_t *jr_thought = json_object_get(m, "reasoning_content");
+        if (jr_thought && !json_is_null(jr_thought)) {
+            /* an assistant turn's thought sent back (a tool loop) */
+            if (!json_is_string(jr_thought) || strcmp(msg->role, "assistant") != 0)
+                return api_bad(e, "messages", "messages[%zu].reasoning_content must be a string "
+                               "of an assistant message", i);
+            out->reasoning[i] = json_string_value(jr_thought);
+        }
         if (!message_tools(m, i, msg->role, &out->tools[i], &out->calls_[i], e))
             return false;
     }
@@ -135,6 +144,7 @@ void api_chat_messages_free(api_chat_messages *m)
     sw_free(m->joined_);
     sw_free(m->calls_);
     sw_free(m->tools);
+    sw_free(m->reasoning);
     sw_free(m->msgs);
     memset(m, 0, sizeof *m);
 }
@@ -311,8 +321,10 @@ bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
     eng_chat_segment *seg = NULL;
     sw_error err;
     bool ok = false;
-    int rc = eng_chat_render_with(family, m->msgs, m->tools, m->n, o, &text, &len, &seg, &n_seg,
-                                  &err);
+    eng_chat_options with = *o;
+    with.reasoning = m->reasoning;
+    int rc = eng_chat_render_with(family, m->msgs, m->tools, m->n, &with, &text, &len, &seg,
+                                  &n_seg, &err);
     if (rc) {
         rc == SW_ENOMEM ? api_oom(e) : api_bad(e, "messages", "%s", err.message);
     } else {

@@ -19,7 +19,10 @@
  *     (the thought of earlier turns is not shown again, as the format says);
  *   - assistant calls: <|start|>assistant<|channel|>commentary
  *     to=functions.NAME <|constrain|>json<|message|>{arguments}<|call|>
- *     (text beside the calls first, as a commentary message);
+ *     (text beside the calls first, as a commentary message; in a tool
+ *     loop in progress - after the last user message - the turn's
+ *     reasoning_content before them as its analysis message, which the
+ *     model is to see until the loop ends);
  *   - tool results: <|start|>functions.NAME to=assistant<|channel|>commentary
  *     <|message|>{content}<|end|>, NAME from the call the tool_call_id names
  *     (else the last call before it);
@@ -242,7 +245,12 @@ void eng_chat__render_harmony(chat_builder *b, const eng_chat_message *m,
         tmpl(b, "\nCalls to these tools must go to the commentary channel: 'functions'.");
     tmpl(b, "<|end|>");
 
-    size_t first = 0;
+    size_t first = 0, last_user = n;
+    for (size_t i = n; i-- > 0;)
+        if (strcmp(m[i].role, "user") == 0) {
+            last_user = i;
+            break;
+        }
     bool has_system = n > 0 && strcmp(m[0].role, "system") == 0;
     if (has_system || tools) {
         tmpl(b, "<|start|>developer<|message|>");
@@ -277,6 +285,12 @@ void eng_chat__render_harmony(chat_builder *b, const eng_chat_message *m,
             client(b, m[i].content);
             tmpl(b, "<|end|>");
         } else if (ext && ext[i].n_calls > 0) {
+            const char *thought = o->reasoning ? o->reasoning[i] : NULL;
+            if (thought && thought[0] && last_user < n && i > last_user) {
+                tmpl(b, "<|start|>assistant<|channel|>analysis<|message|>");
+                client(b, thought);
+                tmpl(b, "<|end|>");
+            }
             if (m[i].content[0]) {
                 tmpl(b, "<|start|>assistant<|channel|>commentary<|message|>");
                 client(b, m[i].content);

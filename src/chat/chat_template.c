@@ -411,15 +411,66 @@ static void render_chatml(chat_builder *b, const eng_chat_message *m, size_t n, 
  * generation prompt opens the thought (open). (Its template shows tool
  * results inside <tool_response> of a user turn; here they stay a "tool"
  * turn, as for ChatML.) */
-static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, bool gen,
-                         bool thinking_off, bool open)
+static void content_span(chat_builder *b, const char *s, size_t len)
 {
+    eng_chat__append(b, s, len, false);
+}
+
+/* An assistant turn of Qwen3 after the last user message (a tool loop in
+ * progress) keeps its thought, as Qwen3's template does: the
+ * reasoning_content given, else the text before "</think>" in the content
+ * (after "<think>"), newlines around it dropped; written when there is one
+ * or the turn is the last message. */
+static void qwen3_assistant(chat_builder *b, const eng_chat_message *m, const char *reasoning,
+                            bool keep_thought, bool last)
+{
+    const char *c = m->content, *answer = c, *thought = "", *q;
+    size_t thought_len = 0;
+    if (reasoning) {
+        thought = reasoning;
+        thought_len = strlen(thought);
+    } else if ((q = strstr(c, "</think>")) != NULL) {
+        const char *open = NULL, *p = c, *o;
+        while ((o = strstr(p, "<think>")) != NULL && o < q)
+            open = o, p = o + 7;
+        thought = open ? open + 7 : c;
+        thought_len = (size_t)(q - thought);
+        for (p = q; (q = strstr(p, "</think>")) != NULL;)
+            p = q + 8;
+        answer = p;
+    }
+    while (thought_len > 0 && *thought == '\n')
+        thought++, thought_len--;
+    while (thought_len > 0 && thought[thought_len - 1] == '\n')
+        thought_len--;
+    bool block = keep_thought && (thought_len > 0 || last);
+    if (answer != c || block)
+        while (*answer == '\n')
+            answer++;
+    if (block) {
+        tmpl(b, "<think>\n");
+        content_span(b, thought, thought_len);
+        tmpl(b, "\n</think>\n\n");
+    }
+    content(b, answer, false);
+}
+
+static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, bool gen,
+                         bool thinking_off, bool open, const char *const *reasoning)
+{
+    size_t last_query = n - 1; /* no user message: no turn keeps its thought */
+    for (size_t i = n; i-- > 0;)
+        if (role_of(&m[i]) == ROLE_USER) {
+            last_query = i;
+            break;
+        }
     for (size_t i = 0; i < n; i++) {
         tmpl(b, "<|im_start|>");
         tmpl(b, m[i].role);
         tmpl(b, "\n");
         if (role_of(&m[i]) == ROLE_ASSISTANT)
-            content_answer(b, m[i].content);
+            qwen3_assistant(b, &m[i], reasoning ? reasoning[i] : NULL, i > last_query,
+                            i == n - 1);
         else
             content(b, m[i].content, false);
         tmpl(b, "<|im_end|>\n");
@@ -624,8 +675,10 @@ static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *m
     bool gen = o->add_generation_prompt;
     switch (f) {
     case ENG_CHAT_CHATML: render_chatml(b, msgs, n, gen); break;
-    case ENG_CHAT_QWEN3: render_qwen3(b, msgs, n, gen, o->thinking_off, false); break;
-    case ENG_CHAT_QWEN3_THINKING: render_qwen3(b, msgs, n, gen, false, true); break;
+    case ENG_CHAT_QWEN3:
+        render_qwen3(b, msgs, n, gen, o->thinking_off, false, o->reasoning);
+        break;
+    case ENG_CHAT_QWEN3_THINKING: render_qwen3(b, msgs, n, gen, false, true, o->reasoning); break;
     case ENG_CHAT_DEEPSEEK_R1: render_deepseek_r1(b, msgs, n, gen); break;
     case ENG_CHAT_HARMONY: eng_chat__render_harmony(b, msgs, ext, n, o); break;
     case ENG_CHAT_LLAMA2: render_llama2(b, msgs, n); break;
@@ -865,9 +918,10 @@ int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
     /* at most one message added (the system message of the tools section) */
     eng_chat_message *m = sw_calloc(n + 1, sizeof *m);
     char **owned = sw_calloc(n + 1, sizeof *owned);
+    const char **thoughts = sw_calloc(n + 1, sizeof *thoughts); /* o->reasoning, as m */
     size_t n_m = 0;
     int rc = SW_OK;
-    if (!m || !owned) {
+    if (!m || !owned || !thoughts) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
         goto done;
     }
@@ -900,6 +954,7 @@ int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
     }
     for (size_t i = first; i < n; i++) {
         m[n_m] = msgs[i];
+        thoughts[n_m] = o->reasoning ? o->reasoning[i] : NULL;
         if (ext && ext[i].n_calls > 0) {
             owned[n_m] = tools_assistant(f, msgs[i].content, &ext[i]);
             if (!owned[n_m]) {
@@ -910,11 +965,14 @@ int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
         }
         n_m++;
     }
-    rc = render_segments(f, m, NULL, n_m, o, out, out_len, segments_out, n_segments, err);
+    eng_chat_options shifted = *o;
+    shifted.reasoning = o->reasoning ? thoughts : NULL;
+    rc = render_segments(f, m, NULL, n_m, &shifted, out, out_len, segments_out, n_segments, err);
 done:
     for (size_t i = 0; owned && i < n + 1; i++)
         sw_free(owned[i]);
     sw_free(owned);
+    sw_free(thoughts);
     sw_free(m);
     return rc;
 }

@@ -248,13 +248,19 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
  *   - reasoning_effort (harmony): "low", "medium" or "high" in the system
  *     message's "Reasoning:" line; NULL is "medium".
  *   - date (harmony): "YYYY-MM-DD" for its "Current date:" line (the
- *     template's strftime_now); NULL leaves the line out. */
+ *     template's strftime_now); NULL leaves the line out.
+ *   - reasoning (NULL, or one entry per message, NULL where none): an
+ *     assistant turn's thought sent back (reasoning_content). Qwen3 and
+ *     harmony show it for the turns after the last user message (a tool
+ *     loop in progress), as their templates do; Qwen3 also takes a thought
+ *     written inline ("<think>...</think>" in the content) there. */
 typedef struct eng_chat_options {
     const char *tools_text;       /* as eng_chat_render_tools */
     bool add_generation_prompt;
     bool thinking_off;
     const char *reasoning_effort;
     const char *date;
+    const char *const *reasoning;
 } eng_chat_options;
 
 /* eng_chat_render_tools with options (o may not be NULL). */

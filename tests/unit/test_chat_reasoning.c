@@ -352,6 +352,53 @@ static void test_qwen3_enable_thinking(void **state)
     sw_free(t);
 }
 
+/* A tool loop in progress (assistant turns after the last user message)
+ * keeps its thought, as Qwen3's and gpt-oss's templates do: Qwen3 takes it
+ * from reasoning_content or inline in the content; harmony writes the
+ * reasoning_content as the analysis before the calls. Before the last
+ * user message thoughts are left out. */
+static void test_tool_loop_thought(void **state)
+{
+    (void)state;
+    const eng_chat_message m[] = {
+        {"user", "Hi"},
+        {"assistant", "<think>\nold\n</think>\n\nHello!"},
+        {"user", "Weather?"},
+        {"assistant", "<think>\nNeed the tool.\n</think>\n\nChecking."},
+        {"tool", "sunny"},
+    };
+    eng_chat_options o = {.add_generation_prompt = true};
+    char *t = render(ENG_CHAT_QWEN3, m, NULL, 5, &o, NULL, NULL);
+    assert_string_equal(t, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!"
+                           "<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n"
+                           "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n"
+                           "Checking.<|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n"
+                           "<|im_start|>assistant\n");
+    sw_free(t);
+    /* reasoning_content sent back: the same */
+    const eng_chat_message m2[] = {
+        {"user", "Weather?"}, {"assistant", "Checking."}, {"tool", "sunny"}};
+    const char *const thoughts[] = {NULL, "Need the tool.", NULL};
+    o.reasoning = thoughts;
+    t = render(ENG_CHAT_QWEN3, m2, NULL, 3, &o, NULL, NULL);
+    assert_string_equal(t, "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+                           "<think>\nNeed the tool.\n</think>\n\nChecking.<|im_end|>\n"
+                           "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n");
+    sw_free(t);
+    /* harmony: the analysis before the call */
+    const eng_chat_tool_call call = {"c1", "get_weather", "{}"};
+    const eng_chat_message m3[] = {{"user", "Weather?"}, {"assistant", ""}, {"tool", "sunny"}};
+    const eng_chat_message_tools ext[] = {{0}, {&call, 1, NULL}, {NULL, 0, "c1"}};
+    eng_chat_options h = {.add_generation_prompt = true, .reasoning = thoughts};
+    t = render(ENG_CHAT_HARMONY, m3, ext, 3, &h, NULL, NULL);
+    assert_non_null(strstr(t, "<|start|>user<|message|>Weather?<|end|><|start|>assistant"
+                              "<|channel|>analysis<|message|>Need the tool.<|end|><|start|>assistant"
+                              "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                              "<|message|>{}<|call|><|start|>functions.get_weather to=assistant"
+                              "<|channel|>commentary<|message|>sunny<|end|><|start|>assistant"));
+    sw_free(t);
+}
+
 static void test_deepseek_render(void **state)
 {
     (void)state;
@@ -459,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_format_names),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_qwen3_enable_thinking),
+        cmocka_unit_test(test_tool_loop_thought),
         cmocka_unit_test(test_deepseek_render),
         cmocka_unit_test(test_harmony_render),
     };

@@ -756,6 +756,10 @@ static void test_bad_values(void **state)
     b = chat_body(g_think, 1, 60, false);
     json_object_set_new(b, "reasoning_effort", json_string("max"));
     expect_400(b, "reasoning_effort");
+    b = json_pack("{s:[{s:s, s:s}, {s:s, s:s, s:i}, {s:s, s:s}]}", "messages", "role", "user",
+                  "content", "a", "role", "assistant", "content", "b", "reasoning_content", 5,
+                  "role", "user", "content", "c");
+    expect_400(b, "messages");
 }
 
 int main(void)

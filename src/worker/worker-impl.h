@@ -1,8 +1,9 @@
 /* worker-impl.h - what the worker's HTTP side (worker_http.c, with
- * worker_request.c for request bodies and worker_tools.c for tool-call
- * replies) and its engine side (worker_engine.c) share: the request, the
- * events the engine sends back, and the server state with the lock that
- * guards the shared part.
+ * worker_request.c for request bodies, worker_tools.c for tool-call
+ * replies and worker_reasoning.c for a thinking model's reasoning) and its
+ * engine side (worker_engine.c) share: the request, the events the engine
+ * sends back, and the server state with the lock that guards the shared
+ * part.
  *
  * Ownership: a wk_req is created by the HTTP thread, queued for the engine,
  * and freed by the HTTP thread only, when it handles the request's final

@@ -70,7 +70,9 @@ static void ts_object_body(chat_builder *b, json_t *schema, int depth)
         bool req = false;
         size_t k;
         json_t *r;
-        json_array_foreach(required, k, r) req |= json_is_string(r) && strcmp(json_string_value(r), key) == 0;
+        json_array_foreach(required, k, r) {
+            req |= json_is_string(r) && strcmp(json_string_value(r), key) == 0;
+        }
         client(b, key);
         tmpl(b, req ? ": " : "?: ");
         ts_type(b, p, depth + 1);
@@ -150,7 +152,8 @@ static void ts_type(chat_builder *b, json_t *schema, int depth)
         } else {
             tmpl(b, "any[]");
         }
-    } else if (strcmp(t, "object") == 0 && json_object_size(json_object_get(schema, "properties"))) {
+    } else if (strcmp(t, "object") == 0 &&
+               json_object_size(json_object_get(schema, "properties")) > 0) {
         tmpl(b, "{\n");
         ts_object_body(b, schema, depth);
         tmpl(b, "}");

@@ -105,12 +105,14 @@ static bool contains(const char *hay, size_t len, const char *needle)
  * Harmony's and DeepSeek's markers are their own (DeepSeek's with a
  * thought: R1's templates write "<think>" or drop "</think>" from earlier
  * turns, V3's do neither); a ChatML template that writes "<think>" is
- * Qwen3's (or a fine-tune's of it). Phi-4 writes ChatML's markers with its own separator, so it goes first
- * (as in llama.cpp's detection); then ChatML, because ChatML fine-tunes of
- * other bases keep their base's vocabulary but not its markers; "[INST]"
- * with "<<SYS>>" must be
- * tried before plain "[INST]". Zephyr's template writes its turn end as the
- * eos_token variable rather than a literal "</s>", hence both. */
+ * Qwen3's (or a fine-tune's of it), and one whose generation prompt opens
+ * the thought ("assistant\n<think>\n" in the Jinja source) a thinking-only
+ * Qwen3's. Phi-4 writes ChatML's markers with its own separator, so it goes
+ * first (as in llama.cpp's detection); then ChatML, because ChatML
+ * fine-tunes of other bases keep their base's vocabulary but not its
+ * markers; "[INST]" with "<<SYS>>" must be tried before plain "[INST]".
+ * Zephyr's template writes its turn end as the eos_token variable rather
+ * than a literal "</s>", hence both. */
 static bool detect(const char *t, size_t len, eng_chat_family *out)
 {
     if (!t || len == 0)
@@ -1008,7 +1010,8 @@ size_t eng_chat_stop_strings(eng_chat_family f, const char **out, size_t cap)
     static const char *const llama3[] = {"<|eot_id|>", "<|eom_id|>"};
     static const char *const phi3[] = {"<|end|>"};
     static const char *const gemma[] = {"<end_of_turn>"};
-    static const char *const deepseek[] = {"<" DS_BAR "end" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">"};
+    static const char *const deepseek[] = {
+        "<" DS_BAR "end" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">"};
     static const char *const harmony[] = {"<|return|>", "<|call|>"};
     const char *const *list = NULL;
     size_t count = 0;
@@ -1038,7 +1041,8 @@ const char *eng_chat_bos_text(eng_chat_family f)
     case ENG_CHAT_MISTRAL: return "<s>";
     case ENG_CHAT_LLAMA3: return "<|begin_of_text|>";
     case ENG_CHAT_GEMMA: return "<bos>";
-    case ENG_CHAT_DEEPSEEK_R1: return "<" DS_BAR "begin" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">";
+    case ENG_CHAT_DEEPSEEK_R1:
+        return "<" DS_BAR "begin" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">";
     case ENG_CHAT_CHATML:
     case ENG_CHAT_QWEN3:
     case ENG_CHAT_QWEN3_THINKING:

@@ -291,7 +291,8 @@ int eng_chat_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
 /* The strings that end an assistant turn in family f, most important
  * first: "<|im_end|>" (ChatML, Qwen3, Phi-4), "<｜end▁of▁sentence｜>"
  * (DeepSeek-R1), "<|return|>" and "<|call|>" (harmony: a final answer, a
- * tool call; its "<|end|>" ends a message of the turn, not the turn), "</s>" (Llama 2, Mistral, Zephyr),
+ * tool call; its "<|end|>" ends a message of the turn, not the turn),
+ * "</s>" (Llama 2, Mistral, Zephyr),
  * "<|eot_id|>" and "<|eom_id|>" (Llama 3; eom ends a 3.1 tool-call turn),
  * "<|end|>" (Phi-3), "<end_of_turn>" (Gemma). The worker stops on them as
  * special tokens when the vocabulary has them (eng_token_find) and as stop

@@ -314,7 +314,8 @@ static size_t stream_text_bytes(const fz_answer *a, bool chat)
             /* a worker that splits reasoning off gives its engine's bytes
              * (one token's: at most 4096) */
             json_t *tb = json_object_get(json_object_get(j, "spillway"), "text_bytes");
-            if (json_is_integer(tb) && json_integer_value(tb) >= 0 && json_integer_value(tb) <= 4096)
+            if (json_is_integer(tb) && json_integer_value(tb) >= 0 &&
+                json_integer_value(tb) <= 4096)
                 total += (size_t)json_integer_value(tb);
             else
                 total += json_is_string(text) ? json_string_length(text) : 0;

@@ -392,7 +392,8 @@ static void test_tool_loop_thought(void **state)
     eng_chat_options h = {.add_generation_prompt = true, .reasoning = thoughts};
     t = render(ENG_CHAT_HARMONY, m3, ext, 3, &h, NULL, NULL);
     assert_non_null(strstr(t, "<|start|>user<|message|>Weather?<|end|><|start|>assistant"
-                              "<|channel|>analysis<|message|>Need the tool.<|end|><|start|>assistant"
+                              "<|channel|>analysis<|message|>Need the tool.<|end|>"
+                              "<|start|>assistant"
                               "<|channel|>commentary to=functions.get_weather <|constrain|>json"
                               "<|message|>{}<|call|><|start|>functions.get_weather to=assistant"
                               "<|channel|>commentary<|message|>sunny<|end|><|start|>assistant"));
@@ -418,7 +419,8 @@ static void test_deepseek_render(void **state)
     sw_free(t);
     const char *stops[4];
     assert_int_equal(eng_chat_stop_strings(ENG_CHAT_DEEPSEEK_R1, stops, 4), 1);
-    assert_string_equal(stops[0], "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    assert_string_equal(stops[0],
+                        "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
     assert_false(eng_chat_tokenize_add_bos(ENG_CHAT_DEEPSEEK_R1, true));
 }
 

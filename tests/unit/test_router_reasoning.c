@@ -37,7 +37,8 @@ static int teardown(void **state)
 
 static const char *const g_body =
     "{\"messages\":[{\"role\":\"user\",\"content\":\"think\"}],\"max_tokens\":80,\"seed\":4,"
-    "\"temperature\":1.0,\"stop\":[\"XYZ\"],\"stream\":%s,\"grammar\":\"root ::= \\\"<think>\\\\n\\\" [a-z]{20,30} "
+    "\"temperature\":1.0,\"stop\":[\"XYZ\"],\"stream\":%s,"
+    "\"grammar\":\"root ::= \\\"<think>\\\\n\\\" [a-z]{20,30} "
     "\\\"\\\\n</think>\\\\n\\\\n\\\" [a-z]{1,6}\"}";
 
 static void test_resumed_mid_thought(void **state)
@@ -75,7 +76,8 @@ static void test_resumed_mid_thought(void **state)
         if (cc)
             snprintf(content + strlen(content), sizeof content - strlen(content), "%s", cc);
         if (json_is_string(json_object_get(c, "finish_reason")))
-            snprintf(finish, sizeof finish, "%s", json_string_value(json_object_get(c, "finish_reason")));
+            snprintf(finish, sizeof finish, "%s",
+                     json_string_value(json_object_get(c, "finish_reason")));
         json_decref(e);
     }
     wc_sse_free(ev, n);
@@ -96,7 +98,8 @@ static void test_resumed_mid_thought(void **state)
     const char *want_r = json_string_value(json_object_get(msg, "reasoning_content"));
     const char *want_c = json_string_value(json_object_get(msg, "content"));
     assert_non_null(want_r);
-    assert_true(strlen(want_r) >= 20 && strspn(want_r, "abcdefghijklmnopqrstuvwxyz") == strlen(want_r));
+    assert_true(strlen(want_r) >= 20 &&
+                strspn(want_r, "abcdefghijklmnopqrstuvwxyz") == strlen(want_r));
     assert_string_equal(reasoning, want_r);
     assert_string_equal(content, want_c);
     json_decref(j);

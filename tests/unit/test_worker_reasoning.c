@@ -74,7 +74,8 @@ static int make_harmony_model(const char *src, const char *dst)
             rc = eng_gguf_writer_copy_kv(w, g, i, key);
     }
     if (!rc)
-        rc = eng_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, n);
+        rc = eng_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens",
+                                         (const char *const *)pieces, n);
     if (!rc)
         rc = eng_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, n);
     if (!rc)
@@ -457,8 +458,9 @@ static void test_enable_thinking_false(void **state)
     json_t *body = chat_body(g_think, 1, 60, false);
     json_object_set_new(body, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", 0));
     json_t *b = post(&g_qwen3, body, 200);
-    json_int_t pa = json_integer_value(json_object_get(json_object_get(a, "usage"), "prompt_tokens"));
-    json_int_t pb = json_integer_value(json_object_get(json_object_get(b, "usage"), "prompt_tokens"));
+    json_t *ua = json_object_get(a, "usage"), *ub = json_object_get(b, "usage");
+    json_int_t pa = json_integer_value(json_object_get(ua, "prompt_tokens"));
+    json_int_t pb = json_integer_value(json_object_get(ub, "prompt_tokens"));
     /* "<think>\n\n</think>\n\n" is 19 bytes: byte tokens, or fewer merged */
     assert_true(pb > pa);
     json_decref(a);

@@ -13,7 +13,7 @@
  * activation conversion (cpu_convert_activations, cpu_fp32_to_fp16_row) and
  * fp16 decoding are bit-exact at every level.
  *
- * Activations for Q8_0, Q4_0 and IQ4_NL weights are Q8_0 rows and the dot
+ * Activations for Q8_0, Q4_0, IQ4_NL and MXFP4 weights are Q8_0 rows and the dot
  * product is integer per block; for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
  * weights they are Q8_K rows
  * (integer per sub-block, float per 256-value super-block); for F16 weights

@@ -60,6 +60,7 @@ declare -A made=(
   [llama-q5_k]="--type q5_k" [llama-q6_k]="--type q6_k" [llama-q4_k_m]="--type q4_k_m"
   [llama-q5_k_m]="--type q5_k_m" [llama-q3_k]="--type q3_k" [llama-q2_k]="--type q2_k"
   [llama-iq4_xs]="--type iq4_xs" [llama-iq4_nl]="--type iq4_nl" [llama-q3_k_m]="--type q3_k_m"
+  [llama-mxfp4]="--type mxfp4"
   [qwen2-q3_k_m]="--arch qwen2 --type q3_k_m" [llama3-f32]="--arch llama3 --type f32"
   [llama3-q4_k_m]="--arch llama3 --type q4_k_m" [qwen2-f32]="--arch qwen2 --type f32"
   [qwen2-q8_0]="--arch qwen2 --type q8_0" [qwen2-q4_k_m]="--arch qwen2 --type q4_k_m"
@@ -72,13 +73,15 @@ declare -A made=(
   [gemma3-f32]="$gemma3 --type f32" [gemma3-f16]="$gemma3 --type f16"
   [gemma3-q8_0]="$gemma3 --type q8_0" [gemma3-q4_k_m]="$gemma3 --type q4_k_m"
   [qwen3moe-f32]="$qwen3moe --type f32" [qwen3moe-f16]="$qwen3moe --type f16"
-  [qwen3moe-q8_0]="$qwen3moe --type q8_0" [qwen3moe-q4_k_m]="$qwen3moe --type q4_k_m")
+  [qwen3moe-q8_0]="$qwen3moe --type q8_0" [qwen3moe-q4_k_m]="$qwen3moe --type q4_k_m"
+  [qwen3moe-mxfp4]="$qwen3moe --type mxfp4")
 order="llama-f32 llama-f16 llama-bf16 llama-q8_0 llama-q4_0 llama-q4_k llama-q5_k llama-q6_k
        llama-q4_k_m llama-q5_k_m llama-q3_k llama-q2_k llama-iq4_xs llama-iq4_nl llama-q3_k_m
+       llama-mxfp4
        llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0
        qwen3-f32 qwen3-f16 qwen3-q8_0 qwen3-q4_k_m phi3-f32 phi3-f16 phi3-q8_0 phi3-q4_k_m
        gemma3-f32 gemma3-f16 gemma3-q8_0 gemma3-q4_k_m
-       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m"
+       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m qwen3moe-mxfp4"
 files=()
 for m in $order; do
   f="$work/$m.gguf"
@@ -98,11 +101,17 @@ for base in llama-f32 llama3-f32 qwen2-f32 qwen3-f32 phi3-f32 gemma3-f32 qwen3mo
     files+=("$f")
   done
 done
+# MXFP4_MOE: the experts' matrices in MXFP4 (llama.cpp quantizes only
+# those; the rest becomes Q8_0), so only the mixture-of-experts file.
+f="$work/llamacpp-qwen3moe-MXFP4_MOE.gguf"
+[ -f "$f" ] || "$ref_bin/llama-quantize" "$work/qwen3moe-f32.gguf" "$f" MXFP4_MOE >"$f.log" 2>&1 ||
+  { echo "crosscheck: llama-quantize MXFP4_MOE failed, see $f.log" >&2; rm -f "$f"; exit 1; }
+files+=("$f")
 for s in stories260K llama-2-tiny-random; do
   [ -f "$here/../../shared/models/$s.gguf" ] && files+=("$here/../../shared/models/$s.gguf")
 done
 
-printf '%-24s %6s %8s %10s %12s %12s %12s  %s\n' model steps "argmax=" "max|o-r|" "mean|o-ex|" \
+printf '%-28s %6s %8s %10s %12s %12s %12s  %s\n' model steps "argmax=" "max|o-r|" "mean|o-ex|" \
   "mean|r-ex|" "same-seq" verdict
 failed=0
 for f in "${files[@]}"; do
@@ -136,7 +145,7 @@ for f in "${files[@]}"; do
              if (oe == "-") ok = ok && d <= 0.02; else ok = ok && oe <= 1.5 * re + 0.02
              print ok ? "ok" : "FAIL" }')
   [ "$verdict" = ok ] || failed=1
-  printf '%-24s %6s %8s %10.4f %12s %12s %12s  %s\n' "$name" "$steps" "$agree" "$diff" \
+  printf '%-28s %6s %8s %10.4f %12s %12s %12s  %s\n' "$name" "$steps" "$agree" "$diff" \
     "$ours_exact" "$ref_exact" "$ref_same" "$verdict"
 done
 exit "$failed"

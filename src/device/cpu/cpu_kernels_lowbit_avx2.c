@@ -7,7 +7,9 @@
  * level uses them for decode and takes prefill (cpu_kernels_amx.c).
  *
  * Tiles are 1 weight row x up to 4 tokens as for the other K-quants: a
- * block's unpacked weights serve every token of the tile. Each token has
+ * block's unpacked weights serve every token of the tile (IQ4_NL and MXFP4
+ * with a single token take 4 rows at a time instead, with the same
+ * per-row arithmetic). Each token has
  * its own accumulators, so a result does not depend on the tile's size
  * (cpu_matmul_rows_per_token relies on that).
  *
@@ -51,6 +53,12 @@
  * past the end of the weights is harmless (it never faults). */
 #ifndef L_PREFETCH_BYTES
 #define L_PREFETCH_BYTES 2048
+#endif
+/* The same for each of the 4 rows of a decode tile (l_rows_iq4_nl): 512
+ * measured best there (0: about half the speed; 2048 no better, and
+ * noisier). */
+#ifndef L_ROWS_PREFETCH_BYTES
+#define L_ROWS_PREFETCH_BYTES 512
 #endif
 
 /* ---- Q2_K / Q3_K ------------------------------------------------------------- */
@@ -280,6 +288,58 @@ L_INLINE void l_tile_iq4_nl(const int T, const int mx, const unsigned char *w,
         y[t * y_stride] = cpu__avx2_hsum(_mm256_add_ps(acc[t], acc2[t]));
 }
 
+/* IQ4_NL or MXFP4 for one token (decode): R weight rows at a time, each
+ * row's arithmetic exactly l_tile_iq4_nl's for T = 1 (the same pairs of
+ * accumulators, the same scale products), so the result is bit for bit
+ * the same; what changes is that R rows stream at once, and the
+ * activation block is loaded once for them. */
+L_INLINE void l_rows_iq4_nl(const int R, const int mx, const unsigned char *w, size_t w_row_bytes,
+                            const unsigned char *x, int64_t nb, float *y)
+{
+    const size_t wbytes = mx ? L_MXFP4_BYTES : L_IQ4NL_BYTES;
+    const __m256i kv = mx ? _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                (const __m128i *)(const void *)eng_mxfp4_values))
+                          : l_iq4_table();
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4], acc2[4];
+    cpu__avx2_zero_acc(R, acc);
+    cpu__avx2_zero_acc(R, acc2);
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        const unsigned char *xb = x + (size_t)b * L_Q8_0_BYTES;
+        const __m256i x0 = cpu__avx2_load(xb + 2), x1 = cpu__avx2_load(xb + L_Q8_0_BYTES + 2);
+        const float dx0 = cpu__avx2_load_f16(xb), dx1 = cpu__avx2_load_f16(xb + L_Q8_0_BYTES);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
+            _mm_prefetch((const char *)wb + L_ROWS_PREFETCH_BYTES, _MM_HINT_T0);
+            float d0, d1;
+            const __m256i w0 = l_iq4_nl_weights(mx, wb, kv, &d0);
+            const __m256i w1 = l_iq4_nl_weights(mx, wb + wbytes, kv, &d1);
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, x0), ones);
+            __m256i s1 = _mm256_madd_epi16(l_signed_pairs(w1, x1), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * dx0), acc[r]);
+            acc2[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(d1 * dx1), acc2[r]);
+        }
+    }
+    if (b < nb) {
+        const unsigned char *xb = x + (size_t)b * L_Q8_0_BYTES;
+        const __m256i x0 = cpu__avx2_load(xb + 2);
+        const float dx0 = cpu__avx2_load_f16(xb);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            float d0;
+            const __m256i w0 =
+                l_iq4_nl_weights(mx, w + (size_t)r * w_row_bytes + (size_t)b * wbytes, kv, &d0);
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, x0), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * dx0), acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        y[r] = cpu__avx2_hsum(_mm256_add_ps(acc[r], acc2[r]));
+}
+
 /* ---- drivers ------------------------------------------------------------------ */
 
 /* kind: 2 Q2_K, 3 Q3_K, 4 IQ4_XS, 5 IQ4_NL, 6 MXFP4. */
@@ -297,8 +357,45 @@ L_INLINE void l_tile(const int T, const int kind, const unsigned char *w, const 
 CPU__AVX2_ROW_TILE_MATMUL(l_matmul_q2_k, l_tile, 2)
 CPU__AVX2_ROW_TILE_MATMUL(l_matmul_q3_k, l_tile, 3)
 CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_xs, l_tile, 4)
-CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_nl, l_tile, 5)
-CPU__AVX2_ROW_TILE_MATMUL(l_matmul_mxfp4, l_tile, 6)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_nl_tiles, l_tile, 5)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_mxfp4_tiles, l_tile, 6)
+
+/* IQ4_NL / MXFP4: one token goes through 4-row tiles (l_rows_iq4_nl, the
+ * same result as the 1-row tiles), more through 1 row x 4 tokens. */
+L_INLINE void l_matmul_nl(const int mx, const void *w, size_t w_row_bytes, int64_t n_in,
+                          const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                          int64_t y_stride, int64_t r0, int64_t r1)
+{
+    if (n_tokens != 1) {
+        (mx ? l_matmul_mxfp4_tiles : l_matmul_iq4_nl_tiles)(
+            w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+        return;
+    }
+    const int64_t nb = n_in / 32;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        switch (r1 - r < 4 ? (int)(r1 - r) : 4) {
+        case 4: l_rows_iq4_nl(4, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        case 3: l_rows_iq4_nl(3, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        case 2: l_rows_iq4_nl(2, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        default: l_rows_iq4_nl(1, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        }
+    }
+}
+
+static void l_matmul_iq4_nl(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                            size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1)
+{
+    l_matmul_nl(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void l_matmul_mxfp4(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                           int64_t r0, int64_t r1)
+{
+    l_matmul_nl(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
 
 void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table)
 {

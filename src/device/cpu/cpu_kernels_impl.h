@@ -47,8 +47,9 @@ typedef struct cpu__kernel_table {
     void (*axpy_f16_rows)(float *y, const float *weights, const uint16_t *rows,
                           size_t row_stride, int64_t n_rows, int64_t n);
     /* The low-bit types (cpu_kernels_lowbit_avx2.c): activations Q8_K,
-     * IQ4_NL's and MXFP4's Q8_0. The AVX-512 level inherits them; AMX replaces them
-     * for prefill. */
+     * IQ4_NL's and MXFP4's Q8_0. The AVX-512 level inherits them but for
+     * IQ4_NL and MXFP4 (Q4_0's VPDPBUSD tiles); AMX replaces them for
+     * prefill. */
     cpu__matmul_fn matmul_q2_k;
     cpu__matmul_fn matmul_q3_k;
     cpu__matmul_fn matmul_iq4_xs;

@@ -2,9 +2,11 @@
  * downloaded GGUF files: Q2_K, Q3_K and IQ4_XS (activations Q8_K), IQ4_NL
  * and MXFP4 (activations Q8_0). Kept apart from cpu_kernels_avx2.c, whose init
  * calls cpu__kernels_lowbit_avx2_init. The AVX-512 level inherits these
- * (measured on this VM: as fast as the AVX-512 Q4_K/Q6_K kernels for these
- * shapes, and one version is tested on every machine with AVX2); the AMX
- * level uses them for decode and takes prefill (cpu_kernels_amx.c).
+ * but IQ4_NL and MXFP4, which run Q4_0's tiles there (cpu_kernels_avx512.c;
+ * for Q2_K/Q3_K/IQ4_XS, measured on this VM: as fast as the AVX-512
+ * Q4_K/Q6_K kernels for these shapes, and one version is tested on every
+ * machine with AVX2); the AMX level uses them for decode and takes prefill
+ * (cpu_kernels_amx.c).
  *
  * Tiles are 1 weight row x up to 4 tokens as for the other K-quants: a
  * block's unpacked weights serve every token of the tile (IQ4_NL and MXFP4

@@ -16,8 +16,11 @@
 # fed the same prompt ids and then spillway's tokens one by one, and
 # compared at every step (bench/crosscheck_llamacpp.c). Quantized types are
 # also compared with exact arithmetic: the same weights dequantized to F32
-# (bench/dequantize_gguf.c) and run by llama.cpp. Both engines round the
-# activations to 8 bits for quantized dot products, so each lands ~0.1-0.3
+# (bench/dequantize_gguf.c) and run by llama.cpp; and every quantized
+# tensor's dequantization is compared with llama.cpp's own, value for value
+# (bench/dequantize_llamacpp.c; all equal bit for bit, 2026-12-06).
+# Both engines round the activations to 8 bits for quantized dot
+# products, so each lands ~0.1-0.3
 # from the exact log-probabilities on these random-weight models, and not
 # at the same place; what is checked is that spillway is on average no
 # further from exact than llama.cpp is (the mean |difference| over the
@@ -45,6 +48,9 @@ cc -O2 -o "$work/crosscheck_llamacpp" "$here/crosscheck_llamacpp.c" -I"$ref_src/
   -Wl,-rpath,"$ref_bin"
 cc -O2 -o "$work/dequantize_gguf" "$here/dequantize_gguf.c" -I"$here/../src" \
   $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
+cc -O2 -o "$work/dequantize_llamacpp" "$here/dequantize_llamacpp.c" -I"$ref_src/ggml/include" \
+  -I"$here/../src" $(cat "$build/spillway-libs.txt") -L"$ref_bin" -lggml -lggml-base -ljansson \
+  -lm -lpthread -Wl,-rpath,"$ref_bin"
 xc="$work/crosscheck_llamacpp"
 prompt="Once upon a time there was a little"
 
@@ -148,4 +154,13 @@ for f in "${files[@]}"; do
   printf '%-28s %6s %8s %10.4f %12s %12s %12s  %s\n' "$name" "$steps" "$agree" "$diff" \
     "$ours_exact" "$ref_exact" "$ref_same" "$verdict"
 done
+# Every quantized tensor of those files decoded by llama.cpp's to_float and
+# by spillway's eng_dequantize_row: bit for bit, per type.
+if ! "$work/dequantize_llamacpp" "${files[@]}" >"$work/dequantize.txt"; then
+  failed=1
+  echo "dequantization differs from llama.cpp's (see above; $work/dequantize.txt)"
+fi
+awk '{ n[$2] += $3; v[$2] += $4; d[$2] += $5 }
+     END { for (t in n) printf "dequantization %-7s %4d tensors %11d values, %d not bit-equal to llama.cpp'"'"'s\n", t, n[t], v[t], d[t] }' \
+  "$work/dequantize.txt" | sort
 exit "$failed"

@@ -66,7 +66,7 @@ void cpu__kernels_avx2_init(cpu__kernel_table *table);
 void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table);
 void cpu__kernels_avx512_init(cpu__kernel_table *table);
 /* cpu_kernels_prefill_avx512.c: given the completed AVX-512 table, replaces
- * the Q4_0, Q8_0 and Q4_K products with ones whose batches of 8+ tokens run on
+ * the Q4_0, Q8_0, Q4_K, IQ4_NL and MXFP4 products with ones whose batches of 8+ tokens run on
  * weights repacked per call (fewer go to the old entries). Their results
  * depend on the token count, so cpu_kernels.c keeps the table from before
  * this for cpu_matmul_rows_per_token. */

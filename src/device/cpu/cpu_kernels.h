@@ -4,7 +4,7 @@
  * Each entry point dispatches once (at first use) to the best implementation
  * the CPU supports: AMX (int8 tiles for the quantized products of 8 tokens
  * or more, i.e. prefill, AVX-512 for the rest; only where the kernel grants
- * the process the tile registers), AVX-512 (F, BW, VL, VNNI; Q4_0/Q8_0/Q4_K prefill
+ * the process the tile registers), AVX-512 (F, BW, VL, VNNI; Q4_0/Q8_0/Q4_K/IQ4_NL/MXFP4 prefill
  * on weights repacked per call), AVX2+FMA+F16C, or portable C.
  * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512|amx in the environment forces a lower
  * level (for tests and comparisons); it is read once, at the first call.

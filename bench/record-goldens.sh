@@ -28,7 +28,7 @@ engine="llama.cpp $release (node-llama-cpp $npm_version's bundle), CPU, 2 thread
 # and a non-ASCII one (byte tokens).
 prompts=("Once upon a time there was a little" "The king said to the people" "water, fire, earth"
          "1, 2, 3, 4," "Ünïcödé café")
-for preset in ${RECORD_PRESETS:-qwen3-tiny phi3-tiny gemma3-tiny qwen3moe-tiny}; do
+for preset in ${RECORD_PRESETS:-qwen3-tiny phi3-tiny gemma3-tiny qwen3moe-tiny gpt-oss-tiny}; do
   f="$work/$preset.gguf"
   "$build/spillway" model make --preset "$preset" -o "$f" >/dev/null
   sha=$(sha256sum "$f" | cut -d' ' -f1)

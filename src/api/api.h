@@ -36,6 +36,26 @@ bool api_bad(api_error *e, const char *param, const char *fmt, ...)
  * client may retry); returns false. */
 bool api_oom(api_error *e);
 
+/* ---- CORS (the Fetch standard's protocol), for browser clients ---------- */
+
+/* The methods and request headers a preflight allows by default, and the
+ * response headers a page may read. */
+#define API_CORS_METHODS "GET, POST, DELETE, OPTIONS"
+#define API_CORS_HEADERS "Authorization, Content-Type, Idempotency-Key, X-Request-Id, Prefer"
+#define API_CORS_EXPOSE                                                                        \
+    "X-Request-Id, X-Spillway-Worker, X-Spillway-Model, X-Spillway-Attempts, "                \
+    "X-Spillway-Fallback-From, Retry-After"
+/* The Access-Control-Allow-Origin value for a request from origin, or NULL
+ * when the list does not allow it: list "*" allows any origin (answered
+ * "*"), otherwise it names origins (comma- or space-separated, compared
+ * exactly: the origin is answered); NULL or "" allows none. */
+const char *api_cors_allow(const char *list, const char *origin);
+/* A preflight's Access-Control-Allow-Headers: the headers it asked for
+ * when they are a plain list of names, else API_CORS_HEADERS. */
+const char *api_cors_request_headers(const char *asked);
+/* Whether a configured list is "*", "", or origins (scheme://host[:port]). */
+bool api_cors_list_valid(const char *list);
+
 /* ---- model ids ---------------------------------------------------------- */
 
 /* A model's id when none is given: the file's general.name, else the

@@ -21,14 +21,16 @@ static void model_make_usage(FILE *f)
     fprintf(f,
             "usage: spillway model make -o FILE [--preset tiny|small|1b|qwen3-tiny|phi3-tiny|\n"
             "                                             gemma3-tiny|qwen3moe-tiny|\n"
-            "                                             qwen3moe-small]\n"
+            "                                             qwen3moe-small|gpt-oss-tiny|\n"
+            "                                             gpt-oss-small]\n"
             "                           [--dim N] [--layers N] [--heads N] [--kv-heads N]\n"
             "                           [--head-dim N] [--ffn N] [--vocab N] [--ctx N]\n"
             "                           [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
             "                                  q5_k|q6_k|iq4_nl|iq4_xs|mxfp4|q3_k_m|q4_k_m|\n"
             "                                  q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
-            "                           [--arch llama|llama3|qwen2|qwen3|qwen3moe|phi3|gemma3]\n"
+            "                           [--arch llama|llama3|qwen2|qwen3|qwen3moe|phi3|gemma3|\n"
+            "                                   gpt-oss]\n"
             "                           [--rope-base B] [--sliding-window N] [--swa-pattern N]\n"
             "                           [--experts N] [--experts-used N]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
@@ -47,6 +49,10 @@ static void model_make_usage(FILE *f)
             "qwen3moe: qwen3's attention, and per layer a router (ffn_gate_inp) and\n"
             "--experts N experts (default 8) of hidden size --ffn as 3-D ffn_gate_exps /\n"
             "ffn_up_exps / ffn_down_exps, --experts-used N (default 2) per token.\n"
+            "gpt-oss: Q/K/V and output biases, a sink logit per head (attn_sinks),\n"
+            "post_attention_norm before the experts, qwen3moe's experts with biases\n"
+            "(router and experts), even layers sliding (--sliding-window, default 128),\n"
+            "YaRN keys (factor 32 over 4096), the gpt-oss prefix (rope base 150000).\n"
             "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
             "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
             "ffn and heads x head dim to be multiples of 256. q4_k_m / q5_k_m: mostly\n"
@@ -66,7 +72,11 @@ static void model_make_usage(FILE *f)
             "         qwen3moe-tiny qwen3-tiny's shape as qwen3moe, 8 experts of ffn 128,\n"
             "               2 used\n"
             "         qwen3moe-small qwen3moe, dim 1024, 8 layers, 16 heads of 128, 4 kv,\n"
-            "               64 experts of ffn 512, 8 used, vocab 32000, q8_0\n");
+            "               64 experts of ffn 512, 8 used, vocab 32000, q8_0\n"
+            "         gpt-oss-tiny qwen3-tiny's shape as gpt-oss, 8 experts of ffn 128,\n"
+            "               2 used, sliding window 8\n"
+            "         gpt-oss-small gpt-oss, dim 1024, 8 layers, 16 heads of 64, 8 kv,\n"
+            "               32 experts of ffn 1024, 4 used, window 128, vocab 32000, q8_0\n");
 }
 
 static int model_make_int(const char *opt, const char *text, int32_t *out)
@@ -96,7 +106,8 @@ int cli_model_make(int argc, char **argv)
             if (i + 1 >= argc || eng_model_make_preset(argv[i + 1], &p) != 0) {
                 fprintf(stderr,
                         "spillway model make: --preset needs tiny, small, 1b, qwen3-tiny, "
-                        "phi3-tiny, gemma3-tiny, qwen3moe-tiny or qwen3moe-small\n");
+                        "phi3-tiny, gemma3-tiny, qwen3moe-tiny, qwen3moe-small, gpt-oss-tiny "
+                        "or gpt-oss-small\n");
                 return 2;
             }
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -175,9 +186,9 @@ int cli_model_make(int argc, char **argv)
         } else if (strcmp(opt, "--arch") == 0) {
             if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2") &&
                 strcmp(val, "qwen3") && strcmp(val, "phi3") && strcmp(val, "gemma3") &&
-                strcmp(val, "qwen3moe")) {
+                strcmp(val, "qwen3moe") && strcmp(val, "gpt-oss")) {
                 fprintf(stderr, "spillway model make: --arch must be llama, llama3, qwen2, "
-                                "qwen3, qwen3moe, phi3 or gemma3, got '%s'\n", val);
+                                "qwen3, qwen3moe, phi3, gemma3 or gpt-oss, got '%s'\n", val);
                 return 2;
             }
             p.architecture = val;
@@ -187,7 +198,8 @@ int cli_model_make(int argc, char **argv)
                                            strcmp(val, "gemma3") == 0 ||
                                            strcmp(val, "qwen3moe") == 0
                                        ? 1000000.0f
-                                       : 10000.0f;
+                                   : strcmp(val, "gpt-oss") == 0 ? 150000.0f
+                                                                 : 10000.0f;
         } else if (strcmp(opt, "--rope-base") == 0) {
             char *end;
             double base = strtod(val, &end);
@@ -226,8 +238,12 @@ int cli_model_make(int argc, char **argv)
                 return 2;
         }
     }
-    /* qwen3moe without --experts / --experts-used: 8 experts, 2 used */
-    if (p.architecture && strcmp(p.architecture, "qwen3moe") == 0) {
+    /* qwen3moe and gpt-oss without --experts / --experts-used: 8 experts,
+     * 2 used; gpt-oss without --sliding-window: its 128 */
+    if (p.architecture && strcmp(p.architecture, "gpt-oss") == 0 && p.sliding_window == 0)
+        p.sliding_window = 128;
+    if (p.architecture &&
+        (strcmp(p.architecture, "qwen3moe") == 0 || strcmp(p.architecture, "gpt-oss") == 0)) {
         if (p.n_expert == 0)
             p.n_expert = p.n_expert_used > 8 ? p.n_expert_used : 8;
         if (p.n_expert_used == 0)

@@ -41,6 +41,8 @@ static void usage(FILE *out)
             "                          the same)\n"
             "      --shared-device     other workers allocate on this device: keep no KV\n"
             "                          block after its requests end (the router says so)\n"
+            "      --cors-origins L    origins a browser page may call from: * (default),\n"
+            "                          \"\" for none, or a list such as https://app.example\n"
             "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
             "1 when the model or device cannot be set up, 2 for bad options,\n"
             "75 after an unrecoverable device error (restart the worker).\n");
@@ -62,7 +64,8 @@ int cli_worker_main(int argc, char **argv)
 {
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
-           OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE, OPT_SHARED_DEVICE };
+           OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE, OPT_SHARED_DEVICE,
+           OPT_CORS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -83,6 +86,7 @@ int cli_worker_main(int argc, char **argv)
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},
         {"kv-type", required_argument, 0, OPT_KV_TYPE},
         {"shared-device", no_argument, 0, OPT_SHARED_DEVICE},
+        {"cors-origins", required_argument, 0, OPT_CORS},
         {"model-id", required_argument, 0, OPT_MODEL_ID},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -164,6 +168,14 @@ int cli_worker_main(int argc, char **argv)
         case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
         case OPT_NO_PREFIX_CACHE: o.prefix_cache = false; break;
         case OPT_SHARED_DEVICE: o.shared_device = true; break;
+        case OPT_CORS:
+            if (!api_cors_list_valid(optarg)) {
+                fprintf(stderr, "spillway worker: --cors-origins: expected *, \"\" or origins "
+                                "such as https://app.example, not '%s'\n", optarg);
+                return 2;
+            }
+            o.cors_origins = optarg;
+            break;
         case OPT_KV_TYPE:
             if (cli_parse_kv_type("worker", optarg, &o.kv_type))
                 return 2;

@@ -1,5 +1,5 @@
 /* forward.c - the forward pass of the llama family (llama, qwen2, qwen3,
- * qwen3moe, phi3, gemma3) on the CPU.
+ * qwen3moe, phi3, gemma3, gpt-oss) on the CPU.
  *
  * For a batch of n new tokens of one sequence at positions p..p+n-1:
  *   x = embed(tokens)
@@ -16,7 +16,13 @@
  * own, no linear scaling), and may soft-cap the logits. A llama file with
  * attention.sliding_window (Mistral) has every layer sliding, with the
  * model's own RoPE. qwen3moe is qwen3
- * with a mixture of experts in place of the FFN (forward_moe.c).
+ * with a mixture of experts in place of the FFN (forward_moe.c). gpt-oss
+ * adds biases to Q/K/V and to the attention output, puts a learned sink
+ * logit per head into every attention softmax (mass without a value),
+ * slides on its even layers, rotates with YaRN (per-frequency divisors and
+ * cos/sin scaled by its attention factor, model.c), and runs experts with
+ * biases (forward_moe.c); its norm before the experts is the file's
+ * post_attention_norm, bound as ffn_norm.
  * Matrix products run on the thread pool, rows split between threads; the
  * activations are converted once per product to the weight type's dot
  * format (cpu_convert_activations). Attention reads K and V from the
@@ -256,7 +262,7 @@ static void rope(const eng_context *ctx, float *q, int32_t n_heads, float *k,
     float theta = gemma3_local ? (float)pos : (float)pos / hp->rope_linear_factor;
     for (int32_t i = 0; i < half; i++) {
         float angle = theta / factors[i];
-        float c = cosf(angle), s = sinf(angle);
+        float c = cosf(angle) * hp->yarn_mscale, s = sinf(angle) * hp->yarn_mscale;
         int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         for (int32_t h = 0; h < n_heads + n_heads_kv; h++) {
             float *p = h < n_heads ? q + (int64_t)h * hp->head_dim
@@ -357,6 +363,24 @@ static void attention_values_quant(uint32_t type, float *y, const float *weights
     }
 }
 
+/* softmax over n scores and one more logit, the sink, which takes its
+ * share of the mass but has no value row (gpt-oss): the scores' weights
+ * sum to less than 1. */
+static void softmax_with_sink(float *x, int64_t n, float sink)
+{
+    float max = sink;
+    for (int64_t i = 0; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    double sum = (double)expf(sink - max);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
 /* One head of one token: softmax(q . K^T * scale) . V over the token's
  * sequence up to its position (within its window on a sliding layer). */
 static void attention_head(const attention_job *job, int64_t t, int32_t h, float *scores)
@@ -398,7 +422,11 @@ static void attention_head(const attention_job *job, int64_t t, int32_t h, float
             cpu_dot_f32_rows((const float *)k + (size_t)kv_head * hd, kv_dim, rows, q, hd,
                              scale, scores + p0);
     }
-    cpu_softmax_f32(scores + first, n_pos - first);
+    const float *sinks = ctx->layers[job->layer].attn_sinks.data;
+    if (sinks)
+        softmax_with_sink(scores + first, n_pos - first, sinks[h]);
+    else
+        cpu_softmax_f32(scores + first, n_pos - first);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int32_t p0 = first, rows; p0 < n_pos; p0 += rows) {
         rows = block_rows(ctx, p0, n_pos);
@@ -591,6 +619,7 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
             const eng_weight *w[1] = {&L->wo};
             float *y[1] = {xn};
             matmul(ctx, 1, w, y, att, n, per_token, false);
+            add_bias(xn, &L->bo, n, dim);
             if (L->attn_post_norm.data)
                 for (int64_t t = 0; t < n; t++)
                     rms_norm(xn + t * dim, xn + t * dim, L->attn_post_norm.data, dim,

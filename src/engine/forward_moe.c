@@ -1,5 +1,5 @@
-/* forward_moe.c - the mixture-of-experts feed-forward block (qwen3moe) on
- * the CPU, called by forward.c in place of the dense FFN.
+/* forward_moe.c - the mixture-of-experts feed-forward block (qwen3moe,
+ * gpt-oss) on the CPU, called by forward.c in place of the dense FFN.
  *
  * For each token t of the batch (xn = its normalised hidden state):
  *   p = softmax(W_router . xn)                      (n_expert probabilities)
@@ -7,6 +7,10 @@
  *   w_e = p_e / sum_{S} p  (when expert_weights_norm; the sum at least
  *                           6.1e-5, as llama.cpp clamps it)
  *   out = sum over e in S, largest first, of w_e * down_e(silu(gate_e . xn) * (up_e . xn))
+ * gpt-oss differs in three places: the router and every expert product
+ * have a bias added; S is the k largest logits and w their softmax among
+ * themselves (no renormalisation); the activation is its clamped SwiGLU,
+ *   g = min(gate, 7), u = clamp(up, -7, 7), act = g * sigmoid(1.702 g) * (u + 1).
  * Each expert is an ordinary 2-D slice of the file's 3-D expert tensors
  * (model-impl.h), so the quantized kernels of the dense path run it, and
  * only the chosen experts' rows are ever read. The batch's tokens are
@@ -39,8 +43,14 @@ typedef struct moe_job {
     const unsigned char *xq; /* grouped converted input rows, xq_row_bytes apart */
     size_t xq_row_bytes;
     float *y[2];             /* grouped output rows of `rows` floats */
+    const float *bias[2];    /* gpt-oss: each product's biases, expert e's at
+                                e * rows; NULL: none */
+    bool swiglu_oai;         /* gpt-oss's clamped activation */
     bool per_token;
 } moe_job;
+
+#define OAI_SWIGLU_ALPHA 1.702f
+#define OAI_SWIGLU_LIMIT 7.0f
 
 static void moe_rows(const moe_job *job, int m, int32_t e, int64_t r0, int64_t r1)
 {
@@ -70,9 +80,30 @@ static void moe_task(void *arg, int64_t begin, int64_t end, int thread_index)
         int64_t r1 = job->rows;
         if (end - at < r1 - r0)
             r1 = r0 + (end - at);
-        for (int m = 0; m < job->n_mats; m++)
+        for (int m = 0; m < job->n_mats; m++) {
             moe_rows(job, m, e, r0, r1);
-        if (job->n_mats == 2) { /* SwiGLU of these rows, in place in the gate's */
+            if (!job->bias[m])
+                continue;
+            const float *b = job->bias[m] + (int64_t)e * job->rows;
+            for (int32_t g = job->first[e]; g < job->first[e + 1]; g++) {
+                float *y = job->y[m] + (int64_t)g * job->rows;
+                for (int64_t r = r0; r < r1; r++)
+                    y[r] += b[r];
+            }
+        }
+        if (job->n_mats == 2 && job->swiglu_oai) {
+            for (int32_t g = job->first[e]; g < job->first[e + 1]; g++) {
+                float *gate = job->y[0] + (int64_t)g * job->rows;
+                const float *up = job->y[1] + (int64_t)g * job->rows;
+                for (int64_t r = r0; r < r1; r++) {
+                    const float x = gate[r] < OAI_SWIGLU_LIMIT ? gate[r] : OAI_SWIGLU_LIMIT;
+                    float u = up[r];
+                    u = u < -OAI_SWIGLU_LIMIT ? -OAI_SWIGLU_LIMIT
+                        : u > OAI_SWIGLU_LIMIT ? OAI_SWIGLU_LIMIT : u;
+                    gate[r] = x / (1.0f + expf(-OAI_SWIGLU_ALPHA * x)) * (u + 1.0f);
+                }
+            }
+        } else if (job->n_mats == 2) { /* SwiGLU of these rows, in place in the gate's */
             for (int32_t g = job->first[e]; g < job->first[e + 1]; g++) {
                 float *gate = job->y[0] + (int64_t)g * job->rows;
                 const float *up = job->y[1] + (int64_t)g * job->rows;
@@ -84,11 +115,49 @@ static void moe_task(void *arg, int64_t begin, int64_t end, int thread_index)
     }
 }
 
+/* k (<= 64) passes of selection over n (<= 1024) values: the k largest,
+ * largest first (ties: the lower expert id first). */
+static void top_k(const float *p, int32_t n, int32_t k, int32_t *experts)
+{
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (int32_t i = 0; i < j && !taken; i++)
+                taken = experts[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        experts[j] = best;
+    }
+}
+
+/* gpt-oss: the k largest logits, their weights a softmax among them. */
+static void route_token_topk_softmax(const eng_hparams *hp, const float *logits,
+                                     int32_t *experts, float *weights)
+{
+    const int32_t k = hp->n_expert_used;
+    top_k(logits, hp->n_expert, k, experts);
+    const float max = logits[experts[0]];
+    double sum = 0.0;
+    for (int32_t j = 0; j < k; j++) {
+        weights[j] = expf(logits[experts[j]] - max);
+        sum += weights[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t j = 0; j < k; j++)
+        weights[j] *= inv;
+}
+
 /* Softmax of one token's router logits (in place), its n_used largest
  * probabilities (experts[], largest first) and their weights. */
 static void route_token(const eng_hparams *hp, float *p, int32_t *experts, float *weights)
 {
     const int32_t n = hp->n_expert, k = hp->n_expert_used;
+    if (hp->expert_softmax_after_topk) {
+        route_token_topk_softmax(hp, p, experts, weights);
+        return;
+    }
     float max = p[0];
     for (int32_t e = 1; e < n; e++)
         max = p[e] > max ? p[e] : max;
@@ -100,19 +169,9 @@ static void route_token(const eng_hparams *hp, float *p, int32_t *experts, float
     const float inv = (float)(1.0 / sum);
     for (int32_t e = 0; e < n; e++)
         p[e] *= inv;
-    /* k (<= 64) passes of selection: n_expert is at most 1024 */
-    for (int32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < n; e++) {
-            bool taken = false;
-            for (int32_t i = 0; i < j && !taken; i++)
-                taken = experts[i] == e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = e;
-        }
-        experts[j] = best;
-        weights[j] = p[best];
-    }
+    top_k(p, n, k, experts);
+    for (int32_t j = 0; j < k; j++)
+        weights[j] = p[experts[j]];
     if (hp->expert_weights_norm) {
         float total = 0.0f;
         for (int32_t j = 0; j < k; j++)
@@ -149,6 +208,10 @@ void eng__moe_ffn(eng_context *ctx, const eng_layer *L, const float *xn, float *
         const eng_weight *w[1] = {&L->ffn_gate_inp};
         float *y[1] = {router};
         eng__matmul(ctx, 1, w, y, xn, n_tokens, per_token, false);
+        const float *b = L->ffn_gate_inp_b.data;
+        for (int64_t t = 0; b && t < n_tokens; t++)
+            for (int32_t e = 0; e < n_expert; e++)
+                router[t * n_expert + e] += b[e];
     }
     memset(first, 0, ((size_t)n_expert + 1) * sizeof *first);
     for (int64_t t = 0; t < n_tokens; t++) {
@@ -183,7 +246,9 @@ void eng__moe_ffn(eng_context *ctx, const eng_layer *L, const float *xn, float *
         memcpy(moe_act + (size_t)r * xrow, act + (size_t)row_token[r] * xrow, xrow);
     moe_job job = {.w = {&L->gate_exps, &L->up_exps}, .n_mats = 2, .rows = n_ff,
                    .active = active, .n_active = n_active, .first = first, .xq = moe_act,
-                   .xq_row_bytes = xrow, .y = {gate, up}, .per_token = per_token};
+                   .xq_row_bytes = xrow, .y = {gate, up},
+                   .bias = {L->gate_exps_b.data, L->up_exps_b.data},
+                   .swiglu_oai = hp->ffn_swiglu_oai, .per_token = per_token};
     cpu_threadpool_run(ctx->pool, (int64_t)n_active * n_ff, 16, moe_task, &job);
 
     /* Down: the SwiGLU rows converted (already grouped), every chosen
@@ -194,6 +259,8 @@ void eng__moe_ffn(eng_context *ctx, const eng_layer *L, const float *xn, float *
     job.rows = dim;
     job.xq_row_bytes = hrow;
     job.y[0] = expert_out;
+    job.bias[0] = L->down_exps_b.data;
+    job.bias[1] = NULL;
     cpu_threadpool_run(ctx->pool, (int64_t)n_active * dim, 16, moe_task, &job);
 
     /* The weighted sum, each token's experts in the order chosen. */

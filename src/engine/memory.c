@@ -179,14 +179,15 @@ size_t eng_model_decode_read_bytes(const eng_model *model)
 {
     /* every layer and the head; of the embedding table one row; of a MoE
      * layer's experts the n_expert_used a token is routed to (each expert
-     * is an equal share of its tensor) */
+     * is an equal share of its tensor, and of its biases' for gpt-oss) */
     const eng_hparams *hp = &model->hp;
     size_t row = hp->n_vocab > 0 ? model->token_embd.size_bytes / (size_t)hp->n_vocab : 0;
     size_t bytes = eng__layer_weights_bytes(model, hp->n_layer, true, false) + row;
     for (int32_t l = 0; hp->n_expert > 0 && l < hp->n_layer; l++) {
         const eng_layer *L = &model->layers[l];
         const size_t experts = L->gate_exps.size_bytes + L->up_exps.size_bytes +
-                               L->down_exps.size_bytes;
+                               L->down_exps.size_bytes + L->gate_exps_b.size_bytes +
+                               L->up_exps_b.size_bytes + L->down_exps_b.size_bytes;
         bytes -= experts / (size_t)hp->n_expert * (size_t)(hp->n_expert - hp->n_expert_used);
     }
     return bytes;

@@ -19,14 +19,16 @@ typedef struct eng_weight {
 
 typedef struct eng_layer {
     eng_weight attn_norm; /* (n_embd) f32 */
-    eng_weight bq, bk, bv; /* qwen2: (q_dim), (kv_dim), (kv_dim) f32 biases; data NULL if none */
+    eng_weight bq, bk, bv; /* qwen2, gpt-oss: (q_dim), (kv_dim), (kv_dim) f32 biases;
+                              data NULL if none */
     eng_weight wq;        /* (n_embd -> n_head*head_dim) */
     eng_weight wk;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wv;        /* (n_embd -> n_head_kv*head_dim) */
     eng_weight wo;        /* (n_head*head_dim -> n_embd) */
     eng_weight q_norm, k_norm; /* qwen3: (head_dim) f32, RMS norm weights applied to
                                   every Q and K head before RoPE; data NULL if none */
-    eng_weight ffn_norm;  /* (n_embd) f32 */
+    eng_weight ffn_norm;  /* (n_embd) f32 (gpt-oss: the file's post_attention_norm,
+                             its norm before the experts) */
     eng_weight w_gate;    /* (n_embd -> n_ff) */
     eng_weight w_up;      /* (n_embd -> n_ff) */
     eng_weight w_down;    /* (n_ff -> n_embd) */
@@ -34,7 +36,7 @@ typedef struct eng_layer {
                                                  the attention and FFN outputs
                                                  before the residual add; data
                                                  NULL if none */
-    /* qwen3moe, in place of w_gate / w_up / w_down (which are then absent):
+    /* qwen3moe and gpt-oss, in place of w_gate / w_up / w_down (which are then absent):
      * the router and the experts. GGUF stores the experts as 3-D tensors
      * ne = {n_in, rows, n_expert}; they are bound as matrices of all the
      * experts' rows back to back, so expert e's matrix is rows
@@ -43,6 +45,16 @@ typedef struct eng_layer {
     eng_weight gate_exps;    /* (n_embd -> n_expert * n_ff_exp) */
     eng_weight up_exps;      /* (n_embd -> n_expert * n_ff_exp) */
     eng_weight down_exps;    /* (n_ff_exp -> n_expert * n_embd) */
+    /* gpt-oss (data NULL otherwise): the output projection's bias, one
+     * sink logit per head (a softmax column that takes probability mass
+     * and contributes no value), the router's bias and each expert's
+     * biases, expert e's at [e * rows, (e + 1) * rows) as its matrix. */
+    eng_weight bo;           /* (n_embd) f32 */
+    eng_weight attn_sinks;   /* (n_head) f32 */
+    eng_weight ffn_gate_inp_b; /* (n_expert) f32 */
+    eng_weight gate_exps_b;  /* (n_expert * n_ff_exp) f32 */
+    eng_weight up_exps_b;    /* (n_expert * n_ff_exp) f32 */
+    eng_weight down_exps_b;  /* (n_expert * n_embd) f32 */
     bool sliding;         /* attends to the last n_swa positions only (gemma3's
                              local layers, a windowed llama file's all) */
 } eng_layer;
@@ -51,14 +63,15 @@ typedef struct eng_layer {
  * (model.c, memory.c); absent ones (biases, Q/K norms, post norms, the
  * dense FFN of a MoE layer or the experts of a dense one) have data NULL
  * and size 0. */
-#define ENG_LAYER_N_WEIGHTS 20
+#define ENG_LAYER_N_WEIGHTS 26
 static inline void eng__layer_weights(eng_layer *L, eng_weight *out[ENG_LAYER_N_WEIGHTS])
 {
     eng_weight *all[ENG_LAYER_N_WEIGHTS] = {
         &L->attn_norm, &L->wq,   &L->wk,   &L->wv, &L->wo,     &L->ffn_norm, &L->w_gate,
         &L->w_up,      &L->w_down, &L->bq, &L->bk, &L->bv,     &L->q_norm,   &L->k_norm,
         &L->attn_post_norm, &L->ffn_post_norm, &L->ffn_gate_inp, &L->gate_exps,
-        &L->up_exps,   &L->down_exps};
+        &L->up_exps,   &L->down_exps, &L->bo, &L->attn_sinks, &L->ffn_gate_inp_b,
+        &L->gate_exps_b, &L->up_exps_b, &L->down_exps_b};
     for (int i = 0; i < ENG_LAYER_N_WEIGHTS; i++)
         out[i] = all[i];
 }

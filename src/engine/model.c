@@ -1,5 +1,5 @@
 /* model.c - loading a GGUF model of the llama family (llama, qwen2, qwen3,
- * qwen3moe, phi3, gemma3) and checking that every tensor the forward pass needs is present
+ * qwen3moe, phi3, gemma3, gpt-oss) and checking that every tensor the forward pass needs is present
  * with the right shape and a supported type. The forward pass itself is in
  * forward.c; the memory figures are in memory.c. */
 #include "engine/model-impl.h"
@@ -14,7 +14,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static const char *const supported_architectures = "llama, qwen2, qwen3, qwen3moe, phi3, gemma3";
+static const char *const supported_architectures =
+    "llama, qwen2, qwen3, qwen3moe, phi3, gemma3, gpt-oss";
 
 /* Reads "<arch>.<suffix>" as u32 into *out; missing keys keep the default
  * when `required` is false. */
@@ -65,8 +66,33 @@ float eng_rope_llama3_factor(float freq, float factor, float low_freq_factor,
     return freq / scaled;
 }
 
-/* RoPE scaling: linear (positions), and per-frequency divisors from the
- * rope_freqs.weight tensor or the Llama 3 metadata. */
+/* YaRN's divisor of frequency i (of n_rot / 2): the rotary dimensions
+ * that turn fewer than beta_slow times over the original context are
+ * interpolated (divided by factor), those turning more than beta_fast
+ * times kept, with a linear ramp over the dimensions in between (the YaRN
+ * paper's "NTK-by-parts"; the ramp's ends are the dimensions where a
+ * frequency base^(-2d/n_rot) makes beta turns, rounded outwards, as
+ * llama.cpp rounds them). */
+static float rope_yarn_divisor(int32_t i, int32_t n_rot, float base, float factor,
+                               float original_ctx, float beta_fast, float beta_slow)
+{
+    const float two_pi = 6.28318530717958647692f;
+    const float log_base2 = 2.0f * logf(base);
+    float low = floorf((float)n_rot * logf(original_ctx / (beta_fast * two_pi)) / log_base2);
+    float high = ceilf((float)n_rot * logf(original_ctx / (beta_slow * two_pi)) / log_base2);
+    if (low < 0.0f)
+        low = 0.0f;
+    if (high > (float)(n_rot - 1))
+        high = (float)(n_rot - 1);
+    float span = high - low > 0.001f ? high - low : 0.001f;
+    float y = ((float)i - low) / span;
+    y = y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y;
+    const float keep = 1.0f - y; /* 1: the original frequency, 0: interpolated */
+    return 1.0f / ((1.0f - keep) / factor + keep);
+}
+
+/* RoPE scaling: linear (positions), per-frequency divisors from the
+ * rope_freqs.weight tensor or the Llama 3 metadata, or YaRN's. */
 static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
 {
     const eng_gguf *g = m->gguf;
@@ -107,9 +133,38 @@ static int read_rope_scaling(eng_model *m, const char *arch, sw_error *err)
             float freq = powf(hp->rope_freq_base, -2.0f * (float)i / (float)hp->n_rot);
             m->rope_factors[i] = eng_rope_llama3_factor(freq, factor, low, high, original);
         }
+    } else if (type && type_len == 4 && memcmp(type, "yarn", 4) == 0) {
+        /* gpt-oss's, and any other architecture's, as llama.cpp applies
+         * it to all of these alike, with its defaults: original context
+         * the training one, beta 32 and 1 (it reads no beta keys for these
+         * architectures), the attention factor 1 + 0.1 ln(factor) on cos
+         * and sin, times the file's rope.scaling.attn_factor */
+        int32_t original = hp->n_ctx_train;
+        float attn_factor = 1.0f;
+        if ((rc = read_u32(g, arch, "rope.scaling.original_context_length", &original, false,
+                           err)) ||
+            (rc = read_f32(g, arch, "rope.scaling.attn_factor", &attn_factor, err)))
+            return rc;
+        if (!(factor > 0.0f) || !isfinite(factor) || !(attn_factor > 0.0f))
+            return sw_error_set(err, SW_EFORMAT, "yarn rope scaling parameters out of range");
+        /* gemma3's sliding layers rotate with a base and scale of their
+         * own, which the divisors below (one base) do not cover */
+        if (hp->arch == ENG_ARCH_GEMMA3)
+            return sw_error_set(err, SW_EUNSUPPORTED, "yarn rope scaling is not supported for "
+                                "gemma3");
+        hp->yarn_factor = factor;
+        hp->yarn_beta_fast = 32.0f;
+        hp->yarn_beta_slow = 1.0f;
+        hp->yarn_original_ctx = original;
+        hp->yarn_mscale = (factor > 1.0f ? 1.0f + 0.1f * logf(factor) : 1.0f) * attn_factor;
+        for (int32_t i = 0; i < n; i++)
+            m->rope_factors[i] = rope_yarn_divisor(i, hp->n_rot, hp->rope_freq_base, factor,
+                                                   (float)original, hp->yarn_beta_fast,
+                                                   hp->yarn_beta_slow);
     } else if (type && !(type_len == 4 && memcmp(type, "none", 4) == 0)) {
         return sw_error_set(err, SW_EUNSUPPORTED, "unsupported rope scaling '%.*s' (supported: "
-                            "none, linear, llama3)", (int)(type_len > 32 ? 32 : type_len), type);
+                            "none, linear, llama3, yarn)", (int)(type_len > 32 ? 32 : type_len),
+                            type);
     }
 
     /* Phi-3's 128k files (LongRoPE) carry two factor tables and an
@@ -227,11 +282,49 @@ static int read_moe_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
                             "forward_length' (and has no feed_forward_length to derive it)", a);
     if (hp->n_ff == 0)
         hp->n_ff = hp->n_ff_exp * hp->n_expert_used;
-    hp->expert_weights_norm = true;
+    /* gpt-oss: llama.cpp never renormalises its (softmaxed) weights */
+    hp->expert_weights_norm = hp->arch != ENG_ARCH_GPT_OSS;
     snprintf(key, sizeof key, "%s.expert_weights_norm", a);
-    if (eng_gguf_find_key(g, key) >= 0 &&
+    if (hp->arch != ENG_ARCH_GPT_OSS && eng_gguf_find_key(g, key) >= 0 &&
         (rc = eng_gguf_get_bool(g, key, &hp->expert_weights_norm, err)))
         return rc;
+    return SW_OK;
+}
+
+/* gpt-oss's attention, as llama.cpp reads it: the window (required), the
+ * layer pattern (2 unless the file says: even layers slide, odd ones see
+ * everything), the sliding layers' RoPE base (the model's unless
+ * rope.freq_base_swa), scores scaled by 1/sqrt(head size). Its experts'
+ * gating and activation are set here; read_moe_hparams reads their counts
+ * (the chosen weights are not renormalised: they are a softmax already). */
+static int read_gpt_oss_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
+{
+    const char *a = hp->architecture;
+    char key[128];
+    uint32_t pattern = 2;
+    int rc;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", a);
+    if (eng_gguf_find_key(g, key) < 0)
+        return sw_error_set(err, SW_EFORMAT, "model metadata is missing '%s'", key);
+    if ((rc = read_sliding_window(g, hp, err)))
+        return rc;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    if (eng_gguf_find_key(g, key) >= 0 && (rc = eng_gguf_get_u32(g, key, &pattern, err)))
+        return rc == SW_EFORMAT ? sw_error_set(err, SW_EUNSUPPORTED, "'%s' as a per-layer "
+                                               "array is not supported (a number is)", key)
+                                : rc;
+    if (pattern > (1u << 20))
+        return sw_error_set(err, SW_EFORMAT, "'%s' = %u is out of range", key, pattern);
+    hp->swa_pattern = (int32_t)pattern;
+    if ((rc = read_f32(g, a, "rope.freq_base_swa", &hp->rope_freq_base_swa, err)))
+        return rc;
+    /* the YaRN divisors are computed for one base (read_rope_scaling) */
+    if (hp->rope_freq_base_swa != hp->rope_freq_base)
+        return sw_error_set(err, SW_EUNSUPPORTED, "gpt-oss: a sliding-layer RoPE base "
+                            "(rope.freq_base_swa) other than the model's is not supported");
+    hp->attn_scale = 1.0f / sqrtf((float)hp->n_rot);
+    hp->expert_softmax_after_topk = true;
+    hp->ffn_swiglu_oai = true;
     return SW_OK;
 }
 
@@ -264,6 +357,9 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
     } else if (arch_len == 6 && memcmp(arch, "gemma3", 6) == 0) {
         hp->arch = ENG_ARCH_GEMMA3;
         hp->rope_style = ENG_ROPE_NEOX;
+    } else if (arch_len == 7 && memcmp(arch, "gpt-oss", 7) == 0) {
+        hp->arch = ENG_ARCH_GPT_OSS;
+        hp->rope_style = ENG_ROPE_NEOX;
     } else {
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "unsupported model architecture '%.*s' (supported: %s)",
@@ -279,7 +375,7 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
      * the later architectures take llama.cpp's default, 10000, so both
      * engines agree. */
     hp->rope_freq_base = hp->arch == ENG_ARCH_QWEN2 ? 1000000.0f : 10000.0f;
-    const bool moe = hp->arch == ENG_ARCH_QWEN3MOE;
+    const bool moe = hp->arch == ENG_ARCH_QWEN3MOE || hp->arch == ENG_ARCH_GPT_OSS;
     if ((rc = read_u32(g, a, "embedding_length", &hp->n_embd, true, err)) ||
         (rc = read_u32(g, a, "block_count", &hp->n_layer, true, err)) ||
         (rc = read_u32(g, a, "feed_forward_length", &hp->n_ff, !moe, err)) ||
@@ -326,6 +422,7 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
         return sw_error_set(err, SW_EFORMAT, "rms epsilon and rope base must be positive");
     hp->embd_scale = 1.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->yarn_mscale = 1.0f;
     hp->rope_freq_base_swa = hp->rope_freq_base;
     if (hp->arch == ENG_ARCH_GEMMA3)
         return read_gemma3_hparams(g, hp, err);
@@ -340,6 +437,8 @@ static int read_hparams(const eng_gguf *g, eng_hparams *hp, sw_error *err)
         if ((rc = read_sliding_window(g, hp, err)))
             return rc;
     }
+    if (hp->arch == ENG_ARCH_GPT_OSS && (rc = read_gpt_oss_hparams(g, hp, err)))
+        return rc;
     if (moe)
         return read_moe_hparams(g, hp, err);
     return SW_OK;
@@ -447,6 +546,28 @@ static int bind_experts(const eng_gguf *g, const char *name, int64_t n_in, int64
  * {n_ff_exp, n_embd, n_expert}). The gate and up experts share one
  * conversion of their input (forward_moe.c), so their types must have the
  * same activation format (llama.cpp's quantizer gives them one type). */
+/* An F32 matrix of biases, ne = {n, rows} (gpt-oss's experts' biases, a
+ * row per expert), bound as n * rows values. */
+static int bind_bias_rows(const eng_gguf *g, const char *name, int64_t n, int64_t rows,
+                          eng_weight *out, sw_error *err)
+{
+    const eng_gguf_tensor *t = eng_gguf_find_tensor(g, name);
+    if (!t)
+        return sw_error_set(err, SW_EFORMAT, "model is missing tensor '%s'", name);
+    if (t->n_dims != 2 || t->ne[0] != n || t->ne[1] != rows)
+        return sw_error_set(err, SW_EFORMAT, "tensor '%s' should be [%lld, %lld]", name,
+                            (long long)n, (long long)rows);
+    if (t->type != ENG_TYPE_F32)
+        return sw_error_set(err, SW_EUNSUPPORTED, "tensor '%s' must be f32", name);
+    out->data = t->data;
+    out->type = t->type;
+    out->n_in = n * rows;
+    out->n_out = 1;
+    out->row_bytes = (size_t)(n * rows) * sizeof(float);
+    out->size_bytes = t->size_bytes;
+    return SW_OK;
+}
+
 static int bind_moe(const eng_gguf *g, const eng_hparams *hp, int32_t layer, eng_layer *L,
                     sw_error *err)
 {
@@ -465,6 +586,20 @@ static int bind_moe(const eng_gguf *g, const eng_hparams *hp, int32_t layer, eng
     snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", layer);
     if ((rc = bind_experts(g, name, f, d, e, &L->down_exps, err)))
         return rc;
+    if (hp->arch == ENG_ARCH_GPT_OSS) { /* the router's and the experts' biases */
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.bias", layer);
+        if ((rc = bind_weight(g, name, e, 0, true, &L->ffn_gate_inp_b, err)))
+            return rc;
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.bias", layer);
+        if ((rc = bind_bias_rows(g, name, f, e, &L->gate_exps_b, err)))
+            return rc;
+        snprintf(name, sizeof name, "blk.%d.ffn_up_exps.bias", layer);
+        if ((rc = bind_bias_rows(g, name, f, e, &L->up_exps_b, err)))
+            return rc;
+        snprintf(name, sizeof name, "blk.%d.ffn_down_exps.bias", layer);
+        if ((rc = bind_bias_rows(g, name, d, e, &L->down_exps_b, err)))
+            return rc;
+    }
     if (eng_vec_dot_type(L->gate_exps.type) != eng_vec_dot_type(L->up_exps.type))
         return sw_error_set(err, SW_EUNSUPPORTED, "blk.%d: ffn_gate_exps (%s) and ffn_up_exps "
                             "(%s) of types with different activation formats are not supported",
@@ -518,7 +653,9 @@ static int bind_weights(eng_model *m, sw_error *err)
             {"attn_k", hp->n_embd, kv_dim, false, &L->wk},
             {"attn_v", hp->n_embd, kv_dim, false, &L->wv},
             {"attn_output", q_dim, hp->n_embd, false, &L->wo},
-            {"ffn_norm", hp->n_embd, 0, true, &L->ffn_norm},
+            /* gpt-oss's norm before its experts is post_attention_norm */
+            {hp->arch == ENG_ARCH_GPT_OSS ? "post_attention_norm" : "ffn_norm", hp->n_embd, 0,
+             true, &L->ffn_norm},
             {"ffn_gate", hp->n_embd, hp->n_ff, false, &L->w_gate},
             {"ffn_up", hp->n_embd, hp->n_ff, false, &L->w_up},
             {"ffn_down", hp->n_ff, hp->n_embd, false, &L->w_down},
@@ -585,6 +722,14 @@ static int bind_weights(eng_model *m, sw_error *err)
                 continue;
             snprintf(name, sizeof name, "blk.%d.%s.weight", i, norms[k].suffix);
             if ((rc = bind_weight(g, name, norms[k].n, 0, true, norms[k].dst, err)))
+                return rc;
+        }
+        if (hp->arch == ENG_ARCH_GPT_OSS) { /* the output bias and the sinks */
+            snprintf(name, sizeof name, "blk.%d.attn_output.bias", i);
+            if ((rc = bind_weight(g, name, hp->n_embd, 0, true, &L->bo, err)))
+                return rc;
+            snprintf(name, sizeof name, "blk.%d.attn_sinks.weight", i);
+            if ((rc = bind_weight(g, name, hp->n_head, 0, true, &L->attn_sinks, err)))
                 return rc;
         }
         L->sliding = eng__layer_slides(hp, i);

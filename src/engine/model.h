@@ -43,6 +43,13 @@ typedef enum eng_arch {
                               expert_used_count of expert_count SwiGLU experts
                               per token (softmax, top-k, renormalised), no
                               shared expert */
+    ENG_ARCH_GPT_OSS = 6,  /* gpt-oss (GGUF "gpt-oss"): Q/K/V and output biases,
+                              a learned sink logit per head in every softmax,
+                              even layers sliding (window attention.sliding_
+                              window), YaRN RoPE, and a mixture of experts with
+                              biases: the router's top k logits softmaxed,
+                              clamped SwiGLU (gate * sigmoid(1.702 gate) *
+                              (up + 1)) */
 } eng_arch;
 
 /* How RoPE pairs the dimensions of a head: consecutive (x[2i], x[2i+1]) for
@@ -71,8 +78,8 @@ typedef struct eng_hparams {
     float rope_freq_base;
     /* RoPE scaling: positions are divided by rope_linear_factor (linear
      * scaling, 1 = none); each frequency i is divided by a factor from the
-     * file's rope_freqs.weight tensor or from the Llama 3 rule
-     * (rope.scaling.type "llama3"), see eng_model_rope_factors. */
+     * file's rope_freqs.weight tensor, from the Llama 3 rule
+     * (rope.scaling.type "llama3") or from YaRN's (below). */
     float rope_linear_factor;
     bool tied_output;    /* output head shares token_embd */
     /* gemma3 and what it brings; the other architectures have the
@@ -102,6 +109,22 @@ typedef struct eng_hparams {
     bool expert_weights_norm;  /* the chosen experts' probabilities are divided
                                   by their sum (expert_weights_norm; qwen3moe:
                                   true when the key is absent) */
+    bool expert_softmax_after_topk; /* gpt-oss: the top n_expert_used router
+                                       logits are chosen, then softmaxed among
+                                       themselves (else softmax over all, then
+                                       top k) */
+    bool ffn_swiglu_oai;       /* gpt-oss's expert activation: gate clamped
+                                  to <= 7, up to [-7, 7], out = gate *
+                                  sigmoid(1.702 gate) * (up + 1) */
+    /* YaRN RoPE (rope.scaling.type "yarn"; gpt-oss): each frequency is
+     * blended between interpolated (theta / factor) and the original, by a
+     * ramp over the rotary dimensions between the ones that turn
+     * beta_fast and beta_slow times in the original context; cos and sin
+     * are multiplied by yarn_mscale. yarn_factor 0: no YaRN. */
+    float yarn_factor;
+    float yarn_beta_fast, yarn_beta_slow; /* 32, 1 unless the file says */
+    int32_t yarn_original_ctx;  /* rope.scaling.original_context_length */
+    float yarn_mscale;          /* (1 + 0.1 ln factor) x rope.scaling.attn_factor */
 } eng_hparams;
 
 typedef struct eng_model eng_model;

@@ -3,12 +3,13 @@
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
  * kernels): NaN cleaning and the maximum, the weights with their integer
- * masses and sums, the gather of a histogram bucket's members, and top-k's
- * skip to the next logit above a threshold. Every set gives bit-identical
- * results to the scalar code in sampler.c: maxima and integer sums are
- * exact in any order, and the exponential is the same sequence of
- * single-precision operations (no fused multiply-add) in every lane, so a
- * draw does not depend on the machine that makes it.
+ * masses and per-block sums, the masses a cut keeps, the gather of a
+ * range of histogram buckets' members, and top-k's skip to the next logit
+ * above a threshold. Every set gives bit-identical results to the scalar
+ * code in sampler.c: maxima and integer sums are exact in any order, and
+ * the exponential is the same sequence of correctly rounded
+ * single-precision operations (the same fused multiply-adds, no others) in
+ * every lane, so a draw does not depend on the machine that makes it.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_IMPL_H
 #define SPILLWAY_ENGINE_SAMPLER_IMPL_H
@@ -23,40 +24,58 @@
 typedef float (*eng__sampler_sanitize_max_fn)(float *logits, int32_t n);
 /* The largest of n values (no NaN among them). */
 typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
-/* The weights and masses of n candidates: e[i] = eng__sampler_exp((logits[i]
- * - max) * inv_temp); packed[i] = (bits(e[i]) >> 20) << 52 | trunc(e[i] *
- * 2^40) (the top-level bucket above the mass, for the histogram); *total =
- * the sum of the masses, *above = the sum of those with e >= min_p. */
+/* The weights of n candidates, e[i] = eng__sampler_exp((logits[i] - max) *
+ * inv_temp), and their integer masses trunc(e[i] * 2^40). Stores e when e
+ * is not NULL. kept[b] = the sum of the masses of block b (candidates [b *
+ * ENG_SAMPLER_BLOCK, (b + 1) * ENG_SAMPLER_BLOCK) of these n) with e >=
+ * min_p (every mass when min_p <= 0). */
 typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float max,
-                                        float inv_temp, float min_p, float *e,
-                                        uint64_t *packed, uint64_t *total, uint64_t *above);
+                                        float inv_temp, float min_p, float *e, uint64_t *kept);
+/* The sum of the masses of the weights e[i], i in [from, to), that rank no
+ * later than the cut (e_cut, id_cut): e[i] > e_cut, or e[i] == e_cut and
+ * i <= id_cut. */
+typedef uint64_t (*eng__sampler_kept_mass_fn)(const float *e, int32_t from, int32_t to,
+                                              float e_cut, int32_t id_cut);
 /* The first index in [from, n) whose value is above threshold, or n. */
 typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from, int32_t n,
                                                float threshold);
 
-/* The indices i in [from, to) (ascending) of the weights whose top 12 bits
- * are key (bits >> 20 == key), into out (room for to - from); returns how
- * many. */
-typedef int32_t (*eng__sampler_bucket_fn)(const float *weight, int32_t from, int32_t to,
-                                          uint32_t key, int32_t *out);
+/* Over the weights e[from, to) (from a multiple of ENG_SAMPLER_BLOCK): the
+ * indices (ascending) of those whose top 12 bits (bits >> 20, the
+ * top-level bucket) lie in [lo, hi], into out (room for to - from),
+ * returning how many; and above[b] = the masses of block b of these with a
+ * bucket above hi. */
+typedef int32_t (*eng__sampler_range_fn)(const float *e, int32_t from, int32_t to, uint32_t lo,
+                                         uint32_t hi, uint64_t *above, int32_t *out);
 
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
     eng__sampler_max_fn max;
     eng__sampler_weights_fn weights;
-    eng__sampler_bucket_fn bucket;
+    eng__sampler_range_fn range;
     eng__sampler_first_above_fn first_above;
+    eng__sampler_kept_mass_fn kept_mass;
 } eng__sampler_kernels;
 
 #define ENG_SAMPLER_MASS_SCALE 1099511627776.0f /* 2^40: e -> integer mass */
-#define ENG_SAMPLER_MASS_BITS 52                /* packed: bucket above, mass below */
+#define ENG_SAMPLER_BLOCK 512 /* candidates per block of the draw's walk (kept sums) */
 
 /* The scalar exponential every kernel reproduces lane by lane. */
 float eng__sampler_exp(float x);
-/* The scalar masses of weights e[0..n) (AVX2 has no float -> int64
- * conversion): packed, *total and *above as eng__sampler_weights_fn's. */
-void eng__sampler_masses_scalar(const float *e, int32_t n, float min_p, uint64_t *packed,
-                                uint64_t *total, uint64_t *above);
+/* The scalar code of the kernels, which the vector ones call for their
+ * tails. */
+void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, float inv_temp,
+                                 float min_p, float *e, uint64_t *kept);
+int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint32_t lo,
+                                  uint32_t hi, uint64_t *above, int32_t *out);
+uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
+                                       int32_t id_cut);
+
+/* For tests: how many of s's top-p cuts were found among the top-level
+ * buckets the estimate pointed at [0], among the candidates above them [1],
+ * from the exact histogram [2] (sampler.c, sampler_cut). */
+struct eng_sampler;
+void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[3]);
 
 #if defined(__x86_64__) || defined(__i386__)
 extern const eng__sampler_kernels eng__sampler_kernels_avx2;   /* sampler_avx2.c */

@@ -17,12 +17,13 @@
  *   3. Otherwise: top-k (the k largest logits, ties by lowest id; a heap
  *      selection that skips, a vector at a time, logits that cannot enter
  *      it, so small k never sorts the vocabulary; the k survivors are then
- *      put in id order). Each candidate
- *      then gets a weight relative to the best one,
+ *      put in id order). Each candidate then gets a weight relative to the
+ *      best one,
  *        e = eng__sampler_exp((logit - max) * (1 / temperature))
  *      in single precision (1 / temperature rounded to float, at most
- *      FLT_MAX), with this file's exponential: about 1 ulp from exp, no
- *      fused multiply-add, the same bits from the vector kernels
+ *      FLT_MAX), with this file's exponential: about 1 ulp from exp, a
+ *      fixed sequence of correctly rounded operations (fused multiply-adds
+ *      where it says so), the same bits from the vector kernels
  *      (sampler_avx2.c, sampler_avx512.c) as from the scalar code, so a draw
  *      does not depend on the machine. The best candidate's e is exactly 1;
  *      e is 0 for -inf and below exp(-80). The probabilities are e / sum(e),
@@ -34,35 +35,44 @@
  *        top-p: the shortest prefix of the order whose mass reaches
  *               trunc(top_p * W) (at least one token);
  *        min-p: the tokens with e >= min_p, i.e. probability at least min_p
- *               times the largest (a prefix of the order; at least one token);
+ *               times the largest (a prefix of the order; at least one token;
+ *               min_p > 1 keeps only the best, so it is greedy's token);
  *      the kept set is the shorter of the two prefixes, of mass K. The pick:
  *      with draw k's 53-bit uniform integer u (eng_sampler_uniform is
- *      u / 2^53), target = floor(u * K / 2^53), and the token is the first of
- *      the order whose cumulative mass exceeds target.
+ *      u / 2^53), target = floor(u * K / 2^53), and the token is the first
+ *      kept one, in id order, whose cumulative mass exceeds target.
  *   Every call consumes exactly one draw (the counter goes up by one), greedy
  *   included, so a resumed generation sets the counter to the number of
  *   tokens already sampled.
  *
- * Finding "the first of the order whose cumulative mass exceeds a target"
- * sorts nothing but a handful of tokens (sampler_find): the bits of a
- * non-negative float order like its value, so the masses are summed per
- * value of the top 12 bits of e (a histogram, one pass); walking the buckets
- * from the top gives the one where the cumulative mass crosses the target.
- * Only that bucket's candidates are gathered (in id order), bucketed by the
- * next 10 bits, then the last 10; what is left then has equal e, so it is
- * already in the order. A group of at most SAMPLER_SMALL candidates is
- * sorted directly. Linear time in the vocabulary, whatever the truncation;
- * top-p costs one more search for its cut.
+ * Linear time, and few passes over the vocabulary. Without top-p a draw
+ * reads the logits twice: the maximum, then the masses summed per block of
+ * ENG_SAMPLER_BLOCK candidates (nothing stored); the pick walks the block
+ * sums and recomputes the weights of the one block it lands in. top-p's cut
+ * is the one place the order matters, and nothing is sorted for it but a
+ * handful of tokens (sampler_cut): the bits of a non-negative float order
+ * like its value, so masses bucketed by the top 12 bits of e (a histogram)
+ * and walked from the top give the bucket where the cumulative mass
+ * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
+ * next 10 bits, then the last 10; what is left has equal e, so it is in
+ * the order already. The histogram is estimated while the weights are
+ * stored (every 16th candidate's mass, 16 times); the candidates of the
+ * few buckets around the estimated cut are gathered with the exact mass
+ * above them, and the search runs among them. Where the estimate missed,
+ * the cut is looked for among the candidates above them (a sample misses
+ * the few heavy tokens of a peaked distribution), then in the exact
+ * histogram: the estimate decides only how fast the cut is found, never
+ * which it is.
  *
  * The random stream is counter-based: the uniform number of draw k is a
  * pure function of (seed, k), built from the splitmix64 finaliser, so
  * there is no hidden state to save or restore beyond the counter.
  *
- * Memory: every buffer (candidates, weights and packed masses, the groups
- * of a search, the histograms, penalty counts, the bias list) is allocated
- * once at create, 32 bytes per vocabulary entry and 48 KiB of histograms;
- * sampling allocates nothing. A vocabulary of more than 2^23 entries is
- * refused at create (its masses could pass 2^64).
+ * Memory: every buffer (candidates, top-k's survivors, weights, block
+ * sums, the groups of a search, the histograms, penalty counts, the bias
+ * list) is allocated once at create, 32 bytes per vocabulary entry and 48
+ * KiB of histograms; sampling allocates nothing. A vocabulary of more than
+ * 2^23 entries is refused at create (its masses could pass 2^64).
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
 
@@ -99,13 +109,20 @@ struct eng_sampler {
     const eng__sampler_kernels *kern; /* this call's */
     eng_sampler_threads threads;      /* lent (eng_sampler_set_threads); for_each NULL: none */
     eng_candidate *cand;  /* n_vocab: top-k's heap, then its survivors in id order */
-    float *weight;        /* n_vocab: e of each candidate (index order = id order) */
-    uint64_t *packed;     /* n_vocab: bucket and mass of each (masses kernel) */
-    int32_t *group_a;     /* n_vocab each: indices into weight of the bucket */
-    int32_t *group_b;     /*   being refined (sampler_find) */
+    float *values;        /* n_vocab: top-k's survivors' logits, in id order */
+    float *weight;        /* n_vocab: e of each candidate (index order = id order),
+                             stored for top-p; else one block's, for the walk */
+    uint64_t *kept;       /* per block of ENG_SAMPLER_BLOCK candidates: the masses
+                             min-p keeps (all of them without min-p) */
+    int32_t *group_a;     /* n_vocab each: indices into weight of top-p's */
+    int32_t *group_b;     /*   gathered buckets, and of the levels refining */
+    int32_t *group_c;     /*   them (sampler_refine) */
+    uint64_t total;       /* top-p: every candidate's mass, this call */
+    uint64_t cut_paths[3]; /* top-p cuts found by the estimate's range, by the
+                              candidates above it, by the exact histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
-    uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e, this call */
-    uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* mass_top in the making */
+    uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
+    uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate, per chunk */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
 };
 
@@ -140,11 +157,15 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->n_vocab = n_vocab;
     s->cand = sw_calloc((size_t)n_vocab, sizeof *s->cand);
     s->counts = sw_calloc((size_t)n_vocab, sizeof *s->counts);
+    s->values = sw_calloc((size_t)n_vocab, sizeof *s->values);
     s->weight = sw_calloc((size_t)n_vocab, sizeof *s->weight);
-    s->packed = sw_calloc((size_t)n_vocab, sizeof *s->packed);
+    s->kept = sw_calloc((size_t)(n_vocab + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK,
+                        sizeof *s->kept);
     s->group_a = sw_calloc((size_t)n_vocab, sizeof *s->group_a);
     s->group_b = sw_calloc((size_t)n_vocab, sizeof *s->group_b);
-    if (!s->cand || !s->counts || !s->weight || !s->packed || !s->group_a || !s->group_b)
+    s->group_c = sw_calloc((size_t)n_vocab, sizeof *s->group_c);
+    if (!s->cand || !s->counts || !s->values || !s->weight || !s->kept ||
+        !s->group_a || !s->group_b || !s->group_c)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -169,13 +190,20 @@ void eng_sampler_free(eng_sampler *s)
         return;
     sw_free(s->cand);
     sw_free(s->counts);
+    sw_free(s->values);
     sw_free(s->weight);
-    sw_free(s->packed);
+    sw_free(s->kept);
     sw_free(s->group_a);
     sw_free(s->group_b);
+    sw_free(s->group_c);
     sw_free((void *)s->params.bias_ids);
     sw_free((void *)s->params.bias_values);
     sw_free(s);
+}
+
+void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[3])
+{
+    memcpy(paths, s->cut_paths, sizeof s->cut_paths);
 }
 
 uint64_t eng_sampler_draws(const eng_sampler *s)
@@ -324,22 +352,23 @@ float eng__sampler_exp(float x)
 {
     /* exp(x) = 2^k * exp(r), k = round(x / ln 2), |r| <= ln(2) / 2 (Cody and
      * Waite's two-part ln 2: k * ln2_hi is exact), exp(r) by its Taylor
-     * polynomial of degree 6 (truncation error below 1.2e-7 relative).
-     * Every step is a separately rounded float operation: the vector
-     * kernels do exactly these, lane by lane. */
+     * polynomial of degree 6 (truncation error below 1.2e-7 relative) in
+     * Horner's form. Every step is one correctly rounded float operation,
+     * a fused multiply-add where written so (fmaf; the vector kernels' FMA
+     * instructions round the same way), and the vector kernels do exactly
+     * these, lane by lane. */
     if (!(x >= ENG_SAMPLER_EXP_MIN))
         return 0.0f;
     float t = x * 1.44269504f;
     float kf = (t + 12582912.0f) - 12582912.0f; /* round to nearest, |t| < 2^22 */
-    float r = x - kf * 0.693145752f;
-    r = r - kf * 1.42860677e-6f;
-    float p = 1.38888892e-3f;
-    p = p * r + 8.33333377e-3f;
-    p = p * r + 4.16666679e-2f;
-    p = p * r + 0.166666672f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float r = fmaf(-kf, 0.693145752f, x);
+    r = fmaf(-kf, 1.42860677e-6f, r);
+    float p = fmaf(1.38888892e-3f, r, 8.33333377e-3f);
+    p = fmaf(p, r, 4.16666679e-2f);
+    p = fmaf(p, r, 0.166666672f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
     uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23; /* 2^k, k in [-116, 0] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -367,29 +396,6 @@ static float sampler_scalar_max(const float *logits, int32_t n)
     return m;
 }
 
-static int32_t sampler_scalar_bucket(const float *weight, int32_t from, int32_t to, uint32_t key,
-                                     int32_t *out)
-{
-    int32_t m = 0;
-    for (int32_t i = from; i < to; i++) {
-        uint32_t bits;
-        memcpy(&bits, &weight[i], sizeof bits);
-        /* without a branch: members are scattered, a branch mispredicts */
-        out[m] = i;
-        m += (bits >> 20) == key;
-    }
-    return m;
-}
-
-static void sampler_scalar_weights(const float *logits, int32_t n, float max, float inv_temp,
-                                   float min_p, float *e, uint64_t *packed, uint64_t *total,
-                                   uint64_t *above)
-{
-    for (int32_t i = 0; i < n; i++)
-        e[i] = eng__sampler_exp((logits[i] - max) * inv_temp);
-    eng__sampler_masses_scalar(e, n, min_p, packed, total, above);
-}
-
 static int32_t sampler_scalar_first_above(const float *values, int32_t from, int32_t n,
                                           float threshold)
 {
@@ -400,8 +406,8 @@ static int32_t sampler_scalar_first_above(const float *values, int32_t from, int
 }
 
 static const eng__sampler_kernels sampler_kernels_scalar = {
-    sampler_scalar_sanitize_max, sampler_scalar_max, sampler_scalar_weights,
-    sampler_scalar_bucket, sampler_scalar_first_above};
+    sampler_scalar_sanitize_max, sampler_scalar_max,         eng__sampler_weights_scalar,
+    eng__sampler_range_scalar,   sampler_scalar_first_above, eng__sampler_kept_mass_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -455,18 +461,56 @@ static int32_t sampler_walk(const uint64_t *mass, uint64_t target, uint64_t *acc
     return -1;
 }
 
-void eng__sampler_masses_scalar(const float *weight, int32_t n, float min_p, uint64_t *packed,
-                                uint64_t *total, uint64_t *above)
+void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, float inv_temp,
+                                 float min_p, float *e, uint64_t *kept)
 {
-    uint64_t t = 0, a = 0;
-    for (int32_t i = 0; i < n; i++) {
-        uint64_t w = sampler_mass(weight[i]);
-        packed[i] = (uint64_t)(sampler_bits(weight[i]) >> 20) << ENG_SAMPLER_MASS_BITS | w;
-        t += w;
-        a += w & (0 - (uint64_t)(weight[i] >= min_p)); /* no branch */
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = 0;
+        for (int32_t i = b0; i < b1; i++) {
+            float w = eng__sampler_exp((logits[i] - max) * inv_temp);
+            uint64_t m = sampler_mass(w);
+            if (e)
+                e[i] = w;
+            k += m & (0 - (uint64_t)(w >= min_p)); /* no branch */
+        }
+        kept[b0 / ENG_SAMPLER_BLOCK] = k;
     }
-    *total = t;
-    *above = a;
+}
+
+/* Whether weight e of candidate i ranks no later than the cut (e_cut,
+ * id_cut) in the order. */
+static inline bool sampler_at_or_before(float e, int32_t i, float e_cut, int32_t id_cut)
+{
+    return e > e_cut || (e == e_cut && i <= id_cut);
+}
+
+uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
+                                       int32_t id_cut)
+{
+    uint64_t sum = 0;
+    for (int32_t i = from; i < to; i++)
+        sum += sampler_mass(e[i]) & (0 - (uint64_t)sampler_at_or_before(e[i], i, e_cut, id_cut));
+    return sum;
+}
+
+int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint32_t lo,
+                                  uint32_t hi, uint64_t *above, int32_t *out)
+{
+    int32_t m = 0;
+    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to;
+        uint64_t a = 0;
+        for (int32_t i = b0; i < b1; i++) {
+            uint32_t key = sampler_bits(e[i]) >> 20;
+            a += sampler_mass(e[i]) & (0 - (uint64_t)(key > hi));
+            /* without a branch: members are scattered, a branch mispredicts */
+            out[m] = i;
+            m += key >= lo && key <= hi;
+        }
+        above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
+    }
+    return m;
 }
 
 /* ---- passes over the candidates, split between lent threads ------------ */
@@ -474,28 +518,35 @@ void eng__sampler_masses_scalar(const float *weight, int32_t n, float min_p, uin
 /* Fewer candidates stay on one thread: the hand-off would cost more than
  * half a pass. */
 #define SAMPLER_PARALLEL_MIN 16384
+/* top-p's estimate looks at one candidate in this many, and each block's
+ * largest weight */
+#define SAMPLER_STRIDE 16
+/* top-p's gather takes the top-level buckets this close to the estimate's */
+#define SAMPLER_SPREAD 2
 
-/* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4:
- * chunk c builds its histogram in lanes [c, c + 1) * SAMPLER_LANES /
- * n_chunks of mass_part), what each chunk found, and the pass's inputs. The
- * results do not depend on the chunking: maxima and integer sums combine
- * exactly, and gathers are concatenated in chunk order. */
+/* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4,
+ * each a whole number of blocks but the last: chunk c builds its histogram
+ * in lanes [c, c + 1) * SAMPLER_LANES / n_chunks of mass_part), what each
+ * chunk found, and the pass's inputs. The results do not depend on the
+ * chunking: maxima and integer sums combine exactly, block sums are per
+ * block, and gathers are concatenated in chunk order. */
 typedef struct sampler_pass {
     eng_sampler *s;
     int32_t n, n_chunks;
     float *logits;                 /* sanitize: the whole vocabulary */
     const float *values;           /* weigh: the candidates' logits */
-    float max, inv_temp, min_p;
-    uint32_t key;                  /* gather: the top-level bucket */
+    float max, inv_temp, min_p;    /* weigh: min_p >= 0 */
+    bool top_p;                    /* weigh: store the weights and estimate */
+    uint32_t lo, hi;               /* gather: the range of top-level buckets */
     float chunk_max[SAMPLER_LANES];
-    uint64_t total[SAMPLER_LANES], above[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
 } sampler_pass;
 
 static void sampler_chunk(const sampler_pass *ps, int32_t c, int32_t *begin, int32_t *end)
 {
-    /* chunks of a multiple of 64 candidates: whole vectors, whole lines */
-    int64_t per = (((int64_t)ps->n + ps->n_chunks - 1) / ps->n_chunks + 63) & ~(int64_t)63;
+    /* chunks of whole blocks (whole vectors, whole lines) */
+    int64_t per = ((int64_t)ps->n + ps->n_chunks - 1) / ps->n_chunks;
+    per = (per + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK * ENG_SAMPLER_BLOCK;
     int64_t b = (int64_t)c * per, e = b + per;
     *begin = (int32_t)(b < ps->n ? b : ps->n);
     *end = (int32_t)(e < ps->n ? e : ps->n);
@@ -517,51 +568,92 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
 }
 
-/* Adds n packed masses to the histogram lanes part[0, lanes), candidate i
- * into lane i % lanes: neighbours in one bucket (the common case) would
- * otherwise wait on each other's read-modify-write. */
-static void sampler_histogram_lanes(uint64_t (*part)[SAMPLER_BUCKETS], int32_t lanes,
-                                    const uint64_t *packed, int32_t n)
+static inline uint32_t sampler_key(float e)
 {
-    const uint64_t low = (1ULL << ENG_SAMPLER_MASS_BITS) - 1;
+    return sampler_bits(e) >> 20; /* the top 12 bits: 0..1016 for e in [0, 1] */
+}
+
+/* Adds the masses of weights e[0..n) to the histogram lanes part[0,
+ * lanes) by top-level bucket, candidate i into lane i % lanes: neighbours
+ * in one bucket (the common case) would otherwise wait on each other's
+ * read-modify-write. */
+static void sampler_histogram_lanes(uint64_t (*part)[SAMPLER_BUCKETS], int32_t lanes,
+                                    const float *e, int32_t n)
+{
     int32_t i = 0;
     if (lanes == 4) {
         for (; i + 4 <= n; i += 4) { /* written out */
-            part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
-            part[1][packed[i + 1] >> ENG_SAMPLER_MASS_BITS] += packed[i + 1] & low;
-            part[2][packed[i + 2] >> ENG_SAMPLER_MASS_BITS] += packed[i + 2] & low;
-            part[3][packed[i + 3] >> ENG_SAMPLER_MASS_BITS] += packed[i + 3] & low;
+            part[0][sampler_key(e[i])] += sampler_mass(e[i]);
+            part[1][sampler_key(e[i + 1])] += sampler_mass(e[i + 1]);
+            part[2][sampler_key(e[i + 2])] += sampler_mass(e[i + 2]);
+            part[3][sampler_key(e[i + 3])] += sampler_mass(e[i + 3]);
         }
     } else if (lanes == 2) {
         for (; i + 2 <= n; i += 2) {
-            part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
-            part[1][packed[i + 1] >> ENG_SAMPLER_MASS_BITS] += packed[i + 1] & low;
+            part[0][sampler_key(e[i])] += sampler_mass(e[i]);
+            part[1][sampler_key(e[i + 1])] += sampler_mass(e[i + 1]);
         }
     }
     for (; i < n; i++)
-        part[0][packed[i] >> ENG_SAMPLER_MASS_BITS] += packed[i] & low;
+        part[0][sampler_key(e[i])] += sampler_mass(e[i]);
 }
 
-/* A chunk's weights and masses, and their histogram in its lanes. */
+/* A chunk's masses and their sums per block (of those with e >= min_p);
+ * for top-p also its weights, and its part of the estimate of the masses'
+ * histogram (mass_part lane c): every SAMPLER_STRIDE-th candidate's mass
+ * SAMPLER_STRIDE times, and each block's largest weight's once, so that a
+ * few heavy candidates are not missed. */
 static void sampler_weigh_task(void *arg, int32_t c)
 {
     sampler_pass *ps = arg;
     eng_sampler *s = ps->s;
-    int32_t b, e, lanes = SAMPLER_LANES / ps->n_chunks;
+    const eng__sampler_kernels *kern = s->kern;
+    int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    s->kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p, s->weight + b,
-                     s->packed + b, &ps->total[c], &ps->above[c]);
-    sampler_histogram_lanes(s->mass_part + c * lanes, lanes, s->packed + b, e - b);
+    if (!ps->top_p) {
+        kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p, NULL,
+                      s->kept + b / ENG_SAMPLER_BLOCK);
+        return;
+    }
+    uint64_t *est = s->mass_part[c];
+    for (int32_t b0 = b; b0 < e; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t len = e - b0 > ENG_SAMPLER_BLOCK ? ENG_SAMPLER_BLOCK : e - b0;
+        const float *w = s->weight + b0;
+        kern->weights(ps->values + b0, len, ps->max, ps->inv_temp, ps->min_p, s->weight + b0,
+                      s->kept + b0 / ENG_SAMPLER_BLOCK);
+        for (int32_t i = 0; i < len; i += SAMPLER_STRIDE)
+            est[sampler_key(w[i])] += sampler_mass(w[i]) * SAMPLER_STRIDE;
+    }
 }
 
-/* A chunk's members of the top-level bucket key, at group_a + its start. */
+/* A chunk's members of the top-level buckets [lo, hi], at group_a + its
+ * start, and the masses above hi per block, into kept. */
 static void sampler_gather_task(void *arg, int32_t c)
 {
     sampler_pass *ps = arg;
     eng_sampler *s = ps->s;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    ps->found[c] = s->kern->bucket(s->weight, b, e, ps->key, s->group_a + b);
+    ps->found[c] = s->kern->range(s->weight, b, e, ps->lo, ps->hi,
+                                  s->kept + b / ENG_SAMPLER_BLOCK, s->group_a + b);
+}
+
+/* Gathers the members of the top-level buckets [lo, hi] into group_a (in
+ * index order; returns how many), leaving the masses above hi per block in
+ * kept. */
+static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uint32_t hi)
+{
+    ps->lo = lo;
+    ps->hi = hi;
+    sampler_run(ps, sampler_gather_task);
+    int32_t m = ps->found[0];
+    for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
+        int32_t begin, end;
+        sampler_chunk(ps, c, &begin, &end);
+        memmove(s->group_a + m, s->group_a + begin, sizeof *s->group_a * (size_t)ps->found[c]);
+        m += ps->found[c];
+    }
+    return m;
 }
 
 /* Sorts a small group of indices into the order: e descending, then index
@@ -578,60 +670,157 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
     }
 }
 
-/* The index into weight[0..ps->n) of the first candidate of the order whose
- * cumulative mass exceeds target (which must be below the total mass), and
- * in *through the cumulative mass up to and including it. mass_top holds
- * the top-level histogram. The top-level gather runs in ps's chunks. */
-static int32_t sampler_find(eng_sampler *s, sampler_pass *ps, uint64_t target, uint64_t *through)
+/* The first candidate of the order whose cumulative mass exceeds target,
+ * among group[0..m) (indices into weight, in index order), all of whose
+ * members rank after the mass *acc already counted and share the bits of
+ * their weights above bit shift + 10 (shift 20: any weights). Level by
+ * level, the members are bucketed by the next 10 (at shift 20, 12) bits
+ * of their weights, and only the bucket where the cumulative mass crosses
+ * target is kept (into group_b and group_c in turn: group is left as it
+ * is); what is left after the last level has equal weights, so it is in
+ * the order already, and a group of at most SAMPLER_SMALL is sorted
+ * directly. Returns the index, with *through = the cumulative mass up to
+ * and including it, or -1 when the group's mass does not reach target. */
+static int32_t sampler_refine(eng_sampler *s, const int32_t *group, int32_t m, int shift,
+                              uint64_t target, uint64_t *acc, uint64_t *through)
 {
     const float *e = s->weight;
-    uint64_t acc = 0;
-    int32_t b = sampler_walk(s->mass_top, target, &acc);
-    if (b < 0) {
-        /* unreachable while target < total; the best candidate stays valid */
-        *through = acc;
-        return 0;
-    }
-    int32_t *group = s->group_a, *spare = s->group_b;
-    ps->key = (uint32_t)b;
-    sampler_run(ps, sampler_gather_task);
-    int32_t m = ps->found[0];
-    for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
-        int32_t begin, end;
-        sampler_chunk(ps, c, &begin, &end);
-        memmove(group + m, group + begin, sizeof *group * (size_t)ps->found[c]);
-        m += ps->found[c];
-    }
-    for (int shift = 10; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
+    int32_t *out = s->group_b;
+    for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
         memset(s->mass_sub, 0, sizeof s->mass_sub);
         for (int32_t j = 0; j < m; j++) {
             float v = e[group[j]];
             s->mass_sub[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
         }
-        b = sampler_walk(s->mass_sub, target, &acc);
+        int32_t b = sampler_walk(s->mass_sub, target, acc);
+        if (b < 0)
+            return -1;
         int32_t k = 0;
         for (int32_t j = 0; j < m; j++) {
-            spare[k] = group[j];
+            out[k] = group[j];
             k += ((sampler_bits(e[group[j]]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b;
         }
-        int32_t *tmp = group;
-        group = spare;
-        spare = tmp;
+        group = out;
+        out = out == s->group_b ? s->group_c : s->group_b;
         m = k;
     }
-    /* After the last level every member has the same e and the group is in
-     * index order already; a small group may still need sorting. */
-    if (m <= SAMPLER_SMALL)
-        sampler_sort_small(e, group, m);
+    int32_t *sorted = (int32_t *)group;
+    if (m <= SAMPLER_SMALL) {
+        if (group != out) { /* group may be the caller's: sort a copy */
+            memcpy(out, group, sizeof *out * (size_t)m);
+            sorted = out;
+        }
+        sampler_sort_small(e, sorted, m);
+    }
     for (int32_t j = 0; j < m; j++) {
-        acc += sampler_mass(e[group[j]]);
-        if (acc > target) {
-            *through = acc;
-            return group[j];
+        *acc += sampler_mass(e[sorted[j]]);
+        if (*acc > target) {
+            *through = *acc;
+            return sorted[j];
         }
     }
-    *through = acc;
-    return m > 0 ? group[m - 1] : 0;
+    return -1;
+}
+
+/* top-p's cut: the first candidate of the order whose cumulative mass
+ * exceeds target (below the total mass), with *through = the mass up to
+ * and including it. The weights are stored and mass_part's lanes hold the
+ * weigh pass's estimate of the top-level histogram. From it, the buckets
+ * around the estimated cut are gathered, with the exact masses above them;
+ * when the cut lies among them it is refined there, and kept is left with
+ * each block's mass at or before the cut (*sums true). When the estimate
+ * missed, the exact histogram of every weight decides (*sums false). */
+static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, uint64_t *through)
+{
+    const float *e = s->weight;
+    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
+        uint64_t m = 0;
+        for (int32_t c = 0; c < ps->n_chunks; c++)
+            m += s->mass_part[c][b];
+        s->mass_top[b] = m;
+    }
+    /* The estimate's bucket where the mass below reaches the exact mass the
+     * cut leaves out (walking from the bottom: the many light candidates
+     * are what a sample estimates well). */
+    const uint64_t below = s->total - target;
+    uint64_t acc = 0;
+    int32_t b = 0;
+    while (b < SAMPLER_BUCKETS - 1 && acc + s->mass_top[b] < below)
+        acc += s->mass_top[b++];
+    uint32_t lo = b > SAMPLER_SPREAD ? (uint32_t)(b - SAMPLER_SPREAD) : 0;
+    uint32_t hi = b + SAMPLER_SPREAD < SAMPLER_BUCKETS ? (uint32_t)(b + SAMPLER_SPREAD)
+                                                       : SAMPLER_BUCKETS - 1;
+    const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    int32_t m = sampler_gather(s, ps, lo, hi), at = -1;
+    acc = 0;
+    for (int32_t k = 0; k < n_blocks; k++)
+        acc += s->kept[k];
+    int path = 0;
+    if (acc > target && hi < SAMPLER_BUCKETS - 1) {
+        /* The cut lies above: among the candidates above hi, few where the
+         * sample missed heavy ones (a peaked distribution). */
+        m = sampler_gather(s, ps, hi + 1, SAMPLER_BUCKETS - 1);
+        acc = 0;
+        path = 1;
+    }
+    if (acc <= target)
+        at = sampler_refine(s, s->group_a, m, 20, target, &acc, through);
+    if (at >= 0) {
+        s->cut_paths[path]++;
+        return at;
+    }
+    s->cut_paths[2]++;
+    /* the estimate missed: the exact histogram, then its bucket */
+    memset(s->mass_top, 0, sizeof s->mass_top);
+    sampler_histogram_lanes(&s->mass_top, 1, e, ps->n);
+    acc = 0;
+    b = sampler_walk(s->mass_top, target, &acc);
+    if (b >= 0) {
+        m = sampler_gather(s, ps, (uint32_t)b, (uint32_t)b);
+        at = sampler_refine(s, s->group_a, m, 10, target, &acc, through);
+    }
+    if (at < 0) { /* unreachable while target < total: the best stays valid */
+        *through = s->total;
+        return 0;
+    }
+    return at;
+}
+
+/* The draw's pick: the index of the first kept candidate, in index (= id)
+ * order, whose cumulative mass exceeds target (below the kept mass). Kept:
+ * with a cut, the candidates at or before it in the order (their weights
+ * are stored; with sums, kept holds each block's mass of them); without,
+ * those with e >= ps->min_p, whose sums per block the weigh pass left in
+ * kept (their weights are recomputed for the one block the pick lies in). */
+static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t target, bool cut,
+                            float e_cut, int32_t id_cut)
+{
+    const int32_t n = ps->n;
+    uint64_t acc = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t m = cut ? s->kern->kept_mass(s->weight, b0, b1, e_cut, id_cut)
+                         : s->kept[b0 / ENG_SAMPLER_BLOCK];
+        if (acc + m <= target) {
+            acc += m;
+            continue;
+        }
+        if (!cut) {
+            uint64_t block_kept;
+            s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->inv_temp, ps->min_p,
+                             s->weight + b0, &block_kept);
+        }
+        for (int32_t i = b0; i < b1; i++) {
+            float e = s->weight[i];
+            if (cut ? sampler_at_or_before(e, i, e_cut, id_cut) : e >= ps->min_p) {
+                acc += sampler_mass(e);
+                if (acc > target)
+                    return i;
+            }
+        }
+        break; /* unreachable: the block's kept mass takes acc past target */
+    }
+    return 0;
 }
 
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
@@ -670,15 +859,14 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     if (edited)
         max = kern->max(logits, n);
 
-    if (!(p->temperature > 0.0f)) {
-        /* the argmax, ties to the lowest id (all -inf: id 0) */
-        for (int32_t i = 0; i < n; i++)
-            if (logits[i] == max)
-                return i;
-        return 0;
+    /* Greedy, or min-p keeping only the best: the first candidate at the
+     * maximum (ties to the lowest id; all -inf: id 0). */
+    if (!(p->temperature > 0.0f) || p->min_p > 1.0f) {
+        int32_t i = kern->first_above(logits, 0, n, nextafterf(max, -INFINITY));
+        return i < n ? i : 0;
     }
 
-    /* top-k: the survivors, in id order, with their logits in weight[] */
+    /* top-k: the survivors, in id order, with their logits in values[] */
     int32_t n_cand = n;
     const float *values = logits;
     eng_candidate *cand = NULL;
@@ -688,54 +876,57 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         sampler_select_top_k(kern, cand, logits, n, n_cand);
         qsort(cand, (size_t)n_cand, sizeof *cand, sampler_cmp_id);
         for (int32_t i = 0; i < n_cand; i++)
-            s->weight[i] = cand[i].value;
-        values = s->weight;
+            s->values[i] = cand[i].value;
+        values = s->values;
         max = kern->max(values, n_cand);
     }
     if (!(max > -INFINITY) || max == INFINITY) {
-        /* Degenerate: nothing has finite mass (all -inf), or +inf dominates.
-         * The best-ranked candidate is the only sensible answer. */
-        for (int32_t i = 0; i < n_cand; i++)
-            if (values[i] == max)
-                return cand ? cand[i].id : i;
-        return cand ? cand[0].id : 0;
+        /* Degenerate: nothing has finite mass (all -inf), or +inf
+         * dominates. The best-ranked candidate is the answer. */
+        int32_t i = kern->first_above(values, 0, n_cand, nextafterf(max, -INFINITY));
+        i = i < n_cand ? i : 0;
+        return cand ? cand[i].id : i;
     }
 
     float inv_temp = 1.0f / p->temperature;
     if (!(inv_temp <= FLT_MAX))
         inv_temp = FLT_MAX;
+    const float min_p = p->min_p > 0.0f ? p->min_p : 0.0f; /* 0: every candidate */
     ps.n = n_cand;
     ps.n_chunks = n_cand >= SAMPLER_PARALLEL_MIN ? chunks : 1;
     ps.values = values;
     ps.max = max;
     ps.inv_temp = inv_temp;
-    ps.min_p = p->min_p;
-    memset(s->mass_part, 0, sizeof s->mass_part);
+    ps.top_p = p->top_p < 1.0f;
+    ps.min_p = ps.top_p ? 0.0f : min_p; /* top-p: the blocks' total masses */
+    if (ps.top_p)
+        memset(s->mass_part, 0, sizeof s->mass_part);
     sampler_run(&ps, sampler_weigh_task);
-    uint64_t total = 0, above_min_p = 0;
-    for (int32_t c = 0; c < ps.n_chunks; c++) {
-        total += ps.total[c];
-        above_min_p += ps.above[c];
+    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    uint64_t kept = 0;
+    for (int32_t b = 0; b < n_blocks; b++)
+        kept += s->kept[b]; /* min-p's set (the best at least), or top-p's total */
+    if (!ps.top_p) {
+        int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u, kept), false, 0.0f, 0);
+        return cand ? cand[pos].id : pos;
     }
-    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
-        uint64_t m = 0;
-        for (int32_t l = 0; l < SAMPLER_LANES; l++)
-            m += s->mass_part[l][b];
-        s->mass_top[b] = m;
+
+    s->total = kept;
+    uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
+    uint64_t through = 0;
+    int32_t at = sampler_cut(s, &ps, need > 0 ? need - 1 : 0, &through);
+    float e_cut = s->weight[at];
+    int32_t id_cut = at;
+    kept = through;
+    if (min_p > 0.0f) {
+        uint64_t above = kern->kept_mass(s->weight, 0, n_cand, min_p, INT32_MAX);
+        if (above <= through) { /* min-p's prefix is the shorter */
+            kept = above;
+            e_cut = min_p;
+            id_cut = INT32_MAX;
+        }
     }
-    uint64_t kept = total, through = 0;
-    if (p->min_p > 0.0f) {
-        /* the best candidate (e = 1, mass 2^40) at least */
-        const uint64_t best_mass = (uint64_t)ENG_SAMPLER_MASS_SCALE;
-        kept = above_min_p > best_mass ? above_min_p : best_mass;
-    }
-    if (p->top_p < 1.0f) {
-        uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
-        sampler_find(s, &ps, need > 0 ? need - 1 : 0, &through);
-        if (through < kept)
-            kept = through;
-    }
-    int32_t pos = sampler_find(s, &ps, sampler_scale_u53(u, kept), &through);
+    int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u, kept), true, e_cut, id_cut);
     return cand ? cand[pos].id : pos;
 }
 
@@ -743,20 +934,21 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
 {
     if (n <= 0)
         return;
-    float max_logit = -INFINITY;
-    int32_t n_inf = 0;
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        if (l > max_logit)
-            max_logit = l;
-        if (l == INFINITY)
-            n_inf++;
-    }
+    /* The sampler's kernels, on a copy (NaN becomes -inf): the maximum,
+     * then the masses of exp(logit - max) summed per block, exact integers
+     * (a token below ~1e-12 of the best adds nothing), so the result is the
+     * same on every instruction set. */
+    const eng__sampler_kernels *kern = sampler_kernels();
+    memcpy(logprobs, logits, sizeof *logprobs * (size_t)n);
+    const float max_logit = kern->sanitize_max(logprobs, n);
     if (max_logit == INFINITY) {
         /* +inf entries share all the mass. */
+        int32_t n_inf = 0;
+        for (int32_t i = 0; i < n; i++)
+            n_inf += logprobs[i] == INFINITY;
         const float lp = (float)-log((double)n_inf);
         for (int32_t i = 0; i < n; i++)
-            logprobs[i] = logits[i] == INFINITY ? lp : -INFINITY;
+            logprobs[i] = logprobs[i] == INFINITY ? lp : -INFINITY;
         return;
     }
     if (max_logit == -INFINITY) {
@@ -766,18 +958,17 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
             logprobs[i] = lp;
         return;
     }
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        if (!isnan(l))
-            sum += exp((double)l - (double)max_logit);
+    enum { BLOCKS = 64 };
+    uint64_t kept[BLOCKS], sum = 0;
+    for (int32_t b = 0; b < n; b += BLOCKS * ENG_SAMPLER_BLOCK) {
+        int32_t len = n - b < BLOCKS * ENG_SAMPLER_BLOCK ? n - b : BLOCKS * ENG_SAMPLER_BLOCK;
+        kern->weights(logprobs + b, len, max_logit, 1.0f, 0.0f, NULL, kept);
+        for (int32_t k = 0; k < (len + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK; k++)
+            sum += kept[k];
     }
     /* (l - max) - log(sum), not l - (max + log(sum)): with max = 1e30 the
-     * latter would lose log(sum) to rounding. */
-    const double log_sum = log(sum);
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        logprobs[i] = isnan(l) ? -INFINITY
-                               : (float)(((double)l - (double)max_logit) - log_sum);
-    }
+     * latter would lose log(sum) to rounding. The best's mass is 2^40. */
+    const double log_sum = log((double)sum) - 40.0 * M_LN2;
+    for (int32_t i = 0; i < n; i++)
+        logprobs[i] = (float)(((double)logprobs[i] - (double)max_logit) - log_sum);
 }

@@ -11,11 +11,11 @@
  * penalties (also in greedy mode); temperature <= 0: argmax, ties to the lowest id;
  * else top-k -> temperature -> softmax (each candidate's weight relative to
  * the best, from a single-precision exponential that is bit-identical on
- * every instruction set, and its integer mass) -> top-p -> min-p ->
- * renormalise -> pick with draw k's uniform number, walking tokens by
- * probability descending, ties by id ascending. The walk is a linear-time
- * search, not a sort; all sums are integer sums, so a draw is a pure
- * function of (logits, parameters, seed, k) whatever the machine.
+ * every instruction set, and its integer mass) -> top-p (a prefix of the
+ * tokens by probability descending, ties by id ascending) -> min-p ->
+ * renormalise -> pick with draw k's uniform number, walking the kept tokens
+ * by id. Linear time, no sort; all sums are integer sums, so a draw is a
+ * pure function of (logits, parameters, seed, k) whatever the machine.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_H
 #define SPILLWAY_ENGINE_SAMPLER_H

@@ -563,6 +563,37 @@ int eng_model_make_preset(const char *name, eng_model_make_params *out)
         p.rope_freq_base = 1000000.0f;
         p.rms_eps = 1e-6f;
         p.weight_type = ENG_TYPE_Q8_0;
+    } else if (strcmp(name, "gpt-oss-tiny") == 0) {
+        /* gpt-oss's layout at test size: qwen3-tiny's heads (64 wide, as
+         * gpt-oss's), 8 experts of FFN 128, 2 per token, layer 0 sliding
+         * with a window shorter than the test prompts, layer 1 global,
+         * gpt-oss's RoPE base and YaRN (factor 32 over 4096) */
+        eng_model_make_preset("qwen3-tiny", &p);
+        p.architecture = "gpt-oss";
+        p.n_ff = 128;
+        p.n_expert = 8;
+        p.n_expert_used = 2;
+        p.sliding_window = 8;
+        p.rope_freq_base = 150000.0f;
+        p.rms_eps = 1e-5f;
+    } else if (strcmp(name, "gpt-oss-small") == 0) {
+        /* a shape for decode speed: gpt-oss-20b's proportions (heads of 64,
+         * 8 KV heads, 32 experts as wide as the model, 4 per token, window
+         * 128 on even layers) at a size a test machine holds: 0.90 G
+         * parameters, of which a token reads 0.16 G (under a fifth) */
+        p.architecture = "gpt-oss";
+        p.n_embd = 1024;
+        p.n_layer = 8;
+        p.n_head = 16;
+        p.n_head_kv = 8;
+        p.head_dim = 64;
+        p.n_ff = 1024;
+        p.n_expert = 32;
+        p.n_expert_used = 4;
+        p.sliding_window = 128;
+        p.n_vocab = 32000;
+        p.rope_freq_base = 150000.0f;
+        p.weight_type = ENG_TYPE_Q8_0;
     } else if (strcmp(name, "gemma3-tiny") == 0) {
         /* Gemma 3's layout at test size: qwen3-tiny's shape (heads wider
          * than dim / heads), a sliding layer with a window shorter than
@@ -587,22 +618,26 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     if (p->architecture && strcmp(p->architecture, "llama") != 0 &&
         strcmp(p->architecture, "llama3") != 0 && strcmp(p->architecture, "qwen2") != 0 &&
         strcmp(p->architecture, "qwen3") != 0 && strcmp(p->architecture, "phi3") != 0 &&
-        strcmp(p->architecture, "gemma3") != 0 && strcmp(p->architecture, "qwen3moe") != 0)
+        strcmp(p->architecture, "gemma3") != 0 && strcmp(p->architecture, "qwen3moe") != 0 &&
+        strcmp(p->architecture, "gpt-oss") != 0)
         return sw_error_set(err, SW_EINVAL,
                             "model make: architecture '%s' is not supported (llama, llama3, "
-                            "qwen2, qwen3, qwen3moe, phi3, gemma3)", p->architecture);
+                            "qwen2, qwen3, qwen3moe, phi3, gemma3, gpt-oss)", p->architecture);
+    const bool gpt_oss = p->architecture && strcmp(p->architecture, "gpt-oss") == 0;
     const bool qwen3moe = p->architecture && strcmp(p->architecture, "qwen3moe") == 0;
-    if (!qwen3moe && (p->n_expert != 0 || p->n_expert_used != 0))
-        return sw_error_set(err, SW_EINVAL, "model make: experts are qwen3moe's");
-    if (qwen3moe && (p->n_expert < 1 || p->n_expert > 256 || p->n_expert_used < 1 ||
+    if (!qwen3moe && !gpt_oss && (p->n_expert != 0 || p->n_expert_used != 0))
+        return sw_error_set(err, SW_EINVAL, "model make: experts are qwen3moe's and gpt-oss's");
+    if (gpt_oss && p->sliding_window <= 0)
+        return sw_error_set(err, SW_EINVAL, "model make: gpt-oss needs a sliding window");
+    if ((qwen3moe || gpt_oss) && (p->n_expert < 1 || p->n_expert > 256 || p->n_expert_used < 1 ||
                      p->n_expert_used > p->n_expert || p->n_expert_used > 64))
-        return sw_error_set(err, SW_EINVAL, "model make: qwen3moe needs 1..256 experts (%d) and "
-                            "1..min(experts, 64) of them used per token (%d)", p->n_expert,
-                            p->n_expert_used);
+        return sw_error_set(err, SW_EINVAL, "model make: %s needs 1..256 experts (%d) and "
+                            "1..min(experts, 64) of them used per token (%d)", p->architecture,
+                            p->n_expert, p->n_expert_used);
     const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
     const bool llama = !p->architecture || strcmp(p->architecture, "llama") == 0 ||
                        strcmp(p->architecture, "llama3") == 0;
-    if (!gemma3 && !llama && p->sliding_window != 0)
+    if (!gemma3 && !llama && !gpt_oss && p->sliding_window != 0)
         return sw_error_set(err, SW_EINVAL, "model make: a sliding window is gemma3's or "
                             "llama's (llama3's)");
     if (!gemma3 && (p->sliding_window_pattern != 0 || p->final_logit_softcap != 0.0f))
@@ -727,6 +762,8 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
     const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
     const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
     const bool qwen3moe = p->architecture && strcmp(p->architecture, "qwen3moe") == 0;
+    const bool gpt_oss = p->architecture && strcmp(p->architecture, "gpt-oss") == 0;
+    const bool moe = qwen3moe || gpt_oss;
     const int64_t q_out = p->n_head * head_dim, kv_out = p->n_head_kv * head_dim;
     const float u = 1.7320508f; /* sqrt(3): amplitude of a uniform with std 1 */
     const float head_amp = 4.0f * u / sqrtf((float)d);
@@ -780,7 +817,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             MM_T("blk.%d.attn_k.weight", wt, 2, d, kv_out, 0.0f, in_d);
             MM_T("blk.%d.attn_v.weight", v_t, 2, d, kv_out, 0.0f, in_d);
         }
-        if (p->architecture && strcmp(p->architecture, "qwen2") == 0) {
+        if (gpt_oss || (p->architecture && strcmp(p->architecture, "qwen2") == 0)) {
             /* Qwen2's Q/K/V biases (F32), small next to the products. */
             MM_T("blk.%d.attn_q.bias", f32, 1, q_out, 1, 0.0f, 0.2f);
             MM_T("blk.%d.attn_k.bias", f32, 1, kv_out, 1, 0.0f, 0.2f);
@@ -792,10 +829,19 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             MM_T("blk.%d.attn_k_norm.weight", f32, 1, head_dim, 1, 1.0f, 0.1f);
         }
         MM_T("blk.%d.attn_output.weight", out_proj_t, 2, q_out, d, 0.0f, in_q);
+        if (gpt_oss) {
+            /* the output bias; a sink logit per head, of the size of the
+             * scores (some heads' sinks take much of the mass, others
+             * little); the norm before the experts, post_attention_norm */
+            MM_T("blk.%d.attn_output.bias", f32, 1, d, 1, 0.0f, 0.2f);
+            MM_T("blk.%d.attn_sinks.weight", f32, 1, p->n_head, 1, 0.0f, 2.0f);
+            MM_T("blk.%d.post_attention_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
+        }
         if (gemma3) /* the norm of the attention output, before the residual add */
             MM_T("blk.%d.post_attention_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
-        MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
-        if (qwen3moe) {
+        if (!gpt_oss)
+            MM_T("blk.%d.ffn_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
+        if (moe) {
             /* the router (F32, as llama.cpp's quantizer leaves it), then the
              * experts as 3-D tensors {row length, rows, experts}; ffn_down's
              * extra bits in a mix apply to ffn_down_exps, as llama.cpp's
@@ -816,6 +862,12 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             MM_T("blk.%d.ffn_down_exps.weight", down_t, 3, p->n_ff, d, 0.0f, in_ff);
             if (t)
                 t[n - 1].ne[2] = e;
+            if (gpt_oss) { /* biases of the router and of each expert (F32) */
+                MM_T("blk.%d.ffn_gate_inp.bias", f32, 1, e, 1, 0.0f, 1.0f);
+                MM_T("blk.%d.ffn_gate_exps.bias", f32, 2, p->n_ff, e, 0.0f, 0.2f);
+                MM_T("blk.%d.ffn_up_exps.bias", f32, 2, p->n_ff, e, 0.0f, 0.2f);
+                MM_T("blk.%d.ffn_down_exps.bias", f32, 2, d, e, 0.0f, 0.2f);
+            }
         } else if (phi3) {
             /* Phi-3's fused gate and up: the gate rows, then the up rows */
             MM_T("blk.%d.ffn_up.weight", wt, 2, d, 2 * (int64_t)p->n_ff, 0.0f, in_d);
@@ -823,7 +875,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             MM_T("blk.%d.ffn_gate.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
             MM_T("blk.%d.ffn_up.weight", wt, 2, d, p->n_ff, 0.0f, in_d);
         }
-        if (!qwen3moe)
+        if (!moe)
             MM_T("blk.%d.ffn_down.weight", down_t, 2, p->n_ff, d, 0.0f, in_ff);
         if (gemma3)
             MM_T("blk.%d.post_ffw_norm.weight", f32, 1, d, 1, 1.0f, 0.1f);
@@ -834,7 +886,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
 
 int64_t eng_model_make_n_params(const eng_model_make_params *p)
 {
-    mm_tensor t[16];
+    mm_tensor t[32];
     int64_t total = 0;
     if (eng_model_make_validate(p, NULL) != SW_OK)
         return -1;
@@ -897,8 +949,9 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     const bool phi3 = p->architecture && strcmp(p->architecture, "phi3") == 0;
     const bool gemma3 = p->architecture && strcmp(p->architecture, "gemma3") == 0;
     const bool qwen3moe = p->architecture && strcmp(p->architecture, "qwen3moe") == 0;
+    const bool gpt_oss = p->architecture && strcmp(p->architecture, "gpt-oss") == 0;
     const char *a = qwen3 ? "qwen3" : qwen3moe ? "qwen3moe" : qwen2 ? "qwen2" : phi3 ? "phi3"
-                    : gemma3 ? "gemma3" : "llama";
+                    : gemma3 ? "gemma3" : gpt_oss ? "gpt-oss" : "llama";
     char key[96];
 #define MM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
 #define MM_CHECK(call)                                                                          \
@@ -923,14 +976,22 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
     /* The head size, as converted Qwen3 files write it (and any file whose
      * heads are not dim / heads wide). */
-    if (qwen3 || qwen3moe || gemma3 || p->head_dim != 0) {
+    if (qwen3 || qwen3moe || gemma3 || gpt_oss || p->head_dim != 0) {
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.key_length"), head_dim));
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("attention.value_length"), head_dim));
     }
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
     MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("rope.freq_base"), p->rope_freq_base));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("vocab_size"), (uint32_t)p->n_vocab));
-    if (qwen3moe) {
+    if (gpt_oss) {
+        /* YaRN as gpt-oss's files have it: factor 32 over an original
+         * context of 4096 */
+        MM_CHECK(eng_gguf_writer_set_str(w, MM_KEY("rope.scaling.type"), "yarn"));
+        MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("rope.scaling.factor"), 32.0f));
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("rope.scaling.original_context_length"),
+                                         4096));
+    }
+    if (qwen3moe || gpt_oss) {
         /* the keys Qwen3-MoE's converted files have (no expert_weights_norm:
          * renormalised is the architecture's default) */
         MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("expert_count"), (uint32_t)p->n_expert));
@@ -1012,6 +1073,8 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
     int64_t max_row = p->n_embd > p->n_ff ? p->n_embd : p->n_ff;
     if ((int64_t)p->n_head * mm_head_dim(p) > max_row) /* attn_output's rows */
         max_row = (int64_t)p->n_head * mm_head_dim(p);
+    if (p->n_expert > max_row) /* gpt-oss's router bias */
+        max_row = p->n_expert;
     row = sw_malloc(sizeof(float) * (size_t)max_row);
     head_scale = sw_malloc(sizeof(float) * (size_t)v.n);
     if (!pieces || !w || !row || !head_scale) {
@@ -1027,7 +1090,7 @@ static int mm_build(const eng_model_make_params *p, eng_gguf_writer **out, sw_er
         goto fail;
     }
     for (int32_t layer = -1; layer <= p->n_layer; layer++) {
-        mm_tensor t[16];
+        mm_tensor t[32];
         int64_t n = mm_tensor_table(p, layer, t);
         for (int64_t i = 0; i < n; i++) {
             size_t size = 0;

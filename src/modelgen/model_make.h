@@ -81,7 +81,12 @@ typedef struct eng_model_make_params {
                                  "gemma3" (gemma3 keys, per-head Q/K norms,
                                  post_attention_norm / post_ffw_norm, key_length;
                                  token_embd of std 1/sqrt(dim), so that the
-                                 embedding scaled by sqrt(dim) has std 1) */
+                                 embedding scaled by sqrt(dim) has std 1) or
+                                 "gpt-oss" (Q/K/V and output biases,
+                                 attn_sinks, post_attention_norm before the
+                                 experts, qwen3moe's experts with biases,
+                                 YaRN keys: factor 32 over 4096; needs a
+                                 sliding window: even layers slide) */
     const char *name;         /* general.name; NULL: "spillway-synthetic" */
     int32_t n_embd;           /* model dimension */
     int32_t n_layer;
@@ -103,7 +108,7 @@ typedef struct eng_model_make_params {
     bool tied_output;         /* no output.weight: the head uses token_embd */
     uint64_t seed;            /* default 1 */
     eng_model_make_mix mix;   /* ENG_MIX_NONE: every matrix weight_type */
-    /* gemma3 only (the window also llama / llama3); 0 leaves the key out
+    /* gemma3 only (the window also llama / llama3 / gpt-oss, which needs one); 0 leaves the key out
      * (llama.cpp's default then applies) */
     int32_t sliding_window;          /* ARCH.attention.sliding_window (0: none,
                                         every layer global; llama: every layer
@@ -111,7 +116,7 @@ typedef struct eng_model_make_params {
     int32_t sliding_window_pattern;  /* gemma3.attention.sliding_window_pattern
                                         (0: absent, which llama.cpp reads as 6) */
     float final_logit_softcap;       /* gemma3.final_logit_softcapping (0: absent) */
-    /* qwen3moe only (0 elsewhere): expert_count and expert_used_count; each
+    /* qwen3moe and gpt-oss only (0 elsewhere): expert_count and expert_used_count; each
      * expert's hidden size is n_ff (written as expert_feed_forward_length
      * and as feed_forward_length), and a layer has ffn_gate_inp (the router,
      * F32, std 1/sqrt(dim)) and the 3-D ffn_gate_exps / ffn_up_exps /
@@ -143,6 +148,13 @@ eng_model_make_params eng_model_make_default_params(void);
  *           128, 4 KV, 64 experts of FFN 512, 8 used, vocab 32000, Q8_0, rope
  *           base 1e6, rms eps 1e-6 (a decode speed shape: 0.91 G parameters,
  *           about a fifth of them read per token)
+ *   gpt-oss-tiny - architecture gpt-oss, qwen3-tiny's shape with 8 experts of
+ *           FFN 128, 2 used, layer 0 sliding with a window of 8, rope base
+ *           150000, rms eps 1e-5 (tests/data/gpt-oss-tiny.golden.json)
+ *   gpt-oss-small - architecture gpt-oss, dim 1024, 8 layers, 16 heads of
+ *           64, 8 KV, 32 experts of FFN 1024, 4 used, window 128, vocab
+ *           32000, Q8_0 (a decode speed shape, gpt-oss-20b's proportions:
+ *           0.90 G parameters, 0.16 G of them read per token)
  *   gemma3-tiny - architecture gemma3, dim 128, 2 layers (layer 0 sliding with
  *           a window of 8, layer 1 global: pattern 2), 4 heads of 64, 2 KV,
  *           FFN 384, vocab 1024, F32, rope base 1e6 (the sliding layer's

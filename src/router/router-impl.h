@@ -221,6 +221,8 @@ typedef struct rt_req {
     char path[256];
     char request_id[80];
     char auth[256];
+    char origin[256];        /* Origin (a browser's page), "" none */
+    const char *cors_allow;  /* its Access-Control-Allow-Origin, NULL: none */
     long long deadline_ms;   /* -1 none */
     char *body;
     size_t body_len;

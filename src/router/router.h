@@ -112,6 +112,8 @@ typedef struct rt_config {
     int n_keys;
     char state_dir[512];       /* default ./spillway-state */
     size_t max_body_bytes;     /* default 1 MiB */
+    char cors_origins[1024];   /* origins a browser page may call from: "*" (default) any,
+                                  "" none, else a list (api_cors_allow) */
     int max_attempts;          /* default 3 */
     int max_connections;       /* default 256 */
     int queue_size;            /* requests waiting for a worker (64) */

@@ -6,6 +6,8 @@
  */
 #include "router/router.h"
 
+#include "api/api.h"
+
 #include <ini.h>
 #include <jansson.h>
 
@@ -31,6 +33,7 @@ void rt_config_defaults(rt_config *c)
     snprintf(c->listen, sizeof c->listen, "127.0.0.1:8080");
     snprintf(c->state_dir, sizeof c->state_dir, "spillway-state");
     c->max_body_bytes = (size_t)1 << 20;
+    snprintf(c->cors_origins, sizeof c->cors_origins, "*");
     c->max_attempts = 3;
     c->max_connections = 256;
     c->queue_size = 64;
@@ -147,6 +150,10 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
                 return cfg_fail(p, s, name, "a key has 8 to 127 characters", v);
             c->n_keys++;
         }
+    } else if (!strcmp(name, "cors-origins")) {
+        if (!cfg_copy(c->cors_origins, sizeof c->cors_origins, v) || !api_cors_list_valid(v))
+            return cfg_fail(p, s, name, "expected *, nothing, or origins such as https://app.example",
+                            v);
     } else if (!strcmp(name, "state-dir")) {
         if (!v[0] || !cfg_copy(c->state_dir, sizeof c->state_dir, v))
             return cfg_fail(p, s, name, "expected a directory path", v);

@@ -11,6 +11,7 @@
 #include "router/router-impl.h"
 #include "router/router_net.h"
 
+#include "api/api.h"
 #include "api/http1.h"
 
 #include "common/alloc.h"
@@ -143,6 +144,43 @@ void rt__chunked_end(rt_req *q)
     q->chunked_open = false;
 }
 
+/* A browser page's request from an origin the configuration allows: the
+ * origin it may read the answer from, and the headers it may read. */
+static void cors_lines(const rt_req *q, sw_tb *t)
+{
+    if (!q->cors_allow)
+        return;
+    SW_TB_LIT(t, "Access-Control-Allow-Origin: ");
+    sw_tb_str(t, q->cors_allow);
+    if (strcmp(q->cors_allow, "*"))
+        SW_TB_LIT(t, "\r\nVary: Origin");
+    SW_TB_LIT(t, "\r\nAccess-Control-Expose-Headers: " API_CORS_EXPOSE "\r\n");
+}
+
+/* A CORS preflight (OPTIONS before a page's request; it carries no key):
+ * 204, with what the page may send when its origin is allowed. */
+static void send_preflight(rt_req *q, const char *asked_headers)
+{
+    char head[2048];
+    sw_tb t;
+    sw_tb_init(&t, head, sizeof head);
+    SW_TB_LIT(&t, "HTTP/1.1 204 No Content\r\nAllow: " API_CORS_METHODS "\r\nConnection: ");
+    sw_tb_str(&t, rt__conn_hdr(q));
+    SW_TB_LIT(&t, "\r\nX-Request-Id: ");
+    sw_tb_str(&t, q->request_id);
+    SW_TB_LIT(&t, "\r\n");
+    if (q->cors_allow) {
+        cors_lines(q, &t);
+        SW_TB_LIT(&t, "Access-Control-Allow-Methods: " API_CORS_METHODS
+                      "\r\nAccess-Control-Allow-Headers: ");
+        sw_tb_str(&t, api_cors_request_headers(asked_headers));
+        SW_TB_LIT(&t, "\r\nAccess-Control-Max-Age: 86400\r\n");
+    }
+    SW_TB_LIT(&t, "\r\n");
+    if (sw_tb_ok(&t))
+        rt__sink_write(q, head, t.len);
+}
+
 /* The head lines every response has after its first ones: Connection,
  * X-Request-Id, the worker, attempts and admission (each line ends with
  * CRLF; the last one's CRLF is the caller's, after any extra lines). */
@@ -177,6 +215,7 @@ static void head_common(const rt_req *q, sw_tb *t)
         sw_tb_u64(t, (uint64_t)(q->queue_ms + 0.5));
         SW_TB_LIT(t, "\r\n");
     }
+    cors_lines(q, t);
 }
 
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
@@ -219,7 +258,7 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
 
 int rt__stream_begin(rt_req *q)
 {
-    char head[768];
+    char head[1536];
     sw_tb t;
     sw_tb_init(&t, head, sizeof head);
     sw_tb_str(&t, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -899,7 +938,7 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     long long content_length = 0;
     bool chunked = false, bad_length = false, seen_length = false;
     bool expect_continue = false, expect_other = false;
-    char rid[256] = "", conn[256] = "";
+    char rid[256] = "", conn[256] = "", cors_headers[512] = "";
     for (char *line = strstr(buf, "\r\n"); line; line = strstr(line, "\r\n")) {
         line += 2;
         char *colon = strchr(line, ':');
@@ -932,6 +971,10 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             copy_str(conn, sizeof conn, val);
         else if (nl == 13 && !strncasecmp(line, "Authorization", 13))
             copy_str(q.auth, sizeof q.auth, val);
+        else if (nl == 6 && !strncasecmp(line, "Origin", 6))
+            copy_str(q.origin, sizeof q.origin, val);
+        else if (nl == 30 && !strncasecmp(line, "Access-Control-Request-Headers", 30))
+            snprintf(cors_headers, sizeof cors_headers, "%.*s", (int)vl, v);
         else if (nl == 12 && !strncasecmp(line, "X-Request-Id", 12))
             copy_str(rid, sizeof rid, val);
         else if (nl == 22 && !strncasecmp(line, "X-Spillway-Deadline-Ms", 22))
@@ -985,6 +1028,20 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         pthread_mutex_lock(&rt->mu);
         rt->keepalive_reused++;
         pthread_mutex_unlock(&rt->mu);
+    }
+    q.cors_allow = api_cors_allow(rt->cfg->cors_origins, q.origin);
+    if (!strcmp(q.method, "OPTIONS")) {
+        /* a preflight, or a client asking what the server allows: before
+         * the key (a browser's preflight never carries one) */
+        if (content_length != 0 || bad_length || chunked)
+            q.keep_alive = false; /* its body is left unread */
+        send_preflight(&q, cors_headers);
+        again = q.responded && q.keep_alive;
+        if (again) {
+            hl -= head_len;
+            memmove(buf, buf + head_len, hl);
+        }
+        goto done;
     }
     /* From here an error that leaves the body unread ends the
      * connection: the unread bytes cannot be told from a next request. */

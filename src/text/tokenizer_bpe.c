@@ -1,5 +1,6 @@
 /* tokenizer_bpe.c - GPT-2 style byte-level BPE ("gpt2" in
- * tokenizer.ggml.model): Llama 3, Qwen2, GPT-2 and their relatives.
+ * tokenizer.ggml.model): Llama 3, Qwen2, GPT-2, gpt-oss (o200k) and their
+ * relatives.
  *
  * tokenizer.c loads the vocabulary, cuts the text at special tokens and
  * calls eng__bpe_tokenize for every plain fragment; this file does the rest:
@@ -39,6 +40,7 @@ typedef enum bpe_pre {
     BPE_PRE_GPT2 = 0,  /* "default", "gpt2", "gpt-2" */
     BPE_PRE_LLAMA3,    /* "llama-bpe" */
     BPE_PRE_QWEN2,     /* "qwen2" */
+    BPE_PRE_GPT4O,     /* "gpt-4o" (o200k: gpt-oss) */
 } bpe_pre;
 
 static const struct {
@@ -50,6 +52,7 @@ static const struct {
     {"gpt-2", BPE_PRE_GPT2},
     {"llama-bpe", BPE_PRE_LLAMA3},
     {"qwen2", BPE_PRE_QWEN2},
+    {"gpt-4o", BPE_PRE_GPT4O},
 };
 
 #define BPE_MAX_MERGES ((uint64_t)1 << 24)
@@ -310,7 +313,7 @@ int eng__bpe_load(const eng_gguf *g, eng_tokenizer *tok, bool add_bos_key_presen
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "BPE pre-tokenizer \"%.*s\" (tokenizer.ggml.pre) is not supported "
                             "(supported: \"default\", \"gpt2\", \"gpt-2\", \"llama-bpe\", "
-                            "\"qwen2\")",
+                            "\"qwen2\", \"gpt-4o\")",
                             (int)(pre_len > 64 ? 64 : pre_len), pre_name);
     bpe->ignore_merges = bpe->pre == BPE_PRE_LLAMA3;
 
@@ -753,6 +756,76 @@ static size_t pre_llama3(const uint32_t *cps, const uint8_t *cls, size_t n, size
     return match_spaces(cls, n, i);
 }
 
+/* gpt-4o's letters from s: the first two alternatives of the expression
+ * below, A1 = U* L+ C? and A2 = U+ L* C?, where U is a letter other than
+ * a-z, L a letter other than A-Z (a letter outside ASCII is both) and C a
+ * contraction, any ASCII case. Returns the end, or 0 when neither matches
+ * (s is not a letter). A1 tries the longest U* first: when the letter
+ * after it is an L (a-z), L+ runs on from there; otherwise U* gives back
+ * letters until one it gave back is an L (a non-ASCII letter), which is
+ * then L+ alone (the letters after it are A-Z). A2 is left for a run of
+ * A-Z only. */
+static size_t gpt4o_letters(const uint32_t *cps, const uint8_t *cls, size_t n, size_t s)
+{
+#define U_AT(k) ((cls[k] & CP_LETTER) && !(cps[k] >= 'a' && cps[k] <= 'z'))
+#define L_AT(k) ((cls[k] & CP_LETTER) && !(cps[k] >= 'A' && cps[k] <= 'Z'))
+    size_t u = s, end = 0;
+    while (u < n && U_AT(u))
+        u++;
+    if (u < n && L_AT(u)) {
+        end = u;
+        while (end < n && L_AT(end))
+            end++;
+    } else {
+        for (size_t k = u; k > s && !end; k--)
+            if (L_AT(k - 1))
+                end = k;
+        if (!end && u > s) /* A2: the U+ run; no L follows it */
+            end = u;
+    }
+#undef U_AT
+#undef L_AT
+    if (!end)
+        return 0;
+    return end < n ? end + match_contraction(cps, n, end, true) : end;
+}
+
+/* gpt-4o (o200k, gpt-oss's), as llama.cpp runs it - its form of the
+ * expression, where "upper" and "lower" letters are told apart by ASCII
+ * case only (a letter outside ASCII counts as both):
+ *   [^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,3}|
+ *    ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * (U, L, C as gpt4o_letters says). */
+static size_t pre_gpt4o(const uint32_t *cps, const uint8_t *cls, size_t n, size_t i)
+{
+    uint8_t c = cls[i];
+    if (!(c & (CP_NEWLINE | CP_LETTER | CP_NUMBER)) && i + 1 < n && (cls[i + 1] & CP_LETTER))
+        return gpt4o_letters(cps, cls, n, i + 1) - i;
+    if (c & CP_LETTER)
+        return gpt4o_letters(cps, cls, n, i) - i;
+    if (c & CP_NUMBER) {
+        size_t e = i;
+        while (e < n && e - i < 3 && (cls[e] & CP_NUMBER))
+            e++;
+        return e - i;
+    }
+    size_t start = cps[i] == ' ' && i + 1 < n && is_other(cls[i + 1]) ? i + 1 : i;
+    if (is_other(cls[start])) {
+        size_t e = start;
+        while (e < n && is_other(cls[e]))
+            e++;
+        while (e < n && (cps[e] == '\r' || cps[e] == '\n' || cps[e] == '/'))
+            e++;
+        return e - i;
+    }
+    /* A space. \s*[\r\n]+: up to the last newline of the run of spaces. */
+    size_t e = run_of(cls, n, i, CP_SPACE);
+    for (size_t k = e; k > i; k--)
+        if (cls[k - 1] & CP_NEWLINE)
+            return k - i;
+    return match_spaces(cls, n, i);
+}
+
 int eng__bpe_tokenize(const eng_tokenizer *tok, eng__bpe_work **work, const char *text,
                       size_t len, eng__ids *out)
 {
@@ -801,6 +874,9 @@ int eng__bpe_tokenize(const eng_tokenizer *tok, eng__bpe_work **work, const char
             break;
         case BPE_PRE_QWEN2:
             m = pre_llama3(w->cps, w->cls, n, i, 1);
+            break;
+        case BPE_PRE_GPT4O:
+            m = pre_gpt4o(w->cps, w->cls, n, i);
             break;
         default:
             m = pre_gpt2(w->cps, w->cls, n, i);

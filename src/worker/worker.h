@@ -61,6 +61,8 @@ typedef struct wk_options {
                                     (--shared-device): the prefix cache
                                     keeps no block after its requests end,
                                     only shares among requests in flight */
+    const char *cors_origins;    /* origins a browser page may call from
+                                    (api_cors_allow; "*" default) */
 } wk_options;
 
 wk_options wk_default_options(void);

@@ -53,6 +53,7 @@ wk_options wk_default_options(void)
     o.prefill_chunk = 64;
     o.max_queue = 64;
     o.max_body_bytes = (size_t)1 << 20;
+    o.cors_origins = "*";
     o.max_header_bytes = 16384;
     o.http_timeout_s = 30;
     return o;
@@ -1225,6 +1226,31 @@ static void on_request(struct evhttp_request *evreq, void *arg)
     if (parsed)
         evhttp_uri_free(parsed);
     path = pathbuf;
+
+    /* CORS: a browser page's request from an allowed origin may read the
+     * answer (every answer below carries these); its preflight is
+     * answered here */
+    struct evkeyvalq *in = evhttp_request_get_input_headers(evreq);
+    struct evkeyvalq *out = evhttp_request_get_output_headers(evreq);
+    const char *cors = api_cors_allow(s->o.cors_origins, evhttp_find_header(in, "Origin"));
+    if (cors) {
+        evhttp_add_header(out, "Access-Control-Allow-Origin", cors);
+        if (strcmp(cors, "*"))
+            evhttp_add_header(out, "Vary", "Origin");
+        evhttp_add_header(out, "Access-Control-Expose-Headers", API_CORS_EXPOSE);
+    }
+    if (cmd == EVHTTP_REQ_OPTIONS) {
+        evhttp_add_header(out, "Allow", API_CORS_METHODS);
+        if (cors) {
+            evhttp_add_header(out, "Access-Control-Allow-Methods", API_CORS_METHODS);
+            evhttp_add_header(
+                out, "Access-Control-Allow-Headers",
+                api_cors_request_headers(evhttp_find_header(in, "Access-Control-Request-Headers")));
+            evhttp_add_header(out, "Access-Control-Max-Age", "86400");
+        }
+        evhttp_send_reply(evreq, 204, "No Content", NULL);
+        return;
+    }
 
     bool is_get = cmd == EVHTTP_REQ_GET, is_post = cmd == EVHTTP_REQ_POST;
     bool known = true;

@@ -17,7 +17,10 @@
  *   - gemma3's window covers exactly what it should, its pattern picks the
  *     layers, its soft-cap is c tanh(x / c); its keys (window, pattern,
  *     soft-cap, scales) load as llama.cpp reads them (its outputs against llama.cpp's, window included, are in
- *     test_arch_golden).
+ *     test_arch_golden);
+ *   - gpt-oss's keys, tensors and YaRN divisors load as llama.cpp reads
+ *     them (its outputs against llama.cpp's are in test_arch_golden, its
+ *     sinks and experts are in test_moe).
  * Files are derived from a `model make` model by rewriting its GGUF. */
 #include "testutil.h"
 
@@ -41,6 +44,7 @@ typedef struct rewrite {
     const float *rope_freqs;  /* add rope_freqs.weight (n_rot/2 values) */
     float linear_scale;       /* != 0: llama.rope.scaling.type linear */
     bool llama3;              /* llama3 rope scaling keys (factor 8, 1, 4, 8192) */
+    float yarn_factor;        /* != 0: ARCH.rope.scaling.type yarn, original context 64 */
     const char *scale_suffix; /* F32 tensors whose name ends so: rows of even
                                  heads x scale, of odd heads / scale */
     float scale;
@@ -91,6 +95,16 @@ static void rewrite_model(const char *src, const char *dst, const rewrite *rw, i
         eng_gguf_writer_set_str(w, key, "linear");
         snprintf(key, sizeof key, "%s.rope.scaling.factor", rw->arch ? rw->arch : "llama");
         eng_gguf_writer_set_f32(w, key, rw->linear_scale);
+    }
+    if (rw->yarn_factor != 0.0f) {
+        const char *a = rw->arch ? rw->arch : "llama";
+        char key[64];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        eng_gguf_writer_set_str(w, key, "yarn");
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+        eng_gguf_writer_set_f32(w, key, rw->yarn_factor);
+        snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
+        eng_gguf_writer_set_u32(w, key, 64);
     }
     if (rw->llama3) {
         eng_gguf_writer_set_str(w, "llama.rope.scaling.type", "llama3");
@@ -255,6 +269,24 @@ static void test_rope_scaling(void **state)
     sw_free(b);
     sw_free(c);
     sw_free(d);
+
+    /* YaRN on a llama file: factor 1 is no scaling (each divisor 1 up to
+     * rounding, no attention factor), factor 4 changes the output */
+    {
+        char y1[4096], y4[4096];
+        snprintf(y1, sizeof y1, "%s", tu_tmp_path("arch-yarn1.gguf"));
+        snprintf(y4, sizeof y4, "%s", tu_tmp_path("arch-yarn4.gguf"));
+        rewrite_model(base, y1, &(rewrite){.yarn_factor = 1.0f}, head_dim);
+        rewrite_model(base, y4, &(rewrite){.yarn_factor = 4.0f}, head_dim);
+        float *e = tu_prompt_logits(base, &n);
+        float *f = tu_prompt_logits(y1, &n);
+        float *g = tu_prompt_logits(y4, &n);
+        assert_true(max_diff(e, f, n) < 1e-4f);
+        assert_true(max_diff(e, g, n) > 1e-3f);
+        sw_free(e);
+        sw_free(f);
+        sw_free(g);
+    }
 
     /* The llama3 rule: each frequency's divisor from the published formula
      * (factor 8, low 1, high 4, original context 8192), recomputed here in
@@ -566,20 +598,35 @@ static void test_gemma3_window_and_softcap(void **state)
     sw_free(c);
     sw_free(d);
     sw_free(e);
+    /* YaRN is refused for gemma3 (its sliding layers' own base and scale) */
+    char yarn[4096];
+    snprintf(yarn, sizeof yarn, "%s", tu_tmp_path("g3-yarn.gguf"));
+    rewrite_model(wide, yarn, &(rewrite){.arch = "gemma3", .yarn_factor = 4.0f}, 32);
+    eng_model *model;
+    sw_error err;
+    assert_int_equal(eng_model_load(yarn, &model, &err), SW_EUNSUPPORTED);
+    assert_non_null(strstr(err.message, "yarn"));
 }
 
-/* `model make --arch qwen2 | llama3 | qwen3 | phi3 | gemma3` files load as those
- * architectures and generate deterministically; each differs from the plain
- * llama file. gemma3's keys come out as llama.cpp reads them: layers 0, 2
- * slide (pattern 2), layer 1 is global, the soft-cap and scales are set. */
+/* `model make --arch qwen2 | llama3 | qwen3 | phi3 | gemma3 | gpt-oss` files
+ * load as those architectures and generate deterministically; each differs
+ * from the plain llama file. gemma3's keys come out as llama.cpp reads them:
+ * layers 0, 2 slide (pattern 2), layer 1 is global, the soft-cap and scales
+ * are set. gpt-oss's too: layers 0, 2 slide with no pattern key, its
+ * biases, sinks and post_attention_norm (as the norm before the experts)
+ * are bound, the gating is top-k then softmax without renormalisation, and
+ * YaRN's divisors follow the paper's ramp: 1 up to the dimension that
+ * turns beta_fast (32) times in the original context, the factor from the
+ * one that turns beta_slow (1) times, linear in between, with cos and sin
+ * scaled by 1 + 0.1 ln(factor). */
 static void test_made_architectures(void **state)
 {
     (void)state;
-    const char *archs[] = {"llama", "qwen2", "llama3", "qwen3", "phi3", "gemma3"};
+    const char *archs[] = {"llama", "qwen2", "llama3", "qwen3", "phi3", "gemma3", "gpt-oss"};
     const eng_arch want_arch[] = {ENG_ARCH_LLAMA, ENG_ARCH_QWEN2, ENG_ARCH_LLAMA, ENG_ARCH_QWEN3,
-                                  ENG_ARCH_PHI3, ENG_ARCH_GEMMA3};
-    int32_t tokens[6][16];
-    for (int a = 0; a < 6; a++) {
+                                  ENG_ARCH_PHI3, ENG_ARCH_GEMMA3, ENG_ARCH_GPT_OSS};
+    int32_t tokens[7][16];
+    for (int a = 0; a < 7; a++) {
         eng_model_make_params p = eng_model_make_default_params();
         sw_error err;
         p.architecture = archs[a];
@@ -591,11 +638,19 @@ static void test_made_architectures(void **state)
         p.n_vocab = 600;
         p.weight_type = ENG_TYPE_Q8_0;
         p.rope_freq_base = a == 1 || a == 3 || a == 5 ? 1000000.0f : a == 2 ? 500000.0f : 10000.0f;
+        /* gpt-oss: 150000, below */
         if (a == 5) {
             p.n_layer = 3;
             p.sliding_window = 4;
             p.sliding_window_pattern = 2;
             p.final_logit_softcap = 20.0f;
+        }
+        if (a == 6) {
+            p.n_layer = 3;
+            p.sliding_window = 4;
+            p.n_expert = 4;
+            p.n_expert_used = 2;
+            p.rope_freq_base = 150000.0f;
         }
         char name[32];
         snprintf(name, sizeof name, "made-%s.gguf", archs[a]);
@@ -626,6 +681,41 @@ static void test_made_architectures(void **state)
             assert_float_equal(hp->rope_freq_base_swa, 10000.0f, 0.0);
             assert_float_equal(hp->attn_scale, 1.0f / 8.0f, 1e-7);
             assert_false(eng_tokenizer_add_space_prefix(model->tokenizer));
+        }
+        if (a == 6) {
+            const eng_layer *L = &model->layers[0];
+            assert_non_null(L->bq.data);
+            assert_non_null(L->bo.data);
+            assert_non_null(L->attn_sinks.data);
+            assert_non_null(L->ffn_gate_inp_b.data);
+            assert_non_null(L->gate_exps_b.data);
+            assert_non_null(L->up_exps_b.data);
+            assert_non_null(L->down_exps_b.data);
+            assert_null(L->w_gate.data);
+            const eng_gguf_tensor *post =
+                eng_gguf_find_tensor(model->gguf, "blk.0.post_attention_norm.weight");
+            assert_non_null(post); /* (the weights may be a huge-page copy) */
+            assert_memory_equal(L->ffn_norm.data, post->data, post->size_bytes);
+            assert_true(model->layers[0].sliding && !model->layers[1].sliding &&
+                        model->layers[2].sliding);
+            assert_int_equal(hp->n_swa, 4);
+            assert_int_equal(hp->n_expert, 4);
+            assert_int_equal(hp->n_expert_used, 2);
+            assert_true(hp->expert_softmax_after_topk);
+            assert_true(hp->ffn_swiglu_oai);
+            assert_false(hp->expert_weights_norm);
+            assert_float_equal(hp->attn_scale, 1.0f / 8.0f, 1e-7);
+            assert_float_equal(hp->yarn_factor, 32.0f, 0.0);
+            assert_int_equal(hp->yarn_original_ctx, 4096);
+            assert_float_equal(hp->yarn_mscale, 1.0f + 0.1f * logf(32.0f), 1e-6);
+            /* n_rot 64, base 150000: the ramp runs from dimension pair
+             * floor(64 ln(4096 / (32 * 2 pi)) / (2 ln 150000)) = 8 to
+             * ceil(64 ln(4096 / (2 pi)) / (2 ln 150000)) = 18 */
+            for (int32_t i = 0; i < hp->n_rot / 2; i++) {
+                const float ramp = i <= 8 ? 0.0f : i >= 18 ? 1.0f : (float)(i - 8) / 10.0f;
+                const float want = 1.0f / (ramp / 32.0f + (1.0f - ramp));
+                assert_float_equal(model->rope_factors[i], want, 1e-5f * want);
+            }
         }
         if (a == 4) /* the views into attn_qkv */
             assert_ptr_equal((const unsigned char *)model->layers[0].wk.data,
@@ -666,6 +756,7 @@ static void test_made_architectures(void **state)
     assert_memory_not_equal(tokens[1], tokens[3], sizeof tokens[0]);
     assert_memory_not_equal(tokens[1], tokens[4], sizeof tokens[0]);
     assert_memory_not_equal(tokens[3], tokens[5], sizeof tokens[0]);
+    assert_memory_not_equal(tokens[5], tokens[6], sizeof tokens[0]);
 }
 
 int main(void)

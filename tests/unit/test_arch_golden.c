@@ -1,7 +1,8 @@
 /* test_arch_golden.c - architectures that ../shared has no model of (qwen3,
- * phi3, gemma3, qwen3moe), checked against the reference engine: `model make` presets whose greedy
- * outputs llama.cpp recorded (tests/data/PRESET.golden.json, made by
- * bench/record-goldens.sh; tests/data/README.md says how and with what).
+ * phi3, gemma3, qwen3moe, gpt-oss), checked against the reference engine:
+ * `model make` presets whose greedy outputs llama.cpp recorded
+ * (tests/data/PRESET.golden.json, made by bench/record-goldens.sh;
+ * tests/data/README.md says how and with what).
  *
  * The model is made again here from its preset, and its sha256 must be the
  * one the golden was recorded on: a changed generator fails as a stale
@@ -212,6 +213,16 @@ static void test_qwen3moe_tiny_golden(void **state)
     check_golden("qwen3moe-tiny.golden.json", ENG_ARCH_QWEN3MOE, TOP5_TOL);
 }
 
+/* gpt-oss-tiny: a sliding layer (window 8) before a global one, attention
+ * sinks, Q/K/V and output biases, YaRN RoPE, 8 experts with biases, 2
+ * chosen per token from the top logits and softmaxed among themselves,
+ * the clamped SwiGLU. */
+static void test_gpt_oss_tiny_golden(void **state)
+{
+    (void)state;
+    check_golden("gpt-oss-tiny.golden.json", ENG_ARCH_GPT_OSS, TOP5_TOL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +230,7 @@ int main(void)
         cmocka_unit_test(test_phi3_tiny_golden),
         cmocka_unit_test(test_gemma3_tiny_golden),
         cmocka_unit_test(test_qwen3moe_tiny_golden),
+        cmocka_unit_test(test_gpt_oss_tiny_golden),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -229,6 +229,24 @@ static void test_presets(void **state)
     assert_int_equal(p.n_ff, 5632);
     /* TinyLlama-1.1B, whose shape this is, has 1,100,048,384 parameters. */
     assert_int_equal(eng_model_make_n_params(&p), 1100048384LL);
+    /* gpt-oss-small: per layer the norms, Q/K/V/O with biases, 16 sinks,
+     * the router with its bias, 32 experts (gate, up, down) and their
+     * biases; then the embedding, the head and the output norm */
+    assert_int_equal(eng_model_make_preset("gpt-oss-small", &p), SW_OK);
+    assert_string_equal(p.architecture, "gpt-oss");
+    assert_int_equal(p.n_expert, 32);
+    assert_int_equal(p.n_expert_used, 4);
+    assert_int_equal(p.sliding_window, 128);
+    {
+        const int64_t w = 1024, q = 16 * 64, kv = 8 * 64, e = 32, f = 1024;
+        const int64_t layer = 2 * w + (w * q + q) + 2 * (w * kv + kv) + (q * w + w) + 16 +
+                              (w * e + e) + 3 * w * f * e + (2 * f * e + w * e);
+        assert_int_equal(eng_model_make_n_params(&p), 8 * layer + 2 * 32000 * w + w);
+    }
+    assert_int_equal(eng_model_make_preset("gpt-oss-tiny", &p), SW_OK);
+    assert_int_equal(p.n_expert, 8);
+    assert_int_equal(p.sliding_window, 8);
+    assert_int_equal(eng_model_make_validate(&p, NULL), SW_OK);
     assert_int_equal(eng_model_make_preset("huge", &p), SW_ENOTFOUND);
     assert_int_equal(eng_model_make_preset(NULL, &p), SW_ENOTFOUND);
 }
@@ -701,6 +719,14 @@ static void test_invalid_shapes(void **state)
     expect_invalid(&p, "weight type");
     p = base; p.architecture = "gpt2";
     expect_invalid(&p, "architecture");
+    p = base; p.architecture = "gpt-oss"; p.n_expert = 4; p.n_expert_used = 2;
+    expect_invalid(&p, "sliding window"); /* gpt-oss's files always have one */
+    p.sliding_window = 8;
+    assert_int_equal(eng_model_make_validate(&p, NULL), SW_OK);
+    p.n_expert = 0;
+    expect_invalid(&p, "experts");
+    p = base; p.n_expert = 4; p.n_expert_used = 2; /* llama */
+    expect_invalid(&p, "experts");
     p = base; p.n_layer = 0;
     expect_invalid(&p, "layers");
     p = base; p.n_head = 0;

@@ -77,7 +77,10 @@ static eng_model *make_arch(const char *name, const char *arch, int32_t dim, int
     }
     if (llama_window) /* Mistral's kind: every layer slides */
         p.sliding_window = 8;
-    if (strcmp(arch, "qwen3moe") == 0) { /* 6 experts of ff rows, 2 per token */
+    if (strcmp(arch, "gpt-oss") == 0) /* even layers sliding */
+        p.sliding_window = 8;
+    if (strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "gpt-oss") == 0) {
+        /* 6 experts of ff rows, 2 per token */
         p.n_expert = 6;
         p.n_expert_used = 2;
     }
@@ -107,9 +110,11 @@ static uint64_t self_bytes(dev_device *dev)
  * matrices, gemma3's post norms and sliding layers - whose KV is only the
  * blocks their window of 8 reaches, 2 of 16 tokens, where the context is
  * longer - a llama file with a window of 8, every layer sliding, and
- * qwen3moe's router and experts, every expert held on the device),
- * profiles and context sizes, and for the shapes whose heads are whole
- * blocks of 32 (qwen3, gemma3, qwen3moe) the q8_0 and q4_0 KV types too. */
+ * qwen3moe's router and experts, every expert held on the device, and
+ * gpt-oss's biases, sinks and biased experts with its even layers
+ * sliding), profiles and context sizes, and for the shapes whose heads
+ * are whole blocks of 32 (qwen3, gemma3, qwen3moe, gpt-oss) the q8_0 and
+ * q4_0 KV types too. */
 static void test_plan_equals_allocation(void **state)
 {
     (void)state;
@@ -128,6 +133,7 @@ static void test_plan_equals_allocation(void **state)
         {"gemma3", 128, 3, 4, 2, 64, 256, ENG_TYPE_Q8_0},
         {"llama+window", 96, 3, 6, 2, 0, 192, ENG_TYPE_Q8_0},
         {"qwen3moe", 128, 3, 4, 2, 64, 96, ENG_TYPE_Q8_0},
+        {"gpt-oss", 128, 3, 4, 2, 64, 96, ENG_TYPE_Q8_0},
     };
     const int32_t ctx_sizes[] = {17, 64, 200};
     dev_device *dev = open_pool("plan", 256 * MiB);
@@ -191,7 +197,7 @@ static void test_plan_equals_allocation(void **state)
     close_pool(dev);
 }
 
-/* A sliding-window model (gemma3, layers 0 and 2 sliding, and a llama file,
+/* A sliding-window model (gemma3 and gpt-oss, layers 0 and 2 sliding, and a llama file,
  * every layer sliding; a window of 40 against contexts of up to 300) under
  * both policies: with RESERVE the whole need taken up front,
  * with GROW the sequences decoded (prefill chunks and single tokens) to
@@ -206,8 +212,9 @@ static void plan_equals_allocation_sliding(const char *arch);
 static void test_plan_equals_allocation_sliding(void **state)
 {
     (void)state;
-    for (int arch = 0; arch < 2; arch++)
-        plan_equals_allocation_sliding(arch ? "llama" : "gemma3");
+    const char *const archs[] = {"gemma3", "llama", "gpt-oss"};
+    for (size_t arch = 0; arch < sizeof archs / sizeof archs[0]; arch++)
+        plan_equals_allocation_sliding(archs[arch]);
 }
 
 static void plan_equals_allocation_sliding(const char *arch)
@@ -227,6 +234,10 @@ static void plan_equals_allocation_sliding(const char *arch)
     mp.sliding_window = 40;
     if (strcmp(arch, "gemma3") == 0)
         mp.sliding_window_pattern = 2; /* layers 0 and 2 slide */
+    if (strcmp(arch, "gpt-oss") == 0) { /* layers 0 and 2 slide, as gemma3's */
+        mp.n_expert = 4;
+        mp.n_expert_used = 2;
+    }
     mp.seed = 12;
     const char *path = tu_tmp_path("plan-sliding.gguf");
     if (eng_model_make(&mp, path, &err) || eng_model_load(path, &model, &err))

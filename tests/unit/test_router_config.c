@@ -27,8 +27,10 @@ static void test_full(void **state)
     sw_error err;
     rt_config_defaults(&c);
     assert_string_equal(c.listen, "127.0.0.1:8080");
+    assert_string_equal(c.cors_origins, "*");
     const char *p = write_ini("full", "[server]\n"
                                       "listen = 0.0.0.0:9000\n"
+                                      "cors-origins = https://a.example, http://b.example:3000\n"
                                       "api-keys = key-one-123, key-two-456\n"
                                       "state-dir = /tmp/x\n"
                                       "max-body = 64KiB\n"
@@ -47,6 +49,7 @@ static void test_full(void **state)
     assert_int_equal(rt_config_load(&c, p, &err), 0);
     assert_int_equal(rt_config_check(&c, &err), 0);
     assert_string_equal(c.listen, "0.0.0.0:9000");
+    assert_string_equal(c.cors_origins, "https://a.example, http://b.example:3000");
     assert_int_equal(c.n_keys, 2);
     assert_string_equal(c.api_keys[1], "key-two-456");
     assert_int_equal((int)c.max_body_bytes, 65536);
@@ -104,6 +107,10 @@ static void test_errors(void **state)
                  "worker a");
     expect_error("bad-url", "[worker a]\nurl = ftp://x\n", 2, "url");
     expect_error("short-key", "[server]\napi-keys = abc\n", 2, "api-keys");
+    expect_error("cors-wildcard", "[server]\ncors-origins = https://*.example\n", 2,
+                 "cors-origins");
+    expect_error("cors-path", "[server]\ncors-origins = https://a.example/app\n", 2,
+                 "cors-origins");
 
     rt_config c;
     sw_error err;

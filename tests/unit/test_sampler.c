@@ -591,6 +591,12 @@ static int ref_cmp(const void *pa, const void *pb)
     return (a->id > b->id) - (a->id < b->id);
 }
 
+static int ref_cmp_id(const void *pa, const void *pb)
+{
+    const ref_cand *a = pa, *b = pb;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
 static int ref_cmp_logit(const void *pa, const void *pb)
 {
     return ref_cmp(pa, pb); /* the same order on a logit in .e */
@@ -634,25 +640,37 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
         if (c[i].e >= p->min_p)
             above += w;
     }
+    /* the kept set: the shorter of min-p's and top-p's prefixes of the
+     * order, of L candidates */
+    int32_t len = m;
     uint64_t kept = total;
-    if (p->min_p > 0.0f)
+    if (p->min_p > 0.0f) {
         kept = above > (1ULL << 40) ? above : (1ULL << 40);
+        len = 1;
+        while (len < m && c[len].e >= p->min_p)
+            len++;
+    }
     if (p->top_p < 1.0f) {
         uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
         uint64_t cum = 0;
-        for (int32_t i = 0; i < m; i++) {
+        int32_t i = 0;
+        for (; i < m; i++) {
             cum += (uint64_t)(c[i].e * 1099511627776.0f);
             if (cum >= need && cum > 0)
                 break;
         }
-        if (cum < kept)
+        if (cum < kept) {
             kept = cum;
+            len = i + 1;
+        }
     }
+    /* the pick walks the kept candidates by id */
+    qsort(c, (size_t)len, sizeof *c, ref_cmp_id);
     uint64_t u = (uint64_t)(eng_sampler_uniform(p->seed, draw) * 9007199254740992.0);
     uint64_t target = (uint64_t)(((unsigned __int128)u * kept) >> 53);
     uint64_t cum = 0;
     int32_t id = -1;
-    for (int32_t i = 0; i < m && id < 0; i++) {
+    for (int32_t i = 0; i < len && id < 0; i++) {
         cum += (uint64_t)(c[i].e * 1099511627776.0f);
         if (cum > target)
             id = c[i].id;
@@ -747,6 +765,60 @@ static void test_same_token_as_reference(void **state)
     sw_free(b);
 }
 
+/* top-p's cut comes from a sample of the weights; where the sample
+ * misleads (the candidates it sees are all heavy, or all light), the exact
+ * search still gives the reference's token. Each way of finding the cut is
+ * taken. */
+static void test_top_p_estimate_paths(void **state)
+{
+    (void)state;
+    enum { V = 40000 };
+    float *logits = sw_malloc(sizeof(float) * V);
+    float *a = sw_malloc(sizeof(float) * V), *b = sw_malloc(sizeof(float) * V);
+    assert_non_null(logits);
+    assert_non_null(a);
+    assert_non_null(b);
+    uint64_t paths[3] = {0, 0, 0};
+    test_rng_state = 99;
+    for (int kind = 0; kind < 4; kind++) {
+        for (int32_t i = 0; i < V; i++) {
+            bool sampled = i % 16 == 0;
+            if (kind == 0) /* a smooth spread: the estimate's range holds the cut */
+                logits[i] = (float)(test_rand() * 12.0);
+            else if (kind == 1) /* the sample sees only light ones */
+                logits[i] = sampled ? -3.0f : (float)(test_rand() * 0.5);
+            else if (kind == 2) /* the sample sees only heavy ones */
+                logits[i] = sampled ? (float)(test_rand() * 0.5) : -3.0f;
+            else /* one heavy token, the rest a light spread */
+                logits[i] = i == 12345 ? 14.0f : (float)(test_rand() * 4.0);
+        }
+        const float top_ps[] = {0.95f, 0.6f, 0.2f};
+        for (size_t pi = 0; pi < sizeof top_ps / sizeof top_ps[0]; pi++) {
+            eng_sampler_params p = plain_params(1.0f, 7 + (uint64_t)kind);
+            p.top_p = top_ps[pi];
+            eng_sampler *s = eng_sampler_create(&p, V);
+            assert_non_null(s);
+            for (uint64_t d = 0; d < 6; d++) {
+                memcpy(a, logits, sizeof(float) * V);
+                memcpy(b, logits, sizeof(float) * V);
+                eng_sampler_set_draws(s, d * 31);
+                assert_int_equal(eng_sampler_sample(s, a, NULL, 0), ref_sample(&p, b, V, d * 31));
+            }
+            uint64_t got[3];
+            eng__sampler_cut_paths(s, got);
+            for (int k = 0; k < 3; k++)
+                paths[k] += got[k];
+            eng_sampler_free(s);
+        }
+    }
+    assert_true(paths[0] > 0);
+    assert_true(paths[1] > 0);
+    assert_true(paths[2] > 0);
+    sw_free(logits);
+    sw_free(a);
+    sw_free(b);
+}
+
 /* The vector kernels give the scalar exponential's bits on every input,
  * -inf, the cut-off and values around it included, and the scalar masses
  * and sums. */
@@ -756,13 +828,13 @@ static void test_kernels_match_scalar(void **state)
     enum { V = 4099 };
     float *logits = sw_malloc(sizeof(float) * V);
     float *want = sw_malloc(sizeof(float) * V), *got = sw_malloc(sizeof(float) * V);
-    uint64_t *packed = sw_malloc(sizeof(uint64_t) * V);
-    uint64_t *want_packed = sw_malloc(sizeof(uint64_t) * V);
+    int32_t *members = sw_malloc(sizeof(int32_t) * V);
+    int32_t *want_members = sw_malloc(sizeof(int32_t) * V);
     assert_non_null(logits);
     assert_non_null(want);
     assert_non_null(got);
-    assert_non_null(packed);
-    assert_non_null(want_packed);
+    assert_non_null(members);
+    assert_non_null(want_members);
     test_rng_state = 31;
     for (int i = 0; i < V; i++)
         logits[i] = (float)(test_rand() * 100.0 - 95.0);
@@ -770,6 +842,8 @@ static void test_kernels_match_scalar(void **state)
     logits[10] = 5.0f;
     logits[11] = 5.0f + ENG_SAMPLER_EXP_MIN;
     logits[12] = nextafterf(logits[11], -INFINITY);
+    for (int i = 200; i < 210; i++) /* ties with logits[100] */
+        logits[i] = logits[100];
     const float inv_temps[] = {1.0f, 1.25f, 0.37f, 3.0e38f};
     for (size_t t = 0; t < sizeof inv_temps / sizeof inv_temps[0]; t++) {
         for (int i = 0; i < V; i++)
@@ -782,12 +856,49 @@ static void test_kernels_match_scalar(void **state)
         for (int k = 0; k < 2; k++) {
             if (cpu_kernels_force_isa(need[k]) < need[k])
                 continue; /* this CPU lacks it */
-            uint64_t total = 0, above = 0, want_total = 1, want_above = 1;
-            ks[k]->weights(logits, V, 5.0f, inv_temps[t], 0.01f, got, packed, &total, &above);
-            assert_memory_equal(want, got, sizeof(float) * V);
-            eng__sampler_masses_scalar(want, V, 0.01f, want_packed, &want_total, &want_above);
-            assert_memory_equal(want_packed, packed, sizeof(uint64_t) * V);
-            assert_true(total == want_total && above == want_above);
+            /* every combination of stores, and a vocabulary that is not a
+             * whole number of blocks or vectors */
+            enum { NB = (V + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK };
+            uint64_t kept[NB], want_kept[NB];
+            for (int stores = 0; stores < 4; stores++) {
+                float min_p = stores % 2 ? 0.0f : 0.01f; /* 0: every mass kept */
+                eng__sampler_weights_scalar(logits, V, 5.0f, inv_temps[t], min_p, NULL,
+                                            want_kept);
+                memset(got, 0, sizeof(float) * V);
+                memset(kept, 0, sizeof kept);
+                ks[k]->weights(logits, V, 5.0f, inv_temps[t], min_p, stores >= 2 ? got : NULL,
+                               kept);
+                assert_memory_equal(want_kept, kept, sizeof kept);
+                if (stores >= 2)
+                    assert_memory_equal(want, got, sizeof(float) * V);
+            }
+            /* a range of top-level buckets: its members and the masses above
+             * it, from the start and from a later block */
+            const uint32_t ranges[][2] = {{0, 1016}, {1000, 1010}, {1012, 1012}, {500, 990}};
+            for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++)
+                for (int32_t from = 0; from < V; from += 3 * ENG_SAMPLER_BLOCK) {
+                    uint64_t above[NB], want_above[NB];
+                    int32_t m = ks[k]->range(want, from, V, ranges[ri][0], ranges[ri][1], above,
+                                             members);
+                    int32_t want_m = eng__sampler_range_scalar(want, from, V, ranges[ri][0],
+                                                               ranges[ri][1], want_above,
+                                                               want_members);
+                    assert_int_equal(m, want_m);
+                    assert_memory_equal(members, want_members, sizeof(int32_t) * (size_t)m);
+                    size_t nb = (size_t)(V - from + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+                    assert_memory_equal(above, want_above, sizeof(uint64_t) * nb);
+                }
+            /* the masses a cut keeps: cuts at a weight some candidates share
+             * (ids before and after the cut), at one no candidate has, at 0 */
+            const float cuts[] = {want[10], want[100], 0.5f, 0.0f};
+            const int32_t id_cuts[] = {-1, 100, 205, 1030, V};
+            for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++)
+                for (size_t ii = 0; ii < sizeof id_cuts / sizeof id_cuts[0]; ii++)
+                    for (int32_t from = 0; from < 40; from += 13)
+                        assert_true(
+                            ks[k]->kept_mass(want, from, V - from / 2, cuts[ci], id_cuts[ii]) ==
+                            eng__sampler_kept_mass_scalar(want, from, V - from / 2, cuts[ci],
+                                                          id_cuts[ii]));
         }
         cpu_kernels_force_isa(CPU_ISA_AMX);
 #endif
@@ -802,8 +913,8 @@ static void test_kernels_match_scalar(void **state)
     sw_free(logits);
     sw_free(want);
     sw_free(got);
-    sw_free(packed);
-    sw_free(want_packed);
+    sw_free(members);
+    sw_free(want_members);
 }
 
 static void test_large_vocab_top_k(void **state)
@@ -877,6 +988,23 @@ static void test_log_softmax(void **state)
     assert_true(fabs(total - 1.0) < 1e-5);
     /* differences are preserved */
     assert_true(fabs((lp[1] - lp[0]) - (logits[1] - logits[0])) < 1e-3);
+    /* within rounding of a log-softmax in double, and the same bits on
+     * every instruction set */
+    double max = -INFINITY, sum = 0.0;
+    for (int i = 0; i < V; i++)
+        max = logits[i] > max ? logits[i] : max;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - max);
+    for (int i = 0; i < V; i++)
+        assert_true(fabs(lp[i] - (((double)logits[i] - max) - log(sum))) < 4e-6);
+    const cpu_isa isas[] = {CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512};
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        float other[V];
+        cpu_kernels_force_isa(isas[k]);
+        eng_log_softmax(logits, other, V);
+        assert_memory_equal(lp, other, sizeof other);
+    }
+    cpu_kernels_force_isa(CPU_ISA_AMX);
 
     /* Huge logits: no overflow. */
     const float huge[4] = {1e30f, 1e30f, 0.0f, -1e30f};
@@ -921,6 +1049,7 @@ int main(void)
         cmocka_unit_test(test_truncated_distributions),
         cmocka_unit_test(test_same_token_as_reference),
         cmocka_unit_test(test_kernels_match_scalar),
+        cmocka_unit_test(test_top_p_estimate_paths),
         cmocka_unit_test(test_large_vocab_top_k),
         cmocka_unit_test(test_degenerate_logits),
         cmocka_unit_test(test_log_softmax),

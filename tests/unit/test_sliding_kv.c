@@ -1,6 +1,6 @@
 /* test_sliding_kv.c - windowed KV memory for sliding-window layers
- * (gemma3's local layers; a llama file with attention.sliding_window, every
- * layer sliding): a sequence many windows long keeps, of its sliding layers,
+ * (gemma3's local layers; gpt-oss's even layers, whose softmax has a sink;
+ * a llama file with attention.sliding_window, every layer sliding): a sequence many windows long keeps, of its sliding layers,
  * only a ring of the blocks its window reaches, and computes exactly what
  * it computes with every position kept.
  *
@@ -33,6 +33,7 @@
 
 static char g_path[4096];       /* gemma3 */
 static char g_llama_path[4096]; /* llama with a window */
+static char g_oss_path[4096];   /* gpt-oss: layers 0 and 2 slide */
 
 /* gemma3, 3 layers: 0 and 2 slide (pattern 2: every second is global);
  * llama, 3 layers, all sliding, with the same window. */
@@ -67,6 +68,15 @@ static int setup(void **state)
         print_error("model make: %s\n", err.message);
         return -1;
     }
+    p.architecture = "gpt-oss";
+    p.head_dim = 32;
+    p.n_expert = 4;
+    p.n_expert_used = 2;
+    snprintf(g_oss_path, sizeof g_oss_path, "%s", tu_tmp_path("sliding-kv-gpt-oss.gguf"));
+    if (eng_model_make(&p, g_oss_path, &err)) {
+        print_error("model make: %s\n", err.message);
+        return -1;
+    }
     return 0;
 }
 
@@ -75,6 +85,7 @@ static int teardown(void **state)
     (void)state;
     remove(g_path);
     remove(g_llama_path);
+    remove(g_oss_path);
     return 0;
 }
 
@@ -251,6 +262,12 @@ static void test_ring_equals_full_kv_llama(void **state)
     ring_equals_full_kv(g_llama_path);
 }
 
+static void test_ring_equals_full_kv_gpt_oss(void **state)
+{
+    (void)state;
+    ring_equals_full_kv(g_oss_path);
+}
+
 /* The llama file's figures: every layer slides, so a sequence past the
  * ring holds the ring's blocks only, and the plan (what `model plan`
  * prints) says so. */
@@ -367,6 +384,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_equals_full_kv),
         cmocka_unit_test(test_ring_equals_full_kv_llama),
+        cmocka_unit_test(test_ring_equals_full_kv_gpt_oss),
         cmocka_unit_test(test_accounting),
         cmocka_unit_test(test_accounting_llama),
     };

@@ -16,8 +16,11 @@
 # fed the same prompt ids and then spillway's tokens one by one, and
 # compared at every step (bench/crosscheck_llamacpp.c). Quantized types are
 # also compared with exact arithmetic: the same weights dequantized to F32
-# (bench/dequantize_gguf.c) and run by llama.cpp. Both engines round the
-# activations to 8 bits for quantized dot products, so each lands ~0.1-0.3
+# (bench/dequantize_gguf.c) and run by llama.cpp; and every quantized
+# tensor's dequantization is compared with llama.cpp's own, value for value
+# (bench/dequantize_llamacpp.c; all equal bit for bit, 2026-12-06).
+# Both engines round the activations to 8 bits for quantized dot
+# products, so each lands ~0.1-0.3
 # from the exact log-probabilities on these random-weight models, and not
 # at the same place; what is checked is that spillway is on average no
 # further from exact than llama.cpp is (the mean |difference| over the
@@ -45,6 +48,9 @@ cc -O2 -o "$work/crosscheck_llamacpp" "$here/crosscheck_llamacpp.c" -I"$ref_src/
   -Wl,-rpath,"$ref_bin"
 cc -O2 -o "$work/dequantize_gguf" "$here/dequantize_gguf.c" -I"$here/../src" \
   $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
+cc -O2 -o "$work/dequantize_llamacpp" "$here/dequantize_llamacpp.c" -I"$ref_src/ggml/include" \
+  -I"$here/../src" $(cat "$build/spillway-libs.txt") -L"$ref_bin" -lggml -lggml-base -ljansson \
+  -lm -lpthread -Wl,-rpath,"$ref_bin"
 xc="$work/crosscheck_llamacpp"
 prompt="Once upon a time there was a little"
 
@@ -64,6 +70,7 @@ declare -A made=(
   [llama-q5_k]="--type q5_k" [llama-q6_k]="--type q6_k" [llama-q4_k_m]="--type q4_k_m"
   [llama-q5_k_m]="--type q5_k_m" [llama-q3_k]="--type q3_k" [llama-q2_k]="--type q2_k"
   [llama-iq4_xs]="--type iq4_xs" [llama-iq4_nl]="--type iq4_nl" [llama-q3_k_m]="--type q3_k_m"
+  [llama-mxfp4]="--type mxfp4"
   [qwen2-q3_k_m]="--arch qwen2 --type q3_k_m" [llama3-f32]="--arch llama3 --type f32"
   [llama3-q4_k_m]="--arch llama3 --type q4_k_m" [qwen2-f32]="--arch qwen2 --type f32"
   [qwen2-q8_0]="--arch qwen2 --type q8_0" [qwen2-q4_k_m]="--arch qwen2 --type q4_k_m"
@@ -77,14 +84,17 @@ declare -A made=(
   [gemma3-q8_0]="$gemma3 --type q8_0" [gemma3-q4_k_m]="$gemma3 --type q4_k_m"
   [qwen3moe-f32]="$qwen3moe --type f32" [qwen3moe-f16]="$qwen3moe --type f16"
   [qwen3moe-q8_0]="$qwen3moe --type q8_0" [qwen3moe-q4_k_m]="$qwen3moe --type q4_k_m"
+  [qwen3moe-mxfp4]="$qwen3moe --type mxfp4"
   [gpt-oss-f32]="$gptoss --type f32" [gpt-oss-f16]="$gptoss --type f16"
-  [gpt-oss-q8_0]="$gptoss --type q8_0")
+  [gpt-oss-q8_0]="$gptoss --type q8_0" [gpt-oss-mxfp4]="$gptoss --type mxfp4")
 order="llama-f32 llama-f16 llama-bf16 llama-q8_0 llama-q4_0 llama-q4_k llama-q5_k llama-q6_k
        llama-q4_k_m llama-q5_k_m llama-q3_k llama-q2_k llama-iq4_xs llama-iq4_nl llama-q3_k_m
+       llama-mxfp4
        llama3-f32 llama3-q4_k_m qwen2-f32 qwen2-q8_0 qwen2-q4_k_m qwen2-q3_k_m llama-tied-q8_0
        qwen3-f32 qwen3-f16 qwen3-q8_0 qwen3-q4_k_m phi3-f32 phi3-f16 phi3-q8_0 phi3-q4_k_m
        gemma3-f32 gemma3-f16 gemma3-q8_0 gemma3-q4_k_m
-       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m gpt-oss-f32 gpt-oss-f16 gpt-oss-q8_0"
+       qwen3moe-f32 qwen3moe-f16 qwen3moe-q8_0 qwen3moe-q4_k_m qwen3moe-mxfp4
+       gpt-oss-f32 gpt-oss-f16 gpt-oss-q8_0 gpt-oss-mxfp4"
 files=()
 for m in $order; do
   f="$work/$m.gguf"
@@ -98,8 +108,10 @@ done
 # low-bit types here do not need one (Q2_K only warns).
 for base in llama-f32 llama3-f32 qwen2-f32 qwen3-f32 phi3-f32 gemma3-f32 qwen3moe-f32 gpt-oss-f32; do
   types="Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0 Q3_K_S Q3_K_M Q3_K_L Q2_K IQ4_XS IQ4_NL"
-  # gpt-oss: llama.cpp's Q8_0 and Q4_K_M, and MXFP4_MOE (its experts in
-  # MXFP4, as gpt-oss ships), a row only where spillway runs MXFP4
+  # MXFP4_MOE: the experts' matrices in MXFP4 (llama.cpp quantizes only
+  # those; the rest becomes Q8_0), so only for the mixtures of experts;
+  # gpt-oss: llama.cpp's Q8_0, Q4_K_M and MXFP4_MOE (as gpt-oss ships)
+  [ "$base" = qwen3moe-f32 ] && types="$types MXFP4_MOE"
   [ "$base" = gpt-oss-f32 ] && types="Q8_0 Q4_K_M MXFP4_MOE"
   for t in $types; do
     f="$work/llamacpp-${base%-f32}-$t.gguf"
@@ -112,7 +124,7 @@ for s in stories260K llama-2-tiny-random; do
   [ -f "$here/../../shared/models/$s.gguf" ] && files+=("$here/../../shared/models/$s.gguf")
 done
 
-printf '%-24s %6s %8s %10s %12s %12s %12s  %s\n' model steps "argmax=" "max|o-r|" "mean|o-ex|" \
+printf '%-28s %6s %8s %10s %12s %12s %12s  %s\n' model steps "argmax=" "max|o-r|" "mean|o-ex|" \
   "mean|r-ex|" "same-seq" verdict
 failed=0
 for f in "${files[@]}"; do
@@ -123,7 +135,7 @@ for f in "${files[@]}"; do
   if ! "$bin" run -m "$f" -p "$prompt" -n 24 --temp 0 --ignore-eos --json --top-logprobs 5 \
     >"$work/$name.json" 2>"$work/$name.err"; then
     if grep -q "does not run yet" "$work/$name.err"; then # a type this build lacks (MXFP4)
-      printf '%-24s %s\n' "$name" "skipped: $(grep -o "type [a-z0-9_]*" "$work/$name.err" | head -1) not in this build"
+      printf '%-28s %s\n' "$name" "skipped: $(grep -o "type [a-z0-9_]*" "$work/$name.err" | head -1) not in this build"
       continue
     fi
     cat "$work/$name.err" >&2
@@ -153,7 +165,16 @@ for f in "${files[@]}"; do
              if (oe == "-") ok = ok && d <= 0.02; else ok = ok && oe <= 1.5 * re + 0.02
              print ok ? "ok" : "FAIL" }')
   [ "$verdict" = ok ] || failed=1
-  printf '%-24s %6s %8s %10.4f %12s %12s %12s  %s\n' "$name" "$steps" "$agree" "$diff" \
+  printf '%-28s %6s %8s %10.4f %12s %12s %12s  %s\n' "$name" "$steps" "$agree" "$diff" \
     "$ours_exact" "$ref_exact" "$ref_same" "$verdict"
 done
+# Every quantized tensor of those files decoded by llama.cpp's to_float and
+# by spillway's eng_dequantize_row: bit for bit, per type.
+if ! "$work/dequantize_llamacpp" "${files[@]}" >"$work/dequantize.txt"; then
+  failed=1
+  echo "dequantization differs from llama.cpp's (see above; $work/dequantize.txt)"
+fi
+awk '{ n[$2] += $3; v[$2] += $4; d[$2] += $5 }
+     END { for (t in n) printf "dequantization %-7s %4d tensors %11d values, %d not bit-equal to llama.cpp'"'"'s\n", t, n[t], v[t], d[t] }' \
+  "$work/dequantize.txt" | sort
 exit "$failed"

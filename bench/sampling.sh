@@ -11,11 +11,14 @@
 # a mode's figure over greedy's on the same model and streams. When
 # bench/llamacpp-build.sh's llama-server exists (REF_DIR, default
 # build-reference/) the same requests go to it on the same GGUF; otherwise
-# its columns print "-" and the header says why. Prints figures; asserts
-# nothing.
+# its columns print "-" and the header says why. Then one draw's cost on
+# its own (bench/sampler_draw.c: CPU time on one thread, steady on a busy
+# machine) for each vocabulary size in DRAW_VOCABS, logits of spread 2 and
+# 5. Prints figures; asserts nothing.
 #
 #   bench/sampling.sh [BUILD_DIR]          (default: build)
-#   THREADS=2 TOKENS=200 REPEAT=3 CONCURRENCY="1 8" MODELS="small v152k" bench/sampling.sh
+#   THREADS=2 TOKENS=200 REPEAT=3 CONCURRENCY="1 8" MODELS="small v152k" \
+#     DRAW_VOCABS="32000 151936" bench/sampling.sh
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
@@ -23,8 +26,9 @@ dir="$build/models"
 threads=${THREADS:-2}
 tokens=${TOKENS:-200}
 repeat=${REPEAT:-3}
-levels=${CONCURRENCY:-"1 8"}
-models=${MODELS:-"small v152k"}
+levels=${CONCURRENCY-"1 8"}
+models=${MODELS-"small v152k"}
+draw_vocabs=${DRAW_VOCABS-"32000 151936"}
 ref_dir=${REF_DIR:-build-reference}
 llama_server="$ref_dir/src/build/bin/llama-server"
 mkdir -p "$dir"
@@ -179,3 +183,17 @@ for m in $models; do
   fi
   rm -f "$sock"
 done
+
+# one draw on its own
+if [ -n "$draw_vocabs" ]; then
+  work="$build/bench-sampling"
+  mkdir -p "$work"
+  here=$(cd "$(dirname "$0")" && pwd)
+  cc -O2 -std=c11 -D_GNU_SOURCE -o "$work/sampler_draw" "$here/sampler_draw.c" -I"$here/../src" \
+    $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
+  for v in $draw_vocabs; do
+    for spread in 2 5; do
+      "$work/sampler_draw" "$v" "$spread"
+    done
+  done
+fi

@@ -82,6 +82,7 @@ void api_system_fingerprint(const char *path, char *out, size_t cap);
 typedef struct api_chat_messages {
     eng_chat_message *msgs;
     eng_chat_message_tools *tools; /* tool_calls, tool_call_id per message */
+    const char **reasoning;        /* reasoning_content per message, or NULL */
     size_t n;
     eng_chat_tool_call **calls_; /* owned, per message */
     char **joined_;              /* owned, per message */
@@ -126,11 +127,21 @@ bool api_tools_in_prompt(const api_tools *t, json_t *body);
 
 /* ---- the prompt ------------------------------------------------------------ */
 
-/* The chat prompt in the family's template with the tools' text, tokenized
- * so that only the template's text can produce control tokens: what a
- * worker prefills. *ids (sw_free) and *n_ids; false with e set. */
+/* What a chat body asks of the template beyond its messages (o's tools
+ * are the caller's): chat_template_kwargs {"enable_thinking": bool} (Qwen3;
+ * llama-server's and vLLM's field; other keys are ignored),
+ * "reasoning_effort" ("low", "medium" or "high", and OpenAI's "minimal" as
+ * "low"; harmony), and today's UTC
+ * date for harmony's system message (into date, 11 bytes). False with e
+ * set for a wrong type or value. */
+bool api_chat_options_parse(json_t *body, eng_chat_options *o, char date[11], api_error *e);
+
+/* The chat prompt in the family's template with the tools' text and the
+ * options (o->tools_text: the definitions, or NULL), tokenized so that
+ * only the template's text can produce control tokens: what a worker
+ * prefills. *ids (sw_free) and *n_ids; false with e set. */
 bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
-                       const api_chat_messages *m, const char *tools_text, int32_t **ids,
+                       const api_chat_messages *m, const eng_chat_options *o, int32_t **ids,
                        size_t *n_ids, api_error *e);
 
 /* How many prompt tokens a worker with this tokenizer and chat family

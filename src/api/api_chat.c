@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 bool api_bad(api_error *e, const char *param, const char *fmt, ...)
 {
@@ -92,8 +93,9 @@ bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error
     out->tools = sw_calloc(n, sizeof *out->tools);
     out->calls_ = sw_calloc(n, sizeof *out->calls_);
     out->joined_ = sw_calloc(n, sizeof *out->joined_); /* content given as parts */
+    out->reasoning = sw_calloc(n, sizeof *out->reasoning);
     out->n = n;
-    if (!out->msgs || !out->tools || !out->calls_ || !out->joined_)
+    if (!out->msgs || !out->tools || !out->calls_ || !out->joined_ || !out->reasoning)
         return api_oom(e);
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(messages, i);
@@ -119,6 +121,14 @@ bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error
             return api_bad(e, "messages",
                            "messages[%zu].content must be a string or an array of text parts", i);
         }
+        json_t *jr_thought = json_object_get(m, "reasoning_content");
+        if (jr_thought && !json_is_null(jr_thought)) {
+            /* an assistant turn's thought sent back (a tool loop) */
+            if (!json_is_string(jr_thought) || strcmp(msg->role, "assistant") != 0)
+                return api_bad(e, "messages", "messages[%zu].reasoning_content must be a string "
+                               "of an assistant message", i);
+            out->reasoning[i] = json_string_value(jr_thought);
+        }
         if (!message_tools(m, i, msg->role, &out->tools[i], &out->calls_[i], e))
             return false;
     }
@@ -134,6 +144,7 @@ void api_chat_messages_free(api_chat_messages *m)
     sw_free(m->joined_);
     sw_free(m->calls_);
     sw_free(m->tools);
+    sw_free(m->reasoning);
     sw_free(m->msgs);
     memset(m, 0, sizeof *m);
 }
@@ -271,8 +282,38 @@ bool api_tools_in_prompt(const api_tools *t, json_t *body)
     return !type || (strcmp(type, "json_object") != 0 && strcmp(type, "json_schema") != 0);
 }
 
+bool api_chat_options_parse(json_t *body, eng_chat_options *o, char date[11], api_error *e)
+{
+    json_t *kw = json_object_get(body, "chat_template_kwargs");
+    o->add_generation_prompt = true;
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return api_bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        json_t *think = json_object_get(kw, "enable_thinking");
+        if (think && !json_is_null(think) && !json_is_boolean(think))
+            return api_bad(e, "chat_template_kwargs",
+                           "'chat_template_kwargs.enable_thinking' must be true or false");
+        o->thinking_off = json_is_false(think);
+    }
+    json_t *effort = json_object_get(body, "reasoning_effort");
+    if (effort && !json_is_null(effort)) {
+        const char *v = json_string_value(effort);
+        if (!v || (strcmp(v, "minimal") != 0 && strcmp(v, "low") != 0 &&
+                   strcmp(v, "medium") != 0 && strcmp(v, "high") != 0))
+            return api_bad(e, "reasoning_effort", "'reasoning_effort' must be \"minimal\", "
+                           "\"low\", \"medium\" or \"high\"");
+        /* OpenAI's "minimal" is gpt-oss's least: low */
+        o->reasoning_effort = strcmp(v, "minimal") == 0 ? "low" : v;
+    }
+    time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm) && strftime(date, 11, "%Y-%m-%d", &tm) == 10)
+        o->date = date;
+    return true;
+}
+
 bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
-                       const api_chat_messages *m, const char *tools_text, int32_t **ids,
+                       const api_chat_messages *m, const eng_chat_options *o, int32_t **ids,
                        size_t *n_ids, api_error *e)
 {
     char *text = NULL;
@@ -280,8 +321,10 @@ bool api_chat_tokenize(const eng_tokenizer *tok, eng_chat_family family,
     eng_chat_segment *seg = NULL;
     sw_error err;
     bool ok = false;
-    int rc = eng_chat_render_tools(family, m->msgs, m->tools, m->n, tools_text, true, &text,
-                                   &len, &seg, &n_seg, &err);
+    eng_chat_options with = *o;
+    with.reasoning = m->reasoning;
+    int rc = eng_chat_render_with(family, m->msgs, m->tools, m->n, &with, &text, &len, &seg,
+                                  &n_seg, &err);
     if (rc) {
         rc == SW_ENOMEM ? api_oom(e) : api_bad(e, "messages", "%s", err.message);
     } else {
@@ -322,9 +365,15 @@ int api_chat_prompt_ids(const eng_tokenizer *tok, eng_chat_family family, json_t
     int32_t *ids = NULL;
     size_t n = 0;
     long failures = sw_alloc_thread_failures();
-    bool ok = api_tools_parse(body, true, &t, &e) && api_chat_messages_parse(messages, &m, &e) &&
-              api_chat_tokenize(tok, family, &m, api_tools_in_prompt(&t, body) ? t.text : NULL,
-                                &ids, &n, &e);
+    eng_chat_options o;
+    memset(&o, 0, sizeof o);
+    char date[11];
+    bool ok = api_tools_parse(body, true, &t, &e) && api_chat_options_parse(body, &o, date, &e) &&
+              api_chat_messages_parse(messages, &m, &e);
+    if (ok) {
+        o.tools_text = api_tools_in_prompt(&t, body) ? t.text : NULL;
+        ok = api_chat_tokenize(tok, family, &m, &o, &ids, &n, &e);
+    }
     int rc = ok ? SW_OK : sw_alloc_thread_failures() != failures ? SW_ENOMEM : SW_EINVAL;
     if (ok) {
         *n_tokens = n;

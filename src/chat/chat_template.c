@@ -11,6 +11,7 @@
  * parsed.
  */
 #include "chat/chat_template.h"
+#include "chat/chat_template-impl.h"
 
 #include "common/alloc.h"
 
@@ -30,6 +31,8 @@ static const char *const family_names[ENG_CHAT_N_FAMILIES] = {
     [ENG_CHAT_LLAMA3] = "llama3",   [ENG_CHAT_MISTRAL] = "mistral",
     [ENG_CHAT_ZEPHYR] = "zephyr",   [ENG_CHAT_PHI3] = "phi3",
     [ENG_CHAT_GEMMA] = "gemma",     [ENG_CHAT_PHI4] = "phi4",
+    [ENG_CHAT_QWEN3] = "qwen3",     [ENG_CHAT_DEEPSEEK_R1] = "deepseek-r1",
+    [ENG_CHAT_HARMONY] = "harmony", [ENG_CHAT_QWEN3_THINKING] = "qwen3-thinking",
 };
 
 static bool family_valid(eng_chat_family f)
@@ -62,11 +65,16 @@ static bool normalize_name(const char *name, char *buf, size_t cap)
 
 int eng_chat_family_from_name(const char *name, eng_chat_family *out)
 {
-    char norm[16];
+    char norm[16], known[16];
     if (!name || !out || !normalize_name(name, norm, sizeof norm))
         return SW_EINVAL;
+    if (strcmp(norm, "gptoss") == 0) {
+        *out = ENG_CHAT_HARMONY;
+        return SW_OK;
+    }
     for (int i = 0; i < ENG_CHAT_N_FAMILIES; i++) {
-        if (strcmp(norm, family_names[i]) == 0) {
+        normalize_name(family_names[i], known, sizeof known);
+        if (strcmp(norm, known) == 0) {
             *out = (eng_chat_family)i;
             return SW_OK;
         }
@@ -94,20 +102,32 @@ static bool contains(const char *hay, size_t len, const char *needle)
 }
 
 /* Order matters: a template is classified by the first rule it matches.
- * Phi-4 writes ChatML's markers with its own separator, so it goes first
- * (as in llama.cpp's detection); then ChatML, because ChatML fine-tunes of
- * other bases keep their base's vocabulary but not its markers; "[INST]"
- * with "<<SYS>>" must be
- * tried before plain "[INST]". Zephyr's template writes its turn end as the
- * eos_token variable rather than a literal "</s>", hence both. */
+ * Harmony's and DeepSeek's markers are their own (DeepSeek's with a
+ * thought: R1's templates write "<think>" or drop "</think>" from earlier
+ * turns, V3's do neither); a ChatML template that writes "<think>" is
+ * Qwen3's (or a fine-tune's of it), and one whose generation prompt opens
+ * the thought ("assistant\n<think>\n" in the Jinja source) a thinking-only
+ * Qwen3's. Phi-4 writes ChatML's markers with its own separator, so it goes
+ * first (as in llama.cpp's detection); then ChatML, because ChatML
+ * fine-tunes of other bases keep their base's vocabulary but not its
+ * markers; "[INST]" with "<<SYS>>" must be tried before plain "[INST]".
+ * Zephyr's template writes its turn end as the eos_token variable rather
+ * than a literal "</s>", hence both. */
 static bool detect(const char *t, size_t len, eng_chat_family *out)
 {
     if (!t || len == 0)
         return false;
-    if (contains(t, len, "<|im_sep|>"))
+    if (contains(t, len, "<|channel|>"))
+        *out = ENG_CHAT_HARMONY;
+    else if (contains(t, len, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>") && /* <｜Assistant｜> */
+             contains(t, len, "think>"))
+        *out = ENG_CHAT_DEEPSEEK_R1; /* DeepSeek-V3's own format has no thought */
+    else if (contains(t, len, "<|im_sep|>"))
         *out = ENG_CHAT_PHI4;
     else if (contains(t, len, "<|im_start|>"))
-        *out = ENG_CHAT_CHATML;
+        *out = contains(t, len, "assistant\\n<think>\\n") ? ENG_CHAT_QWEN3_THINKING
+               : contains(t, len, "<think>")              ? ENG_CHAT_QWEN3
+                                                          : ENG_CHAT_CHATML;
     else if (contains(t, len, "<|start_header_id|>"))
         *out = ENG_CHAT_LLAMA3;
     else if (contains(t, len, "<start_of_turn>"))
@@ -190,7 +210,8 @@ int eng_chat_choose(const eng_gguf *g, const char *override_name, eng_chat_famil
         if (eng_chat_family_from_name(override_name, &f) < 0)
             return sw_error_set(err, SW_EINVAL,
                                 "unknown chat template family '%.64s' (expected auto, chatml, "
-                                "llama2, llama3, mistral, zephyr, phi3 or gemma)",
+                                "llama2, llama3, mistral, zephyr, phi3, gemma, phi4, qwen3, "
+                                "qwen3-thinking, deepseek-r1 or harmony)",
                                 override_name);
         src = ENG_CHAT_FROM_OVERRIDE;
     } else {
@@ -298,16 +319,7 @@ static int validate(eng_chat_family f, const eng_chat_message *msgs, size_t n,
  * conversation is refused before anything is allocated, and the prompt is
  * one allocation instead of a growing one. */
 
-typedef struct chat_builder {
-    char *text;             /* NULL while measuring */
-    eng_chat_segment *segs; /* NULL while measuring */
-    size_t len;             /* bytes so far */
-    size_t n_segs;
-    bool last_is_template;  /* kind of segment n_segs - 1 */
-    bool too_long;
-} chat_builder;
-
-static void append(chat_builder *b, const char *s, size_t len, bool is_template)
+void eng_chat__append(chat_builder *b, const char *s, size_t len, bool is_template)
 {
     if (b->too_long || len == 0)
         return;
@@ -331,7 +343,7 @@ static void append(chat_builder *b, const char *s, size_t len, bool is_template)
 
 static void tmpl(chat_builder *b, const char *s)
 {
-    append(b, s, strlen(s), true);
+    eng_chat__append(b, s, strlen(s), true);
 }
 
 static bool is_trim_space(char c)
@@ -350,7 +362,21 @@ static void content(chat_builder *b, const char *s, bool trim)
         while (len > 0 && is_trim_space(s[len - 1]))
             len--;
     }
-    append(b, s, len, false);
+    eng_chat__append(b, s, len, false);
+}
+
+/* An assistant turn of a thinking family in the history: its thought is
+ * left out, as Qwen3's and DeepSeek-R1's templates do (the text after the
+ * last "</think>", newlines at its start dropped). */
+static void content_answer(chat_builder *b, const char *s)
+{
+    const char *p = s, *q;
+    while ((q = strstr(p, "</think>")) != NULL)
+        p = q + 8;
+    if (p != s)
+        while (*p == '\n')
+            p++;
+    content(b, p, false);
 }
 
 /* ---- the renderers -------------------------------------------------------
@@ -378,6 +404,122 @@ static void render_chatml(chat_builder *b, const eng_chat_message *m, size_t n, 
     }
     if (gen)
         tmpl(b, "<|im_start|>assistant\n");
+}
+
+/* Qwen3 (Qwen/Qwen3-* templates): ChatML; an assistant turn of the
+ * history without its thought; with enable_thinking false the generation
+ * prompt holds an empty thought so that the model answers at once. The
+ * thinking-only models (Qwen3-*-Thinking-2507, QwQ) have no switch: their
+ * generation prompt opens the thought (open). (Its template shows tool
+ * results inside <tool_response> of a user turn; here they stay a "tool"
+ * turn, as for ChatML.) */
+static void content_span(chat_builder *b, const char *s, size_t len)
+{
+    eng_chat__append(b, s, len, false);
+}
+
+/* An assistant turn of Qwen3 after the last user message (a tool loop in
+ * progress) keeps its thought, as Qwen3's template does: the
+ * reasoning_content given, else the text before "</think>" in the content
+ * (after "<think>"), newlines around it dropped; written when there is one
+ * or the turn is the last message. */
+static void qwen3_assistant(chat_builder *b, const eng_chat_message *m, const char *reasoning,
+                            bool keep_thought, bool last)
+{
+    const char *c = m->content, *answer = c, *thought = "", *q;
+    size_t thought_len = 0;
+    if (reasoning) {
+        thought = reasoning;
+        thought_len = strlen(thought);
+    } else if ((q = strstr(c, "</think>")) != NULL) {
+        const char *open = NULL, *p = c, *o;
+        while ((o = strstr(p, "<think>")) != NULL && o < q)
+            open = o, p = o + 7;
+        thought = open ? open + 7 : c;
+        thought_len = (size_t)(q - thought);
+        for (p = q; (q = strstr(p, "</think>")) != NULL;)
+            p = q + 8;
+        answer = p;
+    }
+    while (thought_len > 0 && *thought == '\n')
+        thought++, thought_len--;
+    while (thought_len > 0 && thought[thought_len - 1] == '\n')
+        thought_len--;
+    bool block = keep_thought && (thought_len > 0 || last);
+    if (answer != c || block)
+        while (*answer == '\n')
+            answer++;
+    if (block) {
+        tmpl(b, "<think>\n");
+        content_span(b, thought, thought_len);
+        tmpl(b, "\n</think>\n\n");
+    }
+    content(b, answer, false);
+}
+
+static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, bool gen,
+                         bool thinking_off, bool open, const char *const *reasoning)
+{
+    size_t last_query = n - 1; /* no user message: no turn keeps its thought */
+    for (size_t i = n; i-- > 0;)
+        if (role_of(&m[i]) == ROLE_USER) {
+            last_query = i;
+            break;
+        }
+    for (size_t i = 0; i < n; i++) {
+        tmpl(b, "<|im_start|>");
+        tmpl(b, m[i].role);
+        tmpl(b, "\n");
+        if (role_of(&m[i]) == ROLE_ASSISTANT)
+            qwen3_assistant(b, &m[i], reasoning ? reasoning[i] : NULL, i > last_query,
+                            i == n - 1);
+        else
+            content(b, m[i].content, false);
+        tmpl(b, "<|im_end|>\n");
+    }
+    if (gen)
+        tmpl(b, open           ? "<|im_start|>assistant\n<think>\n"
+                : thinking_off ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                               : "<|im_start|>assistant\n");
+}
+
+/* DeepSeek-R1 and its distills (deepseek-ai/DeepSeek-R1-Distill-* templates):
+ * BOS, the system messages joined by a blank line, then
+ *   <｜User｜>{content}<｜Assistant｜>{answer}<｜end▁of▁sentence｜> ...
+ * and <｜Assistant｜><think>\n to generate (the current templates open the
+ * thought; the model was trained to begin with it, so older templates,
+ * which leave it to the model, get it too). No trimming; an assistant turn
+ * without its thought. Tool results are written as user turns (the generic
+ * tool syntax). */
+#define DS_BAR "\xef\xbd\x9c" /* U+FF5C, the full-width bar of its markers */
+#define DS_SPACE "\xe2\x96\x81" /* U+2581 */
+static void render_deepseek_r1(chat_builder *b, const eng_chat_message *m, size_t n, bool gen)
+{
+    tmpl(b, "<" DS_BAR "begin" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">");
+    bool first = true;
+    for (size_t i = 0; i < n; i++) {
+        if (role_of(&m[i]) != ROLE_SYSTEM)
+            continue;
+        if (!first)
+            tmpl(b, "\n\n");
+        content(b, m[i].content, false);
+        first = false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        chat_role r = role_of(&m[i]);
+        if (r == ROLE_SYSTEM)
+            continue;
+        if (r == ROLE_ASSISTANT) {
+            tmpl(b, "<" DS_BAR "Assistant" DS_BAR ">");
+            content_answer(b, m[i].content);
+            tmpl(b, "<" DS_BAR "end" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">");
+        } else {
+            tmpl(b, "<" DS_BAR "User" DS_BAR ">");
+            content(b, m[i].content, false);
+        }
+    }
+    if (gen)
+        tmpl(b, "<" DS_BAR "Assistant" DS_BAR "><think>\n");
 }
 
 /* Llama 2 chat (Meta's llama generation.py chat_completion, and the Hugging
@@ -529,11 +671,18 @@ static void render_gemma(chat_builder *b, const eng_chat_message *m, size_t n, b
         tmpl(b, "<start_of_turn>model\n");
 }
 
-static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *msgs, size_t n,
-                   bool gen)
+static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *msgs,
+                   const eng_chat_message_tools *ext, size_t n, const eng_chat_options *o)
 {
+    bool gen = o->add_generation_prompt;
     switch (f) {
     case ENG_CHAT_CHATML: render_chatml(b, msgs, n, gen); break;
+    case ENG_CHAT_QWEN3:
+        render_qwen3(b, msgs, n, gen, o->thinking_off, false, o->reasoning);
+        break;
+    case ENG_CHAT_QWEN3_THINKING: render_qwen3(b, msgs, n, gen, false, true, o->reasoning); break;
+    case ENG_CHAT_DEEPSEEK_R1: render_deepseek_r1(b, msgs, n, gen); break;
+    case ENG_CHAT_HARMONY: eng_chat__render_harmony(b, msgs, ext, n, o); break;
     case ENG_CHAT_LLAMA2: render_llama2(b, msgs, n); break;
     case ENG_CHAT_LLAMA3: render_llama3(b, msgs, n, gen); break;
     case ENG_CHAT_MISTRAL: render_mistral(b, msgs, n); break;
@@ -544,19 +693,23 @@ static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *m
     }
 }
 
-int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, size_t n,
-                             bool add_generation_prompt, char **out, size_t *out_len,
-                             eng_chat_segment **segments_out, size_t *n_segments,
-                             sw_error *err)
+/* Renders with options: ext only for families that render the tool parts
+ * themselves (harmony). */
+static int render_segments(eng_chat_family f, const eng_chat_message *msgs,
+                           const eng_chat_message_tools *ext, size_t n, const eng_chat_options *o,
+                           char **out, size_t *out_len, eng_chat_segment **segments_out,
+                           size_t *n_segments, sw_error *err)
 {
     if (!out)
         return sw_error_set(err, SW_EINVAL, "eng_chat_render: NULL output");
-    int rc = validate(f, msgs, n, add_generation_prompt, err);
+    int rc = validate(f, msgs, n, o->add_generation_prompt, err);
     if (rc < 0)
         return rc;
 
     chat_builder measure = {0};
-    render(f, &measure, msgs, n, add_generation_prompt);
+    render(f, &measure, msgs, ext, n, o);
+    if (measure.failed)
+        return sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
     if (measure.too_long)
         return sw_error_set(err, SW_ERANGE, "rendered chat prompt would exceed %zu bytes",
                             ENG_CHAT_MAX_BYTES);
@@ -568,7 +721,11 @@ int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, si
         rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
         goto fail;
     }
-    render(f, &b, msgs, n, add_generation_prompt);
+    render(f, &b, msgs, ext, n, o);
+    if (b.failed) {
+        rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
+        goto fail;
+    }
     if (b.len != measure.len || b.n_segs != measure.n_segs) {
         rc = sw_error_set(err, SW_EINTERNAL, "chat prompt changed size between passes");
         goto fail;
@@ -592,6 +749,15 @@ fail:
     return rc;
 }
 
+int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, size_t n,
+                             bool add_generation_prompt, char **out, size_t *out_len,
+                             eng_chat_segment **segments_out, size_t *n_segments,
+                             sw_error *err)
+{
+    eng_chat_options o = {.add_generation_prompt = add_generation_prompt};
+    return render_segments(f, msgs, NULL, n, &o, out, out_len, segments_out, n_segments, err);
+}
+
 int eng_chat_render(eng_chat_family f, const eng_chat_message *msgs, size_t n,
                     bool add_generation_prompt, char **out, size_t *out_len, sw_error *err)
 {
@@ -607,7 +773,9 @@ int eng_chat_render(eng_chat_family f, const eng_chat_message *msgs, size_t n,
 
 eng_chat_tool_syntax eng_chat_tool_syntax_of(eng_chat_family f)
 {
-    return f == ENG_CHAT_LLAMA3 ? ENG_CHAT_TOOLS_LLAMA3_JSON : ENG_CHAT_TOOLS_HERMES;
+    return f == ENG_CHAT_LLAMA3    ? ENG_CHAT_TOOLS_LLAMA3_JSON
+           : f == ENG_CHAT_HARMONY ? ENG_CHAT_TOOLS_HARMONY
+                                   : ENG_CHAT_TOOLS_HERMES;
 }
 
 /* A growable string with a hard cap (ENG_CHAT_MAX_BYTES). */
@@ -721,10 +889,30 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
                           bool add_generation_prompt, char **out, size_t *out_len,
                           eng_chat_segment **segments_out, size_t *n_segments, sw_error *err)
 {
+    eng_chat_options o = {.tools_text = tools_text, .add_generation_prompt = add_generation_prompt};
+    return eng_chat_render_with(f, msgs, ext, n, &o, out, out_len, segments_out, n_segments, err);
+}
+
+int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
+                         const eng_chat_message_tools *ext, size_t n, const eng_chat_options *o,
+                         char **out, size_t *out_len, eng_chat_segment **segments_out,
+                         size_t *n_segments, sw_error *err)
+{
+    if (!o)
+        return sw_error_set(err, SW_EINVAL, "eng_chat_render_with: NULL options");
+    const char *tools_text = o->tools_text;
     bool with_tools = tools_text && tools_text[0];
-    if (!with_tools && !ext)
-        return eng_chat_render_segments(f, msgs, n, add_generation_prompt, out, out_len,
-                                        segments_out, n_segments, err);
+    /* harmony writes tools, calls and results in messages of their own */
+    bool own_tools = f == ENG_CHAT_HARMONY;
+    for (size_t i = 0; own_tools && ext && msgs && i < n; i++)
+        for (size_t k = 0; k < ext[i].n_calls; k++)
+            if (!ext[i].calls || !ext[i].calls[k].name || !ext[i].calls[k].arguments ||
+                !msgs[i].role || strcmp(msgs[i].role, "assistant") != 0)
+                return sw_error_set(err, SW_EINVAL, "message %zu: tool call %zu has no name or "
+                                    "arguments, or is not an assistant's", i, k);
+    if (own_tools || (!with_tools && !ext))
+        return render_segments(f, msgs, own_tools ? ext : NULL, n, o, out, out_len,
+                               segments_out, n_segments, err);
     if (!msgs || n == 0)
         return sw_error_set(err, SW_EINVAL, "no messages to render");
     if (n > SIZE_MAX / sizeof(eng_chat_message) - 1)
@@ -732,9 +920,10 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
     /* at most one message added (the system message of the tools section) */
     eng_chat_message *m = sw_calloc(n + 1, sizeof *m);
     char **owned = sw_calloc(n + 1, sizeof *owned);
+    const char **thoughts = sw_calloc(n + 1, sizeof *thoughts); /* o->reasoning, as m */
     size_t n_m = 0;
     int rc = SW_OK;
-    if (!m || !owned) {
+    if (!m || !owned || !thoughts) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
         goto done;
     }
@@ -767,6 +956,7 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
     }
     for (size_t i = first; i < n; i++) {
         m[n_m] = msgs[i];
+        thoughts[n_m] = o->reasoning ? o->reasoning[i] : NULL;
         if (ext && ext[i].n_calls > 0) {
             owned[n_m] = tools_assistant(f, msgs[i].content, &ext[i]);
             if (!owned[n_m]) {
@@ -777,12 +967,14 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
         }
         n_m++;
     }
-    rc = eng_chat_render_segments(f, m, n_m, add_generation_prompt, out, out_len, segments_out,
-                                  n_segments, err);
+    eng_chat_options shifted = *o;
+    shifted.reasoning = o->reasoning ? thoughts : NULL;
+    rc = render_segments(f, m, NULL, n_m, &shifted, out, out_len, segments_out, n_segments, err);
 done:
     for (size_t i = 0; owned && i < n + 1; i++)
         sw_free(owned[i]);
     sw_free(owned);
+    sw_free(thoughts);
     sw_free(m);
     return rc;
 }
@@ -818,11 +1010,18 @@ size_t eng_chat_stop_strings(eng_chat_family f, const char **out, size_t cap)
     static const char *const llama3[] = {"<|eot_id|>", "<|eom_id|>"};
     static const char *const phi3[] = {"<|end|>"};
     static const char *const gemma[] = {"<end_of_turn>"};
+    static const char *const deepseek[] = {
+        "<" DS_BAR "end" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">"};
+    static const char *const harmony[] = {"<|return|>", "<|call|>"};
     const char *const *list = NULL;
     size_t count = 0;
     switch (f) {
     case ENG_CHAT_CHATML:
+    case ENG_CHAT_QWEN3:
+    case ENG_CHAT_QWEN3_THINKING:
     case ENG_CHAT_PHI4: list = chatml; count = 1; break;
+    case ENG_CHAT_DEEPSEEK_R1: list = deepseek; count = 1; break;
+    case ENG_CHAT_HARMONY: list = harmony; count = 2; break;
     case ENG_CHAT_LLAMA2:
     case ENG_CHAT_MISTRAL:
     case ENG_CHAT_ZEPHYR: list = eos; count = 1; break;
@@ -842,7 +1041,12 @@ const char *eng_chat_bos_text(eng_chat_family f)
     case ENG_CHAT_MISTRAL: return "<s>";
     case ENG_CHAT_LLAMA3: return "<|begin_of_text|>";
     case ENG_CHAT_GEMMA: return "<bos>";
+    case ENG_CHAT_DEEPSEEK_R1:
+        return "<" DS_BAR "begin" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">";
     case ENG_CHAT_CHATML:
+    case ENG_CHAT_QWEN3:
+    case ENG_CHAT_QWEN3_THINKING:
+    case ENG_CHAT_HARMONY:
     case ENG_CHAT_ZEPHYR:
     case ENG_CHAT_PHI3:
     case ENG_CHAT_PHI4: return NULL;

@@ -11,7 +11,14 @@
  * and the exact rules below at more length).
  *
  * Families and what recognises them (checked in this order, first match):
+ *   "<|channel|>"                       -> ENG_CHAT_HARMONY (gpt-oss; chat_harmony.c)
+ *   "<｜Assistant｜>" and "think>"       -> ENG_CHAT_DEEPSEEK_R1 (DeepSeek-R1 and its
+ *                                          Qwen 2 / Llama distills)
  *   "<|im_sep|>"                        -> ENG_CHAT_PHI4    (Phi-4)
+ *   "<|im_start|>" and "assistant\n<think>\n" (the Jinja source's escapes)
+ *                                       -> ENG_CHAT_QWEN3_THINKING (Qwen3-*-Thinking-2507,
+ *                                          QwQ: the generation prompt opens the thought)
+ *   "<|im_start|>" and "<think>"        -> ENG_CHAT_QWEN3   (Qwen3: ChatML that thinks)
  *   "<|im_start|>"                      -> ENG_CHAT_CHATML  (Qwen, many fine-tunes)
  *   "<|start_header_id|>"               -> ENG_CHAT_LLAMA3
  *   "<start_of_turn>"                   -> ENG_CHAT_GEMMA
@@ -80,9 +87,13 @@ typedef enum eng_chat_family {
     ENG_CHAT_PHI3 = 5,
     ENG_CHAT_GEMMA = 6,
     ENG_CHAT_PHI4 = 7,
+    ENG_CHAT_QWEN3 = 8,       /* ChatML with <think> (chat_reasoning.h) */
+    ENG_CHAT_DEEPSEEK_R1 = 9, /* <｜User｜> / <｜Assistant｜>, prompt opens <think> */
+    ENG_CHAT_HARMONY = 10,    /* gpt-oss: OpenAI's harmony format */
+    ENG_CHAT_QWEN3_THINKING = 11, /* Qwen3 thinking-only (2507), QwQ: the prompt opens <think> */
 } eng_chat_family;
 
-#define ENG_CHAT_N_FAMILIES 8
+#define ENG_CHAT_N_FAMILIES 12
 
 /* The GGUF key holding the Jinja template. */
 #define ENG_CHAT_TEMPLATE_KEY "tokenizer.chat_template"
@@ -98,7 +109,10 @@ typedef struct eng_chat_message {
 } eng_chat_message;
 
 /* Stable lower-case name: "chatml", "llama2", "llama3", "mistral",
- * "zephyr", "phi3", "gemma", "phi4"; "unknown" for a value outside the enum. */
+ * "zephyr", "phi3", "gemma", "phi4", "qwen3", "deepseek-r1", "harmony",
+ * "qwen3-thinking";
+ * "unknown" for a value outside the enum. eng_chat_family_from_name also
+ * takes "gpt-oss" for harmony. */
 const char *eng_chat_family_name(eng_chat_family f);
 
 /* Family by name, for the configurable override. Case-insensitive, and '-'
@@ -187,11 +201,15 @@ int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, si
  *   - Llama 3.1 JSON tool calling: the system message gets "You have access
  *     to the following functions..." and the definitions, a call is the
  *     turn's text {"name": "N", "parameters": ARGS}.
+ *   - harmony (gpt-oss): the tools as a TypeScript-like "namespace
+ *     functions" in the developer message, calls and results as messages
+ *     of the commentary channel (chat_harmony.c has the details).
  * Tool results (role "tool") render as described for the roles above. The
  * tool text is client content (never parsed for special tokens). */
 typedef enum eng_chat_tool_syntax {
     ENG_CHAT_TOOLS_HERMES = 0,      /* <tool_call>{"name":..,"arguments":..}</tool_call> */
     ENG_CHAT_TOOLS_LLAMA3_JSON = 1, /* {"name":..,"parameters":..} as the whole reply */
+    ENG_CHAT_TOOLS_HARMONY = 2,     /* a commentary message to=functions.NAME (chat_harmony.c) */
 } eng_chat_tool_syntax;
 
 eng_chat_tool_syntax eng_chat_tool_syntax_of(eng_chat_family f);
@@ -221,6 +239,36 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
                           bool add_generation_prompt, char **out, size_t *out_len,
                           eng_chat_segment **segments_out, size_t *n_segments, sw_error *err);
 
+/* ---- options ----------------------------------------------------------------
+ * What a request may change in the rendering beyond the messages, as the
+ * Jinja templates take it from chat_template_kwargs (llama-server, vLLM):
+ *   - thinking_off (Qwen3's enable_thinking false): the generation prompt
+ *     holds an empty thought, "<think>\n\n</think>\n\n", so the model
+ *     answers without thinking. Other families ignore it.
+ *   - reasoning_effort (harmony): "low", "medium" or "high" in the system
+ *     message's "Reasoning:" line; NULL is "medium".
+ *   - date (harmony): "YYYY-MM-DD" for its "Current date:" line (the
+ *     template's strftime_now); NULL leaves the line out.
+ *   - reasoning (NULL, or one entry per message, NULL where none): an
+ *     assistant turn's thought sent back (reasoning_content). Qwen3 and
+ *     harmony show it for the turns after the last user message (a tool
+ *     loop in progress), as their templates do; Qwen3 also takes a thought
+ *     written inline ("<think>...</think>" in the content) there. */
+typedef struct eng_chat_options {
+    const char *tools_text;       /* as eng_chat_render_tools */
+    bool add_generation_prompt;
+    bool thinking_off;
+    const char *reasoning_effort;
+    const char *date;
+    const char *const *reasoning;
+} eng_chat_options;
+
+/* eng_chat_render_tools with options (o may not be NULL). */
+int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
+                         const eng_chat_message_tools *ext, size_t n, const eng_chat_options *o,
+                         char **out, size_t *out_len, eng_chat_segment **segments_out,
+                         size_t *n_segments, sw_error *err);
+
 /* Tokenizes a rendered prompt (text, len and its segments from
  * eng_chat_render_segments) so that the vocabulary's CONTROL and UNKNOWN
  * tokens ("<|im_end|>", "<s>", ...) are recognised only inside template
@@ -241,7 +289,10 @@ int eng_chat_tokenize(const eng_tokenizer *tok, const char *text, size_t len,
                       int32_t **ids_out, size_t *n_out, sw_error *err);
 
 /* The strings that end an assistant turn in family f, most important
- * first: "<|im_end|>" (ChatML, Phi-4), "</s>" (Llama 2, Mistral, Zephyr),
+ * first: "<|im_end|>" (ChatML, Qwen3, Phi-4), "<｜end▁of▁sentence｜>"
+ * (DeepSeek-R1), "<|return|>" and "<|call|>" (harmony: a final answer, a
+ * tool call; its "<|end|>" ends a message of the turn, not the turn),
+ * "</s>" (Llama 2, Mistral, Zephyr),
  * "<|eot_id|>" and "<|eom_id|>" (Llama 3; eom ends a 3.1 tool-call turn),
  * "<|end|>" (Phi-3), "<end_of_turn>" (Gemma). The worker stops on them as
  * special tokens when the vocabulary has them (eng_token_find) and as stop

@@ -26,7 +26,8 @@ static void model_make_usage(FILE *f)
             "                           [--dim N] [--layers N] [--heads N] [--kv-heads N]\n"
             "                           [--head-dim N] [--ffn N] [--vocab N] [--ctx N]\n"
             "                           [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
-            "                                  q5_k|q6_k|iq4_nl|iq4_xs|q3_k_m|q4_k_m|q5_k_m]\n"
+            "                                  q5_k|q6_k|iq4_nl|iq4_xs|mxfp4|q3_k_m|q4_k_m|\n"
+            "                                  q5_k_m]\n"
             "                           [--tied] [--seed S] [--name NAME]\n"
             "                           [--arch llama|llama3|qwen2|qwen3|qwen3moe|phi3|gemma3|\n"
             "                                   gpt-oss]\n"
@@ -165,7 +166,7 @@ int cli_model_make(int argc, char **argv)
             }
             if (type < 0) {
                 fprintf(stderr, "spillway model make: --type must be f32, f16, bf16, q8_0, "
-                                "q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, q3_k_m, "
+                                "q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, q3_k_m, "
                                 "q4_k_m or q5_k_m, got '%s'\n", val);
                 return 2;
             }

@@ -30,8 +30,13 @@ static void usage(FILE *out)
             "      --max-body B        largest request body (default 1MiB)\n"
             "      --http-timeout S    per-connection read/write time-out (default 30)\n"
             "      --chat-template F   chatml, llama2, llama3, mistral, zephyr, phi3, gemma,\n"
-            "                          phi4\n"
+            "                          phi4, qwen3, qwen3-thinking, deepseek-r1, harmony\n"
+            "                          (gpt-oss)\n"
             "                          (default: detected from the model's template)\n"
+            "      --reasoning-format R  auto (default) | deepseek | none: a thinking\n"
+            "                          family's thought as reasoning_content (deepseek; auto\n"
+            "                          does so for the families that think) or left in the\n"
+            "                          content (none); a request's reasoning_format wins\n"
             "      --model-id ID       the id it answers to as \"model\" (default: the file's\n"
             "                          general.name, else its file name)\n"
             "      --alias NAME        another name it answers to as \"model\" (repeatable,\n"
@@ -71,7 +76,7 @@ int cli_worker_main(int argc, char **argv)
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
            OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE, OPT_SHARED_DEVICE,
-           OPT_CORS, OPT_ALIAS };
+           OPT_REASONING, OPT_CORS, OPT_ALIAS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -88,6 +93,7 @@ int cli_worker_main(int argc, char **argv)
         {"max-body", required_argument, 0, OPT_BODY},
         {"http-timeout", required_argument, 0, OPT_TIMEOUT},
         {"chat-template", required_argument, 0, OPT_CHAT},
+        {"reasoning-format", required_argument, 0, OPT_REASONING},
         {"no-calibrate", no_argument, 0, OPT_NO_CALIBRATE},
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},
         {"kv-type", required_argument, 0, OPT_KV_TYPE},
@@ -171,6 +177,12 @@ int cli_worker_main(int argc, char **argv)
             }
             break;
         case OPT_CHAT: o.chat_template = optarg; break;
+        case OPT_REASONING:
+            if (eng_reasoning_format_from_name(optarg, &o.reasoning_format) != SW_OK) {
+                fprintf(stderr, "spillway worker: --reasoning-format is auto, deepseek or none\n");
+                return 2;
+            }
+            break;
         case OPT_MODEL_ID: o.model_id = optarg; break;
         case OPT_ALIAS:
             /* repeatable, each a name or a comma list (split in place) */

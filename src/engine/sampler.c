@@ -522,7 +522,7 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
  * largest weight */
 #define SAMPLER_STRIDE 16
 /* top-p's gather takes the top-level buckets this close to the estimate's */
-#define SAMPLER_SPREAD 2
+#define SAMPLER_SPREAD 1
 
 /* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4,
  * each a whole number of blocks but the last: chunk c builds its histogram
@@ -744,9 +744,13 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, ui
      * are what a sample estimates well). */
     const uint64_t below = s->total - target;
     uint64_t acc = 0;
-    int32_t b = 0;
-    while (b < SAMPLER_BUCKETS - 1 && acc + s->mass_top[b] < below)
+    int32_t b = 0, top = 0;
+    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++)
+        top = s->mass_top[k] ? k : top;
+    while (b < top && acc + s->mass_top[b] < below)
         acc += s->mass_top[b++];
+    /* b == top with the mass still short: the sample missed heavy tokens,
+     * the cut lies above what it saw (found among the tokens above) */
     uint32_t lo = b > SAMPLER_SPREAD ? (uint32_t)(b - SAMPLER_SPREAD) : 0;
     uint32_t hi = b + SAMPLER_SPREAD < SAMPLER_BUCKETS ? (uint32_t)(b + SAMPLER_SPREAD)
                                                        : SAMPLER_BUCKETS - 1;

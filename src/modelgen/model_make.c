@@ -704,6 +704,7 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     case ENG_TYPE_Q8_0:
     case ENG_TYPE_Q4_0:
     case ENG_TYPE_IQ4_NL:
+    case ENG_TYPE_MXFP4:
         if (p->n_embd % 32 != 0 || p->n_ff % 32 != 0 || q_width % 32 != 0)
             return sw_error_set(err, SW_EINVAL,
                                 "model make: %s needs dim (%d), ffn (%d) and heads x head dim "
@@ -728,7 +729,7 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
     default:
         return sw_error_set(err, SW_EINVAL,
                             "model make: weight type %u is not one of f32, f16, bf16, q8_0, "
-                            "q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs",
+                            "q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4",
                             p->weight_type);
     }
     return SW_OK;
@@ -927,6 +928,8 @@ static uint32_t mm_file_type(uint32_t weight_type, eng_model_make_mix mix)
         return 25;
     case ENG_TYPE_IQ4_XS:
         return 30;
+    case ENG_TYPE_MXFP4: /* llama.cpp's MXFP4_MOE (there every matrix is not) */
+        return 38;
     case ENG_TYPE_BF16:
         return 32;
     default:

@@ -101,7 +101,7 @@ typedef struct eng_model_make_params {
     float rope_freq_base;     /* default 10000 */
     float rms_eps;            /* default 1e-5 */
     uint32_t weight_type;     /* eng_type: F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K,
-                                 Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS (matrices and
+                                 Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS or MXFP4 (matrices and
                                  token_embd; norms and biases are always F32);
                                  K-quants and IQ4_XS need n_embd and n_ff to be
                                  multiples of 256, the others of 32 */

@@ -50,11 +50,13 @@ static const eng_type_traits quant_traits[ENG_TYPE_COUNT_] = {
     [ENG_TYPE_BF16] = {"bf16", 1, 2, true},
     [34] = {"tq1_0", 256, 54, false},
     [35] = {"tq2_0", 256, 66, false},
-    [39] = {"mxfp4", 32, 17, false},
+    [ENG_TYPE_MXFP4] = {"mxfp4", 32, 17, true},
 };
 
 const int8_t eng_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
+
+const int8_t eng_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 const eng_type_traits *eng_type_traits_get(uint32_t type)
 {
@@ -70,7 +72,8 @@ int eng_type_from_name(const char *name)
     static const uint32_t runnable[] = {ENG_TYPE_F32,  ENG_TYPE_F16,  ENG_TYPE_BF16,
                                         ENG_TYPE_Q8_0, ENG_TYPE_Q4_0, ENG_TYPE_Q2_K,
                                         ENG_TYPE_Q3_K, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K,
-                                        ENG_TYPE_Q6_K, ENG_TYPE_IQ4_NL, ENG_TYPE_IQ4_XS};
+                                        ENG_TYPE_Q6_K, ENG_TYPE_IQ4_NL, ENG_TYPE_IQ4_XS,
+                                        ENG_TYPE_MXFP4};
     for (size_t i = 0; i < sizeof runnable / sizeof runnable[0]; i++) {
         const char *known = quant_traits[runnable[i]].name;
         size_t k = 0;
@@ -536,12 +539,21 @@ static float quant_dot_q6_k(const eng_block_q6_k *w, const eng_block_q8_k *x, in
     return sum;
 }
 
-/* ---- Q3_K, Q2_K, IQ4_NL, IQ4_XS ------------------------------------------ */
+/* ---- Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4 ----------------------------------- */
 
 _Static_assert(sizeof(eng_block_q3_k) == 110, "Q3_K blocks are 110 bytes");
 _Static_assert(sizeof(eng_block_q2_k) == 84, "Q2_K blocks are 84 bytes");
 _Static_assert(sizeof(eng_block_iq4_nl) == 18, "IQ4_NL blocks are 18 bytes");
 _Static_assert(sizeof(eng_block_iq4_xs) == 136, "IQ4_XS blocks are 136 bytes");
+_Static_assert(sizeof(eng_block_mxfp4) == 17, "MXFP4 blocks are 17 bytes");
+
+float eng_e8m0_to_fp32_half(uint8_t e)
+{
+    /* 2^(e - 128): e = 0 and 1 are f32 subnormals, the rest normal with
+     * the biased exponent e - 1 */
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return quant_bits_f32(bits);
+}
 
 void eng_q3_k_scales_unpack(const uint8_t packed[ENG_K_SCALE_BYTES], int8_t sc[16])
 {
@@ -785,6 +797,62 @@ static void quant_quantize_iq4_nl(const float *src, eng_block_iq4_nl *dst, int64
     }
 }
 
+/* MXFP4's 15 distinct levels in order and the nibble of each (+0 for 0). */
+static const int8_t quant_mxfp4_sorted[15] = {-12, -8, -6, -4, -3, -2, -1, 0, 1, 2, 3, 4, 6, 8, 12};
+static const uint8_t quant_mxfp4_code[15] = {15, 14, 13, 12, 11, 10, 9, 0, 1, 2, 3, 4, 5, 6, 7};
+
+/* Squared error of x[0..32) on the levels with scale d. */
+static float quant_mxfp4_error(const quant_grid *g, const float *x, float d)
+{
+    float err = 0.0f;
+    for (int i = 0; i < ENG_QK_MXFP4; i++) {
+        float r = x[i] - d * (float)g->levels[quant_nearest_level(g, x[i] / d)];
+        err += r * r;
+    }
+    return err;
+}
+
+/* MXFP4: the exponent is a power of two, so there is no scale to refit:
+ * of e_fit (the smallest with 12 * 2^(e-128) >= amax: nothing clips) and
+ * e_fit - 1 (finer steps, the largest values clipped to +-12, which is
+ * ggml's choice whenever amax / 2^(e-128) would be 12..16) the one with
+ * the smaller squared error is kept. A block of zeros or with a non-finite
+ * value is all zero with e = 0. */
+static void quant_quantize_mxfp4(const float *src, eng_block_mxfp4 *dst, int64_t n)
+{
+    const quant_grid grid = quant_grid_make(quant_mxfp4_sorted, 15);
+    for (int64_t b = 0; b < n / ENG_QK_MXFP4; b++) {
+        const float *x = src + b * ENG_QK_MXFP4;
+        float amax = 0.0f;
+        bool finite = true;
+        for (int i = 0; i < ENG_QK_MXFP4; i++) {
+            finite = finite && isfinite(x[i]);
+            amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        }
+        memset(&dst[b], 0, sizeof dst[b]);
+        if (!finite || !(amax > 0.0f))
+            continue;
+        int ex;
+        frexpf(amax / 12.0f, &ex); /* amax / 12 < 2^ex */
+        int e = ex + 128;
+        e = e < 0 ? 0 : e > 255 ? 255 : e;
+        while (e < 255 && 12.0f * eng_e8m0_to_fp32_half((uint8_t)e) < amax)
+            e++;
+        while (e > 0 && 12.0f * eng_e8m0_to_fp32_half((uint8_t)(e - 1)) >= amax)
+            e--;
+        if (e > 0 && quant_mxfp4_error(&grid, x, eng_e8m0_to_fp32_half((uint8_t)(e - 1))) <
+                         quant_mxfp4_error(&grid, x, eng_e8m0_to_fp32_half((uint8_t)e)))
+            e--;
+        const float d = eng_e8m0_to_fp32_half((uint8_t)e);
+        dst[b].e = (uint8_t)e;
+        for (int j = 0; j < 16; j++) {
+            int lo = quant_mxfp4_code[quant_nearest_level(&grid, x[j] / d)];
+            int hi = quant_mxfp4_code[quant_nearest_level(&grid, x[j + 16] / d)];
+            dst[b].qs[j] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
 /* IQ4_XS: searched scales per sub-block of 32, stored as Q3_K's are (the
  * largest at -32 times d, the rest to nearest), nibbles picked again with
  * the stored scale. */
@@ -843,6 +911,15 @@ static void quant_dequantize_iq4_nl(const eng_block_iq4_nl *blk, float *dst, int
         float d = eng_fp16_to_fp32(blk[b].d);
         for (int i = 0; i < ENG_QK4_NL; i++)
             dst[i] = d * (float)eng_iq4_values[quant_nibble(blk[b].qs, i)];
+    }
+}
+
+static void quant_dequantize_mxfp4(const eng_block_mxfp4 *blk, float *dst, int64_t n)
+{
+    for (int64_t b = 0; b < n / ENG_QK_MXFP4; b++, dst += ENG_QK_MXFP4) {
+        float d = eng_e8m0_to_fp32_half(blk[b].e);
+        for (int i = 0; i < ENG_QK_MXFP4; i++)
+            dst[i] = d * (float)eng_mxfp4_values[quant_nibble(blk[b].qs, i)];
     }
 }
 
@@ -923,6 +1000,18 @@ static float quant_dot_iq4_nl(const eng_block_iq4_nl *w, const eng_block_q8_0 *x
     return sum;
 }
 
+static float quant_dot_mxfp4(const eng_block_mxfp4 *w, const eng_block_q8_0 *x, int64_t n)
+{
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / ENG_QK_MXFP4; b++) {
+        int32_t isum = 0;
+        for (int i = 0; i < ENG_QK_MXFP4; i++)
+            isum += eng_mxfp4_values[quant_nibble(w[b].qs, i)] * (int32_t)x[b].qs[i];
+        sum += (float)isum * (eng_e8m0_to_fp32_half(w[b].e) * eng_fp16_to_fp32(x[b].d));
+    }
+    return sum;
+}
+
 void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
 {
     switch (type) {
@@ -981,6 +1070,9 @@ void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n)
         break;
     case ENG_TYPE_IQ4_XS:
         quant_dequantize_iq4_xs(src, dst, n);
+        break;
+    case ENG_TYPE_MXFP4:
+        quant_dequantize_mxfp4(src, dst, n);
         break;
     case ENG_TYPE_Q8_K: {
         const eng_block_q8_k *blk = src;
@@ -1041,6 +1133,9 @@ void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
     case ENG_TYPE_IQ4_XS:
         quant_quantize_iq4_xs(src, dst, n);
         break;
+    case ENG_TYPE_MXFP4:
+        quant_quantize_mxfp4(src, dst, n);
+        break;
     case ENG_TYPE_Q8_K:
         quant_quantize_q8_k(src, dst, n);
         break;
@@ -1057,6 +1152,7 @@ uint32_t eng_vec_dot_type(uint32_t type)
     case ENG_TYPE_Q8_0:
     case ENG_TYPE_Q4_0:
     case ENG_TYPE_IQ4_NL:
+    case ENG_TYPE_MXFP4:
         return ENG_TYPE_Q8_0;
     case ENG_TYPE_Q2_K:
     case ENG_TYPE_Q3_K:
@@ -1137,6 +1233,9 @@ float eng_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *x
         break;
     case ENG_TYPE_IQ4_NL:
         sum = quant_dot_iq4_nl(w_row, x_row, n);
+        break;
+    case ENG_TYPE_MXFP4:
+        sum = quant_dot_mxfp4(w_row, x_row, n);
         break;
     default:
         break;

@@ -50,6 +50,15 @@
  *         scales_l[s/2] (nibble s%2) | ((scales_h >> 2s) & 3) << 4;
  *         x = d * (ls - 32) * kvalues[nibble]; sub-block s's nibbles are
  *         qs[16s .. 16s+16) laid out as one IQ4_NL block.
+ *   MXFP4: 17 bytes per 32 values (OCP microscaling FP4, as ggml stores
+ *         it) = u8 e (E8M0 shared exponent) + 16 bytes of nibbles laid out
+ *         as Q4_0's. A nibble is an E2M1 float: bit 3 the sign, then
+ *         {0, 0.5, 1, 1.5, 2, 3, 4, 6}; ggml keeps them doubled as integers
+ *         (eng_mxfp4_values = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3,
+ *         -4, -6, -8, -12}) with the scale halved: x = 2^(e-128) *
+ *         values[nibble] (eng_e8m0_to_fp32_half; every e is finite, e = 0
+ *         and 1 are the subnormals 2^-128 and 2^-127, and 255 is 2^127,
+ *         not the specification's NaN).
  *   Q8_K: (activations only) 292 bytes = f32 d, int8 qs[256], int16
  *         bsums[16] (sums of 16 consecutive qs); x = d * q.
  *
@@ -81,6 +90,7 @@ typedef enum eng_type {
     ENG_TYPE_IQ4_NL = 20,
     ENG_TYPE_IQ4_XS = 23,
     ENG_TYPE_BF16 = 30,
+    ENG_TYPE_MXFP4 = 39,
     ENG_TYPE_COUNT_ = 40, /* upper bound of ids known to the table */
 } eng_type;
 
@@ -153,6 +163,20 @@ typedef struct eng_block_iq4_xs {
 /* The 16 levels of IQ4_NL and IQ4_XS, in nibble order. */
 extern const int8_t eng_iq4_values[16];
 
+#define ENG_QK_MXFP4 32
+
+typedef struct eng_block_mxfp4 {
+    uint8_t e;             /* E8M0 shared exponent */
+    uint8_t qs[ENG_QK_MXFP4 / 2];
+} eng_block_mxfp4;
+
+/* The 16 E2M1 values of MXFP4, doubled to integers, in nibble order. */
+extern const int8_t eng_mxfp4_values[16];
+
+/* Half the value of an E8M0 exponent byte: 2^(e - 128), exact for every e
+ * (the scale that goes with eng_mxfp4_values' doubled levels). */
+float eng_e8m0_to_fp32_half(uint8_t e);
+
 typedef struct eng_block_q8_k {
     float d;
     int8_t qs[ENG_QK_K];
@@ -169,8 +193,8 @@ typedef struct eng_type_traits {
 /* Traits of a type id, or NULL for an id this build does not know at all. */
 const eng_type_traits *eng_type_traits_get(uint32_t type);
 /* Parses the name of a type the engine runs: "f32", "f16", "bf16", "q8_0",
- * "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"
- * (case-insensitive); -1 if unknown. */
+ * "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs",
+ * "mxfp4" (case-insensitive); -1 if unknown. */
 int eng_type_from_name(const char *name);
 
 /* Bytes of a row of n values; false if n is not a multiple of the block size
@@ -193,6 +217,10 @@ void eng_q3_k_scales_unpack(const uint8_t packed[ENG_K_SCALE_BYTES], int8_t sc[1
  * the sub-block's range is covered), not llama.cpp's error-minimising ones;
  * Q3_K, IQ4_NL and IQ4_XS try 12 scales per sub-block, refit each by least
  * squares for the levels it picks and keep the one with the least error;
+ * MXFP4 tries the smallest exponent whose range holds the block's largest
+ * magnitude and the one below it (which clips that value to the top level,
+ * as ggml's reference does), rounds each value to the nearest level, and
+ * keeps the exponent with the smaller squared error;
  * Q8_K (activations): d = amax / 127, q = round-half-even(x * 127 / amax)
  * (a block with amax < 2^-120 is all zero). */
 void eng_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
@@ -203,8 +231,8 @@ void eng_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 float eng_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *x_row);
 
 /* The format activations are converted to before a dot product with a weight
- * row of `type`: F32 for F32 and BF16, F16 for F16, Q8_0 for Q8_0, Q4_0 and
- * IQ4_NL, Q8_K for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS.
+ * row of `type`: F32 for F32 and BF16, F16 for F16, Q8_0 for Q8_0, Q4_0,
+ * IQ4_NL and MXFP4, Q8_K for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS.
  *
  * The K-quant dot products are integer per sub-block, then per super-block
  *   Q4_K/Q5_K: d_x * (d * sum_s sc[s]*dot_s(q, x) - dmin * sum_s m[s]*sum_s(x))
@@ -212,8 +240,9 @@ float eng_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *x
  *   Q3_K:      d_x * d * sum_s (sc[s] - 32) * dot_s(q, x)
  *   Q6_K:      d_x * d * sum_s scales[s] * dot_s(q - 32, x)
  *   IQ4_XS:    d_x * d * sum_s (ls[s] - 32) * dot_s(kvalues[q], x)
- * in float, summed over super-blocks in order; IQ4_NL like Q4_0 (integer
- * per 32-value block times d_w * d_x). */
+ * in float, summed over super-blocks in order; IQ4_NL and MXFP4 like Q4_0
+ * (integer per 32-value block times d_w * d_x, MXFP4's d_w being
+ * eng_e8m0_to_fp32_half(e) with the doubled levels). */
 uint32_t eng_vec_dot_type(uint32_t type);
 
 #endif

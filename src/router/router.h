@@ -32,6 +32,7 @@ typedef struct rt_model_config {
     int position;              /* its place among the model sections */
     char path[512];
     char chat_template[32];    /* "" = detected */
+    char reasoning_format[16]; /* reasoning-format: "" = the worker's default (auto) */
     char aliases[RT_MAX_ALIASES][64]; /* more ids clients may send */
     int n_aliases;
     bool is_default;           /* default = true: a request without "model" */

@@ -193,9 +193,19 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     /* what the client has: a resumed worker gives back text the failed one
      * held (a possible stop string) from this count on */
     json_t *text = r->chat ? json_object_get(delta, "content") : json_object_get(choice, "text");
-    if (json_is_string(text))
+    json_t *thought = r->chat ? json_object_get(delta, "reasoning_content") : NULL;
+    /* a worker that splits a reply's thought off says how many of the
+     * engine's text bytes the chunk stands for (tags and white space it
+     * holds or drops make the deltas differ): one token's text, which the
+     * worker's engine caps at 4096 bytes; a larger claim is not believed */
+    json_t *engine_bytes = json_object_get(sp, "text_bytes");
+    if (json_is_integer(engine_bytes) && json_integer_value(engine_bytes) >= 0 &&
+        json_integer_value(engine_bytes) <= 4096)
+        r->text_bytes += (size_t)json_integer_value(engine_bytes);
+    else if (json_is_string(text))
         r->text_bytes += json_string_length(text);
     if ((json_is_string(text) && json_string_length(text) > 0) ||
+        (json_is_string(thought) && json_string_length(thought) > 0) ||
         json_array_size(json_object_get(delta, "tool_calls")) > 0) {
         r->content_sent = true;
         if (r->ttft < 0) /* an engine without token_ids: the first text */

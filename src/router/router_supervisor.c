@@ -91,6 +91,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         ARG("--threads", "%d", c->threads);
     if (model->chat_template[0])
         ARG("--chat-template", "%s", model->chat_template);
+    if (model->reasoning_format[0])
+        ARG("--reasoning-format", "%s", model->reasoning_format);
 #undef ARG
     if (c->skip_calibration)
         argv[n++] = "--no-calibrate";

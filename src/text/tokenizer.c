@@ -451,6 +451,21 @@ static int load_vocab(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
         if (id >= 0 && tok->types[id] == ENG_TOKEN_CONTROL && add_eog(tok, id))
             goto nomem;
     }
+    {
+        /* gpt-oss (harmony): a turn ends with <|return|> or <|call|>, while
+         * <|end|> only ends one of its messages (the thought, before the
+         * answer), so it must not end generation (llama.cpp does the same) */
+        int32_t ret = vocab_find(tok, "<|return|>", 10), call = vocab_find(tok, "<|call|>", 8);
+        int32_t end = vocab_find(tok, "<|end|>", 7);
+        if (ret >= 0 && call >= 0 && tok->types[ret] == ENG_TOKEN_CONTROL &&
+            tok->types[call] == ENG_TOKEN_CONTROL) {
+            if (add_eog(tok, ret) || add_eog(tok, call))
+                goto nomem;
+            for (size_t i = 0; end >= 0 && i < tok->n_eog; i++)
+                if (tok->eog[i] == end)
+                    tok->eog[i--] = tok->eog[--tok->n_eog];
+        }
+    }
     sw_free(scratch);
     return SW_OK;
 

@@ -1,8 +1,9 @@
 /* worker-impl.h - what the worker's HTTP side (worker_http.c, with
- * worker_request.c for request bodies and worker_tools.c for tool-call
- * replies) and its engine side (worker_engine.c) share: the request, the
- * events the engine sends back, and the server state with the lock that
- * guards the shared part.
+ * worker_request.c for request bodies, worker_tools.c for tool-call
+ * replies and worker_reasoning.c for a thinking model's reasoning) and its
+ * engine side (worker_engine.c) share: the request, the events the engine
+ * sends back, and the server state with the lock that guards the shared
+ * part.
  *
  * Ownership: a wk_req is created by the HTTP thread, queued for the engine,
  * and freed by the HTTP thread only, when it handles the request's final
@@ -16,6 +17,7 @@
 #include "common/alloc.h"
 #include "api/api.h"
 #include "device/device.h"
+#include "chat/chat_reasoning.h"
 #include "chat/chat_template.h"
 #include "grammar/constrain.h"
 #include "engine/generate.h"
@@ -124,6 +126,15 @@ struct wk_req {
     char **tool_names;               /* the tools offered, for parsing calls */
     size_t n_tools;
     eng_chat_tool_syntax tool_syntax;
+    /* reasoning (worker_reasoning.c): a thinking family's thought goes out
+     * as reasoning_content, the rest as content (or tool calls) */
+    bool split;                      /* reasoning_format deepseek on such a family */
+    bool harmony_text;               /* harmony: its markers' text is reply text */
+    bool harmony_calls;              /* harmony with tools offered (auto): calls
+                                        come from its commentary messages */
+    eng_reasoning rs;                /* HTTP thread: the splitter */
+    eng_reasoning_delta rd;          /* HTTP thread: one event's split */
+    eng_reasoning_text reasoning;    /* non-stream: the reasoning so far */
     /* HTTP thread only */
     wk_tool_stream ts;
     struct evhttp_request *evreq;
@@ -290,6 +301,26 @@ typedef api_error wk_parse_error; /* api.h */
 /* Fills r from a completions (chat false) or chat body; false with *p set
  * when the body is refused. What r holds is freed by wk_req_free either way. */
 bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_parse_error *p);
+
+/* worker_reasoning.c */
+/* Sets r->split, r->harmony_text and r->harmony_calls from the family, the
+ * worker's default and the body's reasoning_format (false with *p set for
+ * an unknown value). */
+bool wk__reasoning_setup(wk_server *s, json_t *body, wk_req *r, wk_parse_error *p);
+/* Harmony: the marker text of a control token (its piece, which the
+ * detokenizer leaves out), which comes after the event's text; NULL for
+ * other tokens and families. */
+const char *wk__event_marker(wk_server *s, const wk_req *r, int32_t token, size_t *len);
+/* A resumed request: the resumed tokens' text the first worker had
+ * released, fed to the splitter (output dropped: the client has it; a
+ * tool reply keeps the content in r->text, as its calls are parsed from
+ * it). False when out of memory. */
+bool wk__reasoning_resume(wk_server *s, wk_req *r, bool tool_reply);
+/* Harmony with tools: the calls of the finished reply as a tool_calls
+ * array, or NULL when it made none (of the offered tools). */
+json_t *wk__harmony_calls(const wk_req *r);
+/* Non-stream: appends to the reasoning so far (cut short out of memory). */
+void wk__reasoning_append(wk_req *r, const char *text, size_t n);
 
 /* worker_tools.c: the reply text as tool calls (comments at each function) */
 /* Appends to the non-stream reply text (cut short when out of memory). */

@@ -15,6 +15,7 @@
 #ifndef SPILLWAY_WORKER_WORKER_H
 #define SPILLWAY_WORKER_WORKER_H
 
+#include "chat/chat_reasoning.h"
 #include "chat/chat_template.h"
 #include "engine/model.h"
 #include "text/tokenizer.h"
@@ -49,6 +50,8 @@ typedef struct wk_options {
     size_t max_header_bytes;     /* header blocks above get 400 (16 KiB) */
     int http_timeout_s;          /* read/write time-out per connection (30) */
     const char *chat_template;   /* family name overriding detection, or NULL */
+    eng_reasoning_format reasoning_format; /* requests' default (auto: deepseek
+                                    for the families that think) */
     const char *model_id;        /* the id it answers to (--model-id), or NULL:
                                     api_model_id's */
     bool skip_calibration;       /* true: no start-up measurement of the rates

@@ -48,6 +48,9 @@ void wk_req_free(wk_req *req)
     for (size_t i = 0; i < req->n_tools; i++)
         sw_free(req->tool_names[i]);
     sw_free(req->tool_names);
+    eng_reasoning_free(&req->rs);
+    eng_reasoning_delta_free(&req->rd);
+    eng_reasoning_text_free(&req->reasoning);
     sw_free(req);
 }
 
@@ -864,8 +867,11 @@ static int load(wk_server *s, sw_error *err)
     } else if (rc) {
         return rc;
     }
-    SW_INFO(MOD, "chat template: %s (%s)", eng_chat_family_name(s->chat_family),
-            eng_chat_source_name(source));
+    bool thinks = eng_chat_reasoning_syntax(s->chat_family) != ENG_REASONING_NONE;
+    SW_INFO(MOD, "chat template: %s (%s)%s%s", eng_chat_family_name(s->chat_family),
+            eng_chat_source_name(source), thinks ? ", reasoning format " : "",
+            thinks ? (s->o.reasoning_format == ENG_REASONING_FORMAT_NONE ? "none" : "deepseek")
+                   : "");
     s->n_ctx = p->n_ctx;
     if (s->o.prefill_chunk > p->n_batch)
         s->o.prefill_chunk = p->n_batch;

@@ -521,6 +521,10 @@ static void stream_echo_chunk(wk_server *s, wk_req *r)
 static json_t *stream_extension(wk_req *r, const wk_event *ev)
 {
     json_t *x = json_pack("{s:[i]}", "token_ids", ev->token);
+    /* the engine's text bytes of this token, which a split reply's deltas
+     * do not show one for one (the router's resume.text_bytes) */
+    if (x && (r->split || r->harmony_text))
+        json_object_set_new(x, "text_bytes", json_integer((json_int_t)ev->text_len));
     if (x && !r->prefix_reported && r->n_resume == 0) {
         r->prefix_reported = true;
         json_object_set_new(x, "prefix_tokens", json_integer(ev->prefix_tokens));
@@ -528,8 +532,9 @@ static json_t *stream_extension(wk_req *r, const wk_event *ev)
     return x;
 }
 
-/* The delta of one streamed token of a tool reply (may be empty). */
-static json_t *tool_stream_delta(wk_req *r, const wk_event *ev)
+/* The delta of one streamed token of a tool reply (may be empty); text is
+ * the token's content text. */
+static json_t *tool_stream_delta(wk_req *r, const char *text, size_t text_len)
 {
     json_t *delta = json_object();
     if (r->output == WK_OUT_TOOL_FORCED) {
@@ -562,27 +567,72 @@ static json_t *tool_stream_delta(wk_req *r, const wk_event *ev)
     int st = wk__auto_state(r);
     if (st == 1 && r->ts.auto_mode == 0)
         json_object_set_new(delta, "content", json_text(r->text, r->text_len));
-    else if (st == 1 && ev && ev->text_len)
-        json_object_set_new(delta, "content", json_text(ev->text, ev->text_len));
+    else if (st == 1 && text_len)
+        json_object_set_new(delta, "content", json_text(text, text_len));
     r->ts.auto_mode = st;
     return delta;
 }
 
+/* One event's text, then a harmony marker (or NULL), through the
+ * splitter: *content and *reasoning (with their lengths) are what goes out
+ * now. Without a split, all of it is content. Out of memory the reply is
+ * broken. */
+static void split_text(wk_req *r, const char *text, size_t len, const char *marker,
+                       size_t marker_len, bool final, const char **content, size_t *content_len,
+                       const char **reasoning, size_t *reasoning_len)
+{
+    *content = text;
+    *content_len = len;
+    *reasoning = NULL;
+    *reasoning_len = 0;
+    if (!r->split && !marker)
+        return;
+    eng_reasoning_delta_clear(&r->rd);
+    if (!r->split) {
+        /* the text and the marker, as one piece of content */
+        eng_reasoning r_none;
+        eng_reasoning_init(&r_none, ENG_REASONING_NONE);
+        if (eng_reasoning_push(&r_none, text, len, &r->rd) != SW_OK ||
+            eng_reasoning_push(&r_none, marker, marker_len, &r->rd) != SW_OK)
+            r->broken = true;
+        eng_reasoning_free(&r_none);
+        *content = r->rd.content.p ? r->rd.content.p : "";
+        *content_len = r->rd.content.len;
+        return;
+    }
+    if (eng_reasoning_push(&r->rs, text, len, &r->rd) != SW_OK ||
+        (marker && eng_reasoning_push(&r->rs, marker, marker_len, &r->rd) != SW_OK) ||
+        (final && eng_reasoning_finish(&r->rs, &r->rd) != SW_OK))
+        r->broken = true;
+    *content = r->rd.content.p ? r->rd.content.p : "";
+    *content_len = r->rd.content.len;
+    *reasoning = r->rd.reasoning.p;
+    *reasoning_len = r->rd.reasoning.len;
+}
+
 static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
 {
+    size_t marker_len = 0, text_len = 0, reasoning_len = 0;
+    const char *marker = wk__event_marker(s, r, ev->token, &marker_len);
+    const char *text = NULL, *reasoning = NULL;
+    split_text(r, ev->text ? ev->text : "", ev->text_len, marker, marker_len, false, &text,
+               &text_len, &reasoning, &reasoning_len);
     if (r->stream && r->chat &&
         (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO)) {
         /* Tool replies: the text is kept to follow the call's shape; every
          * token still gets its chunk (its id is what a resume needs). */
         json_array_append_new(r->token_ids, json_integer(ev->token));
-        wk__text_append(r, ev->text, ev->text_len);
+        wk__text_append(r, text, text_len);
         json_t *c = chunk_base(s, r);
         json_t *lp = r->logprobs ? json_pack("{s:[o], s:n}", "content",
                                              chat_logprob_entry(s, ev), "refusal")
                                  : json_null();
+        json_t *delta = tool_stream_delta(r, text, text_len);
+        if (reasoning_len)
+            json_object_set_new(delta, "reasoning_content", json_text(reasoning, reasoning_len));
         json_object_set_new(c, "choices",
                             json_pack("[{s:i, s:o, s:o, s:n}]", "index", 0, "delta",
-                                      tool_stream_delta(r, ev), "logprobs", lp, "finish_reason"));
+                                      delta, "logprobs", lp, "finish_reason"));
         json_object_set_new(c, "spillway", stream_extension(r, ev));
         sse_send(r, c);
         json_decref(c);
@@ -591,7 +641,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
     json_array_append_new(r->token_ids, json_integer(ev->token));
     if (r->stream) {
         json_t *c = chunk_base(s, r);
-        json_t *text = json_text(ev->text ? ev->text : "", ev->text_len);
+        json_t *jtext = json_text(text, text_len);
         json_t *lp = json_null();
         if (r->logprobs) {
             json_decref(lp);
@@ -603,9 +653,18 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
             }
         }
         json_t *choice = r->chat ? json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta",
-                                             "content", text, "logprobs", lp, "finish_reason")
-                                 : json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "text", text,
+                                             "content", jtext, "logprobs", lp, "finish_reason")
+                                 : json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "text", jtext,
                                              "logprobs", lp, "finish_reason");
+        if (r->split) {
+            /* a thought's token: reasoning_content; a held byte: no text */
+            json_t *delta = json_object_get(choice, "delta");
+            if (!text_len)
+                json_object_del(delta, "content");
+            if (reasoning_len)
+                json_object_set_new(delta, "reasoning_content",
+                                    json_text(reasoning, reasoning_len));
+        }
         json_object_set_new(c, "choices", json_pack("[o]", choice));
         json_object_set_new(c, "spillway", stream_extension(r, ev));
         sse_send(r, c);
@@ -619,7 +678,8 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         else
             completion_logprob_append(s, r->lp, ev, r->text_len);
     }
-    wk__text_append(r, ev->text, ev->text_len);
+    wk__text_append(r, text, text_len);
+    wk__reasoning_append(r, reasoning, reasoning_len);
 }
 
 /* OpenAI's usage, with prompt_tokens_details.cached_tokens: the prompt
@@ -724,10 +784,10 @@ static void group_free(wk_group *g, bool with_reqs)
 
 /* The final chunks of a streamed tool reply before the finish chunk;
  * returns the finish reason. */
-static const char *tool_stream_done(wk_server *s, wk_req *r, const wk_event *ev,
+static const char *tool_stream_done(wk_server *s, wk_req *r, const char *text, size_t text_len,
                                     const char *finish)
 {
-    wk__text_append(r, ev->text, ev->text_len);
+    wk__text_append(r, text, text_len);
     json_t *delta = NULL;
     if (r->output == WK_OUT_TOOL_FORCED) {
         json_t *calls = wk__forced_calls(r);
@@ -761,8 +821,8 @@ static const char *tool_stream_done(wk_server *s, wk_req *r, const wk_event *ev,
         } else if (r->ts.auto_mode != 1 && r->text_len) {
             /* held back as a possible call, but it was not one */
             delta = json_pack("{s:o}", "content", json_text(r->text, r->text_len));
-        } else if (r->ts.auto_mode == 1 && ev->text_len) {
-            delta = json_pack("{s:o}", "content", json_text(ev->text, ev->text_len));
+        } else if (r->ts.auto_mode == 1 && text_len) {
+            delta = json_pack("{s:o}", "content", json_text(text, text_len));
         }
     }
     if (delta) {
@@ -782,19 +842,36 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     const char *finish = strcmp(ev->finish, "cancelled") == 0 ? "stop" : ev->finish;
     bool tool_reply = r->chat && (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO);
     json_t *calls = NULL;
+    /* the text released at the end and what the splitter held */
+    size_t end_len = 0, reasoning_len = 0;
+    const char *end_text = NULL, *reasoning = NULL;
+    split_text(r, ev->text ? ev->text : "", ev->text_len, NULL, 0, true, &end_text, &end_len,
+               &reasoning, &reasoning_len);
+    if (reasoning_len && r->stream && r->started) {
+        json_t *c = chunk_base(s, r);
+        json_object_set_new(c, "choices", json_pack("[{s:i, s:{s:o}, s:n, s:n}]", "index", 0,
+                                                    "delta", "reasoning_content",
+                                                    json_text(reasoning, reasoning_len),
+                                                    "logprobs", "finish_reason"));
+        json_object_set_new(c, "spillway", json_pack("{s:[]}", "token_ids"));
+        sse_send(r, c);
+        json_decref(c);
+    } else if (reasoning_len) {
+        wk__reasoning_append(r, reasoning, reasoning_len);
+    }
     if (tool_reply && r->stream) {
-        finish = tool_stream_done(s, r, ev, finish);
+        finish = tool_stream_done(s, r, end_text, end_len, finish);
     } else if (tool_reply) {
-        wk__text_append(r, ev->text, ev->text_len);
+        wk__text_append(r, end_text, end_len);
         calls = r->output == WK_OUT_TOOL_FORCED ? wk__forced_calls(r) : wk__auto_calls(r);
         if (calls)
             finish = "tool_calls";
-    } else if (ev->text_len) {
+    } else if (end_len) {
         /* Text released at the end (held-back bytes) goes out like a token's
          * text, without a token. */
         if (r->stream) {
             json_t *c = chunk_base(s, r);
-            json_t *text = json_text(ev->text, ev->text_len);
+            json_t *text = json_text(end_text, end_len);
             json_t *choice = r->chat ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta",
                                                  "content", text, "logprobs", "finish_reason")
                                      : json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", text,
@@ -805,7 +882,26 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
                 sse_send(r, c);
             json_decref(c);
         } else {
-            wk__text_append(r, ev->text, ev->text_len);
+            wk__text_append(r, end_text, end_len);
+        }
+    }
+    json_t *hcalls = wk__harmony_calls(r); /* harmony: its commentary calls */
+    if (hcalls) {
+        finish = "tool_calls";
+        if (r->stream && r->started) {
+            for (size_t i = 0; i < json_array_size(hcalls); i++)
+                json_object_set_new(json_array_get(hcalls, i), "index",
+                                    json_integer((json_int_t)i));
+            json_t *c = chunk_base(s, r);
+            json_object_set_new(c, "choices", json_pack("[{s:i, s:{s:O}, s:n, s:n}]", "index", 0,
+                                                        "delta", "tool_calls", hcalls, "logprobs",
+                                                        "finish_reason"));
+            json_object_set_new(c, "spillway", json_pack("{s:[]}", "token_ids"));
+            sse_send(r, c);
+            json_decref(c);
+            json_decref(hcalls);
+        } else {
+            calls = hcalls;
         }
     }
     json_t *ext = json_pack("{s:O, s:I}", "token_ids", r->token_ids, "draws", (json_int_t)ev->draws);
@@ -841,8 +937,10 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         if (!r->group)
             stream_finish(r);
     } else {
-        /* a reply that is a call has no content (OpenAI: null) */
-        json_t *text = calls ? json_null() : json_text(r->text ? r->text : "", r->text_len);
+        /* a reply that is a call has no content (OpenAI: null); a harmony
+         * call may follow a commentary preamble, which is its content */
+        bool no_content = calls && (r->text_len == 0 || !r->harmony_calls);
+        json_t *text = no_content ? json_null() : json_text(r->text ? r->text : "", r->text_len);
         json_t *lp = r->logprobs ? json_incref(r->lp) : json_null();
         /* refusal: required by OpenAI's schema for a chat message; a local
          * model never refuses through that channel, so it is null */
@@ -853,6 +951,9 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
                                              "logprobs", lp, "finish_reason", finish);
         if (calls)
             json_object_set_new(json_object_get(choice, "message"), "tool_calls", calls);
+        if (r->chat && r->reasoning.len)
+            json_object_set_new(json_object_get(choice, "message"), "reasoning_content",
+                                json_text(r->reasoning.p, r->reasoning.len));
         if (r->group) { /* the answer is sent after the last choice */
             json_object_set_new(choice, "index", json_integer(r->choice));
             r->group->choices[r->choice] = choice;

@@ -67,12 +67,18 @@ static bool get_bool(wk_parse_error *p, json_t *body, const char *key, bool *out
 /* The chat prompt in the model's own template family (api.h), and the
  * family's end-of-turn markers as stop tokens or strings. Allocates *ids
  * (sw_free). */
-static bool tokenize_chat(wk_server *s, json_t *messages, const char *tools_text, wk_req *r,
-                          wk_parse_error *p, int32_t **ids, size_t *n_ids)
+static bool tokenize_chat(wk_server *s, json_t *body, json_t *messages, const char *tools_text,
+                          wk_req *r, wk_parse_error *p, int32_t **ids, size_t *n_ids)
 {
     api_chat_messages m;
-    bool ok = api_chat_messages_parse(messages, &m, p) &&
-              api_chat_tokenize(s->tok, s->chat_family, &m, tools_text, ids, n_ids, p);
+    memset(&m, 0, sizeof m);
+    eng_chat_options o;
+    memset(&o, 0, sizeof o);
+    char date[11];
+    bool ok = api_chat_options_parse(body, &o, date, p);
+    o.tools_text = tools_text;
+    ok = ok && api_chat_messages_parse(messages, &m, p) &&
+         api_chat_tokenize(s->tok, s->chat_family, &m, &o, ids, n_ids, p);
     api_chat_messages_free(&m);
     if (!ok)
         return false;
@@ -267,6 +273,9 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
                                                                     : "response format",
                        (long long)need, (long long)avail);
     }
+    /* a split reply's tool text is its content: the splitter's output */
+    if (!wk__reasoning_resume(s, r, tool_reply))
+        return api_oom(p);
     if (tool_reply && r->n_resume > 0) {
         eng_detok d;
         eng_detok_reset(&d);
@@ -274,7 +283,7 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
         char *buf = sw_malloc(cap);
         if (!buf)
             return api_oom(p);
-        for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt; i++)
+        for (int32_t i = r->n_prompt - r->n_resume; i < r->n_prompt && !r->split; i++)
             wk__text_append(r, buf, eng_detok_push(s->tok, &d, r->prompt[i], buf, cap));
         sw_free(buf);
         if (r->output == WK_OUT_TOOL_FORCED) {
@@ -593,7 +602,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
             return api_bad(p, "messages", "'messages' must be a non-empty array");
         char *tools_text = NULL;
         bool ok = parse_tools(body, chat, r, p, &tools_text) && parse_grammar(body, r, p) &&
-                  tokenize_chat(s, m, tools_text, r, p, &ids, &n_ids);
+                  tokenize_chat(s, body, m, tools_text, r, p, &ids, &n_ids);
         sw_free(tools_text);
         if (!ok)
             return false;
@@ -737,5 +746,7 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
                                    ? r->resume_text_bytes - (int64_t)r->echo_len
                                    : 0;
     r->chat = chat;
+    if (!wk__reasoning_setup(s, body, r, p))
+        return false;
     return setup_output(s, r, p);
 }

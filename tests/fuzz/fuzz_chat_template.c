@@ -53,14 +53,49 @@ static bool trim_space(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
-/* The content as family f writes it for message i (trimmed or not). */
-static void expected_content(eng_chat_family f, const eng_chat_message *m, size_t i,
-                             const char **s, size_t *len)
+/* The content as family f writes it for message i of n (trimmed or not),
+ * and before it (*tlen > 0) the thought Qwen3 keeps for an assistant turn
+ * after the last user message (its template's rule, chat_template.c). */
+static void expected_content(eng_chat_family f, const eng_chat_message *m, size_t n, size_t i,
+                             const char **s, size_t *len, const char **t, size_t *tlen)
 {
     bool system = !strcmp(m[i].role, "system");
     bool trim = f == ENG_CHAT_LLAMA2 || f == ENG_CHAT_LLAMA3 || (f == ENG_CHAT_GEMMA && !system);
     *s = m[i].content;
     *len = strlen(m[i].content);
+    *t = "";
+    *tlen = 0;
+    bool qwen3 = f == ENG_CHAT_QWEN3 || f == ENG_CHAT_QWEN3_THINKING;
+    if ((qwen3 || f == ENG_CHAT_DEEPSEEK_R1) && !strcmp(m[i].role, "assistant")) {
+        /* the thought of an earlier turn is left out */
+        const char *c = *s, *p = c, *q, *first = strstr(c, "</think>");
+        while ((q = strstr(p, "</think>")) != NULL)
+            p = q + 8;
+        size_t last_user = n - 1;
+        for (size_t k = n; k-- > 0;)
+            if (!strcmp(m[k].role, "user")) {
+                last_user = k;
+                break;
+            }
+        bool keep = qwen3 && i > last_user;
+        if (keep && first) {
+            const char *open = NULL, *o, *x = c;
+            while ((o = strstr(x, "<think>")) != NULL && o < first)
+                open = o, x = o + 7;
+            *t = open ? open + 7 : c;
+            *tlen = (size_t)(first - *t);
+            while (*tlen > 0 && **t == '\n')
+                (*t)++, (*tlen)--;
+            while (*tlen > 0 && (*t)[*tlen - 1] == '\n')
+                (*tlen)--;
+        }
+        bool block = keep && (*tlen > 0 || i == n - 1);
+        if (p != c || block)
+            while (*p == '\n')
+                p++;
+        *len -= (size_t)(p - c);
+        *s = p;
+    }
     if (!trim)
         return;
     while (*len > 0 && trim_space(**s))
@@ -229,12 +264,20 @@ static void render_family(const fz_chat *c, eng_chat_family f, bool gen,
     char *content = content_bytes(t2, s2, n2, &clen);
     if (content) {
         size_t at = 0;
-        for (size_t i = 0; i < c->n; i++) {
-            const char *s;
-            size_t n;
-            expected_content(f, c->msgs, i, &s, &n);
-            FZ_CHECK(n <= clen - at && !memcmp(content + at, s, n));
-            at += n;
+        /* DeepSeek-R1 writes the system messages first */
+        bool systems_first = f == ENG_CHAT_DEEPSEEK_R1;
+        for (int pass = systems_first ? 0 : 1; pass < 2; pass++) {
+            for (size_t i = 0; i < c->n; i++) {
+                if (systems_first && (pass == 0) != !strcmp(c->msgs[i].role, "system"))
+                    continue;
+                const char *s, *t;
+                size_t n, tn;
+                expected_content(f, c->msgs, c->n, i, &s, &n, &t, &tn);
+                FZ_CHECK(tn <= clen - at && !memcmp(content + at, t, tn));
+                at += tn;
+                FZ_CHECK(n <= clen - at && !memcmp(content + at, s, n));
+                at += n;
+            }
         }
         FZ_CHECK(at == clen);
     }
@@ -264,9 +307,10 @@ static void render_family_tools(const fz_chat *c, eng_chat_family f, bool gen,
     check_segments(text, len, seg, n_seg);
     char *content = content_bytes(text, seg, n_seg, &clen);
     for (size_t i = 0; content && i < c->n; i++) {
-        const char *s;
-        size_t n;
-        expected_content(f, c->msgs, i, &s, &n);
+        const char *s, *t;
+        size_t n, tn;
+        expected_content(f, c->msgs, c->n, i, &s, &n, &t, &tn);
+        FZ_CHECK(tn == 0 || memmem(content, clen, t, tn));
         FZ_CHECK(n == 0 || memmem(content, clen, s, n));
         for (size_t k = 0; k < c->ext[i].n_calls; k++) {
             const char *name = c->ext[i].calls[k].name;

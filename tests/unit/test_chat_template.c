@@ -595,7 +595,7 @@ static const template_case template_cases[] = {
      "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
      "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n"
      "</think>\\n\\n' }}{%- endif %}{%- endif %}",
-     ENG_CHAT_CHATML},
+     ENG_CHAT_QWEN3},
     /* Phi-4 (microsoft/phi-4): ChatML's markers with <|im_sep|> */
     {"{% for message in messages %}{% if (message['role'] == 'system') %}{{'<|im_start|>system"
      "<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif (message['role'] == 'user') %}"
@@ -787,6 +787,7 @@ static void test_names(void **state)
     (void)state;
     static const char *const names[ENG_CHAT_N_FAMILIES] = {
         "chatml", "llama2", "llama3", "mistral", "zephyr", "phi3", "gemma", "phi4",
+        "qwen3", "deepseek-r1", "harmony", "qwen3-thinking",
     };
     for (int i = 0; i < ENG_CHAT_N_FAMILIES; i++) {
         assert_string_equal(eng_chat_family_name((eng_chat_family)i), names[i]);
@@ -860,6 +861,8 @@ static void test_stop_strings(void **state)
         after += strlen("Hi! How can I help?");
         if (i == ENG_CHAT_LLAMA2)
             after++; /* Llama 2 writes a space before EOS */
+        if (i == ENG_CHAT_HARMONY) /* an answer of the history ends its message */
+            stop[0] = "<|end|>";
         assert_memory_equal(after, stop[0], strlen(stop[0]));
         sw_free(text);
     }

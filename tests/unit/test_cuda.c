@@ -268,6 +268,15 @@ static void random_row(uint32_t type, int64_t n_in, unsigned char *row, size_t r
     case ENG_TYPE_Q4_K: block = 144, n_d = 2, d_at[0] = 0, d_at[1] = 2; break;
     case ENG_TYPE_Q5_K: block = 176, n_d = 2, d_at[0] = 0, d_at[1] = 2; break;
     case ENG_TYPE_Q6_K: block = 210, n_d = 1, d_at[0] = 208; break;
+    case ENG_TYPE_MXFP4:
+        /* the E8M0 byte: scales 2^-10 .. 2^-3, and in the first blocks the
+         * extremes (0, 1: f32 subnormals; 255: 2^128, the top levels inf) */
+        for (size_t i = 0; i < row_bytes; i++)
+            row[i] = (unsigned char)((rnd() + 1.0f) * 128.0f);
+        for (size_t b = 0; b < row_bytes / 17; b++)
+            row[b * 17] = b < 3 ? (unsigned char)(b == 2 ? 255 : b)
+                                : (unsigned char)(117 + (int)((rnd() + 1.0f) * 3.5f));
+        return;
     default: fail_msg("random_row: type %u", type);
     }
     for (size_t i = 0; i < row_bytes; i++)
@@ -286,7 +295,8 @@ static void test_host_dequantize_layouts(void **state)
 {
     (void)state;
     const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_BF16, ENG_TYPE_Q8_0,
-                              ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+                              ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K,
+                              ENG_TYPE_MXFP4};
     enum { N_IN = 1024, ROWS = 4 };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
@@ -319,7 +329,7 @@ static void test_host_dequantize_layouts(void **state)
     assert_int_not_equal(cuda_kernels_host_dequantize_row(ENG_TYPE_Q4_1, junk, 64, out), 0);
 }
 
-/* The kernels read exactly the eight types of their list: every other id,
+/* The kernels read exactly the nine types of their list: every other id,
  * the engine's newer types (Q3_K, Q2_K, IQ4_XS, IQ4_NL) too, is refused, so
  * a context that would put such a matrix on the GPU fails at creation
  * (cuda_engine_create's check) instead of computing garbage. */
@@ -327,7 +337,8 @@ static void test_host_supported_types(void **state)
 {
     (void)state;
     const uint32_t ours[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_BF16, ENG_TYPE_Q8_0,
-                             ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+                             ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K,
+                             ENG_TYPE_MXFP4};
     for (uint32_t id = 0; id < ENG_TYPE_COUNT_ + 8; id++) {
         bool listed = false;
         for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
@@ -451,7 +462,8 @@ static void matvec_case(uint32_t type, int64_t n_in, int64_t n_out, int64_t n_to
 static void matvec_cases(int on_gpu)
 {
     const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_F16, ENG_TYPE_BF16, ENG_TYPE_Q8_0,
-                              ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+                              ENG_TYPE_Q4_0, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K,
+                              ENG_TYPE_MXFP4};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         assert_true(cuda_kernels_type_supported(types[i]));
         matvec_case(types[i], 512, 67, 3, on_gpu);

@@ -55,7 +55,8 @@ static void assert_str_kv(const eng_gguf *g, const char *key, const char *want)
 
 /* Bytes of a tensor of n_rows rows of n values, from the block layouts in
  * the GGUF/ggml spec: f32 4 bytes, f16 and bf16 2, q8_0 34 per 32, q4_0 18
- * per 32, q4_k 144 per 256, q5_k 176 per 256, q6_k 210 per 256. */
+ * per 32, q4_k 144 per 256, q5_k 176 per 256, q6_k 210 per 256, mxfp4 17 per
+ * 32 (an E8M0 byte, 16 bytes of nibbles). */
 static size_t spec_bytes(uint32_t type, int64_t n, int64_t n_rows)
 {
     switch (type) {
@@ -75,6 +76,8 @@ static size_t spec_bytes(uint32_t type, int64_t n, int64_t n_rows)
         return (size_t)(n / 256 * 176 * n_rows);
     case ENG_TYPE_Q6_K:
         return (size_t)(n / 256 * 210 * n_rows);
+    case ENG_TYPE_MXFP4:
+        return (size_t)(n / 32 * 17 * n_rows);
     }
     fail();
     return 0;
@@ -115,7 +118,8 @@ static void check_model(const char *path, const eng_model_make_params *p)
     const uint32_t want_ftype = wt == ENG_TYPE_F32 ? 0 : wt == ENG_TYPE_F16 ? 1
                               : wt == ENG_TYPE_Q8_0 ? 7 : wt == ENG_TYPE_Q4_0 ? 2
                               : wt == ENG_TYPE_Q4_K ? 14 : wt == ENG_TYPE_Q5_K ? 16
-                              : wt == ENG_TYPE_Q6_K ? 18 : 32 /* bf16 */;
+                              : wt == ENG_TYPE_Q6_K ? 18
+                              : wt == ENG_TYPE_MXFP4 ? 38 /* MXFP4_MOE */ : 32 /* bf16 */;
     assert_int_equal(get_u32(g, "general.file_type"), want_ftype);
     assert_int_equal(get_u32(g, "llama.context_length"), (uint32_t)p->n_ctx_train);
     assert_int_equal(get_u32(g, "llama.embedding_length"), (uint32_t)p->n_embd);
@@ -251,7 +255,8 @@ static void test_each_weight_type(void **state)
 {
     (void)state;
     const uint32_t types[] = {ENG_TYPE_F32,  ENG_TYPE_F16,  ENG_TYPE_Q8_0, ENG_TYPE_Q4_0,
-                              ENG_TYPE_BF16, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K};
+                              ENG_TYPE_BF16, ENG_TYPE_Q4_K, ENG_TYPE_Q5_K, ENG_TYPE_Q6_K,
+                              ENG_TYPE_MXFP4};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         eng_model_make_params p = small_shape(types[i]);
         if (eng_type_traits_get(types[i])->block_size == 256) {

@@ -1,5 +1,5 @@
 /* test_quant_more.c - the low-bit weight types of downloaded GGUF files
- * (Q3_K, Q2_K, IQ4_XS, IQ4_NL): block decoding, quantization, the CPU
+ * (Q3_K, Q2_K, IQ4_XS, IQ4_NL, MXFP4): block decoding, quantization, the CPU
  * kernels at every instruction-set level this machine has, and models made
  * with them. test_quant.c covers the older types the same way.
  *
@@ -7,7 +7,9 @@
  * descriptions (the ggml block structs; quant.h), not from quant/quant.c:
  * a decoder that walks the blocks the way ggml's format description does
  * (shift and mask per group of 32, the Q3_K scales unpacked as 32-bit
- * words), and hand-built blocks whose values were worked out by hand.
+ * words; MXFP4 from the OCP microscaling definition: E2M1 values in
+ * halves times 2^(e - 127), not ggml's doubled integers), and hand-built
+ * blocks whose values were worked out by hand.
  * SIMD results may differ from the scalar reference only in the order of
  * float additions: |simd - ref| <= 1e-5 * sum_i |w_i x_i| + 1e-30.
  */
@@ -58,18 +60,27 @@ static void tm_put_half(unsigned char *p, float f)
 static const int tm_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                1,    13,   25,  38,  53,  69,  89,  113};
 
+/* the E2M1 values of MXFP4's nibbles (sign bit 3; exponent bits 2-1 with
+ * bias 1, mantissa bit 0; exponent 0 is subnormal: 0 and 0.5) */
+static const double tm_e2m1[16] = {0.0,  0.5,  1.0,  1.5,  2.0,  3.0,  4.0,  6.0,
+                                   -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
+
 static const uint32_t tm_types[] = {ENG_TYPE_Q3_K, ENG_TYPE_Q2_K, ENG_TYPE_IQ4_XS,
-                                    ENG_TYPE_IQ4_NL};
+                                    ENG_TYPE_IQ4_NL, ENG_TYPE_MXFP4};
 #define TM_N_TYPES (sizeof tm_types / sizeof tm_types[0])
 
 static size_t tm_block_bytes(uint32_t type)
 {
-    return type == ENG_TYPE_Q3_K ? 110 : type == ENG_TYPE_Q2_K ? 84 : type == ENG_TYPE_IQ4_XS ? 136 : 18;
+    return type == ENG_TYPE_Q3_K     ? 110
+           : type == ENG_TYPE_Q2_K   ? 84
+           : type == ENG_TYPE_IQ4_XS ? 136
+           : type == ENG_TYPE_MXFP4  ? 17
+                                     : 18;
 }
 
 static int64_t tm_block_values(uint32_t type)
 {
-    return type == ENG_TYPE_IQ4_NL ? 32 : 256;
+    return type == ENG_TYPE_IQ4_NL || type == ENG_TYPE_MXFP4 ? 32 : 256;
 }
 
 /* Decodes one block into a (the scaled quant) and b (the subtracted
@@ -126,6 +137,13 @@ static void tm_decode_block(uint32_t type, const unsigned char *p, double *a, do
                 b[32 * s + j] = b[32 * s + j + 16] = 0.0;
             }
         }
+    } else if (type == ENG_TYPE_MXFP4) {
+        double d = ldexp(1.0, p[0] - 127); /* E8M0: 2^(e - 127) */
+        for (int j = 0; j < 16; j++) {
+            a[j] = d * tm_e2m1[p[1 + j] & 15];
+            a[j + 16] = d * tm_e2m1[p[1 + j] >> 4];
+            b[j] = b[j + 16] = 0.0;
+        }
     } else {
         double d = tm_half(p);
         for (int j = 0; j < 16; j++) {
@@ -136,7 +154,8 @@ static void tm_decode_block(uint32_t type, const unsigned char *p, double *a, do
     }
 }
 
-/* Random blocks: random bytes with a finite, modest f16 scale (and min). */
+/* Random blocks: random bytes with a finite, modest f16 scale (and min);
+ * MXFP4's exponent within a factor 8 below scale. */
 static void tm_random_blocks(uint32_t type, unsigned char *p, int64_t n_blocks, float scale)
 {
     size_t bytes = tm_block_bytes(type);
@@ -148,6 +167,8 @@ static void tm_random_blocks(uint32_t type, unsigned char *p, int64_t n_blocks, 
         } else if (type == ENG_TYPE_Q2_K) {
             tm_put_half(p + 80, tm_randf() * scale);
             tm_put_half(p + 82, tm_randf() * scale);
+        } else if (type == ENG_TYPE_MXFP4) {
+            p[0] = (unsigned char)(127 + ilogbf(scale) - (int)(tm_rand() % 4));
         } else {
             tm_put_half(p, tm_randf() * scale);
         }
@@ -177,7 +198,7 @@ static void test_type_table(void **state)
         {29, "iq1_m", 256, 32 + 16 + 8, false},
         {34, "tq1_0", 256, 48 + 4 + 2, false},
         {35, "tq2_0", 256, 64 + 2, false},
-        {39, "mxfp4", 32, 1 + 16, false},
+        {39, "mxfp4", 32, 1 + 16, true},
     };
     qtu_check_traits(expect, sizeof expect / sizeof expect[0]);
     /* retired ids stay unknown */
@@ -189,17 +210,22 @@ static void test_type_table(void **state)
     assert_int_equal(eng_type_from_name("Q2_K"), ENG_TYPE_Q2_K);
     assert_int_equal(eng_type_from_name("iq4_xs"), ENG_TYPE_IQ4_XS);
     assert_int_equal(eng_type_from_name("IQ4_NL"), ENG_TYPE_IQ4_NL);
+    assert_int_equal(eng_type_from_name("MXFP4"), ENG_TYPE_MXFP4);
     assert_int_equal(eng_type_from_name("iq2_xxs"), -1); /* known, not runnable */
     assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q3_K), ENG_TYPE_Q8_K);
     assert_int_equal(eng_vec_dot_type(ENG_TYPE_Q2_K), ENG_TYPE_Q8_K);
     assert_int_equal(eng_vec_dot_type(ENG_TYPE_IQ4_XS), ENG_TYPE_Q8_K);
     assert_int_equal(eng_vec_dot_type(ENG_TYPE_IQ4_NL), ENG_TYPE_Q8_0);
+    assert_int_equal(eng_vec_dot_type(ENG_TYPE_MXFP4), ENG_TYPE_Q8_0);
     size_t row;
     assert_true(eng_type_row_bytes(ENG_TYPE_Q3_K, 4096, &row));
     assert_int_equal(row, 16 * 110);
     assert_true(eng_type_row_bytes(ENG_TYPE_IQ4_NL, 96, &row));
     assert_int_equal(row, 3 * 18);
     assert_false(eng_type_row_bytes(ENG_TYPE_IQ4_XS, 128, &row));
+    assert_true(eng_type_row_bytes(ENG_TYPE_MXFP4, 2880, &row)); /* gpt-oss's width */
+    assert_int_equal(row, 90 * 17);
+    assert_false(eng_type_row_bytes(ENG_TYPE_MXFP4, 48, &row));
 }
 
 /* ---- decoding ------------------------------------------------------------------ */
@@ -304,6 +330,38 @@ static void test_known_blocks(void **state)
     assert_true(v[48] == -2286.0f);  /* 18 * -127 */
     assert_true(v[239] == 4064.0f);  /* -32 * -127 */
     assert_true(v[255] == -800.0f);  /* -32 * 25 */
+
+    /* MXFP4, e = 128: scale 2 */
+    memset(p, 0, 17);
+    p[0] = 128;
+    p[1 + 0] = 0xf7;  /* value 0: 0111 = +6 -> 12; value 16: 1111 = -6 -> -12 */
+    p[1 + 5] = 0x91;  /* value 5: 0001 = 0.5 -> 1; value 21: 1001 = -0.5 -> -1 */
+    p[1 + 15] = 0x3a; /* value 15: 1010 = -1 -> -2; value 31: 0011 = 1.5 -> 3 */
+    eng_dequantize_row(ENG_TYPE_MXFP4, p, v, 32);
+    assert_true(v[0] == 12.0f);
+    assert_true(v[16] == -12.0f);
+    assert_true(v[5] == 1.0f);
+    assert_true(v[21] == -1.0f);
+    assert_true(v[15] == -2.0f);
+    assert_true(v[31] == 3.0f);
+    assert_true(v[1] == 0.0f);
+    /* the extremes of E8M0: e = 0 is 2^-127 (an f32 subnormal), 1 is
+     * 2^-126, 255 is 2^128 (ggml decodes it as a number, not NaN; 6 * 2^128
+     * overflows f32 to inf, 0.5 * 2^128 does not) */
+    p[0] = 0;
+    eng_dequantize_row(ENG_TYPE_MXFP4, p, v, 32);
+    assert_true(v[5] == 0x1p-128f);
+    assert_true(v[0] == 6.0f * 0x1p-127f);
+    p[0] = 1;
+    eng_dequantize_row(ENG_TYPE_MXFP4, p, v, 32);
+    assert_true(v[5] == 0x1p-127f);
+    p[0] = 255;
+    eng_dequantize_row(ENG_TYPE_MXFP4, p, v, 32);
+    assert_true(v[5] == 0x1p127f);
+    assert_true(v[21] == -0x1p127f);
+    assert_true(eng_e8m0_to_fp32_half(127) == 0.5f);
+    for (int e = 0; e < 256; e++)
+        assert_true((double)eng_e8m0_to_fp32_half((uint8_t)e) == ldexp(1.0, e - 128));
 }
 
 /* ---- quantization ------------------------------------------------------------- */
@@ -347,21 +405,36 @@ static void test_quantize_roundtrip(void **state)
     double e3 = tm_roundtrip_error(ENG_TYPE_Q3_K, x, N);
     double exs = tm_roundtrip_error(ENG_TYPE_IQ4_XS, x, N);
     double enl = tm_roundtrip_error(ENG_TYPE_IQ4_NL, x, N);
+    double emx = tm_roundtrip_error(ENG_TYPE_MXFP4, x, N);
     double e4 = tm_roundtrip_error(ENG_TYPE_Q4_0, x, N);
-    print_message("relative RMS error: q2_k %.4f q3_k %.4f iq4_xs %.4f iq4_nl %.4f (q4_0 %.4f)\n",
-                  e2, e3, exs, enl, e4);
+    print_message("relative RMS error: q2_k %.4f q3_k %.4f iq4_xs %.4f iq4_nl %.4f mxfp4 %.4f "
+                  "(q4_0 %.4f)\n",
+                  e2, e3, exs, enl, emx, e4);
     assert_true(e2 < 1.0 / 3.0 * 1.2);
     assert_true(e3 < 1.0 / 7.0 * 1.2);
     assert_true(exs < 1.0 / 15.0 * 1.5); /* the non-linear grid is coarser at the ends */
     assert_true(enl < 1.0 / 15.0 * 1.5);
+    /* MXFP4: 15 levels, but spaced as floats (steps of 0.5 near 0, 2 at
+     * the top) and a power-of-two scale, up to 2x too coarse */
+    assert_true(emx < 1.0 / 15.0 * 2.0);
     assert_true(e3 < e2);
 
     /* values on each grid come back exactly: IQ4_NL blocks of 0.25 * level */
     for (int i = 0; i < 64; i++)
         x[i] = 0.25f * (float)tm_iq4[(i * 7 + i / 16) % 16];
     assert_true(tm_roundtrip_error(ENG_TYPE_IQ4_NL, x, 64) == 0.0);
+    /* and MXFP4 blocks of 2^k times E2M1 values (every nibble in each
+     * block; the last block without its +-6 and +-4, largest 3 * 2^k) */
+    for (int i = 0; i < 128; i++) {
+        int nib = (i * 5 + i / 32) % 16;
+        if (i >= 96 && (nib & 7) >= 6)
+            nib -= 2;
+        x[i] = (float)ldexp(tm_e2m1[nib], (i / 32) * 9 - 14);
+    }
+    assert_true(tm_roundtrip_error(ENG_TYPE_MXFP4, x, 128) == 0.0);
     /* an all-zero block decodes to zeros (IQ4 has no zero level: only d = 0
-     * gives them), and a lone spike costs little */
+     * gives them), and a lone spike costs little (nothing for MXFP4, whose
+     * grid has 0 and 1) */
     memset(x, 0, sizeof(float) * N);
     unsigned char q[2 * 136 * 2];
     float y[512];
@@ -376,6 +449,8 @@ static void test_quantize_roundtrip(void **state)
         double e = tm_roundtrip_error(tm_types[ti], x, 512);
         print_message("%s lone spike: %.4f\n", eng_type_traits_get(tm_types[ti])->name, e);
         assert_true(e < (tm_types[ti] == ENG_TYPE_IQ4_XS || tm_types[ti] == ENG_TYPE_IQ4_NL ? 0.06 : 0.01));
+        if (tm_types[ti] == ENG_TYPE_MXFP4)
+            assert_true(e == 0.0);
     }
     sw_free(x);
 }
@@ -383,10 +458,11 @@ static void test_quantize_roundtrip(void **state)
 /* ---- kernels -------------------------------------------------------------------- */
 
 /* Value at of a row of activations for type's products: Q8_0 blocks (d
- * f16, 32 int8) for IQ4_NL, Q8_K blocks (d f32, 256 int8, sums) else. */
+ * f16, 32 int8) for IQ4_NL and MXFP4, Q8_K blocks (d f32, 256 int8, sums)
+ * else. */
 static double tm_act_value(uint32_t type, const unsigned char *x, int64_t at)
 {
-    if (type == ENG_TYPE_IQ4_NL) {
+    if (type == ENG_TYPE_IQ4_NL || type == ENG_TYPE_MXFP4) {
         const unsigned char *xb = x + (at / 32) * 34;
         return tm_half(xb) * (int8_t)xb[2 + at % 32];
     }
@@ -436,6 +512,8 @@ static void tm_extreme_row(uint32_t type, unsigned char *w, int64_t n_in, int va
             memset(p, 0xff, 80); /* q = 3, scale 15, min 15 */
         } else if (type == ENG_TYPE_IQ4_XS) {
             memset(p + 2, variant ? 0x00 : 0xff, 134); /* -32 x -127 or 31 x 113 */
+        } else if (type == ENG_TYPE_MXFP4) {
+            memset(p + 1, variant ? 0x77 : 0xff, 16); /* +6 or -6 (12, -12 doubled) */
         } else {
             memset(p + 2, variant ? 0x00 : 0xff, 16);
         }
@@ -517,9 +595,13 @@ static void test_matmul(void **state)
         /* rows longer than one AMX repack chunk (64 units of 16 or 32) */
         tm_matmul_case(type, 20, 2304, 23, 0, 20, 0);
     }
-    /* IQ4_NL rows of a few 32-value blocks */
+    /* IQ4_NL and MXFP4 rows of a few 32-value blocks (MXFP4's 17-byte
+     * blocks: the kernels' loads stay inside an exactly sized row) */
     tm_matmul_case(ENG_TYPE_IQ4_NL, 5, 32, 3, 0, 5, 1);
     tm_matmul_case(ENG_TYPE_IQ4_NL, 5, 96, 6, 0, 5, 0);
+    tm_matmul_case(ENG_TYPE_MXFP4, 5, 32, 3, 0, 5, 1);
+    tm_matmul_case(ENG_TYPE_MXFP4, 5, 96, 6, 0, 5, 0);
+    tm_matmul_case(ENG_TYPE_MXFP4, 17, 96, 16, 0, 17, 1);
 }
 
 /* Random weights and activations for qtu_check_per_token. */
@@ -552,12 +634,12 @@ static void test_models_generate(void **state)
 {
     (void)state;
     const uint32_t types[] = {ENG_TYPE_F32, ENG_TYPE_Q3_K, ENG_TYPE_Q2_K, ENG_TYPE_IQ4_XS,
-                              ENG_TYPE_IQ4_NL, ENG_TYPE_Q3_K};
-    const eng_model_make_mix mixes[] = {ENG_MIX_NONE, ENG_MIX_NONE, ENG_MIX_NONE,
-                                        ENG_MIX_NONE, ENG_MIX_NONE, ENG_MIX_Q3_K_M};
+                              ENG_TYPE_IQ4_NL, ENG_TYPE_Q3_K, ENG_TYPE_MXFP4};
+    const eng_model_make_mix mixes[] = {ENG_MIX_NONE, ENG_MIX_NONE, ENG_MIX_NONE, ENG_MIX_NONE,
+                                        ENG_MIX_NONE, ENG_MIX_Q3_K_M, ENG_MIX_NONE};
     /* least correlation with the F32 logits, from the round-trip errors of
-     * test_quantize_roundtrip (~12%, 29%, 6%, 6%) with room */
-    const double min_corr[] = {1.0, 0.9, 0.6, 0.95, 0.95, 0.9};
+     * test_quantize_roundtrip (~12%, 29%, 6%, 6%, mxfp4 ~10%) with room */
+    const double min_corr[] = {1.0, 0.9, 0.6, 0.95, 0.95, 0.9, 0.9};
     enum { N_PROMPT = 9, N_GEN = 6, N_VOCAB = 600 };
     const int32_t prompt[N_PROMPT] = {1, 300, 301, 350, 290, 400, 411, 299, 305};
     float *ref = sw_malloc(sizeof(float) * N_VOCAB);
@@ -590,6 +672,7 @@ static void test_models_generate(void **state)
             case ENG_TYPE_Q6_K: per = 256, bytes = 210; break;
             case ENG_TYPE_IQ4_XS: per = 256, bytes = 136; break;
             case ENG_TYPE_IQ4_NL: per = 32, bytes = 18; break;
+            case ENG_TYPE_MXFP4: per = 32, bytes = 17; break;
             case ENG_TYPE_F32: break;
             default: fail_msg("%s: unexpected type %u", t->name, t->type);
             }
@@ -666,6 +749,8 @@ static void test_q3_k_m_mix(void **state)
     p.n_head_kv = 1;
     p.weight_type = ENG_TYPE_IQ4_NL;
     assert_int_equal(eng_model_make_validate(&p, &err), SW_OK);
+    p.weight_type = ENG_TYPE_MXFP4;
+    assert_int_equal(eng_model_make_validate(&p, &err), SW_OK);
     p.weight_type = ENG_TYPE_IQ4_XS;
     assert_int_equal(eng_model_make_validate(&p, &err), SW_EINVAL);
 }
@@ -679,7 +764,7 @@ static void test_cli(void **state)
     const char *bin = btu_spillway_bin_or_skip();
     if (!bin)
         return;
-    const char *names[] = {"q3_k", "Q2_K", "iq4_xs", "iq4_nl", "q3_k_m"};
+    const char *names[] = {"q3_k", "Q2_K", "iq4_xs", "iq4_nl", "mxfp4", "q3_k_m"};
     char path[512];
     snprintf(path, sizeof path, "%s", tu_tmp_path("quant-more-cli.gguf"));
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

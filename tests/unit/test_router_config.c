@@ -38,6 +38,7 @@ static void test_full(void **state)
                                       "queue-size = 5\nqueue-timeout-ms = 250\n"
                                       "hang-timeout-ms = 700\nhealth-interval-ms = 100\n"
                                       "[model]\npath = m.gguf\n"
+                                      "chat-template = qwen3\nreasoning-format = none\n"
                                       "[worker gpu]\n"
                                       "device = sim-gpu:pool\nsim-capacity = 32MiB\n"
                                       "gpu-layers = 1\nctx-limit = 512\nmax-seqs = 2\n"
@@ -59,6 +60,8 @@ static void test_full(void **state)
     assert_int_equal(c.hang_timeout_ms, 700);
     assert_int_equal(c.health_interval_ms, 100);
     assert_int_equal(c.n_workers, 3);
+    assert_string_equal(c.models[0].chat_template, "qwen3");
+    assert_string_equal(c.models[0].reasoning_format, "none");
     const rt_worker_config *g = &c.workers[0];
     assert_string_equal(g->name, "gpu");
     assert_true(g->managed);
@@ -107,6 +110,8 @@ static void test_errors(void **state)
                  "worker a");
     expect_error("bad-url", "[worker a]\nurl = ftp://x\n", 2, "url");
     expect_error("short-key", "[server]\napi-keys = abc\n", 2, "api-keys");
+    expect_error("bad-reasoning", "[model]\npath = m\nreasoning-format = parsed\n", 3,
+                 "reasoning-format");
     expect_error("cors-wildcard", "[server]\ncors-origins = https://*.example\n", 2,
                  "cors-origins");
     expect_error("cors-path", "[server]\ncors-origins = https://a.example/app\n", 2,

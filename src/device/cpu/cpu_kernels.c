@@ -70,6 +70,7 @@ CPU_SCALAR_MATMUL(cpu_scalar_matmul_q2_k, ENG_TYPE_Q2_K)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_q3_k, ENG_TYPE_Q3_K)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_iq4_xs, ENG_TYPE_IQ4_XS)
 CPU_SCALAR_MATMUL(cpu_scalar_matmul_iq4_nl, ENG_TYPE_IQ4_NL)
+CPU_SCALAR_MATMUL(cpu_scalar_matmul_mxfp4, ENG_TYPE_MXFP4)
 
 static float cpu_scalar_dot_f32(const float *a, const float *b, int64_t n)
 {
@@ -179,6 +180,7 @@ static void cpu_table_inherit(cpu__kernel_table *t, const cpu__kernel_table *bel
     CPU_INHERIT(matmul_q3_k)
     CPU_INHERIT(matmul_iq4_xs)
     CPU_INHERIT(matmul_iq4_nl)
+    CPU_INHERIT(matmul_mxfp4)
     CPU_INHERIT(swiglu_f32)
     CPU_INHERIT(geglu_f32)
 #undef CPU_INHERIT
@@ -218,6 +220,7 @@ static void cpu_dispatch_init(void)
     s->matmul_q3_k = cpu_scalar_matmul_q3_k;
     s->matmul_iq4_xs = cpu_scalar_matmul_iq4_xs;
     s->matmul_iq4_nl = cpu_scalar_matmul_iq4_nl;
+    s->matmul_mxfp4 = cpu_scalar_matmul_mxfp4;
     s->swiglu_f32 = cpu_scalar_swiglu_f32;
     s->geglu_f32 = cpu_scalar_geglu_f32;
     cpu_tables[CPU_ISA_AVX2] = *s;
@@ -379,6 +382,9 @@ static void matmul_with(const cpu__kernel_table *k, uint32_t wtype, const void *
         break;
     case ENG_TYPE_IQ4_NL:
         fn = k->matmul_iq4_nl;
+        break;
+    case ENG_TYPE_MXFP4:
+        fn = k->matmul_mxfp4;
         break;
     default:
         return; /* the loader refuses unsupported types before this */

@@ -4,7 +4,7 @@
  * Each entry point dispatches once (at first use) to the best implementation
  * the CPU supports: AMX (int8 tiles for the quantized products of 8 tokens
  * or more, i.e. prefill, AVX-512 for the rest; only where the kernel grants
- * the process the tile registers), AVX-512 (F, BW, VL, VNNI; Q4_0/Q8_0/Q4_K prefill
+ * the process the tile registers), AVX-512 (F, BW, VL, VNNI; Q4_0/Q8_0/Q4_K/IQ4_NL/MXFP4 prefill
  * on weights repacked per call), AVX2+FMA+F16C, or portable C.
  * SPILLWAY_CPU_KERNELS=scalar|avx2|avx512|amx in the environment forces a lower
  * level (for tests and comparisons); it is read once, at the first call.
@@ -13,7 +13,7 @@
  * activation conversion (cpu_convert_activations, cpu_fp32_to_fp16_row) and
  * fp16 decoding are bit-exact at every level.
  *
- * Activations for Q8_0, Q4_0 and IQ4_NL weights are Q8_0 rows and the dot
+ * Activations for Q8_0, Q4_0, IQ4_NL and MXFP4 weights are Q8_0 rows and the dot
  * product is integer per block; for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS
  * weights they are Q8_K rows
  * (integer per sub-block, float per 256-value super-block); for F16 weights

@@ -1,5 +1,5 @@
 /* cpu_kernels_amx.c - prefill matrix products on AMX int8 tiles (Sapphire
- * Rapids and later): Q8_0, Q4_0 and IQ4_NL weights against Q8_0
+ * Rapids and later): Q8_0, Q4_0, IQ4_NL and MXFP4 weights against Q8_0
  * activations, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS against Q8_K.
  *
  * Why: prefill is compute bound, and one TDPBSSD does 16 x 16 x 32 int8
@@ -27,6 +27,8 @@
  * in float per chunk) or 16-value ones (Q6_K: K = 16 tile products of
  * q - 32, row scale d * scale[s]). The low-bit types reuse these shapes:
  * IQ4_NL is Q4_0 with the nibbles looked up in the level table (VPSHUFB),
+ * MXFP4 the same with its doubled E2M1 table and the row scale 2^(e - 128)
+ * built from the E8M0 byte in the float's exponent bits,
  * IQ4_XS Q4_K's 32-value sub-blocks without mins (row scale d * (ls - 32)),
  * Q3_K Q6_K's 16-value units (q in -4..3, row scale d * (sc - 32)), Q2_K
  * the same units with Q4_K's mins (row scale d * sc, min dmin * m, the
@@ -68,6 +70,7 @@
 #define A_QK 32        /* values per block */
 #define A_Q8_BYTES 34  /* bytes of a Q8_0 block (weights and activations) */
 #define A_Q4_BYTES 18  /* bytes of a Q4_0 block */
+#define A_MXFP4_BYTES 17 /* bytes of an MXFP4 block: E8M0 byte, 16 bytes of nibbles */
 #define A_Q4K_BYTES 144 /* bytes of a Q4_K super-block (8 sub-blocks of 32) */
 #define A_Q5K_BYTES 176 /* bytes of a Q5_K super-block */
 #define A_Q6K_BYTES 210 /* bytes of a Q6_K super-block (16 sub-blocks of 16) */
@@ -121,6 +124,7 @@ static cpu__matmul_fn a_fallback_q3_k;
 static cpu__matmul_fn a_fallback_q2_k;
 static cpu__matmul_fn a_fallback_iq4_xs;
 static cpu__matmul_fn a_fallback_iq4_nl;
+static cpu__matmul_fn a_fallback_mxfp4;
 
 /* Kinds of weights (a_matmul). Units are 32 values except where noted. */
 enum {
@@ -133,6 +137,7 @@ enum {
     A_KIND_IQ4_XS = 6,
     A_KIND_Q3_K = 7,   /* 16-value units */
     A_KIND_Q2_K = 8,   /* 16-value units, mins */
+    A_KIND_MXFP4 = 9,
 };
 
 A_INLINE int a_unit16(const int kind)
@@ -152,31 +157,51 @@ A_INLINE __m512i a_iq4_table(void)
                                                 25, 38, 53, 69, 89, 113));
 }
 
+/* MXFP4's doubled E2M1 values in every 128-bit lane, for VPSHUFB. */
+A_INLINE __m512i a_mxfp4_table(void)
+{
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+}
+
 /* B tiles for blocks [b0, b0 + nc) of 16 rows starting at wr (rows not in
  * rmask are zero), and the rows' scales as floats. q4: 0 Q8_0, 1 Q4_0
- * (nibbles - 8), 2 IQ4_NL (nibbles through the level table). */
+ * (nibbles - 8), 2 IQ4_NL (nibbles through the level table), 3 MXFP4
+ * (its table; the scale 2^(e - 128) from the E8M0 byte: (e - 1) << 23 as
+ * float bits, 0x00200000 << e for the subnormals e = 0, 1). */
 A_INLINE void a_repack(const int q4, const unsigned char *wr, size_t w_row_bytes, int64_t b0,
                        int nc, __mmask16 rmask, int8_t (*wv)[8][64], float (*dw)[16])
 {
-    const size_t bytes = q4 ? A_Q4_BYTES : A_Q8_BYTES;
+    const size_t bytes = q4 == 3 ? A_MXFP4_BYTES : q4 ? A_Q4_BYTES : A_Q8_BYTES;
+    const size_t qoff = q4 == 3 ? 1 : 2; /* the quants' offset in a block */
     const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                            _mm512_set1_epi32((int)w_row_bytes));
     const __m512i zero = _mm512_setzero_si512();
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const __m512i eight = _mm512_set1_epi8(8);
-    const __m512i levels = a_iq4_table();
+    const __m512i levels = q4 == 3 ? a_mxfp4_table() : a_iq4_table();
     for (int j = 0; j < nc; j++) {
         const unsigned char *blk = wr + (size_t)(b0 + j) * bytes;
-        /* the scale's dword also holds the first quants; keep the low half */
+        /* the scale's dword also holds the first quants; keep the low half
+         * (MXFP4: the low byte) */
         __m512i s = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
-        _mm512_store_ps(dw[j], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+        if (q4 == 3) {
+            const __m512i e = _mm512_and_si512(s, _mm512_set1_epi32(0xff));
+            const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+            /* rows outside rmask get scale 0 */
+            _mm512_store_si512(dw[j], _mm512_maskz_mov_epi32(
+                                          rmask, _mm512_mask_blend_epi32(small, normal, subnormal)));
+        } else {
+            _mm512_store_ps(dw[j], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+        }
         if (q4) {
 #pragma GCC unroll 4
             for (int kk = 0; kk < 4; kk++) {
-                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 2 + 4 * kk, 1);
+                __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + qoff + 4 * kk, 1);
                 __m512i lo = _mm512_and_si512(v, low4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
-                if (q4 == 2) {
+                if (q4 >= 2) {
                     /* rows outside rmask gathered 0: level -127, times a
                      * zero row scale */
                     lo = _mm512_shuffle_epi8(levels, lo);
@@ -441,11 +466,11 @@ A_INLINE void a_scale_add(__m512 *acc, const int32_t (*c)[16], const float *dx, 
 /* Whether the kind's activations are Q8_K (else Q8_0). */
 A_INLINE int a_x_q8k(const int kind)
 {
-    return kind >= A_KIND_Q4_K && kind != A_KIND_IQ4_NL;
+    return kind >= A_KIND_Q4_K && kind != A_KIND_IQ4_NL && kind != A_KIND_MXFP4;
 }
 
 /* Byte offset of unit u's quants in an activation row: Q8_0 blocks (Q8_0,
- * Q4_0, IQ4_NL), sub-block u % 8 of Q8_K block u / 8 (32-value units) or
+ * Q4_0, IQ4_NL, MXFP4), sub-block u % 8 of Q8_K block u / 8 (32-value units) or
  * u % 16 of u / 16 (16-value units). */
 A_INLINE size_t a_x_offset(const int kind, int64_t u)
 {
@@ -465,7 +490,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                        int64_t y_stride, int64_t r0, int64_t r1, float (*dmn)[16],
                        float (*xsum)[A_TOKEN_GROUP])
 {
-    const int q4 = kind == A_KIND_Q4_0 ? 1 : kind == A_KIND_IQ4_NL ? 2 : 0;
+    const int q4 = kind == A_KIND_Q4_0 ? 1 : kind == A_KIND_IQ4_NL ? 2 : kind == A_KIND_MXFP4 ? 3 : 0;
     const int uk = a_unit16(kind) ? 16 : A_QK; /* values per unit */
     const int64_t nb = n_in / uk;
     /* the weight gathers index rows with int32 offsets */
@@ -476,7 +501,7 @@ A_INLINE void a_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
             [A_KIND_Q4_K] = &a_fallback_q4_k,     [A_KIND_Q5_K] = &a_fallback_q5_k,
             [A_KIND_Q6_K] = &a_fallback_q6_k,     [A_KIND_IQ4_NL] = &a_fallback_iq4_nl,
             [A_KIND_IQ4_XS] = &a_fallback_iq4_xs, [A_KIND_Q3_K] = &a_fallback_q3_k,
-            [A_KIND_Q2_K] = &a_fallback_q2_k,
+            [A_KIND_Q2_K] = &a_fallback_q2_k,     [A_KIND_MXFP4] = &a_fallback_mxfp4,
         };
         cpu__matmul_fn fb = *fallbacks[kind];
         fb(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
@@ -704,6 +729,14 @@ static void a_matmul_iq4_nl(const void *w, size_t w_row_bytes, int64_t n_in, con
              r1, NULL, NULL);
 }
 
+static void a_matmul_mxfp4(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                           int64_t r0, int64_t r1)
+{
+    a_matmul(A_KIND_MXFP4, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0,
+             r1, NULL, NULL);
+}
+
 int cpu__kernels_amx_request(void)
 {
     unsigned int eax, ebx, ecx, edx;
@@ -728,6 +761,7 @@ void cpu__kernels_amx_init(cpu__kernel_table *table)
     a_fallback_q2_k = table->matmul_q2_k;
     a_fallback_iq4_xs = table->matmul_iq4_xs;
     a_fallback_iq4_nl = table->matmul_iq4_nl;
+    a_fallback_mxfp4 = table->matmul_mxfp4;
     table->matmul_q8_0 = a_matmul_q8_0;
     table->matmul_q4_0 = a_matmul_q4_0;
     table->matmul_q4_k = a_matmul_q4_k;
@@ -737,6 +771,7 @@ void cpu__kernels_amx_init(cpu__kernel_table *table)
     table->matmul_q2_k = a_matmul_q2_k;
     table->matmul_iq4_xs = a_matmul_iq4_xs;
     table->matmul_iq4_nl = a_matmul_iq4_nl;
+    table->matmul_mxfp4 = a_matmul_mxfp4;
 }
 
 #else /* no AMX outside x86-64 Linux: the dispatcher never chooses it */

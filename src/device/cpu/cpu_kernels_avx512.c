@@ -19,6 +19,12 @@
  * thread, CPU time: decode (weights from DRAM) Q8_0 ~10 GB/s, Q4_0 ~8 GB/s;
  * prefill of 128 tokens Q8_0 ~60 GFLOP/s, Q4_0 ~55 GFLOP/s.
  *
+ * IQ4_NL and MXFP4 reuse the Q4_0 tiles with the nibbles looked up
+ * (VPSHUFB) as their levels plus an offset (128, 12) that makes them
+ * unsigned, taken out like Q8_0's. Same matrix in cache, one token: IQ4_NL
+ * 0.39 ms, MXFP4 0.43, Q4_0 0.36 (the AVX2 kernels: 0.58, 0.52); 7 tokens
+ * 1.5-1.7 ms against 2.7 with AVX2.
+ *
  * K-quants (Q4_K, Q5_K, Q6_K, against Q8_K activations) and BF16 weights
  * are further down. Same matrix, one thread, CPU time, on a busy machine:
  * decode Q4_K 1.02 ms per product vs Q4_0 0.90 ms (same bytes per weight),
@@ -36,7 +42,8 @@
 
 #define K_QK 32          /* values per quantized block */
 #define K_Q8_BYTES 34    /* bytes of a Q8_0 block (activations too) */
-#define K_Q4_BYTES 18    /* bytes of a Q4_0 block */
+#define K_Q4_BYTES 18    /* bytes of a Q4_0 block (IQ4_NL too) */
+#define K_MXFP4_BYTES 17 /* bytes of an MXFP4 block */
 /* Software prefetch of the weights, measured on the 1.1B-shaped benchmark
  * (5632 x 2048, weights in DRAM, one thread): the same position in the next
  * tile's rows, into L2, took decode from ~7 to ~10 GB/s (Q8_0) and ~4.7 to
@@ -118,17 +125,37 @@ static void k_quantize_row_q8_0(const float *x, void *dst, int64_t n)
 
 /* ---- quantized matrix products -------------------------------------------- */
 
-/* One tile: R weight rows x T tokens, over nb blocks. q4 selects Q4_0 weights
- * (else Q8_0). Compile-time R, T and q4 after inlining. */
+/* The E8M0 byte e of an MXFP4 block as its scale 2^(e - 128) (quant.h). */
+static inline float k_e8m0_half(unsigned e)
+{
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* One tile: R weight rows x T tokens, over nb blocks. q4: 0 Q8_0, 1 Q4_0,
+ * 2 IQ4_NL, 3 MXFP4. IQ4_NL's blocks are laid out as Q4_0's and go through
+ * the same unpacking, then VPSHUFB turns the nibbles into their levels plus
+ * 128 (1..241, unsigned for VPDPBUSD; the offset taken out as Q8_0's is);
+ * MXFP4's quants (two 16-byte loads, its 17-byte blocks do not fit the
+ * word permutes) become its doubled levels plus 12 (0..24), and its scales
+ * come from the E8M0 bytes. Compile-time R, T and q4 after inlining. */
 K_INLINE void k_tile_q(const int R, const int T, const int q4, const unsigned char *w,
                        size_t w_row_bytes, const unsigned char *x, size_t x_row_bytes,
                        int64_t nb, float *y, int64_t y_stride)
 {
-    const size_t wbytes = q4 ? K_Q4_BYTES : K_Q8_BYTES;
+    const size_t wbytes = q4 == 3 ? K_MXFP4_BYTES : q4 ? K_Q4_BYTES : K_Q8_BYTES;
     /* Q4_0: int32 lanes 0-3 and 8-11 hold block a, 4-7 and 12-15 block b
      * (the nibble unpacking order); Q8_0: lanes 0-7 a, 8-15 b */
     const __mmask16 mask_b = q4 ? 0xF0F0 : 0xFF00;
-    const __m512i offset = _mm512_set1_epi8(q4 ? 8 : (char)0x80);
+    const __m512i offset = _mm512_set1_epi8(q4 == 1 ? 8 : q4 == 3 ? 12 : (char)0x80);
+    const __m512i levels = q4 == 3 ? _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0))
+                                   : _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                         1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
+                                         (char)153, (char)166, (char)181, (char)197, (char)217,
+                                         (char)241));
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     /* x of two blocks as qwords a0..a3 b0..b3 -> a0 a1 b0 b1 a2 a3 b2 b3 */
     const __m512i x_order = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
@@ -170,13 +197,29 @@ K_INLINE void k_tile_q(const int R, const int T, const int q4, const unsigned ch
                 _mm_prefetch((const char *)wa + (size_t)(K_PREFETCH_TILE * R) * w_row_bytes, _MM_HINT_T1);
             /* One 64-byte load holds both scales (and, for Q4_0, both
              * blocks); word permutes place quants and scales in lanes. */
-            __m512i l;
+            __m512i l = zero;
+            if (q4 == 3) {
+                /* block a's 16 bytes of nibbles in lanes 0 and 2, b's in 1
+                 * and 3 (Q4_0's order after its permute) */
+                __m128i qa = _mm_loadu_si128((const __m128i *)(const void *)(wa + 1));
+                __m128i qb = has_b ? _mm_loadu_si128((const __m128i *)(const void *)(wa + 18))
+                                   : _mm_setzero_si128();
+                __m256i ab = _mm256_set_m128i(qb, qa);
+                __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(ab), ab, 1);
+                wv[r] = _mm512_shuffle_epi8(levels,
+                                            _mm512_and_si512(_mm512_srlv_epi64(v, q4_shift), low4));
+                dw[r] = _mm512_mask_blend_ps(mask_b, _mm512_set1_ps(k_e8m0_half(wa[0])),
+                                             _mm512_set1_ps(has_b ? k_e8m0_half(wa[17]) : 0.0f));
+                continue;
+            }
             if (q4) {
                 /* a full load may run past the row only near its end */
                 l = b + 4 <= nb ? _mm512_loadu_si512(wa)
                                 : _mm512_maskz_loadu_epi8(has_b ? (1ull << 36) - 1 : (1ull << 18) - 1, wa);
                 __m512i v = _mm512_permutexvar_epi16(q4_words, l);
                 wv[r] = _mm512_and_si512(_mm512_srlv_epi64(v, q4_shift), low4);
+                if (q4 == 2)
+                    wv[r] = _mm512_shuffle_epi8(levels, wv[r]);
             } else {
                 __m512i h = zero;
                 if (has_b) {
@@ -282,6 +325,20 @@ static void k_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const
                           int64_t r0, int64_t r1)
 {
     k_matmul_q(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void k_matmul_iq4_nl(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                            size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1)
+{
+    k_matmul_q(2, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void k_matmul_mxfp4(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                           int64_t r0, int64_t r1)
+{
+    k_matmul_q(3, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
 }
 
 
@@ -889,6 +946,8 @@ void cpu__kernels_avx512_init(cpu__kernel_table *table)
     table->matmul_f16 = k_matmul_f16;
     table->matmul_q8_0 = k_matmul_q8_0;
     table->matmul_q4_0 = k_matmul_q4_0;
+    table->matmul_iq4_nl = k_matmul_iq4_nl;
+    table->matmul_mxfp4 = k_matmul_mxfp4;
     table->dot_f32 = k_dot_f32;
     table->axpy_f32 = k_axpy_f32;
     table->dot_f16_f32 = k_dot_f16_f32;

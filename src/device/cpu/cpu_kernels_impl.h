@@ -47,12 +47,14 @@ typedef struct cpu__kernel_table {
     void (*axpy_f16_rows)(float *y, const float *weights, const uint16_t *rows,
                           size_t row_stride, int64_t n_rows, int64_t n);
     /* The low-bit types (cpu_kernels_lowbit_avx2.c): activations Q8_K,
-     * IQ4_NL's Q8_0. The AVX-512 level inherits them; AMX replaces them
-     * for prefill. */
+     * IQ4_NL's and MXFP4's Q8_0. The AVX-512 level inherits them but for
+     * IQ4_NL and MXFP4 (Q4_0's VPDPBUSD tiles); AMX replaces them for
+     * prefill. */
     cpu__matmul_fn matmul_q2_k;
     cpu__matmul_fn matmul_q3_k;
     cpu__matmul_fn matmul_iq4_xs;
     cpu__matmul_fn matmul_iq4_nl;
+    cpu__matmul_fn matmul_mxfp4;
     /* cpu_swiglu_f32, cpu_geglu_f32 */
     void (*swiglu_f32)(float *gate, const float *up, int64_t n);
     void (*geglu_f32)(float *gate, const float *up, int64_t n);
@@ -60,11 +62,11 @@ typedef struct cpu__kernel_table {
 
 /* Filled by cpu_kernels_avx2.c / cpu_kernels_avx512.c (x86-64 builds only). */
 void cpu__kernels_avx2_init(cpu__kernel_table *table);
-/* The Q2_K, Q3_K, IQ4_XS and IQ4_NL entries, called by the above. */
+/* The Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 entries, called by the above. */
 void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table);
 void cpu__kernels_avx512_init(cpu__kernel_table *table);
 /* cpu_kernels_prefill_avx512.c: given the completed AVX-512 table, replaces
- * the Q4_0, Q8_0 and Q4_K products with ones whose batches of 8+ tokens run on
+ * the Q4_0, Q8_0, Q4_K, IQ4_NL and MXFP4 products with ones whose batches of 8+ tokens run on
  * weights repacked per call (fewer go to the old entries). Their results
  * depend on the token count, so cpu_kernels.c keeps the table from before
  * this for cpu_matmul_rows_per_token. */
@@ -74,7 +76,7 @@ void cpu__kernels_prefill_avx512_init(cpu__kernel_table *table);
  * kernel granted this process the tile registers (asked once, here; the
  * grant is for every thread). Then _init, given a table holding the AVX-512
  * entries, replaces the quantized products (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
- * Q2_K, Q3_K, IQ4_XS, IQ4_NL)
+ * Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4)
  * and keeps the old entries for what does not pay on tiles (few tokens:
  * decode). */
 int cpu__kernels_amx_request(void);

@@ -1,13 +1,17 @@
 /* cpu_kernels_lowbit_avx2.c - AVX2 kernels for the low-bit weight types of
- * downloaded GGUF files: Q2_K, Q3_K and IQ4_XS (activations Q8_K) and
- * IQ4_NL (activations Q8_0). Kept apart from cpu_kernels_avx2.c, whose init
+ * downloaded GGUF files: Q2_K, Q3_K and IQ4_XS (activations Q8_K), IQ4_NL
+ * and MXFP4 (activations Q8_0). Kept apart from cpu_kernels_avx2.c, whose init
  * calls cpu__kernels_lowbit_avx2_init. The AVX-512 level inherits these
- * (measured on this VM: as fast as the AVX-512 Q4_K/Q6_K kernels for these
- * shapes, and one version is tested on every machine with AVX2); the AMX
- * level uses them for decode and takes prefill (cpu_kernels_amx.c).
+ * but IQ4_NL and MXFP4, which run Q4_0's tiles there (cpu_kernels_avx512.c;
+ * for Q2_K/Q3_K/IQ4_XS, measured on this VM: as fast as the AVX-512
+ * Q4_K/Q6_K kernels for these shapes, and one version is tested on every
+ * machine with AVX2); the AMX level uses them for decode and takes prefill
+ * (cpu_kernels_amx.c).
  *
  * Tiles are 1 weight row x up to 4 tokens as for the other K-quants: a
- * block's unpacked weights serve every token of the tile. Each token has
+ * block's unpacked weights serve every token of the tile (IQ4_NL and MXFP4
+ * with a single token take 4 rows at a time instead, with the same
+ * per-row arithmetic). Each token has
  * its own accumulators, so a result does not depend on the tile's size
  * (cpu_matmul_rows_per_token relies on that).
  *
@@ -17,7 +21,9 @@
  * scale sums them into int32. Q3_K's quants go in as q + 4 (0..7, the
  * third bit from hmask) and 4 * sum_s scale[s] * bsums[s] is subtracted;
  * Q2_K's mins use the activation block sums as Q4_K's do.
- * IQ4_XS / IQ4_NL: nibbles become the signed table values by VPSHUFB; the
+ * IQ4_XS / IQ4_NL / MXFP4: nibbles become the signed table values by
+ * VPSHUFB (MXFP4's table holds the E2M1 values doubled, its scale is the
+ * E8M0 byte halved, as quant.h has it); the
  * signed x signed products go through VPMADDUBSW as |w| x (x with w's sign)
  * (|w| <= 127 and |x| <= 127 keep the pair sums inside int16).
  * Integer sums are exact; only the float combination per block differs in
@@ -40,6 +46,22 @@
 #define L_Q3K_BYTES 110
 #define L_IQ4XS_BYTES 136
 #define L_IQ4NL_BYTES 18
+#define L_MXFP4_BYTES 17
+/* IQ4_NL / MXFP4 tiles read one weight row at a time, one stream the
+ * hardware prefetcher alone kept at ~2.6 GB/s on this VM (decode, one
+ * thread, 0.18 GB of weights: ~19 tok/s against Q4_0's ~90 with its 4-row
+ * tiles); a software prefetch this far ahead of the block pair brought it
+ * to ~8 GB/s (1024 bytes: ~5, 4096: about the same as 2048). A prefetch
+ * past the end of the weights is harmless (it never faults). */
+#ifndef L_PREFETCH_BYTES
+#define L_PREFETCH_BYTES 2048
+#endif
+/* The same for each of the 4 rows of a decode tile (l_rows_iq4_nl): 512
+ * measured best there (0: about half the speed; 2048 no better, and
+ * noisier). */
+#ifndef L_ROWS_PREFETCH_BYTES
+#define L_ROWS_PREFETCH_BYTES 512
+#endif
 
 /* ---- Q2_K / Q3_K ------------------------------------------------------------- */
 
@@ -200,33 +222,47 @@ L_INLINE void l_tile_iq4_xs(const int T, const unsigned char *w, const unsigned 
         y[t * y_stride] = cpu__avx2_hsum(acc[t]);
 }
 
-/* One IQ4_NL block of weights (32 signed levels) and its scale. */
-L_INLINE __m256i l_iq4_nl_weights(const unsigned char *wb, __m256i kv, float *d)
+/* One IQ4_NL (mx = 0) or MXFP4 (mx = 1) block of weights (32 signed
+ * levels) and its scale. MXFP4's E8M0 byte becomes 2^(e - 128) by placing
+ * it in a float's exponent (e = 0, 1: the two subnormals). */
+L_INLINE __m256i l_iq4_nl_weights(const int mx, const unsigned char *wb, __m256i kv, float *d)
 {
     const __m128i m4 = _mm_set1_epi8(15);
-    const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(wb + 2));
-    *d = cpu__avx2_load_f16(wb);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(wb + (mx ? 1 : 2)));
+    if (mx) {
+        const uint32_t e = wb[0];
+        const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+        memcpy(d, &bits, sizeof *d);
+    } else {
+        *d = cpu__avx2_load_f16(wb);
+    }
     return _mm256_shuffle_epi8(
         kv, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4)));
 }
 
-/* Blocks go in pairs, each with its own accumulators: one fused
- * multiply-add per 32 values would otherwise be a chain bound by its
+/* IQ4_NL or MXFP4 (mx): 32-value blocks of a 16-entry table, Q8_0
+ * activations. Blocks go in pairs, each with its own accumulators: one
+ * fused multiply-add per 32 values would otherwise be a chain bound by its
  * latency. */
-L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned char *x,
-                            size_t x_row_bytes, int64_t nb, float *y, int64_t y_stride)
+L_INLINE void l_tile_iq4_nl(const int T, const int mx, const unsigned char *w,
+                            const unsigned char *x, size_t x_row_bytes, int64_t nb, float *y,
+                            int64_t y_stride)
 {
-    const __m256i kv = l_iq4_table();
+    const size_t wbytes = mx ? L_MXFP4_BYTES : L_IQ4NL_BYTES;
+    const __m256i kv = mx ? _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                (const __m128i *)(const void *)eng_mxfp4_values))
+                          : l_iq4_table();
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4], acc2[4];
     cpu__avx2_zero_acc(T, acc);
     cpu__avx2_zero_acc(T, acc2);
     int64_t b = 0;
     for (; b + 1 < nb; b += 2) {
-        const unsigned char *wb = w + (size_t)b * L_IQ4NL_BYTES;
+        const unsigned char *wb = w + (size_t)b * wbytes;
+        _mm_prefetch((const char *)wb + L_PREFETCH_BYTES, _MM_HINT_T0);
         float d0, d1;
-        const __m256i w0 = l_iq4_nl_weights(wb, kv, &d0);
-        const __m256i w1 = l_iq4_nl_weights(wb + L_IQ4NL_BYTES, kv, &d1);
+        const __m256i w0 = l_iq4_nl_weights(mx, wb, kv, &d0);
+        const __m256i w1 = l_iq4_nl_weights(mx, wb + wbytes, kv, &d1);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8_0_BYTES;
@@ -240,7 +276,7 @@ L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned 
     }
     if (b < nb) {
         float d0;
-        const __m256i w0 = l_iq4_nl_weights(w + (size_t)b * L_IQ4NL_BYTES, kv, &d0);
+        const __m256i w0 = l_iq4_nl_weights(mx, w + (size_t)b * wbytes, kv, &d0);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const unsigned char *xb = x + (size_t)t * x_row_bytes + (size_t)b * L_Q8_0_BYTES;
@@ -254,9 +290,61 @@ L_INLINE void l_tile_iq4_nl(const int T, const unsigned char *w, const unsigned 
         y[t * y_stride] = cpu__avx2_hsum(_mm256_add_ps(acc[t], acc2[t]));
 }
 
+/* IQ4_NL or MXFP4 for one token (decode): R weight rows at a time, each
+ * row's arithmetic exactly l_tile_iq4_nl's for T = 1 (the same pairs of
+ * accumulators, the same scale products), so the result is bit for bit
+ * the same; what changes is that R rows stream at once, and the
+ * activation block is loaded once for them. */
+L_INLINE void l_rows_iq4_nl(const int R, const int mx, const unsigned char *w, size_t w_row_bytes,
+                            const unsigned char *x, int64_t nb, float *y)
+{
+    const size_t wbytes = mx ? L_MXFP4_BYTES : L_IQ4NL_BYTES;
+    const __m256i kv = mx ? _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                (const __m128i *)(const void *)eng_mxfp4_values))
+                          : l_iq4_table();
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4], acc2[4];
+    cpu__avx2_zero_acc(R, acc);
+    cpu__avx2_zero_acc(R, acc2);
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        const unsigned char *xb = x + (size_t)b * L_Q8_0_BYTES;
+        const __m256i x0 = cpu__avx2_load(xb + 2), x1 = cpu__avx2_load(xb + L_Q8_0_BYTES + 2);
+        const float dx0 = cpu__avx2_load_f16(xb), dx1 = cpu__avx2_load_f16(xb + L_Q8_0_BYTES);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const unsigned char *wb = w + (size_t)r * w_row_bytes + (size_t)b * wbytes;
+            _mm_prefetch((const char *)wb + L_ROWS_PREFETCH_BYTES, _MM_HINT_T0);
+            float d0, d1;
+            const __m256i w0 = l_iq4_nl_weights(mx, wb, kv, &d0);
+            const __m256i w1 = l_iq4_nl_weights(mx, wb + wbytes, kv, &d1);
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, x0), ones);
+            __m256i s1 = _mm256_madd_epi16(l_signed_pairs(w1, x1), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * dx0), acc[r]);
+            acc2[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(d1 * dx1), acc2[r]);
+        }
+    }
+    if (b < nb) {
+        const unsigned char *xb = x + (size_t)b * L_Q8_0_BYTES;
+        const __m256i x0 = cpu__avx2_load(xb + 2);
+        const float dx0 = cpu__avx2_load_f16(xb);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            float d0;
+            const __m256i w0 =
+                l_iq4_nl_weights(mx, w + (size_t)r * w_row_bytes + (size_t)b * wbytes, kv, &d0);
+            __m256i s0 = _mm256_madd_epi16(l_signed_pairs(w0, x0), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(d0 * dx0), acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        y[r] = cpu__avx2_hsum(_mm256_add_ps(acc[r], acc2[r]));
+}
+
 /* ---- drivers ------------------------------------------------------------------ */
 
-/* kind: 2 Q2_K, 3 Q3_K, 4 IQ4_XS, 5 IQ4_NL. */
+/* kind: 2 Q2_K, 3 Q3_K, 4 IQ4_XS, 5 IQ4_NL, 6 MXFP4. */
 L_INLINE void l_tile(const int T, const int kind, const unsigned char *w, const unsigned char *x,
                      size_t x_row_bytes, int64_t n_in, float *y, int64_t y_stride)
 {
@@ -265,13 +353,51 @@ L_INLINE void l_tile(const int T, const int kind, const unsigned char *w, const 
     else if (kind == 4)
         l_tile_iq4_xs(T, w, x, x_row_bytes, n_in / 256, y, y_stride);
     else
-        l_tile_iq4_nl(T, w, x, x_row_bytes, n_in / 32, y, y_stride);
+        l_tile_iq4_nl(T, kind == 6, w, x, x_row_bytes, n_in / 32, y, y_stride);
 }
 
 CPU__AVX2_ROW_TILE_MATMUL(l_matmul_q2_k, l_tile, 2)
 CPU__AVX2_ROW_TILE_MATMUL(l_matmul_q3_k, l_tile, 3)
 CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_xs, l_tile, 4)
-CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_nl, l_tile, 5)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_iq4_nl_tiles, l_tile, 5)
+CPU__AVX2_ROW_TILE_MATMUL(l_matmul_mxfp4_tiles, l_tile, 6)
+
+/* IQ4_NL / MXFP4: one token goes through 4-row tiles (l_rows_iq4_nl, the
+ * same result as the 1-row tiles), more through 1 row x 4 tokens. */
+L_INLINE void l_matmul_nl(const int mx, const void *w, size_t w_row_bytes, int64_t n_in,
+                          const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
+                          int64_t y_stride, int64_t r0, int64_t r1)
+{
+    if (n_tokens != 1) {
+        (mx ? l_matmul_mxfp4_tiles : l_matmul_iq4_nl_tiles)(
+            w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+        return;
+    }
+    const int64_t nb = n_in / 32;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *wr = (const unsigned char *)w + (size_t)r * w_row_bytes;
+        switch (r1 - r < 4 ? (int)(r1 - r) : 4) {
+        case 4: l_rows_iq4_nl(4, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        case 3: l_rows_iq4_nl(3, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        case 2: l_rows_iq4_nl(2, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        default: l_rows_iq4_nl(1, mx, wr, w_row_bytes, xq, nb, y + r); break;
+        }
+    }
+}
+
+static void l_matmul_iq4_nl(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                            size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1)
+{
+    l_matmul_nl(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void l_matmul_mxfp4(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                           int64_t r0, int64_t r1)
+{
+    l_matmul_nl(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
 
 void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table)
 {
@@ -279,6 +405,7 @@ void cpu__kernels_lowbit_avx2_init(cpu__kernel_table *table)
     table->matmul_q3_k = l_matmul_q3_k;
     table->matmul_iq4_xs = l_matmul_iq4_xs;
     table->matmul_iq4_nl = l_matmul_iq4_nl;
+    table->matmul_mxfp4 = l_matmul_mxfp4;
 }
 
 #else /* not x86: the dispatcher never calls this */

@@ -1,4 +1,4 @@
-/* cpu_kernels_prefill_avx512.c - Q4_0, Q8_0 and Q4_K prefill products
+/* cpu_kernels_prefill_avx512.c - Q4_0, Q8_0, Q4_K, IQ4_NL and MXFP4 prefill products
  * for AVX-512 VNNI without AMX: the weights of 16 rows repacked, per call, into
  * the layout VPDPBUSD wants, so that one instruction's 16 int32 lanes are
  * 16 rows.
@@ -20,7 +20,9 @@
  * tokens, the activation scales and -offset x (sum of each block's quants)
  * are computed once (VPDPBUSD's first operand is unsigned: Q4_0's nibbles
  * are q + 8 already, Q8_0's quants get 128 added by flipping the top bit;
- * the offset times the activations is taken out in integers; Q4_K works
+ * the offset times the activations is taken out in integers; IQ4_NL's
+ * and MXFP4's nibbles become their levels plus 128 or 12 through VPSHUFB,
+ * the offsets taken out alike; Q4_K works
  * on its 32-value sub-blocks against Q8_K activations, each with its row
  * scale d * sc and its min dmin * m, the mins subtracted in float with the
  * activations' sub-block sums, as the AMX path does); per row tile
@@ -44,7 +46,8 @@
 
 #define P_QK 32        /* values per block */
 #define P_Q8_BYTES 34  /* bytes of a Q8_0 activation block */
-#define P_Q4_BYTES 18  /* bytes of a Q4_0 block */
+#define P_Q4_BYTES 18  /* bytes of a Q4_0 block (IQ4_NL too) */
+#define P_MXFP4_BYTES 17 /* bytes of an MXFP4 block: E8M0 byte, 16 bytes of nibbles */
 #define P_Q8W_BYTES 34 /* bytes of a Q8_0 weight block */
 #define P_Q4K_BYTES 144 /* bytes of a Q4_K super-block (8 sub-blocks of 32) */
 #define P_Q8K_BYTES 292 /* bytes of a Q8_K activation block: f32 d, 256 int8, 16 int16 sums */
@@ -60,14 +63,29 @@
 static cpu__matmul_fn p_fallback_q4_0;
 static cpu__matmul_fn p_fallback_q8_0;
 static cpu__matmul_fn p_fallback_q4_k;
+static cpu__matmul_fn p_fallback_iq4_nl;
+static cpu__matmul_fn p_fallback_mxfp4;
+
+/* Weight kinds of p_matmul. */
+enum { P_Q4_0 = 0, P_Q8_0 = 1, P_Q4_K = 2, P_IQ4_NL = 3, P_MXFP4 = 4 };
 
 /* The B vectors of blocks [b0, b0 + nc) of 16 rows at wr (rows outside
  * rmask zero): wv[j][g] holds values 4g..4g+3 of block b0 + j of every
- * row, unsigned (Q4_0: the nibbles, 0..15; q8: Q8_0's quants + 128), and
- * dw[j] the rows' scales (0 outside rmask). */
-P_INLINE void p_repack(const int q8, const unsigned char *wr, size_t w_row_bytes, int64_t b0,
+ * row, unsigned (Q4_0: the nibbles, 0..15; Q8_0: its quants + 128;
+ * IQ4_NL: its levels + 128; MXFP4: its doubled levels + 12), and dw[j] the
+ * rows' scales (0 outside rmask; MXFP4's 2^(e - 128) from the E8M0 byte,
+ * (e - 1) << 23 as float bits, 0x00200000 << e for e = 0, 1). */
+P_INLINE void p_repack(const int kind, const unsigned char *wr, size_t w_row_bytes, int64_t b0,
                        int nc, __mmask16 rmask, __m512i (*wv)[8], float (*dw)[16])
 {
+    const int q8 = kind == P_Q8_0, mx = kind == P_MXFP4;
+    const __m512i levels =
+        mx ? _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0))
+           : _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129,
+                                                  (char)141, (char)153, (char)166, (char)181,
+                                                  (char)197, (char)217, (char)241));
+    const size_t bytes = q8 ? P_Q8W_BYTES : mx ? P_MXFP4_BYTES : P_Q4_BYTES;
+    const size_t qoff = mx ? 1 : 2; /* the quants' offset in a block */
     const __m512i idx = _mm512_mullo_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
         _mm512_set1_epi32((int)w_row_bytes));
@@ -75,10 +93,20 @@ P_INLINE void p_repack(const int q8, const unsigned char *wr, size_t w_row_bytes
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const __m512i top = _mm512_set1_epi8((char)0x80);
     for (int j = 0; j < nc; j++) {
-        const unsigned char *blk = wr + (size_t)(b0 + j) * (q8 ? P_Q8W_BYTES : P_Q4_BYTES);
-        /* the scale's dword also holds the first quants; keep the low half */
+        const unsigned char *blk = wr + (size_t)(b0 + j) * bytes;
+        /* the scale's dword also holds the first quants; keep the low half
+         * (MXFP4: the low byte) */
         __m512i s = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk, 1);
-        _mm512_store_ps(dw[j], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+        if (mx) {
+            const __m512i e = _mm512_and_si512(s, _mm512_set1_epi32(0xff));
+            const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+            _mm512_store_ps(dw[j], _mm512_castsi512_ps(_mm512_maskz_mov_epi32(
+                                       rmask, _mm512_mask_blend_epi32(small, normal, subnormal))));
+        } else {
+            _mm512_store_ps(dw[j], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+        }
         if (q8) {
             /* rows outside rmask become 128s: their scale is 0 */
 #pragma GCC unroll 8
@@ -91,9 +119,13 @@ P_INLINE void p_repack(const int q8, const unsigned char *wr, size_t w_row_bytes
         for (int kk = 0; kk < 4; kk++) {
             /* qs[4kk .. 4kk+3]: low nibbles are values 4kk.., high ones
              * 16 + 4kk.. */
-            __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + 2 + 4 * kk, 1);
+            __m512i v = _mm512_mask_i32gather_epi32(zero, rmask, idx, blk + qoff + 4 * kk, 1);
             wv[j][kk] = _mm512_and_si512(v, low4);
             wv[j][kk + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+            if (kind == P_IQ4_NL || mx) {
+                wv[j][kk] = _mm512_shuffle_epi8(levels, wv[j][kk]);
+                wv[j][kk + 4] = _mm512_shuffle_epi8(levels, wv[j][kk + 4]);
+            }
         }
     }
 }
@@ -213,17 +245,22 @@ P_INLINE void p_tile(const int T, const int kq, const __m512i (*wv)[8], const fl
     }
 }
 
-/* kind: 0 Q4_0, 1 Q8_0 (against Q8_0 activations), 2 Q4_K (Q8_K). */
+/* kind: P_Q4_0, P_Q8_0, P_IQ4_NL, P_MXFP4 (against Q8_0 activations),
+ * P_Q4_K (Q8_K). */
 P_INLINE void p_matmul(const int kind, const void *w, size_t w_row_bytes, int64_t n_in,
                        const void *xq, size_t xq_row_bytes, int64_t n_tokens, float *y,
                        int64_t y_stride, int64_t r0, int64_t r1)
 {
-    const int q8 = kind == 1, kq = kind == 2;
+    const int kq = kind == P_Q4_K;
     const int64_t nb = n_in / P_QK; /* units of 32 values */
-    const int32_t offset = q8 ? 128 : 8;
+    const int32_t offset = kind == P_Q8_0 || kind == P_IQ4_NL ? 128 : kind == P_MXFP4 ? 12 : 8;
     /* the weight gathers index rows with int32 offsets */
     if (n_tokens < P_MIN_TOKENS || w_row_bytes > (size_t)INT32_MAX / 16) {
-        cpu__matmul_fn fb = kq ? p_fallback_q4_k : q8 ? p_fallback_q8_0 : p_fallback_q4_0;
+        cpu__matmul_fn fb = kq                 ? p_fallback_q4_k
+                            : kind == P_Q8_0   ? p_fallback_q8_0
+                            : kind == P_IQ4_NL ? p_fallback_iq4_nl
+                            : kind == P_MXFP4  ? p_fallback_mxfp4
+                                               : p_fallback_q4_0;
         fb(w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
         return;
     }
@@ -278,7 +315,7 @@ P_INLINE void p_matmul(const int kind, const void *w, size_t w_row_bytes, int64_
                 if (kq)
                     p_repack_q4_k(wr, w_row_bytes, b0 / 8, nc / 8, rmask, wv, dw, dmn);
                 else
-                    p_repack(q8, wr, w_row_bytes, b0, nc, rmask, wv, dw);
+                    p_repack(kind, wr, w_row_bytes, b0, nc, rmask, wv, dw);
                 for (int tt = 0; tt < ng; tt += 4) {
                     const int nt = ng - tt < 4 ? ng - tt : 4;
                     const unsigned char *xt = xg + (size_t)tt * xq_row_bytes;
@@ -307,21 +344,35 @@ static void p_matmul_q4_0(const void *w, size_t w_row_bytes, int64_t n_in, const
                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
                           int64_t r0, int64_t r1)
 {
-    p_matmul(0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+    p_matmul(P_Q4_0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
 }
 
 static void p_matmul_q8_0(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
                           int64_t r0, int64_t r1)
 {
-    p_matmul(1, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+    p_matmul(P_Q8_0, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
 }
 
 static void p_matmul_q4_k(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
                           int64_t r0, int64_t r1)
 {
-    p_matmul(2, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+    p_matmul(P_Q4_K, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void p_matmul_iq4_nl(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                            size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                            int64_t r0, int64_t r1)
+{
+    p_matmul(P_IQ4_NL, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
+}
+
+static void p_matmul_mxfp4(const void *w, size_t w_row_bytes, int64_t n_in, const void *xq,
+                           size_t xq_row_bytes, int64_t n_tokens, float *y, int64_t y_stride,
+                           int64_t r0, int64_t r1)
+{
+    p_matmul(P_MXFP4, w, w_row_bytes, n_in, xq, xq_row_bytes, n_tokens, y, y_stride, r0, r1);
 }
 
 void cpu__kernels_prefill_avx512_init(cpu__kernel_table *table)
@@ -329,9 +380,13 @@ void cpu__kernels_prefill_avx512_init(cpu__kernel_table *table)
     p_fallback_q4_0 = table->matmul_q4_0;
     p_fallback_q8_0 = table->matmul_q8_0;
     p_fallback_q4_k = table->matmul_q4_k;
+    p_fallback_iq4_nl = table->matmul_iq4_nl;
+    p_fallback_mxfp4 = table->matmul_mxfp4;
     table->matmul_q4_0 = p_matmul_q4_0;
     table->matmul_q8_0 = p_matmul_q8_0;
     table->matmul_q4_k = p_matmul_q4_k;
+    table->matmul_iq4_nl = p_matmul_iq4_nl;
+    table->matmul_mxfp4 = p_matmul_mxfp4;
 }
 
 #else /* not x86: the dispatcher never calls this */

@@ -4,7 +4,7 @@
  * direct GPU form of the CPU code in forward.c and device/cpu, so the
  * per-operation parity tests can hold them to the CPU's results.
  *   - matvec: one warp per (weight row, token); a lane dequantizes groups
- *     of 32 values (one Q8_0/Q4_0 block, one K-quant sub-block) into
+ *     of 32 values (one Q8_0/Q4_0/MXFP4 block, one K-quant sub-block) into
  *     registers and multiplies them with f32 activations (the CPU converts
  *     activations to Q8_0/Q8_K first, hence the looser tolerance for
  *     quantized types). Decode-sized products only; prefill goes through
@@ -32,6 +32,7 @@ enum {
     T_Q5_K = 13,
     T_Q6_K = 14,
     T_BF16 = 30,
+    T_MXFP4 = 39,
 };
 
 #define WARP 32
@@ -53,7 +54,7 @@ static int block_values(uint32_t type)
     switch (type) {
     case T_F32: case T_F16: case T_BF16:
         return 1;
-    case T_Q8_0: case T_Q4_0:
+    case T_Q8_0: case T_Q4_0: case T_MXFP4:
         return 32;
     case T_Q4_K: case T_Q5_K: case T_Q6_K:
         return 256;
@@ -120,6 +121,16 @@ static __host__ __device__ __forceinline__ void k_scale_min(const unsigned char 
     }
 }
 
+/* MXFP4 nibble q as ggml's doubled E2M1 level (0, 1, 2, 3, 4, 6, 8, 12 and
+ * their negatives for q >= 8): computed, so no table has to live in both
+ * host and device memory. */
+static __host__ __device__ __forceinline__ int mxfp4_level(unsigned q)
+{
+    const unsigned m = q & 7;
+    const int mag = m < 4 ? (int)m : (int)(4 + (m & 1) * 2) << ((m >> 1) - 2);
+    return q & 8 ? -mag : mag;
+}
+
 /* The 32 values of group g (values 32g .. 32g+31) of a quantized row. */
 static __host__ __device__ void dequant_group(uint32_t type, const unsigned char *row, int64_t g,
                                      float *v)
@@ -140,6 +151,19 @@ static __host__ __device__ void dequant_group(uint32_t type, const unsigned char
         for (int j = 0; j < 16; j++) {
             v[j] = d * (float)((qs[j] & 15) - 8);
             v[j + 16] = d * (float)((qs[j] >> 4) - 8);
+        }
+        break;
+    }
+    case T_MXFP4: {
+        /* E8M0 byte e, then nibbles as Q4_0's; the E2M1 values doubled
+         * with the scale 2^(e - 128) (quant.h) */
+        const unsigned char *b = row + g * 17;
+        const unsigned e = b[0];
+        const float d = bits_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+        const unsigned char *qs = b + 1;
+        for (int j = 0; j < 16; j++) {
+            v[j] = d * (float)mxfp4_level(qs[j] & 15);
+            v[j + 16] = d * (float)mxfp4_level(qs[j] >> 4);
         }
         break;
     }

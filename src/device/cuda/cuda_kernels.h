@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Whether the kernels read weights of this GGUF type id: F32, F16, BF16,
- * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
+ * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4. */
 int cuda_kernels_type_supported(uint32_t type);
 
 /* d_y[t * y_stride + r] = W[r] . d_x[t * n_in ...] for rows r of W and

@@ -66,6 +66,13 @@ void api_model_id(const eng_gguf *gg, const char *path, char *out, size_t cap);
 /* Whether p (n bytes) can be a model id: printable UTF-8 (it goes into
  * every JSON response). */
 bool api_model_id_valid(const char *p, size_t n);
+/* OpenAI's system_fingerprint of answers from the model file at path:
+ * "spillway-<version>-<12 hex digits>", the digits a 64-bit FNV-1a hash of
+ * the file's size, its first and its last MiB (the GGUF header, metadata
+ * and vocabulary, and weights at both ends: cheap on a file of any size,
+ * and another file or another build gives another string). The version
+ * alone when the file cannot be read. */
+void api_system_fingerprint(const char *path, char *out, size_t cap);
 
 /* ---- chat messages -------------------------------------------------------- */
 

@@ -39,6 +39,8 @@ static void usage(FILE *out)
             "                          content (none); a request's reasoning_format wins\n"
             "      --model-id ID       the id it answers to as \"model\" (default: the file's\n"
             "                          general.name, else its file name)\n"
+            "      --alias NAME        another name it answers to as \"model\" (repeatable,\n"
+            "                          or a comma list; /v1/models lists them)\n"
             "      --no-calibrate      skip the start-up measurement of the prefill/decode\n"
             "                          rates (/health has none until requests measure them)\n"
             "      --no-prefix-cache   compute every prompt whole (default: finished requests'\n"
@@ -65,12 +67,16 @@ static int number(const char *text, double lo, double hi, double *out)
     return 0;
 }
 
+#define CLI_WORKER_MAX_ALIASES 16
+
 int cli_worker_main(int argc, char **argv)
 {
+    const char *aliases[CLI_WORKER_MAX_ALIASES];
+    size_t n_aliases = 0;
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
            OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE, OPT_SHARED_DEVICE,
-           OPT_REASONING, OPT_CORS };
+           OPT_REASONING, OPT_CORS, OPT_ALIAS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -94,6 +100,7 @@ int cli_worker_main(int argc, char **argv)
         {"shared-device", no_argument, 0, OPT_SHARED_DEVICE},
         {"cors-origins", required_argument, 0, OPT_CORS},
         {"model-id", required_argument, 0, OPT_MODEL_ID},
+        {"alias", required_argument, 0, OPT_ALIAS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -177,6 +184,18 @@ int cli_worker_main(int argc, char **argv)
             }
             break;
         case OPT_MODEL_ID: o.model_id = optarg; break;
+        case OPT_ALIAS:
+            /* repeatable, each a name or a comma list (split in place) */
+            for (char *name = strtok(optarg, ","); name; name = strtok(NULL, ",")) {
+                if (n_aliases == CLI_WORKER_MAX_ALIASES || !name[0] || strlen(name) >= 256 ||
+                    !api_model_id_valid(name, strlen(name))) {
+                    fprintf(stderr, "spillway worker: --alias: at most %d names of 1..255 bytes "
+                                    "of printable UTF-8\n", CLI_WORKER_MAX_ALIASES);
+                    return 2;
+                }
+                aliases[n_aliases++] = name;
+            }
+            break;
         case OPT_NO_CALIBRATE: o.skip_calibration = true; break;
         case OPT_NO_PREFIX_CACHE: o.prefix_cache = false; break;
         case OPT_SHARED_DEVICE: o.shared_device = true; break;
@@ -206,5 +225,7 @@ int cli_worker_main(int argc, char **argv)
         fprintf(stderr, "spillway worker: --model-id: 1..255 bytes of printable UTF-8\n");
         return 2;
     }
+    o.aliases = aliases;
+    o.n_aliases = n_aliases;
     return wk_serve(&o);
 }

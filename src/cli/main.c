@@ -2,13 +2,12 @@
 #include "cli/cli.h"
 
 #include "common/alloc.h"
+#include "common/version.h"
 #include "ledger/ledger.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define SPILLWAY_VERSION "0.1.0"
 
 static void usage(FILE *out)
 {

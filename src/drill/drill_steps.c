@@ -73,6 +73,20 @@ void dr__append_text(dr_request *r, const char *t)
     snprintf(r->text + have, sizeof r->text - have, "%s", t);
 }
 
+/* A response body's id names the request: OpenAI's chatcmpl-/cmpl- before
+ * its X-Request-Id, as the workers give it (or the id itself). */
+static bool body_id_is(const char *id, const char *rid)
+{
+    if (!id)
+        return false;
+    if (!strncmp(id, "chatcmpl-", 9))
+        id += 9;
+    else if (!strncmp(id, "cmpl-", 5))
+        id += 5;
+    return !strcmp(id, rid);
+}
+
+
 /* Reads the answer the way a strict client does. */
 static void parse_answer(dr_request *r, const dh_response *w)
 {
@@ -98,8 +112,7 @@ static void parse_answer(dr_request *r, const dh_response *w)
             snprintf(r->error_code, sizeof r->error_code, "%s",
                      json_string_value(json_object_get(err, "code")) ?: "");
         } else if (j) {
-            const char *id = json_string_value(json_object_get(j, "id"));
-            if (!id || strcmp(id, r->id))
+            if (!body_id_is(json_string_value(json_object_get(j, "id")), r->id))
                 r->ids_match = false;
             json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
             dr__append_text(r, json_string_value(json_object_get(c0, "text")));
@@ -140,8 +153,7 @@ static void parse_answer(dr_request *r, const dh_response *w)
             json_decref(j);
             continue;
         }
-        const char *id = json_string_value(json_object_get(j, "id"));
-        if (!id || strcmp(id, r->id))
+        if (!body_id_is(json_string_value(json_object_get(j, "id")), r->id))
             r->ids_match = false;
         json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
         dr__append_text(r, json_string_value(json_object_get(c0, "text")));

@@ -132,8 +132,11 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
         params->replay_tokens < 0 || params->replay_tokens >= n_prompt)
         return sw_error_set(err, SW_EINVAL,
                             "max_tokens, top_logprobs or replay_tokens out of range");
-    if (n_prompt > n_ctx)
-        return sw_error_set(err, SW_ECONTEXT, "the prompt has %d tokens, the context holds %d",
+    if (n_prompt > n_ctx || (n_prompt == n_ctx && params->max_tokens > 0 &&
+                             params->replay_tokens == 0))
+        return sw_error_set(err, SW_ECONTEXT,
+                            "the prompt has %d tokens; the context holds %d, prompt and "
+                            "generated tokens together",
                             n_prompt, n_ctx);
     if (params->constraint) {
         /* the constraint closes the value within the budget, if it can */
@@ -180,7 +183,10 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
     stats->prefill_seconds = eng_now_seconds() - t0;
     t0 = eng_now_seconds();
 
-    for (int32_t i = 0; i < params->max_tokens; i++) {
+    /* prompt + generated tokens fill at most the context */
+    const int32_t max_gen = params->max_tokens < n_ctx - n_prompt ? params->max_tokens
+                                                                  : n_ctx - n_prompt;
+    for (int32_t i = 0; i < max_gen; i++) {
         eng_generate_step step;
         if ((rc = dev_fault_before_token((int64_t)i))) {
             sw_error_set(err, rc, "the device failed (injected by SPILLWAY_FAULT)");
@@ -211,7 +217,7 @@ int eng_generate(eng_context *ctx, const int32_t *prompt, int32_t n_prompt,
             stats->finish = ENG_FINISH_STOP;
             break;
         }
-        if (i + 1 == params->max_tokens || eng_seq_length(ctx, params->seq_id) >= n_ctx)
+        if (i + 1 == max_gen)
             break;
         if ((rc = eng_decode(ctx, params->seq_id, &step.token, 1, logits, err)))
             goto done;

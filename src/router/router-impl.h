@@ -401,6 +401,8 @@ void rt__handle_generate(rt_req *q, bool chat);
 /* A generation route: an agent run when the body asks for
  * "tool_execution": "server", else rt__handle_generate. */
 void rt__dispatch_generate(rt_req *q, bool chat);
+/* POST /tokenize, relayed to a ready worker of the model. */
+void rt__handle_tokenize(rt_req *q);
 /* Runs body (JSON text) as a non-streaming request without a client
  * socket; the answer the client would have got is in out (status, body;
  * rt__capture_free). request_id is kept on every attempt. *ticket: its

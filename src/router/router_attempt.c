@@ -149,8 +149,10 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
     json_t *delta = json_object_get(choice, "delta");
     bool role_dropped = false;
+    json_int_t index = json_integer_value(json_object_get(choice, "index"));
+    uint32_t role_bit = index > 0 && index < 32 ? 1u << index : 1u;
     if (r->chat && json_object_get(delta, "role")) {
-        if (r->role_sent) {
+        if (r->roles_sent & role_bit) {
             /* the client has the role already: a resumed worker's first
              * chunk says it again (and nothing else: dropped), and some
              * engines (Ollama) say it in every chunk, whose text must
@@ -162,7 +164,7 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
             }
             role_dropped = true;
         } else {
-            r->role_sent = true;
+            r->roles_sent |= role_bit;
         }
     }
     json_t *sp = json_object_get(j, "spillway");

@@ -64,6 +64,14 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
         f.reason = "SPILLWAY_SABOTAGE=no-replay: the failure goes to the client";
         return f;
     }
+    if (in->stream && sent && in->several_choices) {
+        f.action = RT_FO_STOP;
+        f.error_code = failed;
+        f.decision = "none (n > 1: no resume)";
+        f.reason = "stream of several choices (n > 1) with text already sent: a resume "
+                   "continues one sequence, so it ended with an error event";
+        return f;
+    }
     if (in->stream && sent && RT_KIND_EXTERNAL(in->kind) &&
         !(in->kind == RT_KIND_LLAMA_SERVER && in->external_ids && in->tokens_sent > 0)) {
         f.action = RT_FO_STOP;

@@ -40,6 +40,9 @@ typedef struct rt_failover_in {
      * llama-server's native stream, its vocabulary the model's): a
      * spillway worker can resume from them */
     bool external_ids;
+    /* n > 1: its stream interleaves several choices, which a resume (one
+     * sequence) cannot continue */
+    bool several_choices;
 } rt_failover_in;
 
 typedef enum rt_action {

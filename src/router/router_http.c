@@ -1053,7 +1053,7 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         pthread_mutex_unlock(&rt->mu);
         if (content_length != 0 || bad_length || chunked)
             q.keep_alive = false;
-        rt__send_error(&q, 401, "unauthorized", "missing or wrong API key (Authorization: Bearer)",
+        rt__send_error(&q, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer)",
                    NULL, "WWW-Authenticate: Bearer\r\n");
         if (q.keep_alive) {
             hl -= head_len;
@@ -1084,7 +1084,7 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         rt->rejected_bad++;
         pthread_mutex_unlock(&rt->mu);
         q.keep_alive = false;
-        rt__send_error(&q, 413, "invalid_request", "request body too large", NULL, NULL);
+        rt__send_error(&q, 413, "request_too_large", "request body too large", NULL, NULL);
         goto done;
     }
     q.body = sw_malloc((size_t)content_length + 1);
@@ -1129,6 +1129,11 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
         else
             rt__with_idempotency(&q, rt__dispatch_generate, !strcmp(q.path, "/v1/chat/completions"));
+    } else if (!strcmp(q.path, "/tokenize")) {
+        if (!post)
+            rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
+        else
+            rt__handle_tokenize(&q);
     } else if (!strcmp(q.path, "/v1/spillway/jobs") || !strncmp(q.path, "/v1/spillway/jobs/", 18)) {
         rt__handle_jobs(&q);
     } else if (!strcmp(q.path, "/v1/spillway/reload")) {

@@ -291,9 +291,11 @@ static char *chunk(const rt_relay *r, const char *text, size_t text_len, json_t 
                    const char *finish, json_t *usage)
 {
     const rt_router *rt = r->q->rt;
-    /* the id a spillway worker gives its chunks (the request's id), so
-     * that a resumed stream keeps one id */
-    json_t *c = json_pack("{s:s, s:s, s:I, s:s}", "id", r->q->request_id, "object",
+    /* the id a spillway worker gives its chunks (chatcmpl-/cmpl- and the
+     * request's id), so that a resumed stream keeps one id */
+    char id[96];
+    snprintf(id, sizeof id, "%s%s", r->chat ? "chatcmpl-" : "cmpl-", r->q->request_id);
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object",
                           r->chat ? "chat.completion.chunk" : "text_completion", "created",
                           (json_int_t)r->ls_created, "model", rt->models[r->q->model].cfg.name);
     if (!c)

@@ -62,7 +62,10 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
         long tokens = prompt + (need->max_tokens < 0 ? 0 : need->max_tokens);
         if (w->ctx_limit > 0 && (need->prompt < 0 || need->max_tokens < 0 || tokens > w->ctx_limit))
             tokens = w->ctx_limit;
-        int64_t bytes = rt_policy_kv_bytes(w, tokens);
+        /* n > 1: one sequence per choice, each with its own KV (their
+         * prompt blocks shared or not: counted whole, on the safe side) */
+        int64_t bytes = rt_policy_kv_bytes(w, tokens) *
+                        (need->n_choices > 1 ? need->n_choices : 1);
         /* no context figure yet and no bound on the tokens (an unknown
          * prompt or max_tokens): the request may hold all the KV memory
          * there is, so it takes the whole budget (it runs alone there) */
@@ -84,7 +87,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             why = RT_SKIP_CTX;
         else if (!need->idle && w->held)
             why = RT_SKIP_HELD;
-        else if (!need->idle && w->max_seqs > 0 && w->seqs >= w->max_seqs)
+        else if (!need->idle && w->max_seqs > 0 &&
+                 w->seqs + rt_policy_seqs(need, w->max_seqs) > w->max_seqs)
             why = RT_SKIP_SLOTS;
         else if (w->count_memory &&
                  (need->idle ? bytes > (w->shared_device ? w->kv_device_capacity : w->kv_budget)

@@ -30,6 +30,8 @@ typedef struct rt_need {
                               -1 any */
     long prompt;           /* exact prompt tokens; -1 unknown */
     long max_tokens;       /* -1: up to the context */
+    int n_choices;         /* n: sequences it runs (each holds prompt +
+                              max_tokens); 0 or 1: one */
     bool resume;           /* a stream with tokens sent: needs a resume */
     bool local_only;       /* remote = never: no remote worker */
     long long deadline_ms; /* -1 none */
@@ -44,6 +46,15 @@ typedef struct rt_need {
                               requests in flight hold are not reserved again */
 } rt_need;
 
+/* The sequences a request takes on a worker of max_seqs (0: unknown): one,
+ * or with n > 1 one per choice, at most max_seqs (the worker queues the
+ * rest of its choices). */
+static inline int32_t rt_policy_seqs(const rt_need *need, int32_t max_seqs)
+{
+    int32_t n = need->n_choices > 1 ? need->n_choices : 1;
+    return max_seqs > 0 && n > max_seqs ? max_seqs : n;
+}
+
 typedef struct rt_decision {
     int worker;            /* index into rt_pool.w, -1 none */
     int64_t kv_bytes;      /* what to reserve on it (0: memory not counted) */
@@ -54,6 +65,8 @@ typedef struct rt_decision {
     unsigned skipped;      /* union of the reasons below */
     unsigned reason[RT_MAX_WORKERS]; /* by rt_pool.w index; 0: chosen or not reached */
     double best_pred_ms;   /* the best prediction of a worker with rates, -1 none */
+    int32_t seqs;          /* the sequences a grant holds (set by the queue):
+                              rt_policy_seqs */
     bool rates_unknown;    /* chosen as the fallback: no worker with rates
                               was predicted in time, this one has none */
 } rt_decision;

@@ -193,16 +193,16 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
     }
 }
 
-void rt_pool_take_locked(rt_pool *p, int wi, int64_t kv_bytes)
+void rt_pool_take_locked(rt_pool *p, int wi, int64_t kv_bytes, int32_t seqs)
 {
-    p->w[wi].books.seqs++;
+    p->w[wi].books.seqs += seqs;
     p->w[wi].books.kv_bytes += kv_bytes;
 }
 
-void rt_pool_give_locked(rt_pool *p, int wi, int64_t kv_bytes)
+void rt_pool_give_locked(rt_pool *p, int wi, int64_t kv_bytes, int32_t seqs)
 {
     rt_books *b = &p->w[wi].books;
-    b->seqs = b->seqs > 0 ? b->seqs - 1 : 0;
+    b->seqs = b->seqs > seqs ? b->seqs - seqs : 0;
     b->kv_bytes = b->kv_bytes > kv_bytes ? b->kv_bytes - kv_bytes : 0;
 }
 

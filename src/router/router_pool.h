@@ -200,9 +200,10 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out);
  * (its reported max-seqs, else the configured one; 0 no limit). */
 int32_t rt_pool_max_seqs(const rt_worker *w);
 
-/* With p->mu held: the books take / give back one request's share. */
-void rt_pool_take_locked(rt_pool *p, int wi, int64_t kv_bytes);
-void rt_pool_give_locked(rt_pool *p, int wi, int64_t kv_bytes);
+/* With p->mu held: the books take / give back one request's share (its
+ * sequences: 1, or its choices with n > 1). */
+void rt_pool_take_locked(rt_pool *p, int wi, int64_t kv_bytes, int32_t seqs);
+void rt_pool_give_locked(rt_pool *p, int wi, int64_t kv_bytes, int32_t seqs);
 
 /* With p->mu held: a request in flight on worker wi has its first token,
  * so its prompt's blocks (hashes[0..n), router_prefix.h) are computed and

@@ -92,7 +92,14 @@ static void grant(rt_queue *q, rt_pool_view *v, rt_waiter *w, const rt_decision 
     w->granted = true;
     const rt_worker *wk = &q->pool->w[d->worker];
     w->generation = (uint64_t)(uint32_t)wk->restarts << 32 | (uint32_t)wk->pid;
-    rt_pool_take_locked(q->pool, d->worker, d->kv_bytes);
+    /* n > 1: a sequence per choice, at most the worker's (it queues the
+     * rest) */
+    int32_t max_seqs = 0;
+    for (int k = 0; k < v->n; k++)
+        if (v->w[k].index == d->worker)
+            max_seqs = v->w[k].max_seqs;
+    w->grant.seqs = rt_policy_seqs(&w->need, max_seqs);
+    rt_pool_take_locked(q->pool, d->worker, d->kv_bytes, w->grant.seqs);
     /* its prompt will be in that worker's prefix cache; the blocks it
      * shares with requests in flight there are held once more */
     if (w->need.prefix) {
@@ -109,7 +116,7 @@ static void grant(rt_queue *q, rt_pool_view *v, rt_waiter *w, const rt_decision 
             device = v->w[k].device;
     for (int k = 0; k < v->n; k++) {
         if (v->w[k].index == d->worker)
-            v->w[k].seqs++;
+            v->w[k].seqs += w->grant.seqs;
         if (v->w[k].index == d->worker)
             v->w[k].kv_reserved += d->kv_bytes;
         /* the reservation binds every worker on its device */
@@ -162,9 +169,10 @@ void rt_queue_dispatch_locked(rt_queue *q, double now)
     }
 }
 
-static void release_locked(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t)
+static void release_locked(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t,
+                           int32_t seqs)
 {
-    rt_pool_give_locked(q->pool, wi, kv_bytes);
+    rt_pool_give_locked(q->pool, wi, kv_bytes, seqs);
     if (t) {
         rt_worker *w = &q->pool->w[wi];
         w->req_ok += t->ok;
@@ -178,16 +186,16 @@ static void release_locked(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally
 void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t)
 {
     pthread_mutex_lock(&q->pool->mu);
-    release_locked(q, wi, kv_bytes, t);
+    release_locked(q, wi, kv_bytes, t, 1);
     pthread_mutex_unlock(&q->pool->mu);
 }
 
 void rt_queue_release_shared(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t,
-                             const uint64_t *hashes, int registered)
+                             const uint64_t *hashes, int registered, int32_t seqs)
 {
     pthread_mutex_lock(&q->pool->mu);
     rt_pool_shared_release_locked(q->pool, wi, hashes, registered);
-    release_locked(q, wi, kv_bytes, t);
+    release_locked(q, wi, kv_bytes, t, seqs);
     pthread_mutex_unlock(&q->pool->mu);
 }
 

@@ -105,9 +105,10 @@ void rt_queue_release(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t);
  * pass (the books may have shrunk). */
 int64_t rt_queue_shared_attach(rt_queue *q, int wi, const uint64_t *hashes, int n,
                                int64_t prefix_tokens, int *registered);
-/* rt_queue_release after rt_pool_shared_release_locked, under one lock. */
+/* rt_queue_release after rt_pool_shared_release_locked, under one lock,
+ * of a grant of seqs sequences (rt_decision.seqs). */
 void rt_queue_release_shared(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t,
-                             const uint64_t *hashes, int registered);
+                             const uint64_t *hashes, int registered, int32_t seqs);
 
 /* Capacity may have appeared (a worker ready, /health reconciled). */
 void rt_queue_kick(rt_queue *q);

@@ -228,6 +228,31 @@ static void record_attempt(const rt_req *q, const rt_relay *r, int wi, rt_outcom
         SW_WARN("router", "request %s: %s", q->request_id, lerr.message);
 }
 
+/* The 400 of a prompt no worker's context holds with room for one
+ * generated token: the prompt's own count (prompt < 0: not counted here,
+ * a llama-server refused it) and the largest context of the model's
+ * workers. */
+static void send_context_error(rt_req *q, bool chat, long prompt)
+{
+    rt_router *rt = q->rt;
+    int32_t ctx = 0;
+    pthread_mutex_lock(&rt->pool.mu);
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (rt->pool.w[i].model == q->model && rt->pool.w[i].ctx_limit > ctx)
+            ctx = rt->pool.w[i].ctx_limit;
+    pthread_mutex_unlock(&rt->pool.mu);
+    char msg[256];
+    if (prompt >= 0 && ctx > 0)
+        snprintf(msg, sizeof msg,
+                 "the prompt has %ld tokens: %s the largest context of the model's workers, "
+                 "%d tokens, which holds the prompt and the completion together",
+                 prompt, prompt > ctx ? "more than" : "no completion token fits in", (int)ctx);
+    else
+        snprintf(msg, sizeof msg, "the prompt is longer than every worker's context limit");
+    count(rt, &rt->refused_context);
+    rt__send_error(q, 400, "context_length_exceeded", msg, chat ? "messages" : "prompt", NULL);
+}
+
 /* What the client gets when the request got no (further) worker. Returns
  * true when it became a job (Prefer: respond-async). */
 static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result ar,
@@ -274,9 +299,7 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     }
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
         !(wt->grant.skipped & ~(unsigned)(RT_SKIP_CTX | RT_SKIP_KIND | RT_SKIP_MODEL))) {
-        count(rt, &rt->refused_context);
-        rt__send_error(q, 400, "context_length_exceeded",
-                       "the prompt is longer than every worker's context limit", "messages", NULL);
+        send_context_error(q, chat, wt->need.prompt);
         return false;
     }
     if (ar == RT_ADMIT_DEADLINE) {
@@ -516,6 +539,13 @@ static void generate(rt_req *q, bool chat, json_t *body)
     if (!mt)
         mt = json_object_get(body, "max_tokens");
     long max_tokens = json_is_integer(mt) ? (long)json_integer_value(mt) : (chat ? -1 : 16);
+    /* n > 1: that many sequences on one worker (the worker checks the
+     * range); never resumed (router_failover.c) */
+    json_t *nv = json_object_get(body, "n");
+    int n_choices = json_is_integer(nv) && json_integer_value(nv) > 1 &&
+                            json_integer_value(nv) <= 64
+                        ? (int)json_integer_value(nv)
+                        : 1;
     if (q->deadline_ms < 0 && json_is_number(json_object_get(body, "timeout"))) {
         /* the client's number: one outside long long must not be
          * converted (undefined); a negative one means none, as before */
@@ -555,6 +585,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.model = rt->route_by_model ? q->model : -1;
         wt.need.prompt = prompt < 0 ? -1 : prompt + (long)r.n_tokens;
         wt.need.max_tokens = remaining;
+        wt.need.n_choices = n_choices;
         wt.need.prefix = prefix;
         wt.need.n_prefix = prefix ? n_prefix : 0;
         /* the worker takes the prompt's cached blocks, unless it replays a
@@ -603,10 +634,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
             if (ar == RT_ADMIT_NEVER && ctx_refused && !failed_before && !r.headers_sent) {
                 /* a llama-server said the prompt is over its context, and
                  * no other worker is left to take it */
-                count(rt, &rt->refused_context);
-                rt__send_error(q, 400, "context_length_exceeded",
-                               "the prompt is longer than every worker's context limit",
-                               chat ? "messages" : "prompt", NULL);
+                send_context_error(q, chat, -1);
                 break;
             }
             fallback = answer_unadmitted(q, &r, chat, ar, &wt, last, failed_before);
@@ -629,13 +657,13 @@ static void generate(rt_req *q, bool chat, json_t *body)
              * tokens twice */
             r.n_tokens = 0;
             r.draws = -1;
-            r.role_sent = false;
+            r.roles_sent = 0;
             r.text_bytes = 0;
         }
         char *bs = attempt_body(q, body, &r, max_tokens, remaining, seed_added);
         if (!bs) {
             rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes, NULL, prefix,
-                                    wt.grant.shared_blocks);
+                                    wt.grant.shared_blocks, wt.grant.seqs);
             if (r.headers_sent) /* a stream began: it ends with the error */
                 rt_sink_stream_error(&r, NULL);
             else
@@ -658,7 +686,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
         rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes - r.shared_moved, &tally,
-                                prefix, r.shared_registered);
+                                prefix, r.shared_registered, wt.grant.seqs);
         rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
         record_attempt(q, &r, wi, last, t_attempt);
         rt_failover_in fi = {last,
@@ -670,7 +698,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              q->single_pass,
                              rt->sabotage.no_replay,
                              rt->sabotage.no_resume,
-                             r.ls_native && !r.ls_ids_gap};
+                             r.ls_native && !r.ls_ids_gap,
+                             n_choices > 1};
         rt_failover f = rt_failover_decide(&fi);
         if (f.action == RT_FO_DONE || f.action == RT_FO_CANCEL)
             break;
@@ -939,4 +968,54 @@ void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, cons
     *out = q.cap;
     if (attempts)
         *attempts = q.attempts;
+}
+
+/* POST /tokenize: relayed to a ready worker of the model ("model" as for a
+ * generation; a spillway worker or a llama-server, which take the same
+ * {"content", "add_special"}), its answer given back as it is. Not
+ * queued and not counted in the books: it holds no sequence. */
+void rt__handle_tokenize(rt_req *q)
+{
+    rt_router *rt = q->rt;
+    json_t *body = parse_body(q);
+    if (!body)
+        return;
+    if (!resolve_model(q, body)) {
+        json_decref(body);
+        return;
+    }
+    json_decref(body);
+    char address[sizeof rt->pool.w[0].address] = "";
+    pthread_mutex_lock(&rt->pool.mu);
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
+        const rt_worker *w = &rt->pool.w[i];
+        if (w->model == q->model && rt_pool_state_locked(w) == WS_READY &&
+            w->cfg.kind != RT_KIND_OPENAI) {
+            snprintf(address, sizeof address, "%s", w->address);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rt->pool.mu);
+    if (!address[0]) {
+        char ra[48];
+        rt__retry_after(rt, ra, sizeof ra);
+        rt__send_error(q, 503, "capacity_exceeded", "no worker of the model is ready to tokenize",
+                       NULL, ra);
+        return;
+    }
+    rn_conn c;
+    char *out = NULL;
+    size_t len = 0;
+    char hdr[128];
+    snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\nContent-Type: application/json\r\n",
+             q->request_id);
+    int rc = rn_request(&c, address, "POST", "/tokenize", hdr, q->body, q->body_len, q->fd,
+                        rt->cfg->http_timeout_s * 1000);
+    if (rc == 0 && rn_body_all(&c, &out, &len, rt->cfg->max_body_bytes * 8 + 65536) == 0)
+        rt__send_response(q, c.status, c.content_type[0] ? c.content_type : "application/json",
+                          NULL, out, len);
+    else if (rc != -2)
+        rt__send_error(q, 502, "worker_failed", "the worker did not answer /tokenize", NULL, NULL);
+    rn_close(&c);
+    sw_free(out);
 }

@@ -18,7 +18,9 @@
 typedef struct rt_relay {
     rt_req *q;
     bool chat, stream;
-    bool headers_sent, role_sent, finished;
+    bool headers_sent, finished;
+    uint32_t roles_sent;   /* chat: the choices (by index, n > 1) whose role
+                              the client has */
     int32_t *tokens;       /* token ids the client has (sw_free) */
     size_t n_tokens, cap_tokens;
     long long draws;       /* sampler draws after them, -1 unknown */

@@ -45,6 +45,7 @@ typedef enum wk_state {
 } wk_state;
 
 #define WK_MAX_STOP_TOKENS 4
+#define WK_MAX_CHOICES 16               /* n: choices in one answer */
 
 /* What the reply is (docs/api.md, "Tools and response_format"). */
 typedef enum wk_output {
@@ -65,10 +66,35 @@ typedef struct wk_tool_stream {
 } wk_tool_stream;
 
 typedef struct wk_req wk_req;
+
+/* The choices of one answer with n > 1 (worker_http.c): one request (and
+ * sequence) per choice, sharing the HTTP request. The answer goes out
+ * when the last one ends: non-stream, every choice in one body; a stream,
+ * the chunks interleaved as they come, each with its choice's index, and
+ * [DONE] after the last. HTTP thread only; freed with the last choice. */
+typedef struct wk_group {
+    int32_t n;
+    int32_t n_live;                  /* choices whose final event has not come */
+    wk_req *reqs[WK_MAX_CHOICES];
+    bool started;                    /* the stream's head went out */
+    json_t *choices[WK_MAX_CHOICES]; /* non-stream: each choice, at its end */
+    json_t *exts[WK_MAX_CHOICES];    /* non-stream: each choice's spillway extension */
+    int32_t completion_tokens;       /* summed over the choices */
+    int32_t cached_tokens;           /* choice 0's */
+    json_t *error;                   /* the first error: the answer (cancels the others) */
+    int error_status;
+} wk_group;
+
 struct wk_req {
     wk_req *next;                    /* engine queue link */
     wk_req *live_prev, *live_next;   /* HTTP thread: requests in flight */
-    char id[72];
+    char id[72];                     /* X-Request-Id (the router's, or made here) */
+    char resp_id[96];                /* the body's id: chatcmpl-/cmpl- and the request id */
+    int32_t n_choices;               /* n (1..WK_MAX_CHOICES) */
+    wk_group *group;                 /* n > 1: the answer's choices, else NULL */
+    int32_t choice;                  /* its index among them (0 without a group) */
+    char *echo;                      /* completions' echo: the prompt's text, or NULL */
+    size_t echo_len;
     bool chat;
     bool stream;
     bool include_usage;
@@ -223,6 +249,7 @@ typedef struct wk_server {
     const eng_tokenizer *tok;
     eng_cs_vocab *cs_vocab;          /* the vocabulary indexed for constrained decoding */
     char model_id[256];
+    char fingerprint[64];            /* system_fingerprint (api_system_fingerprint) */
     eng_chat_family chat_family;
     int32_t n_ctx;
     int32_t n_seqs;
@@ -254,9 +281,13 @@ void *wk_engine_main(void *arg);
 /* Queues a request for the engine (takes ownership unless it fails:
  * SW_ERANGE when the queue is full). */
 int wk_engine_submit(wk_server *s, wk_req *req);
+/* All n queued, in order, or none (SW_ERANGE: the queue has no room). */
+int wk_engine_submit_all(wk_server *s, wk_req *const *reqs, int32_t n);
 /* Marks a request cancelled (the client went away) and wakes the engine. */
 void wk_engine_cancel(wk_server *s, wk_req *req);
 void wk_req_free(wk_req *req);
+/* Whether name is the model's id or one of its aliases. */
+bool wk__model_name_is(const wk_server *s, const char *name);
 void wk_event_free(wk_event *ev);
 
 /* worker_http.c */

@@ -66,6 +66,10 @@ typedef struct wk_options {
                                     only shares among requests in flight */
     const char *cors_origins;    /* origins a browser page may call from
                                     (api_cors_allow; "*" default) */
+    const char *const *aliases;  /* other names it answers to as "model"
+                                    (--alias), n_aliases of them; the
+                                    caller keeps them for the run */
+    size_t n_aliases;
 } wk_options;
 
 wk_options wk_default_options(void);

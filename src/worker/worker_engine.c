@@ -40,6 +40,7 @@ void wk_req_free(wk_req *req)
     sw_free(req->bias_values);
     sw_free(req->prompt);
     sw_free(req->text);
+    sw_free(req->echo);
     json_decref(req->token_ids);
     json_decref(req->lp);
     eng_constraint_free(req->cons);
@@ -64,18 +65,26 @@ void wk_event_free(wk_event *ev)
 
 int wk_engine_submit(wk_server *s, wk_req *req)
 {
+    return wk_engine_submit_all(s, &req, 1);
+}
+
+int wk_engine_submit_all(wk_server *s, wk_req *const *reqs, int32_t n)
+{
     int rc = SW_OK;
     pthread_mutex_lock(&s->lock);
-    if (s->n_queued >= s->o.max_queue) {
+    if (s->n_queued + n > s->o.max_queue) {
         rc = SW_ERANGE;
     } else {
-        req->next = NULL;
-        if (s->queue_tail)
-            s->queue_tail->next = req;
-        else
-            s->queue_head = req;
-        s->queue_tail = req;
-        s->n_queued++;
+        for (int32_t i = 0; i < n; i++) {
+            wk_req *req = reqs[i];
+            req->next = NULL;
+            if (s->queue_tail)
+                s->queue_tail->next = req;
+            else
+                s->queue_head = req;
+            s->queue_tail = req;
+            s->n_queued++;
+        }
         pthread_cond_signal(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
@@ -662,7 +671,9 @@ static bool sample_slot_in(wk_server *s, int32_t seq, ev_list *l, long failures,
         finish_slot(s, seq, l, "stop");
         return false;
     }
-    if (sl->n_generated >= req->max_tokens || eng_seq_length(s->ctx, seq) >= s->n_ctx) {
+    /* The context holds the prompt and every generated token, this one
+     * included (not yet decoded): it ends when that count reaches n_ctx. */
+    if (sl->n_generated >= req->max_tokens || eng_seq_length(s->ctx, seq) + 1 >= s->n_ctx) {
         finish_slot(s, seq, l, "length");
         return false;
     }
@@ -796,7 +807,9 @@ static bool step(wk_server *s, ev_list *l)
                     s->cache_misses++;
                 pthread_mutex_unlock(&s->lock);
                 sl->decoding = true;
-                if (sl->req->max_tokens == 0)
+                /* a resumed stream whose tokens fill the context has
+                 * no room left (a client's prompt that does was refused) */
+                if (sl->req->max_tokens == 0 || sl->req->n_prompt >= s->n_ctx)
                     finish_slot(s, seq, l, "length");
             }
         }
@@ -841,6 +854,7 @@ static int load(wk_server *s, sw_error *err)
         snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
     else
         api_model_id(eng_model_gguf(s->model), s->o.model_path, s->model_id, sizeof s->model_id);
+    api_system_fingerprint(s->o.model_path, s->fingerprint, sizeof s->fingerprint);
     s->tok = eng_model_tokenizer(s->model);
     if ((rc = eng_cs_vocab_create(s->tok, &s->cs_vocab, err)))
         return rc;

@@ -304,12 +304,21 @@ static struct bufferevent *on_new_connection(struct event_base *base, void *arg)
     return NULL;
 }
 
+/* The client's connection went: r and, with n > 1, every other choice. */
+static void detach_all(wk_server *s, wk_req *r)
+{
+    int32_t n = r->group ? r->group->n : 1;
+    for (int32_t i = 0; i < n; i++) {
+        wk_req *c = r->group ? r->group->reqs[i] : r;
+        c->detached = true;
+        wk_engine_cancel(s, c);
+    }
+}
+
 static void on_conn_close(struct evhttp_connection *conn, void *arg)
 {
-    wk_req *r = arg;
     (void)conn;
-    r->detached = true;
-    wk_engine_cancel(g_server, r);
+    detach_all(g_server, arg);
 }
 
 /* libevent does not read from a connection while its request is being
@@ -378,6 +387,14 @@ static bool sse_write(wk_req *r, const char *text);
  * the error at the end (stream_finish). */
 static void sse_send(wk_req *r, json_t *chunk)
 {
+    if (r->group) {
+        /* n > 1: the choice's index; nothing after the answer's error */
+        if (r->group->error)
+            return;
+        json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0);
+        if (choice)
+            json_object_set_new(choice, "index", json_integer(r->choice));
+    }
     char *dump = chunk && !r->broken ? sw_json_dumps(chunk, JSON_COMPACT) : NULL;
     if (!dump || sw_alloc_thread_failures() != r->fail_mark) {
         r->broken = true;
@@ -428,9 +445,10 @@ static void stream_finish(wk_req *r)
 
 static json_t *chunk_base(wk_server *s, wk_req *r)
 {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", r->id, "object",
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", r->resp_id, "object",
                      r->chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)r->created, "model", s->model_id);
+                     (json_int_t)r->created, "model", s->model_id, "system_fingerprint",
+                     s->fingerprint);
 }
 
 /* The stream's head; when memory runs out preparing it nothing is sent,
@@ -438,6 +456,10 @@ static json_t *chunk_base(wk_server *s, wk_req *r)
  * 500 (handle_done, handle_error). */
 static void stream_start(wk_req *r)
 {
+    if (r->group && r->group->started) { /* n > 1: one head for all choices */
+        r->started = true;
+        return;
+    }
     long failures = sw_alloc_thread_failures();
     struct evkeyvalq *h = evhttp_request_get_output_headers(r->evreq);
     evhttp_remove_header(h, "Content-Type");
@@ -459,6 +481,8 @@ static void stream_start(wk_req *r)
     evhttp_send_reply_start(r->evreq, 200, "OK");
     sw_alloc_scope_swap(scope);
     r->started = true;
+    if (r->group)
+        r->group->started = true;
 }
 
 static void stream_first_chat_chunk(wk_server *s, wk_req *r)
@@ -469,6 +493,21 @@ static void stream_first_chat_chunk(wk_server *s, wk_req *r)
     json_object_set_new(c, "choices",
                         json_pack("[{s:i, s:{s:s, s:o}, s:n, s:n}]", "index", 0, "delta", "role",
                                   "assistant", "content", content, "logprobs", "finish_reason"));
+    sse_send(r, c);
+    json_decref(c);
+}
+
+/* echo: the prompt's text in a chunk of its own before the first token's
+ * (not in a resumed stream, whose client has it already). */
+static void stream_echo_chunk(wk_server *s, wk_req *r)
+{
+    if (r->n_resume > 0)
+        return;
+    json_t *c = chunk_base(s, r);
+    json_object_set_new(c, "choices",
+                        json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "text",
+                                  json_text(r->echo, r->echo_len), "logprobs", "finish_reason"));
+    json_object_set_new(c, "spillway", json_pack("{s:[]}", "token_ids"));
     sse_send(r, c);
     json_decref(c);
 }
@@ -585,7 +624,8 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         json_array_append_new(r->token_ids, json_integer(ev->token));
         wk__text_append(r, text, text_len);
         json_t *c = chunk_base(s, r);
-        json_t *lp = r->logprobs ? json_pack("{s:[o]}", "content", chat_logprob_entry(s, ev))
+        json_t *lp = r->logprobs ? json_pack("{s:[o], s:n}", "content",
+                                             chat_logprob_entry(s, ev), "refusal")
                                  : json_null();
         json_t *delta = tool_stream_delta(r, text, text_len);
         if (reasoning_len)
@@ -606,7 +646,7 @@ static void handle_token(wk_server *s, wk_req *r, const wk_event *ev)
         if (r->logprobs) {
             json_decref(lp);
             if (r->chat) {
-                lp = json_pack("{s:[o]}", "content", chat_logprob_entry(s, ev));
+                lp = json_pack("{s:[o], s:n}", "content", chat_logprob_entry(s, ev), "refusal");
             } else {
                 lp = completion_logprob_new();
                 completion_logprob_append(s, lp, ev, r->text_len);
@@ -651,6 +691,95 @@ static json_t *usage_of(const wk_req *r, const wk_event *ev)
                      "completion_tokens", ev->n_generated, "total_tokens",
                      r->n_prompt_client + ev->n_generated, "prompt_tokens_details",
                      "cached_tokens", cached);
+}
+
+/* ---- n > 1: the choices of one answer (wk_group) ---------------------- */
+
+static void group_count(wk_req *r, const wk_event *ev)
+{
+    wk_group *g = r->group;
+    g->completion_tokens += ev->n_generated;
+    if (r->choice == 0)
+        g->cached_tokens = ev->n_cached < r->n_prompt_client ? ev->n_cached : r->n_prompt_client;
+}
+
+/* The answer is this error (the first one; body NULL: out of memory):
+ * the other choices are cancelled, their output dropped. Takes body. */
+static void group_fail(wk_req *r, int status, json_t *body)
+{
+    wk_group *g = r->group;
+    if (!g->error) {
+        g->error = body ? body
+                        : error_object("server_error", "internal_error", "out of memory", NULL,
+                                       NULL);
+        g->error_status = status;
+        for (int32_t i = 0; i < g->n; i++)
+            if (g->reqs[i] != r)
+                wk_engine_cancel(g_server, g->reqs[i]);
+    } else {
+        json_decref(body);
+    }
+}
+
+/* The last choice ended: the answer (every choice, usage summed) or the
+ * error, then the group is freed. */
+static void group_end(wk_server *s, wk_req *r)
+{
+    wk_group *g = r->group;
+    const wk_req *r0 = g->reqs[0];
+    json_t *usage = json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", r0->n_prompt_client,
+                              "completion_tokens", g->completion_tokens, "total_tokens",
+                              r0->n_prompt_client + g->completion_tokens,
+                              "prompt_tokens_details", "cached_tokens", g->cached_tokens);
+    if (g->error && r->stream && g->started) {
+        json_t *e = g->error;
+        g->error = NULL; /* sse_send drops chunks while it is set */
+        sse_send(r, e);
+        g->error = e;
+        stream_finish(r);
+    } else if (g->error) {
+        send_json(r->evreq, g->error_status ? g->error_status : 500, g->error, r->id);
+    } else if (r->stream) {
+        if (r->include_usage) {
+            json_t *c = chunk_base(s, r);
+            json_object_set_new(c, "choices", json_array());
+            json_object_set_new(c, "usage", json_incref(usage));
+            sse_send(r, c);
+            json_decref(c);
+        }
+        stream_finish(r);
+    } else {
+        json_t *choices = json_array(), *exts = json_array();
+        for (int32_t i = 0; i < g->n; i++) {
+            json_array_append(choices, g->choices[i]);
+            json_array_append(exts, g->exts[i]);
+        }
+        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:O, s:{s:o}}", "id",
+                                 r0->resp_id, "object",
+                                 r0->chat ? "chat.completion" : "text_completion", "created",
+                                 (json_int_t)r0->created, "model", s->model_id,
+                                 "system_fingerprint", s->fingerprint, "choices", choices,
+                                 "usage", usage, "spillway", "choices", exts);
+        bool whole = body && sw_alloc_thread_failures() == r->fail_mark;
+        send_json(r->evreq, 200, whole ? body : NULL, r->id);
+        json_decref(body);
+    }
+    json_decref(usage);
+}
+
+/* with_reqs: its requests too (else they are the caller's) */
+static void group_free(wk_group *g, bool with_reqs)
+{
+    if (!g)
+        return;
+    for (int32_t i = 0; i < g->n; i++) {
+        json_decref(g->choices[i]);
+        json_decref(g->exts[i]);
+        if (with_reqs)
+            wk_req_free(g->reqs[i]);
+    }
+    json_decref(g->error);
+    sw_free(g);
 }
 
 /* The final chunks of a streamed tool reply before the finish chunk;
@@ -779,7 +908,9 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     json_object_set_new(ext, "seed", json_integer((json_int_t)r->sampling.seed));
     if (r->stream && !r->started && !r->broken)
         stream_start(r);
-    if (r->stream && !r->started) {
+    if (r->stream && !r->started && r->group) {
+        group_fail(r, 500, NULL);
+    } else if (r->stream && !r->started) {
         /* nothing was sent (its head could not be prepared): a whole 500 */
         send_json(r->evreq, 500, NULL, r->id);
     } else if (r->stream) {
@@ -794,14 +925,17 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
                                                      (json_int_t)r->sampling.seed));
         sse_send(r, c);
         json_decref(c);
-        if (r->include_usage) {
+        if (r->group) { /* usage and the end come after the last choice */
+            group_count(r, ev);
+        } else if (r->include_usage) {
             c = chunk_base(s, r);
             json_object_set_new(c, "choices", json_array());
             json_object_set_new(c, "usage", usage_of(r, ev));
             sse_send(r, c);
             json_decref(c);
         }
-        stream_finish(r);
+        if (!r->group)
+            stream_finish(r);
     } else {
         /* a reply that is a call has no content (OpenAI: null); a harmony
          * call may follow a commentary preamble, which is its content */
@@ -820,9 +954,20 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         if (r->chat && r->reasoning.len)
             json_object_set_new(json_object_get(choice, "message"), "reasoning_content",
                                 json_text(r->reasoning.p, r->reasoning.len));
-        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:O}", "id", r->id, "object",
-                                 r->chat ? "chat.completion" : "text_completion", "created",
-                                 (json_int_t)r->created, "model", s->model_id, "choices", choice,
+        if (r->group) { /* the answer is sent after the last choice */
+            json_object_set_new(choice, "index", json_integer(r->choice));
+            r->group->choices[r->choice] = choice;
+            r->group->exts[r->choice] = json_incref(ext);
+            group_count(r, ev);
+            if (r->broken || sw_alloc_thread_failures() != r->fail_mark)
+                group_fail(r, 500, NULL);
+            json_decref(ext);
+            return;
+        }
+        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o], s:o, s:O}", "id", r->resp_id,
+                                 "object", r->chat ? "chat.completion" : "text_completion",
+                                 "created", (json_int_t)r->created, "model", s->model_id,
+                                 "system_fingerprint", s->fingerprint, "choices", choice,
                                  "usage", usage_of(r, ev), "spillway", ext);
         bool whole = !r->broken && sw_alloc_thread_failures() == r->fail_mark;
         send_json(r->evreq, 200, whole ? body : NULL, r->id);
@@ -834,6 +979,10 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
 static void handle_error(wk_server *s, wk_req *r, const wk_event *ev)
 {
     json_t *body = error_object(ev->type, ev->code, ev->message, NULL, ev->extra);
+    if (r->group) {
+        group_fail(r, ev->http_status, body);
+        return;
+    }
     if (r->stream && r->started) {
         sse_send(r, body);
         stream_finish(r);
@@ -893,9 +1042,11 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
         next = ev->next;
         wk_req *r = ev->req;
         bool final = ev->kind == WK_EV_DONE || ev->kind == WK_EV_ERROR;
+        /* n > 1: the HTTP request ends with the last choice's final event */
+        bool last = final && (!r->group || r->group->n_live == 1);
         sw_alloc_scope *fault_prev = r->fault_scoped ? sw_alloc_scope_swap(&r->fault_scope) : NULL;
         r->fail_mark = sw_alloc_thread_failures();
-        if (final && evhttp_request_get_connection(r->evreq)) {
+        if (last && evhttp_request_get_connection(r->evreq)) {
             evhttp_connection_set_closecb(evhttp_request_get_connection(r->evreq), NULL, NULL);
             if (!r->detached) {
                 evhttp_request_set_on_complete_cb(r->evreq, on_reply_done, s);
@@ -904,7 +1055,9 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
         }
         if (r->detached && final) {
             /* Frees the detached request (libevent kept it for us). */
-            if (r->stream && r->started)
+            if (!last)
+                ; /* another choice of it is still running */
+            else if (r->stream && r->started)
                 evhttp_send_reply_end(r->evreq);
             else
                 evhttp_send_reply(r->evreq, 499, "Client Closed Request", NULL);
@@ -915,12 +1068,16 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
                     stream_start(r);
                     if (r->chat)
                         stream_first_chat_chunk(s, r);
+                    else if (r->echo)
+                        stream_echo_chunk(s, r);
                 }
                 break;
             case WK_EV_TOKEN: handle_token(s, r, ev); break;
             case WK_EV_DONE: handle_done(s, r, ev); break;
             case WK_EV_ERROR: handle_error(s, r, ev); break;
             }
+            if (last && r->group)
+                group_end(s, r);
             /* a part of the answer was lost (a token id, text, a chunk):
              * the rest is not worth generating; the end says so */
             if (!r->broken && sw_alloc_thread_failures() != r->fail_mark)
@@ -936,7 +1093,12 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
         }
         if (final) {
             live_remove(s, r);
-            wk_req_free(r);
+            /* a choice is freed with the last one: the answer reads the
+             * first's fields, the connection's close callback has it */
+            if (!r->group)
+                wk_req_free(r);
+            else if (--r->group->n_live == 0)
+                group_free(r->group, true);
         }
         wk_event_free(ev);
     }
@@ -967,11 +1129,26 @@ static const char *state_name(wk_state st)
     return "failed";
 }
 
-/* The model as /v1/models lists it and /v1/models/{id} returns it. */
+bool wk__model_name_is(const wk_server *s, const char *name)
+{
+    if (strcmp(name, s->model_id) == 0)
+        return true;
+    for (size_t i = 0; i < s->o.n_aliases; i++)
+        if (strcmp(name, s->o.aliases[i]) == 0)
+            return true;
+    return false;
+}
+
+/* The model as /v1/models lists it and /v1/models/{id} returns it; its
+ * aliases (--alias) as the router lists a model's. */
 static json_t *model_object(const wk_server *s)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_id, "object", "model", "created",
-                     (json_int_t)0, "owned_by", "spillway", "context_length", s->n_ctx);
+    json_t *aliases = json_array();
+    for (size_t i = 0; i < s->o.n_aliases; i++)
+        json_array_append_new(aliases, json_string(s->o.aliases[i]));
+    return json_pack("{s:s, s:s, s:I, s:s, s:i, s:o}", "id", s->model_id, "object", "model",
+                     "created", (json_int_t)0, "owned_by", "spillway", "context_length", s->n_ctx,
+                     "aliases", aliases);
 }
 
 static void handle_health(wk_server *s, struct evhttp_request *evreq)
@@ -1215,6 +1392,41 @@ static void handle_tokenize(wk_server *s, struct evhttp_request *evreq)
     json_decref(body);
 }
 
+/* n > 1: the other choices of r, parsed from the same body (which r's
+ * parse accepted), each with its own sequence and seed + its index (with a
+ * given seed choice 0 is the n = 1 answer; at temperature 0 all are that
+ * answer), into reqs[1..n). Returns how many requests there are (1
+ * without n > 1), 0 when memory ran out (r keeps the group to free). */
+static int32_t group_make(wk_server *s, json_t *body, bool chat, wk_req *r, wk_req **reqs)
+{
+    if (r->n_choices <= 1)
+        return 1;
+    wk_group *g = sw_calloc(1, sizeof *g);
+    if (!g)
+        return 0;
+    g->reqs[0] = r;
+    g->n = g->n_live = 1;
+    r->group = g;
+    for (int32_t i = 1; i < r->n_choices; i++) {
+        wk_req *c = sw_calloc(1, sizeof *c);
+        wk_parse_error p;
+        memset(&p, 0, sizeof p);
+        if (!c)
+            return 0;
+        snprintf(c->id, sizeof c->id, "%s", r->id);
+        snprintf(c->resp_id, sizeof c->resp_id, "%s", r->resp_id);
+        g->reqs[g->n++] = c;
+        g->n_live++;
+        c->group = g;
+        c->choice = i;
+        if (!wk__parse_request(s, body, chat, c, &p))
+            return 0;
+        c->sampling.seed = r->sampling.seed + (uint64_t)i;
+    }
+    memcpy(reqs, g->reqs, (size_t)g->n * sizeof *reqs);
+    return g->n;
+}
+
 static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool chat)
 {
     sw_alloc_scope fault, engine_fault, *fault_prev = NULL;
@@ -1253,6 +1465,11 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
         sw_alloc_scope_swap(&r->fault_scope);
     }
     snprintf(r->id, sizeof r->id, "%s", id);
+    /* The body's id is OpenAI's shape, chatcmpl-/cmpl- before the request
+     * id (the router's req-...), unless it has it already. */
+    const char *kind = chat ? "chatcmpl-" : "cmpl-";
+    snprintf(r->resp_id, sizeof r->resp_id, "%s%s",
+             strncmp(id, kind, strlen(kind)) == 0 ? "" : kind, id);
     if (!(body = read_body(s, evreq, id)))
         goto fail_quiet;
     memset(&p, 0, sizeof p);
@@ -1262,23 +1479,33 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
                    id, "%s", p.msg);
         goto fail_quiet;
     }
+    wk_req *reqs[WK_MAX_CHOICES] = {r};
+    int32_t n_reqs = parsed ? group_make(s, body, chat, r, reqs) : 1;
     json_decref(body);
     body = NULL;
-    r->token_ids = json_array();
-    r->lp = r->logprobs ? (chat ? json_pack("{s:[]}", "content") : completion_logprob_new())
-                        : NULL;
-    r->created = (int64_t)time(NULL);
-    r->evreq = evreq;
-    if (!parsed || sw_alloc_thread_failures() != failures_before) {
+    for (int32_t i = 0; i < n_reqs; i++) {
+        wk_req *c = reqs[i];
+        c->token_ids = json_array();
+        if (c->echo && !c->stream) /* the answer's text starts with the prompt's */
+            wk__text_append(c, c->echo, c->echo_len);
+        /* chat: OpenAI's schema has refusal (null) beside content */
+        c->lp = c->logprobs ? (chat ? json_pack("{s:[], s:n}", "content", "refusal")
+                                    : completion_logprob_new())
+                            : NULL;
+        c->created = (int64_t)time(NULL);
+        c->evreq = evreq;
+    }
+    if (!parsed || n_reqs == 0 || sw_alloc_thread_failures() != failures_before) {
         send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
         goto fail_quiet;
     }
-    if (wk_engine_submit(s, r)) {
+    if (wk_engine_submit_all(s, reqs, n_reqs)) {
         send_error(evreq, 503, "capacity_exceeded", NULL, id,
                    "the worker's queue is full (%d requests waiting)", s->o.max_queue);
         goto fail_quiet;
     }
-    live_add(s, r);
+    for (int32_t i = 0; i < n_reqs; i++)
+        live_add(s, reqs[i]);
     evhttp_connection_set_closecb(evhttp_request_get_connection(evreq), on_conn_close, r);
     if (scoped)
         sw_alloc_scope_swap(fault_prev); /* on_pipe makes it current again */
@@ -1287,6 +1514,12 @@ fail_quiet:
     json_decref(body);
     if (scoped)
         fault_scope_close(&r->fault_scope, NULL, fault_prev);
+    if (r->group) { /* never submitted: its other choices too */
+        wk_group *g = r->group;
+        for (int32_t i = 1; i < g->n; i++)
+            wk_req_free(g->reqs[i]);
+        group_free(g, false);
+    }
     wk_req_free(r);
 }
 
@@ -1307,8 +1540,7 @@ static void on_request(struct evhttp_request *evreq, void *arg)
          * it could not read (too large, bad headers). */
         wk_req *r = live_find(s, evreq);
         if (r) {
-            r->detached = true;
-            wk_engine_cancel(s, r);
+            detach_all(s, r);
             return;
         }
         int code = evhttp_request_get_response_code(evreq);
@@ -1386,7 +1618,7 @@ static void on_request(struct evhttp_request *evreq, void *arg)
         /* OpenAI's "retrieve model": the id is percent-decoded (an id may
          * hold a '/') */
         char *id = evhttp_uridecode(path + 11, 0, NULL);
-        if (id && strcmp(id, s->model_id) == 0) {
+        if (id && wk__model_name_is(s, id)) {
             json_t *m = model_object(s);
             send_json(evreq, 200, m, NULL);
             json_decref(m);

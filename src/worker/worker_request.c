@@ -165,12 +165,14 @@ static bool parse_tools(json_t *body, bool chat, wk_req *r, wk_parse_error *p, c
             json_t *js = json_object_get(rf, "json_schema");
             json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
             json_t *strict = json_object_get(js, "strict");
-            if (!json_is_object(js) || !json_is_string(name) || json_string_length(name) == 0 ||
+            /* name is OpenAI's label for the schema: optional here, as in
+             * llama-server and vLLM (nothing reads it) */
+            if (!json_is_object(js) || (name && !json_is_string(name) && !json_is_null(name)) ||
                 (schema && !json_is_object(schema) && !json_is_boolean(schema)) ||
                 (strict && !json_is_boolean(strict) && !json_is_null(strict)))
                 return api_bad(p, "response_format",
                            "'response_format.json_schema' must be {\"name\": string, "
-                           "\"schema\": object, \"strict\": boolean}");
+                           "\"schema\": object, \"strict\": boolean} (name optional)");
             rc = schema ? eng_grammar_from_schema(schema, &json_g, &err)
                         : eng_grammar_json_object(&json_g, &err);
             if (rc)
@@ -264,7 +266,7 @@ static bool setup_output(wk_server *s, wk_req *r, wk_parse_error *p)
         int64_t room = (int64_t)s->n_ctx - r->n_prompt;
         int64_t avail = r->max_tokens < room ? r->max_tokens : room;
         if (need > avail)
-            return api_bad(p, r->max_tokens < room ? "max_tokens" : "messages",
+            return api_bad(p, r->max_tokens < room ? "max_tokens" : r->chat ? "messages" : "prompt",
                        "the %s needs at least %lld more tokens; %lld are left (max_tokens and "
                        "the context)", r->output == WK_OUT_TOOL_FORCED ? "tool call"
                                       : r->output == WK_OUT_GRAMMAR ? "grammar"
@@ -447,28 +449,28 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!json_is_string(v))
             return api_bad(p, "model", "'model' must be a string");
         const char *m = json_string_value(v);
-        if (strcmp(m, s->model_id) != 0) {
+        if (!wk__model_name_is(s, m)) {
             p->status = 404;
             p->code = "model_not_found";
             return api_bad(p, "model", "this worker serves '%s', not '%s'", s->model_id, m);
         }
     }
     json_int_t n = 1;
-    if (!get_int(p, body, "n", 1, 1, &n)) {
-        snprintf(p->msg, sizeof p->msg, "only n = 1 is supported");
+    if (!get_int(p, body, "n", 1, WK_MAX_CHOICES, &n)) {
+        snprintf(p->msg, sizeof p->msg, "'n' must be 1..%d (choices in one answer)",
+                 WK_MAX_CHOICES);
         return false;
     }
+    r->n_choices = (int32_t)n;
     /* Completions options that change what the answer means: refused
      * rather than ignored, so a client never reads an answer to a question
      * it did not ask. */
+    bool echo = false;
     if (!chat) {
-        bool echo = false;
         json_int_t best_of = 1;
         json_t *suffix = json_object_get(body, "suffix");
         if (!get_bool(p, body, "echo", &echo))
             return false;
-        if (echo)
-            return api_bad(p, "echo", "'echo' (the prompt repeated in the answer) is not supported");
         if (!get_int(p, body, "best_of", 1, 1, &best_of)) {
             snprintf(p->msg, sizeof p->msg, "only best_of = 1 is supported");
             return false;
@@ -564,6 +566,11 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
             return false;
         r->logprobs = true;
         r->top_logprobs = (int32_t)i;
+        /* OpenAI then gives the prompt tokens' log-probabilities too:
+         * refused rather than answered without them */
+        if (echo)
+            return api_bad(p, "echo", "'echo' with 'logprobs' (the prompt tokens' "
+                                      "log-probabilities) is not supported");
     }
     /* stop: a string or an array of strings. */
     r->stops = sw_calloc(WK_MAX_STOPS + ENG_CHAT_MAX_STOP_STRINGS, sizeof(char *));
@@ -618,6 +625,10 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         if (!parse_grammar(body, r, p))
             return false;
         sw_error err;
+        if (echo && !token_ids && !(r->echo = sw_strndup(json_string_value(v),
+                                                          json_string_length(v))))
+            return api_oom(p);
+        r->echo_len = r->echo ? json_string_length(v) : 0;
         if (token_ids) {
             /* OpenAI: token ids are the prompt as given (no BOS added) */
             const int32_t n_vocab = eng_tokenizer_n_vocab(s->tok);
@@ -650,12 +661,21 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
         sw_free(ids);
         return api_bad(p, chat ? "messages" : "prompt", "the prompt is empty");
     }
+    if (echo && !r->echo && !(r->echo = eng_detokenize_ex(s->tok, ids, n_ids, true,
+                                                         &r->echo_len))) {
+        sw_free(ids); /* the echo of token ids: their text */
+        return api_oom(p);
+    }
 
     /* resume: {"tokens": [ids already emitted], "draws": k, "text_bytes": n} */
     json_t *res = json_object_get(body, "resume");
     size_t n_res = 0;
     r->skip_draws = 0;
     r->resume_text_bytes = -1;
+    if (res && !json_is_null(res) && r->n_choices > 1) {
+        sw_free(ids);
+        return api_bad(p, "resume", "'resume' continues one choice: n must be 1");
+    }
     if (res && !json_is_null(res)) {
         json_t *toks = json_object_get(res, "tokens");
         if (!json_is_object(res) || !json_is_array(toks)) {
@@ -681,12 +701,26 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
             r->resume_text_bytes = (int64_t)json_integer_value(tb);
         }
     }
-    if (n_ids + n_res > (size_t)s->n_ctx) {
+    /* The context holds the prompt and the generated tokens together: a
+     * client's prompt that fills it leaves no room for one (a resumed
+     * stream's tokens that fill it end the stream with "length"). The
+     * message counts the prompt alone, resumed tokens apart. */
+    if (n_ids + n_res > (size_t)s->n_ctx ||
+        (n_res == 0 && n_ids == (size_t)s->n_ctx && r->max_tokens > 0)) {
         sw_free(ids);
         p->status = 400;
         p->code = "context_length_exceeded";
+        if (n_res > 0)
+            return api_bad(p, chat ? "messages" : "prompt",
+                           "the prompt has %zu tokens and the resumed stream %zu more: %zu, over "
+                           "the context of %d tokens",
+                           n_ids, n_res, n_ids + n_res, s->n_ctx);
         return api_bad(p, chat ? "messages" : "prompt",
-                   "the prompt has %zu tokens, the context limit is %d", n_ids + n_res, s->n_ctx);
+                       "the prompt has %zu tokens: %s the context of %d tokens, which holds the "
+                       "prompt and the completion together",
+                       n_ids,
+                       n_ids > (size_t)s->n_ctx ? "more than" : "no completion token fits in",
+                       s->n_ctx);
     }
     r->prompt = sw_malloc((n_ids + n_res) * sizeof(int32_t));
     if (!r->prompt) {
@@ -705,6 +739,12 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
     r->n_prompt = (int32_t)(n_ids + n_res);
     r->n_prompt_client = (int32_t)n_ids;
     r->n_resume = (int32_t)n_res;
+    /* the client's text count of an echoed stream (the router's) starts
+     * with the echo, which a resumed stream does not send again */
+    if (r->echo && n_res > 0 && r->resume_text_bytes >= 0)
+        r->resume_text_bytes = r->resume_text_bytes > (int64_t)r->echo_len
+                                   ? r->resume_text_bytes - (int64_t)r->echo_len
+                                   : 0;
     r->chat = chat;
     if (!wk__reasoning_setup(s, body, r, p))
         return false;

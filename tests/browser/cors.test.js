@@ -145,7 +145,7 @@ async function main() {
   const nokey = await callFromPage(page, router.url, null, false);
   let err = null;
   try { err = JSON.parse(nokey.text); } catch (e) { /* checked below */ }
-  check(nokey.status === 401 && err && err.error.code === 'unauthorized',
+  check(nokey.status === 401 && err && err.error.code === 'invalid_api_key',
         'without the key the page reads the typed 401');
 
   await page.goto(other + '/');

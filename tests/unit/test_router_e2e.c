@@ -256,7 +256,7 @@ static void test_admission_and_oom_replay(void **state)
     rh_assert_header(&w, "X-Spillway-Attempts", "2");
     rh_assert_header(&w, "X-Request-Id", "oom-replay-7");
     json_t *j = rh_body_json(&w);
-    assert_string_equal(json_string_value(json_object_get(j, "id")), "oom-replay-7");
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "cmpl-oom-replay-7");
     check_openai_shape(j, false, false);
     json_decref(j);
     n = wc_tokens_of(&w, false, got, MAXTOK, NULL, finish, sizeof finish);
@@ -332,7 +332,9 @@ static void test_stream_crash(void **state)
         int n = stream_tokens(&r, rid, body, got, &w);
         assert_int_equal(n, n_ref);
         assert_memory_equal(got, ref, (size_t)n * sizeof *got);
-        /* every event carries the same id */
+        /* every event carries the same id: cmpl- and the request id */
+        char want_id[64];
+        snprintf(want_id, sizeof want_id, "cmpl-%s", rid);
         char **evs = NULL;
         int ne = wc_sse_parse(w.body, w.body_len, &evs);
         assert_true(ne > n);
@@ -340,7 +342,7 @@ static void test_stream_crash(void **state)
             json_t *j = json_loads(evs[i], 0, NULL);
             assert_non_null(j);
             assert_null(json_object_get(j, "error"));
-            assert_string_equal(json_string_value(json_object_get(j, "id")), rid);
+            assert_string_equal(json_string_value(json_object_get(j, "id")), want_id);
             json_decref(j);
         }
         assert_string_equal(evs[ne - 1], "[DONE]");
@@ -565,7 +567,7 @@ static void test_bad_requests(void **state)
     const char *ok_body = "{\"prompt\":\"Hi\",\"max_tokens\":2}";
     assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, ok_body, &w), 0);
     assert_int_equal(w.status, 401);
-    assert_string_equal(rh_error_code(&w, code, sizeof code), "unauthorized");
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_api_key");
     wc_response_free(&w);
     assert_int_equal(rh_req(&r, "POST", "/v1/completions",
                          "Authorization: Bearer test-key-0123456780\r\n", ok_body, &w),

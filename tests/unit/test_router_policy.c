@@ -371,6 +371,25 @@ static const policy_row POLICY_ROWS[] = {
      .n = 1, .w = {{RDY(0), .ctx_limit = 1000, MEM16(1 << 20, 0)}},
      .need = {.prompt = 100, .max_tokens = 5000, NODL},
      .worker = 0, .kv_bytes = 64512, .kv_tokens = 1000, NOBEST},
+    /* n > 1: a sequence per choice */
+    {.name = "n = 3 reserves each choice's KV (3 x 10 blocks)",
+     .n = 1, .w = {{RDY(0), MEM16(1 << 20, 0)}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 3, NODL},
+     .worker = 0, .kv_bytes = 30720, .kv_tokens = 150, NOBEST},
+    {.name = "n = 3 does not fit a budget of two choices",
+     .n = 1, .w = {{RDY(0), MEM16(20480, 0)}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 3, NODL},
+     .worker = -1, .kv_tokens = 0, .skipped = RT_SKIP_MEM, .reason = {[0] = RT_SKIP_MEM},
+     NOBEST},
+    {.name = "n = 3 needs three free sequences",
+     .n = 2, .w = {{RDY(0), .max_seqs = 4, .seqs = 2}, {RDY(1), .max_seqs = 4, .seqs = 1}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 3, NODL},
+     .worker = 1, .kv_tokens = 150, .skipped = RT_SKIP_SLOTS, .reason = {[0] = RT_SKIP_SLOTS},
+     NOBEST},
+    {.name = "n over max_seqs takes every sequence (the worker queues the rest)",
+     .n = 1, .w = {{RDY(0), .max_seqs = 2, .seqs = 0}},
+     .need = {.prompt = 100, .max_tokens = 50, .n_choices = 5, NODL},
+     .worker = 0, .kv_tokens = 150, NOBEST},
 };
 
 static void check_policy_row(const policy_row *r, const bool *tried)
@@ -505,8 +524,9 @@ static void test_policy_kv_bytes(void **state)
 /* ---- 2. the failover decision ------------------------------------------- */
 
 /* in: outcome, stream, tokens_sent, content_sent, kind, tool, single_pass,
- * no_replay, no_resume, external_ids. error_code is checked except on a resume, where the
- * header leaves it open (it is the first error's code there). */
+ * no_replay, no_resume, external_ids, several_choices. error_code is
+ * checked except on a resume, where the header leaves it open (it is the
+ * first error's code there). */
 typedef struct failover_row {
     const char *name;
     rt_failover_in in;
@@ -527,154 +547,164 @@ typedef struct failover_row {
 #define NO_REPLAY_STOP "none (SPILLWAY_SABOTAGE=no-replay)"
 
 static const failover_row FAILOVER_ROWS[] = {
+    /* n > 1: a stream of several choices is never resumed */
+    {"n > 1: a stream with tokens sent stops",
+     {RT_OUT_CRASH, true, 5, true, SP, RT_TOOL_NONE, false, false, false, false, true},
+     RT_FO_STOP, "none (n > 1: no resume)", "worker_failed", false, true, false, "several choices"},
+    {"n > 1: a stream with nothing sent is replayed",
+     {RT_OUT_CRASH, true, 0, false, SP, RT_TOOL_NONE, false, false, false, false, true},
+     RT_FO_REPLAY, "replay", NULL, false, true, false, NULL},
+    {"n > 1: not streamed, replayed whole",
+     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false, true},
+     RT_FO_REPLAY, "replay", NULL, false, true, false, NULL},
     /* finished: nothing to decide */
-    {"ok", {RT_OUT_OK, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false},
+    {"ok", {RT_OUT_OK, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_DONE, "none", NULL, false, false, false, "completed"},
     {"ok, a stream with tokens sent",
-     {RT_OUT_OK, true, 9, true, OA, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_OK, true, 9, true, OA, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_DONE, "none", NULL, false, false, false, "completed"},
     {"ok, even with a tool of unknown outcome and sabotage",
-     {RT_OUT_OK, false, 0, false, SP, RT_TOOL_UNKNOWN, true, true, true, false},
+     {RT_OUT_OK, false, 0, false, SP, RT_TOOL_UNKNOWN, true, true, true, false, false},
      RT_FO_DONE, "none", NULL, false, false, false, "completed"},
     /* DESIGN.md: 4xx from a worker: not retried */
     {"4xx from a worker: not retried",
-     {RT_OUT_CLIENT_ERROR, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CLIENT_ERROR, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_DONE, "none", NULL, false, false, false, "not retried"},
     {"4xx on a stream with tokens sent: not retried",
-     {RT_OUT_CLIENT_ERROR, true, 5, true, SP, RT_TOOL_EXECUTED, false, false, false, false},
+     {RT_OUT_CLIENT_ERROR, true, 5, true, SP, RT_TOOL_EXECUTED, false, false, false, false, false},
      RT_FO_DONE, "none", NULL, false, false, false, "not retried"},
     /* DESIGN.md: client disconnected: cancel everywhere, no replay */
     {"client gone: cancel",
-     {RT_OUT_CLIENT_GONE, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CLIENT_GONE, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_CANCEL, "none", NULL, false, false, false, "no replay"},
     {"client gone mid-stream, tool unknown: still cancel",
-     {RT_OUT_CLIENT_GONE, true, 12, true, OA, RT_TOOL_UNKNOWN, true, false, false, false},
+     {RT_OUT_CLIENT_GONE, true, 12, true, OA, RT_TOOL_UNKNOWN, true, false, false, false, false},
      RT_FO_CANCEL, "none", NULL, false, false, false, "no replay"},
     /* refused before any work: back to its place, the worker stays in rotation */
     {"refused: requeue",
-     {RT_OUT_REFUSED, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_REFUSED, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_REQUEUE, "requeue", NULL, false, false, false, "queue"},
     {"refused on a stream, single pass, no-replay: still requeue",
-     {RT_OUT_REFUSED, true, 0, false, OA, RT_TOOL_UNKNOWN, true, true, true, false},
+     {RT_OUT_REFUSED, true, 0, false, OA, RT_TOOL_UNKNOWN, true, true, true, false, false},
      RT_FO_REQUEUE, "requeue", NULL, false, false, false, "queue"},
     /* DESIGN.md: non-streaming, no tool executed: replay from the start */
     {"oom, non-stream: replay, restart the worker",
-     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, true, "non-streaming"},
     {"crash, non-stream: replay, no restart",
-     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "non-streaming"},
     {"crash, non-stream on kind=openai: replay",
-     {RT_OUT_CRASH, false, 0, false, OA, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, false, 0, false, OA, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "non-streaming"},
     {"oom, non-stream with content (a buffered answer): replay",
-     {RT_OUT_OOM, false, 0, true, OA, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_OOM, false, 0, true, OA, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, true, "non-streaming"},
     /* DESIGN.md: streaming, nothing sent yet: replay, transparently */
     {"oom, stream, nothing sent: replay",
-     {RT_OUT_OOM, true, 0, false, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_OOM, true, 0, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, true, "nothing sent"},
     {"crash, stream, nothing sent, kind=openai: replay",
-     {RT_OUT_CRASH, true, 0, false, OA, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, true, 0, false, OA, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "nothing sent"},
     /* DESIGN.md: streaming, k tokens sent: resume */
     {"oom, stream, tokens sent: resume",
-     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_RESUME, "resume", NULL, true, true, true, "resumed"},
     {"crash, stream, tokens sent: resume",
-     {RT_OUT_CRASH, true, 7, true, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, true, 7, true, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_RESUME, "resume", NULL, true, true, false, "resumed"},
     {"crash, stream, content (a tool call) but no token ids: resume",
-     {RT_OUT_CRASH, true, 0, true, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, true, 0, true, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_RESUME, "resume", NULL, true, true, false, "resumed"},
     {"crash, stream, token ids but no text yet: resume",
-     {RT_OUT_CRASH, true, 3, false, SP, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, true, 3, false, SP, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_RESUME, "resume", NULL, true, true, false, "resumed"},
     /* an external engine cannot resume */
     {"kind=openai, stream, text sent, crash: stop",
-     {RT_OUT_CRASH, true, 0, true, OA, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, true, 0, true, OA, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_STOP, EXT_STOP, "worker_failed", false, true, false, "external engine"},
     {"kind=openai, stream, text sent, oom: stop, out_of_memory, restart",
-     {RT_OUT_OOM, true, 4, true, OA, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_OOM, true, 4, true, OA, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_STOP, EXT_STOP, "out_of_memory", false, true, true, "external engine"},
     {"kind=openai, stream, text sent, no-resume: still stop",
-     {RT_OUT_CRASH, true, 4, true, OA, RT_TOOL_NONE, false, false, true, false},
+     {RT_OUT_CRASH, true, 4, true, OA, RT_TOOL_NONE, false, false, true, false, false},
      RT_FO_STOP, EXT_STOP, "worker_failed", false, true, false, "external engine"},
     /* kind = llama-server: resumed when its native stream gave the ids of
      * all it sent (external_ids), else as kind = openai */
     {"llama-server, stream, tokens with their ids, crash: resume",
-     {RT_OUT_CRASH, true, 6, true, LS, RT_TOOL_NONE, false, false, false, true},
+     {RT_OUT_CRASH, true, 6, true, LS, RT_TOOL_NONE, false, false, false, true, false},
      RT_FO_RESUME, "resume", NULL, true, true, false, "llama-server"},
     {"llama-server, stream, tokens with their ids, oom: resume, restart",
-     {RT_OUT_OOM, true, 6, true, LS, RT_TOOL_NONE, false, false, false, true},
+     {RT_OUT_OOM, true, 6, true, LS, RT_TOOL_NONE, false, false, false, true, false},
      RT_FO_RESUME, "resume", NULL, true, true, true, "llama-server"},
     {"llama-server, stream, text through the OpenAI endpoint (no ids): stop",
-     {RT_OUT_CRASH, true, 0, true, LS, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, true, 0, true, LS, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_STOP, EXT_STOP, "worker_failed", false, true, false, "without the token ids"},
     {"llama-server, stream, a token without its id: stop",
-     {RT_OUT_CRASH, true, 5, true, LS, RT_TOOL_NONE, false, false, false, false},
+     {RT_OUT_CRASH, true, 5, true, LS, RT_TOOL_NONE, false, false, false, false, false},
      RT_FO_STOP, EXT_STOP, "worker_failed", false, true, false, "without the token ids"},
     {"llama-server, stream, ids but no-resume: replay from the start",
-     {RT_OUT_CRASH, true, 6, true, LS, RT_TOOL_NONE, false, false, true, true},
+     {RT_OUT_CRASH, true, 6, true, LS, RT_TOOL_NONE, false, false, true, true, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "no-resume"},
     {"llama-server, stream, nothing sent: replay",
-     {RT_OUT_CRASH, true, 0, false, LS, RT_TOOL_NONE, false, false, false, true},
+     {RT_OUT_CRASH, true, 0, false, LS, RT_TOOL_NONE, false, false, false, true, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "nothing sent"},
     {"kind=openai never resumes, external_ids or not",
-     {RT_OUT_CRASH, true, 6, true, OA, RT_TOOL_NONE, false, false, false, true},
+     {RT_OUT_CRASH, true, 6, true, OA, RT_TOOL_NONE, false, false, false, true, false},
      RT_FO_STOP, EXT_STOP, "worker_failed", false, true, false, "external engine"},
     /* DESIGN.md: a tool call started, outcome unknown, not idempotent */
     {"tool unknown, crash: stop, unsafe_to_retry",
-     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_UNKNOWN, false, false, false, false},
+     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_UNKNOWN, false, false, false, false, false},
      RT_FO_STOP, "none", "unsafe_to_retry", false, true, false, "not idempotent"},
     {"tool unknown, oom: stop, unsafe_to_retry, restart",
-     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_UNKNOWN, false, false, false, false},
+     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_UNKNOWN, false, false, false, false, false},
      RT_FO_STOP, "none", "unsafe_to_retry", false, true, true, "not idempotent"},
     {"tool unknown beats resume, single pass, no-replay and external engine",
-     {RT_OUT_CRASH, true, 7, true, OA, RT_TOOL_UNKNOWN, true, true, false, false},
+     {RT_OUT_CRASH, true, 7, true, OA, RT_TOOL_UNKNOWN, true, true, false, false, false},
      RT_FO_STOP, "none", "unsafe_to_retry", false, true, false, "not idempotent"},
     /* DESIGN.md: a server-side tool call already executed: replay reuses it */
     {"tool executed, non-stream: replay with the recorded result",
-     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_EXECUTED, false, false, false, false},
+     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_EXECUTED, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "recorded tool result"},
     {"tool executed, oom: replay, restart",
-     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_EXECUTED, false, false, false, false},
+     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_EXECUTED, false, false, false, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, true, "recorded tool result"},
     {"tool executed, stream with tokens sent: resume",
-     {RT_OUT_CRASH, true, 7, true, SP, RT_TOOL_EXECUTED, false, false, false, false},
+     {RT_OUT_CRASH, true, 7, true, SP, RT_TOOL_EXECUTED, false, false, false, false, false},
      RT_FO_RESUME, "resume", NULL, true, true, false, "resumed"},
     /* single pass: the caller (an agent run) replays the whole run */
     {"single pass, crash: stop",
-     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_NONE, true, false, false, false},
+     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_NONE, true, false, false, false, false},
      RT_FO_STOP, "none", "worker_failed", false, true, false, "whole run"},
     {"single pass, oom, stream with tokens sent: stop, out_of_memory",
-     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_EXECUTED, true, false, false, false},
+     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_EXECUTED, true, false, false, false, false},
      RT_FO_STOP, "none", "out_of_memory", false, true, true, "whole run"},
     {"single pass beats no-replay and the external engine",
-     {RT_OUT_CRASH, true, 7, true, OA, RT_TOOL_NONE, true, true, false, false},
+     {RT_OUT_CRASH, true, 7, true, OA, RT_TOOL_NONE, true, true, false, false, false},
      RT_FO_STOP, "none", "worker_failed", false, true, false, "whole run"},
     /* SPILLWAY_SABOTAGE=no-replay */
     {"no-replay, non-stream crash: stop",
-     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_NONE, false, true, false, false},
+     {RT_OUT_CRASH, false, 0, false, SP, RT_TOOL_NONE, false, true, false, false, false},
      RT_FO_STOP, NO_REPLAY_STOP, "worker_failed", false, true, false, "no-replay"},
     {"no-replay, oom, stream with tokens: stop (not resumed), out_of_memory",
-     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_NONE, false, true, false, false},
+     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_NONE, false, true, false, false, false},
      RT_FO_STOP, NO_REPLAY_STOP, "out_of_memory", false, true, true, "no-replay"},
     {"no-replay beats the external engine's stop",
-     {RT_OUT_CRASH, true, 7, true, OA, RT_TOOL_NONE, false, true, false, false},
+     {RT_OUT_CRASH, true, 7, true, OA, RT_TOOL_NONE, false, true, false, false, false},
      RT_FO_STOP, NO_REPLAY_STOP, "worker_failed", false, true, false, "no-replay"},
     /* SPILLWAY_SABOTAGE=no-resume: replay from the start instead */
     {"no-resume, stream with tokens sent: replay from the start",
-     {RT_OUT_CRASH, true, 7, true, SP, RT_TOOL_NONE, false, false, true, false},
+     {RT_OUT_CRASH, true, 7, true, SP, RT_TOOL_NONE, false, false, true, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "no-resume"},
     {"no-resume, oom, stream with tokens sent: replay, restart",
-     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_NONE, false, false, true, false},
+     {RT_OUT_OOM, true, 7, true, SP, RT_TOOL_NONE, false, false, true, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, true, "no-resume"},
     {"no-resume, stream with nothing sent: a plain replay",
-     {RT_OUT_CRASH, true, 0, false, SP, RT_TOOL_NONE, false, false, true, false},
+     {RT_OUT_CRASH, true, 0, false, SP, RT_TOOL_NONE, false, false, true, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, false, "nothing sent"},
     {"no-resume, non-stream: a plain replay",
-     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_NONE, false, false, true, false},
+     {RT_OUT_OOM, false, 0, false, SP, RT_TOOL_NONE, false, false, true, false, false},
      RT_FO_REPLAY, "replay", NULL, false, true, true, "non-streaming"},
 };
 
@@ -875,6 +905,19 @@ static void test_queue_grant_and_release(void **state)
     rt_queue_release(&g_queue, 0, 0, NULL);
     assert_books(&g_pool, 0, 0, 0);
     assert_int_equal(g_queue.passes, 0);
+
+    /* n = 3: three sequences and each one's KV taken, and given back */
+    g_pool.w[1].books.seqs = 0;
+    rt_waiter e;
+    waiter_init(&g_queue, &e, 100, 50, -1);
+    e.need.n_choices = 3;
+    assert_int_equal(admit_now(&g_queue, &e), RT_ADMIT_OK);
+    assert_int_equal(e.grant.worker, 1);
+    assert_int_equal(e.grant.seqs, 3);
+    assert_true(e.grant.kv_bytes == 30720);
+    assert_books(&g_pool, 1, 3, 30720);
+    rt_queue_release_shared(&g_queue, 1, e.grant.kv_bytes, NULL, NULL, 0, e.grant.seqs);
+    assert_books(&g_pool, 1, 0, 0);
 }
 
 /* Placement by prefix (router_prefix.h): a granted prompt's blocks go
@@ -1026,7 +1069,7 @@ static void test_shared_blocks_once(void **state)
     c2.need.share = false;
     assert_int_equal(admit_now(&g_queue, &c2), RT_ADMIT_OK);
     assert_true(c2.grant.kv_bytes == 20 * bb && c2.grant.shared_blocks == 0);
-    rt_queue_release_shared(&g_queue, 0, c2.grant.kv_bytes, NULL, ha, 0);
+    rt_queue_release_shared(&g_queue, 0, c2.grant.kv_bytes, NULL, ha, 0, 1);
     waiter_init(&g_queue, &c, 170, 150, -1);
     c.need.prefix = ha;
     c.need.n_prefix = na;
@@ -1040,14 +1083,14 @@ static void test_shared_blocks_once(void **state)
     int reg_c = c.grant.shared_blocks;
     assert_true(rt_queue_shared_attach(&g_queue, 0, ha, na, 160, &reg_c) == 0);
     assert_int_equal(reg_c, 10);
-    rt_queue_release_shared(&g_queue, 0, c.grant.kv_bytes, NULL, ha, reg_c);
+    rt_queue_release_shared(&g_queue, 0, c.grant.kv_bytes, NULL, ha, reg_c, 1);
     assert_books(&g_pool, 0, 2, 34 * bb);
 
     /* A ends: its 4 own blocks leave with it, the 6 shared stay for B */
-    rt_queue_release_shared(&g_queue, 0, a.grant.kv_bytes - moved_a, NULL, ha, reg_a);
+    rt_queue_release_shared(&g_queue, 0, a.grant.kv_bytes - moved_a, NULL, ha, reg_a, 1);
     assert_books(&g_pool, 0, 1, 20 * bb);
     assert_int_equal(rt_shared_refs(&g_pool.w[0].shared, ha[5]), 1);
-    rt_queue_release_shared(&g_queue, 0, b.grant.kv_bytes - moved_b, NULL, hb, reg_b);
+    rt_queue_release_shared(&g_queue, 0, b.grant.kv_bytes - moved_b, NULL, hb, reg_b, 1);
     assert_books(&g_pool, 0, 0, 0);
     assert_int_equal(g_pool.w[0].shared.live, 0);
 

@@ -302,7 +302,7 @@ static void test_prompt_and_content_forms(void **state)
         {"/v1/completions", "{\"prompt\":[1,2,1024]}"},
         {"/v1/completions", "{\"prompt\":[1,2.5]}"},
         {"/v1/completions", "{\"prompt\":[]}"},
-        {"/v1/completions", "{\"prompt\":\"Hi\",\"echo\":true}"},
+        {"/v1/completions", "{\"prompt\":\"Hi\",\"echo\":true,\"logprobs\":1}"},
         {"/v1/completions", "{\"prompt\":\"Hi\",\"best_of\":3}"},
         {"/v1/completions", "{\"prompt\":\"Hi\",\"suffix\":\"end\"}"},
     };

@@ -68,7 +68,7 @@ static const bad_case cases[] = {
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"temperature\":-1}", 400, "invalid_request",
      "temperature"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"top_p\":2}", 400, "invalid_request", "top_p"},
-    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":2}", 400, "invalid_request", "n"},
+    {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":17}", 400, "invalid_request", "n"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "invalid_request",
      "stream"},
     {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":5}", 400, "invalid_request", "stop"},
@@ -286,8 +286,9 @@ static void test_transport_abuse(void **state)
     assert_int_equal(wc_raw(g_w.socket_path, "GARBAGE\r\n\r\n", 11, 10000, &r), 0);
     assert_int_equal(r.status, 400);
     wc_response_free(&r);
-    /* X-Request-Id: a sane one is echoed and becomes the id; bytes that
-     * are not, are replaced by a generated id (the answer stays JSON). */
+    /* X-Request-Id: a sane one is echoed and becomes the id (behind
+     * OpenAI's cmpl-); bytes that are not, are replaced by a generated id
+     * (the answer stays JSON). */
     static const char *const ids[2] = {"client-req.42", "\xff\xfe bad id"};
     for (int i = 0; i < 2; i++) {
         const char *body = "{\"prompt\":\"hi\",\"max_tokens\":2}";
@@ -300,13 +301,15 @@ static void test_transport_abuse(void **state)
         json_t *j = json_loads(r.body, 0, NULL);
         assert_non_null(j);
         const char *id = json_string_value(json_object_get(j, "id"));
-        char echoed[128];
+        char echoed[128], want[160];
         assert_true(wc_header(&r, "X-Request-Id", echoed, sizeof echoed));
-        assert_string_equal(echoed, id);
+        /* a generated one starts with cmpl- already */
+        snprintf(want, sizeof want, "%s%s", strncmp(echoed, "cmpl-", 5) ? "cmpl-" : "", echoed);
+        assert_string_equal(id, want);
         if (i == 0)
-            assert_string_equal(id, ids[0]);
+            assert_string_equal(echoed, ids[0]);
         else
-            assert_true(strcmp(id, ids[1]) != 0);
+            assert_true(strcmp(echoed, ids[1]) != 0);
         json_decref(j);
         wc_response_free(&r);
     }

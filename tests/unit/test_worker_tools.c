@@ -432,7 +432,7 @@ static void test_bad_requests(void **state)
                      "{\"type\":\"xml\"}}",
                "invalid_request", "response_format");
     expect_400(chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
-                     "{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}}",
+                     "{\"type\":\"json_schema\",\"json_schema\":{\"name\":7,\"schema\":{}}}}",
                "invalid_request", "response_format");
     expect_400(chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
                      "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"

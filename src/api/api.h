@@ -102,8 +102,9 @@ typedef struct api_tools {
     size_t n;
     const char *names[API_MAX_TOOLS]; /* into the body */
     json_t *parameters[API_MAX_TOOLS]; /* into the body; NULL: none given */
-    char *text;       /* the definitions as the prompt shows them, one compact
-                         JSON per line (sw_free); NULL without tools */
+    char *text;       /* the definitions as the prompt shows them, one JSON
+                         text per line with Python json.dumps's spacing
+                         (sw_free); NULL without tools */
     api_tool_choice choice;
     size_t named;
 } api_tools;

@@ -231,7 +231,8 @@ typedef struct eng_chat_message_tools {
 /* eng_chat_render_segments with tools: ext (NULL, or one entry per
  * message) carries the assistant calls, tools_text (NULL or "": no tools
  * section) the definitions to offer, one JSON text per line (the worker
- * passes each tool's compact JSON, newline-separated). Errors as
+ * passes each tool as Python's json.dumps writes it, as the templates'
+ * `tool | tojson` does: one line, ", " and ": "). Errors as
  * eng_chat_render_segments, plus SW_EINVAL for calls on a message that is
  * not an assistant message or a call without name or arguments. */
 int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,

@@ -365,17 +365,15 @@ static void content(chat_builder *b, const char *s, bool trim)
     eng_chat__append(b, s, len, false);
 }
 
-/* An assistant turn of a thinking family in the history: its thought is
- * left out, as Qwen3's and DeepSeek-R1's templates do (the text after the
- * last "</think>", newlines at its start dropped). */
+/* An assistant turn of DeepSeek-R1 in the history: its thought is left
+ * out, as its templates do - the text after the last "</think>", as it is
+ * (content.split('</think>')[-1]: the newlines that follow the thought
+ * stay, unlike Qwen3's, which drops them). */
 static void content_answer(chat_builder *b, const char *s)
 {
     const char *p = s, *q;
     while ((q = strstr(p, "</think>")) != NULL)
         p = q + 8;
-    if (p != s)
-        while (*p == '\n')
-            p++;
     content(b, p, false);
 }
 

@@ -90,7 +90,8 @@ static void expected_content(eng_chat_family f, const eng_chat_message *m, size_
                 (*tlen)--;
         }
         bool block = keep && (*tlen > 0 || i == n - 1);
-        if (p != c || block)
+        /* DeepSeek-R1 keeps the newlines after the thought, Qwen3 drops them */
+        if (qwen3 && (p != c || block))
             while (*p == '\n')
                 p++;
         *len -= (size_t)(p - c);

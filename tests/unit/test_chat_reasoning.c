@@ -413,7 +413,7 @@ static void test_deepseek_render(void **state)
     char *t = render(ENG_CHAT_DEEPSEEK_R1, m, NULL, 4, &o, NULL, NULL);
     assert_string_equal(t, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
                            "Be brief.<\xef\xbd\x9cUser\xef\xbd\x9c>Hi<\xef\xbd\x9c"
-                           "Assistant\xef\xbd\x9c>Hello!<\xef\xbd\x9c"
+                           "Assistant\xef\xbd\x9c>\n\nHello!<\xef\xbd\x9c"
                            "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c><\xef\xbd\x9cUser"
                            "\xef\xbd\x9c>Bye<\xef\xbd\x9c" "Assistant\xef\xbd\x9c><think>\n");
     sw_free(t);

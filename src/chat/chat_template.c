@@ -389,11 +389,30 @@ static chat_role role_of(const eng_chat_message *m)
     return r;
 }
 
+/* A tool result in Qwen's templates (Qwen2.5, Qwen3, QwQ; the Hermes tool
+ * format): inside a user turn as "\n<tool_response>\n{content}\n
+ * </tool_response>", the results that follow one another sharing that turn. */
+static void chatml_tool_result(chat_builder *b, const eng_chat_message *m, size_t n, size_t i)
+{
+    if (i == 0 || role_of(&m[i - 1]) != ROLE_TOOL)
+        tmpl(b, "<|im_start|>user");
+    tmpl(b, "\n<tool_response>\n");
+    content(b, m[i].content, false);
+    tmpl(b, "\n</tool_response>");
+    if (i + 1 == n || role_of(&m[i + 1]) != ROLE_TOOL)
+        tmpl(b, "<|im_end|>\n");
+}
+
 /* ChatML (OpenAI's ChatML, as used by Qwen's templates):
- *   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n */
+ *   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
+ * and tool results as Qwen's templates write them (chatml_tool_result). */
 static void render_chatml(chat_builder *b, const eng_chat_message *m, size_t n, bool gen)
 {
     for (size_t i = 0; i < n; i++) {
+        if (role_of(&m[i]) == ROLE_TOOL) {
+            chatml_tool_result(b, m, n, i);
+            continue;
+        }
         tmpl(b, "<|im_start|>");
         tmpl(b, m[i].role);
         tmpl(b, "\n");
@@ -408,9 +427,8 @@ static void render_chatml(chat_builder *b, const eng_chat_message *m, size_t n, 
  * history without its thought; with enable_thinking false the generation
  * prompt holds an empty thought so that the model answers at once. The
  * thinking-only models (Qwen3-*-Thinking-2507, QwQ) have no switch: their
- * generation prompt opens the thought (open). (Its template shows tool
- * results inside <tool_response> of a user turn; here they stay a "tool"
- * turn, as for ChatML.) */
+ * generation prompt opens the thought (open). Tool results as ChatML's
+ * (chatml_tool_result). */
 static void content_span(chat_builder *b, const char *s, size_t len)
 {
     eng_chat__append(b, s, len, false);
@@ -465,6 +483,10 @@ static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, b
             break;
         }
     for (size_t i = 0; i < n; i++) {
+        if (role_of(&m[i]) == ROLE_TOOL) {
+            chatml_tool_result(b, m, n, i);
+            continue;
+        }
         tmpl(b, "<|im_start|>");
         tmpl(b, m[i].role);
         tmpl(b, "\n");

@@ -34,7 +34,9 @@
  *     own wherever it appears. Llama 2 (<<SYS>> block), Mistral and Gemma
  *     fold it into the first user message, so there it is allowed only as
  *     the first message and must be followed by a user message.
- *   - tool: ChatML renders the role name "tool" as written; Llama 3 uses the
+ *   - tool: ChatML, Qwen3 and qwen3-thinking write it as Qwen's templates
+ *     do, "\n<tool_response>\n{content}\n</tool_response>" inside a user
+ *     turn (results in a row share one turn); Llama 3 uses the
  *     "ipython" header of Llama 3.1's tool format; the other families have
  *     no tool role and render it exactly like a user turn (the alternation
  *     rules then count it as a user turn, which fits the usual

@@ -239,7 +239,7 @@ static void test_tool_role(void **state)
     expect_render(ENG_CHAT_CHATML, msgs, 3, true,
                   "<|im_start|>user\nWeather?<|im_end|>\n"
                   "<|im_start|>assistant\nget_weather()<|im_end|>\n"
-                  "<|im_start|>tool\nsunny<|im_end|>\n"
+                  "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
                   "<|im_start|>assistant\n",
                   contents, 3);
     /* Llama 3.1's tool-result header is "ipython" */
@@ -262,6 +262,17 @@ static void test_tool_role(void **state)
                   contents, 3);
     expect_render(ENG_CHAT_MISTRAL, msgs, 3, true,
                   "<s>[INST] Weather? [/INST] get_weather()</s>[INST] sunny [/INST]", contents, 3);
+    /* Qwen's templates: results that follow one another share one user turn */
+    const eng_chat_message two[] = {
+        {"user", "Weather?"}, {"assistant", "get_weather()"}, {"tool", "sunny"}, {"tool", "warm"}};
+    const char *const two_contents[] = {"Weather?", "get_weather()", "sunny", "warm"};
+    expect_render(ENG_CHAT_QWEN3, two, 4, true,
+                  "<|im_start|>user\nWeather?<|im_end|>\n"
+                  "<|im_start|>assistant\nget_weather()<|im_end|>\n"
+                  "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
+                  "<tool_response>\nwarm\n</tool_response><|im_end|>\n"
+                  "<|im_start|>assistant\n",
+                  two_contents, 4);
 }
 
 /* Tools offered, an assistant tool call and its result (eng_chat_render_tools).
@@ -318,7 +329,7 @@ static void test_tools_render(void **state)
         "<|im_start|>user\nWeather?<|im_end|>\n"
         "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
         "{\"city\":\"Oslo\"}}\n</tool_call><|im_end|>\n"
-        "<|im_start|>tool\nsnow<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nsnow\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n");
     /* Llama 3.1: the functions in the system message, the call as JSON with
      * "parameters", the result under "ipython" */

@@ -20,12 +20,12 @@
 # add_bos_token is overridden to false (llama-server cuts a rendered BOS
 # that the tokenizer would add again: the preset's "<s>" would vanish from
 # Mistral's prompts).
-# Dates: Llama 3.1's template prints date_string (set to its own default,
-# "26 Jul 2024", through chat_template_kwargs); gpt-oss's prints
+# Dates: the Llama 3.1-3.3 templates print date_string, set to FIXED_DATE
+# (as "15 Jan 2026") through chat_template_kwargs; gpt-oss's prints
 # strftime_now("%Y-%m-%d"), today's date, which the server cannot fix: the
 # server runs in UTC and today's date in "Current date: YYYY-MM-DD" is
-# replaced by FIXED_DATE below after recording (the test renders with that
-# date).
+# replaced by FIXED_DATE after recording. The test renders with that date
+# (the file's "date").
 set -euo pipefail
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,9 +53,9 @@ Qwen-Qwen2.5-7B-Instruct chatml - <|im_end|>
 deepseek-ai-DeepSeek-R1-Distill-Qwen-32B deepseek-r1 <｜begin▁of▁sentence｜> <｜end▁of▁sentence｜>
 deepseek-ai-DeepSeek-R1-Distill-Llama-8B deepseek-r1 <｜begin▁of▁sentence｜> <｜end▁of▁sentence｜>
 openai-gpt-oss-120b harmony <|startoftext|> <|return|>
-meta-llama-Llama-3.1-8B-Instruct llama3 <|begin_of_text|> <|eot_id|>
-meta-llama-Llama-3.2-3B-Instruct llama3 <|begin_of_text|> <|eot_id|>
-meta-llama-Llama-3.3-70B-Instruct llama3 <|begin_of_text|> <|eot_id|>
+meta-llama-Llama-3.1-8B-Instruct llama3.1 <|begin_of_text|> <|eot_id|>
+meta-llama-Llama-3.2-3B-Instruct llama3.1 <|begin_of_text|> <|eot_id|>
+meta-llama-Llama-3.3-70B-Instruct llama3.1 <|begin_of_text|> <|eot_id|>
 google-gemma-2-2b-it gemma <bos> <eos>
 microsoft-Phi-3.5-mini-instruct phi3 <s> <|endoftext|>
 mistralai-Mistral-Nemo-Instruct-2407 mistral <s> </s>
@@ -113,7 +113,8 @@ while read -r name family bos eos; do
     harmony) cases=$(jq -n --argjson a "$cases" --argjson b "$effort" '$a + $b') ;;
   esac
   [ "$bos" = - ] && bos=
-  kwargs=$(jq -n --arg b "$bos" --arg e "$eos" '{bos_token: $b, eos_token: $e, date_string: "26 Jul 2024"}')
+  kwargs=$(jq -n --arg b "$bos" --arg e "$eos" --arg d "$(LC_ALL=C date -d "$FIXED_DATE" '+%d %b %Y')" \
+    '{bos_token: $b, eos_token: $e, date_string: $d}')
   TZ=UTC "$ref_bin/llama-server" -m "$model" --jinja --chat-template-file "$templates/$name.jinja" \
     --override-kv tokenizer.ggml.add_bos_token=bool:false \
     --port "$port" --host 127.0.0.1 -c 256 -t 1 --no-warmup >"$work/$name.server.log" 2>&1 &
@@ -145,7 +146,7 @@ while read -r name family bos eos; do
   stop_server
   jq -n --indent 1 --arg n "$name" --arg f "$family" --arg d "$FIXED_DATE" --argjson c "$recorded" \
     --arg r "llama.cpp $release llama-server --jinja, POST /apply-template" \
-    '{template: ($n + ".jinja"), family: $f, recorded_with: $r, harmony_date: $d, cases: $c}' \
+    '{template: ($n + ".jinja"), family: $f, recorded_with: $r, date: $d, cases: $c}' \
     >"$out/$name.renders.json"
   echo "record-templates: tests/data/templates/$name.renders.json ($n conversations)"
 done <<<"$table"

@@ -20,6 +20,8 @@
  *                                          QwQ: the generation prompt opens the thought)
  *   "<|im_start|>" and "<think>"        -> ENG_CHAT_QWEN3   (Qwen3: ChatML that thinks)
  *   "<|im_start|>"                      -> ENG_CHAT_CHATML  (Qwen, many fine-tunes)
+ *   "<|start_header_id|>" and "Cutting Knowledge Date"
+ *                                       -> ENG_CHAT_LLAMA31 (Llama 3.1-3.3: the date lines)
  *   "<|start_header_id|>"               -> ENG_CHAT_LLAMA3
  *   "<start_of_turn>"                   -> ENG_CHAT_GEMMA
  *   "[INST]" and "<<SYS>>"              -> ENG_CHAT_LLAMA2
@@ -28,6 +30,11 @@
  *   "<|user|>" and ("</s>" or "eos_token") -> ENG_CHAT_ZEPHYR
  * A missing, empty or unrecognised template falls back to ChatML, and the
  * caller is told so (is_fallback / eng_chat_source) so it can log it.
+ * Llama 3.1 (ENG_CHAT_LLAMA31) is Llama 3 - what is said of Llama 3 below
+ * holds for it - with a system turn always first: "Environment: ipython\n"
+ * when tools are offered, "Cutting Knowledge Date: December 2023\nToday
+ * Date: 15 Jan 2026\n\n" (eng_chat_options.date) and the text of a first
+ * system message.
  *
  * Roles: "system", "user", "assistant", "tool" (exact, lower case).
  *   - system: ChatML, Llama 3, Zephyr, Phi-3 and Phi-4 render it as a turn of its
@@ -93,9 +100,10 @@ typedef enum eng_chat_family {
     ENG_CHAT_DEEPSEEK_R1 = 9, /* <｜User｜> / <｜Assistant｜>, prompt opens <think> */
     ENG_CHAT_HARMONY = 10,    /* gpt-oss: OpenAI's harmony format */
     ENG_CHAT_QWEN3_THINKING = 11, /* Qwen3 thinking-only (2507), QwQ: the prompt opens <think> */
+    ENG_CHAT_LLAMA31 = 12,    /* Llama 3.1-3.3: Llama 3 with the date lines in a system turn */
 } eng_chat_family;
 
-#define ENG_CHAT_N_FAMILIES 12
+#define ENG_CHAT_N_FAMILIES 13
 
 /* The GGUF key holding the Jinja template. */
 #define ENG_CHAT_TEMPLATE_KEY "tokenizer.chat_template"
@@ -112,7 +120,7 @@ typedef struct eng_chat_message {
 
 /* Stable lower-case name: "chatml", "llama2", "llama3", "mistral",
  * "zephyr", "phi3", "gemma", "phi4", "qwen3", "deepseek-r1", "harmony",
- * "qwen3-thinking";
+ * "qwen3-thinking", "llama3.1";
  * "unknown" for a value outside the enum. eng_chat_family_from_name also
  * takes "gpt-oss" for harmony. */
 const char *eng_chat_family_name(eng_chat_family f);

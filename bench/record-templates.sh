@@ -86,7 +86,19 @@ common=$(jq -n --argjson tool "$tool" '[
     {role: "user", content: "What is the weather in Paris?"},
     {role: "assistant", content: "", tool_calls: [{id: "a1b2c3d4e", type: "function",
       function: {name: "get_weather", arguments: "{\"city\": \"Paris\"}"}}]},
-    {role: "tool", tool_call_id: "a1b2c3d4e", content: "{\"temp_c\": 18}"}]}}
+    {role: "tool", tool_call_id: "a1b2c3d4e", content: "{\"temp_c\": 18}"}]}},
+  {name: "tool_loop_reasoning", body: {tools: [$tool], messages: [
+    {role: "user", content: "Weather in Paris and Oslo?"},
+    {role: "assistant", content: "", reasoning_content: "I need both cities.", tool_calls: [
+      {id: "a1b2c3d4e", type: "function", function: {name: "get_weather", arguments: "{\"city\": \"Paris\"}"}},
+      {id: "f5g6h7i8j", type: "function", function: {name: "get_weather", arguments: "{\"city\": \"Oslo\"}"}}]},
+    {role: "tool", tool_call_id: "a1b2c3d4e", content: "18 C"},
+    {role: "tool", tool_call_id: "f5g6h7i8j", content: "9 C"}]}},
+  {name: "whitespace", body: {messages: [
+    {role: "system", content: "  Be brief.\n"},
+    {role: "user", content: "\n Hi there  "},
+    {role: "assistant", content: " Hello. \n"},
+    {role: "user", content: "Bye\n"}]}}
 ]')
 nothink=$(jq -n '[{name: "system_user_no_thinking", body: {
   chat_template_kwargs: {enable_thinking: false}, messages: [

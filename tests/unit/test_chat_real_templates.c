@@ -49,8 +49,13 @@ static void print_difference(const char *name, const char *want, const char *got
  *   FORMAT  a different format for the same thing: the recording holds
  *           `recorded` and not `spillway`, spillway's prompt the reverse;
  *   REFUSED the template raised an error holding `recorded`; spillway
- *           renders the conversation and its prompt holds `spillway`. */
-typedef enum diff_kind { SUBST, FORMAT, REFUSED } diff_kind;
+ *           renders the conversation and its prompt holds `spillway`, or,
+ *           when `spillway` starts with '!', refuses it too with an error
+ *           holding the rest;
+ *   SPILLWAY_REFUSES  the template renders a prompt holding `recorded`;
+ *           spillway refuses the conversation with an error holding
+ *           `spillway`. */
+typedef enum diff_kind { SUBST, FORMAT, REFUSED, SPILLWAY_REFUSES } diff_kind;
 typedef struct known_difference {
     const char *template_name;
     const char *case_name;
@@ -70,6 +75,16 @@ static const known_difference known_differences[] = {
     {"Qwen-Qwen2.5-7B-Instruct", "multi_turn_inline_think", SUBST,
      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
      "assistant.<|im_end|>\n", ""},
+    {"Qwen-Qwen2.5-7B-Instruct", "tool_loop_reasoning", SUBST,
+     "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+     "assistant.\n\n# Tools", "<|im_start|>system\n# Tools"},
+    /* QwQ's tools section without a system message follows an empty one */
+    {"Qwen-QwQ-32B", "tool_loop_reasoning", SUBST, "<|im_start|>system\n\n\n# Tools",
+     "<|im_start|>system\n# Tools"},
+    /* QwQ's template drops every turn's thought; spillway keeps a tool
+     * loop's, as Qwen3's templates (the Thinking-2507 ones too) do */
+    {"Qwen-QwQ-32B", "tool_loop_reasoning", SUBST, "<|im_start|>assistant\n<tool_call>",
+     "<|im_start|>assistant\n<think>\nI need both cities.\n</think>\n\n<tool_call>"},
     /* QwQ has no enable_thinking; llama.cpp closes the opened thought itself */
     {"Qwen-QwQ-32B", "system_user_no_thinking", SUBST,
      "<|im_start|>assistant\n<think>\n</think>", "<|im_start|>assistant\n<think>\n"},
@@ -78,14 +93,19 @@ static const known_difference known_differences[] = {
     {"meta-llama-Llama-3.*", "tool_call", FORMAT,
      "Given the following functions, please respond with a JSON",
      "You have access to the following functions."},
+    /* ... and refuses two calls in one turn, which spillway writes */
+    {"meta-llama-Llama-3.*", "tool_loop_reasoning", REFUSED,
+     "only supports single tool-calls at once",
+     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n"
+     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"},
     /* The R1 distills' templates never show the tools; spillway the Hermes
      * section */
-    {"deepseek-ai-DeepSeek-R1-Distill-*", "tool_call", FORMAT,
+    {"deepseek-ai-DeepSeek-R1-Distill-*", "tool_*", FORMAT,
      "<" DS_BAR "tool" DS_SPACE "output" DS_SPACE "begin" DS_BAR ">",
      "# Tools\n\nYou may call one or more functions"},
     /* Phi-3.5's template has no tools: it drops the definitions, the call
      * and the result; spillway writes the generic Hermes format */
-    {"microsoft-Phi-3.5-mini-instruct", "tool_call", FORMAT, "<|assistant|>\n<|end|>\n",
+    {"microsoft-Phi-3.5-mini-instruct", "tool_*", FORMAT, "<|assistant|>\n<|end|>\n",
      "# Tools\n\nYou may call one or more functions"},
     /* Mistral Nemo (the v3 "tekken" format): [INST] without spaces, the
      * system text before the last user message, [AVAILABLE_TOOLS]; spillway
@@ -95,24 +115,44 @@ static const known_difference known_differences[] = {
     {"mistralai-Mistral-Nemo-Instruct-2407", "multi_turn_*", FORMAT, "?[/INST]", "? [/INST]"},
     {"mistralai-Mistral-Nemo-Instruct-2407", "tool_call", FORMAT, "[AVAILABLE_TOOLS]",
      "# Tools\n\nYou may call one or more functions"},
+    {"mistralai-Mistral-Nemo-Instruct-2407", "whitespace", FORMAT, "[INST]\n Hi there  [/INST]",
+     "[INST]   Be brief."},
+    /* v1 has no tool role: two results in a row break its alternation */
+    {"mistralai-Mistral-Nemo-Instruct-2407", "tool_loop_reasoning", SPILLWAY_REFUSES,
+     "[TOOL_RESULTS]", "needs user and assistant messages to alternate"},
     /* gpt-oss: a call and its result as the harmony format writes them (what
      * the model generates), not as the Hugging Face template does */
-    {"openai-gpt-oss-120b", "tool_call", SUBST,
+    {"openai-gpt-oss-120b", "tool_*", SUBST,
      "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>",
      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
      "<|message|>"},
     {"openai-gpt-oss-120b", "tool_call", SUBST, "<|message|>\"{\\\"temp_c\\\": 18}\"<|end|>",
      "<|message|>{\"temp_c\": 18}<|end|>"},
+    /* ... and the template writes only the first call of a turn */
+    {"openai-gpt-oss-120b", "tool_loop_reasoning", SUBST, "{\"city\": \"Paris\"}<|call|>",
+     "{\"city\": \"Paris\"}<|call|><|start|>assistant<|channel|>commentary "
+     "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>"},
+    {"openai-gpt-oss-120b", "tool_loop_reasoning", SUBST, "<|message|>\"18 C\"<|end|>",
+     "<|message|>18 C<|end|>"},
+    {"openai-gpt-oss-120b", "tool_loop_reasoning", SUBST, "<|message|>\"9 C\"<|end|>",
+     "<|message|>9 C<|end|>"},
     /* Gemma 2 has no system role (llama.cpp folds it with one newline);
      * spillway folds it as Gemma 3's template, with a blank line */
     {"google-gemma-2-2b-it", "system_user", SUBST, "You are a terse assistant.\nWhat",
      "You are a terse assistant.\n\nWhat"},
     {"google-gemma-2-2b-it", "multi_turn_reasoning", SUBST, "You are a terse assistant.\nWhat",
      "You are a terse assistant.\n\nWhat"},
+    /* (llama.cpp's folding trims the system text with the user's; Gemma 3's
+     * template keeps it as sent) */
+    {"google-gemma-2-2b-it", "whitespace", SUBST, "user\nBe brief.\n\n\n Hi there<",
+     "user\n  Be brief.\n\n\nHi there<"},
     /* Gemma has no tool role: its template refuses a tool result, spillway
      * writes it as a user turn */
     {"google-gemma-2-2b-it", "tool_call", REFUSED, "Conversation roles must alternate",
      "<start_of_turn>user\n{\"temp_c\": 18}<end_of_turn>"},
+    /* two results in a row are two user turns in a row: both refuse */
+    {"google-gemma-2-2b-it", "tool_loop_reasoning", REFUSED, "Conversation roles must alternate",
+     "!needs user and assistant messages to alternate"},
 };
 #define N_KNOWN (sizeof known_differences / sizeof known_differences[0])
 
@@ -186,10 +226,19 @@ static bool check_case(const char *tname, const char *cname, const char *want,
                         d->recorded, d->spillway);
                 ok = false;
             }
+        } else if (d->kind == REFUSED) {
+            refused = true;
+            bool both = d->spillway[0] == '!';
+            if (!error || !strstr(error, d->recorded) ||
+                (both ? got || !strstr(why, d->spillway + 1) : !got || !strstr(got, d->spillway))) {
+                fprintf(stderr, "%s: not the documented refusal (%s)\n", label, d->recorded);
+                ok = false;
+            }
         } else {
             refused = true;
-            if (!error || !strstr(error, d->recorded) || !got || !strstr(got, d->spillway)) {
-                fprintf(stderr, "%s: not the documented refusal (%s)\n", label, d->recorded);
+            if (!want || !strstr(want, d->recorded) || got || !strstr(why, d->spillway)) {
+                fprintf(stderr, "%s: not spillway's documented refusal (%s)\n", label,
+                        d->spillway);
                 ok = false;
             }
         }

@@ -126,7 +126,7 @@ bool api_tools_in_prompt(const api_tools *t, json_t *body);
  * llama-server's and vLLM's field; other keys are ignored),
  * "reasoning_effort" ("low", "medium" or "high", and OpenAI's "minimal" as
  * "low"; harmony), and today's UTC
- * date for harmony's system message (into date, 11 bytes). False with e
+ * date for harmony's and Llama 3.1's system message (into date, 11 bytes). False with e
  * set for a wrong type or value. */
 bool api_chat_options_parse(json_t *body, eng_chat_options *o, char date[11], api_error *e);
 

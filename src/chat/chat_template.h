@@ -258,8 +258,10 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
  *     answers without thinking. Other families ignore it.
  *   - reasoning_effort (harmony): "low", "medium" or "high" in the system
  *     message's "Reasoning:" line; NULL is "medium".
- *   - date (harmony): "YYYY-MM-DD" for its "Current date:" line (the
- *     template's strftime_now); NULL leaves the line out.
+ *   - date (harmony, llama3.1): "YYYY-MM-DD" for harmony's "Current date:"
+ *     line (the template's strftime_now; NULL leaves the line out) and
+ *     Llama 3.1's "Today Date: DD Mon YYYY" (its date_string; NULL is its
+ *     default, 26 Jul 2024).
  *   - reasoning (NULL, or one entry per message, NULL where none): an
  *     assistant turn's thought sent back (reasoning_content). Qwen3 and
  *     harmony show it for the turns after the last user message (a tool

@@ -109,8 +109,9 @@ typedef struct api_tools {
     size_t n;
     const char *names[API_MAX_TOOLS]; /* into the body */
     json_t *parameters[API_MAX_TOOLS]; /* into the body; NULL: none given */
-    char *text;       /* the definitions as the prompt shows them, one compact
-                         JSON per line (sw_free); NULL without tools */
+    char *text;       /* the definitions as the prompt shows them, one JSON
+                         text per line with Python json.dumps's spacing
+                         (sw_free); NULL without tools */
     api_tool_choice choice;
     size_t named;
 } api_tools;
@@ -132,7 +133,7 @@ bool api_tools_in_prompt(const api_tools *t, json_t *body);
  * llama-server's and vLLM's field; other keys are ignored),
  * "reasoning_effort" ("low", "medium" or "high", and OpenAI's "minimal" as
  * "low"; harmony), and today's UTC
- * date for harmony's system message (into date, 11 bytes). False with e
+ * date for harmony's and Llama 3.1's system message (into date, 11 bytes). False with e
  * set for a wrong type or value. */
 bool api_chat_options_parse(json_t *body, eng_chat_options *o, char date[11], api_error *e);
 

@@ -194,7 +194,9 @@ static bool parse_tool_list(json_t *tools, api_tools *t, api_error *e)
         } else if (twice) {
             ok = api_bad(e, "tools", "tools[%zu]: the name '%s' is used twice", i,
                          json_string_value(name));
-        } else if (!(defs[i] = sw_json_dumps(tool, JSON_COMPACT))) {
+        } else if (!(defs[i] = sw_json_dumps(tool, 0))) {
+            /* flags 0: one line with ", " and ": ", as the templates'
+             * `tool | tojson` (Python's json.dumps) writes the tools */
             ok = api_oom(e);
         } else {
             t->names[t->n] = json_string_value(name);

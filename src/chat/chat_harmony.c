@@ -164,7 +164,7 @@ static void ts_type(chat_builder *b, json_t *schema, int depth)
     }
 }
 
-/* One tool of tools_text (a compact {"type":"function","function":{...}}). */
+/* One tool of tools_text (a {"type": "function", "function": {...}} line). */
 static void ts_tool(chat_builder *b, const char *line, size_t len)
 {
     json_t *tool = sw_json_loadb_big(line, len, 0, NULL);

@@ -33,6 +33,7 @@ static const char *const family_names[ENG_CHAT_N_FAMILIES] = {
     [ENG_CHAT_GEMMA] = "gemma",     [ENG_CHAT_PHI4] = "phi4",
     [ENG_CHAT_QWEN3] = "qwen3",     [ENG_CHAT_DEEPSEEK_R1] = "deepseek-r1",
     [ENG_CHAT_HARMONY] = "harmony", [ENG_CHAT_QWEN3_THINKING] = "qwen3-thinking",
+    [ENG_CHAT_LLAMA31] = "llama3.1",
 };
 
 static bool family_valid(eng_chat_family f)
@@ -129,7 +130,7 @@ static bool detect(const char *t, size_t len, eng_chat_family *out)
                : contains(t, len, "<think>")              ? ENG_CHAT_QWEN3
                                                           : ENG_CHAT_CHATML;
     else if (contains(t, len, "<|start_header_id|>"))
-        *out = ENG_CHAT_LLAMA3;
+        *out = contains(t, len, "Cutting Knowledge Date") ? ENG_CHAT_LLAMA31 : ENG_CHAT_LLAMA3;
     else if (contains(t, len, "<start_of_turn>"))
         *out = ENG_CHAT_GEMMA;
     else if (contains(t, len, "[INST]"))
@@ -210,8 +211,8 @@ int eng_chat_choose(const eng_gguf *g, const char *override_name, eng_chat_famil
         if (eng_chat_family_from_name(override_name, &f) < 0)
             return sw_error_set(err, SW_EINVAL,
                                 "unknown chat template family '%.64s' (expected auto, chatml, "
-                                "llama2, llama3, mistral, zephyr, phi3, gemma, phi4, qwen3, "
-                                "qwen3-thinking, deepseek-r1 or harmony)",
+                                "llama2, llama3, llama3.1, mistral, zephyr, phi3, gemma, phi4, "
+                                "qwen3, qwen3-thinking, deepseek-r1 or harmony)",
                                 override_name);
         src = ENG_CHAT_FROM_OVERRIDE;
     } else {
@@ -365,17 +366,15 @@ static void content(chat_builder *b, const char *s, bool trim)
     eng_chat__append(b, s, len, false);
 }
 
-/* An assistant turn of a thinking family in the history: its thought is
- * left out, as Qwen3's and DeepSeek-R1's templates do (the text after the
- * last "</think>", newlines at its start dropped). */
+/* An assistant turn of DeepSeek-R1 in the history: its thought is left
+ * out, as its templates do - the text after the last "</think>", as it is
+ * (content.split('</think>')[-1]: the newlines that follow the thought
+ * stay, unlike Qwen3's, which drops them). */
 static void content_answer(chat_builder *b, const char *s)
 {
     const char *p = s, *q;
     while ((q = strstr(p, "</think>")) != NULL)
         p = q + 8;
-    if (p != s)
-        while (*p == '\n')
-            p++;
     content(b, p, false);
 }
 
@@ -391,11 +390,30 @@ static chat_role role_of(const eng_chat_message *m)
     return r;
 }
 
+/* A tool result in Qwen's templates (Qwen2.5, Qwen3, QwQ; the Hermes tool
+ * format): inside a user turn as "\n<tool_response>\n{content}\n
+ * </tool_response>", the results that follow one another sharing that turn. */
+static void chatml_tool_result(chat_builder *b, const eng_chat_message *m, size_t n, size_t i)
+{
+    if (i == 0 || role_of(&m[i - 1]) != ROLE_TOOL)
+        tmpl(b, "<|im_start|>user");
+    tmpl(b, "\n<tool_response>\n");
+    content(b, m[i].content, false);
+    tmpl(b, "\n</tool_response>");
+    if (i + 1 == n || role_of(&m[i + 1]) != ROLE_TOOL)
+        tmpl(b, "<|im_end|>\n");
+}
+
 /* ChatML (OpenAI's ChatML, as used by Qwen's templates):
- *   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n */
+ *   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
+ * and tool results as Qwen's templates write them (chatml_tool_result). */
 static void render_chatml(chat_builder *b, const eng_chat_message *m, size_t n, bool gen)
 {
     for (size_t i = 0; i < n; i++) {
+        if (role_of(&m[i]) == ROLE_TOOL) {
+            chatml_tool_result(b, m, n, i);
+            continue;
+        }
         tmpl(b, "<|im_start|>");
         tmpl(b, m[i].role);
         tmpl(b, "\n");
@@ -410,9 +428,8 @@ static void render_chatml(chat_builder *b, const eng_chat_message *m, size_t n, 
  * history without its thought; with enable_thinking false the generation
  * prompt holds an empty thought so that the model answers at once. The
  * thinking-only models (Qwen3-*-Thinking-2507, QwQ) have no switch: their
- * generation prompt opens the thought (open). (Its template shows tool
- * results inside <tool_response> of a user turn; here they stay a "tool"
- * turn, as for ChatML.) */
+ * generation prompt opens the thought (open). Tool results as ChatML's
+ * (chatml_tool_result). */
 static void content_span(chat_builder *b, const char *s, size_t len)
 {
     eng_chat__append(b, s, len, false);
@@ -467,6 +484,10 @@ static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, b
             break;
         }
     for (size_t i = 0; i < n; i++) {
+        if (role_of(&m[i]) == ROLE_TOOL) {
+            chatml_tool_result(b, m, n, i);
+            continue;
+        }
         tmpl(b, "<|im_start|>");
         tmpl(b, m[i].role);
         tmpl(b, "\n");
@@ -562,6 +583,50 @@ static void render_llama3(chat_builder *b, const eng_chat_message *m, size_t n, 
 {
     tmpl(b, "<|begin_of_text|>");
     for (size_t i = 0; i < n; i++) {
+        tmpl(b, "<|start_header_id|>");
+        tmpl(b, role_of(&m[i]) == ROLE_TOOL ? "ipython" : m[i].role);
+        tmpl(b, "<|end_header_id|>\n\n");
+        content(b, m[i].content, true);
+        tmpl(b, "<|eot_id|>");
+    }
+    if (gen)
+        tmpl(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* Llama 3.1, 3.2 and 3.3 (their Hugging Face templates): Llama 3 with a
+ * system turn always first, holding "Environment: ipython" when tools are
+ * offered, "Cutting Knowledge Date: December 2023", "Today Date: D" (the
+ * template's date_string, e.g. "26 Jul 2024": date, "YYYY-MM-DD", written
+ * so; without one the template's own default) and a blank line, then the
+ * first message's text when it is a system message (trimmed). */
+static void render_llama31(chat_builder *b, const eng_chat_message *m, size_t n, bool gen,
+                           bool tools, const char *date)
+{
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    char today[12] = "26 Jul 2024";
+    bool iso = date && strlen(date) == 10 && date[4] == '-' && date[7] == '-';
+    for (int k = 0; iso && k < 10; k++)
+        iso = k == 4 || k == 7 || (date[k] >= '0' && date[k] <= '9');
+    int month = iso ? (date[5] - '0') * 10 + (date[6] - '0') : 0;
+    if (iso && month >= 1 && month <= 12) { /* "YYYY-MM-DD" -> "DD Mon YYYY" */
+        memcpy(today, date + 8, 2);
+        memcpy(today + 3, months[month - 1], 3);
+        memcpy(today + 7, date, 4);
+    }
+    tmpl(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n");
+    if (tools)
+        tmpl(b, "Environment: ipython\n");
+    tmpl(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
+    tmpl(b, today);
+    tmpl(b, "\n\n");
+    size_t i = 0;
+    if (n > 0 && role_of(&m[0]) == ROLE_SYSTEM) {
+        content(b, m[0].content, true);
+        i = 1;
+    }
+    tmpl(b, "<|eot_id|>");
+    for (; i < n; i++) {
         tmpl(b, "<|start_header_id|>");
         tmpl(b, role_of(&m[i]) == ROLE_TOOL ? "ipython" : m[i].role);
         tmpl(b, "<|end_header_id|>\n\n");
@@ -685,6 +750,9 @@ static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *m
     case ENG_CHAT_HARMONY: eng_chat__render_harmony(b, msgs, ext, n, o); break;
     case ENG_CHAT_LLAMA2: render_llama2(b, msgs, n); break;
     case ENG_CHAT_LLAMA3: render_llama3(b, msgs, n, gen); break;
+    case ENG_CHAT_LLAMA31:
+        render_llama31(b, msgs, n, gen, o->tools_text && o->tools_text[0], o->date);
+        break;
     case ENG_CHAT_MISTRAL: render_mistral(b, msgs, n); break;
     case ENG_CHAT_ZEPHYR: render_tagged(b, msgs, n, gen, "</s>"); break;
     case ENG_CHAT_PHI3: render_tagged(b, msgs, n, gen, "<|end|>"); break;
@@ -773,7 +841,7 @@ int eng_chat_render(eng_chat_family f, const eng_chat_message *msgs, size_t n,
 
 eng_chat_tool_syntax eng_chat_tool_syntax_of(eng_chat_family f)
 {
-    return f == ENG_CHAT_LLAMA3    ? ENG_CHAT_TOOLS_LLAMA3_JSON
+    return f == ENG_CHAT_LLAMA3 || f == ENG_CHAT_LLAMA31 ? ENG_CHAT_TOOLS_LLAMA3_JSON
            : f == ENG_CHAT_HARMONY ? ENG_CHAT_TOOLS_HARMONY
                                    : ENG_CHAT_TOOLS_HERMES;
 }
@@ -1025,7 +1093,8 @@ size_t eng_chat_stop_strings(eng_chat_family f, const char **out, size_t cap)
     case ENG_CHAT_LLAMA2:
     case ENG_CHAT_MISTRAL:
     case ENG_CHAT_ZEPHYR: list = eos; count = 1; break;
-    case ENG_CHAT_LLAMA3: list = llama3; count = 2; break;
+    case ENG_CHAT_LLAMA3:
+    case ENG_CHAT_LLAMA31: list = llama3; count = 2; break;
     case ENG_CHAT_PHI3: list = phi3; count = 1; break;
     case ENG_CHAT_GEMMA: list = gemma; count = 1; break;
     }
@@ -1039,7 +1108,8 @@ const char *eng_chat_bos_text(eng_chat_family f)
     switch (f) {
     case ENG_CHAT_LLAMA2:
     case ENG_CHAT_MISTRAL: return "<s>";
-    case ENG_CHAT_LLAMA3: return "<|begin_of_text|>";
+    case ENG_CHAT_LLAMA3:
+    case ENG_CHAT_LLAMA31: return "<|begin_of_text|>";
     case ENG_CHAT_GEMMA: return "<bos>";
     case ENG_CHAT_DEEPSEEK_R1:
         return "<" DS_BAR "begin" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">";

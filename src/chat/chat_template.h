@@ -20,6 +20,8 @@
  *                                          QwQ: the generation prompt opens the thought)
  *   "<|im_start|>" and "<think>"        -> ENG_CHAT_QWEN3   (Qwen3: ChatML that thinks)
  *   "<|im_start|>"                      -> ENG_CHAT_CHATML  (Qwen, many fine-tunes)
+ *   "<|start_header_id|>" and "Cutting Knowledge Date"
+ *                                       -> ENG_CHAT_LLAMA31 (Llama 3.1-3.3: the date lines)
  *   "<|start_header_id|>"               -> ENG_CHAT_LLAMA3
  *   "<start_of_turn>"                   -> ENG_CHAT_GEMMA
  *   "[INST]" and "<<SYS>>"              -> ENG_CHAT_LLAMA2
@@ -28,13 +30,20 @@
  *   "<|user|>" and ("</s>" or "eos_token") -> ENG_CHAT_ZEPHYR
  * A missing, empty or unrecognised template falls back to ChatML, and the
  * caller is told so (is_fallback / eng_chat_source) so it can log it.
+ * Llama 3.1 (ENG_CHAT_LLAMA31) is Llama 3 - what is said of Llama 3 below
+ * holds for it - with a system turn always first: "Environment: ipython\n"
+ * when tools are offered, "Cutting Knowledge Date: December 2023\nToday
+ * Date: 15 Jan 2026\n\n" (eng_chat_options.date) and the text of a first
+ * system message.
  *
  * Roles: "system", "user", "assistant", "tool" (exact, lower case).
  *   - system: ChatML, Llama 3, Zephyr, Phi-3 and Phi-4 render it as a turn of its
  *     own wherever it appears. Llama 2 (<<SYS>> block), Mistral and Gemma
  *     fold it into the first user message, so there it is allowed only as
  *     the first message and must be followed by a user message.
- *   - tool: ChatML renders the role name "tool" as written; Llama 3 uses the
+ *   - tool: ChatML, Qwen3 and qwen3-thinking write it as Qwen's templates
+ *     do, "\n<tool_response>\n{content}\n</tool_response>" inside a user
+ *     turn (results in a row share one turn); Llama 3 uses the
  *     "ipython" header of Llama 3.1's tool format; the other families have
  *     no tool role and render it exactly like a user turn (the alternation
  *     rules then count it as a user turn, which fits the usual
@@ -91,9 +100,10 @@ typedef enum eng_chat_family {
     ENG_CHAT_DEEPSEEK_R1 = 9, /* <｜User｜> / <｜Assistant｜>, prompt opens <think> */
     ENG_CHAT_HARMONY = 10,    /* gpt-oss: OpenAI's harmony format */
     ENG_CHAT_QWEN3_THINKING = 11, /* Qwen3 thinking-only (2507), QwQ: the prompt opens <think> */
+    ENG_CHAT_LLAMA31 = 12,    /* Llama 3.1-3.3: Llama 3 with the date lines in a system turn */
 } eng_chat_family;
 
-#define ENG_CHAT_N_FAMILIES 12
+#define ENG_CHAT_N_FAMILIES 13
 
 /* The GGUF key holding the Jinja template. */
 #define ENG_CHAT_TEMPLATE_KEY "tokenizer.chat_template"
@@ -110,7 +120,7 @@ typedef struct eng_chat_message {
 
 /* Stable lower-case name: "chatml", "llama2", "llama3", "mistral",
  * "zephyr", "phi3", "gemma", "phi4", "qwen3", "deepseek-r1", "harmony",
- * "qwen3-thinking";
+ * "qwen3-thinking", "llama3.1";
  * "unknown" for a value outside the enum. eng_chat_family_from_name also
  * takes "gpt-oss" for harmony. */
 const char *eng_chat_family_name(eng_chat_family f);
@@ -231,7 +241,8 @@ typedef struct eng_chat_message_tools {
 /* eng_chat_render_segments with tools: ext (NULL, or one entry per
  * message) carries the assistant calls, tools_text (NULL or "": no tools
  * section) the definitions to offer, one JSON text per line (the worker
- * passes each tool's compact JSON, newline-separated). Errors as
+ * passes each tool as Python's json.dumps writes it, as the templates'
+ * `tool | tojson` does: one line, ", " and ": "). Errors as
  * eng_chat_render_segments, plus SW_EINVAL for calls on a message that is
  * not an assistant message or a call without name or arguments. */
 int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
@@ -247,8 +258,10 @@ int eng_chat_render_tools(eng_chat_family f, const eng_chat_message *msgs,
  *     answers without thinking. Other families ignore it.
  *   - reasoning_effort (harmony): "low", "medium" or "high" in the system
  *     message's "Reasoning:" line; NULL is "medium".
- *   - date (harmony): "YYYY-MM-DD" for its "Current date:" line (the
- *     template's strftime_now); NULL leaves the line out.
+ *   - date (harmony, llama3.1): "YYYY-MM-DD" for harmony's "Current date:"
+ *     line (the template's strftime_now; NULL leaves the line out) and
+ *     Llama 3.1's "Today Date: DD Mon YYYY" (its date_string; NULL is its
+ *     default, 26 Jul 2024).
  *   - reasoning (NULL, or one entry per message, NULL where none): an
  *     assistant turn's thought sent back (reasoning_content). Qwen3 and
  *     harmony show it for the turns after the last user message (a tool

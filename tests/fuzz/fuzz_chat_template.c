@@ -60,7 +60,8 @@ static void expected_content(eng_chat_family f, const eng_chat_message *m, size_
                              const char **s, size_t *len, const char **t, size_t *tlen)
 {
     bool system = !strcmp(m[i].role, "system");
-    bool trim = f == ENG_CHAT_LLAMA2 || f == ENG_CHAT_LLAMA3 || (f == ENG_CHAT_GEMMA && !system);
+    bool trim = f == ENG_CHAT_LLAMA2 || f == ENG_CHAT_LLAMA3 || f == ENG_CHAT_LLAMA31 ||
+                (f == ENG_CHAT_GEMMA && !system);
     *s = m[i].content;
     *len = strlen(m[i].content);
     *t = "";
@@ -90,7 +91,8 @@ static void expected_content(eng_chat_family f, const eng_chat_message *m, size_
                 (*tlen)--;
         }
         bool block = keep && (*tlen > 0 || i == n - 1);
-        if (p != c || block)
+        /* DeepSeek-R1 keeps the newlines after the thought, Qwen3 drops them */
+        if (qwen3 && (p != c || block))
             while (*p == '\n')
                 p++;
         *len -= (size_t)(p - c);

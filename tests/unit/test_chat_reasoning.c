@@ -372,7 +372,8 @@ static void test_tool_loop_thought(void **state)
     assert_string_equal(t, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!"
                            "<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n"
                            "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n"
-                           "Checking.<|im_end|>\n<|im_start|>tool\nsunny<|im_end|>\n"
+                           "Checking.<|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n"
+                           "</tool_response><|im_end|>\n"
                            "<|im_start|>assistant\n");
     sw_free(t);
     /* reasoning_content sent back: the same */
@@ -383,7 +384,8 @@ static void test_tool_loop_thought(void **state)
     t = render(ENG_CHAT_QWEN3, m2, NULL, 3, &o, NULL, NULL);
     assert_string_equal(t, "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
                            "<think>\nNeed the tool.\n</think>\n\nChecking.<|im_end|>\n"
-                           "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n");
+                           "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>"
+                           "<|im_end|>\n<|im_start|>assistant\n");
     sw_free(t);
     /* harmony: the analysis before the call */
     const eng_chat_tool_call call = {"c1", "get_weather", "{}"};
@@ -413,7 +415,7 @@ static void test_deepseek_render(void **state)
     char *t = render(ENG_CHAT_DEEPSEEK_R1, m, NULL, 4, &o, NULL, NULL);
     assert_string_equal(t, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
                            "Be brief.<\xef\xbd\x9cUser\xef\xbd\x9c>Hi<\xef\xbd\x9c"
-                           "Assistant\xef\xbd\x9c>Hello!<\xef\xbd\x9c"
+                           "Assistant\xef\xbd\x9c>\n\nHello!<\xef\xbd\x9c"
                            "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c><\xef\xbd\x9cUser"
                            "\xef\xbd\x9c>Bye<\xef\xbd\x9c" "Assistant\xef\xbd\x9c><think>\n");
     sw_free(t);

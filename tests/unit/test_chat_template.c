@@ -129,6 +129,39 @@ static void test_llama3(void **state)
                   conversation_contents, 4);
 }
 
+/* Llama 3.1-3.3: their templates' system turn with the date lines. */
+static void test_llama31(void **state)
+{
+    (void)state;
+    const eng_chat_message msgs[] = {{"system", " Be brief. "}, {"user", "Hi"}};
+    eng_chat_options o = {.add_generation_prompt = true, .date = "2026-03-05"};
+    char *text = NULL;
+    sw_error err;
+    assert_int_equal(eng_chat_render_with(ENG_CHAT_LLAMA31, msgs, NULL, 2, &o, &text, NULL, NULL,
+                                          NULL, &err), SW_OK);
+    assert_string_equal(text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                              "Cutting Knowledge Date: December 2023\nToday Date: 05 Mar 2026\n\n"
+                              "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                              "Hi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    sw_free(text);
+    /* no system message, no date (the template's default), tools offered */
+    o.date = NULL;
+    o.tools_text = "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}\n";
+    assert_int_equal(eng_chat_render_with(ENG_CHAT_LLAMA31, msgs + 1, NULL, 1, &o, &text, NULL,
+                                          NULL, NULL, &err), SW_OK);
+    assert_non_null(strstr(text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                                 "Environment: ipython\nCutting Knowledge Date: December 2023\n"
+                                 "Today Date: 26 Jul 2024\n\nYou have access to the following "
+                                 "functions."));
+    sw_free(text);
+    bool fallback = true;
+    const char excerpt[] = "{{- \"Cutting Knowledge Date: December 2023\\n\" }}"
+                           "{{- '<|start_header_id|>' + message['role'] }}";
+    assert_int_equal(eng_chat_detect(excerpt, sizeof excerpt - 1, &fallback), ENG_CHAT_LLAMA31);
+    assert_false(fallback);
+    assert_false(eng_chat_tokenize_add_bos(ENG_CHAT_LLAMA31, true));
+}
+
 static void test_mistral(void **state)
 {
     (void)state;
@@ -239,7 +272,7 @@ static void test_tool_role(void **state)
     expect_render(ENG_CHAT_CHATML, msgs, 3, true,
                   "<|im_start|>user\nWeather?<|im_end|>\n"
                   "<|im_start|>assistant\nget_weather()<|im_end|>\n"
-                  "<|im_start|>tool\nsunny<|im_end|>\n"
+                  "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
                   "<|im_start|>assistant\n",
                   contents, 3);
     /* Llama 3.1's tool-result header is "ipython" */
@@ -262,6 +295,17 @@ static void test_tool_role(void **state)
                   contents, 3);
     expect_render(ENG_CHAT_MISTRAL, msgs, 3, true,
                   "<s>[INST] Weather? [/INST] get_weather()</s>[INST] sunny [/INST]", contents, 3);
+    /* Qwen's templates: results that follow one another share one user turn */
+    const eng_chat_message two[] = {
+        {"user", "Weather?"}, {"assistant", "get_weather()"}, {"tool", "sunny"}, {"tool", "warm"}};
+    const char *const two_contents[] = {"Weather?", "get_weather()", "sunny", "warm"};
+    expect_render(ENG_CHAT_QWEN3, two, 4, true,
+                  "<|im_start|>user\nWeather?<|im_end|>\n"
+                  "<|im_start|>assistant\nget_weather()<|im_end|>\n"
+                  "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
+                  "<tool_response>\nwarm\n</tool_response><|im_end|>\n"
+                  "<|im_start|>assistant\n",
+                  two_contents, 4);
 }
 
 /* Tools offered, an assistant tool call and its result (eng_chat_render_tools).
@@ -318,7 +362,7 @@ static void test_tools_render(void **state)
         "<|im_start|>user\nWeather?<|im_end|>\n"
         "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
         "{\"city\":\"Oslo\"}}\n</tool_call><|im_end|>\n"
-        "<|im_start|>tool\nsnow<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nsnow\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n");
     /* Llama 3.1: the functions in the system message, the call as JSON with
      * "parameters", the result under "ipython" */
@@ -787,7 +831,7 @@ static void test_names(void **state)
     (void)state;
     static const char *const names[ENG_CHAT_N_FAMILIES] = {
         "chatml", "llama2", "llama3", "mistral", "zephyr", "phi3", "gemma", "phi4",
-        "qwen3", "deepseek-r1", "harmony", "qwen3-thinking",
+        "qwen3", "deepseek-r1", "harmony", "qwen3-thinking", "llama3.1",
     };
     for (int i = 0; i < ENG_CHAT_N_FAMILIES; i++) {
         assert_string_equal(eng_chat_family_name((eng_chat_family)i), names[i]);
@@ -1200,6 +1244,7 @@ int main(void)
         cmocka_unit_test(test_chatml),
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_llama31),
         cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_zephyr),
         cmocka_unit_test(test_phi3),

@@ -45,7 +45,10 @@ model="$work/model.gguf"
 "$build/spillway" model make --preset qwen3-tiny -o "$model" >/dev/null
 
 # NAME FAMILY BOS EOS: the templates checked, the family spillway must
-# detect, the texts of the model's BOS and EOS tokens.
+# detect, the texts of the model's BOS and EOS tokens. Only templates under
+# permissive licenses (Apache-2.0, MIT; tests/data/README.md names each)
+# are committed: Llama's and Gemma's licenses attach use terms to
+# redistribution.
 table='
 Qwen-Qwen3-0.6B qwen3 - <|im_end|>
 Qwen-QwQ-32B qwen3-thinking - <|im_end|>
@@ -53,10 +56,6 @@ Qwen-Qwen2.5-7B-Instruct chatml - <|im_end|>
 deepseek-ai-DeepSeek-R1-Distill-Qwen-32B deepseek-r1 <｜begin▁of▁sentence｜> <｜end▁of▁sentence｜>
 deepseek-ai-DeepSeek-R1-Distill-Llama-8B deepseek-r1 <｜begin▁of▁sentence｜> <｜end▁of▁sentence｜>
 openai-gpt-oss-120b harmony <|startoftext|> <|return|>
-meta-llama-Llama-3.1-8B-Instruct llama3.1 <|begin_of_text|> <|eot_id|>
-meta-llama-Llama-3.2-3B-Instruct llama3.1 <|begin_of_text|> <|eot_id|>
-meta-llama-Llama-3.3-70B-Instruct llama3.1 <|begin_of_text|> <|eot_id|>
-google-gemma-2-2b-it gemma <bos> <eos>
 microsoft-Phi-3.5-mini-instruct phi3 <s> <|endoftext|>
 mistralai-Mistral-Nemo-Instruct-2407 mistral <s> </s>
 '

@@ -30,10 +30,6 @@ static const char *const templates[] = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
     "openai-gpt-oss-120b",
-    "meta-llama-Llama-3.1-8B-Instruct",
-    "meta-llama-Llama-3.2-3B-Instruct",
-    "meta-llama-Llama-3.3-70B-Instruct",
-    "google-gemma-2-2b-it",
     "microsoft-Phi-3.5-mini-instruct",
     "mistralai-Mistral-Nemo-Instruct-2407",
 };
@@ -88,16 +84,6 @@ static const known_difference known_differences[] = {
     /* QwQ has no enable_thinking; llama.cpp closes the opened thought itself */
     {"Qwen-QwQ-32B", "system_user_no_thinking", SUBST,
      "<|im_start|>assistant\n<think>\n</think>", "<|im_start|>assistant\n<think>\n"},
-    /* Llama 3.1's tool prompt puts the definitions in the first user
-     * message; spillway's JSON tool calling in the system message */
-    {"meta-llama-Llama-3.*", "tool_call", FORMAT,
-     "Given the following functions, please respond with a JSON",
-     "You have access to the following functions."},
-    /* ... and refuses two calls in one turn, which spillway writes */
-    {"meta-llama-Llama-3.*", "tool_loop_reasoning", REFUSED,
-     "only supports single tool-calls at once",
-     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n"
-     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"},
     /* The R1 distills' templates never show the tools; spillway the Hermes
      * section */
     {"deepseek-ai-DeepSeek-R1-Distill-*", "tool_*", FORMAT,
@@ -136,23 +122,6 @@ static const known_difference known_differences[] = {
      "<|message|>18 C<|end|>"},
     {"openai-gpt-oss-120b", "tool_loop_reasoning", SUBST, "<|message|>\"9 C\"<|end|>",
      "<|message|>9 C<|end|>"},
-    /* Gemma 2 has no system role (llama.cpp folds it with one newline);
-     * spillway folds it as Gemma 3's template, with a blank line */
-    {"google-gemma-2-2b-it", "system_user", SUBST, "You are a terse assistant.\nWhat",
-     "You are a terse assistant.\n\nWhat"},
-    {"google-gemma-2-2b-it", "multi_turn_reasoning", SUBST, "You are a terse assistant.\nWhat",
-     "You are a terse assistant.\n\nWhat"},
-    /* (llama.cpp's folding trims the system text with the user's; Gemma 3's
-     * template keeps it as sent) */
-    {"google-gemma-2-2b-it", "whitespace", SUBST, "user\nBe brief.\n\n\n Hi there<",
-     "user\n  Be brief.\n\n\nHi there<"},
-    /* Gemma has no tool role: its template refuses a tool result, spillway
-     * writes it as a user turn */
-    {"google-gemma-2-2b-it", "tool_call", REFUSED, "Conversation roles must alternate",
-     "<start_of_turn>user\n{\"temp_c\": 18}<end_of_turn>"},
-    /* two results in a row are two user turns in a row: both refuse */
-    {"google-gemma-2-2b-it", "tool_loop_reasoning", REFUSED, "Conversation roles must alternate",
-     "!needs user and assistant messages to alternate"},
 };
 #define N_KNOWN (sizeof known_differences / sizeof known_differences[0])
 

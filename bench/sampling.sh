@@ -2,7 +2,9 @@
 # Sampling benchmark: decode tokens/s through `spillway worker` with greedy
 # decoding and with each sampling truncation, on a 32,000-token vocabulary
 # (the "small" preset, Q8_0) and a Qwen-sized 151,936-token one (the
-# "qwen3-tiny" shape with --vocab 151936, Q8_0), 1 and 8 concurrent streams.
+# "qwen3-tiny" shape with --vocab 151936, Q8_0), 1 and 8 concurrent streams;
+# MODELS="q06b" adds a model of Qwen3-0.6B's shape (random weights, Q8_0),
+# where a token's forward pass is that of a real small model.
 # Each stream asks for TOKENS tokens (ignore_eos, not streamed) after a short
 # prompt; tok/s is all streams' tokens over the wall time from the first
 # request to the last reply, the best of REPEAT rounds; a round runs every
@@ -51,7 +53,11 @@ model_file() {
     v152k) f="$dir/bench-qwen3-tiny-v152k-q8_0.gguf"
            [ -f "$f" ] || "$bin" model make --preset qwen3-tiny --vocab 151936 --type q8_0 \
                             -o "$f" >/dev/null ;;
-    *) echo "sampling.sh: unknown model $1 (small, v152k)" >&2; exit 1 ;;
+    q06b)  f="$dir/bench-qwen3-0.6b-shape-q8_0.gguf" # Qwen3-0.6B's shape, random weights
+           [ -f "$f" ] || "$bin" model make --arch qwen3 --dim 1024 --layers 28 --heads 16 \
+                            --kv-heads 8 --head-dim 128 --ffn 3072 --vocab 151936 \
+                            --rope-base 1000000 --tied --type q8_0 -o "$f" >/dev/null ;;
+    *) echo "sampling.sh: unknown model $1 (small, v152k, q06b)" >&2; exit 1 ;;
   esac
   printf '%s' "$f"
 }

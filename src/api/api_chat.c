@@ -105,6 +105,12 @@ bool api_chat_messages_parse(json_t *messages, api_chat_messages *out, api_error
             return api_bad(e, "messages", "messages[%zu] must be an object with a string 'role'",
                            i);
         msg->role = json_string_value(jr);
+        /* OpenAI's "developer" role is the system role's successor (its
+         * newer models take it in place of "system"); llama-server and vLLM
+         * read it as "system", and so does every template here (harmony's
+         * developer message is made from the system messages) */
+        if (strcmp(msg->role, "developer") == 0)
+            msg->role = "system";
         if (json_is_string(jc)) {
             msg->content = json_string_value(jc);
         } else if ((!jc || json_is_null(jc)) && strcmp(msg->role, "assistant") == 0) {

@@ -270,8 +270,8 @@ static int validate(eng_chat_family f, const eng_chat_message *msgs, size_t n,
                 shown[k++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
             shown[k] = '\0';
             return sw_error_set(err, SW_EINVAL,
-                                "message %zu has unknown role '%s' (expected system, user, "
-                                "assistant or tool)", i, shown);
+                                "message %zu has unknown role '%s' (expected system, developer, "
+                                "user, assistant or tool)", i, shown);
         }
         if (!msgs[i].content)
             return sw_error_set(err, SW_EINVAL, "message %zu (%s) has no content", i,

@@ -188,6 +188,28 @@ static void check_context(const target *t)
 
 static void check_shape(const target *t)
 {
+    /* the developer role is the system role: the same prompt, the same
+     * greedy reply */
+    const char *chat = "{\"messages\":[{\"role\":\"%s\",\"content\":\"Be brief.\"},"
+                       "{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,"
+                       "\"temperature\":0}";
+    char body[512];
+    json_t *as[2];
+    for (int k = 0; k < 2; k++) {
+        snprintf(body, sizeof body, chat, k ? "developer" : "system");
+        as[k] = post_json(t, "/v1/chat/completions", body, 200);
+    }
+    assert_true(json_equal(json_object_get(json_object_get(as[0], "usage"), "prompt_tokens"),
+                           json_object_get(json_object_get(as[1], "usage"), "prompt_tokens")));
+    assert_true(json_equal(json_object_get(json_array_get(json_object_get(as[0], "choices"), 0),
+                                           "message"),
+                           json_object_get(json_array_get(json_object_get(as[1], "choices"), 0),
+                                           "message")));
+    json_decref(as[0]);
+    json_decref(as[1]);
+    snprintf(body, sizeof body, chat, "narrator");
+    json_decref(post_json(t, "/v1/chat/completions", body, 400));
+
     /* chat logprobs: refusal null beside content, streamed and not */
     json_t *j = post_json(t, "/v1/chat/completions",
                           "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,"

@@ -37,12 +37,15 @@ ref_src="$ref_bin/../.."
 work="$build/crosscheck"
 mkdir -p "$work"
 xc="$work/crosscheck_llamacpp"
-[ -x "$xc" ] && [ "$xc" -nt "$here/crosscheck_llamacpp.c" ] ||
+if [ ! -x "$xc" ] || [ "$here/crosscheck_llamacpp.c" -nt "$xc" ]; then
   cc -O2 -o "$xc" "$here/crosscheck_llamacpp.c" -I"$ref_src/include" -I"$ref_src/ggml/include" \
     -L"$ref_bin" -lllama -lggml -lggml-base -ljansson -lm -Wl,-rpath,"$ref_bin"
-[ -x "$work/dequantize_gguf" ] && [ "$work/dequantize_gguf" -nt "$here/dequantize_gguf.c" ] ||
-  cc -O2 -o "$work/dequantize_gguf" "$here/dequantize_gguf.c" -I"$here/../src" \
-    $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
+fi
+if [ ! -x "$work/dequantize_gguf" ] || [ "$here/dequantize_gguf.c" -nt "$work/dequantize_gguf" ]; then
+  read -r -a libs <"$build/spillway-libs.txt"
+  cc -O2 -o "$work/dequantize_gguf" "$here/dequantize_gguf.c" -I"$here/../src" "${libs[@]}" \
+    -ljansson -lm -lpthread
+fi
 name=$(basename "$model" .gguf)
 exact="$work/$name.f32.gguf"
 [ "$exact" -nt "$model" ] || "$work/dequantize_gguf" "$model" "$exact"
@@ -62,7 +65,6 @@ done
 # per step of a run: "mean |difference| A[, exact B]" from CROSSCHECK_STEPS
 steps_of() { CROSSCHECK_STEPS=1 "$xc" "$@" 2>&1 >/dev/null | sed -n 's/.*difference| \([0-9.]*\)\(, exact \([0-9.]*\)\)\{0,1\}$/\1 \3/p'; }
 
-printf '%-3s %-44s %8s %8s %8s %8s %8s %8s\n' '#' prompt ours same ref "ours@1" "same@1" "ref@1"
 for ((i = 0; i < n_prompts; i++)); do
   p=${prompts[$i]}
   q="$work/$name.p$i.json" e="$work/$name.p$i.f32.json"
@@ -74,7 +76,10 @@ for ((i = 0; i < n_prompts; i++)); do
       END { printf "%-3d %-44s %8.4f %8.4f %8.4f %8.4f %8.4f %8.4f\n", i, substr(p, 1, 44),
             o / NR, s / NR, r / NR, o1, s1, r1 }'
 done >"$work/$name.prompts.txt"
-[ "$n_prompts" -gt 32 ] || cat "$work/$name.prompts.txt"
+if [ "$n_prompts" -le 32 ]; then
+  printf '%-3s %-44s %8s %8s %8s %8s %8s %8s\n' '#' prompt ours same ref "ours@1" "same@1" "ref@1"
+  cat "$work/$name.prompts.txt"
+fi
 awk '{ o += $(NF-5); s += $(NF-4); r += $(NF-3); o1 += $(NF-2); s1 += $(NF-1); r1 += $NF
        y = $(NF-4) > $(NF-3) ? $(NF-4) : $(NF-3); ym += y; rt[NR] = y > 0 ? $(NF-5) / y : 0
        y1 = $(NF-1) > $NF ? $(NF-1) : $NF; ym1 += y1; rt1[NR] = y1 > 0 ? $(NF-2) / y1 : 0

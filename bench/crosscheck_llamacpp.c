@@ -23,7 +23,7 @@
  * distance is measured on.
  * bench/crosscheck.sh judges the figures; exit status 2 is an error.
  * CROSSCHECK_STEPS=1 in the environment also prints each step's mean
- * |difference| to stderr.
+ * |difference| to stderr (and with EXACT.gguf the step's fifth figure).
  *
  * Built by bench/crosscheck.sh against the llama.cpp that
  * bench/reference.sh builds; never part of spillway itself. */
@@ -92,7 +92,7 @@ int main(int argc, char **argv)
                 argmax = i;
         agree += argmax == ours;
         json_t *top = json_object_get(step, "top_logprobs");
-        double step_sum = 0;
+        double step_sum = 0, step_exact = 0;
         for (size_t k = 0; k < json_array_size(top); k++) {
             json_t *e = json_array_get(top, k);
             json_int_t id = json_integer_value(json_object_get(e, "id"));
@@ -103,13 +103,20 @@ int main(int argc, char **argv)
                 worst = d;
             sum += d;
             step_sum += d;
-            if (ctx_exact)
+            if (ctx_exact) {
                 sum_exact += fabs(lp[id] - lp_exact[id]);
+                step_exact += fabs(lp[id] - lp_exact[id]);
+            }
             compared++;
         }
-        if (getenv("CROSSCHECK_STEPS")) /* where a mean comes from, step by step */
-            fprintf(stderr, "step %zu: argmax %s, mean |difference| %.4f\n", s,
-                    argmax == ours ? "=" : "!=", step_sum / (double)(json_array_size(top) ?: 1));
+        if (getenv("CROSSCHECK_STEPS")) { /* where a mean comes from, step by step */
+            double k = (double)(json_array_size(top) ?: 1);
+            fprintf(stderr, "step %zu: argmax %s, mean |difference| %.6f", s,
+                    argmax == ours ? "=" : "!=", step_sum / k);
+            if (ctx_exact)
+                fprintf(stderr, ", exact %.6f", step_exact / k);
+            fprintf(stderr, "\n");
+        }
         if (llama_decode(ctx, llama_batch_get_one(&ours, 1)) != 0 ||
             (ctx_exact && llama_decode(ctx_exact, llama_batch_get_one(&ours, 1)) != 0)) {
             fprintf(stderr, "llama_decode failed at step %zu\n", s);

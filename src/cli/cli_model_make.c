@@ -28,7 +28,7 @@ static void model_make_usage(FILE *f)
             "                           [--type f32|f16|bf16|q8_0|q4_0|q2_k|q3_k|q4_k|\n"
             "                                  q5_k|q6_k|iq4_nl|iq4_xs|mxfp4|q3_k_m|q4_k_m|\n"
             "                                  q5_k_m]\n"
-            "                           [--tied] [--seed S] [--name NAME]\n"
+            "                           [--tied] [--seed S] [--name NAME] [--weight-scale F]\n"
             "                           [--arch llama|llama3|qwen2|qwen3|qwen3moe|phi3|gemma3|\n"
             "                                   gpt-oss]\n"
             "                           [--rope-base B] [--sliding-window N] [--swa-pattern N]\n"
@@ -54,6 +54,8 @@ static void model_make_usage(FILE *f)
             "(router and experts), even layers sliding (--sliding-window, default 128),\n"
             "YaRN keys (factor 32 over 4096), the gpt-oss prefix (rope base 150000).\n"
             "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
+            "--weight-scale F: every matrix's weights times F (default 1; norms and biases\n"
+            "as they are): larger activations, sharper attention and next-token odds.\n"
             "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
             "ffn and heads x head dim to be multiples of 256. q4_k_m / q5_k_m: mostly\n"
             "q4_k / q5_k, with output, and attn_v / ffn_down in some layers, in q6_k (as\n"
@@ -132,6 +134,7 @@ int cli_model_make(int argc, char **argv)
             strcmp(opt, "--type") != 0 && strcmp(opt, "--seed") != 0 &&
             strcmp(opt, "--name") != 0 && strcmp(opt, "--arch") != 0 &&
             strcmp(opt, "--rope-base") != 0 && strcmp(opt, "--sliding-window") != 0 &&
+            strcmp(opt, "--weight-scale") != 0 &&
             strcmp(opt, "--swa-pattern") != 0 && strcmp(opt, "--experts") != 0 &&
             strcmp(opt, "--experts-used") != 0) {
             fprintf(stderr, "spillway model make: unknown option '%s'\n", opt);
@@ -200,6 +203,15 @@ int cli_model_make(int argc, char **argv)
                                        ? 1000000.0f
                                    : strcmp(val, "gpt-oss") == 0 ? 150000.0f
                                                                  : 10000.0f;
+        } else if (strcmp(opt, "--weight-scale") == 0) {
+            char *end;
+            double scale = strtod(val, &end);
+            if (*end || !(scale > 0.0) || scale > 1e6) {
+                fprintf(stderr, "spillway model make: --weight-scale needs a positive number "
+                                "(at most 1e6)\n");
+                return 2;
+            }
+            p.weight_scale = (float)scale;
         } else if (strcmp(opt, "--rope-base") == 0) {
             char *end;
             double base = strtod(val, &end);

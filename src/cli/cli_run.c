@@ -149,7 +149,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         if (optarg) {
             value = strtod(optarg, &end);
             bool text = c == 'm' || c == 'p' || c == OPT_DEVICE || c == OPT_POLICY ||
-                        c == OPT_SIM_CAPACITY || c == OPT_JSON_SCHEMA;
+                        c == OPT_SIM_CAPACITY || c == OPT_JSON_SCHEMA || c == OPT_KV_TYPE;
             if (!text && (*end || end == optarg)) {
                 fprintf(stderr, "spillway run: '%s' is not a number\n", optarg);
                 return 2;

@@ -767,6 +767,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
     const int64_t q_out = p->n_head * head_dim, kv_out = p->n_head_kv * head_dim;
     const float u = 1.7320508f; /* sqrt(3): amplitude of a uniform with std 1 */
     const float head_amp = 4.0f * u / sqrtf((float)d);
+    const float weight_scale = p->weight_scale > 0.0f ? p->weight_scale : 1.0f;
     int64_t n = 0;
 #define MM_T(nm_fmt, typ, nd, e0, e1, ctr, amp)                                                 \
     do {                                                                                       \
@@ -778,7 +779,7 @@ static int64_t mm_tensor_table(const eng_model_make_params *p, int32_t layer, mm
             t[n].ne[1] = (e1);                                                                 \
             t[n].ne[2] = 1;                                                                    \
             t[n].center = (ctr);                                                               \
-            t[n].amplitude = (amp);                                                            \
+            t[n].amplitude = (amp) * ((nd) >= 2 ? weight_scale : 1.0f);                         \
             t[n].row_scale = NULL;                                                             \
         }                                                                                      \
         n++;                                                                                   \
@@ -965,6 +966,8 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
                                      "spillway synthetic model (deterministic pseudo-random "
                                      "weights)"));
     MM_CHECK(eng_gguf_writer_set_u64(w, "spillway.synthetic_seed", p->seed));
+    if (p->weight_scale > 0.0f && p->weight_scale != 1.0f) /* files without it stay as they were */
+        MM_CHECK(eng_gguf_writer_set_f32(w, "spillway.synthetic_weight_scale", p->weight_scale));
     MM_CHECK(eng_gguf_writer_set_u32(w, "general.alignment", ENG_GGUF_DEFAULT_ALIGNMENT));
     MM_CHECK(eng_gguf_writer_set_u32(w, "general.file_type", mm_file_type(p->weight_type, p->mix)));
     MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("context_length"), (uint32_t)p->n_ctx_train));

@@ -107,6 +107,11 @@ typedef struct eng_model_make_params {
                                  multiples of 256, the others of 32 */
     bool tied_output;         /* no output.weight: the head uses token_embd */
     uint64_t seed;            /* default 1 */
+    float weight_scale;       /* factor on the amplitude of every matrix
+                                 (token_embd, attention, FFN, router, head;
+                                 not norms or biases); 0 or 1: none. Larger
+                                 scales give larger activations and sharper
+                                 attention and next-token distributions */
     eng_model_make_mix mix;   /* ENG_MIX_NONE: every matrix weight_type */
     /* gemma3 only (the window also llama / llama3 / gpt-oss, which needs one); 0 leaves the key out
      * (llama.cpp's default then applies) */

@@ -355,6 +355,33 @@ static void test_worker_kv_type(void **state)
     sw_free(log);
 }
 
+/* `spillway run --kv-type` takes the type's name (it was read as a number
+ * and refused), and a name it does not know exits 2. */
+static void test_run_kv_type(void **state)
+{
+    (void)state;
+    const char *bin = tu_spillway_bin();
+    if (!bin) {
+        printf("SKIP: needs the spillway binary (SPILLWAY_BIN)\n");
+        skip();
+    }
+    eng_model_free(make("kvq-run.gguf", 256, 4));
+    char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp_path("kvq-run.gguf"));
+    const char *types[] = {"q8_0", "q4_0", "f32", "f16", "q5_9"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        char *argv[] = {(char *)bin, "run", "-m", path, "-p", "Once upon a time", "-n", "2",
+                        "--kv-type", (char *)types[i], NULL};
+        char *out = NULL;
+        int status = -1;
+        assert_int_equal(tu_run_capture(argv, 60, &out, &status), 0);
+        if (status != (i < 4 ? 0 : 2))
+            print_message("--kv-type %s exited %d: %s\n", types[i], status, out ? out : "");
+        assert_int_equal(status, i < 4 ? 0 : 2);
+        sw_free(out);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -364,6 +391,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_with_q4_0),
         cmocka_unit_test(test_resume_exact),
         cmocka_unit_test(test_worker_kv_type),
+        cmocka_unit_test(test_run_kv_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -406,6 +406,41 @@ static void test_weight_statistics(void **state)
     }
 }
 
+/* --weight-scale: every matrix (the head and token_embd included) times
+ * the factor, norms as they are; the factor is written in the metadata, and
+ * a file made without it has no such key (its bytes are unchanged). */
+static void test_weight_scale(void **state)
+{
+    (void)state;
+    eng_model_make_params p = small_shape(ENG_TYPE_Q8_0);
+    p.n_embd = 256;
+    p.n_head = 8;
+    p.n_ff = 512;
+    p.weight_scale = 4.0f;
+    char *path = dup_tmp("mm-scale.gguf");
+    assert_int_equal(eng_model_make(&p, path, NULL), SW_OK);
+    eng_gguf *g = open_ok(path);
+    double mean, std, mn, mx;
+    tensor_stats(eng_gguf_find_tensor(g, "blk.1.attn_q.weight"), &mean, &std, &mn, &mx);
+    assert_true(fabs(std - 4.0 / 16.0) < 0.1 * 4.0 / 16.0);
+    assert_true(mx <= 4.0 * sqrt(3.0) / 16.0 * 1.01);
+    tensor_stats(eng_gguf_find_tensor(g, "token_embd.weight"), &mean, &std, &mn, &mx);
+    assert_true(fabs(std - 4.0) < 0.08);
+    tensor_stats(eng_gguf_find_tensor(g, "blk.0.attn_norm.weight"), &mean, &std, &mn, &mx);
+    assert_true(mn >= 0.9 && mx <= 1.1);
+    float f = 0.0f;
+    assert_int_equal(eng_gguf_get_f32(g, "spillway.synthetic_weight_scale", &f, NULL), SW_OK);
+    assert_true(f == 4.0f);
+    eng_gguf_close(g);
+    p.weight_scale = 1.0f;
+    assert_int_equal(eng_model_make(&p, path, NULL), SW_OK);
+    g = open_ok(path);
+    assert_true(eng_gguf_find_key(g, "spillway.synthetic_weight_scale") < 0);
+    eng_gguf_close(g);
+    remove(path);
+    sw_free(path);
+}
+
 static void test_deterministic(void **state)
 {
     (void)state;
@@ -972,7 +1007,8 @@ static void test_cli(void **state)
     /* tiny's dim 64 is not a multiple of the K-quant super-block */
     char *bad8[] = {(char *)bin, "model", "make", "-o", path, "--type", "q4_k", NULL};
     char *bad9[] = {(char *)bin, "model", "make", "-o", path, "--type", "q8_k", NULL};
-    char **bads[] = {bad1, bad2, bad3, bad4, bad5, bad6, bad7, bad8, bad9};
+    char *bad10[] = {(char *)bin, "model", "make", "-o", path, "--weight-scale", "0", NULL};
+    char **bads[] = {bad1, bad2, bad3, bad4, bad5, bad6, bad7, bad8, bad9, bad10};
     for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
         out = NULL;
         assert_int_equal(tu_run_capture(bads[i], 60, &out, &status), 0);
@@ -991,6 +1027,7 @@ int main(void)
         cmocka_unit_test(test_presets),
         cmocka_unit_test(test_each_weight_type),
         cmocka_unit_test(test_weight_statistics),
+        cmocka_unit_test(test_weight_scale),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_vocabulary),
         cmocka_unit_test(test_tokenizer_on_vocab),

@@ -10,8 +10,8 @@
  * - the result is 0, 1 (an error event: nothing made, the error text
  *   filled) or -1 (not a JSON object, or out of memory);
  * - every payload made is "[DONE]" (last, once, and the stream ends) or
- *   a JSON chunk with the request's id and the object its kind names, its
- *   text the event's content;
+ *   a JSON chunk with the request's id (after "chatcmpl-" or "cmpl-") and
+ *   the object its kind names, its text the event's content;
  * - a chat stream sends the role once, in its first chunk;
  * - token ids ride on a chunk only while every token came with its id, and
  *   the count of ids the attempt saw never goes down.
@@ -79,7 +79,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             } else {
                 json_t *c = json_loads(out[i], 0, NULL);
                 FZ_CHECK(json_is_object(c));
-                FZ_CHECK(!strcmp(json_string_value(json_object_get(c, "id")) ?: "", "req-fuzz"));
+                FZ_CHECK(!strcmp(json_string_value(json_object_get(c, "id")) ?: "",
+                                 r.chat ? "chatcmpl-req-fuzz" : "cmpl-req-fuzz"));
                 FZ_CHECK(!strcmp(json_string_value(json_object_get(c, "object")) ?: "", object));
                 json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
                 json_t *delta = json_object_get(ch, "delta");

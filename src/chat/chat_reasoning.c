@@ -302,14 +302,18 @@ static size_t harmony_run(eng_reasoning *r, const char *b, size_t n, bool final,
         if (r->state == ST_H_HEADER) {
             /* the header is held until <|message|> ends it */
             const char *msg = memmem(s, len, "<|message|>", 11);
-            size_t k = msg ? (size_t)(msg - s) : len;
-            if (k > H_HEADER_MAX) {
-                /* not a header: the rest is plain content */
+            /* Not a header when <|message|> starts past H_HEADER_MAX: then
+             * the rest is plain content. Without it yet, that is sure only
+             * once it could no longer start in time (a marker's first bytes
+             * may be the last ones here), so that the text fed in pieces
+             * decides as the text fed whole does. */
+            if ((msg && (size_t)(msg - s) > H_HEADER_MAX) || (!msg && len > H_HEADER_MAX + 10)) {
                 r->state = ST_CONTENT;
                 continue;
             }
             if (!msg)
                 return final ? n : at; /* a header never finished shows nothing */
+            size_t k = (size_t)(msg - s);
             r->channel = harmony_header(r, s, k);
             r->state = ST_H_BODY;
             at += k + 11;

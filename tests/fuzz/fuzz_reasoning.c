@@ -98,7 +98,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FZ_CHECK(whole.d.reasoning.p[0] != ' ' && whole.d.reasoning.p[0] != '\n' &&
                      whole.d.reasoning.p[0] != '\t' && whole.d.reasoning.p[0] != '\r');
         if (syn == ENG_REASONING_NONE)
-            FZ_CHECK(whole.d.content.len == len && !memcmp(whole.d.content.p, text, len));
+            FZ_CHECK(whole.d.content.len == len &&
+                     (len == 0 || !memcmp(whole.d.content.p, text, len)));
     }
 
     /* resumed at k: the first's output, then the second's after the same

@@ -93,8 +93,8 @@
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
                                 e <= 1 (0x3f800000 >> 20 = 1016) fit too */
 #define SAMPLER_SMALL 16     /* groups this small are sorted directly */
-/* The top level's histogram is built as SAMPLER_LANES partial ones
- * (sampler_histogram_lanes), shared out between a pass's chunks. */
+/* At most this many chunks per pass (one estimate each in mass_part), and
+ * the lanes of an exact histogram (sampler_histogram). */
 #define SAMPLER_LANES 4
 
 typedef struct eng_candidate {
@@ -122,7 +122,8 @@ struct eng_sampler {
                               candidates above it, by the exact histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
-    uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate, per chunk */
+    uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate per chunk; an
+                                                            exact histogram's lanes */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
 };
 
@@ -518,16 +519,15 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
 /* Fewer candidates stay on one thread: the hand-off would cost more than
  * half a pass. */
 #define SAMPLER_PARALLEL_MIN 16384
-/* top-p's estimate looks at one candidate in this many, and each block's
- * largest weight */
+/* top-p's estimate looks at one candidate in this many */
 #define SAMPLER_STRIDE 16
 /* top-p's gather takes the top-level buckets this close to the estimate's */
 #define SAMPLER_SPREAD 1
 
 /* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4,
- * each a whole number of blocks but the last: chunk c builds its histogram
- * in lanes [c, c + 1) * SAMPLER_LANES / n_chunks of mass_part), what each
- * chunk found, and the pass's inputs. The results do not depend on the
+ * each a whole number of blocks but the last: chunk c builds its part of
+ * top-p's estimate in lane c of mass_part), what each chunk found, and the
+ * pass's inputs. The results do not depend on the
  * chunking: maxima and integer sums combine exactly, block sums are per
  * block, and gathers are concatenated in chunk order. */
 typedef struct sampler_pass {
@@ -573,36 +573,33 @@ static inline uint32_t sampler_key(float e)
     return sampler_bits(e) >> 20; /* the top 12 bits: 0..1016 for e in [0, 1] */
 }
 
-/* Adds the masses of weights e[0..n) to the histogram lanes part[0,
- * lanes) by top-level bucket, candidate i into lane i % lanes: neighbours
- * in one bucket (the common case) would otherwise wait on each other's
- * read-modify-write. */
-static void sampler_histogram_lanes(uint64_t (*part)[SAMPLER_BUCKETS], int32_t lanes,
-                                    const float *e, int32_t n)
+/* The masses of weights e[0..n) by top-level bucket, into mass: built as
+ * SAMPLER_LANES partial histograms (candidate i into lane i %
+ * SAMPLER_LANES of part, cleared first), since neighbours in one bucket
+ * (the common case) would otherwise wait on each other's
+ * read-modify-write, then summed. */
+static void sampler_histogram(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKETS], const float *e,
+                              int32_t n)
 {
+    memset(part, 0, sizeof(uint64_t) * SAMPLER_LANES * SAMPLER_BUCKETS);
     int32_t i = 0;
-    if (lanes == 4) {
-        for (; i + 4 <= n; i += 4) { /* written out */
-            part[0][sampler_key(e[i])] += sampler_mass(e[i]);
-            part[1][sampler_key(e[i + 1])] += sampler_mass(e[i + 1]);
-            part[2][sampler_key(e[i + 2])] += sampler_mass(e[i + 2]);
-            part[3][sampler_key(e[i + 3])] += sampler_mass(e[i + 3]);
-        }
-    } else if (lanes == 2) {
-        for (; i + 2 <= n; i += 2) {
-            part[0][sampler_key(e[i])] += sampler_mass(e[i]);
-            part[1][sampler_key(e[i + 1])] += sampler_mass(e[i + 1]);
-        }
-    }
+    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES)
+        for (int32_t l = 0; l < SAMPLER_LANES; l++)
+            part[l][sampler_key(e[i + l])] += sampler_mass(e[i + l]);
     for (; i < n; i++)
         part[0][sampler_key(e[i])] += sampler_mass(e[i]);
+    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
+        uint64_t m = 0;
+        for (int32_t l = 0; l < SAMPLER_LANES; l++)
+            m += part[l][b];
+        mass[b] = m;
+    }
 }
 
 /* A chunk's masses and their sums per block (of those with e >= min_p);
  * for top-p also its weights, and its part of the estimate of the masses'
  * histogram (mass_part lane c): every SAMPLER_STRIDE-th candidate's mass
- * SAMPLER_STRIDE times, and each block's largest weight's once, so that a
- * few heavy candidates are not missed. */
+ * SAMPLER_STRIDE times. */
 static void sampler_weigh_task(void *arg, int32_t c)
 {
     sampler_pass *ps = arg;
@@ -726,10 +723,11 @@ static int32_t sampler_refine(eng_sampler *s, const int32_t *group, int32_t m, i
  * exceeds target (below the total mass), with *through = the mass up to
  * and including it. The weights are stored and mass_part's lanes hold the
  * weigh pass's estimate of the top-level histogram. From it, the buckets
- * around the estimated cut are gathered, with the exact masses above them;
- * when the cut lies among them it is refined there, and kept is left with
- * each block's mass at or before the cut (*sums true). When the estimate
- * missed, the exact histogram of every weight decides (*sums false). */
+ * around the estimated cut are gathered, with the exact masses above them,
+ * and when the cut lies among them it is refined there; when it lies above
+ * them, among the candidates above them (few, where the sample missed the
+ * heavy tokens of a peaked distribution); otherwise the exact histogram of
+ * every weight decides. */
 static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, uint64_t *through)
 {
     const float *e = s->weight;
@@ -775,8 +773,7 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, ui
     }
     s->cut_paths[2]++;
     /* the estimate missed: the exact histogram, then its bucket */
-    memset(s->mass_top, 0, sizeof s->mass_top);
-    sampler_histogram_lanes(&s->mass_top, 1, e, ps->n);
+    sampler_histogram(s->mass_top, s->mass_part, e, ps->n);
     acc = 0;
     b = sampler_walk(s->mass_top, target, &acc);
     if (b >= 0) {
@@ -793,7 +790,8 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, ui
 /* The draw's pick: the index of the first kept candidate, in index (= id)
  * order, whose cumulative mass exceeds target (below the kept mass). Kept:
  * with a cut, the candidates at or before it in the order (their weights
- * are stored; with sums, kept holds each block's mass of them); without,
+ * are stored; each block's kept mass is summed as the walk reaches it);
+ * without,
  * those with e >= ps->min_p, whose sums per block the weigh pass left in
  * kept (their weights are recomputed for the one block the pick lies in). */
 static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t target, bool cut,

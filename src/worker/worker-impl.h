@@ -96,6 +96,8 @@ struct wk_req {
     char *echo;                      /* completions' echo: the prompt's text, or NULL */
     size_t echo_len;
     bool chat;
+    json_t *responses;               /* POST /v1/responses: its body (worker_responses.c) */
+    struct api_resp_stream *resp_stream; /* ... its stream's translation, once begun */
     bool stream;
     bool include_usage;
     bool logprobs;
@@ -293,6 +295,18 @@ void wk_event_free(wk_event *ev);
 /* worker_http.c */
 /* Wakes the HTTP thread to drain the event queue (any thread). */
 void wk_http_wake(wk_server *s);
+
+/* worker_responses.c: POST /v1/responses, translated to the chat request
+ * the worker serves and its answer back */
+/* The chat body of a Responses body (a new reference; r keeps the body and
+ * takes a resp_ id), or NULL with e filled. */
+json_t *wk__responses_request(wk_req *r, json_t *body, api_error *e);
+/* The SSE text for one chat chunk, or for the stream's end (broken: it
+ * ends failed, out of memory); sw_free, NULL when out of memory. */
+char *wk__responses_chunk(wk_req *r, const json_t *chunk);
+char *wk__responses_end(wk_req *r, bool broken);
+/* The Response of a whole chat answer (a new reference, NULL: out of memory). */
+json_t *wk__responses_answer(wk_req *r, const json_t *chat);
 
 /* worker_request.c */
 /* Why a body was refused: the HTTP status (0 = 400), the error code (NULL =

@@ -20,6 +20,8 @@
  */
 #include "worker/worker-impl.h"
 
+#include "api/api_responses.h"
+
 #include "common/alloc.h"
 #include "common/log.h"
 #include "device/fault.h"
@@ -51,6 +53,8 @@ void wk_req_free(wk_req *req)
     eng_reasoning_free(&req->rs);
     eng_reasoning_delta_free(&req->rd);
     eng_reasoning_text_free(&req->reasoning);
+    json_decref(req->responses);
+    api_resp_stream_free(req->resp_stream);
     sw_free(req);
 }
 

@@ -395,6 +395,14 @@ static void sse_send(wk_req *r, json_t *chunk)
         if (choice)
             json_object_set_new(choice, "index", json_integer(r->choice));
     }
+    if (r->responses) { /* POST /v1/responses: the chunk's typed events */
+        char *events = chunk && !r->broken ? wk__responses_chunk(r, chunk) : NULL;
+        if (!events || sw_alloc_thread_failures() != r->fail_mark ||
+            (events[0] && !sse_write(r, events)))
+            r->broken = true;
+        sw_free(events);
+        return;
+    }
     char *dump = chunk && !r->broken ? sw_json_dumps(chunk, JSON_COMPACT) : NULL;
     if (!dump || sw_alloc_thread_failures() != r->fail_mark) {
         r->broken = true;
@@ -438,8 +446,20 @@ static void stream_finish(wk_req *r)
         "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
         "\"code\":\"internal_error\",\"param\":null}}\n\ndata: [DONE]\n\n";
     const char *end = r->broken ? with_error : with_error + sizeof with_error - 1 - 14;
+    char *events = NULL;
+    if (r->responses) { /* its last event instead of [DONE] */
+        events = wk__responses_end(r, r->broken);
+        end = events ? events : "";
+        if (!events)
+            SW_WARN(MOD, "%s: out of memory ending the stream", r->id);
+    }
+    if (!end[0]) {
+        evhttp_send_reply_end(r->evreq);
+        return;
+    }
     if (!sse_write(r, end) && !sse_write(r, end))
         SW_WARN(MOD, "%s: out of memory ending the stream", r->id);
+    sw_free(events);
     evhttp_send_reply_end(r->evreq);
 }
 
@@ -969,6 +989,11 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
                                  "created", (json_int_t)r->created, "model", s->model_id,
                                  "system_fingerprint", s->fingerprint, "choices", choice,
                                  "usage", usage_of(r, ev), "spillway", ext);
+        if (r->responses && body) { /* POST /v1/responses: a Response */
+            json_t *resp = wk__responses_answer(r, body);
+            json_decref(body);
+            body = resp;
+        }
         bool whole = !r->broken && sw_alloc_thread_failures() == r->fail_mark;
         send_json(r->evreq, 200, whole ? body : NULL, r->id);
         json_decref(body);
@@ -1427,7 +1452,8 @@ static int32_t group_make(wk_server *s, json_t *body, bool chat, wk_req *r, wk_r
     return g->n;
 }
 
-static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool chat)
+static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool chat,
+                            bool responses)
 {
     sw_alloc_scope fault, engine_fault, *fault_prev = NULL;
     bool scoped = fault_scope_open(evreq, &fault, &engine_fault, &fault_prev);
@@ -1450,7 +1476,8 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     if (id_ok)
         snprintf(id, sizeof id, "%s", hdr_id);
     else
-        snprintf(id, sizeof id, "%s-%d-%llu", chat ? "chatcmpl" : "cmpl", (int)getpid(),
+        snprintf(id, sizeof id, "%s-%d-%llu",
+                 responses ? "resp" : chat ? "chatcmpl" : "cmpl", (int)getpid(),
                  (unsigned long long)s->next_id);
     if (!r) {
         send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
@@ -1473,6 +1500,15 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     if (!(body = read_body(s, evreq, id)))
         goto fail_quiet;
     memset(&p, 0, sizeof p);
+    if (responses) { /* translated into the chat request (worker_responses.c) */
+        json_t *chat_body = wk__responses_request(r, body, &p);
+        json_decref(body);
+        if (!(body = chat_body)) {
+            send_error(evreq, p.status ? p.status : 400, p.code ? p.code : "invalid_request",
+                       p.param, id, "%s", p.msg);
+            goto fail_quiet;
+        }
+    }
     bool parsed = wk__parse_request(s, body, chat, r, &p);
     if (!parsed && sw_alloc_thread_failures() == failures_before) {
         send_error(evreq, p.status ? p.status : 400, p.code ? p.code : "invalid_request", p.param,
@@ -1629,7 +1665,9 @@ static void on_request(struct evhttp_request *evreq, void *arg)
         free(id);
         return;
     }
-    bool gen = strcmp(path, "/v1/completions") == 0 || strcmp(path, "/v1/chat/completions") == 0;
+    bool responses = strcmp(path, "/v1/responses") == 0;
+    bool gen = strcmp(path, "/v1/completions") == 0 ||
+               strcmp(path, "/v1/chat/completions") == 0 || responses;
     bool tok = strcmp(path, "/tokenize") == 0;
     known = gen || tok || strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
             strcmp(path, "/v1/models") == 0;
@@ -1651,7 +1689,8 @@ static void on_request(struct evhttp_request *evreq, void *arg)
     if (tok)
         handle_tokenize(s, evreq);
     else
-        handle_generate(s, evreq, strcmp(path, "/v1/chat/completions") == 0);
+        handle_generate(s, evreq, responses || strcmp(path, "/v1/chat/completions") == 0,
+                        responses);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)

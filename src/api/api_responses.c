@@ -34,6 +34,18 @@ static bool is_str(const json_t *v)
     return json_is_string(v);
 }
 
+/* The parameter a refusal names, when it is built (input[3].content):
+ * api_error keeps a pointer, so it is kept here, one per thread, until
+ * the next refusal. */
+static _Thread_local char g_param[96];
+
+static const char *keep(const char *param)
+{
+    if (param != g_param)
+        snprintf(g_param, sizeof g_param, "%s", param);
+    return g_param;
+}
+
 static const char *str_or(const json_t *v)
 {
     const char *s = json_string_value(v);
@@ -50,7 +62,7 @@ static bool content_text(const json_t *content, const char *where, json_t **out,
         return true;
     }
     if (!json_is_array(content))
-        return api_bad(e, where, "%s must be a string or an array of content parts", where);
+        return api_bad(e, keep(where), "%s must be a string or an array of content parts", where);
     json_t *parts = json_array();
     if (!parts)
         return api_oom(e);
@@ -60,13 +72,13 @@ static bool content_text(const json_t *content, const char *where, json_t **out,
         const char *type = json_string_value(json_object_get(p, "type"));
         if (!type) {
             json_decref(parts);
-            return api_bad(e, where, "%s[%zu] has no type", where, i);
+            return api_bad(e, keep(where), "%s[%zu] has no type", where, i);
         }
         const char *field = strcmp(type, "refusal") == 0 ? "refusal" : "text";
         if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text") &&
             strcmp(type, "refusal")) {
             json_decref(parts);
-            return api_bad(e, where,
+            return api_bad(e, keep(where),
                            "%s[%zu]: content of type '%.40s' is not supported (text only: "
                            "input_text, output_text)",
                            where, i, type);
@@ -74,7 +86,7 @@ static bool content_text(const json_t *content, const char *where, json_t **out,
         json_t *t = json_object_get(p, field);
         if (!is_str(t)) {
             json_decref(parts);
-            return api_bad(e, where, "%s[%zu].%s must be a string", where, i, field);
+            return api_bad(e, keep(where), "%s[%zu].%s must be a string", where, i, field);
         }
         if (json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", t))) {
             json_decref(parts);
@@ -99,22 +111,23 @@ static bool add_item(json_t *messages, const json_t *item, const char *where, ap
 {
     char param[96];
     if (!json_is_object(item))
-        return api_bad(e, where, "%s must be an object", where);
+        return api_bad(e, keep(where), "%s must be an object", where);
     const json_t *jt = json_object_get(item, "type");
     const char *type = json_string_value(jt);
     if (jt && !type)
-        return api_bad(e, where, "%s.type must be a string", where);
+        return api_bad(e, keep(where), "%s.type must be a string", where);
     if (!type || strcmp(type, "message") == 0) {
         const char *role = json_string_value(json_object_get(item, "role"));
         snprintf(param, sizeof param, "%s.role", where);
         if (!role)
-            return api_bad(e, param, "%s needs a role (user, assistant, system or developer)",
+            return api_bad(e, keep(param), "%s needs a role (user, assistant, system or developer)",
                            where);
         if (strcmp(role, "developer") == 0)
             role = "system";
         if (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system"))
-            return api_bad(e, param, "%s: role '%.40s' is not one of user, assistant, system, "
-                           "developer", where, role);
+            return api_bad(e, keep(param),
+                           "%s: role '%.40s' is not one of user, assistant, system, developer",
+                           where, role);
         snprintf(param, sizeof param, "%s.content", where);
         json_t *content;
         if (!content_text(json_object_get(item, "content"), param, &content, e))
@@ -129,7 +142,7 @@ static bool add_item(json_t *messages, const json_t *item, const char *where, ap
         const json_t *name = json_object_get(item, "name");
         const json_t *args = json_object_get(item, "arguments");
         if (!is_str(call_id) || !is_str(name) || !is_str(args))
-            return api_bad(e, where, "%s: a function_call needs call_id, name and arguments "
+            return api_bad(e, keep(where), "%s: a function_call needs call_id, name and arguments "
                            "(strings)", where);
         json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
                                  "function", "name", name, "arguments", args);
@@ -158,7 +171,8 @@ static bool add_item(json_t *messages, const json_t *item, const char *where, ap
     if (strcmp(type, "function_call_output") == 0) {
         const json_t *call_id = json_object_get(item, "call_id");
         if (!is_str(call_id))
-            return api_bad(e, where, "%s: a function_call_output needs call_id (a string)", where);
+            return api_bad(e, keep(where), "%s: a function_call_output needs call_id (a string)",
+                           where);
         snprintf(param, sizeof param, "%s.output", where);
         json_t *out;
         if (!content_text(json_object_get(item, "output"), param, &out, e))
@@ -172,7 +186,7 @@ static bool add_item(json_t *messages, const json_t *item, const char *where, ap
     if (strcmp(type, "reasoning") == 0)
         return true; /* earlier thinking: chat templates drop it too */
     snprintf(param, sizeof param, "%s.type", where);
-    return api_bad(e, param, "%s: items of type '%.40s' are not supported (message, "
+    return api_bad(e, keep(param), "%s: items of type '%.40s' are not supported (message, "
                    "function_call, function_call_output, reasoning)", where, type);
 }
 
@@ -203,14 +217,14 @@ static bool tools_chat(const json_t *tools, json_t *chat, api_error *e)
         snprintf(param, sizeof param, "tools[%zu]", i);
         const char *type = json_string_value(json_object_get(t, "type"));
         if (!type)
-            return api_bad(e, param, "%s needs a type", param);
+            return api_bad(e, keep(param), "%s needs a type", param);
         if (strcmp(type, "function"))
-            return api_bad(e, param, "%s: tools of type '%.40s' are not supported (built-in "
+            return api_bad(e, keep(param), "%s: tools of type '%.40s' are not supported (built-in "
                            "tools run on OpenAI's servers; only function tools here)",
                            param, type);
         const json_t *name = json_object_get(t, "name");
         if (!is_str(name))
-            return api_bad(e, param, "%s: a function tool needs a name (a string)", param);
+            return api_bad(e, keep(param), "%s: a function tool needs a name (a string)", param);
         json_t *fn = json_pack("{s:O}", "name", name);
         static const char *const copied[] = {"description", "parameters", "strict"};
         for (size_t k = 0; fn && k < 3; k++) {
@@ -329,7 +343,8 @@ json_t *api_responses_chat(const json_t *body, const json_t *prior, api_error *e
         goto fail;
     v = json_object_get(body, "input");
     if (is_str(v)) {
-        if (json_array_append_new(messages, json_pack("{s:s, s:O}", "role", "user", "content", v))) {
+        json_t *m = json_pack("{s:s, s:O}", "role", "user", "content", v);
+        if (!m || json_array_append_new(messages, m)) {
             api_oom(e);
             goto fail;
         }

@@ -102,6 +102,14 @@ static const char *const k_migrations[LDG_SCHEMA_VERSION] = {
     "CREATE INDEX tool_calls_finished ON tool_calls(finished);"
     "CREATE INDEX idempotency_expires ON idempotency(expires);"
     "CREATE INDEX idempotency_request ON idempotency(request_id);",
+    /* 2 -> 3: stored responses (POST /v1/responses with store), which a
+     * later request continues by previous_response_id */
+    "CREATE TABLE responses ("
+    "  id TEXT PRIMARY KEY,"
+    "  conversation TEXT NOT NULL,"
+    "  response TEXT NOT NULL,"
+    "  job_id TEXT,"
+    "  created REAL NOT NULL);",
 };
 
 /* ---- SQLite's allocator ---------------------------------------------------
@@ -924,5 +932,78 @@ rollback:
     exec_sql(l, "ROLLBACK;", NULL);
 out:
     pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+/* ---- stored responses ------------------------------------------------------ */
+
+void ldg_response_free(ldg_response *r)
+{
+    if (!r)
+        return;
+    sw_free(r->conversation);
+    sw_free(r->response);
+    r->conversation = r->response = NULL;
+}
+
+int ldg_response_put(ldg_ledger *l, const char *id, const char *conversation,
+                     const char *response, const char *job_id, double now_s, sw_error *err)
+{
+    ledger_lock(l);
+    int rc = run_stmt(l,
+                      prep(l, err,
+                           "INSERT OR REPLACE INTO responses (id, conversation, response, job_id,"
+                           " created) VALUES (?, ?, ?, ?, ?)",
+                           "ssssd", id, conversation, response,
+                           job_id && job_id[0] ? job_id : NULL, now_s),
+                      NULL, err);
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+int ldg_response_get(ldg_ledger *l, const char *id, ldg_response *out, bool *found,
+                     sw_error *err)
+{
+    memset(out, 0, sizeof *out);
+    *found = false;
+    int rc = SW_OK;
+    ledger_lock(l);
+    sqlite3_stmt *st = prep(l, err,
+                            "SELECT conversation, response, job_id, created FROM responses"
+                            " WHERE id = ?",
+                            "s", id);
+    if (!st) {
+        rc = SW_EIO;
+        goto out;
+    }
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW) {
+        *found = true;
+        out->conversation = col_text(st, 0);
+        out->response = col_text(st, 1);
+        col_copy(st, 2, out->job_id, sizeof out->job_id);
+        out->created = sqlite3_column_double(st, 3);
+        if (!out->conversation || !out->response) {
+            ldg_response_free(out);
+            *found = false;
+            rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+        }
+    } else if (s != SQLITE_DONE) {
+        rc = db_fail(l, err, "response look-up");
+    }
+    sqlite3_finalize(st);
+out:
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+int ldg_response_delete(ldg_ledger *l, const char *id, bool *found, sw_error *err)
+{
+    int changes = 0;
+    ledger_lock(l);
+    int rc = run_stmt(l, prep(l, err, "DELETE FROM responses WHERE id = ?", "s", id), &changes,
+                      err);
+    pthread_mutex_unlock(&l->mu);
+    *found = rc == SW_OK && changes > 0;
     return rc;
 }

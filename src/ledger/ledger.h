@@ -22,7 +22,7 @@
 typedef struct ldg_ledger ldg_ledger;
 
 /* The schema version ldg_open migrates to. */
-#define LDG_SCHEMA_VERSION 2
+#define LDG_SCHEMA_VERSION 3
 
 /* Makes SQLite allocate through spillway's hook (common/alloc.h), so an
  * injected failure reaches the ledger too (SQLITE_CONFIG_MALLOC). Once per
@@ -169,6 +169,26 @@ int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *respons
 int ldg_job_requeue(ldg_ledger *l, const char *id, bool *requeued, sw_error *err);
 /* Ids of queued and running jobs, oldest first (sw_free the array). */
 int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err);
+
+/* ---- stored responses (POST /v1/responses, store) -------------------------- */
+/* A Response the router stored: its conversation (JSON text: the input
+ * items of every turn up to it, its own included) and the Response object
+ * (JSON text), or for a background response the job that makes it. */
+typedef struct ldg_response {
+    char *conversation;  /* sw_free (ldg_response_free) */
+    char *response;      /* sw_free */
+    char job_id[48];     /* "" none */
+    double created;      /* Unix seconds */
+} ldg_response;
+
+void ldg_response_free(ldg_response *r);
+/* Stores (or replaces) the response id; job_id NULL or "" none. */
+int ldg_response_put(ldg_ledger *l, const char *id, const char *conversation,
+                     const char *response, const char *job_id, double now_s, sw_error *err);
+int ldg_response_get(ldg_ledger *l, const char *id, ldg_response *out, bool *found,
+                     sw_error *err);
+/* *found: whether there was one to delete. */
+int ldg_response_delete(ldg_ledger *l, const char *id, bool *found, sw_error *err);
 
 /* ---- retention ------------------------------------------------------------ */
 typedef struct ldg_sweep_counts {

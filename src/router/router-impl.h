@@ -257,6 +257,14 @@ typedef struct rt_req {
      * ordinary relay. */
     int (*on_event)(struct rt_req *q, const char *payload);
     void *on_event_ctx;
+    /* on_event writes the capture itself (what the client sees), instead
+     * of rt_sink_event capturing the payload (router_responses.c) */
+    bool on_event_captures;
+    /* A whole 200 answer goes to on_body instead, which sends what the
+     * client should see with rt__send_response (a POST /v1/responses:
+     * the chat answer as a Response, router_responses.c). NULL: as is. */
+    void (*on_body)(struct rt_req *q, const char *ctype, const char *extra, const char *body,
+                    size_t len);
     /* Prefer: respond-async (RFC 7240): when admission would answer 503
      * capacity_exceeded, the request is stored as a job and answered 202
      * instead (router_jobs.c, rt__jobs_accept_async) */
@@ -413,6 +421,9 @@ void rt__generate_capture(rt_router *rt, const char *request_id, bool chat, cons
                           size_t len, long long deadline_ms, uint64_t *ticket, rt_capture *out,
                           int *attempts);
 
+/* POST /v1/responses, GET and DELETE /v1/responses/{id} (router_responses.c) */
+void rt__handle_responses(rt_req *q);
+
 /* agent runs (router_agent.c); body is the parsed request */
 void rt__handle_agent(rt_req *q, json_t *body);
 
@@ -435,6 +446,11 @@ bool rt__jobs_stop(rt_router *rt);
  * up at rt__jobs_cancel); -1 on every other thread. */
 extern _Thread_local int rt__job_cancel_fd;
 void rt__handle_jobs(rt_req *q);
+/* Stores request (a chat or completions body; endpoint "chat" or
+ * "completions") as a queued job, committed, and queues it; its id into
+ * id. 0, or -1 with err (nothing stored). */
+int rt__jobs_submit(rt_router *rt, const char *endpoint, json_t *request, char *id, size_t cap,
+                    sw_error *err);
 /* The capacity fallback of a client request that sent Prefer:
  * respond-async: stores its body (stream, stream_options and timeout
  * removed) as a job, committed, and answers 202 with the job object,

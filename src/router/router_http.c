@@ -221,6 +221,13 @@ static void head_common(const rt_req *q, sw_tb *t)
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
                           const char *body, size_t len)
 {
+    if (q->on_body && status == 200) { /* the answer, translated (rt_req.on_body) */
+        void (*filter)(rt_req *, const char *, const char *, const char *, size_t) = q->on_body;
+        q->on_body = NULL;
+        filter(q, ctype, extra, body, len);
+        q->on_body = filter;
+        return;
+    }
     if (q->cap.on) {
         q->cap.status = status;
         q->cap.stream = false;
@@ -1129,6 +1136,8 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
         else
             rt__with_idempotency(&q, rt__dispatch_generate, !strcmp(q.path, "/v1/chat/completions"));
+    } else if (!strcmp(q.path, "/v1/responses") || !strncmp(q.path, "/v1/responses/", 14)) {
+        rt__handle_responses(&q);
     } else if (!strcmp(q.path, "/tokenize")) {
         if (!post)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);

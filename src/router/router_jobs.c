@@ -440,6 +440,39 @@ static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t 
     return rc;
 }
 
+int rt__jobs_submit(rt_router *rt, const char *endpoint, json_t *request, char *id, size_t cap,
+                    sw_error *err)
+{
+    json_object_del(request, "stream");
+    json_object_del(request, "stream_options");
+    ldg_job j;
+    memset(&j, 0, sizeof j);
+    uint8_t rnd[12];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        for (size_t i = 0; i < sizeof rnd; i++)
+            rnd[i] = (uint8_t)(rand() ^ (int)(rt__wall_s() * 1e6));
+    }
+    int n = snprintf(j.id, sizeof j.id, "job_");
+    for (size_t i = 0; i < sizeof rnd; i++)
+        n += snprintf(j.id + n, sizeof j.id - (size_t)n, "%02x", rnd[i]);
+    snprintf(j.endpoint, sizeof j.endpoint, "%s", endpoint);
+    j.request = sw_json_dumps(request, JSON_COMPACT);
+    j.deadline_ms = -1;
+    j.created = rt__wall_s();
+    int rc = -1;
+    if (!j.request)
+        sw_error_set(err, SW_ENOMEM, "out of memory");
+    else if (ldg_job_insert(rt->ledger, &j, err) == 0) {
+        if (enqueue(j.id))
+            SW_WARN("router", "job %s: in-memory queue full or stopping; it runs after a restart",
+                    j.id);
+        snprintf(id, cap, "%s", j.id);
+        rc = 0;
+    }
+    free(j.request);
+    return rc;
+}
+
 static void jobs_post(rt_req *q, bool unused)
 {
     (void)unused;

@@ -1,0 +1,370 @@
+/* test_router_responses.c - end-to-end: OpenAI's Responses API through a
+ * real `spillway serve` with real managed workers (one on a sim-gpu pool,
+ * one on the CPU) over real sockets.
+ *
+ * The router takes a Responses body the chat route's way (admission
+ * headers, typed 400s, Idempotency-Key replay) and adds what a worker
+ * cannot keep: stored responses in its ledger (previous_response_id
+ * continues one exactly as the whole conversation sent to the chat route
+ * would; store false is never kept; GET and DELETE), and background
+ * responses run as durable jobs. A stream whose GPU worker dies after 5
+ * tokens is resumed on the CPU worker: the client sees one well-formed
+ * Responses stream (responses_check.h) whose text is exactly the
+ * uninterrupted answer.
+ */
+#include "testutil.h"
+#include "responses_check.h"
+#include "router_harness.h"
+#include "worker_client.h"
+
+#include "common/alloc.h"
+#include "device/device.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_model[512];
+static char g_pool[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_pool, sizeof g_pool, "rt-resp-%d", (int)getpid());
+    dev_sim_unlink(g_pool, NULL);
+    return rh_make_model(g_model, sizeof g_model, "router-responses.gguf", 5);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rh_stop_all();
+    wc_worker_kill_all();
+    dev_sim_unlink(g_pool, NULL);
+    remove(g_model);
+    return 0;
+}
+
+static void start(rh_router *r, const char *name, const char *gpu_fault)
+{
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = sim-gpu:%s\nsim-capacity = 64MiB\nmax-seqs = 2\n"
+             "threads = 1\nctx-limit = 512\n%s%s%s[worker cpu]\nthreads = 1\nctx-limit = 512\n",
+             g_pool, gpu_fault ? "fault = " : "", gpu_fault ? gpu_fault : "",
+             gpu_fault ? "\n" : "");
+    assert_int_equal(rh_start(r, name, g_model, NULL, workers), 0);
+}
+
+static void finish(rh_router *r)
+{
+    rh_finish(r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
+/* POST /v1/responses; the answer's JSON (a stream: its body as a JSON
+ * string) after checking the status. */
+static json_t *post(const rh_router *r, const char *headers, const char *body, int want,
+                    wc_response *keep)
+{
+    wc_response w;
+    assert_int_equal(rh_req(r, "POST", "/v1/responses", headers, body, &w), 0);
+    if (w.status != want)
+        fail_msg("status %d, not %d: %s", w.status, want, w.body);
+    json_t *j = strstr(w.headers, "text/event-stream") ? json_string(w.body) : rh_body_json(&w);
+    if (!j)
+        fail_msg("not JSON: %s", w.body);
+    if (keep)
+        *keep = w;
+    else
+        wc_response_free(&w);
+    return j;
+}
+
+static json_t *get(const rh_router *r, const char *method, const char *id, int want)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    wc_response w;
+    assert_int_equal(rh_req(r, method, path, NULL, NULL, &w), 0);
+    if (w.status != want)
+        fail_msg("%s %s: status %d, not %d: %s", method, path, w.status, want, w.body);
+    json_t *j = rh_body_json(&w);
+    wc_response_free(&w);
+    return j;
+}
+
+static const char *id_of(const json_t *r)
+{
+    return json_string_value(json_object_get(r, "id"));
+}
+
+/* Whole and streamed, with the router's admission headers; bad bodies
+ * are the worker's typed 400s or the router's own; an Idempotency-Key
+ * replays the stored Response. */
+static void test_basic(void **state)
+{
+    (void)state;
+    rh_router r;
+    start(&r, "resp-basic", NULL);
+    wc_response w;
+    const char *body = "{\"input\":\"Once upon a time\",\"max_output_tokens\":12,\"seed\":2}";
+    json_t *a = post(&r, NULL, body, 200, &w);
+    rh_assert_header(&w, "X-Spillway-Worker", NULL);
+    rh_assert_header(&w, "X-Spillway-Model", NULL);
+    rh_assert_header(&w, "X-Spillway-Attempts", "1");
+    wc_response_free(&w);
+    assert_string_equal(json_string_value(json_object_get(a, "object")), "response");
+    assert_int_equal(strncmp(id_of(a), "resp_", 5), 0);
+    char text[4096];
+    rc_response_text(a, text, sizeof text);
+    assert_true(strlen(text) > 0);
+
+    json_t *s = post(&r, NULL,
+                     "{\"input\":\"Once upon a time\",\"max_output_tokens\":12,\"seed\":2,"
+                     "\"stream\":true}",
+                     200, NULL);
+    rc_stream st;
+    rc_stream_check(json_string_value(s), &st);
+    assert_string_equal(st.text, text);
+    assert_true(json_equal(json_object_get(st.response, "usage"), json_object_get(a, "usage")));
+    rc_stream_free(&st);
+    json_decref(s);
+
+    static const struct {
+        const char *body, *param;
+    } bad[] = {
+        {"{\"input\":5}", "input"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search_preview\"}]}", "tools[0]"},
+        {"{\"input\":\"x\",\"store\":\"yes\"}", "store"},
+        {"{\"input\":\"x\",\"previous_response_id\":7}", "previous_response_id"},
+        {"{\"input\":\"x\",\"temperature\":\"hot\"}", "temperature"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *e = post(&r, NULL, bad[i].body, 400, NULL);
+        assert_string_equal(
+            json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+            bad[i].param);
+        json_decref(e);
+    }
+    json_t *e = post(&r, NULL, "not json", 400, NULL);
+    json_decref(e);
+
+    /* Idempotency-Key: the second answer is the first, replayed */
+    json_t *k1 = post(&r, "Idempotency-Key: resp-key-1\r\n", body, 200, NULL);
+    json_t *k2 = post(&r, "Idempotency-Key: resp-key-1\r\n", body, 200, NULL);
+    assert_true(json_equal(k1, k2));
+    json_decref(k1);
+    json_decref(k2);
+    json_decref(a);
+    finish(&r);
+}
+
+/* previous_response_id: the conversation so far (its input and output
+ * items) before the new input, exactly what the chat route gives for the
+ * whole conversation; GET, DELETE; store false is never kept. */
+static void test_previous_response(void **state)
+{
+    (void)state;
+    rh_router r;
+    start(&r, "resp-prev", NULL);
+    json_t *a = post(&r, NULL,
+                     "{\"instructions\":\"Tell stories.\",\"input\":\"Tell a story\","
+                     "\"max_output_tokens\":8,\"temperature\":0,\"ignore_eos\":true}",
+                     200, NULL);
+    char text_a[4096];
+    rc_response_text(a, text_a, sizeof text_a);
+    /* a follow-up, streamed */
+    char b[1024];
+    snprintf(b, sizeof b,
+             "{\"previous_response_id\":\"%s\",\"input\":\"Go on\",\"max_output_tokens\":8,"
+             "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
+             id_of(a));
+    json_t *s = post(&r, NULL, b, 200, NULL);
+    rc_stream st;
+    rc_stream_check(json_string_value(s), &st);
+    assert_string_equal(json_string_value(json_object_get(st.response, "previous_response_id")),
+                        id_of(a));
+    /* the same conversation sent whole to the chat route (instructions
+     * are not carried over, as OpenAI does) */
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "user", "content",
+                             "Tell a story", "role", "assistant", "content", text_a, "role",
+                             "user", "content", "Go on");
+    json_t *cb = json_pack("{s:o, s:i, s:i, s:b}", "messages", msgs, "max_tokens", 8,
+                           "temperature", 0, "ignore_eos", 1);
+    char *cbs = json_dumps(cb, JSON_COMPACT);
+    json_decref(cb);
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL, cbs, &w), 0);
+    free(cbs);
+    assert_int_equal(w.status, 200);
+    json_t *c = rh_body_json(&w);
+    wc_response_free(&w);
+    const char *chat_text = json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message"), "content"));
+    assert_string_equal(st.text, chat_text);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(st.response, "usage"),
+                                                        "input_tokens")),
+                     json_integer_value(json_object_get(json_object_get(c, "usage"),
+                                                        "prompt_tokens")));
+    json_decref(c);
+    /* a third turn on the second (the chain grows) */
+    snprintf(b, sizeof b,
+             "{\"previous_response_id\":\"%s\",\"input\":\"And then?\",\"max_output_tokens\":4}",
+             id_of(st.response));
+    json_t *third = post(&r, NULL, b, 200, NULL);
+    assert_true(json_integer_value(json_object_get(json_object_get(third, "usage"),
+                                                   "input_tokens")) >
+                json_integer_value(json_object_get(json_object_get(st.response, "usage"),
+                                                   "input_tokens")));
+    json_decref(third);
+    rc_stream_free(&st);
+    json_decref(s);
+
+    /* GET gives the stored response back */
+    json_t *g = get(&r, "GET", id_of(a), 200);
+    assert_true(json_equal(g, a));
+    json_decref(g);
+
+    /* store false: answered, not kept */
+    json_t *n = post(&r, NULL, "{\"input\":\"x\",\"max_output_tokens\":2,\"store\":false}", 200,
+                     NULL);
+    assert_true(json_is_false(json_object_get(n, "store")));
+    json_t *e = get(&r, "GET", id_of(n), 404);
+    json_decref(e);
+    snprintf(b, sizeof b, "{\"previous_response_id\":\"%s\",\"input\":\"y\"}", id_of(n));
+    e = post(&r, NULL, b, 404, NULL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                        "previous_response_id");
+    json_decref(e);
+    json_decref(n);
+
+    /* DELETE: gone for GET and for a follow-up */
+    json_t *d = get(&r, "DELETE", id_of(a), 200);
+    assert_true(json_is_true(json_object_get(d, "deleted")));
+    json_decref(d);
+    e = get(&r, "GET", id_of(a), 404);
+    json_decref(e);
+    e = get(&r, "DELETE", id_of(a), 404);
+    json_decref(e);
+    snprintf(b, sizeof b, "{\"previous_response_id\":\"%s\",\"input\":\"y\"}", id_of(a));
+    e = post(&r, NULL, b, 404, NULL);
+    json_decref(e);
+    e = post(&r, NULL, "{\"previous_response_id\":\"resp_never\",\"input\":\"y\"}", 404, NULL);
+    json_decref(e);
+    json_decref(a);
+    finish(&r);
+}
+
+/* background: queued at once, then a durable job; GET shows it done with
+ * the answer the same body gives in the foreground. */
+static void test_background(void **state)
+{
+    (void)state;
+    rh_router r;
+    start(&r, "resp-bg", NULL);
+    const char *fg = "{\"input\":\"Tell a story\",\"max_output_tokens\":10,\"temperature\":0,"
+                     "\"ignore_eos\":true}";
+    json_t *want = post(&r, NULL, fg, 200, NULL);
+    json_t *q = post(&r, NULL,
+                     "{\"input\":\"Tell a story\",\"max_output_tokens\":10,\"temperature\":0,"
+                     "\"ignore_eos\":true,\"background\":true}",
+                     200, NULL);
+    const char *status = json_string_value(json_object_get(q, "status"));
+    assert_true(!strcmp(status, "queued") || !strcmp(status, "in_progress"));
+    assert_true(json_is_true(json_object_get(q, "background")));
+    assert_int_equal(json_array_size(json_object_get(q, "output")), 0);
+    json_t *g = NULL;
+    double t0 = tu_now_s();
+    for (;;) {
+        g = get(&r, "GET", id_of(q), 200);
+        status = json_string_value(json_object_get(g, "status"));
+        if (strcmp(status, "queued") && strcmp(status, "in_progress"))
+            break;
+        json_decref(g);
+        if (tu_now_s() - t0 > 60)
+            fail_msg("the background response did not finish");
+        usleep(100 * 1000);
+    }
+    assert_string_equal(status, "incomplete");
+    assert_string_equal(id_of(g), id_of(q));
+    char a[4096], b[4096];
+    rc_response_text(g, a, sizeof a);
+    rc_response_text(want, b, sizeof b);
+    assert_string_equal(a, b);
+    json_decref(g);
+    /* read again: the finished state was stored */
+    g = get(&r, "GET", id_of(q), 200);
+    rc_response_text(g, a, sizeof a);
+    assert_string_equal(a, b);
+    json_decref(g);
+    json_t *e = post(&r, NULL, "{\"input\":\"x\",\"background\":true,\"stream\":true}", 400, NULL);
+    json_decref(e);
+    json_decref(q);
+    json_decref(want);
+    finish(&r);
+}
+
+/* The GPU worker dies after 5 tokens of a Responses stream: resumed on
+ * the CPU worker, one well-formed stream with exactly the uninterrupted
+ * text, the usage of every token. */
+static void test_stream_resumed(void **state)
+{
+    (void)state;
+    rh_router r;
+    start(&r, "resp-resume", "abort_after_tokens:5,stall_ms:20");
+    const char *body = "{\"input\":\"Tell a story\",\"max_output_tokens\":24,\"temperature\":0,"
+                       "\"ignore_eos\":true";
+    char b[512], sock[700];
+    snprintf(b, sizeof b, "%s}", body);
+    /* the uninterrupted answer: the CPU worker's own */
+    rh_worker_sock(&r, "cpu", sock, sizeof sock);
+    wc_response d;
+    assert_int_equal(wc_request(sock, "POST", "/v1/responses", b, 60000, &d), 0);
+    assert_int_equal(d.status, 200);
+    json_t *want = json_loads(d.body, 0, NULL);
+    wc_response_free(&d);
+    char want_text[4096];
+    rc_response_text(want, want_text, sizeof want_text);
+    assert_true(strlen(want_text) > 0);
+
+    snprintf(b, sizeof b, "%s,\"stream\":true}", body);
+    wc_response w;
+    json_t *s = post(&r, "X-Request-Id: resp-resumed\r\n", b, 200, &w);
+    rh_assert_header(&w, "X-Spillway-Worker", "gpu"); /* the head came from the first attempt */
+    wc_response_free(&w);
+    rc_stream st;
+    rc_stream_check(json_string_value(s), &st);
+    assert_string_equal(st.final_type, "response.incomplete");
+    assert_string_equal(st.text, want_text);
+    assert_int_equal(st.n_items, 1);
+    assert_string_equal(id_of(st.response), "resp_resp-resumed");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(st.response, "usage"),
+                                                        "output_tokens")),
+                     24);
+    rc_stream_free(&st);
+    json_decref(s);
+    json_decref(want);
+
+    json_t *ev = rh_events(&r);
+    assert_int_equal((int)json_array_size(ev), 1);
+    json_t *e = json_array_get(ev, 0);
+    assert_string_equal(json_string_value(json_object_get(e, "decision")), "resume");
+    assert_string_equal(json_string_value(json_object_get(e, "outcome")), "completed");
+    assert_string_equal(json_string_value(json_object_get(e, "replay_worker")), "cpu");
+    json_decref(ev);
+    rh_wait_restarted(&r, "gpu", 1);
+    finish(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_basic),
+        cmocka_unit_test(test_previous_response),
+        cmocka_unit_test(test_background),
+        cmocka_unit_test(test_stream_resumed),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -529,8 +529,10 @@ json_t *api_responses_from_chat(const json_t *body, const char *id, int64_t crea
     json_t *content = json_object_get(msg, "content");
     if (is_str(content) && json_string_length(content) > 0) {
         api_responses_item_id(item_id, sizeof item_id, "msg", id, json_array_size(output));
+        const char *fr = json_string_value(json_object_get(choice, "finish_reason"));
+        const char *status = fr && !strcmp(fr, "length") ? "incomplete" : "completed";
         ok &= json_array_append_new(output,
-                                    message_item(item_id, "completed", json_incref(content))) == 0;
+                                    message_item(item_id, status, json_incref(content))) == 0;
     }
     size_t i;
     json_t *call;
@@ -696,7 +698,9 @@ static void close_item(api_resp_stream *s)
              json_pack("{s:s, s:I, s:i, s:{s:s, s:o, s:[], s:[]}}", "item_id", iid,
                        "output_index", (json_int_t)oi, "content_index", 0, "part", "type",
                        "output_text", "text", text_json(s), "annotations", "logprobs"));
-        item = message_item(iid, "completed", text_json(s));
+        /* cut by max_output_tokens: the message is incomplete too */
+        item = message_item(iid, strcmp(s->finish, "length") ? "completed" : "incomplete",
+                            text_json(s));
         break;
     case ITEM_REASONING:
         emit(s, "response.reasoning_text.done",

@@ -109,7 +109,8 @@ static const char *const k_migrations[LDG_SCHEMA_VERSION] = {
     "  conversation TEXT NOT NULL,"
     "  response TEXT NOT NULL,"
     "  job_id TEXT,"
-    "  created REAL NOT NULL);",
+    "  created REAL NOT NULL);"
+    "CREATE INDEX responses_created ON responses(created);",
 };
 
 /* ---- SQLite's allocator ---------------------------------------------------
@@ -889,7 +890,7 @@ out:
 int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_sweep_counts *out,
                         sw_error *err)
 {
-    ldg_sweep_counts c = {0, 0, 0, 0};
+    ldg_sweep_counts c = {0};
     double cut = now_s - retention_s;
     int rc;
     ledger_lock(l);
@@ -922,6 +923,16 @@ int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_swe
                             "DELETE FROM tool_calls WHERE started <= ?1 AND "
                             LDG_SWEEPABLE("request_id"), "d", cut),
                        &c.tool_calls, err)))
+        goto rollback;
+    if ((rc = run_stmt(l,
+                       prep(l, err,
+                            /* a background response stays while its job
+                             * may still finish it */
+                            "DELETE FROM responses WHERE created <= ?1 AND (job_id IS NULL OR"
+                            " job_id NOT IN (SELECT id FROM jobs WHERE state IN"
+                            " ('queued','running')))",
+                            "d", cut),
+                       &c.responses, err)))
         goto rollback;
     if ((rc = exec_sql(l, "COMMIT;", err)))
         goto rollback;

@@ -192,7 +192,7 @@ int ldg_response_delete(ldg_ledger *l, const char *id, bool *found, sw_error *er
 
 /* ---- retention ------------------------------------------------------------ */
 typedef struct ldg_sweep_counts {
-    int jobs, attempts, tool_calls, keys; /* rows deleted */
+    int jobs, attempts, tool_calls, keys, responses; /* rows deleted */
 } ldg_sweep_counts;
 
 /* Deletes what is finished and older than retention_s at now_s, in one
@@ -202,6 +202,8 @@ typedef struct ldg_sweep_counts {
  * gone once its TTL passed) and it is no queued or running job. Expired
  * idempotency keys go too (as ldg_idem_expire). Queued and running jobs
  * and keys within their TTL are never touched. out may be NULL. */
+/* Stored responses (POST /v1/responses) made before the cut-off go too,
+ * but not a background one whose job is queued or running. */
 int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_sweep_counts *out,
                         sw_error *err);
 

@@ -503,13 +503,13 @@ static void sup_ledger_sweep(rt_router *rt, double *last)
     }
     pthread_mutex_lock(&rt->mu);
     rt->ledger_swept += (uint64_t)c.jobs + (uint64_t)c.attempts + (uint64_t)c.tool_calls +
-                          (uint64_t)c.keys;
+                          (uint64_t)c.keys + (uint64_t)c.responses;
     pthread_mutex_unlock(&rt->mu);
-    if (c.jobs || c.attempts || c.tool_calls || c.keys)
+    if (c.jobs || c.attempts || c.tool_calls || c.keys || c.responses)
         SW_INFO("router",
                 "ledger retention: deleted %d job(s), %d attempt(s), %d tool step(s), "
-                "%d expired key(s)",
-                c.jobs, c.attempts, c.tool_calls, c.keys);
+                "%d expired key(s), %d stored response(s)",
+                c.jobs, c.attempts, c.tool_calls, c.keys, c.responses);
 }
 
 void *rt__sup_thread(void *arg)

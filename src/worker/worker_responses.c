@@ -6,7 +6,7 @@
  * A worker holds no state between requests: previous_response_id and
  * background are refused here (the router keeps responses in its ledger
  * and runs background ones as jobs), and store is accepted but nothing is
- * kept.
+ * kept (its Responses say store false).
  */
 #include "worker/worker-impl.h"
 
@@ -43,7 +43,13 @@ json_t *wk__responses_request(wk_req *r, json_t *body, api_error *e)
         if (*c == '.' || *c == ':')
             *c = '-';
     snprintf(r->resp_id, sizeof r->resp_id, "%s", id);
-    r->responses = json_incref(body);
+    /* what the Response echoes; a worker keeps nothing: store false */
+    r->responses = json_deep_copy(body);
+    if (!r->responses || json_object_set_new(r->responses, "store", json_false())) {
+        json_decref(chat);
+        api_oom(e);
+        return NULL;
+    }
     return chat;
 }
 

@@ -824,6 +824,54 @@ static void test_idem_alloc_failures(void **state)
     ldg_close(l);
 }
 
+/* Stored responses: put, get, replace, delete; the sweep takes old ones
+ * but not a background one whose job is still queued. */
+static void test_responses(void **state)
+{
+    (void)state;
+    ldg_ledger *l = open_ok();
+    ldg_response r;
+    bool found = true;
+    assert_int_equal(ldg_response_get(l, "resp_a", &r, &found, NULL), 0);
+    assert_false(found);
+    assert_int_equal(ldg_response_put(l, "resp_a", "[1]", "{\"id\":\"resp_a\"}", NULL, 100, NULL),
+                     0);
+    assert_int_equal(ldg_response_get(l, "resp_a", &r, &found, NULL), 0);
+    assert_true(found);
+    assert_string_equal(r.conversation, "[1]");
+    assert_string_equal(r.response, "{\"id\":\"resp_a\"}");
+    assert_string_equal(r.job_id, "");
+    ldg_response_free(&r);
+    assert_int_equal(ldg_response_put(l, "resp_a", "[2]", "{}", "job_x", 100, NULL), 0);
+    assert_int_equal(ldg_response_get(l, "resp_a", &r, &found, NULL), 0);
+    assert_string_equal(r.conversation, "[2]");
+    assert_string_equal(r.job_id, "job_x");
+    ldg_response_free(&r);
+    /* a background response with its job queued, and an old plain one */
+    ldg_job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.id, sizeof j.id, "job_q");
+    snprintf(j.endpoint, sizeof j.endpoint, "chat");
+    j.request = "{}";
+    j.deadline_ms = -1;
+    j.created = 100;
+    assert_int_equal(ldg_job_insert(l, &j, NULL), 0);
+    assert_int_equal(ldg_response_put(l, "resp_bg", "[]", "{}", "job_q", 100, NULL), 0);
+    ldg_sweep_counts c;
+    assert_int_equal(ldg_retention_sweep(l, 1000, 10, &c, NULL), 0);
+    assert_int_equal(c.responses, 1);
+    assert_int_equal(ldg_response_get(l, "resp_a", &r, &found, NULL), 0);
+    assert_false(found);
+    assert_int_equal(ldg_response_get(l, "resp_bg", &r, &found, NULL), 0);
+    assert_true(found);
+    ldg_response_free(&r);
+    assert_int_equal(ldg_response_delete(l, "resp_bg", &found, NULL), 0);
+    assert_true(found);
+    assert_int_equal(ldg_response_delete(l, "resp_bg", &found, NULL), 0);
+    assert_false(found);
+    ldg_close(l);
+}
+
 int main(void)
 {
     /* SQLite allocates through the hook, as in the binary: before any
@@ -841,6 +889,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_job_requeue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migrate_from_v1, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idem_alloc_failures, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_responses, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

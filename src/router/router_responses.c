@@ -112,6 +112,8 @@ static int on_event(rt_req *q, const char *payload)
     return rc;
 }
 
+static json_t *stored_now(rt_req *q, const char *id, const ldg_response *sr);
+
 /* The conversation a stored response continues: its conversation and
  * its output (reasoning items dropped by the translation). A new
  * reference in *prior, or an answer sent and false. */
@@ -131,7 +133,7 @@ static bool load_prior(rt_req *q, const char *prev_id, json_t **prior)
         return false;
     }
     json_t *conv = sw_json_loads(sr.conversation, 0, NULL);
-    json_t *resp = sw_json_loads(sr.response, 0, NULL);
+    json_t *resp = stored_now(q, prev_id, &sr);
     ldg_response_free(&sr);
     const char *status = json_string_value(json_object_get(resp, "status"));
     if (!json_is_array(conv) || !status) {
@@ -371,6 +373,35 @@ static json_t *background_update(rt_req *q, const char *id, const json_t *stored
     return r;
 }
 
+/* The stored Response sr as it is now: a background one whose job has
+ * finished since is brought up to date (and stored so). A new reference,
+ * NULL when it cannot be read. */
+static json_t *stored_now(rt_req *q, const char *id, const ldg_response *sr)
+{
+    rt_router *rt = q->rt;
+    json_t *r = sw_json_loads(sr->response, 0, NULL);
+    const char *status = json_string_value(json_object_get(r, "status"));
+    if (r && sr->job_id[0] && status &&
+        (!strcmp(status, "queued") || !strcmp(status, "in_progress"))) {
+        json_t *now = background_update(q, id, r, sr->job_id);
+        const char *ns = json_string_value(json_object_get(now, "status"));
+        if (now && ns && strcmp(ns, "in_progress")) { /* finished: stored as it is now */
+            sw_error err;
+            sw_error_clear(&err);
+            char *s = sw_json_dumps(now, JSON_COMPACT);
+            if (!s || ldg_response_put(rt->ledger, id, sr->conversation, s, sr->job_id,
+                                       sr->created, &err))
+                SW_WARN("router", "response %s: its finished state not stored", id);
+            free(s);
+        }
+        if (now) {
+            json_decref(r);
+            r = now;
+        }
+    }
+    return r;
+}
+
 static void get_or_delete(rt_req *q, const char *id, bool del)
 {
     rt_router *rt = q->rt;
@@ -400,24 +431,7 @@ static void get_or_delete(rt_req *q, const char *id, bool del)
         rt__send_error(q, 404, "not_found", "no such stored response", NULL, NULL);
         return;
     }
-    json_t *r = sw_json_loads(sr.response, 0, NULL);
-    const char *status = json_string_value(json_object_get(r, "status"));
-    if (r && sr.job_id[0] && status &&
-        (!strcmp(status, "queued") || !strcmp(status, "in_progress"))) {
-        json_t *now = background_update(q, id, r, sr.job_id);
-        const char *ns = json_string_value(json_object_get(now, "status"));
-        if (now && ns && strcmp(ns, "in_progress")) { /* finished: stored as it is now */
-            char *s = sw_json_dumps(now, JSON_COMPACT);
-            if (!s || ldg_response_put(rt->ledger, id, sr.conversation, s, sr.job_id,
-                                       sr.created, &err))
-                SW_WARN("router", "response %s: its finished state not stored", id);
-            free(s);
-        }
-        if (now) {
-            json_decref(r);
-            r = now;
-        }
-    }
+    json_t *r = stored_now(q, id, &sr);
     ldg_response_free(&sr);
     if (r)
         send_json(q, 200, r);

@@ -299,6 +299,28 @@ static void test_background(void **state)
     rc_response_text(g, a, sizeof a);
     assert_string_equal(a, b);
     json_decref(g);
+    /* a follow-up on a background response: refused (400) while its job
+     * runs, taken once it finished, never read by GET before */
+    json_t *q2 = post(&r, NULL, "{\"input\":\"Tell a story\",\"max_output_tokens\":6,"
+                                "\"background\":true}", 200, NULL);
+    char fb[256];
+    snprintf(fb, sizeof fb, "{\"previous_response_id\":\"%s\",\"input\":\"Go on\","
+             "\"max_output_tokens\":4}", id_of(q2));
+    t0 = tu_now_s();
+    for (;;) {
+        wc_response w;
+        assert_int_equal(rh_req(&r, "POST", "/v1/responses", NULL, fb, &w), 0);
+        int st = w.status;
+        if (st != 200 && st != 400)
+            fail_msg("follow-up: status %d: %s", st, w.body);
+        wc_response_free(&w);
+        if (st == 200)
+            break;
+        if (tu_now_s() - t0 > 60)
+            fail_msg("the background response was never continued");
+        usleep(100 * 1000);
+    }
+    json_decref(q2);
     json_t *e = post(&r, NULL, "{\"input\":\"x\",\"background\":true,\"stream\":true}", 400, NULL);
     json_decref(e);
     json_decref(q);

@@ -23,6 +23,8 @@
  *   router_supervisor.c spawn, reap, restart, /health polling into the pool
  *   router_idem.c       Idempotency-Key: stored responses, replay
  *   router_jobs.c       /v1/spillway/jobs and the job runner threads
+ *   router_responses.c  /v1/responses: OpenAI's Responses API on the chat
+ *                       route, stored responses, background ones as jobs
  *   router_agent.c      agent runs ("tool_execution": "server"), tool calls
  *   router_stats.c      the activity ring, /v1/spillway/stats, the drill
  *                       report routes

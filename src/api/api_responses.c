@@ -828,8 +828,10 @@ char *api_resp_stream_chunk(api_resp_stream *s, const json_t *chunk)
         json_int_t index = json_integer_value(json_object_get(call, "index"));
         const json_t *fn = json_object_get(call, "function");
         const char *cid = json_string_value(json_object_get(call, "id"));
-        if (s->item != ITEM_CALL || s->call_index != (int)index || cid) {
-            /* a new call: its id and name come in its first delta */
+        if (s->item != ITEM_CALL || s->call_index != (int)index ||
+            (cid && strcmp(cid, s->call_id))) {
+            /* a new call: its id and name come in its first delta (a
+             * resumed worker naming the open call again continues it) */
             const char *name = json_string_value(json_object_get(fn, "name"));
             snprintf(s->call_id, sizeof s->call_id, "%s", cid ? cid : "");
             snprintf(s->call_name, sizeof s->call_name, "%s", name ? name : "");

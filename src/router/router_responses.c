@@ -289,9 +289,6 @@ static void create(rt_req *q)
         goto done;
     }
     snprintf(c.id, sizeof c.id, "resp_%s", q->request_id);
-    for (char *p = c.id + 5; *p; p++)
-        if (*p == '.' || *p == ':')
-            *p = '-';
     c.created_at = (int64_t)rt__wall_s();
     c.body = body;
     if (background) {

@@ -39,9 +39,6 @@ json_t *wk__responses_request(wk_req *r, json_t *body, api_error *e)
     /* the response id: resp_ and the request id (the router's, or made here) */
     char id[sizeof r->resp_id];
     snprintf(id, sizeof id, "resp_%s", strncmp(r->id, "resp-", 5) == 0 ? r->id + 5 : r->id);
-    for (char *c = id + 5; *c; c++)
-        if (*c == '.' || *c == ':')
-            *c = '-';
     snprintf(r->resp_id, sizeof r->resp_id, "%s", id);
     /* what the Response echoes; a worker keeps nothing: store false */
     r->responses = json_deep_copy(body);

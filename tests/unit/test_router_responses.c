@@ -10,7 +10,8 @@
  * responses run as durable jobs. A stream whose GPU worker dies after 5
  * tokens is resumed on the CPU worker: the client sees one well-formed
  * Responses stream (responses_check.h) whose text is exactly the
- * uninterrupted answer.
+ * uninterrupted answer; a forced function call cut mid-arguments the same
+ * way is one function_call item with the uninterrupted arguments.
  */
 #include "testutil.h"
 #include "responses_check.h"
@@ -377,6 +378,40 @@ static void test_stream_resumed(void **state)
     assert_string_equal(json_string_value(json_object_get(e, "replay_worker")), "cpu");
     json_decref(ev);
     rh_wait_restarted(&r, "gpu", 1);
+
+    /* a forced call's arguments cut after 5 tokens: one function_call
+     * item, its arguments the uninterrupted call's */
+    const char *call = "{\"input\":\"Weather in Paris?\",\"tools\":[{\"type\":\"function\","
+                       "\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+                       "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12}},"
+                       "\"required\":[\"city\"]}}],\"tool_choice\":\"required\","
+                       "\"max_output_tokens\":100,\"temperature\":0";
+    snprintf(b, sizeof b, "%s}", call);
+    assert_int_equal(wc_request(sock, "POST", "/v1/responses", b, 60000, &d), 0);
+    assert_int_equal(d.status, 200);
+    want = json_loads(d.body, 0, NULL);
+    wc_response_free(&d);
+    json_t *wcall = json_array_get(json_object_get(want, "output"), 0);
+    assert_string_equal(json_string_value(json_object_get(wcall, "type")), "function_call");
+    snprintf(b, sizeof b, "%s,\"stream\":true}", call);
+    s = post(&r, "X-Request-Id: resp-call-resumed\r\n", b, 200, NULL);
+    rc_stream_check(json_string_value(s), &st);
+    assert_string_equal(st.final_type, "response.completed");
+    assert_int_equal(st.n_items, 1);
+    json_t *got = json_array_get(json_object_get(st.response, "output"), 0);
+    assert_string_equal(json_string_value(json_object_get(got, "type")), "function_call");
+    assert_string_equal(json_string_value(json_object_get(got, "arguments")),
+                        json_string_value(json_object_get(wcall, "arguments")));
+    assert_int_equal(strncmp(json_string_value(json_object_get(got, "call_id")), "call_", 5), 0);
+    rc_stream_free(&st);
+    json_decref(s);
+    json_decref(want);
+    ev = rh_events(&r);
+    assert_int_equal((int)json_array_size(ev), 2);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(ev, 1), "decision")), "resume");
+    json_decref(ev);
+    rh_wait_restarted(&r, "gpu", 2);
     finish(&r);
 }
 

@@ -565,6 +565,8 @@ struct api_resp_stream {
     char id[96];
     int64_t created_at;
     int64_t seq;      /* the next event's sequence_number */
+    int64_t seq_sent; /* ... after the text last handed out */
+    int64_t seq_prev; /* ... before it (api_resp_stream_lost) */
     bool started;     /* response.created sent */
     bool ended;       /* the final event sent */
     bool oom;         /* an allocation failed: everything after is NULL */
@@ -632,8 +634,14 @@ static char *take(api_resp_stream *s)
     if (s->oom)
         return NULL;
     char *out = s->out ? s->out : sw_calloc(1, 1);
+    if (!out) {
+        s->oom = true;
+        return NULL;
+    }
     s->out = NULL;
     s->out_len = s->out_cap = 0;
+    s->seq_prev = s->seq_sent;
+    s->seq_sent = s->seq;
     return out;
 }
 
@@ -859,16 +867,27 @@ char *api_resp_stream_end(api_resp_stream *s)
 
 char *api_resp_stream_fail(api_resp_stream *s, const char *code, const char *message)
 {
-    if (!s->ended) {
+    /* an end whose text could not be made (oom) never reached the client */
+    if (!s->ended || s->oom) {
+        s->ended = false;
         s->oom = false; /* what was lost is dropped; the end must get out */
         sw_free(s->out);
         s->out = NULL;
         s->out_len = s->out_cap = 0;
+        s->seq = s->seq_sent; /* numbered on from what the client has */
+        if (s->seq == 0)
+            s->started = false; /* not even response.created reached it */
         start(s, NULL);
         s->item = ITEM_NONE; /* an item left open is not closed after a failure */
         finish(s, json_pack("{s:s, s:s}", "code", code, "message", message));
     }
     return take(s);
+}
+
+void api_resp_stream_lost(api_resp_stream *s)
+{
+    s->seq = s->seq_sent = s->seq_prev;
+    s->ended = false; /* if the final event was lost, api_resp_stream_fail ends it again */
 }
 
 const json_t *api_resp_stream_response(const api_resp_stream *s)

@@ -69,6 +69,11 @@ char *api_resp_stream_end(api_resp_stream *s);
 /* Ends the response as failed with this error (code, message) unless it
  * has ended; "" once it has. */
 char *api_resp_stream_fail(api_resp_stream *s, const char *code, const char *message);
+/* The text the last call returned did not reach the client (nothing of
+ * it was sent): the events after are numbered from where the client is,
+ * and a final event in it is as if never made (api_resp_stream_fail
+ * then ends the stream). */
+void api_resp_stream_lost(api_resp_stream *s);
 /* The response as it stands (the final one once ended); borrowed. */
 const json_t *api_resp_stream_response(const api_resp_stream *s);
 /* Whether the stream has sent its final event. */

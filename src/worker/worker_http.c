@@ -397,8 +397,11 @@ static void sse_send(wk_req *r, json_t *chunk)
     }
     if (r->responses) { /* POST /v1/responses: the chunk's typed events */
         char *events = chunk && !r->broken ? wk__responses_chunk(r, chunk) : NULL;
-        if (!events || sw_alloc_thread_failures() != r->fail_mark ||
-            (events[0] && !sse_write(r, events)))
+        bool sent = events && sw_alloc_thread_failures() == r->fail_mark &&
+                    (!events[0] || sse_write(r, events));
+        if (events && !sent)
+            wk__responses_lost(r); /* none of it went out */
+        if (!sent)
             r->broken = true;
         sw_free(events);
         return;
@@ -446,20 +449,26 @@ static void stream_finish(wk_req *r)
         "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
         "\"code\":\"internal_error\",\"param\":null}}\n\ndata: [DONE]\n\n";
     const char *end = r->broken ? with_error : with_error + sizeof with_error - 1 - 14;
-    char *events = NULL;
-    if (r->responses) { /* its last event instead of [DONE] */
-        events = wk__responses_end(r, r->broken);
-        end = events ? events : "";
-        if (!events)
+    if (r->responses) {
+        /* its last event instead of [DONE]; one that could not be made or
+         * sent is made again as response.failed (worker_responses.c) */
+        char *events = wk__responses_end(r, r->broken);
+        bool sent = events && (!events[0] || sse_write(r, events));
+        for (int tries = 0; !sent && tries < 2; tries++) {
+            if (events)
+                wk__responses_lost(r);
+            sw_free(events);
+            events = wk__responses_end(r, true);
+            sent = events && (!events[0] || sse_write(r, events));
+        }
+        if (!sent)
             SW_WARN(MOD, "%s: out of memory ending the stream", r->id);
-    }
-    if (!end[0]) {
+        sw_free(events);
         evhttp_send_reply_end(r->evreq);
         return;
     }
     if (!sse_write(r, end) && !sse_write(r, end))
         SW_WARN(MOD, "%s: out of memory ending the stream", r->id);
-    sw_free(events);
     evhttp_send_reply_end(r->evreq);
 }
 

@@ -67,6 +67,12 @@ char *wk__responses_end(wk_req *r, bool broken)
                   : api_resp_stream_end(r->resp_stream);
 }
 
+void wk__responses_lost(wk_req *r)
+{
+    if (r->resp_stream)
+        api_resp_stream_lost(r->resp_stream);
+}
+
 json_t *wk__responses_answer(wk_req *r, const json_t *chat)
 {
     return api_responses_from_chat(r->responses, r->resp_id, (int64_t)r->created, chat);

@@ -11,11 +11,14 @@
  * in test_worker_reasoning.c), status incomplete at max_output_tokens,
  * text.format json_schema (the output parses and satisfies the schema),
  * streams (one well-formed stream whose events add up to the non-stream
- * answer, responses_check.h) and bad bodies (typed 400s naming the
- * parameter, then the worker still serves).
+ * answer, responses_check.h), bad bodies (typed 400s naming the
+ * parameter, then the worker still serves) and out of memory at each of
+ * a request's allocations in turn (the unfaulted answer or a typed 5xx; a
+ * stream still well formed, ending failed).
  */
 #include "testutil.h"
 #include "responses_check.h"
+#include "router_harness.h"
 #include "worker_client.h"
 
 #include "common/alloc.h"
@@ -442,6 +445,106 @@ static void test_bad_input(void **state)
     json_decref(r);
 }
 
+/* One POST /v1/responses with X-Spillway-Fault: alloc_fail_after:N (N < 0:
+ * counted, nothing failed). */
+static void post_fault(const wc_worker *w, const char *body, long n, wc_response *out)
+{
+    char raw[4096];
+    int len = snprintf(raw, sizeof raw,
+                       "POST /v1/responses HTTP/1.1\r\nHost: worker\r\nContent-Type: "
+                       "application/json\r\nX-Spillway-Fault: alloc_fail_after:%ld\r\n"
+                       "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                       n, strlen(body), body);
+    assert_true(len > 0 && (size_t)len < sizeof raw);
+    assert_int_equal(wc_raw(w->socket_path, raw, (size_t)len, 60000, out), 0);
+}
+
+/* Out of memory at every allocation the request's thread makes, whole
+ * and streamed: the answer is the unfaulted one or a typed 5xx, a stream
+ * stays one well-formed stream (ending failed, its sequence numbers
+ * without a gap), and the worker serves on and exits cleanly. */
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-seqs", "2", "--threads", "1", "--ctx-limit",
+                                       "1024", "--no-calibrate", NULL};
+    static const char *const env[] = {"SPILLWAY_FAULT=fault_header:1", NULL};
+    wc_worker w;
+    assert_int_equal(wc_worker_start(&w, g_model, args, env, 60, NULL), 0);
+    static const char *const bodies[] = {
+        "{\"input\":\"Once upon a time\",\"max_output_tokens\":5,\"seed\":3,"
+        "\"instructions\":\"Be brief.\"}",
+        "{\"input\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],"
+        "\"max_output_tokens\":5,\"seed\":3,\"stream\":true}",
+    };
+    for (int b = 0; b < 2; b++) {
+        bool stream = b == 1;
+        wc_response ref;
+        post_fault(&w, bodies[b], -1, &ref);
+        assert_int_equal(ref.status, 200);
+        char want[8192];
+        if (stream) {
+            rc_stream st;
+            rc_stream_check(ref.body, &st);
+            snprintf(want, sizeof want, "%s", st.text);
+            rc_stream_free(&st);
+        } else {
+            json_t *j = json_loads(ref.body, 0, NULL);
+            rc_response_text(j, want, sizeof want);
+            json_decref(j);
+        }
+        wc_response_free(&ref);
+        long total = rh_metric(w.socket_path, "spillway_fault_scope_allocations");
+        assert_true(total > 0);
+        int same = 0, failed = 0;
+        for (long n = 0; n < total; n++) {
+            wc_response r;
+            post_fault(&w, bodies[b], n, &r);
+            if (r.status == 200 && stream && strstr(r.headers, "text/event-stream")) {
+                rc_stream st;
+                rc_stream_check(r.body, &st);
+                if (!strcmp(st.final_type, "response.failed")) {
+                    failed++;
+                    assert_string_equal(json_string_value(json_object_get(
+                                            json_object_get(st.response, "error"), "code")),
+                                        "internal_error");
+                } else {
+                    same++;
+                    assert_string_equal(st.text, want);
+                }
+                rc_stream_free(&st);
+            } else if (r.status == 200) {
+                json_t *j = json_loads(r.body, 0, NULL);
+                if (!j)
+                    fail_msg("allocation %ld: a 200 that is not JSON: %s", n, r.body);
+                char text[8192];
+                assert_string_equal(json_string_value(json_object_get(j, "object")), "response");
+                rc_response_text(j, text, sizeof text);
+                assert_string_equal(text, want);
+                json_decref(j);
+                same++;
+            } else {
+                if (r.status < 500)
+                    fail_msg("allocation %ld: status %d: %s", n, r.status, r.body);
+                json_t *j = json_loads(r.body, 0, NULL);
+                if (!json_is_object(json_object_get(j, "error")))
+                    fail_msg("allocation %ld: a %d without its error: %s", n, r.status, r.body);
+                json_decref(j);
+                failed++;
+            }
+            wc_response_free(&r);
+        }
+        assert_true(failed > 0);
+        /* and after all that, the same answer */
+        wc_response r;
+        post_fault(&w, bodies[b], -1, &r);
+        assert_int_equal(r.status, 200);
+        wc_response_free(&r);
+        (void)same;
+    }
+    assert_int_equal(wc_worker_stop(&w), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -452,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_json_schema),
         cmocka_unit_test(test_reasoning),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -124,8 +124,14 @@ static bool load_prior(rt_req *q, const char *prev_id, json_t **prior)
     bool found = false;
     sw_error err;
     sw_error_clear(&err);
-    if (strlen(prev_id) > 200 ||
-        (rt->ledger && ldg_response_get(rt->ledger, prev_id, &sr, &found, &err)) || !found) {
+    if (strlen(prev_id) <= 200 && rt->ledger &&
+        ldg_response_get(rt->ledger, prev_id, &sr, &found, &err)) {
+        SW_WARN("router", "request %s: %s", q->request_id, err.message);
+        rt__send_error(q, 503, "ledger_unavailable", "the ledger could not be read", NULL,
+                       "Retry-After: 1\r\n");
+        return false;
+    }
+    if (!found) {
         char msg[320];
         snprintf(msg, sizeof msg, "no stored response '%.200s' (a response made with store "
                  "false is not kept)", prev_id);
@@ -424,7 +430,13 @@ static void get_or_delete(rt_req *q, const char *id, bool del)
         return;
     }
     ldg_response sr;
-    if (ldg_response_get(rt->ledger, id, &sr, &found, &err) || !found) {
+    if (ldg_response_get(rt->ledger, id, &sr, &found, &err)) {
+        SW_WARN("router", "request %s: %s", q->request_id, err.message);
+        rt__send_error(q, 503, "ledger_unavailable", "the ledger could not be read", NULL,
+                       "Retry-After: 1\r\n");
+        return;
+    }
+    if (!found) {
         rt__send_error(q, 404, "not_found", "no such stored response", NULL, NULL);
         return;
     }

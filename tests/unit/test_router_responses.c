@@ -11,7 +11,9 @@
  * tokens is resumed on the CPU worker: the client sees one well-formed
  * Responses stream (responses_check.h) whose text is exactly the
  * uninterrupted answer; a forced function call cut mid-arguments the same
- * way is one function_call item with the uninterrupted arguments.
+ * way is one function_call item with the uninterrupted arguments. Out of
+ * memory at each of the router's allocations for a request gives the
+ * answer or a typed 5xx, never a broken stream.
  */
 #include "testutil.h"
 #include "responses_check.h"
@@ -415,6 +417,81 @@ static void test_stream_resumed(void **state)
     finish(&r);
 }
 
+/* Out of memory at each of the router's allocations for a request in
+ * turn (X-Spillway-Fault, common/alloc.h): a stored response, a stream
+ * and a follow-up by previous_response_id each answer the unfaulted
+ * text or a typed 5xx, a stream stays one well-formed stream (ending
+ * failed), and the router serves on and exits cleanly. */
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    rh_router r;
+    rh_init(&r, "resp-oom", g_model, NULL,
+            "[worker cpu]\nthreads = 1\nmax-seqs = 2\nctx-limit = 512\n");
+    assert_int_equal(rh_run(&r, "SPILLWAY_FAULT=fault_header:1"), 0);
+    json_t *first = post(&r, NULL, "{\"input\":\"Hello\",\"max_output_tokens\":3,\"seed\":1}",
+                         200, NULL);
+    char follow[256];
+    snprintf(follow, sizeof follow,
+             "{\"previous_response_id\":\"%s\",\"input\":\"Go on\",\"max_output_tokens\":3,"
+             "\"seed\":1}", id_of(first));
+    const char *const bodies[] = {
+        "{\"input\":\"Once upon a time\",\"max_output_tokens\":4,\"seed\":3}",
+        "{\"input\":\"Once upon a time\",\"max_output_tokens\":4,\"seed\":3,\"stream\":true}",
+        follow,
+    };
+    for (int b = 0; b < 3; b++) {
+        bool stream = b == 1;
+        char hdr[128], want[8192];
+        snprintf(hdr, sizeof hdr, "X-Spillway-Fault: alloc_fail_after:-1\r\n");
+        json_t *ref = post(&r, hdr, bodies[b], 200, NULL);
+        rc_stream st;
+        if (stream) {
+            rc_stream_check(json_string_value(ref), &st);
+            snprintf(want, sizeof want, "%s", st.text);
+            rc_stream_free(&st);
+        } else {
+            rc_response_text(ref, want, sizeof want);
+        }
+        json_decref(ref);
+        long total = rh_metric(r.sock, "spillway_fault_scope_allocations");
+        assert_true(total > 0);
+        int failed = 0;
+        for (long n = 0; n < total; n++) {
+            snprintf(hdr, sizeof hdr, "X-Spillway-Fault: alloc_fail_after:%ld\r\n", n);
+            wc_response w;
+            assert_int_equal(rh_req(&r, "POST", "/v1/responses", hdr, bodies[b], &w), 0);
+            if (w.status == 200 && strstr(w.headers, "text/event-stream")) {
+                rc_stream_check(w.body, &st);
+                if (!strcmp(st.final_type, "response.failed"))
+                    failed++;
+                else
+                    assert_string_equal(st.text, want);
+                rc_stream_free(&st);
+            } else if (w.status == 200) {
+                json_t *j = rh_body_json(&w);
+                if (!j)
+                    fail_msg("allocation %ld: a 200 that is not JSON: %s", n, w.body);
+                char text[8192];
+                assert_string_equal(json_string_value(json_object_get(j, "object")), "response");
+                rc_response_text(j, text, sizeof text);
+                assert_string_equal(text, want);
+                json_decref(j);
+            } else {
+                if (w.status < 500)
+                    fail_msg("allocation %ld: status %d: %s", n, w.status, w.body);
+                failed++;
+            }
+            wc_response_free(&w);
+        }
+        assert_true(failed > 0);
+    }
+    json_decref(first);
+    json_t *again = post(&r, NULL, bodies[0], 200, NULL);
+    json_decref(again);
+    rh_finish(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -422,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_previous_response),
         cmocka_unit_test(test_background),
         cmocka_unit_test(test_stream_resumed),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

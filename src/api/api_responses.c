@@ -418,6 +418,19 @@ json_t *api_responses_input_items(const json_t *body)
                      "type", "input_text", "text", input);
 }
 
+const char *api_responses_param(const char *param)
+{
+    if (!strcmp(param, "max_tokens"))
+        return "max_output_tokens";
+    if (!strncmp(param, "response_format", 15))
+        return "text.format";
+    if (!strncmp(param, "messages", 8))
+        return "input";
+    if (!strncmp(param, "stream_options", 14))
+        return "stream";
+    return param;
+}
+
 /* ---- answer -------------------------------------------------------------- */
 
 void api_responses_item_id(char *out, size_t cap, const char *prefix, const char *resp_id,

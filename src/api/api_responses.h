@@ -79,6 +79,12 @@ const json_t *api_resp_stream_response(const api_resp_stream *s);
 /* Whether the stream has sent its final event. */
 bool api_resp_stream_ended(const api_resp_stream *s);
 
+/* The Responses parameter a chat body's parameter stands for, to name in
+ * an error the chat route gave (max_tokens: max_output_tokens,
+ * response_format...: text.format, messages...: input, stream_options:
+ * stream); param itself when it is the same. */
+const char *api_responses_param(const char *param);
+
 /* An item id: prefix ("msg", "fc", "rs"), the response id's part after
  * "resp_", and the output index: the same for the same response and
  * position, in a whole answer and in a stream alike. */

@@ -262,11 +262,12 @@ typedef struct rt_req {
     /* on_event writes the capture itself (what the client sees), instead
      * of rt_sink_event capturing the payload (router_responses.c) */
     bool on_event_captures;
-    /* A whole 200 answer goes to on_body instead, which sends what the
-     * client should see with rt__send_response (a POST /v1/responses:
-     * the chat answer as a Response, router_responses.c). NULL: as is. */
-    void (*on_body)(struct rt_req *q, const char *ctype, const char *extra, const char *body,
-                    size_t len);
+    /* A whole answer (or error) goes to on_body instead, which sends what
+     * the client should see with rt__send_response (a POST /v1/responses:
+     * the chat answer as a Response, an error naming the Responses
+     * parameter; router_responses.c). NULL: as is. */
+    void (*on_body)(struct rt_req *q, int status, const char *ctype, const char *extra,
+                    const char *body, size_t len);
     /* Prefer: respond-async (RFC 7240): when admission would answer 503
      * capacity_exceeded, the request is stored as a job and answered 202
      * instead (router_jobs.c, rt__jobs_accept_async) */

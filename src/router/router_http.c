@@ -221,10 +221,11 @@ static void head_common(const rt_req *q, sw_tb *t)
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
                           const char *body, size_t len)
 {
-    if (q->on_body && status == 200) { /* the answer, translated (rt_req.on_body) */
-        void (*filter)(rt_req *, const char *, const char *, const char *, size_t) = q->on_body;
+    if (q->on_body) { /* the answer, translated (rt_req.on_body) */
+        void (*filter)(rt_req *, int, const char *, const char *, const char *, size_t) =
+            q->on_body;
         q->on_body = NULL;
-        filter(q, ctype, extra, body, len);
+        filter(q, status, ctype, extra, body, len);
         q->on_body = filter;
         return;
     }

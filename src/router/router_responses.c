@@ -6,7 +6,8 @@
  * route whole: idempotency keys, admission and queueing, the capacity
  * fallback, failover and resume. Only the answer is translated, where it
  * leaves for the client: a whole answer through the request's body
- * filter (rt_req.on_body, called by rt__send_response for a 200), a
+ * filter (rt_req.on_body, called by rt__send_response; an error there
+ * names the Responses parameter, not the chat one), a
  * stream through its event filter (rt_req.on_event, called by
  * rt_sink_event for each chat chunk). The chat stream between the router
  * and its workers is unchanged, so a stream resumed on another worker
@@ -50,10 +51,35 @@ static void send_json(rt_req *q, int status, const json_t *j)
     free(s);
 }
 
+/* An error whose param is the chat body's, sent naming the Responses
+ * parameter it came from. */
+static void send_error_body(rt_req *q, int status, const char *ctype, const char *extra,
+                            const char *body, size_t len)
+{
+    json_t *j = sw_json_loadb(body, len, 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    const char *param = json_string_value(json_object_get(e, "param"));
+    const char *mapped = param ? api_responses_param(param) : NULL;
+    char *s = NULL;
+    if (mapped && mapped != param && json_object_set_new(e, "param", json_string(mapped)) == 0)
+        s = sw_json_dumps(j, JSON_COMPACT);
+    if (s)
+        rt__send_response(q, status, ctype, extra, s, strlen(s));
+    else
+        rt__send_response(q, status, ctype, extra, body, len);
+    free(s);
+    json_decref(j);
+}
+
 /* rt_req.on_body: the chat answer becomes the Response. */
-static void on_body(rt_req *q, const char *ctype, const char *extra, const char *body, size_t len)
+static void on_body(rt_req *q, int status, const char *ctype, const char *extra,
+                    const char *body, size_t len)
 {
     resp_ctx *c = q->on_event_ctx;
+    if (status != 200) {
+        send_error_body(q, status, ctype, extra, body, len);
+        return;
+    }
     json_t *chat = sw_json_loadb(body, len, 0, NULL);
     const char *object = json_string_value(json_object_get(chat, "object"));
     json_t *r = NULL;
@@ -310,12 +336,14 @@ static void create(rt_req *q)
         rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
         goto done;
     }
+    /* Prefer: respond-async would answer a spillway job, which a
+     * Responses client does not read: background is its way */
+    q->prefer_async = false;
     q->on_event_ctx = &c;
+    q->on_body = on_body; /* a stream's errors before it began too */
     if (stream) {
         q->on_event = on_event;
         q->on_event_captures = true;
-    } else {
-        q->on_body = on_body;
     }
     rt__with_idempotency(q, rt__dispatch_generate, true);
     q->on_event = NULL;

@@ -305,6 +305,8 @@ json_t *wk__responses_request(wk_req *r, json_t *body, api_error *e);
  * ends failed, out of memory); sw_free, NULL when out of memory. */
 char *wk__responses_chunk(wk_req *r, const json_t *chunk);
 char *wk__responses_end(wk_req *r, bool broken);
+/* The Responses parameter a chat parameter stands for (api_responses_param). */
+const char *wk__responses_param(const char *chat_param);
 /* The text wk__responses_chunk last returned was not sent. */
 void wk__responses_lost(wk_req *r);
 /* The Response of a whole chat answer (a new reference, NULL: out of memory). */

@@ -1520,6 +1520,8 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     }
     bool parsed = wk__parse_request(s, body, chat, r, &p);
     if (!parsed && sw_alloc_thread_failures() == failures_before) {
+        if (responses && p.param) /* the Responses parameter it came from */
+            p.param = wk__responses_param(p.param);
         send_error(evreq, p.status ? p.status : 400, p.code ? p.code : "invalid_request", p.param,
                    id, "%s", p.msg);
         goto fail_quiet;

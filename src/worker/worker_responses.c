@@ -67,6 +67,11 @@ char *wk__responses_end(wk_req *r, bool broken)
                   : api_resp_stream_end(r->resp_stream);
 }
 
+const char *wk__responses_param(const char *chat_param)
+{
+    return api_responses_param(chat_param);
+}
+
 void wk__responses_lost(wk_req *r)
 {
     if (r->resp_stream)

@@ -143,6 +143,10 @@ static void test_basic(void **state)
         {"{\"input\":\"x\",\"store\":\"yes\"}", "store"},
         {"{\"input\":\"x\",\"previous_response_id\":7}", "previous_response_id"},
         {"{\"input\":\"x\",\"temperature\":\"hot\"}", "temperature"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":"
+         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":"
+         "[\"a\"]}}],\"tool_choice\":\"required\",\"max_output_tokens\":2}",
+         "max_output_tokens"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         json_t *e = post(&r, NULL, bad[i].body, 400, NULL);

@@ -418,6 +418,13 @@ static void test_bad_input(void **state)
         {"{\"input\":\"x\",\"background\":true}", "background"},
         {"{\"input\":\"x\",\"temperature\":\"hot\"}", "temperature"},
         {"[1,2]", NULL},
+        /* the chat route's refusals name the Responses parameter */
+        {"{\"input\":\"x\",\"tools\":[" WEATHER_TOOL "],\"tool_choice\":\"required\","
+         "\"max_output_tokens\":3}",
+         "max_output_tokens"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+         "\"schema\":{\"type\":\"nonsense\"}}}}",
+         "text.format"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         json_t *e = post(&g_w, "/v1/responses", cases[i].body, 400);

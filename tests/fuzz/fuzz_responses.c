@@ -49,7 +49,8 @@ static void check_events(const char *text, long long *seq)
         FZ_CHECK(json_is_object(ev));
         FZ_CHECK(json_integer_value(json_object_get(ev, "sequence_number")) == *seq);
         const char *type = json_string_value(json_object_get(ev, "type"));
-        FZ_CHECK(type && strlen(type) == (size_t)(nl - p - 7) && !strncmp(type, p + 7, strlen(type)));
+        FZ_CHECK(type && strlen(type) == (size_t)(nl - p - 7) &&
+                 !strncmp(type, p + 7, strlen(type)));
         (*seq)++;
         json_decref(ev);
         p = end + 2;

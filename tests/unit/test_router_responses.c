@@ -13,7 +13,8 @@
  * uninterrupted answer; a forced function call cut mid-arguments the same
  * way is one function_call item with the uninterrupted arguments. Out of
  * memory at each of the router's allocations for a request gives the
- * answer or a typed 5xx, never a broken stream.
+ * answer or a typed 5xx, never a broken stream. A thinking family's
+ * reasoning item comes through as the worker gives it.
  */
 #include "testutil.h"
 #include "responses_check.h"
@@ -421,6 +422,58 @@ static void test_stream_resumed(void **state)
     finish(&r);
 }
 
+/* A thinking family's reply through the router: a reasoning item before
+ * the message, streamed and whole, as the worker itself answers it. */
+static void test_reasoning(void **state)
+{
+    (void)state;
+    rh_router r;
+    assert_int_equal(rh_start(&r, "resp-think", g_model, NULL,
+                              "chat-template = qwen3\n" /* the [model] section's */
+                              "[worker cpu]\nthreads = 1\nmax-seqs = 2\nctx-limit = 512\n"),
+                     0);
+    json_t *g = json_string("root ::= \"<think>\\n\" [a-z]{2,8} \"\\n</think>\\n\\n\" [a-z]{1,6}\n");
+    char *qg = json_dumps(g, JSON_ENCODE_ANY);
+    json_decref(g);
+    char b[512], sock[700];
+    snprintf(b, sizeof b,
+             "{\"input\":\"think\",\"max_output_tokens\":60,\"seed\":2,\"temperature\":1,"
+             "\"grammar\":%s}", qg);
+    rh_worker_sock(&r, "cpu", sock, sizeof sock);
+    wc_response d;
+    assert_int_equal(wc_request(sock, "POST", "/v1/responses", b, 60000, &d), 0);
+    assert_int_equal(d.status, 200);
+    json_t *want = json_loads(d.body, 0, NULL);
+    wc_response_free(&d);
+    json_t *rs = json_array_get(json_object_get(want, "output"), 0);
+    assert_string_equal(json_string_value(json_object_get(rs, "type")), "reasoning");
+    const char *thought = json_string_value(
+        json_object_get(json_array_get(json_object_get(rs, "content"), 0), "text"));
+    assert_non_null(thought);
+    char want_text[512];
+    rc_response_text(want, want_text, sizeof want_text);
+
+    json_t *whole = post(&r, NULL, b, 200, NULL);
+    assert_true(json_equal(json_object_get(json_array_get(json_object_get(whole, "output"), 0),
+                                           "content"),
+                           json_object_get(rs, "content")));
+    json_decref(whole);
+    snprintf(b, sizeof b,
+             "{\"input\":\"think\",\"max_output_tokens\":60,\"seed\":2,\"temperature\":1,"
+             "\"grammar\":%s,\"stream\":true}", qg);
+    free(qg);
+    json_t *s = post(&r, NULL, b, 200, NULL);
+    rc_stream st;
+    rc_stream_check(json_string_value(s), &st);
+    assert_string_equal(st.reasoning, thought);
+    assert_string_equal(st.text, want_text);
+    assert_int_equal(st.n_items, 2);
+    rc_stream_free(&st);
+    json_decref(s);
+    json_decref(want);
+    rh_finish(&r);
+}
+
 /* Out of memory at each of the router's allocations for a request in
  * turn (X-Spillway-Fault, common/alloc.h): a stored response, a stream
  * and a follow-up by previous_response_id each answer the unfaulted
@@ -503,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_previous_response),
         cmocka_unit_test(test_background),
         cmocka_unit_test(test_stream_resumed),
+        cmocka_unit_test(test_reasoning),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

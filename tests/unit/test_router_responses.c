@@ -165,6 +165,18 @@ static void test_basic(void **state)
     assert_true(json_equal(k1, k2));
     json_decref(k1);
     json_decref(k2);
+    /* a stream too: the same Responses events, replayed */
+    const char *sb = "{\"input\":\"Once upon a time\",\"max_output_tokens\":6,\"seed\":2,"
+                     "\"stream\":true}";
+    k1 = post(&r, "Idempotency-Key: resp-key-2\r\n", sb, 200, NULL);
+    k2 = post(&r, "Idempotency-Key: resp-key-2\r\n", sb, 200, &w);
+    rh_assert_header(&w, "X-Spillway-Idempotent-Replay", "true");
+    wc_response_free(&w);
+    assert_string_equal(json_string_value(k1), json_string_value(k2));
+    rc_stream_check(json_string_value(k2), &st);
+    rc_stream_free(&st);
+    json_decref(k1);
+    json_decref(k2);
     json_decref(a);
     finish(&r);
 }

@@ -419,6 +419,16 @@ json_t *api_msg_to_chat(json_t *body, bool count, api_error *e)
         json_object_set_new(chat, "stream", json_true());
         json_object_set_new(chat, "stream_options", json_pack("{s:b}", "include_usage", 1));
     }
+    /* llama-server's extensions beside Anthropic's fields, taken as the
+     * chat body takes them: a seed, a GBNF grammar, the reasoning split */
+    static const char *const extensions[] = {"seed", "grammar", "reasoning_format"};
+    for (size_t i = 0; i < sizeof extensions / sizeof extensions[0]; i++) {
+        json_t *v = json_object_get(body, extensions[i]);
+        if (v && json_object_set(chat, extensions[i], v) != 0) {
+            api_oom(e);
+            goto fail;
+        }
+    }
     json_t *thinking = json_object_get(body, "thinking");
     if (thinking && !json_is_null(thinking)) {
         const char *t = json_string_value(json_object_get(thinking, "type"));

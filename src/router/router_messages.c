@@ -21,9 +21,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether path is want, with or without a query (the SDKs' ?beta=true). */
+static bool path_is(const char *path, const char *want)
+{
+    size_t n = strlen(want);
+    return strncmp(path, want, n) == 0 && (path[n] == '\0' || path[n] == '?');
+}
+
 bool rt__messages_path(const char *path)
 {
-    return strcmp(path, API_MSG_PATH) == 0 || strcmp(path, API_MSG_COUNT_PATH) == 0;
+    return path_is(path, API_MSG_PATH) || path_is(path, API_MSG_COUNT_PATH);
 }
 
 char *rt__messages_body(int status, const char *body, size_t len, size_t *out_len)
@@ -121,7 +128,7 @@ void rt__handle_messages(rt_req *q)
         rt__send_error(q, 400, "invalid_json", msg, NULL, NULL);
         return;
     }
-    if (!strcmp(q->path, API_MSG_COUNT_PATH)) {
+    if (path_is(q->path, API_MSG_COUNT_PATH)) {
         count_tokens(q, body);
         json_decref(body);
         return;

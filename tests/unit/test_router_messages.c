@@ -137,10 +137,11 @@ static void test_through_router(void **state)
     assert_memory_equal(json_string_value(json_object_get(m, "id")), "msg_", 4);
     char cpu_sock[700];
     rh_worker_sock(&r, "cpu", cpu_sock, sizeof cpu_sock);
-    char *direct_body = json_dumps(json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", model,
-                                             "max_tokens", 12, "temperature", 0.0, "system",
-                                             "Be brief.", "messages", user("Tell a story")),
-                                   JSON_COMPACT);
+    json_t *direct = json_pack("{s:s, s:i, s:f, s:s, s:o}", "model", model, "max_tokens", 12,
+                               "temperature", 0.0, "system", "Be brief.", "messages",
+                               user("Tell a story"));
+    char *direct_body = json_dumps(direct, JSON_COMPACT);
+    json_decref(direct);
     wc_response d;
     assert_int_equal(wc_request(cpu_sock, "POST", "/v1/messages", direct_body, 30000, &d), 0);
     free(direct_body);

@@ -719,10 +719,11 @@ bool api_msg_stream_feed(api_msg_stream *s, const char *payload, size_t len)
         finish(s);
         return !s->oom;
     }
-    json_t *c = sw_json_loadb(payload, len, 0, NULL);
-    if (!c) {
-        s->oom = true;
-        return false;
+    json_error_t jerr;
+    json_t *c = sw_json_loadb(payload, len, 0, &jerr);
+    if (!c) { /* a payload that is not JSON says nothing: skipped */
+        s->oom = s->oom || sw_json_error_oom(&jerr);
+        return !s->oom;
     }
     json_t *err = json_object_get(c, "error");
     if (err) {

@@ -11,7 +11,8 @@
  * in Anthropic's shape, an Idempotency-Key replay of a stream; and the
  * resume: a stream whose GPU worker dies mid-way, resumed on the CPU
  * worker, is one well-formed Messages stream whose text is exactly the
- * uninterrupted answer, also for a thinking model resumed mid-thought.
+ * uninterrupted answer, also for a thinking model resumed mid-thought;
+ * one that cannot be resumed ends with an error event.
  */
 #include "testutil.h"
 #include "messages_check.h"
@@ -416,12 +417,55 @@ static void test_thinking_resumed(void **state)
     rh_finish(&r);
 }
 
+/* A stream that cannot be resumed anywhere (the CPU worker's context is
+ * too short for the prompt and the text sent) ends with an error event
+ * (overloaded_error: no worker could finish it) after the text the client
+ * has, and nothing after it; the router keeps serving. */
+static void test_stream_unresumable(void **state)
+{
+    (void)state;
+    char workers[512];
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = sim-gpu:%s\nsim-capacity = 64MiB\nthreads = 1\n"
+             "ctx-limit = 512\nfault = abort_after_tokens:5,stall_ms:20\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 10\n",
+             g_pool);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "messages-unresumable", g_model, NULL, workers), 0);
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/messages", NULL,
+                            "{\"model\":\"spillway-synthetic\",\"max_tokens\":20,\"stream\":true,"
+                            "\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":"
+                            "\"Tell a story\"}]}",
+                            &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    json_t *e = message_of(&w); /* the stream's grammar holds up to the error */
+    assert_string_equal(error_type(e), "overloaded_error");
+    assert_true(json_string_length(json_object_get(json_object_get(e, "error"), "message")) > 0);
+    json_decref(e);
+    assert_non_null(strstr(w.body, "event: message_start"));
+    assert_non_null(strstr(w.body, "\"text_delta\""));
+    assert_null(strstr(w.body, "event: message_stop"));
+    wc_response_free(&w);
+    assert_int_equal(rh_req(&r, "POST", "/v1/messages", NULL,
+                            "{\"model\":\"spillway-synthetic\",\"max_tokens\":2,\"messages\":[{"
+                            "\"role\":\"user\",\"content\":\"Hi\"}]}",
+                            &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    rh_finish(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_through_router),
         cmocka_unit_test(test_stream_resumed),
         cmocka_unit_test(test_thinking_resumed),
+        cmocka_unit_test(test_stream_unresumable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -148,9 +148,9 @@ static bool messages_request(struct evhttp_request *evreq)
  * be prepared, the connection gets what libevent can still send. */
 static void send_json(struct evhttp_request *evreq, int status, json_t *body, const char *req_id)
 {
-    json_t *anthropic = body && messages_request(evreq) ? wk__messages_answer(status, body) : NULL;
-    if (body && messages_request(evreq))
-        body = anthropic;
+    json_t *anthropic = NULL;
+    if (body && messages_request(evreq)) /* NULL out of memory: the 500 below */
+        body = anthropic = wk__messages_answer(status, body);
     char *dump = body ? sw_json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(anthropic);
     if (!dump || !try_send_json(evreq, status, dump, req_id)) {

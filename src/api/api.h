@@ -41,7 +41,9 @@ bool api_oom(api_error *e);
 /* The methods and request headers a preflight allows by default, and the
  * response headers a page may read. */
 #define API_CORS_METHODS "GET, POST, DELETE, OPTIONS"
-#define API_CORS_HEADERS "Authorization, Content-Type, Idempotency-Key, X-Request-Id, Prefer"
+#define API_CORS_HEADERS                                                                       \
+    "Authorization, Content-Type, Idempotency-Key, X-Request-Id, Prefer, x-api-key, "          \
+    "anthropic-version, anthropic-beta"
 #define API_CORS_EXPOSE                                                                        \
     "X-Request-Id, X-Spillway-Worker, X-Spillway-Model, X-Spillway-Attempts, "                \
     "X-Spillway-Fallback-From, Retry-After"

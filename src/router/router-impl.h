@@ -268,6 +268,9 @@ typedef struct rt_req {
      * parameter; router_responses.c). NULL: as is. */
     void (*on_body)(struct rt_req *q, int status, const char *ctype, const char *extra,
                     const char *body, size_t len);
+    /* POST /v1/messages and /v1/messages/count_tokens (router_messages.c):
+     * every whole answer, errors included, goes out in Anthropic's shape */
+    bool messages;
     /* Prefer: respond-async (RFC 7240): when admission would answer 503
      * capacity_exceeded, the request is stored as a job and answered 202
      * instead (router_jobs.c, rt__jobs_accept_async) */
@@ -429,6 +432,15 @@ void rt__handle_responses(rt_req *q);
 
 /* agent runs (router_agent.c); body is the parsed request */
 void rt__handle_agent(rt_req *q, json_t *body);
+
+/* Anthropic's Messages API (router_messages.c) */
+/* Whether path is /v1/messages or /v1/messages/count_tokens. */
+bool rt__messages_path(const char *path);
+/* POST /v1/messages (relayed as chat completions) or count_tokens. */
+void rt__handle_messages(rt_req *q);
+/* A JSON answer (status, body) to a Messages request in Anthropic's
+ * shape (sw_free; its length into *out_len), NULL to send it as it is. */
+char *rt__messages_body(int status, const char *body, size_t len, size_t *out_len);
 
 /* Idempotency-Key around a handler (router_idem.c) */
 void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat);

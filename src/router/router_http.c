@@ -229,6 +229,12 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
         q->on_body = filter;
         return;
     }
+    /* Anthropic's shapes for a Messages request (router_messages.c) */
+    char *anthropic = q->messages && !strncmp(ctype, "application/json", 16)
+                          ? rt__messages_body(status, body, len, &len)
+                          : NULL;
+    if (anthropic)
+        body = anthropic;
     if (q->cap.on) {
         q->cap.status = status;
         q->cap.stream = false;
@@ -262,6 +268,7 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
     SW_TB_LIT(&t, "\r\n");
     if (sw_tb_ok(&t))
         sink_write2(q, head, t.len, body, len);
+    sw_free(anthropic);
 }
 
 int rt__stream_begin(rt_req *q)
@@ -946,7 +953,7 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
     long long content_length = 0;
     bool chunked = false, bad_length = false, seen_length = false;
     bool expect_continue = false, expect_other = false;
-    char rid[256] = "", conn[256] = "", cors_headers[512] = "";
+    char rid[256] = "", conn[256] = "", cors_headers[512] = "", api_key[248] = "";
     for (char *line = strstr(buf, "\r\n"); line; line = strstr(line, "\r\n")) {
         line += 2;
         char *colon = strchr(line, ':');
@@ -979,6 +986,8 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             copy_str(conn, sizeof conn, val);
         else if (nl == 13 && !strncasecmp(line, "Authorization", 13))
             copy_str(q.auth, sizeof q.auth, val);
+        else if (nl == 9 && !strncasecmp(line, "x-api-key", 9))
+            copy_str(api_key, sizeof api_key, val); /* Anthropic's clients' key */
         else if (nl == 6 && !strncasecmp(line, "Origin", 6))
             copy_str(q.origin, sizeof q.origin, val);
         else if (nl == 30 && !strncasecmp(line, "Access-Control-Request-Headers", 30))
@@ -1011,6 +1020,9 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
                 q.idem_key_bad = true;
         }
     }
+    if (!q.auth[0] && api_key[0]) /* x-api-key: K is Authorization: Bearer K */
+        snprintf(q.auth, sizeof q.auth, "Bearer %s", api_key);
+    q.messages = rt__messages_path(q.path);
     /* HTTP/1.1 is persistent unless the client says close; HTTP/1.0 only
      * when it asks for keep-alive. The last request a connection may
      * serve, and any during shutdown, answer Connection: close. */
@@ -1061,7 +1073,8 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
         pthread_mutex_unlock(&rt->mu);
         if (content_length != 0 || bad_length || chunked)
             q.keep_alive = false;
-        rt__send_error(&q, 401, "invalid_api_key", "missing or wrong API key (Authorization: Bearer)",
+        rt__send_error(&q, 401, "invalid_api_key",
+                       "missing or wrong API key (Authorization: Bearer, or x-api-key)",
                    NULL, "WWW-Authenticate: Bearer\r\n");
         if (q.keep_alive) {
             hl -= head_len;
@@ -1139,6 +1152,11 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__with_idempotency(&q, rt__dispatch_generate, !strcmp(q.path, "/v1/chat/completions"));
     } else if (!strcmp(q.path, "/v1/responses") || !strncmp(q.path, "/v1/responses/", 14)) {
         rt__handle_responses(&q);
+    } else if (q.messages) {
+        if (!post)
+            rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
+        else
+            rt__handle_messages(&q);
     } else if (!strcmp(q.path, "/tokenize")) {
         if (!post)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);

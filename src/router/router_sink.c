@@ -30,7 +30,9 @@ int rt_sink_event(rt_relay *r, const char *payload)
         r->status = 200;
     }
     size_t len = strlen(payload);
-    if (q->cap.on && !q->on_event_captures) { /* an overflow (or out of memory) marks it incomplete */
+    /* an overflow (or out of memory) marks it incomplete; a filter that
+     * captures what the client sees does it itself */
+    if (q->cap.on && !q->on_event_captures) {
         rt__capture_append(&q->cap, "data: ", 6);
         rt__capture_append(&q->cap, payload, len);
         rt__capture_append(&q->cap, "\n\n", 2);

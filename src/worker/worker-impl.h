@@ -16,6 +16,7 @@
 
 #include "common/alloc.h"
 #include "api/api.h"
+#include "api/messages.h"
 #include "device/device.h"
 #include "chat/chat_reasoning.h"
 #include "chat/chat_template.h"
@@ -158,6 +159,9 @@ struct wk_req {
     bool fault_scoped;
     sw_alloc_scope fault_scope;
     sw_alloc_scope engine_fault_scope;
+    /* POST /v1/messages (worker_messages.c): the chat stream turned into
+     * Anthropic's events as it goes out; NULL for an OpenAI request */
+    struct api_msg_stream *msg;
     /* under wk_server.lock */
     bool cancelled;
 };
@@ -180,6 +184,8 @@ typedef struct wk_event {
     int32_t n_top;
     eng_token_logprob top[ENG_MAX_TOP_LOGPROBS];
     const char *finish;              /* DONE: "stop", "length", "cancelled" */
+    const char *stop_string;         /* DONE: the stop string that ended it (in
+                                        req->stops), NULL none */
     int32_t n_generated;
     int32_t n_cached;                /* DONE: prompt tokens taken from the prefix cache */
     int32_t prefix_tokens;           /* first TOKEN: eng_seq_prefix_cached_tokens */
@@ -209,6 +215,7 @@ typedef struct wk_slot {
     size_t held_len, held_cap;
     int32_t pending_token;           /* decode entry of this step */
     bool stop_hit;                   /* a stop string ended it: nothing more */
+    int32_t stop_which;              /* that string's index in req->stops + 1, 0 none */
 } wk_slot;
 
 typedef struct wk_server {
@@ -356,5 +363,19 @@ bool wk__tool_known(const wk_req *r, const char *name);
  * (auto: a reply is a call only when it starts with one). */
 json_t *wk__auto_calls(const wk_req *r);
 json_t *wk__forced_calls(const wk_req *r);
+
+/* worker_messages.c: Anthropic's Messages API over the chat machinery */
+/* Whether path is /v1/messages or /v1/messages/count_tokens. */
+bool wk__messages_path(const char *path);
+/* A JSON answer to a Messages request in Anthropic's shape (a new
+ * object): a chat.completion as a Message, an error as an error; NULL
+ * when memory ran out. */
+json_t *wk__messages_answer(int status, json_t *body);
+/* r's Messages stream state (r->msg), before its first event: false
+ * when memory ran out. */
+bool wk__messages_begin(wk_server *s, wk_req *r);
+/* POST /v1/messages/count_tokens: {"input_tokens": N} (status 200), or
+ * an error body with *status set. */
+json_t *wk__messages_count(wk_server *s, json_t *body, int *status);
 
 #endif

@@ -55,6 +55,9 @@ void wk_req_free(wk_req *req)
     eng_reasoning_text_free(&req->reasoning);
     json_decref(req->responses);
     api_resp_stream_free(req->resp_stream);
+    if (req->msg)
+        api_msg_stream_free(req->msg);
+    sw_free(req->msg);
     sw_free(req);
 }
 
@@ -209,7 +212,7 @@ static bool held_append(wk_slot *sl, const char *text, size_t n)
  * text before it is released, the stop string and everything after never
  * are). Otherwise it keeps back the longest tail that could still become
  * the start of a stop string, so no part of one ever leaks. */
-static size_t held_release(const wk_req *req, const wk_slot *sl, bool *stopped)
+static size_t held_release(const wk_req *req, wk_slot *sl, bool *stopped)
 {
     size_t best = SIZE_MAX;
     *stopped = false;
@@ -217,8 +220,10 @@ static size_t held_release(const wk_req *req, const wk_slot *sl, bool *stopped)
         return 0;
     for (size_t i = 0; i < req->n_stops; i++) {
         const char *hit = memmem(sl->held, sl->held_len, req->stops[i], strlen(req->stops[i]));
-        if (hit && (size_t)(hit - sl->held) < best)
+        if (hit && (size_t)(hit - sl->held) < best) {
             best = (size_t)(hit - sl->held);
+            sl->stop_which = (int32_t)i + 1; /* which one: Messages' stop_sequence */
+        }
     }
     if (best != SIZE_MAX) {
         *stopped = true;
@@ -333,6 +338,8 @@ static void finish_slot(wk_server *s, int32_t seq, ev_list *l, const char *finis
         return;
     }
     ev->finish = finish;
+    if (strcmp(finish, "stop") == 0 && sl->stop_which > 0 && (size_t)sl->stop_which <= req->n_stops)
+        ev->stop_string = req->stops[sl->stop_which - 1];
     ev->n_generated = sl->n_generated;
     ev->n_cached = sl->n_cached;
     ev->draws = sl->sampler ? eng_sampler_draws(sl->sampler) : req->skip_draws;

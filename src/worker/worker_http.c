@@ -129,12 +129,30 @@ static bool try_send_json(struct evhttp_request *evreq, int status, const char *
     return ok;
 }
 
+/* Whether evreq asked for Anthropic's Messages API (its answers are in
+ * Anthropic's shapes: worker_messages.c). */
+static bool messages_request(struct evhttp_request *evreq)
+{
+    const char *uri = evhttp_request_get_uri(evreq);
+    char path[64];
+    size_t n = uri ? strcspn(uri, "?") : 0;
+    if (!uri || n >= sizeof path)
+        return false;
+    memcpy(path, uri, n);
+    path[n] = '\0';
+    return wk__messages_path(path);
+}
+
 /* body NULL, or one that cannot be written out, sends the out-of-memory
  * error instead (a 500, whatever status was meant); when even that cannot
  * be prepared, the connection gets what libevent can still send. */
 static void send_json(struct evhttp_request *evreq, int status, json_t *body, const char *req_id)
 {
+    json_t *anthropic = NULL;
+    if (body && messages_request(evreq)) /* NULL out of memory: the 500 below */
+        body = anthropic = wk__messages_answer(status, body);
     char *dump = body ? sw_json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(anthropic);
     if (!dump || !try_send_json(evreq, status, dump, req_id)) {
         if (!try_send_json(evreq, status >= 500 ? status : 500, WK_OOM_BODY, req_id) &&
             !try_send_json(evreq, status >= 500 ? status : 500, WK_OOM_BODY, req_id))
@@ -413,6 +431,13 @@ static void sse_send(wk_req *r, json_t *chunk)
         return;
     }
     size_t len = strlen(dump);
+    if (r->msg) { /* /v1/messages: the chunk's Anthropic events */
+        bool fed = api_msg_stream_feed(r->msg, dump, len);
+        free(dump);
+        if (!fed || (r->msg->out_len && !sse_write(r, r->msg->out)))
+            r->broken = true;
+        return;
+    }
     char *event = sw_malloc(len + 9);
     if (event) {
         memcpy(event, "data: ", 6);
@@ -467,7 +492,14 @@ static void stream_finish(wk_req *r)
         evhttp_send_reply_end(r->evreq);
         return;
     }
-    if (!sse_write(r, end) && !sse_write(r, end))
+    if (r->msg) { /* /v1/messages: message_delta and message_stop, or the error */
+        if (r->broken)
+            api_msg_stream_fail(r->msg, 500, "out of memory");
+        else
+            api_msg_stream_feed(r->msg, "[DONE]", 6);
+        end = r->msg->out_len ? r->msg->out : NULL;
+    }
+    if (end && !sse_write(r, end) && !sse_write(r, end))
         SW_WARN(MOD, "%s: out of memory ending the stream", r->id);
     evhttp_send_reply_end(r->evreq);
 }
@@ -935,6 +967,8 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     }
     json_t *ext = json_pack("{s:O, s:I}", "token_ids", r->token_ids, "draws", (json_int_t)ev->draws);
     json_object_set_new(ext, "seed", json_integer((json_int_t)r->sampling.seed));
+    if (ev->stop_string) /* which stop string ended it (Messages' stop_sequence) */
+        json_object_set_new(ext, "stop_sequence", json_string(ev->stop_string));
     if (r->stream && !r->started && !r->broken)
         stream_start(r);
     if (r->stream && !r->started && r->group) {
@@ -952,6 +986,9 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
         json_object_set_new(c, "spillway", json_pack("{s:[], s:I, s:I}", "token_ids", "draws",
                                                      (json_int_t)ev->draws, "seed",
                                                      (json_int_t)r->sampling.seed));
+        if (ev->stop_string)
+            json_object_set_new(json_object_get(c, "spillway"), "stop_sequence",
+                                json_string(ev->stop_string));
         sse_send(r, c);
         json_decref(c);
         if (r->group) { /* usage and the end come after the last choice */
@@ -1426,6 +1463,20 @@ static void handle_tokenize(wk_server *s, struct evhttp_request *evreq)
     json_decref(body);
 }
 
+/* POST /v1/messages/count_tokens: the prompt's tokens as /v1/messages
+ * would prefill them (worker_messages.c). */
+static void handle_count_tokens(wk_server *s, struct evhttp_request *evreq)
+{
+    json_t *body = read_body(s, evreq, NULL);
+    if (!body)
+        return;
+    int status = 500;
+    json_t *out = wk__messages_count(s, body, &status);
+    send_json(evreq, status, out, NULL);
+    json_decref(out);
+    json_decref(body);
+}
+
 /* n > 1: the other choices of r, parsed from the same body (which r's
  * parse accepted), each with its own sequence and seed + its index (with a
  * given seed choice 0 is the n = 1 answer; at temperature 0 all are that
@@ -1462,7 +1513,7 @@ static int32_t group_make(wk_server *s, json_t *body, bool chat, wk_req *r, wk_r
 }
 
 static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool chat,
-                            bool responses)
+                            bool messages, bool responses)
 {
     sw_alloc_scope fault, engine_fault, *fault_prev = NULL;
     bool scoped = fault_scope_open(evreq, &fault, &engine_fault, &fault_prev);
@@ -1508,6 +1559,17 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
              strncmp(id, kind, strlen(kind)) == 0 ? "" : kind, id);
     if (!(body = read_body(s, evreq, id)))
         goto fail_quiet;
+    if (messages) { /* Anthropic's body as the chat body it means */
+        api_error ae;
+        memset(&ae, 0, sizeof ae);
+        json_t *chat_body = api_msg_to_chat(body, false, &ae);
+        json_decref(body);
+        if (!(body = chat_body)) {
+            send_error(evreq, ae.status ? ae.status : 400, ae.code ? ae.code : "invalid_request",
+                       ae.param, id, "%s", ae.msg);
+            goto fail_quiet;
+        }
+    }
     memset(&p, 0, sizeof p);
     if (responses) { /* translated into the chat request (worker_responses.c) */
         json_t *chat_body = wk__responses_request(r, body, &p);
@@ -1526,6 +1588,8 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
                    id, "%s", p.msg);
         goto fail_quiet;
     }
+    if (parsed && messages && !wk__messages_begin(s, r))
+        parsed = false; /* out of memory: answered below */
     wk_req *reqs[WK_MAX_CHOICES] = {r};
     int32_t n_reqs = parsed ? group_make(s, body, chat, r, reqs) : 1;
     json_decref(body);
@@ -1676,9 +1740,11 @@ static void on_request(struct evhttp_request *evreq, void *arg)
         free(id);
         return;
     }
-    bool responses = strcmp(path, "/v1/responses") == 0;
+    bool messages = wk__messages_path(path); /* Anthropic's, worker_messages.c */
+    bool count = strcmp(path, API_MSG_COUNT_PATH) == 0;
+    bool responses = strcmp(path, "/v1/responses") == 0; /* OpenAI's, worker_responses.c */
     bool gen = strcmp(path, "/v1/completions") == 0 ||
-               strcmp(path, "/v1/chat/completions") == 0 || responses;
+               strcmp(path, "/v1/chat/completions") == 0 || messages || responses;
     bool tok = strcmp(path, "/tokenize") == 0;
     known = gen || tok || strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
             strcmp(path, "/v1/models") == 0;
@@ -1699,9 +1765,12 @@ static void on_request(struct evhttp_request *evreq, void *arg)
     }
     if (tok)
         handle_tokenize(s, evreq);
+    else if (count)
+        handle_count_tokens(s, evreq);
     else
-        handle_generate(s, evreq, responses || strcmp(path, "/v1/chat/completions") == 0,
-                        responses);
+        handle_generate(s, evreq,
+                        strcmp(path, "/v1/chat/completions") == 0 || messages || responses,
+                        messages, responses);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)

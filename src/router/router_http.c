@@ -1150,7 +1150,8 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
         else
             rt__with_idempotency(&q, rt__dispatch_generate, !strcmp(q.path, "/v1/chat/completions"));
-    } else if (!strcmp(q.path, "/v1/responses") || !strncmp(q.path, "/v1/responses/", 14)) {
+    } else if (!strncmp(q.path, "/v1/responses", 13) &&
+               (!q.path[13] || q.path[13] == '/' || q.path[13] == '?')) {
         rt__handle_responses(&q);
     } else if (q.messages) {
         if (!post)

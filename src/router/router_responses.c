@@ -481,14 +481,17 @@ void rt__handle_responses(rt_req *q)
 {
     bool post = !strcmp(q->method, "POST"), get = !strcmp(q->method, "GET");
     bool del = !strcmp(q->method, "DELETE");
-    if (!strcmp(q->path, "/v1/responses")) {
+    /* a query (the SDKs' include[], stream on a retrieve) is not read */
+    char path[sizeof q->path];
+    snprintf(path, sizeof path, "%.*s", (int)strcspn(q->path, "?"), q->path);
+    if (!strcmp(path, "/v1/responses")) {
         if (!post)
             rt__send_error(q, 405, "method_not_allowed", "use POST", NULL, NULL);
         else
             create(q);
         return;
     }
-    const char *id = q->path + strlen("/v1/responses/");
+    const char *id = path + strlen("/v1/responses/");
     if (!get && !del)
         rt__send_error(q, 405, "method_not_allowed", "use GET or DELETE", NULL, NULL);
     else

@@ -246,6 +246,12 @@ static void test_previous_response(void **state)
     json_t *g = get(&r, "GET", id_of(a), 200);
     assert_true(json_equal(g, a));
     json_decref(g);
+    char with_query[256];
+    snprintf(with_query, sizeof with_query, "%s?include[]=message.output_text.logprobs",
+             id_of(a));
+    g = get(&r, "GET", with_query, 200);
+    assert_true(json_equal(g, a));
+    json_decref(g);
 
     /* store false: answered, not kept */
     json_t *n = post(&r, NULL, "{\"input\":\"x\",\"max_output_tokens\":2,\"store\":false}", 200,

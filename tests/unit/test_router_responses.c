@@ -10,7 +10,8 @@
  * responses run as durable jobs. A stream whose GPU worker dies after 5
  * tokens is resumed on the CPU worker: the client sees one well-formed
  * Responses stream (responses_check.h) whose text is exactly the
- * uninterrupted answer; a forced function call cut mid-arguments the same
+ * uninterrupted answer (one that cannot be resumed anywhere ends with
+ * response.failed); a forced function call cut mid-arguments the same
  * way is one function_call item with the uninterrupted arguments. Out of
  * memory at each of the router's allocations for a request gives the
  * answer or a typed 5xx, never a broken stream. A thinking family's
@@ -440,6 +441,41 @@ static void test_stream_resumed(void **state)
     finish(&r);
 }
 
+/* A stream that cannot be resumed anywhere (the CPU worker's context is
+ * too short for the prompt and the text sent) ends with response.failed
+ * after the text the client has, still one well-formed stream; the
+ * router serves on. */
+static void test_stream_unresumable(void **state)
+{
+    (void)state;
+    char workers[512];
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = sim-gpu:%s\nsim-capacity = 64MiB\nthreads = 1\n"
+             "ctx-limit = 512\nfault = abort_after_tokens:5,stall_ms:20\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 10\n",
+             g_pool);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "resp-unresumable", g_model, NULL, workers), 0);
+    json_t *s = post(&r, NULL,
+                     "{\"input\":\"Tell a story\",\"max_output_tokens\":20,\"temperature\":0,"
+                     "\"ignore_eos\":true,\"stream\":true}",
+                     200, NULL);
+    rc_stream st;
+    rc_stream_check(json_string_value(s), &st);
+    assert_string_equal(st.final_type, "response.failed");
+    json_t *err = json_object_get(st.response, "error");
+    assert_true(json_string_length(json_object_get(err, "code")) > 0);
+    assert_true(json_string_length(json_object_get(err, "message")) > 0);
+    /* after the text the client had */
+    assert_non_null(strstr(json_string_value(s), "response.output_text.delta"));
+    rc_stream_free(&st);
+    json_decref(s);
+    /* not stored: a failed response is nothing to continue */
+    json_t *ok = post(&r, NULL, "{\"input\":\"Hi\",\"max_output_tokens\":2}", 200, NULL);
+    json_decref(ok);
+    finish(&r);
+}
+
 /* A thinking family's reply through the router: a reasoning item before
  * the message, streamed and whole, as the worker itself answers it. */
 static void test_reasoning(void **state)
@@ -574,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_previous_response),
         cmocka_unit_test(test_background),
         cmocka_unit_test(test_stream_resumed),
+        cmocka_unit_test(test_stream_unresumable),
         cmocka_unit_test(test_reasoning),
         cmocka_unit_test(test_out_of_memory),
     };

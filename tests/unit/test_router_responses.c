@@ -14,7 +14,8 @@
  * response.failed); a forced function call cut mid-arguments the same
  * way is one function_call item with the uninterrupted arguments. Out of
  * memory at each of the router's allocations for a request gives the
- * answer or a typed 5xx, never a broken stream. A thinking family's
+ * answer or a typed 5xx, never a broken stream. The capacity fallback
+ * answers from the smaller model, labelled. A thinking family's
  * reasoning item comes through as the worker gives it.
  */
 #include "testutil.h"
@@ -476,6 +477,61 @@ static void test_stream_unresumable(void **state)
     finish(&r);
 }
 
+/* The capacity fallback: a Responses request alpha's worker can never
+ * hold (its context is too short) is answered by beta, labelled so. */
+static void test_capacity_fallback(void **state)
+{
+    (void)state;
+    rh_router r;
+    rh_init(&r, "resp-fallback", "", NULL, NULL);
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg,
+             "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+             "ready-timeout = 30\n"
+             "[model alpha]\npath = %s\nfallback = beta\n"
+             "[model beta]\npath = %s\n"
+             "[worker ga]\nmodel = alpha\nthreads = 1\nctx-limit = 16\ncalibrate = false\n"
+             "[worker gb]\nmodel = beta\nthreads = 1\nctx-limit = 512\ncalibrate = false\n",
+             r.sock, r.dir, g_model, g_model);
+    FILE *f = fopen(r.cfg, "w");
+    assert_non_null(f);
+    fputs(cfg, f);
+    fclose(f);
+    assert_int_equal(rh_run(&r, NULL), 0);
+    const char *bodies[] = {
+        "{\"model\":\"alpha\",\"input\":\"Tell a long story about a dog and a cat\","
+        "\"max_output_tokens\":4}",
+        "{\"model\":\"alpha\",\"input\":\"Tell a long story about a dog and a cat\","
+        "\"max_output_tokens\":4,\"stream\":true}",
+    };
+    for (int b = 0; b < 2; b++) {
+        wc_response w;
+        json_t *j = post(&r, NULL, bodies[b], 200, &w);
+        rh_assert_header(&w, "X-Spillway-Model", "beta");
+        rh_assert_header(&w, "X-Spillway-Fallback-From", "alpha");
+        wc_response_free(&w);
+        rc_stream st;
+        memset(&st, 0, sizeof st);
+        const json_t *resp = j;
+        if (b) {
+            rc_stream_check(json_string_value(j), &st);
+            resp = st.response;
+        }
+        assert_string_equal(json_string_value(json_object_get(resp, "model")), "beta");
+        rc_stream_free(&st);
+        json_decref(j);
+    }
+    /* X-Spillway-Fallback: none: alpha's own typed answer, naming the
+     * Responses parameter (input, not messages) */
+    json_t *e = post(&r, "X-Spillway-Fallback: none\r\n", bodies[0], 400, NULL);
+    json_t *err = json_object_get(e, "error");
+    assert_string_equal(json_string_value(json_object_get(err, "code")),
+                        "context_length_exceeded");
+    assert_string_equal(json_string_value(json_object_get(err, "param")), "input");
+    json_decref(e);
+    rh_finish(&r);
+}
+
 /* A thinking family's reply through the router: a reasoning item before
  * the message, streamed and whole, as the worker itself answers it. */
 static void test_reasoning(void **state)
@@ -611,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_background),
         cmocka_unit_test(test_stream_resumed),
         cmocka_unit_test(test_stream_unresumable),
+        cmocka_unit_test(test_capacity_fallback),
         cmocka_unit_test(test_reasoning),
         cmocka_unit_test(test_out_of_memory),
     };

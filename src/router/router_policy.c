@@ -98,7 +98,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
         if (!why && need->deadline_ms >= 0) {
             if (w->prefill_rate > 0 && w->decode_rate > 0) {
                 long gen = tokens - prompt;
-                double pred = need->wait_ms + ((double)prompt / w->prefill_rate +
+                long work = need->prefill > prompt ? need->prefill : prompt;
+                double pred = need->wait_ms + ((double)work / w->prefill_rate +
                                                (double)(gen > 0 ? gen : 0) / w->decode_rate) *
                                                   1000;
                 if (d->best_pred_ms < 0 || pred < d->best_pred_ms)

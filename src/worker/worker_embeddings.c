@@ -102,6 +102,7 @@ static bool parse(wk_server *s, json_t *body, wk_embed *e, api_error *p)
         return false;
     for (int32_t i = 0; i < e->in.n; i++) {
         if (e->in.v[i].n_ids > s->n_ctx) {
+            p->status = 400;
             p->code = "context_length_exceeded";
             return api_bad(p, "input", "input[%d] has %d tokens, over the context of %d tokens",
                            (int)i, (int)e->in.v[i].n_ids, (int)s->n_ctx);

@@ -249,8 +249,12 @@ static void send_context_error(rt_req *q, bool chat, long prompt)
                  prompt, prompt > ctx ? "more than" : "no completion token fits in", (int)ctx);
     else
         snprintf(msg, sizeof msg, "the prompt is longer than every worker's context limit");
+    if (q->embeddings) /* prompt: its longest input (router_embeddings.c) */
+        snprintf(msg, sizeof msg, "an input has %ld tokens, more than the largest context of "
+                 "the model's workers, %d tokens", prompt, (int)ctx);
     count(rt, &rt->refused_context);
-    rt__send_error(q, 400, "context_length_exceeded", msg, chat ? "messages" : "prompt", NULL);
+    rt__send_error(q, 400, "context_length_exceeded", msg,
+                   q->embeddings ? "input" : chat ? "messages" : "prompt", NULL);
 }
 
 /* What the client gets when the request got no (further) worker. Returns

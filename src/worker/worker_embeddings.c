@@ -19,6 +19,7 @@
 
 #include "api/api_embeddings.h"
 #include "common/alloc.h"
+#include "device/fault.h"
 #include "engine/embed.h"
 
 #include <event2/http.h>
@@ -187,6 +188,12 @@ int wk__embed_run(wk_server *s, wk_req *r, int32_t seq, sw_error *err)
     if ((rc = eng_seq_reserve(s->ctx, seq, e->in.n_tokens_max, err)))
         return rc;
     for (int32_t i = 0; i < e->in.n; i++) {
+        /* SPILLWAY_FAULT (device/fault.h): each input counts as one
+         * output, so abort_after_tokens:0 crashes the worker mid-request */
+        if ((rc = dev_fault_before_token(i))) {
+            sw_error_set(err, rc, "the device failed (injected)");
+            break;
+        }
         if (i > 0 && (rc = eng_seq_reserve(s->ctx, seq, e->in.v[i].n_ids, err)))
             break;
         rc = eng_embed(s->ctx, seq, e->in.v[i].ids, e->in.v[i].n_ids, (eng_pooling)e->pooling,

@@ -8,6 +8,7 @@
 #include "worker_client.h"
 
 #include "common/alloc.h"
+#include "device/device.h"
 #include "engine/embed.h"
 #include "engine/model.h"
 #include "modelgen/model_make.h"
@@ -16,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DIM 64
 #define CTX 64
@@ -369,6 +371,69 @@ static void test_pooling_option(void **state)
     eng_model_free(m);
 }
 
+/* A body of one input of n token ids (n < 2000). */
+static void ids_body(char *body, size_t cap, int n)
+{
+    size_t at = (size_t)snprintf(body, cap, "{\"input\": [");
+    for (int k = 0; k < n; k++)
+        at += (size_t)snprintf(body + at, cap - at, "%s%d", k ? "," : "", 3 + k % 500);
+    snprintf(body + at, cap - at, "]}");
+}
+
+/* On a device with 64 KiB of KV room (256 tokens of this model's), an
+ * input that needs more is refused before any work, as a prompt is (503
+ * out_of_memory, phase admission), and the worker serves on. */
+static void test_memory_admission(void **state)
+{
+    (void)state;
+    char pool[64], spec[96];
+    snprintf(pool, sizeof pool, "embed-oom-%d", (int)getpid());
+    snprintf(spec, sizeof spec, "sim-gpu:%s", pool);
+    dev_sim_unlink(pool, NULL);
+    wc_worker w;
+    const char *probe_args[] = {"--device", spec, "--sim-capacity", "64MiB", "--max-seqs", "1",
+                                "--threads", "1", "--ctx-limit", "1024", "--no-calibrate",
+                                NULL};
+    assert_int_equal(wc_worker_start(&w, g_model, probe_args, NULL, 30, NULL), 0);
+    wc_response h;
+    assert_int_equal(wc_request(w.socket_path, "GET", "/health", NULL, 5000, &h), 0);
+    json_t *hj = json_loads(h.body, 0, NULL);
+    long long fixed =
+        json_integer_value(json_object_get(json_object_get(hj, "memory"), "self_bytes"));
+    json_decref(hj);
+    wc_response_free(&h);
+    assert_int_equal(wc_worker_stop(&w), 0);
+    dev_sim_unlink(pool, NULL);
+    assert_true(fixed > 0);
+    char capacity[32];
+    snprintf(capacity, sizeof capacity, "%lld", (long long)((double)(fixed + 65536) / 0.9) + 4096);
+    const char *args[] = {"--device", spec, "--sim-capacity", capacity, "--max-seqs", "1",
+                          "--threads", "1", "--ctx-limit", "1024", "--no-calibrate", NULL};
+    assert_int_equal(wc_worker_start(&w, g_model, args, NULL, 30, NULL), 0);
+    static char body[16384];
+    int status;
+    ids_body(body, sizeof body, 600);
+    json_t *a = embed_on(w.socket_path, body, &status);
+    assert_int_equal(status, 503);
+    json_t *e = json_object_get(a, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "out_of_memory");
+    assert_string_equal(json_string_value(json_object_get(e, "phase")), "admission");
+    json_decref(a);
+    ids_body(body, sizeof body, 100);
+    a = embed_on(w.socket_path, body, &status);
+    assert_int_equal(status, 200);
+    json_decref(a);
+    /* nothing held after either */
+    assert_int_equal(wc_request(w.socket_path, "GET", "/health", NULL, 5000, &h), 0);
+    hj = json_loads(h.body, 0, NULL);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(hj, "memory"), "kv_used_bytes")), 0);
+    json_decref(hj);
+    wc_response_free(&h);
+    assert_int_equal(wc_worker_stop(&w), 0);
+    dev_sim_unlink(pool, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,6 +442,7 @@ int main(void)
         cmocka_unit_test(test_bad_bodies),
         cmocka_unit_test(test_completion_unchanged),
         cmocka_unit_test(test_pooling_option),
+        cmocka_unit_test(test_memory_admission),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

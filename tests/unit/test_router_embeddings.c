@@ -5,8 +5,9 @@
  * own (eng_embed), errors keep their parameter, an input over every
  * worker's context is refused by the router itself, an Idempotency-Key's
  * retry gets the stored answer, CORS preflights are answered, and a
- * worker that crashes mid-request is replaced by the other: the client
- * sees one answer, the same vectors.
+ * worker that crashes (an injected abort) or is killed (SIGKILL) while it
+ * runs the request is replaced by the other: the client sees one answer,
+ * the same vectors.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -18,6 +19,8 @@
 #include "engine/model.h"
 
 #include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -89,6 +92,28 @@ static void check_vectors(const wc_response *w, const char *const *texts, size_t
     json_decref(j);
 }
 
+/* rh_init, then "pooling = mean" under the [model] section's path. */
+static void init_with_pooling(rh_router *r, const char *name, const char *workers)
+{
+    rh_init(r, name, g_model, NULL, workers);
+    FILE *f = fopen(r->cfg, "r");
+    assert_non_null(f);
+    char text[8192];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    char *at = strstr(text, "[model]");
+    assert_non_null(at);
+    char *eol = strchr(strchr(at, '\n') + 1, '\n'); /* after "path = ..." */
+    assert_non_null(eol);
+    f = fopen(r->cfg, "w");
+    assert_non_null(f);
+    fwrite(text, 1, (size_t)(eol + 1 - text), f);
+    fputs("pooling = mean\n", f);
+    fputs(eol + 1, f);
+    fclose(f);
+}
+
 static void test_through_router(void **state)
 {
     (void)state;
@@ -99,28 +124,7 @@ static void test_through_router(void **state)
              "ctx-limit = 128\n[worker cpu]\nthreads = 1\nctx-limit = 128\n",
              spec);
     rh_router r;
-    rh_init(&r, "embed", g_model, NULL, workers);
-    /* [model] pooling: rh_init wrote the model section last but one; the
-     * key goes right after its path */
-    rh_write_config(&r, g_model, NULL, workers);
-    {
-        FILE *f = fopen(r.cfg, "r");
-        assert_non_null(f);
-        char text[8192];
-        size_t len = fread(text, 1, sizeof text - 1, f);
-        fclose(f);
-        text[len] = 0;
-        char *at = strstr(text, "[model]");
-        assert_non_null(at);
-        char *eol = strchr(strchr(at, '\n') + 1, '\n'); /* after "path = ..." */
-        assert_non_null(eol);
-        f = fopen(r.cfg, "w");
-        assert_non_null(f);
-        fwrite(text, 1, (size_t)(eol + 1 - text), f);
-        fputs("pooling = mean\n", f);
-        fputs(eol + 1, f);
-        fclose(f);
-    }
+    init_with_pooling(&r, "embed", workers);
     assert_int_equal(rh_run(&r, NULL), 0);
 
     static const char *const texts[2] = {"Once upon a time", "a cat"};
@@ -207,6 +211,54 @@ static void test_through_router(void **state)
     dev_sim_unlink(g_pool, NULL);
 }
 
+typedef struct killed_req {
+    const rh_router *r;
+    wc_response w;
+    int rc;
+} killed_req;
+
+static void *killed_thread(void *arg)
+{
+    killed_req *k = arg;
+    k->rc = rh_req(k->r, "POST", "/v1/embeddings", "X-Request-Id: embed-killed-1\r\n",
+                   "{\"input\": [\"Once upon a time\", \"a cat\"]}", &k->w);
+    return NULL;
+}
+
+/* The GPU worker is killed (SIGKILL) while it runs the request (each
+ * input stalls 2 s there): the CPU worker answers it. */
+static void test_worker_killed(void **state)
+{
+    (void)state;
+    char spec[96], workers[1024];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", g_pool);
+    snprintf(workers, sizeof workers,
+             "[worker gpu]\ndevice = %s\nsim-capacity = 64MiB\nmax-seqs = 2\nthreads = 1\n"
+             "ctx-limit = 128\ncalibrate = false\nfault = stall_ms:2000\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 128\n",
+             spec);
+    rh_router r;
+    init_with_pooling(&r, "embed-kill", workers);
+    assert_int_equal(rh_run(&r, NULL), 0);
+    pid_t gpu = rh_worker_pid(&r, "gpu");
+    killed_req k = {.r = &r};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, killed_thread, &k), 0);
+    usleep(600 * 1000); /* the request is on the GPU worker, stalled */
+    assert_int_equal(kill(gpu, SIGKILL), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(k.rc, 0);
+    assert_int_equal(k.w.status, 200);
+    rh_assert_header(&k.w, "X-Spillway-Worker", "cpu");
+    rh_assert_header(&k.w, "X-Spillway-Attempts", "2");
+    static const char *const texts[2] = {"Once upon a time", "a cat"};
+    check_vectors(&k.w, texts, 2);
+    wc_response_free(&k.w);
+    rh_wait_restarted(&r, "gpu", 1);
+    rh_finish(&r);
+    dev_sim_unlink(g_pool, NULL);
+}
+
 static void test_failover(void **state)
 {
     (void)state;
@@ -219,22 +271,7 @@ static void test_failover(void **state)
              "[worker cpu]\nthreads = 1\nctx-limit = 128\n",
              spec);
     rh_router r;
-    rh_init(&r, "embed-fo", g_model, NULL, workers);
-    {
-        FILE *f = fopen(r.cfg, "r");
-        assert_non_null(f);
-        char text[8192];
-        size_t len = fread(text, 1, sizeof text - 1, f);
-        fclose(f);
-        text[len] = 0;
-        char *eol = strchr(strchr(strstr(text, "[model]"), '\n') + 1, '\n');
-        f = fopen(r.cfg, "w");
-        assert_non_null(f);
-        fwrite(text, 1, (size_t)(eol + 1 - text), f);
-        fputs("pooling = mean\n", f);
-        fputs(eol + 1, f);
-        fclose(f);
-    }
+    init_with_pooling(&r, "embed-fo", workers);
     assert_int_equal(rh_run(&r, NULL), 0);
     static const char *const texts[3] = {"Once upon a time", "a cat", "the end"};
     wc_response w;
@@ -256,6 +293,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_through_router),
         cmocka_unit_test(test_failover),
+        cmocka_unit_test(test_worker_killed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

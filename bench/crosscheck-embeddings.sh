@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Cross-checks spillway's /v1/embeddings against llama.cpp's (llama-server
 # --embeddings, its OpenAI endpoint, which L2-normalises as spillway does)
-# on files made by `spillway model make --pooling ...`: the same texts
+# on files made by `spillway model make --pooling ...` (the last-token one
+# with --add-eos, as Qwen3-Embedding's files: both engines append EOS and
+# pool it): the same texts
 # through both servers, compared by cosine similarity and the largest
 # |difference| of one component. bench/crosscheck.sh runs it after its
 # table; alone:
@@ -34,7 +36,7 @@ wait_http() { # port
 }
 # name -> `model make` arguments (pooling as the file declares it)
 declare -A made=(
-  [embed-qwen3-last]="--arch qwen3 --head-dim 128 --type f32 --pooling last"
+  [embed-qwen3-last]="--arch qwen3 --head-dim 128 --type f32 --pooling last --add-eos"
   [embed-llama-mean]="--type f32 --pooling mean"
   [embed-llama-cls]="--type f16 --pooling cls"
   [embed-qwen2-mean-q8_0]="--arch qwen2 --type q8_0 --pooling mean")

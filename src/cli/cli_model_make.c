@@ -33,7 +33,7 @@ static void model_make_usage(FILE *f)
             "                           [--arch llama|llama3|qwen2|qwen3|qwen3moe|phi3|gemma3|\n"
             "                                   gpt-oss]\n"
             "                           [--rope-base B] [--sliding-window N] [--swa-pattern N]\n"
-            "                           [--pooling none|mean|cls|last|rank]\n"
+            "                           [--pooling none|mean|cls|last|rank] [--add-eos]\n"
             "                           [--experts N] [--experts-used N]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
             "vocabulary. --arch llama3: the llama layout with Llama 3's RoPE frequency\n"
@@ -57,7 +57,9 @@ static void model_make_usage(FILE *f)
             "YaRN keys (factor 32 over 4096), the gpt-oss prefix (rope base 150000).\n"
             "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
             "--pooling P: none, mean, cls, last or rank written as ARCH.pooling_type, how\n"
-            "an embedding pools the hidden states (default: no key)\n"
+            "an embedding pools the hidden states (default: no key); --add-eos sets\n"
+            "tokenizer.ggml.add_eos_token (an embedding's input ends with EOS, as\n"
+            "Qwen3-Embedding's files ask)\n"
             "--weight-scale F: every matrix's weights times F (default 1; norms and biases\n"
             "as they are): larger activations, sharper attention and next-token odds.\n"
             "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
@@ -125,6 +127,10 @@ int cli_model_make(int argc, char **argv)
         const char *opt = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t *target = NULL;
+        if (strcmp(opt, "--add-eos") == 0) {
+            p.add_eos = true;
+            continue;
+        }
         if (strcmp(opt, "--tied") == 0) {
             p.tied_output = true;
             continue;

@@ -1028,7 +1028,7 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2));
     MM_CHECK(eng_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0));
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true));
-    MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false));
+    MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", p->add_eos));
     /* Gemma's SentencePiece files have no space prefix (the converter
      * writes add_space_prefix false) */
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", !gemma3));

@@ -434,6 +434,63 @@ static void test_memory_admission(void **state)
     dev_sim_unlink(pool, NULL);
 }
 
+/* A file that asks for EOS (tokenizer.ggml.add_eos_token, as
+ * Qwen3-Embedding's): a text's input ends with it, and last-token pooling
+ * pools it; usage counts it. Token ids are taken as they are. */
+static void test_add_eos(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp_path("embed-eos.gguf"));
+    eng_model_make_params p = eng_model_make_default_params();
+    p.n_vocab = 1024;
+    p.seed = 11;
+    p.architecture = "qwen3";
+    p.pooling = "last";
+    p.add_eos = true;
+    assert_int_equal(eng_model_make(&p, path, NULL), 0);
+    eng_model *m = NULL;
+    eng_context *ctx = NULL;
+    eng_context_params cp = eng_context_default_params();
+    cp.n_ctx = CTX;
+    cp.n_threads = 1;
+    assert_int_equal(eng_model_load(path, &m, NULL), 0);
+    assert_int_equal(eng_context_create(m, &cp, &ctx, NULL), 0);
+    const eng_tokenizer *tok = eng_model_tokenizer(m);
+    assert_true(eng_tokenizer_add_eos(tok));
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(eng_tokenize(tok, "a cat", 5, true, false, &ids, &n, NULL), 0);
+    int32_t with_eos[64];
+    memcpy(with_eos, ids, n * sizeof *ids);
+    with_eos[n] = eng_tokenizer_eos(tok);
+    float want[DIM], got[DIM];
+    assert_int_equal(eng_embed(ctx, 0, with_eos, (int32_t)n + 1, ENG_POOLING_LAST, want, NULL), 0);
+
+    static const char *const args[] = {"--max-seqs", "1", "--threads", "1", "--ctx-limit", "64",
+                                       "--no-calibrate", NULL};
+    wc_worker w;
+    assert_int_equal(wc_worker_start(&w, path, args, NULL, 30, NULL), 0);
+    int status;
+    json_t *a = embed_on(w.socket_path, "{\"input\": \"a cat\"}", &status);
+    assert_int_equal(status, 200);
+    vector_of(a, 0, got, DIM);
+    assert_memory_equal(got, want, sizeof want);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(a, "usage"),
+                                                        "prompt_tokens")), (json_int_t)n + 1);
+    json_decref(a);
+    a = embed_on(w.socket_path, "{\"input\": [1, 5]}", &status);
+    assert_int_equal(status, 200);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(a, "usage"),
+                                                        "prompt_tokens")), 2);
+    json_decref(a);
+    assert_int_equal(wc_worker_stop(&w), 0);
+    sw_free(ids);
+    eng_context_free(ctx);
+    eng_model_free(m);
+    remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_completion_unchanged),
         cmocka_unit_test(test_pooling_option),
         cmocka_unit_test(test_memory_admission),
+        cmocka_unit_test(test_add_eos),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -49,6 +49,11 @@ const char *eng_pooling_name(int pooling)
     return pooling >= 0 && pooling <= ENG_POOLING_RANK ? pooling_names[pooling] : "?";
 }
 
+bool eng_embed_supported(const eng_context *ctx)
+{
+    return !(ctx->cuda && ctx->n_device_layers == ctx->model->hp.n_layer);
+}
+
 int eng_embed(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
               eng_pooling pooling, float *out, sw_error *err)
 {
@@ -60,7 +65,7 @@ int eng_embed(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n
     if (pooling != ENG_POOLING_MEAN && pooling != ENG_POOLING_CLS && pooling != ENG_POOLING_LAST)
         return sw_error_set(err, SW_EINVAL, "pooling %s does not give one vector per input",
                             eng_pooling_name(pooling));
-    if (ctx->cuda && ctx->n_device_layers == hp->n_layer)
+    if (!eng_embed_supported(ctx))
         return sw_error_set(err, SW_EUNSUPPORTED,
                             "embeddings need the hidden state on the host; this context runs "
                             "every layer and the output head on its CUDA device");

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "engine/model.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* llama.cpp's enum llama_pooling_type, the values of <arch>.pooling_type. */
@@ -43,6 +44,9 @@ const char *eng_pooling_name(int pooling);
  * than the context), SW_EDEVOOM, SW_EDEVICE; SW_EUNSUPPORTED on a context
  * whose output head runs on a CUDA device (the full profile, where the
  * hidden state never comes back to the host); SW_ENOMEM. */
+/* Whether eng_embed can run on ctx: not when its output head runs on a
+ * CUDA device (fixed at creation; any thread may ask). */
+bool eng_embed_supported(const eng_context *ctx);
 int eng_embed(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
               eng_pooling pooling, float *out, sw_error *err);
 

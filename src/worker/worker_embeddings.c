@@ -93,6 +93,12 @@ static bool parse(wk_server *s, json_t *body, wk_embed *e, api_error *p)
     v = json_object_get(body, "user");
     if (v && !json_is_null(v) && !json_is_string(v))
         return api_bad(p, "user", "'user' must be a string");
+    if (!eng_embed_supported(s->ctx)) {
+        return api_bad(p, "model", "this worker runs every layer and the output head on its CUDA "
+                                "device, where embeddings are not available; a split profile "
+                                "(--gpu-layers below the model's layers) or a CPU worker serves "
+                                "them");
+    }
     e->pooling = worker_pooling(s);
     if (e->pooling < 0)
         return api_bad(p, "model",

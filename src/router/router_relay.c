@@ -571,8 +571,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
     uint64_t *prefix = sw_malloc(RT_PREFIX_MAX_BLOCKS * sizeof *prefix);
     int n_prefix = 0;
     long prefill = 0; /* an embeddings request's inputs together */
-    long prompt = q->embeddings ? rt__embeddings_tokens(&rt->models[q->model], body, &prefill)
-                                : count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
+    const rt_model *counted = &rt->models[q->model];
+    long prompt = q->embeddings ? rt__embeddings_tokens(counted, body, &prefill)
+                                : count_prompt(counted, body, chat, prefix, &n_prefix);
     if (q->idem_key[0])
         q->durable = true; /* an Idempotency-Key's attempts are promised */
     bool *tried = q->tried; /* kept across an agent run's steps */

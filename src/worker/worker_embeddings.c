@@ -77,7 +77,8 @@ static bool parse(wk_server *s, json_t *body, wk_embed *e, api_error *p)
     if (v && !json_is_null(v)) {
         const char *f = json_string_value(v);
         if (!f || (strcmp(f, "float") && strcmp(f, "base64")))
-            return api_bad(p, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+            return api_bad(p, "encoding_format",
+                           "'encoding_format' must be \"float\" or \"base64\"");
         e->base64 = !strcmp(f, "base64");
     }
     v = json_object_get(body, "dimensions");

@@ -307,9 +307,10 @@ static void test_completion_unchanged(void **state)
     assert_int_equal(wc_request(g_w.socket_path, "POST", "/v1/completions", body, 30000, &r2), 0);
     assert_int_equal(r1.status, 200);
     json_t *a = json_loads(r1.body, 0, NULL), *b = json_loads(r2.body, 0, NULL);
-    assert_string_equal(
-        json_string_value(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "text")),
-        json_string_value(json_object_get(json_array_get(json_object_get(b, "choices"), 0), "text")));
+    json_t *ca = json_array_get(json_object_get(a, "choices"), 0);
+    json_t *cb = json_array_get(json_object_get(b, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(ca, "text")),
+                        json_string_value(json_object_get(cb, "text")));
     json_decref(a);
     json_decref(b);
     wc_response_free(&r1);

@@ -17,6 +17,7 @@
 #include "device/device.h"
 #include "engine/embed.h"
 #include "engine/model.h"
+#include "router/router.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -288,9 +289,39 @@ static void test_failover(void **state)
     dev_sim_unlink(g_pool, NULL);
 }
 
+/* [model] pooling: mean, cls or last; anything else names the key */
+static void test_config_key(void **state)
+{
+    (void)state;
+    static const char *const good[3] = {"mean", "cls", "last"};
+    char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp_path("embed-config.ini"));
+    for (int i = 0; i < 4; i++) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "[model]\npath = m.gguf\npooling = %s\n[worker a]\nthreads = 1\n",
+                i < 3 ? good[i] : "median");
+        fclose(f);
+        rt_config c;
+        sw_error err;
+        rt_config_defaults(&c);
+        int rc = rt_config_load(&c, path, &err);
+        if (i < 3) {
+            assert_int_equal(rc, SW_OK);
+            assert_string_equal(c.models[0].pooling, good[i]);
+        } else {
+            assert_int_equal(rc, SW_EINVAL);
+            assert_non_null(strstr(err.message, ":3: "));
+            assert_non_null(strstr(err.message, "pooling"));
+        }
+    }
+    remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_key),
         cmocka_unit_test(test_through_router),
         cmocka_unit_test(test_failover),
         cmocka_unit_test(test_worker_killed),

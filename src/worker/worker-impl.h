@@ -311,7 +311,8 @@ bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_pars
  * answered with its error. */
 void wk__handle_embeddings(wk_server *s, struct evhttp_request *evreq);
 /* Engine thread: every input of r through sequence seq (a free slot's),
- * cleared again after; SW_OK, or eng_embed's / eng_seq_reserve's error. */
+ * cleared again after; SW_OK, SW_ECANCELLED when the client left between
+ * two inputs, or eng_embed's / eng_seq_reserve's error. */
 int wk__embed_run(wk_server *s, wk_req *r, int32_t seq, sw_error *err);
 /* HTTP thread, after the engine's final event: the answer (NULL when
  * memory ran out). */

@@ -201,6 +201,14 @@ int wk__embed_run(wk_server *s, wk_req *r, int32_t seq, sw_error *err)
             sw_error_set(err, rc, "the device failed (injected)");
             break;
         }
+        /* a client that left stops the rest of its inputs */
+        pthread_mutex_lock(&s->lock);
+        bool cancelled = r->cancelled;
+        pthread_mutex_unlock(&s->lock);
+        if (cancelled) {
+            rc = sw_error_set(err, SW_ECANCELLED, "cancelled");
+            break;
+        }
         if (i > 0 && (rc = eng_seq_reserve(s->ctx, seq, e->in.v[i].n_ids, err)))
             break;
         rc = eng_embed(s->ctx, seq, e->in.v[i].ids, e->in.v[i].n_ids, (eng_pooling)e->pooling,

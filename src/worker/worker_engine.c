@@ -498,10 +498,10 @@ static bool embed_request(wk_server *s, wk_req *req, ev_list *l)
     sw_error_clear(&err);
     rc = seq < 0 ? sw_error_set(&err, SW_EINTERNAL, "no free sequence") /* not reached: counted */
                  : wk__embed_run(s, req, seq, &err);
-    if (rc == SW_OK) {
+    if (rc == SW_OK || rc == SW_ECANCELLED) {
         wk_event *ev = ev_new_final(l, WK_EV_DONE, req);
-        ev->finish = "stop";
-        count_outcome(s, "ok", n_prompt, 0);
+        ev->finish = rc == SW_OK ? "stop" : "cancelled";
+        count_outcome(s, rc == SW_OK ? "ok" : "cancelled", n_prompt, 0);
     } else if (rc == SW_EDEVOOM) {
         json_t *extra = json_pack("{s:s, s:i}", "phase", "admission", "tokens_generated", 0);
         ev_error(l, req, 503, "server_error", "out_of_memory", extra,

@@ -843,7 +843,7 @@ static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
     if (r->embed) { /* worker_embeddings.c */
         if (ev->finish && !strcmp(ev->finish, "cancelled")) {
             send_error(r->evreq, 503, "cancelled", NULL, r->id,
-                       "the request was cancelled before it ran (the worker is stopping)");
+                       "the request was cancelled (the worker is stopping)");
             return;
         }
         json_t *answer = wk__embed_answer(s, r);

@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -492,6 +493,55 @@ static void test_add_eos(void **state)
     remove(path);
 }
 
+/* A value of the worker's /metrics ("name{labels} value"), -1 absent. */
+static long long metric(const char *sock, const char *series)
+{
+    wc_response r;
+    long long v = -1;
+    assert_int_equal(wc_request(sock, "GET", "/metrics", NULL, 5000, &r), 0);
+    const char *at = strstr(r.body, series);
+    if (at)
+        v = atoll(at + strlen(series));
+    wc_response_free(&r);
+    return v;
+}
+
+/* A client that leaves while its inputs run (each stalls 200 ms,
+ * SPILLWAY_FAULT): the rest are not computed, the request counts as
+ * cancelled, and the worker serves the next one. */
+static void test_client_leaves(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-seqs", "1", "--threads", "1", "--ctx-limit", "64",
+                                       "--no-calibrate", NULL};
+    static const char *const env[] = {"SPILLWAY_FAULT=stall_ms:200", NULL};
+    wc_worker w;
+    assert_int_equal(wc_worker_start(&w, g_model, args, env, 30, NULL), 0);
+    char body[4096];
+    size_t at = (size_t)snprintf(body, sizeof body, "{\"input\": [");
+    for (int i = 0; i < 50; i++)
+        at += (size_t)snprintf(body + at, sizeof body - at, "%s\"text %d\"", i ? "," : "", i);
+    snprintf(body + at, sizeof body - at, "]}");
+    int fd = wc_connect(w.socket_path, 5000);
+    assert_true(fd >= 0);
+    assert_int_equal(wc_send(fd, "POST", "/v1/embeddings", body), 0);
+    usleep(500 * 1000);
+    close(fd);
+    /* the cancellation is counted once the engine sees it, between inputs */
+    long long cancelled = 0;
+    for (int i = 0; i < 100 && cancelled < 1; i++) {
+        usleep(100 * 1000);
+        cancelled = metric(w.socket_path, "spillway_worker_requests_total{outcome=\"cancelled\"} ");
+    }
+    assert_int_equal(cancelled, 1);
+    assert_int_equal(metric(w.socket_path, "spillway_worker_requests_total{outcome=\"ok\"} "), 0);
+    int status;
+    json_t *a = embed_on(w.socket_path, "{\"input\": \"after\"}", &status);
+    assert_int_equal(status, 200);
+    json_decref(a);
+    assert_int_equal(wc_worker_stop(&w), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -502,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_pooling_option),
         cmocka_unit_test(test_memory_admission),
         cmocka_unit_test(test_add_eos),
+        cmocka_unit_test(test_client_leaves),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

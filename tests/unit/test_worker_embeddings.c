@@ -525,7 +525,7 @@ static void test_client_leaves(void **state)
     int fd = wc_connect(w.socket_path, 5000);
     assert_true(fd >= 0);
     assert_int_equal(wc_send(fd, "POST", "/v1/embeddings", body), 0);
-    usleep(500 * 1000);
+    usleep(1000 * 1000); /* it runs: 50 inputs of 200 ms each */
     close(fd);
     /* the cancellation is counted once the engine sees it, between inputs */
     long long cancelled = 0;

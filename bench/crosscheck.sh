@@ -10,6 +10,8 @@
 #                                         that bench/llamacpp-build.sh builds)
 #   CROSSCHECK_ONLY=REGEX bench/crosscheck.sh ...   only the models whose name
 #                                         matches REGEX (grep -E), e.g. 'q3_k|iq4'
+#                                         ('embed': the embeddings rows,
+#                                         bench/crosscheck-embeddings.sh)
 #
 # For each model: spillway generates 24 tokens greedily with its top-5
 # log-probabilities (`spillway run --json --top-logprobs 5`); llama.cpp is
@@ -177,4 +179,8 @@ fi
 awk '{ n[$2] += $3; v[$2] += $4; d[$2] += $5 }
      END { for (t in n) printf "dequantization %-7s %4d tensors %11d values, %d not bit-equal to llama.cpp'"'"'s\n", t, n[t], v[t], d[t] }' \
   "$work/dequantize.txt" | sort
+# /v1/embeddings against llama-server's (pooling mean, CLS and last)
+if [ -z "${CROSSCHECK_ONLY:-}" ] || grep -qE -- "$CROSSCHECK_ONLY" <<<"embed"; then
+  "$here/crosscheck-embeddings.sh" "$build" || failed=1
+fi
 exit "$failed"

@@ -5,6 +5,7 @@
  * first, then the shape options override it, whatever their order. */
 #include "cli/cli.h"
 
+#include "engine/embed.h"
 #include "modelgen/model_make.h"
 #include "quant/quant.h"
 
@@ -32,6 +33,7 @@ static void model_make_usage(FILE *f)
             "                           [--arch llama|llama3|qwen2|qwen3|qwen3moe|phi3|gemma3|\n"
             "                                   gpt-oss]\n"
             "                           [--rope-base B] [--sliding-window N] [--swa-pattern N]\n"
+            "                           [--pooling none|mean|cls|last|rank] [--add-eos]\n"
             "                           [--experts N] [--experts-used N]\n"
             "Writes a GGUF with deterministic pseudo-random weights and a built-in SPM\n"
             "vocabulary. --arch llama3: the llama layout with Llama 3's RoPE frequency\n"
@@ -54,6 +56,10 @@ static void model_make_usage(FILE *f)
             "(router and experts), even layers sliding (--sliding-window, default 128),\n"
             "YaRN keys (factor 32 over 4096), the gpt-oss prefix (rope base 150000).\n"
             "--head-dim N: heads of N values (default dim / heads; Qwen3's are wider)\n"
+            "--pooling P: none, mean, cls, last or rank written as ARCH.pooling_type, how\n"
+            "an embedding pools the hidden states (default: no key); --add-eos sets\n"
+            "tokenizer.ggml.add_eos_token (an embedding's input ends with EOS, as\n"
+            "Qwen3-Embedding's files ask)\n"
             "--weight-scale F: every matrix's weights times F (default 1; norms and biases\n"
             "as they are): larger activations, sharper attention and next-token odds.\n"
             "(the same options always give the same file). q2_k..q6_k and iq4_xs need dim,\n"
@@ -121,6 +127,10 @@ int cli_model_make(int argc, char **argv)
         const char *opt = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t *target = NULL;
+        if (strcmp(opt, "--add-eos") == 0) {
+            p.add_eos = true;
+            continue;
+        }
         if (strcmp(opt, "--tied") == 0) {
             p.tied_output = true;
             continue;
@@ -136,7 +146,7 @@ int cli_model_make(int argc, char **argv)
             strcmp(opt, "--rope-base") != 0 && strcmp(opt, "--sliding-window") != 0 &&
             strcmp(opt, "--weight-scale") != 0 &&
             strcmp(opt, "--swa-pattern") != 0 && strcmp(opt, "--experts") != 0 &&
-            strcmp(opt, "--experts-used") != 0) {
+            strcmp(opt, "--experts-used") != 0 && strcmp(opt, "--pooling") != 0) {
             fprintf(stderr, "spillway model make: unknown option '%s'\n", opt);
             model_make_usage(stderr);
             return 2;
@@ -186,6 +196,13 @@ int cli_model_make(int argc, char **argv)
             p.seed = (uint64_t)seed;
         } else if (strcmp(opt, "--name") == 0) {
             p.name = val;
+        } else if (strcmp(opt, "--pooling") == 0) {
+            if (eng_pooling_from_name(val) < 0) {
+                fprintf(stderr, "spillway model make: --pooling must be none, mean, cls, last "
+                                "or rank, got '%s'\n", val);
+                return 2;
+            }
+            p.pooling = val;
         } else if (strcmp(opt, "--arch") == 0) {
             if (strcmp(val, "llama") && strcmp(val, "llama3") && strcmp(val, "qwen2") &&
                 strcmp(val, "qwen3") && strcmp(val, "phi3") && strcmp(val, "gemma3") &&

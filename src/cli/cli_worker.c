@@ -3,6 +3,7 @@
 #include "cli/cli.h"
 
 #include "api/api.h"
+#include "engine/embed.h"
 #include "worker/worker.h"
 
 #include <getopt.h>
@@ -50,6 +51,9 @@ static void usage(FILE *out)
             "                          block after its requests end (the router says so)\n"
             "      --cors-origins L    origins a browser page may call from: * (default),\n"
             "                          \"\" for none, or a list such as https://app.example\n"
+            "      --pooling P         mean | cls | last: how /v1/embeddings pools a text's\n"
+            "                          hidden states (default: the file's <arch>.pooling_type;\n"
+            "                          a file that declares none serves no embeddings)\n"
             "Exit status: 0 after SIGTERM/SIGINT (active requests finish first),\n"
             "1 when the model or device cannot be set up, 2 for bad options,\n"
             "75 after an unrecoverable device error (restart the worker).\n");
@@ -76,7 +80,7 @@ int cli_worker_main(int argc, char **argv)
     enum { OPT_LISTEN = 256, OPT_DEVICE, OPT_SIM_CAPACITY, OPT_GPU_LAYERS, OPT_CTX, OPT_SEQS,
            OPT_RESERVE, OPT_POLICY, OPT_CHUNK, OPT_QUEUE, OPT_BODY, OPT_TIMEOUT, OPT_CHAT,
            OPT_NO_CALIBRATE, OPT_MODEL_ID, OPT_NO_PREFIX_CACHE, OPT_KV_TYPE, OPT_SHARED_DEVICE,
-           OPT_REASONING, OPT_CORS, OPT_ALIAS };
+           OPT_REASONING, OPT_CORS, OPT_ALIAS, OPT_POOLING };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -101,6 +105,7 @@ int cli_worker_main(int argc, char **argv)
         {"cors-origins", required_argument, 0, OPT_CORS},
         {"model-id", required_argument, 0, OPT_MODEL_ID},
         {"alias", required_argument, 0, OPT_ALIAS},
+        {"pooling", required_argument, 0, OPT_POOLING},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -184,6 +189,14 @@ int cli_worker_main(int argc, char **argv)
             }
             break;
         case OPT_MODEL_ID: o.model_id = optarg; break;
+        case OPT_POOLING:
+            o.pooling = eng_pooling_from_name(optarg);
+            if (o.pooling != ENG_POOLING_MEAN && o.pooling != ENG_POOLING_CLS &&
+                o.pooling != ENG_POOLING_LAST) {
+                fprintf(stderr, "spillway worker: --pooling is mean, cls or last\n");
+                return 2;
+            }
+            break;
         case OPT_ALIAS:
             /* repeatable, each a name or a comma list (split in place) */
             for (char *name = strtok(optarg, ","); name; name = strtok(NULL, ",")) {

@@ -7,7 +7,8 @@
  *                          fails (sizes as in 512MiB)
  *     abort_after_tokens:N the process aborts (SIGABRT) when it is about to
  *                          produce token N+1 of a generation: a crash
- *                          mid-stream after N tokens were emitted
+ *                          mid-stream after N tokens were emitted (the
+ *                          worker's embeddings count each input as one)
  *     stall_ms:N           each generated token is delayed by N ms (a slow
  *                          or hung accelerator)
  *     device_error_after_tokens:N

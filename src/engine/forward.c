@@ -39,6 +39,7 @@
  * the output head runs there too. The CPU path is the same either way.
  */
 #include "engine/model-impl.h"
+#include "engine/embed.h"
 
 #include "device/cpu/cpu_kernels.h"
 #include "engine/forward_cuda.h"
@@ -536,9 +537,12 @@ static int64_t kv_segment_end(const eng_context *ctx, const eng_token_meta *meta
  * consecutive and in order). The logits of the tokens listed in
  * logit_tokens are written as rows of n_vocab floats to the workspace's
  * logits region. Fails only on a GPU (SW_EDEVICE, SW_EDEVOOM). */
+static void pool_hidden(eng_context *ctx, const float *x, const eng_token_meta *meta, int64_t n,
+                        eng_hidden_pool *pool);
+
 static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_token_meta *meta,
                           int64_t n, const int64_t *logit_tokens, int32_t n_logit,
-                          bool per_token, sw_error *err)
+                          bool per_token, eng_hidden_pool *pool, sw_error *err)
 {
     const eng_model *m = ctx->model;
     const eng_hparams *hp = &m->hp;
@@ -654,6 +658,8 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
         }
     }
 
+    if (pool)
+        pool_hidden(ctx, x, meta, n, pool);
     if (n_logit > 0 && ctx->cuda && ctx->n_device_layers == hp->n_layer)
         return cuda_forward_output(ctx, logit_tokens, n_logit, (float *)(ws + ctx->layout.logits),
                                    per_token, err);
@@ -672,6 +678,29 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
         }
     }
     return SW_OK;
+}
+
+/* An embedding's share of the batch (embed.c): the rows the pooling
+ * needs, after the output norm; the output head is not run. */
+static void pool_hidden(eng_context *ctx, const float *x, const eng_token_meta *meta, int64_t n,
+                        eng_hidden_pool *pool)
+{
+    const eng_hparams *hp = &ctx->model->hp;
+    const int64_t dim = hp->n_embd;
+    float *xn = (float *)(ctx->workspace + ctx->layout.xn);
+    for (int64_t t = 0; t < n; t++) {
+        int32_t pos = meta[t].pos;
+        bool mean = pool->pooling == ENG_POOLING_MEAN;
+        if (!mean && !(pool->pooling == ENG_POOLING_CLS && pos == 0) &&
+            !(pool->pooling == ENG_POOLING_LAST && pos == pool->last_pos))
+            continue;
+        rms_norm(xn, x + t * dim, ctx->output_norm.data, dim, hp->rms_eps);
+        if (mean)
+            for (int64_t i = 0; i < dim; i++)
+                pool->sum[i] += xn[i];
+        else
+            memcpy(pool->row, xn, (size_t)dim * sizeof(float));
+    }
 }
 
 static int check_tokens(const eng_hparams *hp, const int32_t *tokens, int32_t n, sw_error *err)
@@ -695,8 +724,8 @@ static int grow_sequence(eng_context *ctx, eng_sequence *seq, int32_t n, sw_erro
     return eng__seq_reserve(ctx, seq, seq->n_tokens + n, err);
 }
 
-int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
-               float *logits, sw_error *err)
+static int decode_seq(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
+                      float *logits, eng_hidden_pool *pool, sw_error *err)
 {
     const eng_hparams *hp = &ctx->model->hp;
     eng_token_meta *meta = (eng_token_meta *)(ctx->workspace + ctx->layout.meta);
@@ -724,7 +753,7 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
         }
         eng__prefix_note_tokens(ctx, seq, tokens + done, n);
         if ((rc = forward_tokens(ctx, tokens + done, meta, n, &last_token,
-                                 last && logits ? 1 : 0, false, err)))
+                                 last && logits ? 1 : 0, false, pool, err)))
             return rc;
         seq->n_tokens += n;
         eng__prefix_publish(ctx, seq);
@@ -733,6 +762,18 @@ int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t 
     if (logits)
         memcpy(logits, ctx->workspace + ctx->layout.logits, (size_t)hp->n_vocab * sizeof(float));
     return SW_OK;
+}
+
+int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
+               float *logits, sw_error *err)
+{
+    return decode_seq(ctx, seq_id, tokens, n_tokens, logits, NULL, err);
+}
+
+int eng__decode_pooled(eng_context *ctx, int32_t seq_id, const int32_t *tokens,
+                       int32_t n_tokens, eng_hidden_pool *pool, sw_error *err)
+{
+    return decode_seq(ctx, seq_id, tokens, n_tokens, NULL, pool, err);
 }
 
 /* Runs the listed entries (KV already taken) as one forward pass. */
@@ -761,7 +802,7 @@ static int run_entries(eng_context *ctx, const eng_batch_entry *entries, const i
         if (e->logits)
             logit_tokens[n_logit++] = n - 1;
     }
-    if ((rc = forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit, per_token, err)))
+    if ((rc = forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit, per_token, NULL, err)))
         return rc;
     n_logit = 0;
     for (int32_t k = 0; k < n_which; k++) {

@@ -265,6 +265,21 @@ void eng__moe_ffn(eng_context *ctx, const eng_layer *L, const float *xn, float *
 
 /* Takes KV blocks so seq holds n_tokens tokens' worth (memory.c). */
 int eng__seq_reserve(eng_context *ctx, eng_sequence *seq, int32_t n_tokens, sw_error *err);
+
+/* An embedding being pooled (embed.c): the forward pass hands it the
+ * output-normed final hidden state of the tokens the pooling needs, as
+ * they are computed (a long input comes in n_batch chunks), so no row of
+ * every token is kept. pooling is an eng_pooling (embed.h). */
+typedef struct eng_hidden_pool {
+    int pooling;
+    int32_t last_pos;  /* LAST: the position of the input's last token */
+    double *sum;       /* MEAN: (n_embd) the sum of every token's row */
+    float *row;        /* CLS, LAST: (n_embd) the chosen token's row */
+} eng_hidden_pool;
+
+/* eng_decode without logits, the hidden states handed to pool. */
+int eng__decode_pooled(eng_context *ctx, int32_t seq_id, const int32_t *tokens,
+                       int32_t n_tokens, eng_hidden_pool *pool, sw_error *err);
 /* Frees one global or sliding block's memory (memory.c). */
 void eng__block_free(eng_context *ctx, eng_kv_block *b, bool sliding);
 

@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "gguf/gguf.h"
+#include "engine/embed.h"
 #include "engine/model.h"
 #include "quant/quant.h"
 
@@ -647,6 +648,9 @@ int eng_model_make_validate(const eng_model_make_params *p, sw_error *err)
         !(p->final_logit_softcap >= 0.0f) || !isfinite(p->final_logit_softcap))
         return sw_error_set(err, SW_EINVAL, "model make: sliding window, pattern and soft-cap "
                             "must not be negative");
+    if (p->pooling && eng_pooling_from_name(p->pooling) < 0)
+        return sw_error_set(err, SW_EINVAL, "model make: pooling is none, mean, cls, last or "
+                            "rank, not '%.32s'", p->pooling);
     if (p->architecture && strcmp(p->architecture, "phi3") == 0 && p->head_dim != 0 &&
         (int64_t)p->head_dim * p->n_head != p->n_embd)
         return sw_error_set(err, SW_EINVAL, "model make: phi3's heads must fill the width "
@@ -1012,6 +1016,9 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     if (p->final_logit_softcap > 0.0f)
         MM_CHECK(eng_gguf_writer_set_f32(w, MM_KEY("final_logit_softcapping"),
                                          p->final_logit_softcap));
+    if (p->pooling)
+        MM_CHECK(eng_gguf_writer_set_u32(w, MM_KEY("pooling_type"),
+                                         (uint32_t)eng_pooling_from_name(p->pooling)));
 #undef MM_KEY
     MM_CHECK(eng_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
     MM_CHECK(eng_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", pieces, (uint64_t)v->n));
@@ -1021,7 +1028,7 @@ static int mm_set_metadata(eng_gguf_writer *w, const eng_model_make_params *p, c
     MM_CHECK(eng_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2));
     MM_CHECK(eng_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0));
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true));
-    MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false));
+    MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", p->add_eos));
     /* Gemma's SentencePiece files have no space prefix (the converter
      * writes add_space_prefix false) */
     MM_CHECK(eng_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", !gemma3));

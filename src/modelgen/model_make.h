@@ -128,6 +128,12 @@ typedef struct eng_model_make_params {
      * ffn_down_exps in place of ffn_gate / ffn_up / ffn_down */
     int32_t n_expert;
     int32_t n_expert_used;
+    /* ARCH.pooling_type for embeddings (engine/embed.h): "none", "mean",
+     * "cls", "last" or "rank"; NULL leaves the key out */
+    const char *pooling;
+    /* tokenizer.ggml.add_eos_token: true appends EOS to an embedding's
+     * input, as Qwen3-Embedding's files ask (default false) */
+    bool add_eos;
 } eng_model_make_params;
 
 /* The "tiny" preset: dim 64, 2 layers, 4 heads, 2 KV heads, FFN 128,

@@ -291,6 +291,9 @@ typedef struct rt_req {
     bool fault_scoped;
     sw_alloc_scope fault_scope;
     sw_alloc_scope *fault_prev; /* the thread's scope before */
+    /* POST /v1/embeddings (router_embeddings.c): relayed as a completion
+     * that generates nothing, never streamed, never made a job */
+    bool embeddings;
 } rt_req;
 
 double rt__now_s(void);  /* monotonic */
@@ -417,6 +420,11 @@ void rt__handle_generate(rt_req *q, bool chat);
 void rt__dispatch_generate(rt_req *q, bool chat);
 /* POST /tokenize, relayed to a ready worker of the model. */
 void rt__handle_tokenize(rt_req *q);
+/* router_embeddings.c: an embeddings body's tokens as the worker counts
+ * them: the longest input's (what one sequence holds, the KV the books
+ * take) returned, every input's together in *total (the prefill work);
+ * -1 when the body will be refused (the worker says why). */
+long rt__embeddings_tokens(const rt_model *m, json_t *body, long *total);
 /* Runs body (JSON text) as a non-streaming request without a client
  * socket; the answer the client would have got is in out (status, body;
  * rt__capture_free). request_id is kept on every attempt. *ticket: its

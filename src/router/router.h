@@ -33,6 +33,8 @@ typedef struct rt_model_config {
     char path[512];
     char chat_template[32];    /* "" = detected */
     char reasoning_format[16]; /* reasoning-format: "" = the worker's default (auto) */
+    char pooling[8];           /* pooling: its workers' /v1/embeddings pooling
+                                  (--pooling mean|cls|last); "" = the file's */
     char aliases[RT_MAX_ALIASES][64]; /* more ids clients may send */
     int n_aliases;
     bool is_default;           /* default = true: a request without "model" */

@@ -297,7 +297,9 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
     rn_conn c;
     char hdr[256];
     snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", r->q->request_id);
-    const char *path = r->chat ? "/v1/chat/completions" : "/v1/completions";
+    const char *path = r->q->embeddings ? "/v1/embeddings"
+                       : r->chat        ? "/v1/chat/completions"
+                                        : "/v1/completions";
     r->openai = RT_KIND_EXTERNAL(w->cfg.kind);
     r->ls_kind = w->cfg.kind == RT_KIND_LLAMA_SERVER;
     r->ls_native = false;

@@ -449,6 +449,10 @@ static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *
         if (strcmp(v, "auto") && strcmp(v, "deepseek") && strcmp(v, "none"))
             return cfg_fail(p, s, name, "expected auto, deepseek or none", v);
         snprintf(m->reasoning_format, sizeof m->reasoning_format, "%s", v);
+    } else if (!strcmp(name, "pooling")) {
+        if (strcmp(v, "mean") && strcmp(v, "cls") && strcmp(v, "last"))
+            return cfg_fail(p, s, name, "expected mean, cls or last", v);
+        snprintf(m->pooling, sizeof m->pooling, "%s", v);
     } else if (!strcmp(name, "aliases") && !c_legacy(p)) {
         if (!cfg_id_list(v, m->aliases, RT_MAX_ALIASES, &m->n_aliases, NULL))
             return cfg_fail(p, s, name, "at most 8 aliases, each 1..63 of [A-Za-z0-9._:/-]", v);

@@ -1158,6 +1158,12 @@ static bool serve_one(rt_router *rt, int fd, char *buf, size_t *bl, int served)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
         else
             rt__handle_messages(&q);
+    } else if (!strcmp(q.path, "/v1/embeddings")) {
+        q.embeddings = true; /* router_embeddings.c */
+        if (!post)
+            rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);
+        else
+            rt__with_idempotency(&q, rt__dispatch_generate, false);
     } else if (!strcmp(q.path, "/tokenize")) {
         if (!post)
             rt__send_error(&q, 405, "method_not_allowed", "use POST", NULL, NULL);

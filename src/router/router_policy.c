@@ -83,8 +83,10 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             why = RT_SKIP_DOWN;
         else if (need->resume && RT_KIND_EXTERNAL(w->kind))
             why = RT_SKIP_KIND;
-        else if (w->ctx_limit > 0 && need->prompt >= w->ctx_limit)
-            why = RT_SKIP_CTX;
+        else if (w->ctx_limit > 0 && (need->prompt > w->ctx_limit ||
+                                      (need->prompt == w->ctx_limit && need->max_tokens != 0)))
+            why = RT_SKIP_CTX; /* a prompt that fills the context leaves no room for a
+                                  token; one that generates none (embeddings) fits */
         else if (!need->idle && w->held)
             why = RT_SKIP_HELD;
         else if (!need->idle && w->max_seqs > 0 &&
@@ -98,7 +100,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
         if (!why && need->deadline_ms >= 0) {
             if (w->prefill_rate > 0 && w->decode_rate > 0) {
                 long gen = tokens - prompt;
-                double pred = need->wait_ms + ((double)prompt / w->prefill_rate +
+                long work = need->prefill > prompt ? need->prefill : prompt;
+                double pred = need->wait_ms + ((double)work / w->prefill_rate +
                                                (double)(gen > 0 ? gen : 0) / w->decode_rate) *
                                                   1000;
                 if (d->best_pred_ms < 0 || pred < d->best_pred_ms)

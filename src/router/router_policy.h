@@ -30,6 +30,10 @@ typedef struct rt_need {
                               -1 any */
     long prompt;           /* exact prompt tokens; -1 unknown */
     long max_tokens;       /* -1: up to the context */
+    long prefill;          /* tokens computed before the answer when more
+                              than prompt (an embeddings request's inputs,
+                              each its own sequence of at most prompt
+                              tokens); 0: prompt */
     int n_choices;         /* n: sequences it runs (each holds prompt +
                               max_tokens); 0 or 1: one */
     bool resume;           /* a stream with tokens sent: needs a resume */

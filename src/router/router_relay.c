@@ -249,8 +249,12 @@ static void send_context_error(rt_req *q, bool chat, long prompt)
                  prompt, prompt > ctx ? "more than" : "no completion token fits in", (int)ctx);
     else
         snprintf(msg, sizeof msg, "the prompt is longer than every worker's context limit");
+    if (q->embeddings) /* prompt: its longest input (router_embeddings.c) */
+        snprintf(msg, sizeof msg, "an input has %ld tokens, more than the largest context of "
+                 "the model's workers, %d tokens", prompt, (int)ctx);
     count(rt, &rt->refused_context);
-    rt__send_error(q, 400, "context_length_exceeded", msg, chat ? "messages" : "prompt", NULL);
+    rt__send_error(q, 400, "context_length_exceeded", msg,
+                   q->embeddings ? "input" : chat ? "messages" : "prompt", NULL);
 }
 
 /* What the client gets when the request got no (further) worker. Returns
@@ -276,7 +280,7 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     if (ar == RT_ADMIT_GONE)
         return false;
     bool capacity = !failed_before && ar != RT_ADMIT_NEVER && ar != RT_ADMIT_STOPPED;
-    if (capacity && q->prefer_async && rt__jobs_accept_async(q, chat) == 0)
+    if (capacity && q->prefer_async && !q->embeddings && rt__jobs_accept_async(q, chat) == 0)
         return true; /* the 503 below became a job the client polls */
     if (counted)
         count(rt, &rt->rejected_capacity);
@@ -534,15 +538,17 @@ static void generate(rt_req *q, bool chat, json_t *body)
     r.t_start = rt__now_s();
     r.ttft = -1;
     double t0 = rt__wall_s(), replay_start = 0;
-    r.stream = json_is_true(json_object_get(body, "stream"));
+    r.stream = !q->embeddings && json_is_true(json_object_get(body, "stream"));
     json_t *mt = json_object_get(body, "max_completion_tokens");
     if (!mt)
         mt = json_object_get(body, "max_tokens");
     long max_tokens = json_is_integer(mt) ? (long)json_integer_value(mt) : (chat ? -1 : 16);
+    if (q->embeddings)
+        max_tokens = 0; /* it generates nothing */
     /* n > 1: that many sequences on one worker (the worker checks the
      * range); never resumed (router_failover.c) */
     json_t *nv = json_object_get(body, "n");
-    int n_choices = json_is_integer(nv) && json_integer_value(nv) > 1 &&
+    int n_choices = !q->embeddings && json_is_integer(nv) && json_integer_value(nv) > 1 &&
                             json_integer_value(nv) <= 64
                         ? (int)json_integer_value(nv)
                         : 1;
@@ -555,7 +561,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
     /* A seed of our own, so that a resumed sampled stream continues the
      * same random stream on the next worker. */
     bool seed_added = false;
-    if (!json_object_get(body, "seed")) {
+    if (!q->embeddings && !json_object_get(body, "seed")) {
         seed_added = true;
         uint64_t n = __atomic_add_fetch(&rt->seq, 1, __ATOMIC_RELAXED);
         uint64_t s = (uint64_t)(rt__wall_s() * 1e6) ^ (n * 0x9E3779B97F4A7C15ull);
@@ -564,7 +570,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
     /* the prompt's blocks, for placement by prefix (none: no preference) */
     uint64_t *prefix = sw_malloc(RT_PREFIX_MAX_BLOCKS * sizeof *prefix);
     int n_prefix = 0;
-    long prompt = count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
+    long prefill = 0; /* an embeddings request's inputs together */
+    const rt_model *counted = &rt->models[q->model];
+    long prompt = q->embeddings ? rt__embeddings_tokens(counted, body, &prefill)
+                                : count_prompt(counted, body, chat, prefix, &n_prefix);
     if (q->idem_key[0])
         q->durable = true; /* an Idempotency-Key's attempts are promised */
     bool *tried = q->tried; /* kept across an agent run's steps */
@@ -585,6 +594,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.model = rt->route_by_model ? q->model : -1;
         wt.need.prompt = prompt < 0 ? -1 : prompt + (long)r.n_tokens;
         wt.need.max_tokens = remaining;
+        wt.need.prefill = prefill;
         wt.need.n_choices = n_choices;
         wt.need.prefix = prefix;
         wt.need.n_prefix = prefix ? n_prefix : 0;
@@ -628,7 +638,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
                          : -1;
             if (to >= 0) {
                 fall_back(q, body, to, ar, t0);
-                prompt = count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
+                prompt = q->embeddings
+                             ? rt__embeddings_tokens(&rt->models[q->model], body, &prefill)
+                             : count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
                 continue;
             }
             if (ar == RT_ADMIT_NEVER && ctx_refused && !failed_before && !r.headers_sent) {

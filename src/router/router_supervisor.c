@@ -93,6 +93,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         ARG("--chat-template", "%s", model->chat_template);
     if (model->reasoning_format[0])
         ARG("--reasoning-format", "%s", model->reasoning_format);
+    if (model->pooling[0])
+        ARG("--pooling", "%s", model->pooling);
 #undef ARG
     if (c->skip_calibration)
         argv[n++] = "--no-calibrate";

@@ -40,6 +40,7 @@ struct eng_tokenizer {
 
     int32_t bos, eos, unk, pad;
     bool add_bos;
+    bool add_eos;           /* tokenizer.ggml.add_eos_token (default false) */
     bool add_space_prefix;
 
     eng__bpe *bpe;         /* merges and pre-tokenizer; NULL unless algo BPE */

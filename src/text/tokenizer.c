@@ -391,6 +391,8 @@ static int load_vocab(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
         rc = load_bool(g, "tokenizer.ggml.add_bos_token", spm, &tok->add_bos, err);
     if (!rc)
         rc = load_bool(g, "tokenizer.ggml.add_space_prefix", spm, &tok->add_space_prefix, err);
+    if (!rc)
+        rc = load_bool(g, "tokenizer.ggml.add_eos_token", false, &tok->add_eos, err);
     if (rc)
         goto fail;
     if (tok->add_bos && tok->bos < 0) {
@@ -403,6 +405,8 @@ static int load_vocab(const eng_gguf *g, eng_tokenizer *tok, sw_error *err)
         }
         tok->add_bos = false;
     }
+    if (tok->add_eos && tok->eos < 0)
+        tok->add_eos = false;
 
     /* Byte fallback: <0xNN> as SentencePiece writes it, else a one-byte
      * piece, else unk. */
@@ -541,6 +545,7 @@ int32_t eng_tokenizer_eos(const eng_tokenizer *tok) { return tok->eos; }
 int32_t eng_tokenizer_unk(const eng_tokenizer *tok) { return tok->unk; }
 int32_t eng_tokenizer_pad(const eng_tokenizer *tok) { return tok->pad; }
 bool eng_tokenizer_add_bos(const eng_tokenizer *tok) { return tok->add_bos; }
+bool eng_tokenizer_add_eos(const eng_tokenizer *tok) { return tok->add_eos; }
 bool eng_tokenizer_add_space_prefix(const eng_tokenizer *tok) { return tok->add_space_prefix; }
 
 bool eng_tokenizer_is_eog(const eng_tokenizer *tok, int32_t id)

@@ -73,6 +73,11 @@ int32_t eng_tokenizer_pad(const eng_tokenizer *tok); /* -1 if none */
 bool eng_tokenizer_is_eog(const eng_tokenizer *tok, int32_t id);
 /* Whether the vocabulary asks for BOS to be prepended (default true for SPM). */
 bool eng_tokenizer_add_bos(const eng_tokenizer *tok);
+/* Whether the vocabulary asks for EOS to be appended to a text
+ * (tokenizer.ggml.add_eos_token, default false; false without an EOS).
+ * Generation never appends it; an embedding's input does, as llama.cpp
+ * adds its special tokens (Qwen3-Embedding pools the last token, EOS). */
+bool eng_tokenizer_add_eos(const eng_tokenizer *tok);
 /* Whether the first text (and text after a special token) gets a "▁"
  * prefix (tokenizer.ggml.add_space_prefix, default true for SPM). */
 bool eng_tokenizer_add_space_prefix(const eng_tokenizer *tok);

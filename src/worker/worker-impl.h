@@ -67,6 +67,7 @@ typedef struct wk_tool_stream {
 } wk_tool_stream;
 
 typedef struct wk_req wk_req;
+typedef struct wk_embed wk_embed; /* worker_embeddings.c */
 
 /* The choices of one answer with n > 1 (worker_http.c): one request (and
  * sequence) per choice, sharing the HTTP request. The answer goes out
@@ -162,6 +163,9 @@ struct wk_req {
     /* POST /v1/messages (worker_messages.c): the chat stream turned into
      * Anthropic's events as it goes out; NULL for an OpenAI request */
     struct api_msg_stream *msg;
+    /* POST /v1/embeddings (worker_embeddings.c): its inputs and, once
+     * the engine ran it, its vectors; NULL for a completion */
+    wk_embed *embed;
     /* under wk_server.lock */
     bool cancelled;
 };
@@ -326,6 +330,28 @@ typedef api_error wk_parse_error; /* api.h */
 /* Fills r from a completions (chat false) or chat body; false with *p set
  * when the body is refused. What r holds is freed by wk_req_free either way. */
 bool wk__parse_request(wk_server *s, json_t *body, bool chat, wk_req *r, wk_parse_error *p);
+
+/* worker_embeddings.c (docs/api.md, Embeddings) */
+/* POST /v1/embeddings (HTTP thread): parsed, checked and queued, or
+ * answered with its error. */
+void wk__handle_embeddings(wk_server *s, struct evhttp_request *evreq);
+/* Engine thread: every input of r through sequence seq (a free slot's),
+ * cleared again after; SW_OK, SW_ECANCELLED when the client left between
+ * two inputs, or eng_embed's / eng_seq_reserve's error. */
+int wk__embed_run(wk_server *s, wk_req *r, int32_t seq, sw_error *err);
+/* HTTP thread, after the engine's final event: the answer (NULL when
+ * memory ran out). */
+json_t *wk__embed_answer(wk_server *s, const wk_req *r);
+int32_t wk__embed_prompt_tokens(const wk_embed *e);
+void wk__embed_free(wk_embed *e);
+
+/* worker_http.c, for the endpoints in files of their own */
+json_t *wk__http_read_body(wk_server *s, struct evhttp_request *evreq, const char *req_id);
+void wk__http_send_error(struct evhttp_request *evreq, int status, const char *code,
+                         const char *param, const char *req_id, const char *message);
+/* Queues r for the engine and follows its connection (a client that
+ * leaves cancels it); SW_ERANGE (nothing done) when the queue is full. */
+int wk__http_submit(wk_server *s, wk_req *r);
 
 /* worker_reasoning.c */
 /* Sets r->split, r->harmony_text and r->harmony_calls from the family, the

@@ -70,6 +70,10 @@ typedef struct wk_options {
                                     (--alias), n_aliases of them; the
                                     caller keeps them for the run */
     size_t n_aliases;
+    int pooling;                 /* /v1/embeddings' pooling (engine/embed.h:
+                                    mean, cls or last), overriding the
+                                    file's <arch>.pooling_type; -1: the
+                                    file's (--pooling) */
 } wk_options;
 
 wk_options wk_default_options(void);

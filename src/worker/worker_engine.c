@@ -58,6 +58,7 @@ void wk_req_free(wk_req *req)
     if (req->msg)
         api_msg_stream_free(req->msg);
     sw_free(req->msg);
+    wk__embed_free(req->embed);
     sw_free(req);
 }
 
@@ -491,6 +492,40 @@ static void admit(wk_server *s, wk_req *req, ev_list *l)
     sw_alloc_scope *scope_prev = engine_scope_enter(req);
     admit_slot(s, req, l, sw_alloc_thread_failures());
     sw_alloc_scope_swap(scope_prev);
+}
+
+/* An embeddings request (worker_embeddings.c), run whole in a free slot's
+ * sequence between two steps; its final event either way. False when the
+ * device failed (the worker must stop, as after a failed step). */
+static bool embed_request(wk_server *s, wk_req *req, ev_list *l)
+{
+    sw_alloc_scope *scope_prev = engine_scope_enter(req);
+    int32_t seq = -1, n_prompt = req->n_prompt_client;
+    sw_error err;
+    int rc;
+    for (int32_t i = 0; i < s->n_seqs && seq < 0; i++)
+        if (!s->slots[i].req)
+            seq = i;
+    sw_error_clear(&err);
+    rc = seq < 0 ? sw_error_set(&err, SW_EINTERNAL, "no free sequence") /* not reached: counted */
+                 : wk__embed_run(s, req, seq, &err);
+    if (rc == SW_OK || rc == SW_ECANCELLED) {
+        wk_event *ev = ev_new_final(l, WK_EV_DONE, req);
+        ev->finish = rc == SW_OK ? "stop" : "cancelled";
+        count_outcome(s, rc == SW_OK ? "ok" : "cancelled", n_prompt, 0);
+    } else if (rc == SW_EDEVOOM) {
+        json_t *extra = json_pack("{s:s, s:i}", "phase", "admission", "tokens_generated", 0);
+        ev_error(l, req, 503, "server_error", "out_of_memory", extra,
+                 "the request does not fit on the device: %s", err.message);
+        count_outcome(s, "oom", n_prompt, 0);
+    } else {
+        ev_error(l, req, 500, "server_error",
+                 rc == SW_EDEVICE ? "device_failed" : "internal_error", NULL, "%s",
+                 err.message[0] ? err.message : sw_strerror(rc));
+        count_outcome(s, "error", n_prompt, 0);
+    }
+    sw_alloc_scope_swap(scope_prev);
+    return rc != SW_EDEVICE;
 }
 
 /* The batched step: one eng_decode_batch per group of entries whose tokens
@@ -1127,6 +1162,7 @@ void *wk_engine_main(void *arg)
             if (cancelled[i])
                 finish_slot(s, i, &l, "cancelled");
         k = 0;
+        bool device_ok = true;
         for (wk_req *r = newcomers, *next; r; r = next, k++) {
             next = r->next;
             r->next = NULL;
@@ -1134,6 +1170,8 @@ void *wk_engine_main(void *arg)
                 wk_event *ev = ev_new_final(&l, WK_EV_DONE, r);
                 ev->finish = "cancelled";
                 count_outcome(s, "cancelled", r->n_prompt_client, 0);
+            } else if (r->embed) {
+                device_ok = embed_request(s, r, &l) && device_ok;
             } else {
                 admit(s, r, &l);
             }
@@ -1160,7 +1198,7 @@ void *wk_engine_main(void *arg)
             post_events(s, &l);
             break;
         }
-        bool ok = step(s, &l);
+        bool ok = device_ok && step(s, &l);
         publish_stats(s);
         if (ok)
             post_events(s, &l);

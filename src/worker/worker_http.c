@@ -56,6 +56,7 @@ wk_options wk_default_options(void)
     o.cors_origins = "*";
     o.max_header_bytes = 16384;
     o.http_timeout_s = 30;
+    o.pooling = -1;
     return o;
 }
 
@@ -900,6 +901,17 @@ static const char *tool_stream_done(wk_server *s, wk_req *r, const char *text, s
 
 static void handle_done(wk_server *s, wk_req *r, const wk_event *ev)
 {
+    if (r->embed) { /* worker_embeddings.c */
+        if (ev->finish && !strcmp(ev->finish, "cancelled")) {
+            send_error(r->evreq, 503, "cancelled", NULL, r->id,
+                       "the request was cancelled (the worker is stopping)");
+            return;
+        }
+        json_t *answer = wk__embed_answer(s, r);
+        send_json(r->evreq, 200, answer, r->id);
+        json_decref(answer);
+        return;
+    }
     const char *finish = strcmp(ev->finish, "cancelled") == 0 ? "stop" : ev->finish;
     bool tool_reply = r->chat && (r->output == WK_OUT_TOOL_FORCED || r->output == WK_OUT_TOOL_AUTO);
     json_t *calls = NULL;
@@ -1746,6 +1758,8 @@ static void on_request(struct evhttp_request *evreq, void *arg)
     bool gen = strcmp(path, "/v1/completions") == 0 ||
                strcmp(path, "/v1/chat/completions") == 0 || messages || responses;
     bool tok = strcmp(path, "/tokenize") == 0;
+    bool embed = strcmp(path, "/v1/embeddings") == 0;
+    tok = tok || embed; /* POST, ready, not a completion */
     known = gen || tok || strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
             strcmp(path, "/v1/models") == 0;
     if (!known) {
@@ -1763,7 +1777,9 @@ static void on_request(struct evhttp_request *evreq, void *arg)
                    "the worker is %s", state_name(st));
         return;
     }
-    if (tok)
+    if (embed)
+        wk__handle_embeddings(s, evreq);
+    else if (tok)
         handle_tokenize(s, evreq);
     else if (count)
         handle_count_tokens(s, evreq);
@@ -1771,6 +1787,27 @@ static void on_request(struct evhttp_request *evreq, void *arg)
         handle_generate(s, evreq,
                         strcmp(path, "/v1/chat/completions") == 0 || messages || responses,
                         messages, responses);
+}
+
+json_t *wk__http_read_body(wk_server *s, struct evhttp_request *evreq, const char *req_id)
+{
+    return read_body(s, evreq, req_id);
+}
+
+void wk__http_send_error(struct evhttp_request *evreq, int status, const char *code,
+                         const char *param, const char *req_id, const char *message)
+{
+    send_error(evreq, status, code, param, req_id, "%s", message);
+}
+
+int wk__http_submit(wk_server *s, wk_req *r)
+{
+    int rc = wk_engine_submit(s, r);
+    if (rc)
+        return rc;
+    live_add(s, r);
+    evhttp_connection_set_closecb(evhttp_request_get_connection(r->evreq), on_conn_close, r);
+    return SW_OK;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)

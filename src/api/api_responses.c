@@ -478,12 +478,17 @@ json_t *api_responses_object(const json_t *body, const char *id, int64_t created
     return r;
 }
 
+/* The Response's usage from the chat answer's: the prompt tokens the
+ * prefix cache supplied (chat's prompt_tokens_details.cached_tokens) come
+ * along; a thought's tokens are not counted apart (0). */
 static json_t *usage_of(const json_t *chat_usage)
 {
     json_int_t in = json_integer_value(json_object_get(chat_usage, "prompt_tokens"));
     json_int_t out = json_integer_value(json_object_get(chat_usage, "completion_tokens"));
-    return json_pack("{s:I, s:{s:i}, s:I, s:{s:i}, s:I}", "input_tokens", in,
-                     "input_tokens_details", "cached_tokens", 0, "output_tokens", out,
+    json_int_t cached = json_integer_value(json_object_get(
+        json_object_get(chat_usage, "prompt_tokens_details"), "cached_tokens"));
+    return json_pack("{s:I, s:{s:I}, s:I, s:{s:i}, s:I}", "input_tokens", in,
+                     "input_tokens_details", "cached_tokens", cached, "output_tokens", out,
                      "output_tokens_details", "reasoning_tokens", 0, "total_tokens", in + out);
 }
 

@@ -167,6 +167,29 @@ static void test_text_input(void **state)
     json_decref(c);
 }
 
+/* The prompt tokens the prefix cache supplied: none the first time, the
+ * repeated prompt's blocks the second, as input_tokens_details. */
+static void test_cached_tokens(void **state)
+{
+    (void)state;
+    const char *body = "{\"input\":\"The quick brown fox jumps over the lazy dog while the "
+                       "small cat watches from the old wooden fence and the farmer counts his "
+                       "sheep one by one before the long night falls over the quiet valley.\","
+                       "\"instructions\":\"Answer as a storyteller would, at length.\","
+                       "\"max_output_tokens\":4,\"temperature\":0}";
+    json_t *first = post_resp(body), *again = post_resp(body);
+    json_t *u1 = json_object_get(first, "usage"), *u2 = json_object_get(again, "usage");
+    json_int_t in = json_integer_value(json_object_get(u2, "input_tokens"));
+    json_int_t cached = json_integer_value(
+        json_object_get(json_object_get(u2, "input_tokens_details"), "cached_tokens"));
+    assert_true(cached > 0);
+    assert_true(cached < in);
+    assert_true(json_integer_value(json_object_get(
+                    json_object_get(u1, "input_tokens_details"), "cached_tokens")) < cached);
+    json_decref(first);
+    json_decref(again);
+}
+
 /* A message list with instructions, a developer message and content
  * parts: the chat route's system messages and parts. */
 static void test_message_list(void **state)
@@ -556,6 +579,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_input),
+        cmocka_unit_test(test_cached_tokens),
         cmocka_unit_test(test_message_list),
         cmocka_unit_test(test_stream),
         cmocka_unit_test(test_function_call_round_trip),

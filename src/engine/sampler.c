@@ -28,10 +28,12 @@
  *      does not depend on the machine. The best candidate's e is exactly 1;
  *      e is 0 for -inf and below exp(-80). The probabilities are e / sum(e),
  *      and "the order" is e descending, ties by id ascending.
- *      Each candidate's mass is the integer trunc(e * 2^40) (a candidate
- *      whose probability is below ~1e-12 of the best's has none and is never
- *      picked); masses are added as 64-bit integers, exactly, so no result
- *      depends on the order of an addition. W is the candidates' total mass.
+ *      Each candidate's mass is the integer trunc(e * 2^25) (a candidate
+ *      whose probability is below 2^-25, ~3e-8, of the best's has none and
+ *      is never picked: a vector converts and adds 32-bit masses, twice as
+ *      many per instruction as 64-bit ones); masses are added as integers,
+ *      exactly, so no result depends on the order of an addition. W is the
+ *      candidates' total mass.
  *        top-p: the shortest prefix of the order whose mass reaches
  *               trunc(top_p * W) (at least one token);
  *        min-p: the tokens with e >= min_p, i.e. probability at least min_p
@@ -55,14 +57,15 @@
  * and walked from the top give the bucket where the cumulative mass
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
- * the order already. The histogram is estimated while the weights are
- * stored (every 16th candidate's mass, 16 times); the candidates of the
- * few buckets around the estimated cut are gathered with the exact mass
- * above them, and the search runs among them. Where the estimate missed,
- * the cut is looked for among the candidates above them (a sample misses
- * the few heavy tokens of a peaked distribution), then in the exact
- * histogram: the estimate decides only how fast the cut is found, never
- * which it is.
+ * the order already. The histogram is estimated first (every 16th
+ * candidate's mass, 16 times); the one pass that computes the weights
+ * gathers the candidates of the few buckets around the estimated cut with
+ * the exact mass above them, and the search runs among them (top-p then
+ * costs little more than temperature alone). Where the estimate missed,
+ * the weights are computed again and stored, and the cut is looked for
+ * around the estimate, among the candidates above it (a sample misses the
+ * few heavy tokens of a peaked distribution), then in the exact histogram:
+ * the estimate decides only how fast the cut is found, never which it is.
  *
  * The random stream is counter-based: the uniform number of draw k is a
  * pure function of (seed, k), built from the splitmix64 finaliser, so
@@ -72,7 +75,7 @@
  * sums, the groups of a search, the histograms, penalty counts, the bias
  * list) is allocated once at create, 32 bytes per vocabulary entry and 48
  * KiB of histograms; sampling allocates nothing. A vocabulary of more than
- * 2^23 entries is refused at create (its masses could pass 2^64).
+ * 2^23 entries is refused at create.
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
 
@@ -88,7 +91,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* n_vocab masses of at most 2^40 add up below 2^64. */
+/* The largest vocabulary (its fine masses, 2^40 at most, add up below
+ * 2^64). */
 #define SAMPLER_MAX_VOCAB (1 << 23)
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
                                 e <= 1 (0x3f800000 >> 20 = 1016) fit too */
@@ -118,13 +122,18 @@ struct eng_sampler {
     int32_t *group_b;     /*   gathered buckets, and of the levels refining */
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
-    uint64_t cut_paths[3]; /* top-p cuts found by the estimate's range, by the
-                              candidates above it, by the exact histogram */
+    uint64_t cut_paths[4]; /* top-p cuts found in the window (one pass), then,
+                              with stored weights, by the estimate's range,
+                              by the candidates above it, by the exact
+                              histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
+    uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's samples per bucket */
     uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate per chunk; an
                                                             exact histogram's lanes */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
+    uint32_t count_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate's samples
+                                                            per bucket, per chunk */
 };
 
 eng_sampler_params eng_sampler_default_params(void)
@@ -202,7 +211,7 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s);
 }
 
-void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[3])
+void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[4])
 {
     memcpy(paths, s->cut_paths, sizeof s->cut_paths);
 }
@@ -408,7 +417,8 @@ static int32_t sampler_scalar_first_above(const float *values, int32_t from, int
 
 static const eng__sampler_kernels sampler_kernels_scalar = {
     sampler_scalar_sanitize_max, sampler_scalar_max,         eng__sampler_weights_scalar,
-    eng__sampler_range_scalar,   sampler_scalar_first_above, eng__sampler_kept_mass_scalar};
+    eng__sampler_fine_sums_scalar, eng__sampler_range_scalar, eng__sampler_window_scalar,
+    sampler_scalar_first_above,  eng__sampler_kept_mass_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -433,9 +443,8 @@ static inline uint32_t sampler_bits(float e)
 
 static inline uint64_t sampler_mass(float e)
 {
-    /* through int64_t: e * 2^40 <= 2^40, and the signed conversion is one
-     * instruction where the unsigned one tests for 2^63 first */
-    return (uint64_t)(int64_t)(e * ENG_SAMPLER_MASS_SCALE);
+    /* through int32_t: e * 2^25 <= 2^25, the vector kernels' conversion */
+    return (uint64_t)(int32_t)(e * ENG_SAMPLER_MASS_SCALE);
 }
 
 /* floor(u * total / 2^53) for u < 2^53, without 128-bit integers. */
@@ -479,6 +488,17 @@ void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, floa
     }
 }
 
+void eng__sampler_fine_sums_scalar(const float *logits, int32_t n, float max, uint64_t *sums)
+{
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = 0;
+        for (int32_t i = b0; i < b1; i++) /* through int64_t: e * 2^40 <= 2^40 */
+            k += (uint64_t)(int64_t)(eng__sampler_exp(logits[i] - max) * ENG_SAMPLER_FINE_SCALE);
+        sums[b0 / ENG_SAMPLER_BLOCK] = k;
+    }
+}
+
 /* Whether weight e of candidate i ranks no later than the cut (e_cut,
  * id_cut) in the order. */
 static inline bool sampler_at_or_before(float e, int32_t i, float e_cut, int32_t id_cut)
@@ -514,15 +534,43 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
     return m;
 }
 
+int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
+                                   float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
+                                   uint64_t *total, int32_t *out, float *out_e)
+{
+    int32_t m = 0;
+    uint64_t all = 0;
+    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to;
+        uint64_t a = 0;
+        for (int32_t i = b0; i < b1; i++) {
+            float w = eng__sampler_exp((logits[i] - max) * inv_temp);
+            uint32_t key = sampler_bits(w) >> 20;
+            uint64_t mass = sampler_mass(w);
+            all += mass;
+            a += mass & (0 - (uint64_t)(key > hi));
+            out[m] = i; /* without a branch, as in range */
+            out_e[m] = w;
+            m += key >= lo && key <= hi;
+        }
+        above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
+    }
+    *total = all;
+    return m;
+}
+
 /* ---- passes over the candidates, split between lent threads ------------ */
 
 /* Fewer candidates stay on one thread: the hand-off would cost more than
  * half a pass. */
 #define SAMPLER_PARALLEL_MIN 16384
 /* top-p's estimate looks at one candidate in this many */
-#define SAMPLER_STRIDE 16
+#define SAMPLER_STRIDE 32
 /* top-p's gather takes the top-level buckets this close to the estimate's */
 #define SAMPLER_SPREAD 1
+/* ... and every bucket above when the sample saw at most this many
+ * candidates there (this many times SAMPLER_STRIDE, estimated) */
+#define SAMPLER_FEW_ABOVE 32
 
 /* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4,
  * each a whole number of blocks but the last: chunk c builds its part of
@@ -540,6 +588,7 @@ typedef struct sampler_pass {
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
+    uint64_t chunk_total[SAMPLER_LANES]; /* window: the chunk's total mass */
 } sampler_pass;
 
 static void sampler_chunk(const sampler_pass *ps, int32_t c, int32_t *begin, int32_t *end)
@@ -635,6 +684,23 @@ static void sampler_gather_task(void *arg, int32_t c)
                                   s->kept + b / ENG_SAMPLER_BLOCK, s->group_a + b);
 }
 
+/* The members each chunk left at group_a + its start (ps->found[c] of
+ * them), moved together in chunk order, and with packed their weights at
+ * weight + the chunk's start (a window's); returns how many. */
+static int32_t sampler_concat(eng_sampler *s, const sampler_pass *ps, bool packed)
+{
+    int32_t m = ps->found[0];
+    for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
+        int32_t begin, end;
+        sampler_chunk(ps, c, &begin, &end);
+        memmove(s->group_a + m, s->group_a + begin, sizeof *s->group_a * (size_t)ps->found[c]);
+        if (packed)
+            memmove(s->weight + m, s->weight + begin, sizeof *s->weight * (size_t)ps->found[c]);
+        m += ps->found[c];
+    }
+    return m;
+}
+
 /* Gathers the members of the top-level buckets [lo, hi] into group_a (in
  * index order; returns how many), leaving the masses above hi per block in
  * kept. */
@@ -643,14 +709,84 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
     ps->lo = lo;
     ps->hi = hi;
     sampler_run(ps, sampler_gather_task);
-    int32_t m = ps->found[0];
-    for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
-        int32_t begin, end;
-        sampler_chunk(ps, c, &begin, &end);
-        memmove(s->group_a + m, s->group_a + begin, sizeof *s->group_a * (size_t)ps->found[c]);
-        m += ps->found[c];
+    return sampler_concat(s, ps, false);
+}
+
+/* top-p's estimate, before any weight is computed: every
+ * SAMPLER_STRIDE-th candidate of chunk c (the same ones the weigh pass
+ * samples) weighed, its mass SAMPLER_STRIDE times, into lane c of
+ * mass_part (cleared by the caller). */
+static void sampler_estimate_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    eng_sampler *s = ps->s;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    uint64_t *est = s->mass_part[c], unused;
+    uint32_t *count = s->count_part[c];
+    float x[ENG_SAMPLER_BLOCK], w[ENG_SAMPLER_BLOCK];
+    for (int32_t i = b; i < e;) {
+        int32_t k = 0;
+        for (; k < ENG_SAMPLER_BLOCK && i < e; k++, i += SAMPLER_STRIDE)
+            x[k] = ps->values[i];
+        s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
+        for (int32_t j = 0; j < k; j++) {
+            est[sampler_key(w[j])] += sampler_mass(w[j]) * SAMPLER_STRIDE;
+            count[sampler_key(w[j])]++;
+        }
     }
-    return m;
+}
+
+/* Chunk c's window (the window kernel): its total mass, the masses above
+ * hi per block into kept, its members' indices at group_a + its start and
+ * their weights at weight + its start (packed, not in their places). */
+static void sampler_window_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    eng_sampler *s = ps->s;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    ps->found[c] = s->kern->window(ps->values, b, e, ps->max, ps->inv_temp, ps->lo, ps->hi,
+                                   s->kept + b / ENG_SAMPLER_BLOCK, &ps->chunk_total[c],
+                                   s->group_a + b, s->weight + b);
+}
+
+/* The top-level buckets [lo, hi] to gather around the cut the estimate in
+ * mass_part's and count_part's lanes points at: walking from the bottom
+ * (the many light candidates are what a sample estimates well), the bucket
+ * where the estimated mass below reaches the share the cut leaves out (1 -
+ * top_p of the estimate's total) is b, and [lo, hi] = b -+ SAMPLER_SPREAD.
+ * Where few candidates lie above that (a peaked distribution, whose heavy
+ * tokens a sample sees badly or not at all), or b is the highest bucket
+ * the sample saw with the mass still short there, hi is the top: the
+ * window then holds every candidate above the cut. */
+static void sampler_estimate_window(eng_sampler *s, const sampler_pass *ps, float top_p,
+                                    uint32_t *lo, uint32_t *hi)
+{
+    uint64_t est_total = 0;
+    int32_t top = 0;
+    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++) {
+        uint64_t m = 0;
+        uint32_t n = 0;
+        for (int32_t c = 0; c < ps->n_chunks; c++) {
+            m += s->mass_part[c][k];
+            n += s->count_part[c][k];
+        }
+        s->mass_top[k] = m;
+        s->count_top[k] = n;
+        est_total += m;
+        top = m ? k : top;
+    }
+    uint64_t below = est_total - (uint64_t)((double)top_p * (double)est_total), acc = 0;
+    int32_t b = 0;
+    while (b < top && acc + s->mass_top[b] < below)
+        acc += s->mass_top[b++];
+    uint32_t n_above = 0;
+    for (int32_t k = b + SAMPLER_SPREAD + 1; k < SAMPLER_BUCKETS; k++)
+        n_above += s->count_top[k];
+    *lo = b > SAMPLER_SPREAD ? (uint32_t)(b - SAMPLER_SPREAD) : 0;
+    *hi = b < top && n_above > SAMPLER_FEW_ABOVE ? (uint32_t)(b + SAMPLER_SPREAD)
+                                                 : SAMPLER_BUCKETS - 1;
 }
 
 /* Sorts a small group of indices into the order: e descending, then index
@@ -668,9 +804,10 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
 }
 
 /* The first candidate of the order whose cumulative mass exceeds target,
- * among group[0..m) (indices into weight, in index order), all of whose
- * members rank after the mass *acc already counted and share the bits of
- * their weights above bit shift + 10 (shift 20: any weights). Level by
+ * among group[0..m) (indices into the weights e, in index order; NULL:
+ * e[0..m) itself), all of whose members rank after the mass *acc already
+ * counted and share the bits of their weights above bit shift + 10 (shift
+ * 20: any weights). Level by
  * level, the members are bucketed by the next 10 (at shift 20, 12) bits
  * of their weights, and only the bucket where the cumulative mass crosses
  * target is kept (into group_b and group_c in turn: group is left as it
@@ -678,15 +815,15 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
  * the order already, and a group of at most SAMPLER_SMALL is sorted
  * directly. Returns the index, with *through = the cumulative mass up to
  * and including it, or -1 when the group's mass does not reach target. */
-static int32_t sampler_refine(eng_sampler *s, const int32_t *group, int32_t m, int shift,
-                              uint64_t target, uint64_t *acc, uint64_t *through)
+static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *group, int32_t m,
+                              int shift, uint64_t target, uint64_t *acc, uint64_t *through)
 {
-    const float *e = s->weight;
     int32_t *out = s->group_b;
+    /* group NULL: every index of e, in order (read in order) */
     for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
         memset(s->mass_sub, 0, sizeof s->mass_sub);
         for (int32_t j = 0; j < m; j++) {
-            float v = e[group[j]];
+            float v = e[group ? group[j] : j];
             s->mass_sub[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
         }
         int32_t b = sampler_walk(s->mass_sub, target, acc);
@@ -694,12 +831,19 @@ static int32_t sampler_refine(eng_sampler *s, const int32_t *group, int32_t m, i
             return -1;
         int32_t k = 0;
         for (int32_t j = 0; j < m; j++) {
-            out[k] = group[j];
-            k += ((sampler_bits(e[group[j]]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b;
+            int32_t g = group ? group[j] : j;
+            out[k] = g;
+            k += ((sampler_bits(e[g]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b;
         }
         group = out;
         out = out == s->group_b ? s->group_c : s->group_b;
         m = k;
+    }
+    if (!group) {
+        for (int32_t j = 0; j < m; j++)
+            out[j] = j;
+        group = out;
+        out = s->group_c;
     }
     int32_t *sorted = (int32_t *)group;
     if (m <= SAMPLER_SMALL) {
@@ -766,19 +910,19 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, ui
         path = 1;
     }
     if (acc <= target)
-        at = sampler_refine(s, s->group_a, m, 20, target, &acc, through);
+        at = sampler_refine(s, s->weight, s->group_a, m, 20, target, &acc, through);
     if (at >= 0) {
-        s->cut_paths[path]++;
+        s->cut_paths[1 + path]++;
         return at;
     }
-    s->cut_paths[2]++;
+    s->cut_paths[3]++;
     /* the estimate missed: the exact histogram, then its bucket */
     sampler_histogram(s->mass_top, s->mass_part, e, ps->n);
     acc = 0;
     b = sampler_walk(s->mass_top, target, &acc);
     if (b >= 0) {
         m = sampler_gather(s, ps, (uint32_t)b, (uint32_t)b);
-        at = sampler_refine(s, s->group_a, m, 10, target, &acc, through);
+        at = sampler_refine(s, s->weight, s->group_a, m, 10, target, &acc, through);
     }
     if (at < 0) { /* unreachable while target < total: the best stays valid */
         *through = s->total;
@@ -823,6 +967,75 @@ static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t tar
         break; /* unreachable: the block's kept mass takes acc past target */
     }
     return 0;
+}
+
+/* The pick after a window's cut (sampler_pick's, without stored weights):
+ * each block's kept mass is its mass above the window (kept) and that of
+ * its members (indices group_a[0..m), weights packed in weight[0..m)) at
+ * or before the cut; the block the pick lands in has its weights
+ * recomputed. */
+static int32_t sampler_pick_window(eng_sampler *s, const sampler_pass *ps, int32_t m,
+                                   uint64_t target, float e_cut, int32_t id_cut)
+{
+    const int32_t n = ps->n;
+    const int32_t *idx = s->group_a;
+    const float *packed = s->weight;
+    float block[ENG_SAMPLER_BLOCK];
+    uint64_t acc = 0, unused;
+    int32_t j = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = s->kept[b0 / ENG_SAMPLER_BLOCK];
+        for (; j < m && idx[j] < b1; j++)
+            k += sampler_mass(packed[j]) &
+                 (0 - (uint64_t)sampler_at_or_before(packed[j], idx[j], e_cut, id_cut));
+        if (acc + k <= target) {
+            acc += k;
+            continue;
+        }
+        s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->inv_temp, 0.0f, block, &unused);
+        for (int32_t i = b0; i < b1; i++) {
+            float e = block[i - b0];
+            if (sampler_at_or_before(e, i, e_cut, id_cut)) {
+                acc += sampler_mass(e);
+                if (acc > target)
+                    return i;
+            }
+        }
+        break; /* unreachable: the block's kept mass takes acc past target */
+    }
+    return 0;
+}
+
+/* top-p without min-p in one pass over the candidates when the estimate
+ * is right: the estimate from a sample, then the window around its cut
+ * (sampler_window_task), the cut refined among the window's members and
+ * the pick. Returns the candidate, or -1 when the cut is not among the
+ * members (the caller then takes the stored-weights path). */
+static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u)
+{
+    const eng_sampler_params *p = &s->params;
+    memset(s->mass_part, 0, sizeof s->mass_part);
+    memset(s->count_part, 0, sizeof s->count_part);
+    sampler_run(ps, sampler_estimate_task);
+    sampler_estimate_window(s, ps, p->top_p, &ps->lo, &ps->hi);
+    sampler_run(ps, sampler_window_task);
+    int32_t m = sampler_concat(s, ps, true);
+    uint64_t total = 0, acc = 0, through = 0;
+    for (int32_t c = 0; c < ps->n_chunks; c++)
+        total += ps->chunk_total[c];
+    const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    for (int32_t b = 0; b < n_blocks; b++)
+        acc += s->kept[b];
+    uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
+    uint64_t target = need > 0 ? need - 1 : 0;
+    int32_t at = acc <= target ? sampler_refine(s, s->weight, NULL, m, 20, target, &acc, &through)
+                               : -1; /* a position among the members */
+    if (at < 0)
+        return -1;
+    s->cut_paths[0]++;
+    return sampler_pick_window(s, ps, m, sampler_scale_u53(u, through), s->weight[at],
+                               s->group_a[at]);
 }
 
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
@@ -900,6 +1113,11 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     ps.max = max;
     ps.inv_temp = inv_temp;
     ps.top_p = p->top_p < 1.0f;
+    if (ps.top_p && !(min_p > 0.0f)) {
+        int32_t pos = sampler_top_p_window(s, &ps, u);
+        if (pos >= 0)
+            return cand ? cand[pos].id : pos;
+    }
     ps.min_p = ps.top_p ? 0.0f : min_p; /* top-p: the blocks' total masses */
     if (ps.top_p)
         memset(s->mass_part, 0, sizeof s->mass_part);
@@ -937,9 +1155,9 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
     if (n <= 0)
         return;
     /* The sampler's kernels, on a copy (NaN becomes -inf): the maximum,
-     * then the masses of exp(logit - max) summed per block, exact integers
-     * (a token below ~1e-12 of the best adds nothing), so the result is the
-     * same on every instruction set. */
+     * then the fine masses of exp(logit - max) summed per block, exact
+     * integers (a token below ~1e-12 of the best adds nothing), so the
+     * result is the same on every instruction set. */
     const eng__sampler_kernels *kern = sampler_kernels();
     memcpy(logprobs, logits, sizeof *logprobs * (size_t)n);
     const float max_logit = kern->sanitize_max(logprobs, n);
@@ -964,7 +1182,7 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
     uint64_t kept[BLOCKS], sum = 0;
     for (int32_t b = 0; b < n; b += BLOCKS * ENG_SAMPLER_BLOCK) {
         int32_t len = n - b < BLOCKS * ENG_SAMPLER_BLOCK ? n - b : BLOCKS * ENG_SAMPLER_BLOCK;
-        kern->weights(logprobs + b, len, max_logit, 1.0f, 0.0f, NULL, kept);
+        kern->fine_sums(logprobs + b, len, max_logit, kept);
         for (int32_t k = 0; k < (len + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK; k++)
             sum += kept[k];
     }

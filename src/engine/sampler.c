@@ -97,6 +97,8 @@
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
                                 e <= 1 (0x3f800000 >> 20 = 1016) fit too */
 #define SAMPLER_SMALL 16     /* groups this small are sorted directly */
+/* top-p's estimate looks at one candidate in this many */
+#define SAMPLER_STRIDE 32
 /* At most this many chunks per pass (one estimate each in mass_part), and
  * the lanes of an exact histogram (sampler_histogram). */
 #define SAMPLER_LANES 4
@@ -132,6 +134,8 @@ struct eng_sampler {
     uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate per chunk; an
                                                             exact histogram's lanes */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
+    float *samples;       /* n_vocab / SAMPLER_STRIDE, rounded up: top-p's estimate's
+                             logits, copied by the sanitize pass */
     uint32_t count_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate's samples
                                                             per bucket, per chunk */
 };
@@ -174,8 +178,10 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->group_a = sw_calloc((size_t)n_vocab, sizeof *s->group_a);
     s->group_b = sw_calloc((size_t)n_vocab, sizeof *s->group_b);
     s->group_c = sw_calloc((size_t)n_vocab, sizeof *s->group_c);
+    s->samples = sw_calloc((size_t)(n_vocab + SAMPLER_STRIDE - 1) / SAMPLER_STRIDE,
+                           sizeof *s->samples);
     if (!s->cand || !s->counts || !s->values || !s->weight || !s->kept ||
-        !s->group_a || !s->group_b || !s->group_c)
+        !s->group_a || !s->group_b || !s->group_c || !s->samples)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -206,6 +212,7 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->group_a);
     sw_free(s->group_b);
     sw_free(s->group_c);
+    sw_free(s->samples);
     sw_free((void *)s->params.bias_ids);
     sw_free((void *)s->params.bias_values);
     sw_free(s);
@@ -564,8 +571,6 @@ int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to
 /* Fewer candidates stay on one thread: the hand-off would cost more than
  * half a pass. */
 #define SAMPLER_PARALLEL_MIN 16384
-/* top-p's estimate looks at one candidate in this many */
-#define SAMPLER_STRIDE 32
 /* top-p's gather takes the top-level buckets this close to the estimate's */
 #define SAMPLER_SPREAD 1
 /* ... and every bucket above when the sample saw at most this many
@@ -582,6 +587,7 @@ typedef struct sampler_pass {
     eng_sampler *s;
     int32_t n, n_chunks;
     float *logits;                 /* sanitize: the whole vocabulary */
+    float *samples;                /* sanitize: every SAMPLER_STRIDE-th logit, or NULL */
     const float *values;           /* weigh: the candidates' logits */
     float max, inv_temp, min_p;    /* weigh: min_p >= 0 */
     bool top_p;                    /* weigh: store the weights and estimate */
@@ -615,6 +621,9 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
     ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
+    if (ps->samples) /* top-p's estimate's, while the chunk is in cache */
+        for (int32_t i = b; i < e; i += SAMPLER_STRIDE)
+            ps->samples[i / SAMPLER_STRIDE] = ps->logits[i];
 }
 
 static inline uint32_t sampler_key(float e)
@@ -713,26 +722,28 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
 }
 
 /* top-p's estimate, before any weight is computed: every
- * SAMPLER_STRIDE-th candidate of chunk c (the same ones the weigh pass
- * samples) weighed, its mass SAMPLER_STRIDE times, into lane c of
- * mass_part (cleared by the caller). */
-static void sampler_estimate_task(void *arg, int32_t c)
+ * SAMPLER_STRIDE-th candidate weighed, its mass SAMPLER_STRIDE times, by
+ * top-level bucket into mass_part's and count_part's lanes (sample j into
+ * lane j % SAMPLER_LANES: neighbours in one bucket, the common case, would
+ * otherwise wait on each other's read-modify-write). The samples are the
+ * ones the sanitize pass copied when samples is not NULL. */
+static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float *samples)
 {
-    sampler_pass *ps = arg;
-    eng_sampler *s = ps->s;
-    int32_t b, e;
-    sampler_chunk(ps, c, &b, &e);
-    uint64_t *est = s->mass_part[c], unused;
-    uint32_t *count = s->count_part[c];
+    memset(s->mass_part, 0, sizeof s->mass_part);
+    memset(s->count_part, 0, sizeof s->count_part);
     float x[ENG_SAMPLER_BLOCK], w[ENG_SAMPLER_BLOCK];
-    for (int32_t i = b; i < e;) {
-        int32_t k = 0;
-        for (; k < ENG_SAMPLER_BLOCK && i < e; k++, i += SAMPLER_STRIDE)
-            x[k] = ps->values[i];
-        s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
+    uint64_t unused;
+    const int32_t n_samples = (ps->n + SAMPLER_STRIDE - 1) / SAMPLER_STRIDE;
+    for (int32_t j0 = 0; j0 < n_samples; j0 += ENG_SAMPLER_BLOCK) {
+        int32_t k = n_samples - j0 < ENG_SAMPLER_BLOCK ? n_samples - j0 : ENG_SAMPLER_BLOCK;
+        const float *src = samples ? samples + j0 : x;
+        for (int32_t j = 0; !samples && j < k; j++)
+            x[j] = ps->values[(j0 + j) * SAMPLER_STRIDE];
+        s->kern->weights(src, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
         for (int32_t j = 0; j < k; j++) {
-            est[sampler_key(w[j])] += sampler_mass(w[j]) * SAMPLER_STRIDE;
-            count[sampler_key(w[j])]++;
+            uint32_t key = sampler_key(w[j]);
+            s->mass_part[j % SAMPLER_LANES][key] += sampler_mass(w[j]) * SAMPLER_STRIDE;
+            s->count_part[j % SAMPLER_LANES][key]++;
         }
     }
 }
@@ -768,9 +779,9 @@ static void sampler_estimate_window(eng_sampler *s, const sampler_pass *ps, floa
     for (int32_t k = 0; k < SAMPLER_BUCKETS; k++) {
         uint64_t m = 0;
         uint32_t n = 0;
-        for (int32_t c = 0; c < ps->n_chunks; c++) {
-            m += s->mass_part[c][k];
-            n += s->count_part[c][k];
+        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
+            m += s->mass_part[l][k];
+            n += s->count_part[l][k];
         }
         s->mass_top[k] = m;
         s->count_top[k] = n;
@@ -1012,12 +1023,11 @@ static int32_t sampler_pick_window(eng_sampler *s, const sampler_pass *ps, int32
  * (sampler_window_task), the cut refined among the window's members and
  * the pick. Returns the candidate, or -1 when the cut is not among the
  * members (the caller then takes the stored-weights path). */
-static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u)
+static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, const float *samples,
+                                    uint64_t u)
 {
     const eng_sampler_params *p = &s->params;
-    memset(s->mass_part, 0, sizeof s->mass_part);
-    memset(s->count_part, 0, sizeof s->count_part);
-    sampler_run(ps, sampler_estimate_task);
+    sampler_estimate(s, ps, samples);
     sampler_estimate_window(s, ps, p->top_p, &ps->lo, &ps->hi);
     sampler_run(ps, sampler_window_task);
     int32_t m = sampler_concat(s, ps, true);
@@ -1052,7 +1062,10 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     if (s->threads.for_each && s->threads.n_threads >= 2)
         chunks = s->threads.n_threads >= 4 ? 4 : 2;
     sampler_pass ps = {.s = s, .n = n, .n_chunks = n >= SAMPLER_PARALLEL_MIN ? chunks : 1,
-                       .logits = logits};
+                       .logits = logits,
+                       .samples = p->temperature > 0.0f && p->top_p < 1.0f && !(p->min_p > 0.0f)
+                                      ? s->samples
+                                      : NULL};
     sampler_run(&ps, sampler_sanitize_task);
     float max = ps.chunk_max[0];
     for (int32_t c = 1; c < ps.n_chunks; c++)
@@ -1114,7 +1127,9 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     ps.inv_temp = inv_temp;
     ps.top_p = p->top_p < 1.0f;
     if (ps.top_p && !(min_p > 0.0f)) {
-        int32_t pos = sampler_top_p_window(s, &ps, u);
+        /* the sanitize pass's samples, unless the logits changed since */
+        const float *samples = values == logits && !edited ? s->samples : NULL;
+        int32_t pos = sampler_top_p_window(s, &ps, samples, u);
         if (pos >= 0)
             return cand ? cand[pos].id : pos;
     }

@@ -65,6 +65,9 @@ typedef int32_t (*eng__sampler_window_fn)(const float *logits, int32_t from, int
                                           uint64_t *above, uint64_t *total, int32_t *out,
                                           float *out_e);
 
+typedef int32_t (*eng__sampler_above_fn)(const float *values, int32_t n, float threshold,
+                                         int32_t *out, int32_t cap);
+
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
     eng__sampler_max_fn max;
@@ -73,6 +76,7 @@ typedef struct eng__sampler_kernels {
     eng__sampler_range_fn range;
     eng__sampler_window_fn window;
     eng__sampler_first_above_fn first_above;
+    eng__sampler_above_fn above;
     eng__sampler_kept_mass_fn kept_mass;
 } eng__sampler_kernels;
 
@@ -96,6 +100,8 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
 int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
                                    float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
                                    uint64_t *total, int32_t *out, float *out_e);
+int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
+                                  int32_t cap);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 
@@ -105,6 +111,9 @@ uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to,
  * histogram [3] (sampler.c, sampler_top_p_window and sampler_cut). */
 struct eng_sampler;
 void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
+/* top-p's estimate samples one candidate in this many of n (a power of two,
+ * 1 to 32). */
+int32_t eng__sampler_stride(int32_t n);
 
 #if defined(__x86_64__) || defined(__i386__)
 extern const eng__sampler_kernels eng__sampler_kernels_avx2;   /* sampler_avx2.c */

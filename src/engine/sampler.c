@@ -97,8 +97,9 @@
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
                                 e <= 1 (0x3f800000 >> 20 = 1016) fit too */
 #define SAMPLER_SMALL 16     /* groups this small are sorted directly */
-/* top-p's estimate looks at one candidate in this many */
-#define SAMPLER_STRIDE 32
+/* top-p's estimate looks at one candidate in every eng__sampler_stride(n):
+ * at least this many of n, at most one in 32 */
+#define SAMPLER_SAMPLES 4096
 /* At most this many chunks per pass (one estimate each in mass_part), and
  * the lanes of an exact histogram (sampler_histogram). */
 #define SAMPLER_LANES 4
@@ -130,14 +131,14 @@ struct eng_sampler {
                               histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
-    uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's samples per bucket */
+    uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */
     uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate per chunk; an
                                                             exact histogram's lanes */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
-    float *samples;       /* n_vocab / SAMPLER_STRIDE, rounded up: top-p's estimate's
+    float *samples;       /* one in eng__sampler_stride(n_vocab): top-p's estimate's
                              logits, copied by the sanitize pass */
-    uint32_t count_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate's samples
-                                                            per bucket, per chunk */
+    float *sample_w;      /* ... and their weights */
+    uint32_t count_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* ... in lanes */
 };
 
 eng_sampler_params eng_sampler_default_params(void)
@@ -178,10 +179,11 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->group_a = sw_calloc((size_t)n_vocab, sizeof *s->group_a);
     s->group_b = sw_calloc((size_t)n_vocab, sizeof *s->group_b);
     s->group_c = sw_calloc((size_t)n_vocab, sizeof *s->group_c);
-    s->samples = sw_calloc((size_t)(n_vocab + SAMPLER_STRIDE - 1) / SAMPLER_STRIDE,
-                           sizeof *s->samples);
+    size_t n_samples = (size_t)n_vocab / (size_t)eng__sampler_stride(n_vocab) + 1;
+    s->samples = sw_calloc(n_samples, sizeof *s->samples);
+    s->sample_w = sw_calloc(n_samples, sizeof *s->sample_w);
     if (!s->cand || !s->counts || !s->values || !s->weight || !s->kept ||
-        !s->group_a || !s->group_b || !s->group_c || !s->samples)
+        !s->group_a || !s->group_b || !s->group_c || !s->samples || !s->sample_w)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -213,9 +215,18 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->group_b);
     sw_free(s->group_c);
     sw_free(s->samples);
+    sw_free(s->sample_w);
     sw_free((void *)s->params.bias_ids);
     sw_free((void *)s->params.bias_values);
     sw_free(s);
+}
+
+int32_t eng__sampler_stride(int32_t n)
+{
+    int32_t stride = 1;
+    while (stride < 32 && n / (stride * 2) >= SAMPLER_SAMPLES)
+        stride *= 2;
+    return stride;
 }
 
 void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[4])
@@ -422,10 +433,23 @@ static int32_t sampler_scalar_first_above(const float *values, int32_t from, int
     return n;
 }
 
+int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
+                                  int32_t cap)
+{
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (values[i] > threshold) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i;
+        }
+    return m;
+}
+
 static const eng__sampler_kernels sampler_kernels_scalar = {
-    sampler_scalar_sanitize_max, sampler_scalar_max,         eng__sampler_weights_scalar,
-    eng__sampler_fine_sums_scalar, eng__sampler_range_scalar, eng__sampler_window_scalar,
-    sampler_scalar_first_above,  eng__sampler_kept_mass_scalar};
+    sampler_scalar_sanitize_max,   sampler_scalar_max,         eng__sampler_weights_scalar,
+    eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  eng__sampler_window_scalar,
+    sampler_scalar_first_above,    eng__sampler_above_scalar,  eng__sampler_kept_mass_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -573,9 +597,11 @@ int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to
 #define SAMPLER_PARALLEL_MIN 16384
 /* top-p's gather takes the top-level buckets this close to the estimate's */
 #define SAMPLER_SPREAD 1
-/* ... and every bucket above when the sample saw at most this many
- * candidates there (this many times SAMPLER_STRIDE, estimated) */
-#define SAMPLER_FEW_ABOVE 32
+/* ... and every bucket above when the estimate puts at most this many
+ * candidates there */
+#define SAMPLER_FEW_ABOVE 1024
+/* top-p's estimate weighs at most this many heavy candidates exactly */
+#define SAMPLER_HEAVY_MAX 2048
 
 /* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4,
  * each a whole number of blocks but the last: chunk c builds its part of
@@ -587,10 +613,11 @@ typedef struct sampler_pass {
     eng_sampler *s;
     int32_t n, n_chunks;
     float *logits;                 /* sanitize: the whole vocabulary */
-    float *samples;                /* sanitize: every SAMPLER_STRIDE-th logit, or NULL */
+    float *samples;                /* sanitize: every stride-th logit, or NULL */
+    int32_t stride;                /* the estimate's: eng__sampler_stride(n) */
     const float *values;           /* weigh: the candidates' logits */
     float max, inv_temp, min_p;    /* weigh: min_p >= 0 */
-    bool top_p;                    /* weigh: store the weights and estimate */
+    bool store;                    /* weigh: store the weights */
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
@@ -622,8 +649,8 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     sampler_chunk(ps, c, &b, &e);
     ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
     if (ps->samples) /* top-p's estimate's, while the chunk is in cache */
-        for (int32_t i = b; i < e; i += SAMPLER_STRIDE)
-            ps->samples[i / SAMPLER_STRIDE] = ps->logits[i];
+        for (int32_t i = b; i < e; i += ps->stride)
+            ps->samples[i / ps->stride] = ps->logits[i];
 }
 
 static inline uint32_t sampler_key(float e)
@@ -654,31 +681,16 @@ static void sampler_histogram(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKETS],
     }
 }
 
-/* A chunk's masses and their sums per block (of those with e >= min_p);
- * for top-p also its weights, and its part of the estimate of the masses'
- * histogram (mass_part lane c): every SAMPLER_STRIDE-th candidate's mass
- * SAMPLER_STRIDE times. */
+/* A chunk's masses summed per block (of those with e >= min_p), into
+ * kept; its weights stored when ps->store. */
 static void sampler_weigh_task(void *arg, int32_t c)
 {
     sampler_pass *ps = arg;
-    eng_sampler *s = ps->s;
-    const eng__sampler_kernels *kern = s->kern;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    if (!ps->top_p) {
-        kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p, NULL,
-                      s->kept + b / ENG_SAMPLER_BLOCK);
-        return;
-    }
-    uint64_t *est = s->mass_part[c];
-    for (int32_t b0 = b; b0 < e; b0 += ENG_SAMPLER_BLOCK) {
-        int32_t len = e - b0 > ENG_SAMPLER_BLOCK ? ENG_SAMPLER_BLOCK : e - b0;
-        const float *w = s->weight + b0;
-        kern->weights(ps->values + b0, len, ps->max, ps->inv_temp, ps->min_p, s->weight + b0,
-                      s->kept + b0 / ENG_SAMPLER_BLOCK);
-        for (int32_t i = 0; i < len; i += SAMPLER_STRIDE)
-            est[sampler_key(w[i])] += sampler_mass(w[i]) * SAMPLER_STRIDE;
-    }
+    ps->s->kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p,
+                         ps->store ? ps->s->weight + b : NULL,
+                         ps->s->kept + b / ENG_SAMPLER_BLOCK);
 }
 
 /* A chunk's members of the top-level buckets [lo, hi], at group_a + its
@@ -721,29 +733,77 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
     return sampler_concat(s, ps, false);
 }
 
-/* top-p's estimate, before any weight is computed: every
- * SAMPLER_STRIDE-th candidate weighed, its mass SAMPLER_STRIDE times, by
- * top-level bucket into mass_part's and count_part's lanes (sample j into
- * lane j % SAMPLER_LANES: neighbours in one bucket, the common case, would
- * otherwise wait on each other's read-modify-write). The samples are the
- * ones the sanitize pass copied when samples is not NULL. */
+/* top-p's estimate of the histogram of the masses, before any weight is
+ * computed: every ps->stride-th candidate weighed (into sample_w), its
+ * mass stride times, by top-level bucket into mass_part's and
+ * count_part's lanes (sample j into lane j % SAMPLER_LANES: neighbours in
+ * one bucket, the common case, would otherwise wait on each other's
+ * read-modify-write). A sample sees by luck the few tokens that may hold
+ * most of a peaked distribution's mass, and the total it estimates (which
+ * places the cut) with them: unless the buckets where the sample puts the
+ * SAMPLER_HEAVY_MAX / 8 heaviest candidates hold under 1/64 of its mass (a
+ * flat distribution), the candidates at or above their bottom are found by
+ * one scan of the logits and weighed exactly instead (unless they turn out
+ * to be more than SAMPLER_HEAVY_MAX: many, which a sample sees well). The
+ * samples are the ones the sanitize pass copied when samples is not NULL. */
 static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float *samples)
 {
-    memset(s->mass_part, 0, sizeof s->mass_part);
-    memset(s->count_part, 0, sizeof s->count_part);
     float x[ENG_SAMPLER_BLOCK], w[ENG_SAMPLER_BLOCK];
     uint64_t unused;
-    const int32_t n_samples = (ps->n + SAMPLER_STRIDE - 1) / SAMPLER_STRIDE;
+    const int32_t stride = ps->stride, n_samples = (ps->n + stride - 1) / stride;
+    uint32_t *count = s->count_top; /* scratch here */
+    uint64_t *mass = s->mass_top, all = 0;
+    memset(s->count_top, 0, sizeof s->count_top);
+    memset(s->mass_top, 0, sizeof s->mass_top);
     for (int32_t j0 = 0; j0 < n_samples; j0 += ENG_SAMPLER_BLOCK) {
         int32_t k = n_samples - j0 < ENG_SAMPLER_BLOCK ? n_samples - j0 : ENG_SAMPLER_BLOCK;
         const float *src = samples ? samples + j0 : x;
         for (int32_t j = 0; !samples && j < k; j++)
-            x[j] = ps->values[(j0 + j) * SAMPLER_STRIDE];
-        s->kern->weights(src, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
-        for (int32_t j = 0; j < k; j++) {
-            uint32_t key = sampler_key(w[j]);
-            s->mass_part[j % SAMPLER_LANES][key] += sampler_mass(w[j]) * SAMPLER_STRIDE;
-            s->count_part[j % SAMPLER_LANES][key]++;
+            x[j] = ps->values[(int64_t)(j0 + j) * stride];
+        s->kern->weights(src, k, ps->max, ps->inv_temp, 0.0f, s->sample_w + j0, &unused);
+    }
+    for (int32_t j = 0; j < n_samples; j++) {
+        count[sampler_key(s->sample_w[j])]++;
+        mass[sampler_key(s->sample_w[j])] += sampler_mass(s->sample_w[j]);
+        all += sampler_mass(s->sample_w[j]);
+    }
+    int32_t b = SAMPLER_BUCKETS;
+    uint64_t top_mass = 0;
+    for (uint32_t seen = 0; b > 0 && seen * (uint32_t)stride < SAMPLER_HEAVY_MAX / 8;) {
+        seen += count[--b];
+        top_mass += mass[b];
+    }
+    memset(s->mass_part, 0, sizeof s->mass_part);
+    memset(s->count_part, 0, sizeof s->count_part);
+    float heavy = INFINITY; /* the logits weighed exactly: those above */
+    if (b > 0 && top_mass >= all / 64) {
+        uint32_t bits = (uint32_t)b << 20;
+        float e_b;
+        memcpy(&e_b, &bits, sizeof e_b);
+        heavy = nextafterf(ps->max + logf(e_b) / ps->inv_temp, -INFINITY);
+        int32_t n_heavy =
+            s->kern->above(ps->values, ps->n, heavy, s->group_b, SAMPLER_HEAVY_MAX);
+        if (n_heavy > SAMPLER_HEAVY_MAX) {
+            heavy = INFINITY;
+            n_heavy = 0;
+        }
+        for (int32_t j0 = 0; j0 < n_heavy; j0 += ENG_SAMPLER_BLOCK) {
+            int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
+            for (int32_t j = 0; j < k; j++)
+                x[j] = ps->values[s->group_b[j0 + j]];
+            s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
+            for (int32_t j = 0; j < k; j++) {
+                s->mass_part[j % SAMPLER_LANES][sampler_key(w[j])] += sampler_mass(w[j]);
+                s->count_part[j % SAMPLER_LANES][sampler_key(w[j])]++;
+            }
+        }
+    }
+    for (int32_t j = 0; j < n_samples; j++) { /* the others, sampled */
+        float v = samples ? samples[j] : ps->values[(int64_t)j * stride];
+        if (!(v > heavy)) {
+            uint32_t key = sampler_key(s->sample_w[j]);
+            s->mass_part[j % SAMPLER_LANES][key] += sampler_mass(s->sample_w[j]) * (uint64_t)stride;
+            s->count_part[j % SAMPLER_LANES][key] += (uint32_t)stride;
         }
     }
 }
@@ -875,71 +935,105 @@ static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *gro
 }
 
 /* top-p's cut: the first candidate of the order whose cumulative mass
- * exceeds target (below the total mass), with *through = the mass up to
- * and including it. The weights are stored and mass_part's lanes hold the
- * weigh pass's estimate of the top-level histogram. From it, the buckets
- * around the estimated cut are gathered, with the exact masses above them,
- * and when the cut lies among them it is refined there; when it lies above
- * them, among the candidates above them (few, where the sample missed the
- * heavy tokens of a peaked distribution); otherwise the exact histogram of
- * every weight decides. */
-static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, uint64_t *through)
+ * exceeds target (below the total mass s->total), with *through = the mass
+ * up to and including it. The window pass has stored the weights, gathered
+ * the m members of the top-level buckets [ps->lo, ps->hi] into group_a and
+ * left the masses above ps->hi per block in kept; mass_top holds the
+ * estimated histogram. When the cut lies among the members it is refined
+ * there; when it lies above them, among the candidates above (few, where
+ * the sample missed the heavy tokens of a peaked distribution); when below,
+ * among the buckets below where the estimate points with the exact total
+ * (a sample's total is what heavy tokens make uncertain); otherwise the
+ * exact histogram decides. group_a and kept are left with the members of
+ * the buckets searched last and the masses above them (sampler_pick_members
+ * reads them). */
+static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, int32_t *n_members,
+                           uint64_t target, uint64_t *through)
 {
-    const float *e = s->weight;
-    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
-        uint64_t m = 0;
-        for (int32_t c = 0; c < ps->n_chunks; c++)
-            m += s->mass_part[c][b];
-        s->mass_top[b] = m;
-    }
-    /* The estimate's bucket where the mass below reaches the exact mass the
-     * cut leaves out (walking from the bottom: the many light candidates
-     * are what a sample estimates well). */
-    const uint64_t below = s->total - target;
-    uint64_t acc = 0;
-    int32_t b = 0, top = 0;
-    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++)
-        top = s->mass_top[k] ? k : top;
-    while (b < top && acc + s->mass_top[b] < below)
-        acc += s->mass_top[b++];
-    /* b == top with the mass still short: the sample missed heavy tokens,
-     * the cut lies above what it saw (found among the tokens above) */
-    uint32_t lo = b > SAMPLER_SPREAD ? (uint32_t)(b - SAMPLER_SPREAD) : 0;
-    uint32_t hi = b + SAMPLER_SPREAD < SAMPLER_BUCKETS ? (uint32_t)(b + SAMPLER_SPREAD)
-                                                       : SAMPLER_BUCKETS - 1;
+    int32_t m = *n_members;
     const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    int32_t m = sampler_gather(s, ps, lo, hi), at = -1;
-    acc = 0;
+    uint64_t acc = 0;
     for (int32_t k = 0; k < n_blocks; k++)
         acc += s->kept[k];
-    int path = 0;
-    if (acc > target && hi < SAMPLER_BUCKETS - 1) {
-        /* The cut lies above: among the candidates above hi, few where the
-         * sample missed heavy ones (a peaked distribution). */
-        m = sampler_gather(s, ps, hi + 1, SAMPLER_BUCKETS - 1);
+    int32_t at = -1, path = 0;
+    if (acc > target && ps->hi < SAMPLER_BUCKETS - 1) { /* above the members */
+        m = sampler_gather(s, ps, ps->hi + 1, SAMPLER_BUCKETS - 1);
         acc = 0;
         path = 1;
     }
-    if (acc <= target)
+    if (acc <= target) {
         at = sampler_refine(s, s->weight, s->group_a, m, 20, target, &acc, through);
+        if (at < 0 && path == 0 && ps->lo > 0) { /* below the members */
+            const uint64_t below = s->total - target;
+            uint64_t est = 0;
+            uint32_t b = 0;
+            while (b + 1 < ps->lo && est + s->mass_top[b] < below)
+                est += s->mass_top[b++];
+            uint32_t lo = b > SAMPLER_SPREAD ? b - SAMPLER_SPREAD : 0;
+            m = sampler_gather(s, ps, lo, ps->lo - 1);
+            acc = 0;
+            for (int32_t k = 0; k < n_blocks; k++)
+                acc += s->kept[k];
+            path = 2;
+            at = acc <= target
+                     ? sampler_refine(s, s->weight, s->group_a, m, 20, target, &acc, through)
+                     : -1;
+        }
+    }
     if (at >= 0) {
-        s->cut_paths[1 + path]++;
+        s->cut_paths[path]++;
+        *n_members = m;
         return at;
     }
     s->cut_paths[3]++;
     /* the estimate missed: the exact histogram, then its bucket */
-    sampler_histogram(s->mass_top, s->mass_part, e, ps->n);
+    sampler_histogram(s->mass_top, s->mass_part, s->weight, ps->n);
     acc = 0;
-    b = sampler_walk(s->mass_top, target, &acc);
+    int32_t b = sampler_walk(s->mass_top, target, &acc);
     if (b >= 0) {
         m = sampler_gather(s, ps, (uint32_t)b, (uint32_t)b);
         at = sampler_refine(s, s->weight, s->group_a, m, 10, target, &acc, through);
     }
+    *n_members = m;
     if (at < 0) { /* unreachable while target < total: the best stays valid */
         *through = s->total;
         return 0;
     }
     return at;
+}
+
+/* The pick after a cut (e_cut, id_cut) that sampler_cut found among the
+ * members in group_a[0..m): each block's kept mass is the mass above the
+ * members' buckets (kept) and that of its members at or before the cut;
+ * the walk then reads the stored weights of the block it lands in. */
+static int32_t sampler_pick_members(eng_sampler *s, const sampler_pass *ps, int32_t m,
+                                    uint64_t target, float e_cut, int32_t id_cut)
+{
+    const int32_t n = ps->n;
+    const int32_t *idx = s->group_a;
+    const float *w = s->weight;
+    uint64_t acc = 0;
+    int32_t j = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = s->kept[b0 / ENG_SAMPLER_BLOCK];
+        for (; j < m && idx[j] < b1; j++)
+            k += sampler_mass(w[idx[j]]) &
+                 (0 - (uint64_t)sampler_at_or_before(w[idx[j]], idx[j], e_cut, id_cut));
+        if (acc + k <= target) {
+            acc += k;
+            continue;
+        }
+        for (int32_t i = b0; i < b1; i++) {
+            if (sampler_at_or_before(w[i], i, e_cut, id_cut)) {
+                acc += sampler_mass(w[i]);
+                if (acc > target)
+                    return i;
+            }
+        }
+        break; /* unreachable: the block's kept mass takes acc past target */
+    }
+    return 0;
 }
 
 /* The draw's pick: the index of the first kept candidate, in index (= id)
@@ -1019,16 +1113,13 @@ static int32_t sampler_pick_window(eng_sampler *s, const sampler_pass *ps, int32
 }
 
 /* top-p without min-p in one pass over the candidates when the estimate
- * is right: the estimate from a sample, then the window around its cut
+ * is right: the window around the estimated cut, [ps->lo, ps->hi]
  * (sampler_window_task), the cut refined among the window's members and
  * the pick. Returns the candidate, or -1 when the cut is not among the
- * members (the caller then takes the stored-weights path). */
-static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, const float *samples,
-                                    uint64_t u)
+ * members (the caller then stores the weights and searches further). */
+static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u)
 {
     const eng_sampler_params *p = &s->params;
-    sampler_estimate(s, ps, samples);
-    sampler_estimate_window(s, ps, p->top_p, &ps->lo, &ps->hi);
     sampler_run(ps, sampler_window_task);
     int32_t m = sampler_concat(s, ps, true);
     uint64_t total = 0, acc = 0, through = 0;
@@ -1063,9 +1154,8 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         chunks = s->threads.n_threads >= 4 ? 4 : 2;
     sampler_pass ps = {.s = s, .n = n, .n_chunks = n >= SAMPLER_PARALLEL_MIN ? chunks : 1,
                        .logits = logits,
-                       .samples = p->temperature > 0.0f && p->top_p < 1.0f && !(p->min_p > 0.0f)
-                                      ? s->samples
-                                      : NULL};
+                       .samples = p->temperature > 0.0f && p->top_p < 1.0f ? s->samples : NULL,
+                       .stride = eng__sampler_stride(n)};
     sampler_run(&ps, sampler_sanitize_task);
     float max = ps.chunk_max[0];
     for (int32_t c = 1; c < ps.n_chunks; c++)
@@ -1122,46 +1212,53 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     const float min_p = p->min_p > 0.0f ? p->min_p : 0.0f; /* 0: every candidate */
     ps.n = n_cand;
     ps.n_chunks = n_cand >= SAMPLER_PARALLEL_MIN ? chunks : 1;
+    ps.stride = eng__sampler_stride(n_cand);
     ps.values = values;
     ps.max = max;
     ps.inv_temp = inv_temp;
-    ps.top_p = p->top_p < 1.0f;
-    if (ps.top_p && !(min_p > 0.0f)) {
-        /* the sanitize pass's samples, unless the logits changed since */
-        const float *samples = values == logits && !edited ? s->samples : NULL;
-        int32_t pos = sampler_top_p_window(s, &ps, samples, u);
-        if (pos >= 0)
-            return cand ? cand[pos].id : pos;
-    }
-    ps.min_p = ps.top_p ? 0.0f : min_p; /* top-p: the blocks' total masses */
-    if (ps.top_p)
-        memset(s->mass_part, 0, sizeof s->mass_part);
-    sampler_run(&ps, sampler_weigh_task);
-    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    uint64_t kept = 0;
-    for (int32_t b = 0; b < n_blocks; b++)
-        kept += s->kept[b]; /* min-p's set (the best at least), or top-p's total */
-    if (!ps.top_p) {
+    if (!(p->top_p < 1.0f)) {
+        ps.min_p = min_p;
+        sampler_run(&ps, sampler_weigh_task);
+        const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+        uint64_t kept = 0;
+        for (int32_t b = 0; b < n_blocks; b++)
+            kept += s->kept[b]; /* min-p's set (the best at least), or every mass */
         int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u, kept), false, 0.0f, 0);
         return cand ? cand[pos].id : pos;
     }
 
-    s->total = kept;
+    /* top-p: the estimate (from the sanitize pass's samples unless the
+     * logits changed since) and the buckets around its cut; without min-p,
+     * the one-pass window */
+    sampler_estimate(s, &ps, values == logits && !edited ? s->samples : NULL);
+    sampler_estimate_window(s, &ps, p->top_p, &ps.lo, &ps.hi);
+    if (!(min_p > 0.0f)) {
+        int32_t pos = sampler_top_p_window(s, &ps, u);
+        if (pos >= 0)
+            return cand ? cand[pos].id : pos;
+    }
+    /* the weights stored, the buckets gathered, the cut searched for */
+    ps.min_p = 0.0f;
+    ps.store = true;
+    sampler_run(&ps, sampler_weigh_task);
+    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    s->total = 0;
+    for (int32_t b = 0; b < n_blocks; b++)
+        s->total += s->kept[b];
+    int32_t m = sampler_gather(s, &ps, ps.lo, ps.hi);
     uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
     uint64_t through = 0;
-    int32_t at = sampler_cut(s, &ps, need > 0 ? need - 1 : 0, &through);
-    float e_cut = s->weight[at];
-    int32_t id_cut = at;
-    kept = through;
+    int32_t at = sampler_cut(s, &ps, &m, need > 0 ? need - 1 : 0, &through);
     if (min_p > 0.0f) {
         uint64_t above = kern->kept_mass(s->weight, 0, n_cand, min_p, INT32_MAX);
         if (above <= through) { /* min-p's prefix is the shorter */
-            kept = above;
-            e_cut = min_p;
-            id_cut = INT32_MAX;
+            int32_t pos =
+                sampler_pick(s, &ps, sampler_scale_u53(u, above), true, min_p, INT32_MAX);
+            return cand ? cand[pos].id : pos;
         }
     }
-    int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u, kept), true, e_cut, id_cut);
+    int32_t pos = sampler_pick_members(s, &ps, m, sampler_scale_u53(u, through), s->weight[at],
+                                       at);
     return cand ? cand[pos].id : pos;
 }
 

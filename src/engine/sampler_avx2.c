@@ -318,8 +318,32 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
     return m;
 }
 
+static int32_t avx2_above(const float *values, int32_t n, float threshold, int32_t *out,
+                          int32_t cap)
+{
+    const __m256 t = _mm256_set1_ps(threshold);
+    int32_t m = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        unsigned hit =
+            (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(values + i), t, _CMP_GT_OQ));
+        while (hit) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i + __builtin_ctz(hit);
+            hit &= hit - 1;
+        }
+    }
+    for (; i < n; i++)
+        if (values[i] > threshold) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i;
+        }
+    return m;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
-    avx2_sanitize_max, avx2_max,         avx2_weights,   avx2_fine_sums,
-    avx2_range,        avx2_window,      avx2_first_above, avx2_kept_mass};
+    avx2_sanitize_max, avx2_max,    avx2_weights,     avx2_fine_sums, avx2_range,
+    avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass};
 
 #endif

@@ -287,8 +287,34 @@ static int32_t avx512_first_above(const float *values, int32_t from, int32_t n, 
     return n;
 }
 
+static int32_t avx512_above(const float *values, int32_t n, float threshold, int32_t *out,
+                            int32_t cap)
+{
+    const __m512 t = _mm512_set1_ps(threshold);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int32_t m = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(values + i), t, _CMP_GT_OQ);
+        if (hit) {
+            if (m + __builtin_popcount(hit) > cap)
+                return cap + 1;
+            _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(hit, idx));
+            m += __builtin_popcount(hit);
+        }
+        idx = _mm512_add_epi32(idx, step);
+    }
+    for (; i < n; i++)
+        if (values[i] > threshold) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i;
+        }
+    return m;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {
-    avx512_sanitize_max, avx512_max,    avx512_weights,     avx512_fine_sums,
-    avx512_range,        avx512_window, avx512_first_above, avx512_kept_mass};
+    avx512_sanitize_max, avx512_max,    avx512_weights,     avx512_fine_sums, avx512_range,
+    avx512_window,       avx512_first_above, avx512_above,  avx512_kept_mass};
 
 #endif

@@ -765,10 +765,10 @@ static void test_same_token_as_reference(void **state)
     sw_free(b);
 }
 
-/* top-p's cut comes from a sample of the weights; where the sample
- * misleads (the candidates it sees are all heavy, or all light), the exact
- * search still gives the reference's token. Each way of finding the cut is
- * taken. */
+/* top-p's cut comes from an estimate (the heavy candidates weighed, a
+ * sample of the others); where the estimate misleads (the sample sees only
+ * light candidates, or only heavy ones, too many to weigh), the exact search
+ * still gives the reference's token. Each way of finding the cut is taken. */
 static void test_top_p_estimate_paths(void **state)
 {
     (void)state;
@@ -780,17 +780,25 @@ static void test_top_p_estimate_paths(void **state)
     assert_non_null(b);
     uint64_t paths[4] = {0, 0, 0, 0};
     test_rng_state = 99;
-    for (int kind = 0; kind < 4; kind++) {
+    const int32_t st = eng__sampler_stride(V); /* the estimate samples one in st */
+    for (int kind = 0; kind < 6; kind++) {
         for (int32_t i = 0; i < V; i++) {
-            bool sampled = i % 16 == 0;
+            bool sampled = i % st == 0;
             if (kind == 0) /* a smooth spread: the estimate's range holds the cut */
                 logits[i] = (float)(test_rand() * 12.0);
             else if (kind == 1) /* the sample sees only light ones */
                 logits[i] = sampled ? -3.0f : (float)(test_rand() * 0.5);
             else if (kind == 2) /* the sample sees only heavy ones */
                 logits[i] = sampled ? (float)(test_rand() * 0.5) : -3.0f;
-            else /* one heavy token, the rest a light spread */
+            else if (kind == 3) /* one heavy token, the rest a light spread */
                 logits[i] = i == 12345 ? 14.0f : (float)(test_rand() * 4.0);
+            else if (kind == 4) /* a sampled spread of middling ones, unsampled heavy ones */
+                logits[i] = i % st == 0 ? (float)(2.0 + test_rand() * 4.0)
+                            : i % st < 3 ? 12.0f
+                                         : -20.0f;
+            else /* the sampled ones a little heavier than the rest */
+                logits[i] = sampled ? (float)(test_rand() * 6.0)
+                                    : (float)(test_rand() * 6.0 - 0.7);
         }
         const float top_ps[] = {0.95f, 0.6f, 0.2f};
         for (size_t pi = 0; pi < sizeof top_ps / sizeof top_ps[0]; pi++) {
@@ -915,6 +923,14 @@ static void test_kernels_match_scalar(void **state)
                     assert_memory_equal(above, want_above, sizeof(uint64_t) * nb);
                     assert_true(total == want_total);
                 }
+            /* the logits above a threshold, up to a cap */
+            for (int32_t cap = 0; cap < V; cap += 700) {
+                int32_t got_n = ks[k]->above(logits, V, -50.0f, members, cap);
+                int32_t want_n = eng__sampler_above_scalar(logits, V, -50.0f, want_members, cap);
+                assert_int_equal(got_n, want_n);
+                if (got_n <= cap)
+                    assert_memory_equal(members, want_members, sizeof(int32_t) * (size_t)got_n);
+            }
             /* log-softmax's fine sums */
             uint64_t fine[NB], want_fine[NB];
             ks[k]->fine_sums(logits, V, 5.0f, fine);

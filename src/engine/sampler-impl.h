@@ -3,9 +3,10 @@
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
  * kernels): NaN cleaning and the maximum, the weights with their integer
- * masses and per-block sums, the masses a cut keeps, the gather of a
- * range of histogram buckets' members, and top-k's skip to the next logit
- * above a threshold. Every set gives bit-identical results to the scalar
+ * masses and per-block sums, log-softmax's finer sums, the masses a cut
+ * keeps, the gather of a range of histogram buckets' members (from stored
+ * weights, or fused with the weights' computation), top-k's skip to the
+ * next logit above a threshold, and the logits above one. Every set gives bit-identical results to the scalar
  * code in sampler.c: maxima and integer sums are exact in any order, and
  * the exponential is the same sequence of correctly rounded
  * single-precision operations (the same fused multiply-adds, no others) in

@@ -57,15 +57,14 @@
  * and walked from the top give the bucket where the cumulative mass
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
- * the order already. The histogram is estimated first (every 16th
- * candidate's mass, 16 times); the one pass that computes the weights
- * gathers the candidates of the few buckets around the estimated cut with
- * the exact mass above them, and the search runs among them (top-p then
- * costs little more than temperature alone). Where the estimate missed,
- * the weights are computed again and stored, and the cut is looked for
- * around the estimate, among the candidates above it (a sample misses the
- * few heavy tokens of a peaked distribution), then in the exact histogram:
- * the estimate decides only how fast the cut is found, never which it is.
+ * the order already. The histogram is estimated first (sampler_estimate:
+ * a sample, and the heavy candidates weighed exactly); the one pass that
+ * computes the weights gathers the candidates of the few buckets around
+ * the estimated cut with the exact mass above them, and the search runs
+ * among them. Where the estimate missed, the weights are computed again
+ * and stored, and the cut is looked for above the buckets, below them,
+ * then in the exact histogram (sampler_cut): the estimate decides only how
+ * fast the cut is found, never which it is.
  *
  * The random stream is counter-based: the uniform number of draw k is a
  * pure function of (seed, k), built from the splitmix64 finaliser, so

@@ -3,9 +3,10 @@
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
  * kernels): NaN cleaning and the maximum, the weights with their integer
- * masses and per-block sums, the masses a cut keeps, the gather of a
- * range of histogram buckets' members, and top-k's skip to the next logit
- * above a threshold. Every set gives bit-identical results to the scalar
+ * masses and per-block sums, log-softmax's finer sums, the masses a cut
+ * keeps, the gather of a range of histogram buckets' members (from stored
+ * weights, or fused with the weights' computation), top-k's skip to the
+ * next logit above a threshold, and the logits above one. Every set gives bit-identical results to the scalar
  * code in sampler.c: maxima and integer sums are exact in any order, and
  * the exponential is the same sequence of correctly rounded
  * single-precision operations (the same fused multiply-adds, no others) in
@@ -25,12 +26,17 @@ typedef float (*eng__sampler_sanitize_max_fn)(float *logits, int32_t n);
 /* The largest of n values (no NaN among them). */
 typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
 /* The weights of n candidates, e[i] = eng__sampler_exp((logits[i] - max) *
- * inv_temp), and their integer masses trunc(e[i] * 2^40). Stores e when e
+ * inv_temp), and their integer masses trunc(e[i] * 2^25). Stores e when e
  * is not NULL. kept[b] = the sum of the masses of block b (candidates [b *
  * ENG_SAMPLER_BLOCK, (b + 1) * ENG_SAMPLER_BLOCK) of these n) with e >=
  * min_p (every mass when min_p <= 0). */
 typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float max,
                                         float inv_temp, float min_p, float *e, uint64_t *kept);
+/* log-softmax's sums: sums[b] = the sum over block b of the n candidates of
+ * the fine masses trunc(e * 2^40), e = eng__sampler_exp(logits[i] - max);
+ * nothing stored. */
+typedef void (*eng__sampler_fine_sums_fn)(const float *logits, int32_t n, float max,
+                                          uint64_t *sums);
 /* The sum of the masses of the weights e[i], i in [from, to), that rank no
  * later than the cut (e_cut, id_cut): e[i] > e_cut, or e[i] == e_cut and
  * i <= id_cut. */
@@ -48,16 +54,39 @@ typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from
 typedef int32_t (*eng__sampler_range_fn)(const float *e, int32_t from, int32_t to, uint32_t lo,
                                          uint32_t hi, uint64_t *above, int32_t *out);
 
+/* range's work straight from the logits, the weights never stored: over
+ * candidates [from, to) of logits (from a multiple of ENG_SAMPLER_BLOCK),
+ * the weights as the weights kernel computes them (min_p 0); *total = the
+ * sum of all their masses; above[b] = the masses of block b of these with
+ * a top-level bucket above hi; the indices (ascending) of those with a
+ * bucket in [lo, hi] into out and their weights into out_e, at the same
+ * positions (each with room for to - from); returns how many. */
+typedef int32_t (*eng__sampler_window_fn)(const float *logits, int32_t from, int32_t to,
+                                          float max, float inv_temp, uint32_t lo, uint32_t hi,
+                                          uint64_t *above, uint64_t *total, int32_t *out,
+                                          float *out_e);
+
+typedef int32_t (*eng__sampler_above_fn)(const float *values, int32_t n, float threshold,
+                                         int32_t *out, int32_t cap);
+
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
     eng__sampler_max_fn max;
     eng__sampler_weights_fn weights;
+    eng__sampler_fine_sums_fn fine_sums;
     eng__sampler_range_fn range;
+    eng__sampler_window_fn window;
     eng__sampler_first_above_fn first_above;
+    eng__sampler_above_fn above;
     eng__sampler_kept_mass_fn kept_mass;
 } eng__sampler_kernels;
 
-#define ENG_SAMPLER_MASS_SCALE 1099511627776.0f /* 2^40: e -> integer mass */
+/* e -> integer mass: 2^25, so that a block's masses summed in 32-bit
+ * lanes (32 to a lane with 16 lanes, 64 with 8) stay at most 2^31 */
+#define ENG_SAMPLER_MASS_SCALE 33554432.0f
+/* e -> log-softmax's fine mass: 2^40 (a token below ~1e-12 of the best adds
+ * nothing to the sum) */
+#define ENG_SAMPLER_FINE_SCALE 1099511627776.0f
 #define ENG_SAMPLER_BLOCK 512 /* candidates per block of the draw's walk (kept sums) */
 
 /* The scalar exponential every kernel reproduces lane by lane. */
@@ -66,16 +95,26 @@ float eng__sampler_exp(float x);
  * tails. */
 void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, float inv_temp,
                                  float min_p, float *e, uint64_t *kept);
+void eng__sampler_fine_sums_scalar(const float *logits, int32_t n, float max, uint64_t *sums);
 int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint32_t lo,
                                   uint32_t hi, uint64_t *above, int32_t *out);
+int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
+                                   float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
+                                   uint64_t *total, int32_t *out, float *out_e);
+int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
+                                  int32_t cap);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 
-/* For tests: how many of s's top-p cuts were found among the top-level
- * buckets the estimate pointed at [0], among the candidates above them [1],
- * from the exact histogram [2] (sampler.c, sampler_cut). */
+/* For tests: how many of s's top-p cuts were found in the one-pass window
+ * [0]; with the weights stored, among the top-level buckets the estimate
+ * pointed at [1], among the candidates above them [2], from the exact
+ * histogram [3] (sampler.c, sampler_top_p_window and sampler_cut). */
 struct eng_sampler;
-void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[3]);
+void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
+/* top-p's estimate samples one candidate in this many of n (a power of two,
+ * 1 to 32). */
+int32_t eng__sampler_stride(int32_t n);
 
 #if defined(__x86_64__) || defined(__i386__)
 extern const eng__sampler_kernels eng__sampler_kernels_avx2;   /* sampler_avx2.c */

@@ -28,10 +28,12 @@
  *      does not depend on the machine. The best candidate's e is exactly 1;
  *      e is 0 for -inf and below exp(-80). The probabilities are e / sum(e),
  *      and "the order" is e descending, ties by id ascending.
- *      Each candidate's mass is the integer trunc(e * 2^40) (a candidate
- *      whose probability is below ~1e-12 of the best's has none and is never
- *      picked); masses are added as 64-bit integers, exactly, so no result
- *      depends on the order of an addition. W is the candidates' total mass.
+ *      Each candidate's mass is the integer trunc(e * 2^25) (a candidate
+ *      whose probability is below 2^-25, ~3e-8, of the best's has none and
+ *      is never picked: a vector converts and adds 32-bit masses, twice as
+ *      many per instruction as 64-bit ones); masses are added as integers,
+ *      exactly, so no result depends on the order of an addition. W is the
+ *      candidates' total mass.
  *        top-p: the shortest prefix of the order whose mass reaches
  *               trunc(top_p * W) (at least one token);
  *        min-p: the tokens with e >= min_p, i.e. probability at least min_p
@@ -55,14 +57,14 @@
  * and walked from the top give the bucket where the cumulative mass
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
- * the order already. The histogram is estimated while the weights are
- * stored (every 16th candidate's mass, 16 times); the candidates of the
- * few buckets around the estimated cut are gathered with the exact mass
- * above them, and the search runs among them. Where the estimate missed,
- * the cut is looked for among the candidates above them (a sample misses
- * the few heavy tokens of a peaked distribution), then in the exact
- * histogram: the estimate decides only how fast the cut is found, never
- * which it is.
+ * the order already. The histogram is estimated first (sampler_estimate:
+ * a sample, and the heavy candidates weighed exactly); the one pass that
+ * computes the weights gathers the candidates of the few buckets around
+ * the estimated cut with the exact mass above them, and the search runs
+ * among them. Where the estimate missed, the weights are computed again
+ * and stored, and the cut is looked for above the buckets, below them,
+ * then in the exact histogram (sampler_cut): the estimate decides only how
+ * fast the cut is found, never which it is.
  *
  * The random stream is counter-based: the uniform number of draw k is a
  * pure function of (seed, k), built from the splitmix64 finaliser, so
@@ -72,7 +74,7 @@
  * sums, the groups of a search, the histograms, penalty counts, the bias
  * list) is allocated once at create, 32 bytes per vocabulary entry and 48
  * KiB of histograms; sampling allocates nothing. A vocabulary of more than
- * 2^23 entries is refused at create (its masses could pass 2^64).
+ * 2^23 entries is refused at create.
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
 
@@ -88,11 +90,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* n_vocab masses of at most 2^40 add up below 2^64. */
+/* The largest vocabulary (its fine masses, 2^40 at most, add up below
+ * 2^64). */
 #define SAMPLER_MAX_VOCAB (1 << 23)
 #define SAMPLER_BUCKETS 1024 /* 10 bits per level; the top level's 12 bits of
                                 e <= 1 (0x3f800000 >> 20 = 1016) fit too */
 #define SAMPLER_SMALL 16     /* groups this small are sorted directly */
+/* top-p's estimate looks at one candidate in every eng__sampler_stride(n):
+ * at least this many of n, at most one in 32 */
+#define SAMPLER_SAMPLES 4096
 /* At most this many chunks per pass (one estimate each in mass_part), and
  * the lanes of an exact histogram (sampler_histogram). */
 #define SAMPLER_LANES 4
@@ -118,13 +124,20 @@ struct eng_sampler {
     int32_t *group_b;     /*   gathered buckets, and of the levels refining */
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
-    uint64_t cut_paths[3]; /* top-p cuts found by the estimate's range, by the
-                              candidates above it, by the exact histogram */
+    uint64_t cut_paths[4]; /* top-p cuts found in the window (one pass), then,
+                              with stored weights, by the estimate's range,
+                              by the candidates above it, by the exact
+                              histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
+    uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */
     uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate per chunk; an
                                                             exact histogram's lanes */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
+    float *samples;       /* one in eng__sampler_stride(n_vocab): top-p's estimate's
+                             logits, copied by the sanitize pass */
+    float *sample_w;      /* ... and their weights */
+    uint32_t count_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* ... in lanes */
 };
 
 eng_sampler_params eng_sampler_default_params(void)
@@ -165,8 +178,11 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->group_a = sw_calloc((size_t)n_vocab, sizeof *s->group_a);
     s->group_b = sw_calloc((size_t)n_vocab, sizeof *s->group_b);
     s->group_c = sw_calloc((size_t)n_vocab, sizeof *s->group_c);
+    size_t n_samples = (size_t)n_vocab / (size_t)eng__sampler_stride(n_vocab) + 1;
+    s->samples = sw_calloc(n_samples, sizeof *s->samples);
+    s->sample_w = sw_calloc(n_samples, sizeof *s->sample_w);
     if (!s->cand || !s->counts || !s->values || !s->weight || !s->kept ||
-        !s->group_a || !s->group_b || !s->group_c)
+        !s->group_a || !s->group_b || !s->group_c || !s->samples || !s->sample_w)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -197,12 +213,22 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->group_a);
     sw_free(s->group_b);
     sw_free(s->group_c);
+    sw_free(s->samples);
+    sw_free(s->sample_w);
     sw_free((void *)s->params.bias_ids);
     sw_free((void *)s->params.bias_values);
     sw_free(s);
 }
 
-void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[3])
+int32_t eng__sampler_stride(int32_t n)
+{
+    int32_t stride = 1;
+    while (stride < 32 && n / (stride * 2) >= SAMPLER_SAMPLES)
+        stride *= 2;
+    return stride;
+}
+
+void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[4])
 {
     memcpy(paths, s->cut_paths, sizeof s->cut_paths);
 }
@@ -406,9 +432,23 @@ static int32_t sampler_scalar_first_above(const float *values, int32_t from, int
     return n;
 }
 
+int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
+                                  int32_t cap)
+{
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (values[i] > threshold) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i;
+        }
+    return m;
+}
+
 static const eng__sampler_kernels sampler_kernels_scalar = {
-    sampler_scalar_sanitize_max, sampler_scalar_max,         eng__sampler_weights_scalar,
-    eng__sampler_range_scalar,   sampler_scalar_first_above, eng__sampler_kept_mass_scalar};
+    sampler_scalar_sanitize_max,   sampler_scalar_max,         eng__sampler_weights_scalar,
+    eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  eng__sampler_window_scalar,
+    sampler_scalar_first_above,    eng__sampler_above_scalar,  eng__sampler_kept_mass_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -433,9 +473,8 @@ static inline uint32_t sampler_bits(float e)
 
 static inline uint64_t sampler_mass(float e)
 {
-    /* through int64_t: e * 2^40 <= 2^40, and the signed conversion is one
-     * instruction where the unsigned one tests for 2^63 first */
-    return (uint64_t)(int64_t)(e * ENG_SAMPLER_MASS_SCALE);
+    /* through int32_t: e * 2^25 <= 2^25, the vector kernels' conversion */
+    return (uint64_t)(int32_t)(e * ENG_SAMPLER_MASS_SCALE);
 }
 
 /* floor(u * total / 2^53) for u < 2^53, without 128-bit integers. */
@@ -479,6 +518,17 @@ void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, floa
     }
 }
 
+void eng__sampler_fine_sums_scalar(const float *logits, int32_t n, float max, uint64_t *sums)
+{
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = 0;
+        for (int32_t i = b0; i < b1; i++) /* through int64_t: e * 2^40 <= 2^40 */
+            k += (uint64_t)(int64_t)(eng__sampler_exp(logits[i] - max) * ENG_SAMPLER_FINE_SCALE);
+        sums[b0 / ENG_SAMPLER_BLOCK] = k;
+    }
+}
+
 /* Whether weight e of candidate i ranks no later than the cut (e_cut,
  * id_cut) in the order. */
 static inline bool sampler_at_or_before(float e, int32_t i, float e_cut, int32_t id_cut)
@@ -514,15 +564,43 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
     return m;
 }
 
+int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
+                                   float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
+                                   uint64_t *total, int32_t *out, float *out_e)
+{
+    int32_t m = 0;
+    uint64_t all = 0;
+    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to;
+        uint64_t a = 0;
+        for (int32_t i = b0; i < b1; i++) {
+            float w = eng__sampler_exp((logits[i] - max) * inv_temp);
+            uint32_t key = sampler_bits(w) >> 20;
+            uint64_t mass = sampler_mass(w);
+            all += mass;
+            a += mass & (0 - (uint64_t)(key > hi));
+            out[m] = i; /* without a branch, as in range */
+            out_e[m] = w;
+            m += key >= lo && key <= hi;
+        }
+        above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
+    }
+    *total = all;
+    return m;
+}
+
 /* ---- passes over the candidates, split between lent threads ------------ */
 
 /* Fewer candidates stay on one thread: the hand-off would cost more than
  * half a pass. */
 #define SAMPLER_PARALLEL_MIN 16384
-/* top-p's estimate looks at one candidate in this many */
-#define SAMPLER_STRIDE 16
 /* top-p's gather takes the top-level buckets this close to the estimate's */
 #define SAMPLER_SPREAD 1
+/* ... and every bucket above when the estimate puts at most this many
+ * candidates there */
+#define SAMPLER_FEW_ABOVE 1024
+/* top-p's estimate weighs at most this many heavy candidates exactly */
+#define SAMPLER_HEAVY_MAX 2048
 
 /* One pass over the candidates in n_chunks contiguous chunks (1, 2 or 4,
  * each a whole number of blocks but the last: chunk c builds its part of
@@ -534,12 +612,15 @@ typedef struct sampler_pass {
     eng_sampler *s;
     int32_t n, n_chunks;
     float *logits;                 /* sanitize: the whole vocabulary */
+    float *samples;                /* sanitize: every stride-th logit, or NULL */
+    int32_t stride;                /* the estimate's: eng__sampler_stride(n) */
     const float *values;           /* weigh: the candidates' logits */
     float max, inv_temp, min_p;    /* weigh: min_p >= 0 */
-    bool top_p;                    /* weigh: store the weights and estimate */
+    bool store;                    /* weigh: store the weights */
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
+    uint64_t chunk_total[SAMPLER_LANES]; /* window: the chunk's total mass */
 } sampler_pass;
 
 static void sampler_chunk(const sampler_pass *ps, int32_t c, int32_t *begin, int32_t *end)
@@ -566,6 +647,9 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
     ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
+    if (ps->samples) /* top-p's estimate's, while the chunk is in cache */
+        for (int32_t i = b; i < e; i += ps->stride)
+            ps->samples[i / ps->stride] = ps->logits[i];
 }
 
 static inline uint32_t sampler_key(float e)
@@ -596,31 +680,16 @@ static void sampler_histogram(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKETS],
     }
 }
 
-/* A chunk's masses and their sums per block (of those with e >= min_p);
- * for top-p also its weights, and its part of the estimate of the masses'
- * histogram (mass_part lane c): every SAMPLER_STRIDE-th candidate's mass
- * SAMPLER_STRIDE times. */
+/* A chunk's masses summed per block (of those with e >= min_p), into
+ * kept; its weights stored when ps->store. */
 static void sampler_weigh_task(void *arg, int32_t c)
 {
     sampler_pass *ps = arg;
-    eng_sampler *s = ps->s;
-    const eng__sampler_kernels *kern = s->kern;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    if (!ps->top_p) {
-        kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p, NULL,
-                      s->kept + b / ENG_SAMPLER_BLOCK);
-        return;
-    }
-    uint64_t *est = s->mass_part[c];
-    for (int32_t b0 = b; b0 < e; b0 += ENG_SAMPLER_BLOCK) {
-        int32_t len = e - b0 > ENG_SAMPLER_BLOCK ? ENG_SAMPLER_BLOCK : e - b0;
-        const float *w = s->weight + b0;
-        kern->weights(ps->values + b0, len, ps->max, ps->inv_temp, ps->min_p, s->weight + b0,
-                      s->kept + b0 / ENG_SAMPLER_BLOCK);
-        for (int32_t i = 0; i < len; i += SAMPLER_STRIDE)
-            est[sampler_key(w[i])] += sampler_mass(w[i]) * SAMPLER_STRIDE;
-    }
+    ps->s->kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p,
+                         ps->store ? ps->s->weight + b : NULL,
+                         ps->s->kept + b / ENG_SAMPLER_BLOCK);
 }
 
 /* A chunk's members of the top-level buckets [lo, hi], at group_a + its
@@ -635,6 +704,23 @@ static void sampler_gather_task(void *arg, int32_t c)
                                   s->kept + b / ENG_SAMPLER_BLOCK, s->group_a + b);
 }
 
+/* The members each chunk left at group_a + its start (ps->found[c] of
+ * them), moved together in chunk order, and with packed their weights at
+ * weight + the chunk's start (a window's); returns how many. */
+static int32_t sampler_concat(eng_sampler *s, const sampler_pass *ps, bool packed)
+{
+    int32_t m = ps->found[0];
+    for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
+        int32_t begin, end;
+        sampler_chunk(ps, c, &begin, &end);
+        memmove(s->group_a + m, s->group_a + begin, sizeof *s->group_a * (size_t)ps->found[c]);
+        if (packed)
+            memmove(s->weight + m, s->weight + begin, sizeof *s->weight * (size_t)ps->found[c]);
+        m += ps->found[c];
+    }
+    return m;
+}
+
 /* Gathers the members of the top-level buckets [lo, hi] into group_a (in
  * index order; returns how many), leaving the masses above hi per block in
  * kept. */
@@ -643,14 +729,134 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
     ps->lo = lo;
     ps->hi = hi;
     sampler_run(ps, sampler_gather_task);
-    int32_t m = ps->found[0];
-    for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
-        int32_t begin, end;
-        sampler_chunk(ps, c, &begin, &end);
-        memmove(s->group_a + m, s->group_a + begin, sizeof *s->group_a * (size_t)ps->found[c]);
-        m += ps->found[c];
+    return sampler_concat(s, ps, false);
+}
+
+/* top-p's estimate of the histogram of the masses, before any weight is
+ * computed: every ps->stride-th candidate weighed (into sample_w), its
+ * mass stride times, by top-level bucket into mass_part's and
+ * count_part's lanes (sample j into lane j % SAMPLER_LANES: neighbours in
+ * one bucket, the common case, would otherwise wait on each other's
+ * read-modify-write). A sample sees by luck the few tokens that may hold
+ * most of a peaked distribution's mass, and the total it estimates (which
+ * places the cut) with them: unless the buckets where the sample puts the
+ * SAMPLER_HEAVY_MAX / 8 heaviest candidates hold under 1/64 of its mass (a
+ * flat distribution), the candidates at or above their bottom are found by
+ * one scan of the logits and weighed exactly instead (unless they turn out
+ * to be more than SAMPLER_HEAVY_MAX: many, which a sample sees well). The
+ * samples are the ones the sanitize pass copied when samples is not NULL. */
+static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float *samples)
+{
+    float x[ENG_SAMPLER_BLOCK], w[ENG_SAMPLER_BLOCK];
+    uint64_t unused;
+    const int32_t stride = ps->stride, n_samples = (ps->n + stride - 1) / stride;
+    uint32_t *count = s->count_top; /* scratch here */
+    uint64_t *mass = s->mass_top, all = 0;
+    memset(s->count_top, 0, sizeof s->count_top);
+    memset(s->mass_top, 0, sizeof s->mass_top);
+    for (int32_t j0 = 0; j0 < n_samples; j0 += ENG_SAMPLER_BLOCK) {
+        int32_t k = n_samples - j0 < ENG_SAMPLER_BLOCK ? n_samples - j0 : ENG_SAMPLER_BLOCK;
+        const float *src = samples ? samples + j0 : x;
+        for (int32_t j = 0; !samples && j < k; j++)
+            x[j] = ps->values[(int64_t)(j0 + j) * stride];
+        s->kern->weights(src, k, ps->max, ps->inv_temp, 0.0f, s->sample_w + j0, &unused);
     }
-    return m;
+    for (int32_t j = 0; j < n_samples; j++) {
+        count[sampler_key(s->sample_w[j])]++;
+        mass[sampler_key(s->sample_w[j])] += sampler_mass(s->sample_w[j]);
+        all += sampler_mass(s->sample_w[j]);
+    }
+    int32_t b = SAMPLER_BUCKETS;
+    uint64_t top_mass = 0;
+    for (uint32_t seen = 0; b > 0 && seen * (uint32_t)stride < SAMPLER_HEAVY_MAX / 8;) {
+        seen += count[--b];
+        top_mass += mass[b];
+    }
+    memset(s->mass_part, 0, sizeof s->mass_part);
+    memset(s->count_part, 0, sizeof s->count_part);
+    float heavy = INFINITY; /* the logits weighed exactly: those above */
+    if (b > 0 && top_mass >= all / 64) {
+        uint32_t bits = (uint32_t)b << 20;
+        float e_b;
+        memcpy(&e_b, &bits, sizeof e_b);
+        heavy = nextafterf(ps->max + logf(e_b) / ps->inv_temp, -INFINITY);
+        int32_t n_heavy =
+            s->kern->above(ps->values, ps->n, heavy, s->group_b, SAMPLER_HEAVY_MAX);
+        if (n_heavy > SAMPLER_HEAVY_MAX) {
+            heavy = INFINITY;
+            n_heavy = 0;
+        }
+        for (int32_t j0 = 0; j0 < n_heavy; j0 += ENG_SAMPLER_BLOCK) {
+            int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
+            for (int32_t j = 0; j < k; j++)
+                x[j] = ps->values[s->group_b[j0 + j]];
+            s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
+            for (int32_t j = 0; j < k; j++) {
+                s->mass_part[j % SAMPLER_LANES][sampler_key(w[j])] += sampler_mass(w[j]);
+                s->count_part[j % SAMPLER_LANES][sampler_key(w[j])]++;
+            }
+        }
+    }
+    for (int32_t j = 0; j < n_samples; j++) { /* the others, sampled */
+        float v = samples ? samples[j] : ps->values[(int64_t)j * stride];
+        if (!(v > heavy)) {
+            uint32_t key = sampler_key(s->sample_w[j]);
+            s->mass_part[j % SAMPLER_LANES][key] += sampler_mass(s->sample_w[j]) * (uint64_t)stride;
+            s->count_part[j % SAMPLER_LANES][key] += (uint32_t)stride;
+        }
+    }
+}
+
+/* Chunk c's window (the window kernel): its total mass, the masses above
+ * hi per block into kept, its members' indices at group_a + its start and
+ * their weights at weight + its start (packed, not in their places). */
+static void sampler_window_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    eng_sampler *s = ps->s;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    ps->found[c] = s->kern->window(ps->values, b, e, ps->max, ps->inv_temp, ps->lo, ps->hi,
+                                   s->kept + b / ENG_SAMPLER_BLOCK, &ps->chunk_total[c],
+                                   s->group_a + b, s->weight + b);
+}
+
+/* The top-level buckets [lo, hi] to gather around the cut the estimate in
+ * mass_part's and count_part's lanes points at: walking from the bottom
+ * (the many light candidates are what a sample estimates well), the bucket
+ * where the estimated mass below reaches the share the cut leaves out (1 -
+ * top_p of the estimate's total) is b, and [lo, hi] = b -+ SAMPLER_SPREAD.
+ * Where few candidates lie above that (a peaked distribution, whose heavy
+ * tokens a sample sees badly or not at all), or b is the highest bucket
+ * the sample saw with the mass still short there, hi is the top: the
+ * window then holds every candidate above the cut. */
+static void sampler_estimate_window(eng_sampler *s, const sampler_pass *ps, float top_p,
+                                    uint32_t *lo, uint32_t *hi)
+{
+    uint64_t est_total = 0;
+    int32_t top = 0;
+    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++) {
+        uint64_t m = 0;
+        uint32_t n = 0;
+        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
+            m += s->mass_part[l][k];
+            n += s->count_part[l][k];
+        }
+        s->mass_top[k] = m;
+        s->count_top[k] = n;
+        est_total += m;
+        top = m ? k : top;
+    }
+    uint64_t below = est_total - (uint64_t)((double)top_p * (double)est_total), acc = 0;
+    int32_t b = 0;
+    while (b < top && acc + s->mass_top[b] < below)
+        acc += s->mass_top[b++];
+    uint32_t n_above = 0;
+    for (int32_t k = b + SAMPLER_SPREAD + 1; k < SAMPLER_BUCKETS; k++)
+        n_above += s->count_top[k];
+    *lo = b > SAMPLER_SPREAD ? (uint32_t)(b - SAMPLER_SPREAD) : 0;
+    *hi = b < top && n_above > SAMPLER_FEW_ABOVE ? (uint32_t)(b + SAMPLER_SPREAD)
+                                                 : SAMPLER_BUCKETS - 1;
 }
 
 /* Sorts a small group of indices into the order: e descending, then index
@@ -668,9 +874,10 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
 }
 
 /* The first candidate of the order whose cumulative mass exceeds target,
- * among group[0..m) (indices into weight, in index order), all of whose
- * members rank after the mass *acc already counted and share the bits of
- * their weights above bit shift + 10 (shift 20: any weights). Level by
+ * among group[0..m) (indices into the weights e, in index order; NULL:
+ * e[0..m) itself), all of whose members rank after the mass *acc already
+ * counted and share the bits of their weights above bit shift + 10 (shift
+ * 20: any weights). Level by
  * level, the members are bucketed by the next 10 (at shift 20, 12) bits
  * of their weights, and only the bucket where the cumulative mass crosses
  * target is kept (into group_b and group_c in turn: group is left as it
@@ -678,15 +885,15 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
  * the order already, and a group of at most SAMPLER_SMALL is sorted
  * directly. Returns the index, with *through = the cumulative mass up to
  * and including it, or -1 when the group's mass does not reach target. */
-static int32_t sampler_refine(eng_sampler *s, const int32_t *group, int32_t m, int shift,
-                              uint64_t target, uint64_t *acc, uint64_t *through)
+static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *group, int32_t m,
+                              int shift, uint64_t target, uint64_t *acc, uint64_t *through)
 {
-    const float *e = s->weight;
     int32_t *out = s->group_b;
+    /* group NULL: every index of e, in order (read in order) */
     for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
         memset(s->mass_sub, 0, sizeof s->mass_sub);
         for (int32_t j = 0; j < m; j++) {
-            float v = e[group[j]];
+            float v = e[group ? group[j] : j];
             s->mass_sub[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
         }
         int32_t b = sampler_walk(s->mass_sub, target, acc);
@@ -694,12 +901,19 @@ static int32_t sampler_refine(eng_sampler *s, const int32_t *group, int32_t m, i
             return -1;
         int32_t k = 0;
         for (int32_t j = 0; j < m; j++) {
-            out[k] = group[j];
-            k += ((sampler_bits(e[group[j]]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b;
+            int32_t g = group ? group[j] : j;
+            out[k] = g;
+            k += ((sampler_bits(e[g]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b;
         }
         group = out;
         out = out == s->group_b ? s->group_c : s->group_b;
         m = k;
+    }
+    if (!group) {
+        for (int32_t j = 0; j < m; j++)
+            out[j] = j;
+        group = out;
+        out = s->group_c;
     }
     int32_t *sorted = (int32_t *)group;
     if (m <= SAMPLER_SMALL) {
@@ -720,71 +934,105 @@ static int32_t sampler_refine(eng_sampler *s, const int32_t *group, int32_t m, i
 }
 
 /* top-p's cut: the first candidate of the order whose cumulative mass
- * exceeds target (below the total mass), with *through = the mass up to
- * and including it. The weights are stored and mass_part's lanes hold the
- * weigh pass's estimate of the top-level histogram. From it, the buckets
- * around the estimated cut are gathered, with the exact masses above them,
- * and when the cut lies among them it is refined there; when it lies above
- * them, among the candidates above them (few, where the sample missed the
- * heavy tokens of a peaked distribution); otherwise the exact histogram of
- * every weight decides. */
-static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, uint64_t target, uint64_t *through)
+ * exceeds target (below the total mass s->total), with *through = the mass
+ * up to and including it. The window pass has stored the weights, gathered
+ * the m members of the top-level buckets [ps->lo, ps->hi] into group_a and
+ * left the masses above ps->hi per block in kept; mass_top holds the
+ * estimated histogram. When the cut lies among the members it is refined
+ * there; when it lies above them, among the candidates above (few, where
+ * the sample missed the heavy tokens of a peaked distribution); when below,
+ * among the buckets below where the estimate points with the exact total
+ * (a sample's total is what heavy tokens make uncertain); otherwise the
+ * exact histogram decides. group_a and kept are left with the members of
+ * the buckets searched last and the masses above them (sampler_pick_members
+ * reads them). */
+static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, int32_t *n_members,
+                           uint64_t target, uint64_t *through)
 {
-    const float *e = s->weight;
-    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
-        uint64_t m = 0;
-        for (int32_t c = 0; c < ps->n_chunks; c++)
-            m += s->mass_part[c][b];
-        s->mass_top[b] = m;
-    }
-    /* The estimate's bucket where the mass below reaches the exact mass the
-     * cut leaves out (walking from the bottom: the many light candidates
-     * are what a sample estimates well). */
-    const uint64_t below = s->total - target;
-    uint64_t acc = 0;
-    int32_t b = 0, top = 0;
-    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++)
-        top = s->mass_top[k] ? k : top;
-    while (b < top && acc + s->mass_top[b] < below)
-        acc += s->mass_top[b++];
-    /* b == top with the mass still short: the sample missed heavy tokens,
-     * the cut lies above what it saw (found among the tokens above) */
-    uint32_t lo = b > SAMPLER_SPREAD ? (uint32_t)(b - SAMPLER_SPREAD) : 0;
-    uint32_t hi = b + SAMPLER_SPREAD < SAMPLER_BUCKETS ? (uint32_t)(b + SAMPLER_SPREAD)
-                                                       : SAMPLER_BUCKETS - 1;
+    int32_t m = *n_members;
     const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    int32_t m = sampler_gather(s, ps, lo, hi), at = -1;
-    acc = 0;
+    uint64_t acc = 0;
     for (int32_t k = 0; k < n_blocks; k++)
         acc += s->kept[k];
-    int path = 0;
-    if (acc > target && hi < SAMPLER_BUCKETS - 1) {
-        /* The cut lies above: among the candidates above hi, few where the
-         * sample missed heavy ones (a peaked distribution). */
-        m = sampler_gather(s, ps, hi + 1, SAMPLER_BUCKETS - 1);
+    int32_t at = -1, path = 0;
+    if (acc > target && ps->hi < SAMPLER_BUCKETS - 1) { /* above the members */
+        m = sampler_gather(s, ps, ps->hi + 1, SAMPLER_BUCKETS - 1);
         acc = 0;
         path = 1;
     }
-    if (acc <= target)
-        at = sampler_refine(s, s->group_a, m, 20, target, &acc, through);
+    if (acc <= target) {
+        at = sampler_refine(s, s->weight, s->group_a, m, 20, target, &acc, through);
+        if (at < 0 && path == 0 && ps->lo > 0) { /* below the members */
+            const uint64_t below = s->total - target;
+            uint64_t est = 0;
+            uint32_t b = 0;
+            while (b + 1 < ps->lo && est + s->mass_top[b] < below)
+                est += s->mass_top[b++];
+            uint32_t lo = b > SAMPLER_SPREAD ? b - SAMPLER_SPREAD : 0;
+            m = sampler_gather(s, ps, lo, ps->lo - 1);
+            acc = 0;
+            for (int32_t k = 0; k < n_blocks; k++)
+                acc += s->kept[k];
+            path = 2;
+            at = acc <= target
+                     ? sampler_refine(s, s->weight, s->group_a, m, 20, target, &acc, through)
+                     : -1;
+        }
+    }
     if (at >= 0) {
         s->cut_paths[path]++;
+        *n_members = m;
         return at;
     }
-    s->cut_paths[2]++;
+    s->cut_paths[3]++;
     /* the estimate missed: the exact histogram, then its bucket */
-    sampler_histogram(s->mass_top, s->mass_part, e, ps->n);
+    sampler_histogram(s->mass_top, s->mass_part, s->weight, ps->n);
     acc = 0;
-    b = sampler_walk(s->mass_top, target, &acc);
+    int32_t b = sampler_walk(s->mass_top, target, &acc);
     if (b >= 0) {
         m = sampler_gather(s, ps, (uint32_t)b, (uint32_t)b);
-        at = sampler_refine(s, s->group_a, m, 10, target, &acc, through);
+        at = sampler_refine(s, s->weight, s->group_a, m, 10, target, &acc, through);
     }
+    *n_members = m;
     if (at < 0) { /* unreachable while target < total: the best stays valid */
         *through = s->total;
         return 0;
     }
     return at;
+}
+
+/* The pick after a cut (e_cut, id_cut) that sampler_cut found among the
+ * members in group_a[0..m): each block's kept mass is the mass above the
+ * members' buckets (kept) and that of its members at or before the cut;
+ * the walk then reads the stored weights of the block it lands in. */
+static int32_t sampler_pick_members(eng_sampler *s, const sampler_pass *ps, int32_t m,
+                                    uint64_t target, float e_cut, int32_t id_cut)
+{
+    const int32_t n = ps->n;
+    const int32_t *idx = s->group_a;
+    const float *w = s->weight;
+    uint64_t acc = 0;
+    int32_t j = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = s->kept[b0 / ENG_SAMPLER_BLOCK];
+        for (; j < m && idx[j] < b1; j++)
+            k += sampler_mass(w[idx[j]]) &
+                 (0 - (uint64_t)sampler_at_or_before(w[idx[j]], idx[j], e_cut, id_cut));
+        if (acc + k <= target) {
+            acc += k;
+            continue;
+        }
+        for (int32_t i = b0; i < b1; i++) {
+            if (sampler_at_or_before(w[i], i, e_cut, id_cut)) {
+                acc += sampler_mass(w[i]);
+                if (acc > target)
+                    return i;
+            }
+        }
+        break; /* unreachable: the block's kept mass takes acc past target */
+    }
+    return 0;
 }
 
 /* The draw's pick: the index of the first kept candidate, in index (= id)
@@ -825,6 +1073,71 @@ static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t tar
     return 0;
 }
 
+/* The pick after a window's cut (sampler_pick's, without stored weights):
+ * each block's kept mass is its mass above the window (kept) and that of
+ * its members (indices group_a[0..m), weights packed in weight[0..m)) at
+ * or before the cut; the block the pick lands in has its weights
+ * recomputed. */
+static int32_t sampler_pick_window(eng_sampler *s, const sampler_pass *ps, int32_t m,
+                                   uint64_t target, float e_cut, int32_t id_cut)
+{
+    const int32_t n = ps->n;
+    const int32_t *idx = s->group_a;
+    const float *packed = s->weight;
+    float block[ENG_SAMPLER_BLOCK];
+    uint64_t acc = 0, unused;
+    int32_t j = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = s->kept[b0 / ENG_SAMPLER_BLOCK];
+        for (; j < m && idx[j] < b1; j++)
+            k += sampler_mass(packed[j]) &
+                 (0 - (uint64_t)sampler_at_or_before(packed[j], idx[j], e_cut, id_cut));
+        if (acc + k <= target) {
+            acc += k;
+            continue;
+        }
+        s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->inv_temp, 0.0f, block, &unused);
+        for (int32_t i = b0; i < b1; i++) {
+            float e = block[i - b0];
+            if (sampler_at_or_before(e, i, e_cut, id_cut)) {
+                acc += sampler_mass(e);
+                if (acc > target)
+                    return i;
+            }
+        }
+        break; /* unreachable: the block's kept mass takes acc past target */
+    }
+    return 0;
+}
+
+/* top-p without min-p in one pass over the candidates when the estimate
+ * is right: the window around the estimated cut, [ps->lo, ps->hi]
+ * (sampler_window_task), the cut refined among the window's members and
+ * the pick. Returns the candidate, or -1 when the cut is not among the
+ * members (the caller then stores the weights and searches further). */
+static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u)
+{
+    const eng_sampler_params *p = &s->params;
+    sampler_run(ps, sampler_window_task);
+    int32_t m = sampler_concat(s, ps, true);
+    uint64_t total = 0, acc = 0, through = 0;
+    for (int32_t c = 0; c < ps->n_chunks; c++)
+        total += ps->chunk_total[c];
+    const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    for (int32_t b = 0; b < n_blocks; b++)
+        acc += s->kept[b];
+    uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
+    uint64_t target = need > 0 ? need - 1 : 0;
+    int32_t at = acc <= target ? sampler_refine(s, s->weight, NULL, m, 20, target, &acc, &through)
+                               : -1; /* a position among the members */
+    if (at < 0)
+        return -1;
+    s->cut_paths[0]++;
+    return sampler_pick_window(s, ps, m, sampler_scale_u53(u, through), s->weight[at],
+                               s->group_a[at]);
+}
+
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
                            size_t n_history)
 {
@@ -839,7 +1152,9 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     if (s->threads.for_each && s->threads.n_threads >= 2)
         chunks = s->threads.n_threads >= 4 ? 4 : 2;
     sampler_pass ps = {.s = s, .n = n, .n_chunks = n >= SAMPLER_PARALLEL_MIN ? chunks : 1,
-                       .logits = logits};
+                       .logits = logits,
+                       .samples = p->temperature > 0.0f && p->top_p < 1.0f ? s->samples : NULL,
+                       .stride = eng__sampler_stride(n)};
     sampler_run(&ps, sampler_sanitize_task);
     float max = ps.chunk_max[0];
     for (int32_t c = 1; c < ps.n_chunks; c++)
@@ -896,39 +1211,53 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     const float min_p = p->min_p > 0.0f ? p->min_p : 0.0f; /* 0: every candidate */
     ps.n = n_cand;
     ps.n_chunks = n_cand >= SAMPLER_PARALLEL_MIN ? chunks : 1;
+    ps.stride = eng__sampler_stride(n_cand);
     ps.values = values;
     ps.max = max;
     ps.inv_temp = inv_temp;
-    ps.top_p = p->top_p < 1.0f;
-    ps.min_p = ps.top_p ? 0.0f : min_p; /* top-p: the blocks' total masses */
-    if (ps.top_p)
-        memset(s->mass_part, 0, sizeof s->mass_part);
-    sampler_run(&ps, sampler_weigh_task);
-    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    uint64_t kept = 0;
-    for (int32_t b = 0; b < n_blocks; b++)
-        kept += s->kept[b]; /* min-p's set (the best at least), or top-p's total */
-    if (!ps.top_p) {
+    if (!(p->top_p < 1.0f)) {
+        ps.min_p = min_p;
+        sampler_run(&ps, sampler_weigh_task);
+        const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+        uint64_t kept = 0;
+        for (int32_t b = 0; b < n_blocks; b++)
+            kept += s->kept[b]; /* min-p's set (the best at least), or every mass */
         int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u, kept), false, 0.0f, 0);
         return cand ? cand[pos].id : pos;
     }
 
-    s->total = kept;
+    /* top-p: the estimate (from the sanitize pass's samples unless the
+     * logits changed since) and the buckets around its cut; without min-p,
+     * the one-pass window */
+    sampler_estimate(s, &ps, values == logits && !edited ? s->samples : NULL);
+    sampler_estimate_window(s, &ps, p->top_p, &ps.lo, &ps.hi);
+    if (!(min_p > 0.0f)) {
+        int32_t pos = sampler_top_p_window(s, &ps, u);
+        if (pos >= 0)
+            return cand ? cand[pos].id : pos;
+    }
+    /* the weights stored, the buckets gathered, the cut searched for */
+    ps.min_p = 0.0f;
+    ps.store = true;
+    sampler_run(&ps, sampler_weigh_task);
+    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    s->total = 0;
+    for (int32_t b = 0; b < n_blocks; b++)
+        s->total += s->kept[b];
+    int32_t m = sampler_gather(s, &ps, ps.lo, ps.hi);
     uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
     uint64_t through = 0;
-    int32_t at = sampler_cut(s, &ps, need > 0 ? need - 1 : 0, &through);
-    float e_cut = s->weight[at];
-    int32_t id_cut = at;
-    kept = through;
+    int32_t at = sampler_cut(s, &ps, &m, need > 0 ? need - 1 : 0, &through);
     if (min_p > 0.0f) {
         uint64_t above = kern->kept_mass(s->weight, 0, n_cand, min_p, INT32_MAX);
         if (above <= through) { /* min-p's prefix is the shorter */
-            kept = above;
-            e_cut = min_p;
-            id_cut = INT32_MAX;
+            int32_t pos =
+                sampler_pick(s, &ps, sampler_scale_u53(u, above), true, min_p, INT32_MAX);
+            return cand ? cand[pos].id : pos;
         }
     }
-    int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u, kept), true, e_cut, id_cut);
+    int32_t pos = sampler_pick_members(s, &ps, m, sampler_scale_u53(u, through), s->weight[at],
+                                       at);
     return cand ? cand[pos].id : pos;
 }
 
@@ -937,9 +1266,9 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
     if (n <= 0)
         return;
     /* The sampler's kernels, on a copy (NaN becomes -inf): the maximum,
-     * then the masses of exp(logit - max) summed per block, exact integers
-     * (a token below ~1e-12 of the best adds nothing), so the result is the
-     * same on every instruction set. */
+     * then the fine masses of exp(logit - max) summed per block, exact
+     * integers (a token below ~1e-12 of the best adds nothing), so the
+     * result is the same on every instruction set. */
     const eng__sampler_kernels *kern = sampler_kernels();
     memcpy(logprobs, logits, sizeof *logprobs * (size_t)n);
     const float max_logit = kern->sanitize_max(logprobs, n);
@@ -964,7 +1293,7 @@ void eng_log_softmax(const float *logits, float *logprobs, int32_t n)
     uint64_t kept[BLOCKS], sum = 0;
     for (int32_t b = 0; b < n; b += BLOCKS * ENG_SAMPLER_BLOCK) {
         int32_t len = n - b < BLOCKS * ENG_SAMPLER_BLOCK ? n - b : BLOCKS * ENG_SAMPLER_BLOCK;
-        kern->weights(logprobs + b, len, max_logit, 1.0f, 0.0f, NULL, kept);
+        kern->fine_sums(logprobs + b, len, max_logit, kept);
         for (int32_t k = 0; k < (len + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK; k++)
             sum += kept[k];
     }

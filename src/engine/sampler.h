@@ -49,8 +49,8 @@ eng_sampler_params eng_sampler_default_params(void);
 
 typedef struct eng_sampler eng_sampler;
 
-/* NULL for n_vocab outside [1, 2^23] (the masses of 2^23 tokens add up
- * below 2^64) or when memory runs out. Allocates everything a draw uses. */
+/* NULL for n_vocab outside [1, 2^23] (sampler.c: its sums stay below 2^64)
+ * or when memory runs out. Allocates everything a draw uses. */
 eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_vocab);
 void eng_sampler_free(eng_sampler *s);
 

@@ -1,10 +1,11 @@
 /* sampler_avx2.c - the sampler's kernels (sampler-impl.h) for AVX2, 8
  * lanes: NaN cleaning and maximum; the weights, each lane the same
  * operations as the scalar eng__sampler_exp (its fused multiply-adds and no
- * others), so they are bit-identical on every instruction set, with their masses (in
- * two 32-bit halves: AVX2 has no float -> int64 conversion) summed per
- * block; the masses a cut keeps; a range of buckets' members by movemask;
- * top-k's skip. */
+ * others), so they are bit-identical on every instruction set, with their
+ * 32-bit masses summed per block; log-softmax's fine masses (in two 32-bit
+ * halves: AVX2 has no float -> int64 conversion); the masses a cut keeps; a
+ * range of buckets' members by movemask, from stored weights or fused with
+ * the weights' computation; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -85,13 +86,30 @@ static inline __m256 avx2_exp(__m256 x)
     return _mm256_and_ps(live, _mm256_mul_ps(p, scale));
 }
 
-/* The masses trunc(w * 2^40) of 8 weights in [0, 1], as two vectors of 4
- * 64-bit lanes (lanes 0-3, 4-7), without a float -> int64 conversion: with
- * f = w * 2^40 (exact), h = trunc(w * 2^20) and r = f - h * 2^20 (exact: a
- * multiple of f's last place below 2^20), trunc(f) = h * 2^20 + trunc(r). */
-static inline void avx2_masses(__m256 w, __m256i *lo, __m256i *hi)
+/* The masses trunc(w * 2^25) of 8 weights in [0, 1], in 32-bit lanes. */
+static inline __m256i avx2_masses(__m256 w)
 {
-    __m256 f = _mm256_mul_ps(w, _mm256_set1_ps(ENG_SAMPLER_MASS_SCALE));
+    return _mm256_cvttps_epi32(_mm256_mul_ps(w, _mm256_set1_ps(ENG_SAMPLER_MASS_SCALE)));
+}
+
+/* The sum of 8 unsigned 32-bit lanes (sums of at most ENG_SAMPLER_BLOCK / 8
+ * masses each: below 2^31). */
+static inline uint64_t avx2_sum32(__m256i v)
+{
+    __m256i w = _mm256_add_epi64(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(v)),
+                                 _mm256_cvtepu32_epi64(_mm256_extracti128_si256(v, 1)));
+    __m128i s = _mm_add_epi64(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    return (uint64_t)_mm_cvtsi128_si64(s) + (uint64_t)_mm_extract_epi64(s, 1);
+}
+
+/* The fine masses trunc(w * 2^40) of 8 weights in [0, 1], as two vectors
+ * of 4 64-bit lanes (lanes 0-3, 4-7), without a float -> int64 conversion:
+ * with f = w * 2^40 (exact), h = trunc(w * 2^20) and r = f - h * 2^20
+ * (exact: a multiple of f's last place below 2^20), trunc(f) = h * 2^20 +
+ * trunc(r). */
+static inline void avx2_fine_masses(__m256 w, __m256i *lo, __m256i *hi)
+{
+    __m256 f = _mm256_mul_ps(w, _mm256_set1_ps(ENG_SAMPLER_FINE_SCALE));
     __m256i h = _mm256_cvttps_epi32(_mm256_mul_ps(w, _mm256_set1_ps(1048576.0f)));
     __m256 hf = _mm256_mul_ps(_mm256_cvtepi32_ps(h), _mm256_set1_ps(1048576.0f));
     __m256i r = _mm256_cvttps_epi32(_mm256_sub_ps(f, hf));
@@ -100,14 +118,6 @@ static inline void avx2_masses(__m256 w, __m256i *lo, __m256i *hi)
     *hi = _mm256_add_epi64(
         _mm256_slli_epi64(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(h, 1)), 20),
         _mm256_cvtepu32_epi64(_mm256_extracti128_si256(r, 1)));
-}
-
-/* Lanes of a 32-bit mask vector widened to 64-bit masks (lanes 0-3, 4-7). */
-static inline void avx2_widen_mask(__m256 m, __m256i *lo, __m256i *hi)
-{
-    __m256i mi = _mm256_castps_si256(m);
-    *lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(mi));
-    *hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(mi, 1));
 }
 
 static inline uint64_t avx2_hsum64(__m256i v)
@@ -132,18 +142,12 @@ avx2_weights_impl(const float *logits, int32_t n, float max, float inv_temp, flo
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
             if (store_e)
                 _mm256_storeu_ps(e + i, w);
-            __m256i m_lo, m_hi;
-            avx2_masses(w, &m_lo, &m_hi);
-            if (all_kept) {
-                sum = _mm256_add_epi64(sum, _mm256_add_epi64(m_lo, m_hi));
-            } else {
-                __m256i k_lo, k_hi;
-                avx2_widen_mask(_mm256_cmp_ps(w, vmin_p, _CMP_GE_OQ), &k_lo, &k_hi);
-                sum = _mm256_add_epi64(sum, _mm256_add_epi64(_mm256_and_si256(k_lo, m_lo),
-                                                             _mm256_and_si256(k_hi, m_hi)));
-            }
+            __m256i m = avx2_masses(w);
+            if (!all_kept)
+                m = _mm256_and_si256(m, _mm256_castps_si256(_mm256_cmp_ps(w, vmin_p, _CMP_GE_OQ)));
+            sum = _mm256_add_epi32(sum, m);
         }
-        uint64_t k = avx2_hsum64(sum);
+        uint64_t k = avx2_sum32(sum);
         if (i < b1) { /* the last block's tail */
             uint64_t k_tail = 0;
             eng__sampler_weights_scalar(logits + i, b1 - i, max, inv_temp, min_p,
@@ -151,6 +155,29 @@ avx2_weights_impl(const float *logits, int32_t n, float max, float inv_temp, flo
             k += k_tail;
         }
         kept[b0 / ENG_SAMPLER_BLOCK] = k;
+    }
+}
+
+/* log-softmax's sums (sampler-impl.h): exp(logit - max)'s fine masses per
+ * block. */
+static void avx2_fine_sums(const float *logits, int32_t n, float max, uint64_t *sums)
+{
+    const __m256 vmax = _mm256_set1_ps(max);
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n, i = b0;
+        __m256i sum = _mm256_setzero_si256();
+        for (; i + 8 <= b1; i += 8) {
+            __m256i m_lo, m_hi;
+            avx2_fine_masses(avx2_exp(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax)), &m_lo,
+                             &m_hi);
+            sum = _mm256_add_epi64(sum, _mm256_add_epi64(m_lo, m_hi));
+        }
+        uint64_t k = avx2_hsum64(sum), k_tail = 0;
+        if (i < b1) { /* the last block's tail */
+            eng__sampler_fine_sums_scalar(logits + i, b1 - i, max, &k_tail);
+            k += k_tail;
+        }
+        sums[b0 / ENG_SAMPLER_BLOCK] = k;
     }
 }
 
@@ -174,23 +201,26 @@ static uint64_t avx2_kept_mass(const float *e, int32_t from, int32_t to, float e
     const __m256 cut = _mm256_set1_ps(e_cut);
     const __m256i vid_cut = _mm256_set1_epi32(id_cut), step = _mm256_set1_epi32(8);
     __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(from), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256i sum = _mm256_setzero_si256();
+    uint64_t total = 0;
     int32_t i = from;
-    for (; i + 8 <= to; i += 8) {
-        __m256 w = _mm256_loadu_ps(e + i);
-        /* idx <= id_cut: not (idx > id_cut) */
-        __m256 at_or_before = _mm256_castsi256_ps(
-            _mm256_xor_si256(_mm256_cmpgt_epi32(idx, vid_cut), _mm256_set1_epi32(-1)));
-        __m256 keep = _mm256_or_ps(_mm256_cmp_ps(w, cut, _CMP_GT_OQ),
-                                   _mm256_and_ps(_mm256_cmp_ps(w, cut, _CMP_EQ_OQ), at_or_before));
-        __m256i m_lo, m_hi, k_lo, k_hi;
-        avx2_masses(w, &m_lo, &m_hi);
-        avx2_widen_mask(keep, &k_lo, &k_hi);
-        sum = _mm256_add_epi64(sum, _mm256_add_epi64(_mm256_and_si256(k_lo, m_lo),
-                                                     _mm256_and_si256(k_hi, m_hi)));
-        idx = _mm256_add_epi32(idx, step);
+    while (i + 8 <= to) { /* a block's worth of vectors per 32-bit sum */
+        int32_t end = to - i > ENG_SAMPLER_BLOCK ? i + ENG_SAMPLER_BLOCK : to;
+        __m256i sum = _mm256_setzero_si256();
+        for (; i + 8 <= end; i += 8) {
+            __m256 w = _mm256_loadu_ps(e + i);
+            /* idx <= id_cut: not (idx > id_cut) */
+            __m256 at_or_before = _mm256_castsi256_ps(
+                _mm256_xor_si256(_mm256_cmpgt_epi32(idx, vid_cut), _mm256_set1_epi32(-1)));
+            __m256 keep = _mm256_or_ps(_mm256_cmp_ps(w, cut, _CMP_GT_OQ),
+                                       _mm256_and_ps(_mm256_cmp_ps(w, cut, _CMP_EQ_OQ),
+                                                     at_or_before));
+            sum = _mm256_add_epi32(sum,
+                                   _mm256_and_si256(avx2_masses(w), _mm256_castps_si256(keep)));
+            idx = _mm256_add_epi32(idx, step);
+        }
+        total += avx2_sum32(sum);
     }
-    return avx2_hsum64(sum) + eng__sampler_kept_mass_scalar(e, i, to, e_cut, id_cut);
+    return total + eng__sampler_kept_mass_scalar(e, i, to, e_cut, id_cut);
 }
 
 static int32_t avx2_first_above(const float *values, int32_t from, int32_t n, float threshold)
@@ -221,11 +251,7 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
             __m256 w = _mm256_loadu_ps(e + i);
             __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
             __m256i up = _mm256_cmpgt_epi32(key, vhi);
-            __m256i m_lo, m_hi, u_lo, u_hi;
-            avx2_masses(w, &m_lo, &m_hi);
-            avx2_widen_mask(_mm256_castsi256_ps(up), &u_lo, &u_hi);
-            sum = _mm256_add_epi64(sum, _mm256_add_epi64(_mm256_and_si256(u_lo, m_lo),
-                                                         _mm256_and_si256(u_hi, m_hi)));
+            sum = _mm256_add_epi32(sum, _mm256_and_si256(avx2_masses(w), up));
             unsigned in = (unsigned)_mm256_movemask_ps(
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
             while (in) {
@@ -233,7 +259,7 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
                 in &= in - 1;
             }
         }
-        uint64_t a = avx2_hsum64(sum), tail_above = 0;
+        uint64_t a = avx2_sum32(sum), tail_above = 0;
         if (i < b1) { /* the last block's tail */
             m += eng__sampler_range_scalar(e, i, b1, lo, hi, &tail_above, out + m);
             a += tail_above;
@@ -243,7 +269,81 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
     return m;
 }
 
+/* range's work on the weights computed here (sampler-impl.h): weights'
+ * loop and range's, fused. */
+static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float max,
+                           float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
+                           uint64_t *total, int32_t *out, float *out_e)
+{
+    const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
+    const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
+    int32_t m = 0;
+    uint64_t all = 0;
+    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
+        __m256i sum = _mm256_setzero_si256(), sum_all = _mm256_setzero_si256();
+        for (; i + 8 <= b1; i += 8) {
+            __m256 w = avx2_exp(
+                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
+            __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
+            __m256i up = _mm256_cmpgt_epi32(key, vhi);
+            __m256i mass = avx2_masses(w);
+            sum_all = _mm256_add_epi32(sum_all, mass);
+            sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
+            unsigned in = (unsigned)_mm256_movemask_ps(
+                _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
+            if (in) {
+                float wl[8];
+                _mm256_storeu_ps(wl, w);
+                do {
+                    int l = __builtin_ctz(in);
+                    out[m] = i + l;
+                    out_e[m++] = wl[l];
+                    in &= in - 1;
+                } while (in);
+            }
+        }
+        uint64_t a = avx2_sum32(sum), t = avx2_sum32(sum_all);
+        if (i < b1) { /* the last block's tail */
+            uint64_t tail_above = 0, tail_total = 0;
+            m += eng__sampler_window_scalar(logits, i, b1, max, inv_temp, lo, hi, &tail_above,
+                                            &tail_total, out + m, out_e + m);
+            a += tail_above;
+            t += tail_total;
+        }
+        above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
+        all += t;
+    }
+    *total = all;
+    return m;
+}
+
+static int32_t avx2_above(const float *values, int32_t n, float threshold, int32_t *out,
+                          int32_t cap)
+{
+    const __m256 t = _mm256_set1_ps(threshold);
+    int32_t m = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        unsigned hit =
+            (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(values + i), t, _CMP_GT_OQ));
+        while (hit) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i + __builtin_ctz(hit);
+            hit &= hit - 1;
+        }
+    }
+    for (; i < n; i++)
+        if (values[i] > threshold) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i;
+        }
+    return m;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
-    avx2_sanitize_max, avx2_max, avx2_weights, avx2_range, avx2_first_above, avx2_kept_mass};
+    avx2_sanitize_max, avx2_max,    avx2_weights,     avx2_fine_sums, avx2_range,
+    avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass};
 
 #endif

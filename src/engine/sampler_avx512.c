@@ -1,11 +1,10 @@
 /* sampler_avx512.c - the sampler's kernels (sampler-impl.h) for AVX-512
  * (F, DQ), 16 lanes: NaN cleaning and maximum; the weights, each lane the
  * same operations as the scalar eng__sampler_exp (its fused multiply-adds
- * and no others),
- * so they are bit-identical on every instruction set, with their masses
- * converted 8 to a vector (float -> int64) and summed per block; the
- * masses a cut keeps; a range of buckets' members by compress; top-k's
- * skip. */
+ * and no others), so they are bit-identical on every instruction set, with
+ * their 32-bit masses summed per block; the masses a cut keeps; a range of
+ * buckets' members by compress, from stored weights or fused with the
+ * weights' computation; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -51,7 +50,10 @@ static float avx512_max(const float *logits, int32_t n)
 }
 
 /* e = eng__sampler_exp(x) in 16 lanes, the scalar code's operations in each
- * (0 below ENG_SAMPLER_EXP_MIN and for -inf). */
+ * (0 below ENG_SAMPLER_EXP_MIN and for -inf). The lanes below compute
+ * whatever inf and NaN give, then are zeroed; the scaling by 2^k is one
+ * VSCALEFPS, the correctly rounded p * 2^k that the scalar code's product
+ * with 2^k (a normal number for k >= -116) gives. */
 static inline __m512 avx512_exp(__m512 x)
 {
     const __m512 lo = _mm512_set1_ps(ENG_SAMPLER_EXP_MIN);
@@ -60,9 +62,7 @@ static inline __m512 avx512_exp(__m512 x)
     const __m512 c6 = _mm512_set1_ps(1.38888892e-3f), c5 = _mm512_set1_ps(8.33333377e-3f);
     const __m512 c4 = _mm512_set1_ps(4.16666679e-2f), c3 = _mm512_set1_ps(0.166666672f);
     const __m512 c2 = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
-    const __m512i bias = _mm512_set1_epi32(127);
     __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    x = _mm512_mask_mov_ps(lo, live, x); /* dead lanes: any finite value */
     __m512 t = _mm512_mul_ps(x, log2e);
     __m512 kf = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
     __m512 r = _mm512_fnmadd_ps(kf, ln2_hi, x);
@@ -73,18 +73,22 @@ static inline __m512 avx512_exp(__m512 x)
     p = _mm512_fmadd_ps(p, r, c2);
     p = _mm512_fmadd_ps(p, r, one);
     p = _mm512_fmadd_ps(p, r, one);
-    __m512i k = _mm512_cvttps_epi32(kf);
-    __m512 two_k = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, bias), 23));
-    return _mm512_maskz_mul_ps(live, p, two_k);
+    return _mm512_maskz_scalef_ps(live, p, kf);
 }
 
-/* The masses trunc(w * 2^40) of 16 weights, as two vectors of 8 64-bit
- * lanes (lanes 0-7, 8-15). */
-static inline void avx512_masses(__m512 w, __m512i *lo, __m512i *hi)
+/* The masses trunc(w * 2^26) of 16 weights in [0, 1], in 32-bit lanes. */
+static inline __m512i avx512_masses(__m512 w)
 {
-    __m512 scaled = _mm512_mul_ps(w, _mm512_set1_ps(ENG_SAMPLER_MASS_SCALE));
-    *lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(scaled));
-    *hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(scaled, 1));
+    return _mm512_cvttps_epi32(_mm512_mul_ps(w, _mm512_set1_ps(ENG_SAMPLER_MASS_SCALE)));
+}
+
+/* The sum of 16 unsigned 32-bit lanes (sums of at most
+ * ENG_SAMPLER_BLOCK / 16 masses each: below 2^31). */
+static inline uint64_t avx512_sum32(__m512i v)
+{
+    __m512i lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(v));
+    __m512i hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(v, 1));
+    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
 }
 
 /* The weights kernel, with what it stores and whether min-p sets masses
@@ -104,17 +108,14 @@ avx512_weights_impl(const float *logits, int32_t n, float max, float inv_temp, f
                 _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
             if (store_e)
                 _mm512_storeu_ps(e + i, w);
-            __m512i m_lo, m_hi;
-            avx512_masses(w, &m_lo, &m_hi);
-            if (all_kept) {
-                sum = _mm512_add_epi64(sum, _mm512_add_epi64(m_lo, m_hi));
-            } else {
-                __mmask16 keep = _mm512_cmp_ps_mask(w, vmin_p, _CMP_GE_OQ);
-                sum = _mm512_mask_add_epi64(sum, (__mmask8)keep, sum, m_lo);
-                sum = _mm512_mask_add_epi64(sum, (__mmask8)(keep >> 8), sum, m_hi);
-            }
+            __m512i m = avx512_masses(w);
+            if (all_kept)
+                sum = _mm512_add_epi32(sum, m);
+            else
+                sum = _mm512_mask_add_epi32(sum, _mm512_cmp_ps_mask(w, vmin_p, _CMP_GE_OQ), sum,
+                                            m);
         }
-        uint64_t k = (uint64_t)_mm512_reduce_add_epi64(sum);
+        uint64_t k = avx512_sum32(sum);
         if (i < b1) { /* the last block's tail */
             uint64_t k_tail = 0;
             eng__sampler_weights_scalar(logits + i, b1 - i, max, inv_temp, min_p,
@@ -122,6 +123,29 @@ avx512_weights_impl(const float *logits, int32_t n, float max, float inv_temp, f
             k += k_tail;
         }
         kept[b0 / ENG_SAMPLER_BLOCK] = k;
+    }
+}
+
+/* log-softmax's sums (sampler-impl.h): exp(logit - max)'s fine masses per
+ * block, converted 8 to a vector (float -> int64). */
+static void avx512_fine_sums(const float *logits, int32_t n, float max, uint64_t *sums)
+{
+    const __m512 vmax = _mm512_set1_ps(max), scale = _mm512_set1_ps(ENG_SAMPLER_FINE_SCALE);
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n, i = b0;
+        __m512i sum = _mm512_setzero_si512();
+        for (; i + 16 <= b1; i += 16) {
+            __m512 f = _mm512_mul_ps(
+                avx512_exp(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax)), scale);
+            sum = _mm512_add_epi64(sum, _mm512_cvttps_epi64(_mm512_castps512_ps256(f)));
+            sum = _mm512_add_epi64(sum, _mm512_cvttps_epi64(_mm512_extractf32x8_ps(f, 1)));
+        }
+        uint64_t k = (uint64_t)_mm512_reduce_add_epi64(sum), k_tail = 0;
+        if (i < b1) { /* the last block's tail */
+            eng__sampler_fine_sums_scalar(logits + i, b1 - i, max, &k_tail);
+            k += k_tail;
+        }
+        sums[b0 / ENG_SAMPLER_BLOCK] = k;
     }
 }
 
@@ -147,21 +171,22 @@ static uint64_t avx512_kept_mass(const float *e, int32_t from, int32_t to, float
     __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(from),
                                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
                                                      13, 14, 15));
-    __m512i sum = _mm512_setzero_si512();
+    uint64_t total = 0;
     int32_t i = from;
-    for (; i + 16 <= to; i += 16) {
-        __m512 w = _mm512_loadu_ps(e + i);
-        __mmask16 keep = _mm512_cmp_ps_mask(w, cut, _CMP_GT_OQ) |
-                         (_mm512_cmp_ps_mask(w, cut, _CMP_EQ_OQ) &
-                          _mm512_cmple_epi32_mask(idx, vid_cut));
-        __m512i m_lo, m_hi;
-        avx512_masses(w, &m_lo, &m_hi);
-        sum = _mm512_mask_add_epi64(sum, (__mmask8)keep, sum, m_lo);
-        sum = _mm512_mask_add_epi64(sum, (__mmask8)(keep >> 8), sum, m_hi);
-        idx = _mm512_add_epi32(idx, step);
+    while (i + 16 <= to) { /* a block's worth of vectors per 32-bit sum */
+        int32_t end = to - i > ENG_SAMPLER_BLOCK ? i + ENG_SAMPLER_BLOCK : to;
+        __m512i sum = _mm512_setzero_si512();
+        for (; i + 16 <= end; i += 16) {
+            __m512 w = _mm512_loadu_ps(e + i);
+            __mmask16 keep = _mm512_cmp_ps_mask(w, cut, _CMP_GT_OQ) |
+                             (_mm512_cmp_ps_mask(w, cut, _CMP_EQ_OQ) &
+                              _mm512_cmple_epi32_mask(idx, vid_cut));
+            sum = _mm512_mask_add_epi32(sum, keep, sum, avx512_masses(w));
+            idx = _mm512_add_epi32(idx, step);
+        }
+        total += avx512_sum32(sum);
     }
-    return (uint64_t)_mm512_reduce_add_epi64(sum) +
-           eng__sampler_kept_mass_scalar(e, i, to, e_cut, id_cut);
+    return total + eng__sampler_kept_mass_scalar(e, i, to, e_cut, id_cut);
 }
 
 static int32_t avx512_range(const float *e, int32_t from, int32_t to, uint32_t lo, uint32_t hi,
@@ -181,23 +206,69 @@ static int32_t avx512_range(const float *e, int32_t from, int32_t to, uint32_t l
             __m512i key = _mm512_srli_epi32(_mm512_castps_si512(w), 20);
             __mmask16 up = _mm512_cmpgt_epu32_mask(key, vhi);
             __mmask16 in = _mm512_cmpge_epu32_mask(key, vlo) & (__mmask16)~up;
-            __m512i m_lo, m_hi;
-            avx512_masses(w, &m_lo, &m_hi);
-            sum = _mm512_mask_add_epi64(sum, (__mmask8)up, sum, m_lo);
-            sum = _mm512_mask_add_epi64(sum, (__mmask8)(up >> 8), sum, m_hi);
+            sum = _mm512_mask_add_epi32(sum, up, sum, avx512_masses(w));
             /* a full store at out + m, members or not (no branch to
              * mispredict): m <= i - from, so it stays inside out[0, to - from) */
             _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
             m += __builtin_popcount(in);
             idx = _mm512_add_epi32(idx, step);
         }
-        uint64_t a = (uint64_t)_mm512_reduce_add_epi64(sum), tail_above = 0;
+        uint64_t a = avx512_sum32(sum), tail_above = 0;
         if (i < b1) { /* the last block's tail */
             m += eng__sampler_range_scalar(e, i, b1, lo, hi, &tail_above, out + m);
             a += tail_above;
         }
         above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
     }
+    return m;
+}
+
+/* range's work on the weights computed here (sampler-impl.h): weights'
+ * loop and range's, fused; the buckets compared as floats (the bits of a
+ * non-negative float order like its value). */
+static int32_t avx512_window(const float *logits, int32_t from, int32_t to, float max,
+                             float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
+                             uint64_t *total, int32_t *out, float *out_e)
+{
+    const __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_temp);
+    /* the least weights of bucket lo and of the bucket above hi */
+    const __m512 w_lo = _mm512_castsi512_ps(_mm512_set1_epi32((int32_t)(lo << 20)));
+    const __m512 w_up = _mm512_castsi512_ps(_mm512_set1_epi32((int32_t)((hi + 1) << 20)));
+    const __m512i step = _mm512_set1_epi32(16);
+    int32_t m = 0;
+    uint64_t all = 0;
+    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
+        __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(b0),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                         12, 13, 14, 15));
+        __m512i sum = _mm512_setzero_si512(), sum_all = _mm512_setzero_si512();
+        for (; i + 16 <= b1; i += 16) {
+            __m512 w = avx512_exp(
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
+            __mmask16 up = _mm512_cmp_ps_mask(w, w_up, _CMP_GE_OQ);
+            __mmask16 in = _mm512_mask_cmp_ps_mask((__mmask16)~up, w, w_lo, _CMP_GE_OQ);
+            __m512i mass = avx512_masses(w);
+            sum_all = _mm512_add_epi32(sum_all, mass);
+            sum = _mm512_mask_add_epi32(sum, up, sum, mass);
+            /* full stores at out + m, members or not (as in range) */
+            _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
+            _mm512_storeu_ps(out_e + m, _mm512_maskz_compress_ps(in, w));
+            m += __builtin_popcount(in);
+            idx = _mm512_add_epi32(idx, step);
+        }
+        uint64_t a = avx512_sum32(sum), t = avx512_sum32(sum_all);
+        if (i < b1) { /* the last block's tail */
+            uint64_t tail_above = 0, tail_total = 0;
+            m += eng__sampler_window_scalar(logits, i, b1, max, inv_temp, lo, hi, &tail_above,
+                                            &tail_total, out + m, out_e + m);
+            a += tail_above;
+            t += tail_total;
+        }
+        above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
+        all += t;
+    }
+    *total = all;
     return m;
 }
 
@@ -216,8 +287,34 @@ static int32_t avx512_first_above(const float *values, int32_t from, int32_t n, 
     return n;
 }
 
+static int32_t avx512_above(const float *values, int32_t n, float threshold, int32_t *out,
+                            int32_t cap)
+{
+    const __m512 t = _mm512_set1_ps(threshold);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int32_t m = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(values + i), t, _CMP_GT_OQ);
+        if (hit) {
+            if (m + __builtin_popcount(hit) > cap)
+                return cap + 1;
+            _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(hit, idx));
+            m += __builtin_popcount(hit);
+        }
+        idx = _mm512_add_epi32(idx, step);
+    }
+    for (; i < n; i++)
+        if (values[i] > threshold) {
+            if (m == cap)
+                return cap + 1;
+            out[m++] = i;
+        }
+    return m;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {
-    avx512_sanitize_max, avx512_max, avx512_weights, avx512_range, avx512_first_above,
-    avx512_kept_mass};
+    avx512_sanitize_max, avx512_max,    avx512_weights,     avx512_fine_sums, avx512_range,
+    avx512_window,       avx512_first_above, avx512_above,  avx512_kept_mass};
 
 #endif

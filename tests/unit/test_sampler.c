@@ -635,7 +635,7 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
     qsort(c, (size_t)m, sizeof *c, ref_cmp);
     uint64_t total = 0, above = 0;
     for (int32_t i = 0; i < m; i++) {
-        uint64_t w = (uint64_t)(c[i].e * 1099511627776.0f);
+        uint64_t w = (uint64_t)(int32_t)(c[i].e * ENG_SAMPLER_MASS_SCALE);
         total += w;
         if (c[i].e >= p->min_p)
             above += w;
@@ -645,7 +645,7 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
     int32_t len = m;
     uint64_t kept = total;
     if (p->min_p > 0.0f) {
-        kept = above > (1ULL << 40) ? above : (1ULL << 40);
+        kept = above > (1ULL << 25) ? above : (1ULL << 25); /* the best at least */
         len = 1;
         while (len < m && c[len].e >= p->min_p)
             len++;
@@ -655,7 +655,7 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
         uint64_t cum = 0;
         int32_t i = 0;
         for (; i < m; i++) {
-            cum += (uint64_t)(c[i].e * 1099511627776.0f);
+            cum += (uint64_t)(int32_t)(c[i].e * ENG_SAMPLER_MASS_SCALE);
             if (cum >= need && cum > 0)
                 break;
         }
@@ -671,7 +671,7 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
     uint64_t cum = 0;
     int32_t id = -1;
     for (int32_t i = 0; i < len && id < 0; i++) {
-        cum += (uint64_t)(c[i].e * 1099511627776.0f);
+        cum += (uint64_t)(int32_t)(c[i].e * ENG_SAMPLER_MASS_SCALE);
         if (cum > target)
             id = c[i].id;
     }
@@ -765,10 +765,10 @@ static void test_same_token_as_reference(void **state)
     sw_free(b);
 }
 
-/* top-p's cut comes from a sample of the weights; where the sample
- * misleads (the candidates it sees are all heavy, or all light), the exact
- * search still gives the reference's token. Each way of finding the cut is
- * taken. */
+/* top-p's cut comes from an estimate (the heavy candidates weighed, a
+ * sample of the others); where the estimate misleads (the sample sees only
+ * light candidates, or only heavy ones, too many to weigh), the exact search
+ * still gives the reference's token. Each way of finding the cut is taken. */
 static void test_top_p_estimate_paths(void **state)
 {
     (void)state;
@@ -778,19 +778,27 @@ static void test_top_p_estimate_paths(void **state)
     assert_non_null(logits);
     assert_non_null(a);
     assert_non_null(b);
-    uint64_t paths[3] = {0, 0, 0};
+    uint64_t paths[4] = {0, 0, 0, 0};
     test_rng_state = 99;
-    for (int kind = 0; kind < 4; kind++) {
+    const int32_t st = eng__sampler_stride(V); /* the estimate samples one in st */
+    for (int kind = 0; kind < 6; kind++) {
         for (int32_t i = 0; i < V; i++) {
-            bool sampled = i % 16 == 0;
+            bool sampled = i % st == 0;
             if (kind == 0) /* a smooth spread: the estimate's range holds the cut */
                 logits[i] = (float)(test_rand() * 12.0);
             else if (kind == 1) /* the sample sees only light ones */
                 logits[i] = sampled ? -3.0f : (float)(test_rand() * 0.5);
             else if (kind == 2) /* the sample sees only heavy ones */
                 logits[i] = sampled ? (float)(test_rand() * 0.5) : -3.0f;
-            else /* one heavy token, the rest a light spread */
+            else if (kind == 3) /* one heavy token, the rest a light spread */
                 logits[i] = i == 12345 ? 14.0f : (float)(test_rand() * 4.0);
+            else if (kind == 4) /* a sampled spread of middling ones, unsampled heavy ones */
+                logits[i] = i % st == 0 ? (float)(2.0 + test_rand() * 4.0)
+                            : i % st < 3 ? 12.0f
+                                         : -20.0f;
+            else /* the sampled ones a little heavier than the rest */
+                logits[i] = sampled ? (float)(test_rand() * 6.0)
+                                    : (float)(test_rand() * 6.0 - 0.7);
         }
         const float top_ps[] = {0.95f, 0.6f, 0.2f};
         for (size_t pi = 0; pi < sizeof top_ps / sizeof top_ps[0]; pi++) {
@@ -804,16 +812,18 @@ static void test_top_p_estimate_paths(void **state)
                 eng_sampler_set_draws(s, d * 31);
                 assert_int_equal(eng_sampler_sample(s, a, NULL, 0), ref_sample(&p, b, V, d * 31));
             }
-            uint64_t got[3];
+            uint64_t got[4];
             eng__sampler_cut_paths(s, got);
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < 4; k++)
                 paths[k] += got[k];
             eng_sampler_free(s);
         }
     }
-    assert_true(paths[0] > 0);
-    assert_true(paths[1] > 0);
-    assert_true(paths[2] > 0);
+    for (int k = 0; k < 4; k++)
+        if (!(paths[k] > 0))
+            fail_msg("no top-p cut found by path %d (%llu %llu %llu %llu)", k,
+                     (unsigned long long)paths[0], (unsigned long long)paths[1],
+                     (unsigned long long)paths[2], (unsigned long long)paths[3]);
     sw_free(logits);
     sw_free(a);
     sw_free(b);
@@ -888,6 +898,44 @@ static void test_kernels_match_scalar(void **state)
                     size_t nb = (size_t)(V - from + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
                     assert_memory_equal(above, want_above, sizeof(uint64_t) * nb);
                 }
+            /* the window: range's outputs on weights computed in the same
+             * pass, with their total mass */
+            for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++)
+                for (int32_t from = 0; from < V; from += 3 * ENG_SAMPLER_BLOCK) {
+                    uint64_t above[NB], want_above[NB], total = 0, want_total = 0;
+                    float *member_e = got;
+                    int32_t m = ks[k]->window(logits, from, V, 5.0f, inv_temps[t],
+                                              ranges[ri][0], ranges[ri][1], above, &total,
+                                              members, member_e);
+                    int32_t want_m = eng__sampler_range_scalar(want, from, V, ranges[ri][0],
+                                                               ranges[ri][1], want_above,
+                                                               want_members);
+                    uint64_t blocks[NB];
+                    eng__sampler_weights_scalar(logits + from, V - from, 5.0f, inv_temps[t],
+                                                0.0f, NULL, blocks);
+                    size_t nb = (size_t)(V - from + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+                    for (size_t b = 0; b < nb; b++)
+                        want_total += blocks[b];
+                    assert_int_equal(m, want_m);
+                    assert_memory_equal(members, want_members, sizeof(int32_t) * (size_t)m);
+                    for (int32_t j = 0; j < m; j++)
+                        assert_true(member_e[j] == want[members[j]]);
+                    assert_memory_equal(above, want_above, sizeof(uint64_t) * nb);
+                    assert_true(total == want_total);
+                }
+            /* the logits above a threshold, up to a cap */
+            for (int32_t cap = 0; cap < V; cap += 700) {
+                int32_t got_n = ks[k]->above(logits, V, -50.0f, members, cap);
+                int32_t want_n = eng__sampler_above_scalar(logits, V, -50.0f, want_members, cap);
+                assert_int_equal(got_n, want_n);
+                if (got_n <= cap)
+                    assert_memory_equal(members, want_members, sizeof(int32_t) * (size_t)got_n);
+            }
+            /* log-softmax's fine sums */
+            uint64_t fine[NB], want_fine[NB];
+            ks[k]->fine_sums(logits, V, 5.0f, fine);
+            eng__sampler_fine_sums_scalar(logits, V, 5.0f, want_fine);
+            assert_memory_equal(fine, want_fine, sizeof fine);
             /* the masses a cut keeps: cuts at a weight some candidates share
              * (ids before and after the cut), at one no candidate has, at 0 */
             const float cuts[] = {want[10], want[100], 0.5f, 0.0f};
@@ -903,6 +951,39 @@ static void test_kernels_match_scalar(void **state)
         cpu_kernels_force_isa(CPU_ISA_AMX);
 #endif
     }
+#if defined(__x86_64__) || defined(__i386__)
+    /* every weight 1 (all logits tie at the maximum): each 32-bit lane of a
+     * block's sum reaches its bound (2^31 with 8 lanes), the block's sum
+     * is still every mass */
+    {
+        enum { NB = (V + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK };
+        for (int i = 0; i < V; i++)
+            logits[i] = 2.5f;
+        const eng__sampler_kernels *ks[] = {&eng__sampler_kernels_avx2,
+                                            &eng__sampler_kernels_avx512};
+        const cpu_isa need[] = {CPU_ISA_AVX2, CPU_ISA_AVX512};
+        for (int k = 0; k < 2; k++) {
+            if (cpu_kernels_force_isa(need[k]) < need[k])
+                continue;
+            uint64_t kept[NB], total = 0;
+            ks[k]->weights(logits, V, 2.5f, 1.0f, 0.5f, NULL, kept);
+            for (int b = 0; b < NB; b++) {
+                int32_t len = V - b * ENG_SAMPLER_BLOCK < ENG_SAMPLER_BLOCK
+                                  ? V - b * ENG_SAMPLER_BLOCK
+                                  : ENG_SAMPLER_BLOCK;
+                assert_true(kept[b] == (uint64_t)len << 25);
+            }
+            ks[k]->window(logits, 0, V, 2.5f, 1.0f, 0, 1000, kept, &total, members, got);
+            assert_true(total == (uint64_t)V << 25);
+            assert_true(kept[0] == (uint64_t)ENG_SAMPLER_BLOCK << 25); /* 1.0 is above 1000 */
+            assert_true(ks[k]->kept_mass(got, 0, 0, 0.0f, 0) == 0);
+            for (int i = 0; i < V; i++)
+                want[i] = 1.0f;
+            assert_true(ks[k]->kept_mass(want, 0, V, 0.5f, 0) == (uint64_t)V << 25);
+        }
+        cpu_kernels_force_isa(CPU_ISA_AMX);
+    }
+#endif
     /* the exponential itself: within 2 ulp-ish of exp over its range */
     for (float x = -79.0f; x <= 0.0f; x += 0.013f) {
         double ref = exp((double)x), e = eng__sampler_exp(x);

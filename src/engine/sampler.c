@@ -98,9 +98,9 @@
 #define SAMPLER_SMALL 16     /* groups this small are sorted directly */
 /* top-p's estimate looks at one candidate in every eng__sampler_stride(n):
  * at least this many of n, at most one in 32 */
-#define SAMPLER_SAMPLES 4096
-/* At most this many chunks per pass (one estimate each in mass_part), and
- * the lanes of an exact histogram (sampler_histogram). */
+#define SAMPLER_SAMPLES 2048
+/* At most this many chunks per pass, and the lanes of the histograms built
+ * one candidate at a time (sampler_estimate, sampler_histogram). */
 #define SAMPLER_LANES 4
 
 typedef struct eng_candidate {
@@ -131,13 +131,13 @@ struct eng_sampler {
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
     uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */
-    uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* the estimate per chunk; an
-                                                            exact histogram's lanes */
+    uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* lanes: of the estimate's
+                                                            samples, of an exact
+                                                            histogram */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
     float *samples;       /* one in eng__sampler_stride(n_vocab): top-p's estimate's
                              logits, copied by the sanitize pass */
     float *sample_w;      /* ... and their weights */
-    uint32_t count_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* ... in lanes */
 };
 
 eng_sampler_params eng_sampler_default_params(void)
@@ -648,8 +648,8 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     sampler_chunk(ps, c, &b, &e);
     ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
     if (ps->samples) /* top-p's estimate's, while the chunk is in cache */
-        for (int32_t i = b; i < e; i += ps->stride)
-            ps->samples[i / ps->stride] = ps->logits[i];
+        for (int32_t i = b, j = b / ps->stride; i < e; i += ps->stride, j++)
+            ps->samples[j] = ps->logits[i];
 }
 
 static inline uint32_t sampler_key(float e)
@@ -733,27 +733,25 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
 }
 
 /* top-p's estimate of the histogram of the masses, before any weight is
- * computed: every ps->stride-th candidate weighed (into sample_w), its
- * mass stride times, by top-level bucket into mass_part's and
- * count_part's lanes (sample j into lane j % SAMPLER_LANES: neighbours in
- * one bucket, the common case, would otherwise wait on each other's
- * read-modify-write). A sample sees by luck the few tokens that may hold
- * most of a peaked distribution's mass, and the total it estimates (which
- * places the cut) with them: unless the buckets where the sample puts the
- * SAMPLER_HEAVY_MAX / 8 heaviest candidates hold under 1/64 of its mass (a
- * flat distribution), the candidates at or above their bottom are found by
- * one scan of the logits and weighed exactly instead (unless they turn out
- * to be more than SAMPLER_HEAVY_MAX: many, which a sample sees well). The
- * samples are the ones the sanitize pass copied when samples is not NULL. */
+ * computed, into mass_top and count_top (the candidates per bucket): every
+ * ps->stride-th candidate weighed (into sample_w), its mass and its count
+ * stride times (summed in mass_part's lanes, sample j in lane j %
+ * SAMPLER_LANES: neighbours in one bucket, the common case, would otherwise
+ * wait on each other's read-modify-write). A sample sees by luck
+ * the few tokens that may hold most of a peaked distribution's mass, and
+ * the total it estimates (which places the cut) with them: unless the
+ * buckets where the sample puts the SAMPLER_HEAVY_MAX / 8 heaviest
+ * candidates hold under 1/64 of its mass (a flat distribution), the
+ * candidates at or above their bottom are found by one scan of the logits
+ * and weighed exactly instead of sampled (unless they turn out to be more
+ * than SAMPLER_HEAVY_MAX: many, which a sample sees well). The samples are
+ * the ones the sanitize pass copied when samples is not NULL. */
 static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float *samples)
 {
     float x[ENG_SAMPLER_BLOCK], w[ENG_SAMPLER_BLOCK];
     uint64_t unused;
     const int32_t stride = ps->stride, n_samples = (ps->n + stride - 1) / stride;
-    uint32_t *count = s->count_top; /* scratch here */
-    uint64_t *mass = s->mass_top, all = 0;
-    memset(s->count_top, 0, sizeof s->count_top);
-    memset(s->mass_top, 0, sizeof s->mass_top);
+    const float *sw = s->sample_w;
     for (int32_t j0 = 0; j0 < n_samples; j0 += ENG_SAMPLER_BLOCK) {
         int32_t k = n_samples - j0 < ENG_SAMPLER_BLOCK ? n_samples - j0 : ENG_SAMPLER_BLOCK;
         const float *src = samples ? samples + j0 : x;
@@ -761,48 +759,54 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
             x[j] = ps->values[(int64_t)(j0 + j) * stride];
         s->kern->weights(src, k, ps->max, ps->inv_temp, 0.0f, s->sample_w + j0, &unused);
     }
-    for (int32_t j = 0; j < n_samples; j++) {
-        count[sampler_key(s->sample_w[j])]++;
-        mass[sampler_key(s->sample_w[j])] += sampler_mass(s->sample_w[j]);
-        all += sampler_mass(s->sample_w[j]);
+    /* a lane's entry: the samples' count above bit 48, their mass below
+     * (at most 2^25 times n_samples) */
+    const uint64_t one = (uint64_t)1 << 48, below48 = one - 1;
+    memset(s->mass_part, 0, sizeof s->mass_part);
+    for (int32_t j = 0; j < n_samples; j++)
+        s->mass_part[j % SAMPLER_LANES][sampler_key(sw[j])] += one + sampler_mass(sw[j]);
+    uint64_t all = 0;
+    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++) {
+        uint64_t m = 0, n = 0;
+        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
+            m += s->mass_part[l][k] & below48;
+            n += s->mass_part[l][k] >> 48;
+        }
+        s->mass_top[k] = m * (uint64_t)stride;
+        s->count_top[k] = (uint32_t)n * (uint32_t)stride;
+        all += s->mass_top[k];
     }
+    /* the heavy ones, weighed exactly when they matter and are few */
     int32_t b = SAMPLER_BUCKETS;
     uint64_t top_mass = 0;
-    for (uint32_t seen = 0; b > 0 && seen * (uint32_t)stride < SAMPLER_HEAVY_MAX / 8;) {
-        seen += count[--b];
-        top_mass += mass[b];
+    for (uint32_t seen = 0; b > 0 && seen < SAMPLER_HEAVY_MAX / 8;) {
+        seen += s->count_top[--b];
+        top_mass += s->mass_top[b];
     }
-    memset(s->mass_part, 0, sizeof s->mass_part);
-    memset(s->count_part, 0, sizeof s->count_part);
-    float heavy = INFINITY; /* the logits weighed exactly: those above */
-    if (b > 0 && top_mass >= all / 64) {
-        uint32_t bits = (uint32_t)b << 20;
-        float e_b;
-        memcpy(&e_b, &bits, sizeof e_b);
-        heavy = nextafterf(ps->max + logf(e_b) / ps->inv_temp, -INFINITY);
-        int32_t n_heavy =
-            s->kern->above(ps->values, ps->n, heavy, s->group_b, SAMPLER_HEAVY_MAX);
-        if (n_heavy > SAMPLER_HEAVY_MAX) {
-            heavy = INFINITY;
-            n_heavy = 0;
-        }
-        for (int32_t j0 = 0; j0 < n_heavy; j0 += ENG_SAMPLER_BLOCK) {
-            int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
-            for (int32_t j = 0; j < k; j++)
-                x[j] = ps->values[s->group_b[j0 + j]];
-            s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
-            for (int32_t j = 0; j < k; j++) {
-                s->mass_part[j % SAMPLER_LANES][sampler_key(w[j])] += sampler_mass(w[j]);
-                s->count_part[j % SAMPLER_LANES][sampler_key(w[j])]++;
-            }
-        }
-    }
-    for (int32_t j = 0; j < n_samples; j++) { /* the others, sampled */
+    if (b == 0 || top_mass < all / 64)
+        return;
+    uint32_t bits = (uint32_t)b << 20;
+    float e_b;
+    memcpy(&e_b, &bits, sizeof e_b);
+    const float heavy = nextafterf(ps->max + logf(e_b) / ps->inv_temp, -INFINITY);
+    int32_t n_heavy = s->kern->above(ps->values, ps->n, heavy, s->group_b, SAMPLER_HEAVY_MAX);
+    if (n_heavy > SAMPLER_HEAVY_MAX)
+        return;
+    for (int32_t j = 0; j < n_samples; j++) { /* out of the sample... */
         float v = samples ? samples[j] : ps->values[(int64_t)j * stride];
-        if (!(v > heavy)) {
-            uint32_t key = sampler_key(s->sample_w[j]);
-            s->mass_part[j % SAMPLER_LANES][key] += sampler_mass(s->sample_w[j]) * (uint64_t)stride;
-            s->count_part[j % SAMPLER_LANES][key] += (uint32_t)stride;
+        if (v > heavy) {
+            s->mass_top[sampler_key(sw[j])] -= sampler_mass(sw[j]) * (uint64_t)stride;
+            s->count_top[sampler_key(sw[j])] -= (uint32_t)stride;
+        }
+    }
+    for (int32_t j0 = 0; j0 < n_heavy; j0 += ENG_SAMPLER_BLOCK) { /* ... and weighed */
+        int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
+        for (int32_t j = 0; j < k; j++)
+            x[j] = ps->values[s->group_b[j0 + j]];
+        s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
+        for (int32_t j = 0; j < k; j++) {
+            s->mass_top[sampler_key(w[j])] += sampler_mass(w[j]);
+            s->count_top[sampler_key(w[j])]++;
         }
     }
 }
@@ -822,7 +826,7 @@ static void sampler_window_task(void *arg, int32_t c)
 }
 
 /* The top-level buckets [lo, hi] to gather around the cut the estimate in
- * mass_part's and count_part's lanes points at: walking from the bottom
+ * mass_top and count_top points at: walking from the bottom
  * (the many light candidates are what a sample estimates well), the bucket
  * where the estimated mass below reaches the share the cut leaves out (1 -
  * top_p of the estimate's total) is b, and [lo, hi] = b -+ SAMPLER_SPREAD.
@@ -830,22 +834,13 @@ static void sampler_window_task(void *arg, int32_t c)
  * tokens a sample sees badly or not at all), or b is the highest bucket
  * the sample saw with the mass still short there, hi is the top: the
  * window then holds every candidate above the cut. */
-static void sampler_estimate_window(eng_sampler *s, const sampler_pass *ps, float top_p,
-                                    uint32_t *lo, uint32_t *hi)
+static void sampler_estimate_window(eng_sampler *s, float top_p, uint32_t *lo, uint32_t *hi)
 {
     uint64_t est_total = 0;
     int32_t top = 0;
     for (int32_t k = 0; k < SAMPLER_BUCKETS; k++) {
-        uint64_t m = 0;
-        uint32_t n = 0;
-        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
-            m += s->mass_part[l][k];
-            n += s->count_part[l][k];
-        }
-        s->mass_top[k] = m;
-        s->count_top[k] = n;
-        est_total += m;
-        top = m ? k : top;
+        est_total += s->mass_top[k];
+        top = s->mass_top[k] ? k : top;
     }
     uint64_t below = est_total - (uint64_t)((double)top_p * (double)est_total), acc = 0;
     int32_t b = 0;
@@ -1230,7 +1225,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
      * logits changed since) and the buckets around its cut; without min-p,
      * the one-pass window */
     sampler_estimate(s, &ps, values == logits && !edited ? s->samples : NULL);
-    sampler_estimate_window(s, &ps, p->top_p, &ps.lo, &ps.hi);
+    sampler_estimate_window(s, p->top_p, &ps.lo, &ps.hi);
     if (!(min_p > 0.0f)) {
         int32_t pos = sampler_top_p_window(s, &ps, u);
         if (pos >= 0)

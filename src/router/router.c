@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -221,6 +222,47 @@ int rt__upstreams_register(const rt_config *c, sw_error *err)
     return 0;
 }
 
+/* Takes the state directory for this router: an exclusive flock on
+ * <state-dir>/lock, held until rt_serve returns or the process ends
+ * (O_CLOEXEC keeps it out of the workers, so a worker that outlives
+ * its router does not hold it). Two routers on one directory would share
+ * the worker sockets, the ledger and the event log: the second would take
+ * the first one's workers. The file holds the holder's pid, for the
+ * message; it stays behind (a stale file locks nothing). The descriptor, -2 when another process holds the lock, -1 on
+ * another error (both said on stderr). */
+static int state_dir_lock(const char *state_dir)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/lock", state_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "spillway serve: cannot open %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        char holder[32] = "";
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        close(fd);
+        if (e == EWOULDBLOCK) {
+            fprintf(stderr,
+                    "spillway serve: state-dir %s is in use by another router%s%s%s; stop it, or "
+                    "give this one its own state-dir ([server] state-dir or --state-dir)\n",
+                    state_dir, holder[0] ? " (pid " : "", holder, holder[0] ? ")" : "");
+            return -2;
+        }
+        fprintf(stderr, "spillway serve: cannot lock %s: %s\n", path, strerror(e));
+        return -1;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n)
+        SW_WARN("router", "cannot write the pid into %s: %s", path, strerror(errno));
+    return fd;
+}
+
 int rt_serve(const rt_config *c)
 {
     int status = 1, lfd = -1;
@@ -249,6 +291,9 @@ int rt_serve(const rt_config *c)
                 strerror(errno));
         return 1;
     }
+    int lock_fd = state_dir_lock(c->state_dir);
+    if (lock_fd < 0)
+        return lock_fd == -2 ? 2 : 1;
     rt__read_switches(rt);
     sw_error lerr;
     sw_error_clear(&lerr);
@@ -267,11 +312,13 @@ int rt_serve(const rt_config *c)
         return 1;
     }
     if (rt__upstreams_register(c, &lerr)) {
+        /* an unset api-key-env variable, an unreadable ca-file: the
+         * configuration's fault (2), unless memory ran out */
         fprintf(stderr, "spillway serve: %s\n", lerr.message);
         free_models(rt);
         ldg_close(rt->ledger);
         rt->ledger = NULL;
-        return 1;
+        return lerr.code == SW_EINVAL ? 2 : 1;
     }
     rt_pool_init(&rt->pool, c);
     rt_queue_init(&rt->queue, &rt->pool, c->queue_size);
@@ -411,6 +458,7 @@ out:
     for (int i = 0; i < RT_EVENTS; i++)
         sw_free(rt->events[i]);
     pthread_cond_destroy(&rt->events_cond);
+    close(lock_fd);
     return status;
 }
 

@@ -23,7 +23,7 @@
  *   capacity for a prompt past the CPU worker's context (events and
  *   /metrics).
  * - api-key-env naming a variable that is not set: serve refuses to
- *   start, saying which.
+ *   start with exit status 2 (a bad configuration), saying which.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -678,6 +678,7 @@ static void test_tls_missing_key_variable(void **state)
             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:9\n"
             "api-key-env = SPILLWAY_TEST_UNSET_KEY\n");
     assert_int_equal(rh_run(&r, NULL), -1);
+    assert_int_equal(r.exit_status, 2); /* a bad configuration */
     char *log = read_log(&r);
     assert_non_null(strstr(log, "[worker remote]: api-key-env = SPILLWAY_TEST_UNSET_KEY, but "
                                 "SPILLWAY_TEST_UNSET_KEY is not set"));

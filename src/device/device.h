@@ -11,7 +11,7 @@
  *                 back. Memory is host memory and kernels are the CPU's,
  *                 but the capacity is really enforced. Always reported as
  *                 simulated.
- *   cuda:N        (later issue) VRAM through cudaMalloc.
+ *   cuda:N        VRAM through cudaMalloc (SPILLWAY_CUDA builds).
  *
  * Pointers returned by dev_alloc on cpu and sim-gpu are host pointers the
  * CPU kernels can use directly. CUDA will return device pointers, so callers

@@ -7,7 +7,8 @@
  * GPU worker crashes before the first token (invisible) or after k tokens
  * (resumed on the CPU: one unbroken stream equal to an uninterrupted
  * greedy `spillway run`); a deadline no worker can meet (immediate 503
- * capacity_exceeded with Retry-After, nothing reaches a worker); bad input, missing keys, oversize bodies.
+ * capacity_exceeded with Retry-After, nothing reaches a worker); bad
+ * input, missing keys, oversize bodies.
  * Every test stops what it started; workers die with the router
  * (PR_SET_PDEATHSIG) and the router with the test process.
  */

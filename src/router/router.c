@@ -60,6 +60,15 @@ double rt__wall_s(void)
 
 void rt__ev_record(rt_router *rt, json_t *ev)
 {
+    /* every record names its kind; a failover record is the one built
+     * without a type (router_relay.c, router_agent.c) */
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    if (!type) {
+        json_object_set_new(ev, "type", json_string("failover"));
+        type = json_string_value(json_object_get(ev, "type"));
+        if (!type)
+            return;
+    }
     char *line = sw_json_dumps(ev, JSON_COMPACT);
     if (!line)
         return;
@@ -75,6 +84,7 @@ void rt__ev_record(rt_router *rt, json_t *ev)
     if (copy) {
         sw_free(rt->events[rt->next_event]);
         rt->events[rt->next_event] = copy;
+        snprintf(rt->events_type[rt->next_event], sizeof rt->events_type[0], "%s", type);
         rt->next_event = (rt->next_event + 1) % RT_EVENTS;
         if (rt->n_events < RT_EVENTS)
             rt->n_events++;
@@ -376,8 +386,7 @@ int rt_serve(const rt_config *c)
     }
     for (int k = 0; k < rt->pool.n_live; k++) {
         rt_worker *w = &rt->pool.w[rt->pool.order[k]];
-        printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name,
-               w->cfg.device[0] ? w->cfg.device : "cpu",
+        printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name, rt__worker_device(&w->cfg),
                !strncmp(w->cfg.device, "sim-gpu", 7) ? " [simulated]" : "",
                w->cfg.managed ? "managed" : w->cfg.url);
     }

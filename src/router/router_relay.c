@@ -496,8 +496,9 @@ static void fall_back(rt_req *q, json_t *body, int to, rt_admit_result ar, doubl
  * worker comes first in preference), capacity when a local worker of the
  * model was passed over (busy, full, down, predicted late, failed it) or
  * the request fell back from another model. Counted per worker, and an
- * event (docs/router.md, Remote services over TLS). */
-static void remote_route(rt_req *q, int wi, const rt_decision *grant)
+ * event (docs/router.md, Remote services over TLS); the route, for the
+ * answer's X-Spillway-Remote-Route. */
+static const char *remote_route(rt_req *q, int wi, const rt_decision *grant)
 {
     rt_router *rt = q->rt;
     bool capacity = q->model != q->asked_model;
@@ -516,6 +517,7 @@ static void remote_route(rt_req *q, int wi, const rt_decision *grant)
     if (ev)
         rt__ev_record(rt, ev);
     json_decref(ev);
+    return capacity ? "capacity" : "routine";
 }
 
 /* Serves one generation request whose body is parsed (owned here). */
@@ -645,10 +647,12 @@ static void generate(rt_req *q, bool chat, json_t *body)
         int wi = wt.grant.worker;
         rt_worker *w = &rt->pool.w[wi];
         q->attempts++;
-        if (rt_config_worker_remote(&w->cfg))
-            remote_route(q, wi, &wt.grant);
-        if (!r.headers_sent)
+        const char *route = rt_config_worker_remote(&w->cfg) ? remote_route(q, wi, &wt.grant)
+                                                             : NULL;
+        if (!r.headers_sent) {
             snprintf(q->worker, sizeof q->worker, "%s", w->cfg.name);
+            q->remote_route = route;
+        }
         snprintf(r.final_worker, sizeof r.final_worker, "%s", w->cfg.name);
         if (first_error && !replay_start)
             replay_start = rt__wall_s();

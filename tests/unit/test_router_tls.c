@@ -20,8 +20,10 @@
  * - remote = never on the model: the remote worker, ready and first in
  *   preference, gets nothing; alone, a typed 503.
  * - Route labels: routine for a model only the remote worker serves,
- *   capacity for a prompt past the CPU worker's context (events and
- *   /metrics).
+ *   capacity for a prompt past the CPU worker's context (events, /metrics
+ *   and the answer's X-Spillway-Remote-Route); the event stream names them
+ *   remote_route, and `spillway status` shows them as remote routes and
+ *   the worker's device as remote.
  * - api-key-env naming a variable that is not set: serve refuses to
  *   start with exit status 2 (a bad configuration), saying which.
  */
@@ -456,6 +458,45 @@ static char *read_log(const rh_router *r)
     return log;
 }
 
+/* Routine remote routing as the operator sees it: the event stream
+ * names the events remote_route (not failover), the stats and `spillway
+ * status` give the worker's device as remote and its memory as a remote
+ * service's, and status lists the routes as remote routes. */
+static void expect_remote_views(const rh_router *r)
+{
+    rh_conn c;
+    rh_conn_open(&c, r->sock);
+    static const char req[] = "GET /v1/spillway/events/stream HTTP/1.1\r\nHost: t\r\n\r\n";
+    rh_conn_send(&c, req, sizeof req - 1);
+    rh_conn_read_until(&c, "\"route\":\"routine\"", 20);
+    assert_non_null(strstr(c.buf, "event: remote_route\ndata: {"));
+    assert_null(strstr(c.buf, "event: failover"));
+    rh_conn_close(&c);
+
+    wc_response w;
+    assert_int_equal(rh_req(r, "GET", "/v1/spillway/stats", NULL, NULL, &w), 0);
+    json_t *stats = rh_body_json(&w);
+    wc_response_free(&w);
+    assert_non_null(stats);
+    json_t *ws = json_object_get(stats, "workers");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ws, 0), "device")),
+                        "remote");
+    json_decref(stats);
+
+    char url[700];
+    snprintf(url, sizeof url, "unix:%s", r->sock);
+    char *argv[] = {(char *)tu_spillway_bin(), "status", "--router", url, NULL};
+    char *out = NULL;
+    int st = -1;
+    assert_int_equal(tu_run_capture(argv, 60, &out, &st), 0);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "remote service (not counted)"));
+    assert_non_null(strstr(out, "remote route"));
+    assert_non_null(strstr(out, "to remote (routine)"));
+    assert_null(strstr(out, "failover "));
+    sw_free(out);
+}
+
 /* The upstream, then a router whose [worker remote] is at its https://
  * url with ca-file = g_dir/ca and the key in TEST_KEY_VAR; model: more
  * lines of the [model] section; more: the rest of the worker's section
@@ -489,6 +530,7 @@ static void test_tls_remote_serves(void **state)
         char v[64];
         assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
         assert_string_equal(v, "remote");
+        rh_assert_header(&a, "X-Spillway-Remote-Route", "routine");
         assert_non_null(strstr(a.body, "from the remote tier"));
         wc_response_free(&a);
     }
@@ -500,6 +542,7 @@ static void test_tls_remote_serves(void **state)
                             &st),
                      0);
     assert_int_equal(st.status, 200);
+    rh_assert_header(&st, "X-Spillway-Remote-Route", "routine");
     assert_non_null(strstr(st.body, " streamed"));
     assert_non_null(strstr(st.body, " over TLS"));
     assert_non_null(strstr(st.body, "[DONE]"));
@@ -510,6 +553,7 @@ static void test_tls_remote_serves(void **state)
     assert_int_equal(count_routes(&r, "remote", "capacity"), 0);
     assert_int_equal(route_metric(&r, "remote", "routine"), 3);
     assert_int_equal(route_metric(&r, "remote", "capacity"), 0);
+    expect_remote_views(&r);
 
     /* what it saw, copied out: no assertion fails with its lock held */
     pthread_mutex_lock(&s->mu);
@@ -632,9 +676,17 @@ static void test_tls_route_capacity(void **state)
         n += snprintf(big + n, sizeof big - (size_t)n, "once upon a time ");
     snprintf(big + n, sizeof big - (size_t)n, "\",\"max_tokens\":4}");
     expect_served_by(&r, big, "remote");
-    assert_int_equal(count_routes(&r, "remote", "capacity"), 1);
+    wc_response a;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, big, &a), 0);
+    rh_assert_header(&a, "X-Spillway-Remote-Route", "capacity");
+    wc_response_free(&a);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
+    char route[32];
+    assert_false(wc_header(&a, "X-Spillway-Remote-Route", route, sizeof route)); /* cpu's */
+    wc_response_free(&a);
+    assert_int_equal(count_routes(&r, "remote", "capacity"), 2);
     assert_int_equal(count_routes(&r, "remote", "routine"), 0);
-    assert_int_equal(route_metric(&r, "remote", "capacity"), 1);
+    assert_int_equal(route_metric(&r, "remote", "capacity"), 2);
     assert_int_equal(route_metric(&r, "remote", "routine"), 0);
     rh_finish(&r);
     tls_server_stop(s);

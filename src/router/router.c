@@ -364,10 +364,18 @@ int rt_serve(const rt_config *c)
                 goto out;
             }
         if (rt->stop || rt__now_s() - t0 > c->ready_timeout_s) {
-            for (int i = 0; i < rt->pool.n_slots; i++)
-                if (rt->pool.w[i].state != WS_READY)
+            for (int i = 0; i < rt->pool.n_slots; i++) {
+                const rt_worker *w = &rt->pool.w[i];
+                if (w->state == WS_READY)
+                    continue;
+                if (w->log_path[0]) /* one the router ran: its log says why */
                     fprintf(stderr, "spillway serve: worker %s did not become ready (log: %s)\n",
-                            rt->pool.w[i].cfg.name, rt->pool.w[i].log_path[0] ? rt->pool.w[i].log_path : rt->pool.w[i].address);
+                            w->cfg.name, w->log_path);
+                else /* one at a url: what its health checks got */
+                    fprintf(stderr, "spillway serve: worker %s at %s did not become ready: %s\n",
+                            w->cfg.name, w->cfg.url,
+                            w->down_reason[0] ? w->down_reason : "no answer yet");
+            }
             goto out;
         }
         usleep(50 * 1000);

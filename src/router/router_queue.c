@@ -276,6 +276,7 @@ rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int
         rt_pool_view_locked(q->pool, &v);
         rt_need idle = w->need;
         idle.idle = true;
+        idle.max_wait_ms = max_wait_s * 1000;
         if (idle.deadline_ms >= 0 && q->rate > 0)
             idle.wait_ms = ahead_of(q, w) / q->rate * 1000;
         rt_decision d;

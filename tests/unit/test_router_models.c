@@ -580,7 +580,7 @@ static void test_models_ini_example(void **state)
     snprintf(g_pool, sizeof g_pool, "rt-models-ini-%d", (int)getpid());
     dev_sim_unlink(g_pool, NULL);
     snprintf(pool, sizeof pool, "sim-gpu:%s", g_pool);
-    static const char *const from[] = {"listen = 127.0.0.1:8080", "state-dir = build/state-models",
+    static const char *const from[] = {"listen = 127.0.0.1:8090", "state-dir = build/state-models",
                                        "build/models/demo-small.gguf", "build/models/demo.gguf",
                                        "sim-gpu:models"};
     const char *to[] = {listen, state_dir, g_beta, g_alpha, pool};

@@ -17,6 +17,9 @@
  *   requests go to the managed CPU worker beside it.
  * - A certificate from the right CA for another name: refused too (IP
  *   address mismatch), the CPU worker answers.
+ * - A refused worker is down in /health with the reason and its
+ *   configured ctx_limit; a request only it could take is answered 503 at
+ *   once, naming it and why.
  * - remote = never on the model: the remote worker, ready and first in
  *   preference, gets nothing; alone, a typed 503.
  * - Route labels: routine for a model only the remote worker serves,
@@ -622,6 +625,84 @@ static void test_tls_wrong_ca_refused(void **state)
     tls_server_stop(s);
 }
 
+/* A worker refused for its certificate: /health says it is down and why,
+ * with its configured ctx_limit; a request only it could take (the CPU
+ * worker's context is too small) gets its 503 at once, naming the worker
+ * and the reason, though the queue would let it wait a minute. */
+static void test_tls_refused_reason(void **state)
+{
+    (void)state;
+    if (!g_have_certs)
+        skip();
+    tls_server *s = &g_srv;
+    tls_server_start(s);
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
+             "ca-file = %s/wrong.pem\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n"
+             "preference = 10\n[worker cpu]\nthreads = 1\nctx-limit = 32\n",
+             s->port, g_dir);
+    rh_router r;
+    rh_init(&r, "tls-reason", g_model, "queue-timeout-ms = 60000\n", workers);
+    assert_int_equal(rh_run(&r, "TEST_KEY_VAR=" TEST_KEY), 0);
+    wait_ready(&r, "cpu");
+    json_t *h = NULL;
+    const char *reason = NULL;
+    for (double t0 = tu_now_s(); tu_now_s() - t0 < 10; usleep(100 * 1000)) {
+        json_decref(h);
+        h = rh_worker_health(&r, "remote");
+        reason = json_string_value(json_object_get(h, "reason"));
+        if (reason && strstr(reason, "certificate verification failed"))
+            break;
+    }
+    assert_non_null(reason);
+    assert_non_null(strstr(reason, "TLS: certificate verification failed"));
+    assert_string_equal(json_string_value(json_object_get(h, "state")), "down");
+    assert_int_equal(json_integer_value(json_object_get(h, "ctx_limit")), 1024);
+    json_decref(h);
+
+    char big[4096];
+    int n = snprintf(big, sizeof big, "{\"prompt\":\"");
+    for (int i = 0; i < 40; i++)
+        n += snprintf(big + n, sizeof big - (size_t)n, "once upon a time ");
+    snprintf(big + n, sizeof big - (size_t)n, "\",\"max_tokens\":4}");
+    wc_response a;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, big, &a), 0);
+    assert_int_equal(a.status, 503);
+    char code[64];
+    assert_string_equal(rh_error_code(&a, code, sizeof code), "capacity_exceeded");
+    if (!strstr(a.body, "worker remote is down (TLS: certificate verification failed") ||
+        !strstr(a.body, "does not pass by itself"))
+        fail_msg("the 503 does not say why: %s", a.body);
+    wc_response_free(&a);
+    /* what the CPU worker can take still runs there */
+    expect_served_by(&r, BODY, "cpu");
+    assert_int_equal(upstream_completions(s), 0);
+    rh_finish(&r);
+
+    /* alone, it never becomes ready: the router gives up after its
+     * ready-timeout, saying why (not a log path: it has none) */
+    snprintf(workers, sizeof workers,
+             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
+             "ca-file = %s/wrong.pem\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n",
+             s->port, g_dir);
+    rh_init(&r, "tls-reason-alone", g_model, "ready-timeout = 2\n", workers);
+    assert_int_equal(rh_run(&r, "TEST_KEY_VAR=" TEST_KEY), -1);
+    assert_int_equal(r.exit_status, 1);
+    char *log = read_log(&r);
+    char want[200];
+    snprintf(want, sizeof want,
+             "worker remote at https://127.0.0.1:%d did not become ready: TLS: certificate "
+             "verification failed", s->port);
+    if (!strstr(log, want))
+        fail_msg("the log lacks '%s':\n%s", want, log);
+    assert_null(strstr(log, "log: https"));
+    sw_free(log);
+    rh_stop(&r);
+    tu_rm_tree(r.dir);
+    tls_server_stop(s);
+}
+
 /* remote = never on the model: with a CPU worker beside it, the remote
  * worker (tried first, and ready) gets nothing; alone, a typed 503. */
 static void test_tls_remote_never(void **state)
@@ -746,6 +827,7 @@ int main(void)
         cmocka_unit_test(test_tls_wrong_ca_refused),
         cmocka_unit_test(test_tls_wrong_host_refused),
         cmocka_unit_test(test_tls_remote_never),
+        cmocka_unit_test(test_tls_refused_reason),
         cmocka_unit_test(test_tls_route_capacity),
         cmocka_unit_test(test_tls_missing_key_variable),
     };

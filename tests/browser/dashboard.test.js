@@ -14,7 +14,8 @@
 // 2. Without keys: no prompt, the workers at once.
 // 3. Every kind of event (failover, capacity fallback, remote route,
 //    workers on demand) drawn as its kind: no "? → none" row, no red dot
-//    but for a failed failover.
+//    but for a failed failover; a remote worker's memory drawn as a remote
+//    service's, not host memory.
 //
 // Each step has its own time-out; the whole run is bounded (90 s), and
 // the routers are stopped (SIGTERM, then SIGKILL) on any failure.
@@ -200,6 +201,14 @@ async function eventKinds(page) {
     recs.map(([kind, rec], i) => `id: ${i + 1}\nevent: ${kind}\ndata: ${JSON.stringify(rec)}\n\n`).join('');
   await page.route('**/v1/spillway/events/stream', (route) =>
     route.fulfill({ status: 200, headers: { 'Content-Type': 'text/event-stream' }, body: sse }));
+  // the router's real stats, its gpu worker shown as a remote service's
+  await page.route('**/v1/spillway/stats', async (route) => {
+    const resp = await route.fetch();
+    const j = await resp.json();
+    const w = j.workers.find((x) => x.name === 'gpu');
+    if (w) { w.device = 'remote'; w.memory = { counted: false }; }
+    await route.fulfill({ response: resp, json: j });
+  });
   await page.goto(r.url + '/dashboard');
   await page.waitForFunction(() => document.querySelectorAll('#failovers li').length >= 6, null, { timeout: 10000 });
   const text = async (kind) => (await page.locator(`#failovers li[data-kind="${kind}"]`).textContent()) || '';
@@ -218,7 +227,14 @@ async function eventKinds(page) {
   // only a failover that failed would be red; routing and workers are not
   const fills = await page.locator('#timeline-axis circle.dot').evaluateAll((cs) => cs.map((c) => c.getAttribute('fill')));
   check(fills.length === 6 && !fills.includes('#c62828'), `six dots, none red (${fills.join(' ')})`);
+  await page.waitForSelector('#workers tr[data-worker="gpu"]', { timeout: 10000 });
+  const gpuRow = await page.locator('#workers tr[data-worker="gpu"]').textContent();
+  check(/remote service \(not counted\)/.test(gpuRow) && !/host memory/.test(gpuRow),
+        `a remote worker's memory is a remote service's (${gpuRow})`);
+  check(/host memory \(not counted\)/.test(await page.locator('#workers tr[data-worker="cpu"]').textContent()),
+        'the cpu worker\'s is host memory');
   await page.unroute('**/v1/spillway/events/stream');
+  await page.unroute('**/v1/spillway/stats');
   check(await stopRouter(r) === 0, 'the router exits 0');
 }
 

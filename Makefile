@@ -1,7 +1,11 @@
 # Thin wrappers around scripts/install-deps.sh, CMake and CTest.
 #   make run   install what is missing, build, make the demo model, serve it
 #   make test  the same preparation, then the whole suite (incl. ASan build)
+# The build says one line and writes the compiler's output to
+# $(BUILD)/build.log (its tail is shown when it fails); VERBOSE=1 shows it.
 JOBS    ?= $(shell nproc)
+# CMake's own makefiles are sub-makes of this one: no "Entering directory"
+MAKEFLAGS += --no-print-directory
 BUILD   ?= build
 ASAN    ?= build-asan
 FUZZ    ?= build-fuzz
@@ -27,17 +31,28 @@ HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 NVCC     := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
 CUDA     := $(if $(HAVE_GPU),ON,OFF)
 RUN_CONFIG ?= $(if $(HAVE_GPU),config/cuda.ini,config/demo.ini)
+MODELS_CONFIG ?= config/models.ini
+# PREBUILT=1: use the binary already in $(BUILD) (no install, no configure,
+# no compile), as scripts/newcomer.sh does from inside the test suite.
+PREBUILT ?=
 
 .PHONY: all deps build build-asan build-fuzz build-tsan build-cuda demo run run-models generate test test-unit test-asan test-fuzz fuzz-long test-tsan bench clean
 
 all: build
 
 deps:
-	@scripts/install-deps.sh
+	@if [ -z "$(PREBUILT)" ]; then scripts/install-deps.sh; fi
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=$(WERROR) -DSPILLWAY_CUDA=$(CUDA) >/dev/null
-	@cmake --build $(BUILD) -j$(JOBS)
+	@if [ -n "$(PREBUILT)" ]; then \
+	  test -x $(BUILD)/spillway || { echo "build: PREBUILT=1 but $(BUILD)/spillway is missing"; exit 1; }; \
+	else \
+	  cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=$(WERROR) -DSPILLWAY_CUDA=$(CUDA) >/dev/null || exit 1; \
+	  if [ -n "$(VERBOSE)" ]; then cmake --build $(BUILD) -j$(JOBS); else \
+	    echo "build: compiling into $(BUILD)/ (output in $(BUILD)/build.log)"; \
+	    cmake --build $(BUILD) -j$(JOBS) > $(BUILD)/build.log 2>&1 || \
+	    { tail -40 $(BUILD)/build.log; echo "build: FAILED; the whole output: $(BUILD)/build.log"; exit 1; }; fi; \
+	fi
 
 # Compile (library, binary, test programs), then test_cuda, whose host
 # checks of the kernels' element code need no GPU (its GPU tests skip).
@@ -84,24 +99,27 @@ build-fuzz: deps
 # The demo model: deterministic pseudo-random weights, built-in vocabulary.
 $(DEMO): | build
 	@mkdir -p $(dir $(DEMO))
-	$(BUILD)/spillway model make -o $(DEMO) --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 768 --vocab 2048 --type q8_0 --seed 1
+	@echo "demo: making $(DEMO)"
+	@$(BUILD)/spillway model make -o $(DEMO) --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 768 --vocab 2048 --type q8_0 --seed 1 >/dev/null
 
 # The smaller model of config/models.ini (its capacity fallback).
 $(DEMO_SMALL): | build
 	@mkdir -p $(dir $(DEMO_SMALL))
-	$(BUILD)/spillway model make -o $(DEMO_SMALL) --dim 128 --layers 2 --heads 4 --kv-heads 2 --ffn 384 --vocab 2048 --type q8_0 --seed 2
+	@echo "demo: making $(DEMO_SMALL)"
+	@$(BUILD)/spillway model make -o $(DEMO_SMALL) --dim 128 --layers 2 --heads 4 --kv-heads 2 --ffn 384 --vocab 2048 --type q8_0 --seed 2 >/dev/null
 
 demo: build $(DEMO)
 
 # The main job: the router with one GPU worker and one CPU worker on
 # 127.0.0.1:8080, until Ctrl-C: cuda:0 when there is a GPU (config/cuda.ini),
 # else a simulated GPU (config/demo.ini). `make run-models`: two models on
-# one simulated GPU (config/models.ini).
+# one simulated GPU (config/models.ini), on 127.0.0.1:8090, so that both
+# can run at once (each has its own state directory and pool).
 run: demo
-	$(BUILD)/spillway serve --config $(RUN_CONFIG)
+	@$(BUILD)/spillway serve --config $(RUN_CONFIG)
 
 run-models: demo $(DEMO_SMALL)
-	$(BUILD)/spillway serve --config config/models.ini
+	@$(BUILD)/spillway serve --config $(MODELS_CONFIG)
 
 # A one-shot generation on the demo model.
 generate: demo

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Engine benchmark: prefill and decode tokens/s with 2 threads, prompt 128,
-# 32 generated, on models made by `spillway model make` with the shapes of
-# the foundation issue, next to the reference engine's figures measured on
-# this machine kind. Prints figures; asserts nothing.
+# 32 generated, on models made by `spillway model make` (the presets small
+# and 1b), next to the reference engine's figures (ref_prefill, ref_decode
+# below: llama.cpp's llama-bench on the same shapes, measured once on this
+# machine kind; bench/reference.sh measures them again now). Prints figures; asserts nothing.
 #
 #   bench/engine.sh [BUILD_DIR]        (default: build)
 #   MODELS="small-q8_0 1b-q8_0 1b-q4_0" THREADS=2 RUNS=3 bench/engine.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama-server killed mid-stream, the stream resumed on a spillway CPU
-# worker (issue 19, acceptance 3; not in `make test`: it needs llama.cpp).
+# worker (not in `make test`: it needs llama.cpp).
 #
 #   bench/llama-server-failover.sh [BUILD_DIR]        (default: build)
 #   REF_DIR=/work/llamacpp-ref MODEL=FILE MAX_TOKENS=400 KILL_AFTER=8 bench/llama-server-failover.sh

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The reference engine beside ours, on this machine, now.
 #
-# bench/engine.sh compares with the reference figures that the foundation
-# issue measured once on this machine kind. On a shared VM the memory
+# bench/engine.sh compares with reference figures measured once on this
+# machine kind (its ref_prefill and ref_decode). On a shared VM the memory
 # bandwidth a guest gets moves by a factor of two from one hour to the next
 # (decode is bound by it), so a ratio against an old figure says as much
 # about the neighbours as about the engine. This script measures the

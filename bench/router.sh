@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Router benchmark (issues 6 and "Router core"). Prints figures; asserts nothing.
+# Router benchmark: the router's cost against a worker reached directly.
+# Prints figures; asserts nothing.
 #
 #  1. Load: `spillway bench http` with max_tokens 1 (so the engine's share
 #     is small and the router's is visible) against one worker directly and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh - the one script that proves the cuda:N device on a real
-# NVIDIA GPU (issue 9). CI has no GPU; this runs where one is lent.
+# NVIDIA GPU. CI has no GPU; this runs where one is lent.
 #
 # 1. Here, on the machine without a GPU, once per checkout:
 #        scripts/gpu-check.sh --prepare
@@ -57,7 +57,7 @@
 #              the out-of-memory message;
 #   profiles   `spillway bench profiles --device cuda:0` on the 1b shape
 #              (Q4_0): full GPU, split and CPU workers, when that command
-#              exists in this tree; the figures go in the issue note;
+#              exists in this tree; it prints the figures;
 #   ctest      the whole existing suite in the CUDA build (cpu and sim-gpu
 #              devices; nothing there may change when CUDA is compiled in),
 #              with the time that is left.

@@ -116,6 +116,11 @@ void rh_write_config(const rh_router *r, const char *model, const char *server_e
     assert_int_equal(rename(tmp, r->cfg), 0);
 }
 
+static int exit_status(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 int rh_run(rh_router *r, const char *env)
 {
     pid_t parent = getpid();
@@ -139,6 +144,7 @@ int rh_run(rh_router *r, const char *env)
     if (pid < 0)
         return -1;
     r->pid = pid;
+    r->exit_status = -1;
     for (int i = 0; i < RH_MAX_LIVE; i++)
         if (!live[i] || live[i] == r) {
             live[i] = r;
@@ -155,6 +161,7 @@ int rh_run(rh_router *r, const char *env)
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid) {
             r->pid = 0;
+            r->exit_status = exit_status(st);
             return -1;
         }
         usleep(50 * 1000);
@@ -176,10 +183,6 @@ static void forget(rh_router *r)
             live[i] = NULL;
 }
 
-static int exit_status(int st)
-{
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 int rh_stop(rh_router *r)
 {

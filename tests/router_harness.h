@@ -25,6 +25,7 @@ typedef struct rh_router {
     char sock[600];
     char cfg[600];
     char log[600];
+    int exit_status;    /* of a router that exited while rh_run waited; else -1 */
 } rh_router;
 
 /* Monotonic seconds. */
@@ -54,7 +55,8 @@ void rh_write_config(const rh_router *r, const char *model, const char *server_e
                      const char *rest);
 /* Starts (or restarts, same directory) the router; env: one extra "K=V"
  * or NULL (SPILLWAY_FAULT and SPILLWAY_SABOTAGE are cleared first). Waits
- * up to 40 s for /health 200; 0, or -1 when it exited or never answered. */
+ * up to 40 s for /health 200; 0, or -1 when it exited (its status then in
+ * r->exit_status) or never answered. */
 int rh_run(rh_router *r, const char *env);
 /* rh_init + rh_run. */
 int rh_start(rh_router *r, const char *name, const char *model, const char *server_extra,

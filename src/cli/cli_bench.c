@@ -1,5 +1,5 @@
 /* cli_bench.c - `spillway bench engine`: prefill and decode speed of the
- * engine on one model, the way the reference figures in the issues were
+ * engine on one model, the way bench/engine.sh's reference figures were
  * taken (a prompt of P tokens prefilled in one batch, then G tokens decoded
  * one at a time), plus the decode read bandwidth it implies.
  * `spillway bench memory`: main-memory read bandwidth.

@@ -24,8 +24,9 @@ static void usage(FILE *out)
             "                           [--gpu-layers N] [--ctx C] [--seqs S] [--reserve P]\n"
             "                           [--batch B] [--threads T] [--json]\n"
             "  --device D        cpu (default), sim-gpu:NAME, cuda:N\n"
-            "  --sim-capacity B  capacity of a sim-gpu pool that does not exist yet (e.g. 512MiB);\n"
-            "                    without it an existing pool is read\n"
+            "  --sim-capacity B  plan against an empty sim-gpu pool of this size when none is in\n"
+            "                    use (e.g. 512MiB); without it an existing pool is read. A plan\n"
+            "                    creates no pool\n"
             "  --gpu-layers N    layers on the device: -1 = all (default), 0..n_layer = split\n"
             "  --ctx C           tokens per sequence (default 2048)\n"
             "  --seqs S          sequences at once (default 1)\n"
@@ -99,16 +100,34 @@ int cli_model_plan(int argc, char **argv)
     eng_plan plan;
     sw_error err;
     int status = 1;
-    dev_options opts = {.sim_capacity_bytes = sim_capacity};
+    /* A plan creates nothing: a sim-gpu pool is looked at if it exists
+     * (and is in use), else planned as an empty pool of --sim-capacity. */
+    bool sim = !strncmp(spec, "sim-gpu:", 8);
+    dev_options opts = {.sim_capacity_bytes = sim_capacity, .sim_no_create = sim};
+    bool planned_pool = false; /* no pool: an empty one of sim_capacity */
 
     /* only the metadata is needed: no weight is copied or read */
     eng_model_load_params lp = eng_model_load_default_params();
     lp.copy_weights = false;
-    if (eng_model_load_with(path, &lp, &model, &err) || dev_open(spec, &opts, &dev, &err) ||
-        dev_memory_info(dev, &mem, &err))
+    if (eng_model_load_with(path, &lp, &model, &err))
         goto fail;
-    pp.weights_stay_mapped = dev_get_kind(dev) == DEV_KIND_CPU;
-    pp.device_is_cuda = dev_get_kind(dev) == DEV_KIND_CUDA;
+    int rc = dev_open(spec, &opts, &dev, &err);
+    if (rc == SW_ENOTFOUND && sim && sim_capacity > 0) {
+        planned_pool = true;
+        memset(&mem, 0, sizeof mem);
+        mem.total_bytes = mem.free_bytes = sim_capacity;
+    } else if (rc == SW_ENOTFOUND && sim) {
+        sw_error_set(&err, SW_ENOTFOUND,
+                     "%s (simulated): no such pool; pass --sim-capacity BYTES to plan against "
+                     "an empty pool of that size (nothing is created)",
+                     spec);
+        goto fail;
+    } else if (rc || dev_memory_info(dev, &mem, &err)) {
+        goto fail;
+    }
+    dev_kind kind = dev ? dev_get_kind(dev) : DEV_KIND_SIM_GPU;
+    pp.weights_stay_mapped = kind == DEV_KIND_CPU;
+    pp.device_is_cuda = kind == DEV_KIND_CUDA;
     if (eng_plan_compute(model, &pp, mem.total_bytes, mem.free_bytes, &plan, &err))
         goto fail;
 
@@ -117,7 +136,8 @@ int cli_model_plan(int argc, char **argv)
         json_t *rec = json_pack(
             "{s:s, s:s, s:b, s:i, s:i, s:i, s:i, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
             " s:I, s:I, s:b, s:i, s:i, s:i, s:i, s:i, s:I}",
-            "model", path, "device", dev_spec(dev), "simulated", dev_is_simulated(dev), "layers",
+            "model", path, "device", dev ? dev_spec(dev) : spec, "simulated",
+            dev ? dev_is_simulated(dev) : true, "layers",
             hp->n_layer, "device_layers", plan.n_device_layers, "ctx", pp.n_ctx, "seqs",
             pp.n_seqs, "reserve_fraction", (double)pp.reserve_fraction, "weights_device_bytes",
             (json_int_t)plan.weights_device_bytes, "weights_host_bytes",
@@ -143,6 +163,8 @@ int cli_model_plan(int argc, char **argv)
         json_object_set_new(rec, "kv_blocks_per_seq", json_integer(plan.kv_blocks_per_seq));
         json_object_set_new(rec, "sliding_window", json_integer(hp->n_swa));
         json_object_set_new(rec, "kv_type", json_string(eng_kv_type_name(pp.kv_type)));
+        /* true: no such pool, planned as an empty one of --sim-capacity */
+        json_object_set_new(rec, "pool_planned", json_boolean(planned_pool));
         char *text = json_dumps(rec, JSON_COMPACT);
         printf("%s\n", text);
         sw_free(text);
@@ -153,8 +175,9 @@ int cli_model_plan(int argc, char **argv)
                hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab);
         human(mem.total_bytes, a, sizeof a);
         human(mem.free_bytes, b, sizeof b);
-        printf("device %s%s: %s total, %s free\n", dev_spec(dev),
-               dev_is_simulated(dev) ? " (simulated GPU)" : "", a, b);
+        printf("device %s%s: %s total, %s free%s\n", dev ? dev_spec(dev) : spec,
+               !dev || dev_is_simulated(dev) ? " (simulated GPU)" : "", a, b,
+               planned_pool ? " (no such pool: planned as an empty one, not created)" : "");
         printf("profile: %d of %d layers on the device (%s), ctx %d x %d sequence(s)\n",
                plan.n_device_layers, hp->n_layer,
                plan.n_device_layers == hp->n_layer ? "full"

@@ -1,10 +1,10 @@
 /* cli_status.c - `spillway status`: the dashboard's picture in a terminal
  * table. One GET /v1/spillway/stats (the workers, their memory, the queue,
  * the last 10 minutes' activity) and one GET /v1/spillway/events (the
- * latest failovers) per refresh, over the router's own HTTP client
+ * latest events, each shown as its kind says) per refresh, over the router's own HTTP client
  * (router_net.h): a router at http://HOST:PORT or unix:PATH, the API key
  * sent as a Bearer token. --json prints the snapshot as JSON instead
- * (the stats object plus "failovers"), --watch redraws it every
+ * (the stats object plus "events" and "failovers"), --watch redraws it every
  * --interval seconds until Ctrl-C. docs/router.md, Status.
  */
 #include "cli/cli.h"
@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #define STATUS_BODY_MAX ((size_t)8 << 20)
-#define STATUS_FAILOVERS_SHOWN 5
+#define STATUS_EVENTS_SHOWN 8
 
 static volatile sig_atomic_t status_stop;
 
@@ -35,12 +35,13 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: spillway status [--router URL] [--key KEY] [--json] [--watch [--interval S]]\n"
-            "  The router's workers, memory, queue and recent activity and failovers.\n"
+            "  The router's workers, memory, queue, recent activity and latest events.\n"
             "  --router URL   http://HOST:PORT, HOST:PORT or unix:PATH (default\n"
             "                 http://127.0.0.1:8080)\n"
             "  --key KEY      an API key of the router's [server] api-keys (default\n"
             "                 $SPILLWAY_API_KEY)\n"
-            "  --json         the snapshot as JSON (/v1/spillway/stats plus \"failovers\")\n"
+            "  --json         the snapshot as JSON (/v1/spillway/stats plus \"events\" and\n"
+            "                 \"failovers\", the failover records among them)\n"
             "  --watch        redraw until Ctrl-C (with --json: one JSON line per refresh)\n"
             "  --interval S   seconds between refreshes with --watch (default 2)\n"
             "Exit status: 0 when the router answered and a worker is ready, 1 when it is\n"
@@ -111,10 +112,12 @@ static void fmt_bytes(long long n, char *buf, size_t cap)
 /* The memory bar, 20 cells: '#' this worker's context (weights,
  * workspace, KV in use), 'c' KV its prefix cache keeps (evictable), 'o'
  * other use, '.' free, 'r' the reserve. */
-static void mem_bar(json_t *m, char *buf, size_t cap)
+static void mem_bar(json_t *m, const char *device, char *buf, size_t cap)
 {
     if (!json_is_true(json_object_get(m, "counted"))) {
-        snprintf(buf, cap, "host memory (not counted)");
+        /* a remote service's memory is not this machine's */
+        snprintf(buf, cap, "%s", !strcmp(device, "remote") ? "remote service (not counted)"
+                                                            : "host memory (not counted)");
         return;
     }
     double total = (double)num(m, "total_bytes");
@@ -140,6 +143,58 @@ static void mem_bar(json_t *m, char *buf, size_t cap)
     fmt_bytes((long long)(total - part[3] - part[4]), used, sizeof used);
     fmt_bytes((long long)total, tot, sizeof tot);
     snprintf(buf, cap, "[%s] %s/%s", bar, used, tot);
+}
+
+/* A record's kind: its "type"; a record without one (from a router that
+ * did not name failovers) is a failover. */
+static const char *event_type(json_t *e)
+{
+    const char *t = str(e, "type");
+    return *t ? t : "failover";
+}
+
+/* One event record as one line of the table: its time, its kind, then
+ * what that kind says (a routine remote route is not a failure, and a
+ * worker started on demand has no request). */
+static void print_event(json_t *e, char *line, size_t cap)
+{
+    const char *type = event_type(e);
+    json_t *when_v = json_object_get(e, "received_time");
+    if (!json_is_number(when_v))
+        when_v = json_object_get(e, "time");
+    time_t t = (time_t)json_number_value(when_v);
+    char when[32];
+    strftime(when, sizeof when, "%H:%M:%S", localtime(&t));
+    if (!strcmp(type, "failover")) {
+        json_t *fe = json_object_get(e, "first_error");
+        const char *rw = str(e, "replay_worker");
+        snprintf(line, cap, "%s  %-17s  %s  %s on %s, %s on %s: %s", when, "failover",
+                 str(e, "request_id"), str(fe, "kind"), str(fe, "worker"), str(e, "decision"),
+                 *rw ? rw : "none", str(e, "outcome"));
+    } else if (!strcmp(type, "remote_route")) {
+        snprintf(line, cap, "%s  %-17s  %s  model %s to %s (%s)", when, "remote route",
+                 str(e, "request_id"), str(e, "model"), str(e, "worker"), str(e, "route"));
+    } else if (!strcmp(type, "capacity_fallback")) {
+        snprintf(line, cap, "%s  %-17s  %s  model %s to model %s: %s", when, "capacity fallback",
+                 str(e, "request_id"), str(e, "from_model"), str(e, "to_model"),
+                 str(e, "reason"));
+    } else if (!strncmp(type, "worker_", 7)) {
+        /* worker_starting, worker_ready, worker_stopped: on demand */
+        const char *fw = str(e, "for_worker");
+        char extra[96] = "";
+        if (!strcmp(type, "worker_ready"))
+            snprintf(extra, sizeof extra, " after %.1f s",
+                     json_number_value(json_object_get(e, "start_seconds")));
+        else if (*fw)
+            snprintf(extra, sizeof extra, " for %s", fw);
+        char head[32];
+        snprintf(head, sizeof head, "worker %s", type + 7);
+        snprintf(line, cap, "%s  %-17s  %s (model %s)%s: %s", when, head, str(e, "worker"),
+                 str(e, "model"), extra, str(e, "reason"));
+    } else {
+        const char *w = str(e, "worker"), *id = str(e, "request_id");
+        snprintf(line, cap, "%s  %-17s  %s%s%s", when, type, id, *id && *w ? " " : "", w);
+    }
 }
 
 static void print_table(FILE *out, const char *router, json_t *stats, json_t *events)
@@ -180,7 +235,7 @@ static void print_table(FILE *out, const char *router, json_t *stats, json_t *ev
             snprintf(seqs, sizeof seqs, "%lld/%lld", num(books, "seqs"), max);
         else
             snprintf(seqs, sizeof seqs, "%lld", num(books, "seqs"));
-        mem_bar(m, bar, sizeof bar);
+        mem_bar(m, str(w, "device"), bar, sizeof bar);
         if (json_is_true(json_object_get(m, "counted"))) {
             char a[24], b[24], c[24];
             fmt_bytes(num(m, "kv_used_bytes"), a, sizeof a);
@@ -204,21 +259,16 @@ static void print_table(FILE *out, const char *router, json_t *stats, json_t *ev
         fprintf(out, "\ndrill report: %s (%s)\n", str(drill, "path"), when);
     }
     size_t n = json_array_size(events);
-    fprintf(out, "\nfailovers: %lld since the start", num(stats, "events_total"));
+    fprintf(out, "\nevents: %lld since the start", num(stats, "events_total"));
     if (n == 0) {
         fprintf(out, "\n");
         return;
     }
     fprintf(out, "; the latest:\n");
-    for (size_t k = 0; k < n && k < STATUS_FAILOVERS_SHOWN; k++) {
-        json_t *e = json_array_get(events, n - 1 - k), *fe = json_object_get(e, "first_error");
-        time_t t = (time_t)json_number_value(json_object_get(e, "received_time"));
-        char when[32];
-        strftime(when, sizeof when, "%H:%M:%S", localtime(&t));
-        const char *rw = str(e, "replay_worker");
-        fprintf(out, "  %s  %s  %s on %s, %s on %s: %s\n", when, str(e, "request_id"),
-                str(fe, "kind"), str(fe, "worker"), str(e, "decision"), *rw ? rw : "none",
-                str(e, "outcome"));
+    for (size_t k = 0; k < n && k < STATUS_EVENTS_SHOWN; k++) {
+        char line[512];
+        print_event(json_array_get(events, n - 1 - k), line, sizeof line);
+        fprintf(out, "  %s\n", line);
     }
 }
 
@@ -248,7 +298,15 @@ static int status_once(const char *router, const char *key, bool as_json, bool c
     json_t *list = json_object_get(events, "data");
     int rc = strcmp(str(stats, "status"), "ready") ? 1 : 0;
     if (as_json) {
-        json_object_set(stats, "failovers", json_is_array(list) ? list : json_array());
+        json_t *all = json_is_array(list) ? json_incref(list) : json_array();
+        json_t *failovers = json_array();
+        size_t i;
+        json_t *e;
+        json_array_foreach(all, i, e)
+            if (!strcmp(event_type(e), "failover"))
+                json_array_append(failovers, e);
+        json_object_set_new(stats, "events", all);
+        json_object_set_new(stats, "failovers", failovers);
         char *s = json_dumps(stats, JSON_COMPACT);
         if (s)
             printf("%s\n", s);

@@ -11,7 +11,7 @@
  *                 back. Memory is host memory and kernels are the CPU's,
  *                 but the capacity is really enforced. Always reported as
  *                 simulated.
- *   cuda:N        (later issue) VRAM through cudaMalloc.
+ *   cuda:N        VRAM through cudaMalloc (SPILLWAY_CUDA builds).
  *
  * Pointers returned by dev_alloc on cpu and sim-gpu are host pointers the
  * CPU kernels can use directly. CUDA will return device pointers, so callers
@@ -47,6 +47,10 @@ typedef struct dev_options {
      * value here is an error naming both. 0 = use the existing pool's, or
      * fail if it does not exist yet. */
     uint64_t sim_capacity_bytes;
+    /* sim-gpu: open an existing pool only (SW_ENOTFOUND when there is none,
+     * whatever sim_capacity_bytes says), and leave it as it was at close:
+     * for a look that must create nothing (`model plan`). */
+    bool sim_no_create;
 } dev_options;
 
 typedef struct dev_memory {
@@ -92,7 +96,11 @@ int dev_memory_info(dev_device *dev, dev_memory *out, sw_error *err);
 int dev_upload(dev_device *dev, void *dst, const void *src, size_t bytes, sw_error *err);
 
 /* Removes a sim-gpu pool's name from the system (tests, `spillway hog
- * --unlink`); processes that have it open keep working. */
+ * --unlink`); processes that have it open keep working. A pool also goes
+ * by itself when its last handle closes (dev_close), unless a process
+ * that had it open ran with SPILLWAY_SIM_KEEP=1; a pool left behind by
+ * processes that died, and used by none, is replaced by an opener that
+ * asks for another capacity. */
 int dev_sim_unlink(const char *name, sw_error *err);
 
 #endif

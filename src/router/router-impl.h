@@ -142,6 +142,7 @@ typedef struct rt_router {
     int active_conns;
     uint64_t seq;
     char *events[RT_EVENTS];
+    char events_type[RT_EVENTS][24]; /* each record's "type": the SSE event name */
     int n_events, next_event;
     uint64_t events_total;      /* events recorded since the start (the last
                                    one's stream id) */
@@ -229,6 +230,8 @@ typedef struct rt_req {
     char *body;
     size_t body_len;
     char worker[64];
+    const char *remote_route;  /* "routine" or "capacity" when q->worker is a remote
+                                  service (X-Spillway-Remote-Route); else NULL */
     int model;               /* index into rt->models of the model that
                                 serves it (0 until its body is read) */
     int asked_model;         /* the one the body asked for (a capacity
@@ -349,6 +352,10 @@ void rt__stats_failover(rt_router *rt);
 void rt__stats_wait(rt_router *rt, double waited_s);
 /* With rt->pool.mu held: worker w as /health and /v1/spillway/stats show it. */
 json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w);
+/* What a worker runs on, as the start-up lines, /v1/spillway/stats and
+ * the dashboard name it: its device, "remote" for a service that is not
+ * on this machine (rt_config_worker_remote), else "cpu". */
+const char *rt__worker_device(const rt_worker_config *c);
 void rt__handle_stats(rt_req *q);
 /* GET /v1/spillway/drill and /v1/spillway/drill/FILE */
 void rt__handle_drill(rt_req *q);

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -59,6 +60,15 @@ double rt__wall_s(void)
 
 void rt__ev_record(rt_router *rt, json_t *ev)
 {
+    /* every record names its kind; a failover record is the one built
+     * without a type (router_relay.c, router_agent.c) */
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    if (!type) {
+        json_object_set_new(ev, "type", json_string("failover"));
+        type = json_string_value(json_object_get(ev, "type"));
+        if (!type)
+            return;
+    }
     char *line = sw_json_dumps(ev, JSON_COMPACT);
     if (!line)
         return;
@@ -74,6 +84,7 @@ void rt__ev_record(rt_router *rt, json_t *ev)
     if (copy) {
         sw_free(rt->events[rt->next_event]);
         rt->events[rt->next_event] = copy;
+        snprintf(rt->events_type[rt->next_event], sizeof rt->events_type[0], "%s", type);
         rt->next_event = (rt->next_event + 1) % RT_EVENTS;
         if (rt->n_events < RT_EVENTS)
             rt->n_events++;
@@ -221,6 +232,47 @@ int rt__upstreams_register(const rt_config *c, sw_error *err)
     return 0;
 }
 
+/* Takes the state directory for this router: an exclusive flock on
+ * <state-dir>/lock, held until rt_serve returns or the process ends
+ * (O_CLOEXEC keeps it out of the workers, so a worker that outlives
+ * its router does not hold it). Two routers on one directory would share
+ * the worker sockets, the ledger and the event log: the second would take
+ * the first one's workers. The file holds the holder's pid, for the
+ * message; it stays behind (a stale file locks nothing). The descriptor, -2 when another process holds the lock, -1 on
+ * another error (both said on stderr). */
+static int state_dir_lock(const char *state_dir)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/lock", state_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "spillway serve: cannot open %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        char holder[32] = "";
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        close(fd);
+        if (e == EWOULDBLOCK) {
+            fprintf(stderr,
+                    "spillway serve: state-dir %s is in use by another router%s%s%s; stop it, or "
+                    "give this one its own state-dir ([server] state-dir or --state-dir)\n",
+                    state_dir, holder[0] ? " (pid " : "", holder, holder[0] ? ")" : "");
+            return -2;
+        }
+        fprintf(stderr, "spillway serve: cannot lock %s: %s\n", path, strerror(e));
+        return -1;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n)
+        SW_WARN("router", "cannot write the pid into %s: %s", path, strerror(errno));
+    return fd;
+}
+
 int rt_serve(const rt_config *c)
 {
     int status = 1, lfd = -1;
@@ -249,6 +301,9 @@ int rt_serve(const rt_config *c)
                 strerror(errno));
         return 1;
     }
+    int lock_fd = state_dir_lock(c->state_dir);
+    if (lock_fd < 0)
+        return lock_fd == -2 ? 2 : 1;
     rt__read_switches(rt);
     sw_error lerr;
     sw_error_clear(&lerr);
@@ -267,11 +322,13 @@ int rt_serve(const rt_config *c)
         return 1;
     }
     if (rt__upstreams_register(c, &lerr)) {
+        /* an unset api-key-env variable, an unreadable ca-file: the
+         * configuration's fault (2), unless memory ran out */
         fprintf(stderr, "spillway serve: %s\n", lerr.message);
         free_models(rt);
         ldg_close(rt->ledger);
         rt->ledger = NULL;
-        return 1;
+        return lerr.code == SW_EINVAL ? 2 : 1;
     }
     rt_pool_init(&rt->pool, c);
     rt_queue_init(&rt->queue, &rt->pool, c->queue_size);
@@ -307,10 +364,18 @@ int rt_serve(const rt_config *c)
                 goto out;
             }
         if (rt->stop || rt__now_s() - t0 > c->ready_timeout_s) {
-            for (int i = 0; i < rt->pool.n_slots; i++)
-                if (rt->pool.w[i].state != WS_READY)
+            for (int i = 0; i < rt->pool.n_slots; i++) {
+                const rt_worker *w = &rt->pool.w[i];
+                if (w->state == WS_READY)
+                    continue;
+                if (w->log_path[0]) /* one the router ran: its log says why */
                     fprintf(stderr, "spillway serve: worker %s did not become ready (log: %s)\n",
-                            rt->pool.w[i].cfg.name, rt->pool.w[i].log_path[0] ? rt->pool.w[i].log_path : rt->pool.w[i].address);
+                            w->cfg.name, w->log_path);
+                else /* one at a url: what its health checks got */
+                    fprintf(stderr, "spillway serve: worker %s at %s did not become ready: %s\n",
+                            w->cfg.name, w->cfg.url,
+                            w->down_reason[0] ? w->down_reason : "no answer yet");
+            }
             goto out;
         }
         usleep(50 * 1000);
@@ -329,8 +394,7 @@ int rt_serve(const rt_config *c)
     }
     for (int k = 0; k < rt->pool.n_live; k++) {
         rt_worker *w = &rt->pool.w[rt->pool.order[k]];
-        printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name,
-               w->cfg.device[0] ? w->cfg.device : "cpu",
+        printf("spillway serve: worker %s on %s%s (%s)\n", w->cfg.name, rt__worker_device(&w->cfg),
                !strncmp(w->cfg.device, "sim-gpu", 7) ? " [simulated]" : "",
                w->cfg.managed ? "managed" : w->cfg.url);
     }
@@ -411,6 +475,7 @@ out:
     for (int i = 0; i < RT_EVENTS; i++)
         sw_free(rt->events[i]);
     pthread_cond_destroy(&rt->events_cond);
+    close(lock_fd);
     return status;
 }
 

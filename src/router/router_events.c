@@ -1,5 +1,7 @@
-/* router_events.c - GET /v1/spillway/events/stream: the failover records
- * as server-sent events (text/event-stream), for the dashboard's timeline.
+/* router_events.c - GET /v1/spillway/events/stream: the router's event
+ * records (failovers, capacity fallbacks, remote routes, workers started
+ * and stopped on demand) as server-sent events (text/event-stream), for
+ * the dashboard's timeline.
  *
  * The stream first sends the records the ring still holds (oldest first),
  * then each new one as rt__ev_record files it: the connection's thread
@@ -7,9 +9,10 @@
  * broadcast, and compares rt_router.events_total (the last record's id)
  * with the id it sent last. Each event is
  *
- *     id: N\nevent: failover\ndata: {record}\n\n
+ *     id: N\nevent: TYPE\ndata: {record}\n\n
  *
- * N counting the router's records from 1. A stream that fell more than
+ * N counting the router's records from 1, TYPE the record's "type"
+ * (failover, capacity_fallback, remote_route, worker_starting, ...). A stream that fell more than
  * the ring's 128 records behind skips the lost ones (ids jump).
  *
  * A stream holds its connection thread but not a max-connections slot:
@@ -93,7 +96,7 @@ static int collect_locked(rt_router *rt, uint64_t *next_id, char **buf, size_t *
         const char *ev = rt->events[idx];
         if (!ev)
             continue;
-        size_t need = strlen(ev) + 64;
+        size_t need = strlen(ev) + 96; /* "id: N\nevent: TYPE\ndata: " and "\n\n" */
         if (*len + need + 1 > cap) {
             size_t nc = (*len + need + 1) * 2;
             char *nb = sw_realloc(*buf, nc);
@@ -102,8 +105,8 @@ static int collect_locked(rt_router *rt, uint64_t *next_id, char **buf, size_t *
             *buf = nb;
             cap = nc;
         }
-        *len += (size_t)snprintf(*buf + *len, cap - *len, "id: %llu\nevent: failover\ndata: %s\n\n",
-                                 (unsigned long long)*next_id, ev);
+        *len += (size_t)snprintf(*buf + *len, cap - *len, "id: %llu\nevent: %s\ndata: %s\n\n",
+                                 (unsigned long long)*next_id, rt->events_type[idx], ev);
     }
     return 0;
 }
@@ -139,7 +142,7 @@ void rt__handle_events_stream(rt_req *q)
     if (rt__sink_write(q, head, (size_t)hn))
         goto out;
     /* retry: how long a browser's EventSource waits before it reconnects */
-    static const char hello[] = ": spillway failover events\nretry: 2000\n\n";
+    static const char hello[] = ": spillway events\nretry: 2000\n\n";
     if (send_chunk(q, hello, sizeof hello - 1))
         goto out;
     double last_sent = rt__now_s();

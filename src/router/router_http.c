@@ -202,6 +202,11 @@ static void head_common(const rt_req *q, sw_tb *t)
             sw_tb_str(t, q->rt->models[q->asked_model].cfg.name);
             SW_TB_LIT(t, "\r\n");
         }
+        if (q->remote_route) { /* answered by a remote service */
+            SW_TB_LIT(t, "X-Spillway-Remote-Route: ");
+            sw_tb_str(t, q->remote_route);
+            SW_TB_LIT(t, "\r\n");
+        }
     }
     if (q->attempts > 0) {
         SW_TB_LIT(t, "X-Spillway-Attempts: ");

@@ -79,7 +79,9 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             why = RT_SKIP_REMOTE;
         else if (tried && tried[w->index])
             why = RT_SKIP_TRIED;
-        else if (!need->idle && w->state != WS_READY)
+        else if (w->state != WS_READY &&
+                 (!need->idle || w->back_in_s < 0 ||
+                  (need->max_wait_ms > 0 && w->back_in_s * 1000 > need->max_wait_ms)))
             why = RT_SKIP_DOWN;
         else if (need->resume && RT_KIND_EXTERNAL(w->kind))
             why = RT_SKIP_KIND;

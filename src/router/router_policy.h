@@ -41,8 +41,11 @@ typedef struct rt_need {
     long long deadline_ms; /* -1 none */
     double wait_ms;        /* predicted wait before it starts (deadline) */
     bool idle;             /* judge as if nothing were admitted anywhere
-                              and every worker were ready: could it ever
-                              be served? */
+                              and every worker that can come back were
+                              ready: could it ever be served? */
+    double max_wait_ms;    /* idle: how long it may wait; a worker that is
+                              not ready and cannot be back within it (or
+                              not by itself) does not count; 0 no bound */
     const uint64_t *prefix; /* the prompt's block hashes (router_prefix.h) */
     int n_prefix;
     bool share;            /* the worker will take its prompt's cached blocks

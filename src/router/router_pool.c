@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 const char *rt_ws_name(int s)
 {
@@ -145,6 +146,9 @@ void rt_pool_device_measure_locked(rt_pool *p, int wi)
 
 void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* rt__now_s's clock, for next_start */
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     out->n = 0;
     for (int k = 0; k < p->n_live; k++) {
         const rt_worker *w = &p->w[p->order[k]];
@@ -187,6 +191,13 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         }
         v->prefill_rate = w->prefill_rate;
         v->decode_rate = w->decode_rate;
+        v->back_in_s = 0;
+        if (v->state != WS_READY) {
+            if (w->refused || w->start_error[0])
+                v->back_in_s = -1;
+            else if (w->cfg.managed && w->pid == 0 && !w->cfg.on_demand)
+                v->back_in_s = w->next_start > now ? w->next_start - now : 0;
+        }
         v->prefix = &w->prefix;
         v->shared = &w->shared;
         v->preference = w->cfg.preference;

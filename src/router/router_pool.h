@@ -110,6 +110,9 @@ typedef struct rt_worker {
     uint64_t remote_routes[2];
     double start_seconds;       /* its last start, spawn to ready */
     char start_error[SW_ERROR_MESSAGE_MAX]; /* why its command cannot start, "" none */
+    char down_reason[256];      /* why it is not ready, as /health says it; "" none known */
+    bool refused;               /* down for a reason that does not pass by itself (its
+                                   certificate refused): nothing waits for it */
     /* kind = llama-server (router_llamaserver.c): its vocabulary checked
      * against the model's (POST /tokenize, once per process), and the
      * verdict: its streams go through the native API (token ids kept, so
@@ -167,6 +170,10 @@ typedef struct rt_worker_view {
     const rt_prefix_summary *prefix; /* the worker's; read under the pool's lock */
     const rt_prefix_shared *shared;  /* likewise: blocks its requests in flight hold */
     int32_t preference;         /* its configured preference (the order's key) */
+    /* not ready: seconds until it may be (0: any moment, a start or a
+     * health check away; a restart's back-off left), -1: not by itself
+     * (its certificate refused, its command cannot start) */
+    double back_in_s;
 } rt_worker_view;
 
 typedef struct rt_pool_view {

@@ -250,6 +250,45 @@ static int ahead_of(const rt_queue *q, const rt_waiter *w)
     return n;
 }
 
+/* A lower bound of how long w waits before a sequence of its model is
+ * free for it, in ms: the requests queued ahead of it for the same model
+ * each run at least their predicted time (prompt at the fastest worker's
+ * prefill rate, max_tokens at its decode rate) on one of the model's
+ * sequences, and run first (the queue is FIFO); those running now are
+ * counted as ending at once. 0 when it cannot be bounded: a worker of the
+ * model without rates or without a sequence limit, a request ahead with
+ * no max_tokens. */
+static double backlog_ms(const rt_queue *q, const rt_waiter *w, const rt_pool_view *v)
+{
+    double prefill = 0, decode = 0;
+    long seqs = 0;
+    for (int k = 0; k < v->n; k++) {
+        const rt_worker_view *x = &v->w[k];
+        if (w->need.model >= 0 && x->model != w->need.model)
+            continue;
+        if (x->state != WS_READY)
+            continue;
+        if (x->max_seqs <= 0 || x->prefill_rate <= 0 || x->decode_rate <= 0)
+            return 0;
+        seqs += x->max_seqs;
+        prefill = x->prefill_rate > prefill ? x->prefill_rate : prefill;
+        decode = x->decode_rate > decode ? x->decode_rate : decode;
+    }
+    if (seqs == 0)
+        return 0;
+    double ms = 0;
+    for (const rt_waiter *b = q->head; b && b != w; b = b->next) {
+        if (b->need.model != w->need.model)
+            continue;
+        if (b->need.max_tokens < 0)
+            return 0;
+        long prompt = b->need.prompt > 0 ? b->need.prompt : 0;
+        int n = b->need.n_choices > 1 ? b->need.n_choices : 1;
+        ms += n * ((double)prompt / prefill + (double)b->need.max_tokens / decode) * 1000;
+    }
+    return ms / (double)seqs;
+}
+
 rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int client_fd,
                                atomic_int *stop, double *waited_s)
 {
@@ -276,8 +315,16 @@ rt_admit_result rt_queue_admit(rt_queue *q, rt_waiter *w, double max_wait_s, int
         rt_pool_view_locked(q->pool, &v);
         rt_need idle = w->need;
         idle.idle = true;
+        idle.max_wait_ms = max_wait_s * 1000;
         if (idle.deadline_ms >= 0 && q->rate > 0)
             idle.wait_ms = ahead_of(q, w) / q->rate * 1000;
+        /* the deadline known to be missed on arrival: answered now (a
+         * capacity fallback, or 503), not after waiting it out */
+        if (idle.deadline_ms >= 0) {
+            double backlog = backlog_ms(q, w, &v);
+            if (backlog > idle.wait_ms)
+                idle.wait_ms = backlog;
+        }
         rt_decision d;
         if (rt_policy_decide(&v, &idle, w->tried, &d) < 0) {
             w->grant = d;

@@ -259,6 +259,33 @@ static void send_context_error(rt_req *q, bool chat, long prompt)
 
 /* What the client gets when the request got no (further) worker. Returns
  * true when it became a job (Prefer: respond-async). */
+/* The 503 of a request whose only eligible workers are down and cannot be
+ * back in time: each one and why, into msg. */
+static void down_message(rt_router *rt, const rt_decision *d, char *msg, size_t cap)
+{
+    size_t n = (size_t)snprintf(msg, cap, "no eligible worker is up or can be back within the "
+                                          "wait:");
+    pthread_mutex_lock(&rt->pool.mu);
+    double now = rt__now_s();
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
+        const rt_worker *w = &rt->pool.w[i];
+        if (!(d->reason[i] & RT_SKIP_DOWN) || n >= cap)
+            continue;
+        const char *why = w->start_error[0] ? w->start_error
+                          : w->down_reason[0] ? w->down_reason : rt_ws_name(w->state);
+        char when[64] = "";
+        if (w->refused || w->start_error[0])
+            snprintf(when, sizeof when, "; that does not pass by itself");
+        else if (w->cfg.managed && w->pid == 0 && w->next_start > now)
+            snprintf(when, sizeof when, "; it restarts in %.1f s", w->next_start - now);
+        n += (size_t)snprintf(msg + n, cap - n, " worker %s is down (%s%s);", w->cfg.name, why,
+                              when);
+    }
+    pthread_mutex_unlock(&rt->pool.mu);
+    if (n > 0 && n < cap && msg[n - 1] == ';')
+        msg[n - 1] = 0;
+}
+
 static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result ar,
                               const rt_waiter *wt, rt_outcome last, bool failed_before)
 {
@@ -299,6 +326,16 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
                  "the model '%s' has remote = never, and only remote workers serve it",
                  rt->models[q->model].cfg.name);
         rt__send_error(q, 503, "capacity_exceeded", msg, "model", ra);
+        return false;
+    }
+    bool down_only = false; /* a worker that would take it, were it up */
+    for (int i = 0; i < RT_MAX_WORKERS && ar == RT_ADMIT_NEVER; i++)
+        down_only |= wt->grant.reason[i] == RT_SKIP_DOWN;
+    if (ar == RT_ADMIT_NEVER && !failed_before && down_only) {
+        /* nothing to wait for: said at once, with each worker's reason */
+        char msg[1024];
+        down_message(rt, &wt->grant, msg, sizeof msg);
+        rt__send_error(q, 503, "capacity_exceeded", msg, NULL, ra);
         return false;
     }
     if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_CTX) &&
@@ -500,8 +537,9 @@ static void fall_back(rt_req *q, json_t *body, int to, rt_admit_result ar, doubl
  * worker comes first in preference), capacity when a local worker of the
  * model was passed over (busy, full, down, predicted late, failed it) or
  * the request fell back from another model. Counted per worker, and an
- * event (docs/router.md, Remote services over TLS). */
-static void remote_route(rt_req *q, int wi, const rt_decision *grant)
+ * event (docs/router.md, Remote services over TLS); the route, for the
+ * answer's X-Spillway-Remote-Route. */
+static const char *remote_route(rt_req *q, int wi, const rt_decision *grant)
 {
     rt_router *rt = q->rt;
     bool capacity = q->model != q->asked_model;
@@ -520,6 +558,7 @@ static void remote_route(rt_req *q, int wi, const rt_decision *grant)
     if (ev)
         rt__ev_record(rt, ev);
     json_decref(ev);
+    return capacity ? "capacity" : "routine";
 }
 
 /* Serves one generation request whose body is parsed (owned here). */
@@ -657,10 +696,12 @@ static void generate(rt_req *q, bool chat, json_t *body)
         int wi = wt.grant.worker;
         rt_worker *w = &rt->pool.w[wi];
         q->attempts++;
-        if (rt_config_worker_remote(&w->cfg))
-            remote_route(q, wi, &wt.grant);
-        if (!r.headers_sent)
+        const char *route = rt_config_worker_remote(&w->cfg) ? remote_route(q, wi, &wt.grant)
+                                                             : NULL;
+        if (!r.headers_sent) {
             snprintf(q->worker, sizeof q->worker, "%s", w->cfg.name);
+            q->remote_route = route;
+        }
         snprintf(r.final_worker, sizeof r.final_worker, "%s", w->cfg.name);
         if (first_error && !replay_start)
             replay_start = rt__wall_s();

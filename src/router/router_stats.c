@@ -82,20 +82,32 @@ void rt__stats_wait(rt_router *rt, double waited_s)
     pthread_mutex_unlock(&rt->mu);
 }
 
+const char *rt__worker_device(const rt_worker_config *c)
+{
+    if (c->device[0])
+        return c->device;
+    return rt_config_worker_remote(c) ? "remote" : "cpu";
+}
+
 json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
 {
     json_t *o = json_pack(
         "{s:s, s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:i}", "name",
         w->cfg.name, "state", rt_ws_name(rt_pool_state_locked(w)), "device",
-        w->cfg.device[0] ? w->cfg.device : "cpu", "managed", w->cfg.managed, "pid", (int)w->pid,
+        rt__worker_device(&w->cfg), "managed", w->cfg.managed, "pid", (int)w->pid,
         "restarts", w->restarts, "memory_total_bytes", (json_int_t)w->mem_total,
         "memory_free_bytes", (json_int_t)w->mem_free, "kv_bytes_per_token",
         (json_int_t)w->kv_bpt, "memory_used_bytes", (json_int_t)w->mem_used,
         "prefill_tokens_per_second", w->prefill_rate, "decode_tokens_per_second",
         w->decode_rate, "rates_source", w->rates_source[0] ? w->rates_source : "none",
-        "ctx_limit", w->ctx_limit);
+        "ctx_limit", w->ctx_limit > 0 ? w->ctx_limit : w->cfg.ctx_limit);
     if (!o)
         return NULL;
+    /* why it is not ready (a refused certificate, an exit, a command that
+     * cannot start), when the router knows */
+    if (rt_pool_state_locked(w) != WS_READY && (w->down_reason[0] || w->start_error[0]))
+        json_object_set_new(o, "reason",
+                            json_string(w->start_error[0] ? w->start_error : w->down_reason));
     json_object_set_new(o, "model", json_string(rt->models[w->model].cfg.name));
     if (w->kv_type[0])
         json_object_set_new(o, "kv_type", json_string(w->kv_type));

@@ -5,6 +5,7 @@
  * main thread during start-up).
  */
 #include "router/router-impl.h"
+#include "router/router_tls.h"
 #include "router/router_llamaserver.h"
 #include "router/router_net.h"
 
@@ -237,10 +238,26 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
         w->state = WS_READY;
         w->last_ok = rt__now_s();
         w->ready_once = true;
+        w->down_reason[0] = 0;
+        w->refused = false;
     } else {
         /* an engine the router runs is starting until it answers (or
-         * ready-timeout / hang-timeout-ms kill it); one at a url is down */
+         * ready-timeout / hang-timeout-ms kill it); one at a url is down,
+         * and says why: a refused certificate does not pass by itself */
         w->state = w->cfg.managed && w->pid > 0 ? WS_STARTING : WS_DOWN;
+        if (w->state == WS_DOWN) {
+            char tls[200];
+            if (rn_upstream_failure(w->address, tls, sizeof tls)) {
+                snprintf(w->down_reason, sizeof w->down_reason, "TLS: %s", tls);
+                w->refused = !strncmp(tls, "certificate verification failed", 31);
+            } else {
+                snprintf(w->down_reason, sizeof w->down_reason,
+                         st < 0 ? "no answer from GET /health or GET /v1/models"
+                                : "GET /health and GET /v1/models answered %d",
+                         st);
+                w->refused = false;
+            }
+        }
         rn_pool_drop(w->address);
     }
     w->last_health = rt__now_s();
@@ -324,6 +341,7 @@ static void sup_health(rt_router *rt, rt_worker *w)
         w->backoff = 0.25;
         w->last_ok = rt__now_s();
         w->ready_once = true;
+        w->down_reason[0] = 0;
     } else if (w->state == WS_READY || w->state == WS_SUSPECT) {
         /* answers, but not ready (draining, failed) or does not answer */
         w->state = w->cfg.managed && w->pid > 0 ? WS_STARTING : WS_DOWN;
@@ -434,6 +452,9 @@ void rt__sup_pass(rt_router *rt, bool force_health)
                 w->restart_requested = false;
                 w->last_exit = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
                 w->next_start = t + w->backoff;
+                snprintf(w->down_reason, sizeof w->down_reason, "exited (%s %d); restart after "
+                         "%.2f s", WIFEXITED(status) ? "status" : "signal",
+                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), w->backoff);
                 w->backoff = w->backoff * 2 > 10 ? 10 : w->backoff * 2;
                 w->restarts++;
                 rn_pool_drop(w->address); /* no connection outlives its process */

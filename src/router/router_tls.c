@@ -169,6 +169,17 @@ const rn_upstream *rn_upstream_find(const char *address)
     return found;
 }
 
+bool rn_upstream_failure(const char *address, char *out, size_t cap)
+{
+    out[0] = 0;
+    pthread_mutex_lock(&rn_ups.mu);
+    for (int i = 0; i < rn_ups.n; i++)
+        if (!strcmp(rn_ups.u[i].address, address))
+            snprintf(out, cap, "%s", rn_ups.u[i].last_error);
+    pthread_mutex_unlock(&rn_ups.mu);
+    return out[0] != 0;
+}
+
 void rn_upstreams_free(void)
 {
     pthread_mutex_lock(&rn_ups.mu);

@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct ssl_st;
@@ -34,6 +35,9 @@ int rn_upstream_add(const char *address, const char *name, const char *ca_file,
  * rn_upstreams_free, at shutdown. */
 const rn_upstream *rn_upstream_find(const char *address);
 void rn_upstreams_free(void);
+/* The last TLS failure of the upstream at address into out ("" when its
+ * last connection succeeded, or it has none): true when there is one. */
+bool rn_upstream_failure(const char *address, char *out, size_t cap);
 /* Header lines ("Host: ...\r\n" and, with a key, "Authorization: ...\r\n")
  * for a request to u, written into out (cap bytes); the length, or -1
  * when they do not fit. */

@@ -12,6 +12,10 @@
 //    record. The page requests nothing from any other host. A screenshot
 //    goes to $SPILLWAY_BROWSER_OUT/dashboard.png.
 // 2. Without keys: no prompt, the workers at once.
+// 3. Every kind of event (failover, capacity fallback, remote route,
+//    workers on demand) drawn as its kind: no "? → none" row, no red dot
+//    but for a failed failover; a remote worker's memory drawn as a remote
+//    service's, not host memory.
 //
 // Each step has its own time-out; the whole run is bounded (90 s), and
 // the routers are stopped (SIGTERM, then SIGKILL) on any failure.
@@ -172,6 +176,68 @@ async function withoutKeys(page) {
   check(await stopRouter(r) === 0, 'the router exits 0');
 }
 
+// Each kind of event as the page draws it. The router's stream is real in
+// withKeys (a failover); here the page's stream request is answered with
+// one record of each kind, as the router writes them (`event: TYPE`), so
+// every kind is on the page at once.
+async function eventKinds(page) {
+  log('every kind of event on the timeline');
+  const r = await startRouter('kinds', false);
+  const t = Date.now() / 1000 - 30;
+  const recs = [
+    ['failover', { type: 'failover', request_id: 'k-fo', received_time: t, decision: 'replay',
+      first_error: { worker: 'gpu', kind: 'oom', time: t }, replay_worker: 'cpu', outcome: 'completed' }],
+    ['capacity_fallback', { type: 'capacity_fallback', request_id: 'k-fb', received_time: t + 1, time: t + 1,
+      from_model: 'big', to_model: 'small', reason: 'deadline', route: 'capacity' }],
+    ['remote_route', { type: 'remote_route', request_id: 'k-rr', time: t + 2, worker: 'cloud',
+      model: 'big', route: 'routine' }],
+    ['worker_starting', { type: 'worker_starting', worker: 'late', model: 'big', reason: 'demand', time: t + 3 }],
+    ['worker_ready', { type: 'worker_ready', worker: 'late', model: 'big', reason: 'demand', time: t + 4,
+      start_seconds: 1.5 }],
+    ['worker_stopped', { type: 'worker_stopped', worker: 'late', model: 'big', reason: 'evicted',
+      for_worker: 'other', time: t + 5 }],
+  ];
+  const sse = ': spillway events\nretry: 2000\n\n' +
+    recs.map(([kind, rec], i) => `id: ${i + 1}\nevent: ${kind}\ndata: ${JSON.stringify(rec)}\n\n`).join('');
+  await page.route('**/v1/spillway/events/stream', (route) =>
+    route.fulfill({ status: 200, headers: { 'Content-Type': 'text/event-stream' }, body: sse }));
+  // the router's real stats, its gpu worker shown as a remote service's
+  await page.route('**/v1/spillway/stats', async (route) => {
+    const resp = await route.fetch();
+    const j = await resp.json();
+    const w = j.workers.find((x) => x.name === 'gpu');
+    if (w) { w.device = 'remote'; w.memory = { counted: false }; }
+    await route.fulfill({ response: resp, json: j });
+  });
+  await page.goto(r.url + '/dashboard');
+  await page.waitForFunction(() => document.querySelectorAll('#failovers li').length >= 6, null, { timeout: 10000 });
+  const text = async (kind) => (await page.locator(`#failovers li[data-kind="${kind}"]`).textContent()) || '';
+  check(/oom/.test(await text('failover')) && /gpu → cpu/.test(await text('failover')), 'a failover: its error and workers');
+  check(/fallback/.test(await text('capacity_fallback')) && /model big → small/.test(await text('capacity_fallback')),
+        'a capacity fallback: the two models');
+  const rr = await text('remote_route');
+  check(/remote/.test(rr) && /model big → cloud/.test(rr) && /routine/.test(rr) && !/\?|none/.test(rr),
+        `a remote route: the model, the worker, the route (${rr})`);
+  const ws = await text('worker_starting');
+  check(/starting/.test(ws) && /worker late/.test(ws) && !/\?|none/.test(ws), `a worker starting on demand (${ws})`);
+  check(/in 1\.5 s/.test(await text('worker_ready')), 'a worker ready on demand, with its start time');
+  check(/for other/.test(await text('worker_stopped')), 'a worker stopped for another');
+  const all = await page.locator('#failovers').textContent();
+  check(!/\? →|→ none/.test(all), 'no row with an unknown worker or "none"');
+  // only a failover that failed would be red; routing and workers are not
+  const fills = await page.locator('#timeline-axis circle.dot').evaluateAll((cs) => cs.map((c) => c.getAttribute('fill')));
+  check(fills.length === 6 && !fills.includes('#c62828'), `six dots, none red (${fills.join(' ')})`);
+  await page.waitForSelector('#workers tr[data-worker="gpu"]', { timeout: 10000 });
+  const gpuRow = await page.locator('#workers tr[data-worker="gpu"]').textContent();
+  check(/remote service \(not counted\)/.test(gpuRow) && !/host memory/.test(gpuRow),
+        `a remote worker's memory is a remote service's (${gpuRow})`);
+  check(/host memory \(not counted\)/.test(await page.locator('#workers tr[data-worker="cpu"]').textContent()),
+        'the cpu worker\'s is host memory');
+  await page.unroute('**/v1/spillway/events/stream');
+  await page.unroute('**/v1/spillway/stats');
+  check(await stopRouter(r) === 0, 'the router exits 0');
+}
+
 async function main() {
   const overall = setTimeout(() => { console.log('browser test: FAIL: over 90 s'); cleanup(1); }, 90000);
   const t0 = Date.now();
@@ -182,6 +248,7 @@ async function main() {
   const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   await withKeys(await ctx.newPage());
   await withoutKeys(await ctx.newPage());
+  await eventKinds(await ctx.newPage());
   clearTimeout(overall);
   log(`${Date.now() - t0} ms`);
   await cleanup(failures ? 1 : 0);

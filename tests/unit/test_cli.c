@@ -155,9 +155,10 @@ static void test_fault_alloc_and_stall(void **state)
     double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     assert_true(seconds >= 0.4);
     sw_free(out);
+    /* the pool the failed run created went with it */
     char name[96];
     snprintf(name, sizeof name, "/dev/shm/spillway-sim-test-cli-%d", (int)getpid());
-    unlink(name);
+    assert_int_equal(access(name, F_OK), -1);
 }
 
 static void test_model_plan_json(void **state)
@@ -189,10 +190,17 @@ static void test_model_plan_json(void **state)
     assert_int_equal(status, 3);
     assert_non_null(strstr(out, "DOES NOT FIT"));
     assert_non_null(strstr(out, "simulated"));
+    assert_non_null(strstr(out, "not created"));
     sw_free(out);
+    /* a plan creates nothing */
     char name[128];
     snprintf(name, sizeof name, "/dev/shm/spillway-sim-test-plan-%d", (int)getpid());
-    unlink(name);
+    assert_int_equal(access(name, F_OK), -1);
+    /* ... and without a capacity there is nothing to plan against */
+    out = run(&status, (const char *[]){"model", "plan", "-m", m, "--device", spec, NULL});
+    assert_int_equal(status, 1);
+    sw_free(out);
+    assert_int_equal(access(name, F_OK), -1);
 }
 
 /* model make --sliding-window for llama (every layer slides, Mistral's

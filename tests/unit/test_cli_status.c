@@ -5,8 +5,15 @@
  * lists the failover; --json is the stats snapshot plus the failover
  * records; the key is asked for and used; an unreachable router and bad
  * options are told apart by the exit status.
+ *
+ * Each kind of event record as the table shows it, from a router that is
+ * a scripted server here (fake_server.h), so every kind is there at once:
+ * a failover, a capacity fallback, a routine remote route, a worker
+ * started, ready and stopped on demand, a record of a kind this status
+ * does not know; and a remote worker's memory as a remote service's.
  */
 #include "testutil.h"
+#include "fake_server.h"
 #include "router_harness.h"
 #include "worker_client.h"
 
@@ -114,8 +121,9 @@ static void test_table(void **state)
     assert_non_null(strstr(line, "0/2"));          /* seqs of max-seqs */
     assert_non_null(strstr(cpu, "host memory (not counted)"));
     /* the failover, and the activity of the last 10 minutes */
-    assert_non_null(strstr(out, "failovers: 1 since the start"));
-    assert_non_null(strstr(out, "status-fo-1  worker_crash on gpu, replay on cpu: completed"));
+    assert_non_null(strstr(out, "events: 1 since the start"));
+    assert_non_null(strstr(out, "failover           status-fo-1  worker_crash on gpu, replay on "
+                                "cpu: completed"));
     assert_non_null(strstr(out, "1 requests, 5 tokens, 1 failovers"));
     sw_free(out);
 }
@@ -138,6 +146,9 @@ static void test_json(void **state)
                         "ready");
     json_t *fo = json_object_get(j, "failovers");
     assert_int_equal(json_array_size(fo), 1);
+    assert_int_equal(json_array_size(json_object_get(j, "events")), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(fo, 0), "type")),
+                        "failover");
     assert_string_equal(json_string_value(json_object_get(json_array_get(fo, 0), "request_id")),
                         "status-fo-1");
     json_decref(j);
@@ -225,6 +236,109 @@ static void test_watch(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* A router's /v1/spillway/stats and /v1/spillway/events, one record of
+ * each kind (times 2026-12-06 12:00:0N UTC). */
+static void fake_router(fs_server *s, int fd, const char *req, const char *body)
+{
+    (void)s;
+    (void)body;
+    static const char stats[] =
+        "{\"object\":\"spillway.stats\",\"status\":\"ready\",\"uptime_seconds\":9,"
+        "\"events_total\":7,\"queue\":{},\"series\":{},\"workers\":["
+        "{\"name\":\"cloud\",\"model\":\"big\",\"state\":\"ready\",\"device\":\"remote\","
+        "\"restarts\":0,\"books\":{\"seqs\":0},\"memory\":{\"counted\":false},\"series\":{}},"
+        "{\"name\":\"cpu\",\"model\":\"big\",\"state\":\"ready\",\"device\":\"cpu\","
+        "\"restarts\":0,\"books\":{\"seqs\":0},\"memory\":{\"counted\":false},\"series\":{}}]}";
+    static const char events[] =
+        "{\"object\":\"list\",\"data\":["
+        "{\"type\":\"failover\",\"request_id\":\"r-fo\",\"received_time\":1796558400,"
+        "\"first_error\":{\"worker\":\"gpu\",\"kind\":\"oom\"},\"decision\":\"replay\","
+        "\"replay_worker\":\"cpu\",\"outcome\":\"completed\"},"
+        "{\"type\":\"capacity_fallback\",\"request_id\":\"r-fb\",\"time\":1796558401,"
+        "\"from_model\":\"big\",\"to_model\":\"small\",\"reason\":\"deadline\"},"
+        "{\"type\":\"remote_route\",\"request_id\":\"r-rr\",\"time\":1796558402,"
+        "\"worker\":\"cloud\",\"model\":\"big\",\"route\":\"routine\"},"
+        "{\"type\":\"worker_starting\",\"worker\":\"late\",\"model\":\"big\","
+        "\"reason\":\"demand\",\"time\":1796558403},"
+        "{\"type\":\"worker_ready\",\"worker\":\"late\",\"model\":\"big\","
+        "\"reason\":\"demand\",\"time\":1796558404,\"start_seconds\":1.5},"
+        "{\"type\":\"worker_stopped\",\"worker\":\"late\",\"model\":\"big\","
+        "\"reason\":\"evicted\",\"for_worker\":\"other\",\"time\":1796558405},"
+        "{\"type\":\"something_new\",\"worker\":\"late\",\"time\":1796558406}]}";
+    const char *what = strncmp(req, "GET /v1/spillway/events ", 24) ? stats : events;
+    fs_send_reply(fd, 200, "application/json", what, strlen(what));
+}
+
+/* The line of out that holds needle, into line (asserted present). */
+static void line_with(const char *out, const char *needle, char *line, size_t cap)
+{
+    const char *p = strstr(out, needle);
+    if (!p)
+        fail_msg("no line with '%s' in:\n%s", needle, out);
+    while (p > out && p[-1] != '\n')
+        p--;
+    const char *eol = strchr(p, '\n');
+    snprintf(line, cap, "%.*s", (int)(eol ? eol - p : (long)strlen(p)), p);
+}
+
+static void test_event_kinds(void **state)
+{
+    (void)state;
+    fs_server fake;
+    fs_start(&fake, "status-fake-router.sock", 4096, false, fake_router);
+    char url[700];
+    snprintf(url, sizeof url, "unix:%s", fake.path);
+    setenv("TZ", "UTC", 1);
+    int st;
+    char *out = run_status(&st, "--router", url, NULL, NULL, NULL);
+    unsetenv("TZ");
+    assert_int_equal(st, 0);
+    /* the latest 7 (of up to 8), newest first, each as its kind says */
+    assert_non_null(strstr(out, "events: 7 since the start; the latest:"));
+    char line[512];
+    line_with(out, "12:00:06", line, sizeof line);
+    assert_non_null(strstr(line, "something_new"));
+    line_with(out, "12:00:05", line, sizeof line);
+    assert_non_null(strstr(line, "worker stopped"));
+    assert_non_null(strstr(line, "late (model big) for other: evicted"));
+    line_with(out, "12:00:04", line, sizeof line);
+    assert_non_null(strstr(line, "worker ready"));
+    assert_non_null(strstr(line, "late (model big) after 1.5 s: demand"));
+    line_with(out, "12:00:03", line, sizeof line);
+    assert_non_null(strstr(line, "worker starting"));
+    line_with(out, "12:00:02", line, sizeof line);
+    assert_non_null(strstr(line, "remote route       r-rr  model big to cloud (routine)"));
+    line_with(out, "12:00:01", line, sizeof line);
+    assert_non_null(strstr(line, "capacity fallback  r-fb  model big to model small: deadline"));
+    line_with(out, "12:00:00", line, sizeof line);
+    assert_non_null(strstr(line, "failover           r-fo  oom on gpu, replay on cpu: completed"));
+    /* nothing reads as a failover but the failover, and no empty fields */
+    const char *first = strstr(out, "failover "), *next = first ? strstr(first + 1, "failover ") : NULL;
+    assert_non_null(first);
+    assert_null(next);
+    assert_null(strstr(out, " on , "));
+    assert_null(strstr(out, "on none"));
+    /* the remote worker's memory is a remote service's */
+    assert_non_null(strstr(row_of(out, "cloud"), "remote service (not counted)"));
+    assert_non_null(strstr(row_of(out, "cpu"), "host memory (not counted)"));
+    sw_free(out);
+
+    /* --json: every event under "events", the failovers alone under
+     * "failovers" */
+    out = run_status(&st, "--router", url, "--json", NULL, NULL);
+    assert_int_equal(st, 0);
+    json_t *j = json_loads(out, 0, NULL);
+    assert_non_null(j);
+    assert_int_equal(json_array_size(json_object_get(j, "events")), 7);
+    json_t *fo = json_object_get(j, "failovers");
+    assert_int_equal(json_array_size(fo), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(fo, 0), "request_id")),
+                        "r-fo");
+    json_decref(j);
+    sw_free(out);
+    fs_stop(&fake);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -232,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_json),
         cmocka_unit_test(test_key_and_errors),
         cmocka_unit_test(test_watch),
+        cmocka_unit_test(test_event_kinds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -309,7 +309,8 @@ static void test_sim_capacity_exact(void **state)
     dev_free(dev, c, cap - 600000);
     assert_int_equal(info_ok(dev).used_bytes, 0);
     dev_close(dev);
-    assert_int_equal(dev_sim_unlink(pool_name("cap"), &err), SW_OK);
+    /* the last handle closed: the pool went with it */
+    assert_int_equal(dev_sim_unlink(pool_name("cap"), &err), SW_ENOTFOUND);
 }
 
 static void test_sim_missing_and_mismatch(void **state)
@@ -342,7 +343,7 @@ static void test_sim_missing_and_mismatch(void **state)
     dev_close(same);
     dev_close(owner);
 
-    assert_int_equal(dev_sim_unlink(name, &err), SW_OK);
+    /* the last handle closed: the pool went with it */
     assert_int_equal(dev_sim_unlink(name, &err), SW_ENOTFOUND);
     assert_int_equal(dev_sim_unlink("bad/name", &err), SW_EINVAL);
     assert_int_equal(dev_sim_unlink("", &err), SW_EINVAL);
@@ -369,7 +370,8 @@ static void test_fork_inherited_handle(void **state)
     assert_int_equal(info_ok(dev).used_bytes, 0);
     dev_close(dev);
     sw_error err;
-    assert_int_equal(dev_sim_unlink(pool_name("inherit"), &err), SW_OK);
+    /* the last handle closed: the pool went with it */
+    assert_int_equal(dev_sim_unlink(pool_name("inherit"), &err), SW_ENOTFOUND);
 }
 
 /* ---- several processes -------------------------------------------------------- */
@@ -448,7 +450,8 @@ static void test_sim_two_processes_sigkill(void **state)
     dev_free(dev, p, cap);
 
     dev_close(dev);
-    assert_int_equal(dev_sim_unlink(pool_name("kill"), &err), SW_OK);
+    /* the last handle closed: the pool went with it */
+    assert_int_equal(dev_sim_unlink(pool_name("kill"), &err), SW_ENOTFOUND);
 }
 
 static void test_sim_lock_holder_killed(void **state)
@@ -484,7 +487,8 @@ static void test_sim_lock_holder_killed(void **state)
     dev_free(dev, p, 1 << 20);
     assert_int_equal(info_ok(dev).used_bytes, 0);
     dev_close(dev);
-    assert_int_equal(dev_sim_unlink(pool_name("robust"), &err), SW_OK);
+    /* the last handle closed: the pool went with it */
+    assert_int_equal(dev_sim_unlink(pool_name("robust"), &err), SW_ENOTFOUND);
 }
 
 /* A live pid whose start time no longer matches the slot is a different
@@ -522,11 +526,79 @@ static void test_sim_reused_pid(void **state)
     dev_free(dev, p, 1000);
     assert_int_equal(info_ok(dev).used_bytes, 0);
     dev_close(dev);
-    assert_int_equal(dev_sim_unlink(pool_name("reuse"), &err), SW_OK);
+    /* the last handle closed: the pool went with it */
+    assert_int_equal(dev_sim_unlink(pool_name("reuse"), &err), SW_ENOTFOUND);
 }
 
 /* Several processes create the same pool at the same moment: one creates,
  * the others wait for it, all see one consistent pool. */
+/* A pool goes with its last user: it stays while any handle is open,
+ * goes when the last one closes; one left by processes that died is
+ * replaced by an opener asking another capacity (and adopted by one that
+ * asks none); SPILLWAY_SIM_KEEP=1 keeps it; a look (sim_no_create)
+ * creates nothing and removes nothing. */
+static void test_sim_pool_lifetime(void **state)
+{
+    (void)state;
+    const char *name = pool_name("life");
+    char spec[80];
+    snprintf(spec, sizeof spec, "sim-gpu:%s", name);
+    sw_error err;
+    dev_device *dev = NULL;
+
+    /* the last close removes it */
+    dev_device *a = open_ok(spec, 1 << 20), *b = open_ok(spec, 0);
+    dev_close(a);
+    dev_device *c = open_ok(spec, 0); /* still there: b has it open */
+    dev_close(c);
+    dev_close(b);
+    assert_int_equal(dev_open(spec, NULL, &dev, &err), SW_ENOTFOUND);
+    assert_null(dev);
+
+    /* a look creates nothing ... */
+    dev_options look = {.sim_capacity_bytes = 1 << 20, .sim_no_create = true};
+    assert_int_equal(dev_open(spec, &look, &dev, &err), SW_ENOTFOUND);
+    assert_int_equal(dev_sim_unlink(name, &err), SW_ENOTFOUND);
+    /* ... and sees a pool in use without removing it at its close */
+    a = open_ok(spec, 1 << 20);
+    void *p = NULL;
+    assert_int_equal(dev_alloc(a, 1000, "held", &p, &err), SW_OK);
+    assert_int_equal(dev_open(spec, &look, &dev, &err), SW_OK);
+    assert_int_equal(info_ok(dev).used_bytes, 1000);
+    dev_close(dev);
+    assert_int_equal(info_ok(a).used_bytes, 1000);
+    dev_free(a, p, 1000);
+
+    /* users that died leave it; another capacity replaces it, none adopts */
+    pid_t pid = start_holder(spec, 4096);
+    dev_close(a); /* the holder still uses it */
+    kill(pid, SIGKILL);
+    wait_child(pid, CHILD_TIMEOUT_MS);
+    look.sim_capacity_bytes = 2 << 20;
+    assert_int_equal(dev_open(spec, &look, &dev, &err), SW_ENOTFOUND); /* would be replaced */
+    b = open_ok(spec, 2 << 20);
+    dev_memory m = info_ok(b);
+    assert_int_equal(m.total_bytes, 2 << 20);
+    assert_int_equal(m.used_bytes, 0);
+    dev_close(b);
+    assert_int_equal(dev_sim_unlink(name, &err), SW_ENOTFOUND);
+
+    /* SPILLWAY_SIM_KEEP=1 in any user keeps it after the last close */
+    setenv("SPILLWAY_SIM_KEEP", "1", 1);
+    a = open_ok(spec, 1 << 20);
+    unsetenv("SPILLWAY_SIM_KEEP");
+    b = open_ok(spec, 0);
+    dev_close(a);
+    dev_close(b);
+    c = open_ok(spec, 0);
+    assert_int_equal(info_ok(c).total_bytes, 1 << 20);
+    dev_close(c);
+    dev_options other = {.sim_capacity_bytes = 2 << 20};
+    assert_int_equal(dev_open(spec, &other, &dev, &err), SW_EINVAL);
+    assert_non_null(strstr(err.message, "kept"));
+    assert_int_equal(dev_sim_unlink(name, &err), SW_OK);
+}
+
 static void test_sim_creation_race(void **state)
 {
     (void)state;
@@ -569,12 +641,10 @@ static void test_sim_creation_race(void **state)
         assert_true(WIFEXITED(status));
         assert_int_equal(WEXITSTATUS(status), 0);
     }
-    dev_device *dev = open_ok(spec, 0);
-    dev_memory mem = info_ok(dev);
-    assert_int_equal(mem.total_bytes, cap);
-    assert_int_equal(mem.used_bytes, 0);
-    dev_close(dev);
-    assert_int_equal(dev_sim_unlink(pool_name("race"), &err), SW_OK);
+    /* each child closed its handle: the pool went with the last one */
+    dev_device *dev = NULL;
+    assert_int_equal(dev_open(spec, NULL, &dev, &err), SW_ENOTFOUND);
+    assert_int_equal(dev_sim_unlink(pool_name("race"), &err), SW_ENOTFOUND);
 }
 
 /* A creator that died half-way (object never sized, or sized but never
@@ -610,7 +680,8 @@ static void test_sim_stale_half_created(void **state)
     dev = open_ok(spec, 1 << 20);
     assert_int_equal(info_ok(dev).total_bytes, 1 << 20);
     dev_close(dev);
-    assert_int_equal(dev_sim_unlink(name, &err), SW_OK);
+    /* the last handle closed: the pool went with it */
+    assert_int_equal(dev_sim_unlink(name, &err), SW_ENOTFOUND);
 }
 
 /* ---- spillway hog --------------------------------------------------------- */
@@ -747,9 +818,9 @@ static void test_hog_sim(void **state)
     close(h.out_fd);
     close(h.err_fd);
     assert_int_equal(info_ok(dev).used_bytes, 0);
-    dev_close(dev);
 
-    /* SIGINT with --unlink: the name is removed on the way out. */
+    /* SIGINT with --unlink: the name is removed on the way out (though
+     * this process still has the pool open). */
     h = hog_start(argv3);
     read_until(h.out_fd, line, sizeof line, true, CHILD_TIMEOUT_MS);
     assert_non_null(strstr(line, "hog: holding"));
@@ -760,6 +831,7 @@ static void test_hog_sim(void **state)
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
     assert_int_equal(dev_sim_unlink(name, &err), SW_ENOTFOUND);
+    dev_close(dev);
 }
 
 static void test_hog_cpu_and_usage(void **state)
@@ -823,6 +895,7 @@ int main(void)
         cmocka_unit_test(test_sim_two_processes_sigkill),
         cmocka_unit_test(test_sim_lock_holder_killed),
         cmocka_unit_test(test_sim_reused_pid),
+        cmocka_unit_test(test_sim_pool_lifetime),
         cmocka_unit_test(test_sim_creation_race),
         cmocka_unit_test(test_sim_stale_half_created),
         cmocka_unit_test(test_hog_sim),

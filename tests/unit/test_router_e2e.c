@@ -2,13 +2,13 @@
  * managed workers (one on a sim-gpu pool, one on the CPU) over real
  * sockets (the router listens on a unix socket here).
  *
- * The issue's acceptance points covered: #1 admission to the CPU worker
- * and an injected OOM on the GPU worker replayed on the CPU with the same
- * request id; #2 a stream whose GPU worker crashes before the first token
- * (invisible) or after k tokens (resumed on the CPU: one unbroken stream
- * equal to an uninterrupted greedy `spillway run`); #5 a deadline no
- * worker can meet (immediate 503 capacity_exceeded with Retry-After,
- * nothing reaches a worker); #6 bad input, missing keys, oversize bodies.
+ * What is covered: admission to the CPU worker and an injected OOM on the
+ * GPU worker replayed on the CPU with the same request id; a stream whose
+ * GPU worker crashes before the first token (invisible) or after k tokens
+ * (resumed on the CPU: one unbroken stream equal to an uninterrupted
+ * greedy `spillway run`); a deadline no worker can meet (immediate 503
+ * capacity_exceeded with Retry-After, nothing reaches a worker); bad
+ * input, missing keys, oversize bodies.
  * Every test stops what it started; workers die with the router
  * (PR_SET_PDEATHSIG) and the router with the test process.
  */

@@ -1,4 +1,4 @@
-/* test_router_ledger.c - end-to-end tests of the router's ledger (issue 7):
+/* test_router_ledger.c - end-to-end tests of the router's ledger:
  * a real `spillway serve` with real managed workers, a real tool server
  * (an HTTP server thread in this process that counts calls and can hold
  * a reply or kill a worker), real SIGKILLs of the router, and the real
@@ -519,8 +519,8 @@ static const char *agent_body(const char *tool)
     return b;
 }
 
-/* Whether the workers answer a forced tool_choice with tool_calls (the
- * worker side of issue 7); prints SKIP and returns false when not. */
+/* Whether the workers answer a forced tool_choice with tool_calls
+ * (constrained decoding); prints SKIP and returns false when not. */
 static bool workers_call_tools(const rh_router *r)
 {
     char *sock = sw_malloc(700);
@@ -537,7 +537,7 @@ static bool workers_call_tools(const rh_router *r)
     sw_free(sock);
     if (!ok)
         printf("SKIP: the worker does not answer tool_choice with tool_calls yet "
-               "(constrained decoding, issue 7 worker side)\n");
+               "(constrained decoding)\n");
     return ok;
 }
 

@@ -518,6 +518,113 @@ static void test_capacity_fallback(void **state)
     rh_finish(&r);
 }
 
+/* The capacity fallback decided on arrival: alpha's one sequence runs a
+ * stream and two requests wait for it, each predicted (by ga's rates) to
+ * take longer than the deadline of the next one, which therefore cannot
+ * be met: it goes to beta at once, with the reason "deadline" (a wait
+ * that ran out would say queue_timeout), and the two waiting ones are
+ * still answered by alpha. The deadline is set from ga's rates (twice
+ * what they predict for the request alone), so the test holds on a slow
+ * machine and a fast one alike. */
+static void test_capacity_fallback_at_once(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    rh_router r;
+    rh_init(&r, "fallback-now", "", NULL, NULL);
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg,
+             "[server]\nlisten = unix:%s\nstate-dir = %s/state\nhealth-interval-ms = 100\n"
+             "ready-timeout = 30\nqueue-timeout-ms = 60000\n"
+             "[model alpha]\npath = %s\nfallback = beta\n"
+             "[model beta]\npath = %s\n"
+             "[worker ga]\nmodel = alpha\nthreads = 1\nctx-limit = 1024\nmax-seqs = 1\n"
+             "fault = stall_ms:5\n"
+             "[worker gb]\nmodel = beta\nthreads = 1\nctx-limit = 256\ncalibrate = false\n",
+             r.sock, r.dir, g_alpha, g_beta);
+    FILE *f = fopen(r.cfg, "w");
+    assert_non_null(f);
+    fputs(cfg, f);
+    fclose(f);
+    assert_int_equal(rh_run(&r, NULL), 0);
+    /* the deadline: twice what ga's rates predict for the request alone;
+     * each waiting request: predicted to take 2 such deadlines (its
+     * tokens run far longer, with the stall, than the rates say) */
+    json_t *h = rh_worker_health(&r, "ga");
+    double prefill = json_number_value(json_object_get(h, "prefill_tokens_per_second"));
+    double decode = json_number_value(json_object_get(h, "decode_tokens_per_second"));
+    json_decref(h);
+    assert_true(prefill > 0 && decode > 0);
+    double alone_ms = (8 / prefill + 4 / decode) * 1000;
+    long deadline_ms = (long)(2 * alone_ms) + 1;
+    long tokens = (long)(2.0 * deadline_ms / 1000 * decode) + 1;
+    if (tokens > 900) {
+        printf("SKIP: ga's rates (%.0f / %.0f tokens/s) give no request of %ld ms within its "
+               "context\n", prefill, decode, 2 * deadline_ms);
+        rh_finish(&r);
+        skip();
+    }
+    rh_conn busy;
+    rh_stream_start(&busy, &r,
+                    "{\"model\":\"alpha\",\"prompt\":\"Once upon a time\",\"max_tokens\":400,"
+                    "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}");
+    char req[512], body[200];
+    int bn = snprintf(body, sizeof body,
+                      "{\"model\":\"alpha\",\"prompt\":\"Hi\",\"max_tokens\":%ld,"
+                      "\"ignore_eos\":true}", tokens);
+    int rn = snprintf(req, sizeof req,
+                      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %d\r\n\r\n%s", bn, body);
+    rh_conn waiting[2];
+    for (int k = 0; k < 2; k++) {
+        rh_conn_open(&waiting[k], r.sock);
+        rh_conn_send(&waiting[k], req, (size_t)rn);
+    }
+    /* both queued behind the stream */
+    for (double t0 = tu_now_s();; usleep(20 * 1000)) {
+        wc_response hw;
+        assert_int_equal(rh_req(&r, "GET", "/health", NULL, NULL, &hw), 0);
+        json_t *hj = rh_body_json(&hw);
+        long long depth = json_integer_value(json_object_get(hj, "queue_depth"));
+        json_decref(hj);
+        wc_response_free(&hw);
+        if (depth == 2)
+            break;
+        if (tu_now_s() - t0 > 20)
+            fail_msg("the two requests never waited in the queue (depth %lld)", depth);
+    }
+    wc_response w;
+    char deadline[64];
+    snprintf(deadline, sizeof deadline, "X-Spillway-Deadline-Ms: %ld\r\n", deadline_ms);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", deadline,
+                            "{\"model\":\"alpha\",\"prompt\":\"Hi\",\"max_tokens\":4}", &w),
+                     0);
+    if (w.status != 200)
+        fail_msg("fallback: status %d: %s", w.status, w.body ? w.body : "");
+    rh_assert_header(&w, "X-Spillway-Model", "beta");
+    rh_assert_header(&w, "X-Spillway-Fallback-From", "alpha");
+    wc_response_free(&w);
+    assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_capacity_fallbacks_total",
+                                       "from=\"alpha\",to=\"beta\",reason=\"deadline\""), 1);
+    assert_int_equal(rh_metric_labeled(r.sock, "spillway_router_capacity_fallbacks_total",
+                                       "from=\"alpha\",to=\"beta\",reason=\"queue_timeout\""),
+                     0);
+    /* the stream ends whole on alpha, and the ones that waited are
+     * answered there */
+    rh_conn_read_until(&busy, "data: [DONE]", 60);
+    rh_conn_close(&busy);
+    for (int k = 0; k < 2; k++) {
+        wc_response a;
+        rh_conn_read_response(&waiting[k], &a);
+        assert_int_equal(a.status, 200);
+        rh_assert_header(&a, "X-Spillway-Model", "alpha");
+        wc_response_free(&a);
+        rh_conn_close(&waiting[k]);
+    }
+    rh_finish(&r);
+}
+
 /* s with every from replaced by to (sw_free). */
 static char *replace_all(const char *s, const char *from, const char *to)
 {
@@ -580,7 +687,7 @@ static void test_models_ini_example(void **state)
     snprintf(g_pool, sizeof g_pool, "rt-models-ini-%d", (int)getpid());
     dev_sim_unlink(g_pool, NULL);
     snprintf(pool, sizeof pool, "sim-gpu:%s", g_pool);
-    static const char *const from[] = {"listen = 127.0.0.1:8080", "state-dir = build/state-models",
+    static const char *const from[] = {"listen = 127.0.0.1:8090", "state-dir = build/state-models",
                                        "build/models/demo-small.gguf", "build/models/demo.gguf",
                                        "sim-gpu:models"};
     const char *to[] = {listen, state_dir, g_beta, g_alpha, pool};
@@ -665,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_two_models),
         cmocka_unit_test(test_shared_device),
         cmocka_unit_test(test_capacity_fallback),
+        cmocka_unit_test(test_capacity_fallback_at_once),
         cmocka_unit_test(test_models_ini_example),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

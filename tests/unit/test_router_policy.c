@@ -331,6 +331,20 @@ static const policy_row POLICY_ROWS[] = {
                     MEM16(10240, 10240)}},
      .need = {.prompt = 100, .max_tokens = 50, .idle = true, NODL},
      .worker = 0, .kv_bytes = 10240, .kv_tokens = 150, NOBEST},
+    {.name = "idle: a worker that cannot be back by itself does not count",
+     .n = 2, .w = {{IN_STATE(0, WS_DOWN), .back_in_s = -1}, {RDY(1), .ctx_limit = 100}},
+     .need = {.prompt = 100, .max_tokens = 50, .idle = true, .max_wait_ms = 10000, NODL},
+     .worker = -1, .skipped = RT_SKIP_DOWN | RT_SKIP_CTX,
+     .reason = {[0] = RT_SKIP_DOWN, [1] = RT_SKIP_CTX}, NOBEST},
+    {.name = "idle: a restart within the wait counts, one after it does not",
+     .n = 2, .w = {{IN_STATE(0, WS_DOWN), .back_in_s = 12}, {IN_STATE(1, WS_DOWN), .back_in_s = 8}},
+     .need = {.prompt = 100, .max_tokens = 50, .idle = true, .max_wait_ms = 10000, NODL},
+     .worker = 1, .kv_tokens = 150, .skipped = RT_SKIP_DOWN, .reason = {[0] = RT_SKIP_DOWN},
+     NOBEST},
+    {.name = "idle: no bound on the wait, any restart counts",
+     .n = 1, .w = {{IN_STATE(0, WS_DOWN), .back_in_s = 12}},
+     .need = {.prompt = 100, .max_tokens = 50, .idle = true, NODL},
+     .worker = 0, .kv_tokens = 150, NOBEST},
     {.name = "idle: tried, kind, context and the budget itself still count",
      .n = 4, .w = {{RDY(0)}, {IN_STATE(1, WS_STARTING), OPENAI}, {RDY(2), .ctx_limit = 100},
                    {IN_STATE(3, WS_DOWN), MEM16(10239, 0)}},
@@ -1441,16 +1455,31 @@ static void run_fifo(const int start_order[3])
     EXPECT(granted_now(t, done) == -1, "granted while the worker is occupied");
 
     /* the waiters ahead count in a deadline's predicted wait: three ahead
-     * at 2 admissions a second is 1500 ms, plus 600 ms of work */
+     * at 2 admissions a second is 1500 ms, but each is 600 ms of work on
+     * the one sequence by the worker's rates, so at least 1800 ms; plus
+     * its own 600 ms */
     pthread_mutex_lock(&g_pool.mu);
     g_queue.rate = 2;
     pthread_mutex_unlock(&g_pool.mu);
     rt_waiter late;
-    waiter_init(&g_queue, &late, 100, 50, 2099);
+    waiter_init(&g_queue, &late, 100, 50, 2399);
     EXPECT(admit_now(&g_queue, &late) == RT_ADMIT_DEADLINE, "a deadline behind three waiters");
-    EXPECT(near(late.grant.best_pred_ms, 2100), "predicted %g ms, want 2100",
+    EXPECT(near(late.grant.best_pred_ms, 2400), "predicted %g ms, want 2400",
            late.grant.best_pred_ms);
-    waiter_init(&g_queue, &late, 100, 50, 2100);
+    /* with a fast worker the admissions' rate is the larger: 1500 + 6 */
+    pthread_mutex_lock(&g_pool.mu);
+    g_pool.w[0].prefill_rate = 100000;
+    g_pool.w[0].decode_rate = 10000;
+    pthread_mutex_unlock(&g_pool.mu);
+    waiter_init(&g_queue, &late, 100, 50, 1505);
+    EXPECT(admit_now(&g_queue, &late) == RT_ADMIT_DEADLINE, "a deadline behind three waiters");
+    EXPECT(near(late.grant.best_pred_ms, 1506), "predicted %g ms, want 1506",
+           late.grant.best_pred_ms);
+    pthread_mutex_lock(&g_pool.mu);
+    g_pool.w[0].prefill_rate = 1000;
+    g_pool.w[0].decode_rate = 100;
+    pthread_mutex_unlock(&g_pool.mu);
+    waiter_init(&g_queue, &late, 100, 50, 2400);
     EXPECT(admit_now(&g_queue, &late) == RT_ADMIT_TIMEOUT, "a deadline just in time waits");
     EXPECT(queue_depth() == 3, "depth %d after the deadline checks", queue_depth());
     EXPECT(granted_now(t, done) == -1, "granted by a leaving waiter");

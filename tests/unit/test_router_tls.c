@@ -17,13 +17,18 @@
  *   requests go to the managed CPU worker beside it.
  * - A certificate from the right CA for another name: refused too (IP
  *   address mismatch), the CPU worker answers.
+ * - A refused worker is down in /health with the reason and its
+ *   configured ctx_limit; a request only it could take is answered 503 at
+ *   once, naming it and why.
  * - remote = never on the model: the remote worker, ready and first in
  *   preference, gets nothing; alone, a typed 503.
  * - Route labels: routine for a model only the remote worker serves,
- *   capacity for a prompt past the CPU worker's context (events and
- *   /metrics).
+ *   capacity for a prompt past the CPU worker's context (events, /metrics
+ *   and the answer's X-Spillway-Remote-Route); the event stream names them
+ *   remote_route, and `spillway status` shows them as remote routes and
+ *   the worker's device as remote.
  * - api-key-env naming a variable that is not set: serve refuses to
- *   start, saying which.
+ *   start with exit status 2 (a bad configuration), saying which.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -456,6 +461,45 @@ static char *read_log(const rh_router *r)
     return log;
 }
 
+/* Routine remote routing as the operator sees it: the event stream
+ * names the events remote_route (not failover), the stats and `spillway
+ * status` give the worker's device as remote and its memory as a remote
+ * service's, and status lists the routes as remote routes. */
+static void expect_remote_views(const rh_router *r)
+{
+    rh_conn c;
+    rh_conn_open(&c, r->sock);
+    static const char req[] = "GET /v1/spillway/events/stream HTTP/1.1\r\nHost: t\r\n\r\n";
+    rh_conn_send(&c, req, sizeof req - 1);
+    rh_conn_read_until(&c, "\"route\":\"routine\"", 20);
+    assert_non_null(strstr(c.buf, "event: remote_route\ndata: {"));
+    assert_null(strstr(c.buf, "event: failover"));
+    rh_conn_close(&c);
+
+    wc_response w;
+    assert_int_equal(rh_req(r, "GET", "/v1/spillway/stats", NULL, NULL, &w), 0);
+    json_t *stats = rh_body_json(&w);
+    wc_response_free(&w);
+    assert_non_null(stats);
+    json_t *ws = json_object_get(stats, "workers");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ws, 0), "device")),
+                        "remote");
+    json_decref(stats);
+
+    char url[700];
+    snprintf(url, sizeof url, "unix:%s", r->sock);
+    char *argv[] = {(char *)tu_spillway_bin(), "status", "--router", url, NULL};
+    char *out = NULL;
+    int st = -1;
+    assert_int_equal(tu_run_capture(argv, 60, &out, &st), 0);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "remote service (not counted)"));
+    assert_non_null(strstr(out, "remote route"));
+    assert_non_null(strstr(out, "to remote (routine)"));
+    assert_null(strstr(out, "failover "));
+    sw_free(out);
+}
+
 /* The upstream, then a router whose [worker remote] is at its https://
  * url with ca-file = g_dir/ca and the key in TEST_KEY_VAR; model: more
  * lines of the [model] section; more: the rest of the worker's section
@@ -489,6 +533,7 @@ static void test_tls_remote_serves(void **state)
         char v[64];
         assert_true(wc_header(&a, "X-Spillway-Worker", v, sizeof v));
         assert_string_equal(v, "remote");
+        rh_assert_header(&a, "X-Spillway-Remote-Route", "routine");
         assert_non_null(strstr(a.body, "from the remote tier"));
         wc_response_free(&a);
     }
@@ -500,6 +545,7 @@ static void test_tls_remote_serves(void **state)
                             &st),
                      0);
     assert_int_equal(st.status, 200);
+    rh_assert_header(&st, "X-Spillway-Remote-Route", "routine");
     assert_non_null(strstr(st.body, " streamed"));
     assert_non_null(strstr(st.body, " over TLS"));
     assert_non_null(strstr(st.body, "[DONE]"));
@@ -510,6 +556,7 @@ static void test_tls_remote_serves(void **state)
     assert_int_equal(count_routes(&r, "remote", "capacity"), 0);
     assert_int_equal(route_metric(&r, "remote", "routine"), 3);
     assert_int_equal(route_metric(&r, "remote", "capacity"), 0);
+    expect_remote_views(&r);
 
     /* what it saw, copied out: no assertion fails with its lock held */
     pthread_mutex_lock(&s->mu);
@@ -578,6 +625,84 @@ static void test_tls_wrong_ca_refused(void **state)
     tls_server_stop(s);
 }
 
+/* A worker refused for its certificate: /health says it is down and why,
+ * with its configured ctx_limit; a request only it could take (the CPU
+ * worker's context is too small) gets its 503 at once, naming the worker
+ * and the reason, though the queue would let it wait a minute. */
+static void test_tls_refused_reason(void **state)
+{
+    (void)state;
+    if (!g_have_certs)
+        skip();
+    tls_server *s = &g_srv;
+    tls_server_start(s);
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
+             "ca-file = %s/wrong.pem\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n"
+             "preference = 10\n[worker cpu]\nthreads = 1\nctx-limit = 32\n",
+             s->port, g_dir);
+    rh_router r;
+    rh_init(&r, "tls-reason", g_model, "queue-timeout-ms = 60000\n", workers);
+    assert_int_equal(rh_run(&r, "TEST_KEY_VAR=" TEST_KEY), 0);
+    wait_ready(&r, "cpu");
+    json_t *h = NULL;
+    const char *reason = NULL;
+    for (double t0 = tu_now_s(); tu_now_s() - t0 < 10; usleep(100 * 1000)) {
+        json_decref(h);
+        h = rh_worker_health(&r, "remote");
+        reason = json_string_value(json_object_get(h, "reason"));
+        if (reason && strstr(reason, "certificate verification failed"))
+            break;
+    }
+    assert_non_null(reason);
+    assert_non_null(strstr(reason, "TLS: certificate verification failed"));
+    assert_string_equal(json_string_value(json_object_get(h, "state")), "down");
+    assert_int_equal(json_integer_value(json_object_get(h, "ctx_limit")), 1024);
+    json_decref(h);
+
+    char big[4096];
+    int n = snprintf(big, sizeof big, "{\"prompt\":\"");
+    for (int i = 0; i < 40; i++)
+        n += snprintf(big + n, sizeof big - (size_t)n, "once upon a time ");
+    snprintf(big + n, sizeof big - (size_t)n, "\",\"max_tokens\":4}");
+    wc_response a;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, big, &a), 0);
+    assert_int_equal(a.status, 503);
+    char code[64];
+    assert_string_equal(rh_error_code(&a, code, sizeof code), "capacity_exceeded");
+    if (!strstr(a.body, "worker remote is down (TLS: certificate verification failed") ||
+        !strstr(a.body, "does not pass by itself"))
+        fail_msg("the 503 does not say why: %s", a.body);
+    wc_response_free(&a);
+    /* what the CPU worker can take still runs there */
+    expect_served_by(&r, BODY, "cpu");
+    assert_int_equal(upstream_completions(s), 0);
+    rh_finish(&r);
+
+    /* alone, it never becomes ready: the router gives up after its
+     * ready-timeout, saying why (not a log path: it has none) */
+    snprintf(workers, sizeof workers,
+             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:%d\n"
+             "ca-file = %s/wrong.pem\napi-key-env = TEST_KEY_VAR\nctx-limit = 1024\n",
+             s->port, g_dir);
+    rh_init(&r, "tls-reason-alone", g_model, "ready-timeout = 2\n", workers);
+    assert_int_equal(rh_run(&r, "TEST_KEY_VAR=" TEST_KEY), -1);
+    assert_int_equal(r.exit_status, 1);
+    char *log = read_log(&r);
+    char want[200];
+    snprintf(want, sizeof want,
+             "worker remote at https://127.0.0.1:%d did not become ready: TLS: certificate "
+             "verification failed", s->port);
+    if (!strstr(log, want))
+        fail_msg("the log lacks '%s':\n%s", want, log);
+    assert_null(strstr(log, "log: https"));
+    sw_free(log);
+    rh_stop(&r);
+    tu_rm_tree(r.dir);
+    tls_server_stop(s);
+}
+
 /* remote = never on the model: with a CPU worker beside it, the remote
  * worker (tried first, and ready) gets nothing; alone, a typed 503. */
 static void test_tls_remote_never(void **state)
@@ -632,9 +757,17 @@ static void test_tls_route_capacity(void **state)
         n += snprintf(big + n, sizeof big - (size_t)n, "once upon a time ");
     snprintf(big + n, sizeof big - (size_t)n, "\",\"max_tokens\":4}");
     expect_served_by(&r, big, "remote");
-    assert_int_equal(count_routes(&r, "remote", "capacity"), 1);
+    wc_response a;
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, big, &a), 0);
+    rh_assert_header(&a, "X-Spillway-Remote-Route", "capacity");
+    wc_response_free(&a);
+    assert_int_equal(rh_req(&r, "POST", "/v1/completions", NULL, BODY, &a), 0);
+    char route[32];
+    assert_false(wc_header(&a, "X-Spillway-Remote-Route", route, sizeof route)); /* cpu's */
+    wc_response_free(&a);
+    assert_int_equal(count_routes(&r, "remote", "capacity"), 2);
     assert_int_equal(count_routes(&r, "remote", "routine"), 0);
-    assert_int_equal(route_metric(&r, "remote", "capacity"), 1);
+    assert_int_equal(route_metric(&r, "remote", "capacity"), 2);
     assert_int_equal(route_metric(&r, "remote", "routine"), 0);
     rh_finish(&r);
     tls_server_stop(s);
@@ -678,6 +811,7 @@ static void test_tls_missing_key_variable(void **state)
             "[worker remote]\nkind = openai\nurl = https://127.0.0.1:9\n"
             "api-key-env = SPILLWAY_TEST_UNSET_KEY\n");
     assert_int_equal(rh_run(&r, NULL), -1);
+    assert_int_equal(r.exit_status, 2); /* a bad configuration */
     char *log = read_log(&r);
     assert_non_null(strstr(log, "[worker remote]: api-key-env = SPILLWAY_TEST_UNSET_KEY, but "
                                 "SPILLWAY_TEST_UNSET_KEY is not set"));
@@ -693,6 +827,7 @@ int main(void)
         cmocka_unit_test(test_tls_wrong_ca_refused),
         cmocka_unit_test(test_tls_wrong_host_refused),
         cmocka_unit_test(test_tls_remote_never),
+        cmocka_unit_test(test_tls_refused_reason),
         cmocka_unit_test(test_tls_route_capacity),
         cmocka_unit_test(test_tls_missing_key_variable),
     };

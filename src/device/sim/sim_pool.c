@@ -24,6 +24,13 @@
  *     slot, and the dead owner's slot is reclaimed right after);
  *   - locking has a time-out (SIM_POOL_LOCK_TIMEOUT_MS), so a live process
  *     stopped while holding the lock (SIGSTOP) yields an error, not a hang.
+ * Lifetime: the pool goes with its last user. The handle that closes
+ * last removes the name (and marks the object removed, under the lock, so
+ * that a process that mapped it in between opens again and creates a new
+ * one), unless a process that had it open ran with SPILLWAY_SIM_KEEP=1
+ * (the keep mark stays with the pool). A pool whose users all died is
+ * still there (no one closed it): an opener that asks for another capacity
+ * replaces it, one that asks for none or the same adopts it.
  * Creation: O_CREAT|O_EXCL decides one creator, which sizes and initialises
  * the object and then publishes the magic number (release store); other
  * openers wait up to SIM_POOL_READY_MS for it. A creator that died before
@@ -58,7 +65,7 @@
 #include <unistd.h>
 
 #define SIM_POOL_MAGIC 0x4c4f4f504d495357ULL /* "SWIMPOOL" little-endian */
-#define SIM_POOL_VERSION 1u
+#define SIM_POOL_VERSION 2u
 #define SIM_POOL_READY_MS 2000
 #define SIM_SHM_PREFIX "/spillway-sim-"
 #define SIM_SHM_NAME_MAX (sizeof SIM_SHM_PREFIX + SIM_POOL_NAME_MAX)
@@ -77,13 +84,16 @@ typedef struct sim_shared {
     uint32_t n_slots;
     uint64_t shared_bytes; /* sizeof(sim_shared) of the creator */
     uint64_t capacity_bytes;
-    pthread_mutex_t lock; /* process-shared, robust; guards slots */
+    pthread_mutex_t lock; /* process-shared, robust; guards slots, keep, removed */
+    uint32_t keep;        /* 1: stays when its last handle closes (SPILLWAY_SIM_KEEP=1) */
+    uint32_t removed;     /* 1: its name is gone; whoever mapped it opens again */
     sim_slot slots[SIM_POOL_SLOTS];
 } sim_shared;
 
 typedef struct sim_handle {
     sim_shared *shared; /* mmap of the whole object */
     int slot;           /* this handle's slot */
+    bool look_only;     /* dev_options.sim_no_create: the pool is left as found */
     char name[SIM_POOL_NAME_MAX + 1];
 } sim_handle;
 
@@ -235,6 +245,36 @@ static uint64_t pool_used(const sim_shared *s)
     return used;
 }
 
+/* Under the lock: whether any slot is held (call reclaim_dead first). */
+static bool pool_in_use(const sim_shared *s)
+{
+    for (uint32_t i = 0; i < SIM_POOL_SLOTS; i++)
+        if (s->slots[i].pid != 0)
+            return true;
+    return false;
+}
+
+/* Under the lock: removes the pool's name when no process uses it and none
+ * asked to keep it, so that it goes with its last user as a GPU's memory
+ * goes with the driver's last client. Marked first: a process that mapped
+ * it but holds no slot yet sees the mark once it has the lock and opens
+ * again (a new pool). true when it was removed. */
+static bool remove_if_unused(sim_handle *h, const char *spec)
+{
+    sim_shared *s = h->shared;
+    if (s->keep || s->removed || pool_in_use(s))
+        return false;
+    char shm_name[SIM_SHM_NAME_MAX];
+    shm_name_of(h->name, shm_name, sizeof shm_name);
+    s->removed = 1;
+    if (shm_unlink(shm_name) != 0 && errno != ENOENT) {
+        SW_WARN("device", "%s (simulated): cannot remove the unused pool %s: %s", spec, shm_name,
+                strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 static void init_shared(sim_shared *s, uint64_t capacity)
 {
     pthread_mutexattr_t attr;
@@ -247,6 +287,8 @@ static void init_shared(sim_shared *s, uint64_t capacity)
     s->n_slots = SIM_POOL_SLOTS;
     s->shared_bytes = sizeof(sim_shared);
     s->capacity_bytes = capacity;
+    s->keep = 0;
+    s->removed = 0;
     memset(s->slots, 0, sizeof s->slots);
     atomic_store_explicit(&s->magic, SIM_POOL_MAGIC, memory_order_release);
 }
@@ -302,8 +344,8 @@ static int map_existing(int fd, const char *spec, const char *shm_name, sim_shar
 
 /* Creates the pool (when a capacity is given and it does not exist) or maps
  * the existing one. *created says which. */
-static int map_pool(const char *spec, const char *name, uint64_t capacity, sim_shared **out,
-                    bool *created, sw_error *err)
+static int map_pool(const char *spec, const char *name, uint64_t capacity, bool no_create,
+                    sim_shared **out, bool *created, sw_error *err)
 {
     char shm_name[SIM_SHM_NAME_MAX];
     shm_name_of(name, shm_name, sizeof shm_name);
@@ -312,7 +354,7 @@ static int map_pool(const char *spec, const char *name, uint64_t capacity, sim_s
      * then creating is tried again. */
     for (int attempt = 0; attempt < 5; attempt++) {
         int fd, rc;
-        if (capacity > 0) {
+        if (capacity > 0 && !no_create) {
             fd = shm_open(shm_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
             if (fd >= 0) {
                 sim_shared *s;
@@ -342,6 +384,8 @@ static int map_pool(const char *spec, const char *name, uint64_t capacity, sim_s
         }
         fd = shm_open(shm_name, O_RDWR | O_CLOEXEC, 0);
         if (fd < 0) {
+            if (errno == ENOENT && no_create)
+                return sw_error_set(err, SW_ENOTFOUND, "%s (simulated): no such pool", spec);
             if (errno == ENOENT && capacity == 0)
                 return sw_error_set(err, SW_ENOTFOUND,
                                     "%s (simulated): no such pool; pass a capacity "
@@ -383,22 +427,65 @@ static int sim_open(dev_device *dev, const char *name, const dev_options *opts, 
         return sw_error_set(err, SW_ENOMEM, "out of host memory opening %s", dev->spec);
     snprintf(h->name, sizeof h->name, "%s", name);
     h->slot = -1;
-    if ((rc = map_pool(dev->spec, name, opts->sim_capacity_bytes, &h->shared, &created, err)))
-        goto fail;
-
-    uint64_t capacity = h->shared->capacity_bytes;
-    if (opts->sim_capacity_bytes != 0 && opts->sim_capacity_bytes != capacity) {
-        rc = sw_error_set(err, SW_EINVAL,
-                          "%s (simulated): the pool exists with capacity %s, not the %s asked "
-                          "(pass no capacity to use it, or unlink it first)",
-                          dev->spec, dev__bytes_str(capacity, cap_str, sizeof cap_str),
-                          dev__bytes_str(opts->sim_capacity_bytes, asked_str, sizeof asked_str));
-        goto fail;
+    h->look_only = opts->sim_no_create;
+    const char *keep_env = getenv("SPILLWAY_SIM_KEEP");
+    bool keep = keep_env && !strcmp(keep_env, "1");
+    uint64_t capacity = 0, used = 0;
+    /* Opened again when the pool found was removed under us (its last user
+     * closed it), or was one no live process used and of another capacity
+     * than asked (left by processes that died): then it is replaced. */
+    for (int attempt = 0;; attempt++) {
+        if (attempt == 20) {
+            rc = sw_error_set(err, SW_EDEVICE,
+                              "%s (simulated): pool kept disappearing while being opened",
+                              dev->spec);
+            goto fail;
+        }
+        if ((rc = map_pool(dev->spec, name, opts->sim_capacity_bytes, opts->sim_no_create,
+                           &h->shared, &created, err)))
+            goto fail;
+        if ((rc = pool_lock(h, dev->spec, err)) != SW_OK)
+            goto fail;
+        if (h->shared->removed) {
+            pool_unlock(h);
+            munmap(h->shared, sizeof(sim_shared));
+            h->shared = NULL;
+            continue;
+        }
+        reclaim_dead(h, dev->spec);
+        capacity = h->shared->capacity_bytes;
+        if (opts->sim_capacity_bytes != 0 && opts->sim_capacity_bytes != capacity) {
+            bool unused = !pool_in_use(h->shared);
+            bool replaced = !opts->sim_no_create && remove_if_unused(h, dev->spec);
+            pool_unlock(h);
+            if (unused && !h->shared->keep && opts->sim_no_create) {
+                /* a real open would replace it: for a look, there is none */
+                munmap(h->shared, sizeof(sim_shared));
+                h->shared = NULL;
+                rc = sw_error_set(err, SW_ENOTFOUND, "%s (simulated): no pool in use", dev->spec);
+                goto fail;
+            }
+            munmap(h->shared, sizeof(sim_shared));
+            h->shared = NULL;
+            if (replaced) {
+                SW_INFO("device", "%s (simulated): removed the unused pool of %s to create one "
+                        "of %s", dev->spec, dev__bytes_str(capacity, cap_str, sizeof cap_str),
+                        dev__bytes_str(opts->sim_capacity_bytes, asked_str, sizeof asked_str));
+                continue;
+            }
+            rc = sw_error_set(err, SW_EINVAL,
+                              "%s (simulated): the pool exists with capacity %s, %s, not the %s "
+                              "asked (pass no capacity to use it, or use another pool name)",
+                              dev->spec, dev__bytes_str(capacity, cap_str, sizeof cap_str),
+                              unused ? "kept (SPILLWAY_SIM_KEEP=1; remove it with spillway hog "
+                                       "--unlink or rm /dev/shm/spillway-sim-NAME)"
+                                     : "in use by another process",
+                              dev__bytes_str(opts->sim_capacity_bytes, asked_str,
+                                             sizeof asked_str));
+            goto fail;
+        }
+        break;
     }
-
-    if ((rc = pool_lock(h, dev->spec, err)) != SW_OK)
-        goto fail;
-    reclaim_dead(h, dev->spec);
     for (int i = 0; i < SIM_POOL_SLOTS; i++) {
         if (h->shared->slots[i].pid == 0) {
             h->slot = i;
@@ -410,8 +497,10 @@ static int sim_open(dev_device *dev, const char *name, const dev_options *opts, 
         slot->bytes = 0;
         slot->start_time = my_start;
         slot->pid = getpid(); /* last: a slot with a pid is complete */
+        if (keep && !h->look_only)
+            h->shared->keep = 1;
     }
-    uint64_t used = pool_used(h->shared);
+    used = pool_used(h->shared);
     pool_unlock(h);
     if (h->slot < 0) {
         rc = sw_error_set(err, SW_EDEVICE, "%s (simulated): all %d handle slots of the pool are "
@@ -445,7 +534,15 @@ static void sim_close(dev_device *dev)
                 slot->bytes = 0;
                 slot->start_time = 0;
             }
+            bool removed = false;
+            if (!h->look_only) {
+                reclaim_dead(h, dev->spec);
+                removed = remove_if_unused(h, dev->spec);
+            }
             pool_unlock(h);
+            if (removed)
+                SW_INFO("device", "%s (simulated): pool removed with its last user "
+                        "(SPILLWAY_SIM_KEEP=1 keeps it)", dev->spec);
         } else {
             SW_ERROR("device", "%s (simulated): could not lock the pool to close; its bytes "
                      "return when this process exits", dev->spec);

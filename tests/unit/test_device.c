@@ -664,8 +664,9 @@ static void test_sim_stale_half_created(void **state)
     int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
     assert_true(fd >= 0);
     int rc = dev_open(spec, &opts, &dev, &err);
-    assert_true(rc == SW_EFORMAT);
+    assert_true(rc == SW_EDEVICE);
     assert_null(dev);
+    assert_non_null(strstr(err.message, "never sized"));
     assert_non_null(strstr(err.message, "rm /dev/shm/spillway-sim-"));
 
     assert_int_equal(ftruncate(fd, 64 << 10), 0); /* bigger than a pool, all zero */
@@ -682,6 +683,33 @@ static void test_sim_stale_half_created(void **state)
     dev_close(dev);
     /* the last handle closed: the pool went with it */
     assert_int_equal(dev_sim_unlink(name, &err), SW_ENOTFOUND);
+}
+
+/* A pool another spillway version left (a smaller object: the layout an
+ * older build used) is refused by an opener that only attaches, with how to
+ * remove it, and replaced by one that creates: an upgrade does not leave
+ * `make run` stuck on a stale /dev/shm entry. */
+static void test_sim_other_version_replaced(void **state)
+{
+    (void)state;
+    char shm[96], spec[80], name[64];
+    dev_device *dev = NULL;
+    sw_error err;
+
+    snprintf(name, sizeof name, "%s", pool_name("oldver"));
+    snprintf(spec, sizeof spec, "sim-gpu:%s", name);
+    snprintf(shm, sizeof shm, "/spillway-sim-%s", name);
+    int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 6216), 0);
+    close(fd);
+    assert_int_equal(dev_open(spec, NULL, &dev, &err), SW_EFORMAT);
+    assert_null(dev);
+    assert_non_null(strstr(err.message, "not a pool of this spillway version"));
+    dev = open_ok(spec, 1 << 20);
+    assert_int_equal(info_ok(dev).total_bytes, 1 << 20);
+    dev_close(dev);
+    assert_int_equal(dev_sim_unlink(name, &err), SW_ENOTFOUND); /* went with its user */
 }
 
 /* ---- spillway hog --------------------------------------------------------- */
@@ -898,6 +926,7 @@ int main(void)
         cmocka_unit_test(test_sim_pool_lifetime),
         cmocka_unit_test(test_sim_creation_race),
         cmocka_unit_test(test_sim_stale_half_created),
+        cmocka_unit_test(test_sim_other_version_replaced),
         cmocka_unit_test(test_hog_sim),
         cmocka_unit_test(test_hog_cpu_and_usage),
     };

@@ -308,12 +308,16 @@ static int map_existing(int fd, const char *spec, const char *shm_name, sim_shar
                                 strerror(errno));
         if ((uint64_t)st.st_size >= sizeof(sim_shared))
             break;
-        if (st.st_size > 0 || now_ms() > deadline)
+        if (st.st_size > 0)
             return sw_error_set(err, SW_EFORMAT,
                                 "%s (simulated): /dev/shm%s is %lld bytes, not a pool of this "
-                                "spillway version (or its creator died); remove it with rm "
-                                "/dev/shm%s",
+                                "spillway version; remove it with rm /dev/shm%s",
                                 spec, shm_name, (long long)st.st_size, shm_name);
+        if (now_ms() > deadline)
+            return sw_error_set(err, SW_EDEVICE,
+                                "%s (simulated): /dev/shm%s was never sized (its creator "
+                                "died?); remove it with rm /dev/shm%s",
+                                spec, shm_name, shm_name);
         sleep_ms(1);
     }
     s = mmap(NULL, sizeof(sim_shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -398,6 +402,15 @@ static int map_pool(const char *spec, const char *name, uint64_t capacity, bool 
         }
         rc = map_existing(fd, spec, shm_name, out, err);
         close(fd);
+        if (rc == SW_EFORMAT && capacity > 0 && !no_create) {
+            /* another spillway version's pool (an older build's, left
+             * behind): its users, if any, keep their mapping; this one
+             * gets a pool of its own version */
+            SW_WARN("sim", "%s: replacing /dev/shm%s, a pool of another spillway version",
+                    spec, shm_name);
+            shm_unlink(shm_name);
+            continue;
+        }
         if (rc == SW_OK)
             *created = false;
         return rc;

@@ -8,41 +8,13 @@
 // width, of unit length, the same whichever way they were asked for, and
 // the same for a text alone as in a batch. Run by run.sh, which installs
 // the packages.
-import { spawn } from 'node:child_process';
-import fs from 'node:fs';
-import path from 'node:path';
 import OpenAI from 'openai';
 import { embed, embedMany } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
+import { check, failed, startDemoRouter } from './demo_router.mjs';
 
-const BIN = process.env.SPILLWAY_BIN;
-const DIR = process.env.SPILLWAY_SDK_DIR;
-let failures = 0;
-function check(ok, what) {
-  console.log(`${ok ? 'ok' : 'FAIL'}: ${what}`);
-  if (!ok) failures++;
-}
-
-// config/demo.ini, on a port, a pool and a state directory of this test's
-const pool = `sdk-embed-${process.pid}`;
-const ini = path.join(DIR, 'router-embeddings.ini');
-fs.writeFileSync(ini, fs.readFileSync(process.env.SPILLWAY_DEMO_INI, 'utf8')
-  .replace(/^listen = .*$/m, 'listen = 127.0.0.1:0')
-  .replace(/^state-dir = .*$/m, `state-dir = ${DIR}/state-embeddings`)
-  .replace(/^path = build\/models\/demo\.gguf$/m, `path = ${process.env.SPILLWAY_DEMO_MODEL}`)
-  .replace(/sim-gpu:demo/g, `sim-gpu:${pool}`));
-const log = fs.openSync(path.join(DIR, 'router-embeddings.log'), 'w');
-const proc = spawn(BIN, ['serve', '--config', ini], { stdio: ['ignore', 'pipe', log] });
-const port = await new Promise((resolve, reject) => {
-  let out = '';
-  const t = setTimeout(() => reject(new Error('the router did not start in 60 s')), 60000);
-  proc.stdout.on('data', (d) => {
-    out += d;
-    const m = /listening on 127\.0\.0\.1:(\d+)/.exec(out);
-    if (m) { clearTimeout(t); resolve(Number(m[1])); }
-  });
-  proc.on('exit', (code) => reject(new Error(`the router exited (${code})`)));
-});
+const router = await startDemoRouter('embeddings');
+const port = router.port;
 const base = `http://127.0.0.1:${port}/v1`;
 
 const WIDTH = 256; // the demo model's (Makefile: --dim 256)
@@ -96,8 +68,7 @@ try {
 } catch (e) {
   check(false, `unexpected: ${e.stack || e.message}`);
 } finally {
-  proc.kill('SIGTERM');
-  await new Promise((resolve) => proc.on('exit', resolve));
+  await router.stop();
 }
-check(failures === 0, 'every embeddings check passed');
-process.exit(failures ? 1 : 0);
+check(failed() === 0, 'every embeddings check passed');
+process.exit(failed() ? 1 : 0);

@@ -6,41 +6,12 @@
 // tool_choice and the tool_result sent back, messages.countTokens (the
 // count create's usage reports), and a refusal the SDK raises as its typed
 // error. Run by run.sh, which installs the packages.
-import { spawn } from 'node:child_process';
-import fs from 'node:fs';
-import path from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
+import { check, failed, startDemoRouter } from './demo_router.mjs';
 
-const BIN = process.env.SPILLWAY_BIN;
-const DIR = process.env.SPILLWAY_SDK_DIR;
 const KEY = 'sdk-messages-key-0001';
-let failures = 0;
-function check(ok, what) {
-  console.log(`${ok ? 'ok' : 'FAIL'}: ${what}`);
-  if (!ok) failures++;
-}
-
-// config/demo.ini, on a port, a pool and a state directory of this test's,
-// with an API key
-const pool = `sdk-msg-${process.pid}`;
-const ini = path.join(DIR, 'router-messages.ini');
-fs.writeFileSync(ini, fs.readFileSync(process.env.SPILLWAY_DEMO_INI, 'utf8')
-  .replace(/^listen = .*$/m, `listen = 127.0.0.1:0\napi-keys = ${KEY}`)
-  .replace(/^state-dir = .*$/m, `state-dir = ${DIR}/state-messages`)
-  .replace(/^path = build\/models\/demo\.gguf$/m, `path = ${process.env.SPILLWAY_DEMO_MODEL}`)
-  .replace(/sim-gpu:demo/g, `sim-gpu:${pool}`));
-const log = fs.openSync(path.join(DIR, 'router-messages.log'), 'w');
-const proc = spawn(BIN, ['serve', '--config', ini], { stdio: ['ignore', 'pipe', log] });
-const port = await new Promise((resolve, reject) => {
-  let out = '';
-  const t = setTimeout(() => reject(new Error('the router did not start in 60 s')), 60000);
-  proc.stdout.on('data', (d) => {
-    out += d;
-    const m = /listening on 127\.0\.0\.1:(\d+)/.exec(out);
-    if (m) { clearTimeout(t); resolve(Number(m[1])); }
-  });
-  proc.on('exit', (code) => reject(new Error(`the router exited (${code})`)));
-});
+const router = await startDemoRouter('messages', `api-keys = ${KEY}`);
+const port = router.port;
 const baseURL = `http://127.0.0.1:${port}`;
 
 const weather = {
@@ -156,11 +127,7 @@ try {
 } catch (e) {
   check(false, `unexpected: ${e.stack ?? e}`);
 } finally {
-  proc.kill('SIGTERM');
-  await new Promise((resolve) => {
-    const t = setTimeout(() => { proc.kill('SIGKILL'); resolve(); }, 15000);
-    proc.on('exit', () => { clearTimeout(t); resolve(); });
-  });
+  await router.stop();
 }
-console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
-process.exit(failures ? 1 : 0);
+console.log(failed() ? `${failed()} check(s) failed` : 'all checks passed');
+process.exit(failed() ? 1 : 0);

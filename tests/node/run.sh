@@ -23,7 +23,7 @@ npm_deps "$here" "$dir" "sdk test: openai, @anthropic-ai/sdk, ai, @langchain/ope
 # an ES module resolves its imports from where it lies: beside node_modules
 test=${2:-structured.test.mjs}
 [ -f "$here/$test" ] || { echo "run.sh: no $here/$test" >&2; exit 2; }
-cp "$here/$test" "$dir/"
+cp "$here/$test" "$here/demo_router.mjs" "$dir/"
 export SPILLWAY_DEMO_INI="$here/../../config/demo.ini"
 export SPILLWAY_DEMO_MODEL="$build/models/demo.gguf"
 export SPILLWAY_SDK_DIR="$dir"

@@ -4,12 +4,19 @@
 #ifndef SPILLWAY_CLI_H
 #define SPILLWAY_CLI_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 int cli_model_main(int argc, char **argv);      /* spillway model ... */
 int cli_model_make(int argc, char **argv);      /* spillway model make */
 int cli_model_info(int argc, char **argv);      /* spillway model info */
 int cli_model_plan(int argc, char **argv);      /* spillway model plan */
+/* `spillway model plan` on a file the engine refused (engine_refusal, its
+ * message): a llama-server worker's figures from the metadata alone
+ * (cli_model_plan_books.c). 0, or 1 with the reason on stderr. */
+struct eng_plan_params;
+int cli_model_plan_books(const char *path, const struct eng_plan_params *pp, bool json,
+                         const char *engine_refusal);
 int cli_run_main(int argc, char **argv);        /* spillway run */
 int cli_bench_main(int argc, char **argv);      /* spillway bench */
 int cli_hog_main(int argc, char **argv);        /* spillway hog */

@@ -109,8 +109,13 @@ int cli_model_plan(int argc, char **argv)
     /* only the metadata is needed: no weight is copied or read */
     eng_model_load_params lp = eng_model_load_default_params();
     lp.copy_weights = false;
-    if (eng_model_load_with(path, &lp, &model, &err))
+    if (eng_model_load_with(path, &lp, &model, &err)) {
+        /* a file the engine does not run (another architecture, a tensor
+         * type it lacks): the figures of a llama-server worker of it */
+        if (err.code == SW_EUNSUPPORTED)
+            return cli_model_plan_books(path, &pp, json, err.message);
         goto fail;
+    }
     int rc = dev_open(spec, &opts, &dev, &err);
     if (rc == SW_ENOTFOUND && sim && sim_capacity > 0) {
         planned_pool = true;

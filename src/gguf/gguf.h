@@ -116,6 +116,7 @@ int eng_gguf_get_arr(const eng_gguf *g, const char *key,
 int eng_gguf_arr_str(const eng_gguf *g, int64_t kv, uint64_t i, const char **ptr, size_t *len);
 int eng_gguf_arr_f32(const eng_gguf *g, int64_t kv, uint64_t i, float *out);
 int eng_gguf_arr_i32(const eng_gguf *g, int64_t kv, uint64_t i, int32_t *out);
+int eng_gguf_arr_bool(const eng_gguf *g, int64_t kv, uint64_t i, bool *out);
 
 /* Human-readable rendering of a scalar value or a short array preview, for
  * `spillway model info`: 5, -1.5, true, "llama" (escaped, long strings cut

@@ -412,6 +412,18 @@ int eng_gguf_arr_i32(const eng_gguf *g, int64_t kv, uint64_t i, int32_t *out)
     return SW_OK;
 }
 
+int eng_gguf_arr_bool(const eng_gguf *g, int64_t kv, uint64_t i, bool *out)
+{
+    int rc;
+    const eng__gguf_kv *a = arr_elem(g, kv, i, &rc);
+    if (!a)
+        return rc;
+    if (a->elem_type != ENG_GGUF_BOOL)
+        return SW_EFORMAT;
+    *out = g->base[a->value_pos + (size_t)i] != 0; /* 0/1, checked at open */
+    return SW_OK;
+}
+
 /* ---- formatting ---------------------------------------------------------- */
 
 /* A bounded appender: writes what fits and remembers that something did not. */

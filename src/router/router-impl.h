@@ -52,6 +52,7 @@
 #include "common/alloc.h"
 #include "ledger/ledger.h"
 
+#include "gguf/gguf_cache.h"
 #include "chat/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -98,6 +99,10 @@ typedef struct rt_model {
                                   section without one) */
     eng_tokenizer *tok;
     eng_chat_family family;
+    /* its attention cache, from the file's metadata (router_books.c);
+     * cache_error: why it could not be read ("" read) */
+    eng_gguf_cache_shape cache;
+    char cache_error[SW_ERROR_MESSAGE_MAX];
 } rt_model;
 
 /* A configuration a reload replaced, kept until the router ends: a

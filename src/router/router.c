@@ -194,6 +194,17 @@ static int load_models(rt_router *rt, const rt_config *c)
         }
         if (!m->cfg.name[0])
             api_model_id(gg, m->cfg.path, m->cfg.name, sizeof m->cfg.name);
+        /* the books of its llama-server workers (router_books.c): a file
+         * whose cache cannot be read is still served, by slots only */
+        m->cache_error[0] = 0;
+        if (eng_gguf_cache_shape_read(gg, &m->cache, &err)) {
+            snprintf(m->cache_error, sizeof m->cache_error, "%s", err.message);
+            SW_WARN("router", "model %s: its KV memory cannot be counted: %s", m->cfg.name,
+                    err.message);
+        } else if (!eng_gguf_cache_countable(&m->cache)) {
+            SW_INFO("router", "model %s: %s; a llama-server worker of it is admitted by its "
+                    "slots", m->cfg.name, m->cache.reason);
+        }
         eng_gguf_close(gg);
         rt->n_models = i + 1;
     }

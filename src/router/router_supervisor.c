@@ -5,6 +5,7 @@
  * main thread during start-up).
  */
 #include "router/router-impl.h"
+#include "router/router_books.h"
 #include "router/router_tls.h"
 #include "router/router_llamaserver.h"
 #include "router/router_net.h"
@@ -231,6 +232,10 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
             }
         }
         rt_pool_reconcile_locked(w);
+        if (is_ls) /* its KV counted from the model file (router_books.c) */
+            rt_books_llama_server_locked(w, &rt->models[w->model].cache,
+                                         !rt->models[w->model].cache_error[0], w->ctx_limit,
+                                         w->slots_max);
         rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s (%s): ready", w->cfg.name,

@@ -17,6 +17,9 @@ int cli_model_plan(int argc, char **argv);      /* spillway model plan */
 struct eng_plan_params;
 int cli_model_plan_books(const char *path, const struct eng_plan_params *pp, bool json,
                          const char *engine_refusal);
+/* The KV bytes llama-server -c ctx*seqs -np seqs allocates for the file
+ * (a unified cache, f16 unless pp says otherwise); 0 when not counted. */
+uint64_t cli_model_plan_server_kv(const char *path, const struct eng_plan_params *pp);
 int cli_run_main(int argc, char **argv);        /* spillway run */
 int cli_bench_main(int argc, char **argv);      /* spillway bench */
 int cli_hog_main(int argc, char **argv);        /* spillway hog */

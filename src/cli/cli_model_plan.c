@@ -168,6 +168,10 @@ int cli_model_plan(int argc, char **argv)
         json_object_set_new(rec, "kv_blocks_per_seq", json_integer(plan.kv_blocks_per_seq));
         json_object_set_new(rec, "sliding_window", json_integer(hp->n_swa));
         json_object_set_new(rec, "kv_type", json_string(eng_kv_type_name(pp.kv_type)));
+        /* the same file as a llama-server worker's (its cache, not its
+         * compute buffers): what the router's books count there */
+        json_object_set_new(rec, "llama_server_kv_bytes",
+                            json_integer((json_int_t)cli_model_plan_server_kv(path, &pp)));
         /* true: no such pool, planned as an empty one of --sim-capacity */
         json_object_set_new(rec, "pool_planned", json_boolean(planned_pool));
         char *text = json_dumps(rec, JSON_COMPACT);
@@ -231,6 +235,9 @@ int cli_model_plan(int argc, char **argv)
         printf("  needed         %12s of %s usable: %s\n", a, d, plan.fits ? "fits" : "DOES NOT FIT");
         printf("largest that fit: ctx %d (with %d seqs), %d seqs (of ctx %d), %d gpu layers\n",
                plan.max_ctx, pp.n_seqs, plan.max_seqs, pp.n_ctx, plan.max_gpu_layers);
+        human(cli_model_plan_server_kv(path, &pp), a, sizeof a);
+        printf("as a llama-server worker (-c %lld -np %d): kv %s\n",
+               (long long)pp.n_ctx * pp.n_seqs, pp.n_seqs, a);
     }
     status = plan.fits ? 0 : 3;
     goto done;

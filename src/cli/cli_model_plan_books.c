@@ -35,6 +35,18 @@ static void human(uint64_t bytes, char *buf, size_t cap)
     snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
+uint64_t cli_model_plan_server_kv(const char *path, const eng_plan_params *pp)
+{
+    eng_gguf *g = NULL;
+    eng_gguf_cache_shape s;
+    uint64_t bytes = 0;
+    if (!eng_gguf_open(path, &g, NULL) && !eng_gguf_cache_shape_read(g, &s, NULL))
+        bytes = eng_gguf_cache_server_bytes(&s, pp->kv_type, (int64_t)pp->n_ctx * pp->n_seqs,
+                                            pp->n_seqs, BOOKS_UBATCH, BOOKS_CELL_PADDING);
+    eng_gguf_close(g);
+    return bytes;
+}
+
 int cli_model_plan_books(const char *path, const eng_plan_params *pp, bool json,
                          const char *engine_refusal)
 {

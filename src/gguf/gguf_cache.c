@@ -237,8 +237,8 @@ int eng_gguf_cache_shape_read(const eng_gguf *g, eng_gguf_cache_shape *out, sw_e
     if (recurrent) {
         s.kind = ENG_GGUF_CACHE_HYBRID;
         snprintf(s.reason, sizeof s.reason,
-                 "%s is hybrid: %d of %d layers attend (their KV is known), the others keep "
-                 "recurrent state that is not counted",
+                 "%s is hybrid: its recurrent state (per sequence, not per token) is not "
+                 "counted; %d of %d layers also keep attention KV, known per token",
                  a, s.n_layer_kv, s.n_layer);
     } else if (s.n_layer_kv == 0) {
         return sw_error_set(err, SW_EFORMAT, "%s: no layer has attention heads "

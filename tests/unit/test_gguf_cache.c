@@ -184,7 +184,7 @@ static void test_not_counted(void **state)
     assert_false(eng_gguf_cache_countable(&c));
     assert_int_equal(c.n_layer_kv, 6);
     assert_int_equal(c.k_elements_global, 6 * 8 * 64);
-    assert_non_null(strstr(c.reason, "recurrent state that is not counted"));
+    assert_non_null(strstr(c.reason, "recurrent state (per sequence, not per token) is not counted"));
 
     spec next = {.arch = "qwen3next", .layers = 48, .embd = 2048, .heads = 16, .heads_kv = 2,
                  .key_length = 256, .value_length = 256, .extra_key = "ssm.state_size",

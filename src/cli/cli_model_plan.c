@@ -31,7 +31,9 @@ static void usage(FILE *out)
             "  --ctx C           tokens per sequence (default 2048)\n"
             "  --seqs S          sequences at once (default 1)\n"
             "  --reserve P       share of the device never handed out (default 0.10)\n"
-            "  --kv-type T       f16 (default) | q8_0 | q4_0 | f32: the KV cache's elements\n");
+            "  --kv-type T       f16 (default) | q8_0 | q4_0 | f32: the KV cache's elements\n"
+            "A file the engine does not run (another family) is planned from its metadata as a\n"
+            "llama-server worker's: weights, KV per token, the cache of -c CTX*SEQS -np SEQS.\n");
 }
 
 static void human(uint64_t bytes, char *buf, size_t cap)

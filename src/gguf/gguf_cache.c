@@ -223,6 +223,9 @@ int eng_gguf_cache_shape_read(const eng_gguf *g, eng_gguf_cache_shape *out, sw_e
         if (window > 0 && (rc = read_sliding_pattern(g, a, il, s.n_layer, &sliding, err)))
             return rc;
         int64_t k = (int64_t)n_head_kv * k_len, v = (int64_t)n_head_kv * v_len;
+        if (k > (1 << 24) || v > (1 << 24)) /* rows of 16M elements: no model has them */
+            return sw_error_set(err, SW_EFORMAT, "%s: layer %d's KV rows (%u heads of %u and %u) "
+                                "are out of range", a, il, n_head_kv, k_len, v_len);
         s.n_layer_kv++;
         if (sliding) {
             s.n_layer_sliding++;
@@ -273,15 +276,20 @@ uint64_t eng_gguf_cache_server_bytes(const eng_gguf_cache_shape *s, uint32_t typ
     if (n_ctx < 1 || n_seqs < 1 || n_ubatch < 1)
         return 0;
     uint64_t cells = pad_to((uint64_t)n_ctx, (uint64_t)(cell_padding > 0 ? cell_padding : 1));
-    uint64_t bytes = cells * eng_gguf_cache_bytes_per_token(s, type, false);
+    uint64_t bytes, swa_bytes = 0;
+    /* a file's head counts times a context can exceed 64 bits: saturated */
+    if (__builtin_mul_overflow(cells, eng_gguf_cache_bytes_per_token(s, type, false), &bytes))
+        return UINT64_MAX;
     if (s->n_layer_sliding > 0) {
         uint64_t swa = (uint64_t)s->sliding_window * (uint64_t)n_seqs + (uint64_t)n_ubatch;
         if (swa > cells)
             swa = cells;
         swa = pad_to(swa, (uint64_t)(cell_padding > 0 ? cell_padding : 1));
-        bytes += swa * eng_gguf_cache_bytes_per_token(s, type, true);
+        if (__builtin_mul_overflow(swa, eng_gguf_cache_bytes_per_token(s, type, true),
+                                   &swa_bytes))
+            return UINT64_MAX;
     }
-    return bytes;
+    return __builtin_add_overflow(bytes, swa_bytes, &bytes) ? UINT64_MAX : bytes;
 }
 
 const char *eng_gguf_cache_kind_name(eng_gguf_cache_kind kind)

@@ -6,6 +6,7 @@
 
 #include "quant/quant.h"
 
+#include <stdint.h>
 #include <stdio.h>
 
 int64_t rt_books_budget_bytes(const eng_gguf_cache_shape *shape, int32_t n_ctx, int32_t slots)
@@ -17,9 +18,13 @@ int64_t rt_books_budget_bytes(const eng_gguf_cache_shape *shape, int32_t n_ctx, 
     uint64_t swa_cells = (uint64_t)shape->sliding_window * (uint64_t)slots + RT_BOOKS_LS_UBATCH;
     if (swa_cells > (uint64_t)n_ctx)
         swa_cells = (uint64_t)n_ctx;
-    /* n_ctx <= INT32_MAX cells of at most 4096 layers' rows: no overflow
-     * of the 64 bits before the cast */
-    return (int64_t)((uint64_t)n_ctx * global + (sliding ? swa_cells * sliding : 0));
+    /* a file's figures times a context beyond 63 bits: not counted */
+    uint64_t bytes, swa_bytes;
+    if (__builtin_mul_overflow((uint64_t)n_ctx, global, &bytes) ||
+        __builtin_mul_overflow(swa_cells, sliding, &swa_bytes) ||
+        __builtin_add_overflow(bytes, swa_bytes, &bytes) || bytes > (uint64_t)INT64_MAX)
+        return 0;
+    return (int64_t)bytes;
 }
 
 void rt_books_llama_server_locked(rt_worker *w, const eng_gguf_cache_shape *shape,

@@ -10,6 +10,7 @@
  */
 #include "common/alloc.h"
 #include "gguf/gguf.h"
+#include "gguf/gguf_cache.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -223,6 +224,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (eng_gguf_tensor_at(g, eng_gguf_n_tensors(g)) != NULL)
         __builtin_trap();
+    /* the cache shape (any family): a shape or a typed error naming the
+     * fault; its sums never negative, its sliding layers among those kept */
+    eng_gguf_cache_shape shape;
+    sw_error cerr;
+    if (eng_gguf_cache_shape_read(g, &shape, &cerr) == SW_OK) {
+        if (shape.n_layer_sliding > shape.n_layer_kv || shape.n_layer_kv > shape.n_layer ||
+            shape.k_elements_global < 0 || shape.k_elements_sliding < 0 ||
+            shape.v_elements_global < 0 || shape.v_elements_sliding < 0)
+            __builtin_trap();
+        eng_gguf_cache_server_bytes(&shape, 1, 4096, 4, 512, 256);
+    } else if (cerr.code >= 0 || cerr.message[0] == '\0') {
+        __builtin_trap();
+    }
     round_trip(g);
     eng_gguf_close(g);
     return 0;

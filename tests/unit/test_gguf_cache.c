@@ -225,6 +225,11 @@ static void test_malformed(void **state)
     assert_int_equal(read_shape(&no_head_size, &c, &err), SW_EFORMAT);
     assert_non_null(strstr(err.message, "head sizes"));
 
+    spec huge = {.arch = "granite", .layers = 4, .embd = 4096, .heads = 65536,
+                 .heads_kv = 65536, .key_length = 65536};
+    assert_int_equal(read_shape(&huge, &c, &err), SW_EFORMAT);
+    assert_non_null(strstr(err.message, "KV rows"));
+
     static const int32_t short_kv[3] = {8, 8, 8};
     spec short_array = {.arch = "jamba", .layers = 4, .embd = 4096, .heads = 32,
                         .heads_kv_per_layer = short_kv};

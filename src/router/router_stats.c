@@ -115,14 +115,24 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
                                                : w->cfg.kind == RT_KIND_LLAMA_SERVER
                                                    ? "llama-server"
                                                    : "spillway"));
-    if (w->cfg.kind == RT_KIND_LLAMA_SERVER)
+    if (w->cfg.kind == RT_KIND_LLAMA_SERVER) {
         /* router_llamaserver.c: its /slots, and whether its streams carry
          * token ids a spillway worker can resume from */
-        json_object_set_new(o, "llama_server",
-                            json_pack("{s:b, s:b, s:i, s:i, s:i}", "vocab_checked",
-                                      w->ls_vocab_checked, "resumable", w->ls_vocab_same,
-                                      "slots", w->slots_max, "slots_busy", w->ls_slots_busy,
-                                      "slots_foreign", w->ls_foreign));
+        json_t *ls = json_pack("{s:b, s:b, s:i, s:i, s:i}", "vocab_checked",
+                               w->ls_vocab_checked, "resumable", w->ls_vocab_same, "slots",
+                               w->slots_max, "slots_busy", w->ls_slots_busy, "slots_foreign",
+                               w->ls_foreign);
+        /* router_books.c: its KV counted from the model file, or why not */
+        const rt_model *m = &rt->models[w->model];
+        json_object_set_new(ls, "kv_counted", json_boolean(w->kv_budget >= 0));
+        if (w->kv_budget < 0)
+            json_object_set_new(ls, "kv_not_counted",
+                                json_string(m->cache_error[0] ? m->cache_error
+                                            : !eng_gguf_cache_countable(&m->cache)
+                                                ? m->cache.reason
+                                                : "no slot context known yet (/slots)"));
+        json_object_set_new(o, "llama_server", ls);
+    }
     if (w->cfg.on_demand)
         json_object_set_new(o, "on_demand",
                             json_pack("{s:i, s:I, s:f, s:I, s:I, s:I}", "idle_timeout_s",

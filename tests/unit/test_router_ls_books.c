@@ -207,6 +207,7 @@ static void test_books_from_metadata(void **state)
     assert_int_equal(json_integer_value(json_object_get(rep, "kv_block_tokens")), 1);
     assert_int_equal(json_integer_value(json_object_get(rep, "kv_block_device_bytes")), 256);
     assert_int_equal(json_integer_value(json_object_get(books, "kv_budget_bytes")), 256 * 256);
+    assert_true(json_is_true(json_object_get(json_object_get(h, "llama_server"), "kv_counted")));
     json_decref(h);
 
     /* prompt + 200 of 256 cells: the second request does not fit beside
@@ -244,6 +245,10 @@ static void test_hybrid_by_slots(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_object_get(h, "books"),
                                                         "kv_budget_bytes")),
                      -1);
+    json_t *ls = json_object_get(h, "llama_server");
+    assert_false(json_is_true(json_object_get(ls, "kv_counted")));
+    assert_non_null(strstr(json_string_value(json_object_get(ls, "kv_not_counted")) ?: "",
+                           "lfm2 is hybrid: its recurrent state"));
     json_decref(h);
     /* not counted: both go to its two slots at once */
     int seqs;

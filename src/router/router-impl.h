@@ -103,6 +103,7 @@ typedef struct rt_model {
      * cache_error: why it could not be read ("" read) */
     eng_gguf_cache_shape cache;
     char cache_error[SW_ERROR_MESSAGE_MAX];
+    uint64_t weights_bytes;    /* the file's tensors */
 } rt_model;
 
 /* A configuration a reload replaced, kept until the router ends: a

@@ -197,6 +197,9 @@ static int load_models(rt_router *rt, const rt_config *c)
         /* the books of its llama-server workers (router_books.c): a file
          * whose cache cannot be read is still served, by slots only */
         m->cache_error[0] = 0;
+        m->weights_bytes = 0;
+        for (int64_t t = 0; t < eng_gguf_n_tensors(gg); t++)
+            m->weights_bytes += eng_gguf_tensor_at(gg, t)->size_bytes;
         if (eng_gguf_cache_shape_read(gg, &m->cache, &err)) {
             snprintf(m->cache_error, sizeof m->cache_error, "%s", err.message);
             SW_WARN("router", "model %s: its KV memory cannot be counted: %s", m->cfg.name,

@@ -28,4 +28,15 @@ void rt_books_llama_server_locked(rt_worker *w, const eng_gguf_cache_shape *shap
  * as rt_books_llama_server_locked budgets it (0 when not countable). */
 int64_t rt_books_budget_bytes(const eng_gguf_cache_shape *shape, int32_t n_ctx, int32_t slots);
 
+/* The memory a llama-server started with argv (argc words) takes for the
+ * shape, planned before it starts: its KV cache from -c/--ctx-size (0 or
+ * absent: the trained context) and -np/--parallel (absent or -1: its
+ * automatic 4 slots), one unified cache of f16 (llama-server's defaults;
+ * -ctk/-ctv other than f16 are read too). Writes one line for the log
+ * into line (weights_bytes: the file's tensors, added to it); returns the
+ * KV bytes, 0 when the shape is not counted per token. Compute buffers
+ * are not planned. */
+int64_t rt_books_llama_server_plan(const eng_gguf_cache_shape *shape, uint64_t weights_bytes,
+                                   const char *const *argv, int argc, char *line, size_t cap);
+
 #endif

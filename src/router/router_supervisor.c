@@ -56,6 +56,17 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
             w->next_start = rt__now_s() + 10;
             return;
         }
+        if (c->kind == RT_KIND_LLAMA_SERVER) { /* its memory, planned (router_books.c) */
+            const rt_model *m = &rt->models[w->model];
+            char plan[400];
+            int argc = 0;
+            while (argc < RT_CMD_MAX_ARGS && argv[argc])
+                argc++;
+            rt_books_llama_server_plan(&m->cache, m->weights_bytes, argv, argc, plan,
+                                       sizeof plan);
+            SW_INFO("router", "worker %s (llama-server): planned from %s: %s", c->name,
+                    model->path, plan);
+        }
         goto spawn;
     }
     argv[n++] = "spillway";

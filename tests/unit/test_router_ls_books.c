@@ -19,6 +19,8 @@
 
 #include "common/alloc.h"
 #include "gguf/gguf.h"
+#include "gguf/gguf_cache.h"
+#include "router/router_books.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -261,11 +263,54 @@ static void test_hybrid_by_slots(void **state)
     remove(path);
 }
 
+/* The memory of a llama-server planned from its command before it
+ * starts: a granite-shaped file of 8 layers of 4 KV heads of 96 (12 KiB a
+ * token) with -c 8192 -np 2 takes the 96 MiB of KV the real llama-server
+ * reports for it; a sliding family's window cells; a hybrid is not
+ * planned. */
+static void test_plan_before_start(void **state)
+{
+    (void)state;
+    eng_gguf_cache_shape s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.architecture, sizeof s.architecture, "granite");
+    s.n_layer = s.n_layer_kv = 8;
+    s.k_elements_global = s.v_elements_global = 8 * 4 * 96;
+    s.n_ctx_train = 2048;
+    char line[400];
+    const char *argv[] = {"llama-server", "-m", "m.gguf", "-c", "8192", "-np", "2", "--port",
+                          "1"};
+    assert_int_equal(rt_books_llama_server_plan(&s, 64 << 20, argv, 9, line, sizeof line),
+                     96LL << 20);
+    assert_non_null(strstr(line, "weights 64.0 MiB + KV 96.0 MiB (8192 cells, 2 slots"));
+    /* no -c: the trained context; no -np: 4 slots */
+    assert_int_equal(rt_books_llama_server_plan(&s, 0, argv, 3, line, sizeof line),
+                     2048LL * 12288);
+    /* q8_0 for both */
+    const char *q8[] = {"llama-server", "--ctx-size", "4096", "-ctk", "q8_0", "-ctv", "q8_0"};
+    assert_int_equal(rt_books_llama_server_plan(&s, 0, q8, 7, line, sizeof line),
+                     4096LL * 2 * 8 * 4 * 96 / 32 * 34);
+    /* gpt-oss's shape (4 global, 4 sliding layers over 128 tokens, 8 x 64
+     * heads): 32 + 6 MiB at -c 4096 -np 1, as llama-server reports */
+    s.n_layer_kv = 8;
+    s.n_layer_sliding = 4;
+    s.sliding_window = 128;
+    s.k_elements_global = s.v_elements_global = 4 * 8 * 64;
+    s.k_elements_sliding = s.v_elements_sliding = 4 * 8 * 64;
+    const char *oss[] = {"llama-server", "-c", "4096", "-np", "1"};
+    assert_int_equal(rt_books_llama_server_plan(&s, 0, oss, 5, line, sizeof line), 38LL << 20);
+    s.kind = ENG_GGUF_CACHE_HYBRID;
+    snprintf(s.reason, sizeof s.reason, "lfm2 is hybrid");
+    assert_int_equal(rt_books_llama_server_plan(&s, 0, oss, 5, line, sizeof line), 0);
+    assert_non_null(strstr(line, "KV not planned (lfm2 is hybrid)"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_books_from_metadata),
         cmocka_unit_test(test_hybrid_by_slots),
+        cmocka_unit_test(test_plan_before_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -30,9 +30,12 @@ int64_t rt_books_budget_bytes(const eng_gguf_cache_shape *shape, int32_t n_ctx, 
 }
 
 void rt_books_llama_server_locked(rt_worker *w, const eng_gguf_cache_shape *shape,
-                                  bool shape_read, int32_t slot_ctx, int32_t slots)
+                                  bool shape_read, int32_t slot_ctx, int32_t slots,
+                                  int64_t planned_kv)
 {
     int64_t budget = shape_read ? rt_books_budget_bytes(shape, slot_ctx, slots) : 0;
+    if (budget > 0 && planned_kv > 0) /* the cache its command asked for */
+        budget = planned_kv;
     if (budget <= 0) {
         w->kv_block_tokens = 0;
         w->kv_block_bytes = 0;

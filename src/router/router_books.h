@@ -16,13 +16,16 @@
 /* With the pool's lock held, after its /health (rt_pool_reconcile_locked):
  * the books' units and budget of llama-server worker w from the model's
  * cache shape and its /slots figures (slot_ctx: a slot's context, slots:
- * how many). The cache is taken as llama-server's default: one unified
- * cache of slot_ctx cells of f16, shared by the slots, its sliding layers
- * holding each slot's window plus a batch. A shape that cannot be counted
- * (recurrent or hybrid state, an encoder, unread metadata) or no slot
- * figures leave memory uncounted: admission then goes by its slots. */
+ * how many). The budget is planned_kv when the router started the server
+ * (its command's cache, rt_books_llama_server_plan), else a cache of
+ * slot_ctx cells of f16 shared by the slots (llama-server's unified
+ * default), its sliding layers holding each slot's window plus a batch.
+ * A shape that cannot be counted (recurrent or hybrid state, an encoder,
+ * unread metadata) or no slot figures leave memory uncounted: admission
+ * then goes by its slots. */
 void rt_books_llama_server_locked(rt_worker *w, const eng_gguf_cache_shape *shape,
-                                  bool shape_read, int32_t slot_ctx, int32_t slots);
+                                  bool shape_read, int32_t slot_ctx, int32_t slots,
+                                  int64_t planned_kv);
 
 /* The KV bytes llama-server's cache of n_ctx cells takes for the shape,
  * as rt_books_llama_server_locked budgets it (0 when not countable). */

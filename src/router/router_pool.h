@@ -122,6 +122,9 @@ typedef struct rt_worker {
     int32_t ls_foreign;         /* of them, more than the router had running
                                    there: requests of other clients, whose
                                    slots the router does not count on */
+    int64_t ls_planned_kv;      /* the KV cache its command asks for, planned
+                                   from the model file when the router starts
+                                   it (router_books.c); 0 unknown */
 } rt_worker;
 
 /* The slots w[0..n_slots) keep their index for the router's life: a

@@ -62,8 +62,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
             int argc = 0;
             while (argc < RT_CMD_MAX_ARGS && argv[argc])
                 argc++;
-            rt_books_llama_server_plan(&m->cache, m->weights_bytes, argv, argc, plan,
-                                       sizeof plan);
+            w->ls_planned_kv = rt_books_llama_server_plan(&m->cache, m->weights_bytes, argv,
+                                                          argc, plan, sizeof plan);
             SW_INFO("router", "worker %s (llama-server): planned from %s: %s", c->name,
                     model->path, plan);
         }
@@ -246,7 +246,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
         if (is_ls) /* its KV counted from the model file (router_books.c) */
             rt_books_llama_server_locked(w, &rt->models[w->model].cache,
                                          !rt->models[w->model].cache_error[0], w->ctx_limit,
-                                         w->slots_max);
+                                         w->slots_max, w->ls_planned_kv);
         rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         if (w->state != WS_READY)
             SW_INFO("router", "worker %s (%s): ready", w->cfg.name,

@@ -88,6 +88,13 @@ int cli_model_plan_books(const char *path, const eng_plan_params *pp, bool json,
         }
         if (!countable)
             json_object_set_new(rec, "not_counted", json_string(s.reason));
+        /* a recurrent or hybrid family's state: per sequence, one per slot */
+        json_object_set_new(rec, "recurrent_layers", json_integer(s.n_layer_recurrent));
+        json_object_set_new(rec, "recurrent_state_bytes_per_seq",
+                            json_integer((json_int_t)s.recurrent_bytes_per_seq));
+        json_object_set_new(rec, "llama_server_state_bytes",
+                            json_integer((json_int_t)(s.recurrent_bytes_per_seq *
+                                                      (uint64_t)pp->n_seqs)));
         char *text = json_dumps(rec, JSON_COMPACT);
         printf("%s\n", text ? text : "{}");
         sw_free(text);
@@ -101,8 +108,14 @@ int cli_model_plan_books(const char *path, const eng_plan_params *pp, bool json,
            "worker's, from the file's metadata\n", engine_refusal);
     human(weights, a, sizeof a);
     printf("  weights        %12s (the file's tensors)\n", a);
+    char st[32], st_all[32];
+    human(s.recurrent_bytes_per_seq, st, sizeof st);
+    human(s.recurrent_bytes_per_seq * (uint64_t)pp->n_seqs, st_all, sizeof st_all);
     if (s.kind == ENG_GGUF_CACHE_RECURRENT || s.kind == ENG_GGUF_CACHE_ENCODER) {
         printf("  kv             cannot be counted: %s\n", s.reason);
+        if (s.recurrent_bytes_per_seq)
+            printf("  recurrent      %12s per sequence in %d layers (f32), %s for -np %d\n", st,
+                   s.n_layer_recurrent, st_all, pp->n_seqs);
         printf("admission: by the server's slots only\n");
         return 0;
     }
@@ -115,6 +128,12 @@ int cli_model_plan_books(const char *path, const eng_plan_params *pp, bool json,
     printf("  kv for ctx     %12s: llama-server -c %lld -np %d (one unified cache%s)\n", a,
            (long long)cells, pp->n_seqs,
            sliding ? "; sliding layers: each sequence's window plus a batch of 512" : "");
+    if (s.recurrent_bytes_per_seq) {
+        char total[32];
+        human(server_kv + s.recurrent_bytes_per_seq * (uint64_t)pp->n_seqs, total, sizeof total);
+        printf("  recurrent      %12s per sequence in %d layers (f32), %s for -np %d; with the "
+               "kv: %s\n", st, s.n_layer_recurrent, st_all, pp->n_seqs, total);
+    }
     if (!countable) {
         printf("  not counted    %s\n", s.reason);
         printf("admission: by the server's slots only\n");

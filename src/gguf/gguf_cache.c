@@ -79,6 +79,49 @@ static int layer_u32(const eng_gguf *g, const char *arch, const char *suffix, in
     return SW_OK;
 }
 
+/* ARCH.suffix as a number of at most 2^24 (absent: fallback). */
+static int small_u32(const eng_gguf *g, const char *arch, const char *suffix, uint32_t fallback,
+                     uint64_t *out, sw_error *err)
+{
+    char key[160];
+    uint32_t v = fallback;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = eng_gguf_get_u32(g, key, &v, err);
+    if (rc && rc != SW_ENOTFOUND)
+        return rc;
+    if (v > (1u << 24))
+        return sw_error_set(err, SW_EFORMAT, "'%s' = %u is out of range", key, v);
+    *out = rc == SW_ENOTFOUND ? fallback : v;
+    return SW_OK;
+}
+
+/* Elements of one recurrent layer's state for one sequence, as llama.cpp
+ * sizes its R and S rows for the family's layout. */
+static int recurrent_layer_elements(const eng_gguf *g, const char *a, uint64_t n_embd,
+                                    uint64_t *out, sw_error *err)
+{
+    int rc;
+    uint64_t x, y, z, w;
+    if (has_key(g, a, "wkv.head_size")) { /* RWKV: token shifts, then the wkv state */
+        if ((rc = small_u32(g, a, "wkv.head_size", 0, &x, err)) ||
+            (rc = small_u32(g, a, "token_shift_count", 2, &y, err)))
+            return rc;
+        *out = y * n_embd + n_embd * x;
+    } else if (has_key(g, a, "shortconv.l_cache")) { /* LFM2: the convolution's inputs */
+        if ((rc = small_u32(g, a, "shortconv.l_cache", 0, &x, err)))
+            return rc;
+        *out = n_embd * (x > 0 ? x - 1 : 0);
+    } else { /* Mamba and the gated delta nets: conv inputs, then the scan state */
+        if ((rc = small_u32(g, a, "ssm.conv_kernel", 0, &x, err)) ||
+            (rc = small_u32(g, a, "ssm.inner_size", 0, &y, err)) ||
+            (rc = small_u32(g, a, "ssm.state_size", 0, &z, err)) ||
+            (rc = small_u32(g, a, "ssm.group_count", 0, &w, err)))
+            return rc;
+        *out = (x > 0 ? x - 1 : 0) * (y + 2 * w * z) + z * y;
+    }
+    return SW_OK;
+}
+
 static int read_sliding_pattern(const eng_gguf *g, const char *arch, int32_t il, int32_t n_layer,
                                 bool *sliding, sw_error *err)
 {
@@ -173,8 +216,13 @@ int eng_gguf_cache_shape_read(const eng_gguf *g, eng_gguf_cache_shape *out, sw_e
 
     bool recurrent = has_key(g, a, "ssm.state_size") || has_key(g, a, "ssm.conv_kernel") ||
                      has_key(g, a, "shortconv.l_cache") || has_key(g, a, "wkv.head_size");
+    uint64_t state_per_layer = 0;
+    if (recurrent && (rc = recurrent_layer_elements(g, a, n_embd, &state_per_layer, err)))
+        return rc;
     if (recurrent && in_list(a, recurrent_only, sizeof recurrent_only / sizeof *recurrent_only)) {
         s.kind = ENG_GGUF_CACHE_RECURRENT;
+        s.n_layer_recurrent = s.n_layer;
+        s.recurrent_bytes_per_seq = (uint64_t)s.n_layer * state_per_layer * 4;
         snprintf(s.reason, sizeof s.reason,
                  "%s keeps recurrent state per sequence, not per token: its memory is not "
                  "counted",
@@ -205,7 +253,13 @@ int eng_gguf_cache_shape_read(const eng_gguf *g, eng_gguf_cache_shape *out, sw_e
         if (n_head > 65536 || n_head_kv > 65536)
             return sw_error_set(err, SW_EFORMAT, "%s: layer %d has %u heads, %u KV heads (out "
                                 "of range)", a, il, n_head, n_head_kv);
-        if (attention_interval && (uint32_t)(il + 1) % attention_interval != 0)
+        uint32_t recurrent_layer = 0;
+        bool listed = false;
+        if ((rc = layer_u32(g, a, "attention.recurrent_layers", il, s.n_layer, 0,
+                            &recurrent_layer, &listed, err)))
+            return rc;
+        if (listed ? recurrent_layer != 0
+                   : attention_interval && (uint32_t)(il + 1) % attention_interval != 0)
             n_head_kv = 0;
         if (n_head_kv == 0)
             continue; /* no attention here (a recurrent layer, or none) */
@@ -238,6 +292,9 @@ int eng_gguf_cache_shape_read(const eng_gguf *g, eng_gguf_cache_shape *out, sw_e
     }
     s.sliding_window = s.n_layer_sliding ? (int32_t)window : 0;
     if (recurrent) {
+        /* falcon-h1's layers keep both; elsewhere the layers without KV */
+        s.n_layer_recurrent = !strcmp(a, "falcon-h1") ? s.n_layer : s.n_layer - s.n_layer_kv;
+        s.recurrent_bytes_per_seq = (uint64_t)s.n_layer_recurrent * state_per_layer * 4;
         s.kind = ENG_GGUF_CACHE_HYBRID;
         snprintf(s.reason, sizeof s.reason,
                  "%s is hybrid: its recurrent state (per sequence, not per token) is not "

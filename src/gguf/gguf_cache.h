@@ -26,8 +26,11 @@
  *                                          attends (default 4)
  *   ARCH.context_length                    the trained context
  * State that is not per token is recognised by ARCH.ssm.*,
- * ARCH.shortconv.l_cache and ARCH.wkv.head_size; an encoder by its
- * family (clip projectors, the bert family).
+ * ARCH.shortconv.l_cache and ARCH.wkv.head_size, and sized from them
+ * (ssm.conv_kernel, inner_size, state_size, group_count; shortconv.l_cache;
+ * wkv.head_size, token_shift_count); ARCH.attention.recurrent_layers (per
+ * layer) says which layers keep it where the file has it. An encoder is
+ * known by its family (clip projectors, the bert family).
  *
  * Limits: the figures are the cache's rows, not llama.cpp's compute
  * buffers; a per-layer array must have block_count elements.
@@ -64,6 +67,12 @@ typedef struct eng_gguf_cache_shape {
     /* K and V elements one token adds, summed over the layers of each kind */
     int64_t k_elements_global, v_elements_global;
     int64_t k_elements_sliding, v_elements_sliding;
+    /* recurrent and hybrid families: the layers that keep state per
+     * sequence, and that state's bytes for one sequence (f32, llama.cpp's
+     * R and S rows: the convolution's last inputs and the scan's state);
+     * 0 when none or of a layout not known here */
+    int32_t n_layer_recurrent;
+    uint64_t recurrent_bytes_per_seq;
     char reason[256];             /* for a kind not counted: why, in words */
 } eng_gguf_cache_shape;
 

@@ -121,19 +121,42 @@ static void test_plan_not_counted(void **state)
     if (!tu_spillway_bin())
         skip();
     int st;
-    const char *next = make("plan-qwen3next.gguf", "qwen3next", "block_count", 48u,
-                            "embedding_length", 2048u, "attention.head_count", 16u,
-                            "attention.head_count_kv", 2u, "attention.key_length", 256u,
-                            "attention.value_length", 256u, "ssm.state_size", 128u,
+    /* a Qwen3-Next shape (8 layers, every fourth attending; gated delta
+     * nets of 4 value heads of 64 over 2 key groups, a kernel of 4) that
+     * the real llama-server loads (with tensors) at -c 4096 -np 2 and
+     * reports a KV buffer of 4.00 MiB (2 layers) and an RS buffer of
+     * 0.82 MiB (6 layers: R 0.07, S 0.75) for */
+    const char *next = make("plan-qwen3next.gguf", "qwen3next", "block_count", 8u,
+                            "embedding_length", 256u, "attention.head_count", 4u,
+                            "attention.head_count_kv", 2u, "attention.key_length", 64u,
+                            "attention.value_length", 64u, "ssm.conv_kernel", 4u,
+                            "ssm.inner_size", 256u, "ssm.state_size", 64u,
+                            "ssm.time_step_rank", 4u, "ssm.group_count", 2u,
                             "full_attention_interval", 4u, NULL);
-    char *out = run(&st, (const char *const[]){"model", "plan", "-m", next, NULL});
+    char *out = run(&st, (const char *const[]){"model", "plan", "-m", next, "--ctx", "2048",
+                                               "--seqs", "2", NULL});
     assert_int_equal(st, 0);
     assert_non_null(strstr(out, "attention layers only"));
     assert_non_null(strstr(out, "not counted    qwen3next is hybrid"));
+    assert_non_null(strstr(out, "420.0 KiB per sequence in 6 layers (f32), 840.0 KiB for -np 2"));
     assert_non_null(strstr(out, "admission: by the server's slots only"));
     sw_free(out);
+    out = run(&st, (const char *const[]){"model", "plan", "-m", next, "--ctx", "2048", "--seqs",
+                                         "2", "--json", NULL});
+    assert_int_equal(st, 0);
+    json_t *jn = json_loads(out, 0, NULL);
+    assert_non_null(jn);
+    assert_int_equal(json_integer_value(json_object_get(jn, "llama_server_kv_bytes")), 4 << 20);
+    assert_int_equal(json_integer_value(json_object_get(jn, "recurrent_layers")), 6);
+    /* R: 3 x (256 + 2 x 2 x 64) and S: 64 x 256 f32 per layer and sequence */
+    assert_int_equal(json_integer_value(json_object_get(jn, "llama_server_state_bytes")),
+                     2 * 6 * (3 * 512 + 64 * 256) * 4);
+    json_decref(jn);
+    sw_free(out);
     const char *mamba = make("plan-mamba2.gguf", "mamba2", "block_count", 24u,
-                             "embedding_length", 768u, "ssm.state_size", 128u, NULL);
+                             "embedding_length", 768u, "ssm.conv_kernel", 4u,
+                             "ssm.inner_size", 1536u, "ssm.state_size", 128u,
+                             "ssm.group_count", 1u, NULL);
     out = run(&st, (const char *const[]){"model", "plan", "-m", mamba, "--json", NULL});
     assert_int_equal(st, 0);
     json_t *j = json_loads(out, 0, NULL);
@@ -141,6 +164,8 @@ static void test_plan_not_counted(void **state)
     assert_string_equal(json_string_value(json_object_get(j, "cache_kind")), "recurrent");
     assert_false(json_is_true(json_object_get(j, "kv_counted")));
     assert_non_null(strstr(json_string_value(json_object_get(j, "not_counted")), "not counted"));
+    assert_int_equal(json_integer_value(json_object_get(j, "recurrent_state_bytes_per_seq")),
+                     24 * (3 * (1536 + 2 * 128) + 128 * 1536) * 4);
     json_decref(j);
     sw_free(out);
 

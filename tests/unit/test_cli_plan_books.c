@@ -103,6 +103,24 @@ static void test_plan_other_families(void **state)
                      8192LL * 13 * 4096 + 4608LL * 13 * 4096);
     json_decref(j);
     sw_free(out);
+    /* a small gemma2 the real llama-server loads (with tensors) at -c 4096
+     * -np 2 and reports 6.00 MiB (4096 cells, 3 layers) + 1.12 MiB (768
+     * cells, 3 sliding layers) of KV for */
+    const char *small = make("plan-gemma2-small.gguf", "gemma2", "block_count", 6u,
+                             "embedding_length", 128u, "attention.head_count", 4u,
+                             "attention.head_count_kv", 2u, "attention.key_length", 64u,
+                             "attention.value_length", 64u, "attention.sliding_window", 64u,
+                             "attention.sliding_window_pattern", 2u, NULL);
+    out = run(&st, (const char *const[]){"model", "plan", "-m", small, "--ctx", "2048", "--seqs",
+                                         "2", "--json", NULL});
+    assert_int_equal(st, 0);
+    j = json_loads(out, 0, NULL);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(j, "llama_server_kv_bytes")),
+                     (6 << 20) + 768 * 1536);
+    json_decref(j);
+    sw_free(out);
+    remove(small);
     const char *glm4 = make("plan-glm4.gguf", "glm4", "block_count", 40u, "embedding_length",
                             4096u, "attention.head_count", 32u, "attention.head_count_kv", 2u,
                             NULL);

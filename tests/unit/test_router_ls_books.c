@@ -38,6 +38,7 @@
 static char g_model[512];
 static fs_server g_fake;
 static atomic_int g_answered;
+static atomic_int g_received; /* completions the peer has begun to hold */
 
 /* The test model's file rewritten as family `arch`: every llama.* key
  * under arch.*, the tensors as they are, plus one u32 key (extra, may be
@@ -120,6 +121,7 @@ static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
         return;
     }
     /* a completion: held, then answered whole */
+    atomic_fetch_add(&g_received, 1);
     usleep(HOLD_MS * 1000);
     atomic_fetch_add(&g_answered, 1);
     reply_json(fd, 200, "{\"id\":\"c\",\"object\":\"text_completion\",\"model\":\"m\","
@@ -163,22 +165,50 @@ static json_t *wait_ready(const rh_router *r)
     return NULL;
 }
 
-/* Two requests of prompt + 200 tokens, the second 300 ms after the first;
- * while the first is held: how many sequences the books have on the
- * worker and the KV bytes reserved. Both end 200. */
+/* The router's queue depth now (/v1/spillway/stats), -1 unread. */
+static int queue_depth(const rh_router *r)
+{
+    wc_response w;
+    if (rh_req(r, "GET", "/v1/spillway/stats", NULL, NULL, &w))
+        return -1;
+    json_t *j = rh_body_json(&w);
+    int depth = j ? (int)json_integer_value(json_object_get(json_object_get(j, "queue"),
+                                                            "depth"))
+                  : -1;
+    json_decref(j);
+    wc_response_free(&w);
+    return depth;
+}
+
+/* Two requests of prompt + 200 tokens, the second 300 ms after the first.
+ * While the first is held by the peer, polled until the second is either
+ * admitted beside it (the books' sequences reach 2) or waiting in the
+ * queue: how many sequences the books then have on the worker, and the
+ * KV bytes reserved. Both end 200. */
 static void two_requests(const rh_router *r, int *seqs_during, long long *reserved_during)
 {
     atomic_store(&g_answered, 0);
+    atomic_store(&g_received, 0);
     client a = {.r = r}, b = {.r = r};
     assert_int_equal(pthread_create(&a.th, NULL, client_run, &a), 0);
     usleep(300 * 1000);
     assert_int_equal(pthread_create(&b.th, NULL, client_run, &b), 0);
-    usleep(500 * 1000); /* the first is held, the second admitted or waiting */
-    json_t *h = rh_worker_health(r, "ls");
-    json_t *books = json_object_get(h, "books");
-    *seqs_during = (int)json_integer_value(json_object_get(books, "seqs"));
-    *reserved_during = json_integer_value(json_object_get(books, "kv_reserved_bytes"));
-    json_decref(h);
+    *seqs_during = -1;
+    *reserved_during = -1;
+    for (int i = 0; i < 400 && atomic_load(&g_answered) == 0; i++) {
+        json_t *h = rh_worker_health(r, "ls");
+        json_t *books = json_object_get(h, "books");
+        int seqs = (int)json_integer_value(json_object_get(books, "seqs"));
+        long long reserved = json_integer_value(json_object_get(books, "kv_reserved_bytes"));
+        json_decref(h);
+        bool held = atomic_load(&g_received) > 0;
+        if (held && (seqs == 2 || (seqs == 1 && queue_depth(r) == 1))) {
+            *seqs_during = seqs;
+            *reserved_during = reserved;
+            break;
+        }
+        usleep(20 * 1000);
+    }
     pthread_join(a.th, NULL);
     pthread_join(b.th, NULL);
     assert_int_equal(a.status, 200);

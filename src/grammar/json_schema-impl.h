@@ -169,6 +169,7 @@ int eng__sc_analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, 
 int eng__sc_compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
 int eng__sc_compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
                               int32_t *out);
+int eng__sc_compile_not(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
 int eng__sc_compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
 json_t *eng__sc_negate_simple(const json_t *n);
 int eng__sc_val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err);

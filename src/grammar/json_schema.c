@@ -759,9 +759,15 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         return eng__sc_compile(b, w, depth, plen, out);
     }
     not_info ni = {0, T_ALL, NULL, false};
-    if (not &&(rc = eng__sc_analyze_not(b, not, eng__sc_path_push(b, plen, "not"), &ni, 0)))
-        return rc;
-    if (json_object_get(s, "enum") || json_object_get(s, "const"))
+    bool literals = json_object_get(s, "enum") || json_object_get(s, "const");
+    if (not &&(rc = eng__sc_analyze_not(b, not, eng__sc_path_push(b, plen, "not"), &ni, 0))) {
+        /* what the node cannot fold in: a union of positive schemas */
+        if (rc == SW_EUNSUPPORTED && !literals)
+            return eng__sc_compile_not(b, s, depth, plen, out);
+        if (!literals)
+            return rc;
+    }
+    if (literals)
         return eng__sc_compile_literals(b, s, plen, out);
     int inferred = T_ALL;
     if (!type)
@@ -776,10 +782,7 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
     if (ni.filter) {
         /* a finite set of values: true, false, null */
         if (tm & ~(T_BOOLEAN | T_NULL))
-            return eng__sc_fail_at(
-                b, eng__sc_path_push(b, plen, "not"), SW_EUNSUPPORTED,
-                "'not' with const or enum is enforced only for booleans and null "
-                "(or beside an enum)");
+            return eng__sc_compile_not(b, s, depth, plen, out);
         json_t *e = json_array();
         if (!e || !eng__sc_doc_keep(b->doc, e))
             return eng__sc_oom(b);

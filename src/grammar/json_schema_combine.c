@@ -381,3 +381,562 @@ json_t *eng__sc_negate_simple(const json_t *n)
     }
     return NULL;
 }
+
+/* ---- not of any schema --------------------------------------------------
+ * "not S" beyond what eng__sc_analyze_not folds into the node (types, one
+ * required name, literal filters) is compiled as a union of positive
+ * schemas, each the context (the schema's other keywords) and one way of
+ * failing one keyword of S: not {minLength: 3} is a string of at most 2
+ * code points, not {required: [a]} an object without a, not {properties:
+ * {p: P}} an object whose p is not P, not {pattern: p} a string matching
+ * ^(?![\s\S]*(?:p)), not (A or B) the products of not A and not B, ... A
+ * keyword whose failing values have no such form (multipleOf, uniqueItems,
+ * additionalProperties, ...) adds no alternative: its failing values are
+ * never generated (a narrowing), and where nothing is left the schema is
+ * refused, naming the keyword. Each alternative is a subset of "not S", so
+ * none can let a value of S through. */
+
+#define NEG_MAX_TERMS 64
+#define NEG_MAX_NEST 8
+
+typedef struct neg_ctx {
+    builder *b;
+    const char *left_out; /* the first keyword whose failing values are not generated */
+    char why[200];        /* the first alternative refused while merging, or "" */
+} neg_ctx;
+
+static json_t *types_json(int m)
+{
+    static const struct {
+        int bit;
+        const char *name;
+    } names[] = {{T_OBJECT, "object"}, {T_ARRAY, "array"},     {T_STRING, "string"},
+                 {T_NUMBER, "number"}, {T_INTEGER, "integer"}, {T_BOOLEAN, "boolean"},
+                 {T_NULL, "null"}};
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < sizeof names / sizeof *names; i++) {
+        if (!(m & names[i].bit) || (names[i].bit == T_INTEGER && (m & T_NUMBER)))
+            continue;
+        json_array_append_new(a, json_string(names[i].name));
+    }
+    return a;
+}
+
+/* True where the merged schema m admits no value for a reason visible
+ * without compiling it. */
+static bool neg_empty(const json_t *m)
+{
+    if (json_is_false(m))
+        return true;
+    if (!json_is_object(m))
+        return false;
+    const json_t *req = json_object_get(m, "required");
+    const json_t *props = json_object_get(m, "properties");
+    for (size_t i = 0; i < json_array_size(req); i++) {
+        const char *name = json_string_value(json_array_get(req, i));
+        if (name && json_is_false(json_object_get(props, name)))
+            return true;
+    }
+    for (size_t i = 0; i < 3; i++) {
+        const json_t *lo = json_object_get(m, min_keys[i]), *hi = json_object_get(m, max_keys[i]);
+        if (json_is_integer(lo) && json_is_integer(hi) &&
+            json_integer_value(lo) > json_integer_value(hi))
+            return true;
+    }
+    return false;
+}
+
+/* Appends to out ctx and d merged (d: a new reference, taken), unless that
+ * is visibly empty, or cannot be merged (remembered), or out is full (a
+ * narrowing). */
+static int neg_term(neg_ctx *c, const json_t *ctx, json_t *d, json_t *out)
+{
+    builder *b = c->b;
+    if (!d)
+        return eng__sc_oom(b);
+    json_t *w = json_pack("{s:[Oo]}", "allOf", ctx, d);
+    if (!w || !eng__sc_doc_keep(b->doc, w))
+        return eng__sc_oom(b);
+    const json_t *m;
+    sw_error e;
+    int rc = eng__sc_effective(b->doc, w, b->base, &m, &e);
+    if (rc == SW_EUNSUPPORTED || rc == SW_EINVAL) {
+        if (!c->why[0])
+            snprintf(c->why, sizeof c->why, "%.199s", e.message);
+        return SW_OK;
+    }
+    if (rc)
+        return sw_error_set(b->err, rc, "%s", e.message);
+    if (neg_empty(m))
+        return SW_OK;
+    if (json_array_size(out) >= NEG_MAX_TERMS) {
+        if (!c->left_out)
+            c->left_out = "anyOf";
+        return SW_OK;
+    }
+    return json_array_append(out, (json_t *)m) ? eng__sc_oom(b) : SW_OK;
+}
+
+/* A pattern matching the strings that are none of names' strings. */
+static json_t *neg_exclusion_pattern(const json_t *names)
+{
+    size_t cap = 16;
+    for (size_t i = 0; i < json_array_size(names); i++)
+        cap += json_string_length(json_array_get(names, i)) * 12 + 1;
+    char *pat = sw_malloc(cap), *p = pat;
+    if (!pat)
+        return NULL;
+    p += sprintf(p, "^(?!(?:");
+    for (size_t i = 0; i < json_array_size(names); i++) {
+        const unsigned char *u = (const unsigned char *)json_string_value(json_array_get(names, i));
+        size_t n = json_string_length(json_array_get(names, i));
+        if (i)
+            *p++ = '|';
+        for (size_t j = 0; j < n;) {
+            uint32_t cp = u[j]; /* valid UTF-8: jansson checks it */
+            size_t len = cp < 0x80 ? 1 : cp < 0xE0 ? 2 : cp < 0xF0 ? 3 : 4;
+            if (len > 1)
+                cp &= 0x3Fu >> (len - 1);
+            for (size_t t = 1; t < len && j + t < n; t++)
+                cp = (cp << 6) | (u[j + t] & 0x3Fu);
+            p += sprintf(p, "\\u{%X}", (unsigned)cp);
+            j += len;
+        }
+    }
+    p += sprintf(p, ")$)");
+    json_t *s = json_stringn(pat, (size_t)(p - pat));
+    sw_free(pat);
+    return s;
+}
+
+/* not (enum / const): a value of another type, or of the same type that
+ * none of the values is. */
+static int neg_literals(neg_ctx *c, const json_t *ctx, const json_t *vals, int tm, json_t *out)
+{
+    int present = 0;
+    bool has_true = false, has_false = false, empty_obj = false, other_obj = false;
+    bool empty_arr = false, other_arr = false;
+    const json_t *lo = NULL, *hi = NULL;
+    json_t *strs = json_array();
+    if (!strs || !eng__sc_doc_keep(c->b->doc, strs))
+        return eng__sc_oom(c->b);
+    for (size_t i = 0; i < json_array_size(vals); i++) {
+        const json_t *v = json_array_get(vals, i);
+        if (json_is_true(v))
+            has_true = true, present |= T_BOOLEAN;
+        else if (json_is_false(v))
+            has_false = true, present |= T_BOOLEAN;
+        else if (json_is_null(v))
+            present |= T_NULL;
+        else if (eng__sc_is_num(v)) {
+            present |= T_NUMBER | T_INTEGER;
+            if (!lo || eng__sc_num_cmp(v, lo) < 0)
+                lo = v;
+            if (!hi || eng__sc_num_cmp(v, hi) > 0)
+                hi = v;
+        } else if (json_is_string(v)) {
+            present |= T_STRING;
+            json_array_append(strs, (json_t *)v);
+        } else if (json_is_object(v)) {
+            present |= T_OBJECT;
+            *(json_object_size(v) ? &other_obj : &empty_obj) = true;
+        } else if (json_is_array(v)) {
+            present |= T_ARRAY;
+            *(json_array_size(v) ? &other_arr : &empty_arr) = true;
+        }
+    }
+    int rc;
+    int absent = T_ALL & ~present & tm;
+    if (absent && (rc = neg_term(c, ctx, json_pack("{s:o}", "type", types_json(absent)), out)))
+        return rc;
+    if (has_true != has_false && (tm & T_BOOLEAN) &&
+        (rc = neg_term(c, ctx, json_pack("{s:b}", "const", !has_true), out)))
+        return rc;
+    if ((present & T_STRING) && (tm & T_STRING)) {
+        json_t *p = neg_exclusion_pattern(strs);
+        if (!p || (rc = neg_term(c, ctx, json_pack("{s:s,s:o}", "type", "string", "pattern", p),
+                                 out)))
+            return p ? rc : eng__sc_oom(c->b);
+    }
+    if (lo && (tm & T_INTEGER)) {
+        if ((rc = neg_term(c, ctx, json_pack("{s:s,s:O}", "type", "number", "exclusiveMinimum", hi),
+                           out)) ||
+            (rc = neg_term(c, ctx, json_pack("{s:s,s:O}", "type", "number", "exclusiveMaximum", lo),
+                           out)))
+            return rc;
+    }
+    if ((present & T_OBJECT) && (tm & T_OBJECT) && (!empty_obj || !other_obj) &&
+        (rc = neg_term(c, ctx,
+                       json_pack("{s:s,s:i}", "type", "object",
+                                 empty_obj ? "minProperties" : "maxProperties", empty_obj ? 1 : 0),
+                       out)))
+        return rc;
+    if ((present & T_ARRAY) && (tm & T_ARRAY) && (!empty_arr || !other_arr) &&
+        (rc = neg_term(c, ctx,
+                       json_pack("{s:s,s:i}", "type", "array", empty_arr ? "minItems" : "maxItems",
+                                 empty_arr ? 1 : 0),
+                       out)))
+        return rc;
+    if ((present & T_OBJECT) && empty_obj && other_obj && !c->left_out)
+        c->left_out = "enum";
+    if ((present & T_ARRAY) && empty_arr && other_arr && !c->left_out)
+        c->left_out = "enum";
+    return SW_OK;
+}
+
+static int negate(neg_ctx *c, const json_t *ctx, const json_t *s, json_t *out, int nest);
+
+/* Values of ctx that fail every schema of list (anyOf / oneOf none
+ * matching): the products of their negations, at most NEG_MAX_TERMS. */
+static int neg_none_of(neg_ctx *c, const json_t *ctx, const json_t *list, json_t *out, int nest)
+{
+    builder *b = c->b;
+    json_t *cur = json_array();
+    if (!cur || !eng__sc_doc_keep(b->doc, cur) || json_array_append(cur, (json_t *)ctx))
+        return eng__sc_oom(b);
+    for (size_t i = 0; i < json_array_size(list) && json_array_size(cur); i++) {
+        json_t *next = json_array();
+        if (!next || !eng__sc_doc_keep(b->doc, next))
+            return eng__sc_oom(b);
+        for (size_t j = 0; j < json_array_size(cur); j++) {
+            int rc = negate(c, json_array_get(cur, j), json_array_get(list, i), next, nest + 1);
+            if (rc)
+                return rc;
+        }
+        cur = next;
+    }
+    for (size_t j = 0; j < json_array_size(cur); j++) {
+        if (json_array_size(out) >= NEG_MAX_TERMS) {
+            if (!c->left_out)
+                c->left_out = "anyOf";
+            break;
+        }
+        if (json_array_append(out, json_array_get(cur, j)))
+            return eng__sc_oom(b);
+    }
+    return SW_OK;
+}
+
+/* ctx merged with d (taken), for a negation inside it; NULL where empty. */
+static int neg_narrow(neg_ctx *c, const json_t *ctx, json_t *d, const json_t **out)
+{
+    json_t *one = json_array();
+    if (!one || !eng__sc_doc_keep(c->b->doc, one))
+        return eng__sc_oom(c->b);
+    int rc = neg_term(c, ctx, d, one);
+    *out = json_array_size(one) ? json_array_get(one, 0) : NULL;
+    return rc;
+}
+
+/* Appends to out schemas whose values are values of ctx failing s. */
+static int negate(neg_ctx *c, const json_t *ctx, const json_t *s, json_t *out, int nest)
+{
+    builder *b = c->b;
+    if (json_is_true(s))
+        return SW_OK;
+    if (json_is_false(s))
+        return neg_term(c, ctx, json_object(), out);
+    if (nest > NEG_MAX_NEST) {
+        if (!c->left_out)
+            c->left_out = "not";
+        return SW_OK;
+    }
+    const json_t *eff;
+    sw_error e;
+    int rc = eng__sc_effective(b->doc, s, b->base, &eff, &e);
+    if (rc == SW_EUNSUPPORTED && json_is_array(json_object_get(s, "allOf")) &&
+        !json_object_get(s, "$ref")) {
+        /* not (A and B): not A, or not B, and not the other keywords */
+        json_t *rest = json_copy((json_t *)s);
+        if (!rest || !eng__sc_doc_keep(b->doc, rest))
+            return eng__sc_oom(b);
+        json_object_del(rest, "allOf");
+        const json_t *all = json_object_get(s, "allOf");
+        for (size_t i = 0; i < json_array_size(all); i++)
+            if ((rc = negate(c, ctx, json_array_get(all, i), out, nest + 1)))
+                return rc;
+        return negate(c, ctx, rest, out, nest + 1);
+    }
+    if (rc == SW_EUNSUPPORTED || rc == SW_EINVAL) {
+        if (!c->why[0])
+            snprintf(c->why, sizeof c->why, "%.199s", e.message);
+        return SW_OK;
+    }
+    if (rc)
+        return sw_error_set(b->err, rc, "%s", e.message);
+    if (json_is_boolean(eff))
+        return negate(c, ctx, eff, out, nest + 1);
+    int tm = eng__sc_type_mask(json_object_get(eff, "type"));
+    if (tm < 0) {
+        if (!c->why[0])
+            snprintf(c->why, sizeof c->why, "a malformed 'type' inside 'not'");
+        return SW_OK;
+    }
+    bool draft7 = b->doc->dialect != SC_2020;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)eff, k, v) {
+        if (!eng__sc_is_known_keyword(k))
+            continue;
+        rc = SW_OK;
+        if (strcmp(k, "type") == 0) {
+            int other = T_ALL & ~tm;
+            /* not integer: the numbers left are fractions, which no node
+             * generates apart (a narrowing) */
+            if ((other & T_NUMBER) && !(other & T_INTEGER))
+                other &= ~T_NUMBER;
+            if (other)
+                rc = neg_term(c, ctx, json_pack("{s:o}", "type", types_json(other)), out);
+        } else if (strcmp(k, "const") == 0 || strcmp(k, "enum") == 0) {
+            json_t *vals = strcmp(k, "const") == 0 ? json_pack("[O]", v) : json_incref((json_t *)v);
+            if (!vals || !eng__sc_doc_keep(b->doc, vals))
+                return eng__sc_oom(b);
+            if (json_is_array(vals))
+                rc = neg_literals(c, ctx, vals, tm, out);
+        } else if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys)) {
+            static const char *const flip[][3] = {
+                {"minLength", "maxLength", "string"},  {"maxLength", "minLength", "string"},
+                {"minItems", "maxItems", "array"},      {"maxItems", "minItems", "array"},
+                {"minProperties", "maxProperties", "object"},
+                {"maxProperties", "minProperties", "object"}};
+            bool is_min = IN_LIST(k, min_keys);
+            for (size_t i = 0; i < sizeof flip / sizeof *flip; i++) {
+                if (strcmp(k, flip[i][0]) != 0 || !json_is_integer(v))
+                    continue;
+                json_int_t n = json_integer_value(v);
+                if ((is_min && n <= 0) || n < 0 || n >= INT32_MAX - 1)
+                    break;
+                rc = neg_term(c, ctx,
+                              json_pack("{s:s,s:I}", "type", flip[i][2], flip[i][1],
+                                        (json_int_t)(is_min ? n - 1 : n + 1)),
+                              out);
+            }
+            if (strcmp(k, "minContains") == 0 || strcmp(k, "maxContains") == 0)
+                continue; /* with contains below */
+        } else if (IN_LIST(k, bound_keys)) {
+            if (b->doc->dialect == SC_DRAFT4)
+                goto left_out;
+            if (!(tm & T_INTEGER))
+                continue;
+            bool lower = strcmp(k, "minimum") == 0 || strcmp(k, "exclusiveMinimum") == 0;
+            bool excl = strncmp(k, "exclusive", 9) == 0;
+            if (!eng__sc_is_num(v))
+                continue;
+            const char *key = lower ? (excl ? "maximum" : "exclusiveMaximum")
+                                    : (excl ? "minimum" : "exclusiveMinimum");
+            rc = neg_term(c, ctx, json_pack("{s:s,s:O}", "type", "number", key, v), out);
+        } else if (strcmp(k, "pattern") == 0) {
+            if (!json_is_string(v) || !(tm & T_STRING))
+                continue;
+            const char *p = json_string_value(v);
+            bool anchored = p[0] == '^' && !strchr(p, '|');
+            size_t n = strlen(p) + 32;
+            char *pat = sw_malloc(n);
+            if (!pat)
+                return eng__sc_oom(b);
+            snprintf(pat, n, "^(?!%s(?:%s))", anchored ? "" : "[\\s\\S]*", p);
+            json_t *ps = json_string(pat);
+            sw_free(pat);
+            if (!ps)
+                return eng__sc_oom(b);
+            rc = neg_term(c, ctx, json_pack("{s:s,s:o}", "type", "string", "pattern", ps), out);
+        } else if (strcmp(k, "required") == 0) {
+            for (size_t i = 0; !rc && i < json_array_size(v); i++) {
+                const char *name = json_string_value(json_array_get(v, i));
+                if (name && (tm & T_OBJECT))
+                    rc = neg_term(c, ctx,
+                                  json_pack("{s:s,s:{s:b}}", "type", "object", "properties", name, 0),
+                                  out);
+            }
+        } else if (strcmp(k, "properties") == 0) {
+            const char *name;
+            const json_t *ps;
+            if (!(tm & T_OBJECT))
+                continue;
+            json_object_foreach((json_t *)v, name, ps) {
+                if (json_is_true(ps) || (json_is_object(ps) && json_object_size(ps) == 0))
+                    continue;
+                if ((rc = neg_term(c, ctx,
+                                   json_pack("{s:s,s:[s],s:{s:{s:O}}}", "type", "object",
+                                             "required", name, "properties", name, "not", ps),
+                                   out)))
+                    break;
+            }
+        } else if (strcmp(k, "dependentRequired") == 0 ||
+                   (strcmp(k, "dependencies") == 0 && draft7)) {
+            const char *name;
+            const json_t *dv;
+            if (!(tm & T_OBJECT))
+                continue;
+            json_object_foreach((json_t *)v, name, dv) {
+                if (json_is_array(dv)) {
+                    for (size_t i = 0; !rc && i < json_array_size(dv); i++) {
+                        const char *o = json_string_value(json_array_get(dv, i));
+                        if (o)
+                            rc = neg_term(c, ctx,
+                                          json_pack("{s:s,s:[s],s:{s:b}}", "type", "object",
+                                                    "required", name, "properties", o, 0),
+                                          out);
+                    }
+                } else {
+                    const json_t *with;
+                    if (!(rc = neg_narrow(c, ctx,
+                                          json_pack("{s:s,s:[s]}", "type", "object", "required",
+                                                    name),
+                                          &with)) &&
+                        with)
+                        rc = negate(c, with, dv, out, nest + 1);
+                }
+                if (rc)
+                    break;
+            }
+        } else if (strcmp(k, "dependentSchemas") == 0) {
+            const char *name;
+            const json_t *dv;
+            if (!(tm & T_OBJECT))
+                continue;
+            json_object_foreach((json_t *)v, name, dv) {
+                const json_t *with;
+                if ((rc = neg_narrow(
+                         c, ctx, json_pack("{s:s,s:[s]}", "type", "object", "required", name),
+                         &with)))
+                    break;
+                if (with && (rc = negate(c, with, dv, out, nest + 1)))
+                    break;
+            }
+        } else if (strcmp(k, "items") == 0 && !json_is_array(v) &&
+                   !json_object_get(eff, "prefixItems")) {
+            if (tm & T_ARRAY)
+                rc = neg_term(c, ctx,
+                              json_pack("{s:s,s:i,s:{s:O}}", "type", "array", "minItems", 1,
+                                        "items", "not", v),
+                              out);
+        } else if (strcmp(k, "prefixItems") == 0 || (strcmp(k, "items") == 0 && draft7)) {
+            for (size_t i = 0; !rc && i < json_array_size(v) && (tm & T_ARRAY); i++) {
+                json_t *tuple = json_array();
+                for (size_t j = 0; tuple && j < i; j++)
+                    json_array_append(tuple, json_true());
+                if (!tuple ||
+                    json_array_append_new(tuple, json_pack("{s:O}", "not", json_array_get(v, i))))
+                    return eng__sc_oom(b);
+                rc = neg_term(c, ctx,
+                              json_pack("{s:s,s:I,s:o}", "type", "array", "minItems",
+                                        (json_int_t)i + 1, k, tuple),
+                              out);
+            }
+            if (strcmp(k, "prefixItems") == 0 && json_object_get(eff, "items"))
+                goto left_out;
+        } else if (strcmp(k, "contains") == 0) {
+            const json_t *mc = json_object_get(eff, "minContains");
+            if (json_is_integer(mc) && json_integer_value(mc) == 0)
+                continue;
+            if (json_object_get(eff, "maxContains") && !c->left_out)
+                c->left_out = "maxContains";
+            if (tm & T_ARRAY)
+                rc = neg_term(c, ctx,
+                              json_pack("{s:s,s:{s:O}}", "type", "array", "items", "not", v), out);
+        } else if (strcmp(k, "not") == 0) {
+            rc = neg_term(c, ctx, json_incref((json_t *)v), out);
+        } else if (strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) {
+            if (!json_is_array(v))
+                continue;
+            /* none of them (for oneOf, two matching would fail it too: those
+             * values are left out) */
+            rc = neg_none_of(c, ctx, v, out, nest);
+        } else if (strcmp(k, "if") == 0) {
+            const json_t *then = json_object_get(eff, "then"), *other = json_object_get(eff, "else");
+            if (then) {
+                const json_t *with;
+                if (!(rc = neg_narrow(c, ctx, json_incref((json_t *)v), &with)) && with)
+                    rc = negate(c, with, then, out, nest + 1);
+            }
+            if (!rc && other) {
+                json_t *both = json_pack("[OO]", v, other);
+                if (!both || !eng__sc_doc_keep(b->doc, both))
+                    return eng__sc_oom(b);
+                rc = neg_none_of(c, ctx, both, out, nest);
+            }
+        } else if (strcmp(k, "then") == 0 || strcmp(k, "else") == 0 ||
+                   (strcmp(k, "uniqueItems") == 0 && !json_is_true(v))) {
+            continue;
+        } else if (strcmp(k, "format") == 0 &&
+                   !(json_is_string(v) && IN_LIST(json_string_value(v), known_formats))) {
+            continue; /* an annotation */
+        } else {
+        left_out:
+            if (!c->left_out)
+                c->left_out = k;
+            continue;
+        }
+        if (rc)
+            return rc;
+    }
+    return SW_OK;
+}
+
+int eng__sc_compile_not(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out)
+{
+    size_t l = eng__sc_path_push(b, plen, "not");
+    json_t *rest = json_copy((json_t *)s);
+    json_t *terms = json_array();
+    if (!rest || !eng__sc_doc_keep(b->doc, rest) || !terms || !eng__sc_doc_keep(b->doc, terms))
+        return eng__sc_oom(b);
+    json_object_del(rest, "not");
+    neg_ctx c = {b, NULL, ""};
+    int rc = negate(&c, rest, json_object_get(s, "not"), terms, 0);
+    if (rc)
+        return rc;
+    if (b->chain[depth] >= SC_MAX_REF_CHAIN)
+        return eng__sc_fail_at(b, l, SW_EUNSUPPORTED,
+                               "'not' nests too deeply (a $ref cycle inside 'not'?)");
+    int32_t alts[NEG_MAX_TERMS], kept = 0;
+    const char *refused = NULL;
+    char why[256] = "";
+    b->chain[depth]++;
+    for (size_t i = 0; i < json_array_size(terms); i++) {
+        int32_t a;
+        rc = eng__sc_compile(b, json_array_get(terms, i), depth, l, &a);
+        if (rc == SW_EUNSUPPORTED && b->steps <= SC_MAX_COMPILE_STEPS) {
+            if (!refused) {
+                snprintf(why, sizeof why, "%.255s", b->err ? b->err->message : "");
+                refused = why;
+            }
+            rc = SW_OK;
+            continue; /* this way of failing is not generated (a narrowing) */
+        }
+        if (rc)
+            break;
+        if (a != CS_NEVER)
+            alts[kept++] = a;
+    }
+    b->chain[depth]--;
+    if (rc)
+        return rc;
+    if (kept == 0 && (c.left_out || c.why[0] || refused)) {
+        char what[480];
+        if (refused)
+            return sw_error_set(b->err, SW_EUNSUPPORTED, "'not' cannot be enforced: %s",
+                                refused);
+        if (c.why[0])
+            snprintf(what, sizeof what, "'not' cannot be enforced here: %s", c.why);
+        else
+            snprintf(what, sizeof what,
+                     "'not' of '%.64s' cannot be enforced (no value failing it can be generated)",
+                     c.left_out);
+        return eng__sc_fail_at(b, l, SW_EUNSUPPORTED, what);
+    }
+    if (kept == 0) {
+        *out = CS_NEVER;
+        return SW_OK;
+    }
+    if (kept == 1) {
+        *out = alts[0];
+        return SW_OK;
+    }
+    if ((*out = eng__sc_make_anyof(b->g, alts, kept)) < 0)
+        return eng__sc_oom(b);
+    if (b->g->nodes[*out].n_branches > ENG_CS_MAX_BRANCHES)
+        return eng__sc_fail_at(b, l, SW_EUNSUPPORTED,
+                               "'not' expands to more than 64 alternatives");
+    return SW_OK;
+}

@@ -160,6 +160,7 @@ int eng__sc_num_cmp(const json_t *a, const json_t *b);
 num_bound eng__sc_bound_get(const json_t *s, bool lower);
 int eng__sc_pattern_match_name(const char *pattern, const char *name, sw_error *err);
 int eng__sc_prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err);
+char *eng__sc_pattern_prefix_form(const json_t *p);
 int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err);
 int eng__sc_compile_literals(builder *b, const json_t *s, size_t plen, int32_t *out);
 int eng__sc_compile_object(builder *b, const json_t *s, const char *forbid, int32_t depth,

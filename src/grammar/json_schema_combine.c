@@ -728,14 +728,15 @@ static int negate(neg_ctx *c, const json_t *ctx, const json_t *s, json_t *out, i
         } else if (strcmp(k, "pattern") == 0) {
             if (!json_is_string(v) || !(tm & T_STRING))
                 continue;
-            const char *p = json_string_value(v);
-            bool anchored = p[0] == '^' && !strchr(p, '|');
-            size_t n = strlen(p) + 32;
-            char *pat = sw_malloc(n);
-            if (!pat)
-                return eng__sc_oom(b);
-            snprintf(pat, n, "^(?!%s(?:%s))", anchored ? "" : "[\\s\\S]*", p);
-            json_t *ps = json_string(pat);
+            if (memchr(json_string_value(v), '\0', json_string_length(v)))
+                goto left_out;
+            char *x = eng__sc_pattern_prefix_form(v);
+            size_t n = x ? strlen(x) + 8 : 0;
+            char *pat = x ? sw_malloc(n) : NULL;
+            if (pat)
+                snprintf(pat, n, "^(?!%s)", x);
+            json_t *ps = pat ? json_string(pat) : NULL;
+            sw_free(x);
             sw_free(pat);
             if (!ps)
                 return eng__sc_oom(b);

@@ -379,6 +379,53 @@ int eng__sc_prop_schema(const json_t *s, const char *name, json_t **out, sw_erro
     return acc ? SW_OK : sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
 }
 
+/* A pattern for "the string begins with a match of p", to stand inside a
+ * lookahead at the string's start: JSON Schema's patterns are not
+ * anchored, so that is [\s\S]*(?:p), or p itself where it starts with ^
+ * and has no | (sw_malloc'd; NULL: out of memory). */
+char *eng__sc_pattern_prefix_form(const json_t *p)
+{
+    const char *t = json_string_value(p);
+    size_t n = json_string_length(p);
+    bool anchored = n > 0 && t[0] == '^' && !memchr(t, '|', n);
+    char *out = sw_malloc(n + 16);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    if (!anchored) {
+        static const char any_then[] = "[\\s\\S]*(?:";
+        memcpy(out, any_then, sizeof any_then - 1);
+        o = sizeof any_then - 1;
+    }
+    memcpy(out + o, t, n);
+    o += n;
+    if (!anchored)
+        out[o++] = ')';
+    out[o] = '\0';
+    return out;
+}
+
+/* Two patterns as one: ^(?=X)(?=Y), each a string beginning with a match
+ * of one (the lookaheads are products of automata: their intersection).
+ * New reference, or NULL (out of memory, or a NUL in a pattern). */
+static json_t *pattern_and(const json_t *a, const json_t *b)
+{
+    char *x = eng__sc_pattern_prefix_form(a), *y = eng__sc_pattern_prefix_form(b);
+    json_t *out = NULL;
+    if (x && y && strlen(x) + strlen(y) < (size_t)1 << 20) {
+        size_t n = strlen(x) + strlen(y) + 16;
+        char *t = sw_malloc(n);
+        if (t) {
+            snprintf(t, n, "^(?=%s)(?=%s)", x, y);
+            out = json_string(t);
+            sw_free(t);
+        }
+    }
+    sw_free(x);
+    sw_free(y);
+    return out;
+}
+
 static int merge_fail(sw_error *err, const char *key)
 {
     return sw_error_set(err, SW_EUNSUPPORTED,
@@ -536,7 +583,31 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
     }
     /* items (a schema on both sides) */
     const json_t *ia = json_object_get(a, "items"), *ib = json_object_get(b, "items");
-    if (ia && ib && !json_equal((json_t *)ia, (json_t *)ib)) {
+    const json_t *fa = json_object_get(a, "prefixItems"), *fb = json_object_get(b, "prefixItems");
+    if ((fa || fb) && !json_equal((json_t *)fa, (json_t *)fb) && (!fa || json_is_array(fa)) &&
+        (!fb || json_is_array(fb)) && (!ia || !json_is_array(ia)) &&
+        (!ib || !json_is_array(ib))) {
+        /* 2020-12 tuples: position by position, a side's items standing
+         * for the positions past its tuple */
+        size_t la = json_array_size(fa), lb = json_array_size(fb), n = la > lb ? la : lb;
+        json_t *tuple = json_array();
+        for (size_t i = 0; tuple && i < n; i++) {
+            const json_t *x = i < la ? json_array_get(fa, i) : ia;
+            const json_t *y = i < lb ? json_array_get(fb, i) : ib;
+            if (json_array_append_new(tuple, allof2(x, y))) {
+                json_decref(tuple);
+                tuple = NULL;
+            }
+        }
+        if (!tuple) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        json_object_set_new(m, "prefixItems", tuple);
+        json_object_del(m, "items");
+        if (ia || ib)
+            json_object_set_new(m, "items", allof2(ia, ib));
+    } else if (ia && ib && !json_equal((json_t *)ia, (json_t *)ib)) {
         if (json_is_array(ia) || json_is_array(ib) || json_object_get(a, "prefixItems") ||
             json_object_get(b, "prefixItems")) {
             rc = merge_fail(err, "items");
@@ -579,6 +650,18 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
         }
         if (x / g <= INT32_MAX / y)
             json_object_set_new(m, "multipleOf", json_integer(x / g * y));
+    }
+    /* pattern: both, as one pattern of two lookaheads */
+    const json_t *pta = json_object_get(a, "pattern"), *ptb = json_object_get(b, "pattern");
+    if (json_is_string(pta) && json_is_string(ptb) && !json_equal((json_t *)pta, (json_t *)ptb) &&
+        !memchr(json_string_value(pta), '\0', json_string_length(pta)) &&
+        !memchr(json_string_value(ptb), '\0', json_string_length(ptb))) {
+        json_t *both = pattern_and(pta, ptb);
+        if (!both) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        json_object_set_new(m, "pattern", both);
     }
     /* uniqueItems: either */
     if (json_is_true(json_object_get(a, "uniqueItems")) ||

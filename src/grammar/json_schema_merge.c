@@ -426,6 +426,68 @@ static json_t *pattern_and(const json_t *a, const json_t *b)
     return out;
 }
 
+/* m as n / d in lowest terms, d a power of two up to 2^20 or of ten up
+ * to 10^6 where m is that quotient exactly as a double; false otherwise. */
+static bool as_fraction(double m, int64_t *n, int64_t *d)
+{
+    if (!(m > 0) || m > 1e9)
+        return false;
+    int64_t best = 0;
+    for (int64_t p = 1; p <= (1 << 20); p *= 2) {
+        double x = m * (double)p;
+        if (x == floor(x) && x < 2147483648.0 && x / (double)p == m) {
+            best = p;
+            break;
+        }
+    }
+    for (int64_t p = 10; p <= 1000000 && !best; p *= 10) {
+        double x = m * (double)p;
+        if (x == floor(x) && x < 2147483648.0 && x / (double)p == m)
+            best = p;
+    }
+    if (!best)
+        return false;
+    int64_t x = (int64_t)(m * (double)best), g = x, h = best;
+    while (h) {
+        int64_t t = g % h;
+        g = h;
+        h = t;
+    }
+    *n = x / g;
+    *d = best / g;
+    return true;
+}
+
+/* The least common multiple of two multipleOf values where it is exact, as
+ * a multipleOf the compiler takes (new reference), or NULL. A fraction
+ * with a decimal denominator (0.1) is not a double: a multiple of it that
+ * is not whole would fail a validator that divides in doubles, so the
+ * result is then rounded up to a whole multiple (a narrowing). */
+static json_t *multiple_lcm(double x, double y)
+{
+    int64_t nx, dx, ny, dy;
+    if (!as_fraction(x, &nx, &dx) || !as_fraction(y, &ny, &dy))
+        return NULL;
+    int64_t g = nx, h = ny;
+    while (h) {
+        int64_t t = g % h;
+        g = h;
+        h = t;
+    }
+    int64_t num = nx / g * ny; /* both below 2^31: no overflow */
+    g = dx, h = dy;
+    while (h) {
+        int64_t t = g % h;
+        g = h;
+        h = t;
+    }
+    if (num > INT32_MAX)
+        return NULL;
+    if (g == 1 || dx % 5 == 0 || dy % 5 == 0)
+        return json_integer(num);
+    return json_real((double)num / (double)g);
+}
+
 static int merge_fail(sw_error *err, const char *key)
 {
     return sw_error_set(err, SW_EUNSUPPORTED,
@@ -662,6 +724,49 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
             goto fail;
         }
         json_object_set_new(m, "pattern", both);
+    }
+    /* multipleOf of two fractions: their least common multiple */
+    if (ma && mb && !json_object_get(m, "multipleOf") && !json_equal((json_t *)ma, (json_t *)mb) &&
+        json_is_number(ma) && json_is_number(mb)) {
+        json_t *l = multiple_lcm(json_number_value(ma), json_number_value(mb));
+        if (l)
+            json_object_set_new(m, "multipleOf", l);
+    }
+    /* oneOf on both sides: exactly one of each is exactly one pair (a value
+     * matching two of one side matches two pairs with the other's one) */
+    const json_t *oa = json_object_get(a, "oneOf"), *ob = json_object_get(b, "oneOf");
+    if (oa && ob && !json_equal((json_t *)oa, (json_t *)ob)) {
+        if (json_array_size(oa) * json_array_size(ob) > 64) {
+            rc = sw_error_set(err, SW_EUNSUPPORTED,
+                              "allOf: two oneOf lists multiply out to more than 64 alternatives");
+            goto fail;
+        }
+        json_t *l = json_array();
+        for (size_t i = 0; l && i < json_array_size(oa); i++)
+            for (size_t j = 0; j < json_array_size(ob); j++)
+                json_array_append_new(l, allof2(json_array_get(oa, i), json_array_get(ob, j)));
+        json_object_set_new(m, "oneOf", l);
+    }
+    /* if / then / else on both sides: b's conditional holds in both of a's
+     * branches (if A then (T and C) else (E and C)) */
+    const json_t *ifa = json_object_get(a, "if"), *ifb = json_object_get(b, "if");
+    if (ifa && ifb &&
+        !(json_equal((json_t *)ifa, (json_t *)ifb) &&
+          json_equal(json_object_get(a, "then"), json_object_get(b, "then")) &&
+          json_equal(json_object_get(a, "else"), json_object_get(b, "else")))) {
+        static const char *const cond_keys[] = {"if", "then", "else"};
+        json_t *cond = json_object();
+        for (size_t i = 0; cond && i < 3; i++)
+            if (json_object_get(b, cond_keys[i]))
+                json_object_set(cond, cond_keys[i], json_object_get(b, cond_keys[i]));
+        if (!cond) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        json_object_set(m, "if", (json_t *)ifa);
+        json_object_set_new(m, "then", allof2(json_object_get(a, "then"), cond));
+        json_object_set_new(m, "else", allof2(json_object_get(a, "else"), cond));
+        json_decref(cond);
     }
     /* uniqueItems: either */
     if (json_is_true(json_object_get(a, "uniqueItems")) ||

@@ -488,6 +488,35 @@ static json_t *multiple_lcm(double x, double y)
     return json_real((double)num / (double)g);
 }
 
+/* The types a schema's values can have, as far as its own "type", "const"
+ * or "enum" show (T_ALL where they do not). */
+static int visible_types(const json_t *s)
+{
+    if (json_is_false(s))
+        return 0;
+    if (!json_is_object(s))
+        return T_ALL;
+    int m = T_ALL;
+    const json_t *t = json_object_get(s, "type");
+    if (t && eng__sc_type_mask(t) >= 0)
+        m = eng__sc_type_mask(t);
+    const json_t *c = json_object_get(s, "const"), *e = json_object_get(s, "enum");
+    if (c || json_is_array(e)) {
+        int v = 0;
+        for (size_t i = 0; i < (c ? 1 : json_array_size(e)); i++) {
+            const json_t *x = c ? c : json_array_get(e, i);
+            v |= json_is_object(x)    ? T_OBJECT
+                 : json_is_array(x)   ? T_ARRAY
+                 : json_is_string(x)  ? (eng__sc_is_num(x) ? T_NUMBER | T_INTEGER : T_STRING)
+                 : json_is_number(x)  ? T_NUMBER | T_INTEGER
+                 : json_is_boolean(x) ? T_BOOLEAN
+                                      : T_NULL;
+        }
+        m &= v;
+    }
+    return m;
+}
+
 static int merge_fail(sw_error *err, const char *key)
 {
     return sw_error_set(err, SW_EUNSUPPORTED,
@@ -685,15 +714,33 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
     /* anyOf on both sides: every pair */
     const json_t *xa = json_object_get(a, "anyOf"), *xb = json_object_get(b, "anyOf");
     if (xa && xb && !json_equal((json_t *)xa, (json_t *)xb)) {
-        if (json_array_size(xa) * json_array_size(xb) > 64) {
-            rc = sw_error_set(err, SW_EUNSUPPORTED,
-                              "allOf: two anyOf lists multiply out to more than 64 alternatives");
-            goto fail;
-        }
+        /* pairs of visibly different types hold no value and are left
+         * out; at most 64 are kept */
         json_t *l = json_array();
         for (size_t i = 0; l && i < json_array_size(xa); i++)
-            for (size_t j = 0; j < json_array_size(xb); j++)
-                json_array_append_new(l, allof2(json_array_get(xa, i), json_array_get(xb, j)));
+            for (size_t j = 0; l && j < json_array_size(xb); j++) {
+                const json_t *x = json_array_get(xa, i), *y = json_array_get(xb, j);
+                if ((visible_types(x) & visible_types(y)) == 0)
+                    continue;
+                if (json_array_size(l) >= 64) {
+                    json_decref(l);
+                    rc = sw_error_set(
+                        err, SW_EUNSUPPORTED,
+                        "allOf: two anyOf lists multiply out to more than 64 alternatives");
+                    goto fail;
+                }
+                json_array_append_new(l, allof2(x, y));
+            }
+        if (!l) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        if (json_array_size(l) == 0) {
+            json_decref(l);
+            json_decref(m);
+            *out = json_false();
+            return SW_OK;
+        }
         json_object_set_new(m, "anyOf", l);
     }
     /* not: neither */

@@ -103,8 +103,8 @@ static void walks(const eng_grammar *g, const json_t *schema, const char *text, 
 typedef struct combine_case {
     const char *name;
     const char *schema;
-    const char *accepted[6]; /* NULL-terminated: valid values the automaton takes */
-    const char *refused[6];  /* invalid values it must refuse */
+    const char *accepted[10]; /* NULL-terminated: valid values the automaton takes */
+    const char *refused[8];    /* invalid values it must refuse */
 } combine_case;
 
 static const combine_case g_cases[] = {
@@ -237,6 +237,17 @@ static const combine_case g_cases[] = {
      "20},\"else\":{\"minimum\":0}},{\"if\":{\"maximum\":15},\"then\":{\"minimum\":5}}]}",
      {"5", "12", "20", "16"},
      {"21", "-1", "3"}},
+    {"allOf of two anyOf, 81 pairs of which 10 hold values",
+     "{\"allOf\":[{\"anyOf\":[{\"type\":\"string\",\"minLength\":2},{\"type\":\"string\","
+     "\"pattern\":\"^z\"},{\"type\":\"integer\",\"minimum\":0},{\"type\":\"integer\","
+     "\"maximum\":-10},{\"type\":\"boolean\"},{\"type\":\"null\"},{\"type\":\"array\","
+     "\"maxItems\":1},{\"type\":\"object\",\"maxProperties\":0},{\"const\":2.5}]},"
+     "{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"const\":\"zzzzz\"},"
+     "{\"type\":\"integer\",\"maximum\":5},{\"const\":-20},{\"const\":false},"
+     "{\"type\":\"array\",\"items\":{\"type\":\"null\"}},{\"enum\":[{}]},"
+     "{\"type\":\"number\",\"minimum\":2},{\"type\":\"array\",\"minItems\":1}]}]}",
+     {"\"ab\"", "\"zzzzz\"", "\"z\"", "3", "-20", "false", "[null]", "{}", "2.5"},
+     {"\"abcd\"", "true", "null", "-5", "[1,2]", "1.5"}},
     /* U+0000 in schema strings; keyword names as property names */
     {"const with U+0000", "{\"const\":\"a\\u0000b\"}", {"\"a\\u0000b\""}, {"\"ab\"", "\"a\""}},
     {"not const with U+0000",
@@ -265,10 +276,10 @@ static void test_cases(void **state)
         int rc = eng_grammar_from_schema(s, &g, &err);
         if (rc != SW_OK)
             fail_msg("%s: refused: %s", k->name, err.message);
-        for (int j = 0; j < 6 && k->accepted[j]; j++)
+        for (int j = 0; j < 10 && k->accepted[j]; j++)
             if (!whole(g, k->accepted[j]))
                 fail_msg("%s: %s is refused", k->name, k->accepted[j]);
-        for (int j = 0; j < 6 && k->refused[j]; j++) {
+        for (int j = 0; j < 8 && k->refused[j]; j++) {
             /* the value is invalid (the validator says so) and refused */
             json_t *v = parse(k->refused[j]);
             sw_error verr;

@@ -113,6 +113,24 @@ static bool may_overlap(builder *b, const json_t *x, const json_t *y, int nest)
         if (all_refused)
             return false;
     }
+    /* values in common can only be objects, and one requires a name the
+     * other forbids (properties: {name: false}, or additionalProperties
+     * false without the name) */
+    if (tx >= 0 && ty >= 0 && (tx & ty) == T_OBJECT) {
+        for (int side = 0; side < 2; side++) {
+            const json_t *p = side ? y : x, *q = side ? x : y;
+            const json_t *req = json_object_get(p, "required");
+            const json_t *qprops = json_object_get(q, "properties");
+            bool closed = json_is_false(json_object_get(q, "additionalProperties")) &&
+                          !json_object_get(q, "patternProperties");
+            for (size_t i = 0; i < json_array_size(req); i++) {
+                const char *name = json_string_value(json_array_get(req, i));
+                const json_t *qs = name ? json_object_get(qprops, name) : NULL;
+                if (name && (json_is_false(qs) || (closed && !qs)))
+                    return false;
+            }
+        }
+    }
     /* a property required by both, whose schemas cannot overlap */
     const json_t *rx = json_object_get(x, "required"), *ry = json_object_get(y, "required");
     for (size_t i = 0; i < json_array_size(rx); i++) {

@@ -124,6 +124,13 @@ static const combine_case g_cases[] = {
      "{\"$ref\":\"#/$defs/dog\"}]}",
      {"{\"name\":\"x\",\"meows\":true}", "{\"name\":\"y\",\"barks\":false}"},
      {"{\"name\":\"x\",\"meows\":true,\"barks\":true}", "{\"name\":\"x\"}"}},
+    {"oneOf of closed object shapes",
+     "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},"
+     "\"url\":{\"type\":\"string\"}},\"required\":[\"url\"],\"additionalProperties\":false},"
+     "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"path\":"
+     "{\"type\":\"string\"}},\"required\":[\"path\"],\"additionalProperties\":false}]}",
+     {"{\"url\":\"a\"}", "{\"id\":1,\"url\":\"a\"}", "{\"id\":2,\"path\":\"b\"}"},
+     {"{\"id\":1}", "{\"url\":\"a\",\"path\":\"b\"}"}},
     {"oneOf overlapping integer ranges",
      "{\"oneOf\":[{\"type\":\"integer\",\"minimum\":0},{\"type\":\"integer\",\"maximum\":10}]}",
      {"11", "-1", "12345"},

@@ -260,6 +260,24 @@ int eng__sc_compile_anyof(builder *b, const json_t *s, int32_t depth, size_t ple
         *out = alts[0];
         return SW_OK;
     }
+    /* oneOf alternatives written as "this one and not the others" may each
+     * be several branches: past the bound, the widest keeps only its first
+     * branch (a narrowing) until they fit */
+    int64_t total = 0;
+    for (int32_t i = 0; i < kept; i++)
+        total += g->nodes[alts[i]].n_branches;
+    while (one && total > ENG_CS_MAX_BRANCHES) {
+        int32_t widest = -1;
+        for (int32_t i = 0; i < kept; i++)
+            if (g->nodes[alts[i]].kind == CS_ANYOF && g->nodes[alts[i]].n_alts > 1 &&
+                (widest < 0 || g->nodes[alts[i]].n_branches > g->nodes[alts[widest]].n_branches))
+                widest = i;
+        if (widest < 0)
+            break;
+        total -= g->nodes[alts[widest]].n_branches;
+        alts[widest] = g->nodes[alts[widest]].alts[0];
+        total += g->nodes[alts[widest]].n_branches;
+    }
     if ((*out = eng__sc_make_anyof(g, alts, kept)) < 0)
         return eng__sc_oom(b);
     if (g->nodes[*out].n_branches > ENG_CS_MAX_BRANCHES)
@@ -416,10 +434,14 @@ json_t *eng__sc_negate_simple(const json_t *n)
 
 #define NEG_MAX_TERMS 64
 #define NEG_MAX_NEST 8
+/* The alternatives a product of negations keeps at each step */
+#define NEG_PRODUCT_WIDTH 8
 
 typedef struct neg_ctx {
     builder *b;
     const char *left_out; /* the first keyword whose failing values are not generated */
+    bool over;            /* SC_MAX_NEG_MERGES reached */
+    size_t cap;           /* alternatives the list being filled may take */
     char why[200];        /* the first alternative refused while merging, or "" */
 } neg_ctx;
 
@@ -452,8 +474,19 @@ static bool neg_empty(const json_t *m)
     const json_t *props = json_object_get(m, "properties");
     for (size_t i = 0; i < json_array_size(req); i++) {
         const char *name = json_string_value(json_array_get(req, i));
-        if (name && json_is_false(json_object_get(props, name)))
+        const json_t *ps = name ? json_object_get(props, name) : NULL;
+        if (json_is_false(ps))
             return true;
+        /* S and not S, as merging a property's schema with its negation
+         * writes it */
+        const json_t *all = json_object_get(ps, "allOf");
+        if (json_array_size(all) == 2 && json_object_size(ps) == 1) {
+            for (int side = 0; side < 2; side++) {
+                const json_t *x = json_array_get(all, side), *y = json_array_get(all, !side);
+                if (json_object_size(y) == 1 && json_equal(json_object_get(y, "not"), (json_t *)x))
+                    return true;
+            }
+        }
     }
     for (size_t i = 0; i < 3; i++) {
         const json_t *lo = json_object_get(m, min_keys[i]), *hi = json_object_get(m, max_keys[i]);
@@ -472,6 +505,22 @@ static int neg_term(neg_ctx *c, const json_t *ctx, json_t *d, json_t *out)
     builder *b = c->b;
     if (!d)
         return eng__sc_oom(b);
+    if (json_array_size(out) >= c->cap) {
+        json_decref(d);
+        if (!c->left_out)
+            c->left_out = "anyOf";
+        return SW_OK;
+    }
+    if (++b->neg_merges > SC_MAX_NEG_MERGES) {
+        json_decref(d);
+        if (!c->over && !c->why[0])
+            snprintf(c->why, sizeof c->why,
+                     "excluding the values of the other alternatives takes more than %d "
+                     "merged schemas",
+                     SC_MAX_NEG_MERGES);
+        c->over = true;
+        return SW_OK;
+    }
     json_t *w = json_pack("{s:[Oo]}", "allOf", ctx, d);
     if (!w || !eng__sc_doc_keep(b->doc, w))
         return eng__sc_oom(b);
@@ -487,11 +536,6 @@ static int neg_term(neg_ctx *c, const json_t *ctx, json_t *d, json_t *out)
         return sw_error_set(b->err, rc, "%s", e.message);
     if (neg_empty(m))
         return SW_OK;
-    if (json_array_size(out) >= NEG_MAX_TERMS) {
-        if (!c->left_out)
-            c->left_out = "anyOf";
-        return SW_OK;
-    }
     return json_array_append(out, (json_t *)m) ? eng__sc_oom(b) : SW_OK;
 }
 
@@ -606,23 +650,66 @@ static int negate(neg_ctx *c, const json_t *ctx, const json_t *s, json_t *out, i
 
 /* Values of ctx that fail every schema of list (anyOf / oneOf none
  * matching): the products of their negations, at most NEG_MAX_TERMS. */
-static int neg_none_of(neg_ctx *c, const json_t *ctx, const json_t *list, json_t *out, int nest)
+/* Appends to flat the schemas of list, an anyOf directly inside it (what
+ * merging "not A" and "not B" makes: not {anyOf: [A, B]}) spliced in. */
+static int neg_flatten(const json_t *list, json_t *flat, int nest)
+{
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        const json_t *x = json_array_get(list, i);
+        const json_t *inner = json_object_get(x, "anyOf");
+        if (json_is_array(inner) && nest < 64 && eng__sc_only_annotations(x, "anyOf")) {
+            if (neg_flatten(inner, flat, nest + 1))
+                return SW_ENOMEM;
+            continue;
+        }
+        if (json_array_size(flat) >= 4 * NEG_MAX_TERMS || json_array_append(flat, (json_t *)x))
+            return json_array_size(flat) >= 4 * NEG_MAX_TERMS ? SW_ERANGE : SW_ENOMEM;
+    }
+    return SW_OK;
+}
+
+static int neg_none_of(neg_ctx *c, const json_t *ctx, const json_t *nested, json_t *out,
+                       int nest)
 {
     builder *b = c->b;
+    json_t *list = json_array();
+    if (!list || !eng__sc_doc_keep(b->doc, list))
+        return eng__sc_oom(b);
+    int frc = neg_flatten(nested, list, 0);
+    if (frc == SW_ERANGE) {
+        if (!c->left_out)
+            c->left_out = "anyOf";
+        return SW_OK;
+    }
+    if (frc)
+        return eng__sc_oom(b);
     json_t *cur = json_array();
     if (!cur || !eng__sc_doc_keep(b->doc, cur) || json_array_append(cur, (json_t *)ctx))
         return eng__sc_oom(b);
-    for (size_t i = 0; i < json_array_size(list) && json_array_size(cur); i++) {
+    for (size_t i = 0; i < json_array_size(list) && json_array_size(cur) && !c->over; i++) {
         json_t *next = json_array();
         if (!next || !eng__sc_doc_keep(b->doc, next))
             return eng__sc_oom(b);
+        /* each element of the product so far takes a share of the width,
+         * at least one way of failing the next alternative (fewer ways:
+         * a narrowing) */
+        size_t quota = NEG_PRODUCT_WIDTH / json_array_size(cur), saved = c->cap;
         for (size_t j = 0; j < json_array_size(cur); j++) {
-            int rc = negate(c, json_array_get(cur, j), json_array_get(list, i), next, nest + 1);
+            json_t *one = json_array();
+            if (!one || !eng__sc_doc_keep(b->doc, one))
+                return eng__sc_oom(b);
+            c->cap = quota ? quota : 1;
+            int rc = negate(c, json_array_get(cur, j), json_array_get(list, i), one, nest + 1);
+            c->cap = saved;
             if (rc)
                 return rc;
+            if (json_array_extend(next, one))
+                return eng__sc_oom(b);
         }
         cur = next;
     }
+    if (c->over)
+        return SW_OK; /* a product cut short negates only some of them */
     for (size_t j = 0; j < json_array_size(cur); j++) {
         if (json_array_size(out) >= NEG_MAX_TERMS) {
             if (!c->left_out)
@@ -693,8 +780,17 @@ static int negate(neg_ctx *c, const json_t *ctx, const json_t *s, json_t *out, i
     bool draft7 = b->doc->dialect != SC_2020;
     const char *k;
     const json_t *v;
+    /* the ways of failing that need no schema compiled in turn first: a
+     * product of negations keeps the first ones of each */
+    for (int pass = 0; pass < 2; pass++)
     json_object_foreach((json_t *)eff, k, v) {
         if (!eng__sc_is_known_keyword(k))
+            continue;
+        bool direct = strcmp(k, "type") == 0 || strcmp(k, "required") == 0 ||
+                      strcmp(k, "const") == 0 || strcmp(k, "enum") == 0 ||
+                      strcmp(k, "pattern") == 0 || strcmp(k, "dependentRequired") == 0 ||
+                      IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys);
+        if (direct != (pass == 0))
             continue;
         rc = SW_OK;
         if (strcmp(k, "type") == 0) {
@@ -901,7 +997,7 @@ int eng__sc_compile_not(builder *b, const json_t *s, int32_t depth, size_t plen,
     if (!rest || !eng__sc_doc_keep(b->doc, rest) || !terms || !eng__sc_doc_keep(b->doc, terms))
         return eng__sc_oom(b);
     json_object_del(rest, "not");
-    neg_ctx c = {b, NULL, ""};
+    neg_ctx c = {b, NULL, false, NEG_MAX_TERMS, ""};
     int rc = negate(&c, rest, json_object_get(s, "not"), terms, 0);
     if (rc)
         return rc;

@@ -303,6 +303,68 @@ static void test_cases(void **state)
     }
 }
 
+/* Compiles text, checks the values, walks, and keeps the outputs for the
+ * python check. */
+static void check_schema(const char *name, const char *text, const char *const *accepted,
+                         const char *const *refused)
+{
+    json_t *s = parse(text);
+    eng_grammar *g = NULL;
+    sw_error err;
+    sw_error_clear(&err);
+    int rc = eng_grammar_from_schema(s, &g, &err);
+    if (rc != SW_OK)
+        fail_msg("%s: refused: %s", name, err.message);
+    for (int j = 0; accepted[j]; j++)
+        if (!whole(g, accepted[j]))
+            fail_msg("%s: %s is refused", name, accepted[j]);
+    for (int j = 0; refused[j]; j++) {
+        json_t *v = parse(refused[j]);
+        sw_error verr;
+        assert_int_not_equal(eng_json_validate(s, v, &verr), SW_OK);
+        json_decref(v);
+        if (whole(g, refused[j]))
+            fail_msg("%s: %s is accepted", name, refused[j]);
+    }
+    json_t *rec = sc_record("combine", name, s);
+    walks(g, s, name, sc_outputs(rec));
+    json_array_append_new(g_records, rec);
+    eng_grammar_free(g);
+    json_decref(s);
+}
+
+/* Wide oneOfs whose alternatives overlap their neighbours: 30 object
+ * shapes (shape i declares k_i..k_i+4, requires k_i), 64 integer ranges
+ * [3i, 3i+5]. Excluding the others stays within the merge bound; where
+ * the branches would pass 64, alternatives keep fewer ways of excluding
+ * (a narrowing). */
+static void test_wide_oneof(void **state)
+{
+    (void)state;
+    char *text = malloc(65536);
+    assert_non_null(text);
+    size_t n = (size_t)sprintf(text, "{\"oneOf\":[");
+    for (int i = 0; i < 30; i++) {
+        n += (size_t)sprintf(text + n, "%s{\"type\":\"object\",\"properties\":{", i ? "," : "");
+        for (int j = i; j < i + 5; j++)
+            n += (size_t)sprintf(text + n, "%s\"k%d\":{\"type\":\"string\"}", j > i ? "," : "", j);
+        n += (size_t)sprintf(text + n, "},\"required\":[\"k%d\"]}", i);
+    }
+    sprintf(text + n, "]}");
+    static const char *const shapes_ok[] = {"{\"k0\":\"a\"}", NULL};
+    static const char *const shapes_bad[] = {"{\"k0\":\"a\",\"k1\":\"b\"}", "{}", NULL};
+    check_schema("oneOf of 30 overlapping object shapes", text, shapes_ok, shapes_bad);
+    n = (size_t)sprintf(text, "{\"oneOf\":[");
+    for (int i = 0; i < 64; i++)
+        n += (size_t)sprintf(text + n, "%s{\"type\":\"integer\",\"minimum\":%d,\"maximum\":%d}",
+                             i ? "," : "", 3 * i, 3 * i + 5);
+    sprintf(text + n, "]}");
+    static const char *const ranges_ok[] = {"1", "2", NULL};
+    static const char *const ranges_bad[] = {"4", "5", "-1", NULL};
+    check_schema("oneOf of 64 overlapping integer ranges", text, ranges_ok, ranges_bad);
+    free(text);
+}
+
 /* What no positive schema can stand for is refused, naming it. */
 static void test_refused(void **state)
 {
@@ -384,6 +446,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
+        cmocka_unit_test(test_wide_oneof),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_hostile),
         cmocka_unit_test(test_python_check),

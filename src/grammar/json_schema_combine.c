@@ -85,6 +85,16 @@ int eng__sc_analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, 
     return SW_OK;
 }
 
+/* True where lo (a lower bound) lies above hi (an upper one): no number
+ * is within both. */
+static bool bounds_apart(num_bound lo, num_bound hi)
+{
+    if (!lo.v || !hi.v)
+        return false;
+    int c = eng__sc_num_cmp(lo.v, hi.v);
+    return c > 0 || (c == 0 && (lo.excl || hi.excl));
+}
+
 /* Can two alternatives of a oneOf match the same value? false only when
  * that is sure: different types, or enum / const values the other
  * refuses, or a required property both declare with such values. */
@@ -97,6 +107,11 @@ static bool may_overlap(builder *b, const json_t *x, const json_t *y, int nest)
     int tx = eng__sc_type_mask(json_object_get(x, "type")),
         ty = eng__sc_type_mask(json_object_get(y, "type"));
     if (tx >= 0 && ty >= 0 && (tx & ty) == 0)
+        return false;
+    /* numbers only in common, in ranges apart */
+    if (tx >= 0 && ty >= 0 && ((tx & ty) & ~(T_NUMBER | T_INTEGER)) == 0 &&
+        (bounds_apart(eng__sc_bound_get(x, true), eng__sc_bound_get(y, false)) ||
+         bounds_apart(eng__sc_bound_get(y, true), eng__sc_bound_get(x, false))))
         return false;
     for (int side = 0; side < 2; side++) {
         const json_t *p = side ? y : x, *q = side ? x : y;
@@ -488,6 +503,10 @@ static bool neg_empty(const json_t *m)
             }
         }
     }
+    int tm = eng__sc_type_mask(json_object_get(m, "type"));
+    if (tm >= 0 && (tm & ~(T_NUMBER | T_INTEGER)) == 0 &&
+        bounds_apart(eng__sc_bound_get(m, true), eng__sc_bound_get(m, false)))
+        return true;
     for (size_t i = 0; i < 3; i++) {
         const json_t *lo = json_object_get(m, min_keys[i]), *hi = json_object_get(m, max_keys[i]);
         if (json_is_integer(lo) && json_is_integer(hi) &&
@@ -511,13 +530,14 @@ static int neg_term(neg_ctx *c, const json_t *ctx, json_t *d, json_t *out)
             c->left_out = "anyOf";
         return SW_OK;
     }
-    if (++b->neg_merges > SC_MAX_NEG_MERGES) {
+    b->neg_work += 1 + (int64_t)json_object_size(json_object_get(ctx, "properties")) +
+                   (int64_t)json_object_size(json_object_get(d, "properties"));
+    if (b->neg_work > SC_MAX_NEG_WORK) {
         json_decref(d);
         if (!c->over && !c->why[0])
             snprintf(c->why, sizeof c->why,
-                     "excluding the values of the other alternatives takes more than %d "
-                     "merged schemas",
-                     SC_MAX_NEG_MERGES);
+                     "excluding the values of the other alternatives takes too many merged "
+                     "schemas");
         c->over = true;
         return SW_OK;
     }

@@ -991,6 +991,36 @@ static int negate(neg_ctx *c, const json_t *ctx, const json_t *s, json_t *out, i
                     return eng__sc_oom(b);
                 rc = neg_none_of(c, ctx, both, out, nest);
             }
+        } else if (strcmp(k, "additionalProperties") == 0 && !json_is_true(v)) {
+            /* a name the context declares that s leaves to
+             * additionalProperties, present with a value failing it */
+            const char *name;
+            const json_t *cs;
+            bool any = false;
+            if (!(tm & T_OBJECT))
+                continue;
+            json_object_foreach(json_object_get(ctx, "properties"), name, cs) {
+                if (json_is_false(cs) || json_object_get(json_object_get(eff, "properties"), name))
+                    continue;
+                const char *pat;
+                const json_t *ps;
+                bool matched = false;
+                json_object_foreach(json_object_get(eff, "patternProperties"), pat, ps) {
+                    sw_error perr;
+                    if (eng__sc_pattern_match_name(pat, name, &perr) != 0)
+                        matched = true; /* or an error: not a sure way of failing */
+                }
+                if (matched)
+                    continue;
+                any = true;
+                if ((rc = neg_term(c, ctx,
+                                   json_pack("{s:s,s:[s],s:{s:{s:O}}}", "type", "object",
+                                             "required", name, "properties", name, "not", v),
+                                   out)))
+                    break;
+            }
+            if (!any && !c->left_out)
+                c->left_out = k;
         } else if (strcmp(k, "then") == 0 || strcmp(k, "else") == 0 ||
                    (strcmp(k, "uniqueItems") == 0 && !json_is_true(v))) {
             continue;

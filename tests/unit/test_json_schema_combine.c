@@ -131,6 +131,13 @@ static const combine_case g_cases[] = {
      "{\"type\":\"string\"}},\"required\":[\"path\"],\"additionalProperties\":false}]}",
      {"{\"url\":\"a\"}", "{\"id\":1,\"url\":\"a\"}", "{\"id\":2,\"path\":\"b\"}"},
      {"{\"id\":1}", "{\"url\":\"a\",\"path\":\"b\"}"}},
+    {"oneOf of closed shapes sharing their optional keys",
+     "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+     "\"b\":{\"type\":\"string\"}},\"additionalProperties\":false},{\"type\":\"object\","
+     "\"properties\":{\"a\":{\"type\":\"integer\"},\"c\":{\"type\":\"boolean\"}},"
+     "\"additionalProperties\":false}]}",
+     {"{\"b\":\"x\"}", "{\"a\":1,\"b\":\"\"}", "{\"c\":true}", "{\"a\":2,\"c\":false}"},
+     {"{}", "{\"a\":1}", "{\"b\":\"x\",\"c\":true}"}},
     {"oneOf overlapping integer ranges",
      "{\"oneOf\":[{\"type\":\"integer\",\"minimum\":0},{\"type\":\"integer\",\"maximum\":10}]}",
      {"11", "-1", "12345"},

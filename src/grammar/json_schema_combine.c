@@ -731,7 +731,7 @@ static int neg_none_of(neg_ctx *c, const json_t *ctx, const json_t *nested, json
     if (c->over)
         return SW_OK; /* a product cut short negates only some of them */
     for (size_t j = 0; j < json_array_size(cur); j++) {
-        if (json_array_size(out) >= NEG_MAX_TERMS) {
+        if (json_array_size(out) >= c->cap) {
             if (!c->left_out)
                 c->left_out = "anyOf";
             break;

@@ -802,239 +802,246 @@ static int negate(neg_ctx *c, const json_t *ctx, const json_t *s, json_t *out, i
     const json_t *v;
     /* the ways of failing that need no schema compiled in turn first: a
      * product of negations keeps the first ones of each */
-    for (int pass = 0; pass < 2; pass++)
-    json_object_foreach((json_t *)eff, k, v) {
-        if (!eng__sc_is_known_keyword(k))
-            continue;
-        bool direct = strcmp(k, "type") == 0 || strcmp(k, "required") == 0 ||
-                      strcmp(k, "const") == 0 || strcmp(k, "enum") == 0 ||
-                      strcmp(k, "pattern") == 0 || strcmp(k, "dependentRequired") == 0 ||
-                      IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys);
-        if (direct != (pass == 0))
-            continue;
-        rc = SW_OK;
-        if (strcmp(k, "type") == 0) {
-            int other = T_ALL & ~tm;
-            /* not integer: the numbers left are fractions, which no node
-             * generates apart (a narrowing) */
-            if ((other & T_NUMBER) && !(other & T_INTEGER))
-                other &= ~T_NUMBER;
-            if (other)
-                rc = neg_term(c, ctx, json_pack("{s:o}", "type", types_json(other)), out);
-        } else if (strcmp(k, "const") == 0 || strcmp(k, "enum") == 0) {
-            json_t *vals = strcmp(k, "const") == 0 ? json_pack("[O]", v) : json_incref((json_t *)v);
-            if (!vals || !eng__sc_doc_keep(b->doc, vals))
-                return eng__sc_oom(b);
-            if (json_is_array(vals))
-                rc = neg_literals(c, ctx, vals, tm, out);
-        } else if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys)) {
-            static const char *const flip[][3] = {
-                {"minLength", "maxLength", "string"},  {"maxLength", "minLength", "string"},
-                {"minItems", "maxItems", "array"},      {"maxItems", "minItems", "array"},
-                {"minProperties", "maxProperties", "object"},
-                {"maxProperties", "minProperties", "object"}};
-            bool is_min = IN_LIST(k, min_keys);
-            for (size_t i = 0; i < sizeof flip / sizeof *flip; i++) {
-                if (strcmp(k, flip[i][0]) != 0 || !json_is_integer(v))
-                    continue;
-                json_int_t n = json_integer_value(v);
-                if ((is_min && n <= 0) || n < 0 || n >= INT32_MAX - 1)
-                    break;
-                rc = neg_term(c, ctx,
-                              json_pack("{s:s,s:I}", "type", flip[i][2], flip[i][1],
-                                        (json_int_t)(is_min ? n - 1 : n + 1)),
-                              out);
-            }
-            if (strcmp(k, "minContains") == 0 || strcmp(k, "maxContains") == 0)
-                continue; /* with contains below */
-        } else if (IN_LIST(k, bound_keys)) {
-            if (b->doc->dialect == SC_DRAFT4)
-                goto left_out;
-            if (!(tm & T_INTEGER))
+    for (int pass = 0; pass < 2; pass++) {
+        json_object_foreach((json_t *)eff, k, v) {
+            if (!eng__sc_is_known_keyword(k))
                 continue;
-            bool lower = strcmp(k, "minimum") == 0 || strcmp(k, "exclusiveMinimum") == 0;
-            bool excl = strncmp(k, "exclusive", 9) == 0;
-            if (!eng__sc_is_num(v))
+            bool direct = strcmp(k, "type") == 0 || strcmp(k, "required") == 0 ||
+                          strcmp(k, "const") == 0 || strcmp(k, "enum") == 0 ||
+                          strcmp(k, "pattern") == 0 || strcmp(k, "dependentRequired") == 0 ||
+                          IN_LIST(k, min_keys) || IN_LIST(k, max_keys) || IN_LIST(k, bound_keys);
+            if (direct != (pass == 0))
                 continue;
-            const char *key = lower ? (excl ? "maximum" : "exclusiveMaximum")
-                                    : (excl ? "minimum" : "exclusiveMinimum");
-            rc = neg_term(c, ctx, json_pack("{s:s,s:O}", "type", "number", key, v), out);
-        } else if (strcmp(k, "pattern") == 0) {
-            if (!json_is_string(v) || !(tm & T_STRING))
-                continue;
-            if (memchr(json_string_value(v), '\0', json_string_length(v)))
-                goto left_out;
-            char *x = eng__sc_pattern_prefix_form(v);
-            size_t n = x ? strlen(x) + 8 : 0;
-            char *pat = x ? sw_malloc(n) : NULL;
-            if (pat)
-                snprintf(pat, n, "^(?!%s)", x);
-            json_t *ps = pat ? json_string(pat) : NULL;
-            sw_free(x);
-            sw_free(pat);
-            if (!ps)
-                return eng__sc_oom(b);
-            rc = neg_term(c, ctx, json_pack("{s:s,s:o}", "type", "string", "pattern", ps), out);
-        } else if (strcmp(k, "required") == 0) {
-            for (size_t i = 0; !rc && i < json_array_size(v); i++) {
-                const char *name = json_string_value(json_array_get(v, i));
-                if (name && (tm & T_OBJECT))
+            rc = SW_OK;
+            if (strcmp(k, "type") == 0) {
+                int other = T_ALL & ~tm;
+                /* not integer: the numbers left are fractions, which no node
+                 * generates apart (a narrowing) */
+                if ((other & T_NUMBER) && !(other & T_INTEGER))
+                    other &= ~T_NUMBER;
+                if (other)
+                    rc = neg_term(c, ctx, json_pack("{s:o}", "type", types_json(other)), out);
+            } else if (strcmp(k, "const") == 0 || strcmp(k, "enum") == 0) {
+                json_t *vals =
+                    strcmp(k, "const") == 0 ? json_pack("[O]", v) : json_incref((json_t *)v);
+                if (!vals || !eng__sc_doc_keep(b->doc, vals))
+                    return eng__sc_oom(b);
+                if (json_is_array(vals))
+                    rc = neg_literals(c, ctx, vals, tm, out);
+            } else if (IN_LIST(k, min_keys) || IN_LIST(k, max_keys)) {
+                static const char *const flip[][3] = {
+                    {"minLength", "maxLength", "string"},  {"maxLength", "minLength", "string"},
+                    {"minItems", "maxItems", "array"},      {"maxItems", "minItems", "array"},
+                    {"minProperties", "maxProperties", "object"},
+                    {"maxProperties", "minProperties", "object"}};
+                bool is_min = IN_LIST(k, min_keys);
+                for (size_t i = 0; i < sizeof flip / sizeof *flip; i++) {
+                    if (strcmp(k, flip[i][0]) != 0 || !json_is_integer(v))
+                        continue;
+                    json_int_t n = json_integer_value(v);
+                    if ((is_min && n <= 0) || n < 0 || n >= INT32_MAX - 1)
+                        break;
                     rc = neg_term(c, ctx,
-                                  json_pack("{s:s,s:{s:b}}", "type", "object", "properties", name, 0),
+                                  json_pack("{s:s,s:I}", "type", flip[i][2], flip[i][1],
+                                            (json_int_t)(is_min ? n - 1 : n + 1)),
                                   out);
-            }
-        } else if (strcmp(k, "properties") == 0) {
-            const char *name;
-            const json_t *ps;
-            if (!(tm & T_OBJECT))
-                continue;
-            json_object_foreach((json_t *)v, name, ps) {
-                if (json_is_true(ps) || (json_is_object(ps) && json_object_size(ps) == 0))
-                    continue;
-                if ((rc = neg_term(c, ctx,
-                                   json_pack("{s:s,s:[s],s:{s:{s:O}}}", "type", "object",
-                                             "required", name, "properties", name, "not", ps),
-                                   out)))
-                    break;
-            }
-        } else if (strcmp(k, "dependentRequired") == 0 ||
-                   (strcmp(k, "dependencies") == 0 && draft7)) {
-            const char *name;
-            const json_t *dv;
-            if (!(tm & T_OBJECT))
-                continue;
-            json_object_foreach((json_t *)v, name, dv) {
-                if (json_is_array(dv)) {
-                    for (size_t i = 0; !rc && i < json_array_size(dv); i++) {
-                        const char *o = json_string_value(json_array_get(dv, i));
-                        if (o)
-                            rc = neg_term(c, ctx,
-                                          json_pack("{s:s,s:[s],s:{s:b}}", "type", "object",
-                                                    "required", name, "properties", o, 0),
-                                          out);
-                    }
-                } else {
-                    const json_t *with;
-                    if (!(rc = neg_narrow(c, ctx,
-                                          json_pack("{s:s,s:[s]}", "type", "object", "required",
-                                                    name),
-                                          &with)) &&
-                        with)
-                        rc = negate(c, with, dv, out, nest + 1);
                 }
-                if (rc)
-                    break;
-            }
-        } else if (strcmp(k, "dependentSchemas") == 0) {
-            const char *name;
-            const json_t *dv;
-            if (!(tm & T_OBJECT))
-                continue;
-            json_object_foreach((json_t *)v, name, dv) {
-                const json_t *with;
-                if ((rc = neg_narrow(
-                         c, ctx, json_pack("{s:s,s:[s]}", "type", "object", "required", name),
-                         &with)))
-                    break;
-                if (with && (rc = negate(c, with, dv, out, nest + 1)))
-                    break;
-            }
-        } else if (strcmp(k, "items") == 0 && !json_is_array(v) &&
-                   !json_object_get(eff, "prefixItems")) {
-            if (tm & T_ARRAY)
-                rc = neg_term(c, ctx,
-                              json_pack("{s:s,s:i,s:{s:O}}", "type", "array", "minItems", 1,
-                                        "items", "not", v),
-                              out);
-        } else if (strcmp(k, "prefixItems") == 0 || (strcmp(k, "items") == 0 && draft7)) {
-            for (size_t i = 0; !rc && i < json_array_size(v) && (tm & T_ARRAY); i++) {
-                json_t *tuple = json_array();
-                for (size_t j = 0; tuple && j < i; j++)
-                    json_array_append(tuple, json_true());
-                if (!tuple ||
-                    json_array_append_new(tuple, json_pack("{s:O}", "not", json_array_get(v, i))))
-                    return eng__sc_oom(b);
-                rc = neg_term(c, ctx,
-                              json_pack("{s:s,s:I,s:o}", "type", "array", "minItems",
-                                        (json_int_t)i + 1, k, tuple),
-                              out);
-            }
-            if (strcmp(k, "prefixItems") == 0 && json_object_get(eff, "items"))
-                goto left_out;
-        } else if (strcmp(k, "contains") == 0) {
-            const json_t *mc = json_object_get(eff, "minContains");
-            if (json_is_integer(mc) && json_integer_value(mc) == 0)
-                continue;
-            if (json_object_get(eff, "maxContains") && !c->left_out)
-                c->left_out = "maxContains";
-            if (tm & T_ARRAY)
-                rc = neg_term(c, ctx,
-                              json_pack("{s:s,s:{s:O}}", "type", "array", "items", "not", v), out);
-        } else if (strcmp(k, "not") == 0) {
-            rc = neg_term(c, ctx, json_incref((json_t *)v), out);
-        } else if (strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) {
-            if (!json_is_array(v))
-                continue;
-            /* none of them (for oneOf, two matching would fail it too: those
-             * values are left out) */
-            rc = neg_none_of(c, ctx, v, out, nest);
-        } else if (strcmp(k, "if") == 0) {
-            const json_t *then = json_object_get(eff, "then"), *other = json_object_get(eff, "else");
-            if (then) {
-                const json_t *with;
-                if (!(rc = neg_narrow(c, ctx, json_incref((json_t *)v), &with)) && with)
-                    rc = negate(c, with, then, out, nest + 1);
-            }
-            if (!rc && other) {
-                json_t *both = json_pack("[OO]", v, other);
-                if (!both || !eng__sc_doc_keep(b->doc, both))
-                    return eng__sc_oom(b);
-                rc = neg_none_of(c, ctx, both, out, nest);
-            }
-        } else if (strcmp(k, "additionalProperties") == 0 && !json_is_true(v)) {
-            /* a name the context declares that s leaves to
-             * additionalProperties, present with a value failing it */
-            const char *name;
-            const json_t *cs;
-            bool any = false;
-            if (!(tm & T_OBJECT))
-                continue;
-            json_object_foreach(json_object_get(ctx, "properties"), name, cs) {
-                if (json_is_false(cs) || json_object_get(json_object_get(eff, "properties"), name))
+                if (strcmp(k, "minContains") == 0 || strcmp(k, "maxContains") == 0)
+                    continue; /* with contains below */
+            } else if (IN_LIST(k, bound_keys)) {
+                if (b->doc->dialect == SC_DRAFT4)
+                    goto left_out;
+                if (!(tm & T_INTEGER))
                     continue;
-                const char *pat;
+                bool lower = strcmp(k, "minimum") == 0 || strcmp(k, "exclusiveMinimum") == 0;
+                bool excl = strncmp(k, "exclusive", 9) == 0;
+                if (!eng__sc_is_num(v))
+                    continue;
+                const char *key = lower ? (excl ? "maximum" : "exclusiveMaximum")
+                                        : (excl ? "minimum" : "exclusiveMinimum");
+                rc = neg_term(c, ctx, json_pack("{s:s,s:O}", "type", "number", key, v), out);
+            } else if (strcmp(k, "pattern") == 0) {
+                if (!json_is_string(v) || !(tm & T_STRING))
+                    continue;
+                if (memchr(json_string_value(v), '\0', json_string_length(v)))
+                    goto left_out;
+                char *x = eng__sc_pattern_prefix_form(v);
+                size_t n = x ? strlen(x) + 8 : 0;
+                char *pat = x ? sw_malloc(n) : NULL;
+                if (pat)
+                    snprintf(pat, n, "^(?!%s)", x);
+                json_t *ps = pat ? json_string(pat) : NULL;
+                sw_free(x);
+                sw_free(pat);
+                if (!ps)
+                    return eng__sc_oom(b);
+                rc = neg_term(c, ctx, json_pack("{s:s,s:o}", "type", "string", "pattern", ps), out);
+            } else if (strcmp(k, "required") == 0) {
+                for (size_t i = 0; !rc && i < json_array_size(v); i++) {
+                    const char *name = json_string_value(json_array_get(v, i));
+                    if (name && (tm & T_OBJECT))
+                        rc = neg_term(c, ctx,
+                                      json_pack("{s:s,s:{s:b}}", "type", "object",
+                                                "properties", name, 0),
+                                      out);
+                }
+            } else if (strcmp(k, "properties") == 0) {
+                const char *name;
                 const json_t *ps;
-                bool matched = false;
-                json_object_foreach(json_object_get(eff, "patternProperties"), pat, ps) {
-                    sw_error perr;
-                    if (eng__sc_pattern_match_name(pat, name, &perr) != 0)
-                        matched = true; /* or an error: not a sure way of failing */
-                }
-                if (matched)
+                if (!(tm & T_OBJECT))
                     continue;
-                any = true;
-                if ((rc = neg_term(c, ctx,
-                                   json_pack("{s:s,s:[s],s:{s:{s:O}}}", "type", "object",
-                                             "required", name, "properties", name, "not", v),
-                                   out)))
-                    break;
+                json_object_foreach((json_t *)v, name, ps) {
+                    if (json_is_true(ps) || (json_is_object(ps) && json_object_size(ps) == 0))
+                        continue;
+                    if ((rc = neg_term(c, ctx,
+                                       json_pack("{s:s,s:[s],s:{s:{s:O}}}", "type", "object",
+                                                 "required", name, "properties", name, "not", ps),
+                                       out)))
+                        break;
+                }
+            } else if (strcmp(k, "dependentRequired") == 0 ||
+                       (strcmp(k, "dependencies") == 0 && draft7)) {
+                const char *name;
+                const json_t *dv;
+                if (!(tm & T_OBJECT))
+                    continue;
+                json_object_foreach((json_t *)v, name, dv) {
+                    if (json_is_array(dv)) {
+                        for (size_t i = 0; !rc && i < json_array_size(dv); i++) {
+                            const char *o = json_string_value(json_array_get(dv, i));
+                            if (o)
+                                rc = neg_term(c, ctx,
+                                              json_pack("{s:s,s:[s],s:{s:b}}", "type", "object",
+                                                        "required", name, "properties", o, 0),
+                                              out);
+                        }
+                    } else {
+                        const json_t *with;
+                        if (!(rc = neg_narrow(c, ctx,
+                                              json_pack("{s:s,s:[s]}", "type", "object", "required",
+                                                        name),
+                                              &with)) &&
+                            with)
+                            rc = negate(c, with, dv, out, nest + 1);
+                    }
+                    if (rc)
+                        break;
+                }
+            } else if (strcmp(k, "dependentSchemas") == 0) {
+                const char *name;
+                const json_t *dv;
+                if (!(tm & T_OBJECT))
+                    continue;
+                json_object_foreach((json_t *)v, name, dv) {
+                    const json_t *with;
+                    if ((rc = neg_narrow(
+                             c, ctx, json_pack("{s:s,s:[s]}", "type", "object", "required", name),
+                             &with)))
+                        break;
+                    if (with && (rc = negate(c, with, dv, out, nest + 1)))
+                        break;
+                }
+            } else if (strcmp(k, "items") == 0 && !json_is_array(v) &&
+                       !json_object_get(eff, "prefixItems")) {
+                if (tm & T_ARRAY)
+                    rc = neg_term(c, ctx,
+                                  json_pack("{s:s,s:i,s:{s:O}}", "type", "array", "minItems", 1,
+                                            "items", "not", v),
+                                  out);
+            } else if (strcmp(k, "prefixItems") == 0 || (strcmp(k, "items") == 0 && draft7)) {
+                for (size_t i = 0; !rc && i < json_array_size(v) && (tm & T_ARRAY); i++) {
+                    json_t *tuple = json_array();
+                    for (size_t j = 0; tuple && j < i; j++)
+                        json_array_append(tuple, json_true());
+                    if (!tuple ||
+                        json_array_append_new(tuple,
+                                              json_pack("{s:O}", "not", json_array_get(v, i))))
+                        return eng__sc_oom(b);
+                    rc = neg_term(c, ctx,
+                                  json_pack("{s:s,s:I,s:o}", "type", "array", "minItems",
+                                            (json_int_t)i + 1, k, tuple),
+                                  out);
+                }
+                if (strcmp(k, "prefixItems") == 0 && json_object_get(eff, "items"))
+                    goto left_out;
+            } else if (strcmp(k, "contains") == 0) {
+                const json_t *mc = json_object_get(eff, "minContains");
+                if (json_is_integer(mc) && json_integer_value(mc) == 0)
+                    continue;
+                if (json_object_get(eff, "maxContains") && !c->left_out)
+                    c->left_out = "maxContains";
+                if (tm & T_ARRAY)
+                    rc = neg_term(c, ctx,
+                                  json_pack("{s:s,s:{s:O}}", "type", "array", "items", "not", v),
+                                  out);
+            } else if (strcmp(k, "not") == 0) {
+                rc = neg_term(c, ctx, json_incref((json_t *)v), out);
+            } else if (strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0) {
+                if (!json_is_array(v))
+                    continue;
+                /* none of them (for oneOf, two matching would fail it too: those
+                 * values are left out) */
+                rc = neg_none_of(c, ctx, v, out, nest);
+            } else if (strcmp(k, "if") == 0) {
+                const json_t *then = json_object_get(eff, "then");
+                const json_t *other = json_object_get(eff, "else");
+                if (then) {
+                    const json_t *with;
+                    if (!(rc = neg_narrow(c, ctx, json_incref((json_t *)v), &with)) && with)
+                        rc = negate(c, with, then, out, nest + 1);
+                }
+                if (!rc && other) {
+                    json_t *both = json_pack("[OO]", v, other);
+                    if (!both || !eng__sc_doc_keep(b->doc, both))
+                        return eng__sc_oom(b);
+                    rc = neg_none_of(c, ctx, both, out, nest);
+                }
+            } else if (strcmp(k, "additionalProperties") == 0 && !json_is_true(v)) {
+                /* a name the context declares that s leaves to
+                 * additionalProperties, present with a value failing it */
+                const char *name;
+                const json_t *cs;
+                bool any = false;
+                if (!(tm & T_OBJECT))
+                    continue;
+                json_object_foreach(json_object_get(ctx, "properties"), name, cs) {
+                    if (json_is_false(cs) ||
+                        json_object_get(json_object_get(eff, "properties"), name))
+                        continue;
+                    const char *pat;
+                    const json_t *ps;
+                    bool matched = false;
+                    json_object_foreach(json_object_get(eff, "patternProperties"), pat, ps) {
+                        sw_error perr;
+                        if (eng__sc_pattern_match_name(pat, name, &perr) != 0)
+                            matched = true; /* or an error: not a sure way of failing */
+                    }
+                    if (matched)
+                        continue;
+                    any = true;
+                    if ((rc = neg_term(c, ctx,
+                                       json_pack("{s:s,s:[s],s:{s:{s:O}}}", "type", "object",
+                                                 "required", name, "properties", name, "not", v),
+                                       out)))
+                        break;
+                }
+                if (!any && !c->left_out)
+                    c->left_out = k;
+            } else if (strcmp(k, "then") == 0 || strcmp(k, "else") == 0 ||
+                       (strcmp(k, "uniqueItems") == 0 && !json_is_true(v))) {
+                continue;
+            } else if (strcmp(k, "format") == 0 &&
+                       !(json_is_string(v) && IN_LIST(json_string_value(v), known_formats))) {
+                continue; /* an annotation */
+            } else {
+            left_out:
+                if (!c->left_out)
+                    c->left_out = k;
+                continue;
             }
-            if (!any && !c->left_out)
-                c->left_out = k;
-        } else if (strcmp(k, "then") == 0 || strcmp(k, "else") == 0 ||
-                   (strcmp(k, "uniqueItems") == 0 && !json_is_true(v))) {
-            continue;
-        } else if (strcmp(k, "format") == 0 &&
-                   !(json_is_string(v) && IN_LIST(json_string_value(v), known_formats))) {
-            continue; /* an annotation */
-        } else {
-        left_out:
-            if (!c->left_out)
-                c->left_out = k;
-            continue;
+            if (rc)
+                return rc;
         }
-        if (rc)
-            return rc;
     }
     return SW_OK;
 }

@@ -381,6 +381,13 @@ static void test_refused(void **state)
     } cases[] = {
         {"{\"type\":\"integer\",\"not\":{\"multipleOf\":3}}", "'not' of 'multipleOf'"},
         {"{\"type\":\"array\",\"not\":{\"uniqueItems\":true}}", "'not' of 'uniqueItems'"},
+        /* U+0000 where the compiler reads a name: refused, never cut short
+         * (required "a\u0000" is not "a") */
+        {"{\"type\":\"object\",\"properties\":{\"title\":{\"type\":\"object\",\"properties\":"
+         "{\"a\":{\"type\":\"string\"}},\"required\":[\"a\\u0000\"]}}}",
+         "#/properties/title/required"},
+        {"{\"type\":\"string\",\"format\":\"date\\u0000\"}", "U+0000"},
+        {"{\"type\":[\"string\\u0000\"]}", "#/type"},
         {"{\"type\":\"integer\",\"not\":{\"if\":{\"minimum\":10},\"then\":{\"multipleOf\":2}}}",
          "'not' of 'multipleOf'"},
     };

@@ -275,13 +275,15 @@ int eng__sc_compile_anyof(builder *b, const json_t *s, int32_t depth, size_t ple
         *out = alts[0];
         return SW_OK;
     }
-    /* oneOf alternatives written as "this one and not the others" may each
-     * be several branches: past the bound, the widest keeps only its first
-     * branch (a narrowing) until they fit */
+    /* alternatives may each be several branches (an untyped one, a oneOf
+     * alternative written as "this one and not the others"): past the
+     * bound, the widest keeps only its first branch (a narrowing) until
+     * they fit; every node that is no anyOf is one branch, and there are
+     * at most 64 alternatives, so they always do */
     int64_t total = 0;
     for (int32_t i = 0; i < kept; i++)
         total += g->nodes[alts[i]].n_branches;
-    while (one && total > ENG_CS_MAX_BRANCHES) {
+    while (total > ENG_CS_MAX_BRANCHES) {
         int32_t widest = -1;
         for (int32_t i = 0; i < kept; i++)
             if (g->nodes[alts[i]].kind == CS_ANYOF && g->nodes[alts[i]].n_alts > 1 &&

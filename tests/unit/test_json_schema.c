@@ -547,11 +547,13 @@ static void test_errors(void **state)
     for (int i = 0; i < 10; i++)
         strcat(deep, "]}");
     expect_error(deep, SW_EUNSUPPORTED, "nested too deeply");
+    /* past 64 branches the widest alternatives keep their first branch
+     * only (a narrowing), until they fit */
     char wide[4096] = "{\"anyOf\":[";
-    for (int i = 0; i < 13; i++)
+    for (int i = 0; i < 40; i++)
         strcat(wide, i ? ",{}" : "{}"); /* each {} is any value: 5 branches */
     strcat(wide, "]}");
-    expect_error(wide, SW_EUNSUPPORTED, "64 branches");
+    eng_grammar_free(compile_ok(wide));
     /* a repeated type would compile the same subschemas once per entry,
      * level after level (7^12 nodes from 1.5 KB) */
     expect_error("{\"type\":[\"object\",\"null\",\"object\"]}", SW_EINVAL, "twice");

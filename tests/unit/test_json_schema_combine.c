@@ -344,7 +344,7 @@ static void check_schema(const char *name, const char *text, const char *const *
  * shapes (shape i declares k_i..k_i+4, requires k_i), 64 integer ranges
  * [3i, 3i+5]. Excluding the others stays within the merge bound; where
  * the branches would pass 64, alternatives keep fewer ways of excluding
- * (a narrowing). */
+ * (a narrowing), and so do the branches of a wide anyOf. */
 static void test_wide_oneof(void **state)
 {
     (void)state;
@@ -369,6 +369,14 @@ static void test_wide_oneof(void **state)
     static const char *const ranges_ok[] = {"1", "2", NULL};
     static const char *const ranges_bad[] = {"4", "5", "-1", NULL};
     check_schema("oneOf of 64 overlapping integer ranges", text, ranges_ok, ranges_bad);
+    /* 40 untyped alternatives, 5 branches each: the widest keep one */
+    n = (size_t)sprintf(text, "{\"anyOf\":[");
+    for (int i = 0; i < 40; i++)
+        n += (size_t)sprintf(text + n, "%s{\"title\":\"t%d\"}", i ? "," : "", i);
+    sprintf(text + n, "]}");
+    static const char *const wide_ok[] = {"1", "\"xyz\"", "null", "[]", "{}", "true", NULL};
+    static const char *const wide_bad[] = {NULL};
+    check_schema("anyOf of 40 untyped alternatives", text, wide_ok, wide_bad);
     free(text);
 }
 

@@ -150,6 +150,8 @@ typedef struct rt_worker_view {
     int state;
     int kind;                   /* RT_KIND_* */
     bool remote;                /* rt_config_worker_remote */
+    bool ls_resumable;          /* kind = llama-server whose vocabulary is the
+                                   model's: it can take a resume's token prompt */
     int32_t ctx_limit;          /* 0 unknown */
     int32_t max_seqs;           /* 0 no limit known */
     int seqs;                   /* admitted now (books) */

@@ -55,7 +55,8 @@ typedef struct rt_failover_in {
     bool no_replay, no_resume; /* SPILLWAY_SABOTAGE switches */
     /* an external engine gave the token ids of all it sent (kind =
      * llama-server's native stream, its vocabulary the model's): a
-     * spillway worker can resume from them */
+     * spillway worker can resume from them (another llama-server too,
+     * where ls_resume says so) */
     bool external_ids;
     /* n > 1: its stream interleaves several choices, which a resume (one
      * sequence) cannot continue */

@@ -10,7 +10,8 @@
  *   generation rates, which the deadline prediction uses).
  * - Once per process, POST /tokenize of a probe text, compared with the
  *   router's own tokenizer of the model: only a server whose vocabulary
- *   matches has its streams resumed on a spillway worker.
+ *   matches has its streams resumed (on a spillway worker, or a greedy
+ *   one on another llama-server) or takes a resume itself.
  * - A stream goes to POST /completion (a chat's messages rendered first
  *   by POST /apply-template), whose events carry the token ids; each is
  *   translated into the OpenAI chunk the client asked for, with the ids

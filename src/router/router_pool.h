@@ -116,7 +116,8 @@ typedef struct rt_worker {
     /* kind = llama-server (router_llamaserver.c): its vocabulary checked
      * against the model's (POST /tokenize, once per process), and the
      * verdict: its streams go through the native API (token ids kept, so
-     * a spillway worker can resume them) only when it matched */
+     * a spillway worker can resume them) only when it matched, and only
+     * then does it take a resume itself (a token prompt) */
     bool ls_vocab_checked, ls_vocab_same;
     int32_t ls_slots_busy;      /* /slots: is_processing, at the last poll */
     int32_t ls_foreign;         /* of them, more than the router had running

@@ -442,6 +442,9 @@ int rt__ls_translate(rt_relay *r, const char *payload, char *out[RT_LS_MAX_OUT],
             json_int_t p = json_integer_value(json_object_get(j, "tokens_evaluated"));
             json_int_t g = predicted;
             p = p > 0 && p <= INT32_MAX ? p : 0;
+            /* a resume's token prompt holds the ids sent before it, which
+             * are the completion's (the relay adds them there) */
+            p = p > (json_int_t)r->resume_base ? p - (json_int_t)r->resume_base : 0;
             g = g > 0 && g <= INT32_MAX ? g : 0;
             json_t *u = json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens", g,
                                   "total_tokens", p + g);

@@ -315,6 +315,7 @@ typedef struct streamed {
     char worker[64];
     char error_code[64];   /* of an error event, "" none */
     json_int_t usage_completion; /* -1 none */
+    json_int_t usage_prompt;     /* -1 none */
 } streamed;
 
 static void stream_via(const rh_router *r, const char *path, const char *body, bool chat,
@@ -322,6 +323,7 @@ static void stream_via(const rh_router *r, const char *path, const char *body, b
 {
     memset(out, 0, sizeof *out);
     out->usage_completion = -1;
+    out->usage_prompt = -1;
     wc_response w;
     assert_int_equal(rh_req(r, "POST", path, NULL, body, &w), 0);
     assert_int_equal(w.status, 200);
@@ -348,8 +350,10 @@ static void stream_via(const rh_router *r, const char *path, const char *body, b
         for (size_t k = 0; k < json_array_size(ids) && out->n_ids < 64; k++)
             out->ids[out->n_ids++] = (int32_t)json_integer_value(json_array_get(ids, k));
         json_t *u = json_object_get(j, "usage");
-        if (json_is_object(u))
+        if (json_is_object(u)) {
             out->usage_completion = json_integer_value(json_object_get(u, "completion_tokens"));
+            out->usage_prompt = json_integer_value(json_object_get(u, "prompt_tokens"));
+        }
         json_decref(j);
     }
     wc_sse_free(ev, n);
@@ -615,6 +619,7 @@ static void test_resume_on_llama_server(void **state)
     }
     assert_string_equal(s.text, want);
     assert_int_equal(s.usage_completion, 10);
+    assert_int_equal(s.usage_prompt, 5); /* the prompt's, not the resume's token prompt */
     assert_int_equal(atomic_load(&g_survivor_completions), 1);
     /* what ls2 was asked: the prompt's text, then the K ids; the rest */
     pthread_mutex_lock(&g_mu);

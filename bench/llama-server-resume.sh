@@ -115,11 +115,12 @@ pid = worker("gpu")["pid"]
 if chat:
     path = "/v1/chat/completions"
     body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
 else:
     path = "/v1/completions"
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 t0 = time.time()
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -127,6 +128,7 @@ r = c.getresponse()
 served_by = r.getheader("X-Spillway-Worker"); rid = r.getheader("X-Request-Id")
 events, ids, texts, killed_at, t_kill = [], [], [], None, None
 t_ids = []  # the arrival time of each token id
+usage = None
 while True:
     line = r.readline()
     if not line:
@@ -139,6 +141,7 @@ while True:
     if payload == "[DONE]":
         continue
     j = json.loads(payload)
+    usage = j.get("usage") or usage
     new = j.get("spillway", {}).get("token_ids", [])
     ids += new
     t_ids += [time.time()] * len(new)
@@ -199,11 +202,16 @@ m = re.findall(r"worker cpu: started pid \d+ \([^,]*, at http://([\d.]+):(\d+)\)
 if m:
     h, p = m[-1][0], int(m[-1][1])
     own_body = dict(body, stream=False)
+    del own_body["stream_options"]
     h2 = http.client.HTTPConnection(h, p, timeout=300)
     h2.request("POST", path, json.dumps(own_body), {"Content-Type": "application/json"})
     a = json.loads(h2.getresponse().read())
     ch = a["choices"][0]
     own_text = ch["message"]["content"] if chat else ch["text"]
+    print("usage: the stream's %s; llama-server's own %s" % (usage, a.get("usage")))
+    check("usage: the same prompt_tokens, completion_tokens %d" % max_tokens,
+          bool(usage) and usage.get("prompt_tokens") == a.get("usage", {}).get("prompt_tokens")
+          and usage.get("completion_tokens") == max_tokens)
     check("the text = llama-server's own greedy answer to the same request", own_text == text)
     if own_text != text:
         same = next((i for i, (x, y) in enumerate(zip(own_text, text)) if x != y), min(len(own_text), len(text)))

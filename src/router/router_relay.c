@@ -685,7 +685,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.share = !(r.stream && r.n_tokens > 0) &&
                         !json_is_false(json_object_get(body, "cache_prompt"));
         wt.need.resume = r.stream && (r.n_tokens > 0 || r.content_sent);
-        wt.need.resume_ls = wt.need.resume && resume_ls;
+        /* none left to generate: llama-server's n_predict 0 still
+         * generates one token, so it does not take such a resume */
+        wt.need.resume_ls = wt.need.resume && resume_ls && remaining != 0;
         /* the model asked for and the one answering (a fallback): either's
          * remote = never keeps the request on the machine */
         wt.need.local_only = model_local_only(rt, q->asked_model) ||

@@ -26,7 +26,9 @@
  *   ids), and the client's one stream is the scripted greedy answer,
  *   token for token; a grammar-constrained, a sampled and a stop-string
  *   stream are not (no spillway worker is left): each ends with an error
- *   event, and the failover event gives the replay table's reason.
+ *   event, and the failover event gives the replay table's reason;
+ * - with a spillway worker after the two, those streams pass the second
+ *   llama-server by and are resumed on the spillway worker.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -684,6 +686,79 @@ static void test_resume_on_llama_server(void **state)
     fs_stop(&g_fake);
 }
 
+/* ls1, ls2 and a spillway worker after them: a stream the replay table
+ * keeps off llama-server (a grammar, sampled) passes ls2 by and is resumed
+ * on the spillway worker; a greedy one goes to ls2, first in order. */
+static void test_resume_kept_off_llama_server(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    atomic_store(&g_bad_vocab, false);
+    atomic_store(&g_mode, MODE_KILL);
+    atomic_store(&g_survivor_completions, 0);
+    fs_start(&g_fake, "llamaserver-first3.sock", (size_t)1 << 20, false, fake_answer);
+    fs_start(&g_fake_b, "llamaserver-second3.sock", (size_t)1 << 20, false, fake_answer);
+    g_survivor = &g_fake_b;
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker ls1]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker ls2]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 256\nmax-seqs = 4\ncalibrate = false\n",
+             g_fake.path, g_fake_b.path);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver-three", g_model, NULL, workers), 0);
+    rh_wait_restarted(&r, "cpu", 0);
+    json_decref(wait_checked(&r, "ls1"));
+    json_decref(wait_checked(&r, "ls2"));
+
+    static const char *const bodies[] = {
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
+        "\"grammar\":\"root ::= [a-z ]+\",\"stream\":true}",
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0.7,\"seed\":7,"
+        "\"stream\":true}",
+    };
+    static const char *const reason_has[] = {"advances the grammar", "random stream"};
+    for (int b = 0; b < 2; b++) {
+        rh_wait_restarted(&r, "ls1", 0);
+        streamed s;
+        stream_via(&r, "/v1/completions", bodies[b], false, &s);
+        assert_string_equal(s.error_code, "");
+        assert_first_k(&s);
+        assert_int_equal(s.n_ids, 8);
+        assert_int_equal(atomic_load(&g_survivor_completions), 0);
+        json_t *ev = last_failover_event(&r);
+        assert_string_equal(json_string_value(json_object_get(ev, "decision")), "resume");
+        assert_string_equal(json_string_value(json_object_get(ev, "replay_worker")), "cpu");
+        assert_string_equal(json_string_value(json_object_get(ev, "replay_worker_kind")),
+                            "spillway");
+        const char *reason = json_string_value(json_object_get(ev, "reason"));
+        if (!reason || !strstr(reason, reason_has[b]))
+            fail_msg("reason \"%s\" lacks \"%s\"", reason ? reason : "", reason_has[b]);
+        json_decref(ev);
+    }
+
+    /* greedy: ls2 comes before cpu and continues it */
+    rh_wait_restarted(&r, "ls1", 0);
+    streamed s;
+    stream_via(&r, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
+               "\"stream\":true}",
+               false, &s);
+    assert_string_equal(s.error_code, "");
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(s.ids[i], g_seq[i]);
+    assert_int_equal(atomic_load(&g_survivor_completions), 1);
+    json_t *ev = last_failover_event(&r);
+    assert_string_equal(json_string_value(json_object_get(ev, "replay_worker")), "ls2");
+    json_decref(ev);
+
+    rh_finish(&r);
+    g_survivor = NULL;
+    fs_stop(&g_fake_b);
+    fs_stop(&g_fake);
+}
+
 static void test_other_vocabulary(void **state)
 {
     (void)state;
@@ -730,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_resume_from_llama_server),
         cmocka_unit_test(test_other_vocabulary),
         cmocka_unit_test(test_resume_on_llama_server),
+        cmocka_unit_test(test_resume_kept_off_llama_server),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

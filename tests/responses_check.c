@@ -183,3 +183,16 @@ void rc_stream_free(rc_stream *s)
     json_decref(s->response);
     s->response = NULL;
 }
+
+bool rc_usage_same(const json_t *a, const json_t *b)
+{
+    const json_t *ua = json_object_get(a, "usage"), *ub = json_object_get(b, "usage");
+    const char *keys[] = {"input_tokens", "output_tokens", "total_tokens"};
+    if (!json_is_object(ua) || !json_is_object(ub))
+        return false;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!json_is_integer(json_object_get(ua, keys[i])) ||
+            !json_equal(json_object_get(ua, keys[i]), json_object_get(ub, keys[i])))
+            return false;
+    return true;
+}

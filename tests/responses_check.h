@@ -8,6 +8,7 @@
 #define SPILLWAY_TESTS_RESPONSES_CHECK_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct rc_stream {
@@ -32,5 +33,9 @@ void rc_stream_free(rc_stream *s);
 /* The message text of a whole Response (its output_text parts, in
  * order), into out. */
 void rc_response_text(const json_t *response, char *out, size_t cap);
+/* Whether two Responses' usage counts the same tokens (input, output,
+ * total; the cached prompt tokens may differ: they depend on what the
+ * worker ran before). */
+bool rc_usage_same(const json_t *a, const json_t *b);
 
 #endif

@@ -421,7 +421,8 @@ json_t *api_msg_to_chat(json_t *body, bool count, api_error *e)
     }
     /* llama-server's extensions beside Anthropic's fields, taken as the
      * chat body takes them: a seed, a GBNF grammar, the reasoning split */
-    static const char *const extensions[] = {"seed", "grammar", "reasoning_format"};
+    static const char *const extensions[] = {"seed", "grammar", "reasoning_format",
+                                             "cache_prompt"};
     for (size_t i = 0; i < sizeof extensions / sizeof extensions[0]; i++) {
         json_t *v = json_object_get(body, extensions[i]);
         if (v && json_object_set(chat, extensions[i], v) != 0) {

@@ -382,9 +382,10 @@ json_t *api_responses_chat(const json_t *body, const json_t *prior, api_error *e
     }
     /* sampling, checked by the chat parser (it names the same fields);
      * and spillway's extensions of chat, taken here as there */
-    static const char *const same[] = {"temperature", "top_p",      "user",
-                                       "seed",        "top_k",      "min_p",
-                                       "ignore_eos",  "grammar",    "reasoning_format"};
+    static const char *const same[] = {"temperature", "top_p",   "user",
+                                       "seed",        "top_k",   "min_p",
+                                       "ignore_eos",  "grammar", "reasoning_format",
+                                       "cache_prompt"};
     for (size_t k = 0; k < sizeof same / sizeof same[0]; k++)
         if ((v = json_object_get(body, same[k])) && !json_is_null(v) &&
             json_object_set(chat, same[k], (json_t *)v)) {

@@ -33,6 +33,7 @@ typedef struct builder {
     const char *base;                     /* where the current schema's $ref resolve */
     int32_t chain[ENG_CS_MAX_DEPTH + 1];  /* $ref / allOf followed at each frame depth */
     int64_t steps;                        /* compile calls: bounded */
+    int64_t neg_work;                     /* merging to compile 'not': bounded */
     json_t *memo;                         /* "%p/depth" of a schema -> its node */
 } builder;
 
@@ -41,6 +42,13 @@ typedef struct builder {
 #define SC_MAX_INDEXED 200000
 #define SC_MAX_COMPILE_STEPS 400000
 #define SC_MAX_NODES 100000
+/* Work merging schemas to write "not S" as positive ones: each merge
+ * counts 1 and the properties it merges (a merge, with what the
+ * document's arena keeps of it, costs about a microsecond and 100 bytes
+ * per property; a oneOf of n overlapping alternatives needs n products of
+ * n - 1 negations). Past it no more ways of failing are generated (a
+ * narrowing): about 0.1 s and 30 MB at most. */
+#define SC_MAX_NEG_WORK 50000
 /* $ref followed one after another without a value in between ({"$ref":
  * "#"} points at itself). */
 #define SC_MAX_REF_CHAIN 32
@@ -160,6 +168,7 @@ int eng__sc_num_cmp(const json_t *a, const json_t *b);
 num_bound eng__sc_bound_get(const json_t *s, bool lower);
 int eng__sc_pattern_match_name(const char *pattern, const char *name, sw_error *err);
 int eng__sc_prop_schema(const json_t *s, const char *name, json_t **out, sw_error *err);
+char *eng__sc_pattern_prefix_form(const json_t *p);
 int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err);
 int eng__sc_compile_literals(builder *b, const json_t *s, size_t plen, int32_t *out);
 int eng__sc_compile_object(builder *b, const json_t *s, const char *forbid, int32_t depth,
@@ -169,6 +178,7 @@ int eng__sc_analyze_not(builder *b, const json_t *n, size_t plen, not_info *ni, 
 int eng__sc_compile_anyof(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
 int eng__sc_compile_dependent(builder *b, const json_t *s, int32_t depth, size_t plen,
                               int32_t *out);
+int eng__sc_compile_not(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
 int eng__sc_compile_if(builder *b, const json_t *s, int32_t depth, size_t plen, int32_t *out);
 json_t *eng__sc_negate_simple(const json_t *n);
 int eng__sc_val_judge(const sc_doc *d, const json_t *schema, const json_t *value, sw_error *err);

@@ -156,6 +156,39 @@ static const char *refused_keyword(const sc_doc *d, const json_t *s)
     return NULL;
 }
 
+/* A string the compiler reads as a C string (a type, format or property
+ * name, a URI) that holds U+0000, which would cut it short: the keyword
+ * holding it, or NULL. Data (const, enum, pattern, ...) are read with
+ * their lengths and may hold it. */
+static bool has_nul(const json_t *v)
+{
+    if (json_is_string(v))
+        return memchr(json_string_value(v), 0, json_string_length(v)) != NULL;
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v); i++)
+        if (has_nul(json_array_get(v, i)))
+            return true;
+    return false;
+}
+
+static const char *nul_name(const json_t *s)
+{
+    static const char *const named[] = {"type", "format", "required", "$ref", "$id",
+                                        "$anchor", "$schema", "id"};
+    for (size_t i = 0; i < sizeof named / sizeof *named; i++)
+        if (has_nul(json_object_get(s, named[i])))
+            return named[i];
+    static const char *const lists[] = {"dependentRequired", "dependencies"};
+    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
+        const char *k;
+        const json_t *v;
+        json_object_foreach(json_object_get(s, lists[i]), k, v) {
+            if (json_is_array(v) && has_nul(v))
+                return lists[i];
+        }
+    }
+    return NULL;
+}
+
 /* True when every keyword of s other than `except` is an annotation. */
 bool eng__sc_only_annotations(const json_t *s, const char *except)
 {
@@ -680,6 +713,11 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
     }
     if (!json_is_object(s))
         return eng__sc_fail_at(b, plen, SW_EINVAL, "a schema must be an object");
+    const char *nul_key = nul_name(s);
+    if (nul_key)
+        return eng__sc_fail_at(b, eng__sc_path_push(b, plen, nul_key), SW_EUNSUPPORTED,
+                               "a name, type or URI holding U+0000 (\\u0000) is not supported "
+                               "(const, enum and pattern may hold it)");
     const json_t *ref = json_object_get(s, "$ref");
     bool draft_ref = ref && b->doc->dialect != SC_2020;
     if (!draft_ref) {
@@ -759,9 +797,15 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
         return eng__sc_compile(b, w, depth, plen, out);
     }
     not_info ni = {0, T_ALL, NULL, false};
-    if (not &&(rc = eng__sc_analyze_not(b, not, eng__sc_path_push(b, plen, "not"), &ni, 0)))
-        return rc;
-    if (json_object_get(s, "enum") || json_object_get(s, "const"))
+    bool literals = json_object_get(s, "enum") || json_object_get(s, "const");
+    if (not &&(rc = eng__sc_analyze_not(b, not, eng__sc_path_push(b, plen, "not"), &ni, 0))) {
+        /* what the node cannot fold in: a union of positive schemas */
+        if (rc == SW_EUNSUPPORTED && !literals)
+            return eng__sc_compile_not(b, s, depth, plen, out);
+        if (!literals)
+            return rc;
+    }
+    if (literals)
         return eng__sc_compile_literals(b, s, plen, out);
     int inferred = T_ALL;
     if (!type)
@@ -776,10 +820,7 @@ static int compile_inner(builder *b, const json_t *s, int32_t depth, size_t plen
     if (ni.filter) {
         /* a finite set of values: true, false, null */
         if (tm & ~(T_BOOLEAN | T_NULL))
-            return eng__sc_fail_at(
-                b, eng__sc_path_push(b, plen, "not"), SW_EUNSUPPORTED,
-                "'not' with const or enum is enforced only for booleans and null "
-                "(or beside an enum)");
+            return eng__sc_compile_not(b, s, depth, plen, out);
         json_t *e = json_array();
         if (!e || !eng__sc_doc_keep(b->doc, e))
             return eng__sc_oom(b);

@@ -379,6 +379,144 @@ int eng__sc_prop_schema(const json_t *s, const char *name, json_t **out, sw_erro
     return acc ? SW_OK : sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
 }
 
+/* A pattern for "the string begins with a match of p", to stand inside a
+ * lookahead at the string's start: JSON Schema's patterns are not
+ * anchored, so that is [\s\S]*(?:p), or p itself where it starts with ^
+ * and has no | (sw_malloc'd; NULL: out of memory). */
+char *eng__sc_pattern_prefix_form(const json_t *p)
+{
+    const char *t = json_string_value(p);
+    size_t n = json_string_length(p);
+    bool anchored = n > 0 && t[0] == '^' && !memchr(t, '|', n);
+    char *out = sw_malloc(n + 16);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    if (!anchored) {
+        static const char any_then[] = "[\\s\\S]*(?:";
+        memcpy(out, any_then, sizeof any_then - 1);
+        o = sizeof any_then - 1;
+    }
+    memcpy(out + o, t, n);
+    o += n;
+    if (!anchored)
+        out[o++] = ')';
+    out[o] = '\0';
+    return out;
+}
+
+/* Two patterns as one: ^(?=X)(?=Y), each a string beginning with a match
+ * of one (the lookaheads are products of automata: their intersection).
+ * New reference, or NULL (out of memory, or a NUL in a pattern). */
+static json_t *pattern_and(const json_t *a, const json_t *b)
+{
+    char *x = eng__sc_pattern_prefix_form(a), *y = eng__sc_pattern_prefix_form(b);
+    json_t *out = NULL;
+    if (x && y && strlen(x) + strlen(y) < (size_t)1 << 20) {
+        size_t n = strlen(x) + strlen(y) + 16;
+        char *t = sw_malloc(n);
+        if (t) {
+            snprintf(t, n, "^(?=%s)(?=%s)", x, y);
+            out = json_string(t);
+            sw_free(t);
+        }
+    }
+    sw_free(x);
+    sw_free(y);
+    return out;
+}
+
+/* m as n / d in lowest terms, d a power of two up to 2^20 or of ten up
+ * to 10^6 where m is that quotient exactly as a double; false otherwise. */
+static bool as_fraction(double m, int64_t *n, int64_t *d)
+{
+    if (!(m > 0) || m > 1e9)
+        return false;
+    int64_t best = 0;
+    for (int64_t p = 1; p <= (1 << 20); p *= 2) {
+        double x = m * (double)p;
+        if (x == floor(x) && x < 2147483648.0 && x / (double)p == m) {
+            best = p;
+            break;
+        }
+    }
+    for (int64_t p = 10; p <= 1000000 && !best; p *= 10) {
+        double x = m * (double)p;
+        if (x == floor(x) && x < 2147483648.0 && x / (double)p == m)
+            best = p;
+    }
+    if (!best)
+        return false;
+    int64_t x = (int64_t)(m * (double)best), g = x, h = best;
+    while (h) {
+        int64_t t = g % h;
+        g = h;
+        h = t;
+    }
+    *n = x / g;
+    *d = best / g;
+    return true;
+}
+
+/* The least common multiple of two multipleOf values where it is exact, as
+ * a multipleOf the compiler takes (new reference), or NULL. A fraction
+ * with a decimal denominator (0.1) is not a double: a multiple of it that
+ * is not whole would fail a validator that divides in doubles, so the
+ * result is then rounded up to a whole multiple (a narrowing). */
+static json_t *multiple_lcm(double x, double y)
+{
+    int64_t nx, dx, ny, dy;
+    if (!as_fraction(x, &nx, &dx) || !as_fraction(y, &ny, &dy))
+        return NULL;
+    int64_t g = nx, h = ny;
+    while (h) {
+        int64_t t = g % h;
+        g = h;
+        h = t;
+    }
+    int64_t num = nx / g * ny; /* both below 2^31: no overflow */
+    g = dx, h = dy;
+    while (h) {
+        int64_t t = g % h;
+        g = h;
+        h = t;
+    }
+    if (num > INT32_MAX)
+        return NULL;
+    if (g == 1 || dx % 5 == 0 || dy % 5 == 0)
+        return json_integer(num);
+    return json_real((double)num / (double)g);
+}
+
+/* The types a schema's values can have, as far as its own "type", "const"
+ * or "enum" show (T_ALL where they do not). */
+static int visible_types(const json_t *s)
+{
+    if (json_is_false(s))
+        return 0;
+    if (!json_is_object(s))
+        return T_ALL;
+    int m = T_ALL;
+    const json_t *t = json_object_get(s, "type");
+    if (t && eng__sc_type_mask(t) >= 0)
+        m = eng__sc_type_mask(t);
+    const json_t *c = json_object_get(s, "const"), *e = json_object_get(s, "enum");
+    if (c || json_is_array(e)) {
+        int v = 0;
+        for (size_t i = 0; i < (c ? 1 : json_array_size(e)); i++) {
+            const json_t *x = c ? c : json_array_get(e, i);
+            v |= json_is_object(x)    ? T_OBJECT
+                 : json_is_array(x)   ? T_ARRAY
+                 : json_is_string(x)  ? (eng__sc_is_num(x) ? T_NUMBER | T_INTEGER : T_STRING)
+                 : json_is_number(x)  ? T_NUMBER | T_INTEGER
+                 : json_is_boolean(x) ? T_BOOLEAN
+                                      : T_NULL;
+        }
+        m &= v;
+    }
+    return m;
+}
+
 static int merge_fail(sw_error *err, const char *key)
 {
     return sw_error_set(err, SW_EUNSUPPORTED,
@@ -536,7 +674,31 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
     }
     /* items (a schema on both sides) */
     const json_t *ia = json_object_get(a, "items"), *ib = json_object_get(b, "items");
-    if (ia && ib && !json_equal((json_t *)ia, (json_t *)ib)) {
+    const json_t *fa = json_object_get(a, "prefixItems"), *fb = json_object_get(b, "prefixItems");
+    if ((fa || fb) && !json_equal((json_t *)fa, (json_t *)fb) && (!fa || json_is_array(fa)) &&
+        (!fb || json_is_array(fb)) && (!ia || !json_is_array(ia)) &&
+        (!ib || !json_is_array(ib))) {
+        /* 2020-12 tuples: position by position, a side's items standing
+         * for the positions past its tuple */
+        size_t la = json_array_size(fa), lb = json_array_size(fb), n = la > lb ? la : lb;
+        json_t *tuple = json_array();
+        for (size_t i = 0; tuple && i < n; i++) {
+            const json_t *x = i < la ? json_array_get(fa, i) : ia;
+            const json_t *y = i < lb ? json_array_get(fb, i) : ib;
+            if (json_array_append_new(tuple, allof2(x, y))) {
+                json_decref(tuple);
+                tuple = NULL;
+            }
+        }
+        if (!tuple) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        json_object_set_new(m, "prefixItems", tuple);
+        json_object_del(m, "items");
+        if (ia || ib)
+            json_object_set_new(m, "items", allof2(ia, ib));
+    } else if (ia && ib && !json_equal((json_t *)ia, (json_t *)ib)) {
         if (json_is_array(ia) || json_is_array(ib) || json_object_get(a, "prefixItems") ||
             json_object_get(b, "prefixItems")) {
             rc = merge_fail(err, "items");
@@ -552,15 +714,33 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
     /* anyOf on both sides: every pair */
     const json_t *xa = json_object_get(a, "anyOf"), *xb = json_object_get(b, "anyOf");
     if (xa && xb && !json_equal((json_t *)xa, (json_t *)xb)) {
-        if (json_array_size(xa) * json_array_size(xb) > 64) {
-            rc = sw_error_set(err, SW_EUNSUPPORTED,
-                              "allOf: two anyOf lists multiply out to more than 64 alternatives");
-            goto fail;
-        }
+        /* pairs of visibly different types hold no value and are left
+         * out; at most 64 are kept */
         json_t *l = json_array();
         for (size_t i = 0; l && i < json_array_size(xa); i++)
-            for (size_t j = 0; j < json_array_size(xb); j++)
-                json_array_append_new(l, allof2(json_array_get(xa, i), json_array_get(xb, j)));
+            for (size_t j = 0; l && j < json_array_size(xb); j++) {
+                const json_t *x = json_array_get(xa, i), *y = json_array_get(xb, j);
+                if ((visible_types(x) & visible_types(y)) == 0)
+                    continue;
+                if (json_array_size(l) >= 64) {
+                    json_decref(l);
+                    rc = sw_error_set(
+                        err, SW_EUNSUPPORTED,
+                        "allOf: two anyOf lists multiply out to more than 64 alternatives");
+                    goto fail;
+                }
+                json_array_append_new(l, allof2(x, y));
+            }
+        if (!l) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        if (json_array_size(l) == 0) {
+            json_decref(l);
+            json_decref(m);
+            *out = json_false();
+            return SW_OK;
+        }
         json_object_set_new(m, "anyOf", l);
     }
     /* not: neither */
@@ -579,6 +759,61 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
         }
         if (x / g <= INT32_MAX / y)
             json_object_set_new(m, "multipleOf", json_integer(x / g * y));
+    }
+    /* pattern: both, as one pattern of two lookaheads */
+    const json_t *pta = json_object_get(a, "pattern"), *ptb = json_object_get(b, "pattern");
+    if (json_is_string(pta) && json_is_string(ptb) && !json_equal((json_t *)pta, (json_t *)ptb) &&
+        !memchr(json_string_value(pta), '\0', json_string_length(pta)) &&
+        !memchr(json_string_value(ptb), '\0', json_string_length(ptb))) {
+        json_t *both = pattern_and(pta, ptb);
+        if (!both) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        json_object_set_new(m, "pattern", both);
+    }
+    /* multipleOf of two fractions: their least common multiple */
+    if (ma && mb && !json_object_get(m, "multipleOf") && !json_equal((json_t *)ma, (json_t *)mb) &&
+        json_is_number(ma) && json_is_number(mb)) {
+        json_t *l = multiple_lcm(json_number_value(ma), json_number_value(mb));
+        if (l)
+            json_object_set_new(m, "multipleOf", l);
+    }
+    /* oneOf on both sides: exactly one of each is exactly one pair (a value
+     * matching two of one side matches two pairs with the other's one) */
+    const json_t *oa = json_object_get(a, "oneOf"), *ob = json_object_get(b, "oneOf");
+    if (oa && ob && !json_equal((json_t *)oa, (json_t *)ob)) {
+        if (json_array_size(oa) * json_array_size(ob) > 64) {
+            rc = sw_error_set(err, SW_EUNSUPPORTED,
+                              "allOf: two oneOf lists multiply out to more than 64 alternatives");
+            goto fail;
+        }
+        json_t *l = json_array();
+        for (size_t i = 0; l && i < json_array_size(oa); i++)
+            for (size_t j = 0; j < json_array_size(ob); j++)
+                json_array_append_new(l, allof2(json_array_get(oa, i), json_array_get(ob, j)));
+        json_object_set_new(m, "oneOf", l);
+    }
+    /* if / then / else on both sides: b's conditional holds in both of a's
+     * branches (if A then (T and C) else (E and C)) */
+    const json_t *ifa = json_object_get(a, "if"), *ifb = json_object_get(b, "if");
+    if (ifa && ifb &&
+        !(json_equal((json_t *)ifa, (json_t *)ifb) &&
+          json_equal(json_object_get(a, "then"), json_object_get(b, "then")) &&
+          json_equal(json_object_get(a, "else"), json_object_get(b, "else")))) {
+        static const char *const cond_keys[] = {"if", "then", "else"};
+        json_t *cond = json_object();
+        for (size_t i = 0; cond && i < 3; i++)
+            if (json_object_get(b, cond_keys[i]))
+                json_object_set(cond, cond_keys[i], json_object_get(b, cond_keys[i]));
+        if (!cond) {
+            rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");
+            goto fail;
+        }
+        json_object_set(m, "if", (json_t *)ifa);
+        json_object_set_new(m, "then", allof2(json_object_get(a, "then"), cond));
+        json_object_set_new(m, "else", allof2(json_object_get(a, "else"), cond));
+        json_decref(cond);
     }
     /* uniqueItems: either */
     if (json_is_true(json_object_get(a, "uniqueItems")) ||

@@ -141,7 +141,9 @@ static int val_object(validator *v, const json_t *s, const json_t *x, size_t ple
         const char *name = json_string_value(json_array_get(req, i));
         if (!name)
             return val_fail(v, plen, SW_EUNSUPPORTED, "'required' must be an array of strings");
-        if (!json_object_get(x, name)) {
+        /* a name holding U+0000 is no key jansson can hold: missing */
+        if (!json_object_get(x, name) ||
+            memchr(name, 0, json_string_length(json_array_get(req, i)))) {
             char what[160];
             snprintf(what, sizeof what, "the required property '%.64s' is missing", name);
             return val_fail(v, plen, SW_EINVAL, what);
@@ -166,7 +168,8 @@ static int val_object(validator *v, const json_t *s, const json_t *x, size_t ple
             if (json_is_array(dv)) {
                 for (size_t i = 0; i < json_array_size(dv); i++) {
                     const char *name = json_string_value(json_array_get(dv, i));
-                    if (name && !json_object_get(x, name))
+                    if (name && (!json_object_get(x, name) ||
+                                 memchr(name, 0, json_string_length(json_array_get(dv, i)))))
                         return val_fail(v, plen, SW_EINVAL,
                                         "a property that another one depends on is missing");
                 }

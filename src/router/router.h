@@ -92,8 +92,10 @@ typedef struct rt_worker_config {
  * Ollama, vLLM): no extensions used (docs/router.md, External upstreams),
  * or llama.cpp's llama-server through its native API (router_llamaserver.c:
  * token ids of its streams, so a spillway worker can resume them; /slots,
- * /metrics, /tokenize; its typed errors). Both others are external:
- * never resumed onto, no spillway extensions sent. */
+ * /metrics, /tokenize; its typed errors). Both others are external: no
+ * spillway extensions sent; never resumed onto, except a llama-server,
+ * which takes a greedy stream another llama-server started from a token
+ * prompt (router_failover.c). */
 enum { RT_KIND_SPILLWAY = 0, RT_KIND_OPENAI = 1, RT_KIND_LLAMA_SERVER = 2 };
 #define RT_KIND_EXTERNAL(kind) ((kind) != RT_KIND_SPILLWAY)
 

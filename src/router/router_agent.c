@@ -1145,8 +1145,9 @@ run:
         rt_failover_in fi = {iq.outcome,     false, 0,     a.text_sent,
                              iq.outcome_kind, n_steps > 0 ? RT_TOOL_EXECUTED : RT_TOOL_NONE,
                              false,          rt->sabotage.no_replay, rt->sabotage.no_resume,
-                             false,          false};
-        rt_failover f = {RT_FO_STOP, NULL, NULL, NULL, false, false};
+                             false,          false,
+                             RT_LSR_OK,      false};
+        rt_failover f = {RT_FO_STOP, NULL, NULL, NULL, false, false, false};
         if (iq.worker_failed && !a.text_sent)
             f = rt_failover_decide(&fi);
         if (f.action == RT_FO_REPLAY && run_attempts < cfg->max_attempts) {

@@ -322,6 +322,16 @@ static fail_kind attempt_run(rt_relay *r, const rt_worker *w, uint64_t generatio
             SW_WARN("router", "request %s: worker %s: %s", r->q->request_id, w->cfg.name, why);
             return FAIL_CRASH;
         }
+        if (nr == 1 && r->resume_base > 0) {
+            /* a resume it cannot take natively (its vocabulary unchecked
+             * since a restart): its OpenAI endpoint would start over, so
+             * the attempt fails before any work and the stream goes on
+             * elsewhere */
+            snprintf(r->phase, sizeof r->phase, "before_response");
+            SW_WARN("router", "request %s: worker %s cannot take the resume: %s",
+                    r->q->request_id, w->cfg.name, why);
+            return FAIL_CRASH;
+        }
         if (nr == 0) {
             path = "/completion";
             body = native;

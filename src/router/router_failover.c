@@ -14,7 +14,7 @@ const char *rt_outcome_name(rt_outcome o)
 
 rt_failover rt_failover_decide(const rt_failover_in *in)
 {
-    rt_failover f = {RT_FO_STOP, "none", "", NULL, false, false};
+    rt_failover f = {RT_FO_STOP, "none", "", NULL, false, false, false};
     switch (in->outcome) {
     case RT_OUT_OK:
         f.action = RT_FO_DONE;
@@ -86,10 +86,69 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
         return f;
     }
     if (in->stream && sent && RT_KIND_EXTERNAL(in->kind) && !in->no_resume) {
+        /* which kinds can continue it: a spillway worker always (its own
+         * continuation from the ids), another llama-server only where its
+         * token prompt continues the stream exactly */
+        static const char *const only_spillway[] = {
+            [RT_LSR_SAMPLED] = "stream with tokens already sent by llama-server (native, with "
+                               "their ids), sampled: resumed with the sent tokens on a spillway "
+                               "worker, whose continuation it is (another llama-server cannot "
+                               "reproduce its random stream)",
+            [RT_LSR_CONSTRAINED] = "stream with tokens already sent by llama-server (native, "
+                                   "with their ids) under a grammar: resumed on a spillway "
+                                   "worker, which advances the grammar over the sent text "
+                                   "(llama-server cannot)",
+            [RT_LSR_STOP] = "stream with tokens already sent by llama-server (native, with their "
+                            "ids), with stop strings: resumed on a spillway worker, whose "
+                            "continuation it is (another llama-server would lose text held "
+                            "back as the start of one)",
+            [RT_LSR_FIELDS] = "stream with tokens already sent by llama-server (native, with "
+                              "their ids): resumed with the sent tokens on a spillway worker, "
+                              "whose continuation it is",
+            [RT_LSR_SPILLWAY_IDS] = "stream with tokens already sent by llama-server (native, "
+                                    "with their ids) and a spillway worker: resumed on a "
+                                    "spillway worker, whose continuation it is",
+        };
+        static const char *const stop_reason[] = {
+            [RT_LSR_SAMPLED] = "stream with tokens sent by llama-server, sampled: another "
+                               "llama-server cannot reproduce its random stream and no spillway "
+                               "worker is left, so it ended with an error event",
+            [RT_LSR_CONSTRAINED] = "stream with tokens sent by llama-server under a grammar: "
+                                   "llama-server cannot advance the grammar over the sent tokens "
+                                   "and no spillway worker is left, so it ended with an error "
+                                   "event",
+            [RT_LSR_STOP] = "stream with tokens sent by llama-server, with stop strings: another "
+                            "llama-server would lose text held back as the start of one and no "
+                            "spillway worker is left, so it ended with an error event",
+            [RT_LSR_FIELDS] = "stream with tokens sent by llama-server with a field its native "
+                              "API does not take, and no spillway worker is left, so it ended "
+                              "with an error event",
+            [RT_LSR_SPILLWAY_IDS] = "stream with tokens sent by a spillway worker too: another "
+                                    "llama-server cannot take them and no spillway worker is "
+                                    "left, so it ended with an error event",
+        };
+        unsigned why = (unsigned)in->ls_resume;
+        bool known = why < sizeof stop_reason / sizeof stop_reason[0];
+        if (in->kind == RT_KIND_LLAMA_SERVER && in->ls_resume != RT_LSR_OK &&
+            !in->spillway_left) {
+            f.action = RT_FO_STOP;
+            f.error_code = failed;
+            f.decision = "none (llama-server cannot continue it)";
+            f.reason = known ? stop_reason[why] : "no worker left can continue it";
+            return f;
+        }
         f.action = RT_FO_RESUME;
         f.decision = "resume";
-        f.reason = "stream with tokens already sent by llama-server (native, with their ids): "
-                   "resumed with the sent tokens on a spillway worker, whose continuation it is";
+        if (in->kind == RT_KIND_LLAMA_SERVER && in->ls_resume == RT_LSR_OK) {
+            f.resume_on_ls = true;
+            f.reason = "stream with tokens already sent by llama-server (native, with their "
+                       "ids), greedy: resumed with the sent tokens on another llama-server (a "
+                       "token prompt: it continues exactly) or a spillway worker (its "
+                       "continuation)";
+        } else {
+            f.reason = known && only_spillway[why] ? only_spillway[why]
+                                                   : only_spillway[RT_LSR_FIELDS];
+        }
         return f;
     }
     if (in->stream && sent && !in->no_resume) {

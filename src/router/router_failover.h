@@ -27,6 +27,23 @@ typedef enum rt_tool_state {
     RT_TOOL_UNKNOWN,     /* started, outcome unknown, not idempotent */
 } rt_tool_state;
 
+/* Whether a llama-server can continue a stream that must be resumed
+ * (its native /completion from a token prompt: the prompt and the ids
+ * sent), and why not. */
+typedef enum rt_ls_resume {
+    RT_LSR_OK,           /* greedy, unconstrained, no stop strings, every id
+                            sent from a llama-server's native stream */
+    RT_LSR_SAMPLED,      /* sampled: its random stream cannot be set to
+                            where the failed one was */
+    RT_LSR_CONSTRAINED,  /* a grammar: it cannot be advanced over the sent
+                            tokens there */
+    RT_LSR_STOP,         /* stop strings: text held back as the start of
+                            one would be lost */
+    RT_LSR_FIELDS,       /* a field its native API does not take */
+    RT_LSR_SPILLWAY_IDS, /* a spillway worker (or no native stream) sent
+                            some of it */
+} rt_ls_resume;
+
 typedef struct rt_failover_in {
     rt_outcome outcome;
     bool stream;
@@ -38,11 +55,17 @@ typedef struct rt_failover_in {
     bool no_replay, no_resume; /* SPILLWAY_SABOTAGE switches */
     /* an external engine gave the token ids of all it sent (kind =
      * llama-server's native stream, its vocabulary the model's): a
-     * spillway worker can resume from them */
+     * spillway worker can resume from them (another llama-server too,
+     * where ls_resume says so) */
     bool external_ids;
     /* n > 1: its stream interleaves several choices, which a resume (one
      * sequence) cannot continue */
     bool several_choices;
+    /* kind = llama-server's native stream (external_ids): whether another
+     * llama-server can take its resume, and whether a spillway worker of
+     * the model is left (configured, not tried) that can */
+    rt_ls_resume ls_resume;
+    bool spillway_left;
 } rt_failover_in;
 
 typedef enum rt_action {
@@ -62,6 +85,7 @@ typedef struct rt_failover {
     const char *error_code; /* RT_FO_STOP: the error's code */
     bool out_of_rotation;   /* the worker is suspect until /health */
     bool restart;           /* poisoned by an out-of-memory: restart it */
+    bool resume_on_ls;      /* RT_FO_RESUME: a llama-server may take it too */
 } rt_failover;
 
 rt_failover rt_failover_decide(const rt_failover_in *in);

@@ -10,7 +10,8 @@
  *   generation rates, which the deadline prediction uses).
  * - Once per process, POST /tokenize of a probe text, compared with the
  *   router's own tokenizer of the model: only a server whose vocabulary
- *   matches has its streams resumed on a spillway worker.
+ *   matches has its streams resumed (on a spillway worker, or a greedy
+ *   one on another llama-server) or takes a resume itself.
  * - A stream goes to POST /completion (a chat's messages rendered first
  *   by POST /apply-template), whose events carry the token ids; each is
  *   translated into the OpenAI chunk the client asked for, with the ids
@@ -19,6 +20,11 @@
  *   does not carry over (tools, response_format, logprobs, n, ...) and
  *   every non-stream request take the OpenAI endpoints instead, as
  *   kind = openai does: replayed after a failure, never resumed.
+ * - A resume onto it (a greedy stream another llama-server started and
+ *   failed): POST /completion with a token prompt, the prompt's text then
+ *   the ids the client has, which continues the stream exactly; sampled,
+ *   grammar-constrained and stop-string streams are not taken
+ *   (rt__ls_resume_check; router_failover.c says where they go instead).
  * - Errors: exceed_context_size_error (a 400 with n_ctx) and the
  *   out-of-memory texts, classified in router_attempt.c.
  */
@@ -166,7 +172,7 @@ static const char *const same_fields[] = {
  * the router's own or those mapped below. */
 static const char *const handled_fields[] = {
     "model", "prompt", "messages", "stream", "stream_options", "max_tokens",
-    "max_completion_tokens", "stop", "user", "n", "timeout",
+    "max_completion_tokens", "stop", "user", "n", "timeout", "resume",
 };
 
 static bool in_list(const char *k, const char *const *list, size_t n)
@@ -203,6 +209,22 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
         snprintf(why, why_cap, "n other than 1");
         json_decref(b);
         return 1;
+    }
+    /* a resume (router_relay.c): the ids the client has, which follow the
+     * prompt as its tokens */
+    json_t *resume = json_object_get(json_object_get(b, "resume"), "tokens");
+    if (json_object_get(b, "resume") && (!json_is_array(resume) || !json_array_size(resume))) {
+        snprintf(why, why_cap, "a resume without its tokens");
+        json_decref(b);
+        return 1;
+    }
+    for (size_t i = 0; i < json_array_size(resume); i++) {
+        json_int_t id = json_integer_value(json_array_get(resume, i));
+        if (!json_is_integer(json_array_get(resume, i)) || id < 0 || id > INT32_MAX) {
+            snprintf(why, why_cap, "a resume token that is not an id");
+            json_decref(b);
+            return 1;
+        }
     }
     json_t *nb = json_object();
     int rc = 1;
@@ -246,6 +268,19 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
         }
         json_object_set(nb, "prompt", p);
     }
+    if (resume) {
+        /* a token prompt: the prompt's text (which the server tokenizes as
+         * it did the first time, its special tokens included) and then the
+         * ids sent, a mix its /completion takes as one prompt */
+        json_t *mixed = json_pack("[O]", json_object_get(nb, "prompt"));
+        if (!mixed || json_array_extend(mixed, resume)) {
+            json_decref(mixed);
+            snprintf(why, why_cap, "out of memory");
+            rc = -1;
+            goto done;
+        }
+        json_object_set_new(nb, "prompt", mixed);
+    }
     for (size_t i = 0; i < sizeof same_fields / sizeof same_fields[0]; i++)
         if (json_object_get(b, same_fields[i]))
             json_object_set(nb, same_fields[i], json_object_get(b, same_fields[i]));
@@ -282,7 +317,31 @@ void rt__ls_stream_begin(rt_relay *r)
     r->ls_ids = 0;
     r->ls_ids_gap = false; /* only a failed attempt before it with nothing sent
                               can have left one (it was replayed) */
-    r->ls_created = (long long)time(NULL);
+    if (!r->ls_created) /* a resumed stream keeps its first attempt's */
+        r->ls_created = (long long)time(NULL);
+}
+
+rt_ls_resume rt__ls_resume_check(json_t *body)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v) {
+        if (!in_list(k, same_fields, sizeof same_fields / sizeof same_fields[0]) &&
+            !in_list(k, handled_fields, sizeof handled_fields / sizeof handled_fields[0]))
+            return RT_LSR_FIELDS;
+    }
+    json_t *grammar = json_object_get(body, "grammar");
+    if (json_is_string(grammar) && json_string_length(grammar) > 0)
+        return RT_LSR_CONSTRAINED;
+    /* greedy: a temperature of 0 or less (llama-server samples at 0.8
+     * without one) */
+    json_t *t = json_object_get(body, "temperature");
+    if (!json_is_number(t) || json_number_value(t) > 0)
+        return RT_LSR_SAMPLED;
+    json_t *stop = json_object_get(body, "stop");
+    if ((json_is_string(stop) && json_string_length(stop) > 0) || json_array_size(stop) > 0)
+        return RT_LSR_STOP;
+    return RT_LSR_OK;
 }
 
 /* One OpenAI chunk: text (NULL: none) with the ids, finish (NULL: null),
@@ -383,6 +442,9 @@ int rt__ls_translate(rt_relay *r, const char *payload, char *out[RT_LS_MAX_OUT],
             json_int_t p = json_integer_value(json_object_get(j, "tokens_evaluated"));
             json_int_t g = predicted;
             p = p > 0 && p <= INT32_MAX ? p : 0;
+            /* a resume's token prompt holds the ids sent before it, which
+             * are the completion's (the relay adds them there) */
+            p = p > (json_int_t)r->resume_base ? p - (json_int_t)r->resume_base : 0;
             g = g > 0 && g <= INT32_MAX ? g : 0;
             json_t *u = json_pack("{s:I, s:I, s:I}", "prompt_tokens", p, "completion_tokens", g,
                                   "total_tokens", p + g);

@@ -7,6 +7,7 @@
 #define SPILLWAY_ROUTER_LLAMASERVER_H
 
 #include "router/router-impl.h"
+#include "router/router_failover.h"
 #include "router/router_sink.h"
 
 #include <stdbool.h>
@@ -29,12 +30,19 @@ int rt__ls_health(const rt_router *rt, const char *address, int model, bool chec
                   rt_ls_health *h);
 
 /* The body of POST /completion for r's stream, from the client's body
- * (a chat's messages rendered by the server's POST /apply-template):
+ * (a chat's messages rendered by the server's POST /apply-template; a
+ * body with "resume": {"tokens"} gets the token prompt, the text then
+ * those ids):
  * 0 and *out (free()); 1 when the request must take the OpenAI endpoint
  * (why says which field); -1 when the server could not render it, -2
  * when the client left meanwhile. */
 int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_t len,
                        char **out, char *why, size_t why_cap);
+
+/* Whether another llama-server can continue body's stream from a token
+ * prompt (greedy, no grammar, no stop strings, every field native), and
+ * why not: the replay table's input (router_failover.h). */
+rt_ls_resume rt__ls_resume_check(json_t *body);
 
 /* A native stream begins on this attempt. */
 void rt__ls_stream_begin(rt_relay *r);

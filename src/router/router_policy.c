@@ -83,8 +83,10 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
                  (!need->idle || w->back_in_s < 0 ||
                   (need->max_wait_ms > 0 && w->back_in_s * 1000 > need->max_wait_ms)))
             why = RT_SKIP_DOWN;
-        else if (need->resume && RT_KIND_EXTERNAL(w->kind))
-            why = RT_SKIP_KIND;
+        else if (need->resume && RT_KIND_EXTERNAL(w->kind) &&
+                 !(need->resume_ls && w->kind == RT_KIND_LLAMA_SERVER && w->ls_resumable))
+            why = RT_SKIP_KIND; /* a llama-server takes a resume from a token prompt
+                                   only where it continues it exactly */
         else if (w->ctx_limit > 0 && (need->prompt > w->ctx_limit ||
                                       (need->prompt == w->ctx_limit && need->max_tokens != 0)))
             why = RT_SKIP_CTX; /* a prompt that fills the context leaves no room for a

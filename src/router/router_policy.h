@@ -15,7 +15,7 @@
 enum {
     RT_SKIP_TRIED = 1,     /* it failed this request already */
     RT_SKIP_DOWN = 2,      /* not ready (starting, down, suspect) */
-    RT_SKIP_KIND = 4,      /* a stream to resume, and it cannot resume */
+    RT_SKIP_KIND = 4,      /* a stream to resume, and it cannot resume it */
     RT_SKIP_CTX = 8,       /* the prompt does not fit its context */
     RT_SKIP_SLOTS = 16,    /* every sequence the books allow is taken */
     RT_SKIP_MEM = 32,      /* the KV need does not fit its budget now */
@@ -37,6 +37,8 @@ typedef struct rt_need {
     int n_choices;         /* n: sequences it runs (each holds prompt +
                               max_tokens); 0 or 1: one */
     bool resume;           /* a stream with tokens sent: needs a resume */
+    bool resume_ls;        /* and a llama-server of the model's vocabulary may
+                              take it (rt_failover.resume_on_ls) */
     bool local_only;       /* remote = never: no remote worker */
     long long deadline_ms; /* -1 none */
     double wait_ms;        /* predicted wait before it starts (deadline) */

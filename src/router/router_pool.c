@@ -162,6 +162,7 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->state = rt_pool_state_locked(w);
         v->kind = w->cfg.kind;
         v->remote = rt_config_worker_remote(&w->cfg);
+        v->ls_resumable = w->cfg.kind == RT_KIND_LLAMA_SERVER && w->ls_vocab_same;
         v->ctx_limit = w->ctx_limit;
         v->max_seqs = rt_pool_max_seqs(w);
         v->seqs = w->books.seqs;

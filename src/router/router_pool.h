@@ -116,7 +116,8 @@ typedef struct rt_worker {
     /* kind = llama-server (router_llamaserver.c): its vocabulary checked
      * against the model's (POST /tokenize, once per process), and the
      * verdict: its streams go through the native API (token ids kept, so
-     * a spillway worker can resume them) only when it matched */
+     * a spillway worker can resume them) only when it matched, and only
+     * then does it take a resume itself (a token prompt) */
     bool ls_vocab_checked, ls_vocab_same;
     int32_t ls_slots_busy;      /* /slots: is_processing, at the last poll */
     int32_t ls_foreign;         /* of them, more than the router had running
@@ -153,6 +154,8 @@ typedef struct rt_worker_view {
     int state;
     int kind;                   /* RT_KIND_* */
     bool remote;                /* rt_config_worker_remote */
+    bool ls_resumable;          /* kind = llama-server whose vocabulary is the
+                                   model's: it can take a resume's token prompt */
     int32_t ctx_limit;          /* 0 unknown */
     int32_t max_seqs;           /* 0 no limit known */
     int seqs;                   /* admitted now (books) */

@@ -8,6 +8,7 @@
 #include "router/router-impl.h"
 #include "router/router_attempt.h"
 #include "router/router_failover.h"
+#include "router/router_llamaserver.h"
 #include "router/router_net.h"
 #include "router/router_queue.h"
 #include "api/api.h"
@@ -383,6 +384,40 @@ static void worker_kv_type(rt_router *rt, const char *name, char *out, size_t ca
     pthread_mutex_unlock(&rt->pool.mu);
 }
 
+static const char *kind_name(int kind)
+{
+    return kind == RT_KIND_OPENAI         ? "openai"
+           : kind == RT_KIND_LLAMA_SERVER ? "llama-server"
+                                          : "spillway";
+}
+
+/* A worker's kind by name (NULL when gone). */
+static const char *worker_kind(rt_router *rt, const char *name)
+{
+    const char *kind = NULL;
+    pthread_mutex_lock(&rt->pool.mu);
+    RT_POOL_FOR_LIVE(&rt->pool, i)
+        if (!strcmp(rt->pool.w[i].cfg.name, name))
+            kind = kind_name(rt->pool.w[i].cfg.kind);
+    pthread_mutex_unlock(&rt->pool.mu);
+    return kind;
+}
+
+/* Whether a spillway worker of q's model is left that has not failed it
+ * (ready or not: one that restarts can still take it). */
+static bool spillway_left(rt_router *rt, const rt_req *q, const bool *tried, int failed)
+{
+    bool left = false;
+    pthread_mutex_lock(&rt->pool.mu);
+    RT_POOL_FOR_LIVE(&rt->pool, i) {
+        const rt_worker *w = &rt->pool.w[i];
+        left |= i != failed && !tried[i] && w->cfg.kind == RT_KIND_SPILLWAY &&
+                (!rt->route_by_model || w->model == q->model);
+    }
+    pthread_mutex_unlock(&rt->pool.mu);
+    return left;
+}
+
 /* The failover event of a request that failed over at least once. With
  * the KV cache types of the first worker and the one that finished: a
  * replay or resume is token-exact between workers of the same kind and KV
@@ -403,6 +438,11 @@ static void record_failover(const rt_req *q, const rt_relay *r, json_t *first_er
         r->finished ? "completed" : last == RT_OUT_CLIENT_GONE ? "cancelled" : "failed",
         "client_connected", last != RT_OUT_CLIENT_GONE, "stream", r->stream);
     const char *first_kv = json_string_value(json_object_get(first_error, "kv_type"));
+    /* which kind resumed (or replayed) from which: first_error.worker_kind
+     * and this (docs/router.md, the replay table) */
+    const char *final_kind = r->finished ? worker_kind(q->rt, r->final_worker) : NULL;
+    if (ev && final_kind)
+        json_object_set_new(ev, "replay_worker_kind", json_string(final_kind));
     if (ev && final_kv[0] && first_kv && first_kv[0]) {
         json_object_set_new(ev, "replay_kv_type", json_string(final_kv));
         json_object_set_new(ev, "same_kv_type", json_boolean(!strcmp(final_kv, first_kv)));
@@ -625,6 +665,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
     bool failed_before = false, fallback = false;
     int refusals = 0, fallback_step = 0;
     bool ctx_refused = false; /* a llama-server refused it: over its context */
+    /* a stream to resume that another llama-server may take (the replay
+     * table's resume_on_ls), and whether a spillway worker sent any of it */
+    bool resume_ls = false, spillway_sent = false;
     for (;;) {
         long remaining = max_tokens < 0 ? -1 : max_tokens - (long)r.n_tokens;
         rt_waiter wt;
@@ -642,6 +685,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         wt.need.share = !(r.stream && r.n_tokens > 0) &&
                         !json_is_false(json_object_get(body, "cache_prompt"));
         wt.need.resume = r.stream && (r.n_tokens > 0 || r.content_sent);
+        /* none left to generate: llama-server's n_predict 0 still
+         * generates one token, so it does not take such a resume */
+        wt.need.resume_ls = wt.need.resume && resume_ls && remaining != 0;
         /* the model asked for and the one answering (a fallback): either's
          * remote = never keeps the request on the machine */
         wt.need.local_only = model_local_only(rt, q->asked_model) ||
@@ -742,6 +788,11 @@ static void generate(rt_req *q, bool chat, json_t *body)
                                 prefix, r.shared_registered, wt.grant.seqs);
         rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
         record_attempt(q, &r, wi, last, t_attempt);
+        if (w->cfg.kind == RT_KIND_SPILLWAY && r.n_tokens > had)
+            spillway_sent = true;
+        bool native_ids = w->cfg.kind == RT_KIND_LLAMA_SERVER && r.ls_native && !r.ls_ids_gap;
+        bool resumable = r.stream && r.n_tokens > 0 && native_ids &&
+                         (last == RT_OUT_OOM || last == RT_OUT_CRASH);
         rt_failover_in fi = {last,
                              r.stream,
                              r.n_tokens,
@@ -751,9 +802,13 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              q->single_pass,
                              rt->sabotage.no_replay,
                              rt->sabotage.no_resume,
-                             r.ls_native && !r.ls_ids_gap,
-                             n_choices > 1};
+                             native_ids,
+                             n_choices > 1,
+                             !resumable || spillway_sent ? RT_LSR_SPILLWAY_IDS
+                                                         : rt__ls_resume_check(body),
+                             resumable && spillway_left(rt, q, tried, wi)};
         rt_failover f = rt_failover_decide(&fi);
+        resume_ls = f.action == RT_FO_RESUME && f.resume_on_ls;
         if (f.action == RT_FO_DONE || f.action == RT_FO_CANCEL)
             break;
         if (f.action == RT_FO_REQUEUE && r.refused_context) {
@@ -794,8 +849,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
                 f.action == RT_FO_RESUME ? "resuming" : f.action == RT_FO_REPLAY ? "replaying"
                                                                                  : "stopping");
         if (!first_error) {
-            first_error = json_pack("{s:s, s:s, s:s, s:f}", "worker", w->cfg.name, "kind",
-                                    rt_outcome_name(last), "phase", r.phase, "time", rt__wall_s());
+            first_error = json_pack("{s:s, s:s, s:s, s:f, s:s}", "worker", w->cfg.name, "kind",
+                                    rt_outcome_name(last), "phase", r.phase, "time", rt__wall_s(),
+                                    "worker_kind", kind_name(w->cfg.kind));
             char kv[8];
             worker_kv_type(rt, w->cfg.name, kv, sizeof kv);
             if (first_error && kv[0])

@@ -117,7 +117,8 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
                                                    : "spillway"));
     if (w->cfg.kind == RT_KIND_LLAMA_SERVER) {
         /* router_llamaserver.c: its /slots, and whether its streams carry
-         * token ids a spillway worker can resume from */
+         * token ids a worker can resume from (and it can take a greedy
+         * resume from another llama-server) */
         json_t *ls = json_pack("{s:b, s:b, s:i, s:i, s:i}", "vocab_checked",
                                w->ls_vocab_checked, "resumable", w->ls_vocab_same, "slots",
                                w->slots_max, "slots_busy", w->ls_slots_busy, "slots_foreign",

@@ -235,7 +235,8 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
                 w->ls_vocab_same = ls.vocab_same;
                 if (ls.vocab_same)
                     SW_INFO("router", "worker %s (llama-server): its vocabulary is the model's: "
-                            "its streams can be resumed on a spillway worker", w->cfg.name);
+                            "its streams can be resumed, and it can resume a greedy one "
+                            "another llama-server started", w->cfg.name);
                 else
                     SW_WARN("router", "worker %s (llama-server): its /tokenize does not give "
                             "the model's token ids (another vocabulary?): its streams take the "

@@ -96,8 +96,12 @@ try {
     check(typeof args.city === 'string' && Object.keys(args).length === 1,
           `arguments satisfy the schema: ${call.arguments}`);
     // the output sent back in the input, with the call item as it came
+    // (both computed whole, cache_prompt false: a prefix taken from the
+    // cache, whose blocks an earlier answer's decode computed, may round
+    // differently from a prefill, and flip a near tie of this tiny model)
     const back = await client.responses.create({
       model, tools: [weather], tool_choice: 'none', max_output_tokens: 12, temperature: 0,
+      cache_prompt: false,
       input: [{ role: 'user', content: 'Weather in Paris?' }, call,
               { type: 'function_call_output', call_id: call.call_id, output: 'sunny, 21 C' }],
     });
@@ -106,7 +110,7 @@ try {
     // and by previous_response_id, as the Agents SDK sends it
     const chained = await client.responses.create({
       model, previous_response_id: r.id, tools: [weather], tool_choice: 'none',
-      max_output_tokens: 12, temperature: 0,
+      max_output_tokens: 12, temperature: 0, cache_prompt: false,
       input: [{ type: 'function_call_output', call_id: call.call_id, output: 'sunny, 21 C' }],
     });
     check(chained.previous_response_id === r.id && chained.output_text.length > 0,

@@ -83,6 +83,10 @@ static const vcase g_cases[] = {
     {"{\"type\":\"string\",\"format\":\"idn-hostname\"}", "\"b\"", SW_EUNSUPPORTED, NULL},
     {"{\"type\":\"string\",\"format\":\"x-custom\"}", "\"b\"", SW_OK, NULL}, /* annotation */
     {"{\"$ref\":\"https://example.com/s.json\"}", "1", SW_EUNSUPPORTED, NULL},
+    /* a required name holding U+0000 is no key an object can have */
+    {"{\"required\":[\"a\\u0000\"]}", "{\"a\":1}", SW_EINVAL, "missing"},
+    {"{\"dependentRequired\":{\"b\":[\"a\\u0000\"]}}", "{\"a\":1,\"b\":2}", SW_EINVAL,
+     "missing"},
     /* judged exactly */
     {"{\"type\":\"integer\",\"minimum\":3}", "1", SW_EINVAL, "minimum"},
     {"{\"type\":\"integer\",\"exclusiveMaximum\":3}", "3", SW_EINVAL, "maximum"},
@@ -115,7 +119,7 @@ static void test_cases(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof g_cases / sizeof g_cases[0]; i++) {
         const vcase *c = &g_cases[i];
-        json_t *s = json_loads(c->schema, JSON_DECODE_ANY, NULL);
+        json_t *s = json_loads(c->schema, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
         json_t *v = json_loads(c->value, JSON_DECODE_ANY, NULL);
         assert_non_null(s);
         assert_non_null(v);

@@ -19,7 +19,16 @@
  *   the stream cannot be resumed and ends with an error event;
  * - exceed_context_size_error: the CPU worker answers instead;
  * - a /tokenize with other ids: not resumable; its streams take the OpenAI
- *   endpoint, and a death after text ends the stream with an error event.
+ *   endpoint, and a death after text ends the stream with an error event;
+ * - two llama-servers as the only workers, the first dying after k tokens:
+ *   a greedy stream (completion and chat) is resumed on the second through
+ *   its /completion with a token prompt (the prompt's text, then the k
+ *   ids), and the client's one stream is the scripted greedy answer,
+ *   token for token; a grammar-constrained, a sampled and a stop-string
+ *   stream are not (no spillway worker is left): each ends with an error
+ *   event, and the failover event gives the replay table's reason;
+ * - with a spillway worker after the two, those streams pass the second
+ *   llama-server by and are resumed on the spillway worker.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -56,6 +65,16 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static char g_last_path[64];
 static char g_last_body[8192];
 static char g_last_template[8192];
+/* the greedy answer of the scripted model: g_ids then more ids (N_SEQ in
+ * all); the server that answers it in full (NULL: every server dies after
+ * K), its /completion requests and the last one's body */
+#define N_SEQ 12
+static int32_t g_seq[N_SEQ];
+static char g_seq_piece[N_SEQ][64];
+static fs_server g_fake_b;
+static fs_server *g_survivor;
+static atomic_int g_survivor_completions;
+static char g_survivor_body[8192];
 
 static int setup(void **state)
 {
@@ -73,6 +92,18 @@ static int setup(void **state)
         g_ids[i] = ids[i];
         size_t len = eng_token_to_bytes(g_tok, ids[i], g_piece[i], sizeof g_piece[i] - 1);
         g_piece[i][len < sizeof g_piece[i] ? len : sizeof g_piece[i] - 1] = 0;
+    }
+    sw_free(ids);
+    ids = NULL;
+    if (eng_tokenize(g_tok, " and a cat who lived in a small house by the sea", 48, false, false,
+                     &ids, &n, NULL) ||
+        n < N_SEQ - K)
+        return -1;
+    for (int i = 0; i < N_SEQ; i++) {
+        g_seq[i] = i < K ? g_ids[i] : ids[i - K];
+        size_t len = eng_token_to_bytes(g_tok, g_seq[i], g_seq_piece[i],
+                                        sizeof g_seq_piece[i] - 1);
+        g_seq_piece[i][len < sizeof g_seq_piece[i] ? len : sizeof g_seq_piece[i] - 1] = 0;
     }
     sw_free(ids);
     return 0;
@@ -124,6 +155,58 @@ static void native_stream(int fd)
     /* then it dies: the connection ends without the final event */
 }
 
+/* The surviving server's /completion: the scripted greedy answer from
+ * where the prompt leaves it. A string prompt starts at the first token; a
+ * token prompt [text, ids...] (a resume) must be the text the first
+ * server had and a start of the answer, which it continues. n_predict
+ * tokens, then the final event (stop_type limit). */
+static void greedy_stream(int fd, const char *body)
+{
+    atomic_fetch_add(&g_survivor_completions, 1);
+    pthread_mutex_lock(&g_mu);
+    snprintf(g_survivor_body, sizeof g_survivor_body, "%s", body);
+    pthread_mutex_unlock(&g_mu);
+    json_t *b = json_loads(body, 0, NULL);
+    json_t *prompt = json_object_get(b, "prompt");
+    json_int_t n_predict = json_integer_value(json_object_get(b, "n_predict"));
+    size_t start = 0;
+    bool ok = json_is_string(prompt);
+    if (json_is_array(prompt)) {
+        ok = json_is_string(json_array_get(prompt, 0)) &&
+             json_array_size(prompt) - 1 <= N_SEQ;
+        for (size_t i = 1; ok && i < json_array_size(prompt); i++)
+            ok = json_integer_value(json_array_get(prompt, i)) == g_seq[i - 1];
+        start = json_array_size(prompt) - 1;
+    }
+    if (!ok || n_predict <= 0 || start + (size_t)n_predict > N_SEQ) {
+        json_decref(b);
+        reply_json(fd, 400, "{\"error\":{\"code\":400,\"message\":\"not the scripted prompt\","
+                            "\"type\":\"invalid_request_error\"}}");
+        return;
+    }
+    json_decref(b);
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Connection: close\r\n\r\n";
+    fs_send_all(fd, head, sizeof head - 1);
+    for (json_int_t i = 0; i < n_predict; i++) {
+        json_t *e = json_pack("{s:i, s:s, s:[i], s:b, s:i, s:I, s:i}", "index", 0, "content",
+                              g_seq_piece[start + (size_t)i], "tokens",
+                              (int)g_seq[start + (size_t)i], "stop", 0, "id_slot", 0,
+                              "tokens_predicted", i + 1, "tokens_evaluated", 5);
+        char *out = json_dumps(e, JSON_COMPACT);
+        send_event(fd, out);
+        free(out);
+        json_decref(e);
+    }
+    json_t *e = json_pack("{s:i, s:s, s:[], s:b, s:s, s:I, s:i}", "index", 0, "content", "",
+                          "tokens", "stop", 1, "stop_type", "limit", "tokens_predicted",
+                          n_predict, "tokens_evaluated", 5 + (int)start);
+    char *out = json_dumps(e, JSON_COMPACT);
+    send_event(fd, out);
+    free(out);
+    json_decref(e);
+}
+
 /* The OpenAI endpoint's stream (the path a request takes when the
  * vocabulary differs): k chunks of text, then it dies. */
 static void openai_stream(int fd)
@@ -145,7 +228,6 @@ static void openai_stream(int fd)
 
 static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
 {
-    (void)s;
     char method[8] = "", path[64] = "";
     sscanf(req, "%7s %63s", method, path);
     if (!strcmp(path, "/health")) {
@@ -200,7 +282,9 @@ static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
                             "\"n_ctx\":256}}");
         return;
     }
-    if (!strcmp(path, "/completion"))
+    if (!strcmp(path, "/completion") && s == g_survivor)
+        greedy_stream(fd, body);
+    else if (!strcmp(path, "/completion"))
         native_stream(fd);
     else
         openai_stream(fd);
@@ -233,6 +317,7 @@ typedef struct streamed {
     char worker[64];
     char error_code[64];   /* of an error event, "" none */
     json_int_t usage_completion; /* -1 none */
+    json_int_t usage_prompt;     /* -1 none */
 } streamed;
 
 static void stream_via(const rh_router *r, const char *path, const char *body, bool chat,
@@ -240,6 +325,7 @@ static void stream_via(const rh_router *r, const char *path, const char *body, b
 {
     memset(out, 0, sizeof *out);
     out->usage_completion = -1;
+    out->usage_prompt = -1;
     wc_response w;
     assert_int_equal(rh_req(r, "POST", path, NULL, body, &w), 0);
     assert_int_equal(w.status, 200);
@@ -266,8 +352,10 @@ static void stream_via(const rh_router *r, const char *path, const char *body, b
         for (size_t k = 0; k < json_array_size(ids) && out->n_ids < 64; k++)
             out->ids[out->n_ids++] = (int32_t)json_integer_value(json_array_get(ids, k));
         json_t *u = json_object_get(j, "usage");
-        if (json_is_object(u))
+        if (json_is_object(u)) {
             out->usage_completion = json_integer_value(json_object_get(u, "completion_tokens"));
+            out->usage_prompt = json_integer_value(json_object_get(u, "prompt_tokens"));
+        }
         json_decref(j);
     }
     wc_sse_free(ev, n);
@@ -457,6 +545,220 @@ static void test_resume_from_llama_server(void **state)
     fs_stop(&g_fake);
 }
 
+/* The last failover event (json_decref). */
+static json_t *last_failover_event(const rh_router *r)
+{
+    json_t *evs = rh_events(r);
+    json_t *last = NULL;
+    for (size_t i = 0; i < json_array_size(evs); i++)
+        if (json_object_get(json_array_get(evs, i), "first_error"))
+            last = json_array_get(evs, i);
+    assert_non_null(last);
+    json_incref(last);
+    json_decref(evs);
+    return last;
+}
+
+/* A stream on ls1 that dies after K tokens, which the replay table keeps
+ * off llama-server: it ends with worker_failed, the survivor never gets
+ * it, and the failover event says why (a phrase of its reason). */
+static void assert_not_resumed(const rh_router *r, const char *body, const char *reason_has)
+{
+    rh_wait_restarted(r, "ls1", 0);
+    int before = atomic_load(&g_survivor_completions);
+    streamed s;
+    stream_via(r, "/v1/completions", body, false, &s);
+    assert_string_equal(s.worker, "ls1");
+    assert_string_equal(s.error_code, "worker_failed");
+    assert_int_equal(s.n_ids, K);
+    assert_int_equal(atomic_load(&g_survivor_completions), before);
+    json_t *ev = last_failover_event(r);
+    assert_string_equal(json_string_value(json_object_get(ev, "decision")),
+                        "none (llama-server cannot continue it)");
+    assert_string_equal(json_string_value(json_object_get(ev, "outcome")), "failed");
+    const char *reason = json_string_value(json_object_get(ev, "reason"));
+    assert_non_null(reason);
+    if (!strstr(reason, reason_has))
+        fail_msg("reason \"%s\" lacks \"%s\"", reason, reason_has);
+    json_decref(ev);
+}
+
+static void test_resume_on_llama_server(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    atomic_store(&g_bad_vocab, false);
+    atomic_store(&g_mode, MODE_KILL);
+    atomic_store(&g_survivor_completions, 0);
+    fs_start(&g_fake, "llamaserver-first.sock", (size_t)1 << 20, false, fake_answer);
+    fs_start(&g_fake_b, "llamaserver-second.sock", (size_t)1 << 20, false, fake_answer);
+    g_survivor = &g_fake_b;
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker ls1]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker ls2]\nkind = llama-server\nurl = unix:%s\n",
+             g_fake.path, g_fake_b.path);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver-two", g_model, NULL, workers), 0);
+    json_decref(wait_checked(&r, "ls1"));
+    json_decref(wait_checked(&r, "ls2"));
+
+    /* greedy completion: ls1 dies after K, ls2 continues from the token
+     * prompt; the client's one stream is the whole greedy answer */
+    streamed s;
+    stream_via(&r, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0,"
+               "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+               false, &s);
+    assert_string_equal(s.worker, "ls1");
+    assert_string_equal(s.error_code, "");
+    assert_int_equal(s.n_ids, 10);
+    char want[1024] = "";
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(s.ids[i], g_seq[i]);
+        strncat(want, g_seq_piece[i], sizeof want - strlen(want) - 1);
+    }
+    assert_string_equal(s.text, want);
+    assert_int_equal(s.usage_completion, 10);
+    assert_int_equal(s.usage_prompt, 5); /* the prompt's, not the resume's token prompt */
+    assert_int_equal(atomic_load(&g_survivor_completions), 1);
+    /* what ls2 was asked: the prompt's text, then the K ids; the rest */
+    pthread_mutex_lock(&g_mu);
+    json_t *nb = json_loads(g_survivor_body, 0, NULL);
+    pthread_mutex_unlock(&g_mu);
+    json_t *prompt = json_object_get(nb, "prompt");
+    assert_int_equal(json_array_size(prompt), 1 + K);
+    assert_string_equal(json_string_value(json_array_get(prompt, 0)), "Once upon a time");
+    assert_int_equal(json_integer_value(json_object_get(nb, "n_predict")), 10 - K);
+    assert_null(json_object_get(nb, "resume"));
+    json_decref(nb);
+    json_t *ev = last_failover_event(&r);
+    json_t *fe = json_object_get(ev, "first_error");
+    assert_string_equal(json_string_value(json_object_get(ev, "decision")), "resume");
+    assert_string_equal(json_string_value(json_object_get(ev, "outcome")), "completed");
+    assert_string_equal(json_string_value(json_object_get(fe, "worker")), "ls1");
+    assert_string_equal(json_string_value(json_object_get(fe, "worker_kind")), "llama-server");
+    assert_string_equal(json_string_value(json_object_get(ev, "replay_worker")), "ls2");
+    assert_string_equal(json_string_value(json_object_get(ev, "replay_worker_kind")),
+                        "llama-server");
+    assert_non_null(strstr(json_string_value(json_object_get(ev, "reason")),
+                           "another llama-server"));
+    json_decref(ev);
+
+    /* greedy chat: both render the messages with /apply-template; the
+     * role said once */
+    rh_wait_restarted(&r, "ls1", 0);
+    stream_via(&r, "/v1/chat/completions",
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":8,"
+               "\"temperature\":0,\"stream\":true}",
+               true, &s);
+    assert_string_equal(s.error_code, "");
+    assert_int_equal(s.n_ids, 8);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(s.ids[i], g_seq[i]);
+    assert_int_equal(s.roles, 1);
+    pthread_mutex_lock(&g_mu);
+    nb = json_loads(g_survivor_body, 0, NULL);
+    pthread_mutex_unlock(&g_mu);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(nb, "prompt"), 0)),
+                        "<|user|>\nHi<|assistant|>\n");
+    json_decref(nb);
+
+    /* what another llama-server cannot continue exactly, with no spillway
+     * worker left: the replay table's stop, with its reason */
+    assert_not_resumed(&r,
+                       "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0,"
+                       "\"grammar\":\"root ::= [a-z ]+\",\"stream\":true}",
+                       "cannot advance the grammar");
+    assert_not_resumed(&r,
+                       "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0.7,"
+                       "\"seed\":7,\"stream\":true}",
+                       "random stream");
+    assert_not_resumed(&r,
+                       "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0,"
+                       "\"stop\":[\"zebra\"],\"stream\":true}",
+                       "stop strings");
+
+    rh_finish(&r);
+    g_survivor = NULL;
+    fs_stop(&g_fake_b);
+    fs_stop(&g_fake);
+}
+
+/* ls1, ls2 and a spillway worker after them: a stream the replay table
+ * keeps off llama-server (a grammar, sampled) passes ls2 by and is resumed
+ * on the spillway worker; a greedy one goes to ls2, first in order. */
+static void test_resume_kept_off_llama_server(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    atomic_store(&g_bad_vocab, false);
+    atomic_store(&g_mode, MODE_KILL);
+    atomic_store(&g_survivor_completions, 0);
+    fs_start(&g_fake, "llamaserver-first3.sock", (size_t)1 << 20, false, fake_answer);
+    fs_start(&g_fake_b, "llamaserver-second3.sock", (size_t)1 << 20, false, fake_answer);
+    g_survivor = &g_fake_b;
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker ls1]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker ls2]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker cpu]\nthreads = 1\nctx-limit = 256\nmax-seqs = 4\ncalibrate = false\n",
+             g_fake.path, g_fake_b.path);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver-three", g_model, NULL, workers), 0);
+    rh_wait_restarted(&r, "cpu", 0);
+    json_decref(wait_checked(&r, "ls1"));
+    json_decref(wait_checked(&r, "ls2"));
+
+    static const char *const bodies[] = {
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
+        "\"grammar\":\"root ::= [a-z ]+\",\"stream\":true}",
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0.7,\"seed\":7,"
+        "\"stream\":true}",
+    };
+    static const char *const reason_has[] = {"advances the grammar", "random stream"};
+    for (int b = 0; b < 2; b++) {
+        rh_wait_restarted(&r, "ls1", 0);
+        streamed s;
+        stream_via(&r, "/v1/completions", bodies[b], false, &s);
+        assert_string_equal(s.error_code, "");
+        assert_first_k(&s);
+        assert_int_equal(s.n_ids, 8);
+        assert_int_equal(atomic_load(&g_survivor_completions), 0);
+        json_t *ev = last_failover_event(&r);
+        assert_string_equal(json_string_value(json_object_get(ev, "decision")), "resume");
+        assert_string_equal(json_string_value(json_object_get(ev, "replay_worker")), "cpu");
+        assert_string_equal(json_string_value(json_object_get(ev, "replay_worker_kind")),
+                            "spillway");
+        const char *reason = json_string_value(json_object_get(ev, "reason"));
+        if (!reason || !strstr(reason, reason_has[b]))
+            fail_msg("reason \"%s\" lacks \"%s\"", reason ? reason : "", reason_has[b]);
+        json_decref(ev);
+    }
+
+    /* greedy: ls2 comes before cpu and continues it */
+    rh_wait_restarted(&r, "ls1", 0);
+    streamed s;
+    stream_via(&r, "/v1/completions",
+               "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
+               "\"stream\":true}",
+               false, &s);
+    assert_string_equal(s.error_code, "");
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(s.ids[i], g_seq[i]);
+    assert_int_equal(atomic_load(&g_survivor_completions), 1);
+    json_t *ev = last_failover_event(&r);
+    assert_string_equal(json_string_value(json_object_get(ev, "replay_worker")), "ls2");
+    json_decref(ev);
+
+    rh_finish(&r);
+    g_survivor = NULL;
+    fs_stop(&g_fake_b);
+    fs_stop(&g_fake);
+}
+
 static void test_other_vocabulary(void **state)
 {
     (void)state;
@@ -502,6 +804,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_from_llama_server),
         cmocka_unit_test(test_other_vocabulary),
+        cmocka_unit_test(test_resume_on_llama_server),
+        cmocka_unit_test(test_resume_kept_off_llama_server),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 
 #include "common/alloc.h"
+#include "common/units.h"
 #include "device/device.h"
 #include "engine/model.h"
 #include "engine/plan.h"
@@ -34,18 +35,6 @@ static void usage(FILE *out)
             "  --kv-type T       f16 (default) | q8_0 | q4_0 | f32: the KV cache's elements\n"
             "A file the engine does not run (another family) is planned from its metadata as a\n"
             "llama-server worker's: weights, KV per token, the cache of -c CTX*SEQS -np SEQS.\n");
-}
-
-static void human(uint64_t bytes, char *buf, size_t cap)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
 int cli_model_plan(int argc, char **argv)
@@ -184,8 +173,8 @@ int cli_model_plan(int argc, char **argv)
         char a[32], b[32], d[32];
         printf("model %s: %d layers, dim %d, %d heads / %d kv, vocab %d\n", path, hp->n_layer,
                hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab);
-        human(mem.total_bytes, a, sizeof a);
-        human(mem.free_bytes, b, sizeof b);
+        sw_format_bytes(mem.total_bytes, a, sizeof a);
+        sw_format_bytes(mem.free_bytes, b, sizeof b);
         printf("device %s%s: %s total, %s free%s\n", dev ? dev_spec(dev) : spec,
                !dev || dev_is_simulated(dev) ? " (simulated GPU)" : "", a, b,
                planned_pool ? " (no such pool: planned as an empty one, not created)" : "");
@@ -195,14 +184,14 @@ int cli_model_plan(int argc, char **argv)
                : plan.n_device_layers == 0          ? "cpu"
                                                     : "split",
                pp.n_ctx, pp.n_seqs);
-        human(plan.weights_device_bytes, a, sizeof a);
-        human(plan.weights_host_bytes, b, sizeof b);
+        sw_format_bytes(plan.weights_device_bytes, a, sizeof a);
+        sw_format_bytes(plan.weights_host_bytes, b, sizeof b);
         printf("  weights        %12s on the device, %s in host memory%s\n", a, b,
                pp.weights_stay_mapped ? " (mapped)" : "");
         if (hp->n_expert > 0) {
             /* every expert is held; a token reads only the ones it is routed to */
-            human(eng_model_weights_bytes(model), a, sizeof a);
-            human(eng_model_decode_read_bytes(model), b, sizeof b);
+            sw_format_bytes(eng_model_weights_bytes(model), a, sizeof a);
+            sw_format_bytes(eng_model_decode_read_bytes(model), b, sizeof b);
             printf("  experts        %12d per layer, %d used per token: all held (%s of "
                    "weights), %s read per decoded token\n", hp->n_expert, hp->n_expert_used, a, b);
         }
@@ -222,22 +211,22 @@ int cli_model_plan(int argc, char **argv)
                    sliding, hp->n_swa, plan.kv_sliding_blocks_max, plan.kv_blocks_per_seq,
                    all - sliding);
         }
-        human(plan.kv_device_bytes, a, sizeof a);
-        human(plan.kv_host_bytes, b, sizeof b);
+        sw_format_bytes(plan.kv_device_bytes, a, sizeof a);
+        sw_format_bytes(plan.kv_host_bytes, b, sizeof b);
         printf("  kv for ctx     %12s on the device, %s in host memory: in use by requests,\n"
                "                 or kept by the prefix cache (evictable, never more)\n", a, b);
-        human(plan.workspace_bytes, a, sizeof a);
+        sw_format_bytes(plan.workspace_bytes, a, sizeof a);
         printf("  workspace      %12s%s\n", a, plan.n_device_layers ? " (device)" : " (host)");
-        human(plan.reserve_bytes, a, sizeof a);
+        sw_format_bytes(plan.reserve_bytes, a, sizeof a);
         printf("  reserve        %12s (%.0f%% of capacity, never handed out)\n", a,
                (double)pp.reserve_fraction * 100.0);
-        human(plan.device_bytes, a, sizeof a);
-        human(plan.free_bytes > plan.reserve_bytes ? plan.free_bytes - plan.reserve_bytes : 0, d,
+        sw_format_bytes(plan.device_bytes, a, sizeof a);
+        sw_format_bytes(plan.free_bytes > plan.reserve_bytes ? plan.free_bytes - plan.reserve_bytes : 0, d,
               sizeof d);
         printf("  needed         %12s of %s usable: %s\n", a, d, plan.fits ? "fits" : "DOES NOT FIT");
         printf("largest that fit: ctx %d (with %d seqs), %d seqs (of ctx %d), %d gpu layers\n",
                plan.max_ctx, pp.n_seqs, plan.max_seqs, pp.n_ctx, plan.max_gpu_layers);
-        human(cli_model_plan_server_kv(path, &pp), a, sizeof a);
+        sw_format_bytes(cli_model_plan_server_kv(path, &pp), a, sizeof a);
         printf("as a llama-server worker (-c %lld -np %d): kv %s\n",
                (long long)pp.n_ctx * pp.n_seqs, pp.n_seqs, a);
     }

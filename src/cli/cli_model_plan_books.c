@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 
 #include "common/alloc.h"
+#include "common/units.h"
 #include "engine/plan.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_cache.h"
@@ -22,18 +23,6 @@
  * of 512 tokens. */
 #define BOOKS_CELL_PADDING 256
 #define BOOKS_UBATCH 512
-
-static void human(uint64_t bytes, char *buf, size_t cap)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
 
 uint64_t cli_model_plan_server_kv(const char *path, const eng_plan_params *pp)
 {
@@ -106,11 +95,11 @@ int cli_model_plan_books(const char *path, const eng_plan_params *pp, bool json,
            s.architecture, s.n_layer, s.n_layer_kv, s.n_layer_sliding);
     printf("engine: cannot run this file (%s); the figures below are a llama-server "
            "worker's, from the file's metadata\n", engine_refusal);
-    human(weights, a, sizeof a);
+    sw_format_bytes(weights, a, sizeof a);
     printf("  weights        %12s (the file's tensors)\n", a);
     char st[32], st_all[32];
-    human(s.recurrent_bytes_per_seq, st, sizeof st);
-    human(s.recurrent_bytes_per_seq * (uint64_t)pp->n_seqs, st_all, sizeof st_all);
+    sw_format_bytes(s.recurrent_bytes_per_seq, st, sizeof st);
+    sw_format_bytes(s.recurrent_bytes_per_seq * (uint64_t)pp->n_seqs, st_all, sizeof st_all);
     if (s.kind == ENG_GGUF_CACHE_RECURRENT || s.kind == ENG_GGUF_CACHE_ENCODER) {
         printf("  kv             cannot be counted: %s\n", s.reason);
         if (s.recurrent_bytes_per_seq)
@@ -124,13 +113,13 @@ int cli_model_plan_books(const char *path, const eng_plan_params *pp, bool json,
     if (sliding)
         printf("  sliding layers %12llu of those bytes per token, held for the window of %d "
                "only\n", (unsigned long long)sliding, s.sliding_window);
-    human(server_kv, a, sizeof a);
+    sw_format_bytes(server_kv, a, sizeof a);
     printf("  kv for ctx     %12s: llama-server -c %lld -np %d (one unified cache%s)\n", a,
            (long long)cells, pp->n_seqs,
            sliding ? "; sliding layers: each sequence's window plus a batch of 512" : "");
     if (s.recurrent_bytes_per_seq) {
         char total[32];
-        human(server_kv + s.recurrent_bytes_per_seq * (uint64_t)pp->n_seqs, total, sizeof total);
+        sw_format_bytes(server_kv + s.recurrent_bytes_per_seq * (uint64_t)pp->n_seqs, total, sizeof total);
         printf("  recurrent      %12s per sequence in %d layers (f32), %s for -np %d; with the "
                "kv: %s\n", st, s.n_layer_recurrent, st_all, pp->n_seqs, total);
     }

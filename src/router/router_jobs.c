@@ -388,6 +388,28 @@ static void send_json(rt_req *q, int status, json_t *j, const char *extra)
     free(s);
 }
 
+/* A new job's row: a random id, the endpoint, the request without its
+ * stream fields (a job's answer is one JSON document), the deadline and
+ * the time; j.request is NULL when memory ran out (the caller frees it). */
+static void job_new(ldg_job *j, const char *endpoint, json_t *request, int64_t deadline_ms)
+{
+    json_object_del(request, "stream");
+    json_object_del(request, "stream_options");
+    memset(j, 0, sizeof *j);
+    uint8_t rnd[12];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        for (size_t i = 0; i < sizeof rnd; i++)
+            rnd[i] = (uint8_t)(rand() ^ (int)(rt__wall_s() * 1e6));
+    }
+    int n = snprintf(j->id, sizeof j->id, "job_");
+    for (size_t i = 0; i < sizeof rnd; i++)
+        n += snprintf(j->id + n, sizeof j->id - (size_t)n, "%02x", rnd[i]);
+    snprintf(j->endpoint, sizeof j->endpoint, "%s", endpoint);
+    j->request = sw_json_dumps(request, JSON_COMPACT);
+    j->deadline_ms = deadline_ms;
+    j->created = rt__wall_s();
+}
+
 /* Stores request (a chat or completions body) as a queued job, committed
  * in the ledger, puts it on the in-memory queue and answers q with 202:
  * the job object, Location and the extra header lines. Under an
@@ -399,23 +421,8 @@ static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t 
                       const char *extra, sw_error *err)
 {
     rt_router *rt = q->rt;
-    /* a job's answer is one JSON document: no stream */
-    json_object_del(request, "stream");
-    json_object_del(request, "stream_options");
     ldg_job j;
-    memset(&j, 0, sizeof j);
-    uint8_t rnd[12];
-    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-        for (size_t i = 0; i < sizeof rnd; i++)
-            rnd[i] = (uint8_t)(rand() ^ (int)(rt__wall_s() * 1e6));
-    }
-    int n = snprintf(j.id, sizeof j.id, "job_");
-    for (size_t i = 0; i < sizeof rnd; i++)
-        n += snprintf(j.id + n, sizeof j.id - (size_t)n, "%02x", rnd[i]);
-    snprintf(j.endpoint, sizeof j.endpoint, "%s", endpoint);
-    j.request = sw_json_dumps(request, JSON_COMPACT);
-    j.deadline_ms = deadline_ms;
-    j.created = rt__wall_s();
+    job_new(&j, endpoint, request, deadline_ms);
     json_t *o = json_pack("{s:s, s:s, s:s, s:I}", "id", j.id, "object", "spillway.job", "state",
                           "queued", "created", (json_int_t)j.created);
     char *answer = o ? sw_json_dumps(o, JSON_COMPACT) : NULL;
@@ -443,22 +450,8 @@ static int accept_job(rt_req *q, const char *endpoint, json_t *request, int64_t 
 int rt__jobs_submit(rt_router *rt, const char *endpoint, json_t *request, char *id, size_t cap,
                     sw_error *err)
 {
-    json_object_del(request, "stream");
-    json_object_del(request, "stream_options");
     ldg_job j;
-    memset(&j, 0, sizeof j);
-    uint8_t rnd[12];
-    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-        for (size_t i = 0; i < sizeof rnd; i++)
-            rnd[i] = (uint8_t)(rand() ^ (int)(rt__wall_s() * 1e6));
-    }
-    int n = snprintf(j.id, sizeof j.id, "job_");
-    for (size_t i = 0; i < sizeof rnd; i++)
-        n += snprintf(j.id + n, sizeof j.id - (size_t)n, "%02x", rnd[i]);
-    snprintf(j.endpoint, sizeof j.endpoint, "%s", endpoint);
-    j.request = sw_json_dumps(request, JSON_COMPACT);
-    j.deadline_ms = -1;
-    j.created = rt__wall_s();
+    job_new(&j, endpoint, request, -1);
     int rc = -1;
     if (!j.request)
         sw_error_set(err, SW_ENOMEM, "out of memory");

@@ -346,6 +346,9 @@ int32_t wk__embed_prompt_tokens(const wk_embed *e);
 void wk__embed_free(wk_embed *e);
 
 /* worker_http.c, for the endpoints in files of their own */
+/* A request's id: the client's X-Request-Id when it is 1-63 characters of
+ * A-Z a-z 0-9 - _ . :, else PREFIX-<pid>-<a number>. */
+void wk__request_id(wk_server *s, const char *hdr_id, const char *prefix, char *out, size_t cap);
 json_t *wk__http_read_body(wk_server *s, struct evhttp_request *evreq, const char *req_id);
 void wk__http_send_error(struct evhttp_request *evreq, int status, const char *code,
                          const char *param, const char *req_id, const char *message);

@@ -135,15 +135,7 @@ void wk__handle_embeddings(wk_server *s, struct evhttp_request *evreq)
     json_t *body = NULL;
     wk_req *r = sw_calloc(1, sizeof *r);
 
-    s->next_id++;
-    bool id_ok = hdr_id && hdr_id[0] && strlen(hdr_id) < 64;
-    for (const char *c = hdr_id; id_ok && *c; c++)
-        id_ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                strchr("-_.:", *c) != NULL;
-    if (id_ok)
-        snprintf(id, sizeof id, "%s", hdr_id);
-    else
-        snprintf(id, sizeof id, "embd-%d-%llu", (int)getpid(), (unsigned long long)s->next_id);
+    wk__request_id(s, hdr_id, "embd", id, sizeof id);
     if (!r || !(r->embed = sw_calloc(1, sizeof *r->embed))) {
         wk__http_send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
         goto fail;

@@ -1489,6 +1489,21 @@ static void handle_count_tokens(wk_server *s, struct evhttp_request *evreq)
     json_decref(body);
 }
 
+/* A request's id: the client's X-Request-Id when it is 1-63 characters of
+ * A-Z a-z 0-9 - _ . :, else PREFIX-<pid>-<the server's next number>. */
+void wk__request_id(wk_server *s, const char *hdr_id, const char *prefix, char *out, size_t cap)
+{
+    s->next_id++;
+    bool ok = hdr_id && hdr_id[0] && strlen(hdr_id) < 64;
+    for (const char *c = hdr_id; ok && *c; c++)
+        ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+             strchr("-_.:", *c) != NULL;
+    if (ok)
+        snprintf(out, cap, "%s", hdr_id);
+    else
+        snprintf(out, cap, "%s-%d-%llu", prefix, (int)getpid(), (unsigned long long)s->next_id);
+}
+
 /* n > 1: the other choices of r, parsed from the same body (which r's
  * parse accepted), each with its own sequence and seed + its index (with a
  * given seed choice 0 is the n = 1 answer; at temperature 0 all are that
@@ -1540,17 +1555,7 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
     wk_parse_error p;
     json_t *body = NULL;
 
-    s->next_id++;
-    bool id_ok = hdr_id && hdr_id[0] && strlen(hdr_id) < 64;
-    for (const char *c = hdr_id; id_ok && *c; c++)
-        id_ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                strchr("-_.:", *c) != NULL;
-    if (id_ok)
-        snprintf(id, sizeof id, "%s", hdr_id);
-    else
-        snprintf(id, sizeof id, "%s-%d-%llu",
-                 responses ? "resp" : chat ? "chatcmpl" : "cmpl", (int)getpid(),
-                 (unsigned long long)s->next_id);
+    wk__request_id(s, hdr_id, responses ? "resp" : chat ? "chatcmpl" : "cmpl", id, sizeof id);
     if (!r) {
         send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
         if (scoped)

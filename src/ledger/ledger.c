@@ -22,10 +22,14 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 struct ldg_ledger {
     sqlite3 *db;
     pthread_mutex_t mu;
+    char owner[LDG_OWNER_MAX + 1];
+    double lease_s;
     /* ldg_attempt_add could not put synchronous back to FULL (out of
      * memory): the next caller does, before its write (ledger_lock) */
     bool sync_normal;
@@ -111,6 +115,17 @@ static const char *const k_migrations[LDG_SCHEMA_VERSION] = {
     "  job_id TEXT,"
     "  created REAL NOT NULL);"
     "CREATE INDEX responses_created ON responses(created);",
+    /* 3 -> 4: leases and fences, for several routers on one ledger
+     * (running keys and jobs: who runs them, until when, and a counter
+     * of claims that a late write of a previous owner does not match);
+     * the partial index serves ldg_renew without a cost for done keys */
+    "ALTER TABLE idempotency ADD COLUMN owner TEXT;"
+    "ALTER TABLE idempotency ADD COLUMN lease_until REAL NOT NULL DEFAULT 0;"
+    "ALTER TABLE idempotency ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN owner TEXT;"
+    "ALTER TABLE jobs ADD COLUMN lease_until REAL NOT NULL DEFAULT 0;"
+    "ALTER TABLE jobs ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;"
+    "CREATE INDEX idempotency_running ON idempotency(owner) WHERE state = 'running';",
 };
 
 /* ---- SQLite's allocator ---------------------------------------------------
@@ -202,6 +217,40 @@ static int user_version(ldg_ledger *l)
     return v;
 }
 
+/* "<hostname>:<pid>:<8 random hex>", cut to LDG_OWNER_MAX bytes at the
+ * host name so the pid and the random part stay. */
+static void default_owner(char out[LDG_OWNER_MAX + 1])
+{
+    char host[256] = "";
+    if (gethostname(host, sizeof host))
+        snprintf(host, sizeof host, "host");
+    host[sizeof host - 1] = 0;
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
+        rnd = (uint32_t)getpid() * 2654435761u ^ (uint32_t)(uintptr_t)out;
+    char tail[40];
+    int tn = snprintf(tail, sizeof tail, ":%ld:%08x", (long)getpid(), (unsigned)rnd);
+    int hn = (int)strlen(host);
+    if (hn > LDG_OWNER_MAX - tn)
+        hn = LDG_OWNER_MAX - tn;
+    snprintf(out, LDG_OWNER_MAX + 1, "%.*s%s", hn, host, tail);
+}
+
+void ldg_set_owner(ldg_ledger *l, const char *owner, double lease_s)
+{
+    pthread_mutex_lock(&l->mu);
+    if (owner && owner[0])
+        snprintf(l->owner, sizeof l->owner, "%s", owner);
+    if (lease_s > 0)
+        l->lease_s = lease_s;
+    pthread_mutex_unlock(&l->mu);
+}
+
+const char *ldg_owner(const ldg_ledger *l) { return l->owner; }
+double ldg_lease_s(const ldg_ledger *l) { return l->lease_s; }
+const char *ldg_backend(const ldg_ledger *l) { (void)l; return "sqlite"; }
+bool ldg_shared(const ldg_ledger *l) { (void)l; return false; }
+
 int ldg_open(const char *dir, ldg_ledger **out, sw_error *err)
 {
     *out = NULL;
@@ -212,6 +261,8 @@ int ldg_open(const char *dir, ldg_ledger **out, sw_error *err)
     if (!l)
         return sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
     pthread_mutex_init(&l->mu, NULL);
+    default_owner(l->owner);
+    l->lease_s = 10;
     int rc = SW_EIO;
     if (sqlite3_open_v2(path, &l->db,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL) !=
@@ -355,6 +406,56 @@ static bool col_copy(sqlite3_stmt *st, int i, char *dst, size_t cap)
     return t || sqlite3_column_type(st, i) == SQLITE_NULL;
 }
 
+/* ---- leases ------------------------------------------------------------- */
+
+/* Whether the row's lease (owner in column oc, lease_until in lc) is
+ * expired for this owner: past now_s, and held by another owner (a router
+ * never takes over its own rows: it is alive). */
+static bool lease_expired(ldg_ledger *l, sqlite3_stmt *st, int oc, int lc, double now_s)
+{
+    const unsigned char *owner = sqlite3_column_text(st, oc);
+    if (owner && !strcmp((const char *)owner, l->owner))
+        return false;
+    return sqlite3_column_double(st, lc) <= now_s;
+}
+
+/* A guarded write on a key changed no row: it is not running under this
+ * owner. */
+static int idem_owned(int changes, const char *key, sw_error *err)
+{
+    if (changes > 0)
+        return SW_OK;
+    return sw_error_set(err, SW_ECONFLICT,
+                        "ledger: Idempotency-Key %s is not running under this router (taken over "
+                        "or finished)", key);
+}
+
+int ldg_renew(ldg_ledger *l, double now_s, sw_error *err)
+{
+    ledger_lock(l);
+    double until = now_s + l->lease_s;
+    int rc = exec_sql(l, "BEGIN IMMEDIATE;", err);
+    if (!rc)
+        rc = run_stmt(l,
+                      prep(l, err,
+                           "UPDATE idempotency SET lease_until = ? WHERE state = 'running'"
+                           " AND owner = ?",
+                           "ds", until, l->owner),
+                      NULL, err);
+    if (!rc)
+        rc = run_stmt(l,
+                      prep(l, err,
+                           "UPDATE jobs SET lease_until = ? WHERE state = 'running' AND owner = ?",
+                           "ds", until, l->owner),
+                      NULL, err);
+    if (!rc)
+        rc = exec_sql(l, "COMMIT;", err);
+    if (rc)
+        exec_sql(l, "ROLLBACK;", NULL);
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
 /* ---- idempotency keys ---------------------------------------------------- */
 
 void ldg_stored_free(ldg_stored *s)
@@ -379,7 +480,7 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
         goto out;
     sqlite3_stmt *st = prep(l, err,
                             "SELECT body_sha256, request_id, state, status, content_type, response,"
-                            " stream, expires FROM idempotency WHERE key = ?",
+                            " stream, expires, owner, lease_until FROM idempotency WHERE key = ?",
                             "s", key);
     if (!st) {
         rc = SW_EIO;
@@ -400,9 +501,10 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
         }
         if (strcmp(sha, body_sha256)) {
             *state = LDG_IDEM_MISMATCH;
-        } else if (!strcmp(rstate, "running")) {
+        } else if (!strcmp(rstate, "running") && !lease_expired(l, st, 8, 9, now_s)) {
             *state = LDG_IDEM_RUNNING;
-        } else if (!strcmp(rstate, "abandoned")) {
+        } else if (strcmp(rstate, "done")) {
+            /* abandoned, or running under a dead router's lease */
             take_over = true;
             if (!col_copy(st, 1, request_id_out, 80)) {
                 sqlite3_finalize(st);
@@ -436,8 +538,10 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
     sqlite3_finalize(st);
     if (take_over) {
         rc = run_stmt(l,
-                      prep(l, err, "UPDATE idempotency SET state = 'running' WHERE key = ?", "s",
-                           key),
+                      prep(l, err,
+                           "UPDATE idempotency SET state = 'running', owner = ?, lease_until = ?,"
+                           " fence = fence + 1 WHERE key = ?",
+                           "sds", l->owner, now_s + l->lease_s, key),
                       NULL, err);
         if (rc)
             goto rollback;
@@ -445,9 +549,18 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
     } else if (insert) {
         rc = run_stmt(l,
                       prep(l, err,
-                           "INSERT OR REPLACE INTO idempotency (key, body_sha256, request_id, state,"
-                           " created, expires) VALUES (?, ?, ?, 'running', ?, ?)",
-                           "sssdd", key, body_sha256, request_id, now_s, now_s + ttl_s),
+                           /* an expired key's row is replaced (its fence
+                            * goes on counting) */
+                           "INSERT INTO idempotency (key, body_sha256, request_id, state, created,"
+                           " expires, owner, lease_until) VALUES (?, ?, ?, 'running', ?, ?, ?, ?)"
+                           " ON CONFLICT (key) DO UPDATE SET body_sha256 = excluded.body_sha256,"
+                           " request_id = excluded.request_id, state = 'running', status = NULL,"
+                           " content_type = NULL, response = NULL, stream = 0,"
+                           " created = excluded.created, expires = excluded.expires,"
+                           " owner = excluded.owner, lease_until = excluded.lease_until,"
+                           " fence = fence + 1",
+                           "sssddsd", key, body_sha256, request_id, now_s, now_s + ttl_s, l->owner,
+                           now_s + l->lease_s),
                       NULL, err);
         if (rc)
             goto rollback;
@@ -468,51 +581,71 @@ int ldg_idem_finish(ldg_ledger *l, const char *key, int status, const char *cont
                     bool stream, const char *body, size_t body_len, double now_s, sw_error *err)
 {
     (void)now_s;
+    int changes = 0;
     ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "UPDATE idempotency SET state = 'done', status = ?, content_type = ?,"
-                           " stream = ?, response = ? WHERE key = ?",
-                           "isibs", status, content_type, (int)stream, body, body_len, key),
-                      NULL, err);
+                           " stream = ?, response = ? WHERE key = ? AND state = 'running'"
+                           " AND owner = ?",
+                           "isibss", status, content_type, (int)stream, body, body_len, key,
+                           l->owner),
+                      &changes, err);
     pthread_mutex_unlock(&l->mu);
-    return rc;
+    return rc ? rc : idem_owned(changes, key, err);
 }
 
 int ldg_idem_drop(ldg_ledger *l, const char *key, sw_error *err)
 {
+    int changes = 0;
     ledger_lock(l);
-    int rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE key = ? AND state = 'running'",
-                              "s", key),
-                      NULL, err);
+    int rc = run_stmt(l,
+                      prep(l, err,
+                           "DELETE FROM idempotency WHERE key = ? AND state = 'running'"
+                           " AND owner = ?",
+                           "ss", key, l->owner),
+                      &changes, err);
     pthread_mutex_unlock(&l->mu);
-    return rc;
+    return rc ? rc : idem_owned(changes, key, err);
 }
 
 int ldg_idem_abandon(ldg_ledger *l, const char *key, sw_error *err)
 {
+    int changes = 0;
     ledger_lock(l);
     int rc = run_stmt(l,
                       prep(l, err,
                            "UPDATE idempotency SET state = 'abandoned' WHERE key = ?"
-                           " AND state = 'running'",
-                           "s", key),
-                      NULL, err);
+                           " AND state = 'running' AND owner = ?",
+                           "ss", key, l->owner),
+                      &changes, err);
     pthread_mutex_unlock(&l->mu);
-    return rc;
+    return rc ? rc : idem_owned(changes, key, err);
 }
 
 int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err)
 {
     int changes = 0;
     ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err, "UPDATE idempotency SET state = 'abandoned' WHERE state = 'running'",
-                           ""),
+    int rc = exec_sql(l, "BEGIN IMMEDIATE;", err);
+    if (!rc)
+        rc = run_stmt(l,
+                      prep(l, err,
+                           "UPDATE idempotency SET state = 'abandoned' WHERE state = 'running'", ""),
                       &changes, err);
+    if (!rc)
+        rc = run_stmt(l,
+                      prep(l, err,
+                           "UPDATE jobs SET owner = NULL, lease_until = 0 WHERE state = 'running'",
+                           ""),
+                      NULL, err);
+    if (!rc)
+        rc = exec_sql(l, "COMMIT;", err);
+    if (rc)
+        exec_sql(l, "ROLLBACK;", NULL);
     pthread_mutex_unlock(&l->mu);
     if (n)
-        *n = changes;
+        *n = rc ? 0 : changes;
     return rc;
 }
 
@@ -583,18 +716,37 @@ void ldg_tool_step_free(ldg_tool_step *s)
 }
 
 int ldg_tool_started(ldg_ledger *l, const char *request_id, int step, const char *tool,
-                     const char *call_id, const char *arguments, double now_s, sw_error *err)
+                     const char *call_id, const char *arguments, double now_s, bool *first,
+                     sw_error *err)
 {
+    *first = false;
+    int rc = SW_OK;
     ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "INSERT INTO tool_calls (request_id, step, tool, call_id, arguments,"
-                           " state, started) VALUES (?, ?, ?, ?, ?, 'started', ?)"
-                           " ON CONFLICT (request_id, step) DO UPDATE SET calls = calls + 1,"
-                           " started = excluded.started WHERE state = 'started'",
-                           "sisssd", request_id, step, tool, call_id ? call_id : "", arguments,
-                           now_s),
-                      NULL, err);
+    /* one statement: the insert claims the step; a conflicting one counts
+     * a re-call. calls is 1 only on the row this statement created. */
+    sqlite3_stmt *st = prep(l, err,
+                            "INSERT INTO tool_calls (request_id, step, tool, call_id, arguments,"
+                            " state, started) VALUES (?, ?, ?, ?, ?, 'started', ?)"
+                            " ON CONFLICT (request_id, step) DO UPDATE SET calls = calls + 1,"
+                            " started = excluded.started WHERE state = 'started'"
+                            " RETURNING calls",
+                            "sisssd", request_id, step, tool, call_id ? call_id : "", arguments,
+                            now_s);
+    if (!st) {
+        rc = SW_EIO;
+        goto out;
+    }
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW) {
+        *first = sqlite3_column_int64(st, 0) == 1;
+        s = sqlite3_step(st);
+    }
+    if (s != SQLITE_DONE)
+        rc = db_fail(l, err, "tool step start");
+    sqlite3_finalize(st);
+    if (rc)
+        *first = false;
+out:
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
@@ -719,12 +871,16 @@ int ldg_job_insert_idem(ldg_ledger *l, const ldg_job *j, const char *idem_key, i
                   NULL, err);
     if (rc)
         goto rollback;
+    int changes = 0;
     rc = run_stmt(l,
                   prep(l, err,
                        "UPDATE idempotency SET state = 'done', status = ?, content_type = ?,"
-                       " stream = 0, response = ? WHERE key = ?",
-                       "isbs", status, content_type, body, body_len, idem_key),
-                  NULL, err);
+                       " stream = 0, response = ? WHERE key = ? AND state = 'running'"
+                       " AND owner = ?",
+                       "isbss", status, content_type, body, body_len, idem_key, l->owner),
+                  &changes, err);
+    if (!rc)
+        rc = idem_owned(changes, idem_key, err);
     if (rc)
         goto rollback;
     if ((rc = exec_sql(l, "COMMIT;", err)))
@@ -780,51 +936,142 @@ out:
     return rc;
 }
 
-int ldg_job_start(ldg_ledger *l, const char *id, double now_s, bool *claimed, sw_error *err)
+/* The claim of a job, shared by ldg_job_start and ldg_job_claim: which
+ * rows may be claimed (queued, or running under another owner whose lease
+ * expired at ?now) and what the claim writes. */
+#define LDG_JOB_CLAIMABLE                                                                       \
+    "(state = 'queued' OR (state = 'running' AND lease_until <= ?2"                            \
+    " AND COALESCE(owner, '') <> ?3))"
+#define LDG_JOB_CLAIM_SET                                                                       \
+    "UPDATE jobs SET state = 'running', attempts = attempts + 1, started = ?2, owner = ?3,"     \
+    " lease_until = ?4, fence = fence + 1"
+
+/* Runs a claim statement (LDG_JOB_CLAIM_SET ... RETURNING id, fence) with
+ * ?1 (id, or unused), ?2 now, ?3 owner, ?4 lease end. */
+static int job_claim_run(ldg_ledger *l, const char *sql, const char *id, double now_s,
+                         char id_out[48], int64_t *fence, bool *got, sw_error *err)
 {
-    int changes = 0;
+    *got = false;
+    *fence = 0;
+    if (id_out)
+        id_out[0] = 0;
+    int rc = SW_OK;
     ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "UPDATE jobs SET state = 'running', attempts = attempts + 1, started = ?"
-                           " WHERE id = ? AND state IN ('queued', 'running')",
-                           "ds", now_s, id),
-                      &changes, err);
+    sqlite3_stmt *st = prep(l, err, sql, "sdsd", id ? id : "", now_s, l->owner,
+                            now_s + l->lease_s);
+    if (!st) {
+        rc = SW_EIO;
+        goto out;
+    }
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW) {
+        *got = true;
+        if (id_out)
+            col_copy(st, 0, id_out, 48);
+        *fence = sqlite3_column_int64(st, 1);
+        s = sqlite3_step(st);
+    }
+    if (s != SQLITE_DONE) {
+        rc = db_fail(l, err, "job claim");
+        *got = false;
+    }
+    sqlite3_finalize(st);
+out:
     pthread_mutex_unlock(&l->mu);
-    *claimed = !rc && changes == 1;
     return rc;
 }
 
-int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *response,
+int ldg_job_start(ldg_ledger *l, const char *id, double now_s, bool *claimed, int64_t *fence,
+                  sw_error *err)
+{
+    return job_claim_run(l,
+                         LDG_JOB_CLAIM_SET " WHERE id = ?1 AND " LDG_JOB_CLAIMABLE
+                                           " RETURNING id, fence",
+                         id, now_s, NULL, fence, claimed, err);
+}
+
+int ldg_job_claim(ldg_ledger *l, double now_s, char id_out[48], int64_t *fence, bool *got,
+                  sw_error *err)
+{
+    /* one statement: SQLite runs it alone, so the oldest claimable job
+     * is claimed by one connection */
+    return job_claim_run(l,
+                         LDG_JOB_CLAIM_SET " WHERE rowid = (SELECT rowid FROM jobs WHERE "
+                         LDG_JOB_CLAIMABLE " ORDER BY created, rowid LIMIT 1)"
+                         " RETURNING id, fence",
+                         NULL, now_s, id_out, fence, got, err);
+}
+
+/* A fenced write on a job changed no row: SW_ENOTFOUND for an unknown id,
+ * SW_ECONFLICT when it is not running with this fence; *running (may be
+ * NULL) whether it is running at all. */
+static int job_unfenced(ldg_ledger *l, const char *id, bool *running, sw_error *err)
+{
+    sqlite3_stmt *st = prep(l, err, "SELECT state FROM jobs WHERE id = ?", "s", id);
+    if (!st)
+        return SW_EIO;
+    int s = sqlite3_step(st);
+    int rc;
+    if (s == SQLITE_ROW) {
+        int state = job_state_parse((const char *)sqlite3_column_text(st, 0));
+        if (running)
+            *running = state == LDG_JOB_RUNNING;
+        rc = sw_error_set(err, SW_ECONFLICT,
+                          "ledger: job %s is not running under this claim (taken over or "
+                          "finished)", id);
+    } else if (s == SQLITE_DONE) {
+        rc = sw_error_set(err, SW_ENOTFOUND, "ledger: no job %s", id);
+    } else {
+        rc = db_fail(l, err, "job look-up");
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int ldg_job_finish(ldg_ledger *l, const char *id, int64_t fence, int state, const char *response,
                    const char *error, double now_s, sw_error *err)
 {
     if (state != LDG_JOB_SUCCEEDED && state != LDG_JOB_FAILED)
         return sw_error_set(err, SW_EINVAL, "ledger: a job finishes as succeeded or failed");
     int changes = 0;
     ledger_lock(l);
-    /* No guard on the previous state: finish_writes counts every final
-     * write, so a job run twice shows up (tests check it is 1). */
+    /* finish_writes counts every final write: a job run twice would show
+     * (tests check it is 1), though the fence lets one write through */
     int rc = run_stmt(l,
                       prep(l, err,
                            "UPDATE jobs SET state = ?, response = ?, error = ?, finished = ?,"
-                           " finish_writes = finish_writes + 1 WHERE id = ?",
-                           "sssds", ldg_job_state_name(state), response, error, now_s, id),
+                           " finish_writes = finish_writes + 1 WHERE id = ? AND state = 'running'"
+                           " AND fence = ?",
+                           "sssdsI", ldg_job_state_name(state), response, error, now_s, id, fence),
                       &changes, err);
-    pthread_mutex_unlock(&l->mu);
     if (!rc && changes != 1)
-        rc = sw_error_set(err, SW_ENOTFOUND, "ledger: no job %s", id);
+        rc = job_unfenced(l, id, NULL, err);
+    pthread_mutex_unlock(&l->mu);
     return rc;
 }
 
-int ldg_job_requeue(ldg_ledger *l, const char *id, bool *requeued, sw_error *err)
+int ldg_job_requeue(ldg_ledger *l, const char *id, int64_t fence, bool *requeued, sw_error *err)
 {
     int changes = 0;
     ledger_lock(l);
     /* only from running: a succeeded or failed job keeps its final record */
     int rc = run_stmt(l,
-                      prep(l, err, "UPDATE jobs SET state = 'queued' WHERE id = ? AND state = 'running'",
-                           "s", id),
+                      prep(l, err,
+                           "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = 0"
+                           " WHERE id = ? AND state = 'running' AND fence = ?",
+                           "sI", id, fence),
                       &changes, err);
+    if (!rc && changes != 1) {
+        bool running = false;
+        sw_error why;
+        int u = job_unfenced(l, id, &running, &why);
+        /* running under another claim: a conflict; finished, queued or
+         * unknown: left as it is */
+        if (u == SW_ECONFLICT && running)
+            rc = sw_error_set(err, u, "%s", why.message);
+        else if (u != SW_ECONFLICT && u != SW_ENOTFOUND)
+            rc = sw_error_set(err, u, "%s", why.message);
+    }
     pthread_mutex_unlock(&l->mu);
     if (requeued)
         *requeued = !rc && changes == 1;

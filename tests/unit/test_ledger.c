@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 static char g_dir[512];
+static bool g_first; /* ldg_tool_started's *first, where a case does not look */
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
 {
@@ -202,7 +203,7 @@ static void test_idempotency(void **state)
      * and the abandoned one is taken over with its original request id */
     assert_int_equal(ldg_idem_begin(l, "k3", h1, "req-10", 1066, 10, &s, rid, &st, NULL), 0);
     assert_int_equal(s, LDG_IDEM_NEW);
-    assert_int_equal(ldg_idem_abandon(l, "k2", NULL), 0);
+    assert_int_equal(ldg_idem_abandon(l, "k2", NULL), SW_ECONFLICT);
     assert_int_equal(ldg_idem_abandon(l, "k3", NULL), 0);
     assert_int_equal(ldg_idem_begin(l, "k2", h1, "req-11", 1067, 10, &s, rid, &st, NULL), 0);
     assert_int_equal(s, LDG_IDEM_REPLAY);
@@ -238,7 +239,8 @@ static void test_attempts_and_tools(void **state)
     assert_false(found);
     sw_error err;
     assert_int_equal(ldg_tool_done(l, "r1", 1, "x", 5, &err), SW_ENOTFOUND);
-    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "call_1", "{\"w\":\"a\"}", 5, NULL), 0);
+    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "call_1", "{\"w\":\"a\"}", 5, &g_first, NULL), 0);
+    assert_true(g_first);
     assert_int_equal(ldg_tool_get(l, "r1", 1, &t, &found, NULL), 0);
     assert_true(found);
     assert_int_equal(t.state, LDG_TOOL_STARTED);
@@ -249,7 +251,8 @@ static void test_attempts_and_tools(void **state)
     assert_int_equal(t.calls, 1);
     ldg_tool_step_free(&t);
     /* a re-call (idempotent tool) counts, keeps the first arguments */
-    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "call_9", "{}", 6, NULL), 0);
+    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "call_9", "{}", 6, &g_first, NULL), 0);
+    assert_false(g_first);
     assert_int_equal(ldg_tool_done(l, "r1", 1, "result one", 7, NULL), 0);
     assert_int_equal(ldg_tool_get(l, "r1", 1, &t, &found, NULL), 0);
     assert_int_equal(t.state, LDG_TOOL_DONE);
@@ -258,7 +261,8 @@ static void test_attempts_and_tools(void **state)
     assert_int_equal(t.calls, 2);
     ldg_tool_step_free(&t);
     /* a done step is not started again */
-    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "c", "{}", 8, NULL), 0);
+    assert_int_equal(ldg_tool_started(l, "r1", 1, "lookup", "c", "{}", 8, &g_first, NULL), 0);
+    assert_false(g_first);
     assert_int_equal(ldg_tool_get(l, "r1", 1, &t, &found, NULL), 0);
     assert_int_equal(t.state, LDG_TOOL_DONE);
     assert_int_equal(t.calls, 2);
@@ -291,19 +295,35 @@ static void test_jobs(void **state)
         assert_string_equal(ids[i], names[i]);
     sw_free(ids);
     bool claimed;
-    assert_int_equal(ldg_job_start(l, "job_1", 20, &claimed, NULL), 0);
+    int64_t fence = -1, fence2 = -1;
+    assert_int_equal(ldg_job_start(l, "job_1", 20, &claimed, &fence, NULL), 0);
     assert_true(claimed);
-    assert_int_equal(ldg_job_finish(l, "job_1", LDG_JOB_SUCCEEDED, "{\"ok\":1}", NULL, 21, NULL), 0);
-    assert_int_equal(ldg_job_start(l, "job_1", 22, &claimed, NULL), 0);
+    assert_int_equal(fence, 1);
+    assert_int_equal(ldg_job_finish(l, "job_1", fence, LDG_JOB_SUCCEEDED, "{\"ok\":1}", NULL, 21, NULL), 0);
+    assert_int_equal(ldg_job_start(l, "job_1", 22, &claimed, &fence, NULL), 0);
     assert_false(claimed); /* finished jobs are not run again */
-    assert_int_equal(ldg_job_start(l, "job_2", 22, &claimed, NULL), 0);
+    assert_int_equal(ldg_job_start(l, "job_2", 22, &claimed, &fence, NULL), 0);
     assert_true(claimed);
-    assert_int_equal(ldg_job_start(l, "job_2", 23, &claimed, NULL), 0); /* after a crash */
-    assert_true(claimed);
-    assert_int_equal(ldg_job_finish(l, "job_2", LDG_JOB_FAILED, NULL, "{\"code\":\"x\"}", 24, NULL),
+    /* not again by the owner that runs it, nor (its lease live) by another */
+    assert_int_equal(ldg_job_start(l, "job_2", 23, &claimed, &fence2, NULL), 0);
+    assert_false(claimed);
+    ldg_ledger *l2 = open_ok();
+    assert_int_equal(ldg_job_start(l2, "job_2", 23, &claimed, &fence2, NULL), 0);
+    assert_false(claimed);
+    /* its runner died: past the lease, another owner takes it over */
+    assert_int_equal(ldg_job_start(l2, "job_2", 22 + ldg_lease_s(l) + 1, &claimed, &fence2, NULL),
                      0);
-    assert_int_equal(ldg_job_finish(l, "job_2", LDG_JOB_QUEUED, NULL, NULL, 24, NULL), SW_EINVAL);
-    assert_int_equal(ldg_job_finish(l, "nope", LDG_JOB_FAILED, NULL, "{}", 24, NULL), SW_ENOTFOUND);
+    assert_true(claimed);
+    assert_int_equal(fence2, fence + 1);
+    sw_error err;
+    assert_int_equal(ldg_job_finish(l, "job_2", fence, LDG_JOB_SUCCEEDED, "{}", NULL, 24, &err),
+                     SW_ECONFLICT);
+    assert_int_equal(ldg_job_finish(l2, "job_2", fence2, LDG_JOB_FAILED, NULL, "{\"code\":\"x\"}",
+                                    24, NULL),
+                     0);
+    ldg_close(l2);
+    assert_int_equal(ldg_job_finish(l, "job_2", fence2, LDG_JOB_QUEUED, NULL, NULL, 24, NULL), SW_EINVAL);
+    assert_int_equal(ldg_job_finish(l, "nope", 1, LDG_JOB_FAILED, NULL, "{}", 24, NULL), SW_ENOTFOUND);
     assert_int_equal(ldg_job_pending(l, &ids, &n, NULL), 0);
     assert_int_equal(n, 1);
     assert_string_equal(ids[0], "job_3");
@@ -352,7 +372,7 @@ static void *th_main(void *p)
     ldg_sha256_hex("same", 4, hash);
     for (int i = 0; i < 50; i++) {
         snprintf(rid, sizeof rid, "t%d", a->id);
-        if (ldg_tool_started(a->l, rid, i + 1, "t", "c", "{}", i, NULL) ||
+        if (ldg_tool_started(a->l, rid, i + 1, "t", "c", "{}", i, &g_first, NULL) ||
             ldg_tool_done(a->l, rid, i + 1, "r", i, NULL))
             a->errors++;
         ldg_idem_state s;
@@ -421,8 +441,9 @@ static void test_crash_between_started_and_done(void **state)
         close(fds[0]);
         ldg_ledger *cl = NULL;
         bool claimed = false;
-        if (ldg_open(g_dir, &cl, NULL) || ldg_job_start(cl, "job_crash", 2, &claimed, NULL) ||
-            !claimed || ldg_tool_started(cl, "job_crash", 1, "lookup", "c1", "{}", 2, NULL))
+        int64_t fence;
+        if (ldg_open(g_dir, &cl, NULL) || ldg_job_start(cl, "job_crash", 2, &claimed, &fence, NULL) ||
+            !claimed || ldg_tool_started(cl, "job_crash", 1, "lookup", "c1", "{}", 2, &g_first, NULL))
             _exit(3);
         if (write(fds[1], "S", 1) != 1)
             _exit(4);
@@ -491,7 +512,8 @@ static bool job_exists(ldg_ledger *l, const char *id)
     return found;
 }
 
-static void add_job(ldg_ledger *l, const char *id, double created, int end_state, double finished)
+/* The fence of its start (0 for a queued job). */
+static int64_t add_job(ldg_ledger *l, const char *id, double created, int end_state, double finished)
 {
     ldg_job j;
     memset(&j, 0, sizeof j);
@@ -502,13 +524,17 @@ static void add_job(ldg_ledger *l, const char *id, double created, int end_state
     j.created = created;
     assert_int_equal(ldg_job_insert(l, &j, NULL), 0);
     bool claimed;
+    int64_t fence = 0;
     if (end_state == LDG_JOB_QUEUED)
-        return;
-    assert_int_equal(ldg_job_start(l, id, created + 1, &claimed, NULL), 0);
+        return 0;
+    assert_int_equal(ldg_job_start(l, id, created + 1, &claimed, &fence, NULL), 0);
+    assert_true(claimed);
     if (end_state != LDG_JOB_RUNNING)
-        assert_int_equal(ldg_job_finish(l, id, end_state, end_state == LDG_JOB_SUCCEEDED ? "{}" : NULL,
+        assert_int_equal(ldg_job_finish(l, id, fence, end_state,
+                                        end_state == LDG_JOB_SUCCEEDED ? "{}" : NULL,
                                         end_state == LDG_JOB_FAILED ? "{}" : NULL, finished, NULL),
                          0);
+    return fence;
 }
 
 static void test_retention_sweep(void **state)
@@ -527,12 +553,12 @@ static void test_retention_sweep(void **state)
                           "job_old_ok"};
     for (int i = 0; i < 6; i++) {
         assert_int_equal(ldg_attempt_add(l, rids[i], 1, "gpu", "oom", "decode", 100, 110, NULL), 0);
-        assert_int_equal(ldg_tool_started(l, rids[i], 1, "lookup", "c1", "{}", 105, NULL), 0);
+        assert_int_equal(ldg_tool_started(l, rids[i], 1, "lookup", "c1", "{}", 105, &g_first, NULL), 0);
         assert_int_equal(ldg_tool_done(l, rids[i], 1, "r", 106, NULL), 0);
     }
     assert_int_equal(ldg_attempt_add(l, "req_mixed", 2, "cpu", "ok", NULL, 950, 960, NULL), 0);
     /* a step started long ago whose outcome never came, on an old request */
-    assert_int_equal(ldg_tool_started(l, "req_old", 2, "book", "c2", "{}", 107, NULL), 0);
+    assert_int_equal(ldg_tool_started(l, "req_old", 2, "book", "c2", "{}", 107, &g_first, NULL), 0);
     ldg_idem_state st;
     char rid_out[80];
     ldg_stored stored;
@@ -595,11 +621,11 @@ static void test_job_requeue(void **state)
 {
     (void)state;
     ldg_ledger *l = open_ok();
-    add_job(l, "job_cut", 100, LDG_JOB_RUNNING, 0);
-    add_job(l, "job_done", 100, LDG_JOB_SUCCEEDED, 150);
+    int64_t cut = add_job(l, "job_cut", 100, LDG_JOB_RUNNING, 0);
+    int64_t done = add_job(l, "job_done", 100, LDG_JOB_SUCCEEDED, 150);
     add_job(l, "job_waiting", 100, LDG_JOB_QUEUED, 0);
     bool requeued = false;
-    assert_int_equal(ldg_job_requeue(l, "job_cut", &requeued, NULL), 0);
+    assert_int_equal(ldg_job_requeue(l, "job_cut", cut, &requeued, NULL), 0);
     assert_true(requeued);
     ldg_job j;
     bool found;
@@ -609,11 +635,11 @@ static void test_job_requeue(void **state)
     assert_int_equal(j.finish_writes, 0);
     ldg_job_free(&j);
     /* a finished job, a queued one and an unknown id are not changed */
-    assert_int_equal(ldg_job_requeue(l, "job_done", &requeued, NULL), 0);
+    assert_int_equal(ldg_job_requeue(l, "job_done", done, &requeued, NULL), 0);
     assert_false(requeued);
-    assert_int_equal(ldg_job_requeue(l, "job_waiting", &requeued, NULL), 0);
+    assert_int_equal(ldg_job_requeue(l, "job_waiting", 0, &requeued, NULL), 0);
     assert_false(requeued);
-    assert_int_equal(ldg_job_requeue(l, "job_nope", NULL, NULL), 0);
+    assert_int_equal(ldg_job_requeue(l, "job_nope", 1, NULL, NULL), 0);
     assert_int_equal(ldg_job_get(l, "job_done", &j, &found, NULL), 0);
     assert_int_equal(j.state, LDG_JOB_SUCCEEDED);
     assert_string_equal(j.response, "{}");
@@ -628,11 +654,17 @@ static void test_job_requeue(void **state)
     assert_string_equal(ids[1], "job_waiting");
     sw_free(ids);
     bool claimed;
-    assert_int_equal(ldg_job_start(l, "job_cut", 200, &claimed, NULL), 0);
+    int64_t fence;
+    assert_int_equal(ldg_job_start(l, "job_cut", 200, &claimed, &fence, NULL), 0);
     assert_true(claimed);
-    assert_int_equal(ldg_job_finish(l, "job_cut", LDG_JOB_SUCCEEDED, "{\"r\":2}", NULL, 201, NULL), 0);
+    assert_int_equal(fence, cut + 1);
+    /* the first run's give-up, late: another claim runs it now */
+    sw_error err;
+    assert_int_equal(ldg_job_requeue(l, "job_cut", cut, &requeued, &err), SW_ECONFLICT);
+    assert_false(requeued);
+    assert_int_equal(ldg_job_finish(l, "job_cut", fence, LDG_JOB_SUCCEEDED, "{\"r\":2}", NULL, 201, NULL), 0);
     /* a late give-up (the result was written first) leaves it done */
-    assert_int_equal(ldg_job_requeue(l, "job_cut", &requeued, NULL), 0);
+    assert_int_equal(ldg_job_requeue(l, "job_cut", fence, &requeued, NULL), 0);
     assert_false(requeued);
     assert_int_equal(ldg_job_get(l, "job_cut", &j, &found, NULL), 0);
     assert_int_equal(j.state, LDG_JOB_SUCCEEDED);

@@ -7,6 +7,12 @@
 #   scripts/pg-scratch.sh restart DIR  stop and start again on the same port
 #   scripts/pg-scratch.sh url DIR      print the URL of a cluster made before
 #
+# For CTest's pg_scratch fixture (CMakeLists.txt):
+#   scripts/pg-scratch.sh fixture-start DIR   start as above, after removing an old DIR;
+#                                             without PostgreSQL it says so and succeeds
+#                                             (the tests then skip), unless CI=true
+#   scripts/pg-scratch.sh fixture-stop DIR    stop it and remove DIR
+#
 # The cluster listens on 127.0.0.1 at a free port and on a unix socket in
 # DIR, with trust authentication (anyone on this machine may connect as its
 # superuser: for tests only). DIR holds data/ (the cluster), log, port and
@@ -23,11 +29,26 @@ set -euo pipefail
 
 die() { echo "pg-scratch: $*" >&2; exit 1; }
 
-usage() { echo "usage: $0 start|stop|restart|url DIR" >&2; exit 2; }
+usage() { echo "usage: $0 start|stop|restart|url|fixture-start|fixture-stop DIR" >&2; exit 2; }
 
 [ $# -eq 2 ] || usage
 cmd=$1
 dir=$2
+case "$cmd" in
+  fixture-start)
+    if [ -f "$dir/data/postmaster.pid" ]; then "$0" stop "$dir" || true; fi
+    rm -rf "$dir"
+    rc=0
+    "$0" start "$dir" || rc=$?
+    if [ "$rc" -eq 77 ] && [ "${CI:-}" != true ]; then
+      echo "pg-scratch: the tests that need PostgreSQL will skip" >&2
+      exit 0
+    fi
+    exit "$rc" ;;
+  fixture-stop)
+    if [ -d "$dir" ]; then "$0" stop "$dir" || true; rm -rf "$dir"; fi
+    exit 0 ;;
+esac
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 

@@ -128,10 +128,13 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* libpq's message without its trailing newline. */
+/* libpq's message on one line, without its trailing newline. */
 static void trim_copy(char *dst, size_t cap, const char *msg)
 {
     snprintf(dst, cap, "%s", msg && msg[0] ? msg : "no message");
+    for (char *p = dst; *p; p++)
+        if (*p == '\n' || *p == '\t')
+            *p = ' ';
     size_t n = strlen(dst);
     while (n && (dst[n - 1] == '\n' || dst[n - 1] == ' '))
         dst[--n] = 0;

@@ -46,7 +46,7 @@ static int pg_scratch(const char *verb, char *out, size_t cap)
 {
     char script[700];
     snprintf(script, sizeof script, "%s/scripts/pg-scratch.sh", SPILLWAY_SOURCE_DIR);
-    char *const argv[] = {"bash", script, (char *)verb, g_pgdir, NULL};
+    char *const argv[] = {"/bin/bash", script, (char *)verb, g_pgdir, NULL};
     char *text = NULL;
     int status = -1;
     if (tu_run_capture(argv, 120, &text, &status))
@@ -69,7 +69,7 @@ static void make_db(const char *name, char *url, size_t cap)
     char sql[256];
     snprintf(sql, sizeof sql, "CREATE DATABASE %s", name);
     char psql[64] = "psql";
-    char *const find[] = {"sh", "-c",
+    char *const find[] = {"/bin/sh", "-c",
                           "command -v psql || ls -d /usr/lib/postgresql/*/bin/psql | tail -1",
                           NULL};
     char *found = NULL;

@@ -138,6 +138,7 @@ do_start() {
         echo "$port" | as_owner tee "$dir/port" >/dev/null
         break
       fi
+      echo "pg-scratch: port $port: $(tail -n 1 "$dir/log" 2>/dev/null); trying another" >&2
       port=""
     done
     [ -n "$port" ] || { tail -n 20 "$dir/log" >&2 || true; die "cannot start on a free port"; }

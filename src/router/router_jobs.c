@@ -182,6 +182,9 @@ static bool finish(rt_router *rt, const char *id, int64_t fence, bool ok, const 
         pthread_mutex_unlock(&rt->mu);
         SW_INFO("router", "job %s: %s", id, ok ? "succeeded" : "failed");
     } else if (taken) {
+        pthread_mutex_lock(&rt->mu);
+        rt->fenced_jobs++;
+        pthread_mutex_unlock(&rt->mu);
         SW_WARN("router", "job %s: taken over by another router (this router's lease ran out); "
                 "this run's result (%s) is dropped", id, ok ? "succeeded" : "failed");
     } else {
@@ -336,6 +339,9 @@ static bool claim_and_run(rt_router *rt)
     }
     if (!got)
         return false;
+    pthread_mutex_lock(&rt->mu);
+    rt->jobs_claimed++;
+    pthread_mutex_unlock(&rt->mu);
     SW_INFO("router", "job %s: claimed from the shared ledger", id);
     run_claimed(rt, id, fence);
     return true;

@@ -299,6 +299,7 @@ static void test_job_taken_over(void **state)
     }
     printf("job %s: taken over %.1f s after its router was killed (lease %d s)\n", id,
            taken - killed, LEASE_S);
+    assert_int_equal(rh_metric(b.sock, "spillway_router_jobs_claimed_total"), 1);
     /* the final record was written once: read from PostgreSQL itself */
     ldg_ledger *l = NULL;
     sw_error err;
@@ -635,6 +636,7 @@ static void test_postgresql_restarted(void **state)
         fail_msg("%s", ld.bad);
     assert_true(ld.durable_ok_after >= 5);
     assert_int_equal(ld.refused_without_retry_after, 0);
+    assert_int_equal(rh_metric(r.sock, "spillway_router_ledger_reachable"), 1);
     /* a job after it is back: stored and run */
     wc_response w;
     assert_int_equal(rh_req(&r, "POST", "/v1/spillway/jobs", NULL,

@@ -392,12 +392,18 @@ static int pg_query(ldg_ledger *l, const char *sql, const char *fmt, va_list ap,
             types[n] = 17;  /* bytea */
             break;
         }
-        case 'i': snprintf(nums[n], sizeof nums[n], "%d", va_arg(ap, int)); values[n] = nums[n]; break;
+        case 'i':
+            snprintf(nums[n], sizeof nums[n], "%d", va_arg(ap, int));
+            values[n] = nums[n];
+            break;
         case 'I':
             snprintf(nums[n], sizeof nums[n], "%lld", (long long)va_arg(ap, int64_t));
             values[n] = nums[n];
             break;
-        case 'd': snprintf(nums[n], sizeof nums[n], "%.17g", va_arg(ap, double)); values[n] = nums[n]; break;
+        case 'd':
+            snprintf(nums[n], sizeof nums[n], "%.17g", va_arg(ap, double));
+            values[n] = nums[n];
+            break;
         default: return sw_error_set(err, SW_EINTERNAL, "ledger: bad parameter format");
         }
     }

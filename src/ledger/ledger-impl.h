@@ -1,12 +1,14 @@
-/* ledger-impl.h - what the ledger's functions (ledger.c, written once for
- * both backends) ask of a database backend (ledger_sqlite.c,
- * ledger_pg.c): a lock, transactions, statements with parameters and
- * their rows.
+/* ledger-impl.h - what the ledger's functions (ledger.c, ledger_idem.c,
+ * ledger_jobs.c: written once for both backends) ask of a database
+ * backend (ledger_sqlite.c, ledger_pg.c): a lock, transactions,
+ * statements with parameters and their rows; and the statement helpers
+ * those three share.
  *
  * SQL is written once, in the dialect both accept, with SQLite's
  * placeholders: "?" numbered in order, or "?N" (never both in one
  * statement); the PostgreSQL backend rewrites them to "$N". Where the
- * dialects differ, ledger.c picks the text by the backend's fields below.
+ * dialects differ, the shared code picks the text by the backend's fields
+ * below.
  */
 #ifndef SPILLWAY_LEDGER_LEDGER_IMPL_H
 #define SPILLWAY_LEDGER_LEDGER_IMPL_H
@@ -72,8 +74,7 @@ struct ldg_ledger {
     double lease_s;
 };
 
-/* ---- statement helpers (ledger.c), for ledger.c, ledger_idem.c and
- * ledger_jobs.c ---------------------------------------------------------- */
+/* ---- statement helpers (defined in ledger.c) ---------------------------- */
 
 /* Takes the ledger's mutex and readies the connection; on failure the
  * mutex is released again. */

@@ -2,8 +2,8 @@
  * routers sharing one ledger: the connection (one, under the ledger's
  * mutex, like SQLite's), its schema and migrations (a schema_version
  * table, under a transaction-level advisory lock so that routers starting
- * together migrate once), and the statements ledger.c runs through
- * ledger-impl.h.
+ * together migrate once), and the statements the shared code (ledger.c,
+ * ledger_idem.c, ledger_jobs.c) runs through ledger-impl.h.
  *
  * Losing the server: a statement that fails because the connection is
  * gone (or the server is shutting down or starting) returns

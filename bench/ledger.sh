@@ -6,11 +6,12 @@
 # state directory on the build tree's file system (each commit synced) and,
 # when PostgreSQL is installed, a scratch cluster of its own
 # (scripts/pg-scratch.sh) over TCP on 127.0.0.1. One connection, one
-# thread: latency, not throughput. Prints figures; asserts nothing; not
-# part of `make test`.
+# thread: latency, not throughput. SQLITE_PARENT puts the SQLite ledger
+# elsewhere (/dev/shm: no disk sync, the ledger's CPU cost alone). Prints
+# figures; asserts nothing; not part of `make test`.
 #
 #   bench/ledger.sh [BUILD_DIR]          (default: build)
-#   ROUNDS=500 bench/ledger.sh
+#   ROUNDS=500 SQLITE_PARENT=/dev/shm bench/ledger.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
@@ -22,8 +23,9 @@ cleanup() { "$here/../scripts/pg-scratch.sh" fixture-stop "$pgdir" >/dev/null 2>
 trap cleanup EXIT
 cc -O2 -std=c11 -o "$work/ledger_bench" "$here/ledger_bench.c" -I"$here/../src" \
   $(cat "$build/spillway-libs.txt") $(pkg-config --libs sqlite3 libpq jansson) -lm -lpthread
-mkdir -p "$work/sqlite"
-"$work/ledger_bench" "$work/sqlite" "$rounds" sqlite
+sqlite_dir=$(mktemp -d -p "${SQLITE_PARENT:-$work}")
+"$work/ledger_bench" "$sqlite_dir" "$rounds" sqlite
+rm -rf "$sqlite_dir"
 if url=$("$here/../scripts/pg-scratch.sh" start "$pgdir"); then
   "$work/ledger_bench" "$url" "$rounds" postgresql
 else

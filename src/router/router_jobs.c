@@ -268,8 +268,12 @@ static void run_claimed(rt_router *rt, const char *id, int64_t fence)
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
         bool busy = c.status == 503 && code &&
                     (!strcmp(code, "capacity_exceeded") || !strcmp(code, "worker_failed"));
+        /* an agent job whose tool ledger is away: the run is tried again
+         * (its recorded steps reused) until it is back, not counted */
+        bool ledger_down = c.status == 503 && code && !strcmp(code, "ledger_unavailable");
         bool stop = stopping(rt);
-        bool more = busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
+        bool more = (busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES)) ||
+                    (ledger_down && !stop);
         if (c.status == 200 && resp) {
             /* a whole answer, even one that arrived as the shutdown began */
             finish(rt, id, fence, true, c.body, NULL);

@@ -308,10 +308,13 @@ int ldg__pg_open(ldg_ledger *l, const char *url, sw_error *err)
     if (!d)
         return sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
     l->db = d;
-    /* defaults first: what the URL says wins (expand_dbname) */
+    /* defaults first: what the URL says wins (expand_dbname). A server
+     * that vanished without closing the connection is noticed within
+     * about 10-25 s (TCP keep-alives, unacknowledged data), not hours. */
     const char *const keys[] = {"connect_timeout", "fallback_application_name", "keepalives_idle",
-                                "keepalives_interval", "keepalives_count", "dbname", NULL};
-    const char *const vals[] = {"5", "spillway", "10", "5", "3", url, NULL};
+                                "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+                                "dbname", NULL};
+    const char *const vals[] = {"5", "spillway", "10", "5", "3", "10000", url, NULL};
     d->conn = PQconnectdbParams(keys, vals, 1);
     d->last_try = mono_s();
     int rc;

@@ -7,9 +7,9 @@
  * ldg_job_claim skipping jobs under live leases (and, on PostgreSQL,
  * rows another transaction holds locked); what ldg_open refuses (a URL
  * with a password, an unreachable server) and the owner it picks. On
- * SQLite, or with "pg" on
- * PostgreSQL (ledger_fixture.h). With "pg-restart": SW_EUNAVAILABLE while
- * a scratch cluster of its own is stopped, success again after it is back.
+ * SQLite, or with "pg" on PostgreSQL (ledger_fixture.h). With
+ * "pg-restart": SW_EUNAVAILABLE while a scratch cluster of its own is
+ * stopped, success again after it is back.
  */
 #include "ledger_fixture.h"
 

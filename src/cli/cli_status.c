@@ -203,6 +203,13 @@ static void print_table(FILE *out, const char *router, json_t *stats, json_t *ev
     fprintf(out, "router %s  %s  up %.0f s  connections %lld  event streams %lld\n", router,
             str(stats, "status"), json_number_value(json_object_get(stats, "uptime_seconds")),
             num(stats, "connections"), num(stats, "event_streams"));
+    json_t *ledger = json_object_get(stats, "ledger");
+    if (json_is_object(ledger))
+        fprintf(out, "ledger %s%s  owner %s  lease %.0f s  %s\n", str(ledger, "backend"),
+                json_is_true(json_object_get(ledger, "shared")) ? " (shared)" : "",
+                str(ledger, "owner"), json_number_value(json_object_get(ledger, "lease_s")),
+                json_is_true(json_object_get(ledger, "reachable")) ? "reachable"
+                                                                    : "UNREACHABLE");
     fprintf(out, "queue %lld (peak %lld)  mean wait %.1f ms  last %lld min: %lld requests, "
             "%lld tokens, %lld failovers, %lld failed attempts\n",
             num(queue, "depth"), num(queue, "peak_depth"),

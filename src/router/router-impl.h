@@ -502,6 +502,9 @@ void rt__ledger_seen(rt_router *rt, int rc);
 /* For a best-effort ledger write that failed: true at most once every
  * few seconds, so a ledger that is away does not flood the log. */
 bool rt__ledger_warn_due(rt_router *rt);
+/* The ledger as /health and /v1/spillway/stats show it: {"backend",
+ * "shared", "owner", "lease_s", "reachable"}; NULL without one. */
+json_t *rt__ledger_json(rt_router *rt);
 /* Retry-After of a 409 idempotency_conflict: 1 s with a ledger of its
  * own, else half the lease (the other router ends, or its lease does). */
 int rt__idem_retry_after_s(const rt_router *rt);

@@ -93,6 +93,16 @@ bool rt__ledger_ready(rt_req *q)
     return false;
 }
 
+json_t *rt__ledger_json(rt_router *rt)
+{
+    if (!rt->ledger)
+        return NULL;
+    return json_pack("{s:s, s:b, s:s, s:f, s:b}", "backend", ldg_backend(rt->ledger), "shared",
+                     ldg_shared(rt->ledger), "owner", ldg_owner(rt->ledger), "lease_s",
+                     ldg_lease_s(rt->ledger), "reachable",
+                     atomic_load(&rt->ledger_reachable) != 0);
+}
+
 int rt__idem_retry_after_s(const rt_router *rt)
 {
     if (!rt->ledger || !ldg_shared(rt->ledger))

@@ -419,6 +419,11 @@ void rt__handle_stats(rt_req *q)
         RT_STATS_SLOTS, "series_end_time", rt__wall_s() + (slot_end_mono - now), "series", ring,
         "queue", queue, "totals", totals, "workers", ws, "events_total", (json_int_t)events_total,
         "connections", conns, "event_streams", streams, "drill_report", drill_json(rt));
+    json_t *ledger = rt__ledger_json(rt);
+    if (o && ledger)
+        json_object_set_new(o, "ledger", ledger);
+    else
+        json_decref(ledger);
     char *s = o ? sw_json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s)

@@ -239,6 +239,17 @@ static void test_idempotency_across_routers(void **state)
     assert_int_equal((int)json_number_value(json_object_get(l, "lease_s")), LEASE_S);
     json_decref(h);
     wc_response_free(&w);
+    /* and so does spillway status */
+    char router[700];
+    snprintf(router, sizeof router, "unix:%s", a.sock);
+    char *const argv[] = {(char *)tu_spillway_bin(), "status", "--router", router, NULL};
+    char *out = NULL;
+    int st = -1;
+    assert_int_equal(tu_run_capture(argv, 30, &out, &st), 0);
+    assert_int_equal(st, 0);
+    if (!strstr(out, "ledger postgresql (shared)  owner ") || !strstr(out, "reachable"))
+        fail_msg("spillway status: %s", out);
+    sw_free(out);
     rh_finish(&a);
     rh_finish(&b);
 }

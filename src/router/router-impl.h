@@ -37,6 +37,8 @@
  *   router_command.c    an engine the router runs (command =): its argv
  *   router_llamaserver.c kind = llama-server: health figures, the native
  *                       stream with token ids, its typed errors
+ *   router_image.c      image content parts: checked, routed only to a
+ *                       worker that takes images, counted in the books
  *
  * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
  * the router's (rt_router.mu); no other lock is held while taking either.

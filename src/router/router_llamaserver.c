@@ -29,6 +29,7 @@
  *   out-of-memory texts, classified in router_attempt.c.
  */
 #include "router/router-impl.h"
+#include "router/router_image.h"
 #include "router/router_llamaserver.h"
 #include "router/router_net.h"
 
@@ -155,6 +156,18 @@ int rt__ls_health(const rt_router *rt, const char *address, int model, bool chec
     }
     sw_free(body);
     if (check_vocab) {
+        /* /props: "modalities": {"vision": true} with a projector that
+         * takes images (--mmproj); not said (an older server, or
+         * --no-props): no images are sent to it */
+        body = NULL;
+        if (rn_get(address, "/props", 2000, &body) == 200 && body) {
+            json_t *j = sw_json_loads(body, 0, NULL);
+            h->props_checked = json_is_object(j);
+            h->vision = json_is_true(json_object_get(json_object_get(j, "modalities"), "vision"));
+            json_decref(j);
+        }
+        sw_free(body);
+        body = NULL;
         bool answered = false;
         h->vocab_same = vocab_same(address, rt->models[model].tok, &answered);
         h->vocab_checked = answered;
@@ -203,6 +216,13 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
             json_decref(b);
             return 1;
         }
+    }
+    if (r->chat && rt__images_in(b)) {
+        /* /apply-template would render the image's marker, and the
+         * image itself would be lost: the OpenAI endpoint takes both */
+        snprintf(why, why_cap, "image content");
+        json_decref(b);
+        return 1;
     }
     json_t *n = json_object_get(b, "n");
     if (n && !(json_is_integer(n) && json_integer_value(n) == 1)) {

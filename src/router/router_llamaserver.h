@@ -21,11 +21,15 @@ typedef struct rt_ls_health {
     double prefill_rate, decode_rate; /* GET /metrics, tokens/s */
     bool vocab_checked;         /* POST /tokenize answered */
     bool vocab_same;            /* and gave the router's ids of the probe */
+    bool props_checked;         /* GET /props answered (asked with the vocabulary) */
+    bool vision;                /* and its modalities.vision is true: a projector
+                                   (--mmproj) that takes images */
 } rt_ls_health;
 
 /* Polls the llama-server at address (no lock held): the status of GET
  * /health (200 ready, 503 loading, -1 unreachable) and, when 200, the
- * figures into h; the vocabulary of model compared when check_vocab. */
+ * figures into h; the vocabulary of model compared, and /props asked
+ * whether it takes images, when check_vocab (once per process). */
 int rt__ls_health(const rt_router *rt, const char *address, int model, bool check_vocab,
                   rt_ls_health *h);
 

@@ -163,6 +163,14 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->kind = w->cfg.kind;
         v->remote = rt_config_worker_remote(&w->cfg);
         v->ls_resumable = w->cfg.kind == RT_KIND_LLAMA_SERVER && w->ls_vocab_same;
+        /* images: a llama-server by its /props (before it answered, by its
+         * mmproj =), an openai engine as it says itself, never a spillway
+         * worker (its engine takes text parts only) */
+        v->images = w->cfg.kind == RT_KIND_OPENAI ? 1
+                    : w->cfg.kind == RT_KIND_SPILLWAY ? 0
+                    : w->ls_props_checked ? w->ls_vision
+                    : w->cfg.mmproj[0] ? 1
+                                       : -1;
         v->ctx_limit = w->ctx_limit;
         v->max_seqs = rt_pool_max_seqs(w);
         v->seqs = w->books.seqs;

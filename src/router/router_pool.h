@@ -123,6 +123,9 @@ typedef struct rt_worker {
     int32_t ls_foreign;         /* of them, more than the router had running
                                    there: requests of other clients, whose
                                    slots the router does not count on */
+    /* kind = llama-server: its /props asked (with the vocabulary, once per
+     * process), and whether it said it takes images (modalities.vision) */
+    bool ls_props_checked, ls_vision;
     int64_t ls_planned_kv;      /* the KV cache its command asks for, planned
                                    from the model file when the router starts
                                    it (router_books.c); 0 unknown */
@@ -156,6 +159,11 @@ typedef struct rt_worker_view {
     bool remote;                /* rt_config_worker_remote */
     bool ls_resumable;          /* kind = llama-server whose vocabulary is the
                                    model's: it can take a resume's token prompt */
+    int images;                 /* whether it takes image content: 1 yes (a
+                                   llama-server with a projector, an openai
+                                   engine, which says itself), 0 no (a spillway
+                                   worker), -1 not known yet (a llama-server
+                                   at a url not asked yet) */
     int32_t ctx_limit;          /* 0 unknown */
     int32_t max_seqs;           /* 0 no limit known */
     int seqs;                   /* admitted now (books) */

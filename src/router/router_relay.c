@@ -8,6 +8,7 @@
 #include "router/router-impl.h"
 #include "router/router_attempt.h"
 #include "router/router_failover.h"
+#include "router/router_image.h"
 #include "router/router_llamaserver.h"
 #include "router/router_net.h"
 #include "router/router_queue.h"
@@ -94,6 +95,24 @@ static long count_prompt(const rt_model *m, json_t *body, bool chat, uint64_t *p
         *n_prefix = rt_prefix_hashes(ids, n, prefix, RT_PREFIX_MAX_BLOCKS);
     sw_free(ids);
     return result;
+}
+
+/* count_prompt for a request of n_images images (router_image.c): its
+ * text counted with the images left out, and [model] image-tokens for
+ * each; -1 (not counted: a whole slot's context is reserved) when that
+ * figure is not given. No prefix blocks: the images are not in them. */
+static long count_request(const rt_model *m, json_t *body, bool chat, int n_images,
+                          uint64_t *prefix, int *n_prefix)
+{
+    if (n_images == 0)
+        return count_prompt(m, body, chat, prefix, n_prefix);
+    *n_prefix = 0;
+    if (m->cfg.image_tokens <= 0)
+        return -1;
+    json_t *text = rt__images_stripped(body);
+    long n = text ? count_prompt(m, text, chat, NULL, NULL) : -1;
+    json_decref(text);
+    return n < 0 ? -1 : n + (long)n_images * m->cfg.image_tokens;
 }
 
 /* Nesting depth of a JSON text (brackets outside strings), so a deeply
@@ -310,6 +329,20 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     bool capacity = !failed_before && ar != RT_ADMIT_NEVER && ar != RT_ADMIT_STOPPED;
     if (capacity && q->prefer_async && !q->embeddings && rt__jobs_accept_async(q, chat) == 0)
         return true; /* the 503 below became a job the client polls */
+    if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_IMAGES) &&
+        !(wt->grant.skipped & ~(unsigned)(RT_SKIP_IMAGES | RT_SKIP_MODEL | RT_SKIP_REMOTE))) {
+        /* no worker of the model could ever take it: the configuration's
+         * answer, not a moment's (router_image.c) */
+        char msg[320];
+        snprintf(msg, sizeof msg,
+                 "no worker of the model '%s' takes images: that needs a llama-server worker "
+                 "with a vision projector (mmproj = in its [worker] section, or --mmproj on one "
+                 "at a url)",
+                 rt->models[q->model].cfg.name);
+        count(rt, &rt->rejected_bad);
+        rt__send_error(q, 400, "images_not_supported", msg, "messages", NULL);
+        return false;
+    }
     if (counted)
         count(rt, &rt->rejected_capacity);
     if (ar == RT_ADMIT_NEVER && !failed_before && !(wt->grant.skipped & ~(unsigned)RT_SKIP_MODEL)) {
@@ -609,6 +642,19 @@ static void generate(rt_req *q, bool chat, json_t *body)
         json_decref(body);
         return;
     }
+    /* image content: checked here, before any worker sees it */
+    int n_images = 0;
+    if (chat && !q->embeddings) {
+        const char *code = "invalid_image";
+        char msg[256], param[96];
+        if (rt__images_check(rt->cfg, body, &n_images, &code, msg, sizeof msg, param,
+                             sizeof param)) {
+            count(rt, &rt->rejected_bad);
+            rt__send_error(q, 400, code, msg, param, NULL);
+            json_decref(body);
+            return;
+        }
+    }
     rt_relay r;
     memset(&r, 0, sizeof r);
     r.q = q;
@@ -652,7 +698,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
     long prefill = 0; /* an embeddings request's inputs together */
     const rt_model *counted = &rt->models[q->model];
     long prompt = q->embeddings ? rt__embeddings_tokens(counted, body, &prefill)
-                                : count_prompt(counted, body, chat, prefix, &n_prefix);
+                                : count_request(counted, body, chat, n_images, prefix, &n_prefix);
     if (q->idem_key[0])
         q->durable = true; /* an Idempotency-Key's attempts are promised */
     bool *tried = q->tried; /* kept across an agent run's steps */
@@ -692,6 +738,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
          * remote = never keeps the request on the machine */
         wt.need.local_only = model_local_only(rt, q->asked_model) ||
                              model_local_only(rt, q->model);
+        wt.need.images = n_images > 0;
         wt.need.deadline_ms = q->attempts == 0 && !failed_before ? adm_deadline : -1;
         wt.tried = tried;
         wt.first = q->admission == 0;
@@ -725,7 +772,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
                 fall_back(q, body, to, ar, t0);
                 prompt = q->embeddings
                              ? rt__embeddings_tokens(&rt->models[q->model], body, &prefill)
-                             : count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
+                             : count_request(&rt->models[q->model], body, chat, n_images,
+                                             prefix, &n_prefix);
                 continue;
             }
             if (ar == RT_ADMIT_NEVER && ctx_refused && !failed_before && !r.headers_sent) {

@@ -123,6 +123,11 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
                                w->ls_vocab_checked, "resumable", w->ls_vocab_same, "slots",
                                w->slots_max, "slots_busy", w->ls_slots_busy, "slots_foreign",
                                w->ls_foreign);
+        /* router_image.c: whether image requests go to it (its /props,
+         * or before that its mmproj =); null: not known yet */
+        json_object_set_new(ls, "images", w->ls_props_checked ? json_boolean(w->ls_vision)
+                                          : w->cfg.mmproj[0]  ? json_true()
+                                                              : json_null());
         /* router_books.c: its KV counted from the model file, or why not */
         const rt_model *m = &rt->models[w->model];
         json_object_set_new(ls, "kv_counted", json_boolean(w->kv_budget >= 0));

@@ -47,8 +47,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         sw_error err;
         sw_error_clear(&err);
         if ((!w->address[0] && rt__pick_port(w->address, sizeof w->address)) ||
-            rt__command_argv(w, model->path, cmd_buf, sizeof cmd_buf, argv, RT_CMD_MAX_ARGS, exe,
-                             sizeof exe, &err)) {
+            rt__command_argv(w, model->path, cmd_buf, sizeof cmd_buf, argv,
+                             RT_CMD_MAX_ARGS - (c->mmproj[0] ? 2 : 0), exe, sizeof exe, &err)) {
             snprintf(w->start_error, sizeof w->start_error, "%s",
                      err.message[0] ? err.message : strerror(errno));
             SW_ERROR("router", "worker %s: cannot start its command: %s", c->name,
@@ -62,6 +62,13 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
             int argc = 0;
             while (argc < RT_CMD_MAX_ARGS && argv[argc])
                 argc++;
+            if (c->mmproj[0]) { /* room left for it above */
+                /* its vision projector: image requests go to it
+                 * (router_image.c) */
+                argv[argc++] = "--mmproj";
+                argv[argc++] = c->mmproj;
+                argv[argc] = NULL;
+            }
             w->ls_planned_kv = rt_books_llama_server_plan(&m->cache, m->weights_bytes, argv,
                                                           argc, plan, sizeof plan);
             SW_INFO("router", "worker %s (llama-server): planned from %s: %s", c->name,
@@ -172,6 +179,7 @@ spawn:;
     w->last_ok = w->started_at;
     w->ready_once = false;
     w->ls_vocab_checked = w->ls_vocab_same = false; /* a new process: asked again */
+    w->ls_props_checked = w->ls_vision = false;
     rt_prefix_clear(&w->prefix);                     /* ... with an empty cache */
     if (RT_KIND_EXTERNAL(c->kind))
         SW_INFO("router", "worker %s: started pid %d (%s, at %s), log %s", c->name, (int)pid, exe,
@@ -190,7 +198,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
     char *body = NULL;
     int st;
     rt_ls_health ls;
-    bool is_ls = w->cfg.kind == RT_KIND_LLAMA_SERVER;
+    bool is_ls = w->cfg.kind == RT_KIND_LLAMA_SERVER, props_asked = false;
     if (is_ls) {
         /* llama-server (router_llamaserver.c): /health, /slots, /metrics,
          * and its vocabulary once per process */
@@ -198,6 +206,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
         bool check = !w->ls_vocab_checked;
         pthread_mutex_unlock(&rt->pool.mu);
         st = rt__ls_health(rt, w->address, w->model, check, &ls);
+        props_asked = check;
         if (!check)
             ls.vocab_checked = false; /* the verdict stays */
     } else {
@@ -229,6 +238,16 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
                 w->prefill_rate = ls.prefill_rate;
                 w->decode_rate = ls.decode_rate;
                 snprintf(w->rates_source, sizeof w->rates_source, "measured");
+            }
+            if (props_asked) {
+                /* whether it takes images (router_image.c): its /props */
+                if (!w->ls_props_checked || w->ls_vision != ls.vision)
+                    SW_INFO("router", "worker %s (llama-server): %s", w->cfg.name,
+                            ls.vision ? "it has a vision projector: image requests may go to it"
+                            : ls.props_checked ? "its /props says no vision: no image requests"
+                                               : "no /props: no image requests go to it");
+                w->ls_props_checked = true;
+                w->ls_vision = ls.props_checked && ls.vision;
             }
             if (ls.vocab_checked) {
                 w->ls_vocab_checked = true;

@@ -13,7 +13,8 @@
 # run on the CPU. Prints the drill's scenarios and its four verdicts (s2
 # and s4 run; s1, s3, s5 and s6 are reported as not applicable to
 # llama-server workers, with the reason) and exits with the drill's
-# status: 0 when every scenario that ran passed.
+# status: 0 when every scenario that ran passed. Then `spillway bench
+# profiles --llama-server` on the same files (NO_PROFILES=1: not).
 set -euo pipefail
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,4 +51,10 @@ set +e
 status=${PIPESTATUS[0]}
 set -e
 echo "drill exit status $status (reports in $out; KEEP=1 keeps $dir)"
+# the placement profiles on the same llama-server and model (figures only)
+if [ -z "${NO_PROFILES:-}" ]; then
+  echo
+  "$bin" bench profiles --llama-server "$server" --model "$model" --out "$dir/profiles" \
+    --threads "${THREADS:-1}" 2>/dev/null || echo "bench profiles failed" >&2
+fi
 exit "$status"

@@ -15,6 +15,8 @@
  *   served as before;
  * - a managed llama-server with mmproj = gets --mmproj PATH after its
  *   command;
+ * - [model] image-tokens: each image counted as that many KV tokens (two
+ *   of them overfill the slots' context: 400 at once);
  * - the projector worker dies before answering: the request is replayed
  *   on the second one, which receives the same image bytes; a stream that
  *   died after text was sent cannot be resumed (the token prompt holds no
@@ -464,6 +466,43 @@ static void test_mmproj_argument(void **state)
     rh_finish(&r);
 }
 
+/* [model] image-tokens: the books count each image as that many KV
+ * tokens. Slots of 512 tokens hold a prompt with one image of 300 (and
+ * its text), not one with two: that one is over every context, 400 at
+ * once, without reaching the server. */
+static void test_image_tokens(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    fake_start(&g_vis, "ls-img-tokens.sock", true);
+    char workers[1024];
+    snprintf(workers, sizeof workers,
+             "image-tokens = 300\n[worker vis]\nkind = llama-server\nurl = unix:%s\n",
+             g_vis.s.path);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "ls-imgtok", g_model, NULL, workers), 0);
+    assert_true(wait_images(&r, "vis"));
+    char worker[64], code[64];
+    assert_int_equal(chat(&r, "data:image/png;base64," PNG_B64, false, worker, code), 200);
+    assert_int_equal(atomic_load(&g_vis.chats), 1);
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions", NULL,
+                            "{\"messages\":[{\"role\":\"user\",\"content\":["
+                            "{\"type\":\"image_url\",\"image_url\":{\"url\":"
+                            "\"data:image/png;base64," PNG_B64 "\"}},"
+                            "{\"type\":\"image_url\",\"image_url\":{\"url\":"
+                            "\"data:image/png;base64," PNG_B64 "\"}}]}],\"max_tokens\":8}",
+                            &w),
+                     0);
+    assert_int_equal(w.status, 400);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "context_length_exceeded");
+    wc_response_free(&w);
+    assert_int_equal(atomic_load(&g_vis.chats), 1);
+    rh_finish(&r);
+    fake_stop(&g_vis);
+}
+
 /* The last failover event's decision into out. */
 static void last_decision(const rh_router *r, char *out, size_t cap)
 {
@@ -537,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_images_go_to_the_projector),
         cmocka_unit_test(test_no_projector),
         cmocka_unit_test(test_mmproj_argument),
+        cmocka_unit_test(test_image_tokens),
         cmocka_unit_test(test_image_failover),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -505,6 +505,10 @@ int cli_bench_profiles_main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (server && access(server, X_OK)) {
+        fprintf(stderr, "spillway bench profiles: --llama-server %s: not an executable\n", server);
+        return 2;
+    }
     if (mkdir(out_dir, 0755) && access(out_dir, W_OK)) {
         fprintf(stderr, "spillway bench profiles: cannot write to %s\n", out_dir);
         return 2;
@@ -522,10 +526,6 @@ int cli_bench_profiles_main(int argc, char **argv)
             fprintf(stderr, "spillway bench profiles: %s\n", err.message);
             return 1;
         }
-    }
-    if (server && access(server, X_OK)) {
-        fprintf(stderr, "spillway bench profiles: --llama-server %s: not an executable\n", server);
-        return 2;
     }
     int n_layer = 0;
     if (server) {

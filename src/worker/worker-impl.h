@@ -201,7 +201,6 @@ typedef struct wk_event {
     const char *type;
     char message[SW_ERROR_MESSAGE_MAX];
     json_t *extra;                   /* ERROR: extra fields of the error object */
-    bool final;                      /* the request's last event (DONE or ERROR) */
 } wk_event;
 
 #define WK_MAX_SLOTS 64

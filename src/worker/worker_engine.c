@@ -196,7 +196,6 @@ static wk_event *ev_new_final(ev_list *l, wk_event_kind kind, wk_req *req)
     wk_event *ev;
     while (!(ev = ev_new(l, kind, req)))
         ;
-    ev->final = true;
     return ev;
 }
 
@@ -208,7 +207,7 @@ static void post_events(wk_server *s, ev_list *l)
     /* the requests that ended give their places back before their
      * answers go out (a client that sees one end may send the next) */
     for (const wk_event *ev = l->head; ev; ev = ev->next)
-        if (ev->final && s->n_accepted > 0)
+        if ((ev->kind == WK_EV_DONE || ev->kind == WK_EV_ERROR) && s->n_accepted > 0)
             s->n_accepted--;
     if (s->ev_tail)
         s->ev_tail->next = l->head;

@@ -319,11 +319,13 @@ typedef struct wk_room {
  * (queued or running) plus these would be more than the slots plus the
  * queue, with SW_EDEVOOM when the worker runs others and the device's
  * free KV memory (its prefix cache's evictable blocks counted free, the
- * needs of the requests queued before counted taken) cannot hold these
- * ones' prompt + max_tokens (the prompt alone under the grow policy). An
- * idle worker refuses nothing: a request too large for it then fails at
- * admission with out_of_memory, as before. The refusal is counted, and
- * *room (may be NULL) says why and what is free. */
+ * needs of the requests queued before counted taken) cannot hold what
+ * these ones' admission takes at least: the blocks of prompt + max_tokens
+ * (the prompt alone under the grow policy), less the prompt's whole
+ * blocks when the prefix cache may hold them. The engine's admission is
+ * the exact check (503 out_of_memory, phase admission). An idle worker
+ * refuses nothing here. The refusal is counted, and *room (may be NULL)
+ * says why and what is free. */
 int wk_engine_offer(wk_server *s, wk_req *const *reqs, int32_t n, wk_room *room);
 /* Marks a request cancelled (the client went away) and wakes the engine. */
 void wk_engine_cancel(wk_server *s, wk_req *req);

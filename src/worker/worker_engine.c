@@ -81,9 +81,12 @@ int wk_engine_submit_all(wk_server *s, wk_req *const *reqs, int32_t n)
     return wk_engine_offer(s, reqs, n, NULL);
 }
 
-/* The device KV bytes a request's admission takes: its blocks (prompt +
- * max_tokens under reserve, the prompt under grow, within the context),
- * of a sliding-window model's local layers at most their ring's. */
+/* The device KV bytes a request's admission takes at least: its blocks
+ * (prompt + max_tokens under reserve, the prompt under grow, within the
+ * context), of a sliding-window model's local layers at most their
+ * ring's, less the prompt's whole blocks where the prefix cache may hold
+ * them already (they are then shared, not taken: whether they are is
+ * known only on the engine thread, whose admission is exact). */
 static int64_t kv_need_bytes(const wk_server *s, const wk_req *req)
 {
     if (req->embed || s->kv_block_tokens <= 0)
@@ -96,7 +99,13 @@ static int64_t kv_need_bytes(const wk_server *s, const wk_req *req)
     int64_t blocks = (tokens + s->kv_block_tokens - 1) / s->kv_block_tokens;
     int64_t sliding_max = eng_context_kv_sliding_blocks_max(s->ctx);
     int64_t beyond = sliding_max > 0 && blocks > sliding_max ? blocks - sliding_max : 0;
-    return blocks * (int64_t)eng_context_kv_block_device_bytes(s->ctx) -
+    int64_t cached = 0;
+    if (sliding_max <= 0 && req->cache_prompt && req->n_resume == 0 &&
+        eng_context_prefix_cache_on(s->ctx))
+        cached = req->n_prompt / s->kv_block_tokens;
+    if (cached > blocks)
+        cached = blocks;
+    return (blocks - cached) * (int64_t)eng_context_kv_block_device_bytes(s->ctx) -
            beyond * (int64_t)eng_context_kv_sliding_block_device_bytes(s->ctx);
 }
 

@@ -658,8 +658,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
     json_t *first_error = NULL;
     rt_failover first = {0};
     bool failed_before = false, fallback = false;
-    int refusals = 0, fallback_step = 0;
-    double t_queued = 0; /* when it first joined the queue for this attempt */
+    int fallback_step = 0;
+    double t_queued = 0; /* when it joined the queue for its next attempt */
+    bool after_refusal = false; /* the last attempt was refused by its worker */
     bool ctx_refused = false; /* a llama-server refused it: over its context */
     /* a stream to resume that another llama-server may take (the replay
      * table's resume_on_ls), and whether a spillway worker sent any of it */
@@ -694,7 +695,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         /* the wait is bounded by queue-timeout-ms and what is left of the
          * deadline */
         double limit = rt->cfg->queue_timeout_ms / 1000.0;
-        if (refusals > 0) {
+        if (after_refusal) {
             /* back in the queue after workers refused it: the time it
              * waits in all is queue-timeout-ms (a refusal never fails it
              * before that) */
@@ -703,6 +704,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         } else {
             t_queued = rt__now_s();
         }
+        after_refusal = false;
         if (adm_deadline >= 0) {
             double left = adm_deadline / 1000.0 - (rt__now_s() - r.t_start);
             if (left < limit)
@@ -840,11 +842,11 @@ static void generate(rt_req *q, bool chat, json_t *body)
             continue;
         }
         if (f.action == RT_FO_REQUEUE) {
-            /* the books said it fits and the worker disagreed: the worker
-             * takes nothing more until its /health, and the request goes
-             * back to its place; the attempt does not count */
+            /* the books said it fits and the worker disagreed (held
+             * above): the request goes back to its place; the attempt
+             * does not count */
             q->attempts--;
-            refusals++;
+            after_refusal = true;
             SW_WARN("router", "request %s: worker %s refused it (%s) although the books had room; "
                     "back to the queue", q->request_id, w->cfg.name,
                     refused_memory ? "memory" : "busy");

@@ -191,10 +191,108 @@ static void test_two_routers_one_worker(void **state)
     assert_int_equal(wc_worker_stop(&wk), 0);
 }
 
+/* worker "shared"'s entry in r's GET /v1/spillway/stats: its books */
+static json_t *stats_books(const rh_router *r)
+{
+    wc_response w;
+    assert_int_equal(rh_req(r, "GET", "/v1/spillway/stats", NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    json_t *j = rh_body_json(&w);
+    wc_response_free(&w);
+    assert_non_null(j);
+    json_t *books = NULL;
+    json_t *ws = json_object_get(j, "workers"), *x;
+    size_t i;
+    json_array_foreach(ws, i, x)
+        if (!strcmp(json_string_value(json_object_get(x, "name")) ?: "", "shared"))
+            books = json_incref(json_object_get(x, "books"));
+    json_decref(j);
+    assert_non_null(books);
+    return books;
+}
+
+/* A stream straight to the worker (another client of it: what another
+ * router's requests look like to this one), read until its first event. */
+static int direct_stream(const wc_worker *wk)
+{
+    static char buf[1 << 16];
+    size_t len = 0;
+    int fd = wc_connect(wk->socket_path, 20000);
+    assert_true(fd >= 0);
+    assert_int_equal(wc_send(fd, "POST", "/v1/completions",
+                             "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,"
+                             "\"stream\":true,\"ignore_eos\":true}"),
+                     0);
+    buf[0] = '\0';
+    while (!strstr(buf, "data: ")) {
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        assert_true(n > 0);
+        len += (size_t)n;
+        buf[len] = '\0';
+    }
+    return fd;
+}
+
+/* The books learn from /health: another client fills the worker's 2 slots;
+ * the router's next /health shows them beyond its books (foreign_seqs 2)
+ * and holds the worker, so a request sent to the router waits in its
+ * queue instead of being refused by the worker, and runs, on its first
+ * attempt, once the other client's requests end. */
+static void test_books_learn_from_health(void **state)
+{
+    (void)state;
+    const char *args[] = {"--threads", "1", "--max-seqs", "2", "--max-queue", "0",
+                          "--ctx-limit", "512", NULL};
+    const char *env[] = {"SPILLWAY_FAULT=stall_ms:20", NULL};
+    wc_worker wk;
+    assert_int_equal(wc_worker_start(&wk, g_model, args, env, 30, NULL), 0);
+    char rest[800];
+    snprintf(rest, sizeof rest, "[worker shared]\nurl = unix:%s\n", wk.socket_path);
+    rh_router a;
+    assert_int_equal(rh_start(&a, "shared-learn", g_model, "queue-timeout-ms = 60000\n", rest),
+                     0);
+    int fd1 = direct_stream(&wk), fd2 = direct_stream(&wk);
+    /* its next /health (every 100 ms here) */
+    double t0 = tu_now_s();
+    json_t *books = NULL;
+    for (;;) {
+        books = stats_books(&a);
+        if (json_integer_value(json_object_get(books, "foreign_seqs")) == 2 &&
+            json_is_true(json_object_get(books, "held")))
+            break;
+        json_decref(books);
+        books = NULL;
+        if (tu_now_s() - t0 > 10)
+            fail_msg("the router's books never saw the other client's 2 requests");
+        usleep(20 * 1000);
+    }
+    assert_int_equal(json_integer_value(json_object_get(books, "seqs")), 0);
+    assert_int_equal(json_integer_value(json_object_get(books, "max_seqs")), 1);
+    json_decref(books);
+
+    client c = {.r = &a, .i = 1000, .attempts = -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, client_main, &c), 0);
+    usleep(400 * 1000); /* it waits in the router's queue meanwhile */
+    assert_int_equal(rh_metric(a.sock, "spillway_router_queue_depth"), 1);
+    close(fd1);
+    close(fd2);
+    pthread_join(th, NULL);
+    assert_int_equal(c.status, 200);
+    assert_int_equal(c.attempts, 1);
+    /* learned, not refused: the worker refused nothing of the router's */
+    assert_int_equal(router_refusals(&a), 0);
+    assert_int_equal(
+        rh_metric_labeled(wk.socket_path, "spillway_worker_refusals_total", "reason=\"slots\""), 0);
+    rh_finish(&a);
+    assert_int_equal(wc_worker_stop(&wk), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_routers_one_worker),
+        cmocka_unit_test(test_books_learn_from_health),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

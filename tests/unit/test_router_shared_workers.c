@@ -17,6 +17,9 @@
  *   gives the same total;
  * - a durable request (Idempotency-Key) records its attempts in the ledger
  *   without the refusals: attempt 1 only.
+ * And the books learn from /health: requests of another client that fill
+ * the worker's slots are counted taken (the worker held), so the router
+ * queues its own request instead of having it refused.
  */
 #include "testutil.h"
 #include "router_harness.h"

@@ -23,11 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A worker that keeps refusing what the books admitted (a peer whose
- * figures are wrong) cannot hold a request forever: after this many
- * refusals it is answered as if no worker had the capacity. */
-#define RT_MAX_REFUSALS 32
-
 static void hist_add(uint64_t *buckets, uint64_t *count, double *sum, double v)
 {
     int i = 0;
@@ -709,7 +704,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
     json_t *first_error = NULL;
     rt_failover first = {0};
     bool failed_before = false, fallback = false;
-    int refusals = 0, fallback_step = 0;
+    int fallback_step = 0;
+    double t_queued = 0; /* when it joined the queue for its next attempt */
+    bool after_refusal = false; /* the last attempt was refused by its worker */
     bool ctx_refused = false; /* a llama-server refused it: over its context */
     /* a stream to resume that another llama-server may take (the replay
      * table's resume_on_ls), and whether a spillway worker sent any of it */
@@ -745,6 +742,16 @@ static void generate(rt_req *q, bool chat, json_t *body)
         /* the wait is bounded by queue-timeout-ms and what is left of the
          * deadline */
         double limit = rt->cfg->queue_timeout_ms / 1000.0;
+        if (after_refusal) {
+            /* back in the queue after workers refused it: the time it
+             * waits in all is queue-timeout-ms (a refusal never fails it
+             * before that) */
+            double since = rt__now_s() - t_queued;
+            limit = limit > since ? limit - since : 0;
+        } else {
+            t_queued = rt__now_s();
+        }
+        after_refusal = false;
         if (adm_deadline >= 0) {
             double left = adm_deadline / 1000.0 - (rt__now_s() - r.t_start);
             if (left < limit)
@@ -752,11 +759,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         }
         rt_admit_result ar = RT_ADMIT_NEVER;
         double waited = 0;
-        if (q->attempts < rt->cfg->max_attempts && refusals < RT_MAX_REFUSALS)
+        if (q->attempts < rt->cfg->max_attempts)
             ar = rt_queue_admit(&rt->queue, &wt, limit,
                                 q->fd >= 0 ? q->fd : rt__job_cancel_fd, &rt->stop, &waited);
-        else if (refusals >= RT_MAX_REFUSALS)
-            ar = RT_ADMIT_TIMEOUT;
         q->queue_ms += waited * 1000;
         if (ar == RT_ADMIT_OK || ar == RT_ADMIT_TIMEOUT)
             rt__stats_wait(rt, waited);
@@ -829,13 +834,26 @@ static void generate(rt_req *q, bool chat, json_t *body)
         size_t had = r.n_tokens;
         last = rt_attempt_run(&r, wi, wt.generation, bs, strlen(bs), &refused_memory);
         free(bs);
+        /* the worker refused what the books admitted (full: other routers'
+         * requests, an allocation outside the router): it takes nothing
+         * more from this router until its /health or the end of one of
+         * this router's requests there; held before the reservation is
+         * given back, so that the release's dispatch pass does not send
+         * it the next waiter */
+        bool worker_refused = last == RT_OUT_REFUSED && !r.refused_context;
+        if (worker_refused) {
+            pthread_mutex_lock(&rt->pool.mu);
+            rt_pool_refused_locked(&rt->pool, wi, refused_memory);
+            pthread_mutex_unlock(&rt->pool.mu);
+        }
         rt_tally tally = {last == RT_OUT_OK, last == RT_OUT_CLIENT_ERROR,
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
         rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes - r.shared_moved, &tally,
                                 prefix, r.shared_registered, wt.grant.seqs);
         rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
-        record_attempt(q, &r, wi, last, t_attempt);
+        if (last != RT_OUT_REFUSED) /* a refusal is no attempt */
+            record_attempt(q, &r, wi, last, t_attempt);
         if (w->cfg.kind == RT_KIND_SPILLWAY && r.n_tokens > had)
             spillway_sent = true;
         bool native_ids = w->cfg.kind == RT_KIND_LLAMA_SERVER && r.ls_native && !r.ls_ids_gap;
@@ -872,14 +890,11 @@ static void generate(rt_req *q, bool chat, json_t *body)
             continue;
         }
         if (f.action == RT_FO_REQUEUE) {
-            /* the books said it fits and the worker disagreed: the worker
-             * takes nothing more until its /health, and the request goes
-             * back to its place; the attempt does not count */
-            pthread_mutex_lock(&rt->pool.mu);
-            rt_pool_refused_locked(&rt->pool, wi, refused_memory);
-            pthread_mutex_unlock(&rt->pool.mu);
+            /* the books said it fits and the worker disagreed (held
+             * above): the request goes back to its place; the attempt
+             * does not count */
             q->attempts--;
-            refusals++;
+            after_refusal = true;
             SW_WARN("router", "request %s: worker %s refused it (%s) although the books had room; "
                     "back to the queue", q->request_id, w->cfg.name,
                     refused_memory ? "memory" : "busy");

@@ -309,6 +309,11 @@ static void sup_health(rt_router *rt, rt_worker *w)
         return;
     }
     char *body = NULL;
+    /* the books as the /health is asked for (rt_pool_learn_usage_locked) */
+    pthread_mutex_lock(&rt->pool.mu);
+    int sent_seqs = w->books.seqs;
+    int64_t sent_kv = w->books.kv_bytes;
+    pthread_mutex_unlock(&rt->pool.mu);
     int st = rn_get(w->address, "/health", 2000, &body);
     json_t *j = body ? sw_json_loads(body, 0, NULL) : NULL;
     sw_free(body);
@@ -372,6 +377,20 @@ static void sup_health(rt_router *rt, rt_worker *w)
         if (!w->restart_requested)
             w->state = WS_READY;
         rt_pool_reconcile_locked(w);
+        {
+            /* what it holds, other routers' requests included: "accepted"
+             * (running or queued), else active + queued */
+            json_t *sl = json_object_get(j, "slots");
+            json_t *acc = json_object_get(sl, "accepted");
+            json_int_t n = json_is_integer(acc)
+                               ? json_integer_value(acc)
+                               : json_integer_value(json_object_get(sl, "active")) +
+                                     json_integer_value(json_object_get(sl, "queued"));
+            int own = w->books.seqs > sent_seqs ? w->books.seqs : sent_seqs;
+            int64_t own_kv = w->books.kv_bytes > sent_kv ? w->books.kv_bytes : sent_kv;
+            rt_pool_learn_usage_locked(w, n > 0 && n <= 1 << 20 ? (int32_t)n : 0,
+                                       w->kv_held_bytes, own, own_kv);
+        }
         rt__demand_learn_locked(w);
         rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         w->backoff = 0.25;

@@ -34,6 +34,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "grammar/gbnf.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -183,6 +184,56 @@ static bool in_list(const char *k, const char *const *list, size_t n)
     return false;
 }
 
+/* The bytes of ids as the model's tokenizer gives each token's (what
+ * llama-server's grammar saw of them): *text (sw_free) and *len. */
+static int ids_text(const eng_tokenizer *tok, const int32_t *ids, size_t n, char **text,
+                    size_t *len)
+{
+    size_t total = 0;
+    *text = NULL;
+    *len = 0;
+    for (size_t i = 0; i < n; i++)
+        total += eng_token_to_bytes(tok, ids[i], NULL, 0);
+    char *t = sw_malloc(total + 1);
+    if (!t)
+        return SW_ENOMEM;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++)
+        at += eng_token_to_bytes(tok, ids[i], t + at, total - at);
+    t[at] = 0;
+    *text = t;
+    *len = at;
+    return SW_OK;
+}
+
+/* The grammar a resume continues under: grammar's derivative by the text
+ * of the ids sent (gbnf.h), which another llama-server takes as its
+ * `grammar` and then allows exactly the tokens the first would have:
+ * 0 and *out (sw_free), or an error with why. */
+static int grammar_after(const char *grammar, size_t glen, const eng_tokenizer *tok,
+                         const int32_t *ids, size_t n, char **out, char *why, size_t why_cap)
+{
+    *out = NULL;
+    if (!tok) {
+        snprintf(why, why_cap, "no tokenizer to read the sent ids with");
+        return SW_EINVAL;
+    }
+    eng_gbnf *g = NULL;
+    sw_error err = {0};
+    int rc = eng_gbnf_parse(grammar, glen, &g, &err);
+    char *text = NULL;
+    size_t len = 0;
+    if (!rc)
+        rc = ids_text(tok, ids, n, &text, &len);
+    if (!rc)
+        rc = eng_gbnf_derive(g, text, len, out, &err);
+    if (rc)
+        snprintf(why, why_cap, "%.150s", err.message[0] ? err.message : "out of memory");
+    sw_free(text);
+    eng_gbnf_free(g);
+    return rc;
+}
+
 int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_t len,
                        char **out, char *why, size_t why_cap)
 {
@@ -284,6 +335,29 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
     for (size_t i = 0; i < sizeof same_fields / sizeof same_fields[0]; i++)
         if (json_object_get(b, same_fields[i]))
             json_object_set(nb, same_fields[i], json_object_get(b, same_fields[i]));
+    json_t *grammar = json_object_get(b, "grammar");
+    if (resume && json_is_string(grammar) && json_string_length(grammar) > 0) {
+        /* the grammar advanced over the text sent: what may still follow */
+        size_t n_ids = json_array_size(resume);
+        int32_t *ids = sw_malloc((n_ids ? n_ids : 1) * sizeof *ids);
+        char *rest = NULL;
+        char gwhy[160] = "out of memory";
+        for (size_t i = 0; ids && i < n_ids; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(resume, i));
+        int gr = ids ? grammar_after(json_string_value(grammar), json_string_length(grammar),
+                                     r->q->rt->models[r->q->model].tok, ids, n_ids, &rest, gwhy,
+                                     sizeof gwhy)
+                     : SW_ENOMEM;
+        sw_free(ids);
+        if (gr) {
+            snprintf(why, why_cap, "the grammar cannot be advanced over the sent text: %s",
+                     gwhy);
+            rc = gr == SW_ENOMEM ? -1 : 1;
+            goto done;
+        }
+        json_object_set_new(nb, "grammar", json_string(rest));
+        sw_free(rest);
+    }
     json_t *mt = json_object_get(b, "max_completion_tokens");
     if (!mt)
         mt = json_object_get(b, "max_tokens");
@@ -321,7 +395,8 @@ void rt__ls_stream_begin(rt_relay *r)
         r->ls_created = (long long)time(NULL);
 }
 
-rt_ls_resume rt__ls_resume_check(json_t *body)
+rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
+                                 size_t n_ids)
 {
     const char *k;
     json_t *v;
@@ -330,9 +405,6 @@ rt_ls_resume rt__ls_resume_check(json_t *body)
             !in_list(k, handled_fields, sizeof handled_fields / sizeof handled_fields[0]))
             return RT_LSR_FIELDS;
     }
-    json_t *grammar = json_object_get(body, "grammar");
-    if (json_is_string(grammar) && json_string_length(grammar) > 0)
-        return RT_LSR_CONSTRAINED;
     /* greedy: a temperature of 0 or less (llama-server samples at 0.8
      * without one) */
     json_t *t = json_object_get(body, "temperature");
@@ -341,6 +413,20 @@ rt_ls_resume rt__ls_resume_check(json_t *body)
     json_t *stop = json_object_get(body, "stop");
     if ((json_is_string(stop) && json_string_length(stop) > 0) || json_array_size(stop) > 0)
         return RT_LSR_STOP;
+    json_t *grammar = json_object_get(body, "grammar");
+    if (json_is_string(grammar) && json_string_length(grammar) > 0) {
+        /* constrained greedy: exact where the grammar can be advanced over
+         * the sent text (rt__ls_native_body sends what may still follow) */
+        char *rest = NULL, why[160];
+        int rc = grammar_after(json_string_value(grammar), json_string_length(grammar), tok, ids,
+                               n_ids, &rest, why, sizeof why);
+        sw_free(rest);
+        if (rc) {
+            SW_INFO("router", "a grammar stream cannot continue on another llama-server: %s",
+                    why);
+            return RT_LSR_CONSTRAINED;
+        }
+    }
     return RT_LSR_OK;
 }
 

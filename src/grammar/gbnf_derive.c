@@ -27,6 +27,7 @@
 #include "grammar/gbnf.h"
 
 #include "common/alloc.h"
+#include "grammar/gbnf-print.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -34,7 +35,6 @@
 #define DV_MAX_STACKS 256
 #define DV_MAX_ITEMS 2048
 #define DV_MAX_VISITS 20000
-#define DV_MAX_OUT ((size_t)8 << 20)
 #define DV_INDEX 32768 /* a power of two above DV_MAX_VISITS */
 
 /* A node to match whole (k < 0), or repetition node with k matches done. */
@@ -319,72 +319,6 @@ static size_t utf8_decode(const uint8_t *s, size_t avail, uint32_t *cp)
 
 /* ---- printing ------------------------------------------------------------ */
 
-typedef struct dv_out {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} dv_out;
-
-static void out_put(dv_out *o, const char *s, size_t n)
-{
-    if (o->failed)
-        return;
-    if (o->len + n + 1 > o->cap) {
-        size_t c = o->cap ? o->cap : 256;
-        while (c < o->len + n + 1)
-            c *= 2;
-        char *q = c <= DV_MAX_OUT ? sw_realloc(o->p, c) : NULL;
-        if (!q) {
-            o->failed = true;
-            return;
-        }
-        o->p = q;
-        o->cap = c;
-    }
-    memcpy(o->p + o->len, s, n);
-    o->len += n;
-    o->p[o->len] = 0;
-}
-
-static void out_str(dv_out *o, const char *s)
-{
-    out_put(o, s, strlen(s));
-}
-
-/* A code point inside "..." or [...]: printable ASCII other than the
- * quoting characters as itself, the rest of ASCII as \xHH (the escapes
- * both spillway's and llama.cpp's parsers read), others as UTF-8. */
-static void out_char(dv_out *o, uint32_t cp)
-{
-    char b[8];
-    if (cp < 0x80) {
-        if (cp >= 0x20 && cp < 0x7F && !strchr("\"\\[]-^", (int)cp)) {
-            b[0] = (char)cp;
-            out_put(o, b, 1);
-        } else {
-            snprintf(b, sizeof b, "\\x%02X", (unsigned)cp);
-            out_str(o, b);
-        }
-        return;
-    }
-    size_t n;
-    if (cp < 0x800) {
-        b[0] = (char)(0xC0 | cp >> 6);
-        n = 1;
-    } else if (cp < 0x10000) {
-        b[0] = (char)(0xE0 | cp >> 12);
-        b[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        n = 2;
-    } else {
-        b[0] = (char)(0xF0 | cp >> 18);
-        b[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        b[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        n = 3;
-    }
-    b[n] = (char)(0x80 | (cp & 0x3F));
-    out_put(o, b, n + 1);
-}
-
 static bool is_single(const eng_gbnf *g, const eng_gbnf_node *nd)
 {
     return nd->kind == ENG_GBNF_CLASS && !nd->negated && nd->n_ranges == 1 &&
@@ -394,32 +328,32 @@ static bool is_single(const eng_gbnf *g, const eng_gbnf_node *nd)
 typedef struct dv_print {
     const eng_gbnf *g;
     const char *root_name; /* what the grammar's root is called in the output */
-    dv_out *o;
+    eng__gb_out *o;
 } dv_print;
 
 static void print_rule_name(const dv_print *pr, int32_t rule)
 {
-    out_str(pr->o, rule == eng_gbnf_rule(pr->g, "root") ? pr->root_name
+    eng__gb_str(pr->o, rule == eng_gbnf_rule(pr->g, "root") ? pr->root_name
                                                         : eng_gbnf_rule_name(pr->g, rule));
 }
 
 static void print_node(const dv_print *pr, int32_t node, int depth);
 
-static void print_count(dv_out *o, int32_t lo, int32_t hi)
+static void print_count(eng__gb_out *o, int32_t lo, int32_t hi)
 {
     char b[40];
     if (lo == 0 && hi < 0)
-        out_str(o, "*");
+        eng__gb_str(o, "*");
     else if (lo == 1 && hi < 0)
-        out_str(o, "+");
+        eng__gb_str(o, "+");
     else if (lo == 0 && hi == 1)
-        out_str(o, "?");
+        eng__gb_str(o, "?");
     else if (lo == hi)
-        snprintf(b, sizeof b, "{%d}", (int)lo), out_str(o, b);
+        snprintf(b, sizeof b, "{%d}", (int)lo), eng__gb_str(o, b);
     else if (hi < 0)
-        snprintf(b, sizeof b, "{%d,}", (int)lo), out_str(o, b);
+        snprintf(b, sizeof b, "{%d,}", (int)lo), eng__gb_str(o, b);
     else
-        snprintf(b, sizeof b, "{%d,%d}", (int)lo, (int)hi), out_str(o, b);
+        snprintf(b, sizeof b, "{%d,%d}", (int)lo, (int)hi), eng__gb_str(o, b);
 }
 
 /* Consecutive single characters of a sequence as one literal. */
@@ -431,23 +365,23 @@ static void print_seq(const dv_print *pr, int32_t first, int depth)
         const eng_gbnf_node *nd = eng_gbnf_node_at(g, c);
         if (is_single(g, nd)) {
             if (!in_lit)
-                out_str(pr->o, any ? " \"" : "\"");
-            out_char(pr->o, eng_gbnf_ranges(g)[nd->range_off].lo);
+                eng__gb_str(pr->o, any ? " \"" : "\"");
+            eng__gb_char(pr->o, eng_gbnf_ranges(g)[nd->range_off].lo);
             in_lit = true;
         } else {
             if (in_lit)
-                out_str(pr->o, "\"");
+                eng__gb_str(pr->o, "\"");
             in_lit = false;
             if (any)
-                out_str(pr->o, " ");
+                eng__gb_str(pr->o, " ");
             print_node(pr, c, depth + 1);
         }
         any = true;
     }
     if (in_lit)
-        out_str(pr->o, "\"");
+        eng__gb_str(pr->o, "\"");
     if (!any)
-        out_str(pr->o, "\"\"");
+        eng__gb_str(pr->o, "\"\"");
 }
 
 /* The parts a sequence prints as: a run of single characters is one. */
@@ -468,17 +402,17 @@ static void print_node(const dv_print *pr, int32_t node, int depth)
     const eng_gbnf *g = pr->g;
     const eng_gbnf_node *nd = eng_gbnf_node_at(g, node);
     if (depth > ENG_GBNF_MAX_DEPTH * 4) {
-        pr->o->failed = true; /* the parser's own nesting bound keeps far below */
+        pr->o->failed = pr->o->too_long = true; /* the parser's nesting bound keeps far below */
         return;
     }
     switch (nd->kind) {
     case ENG_GBNF_SEQ: {
         bool bare = seq_parts(g, nd->first) <= 1;
         if (!bare)
-            out_str(pr->o, "(");
+            eng__gb_str(pr->o, "(");
         print_seq(pr, nd->first, depth);
         if (!bare)
-            out_str(pr->o, ")");
+            eng__gb_str(pr->o, ")");
         return;
     }
     case ENG_GBNF_ALT:
@@ -486,18 +420,18 @@ static void print_node(const dv_print *pr, int32_t node, int depth)
             print_node(pr, nd->first, depth + 1);
             return;
         }
-        out_str(pr->o, "(");
+        eng__gb_str(pr->o, "(");
         for (int32_t c = nd->first; c >= 0; c = eng_gbnf_node_at(g, c)->next) {
             if (c != nd->first)
-                out_str(pr->o, " | ");
+                eng__gb_str(pr->o, " | ");
             print_node(pr, c, depth + 1);
         }
-        out_str(pr->o, ")");
+        eng__gb_str(pr->o, ")");
         return;
     case ENG_GBNF_REP:
-        out_str(pr->o, "(");
+        eng__gb_str(pr->o, "(");
         print_node(pr, nd->first, depth + 1);
-        out_str(pr->o, ")");
+        eng__gb_str(pr->o, ")");
         print_count(pr->o, nd->min, nd->max);
         return;
     case ENG_GBNF_REF:
@@ -506,24 +440,24 @@ static void print_node(const dv_print *pr, int32_t node, int depth)
     case ENG_GBNF_CLASS: {
         const eng_gbnf_range *r = eng_gbnf_ranges(g) + nd->range_off;
         if (is_single(g, nd)) {
-            out_str(pr->o, "\"");
-            out_char(pr->o, r[0].lo);
-            out_str(pr->o, "\"");
+            eng__gb_str(pr->o, "\"");
+            eng__gb_char(pr->o, r[0].lo);
+            eng__gb_str(pr->o, "\"");
             return;
         }
         if (!nd->negated && nd->n_ranges == 1 && r[0].lo == 0 && r[0].hi == 0x10FFFF) {
-            out_str(pr->o, ".");
+            eng__gb_str(pr->o, ".");
             return;
         }
-        out_str(pr->o, nd->negated ? "[^" : "[");
+        eng__gb_str(pr->o, nd->negated ? "[^" : "[");
         for (int32_t i = 0; i < nd->n_ranges; i++) {
-            out_char(pr->o, r[i].lo);
+            eng__gb_char(pr->o, r[i].lo);
             if (r[i].hi != r[i].lo) {
-                out_str(pr->o, "-");
-                out_char(pr->o, r[i].hi);
+                eng__gb_str(pr->o, "-");
+                eng__gb_char(pr->o, r[i].hi);
             }
         }
-        out_str(pr->o, "]");
+        eng__gb_str(pr->o, "]");
         return;
     }
     }
@@ -539,7 +473,7 @@ static void print_body(const dv_print *pr, int32_t node)
     }
     for (int32_t c = nd->first; c >= 0; c = eng_gbnf_node_at(pr->g, c)->next) {
         if (c != nd->first)
-            out_str(pr->o, " | ");
+            eng__gb_str(pr->o, " | ");
         const eng_gbnf_node *cn = eng_gbnf_node_at(pr->g, c);
         if (cn->kind == ENG_GBNF_SEQ)
             print_seq(pr, cn->first, 1);
@@ -552,13 +486,13 @@ static void print_body(const dv_print *pr, int32_t node)
 static void print_stack(const dv_print *pr, const dv_stack *s)
 {
     if (s->n == 0) {
-        out_str(pr->o, "\"\"");
+        eng__gb_str(pr->o, "\"\"");
         return;
     }
     for (int32_t i = s->n - 1; i >= 0; i--) {
         const dv_item *it = &s->it[i];
         if (i != s->n - 1)
-            out_str(pr->o, " ");
+            eng__gb_str(pr->o, " ");
         if (it->k < 0) {
             print_node(pr, it->node, 0);
             continue;
@@ -566,9 +500,9 @@ static void print_stack(const dv_print *pr, const dv_stack *s)
         const eng_gbnf_node *nd = eng_gbnf_node_at(pr->g, it->node);
         int32_t lo = nd->min > it->k ? nd->min - it->k : 0;
         int32_t hi = nd->max < 0 ? -1 : nd->max - it->k;
-        out_str(pr->o, "(");
+        eng__gb_str(pr->o, "(");
         print_node(pr, nd->first, 1);
-        out_str(pr->o, ")");
+        eng__gb_str(pr->o, ")");
         print_count(pr->o, lo, hi);
     }
 }
@@ -590,7 +524,7 @@ int eng_gbnf_derive(const eng_gbnf *g, const char *text, size_t len, char **out,
     w.seen = sw_malloc(DV_MAX_VISITS * sizeof *w.seen);
     w.index = sw_calloc(DV_INDEX, sizeof *w.index);
     w.index_used = sw_malloc(DV_MAX_VISITS * sizeof *w.index_used);
-    dv_out o = {0};
+    eng__gb_out o = {0};
     if (!cur || !next || !w.seen_hash || !w.seen || !w.index || !w.index_used) {
         dv_fail(&w, SW_ENOMEM, "out of memory");
         goto done;
@@ -641,22 +575,22 @@ int eng_gbnf_derive(const eng_gbnf *g, const char *text, size_t len, char **out,
     char root_name[64];
     fresh_root_name(g, root_name, sizeof root_name);
     dv_print pr = {g, root_name, &o};
-    out_str(&o, "root ::= ");
+    eng__gb_str(&o, "root ::= ");
     for (int32_t s = 0; s < cur->n; s++) {
         if (s)
-            out_str(&o, " | ");
+            eng__gb_str(&o, " | ");
         print_stack(&pr, &cur->s[s]);
     }
-    out_str(&o, "\n");
+    eng__gb_str(&o, "\n");
     for (int32_t r = 0; r < eng_gbnf_n_rules(g); r++) {
         print_rule_name(&pr, r);
-        out_str(&o, " ::= ");
+        eng__gb_str(&o, " ::= ");
         print_body(&pr, eng_gbnf_rule_body(g, r));
-        out_str(&o, "\n");
+        eng__gb_str(&o, "\n");
     }
     if (o.failed) {
-        dv_fail(&w, o.len + 1 >= DV_MAX_OUT ? SW_ERANGE : SW_ENOMEM,
-                o.len + 1 >= DV_MAX_OUT ? "the continued grammar is too long" : "out of memory");
+        dv_fail(&w, o.too_long ? SW_ERANGE : SW_ENOMEM,
+                o.too_long ? "the continued grammar is too long" : "out of memory");
         goto done;
     }
     *out = o.p;

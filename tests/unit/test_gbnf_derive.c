@@ -9,14 +9,24 @@
  * the grammar, one that ends inside a UTF-8 character and a left-recursive
  * grammar are refused with their typed errors, and failed allocations
  * are reported (ASan checks nothing leaks).
+ *
+ * Compiled JSON schemas written as GBNF (eng_grammar_to_gbnf,
+ * src/grammar/json_schema_gbnf.c): the grammar accepts a text exactly
+ * when the constraint automaton takes it whole, on valid and invalid
+ * samples; and its derivative by each sample cut anywhere (inside a key,
+ * a string, a number, between members) accepts a rest exactly when the
+ * automaton takes the cut text then that rest. What has no GBNF form
+ * (a pattern, a bounded number) is SW_EUNSUPPORTED.
  */
 #include "testutil.h"
 
 #include "common/alloc.h"
+#include "grammar/constrain.h"
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 #include "gbnf_testdata.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -206,6 +216,138 @@ static void test_alloc_failures(void **state)
     eng_gbnf_free(g);
 }
 
+/* Whether the automaton of g takes text whole (every byte, then complete). */
+static bool automaton_takes(const eng_grammar *g, const char *text, size_t len)
+{
+    eng_constraint *c = NULL;
+    assert_int_equal(eng_constraint_create(g, tu_byte_vocab(), &c, NULL), 0);
+    bool ok = eng_constraint_feed(c, text, len) && eng_constraint_is_complete(c);
+    eng_constraint_free(c);
+    return ok;
+}
+
+typedef struct scase {
+    const char *schema; /* NULL: response_format json_object */
+    const char *samples[12];
+} scase;
+
+static const scase g_schemas[] = {
+    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},"
+     "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},"
+     "\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\"]}",
+     {"{\"name\":\"Tom\",\"age\":7}", "{\"name\":\"Tom\",\"age\":7,\"tags\":[\"a\",\"b\"],\"ok\":true}",
+      "{\"name\":\"Tom\",\"ok\":true}", "{\"name\":\"a\\\"b\\\\n\",\"age\":-12,\"ok\":false}",
+      "{\"age\":7,\"name\":\"x\"}", "{\"name\":\"Tomtomtomtom\",\"age\":1}",
+      "{\"name\":\"Tom\",\"age\":07}", "{\"name\":\"\xc3\xa9\",\"age\":0,\"tags\":[\"a\",\"b\",\"c\",\"d\"]}",
+      "{\"name\":\"x\",\"age\":1,\"tags\":[]}", "{\"name\":\"x\",\"age\":1,}"}},
+    {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"number\"},{\"enum\":[\"a\",\"bc\",null]}],"
+     "\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":4}",
+     {"[1.5]", "[-0.25,\"bc\"]", "[2,null,3,4]", "[2,null,3,4,5]", "[]", "[1,\"b\"]",
+      "[1.1234567]", "[0,\"a\",-7]"}},
+    {"{\"anyOf\":[{\"type\":\"string\",\"minLength\":2},{\"type\":\"object\","
+     "\"additionalProperties\":{\"type\":\"number\"},\"maxProperties\":2}]}",
+     {"\"ab\"", "\"a\"", "{}", "{\"x\":1,\"y\":2.5}", "{\"x\":1,\"y\":2,\"z\":3}", "{\"x\":\"s\"}"}},
+    {NULL,
+     {"{}", "{\"a\":[1,{\"b\":null}],\"c\":\"d\"}", "{\"a\":true,\"b\":[]}", "[1]",
+      "{\"a\":{\"b\":{\"c\":{\"d\":{}}}}}", "{\"a\":1.5e3}"}},
+};
+
+static void check_schema(const scase *c)
+{
+    eng_grammar *g = NULL;
+    sw_error err;
+    if (c->schema) {
+        json_t *schema = json_loads(c->schema, 0, NULL);
+        assert_non_null(schema);
+        if (eng_grammar_from_schema(schema, &g, &err))
+            fail_msg("%s: %s", c->schema, err.message);
+        json_decref(schema);
+    } else {
+        assert_int_equal(eng_grammar_json_object(&g, &err), 0);
+    }
+    char *text = NULL;
+    if (eng_grammar_to_gbnf(g, &text, &err))
+        fail_msg("%s: %s", c->schema ? c->schema : "json_object", err.message);
+    eng_gbnf *gb = NULL;
+    if (eng_gbnf_parse(text, strlen(text), &gb, &err))
+        fail_msg("the GBNF form does not parse (%s):\n%s", err.message, text);
+    size_t n_samples = 0;
+    while (n_samples < 12 && c->samples[n_samples])
+        n_samples++;
+    int valid = 0;
+    for (size_t i = 0; i < n_samples; i++) {
+        const char *s = c->samples[i];
+        bool want = automaton_takes(g, s, strlen(s));
+        if (eng_gbnf_match(gb, s, strlen(s)) != want)
+            fail_msg("%s: the GBNF form %s it, the automaton %s it:\n%s", s,
+                     want ? "refuses" : "accepts", want ? "takes" : "refuses", text);
+        valid += want;
+    }
+    assert_true(valid > 0 && (size_t)valid < n_samples);
+    /* the derivative by every cut of every sample */
+    for (size_t si = 0; si < n_samples; si++) {
+        const char *s = c->samples[si];
+        size_t len = strlen(s);
+        for (size_t cut = 0; cut <= len; cut++) {
+            if (cut < len && ((unsigned char)s[cut] & 0xC0) == 0x80)
+                continue;
+            char *rest_g = NULL;
+            if (eng_gbnf_derive(gb, s, cut, &rest_g, &err))
+                continue; /* the text leaves it: checked in test_meaning */
+            eng_gbnf *d = NULL;
+            if (eng_gbnf_parse(rest_g, strlen(rest_g), &d, &err))
+                fail_msg("derivative does not parse (%s):\n%s", err.message, rest_g);
+            for (size_t o = 0; o < n_samples; o++) {
+                const char *t = c->samples[o];
+                size_t tl = strlen(t);
+                for (size_t from = 0; from <= tl; from++) {
+                    if (from < tl && ((unsigned char)t[from] & 0xC0) == 0x80)
+                        continue;
+                    char whole[512];
+                    assert_true(cut + tl - from < sizeof whole);
+                    memcpy(whole, s, cut);
+                    memcpy(whole + cut, t + from, tl - from);
+                    bool want = automaton_takes(g, whole, cut + tl - from);
+                    if (eng_gbnf_match(d, t + from, tl - from) != want)
+                        fail_msg("after \"%.*s\", \"%s\": the derivative %s it, the automaton "
+                                 "%s the whole:\n%s",
+                                 (int)cut, s, t + from, want ? "refuses" : "accepts",
+                                 want ? "takes" : "refuses", rest_g);
+                }
+            }
+            eng_gbnf_free(d);
+            sw_free(rest_g);
+        }
+    }
+    eng_gbnf_free(gb);
+    sw_free(text);
+    eng_grammar_free(g);
+}
+
+static void test_json_schema(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof g_schemas / sizeof g_schemas[0]; i++)
+        check_schema(&g_schemas[i]);
+    /* no GBNF form: said, not guessed */
+    static const char *const refused[] = {
+        "{\"type\":\"string\",\"pattern\":\"^a+$\"}",
+        "{\"type\":\"integer\",\"minimum\":3}",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        json_t *schema = json_loads(refused[i], 0, NULL);
+        eng_grammar *g = NULL;
+        sw_error err;
+        assert_int_equal(eng_grammar_from_schema(schema, &g, &err), 0);
+        char *text = NULL;
+        assert_int_equal(eng_grammar_to_gbnf(g, &text, &err), SW_EUNSUPPORTED);
+        assert_null(text);
+        assert_non_null(strstr(err.message, "no GBNF form"));
+        eng_grammar_free(g);
+        json_decref(schema);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -213,6 +355,7 @@ int main(void)
         cmocka_unit_test(test_shape),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_json_schema),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

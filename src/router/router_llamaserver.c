@@ -35,6 +35,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -174,6 +175,7 @@ static const char *const same_fields[] = {
 static const char *const handled_fields[] = {
     "model", "prompt", "messages", "stream", "stream_options", "max_tokens",
     "max_completion_tokens", "stop", "user", "n", "timeout", "resume",
+    "response_format", "json_schema",
 };
 
 static bool in_list(const char *k, const char *const *list, size_t n)
@@ -182,6 +184,69 @@ static bool in_list(const char *k, const char *const *list, size_t n)
         if (!strcmp(k, list[i]))
             return true;
     return false;
+}
+
+/* The GBNF grammar a request is constrained by on the native path: its
+ * `grammar` as given, or its JSON constraint (response_format json_object
+ * or json_schema, llama-server's own `json_schema` field) compiled as a
+ * spillway worker compiles it and written as GBNF (json_schema.h), so a
+ * llama-server generates the text a spillway worker would and a resume
+ * can advance the grammar. 0 and *out (sw_free; NULL: unconstrained); 1
+ * when it takes the OpenAI endpoint instead (why says why: two
+ * constraints, a malformed one, one with no GBNF form here); -1 out of
+ * memory. */
+static int body_gbnf(json_t *b, char **out, char *why, size_t why_cap)
+{
+    *out = NULL;
+    json_t *grammar = json_object_get(b, "grammar");
+    json_t *rf = json_object_get(b, "response_format");
+    json_t *js = json_object_get(b, "json_schema");
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    bool text_only = !rf || json_is_null(rf) || (type && !strcmp(type, "text"));
+    int n = (json_is_string(grammar) && json_string_length(grammar) > 0) + !text_only +
+            (js && !json_is_null(js));
+    if (n == 0)
+        return 0;
+    if (n > 1) {
+        snprintf(why, why_cap, "more than one of grammar, response_format and json_schema");
+        return 1;
+    }
+    if (json_is_string(grammar)) {
+        *out = sw_strndup(json_string_value(grammar), json_string_length(grammar));
+        return *out ? 0 : -1;
+    }
+    json_t *schema = NULL;
+    bool any_object = false;
+    if (js && !json_is_null(js)) {
+        schema = js;
+    } else if (type && !strcmp(type, "json_object")) {
+        any_object = true;
+    } else if (type && !strcmp(type, "json_schema") &&
+               json_is_object(json_object_get(rf, "json_schema"))) {
+        schema = json_object_get(json_object_get(rf, "json_schema"), "schema");
+        any_object = !schema; /* as a spillway worker reads it */
+    } else {
+        snprintf(why, why_cap, "a response_format the native path does not read");
+        return 1;
+    }
+    if (schema && !json_is_object(schema) && !json_is_boolean(schema)) {
+        snprintf(why, why_cap, "a schema that is not an object");
+        return 1;
+    }
+    eng_grammar *g = NULL;
+    sw_error err = {0};
+    int rc = any_object ? eng_grammar_json_object(&g, &err)
+                        : eng_grammar_from_schema(schema, &g, &err);
+    if (!rc)
+        rc = eng_grammar_to_gbnf(g, out, &err);
+    eng_grammar_free(g);
+    if (rc == SW_ENOMEM)
+        return -1;
+    if (rc) {
+        snprintf(why, why_cap, "the schema: %.120s", err.message);
+        return 1;
+    }
+    return 0;
 }
 
 /* The bytes of ids as the model's tokenizer gives each token's (what
@@ -335,28 +400,37 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
     for (size_t i = 0; i < sizeof same_fields / sizeof same_fields[0]; i++)
         if (json_object_get(b, same_fields[i]))
             json_object_set(nb, same_fields[i], json_object_get(b, same_fields[i]));
-    json_t *grammar = json_object_get(b, "grammar");
-    if (resume && json_is_string(grammar) && json_string_length(grammar) > 0) {
-        /* the grammar advanced over the text sent: what may still follow */
+    /* the constraint as GBNF; on a resume, advanced over the text sent:
+     * what may still follow */
+    char *gbnf = NULL;
+    int gb = body_gbnf(b, &gbnf, why, why_cap);
+    if (gb) {
+        rc = gb;
+        goto done;
+    }
+    if (gbnf && resume) {
         size_t n_ids = json_array_size(resume);
         int32_t *ids = sw_malloc((n_ids ? n_ids : 1) * sizeof *ids);
         char *rest = NULL;
         char gwhy[160] = "out of memory";
         for (size_t i = 0; ids && i < n_ids; i++)
             ids[i] = (int32_t)json_integer_value(json_array_get(resume, i));
-        int gr = ids ? grammar_after(json_string_value(grammar), json_string_length(grammar),
-                                     r->q->rt->models[r->q->model].tok, ids, n_ids, &rest, gwhy,
-                                     sizeof gwhy)
+        int gr = ids ? grammar_after(gbnf, strlen(gbnf), r->q->rt->models[r->q->model].tok, ids,
+                                     n_ids, &rest, gwhy, sizeof gwhy)
                      : SW_ENOMEM;
         sw_free(ids);
+        sw_free(gbnf);
+        gbnf = rest;
         if (gr) {
             snprintf(why, why_cap, "the grammar cannot be advanced over the sent text: %s",
                      gwhy);
             rc = gr == SW_ENOMEM ? -1 : 1;
             goto done;
         }
-        json_object_set_new(nb, "grammar", json_string(rest));
-        sw_free(rest);
+    }
+    if (gbnf) {
+        json_object_set_new(nb, "grammar", json_string(gbnf));
+        sw_free(gbnf);
     }
     json_t *mt = json_object_get(b, "max_completion_tokens");
     if (!mt)
@@ -413,14 +487,19 @@ rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const i
     json_t *stop = json_object_get(body, "stop");
     if ((json_is_string(stop) && json_string_length(stop) > 0) || json_array_size(stop) > 0)
         return RT_LSR_STOP;
-    json_t *grammar = json_object_get(body, "grammar");
-    if (json_is_string(grammar) && json_string_length(grammar) > 0) {
+    char *gbnf = NULL, why[160] = "out of memory";
+    if (body_gbnf(body, &gbnf, why, sizeof why)) {
+        SW_INFO("router", "a constrained stream cannot continue on another llama-server: %s",
+                why);
+        return RT_LSR_CONSTRAINED;
+    }
+    if (gbnf) {
         /* constrained greedy: exact where the grammar can be advanced over
          * the sent text (rt__ls_native_body sends what may still follow) */
-        char *rest = NULL, why[160];
-        int rc = grammar_after(json_string_value(grammar), json_string_length(grammar), tok, ids,
-                               n_ids, &rest, why, sizeof why);
+        char *rest = NULL;
+        int rc = grammar_after(gbnf, strlen(gbnf), tok, ids, n_ids, &rest, why, sizeof why);
         sw_free(rest);
+        sw_free(gbnf);
         if (rc) {
             SW_INFO("router", "a grammar stream cannot continue on another llama-server: %s",
                     why);

@@ -38,6 +38,7 @@
 #include "common/alloc.h"
 #include "gguf/gguf.h"
 #include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
 #include "text/tokenizer.h"
 
 #include <jansson.h>
@@ -66,7 +67,8 @@ static atomic_int g_cut = K;
 static atomic_bool g_bad_vocab;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static char g_last_path[64];
-static char g_last_body[8192];
+static char g_last_body[1 << 16];
+static char g_first_body[1 << 16]; /* the last /completion body of a server that dies */
 static char g_last_template[8192];
 /* the greedy answer of the scripted model: g_ids then more ids (N_SEQ in
  * all); the server that answers it in full (NULL: every server dies after
@@ -89,7 +91,14 @@ static int set_script(const char *first, size_t k, const char *rest)
     g_n_seq = 0;
     if (eng_tokenize(g_tok, first, strlen(first), false, false, &ids, &n, NULL) || n < k)
         return -1;
-    for (size_t i = 0; i < (rest ? k : n) && g_n_seq < N_SEQ; i++)
+    /* the space an SPM vocabulary puts before a text, when the text has
+     * none (a JSON answer begins with its brace) */
+    char p0[8] = "";
+    size_t skip = 0;
+    if (n > 0 && first[0] != ' ' &&
+        eng_token_to_bytes(g_tok, ids[0], p0, sizeof p0 - 1) == 1 && p0[0] == ' ')
+        skip = 1;
+    for (size_t i = skip; i < (rest ? k : n) && g_n_seq < N_SEQ; i++)
         g_seq[g_n_seq++] = ids[i];
     sw_free(ids);
     ids = NULL;
@@ -313,8 +322,12 @@ static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
     }
     if (!strcmp(path, "/completion") && s == g_survivor)
         greedy_stream(fd, body);
-    else if (!strcmp(path, "/completion"))
+    else if (!strcmp(path, "/completion")) {
+        pthread_mutex_lock(&g_mu);
+        snprintf(g_first_body, sizeof g_first_body, "%s", body);
+        pthread_mutex_unlock(&g_mu);
         native_stream(fd);
+    }
     else
         openai_stream(fd);
 }
@@ -854,6 +867,96 @@ static void test_resume_constrained_on_llama_server(void **state)
     fs_stop(&g_fake);
 }
 
+/* A JSON schema (response_format) on two llama-servers: the first is sent
+ * the schema as spillway's GBNF form of it, and the second continues with
+ * that grammar advanced over the text sent, cut inside a string and
+ * between members. */
+static void test_resume_json_schema_on_llama_server(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    static const char schema_text[] =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+        "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"
+        "\"string\"}}},\"required\":[\"name\",\"age\"]}";
+    static const char answer[] = "{\"name\":\"Tom the cat\",\"age\":7,\"tags\":[\"small\",\"grey\"]}";
+    assert_int_equal(set_script(answer, 0, NULL), 0);
+    int n = g_n_seq;
+    /* the grammar the router makes of the schema, as a spillway worker
+     * compiles it */
+    json_t *schema = json_loads(schema_text, 0, NULL);
+    eng_grammar *eg = NULL;
+    char *gbnf = NULL;
+    assert_int_equal(eng_grammar_from_schema(schema, &eg, NULL), 0);
+    assert_int_equal(eng_grammar_to_gbnf(eg, &gbnf, NULL), 0);
+    eng_grammar_free(eg);
+    /* cuts: the first inside the name's value, the first after a member */
+    int in_string = 0, between = 0;
+    for (int k = 1; k < n && (!in_string || !between); k++) {
+        char t[4096];
+        seq_text(k, t, sizeof t);
+        size_t len = strlen(t);
+        if (!in_string && len > 9 && len < 21 && !strncmp(t, answer, len))
+            in_string = k;
+        if (!between && len > 21 && (t[len - 1] == ',' || t[len - 1] == '7'))
+            between = k;
+    }
+    assert_true(in_string > 0 && between > 0);
+
+    atomic_store(&g_bad_vocab, false);
+    atomic_store(&g_mode, MODE_KILL);
+    atomic_store(&g_survivor_completions, 0);
+    fs_start(&g_fake, "llamaserver-first5.sock", (size_t)1 << 20, false, fake_answer);
+    fs_start(&g_fake_b, "llamaserver-second5.sock", (size_t)1 << 20, false, fake_answer);
+    g_survivor = &g_fake_b;
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker ls1]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker ls2]\nkind = llama-server\nurl = unix:%s\n",
+             g_fake.path, g_fake_b.path);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver-schema", g_model, NULL, workers), 0);
+    json_decref(wait_checked(&r, "ls1"));
+    json_decref(wait_checked(&r, "ls2"));
+
+    int cuts[2] = {in_string, between};
+    for (int c = 0; c < 2; c++) {
+        char sent[4096], suffix[4096];
+        seq_text(cuts[c], sent, sizeof sent);
+        snprintf(suffix, sizeof suffix, "%s", answer + strlen(sent));
+        char cut_short[4096];
+        snprintf(cut_short, sizeof cut_short, "%.*s", (int)strlen(suffix) - 1, suffix);
+        char extra[4096];
+        snprintf(extra, sizeof extra, "%s}", suffix);
+        const char *rests[] = {suffix, cut_short, extra, "", "}", " x"};
+        json_t *b = json_pack("{s:[{s:s, s:s}], s:i, s:i, s:{s:s, s:{s:s, s:O}}, s:b}",
+                              "messages", "role", "user", "content", "Tom?", "max_tokens", n,
+                              "temperature", 0, "response_format", "type", "json_schema",
+                              "json_schema", "name", "cat", "schema", schema, "stream", 1);
+        char *body = json_dumps(b, JSON_COMPACT);
+        constrained_case(&r, "/v1/chat/completions", body, true, cuts[c], n, gbnf, rests,
+                         sizeof rests / sizeof rests[0]);
+        free(body);
+        json_decref(b);
+        /* the first server was sent the grammar, not the schema */
+        pthread_mutex_lock(&g_mu);
+        json_t *first = json_loads(g_first_body, 0, NULL);
+        pthread_mutex_unlock(&g_mu);
+        assert_string_equal(json_string_value(json_object_get(first, "grammar")), gbnf);
+        assert_null(json_object_get(first, "response_format"));
+        json_decref(first);
+    }
+
+    rh_finish(&r);
+    g_survivor = NULL;
+    fs_stop(&g_fake_b);
+    fs_stop(&g_fake);
+    sw_free(gbnf);
+    json_decref(schema);
+    assert_int_equal(default_script(), 0);
+}
+
 /* ls1, ls2 and a spillway worker after them: a stream the replay table
  * keeps off llama-server (a grammar, sampled) passes ls2 by and is resumed
  * on the spillway worker; a greedy one goes to ls2, first in order. */
@@ -979,6 +1082,7 @@ int main(void)
         cmocka_unit_test(test_resume_on_llama_server),
         cmocka_unit_test(test_resume_kept_off_llama_server),
         cmocka_unit_test(test_resume_constrained_on_llama_server),
+        cmocka_unit_test(test_resume_json_schema_on_llama_server),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

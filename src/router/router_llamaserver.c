@@ -17,14 +17,19 @@
  *   translated into the OpenAI chunk the client asked for, with the ids
  *   in "spillway": {"token_ids"} as a spillway worker sends them, so the
  *   relay keeps them for a resume. A request with a field this mapping
- *   does not carry over (tools, response_format, logprobs, n, ...) and
+ *   does not carry over (tools, logprobs, n, ...) and
  *   every non-stream request take the OpenAI endpoints instead, as
  *   kind = openai does: replayed after a failure, never resumed.
  * - A resume onto it (a greedy stream another llama-server started and
  *   failed): POST /completion with a token prompt, the prompt's text then
- *   the ids the client has, which continues the stream exactly; sampled,
- *   grammar-constrained and stop-string streams are not taken
- *   (rt__ls_resume_check; router_failover.c says where they go instead).
+ *   the ids the client has, which continues the stream exactly; a
+ *   constrained one with its grammar advanced over the text sent (the
+ *   derivative, gbnf.h); sampled and stop-string streams, and a grammar
+ *   that cannot be advanced, are not taken (rt__ls_resume_check;
+ *   router_failover.c says where they go instead).
+ * - A JSON constraint (response_format, json_schema) goes to /completion
+ *   as spillway's GBNF form of the schema (json_schema.h), so llama-server
+ *   generates what a spillway worker would, and a resume can advance it.
  * - Errors: exceed_context_size_error (a 400 with n_ctx) and the
  *   out-of-memory texts, classified in router_attempt.c.
  */

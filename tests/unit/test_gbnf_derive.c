@@ -13,9 +13,10 @@
  * Compiled JSON schemas written as GBNF (eng_grammar_to_gbnf,
  * src/grammar/json_schema_gbnf.c): the grammar accepts a text exactly
  * when the constraint automaton takes it whole, on valid and invalid
- * samples; and its derivative by each sample cut anywhere (inside a key,
- * a string, a number, between members) accepts a rest exactly when the
- * automaton takes the cut text then that rest. What has no GBNF form
+ * samples and splices of two samples at every place; and its derivative
+ * by each sample cut anywhere (inside a key, a string, a number, between
+ * members) accepts a rest exactly when the grammar accepts the cut text
+ * then that rest. What has no GBNF form
  * (a pattern, a bounded number) is SW_EUNSUPPORTED.
  */
 #include "testutil.h"
@@ -247,6 +248,16 @@ static const scase g_schemas[] = {
     {"{\"anyOf\":[{\"type\":\"string\",\"minLength\":2},{\"type\":\"object\","
      "\"additionalProperties\":{\"type\":\"number\"},\"maxProperties\":2}]}",
      {"\"ab\"", "\"a\"", "{}", "{\"x\":1,\"y\":2.5}", "{\"x\":1,\"y\":2,\"z\":3}", "{\"x\":\"s\"}"}},
+    /* numbers with bounds, written digit by digit */
+    {"{\"type\":\"integer\",\"minimum\":3,\"maximum\":1234}",
+     {"3", "2", "1234", "1235", "999", "0", "-1", "03", "12345", "100", "1199"}},
+    {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":5.5}",
+     {"0", "0.0", "0.001", "5", "5.5", "4.999999", "4.9999999", "6", "-1", "0.5", "1.", "1.0"}},
+    {"{\"type\":\"integer\",\"minimum\":-20}",
+     {"-20", "-21", "-0", "0", "123456789012345", "1234567890123456", "-5", "-200"}},
+    {"{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":-2.5,"
+     "\"maximum\":100}}",
+     {"[-2,-2.5]", "[-3]", "[-1.75,100]", "[100.5]", "[99.999,0]", "[-0.0]", "[-2.4]"}},
     {NULL,
      {"{}", "{\"a\":[1,{\"b\":null}],\"c\":\"d\"}", "{\"a\":true,\"b\":[]}", "[1]",
       "{\"a\":{\"b\":{\"c\":{\"d\":{}}}}}", "{\"a\":1.5e3}"}},
@@ -284,7 +295,26 @@ static void check_schema(const scase *c)
         valid += want;
     }
     assert_true(valid > 0 && (size_t)valid < n_samples);
-    /* the derivative by every cut of every sample */
+    /* and on splices: a sample's start, another's end from the same place */
+    for (size_t i = 0; i < n_samples; i++) {
+        for (size_t j = 0; j < n_samples; j++) {
+            const char *a = c->samples[i], *b = c->samples[j];
+            size_t la = strlen(a), lb = strlen(b);
+            for (size_t at = 1; at < la && at < lb; at++) {
+                char whole[512];
+                assert_true(la + lb < sizeof whole);
+                memcpy(whole, a, at);
+                memcpy(whole + at, b + at, lb - at);
+                size_t len = lb;
+                if (automaton_takes(g, whole, len) != eng_gbnf_match(gb, whole, len))
+                    fail_msg("%.*s: the GBNF form and the automaton disagree:\n%s", (int)len,
+                             whole, text);
+            }
+        }
+    }
+    /* the derivative by every cut of every sample: a rest is accepted
+     * exactly when the form (checked above against the automaton) accepts
+     * the cut text then the rest */
     for (size_t si = 0; si < n_samples; si++) {
         const char *s = c->samples[si];
         size_t len = strlen(s);
@@ -307,9 +337,9 @@ static void check_schema(const scase *c)
                     assert_true(cut + tl - from < sizeof whole);
                     memcpy(whole, s, cut);
                     memcpy(whole + cut, t + from, tl - from);
-                    bool want = automaton_takes(g, whole, cut + tl - from);
+                    bool want = eng_gbnf_match(gb, whole, cut + tl - from);
                     if (eng_gbnf_match(d, t + from, tl - from) != want)
-                        fail_msg("after \"%.*s\", \"%s\": the derivative %s it, the automaton "
+                        fail_msg("after \"%.*s\", \"%s\": the derivative %s it, the grammar "
                                  "%s the whole:\n%s",
                                  (int)cut, s, t + from, want ? "refuses" : "accepts",
                                  want ? "takes" : "refuses", rest_g);
@@ -332,7 +362,7 @@ static void test_json_schema(void **state)
     /* no GBNF form: said, not guessed */
     static const char *const refused[] = {
         "{\"type\":\"string\",\"pattern\":\"^a+$\"}",
-        "{\"type\":\"integer\",\"minimum\":3}",
+        "{\"type\":\"integer\",\"multipleOf\":3}",
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         json_t *schema = json_loads(refused[i], 0, NULL);

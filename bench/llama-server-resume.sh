@@ -26,7 +26,7 @@
 #    /completion's. Exit 0 when every check holds.
 #
 # SCHEMA=1: the stream is constrained by a response_format json_schema
-# (an object with a bounded string, an integer, an enum and an array of
+# (an object with a bounded string, an integer in 0..120, an enum and an array of
 # at most 3 bounded strings), which the router sends each llama-server as
 # spillway's GBNF form of the schema, and cpu's continuation as that
 # grammar advanced over the text sent. It ends at the end of the JSON (no
@@ -104,7 +104,7 @@ schema = None
 if os.environ.get("SCHEMA"):
     schema = {"type": "object",
               "properties": {"name": {"type": "string", "maxLength": 12},
-                             "age": {"type": "integer"},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 120},
                              "mood": {"enum": ["happy", "sad", "sleepy"]},
                              "friends": {"type": "array", "items": {"type": "string", "maxLength": 8},
                                          "maxItems": 3}},

@@ -24,11 +24,20 @@
  *   a greedy stream (completion and chat) is resumed on the second through
  *   its /completion with a token prompt (the prompt's text, then the k
  *   ids), and the client's one stream is the scripted greedy answer,
- *   token for token; a grammar-constrained, a sampled and a stop-string
- *   stream are not (no spillway worker is left): each ends with an error
- *   event, and the failover event gives the replay table's reason;
- * - with a spillway worker after the two, those streams pass the second
- *   llama-server by and are resumed on the spillway worker.
+ *   token for token; a stream under a grammar the sent text leaves, a
+ *   sampled and a stop-string stream are not (no spillway worker is
+ *   left): each ends with an error event, and the failover event gives
+ *   the replay table's reason;
+ * - a greedy stream under a `grammar` (cut inside and between words, a
+ *   completion and a chat) and under a response_format json_schema (cut
+ *   inside a string and between members) is resumed on the second with
+ *   the token prompt and the grammar advanced over the sent text, which
+ *   is checked by its meaning (it accepts exactly the rests the original
+ *   accepts after the text); the first was sent the schema as spillway's
+ *   GBNF form of it;
+ * - with a spillway worker after the two, a grammar too ambiguous to be
+ *   advanced here and a sampled stream pass the second llama-server by
+ *   and are resumed on the spillway worker.
  */
 #include "testutil.h"
 #include "router_harness.h"

@@ -931,13 +931,15 @@ static void test_resume_json_schema_on_llama_server(void **state)
 
     int cuts[2] = {in_string, between};
     for (int c = 0; c < 2; c++) {
-        char sent[4096], suffix[4096];
+        char sent[4096], suffix[sizeof answer], cut_short[sizeof answer],
+            extra[sizeof answer + 1];
         seq_text(cuts[c], sent, sizeof sent);
-        snprintf(suffix, sizeof suffix, "%s", answer + strlen(sent));
-        char cut_short[4096];
-        snprintf(cut_short, sizeof cut_short, "%.*s", (int)strlen(suffix) - 1, suffix);
-        char extra[4096];
-        snprintf(extra, sizeof extra, "%s}", suffix);
+        assert_true(strlen(sent) < strlen(answer));
+        strcpy(suffix, answer + strlen(sent));
+        strcpy(cut_short, suffix);
+        cut_short[strlen(cut_short) - 1] = 0;
+        strcpy(extra, suffix);
+        strcat(extra, "}");
         const char *rests[] = {suffix, cut_short, extra, "", "}", " x"};
         json_t *b = json_pack("{s:[{s:s, s:s}], s:i, s:i, s:{s:s, s:{s:s, s:O}}, s:b}",
                               "messages", "role", "user", "content", "Tom?", "max_tokens", n,

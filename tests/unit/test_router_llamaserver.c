@@ -34,7 +34,8 @@
  *   the token prompt and the grammar advanced over the sent text, which
  *   is checked by its meaning (it accepts exactly the rests the original
  *   accepts after the text); the first was sent the schema as spillway's
- *   GBNF form of it;
+ *   GBNF form of it; a schema with no such form (a pattern) takes the
+ *   OpenAI endpoint instead, where a death after text ends the stream;
  * - with a spillway worker after the two, a grammar too ambiguous to be
  *   advanced here and a sampled stream pass the second llama-server by
  *   and are resumed on the spillway worker.
@@ -958,6 +959,26 @@ static void test_resume_json_schema_on_llama_server(void **state)
         assert_null(json_object_get(first, "response_format"));
         json_decref(first);
     }
+
+    /* a schema with no GBNF form here (a pattern): the OpenAI endpoint,
+     * where llama-server reads the schema itself; not resumable, so a
+     * death after text ends the stream with an error event */
+    rh_wait_restarted(&r, "ls1", 0);
+    streamed st;
+    stream_via(&r, "/v1/chat/completions",
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"Tom?\"}],\"max_tokens\":8,"
+               "\"temperature\":0,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+               "{\"name\":\"p\",\"schema\":{\"type\":\"string\",\"pattern\":\"^a+$\"}}},"
+               "\"stream\":true}",
+               true, &st);
+    assert_string_equal(st.worker, "ls1");
+    assert_string_equal(st.error_code, "worker_failed");
+    pthread_mutex_lock(&g_mu);
+    assert_string_equal(g_last_path, "/v1/chat/completions");
+    json_t *oa = json_loads(g_last_body, 0, NULL);
+    pthread_mutex_unlock(&g_mu);
+    assert_non_null(json_object_get(oa, "response_format"));
+    json_decref(oa);
 
     rh_finish(&r);
     g_survivor = NULL;

@@ -14,8 +14,9 @@
  * skipped; a required one cannot be) and an array's items from a place
  * on (n<i>-a-<k>: the prefix items, then the repeated item with the
  * counts left). Numbers with bounds are written digit by digit (the
- * classic range-to-pattern split). Pattern strings and numbers with a
- * multiple have no form here yet: SW_EUNSUPPORTED names them. The automaton's other
+ * classic range-to-pattern split), pattern strings as their automaton
+ * (a rule per state). Numbers with a multiple have no form here yet:
+ * SW_EUNSUPPORTED names them, and what would be too large. The automaton's other
  * narrowing, at most ENG_CS_MAX_ALTS readings at once, is not written:
  * the grammar is the language without it.
  */
@@ -24,8 +25,10 @@
 #include "common/alloc.h"
 #include "grammar/constrain-impl.h"
 #include "grammar/gbnf-print.h"
+#include "grammar/regex.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Counts the GBNF parsers take ({m,n} up to gbnf.h's ENG_GBNF_MAX_COUNT). */
@@ -472,6 +475,234 @@ static void write_number(jg_writer *w, int32_t node, const cs_node *n)
     eng__gb_str(&w->o, "\n");
 }
 
+/* ---- pattern strings ----
+ * As constrain.c's eng__cs_step_pattern reads them: the content's decoded
+ * bytes run the pattern's automaton (n->re) and must end in an accepting
+ * state, within min_chars..max_chars code points; each byte written as
+ * itself (printable, not '"' or '\\'), as a short escape (\" \\ \/ \b \f
+ * \n \r \t) or, for the control bytes, as \u00XX. One rule per state of
+ * the automaton reached (and, with a length bound, per count of code
+ * points so far: n<i>-p<state>-<count>), whose alternatives are the code
+ * points that lead to another state, grouped into one class per target,
+ * the escapes, and the closing quote where the state accepts. */
+
+/* Automaton steps allowed for one pattern (every code point of every
+ * state reached is walked). */
+#define JG_PATTERN_STEPS ((int64_t)1 << 27)
+
+typedef struct jg_prange {
+    int32_t target; /* state * levels + count */
+    uint32_t lo, hi;
+} jg_prange;
+
+typedef struct jg_pattern {
+    jg_writer *w;
+    const cs_node *n;
+    int32_t node, levels;
+    uint8_t *reached;   /* n_states * levels */
+    int32_t *todo;      /* worklist of state * levels + count */
+    int32_t n_todo;
+    jg_prange *r;       /* the ranges of the state being written */
+    int32_t n_r, cap_r;
+    int64_t steps;
+} jg_pattern;
+
+static void put_pstate(jg_pattern *p, int32_t key)
+{
+    char b[64];
+    if (p->levels > 1)
+        snprintf(b, sizeof b, "n%d-p%d-%d", (int)p->node, (int)(key / p->levels),
+                 (int)(key % p->levels));
+    else
+        snprintf(b, sizeof b, "n%d-p%d", (int)p->node, (int)key);
+    eng__gb_str(&p->w->o, b);
+}
+
+/* The state and count after one more code point, as a key, or -1 when no
+ * completion within the bounds follows. */
+static int32_t pattern_key(jg_pattern *p, int32_t state, int32_t count)
+{
+    int64_t next = (int64_t)count + 1;
+    if (p->n->max_chars != INT32_MAX && next > p->n->max_chars)
+        return -1;
+    if (eng_regex_costs_get(p->n->re_costs, state, next) < 0)
+        return -1;
+    if (next > p->levels - 1)
+        next = p->levels - 1; /* unbounded above: counted up to min_chars */
+    int32_t key = state * p->levels + (int32_t)next;
+    if (!p->reached[key]) {
+        p->reached[key] = 1;
+        p->todo[p->n_todo++] = key;
+    }
+    return key;
+}
+
+static void add_range(jg_pattern *p, int32_t target, uint32_t cp)
+{
+    if (p->w->rc)
+        return;
+    if (p->n_r > 0 && p->r[p->n_r - 1].target == target && p->r[p->n_r - 1].hi + 1 == cp) {
+        p->r[p->n_r - 1].hi = cp;
+        return;
+    }
+    if (p->n_r == p->cap_r) {
+        int32_t c = p->cap_r ? p->cap_r * 2 : 256;
+        jg_prange *t = sw_realloc(p->r, (size_t)c * sizeof *t);
+        if (!t) {
+            p->w->rc = sw_error_set(p->w->err, SW_ENOMEM, "grammar: out of memory");
+            return;
+        }
+        p->r = t;
+        p->cap_r = c;
+    }
+    p->r[p->n_r++] = (jg_prange){target, cp, cp};
+}
+
+/* The code points of one more UTF-8 sequence from state (its lead byte
+ * read, more continuation bytes to go), value so far v. */
+static void walk_cont(jg_pattern *p, int32_t state, int more, uint32_t v, int32_t count)
+{
+    for (int b = 0x80; b <= 0xBF && !p->w->rc; b++) {
+        if (++p->steps > JG_PATTERN_STEPS) {
+            jg_fail(p->w, SW_EUNSUPPORTED, "a pattern too large to write out", p->node);
+            return;
+        }
+        int32_t t = eng_regex_step(p->n->re, state, (uint8_t)b);
+        if (t == ENG_REGEX_DEAD)
+            continue;
+        uint32_t cp = v << 6 | (uint32_t)(b & 0x3F);
+        if (more > 1) {
+            walk_cont(p, t, more - 1, cp, count);
+            continue;
+        }
+        int32_t key = pattern_key(p, t, count);
+        if (key >= 0)
+            add_range(p, key, cp);
+    }
+}
+
+static int cmp_prange(const void *a, const void *b)
+{
+    const jg_prange *x = a, *y = b;
+    if (x->target != y->target)
+        return x->target < y->target ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* An escape (ASCII text) as a literal, then the target's rule. */
+static void put_escape(jg_pattern *p, const char *esc, int32_t key, bool *any)
+{
+    eng__gb_str(&p->w->o, *any ? " | \"" : "\"");
+    for (const char *c = esc; *c; c++)
+        eng__gb_char(&p->w->o, (uint8_t)*c);
+    eng__gb_str(&p->w->o, "\" ");
+    put_pstate(p, key);
+    *any = true;
+}
+
+static void write_pstate(jg_pattern *p, int32_t key)
+{
+    jg_writer *w = p->w;
+    const cs_node *n = p->n;
+    int32_t state = key / p->levels, count = key % p->levels;
+    p->n_r = 0;
+    put_pstate(p, key);
+    eng__gb_str(&w->o, " ::= ");
+    bool any = false;
+    if (eng_regex_accepting(n->re, state) && count >= n->min_chars) {
+        eng__gb_str(&w->o, "\"\\\"\"");
+        any = true;
+    }
+    static const char short_from[] = "\"\\/bfnrt", short_to[] = "\"\\/\b\f\n\r\t";
+    for (int b = 0; b < 0x80 && !w->rc; b++) {
+        int32_t t = eng_regex_step(n->re, state, (uint8_t)b);
+        int32_t k = t == ENG_REGEX_DEAD ? -1 : pattern_key(p, t, count);
+        if (k < 0)
+            continue;
+        if (b >= 0x20 && b != '"' && b != '\\')
+            add_range(p, k, (uint32_t)b);
+        const char *e = b ? memchr(short_to, b, sizeof short_to - 1) : NULL;
+        if (e) {
+            char esc[3] = {'\\', short_from[e - short_to], 0};
+            put_escape(p, esc, k, &any);
+        }
+        if (b < 0x20) {
+            /* \u00XX, the last digit in either case */
+            static const char hex[] = "0123456789abcdef";
+            char esc[8] = {'\\', 'u', '0', '0', hex[b >> 4], hex[b & 15], 0};
+            put_escape(p, esc, k, &any);
+            if ((b & 15) >= 10) {
+                esc[5] = (char)(hex[b & 15] - 'a' + 'A');
+                put_escape(p, esc, k, &any);
+            }
+        }
+    }
+    for (int lead = 0xC2; lead <= 0xF4 && !w->rc; lead++) {
+        int32_t t = eng_regex_step(n->re, state, (uint8_t)lead);
+        if (t == ENG_REGEX_DEAD)
+            continue;
+        int more = lead < 0xE0 ? 1 : lead < 0xF0 ? 2 : 3;
+        walk_cont(p, t, more, (uint32_t)(lead & (0x3F >> more)), count);
+    }
+    if (w->rc)
+        return;
+    qsort(p->r, (size_t)p->n_r, sizeof *p->r, cmp_prange);
+    for (int32_t i = 0; i < p->n_r;) {
+        int32_t j = i;
+        eng__gb_str(&w->o, any ? " | [" : "[");
+        for (; j < p->n_r && p->r[j].target == p->r[i].target; j++) {
+            eng__gb_char(&w->o, p->r[j].lo);
+            if (p->r[j].hi != p->r[j].lo) {
+                eng__gb_str(&w->o, "-");
+                eng__gb_char(&w->o, p->r[j].hi);
+            }
+        }
+        eng__gb_str(&w->o, "] ");
+        put_pstate(p, p->r[i].target);
+        any = true;
+        i = j;
+    }
+    if (!any)
+        jg_fail(w, SW_EINVAL, "a pattern state with no way on", p->node);
+    eng__gb_str(&w->o, "\n");
+}
+
+static void write_pattern(jg_writer *w, int32_t node, const cs_node *n)
+{
+    jg_pattern p = {.w = w, .n = n, .node = node};
+    int32_t n_states = eng_regex_n_states(n->re);
+    int64_t levels = n->max_chars != INT32_MAX ? (int64_t)n->max_chars + 1
+                                               : (int64_t)n->min_chars + 1;
+    if (levels * n_states > (1 << 20)) {
+        jg_fail(w, SW_EUNSUPPORTED, "a pattern string with too long a length bound", node);
+        return;
+    }
+    p.levels = (int32_t)levels;
+    int32_t start = eng_regex_start(n->re);
+    if (start == ENG_REGEX_DEAD || eng_regex_costs_get(n->re_costs, start, 0) < 0) {
+        jg_fail(w, SW_EUNSUPPORTED, "a pattern string that matches nothing", node);
+        return;
+    }
+    p.reached = sw_calloc((size_t)(levels * n_states), 1);
+    p.todo = sw_malloc((size_t)(levels * n_states) * sizeof *p.todo);
+    if (!p.reached || !p.todo) {
+        w->rc = sw_error_set(w->err, SW_ENOMEM, "grammar: out of memory");
+        goto done;
+    }
+    rule_head(w, node, NULL, 0);
+    eng__gb_str(&w->o, "\"\\\"\" ");
+    p.reached[start * p.levels] = 1;
+    p.todo[p.n_todo++] = start * p.levels;
+    put_pstate(&p, start * p.levels);
+    eng__gb_str(&w->o, "\n");
+    while (p.n_todo > 0 && !w->rc && !w->o.failed)
+        write_pstate(&p, p.todo[--p.n_todo]);
+done:
+    sw_free(p.reached);
+    sw_free(p.todo);
+    sw_free(p.r);
+}
+
 static void write_node(jg_writer *w, int32_t node)
 {
     const cs_node *n = &w->g->nodes[node];
@@ -507,7 +738,7 @@ static void write_node(jg_writer *w, int32_t node)
         }
         eng__gb_str(&w->o, "\n");
         return;
-    case CS_PATTERN: jg_fail(w, SW_EUNSUPPORTED, "a string with a pattern or format", node); return;
+    case CS_PATTERN: write_pattern(w, node, n); return;
     case CS_RAW:
     case CS_SEQ:
     case CS_REP: jg_fail(w, SW_EUNSUPPORTED, "a node of a GBNF grammar", node); return;

@@ -486,24 +486,40 @@ static void write_number(jg_writer *w, int32_t node, const cs_node *n)
  * points that lead to another state, grouped into one class per target,
  * the escapes, and the closing quote where the state accepts. */
 
-/* Automaton steps allowed for one pattern (every code point of every
- * state reached is walked). */
-#define JG_PATTERN_STEPS ((int64_t)1 << 27)
+/* Work allowed for one pattern: automaton steps and continuation ranges
+ * kept. */
+#define JG_PATTERN_STEPS ((int64_t)1 << 22)
 
 typedef struct jg_prange {
     int32_t target; /* state * levels + count */
     uint32_t lo, hi;
 } jg_prange;
 
+/* What the continuation bytes of a UTF-8 sequence do from one state: the
+ * ranges of their value bits (6 per byte) that lead to the same state.
+ * Computed once per state and byte count: most states of a pattern treat
+ * whole blocks of code points alike. */
+typedef struct jg_crange {
+    uint32_t lo, hi;
+    int32_t state;
+} jg_crange;
+
+typedef struct jg_clist {
+    bool done;
+    int32_t n, cap;
+    jg_crange *r;
+} jg_clist;
+
 typedef struct jg_pattern {
     jg_writer *w;
     const cs_node *n;
-    int32_t node, levels;
+    int32_t node, levels, n_states;
     uint8_t *reached;   /* n_states * levels */
     int32_t *todo;      /* worklist of state * levels + count */
     int32_t n_todo;
     jg_prange *r;       /* the ranges of the state being written */
     int32_t n_r, cap_r;
+    jg_clist *cont;     /* 3 * n_states: continuation lists by byte count - 1 */
     int64_t steps;
 } jg_pattern;
 
@@ -516,6 +532,14 @@ static void put_pstate(jg_pattern *p, int32_t key)
     else
         snprintf(b, sizeof b, "n%d-p%d", (int)p->node, (int)key);
     eng__gb_str(&p->w->o, b);
+}
+
+static bool pattern_spend(jg_pattern *p)
+{
+    if (++p->steps <= JG_PATTERN_STEPS)
+        return true;
+    jg_fail(p->w, SW_EUNSUPPORTED, "a pattern too large to write out", p->node);
+    return false;
 }
 
 /* The state and count after one more code point, as a key, or -1 when no
@@ -537,12 +561,12 @@ static int32_t pattern_key(jg_pattern *p, int32_t state, int32_t count)
     return key;
 }
 
-static void add_range(jg_pattern *p, int32_t target, uint32_t cp)
+static void add_range(jg_pattern *p, int32_t target, uint32_t lo, uint32_t hi)
 {
     if (p->w->rc)
         return;
-    if (p->n_r > 0 && p->r[p->n_r - 1].target == target && p->r[p->n_r - 1].hi + 1 == cp) {
-        p->r[p->n_r - 1].hi = cp;
+    if (p->n_r > 0 && p->r[p->n_r - 1].target == target && p->r[p->n_r - 1].hi + 1 == lo) {
+        p->r[p->n_r - 1].hi = hi;
         return;
     }
     if (p->n_r == p->cap_r) {
@@ -555,30 +579,53 @@ static void add_range(jg_pattern *p, int32_t target, uint32_t cp)
         p->r = t;
         p->cap_r = c;
     }
-    p->r[p->n_r++] = (jg_prange){target, cp, cp};
+    p->r[p->n_r++] = (jg_prange){target, lo, hi};
 }
 
-/* The code points of one more UTF-8 sequence from state (its lead byte
- * read, more continuation bytes to go), value so far v. */
-static void walk_cont(jg_pattern *p, int32_t state, int more, uint32_t v, int32_t count)
+static void clist_add(jg_pattern *p, jg_clist *l, uint32_t lo, uint32_t hi, int32_t state)
 {
-    for (int b = 0x80; b <= 0xBF && !p->w->rc; b++) {
-        if (++p->steps > JG_PATTERN_STEPS) {
-            jg_fail(p->w, SW_EUNSUPPORTED, "a pattern too large to write out", p->node);
+    if (p->w->rc || !pattern_spend(p))
+        return;
+    if (l->n > 0 && l->r[l->n - 1].state == state && l->r[l->n - 1].hi + 1 == lo) {
+        l->r[l->n - 1].hi = hi;
+        return;
+    }
+    if (l->n == l->cap) {
+        int32_t c = l->cap ? l->cap * 2 : 4;
+        jg_crange *t = sw_realloc(l->r, (size_t)c * sizeof *t);
+        if (!t) {
+            p->w->rc = sw_error_set(p->w->err, SW_ENOMEM, "grammar: out of memory");
             return;
         }
+        l->r = t;
+        l->cap = c;
+    }
+    l->r[l->n++] = (jg_crange){lo, hi, state};
+}
+
+/* The continuation list of more bytes from state (a lead byte read). */
+static const jg_clist *cont_list(jg_pattern *p, int32_t state, int more)
+{
+    jg_clist *l = &p->cont[(size_t)(more - 1) * (size_t)p->n_states + (size_t)state];
+    if (l->done)
+        return l;
+    l->done = true;
+    for (int b = 0x80; b <= 0xBF && !p->w->rc; b++) {
+        if (!pattern_spend(p))
+            break;
         int32_t t = eng_regex_step(p->n->re, state, (uint8_t)b);
         if (t == ENG_REGEX_DEAD)
             continue;
-        uint32_t cp = v << 6 | (uint32_t)(b & 0x3F);
-        if (more > 1) {
-            walk_cont(p, t, more - 1, cp, count);
+        uint32_t hi_bits = (uint32_t)(b & 0x3F) << (6 * (more - 1));
+        if (more == 1) {
+            clist_add(p, l, hi_bits, hi_bits, t);
             continue;
         }
-        int32_t key = pattern_key(p, t, count);
-        if (key >= 0)
-            add_range(p, key, cp);
+        const jg_clist *sub = cont_list(p, t, more - 1);
+        for (int32_t i = 0; i < sub->n && !p->w->rc; i++)
+            clist_add(p, l, hi_bits | sub->r[i].lo, hi_bits | sub->r[i].hi, sub->r[i].state);
     }
+    return l;
 }
 
 static int cmp_prange(const void *a, const void *b)
@@ -614,13 +661,13 @@ static void write_pstate(jg_pattern *p, int32_t key)
         any = true;
     }
     static const char short_from[] = "\"\\/bfnrt", short_to[] = "\"\\/\b\f\n\r\t";
-    for (int b = 0; b < 0x80 && !w->rc; b++) {
+    for (int b = 0; b < 0x80 && !w->rc && pattern_spend(p); b++) {
         int32_t t = eng_regex_step(n->re, state, (uint8_t)b);
         int32_t k = t == ENG_REGEX_DEAD ? -1 : pattern_key(p, t, count);
         if (k < 0)
             continue;
         if (b >= 0x20 && b != '"' && b != '\\')
-            add_range(p, k, (uint32_t)b);
+            add_range(p, k, (uint32_t)b, (uint32_t)b);
         const char *e = b ? memchr(short_to, b, sizeof short_to - 1) : NULL;
         if (e) {
             char esc[3] = {'\\', short_from[e - short_to], 0};
@@ -637,12 +684,18 @@ static void write_pstate(jg_pattern *p, int32_t key)
             }
         }
     }
-    for (int lead = 0xC2; lead <= 0xF4 && !w->rc; lead++) {
+    for (int lead = 0xC2; lead <= 0xF4 && !w->rc && pattern_spend(p); lead++) {
         int32_t t = eng_regex_step(n->re, state, (uint8_t)lead);
         if (t == ENG_REGEX_DEAD)
             continue;
         int more = lead < 0xE0 ? 1 : lead < 0xF0 ? 2 : 3;
-        walk_cont(p, t, more, (uint32_t)(lead & (0x3F >> more)), count);
+        uint32_t lead_bits = (uint32_t)(lead & (0x3F >> more)) << (6 * more);
+        const jg_clist *l = cont_list(p, t, more);
+        for (int32_t i = 0; i < l->n && !w->rc; i++) {
+            int32_t k = pattern_key(p, l->r[i].state, count);
+            if (k >= 0)
+                add_range(p, k, lead_bits | l->r[i].lo, lead_bits | l->r[i].hi);
+        }
     }
     if (w->rc)
         return;
@@ -683,9 +736,11 @@ static void write_pattern(jg_writer *w, int32_t node, const cs_node *n)
         jg_fail(w, SW_EUNSUPPORTED, "a pattern string that matches nothing", node);
         return;
     }
+    p.n_states = n_states;
     p.reached = sw_calloc((size_t)(levels * n_states), 1);
     p.todo = sw_malloc((size_t)(levels * n_states) * sizeof *p.todo);
-    if (!p.reached || !p.todo) {
+    p.cont = sw_calloc((size_t)n_states * 3, sizeof *p.cont);
+    if (!p.reached || !p.todo || !p.cont) {
         w->rc = sw_error_set(w->err, SW_ENOMEM, "grammar: out of memory");
         goto done;
     }
@@ -698,6 +753,9 @@ static void write_pattern(jg_writer *w, int32_t node, const cs_node *n)
     while (p.n_todo > 0 && !w->rc && !w->o.failed)
         write_pstate(&p, p.todo[--p.n_todo]);
 done:
+    for (int32_t i = 0; p.cont && i < n_states * 3; i++)
+        sw_free(p.cont[i].r);
+    sw_free(p.cont);
     sw_free(p.reached);
     sw_free(p.todo);
     sw_free(p.r);

@@ -66,9 +66,9 @@ void eng_grammar_free(eng_grammar *g);
 /* The grammar as GBNF text (*out, sw_free): exactly the text the
  * constraint automaton lets through (json_schema_gbnf.c), for an engine
  * that takes GBNF (llama-server's `grammar`). SW_EUNSUPPORTED for what has
- * no GBNF form here (pattern strings, numbers with a multiple or bounds
- * over 40 digits, counts over 10000, a grammar compiled from GBNF), naming
- * it;
+ * no GBNF form here (numbers with a multiple or bounds over 40 digits,
+ * counts over 10000, a pattern past the work bound, a grammar compiled
+ * from GBNF), naming it;
  * SW_ERANGE when the text would pass 8 MiB; SW_ENOMEM. */
 int eng_grammar_to_gbnf(const eng_grammar *g, char **out, sw_error *err);
 

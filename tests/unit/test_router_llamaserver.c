@@ -34,7 +34,7 @@
  *   the token prompt and the grammar advanced over the sent text, which
  *   is checked by its meaning (it accepts exactly the rests the original
  *   accepts after the text); the first was sent the schema as spillway's
- *   GBNF form of it; a schema with no such form (a pattern) takes the
+ *   GBNF form of it; a schema with no such form (a multiple) takes the
  *   OpenAI endpoint instead, where a death after text ends the stream;
  * - with a spillway worker after the two, a grammar too ambiguous to be
  *   advanced here and a sampled stream pass the second llama-server by
@@ -960,7 +960,7 @@ static void test_resume_json_schema_on_llama_server(void **state)
         json_decref(first);
     }
 
-    /* a schema with no GBNF form here (a pattern): the OpenAI endpoint,
+    /* a schema with no GBNF form here (a multiple): the OpenAI endpoint,
      * where llama-server reads the schema itself; not resumable, so a
      * death after text ends the stream with an error event */
     rh_wait_restarted(&r, "ls1", 0);
@@ -968,7 +968,7 @@ static void test_resume_json_schema_on_llama_server(void **state)
     stream_via(&r, "/v1/chat/completions",
                "{\"messages\":[{\"role\":\"user\",\"content\":\"Tom?\"}],\"max_tokens\":8,"
                "\"temperature\":0,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
-               "{\"name\":\"p\",\"schema\":{\"type\":\"string\",\"pattern\":\"^a+$\"}}},"
+               "{\"name\":\"p\",\"schema\":{\"type\":\"integer\",\"multipleOf\":3}}},"
                "\"stream\":true}",
                true, &st);
     assert_string_equal(st.worker, "ls1");

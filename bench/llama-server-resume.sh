@@ -26,8 +26,8 @@
 #    /completion's. Exit 0 when every check holds.
 #
 # SCHEMA=1: the stream is constrained by a response_format json_schema
-# (an object with a bounded string, an integer in 0..120, an enum and an array of
-# at most 3 bounded strings), which the router sends each llama-server as
+# (an object with a bounded string, an integer in 0..120, an enum, a
+# date (format) and an array of at most 3 bounded strings), which the router sends each llama-server as
 # spillway's GBNF form of the schema, and cpu's continuation as that
 # grammar advanced over the text sent. It ends at the end of the JSON (no
 # ignore_eos). Checked instead of the token count and the direct answer:
@@ -106,9 +106,10 @@ if os.environ.get("SCHEMA"):
               "properties": {"name": {"type": "string", "maxLength": 12},
                              "age": {"type": "integer", "minimum": 0, "maximum": 120},
                              "mood": {"enum": ["happy", "sad", "sleepy"]},
+                             "born": {"type": "string", "format": "date"},
                              "friends": {"type": "array", "items": {"type": "string", "maxLength": 8},
                                          "maxItems": 3}},
-              "required": ["name", "age", "mood", "friends"]}
+              "required": ["name", "age", "mood", "born", "friends"]}
 
 def get(path):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -259,7 +260,7 @@ if schema:
     check("the ids = its ids", ids == ref_ids)
     try:
         import jsonschema
-        jsonschema.validate(json.loads(text), schema)
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
         valid = True
     except Exception as ex:
         print("  not valid: %s" % ex)

@@ -69,7 +69,8 @@ void eng_grammar_free(eng_grammar *g);
  * no GBNF form here (numbers with a multiple or bounds over 40 digits,
  * counts over 10000, a pattern past the work bound, a grammar compiled
  * from GBNF), naming it;
- * SW_ERANGE when the text would pass 8 MiB; SW_ENOMEM. */
+ * SW_ERANGE when the text would pass ENG_GBNF_MAX_BYTES (1 MiB, what
+ * gbnf.h's parser takes, so the form can always be advanced); SW_ENOMEM. */
 int eng_grammar_to_gbnf(const eng_grammar *g, char **out, sw_error *err);
 
 /* Checks a parsed value against a schema with JSON Schema's exact meaning,

@@ -23,6 +23,7 @@
 #include "grammar/json_schema.h"
 
 #include "common/alloc.h"
+#include "grammar/gbnf.h"
 #include "grammar/json_schema_gbnf-impl.h"
 
 #include <stdio.h>
@@ -323,10 +324,15 @@ int eng_grammar_to_gbnf(const eng_grammar *g, char **out, sw_error *err)
     eng__gb_str(&w.o, "root ::= ");
     put_name(&w, g->root, NULL, 0);
     eng__gb_str(&w.o, "\njson-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\/bfnrt]\n");
-    for (int32_t i = 0; i < g->n_nodes && !w.rc; i++)
+    for (int32_t i = 0; i < g->n_nodes && !w.rc && w.o.len <= ENG_GBNF_MAX_BYTES; i++)
         if (w.reached[i])
             write_node(&w, i);
     sw_free(w.reached);
+    if (!w.rc && !w.o.failed && w.o.len > ENG_GBNF_MAX_BYTES)
+        w.rc = sw_error_set(err, SW_ERANGE,
+                            "grammar: the schema's GBNF form is longer than %d bytes (what a GBNF "
+                            "parser here takes)",
+                            ENG_GBNF_MAX_BYTES);
     if (!w.rc && w.o.failed)
         sw_error_set(err, w.rc = w.o.too_long ? SW_ERANGE : SW_ENOMEM,
                      w.o.too_long ? "grammar: the schema's GBNF form is too long"

@@ -4,6 +4,7 @@
 #include "grammar/json_schema_gbnf-impl.h"
 
 #include "common/alloc.h"
+#include "grammar/gbnf.h"
 #include "grammar/regex.h"
 
 #include <stdbool.h>
@@ -23,7 +24,7 @@
 
 /* Work allowed for one pattern: automaton steps and continuation ranges
  * kept. */
-#define JG_PATTERN_STEPS ((int64_t)1 << 22)
+#define JG_PATTERN_STEPS ((int64_t)1 << 23)
 
 typedef struct jg_prange {
     int32_t target; /* state * levels + count */
@@ -285,7 +286,7 @@ void eng__jg_write_pattern(jg_writer *w, int32_t node, const cs_node *n)
     p.todo[p.n_todo++] = start * p.levels;
     put_pstate(&p, start * p.levels);
     eng__gb_str(&w->o, "\n");
-    while (p.n_todo > 0 && !w->rc && !w->o.failed)
+    while (p.n_todo > 0 && !w->rc && !w->o.failed && w->o.len <= ENG_GBNF_MAX_BYTES)
         write_pstate(&p, p.todo[--p.n_todo]);
 done:
     for (int32_t i = 0; p.cont && i < n_states * 3; i++)

@@ -216,7 +216,7 @@ static int body_gbnf(json_t *b, char **out, char *why, size_t why_cap)
         snprintf(why, why_cap, "more than one of grammar, response_format and json_schema");
         return 1;
     }
-    if (json_is_string(grammar)) {
+    if (json_is_string(grammar) && json_string_length(grammar) > 0) {
         *out = sw_strndup(json_string_value(grammar), json_string_length(grammar));
         return *out ? 0 : -1;
     }

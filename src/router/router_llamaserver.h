@@ -44,9 +44,12 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
                        char **out, char *why, size_t why_cap);
 
 /* Whether another llama-server can continue body's stream from a token
- * prompt (greedy, no grammar, no stop strings, every field native), and
- * why not: the replay table's input (router_failover.h). */
-rt_ls_resume rt__ls_resume_check(json_t *body);
+ * prompt after the n_ids ids sent (greedy, no stop strings, every field
+ * native, and a grammar only where it can be advanced over their text,
+ * read with tok), and why not: the replay table's input
+ * (router_failover.h). */
+rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
+                                 size_t n_ids);
 
 /* A native stream begins on this attempt. */
 void rt__ls_stream_begin(rt_relay *r);

@@ -871,7 +871,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              native_ids,
                              n_choices > 1,
                              !resumable || spillway_sent ? RT_LSR_SPILLWAY_IDS
-                                                         : rt__ls_resume_check(body),
+                                                         : rt__ls_resume_check(
+                                                               body, rt->models[q->model].tok,
+                                                               r.tokens, r.n_tokens),
                              resumable && spillway_left(rt, q, tried, wi)};
         rt_failover f = rt_failover_decide(&fi);
         resume_ls = f.action == RT_FO_RESUME && f.resume_on_ls;

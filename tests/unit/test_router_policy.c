@@ -742,7 +742,7 @@ static const failover_row FAILOVER_ROWS[] = {
      {RT_OUT_OOM, true, 6, true, LS, RT_TOOL_NONE, false, false, false, true, false,
       RT_LSR_CONSTRAINED, false},
      RT_FO_STOP, "none (llama-server cannot continue it)", "out_of_memory", false, true, true,
-     "cannot advance the grammar"},
+     "could not be advanced over the sent text"},
     {"llama-server, stop strings, no spillway worker left: stop",
      {RT_OUT_CRASH, true, 6, true, LS, RT_TOOL_NONE, false, false, false, true, false,
       RT_LSR_STOP, false},

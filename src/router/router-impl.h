@@ -145,6 +145,11 @@ typedef struct rt_router {
      * atomic (async-signal-safe, C11 7.14.1.1), not a volatile
      * sig_atomic_t, which is safe for the handler's own thread only */
     atomic_int stop;
+    /* stop-delay-ms: while armed (serving, a delay configured) the first
+     * SIGTERM/SIGINT sets drain_signal instead of stop; the main thread
+     * then sets draining (/health answers 503), and stop once the delay
+     * is over. A second signal stops at once. */
+    atomic_int drain_armed, drain_signal, draining;
     int active_conns;
     uint64_t seq;
     char *events[RT_EVENTS];

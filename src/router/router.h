@@ -143,6 +143,9 @@ typedef struct rt_config {
     int n_tools;
     int drain_timeout_s;       /* a reload's drain of a removed or changed
                                   worker, at most (300) */
+    int stop_delay_ms;         /* after SIGTERM/SIGINT, serve on this long
+                                  with /health 503 "draining" before
+                                  closing the listener (0: close at once) */
     /* what `spillway serve` was started with: a reload reads the file
      * again and applies the same command-line overrides ("" none) */
     char config_path[512];

@@ -49,6 +49,7 @@ void rt_config_defaults(rt_config *c)
     c->max_tool_steps = 4;
     c->job_workers = 2;
     c->drain_timeout_s = 300;
+    c->stop_delay_ms = 0;
 }
 
 static int cfg_fail(cfg_parse *p, const char *section, const char *name, const char *why,
@@ -221,6 +222,10 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);
         c->drain_timeout_s = (int)x;
+    } else if (!strcmp(name, "stop-delay-ms")) {
+        if (!cfg_int(v, 0, 600000, &x))
+            return cfg_fail(p, s, name, "expected milliseconds 0..600000", v);
+        c->stop_delay_ms = (int)x;
     } else {
         return cfg_fail(p, s, name, "unknown key", v);
     }

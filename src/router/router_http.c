@@ -382,8 +382,12 @@ static void handle_health(rt_req *q)
                                                 (json_int_t)t.device_bytes));
     }
     pthread_mutex_unlock(&rt->pool.mu);
-    json_t *h = json_pack("{s:s, s:o, s:o, s:i}", "status", ready ? "ready" : "unavailable",
-                          "workers", ws, "models", models, "queue_depth", depth);
+    /* a draining router (stop-delay-ms after SIGTERM) still serves but
+     * says 503, for a load balancer to take it out of its rotation */
+    bool draining = atomic_load(&rt->draining);
+    json_t *h = json_pack("{s:s, s:o, s:o, s:i}", "status",
+                          draining ? "draining" : ready ? "ready" : "unavailable", "workers", ws,
+                          "models", models, "queue_depth", depth);
     json_t *sab = json_array();
     const rt_sabotage *sb = &rt->sabotage;
     if (sb->no_replay) json_array_append_new(sab, json_string("no-replay"));
@@ -395,7 +399,8 @@ static void handle_health(rt_req *q)
     char *s = sw_json_dumps(h, JSON_COMPACT);
     json_decref(h);
     if (s)
-        rt__send_response(q, ready ? 200 : 503, "application/json", NULL, s, strlen(s));
+        rt__send_response(q, ready && !draining ? 200 : 503, "application/json", NULL, s,
+                          strlen(s));
     free(s);
 }
 

@@ -60,6 +60,7 @@ static const setting settings[] = {
     SETTING("[server] idempotency-ttl-s", idempotency_ttl_s, false),
     SETTING("[server] max-tool-steps", max_tool_steps, false),
     SETTING("[server] drain-timeout-s", drain_timeout_s, false),
+    SETTING("[server] stop-delay-ms", stop_delay_ms, false),
     SETTING("[tool NAME] sections", tools, false),
     SETTING("[tool NAME] sections", n_tools, false),
 };

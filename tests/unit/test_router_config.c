@@ -27,6 +27,7 @@ static void test_full(void **state)
     sw_error err;
     rt_config_defaults(&c);
     assert_string_equal(c.listen, "127.0.0.1:8080");
+    assert_int_equal(c.stop_delay_ms, 0);
     assert_string_equal(c.cors_origins, "*");
     const char *p = write_ini("full", "[server]\n"
                                       "listen = 0.0.0.0:9000\n"
@@ -37,6 +38,7 @@ static void test_full(void **state)
                                       "max-attempts = 2\n"
                                       "queue-size = 5\nqueue-timeout-ms = 250\n"
                                       "hang-timeout-ms = 700\nhealth-interval-ms = 100\n"
+                                      "stop-delay-ms = 2500\n"
                                       "[model]\npath = m.gguf\n"
                                       "chat-template = qwen3\nreasoning-format = none\n"
                                       "[worker gpu]\n"
@@ -59,6 +61,7 @@ static void test_full(void **state)
     assert_int_equal(c.queue_timeout_ms, 250);
     assert_int_equal(c.hang_timeout_ms, 700);
     assert_int_equal(c.health_interval_ms, 100);
+    assert_int_equal(c.stop_delay_ms, 2500);
     assert_int_equal(c.n_workers, 3);
     assert_string_equal(c.models[0].chat_template, "qwen3");
     assert_string_equal(c.models[0].reasoning_format, "none");
@@ -114,6 +117,7 @@ static void test_errors(void **state)
                  "reasoning-format");
     expect_error("cors-wildcard", "[server]\ncors-origins = https://*.example\n", 2,
                  "cors-origins");
+    expect_error("stop-delay", "[server]\nstop-delay-ms = -1\n", 2, "stop-delay-ms");
     expect_error("cors-path", "[server]\ncors-origins = https://a.example/app\n", 2,
                  "cors-origins");
 

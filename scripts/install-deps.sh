@@ -10,6 +10,9 @@ packages=(
   libcmocka-dev      # unit tests
   libevent-dev       # event loop + HTTP (worker, router)
   libsqlite3-dev     # ledger
+  libpq-dev          # ledger on PostgreSQL (libpq)
+  postgresql         # the ledger's PostgreSQL tests: throw-away clusters (scripts/pg-scratch.sh)
+  haproxy            # several routers behind one address (contrib/haproxy, its test)
   libinih-dev        # configuration
   libssl-dev         # TLS to remote upstreams (the router's https:// workers)
   openssl            # test_router_tls makes its certificates with the CLI

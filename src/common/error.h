@@ -24,7 +24,9 @@
     X(ECANCELLED, -10, "cancelled")                                            \
     X(ETIMEOUT, -11, "timed out")                                              \
     X(EDEVICE, -12, "device failure")                                          \
-    X(EINTERNAL, -13, "internal error")
+    X(EINTERNAL, -13, "internal error")                                        \
+    X(ECONFLICT, -14, "claimed by another owner")                              \
+    X(EUNAVAILABLE, -15, "unavailable")
 
 typedef enum sw_status {
 #define SW__ENUM(name, value, message) SW_##name = (value),

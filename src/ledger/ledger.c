@@ -1,358 +1,228 @@
-/* ledger.c - the SQLite side of the ledger (ledger.h explains what it
- * holds and why every write is committed before the caller goes on).
- *
- * Durability: WAL mode with synchronous=FULL, so each commit is synced to
- * the WAL before sqlite3_step returns; NORMAL would be faster but could
- * lose the last commits on a power cut, and the router promises things
- * (a 202, a tool call) right after a commit. A process crash (SIGKILL)
- * loses nothing in either mode. The one exception is the attempts table:
- * a record of what happened, written after every relayed request and
- * promising nothing, so it commits with synchronous=NORMAL (no sync of its
- * own; the next FULL commit syncs it along). A sync per request was most
- * of the router's own cost per request. Each function is one statement or
- * one explicit transaction under the ledger's mutex.
+/* ledger.c - the ledger's functions (ledger.h), written once for both
+ * backends: each one is a statement or one explicit transaction, run
+ * through the backend (ledger-impl.h; ledger_sqlite.c, ledger_pg.c) under
+ * the ledger's mutex. What the rows mean (leases, fences, the claims) is
+ * decided here, so the two backends cannot drift apart; the SQL is the
+ * dialect both speak, with the few differences picked by the backend's
+ * fields.
  */
-#include "ledger/ledger.h"
+#include "ledger/ledger-impl.h"
 
 #include "common/alloc.h"
 
-#include <limits.h>
-#include <pthread.h>
-#include <sqlite3.h>
-#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
-struct ldg_ledger {
-    sqlite3 *db;
-    pthread_mutex_t mu;
-    /* ldg_attempt_add could not put synchronous back to FULL (out of
-     * memory): the next caller does, before its write (ledger_lock) */
-    bool sync_normal;
-};
+/* ---- statement helpers ------------------------------------------------- */
 
-/* Takes the ledger's mutex, and first restores synchronous=FULL if an
- * attempt record left it NORMAL: every write after it makes a promise. If
- * that fails too, the write still goes ahead (it is synced with the next
- * FULL commit) and the next caller tries again. */
-static void ledger_lock(ldg_ledger *l)
+/* Takes the ledger's mutex and readies the connection; on failure the
+ * mutex is released again. */
+static int lock(ldg_ledger *l, sw_error *err)
 {
     pthread_mutex_lock(&l->mu);
-    if (l->sync_normal &&
-        sqlite3_exec(l->db, "PRAGMA synchronous=FULL", NULL, NULL, NULL) == SQLITE_OK)
-        l->sync_normal = false;
+    int rc = l->be->ready(l, err);
+    if (rc)
+        pthread_mutex_unlock(&l->mu);
+    return rc;
 }
 
-/* Migrations: entry i takes the schema from version i to i + 1. Never
- * edit one that shipped; append. */
-static const char *const k_migrations[LDG_SCHEMA_VERSION] = {
-    "CREATE TABLE idempotency ("
-    "  key TEXT PRIMARY KEY,"
-    "  body_sha256 TEXT NOT NULL,"
-    "  request_id TEXT NOT NULL,"
-    "  state TEXT NOT NULL CHECK (state IN ('running','done','abandoned')),"
-    "  status INTEGER,"
-    "  content_type TEXT,"
-    "  response BLOB,"
-    "  stream INTEGER NOT NULL DEFAULT 0,"
-    "  created REAL NOT NULL,"
-    "  expires REAL NOT NULL);"
-    "CREATE TABLE attempts ("
-    "  request_id TEXT NOT NULL,"
-    "  attempt INTEGER NOT NULL,"
-    "  worker TEXT NOT NULL,"
-    "  outcome TEXT NOT NULL,"
-    "  error TEXT,"
-    "  started REAL NOT NULL,"
-    "  finished REAL NOT NULL);"
-    "CREATE INDEX attempts_request ON attempts(request_id);"
-    "CREATE TABLE tool_calls ("
-    "  request_id TEXT NOT NULL,"
-    "  step INTEGER NOT NULL,"
-    "  tool TEXT NOT NULL,"
-    "  call_id TEXT NOT NULL,"
-    "  arguments TEXT NOT NULL,"
-    "  state TEXT NOT NULL CHECK (state IN ('started','done')),"
-    "  result TEXT,"
-    "  calls INTEGER NOT NULL DEFAULT 1,"
-    "  started REAL NOT NULL,"
-    "  finished REAL,"
-    "  PRIMARY KEY (request_id, step));"
-    "CREATE TABLE jobs ("
-    "  id TEXT PRIMARY KEY,"
-    "  endpoint TEXT NOT NULL,"
-    "  request TEXT NOT NULL,"
-    "  deadline_ms INTEGER,"
-    "  state TEXT NOT NULL CHECK (state IN ('queued','running','succeeded','failed')),"
-    "  attempts INTEGER NOT NULL DEFAULT 0,"
-    "  finish_writes INTEGER NOT NULL DEFAULT 0,"
-    "  response TEXT,"
-    "  error TEXT,"
-    "  created REAL NOT NULL,"
-    "  started REAL,"
-    "  finished REAL);"
-    "CREATE INDEX jobs_state ON jobs(state, created);",
-    /* 1 -> 2: the retention sweep filters every table by a time (a
-     * finish, a start, an expiry) and looks request ids up in the
-     * idempotency table; without these it scanned each table whole,
-     * under the ledger's one lock. */
-    "CREATE INDEX jobs_finished ON jobs(finished);"
-    "CREATE INDEX attempts_finished ON attempts(finished, request_id);"
-    "CREATE INDEX tool_calls_started ON tool_calls(started);"
-    "CREATE INDEX tool_calls_finished ON tool_calls(finished);"
-    "CREATE INDEX idempotency_expires ON idempotency(expires);"
-    "CREATE INDEX idempotency_request ON idempotency(request_id);",
-    /* 2 -> 3: stored responses (POST /v1/responses with store), which a
-     * later request continues by previous_response_id */
-    "CREATE TABLE responses ("
-    "  id TEXT PRIMARY KEY,"
-    "  conversation TEXT NOT NULL,"
-    "  response TEXT NOT NULL,"
-    "  job_id TEXT,"
-    "  created REAL NOT NULL);"
-    "CREATE INDEX responses_created ON responses(created);",
-};
-
-/* ---- SQLite's allocator ---------------------------------------------------
- * SQLite asks an allocation's size back (xSize), which sw_malloc does not
- * keep: each block carries it in a header of LDG_MEM_HEADER bytes, a
- * multiple of 16 so that the memory SQLite gets keeps malloc's alignment
- * (SQLite needs 8). */
-#define LDG_MEM_HEADER 16
-
-static void *mem_malloc(int n)
+static void unlock(ldg_ledger *l)
 {
-    if (n <= 0)
-        return NULL;
-    unsigned char *p = sw_malloc((size_t)n + LDG_MEM_HEADER);
-    if (!p)
-        return NULL;
-    memcpy(p, &(size_t){(size_t)n}, sizeof(size_t));
-    return p + LDG_MEM_HEADER;
+    pthread_mutex_unlock(&l->mu);
 }
 
-static void mem_free(void *p)
+/* Runs sql with its parameters (fmt: ledger-impl.h); the caller reads the
+ * rows with row() and frees *r. */
+static int q_open(ldg_ledger *l, ldg__result **r, sw_error *err, const char *sql,
+                  const char *fmt, ...)
 {
-    if (p)
-        sw_free((unsigned char *)p - LDG_MEM_HEADER);
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = l->be->query(l, sql, fmt, ap, r, err);
+    va_end(ap);
+    return rc;
 }
 
-static int mem_size(void *p)
+/* 1 a row, 0 the end, < 0 an error */
+static int row(ldg_ledger *l, ldg__result *r, sw_error *err)
 {
-    size_t n = 0;
-    if (p)
-        memcpy(&n, (unsigned char *)p - LDG_MEM_HEADER, sizeof n);
-    return (int)n;
+    return l->be->next(l, r, err);
 }
 
-/* SQLite never calls it with p NULL nor n <= 0 (sqlite3Realloc handles
- * those itself). On failure the old block stays valid, as with realloc. */
-static void *mem_realloc(void *p, int n)
+static void q_free(ldg__result *r)
 {
-    if (n <= 0)
-        return NULL;
-    unsigned char *base = p ? (unsigned char *)p - LDG_MEM_HEADER : NULL;
-    unsigned char *q = sw_realloc(base, (size_t)n + LDG_MEM_HEADER);
-    if (!q)
-        return NULL;
-    memcpy(q, &(size_t){(size_t)n}, sizeof(size_t));
-    return q + LDG_MEM_HEADER;
+    if (r)
+        r->be->result_free(r);
 }
 
-static int mem_roundup(int n)
+/* Runs a statement whose rows (if any) nobody reads; *changes (may be
+ * NULL): the rows it changed. */
+static int q_run(ldg_ledger *l, int *changes, sw_error *err, const char *sql, const char *fmt,
+                 ...)
 {
-    return n > INT_MAX - 7 ? n : (n + 7) & ~7;
+    ldg__result *r = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = l->be->query(l, sql, fmt, ap, &r, err);
+    va_end(ap);
+    if (rc)
+        return rc;
+    int s;
+    while ((s = row(l, r, err)) > 0)
+        ;
+    rc = s < 0 ? s : SW_OK;
+    if (!rc && changes)
+        *changes = l->be->changes(l, r);
+    q_free(r);
+    return rc;
 }
 
-static int mem_init(void *app) { (void)app; return SQLITE_OK; }
-static void mem_shutdown(void *app) { (void)app; }
+static int begin(ldg_ledger *l, sw_error *err) { return l->be->begin(l, err); }
+static int commit(ldg_ledger *l, sw_error *err) { return l->be->exec(l, "COMMIT", err); }
+static void rollback(ldg_ledger *l) { l->be->exec(l, "ROLLBACK", NULL); }
 
-int ldg_alloc_hook(void)
+static bool is_sqlite(const ldg_ledger *l) { return l->be == &ldg__sqlite_backend; }
+
+static char *c_dup(ldg__result *r, int i)
 {
-    static const sqlite3_mem_methods methods = {
-        mem_malloc, mem_free, mem_realloc, mem_size, mem_roundup, mem_init, mem_shutdown, NULL,
-    };
-    return sqlite3_config(SQLITE_CONFIG_MALLOC, &methods) == SQLITE_OK ? SW_OK : SW_EINTERNAL;
+    const char *t = r->be->text(r, i);
+    return t ? sw_strdup(t) : NULL;
 }
 
-static int db_fail(ldg_ledger *l, sw_error *err, const char *what)
+/* "" for NULL; false when the column is not NULL but memory ran out
+ * making its text (dst is then ""). */
+static bool c_copy(ldg__result *r, int i, char *dst, size_t cap)
 {
-    return sw_error_set(err, SW_EIO, "ledger: %s: %s", what, sqlite3_errmsg(l->db));
+    const char *t = r->be->text(r, i);
+    snprintf(dst, cap, "%s", t ? t : "");
+    return t || r->be->is_null(r, i);
 }
 
-static int exec_sql(ldg_ledger *l, const char *sql, sw_error *err)
+static int64_t c_int(ldg__result *r, int i) { return r->be->int64(r, i); }
+static double c_real(ldg__result *r, int i) { return r->be->real(r, i); }
+
+static int oom(sw_error *err) { return sw_error_set(err, SW_ENOMEM, "ledger: out of memory"); }
+
+/* ---- open, close, owner ------------------------------------------------ */
+
+/* "<hostname>:<pid>:<8 random hex>", cut to LDG_OWNER_MAX bytes at the
+ * host name so the pid and the random part stay. */
+static void default_owner(char out[LDG_OWNER_MAX + 1])
 {
-    char *msg = NULL;
-    if (sqlite3_exec(l->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        sw_error_set(err, SW_EIO, "ledger: %s", msg ? msg : sqlite3_errmsg(l->db));
-        sqlite3_free(msg);
-        return SW_EIO;
-    }
-    return SW_OK;
+    char host[256] = "";
+    if (gethostname(host, sizeof host))
+        snprintf(host, sizeof host, "host");
+    host[sizeof host - 1] = 0;
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
+        rnd = (uint32_t)getpid() * 2654435761u ^ (uint32_t)(uintptr_t)out;
+    char tail[40];
+    int tn = snprintf(tail, sizeof tail, ":%ld:%08x", (long)getpid(), (unsigned)rnd);
+    int hn = (int)strlen(host);
+    if (hn > LDG_OWNER_MAX - tn)
+        hn = LDG_OWNER_MAX - tn;
+    snprintf(out, LDG_OWNER_MAX + 1, "%.*s%s", hn, host, tail);
 }
 
-static int user_version(ldg_ledger *l)
+static bool is_pg_url(const char *where)
 {
-    sqlite3_stmt *st = NULL;
-    int v = -1;
-    if (sqlite3_prepare_v2(l->db, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
-    return v;
+    return !strncmp(where, "postgresql://", 13) || !strncmp(where, "postgres://", 11);
 }
 
-int ldg_open(const char *dir, ldg_ledger **out, sw_error *err)
+int ldg_open(const char *where, ldg_ledger **out, sw_error *err)
 {
     *out = NULL;
-    char path[1024];
-    if (snprintf(path, sizeof path, "%s/ledger.db", dir) >= (int)sizeof path)
-        return sw_error_set(err, SW_EINVAL, "ledger: state directory path too long");
+    if (!where || !where[0])
+        return sw_error_set(err, SW_EINVAL, "ledger: no state directory or database URL");
     ldg_ledger *l = sw_calloc(1, sizeof *l);
     if (!l)
-        return sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+        return oom(err);
     pthread_mutex_init(&l->mu, NULL);
-    int rc = SW_EIO;
-    if (sqlite3_open_v2(path, &l->db,
-                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL) !=
-        SQLITE_OK) {
-        sw_error_set(err, SW_EIO, "ledger: cannot open %s: %s", path,
-                     l->db ? sqlite3_errmsg(l->db) : "out of memory");
-        goto fail;
-    }
-    /* Another process (a test, sqlite3 on the command line) may hold the
-     * database for a moment: wait for it rather than fail. */
-    sqlite3_busy_timeout(l->db, 5000);
-    if (exec_sql(l, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
-                 err))
-        goto fail;
-    int v = user_version(l);
-    if (v < 0) {
-        db_fail(l, err, "reading the schema version");
-        goto fail;
-    }
-    if (v > LDG_SCHEMA_VERSION) {
-        rc = sw_error_set(err, SW_EUNSUPPORTED,
-                          "ledger: %s has schema version %d, this program knows up to %d", path, v,
-                          LDG_SCHEMA_VERSION);
-        goto fail;
-    }
-    for (; v < LDG_SCHEMA_VERSION; v++) {
-        /* each step and its version bump in one transaction */
-        char bump[64];
-        snprintf(bump, sizeof bump, "PRAGMA user_version=%d;", v + 1);
-        if (exec_sql(l, "BEGIN IMMEDIATE;", err))
-            goto fail;
-        if (exec_sql(l, k_migrations[v], err) || exec_sql(l, bump, err)) {
-            exec_sql(l, "ROLLBACK;", NULL);
-            goto fail;
-        }
-        if (exec_sql(l, "COMMIT;", err))
-            goto fail;
+    default_owner(l->owner);
+    l->lease_s = 10;
+    bool pg = is_pg_url(where);
+    l->be = pg ? &ldg__pg_backend : &ldg__sqlite_backend;
+    int rc = pg ? ldg__pg_open(l, where, err) : ldg__sqlite_open(l, where, err);
+    if (rc) {
+        pthread_mutex_destroy(&l->mu);
+        sw_free(l);
+        return rc;
     }
     *out = l;
     return SW_OK;
-fail:
-    sqlite3_close(l->db);
-    pthread_mutex_destroy(&l->mu);
-    sw_free(l);
-    return rc;
 }
 
 void ldg_close(ldg_ledger *l)
 {
     if (!l)
         return;
-    sqlite3_close(l->db);
+    l->be->close(l);
     pthread_mutex_destroy(&l->mu);
     sw_free(l);
 }
 
 int ldg_schema_version(ldg_ledger *l)
 {
-    ledger_lock(l);
-    int v = user_version(l);
-    pthread_mutex_unlock(&l->mu);
+    if (lock(l, NULL))
+        return -1;
+    int v = l->be->schema_version(l);
+    unlock(l);
     return v;
 }
 
-/* ---- statement helpers ------------------------------------------------- */
+const char *ldg_backend(const ldg_ledger *l) { return l->be->name; }
+bool ldg_shared(const ldg_ledger *l) { return l->be->shared; }
 
-/* Binds the arguments described by fmt: s text (NULL binds NULL), b blob
- * (pointer, size_t), i int, I int64, d double. */
-static int bind_all(sqlite3_stmt *st, const char *fmt, va_list ap)
+void ldg_set_owner(ldg_ledger *l, const char *owner, double lease_s)
 {
-    int idx = 1, rc = SQLITE_OK;
-    for (const char *f = fmt; *f && rc == SQLITE_OK; f++, idx++) {
-        switch (*f) {
-        case 's': {
-            const char *s = va_arg(ap, const char *);
-            rc = s ? sqlite3_bind_text(st, idx, s, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(st, idx);
-            break;
-        }
-        case 'b': {
-            const void *p = va_arg(ap, const void *);
-            size_t n = va_arg(ap, size_t);
-            rc = sqlite3_bind_blob64(st, idx, p ? p : "", (sqlite3_uint64)n, SQLITE_TRANSIENT);
-            break;
-        }
-        case 'i': rc = sqlite3_bind_int(st, idx, va_arg(ap, int)); break;
-        case 'I': rc = sqlite3_bind_int64(st, idx, va_arg(ap, int64_t)); break;
-        case 'd': rc = sqlite3_bind_double(st, idx, va_arg(ap, double)); break;
-        default: rc = SQLITE_MISUSE; break;
-        }
+    pthread_mutex_lock(&l->mu);
+    if (owner && owner[0])
+        snprintf(l->owner, sizeof l->owner, "%s", owner);
+    if (lease_s > 0)
+        l->lease_s = lease_s;
+    pthread_mutex_unlock(&l->mu);
+}
+
+const char *ldg_owner(const ldg_ledger *l) { return l->owner; }
+double ldg_lease_s(const ldg_ledger *l) { return l->lease_s; }
+
+/* ---- leases ------------------------------------------------------------- */
+
+/* Whether a running row (owner in column oc, lease_until in lc) may be
+ * taken over: its lease ended by now_s and another owner holds it (a
+ * router never takes over its own rows: it is alive, and runs them). */
+static bool lease_expired(ldg_ledger *l, ldg__result *r, int oc, int lc, double now_s)
+{
+    const char *owner = r->be->text(r, oc);
+    if (owner && !strcmp(owner, l->owner))
+        return false;
+    return c_real(r, lc) <= now_s;
+}
+
+int ldg_renew(ldg_ledger *l, double now_s, sw_error *err)
+{
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    double until = now_s + l->lease_s;
+    if (!(rc = begin(l, err))) {
+        rc = q_run(l, NULL, err,
+                   "UPDATE idempotency SET lease_until = ? WHERE state = 'running' AND owner = ?",
+                   "ds", until, l->owner);
+        if (!rc)
+            rc = q_run(l, NULL, err,
+                       "UPDATE jobs SET lease_until = ? WHERE state = 'running' AND owner = ?",
+                       "ds", until, l->owner);
+        if (!rc)
+            rc = commit(l, err);
+        if (rc)
+            rollback(l);
     }
+    unlock(l);
     return rc;
-}
-
-/* Prepares sql and binds; the caller steps and finalizes. NULL on error
- * (err set). */
-static sqlite3_stmt *prep(ldg_ledger *l, sw_error *err, const char *sql, const char *fmt, ...)
-{
-    sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(l->db, sql, -1, &st, NULL) != SQLITE_OK) {
-        db_fail(l, err, "prepare");
-        return NULL;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = bind_all(st, fmt, ap);
-    va_end(ap);
-    if (rc != SQLITE_OK) {
-        db_fail(l, err, "bind");
-        sqlite3_finalize(st);
-        return NULL;
-    }
-    return st;
-}
-
-/* Runs a statement that returns no rows; *changes (may be NULL). */
-static int run_stmt(ldg_ledger *l, sqlite3_stmt *st, int *changes, sw_error *err)
-{
-    if (!st)
-        return SW_EIO;
-    int rc = sqlite3_step(st);
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE)
-        return db_fail(l, err, "write");
-    if (changes)
-        *changes = sqlite3_changes(l->db);
-    return SW_OK;
-}
-
-static char *col_text(sqlite3_stmt *st, int i)
-{
-    const unsigned char *t = sqlite3_column_text(st, i);
-    return t ? sw_strdup((const char *)t) : NULL;
-}
-
-/* "" for NULL; false when the column is not NULL but SQLite ran out of
- * memory making its text (dst is then ""). */
-static bool col_copy(sqlite3_stmt *st, int i, char *dst, size_t cap)
-{
-    const unsigned char *t = sqlite3_column_text(st, i);
-    snprintf(dst, cap, "%s", t ? (const char *)t : "");
-    return t || sqlite3_column_type(st, i) == SQLITE_NULL;
 }
 
 /* ---- idempotency keys ---------------------------------------------------- */
@@ -365,102 +235,135 @@ void ldg_stored_free(ldg_stored *s)
     }
 }
 
+/* A guarded write on a key changed no row: it is not running under this
+ * owner. */
+static int idem_owned(int changes, const char *key, sw_error *err)
+{
+    if (changes > 0)
+        return SW_OK;
+    return sw_error_set(err, SW_ECONFLICT,
+                        "ledger: Idempotency-Key %s is not running under this router (taken over "
+                        "or finished)", key);
+}
+
+/* Fills stored from a done key's row (columns of idem_begin's SELECT). */
+static int idem_replay(ldg__result *r, ldg_stored *stored, sw_error *err)
+{
+    stored->status = (int)c_int(r, 3);
+    bool texts = c_copy(r, 4, stored->content_type, sizeof stored->content_type) &&
+                 c_copy(r, 1, stored->request_id, sizeof stored->request_id);
+    stored->stream = c_int(r, 6) != 0;
+    size_t n = 0;
+    const void *p = r->be->blob(r, 5, &n);
+    stored->body = texts && p && n < SIZE_MAX ? sw_malloc(n + 1) : NULL;
+    if (!stored->body)
+        return oom(err);
+    if (n)
+        memcpy(stored->body, p, n);
+    stored->body[n] = 0;
+    stored->body_len = n;
+    return SW_OK;
+}
+
 int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, const char *request_id,
                    double now_s, double ttl_s, ldg_idem_state *state, char request_id_out[80],
                    ldg_stored *stored, sw_error *err)
 {
-    int rc = SW_OK;
     memset(stored, 0, sizeof *stored);
     snprintf(request_id_out, 80, "%s", request_id);
-    ledger_lock(l);
-    /* IMMEDIATE: the look-up and the insert are one decision; a second
-     * request with the same key waits for it and then sees "running". */
-    if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT body_sha256, request_id, state, status, content_type, response, stream,"
+             " expires, owner, lease_until FROM idempotency WHERE key = ?%s",
+             l->be->for_update);
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    /* The look-up and the write are one decision: SQLite's write
+     * transaction makes a second connection wait for it; PostgreSQL locks
+     * the row, and two inserts of a new key conflict (the loser looks
+     * again and finds the winner's row). */
+    if ((rc = begin(l, err)))
         goto out;
-    sqlite3_stmt *st = prep(l, err,
-                            "SELECT body_sha256, request_id, state, status, content_type, response,"
-                            " stream, expires FROM idempotency WHERE key = ?",
-                            "s", key);
-    if (!st) {
-        rc = SW_EIO;
-        goto rollback;
-    }
-    int step = sqlite3_step(st);
-    bool insert = true, take_over = false;
-    if (step == SQLITE_ROW && sqlite3_column_double(st, 7) > now_s) {
-        const char *sha = (const char *)sqlite3_column_text(st, 0);
-        const char *rstate = (const char *)sqlite3_column_text(st, 2);
-        insert = false;
-        if (!sha || !rstate) {
-            /* both columns are NOT NULL: SQLite ran out of memory
-             * converting them, which is neither a mismatch nor a run */
-            sqlite3_finalize(st);
-            rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+    for (int tries = 0;; tries++) {
+        ldg__result *r = NULL;
+        if ((rc = q_open(l, &r, err, sql, "s", key)))
             goto rollback;
-        }
-        if (strcmp(sha, body_sha256)) {
-            *state = LDG_IDEM_MISMATCH;
-        } else if (!strcmp(rstate, "running")) {
-            *state = LDG_IDEM_RUNNING;
-        } else if (!strcmp(rstate, "abandoned")) {
-            take_over = true;
-            if (!col_copy(st, 1, request_id_out, 80)) {
-                sqlite3_finalize(st);
-                rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
-                goto rollback;
+        int s = row(l, r, err);
+        enum { INSERT, REPLACE, TAKE_OVER, DECIDED } act = INSERT;
+        if (s < 0) {
+            rc = s;
+        } else if (s > 0 && c_real(r, 7) <= now_s) {
+            act = REPLACE; /* expired */
+        } else if (s > 0) {
+            const char *sha = r->be->text(r, 0);
+            const char *rstate = r->be->text(r, 2);
+            act = DECIDED;
+            if (!sha || !rstate) {
+                /* both columns are NOT NULL: memory ran out converting
+                 * them, which is neither a mismatch nor a run */
+                rc = oom(err);
+            } else if (strcmp(sha, body_sha256)) {
+                *state = LDG_IDEM_MISMATCH;
+            } else if (!strcmp(rstate, "running") && !lease_expired(l, r, 8, 9, now_s)) {
+                *state = LDG_IDEM_RUNNING;
+            } else if (strcmp(rstate, "done")) {
+                /* abandoned, or running under a dead router's lease */
+                act = TAKE_OVER;
+                if (!c_copy(r, 1, request_id_out, 80))
+                    rc = oom(err);
+            } else {
+                *state = LDG_IDEM_REPLAY;
+                rc = idem_replay(r, stored, err);
             }
-        } else {
-            *state = LDG_IDEM_REPLAY;
-            stored->status = sqlite3_column_int(st, 3);
-            bool texts = col_copy(st, 4, stored->content_type, sizeof stored->content_type) &&
-                         col_copy(st, 1, stored->request_id, sizeof stored->request_id);
-            stored->stream = sqlite3_column_int(st, 6) != 0;
-            int n = sqlite3_column_bytes(st, 5);
-            const void *p = sqlite3_column_blob(st, 5);
-            stored->body = texts && (p || n == 0) ? sw_malloc((size_t)n + 1) : NULL;
-            if (!stored->body) {
-                sqlite3_finalize(st);
-                rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
-                goto rollback;
-            }
-            if (n)
-                memcpy(stored->body, p, (size_t)n);
-            stored->body[n] = 0;
-            stored->body_len = (size_t)n;
         }
-    } else if (step != SQLITE_ROW && step != SQLITE_DONE) {
-        sqlite3_finalize(st);
-        rc = db_fail(l, err, "idempotency look-up");
-        goto rollback;
-    }
-    sqlite3_finalize(st);
-    if (take_over) {
-        rc = run_stmt(l,
-                      prep(l, err, "UPDATE idempotency SET state = 'running' WHERE key = ?", "s",
-                           key),
-                      NULL, err);
+        q_free(r);
         if (rc)
             goto rollback;
-        *state = LDG_IDEM_NEW;
-    } else if (insert) {
-        rc = run_stmt(l,
-                      prep(l, err,
-                           "INSERT OR REPLACE INTO idempotency (key, body_sha256, request_id, state,"
-                           " created, expires) VALUES (?, ?, ?, 'running', ?, ?)",
-                           "sssdd", key, body_sha256, request_id, now_s, now_s + ttl_s),
-                      NULL, err);
-        if (rc)
-            goto rollback;
-        *state = LDG_IDEM_NEW;
+        int changes = 0;
+        if (act == TAKE_OVER) {
+            rc = q_run(l, NULL, err,
+                       "UPDATE idempotency SET state = 'running', owner = ?, lease_until = ?,"
+                       " fence = fence + 1 WHERE key = ?",
+                       "sds", l->owner, now_s + l->lease_s, key);
+            *state = LDG_IDEM_NEW;
+        } else if (act == REPLACE) {
+            /* the row of an expired key is reused (its fence counts on) */
+            rc = q_run(l, NULL, err,
+                       "UPDATE idempotency SET body_sha256 = ?, request_id = ?, state = 'running',"
+                       " status = NULL, content_type = NULL, response = NULL, stream = 0,"
+                       " created = ?, expires = ?, owner = ?, lease_until = ?, fence = fence + 1"
+                       " WHERE key = ?",
+                       "ssddsds", body_sha256, request_id, now_s, now_s + ttl_s, l->owner,
+                       now_s + l->lease_s, key);
+            *state = LDG_IDEM_NEW;
+        } else if (act == INSERT) {
+            rc = q_run(l, &changes, err,
+                       "INSERT INTO idempotency (key, body_sha256, request_id, state, created,"
+                       " expires, owner, lease_until) VALUES (?, ?, ?, 'running', ?, ?, ?, ?)"
+                       " ON CONFLICT (key) DO NOTHING",
+                       "sssddsd", key, body_sha256, request_id, now_s, now_s + ttl_s, l->owner,
+                       now_s + l->lease_s);
+            if (!rc && changes == 0) {
+                /* another router inserted it since the look-up */
+                if (tries < 3)
+                    continue;
+                rc = sw_error_set(err, SW_EIO, "ledger: Idempotency-Key %s keeps changing", key);
+            }
+            *state = LDG_IDEM_NEW;
+        }
+        break;
     }
-    if ((rc = exec_sql(l, "COMMIT;", err)))
+    if (rc)
+        goto rollback;
+    if ((rc = commit(l, err)))
         goto rollback;
     goto out;
 rollback:
-    exec_sql(l, "ROLLBACK;", NULL);
+    rollback(l);
     ldg_stored_free(stored);
 out:
-    pthread_mutex_unlock(&l->mu);
+    unlock(l);
     return rc;
 }
 
@@ -468,50 +371,68 @@ int ldg_idem_finish(ldg_ledger *l, const char *key, int status, const char *cont
                     bool stream, const char *body, size_t body_len, double now_s, sw_error *err)
 {
     (void)now_s;
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "UPDATE idempotency SET state = 'done', status = ?, content_type = ?,"
-                           " stream = ?, response = ? WHERE key = ?",
-                           "isibs", status, content_type, (int)stream, body, body_len, key),
-                      NULL, err);
-    pthread_mutex_unlock(&l->mu);
-    return rc;
+    int changes = 0;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_run(l, &changes, err,
+               "UPDATE idempotency SET state = 'done', status = ?, content_type = ?, stream = ?,"
+               " response = ? WHERE key = ? AND state = 'running' AND owner = ?",
+               "isibss", status, content_type, (int)stream, body, body_len, key, l->owner);
+    unlock(l);
+    return rc ? rc : idem_owned(changes, key, err);
 }
 
 int ldg_idem_drop(ldg_ledger *l, const char *key, sw_error *err)
 {
-    ledger_lock(l);
-    int rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE key = ? AND state = 'running'",
-                              "s", key),
-                      NULL, err);
-    pthread_mutex_unlock(&l->mu);
-    return rc;
+    int changes = 0;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_run(l, &changes, err,
+               "DELETE FROM idempotency WHERE key = ? AND state = 'running' AND owner = ?", "ss",
+               key, l->owner);
+    unlock(l);
+    return rc ? rc : idem_owned(changes, key, err);
 }
 
 int ldg_idem_abandon(ldg_ledger *l, const char *key, sw_error *err)
 {
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "UPDATE idempotency SET state = 'abandoned' WHERE key = ?"
-                           " AND state = 'running'",
-                           "s", key),
-                      NULL, err);
-    pthread_mutex_unlock(&l->mu);
-    return rc;
+    int changes = 0;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_run(l, &changes, err,
+               "UPDATE idempotency SET state = 'abandoned' WHERE key = ? AND state = 'running'"
+               " AND owner = ?",
+               "ss", key, l->owner);
+    unlock(l);
+    return rc ? rc : idem_owned(changes, key, err);
 }
 
 int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err)
 {
-    int changes = 0;
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err, "UPDATE idempotency SET state = 'abandoned' WHERE state = 'running'",
-                           ""),
-                      &changes, err);
-    pthread_mutex_unlock(&l->mu);
     if (n)
+        *n = 0;
+    if (l->be->shared)
+        return SW_OK; /* other routers run their keys; dead ones' leases expire */
+    int changes = 0;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    if (!(rc = begin(l, err))) {
+        rc = q_run(l, &changes, err,
+                   "UPDATE idempotency SET state = 'abandoned' WHERE state = 'running'", "");
+        if (!rc)
+            rc = q_run(l, NULL, err,
+                       "UPDATE jobs SET owner = NULL, lease_until = 0 WHERE state = 'running'", "");
+        if (!rc)
+            rc = commit(l, err);
+        if (rc)
+            rollback(l);
+    }
+    unlock(l);
+    if (n && !rc)
         *n = changes;
     return rc;
 }
@@ -519,12 +440,13 @@ int ldg_idem_recover(ldg_ledger *l, int *n, sw_error *err)
 int ldg_idem_expire(ldg_ledger *l, double now_s, int *n, sw_error *err)
 {
     int changes = 0;
-    ledger_lock(l);
-    int rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE expires <= ?", "d", now_s),
-                      &changes, err);
-    pthread_mutex_unlock(&l->mu);
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_run(l, &changes, err, "DELETE FROM idempotency WHERE expires <= ?", "d", now_s);
+    unlock(l);
     if (n)
-        *n = changes;
+        *n = rc ? 0 : changes;
     return rc;
 }
 
@@ -534,40 +456,39 @@ int ldg_attempt_add(ldg_ledger *l, const char *request_id, int attempt, const ch
                     const char *outcome, const char *error, double started_s, double finished_s,
                     sw_error *err)
 {
-    ledger_lock(l);
-    /* a record, not a promise: no sync of its own (see the top) */
-    sqlite3_exec(l->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "INSERT INTO attempts (request_id, attempt, worker, outcome, error,"
-                           " started, finished) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           "sisssdd", request_id, attempt, worker, outcome, error, started_s,
-                           finished_s),
-                      NULL, err);
-    if (sqlite3_exec(l->db, "PRAGMA synchronous=FULL", NULL, NULL, NULL) != SQLITE_OK) {
-        l->sync_normal = true; /* the next ledger_lock tries again */
-        if (rc == SW_OK)
-            rc = db_fail(l, err, "restoring synchronous=FULL");
-    }
-    pthread_mutex_unlock(&l->mu);
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    /* a record, not a promise: no sync of its own (ledger_sqlite.c) */
+    if (l->be->relax)
+        l->be->relax(l, true);
+    rc = q_run(l, NULL, err,
+               "INSERT INTO attempts (request_id, attempt, worker, outcome, error, started,"
+               " finished) VALUES (?, ?, ?, ?, ?, ?, ?)",
+               "sisssdd", request_id, attempt, worker, outcome, error, started_s, finished_s);
+    if (l->be->relax)
+        l->be->relax(l, false);
+    unlock(l);
     return rc;
 }
 
 int ldg_attempt_count(ldg_ledger *l, const char *request_id, int *n, sw_error *err)
 {
     *n = 0;
-    ledger_lock(l);
-    int rc = SW_OK;
-    sqlite3_stmt *st =
-        prep(l, err, "SELECT count(*) FROM attempts WHERE request_id = ?", "s", request_id);
-    if (!st)
-        rc = SW_EIO;
-    else if (sqlite3_step(st) == SQLITE_ROW)
-        *n = sqlite3_column_int(st, 0);
-    else
-        rc = db_fail(l, err, "attempt count");
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&l->mu);
+    ldg__result *r = NULL;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    if (!(rc = q_open(l, &r, err, "SELECT count(*) FROM attempts WHERE request_id = ?", "s",
+                      request_id))) {
+        int s = row(l, r, err);
+        if (s > 0)
+            *n = (int)c_int(r, 0);
+        else
+            rc = s < 0 ? s : sw_error_set(err, SW_EIO, "ledger: attempt count: no row");
+    }
+    q_free(r);
+    unlock(l);
     return rc;
 }
 
@@ -583,19 +504,36 @@ void ldg_tool_step_free(ldg_tool_step *s)
 }
 
 int ldg_tool_started(ldg_ledger *l, const char *request_id, int step, const char *tool,
-                     const char *call_id, const char *arguments, double now_s, sw_error *err)
+                     const char *call_id, const char *arguments, double now_s, bool *first,
+                     sw_error *err)
 {
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "INSERT INTO tool_calls (request_id, step, tool, call_id, arguments,"
-                           " state, started) VALUES (?, ?, ?, ?, ?, 'started', ?)"
-                           " ON CONFLICT (request_id, step) DO UPDATE SET calls = calls + 1,"
-                           " started = excluded.started WHERE state = 'started'",
-                           "sisssd", request_id, step, tool, call_id ? call_id : "", arguments,
-                           now_s),
-                      NULL, err);
-    pthread_mutex_unlock(&l->mu);
+    *first = false;
+    ldg__result *r = NULL;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    /* one statement: the insert claims the step, a conflicting one counts
+     * a re-call; calls is 1 only on the row this statement created */
+    rc = q_open(l, &r, err,
+                "INSERT INTO tool_calls (request_id, step, tool, call_id, arguments, state,"
+                " started) VALUES (?, ?, ?, ?, ?, 'started', ?)"
+                " ON CONFLICT (request_id, step) DO UPDATE SET calls = tool_calls.calls + 1,"
+                " started = excluded.started WHERE tool_calls.state = 'started'"
+                " RETURNING calls",
+                "sisssd", request_id, step, tool, call_id ? call_id : "", arguments, now_s);
+    if (!rc) {
+        int s = row(l, r, err);
+        if (s > 0) {
+            *first = c_int(r, 0) == 1;
+            s = row(l, r, err);
+        }
+        if (s < 0) {
+            rc = s;
+            *first = false;
+        }
+    }
+    q_free(r);
+    unlock(l);
     return rc;
 }
 
@@ -603,14 +541,14 @@ int ldg_tool_done(ldg_ledger *l, const char *request_id, int step, const char *r
                   double now_s, sw_error *err)
 {
     int changes = 0;
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "UPDATE tool_calls SET state = 'done', result = ?, finished = ?"
-                           " WHERE request_id = ? AND step = ?",
-                           "sdsi", result, now_s, request_id, step),
-                      &changes, err);
-    pthread_mutex_unlock(&l->mu);
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_run(l, &changes, err,
+               "UPDATE tool_calls SET state = 'done', result = ?, finished = ?"
+               " WHERE request_id = ? AND step = ?",
+               "sdsi", result, now_s, request_id, step);
+    unlock(l);
     if (!rc && changes != 1)
         rc = sw_error_set(err, SW_ENOTFOUND, "ledger: tool step %s/%d was never started",
                           request_id, step);
@@ -622,40 +560,37 @@ int ldg_tool_get(ldg_ledger *l, const char *request_id, int step, ldg_tool_step 
 {
     memset(out, 0, sizeof *out);
     *found = false;
-    int rc = SW_OK;
-    ledger_lock(l);
-    sqlite3_stmt *st = prep(l, err,
-                            "SELECT tool, call_id, arguments, state, result, calls, started,"
-                            " finished FROM tool_calls WHERE request_id = ? AND step = ?",
-                            "si", request_id, step);
-    if (!st) {
-        rc = SW_EIO;
-        goto out;
-    }
-    int s = sqlite3_step(st);
-    if (s == SQLITE_ROW) {
+    ldg__result *r = NULL;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_open(l, &r, err,
+                "SELECT tool, call_id, arguments, state, result, calls, started, finished"
+                " FROM tool_calls WHERE request_id = ? AND step = ?",
+                "si", request_id, step);
+    int s = rc ? 0 : row(l, r, err);
+    if (s > 0) {
         *found = true;
         out->step = step;
-        col_copy(st, 0, out->tool, sizeof out->tool);
-        col_copy(st, 1, out->call_id, sizeof out->call_id);
-        out->arguments = col_text(st, 2);
-        const char *state = (const char *)sqlite3_column_text(st, 3); /* NULL: out of memory */
+        c_copy(r, 0, out->tool, sizeof out->tool);
+        c_copy(r, 1, out->call_id, sizeof out->call_id);
+        out->arguments = c_dup(r, 2);
+        const char *state = r->be->text(r, 3); /* NULL: out of memory */
         out->state = state && !strcmp(state, "done") ? LDG_TOOL_DONE : LDG_TOOL_STARTED;
-        out->result = col_text(st, 4);
-        out->calls = sqlite3_column_int(st, 5);
-        out->started = sqlite3_column_double(st, 6);
-        out->finished = sqlite3_column_double(st, 7);
+        out->result = c_dup(r, 4);
+        out->calls = (int)c_int(r, 5);
+        out->started = c_real(r, 6);
+        out->finished = c_real(r, 7);
         if (!out->arguments || (out->state == LDG_TOOL_DONE && !out->result)) {
             ldg_tool_step_free(out);
             *found = false;
-            rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+            rc = oom(err);
         }
-    } else if (s != SQLITE_DONE) {
-        rc = db_fail(l, err, "tool step look-up");
+    } else if (s < 0) {
+        rc = s;
     }
-    sqlite3_finalize(st);
-out:
-    pthread_mutex_unlock(&l->mu);
+    q_free(r);
+    unlock(l);
     return rc;
 }
 
@@ -686,17 +621,18 @@ void ldg_job_free(ldg_job *j)
     j->request = j->response = j->error = NULL;
 }
 
+#define LDG_JOB_INSERT                                                                          \
+    "INSERT INTO jobs (id, endpoint, request, deadline_ms, state, created)"                      \
+    " VALUES (?, ?, ?, ?, 'queued', ?)"
+
 int ldg_job_insert(ldg_ledger *l, const ldg_job *j, sw_error *err)
 {
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "INSERT INTO jobs (id, endpoint, request, deadline_ms, state, created)"
-                           " VALUES (?, ?, ?, ?, 'queued', ?)",
-                           "sssId", j->id, j->endpoint, j->request, (int64_t)j->deadline_ms,
-                           j->created),
-                      NULL, err);
-    pthread_mutex_unlock(&l->mu);
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_run(l, NULL, err, LDG_JOB_INSERT, "sssId", j->id, j->endpoint, j->request,
+               (int64_t)j->deadline_ms, j->created);
+    unlock(l);
     return rc;
 }
 
@@ -706,34 +642,27 @@ int ldg_job_insert_idem(ldg_ledger *l, const ldg_job *j, const char *idem_key, i
 {
     if (!idem_key || !idem_key[0])
         return ldg_job_insert(l, j, err);
-    int rc;
-    ledger_lock(l);
-    if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    if ((rc = begin(l, err)))
         goto out;
-    rc = run_stmt(l,
-                  prep(l, err,
-                       "INSERT INTO jobs (id, endpoint, request, deadline_ms, state, created)"
-                       " VALUES (?, ?, ?, ?, 'queued', ?)",
-                       "sssId", j->id, j->endpoint, j->request, (int64_t)j->deadline_ms,
-                       j->created),
-                  NULL, err);
+    rc = q_run(l, NULL, err, LDG_JOB_INSERT, "sssId", j->id, j->endpoint, j->request,
+               (int64_t)j->deadline_ms, j->created);
+    int changes = 0;
+    if (!rc)
+        rc = q_run(l, &changes, err,
+                   "UPDATE idempotency SET state = 'done', status = ?, content_type = ?,"
+                   " stream = 0, response = ? WHERE key = ? AND state = 'running' AND owner = ?",
+                   "isbss", status, content_type, body, body_len, idem_key, l->owner);
+    if (!rc)
+        rc = idem_owned(changes, idem_key, err);
+    if (!rc)
+        rc = commit(l, err);
     if (rc)
-        goto rollback;
-    rc = run_stmt(l,
-                  prep(l, err,
-                       "UPDATE idempotency SET state = 'done', status = ?, content_type = ?,"
-                       " stream = 0, response = ? WHERE key = ?",
-                       "isbs", status, content_type, body, body_len, idem_key),
-                  NULL, err);
-    if (rc)
-        goto rollback;
-    if ((rc = exec_sql(l, "COMMIT;", err)))
-        goto rollback;
-    goto out;
-rollback:
-    exec_sql(l, "ROLLBACK;", NULL);
+        rollback(l);
 out:
-    pthread_mutex_unlock(&l->mu);
+    unlock(l);
     return rc;
 }
 
@@ -741,91 +670,182 @@ int ldg_job_get(ldg_ledger *l, const char *id, ldg_job *out, bool *found, sw_err
 {
     memset(out, 0, sizeof *out);
     *found = false;
-    int rc = SW_OK;
-    ledger_lock(l);
-    sqlite3_stmt *st = prep(l, err,
-                            "SELECT endpoint, request, deadline_ms, state, attempts, finish_writes,"
-                            " response, error, created, started, finished FROM jobs WHERE id = ?",
-                            "s", id);
-    if (!st) {
-        rc = SW_EIO;
-        goto out;
-    }
-    int s = sqlite3_step(st);
-    if (s == SQLITE_ROW) {
+    ldg__result *r = NULL;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_open(l, &r, err,
+                "SELECT endpoint, request, deadline_ms, state, attempts, finish_writes, response,"
+                " error, created, started, finished FROM jobs WHERE id = ?",
+                "s", id);
+    int s = rc ? 0 : row(l, r, err);
+    if (s > 0) {
         *found = true;
         snprintf(out->id, sizeof out->id, "%s", id);
-        col_copy(st, 0, out->endpoint, sizeof out->endpoint);
-        out->request = col_text(st, 1);
-        out->deadline_ms = sqlite3_column_type(st, 2) == SQLITE_NULL ? -1 : sqlite3_column_int64(st, 2);
-        out->state = job_state_parse((const char *)sqlite3_column_text(st, 3));
-        out->attempts = sqlite3_column_int(st, 4);
-        out->finish_writes = sqlite3_column_int(st, 5);
-        out->response = col_text(st, 6);
-        out->error = col_text(st, 7);
-        out->created = sqlite3_column_double(st, 8);
-        out->started = sqlite3_column_double(st, 9);
-        out->finished = sqlite3_column_double(st, 10);
+        c_copy(r, 0, out->endpoint, sizeof out->endpoint);
+        out->request = c_dup(r, 1);
+        out->deadline_ms = r->be->is_null(r, 2) ? -1 : c_int(r, 2);
+        out->state = job_state_parse(r->be->text(r, 3));
+        out->attempts = (int)c_int(r, 4);
+        out->finish_writes = (int)c_int(r, 5);
+        out->response = c_dup(r, 6);
+        out->error = c_dup(r, 7);
+        out->created = c_real(r, 8);
+        out->started = c_real(r, 9);
+        out->finished = c_real(r, 10);
         if (!out->request) {
             ldg_job_free(out);
             *found = false;
-            rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+            rc = oom(err);
         }
-    } else if (s != SQLITE_DONE) {
-        rc = db_fail(l, err, "job look-up");
+    } else if (s < 0) {
+        rc = s;
     }
-    sqlite3_finalize(st);
-out:
-    pthread_mutex_unlock(&l->mu);
+    q_free(r);
+    unlock(l);
     return rc;
 }
 
-int ldg_job_start(ldg_ledger *l, const char *id, double now_s, bool *claimed, sw_error *err)
+/* The claim of a job, shared by ldg_job_start and ldg_job_claim: the rows
+ * that may be claimed (queued, or running under another owner whose lease
+ * ended at ?1 now) and what a claim writes (?1 now, ?2 this owner, ?3 the
+ * lease's end). */
+#define LDG_JOB_CLAIMABLE                                                                       \
+    "(state = 'queued' OR (state = 'running' AND lease_until <= ?1"                            \
+    " AND COALESCE(owner, '') <> ?2))"
+#define LDG_JOB_CLAIM_SET                                                                       \
+    "UPDATE jobs SET state = 'running', attempts = attempts + 1, started = ?1, owner = ?2,"     \
+    " lease_until = ?3, fence = fence + 1"
+
+/* Runs a claim statement (returning id, fence; parameters as above, and
+ * ?4 the id for a start). */
+static int job_claim_run(ldg_ledger *l, const char *sql, const char *id, double now_s,
+                         char id_out[48], int64_t *fence, bool *got, sw_error *err)
 {
-    int changes = 0;
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "UPDATE jobs SET state = 'running', attempts = attempts + 1, started = ?"
-                           " WHERE id = ? AND state IN ('queued', 'running')",
-                           "ds", now_s, id),
-                      &changes, err);
-    pthread_mutex_unlock(&l->mu);
-    *claimed = !rc && changes == 1;
+    *got = false;
+    *fence = 0;
+    if (id_out)
+        id_out[0] = 0;
+    ldg__result *r = NULL;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    if (id)
+        rc = q_open(l, &r, err, sql, "dsds", now_s, l->owner, now_s + l->lease_s, id);
+    else
+        rc = q_open(l, &r, err, sql, "dsd", now_s, l->owner, now_s + l->lease_s);
+    int s = rc ? 0 : row(l, r, err);
+    if (s > 0) {
+        *got = true;
+        if (id_out)
+            c_copy(r, 0, id_out, 48);
+        *fence = c_int(r, 1);
+        s = row(l, r, err);
+    }
+    if (s < 0) {
+        rc = s;
+        *got = false;
+        if (id_out)
+            id_out[0] = 0;
+    }
+    q_free(r);
+    unlock(l);
     return rc;
 }
 
-int ldg_job_finish(ldg_ledger *l, const char *id, int state, const char *response,
+int ldg_job_start(ldg_ledger *l, const char *id, double now_s, bool *claimed, int64_t *fence,
+                  sw_error *err)
+{
+    return job_claim_run(l,
+                         LDG_JOB_CLAIM_SET " WHERE id = ?4 AND " LDG_JOB_CLAIMABLE
+                                           " RETURNING id, fence",
+                         id, now_s, NULL, fence, claimed, err);
+}
+
+int ldg_job_claim(ldg_ledger *l, double now_s, char id_out[48], int64_t *fence, bool *got,
+                  sw_error *err)
+{
+    /* One statement. SQLite runs it alone, so one connection claims the
+     * oldest job; PostgreSQL locks the row it picks, and another router
+     * picking at the same time skips it for the next. */
+    char sql[640];
+    snprintf(sql, sizeof sql,
+             LDG_JOB_CLAIM_SET " WHERE %s = (SELECT %s FROM jobs WHERE " LDG_JOB_CLAIMABLE
+                               " ORDER BY created, %s LIMIT 1%s) RETURNING id, fence",
+             l->be->jobs_order, l->be->jobs_order, l->be->jobs_order,
+             l->be->shared ? " FOR UPDATE SKIP LOCKED" : "");
+    return job_claim_run(l, sql, NULL, now_s, id_out, fence, got, err);
+}
+
+/* A fenced write on a job changed no row: SW_ENOTFOUND for an unknown id,
+ * SW_ECONFLICT when it is not running with this fence. *running (may be
+ * NULL): whether it runs at all. */
+static int job_unfenced(ldg_ledger *l, const char *id, bool *running, sw_error *err)
+{
+    ldg__result *r = NULL;
+    int rc = q_open(l, &r, err, "SELECT state FROM jobs WHERE id = ?", "s", id);
+    int s = rc ? 0 : row(l, r, err);
+    if (s > 0) {
+        if (running)
+            *running = job_state_parse(r->be->text(r, 0)) == LDG_JOB_RUNNING;
+        rc = sw_error_set(err, SW_ECONFLICT,
+                          "ledger: job %s is not running under this claim (taken over or "
+                          "finished)", id);
+    } else if (s == 0 && !rc) {
+        rc = sw_error_set(err, SW_ENOTFOUND, "ledger: no job %s", id);
+    } else if (s < 0) {
+        rc = s;
+    }
+    q_free(r);
+    return rc;
+}
+
+int ldg_job_finish(ldg_ledger *l, const char *id, int64_t fence, int state, const char *response,
                    const char *error, double now_s, sw_error *err)
 {
     if (state != LDG_JOB_SUCCEEDED && state != LDG_JOB_FAILED)
         return sw_error_set(err, SW_EINVAL, "ledger: a job finishes as succeeded or failed");
     int changes = 0;
-    ledger_lock(l);
-    /* No guard on the previous state: finish_writes counts every final
-     * write, so a job run twice shows up (tests check it is 1). */
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "UPDATE jobs SET state = ?, response = ?, error = ?, finished = ?,"
-                           " finish_writes = finish_writes + 1 WHERE id = ?",
-                           "sssds", ldg_job_state_name(state), response, error, now_s, id),
-                      &changes, err);
-    pthread_mutex_unlock(&l->mu);
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    /* finish_writes counts every final write: a job completed twice would
+     * show (the tests check it is 1) */
+    rc = q_run(l, &changes, err,
+               "UPDATE jobs SET state = ?, response = ?, error = ?, finished = ?,"
+               " finish_writes = finish_writes + 1 WHERE id = ? AND state = 'running'"
+               " AND fence = ?",
+               "sssdsI", ldg_job_state_name(state), response, error, now_s, id, fence);
     if (!rc && changes != 1)
-        rc = sw_error_set(err, SW_ENOTFOUND, "ledger: no job %s", id);
+        rc = job_unfenced(l, id, NULL, err);
+    unlock(l);
     return rc;
 }
 
-int ldg_job_requeue(ldg_ledger *l, const char *id, bool *requeued, sw_error *err)
+int ldg_job_requeue(ldg_ledger *l, const char *id, int64_t fence, bool *requeued, sw_error *err)
 {
     int changes = 0;
-    ledger_lock(l);
+    int rc = lock(l, err);
+    if (requeued)
+        *requeued = false;
+    if (rc)
+        return rc;
     /* only from running: a succeeded or failed job keeps its final record */
-    int rc = run_stmt(l,
-                      prep(l, err, "UPDATE jobs SET state = 'queued' WHERE id = ? AND state = 'running'",
-                           "s", id),
-                      &changes, err);
-    pthread_mutex_unlock(&l->mu);
+    rc = q_run(l, &changes, err,
+               "UPDATE jobs SET state = 'queued', owner = NULL, lease_until = 0"
+               " WHERE id = ? AND state = 'running' AND fence = ?",
+               "sI", id, fence);
+    if (!rc && changes != 1) {
+        bool running = false;
+        sw_error why;
+        sw_error_clear(&why);
+        int u = job_unfenced(l, id, &running, &why);
+        /* running under another claim: a conflict; finished, queued or
+         * unknown: left as it is */
+        if ((u == SW_ECONFLICT && running) || (u != SW_ECONFLICT && u != SW_ENOTFOUND))
+            rc = sw_error_set(err, u, "%s", why.message);
+    }
+    unlock(l);
     if (requeued)
         *requeued = !rc && changes == 1;
     return rc;
@@ -835,44 +855,46 @@ int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err)
 {
     *ids = NULL;
     *n = 0;
-    int rc = SW_OK;
     size_t cap = 0;
-    ledger_lock(l);
-    sqlite3_stmt *st = prep(l, err,
-                            "SELECT id FROM jobs WHERE state IN ('queued', 'running')"
-                            " ORDER BY created, rowid",
-                            "");
-    if (!st) {
-        rc = SW_EIO;
+    char sql[160];
+    snprintf(sql, sizeof sql,
+             "SELECT id FROM jobs WHERE state IN ('queued', 'running') ORDER BY created, %s",
+             l->be->jobs_order);
+    ldg__result *r = NULL;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    if ((rc = q_open(l, &r, err, sql, "")))
         goto out;
-    }
     int s;
-    while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+    while ((s = row(l, r, err)) > 0) {
         if (*n == cap) {
             size_t nc = cap ? cap * 2 : 16;
             char(*na)[48] = sw_realloc(*ids, nc * sizeof **ids);
             if (!na) {
-                rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+                rc = oom(err);
                 break;
             }
             *ids = na;
             cap = nc;
         }
-        col_copy(st, 0, (*ids)[*n], 48);
+        c_copy(r, 0, (*ids)[*n], 48);
         (*n)++;
     }
-    if (!rc && s != SQLITE_DONE)
-        rc = db_fail(l, err, "pending jobs");
-    sqlite3_finalize(st);
+    if (!rc && s < 0)
+        rc = s;
+out:
+    q_free(r);
     if (rc) {
         sw_free(*ids);
         *ids = NULL;
         *n = 0;
     }
-out:
-    pthread_mutex_unlock(&l->mu);
+    unlock(l);
     return rc;
 }
+
+/* ---- retention ------------------------------------------------------------- */
 
 /* The requests whose rows may go: every attempt and tool step older than
  * the cut-off (?1), no idempotency key naming them (keys leave only when
@@ -892,57 +914,49 @@ int ldg_retention_sweep(ldg_ledger *l, double now_s, double retention_s, ldg_swe
 {
     ldg_sweep_counts c = {0};
     double cut = now_s - retention_s;
-    int rc;
-    ledger_lock(l);
-    if ((rc = exec_sql(l, "BEGIN IMMEDIATE;", err)))
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    if ((rc = begin(l, err)))
         goto out;
-    if ((rc = run_stmt(l, prep(l, err, "DELETE FROM idempotency WHERE expires <= ?", "d", now_s),
-                       &c.keys, err)))
+    if ((rc = q_run(l, &c.keys, err, "DELETE FROM idempotency WHERE expires <= ?", "d", now_s)))
         goto rollback;
-    if ((rc = run_stmt(l,
-                       prep(l, err,
-                            /* "+state": not by jobs_state, which would
-                             * walk every finished job; by jobs_finished */
-                            "DELETE FROM jobs WHERE +state IN ('succeeded','failed')"
-                            " AND finished IS NOT NULL AND finished <= ?1"
-                            " AND id NOT IN (SELECT request_id FROM idempotency)",
-                            "d", cut),
-                       &c.jobs, err)))
+    /* SQLite: "+state", not by jobs_state, which would walk every
+     * finished job, but by jobs_finished (PostgreSQL plans by itself) */
+    if ((rc = q_run(l, &c.jobs, err,
+                    is_sqlite(l) ? "DELETE FROM jobs WHERE +state IN ('succeeded','failed')"
+                                   " AND finished IS NOT NULL AND finished <= ?1"
+                                   " AND id NOT IN (SELECT request_id FROM idempotency)"
+                                 : "DELETE FROM jobs WHERE state IN ('succeeded','failed')"
+                                   " AND finished IS NOT NULL AND finished <= ?1"
+                                   " AND id NOT IN (SELECT request_id FROM idempotency)",
+                    "d", cut)))
         goto rollback;
-    if ((rc = run_stmt(l,
-                       prep(l, err,
-                            "DELETE FROM attempts WHERE finished <= ?1 AND "
-                            LDG_SWEEPABLE("request_id"),
-                            "d", cut),
-                       &c.attempts, err)))
+    if ((rc = q_run(l, &c.attempts, err,
+                    "DELETE FROM attempts WHERE finished <= ?1 AND " LDG_SWEEPABLE("request_id"),
+                    "d", cut)))
         goto rollback;
-    if ((rc = run_stmt(l,
-                       prep(l, err,
-                            /* "started <= ?1" is implied by the rest,
-                             * but lets it search tool_calls_started */
-                            "DELETE FROM tool_calls WHERE started <= ?1 AND "
-                            LDG_SWEEPABLE("request_id"), "d", cut),
-                       &c.tool_calls, err)))
+    /* "started <= ?1" is implied by the rest, but lets it search
+     * tool_calls_started */
+    if ((rc = q_run(l, &c.tool_calls, err,
+                    "DELETE FROM tool_calls WHERE started <= ?1 AND " LDG_SWEEPABLE("request_id"),
+                    "d", cut)))
         goto rollback;
-    if ((rc = run_stmt(l,
-                       prep(l, err,
-                            /* a background response stays while its job
-                             * may still finish it */
-                            "DELETE FROM responses WHERE created <= ?1 AND (job_id IS NULL OR"
-                            " job_id NOT IN (SELECT id FROM jobs WHERE state IN"
-                            " ('queued','running')))",
-                            "d", cut),
-                       &c.responses, err)))
+    /* a background response stays while its job may still finish it */
+    if ((rc = q_run(l, &c.responses, err,
+                    "DELETE FROM responses WHERE created <= ?1 AND (job_id IS NULL OR"
+                    " job_id NOT IN (SELECT id FROM jobs WHERE state IN ('queued','running')))",
+                    "d", cut)))
         goto rollback;
-    if ((rc = exec_sql(l, "COMMIT;", err)))
+    if ((rc = commit(l, err)))
         goto rollback;
     if (out)
         *out = c;
     goto out;
 rollback:
-    exec_sql(l, "ROLLBACK;", NULL);
+    rollback(l);
 out:
-    pthread_mutex_unlock(&l->mu);
+    unlock(l);
     return rc;
 }
 
@@ -960,15 +974,16 @@ void ldg_response_free(ldg_response *r)
 int ldg_response_put(ldg_ledger *l, const char *id, const char *conversation,
                      const char *response, const char *job_id, double now_s, sw_error *err)
 {
-    ledger_lock(l);
-    int rc = run_stmt(l,
-                      prep(l, err,
-                           "INSERT OR REPLACE INTO responses (id, conversation, response, job_id,"
-                           " created) VALUES (?, ?, ?, ?, ?)",
-                           "ssssd", id, conversation, response,
-                           job_id && job_id[0] ? job_id : NULL, now_s),
-                      NULL, err);
-    pthread_mutex_unlock(&l->mu);
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_run(l, NULL, err,
+               "INSERT INTO responses (id, conversation, response, job_id, created)"
+               " VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+               " conversation = excluded.conversation, response = excluded.response,"
+               " job_id = excluded.job_id, created = excluded.created",
+               "ssssd", id, conversation, response, job_id && job_id[0] ? job_id : NULL, now_s);
+    unlock(l);
     return rc;
 }
 
@@ -977,44 +992,43 @@ int ldg_response_get(ldg_ledger *l, const char *id, ldg_response *out, bool *fou
 {
     memset(out, 0, sizeof *out);
     *found = false;
-    int rc = SW_OK;
-    ledger_lock(l);
-    sqlite3_stmt *st = prep(l, err,
-                            "SELECT conversation, response, job_id, created FROM responses"
-                            " WHERE id = ?",
-                            "s", id);
-    if (!st) {
-        rc = SW_EIO;
-        goto out;
-    }
-    int s = sqlite3_step(st);
-    if (s == SQLITE_ROW) {
+    ldg__result *r = NULL;
+    int rc = lock(l, err);
+    if (rc)
+        return rc;
+    rc = q_open(l, &r, err,
+                "SELECT conversation, response, job_id, created FROM responses WHERE id = ?", "s",
+                id);
+    int s = rc ? 0 : row(l, r, err);
+    if (s > 0) {
         *found = true;
-        out->conversation = col_text(st, 0);
-        out->response = col_text(st, 1);
-        col_copy(st, 2, out->job_id, sizeof out->job_id);
-        out->created = sqlite3_column_double(st, 3);
+        out->conversation = c_dup(r, 0);
+        out->response = c_dup(r, 1);
+        c_copy(r, 2, out->job_id, sizeof out->job_id);
+        out->created = c_real(r, 3);
         if (!out->conversation || !out->response) {
             ldg_response_free(out);
             *found = false;
-            rc = sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
+            rc = oom(err);
         }
-    } else if (s != SQLITE_DONE) {
-        rc = db_fail(l, err, "response look-up");
+    } else if (s < 0) {
+        rc = s;
     }
-    sqlite3_finalize(st);
-out:
-    pthread_mutex_unlock(&l->mu);
+    q_free(r);
+    unlock(l);
     return rc;
 }
 
 int ldg_response_delete(ldg_ledger *l, const char *id, bool *found, sw_error *err)
 {
     int changes = 0;
-    ledger_lock(l);
-    int rc = run_stmt(l, prep(l, err, "DELETE FROM responses WHERE id = ?", "s", id), &changes,
-                      err);
-    pthread_mutex_unlock(&l->mu);
+    int rc = lock(l, err);
+    if (rc) {
+        *found = false;
+        return rc;
+    }
+    rc = q_run(l, &changes, err, "DELETE FROM responses WHERE id = ?", "s", id);
+    unlock(l);
     *found = rc == SW_OK && changes > 0;
     return rc;
 }

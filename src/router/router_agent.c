@@ -390,9 +390,10 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
          * ledger says: a bad call is not made): the error goes back to the
          * model as the result */
         *result = sw_strdup(why);
+        bool first = false;
         if (!*result ||
             (!unknown && ldg_tool_started(rt->ledger, q->request_id, step, tool_name, call_id,
-                                          *args ? *args : "", rt__wall_s(), &err)) ||
+                                          *args ? *args : "", rt__wall_s(), &first, &err)) ||
             ldg_tool_done(rt->ledger, q->request_id, step, *result, rt__wall_s(), &err)) {
             if (!*result)
                 sw_error_set(&err, SW_ENOMEM, "out of memory");
@@ -424,8 +425,9 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
         return -1;
     }
     /* committed before the call (a re-call counts in the step's calls) */
+    bool first = false; /* whether this call claimed the step (a re-call: false) */
     if (ldg_tool_started(rt->ledger, q->request_id, step, tool_name, call_id, *args,
-                         rt__wall_s(), &err)) {
+                         rt__wall_s(), &first, &err)) {
         ledger_fail(a, &err);
         return -1;
     }

@@ -123,21 +123,22 @@ static json_t *error_json(const char *code, const char *msg)
  * the top of the file); counted and logged as done only once written.
  * false when it could not be written: the job stays running in the
  * ledger and runs again at the next start. */
-static bool finish(rt_router *rt, const char *id, bool ok, const char *response, json_t *error)
+static bool finish(rt_router *rt, const char *id, int64_t fence, bool ok, const char *response,
+                   json_t *error)
 {
     char *es = error ? sw_json_dumps(error, JSON_COMPACT) : NULL;
     sw_error err;
     sw_error_clear(&err);
     bool written = false;
     for (int t = 1;; t++) {
-        int rc = ldg_job_finish(rt->ledger, id, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED,
+        int rc = ldg_job_finish(rt->ledger, id, fence, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED,
                                 ok ? response : NULL, es, rt__wall_s(), &err);
         if (rc == 0) {
             written = true;
             break;
         }
-        if (rc == SW_ENOTFOUND || t >= RT_JOB_FINISH_TRIES)
-            break; /* gone (nothing to retry), or out of tries */
+        if (rc == SW_ENOTFOUND || rc == SW_ECONFLICT || t >= RT_JOB_FINISH_TRIES)
+            break; /* gone or taken over (nothing to retry), or out of tries */
         int pause_ms = RT_JOB_FINISH_PAUSE_MS << (t - 1);
         SW_WARN("router", "job %s: writing its result failed (try %d of %d): %s; again in %d ms",
                 id, t, RT_JOB_FINISH_TRIES, err.message, pause_ms);
@@ -163,11 +164,11 @@ static bool finish(rt_router *rt, const char *id, bool ok, const char *response,
 }
 
 /* The runner gives the job up unfinished (shutdown): back to queued. */
-static void give_up(rt_router *rt, const char *id)
+static void give_up(rt_router *rt, const char *id, int64_t fence)
 {
     sw_error err;
     bool requeued = false;
-    if (ldg_job_requeue(rt->ledger, id, &requeued, &err))
+    if (ldg_job_requeue(rt->ledger, id, fence, &requeued, &err))
         SW_WARN("router", "job %s: cancelled by the shutdown; it stays running in the ledger (%s) "
                 "and runs again at the next start", id, err.message);
     else if (requeued)
@@ -178,7 +179,8 @@ static void run_job(rt_router *rt, const char *id)
 {
     sw_error err;
     bool claimed = false;
-    if (ldg_job_start(rt->ledger, id, rt__wall_s(), &claimed, &err)) {
+    int64_t fence = 0; /* this run's claim: its final record or give-up carries it */
+    if (ldg_job_start(rt->ledger, id, rt__wall_s(), &claimed, &fence, &err)) {
         SW_ERROR("router", "job %s: %s", id, err.message);
         return;
     }
@@ -199,7 +201,7 @@ static void run_job(rt_router *rt, const char *id)
             double left = j.created + (double)j.deadline_ms / 1000.0 - rt__wall_s();
             if (left <= 0) {
                 json_t *e = error_json("deadline_exceeded", "the job's deadline passed before it completed");
-                finish(rt, id, false, NULL, e);
+                finish(rt, id, fence, false, NULL, e);
                 json_decref(e);
                 break;
             }
@@ -220,17 +222,17 @@ static void run_job(rt_router *rt, const char *id)
         bool more = busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
         if (c.status == 200 && resp) {
             /* a whole answer, even one that arrived as the shutdown began */
-            finish(rt, id, true, c.body, NULL);
+            finish(rt, id, fence, true, c.body, NULL);
         } else if (stop) {
             /* cancelled (or cut short) by the shutdown: whatever it
              * answered is not the job's answer */
-            give_up(rt, id);
+            give_up(rt, id, fence);
             more = false;
         } else if (!more) {
             json_t *e = json_incref(json_object_get(resp, "error"));
             if (!e)
                 e = error_json("internal_error", "the job produced no readable response");
-            finish(rt, id, false, NULL, e);
+            finish(rt, id, fence, false, NULL, e);
             json_decref(e);
         }
         json_decref(resp);
@@ -241,7 +243,7 @@ static void run_job(rt_router *rt, const char *id)
         for (int i = 0; i < 10 && !stopping(rt); i++)
             usleep(100 * 1000);
         if (stopping(rt)) {
-            give_up(rt, id);
+            give_up(rt, id, fence);
             break;
         }
     }

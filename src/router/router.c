@@ -323,9 +323,15 @@ int rt_serve(const rt_config *c)
     rt__read_switches(rt);
     sw_error lerr;
     sw_error_clear(&lerr);
-    if (ldg_open(c->state_dir, &rt->ledger, &lerr)) {
+    /* a shared ledger (PostgreSQL) or this state-dir's own (SQLite) */
+    if (ldg_open(c->ledger[0] ? c->ledger : c->state_dir, &rt->ledger, &lerr)) {
         fprintf(stderr, "spillway serve: %s\n", lerr.message);
-        return 1;
+        return lerr.code == SW_EINVAL ? 2 : 1;
+    }
+    {
+        char owner[64];
+        snprintf(owner, sizeof owner, "%s", ldg_owner(rt->ledger));
+        ldg_set_owner(rt->ledger, owner, c->ledger_lease_s);
     }
     int abandoned = 0;
     if (ldg_idem_recover(rt->ledger, &abandoned, &lerr) == 0 && abandoned)
@@ -345,6 +351,13 @@ int rt_serve(const rt_config *c)
         ldg_close(rt->ledger);
         rt->ledger = NULL;
         return lerr.code == SW_EINVAL ? 2 : 1;
+    }
+    if (rt__lease_start(rt)) {
+        fprintf(stderr, "spillway serve: cannot start the ledger's lease keeper\n");
+        free_models(rt);
+        ldg_close(rt->ledger);
+        rt->ledger = NULL;
+        return 1;
     }
     rt_pool_init(&rt->pool, c);
     rt_queue_init(&rt->queue, &rt->pool, c->queue_size);
@@ -414,6 +427,11 @@ int rt_serve(const rt_config *c)
                !strncmp(w->cfg.device, "sim-gpu", 7) ? " [simulated]" : "",
                w->cfg.managed ? "managed" : w->cfg.url);
     }
+    if (ldg_shared(rt->ledger))
+        printf("spillway serve: ledger %s, shared with other routers (owner %s, lease %.0f s)\n",
+               ldg_backend(rt->ledger), ldg_owner(rt->ledger), ldg_lease_s(rt->ledger));
+    else
+        printf("spillway serve: ledger %s in %s\n", ldg_backend(rt->ledger), c->state_dir);
     printf("spillway serve: listening on %s\n", actual);
     if (strncmp(actual, "unix:", 5))
         printf("try: curl http://%s/v1/completions -H 'Content-Type: application/json'%s "
@@ -501,6 +519,7 @@ out:
     }
     free_models(rt);
     rt__reload_free_retired(rt);
+    rt__lease_stop(rt);
     ldg_close(rt->ledger);
     rt->ledger = NULL;
     for (int i = 0; i < RT_EVENTS; i++)

@@ -396,6 +396,15 @@ static void handle_health(rt_req *q)
     if (sb->no_restart) json_array_append_new(sab, json_string("no-restart"));
     if (sb->no_deadline) json_array_append_new(sab, json_string("no-deadline"));
     json_object_set_new(h, "sabotage", sab);
+    if (rt->ledger)
+        /* which ledger, who this router is in it, and whether its last
+         * call reached it (requests that need it get 503 while not) */
+        json_object_set_new(h, "ledger",
+                            json_pack("{s:s, s:b, s:s, s:f, s:b}", "backend",
+                                      ldg_backend(rt->ledger), "shared", ldg_shared(rt->ledger),
+                                      "owner", ldg_owner(rt->ledger), "lease_s",
+                                      ldg_lease_s(rt->ledger), "reachable",
+                                      atomic_load(&rt->ledger_reachable) != 0));
     char *s = sw_json_dumps(h, JSON_COMPACT);
     json_decref(h);
     if (s)

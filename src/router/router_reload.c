@@ -45,6 +45,8 @@ static const setting settings[] = {
     SETTING("[server] max-connections", max_connections, true),
     SETTING("[server] queue-size", queue_size, true),
     SETTING("[server] job-workers", job_workers, true),
+    SETTING("[server] ledger", ledger, true),
+    SETTING("[server] ledger-lease-s", ledger_lease_s, true),
     SETTING("[server] api-keys", api_keys, false),
     SETTING("[server] api-keys", n_keys, false),
     SETTING("[server] max-body", max_body_bytes, false),
@@ -249,7 +251,7 @@ int rt__reload(rt_router *rt, const char *origin, json_t **answer, sw_error *err
         goto fail;
     }
     rc = rt_config_read(next, cur->config_path, cur->override_listen, cur->override_state_dir,
-                        cur->override_model, err);
+                        cur->override_model, cur->override_ledger, err);
     if (rc)
         goto fail;
     if ((rc = rt__upstreams_register(next, err)))

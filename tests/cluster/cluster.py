@@ -79,6 +79,8 @@ _procs = []
 
 
 def spawn(argv, logfile, env=None):
+    """Starts argv, its output appended to logfile. Call it from the main
+    thread: PR_SET_PDEATHSIG fires when the *thread* that forked exits."""
     e = dict(os.environ)
     e.pop("SPILLWAY_FAULT", None)
     e.pop("SPILLWAY_SABOTAGE", None)

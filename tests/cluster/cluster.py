@@ -93,6 +93,20 @@ def spawn(argv, logfile, env=None):
     return p
 
 
+def sanitizer_reports(logs):
+    """The logs (of routers and workers) that hold a sanitizer report."""
+    bad = []
+    for path in logs:
+        try:
+            with open(path, "rb") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if b"Sanitizer" in text or b"runtime error:" in text:
+            bad.append(path)
+    return bad
+
+
 def stop_all():
     for p in _procs:
         if p.poll() is None:

@@ -99,6 +99,8 @@ def main():
     r2.term()
     assert r1.proc.wait(timeout=30) == 0 and r2.proc.wait(timeout=30) == 0
     C.stop_all()
+    bad = C.sanitizer_reports([r1.log, r2.log, w.log])
+    assert not bad, "sanitizer reports in %s" % bad
     import shutil
     shutil.rmtree(d, ignore_errors=True)
     C.log("PASS")

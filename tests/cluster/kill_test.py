@@ -405,6 +405,8 @@ def main():
             pass
     if own_pg:
         subprocess.run(["bash", C.PG_SCRATCH, "stop", own_pg], capture_output=True, timeout=60)
+    bad = C.sanitizer_reports([r.log for r in routers] + [w.log for w in workers])
+    ok &= check("no sanitizer report", not bad, "%s" % (bad or "none"))
     if not ok:
         C.log("FAIL: the logs are in %s; the ledger: %s%s" % (
             d, url, " (scripts/pg-scratch.sh start %s)" % own_pg if own_pg else ""))

@@ -51,6 +51,25 @@ static void test_sample_config(void **state)
     sw_free(unit);
 }
 
+/* The several-routers sample: a router on the shared ledger with its
+ * stop delay, unmanaged workers, and the template's state directory. */
+static void test_router_sample_config(void **state)
+{
+    (void)state;
+    static rt_config c;
+    sw_error err;
+    sw_error_clear(&err);
+    rt_config_defaults(&c);
+    if (rt_config_load(&c, ROUTER_SAMPLE, &err) || rt_config_check(&c, &err))
+        fail_msg("%s: %s", ROUTER_SAMPLE, err.message);
+    assert_string_equal(c.ledger, "postgresql://spillway@127.0.0.1:5432/spillway");
+    assert_string_equal(c.state_dir, "/var/lib/spillway/router-1");
+    assert_int_equal(c.stop_delay_ms, 3000);
+    assert_int_equal(c.n_workers, 2);
+    for (int i = 0; i < c.n_workers; i++)
+        assert_false(c.workers[i].managed);
+}
+
 /* Writes src to dst with every `from` replaced by `to`. */
 static char *replace_all(const char *src, const char *from, const char *to)
 {
@@ -148,6 +167,7 @@ int main(void)
         cmocka_unit_test(test_sample_config),
         cmocka_unit_test(test_unit_verifies),
         cmocka_unit_test(test_template_verifies),
+        cmocka_unit_test(test_router_sample_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

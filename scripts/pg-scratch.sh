@@ -20,8 +20,10 @@
 # programs (/usr/lib/postgresql/<version>/bin, not on PATH; PG_BIN chooses
 # another directory). initdb refuses to run as root: as root the cluster is
 # made and run by the `postgres` system user (or `nobody`), which then owns
-# DIR, so DIR's parents must be open to it; anyone else runs it as
-# themselves. Remove DIR (after stop) to throw the cluster away.
+# DIR; when a parent of DIR is closed to that user, the cluster's files and
+# socket go to a private directory under /tmp instead, which DIR/home
+# names. Anyone else runs it as themselves. fixture-stop (or stop, then
+# removing DIR and DIR/home's directory) throws the cluster away.
 #
 # Without PostgreSQL installed, start exits 77 with a message saying how to
 # get it (scripts/install-deps.sh); tests use that to skip.
@@ -36,8 +38,7 @@ cmd=$1
 dir=$2
 case "$cmd" in
   fixture-start)
-    if [ -f "$dir/data/postmaster.pid" ]; then "$0" stop "$dir" || true; fi
-    rm -rf "$dir"
+    "$0" fixture-stop "$dir"
     rc=0
     "$0" start "$dir" || rc=$?
     if [ "$rc" -eq 77 ] && [ "${CI:-}" != true ]; then
@@ -46,7 +47,11 @@ case "$cmd" in
     fi
     exit "$rc" ;;
   fixture-stop)
-    if [ -d "$dir" ]; then "$0" stop "$dir" || true; rm -rf "$dir"; fi
+    if [ -d "$dir" ]; then
+      "$0" stop "$dir" >/dev/null 2>&1 || true
+      if [ -f "$dir/home" ]; then rm -rf "$(cat "$dir/home")"; fi
+      rm -rf "$dir"
+    fi
     exit 0 ;;
 esac
 mkdir -p "$dir"
@@ -89,7 +94,15 @@ db_user() { if [ -n "$run_user" ]; then echo "$run_user"; else id -un; fi; }
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-running() { [ -f "$dir/data/postmaster.pid" ] && as_owner "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; }
+# Where the cluster's files live (data/, log, the unix socket): DIR itself,
+# or, when the cluster's user cannot reach DIR (root's checkout under a
+# closed /root), a private directory under /tmp that DIR/home names.
+home_of() { if [ -f "$dir/home" ]; then cat "$dir/home"; else echo "$dir"; fi; }
+
+running() {
+  local home; home=$(home_of)
+  [ -f "$home/data/postmaster.pid" ] && as_owner "$bin/pg_ctl" -D "$home/data" status >/dev/null 2>&1
+}
 
 write_url() {
   echo "postgresql://$(db_user)@127.0.0.1:$(cat "$dir/port")/postgres" > "$dir/url"
@@ -97,29 +110,37 @@ write_url() {
 }
 
 init_cluster() {
+  local home=$dir
   if [ -n "$run_user" ]; then
     chown "$run_user" "$dir"
-    as_owner test -x "$dir" || die "$run_user cannot reach $dir (a parent directory is closed to it)"
+    if ! as_owner test -x "$dir"; then
+      home=$(mktemp -d "${TMPDIR:-/tmp}/pg-scratch.XXXXXX")
+      chown "$run_user" "$home"
+      echo "$home" > "$dir/home"
+    fi
   fi
-  chmod 0700 "$dir"
-  as_owner "$bin/initdb" -D "$dir/data" -U "$(db_user)" --auth=trust -E UTF8 --locale=C \
-    --no-sync >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+  chmod 0700 "$home"
   # the unix socket's path must fit sockaddr_un (107 bytes)
-  [ ${#dir} -le 90 ] || die "$dir is too long for the unix socket in it (at most 90 bytes)"
+  [ ${#home} -le 90 ] || die "$home is too long for the unix socket in it (at most 90 bytes)"
+  as_owner "$bin/initdb" -D "$home/data" -U "$(db_user)" --auth=trust -E UTF8 --locale=C \
+    --no-sync >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
   {
     echo "listen_addresses = '127.0.0.1'"
-    echo "unix_socket_directories = '$dir'"
+    echo "unix_socket_directories = '$home'"
     echo "max_connections = 200"
     echo "logging_collector = off"
-  } | as_owner tee -a "$dir/data/postgresql.conf" >/dev/null
+  } | as_owner tee -a "$home/data/postgresql.conf" >/dev/null
 }
 
 start_on() { # port
-  as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -t 30 -o "-p $1" start >/dev/null
+  local home; home=$(home_of)
+  as_owner "$bin/pg_ctl" -D "$home/data" -l "$home/log" -w -t 30 -o "-p $1" start >/dev/null
 }
 
+log_tail() { tail -n "$1" "$(home_of)/log" 2>/dev/null || true; }
+
 do_start() {
-  if [ ! -f "$dir/data/PG_VERSION" ]; then
+  if [ ! -f "$(home_of)/data/PG_VERSION" ]; then
     init_cluster
   fi
   if running; then
@@ -128,19 +149,23 @@ do_start() {
     return 0
   fi
   if [ -f "$dir/port" ]; then
-    start_on "$(cat "$dir/port")" || { tail -n 20 "$dir/log" >&2; die "cannot start"; }
+    start_on "$(cat "$dir/port")" || { log_tail 20 >&2; die "cannot start"; }
   else
     local tries port
     for tries in 1 2 3 4 5 6 7 8; do
-      port=$((20000 + RANDOM % 40000))
+      # below Linux's ephemeral ports (32768 and up), which outgoing
+      # connections take: bind would fail on one in use there
+      port=$((20000 + RANDOM % 12000))
       port_in_use "$port" && continue
       if start_on "$port"; then
-        echo "$port" | as_owner tee "$dir/port" >/dev/null
+        echo "$port" > "$dir/port"
         break
       fi
+      echo "pg-scratch: port $port: $(grep -E 'FATAL|could not' "$(home_of)/log" | tail -n 1);" \
+           "trying another" >&2
       port=""
     done
-    [ -n "$port" ] || { tail -n 20 "$dir/log" >&2 || true; die "cannot start on a free port"; }
+    [ -n "$port" ] || { log_tail 20 >&2; die "cannot start on a free port"; }
   fi
   write_url
   cat "$dir/url"
@@ -148,7 +173,7 @@ do_start() {
 
 do_stop() {
   if running; then
-    as_owner "$bin/pg_ctl" -D "$dir/data" -w -t 30 -m fast stop >/dev/null
+    as_owner "$bin/pg_ctl" -D "$(home_of)/data" -w -t 30 -m fast stop >/dev/null
   fi
 }
 
@@ -158,7 +183,7 @@ case "$cmd" in
   restart)
     [ -f "$dir/port" ] || die "no cluster in $dir (start it first)"
     do_stop
-    start_on "$(cat "$dir/port")" || { tail -n 20 "$dir/log" >&2; die "cannot start"; }
+    start_on "$(cat "$dir/port")" || { log_tail 20 >&2; die "cannot start"; }
     ;;
   url) [ -f "$dir/url" ] || die "no cluster in $dir"; cat "$dir/url" ;;
   *) usage ;;

@@ -279,10 +279,24 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
     int rc = lock(l, err);
     if (rc)
         return rc;
-    /* The look-up and the write are one decision: SQLite's write
-     * transaction makes a second connection wait for it; PostgreSQL locks
-     * the row, and two inserts of a new key conflict (the loser looks
-     * again and finds the winner's row). */
+    /* A new key (the common case): one insert, which a row already there
+     * makes do nothing; of two routers inserting at once one wins. */
+    int inserted = 0;
+    rc = q_run(l, &inserted, err,
+               "INSERT INTO idempotency (key, body_sha256, request_id, state, created, expires,"
+               " owner, lease_until) VALUES (?, ?, ?, 'running', ?, ?, ?, ?)"
+               " ON CONFLICT (key) DO NOTHING",
+               "sssddsd", key, body_sha256, request_id, now_s, now_s + ttl_s, l->owner,
+               now_s + l->lease_s);
+    if (rc || inserted == 1) {
+        if (!rc)
+            *state = LDG_IDEM_NEW;
+        goto out;
+    }
+    /* The key exists: the look-up and the write are one decision.
+     * SQLite's write transaction makes a second connection wait for it;
+     * PostgreSQL locks the row (and should the row go meanwhile, an
+     * insert that conflicts decides again). */
     if ((rc = begin(l, err)))
         goto out;
     for (int tries = 0;; tries++) {
@@ -345,7 +359,7 @@ int ldg_idem_begin(ldg_ledger *l, const char *key, const char *body_sha256, cons
                        "sssddsd", key, body_sha256, request_id, now_s, now_s + ttl_s, l->owner,
                        now_s + l->lease_s);
             if (!rc && changes == 0) {
-                /* another router inserted it since the look-up */
+                /* another router inserted it again since the look-up */
                 if (tries < 3)
                     continue;
                 rc = sw_error_set(err, SW_EIO, "ledger: Idempotency-Key %s keeps changing", key);

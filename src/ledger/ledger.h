@@ -229,7 +229,9 @@ int ldg_job_finish(ldg_ledger *l, const char *id, int64_t fence, int state, cons
  * left as it is. *requeued (may be NULL) says whether this call changed
  * it. */
 int ldg_job_requeue(ldg_ledger *l, const char *id, int64_t fence, bool *requeued, sw_error *err);
-/* Ids of queued and running jobs, oldest first (sw_free the array). */
+/* Ids of queued and running jobs, oldest first (sw_free the array). For
+ * SQLite's start-up, where every running job is this router's; on a shared
+ * ledger it lists other routers' running jobs too: ldg_job_claim there. */
 int ldg_job_pending(ldg_ledger *l, char (**ids)[48], size_t *n, sw_error *err);
 
 /* ---- stored responses (POST /v1/responses, store) -------------------------- */

@@ -13,8 +13,11 @@
  * LDG_PG_RETRY_S; calls in between fail at once with SW_EUNAVAILABLE.
  *
  * Durability is the server's: every commit waits for its WAL flush
- * (synchronous_commit on, PostgreSQL's default), the attempts' records
- * included.
+ * (synchronous_commit on, PostgreSQL's default). The one exception, as on
+ * SQLite, is the attempts' record, which promises nothing: it commits
+ * with synchronous_commit off (safe against a crash of the router or of
+ * PostgreSQL itself, short of the machine's; the next synchronous
+ * commit flushes it along, the WAL being one sequence).
  */
 #include "ledger/ledger-impl.h"
 
@@ -34,6 +37,9 @@
 typedef struct pg_db {
     PGconn *conn;
     double last_try; /* CLOCK_MONOTONIC seconds of the last reconnect */
+    /* pg_relax could not turn synchronous_commit back on: the next
+     * pg_ready does, before its write */
+    bool async_commit;
 } pg_db;
 
 typedef struct pg_result {
@@ -202,9 +208,26 @@ static int pg_ready(ldg_ledger *l, sw_error *err)
             return pg_fail(l, NULL, err, "reconnect");
     }
     PGTransactionStatusType t = PQtransactionStatus(d->conn);
-    if (t == PQTRANS_INTRANS || t == PQTRANS_INERROR)
-        return pg_exec(l, "ROLLBACK", err);
+    if (t == PQTRANS_INTRANS || t == PQTRANS_INERROR) {
+        int rc = pg_exec(l, "ROLLBACK", err);
+        if (rc)
+            return rc;
+    }
+    if (d->async_commit && pg_exec(l, "SET synchronous_commit TO on", NULL) == SW_OK)
+        d->async_commit = false;
     return SW_OK;
+}
+
+/* synchronous_commit off around an attempt's record (see the top); a
+ * failure to turn it on again is retried by the next pg_ready. A
+ * reconnection starts a new session, with the server's default (on). */
+static void pg_relax(ldg_ledger *l, bool relaxed)
+{
+    pg_db *d = PG(l);
+    if (relaxed)
+        d->async_commit = pg_exec(l, "SET synchronous_commit TO off", NULL) == SW_OK;
+    else if (pg_exec(l, "SET synchronous_commit TO on", NULL) == SW_OK)
+        d->async_commit = false;
 }
 
 static int pg_schema_version(ldg_ledger *l)
@@ -482,5 +505,5 @@ const ldg__backend ldg__pg_backend = {
     .real = pg_real,
     .is_null = pg_is_null,
     .result_free = pg_result_free,
-    .relax = NULL,
+    .relax = pg_relax,
 };

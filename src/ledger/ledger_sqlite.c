@@ -22,16 +22,33 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Prepared statements kept for the next call with the same SQL text: a
+ * request's ledger writes are a handful of short statements, and
+ * preparing them again each time was a good part of their cost. A
+ * statement in use (a second one with the same text at once) or past
+ * the cache's size is prepared and finalized as before. */
+#define SQ_CACHE 48
+
+typedef struct sq_cached {
+    uint64_t hash;
+    char *sql; /* sw_free */
+    sqlite3_stmt *st;
+    bool busy;
+} sq_cached;
+
 typedef struct sq_db {
     sqlite3 *db;
     /* ldg_attempt_add could not put synchronous back to FULL (out of
      * memory): the next caller does, before its write (sq_ready) */
     bool sync_normal;
+    sq_cached cache[SQ_CACHE];
+    int n_cached;
 } sq_db;
 
 typedef struct sq_result {
     ldg__result base;
     sqlite3_stmt *st;
+    sq_cached *cached; /* NULL: finalized when freed */
     int changes;
 } sq_result;
 
@@ -213,6 +230,10 @@ static void sq_close(ldg_ledger *l)
 {
     if (!SQ(l))
         return;
+    for (int i = 0; i < SQ(l)->n_cached; i++) {
+        sqlite3_finalize(SQ(l)->cache[i].st);
+        sw_free(SQ(l)->cache[i].sql);
+    }
     sqlite3_close(SQ(l)->db);
     sw_free(SQ(l));
     l->db = NULL;
@@ -337,6 +358,47 @@ static int bind_all(sqlite3_stmt *st, const char *fmt, va_list ap)
     return rc;
 }
 
+static uint64_t sql_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The statement for sql in r: a cached one, or a new one (cached when
+ * there is room). */
+static int sq_prepare(sq_db *d, const char *sql, sq_result *r)
+{
+    uint64_t h = sql_hash(sql);
+    for (int i = 0; i < d->n_cached; i++) {
+        sq_cached *c = &d->cache[i];
+        if (c->hash == h && !c->busy && !strcmp(c->sql, sql)) {
+            c->busy = true;
+            r->st = c->st;
+            r->cached = c;
+            return SQLITE_OK;
+        }
+    }
+    if (d->n_cached < SQ_CACHE) {
+        char *copy = sw_strdup(sql);
+        if (copy) {
+            int rc = sqlite3_prepare_v3(d->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &r->st, NULL);
+            if (rc != SQLITE_OK) {
+                sw_free(copy);
+                return rc;
+            }
+            sq_cached *c = &d->cache[d->n_cached++];
+            *c = (sq_cached){h, copy, r->st, true};
+            r->cached = c;
+            return SQLITE_OK;
+        }
+    }
+    return sqlite3_prepare_v2(d->db, sql, -1, &r->st, NULL);
+}
+
+static void sq_result_free(ldg__result *base);
+
 static int sq_query(ldg_ledger *l, const char *sql, const char *fmt, va_list ap,
                     ldg__result **out, sw_error *err)
 {
@@ -346,14 +408,13 @@ static int sq_query(ldg_ledger *l, const char *sql, const char *fmt, va_list ap,
     if (!r)
         return sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
     r->base.be = &ldg__sqlite_backend;
-    if (sqlite3_prepare_v2(db, sql, -1, &r->st, NULL) != SQLITE_OK) {
+    if (sq_prepare(SQ(l), sql, r) != SQLITE_OK) {
         sw_free(r);
         return db_fail(db, err, "prepare");
     }
     if (bind_all(r->st, fmt, ap) != SQLITE_OK) {
         int rc = db_fail(db, err, "bind");
-        sqlite3_finalize(r->st);
-        sw_free(r);
+        sq_result_free(&r->base);
         return rc;
     }
     *out = &r->base;
@@ -412,7 +473,13 @@ static void sq_result_free(ldg__result *base)
     sq_result *r = (sq_result *)base;
     if (!r)
         return;
-    sqlite3_finalize(r->st);
+    if (r->cached) {
+        sqlite3_reset(r->st);
+        sqlite3_clear_bindings(r->st);
+        r->cached->busy = false;
+    } else {
+        sqlite3_finalize(r->st);
+    }
     sw_free(r);
 }
 

@@ -9,6 +9,12 @@
  *  - A job posted to router A, A SIGKILLed while the job runs: router B
  *    takes it over once A's lease ran out; it succeeds once (attempts 2,
  *    its final record written once, read back from PostgreSQL).
+ *  - An agent run whose router is SIGKILLed while its tool call is out,
+ *    retried with its key on the other router once the lease ran out: it
+ *    runs again under its request id; a tool that is not idempotent is not
+ *    called a second time (502 unsafe_to_retry), an idempotent one is
+ *    called again with the same Idempotency-Key (needs the worker's forced
+ *    tool calls; skipped with a message otherwise).
  *  - PostgreSQL stopped and started again under a stream of requests:
  *    plain requests succeed throughout; durable ones (Idempotency-Key,
  *    jobs, stored Responses, Messages with a key) get 503
@@ -19,6 +25,7 @@
  * (exit 77) saying so; with CI=true in the environment it fails instead.
  */
 #include "testutil.h"
+#include "fake_server.h"
 #include "router_harness.h"
 #include "worker_client.h"
 
@@ -46,7 +53,7 @@ static int pg_scratch(const char *verb, char *out, size_t cap)
 {
     char script[700];
     snprintf(script, sizeof script, "%s/scripts/pg-scratch.sh", SPILLWAY_SOURCE_DIR);
-    char *const argv[] = {"bash", script, (char *)verb, g_pgdir, NULL};
+    char *const argv[] = {"/bin/bash", script, (char *)verb, g_pgdir, NULL};
     char *text = NULL;
     int status = -1;
     if (tu_run_capture(argv, 120, &text, &status))
@@ -69,7 +76,7 @@ static void make_db(const char *name, char *url, size_t cap)
     char sql[256];
     snprintf(sql, sizeof sql, "CREATE DATABASE %s", name);
     char psql[64] = "psql";
-    char *const find[] = {"sh", "-c",
+    char *const find[] = {"/bin/sh", "-c",
                           "command -v psql || ls -d /usr/lib/postgresql/*/bin/psql | tail -1",
                           NULL};
     char *found = NULL;
@@ -160,9 +167,24 @@ static void same_key_twice(const rh_router *a, const rh_router *b, const char *k
     assert_true(kb.retry_after_ok);
     /* one generation, on whichever router claimed the key */
     assert_int_equal(worker_ok(a) + worker_ok(b), before + 1);
-    /* the same answer and request id from both; one of them a replay */
-    assert_int_equal(ka.w.body_len, kb.w.body_len);
-    assert_memory_equal(ka.w.body, kb.w.body, ka.w.body_len);
+    /* the same answer and request id from both (a stream: the same
+     * events); one of them a replay */
+    assert_int_equal(ka.w.chunked, kb.w.chunked);
+    if (ka.w.chunked) {
+        char **ea = NULL, **eb = NULL;
+        int na = wc_sse_parse(ka.w.body, ka.w.body_len, &ea);
+        int nb = wc_sse_parse(kb.w.body, kb.w.body_len, &eb);
+        assert_true(na >= 3);
+        assert_int_equal(na, nb);
+        for (int i = 0; i < na; i++)
+            assert_string_equal(ea[i], eb[i]);
+        assert_string_equal(eb[nb - 1], "[DONE]");
+        wc_sse_free(ea, na);
+        wc_sse_free(eb, nb);
+    } else {
+        assert_int_equal(ka.w.body_len, kb.w.body_len);
+        assert_memory_equal(ka.w.body, kb.w.body, ka.w.body_len);
+    }
     char ida[128], idb[128], rep[32];
     assert_true(wc_header(&ka.w, "X-Request-Id", ida, sizeof ida));
     assert_true(wc_header(&kb.w, "X-Request-Id", idb, sizeof idb));
@@ -293,6 +315,167 @@ static void test_job_taken_over(void **state)
     rh_finish(&b);
     rh_stop(&a); /* killed: forgotten by the harness */
     tu_rm_tree(a.dir);
+}
+
+/* ---- tool steps across routers -------------------------------------------- */
+
+/* One tool per socket: the calls it got and their Idempotency-Keys; it
+ * holds each answer hold_ms. */
+typedef struct tool {
+    fs_server fs;
+    atomic_int calls;
+    atomic_int hold_ms;
+    char keys[4][128];
+} tool;
+
+static tool g_book, g_lookup;
+
+static void tool_answer(fs_server *s, int fd, const char *req, const char *body)
+{
+    (void)body;
+    tool *t = s == &g_book.fs ? &g_book : &g_lookup;
+    int n = ++t->calls;
+    const char *k = strcasestr(req, "Idempotency-Key:");
+    if (k && n <= 4) {
+        k += 16;
+        while (*k == ' ')
+            k++;
+        snprintf(t->keys[n - 1], sizeof t->keys[0], "%.*s", (int)strcspn(k, "\r\n"), k);
+    }
+    if (t->hold_ms > 0)
+        usleep((useconds_t)t->hold_ms * 1000);
+    char answer[64];
+    snprintf(answer, sizeof answer, "%s-RESULT-%d", t == &g_book ? "BOOK" : "LOOKUP", n);
+    fs_send_reply(fd, 200, "text/plain", answer, strlen(answer));
+}
+
+typedef struct bg_post {
+    const rh_router *r;
+    const char *headers, *body;
+    wc_response w;
+    int rc;
+} bg_post;
+
+static void *bg_post_main(void *p)
+{
+    bg_post *b = p;
+    b->rc = rh_req(b->r, "POST", "/v1/chat/completions", b->headers, b->body, &b->w);
+    return NULL;
+}
+
+static const char *agent_body(const char *tool_name)
+{
+    static char b[512];
+    snprintf(b, sizeof b,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Use the tool.\"}],"
+             "\"tool_execution\":\"server\",\"tool_choice\":{\"type\":\"function\",\"function\":"
+             "{\"name\":\"%s\"}},\"max_tokens\":64,\"temperature\":0}",
+             tool_name);
+    return b;
+}
+
+/* Router A starts the run and calls the tool (held); A dies; the retry
+ * with the same key on B after A's lease: its answer. */
+static void run_cut_and_retried(rh_router *a, const rh_router *b, tool *t, const char *key,
+                                wc_response *out)
+{
+    char hdr[200];
+    snprintf(hdr, sizeof hdr, "Idempotency-Key: %s\r\n", key);
+    t->calls = 0;
+    t->hold_ms = 3000;
+    bg_post bg = {a, hdr, agent_body(t == &g_book ? "book" : "lookup"), {0}, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_post_main, &bg), 0);
+    double t0 = tu_now_s();
+    while (t->calls == 0) {
+        assert_true(tu_now_s() - t0 < 30);
+        usleep(20 * 1000);
+    }
+    rh_kill9(a); /* the step is started in the ledger, its outcome unknown */
+    pthread_join(th, NULL);
+    wc_response_free(&bg.w);
+    t->hold_ms = 0;
+    for (int i = 0; i < 30; i++) {
+        assert_int_equal(rh_req(b, "POST", "/v1/chat/completions", hdr,
+                                agent_body(t == &g_book ? "book" : "lookup"), out),
+                         0);
+        if (out->status != 409)
+            return;
+        long long ra = rh_header_ll(out, "Retry-After");
+        assert_true(ra >= 1);
+        wc_response_free(out);
+        usleep((useconds_t)ra * 1000000u);
+    }
+    fail_msg("key %s: still 409 after 30 tries", key);
+}
+
+static void test_tool_steps_across_routers(void **state)
+{
+    (void)state;
+    char url[600];
+    make_db("shared_tools", url, sizeof url);
+    fs_start(&g_book.fs, "shared-book.sock", 1 << 16, false, tool_answer);
+    fs_start(&g_lookup.fs, "shared-lookup.sock", 1 << 16, false, tool_answer);
+    char extra[800], rest[2048];
+    snprintf(extra, sizeof extra,
+             "ledger = %s\nledger-lease-s = %d\nmax-tool-steps = 1\n", url, LEASE_S);
+    snprintf(rest, sizeof rest,
+             "[worker cpu]\nthreads = 1\nctx-limit = 1024\n"
+             "[tool book]\ndescription = Books a table\nurl = unix:%s\n"
+             "parameters = {\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
+             "\"maxLength\":8}},\"required\":[\"name\"]}\nidempotent = false\n"
+             "timeout-ms = 10000\n"
+             "[tool lookup]\ndescription = Looks up a word\nurl = unix:%s\n"
+             "parameters = {\"type\":\"object\",\"properties\":{\"word\":{\"type\":\"string\","
+             "\"maxLength\":8}},\"required\":[\"word\"]}\nidempotent = true\n"
+             "timeout-ms = 10000\n",
+             g_book.fs.path, g_lookup.fs.path);
+    rh_router a, b;
+    rh_init(&a, "tools-a", g_model, extra, rest);
+    rh_init(&b, "tools-b", g_model, extra, rest);
+    assert_int_equal(rh_run(&a, NULL), 0);
+    assert_int_equal(rh_run(&b, NULL), 0);
+    char sock[700];
+    if (!rh_worker_calls_tools(rh_worker_sock(&a, "cpu", sock, sizeof sock), "")) {
+        rh_finish(&a);
+        rh_finish(&b);
+        fs_stop(&g_book.fs);
+        fs_stop(&g_lookup.fs);
+        skip();
+        return;
+    }
+    /* not idempotent: called once, by A; B finds the step started and
+     * refuses to call it again */
+    wc_response w;
+    run_cut_and_retried(&a, &b, &g_book, "tools-book", &w);
+    char code[64];
+    if (w.status != 502)
+        fail_msg("book after the take-over: %d %s", w.status, w.body);
+    assert_string_equal(rh_error_code(&w, code, sizeof code), "unsafe_to_retry");
+    wc_response_free(&w);
+    usleep(500 * 1000);
+    assert_int_equal(g_book.calls, 1);
+    /* idempotent: called again by B, with the same Idempotency-Key (the
+     * run kept its request id), and the run completes */
+    rh_stop(&a);
+    assert_int_equal(rh_run(&a, NULL), 0);
+    run_cut_and_retried(&a, &b, &g_lookup, "tools-lookup", &w);
+    if (w.status != 200)
+        fail_msg("lookup after the take-over: %d %s", w.status, w.body);
+    json_t *j = rh_body_json(&w);
+    json_t *steps = json_object_get(json_object_get(j, "spillway"), "tool_steps");
+    assert_int_equal(json_array_size(steps), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(steps, 0), "result")),
+                        "LOOKUP-RESULT-2");
+    json_decref(j);
+    wc_response_free(&w);
+    assert_int_equal(g_lookup.calls, 2);
+    assert_string_equal(g_lookup.keys[0], g_lookup.keys[1]);
+    rh_finish(&b);
+    rh_stop(&a);
+    tu_rm_tree(a.dir);
+    fs_stop(&g_book.fs);
+    fs_stop(&g_lookup.fs);
 }
 
 /* ---- PostgreSQL stopped under load --------------------------------------- */
@@ -503,6 +686,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idempotency_across_routers),
         cmocka_unit_test(test_job_taken_over),
+        cmocka_unit_test(test_tool_steps_across_routers),
         cmocka_unit_test(test_postgresql_restarted),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

@@ -220,6 +220,12 @@ typedef struct rt_capture {
     char *body;              /* sw_free (rt__capture_free) */
     size_t len, cap;
     bool overflow;           /* over RT_CAPTURE_MAX: incomplete */
+    bool hold;               /* a whole (not streamed) answer is kept in held,
+                                not written, until rt__capture_release: an
+                                Idempotency-Key's answer goes out only after
+                                the ledger has it */
+    char *held;              /* the answer's bytes, head and body (sw_free) */
+    size_t held_len;
 } rt_capture;
 
 void rt__capture_free(rt_capture *c);
@@ -313,6 +319,9 @@ typedef struct rt_req {
      * that generates nothing, never streamed, never made a job */
     bool embeddings;
 } rt_req;
+
+/* Writes the answer held back (cap.hold) to the client, if any. */
+void rt__capture_release(rt_req *q);
 
 double rt__now_s(void);  /* monotonic */
 double rt__wall_s(void); /* Unix time */

@@ -8,15 +8,18 @@ Several routers):
    over PROCS processes, each keeping its connection. Configurations:
    one router on SQLite, one on PostgreSQL (direct, and through HAProxy),
    two on one PostgreSQL through HAProxy (contrib/haproxy/spillway.cfg).
-   Four shared workers (`spillway worker`, 1 thread each) serve them all.
+   Four shared workers (`spillway worker`, 1 thread each) serve them all;
+   every configuration runs from the start, and they are measured in
+   turns, REPEAT rounds (the median and each round are printed).
 2. Take-over time: a job runs on router A (a worker slowed to 20 ms a
    token so it runs for seconds); A is SIGKILLed; router B's GET shows
    the job running again (attempts 2) after T seconds, and succeeded
    after U. For ledger-lease-s 2 and 10.
 
 Usage: bench/routers.py [BUILD_DIR] (default build; haproxy and
-PostgreSQL as for the tests: scripts/install-deps.sh). SECONDS=N for each
-throughput run (default 5), CLIENTS=N (default 16), PROCS=N (default 4).
+PostgreSQL as for the tests: scripts/install-deps.sh). SECONDS_EACH=N for
+each throughput run (default 4), REPEAT=N rounds (3), CLIENTS=N (16),
+PROCS=N client processes (4).
 It prints one line per figure.
 """
 
@@ -33,8 +36,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "cluster"))
 import cluster as C  # noqa: E402
 
-SECONDS = float(os.environ.get("SECONDS_EACH", os.environ.get("SECONDS", "5")))
+SECONDS = float(os.environ.get("SECONDS_EACH", "4"))
 CLIENTS = int(os.environ.get("CLIENTS", "16"))
+REPEAT = int(os.environ.get("REPEAT", "3"))
 PROCS = int(os.environ.get("PROCS", "4"))
 
 
@@ -105,41 +109,47 @@ def throughput(addr, tag):
 
 
 def bench_throughput(d, model, pg_url):
+    """Every configuration started at once, then measured in turns,
+    REPEAT rounds: on a busy machine the rounds show the noise."""
     workers = [C.Worker(d, "tw%d" % i, model, max_seqs=16) for i in range(4)]
     common = "queue-size = 256\nmax-connections = 512\nkeepalive-max-requests = 1000000\n"
+    pg = "ledger = %s\n" % pg_url
+    s1 = C.Router(d, "s1", model, workers, common)
+    p1 = C.Router(d, "p1", model, workers, common + pg)
+    p2a = C.Router(d, "p2a", model, workers, common + pg)
+    p2b = C.Router(d, "p2b", model, workers, common + pg)
+    for r in (s1, p1, p2a, p2b):
+        r.start()
+    hp1 = C.HAProxy(d, [p1, p1])  # both server lines on the one router
+    hp2 = C.HAProxy(d, [p2a, p2b])
+    for hp in (hp1, hp2):
+        for name in ("router1", "router2"):
+            hp.wait_status(name, "UP", 15)
+    configs = [("1 router, SQLite, direct", s1.addr),
+               ("1 router, PostgreSQL, direct", p1.addr),
+               ("1 router, PostgreSQL, through HAProxy", hp1.addr),
+               ("2 routers, one PostgreSQL, through HAProxy", hp2.addr)]
+    got = {label: [] for label, _ in configs}
+    errors = {label: 0 for label, _ in configs}
+    for rnd in range(REPEAT):
+        for label, addr in configs:
+            rps, err = throughput(addr, "r%d-%s" % (rnd, label.replace(" ", "")))
+            got[label].append(rps)
+            errors[label] += err
     out = []
-
-    def run(label, routers, through_haproxy):
-        for r in routers:
-            r.start()
-        addr = routers[0].addr
-        hp = None
-        if through_haproxy:
-            hp = C.HAProxy(d, routers + ([routers[0]] if len(routers) == 1 else []))
-            for i in range(len(routers)):
-                hp.wait_status("router%d" % (i + 1), "UP", 15)
-            addr = hp.addr
-        throughput(addr, "warm-" + label)  # warm: connections, prefix cache
-        rps, err = throughput(addr, label)
-        line = "idempotent requests/s, %-44s %7.0f  (errors %d; %d clients)" % (
-            label + ":", rps, err, CLIENTS)
+    for label, _ in configs:
+        v = sorted(got[label])
+        line = "idempotent requests/s, %-44s median %5.0f  (rounds %s; errors %d; %d clients)" % (
+            label + ":", v[len(v) // 2], " ".join("%.0f" % x for x in got[label]),
+            errors[label], CLIENTS)
         C.log(line)
         out.append(line)
-        if hp:
-            hp.proc.kill()
-            hp.proc.wait()
-        for r in routers:
-            r.term()
-            r.proc.wait(timeout=30)
-
-    run("1 router, SQLite, direct", [C.Router(d, "s1", model, workers, common)], False)
-    pg = "ledger = %s\n" % pg_url
-    run("1 router, PostgreSQL, direct", [C.Router(d, "p1", model, workers, common + pg)], False)
-    run("1 router, PostgreSQL, through HAProxy",
-        [C.Router(d, "p1h", model, workers, common + pg)], True)
-    run("2 routers, one PostgreSQL, through HAProxy",
-        [C.Router(d, "p2a", model, workers, common + pg),
-         C.Router(d, "p2b", model, workers, common + pg)], True)
+    for p in (hp1.proc, hp2.proc):
+        p.kill()
+        p.wait()
+    for r in (s1, p1, p2a, p2b):
+        r.term()
+        r.proc.wait(timeout=30)
     return out
 
 

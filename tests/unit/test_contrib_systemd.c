@@ -65,6 +65,7 @@ static void test_router_sample_config(void **state)
     assert_string_equal(c.ledger, "postgresql://spillway@127.0.0.1:5432/spillway");
     assert_string_equal(c.state_dir, "/var/lib/spillway/router-1");
     assert_int_equal(c.stop_delay_ms, 3000);
+    assert_int_equal(c.keepalive_timeout_s, 60);
     assert_int_equal(c.n_workers, 2);
     for (int i = 0; i < c.n_workers; i++)
         assert_false(c.workers[i].managed);

@@ -43,6 +43,10 @@ def need(ok, what):
 
 
 def find_haproxy():
+    """HAPROXY (a path) when set, else haproxy on PATH or Debian's."""
+    if "HAPROXY" in os.environ:
+        h = os.environ["HAPROXY"]
+        return h if os.access(h, os.X_OK) else None
     return shutil.which("haproxy") or (os.path.exists("/usr/sbin/haproxy") and "/usr/sbin/haproxy")
 
 

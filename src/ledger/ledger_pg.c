@@ -2,8 +2,8 @@
  * routers sharing one ledger: the connection (one, under the ledger's
  * mutex, like SQLite's), its schema and migrations (a schema_version
  * table, under a transaction-level advisory lock so that routers starting
- * together migrate once), and the statements ledger.c runs through
- * ledger-impl.h.
+ * together migrate once), and the statements the shared code (ledger.c,
+ * ledger_idem.c, ledger_jobs.c) runs through ledger-impl.h.
  *
  * Losing the server: a statement that fails because the connection is
  * gone (or the server is shutting down or starting) returns
@@ -308,10 +308,13 @@ int ldg__pg_open(ldg_ledger *l, const char *url, sw_error *err)
     if (!d)
         return sw_error_set(err, SW_ENOMEM, "ledger: out of memory");
     l->db = d;
-    /* defaults first: what the URL says wins (expand_dbname) */
+    /* defaults first: what the URL says wins (expand_dbname). A server
+     * that vanished without closing the connection is noticed within
+     * about 10-25 s (TCP keep-alives, unacknowledged data), not hours. */
     const char *const keys[] = {"connect_timeout", "fallback_application_name", "keepalives_idle",
-                                "keepalives_interval", "keepalives_count", "dbname", NULL};
-    const char *const vals[] = {"5", "spillway", "10", "5", "3", url, NULL};
+                                "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+                                "dbname", NULL};
+    const char *const vals[] = {"5", "spillway", "10", "5", "3", "10000", url, NULL};
     d->conn = PQconnectdbParams(keys, vals, 1);
     d->last_try = mono_s();
     int rc;
@@ -392,12 +395,18 @@ static int pg_query(ldg_ledger *l, const char *sql, const char *fmt, va_list ap,
             types[n] = 17;  /* bytea */
             break;
         }
-        case 'i': snprintf(nums[n], sizeof nums[n], "%d", va_arg(ap, int)); values[n] = nums[n]; break;
+        case 'i':
+            snprintf(nums[n], sizeof nums[n], "%d", va_arg(ap, int));
+            values[n] = nums[n];
+            break;
         case 'I':
             snprintf(nums[n], sizeof nums[n], "%lld", (long long)va_arg(ap, int64_t));
             values[n] = nums[n];
             break;
-        case 'd': snprintf(nums[n], sizeof nums[n], "%.17g", va_arg(ap, double)); values[n] = nums[n]; break;
+        case 'd':
+            snprintf(nums[n], sizeof nums[n], "%.17g", va_arg(ap, double));
+            values[n] = nums[n];
+            break;
         default: return sw_error_set(err, SW_EINTERNAL, "ledger: bad parameter format");
         }
     }

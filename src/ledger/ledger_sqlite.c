@@ -1,7 +1,8 @@
 /* ledger_sqlite.c - the ledger's SQLite backend (the default: one router
  * per state directory, <state_dir>/ledger.db): the connection, its
- * schema and migrations (PRAGMA user_version), and the statements
- * ledger.c runs through ledger-impl.h.
+ * schema and migrations (PRAGMA user_version), and the statements the
+ * shared code (ledger.c, ledger_idem.c, ledger_jobs.c) runs through
+ * ledger-impl.h.
  *
  * Durability: WAL mode with synchronous=FULL, so each commit is synced to
  * the WAL before sqlite3_step returns; NORMAL would be faster but could

@@ -5,9 +5,11 @@
  * expires and is taken over, after which the old owner's writes are
  * refused (SW_ECONFLICT) and write nothing; ldg_renew keeping a lease;
  * ldg_job_claim skipping jobs under live leases (and, on PostgreSQL,
- * rows another transaction holds locked). On SQLite, or with "pg" on
- * PostgreSQL (ledger_fixture.h). With "pg-restart": SW_EUNAVAILABLE while
- * a scratch cluster of its own is stopped, success again after it is back.
+ * rows another transaction holds locked); what ldg_open refuses (a URL
+ * with a password, an unreachable server) and the owner it picks. On
+ * SQLite, or with "pg" on PostgreSQL (ledger_fixture.h). With
+ * "pg-restart": SW_EUNAVAILABLE while a scratch cluster of its own is
+ * stopped, success again after it is back.
  */
 #include "ledger_fixture.h"
 
@@ -48,6 +50,48 @@ static ldg_idem_state begin_key(ldg_ledger *l, const char *key, const char *rid,
         fail_msg("ldg_idem_begin %s: %s", key, err.message);
     ldg_stored_free(&st);
     return s;
+}
+
+/* ---- opening ------------------------------------------------------------ */
+
+/* What needs no server: a URL with a password is refused without echoing
+ * it, an unreachable server is SW_EUNAVAILABLE, the default owner names
+ * the host and the process, a set one is kept to LDG_OWNER_MAX bytes. */
+static void test_open_refusals_and_owner(void **state)
+{
+    (void)state;
+    ldg_ledger *l = NULL;
+    sw_error err;
+    assert_int_equal(ldg_open("postgresql://spill:s3cret@127.0.0.1:1/db", &l, &err), SW_EINVAL);
+    assert_null(l);
+    assert_non_null(strstr(err.message, "PGPASSWORD"));
+    assert_null(strstr(err.message, "s3cret"));
+    assert_int_equal(ldg_open("postgres://127.0.0.1:1/db?password=s3cret", &l, &err), SW_EINVAL);
+    assert_null(strstr(err.message, "s3cret"));
+    /* port 1 on loopback: nobody listens (refused at once) */
+    assert_int_equal(ldg_open("postgresql://spill@127.0.0.1:1/db", &l, &err), SW_EUNAVAILABLE);
+    assert_null(l);
+    assert_int_equal(ldg_open("", &l, &err), SW_EINVAL);
+
+    l = ldgt_open();
+    char host[256] = "";
+    gethostname(host, sizeof host);
+    const char *owner = ldg_owner(l);
+    assert_true(strlen(owner) <= LDG_OWNER_MAX);
+    char pid[32];
+    snprintf(pid, sizeof pid, ":%ld:", (long)getpid());
+    const char *at = strstr(owner, pid);
+    assert_non_null(at);
+    assert_int_equal(strlen(at + strlen(pid)), 8); /* 8 hex digits */
+    assert_int_equal(strncmp(owner, host, (size_t)(at - owner)), 0);
+    assert_int_equal(ldg_shared(l), ldgt_pg());
+    char long_owner[200];
+    memset(long_owner, 'o', sizeof long_owner - 1);
+    long_owner[sizeof long_owner - 1] = 0;
+    ldg_set_owner(l, long_owner, 0); /* lease_s 0: kept */
+    assert_int_equal(strlen(ldg_owner(l)), LDG_OWNER_MAX);
+    assert_true(ldg_lease_s(l) == 10);
+    ldg_close(l);
 }
 
 /* ---- routers starting at once ------------------------------------------- */
@@ -476,6 +520,7 @@ int main(int argc, char **argv)
         return rc;
     assert_int_equal(ldg_alloc_hook(), 0);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_open_refusals_and_owner, ldgt_setup, ldgt_teardown),
         cmocka_unit_test_setup_teardown(test_open_race, ldgt_setup, ldgt_teardown),
         cmocka_unit_test_setup_teardown(test_races, ldgt_setup, ldgt_teardown),
         cmocka_unit_test_setup_teardown(test_takeover_and_fences, ldgt_setup, ldgt_teardown),

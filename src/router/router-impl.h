@@ -174,6 +174,10 @@ typedef struct rt_router {
     /* 0 after a ledger call found the database unreachable
      * (SW_EUNAVAILABLE), 1 after one reached it (router_lease.c) */
     atomic_int ledger_reachable;
+    /* a shared ledger (under mu): jobs this router's runners claimed from
+     * it (another router's, or one whose router died), and results it
+     * dropped because the fence refused them (taken over meanwhile) */
+    uint64_t jobs_claimed, fenced_jobs, fenced_keys;
     rt_sabotage sabotage;
     /* SPILLWAY_FAULT modes of the router itself (crash tests) */
     bool fault_exit_after_tool_started, fault_exit_after_tool_called;

@@ -661,6 +661,15 @@ static void handle_metrics(rt_req *q)
     OUT("# TYPE spillway_router_ledger_rows_deleted_total counter\n"
         "spillway_router_ledger_rows_deleted_total %llu\n",
         (unsigned long long)rt->ledger_swept);
+    OUT("# TYPE spillway_router_ledger_reachable gauge\nspillway_router_ledger_reachable %d\n",
+        atomic_load(&rt->ledger_reachable) != 0);
+    OUT("# TYPE spillway_router_jobs_claimed_total counter\n"
+        "spillway_router_jobs_claimed_total %llu\n"
+        "# TYPE spillway_router_fenced_out_total counter\n"
+        "spillway_router_fenced_out_total{kind=\"job\"} %llu\n"
+        "spillway_router_fenced_out_total{kind=\"idempotency_key\"} %llu\n",
+        (unsigned long long)rt->jobs_claimed, (unsigned long long)rt->fenced_jobs,
+        (unsigned long long)rt->fenced_keys);
     metrics_queue(rt, b, &n, cap);
     n += sw_alloc_scope_metrics(b + n, cap - n); /* X-Spillway-Fault tests; usually nothing */
     OUT("# TYPE spillway_router_idempotent_replays_total counter\n"

@@ -208,6 +208,9 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
     if (rc == SW_ECONFLICT) {
         /* another router took the key over (this one's lease ran out):
          * its run is the key's; this answer was sent, not stored */
+        pthread_mutex_lock(&rt->mu);
+        rt->fenced_keys++;
+        pthread_mutex_unlock(&rt->mu);
         SW_WARN("router", "request %s: Idempotency-Key taken over by another router; this "
                 "answer is not %s", q->request_id, keep ? "stored" : "dropped");
     } else if (rc) {

@@ -182,6 +182,9 @@ static bool finish(rt_router *rt, const char *id, int64_t fence, bool ok, const 
         pthread_mutex_unlock(&rt->mu);
         SW_INFO("router", "job %s: %s", id, ok ? "succeeded" : "failed");
     } else if (taken) {
+        pthread_mutex_lock(&rt->mu);
+        rt->fenced_jobs++;
+        pthread_mutex_unlock(&rt->mu);
         SW_WARN("router", "job %s: taken over by another router (this router's lease ran out); "
                 "this run's result (%s) is dropped", id, ok ? "succeeded" : "failed");
     } else {
@@ -265,8 +268,12 @@ static void run_claimed(rt_router *rt, const char *id, int64_t fence)
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
         bool busy = c.status == 503 && code &&
                     (!strcmp(code, "capacity_exceeded") || !strcmp(code, "worker_failed"));
+        /* an agent job whose tool ledger is away: the run is tried again
+         * (its recorded steps reused) until it is back, not counted */
+        bool ledger_down = c.status == 503 && code && !strcmp(code, "ledger_unavailable");
         bool stop = stopping(rt);
-        bool more = busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
+        bool more = (busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES)) ||
+                    (ledger_down && !stop);
         if (c.status == 200 && resp) {
             /* a whole answer, even one that arrived as the shutdown began */
             finish(rt, id, fence, true, c.body, NULL);
@@ -336,6 +343,9 @@ static bool claim_and_run(rt_router *rt)
     }
     if (!got)
         return false;
+    pthread_mutex_lock(&rt->mu);
+    rt->jobs_claimed++;
+    pthread_mutex_unlock(&rt->mu);
     SW_INFO("router", "job %s: claimed from the shared ledger", id);
     run_claimed(rt, id, fence);
     return true;

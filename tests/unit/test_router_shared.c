@@ -9,6 +9,11 @@
  *  - A job posted to router A, A SIGKILLed while the job runs: router B
  *    takes it over once A's lease ran out; it succeeds once (attempts 2,
  *    its final record written once, read back from PostgreSQL).
+ *  - A router stopped (SIGSTOP) past its lease while it runs a job and a
+ *    keyed request: the other router takes both over and completes them;
+ *    when the first one goes on, the ledger refuses its writes (fenced
+ *    out): the job's final record stays written once, the key keeps the
+ *    other router's answer.
  *  - An agent run whose router is SIGKILLed while its tool call is out,
  *    retried with its key on the other router once the lease ran out: it
  *    runs again under its request id; a tool that is not idempotent is not
@@ -34,6 +39,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -299,6 +305,7 @@ static void test_job_taken_over(void **state)
     }
     printf("job %s: taken over %.1f s after its router was killed (lease %d s)\n", id,
            taken - killed, LEASE_S);
+    assert_int_equal(rh_metric(b.sock, "spillway_router_jobs_claimed_total"), 1);
     /* the final record was written once: read from PostgreSQL itself */
     ldg_ledger *l = NULL;
     sw_error err;
@@ -315,6 +322,128 @@ static void test_job_taken_over(void **state)
     rh_finish(&b);
     rh_stop(&a); /* killed: forgotten by the harness */
     tu_rm_tree(a.dir);
+}
+
+/* ---- a stalled router fenced out -------------------------------------------- */
+
+typedef struct bg_post {
+    const rh_router *r;
+    const char *headers, *body;
+    wc_response w;
+    int rc;
+} bg_post;
+
+static void *bg_keyed_main(void *p)
+{
+    bg_post *b = p;
+    b->rc = rh_req(b->r, "POST", "/v1/completions", b->headers, b->body, &b->w);
+    return NULL;
+}
+
+static void wait_job_running(const rh_router *r, const char *id)
+{
+    double t0 = tu_now_s();
+    for (;;) {
+        json_t *j = rh_job_get(r, id);
+        bool running = !strcmp(json_string_value(json_object_get(j, "state")), "running");
+        json_decref(j);
+        if (running)
+            return;
+        assert_true(tu_now_s() - t0 < 30);
+        usleep(20 * 1000);
+    }
+}
+
+static long long wait_metric(const rh_router *r, const char *series, long long want)
+{
+    double v = -1, t0 = tu_now_s();
+    while (tu_now_s() - t0 < 20) {
+        if (rh_metric_get(r->sock, series, &v) && (long long)v >= want)
+            break;
+        usleep(100 * 1000);
+    }
+    return (long long)v;
+}
+
+static void test_stalled_router_fenced_out(void **state)
+{
+    (void)state;
+    char url[600];
+    make_db("shared_fence", url, sizeof url);
+    rh_router a, b;
+    start_router(&a, "fence-a", url);
+    /* a job and a keyed request that A runs (about 3 s of tokens each) */
+    const char *job = "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"Fence\","
+                      "\"max_tokens\":150,\"temperature\":0,\"ignore_eos\":true}}";
+    wc_response w;
+    assert_int_equal(rh_req(&a, "POST", "/v1/spillway/jobs", NULL, job, &w), 0);
+    assert_int_equal(w.status, 202);
+    json_t *j = rh_body_json(&w);
+    char id[64];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(j, "id")));
+    json_decref(j);
+    wc_response_free(&w);
+    wait_job_running(&a, id);
+    start_router(&b, "fence-b", url);
+    const char *body = "{\"prompt\":\"Fence\",\"max_tokens\":150,\"temperature\":0,"
+                       "\"ignore_eos\":true}";
+    bg_post bg = {&a, "Idempotency-Key: fence-key\r\n", body, {0}, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bg_keyed_main, &bg), 0);
+    usleep(500 * 1000); /* A claimed the key and generates */
+    assert_int_equal(kill(a.pid, SIGSTOP), 0);
+    /* B: the key once A's lease ran out (409 before), the job by a claim */
+    wc_response kb;
+    for (int i = 0;; i++) {
+        assert_true(i < 30);
+        assert_int_equal(rh_req(&b, "POST", "/v1/completions", "Idempotency-Key: fence-key\r\n",
+                                body, &kb),
+                         0);
+        if (kb.status != 409)
+            break;
+        wc_response_free(&kb);
+        usleep(500 * 1000);
+    }
+    assert_int_equal(kb.status, 200);
+    json_t *jb = rh_job_wait_end(&b, id, 60);
+    assert_string_equal(json_string_value(json_object_get(jb, "state")), "succeeded");
+    assert_int_equal(json_integer_value(json_object_get(jb, "attempts")), 2);
+    /* A goes on: its answers arrive, and the ledger refuses its writes */
+    assert_int_equal(kill(a.pid, SIGCONT), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(bg.rc, 0);
+    assert_int_equal(bg.w.status, 200); /* its client still gets its answer */
+    assert_int_equal(wait_metric(&a, "spillway_router_fenced_out_total{kind=\"job\"}", 1), 1);
+    assert_int_equal(
+        wait_metric(&a, "spillway_router_fenced_out_total{kind=\"idempotency_key\"}", 1), 1);
+    /* the job as B wrote it, once; the key gives B's answer on either router */
+    json_t *ja = rh_job_get(&a, id);
+    assert_true(json_equal(json_object_get(ja, "response"), json_object_get(jb, "response")));
+    json_decref(ja);
+    json_decref(jb);
+    ldg_ledger *l = NULL;
+    sw_error err;
+    if (ldg_open(url, &l, &err))
+        fail_msg("ldg_open %s: %s", url, err.message);
+    ldg_job row;
+    bool found = false;
+    assert_int_equal(ldg_job_get(l, id, &row, &found, &err), 0);
+    assert_true(found);
+    assert_int_equal(row.finish_writes, 1);
+    ldg_job_free(&row);
+    ldg_close(l);
+    assert_int_equal(rh_req(&a, "POST", "/v1/completions", "Idempotency-Key: fence-key\r\n", body,
+                            &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    rh_assert_header(&w, "X-Spillway-Idempotent-Replay", "true");
+    assert_int_equal(w.body_len, kb.body_len);
+    assert_memory_equal(w.body, kb.body, kb.body_len);
+    wc_response_free(&w);
+    wc_response_free(&kb);
+    wc_response_free(&bg.w);
+    rh_finish(&a);
+    rh_finish(&b);
 }
 
 /* ---- tool steps across routers -------------------------------------------- */
@@ -348,13 +477,6 @@ static void tool_answer(fs_server *s, int fd, const char *req, const char *body)
     snprintf(answer, sizeof answer, "%s-RESULT-%d", t == &g_book ? "BOOK" : "LOOKUP", n);
     fs_send_reply(fd, 200, "text/plain", answer, strlen(answer));
 }
-
-typedef struct bg_post {
-    const rh_router *r;
-    const char *headers, *body;
-    wc_response w;
-    int rc;
-} bg_post;
 
 static void *bg_post_main(void *p)
 {
@@ -635,6 +757,7 @@ static void test_postgresql_restarted(void **state)
         fail_msg("%s", ld.bad);
     assert_true(ld.durable_ok_after >= 5);
     assert_int_equal(ld.refused_without_retry_after, 0);
+    assert_int_equal(rh_metric(r.sock, "spillway_router_ledger_reachable"), 1);
     /* a job after it is back: stored and run */
     wc_response w;
     assert_int_equal(rh_req(&r, "POST", "/v1/spillway/jobs", NULL,
@@ -686,6 +809,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idempotency_across_routers),
         cmocka_unit_test(test_job_taken_over),
+        cmocka_unit_test(test_stalled_router_fenced_out),
         cmocka_unit_test(test_tool_steps_across_routers),
         cmocka_unit_test(test_postgresql_restarted),
     };

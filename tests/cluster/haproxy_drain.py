@@ -9,7 +9,8 @@ without pause:
   it exits 0;
 - every request of every client got a 200 (none lost in the switch), and
   after the router left the rotation only the other one got traffic;
-- started again, it comes back UP and gets traffic again.
+- started again, it comes back UP and gets traffic again;
+- a second SIGTERM during the delay stops the router at once.
 
 Skips (77) without haproxy, saying how to get it; fails instead under
 CI=true. Usage (ctest): haproxy_drain.py, with SPILLWAY_BIN and
@@ -95,9 +96,16 @@ def main():
     C.log("requests: %d, failed: %d; router1 DOWN %.2f s after SIGTERM" %
           (done[0], len(failures), t_down))
     assert not failures, "failed requests through HAProxy: %s" % failures[:5]
+    # a second SIGTERM stops it at once, without the rest of the delay
     r1.term()
+    time.sleep(0.3)
+    t2 = time.time()
+    r1.term()
+    assert r1.proc.wait(timeout=30) == 0, "exit status after two SIGTERMs"
+    assert time.time() - t2 < DELAY_MS / 1000.0 - 0.5, \
+        "a second SIGTERM did not cut the stop delay short"
     r2.term()
-    assert r1.proc.wait(timeout=30) == 0 and r2.proc.wait(timeout=30) == 0
+    assert r2.proc.wait(timeout=30) == 0
     C.stop_all()
     bad = C.sanitizer_reports([r1.log, r2.log, w.log])
     assert not bad, "sanitizer reports in %s" % bad

@@ -1,8 +1,9 @@
 """cluster.py - the pieces of a several-router deployment, for the tests in
 tests/cluster: real `spillway worker` and `spillway serve` processes on
 loopback TCP ports, HAProxy running contrib/haproxy/spillway.cfg itself
-(addresses through its environment variables), a throw-away PostgreSQL
-(scripts/pg-scratch.sh) and plain HTTP/1.1 clients. Standard library only.
+(addresses through its environment variables) and plain HTTP/1.1
+clients; the tests start PostgreSQL with scripts/pg-scratch.sh (PG_SCRATCH).
+Standard library only.
 
 Every process started here gets SIGKILL when the test process dies
 (PR_SET_PDEATHSIG), so a test killed by ctest's time-out leaves nothing
@@ -275,43 +276,3 @@ class HAProxy:
                 pass
             time.sleep(0.1)
         return False
-
-
-class Postgres:
-    """A throw-away cluster by scripts/pg-scratch.sh; url() is a database
-    of its own for the test."""
-
-    def __init__(self, d):
-        self.dir = os.path.join(d, "pg")
-        self.base = None
-
-    @staticmethod
-    def available():
-        return os.path.exists(PG_SCRATCH) and (
-            shutil.which("initdb") or os.path.exists("/usr/lib/postgresql/15/bin/initdb")
-            or any(os.path.exists("/usr/lib/postgresql/%d/bin/initdb" % v) for v in range(12, 20)))
-
-    def start(self):
-        r = subprocess.run(["bash", PG_SCRATCH, "start", self.dir], capture_output=True, text=True,
-                           timeout=60)
-        if r.returncode != 0:
-            raise RuntimeError("pg-scratch.sh start: %s%s" % (r.stdout, r.stderr))
-        self.base = r.stdout.strip().splitlines()[-1]
-        return self.base
-
-    def createdb(self, name):
-        r = subprocess.run(["bash", PG_SCRATCH, "createdb", self.dir, name], capture_output=True,
-                           text=True, timeout=60)
-        if r.returncode != 0:
-            raise RuntimeError("pg-scratch.sh createdb: %s%s" % (r.stdout, r.stderr))
-        return self.base.rsplit("/", 1)[0] + "/" + name
-
-    def psql(self, url, sql):
-        r = subprocess.run(["bash", PG_SCRATCH, "psql", self.dir, url, sql], capture_output=True,
-                           text=True, timeout=60)
-        if r.returncode != 0:
-            raise RuntimeError("psql: %s%s" % (r.stdout, r.stderr))
-        return r.stdout
-
-    def stop(self):
-        subprocess.run(["bash", PG_SCRATCH, "stop", self.dir], capture_output=True, timeout=60)

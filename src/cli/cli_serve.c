@@ -15,6 +15,9 @@ static void usage(FILE *out)
             "  -c, --config FILE    INI configuration (docs/router.md)\n"
             "      --listen ADDR    HOST:PORT or unix:PATH (overrides [server] listen)\n"
             "      --state-dir DIR  overrides [server] state-dir\n"
+            "      --ledger URL     overrides [server] ledger (postgresql://USER@HOST:PORT/DB,\n"
+            "                       a ledger shared with other routers; the password from\n"
+            "                       PGPASSWORD or ~/.pgpass)\n"
             "  -m, --model FILE     overrides [model] path\n"
             "Exit status: 0 after SIGTERM/SIGINT, 1 when a worker, the ledger or the socket\n"
             "cannot be set up, 2 for a bad configuration or options (an unset api-key-env\n"
@@ -27,16 +30,17 @@ static void usage(FILE *out)
 
 int cli_serve_main(int argc, char **argv)
 {
-    enum { OPT_LISTEN = 256, OPT_STATE };
+    enum { OPT_LISTEN = 256, OPT_STATE, OPT_LEDGER };
     static const struct option longopts[] = {
         {"config", required_argument, 0, 'c'},
         {"model", required_argument, 0, 'm'},
         {"listen", required_argument, 0, OPT_LISTEN},
         {"state-dir", required_argument, 0, OPT_STATE},
+        {"ledger", required_argument, 0, OPT_LEDGER},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *config = NULL, *listen = NULL, *state = NULL, *model = NULL;
+    const char *config = NULL, *listen = NULL, *state = NULL, *model = NULL, *ledger = NULL;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "c:m:h", longopts, NULL)) != -1) {
@@ -45,6 +49,7 @@ int cli_serve_main(int argc, char **argv)
         case 'm': model = optarg; break;
         case OPT_LISTEN: listen = optarg; break;
         case OPT_STATE: state = optarg; break;
+        case OPT_LEDGER: ledger = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -57,7 +62,7 @@ int cli_serve_main(int argc, char **argv)
     static rt_config cfg;
     sw_error err;
     sw_error_clear(&err);
-    if (rt_config_read(&cfg, config, listen, state, model, &err)) {
+    if (rt_config_read(&cfg, config, listen, state, model, ledger, &err)) {
         fprintf(stderr, "spillway serve: %s\n", err.message);
         return 2;
     }

@@ -22,6 +22,7 @@
  *   router_failover.c   replay / resume / requeue / stop (pure; DESIGN.md's table)
  *   router_supervisor.c spawn, reap, restart, /health polling into the pool
  *   router_idem.c       Idempotency-Key: stored responses, replay
+ *   router_lease.c      the ledger leases' keeper; 503 ledger_unavailable
  *   router_jobs.c       /v1/spillway/jobs and the job runner threads
  *   router_responses.c  /v1/responses: OpenAI's Responses API on the chat
  *                       route, stored responses, background ones as jobs
@@ -147,6 +148,11 @@ typedef struct rt_router {
      * atomic (async-signal-safe, C11 7.14.1.1), not a volatile
      * sig_atomic_t, which is safe for the handler's own thread only */
     atomic_int stop;
+    /* stop-delay-ms: while armed (serving, a delay configured) the first
+     * SIGTERM/SIGINT sets drain_signal instead of stop; the main thread
+     * then sets draining (/health answers 503), and stop once the delay
+     * is over. A second signal stops at once. */
+    atomic_int drain_armed, drain_signal, draining;
     int active_conns;
     uint64_t seq;
     char *events[RT_EVENTS];
@@ -167,6 +173,13 @@ typedef struct rt_router {
     uint64_t lat_count, ttft_count;
     double lat_sum, ttft_sum;
     ldg_ledger *ledger;
+    /* 0 after a ledger call found the database unreachable
+     * (SW_EUNAVAILABLE), 1 after one reached it (router_lease.c) */
+    atomic_int ledger_reachable;
+    /* a shared ledger (under mu): jobs this router's runners claimed from
+     * it (another router's, or one whose router died), and results it
+     * dropped because the fence refused them (taken over meanwhile) */
+    uint64_t jobs_claimed, fenced_jobs, fenced_keys;
     rt_sabotage sabotage;
     /* SPILLWAY_FAULT modes of the router itself (crash tests) */
     bool fault_exit_after_tool_started, fault_exit_after_tool_called;
@@ -213,6 +226,12 @@ typedef struct rt_capture {
     char *body;              /* sw_free (rt__capture_free) */
     size_t len, cap;
     bool overflow;           /* over RT_CAPTURE_MAX: incomplete */
+    bool hold;               /* a whole (not streamed) answer is kept in held,
+                                not written, until rt__capture_release: an
+                                Idempotency-Key's answer goes out only after
+                                the ledger has it */
+    char *held;              /* the answer's bytes, head and body (sw_free) */
+    size_t held_len;
 } rt_capture;
 
 void rt__capture_free(rt_capture *c);
@@ -306,6 +325,9 @@ typedef struct rt_req {
      * that generates nothing, never streamed, never made a job */
     bool embeddings;
 } rt_req;
+
+/* Writes the answer held back (cap.hold) to the client, if any. */
+void rt__capture_release(rt_req *q);
 
 double rt__now_s(void);  /* monotonic */
 double rt__wall_s(void); /* Unix time */
@@ -467,6 +489,38 @@ char *rt__messages_body(int status, const char *body, size_t len, size_t *out_le
 
 /* Idempotency-Key around a handler (router_idem.c) */
 void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat);
+/* Keys whose final write (store, forget) failed because the ledger was
+ * away stay running under this router's lease; they are marked abandoned
+ * here once it is back (called by the lease keeper), so a retry runs them
+ * again instead of being told 409 until they expire. */
+void rt__idem_settle_pending(rt_router *rt);
+
+/* the ledger's leases and its absence (router_lease.c) */
+/* Retry-After (seconds) of a 503 ledger_unavailable: the ledger reconnects
+ * on a later call, at most twice a second. */
+#define RT_LEDGER_RETRY_AFTER_S 2
+/* Starts the lease keeper (renews this router's leases every third of
+ * the lease); 0, or -1 when the thread could not be started. */
+int rt__lease_start(rt_router *rt);
+void rt__lease_stop(rt_router *rt);
+/* 503 ledger_unavailable with Retry-After, for a request that needs the
+ * ledger (durability promised) when a ledger call failed with err (may
+ * be NULL); msg says what could not be done. Logged at most every few
+ * seconds when the ledger is unreachable. */
+void rt__ledger_unavailable(rt_req *q, const char *msg, const sw_error *err);
+/* Before a request whose answer is to be stored (a stored Response, an
+ * agent run): whether the ledger answers now; when it does not, q got its
+ * 503 and the caller stops. */
+bool rt__ledger_ready(rt_req *q);
+/* Records what a ledger call returned: SW_EUNAVAILABLE marks the ledger
+ * unreachable, SW_OK reachable (/health shows it). */
+void rt__ledger_seen(rt_router *rt, int rc);
+/* For a best-effort ledger write that failed: true at most once every
+ * few seconds, so a ledger that is away does not flood the log. */
+bool rt__ledger_warn_due(rt_router *rt);
+/* Retry-After of a 409 idempotency_conflict: 1 s with a ledger of its
+ * own, else half the lease (the other router ends, or its lease does). */
+int rt__idem_retry_after_s(const rt_router *rt);
 
 /* jobs (router_jobs.c) */
 int rt__jobs_start(rt_router *rt);

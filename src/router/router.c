@@ -164,6 +164,8 @@ static void on_signal(int sig)
 {
     if (sig == SIGHUP)
         rt__g.reload_signal = 1; /* the main thread reloads */
+    else if (atomic_exchange(&rt__g.drain_armed, 0))
+        rt__g.drain_signal = 1; /* the main thread drains, then stops */
     else
         rt__g.stop = 1;
 }
@@ -321,9 +323,15 @@ int rt_serve(const rt_config *c)
     rt__read_switches(rt);
     sw_error lerr;
     sw_error_clear(&lerr);
-    if (ldg_open(c->state_dir, &rt->ledger, &lerr)) {
+    /* a shared ledger (PostgreSQL) or this state-dir's own (SQLite) */
+    if (ldg_open(c->ledger[0] ? c->ledger : c->state_dir, &rt->ledger, &lerr)) {
         fprintf(stderr, "spillway serve: %s\n", lerr.message);
-        return 1;
+        return lerr.code == SW_EINVAL ? 2 : 1;
+    }
+    {
+        char owner[64];
+        snprintf(owner, sizeof owner, "%s", ldg_owner(rt->ledger));
+        ldg_set_owner(rt->ledger, owner, c->ledger_lease_s);
     }
     int abandoned = 0;
     if (ldg_idem_recover(rt->ledger, &abandoned, &lerr) == 0 && abandoned)
@@ -343,6 +351,13 @@ int rt_serve(const rt_config *c)
         ldg_close(rt->ledger);
         rt->ledger = NULL;
         return lerr.code == SW_EINVAL ? 2 : 1;
+    }
+    if (rt__lease_start(rt)) {
+        fprintf(stderr, "spillway serve: cannot start the ledger's lease keeper\n");
+        free_models(rt);
+        ldg_close(rt->ledger);
+        rt->ledger = NULL;
+        return 1;
     }
     rt_pool_init(&rt->pool, c);
     rt_queue_init(&rt->queue, &rt->pool, c->queue_size);
@@ -412,6 +427,11 @@ int rt_serve(const rt_config *c)
                !strncmp(w->cfg.device, "sim-gpu", 7) ? " [simulated]" : "",
                w->cfg.managed ? "managed" : w->cfg.url);
     }
+    if (ldg_shared(rt->ledger))
+        printf("spillway serve: ledger %s, shared with other routers (owner %s, lease %.0f s)\n",
+               ldg_backend(rt->ledger), ldg_owner(rt->ledger), ldg_lease_s(rt->ledger));
+    else
+        printf("spillway serve: ledger %s in %s\n", ldg_backend(rt->ledger), c->state_dir);
     printf("spillway serve: listening on %s\n", actual);
     if (strncmp(actual, "unix:", 5))
         printf("try: curl http://%s/v1/completions -H 'Content-Type: application/json'%s "
@@ -423,7 +443,22 @@ int rt_serve(const rt_config *c)
         fprintf(stderr, "spillway serve: cannot start the connection threads\n");
         goto out;
     }
+    /* stop-delay-ms is read at the signal (a reload may change it) */
+    if (rt->cfg->stop_delay_ms > 0)
+        atomic_store(&rt->drain_armed, 1);
+    double stop_at = 0;
     while (!rt->stop) {
+        if (atomic_exchange(&rt->drain_signal, 0)) {
+            int delay_ms = rt->cfg->stop_delay_ms;
+            atomic_store(&rt->draining, 1);
+            stop_at = rt__now_s() + delay_ms / 1000.0;
+            SW_INFO("router", "draining: /health answers 503 for %d ms, then the router stops "
+                    "(a second SIGTERM stops it now)", delay_ms);
+        }
+        if (stop_at > 0 && rt__now_s() >= stop_at) {
+            rt->stop = 1;
+            break;
+        }
         if (atomic_exchange(&rt->reload_signal, 0)) {
             json_t *answer = NULL;
             sw_error rerr;
@@ -484,6 +519,7 @@ out:
     }
     free_models(rt);
     rt__reload_free_retired(rt);
+    rt__lease_stop(rt);
     ldg_close(rt->ledger);
     rt->ledger = NULL;
     for (int i = 0; i < RT_EVENTS; i++)

@@ -135,6 +135,11 @@ typedef struct rt_config {
                                   connection (5); 0: one request each */
     int keepalive_max_requests;/* requests per connection (100) */
     int ledger_retention_s;    /* finished ledger rows kept (7 days) */
+    char ledger[512];          /* postgresql://USER@HOST:PORT/DB: a ledger
+                                  shared with other routers; "" SQLite in
+                                  state-dir (default) */
+    int ledger_lease_s;        /* the leases this router holds on keys and
+                                  jobs in a shared ledger (10) */
     int health_interval_ms;    /* default 1000 */
     int hang_timeout_ms;       /* a ready worker silent this long is killed (15000) */
     int ready_timeout_s;       /* managed worker start-up (default 120) */
@@ -150,10 +155,14 @@ typedef struct rt_config {
     int n_tools;
     int drain_timeout_s;       /* a reload's drain of a removed or changed
                                   worker, at most (300) */
+    int stop_delay_ms;         /* after SIGTERM/SIGINT, serve on this long
+                                  with /health 503 "draining" before
+                                  closing the listener (0: close at once) */
     /* what `spillway serve` was started with: a reload reads the file
      * again and applies the same command-line overrides ("" none) */
     char config_path[512];
     char override_listen[256], override_state_dir[512], override_model[512];
+    char override_ledger[512];
 } rt_config;
 
 void rt_config_defaults(rt_config *c);
@@ -167,9 +176,14 @@ int rt_config_load(rt_config *c, const char *path, sw_error *err);
 int rt_config_check(const rt_config *c, sw_error *err);
 /* What `spillway serve` and a reload do: defaults, the file at path,
  * the overrides (NULL or "" none; kept in c for the next reload; model:
- * the path of the only model), the check. SW_EINVAL / SW_EIO with the message naming file, line and key. */
+ * the path of the only model; ledger: [server] ledger), the check.
+ * SW_EINVAL / SW_EIO with the message naming file, line and key. */
 int rt_config_read(rt_config *c, const char *path, const char *listen, const char *state_dir,
-                   const char *model, sw_error *err);
+                   const char *model, const char *ledger, sw_error *err);
+/* Whether v is a ledger URL [server] ledger takes: postgresql:// or
+ * postgres://, without a password (that comes from PGPASSWORD or
+ * ~/.pgpass). false with why (cap bytes) otherwise. */
+bool rt_config_ledger_valid(const char *v, char *why, size_t cap);
 /* The model of worker configuration w: its index in c->models, -1 when
  * it names none there. */
 int rt_config_worker_model(const rt_config *c, const rt_worker_config *w);

@@ -14,7 +14,11 @@
  * unknown outcome: an idempotent tool is called again with the same
  * Idempotency-Key; any other ends the run with unsafe_to_retry. A job's
  * request id is its job id, so a job cut by a router crash resumes its
- * steps the same way after the restart.
+ * steps the same way after the restart. Across routers sharing a ledger
+ * the step's record is the fence: ldg_tool_started says whether this
+ * call created it (first), and a tool that is not idempotent is called
+ * only then; a step another router started meanwhile is reused when it
+ * is done, else it has an unknown outcome, as above.
  *
  * The whole run shares the client's deadline: each generation is admitted
  * with what is left, each tool call waits at most what is left, and a run
@@ -280,9 +284,46 @@ static void run_fail(agent_run *a, int status, const char *code, const char *msg
 
 static void ledger_fail(agent_run *a, const sw_error *err)
 {
+    if (!a->head_sent) {
+        rt__ledger_unavailable(a->client, "the tool ledger could not be written", err);
+        return;
+    }
     SW_ERROR("router", "request %s: %s", a->client->request_id, err->message);
-    run_fail(a, 503, "ledger_unavailable", "the tool ledger could not be written", NULL,
-             "Retry-After: 1\r\n");
+    char extra[64];
+    snprintf(extra, sizeof extra, "Retry-After: %d\r\n", RT_LEDGER_RETRY_AFTER_S);
+    run_fail(a, 503, "ledger_unavailable", "the tool ledger could not be written", NULL, extra);
+}
+
+/* A step this run did not claim (ldg_tool_started: not first) because
+ * another attempt started it between the look-up and the start (another
+ * router running the same key or job): its record, read again; the
+ * recorded call wins (into tool_name, call_id, *args). 1 when it is done
+ * (*result), 0 when its outcome is unknown, -1 when the ledger failed
+ * (err). */
+static int step_claimed_elsewhere(rt_router *rt, const char *request_id, int step,
+                                  char *tool_name, size_t tool_cap, char **args, char *call_id,
+                                  size_t call_cap, char **result, sw_error *err)
+{
+    ldg_tool_step rec;
+    bool found = false;
+    if (ldg_tool_get(rt->ledger, request_id, step, &rec, &found, err))
+        return -1;
+    if (!found)
+        return 0;
+    copy_utf8(tool_name, tool_cap, rec.tool);
+    copy_utf8(call_id, call_cap, rec.call_id);
+    if (rec.arguments) {
+        sw_free(*args);
+        *args = rec.arguments;
+        rec.arguments = NULL;
+    }
+    bool done = rec.state == LDG_TOOL_DONE;
+    if (done) {
+        *result = rec.result;
+        rec.result = NULL;
+    }
+    ldg_tool_step_free(&rec);
+    return done;
 }
 
 /* The deadline was spent before what comes next (a generation, a tool
@@ -390,7 +431,7 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
          * ledger says: a bad call is not made): the error goes back to the
          * model as the result */
         *result = sw_strdup(why);
-        bool first = false;
+        bool first = false; /* the same error text whoever records it */
         if (!*result ||
             (!unknown && ldg_tool_started(rt->ledger, q->request_id, step, tool_name, call_id,
                                           *args ? *args : "", rt__wall_s(), &first, &err)) ||
@@ -425,11 +466,43 @@ static int run_step(agent_run *a, int step, const bool *allowed, char *tool_name
         return -1;
     }
     /* committed before the call (a re-call counts in the step's calls) */
-    bool first = false; /* whether this call claimed the step (a re-call: false) */
+    bool first = false; /* whether this call created the step's record */
     if (ldg_tool_started(rt->ledger, q->request_id, step, tool_name, call_id, *args,
                          rt__wall_s(), &first, &err)) {
         ledger_fail(a, &err);
         return -1;
+    }
+    if (!first && !unknown && !rt->sabotage.no_tool_ledger) {
+        /* another attempt started this step since the look-up above */
+        int got = step_claimed_elsewhere(rt, q->request_id, step, tool_name, tool_cap, args,
+                                         call_id, call_cap, result, &err);
+        if (got < 0) {
+            ledger_fail(a, &err);
+            return -1;
+        }
+        if (got > 0) {
+            *reused = true;
+            pthread_mutex_lock(&rt->mu);
+            rt->tool_reused++;
+            pthread_mutex_unlock(&rt->mu);
+            SW_INFO("router", "request %s: tool step %d (%s) was done by another attempt: reused",
+                    q->request_id, step, tool_name);
+            return 0;
+        }
+        t = find_tool(rt, tool_name, allowed);
+        if (!t || !t->idempotent) {
+            char msg[300];
+            snprintf(msg, sizeof msg,
+                     "tool step %d (%s) was started by another attempt and its outcome is "
+                     "unknown, and the tool is not idempotent: it is not called again",
+                     step, tool_name);
+            SW_WARN("router", "request %s: %s", q->request_id, msg);
+            run_fail(a, 502, "unsafe_to_retry", msg, NULL, NULL);
+            return -1;
+        }
+        SW_INFO("router", "request %s: tool step %d (%s) was started by another attempt; the "
+                "tool is idempotent: called with the same Idempotency-Key",
+                q->request_id, step, tool_name);
     }
     if (rt->fault_exit_after_tool_started) {
         SW_WARN("router", "SPILLWAY_FAULT router_exit_after_tool_started: exiting (status 70)");
@@ -1052,6 +1125,10 @@ void rt__handle_agent(rt_req *q, json_t *body)
         json_object_set_new(base, "seed", json_integer((json_int_t)(s & 0x7fffffff)));
     }
     json_object_set(base, "tools", tools);
+    /* the run's tool steps are promised to the ledger: none begins while
+     * it cannot be reached (503 ledger_unavailable) */
+    if (!rt->sabotage.no_tool_ledger && !rt__ledger_ready(q))
+        goto out;
     /* workers that failed in this run: the replay avoids them (a worker
      * that answered a generation stays eligible for the next one) */
     bool failed[RT_MAX_WORKERS] = {false};

@@ -43,6 +43,7 @@ void rt_config_defaults(rt_config *c)
     c->keepalive_timeout_s = 5;
     c->keepalive_max_requests = 100;
     c->ledger_retention_s = 7 * 86400;
+    c->ledger_lease_s = 10;
     c->health_interval_ms = 1000;
     c->hang_timeout_ms = 15000;
     c->ready_timeout_s = 120;
@@ -50,6 +51,7 @@ void rt_config_defaults(rt_config *c)
     c->max_tool_steps = 4;
     c->job_workers = 2;
     c->drain_timeout_s = 300;
+    c->stop_delay_ms = 0;
 }
 
 static int cfg_fail(cfg_parse *p, const char *section, const char *name, const char *why,
@@ -129,6 +131,34 @@ static bool cfg_bool(const char *v, bool *out)
     return true;
 }
 
+bool rt_config_ledger_valid(const char *v, char *why, size_t cap)
+{
+    const char *rest = !strncmp(v, "postgresql://", 13) ? v + 13
+                       : !strncmp(v, "postgres://", 11) ? v + 11
+                                                        : NULL;
+    if (!rest) {
+        snprintf(why, cap, "expected postgresql://USER@HOST:PORT/DB (absent or empty: SQLite in "
+                 "state-dir)");
+        return false;
+    }
+    /* the user part is what comes before the authority's last '@' */
+    size_t auth = strcspn(rest, "/?#");
+    const char *at = NULL;
+    for (const char *p = rest; p < rest + auth; p++)
+        if (*p == '@')
+            at = p;
+    bool password = at && memchr(rest, ':', (size_t)(at - rest)) != NULL;
+    const char *query = strchr(rest, '?');
+    for (const char *p = query; p && !password; p = strchr(p + 1, '&'))
+        password = !strncmp(p + 1, "password=", 9);
+    if (password) {
+        snprintf(why, cap, "the URL carries a password: give it in the PGPASSWORD environment "
+                 "variable or in ~/.pgpass (PGPASSFILE) instead, never in the configuration");
+        return false;
+    }
+    return true;
+}
+
 static int cfg_server(cfg_parse *p, const char *s, const char *name, const char *v)
 {
     rt_config *c = p->c;
@@ -198,6 +228,17 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 1, 10LL * 366 * 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..316224000", v);
         c->ledger_retention_s = (int)x;
+    } else if (!strcmp(name, "ledger")) {
+        char why[200];
+        if (v[0] && !rt_config_ledger_valid(v, why, sizeof why))
+            /* a value with a password is not echoed */
+            return cfg_fail(p, s, name, why, strstr(why, "password") ? "..." : v);
+        if (!cfg_copy(c->ledger, sizeof c->ledger, v))
+            return cfg_fail(p, s, name, "too long (at most 511 bytes)", v);
+    } else if (!strcmp(name, "ledger-lease-s")) {
+        if (!cfg_int(v, 1, 3600, &x))
+            return cfg_fail(p, s, name, "expected seconds 1..3600", v);
+        c->ledger_lease_s = (int)x;
     } else if (!strcmp(name, "health-interval-ms")) {
         if (!cfg_int(v, 50, 600000, &x))
             return cfg_fail(p, s, name, "expected milliseconds 50..600000", v);
@@ -226,6 +267,10 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);
         c->drain_timeout_s = (int)x;
+    } else if (!strcmp(name, "stop-delay-ms")) {
+        if (!cfg_int(v, 0, 600000, &x))
+            return cfg_fail(p, s, name, "expected milliseconds 0..600000", v);
+        c->stop_delay_ms = (int)x;
     } else {
         return cfg_fail(p, s, name, "unknown key", v);
     }
@@ -774,7 +819,7 @@ static int cfg_override_model(rt_config *c, const char *model, sw_error *err)
 }
 
 int rt_config_read(rt_config *c, const char *path, const char *listen, const char *state_dir,
-                   const char *model, sw_error *err)
+                   const char *model, const char *ledger, sw_error *err)
 {
     rt_config_defaults(c);
     if (!cfg_copy(c->config_path, sizeof c->config_path, path))
@@ -786,7 +831,13 @@ int rt_config_read(rt_config *c, const char *path, const char *listen, const cha
                            sizeof c->override_listen, listen, "--listen", err)) ||
         (rc = cfg_override(c->state_dir, sizeof c->state_dir, c->override_state_dir,
                            sizeof c->override_state_dir, state_dir, "--state-dir", err)) ||
-        (rc = cfg_override_model(c, model, err)))
+        (rc = cfg_override_model(c, model, err)) ||
+        (rc = cfg_override(c->ledger, sizeof c->ledger, c->override_ledger,
+                           sizeof c->override_ledger, ledger, "--ledger", err)))
         return rc;
+    char why[200];
+    if (c->ledger[0] && !rt_config_ledger_valid(c->ledger, why, sizeof why))
+        return sw_error_set(err, SW_EINVAL, "--ledger %.64s: %s",
+                            strstr(why, "password") ? "..." : c->ledger, why);
     return rt_config_check(c, err);
 }

@@ -8,6 +8,13 @@
  * and the response is stored once it is complete. What is not worth
  * replaying (a 5xx other than unsafe_to_retry, a stream cut short, a
  * client that left) is forgotten, so a retry runs the request again.
+ *
+ * Across routers sharing a ledger the key is claimed atomically by
+ * ldg_idem_begin: a retry that reaches another router while the first
+ * still generates is told 409 with Retry-After (half the lease); a key
+ * whose router died is taken over once its lease ran out and runs again
+ * under its original request id. A key taken over meanwhile refuses this
+ * router's final write (SW_ECONFLICT): the answer is sent, not stored.
  */
 #include "router/router-impl.h"
 
@@ -69,6 +76,48 @@ static void send_stored(rt_req *q, const ldg_stored *s)
         rt__chunked_end(q);
 }
 
+/* Keys left running because their final write failed with the ledger
+ * away (rt__idem_settle_pending). Bounded: past RT_IDEM_PENDING_MAX a key
+ * stays running until its TTL, which is logged. */
+#define RT_IDEM_PENDING_MAX 256
+static struct {
+    pthread_mutex_t mu;
+    char keys[RT_IDEM_PENDING_MAX][256];
+    int n;
+} g_pending = {PTHREAD_MUTEX_INITIALIZER, {{0}}, 0};
+
+static void settle_later(const rt_req *q)
+{
+    pthread_mutex_lock(&g_pending.mu);
+    bool added = g_pending.n < RT_IDEM_PENDING_MAX;
+    if (added)
+        snprintf(g_pending.keys[g_pending.n++], sizeof g_pending.keys[0], "%s", q->idem_key);
+    pthread_mutex_unlock(&g_pending.mu);
+    if (!added)
+        SW_ERROR("router", "request %s: Idempotency-Key left running (too many keys wait for "
+                 "the ledger): retries get 409 until it expires", q->request_id);
+}
+
+void rt__idem_settle_pending(rt_router *rt)
+{
+    pthread_mutex_lock(&g_pending.mu);
+    for (int i = 0; i < g_pending.n;) {
+        sw_error err;
+        sw_error_clear(&err);
+        int rc = ldg_idem_abandon(rt->ledger, g_pending.keys[i], &err);
+        if (rc == SW_EUNAVAILABLE)
+            break; /* away again: the next renewal tries */
+        if (rc == SW_OK)
+            SW_INFO("router", "Idempotency-Key %s: marked abandoned now that the ledger is back "
+                    "(a retry runs it again)", g_pending.keys[i]);
+        /* done, or no longer ours (SW_ECONFLICT: taken over or settled) */
+        memmove(g_pending.keys[i], g_pending.keys[i + 1],
+                (size_t)(g_pending.n - i - 1) * sizeof g_pending.keys[0]);
+        g_pending.n--;
+    }
+    pthread_mutex_unlock(&g_pending.mu);
+}
+
 void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool chat)
 {
     rt_router *rt = q->rt;
@@ -92,18 +141,17 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
     sw_error err;
     sw_error_clear(&err);
     if (expire)
-        ldg_idem_expire(rt->ledger, now, NULL, NULL);
+        ldg_idem_expire(rt->ledger, now, NULL, NULL); /* best effort */
     char sha[65], rid[80];
     ldg_sha256_hex(q->body ? q->body : "", q->body_len, sha);
     ldg_idem_state st;
     ldg_stored stored;
     if (ldg_idem_begin(rt->ledger, q->idem_key, sha, q->request_id, now,
                        rt->cfg->idempotency_ttl_s, &st, rid, &stored, &err)) {
-        SW_ERROR("router", "request %s: %s", q->request_id, err.message);
-        rt__send_error(q, 503, "ledger_unavailable", "the ledger could not record the key", NULL,
-                       "Retry-After: 1\r\n");
+        rt__ledger_unavailable(q, "the ledger could not record the Idempotency-Key", &err);
         return;
     }
+    rt__ledger_seen(rt, SW_OK);
     switch (st) {
     case LDG_IDEM_REPLAY:
         pthread_mutex_lock(&rt->mu);
@@ -114,11 +162,14 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
         send_stored(q, &stored);
         ldg_stored_free(&stored);
         return;
-    case LDG_IDEM_RUNNING:
+    case LDG_IDEM_RUNNING: {
+        char extra[64];
+        snprintf(extra, sizeof extra, "Retry-After: %d\r\n", rt__idem_retry_after_s(rt));
         rt__send_error(q, 409, "idempotency_conflict",
                        "a request with this Idempotency-Key is still running", "Idempotency-Key",
-                       "Retry-After: 1\r\n");
+                       extra);
         return;
+    }
     case LDG_IDEM_MISMATCH:
         rt__send_error(q, 422, "idempotency_key_reused",
                        "this Idempotency-Key was used with a different body", "Idempotency-Key",
@@ -130,6 +181,9 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
     /* the original request id when an abandoned run is taken over */
     snprintf(q->request_id, sizeof q->request_id, "%s", rid);
     q->cap.on = true;
+    /* a whole answer goes out after the ledger stored it (below): a
+     * router killed in between leaves a key whose answer nobody got */
+    q->cap.hold = true;
     handler(q, chat);
     const rt_capture *c = &q->cap;
     bool keep = c->status > 0 && !c->overflow &&
@@ -151,15 +205,32 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
                                        c->stream, c->body, c->len, rt__wall_s(), &err)
              : steps ? ldg_idem_abandon(rt->ledger, q->idem_key, &err)
                      : ldg_idem_drop(rt->ledger, q->idem_key, &err);
-    if (rc) {
+    if (rc == SW_ECONFLICT) {
+        /* another router took the key over (this one's lease ran out):
+         * its run is the key's; this answer was sent, not stored */
+        pthread_mutex_lock(&rt->mu);
+        rt->fenced_keys++;
+        pthread_mutex_unlock(&rt->mu);
+        SW_WARN("router", "request %s: Idempotency-Key taken over by another router; this "
+                "answer is not %s", q->request_id, keep ? "stored" : "dropped");
+    } else if (rc) {
+        rt__ledger_seen(rt, rc);
         SW_WARN("router", "request %s: Idempotency-Key not %s: %s", q->request_id,
                 keep ? "stored" : "dropped", err.message);
         /* left running, every retry would get 409 until the key expires */
         sw_error aerr;
-        if (ldg_idem_abandon(rt->ledger, q->idem_key, &aerr))
+        int arc = ldg_idem_abandon(rt->ledger, q->idem_key, &aerr);
+        if (arc == SW_EUNAVAILABLE) {
+            SW_WARN("router", "request %s: Idempotency-Key to be marked abandoned once the "
+                    "ledger is back", q->request_id);
+            settle_later(q);
+        } else if (arc && arc != SW_ECONFLICT) {
             SW_WARN("router", "request %s: Idempotency-Key not abandoned either: %s",
                     q->request_id, aerr.message);
+        }
     }
+    rt__capture_release(q);
     rt__capture_free(&q->cap);
     q->cap.on = false;
+    q->cap.hold = false;
 }

@@ -28,6 +28,18 @@
  * growing pause; if it still fails the job stays running in the ledger
  * (never reported done: GET shows it running, the metric does not count
  * it) and runs again at the next start.
+ *
+ * Several routers sharing a ledger (ldg_shared): a runner holds its job
+ * under this router's lease (renewed by router_lease.c) and writes its
+ * final record or its give-up with the fence its claim returned; a job
+ * another router took over meanwhile (this one's lease ran out) refuses
+ * them (SW_ECONFLICT) and the result is dropped: the job completes once,
+ * by its current runner. An idle runner claims the oldest queued job, or
+ * a running one whose lease ran out (its router died), every
+ * RT_JOB_CLAIM_EVERY_S (ldg_job_claim), which replaces the start-up's
+ * ldg_job_pending; a final record the ledger cannot take because it is
+ * away is tried again until it is back, the job is taken over, or the
+ * router stops.
  */
 #include "router/router-impl.h"
 
@@ -55,6 +67,11 @@
 #define RT_JOB_FINISH_PAUSE_MS 500
 /* How long rt__jobs_stop waits for the runners after the cancel. */
 #define RT_JOB_STOP_GRACE_S 2.0
+/* A shared ledger: an idle runner looks for a job to claim this often. */
+#define RT_JOB_CLAIM_EVERY_S 1.0
+/* A shared ledger that is away: the longest pause between two writes of
+ * a final record. */
+#define RT_JOB_FINISH_PAUSE_MAX_MS 2000
 
 _Thread_local int rt__job_cancel_fd = -1;
 
@@ -120,28 +137,39 @@ static json_t *error_json(const char *code, const char *msg)
 }
 
 /* Writes the job's final record, tried RT_JOB_FINISH_TRIES times (see
- * the top of the file); counted and logged as done only once written.
- * false when it could not be written: the job stays running in the
- * ledger and runs again at the next start. */
+ * the top of the file), or with a shared ledger that is away until it is
+ * back; counted and logged as done only once written. fence: the claim's.
+ * false when it was not written: the job stays running in the ledger and
+ * runs again at the next start, or it was taken over by another router
+ * (SW_ECONFLICT: its runner writes the record). */
 static bool finish(rt_router *rt, const char *id, int64_t fence, bool ok, const char *response,
                    json_t *error)
 {
     char *es = error ? sw_json_dumps(error, JSON_COMPACT) : NULL;
     sw_error err;
     sw_error_clear(&err);
-    bool written = false;
+    bool written = false, taken = false;
     for (int t = 1;; t++) {
         int rc = ldg_job_finish(rt->ledger, id, fence, ok ? LDG_JOB_SUCCEEDED : LDG_JOB_FAILED,
                                 ok ? response : NULL, es, rt__wall_s(), &err);
+        rt__ledger_seen(rt, rc);
         if (rc == 0) {
             written = true;
             break;
         }
-        if (rc == SW_ENOTFOUND || rc == SW_ECONFLICT || t >= RT_JOB_FINISH_TRIES)
-            break; /* gone or taken over (nothing to retry), or out of tries */
-        int pause_ms = RT_JOB_FINISH_PAUSE_MS << (t - 1);
-        SW_WARN("router", "job %s: writing its result failed (try %d of %d): %s; again in %d ms",
-                id, t, RT_JOB_FINISH_TRIES, err.message, pause_ms);
+        taken = rc == SW_ECONFLICT;
+        bool away = rc == SW_EUNAVAILABLE && ldg_shared(rt->ledger) && !stopping(rt);
+        if (taken || rc == SW_ENOTFOUND || (t >= RT_JOB_FINISH_TRIES && !away))
+            break; /* taken over or gone (nothing to retry), or out of tries */
+        int pause_ms = t <= 3 ? RT_JOB_FINISH_PAUSE_MS << (t - 1) : RT_JOB_FINISH_PAUSE_MAX_MS;
+        if (pause_ms > RT_JOB_FINISH_PAUSE_MAX_MS)
+            pause_ms = RT_JOB_FINISH_PAUSE_MAX_MS;
+        if (t < RT_JOB_FINISH_TRIES || !away)
+            SW_WARN("router", "job %s: writing its result failed (try %d of %d): %s; again in %d ms",
+                    id, t, RT_JOB_FINISH_TRIES, err.message, pause_ms);
+        else if (rt__ledger_warn_due(rt))
+            SW_WARN("router", "job %s: writing its result failed (try %d): %s; tried again every "
+                    "%d ms until the ledger is back", id, t, err.message, pause_ms);
         struct timespec pause = {pause_ms / 1000, (long)(pause_ms % 1000) * 1000000L};
         nanosleep(&pause, NULL);
     }
@@ -153,11 +181,18 @@ static bool finish(rt_router *rt, const char *id, int64_t fence, bool ok, const 
             rt->jobs_failed++;
         pthread_mutex_unlock(&rt->mu);
         SW_INFO("router", "job %s: %s", id, ok ? "succeeded" : "failed");
+    } else if (taken) {
+        pthread_mutex_lock(&rt->mu);
+        rt->fenced_jobs++;
+        pthread_mutex_unlock(&rt->mu);
+        SW_WARN("router", "job %s: taken over by another router (this router's lease ran out); "
+                "this run's result (%s) is dropped", id, ok ? "succeeded" : "failed");
     } else {
         SW_ERROR("router",
                  "job %s: its result (%s) could not be written to the ledger after %d tries: %s; "
-                 "the job stays running there and runs again at the next start",
-                 id, ok ? "succeeded" : "failed", RT_JOB_FINISH_TRIES, err.message);
+                 "the job stays running there and runs again %s",
+                 id, ok ? "succeeded" : "failed", RT_JOB_FINISH_TRIES, err.message,
+                 ldg_shared(rt->ledger) ? "once its lease runs out" : "at the next start");
     }
     free(es);
     return written;
@@ -168,28 +203,43 @@ static void give_up(rt_router *rt, const char *id, int64_t fence)
 {
     sw_error err;
     bool requeued = false;
-    if (ldg_job_requeue(rt->ledger, id, fence, &requeued, &err))
+    int rc = ldg_job_requeue(rt->ledger, id, fence, &requeued, &err);
+    if (rc == SW_ECONFLICT)
+        SW_INFO("router", "job %s: cancelled by the shutdown; another router had taken it over",
+                id);
+    else if (rc)
         SW_WARN("router", "job %s: cancelled by the shutdown; it stays running in the ledger (%s) "
-                "and runs again at the next start", id, err.message);
+                "and runs again %s", id, err.message,
+                ldg_shared(rt->ledger) ? "once its lease runs out" : "at the next start");
     else if (requeued)
         SW_INFO("router", "job %s: cancelled by the shutdown; queued again for the next start", id);
 }
 
-static void run_job(rt_router *rt, const char *id)
+/* Reads a claimed job back; with a shared ledger that is away, again
+ * until it is back (the job is this router's: its lease is renewed). */
+static int job_read(rt_router *rt, const char *id, ldg_job *j, sw_error *err)
+{
+    for (;;) {
+        bool found = false;
+        int rc = ldg_job_get(rt->ledger, id, j, &found, err);
+        if (rc == SW_OK && !found)
+            rc = sw_error_set(err, SW_ENOTFOUND, "job %s is not in the ledger", id);
+        if (rc != SW_EUNAVAILABLE || !ldg_shared(rt->ledger) || stopping(rt))
+            return rc;
+        usleep(500 * 1000);
+    }
+}
+
+/* Runs job id, claimed with fence, to its final record (or gives it up
+ * at shutdown). */
+static void run_claimed(rt_router *rt, const char *id, int64_t fence)
 {
     sw_error err;
-    bool claimed = false;
-    int64_t fence = 0; /* this run's claim: its final record or give-up carries it */
-    if (ldg_job_start(rt->ledger, id, rt__wall_s(), &claimed, &fence, &err)) {
-        SW_ERROR("router", "job %s: %s", id, err.message);
-        return;
-    }
-    if (!claimed)
-        return; /* finished already */
     ldg_job j;
-    bool found;
-    if (ldg_job_get(rt->ledger, id, &j, &found, &err) || !found) {
-        SW_ERROR("router", "job %s: cannot read it back", id);
+    if (job_read(rt, id, &j, &err)) {
+        SW_ERROR("router", "job %s: cannot read it back: %s", id, err.message);
+        if (stopping(rt))
+            give_up(rt, id, fence);
         return;
     }
     bool chat = strcmp(j.endpoint, "completions") != 0;
@@ -218,8 +268,12 @@ static void run_job(rt_router *rt, const char *id)
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
         bool busy = c.status == 503 && code &&
                     (!strcmp(code, "capacity_exceeded") || !strcmp(code, "worker_failed"));
+        /* an agent job whose tool ledger is away: the run is tried again
+         * (its recorded steps reused) until it is back, not counted */
+        bool ledger_down = c.status == 503 && code && !strcmp(code, "ledger_unavailable");
         bool stop = stopping(rt);
-        bool more = busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES);
+        bool more = (busy && !stop && (j.deadline_ms >= 0 || tries < RT_JOB_BUSY_TRIES)) ||
+                    (ledger_down && !stop);
         if (c.status == 200 && resp) {
             /* a whole answer, even one that arrived as the shutdown began */
             finish(rt, id, fence, true, c.body, NULL);
@@ -250,17 +304,72 @@ static void run_job(rt_router *rt, const char *id)
     ldg_job_free(&j);
 }
 
+/* A job from the in-memory queue: claimed (started) first; one that is
+ * finished, or run by another router, is left alone. */
+static void run_job(rt_router *rt, const char *id)
+{
+    sw_error err;
+    bool claimed = false;
+    int64_t fence = 0; /* this run's claim: its final record or give-up carries it */
+    int rc = ldg_job_start(rt->ledger, id, rt__wall_s(), &claimed, &fence, &err);
+    rt__ledger_seen(rt, rc);
+    if (rc) {
+        /* still queued in the ledger: a later claim (shared) or the next
+         * start runs it */
+        if (rc != SW_EUNAVAILABLE || rt__ledger_warn_due(rt))
+            SW_ERROR("router", "job %s: %s", id, err.message);
+        return;
+    }
+    if (!claimed)
+        return; /* finished already, or another router runs it */
+    run_claimed(rt, id, fence);
+}
+
+/* A shared ledger: the oldest job no router runs, claimed and run; false
+ * when there was none (or the ledger is away). */
+static bool claim_and_run(rt_router *rt)
+{
+    char id[48];
+    int64_t fence = 0;
+    bool got = false;
+    sw_error err;
+    sw_error_clear(&err);
+    int rc = ldg_job_claim(rt->ledger, rt__wall_s(), id, &fence, &got, &err);
+    rt__ledger_seen(rt, rc);
+    if (rc) {
+        if (rc != SW_EUNAVAILABLE || rt__ledger_warn_due(rt))
+            SW_WARN("router", "jobs: no claim: %s", err.message);
+        return false;
+    }
+    if (!got)
+        return false;
+    pthread_mutex_lock(&rt->mu);
+    rt->jobs_claimed++;
+    pthread_mutex_unlock(&rt->mu);
+    SW_INFO("router", "job %s: claimed from the shared ledger", id);
+    run_claimed(rt, id, fence);
+    return true;
+}
+
 /* arg: the rt_router */
 static void *job_thread(void *arg)
 {
     rt_router *rt = arg;
     /* every worker request on this thread watches the cancel pipe */
     rt__job_cancel_fd = g_jobs.cancel_pipe[0];
+    bool shared = ldg_shared(rt->ledger);
+    double claim_at = 0; /* rt__now_s of the next claim (shared); the first at once */
     for (;;) {
         char id[48];
+        if (shared && rt__now_s() >= claim_at && !stopping(rt)) {
+            if (claim_and_run(rt))
+                continue; /* there may be more */
+            claim_at = rt__now_s() + RT_JOB_CLAIM_EVERY_S;
+        }
         pthread_mutex_lock(&g_jobs.mu);
         /* timed: a SIGTERM only sets rt->stop; no new job starts then */
-        while (!g_jobs.stop && !rt->stop && g_jobs.count == 0) {
+        while (!g_jobs.stop && !rt->stop && g_jobs.count == 0 &&
+               !(shared && rt__now_s() >= claim_at)) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 200 * 1000 * 1000;
@@ -273,6 +382,10 @@ static void *job_thread(void *arg)
         if (g_jobs.stop || rt->stop) {
             pthread_mutex_unlock(&g_jobs.mu);
             return NULL;
+        }
+        if (g_jobs.count == 0) { /* time to claim */
+            pthread_mutex_unlock(&g_jobs.mu);
+            continue;
         }
         memcpy(id, g_jobs.queue[g_jobs.head], 48);
         g_jobs.head = (g_jobs.head + 1) % g_jobs.cap;
@@ -294,18 +407,22 @@ int rt__jobs_start(rt_router *rt)
         g_jobs.cancel_pipe[0] = g_jobs.cancel_pipe[1] = -1;
     }
     rt->jobs = &g_jobs;
-    char(*ids)[48] = NULL;
-    size_t n = 0;
-    sw_error err;
-    if (ldg_job_pending(rt->ledger, &ids, &n, &err)) {
-        fprintf(stderr, "spillway serve: %s\n", err.message);
-        return -1;
+    /* a shared ledger: the runners claim what is queued or abandoned, at
+     * once and then every RT_JOB_CLAIM_EVERY_S while idle */
+    if (!ldg_shared(rt->ledger)) {
+        char(*ids)[48] = NULL;
+        size_t n = 0;
+        sw_error err;
+        if (ldg_job_pending(rt->ledger, &ids, &n, &err)) {
+            fprintf(stderr, "spillway serve: %s\n", err.message);
+            return -1;
+        }
+        for (size_t i = 0; i < n; i++)
+            enqueue(ids[i]);
+        if (n)
+            SW_INFO("router", "%zu job(s) from the ledger to complete", n);
+        sw_free(ids);
     }
-    for (size_t i = 0; i < n; i++)
-        enqueue(ids[i]);
-    if (n)
-        SW_INFO("router", "%zu job(s) from the ledger to complete", n);
-    sw_free(ids);
     int want = rt->cfg->job_workers;
     for (int i = 0; i < want && i < 64; i++)
         if (pthread_create(&g_jobs.threads[g_jobs.n_threads], NULL, job_thread, rt) == 0)
@@ -499,11 +616,8 @@ static void jobs_post(rt_req *q, bool unused)
         sw_error err;
         sw_error_clear(&err);
         if (accept_job(q, endpoint, request,
-                       json_is_integer(dl) ? (int64_t)json_integer_value(dl) : -1, NULL, &err)) {
-            SW_ERROR("router", "job: %s", err.message);
-            rt__send_error(q, 503, "ledger_unavailable", "the job could not be stored", NULL,
-                           "Retry-After: 1\r\n");
-        }
+                       json_is_integer(dl) ? (int64_t)json_integer_value(dl) : -1, NULL, &err))
+            rt__ledger_unavailable(q, "the job could not be stored", &err);
     }
     json_decref(body);
 }
@@ -551,7 +665,11 @@ static void jobs_get(rt_req *q, const char *id)
     ldg_job j;
     bool found = false;
     sw_error err;
-    if (strlen(id) >= sizeof j.id || ldg_job_get(rt->ledger, id, &j, &found, &err) || !found) {
+    if (strlen(id) < sizeof j.id && ldg_job_get(rt->ledger, id, &j, &found, &err)) {
+        rt__ledger_unavailable(q, "the ledger could not be read", &err);
+        return;
+    }
+    if (strlen(id) >= sizeof j.id || !found) {
         rt__send_error(q, 404, "not_found", "no such job", NULL, NULL);
         return;
     }

@@ -238,9 +238,13 @@ static void record_attempt(const rt_req *q, const rt_relay *r, int wi, rt_outcom
         return;
     sw_error lerr;
     bool ok = out == RT_OUT_OK || out == RT_OUT_CLIENT_ERROR;
-    if (ldg_attempt_add(rt->ledger, q->request_id, q->attempts, rt->pool.w[wi].cfg.name,
-                        rt_outcome_name(out), ok ? NULL : r->phase, t_start, rt__wall_s(), &lerr))
-        SW_WARN("router", "request %s: %s", q->request_id, lerr.message);
+    /* best effort: a ledger that is away does not fail the request */
+    int rc = ldg_attempt_add(rt->ledger, q->request_id, q->attempts, rt->pool.w[wi].cfg.name,
+                             rt_outcome_name(out), ok ? NULL : r->phase, t_start, rt__wall_s(),
+                             &lerr);
+    rt__ledger_seen(rt, rc);
+    if (rc && (rc != SW_EUNAVAILABLE || rt__ledger_warn_due(rt)))
+        SW_WARN("router", "request %s: attempt not recorded: %s", q->request_id, lerr.message);
 }
 
 /* The 400 of a prompt no worker's context holds with room for one

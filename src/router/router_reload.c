@@ -45,6 +45,8 @@ static const setting settings[] = {
     SETTING("[server] max-connections", max_connections, true),
     SETTING("[server] queue-size", queue_size, true),
     SETTING("[server] job-workers", job_workers, true),
+    SETTING("[server] ledger", ledger, true),
+    SETTING("[server] ledger-lease-s", ledger_lease_s, true),
     SETTING("[server] api-keys", api_keys, false),
     SETTING("[server] api-keys", n_keys, false),
     SETTING("[server] max-body", max_body_bytes, false),
@@ -61,6 +63,7 @@ static const setting settings[] = {
     SETTING("[server] idempotency-ttl-s", idempotency_ttl_s, false),
     SETTING("[server] max-tool-steps", max_tool_steps, false),
     SETTING("[server] drain-timeout-s", drain_timeout_s, false),
+    SETTING("[server] stop-delay-ms", stop_delay_ms, false),
     SETTING("[tool NAME] sections", tools, false),
     SETTING("[tool NAME] sections", n_tools, false),
 };
@@ -250,7 +253,7 @@ int rt__reload(rt_router *rt, const char *origin, json_t **answer, sw_error *err
         goto fail;
     }
     rc = rt_config_read(next, cur->config_path, cur->override_listen, cur->override_state_dir,
-                        cur->override_model, err);
+                        cur->override_model, cur->override_ledger, err);
     if (rc)
         goto fail;
     if ((rc = rt__upstreams_register(next, err)))

@@ -152,9 +152,7 @@ static bool load_prior(rt_req *q, const char *prev_id, json_t **prior)
     sw_error_clear(&err);
     if (strlen(prev_id) <= 200 && rt->ledger &&
         ldg_response_get(rt->ledger, prev_id, &sr, &found, &err)) {
-        SW_WARN("router", "request %s: %s", q->request_id, err.message);
-        rt__send_error(q, 503, "ledger_unavailable", "the ledger could not be read", NULL,
-                       "Retry-After: 1\r\n");
+        rt__ledger_unavailable(q, "the ledger could not be read", &err);
         return false;
     }
     if (!found) {
@@ -244,10 +242,13 @@ static void create_background(rt_req *q, const json_t *body, const json_t *prior
     sw_error err;
     sw_error_clear(&err);
     json_t *r = api_responses_object(body, id, created_at, "queued", NULL);
-    if (!r || rt__jobs_submit(rt, "chat", chat, job_id, sizeof job_id, &err)) {
+    if (!r) {
+        rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
+        return;
+    }
+    if (rt__jobs_submit(rt, "chat", chat, job_id, sizeof job_id, &err)) {
         json_decref(r);
-        rt__send_error(q, 503, "ledger_unavailable", "the background response could not be "
-                       "stored", NULL, "Retry-After: 1\r\n");
+        rt__ledger_unavailable(q, "the background response could not be stored", &err);
         return;
     }
     store(q, body, prior, r, job_id);
@@ -327,6 +328,10 @@ static void create(rt_req *q)
         create_background(q, body, prior, chat, c.id, c.created_at);
         goto done;
     }
+    /* a stored response is promised to a later GET: not generated while
+     * the ledger is away */
+    if (keep && !rt__ledger_ready(q))
+        goto done;
     bool stream = json_is_true(json_object_get(body, "stream"));
     if (stream && !(c.st = api_resp_stream_new(body, c.id, c.created_at))) {
         rt__send_error(q, 500, "internal_error", "out of memory", NULL, NULL);
@@ -445,8 +450,7 @@ static void get_or_delete(rt_req *q, const char *id, bool del)
     }
     if (del) {
         if (ldg_response_delete(rt->ledger, id, &found, &err))
-            rt__send_error(q, 503, "ledger_unavailable", "the ledger could not delete it", NULL,
-                           "Retry-After: 1\r\n");
+            rt__ledger_unavailable(q, "the ledger could not delete it", &err);
         else if (!found)
             rt__send_error(q, 404, "not_found", "no such stored response", NULL, NULL);
         else {
@@ -459,9 +463,7 @@ static void get_or_delete(rt_req *q, const char *id, bool del)
     }
     ldg_response sr;
     if (ldg_response_get(rt->ledger, id, &sr, &found, &err)) {
-        SW_WARN("router", "request %s: %s", q->request_id, err.message);
-        rt__send_error(q, 503, "ledger_unavailable", "the ledger could not be read", NULL,
-                       "Retry-After: 1\r\n");
+        rt__ledger_unavailable(q, "the ledger could not be read", &err);
         return;
     }
     if (!found) {

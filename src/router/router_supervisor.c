@@ -575,8 +575,10 @@ static void sup_ledger_sweep(rt_router *rt, double *last)
     *last = t;
     ldg_sweep_counts c;
     sw_error err;
-    if (ldg_retention_sweep(rt->ledger, rt__wall_s(), retention, &c, &err)) {
-        SW_WARN("router", "ledger retention sweep: %s", err.message);
+    int rc = ldg_retention_sweep(rt->ledger, rt__wall_s(), retention, &c, &err);
+    if (rc) {
+        if (rc != SW_EUNAVAILABLE || rt__ledger_warn_due(rt))
+            SW_WARN("router", "ledger retention sweep: %s", err.message);
         return;
     }
     pthread_mutex_lock(&rt->mu);

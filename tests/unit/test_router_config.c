@@ -27,6 +27,7 @@ static void test_full(void **state)
     sw_error err;
     rt_config_defaults(&c);
     assert_string_equal(c.listen, "127.0.0.1:8080");
+    assert_int_equal(c.stop_delay_ms, 0);
     assert_string_equal(c.cors_origins, "*");
     const char *p = write_ini("full", "[server]\n"
                                       "listen = 0.0.0.0:9000\n"
@@ -37,6 +38,7 @@ static void test_full(void **state)
                                       "max-attempts = 2\n"
                                       "queue-size = 5\nqueue-timeout-ms = 250\n"
                                       "hang-timeout-ms = 700\nhealth-interval-ms = 100\n"
+                                      "stop-delay-ms = 2500\n"
                                       "[model]\npath = m.gguf\n"
                                       "chat-template = qwen3\nreasoning-format = none\n"
                                       "[worker gpu]\n"
@@ -59,6 +61,7 @@ static void test_full(void **state)
     assert_int_equal(c.queue_timeout_ms, 250);
     assert_int_equal(c.hang_timeout_ms, 700);
     assert_int_equal(c.health_interval_ms, 100);
+    assert_int_equal(c.stop_delay_ms, 2500);
     assert_int_equal(c.n_workers, 3);
     assert_string_equal(c.models[0].chat_template, "qwen3");
     assert_string_equal(c.models[0].reasoning_format, "none");
@@ -114,6 +117,7 @@ static void test_errors(void **state)
                  "reasoning-format");
     expect_error("cors-wildcard", "[server]\ncors-origins = https://*.example\n", 2,
                  "cors-origins");
+    expect_error("stop-delay", "[server]\nstop-delay-ms = -1\n", 2, "stop-delay-ms");
     expect_error("cors-path", "[server]\ncors-origins = https://a.example/app\n", 2,
                  "cors-origins");
 
@@ -287,6 +291,48 @@ static void test_remote(void **state)
                      SW_EINVAL);
 }
 
+/* [server] ledger and ledger-lease-s; a URL with a password is refused
+ * without being echoed; --ledger overrides the file. */
+static void test_ledger(void **state)
+{
+    rt_config c;
+    sw_error err;
+    rt_config_defaults(&c);
+    assert_string_equal(c.ledger, "");
+    assert_int_equal(c.ledger_lease_s, 10);
+    const char *p = write_ini("ledger", "[server]\nledger = postgresql://spill@127.0.0.1:5432/db\n"
+                                        "ledger-lease-s = 3\n[model]\npath = m\n[worker a]\nthreads = 1\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    assert_string_equal(c.ledger, "postgresql://spill@127.0.0.1:5432/db");
+    assert_int_equal(c.ledger_lease_s, 3);
+    if (rt_config_read(&c, p, NULL, NULL, NULL, "postgres://other@h/d", &err))
+        fail_msg("%s", err.message);
+    assert_string_equal(c.ledger, "postgres://other@h/d");
+    assert_string_equal(c.override_ledger, "postgres://other@h/d");
+    assert_int_equal(rt_config_read(&c, p, NULL, NULL, NULL, "postgres://u:pw@h/d", &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "PGPASSWORD"));
+    assert_null(strstr(err.message, "pw@"));
+    remove(p);
+    expect_error("ledger-password", "[server]\nledger = postgresql://u:hunter2@h:1/d\n", 2, "ledger");
+    assert_int_equal(load_checked("ledger-pw", "[server]\nledger = postgresql://u:hunter2@h/d\n"
+                                               "[model]\npath = m\n[worker a]\nthreads = 1\n", &err),
+                     SW_EINVAL);
+    assert_null(strstr(err.message, "hunter2"));
+    assert_non_null(strstr(err.message, ".pgpass"));
+    expect_error("ledger-query-pw", "[server]\nledger = postgresql://u@h/d?password=x\n", 2,
+                 "ledger");
+    expect_error("ledger-scheme", "[server]\nledger = mysql://u@h/d\n", 2, "ledger");
+    expect_error("ledger-lease", "[server]\nledger-lease-s = 0\n", 2, "ledger-lease-s");
+    /* empty: SQLite in state-dir */
+    assert_int_equal(load_checked("ledger-empty", "[server]\nledger =\n[model]\npath = m\n"
+                                                  "[worker a]\nthreads = 1\n", &err), 0);
+    /* an @ in the path is not a user part */
+    char why[200];
+    assert_true(rt_config_ledger_valid("postgresql://u@h:5/d@x:y", why, sizeof why));
+    assert_true(rt_config_ledger_valid("postgresql:///db?host=/tmp/s", why, sizeof why));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -295,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_remote),
         cmocka_unit_test(test_images),
+        cmocka_unit_test(test_ledger),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

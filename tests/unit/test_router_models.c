@@ -654,7 +654,7 @@ static void test_models_ini_example(void **state)
     rt_config c;
     sw_error err;
     sw_error_clear(&err);
-    if (rt_config_read(&c, path, NULL, NULL, NULL, &err))
+    if (rt_config_read(&c, path, NULL, NULL, NULL, NULL, &err))
         fail_msg("%s: %s", path, err.message);
     assert_int_equal(c.n_models, 2);
     assert_false(c.legacy_model);
@@ -758,7 +758,7 @@ static void test_model_config_checks(void **state)
         rt_config c;
         sw_error err;
         sw_error_clear(&err);
-        int rc = rt_config_read(&c, path, NULL, NULL, NULL, &err);
+        int rc = rt_config_read(&c, path, NULL, NULL, NULL, NULL, &err);
         if (rc != SW_EINVAL || !strstr(err.message, bad[i].want))
             fail_msg("case %zu: rc %d, '%s' (want '%s')", i, rc, err.message, bad[i].want);
         remove(path);

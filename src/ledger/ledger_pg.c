@@ -311,10 +311,15 @@ int ldg__pg_open(ldg_ledger *l, const char *url, sw_error *err)
     /* defaults first: what the URL says wins (expand_dbname). A server
      * that vanished without closing the connection is noticed within
      * about 10-25 s (TCP keep-alives, unacknowledged data), not hours. */
+    /* A router stalled inside a transaction (stopped, cut off with its
+     * connection open) would hold its row locks, and every other router
+     * that touches those rows would wait for it: the server ends such a
+     * session after 5 s idle in a transaction. */
     const char *const keys[] = {"connect_timeout", "fallback_application_name", "keepalives_idle",
                                 "keepalives_interval", "keepalives_count", "tcp_user_timeout",
-                                "dbname", NULL};
-    const char *const vals[] = {"5", "spillway", "10", "5", "3", "10000", url, NULL};
+                                "options", "dbname", NULL};
+    const char *const vals[] = {"5", "spillway", "10", "5", "3", "10000",
+                                "-c idle_in_transaction_session_timeout=5000", url, NULL};
     d->conn = PQconnectdbParams(keys, vals, 1);
     d->last_try = mono_s();
     int rc;

@@ -758,8 +758,22 @@ static void test_postgresql_restarted(void **state)
     assert_true(ld.durable_ok_after >= 5);
     assert_int_equal(ld.refused_without_retry_after, 0);
     assert_int_equal(rh_metric(r.sock, "spillway_router_ledger_reachable"), 1);
-    /* a job after it is back: stored and run */
+    /* a stored Response after it is back: stored, and read back */
     wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/responses", NULL,
+                            "{\"input\":\"Hi\",\"max_output_tokens\":2}", &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    json_t *resp = rh_body_json(&w);
+    char path[200];
+    snprintf(path, sizeof path, "/v1/responses/%s",
+             json_string_value(json_object_get(resp, "id")));
+    json_decref(resp);
+    wc_response_free(&w);
+    assert_int_equal(rh_req(&r, "GET", path, NULL, NULL, &w), 0);
+    assert_int_equal(w.status, 200);
+    wc_response_free(&w);
+    /* a job after it is back: stored and run */
     assert_int_equal(rh_req(&r, "POST", "/v1/spillway/jobs", NULL,
                             "{\"endpoint\":\"completions\",\"request\":{\"prompt\":\"x\","
                             "\"max_tokens\":2}}",

@@ -5,6 +5,7 @@
 #
 #   bench/llama-server-resume.sh [BUILD_DIR]        (default: build)
 #   REF_DIR=/work/llamacpp-ref MODEL=FILE MAX_TOKENS=200 KILL_AFTER=20 bench/llama-server-resume.sh
+#   SCHEMA=1 bench/llama-server-resume.sh          (a constrained stream)
 #
 # 1. llama-server from bench/llamacpp-build.sh (REF_DIR; built when
 #    missing), twice, as the both-tiers recipe of docs/engines.md: worker
@@ -23,6 +24,19 @@
 #    own greedy answer to the same request (the same body, not streamed,
 #    to cpu's llama-server directly), and the ids equal to its
 #    /completion's. Exit 0 when every check holds.
+#
+# SCHEMA=1: the stream is constrained by a response_format json_schema
+# (an object with a bounded string, an integer in 0..120, an enum, a
+# date (format) and an array of at most 3 bounded strings), which the router sends each llama-server as
+# spillway's GBNF form of the schema, and cpu's continuation as that
+# grammar advanced over the text sent. It ends at the end of the JSON (no
+# ignore_eos). Checked instead of the token count and the direct answer:
+# the text and ids equal to llama-server's own greedy answer under the
+# same grammar (the same request through the router once gpu is back,
+# uninterrupted), and the text valid under the schema (python3
+# jsonschema). Also printed, not checked: whether llama-server's own
+# reading of the schema (its /completion json_schema, its own grammar,
+# which allows spaces) gives the same text.
 set -euo pipefail
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -80,12 +94,22 @@ done
 grep -q "listening on" "$dir/router.log" || { echo "the router did not start" >&2; cat "$dir/router.log"; exit 1; }
 
 set +e
-PORT=$port DIR=$dir MAX_TOKENS=$max_tokens KILL_AFTER=$kill_after CHAT=${CHAT:-} python3 - <<'PY'
+PORT=$port DIR=$dir MAX_TOKENS=$max_tokens KILL_AFTER=$kill_after CHAT=${CHAT:-} SCHEMA=${SCHEMA:-} python3 - <<'PY'
 import http.client, json, os, re, signal, sys, time
 
 port = int(os.environ["PORT"]); d = os.environ["DIR"]
 max_tokens = int(os.environ["MAX_TOKENS"]); kill_after = int(os.environ["KILL_AFTER"])
 chat = bool(os.environ.get("CHAT"))
+schema = None
+if os.environ.get("SCHEMA"):
+    schema = {"type": "object",
+              "properties": {"name": {"type": "string", "maxLength": 12},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                             "mood": {"enum": ["happy", "sad", "sleepy"]},
+                             "born": {"type": "string", "format": "date"},
+                             "friends": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                         "maxItems": 3}},
+              "required": ["name", "age", "mood", "born", "friends"]}
 
 def get(path):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -121,6 +145,26 @@ else:
     path = "/v1/completions"
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+if schema:
+    # constrained: it ends where the JSON does
+    del body["ignore_eos"]
+    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}}
+
+def plain_stream(body):
+    """A stream through the router, not interrupted: its ids, text, worker."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    ids, text = [], ""
+    for line in r.read().split(b"\n"):
+        if not line.startswith(b"data: ") or line[6:] == b"[DONE]":
+            continue
+        j = json.loads(line[6:])
+        ids += j.get("spillway", {}).get("token_ids", [])
+        ch = (j.get("choices") or [{}])[0]
+        text += (ch.get("delta", {}).get("content") or "") if chat else (ch.get("text") or "")
+    return r.status, ids, text, r.getheader("X-Spillway-Worker")
+
 t0 = time.time()
 c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -180,8 +224,12 @@ def check(name, cond):
 check("HTTP 200, served first by gpu (llama-server)", r.status == 200 and served_by == "gpu")
 check("one [DONE], at the end", events.count("[DONE]") == 1 and events[-1] == "[DONE]")
 check("no error event", not errors)
-check("%d token ids in all" % max_tokens, len(ids) == max_tokens)
-check("gpu killed mid-stream (0 < k < %d)" % max_tokens, k is not None and 0 < k < max_tokens)
+if schema:
+    check("token ids for all the text, as many as usage says",
+          bool(usage) and len(ids) == usage.get("completion_tokens") and 0 < len(ids) <= max_tokens)
+else:
+    check("%d token ids in all" % max_tokens, len(ids) == max_tokens)
+check("gpu killed mid-stream (0 < k < %d)" % len(ids), k is not None and 0 < k < len(ids))
 
 evs = get("/v1/spillway/events")[1]["data"]
 fo = [e for e in evs if e.get("request_id") == rid and "first_error" in e]
@@ -196,6 +244,39 @@ check("failover event: resume from gpu (llama-server) on cpu (llama-server), com
       bool(fo) and fo[-1]["decision"] == "resume" and fo[-1]["first_error"].get("worker_kind") == "llama-server"
       and fo[-1].get("replay_worker") == "cpu" and fo[-1].get("replay_worker_kind") == "llama-server"
       and fo[-1]["outcome"] == "completed")
+
+m = re.findall(r"worker cpu: started pid \d+ \([^,]*, at http://([\d.]+):(\d+)\)", log)
+if schema:
+    # llama-server's own greedy answer under the same grammar: the same
+    # request through the router once gpu is back, uninterrupted
+    for _ in range(600):
+        if up(worker("gpu")) and up(worker("cpu")):
+            break
+        time.sleep(0.2)
+    st, ref_ids, ref_text, ref_worker = plain_stream(body)
+    print("reference: the same request, uninterrupted, on %s: HTTP %d, %d tokens" % (ref_worker, st, len(ref_ids)))
+    print("  %s" % ref_text)
+    check("the text = llama-server's own greedy answer under the same grammar", text == ref_text)
+    check("the ids = its ids", ids == ref_ids)
+    try:
+        import jsonschema
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+        valid = True
+    except Exception as ex:
+        print("  not valid: %s" % ex)
+        valid = False
+    check("the text is JSON valid under the schema", valid)
+    if m:
+        h, p = m[-1][0], int(m[-1][1])
+        prompt = body["prompt"] if not chat else None
+        if prompt is not None:
+            h4 = http.client.HTTPConnection(h, p, timeout=300)
+            h4.request("POST", "/completion", json.dumps({"prompt": prompt, "n_predict": max_tokens,
+                       "temperature": 0, "json_schema": schema}))
+            own = json.loads(h4.getresponse().read()).get("content", "")
+            print("llama-server's own reading of the schema (its json_schema): %s\n  %s (not checked)" % (
+                "the same text" if own == text else "another text", own))
+    sys.exit(0 if all(checks) and ok else 1)
 
 # llama-server's own greedy answer to the same request, from cpu's server
 m = re.findall(r"worker cpu: started pid \d+ \([^,]*, at http://([\d.]+):(\d+)\)", log)

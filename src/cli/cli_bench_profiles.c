@@ -14,6 +14,12 @@
  * chart, written by hand). The device defaults to a sim-gpu pool of its
  * own; `--device cuda:0` runs the same on a real GPU (passed to the
  * workers as is). Figures, not a test: nothing here judges speed.
+ *
+ * `--llama-server PATH` runs the three profiles on llama.cpp's
+ * llama-server instead (-ngl 99, -ngl N, -ngl 0, for a model spillway's
+ * engine may not run): TTFT and the client's decode rate as above, the
+ * prefill and decode rates from its own "timings", host memory from
+ * /proc; device memory is not reported by llama-server (shown as n/a).
  */
 #include "cli/cli.h"
 #include "drill/drill_impl.h"
@@ -74,13 +80,16 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: spillway bench profiles [--model PATH] [--gpu-layers N] [--out DIR]\n"
             "                               [--device D] [--sim-capacity B] [--gen N]\n"
-            "                               [--threads T]\n"
+            "                               [--threads T] [--llama-server PATH]\n"
             "  The same %d prompts on full-GPU, split (N layers on the device; default half)\n"
             "  and CPU-only workers: time to first token, prefill and decode tokens/s,\n"
             "  device and host memory. Writes a table, DIR/profiles.json and\n"
             "  DIR/profiles.svg (default DIR: bench-profiles). --device: sim-gpu:NAME\n"
             "  (default: a pool of its own, --sim-capacity 2GiB) or cuda:N. --gen: tokens\n"
-            "  per prompt (default 32). --model: default a small synthetic model.\n",
+            "  per prompt (default 32). --model: default a small synthetic model.\n"
+            "  --llama-server PATH: the same on llama.cpp's llama-server (-ngl 99, -ngl N,\n"
+            "  -ngl 0) for a model of any architecture it runs; its device memory is not\n"
+            "  reported (n/a).\n",
             N_PROMPTS);
 }
 
@@ -177,6 +186,35 @@ static pid_t start_worker(const char *model, const char *sock, const char *log, 
     return pid;
 }
 
+/* llama-server (--llama-server) on 127.0.0.1:port with gpu_layers on the
+ * device (-ngl; -1 all). */
+static pid_t start_llama_server(const char *server, const char *model, int port, const char *log,
+                                int gpu_layers, int threads)
+{
+    char ports[16], ngl[16], th[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    snprintf(ngl, sizeof ngl, "%d", gpu_layers < 0 ? 999 : gpu_layers);
+    snprintf(th, sizeof th, "%d", threads > 0 ? threads : 1);
+    const char *argv[] = {server, "-m", model, "--host", "127.0.0.1", "--port", ports, "-ngl", ngl,
+                          "-c", "1024", "-np", "1", "--threads", th, "--metrics", "--no-webui",
+                          NULL};
+    pid_t me = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != me)
+            _exit(127);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(server, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
 static void stop_worker(pid_t pid)
 {
     if (pid <= 0)
@@ -204,8 +242,13 @@ static bool on_stream(void *user, const char *body, size_t len)
     (void)len;
     stream_times *t = user;
     int n = 0;
+    /* a spillway worker's chunks carry "token_ids", llama-server's native
+     * events "tokens" (return_tokens) */
     for (const char *p = body; (p = strstr(p, "\"token_ids\":[")); p += 13)
         if (p[13] != ']')
+            n++;
+    for (const char *p = body; (p = strstr(p, "\"tokens\":[")); p += 10)
+        if (p[10] != ']')
             n++;
     if (n > t->tokens) {
         double now = dh_now();
@@ -217,17 +260,40 @@ static bool on_stream(void *user, const char *body, size_t len)
     return false;
 }
 
+/* The rates llama-server measured for its last request: the final
+ * event's "timings" (prompt_per_second, predicted_per_second). */
+static void ls_timings(const char *body, profile *p)
+{
+    const char *t = body ? strstr(body, "\"timings\":") : NULL;
+    const char *pp = t ? strstr(t, "\"prompt_per_second\":") : NULL;
+    const char *dp = t ? strstr(t, "\"predicted_per_second\":") : NULL;
+    if (pp)
+        p->prefill_tps = strtod(pp + 20, NULL);
+    if (dp)
+        p->decode_tps = strtod(dp + 23, NULL);
+}
+
 static void run_profile(profile *p, const char *model, const char *out_dir, const char *device,
-                        const char *sim_capacity, int gen, int threads)
+                        const char *sim_capacity, int gen, int threads, const char *server)
 {
     char sock[600], log[600], address[620];
     snprintf(sock, sizeof sock, "%s/%s.sock", out_dir, p->name);
     snprintf(log, sizeof log, "%s/%s.log", out_dir, p->name);
     snprintf(address, sizeof address, "unix:%s", sock);
     unlink(sock);
-    fprintf(stderr, "bench profiles: %s: starting the worker\n", p->name);
-    pid_t pid = start_worker(model, sock, log, p->on_device ? device : NULL, sim_capacity,
-                             p->gpu_layers, threads);
+    fprintf(stderr, "bench profiles: %s: starting the %s\n", p->name,
+            server ? "llama-server" : "worker");
+    pid_t pid;
+    if (server) {
+        int port = dr__ls_pick_port();
+        snprintf(address, sizeof address, "127.0.0.1:%d", port);
+        pid = port > 0 ? start_llama_server(server, model, port, log,
+                                            p->on_device ? p->gpu_layers : 0, threads)
+                       : -1;
+    } else {
+        pid = start_worker(model, sock, log, p->on_device ? device : NULL, sim_capacity,
+                           p->gpu_layers, threads);
+    }
     if (pid <= 0) {
         snprintf(p->error, sizeof p->error, "cannot start the worker");
         return;
@@ -257,23 +323,38 @@ static void run_profile(profile *p, const char *model, const char *out_dir, cons
     json_decref(h);
     /* warm-up: faults the weights in */
     dh_response w;
-    dh_exchange(address, "POST", "/v1/completions", NULL,
-                "{\"prompt\":\"Hello\",\"max_tokens\":2,\"temperature\":0}", 120000, NULL, NULL, &w);
+    dh_exchange(address, "POST", server ? "/completion" : "/v1/completions", NULL,
+                server ? "{\"prompt\":\"Hello\",\"n_predict\":2,\"temperature\":0}"
+                       : "{\"prompt\":\"Hello\",\"max_tokens\":2,\"temperature\":0}",
+                120000, NULL, NULL, &w);
     dh_response_free(&w);
     bool all_ok = true;
     for (int i = 0; i < N_PROMPTS && !dr_interrupted; i++) {
-        json_t *req = json_pack("{s:s, s:i, s:i, s:b, s:b, s:{s:b}}", "prompt", g_prompts[i],
-                                "max_tokens", gen, "temperature", 0, "ignore_eos", 1, "stream", 1,
-                                "stream_options", "include_usage", 1);
+        /* llama-server: its native /completion, whose events carry the
+         * ids (return_tokens) and whose last one its timings */
+        json_t *req = server ? json_pack("{s:s, s:i, s:i, s:b, s:b, s:b, s:b}", "prompt",
+                                         g_prompts[i], "n_predict", gen, "temperature", 0,
+                                         "ignore_eos", 1, "stream", 1, "return_tokens", 1,
+                                         "cache_prompt", 0)
+                             : json_pack("{s:s, s:i, s:i, s:b, s:b, s:{s:b}}", "prompt",
+                                         g_prompts[i], "max_tokens", gen, "temperature", 0,
+                                         "ignore_eos", 1, "stream", 1, "stream_options",
+                                         "include_usage", 1);
         char *body = json_dumps(req, JSON_COMPACT);
         json_decref(req);
         stream_times st = {0};
         double ts = dh_now();
-        dh_exchange(address, "POST", "/v1/completions", NULL, body, 300000, on_stream, &st, &w);
+        dh_exchange(address, "POST", server ? "/completion" : "/v1/completions", NULL, body,
+                    300000, on_stream, &st, &w);
         double t_end = dh_now();
         sw_free(body);
         const char *usage = w.body ? strstr(w.body, "\"prompt_tokens\":") : NULL;
         p->prompt_tokens[i] = usage ? atoi(usage + 16) : 0;
+        if (server) {
+            const char *ev = w.body ? strstr(w.body, "\"tokens_evaluated\":") : NULL;
+            p->prompt_tokens[i] = ev ? atoi(ev + 19) : 0;
+            ls_timings(w.body, p);
+        }
         if (w.status != 200 || st.tokens < gen) {
             all_ok = false;
             snprintf(p->error, sizeof p->error, "prompt %d: status %d, %d tokens", i + 1, w.status,
@@ -289,7 +370,12 @@ static void run_profile(profile *p, const char *model, const char *out_dir, cons
         }
         dh_response_free(&w);
     }
-    h = dh_get_json(address, "/health", 5000, NULL);
+    h = server ? NULL : dh_get_json(address, "/health", 5000, NULL);
+    if (server) {
+        p->device_bytes = -1; /* llama-server does not report it */
+        p->device_layers = p->on_device ? p->gpu_layers : 0;
+        goto host;
+    }
     p->prefill_tps = json_number_value(json_object_get(h, "prefill_tokens_per_second"));
     p->decode_tps = json_number_value(json_object_get(h, "decode_tokens_per_second"));
     p->device_bytes = json_integer_value(json_object_get(json_object_get(h, "memory"), "self_bytes"));
@@ -297,6 +383,7 @@ static void run_profile(profile *p, const char *model, const char *out_dir, cons
     json_t *dl = json_object_get(json_object_get(h, "device"), "gpu_layers");
     p->device_layers = json_is_integer(dl) ? (int)json_integer_value(dl) : 0;
     json_decref(h);
+host:;
     long long rss = proc_status_kib(pid, "VmRSS"), hwm = proc_status_kib(pid, "VmHWM");
     p->host_rss_bytes = rss > 0 ? rss * 1024 : 0;
     p->host_hwm_bytes = hwm > 0 ? hwm * 1024 : 0;
@@ -364,7 +451,8 @@ static int write_svg(const char *path, const profile *ps, int n, const char *dev
         v[i][0] = ps[i].ttft_ms_median;
         v[i][1] = ps[i].prefill_tps;
         v[i][2] = ps[i].decode_tps;
-        v[i][3] = (double)(ps[i].device_bytes + ps[i].host_rss_bytes) / 1048576.0;
+        v[i][3] = (double)((ps[i].device_bytes > 0 ? ps[i].device_bytes : 0) +
+                           ps[i].host_rss_bytes) / 1048576.0;
     }
     static const char *const titles[4] = {"time to first token (median)", "prefill tokens/s",
                                           "decode tokens/s", "memory: device + host RSS"};
@@ -391,13 +479,14 @@ int cli_bench_profiles_main(int argc, char **argv)
         {"out", required_argument, 0, 'o'},     {"device", required_argument, 0, 'd'},
         {"sim-capacity", required_argument, 0, 'c'}, {"gen", required_argument, 0, 'n'},
         {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        {"llama-server", required_argument, 0, 'L'}, {0, 0, 0, 0},
     };
     char model[600] = "", device[128] = "", pool[64] = "";
+    const char *server = NULL;
     const char *out_dir = "bench-profiles", *sim_capacity = "2GiB";
     int gpu_layers = -2, gen = 32, threads = 1, c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:g:o:d:c:n:t:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:g:o:d:c:n:t:L:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': snprintf(model, sizeof model, "%s", optarg); break;
         case 'g': gpu_layers = atoi(optarg); break;
@@ -406,6 +495,7 @@ int cli_bench_profiles_main(int argc, char **argv)
         case 'c': sim_capacity = optarg; break;
         case 'n': gen = atoi(optarg); break;
         case 't': threads = atoi(optarg); break;
+        case 'L': server = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -413,6 +503,10 @@ int cli_bench_profiles_main(int argc, char **argv)
     if (optind != argc || gen < 2 || gen > 4096 || threads < 0 || gpu_layers < -2 ||
         strlen(out_dir) > 300) {
         usage(stderr);
+        return 2;
+    }
+    if (server && access(server, X_OK)) {
+        fprintf(stderr, "spillway bench profiles: --llama-server %s: not an executable\n", server);
         return 2;
     }
     if (mkdir(out_dir, 0755) && access(out_dir, W_OK)) {
@@ -434,7 +528,26 @@ int cli_bench_profiles_main(int argc, char **argv)
         }
     }
     int n_layer = 0;
-    {
+    if (server) {
+        /* the file's layers from its metadata: the engine need not run it */
+        eng_gguf *g = NULL;
+        const char *arch = NULL;
+        size_t arch_len = 0;
+        char key[96];
+        uint32_t blocks = 0;
+        sw_error err;
+        if (eng_gguf_open(model, &g, &err) ||
+            eng_gguf_get_str(g, "general.architecture", &arch, &arch_len, &err) ||
+            (snprintf(key, sizeof key, "%.*s.block_count", (int)(arch_len < 64 ? arch_len : 64),
+                      arch),
+             eng_gguf_get_u32(g, key, &blocks, &err))) {
+            fprintf(stderr, "spillway bench profiles: %s\n", err.message);
+            eng_gguf_close(g);
+            return 1;
+        }
+        n_layer = (int)blocks;
+        eng_gguf_close(g);
+    } else {
         eng_model *m = NULL;
         sw_error err;
         eng_model_load_params lp = eng_model_load_default_params();
@@ -453,7 +566,9 @@ int cli_bench_profiles_main(int argc, char **argv)
                 gpu_layers, n_layer);
         return 2;
     }
-    bool sim = !device[0];
+    bool sim = !device[0] && !server;
+    if (server)
+        snprintf(device, sizeof device, "llama-server");
     if (sim) {
         snprintf(pool, sizeof pool, "bench-%d", (int)getpid());
         snprintf(device, sizeof device, "sim-gpu:%s", pool);
@@ -464,7 +579,8 @@ int cli_bench_profiles_main(int argc, char **argv)
         {.name = "cpu", .gpu_layers = 0, .on_device = false},
     };
     for (int i = 0; i < 3 && !dr_interrupted; i++) {
-        run_profile(&ps[i], model, out_dir, device, sim ? sim_capacity : NULL, gen, threads);
+        run_profile(&ps[i], model, out_dir, device, sim ? sim_capacity : NULL, gen, threads,
+                    server);
         if (sim) {
             sw_error err;
             dev_sim_unlink(pool, &err);
@@ -483,9 +599,14 @@ int cli_bench_profiles_main(int argc, char **argv)
         char layers[16];
         snprintf(layers, sizeof layers, "%d/%d", p->on_device ? (p->gpu_layers < 0 ? n_layer : p->gpu_layers) : 0,
                  n_layer);
-        printf("%-9s %6s %10.1f %12.1f %12.1f %12.1f %12.2f %12.1f\n", p->name, layers,
+        char dev[32];
+        if (p->device_bytes < 0)
+            snprintf(dev, sizeof dev, "n/a");
+        else
+            snprintf(dev, sizeof dev, "%.2f", (double)p->device_bytes / 1048576.0);
+        printf("%-9s %6s %10.1f %12.1f %12.1f %12.1f %12s %12.1f\n", p->name, layers,
                p->ttft_ms_median, p->prefill_tps, p->decode_tps, p->client_decode_tps_median,
-               (double)p->device_bytes / 1048576.0, (double)p->host_rss_bytes / 1048576.0);
+               dev, (double)p->host_rss_bytes / 1048576.0);
     }
     json_t *root = json_object();
     json_object_set_new(root, "device", json_string(device));
@@ -520,7 +641,8 @@ int cli_bench_profiles_main(int argc, char **argv)
         json_object_set_new(o, "decode_tokens_per_second", json_real(p->decode_tps));
         json_object_set_new(o, "client_decode_tokens_per_second",
                             json_real(p->client_decode_tps_median));
-        json_object_set_new(o, "device_memory_bytes", json_integer(p->device_bytes));
+        json_object_set_new(o, "device_memory_bytes",
+                            p->device_bytes < 0 ? json_null() : json_integer(p->device_bytes));
         json_object_set_new(o, "kv_bytes_per_token", json_integer(p->kv_bytes_per_token));
         json_object_set_new(o, "host_rss_bytes", json_integer(p->host_rss_bytes));
         json_object_set_new(o, "host_peak_rss_bytes", json_integer(p->host_hwm_bytes));

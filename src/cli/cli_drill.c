@@ -68,6 +68,67 @@ static void worker_extra(const rt_worker_config *w, char *buf, size_t cap, bool 
 #undef ADD
 }
 
+/* The keys of a llama-server worker carried over into the drill's
+ * configurations. */
+static void ls_extra(const rt_worker_config *w, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "preference = %d\n", (int)w->preference);
+    if (w->ctx_limit > 0 && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "ctx-limit = %d\n", (int)w->ctx_limit);
+    if (w->max_seqs > 0 && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, "max-seqs = %d\n", (int)w->max_seqs);
+    if (w->mmproj[0] && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, "mmproj = %s\n", w->mmproj);
+}
+
+/* A configuration whose workers are all kind = llama-server, two or more
+ * of them run by the router (command =): the drill's llama-server pair
+ * (drill_llamaserver.c), the first two in preference order (ties in file
+ * order) as the GPU and the CPU tier. 1 when it is one, 0 when not, -1
+ * when it is one the drill cannot use (said on stderr). */
+static int setup_ls_pair(drill *d, const rt_config *cfg, const char *path)
+{
+    const rt_worker_config *tier[2] = {NULL, NULL};
+    for (int i = 0; i < cfg->n_workers; i++) {
+        const rt_worker_config *w = &cfg->workers[i];
+        if (w->kind != RT_KIND_LLAMA_SERVER)
+            return 0;
+        if (!w->command[0])
+            continue;
+        if (!tier[0] || w->preference < tier[0]->preference) {
+            tier[1] = tier[0];
+            tier[0] = w;
+        } else if (!tier[1] || w->preference < tier[1]->preference) {
+            tier[1] = w;
+        }
+    }
+    if (!tier[1]) {
+        fprintf(stderr, "spillway drill: %s: a llama-server pair needs two kind = llama-server "
+                        "workers the router runs (command = ...): the GPU tier first in "
+                        "preference order, the CPU tier after it\n", path);
+        return -1;
+    }
+    d->ls_pair = true;
+    snprintf(d->ls_gpu_command, sizeof d->ls_gpu_command, "%s", tier[0]->command);
+    snprintf(d->ls_cpu_command, sizeof d->ls_cpu_command, "%s", tier[1]->command);
+    ls_extra(tier[0], d->ls_gpu_extra, sizeof d->ls_gpu_extra);
+    ls_extra(tier[1], d->ls_cpu_extra, sizeof d->ls_cpu_extra);
+    d->ls_gpu_port = dr__ls_pick_port();
+    d->ls_cpu_port = dr__ls_pick_port();
+    while (d->ls_cpu_port == d->ls_gpu_port && d->ls_cpu_port > 0)
+        d->ls_cpu_port = dr__ls_pick_port();
+    if (d->ls_gpu_port <= 0 || d->ls_cpu_port <= 0) {
+        fprintf(stderr, "spillway drill: no free loopback port for the llama-servers\n");
+        return -1;
+    }
+    snprintf(d->gpu_device, sizeof d->gpu_device, "llama-server %s", tier[0]->name);
+    if (!d->model[0]) {
+        int m = rt_config_worker_model(cfg, tier[0]);
+        snprintf(d->model, sizeof d->model, "%s", cfg->models[m < 0 ? 0 : m].path);
+    }
+    return 1;
+}
+
 static int setup_from_config(drill *d, const char *path)
 {
     static rt_config cfg;
@@ -77,6 +138,9 @@ static int setup_from_config(drill *d, const char *path)
         fprintf(stderr, "spillway drill: %s\n", err.message);
         return -1;
     }
+    int ls = setup_ls_pair(d, &cfg, path);
+    if (ls != 0)
+        return ls < 0 ? -1 : 0;
     const rt_worker_config *gpu = NULL, *cpu = NULL;
     for (int i = 0; i < cfg.n_workers; i++) {
         const rt_worker_config *w = &cfg.workers[i];

@@ -3,7 +3,8 @@
  * (drill_http.c), the processes it runs — the router, a memory hog inside
  * the drill, a tool server (drill_proc.c) —, the scenarios (their list and
  * bookkeeping in drill_scenarios.c, s1-s4 in drill_failover.c, s5 and s6 in
- * drill_tools_jobs.c, the steps they share in drill_steps.c) and the report
+ * drill_tools_jobs.c, s2 and s4 against a llama-server pair in
+ * drill_llamaserver.c, the steps they share in drill_steps.c) and the report
  * (drill_report.c).
  *
  * The drill is a black-box client of the router on purpose: it sees what a
@@ -157,7 +158,7 @@ typedef struct dr_scenario {
     char title[128];
     char property[200];     /* what it proves */
     dr_state state;
-    char skip_reason[256];
+    char skip_reason[512];
     dr_check checks[DR_MAX_CHECKS];
     int n_checks;
     double t_start, t_end;
@@ -218,6 +219,14 @@ typedef struct drill {
     char pool[64];               /* sim-gpu pool name, "" for a real device */
     char sim_capacity[32];
     bool gpu_simulated;
+    /* a llama-server pair (drill_llamaserver.c): the configuration's two
+     * kind = llama-server workers, the first in preference order as the
+     * GPU tier; their commands, the keys carried over, the ports the
+     * drill gives them */
+    bool ls_pair;
+    char ls_gpu_command[1024], ls_cpu_command[1024];
+    char ls_gpu_extra[1024], ls_cpu_extra[1024];
+    int ls_gpu_port, ls_cpu_port;
     char sabotage[256];          /* SPILLWAY_SABOTAGE passed to the router */
     char router_sabotage[256];   /* the switches a router's /health says are on */
     bool router_sabotage_seen;   /* a router answered with the "sabotage" field */
@@ -296,6 +305,13 @@ void dr__s3_run(drill *d, dr_scenario *s);
 void dr__s4_run(drill *d, dr_scenario *s);
 void dr__s5_run(drill *d, dr_scenario *s);
 void dr__s6_run(drill *d, dr_scenario *s);
+/* drill_llamaserver.c: the same against a llama-server pair (s2, s4), and
+ * the others reported as not applicable, with the reason */
+void dr__ls_s2_run(drill *d, dr_scenario *s);
+void dr__ls_s4_run(drill *d, dr_scenario *s);
+void dr__ls_not_applicable(drill *d, dr_scenario *s);
+/* A free loopback TCP port, -1 none. */
+int dr__ls_pick_port(void);
 
 /* drill_steps.c: requests as a client sends them */
 /* Called as a response's body arrives; true hangs up (a client leaving). */

@@ -210,6 +210,11 @@ void dr_run_all(drill *d)
 {
     void (*const run[DR_N_SCENARIOS])(drill *, dr_scenario *) = {
         dr__s1_run, dr__s2_run, dr__s3_run, dr__s4_run, dr__s5_run, dr__s6_run};
+    /* a llama-server pair: what can be proven without spillway's fault
+     * points and figures (drill_llamaserver.c) */
+    void (*const run_ls[DR_N_SCENARIOS])(drill *, dr_scenario *) = {
+        dr__ls_not_applicable, dr__ls_s2_run, dr__ls_not_applicable,
+        dr__ls_s4_run,         dr__ls_not_applicable, dr__ls_not_applicable};
     for (int i = 0; i < DR_N_SCENARIOS && !dr_interrupted; i++)
-        run[i](d, &d->scenarios[i]);
+        (d->ls_pair ? run_ls : run)[i](d, &d->scenarios[i]);
 }

@@ -6,7 +6,7 @@
  * pushdown machine whose stack frames point at these nodes (constrain.c).
  * Nesting is bounded at compile time (ENG_CS_MAX_DEPTH), so a state is a
  * fixed-size value that can be copied while walking the token trie.
- * Only json_schema.c, gbnf_compile.c and the constrain*.c files include it.
+ * Only the json_schema*.c, gbnf_compile.c and constrain*.c files include it.
  */
 #ifndef SPILLWAY_GRAMMAR_CONSTRAIN_IMPL_H
 #define SPILLWAY_GRAMMAR_CONSTRAIN_IMPL_H

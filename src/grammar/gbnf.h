@@ -74,6 +74,15 @@ int32_t eng_gbnf_rule_body(const eng_gbnf *g, int32_t rule);
 const eng_gbnf_node *eng_gbnf_node_at(const eng_gbnf *g, int32_t node);
 const eng_gbnf_range *eng_gbnf_ranges(const eng_gbnf *g);
 
+/* The grammar of what may follow text (UTF-8) under g, as GBNF text
+ * (*out, sw_free): a string w is in its root's language exactly when
+ * text w is in g's (gbnf_derive.c). For an engine that takes a grammar but
+ * not the text a stream already holds. SW_EINVAL when no string of g
+ * begins with text, or text ends inside a UTF-8 character; SW_ERANGE past
+ * the recognizer's bounds (too ambiguous, nested too deeply, a
+ * left-recursive rule met); SW_ENOMEM. */
+int eng_gbnf_derive(const eng_gbnf *g, const char *text, size_t len, char **out, sw_error *err);
+
 /* Whether text (UTF-8) is in the language of `root`: a reference matcher
  * for tests (memoized, exponential in the worst case; short texts only;
  * left-recursive rules match nothing through the recursion). */

@@ -63,6 +63,16 @@ int eng_grammar_tool_call(const eng_grammar_tool *tools, size_t n_tools, eng_gra
 
 void eng_grammar_free(eng_grammar *g);
 
+/* The grammar as GBNF text (*out, sw_free): exactly the text the
+ * constraint automaton lets through (json_schema_gbnf.c), for an engine
+ * that takes GBNF (llama-server's `grammar`). SW_EUNSUPPORTED for what has
+ * no GBNF form here (numbers with a multiple or bounds over 40 digits,
+ * counts over 10000, a pattern past the work bound, a grammar compiled
+ * from GBNF), naming it;
+ * SW_ERANGE when the text would pass ENG_GBNF_MAX_BYTES (1 MiB, what
+ * gbnf.h's parser takes, so the form can always be advanced); SW_ENOMEM. */
+int eng_grammar_to_gbnf(const eng_grammar *g, char **out, sw_error *err);
+
 /* Checks a parsed value against a schema with JSON Schema's exact meaning,
  * not the grammar's (any property order; additional properties; a keyword
  * constrains only values of its type; integers may be written 1.0;

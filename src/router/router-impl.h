@@ -38,6 +38,8 @@
  *   router_command.c    an engine the router runs (command =): its argv
  *   router_llamaserver.c kind = llama-server: health figures, the native
  *                       stream with token ids, its typed errors
+ *   router_image.c      image content parts: checked, routed only to a
+ *                       worker that takes images, counted in the books
  *
  * Lock order: the pool's (rt_pool.mu, which also guards the queue), then
  * the router's (rt_router.mu); no other lock is held while taking either.
@@ -146,6 +148,11 @@ typedef struct rt_router {
      * atomic (async-signal-safe, C11 7.14.1.1), not a volatile
      * sig_atomic_t, which is safe for the handler's own thread only */
     atomic_int stop;
+    /* stop-delay-ms: while armed (serving, a delay configured) the first
+     * SIGTERM/SIGINT sets drain_signal instead of stop; the main thread
+     * then sets draining (/health answers 503), and stop once the delay
+     * is over. A second signal stops at once. */
+    atomic_int drain_armed, drain_signal, draining;
     int active_conns;
     uint64_t seq;
     char *events[RT_EVENTS];
@@ -219,6 +226,12 @@ typedef struct rt_capture {
     char *body;              /* sw_free (rt__capture_free) */
     size_t len, cap;
     bool overflow;           /* over RT_CAPTURE_MAX: incomplete */
+    bool hold;               /* a whole (not streamed) answer is kept in held,
+                                not written, until rt__capture_release: an
+                                Idempotency-Key's answer goes out only after
+                                the ledger has it */
+    char *held;              /* the answer's bytes, head and body (sw_free) */
+    size_t held_len;
 } rt_capture;
 
 void rt__capture_free(rt_capture *c);
@@ -312,6 +325,9 @@ typedef struct rt_req {
      * that generates nothing, never streamed, never made a job */
     bool embeddings;
 } rt_req;
+
+/* Writes the answer held back (cap.hold) to the client, if any. */
+void rt__capture_release(rt_req *q);
 
 double rt__now_s(void);  /* monotonic */
 double rt__wall_s(void); /* Unix time */

@@ -164,6 +164,8 @@ static void on_signal(int sig)
 {
     if (sig == SIGHUP)
         rt__g.reload_signal = 1; /* the main thread reloads */
+    else if (atomic_exchange(&rt__g.drain_armed, 0))
+        rt__g.drain_signal = 1; /* the main thread drains, then stops */
     else
         rt__g.stop = 1;
 }
@@ -441,7 +443,22 @@ int rt_serve(const rt_config *c)
         fprintf(stderr, "spillway serve: cannot start the connection threads\n");
         goto out;
     }
+    /* stop-delay-ms is read at the signal (a reload may change it) */
+    if (rt->cfg->stop_delay_ms > 0)
+        atomic_store(&rt->drain_armed, 1);
+    double stop_at = 0;
     while (!rt->stop) {
+        if (atomic_exchange(&rt->drain_signal, 0)) {
+            int delay_ms = rt->cfg->stop_delay_ms;
+            atomic_store(&rt->draining, 1);
+            stop_at = rt__now_s() + delay_ms / 1000.0;
+            SW_INFO("router", "draining: /health answers 503 for %d ms, then the router stops "
+                    "(a second SIGTERM stops it now)", delay_ms);
+        }
+        if (stop_at > 0 && rt__now_s() >= stop_at) {
+            rt->stop = 1;
+            break;
+        }
         if (atomic_exchange(&rt->reload_signal, 0)) {
             json_t *answer = NULL;
             sw_error rerr;

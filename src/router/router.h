@@ -44,6 +44,10 @@ typedef struct rt_model_config {
     int n_fallback;
     bool remote_never;         /* remote = never: its requests never go to a
                                   remote worker (rt_config_worker_remote) */
+    int32_t image_tokens;      /* image-tokens: the KV tokens the books count per
+                                  image of a request (docs/engines.md, Images);
+                                  0 = not known: an image request reserves a
+                                  whole slot's context */
 } rt_model_config;
 
 typedef struct rt_worker_config {
@@ -85,6 +89,8 @@ typedef struct rt_worker_config {
                                   router runs
                                   (an argv template: {host} {port}
                                   {model_path}); "" none */
+    char mmproj[512];          /* kind = llama-server with a command: its vision
+                                  projector, passed as --mmproj PATH; "" none */
 } rt_worker_config;
 
 /* What a worker is: a spillway worker (its /health figures, resume, typed
@@ -117,6 +123,7 @@ typedef struct rt_config {
     int n_keys;
     char state_dir[512];       /* default ./spillway-state */
     size_t max_body_bytes;     /* default 1 MiB */
+    size_t max_image_bytes;    /* one image of a request, decoded (20 MiB) */
     char cors_origins[1024];   /* origins a browser page may call from: "*" (default) any,
                                   "" none, else a list (api_cors_allow) */
     int max_attempts;          /* default 3 */
@@ -148,6 +155,9 @@ typedef struct rt_config {
     int n_tools;
     int drain_timeout_s;       /* a reload's drain of a removed or changed
                                   worker, at most (300) */
+    int stop_delay_ms;         /* after SIGTERM/SIGINT, serve on this long
+                                  with /health 503 "draining" before
+                                  closing the listener (0: close at once) */
     /* what `spillway serve` was started with: a reload reads the file
      * again and applies the same command-line overrides ("" none) */
     char config_path[512];

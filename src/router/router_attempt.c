@@ -79,8 +79,12 @@ static fail_kind classify_error(json_t *err, rt_relay *r)
         snprintf(r->phase, sizeof r->phase, "%s", phase ? phase : "unknown");
         return FAIL_OOM;
     }
-    if (code && (!strcmp(code, "capacity_exceeded") || !strcmp(code, "not_ready") ||
-                 !strcmp(code, "draining"))) {
+    if (code && (!strcmp(code, "worker_full") || !strcmp(code, "capacity_exceeded") ||
+                 !strcmp(code, "not_ready") || !strcmp(code, "draining"))) {
+        /* worker_full: the worker's own admission refused it at once,
+         * before any work (its slots and queue taken, or its KV memory) */
+        const char *reason = json_string_value(json_object_get(err, "reason"));
+        r->worker_full_memory = !strcmp(code, "worker_full") && reason && !strcmp(reason, "memory");
         snprintf(r->phase, sizeof r->phase, "admission");
         return FAIL_BUSY;
     }
@@ -502,6 +506,7 @@ rt_outcome rt_attempt_run(rt_relay *r, int wi, uint64_t generation, const char *
     /* the configuration and address do not change while the router runs */
     const rt_worker *w = &r->q->rt->pool.w[wi];
     *refused_memory = false;
+    r->worker_full_memory = false;
     fail_kind fk = attempt_run(r, w, generation, body, len);
     switch (fk) {
     case FAIL_NONE:
@@ -509,6 +514,8 @@ rt_outcome rt_attempt_run(rt_relay *r, int wi, uint64_t generation, const char *
     case FAIL_CLIENT_GONE:
         return RT_OUT_CLIENT_GONE;
     case FAIL_BUSY:
+        *refused_memory = r->worker_full_memory;
+        return RT_OUT_REFUSED;
     case FAIL_CONTEXT: /* r->refused_context says which */
         return RT_OUT_REFUSED;
     case FAIL_OOM:

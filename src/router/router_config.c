@@ -33,6 +33,7 @@ void rt_config_defaults(rt_config *c)
     snprintf(c->listen, sizeof c->listen, "127.0.0.1:8080");
     snprintf(c->state_dir, sizeof c->state_dir, "spillway-state");
     c->max_body_bytes = (size_t)1 << 20;
+    c->max_image_bytes = (size_t)20 << 20;
     snprintf(c->cors_origins, sizeof c->cors_origins, "*");
     c->max_attempts = 3;
     c->max_connections = 256;
@@ -50,6 +51,7 @@ void rt_config_defaults(rt_config *c)
     c->max_tool_steps = 4;
     c->job_workers = 2;
     c->drain_timeout_s = 300;
+    c->stop_delay_ms = 0;
 }
 
 static int cfg_fail(cfg_parse *p, const char *section, const char *name, const char *why,
@@ -190,6 +192,10 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_bytes(v, &b) || b < 1024 || b > ((uint64_t)1 << 30))
             return cfg_fail(p, s, name, "expected a size between 1KiB and 1GiB", v);
         c->max_body_bytes = (size_t)b;
+    } else if (!strcmp(name, "max-image-bytes")) {
+        if (!cfg_bytes(v, &b) || b < 64 || b > ((uint64_t)1 << 30))
+            return cfg_fail(p, s, name, "expected a size between 64B and 1GiB", v);
+        c->max_image_bytes = (size_t)b;
     } else if (!strcmp(name, "max-attempts")) {
         if (!cfg_int(v, 1, 8, &x))
             return cfg_fail(p, s, name, "expected an integer 1..8", v);
@@ -261,6 +267,10 @@ static int cfg_server(cfg_parse *p, const char *s, const char *name, const char 
         if (!cfg_int(v, 1, 86400, &x))
             return cfg_fail(p, s, name, "expected seconds 1..86400", v);
         c->drain_timeout_s = (int)x;
+    } else if (!strcmp(name, "stop-delay-ms")) {
+        if (!cfg_int(v, 0, 600000, &x))
+            return cfg_fail(p, s, name, "expected milliseconds 0..600000", v);
+        c->stop_delay_ms = (int)x;
     } else {
         return cfg_fail(p, s, name, "unknown key", v);
     }
@@ -320,6 +330,9 @@ static int cfg_worker(cfg_parse *p, const char *s, const char *name, const char 
         if (!v[0] || !cfg_copy(w->command, sizeof w->command, v))
             return cfg_fail(p, s, name, "expected a command line (at most 1023 bytes)", v);
         w->managed = true;
+    } else if (!strcmp(name, "mmproj")) {
+        if (!v[0] || !cfg_copy(w->mmproj, sizeof w->mmproj, v))
+            return cfg_fail(p, s, name, "expected the path of a projector GGUF", v);
     } else if (!strcmp(name, "device")) {
         if (!strcmp(v, "cpu"))
             w->device[0] = 0;
@@ -506,6 +519,11 @@ static int cfg_model(cfg_parse *p, const char *s, const char *name, const char *
         if (strcmp(v, "never") && strcmp(v, "allowed"))
             return cfg_fail(p, s, name, "expected never or allowed", v);
         m->remote_never = !strcmp(v, "never");
+    } else if (!strcmp(name, "image-tokens")) {
+        long long x;
+        if (!cfg_int(v, 0, 1 << 20, &x))
+            return cfg_fail(p, s, name, "expected KV tokens per image (0: not known)", v);
+        m->image_tokens = (int32_t)x;
     } else {
         return cfg_fail(p, s, name, "unknown key", v);
     }
@@ -707,6 +725,12 @@ int rt_config_check(const rt_config *c, sw_error *err)
                                 "[worker %s]: command = is for kind = openai or llama-server "
                                 "(an engine the router runs); a spillway worker is started "
                                 "without one",
+                                w->name);
+        if (w->mmproj[0] && (w->kind != RT_KIND_LLAMA_SERVER || !w->command[0]))
+            return sw_error_set(err, SW_EINVAL,
+                                "[worker %s]: mmproj = is for kind = llama-server with a command "
+                                "(passed to it as --mmproj); a llama-server at a url says itself "
+                                "whether it has a projector (its /props)",
                                 w->name);
         if (w->command[0] && w->url[0] && strncmp(w->url, "http://", 7))
             return sw_error_set(err, SW_EINVAL,

@@ -95,9 +95,9 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
                                "worker, whose continuation it is (another llama-server cannot "
                                "reproduce its random stream)",
             [RT_LSR_CONSTRAINED] = "stream with tokens already sent by llama-server (native, "
-                                   "with their ids) under a grammar: resumed on a spillway "
-                                   "worker, which advances the grammar over the sent text "
-                                   "(llama-server cannot)",
+                                   "with their ids) under a grammar that could not be advanced "
+                                   "over the sent text for another llama-server: resumed on a "
+                                   "spillway worker, which advances the grammar itself",
             [RT_LSR_STOP] = "stream with tokens already sent by llama-server (native, with their "
                             "ids), with stop strings: resumed on a spillway worker, whose "
                             "continuation it is (another llama-server would lose text held "
@@ -113,10 +113,11 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
             [RT_LSR_SAMPLED] = "stream with tokens sent by llama-server, sampled: another "
                                "llama-server cannot reproduce its random stream and no spillway "
                                "worker is left, so it ended with an error event",
-            [RT_LSR_CONSTRAINED] = "stream with tokens sent by llama-server under a grammar: "
-                                   "llama-server cannot advance the grammar over the sent tokens "
-                                   "and no spillway worker is left, so it ended with an error "
-                                   "event",
+            [RT_LSR_CONSTRAINED] = "stream with tokens sent by llama-server under a grammar "
+                                   "that could not be advanced over the sent text (the text "
+                                   "leaves it or ends inside a character, or the grammar is past "
+                                   "the recognizer's bounds) and no spillway worker is left, so "
+                                   "it ended with an error event",
             [RT_LSR_STOP] = "stream with tokens sent by llama-server, with stop strings: another "
                             "llama-server would lose text held back as the start of one and no "
                             "spillway worker is left, so it ended with an error event",
@@ -142,9 +143,9 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
         if (in->kind == RT_KIND_LLAMA_SERVER && in->ls_resume == RT_LSR_OK) {
             f.resume_on_ls = true;
             f.reason = "stream with tokens already sent by llama-server (native, with their "
-                       "ids), greedy: resumed with the sent tokens on another llama-server (a "
-                       "token prompt: it continues exactly) or a spillway worker (its "
-                       "continuation)";
+                       "ids), greedy (a grammar advanced over the sent text): resumed with the "
+                       "sent tokens on another llama-server (a token prompt: it continues "
+                       "exactly) or a spillway worker (its continuation)";
         } else {
             f.reason = known && only_spillway[why] ? only_spillway[why]
                                                    : only_spillway[RT_LSR_FIELDS];

@@ -31,12 +31,15 @@ typedef enum rt_tool_state {
  * (its native /completion from a token prompt: the prompt and the ids
  * sent), and why not. */
 typedef enum rt_ls_resume {
-    RT_LSR_OK,           /* greedy, unconstrained, no stop strings, every id
-                            sent from a llama-server's native stream */
+    RT_LSR_OK,           /* greedy, no stop strings, every id sent from a
+                            llama-server's native stream; a grammar
+                            advanced over the sent text (its derivative,
+                            gbnf.h, sent as the grammar) */
     RT_LSR_SAMPLED,      /* sampled: its random stream cannot be set to
                             where the failed one was */
-    RT_LSR_CONSTRAINED,  /* a grammar: it cannot be advanced over the sent
-                            tokens there */
+    RT_LSR_CONSTRAINED,  /* a grammar that could not be advanced over the
+                            sent text (it leaves the grammar, ends inside
+                            a character, the recognizer's bounds) */
     RT_LSR_STOP,         /* stop strings: text held back as the start of
                             one would be lost */
     RT_LSR_FIELDS,       /* a field its native API does not take */

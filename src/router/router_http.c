@@ -46,6 +46,9 @@ void rt__capture_free(rt_capture *c)
     sw_free(c->body);
     c->body = NULL;
     c->len = c->cap = 0;
+    sw_free(c->held);
+    c->held = NULL;
+    c->held_len = 0;
 }
 
 /* Appends to the capture (bounded by RT_CAPTURE_MAX). */
@@ -223,6 +226,26 @@ static void head_common(const rt_req *q, sw_tb *t)
     cors_lines(q, t);
 }
 
+/* Keeps a whole answer for rt__capture_release instead of writing it
+ * (cap.hold, a client's request): true when kept. Without memory for
+ * the copy it is written now. */
+static bool hold_answer(rt_req *q, const char *head, size_t hn, const char *body, size_t bn)
+{
+    if (!q->cap.on || !q->cap.hold || q->fd < 0)
+        return false;
+    char *p = sw_malloc(hn + bn + 1);
+    if (!p)
+        return false;
+    memcpy(p, head, hn);
+    if (body && bn)
+        memcpy(p + hn, body, bn);
+    sw_free(q->cap.held); /* an answer replaces an earlier one, as in the capture */
+    q->cap.held = p;
+    q->cap.held_len = hn + (body ? bn : 0);
+    q->responded = true;
+    return true;
+}
+
 void rt__send_response(rt_req *q, int status, const char *ctype, const char *extra,
                           const char *body, size_t len)
 {
@@ -271,9 +294,19 @@ void rt__send_response(rt_req *q, int status, const char *ctype, const char *ext
     head_common(q, &t);
     sw_tb_str(&t, extra ? extra : "");
     SW_TB_LIT(&t, "\r\n");
-    if (sw_tb_ok(&t))
+    if (sw_tb_ok(&t) && !hold_answer(q, head, t.len, body, len))
         sink_write2(q, head, t.len, body, len);
     sw_free(anthropic);
+}
+
+void rt__capture_release(rt_req *q)
+{
+    if (!q->cap.held)
+        return;
+    sink_write2(q, q->cap.held, q->cap.held_len, NULL, 0);
+    sw_free(q->cap.held);
+    q->cap.held = NULL;
+    q->cap.held_len = 0;
 }
 
 int rt__stream_begin(rt_req *q)
@@ -382,8 +415,12 @@ static void handle_health(rt_req *q)
                                                 (json_int_t)t.device_bytes));
     }
     pthread_mutex_unlock(&rt->pool.mu);
-    json_t *h = json_pack("{s:s, s:o, s:o, s:i}", "status", ready ? "ready" : "unavailable",
-                          "workers", ws, "models", models, "queue_depth", depth);
+    /* a draining router (stop-delay-ms after SIGTERM) still serves but
+     * says 503, for a load balancer to take it out of its rotation */
+    bool draining = atomic_load(&rt->draining);
+    json_t *h = json_pack("{s:s, s:o, s:o, s:i}", "status",
+                          draining ? "draining" : ready ? "ready" : "unavailable", "workers", ws,
+                          "models", models, "queue_depth", depth);
     json_t *sab = json_array();
     const rt_sabotage *sb = &rt->sabotage;
     if (sb->no_replay) json_array_append_new(sab, json_string("no-replay"));
@@ -400,7 +437,8 @@ static void handle_health(rt_req *q)
     char *s = sw_json_dumps(h, JSON_COMPACT);
     json_decref(h);
     if (s)
-        rt__send_response(q, ready ? 200 : 503, "application/json", NULL, s, strlen(s));
+        rt__send_response(q, ready && !draining ? 200 : 503, "application/json", NULL, s,
+                          strlen(s));
     free(s);
 }
 

@@ -181,6 +181,9 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
     /* the original request id when an abandoned run is taken over */
     snprintf(q->request_id, sizeof q->request_id, "%s", rid);
     q->cap.on = true;
+    /* a whole answer goes out after the ledger stored it (below): a
+     * router killed in between leaves a key whose answer nobody got */
+    q->cap.hold = true;
     handler(q, chat);
     const rt_capture *c = &q->cap;
     bool keep = c->status > 0 && !c->overflow &&
@@ -226,6 +229,8 @@ void rt__with_idempotency(rt_req *q, void (*handler)(rt_req *q, bool chat), bool
                     q->request_id, aerr.message);
         }
     }
+    rt__capture_release(q);
     rt__capture_free(&q->cap);
     q->cap.on = false;
+    q->cap.hold = false;
 }

@@ -17,23 +17,31 @@
  *   translated into the OpenAI chunk the client asked for, with the ids
  *   in "spillway": {"token_ids"} as a spillway worker sends them, so the
  *   relay keeps them for a resume. A request with a field this mapping
- *   does not carry over (tools, response_format, logprobs, n, ...) and
+ *   does not carry over (tools, logprobs, n, ...) and
  *   every non-stream request take the OpenAI endpoints instead, as
  *   kind = openai does: replayed after a failure, never resumed.
  * - A resume onto it (a greedy stream another llama-server started and
  *   failed): POST /completion with a token prompt, the prompt's text then
- *   the ids the client has, which continues the stream exactly; sampled,
- *   grammar-constrained and stop-string streams are not taken
- *   (rt__ls_resume_check; router_failover.c says where they go instead).
+ *   the ids the client has, which continues the stream exactly; a
+ *   constrained one with its grammar advanced over the text sent (the
+ *   derivative, gbnf.h); sampled and stop-string streams, and a grammar
+ *   that cannot be advanced, are not taken (rt__ls_resume_check;
+ *   router_failover.c says where they go instead).
+ * - A JSON constraint (response_format, json_schema) goes to /completion
+ *   as spillway's GBNF form of the schema (json_schema.h), so llama-server
+ *   generates what a spillway worker would, and a resume can advance it.
  * - Errors: exceed_context_size_error (a 400 with n_ctx) and the
  *   out-of-memory texts, classified in router_attempt.c.
  */
 #include "router/router-impl.h"
+#include "router/router_image.h"
 #include "router/router_llamaserver.h"
 #include "router/router_net.h"
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -155,6 +163,18 @@ int rt__ls_health(const rt_router *rt, const char *address, int model, bool chec
     }
     sw_free(body);
     if (check_vocab) {
+        /* /props: "modalities": {"vision": true} with a projector that
+         * takes images (--mmproj); not said (an older server, or
+         * --no-props): no images are sent to it */
+        body = NULL;
+        if (rn_get(address, "/props", 2000, &body) == 200 && body) {
+            json_t *j = sw_json_loads(body, 0, NULL);
+            h->props_checked = json_is_object(j);
+            h->vision = json_is_true(json_object_get(json_object_get(j, "modalities"), "vision"));
+            json_decref(j);
+        }
+        sw_free(body);
+        body = NULL;
         bool answered = false;
         h->vocab_same = vocab_same(address, rt->models[model].tok, &answered);
         h->vocab_checked = answered;
@@ -173,6 +193,7 @@ static const char *const same_fields[] = {
 static const char *const handled_fields[] = {
     "model", "prompt", "messages", "stream", "stream_options", "max_tokens",
     "max_completion_tokens", "stop", "user", "n", "timeout", "resume",
+    "response_format", "json_schema",
 };
 
 static bool in_list(const char *k, const char *const *list, size_t n)
@@ -181,6 +202,119 @@ static bool in_list(const char *k, const char *const *list, size_t n)
         if (!strcmp(k, list[i]))
             return true;
     return false;
+}
+
+/* The GBNF grammar a request is constrained by on the native path: its
+ * `grammar` as given, or its JSON constraint (response_format json_object
+ * or json_schema, llama-server's own `json_schema` field) compiled as a
+ * spillway worker compiles it and written as GBNF (json_schema.h), so a
+ * llama-server generates the text a spillway worker would and a resume
+ * can advance the grammar. 0 and *out (sw_free; NULL: unconstrained); 1
+ * when it takes the OpenAI endpoint instead (why says why: two
+ * constraints, a malformed one, one with no GBNF form here); -1 out of
+ * memory. */
+static int body_gbnf(json_t *b, char **out, char *why, size_t why_cap)
+{
+    *out = NULL;
+    json_t *grammar = json_object_get(b, "grammar");
+    json_t *rf = json_object_get(b, "response_format");
+    json_t *js = json_object_get(b, "json_schema");
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    bool text_only = !rf || json_is_null(rf) || (type && !strcmp(type, "text"));
+    int n = (json_is_string(grammar) && json_string_length(grammar) > 0) + !text_only +
+            (js && !json_is_null(js));
+    if (n == 0)
+        return 0;
+    if (n > 1) {
+        snprintf(why, why_cap, "more than one of grammar, response_format and json_schema");
+        return 1;
+    }
+    if (json_is_string(grammar) && json_string_length(grammar) > 0) {
+        *out = sw_strndup(json_string_value(grammar), json_string_length(grammar));
+        return *out ? 0 : -1;
+    }
+    json_t *schema = NULL;
+    bool any_object = false;
+    if (js && !json_is_null(js)) {
+        schema = js;
+    } else if (type && !strcmp(type, "json_object")) {
+        any_object = true;
+    } else if (type && !strcmp(type, "json_schema") &&
+               json_is_object(json_object_get(rf, "json_schema"))) {
+        schema = json_object_get(json_object_get(rf, "json_schema"), "schema");
+        any_object = !schema; /* as a spillway worker reads it */
+    } else {
+        snprintf(why, why_cap, "a response_format the native path does not read");
+        return 1;
+    }
+    if (schema && !json_is_object(schema) && !json_is_boolean(schema)) {
+        snprintf(why, why_cap, "a schema that is not an object");
+        return 1;
+    }
+    eng_grammar *g = NULL;
+    sw_error err = {0};
+    int rc = any_object ? eng_grammar_json_object(&g, &err)
+                        : eng_grammar_from_schema(schema, &g, &err);
+    if (!rc)
+        rc = eng_grammar_to_gbnf(g, out, &err);
+    eng_grammar_free(g);
+    if (rc == SW_ENOMEM)
+        return -1;
+    if (rc) {
+        snprintf(why, why_cap, "the schema: %.120s", err.message);
+        return 1;
+    }
+    return 0;
+}
+
+/* The bytes of ids as the model's tokenizer gives each token's (what
+ * llama-server's grammar saw of them): *text (sw_free) and *len. */
+static int ids_text(const eng_tokenizer *tok, const int32_t *ids, size_t n, char **text,
+                    size_t *len)
+{
+    size_t total = 0;
+    *text = NULL;
+    *len = 0;
+    for (size_t i = 0; i < n; i++)
+        total += eng_token_to_bytes(tok, ids[i], NULL, 0);
+    char *t = sw_malloc(total + 1);
+    if (!t)
+        return SW_ENOMEM;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++)
+        at += eng_token_to_bytes(tok, ids[i], t + at, total - at);
+    t[at] = 0;
+    *text = t;
+    *len = at;
+    return SW_OK;
+}
+
+/* The grammar a resume continues under: grammar's derivative by the text
+ * of the ids sent (gbnf.h), which another llama-server takes as its
+ * `grammar` and then allows exactly the tokens the first would have:
+ * 0 and *out (sw_free), or an error with why. */
+static int grammar_after(const char *grammar, size_t glen, const eng_tokenizer *tok,
+                         const int32_t *ids, size_t n, char **out, char *why, size_t why_cap)
+{
+    *out = NULL;
+    if (!tok) {
+        snprintf(why, why_cap, "no tokenizer to read the sent ids with");
+        return SW_EINVAL;
+    }
+    eng_gbnf *g = NULL;
+    sw_error err = {0};
+    int rc = eng_gbnf_parse(grammar, glen, &g, &err);
+    char *text = NULL;
+    size_t len = 0;
+    if (!rc)
+        rc = ids_text(tok, ids, n, &text, &len);
+    if (!rc)
+        rc = eng_gbnf_derive(g, text, len, out, &err);
+    if (rc)
+        snprintf(why, why_cap, "%.150s", err.message[0] ? err.message : "out of memory");
+    sw_free(text);
+    eng_gbnf_free(g);
+    return rc;
 }
 
 int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_t len,
@@ -203,6 +337,13 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
             json_decref(b);
             return 1;
         }
+    }
+    if (r->chat && rt__images_in(b)) {
+        /* /apply-template would render the image's marker, and the
+         * image itself would be lost: the OpenAI endpoint takes both */
+        snprintf(why, why_cap, "image content");
+        json_decref(b);
+        return 1;
     }
     json_t *n = json_object_get(b, "n");
     if (n && !(json_is_integer(n) && json_integer_value(n) == 1)) {
@@ -284,6 +425,38 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
     for (size_t i = 0; i < sizeof same_fields / sizeof same_fields[0]; i++)
         if (json_object_get(b, same_fields[i]))
             json_object_set(nb, same_fields[i], json_object_get(b, same_fields[i]));
+    /* the constraint as GBNF; on a resume, advanced over the text sent:
+     * what may still follow */
+    char *gbnf = NULL;
+    int gb = body_gbnf(b, &gbnf, why, why_cap);
+    if (gb) {
+        rc = gb;
+        goto done;
+    }
+    if (gbnf && resume) {
+        size_t n_ids = json_array_size(resume);
+        int32_t *ids = sw_malloc((n_ids ? n_ids : 1) * sizeof *ids);
+        char *rest = NULL;
+        char gwhy[160] = "out of memory";
+        for (size_t i = 0; ids && i < n_ids; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(resume, i));
+        int gr = ids ? grammar_after(gbnf, strlen(gbnf), r->q->rt->models[r->q->model].tok, ids,
+                                     n_ids, &rest, gwhy, sizeof gwhy)
+                     : SW_ENOMEM;
+        sw_free(ids);
+        sw_free(gbnf);
+        gbnf = rest;
+        if (gr) {
+            snprintf(why, why_cap, "the grammar cannot be advanced over the sent text: %s",
+                     gwhy);
+            rc = gr == SW_ENOMEM ? -1 : 1;
+            goto done;
+        }
+    }
+    if (gbnf) {
+        json_object_set_new(nb, "grammar", json_string(gbnf));
+        sw_free(gbnf);
+    }
     json_t *mt = json_object_get(b, "max_completion_tokens");
     if (!mt)
         mt = json_object_get(b, "max_tokens");
@@ -321,7 +494,8 @@ void rt__ls_stream_begin(rt_relay *r)
         r->ls_created = (long long)time(NULL);
 }
 
-rt_ls_resume rt__ls_resume_check(json_t *body)
+rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
+                                 size_t n_ids)
 {
     const char *k;
     json_t *v;
@@ -330,9 +504,6 @@ rt_ls_resume rt__ls_resume_check(json_t *body)
             !in_list(k, handled_fields, sizeof handled_fields / sizeof handled_fields[0]))
             return RT_LSR_FIELDS;
     }
-    json_t *grammar = json_object_get(body, "grammar");
-    if (json_is_string(grammar) && json_string_length(grammar) > 0)
-        return RT_LSR_CONSTRAINED;
     /* greedy: a temperature of 0 or less (llama-server samples at 0.8
      * without one) */
     json_t *t = json_object_get(body, "temperature");
@@ -341,6 +512,25 @@ rt_ls_resume rt__ls_resume_check(json_t *body)
     json_t *stop = json_object_get(body, "stop");
     if ((json_is_string(stop) && json_string_length(stop) > 0) || json_array_size(stop) > 0)
         return RT_LSR_STOP;
+    char *gbnf = NULL, why[160] = "out of memory";
+    if (body_gbnf(body, &gbnf, why, sizeof why)) {
+        SW_INFO("router", "a constrained stream cannot continue on another llama-server: %s",
+                why);
+        return RT_LSR_CONSTRAINED;
+    }
+    if (gbnf) {
+        /* constrained greedy: exact where the grammar can be advanced over
+         * the sent text (rt__ls_native_body sends what may still follow) */
+        char *rest = NULL;
+        int rc = grammar_after(gbnf, strlen(gbnf), tok, ids, n_ids, &rest, why, sizeof why);
+        sw_free(rest);
+        sw_free(gbnf);
+        if (rc) {
+            SW_INFO("router", "a grammar stream cannot continue on another llama-server: %s",
+                    why);
+            return RT_LSR_CONSTRAINED;
+        }
+    }
     return RT_LSR_OK;
 }
 

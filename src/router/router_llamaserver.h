@@ -21,11 +21,15 @@ typedef struct rt_ls_health {
     double prefill_rate, decode_rate; /* GET /metrics, tokens/s */
     bool vocab_checked;         /* POST /tokenize answered */
     bool vocab_same;            /* and gave the router's ids of the probe */
+    bool props_checked;         /* GET /props answered (asked with the vocabulary) */
+    bool vision;                /* and its modalities.vision is true: a projector
+                                   (--mmproj) that takes images */
 } rt_ls_health;
 
 /* Polls the llama-server at address (no lock held): the status of GET
  * /health (200 ready, 503 loading, -1 unreachable) and, when 200, the
- * figures into h; the vocabulary of model compared when check_vocab. */
+ * figures into h; the vocabulary of model compared, and /props asked
+ * whether it takes images, when check_vocab (once per process). */
 int rt__ls_health(const rt_router *rt, const char *address, int model, bool check_vocab,
                   rt_ls_health *h);
 
@@ -40,9 +44,12 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
                        char **out, char *why, size_t why_cap);
 
 /* Whether another llama-server can continue body's stream from a token
- * prompt (greedy, no grammar, no stop strings, every field native), and
- * why not: the replay table's input (router_failover.h). */
-rt_ls_resume rt__ls_resume_check(json_t *body);
+ * prompt after the n_ids ids sent (greedy, no stop strings, every field
+ * native, and a grammar only where it can be advanced over their text,
+ * read with tok), and why not: the replay table's input
+ * (router_failover.h). */
+rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
+                                 size_t n_ids);
 
 /* A native stream begins on this attempt. */
 void rt__ls_stream_begin(rt_relay *r);

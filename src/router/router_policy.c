@@ -77,6 +77,8 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             why = RT_SKIP_MODEL;
         else if (need->local_only && w->remote)
             why = RT_SKIP_REMOTE;
+        else if (need->images && (w->images == 0 || (w->images < 0 && w->state == WS_READY)))
+            why = RT_SKIP_IMAGES; /* one not asked yet is judged when it is up */
         else if (tried && tried[w->index])
             why = RT_SKIP_TRIED;
         else if (w->state != WS_READY &&
@@ -98,7 +100,7 @@ int rt_policy_decide(const rt_pool_view *v, const rt_need *need, const bool *tri
             why = RT_SKIP_SLOTS;
         else if (w->count_memory &&
                  (need->idle ? bytes > (w->shared_device ? w->kv_device_capacity : w->kv_budget)
-                             : bytes > w->kv_budget - w->kv_reserved ||
+                             : bytes > w->kv_budget - w->kv_reserved - w->kv_foreign ||
                                    (w->shared_device && bytes > w->kv_device_room)))
             why = RT_SKIP_MEM;
         if (!why && need->deadline_ms >= 0) {

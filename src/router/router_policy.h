@@ -23,6 +23,7 @@ enum {
     RT_SKIP_HELD = 128,    /* it refused since its last /health */
     RT_SKIP_MODEL = 256,   /* it serves another model */
     RT_SKIP_REMOTE = 512,  /* remote, and the model says remote = never */
+    RT_SKIP_IMAGES = 1024, /* image content, and it takes none (no projector) */
 };
 
 typedef struct rt_need {
@@ -40,6 +41,8 @@ typedef struct rt_need {
     bool resume_ls;        /* and a llama-server of the model's vocabulary may
                               take it (rt_failover.resume_on_ls) */
     bool local_only;       /* remote = never: no remote worker */
+    bool images;           /* image content: only a worker that takes it
+                              (rt_worker_view.images) */
     long long deadline_ms; /* -1 none */
     double wait_ms;        /* predicted wait before it starts (deadline) */
     bool idle;             /* judge as if nothing were admitted anywhere

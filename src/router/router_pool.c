@@ -84,8 +84,10 @@ void rt_pool_destroy(rt_pool *p) { pthread_mutex_destroy(&p->mu); }
 
 int32_t rt_pool_max_seqs(const rt_worker *w)
 {
+    /* a spillway worker: its slots, less those other routers' requests
+     * held at its last /health (at least one: a worker they fill is held) */
     if (w->cfg.kind == RT_KIND_SPILLWAY && w->slots_max > 0)
-        return w->slots_max;
+        return w->slots_max - w->foreign_seqs > 1 ? w->slots_max - w->foreign_seqs : 1;
     /* llama-server: max-seqs when set, else its /slots count, less the
      * slots other clients of it held at the last poll (at least one: it
      * queues what finds no slot free) */
@@ -163,6 +165,14 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->kind = w->cfg.kind;
         v->remote = rt_config_worker_remote(&w->cfg);
         v->ls_resumable = w->cfg.kind == RT_KIND_LLAMA_SERVER && w->ls_vocab_same;
+        /* images: a llama-server by its /props (before it answered, by its
+         * mmproj =), an openai engine as it says itself, never a spillway
+         * worker (its engine takes text parts only) */
+        v->images = w->cfg.kind == RT_KIND_OPENAI ? 1
+                    : w->cfg.kind == RT_KIND_SPILLWAY ? 0
+                    : w->ls_props_checked ? w->ls_vision
+                    : w->cfg.mmproj[0] ? 1
+                                       : -1;
         v->ctx_limit = w->ctx_limit;
         v->max_seqs = rt_pool_max_seqs(w);
         v->seqs = w->books.seqs;
@@ -174,6 +184,7 @@ void rt_pool_view_locked(const rt_pool *p, rt_pool_view *out)
         v->sliding_blocks_max = w->kv_sliding_blocks_max;
         v->kv_budget = w->kv_budget;
         v->kv_reserved = w->books.kv_bytes;
+        v->kv_foreign = w->foreign_kv;
         /* Workers on one device (of one model or of several) share it:
          * what the books admitted to all of them must fit its KV memory,
          * measured while it was idle. Each one's own budget still applies
@@ -275,4 +286,20 @@ void rt_pool_reconcile_locked(rt_worker *w)
     else
         w->kv_budget = -1;
     w->held = false;
+}
+
+void rt_pool_learn_usage_locked(rt_worker *w, int32_t accepted, int64_t kv_used, int own_seqs,
+                                int64_t own_kv)
+{
+    if (w->cfg.kind != RT_KIND_SPILLWAY) {
+        w->foreign_seqs = 0;
+        w->foreign_kv = 0;
+        return;
+    }
+    w->foreign_seqs = accepted > own_seqs ? accepted - own_seqs : 0;
+    w->foreign_kv = kv_used > own_kv ? kv_used - own_kv : 0;
+    /* others fill its slots: nothing more until its next /health, or
+     * until one of this router's requests there ends */
+    if (w->slots_max > 0 && w->foreign_seqs >= w->slots_max)
+        w->held = true;
 }

@@ -88,9 +88,16 @@ typedef struct rt_worker {
                                    memory, measured while all of them were
                                    idle (rt_pool_device_measure_locked); -1
                                    not yet */
+    /* a spillway worker's own figures at its last /health: the requests
+     * it holds (running or queued) and the device KV they hold, beyond
+     * what this router's books admitted there (rt_pool_learn_usage_locked):
+     * other routers' requests on a worker they share */
+    int32_t foreign_seqs;
+    int64_t foreign_kv;
     /* metrics */
     uint64_t req_ok, req_client_error, req_failed, tokens;
-    uint64_t refused_memory, refused_slots; /* by the worker (stay 0) */
+    uint64_t refused_memory, refused_slots; /* by the worker: it refused what
+                                               the books admitted */
     /* reload (router_reload.c; the supervisor ends the drain) */
     int drain;                  /* RT_DRAIN_* */
     double drain_since;         /* when the drain began */
@@ -123,6 +130,9 @@ typedef struct rt_worker {
     int32_t ls_foreign;         /* of them, more than the router had running
                                    there: requests of other clients, whose
                                    slots the router does not count on */
+    /* kind = llama-server: its /props asked (with the vocabulary, once per
+     * process), and whether it said it takes images (modalities.vision) */
+    bool ls_props_checked, ls_vision;
     int64_t ls_planned_kv;      /* the KV cache its command asks for, planned
                                    from the model file when the router starts
                                    it (router_books.c); 0 unknown */
@@ -156,6 +166,11 @@ typedef struct rt_worker_view {
     bool remote;                /* rt_config_worker_remote */
     bool ls_resumable;          /* kind = llama-server whose vocabulary is the
                                    model's: it can take a resume's token prompt */
+    int images;                 /* whether it takes image content: 1 yes (a
+                                   llama-server with a projector, an openai
+                                   engine, which says itself), 0 no (a spillway
+                                   worker), -1 not known yet (a llama-server
+                                   at a url not asked yet) */
     int32_t ctx_limit;          /* 0 unknown */
     int32_t max_seqs;           /* 0 no limit known */
     int seqs;                   /* admitted now (books) */
@@ -167,6 +182,9 @@ typedef struct rt_worker_view {
     int32_t sliding_blocks_max;
     int64_t kv_budget;
     int64_t kv_reserved;        /* its books */
+    int64_t kv_foreign;         /* KV other routers' requests held there
+                                   (rt_worker.foreign_kv): taken, but not
+                                   for the question whether it could ever fit */
     /* a device other workers share, whose KV memory was measured idle:
      * that memory (what it could hold were nothing admitted) and what is
      * left of it after what the books admitted to every worker there */
@@ -246,6 +264,17 @@ void rt_pool_refused_locked(rt_pool *p, int wi, bool memory);
 /* With p->mu held: new /health figures reconcile the books (the budget
  * follows what the device really has free). */
 void rt_pool_reconcile_locked(rt_worker *w);
+/* With p->mu held, after rt_pool_reconcile_locked: a spillway worker's
+ * /health said it holds accepted requests (running or queued) and
+ * kv_used device KV bytes; own_seqs and own_kv are the larger of what the
+ * books held when the /health was asked for and now (so that the
+ * router's own requests that began or ended meanwhile are not taken for
+ * another's). What is beyond them belongs to other clients of the worker
+ * (other routers): admission counts it as taken until the next /health
+ * (rt_pool_max_seqs, rt_pool_view_locked), and a worker they fill is
+ * held, as after a refusal. */
+void rt_pool_learn_usage_locked(rt_worker *w, int32_t accepted, int64_t kv_used, int own_seqs,
+                                int64_t own_kv);
 /* With p->mu held, after slot wi's /health: when it shares its device
  * and every worker there is idle (books and reports), the device's KV
  * memory is measured for all of them. */

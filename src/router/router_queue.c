@@ -175,6 +175,10 @@ static void release_locked(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally
     rt_pool_give_locked(q->pool, wi, kv_bytes, seqs);
     if (t) {
         rt_worker *w = &q->pool->w[wi];
+        /* one of this router's requests ended there: it has a place
+         * again, whatever a refusal or other routers' requests said */
+        if (t->ok || t->client_error || t->failed)
+            w->held = false;
         w->req_ok += t->ok;
         w->req_client_error += t->client_error;
         w->req_failed += t->failed;

@@ -8,6 +8,7 @@
 #include "router/router-impl.h"
 #include "router/router_attempt.h"
 #include "router/router_failover.h"
+#include "router/router_image.h"
 #include "router/router_llamaserver.h"
 #include "router/router_net.h"
 #include "router/router_queue.h"
@@ -21,11 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A worker that keeps refusing what the books admitted (a peer whose
- * figures are wrong) cannot hold a request forever: after this many
- * refusals it is answered as if no worker had the capacity. */
-#define RT_MAX_REFUSALS 32
 
 static void hist_add(uint64_t *buckets, uint64_t *count, double *sum, double v)
 {
@@ -94,6 +90,24 @@ static long count_prompt(const rt_model *m, json_t *body, bool chat, uint64_t *p
         *n_prefix = rt_prefix_hashes(ids, n, prefix, RT_PREFIX_MAX_BLOCKS);
     sw_free(ids);
     return result;
+}
+
+/* count_prompt for a request of n_images images (router_image.c): its
+ * text counted with the images left out, and [model] image-tokens for
+ * each; -1 (not counted: a whole slot's context is reserved) when that
+ * figure is not given. No prefix blocks: the images are not in them. */
+static long count_request(const rt_model *m, json_t *body, bool chat, int n_images,
+                          uint64_t *prefix, int *n_prefix)
+{
+    if (n_images == 0)
+        return count_prompt(m, body, chat, prefix, n_prefix);
+    *n_prefix = 0;
+    if (m->cfg.image_tokens <= 0)
+        return -1;
+    json_t *text = rt__images_stripped(body);
+    long n = text ? count_prompt(m, text, chat, NULL, NULL) : -1;
+    json_decref(text);
+    return n < 0 ? -1 : n + (long)n_images * m->cfg.image_tokens;
 }
 
 /* Nesting depth of a JSON text (brackets outside strings), so a deeply
@@ -314,6 +328,20 @@ static bool answer_unadmitted(rt_req *q, rt_relay *r, bool chat, rt_admit_result
     bool capacity = !failed_before && ar != RT_ADMIT_NEVER && ar != RT_ADMIT_STOPPED;
     if (capacity && q->prefer_async && !q->embeddings && rt__jobs_accept_async(q, chat) == 0)
         return true; /* the 503 below became a job the client polls */
+    if (ar == RT_ADMIT_NEVER && !failed_before && (wt->grant.skipped & RT_SKIP_IMAGES) &&
+        !(wt->grant.skipped & ~(unsigned)(RT_SKIP_IMAGES | RT_SKIP_MODEL | RT_SKIP_REMOTE))) {
+        /* no worker of the model could ever take it: the configuration's
+         * answer, not a moment's (router_image.c) */
+        char msg[320];
+        snprintf(msg, sizeof msg,
+                 "no worker of the model '%s' takes images: that needs a llama-server worker "
+                 "with a vision projector (mmproj = in its [worker] section, or --mmproj on one "
+                 "at a url)",
+                 rt->models[q->model].cfg.name);
+        count(rt, &rt->rejected_bad);
+        rt__send_error(q, 400, "images_not_supported", msg, "messages", NULL);
+        return false;
+    }
     if (counted)
         count(rt, &rt->rejected_capacity);
     if (ar == RT_ADMIT_NEVER && !failed_before && !(wt->grant.skipped & ~(unsigned)RT_SKIP_MODEL)) {
@@ -613,6 +641,19 @@ static void generate(rt_req *q, bool chat, json_t *body)
         json_decref(body);
         return;
     }
+    /* image content: checked here, before any worker sees it */
+    int n_images = 0;
+    if (chat && !q->embeddings) {
+        const char *code = "invalid_image";
+        char msg[256], param[96];
+        if (rt__images_check(rt->cfg, body, &n_images, &code, msg, sizeof msg, param,
+                             sizeof param)) {
+            count(rt, &rt->rejected_bad);
+            rt__send_error(q, 400, code, msg, param, NULL);
+            json_decref(body);
+            return;
+        }
+    }
     rt_relay r;
     memset(&r, 0, sizeof r);
     r.q = q;
@@ -656,7 +697,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
     long prefill = 0; /* an embeddings request's inputs together */
     const rt_model *counted = &rt->models[q->model];
     long prompt = q->embeddings ? rt__embeddings_tokens(counted, body, &prefill)
-                                : count_prompt(counted, body, chat, prefix, &n_prefix);
+                                : count_request(counted, body, chat, n_images, prefix, &n_prefix);
     if (q->idem_key[0])
         q->durable = true; /* an Idempotency-Key's attempts are promised */
     bool *tried = q->tried; /* kept across an agent run's steps */
@@ -667,7 +708,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
     json_t *first_error = NULL;
     rt_failover first = {0};
     bool failed_before = false, fallback = false;
-    int refusals = 0, fallback_step = 0;
+    int fallback_step = 0;
+    double t_queued = 0; /* when it joined the queue for its next attempt */
+    bool after_refusal = false; /* the last attempt was refused by its worker */
     bool ctx_refused = false; /* a llama-server refused it: over its context */
     /* a stream to resume that another llama-server may take (the replay
      * table's resume_on_ls), and whether a spillway worker sent any of it */
@@ -696,12 +739,23 @@ static void generate(rt_req *q, bool chat, json_t *body)
          * remote = never keeps the request on the machine */
         wt.need.local_only = model_local_only(rt, q->asked_model) ||
                              model_local_only(rt, q->model);
+        wt.need.images = n_images > 0;
         wt.need.deadline_ms = q->attempts == 0 && !failed_before ? adm_deadline : -1;
         wt.tried = tried;
         wt.first = q->admission == 0;
         /* the wait is bounded by queue-timeout-ms and what is left of the
          * deadline */
         double limit = rt->cfg->queue_timeout_ms / 1000.0;
+        if (after_refusal) {
+            /* back in the queue after workers refused it: the time it
+             * waits in all is queue-timeout-ms (a refusal never fails it
+             * before that) */
+            double since = rt__now_s() - t_queued;
+            limit = limit > since ? limit - since : 0;
+        } else {
+            t_queued = rt__now_s();
+        }
+        after_refusal = false;
         if (adm_deadline >= 0) {
             double left = adm_deadline / 1000.0 - (rt__now_s() - r.t_start);
             if (left < limit)
@@ -709,11 +763,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         }
         rt_admit_result ar = RT_ADMIT_NEVER;
         double waited = 0;
-        if (q->attempts < rt->cfg->max_attempts && refusals < RT_MAX_REFUSALS)
+        if (q->attempts < rt->cfg->max_attempts)
             ar = rt_queue_admit(&rt->queue, &wt, limit,
                                 q->fd >= 0 ? q->fd : rt__job_cancel_fd, &rt->stop, &waited);
-        else if (refusals >= RT_MAX_REFUSALS)
-            ar = RT_ADMIT_TIMEOUT;
         q->queue_ms += waited * 1000;
         if (ar == RT_ADMIT_OK || ar == RT_ADMIT_TIMEOUT)
             rt__stats_wait(rt, waited);
@@ -729,7 +781,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
                 fall_back(q, body, to, ar, t0);
                 prompt = q->embeddings
                              ? rt__embeddings_tokens(&rt->models[q->model], body, &prefill)
-                             : count_prompt(&rt->models[q->model], body, chat, prefix, &n_prefix);
+                             : count_request(&rt->models[q->model], body, chat, n_images,
+                                             prefix, &n_prefix);
                 continue;
             }
             if (ar == RT_ADMIT_NEVER && ctx_refused && !failed_before && !r.headers_sent) {
@@ -785,13 +838,26 @@ static void generate(rt_req *q, bool chat, json_t *body)
         size_t had = r.n_tokens;
         last = rt_attempt_run(&r, wi, wt.generation, bs, strlen(bs), &refused_memory);
         free(bs);
+        /* the worker refused what the books admitted (full: other routers'
+         * requests, an allocation outside the router): it takes nothing
+         * more from this router until its /health or the end of one of
+         * this router's requests there; held before the reservation is
+         * given back, so that the release's dispatch pass does not send
+         * it the next waiter */
+        bool worker_refused = last == RT_OUT_REFUSED && !r.refused_context;
+        if (worker_refused) {
+            pthread_mutex_lock(&rt->pool.mu);
+            rt_pool_refused_locked(&rt->pool, wi, refused_memory);
+            pthread_mutex_unlock(&rt->pool.mu);
+        }
         rt_tally tally = {last == RT_OUT_OK, last == RT_OUT_CLIENT_ERROR,
                           last == RT_OUT_OOM || last == RT_OUT_CRASH,
                           last == RT_OUT_OK ? (uint64_t)(r.stream ? r.n_tokens - had : r.n_tokens) : 0};
         rt_queue_release_shared(&rt->queue, wi, wt.grant.kv_bytes - r.shared_moved, &tally,
                                 prefix, r.shared_registered, wt.grant.seqs);
         rt__stats_attempt(rt, wi, tally.ok || tally.client_error, tally.failed, tally.tokens);
-        record_attempt(q, &r, wi, last, t_attempt);
+        if (last != RT_OUT_REFUSED) /* a refusal is no attempt */
+            record_attempt(q, &r, wi, last, t_attempt);
         if (w->cfg.kind == RT_KIND_SPILLWAY && r.n_tokens > had)
             spillway_sent = true;
         bool native_ids = w->cfg.kind == RT_KIND_LLAMA_SERVER && r.ls_native && !r.ls_ids_gap;
@@ -809,7 +875,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              native_ids,
                              n_choices > 1,
                              !resumable || spillway_sent ? RT_LSR_SPILLWAY_IDS
-                                                         : rt__ls_resume_check(body),
+                                                         : rt__ls_resume_check(
+                                                               body, rt->models[q->model].tok,
+                                                               r.tokens, r.n_tokens),
                              resumable && spillway_left(rt, q, tried, wi)};
         rt_failover f = rt_failover_decide(&fi);
         resume_ls = f.action == RT_FO_RESUME && f.resume_on_ls;
@@ -828,14 +896,11 @@ static void generate(rt_req *q, bool chat, json_t *body)
             continue;
         }
         if (f.action == RT_FO_REQUEUE) {
-            /* the books said it fits and the worker disagreed: the worker
-             * takes nothing more until its /health, and the request goes
-             * back to its place; the attempt does not count */
-            pthread_mutex_lock(&rt->pool.mu);
-            rt_pool_refused_locked(&rt->pool, wi, refused_memory);
-            pthread_mutex_unlock(&rt->pool.mu);
+            /* the books said it fits and the worker disagreed (held
+             * above): the request goes back to its place; the attempt
+             * does not count */
             q->attempts--;
-            refusals++;
+            after_refusal = true;
             SW_WARN("router", "request %s: worker %s refused it (%s) although the books had room; "
                     "back to the queue", q->request_id, w->cfg.name,
                     refused_memory ? "memory" : "busy");

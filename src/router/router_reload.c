@@ -50,6 +50,7 @@ static const setting settings[] = {
     SETTING("[server] api-keys", api_keys, false),
     SETTING("[server] api-keys", n_keys, false),
     SETTING("[server] max-body", max_body_bytes, false),
+    SETTING("[server] max-image-bytes", max_image_bytes, false),
     SETTING("[server] max-attempts", max_attempts, false),
     SETTING("[server] queue-timeout-ms", queue_timeout_ms, false),
     SETTING("[server] http-timeout", http_timeout_s, false),
@@ -62,6 +63,7 @@ static const setting settings[] = {
     SETTING("[server] idempotency-ttl-s", idempotency_ttl_s, false),
     SETTING("[server] max-tool-steps", max_tool_steps, false),
     SETTING("[server] drain-timeout-s", drain_timeout_s, false),
+    SETTING("[server] stop-delay-ms", stop_delay_ms, false),
     SETTING("[tool NAME] sections", tools, false),
     SETTING("[tool NAME] sections", n_tools, false),
 };
@@ -116,7 +118,8 @@ static bool worker_differs(const rt_worker_config *a, const rt_worker_config *b)
            a->skip_calibration != b->skip_calibration ||
            a->no_prefix_cache != b->no_prefix_cache || strcmp(a->model, b->model) || strcmp(a->command, b->command) ||
            a->on_demand != b->on_demand || a->idle_timeout_s != b->idle_timeout_s ||
-           strcmp(a->ca_file, b->ca_file) || strcmp(a->api_key_env, b->api_key_env);
+           strcmp(a->ca_file, b->ca_file) || strcmp(a->api_key_env, b->api_key_env) ||
+           strcmp(a->mmproj, b->mmproj);
 }
 
 /* With the pool's lock: the live slot of worker name, -1 none. */

@@ -37,6 +37,8 @@ typedef struct rt_relay {
     /* kind = llama-server (router_llamaserver.c) */
     bool ls_kind;          /* this attempt is on a llama-server */
     bool refused_context;  /* it answered exceed_context_size_error */
+    bool worker_full_memory; /* a spillway worker's 503 worker_full said
+                                "reason": "memory" (else its places) */
     int32_t refused_n_ctx; /* with this n_ctx (0 not given) */
     bool ls_kv_full;       /* "Context size has been exceeded.": an oom
                               that does not call for a restart */

@@ -123,6 +123,11 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
                                w->ls_vocab_checked, "resumable", w->ls_vocab_same, "slots",
                                w->slots_max, "slots_busy", w->ls_slots_busy, "slots_foreign",
                                w->ls_foreign);
+        /* router_image.c: whether image requests go to it (its /props,
+         * or before that its mmproj =); null: not known yet */
+        json_object_set_new(ls, "images", w->ls_props_checked ? json_boolean(w->ls_vision)
+                                          : w->cfg.mmproj[0]  ? json_true()
+                                                              : json_null());
         /* router_books.c: its KV counted from the model file, or why not */
         const rt_model *m = &rt->models[w->model];
         json_object_set_new(ls, "kv_counted", json_boolean(w->kv_budget >= 0));
@@ -148,6 +153,13 @@ json_t *rt__worker_json_locked(const rt_router *rt, const rt_worker *w)
                                   rt_pool_max_seqs(w), "kv_reserved_bytes",
                                   (json_int_t)w->books.kv_bytes, "kv_budget_bytes",
                                   (json_int_t)w->kv_budget, "held", w->held));
+    /* other routers' requests on it at its last /health (a shared worker) */
+    json_t *books = json_object_get(o, "books");
+    json_object_set_new(books, "foreign_seqs", json_integer(w->foreign_seqs));
+    json_object_set_new(books, "foreign_kv_bytes", json_integer((json_int_t)w->foreign_kv));
+    json_object_set_new(books, "refusals",
+                        json_pack("{s:I, s:I}", "slots", (json_int_t)w->refused_slots, "memory",
+                                  (json_int_t)w->refused_memory));
     json_object_set_new(o, "reported",
                         json_pack("{s:i, s:i, s:I, s:I, s:I, s:i}", "slots_max", w->slots_max,
                                   "kv_block_tokens", w->kv_block_tokens, "kv_block_device_bytes",
@@ -406,6 +418,13 @@ void rt__handle_stats(rt_req *q)
                        (json_int_t)rt->refused_deadline, "refused_context",
                        (json_int_t)rt->refused_context, "rejected_auth",
                        (json_int_t)rt->rejected_auth);
+    {
+        /* refusals by workers of what the books admitted, all workers */
+        uint64_t worker_refusals = 0;
+        RT_POOL_FOR_LIVE(&rt->pool, i)
+            worker_refusals += rt->pool.w[i].refused_slots + rt->pool.w[i].refused_memory;
+        json_object_set_new(totals, "worker_refusals", json_integer((json_int_t)worker_refusals));
+    }
     events_total = rt->events_total;
     int conns = rt->active_conns, streams = rt->n_streams;
     pthread_mutex_unlock(&rt->mu);

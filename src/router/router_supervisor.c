@@ -47,8 +47,8 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
         sw_error err;
         sw_error_clear(&err);
         if ((!w->address[0] && rt__pick_port(w->address, sizeof w->address)) ||
-            rt__command_argv(w, model->path, cmd_buf, sizeof cmd_buf, argv, RT_CMD_MAX_ARGS, exe,
-                             sizeof exe, &err)) {
+            rt__command_argv(w, model->path, cmd_buf, sizeof cmd_buf, argv,
+                             RT_CMD_MAX_ARGS - (c->mmproj[0] ? 2 : 0), exe, sizeof exe, &err)) {
             snprintf(w->start_error, sizeof w->start_error, "%s",
                      err.message[0] ? err.message : strerror(errno));
             SW_ERROR("router", "worker %s: cannot start its command: %s", c->name,
@@ -62,6 +62,13 @@ static void sup_spawn(rt_router *rt, rt_worker *w)
             int argc = 0;
             while (argc < RT_CMD_MAX_ARGS && argv[argc])
                 argc++;
+            if (c->mmproj[0]) { /* room left for it above */
+                /* its vision projector: image requests go to it
+                 * (router_image.c) */
+                argv[argc++] = "--mmproj";
+                argv[argc++] = c->mmproj;
+                argv[argc] = NULL;
+            }
             w->ls_planned_kv = rt_books_llama_server_plan(&m->cache, m->weights_bytes, argv,
                                                           argc, plan, sizeof plan);
             SW_INFO("router", "worker %s (llama-server): planned from %s: %s", c->name,
@@ -172,6 +179,7 @@ spawn:;
     w->last_ok = w->started_at;
     w->ready_once = false;
     w->ls_vocab_checked = w->ls_vocab_same = false; /* a new process: asked again */
+    w->ls_props_checked = w->ls_vision = false;
     rt_prefix_clear(&w->prefix);                     /* ... with an empty cache */
     if (RT_KIND_EXTERNAL(c->kind))
         SW_INFO("router", "worker %s: started pid %d (%s, at %s), log %s", c->name, (int)pid, exe,
@@ -190,7 +198,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
     char *body = NULL;
     int st;
     rt_ls_health ls;
-    bool is_ls = w->cfg.kind == RT_KIND_LLAMA_SERVER;
+    bool is_ls = w->cfg.kind == RT_KIND_LLAMA_SERVER, props_asked = false;
     if (is_ls) {
         /* llama-server (router_llamaserver.c): /health, /slots, /metrics,
          * and its vocabulary once per process */
@@ -198,6 +206,7 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
         bool check = !w->ls_vocab_checked;
         pthread_mutex_unlock(&rt->pool.mu);
         st = rt__ls_health(rt, w->address, w->model, check, &ls);
+        props_asked = check;
         if (!check)
             ls.vocab_checked = false; /* the verdict stays */
     } else {
@@ -229,6 +238,16 @@ static void sup_health_openai(rt_router *rt, rt_worker *w)
                 w->prefill_rate = ls.prefill_rate;
                 w->decode_rate = ls.decode_rate;
                 snprintf(w->rates_source, sizeof w->rates_source, "measured");
+            }
+            if (props_asked) {
+                /* whether it takes images (router_image.c): its /props */
+                if (!w->ls_props_checked || w->ls_vision != ls.vision)
+                    SW_INFO("router", "worker %s (llama-server): %s", w->cfg.name,
+                            ls.vision ? "it has a vision projector: image requests may go to it"
+                            : ls.props_checked ? "its /props says no vision: no image requests"
+                                               : "no /props: no image requests go to it");
+                w->ls_props_checked = true;
+                w->ls_vision = ls.props_checked && ls.vision;
             }
             if (ls.vocab_checked) {
                 w->ls_vocab_checked = true;
@@ -290,6 +309,11 @@ static void sup_health(rt_router *rt, rt_worker *w)
         return;
     }
     char *body = NULL;
+    /* the books as the /health is asked for (rt_pool_learn_usage_locked) */
+    pthread_mutex_lock(&rt->pool.mu);
+    int sent_seqs = w->books.seqs;
+    int64_t sent_kv = w->books.kv_bytes;
+    pthread_mutex_unlock(&rt->pool.mu);
     int st = rn_get(w->address, "/health", 2000, &body);
     json_t *j = body ? sw_json_loads(body, 0, NULL) : NULL;
     sw_free(body);
@@ -353,6 +377,20 @@ static void sup_health(rt_router *rt, rt_worker *w)
         if (!w->restart_requested)
             w->state = WS_READY;
         rt_pool_reconcile_locked(w);
+        {
+            /* what it holds, other routers' requests included: "accepted"
+             * (running or queued), else active + queued */
+            json_t *sl = json_object_get(j, "slots");
+            json_t *acc = json_object_get(sl, "accepted");
+            json_int_t n = json_is_integer(acc)
+                               ? json_integer_value(acc)
+                               : json_integer_value(json_object_get(sl, "active")) +
+                                     json_integer_value(json_object_get(sl, "queued"));
+            int own = w->books.seqs > sent_seqs ? w->books.seqs : sent_seqs;
+            int64_t own_kv = w->books.kv_bytes > sent_kv ? w->books.kv_bytes : sent_kv;
+            rt_pool_learn_usage_locked(w, n > 0 && n <= 1 << 20 ? (int32_t)n : 0,
+                                       w->kv_held_bytes, own, own_kv);
+        }
         rt__demand_learn_locked(w);
         rt_pool_device_measure_locked(&rt->pool, (int)(w - rt->pool.w));
         w->backoff = 0.25;

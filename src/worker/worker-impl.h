@@ -110,6 +110,8 @@ struct wk_req {
     int32_t n_resume;
     int64_t resume_text_bytes;       /* resume: text bytes the client has; -1 unknown */
     int32_t max_tokens;              /* new tokens at most */
+    int64_t kv_need;                 /* device KV bytes its admission takes (set
+                                        by wk_engine_offer; 0 not counted) */
     eng_sampler_params sampling;     /* bias_ids / bias_values point below */
     int32_t *bias_ids;               /* logit_bias (sw_malloc) */
     float *bias_values;
@@ -236,6 +238,12 @@ typedef struct wk_server {
     bool device_failed;
     bool device_error_seen;          /* engine thread: a step hit SW_EDEVICE */
     int32_t slots_active;
+    /* requests accepted and not yet ended (queued, being admitted or
+     * running): wk_engine_offer refuses what would take it past the
+     * slots plus the queue; their final events give the places back */
+    int32_t n_accepted;
+    int32_t max_active_seen, max_accepted_seen; /* high-water marks */
+    uint64_t n_refused_slots, n_refused_memory;  /* wk_engine_offer's refusals */
     size_t kv_used_bytes;
     size_t kv_device_used_bytes;     /* the device part of kv_used_bytes */
     /* the KV the device could hold at that same moment (free above the
@@ -296,6 +304,29 @@ void *wk_engine_main(void *arg);
 int wk_engine_submit(wk_server *s, wk_req *req);
 /* All n queued, in order, or none (SW_ERANGE: the queue has no room). */
 int wk_engine_submit_all(wk_server *s, wk_req *const *reqs, int32_t n);
+
+/* What a refusal of wk_engine_offer says about the worker's room now. */
+typedef struct wk_room {
+    bool memory;                     /* refused for KV memory (else for places) */
+    int32_t places_free;             /* slots + queue less the requests accepted */
+    int64_t kv_free_bytes;           /* device KV a newcomer could take now; -1
+                                        not counted (no device) */
+    int64_t kv_need_bytes;           /* what the refused request needs; 0 not counted */
+} wk_room;
+
+/* The worker's own admission, at once and before any work: all n queued,
+ * or none. Refused with SW_ERANGE when the requests already accepted
+ * (queued or running) plus these would be more than the slots plus the
+ * queue, with SW_EDEVOOM when the worker runs others and the device's
+ * free KV memory (its prefix cache's evictable blocks counted free, the
+ * needs of the requests queued before counted taken) cannot hold what
+ * these ones' admission takes at least: the blocks of prompt + max_tokens
+ * (the prompt alone under the grow policy), less the prompt's whole
+ * blocks when the prefix cache may hold them. The engine's admission is
+ * the exact check (503 out_of_memory, phase admission). An idle worker
+ * refuses nothing here. The refusal is counted, and *room (may be NULL)
+ * says why and what is free. */
+int wk_engine_offer(wk_server *s, wk_req *const *reqs, int32_t n, wk_room *room);
 /* Marks a request cancelled (the client went away) and wakes the engine. */
 void wk_engine_cancel(wk_server *s, wk_req *req);
 void wk_req_free(wk_req *req);
@@ -353,8 +384,12 @@ json_t *wk__http_read_body(wk_server *s, struct evhttp_request *evreq, const cha
 void wk__http_send_error(struct evhttp_request *evreq, int status, const char *code,
                          const char *param, const char *req_id, const char *message);
 /* Queues r for the engine and follows its connection (a client that
- * leaves cancels it); SW_ERANGE (nothing done) when the queue is full. */
+ * leaves cancels it); when wk_engine_offer refuses it, the refusal is
+ * sent and its code returned (nothing else done: r is the caller's). */
 int wk__http_submit(wk_server *s, wk_req *r);
+/* 503 worker_full for a refusal of wk_engine_offer. */
+void wk__http_send_refusal(wk_server *s, struct evhttp_request *evreq, const char *req_id,
+                           const wk_room *room);
 
 /* worker_reasoning.c */
 /* Sets r->split, r->harmony_text and r->harmony_calls from the family, the

@@ -162,11 +162,8 @@ void wk__handle_embeddings(wk_server *s, struct evhttp_request *evreq)
     r->created = (int64_t)time(NULL);
     r->evreq = evreq;
     json_decref(body);
-    if (wk__http_submit(s, r)) {
-        wk__http_send_error(evreq, 503, "capacity_exceeded", NULL, id,
-                            "the worker's queue is full");
+    if (wk__http_submit(s, r)) /* refused: answered there */
         wk_req_free(r);
-    }
     return;
 fail:
     json_decref(body);

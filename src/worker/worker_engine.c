@@ -78,10 +78,70 @@ int wk_engine_submit(wk_server *s, wk_req *req)
 
 int wk_engine_submit_all(wk_server *s, wk_req *const *reqs, int32_t n)
 {
+    return wk_engine_offer(s, reqs, n, NULL);
+}
+
+/* The device KV bytes a request's admission takes at least: its blocks
+ * (prompt + max_tokens under reserve, the prompt under grow, within the
+ * context), of a sliding-window model's local layers at most their
+ * ring's, less the prompt's whole blocks where the prefix cache may hold
+ * them already (they are then shared, not taken: whether they are is
+ * known only on the engine thread, whose admission is exact). */
+static int64_t kv_need_bytes(const wk_server *s, const wk_req *req)
+{
+    if (req->embed || s->kv_block_tokens <= 0)
+        return 0;
+    int64_t tokens = req->n_prompt;
+    if (s->o.policy == ENG_KV_RESERVE)
+        tokens += req->max_tokens;
+    if (tokens > s->n_ctx)
+        tokens = s->n_ctx;
+    int64_t blocks = (tokens + s->kv_block_tokens - 1) / s->kv_block_tokens;
+    int64_t sliding_max = eng_context_kv_sliding_blocks_max(s->ctx);
+    int64_t beyond = sliding_max > 0 && blocks > sliding_max ? blocks - sliding_max : 0;
+    int64_t cached = 0;
+    if (sliding_max <= 0 && req->cache_prompt && req->n_resume == 0 &&
+        eng_context_prefix_cache_on(s->ctx))
+        cached = req->n_prompt / s->kv_block_tokens;
+    if (cached > blocks)
+        cached = blocks;
+    return (blocks - cached) * (int64_t)eng_context_kv_block_device_bytes(s->ctx) -
+           beyond * (int64_t)eng_context_kv_sliding_block_device_bytes(s->ctx);
+}
+
+int wk_engine_offer(wk_server *s, wk_req *const *reqs, int32_t n, wk_room *room)
+{
+    int64_t need = 0;
+    for (int32_t i = 0; i < n; i++)
+        need += reqs[i]->kv_need = kv_need_bytes(s, reqs[i]);
+    /* the device's free memory above the reserve, read before the lock
+     * (the same figure /health gives); none on the CPU */
+    int64_t dev_free = -1;
+    dev_memory mem;
+    if (s->dev && dev_get_kind(s->dev) != DEV_KIND_CPU &&
+        dev_memory_info(s->dev, &mem, NULL) == SW_OK) {
+        uint64_t reserve = (uint64_t)((double)mem.total_bytes * s->o.reserve);
+        dev_free = mem.free_bytes > reserve ? (int64_t)(mem.free_bytes - reserve) : 0;
+    }
     int rc = SW_OK;
     pthread_mutex_lock(&s->lock);
-    if (s->n_queued + n > s->o.max_queue) {
+    int32_t places = s->n_seqs + s->o.max_queue - s->n_accepted;
+    int64_t kv_free = -1;
+    if (dev_free >= 0) {
+        /* what the requests queued before this one will take first */
+        int64_t pending = 0;
+        for (const wk_req *q = s->queue_head; q; q = q->next)
+            pending += q->kv_need;
+        kv_free = dev_free + (int64_t)s->cache.device_bytes_cached - pending;
+        if (kv_free < 0)
+            kv_free = 0;
+    }
+    if (s->n_accepted > 0 && n > places) {
         rc = SW_ERANGE;
+        s->n_refused_slots++;
+    } else if (s->n_accepted > 0 && kv_free >= 0 && need > kv_free) {
+        rc = SW_EDEVOOM;
+        s->n_refused_memory++;
     } else {
         for (int32_t i = 0; i < n; i++) {
             wk_req *req = reqs[i];
@@ -93,9 +153,18 @@ int wk_engine_submit_all(wk_server *s, wk_req *const *reqs, int32_t n)
             s->queue_tail = req;
             s->n_queued++;
         }
+        s->n_accepted += n;
+        if (s->n_accepted > s->max_accepted_seen)
+            s->max_accepted_seen = s->n_accepted;
         pthread_cond_signal(&s->cond);
     }
     pthread_mutex_unlock(&s->lock);
+    if (room) {
+        room->memory = rc == SW_EDEVOOM;
+        room->places_free = places > 0 ? places : 0;
+        room->kv_free_bytes = kv_free;
+        room->kv_need_bytes = need;
+    }
     return rc;
 }
 
@@ -144,6 +213,11 @@ static void post_events(wk_server *s, ev_list *l)
     if (!l->head)
         return;
     pthread_mutex_lock(&s->lock);
+    /* the requests that ended give their places back before their
+     * answers go out (a client that sees one end may send the next) */
+    for (const wk_event *ev = l->head; ev; ev = ev->next)
+        if ((ev->kind == WK_EV_DONE || ev->kind == WK_EV_ERROR) && s->n_accepted > 0)
+            s->n_accepted--;
     if (s->ev_tail)
         s->ev_tail->next = l->head;
     else
@@ -283,6 +357,8 @@ static void publish_stats(wk_server *s)
     s->kv_budget_at_publish = budget;
     s->device_bytes = dev;
     s->slots_active = active;
+    if (active > s->max_active_seen)
+        s->max_active_seen = active;
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -1247,6 +1247,9 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
     uint64_t cache_hits = s->cache_hits, cache_misses = s->cache_misses;
     uint64_t computed = s->prompt_tokens_computed;
     int32_t active = s->slots_active, queued = s->n_queued;
+    int32_t accepted = s->n_accepted, active_seen = s->max_active_seen;
+    int32_t accepted_seen = s->max_accepted_seen;
+    uint64_t refused_slots = s->n_refused_slots, refused_memory = s->n_refused_memory;
     double pre = s->prefill_seconds > 0 ? s->prefill_tokens / s->prefill_seconds : 0;
     double dec = s->decode_seconds > 0 ? s->decode_tokens / s->decode_seconds : 0;
     /* where the rates come from: nothing yet, the start-up calibration
@@ -1284,8 +1287,14 @@ static void handle_health(wk_server *s, struct evhttp_request *evreq)
                       "self_bytes", (json_int_t)mem.self_bytes, "context_device_bytes",
                       (json_int_t)dev_bytes, "kv_used_bytes", (json_int_t)kv_used,
                       "kv_cached_bytes", (json_int_t)cache.bytes_cached));
-        json_object_set_new(h, "slots", json_pack("{s:i, s:i, s:i}", "active", active, "max",
-                                                  s->n_seqs, "queued", queued));
+        json_object_set_new(h, "slots", json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "active",
+                                                  active, "max", s->n_seqs, "queued", queued,
+                                                  "queue_max", s->o.max_queue, "accepted",
+                                                  accepted, "max_active_seen", active_seen,
+                                                  "max_accepted_seen", accepted_seen));
+        json_object_set_new(h, "refusals", json_pack("{s:I, s:I}", "slots",
+                                                     (json_int_t)refused_slots, "memory",
+                                                     (json_int_t)refused_memory));
         json_object_set_new(h, "kv_bytes_per_token", json_integer((json_int_t)s->kv_bytes_per_token));
         /* What the router's books count in (docs/api.md, GET /health).
          * The budget: the KV this worker could hold now. Free memory read
@@ -1393,6 +1402,20 @@ static void handle_metrics(wk_server *s, struct evhttp_request *evreq)
         (unsigned long long)s->prompt_tokens_computed, (unsigned long long)s->cache_hits,
         (unsigned long long)s->cache_misses, (unsigned long long)s->cache.tokens_reused,
         (unsigned long long)s->cache.evictions, s->cache.bytes_cached, s->cache.blocks_shared);
+    evbuffer_add_printf(
+        b,
+        "# HELP spillway_worker_refusals_total Requests refused at once (503 worker_full), by reason.\n"
+        "# TYPE spillway_worker_refusals_total counter\n"
+        "spillway_worker_refusals_total{reason=\"slots\"} %llu\n"
+        "spillway_worker_refusals_total{reason=\"memory\"} %llu\n"
+        "# HELP spillway_worker_slots_max_active_seen The most sequences it ran at once.\n"
+        "# TYPE spillway_worker_slots_max_active_seen gauge\n"
+        "spillway_worker_slots_max_active_seen %d\n"
+        "# HELP spillway_worker_max_accepted_seen The most requests it held at once (running or queued).\n"
+        "# TYPE spillway_worker_max_accepted_seen gauge\n"
+        "spillway_worker_max_accepted_seen %d\n",
+        (unsigned long long)s->n_refused_slots, (unsigned long long)s->n_refused_memory,
+        s->max_active_seen, s->max_accepted_seen);
     pthread_mutex_unlock(&s->lock);
     char fault_lines[256]; /* X-Spillway-Fault tests; usually nothing */
     if (sw_alloc_scope_metrics(fault_lines, sizeof fault_lines))
@@ -1627,9 +1650,9 @@ static void handle_generate(wk_server *s, struct evhttp_request *evreq, bool cha
         send_error(evreq, 500, "internal_error", NULL, id, "out of memory");
         goto fail_quiet;
     }
-    if (wk_engine_submit_all(s, reqs, n_reqs)) {
-        send_error(evreq, 503, "capacity_exceeded", NULL, id,
-                   "the worker's queue is full (%d requests waiting)", s->o.max_queue);
+    wk_room room;
+    if (wk_engine_offer(s, reqs, n_reqs, &room)) {
+        wk__http_send_refusal(s, evreq, id, &room);
         goto fail_quiet;
     }
     for (int32_t i = 0; i < n_reqs; i++)
@@ -1805,11 +1828,48 @@ void wk__http_send_error(struct evhttp_request *evreq, int status, const char *c
     send_error(evreq, status, code, param, req_id, "%s", message);
 }
 
+/* The worker's refusal (wk_engine_offer): 503 worker_full at once, with
+ * Retry-After, what is free in headers and in the error object, before any
+ * work; a router takes the request back to its queue (docs/api.md). */
+void wk__http_send_refusal(wk_server *s, struct evhttp_request *evreq, const char *req_id,
+                           const wk_room *room)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(evreq);
+    char v[32];
+    snprintf(v, sizeof v, "%d", (int)room->places_free);
+    evhttp_remove_header(h, "X-Spillway-Places-Free");
+    evhttp_add_header(h, "X-Spillway-Places-Free", v);
+    snprintf(v, sizeof v, "%lld", (long long)room->kv_free_bytes);
+    evhttp_remove_header(h, "X-Spillway-Kv-Free-Bytes");
+    evhttp_add_header(h, "X-Spillway-Kv-Free-Bytes", v);
+    char msg[256];
+    if (room->memory)
+        snprintf(msg, sizeof msg,
+                 "the worker is full: the request needs %lld bytes of KV memory, %lld are free "
+                 "now",
+                 (long long)room->kv_need_bytes, (long long)room->kv_free_bytes);
+    else
+        snprintf(msg, sizeof msg,
+                 "the worker is full: its %d slots and %d queue places are taken", s->n_seqs,
+                 s->o.max_queue);
+    json_t *extra = json_pack("{s:s, s:i, s:I, s:I}", "reason", room->memory ? "memory" : "slots",
+                              "places_free", (int)room->places_free, "kv_free_bytes",
+                              (json_int_t)room->kv_free_bytes, "kv_needed_bytes",
+                              (json_int_t)room->kv_need_bytes);
+    json_t *body = error_object("server_error", "worker_full", msg, NULL, extra);
+    json_decref(extra);
+    send_json(evreq, 503, body, req_id);
+    json_decref(body);
+}
+
 int wk__http_submit(wk_server *s, wk_req *r)
 {
-    int rc = wk_engine_submit(s, r);
-    if (rc)
+    wk_room room;
+    int rc = wk_engine_offer(s, &r, 1, &room);
+    if (rc) {
+        wk__http_send_refusal(s, r->evreq, r->id, &room);
         return rc;
+    }
     live_add(s, r);
     evhttp_connection_set_closecb(evhttp_request_get_connection(r->evreq), on_conn_close, r);
     return SW_OK;

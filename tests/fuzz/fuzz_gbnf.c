@@ -17,6 +17,10 @@
  * reference matcher (short texts: it is exponential in the worst case);
  * with a budget of exactly the shortest completion some token is always
  * allowed and each shrinks it, so the text always completes in time.
+ * The derivative (eng_gbnf_derive) by the first half of the candidate
+ * bytes is typed when refused and otherwise parses, and (short texts,
+ * small grammars) accepts each longer piece of the candidate exactly when
+ * the grammar accepts the half then that piece.
  *
  * Bounded for speed (docs/operations.md, Fuzzing): the fuzz build caps a
  * pattern at 2048 DFA states, 32768 NFA states and 2^22 subset-construction
@@ -63,6 +67,30 @@ static void check_text(const fz_cs_walk *w)
         FZ_CHECK(eng_gbnf_match(r->ref, w->text, w->len));
 }
 
+/* The derivative by the candidate's first half, against the matcher. */
+static void check_derivative(const eng_gbnf *ref, const uint8_t *cand, size_t cand_len)
+{
+    size_t half = cand_len / 2;
+    char *text = NULL;
+    sw_error err;
+    int rc = eng_gbnf_derive(ref, (const char *)cand, half, &text, &err);
+    if (rc != SW_OK) {
+        FZ_CHECK(rc == SW_EINVAL || rc == SW_ERANGE || rc == SW_ENOMEM);
+        FZ_CHECK(err.code == rc && err.message[0] && !text);
+        return;
+    }
+    eng_gbnf *d = NULL;
+    rc = eng_gbnf_parse(text, strlen(text), &d, &err);
+    FZ_CHECK(rc == SW_OK || rc == SW_ERANGE || rc == SW_ENOMEM);
+    if (d && cand_len <= FZ_MAX_MATCHED && eng_gbnf_n_rules(ref) <= FZ_MAX_MATCHED_RULES &&
+        eng_gbnf_n_rules(d) <= FZ_MAX_MATCHED_RULES)
+        for (size_t end = half; end <= cand_len; end++)
+            FZ_CHECK(eng_gbnf_match(d, (const char *)cand + half, end - half) ==
+                     eng_gbnf_match(ref, (const char *)cand, end));
+    eng_gbnf_free(d);
+    sw_free(text);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static fz_run r;
@@ -92,6 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         eng_gbnf_free(ref);
         return 0;
     }
+    check_derivative(ref, cand, cand_len);
     memset(&r, 0, sizeof r);
     r.ref = ref;
     r.w = (fz_cs_walk){NULL,          fz_multi, FZ_N_TOKENS, FZ_END_ID, r.text, 0,

@@ -22,7 +22,9 @@
  * validate against that tool's schema); with a budget of exactly the
  * shortest completion, some token is always allowed and every step
  * shrinks that completion by at least one byte, so the value always
- * completes in time.
+ * completes in time. The grammar's GBNF form (eng_grammar_to_gbnf) is
+ * typed when refused and otherwise parses, and (short values) accepts
+ * every complete value the automaton accepts.
  *
  * Bounded for speed (docs/operations.md, Fuzzing): the fuzz build caps a
  * pattern at 2048 DFA states, 32768 NFA states and 2^22 subset-construction
@@ -30,6 +32,7 @@
  * SW_ERANGE, and scripts/fuzz-run.sh gives inputs of at most 1024 bytes.
  */
 #include "grammar/constrain.h"
+#include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
 
 #include "fuzzlib.h"
@@ -57,6 +60,7 @@ static const eng_cs_vocab *fz_vocab(void)
 typedef struct fz_run {
     int mode;
     json_t *schema, *g_schema; /* tool "f"'s and tool "g"'s (mode 1) */
+    eng_gbnf *gbnf;            /* the grammar's GBNF form, when it has one */
     fz_cs_walk w;
     char text[FZ_MAX_CANDIDATE + FZ_MAX_COMPLETION * 16]; /* a piece is at most 16 bytes */
     uint32_t mask[(FZ_N_TOKENS + 31) / 32];
@@ -83,6 +87,9 @@ static void check_value(const fz_cs_walk *w)
     } else {
         FZ_CHECK(json_is_object(value));
     }
+    /* the matcher's memory is rules x bytes^2 bits: short values only */
+    if (r->gbnf && w->len <= 48 && eng_gbnf_n_rules(r->gbnf) <= 512)
+        FZ_CHECK(eng_gbnf_match(r->gbnf, w->text, w->len));
     json_decref(value);
 }
 
@@ -132,6 +139,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_decref(r.schema);
         return 0;
     }
+    char *gbnf_text = NULL;
+    rc = eng_grammar_to_gbnf(g, &gbnf_text, &err);
+    if (rc != SW_OK) {
+        FZ_CHECK(rc == SW_EUNSUPPORTED || rc == SW_ERANGE || rc == SW_ENOMEM);
+        FZ_CHECK(err.code == rc && err.message[0] && !gbnf_text);
+    } else {
+        rc = eng_gbnf_parse(gbnf_text, strlen(gbnf_text), &r.gbnf, &err);
+        FZ_CHECK(rc == SW_OK || rc == SW_ERANGE || rc == SW_ENOMEM);
+        sw_free(gbnf_text);
+    }
     r.w = (fz_cs_walk){NULL,          fz_multi, FZ_N_TOKENS, FZ_END_ID, r.text, 0,
                        sizeof r.text, r.mask,   check_value, &r};
     if (eng_constraint_create(g, v, &r.w.c, &err) == SW_OK) {
@@ -140,6 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         eng_constraint_free(r.w.c);
     }
     eng_grammar_free(g);
+    eng_gbnf_free(r.gbnf);
     json_decref(r.g_schema);
     json_decref(r.schema);
     return 0;

@@ -1,7 +1,8 @@
 /* test_contrib_systemd.c - contrib/systemd: the sample configuration is
  * one the router accepts, with the unit's state directory, and the unit
- * passes `systemd-analyze verify` without a warning (skipped, saying so,
- * where systemd-analyze is not installed). The unit is verified as a copy
+ * and the several-routers template (as instance 1) pass `systemd-analyze
+ * verify` without a warning (skipped, saying so, where systemd-analyze is
+ * not installed). The unit is verified as a copy
  * whose ExecStart and --config name this build's binary and the sample
  * configuration, since verify checks that the command exists.
  */
@@ -23,6 +24,8 @@
 
 #define UNIT SPILLWAY_SOURCE_DIR "/contrib/systemd/spillway.service"
 #define SAMPLE SPILLWAY_SOURCE_DIR "/contrib/systemd/spillway.ini"
+#define TEMPLATE SPILLWAY_SOURCE_DIR "/contrib/systemd/spillway-router@.service"
+#define ROUTER_SAMPLE SPILLWAY_SOURCE_DIR "/contrib/systemd/spillway-router.ini"
 
 static void test_sample_config(void **state)
 {
@@ -46,6 +49,26 @@ static void test_sample_config(void **state)
     assert_non_null(strstr(unit, "\nProtectSystem=strict\n"));
     assert_non_null(strstr(unit, "\nPrivateTmp=yes\n"));
     sw_free(unit);
+}
+
+/* The several-routers sample: a router on the shared ledger with its
+ * stop delay, unmanaged workers, and the template's state directory. */
+static void test_router_sample_config(void **state)
+{
+    (void)state;
+    static rt_config c;
+    sw_error err;
+    sw_error_clear(&err);
+    rt_config_defaults(&c);
+    if (rt_config_load(&c, ROUTER_SAMPLE, &err) || rt_config_check(&c, &err))
+        fail_msg("%s: %s", ROUTER_SAMPLE, err.message);
+    assert_string_equal(c.ledger, "postgresql://spillway@127.0.0.1:5432/spillway");
+    assert_string_equal(c.state_dir, "/var/lib/spillway/router-1");
+    assert_int_equal(c.stop_delay_ms, 3000);
+    assert_int_equal(c.keepalive_timeout_s, 60);
+    assert_int_equal(c.n_workers, 2);
+    for (int i = 0; i < c.n_workers; i++)
+        assert_false(c.workers[i].managed);
 }
 
 /* Writes src to dst with every `from` replaced by `to`. */
@@ -72,9 +95,36 @@ static char *replace_all(const char *src, const char *from, const char *to)
     return out;
 }
 
+/* systemd-analyze verify on a copy of unit_path named copy_name, with
+ * `from` (the config path in ExecStart) replaced by `to`: silent and 0. */
+static void verify_copy(const char *unit_path, const char *copy_name, const char *from,
+                        const char *to);
+
 static void test_unit_verifies(void **state)
 {
     (void)state;
+    verify_copy(UNIT, "spillway.service", "/etc/spillway/spillway.ini", SAMPLE);
+}
+
+/* The template, as an instance (verify wants a unit it could start). */
+static void test_template_verifies(void **state)
+{
+    (void)state;
+    verify_copy(TEMPLATE, "spillway-router@1.service", "/etc/spillway/router-%i.ini",
+                ROUTER_SAMPLE);
+    char *unit = tu_read_file(TEMPLATE, NULL);
+    assert_non_null(unit);
+    assert_non_null(strstr(unit, "\nStateDirectory=spillway/router-%i\n"));
+    assert_non_null(strstr(unit, "\nKillSignal=SIGTERM\n"));
+    assert_non_null(strstr(unit, "\nRestart=on-failure\n"));
+    assert_non_null(strstr(unit, "\nAfter=network-online.target postgresql.service\n"));
+    assert_null(strstr(unit, "Requires=postgresql"));
+    sw_free(unit);
+}
+
+static void verify_copy(const char *unit_path, const char *copy_name, const char *from,
+                        const char *to)
+{
     char *argv_which[] = {"/bin/sh", "-c", "command -v systemd-analyze", NULL};
     char *where = NULL;
     int st = -1;
@@ -87,11 +137,11 @@ static void test_unit_verifies(void **state)
     sw_free(where);
     const char *bin = tu_spillway_bin();
     assert_non_null(bin);
-    char *unit = tu_read_file(UNIT, NULL);
+    char *unit = tu_read_file(unit_path, NULL);
     assert_non_null(unit);
     char *a = replace_all(unit, "/usr/local/bin/spillway", bin);
-    char *b = replace_all(a, "/etc/spillway/spillway.ini", SAMPLE);
-    const char *copy = tu_tmp_path("spillway.service");
+    char *b = replace_all(a, from, to);
+    const char *copy = tu_tmp_path(copy_name);
     FILE *f = fopen(copy, "w");
     assert_non_null(f);
     fputs(b, f);
@@ -117,6 +167,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_config),
         cmocka_unit_test(test_unit_verifies),
+        cmocka_unit_test(test_template_verifies),
+        cmocka_unit_test(test_router_sample_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

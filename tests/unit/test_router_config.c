@@ -27,6 +27,7 @@ static void test_full(void **state)
     sw_error err;
     rt_config_defaults(&c);
     assert_string_equal(c.listen, "127.0.0.1:8080");
+    assert_int_equal(c.stop_delay_ms, 0);
     assert_string_equal(c.cors_origins, "*");
     const char *p = write_ini("full", "[server]\n"
                                       "listen = 0.0.0.0:9000\n"
@@ -37,6 +38,7 @@ static void test_full(void **state)
                                       "max-attempts = 2\n"
                                       "queue-size = 5\nqueue-timeout-ms = 250\n"
                                       "hang-timeout-ms = 700\nhealth-interval-ms = 100\n"
+                                      "stop-delay-ms = 2500\n"
                                       "[model]\npath = m.gguf\n"
                                       "chat-template = qwen3\nreasoning-format = none\n"
                                       "[worker gpu]\n"
@@ -59,6 +61,7 @@ static void test_full(void **state)
     assert_int_equal(c.queue_timeout_ms, 250);
     assert_int_equal(c.hang_timeout_ms, 700);
     assert_int_equal(c.health_interval_ms, 100);
+    assert_int_equal(c.stop_delay_ms, 2500);
     assert_int_equal(c.n_workers, 3);
     assert_string_equal(c.models[0].chat_template, "qwen3");
     assert_string_equal(c.models[0].reasoning_format, "none");
@@ -114,6 +117,7 @@ static void test_errors(void **state)
                  "reasoning-format");
     expect_error("cors-wildcard", "[server]\ncors-origins = https://*.example\n", 2,
                  "cors-origins");
+    expect_error("stop-delay", "[server]\nstop-delay-ms = -1\n", 2, "stop-delay-ms");
     expect_error("cors-path", "[server]\ncors-origins = https://a.example/app\n", 2,
                  "cors-origins");
 
@@ -155,6 +159,60 @@ static int load_checked(const char *name, const char *text, sw_error *err)
         rc = rt_config_check(&c, err);
     remove(p);
     return rc;
+}
+
+/* Image keys: mmproj on a llama-server the router runs (only there),
+ * [model] image-tokens, [server] max-image-bytes; and the example of a
+ * llama-server pair, config/llama-server-pair.ini. */
+static void test_images(void **state)
+{
+    (void)state;
+    sw_error err;
+    rt_config c;
+    rt_config_defaults(&c);
+    assert_int_equal(c.max_image_bytes, (size_t)20 << 20);
+    const char *p = write_ini("images", "[server]\nmax-image-bytes = 4MiB\n"
+                                        "[model]\npath = m\nimage-tokens = 256\n"
+                                        "[worker v]\nkind = llama-server\n"
+                                        "command = llama-server -m {model_path} --port {port}\n"
+                                        "mmproj = /m/mmproj.gguf\n");
+    assert_int_equal(rt_config_load(&c, p, &err), 0);
+    assert_int_equal(rt_config_check(&c, &err), 0);
+    assert_int_equal(c.max_image_bytes, (size_t)4 << 20);
+    assert_int_equal(c.models[0].image_tokens, 256);
+    assert_string_equal(c.workers[0].mmproj, "/m/mmproj.gguf");
+    remove(p);
+    /* a spillway worker, or a llama-server at a url (its /props says) */
+    assert_int_equal(load_checked("mmproj-spillway",
+                                  "[model]\npath = m\n[worker c]\nmmproj = /m/p.gguf\n", &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "mmproj"));
+    assert_int_equal(load_checked("mmproj-url",
+                                  "[model]\npath = m\n[worker c]\nkind = llama-server\n"
+                                  "url = http://127.0.0.1:9\nmmproj = /m/p.gguf\n",
+                                  &err),
+                     SW_EINVAL);
+    assert_non_null(strstr(err.message, "/props"));
+    assert_int_equal(load_checked("image-tokens", "[model]\npath = m\nimage-tokens = -1\n"
+                                                  "[worker c]\nthreads = 1\n", &err),
+                     SW_EINVAL);
+    assert_int_equal(load_checked("image-bytes", "[server]\nmax-image-bytes = 1\n"
+                                                 "[model]\npath = m\n[worker c]\nthreads = 1\n",
+                                  &err),
+                     SW_EINVAL);
+    /* the example: two llama-servers, -ngl 99 then -ngl 0, the same file */
+    char path[600];
+    snprintf(path, sizeof path, "%s/config/llama-server-pair.ini", SPILLWAY_SOURCE_DIR);
+    rt_config_defaults(&c);
+    assert_int_equal(rt_config_load(&c, path, &err), 0);
+    assert_int_equal(rt_config_check(&c, &err), 0);
+    assert_int_equal(c.n_workers, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(c.workers[i].kind, RT_KIND_LLAMA_SERVER);
+        assert_non_null(strstr(c.workers[i].command, "{model_path}"));
+    }
+    assert_non_null(strstr(c.workers[0].command, "-ngl 99"));
+    assert_non_null(strstr(c.workers[1].command, "-ngl 0"));
 }
 
 /* https:// urls, ca-file and api-key-env (a remote tier over TLS) */
@@ -282,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_remote),
+        cmocka_unit_test(test_images),
         cmocka_unit_test(test_ledger),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

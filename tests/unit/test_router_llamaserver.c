@@ -24,11 +24,21 @@
  *   a greedy stream (completion and chat) is resumed on the second through
  *   its /completion with a token prompt (the prompt's text, then the k
  *   ids), and the client's one stream is the scripted greedy answer,
- *   token for token; a grammar-constrained, a sampled and a stop-string
- *   stream are not (no spillway worker is left): each ends with an error
- *   event, and the failover event gives the replay table's reason;
- * - with a spillway worker after the two, those streams pass the second
- *   llama-server by and are resumed on the spillway worker.
+ *   token for token; a stream under a grammar the sent text leaves, a
+ *   sampled and a stop-string stream are not (no spillway worker is
+ *   left): each ends with an error event, and the failover event gives
+ *   the replay table's reason;
+ * - a greedy stream under a `grammar` (cut inside and between words, a
+ *   completion and a chat) and under a response_format json_schema (cut
+ *   inside a string and between members) is resumed on the second with
+ *   the token prompt and the grammar advanced over the sent text, which
+ *   is checked by its meaning (it accepts exactly the rests the original
+ *   accepts after the text); the first was sent the schema as spillway's
+ *   GBNF form of it; a schema with no such form (a multiple) takes the
+ *   OpenAI endpoint instead, where a death after text ends the stream;
+ * - with a spillway worker after the two, a grammar too ambiguous to be
+ *   advanced here and a sampled stream pass the second llama-server by
+ *   and are resumed on the spillway worker.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -37,6 +47,8 @@
 
 #include "common/alloc.h"
 #include "gguf/gguf.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
 #include "text/tokenizer.h"
 
 #include <jansson.h>
@@ -60,21 +72,68 @@ static int32_t g_ids[K];
 static char g_piece[K][64];
 static fs_server g_fake;
 static atomic_int g_mode;
+/* tokens of g_seq the dying server sends (K unless a test says) */
+static atomic_int g_cut = K;
 static atomic_bool g_bad_vocab;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static char g_last_path[64];
-static char g_last_body[8192];
+static char g_last_body[1 << 16];
+static char g_first_body[1 << 16]; /* the last /completion body of a server that dies */
 static char g_last_template[8192];
 /* the greedy answer of the scripted model: g_ids then more ids (N_SEQ in
  * all); the server that answers it in full (NULL: every server dies after
  * K), its /completion requests and the last one's body */
-#define N_SEQ 12
+#define N_SEQ 64
 static int32_t g_seq[N_SEQ];
 static char g_seq_piece[N_SEQ][64];
+static int g_n_seq; /* tokens of the answer scripted now */
 static fs_server g_fake_b;
 static fs_server *g_survivor;
 static atomic_int g_survivor_completions;
-static char g_survivor_body[8192];
+static char g_survivor_body[1 << 16];
+
+/* The scripted greedy answer: the ids of first (at least k of them) then
+ * those of rest, at most N_SEQ. */
+static int set_script(const char *first, size_t k, const char *rest)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    g_n_seq = 0;
+    if (eng_tokenize(g_tok, first, strlen(first), false, false, &ids, &n, NULL) || n < k)
+        return -1;
+    /* the space an SPM vocabulary puts before a text, when the text has
+     * none (a JSON answer begins with its brace) */
+    char p0[8] = "";
+    size_t skip = 0;
+    if (n > 0 && first[0] != ' ' &&
+        eng_token_to_bytes(g_tok, ids[0], p0, sizeof p0 - 1) == 1 && p0[0] == ' ')
+        skip = 1;
+    for (size_t i = skip; i < (rest ? k : n) && g_n_seq < N_SEQ; i++)
+        g_seq[g_n_seq++] = ids[i];
+    sw_free(ids);
+    ids = NULL;
+    if (rest) {
+        if (eng_tokenize(g_tok, rest, strlen(rest), false, false, &ids, &n, NULL))
+            return -1;
+        for (size_t i = 0; i < n && g_n_seq < N_SEQ; i++)
+            g_seq[g_n_seq++] = ids[i];
+        sw_free(ids);
+    }
+    for (int i = 0; i < g_n_seq; i++) {
+        size_t len = eng_token_to_bytes(g_tok, g_seq[i], g_seq_piece[i],
+                                        sizeof g_seq_piece[i] - 1);
+        g_seq_piece[i][len < sizeof g_seq_piece[i] ? len : sizeof g_seq_piece[i] - 1] = 0;
+    }
+    return g_n_seq >= 12 ? 0 : -1;
+}
+
+/* The answer most cases script: the K ids the dying server sends, then
+ * more. */
+static int default_script(void)
+{
+    return set_script(" there was a little dog", K,
+                      " and a cat who lived in a small house by the sea");
+}
 
 static int setup(void **state)
 {
@@ -94,19 +153,7 @@ static int setup(void **state)
         g_piece[i][len < sizeof g_piece[i] ? len : sizeof g_piece[i] - 1] = 0;
     }
     sw_free(ids);
-    ids = NULL;
-    if (eng_tokenize(g_tok, " and a cat who lived in a small house by the sea", 48, false, false,
-                     &ids, &n, NULL) ||
-        n < N_SEQ - K)
-        return -1;
-    for (int i = 0; i < N_SEQ; i++) {
-        g_seq[i] = i < K ? g_ids[i] : ids[i - K];
-        size_t len = eng_token_to_bytes(g_tok, g_seq[i], g_seq_piece[i],
-                                        sizeof g_seq_piece[i] - 1);
-        g_seq_piece[i][len < sizeof g_seq_piece[i] ? len : sizeof g_seq_piece[i] - 1] = 0;
-    }
-    sw_free(ids);
-    return 0;
+    return default_script();
 }
 
 static int teardown(void **state)
@@ -138,9 +185,10 @@ static void native_stream(int fd)
                                "Connection: close\r\n\r\n";
     fs_send_all(fd, head, sizeof head - 1);
     int mode = atomic_load(&g_mode);
-    for (int i = 0; i < K; i++) {
+    int cut = atomic_load(&g_cut);
+    for (int i = 0; i < cut; i++) {
         json_t *e = json_pack("{s:i, s:s, s:[i], s:b, s:i, s:i, s:i}", "index", 0, "content",
-                              g_piece[i], "tokens", (int)g_ids[i], "stop", 0, "id_slot", 0,
+                              g_seq_piece[i], "tokens", (int)g_seq[i], "stop", 0, "id_slot", 0,
                               "tokens_predicted", i + 1 + (mode == MODE_GAP && i >= 2),
                               "tokens_evaluated", 5);
         char *s = json_dumps(e, JSON_COMPACT);
@@ -173,12 +221,12 @@ static void greedy_stream(int fd, const char *body)
     bool ok = json_is_string(prompt);
     if (json_is_array(prompt)) {
         ok = json_is_string(json_array_get(prompt, 0)) &&
-             json_array_size(prompt) - 1 <= N_SEQ;
+             json_array_size(prompt) - 1 <= (size_t)g_n_seq;
         for (size_t i = 1; ok && i < json_array_size(prompt); i++)
             ok = json_integer_value(json_array_get(prompt, i)) == g_seq[i - 1];
         start = json_array_size(prompt) - 1;
     }
-    if (!ok || n_predict <= 0 || start + (size_t)n_predict > N_SEQ) {
+    if (!ok || n_predict <= 0 || start + (size_t)n_predict > (size_t)g_n_seq) {
         json_decref(b);
         reply_json(fd, 400, "{\"error\":{\"code\":400,\"message\":\"not the scripted prompt\","
                             "\"type\":\"invalid_request_error\"}}");
@@ -284,8 +332,12 @@ static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
     }
     if (!strcmp(path, "/completion") && s == g_survivor)
         greedy_stream(fd, body);
-    else if (!strcmp(path, "/completion"))
+    else if (!strcmp(path, "/completion")) {
+        pthread_mutex_lock(&g_mu);
+        snprintf(g_first_body, sizeof g_first_body, "%s", body);
+        pthread_mutex_unlock(&g_mu);
         native_stream(fd);
+    }
     else
         openai_stream(fd);
 }
@@ -667,10 +719,11 @@ static void test_resume_on_llama_server(void **state)
 
     /* what another llama-server cannot continue exactly, with no spillway
      * worker left: the replay table's stop, with its reason */
+    /* a grammar the sent text leaves (the scripted server ignored it) */
     assert_not_resumed(&r,
                        "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0,"
-                       "\"grammar\":\"root ::= [a-z ]+\",\"stream\":true}",
-                       "cannot advance the grammar");
+                       "\"grammar\":\"root ::= [A-Z]+\",\"stream\":true}",
+                       "could not be advanced over the sent text");
     assert_not_resumed(&r,
                        "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":0.7,"
                        "\"seed\":7,\"stream\":true}",
@@ -684,6 +737,256 @@ static void test_resume_on_llama_server(void **state)
     g_survivor = NULL;
     fs_stop(&g_fake_b);
     fs_stop(&g_fake);
+}
+
+/* The text of the first n scripted ids. */
+static void seq_text(int n, char *out, size_t cap)
+{
+    out[0] = 0;
+    for (int i = 0; i < n; i++)
+        strncat(out, g_seq_piece[i], cap - strlen(out) - 1);
+}
+
+/* The grammar ls2 was given checked by its meaning: after the sent text,
+ * each rest is accepted by it exactly when the original grammar accepts
+ * the text then the rest; some are and some are not. */
+static void assert_grammar_after(const char *original, const char *given, const char *sent,
+                                 const char *const *rests, size_t n_rests)
+{
+    eng_gbnf *g = NULL, *d = NULL;
+    sw_error err;
+    assert_int_equal(eng_gbnf_parse(original, strlen(original), &g, &err), 0);
+    if (eng_gbnf_parse(given, strlen(given), &d, &err))
+        fail_msg("the grammar given does not parse (%s):\n%s", err.message, given);
+    int accepted = 0;
+    for (size_t i = 0; i < n_rests; i++) {
+        char whole[1024];
+        snprintf(whole, sizeof whole, "%s%s", sent, rests[i]);
+        bool want = eng_gbnf_match(g, whole, strlen(whole));
+        bool got = eng_gbnf_match(d, rests[i], strlen(rests[i]));
+        if (want != got)
+            fail_msg("after \"%s\", \"%s\" is %s by the grammar given, %s by the original:\n%s",
+                     sent, rests[i], got ? "accepted" : "refused", want ? "accepted" : "refused",
+                     given);
+        accepted += want;
+    }
+    assert_true(accepted > 0 && (size_t)accepted < n_rests);
+    eng_gbnf_free(d);
+    eng_gbnf_free(g);
+}
+
+/* One constrained stream on ls1, dying after cut tokens, continued on
+ * ls2: the client's one stream is the scripted answer (n tokens), and ls2
+ * was asked with the token prompt and the grammar advanced over the sent
+ * text (checked on rests). */
+static void constrained_case(const rh_router *r, const char *path, const char *body, bool chat,
+                             int cut, int n, const char *grammar, const char *const *rests,
+                             size_t n_rests)
+{
+    rh_wait_restarted(r, "ls1", 0);
+    atomic_store(&g_cut, cut);
+    int before = atomic_load(&g_survivor_completions);
+    streamed s;
+    stream_via(r, path, body, chat, &s);
+    atomic_store(&g_cut, K);
+    assert_string_equal(s.worker, "ls1");
+    assert_string_equal(s.error_code, "");
+    assert_int_equal(s.n_ids, n);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(s.ids[i], g_seq[i]);
+    char want[4096];
+    seq_text(n, want, sizeof want);
+    assert_string_equal(s.text, want);
+    if (chat)
+        assert_int_equal(s.roles, 1);
+    assert_int_equal(atomic_load(&g_survivor_completions), before + 1);
+    pthread_mutex_lock(&g_mu);
+    json_t *nb = json_loads(g_survivor_body, 0, NULL);
+    pthread_mutex_unlock(&g_mu);
+    assert_non_null(nb);
+    json_t *prompt = json_object_get(nb, "prompt");
+    assert_int_equal(json_array_size(prompt), 1 + (size_t)cut);
+    for (int i = 0; i < cut; i++)
+        assert_int_equal(json_integer_value(json_array_get(prompt, 1 + (size_t)i)), g_seq[i]);
+    assert_int_equal(json_integer_value(json_object_get(nb, "n_predict")), n - cut);
+    const char *given = json_string_value(json_object_get(nb, "grammar"));
+    assert_non_null(given);
+    char sent[4096];
+    seq_text(cut, sent, sizeof sent);
+    assert_grammar_after(grammar, given, sent, rests, n_rests);
+    json_decref(nb);
+    json_t *ev = last_failover_event(r);
+    assert_string_equal(json_string_value(json_object_get(ev, "decision")), "resume");
+    assert_string_equal(json_string_value(json_object_get(ev, "replay_worker")), "ls2");
+    assert_non_null(strstr(json_string_value(json_object_get(ev, "reason")),
+                           "a grammar advanced over the sent text"));
+    json_decref(ev);
+}
+
+/* Two llama-servers, the first dying mid-stream under a grammar: the
+ * second continues from the token prompt with the grammar advanced over
+ * the text sent, cut inside a word and between words, in a completion and
+ * a chat. */
+static void test_resume_constrained_on_llama_server(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    atomic_store(&g_bad_vocab, false);
+    atomic_store(&g_mode, MODE_KILL);
+    atomic_store(&g_survivor_completions, 0);
+    fs_start(&g_fake, "llamaserver-first4.sock", (size_t)1 << 20, false, fake_answer);
+    fs_start(&g_fake_b, "llamaserver-second4.sock", (size_t)1 << 20, false, fake_answer);
+    g_survivor = &g_fake_b;
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker ls1]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker ls2]\nkind = llama-server\nurl = unix:%s\n",
+             g_fake.path, g_fake_b.path);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver-grammar", g_model, NULL, workers), 0);
+    json_decref(wait_checked(&r, "ls1"));
+    json_decref(wait_checked(&r, "ls2"));
+
+    /* words of lower-case letters after spaces, then a full stop (the
+     * scripted answer holds a lone space: the tokenizer's prefix) */
+    static const char grammar[] = "root ::= word+ \".\"\nword ::= \" \"+ [a-z]+";
+    static const char *const rests[] = {"", ".", " dog.", "s.", "dog and a cat.", " .",
+                                        "X.", " dog", ".."};
+    for (int cut = 3; cut <= 5; cut++) {
+        json_t *b = json_pack("{s:s, s:i, s:i, s:s, s:b}", "prompt", "Once upon a time",
+                              "max_tokens", 10, "temperature", 0, "grammar", grammar, "stream", 1);
+        char *body = json_dumps(b, JSON_COMPACT);
+        constrained_case(&r, "/v1/completions", body, false, cut, 10, grammar, rests,
+                         sizeof rests / sizeof rests[0]);
+        free(body);
+        json_decref(b);
+    }
+    json_t *b = json_pack("{s:[{s:s, s:s}], s:i, s:i, s:s, s:b}", "messages", "role", "user",
+                          "content", "Hi", "max_tokens", 9, "temperature", 0, "grammar", grammar,
+                          "stream", 1);
+    char *body = json_dumps(b, JSON_COMPACT);
+    constrained_case(&r, "/v1/chat/completions", body, true, K, 9, grammar, rests,
+                     sizeof rests / sizeof rests[0]);
+    free(body);
+    json_decref(b);
+
+    rh_finish(&r);
+    g_survivor = NULL;
+    fs_stop(&g_fake_b);
+    fs_stop(&g_fake);
+}
+
+/* A JSON schema (response_format) on two llama-servers: the first is sent
+ * the schema as spillway's GBNF form of it, and the second continues with
+ * that grammar advanced over the text sent, cut inside a string and
+ * between members. */
+static void test_resume_json_schema_on_llama_server(void **state)
+{
+    (void)state;
+    if (!tu_spillway_bin())
+        skip();
+    static const char schema_text[] =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+        "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"
+        "\"string\"}}},\"required\":[\"name\",\"age\"]}";
+    static const char answer[] = "{\"name\":\"Tom the cat\",\"age\":7,\"tags\":[\"small\",\"grey\"]}";
+    assert_int_equal(set_script(answer, 0, NULL), 0);
+    int n = g_n_seq;
+    /* the grammar the router makes of the schema, as a spillway worker
+     * compiles it */
+    json_t *schema = json_loads(schema_text, 0, NULL);
+    eng_grammar *eg = NULL;
+    char *gbnf = NULL;
+    assert_int_equal(eng_grammar_from_schema(schema, &eg, NULL), 0);
+    assert_int_equal(eng_grammar_to_gbnf(eg, &gbnf, NULL), 0);
+    eng_grammar_free(eg);
+    /* cuts: the first inside the name's value, the first after a member */
+    int in_string = 0, between = 0;
+    for (int k = 1; k < n && (!in_string || !between); k++) {
+        char t[4096];
+        seq_text(k, t, sizeof t);
+        size_t len = strlen(t);
+        if (!in_string && len > 9 && len < 21 && !strncmp(t, answer, len))
+            in_string = k;
+        if (!between && len > 21 && (t[len - 1] == ',' || t[len - 1] == '7'))
+            between = k;
+    }
+    assert_true(in_string > 0 && between > 0);
+
+    atomic_store(&g_bad_vocab, false);
+    atomic_store(&g_mode, MODE_KILL);
+    atomic_store(&g_survivor_completions, 0);
+    fs_start(&g_fake, "llamaserver-first5.sock", (size_t)1 << 20, false, fake_answer);
+    fs_start(&g_fake_b, "llamaserver-second5.sock", (size_t)1 << 20, false, fake_answer);
+    g_survivor = &g_fake_b;
+    char workers[2048];
+    snprintf(workers, sizeof workers,
+             "[worker ls1]\nkind = llama-server\nurl = unix:%s\n"
+             "[worker ls2]\nkind = llama-server\nurl = unix:%s\n",
+             g_fake.path, g_fake_b.path);
+    rh_router r;
+    assert_int_equal(rh_start(&r, "llamaserver-schema", g_model, NULL, workers), 0);
+    json_decref(wait_checked(&r, "ls1"));
+    json_decref(wait_checked(&r, "ls2"));
+
+    int cuts[2] = {in_string, between};
+    for (int c = 0; c < 2; c++) {
+        char sent[4096], suffix[sizeof answer], cut_short[sizeof answer],
+            extra[sizeof answer + 1];
+        seq_text(cuts[c], sent, sizeof sent);
+        assert_true(strlen(sent) < strlen(answer));
+        strcpy(suffix, answer + strlen(sent));
+        strcpy(cut_short, suffix);
+        cut_short[strlen(cut_short) - 1] = 0;
+        strcpy(extra, suffix);
+        strcat(extra, "}");
+        const char *rests[] = {suffix, cut_short, extra, "", "}", " x"};
+        json_t *b = json_pack("{s:[{s:s, s:s}], s:i, s:i, s:{s:s, s:{s:s, s:O}}, s:b}",
+                              "messages", "role", "user", "content", "Tom?", "max_tokens", n,
+                              "temperature", 0, "response_format", "type", "json_schema",
+                              "json_schema", "name", "cat", "schema", schema, "stream", 1);
+        char *body = json_dumps(b, JSON_COMPACT);
+        constrained_case(&r, "/v1/chat/completions", body, true, cuts[c], n, gbnf, rests,
+                         sizeof rests / sizeof rests[0]);
+        free(body);
+        json_decref(b);
+        /* the first server was sent the grammar, not the schema */
+        pthread_mutex_lock(&g_mu);
+        json_t *first = json_loads(g_first_body, 0, NULL);
+        pthread_mutex_unlock(&g_mu);
+        assert_string_equal(json_string_value(json_object_get(first, "grammar")), gbnf);
+        assert_null(json_object_get(first, "response_format"));
+        json_decref(first);
+    }
+
+    /* a schema with no GBNF form here (a multiple): the OpenAI endpoint,
+     * where llama-server reads the schema itself; not resumable, so a
+     * death after text ends the stream with an error event */
+    rh_wait_restarted(&r, "ls1", 0);
+    streamed st;
+    stream_via(&r, "/v1/chat/completions",
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"Tom?\"}],\"max_tokens\":8,"
+               "\"temperature\":0,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+               "{\"name\":\"p\",\"schema\":{\"type\":\"integer\",\"multipleOf\":3}}},"
+               "\"stream\":true}",
+               true, &st);
+    assert_string_equal(st.worker, "ls1");
+    assert_string_equal(st.error_code, "worker_failed");
+    pthread_mutex_lock(&g_mu);
+    assert_string_equal(g_last_path, "/v1/chat/completions");
+    json_t *oa = json_loads(g_last_body, 0, NULL);
+    pthread_mutex_unlock(&g_mu);
+    assert_non_null(json_object_get(oa, "response_format"));
+    json_decref(oa);
+
+    rh_finish(&r);
+    g_survivor = NULL;
+    fs_stop(&g_fake_b);
+    fs_stop(&g_fake);
+    sw_free(gbnf);
+    json_decref(schema);
+    assert_int_equal(default_script(), 0);
 }
 
 /* ls1, ls2 and a spillway worker after them: a stream the replay table
@@ -713,8 +1016,12 @@ static void test_resume_kept_off_llama_server(void **state)
     json_decref(wait_checked(&r, "ls2"));
 
     static const char *const bodies[] = {
+        /* a grammar too ambiguous for the derivative (each letter may
+         * stand for a digit to come: 2^n stacks), which the spillway
+         * worker advances itself */
         "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,"
-        "\"grammar\":\"root ::= [a-z ]+\",\"stream\":true}",
+        "\"grammar\":\"root ::= [a-z ] root \\\"0\\\" | [a-z ] root \\\"1\\\" | [a-z ]+\","
+        "\"stream\":true}",
         "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0.7,\"seed\":7,"
         "\"stream\":true}",
     };
@@ -806,6 +1113,8 @@ int main(void)
         cmocka_unit_test(test_other_vocabulary),
         cmocka_unit_test(test_resume_on_llama_server),
         cmocka_unit_test(test_resume_kept_off_llama_server),
+        cmocka_unit_test(test_resume_constrained_on_llama_server),
+        cmocka_unit_test(test_resume_json_schema_on_llama_server),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -289,6 +289,101 @@ static int ids_text(const eng_tokenizer *tok, const int32_t *ids, size_t n, char
     return SW_OK;
 }
 
+/* The base64 of every image part of b's messages, in their order (the
+ * router checked each is a data: URL of base64, router_image.c): what
+ * llama-server's multimodal_data takes. NULL out of memory. */
+static json_t *image_data(json_t *b)
+{
+    json_t *out = json_array();
+    json_t *msgs = json_object_get(b, "messages");
+    for (size_t i = 0; out && i < json_array_size(msgs); i++) {
+        json_t *content = json_object_get(json_array_get(msgs, i), "content");
+        for (size_t k = 0; json_is_array(content) && k < json_array_size(content); k++) {
+            json_t *part = json_array_get(content, k);
+            const char *type = json_string_value(json_object_get(part, "type"));
+            if (!type || strcmp(type, "image_url"))
+                continue;
+            const char *url =
+                json_string_value(json_object_get(json_object_get(part, "image_url"), "url"));
+            const char *data = url ? strstr(url, ";base64,") : NULL;
+            if (!data || json_array_append_new(out, json_string(data + 8))) {
+                json_decref(out);
+                return NULL;
+            }
+        }
+    }
+    return out;
+}
+
+/* Where the text after the rendered prompt's last media marker starts
+ * (llama-server's "<__media_...__>", the older "<__media__>" too): the
+ * server tokenizes the text between markers on its own. 0 when none. */
+static size_t after_last_marker(const char *prompt, size_t len)
+{
+    size_t tail = 0;
+    for (const char *m = prompt; (m = strstr(m, "<__media_")) != NULL; m++) {
+        const char *end = strstr(m, "__>");
+        if (end && (size_t)(end + 3 - prompt) <= len)
+            tail = (size_t)(end + 3 - prompt);
+    }
+    return tail;
+}
+
+/* An image resume's prompt_string: the rendered prompt and then the text
+ * of the ids sent, when the text after the last marker, tokenized with
+ * it (special tokens parsed, as llama-server does), gives the tokens of
+ * that text alone followed by exactly the ids sent. 0 and *out; 1 with
+ * why when it does not (the server would continue from other tokens);
+ * -1 out of memory. */
+static int resumed_prompt(const eng_tokenizer *tok, const char *prompt, size_t plen,
+                          json_t *resume, json_t **out, char *why, size_t why_cap)
+{
+    *out = NULL;
+    size_t n_ids = json_array_size(resume);
+    int32_t *ids = sw_malloc(n_ids * sizeof *ids);
+    char *text = NULL, *joined = NULL;
+    int32_t *a = NULL, *b = NULL;
+    size_t tlen = 0, na = 0, nb = 0;
+    int rc = -1;
+    snprintf(why, why_cap, "out of memory");
+    if (!ids || !tok)
+        goto out;
+    for (size_t i = 0; i < n_ids; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(resume, i));
+    if (ids_text(tok, ids, n_ids, &text, &tlen))
+        goto out;
+    size_t tail = after_last_marker(prompt, plen);
+    joined = sw_malloc(plen + tlen + 1);
+    if (!joined)
+        goto out;
+    memcpy(joined, prompt, plen);
+    memcpy(joined + plen, text, tlen);
+    joined[plen + tlen] = 0;
+    if (eng_tokenize(tok, joined + tail, plen - tail + tlen, false, true, &a, &na, NULL) ||
+        eng_tokenize(tok, joined + tail, plen - tail, false, true, &b, &nb, NULL))
+        goto out;
+    rc = 1;
+    if (na != nb + n_ids || memcmp(a, b, nb * sizeof *a) ||
+        memcmp(a + nb, ids, n_ids * sizeof *a)) {
+        snprintf(why, why_cap, "the sent text does not tokenize back to the sent ids after the "
+                               "prompt (an image resume sends text)");
+        goto out;
+    }
+    *out = json_stringn(joined, plen + tlen);
+    if (!*out) {
+        snprintf(why, why_cap, "the sent text ends inside a character");
+        goto out;
+    }
+    rc = 0;
+out:
+    sw_free(ids);
+    sw_free(text);
+    sw_free(joined);
+    sw_free(a);
+    sw_free(b);
+    return rc;
+}
+
 /* The grammar a resume continues under: grammar's derivative by the text
  * of the ids sent (gbnf.h), which another llama-server takes as its
  * `grammar` and then allows exactly the tokens the first would have:
@@ -338,13 +433,6 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
             return 1;
         }
     }
-    if (r->chat && rt__images_in(b)) {
-        /* /apply-template would render the image's marker, and the
-         * image itself would be lost: the OpenAI endpoint takes both */
-        snprintf(why, why_cap, "image content");
-        json_decref(b);
-        return 1;
-    }
     json_t *n = json_object_get(b, "n");
     if (n && !(json_is_integer(n) && json_integer_value(n) == 1)) {
         snprintf(why, why_cap, "n other than 1");
@@ -366,6 +454,15 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
             json_decref(b);
             return 1;
         }
+    }
+    /* image content: /apply-template renders each image as the server's
+     * media marker, and /completion takes the images' bytes beside the
+     * prompt (multimodal_data), one per marker in order */
+    json_t *images = r->chat && rt__images_in(b) ? image_data(b) : NULL;
+    if (r->chat && rt__images_in(b) && !images) {
+        snprintf(why, why_cap, "out of memory");
+        json_decref(b);
+        return -1;
     }
     json_t *nb = json_object();
     int rc = 1;
@@ -409,7 +506,32 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
         }
         json_object_set(nb, "prompt", p);
     }
-    if (resume) {
+    if (images) {
+        /* {"prompt_string", "multimodal_data"}: its prompt_string is text
+         * only (llama-server takes no token ids beside images), so a
+         * resume sends the text of the ids sent, and only where that text
+         * tokenizes back to those very ids after the prompt: then the
+         * server's prompt is the first one's and the continuation exact */
+        json_t *ps = json_object_get(nb, "prompt");
+        json_t *pstr = json_incref(ps);
+        if (resume) {
+            json_decref(pstr);
+            pstr = NULL;
+            int er = resumed_prompt(r->q->rt->models[r->q->model].tok, json_string_value(ps),
+                                    json_string_length(ps), resume, &pstr, why, why_cap);
+            if (er) {
+                rc = er;
+                goto done;
+            }
+        }
+        json_t *obj = json_pack("{s:o, s:O}", "prompt_string", pstr, "multimodal_data", images);
+        if (!obj) {
+            snprintf(why, why_cap, "out of memory");
+            rc = -1;
+            goto done;
+        }
+        json_object_set_new(nb, "prompt", obj);
+    } else if (resume) {
         /* a token prompt: the prompt's text (which the server tokenizes as
          * it did the first time, its special tokens included) and then the
          * ids sent, a mix its /completion takes as one prompt */
@@ -478,6 +600,7 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
     if (!*out)
         snprintf(why, why_cap, "out of memory");
 done:
+    json_decref(images);
     json_decref(nb);
     json_decref(b);
     return rc;

@@ -437,9 +437,12 @@ static const char *worker_kind(rt_router *rt, const char *name)
 
 /* Whether a spillway worker of q's model is left that has not failed it
  * (ready or not: one that restarts can still take it). */
-static bool spillway_left(rt_router *rt, const rt_req *q, const bool *tried, int failed)
+static bool spillway_left(rt_router *rt, const rt_req *q, const bool *tried, int failed,
+                          bool images)
 {
     bool left = false;
+    if (images) /* a spillway worker takes no image (router_policy.c) */
+        return false;
     pthread_mutex_lock(&rt->pool.mu);
     RT_POOL_FOR_LIVE(&rt->pool, i) {
         const rt_worker *w = &rt->pool.w[i];
@@ -878,7 +881,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
                                                          : rt__ls_resume_check(
                                                                body, rt->models[q->model].tok,
                                                                r.tokens, r.n_tokens),
-                             resumable && spillway_left(rt, q, tried, wi)};
+                             resumable && spillway_left(rt, q, tried, wi, n_images > 0)};
         rt_failover f = rt_failover_decide(&fi);
         resume_ls = f.action == RT_FO_RESUME && f.resume_on_ls;
         if (f.action == RT_FO_DONE || f.action == RT_FO_CANCEL)

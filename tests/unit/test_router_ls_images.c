@@ -17,10 +17,16 @@
  *   command;
  * - [model] image-tokens: each image counted as that many KV tokens (two
  *   of them overfill the slots' context: 400 at once);
+ * - an image stream takes the native path: /apply-template renders the
+ *   image as the server's media marker, and /completion gets the prompt as
+ *   {"prompt_string", "multimodal_data"} with the image's base64;
  * - the projector worker dies before answering: the request is replayed
- *   on the second one, which receives the same image bytes; a stream that
- *   died after text was sent cannot be resumed (the token prompt holds no
- *   image) and ends with an error event.
+ *   on the second one, which receives the same image bytes; a greedy
+ *   stream that died after text was sent is resumed on the second one,
+ *   whose prompt_string is the rendered prompt and the text of the ids
+ *   sent, with the same image; the client gets one stream, the whole
+ *   answer, one [DONE], no error event; a sampled one ends with an error
+ *   event and the second server sees nothing.
  */
 #include "testutil.h"
 #include "router_harness.h"
@@ -55,14 +61,71 @@ typedef struct fake {
     atomic_int mode;
     atomic_int chats;        /* POST /v1/chat/completions */
     atomic_int templates;    /* POST /apply-template */
+    atomic_int completions;  /* POST /completion */
     pthread_mutex_t mu;
     char last_chat[65536];
+    char last_completion[65536];
 } fake;
+
+/* What /apply-template renders a chat with an image as (the marker where
+ * the image was), and the scripted greedy answer after it: ids that
+ * tokenize back from their text after the prompt's tail, g_cut of them
+ * sent before a server dies (chosen in setup so that the text of the
+ * first g_cut tokenizes back to them after the tail too). */
+#define RENDERED_IMAGE "<|user|>\nHi<__media__><|assistant|>\n"
+#define IMAGE_TAIL "<|assistant|>\n"
+#define ANSWER "A small red dot sits on a plain white field"
+enum { MAX_ANS = 8 };
+static int32_t g_ans[MAX_ANS];
+static size_t g_n_ans, g_cut;
+static char g_piece[MAX_ANS][64];
 
 static char g_model[512];
 static eng_gguf *g_gguf;
 static eng_tokenizer *g_tok;
 static fake g_plain, g_vis, g_vis2;
+
+/* tokenize(tail + text of ids[0..k)) == tokenize(tail) ++ ids[0..k) */
+static bool tokenizes_back(size_t k)
+{
+    char text[1024] = IMAGE_TAIL;
+    size_t tl = strlen(IMAGE_TAIL), at = tl;
+    for (size_t i = 0; i < k; i++)
+        at += eng_token_to_bytes(g_tok, g_ans[i], text + at, sizeof text - at);
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    bool ok = !eng_tokenize(g_tok, text, at, false, true, &a, &na, NULL) &&
+              !eng_tokenize(g_tok, text, tl, false, true, &b, &nb, NULL) && na == nb + k &&
+              !memcmp(a, b, nb * sizeof *a) && !memcmp(a + nb, g_ans, k * sizeof *a);
+    sw_free(a);
+    sw_free(b);
+    return ok;
+}
+
+static int script_answer(void)
+{
+    char text[256];
+    snprintf(text, sizeof text, "%s%s", IMAGE_TAIL, ANSWER);
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    bool ok = !eng_tokenize(g_tok, text, strlen(text), false, true, &a, &na, NULL) &&
+              !eng_tokenize(g_tok, text, strlen(IMAGE_TAIL), false, true, &b, &nb, NULL) &&
+              na > nb;
+    g_n_ans = !ok ? 0 : na - nb < MAX_ANS ? na - nb : MAX_ANS;
+    if (ok)
+        memcpy(g_ans, a + nb, g_n_ans * sizeof *a);
+    sw_free(a);
+    sw_free(b);
+    if (!ok)
+        return -1;
+    for (size_t i = 0; i < g_n_ans; i++) {
+        size_t n = eng_token_to_bytes(g_tok, g_ans[i], g_piece[i], sizeof g_piece[i] - 1);
+        g_piece[i][n < sizeof g_piece[i] ? n : sizeof g_piece[i] - 1] = 0;
+    }
+    for (g_cut = g_n_ans / 2; g_cut >= 2 && !tokenizes_back(g_cut); g_cut--)
+        ;
+    return g_cut >= 2 && g_cut < g_n_ans ? 0 : -1;
+}
 
 static fake *fake_of(fs_server *s)
 {
@@ -76,7 +139,7 @@ static int setup(void **state)
         return -1;
     if (eng_gguf_open(g_model, &g_gguf, NULL) || eng_tokenizer_load(g_gguf, &g_tok, NULL))
         return -1;
-    return 0;
+    return script_answer();
 }
 
 static int teardown(void **state)
@@ -125,6 +188,67 @@ static void chat_answer(int fd, fake *f, const char *body)
     fs_send_all(fd, c2, sizeof c2 - 1);
 }
 
+static void send_event(int fd, json_t *e)
+{
+    char *p = json_dumps(e, JSON_COMPACT);
+    json_decref(e);
+    char ev[2048];
+    int n = snprintf(ev, sizeof ev, "data: %s\n\n", p ? p : "{}");
+    free(p);
+    fs_send_all(fd, ev, (size_t)n);
+}
+
+/* /completion (the native path): its prompt must be {"prompt_string",
+ * "multimodal_data": [the PNG]} whose string is the rendered chat, or
+ * the rendered chat and the text of the first k answer ids (a resume);
+ * it sends the answer from there, its ids in "tokens", and the final
+ * event; dying (FAKE_DIE: nothing; FAKE_DIE_AFTER_TEXT: after g_cut). */
+static void completion_answer(int fd, fake *f, const char *body)
+{
+    int mode = atomic_load(&f->mode);
+    if (mode == FAKE_DIE)
+        return;
+    json_t *b = json_loads(body, 0, NULL);
+    json_t *p = json_object_get(b, "prompt");
+    const char *ps = json_string_value(json_object_get(p, "prompt_string"));
+    json_t *mm = json_object_get(p, "multimodal_data");
+    size_t start = SIZE_MAX;
+    char want[1024];
+    size_t at = (size_t)snprintf(want, sizeof want, "%s", RENDERED_IMAGE);
+    for (size_t k = 0; ps && k <= g_n_ans; k++) {
+        if (!strcmp(ps, want)) {
+            start = k;
+            break;
+        }
+        if (k < g_n_ans)
+            at += (size_t)snprintf(want + at, sizeof want - at, "%s", g_piece[k]);
+    }
+    bool image = json_array_size(mm) == 1 &&
+                 !strcmp(json_string_value(json_array_get(mm, 0)) ?: "", PNG_B64);
+    json_decref(b);
+    if (start == SIZE_MAX || !image) {
+        reply_json(fd, 400, "{\"error\":{\"code\":400,\"message\":\"not the scripted "
+                            "prompt\",\"type\":\"invalid_request_error\"}}");
+        return;
+    }
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Connection: close\r\n\r\n";
+    fs_send_all(fd, head, sizeof head - 1);
+    size_t end = mode == FAKE_DIE_AFTER_TEXT ? g_cut : g_n_ans;
+    for (size_t i = start; i < end; i++) {
+        send_event(fd, json_pack("{s:i, s:s, s:[i], s:b, s:i, s:I, s:i}", "index", 0, "content",
+                                 g_piece[i], "tokens", (int)g_ans[i], "stop", 0, "id_slot", 0,
+                                 "tokens_predicted", (json_int_t)(i - start + 1),
+                                 "tokens_evaluated", 12));
+        usleep(10 * 1000);
+    }
+    if (mode == FAKE_DIE_AFTER_TEXT)
+        return;
+    send_event(fd, json_pack("{s:i, s:s, s:[], s:b, s:s, s:I, s:i}", "index", 0, "content", "",
+                             "tokens", "stop", 1, "stop_type", "eos", "tokens_predicted",
+                             (json_int_t)(g_n_ans - start), "tokens_evaluated", 12));
+}
+
 static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
 {
     fake *f = fake_of(s);
@@ -158,7 +282,15 @@ static void fake_answer(fs_server *s, int fd, const char *req, const char *body)
         json_decref(b);
     } else if (!strcmp(path, "/apply-template")) {
         atomic_fetch_add(&f->templates, 1);
-        reply_json(fd, 200, "{\"prompt\":\"<|user|>\\nHi<|assistant|>\\n\"}");
+        reply_json(fd, 200, strstr(body, "image_url")
+                                ? "{\"prompt\":\"<|user|>\\nHi<__media__><|assistant|>\\n\"}"
+                                : "{\"prompt\":\"<|user|>\\nHi<|assistant|>\\n\"}");
+    } else if (!strcmp(path, "/completion")) {
+        atomic_fetch_add(&f->completions, 1);
+        pthread_mutex_lock(&f->mu);
+        snprintf(f->last_completion, sizeof f->last_completion, "%s", body);
+        pthread_mutex_unlock(&f->mu);
+        completion_answer(fd, f, body);
     } else if (!strcmp(path, "/v1/chat/completions")) {
         atomic_fetch_add(&f->chats, 1);
         pthread_mutex_lock(&f->mu);
@@ -176,8 +308,10 @@ static void fake_start(fake *f, const char *name, bool vision)
     atomic_store(&f->mode, FAKE_OK);
     atomic_store(&f->chats, 0);
     atomic_store(&f->templates, 0);
+    atomic_store(&f->completions, 0);
     pthread_mutex_init(&f->mu, NULL);
     f->last_chat[0] = 0;
+    f->last_completion[0] = 0;
     fs_start(&f->s, name, (size_t)1 << 20, false, fake_answer);
 }
 
@@ -208,6 +342,12 @@ static bool wait_images(const rh_router *r, const char *name)
     return false;
 }
 
+/* The temperature chat bodies ask for (0: greedy), and the text of the
+ * last stream chat() read, with its [DONE] count. */
+static double g_temperature;
+static char g_text[1024];
+static int g_dones;
+
 /* A chat body: one user message of a text part and an image part whose
  * url is url (NULL: text only). */
 static char *chat_body(const char *url, bool stream)
@@ -216,9 +356,9 @@ static char *chat_body(const char *url, bool stream)
                                       "What is in this picture?", "type", "image_url",
                                       "image_url", "url", url)
                           : json_string("Hello there");
-    json_t *b = json_pack("{s:[{s:s, s:o}], s:i, s:b, s:i}", "messages", "role", "user",
+    json_t *b = json_pack("{s:[{s:s, s:o}], s:i, s:b, s:f}", "messages", "role", "user",
                           "content", content, "max_tokens", 8, "stream", stream,
-                          "temperature", 0);
+                          "temperature", g_temperature);
     char *s = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     return s;
@@ -241,11 +381,23 @@ static int chat(const rh_router *r, const char *url, bool stream, char *worker, 
         int n = wc_sse_parse(w.body, w.body_len, &ev);
         assert_true(n > 0);
         assert_string_equal(ev[n - 1], "[DONE]");
-        for (int i = 0; i < n - 1; i++) {
+        g_text[0] = 0;
+        g_dones = 0;
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(ev[i], "[DONE]")) {
+                g_dones++;
+                continue;
+            }
             json_t *j = json_loads(ev[i], 0, NULL);
+            assert_non_null(j);
             json_t *e = json_object_get(j, "error");
             if (e)
                 snprintf(code, 64, "%s", json_string_value(json_object_get(e, "code")) ?: "?");
+            const char *c = json_string_value(json_object_get(
+                json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta"),
+                "content"));
+            if (c)
+                snprintf(g_text + strlen(g_text), sizeof g_text - strlen(g_text), "%s", c);
             json_decref(j);
         }
         wc_sse_free(ev, n);
@@ -266,6 +418,29 @@ static void last_image_url(fake *f, char *out, size_t cap)
     const char *url = json_string_value(json_object_get(json_object_get(part, "image_url"), "url"));
     snprintf(out, cap, "%s", url ? url : "");
     json_decref(b);
+}
+
+/* The last /completion body f received: its prompt_string and its
+ * multimodal_data's first entry ("" none). */
+static void last_completion(fake *f, char *prompt, size_t pcap, char *data, size_t dcap)
+{
+    pthread_mutex_lock(&f->mu);
+    json_t *b = json_loads(f->last_completion, 0, NULL);
+    pthread_mutex_unlock(&f->mu);
+    json_t *p = json_object_get(b, "prompt");
+    const char *ps = json_string_value(json_object_get(p, "prompt_string"));
+    const char *d = json_string_value(json_array_get(json_object_get(p, "multimodal_data"), 0));
+    snprintf(prompt, pcap, "%s", ps ? ps : "");
+    snprintf(data, dcap, "%s", d ? d : "");
+    json_decref(b);
+}
+
+/* The whole scripted answer, or its first k pieces. */
+static void answer_text(size_t k, char *out, size_t cap)
+{
+    out[0] = 0;
+    for (size_t i = 0; i < k; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%s", g_piece[i]);
 }
 
 /* base64 of n bytes: the PNG signature, then zeros */
@@ -328,15 +503,22 @@ static void test_images_go_to_the_projector(void **state)
     last_image_url(&g_vis, got, sizeof got);
     assert_string_equal(got, jpeg);
 
-    /* streamed: its OpenAI endpoint, not /apply-template + /completion */
+    /* streamed: the native path, /apply-template (the image rendered as
+     * the server's marker) and /completion with the image's base64 */
     int templates = atomic_load(&g_vis.templates);
     assert_int_equal(chat(&r, png, true, worker, code), 200);
     assert_string_equal(worker, "vis");
     assert_string_equal(code, "");
-    assert_int_equal(atomic_load(&g_vis.chats), 3);
-    assert_int_equal(atomic_load(&g_vis.templates), templates);
-    last_image_url(&g_vis, got, sizeof got);
-    assert_string_equal(got, png);
+    assert_int_equal(atomic_load(&g_vis.chats), 2);
+    assert_int_equal(atomic_load(&g_vis.templates), templates + 1);
+    assert_int_equal(atomic_load(&g_vis.completions), 1);
+    char prompt[2048], data[4096], want[2048];
+    last_completion(&g_vis, prompt, sizeof prompt, data, sizeof data);
+    assert_string_equal(prompt, RENDERED_IMAGE);
+    assert_string_equal(data, PNG_B64);
+    answer_text(g_n_ans, want, sizeof want);
+    assert_string_equal(g_text, want);
+    assert_int_equal(g_dones, 1);
 
     /* bad images: typed 400s, and no worker saw them */
     struct {
@@ -380,7 +562,7 @@ static void test_images_go_to_the_projector(void **state)
     assert_int_equal(w.status, 400);
     assert_string_equal(rh_error_code(&w, code, sizeof code), "invalid_image");
     wc_response_free(&w);
-    assert_int_equal(atomic_load(&g_vis.chats), 4);
+    assert_int_equal(atomic_load(&g_vis.chats), 3);
     assert_int_equal(atomic_load(&g_plain.chats), 1);
 
     /* the CPU worker (text parts only) never had one */
@@ -548,22 +730,52 @@ static void test_image_failover(void **state)
     last_decision(&r, decision, sizeof decision);
     assert_string_equal(decision, "replay");
 
-    /* a stream, nothing sent yet: replayed the same way */
+    /* a stream, nothing sent yet: replayed the same way (the native
+     * path: the image's base64 beside the rendered prompt) */
+    char prompt[2048], data[4096], want[2048];
     rh_wait_restarted(&r, "vis1", 0);
     assert_int_equal(chat(&r, png, true, worker, code), 200);
     assert_string_equal(code, "");
-    assert_int_equal(atomic_load(&g_vis.chats), 2);
-    assert_int_equal(atomic_load(&g_vis2.chats), 2);
-    last_image_url(&g_vis2, got, sizeof got);
-    assert_string_equal(got, png);
+    assert_int_equal(atomic_load(&g_vis.completions), 1);
+    assert_int_equal(atomic_load(&g_vis2.completions), 1);
+    last_completion(&g_vis2, prompt, sizeof prompt, data, sizeof data);
+    assert_string_equal(prompt, RENDERED_IMAGE);
+    assert_string_equal(data, PNG_B64);
+    answer_text(g_n_ans, want, sizeof want);
+    assert_string_equal(g_text, want);
+    assert_int_equal(g_dones, 1);
 
-    /* a stream that died after text: no resume (a token prompt holds no
-     * image), an error event ends it */
+    /* a greedy stream that died after g_cut tokens: resumed on vis2, whose
+     * prompt is the rendered chat and the text sent, with the same image;
+     * the client has one stream of the whole answer, one [DONE] */
     rh_wait_restarted(&r, "vis1", 0);
     atomic_store(&g_vis.mode, FAKE_DIE_AFTER_TEXT);
     assert_int_equal(chat(&r, png, true, worker, code), 200);
+    assert_string_equal(code, "");
+    assert_string_equal(g_text, want);
+    assert_int_equal(g_dones, 1);
+    assert_int_equal(atomic_load(&g_vis2.completions), 2);
+    last_completion(&g_vis2, prompt, sizeof prompt, data, sizeof data);
+    char resumed[2048];
+    snprintf(resumed, sizeof resumed, "%s", RENDERED_IMAGE);
+    answer_text(g_cut, resumed + strlen(resumed), sizeof resumed - strlen(resumed));
+    assert_string_equal(prompt, resumed);
+    assert_string_equal(data, PNG_B64);
+    last_decision(&r, decision, sizeof decision);
+    assert_string_equal(decision, "resume");
+
+    /* sampled: no other server can continue its random stream, and no
+     * spillway worker takes an image: an error event ends it, and vis2
+     * sees nothing */
+    rh_wait_restarted(&r, "vis1", 0);
+    g_temperature = 0.7;
+    assert_int_equal(chat(&r, png, true, worker, code), 200);
+    g_temperature = 0;
     assert_string_not_equal(code, "");
-    assert_int_equal(atomic_load(&g_vis2.chats), 2);
+    assert_int_equal(g_dones, 1);
+    assert_int_equal(atomic_load(&g_vis2.completions), 2);
+    last_decision(&r, decision, sizeof decision);
+    assert_string_equal(decision, "none (llama-server cannot continue it)");
 
     rh_finish(&r);
     fake_stop(&g_vis);

@@ -16,9 +16,14 @@
 #    it holds an image stream with nothing sent: the stream is replayed on
 #    cpu, one HTTP 200, one [DONE], no error event, its text equal to
 #    cpu's llama-server's own greedy answer to the same request (asked
-#    directly); and an image stream whose server dies after text was sent
-#    ends with an error event (a resume's token prompt cannot carry the
-#    image). Exit 0 when every check holds.
+#    directly); gpu SIGKILLed mid-stream (after some tokens) while it
+#    streams a greedy image answer: the stream is resumed on cpu (its
+#    /completion with the rendered chat and the text sent, and the same
+#    image), one HTTP 200, one [DONE], no error event, its text equal to
+#    cpu's own uninterrupted greedy answer to the same request; and a
+#    sampled image stream killed the same way ends with an error event
+#    (no other server can reproduce its random stream, and no spillway
+#    worker takes an image). Exit 0 when every check holds.
 set -euo pipefail
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -190,20 +195,62 @@ print("  the client's text: %r" % got)
 print("  cpu's own answer:  %r" % want)
 check("  its text equals cpu's llama-server's own greedy answer (same image bytes)", got == want)
 
-# an image stream that dies after text: no resume
-for _ in range(600):
-    if worker("gpu")["state"] == "ready" and worker("gpu")["llama_server"].get("images"):
-        break
-    time.sleep(0.2)
-gpu_pid = worker("gpu")["pid"]
-def kill_after_text(events):
-    if len(events) == 3:
+def gpu_ready():
+    for _ in range(600):
+        if worker("gpu")["state"] == "ready" and worker("gpu")["llama_server"].get("images"):
+            break
+        time.sleep(0.2)
+    return worker("gpu")["pid"]
+
+def failover_event(rid):
+    time.sleep(0.3)
+    evs = get("/v1/spillway/events")[1]["data"]
+    fo = [e for e in evs if e.get("request_id") == rid and "first_error" in e]
+    return fo[-1] if fo else None
+
+# a greedy image stream, gpu SIGKILLed mid-stream after some tokens:
+# resumed on cpu from the text sent, with the same image
+N_LONG, CUT = 120, 12
+gpu_pid = gpu_ready()
+def kill_mid_stream(events):
+    if len(events) == CUT:
         os.kill(gpu_pid, signal.SIGKILL)
-st, w, rid, events = post(body(True, True, 400), on_event=kill_after_text)
+st, w, rid, events = post(body(True, True, N_LONG), on_event=kill_mid_stream)
 errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
-print("  after text: %d events, error %s" % (len(events), errors[0] if errors else None))
-check("image stream, gpu killed after text: an error event, one [DONE] (no resume)",
-      st == 200 and len(errors) == 1 and events.count("[DONE]") == 1 and len(events) < 400)
+got = stream_text(events)
+print("  mid-stream: %d events, killed after %d; error %s" % (len(events), CUT,
+                                                            errors[0] if errors else None))
+check("image stream, gpu killed mid-stream: HTTP 200, one [DONE], no error event",
+      st == 200 and events.count("[DONE]") == 1 and events[-1] == "[DONE]" and not errors
+      and len(events) > CUT)
+fo = failover_event(rid)
+if fo:
+    print("  failover event: decision %s, first_error %s on %s, resumed on %s (%s), %s tokens "
+          "in all, outcome %s" % (fo["decision"], fo["first_error"]["kind"],
+                                  fo["first_error"]["worker"], fo.get("replay_worker"),
+                                  fo.get("replay_worker_kind"), fo.get("tokens"), fo["outcome"]))
+    print("  reason: %s" % fo.get("reason"))
+check("  the failover event: resumed on cpu (llama-server with a projector), completed",
+      bool(fo) and fo["decision"] == "resume" and fo.get("replay_worker") == "cpu"
+      and fo["outcome"] == "completed")
+st2, _, _, direct = post(body(True, False, N_LONG), p=cpu_port)
+want = direct["choices"][0]["message"]["content"] if st2 == 200 else None
+print("  the client's text (%d chars): %r" % (len(got), got))
+print("  cpu's own answer  (%d chars): %r" % (len(want or ""), want))
+check("  its text equals cpu's llama-server's own uninterrupted greedy answer", got == want)
+
+# sampled: no resume, an error event ends it
+gpu_pid = gpu_ready()
+sampled = body(True, True, N_LONG)
+sampled["temperature"] = 0.8
+sampled["seed"] = 7
+st, w, rid, events = post(sampled, on_event=kill_mid_stream)
+errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
+fo = failover_event(rid)
+print("  sampled: %d events, error %s; decision %s" % (len(events), errors[0] if errors else None,
+                                                     fo["decision"] if fo else None))
+check("sampled image stream, gpu killed mid-stream: an error event, one [DONE] (no resume)",
+      st == 200 and len(errors) == 1 and events.count("[DONE]") == 1)
 sys.exit(0 if all(checks) else 1)
 PY
 status=$?

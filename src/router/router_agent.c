@@ -1225,7 +1225,8 @@ run:
                              iq.outcome_kind, n_steps > 0 ? RT_TOOL_EXECUTED : RT_TOOL_NONE,
                              false,          rt->sabotage.no_replay, rt->sabotage.no_resume,
                              false,          false,
-                             RT_LSR_OK,      false};
+                             RT_LSR_OK,      false,
+                             false};
         rt_failover f = {RT_FO_STOP, NULL, NULL, NULL, false, false, false};
         if (iq.worker_failed && !a.text_sent)
             f = rt_failover_decide(&fi);

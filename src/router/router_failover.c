@@ -108,6 +108,7 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
             [RT_LSR_SPILLWAY_IDS] = "stream with tokens already sent by llama-server (native, "
                                     "with their ids) and a spillway worker: resumed on a "
                                     "spillway worker, whose continuation it is",
+            [RT_LSR_IMAGE_TEXT] = NULL, /* an image: no spillway worker takes it */
         };
         static const char *const stop_reason[] = {
             [RT_LSR_SAMPLED] = "stream with tokens sent by llama-server, sampled: another "
@@ -127,6 +128,11 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
             [RT_LSR_SPILLWAY_IDS] = "stream with tokens sent by a spillway worker too: another "
                                     "llama-server cannot take them and no spillway worker is "
                                     "left, so it ended with an error event",
+            [RT_LSR_IMAGE_TEXT] = "image stream with tokens sent by llama-server whose text "
+                                  "does not tokenize back to the ids sent after the prompt (an "
+                                  "image resume sends that text: llama-server takes no ids "
+                                  "beside images), and a spillway worker takes no image, so it "
+                                  "ended with an error event",
         };
         unsigned why = (unsigned)in->ls_resume;
         bool known = why < sizeof stop_reason / sizeof stop_reason[0];
@@ -136,16 +142,27 @@ rt_failover rt_failover_decide(const rt_failover_in *in)
             f.error_code = failed;
             f.decision = "none (llama-server cannot continue it)";
             f.reason = known ? stop_reason[why] : "no worker left can continue it";
+            if (in->images && in->ls_resume == RT_LSR_SAMPLED)
+                f.reason = "image stream with tokens sent by llama-server, sampled: another "
+                           "llama-server cannot reproduce its random stream and a spillway "
+                           "worker takes no image, so it ended with an error event";
             return f;
         }
         f.action = RT_FO_RESUME;
         f.decision = "resume";
         if (in->kind == RT_KIND_LLAMA_SERVER && in->ls_resume == RT_LSR_OK) {
             f.resume_on_ls = true;
-            f.reason = "stream with tokens already sent by llama-server (native, with their "
-                       "ids), greedy (a grammar advanced over the sent text): resumed with the "
-                       "sent tokens on another llama-server (a token prompt: it continues "
-                       "exactly) or a spillway worker (its continuation)";
+            f.reason = in->images
+                           ? "image stream with tokens already sent by llama-server (native, "
+                             "with their ids), greedy: resumed on another llama-server with a "
+                             "projector, from the rendered chat and the text sent (which "
+                             "tokenizes back to the ids sent) with the same image bytes: it "
+                             "continues exactly"
+                           : "stream with tokens already sent by llama-server (native, with "
+                             "their ids), greedy (a grammar advanced over the sent text): "
+                             "resumed with the sent tokens on another llama-server (a token "
+                             "prompt: it continues exactly) or a spillway worker (its "
+                             "continuation)";
         } else {
             f.reason = known && only_spillway[why] ? only_spillway[why]
                                                    : only_spillway[RT_LSR_FIELDS];

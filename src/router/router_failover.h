@@ -45,6 +45,10 @@ typedef enum rt_ls_resume {
     RT_LSR_FIELDS,       /* a field its native API does not take */
     RT_LSR_SPILLWAY_IDS, /* a spillway worker (or no native stream) sent
                             some of it */
+    RT_LSR_IMAGE_TEXT,   /* an image stream, whose resume sends the text
+                            sent (llama-server takes no ids beside
+                            images): that text does not tokenize back to
+                            the ids sent after the prompt */
 } rt_ls_resume;
 
 typedef struct rt_failover_in {
@@ -69,6 +73,9 @@ typedef struct rt_failover_in {
      * the model is left (configured, not tried) that can */
     rt_ls_resume ls_resume;
     bool spillway_left;
+    /* image content: only a llama-server with a projector takes it (no
+     * spillway worker) */
+    bool images;
 } rt_failover_in;
 
 typedef enum rt_action {

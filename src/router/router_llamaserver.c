@@ -329,59 +329,83 @@ static size_t after_last_marker(const char *prompt, size_t len)
     return tail;
 }
 
+/* Whether the text of ids[0..n) (into *text, sw_free, and *tlen), after
+ * tail, tokenizes (special tokens parsed, as llama-server's text chunks)
+ * to tail's own tokens followed by exactly those ids: then a prompt of
+ * text ending in tail and that text is the token prompt of the ids. 1
+ * yes, 0 no, -1 out of memory. */
+static int tokenizes_back(const eng_tokenizer *tok, const char *tail, size_t tail_len,
+                          const int32_t *ids, size_t n, char **text, size_t *tlen)
+{
+    char *joined = NULL;
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    int rc = -1;
+    if (ids_text(tok, ids, n, text, tlen))
+        return -1;
+    joined = sw_malloc(tail_len + *tlen + 1);
+    if (!joined)
+        goto out;
+    memcpy(joined, tail, tail_len);
+    memcpy(joined + tail_len, *text, *tlen);
+    if (eng_tokenize(tok, joined, tail_len + *tlen, false, true, &a, &na, NULL) ||
+        eng_tokenize(tok, joined, tail_len, false, true, &b, &nb, NULL))
+        goto out;
+    rc = na == nb + n && !memcmp(a, b, nb * sizeof *a) && !memcmp(a + nb, ids, n * sizeof *a);
+out:
+    sw_free(joined);
+    sw_free(a);
+    sw_free(b);
+    if (rc != 1) {
+        sw_free(*text);
+        *text = NULL;
+        *tlen = 0;
+    }
+    return rc;
+}
+
 /* An image resume's prompt_string: the rendered prompt and then the text
- * of the ids sent, when the text after the last marker, tokenized with
- * it (special tokens parsed, as llama-server does), gives the tokens of
- * that text alone followed by exactly the ids sent. 0 and *out; 1 with
- * why when it does not (the server would continue from other tokens);
- * -1 out of memory. */
+ * of the ids sent, where that text tokenizes back to them after the
+ * prompt's last marker (tokenizes_back). 0 and *out; 1 with why when it
+ * does not (the server would continue from other tokens); -1 out of
+ * memory. */
 static int resumed_prompt(const eng_tokenizer *tok, const char *prompt, size_t plen,
                           json_t *resume, json_t **out, char *why, size_t why_cap)
 {
     *out = NULL;
-    size_t n_ids = json_array_size(resume);
-    int32_t *ids = sw_malloc(n_ids * sizeof *ids);
-    char *text = NULL, *joined = NULL;
-    int32_t *a = NULL, *b = NULL;
-    size_t tlen = 0, na = 0, nb = 0;
-    int rc = -1;
     snprintf(why, why_cap, "out of memory");
-    if (!ids || !tok)
-        goto out;
+    size_t n_ids = json_array_size(resume), tlen = 0;
+    int32_t *ids = tok ? sw_malloc(n_ids * sizeof *ids) : NULL;
+    if (!ids)
+        return -1;
     for (size_t i = 0; i < n_ids; i++)
         ids[i] = (int32_t)json_integer_value(json_array_get(resume, i));
-    if (ids_text(tok, ids, n_ids, &text, &tlen))
-        goto out;
     size_t tail = after_last_marker(prompt, plen);
-    joined = sw_malloc(plen + tlen + 1);
-    if (!joined)
-        goto out;
-    memcpy(joined, prompt, plen);
-    memcpy(joined + plen, text, tlen);
-    joined[plen + tlen] = 0;
-    if (eng_tokenize(tok, joined + tail, plen - tail + tlen, false, true, &a, &na, NULL) ||
-        eng_tokenize(tok, joined + tail, plen - tail, false, true, &b, &nb, NULL))
-        goto out;
-    rc = 1;
-    if (na != nb + n_ids || memcmp(a, b, nb * sizeof *a) ||
-        memcmp(a + nb, ids, n_ids * sizeof *a)) {
+    char *text = NULL;
+    int back = tokenizes_back(tok, prompt + tail, plen - tail, ids, n_ids, &text, &tlen);
+    sw_free(ids);
+    if (back < 0)
+        return -1;
+    if (back == 0) {
         snprintf(why, why_cap, "the sent text does not tokenize back to the sent ids after the "
                                "prompt (an image resume sends text)");
-        goto out;
+        return 1;
     }
-    *out = json_stringn(joined, plen + tlen);
+    char *joined = sw_malloc(plen + tlen + 1);
+    if (joined) {
+        memcpy(joined, prompt, plen);
+        memcpy(joined + plen, text, tlen);
+        *out = json_stringn(joined, plen + tlen);
+    }
+    sw_free(joined);
+    sw_free(text);
+    if (!joined)
+        return -1;
     if (!*out) {
         snprintf(why, why_cap, "the sent text ends inside a character");
-        goto out;
+        return 1;
     }
-    rc = 0;
-out:
-    sw_free(ids);
-    sw_free(text);
-    sw_free(joined);
-    sw_free(a);
-    sw_free(b);
-    return rc;
+    return 0;
 }
 
 /* The grammar a resume continues under: grammar's derivative by the text
@@ -514,6 +538,19 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
          * server's prompt is the first one's and the continuation exact */
         json_t *ps = json_object_get(nb, "prompt");
         json_t *pstr = json_incref(ps);
+        if (!resume) {
+            /* what a resume's check reads the sent text after */
+            size_t tail = after_last_marker(json_string_value(ps), json_string_length(ps));
+            sw_free(r->ls_image_tail);
+            r->ls_image_tail =
+                sw_strndup(json_string_value(ps) + tail, json_string_length(ps) - tail);
+            if (!r->ls_image_tail) {
+                json_decref(pstr);
+                snprintf(why, why_cap, "out of memory");
+                rc = -1;
+                goto done;
+            }
+        }
         if (resume) {
             json_decref(pstr);
             pstr = NULL;
@@ -618,7 +655,7 @@ void rt__ls_stream_begin(rt_relay *r)
 }
 
 rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
-                                 size_t n_ids)
+                                 size_t n_ids, const char *image_tail)
 {
     const char *k;
     json_t *v;
@@ -652,6 +689,20 @@ rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const i
             SW_INFO("router", "a grammar stream cannot continue on another llama-server: %s",
                     why);
             return RT_LSR_CONSTRAINED;
+        }
+    }
+    if (rt__images_in(body)) {
+        /* its resume sends the text sent (rt__ls_native_body) */
+        char *text = NULL;
+        size_t tlen = 0;
+        int back = image_tail && tok ? tokenizes_back(tok, image_tail, strlen(image_tail), ids,
+                                                      n_ids, &text, &tlen)
+                                     : 0;
+        sw_free(text);
+        if (back != 1) {
+            SW_INFO("router", "an image stream cannot continue on another llama-server: the "
+                              "text sent does not tokenize back to the ids sent");
+            return RT_LSR_IMAGE_TEXT;
         }
     }
     return RT_LSR_OK;

@@ -47,9 +47,12 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
  * prompt after the n_ids ids sent (greedy, no stop strings, every field
  * native, and a grammar only where it can be advanced over their text,
  * read with tok), and why not: the replay table's input
- * (router_failover.h). */
+ * (router_failover.h). An image chat's resume sends the text of the ids
+ * instead: it also needs that text, after image_tail (the rendered
+ * prompt after its last media marker, rt_relay.ls_image_tail; NULL: not
+ * known), to tokenize back to the very ids. */
 rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
-                                 size_t n_ids);
+                                 size_t n_ids, const char *image_tail);
 
 /* A native stream begins on this attempt. */
 void rt__ls_stream_begin(rt_relay *r);

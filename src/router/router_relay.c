@@ -880,8 +880,10 @@ static void generate(rt_req *q, bool chat, json_t *body)
                              !resumable || spillway_sent ? RT_LSR_SPILLWAY_IDS
                                                          : rt__ls_resume_check(
                                                                body, rt->models[q->model].tok,
-                                                               r.tokens, r.n_tokens),
-                             resumable && spillway_left(rt, q, tried, wi, n_images > 0)};
+                                                               r.tokens, r.n_tokens,
+                                                               r.ls_image_tail),
+                             resumable && spillway_left(rt, q, tried, wi, n_images > 0),
+                             n_images > 0};
         rt_failover f = rt_failover_decide(&fi);
         resume_ls = f.action == RT_FO_RESUME && f.resume_on_ls;
         if (f.action == RT_FO_DONE || f.action == RT_FO_CANCEL)
@@ -1007,6 +1009,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
         pthread_mutex_unlock(&rt->mu);
     }
     sw_free(r.tokens);
+    sw_free(r.ls_image_tail);
     sw_free(prefix);
     json_decref(body);
 }

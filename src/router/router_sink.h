@@ -48,6 +48,10 @@ typedef struct rt_relay {
     bool ls_ids_gap;       /* a token came without its id: no resume */
     size_t ls_ids;         /* ids it sent in this attempt */
     long long ls_created;  /* the chunks' "created" */
+    char *ls_image_tail;   /* an image chat's rendered prompt after its last
+                              media marker, from its native attempt
+                              (sw_free): what rt__ls_resume_check reads
+                              the sent text after */
     /* the prompt's blocks counted once in the books (router_prefix.h,
      * rt_queue_shared_attach): this attempt's worker, the prompt's block
      * hashes, and what its first token moved into the shared table */

@@ -51,7 +51,7 @@
 #define PNG_B64 "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 #define JPEG_B64 "/9j/4AAQSkZJRg=="
 
-enum { FAKE_OK, FAKE_DIE, FAKE_DIE_AFTER_TEXT };
+enum { FAKE_OK, FAKE_DIE, FAKE_DIE_AFTER_TEXT, FAKE_DIE_AFTER_ODD };
 
 /* One scripted llama-server: what its /props says, how it answers, what
  * it was sent. */
@@ -79,6 +79,11 @@ enum { MAX_ANS = 8 };
 static int32_t g_ans[MAX_ANS];
 static size_t g_n_ans, g_cut;
 static char g_piece[MAX_ANS][64];
+/* The answer's first two tokens as three ids whose text does not
+ * tokenize back to them: the second split in two vocabulary pieces (" s"
+ * and "mall" where the tokenizer makes " small" one token) */
+static int32_t g_odd[MAX_ANS];
+static size_t g_n_odd;
 
 static char g_model[512];
 static eng_gguf *g_gguf;
@@ -124,6 +129,21 @@ static int script_answer(void)
     }
     for (g_cut = g_n_ans / 2; g_cut >= 2 && !tokenizes_back(g_cut); g_cut--)
         ;
+    size_t plen = 0;
+    const char *piece = eng_token_piece(g_tok, g_ans[1], &plen);
+    g_n_odd = 0;
+    for (size_t cut = 1; piece && cut < plen && !g_n_odd; cut++) {
+        int32_t left = eng_token_find(g_tok, piece, cut);
+        int32_t right = eng_token_find(g_tok, piece + cut, plen - cut);
+        if (left >= 0 && right >= 0) {
+            g_odd[0] = g_ans[0];
+            g_odd[1] = left;
+            g_odd[2] = right;
+            g_n_odd = 3;
+        }
+    }
+    if (!g_n_odd)
+        return -1;
     return g_cut >= 2 && g_cut < g_n_ans ? 0 : -1;
 }
 
@@ -208,6 +228,21 @@ static void completion_answer(int fd, fake *f, const char *body)
     int mode = atomic_load(&f->mode);
     if (mode == FAKE_DIE)
         return;
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Connection: close\r\n\r\n";
+    if (mode == FAKE_DIE_AFTER_ODD) {
+        fs_send_all(fd, head, sizeof head - 1);
+        for (size_t i = 0; i < g_n_odd; i++) {
+            char piece[64];
+            size_t n = eng_token_to_bytes(g_tok, g_odd[i], piece, sizeof piece - 1);
+            piece[n < sizeof piece ? n : sizeof piece - 1] = 0;
+            send_event(fd, json_pack("{s:i, s:s, s:[i], s:b, s:i, s:I, s:i}", "index", 0,
+                                     "content", piece, "tokens", (int)g_odd[i], "stop", 0,
+                                     "id_slot", 0, "tokens_predicted", (json_int_t)(i + 1),
+                                     "tokens_evaluated", 12));
+        }
+        return;
+    }
     json_t *b = json_loads(body, 0, NULL);
     json_t *p = json_object_get(b, "prompt");
     const char *ps = json_string_value(json_object_get(p, "prompt_string"));
@@ -231,8 +266,6 @@ static void completion_answer(int fd, fake *f, const char *body)
                             "prompt\",\"type\":\"invalid_request_error\"}}");
         return;
     }
-    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                               "Connection: close\r\n\r\n";
     fs_send_all(fd, head, sizeof head - 1);
     size_t end = mode == FAKE_DIE_AFTER_TEXT ? g_cut : g_n_ans;
     for (size_t i = start; i < end; i++) {
@@ -776,6 +809,22 @@ static void test_image_failover(void **state)
     assert_int_equal(atomic_load(&g_vis2.completions), 2);
     last_decision(&r, decision, sizeof decision);
     assert_string_equal(decision, "none (llama-server cannot continue it)");
+
+    /* greedy, but the text sent does not tokenize back to the ids sent
+     * (the server would continue from other tokens): vis2 is sent
+     * nothing, and an error event ends the stream */
+    rh_wait_restarted(&r, "vis1", 0);
+    int templates2 = atomic_load(&g_vis2.templates);
+    atomic_store(&g_vis.mode, FAKE_DIE_AFTER_ODD);
+    assert_int_equal(chat(&r, png, true, worker, code), 200);
+    assert_string_not_equal(code, "");
+    assert_int_equal(g_dones, 1);
+    answer_text(2, want, sizeof want);
+    assert_string_equal(g_text, want);
+    assert_int_equal(atomic_load(&g_vis2.templates), templates2);
+    last_decision(&r, decision, sizeof decision);
+    assert_string_equal(decision, "none (llama-server cannot continue it)");
+    assert_int_equal(atomic_load(&g_vis2.completions), 2);
 
     rh_finish(&r);
     fake_stop(&g_vis);

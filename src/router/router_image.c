@@ -8,8 +8,10 @@
  * [server] max-image-bytes decoded. A http(s):// image is refused: the
  * router fetches nothing on a client's behalf. The request then goes
  * only to a worker that takes images (router_policy.c, RT_SKIP_IMAGES):
- * a llama-server with a projector. Its body is relayed whole, so a
- * replay on the next worker sends the same image bytes.
+ * a llama-server with a projector. Its body is relayed whole (the
+ * OpenAI endpoint), or its images go beside the rendered prompt
+ * (router_llamaserver.c, a stream's native path), so a replay or a
+ * resume on the next worker sends the same image bytes.
  *
  * The books count an image as [model] image-tokens KV tokens, when the
  * operator gives that figure; else the request's prompt is not counted

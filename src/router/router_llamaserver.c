@@ -16,17 +16,23 @@
  *   by POST /apply-template), whose events carry the token ids; each is
  *   translated into the OpenAI chunk the client asked for, with the ids
  *   in "spillway": {"token_ids"} as a spillway worker sends them, so the
- *   relay keeps them for a resume. A request with a field this mapping
- *   does not carry over (tools, logprobs, n, ...) and
+ *   relay keeps them for a resume. A chat's images go beside the
+ *   rendered prompt (each rendered as the server's media marker):
+ *   {"prompt_string", "multimodal_data": [base64]}. A request with a
+ *   field this mapping does not carry over (tools, logprobs, n, ...) and
  *   every non-stream request take the OpenAI endpoints instead, as
  *   kind = openai does: replayed after a failure, never resumed.
  * - A resume onto it (a greedy stream another llama-server started and
  *   failed): POST /completion with a token prompt, the prompt's text then
  *   the ids the client has, which continues the stream exactly; a
  *   constrained one with its grammar advanced over the text sent (the
- *   derivative, gbnf.h); sampled and stop-string streams, and a grammar
- *   that cannot be advanced, are not taken (rt__ls_resume_check;
- *   router_failover.c says where they go instead).
+ *   derivative, gbnf.h). An image chat's resume: prompt_string is text
+ *   only, so the rendered chat and then the text of the ids, taken only
+ *   where that text tokenizes back to the very ids after the prompt's
+ *   last marker (the same prompt, token for token). Sampled and
+ *   stop-string streams, and a grammar that cannot be advanced, are not
+ *   taken (rt__ls_resume_check; router_failover.c says where they go
+ *   instead).
  * - A JSON constraint (response_format, json_schema) goes to /completion
  *   as spillway's GBNF form of the schema (json_schema.h), so llama-server
  *   generates what a spillway worker would, and a resume can advance it.

@@ -4,6 +4,9 @@
 #
 #   bench/llama-server-vision.sh [BUILD_DIR]        (default: build)
 #   REF_DIR=/work/llamacpp-ref MODEL=FILE bench/llama-server-vision.sh
+#   KILL_AFTER=N: the mid-stream kill after N events (default 12)
+#   LS_ARGS="...": more llama-server arguments for all three (e.g. "-ub 1":
+#   a prompt computed one token at a time, the arithmetic of generation)
 #
 # 1. A projector: bench/make-tiny-mmproj.py writes a random LLaVA-style
 #    one (weights mean nothing) whose output width is the model's
@@ -50,7 +53,7 @@ n_embd=$("$bin" model info "$model" 2>/dev/null | awk '$1 == "token_embd.weight"
 python3 "$here/make-tiny-mmproj.py" "$dir/mmproj-tiny.gguf" "${n_embd:-64}"
 pick() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(pick); gpu_port=$(pick); cpu_port=$(pick); text_port=$(pick)
-args="-m {model_path} --host {host} --port {port} -c 1024 -np 2 --threads 1 --metrics --no-webui"
+args="-m {model_path} --host {host} --port {port} -c 1024 -np 2 --threads 1 --metrics --no-webui ${LS_ARGS:-}"
 cat > "$dir/router.ini" <<EOF
 [server]
 listen = 127.0.0.1:$port
@@ -90,7 +93,7 @@ done
 grep -q "listening on" "$dir/router.log" || { echo "the router did not start" >&2; cat "$dir/router.log"; exit 1; }
 
 set +e
-PORT=$port CPU_PORT=$cpu_port DIR=$dir python3 - <<'PY'
+KILL_AFTER=${KILL_AFTER:-12} PORT=$port CPU_PORT=$cpu_port DIR=$dir python3 - <<'PY'
 import http.client, json, os, signal, sys, time
 
 port = int(os.environ["PORT"]); cpu_port = int(os.environ["CPU_PORT"]); d = os.environ["DIR"]
@@ -210,7 +213,7 @@ def failover_event(rid):
 
 # a greedy image stream, gpu SIGKILLed mid-stream after some tokens:
 # resumed on cpu from the text sent, with the same image
-N_LONG, CUT = 120, 12
+N_LONG, CUT = 120, int(os.environ.get("KILL_AFTER") or 12)
 gpu_pid = gpu_ready()
 def kill_mid_stream(events):
     if len(events) == CUT:

@@ -906,7 +906,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
              * does not count */
             q->attempts--;
             after_refusal = true;
-            SW_WARN("router", "request %s: worker %s refused it (%s) although the books had room; "
+            /* expected where routers share workers (counted in
+             * spillway_router_worker_refusals_total): not a warning */
+            SW_INFO("router", "request %s: worker %s refused it (%s) although the books had room; "
                     "back to the queue", q->request_id, w->cfg.name,
                     refused_memory ? "memory" : "busy");
             continue;

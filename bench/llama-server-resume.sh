@@ -38,31 +38,11 @@
 # reading of the schema (its /completion json_schema, its own grammar,
 # which allows spaces) gives the same text.
 set -euo pipefail
-build=${1:-build}
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
-bin="$build/spillway"
-[ -x "$bin" ] || { echo "no $bin (build first)" >&2; exit 1; }
-bin=$(cd "$(dirname "$bin")" && pwd)/spillway
-model=${MODEL:-$root/../shared/models/stories260K.gguf}
-[ -f "$model" ] || { echo "no model $model (set MODEL=FILE; spillway model make makes one)" >&2; exit 1; }
-model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
+. "$(dirname "$0")/llama-server-common.sh"
 max_tokens=${MAX_TOKENS:-200}
 kill_after=${KILL_AFTER:-20}
 ctx=${CTX:-512}
-ref_bin=$(cd "$root" && REF_DIR=${REF_DIR:-build-reference} bench/llamacpp-build.sh)
-ref_bin=$(cd "$root" && cd "$ref_bin" && pwd)
-server="$ref_bin/llama-server"
-[ -x "$server" ] || { echo "no $server" >&2; exit 1; }
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/spillway-ls-resume.XXXXXX")
-router_pid=
-cleanup() {
-  [ -n "$router_pid" ] && kill "$router_pid" 2>/dev/null && wait "$router_pid" 2>/dev/null || true
-  [ -n "${KEEP:-}" ] || rm -rf "$dir"
-}
-trap cleanup EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 cat > "$dir/router.ini" <<EOF
 [server]
 listen = 127.0.0.1:$port
@@ -84,14 +64,7 @@ EOF
 echo "llama-server: $server ($("$server" --version 2>&1 | grep -m1 version || echo '?'))"
 echo "model: $model"
 echo "router: $dir/router.ini (llama-server gpu -ngl 99 first, llama-server cpu -ngl 0 after it)"
-SPILLWAY_LOG=info "$bin" serve --config "$dir/router.ini" > "$dir/router.log" 2>&1 &
-router_pid=$!
-for _ in $(seq 1 600); do
-  grep -q "listening on" "$dir/router.log" && break
-  kill -0 "$router_pid" 2>/dev/null || { cat "$dir/router.log"; exit 1; }
-  sleep 0.2
-done
-grep -q "listening on" "$dir/router.log" || { echo "the router did not start" >&2; cat "$dir/router.log"; exit 1; }
+ls_start_router
 
 set +e
 PORT=$port DIR=$dir MAX_TOKENS=$max_tokens KILL_AFTER=$kill_after CHAT=${CHAT:-} SCHEMA=${SCHEMA:-} python3 - <<'PY'

@@ -28,31 +28,10 @@
 #    (no other server can reproduce its random stream, and no spillway
 #    worker takes an image). Exit 0 when every check holds.
 set -euo pipefail
-build=${1:-build}
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
-bin="$build/spillway"
-[ -x "$bin" ] || { echo "no $bin (build first)" >&2; exit 1; }
-bin=$(cd "$(dirname "$bin")" && pwd)/spillway
-model=${MODEL:-$root/../shared/models/stories260K.gguf}
-[ -f "$model" ] || { echo "no model $model (set MODEL=FILE)" >&2; exit 1; }
-model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
-ref_bin=$(cd "$root" && REF_DIR=${REF_DIR:-build-reference} bench/llamacpp-build.sh)
-ref_bin=$(cd "$root" && cd "$ref_bin" && pwd)
-server="$ref_bin/llama-server"
-[ -x "$server" ] || { echo "no $server" >&2; exit 1; }
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/spillway-ls-vision.XXXXXX")
-router_pid=
-cleanup() {
-  [ -n "$router_pid" ] && kill "$router_pid" 2>/dev/null && wait "$router_pid" 2>/dev/null || true
-  [ -n "${KEEP:-}" ] || rm -rf "$dir"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/llama-server-common.sh"
 n_embd=$("$bin" model info "$model" 2>/dev/null | awk '$1 == "token_embd.weight" {print $3}')
 python3 "$here/make-tiny-mmproj.py" "$dir/mmproj-tiny.gguf" "${n_embd:-64}"
-pick() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(pick); gpu_port=$(pick); cpu_port=$(pick); text_port=$(pick)
+port=$(free_port); gpu_port=$(free_port); cpu_port=$(free_port); text_port=$(free_port)
 args="-m {model_path} --host {host} --port {port} -c 1024 -np 2 --threads 1 --metrics --no-webui ${LS_ARGS:-}"
 cat > "$dir/router.ini" <<EOF
 [server]
@@ -83,14 +62,7 @@ mmproj = $dir/mmproj-tiny.gguf
 EOF
 echo "llama-server: $server ($("$server" --version 2>&1 | grep -m1 version || echo '?'))"
 echo "model: $model; projector: $dir/mmproj-tiny.gguf (random, tiny)"
-SPILLWAY_LOG=info "$bin" serve --config "$dir/router.ini" > "$dir/router.log" 2>&1 &
-router_pid=$!
-for _ in $(seq 1 600); do
-  grep -q "listening on" "$dir/router.log" && break
-  kill -0 "$router_pid" 2>/dev/null || { cat "$dir/router.log"; exit 1; }
-  sleep 0.2
-done
-grep -q "listening on" "$dir/router.log" || { echo "the router did not start" >&2; cat "$dir/router.log"; exit 1; }
+ls_start_router
 
 set +e
 KILL_AFTER=${KILL_AFTER:-12} PORT=$port CPU_PORT=$cpu_port DIR=$dir python3 - <<'PY'

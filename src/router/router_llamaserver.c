@@ -598,7 +598,12 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
         rc = gb;
         goto done;
     }
-    if (gbnf && resume) {
+    if (gbnf && resume && r->ls_resume_grammar && r->ls_resume_ids == json_array_size(resume)) {
+        /* advanced already by the failover's check, over these ids */
+        sw_free(gbnf);
+        gbnf = r->ls_resume_grammar;
+        r->ls_resume_grammar = NULL;
+    } else if (gbnf && resume) {
         size_t n_ids = json_array_size(resume);
         int32_t *ids = sw_malloc((n_ids ? n_ids : 1) * sizeof *ids);
         char *rest = NULL;
@@ -661,8 +666,10 @@ void rt__ls_stream_begin(rt_relay *r)
 }
 
 rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
-                                 size_t n_ids, const char *image_tail)
+                                 size_t n_ids, const char *image_tail, char **grammar_out)
 {
+    if (grammar_out)
+        *grammar_out = NULL;
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v) {
@@ -689,7 +696,10 @@ rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const i
          * the sent text (rt__ls_native_body sends what may still follow) */
         char *rest = NULL;
         int rc = grammar_after(gbnf, strlen(gbnf), tok, ids, n_ids, &rest, why, sizeof why);
-        sw_free(rest);
+        if (grammar_out && !rc)
+            *grammar_out = rest;
+        else
+            sw_free(rest);
         sw_free(gbnf);
         if (rc) {
             SW_INFO("router", "a grammar stream cannot continue on another llama-server: %s",

@@ -50,9 +50,12 @@ int rt__ls_native_body(rt_relay *r, const char *address, const char *body, size_
  * (router_failover.h). An image chat's resume sends the text of the ids
  * instead: it also needs that text, after image_tail (the rendered
  * prompt after its last media marker, rt_relay.ls_image_tail; NULL: not
- * known), to tokenize back to the very ids. */
+ * known), to tokenize back to the very ids. A constrained stream's
+ * advanced grammar goes to *grammar_out (sw_free; NULL: none; the
+ * argument may be NULL), so the resume's request need not compute it
+ * again. */
 rt_ls_resume rt__ls_resume_check(json_t *body, const eng_tokenizer *tok, const int32_t *ids,
-                                 size_t n_ids, const char *image_tail);
+                                 size_t n_ids, const char *image_tail, char **grammar_out);
 
 /* A native stream begins on this attempt. */
 void rt__ls_stream_begin(rt_relay *r);

@@ -866,6 +866,9 @@ static void generate(rt_req *q, bool chat, json_t *body)
         bool native_ids = w->cfg.kind == RT_KIND_LLAMA_SERVER && r.ls_native && !r.ls_ids_gap;
         bool resumable = r.stream && r.n_tokens > 0 && native_ids &&
                          (last == RT_OUT_OOM || last == RT_OUT_CRASH);
+        sw_free(r.ls_resume_grammar); /* a check below may advance it again */
+        r.ls_resume_grammar = NULL;
+        r.ls_resume_ids = r.n_tokens;
         rt_failover_in fi = {last,
                              r.stream,
                              r.n_tokens,
@@ -881,7 +884,8 @@ static void generate(rt_req *q, bool chat, json_t *body)
                                                          : rt__ls_resume_check(
                                                                body, rt->models[q->model].tok,
                                                                r.tokens, r.n_tokens,
-                                                               r.ls_image_tail),
+                                                               r.ls_image_tail,
+                                                               &r.ls_resume_grammar),
                              resumable && spillway_left(rt, q, tried, wi, n_images > 0),
                              n_images > 0};
         rt_failover f = rt_failover_decide(&fi);
@@ -1012,6 +1016,7 @@ static void generate(rt_req *q, bool chat, json_t *body)
     }
     sw_free(r.tokens);
     sw_free(r.ls_image_tail);
+    sw_free(r.ls_resume_grammar);
     sw_free(prefix);
     json_decref(body);
 }

@@ -52,6 +52,10 @@ typedef struct rt_relay {
                               media marker, from its native attempt
                               (sw_free): what rt__ls_resume_check reads
                               the sent text after */
+    char *ls_resume_grammar; /* the grammar advanced over the ls_resume_ids
+                                ids sent, from rt__ls_resume_check (sw_free):
+                                the resume's request sends it */
+    size_t ls_resume_ids;
     /* the prompt's blocks counted once in the books (router_prefix.h,
      * rt_queue_shared_attach): this attempt's worker, the prompt's block
      * hashes, and what its first token moved into the shared table */

@@ -765,6 +765,16 @@ int eng__sc_merge2(const json_t *a, const json_t *b, json_t **out, sw_error *err
     if (json_is_string(pta) && json_is_string(ptb) && !json_equal((json_t *)pta, (json_t *)ptb) &&
         !memchr(json_string_value(pta), '\0', json_string_length(pta)) &&
         !memchr(json_string_value(ptb), '\0', json_string_length(ptb))) {
+        /* each must be a pattern on its own: pasted into one, an unclosed
+         * class of one would swallow the other's text */
+        for (int side = 0; side < 2; side++) {
+            const json_t *pt = side ? ptb : pta;
+            eng_regex *re = NULL;
+            if ((rc = eng_regex_compile(json_string_value(pt), json_string_length(pt), &re,
+                                        err)))
+                goto fail;
+            eng_regex_free(re);
+        }
         json_t *both = pattern_and(pta, ptb);
         if (!both) {
             rc = sw_error_set(err, SW_ENOMEM, "out of memory merging allOf");

@@ -246,8 +246,10 @@ stop_all() {
         interrupt "$p"
         printf -v "$what" '%s' ""
     done
-    pool_gone "demo-$tag" && pool_gone "models-$tag"
-    check $? "Ctrl-C: the routers' pools went with them"
+    local left
+    left=$(cd /dev/shm && ls -d "spillway-sim-demo-$tag" "spillway-sim-models-$tag" 2>/dev/null | tr '\n' ' ')
+    [ -z "$left" ]
+    check $? "Ctrl-C: the routers' pools went with them${left:+ (left: $left)}"
 }
 
 log "README.md's order (ports $port_run, $port_models, $port_worker; pools *-$tag)"

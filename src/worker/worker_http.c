@@ -2020,7 +2020,17 @@ int wk_serve(const wk_options *opts)
         sw_error_set(&err, SW_ENOMEM, "cannot set up events");
         goto fail;
     }
-    if (pthread_create(&s->engine_thread, NULL, wk_engine_main, s)) {
+    /* The engine thread and the threads it starts never take SIGINT or
+     * SIGTERM: only this thread does, so that blocking them here at the
+     * end (done:) blocks them for the whole process. */
+    sigset_t stop_sigs, old_mask;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_sigs, &old_mask);
+    int started = pthread_create(&s->engine_thread, NULL, wk_engine_main, s);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (started) {
         sw_error_set(&err, SW_EINTERNAL, "cannot start the engine thread");
         goto fail;
     }
@@ -2035,6 +2045,16 @@ int wk_serve(const wk_options *opts)
 fail:
     fprintf(stderr, "spillway worker: %s\n", err.message[0] ? err.message : "startup failed");
 done:
+    /* Stopping already: a second SIGINT/SIGTERM (Ctrl-C reaches a managed
+     * worker and its router, which then sends SIGTERM) must not kill the
+     * process once the signal events below are freed and the default
+     * action is back, before dev_close gives its simulated-GPU pool slot
+     * back. Blocked, then ignored (which drops one pending). */
+    sigset_t stopping;
+    sigemptyset(&stopping);
+    sigaddset(&stopping, SIGINT);
+    sigaddset(&stopping, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stopping, NULL);
     if (s->engine_started) {
         pthread_mutex_lock(&s->lock);
         s->stop_engine = true;
@@ -2054,6 +2074,8 @@ done:
     for (int i = 0; i < 2; i++)
         if (s->sig_ev[i])
             event_free(s->sig_ev[i]);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
     if (s->pipe_ev)
         event_free(s->pipe_ev);
     if (s->gone_ev)

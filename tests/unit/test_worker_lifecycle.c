@@ -2,7 +2,9 @@
  *
  * TCP listening with port 0 (the real port is printed), SIGTERM draining
  * (the active stream finishes, new work gets 503 draining, /health says
- * draining, then exit 0), and a startup failure's exit status.
+ * draining, then exit 0), a stop under a burst of signals (Ctrl-C then
+ * its router's SIGTERM) that still exits 0 and gives its simulated-GPU
+ * pool back, and a startup failure's exit status.
  */
 #include "testutil.h"
 #include "worker_client.h"
@@ -192,6 +194,39 @@ static void test_sigterm_drains(void **state)
     assert_int_equal(exit_status, 0);
 }
 
+/* Ctrl-C reaches a managed worker and its router; the router then sends
+ * SIGTERM. However late those land in the worker's stop, it exits 0 and
+ * its simulated-GPU pool goes with it (the pool's last user). Each round
+ * SIGINTs the worker and then keeps sending SIGTERM until it has exited,
+ * so some signal lands after its signal events are gone. */
+static void test_signals_while_stopping(void **state)
+{
+    char pool[64], shm[96];
+    snprintf(pool, sizeof pool, "sim-gpu:life-%d", (int)getpid());
+    snprintf(shm, sizeof shm, "/dev/shm/spillway-sim-life-%d", (int)getpid());
+    const char *const args[] = {"--threads", "1", "--device", pool, "--sim-capacity", "64MiB",
+                                NULL};
+    for (int round = 0; round < 8; round++) {
+        wc_worker w;
+        assert_int_equal(wc_worker_start(&w, g_model, args, NULL, 30, NULL), 0);
+        assert_int_equal(access(shm, F_OK), 0);
+        kill(w.pid, SIGINT);
+        int st = 0;
+        pid_t r = 0;
+        double end = now_s() + 20;
+        while ((r = waitpid(w.pid, &st, WNOHANG)) == 0 && now_s() < end) {
+            kill(w.pid, SIGTERM);
+            usleep(200);
+        }
+        assert_int_equal(r, w.pid);
+        w.pid = 0;
+        if (!WIFEXITED(st))
+            print_message("round %d: killed by signal %d\n", round, WTERMSIG(st));
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        assert_int_not_equal(access(shm, F_OK), 0); /* the pool went with it */
+    }
+}
+
 static void test_startup_failure(void **state)
 {
     wc_worker w;
@@ -208,6 +243,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tcp_port_zero),
         cmocka_unit_test(test_sigterm_drains),
+        cmocka_unit_test(test_signals_while_stopping),
         cmocka_unit_test(test_startup_failure),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -2050,11 +2050,13 @@ done:
      * process once the signal events below are freed and the default
      * action is back, before dev_close gives its simulated-GPU pool slot
      * back. Blocked, then ignored (which drops one pending). */
-    sigset_t stopping;
-    sigemptyset(&stopping);
-    sigaddset(&stopping, SIGINT);
-    sigaddset(&stopping, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stopping, NULL);
+    {
+        sigset_t stopping;
+        sigemptyset(&stopping);
+        sigaddset(&stopping, SIGINT);
+        sigaddset(&stopping, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &stopping, NULL);
+    }
     if (s->engine_started) {
         pthread_mutex_lock(&s->lock);
         s->stop_engine = true;

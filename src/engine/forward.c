@@ -536,13 +536,15 @@ static int64_t kv_segment_end(const eng_context *ctx, const eng_token_meta *meta
  * gives each token's sequence and position (tokens of one sequence are
  * consecutive and in order). The logits of the tokens listed in
  * logit_tokens are written as rows of n_vocab floats to the workspace's
- * logits region. Fails only on a GPU (SW_EDEVICE, SW_EDEVOOM). */
+ * logits region, or, when there is one (n_logit 1) and row_out is not
+ * NULL, to row_out (the caller's buffer: no copy after). Fails only on a
+ * GPU (SW_EDEVICE, SW_EDEVOOM). */
 static void pool_hidden(eng_context *ctx, const float *x, const eng_token_meta *meta, int64_t n,
                         eng_hidden_pool *pool);
 
 static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_token_meta *meta,
                           int64_t n, const int64_t *logit_tokens, int32_t n_logit,
-                          bool per_token, eng_hidden_pool *pool, sw_error *err)
+                          float *row_out, bool per_token, eng_hidden_pool *pool, sw_error *err)
 {
     const eng_model *m = ctx->model;
     const eng_hparams *hp = &m->hp;
@@ -660,16 +662,23 @@ static int forward_tokens(eng_context *ctx, const int32_t *tokens, const eng_tok
 
     if (pool)
         pool_hidden(ctx, x, meta, n, pool);
-    if (n_logit > 0 && ctx->cuda && ctx->n_device_layers == hp->n_layer)
-        return cuda_forward_output(ctx, logit_tokens, n_logit, (float *)(ws + ctx->layout.logits),
-                                   per_token, err);
+    float *logits = (float *)(ws + ctx->layout.logits);
+    if (n_logit > 0 && ctx->cuda && ctx->n_device_layers == hp->n_layer) {
+        /* into the workspace (the device's copies land there) */
+        rc = cuda_forward_output(ctx, logit_tokens, n_logit, logits, per_token, err);
+        if (rc == SW_OK && n_logit == 1 && row_out)
+            memcpy(row_out, logits, (size_t)hp->n_vocab * sizeof(float));
+        return rc;
+    }
+    if (n_logit == 1 && row_out)
+        logits = row_out;
     if (n_logit > 0) {
         /* One pass over the output head for every requested row. */
         for (int32_t r = 0; r < n_logit; r++)
             rms_norm(xn + r * dim, x + logit_tokens[r] * dim, ctx->output_norm.data, dim,
                      hp->rms_eps);
         const eng_weight *w[1] = {&ctx->output};
-        float *y[1] = {(float *)(ws + ctx->layout.logits)};
+        float *y[1] = {logits};
         matmul(ctx, 1, w, y, xn, n_logit, per_token, false);
         if (hp->final_logit_softcap > 0.0f) {
             const float cap = hp->final_logit_softcap, inv_cap = 1.0f / cap;
@@ -724,6 +733,61 @@ static int grow_sequence(eng_context *ctx, eng_sequence *seq, int32_t n, sw_erro
     return eng__seq_reserve(ctx, seq, seq->n_tokens + n, err);
 }
 
+/* The logits rows handed to their callers, copied on the context's threads
+ * in contiguous shares of blocks: thread i copies about the i-th share of
+ * each row, the share of the output head it computed (the pool splits a
+ * product's rows the same way), so the copy reads from its own core's
+ * cache, and the sampler, which splits the vocabulary in the same halves
+ * (sampler.c, sampler_chunk), finds its half there too. */
+#define LOGITS_COPY_BLOCK 512     /* floats per item */
+#define LOGITS_COPY_ROWS 64       /* rows per round */
+#define LOGITS_COPY_PARALLEL 16384 /* fewer floats in a round: one memcpy */
+
+typedef struct logits_copy_job {
+    float *dst[LOGITS_COPY_ROWS];
+    const float *src; /* the rows, one after the other */
+    int64_t n_vocab, blocks_per_row;
+} logits_copy_job;
+
+static void logits_copy_task(void *arg, int64_t begin, int64_t end, int thread_index)
+{
+    (void)thread_index;
+    const logits_copy_job *job = arg;
+    while (begin < end) {
+        int64_t row = begin / job->blocks_per_row, block = begin % job->blocks_per_row;
+        int64_t blocks = job->blocks_per_row - block;
+        if (blocks > end - begin)
+            blocks = end - begin;
+        int64_t from = block * LOGITS_COPY_BLOCK, to = (block + blocks) * LOGITS_COPY_BLOCK;
+        if (to > job->n_vocab)
+            to = job->n_vocab;
+        memcpy(job->dst[row] + from, job->src + row * job->n_vocab + from,
+               (size_t)(to - from) * sizeof(float));
+        begin += blocks;
+    }
+}
+
+/* Copies n_rows rows of n_vocab logits from src (consecutive) to dst[k]. */
+static void copy_logits(eng_context *ctx, float *const *dst, const float *src, int32_t n_rows,
+                        int64_t n_vocab)
+{
+    for (int32_t r0 = 0; r0 < n_rows; r0 += LOGITS_COPY_ROWS) {
+        int32_t rows = n_rows - r0 < LOGITS_COPY_ROWS ? n_rows - r0 : LOGITS_COPY_ROWS;
+        const float *from = src + (int64_t)r0 * n_vocab;
+        if (!ctx->pool || (int64_t)rows * n_vocab < LOGITS_COPY_PARALLEL) {
+            for (int32_t k = 0; k < rows; k++)
+                memcpy(dst[r0 + k], from + (int64_t)k * n_vocab, (size_t)n_vocab * sizeof(float));
+            continue;
+        }
+        logits_copy_job job = {.src = from, .n_vocab = n_vocab,
+                               .blocks_per_row = (n_vocab + LOGITS_COPY_BLOCK - 1) /
+                                                 LOGITS_COPY_BLOCK};
+        for (int32_t k = 0; k < rows; k++)
+            job.dst[k] = dst[r0 + k];
+        cpu_threadpool_run(ctx->pool, rows * job.blocks_per_row, 1, logits_copy_task, &job);
+    }
+}
+
 static int decode_seq(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
                       float *logits, eng_hidden_pool *pool, sw_error *err)
 {
@@ -753,15 +817,13 @@ static int decode_seq(eng_context *ctx, int32_t seq_id, const int32_t *tokens, i
         }
         eng__prefix_note_tokens(ctx, seq, tokens + done, n);
         if ((rc = forward_tokens(ctx, tokens + done, meta, n, &last_token,
-                                 last && logits ? 1 : 0, false, pool, err)))
+                                 last && logits ? 1 : 0, logits, false, pool, err)))
             return rc;
         seq->n_tokens += n;
         eng__prefix_publish(ctx, seq);
         done += n;
     }
-    if (logits)
-        memcpy(logits, ctx->workspace + ctx->layout.logits, (size_t)hp->n_vocab * sizeof(float));
-    return SW_OK;
+    return SW_OK; /* the last chunk's output head wrote logits */
 }
 
 int eng_decode(eng_context *ctx, int32_t seq_id, const int32_t *tokens, int32_t n_tokens,
@@ -802,18 +864,25 @@ static int run_entries(eng_context *ctx, const eng_batch_entry *entries, const i
         if (e->logits)
             logit_tokens[n_logit++] = n - 1;
     }
-    if ((rc = forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit, per_token, NULL, err)))
+    /* One row of logits (a single sequence's decode) goes straight to its
+     * buffer; several are copied from the workspace after. */
+    float *row_out = NULL;
+    for (int32_t k = 0; n_logit == 1 && k < n_which; k++)
+        row_out = entries[which[k]].logits ? entries[which[k]].logits : row_out;
+    if ((rc = forward_tokens(ctx, tokens, meta, n, logit_tokens, n_logit, row_out, per_token,
+                             NULL, err)))
         return rc;
+    float *dst[ENG_BATCH_MAX_ENTRIES];
     n_logit = 0;
     for (int32_t k = 0; k < n_which; k++) {
         const eng_batch_entry *e = &entries[which[k]];
         ctx->seqs[e->seq_id].n_tokens += e->n_tokens;
         eng__prefix_publish(ctx, &ctx->seqs[e->seq_id]);
         if (e->logits)
-            memcpy(e->logits, ws + ctx->layout.logits +
-                   (size_t)n_logit++ * (size_t)hp->n_vocab * sizeof(float),
-                   (size_t)hp->n_vocab * sizeof(float));
+            dst[n_logit++] = e->logits;
     }
+    if (!row_out)
+        copy_logits(ctx, dst, (const float *)(ws + ctx->layout.logits), n_logit, hp->n_vocab);
     return SW_OK;
 }
 

@@ -139,6 +139,25 @@ static bool any_slot(const rt_pool_view *v)
     return false;
 }
 
+/* Waiters left after a pass while a ready worker is held (refused, or
+ * filled by other routers' requests at its last /health): its /health is
+ * asked for at the supervisor's next pass, not at the next interval. The
+ * slot another router's request frees there is taken again at once by
+ * that router, which learns of it from its own release; this router
+ * learns of it only from a /health, so one that waited for its interval
+ * could find the worker full at every poll and wait out queue-timeout-ms
+ * while the other router's later requests run. */
+static void ask_held_locked(rt_queue *q)
+{
+    if (!q->head)
+        return;
+    RT_POOL_FOR_LIVE(q->pool, i) {
+        rt_worker *w = &q->pool->w[i];
+        if (w->held && rt_pool_state_locked(w) == WS_READY)
+            w->health_now = true;
+    }
+}
+
 void rt_queue_dispatch_locked(rt_queue *q, double now)
 {
     if (!q->head)
@@ -167,6 +186,7 @@ void rt_queue_dispatch_locked(rt_queue *q, double now)
         if (w->passed >= RT_QUEUE_MAX_PASSES)
             break; /* due: nothing behind it goes first any more */
     }
+    ask_held_locked(q);
 }
 
 static void release_locked(rt_queue *q, int wi, int64_t kv_bytes, const rt_tally *t,

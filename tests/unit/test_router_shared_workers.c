@@ -291,11 +291,65 @@ static void test_books_learn_from_health(void **state)
     assert_int_equal(wc_worker_stop(&wk), 0);
 }
 
+/* A held worker is asked again while requests wait: another client holds
+ * the worker's one slot; the router's request is refused (503
+ * worker_full), and the /health asked for after the refusal shows the
+ * slot taken (foreign_seqs 1: held). The other client's request then
+ * ends. The router's /health interval (30 s) is far beyond the request's
+ * queue-timeout-ms (8 s): the request is served only if the router asks
+ * the held worker again while it waits, not at its next interval (another
+ * router that refills the slot the moment its own request ends would
+ * otherwise find it full at every interval, and this router's queue would
+ * wait out queue-timeout-ms). */
+static void test_held_worker_asked_while_waiting(void **state)
+{
+    (void)state;
+    const char *args[] = {"--threads", "1", "--max-seqs", "1", "--max-queue", "0",
+                          "--ctx-limit", "512", NULL};
+    const char *env[] = {"SPILLWAY_FAULT=stall_ms:20", NULL};
+    wc_worker wk;
+    assert_int_equal(wc_worker_start(&wk, g_model, args, env, 30, NULL), 0);
+    char rest[800];
+    snprintf(rest, sizeof rest, "[worker shared]\nurl = unix:%s\n", wk.socket_path);
+    rh_router a;
+    assert_int_equal(rh_start(&a, "shared-asked", g_model,
+                              "health-interval-ms = 30000\nqueue-timeout-ms = 8000\n", rest),
+                     0);
+    int fd = direct_stream(&wk);
+
+    client c = {.r = &a, .i = 1003, .attempts = -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, client_main, &c), 0);
+    /* refused, then held by what the /health after the refusal showed;
+     * it waits in the router's queue */
+    double t0 = tu_now_s();
+    for (;;) {
+        json_t *books = stats_books(&a);
+        bool held = json_is_true(json_object_get(books, "held")) &&
+                    json_integer_value(json_object_get(books, "foreign_seqs")) == 1;
+        json_decref(books);
+        if (held && router_refusals(&a) >= 1 &&
+            rh_metric(a.sock, "spillway_router_queue_depth") == 1)
+            break;
+        if (tu_now_s() - t0 > 5)
+            fail_msg("the router's request was not refused and held in its queue");
+        usleep(20 * 1000);
+    }
+    close(fd); /* the other client's request ends: its slot is free */
+    pthread_join(th, NULL);
+    print_message("after the slot was freed: status %d (%s)\n", c.status, c.code);
+    assert_int_equal(c.status, 200);
+    assert_int_equal(c.attempts, 1); /* a refusal is not an attempt */
+    rh_finish(&a);
+    assert_int_equal(wc_worker_stop(&wk), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_routers_one_worker),
         cmocka_unit_test(test_books_learn_from_health),
+        cmocka_unit_test(test_held_worker_asked_while_waiting),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -23,6 +23,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1343,8 +1345,12 @@ int rt__listen_on(const char *addr, char *actual, size_t cap)
         return -1;
     fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
-    if (fd >= 0)
+    if (fd >= 0) {
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        /* inherited by every accepted connection: a stream's small writes
+         * go out at once instead of waiting for the client's ACK */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
     if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 128)) {
         if (fd >= 0)
             close(fd);

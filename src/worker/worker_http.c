@@ -37,6 +37,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 
 #define MOD "worker"
 
@@ -1943,6 +1944,10 @@ static int listen_on(wk_server *s, sw_error *err)
     struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, host, (uint16_t)port);
     if (!bs)
         return sw_error_set(err, SW_EIO, "cannot listen on %s:%ld", host, port);
+    /* inherited by every accepted connection: a stream's chunks, small
+     * writes, go out at once instead of waiting for the reader's ACK */
+    int one = 1;
+    setsockopt(evhttp_bound_socket_get_fd(bs), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int actual = (int)port;

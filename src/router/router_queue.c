@@ -146,14 +146,16 @@ static bool any_slot(const rt_pool_view *v)
  * that router, which learns of it from its own release; this router
  * learns of it only from a /health, so one that waited for its interval
  * could find the worker full at every poll and wait out queue-timeout-ms
- * while the other router's later requests run. */
+ * while the other router's later requests run. Only spillway workers: their
+ * /health is cheap and says what other routers use; another engine (a
+ * remote service) is asked at its interval as before. */
 static void ask_held_locked(rt_queue *q)
 {
     if (!q->head)
         return;
     RT_POOL_FOR_LIVE(q->pool, i) {
         rt_worker *w = &q->pool->w[i];
-        if (w->held && rt_pool_state_locked(w) == WS_READY)
+        if (w->held && w->cfg.kind == RT_KIND_SPILLWAY && rt_pool_state_locked(w) == WS_READY)
             w->health_now = true;
     }
 }

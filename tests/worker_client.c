@@ -85,6 +85,41 @@ int wc_worker_stop(wc_worker *w)
     return st;
 }
 
+pid_t wc_worker_start_tcp(const char *model, const char *log_path, int timeout_s, int *port)
+{
+    const char *bin = tu_spillway_bin();
+    *port = 0;
+    if (!bin)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(bin, bin, "worker", "--model", model, "--listen", "127.0.0.1:0", "--threads", "1",
+              (char *)NULL);
+        _exit(127);
+    }
+    static const char said[] = "listening on 127.0.0.1:";
+    double end = now_s() + timeout_s;
+    while (*port == 0 && now_s() < end) {
+        char *text = tu_read_file(log_path, NULL);
+        const char *at = text ? strstr(text, said) : NULL;
+        if (at)
+            *port = atoi(at + strlen(said));
+        sw_free(text);
+        if (*port == 0)
+            usleep(10000);
+    }
+    if (*port > 0)
+        return pid;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
 int wc_worker_start(wc_worker *w, const char *model, const char *const *args,
                     const char *const *env, int timeout_s, int *exit_status)
 {

@@ -26,6 +26,11 @@ typedef struct wc_worker {
  * (may be NULL) receives its exit status if it exited. */
 int wc_worker_start(wc_worker *w, const char *model, const char *const *args,
                     const char *const *env, int timeout_s, int *exit_status);
+/* Starts `spillway worker --model model --listen 127.0.0.1:0 --threads 1`
+ * with its output in log_path and waits (up to timeout_s) until it prints
+ * the port it listens on (the log's "listening on 127.0.0.1:PORT"). The
+ * pid, or -1 (the process is then gone); the port into *port. */
+pid_t wc_worker_start_tcp(const char *model, const char *log_path, int timeout_s, int *port);
 /* SIGTERM, wait up to 10 s, then SIGKILL. Returns the exit status (or
  * 128 + signal). */
 int wc_worker_stop(wc_worker *w);

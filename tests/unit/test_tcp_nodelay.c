@@ -12,7 +12,6 @@
 #include "testutil.h"
 #include "worker_client.h"
 
-#include "common/alloc.h"
 #include "modelgen/model_make.h"
 #include "router/router-impl.h"
 #include "router/router_net.h"
@@ -20,7 +19,6 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -30,7 +28,6 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 static int nodelay(int fd)
@@ -118,29 +115,11 @@ static void test_worker_listener(void **state)
     eng_model_make_params p = eng_model_make_default_params();
     p.seed = 5;
     assert_int_equal(eng_model_make(&p, model, NULL), 0);
-    const char *log = tu_tmp_path("nodelay-worker.log");
     char log_path[512];
-    snprintf(log_path, sizeof log_path, "%s", log);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(tu_spillway_bin(), tu_spillway_bin(), "worker", "--model", model, "--listen",
-              "127.0.0.1:0", "--threads", "1", (char *)NULL);
-        _exit(127);
-    }
-    /* listening once it says so */
-    bool listening = false;
-    for (int i = 0; i < 2000 && !listening; i++) {
-        char *text = tu_read_file(log_path, NULL);
-        listening = text && strstr(text, "listening on 127.0.0.1:");
-        sw_free(text);
-        if (!listening)
-            usleep(10000);
-    }
-    assert_true(listening);
+    snprintf(log_path, sizeof log_path, "%s", tu_tmp_path("nodelay-worker.log"));
+    int port = 0;
+    pid_t pid = wc_worker_start_tcp(model, log_path, 20, &port);
+    assert_true(pid > 0);
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) {
         kill(pid, SIGKILL);

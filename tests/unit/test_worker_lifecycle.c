@@ -84,29 +84,12 @@ static int tcp_get(int port, const char *path, wc_response *out)
 
 static void test_tcp_port_zero(void **state)
 {
-    const char *log = tu_tmp_path("worker-tcp.log");
     char logpath[512];
-    snprintf(logpath, sizeof logpath, "%s", log);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(tu_spillway_bin(), tu_spillway_bin(), "worker", "--model", g_model, "--listen",
-              "127.0.0.1:0", "--threads", "1", (char *)NULL);
-        _exit(127);
-    }
+    snprintf(logpath, sizeof logpath, "%s", tu_tmp_path("worker-tcp.log"));
     int port = 0;
+    pid_t pid = wc_worker_start_tcp(g_model, logpath, 20, &port);
+    assert_true(pid > 0);
     double end = now_s() + 20;
-    while (now_s() < end && port == 0) {
-        char *text = tu_read_file(logpath, NULL);
-        const char *at = text ? strstr(text, "listening on 127.0.0.1:") : NULL;
-        if (at)
-            port = atoi(at + strlen("listening on 127.0.0.1:"));
-        sw_free(text);
-        usleep(10000);
-    }
     assert_true(port > 0 && port < 65536);
     wc_response r;
     int status = 0;

@@ -45,6 +45,57 @@ static float avx2_sanitize_max(float *logits, int32_t n)
     return m;
 }
 
+/* 8 logits at p, NaN replaced by -inf (stored back only when there was
+ * one). */
+static inline __m256 avx2_sanitized(float *p)
+{
+    __m256 v = _mm256_loadu_ps(p);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(nan)) {
+        v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), nan);
+        _mm256_storeu_ps(p, v);
+    }
+    return v;
+}
+
+/* sanitize_max with each span's maximum too; the overall maximum taken
+ * vector by vector, then the tail, as sanitize_max takes it. */
+static float avx2_sanitize_spans(float *logits, int32_t n, float *span_max)
+{
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 mx = neg_inf;
+    int32_t j0 = 0;
+    for (; j0 + ENG_SAMPLER_SPAN <= n; j0 += ENG_SAMPLER_SPAN) {
+        __m256 sm = neg_inf;
+        for (int32_t i = j0; i < j0 + ENG_SAMPLER_SPAN; i += 8) {
+            __m256 v = avx2_sanitized(logits + i);
+            mx = _mm256_max_ps(mx, v);
+            sm = _mm256_max_ps(sm, v);
+        }
+        span_max[j0 / ENG_SAMPLER_SPAN] = avx2_hmax(sm);
+    }
+    if (j0 == n)
+        return avx2_hmax(mx);
+    __m256 sm = neg_inf; /* the last, shorter span */
+    int32_t i = j0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = avx2_sanitized(logits + i);
+        mx = _mm256_max_ps(mx, v);
+        sm = _mm256_max_ps(sm, v);
+    }
+    float m = avx2_hmax(mx), last = avx2_hmax(sm);
+    for (; i < n; i++) {
+        if (isnan(logits[i]))
+            logits[i] = -INFINITY;
+        if (logits[i] > m)
+            m = logits[i];
+        if (logits[i] > last)
+            last = logits[i];
+    }
+    span_max[j0 / ENG_SAMPLER_SPAN] = last;
+    return m;
+}
+
 static float avx2_max(const float *logits, int32_t n)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY);
@@ -344,6 +395,7 @@ static int32_t avx2_above(const float *values, int32_t n, float threshold, int32
 
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
     avx2_sanitize_max, avx2_max,    avx2_weights,     avx2_fine_sums, avx2_range,
-    avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass};
+    avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass,
+    avx2_sanitize_spans};
 
 #endif

@@ -36,6 +36,57 @@ static float avx512_sanitize_max(float *logits, int32_t n)
     return m;
 }
 
+/* 16 logits at p, NaN replaced by -inf (stored back only when there was
+ * one). */
+static inline __m512 avx512_sanitized(float *p)
+{
+    __m512 v = _mm512_loadu_ps(p);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (nan) {
+        v = _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(-INFINITY));
+        _mm512_storeu_ps(p, v);
+    }
+    return v;
+}
+
+/* sanitize_max with each span's maximum too; the overall maximum taken
+ * vector by vector, then the tail, as sanitize_max takes it. */
+static float avx512_sanitize_spans(float *logits, int32_t n, float *span_max)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 mx = neg_inf;
+    int32_t j0 = 0;
+    for (; j0 + ENG_SAMPLER_SPAN <= n; j0 += ENG_SAMPLER_SPAN) {
+        __m512 sm = neg_inf;
+        for (int32_t i = j0; i < j0 + ENG_SAMPLER_SPAN; i += 16) {
+            __m512 v = avx512_sanitized(logits + i);
+            mx = _mm512_max_ps(mx, v);
+            sm = _mm512_max_ps(sm, v);
+        }
+        span_max[j0 / ENG_SAMPLER_SPAN] = _mm512_reduce_max_ps(sm);
+    }
+    if (j0 == n)
+        return _mm512_reduce_max_ps(mx);
+    __m512 sm = neg_inf; /* the last, shorter span */
+    int32_t i = j0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = avx512_sanitized(logits + i);
+        mx = _mm512_max_ps(mx, v);
+        sm = _mm512_max_ps(sm, v);
+    }
+    float m = _mm512_reduce_max_ps(mx), last = _mm512_reduce_max_ps(sm);
+    for (; i < n; i++) {
+        if (isnan(logits[i]))
+            logits[i] = -INFINITY;
+        if (logits[i] > m)
+            m = logits[i];
+        if (logits[i] > last)
+            last = logits[i];
+    }
+    span_max[j0 / ENG_SAMPLER_SPAN] = last;
+    return m;
+}
+
 static float avx512_max(const float *logits, int32_t n)
 {
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -315,6 +366,7 @@ static int32_t avx512_above(const float *values, int32_t n, float threshold, int
 
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {
     avx512_sanitize_max, avx512_max,    avx512_weights,     avx512_fine_sums, avx512_range,
-    avx512_window,       avx512_first_above, avx512_above,  avx512_kept_mass};
+    avx512_window,       avx512_first_above, avx512_above,  avx512_kept_mass,
+    avx512_sanitize_spans};
 
 #endif

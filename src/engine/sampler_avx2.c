@@ -324,7 +324,7 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
  * loop and range's, fused. */
 static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float max,
                            float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                           uint64_t *total, int32_t *out, float *out_e)
+                           uint64_t *total, int32_t *out, float *e)
 {
     const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
     const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
@@ -336,6 +336,7 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
         for (; i + 8 <= b1; i += 8) {
             __m256 w = avx2_exp(
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
+            _mm256_storeu_ps(e + i, w);
             __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
             __m256i up = _mm256_cmpgt_epi32(key, vhi);
             __m256i mass = avx2_masses(w);
@@ -343,22 +344,16 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
             sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
             unsigned in = (unsigned)_mm256_movemask_ps(
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-            if (in) {
-                float wl[8];
-                _mm256_storeu_ps(wl, w);
-                do {
-                    int l = __builtin_ctz(in);
-                    out[m] = i + l;
-                    out_e[m++] = wl[l];
-                    in &= in - 1;
-                } while (in);
+            while (in) {
+                out[m++] = i + __builtin_ctz(in);
+                in &= in - 1;
             }
         }
         uint64_t a = avx2_sum32(sum), t = avx2_sum32(sum_all);
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;
             m += eng__sampler_window_scalar(logits, i, b1, max, inv_temp, lo, hi, &tail_above,
-                                            &tail_total, out + m, out_e + m);
+                                            &tail_total, out + m, e);
             a += tail_above;
             t += tail_total;
         }

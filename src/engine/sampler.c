@@ -132,7 +132,8 @@ struct eng_sampler {
     uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */
     uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* lanes: of the estimate's
                                                             samples, of an exact
-                                                            histogram */
+                                                            histogram, of a large
+                                                            group's refinement */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
     float *samples;       /* one in eng__sampler_stride(n_vocab): top-p's estimate's
                              logits, copied by the sanitize pass */
@@ -847,13 +848,15 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
                                                SAMPLER_HEAVY_MAX);
     if (n_heavy > SAMPLER_HEAVY_MAX)
         return;
-    for (int32_t j = 0; j < n_samples; j++) { /* out of the sample... */
-        float v = samples ? samples[j] : ps->values[(int64_t)j * stride];
-        if (v > heavy) {
+    /* out of the sample (the copied samples skipped to the next above,
+     * a vector at a time)... */
+    for (int32_t j = samples ? s->kern->first_above(samples, 0, n_samples, heavy) : 0;
+         j < n_samples; j = samples ? s->kern->first_above(samples, j + 1, n_samples, heavy)
+                                    : j + 1)
+        if ((samples ? samples[j] : ps->values[(int64_t)j * stride]) > heavy) {
             s->mass_top[sampler_key(sw[j])] -= sampler_mass(sw[j]) * (uint64_t)stride;
             s->count_top[sampler_key(sw[j])] -= (uint32_t)stride;
         }
-    }
     for (int32_t j0 = 0; j0 < n_heavy; j0 += ENG_SAMPLER_BLOCK) { /* ... and weighed */
         int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
         for (int32_t j = 0; j < k; j++)
@@ -923,6 +926,48 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
     }
 }
 
+/* Groups at least this large are bucketed in SAMPLER_LANES partial
+ * histograms (sampler_sub_histogram) */
+#define SAMPLER_LANES_MIN 256
+
+/* The masses of e[group[j]], j < m (group NULL: e[j]), by bits shift to
+ * shift + 9 of their weights, into mass_sub. A large group goes through
+ * SAMPLER_LANES partial histograms (member j into lane j % SAMPLER_LANES
+ * of mass_part), since members of one bucket (all of them, often, but
+ * a few buckets at the first level) would otherwise wait on each other's
+ * read-modify-write; the sums are integers, the same in any order. */
+static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t *group,
+                                  int32_t m, int shift)
+{
+    uint64_t *mass = s->mass_sub;
+    if (m < SAMPLER_LANES_MIN) {
+        memset(mass, 0, sizeof s->mass_sub);
+        for (int32_t j = 0; j < m; j++) {
+            float v = e[group ? group[j] : j];
+            mass[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+        }
+        return;
+    }
+    uint64_t(*part)[SAMPLER_BUCKETS] = s->mass_part;
+    memset(part, 0, sizeof s->mass_part);
+    int32_t j = 0;
+    for (; j + SAMPLER_LANES <= m; j += SAMPLER_LANES)
+        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
+            float v = e[group ? group[j + l] : j + l];
+            part[l][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+        }
+    for (; j < m; j++) {
+        float v = e[group ? group[j] : j];
+        part[0][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+    }
+    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
+        uint64_t sum = 0;
+        for (int32_t l = 0; l < SAMPLER_LANES; l++)
+            sum += part[l][b];
+        mass[b] = sum;
+    }
+}
+
 /* The first candidate of the order whose cumulative mass exceeds target,
  * among group[0..m) (indices into the weights e, in index order; NULL:
  * e[0..m) itself), all of whose members rank after the mass *acc already
@@ -941,11 +986,7 @@ static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *gro
     int32_t *out = s->group_b;
     /* group NULL: every index of e, in order (read in order) */
     for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
-        memset(s->mass_sub, 0, sizeof s->mass_sub);
-        for (int32_t j = 0; j < m; j++) {
-            float v = e[group ? group[j] : j];
-            s->mass_sub[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
-        }
+        sampler_sub_histogram(s, e, group, m, shift);
         int32_t b = sampler_walk(s->mass_sub, target, acc);
         if (b < 0)
             return -1;

@@ -58,13 +58,15 @@
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
  * the order already. The histogram is estimated first (sampler_estimate:
- * a sample, and the heavy candidates weighed exactly); the one pass that
- * computes the weights gathers the candidates of the few buckets around
- * the estimated cut with the exact mass above them, and the search runs
- * among them. Where the estimate missed, the weights are computed again
- * and stored, and the cut is looked for above the buckets, below them,
- * then in the exact histogram (sampler_cut): the estimate decides only how
- * fast the cut is found, never which it is.
+ * a sample, and the heavy candidates weighed exactly, found in the spans of
+ * 64 logits whose maximum, recorded by the sanitize pass, is above their
+ * threshold); the one pass that computes the weights stores them, gathers
+ * the candidates of the few buckets around the estimated cut and sums the
+ * exact total and the mass above those buckets, and the search runs among
+ * the gathered candidates. Where the estimate missed, the cut is looked for
+ * from the stored weights above the buckets, below them, then in the exact
+ * histogram (sampler_cut): the estimate decides only how fast the cut is
+ * found, never which it is.
  *
  * The random stream is counter-based: the uniform number of draw k is a
  * pure function of (seed, k), built from the splitmix64 finaliser, so
@@ -72,8 +74,9 @@
  *
  * Memory: every buffer (candidates, top-k's survivors, weights, block
  * sums, the groups of a search, the histograms, penalty counts, the bias
- * list) is allocated once at create, 32 bytes per vocabulary entry and 48
- * KiB of histograms; sampling allocates nothing. A vocabulary of more than
+ * list, top-p's samples and span maxima) is allocated once at create, about
+ * 32 bytes per vocabulary entry and 52 KiB of histograms; sampling allocates
+ * nothing. A vocabulary of more than
  * 2^23 entries is refused at create.
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */

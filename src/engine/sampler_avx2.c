@@ -4,8 +4,8 @@
  * others), so they are bit-identical on every instruction set, with their
  * 32-bit masses summed per block; log-softmax's fine masses (in two 32-bit
  * halves: AVX2 has no float -> int64 conversion); the masses a cut keeps; a
- * range of buckets' members by movemask, from stored weights or fused with
- * the weights' computation; top-k's skip. */
+ * range of buckets' members packed by a permutation, from stored weights or
+ * fused with the weights' computation; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -289,15 +289,66 @@ static int32_t avx2_first_above(const float *values, int32_t from, int32_t n, fl
     return n;
 }
 
+/* For each 8-bit mask, the lanes it sets in ascending order, 3 bits each
+ * (the first in bits 0-2): the permutation that moves them to the front. */
+static const uint32_t avx2_pack_lanes[256] = {
+    0x000000, 0x000000, 0x000001, 0x000008, 0x000002, 0x000010, 0x000011, 0x000088,
+    0x000003, 0x000018, 0x000019, 0x0000c8, 0x00001a, 0x0000d0, 0x0000d1, 0x000688,
+    0x000004, 0x000020, 0x000021, 0x000108, 0x000022, 0x000110, 0x000111, 0x000888,
+    0x000023, 0x000118, 0x000119, 0x0008c8, 0x00011a, 0x0008d0, 0x0008d1, 0x004688,
+    0x000005, 0x000028, 0x000029, 0x000148, 0x00002a, 0x000150, 0x000151, 0x000a88,
+    0x00002b, 0x000158, 0x000159, 0x000ac8, 0x00015a, 0x000ad0, 0x000ad1, 0x005688,
+    0x00002c, 0x000160, 0x000161, 0x000b08, 0x000162, 0x000b10, 0x000b11, 0x005888,
+    0x000163, 0x000b18, 0x000b19, 0x0058c8, 0x000b1a, 0x0058d0, 0x0058d1, 0x02c688,
+    0x000006, 0x000030, 0x000031, 0x000188, 0x000032, 0x000190, 0x000191, 0x000c88,
+    0x000033, 0x000198, 0x000199, 0x000cc8, 0x00019a, 0x000cd0, 0x000cd1, 0x006688,
+    0x000034, 0x0001a0, 0x0001a1, 0x000d08, 0x0001a2, 0x000d10, 0x000d11, 0x006888,
+    0x0001a3, 0x000d18, 0x000d19, 0x0068c8, 0x000d1a, 0x0068d0, 0x0068d1, 0x034688,
+    0x000035, 0x0001a8, 0x0001a9, 0x000d48, 0x0001aa, 0x000d50, 0x000d51, 0x006a88,
+    0x0001ab, 0x000d58, 0x000d59, 0x006ac8, 0x000d5a, 0x006ad0, 0x006ad1, 0x035688,
+    0x0001ac, 0x000d60, 0x000d61, 0x006b08, 0x000d62, 0x006b10, 0x006b11, 0x035888,
+    0x000d63, 0x006b18, 0x006b19, 0x0358c8, 0x006b1a, 0x0358d0, 0x0358d1, 0x1ac688,
+    0x000007, 0x000038, 0x000039, 0x0001c8, 0x00003a, 0x0001d0, 0x0001d1, 0x000e88,
+    0x00003b, 0x0001d8, 0x0001d9, 0x000ec8, 0x0001da, 0x000ed0, 0x000ed1, 0x007688,
+    0x00003c, 0x0001e0, 0x0001e1, 0x000f08, 0x0001e2, 0x000f10, 0x000f11, 0x007888,
+    0x0001e3, 0x000f18, 0x000f19, 0x0078c8, 0x000f1a, 0x0078d0, 0x0078d1, 0x03c688,
+    0x00003d, 0x0001e8, 0x0001e9, 0x000f48, 0x0001ea, 0x000f50, 0x000f51, 0x007a88,
+    0x0001eb, 0x000f58, 0x000f59, 0x007ac8, 0x000f5a, 0x007ad0, 0x007ad1, 0x03d688,
+    0x0001ec, 0x000f60, 0x000f61, 0x007b08, 0x000f62, 0x007b10, 0x007b11, 0x03d888,
+    0x000f63, 0x007b18, 0x007b19, 0x03d8c8, 0x007b1a, 0x03d8d0, 0x03d8d1, 0x1ec688,
+    0x00003e, 0x0001f0, 0x0001f1, 0x000f88, 0x0001f2, 0x000f90, 0x000f91, 0x007c88,
+    0x0001f3, 0x000f98, 0x000f99, 0x007cc8, 0x000f9a, 0x007cd0, 0x007cd1, 0x03e688,
+    0x0001f4, 0x000fa0, 0x000fa1, 0x007d08, 0x000fa2, 0x007d10, 0x007d11, 0x03e888,
+    0x000fa3, 0x007d18, 0x007d19, 0x03e8c8, 0x007d1a, 0x03e8d0, 0x03e8d1, 0x1f4688,
+    0x0001f5, 0x000fa8, 0x000fa9, 0x007d48, 0x000faa, 0x007d50, 0x007d51, 0x03ea88,
+    0x000fab, 0x007d58, 0x007d59, 0x03eac8, 0x007d5a, 0x03ead0, 0x03ead1, 0x1f5688,
+    0x000fac, 0x007d60, 0x007d61, 0x03eb08, 0x007d62, 0x03eb10, 0x03eb11, 0x1f5888,
+    0x007d63, 0x03eb18, 0x03eb19, 0x1f58c8, 0x03eb1a, 0x1f58d0, 0x1f58d1, 0xfac688,
+};
+
+/* The lanes of idx that mask sets, moved to the front in order (the rest
+ * is whatever the permutation leaves there). */
+static inline __m256i avx2_left_pack(__m256i idx, unsigned mask)
+{
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    __m256i perm = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32((int32_t)avx2_pack_lanes[mask]), shifts),
+        _mm256_set1_epi32(7));
+    return _mm256_permutevar8x32_epi32(idx, perm);
+}
+
 static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo, uint32_t hi,
                           uint64_t *above, int32_t *out)
 {
     /* buckets are at most 1016: signed comparisons order them */
     const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
+    const __m256i step = _mm256_set1_epi32(8);
     int32_t m = 0;
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
         __m256i sum = _mm256_setzero_si256();
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (; i + 8 <= b1; i += 8) {
             __m256 w = _mm256_loadu_ps(e + i);
             __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
@@ -305,10 +356,11 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
             sum = _mm256_add_epi32(sum, _mm256_and_si256(avx2_masses(w), up));
             unsigned in = (unsigned)_mm256_movemask_ps(
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-            while (in) {
-                out[m++] = i + __builtin_ctz(in);
-                in &= in - 1;
-            }
+            /* a full store at out + m, members or not (no branch to
+             * mispredict): m <= i - from, so it stays inside out[0, to - from) */
+            _mm256_storeu_si256((__m256i *)(out + m), avx2_left_pack(idx, in));
+            m += __builtin_popcount(in);
+            idx = _mm256_add_epi32(idx, step);
         }
         uint64_t a = avx2_sum32(sum), tail_above = 0;
         if (i < b1) { /* the last block's tail */
@@ -321,18 +373,22 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
 }
 
 /* range's work on the weights computed here (sampler-impl.h): weights'
- * loop and range's, fused. */
+ * loop and range's, fused; the members packed by a permutation, without a
+ * branch (they are scattered: a branch per vector would mispredict). */
 static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float max,
                            float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
                            uint64_t *total, int32_t *out, float *e)
 {
     const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
     const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
+    const __m256i step = _mm256_set1_epi32(8);
     int32_t m = 0;
     uint64_t all = 0;
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
         __m256i sum = _mm256_setzero_si256(), sum_all = _mm256_setzero_si256();
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (; i + 8 <= b1; i += 8) {
             __m256 w = avx2_exp(
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
@@ -344,10 +400,10 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
             sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
             unsigned in = (unsigned)_mm256_movemask_ps(
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-            while (in) {
-                out[m++] = i + __builtin_ctz(in);
-                in &= in - 1;
-            }
+            /* a full store at out + m, members or not (as in range) */
+            _mm256_storeu_si256((__m256i *)(out + m), avx2_left_pack(idx, in));
+            m += __builtin_popcount(in);
+            idx = _mm256_add_epi32(idx, step);
         }
         uint64_t a = avx2_sum32(sum), t = avx2_sum32(sum_all);
         if (i < b1) { /* the last block's tail */

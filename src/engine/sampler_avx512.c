@@ -1,5 +1,5 @@
 /* sampler_avx512.c - the sampler's kernels (sampler-impl.h) for AVX-512
- * (F, DQ), 16 lanes: NaN cleaning and maximum; the weights, each lane the
+ * (F, DQ), 16 lanes: NaN cleaning and maximum (also per span); the weights, each lane the
  * same operations as the scalar eng__sampler_exp (its fused multiply-adds
  * and no others), so they are bit-identical on every instruction set, with
  * their 32-bit masses summed per block; the masses a cut keeps; a range of
@@ -274,6 +274,12 @@ static int32_t avx512_range(const float *e, int32_t from, int32_t to, uint32_t l
     return m;
 }
 
+/* A block with at least this many members makes the window compress the
+ * next block's vectors without a branch (with members in one vector in
+ * sixteen or more, a branch on each would mispredict more than the
+ * compress costs). */
+#define AVX512_DENSE_MEMBERS 4
+
 /* range's work on the weights computed here (sampler-impl.h): weights'
  * loop and range's, fused; the buckets compared as floats (the bits of a
  * non-negative float order like its value). */
@@ -288,8 +294,10 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
     const __m512i step = _mm512_set1_epi32(16);
     int32_t m = 0;
     uint64_t all = 0;
+    unsigned dense = 0x10000; /* 0x10000: compress every vector; 0: those with members */
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
+        const int32_t m0 = m;
         __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(b0),
                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                          12, 13, 14, 15));
@@ -303,11 +311,16 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
             __m512i mass = avx512_masses(w);
             sum_all = _mm512_add_epi32(sum_all, mass);
             sum = _mm512_mask_add_epi32(sum, up, sum, mass);
-            /* a full store at out + m, members or not (as in range) */
-            _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
-            m += __builtin_popcount(in);
+            /* a full store at out + m, members or not (as in range); after
+             * a block with few members, only when there are some (a branch
+             * that rarely goes the other way costs less than the compress) */
+            if (in | dense) { /* one branch, taken whenever dense */
+                _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
+                m += __builtin_popcount(in);
+            }
             idx = _mm512_add_epi32(idx, step);
         }
+        dense = m - m0 >= AVX512_DENSE_MEMBERS ? 0x10000 : 0;
         uint64_t a = avx512_sum32(sum), t = avx512_sum32(sum_all);
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;

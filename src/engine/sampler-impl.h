@@ -2,11 +2,12 @@
  *
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
- * kernels): NaN cleaning and the maximum (also per span of logits), the weights with their integer
- * masses and per-block sums, log-softmax's finer sums, the masses a cut
- * keeps, the gather of a range of histogram buckets' members (from stored
- * weights, or fused with the weights' computation), top-k's skip to the
- * next logit above a threshold, and the logits above one. Every set gives bit-identical results to the scalar
+ * kernels): NaN cleaning and the maximum (also per span of logits), the
+ * weights with their integer masses and per-block sums, log-softmax's finer
+ * sums, the masses a cut keeps, the gather of a range of histogram buckets'
+ * members (from stored weights, or fused with the weights' computation,
+ * which stores them), top-k's skip to the next logit above a threshold, and
+ * the logits above one. Every set gives bit-identical results to the scalar
  * code in sampler.c: maxima and integer sums are exact in any order, and
  * the exponential is the same sequence of correctly rounded
  * single-precision operations (the same fused multiply-adds, no others) in

@@ -1,11 +1,12 @@
 /* sampler_avx2.c - the sampler's kernels (sampler-impl.h) for AVX2, 8
- * lanes: NaN cleaning and maximum; the weights, each lane the same
- * operations as the scalar eng__sampler_exp (its fused multiply-adds and no
- * others), so they are bit-identical on every instruction set, with their
- * 32-bit masses summed per block; log-softmax's fine masses (in two 32-bit
- * halves: AVX2 has no float -> int64 conversion); the masses a cut keeps; a
- * range of buckets' members packed by a permutation, from stored weights or
- * fused with the weights' computation; top-k's skip. */
+ * lanes: NaN cleaning and maximum (also per span); the weights, each lane
+ * the same operations as the scalar eng__sampler_exp (its fused
+ * multiply-adds and no others), so they are bit-identical on every
+ * instruction set, with their 32-bit masses summed per block; log-softmax's
+ * fine masses (in two 32-bit halves: AVX2 has no float -> int64
+ * conversion); the masses a cut keeps; a range of buckets' members packed
+ * by a permutation, from stored weights or fused with the weights'
+ * computation; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

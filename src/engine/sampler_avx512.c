@@ -1,10 +1,10 @@
 /* sampler_avx512.c - the sampler's kernels (sampler-impl.h) for AVX-512
- * (F, DQ), 16 lanes: NaN cleaning and maximum (also per span); the weights, each lane the
- * same operations as the scalar eng__sampler_exp (its fused multiply-adds
- * and no others), so they are bit-identical on every instruction set, with
- * their 32-bit masses summed per block; the masses a cut keeps; a range of
- * buckets' members by compress, from stored weights or fused with the
- * weights' computation; top-k's skip. */
+ * (F, DQ), 16 lanes: NaN cleaning and maximum (also per span); the
+ * weights, each lane the same operations as the scalar eng__sampler_exp
+ * (its fused multiply-adds and no others), so they are bit-identical on
+ * every instruction set, with their 32-bit masses summed per block; the
+ * masses a cut keeps; a range of buckets' members by compress, from stored
+ * weights or fused with the weights' computation; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

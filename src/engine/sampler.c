@@ -933,13 +933,12 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
  * histograms (sampler_sub_histogram) */
 #define SAMPLER_LANES_MIN 256
 
-/* The masses of e[group[j]], j < m, by bits shift to
+/* The masses of e[group[j]], j < m (group NULL: e[j]), by bits shift to
  * shift + 9 of their weights, into mass_sub. A large group goes through
  * SAMPLER_LANES partial histograms (member j into lane j % SAMPLER_LANES
- * of mass_part), since neighbouring members often share a bucket (a
- * window's members fill a few at the first level) and would otherwise wait
- * on each other's read-modify-write; the sums are integers, the same in
- * any order. */
+ * of mass_part), since members of one bucket (all of them, often, but
+ * a few buckets at the first level) would otherwise wait on each other's
+ * read-modify-write; the sums are integers, the same in any order. */
 static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t *group,
                                   int32_t m, int shift)
 {
@@ -947,7 +946,7 @@ static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t 
     if (m < SAMPLER_LANES_MIN) {
         memset(mass, 0, sizeof s->mass_sub);
         for (int32_t j = 0; j < m; j++) {
-            float v = e[group[j]];
+            float v = e[group ? group[j] : j];
             mass[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
         }
         return;
@@ -957,11 +956,11 @@ static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t 
     int32_t j = 0;
     for (; j + SAMPLER_LANES <= m; j += SAMPLER_LANES)
         for (int32_t l = 0; l < SAMPLER_LANES; l++) {
-            float v = e[group[j + l]];
+            float v = e[group ? group[j + l] : j + l];
             part[l][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
         }
     for (; j < m; j++) {
-        float v = e[group[j]];
+        float v = e[group ? group[j] : j];
         part[0][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
     }
     for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
@@ -973,8 +972,8 @@ static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t 
 }
 
 /* The first candidate of the order whose cumulative mass exceeds target,
- * among group[0..m) (indices into the weights e, in index order), all of
- * whose members rank after the mass *acc already
+ * among group[0..m) (indices into the weights e, in index order; NULL:
+ * e[0..m) itself), all of whose members rank after the mass *acc already
  * counted and share the bits of their weights above bit shift + 10 (shift
  * 20: any weights). Level by
  * level, the members are bucketed by the next 10 (at shift 20, 12) bits
@@ -988,6 +987,7 @@ static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *gro
                               int shift, uint64_t target, uint64_t *acc, uint64_t *through)
 {
     int32_t *out = s->group_b;
+    /* group NULL: every index of e, in order (read in order) */
     for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
         sampler_sub_histogram(s, e, group, m, shift);
         int32_t b = sampler_walk(s->mass_sub, target, acc);
@@ -995,13 +995,19 @@ static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *gro
             return -1;
         int32_t k = 0;
         for (int32_t j = 0; j < m; j++) {
-            int32_t g = group[j];
+            int32_t g = group ? group[j] : j;
             out[k] = g;
             k += ((sampler_bits(e[g]) >> shift) & (SAMPLER_BUCKETS - 1)) == (uint32_t)b;
         }
         group = out;
         out = out == s->group_b ? s->group_c : s->group_b;
         m = k;
+    }
+    if (!group) {
+        for (int32_t j = 0; j < m; j++)
+            out[j] = j;
+        group = out;
+        out = s->group_c;
     }
     int32_t *sorted = (int32_t *)group;
     if (m <= SAMPLER_SMALL) {

@@ -5,10 +5,10 @@
  * kernels): NaN cleaning and the maximum (also per span of logits), the
  * weights with their integer masses and per-block sums, log-softmax's finer
  * sums, the masses a cut keeps, the gather of a range of histogram buckets'
- * members (from stored weights, or fused with the weights' computation,
- * which stores them), top-k's skip to the next logit above a threshold, and
- * the logits above one. Every set gives bit-identical results to the scalar
- * code in sampler.c: maxima and integer sums are exact in any order, and
+ * members (from stored weights, or fused with the weights' computation),
+ * top-k's skip to the next logit above a threshold, and the logits above
+ * one. Every set gives bit-identical results to the scalar code in
+ * sampler.c: maxima and integer sums are exact in any order, and
  * the exponential is the same sequence of correctly rounded
  * single-precision operations (the same fused multiply-adds, no others) in
  * every lane, so a draw does not depend on the machine that makes it.
@@ -61,17 +61,17 @@ typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from
 typedef int32_t (*eng__sampler_range_fn)(const float *e, int32_t from, int32_t to, uint32_t lo,
                                          uint32_t hi, uint64_t *above, int32_t *out);
 
-/* The weights kernel's work fused with range's: over candidates [from, to)
- * of logits (from a multiple of ENG_SAMPLER_BLOCK), the weights as the
- * weights kernel computes them (min_p 0), stored at e[i] (e indexed like
- * logits); *total = the sum of all their masses; above[b] = the masses of
- * block b of these with a top-level bucket above hi; the indices
- * (ascending) of those with a bucket in [lo, hi] into out (room for to -
- * from); returns how many. */
+/* range's work straight from the logits, the weights never stored: over
+ * candidates [from, to) of logits (from a multiple of ENG_SAMPLER_BLOCK),
+ * the weights as the weights kernel computes them (min_p 0); *total = the
+ * sum of all their masses; above[b] = the masses of block b of these with
+ * a top-level bucket above hi; the indices (ascending) of those with a
+ * bucket in [lo, hi] into out and their weights into out_e, at the same
+ * positions (each with room for to - from); returns how many. */
 typedef int32_t (*eng__sampler_window_fn)(const float *logits, int32_t from, int32_t to,
                                           float max, float inv_temp, uint32_t lo, uint32_t hi,
                                           uint64_t *above, uint64_t *total, int32_t *out,
-                                          float *e);
+                                          float *out_e);
 
 /* The indices (ascending) of the n values above threshold, into out; returns
  * how many, or cap + 1 (out then holds anything) when there are more than
@@ -113,17 +113,17 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
                                   uint32_t hi, uint64_t *above, int32_t *out);
 int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
                                    float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                                   uint64_t *total, int32_t *out, float *e);
+                                   uint64_t *total, int32_t *out, float *out_e);
 int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
                                   int32_t cap);
 float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_max);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 
-/* For tests: how many of s's top-p cuts were found among the members of
- * the window pass (the top-level buckets the estimate pointed at) [0],
- * among the candidates above them [1], in the buckets below them [2], from
- * the exact histogram [3] (sampler.c, sampler_cut). */
+/* For tests: how many of s's top-p cuts were found in the one-pass window
+ * [0]; with the weights stored, among the top-level buckets the estimate
+ * pointed at [1], among the candidates above them [2], from the exact
+ * histogram [3] (sampler.c, sampler_top_p_window and sampler_cut). */
 struct eng_sampler;
 void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
 /* top-p's estimate samples one candidate in this many of n (a power of two,

@@ -58,15 +58,13 @@
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
  * the order already. The histogram is estimated first (sampler_estimate:
- * a sample, and the heavy candidates weighed exactly, found in the spans of
- * 64 logits whose maximum, recorded by the sanitize pass, is above their
- * threshold); the one pass that computes the weights stores them, gathers
- * the candidates of the few buckets around the estimated cut and sums the
- * exact total and the mass above those buckets, and the search runs among
- * the gathered candidates. Where the estimate missed, the cut is looked for
- * from the stored weights above the buckets, below them, then in the exact
- * histogram (sampler_cut): the estimate decides only how fast the cut is
- * found, never which it is.
+ * a sample, and the heavy candidates weighed exactly); the one pass that
+ * computes the weights gathers the candidates of the few buckets around
+ * the estimated cut with the exact mass above them, and the search runs
+ * among them. Where the estimate missed, the weights are computed again
+ * and stored, and the cut is looked for above the buckets, below them,
+ * then in the exact histogram (sampler_cut): the estimate decides only how
+ * fast the cut is found, never which it is.
  *
  * The random stream is counter-based: the uniform number of draw k is a
  * pure function of (seed, k), built from the splitmix64 finaliser, so
@@ -74,9 +72,8 @@
  *
  * Memory: every buffer (candidates, top-k's survivors, weights, block
  * sums, the groups of a search, the histograms, penalty counts, the bias
- * list, top-p's samples and span maxima) is allocated once at create, about
- * 32 bytes per vocabulary entry and 52 KiB of histograms; sampling allocates
- * nothing. A vocabulary of more than
+ * list) is allocated once at create, 32 bytes per vocabulary entry and 48
+ * KiB of histograms; sampling allocates nothing. A vocabulary of more than
  * 2^23 entries is refused at create.
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
@@ -127,9 +124,10 @@ struct eng_sampler {
     int32_t *group_b;     /*   gathered buckets, and of the levels refining */
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
-    uint64_t cut_paths[4]; /* top-p cuts found among the window's members,
-                              among the candidates above them, in the
-                              buckets below them, from the exact histogram */
+    uint64_t cut_paths[4]; /* top-p cuts found in the window (one pass), then,
+                              with stored weights, by the estimate's range,
+                              by the candidates above it, by the exact
+                              histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
     uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */
@@ -595,7 +593,7 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
 
 int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
                                    float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                                   uint64_t *total, int32_t *out, float *e)
+                                   uint64_t *total, int32_t *out, float *out_e)
 {
     int32_t m = 0;
     uint64_t all = 0;
@@ -608,8 +606,8 @@ int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to
             uint64_t mass = sampler_mass(w);
             all += mass;
             a += mass & (0 - (uint64_t)(key > hi));
-            e[i] = w;
             out[m] = i; /* without a branch, as in range */
+            out_e[m] = w;
             m += key >= lo && key <= hi;
         }
         above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
@@ -645,6 +643,7 @@ typedef struct sampler_pass {
     int32_t stride;                /* the estimate's: eng__sampler_stride(n) */
     const float *values;           /* weigh: the candidates' logits */
     float max, inv_temp, min_p;    /* weigh: min_p >= 0 */
+    bool store;                    /* weigh: store the weights */
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
@@ -715,14 +714,14 @@ static void sampler_histogram(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKETS],
 }
 
 /* A chunk's masses summed per block (of those with e >= min_p), into
- * kept; nothing stored. */
+ * kept; its weights stored when ps->store. */
 static void sampler_weigh_task(void *arg, int32_t c)
 {
     sampler_pass *ps = arg;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
     ps->s->kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p,
-                         NULL,
+                         ps->store ? ps->s->weight + b : NULL,
                          ps->s->kept + b / ENG_SAMPLER_BLOCK);
 }
 
@@ -739,14 +738,17 @@ static void sampler_gather_task(void *arg, int32_t c)
 }
 
 /* The members each chunk left at group_a + its start (ps->found[c] of
- * them), moved together in chunk order; returns how many. */
-static int32_t sampler_concat(eng_sampler *s, const sampler_pass *ps)
+ * them), moved together in chunk order, and with packed their weights at
+ * weight + the chunk's start (a window's); returns how many. */
+static int32_t sampler_concat(eng_sampler *s, const sampler_pass *ps, bool packed)
 {
     int32_t m = ps->found[0];
     for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
         int32_t begin, end;
         sampler_chunk(ps, c, &begin, &end);
         memmove(s->group_a + m, s->group_a + begin, sizeof *s->group_a * (size_t)ps->found[c]);
+        if (packed)
+            memmove(s->weight + m, s->weight + begin, sizeof *s->weight * (size_t)ps->found[c]);
         m += ps->found[c];
     }
     return m;
@@ -760,7 +762,7 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
     ps->lo = lo;
     ps->hi = hi;
     sampler_run(ps, sampler_gather_task);
-    return sampler_concat(s, ps);
+    return sampler_concat(s, ps, false);
 }
 
 /* The indices (ascending) of the logits[0..n) above threshold, into out,
@@ -872,9 +874,9 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
     }
 }
 
-/* Chunk c's window (the window kernel): its weights stored, its total
- * mass, the masses above hi per block into kept, its members' indices at
- * group_a + its start. */
+/* Chunk c's window (the window kernel): its total mass, the masses above
+ * hi per block into kept, its members' indices at group_a + its start and
+ * their weights at weight + its start (packed, not in their places). */
 static void sampler_window_task(void *arg, int32_t c)
 {
     sampler_pass *ps = arg;
@@ -883,7 +885,7 @@ static void sampler_window_task(void *arg, int32_t c)
     sampler_chunk(ps, c, &b, &e);
     ps->found[c] = s->kern->window(ps->values, b, e, ps->max, ps->inv_temp, ps->lo, ps->hi,
                                    s->kept + b / ENG_SAMPLER_BLOCK, &ps->chunk_total[c],
-                                   s->group_a + b, s->weight);
+                                   s->group_a + b, s->weight + b);
 }
 
 /* The top-level buckets [lo, hi] to gather around the cut the estimate in
@@ -1167,6 +1169,71 @@ static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t tar
     return 0;
 }
 
+/* The pick after a window's cut (sampler_pick's, without stored weights):
+ * each block's kept mass is its mass above the window (kept) and that of
+ * its members (indices group_a[0..m), weights packed in weight[0..m)) at
+ * or before the cut; the block the pick lands in has its weights
+ * recomputed. */
+static int32_t sampler_pick_window(eng_sampler *s, const sampler_pass *ps, int32_t m,
+                                   uint64_t target, float e_cut, int32_t id_cut)
+{
+    const int32_t n = ps->n;
+    const int32_t *idx = s->group_a;
+    const float *packed = s->weight;
+    float block[ENG_SAMPLER_BLOCK];
+    uint64_t acc = 0, unused;
+    int32_t j = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = s->kept[b0 / ENG_SAMPLER_BLOCK];
+        for (; j < m && idx[j] < b1; j++)
+            k += sampler_mass(packed[j]) &
+                 (0 - (uint64_t)sampler_at_or_before(packed[j], idx[j], e_cut, id_cut));
+        if (acc + k <= target) {
+            acc += k;
+            continue;
+        }
+        s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->inv_temp, 0.0f, block, &unused);
+        for (int32_t i = b0; i < b1; i++) {
+            float e = block[i - b0];
+            if (sampler_at_or_before(e, i, e_cut, id_cut)) {
+                acc += sampler_mass(e);
+                if (acc > target)
+                    return i;
+            }
+        }
+        break; /* unreachable: the block's kept mass takes acc past target */
+    }
+    return 0;
+}
+
+/* top-p without min-p in one pass over the candidates when the estimate
+ * is right: the window around the estimated cut, [ps->lo, ps->hi]
+ * (sampler_window_task), the cut refined among the window's members and
+ * the pick. Returns the candidate, or -1 when the cut is not among the
+ * members (the caller then stores the weights and searches further). */
+static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u)
+{
+    const eng_sampler_params *p = &s->params;
+    sampler_run(ps, sampler_window_task);
+    int32_t m = sampler_concat(s, ps, true);
+    uint64_t total = 0, acc = 0, through = 0;
+    for (int32_t c = 0; c < ps->n_chunks; c++)
+        total += ps->chunk_total[c];
+    const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    for (int32_t b = 0; b < n_blocks; b++)
+        acc += s->kept[b];
+    uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
+    uint64_t target = need > 0 ? need - 1 : 0;
+    int32_t at = acc <= target ? sampler_refine(s, s->weight, NULL, m, 20, target, &acc, &through)
+                               : -1; /* a position among the members */
+    if (at < 0)
+        return -1;
+    s->cut_paths[0]++;
+    return sampler_pick_window(s, ps, m, sampler_scale_u53(u, through), s->weight[at],
+                               s->group_a[at]);
+}
+
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
                            size_t n_history)
 {
@@ -1256,16 +1323,24 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     }
 
     /* top-p: the estimate (from the sanitize pass's samples unless the
-     * logits changed since) and the buckets around its cut; one pass (the
-     * window) stores the weights and gathers those buckets' members; the
-     * cut searched for from there */
+     * logits changed since) and the buckets around its cut; without min-p,
+     * the one-pass window */
     sampler_estimate(s, &ps, values == logits && !edited ? s->samples : NULL);
     sampler_estimate_window(s, p->top_p, &ps.lo, &ps.hi);
-    sampler_run(&ps, sampler_window_task);
-    int32_t m = sampler_concat(s, &ps);
+    if (!(min_p > 0.0f)) {
+        int32_t pos = sampler_top_p_window(s, &ps, u);
+        if (pos >= 0)
+            return cand ? cand[pos].id : pos;
+    }
+    /* the weights stored, the buckets gathered, the cut searched for */
+    ps.min_p = 0.0f;
+    ps.store = true;
+    sampler_run(&ps, sampler_weigh_task);
+    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
     s->total = 0;
-    for (int32_t c = 0; c < ps.n_chunks; c++)
-        s->total += ps.chunk_total[c];
+    for (int32_t b = 0; b < n_blocks; b++)
+        s->total += s->kept[b];
+    int32_t m = sampler_gather(s, &ps, ps.lo, ps.hi);
     uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
     uint64_t through = 0;
     int32_t at = sampler_cut(s, &ps, &m, need > 0 ? need - 1 : 0, &through);

@@ -360,13 +360,12 @@ static const uint64_t avx2_pack_lanes[256] = {
     0x0000070605040302ull, 0x0007060504030200ull, 0x0007060504030201ull, 0x0706050403020100ull,
 };
 
-/* The lanes of idx that mask sets, moved to the front in order (the rest
- * is whatever the permutation leaves there). */
-static inline __m256i avx2_left_pack(__m256i idx, unsigned mask)
+/* The permutation that moves the lanes mask sets to the front, in order
+ * (the rest is whatever it leaves there). */
+static inline __m256i avx2_pack_perm(unsigned mask)
 {
-    __m256i perm = _mm256_cvtepu8_epi32(
+    return _mm256_cvtepu8_epi32(
         _mm_loadl_epi64((const __m128i *)(const void *)&avx2_pack_lanes[mask]));
-    return _mm256_permutevar8x32_epi32(idx, perm);
 }
 
 static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo, uint32_t hi,
@@ -390,7 +389,8 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
             /* a full store at out + m, members or not (no branch to
              * mispredict): m <= i - from, so it stays inside out[0, to - from) */
-            _mm256_storeu_si256((__m256i *)(out + m), avx2_left_pack(idx, in));
+            _mm256_storeu_si256((__m256i *)(out + m),
+                                _mm256_permutevar8x32_epi32(idx, avx2_pack_perm(in)));
             m += __builtin_popcount(in);
             idx = _mm256_add_epi32(idx, step);
         }
@@ -413,7 +413,7 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
  * loop and range's, fused; the members packed by a permutation. */
 static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float max,
                            float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                           uint64_t *total, int32_t *out, float *e)
+                           uint64_t *total, int32_t *out, float *out_e)
 {
     const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
     const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
@@ -430,7 +430,6 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
         for (; i + 8 <= b1; i += 8) {
             __m256 w = avx2_exp(
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
-            _mm256_storeu_ps(e + i, w);
             __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
             __m256i up = _mm256_cmpgt_epi32(key, vhi);
             __m256i mass = avx2_masses(w);
@@ -438,11 +437,14 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
             sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
             unsigned in = (unsigned)_mm256_movemask_ps(
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-            /* a full store at out + m, members or not (as in range); after
-             * a block with few members, only when there are some (a branch
-             * that rarely goes the other way costs less than the packing) */
+            /* full stores at out + m and out_e + m, members or not (as in
+             * range); after a block with few members, only when there are
+             * some (a branch that rarely goes the other way costs less than
+             * the packing) */
             if (in | dense) { /* one branch, taken whenever dense */
-                _mm256_storeu_si256((__m256i *)(out + m), avx2_left_pack(idx, in));
+                __m256i perm = avx2_pack_perm(in);
+                _mm256_storeu_si256((__m256i *)(out + m), _mm256_permutevar8x32_epi32(idx, perm));
+                _mm256_storeu_ps(out_e + m, _mm256_permutevar8x32_ps(w, perm));
                 m += __builtin_popcount(in);
             }
             idx = _mm256_add_epi32(idx, step);
@@ -452,7 +454,7 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;
             m += eng__sampler_window_scalar(logits, i, b1, max, inv_temp, lo, hi, &tail_above,
-                                            &tail_total, out + m, e);
+                                            &tail_total, out + m, out_e + m);
             a += tail_above;
             t += tail_total;
         }

@@ -285,7 +285,7 @@ static int32_t avx512_range(const float *e, int32_t from, int32_t to, uint32_t l
  * non-negative float order like its value). */
 static int32_t avx512_window(const float *logits, int32_t from, int32_t to, float max,
                              float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                             uint64_t *total, int32_t *out, float *e)
+                             uint64_t *total, int32_t *out, float *out_e)
 {
     const __m512 vmax = _mm512_set1_ps(max), vinv = _mm512_set1_ps(inv_temp);
     /* the least weights of bucket lo and of the bucket above hi */
@@ -305,17 +305,18 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
         for (; i + 16 <= b1; i += 16) {
             __m512 w = avx512_exp(
                 _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
-            _mm512_storeu_ps(e + i, w);
             __mmask16 up = _mm512_cmp_ps_mask(w, w_up, _CMP_GE_OQ);
             __mmask16 in = _mm512_mask_cmp_ps_mask((__mmask16)~up, w, w_lo, _CMP_GE_OQ);
             __m512i mass = avx512_masses(w);
             sum_all = _mm512_add_epi32(sum_all, mass);
             sum = _mm512_mask_add_epi32(sum, up, sum, mass);
-            /* a full store at out + m, members or not (as in range); after
-             * a block with few members, only when there are some (a branch
-             * that rarely goes the other way costs less than the compress) */
+            /* full stores at out + m and out_e + m, members or not (as in
+             * range); after a block with few members, only when there are
+             * some (a branch that rarely goes the other way costs less than
+             * the compresses) */
             if (in | dense) { /* one branch, taken whenever dense */
                 _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
+                _mm512_storeu_ps(out_e + m, _mm512_maskz_compress_ps(in, w));
                 m += __builtin_popcount(in);
             }
             idx = _mm512_add_epi32(idx, step);
@@ -325,7 +326,7 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;
             m += eng__sampler_window_scalar(logits, i, b1, max, inv_temp, lo, hi, &tail_above,
-                                            &tail_total, out + m, e);
+                                            &tail_total, out + m, out_e + m);
             a += tail_above;
             t += tail_total;
         }

@@ -58,7 +58,9 @@
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
  * the order already. The histogram is estimated first (sampler_estimate:
- * a sample, and the heavy candidates weighed exactly); the one pass that
+ * a sample, and the heavy candidates weighed exactly, found in the spans of
+ * 64 logits whose maximum, recorded by the sanitize pass, is above their
+ * threshold); the one pass that
  * computes the weights gathers the candidates of the few buckets around
  * the estimated cut with the exact mass above them, and the search runs
  * among them. Where the estimate missed, the weights are computed again
@@ -72,8 +74,9 @@
  *
  * Memory: every buffer (candidates, top-k's survivors, weights, block
  * sums, the groups of a search, the histograms, penalty counts, the bias
- * list) is allocated once at create, 32 bytes per vocabulary entry and 48
- * KiB of histograms; sampling allocates nothing. A vocabulary of more than
+ * list, top-p's samples and span maxima) is allocated once at create, about
+ * 32 bytes per vocabulary entry and 52 KiB of histograms; sampling allocates
+ * nothing. A vocabulary of more than
  * 2^23 entries is refused at create.
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
@@ -932,15 +935,16 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
 }
 
 /* Groups at least this large are bucketed in SAMPLER_LANES partial
- * histograms (sampler_sub_histogram) */
+ * histograms (sampler_sub_histogram). */
 #define SAMPLER_LANES_MIN 256
 
 /* The masses of e[group[j]], j < m (group NULL: e[j]), by bits shift to
  * shift + 9 of their weights, into mass_sub. A large group goes through
  * SAMPLER_LANES partial histograms (member j into lane j % SAMPLER_LANES
- * of mass_part), since members of one bucket (all of them, often, but
- * a few buckets at the first level) would otherwise wait on each other's
- * read-modify-write; the sums are integers, the same in any order. */
+ * of mass_part), since neighbouring members often share a bucket (a
+ * window's members fill a few at the first level) and would otherwise wait
+ * on each other's read-modify-write; the sums are integers, the same in
+ * any order. */
 static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t *group,
                                   int32_t m, int shift)
 {

@@ -103,7 +103,7 @@ int main(int argc, char **argv)
     uint64_t paths[4];
     eng__sampler_cut_paths(s, paths);
     printf("vocabulary %d, top_p 0.95 over %d mixed distributions: %.1f us per draw (CPU time, "
-           "one thread; token sum %ld); cuts found among the window's members %llu, above "
+           "one thread; token sum %ld); cuts found among the estimate's buckets %llu, above "
            "them %llu, below them %llu, from the exact histogram %llu\n",
            n, n_sets, t * 1e6 / (ROUNDS * n_sets), sum, (unsigned long long)paths[0],
            (unsigned long long)paths[1], (unsigned long long)paths[2],

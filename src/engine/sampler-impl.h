@@ -120,10 +120,11 @@ float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_m
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 
-/* For tests: how many of s's top-p cuts were found in the one-pass window
- * [0]; with the weights stored, among the top-level buckets the estimate
- * pointed at [1], among the candidates above them [2], from the exact
- * histogram [3] (sampler.c, sampler_top_p_window and sampler_cut). */
+/* For tests: how many of s's top-p cuts were found among the top-level
+ * buckets the estimate pointed at (in the one-pass window, or with the
+ * weights stored) [0], among the candidates above them [1], in buckets
+ * below them [2], from the exact histogram [3] (sampler.c,
+ * sampler_top_p_window and sampler_cut). */
 struct eng_sampler;
 void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
 /* top-p's estimate samples one candidate in this many of n (a power of two,

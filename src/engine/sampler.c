@@ -127,10 +127,10 @@ struct eng_sampler {
     int32_t *group_b;     /*   gathered buckets, and of the levels refining */
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
-    uint64_t cut_paths[4]; /* top-p cuts found in the window (one pass), then,
-                              with stored weights, by the estimate's range,
-                              by the candidates above it, by the exact
-                              histogram */
+    uint64_t cut_paths[4]; /* top-p cuts found among the estimate's buckets
+                              (the one-pass window, or with stored weights),
+                              among the candidates above them, in buckets
+                              below them, from the exact histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
     uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */

@@ -16,7 +16,9 @@
 # its columns print "-" and the header says why. Then one draw's cost on
 # its own (bench/sampler_draw.c: CPU time on one thread, steady on a busy
 # machine) for each vocabulary size in DRAW_VOCABS, logits of spread 2 and
-# 5. Prints figures; asserts nothing.
+# 5, and a top-p draw's over mixed distributions, where its estimate
+# sometimes misses (bench/sampler_topp_mix.c). Prints figures; asserts
+# nothing.
 #
 #   bench/sampling.sh [BUILD_DIR]          (default: build)
 #   THREADS=2 TOKENS=200 REPEAT=3 CONCURRENCY="1 8" MODELS="small v152k" \
@@ -197,9 +199,12 @@ if [ -n "$draw_vocabs" ]; then
   here=$(cd "$(dirname "$0")" && pwd)
   cc -O2 -std=c11 -D_GNU_SOURCE -o "$work/sampler_draw" "$here/sampler_draw.c" -I"$here/../src" \
     $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
+  cc -O2 -std=c11 -D_GNU_SOURCE -o "$work/sampler_topp_mix" "$here/sampler_topp_mix.c" \
+    -I"$here/../src" $(cat "$build/spillway-libs.txt") -ljansson -lm -lpthread
   for v in $draw_vocabs; do
     for spread in 2 5; do
       "$work/sampler_draw" "$v" "$spread"
     done
+    "$work/sampler_topp_mix" "$v"
   done
 fi

@@ -2,12 +2,13 @@
  *
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
- * kernels): NaN cleaning and the maximum, the weights with their integer
- * masses and per-block sums, log-softmax's finer sums, the masses a cut
- * keeps, the gather of a range of histogram buckets' members (from stored
- * weights, or fused with the weights' computation), top-k's skip to the
- * next logit above a threshold, and the logits above one. Every set gives bit-identical results to the scalar
- * code in sampler.c: maxima and integer sums are exact in any order, and
+ * kernels): NaN cleaning and the maximum (also per span of logits), the
+ * weights with their integer masses and per-block sums, log-softmax's finer
+ * sums, the masses a cut keeps, the gather of a range of histogram buckets'
+ * members (from stored weights, or fused with the weights' computation),
+ * top-k's skip to the next logit above a threshold, and the logits above
+ * one. Every set gives bit-identical results to the scalar code in
+ * sampler.c: maxima and integer sums are exact in any order, and
  * the exponential is the same sequence of correctly rounded
  * single-precision operations (the same fused multiply-adds, no others) in
  * every lane, so a draw does not depend on the machine that makes it.
@@ -23,6 +24,12 @@
 
 /* NaN -> -inf in place; returns the largest value (-inf if none). */
 typedef float (*eng__sampler_sanitize_max_fn)(float *logits, int32_t n);
+/* sanitize_max's work, and the largest value of each span of
+ * ENG_SAMPLER_SPAN logits after it into span_max[j] (logits [j *
+ * ENG_SAMPLER_SPAN, (j + 1) * ENG_SAMPLER_SPAN) of these n; the last span
+ * may be shorter; equal as values on every instruction set, a zero's sign
+ * aside); returns what sanitize_max returns. */
+typedef float (*eng__sampler_sanitize_spans_fn)(float *logits, int32_t n, float *span_max);
 /* The largest of n values (no NaN among them). */
 typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
 /* The weights of n candidates, e[i] = eng__sampler_exp((logits[i] - max) *
@@ -66,6 +73,9 @@ typedef int32_t (*eng__sampler_window_fn)(const float *logits, int32_t from, int
                                           uint64_t *above, uint64_t *total, int32_t *out,
                                           float *out_e);
 
+/* The indices (ascending) of the n values above threshold, into out; returns
+ * how many, or cap + 1 (out then holds anything) when there are more than
+ * cap. */
 typedef int32_t (*eng__sampler_above_fn)(const float *values, int32_t n, float threshold,
                                          int32_t *out, int32_t cap);
 
@@ -79,6 +89,7 @@ typedef struct eng__sampler_kernels {
     eng__sampler_first_above_fn first_above;
     eng__sampler_above_fn above;
     eng__sampler_kept_mass_fn kept_mass;
+    eng__sampler_sanitize_spans_fn sanitize_spans;
 } eng__sampler_kernels;
 
 /* e -> integer mass: 2^25, so that a block's masses summed in 32-bit
@@ -88,6 +99,8 @@ typedef struct eng__sampler_kernels {
  * nothing to the sum) */
 #define ENG_SAMPLER_FINE_SCALE 1099511627776.0f
 #define ENG_SAMPLER_BLOCK 512 /* candidates per block of the draw's walk (kept sums) */
+#define ENG_SAMPLER_SPAN 64   /* logits per span of sanitize_spans' maxima (a whole
+                                 number of vectors; divides ENG_SAMPLER_BLOCK) */
 
 /* The scalar exponential every kernel reproduces lane by lane. */
 float eng__sampler_exp(float x);
@@ -103,13 +116,15 @@ int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to
                                    uint64_t *total, int32_t *out, float *out_e);
 int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
                                   int32_t cap);
+float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_max);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 
-/* For tests: how many of s's top-p cuts were found in the one-pass window
- * [0]; with the weights stored, among the top-level buckets the estimate
- * pointed at [1], among the candidates above them [2], from the exact
- * histogram [3] (sampler.c, sampler_top_p_window and sampler_cut). */
+/* For tests: how many of s's top-p cuts were found among the top-level
+ * buckets the estimate pointed at (in the one-pass window, or with the
+ * weights stored) [0], among the candidates above them [1], in buckets
+ * below them [2], from the exact histogram [3] (sampler.c,
+ * sampler_top_p_window and sampler_cut). */
 struct eng_sampler;
 void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
 /* top-p's estimate samples one candidate in this many of n (a power of two,

@@ -58,7 +58,9 @@
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
  * the order already. The histogram is estimated first (sampler_estimate:
- * a sample, and the heavy candidates weighed exactly); the one pass that
+ * a sample, and the heavy candidates weighed exactly, found in the spans of
+ * 64 logits whose maximum, recorded by the sanitize pass, is above their
+ * threshold); the one pass that
  * computes the weights gathers the candidates of the few buckets around
  * the estimated cut with the exact mass above them, and the search runs
  * among them. Where the estimate missed, the weights are computed again
@@ -72,8 +74,9 @@
  *
  * Memory: every buffer (candidates, top-k's survivors, weights, block
  * sums, the groups of a search, the histograms, penalty counts, the bias
- * list) is allocated once at create, 32 bytes per vocabulary entry and 48
- * KiB of histograms; sampling allocates nothing. A vocabulary of more than
+ * list, top-p's samples and span maxima) is allocated once at create, about
+ * 32 bytes per vocabulary entry and 52 KiB of histograms; sampling allocates
+ * nothing. A vocabulary of more than
  * 2^23 entries is refused at create.
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
@@ -124,20 +127,23 @@ struct eng_sampler {
     int32_t *group_b;     /*   gathered buckets, and of the levels refining */
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
-    uint64_t cut_paths[4]; /* top-p cuts found in the window (one pass), then,
-                              with stored weights, by the estimate's range,
-                              by the candidates above it, by the exact
-                              histogram */
+    uint64_t cut_paths[4]; /* top-p cuts found among the estimate's buckets
+                              (the one-pass window, or with stored weights),
+                              among the candidates above them, in buckets
+                              below them, from the exact histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
     uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */
     uint64_t mass_part[SAMPLER_LANES][SAMPLER_BUCKETS]; /* lanes: of the estimate's
                                                             samples, of an exact
-                                                            histogram */
+                                                            histogram, of a large
+                                                            group's refinement */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
     float *samples;       /* one in eng__sampler_stride(n_vocab): top-p's estimate's
                              logits, copied by the sanitize pass */
     float *sample_w;      /* ... and their weights */
+    float *span_max;      /* per span of ENG_SAMPLER_SPAN logits: its largest, from
+                             the sanitize pass when it copies the samples */
 };
 
 eng_sampler_params eng_sampler_default_params(void)
@@ -181,8 +187,11 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     size_t n_samples = (size_t)n_vocab / (size_t)eng__sampler_stride(n_vocab) + 1;
     s->samples = sw_calloc(n_samples, sizeof *s->samples);
     s->sample_w = sw_calloc(n_samples, sizeof *s->sample_w);
+    s->span_max = sw_calloc((size_t)(n_vocab + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN,
+                            sizeof *s->span_max);
     if (!s->cand || !s->counts || !s->values || !s->weight || !s->kept ||
-        !s->group_a || !s->group_b || !s->group_c || !s->samples || !s->sample_w)
+        !s->group_a || !s->group_b || !s->group_c || !s->samples || !s->sample_w ||
+        !s->span_max)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -215,6 +224,7 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->group_c);
     sw_free(s->samples);
     sw_free(s->sample_w);
+    sw_free(s->span_max);
     sw_free((void *)s->params.bias_ids);
     sw_free((void *)s->params.bias_values);
     sw_free(s);
@@ -414,6 +424,25 @@ static float sampler_scalar_sanitize_max(float *logits, int32_t n)
     return m;
 }
 
+float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_max)
+{
+    float m = -INFINITY;
+    for (int32_t j0 = 0; j0 < n; j0 += ENG_SAMPLER_SPAN) {
+        int32_t j1 = n - j0 > ENG_SAMPLER_SPAN ? j0 + ENG_SAMPLER_SPAN : n;
+        float sm = -INFINITY;
+        for (int32_t i = j0; i < j1; i++) {
+            if (isnan(logits[i]))
+                logits[i] = -INFINITY;
+            if (logits[i] > sm)
+                sm = logits[i];
+            if (logits[i] > m)
+                m = logits[i];
+        }
+        span_max[j0 / ENG_SAMPLER_SPAN] = sm;
+    }
+    return m;
+}
+
 static float sampler_scalar_max(const float *logits, int32_t n)
 {
     float m = -INFINITY;
@@ -448,7 +477,8 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
 static const eng__sampler_kernels sampler_kernels_scalar = {
     sampler_scalar_sanitize_max,   sampler_scalar_max,         eng__sampler_weights_scalar,
     eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  eng__sampler_window_scalar,
-    sampler_scalar_first_above,    eng__sampler_above_scalar,  eng__sampler_kept_mass_scalar};
+    sampler_scalar_first_above,    eng__sampler_above_scalar,  eng__sampler_kept_mass_scalar,
+    eng__sampler_sanitize_spans_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -646,10 +676,16 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     sampler_pass *ps = arg;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
-    if (ps->samples) /* top-p's estimate's, while the chunk is in cache */
-        for (int32_t i = b, j = b / ps->stride; i < e; i += ps->stride, j++)
-            ps->samples[j] = ps->logits[i];
+    if (!ps->samples) {
+        ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
+        return;
+    }
+    /* top-p's estimate's: the spans' maxima and, while the chunk is in
+     * cache, the samples */
+    ps->chunk_max[c] = ps->s->kern->sanitize_spans(ps->logits + b, e - b,
+                                                   ps->s->span_max + b / ENG_SAMPLER_SPAN);
+    for (int32_t i = b, j = b / ps->stride; i < e; i += ps->stride, j++)
+        ps->samples[j] = ps->logits[i];
 }
 
 static inline uint32_t sampler_key(float e)
@@ -732,6 +768,29 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
     return sampler_concat(s, ps, false);
 }
 
+/* The indices (ascending) of the logits[0..n) above threshold, into out,
+ * as the above kernel gives them (how many, or cap + 1 when more than
+ * cap), looking only in the spans whose maximum (span_max, the sanitize
+ * pass's) is above threshold. */
+static int32_t sampler_above_spans(const eng__sampler_kernels *kern, const float *logits,
+                                   int32_t n, const float *span_max, float threshold,
+                                   int32_t *out, int32_t cap)
+{
+    const int32_t n_spans = (n + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN;
+    int32_t m = 0;
+    for (int32_t j = kern->first_above(span_max, 0, n_spans, threshold); j < n_spans;
+         j = kern->first_above(span_max, j + 1, n_spans, threshold)) {
+        int32_t b = j * ENG_SAMPLER_SPAN, len = n - b < ENG_SAMPLER_SPAN ? n - b : ENG_SAMPLER_SPAN;
+        int32_t k = kern->above(logits + b, len, threshold, out + m, cap - m);
+        if (k > cap - m)
+            return cap + 1;
+        for (int32_t i = m; i < m + k; i++)
+            out[i] += b;
+        m += k;
+    }
+    return m;
+}
+
 /* top-p's estimate of the histogram of the masses, before any weight is
  * computed, into mass_top and count_top (the candidates per bucket): every
  * ps->stride-th candidate weighed (into sample_w), its mass and its count
@@ -745,7 +804,9 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
  * candidates at or above their bottom are found by one scan of the logits
  * and weighed exactly instead of sampled (unless they turn out to be more
  * than SAMPLER_HEAVY_MAX: many, which a sample sees well). The samples are
- * the ones the sanitize pass copied when samples is not NULL. */
+ * the ones the sanitize pass copied when samples is not NULL, and the scan
+ * then visits only the spans of logits whose maximum, which that pass also
+ * recorded, is above the bottom. */
 static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float *samples)
 {
     float x[ENG_SAMPLER_BLOCK], w[ENG_SAMPLER_BLOCK];
@@ -789,16 +850,21 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
     float e_b;
     memcpy(&e_b, &bits, sizeof e_b);
     const float heavy = nextafterf(ps->max + logf(e_b) / ps->inv_temp, -INFINITY);
-    int32_t n_heavy = s->kern->above(ps->values, ps->n, heavy, s->group_b, SAMPLER_HEAVY_MAX);
+    int32_t n_heavy = samples ? sampler_above_spans(s->kern, ps->values, ps->n, s->span_max,
+                                                    heavy, s->group_b, SAMPLER_HEAVY_MAX)
+                              : s->kern->above(ps->values, ps->n, heavy, s->group_b,
+                                               SAMPLER_HEAVY_MAX);
     if (n_heavy > SAMPLER_HEAVY_MAX)
         return;
-    for (int32_t j = 0; j < n_samples; j++) { /* out of the sample... */
-        float v = samples ? samples[j] : ps->values[(int64_t)j * stride];
-        if (v > heavy) {
+    /* out of the sample (the copied samples skipped to the next above,
+     * a vector at a time)... */
+    for (int32_t j = samples ? s->kern->first_above(samples, 0, n_samples, heavy) : 0;
+         j < n_samples; j = samples ? s->kern->first_above(samples, j + 1, n_samples, heavy)
+                                    : j + 1)
+        if ((samples ? samples[j] : ps->values[(int64_t)j * stride]) > heavy) {
             s->mass_top[sampler_key(sw[j])] -= sampler_mass(sw[j]) * (uint64_t)stride;
             s->count_top[sampler_key(sw[j])] -= (uint32_t)stride;
         }
-    }
     for (int32_t j0 = 0; j0 < n_heavy; j0 += ENG_SAMPLER_BLOCK) { /* ... and weighed */
         int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
         for (int32_t j = 0; j < k; j++)
@@ -868,6 +934,49 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
     }
 }
 
+/* Groups at least this large are bucketed in SAMPLER_LANES partial
+ * histograms (sampler_sub_histogram). */
+#define SAMPLER_LANES_MIN 256
+
+/* The masses of e[group[j]], j < m (group NULL: e[j]), by bits shift to
+ * shift + 9 of their weights, into mass_sub. A large group goes through
+ * SAMPLER_LANES partial histograms (member j into lane j % SAMPLER_LANES
+ * of mass_part), since neighbouring members often share a bucket (a
+ * window's members fill a few at the first level) and would otherwise wait
+ * on each other's read-modify-write; the sums are integers, the same in
+ * any order. */
+static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t *group,
+                                  int32_t m, int shift)
+{
+    uint64_t *mass = s->mass_sub;
+    if (m < SAMPLER_LANES_MIN) {
+        memset(mass, 0, sizeof s->mass_sub);
+        for (int32_t j = 0; j < m; j++) {
+            float v = e[group ? group[j] : j];
+            mass[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+        }
+        return;
+    }
+    uint64_t(*part)[SAMPLER_BUCKETS] = s->mass_part;
+    memset(part, 0, sizeof s->mass_part);
+    int32_t j = 0;
+    for (; j + SAMPLER_LANES <= m; j += SAMPLER_LANES)
+        for (int32_t l = 0; l < SAMPLER_LANES; l++) {
+            float v = e[group ? group[j + l] : j + l];
+            part[l][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+        }
+    for (; j < m; j++) {
+        float v = e[group ? group[j] : j];
+        part[0][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+    }
+    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
+        uint64_t sum = 0;
+        for (int32_t l = 0; l < SAMPLER_LANES; l++)
+            sum += part[l][b];
+        mass[b] = sum;
+    }
+}
+
 /* The first candidate of the order whose cumulative mass exceeds target,
  * among group[0..m) (indices into the weights e, in index order; NULL:
  * e[0..m) itself), all of whose members rank after the mass *acc already
@@ -886,11 +995,7 @@ static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *gro
     int32_t *out = s->group_b;
     /* group NULL: every index of e, in order (read in order) */
     for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
-        memset(s->mass_sub, 0, sizeof s->mass_sub);
-        for (int32_t j = 0; j < m; j++) {
-            float v = e[group ? group[j] : j];
-            s->mass_sub[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
-        }
+        sampler_sub_histogram(s, e, group, m, shift);
         int32_t b = sampler_walk(s->mass_sub, target, acc);
         if (b < 0)
             return -1;

@@ -1,11 +1,12 @@
 /* sampler_avx2.c - the sampler's kernels (sampler-impl.h) for AVX2, 8
- * lanes: NaN cleaning and maximum; the weights, each lane the same
- * operations as the scalar eng__sampler_exp (its fused multiply-adds and no
- * others), so they are bit-identical on every instruction set, with their
- * 32-bit masses summed per block; log-softmax's fine masses (in two 32-bit
- * halves: AVX2 has no float -> int64 conversion); the masses a cut keeps; a
- * range of buckets' members by movemask, from stored weights or fused with
- * the weights' computation; top-k's skip. */
+ * lanes: NaN cleaning and maximum (also per span); the weights, each lane
+ * the same operations as the scalar eng__sampler_exp (its fused
+ * multiply-adds and no others), so they are bit-identical on every
+ * instruction set, with their 32-bit masses summed per block; log-softmax's
+ * fine masses (in two 32-bit halves: AVX2 has no float -> int64
+ * conversion); the masses a cut keeps; a range of buckets' members packed
+ * by a permutation, from stored weights or fused with the weights'
+ * computation; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,6 +43,57 @@ static float avx2_sanitize_max(float *logits, int32_t n)
         if (logits[i] > m)
             m = logits[i];
     }
+    return m;
+}
+
+/* 8 logits at p, NaN replaced by -inf (stored back only when there was
+ * one). */
+static inline __m256 avx2_sanitized(float *p)
+{
+    __m256 v = _mm256_loadu_ps(p);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(nan)) {
+        v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), nan);
+        _mm256_storeu_ps(p, v);
+    }
+    return v;
+}
+
+/* sanitize_max with each span's maximum too; the overall maximum taken
+ * vector by vector, then the tail, as sanitize_max takes it. */
+static float avx2_sanitize_spans(float *logits, int32_t n, float *span_max)
+{
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 mx = neg_inf;
+    int32_t j0 = 0;
+    for (; j0 + ENG_SAMPLER_SPAN <= n; j0 += ENG_SAMPLER_SPAN) {
+        __m256 sm = neg_inf;
+        for (int32_t i = j0; i < j0 + ENG_SAMPLER_SPAN; i += 8) {
+            __m256 v = avx2_sanitized(logits + i);
+            mx = _mm256_max_ps(mx, v);
+            sm = _mm256_max_ps(sm, v);
+        }
+        span_max[j0 / ENG_SAMPLER_SPAN] = avx2_hmax(sm);
+    }
+    if (j0 == n)
+        return avx2_hmax(mx);
+    __m256 sm = neg_inf; /* the last, shorter span */
+    int32_t i = j0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = avx2_sanitized(logits + i);
+        mx = _mm256_max_ps(mx, v);
+        sm = _mm256_max_ps(sm, v);
+    }
+    float m = avx2_hmax(mx), last = avx2_hmax(sm);
+    for (; i < n; i++) {
+        if (isnan(logits[i]))
+            logits[i] = -INFINITY;
+        if (logits[i] > m)
+            m = logits[i];
+        if (logits[i] > last)
+            last = logits[i];
+    }
+    span_max[j0 / ENG_SAMPLER_SPAN] = last;
     return m;
 }
 
@@ -238,15 +290,96 @@ static int32_t avx2_first_above(const float *values, int32_t from, int32_t n, fl
     return n;
 }
 
+/* For each 8-bit mask, the lanes it sets in ascending order, one byte each
+ * (the first in the low byte): the permutation that moves them to the
+ * front (the bytes past them are 0). */
+static const uint64_t avx2_pack_lanes[256] = {
+    0x0000000000000000ull, 0x0000000000000000ull, 0x0000000000000001ull, 0x0000000000000100ull,
+    0x0000000000000002ull, 0x0000000000000200ull, 0x0000000000000201ull, 0x0000000000020100ull,
+    0x0000000000000003ull, 0x0000000000000300ull, 0x0000000000000301ull, 0x0000000000030100ull,
+    0x0000000000000302ull, 0x0000000000030200ull, 0x0000000000030201ull, 0x0000000003020100ull,
+    0x0000000000000004ull, 0x0000000000000400ull, 0x0000000000000401ull, 0x0000000000040100ull,
+    0x0000000000000402ull, 0x0000000000040200ull, 0x0000000000040201ull, 0x0000000004020100ull,
+    0x0000000000000403ull, 0x0000000000040300ull, 0x0000000000040301ull, 0x0000000004030100ull,
+    0x0000000000040302ull, 0x0000000004030200ull, 0x0000000004030201ull, 0x0000000403020100ull,
+    0x0000000000000005ull, 0x0000000000000500ull, 0x0000000000000501ull, 0x0000000000050100ull,
+    0x0000000000000502ull, 0x0000000000050200ull, 0x0000000000050201ull, 0x0000000005020100ull,
+    0x0000000000000503ull, 0x0000000000050300ull, 0x0000000000050301ull, 0x0000000005030100ull,
+    0x0000000000050302ull, 0x0000000005030200ull, 0x0000000005030201ull, 0x0000000503020100ull,
+    0x0000000000000504ull, 0x0000000000050400ull, 0x0000000000050401ull, 0x0000000005040100ull,
+    0x0000000000050402ull, 0x0000000005040200ull, 0x0000000005040201ull, 0x0000000504020100ull,
+    0x0000000000050403ull, 0x0000000005040300ull, 0x0000000005040301ull, 0x0000000504030100ull,
+    0x0000000005040302ull, 0x0000000504030200ull, 0x0000000504030201ull, 0x0000050403020100ull,
+    0x0000000000000006ull, 0x0000000000000600ull, 0x0000000000000601ull, 0x0000000000060100ull,
+    0x0000000000000602ull, 0x0000000000060200ull, 0x0000000000060201ull, 0x0000000006020100ull,
+    0x0000000000000603ull, 0x0000000000060300ull, 0x0000000000060301ull, 0x0000000006030100ull,
+    0x0000000000060302ull, 0x0000000006030200ull, 0x0000000006030201ull, 0x0000000603020100ull,
+    0x0000000000000604ull, 0x0000000000060400ull, 0x0000000000060401ull, 0x0000000006040100ull,
+    0x0000000000060402ull, 0x0000000006040200ull, 0x0000000006040201ull, 0x0000000604020100ull,
+    0x0000000000060403ull, 0x0000000006040300ull, 0x0000000006040301ull, 0x0000000604030100ull,
+    0x0000000006040302ull, 0x0000000604030200ull, 0x0000000604030201ull, 0x0000060403020100ull,
+    0x0000000000000605ull, 0x0000000000060500ull, 0x0000000000060501ull, 0x0000000006050100ull,
+    0x0000000000060502ull, 0x0000000006050200ull, 0x0000000006050201ull, 0x0000000605020100ull,
+    0x0000000000060503ull, 0x0000000006050300ull, 0x0000000006050301ull, 0x0000000605030100ull,
+    0x0000000006050302ull, 0x0000000605030200ull, 0x0000000605030201ull, 0x0000060503020100ull,
+    0x0000000000060504ull, 0x0000000006050400ull, 0x0000000006050401ull, 0x0000000605040100ull,
+    0x0000000006050402ull, 0x0000000605040200ull, 0x0000000605040201ull, 0x0000060504020100ull,
+    0x0000000006050403ull, 0x0000000605040300ull, 0x0000000605040301ull, 0x0000060504030100ull,
+    0x0000000605040302ull, 0x0000060504030200ull, 0x0000060504030201ull, 0x0006050403020100ull,
+    0x0000000000000007ull, 0x0000000000000700ull, 0x0000000000000701ull, 0x0000000000070100ull,
+    0x0000000000000702ull, 0x0000000000070200ull, 0x0000000000070201ull, 0x0000000007020100ull,
+    0x0000000000000703ull, 0x0000000000070300ull, 0x0000000000070301ull, 0x0000000007030100ull,
+    0x0000000000070302ull, 0x0000000007030200ull, 0x0000000007030201ull, 0x0000000703020100ull,
+    0x0000000000000704ull, 0x0000000000070400ull, 0x0000000000070401ull, 0x0000000007040100ull,
+    0x0000000000070402ull, 0x0000000007040200ull, 0x0000000007040201ull, 0x0000000704020100ull,
+    0x0000000000070403ull, 0x0000000007040300ull, 0x0000000007040301ull, 0x0000000704030100ull,
+    0x0000000007040302ull, 0x0000000704030200ull, 0x0000000704030201ull, 0x0000070403020100ull,
+    0x0000000000000705ull, 0x0000000000070500ull, 0x0000000000070501ull, 0x0000000007050100ull,
+    0x0000000000070502ull, 0x0000000007050200ull, 0x0000000007050201ull, 0x0000000705020100ull,
+    0x0000000000070503ull, 0x0000000007050300ull, 0x0000000007050301ull, 0x0000000705030100ull,
+    0x0000000007050302ull, 0x0000000705030200ull, 0x0000000705030201ull, 0x0000070503020100ull,
+    0x0000000000070504ull, 0x0000000007050400ull, 0x0000000007050401ull, 0x0000000705040100ull,
+    0x0000000007050402ull, 0x0000000705040200ull, 0x0000000705040201ull, 0x0000070504020100ull,
+    0x0000000007050403ull, 0x0000000705040300ull, 0x0000000705040301ull, 0x0000070504030100ull,
+    0x0000000705040302ull, 0x0000070504030200ull, 0x0000070504030201ull, 0x0007050403020100ull,
+    0x0000000000000706ull, 0x0000000000070600ull, 0x0000000000070601ull, 0x0000000007060100ull,
+    0x0000000000070602ull, 0x0000000007060200ull, 0x0000000007060201ull, 0x0000000706020100ull,
+    0x0000000000070603ull, 0x0000000007060300ull, 0x0000000007060301ull, 0x0000000706030100ull,
+    0x0000000007060302ull, 0x0000000706030200ull, 0x0000000706030201ull, 0x0000070603020100ull,
+    0x0000000000070604ull, 0x0000000007060400ull, 0x0000000007060401ull, 0x0000000706040100ull,
+    0x0000000007060402ull, 0x0000000706040200ull, 0x0000000706040201ull, 0x0000070604020100ull,
+    0x0000000007060403ull, 0x0000000706040300ull, 0x0000000706040301ull, 0x0000070604030100ull,
+    0x0000000706040302ull, 0x0000070604030200ull, 0x0000070604030201ull, 0x0007060403020100ull,
+    0x0000000000070605ull, 0x0000000007060500ull, 0x0000000007060501ull, 0x0000000706050100ull,
+    0x0000000007060502ull, 0x0000000706050200ull, 0x0000000706050201ull, 0x0000070605020100ull,
+    0x0000000007060503ull, 0x0000000706050300ull, 0x0000000706050301ull, 0x0000070605030100ull,
+    0x0000000706050302ull, 0x0000070605030200ull, 0x0000070605030201ull, 0x0007060503020100ull,
+    0x0000000007060504ull, 0x0000000706050400ull, 0x0000000706050401ull, 0x0000070605040100ull,
+    0x0000000706050402ull, 0x0000070605040200ull, 0x0000070605040201ull, 0x0007060504020100ull,
+    0x0000000706050403ull, 0x0000070605040300ull, 0x0000070605040301ull, 0x0007060504030100ull,
+    0x0000070605040302ull, 0x0007060504030200ull, 0x0007060504030201ull, 0x0706050403020100ull,
+};
+
+/* The permutation that moves the lanes mask sets to the front, in order
+ * (the rest is whatever it leaves there). */
+static inline __m256i avx2_pack_perm(unsigned mask)
+{
+    return _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64((const __m128i *)(const void *)&avx2_pack_lanes[mask]));
+}
+
 static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo, uint32_t hi,
                           uint64_t *above, int32_t *out)
 {
     /* buckets are at most 1016: signed comparisons order them */
     const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
+    const __m256i step = _mm256_set1_epi32(8);
     int32_t m = 0;
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
         __m256i sum = _mm256_setzero_si256();
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (; i + 8 <= b1; i += 8) {
             __m256 w = _mm256_loadu_ps(e + i);
             __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
@@ -254,10 +387,12 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
             sum = _mm256_add_epi32(sum, _mm256_and_si256(avx2_masses(w), up));
             unsigned in = (unsigned)_mm256_movemask_ps(
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-            while (in) {
-                out[m++] = i + __builtin_ctz(in);
-                in &= in - 1;
-            }
+            /* a full store at out + m, members or not (no branch to
+             * mispredict): m <= i - from, so it stays inside out[0, to - from) */
+            _mm256_storeu_si256((__m256i *)(out + m),
+                                _mm256_permutevar8x32_epi32(idx, avx2_pack_perm(in)));
+            m += __builtin_popcount(in);
+            idx = _mm256_add_epi32(idx, step);
         }
         uint64_t a = avx2_sum32(sum), tail_above = 0;
         if (i < b1) { /* the last block's tail */
@@ -269,19 +404,29 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
     return m;
 }
 
+/* A block with at least this many members makes the window pack the next
+ * block's vectors without a branch (with members in one vector in eight or
+ * more, a branch on each would mispredict more than the packing costs). */
+#define AVX2_DENSE_MEMBERS 8
+
 /* range's work on the weights computed here (sampler-impl.h): weights'
- * loop and range's, fused. */
+ * loop and range's, fused; the members packed by a permutation. */
 static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float max,
                            float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
                            uint64_t *total, int32_t *out, float *out_e)
 {
     const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
     const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
+    const __m256i step = _mm256_set1_epi32(8);
     int32_t m = 0;
     uint64_t all = 0;
+    unsigned dense = 0x100; /* 0x100: pack every vector; 0: those with members */
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
+        const int32_t m0 = m;
         __m256i sum = _mm256_setzero_si256(), sum_all = _mm256_setzero_si256();
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (; i + 8 <= b1; i += 8) {
             __m256 w = avx2_exp(
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
@@ -292,17 +437,19 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
             sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
             unsigned in = (unsigned)_mm256_movemask_ps(
                 _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-            if (in) {
-                float wl[8];
-                _mm256_storeu_ps(wl, w);
-                do {
-                    int l = __builtin_ctz(in);
-                    out[m] = i + l;
-                    out_e[m++] = wl[l];
-                    in &= in - 1;
-                } while (in);
+            /* full stores at out + m and out_e + m, members or not (as in
+             * range); after a block with few members, only when there are
+             * some (a branch that rarely goes the other way costs less than
+             * the packing) */
+            if (in | dense) { /* one branch, taken whenever dense */
+                __m256i perm = avx2_pack_perm(in);
+                _mm256_storeu_si256((__m256i *)(out + m), _mm256_permutevar8x32_epi32(idx, perm));
+                _mm256_storeu_ps(out_e + m, _mm256_permutevar8x32_ps(w, perm));
+                m += __builtin_popcount(in);
             }
+            idx = _mm256_add_epi32(idx, step);
         }
+        dense = m - m0 >= AVX2_DENSE_MEMBERS ? 0x100 : 0;
         uint64_t a = avx2_sum32(sum), t = avx2_sum32(sum_all);
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;
@@ -344,6 +491,7 @@ static int32_t avx2_above(const float *values, int32_t n, float threshold, int32
 
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
     avx2_sanitize_max, avx2_max,    avx2_weights,     avx2_fine_sums, avx2_range,
-    avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass};
+    avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass,
+    avx2_sanitize_spans};
 
 #endif

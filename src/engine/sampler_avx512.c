@@ -1,10 +1,10 @@
 /* sampler_avx512.c - the sampler's kernels (sampler-impl.h) for AVX-512
- * (F, DQ), 16 lanes: NaN cleaning and maximum; the weights, each lane the
- * same operations as the scalar eng__sampler_exp (its fused multiply-adds
- * and no others), so they are bit-identical on every instruction set, with
- * their 32-bit masses summed per block; the masses a cut keeps; a range of
- * buckets' members by compress, from stored weights or fused with the
- * weights' computation; top-k's skip. */
+ * (F, DQ), 16 lanes: NaN cleaning and maximum (also per span); the
+ * weights, each lane the same operations as the scalar eng__sampler_exp
+ * (its fused multiply-adds and no others), so they are bit-identical on
+ * every instruction set, with their 32-bit masses summed per block; the
+ * masses a cut keeps; a range of buckets' members by compress, from stored
+ * weights or fused with the weights' computation; top-k's skip. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -33,6 +33,57 @@ static float avx512_sanitize_max(float *logits, int32_t n)
         if (logits[i] > m)
             m = logits[i];
     }
+    return m;
+}
+
+/* 16 logits at p, NaN replaced by -inf (stored back only when there was
+ * one). */
+static inline __m512 avx512_sanitized(float *p)
+{
+    __m512 v = _mm512_loadu_ps(p);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (nan) {
+        v = _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(-INFINITY));
+        _mm512_storeu_ps(p, v);
+    }
+    return v;
+}
+
+/* sanitize_max with each span's maximum too; the overall maximum taken
+ * vector by vector, then the tail, as sanitize_max takes it. */
+static float avx512_sanitize_spans(float *logits, int32_t n, float *span_max)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 mx = neg_inf;
+    int32_t j0 = 0;
+    for (; j0 + ENG_SAMPLER_SPAN <= n; j0 += ENG_SAMPLER_SPAN) {
+        __m512 sm = neg_inf;
+        for (int32_t i = j0; i < j0 + ENG_SAMPLER_SPAN; i += 16) {
+            __m512 v = avx512_sanitized(logits + i);
+            mx = _mm512_max_ps(mx, v);
+            sm = _mm512_max_ps(sm, v);
+        }
+        span_max[j0 / ENG_SAMPLER_SPAN] = _mm512_reduce_max_ps(sm);
+    }
+    if (j0 == n)
+        return _mm512_reduce_max_ps(mx);
+    __m512 sm = neg_inf; /* the last, shorter span */
+    int32_t i = j0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = avx512_sanitized(logits + i);
+        mx = _mm512_max_ps(mx, v);
+        sm = _mm512_max_ps(sm, v);
+    }
+    float m = _mm512_reduce_max_ps(mx), last = _mm512_reduce_max_ps(sm);
+    for (; i < n; i++) {
+        if (isnan(logits[i]))
+            logits[i] = -INFINITY;
+        if (logits[i] > m)
+            m = logits[i];
+        if (logits[i] > last)
+            last = logits[i];
+    }
+    span_max[j0 / ENG_SAMPLER_SPAN] = last;
     return m;
 }
 
@@ -223,6 +274,12 @@ static int32_t avx512_range(const float *e, int32_t from, int32_t to, uint32_t l
     return m;
 }
 
+/* A block with at least this many members makes the window compress the
+ * next block's vectors without a branch (with members in one vector in
+ * sixteen or more, a branch on each would mispredict more than the
+ * compress costs). */
+#define AVX512_DENSE_MEMBERS 4
+
 /* range's work on the weights computed here (sampler-impl.h): weights'
  * loop and range's, fused; the buckets compared as floats (the bits of a
  * non-negative float order like its value). */
@@ -237,8 +294,10 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
     const __m512i step = _mm512_set1_epi32(16);
     int32_t m = 0;
     uint64_t all = 0;
+    unsigned dense = 0x10000; /* 0x10000: compress every vector; 0: those with members */
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
+        const int32_t m0 = m;
         __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(b0),
                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                          12, 13, 14, 15));
@@ -251,12 +310,18 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
             __m512i mass = avx512_masses(w);
             sum_all = _mm512_add_epi32(sum_all, mass);
             sum = _mm512_mask_add_epi32(sum, up, sum, mass);
-            /* full stores at out + m, members or not (as in range) */
-            _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
-            _mm512_storeu_ps(out_e + m, _mm512_maskz_compress_ps(in, w));
-            m += __builtin_popcount(in);
+            /* full stores at out + m and out_e + m, members or not (as in
+             * range); after a block with few members, only when there are
+             * some (a branch that rarely goes the other way costs less than
+             * the compresses) */
+            if (in | dense) { /* one branch, taken whenever dense */
+                _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
+                _mm512_storeu_ps(out_e + m, _mm512_maskz_compress_ps(in, w));
+                m += __builtin_popcount(in);
+            }
             idx = _mm512_add_epi32(idx, step);
         }
+        dense = m - m0 >= AVX512_DENSE_MEMBERS ? 0x10000 : 0;
         uint64_t a = avx512_sum32(sum), t = avx512_sum32(sum_all);
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;
@@ -315,6 +380,7 @@ static int32_t avx512_above(const float *values, int32_t n, float threshold, int
 
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {
     avx512_sanitize_max, avx512_max,    avx512_weights,     avx512_fine_sums, avx512_range,
-    avx512_window,       avx512_first_above, avx512_above,  avx512_kept_mass};
+    avx512_window,       avx512_first_above, avx512_above,  avx512_kept_mass,
+    avx512_sanitize_spans};
 
 #endif

@@ -931,6 +931,42 @@ static void test_kernels_match_scalar(void **state)
                 if (got_n <= cap)
                     assert_memory_equal(members, want_members, sizeof(int32_t) * (size_t)got_n);
             }
+            /* NaN cleaning with the maximum of each span: lengths that end
+             * inside a span, inside a vector, on a span's end; NaN in the
+             * vector part and in the tail */
+            {
+                enum { NS = (V + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN };
+                const int32_t lens[] = {V, 5 * ENG_SAMPLER_SPAN, 5 * ENG_SAMPLER_SPAN + 16,
+                                        7, 1};
+                for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                    int32_t len = lens[li];
+                    memcpy(got, logits, sizeof(float) * V);
+                    memcpy(want, logits, sizeof(float) * V);
+                    got[70] = want[70] = NAN;
+                    got[len - 1] = want[len - 1] = NAN;
+                    float spans[NS], want_spans[NS];
+                    float mx = ks[k]->sanitize_spans(got, len, spans);
+                    float want_mx = eng__sampler_sanitize_spans_scalar(want, len, want_spans);
+                    assert_true(mx == want_mx);
+                    assert_memory_equal(got, want, sizeof(float) * (size_t)len);
+                    int32_t ns = (len + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN;
+                    for (int32_t j = 0; j < ns; j++) {
+                        float top = -INFINITY;
+                        for (int32_t i = j * ENG_SAMPLER_SPAN;
+                             i < len && i < (j + 1) * ENG_SAMPLER_SPAN; i++)
+                            top = want[i] > top ? want[i] : top;
+                        assert_true(spans[j] == want_spans[j]);
+                        assert_true(spans[j] == top);
+                    }
+                    memcpy(want, logits, sizeof(float) * V);
+                    want[70] = want[len - 1] = NAN;
+                    float plain = ks[k]->sanitize_max(want, len);
+                    assert_true(plain == mx);
+                }
+                /* the want array is rebuilt for the checks below */
+                for (int i = 0; i < V; i++)
+                    want[i] = eng__sampler_exp((logits[i] - 5.0f) * inv_temps[t]);
+            }
             /* log-softmax's fine sums */
             uint64_t fine[NB], want_fine[NB];
             ks[k]->fine_sums(logits, V, 5.0f, fine);

@@ -1,4 +1,4 @@
-# llama-server-common.sh - what bench/llama-server-{failover,resume,vision}.sh
+# llama-server-common.sh - what bench/llama-server-{failover,resume,vision,drill}.sh
 # share, sourced after `set -euo pipefail` with the build directory in
 # $1: the spillway binary (bin), the model (model: MODEL or stories260K
 # from ../shared), llama.cpp's llama-server (server, built by

@@ -16,24 +16,8 @@
 # status: 0 when every scenario that ran passed. Then `spillway bench
 # profiles --llama-server` on the same files (NO_PROFILES=1: not).
 set -euo pipefail
-build=${1:-build}
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
-bin="$build/spillway"
-[ -x "$bin" ] || { echo "no $bin (build first)" >&2; exit 1; }
-bin=$(cd "$(dirname "$bin")" && pwd)/spillway
-model=${MODEL:-$root/../shared/models/stories260K.gguf}
-[ -f "$model" ] || { echo "no model $model (set MODEL=FILE)" >&2; exit 1; }
-model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
-ref_bin=$(cd "$root" && REF_DIR=${REF_DIR:-build-reference} bench/llamacpp-build.sh)
-ref_bin=$(cd "$root" && cd "$ref_bin" && pwd)
-server="$ref_bin/llama-server"
-[ -x "$server" ] || { echo "no $server" >&2; exit 1; }
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/spillway-ls-drill.XXXXXX")
+. "$(dirname "$0")/llama-server-common.sh"
 out=${OUT:-$dir/report}
-cleanup() { [ -n "${KEEP:-}" ] || [ -n "${OUT:-}" ] || rm -rf "$dir"; }
-trap cleanup EXIT
 # the example, with this machine's llama-server and model; one thread
 # each (a small machine runs both tiers and the router)
 sed -e "s|^path = .*|path = $model|" \

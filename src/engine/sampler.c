@@ -103,7 +103,7 @@
  * at least this many of n, at most one in 32 */
 #define SAMPLER_SAMPLES 2048
 /* At most this many chunks per pass, and the lanes of the histograms built
- * one candidate at a time (sampler_estimate, sampler_histogram). */
+ * one candidate at a time (sampler_estimate, sampler_bucket_masses). */
 #define SAMPLER_LANES 4
 
 typedef struct eng_candidate {
@@ -693,29 +693,6 @@ static inline uint32_t sampler_key(float e)
     return sampler_bits(e) >> 20; /* the top 12 bits: 0..1016 for e in [0, 1] */
 }
 
-/* The masses of weights e[0..n) by top-level bucket, into mass: built as
- * SAMPLER_LANES partial histograms (candidate i into lane i %
- * SAMPLER_LANES of part, cleared first), since neighbours in one bucket
- * (the common case) would otherwise wait on each other's
- * read-modify-write, then summed. */
-static void sampler_histogram(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKETS], const float *e,
-                              int32_t n)
-{
-    memset(part, 0, sizeof(uint64_t) * SAMPLER_LANES * SAMPLER_BUCKETS);
-    int32_t i = 0;
-    for (; i + SAMPLER_LANES <= n; i += SAMPLER_LANES)
-        for (int32_t l = 0; l < SAMPLER_LANES; l++)
-            part[l][sampler_key(e[i + l])] += sampler_mass(e[i + l]);
-    for (; i < n; i++)
-        part[0][sampler_key(e[i])] += sampler_mass(e[i]);
-    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
-        uint64_t m = 0;
-        for (int32_t l = 0; l < SAMPLER_LANES; l++)
-            m += part[l][b];
-        mass[b] = m;
-    }
-}
-
 /* A chunk's masses summed per block (of those with e >= min_p), into
  * kept; its weights stored when ps->store. */
 static void sampler_weigh_task(void *arg, int32_t c)
@@ -935,30 +912,28 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
 }
 
 /* Groups at least this large are bucketed in SAMPLER_LANES partial
- * histograms (sampler_sub_histogram). */
+ * histograms (sampler_bucket_masses). */
 #define SAMPLER_LANES_MIN 256
 
 /* The masses of e[group[j]], j < m (group NULL: e[j]), by bits shift to
- * shift + 9 of their weights, into mass_sub. A large group goes through
+ * shift + 9 of their weights (shift 20: the top-level bucket, the top 12
+ * bits, at most 1016 for e <= 1), into mass. A large group goes through
  * SAMPLER_LANES partial histograms (member j into lane j % SAMPLER_LANES
- * of mass_part), since neighbouring members often share a bucket (a
- * window's members fill a few at the first level) and would otherwise wait
- * on each other's read-modify-write; the sums are integers, the same in
- * any order. */
-static void sampler_sub_histogram(eng_sampler *s, const float *e, const int32_t *group,
-                                  int32_t m, int shift)
+ * of part, cleared first), since neighbouring members often share a bucket
+ * (the common case) and would otherwise wait on each other's
+ * read-modify-write; the sums are integers, the same in any order. */
+static void sampler_bucket_masses(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKETS],
+                                  const float *e, const int32_t *group, int32_t m, int shift)
 {
-    uint64_t *mass = s->mass_sub;
     if (m < SAMPLER_LANES_MIN) {
-        memset(mass, 0, sizeof s->mass_sub);
+        memset(mass, 0, sizeof(uint64_t) * SAMPLER_BUCKETS);
         for (int32_t j = 0; j < m; j++) {
             float v = e[group ? group[j] : j];
             mass[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
         }
         return;
     }
-    uint64_t(*part)[SAMPLER_BUCKETS] = s->mass_part;
-    memset(part, 0, sizeof s->mass_part);
+    memset(part, 0, sizeof(uint64_t) * SAMPLER_LANES * SAMPLER_BUCKETS);
     int32_t j = 0;
     for (; j + SAMPLER_LANES <= m; j += SAMPLER_LANES)
         for (int32_t l = 0; l < SAMPLER_LANES; l++) {
@@ -995,7 +970,7 @@ static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *gro
     int32_t *out = s->group_b;
     /* group NULL: every index of e, in order (read in order) */
     for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
-        sampler_sub_histogram(s, e, group, m, shift);
+        sampler_bucket_masses(s->mass_sub, s->mass_part, e, group, m, shift);
         int32_t b = sampler_walk(s->mass_sub, target, acc);
         if (b < 0)
             return -1;
@@ -1086,7 +1061,7 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, int32_t *n_members,
     }
     s->cut_paths[3]++;
     /* the estimate missed: the exact histogram, then its bucket */
-    sampler_histogram(s->mass_top, s->mass_part, s->weight, ps->n);
+    sampler_bucket_masses(s->mass_top, s->mass_part, s->weight, NULL, ps->n, 20);
     acc = 0;
     int32_t b = sampler_walk(s->mass_top, target, &acc);
     if (b >= 0) {

@@ -63,10 +63,13 @@
  * threshold); the one pass that
  * computes the weights gathers the candidates of the few buckets around
  * the estimated cut with the exact mass above them, and the search runs
- * among them. Where the estimate missed, the weights are computed again
- * and stored, and the cut is looked for above the buckets, below them,
- * then in the exact histogram (sampler_cut): the estimate decides only how
- * fast the cut is found, never which it is.
+ * among them. Where the estimate missed, that pass has said which way: one
+ * more such pass gathers every bucket above, or the buckets below where the
+ * estimate, scaled to the exact mass left there, puts the cut. Where that
+ * misses too (and with min-p), the weights are computed again and stored,
+ * and the cut is looked for above the buckets, below them, then in the
+ * exact histogram (sampler_cut): the estimate decides only how fast the
+ * cut is found, never which it is.
  *
  * The random stream is counter-based: the uniform number of draw k is a
  * pure function of (seed, k), built from the splitmix64 finaliser, so
@@ -102,6 +105,9 @@
 /* top-p's estimate looks at one candidate in every eng__sampler_stride(n):
  * at least this many of n, at most one in 32 */
 #define SAMPLER_SAMPLES 2048
+/* The least top-level bucket (sampler_key) of a weight with a mass: e >=
+ * 2^-25, exponent 102, 8 buckets per power of two. */
+#define SAMPLER_KEY_MASS (102 * 8)
 /* At most this many chunks per pass, and the lanes of the histograms built
  * one candidate at a time (sampler_estimate, sampler_bucket_masses). */
 #define SAMPLER_LANES 4
@@ -693,6 +699,14 @@ static inline uint32_t sampler_key(float e)
     return sampler_bits(e) >> 20; /* the top 12 bits: 0..1016 for e in [0, 1] */
 }
 
+/* The estimate's bucket of weight e: its top-level bucket, those without
+ * mass (below SAMPLER_KEY_MASS) all in the one just below. */
+static inline uint32_t sampler_estimate_key(float e)
+{
+    uint32_t key = sampler_key(e);
+    return key >= SAMPLER_KEY_MASS ? key : SAMPLER_KEY_MASS - 1;
+}
+
 /* A chunk's masses summed per block (of those with e >= min_p), into
  * kept; its weights stored when ps->store. */
 static void sampler_weigh_task(void *arg, int32_t c)
@@ -798,13 +812,18 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
         s->kern->weights(src, k, ps->max, ps->inv_temp, 0.0f, s->sample_w + j0, &unused);
     }
     /* a lane's entry: the samples' count above bit 48, their mass below
-     * (at most 2^25 times n_samples) */
+     * (at most 2^25 times n_samples); the buckets below SAMPLER_KEY_MASS
+     * hold no mass, and their samples are counted in the one below it */
     const uint64_t one = (uint64_t)1 << 48, below48 = one - 1;
-    memset(s->mass_part, 0, sizeof s->mass_part);
+    const uint32_t low = SAMPLER_KEY_MASS - 1;
+    for (int32_t l = 0; l < SAMPLER_LANES; l++)
+        memset(s->mass_part[l] + low, 0, sizeof(uint64_t) * (SAMPLER_BUCKETS - low));
     for (int32_t j = 0; j < n_samples; j++)
-        s->mass_part[j % SAMPLER_LANES][sampler_key(sw[j])] += one + sampler_mass(sw[j]);
+        s->mass_part[j % SAMPLER_LANES][sampler_estimate_key(sw[j])] += one + sampler_mass(sw[j]);
+    memset(s->mass_top, 0, sizeof(uint64_t) * low);
+    memset(s->count_top, 0, sizeof(uint32_t) * low);
     uint64_t all = 0;
-    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++) {
+    for (int32_t k = (int32_t)low; k < SAMPLER_BUCKETS; k++) {
         uint64_t m = 0, n = 0;
         for (int32_t l = 0; l < SAMPLER_LANES; l++) {
             m += s->mass_part[l][k] & below48;
@@ -839,8 +858,8 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
          j < n_samples; j = samples ? s->kern->first_above(samples, j + 1, n_samples, heavy)
                                     : j + 1)
         if ((samples ? samples[j] : ps->values[(int64_t)j * stride]) > heavy) {
-            s->mass_top[sampler_key(sw[j])] -= sampler_mass(sw[j]) * (uint64_t)stride;
-            s->count_top[sampler_key(sw[j])] -= (uint32_t)stride;
+            s->mass_top[sampler_estimate_key(sw[j])] -= sampler_mass(sw[j]) * (uint64_t)stride;
+            s->count_top[sampler_estimate_key(sw[j])] -= (uint32_t)stride;
         }
     for (int32_t j0 = 0; j0 < n_heavy; j0 += ENG_SAMPLER_BLOCK) { /* ... and weighed */
         int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
@@ -848,8 +867,8 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
             x[j] = ps->values[s->group_b[j0 + j]];
         s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
         for (int32_t j = 0; j < k; j++) {
-            s->mass_top[sampler_key(w[j])] += sampler_mass(w[j]);
-            s->count_top[sampler_key(w[j])]++;
+            s->mass_top[sampler_estimate_key(w[j])] += sampler_mass(w[j]);
+            s->count_top[sampler_estimate_key(w[j])]++;
         }
     }
 }
@@ -1186,31 +1205,84 @@ static int32_t sampler_pick_window(eng_sampler *s, const sampler_pass *ps, int32
     return 0;
 }
 
+/* Where a window [lo, hi] that missed the cut points next: the exact mass
+ * at or above bucket lo is acc_lo, and the cut lies below, where the mass
+ * reaches target. The estimate's histogram below lo, scaled to the exact
+ * mass there (total - acc_lo), is walked down from lo - 1 to the bucket b
+ * where the cumulative mass crosses target; the next window is b -+
+ * SAMPLER_SPREAD, below lo. Returns false when the estimate saw nothing
+ * below lo. */
+static bool sampler_aim_below(const eng_sampler *s, uint32_t lo, uint64_t total, uint64_t acc_lo,
+                              uint64_t target, uint32_t *lo2, uint32_t *hi2)
+{
+    uint64_t est = 0;
+    for (uint32_t k = 0; k < lo; k++)
+        est += s->mass_top[k];
+    if (est == 0)
+        return false;
+    const double scale = (double)(total - acc_lo) / (double)est;
+    double acc = (double)acc_lo;
+    uint32_t b = lo;
+    while (b > 0 && acc <= (double)target)
+        acc += (double)s->mass_top[--b] * scale;
+    *lo2 = b > SAMPLER_SPREAD ? b - SAMPLER_SPREAD : 0;
+    *hi2 = b + SAMPLER_SPREAD < lo ? b + SAMPLER_SPREAD : lo - 1;
+    return true;
+}
+
 /* top-p without min-p in one pass over the candidates when the estimate
  * is right: the window around the estimated cut, [ps->lo, ps->hi]
  * (sampler_window_task), the cut refined among the window's members and
- * the pick. Returns the candidate, or -1 when the cut is not among the
- * members (the caller then stores the weights and searches further). */
+ * the pick. A window that missed tells where the cut is: above it (the
+ * mass above the window passes the target: the next window is every bucket
+ * above), or below (the next is where the estimate, scaled to the exact
+ * mass left below, puts it); one more window pass looks there. Returns the
+ * candidate, or -1 when that one missed too (the caller then stores the
+ * weights and searches further). */
 static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u)
 {
     const eng_sampler_params *p = &s->params;
-    sampler_run(ps, sampler_window_task);
-    int32_t m = sampler_concat(s, ps, true);
-    uint64_t total = 0, acc = 0, through = 0;
-    for (int32_t c = 0; c < ps->n_chunks; c++)
-        total += ps->chunk_total[c];
     const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    for (int32_t b = 0; b < n_blocks; b++)
-        acc += s->kept[b];
-    uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
-    uint64_t target = need > 0 ? need - 1 : 0;
-    int32_t at = acc <= target ? sampler_refine(s, s->weight, NULL, m, 20, target, &acc, &through)
-                               : -1; /* a position among the members */
-    if (at < 0)
-        return -1;
-    s->cut_paths[0]++;
-    return sampler_pick_window(s, ps, m, sampler_scale_u53(u, through), s->weight[at],
-                               s->group_a[at]);
+    const uint32_t lo0 = ps->lo, hi0 = ps->hi;
+    int path = 0; /* cut_paths' index: the window, then one above it or below */
+    for (;;) {
+        sampler_run(ps, sampler_window_task);
+        int32_t m = sampler_concat(s, ps, true);
+        uint64_t total = 0, acc = 0, through = 0;
+        for (int32_t c = 0; c < ps->n_chunks; c++)
+            total += ps->chunk_total[c];
+        for (int32_t b = 0; b < n_blocks; b++)
+            acc += s->kept[b];
+        uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
+        uint64_t target = need > 0 ? need - 1 : 0;
+        const bool above = acc > target;
+        int32_t at = above ? -1 /* a position among the members */
+                           : sampler_refine(s, s->weight, NULL, m, 20, target, &acc, &through);
+        if (at >= 0) {
+            s->cut_paths[path]++;
+            return sampler_pick_window(s, ps, m, sampler_scale_u53(u, through), s->weight[at],
+                                       s->group_a[at]);
+        }
+        if (path > 0)
+            break;
+        if (above) { /* every bucket above the window */
+            if (ps->hi >= SAMPLER_BUCKETS - 1)
+                break;
+            ps->lo = ps->hi + 1;
+            ps->hi = SAMPLER_BUCKETS - 1;
+            path = 1;
+        } else { /* acc: the mass at or above lo */
+            uint32_t lo2, hi2;
+            if (ps->lo == 0 || !sampler_aim_below(s, ps->lo, total, acc, target, &lo2, &hi2))
+                break;
+            ps->lo = lo2;
+            ps->hi = hi2;
+            path = 2;
+        }
+    }
+    ps->lo = lo0; /* the caller's search starts from the estimate again */
+    ps->hi = hi0;
+    return -1;
 }
 
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,

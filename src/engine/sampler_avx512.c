@@ -11,6 +11,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 
 static float avx512_sanitize_max(float *logits, int32_t n)
 {
@@ -274,15 +275,52 @@ static int32_t avx512_range(const float *e, int32_t from, int32_t to, uint32_t l
     return m;
 }
 
-/* A block with at least this many members makes the window compress the
- * next block's vectors without a branch (with members in one vector in
- * sixteen or more, a branch on each would mispredict more than the
- * compress costs). */
-#define AVX512_DENSE_MEMBERS 4
+/* A block with at least this many members makes the window store the next
+ * block's members as it goes (see avx512_window). */
+#define AVX512_DENSE_MEMBERS 128
+
+/* The indices of a block's members (mask[v]: those of its vector v, at
+ * b0 + 16 v), ascending, at out + m, for the n_vec vectors whose masks are
+ * given, and their weights at out_e + m, computed again from their logits
+ * gathered 16 at a time; returns how many. */
+static int32_t avx512_collect(const float *logits, int32_t b0, const uint16_t *mask,
+                              int32_t n_vec, __m512 vmax, __m512 vinv, int32_t *out,
+                              float *out_e)
+{
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    uint32_t live = _mm512_test_epi16_mask(_mm512_loadu_si512((const void *)mask),
+                                           _mm512_set1_epi16(-1));
+    live &= n_vec >= 32 ? 0xffffffffu : (1u << n_vec) - 1;
+    int32_t m = 0;
+    for (; live; live &= live - 1) {
+        int32_t v = __builtin_ctz(live);
+        __mmask16 in = mask[v];
+        _mm512_storeu_si512((void *)(out + m),
+                            _mm512_maskz_compress_epi32(
+                                in, _mm512_add_epi32(_mm512_set1_epi32(b0 + v * 16), iota)));
+        m += __builtin_popcount(in);
+    }
+    for (int32_t j = 0; j < m; j += 16) {
+        __mmask16 rest = m - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (m - j)) - 1);
+        __m512i at = _mm512_maskz_loadu_epi32(rest, out + j);
+        __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rest, at, logits, 4);
+        _mm512_mask_storeu_ps(out_e + j, rest,
+                              avx512_exp(_mm512_mul_ps(_mm512_sub_ps(x, vmax), vinv)));
+    }
+    return m;
+}
 
 /* range's work on the weights computed here (sampler-impl.h): weights'
- * loop and range's, fused; the buckets compared as floats (the bits of a
- * non-negative float order like its value). */
+ * loop with range's compares, the buckets compared as floats (the bits of a
+ * non-negative float order like its value). The loop has no branch: a
+ * mispredicted one throws away the exponentials in flight, several
+ * vectors' worth. Where members are few (after a block with fewer than
+ * AVX512_DENSE_MEMBERS), it keeps each vector's 16-bit mask of members and
+ * collects the block's members when the block is done (avx512_collect): a
+ * compressed vector stored at out + m for every vector would cross a cache
+ * line almost every time. Where they are many, it stores the compressed
+ * indices and weights of every vector as it goes (members or not: m <= i -
+ * from keeps the stores inside the room given). */
 static int32_t avx512_window(const float *logits, int32_t from, int32_t to, float max,
                              float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
                              uint64_t *total, int32_t *out, float *out_e)
@@ -294,34 +332,43 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
     const __m512i step = _mm512_set1_epi32(16);
     int32_t m = 0;
     uint64_t all = 0;
-    unsigned dense = 0x10000; /* 0x10000: compress every vector; 0: those with members */
+    bool dense = false;
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
         const int32_t m0 = m;
-        __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(b0),
-                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                         12, 13, 14, 15));
         __m512i sum = _mm512_setzero_si512(), sum_all = _mm512_setzero_si512();
-        for (; i + 16 <= b1; i += 16) {
-            __m512 w = avx512_exp(
-                _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
-            __mmask16 up = _mm512_cmp_ps_mask(w, w_up, _CMP_GE_OQ);
-            __mmask16 in = _mm512_mask_cmp_ps_mask((__mmask16)~up, w, w_lo, _CMP_GE_OQ);
-            __m512i mass = avx512_masses(w);
-            sum_all = _mm512_add_epi32(sum_all, mass);
-            sum = _mm512_mask_add_epi32(sum, up, sum, mass);
-            /* full stores at out + m and out_e + m, members or not (as in
-             * range); after a block with few members, only when there are
-             * some (a branch that rarely goes the other way costs less than
-             * the compresses) */
-            if (in | dense) { /* one branch, taken whenever dense */
+        if (dense) {
+            __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(b0),
+                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                             11, 12, 13, 14, 15));
+            for (; i + 16 <= b1; i += 16) {
+                __m512 w = avx512_exp(
+                    _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
+                __mmask16 up = _mm512_cmp_ps_mask(w, w_up, _CMP_GE_OQ);
+                __mmask16 in = _mm512_mask_cmp_ps_mask((__mmask16)~up, w, w_lo, _CMP_GE_OQ);
+                __m512i mass = avx512_masses(w);
+                sum_all = _mm512_add_epi32(sum_all, mass);
+                sum = _mm512_mask_add_epi32(sum, up, sum, mass);
                 _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
                 _mm512_storeu_ps(out_e + m, _mm512_maskz_compress_ps(in, w));
                 m += __builtin_popcount(in);
+                idx = _mm512_add_epi32(idx, step);
             }
-            idx = _mm512_add_epi32(idx, step);
+        } else {
+            uint16_t mask[ENG_SAMPLER_BLOCK / 16];
+            for (; i + 16 <= b1; i += 16) {
+                __m512 w = avx512_exp(
+                    _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
+                __mmask16 up = _mm512_cmp_ps_mask(w, w_up, _CMP_GE_OQ);
+                __mmask16 in = _mm512_mask_cmp_ps_mask((__mmask16)~up, w, w_lo, _CMP_GE_OQ);
+                __m512i mass = avx512_masses(w);
+                sum_all = _mm512_add_epi32(sum_all, mass);
+                sum = _mm512_mask_add_epi32(sum, up, sum, mass);
+                mask[(i - b0) / 16] = (uint16_t)in;
+            }
+            m += avx512_collect(logits, b0, mask, (i - b0) / 16, vmax, vinv, out + m, out_e + m);
         }
-        dense = m - m0 >= AVX512_DENSE_MEMBERS ? 0x10000 : 0;
+        dense = m - m0 >= AVX512_DENSE_MEMBERS;
         uint64_t a = avx512_sum32(sum), t = avx512_sum32(sum_all);
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;

@@ -79,6 +79,13 @@ typedef int32_t (*eng__sampler_window_fn)(const float *logits, int32_t from, int
 typedef int32_t (*eng__sampler_above_fn)(const float *values, int32_t n, float threshold,
                                          int32_t *out, int32_t cap);
 
+/* above's indices, looking only in the spans of ENG_SAMPLER_SPAN values
+ * whose maximum (span_max, as sanitize_spans gives it) is above threshold:
+ * the same indices, and the same return, as above gives over all n. */
+typedef int32_t (*eng__sampler_above_spans_fn)(const float *values, int32_t n,
+                                               const float *span_max, float threshold,
+                                               int32_t *out, int32_t cap);
+
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
     eng__sampler_max_fn max;
@@ -90,6 +97,7 @@ typedef struct eng__sampler_kernels {
     eng__sampler_above_fn above;
     eng__sampler_kept_mass_fn kept_mass;
     eng__sampler_sanitize_spans_fn sanitize_spans;
+    eng__sampler_above_spans_fn above_spans;
 } eng__sampler_kernels;
 
 /* e -> integer mass: 2^25, so that a block's masses summed in 32-bit
@@ -117,6 +125,8 @@ int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to
 int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
                                   int32_t cap);
 float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_max);
+int32_t eng__sampler_above_spans_scalar(const float *values, int32_t n, const float *span_max,
+                                        float threshold, int32_t *out, int32_t cap);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 

@@ -480,11 +480,30 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
     return m;
 }
 
+int32_t eng__sampler_above_spans_scalar(const float *values, int32_t n, const float *span_max,
+                                        float threshold, int32_t *out, int32_t cap)
+{
+    const int32_t n_spans = (n + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN;
+    int32_t m = 0;
+    for (int32_t j = 0; j < n_spans; j++) {
+        if (!(span_max[j] > threshold))
+            continue;
+        int32_t end = n - j * ENG_SAMPLER_SPAN < ENG_SAMPLER_SPAN ? n : (j + 1) * ENG_SAMPLER_SPAN;
+        for (int32_t i = j * ENG_SAMPLER_SPAN; i < end; i++)
+            if (values[i] > threshold) {
+                if (m == cap)
+                    return cap + 1;
+                out[m++] = i;
+            }
+    }
+    return m;
+}
+
 static const eng__sampler_kernels sampler_kernels_scalar = {
     sampler_scalar_sanitize_max,   sampler_scalar_max,         eng__sampler_weights_scalar,
     eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  eng__sampler_window_scalar,
     sampler_scalar_first_above,    eng__sampler_above_scalar,  eng__sampler_kept_mass_scalar,
-    eng__sampler_sanitize_spans_scalar};
+    eng__sampler_sanitize_spans_scalar, eng__sampler_above_spans_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -759,29 +778,6 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
     return sampler_concat(s, ps, false);
 }
 
-/* The indices (ascending) of the logits[0..n) above threshold, into out,
- * as the above kernel gives them (how many, or cap + 1 when more than
- * cap), looking only in the spans whose maximum (span_max, the sanitize
- * pass's) is above threshold. */
-static int32_t sampler_above_spans(const eng__sampler_kernels *kern, const float *logits,
-                                   int32_t n, const float *span_max, float threshold,
-                                   int32_t *out, int32_t cap)
-{
-    const int32_t n_spans = (n + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN;
-    int32_t m = 0;
-    for (int32_t j = kern->first_above(span_max, 0, n_spans, threshold); j < n_spans;
-         j = kern->first_above(span_max, j + 1, n_spans, threshold)) {
-        int32_t b = j * ENG_SAMPLER_SPAN, len = n - b < ENG_SAMPLER_SPAN ? n - b : ENG_SAMPLER_SPAN;
-        int32_t k = kern->above(logits + b, len, threshold, out + m, cap - m);
-        if (k > cap - m)
-            return cap + 1;
-        for (int32_t i = m; i < m + k; i++)
-            out[i] += b;
-        m += k;
-    }
-    return m;
-}
-
 /* top-p's estimate of the histogram of the masses, before any weight is
  * computed, into mass_top and count_top (the candidates per bucket): every
  * ps->stride-th candidate weighed (into sample_w), its mass and its count
@@ -846,8 +842,8 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
     float e_b;
     memcpy(&e_b, &bits, sizeof e_b);
     const float heavy = nextafterf(ps->max + logf(e_b) / ps->inv_temp, -INFINITY);
-    int32_t n_heavy = samples ? sampler_above_spans(s->kern, ps->values, ps->n, s->span_max,
-                                                    heavy, s->group_b, SAMPLER_HEAVY_MAX)
+    int32_t n_heavy = samples ? s->kern->above_spans(ps->values, ps->n, s->span_max, heavy,
+                                                     s->group_b, SAMPLER_HEAVY_MAX)
                               : s->kern->above(ps->values, ps->n, heavy, s->group_b,
                                                SAMPLER_HEAVY_MAX);
     if (n_heavy > SAMPLER_HEAVY_MAX)

@@ -489,9 +489,50 @@ static int32_t avx2_above(const float *values, int32_t n, float threshold, int32
     return m;
 }
 
+/* above_spans (sampler-impl.h): 8 spans' maxima compared at a time, and
+ * each span above the threshold read a vector at a time. */
+static int32_t avx2_above_spans(const float *values, int32_t n, const float *span_max,
+                                float threshold, int32_t *out, int32_t cap)
+{
+    const __m256 t = _mm256_set1_ps(threshold);
+    const int32_t full = n / ENG_SAMPLER_SPAN; /* spans of ENG_SAMPLER_SPAN values */
+    int32_t m = 0, j0 = 0;
+    for (; j0 < full; j0 += 8) {
+        unsigned spans;
+        if (full - j0 >= 8)
+            spans = (unsigned)_mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_loadu_ps(span_max + j0), t, _CMP_GT_OQ));
+        else {
+            spans = 0;
+            for (int32_t j = j0; j < full; j++)
+                spans |= (unsigned)(span_max[j] > threshold) << (j - j0);
+        }
+        for (; spans; spans &= spans - 1) {
+            const int32_t b = (j0 + __builtin_ctz(spans)) * ENG_SAMPLER_SPAN;
+            for (int32_t i = b; i < b + ENG_SAMPLER_SPAN; i += 8) {
+                unsigned hit = (unsigned)_mm256_movemask_ps(
+                    _mm256_cmp_ps(_mm256_loadu_ps(values + i), t, _CMP_GT_OQ));
+                for (; hit; hit &= hit - 1) {
+                    if (m == cap)
+                        return cap + 1;
+                    out[m++] = i + __builtin_ctz(hit);
+                }
+            }
+        }
+    }
+    if (full * ENG_SAMPLER_SPAN < n && span_max[full] > threshold) /* the last, shorter span */
+        for (int32_t i = full * ENG_SAMPLER_SPAN; i < n; i++)
+            if (values[i] > threshold) {
+                if (m == cap)
+                    return cap + 1;
+                out[m++] = i;
+            }
+    return m;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
     avx2_sanitize_max, avx2_max,    avx2_weights,     avx2_fine_sums, avx2_range,
     avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass,
-    avx2_sanitize_spans};
+    avx2_sanitize_spans, avx2_above_spans};
 
 #endif

@@ -425,9 +425,49 @@ static int32_t avx512_above(const float *values, int32_t n, float threshold, int
     return m;
 }
 
+/* above_spans (sampler-impl.h): 16 spans' maxima compared at a time, and
+ * each span above the threshold read a vector at a time, its hits
+ * compressed (no call per span: the scan visits up to a few thousand). */
+static int32_t avx512_above_spans(const float *values, int32_t n, const float *span_max,
+                                  float threshold, int32_t *out, int32_t cap)
+{
+    const __m512 t = _mm512_set1_ps(threshold);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int32_t full = n / ENG_SAMPLER_SPAN; /* spans of ENG_SAMPLER_SPAN values */
+    int32_t m = 0, j0 = 0;
+    for (; j0 < full; j0 += 16) {
+        const __mmask16 live =
+            full - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (full - j0)) - 1);
+        __mmask16 spans = _mm512_mask_cmp_ps_mask(
+            live, _mm512_maskz_loadu_ps(live, span_max + j0), t, _CMP_GT_OQ);
+        for (; spans; spans &= spans - 1) {
+            const int32_t b = (j0 + __builtin_ctz(spans)) * ENG_SAMPLER_SPAN;
+            for (int32_t i = b; i < b + ENG_SAMPLER_SPAN; i += 16) {
+                __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(values + i), t, _CMP_GT_OQ);
+                if (!hit)
+                    continue;
+                if (m + __builtin_popcount(hit) > cap)
+                    return cap + 1;
+                _mm512_storeu_si512((void *)(out + m),
+                                    _mm512_maskz_compress_epi32(
+                                        hit, _mm512_add_epi32(_mm512_set1_epi32(i), iota)));
+                m += __builtin_popcount(hit);
+            }
+        }
+    }
+    if (full * ENG_SAMPLER_SPAN < n && span_max[full] > threshold) /* the last, shorter span */
+        for (int32_t i = full * ENG_SAMPLER_SPAN; i < n; i++)
+            if (values[i] > threshold) {
+                if (m == cap)
+                    return cap + 1;
+                out[m++] = i;
+            }
+    return m;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {
     avx512_sanitize_max, avx512_max,    avx512_weights,     avx512_fine_sums, avx512_range,
     avx512_window,       avx512_first_above, avx512_above,  avx512_kept_mass,
-    avx512_sanitize_spans};
+    avx512_sanitize_spans, avx512_above_spans};
 
 #endif

@@ -958,6 +958,25 @@ static void test_kernels_match_scalar(void **state)
                         assert_true(spans[j] == want_spans[j]);
                         assert_true(spans[j] == top);
                     }
+                    /* the values above a threshold, found by the spans' maxima:
+                     * what above finds over all of them, up to a cap */
+                    const float thresholds[] = {-50.0f, 0.0f, 4.0f, mx, -INFINITY};
+                    const int32_t caps[] = {0, 3, 40, V};
+                    for (size_t ti = 0; ti < sizeof thresholds / sizeof thresholds[0]; ti++)
+                        for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+                            int32_t n_got = ks[k]->above_spans(got, len, spans, thresholds[ti],
+                                                               members, caps[ci]);
+                            int32_t n_want = eng__sampler_above_scalar(
+                                got, len, thresholds[ti], want_members, caps[ci]);
+                            assert_int_equal(n_got, n_want);
+                            if (n_got <= caps[ci])
+                                assert_memory_equal(members, want_members,
+                                                    sizeof(int32_t) * (size_t)n_got);
+                            assert_int_equal(eng__sampler_above_spans_scalar(
+                                                 got, len, spans, thresholds[ti], members,
+                                                 caps[ci]),
+                                             n_want);
+                        }
                     memcpy(want, logits, sizeof(float) * V);
                     want[70] = want[len - 1] = NAN;
                     float plain = ks[k]->sanitize_max(want, len);

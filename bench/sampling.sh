@@ -17,12 +17,14 @@
 # its own (bench/sampler_draw.c: CPU time on one thread, steady on a busy
 # machine) for each vocabulary size in DRAW_VOCABS, logits of spread 2 and
 # 5, and a top-p draw's over mixed distributions, where its estimate
-# sometimes misses (bench/sampler_topp_mix.c). Prints figures; asserts
-# nothing.
+# sometimes misses (bench/sampler_topp_mix.c); and for each model in
+# DRAW_MODELS, a draw's cost on the logits of 200 steps of a real decode
+# of that model (sampler_draw --model), with where top-p found its cuts.
+# Prints figures; asserts nothing.
 #
 #   bench/sampling.sh [BUILD_DIR]          (default: build)
 #   THREADS=2 TOKENS=200 REPEAT=3 CONCURRENCY="1 8" MODELS="small v152k" \
-#     DRAW_VOCABS="32000 151936" bench/sampling.sh
+#     DRAW_VOCABS="32000 151936" DRAW_MODELS="v152k" bench/sampling.sh
 set -euo pipefail
 build=${1:-build}
 bin="$build/spillway"
@@ -33,6 +35,7 @@ repeat=${REPEAT:-3}
 levels=${CONCURRENCY-"1 8"}
 models=${MODELS-"small v152k"}
 draw_vocabs=${DRAW_VOCABS-"32000 151936"}
+draw_models=${DRAW_MODELS-"v152k"}
 ref_dir=${REF_DIR:-build-reference}
 llama_server="$ref_dir/src/build/bin/llama-server"
 mkdir -p "$dir"
@@ -193,7 +196,7 @@ for m in $models; do
 done
 
 # one draw on its own
-if [ -n "$draw_vocabs" ]; then
+if [ -n "$draw_vocabs$draw_models" ]; then
   work="$build/bench-sampling"
   mkdir -p "$work"
   here=$(cd "$(dirname "$0")" && pwd)
@@ -206,5 +209,8 @@ if [ -n "$draw_vocabs" ]; then
       "$work/sampler_draw" "$v" "$spread"
     done
     "$work/sampler_topp_mix" "$v"
+  done
+  for m in $draw_models; do
+    "$work/sampler_draw" --model "$(model_file "$m")" 200
   done
 fi

@@ -926,40 +926,44 @@ static void sampler_sort_small(const float *e, int32_t *group, int32_t m)
     }
 }
 
-/* Groups at least this large are bucketed in SAMPLER_LANES partial
- * histograms (sampler_bucket_masses). */
+/* Groups at least this large are bucketed by their top-level buckets in
+ * SAMPLER_LANES partial histograms (sampler_bucket_masses). */
 #define SAMPLER_LANES_MIN 256
 
 /* The masses of e[group[j]], j < m (group NULL: e[j]), by bits shift to
  * shift + 9 of their weights (shift 20: the top-level bucket, the top 12
- * bits, at most 1016 for e <= 1), into mass. A large group goes through
- * SAMPLER_LANES partial histograms (member j into lane j % SAMPLER_LANES
- * of part, cleared first), since neighbouring members often share a bucket
- * (the common case) and would otherwise wait on each other's
- * read-modify-write; the sums are integers, the same in any order. */
+ * bits, at most 1016 for e <= 1), into mass. At shift 20 the buckets lie in
+ * [lo, hi], and a large group goes through SAMPLER_LANES partial
+ * histograms over that range (member j into lane j % SAMPLER_LANES of
+ * part), since neighbouring members often share a top-level bucket (a
+ * window has a few) and would otherwise wait on each other's
+ * read-modify-write; the finer levels spread over all 1024 buckets. The
+ * sums are integers, the same in any order. */
 static void sampler_bucket_masses(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKETS],
-                                  const float *e, const int32_t *group, int32_t m, int shift)
+                                  const float *e, const int32_t *group, int32_t m, int shift,
+                                  uint32_t lo, uint32_t hi)
 {
-    if (m < SAMPLER_LANES_MIN) {
-        memset(mass, 0, sizeof(uint64_t) * SAMPLER_BUCKETS);
+    memset(mass, 0, sizeof(uint64_t) * SAMPLER_BUCKETS);
+    if (m < SAMPLER_LANES_MIN || shift != 20) {
         for (int32_t j = 0; j < m; j++) {
             float v = e[group ? group[j] : j];
             mass[(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
         }
         return;
     }
-    memset(part, 0, sizeof(uint64_t) * SAMPLER_LANES * SAMPLER_BUCKETS);
+    for (int32_t l = 0; l < SAMPLER_LANES; l++)
+        memset(part[l] + lo, 0, sizeof(uint64_t) * (hi - lo + 1));
     int32_t j = 0;
     for (; j + SAMPLER_LANES <= m; j += SAMPLER_LANES)
         for (int32_t l = 0; l < SAMPLER_LANES; l++) {
             float v = e[group ? group[j + l] : j + l];
-            part[l][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+            part[l][sampler_key(v)] += sampler_mass(v);
         }
     for (; j < m; j++) {
         float v = e[group ? group[j] : j];
-        part[0][(sampler_bits(v) >> shift) & (SAMPLER_BUCKETS - 1)] += sampler_mass(v);
+        part[0][sampler_key(v)] += sampler_mass(v);
     }
-    for (int32_t b = 0; b < SAMPLER_BUCKETS; b++) {
+    for (uint32_t b = lo; b <= hi; b++) {
         uint64_t sum = 0;
         for (int32_t l = 0; l < SAMPLER_LANES; l++)
             sum += part[l][b];
@@ -977,15 +981,17 @@ static void sampler_bucket_masses(uint64_t *mass, uint64_t (*part)[SAMPLER_BUCKE
  * target is kept (into group_b and group_c in turn: group is left as it
  * is); what is left after the last level has equal weights, so it is in
  * the order already, and a group of at most SAMPLER_SMALL is sorted
- * directly. Returns the index, with *through = the cumulative mass up to
- * and including it, or -1 when the group's mass does not reach target. */
+ * directly. At shift 20 the members' top-level buckets lie in [lo, hi].
+ * Returns the index, with *through = the cumulative mass up to and
+ * including it, or -1 when the group's mass does not reach target. */
 static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *group, int32_t m,
-                              int shift, uint64_t target, uint64_t *acc, uint64_t *through)
+                              int shift, uint32_t lo, uint32_t hi, uint64_t target,
+                              uint64_t *acc, uint64_t *through)
 {
     int32_t *out = s->group_b;
     /* group NULL: every index of e, in order (read in order) */
     for (; shift >= 0 && m > SAMPLER_SMALL; shift -= 10) {
-        sampler_bucket_masses(s->mass_sub, s->mass_part, e, group, m, shift);
+        sampler_bucket_masses(s->mass_sub, s->mass_part, e, group, m, shift, lo, hi);
         int32_t b = sampler_walk(s->mass_sub, target, acc);
         if (b < 0)
             return -1;
@@ -1051,7 +1057,8 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, int32_t *n_members,
         path = 1;
     }
     if (acc <= target) {
-        at = sampler_refine(s, s->weight, s->group_a, m, 20, target, &acc, through);
+        at = sampler_refine(s, s->weight, s->group_a, m, 20, ps->lo, ps->hi, target, &acc,
+                            through);
         if (at < 0 && path == 0 && ps->lo > 0) { /* below the members */
             const uint64_t below = s->total - target;
             uint64_t est = 0;
@@ -1065,7 +1072,8 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, int32_t *n_members,
                 acc += s->kept[k];
             path = 2;
             at = acc <= target
-                     ? sampler_refine(s, s->weight, s->group_a, m, 20, target, &acc, through)
+                     ? sampler_refine(s, s->weight, s->group_a, m, 20, ps->lo, ps->hi, target,
+                                      &acc, through)
                      : -1;
         }
     }
@@ -1076,12 +1084,14 @@ static int32_t sampler_cut(eng_sampler *s, sampler_pass *ps, int32_t *n_members,
     }
     s->cut_paths[3]++;
     /* the estimate missed: the exact histogram, then its bucket */
-    sampler_bucket_masses(s->mass_top, s->mass_part, s->weight, NULL, ps->n, 20);
+    sampler_bucket_masses(s->mass_top, s->mass_part, s->weight, NULL, ps->n, 20, 0,
+                          SAMPLER_BUCKETS - 1);
     acc = 0;
     int32_t b = sampler_walk(s->mass_top, target, &acc);
     if (b >= 0) {
         m = sampler_gather(s, ps, (uint32_t)b, (uint32_t)b);
-        at = sampler_refine(s, s->weight, s->group_a, m, 10, target, &acc, through);
+        at = sampler_refine(s, s->weight, s->group_a, m, 10, 0, SAMPLER_BUCKETS - 1, target, &acc,
+                            through);
     }
     *n_members = m;
     if (at < 0) { /* unreachable while target < total: the best stays valid */
@@ -1253,7 +1263,8 @@ static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u
         uint64_t target = need > 0 ? need - 1 : 0;
         const bool above = acc > target;
         int32_t at = above ? -1 /* a position among the members */
-                           : sampler_refine(s, s->weight, NULL, m, 20, target, &acc, &through);
+                           : sampler_refine(s, s->weight, NULL, m, 20, ps->lo, ps->hi, target,
+                                            &acc, &through);
         if (at >= 0) {
             s->cut_paths[path]++;
             return sampler_pick_window(s, ps, m, sampler_scale_u53(u, through), s->weight[at],

@@ -13,6 +13,8 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
+#include <string.h>
 
 static float avx2_hmax(__m256 v)
 {
@@ -404,13 +406,55 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
     return m;
 }
 
-/* A block with at least this many members makes the window pack the next
- * block's vectors without a branch (with members in one vector in eight or
- * more, a branch on each would mispredict more than the packing costs). */
-#define AVX2_DENSE_MEMBERS 8
+/* A block with at least this many members makes the window store the next
+ * block's members as it goes (see avx2_window). */
+#define AVX2_DENSE_MEMBERS 128
+
+/* The indices of a block's members (mask[v]: those of its vector v, at
+ * b0 + 8 v), ascending, at out + m, for the n_vec (at most 64) vectors
+ * whose masks are given, and their weights at out_e + m, computed again
+ * from their logits gathered 8 at a time; returns how many. */
+static int32_t avx2_collect(const float *logits, int32_t b0, const uint8_t *mask, int32_t n_vec,
+                            __m256 vmax, __m256 vinv, int32_t *out, float *out_e)
+{
+    const __m256i zero = _mm256_setzero_si256();
+    uint64_t live = 0;
+    for (int32_t v = 0; v < 64; v += 32) {
+        __m256i k = _mm256_loadu_si256((const __m256i *)(const void *)(mask + v));
+        live |= (uint64_t)(uint32_t)~_mm256_movemask_epi8(_mm256_cmpeq_epi8(k, zero)) << v;
+    }
+    live &= n_vec >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n_vec) - 1;
+    int32_t m = 0;
+    for (; live; live &= live - 1) {
+        int32_t v = __builtin_ctzll(live);
+        unsigned in = mask[v];
+        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0 + v * 8),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_storeu_si256((__m256i *)(void *)(out + m),
+                            _mm256_permutevar8x32_epi32(idx, avx2_pack_perm(in)));
+        m += __builtin_popcount(in);
+    }
+    for (int32_t j = 0; j < m; j += 8) {
+        int32_t k = m - j >= 8 ? 8 : m - j;
+        __m256i live_lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(k),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256i at = _mm256_maskload_epi32(out + j, live_lanes);
+        __m256 x = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), logits, at,
+                                            _mm256_castsi256_ps(live_lanes), 4);
+        _mm256_maskstore_ps(out_e + j, live_lanes,
+                            avx2_exp(_mm256_mul_ps(_mm256_sub_ps(x, vmax), vinv)));
+    }
+    return m;
+}
 
 /* range's work on the weights computed here (sampler-impl.h): weights'
- * loop and range's, fused; the members packed by a permutation. */
+ * loop with range's compares. The loop has no branch: a mispredicted one
+ * throws away the exponentials in flight. Where members are few (after a
+ * block with fewer than AVX2_DENSE_MEMBERS), it keeps each vector's 8-bit
+ * mask of members and collects the block's members when the block is done
+ * (avx2_collect); where they are many, it packs every vector's indices and
+ * weights by a permutation and stores them as it goes (members or not: m
+ * <= i - from keeps the stores inside the room given). */
 static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float max,
                            float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
                            uint64_t *total, int32_t *out, float *out_e)
@@ -420,36 +464,48 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
     const __m256i step = _mm256_set1_epi32(8);
     int32_t m = 0;
     uint64_t all = 0;
-    unsigned dense = 0x100; /* 0x100: pack every vector; 0: those with members */
+    bool dense = false;
     for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
         const int32_t m0 = m;
         __m256i sum = _mm256_setzero_si256(), sum_all = _mm256_setzero_si256();
-        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
-                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        for (; i + 8 <= b1; i += 8) {
-            __m256 w = avx2_exp(
-                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
-            __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
-            __m256i up = _mm256_cmpgt_epi32(key, vhi);
-            __m256i mass = avx2_masses(w);
-            sum_all = _mm256_add_epi32(sum_all, mass);
-            sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
-            unsigned in = (unsigned)_mm256_movemask_ps(
-                _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-            /* full stores at out + m and out_e + m, members or not (as in
-             * range); after a block with few members, only when there are
-             * some (a branch that rarely goes the other way costs less than
-             * the packing) */
-            if (in | dense) { /* one branch, taken whenever dense */
+        if (dense) {
+            __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
+                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            for (; i + 8 <= b1; i += 8) {
+                __m256 w = avx2_exp(
+                    _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
+                __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
+                __m256i up = _mm256_cmpgt_epi32(key, vhi);
+                __m256i mass = avx2_masses(w);
+                sum_all = _mm256_add_epi32(sum_all, mass);
+                sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
+                unsigned in = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
+                    _mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
                 __m256i perm = avx2_pack_perm(in);
-                _mm256_storeu_si256((__m256i *)(out + m), _mm256_permutevar8x32_epi32(idx, perm));
+                _mm256_storeu_si256((__m256i *)(void *)(out + m),
+                                    _mm256_permutevar8x32_epi32(idx, perm));
                 _mm256_storeu_ps(out_e + m, _mm256_permutevar8x32_ps(w, perm));
                 m += __builtin_popcount(in);
+                idx = _mm256_add_epi32(idx, step);
             }
-            idx = _mm256_add_epi32(idx, step);
+        } else {
+            uint8_t mask[ENG_SAMPLER_BLOCK / 8];
+            for (; i + 8 <= b1; i += 8) {
+                __m256 w = avx2_exp(
+                    _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
+                __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
+                __m256i up = _mm256_cmpgt_epi32(key, vhi);
+                __m256i mass = avx2_masses(w);
+                sum_all = _mm256_add_epi32(sum_all, mass);
+                sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
+                mask[(i - b0) / 8] = (uint8_t)_mm256_movemask_ps(_mm256_castsi256_ps(
+                    _mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
+            }
+            memset(mask + (i - b0) / 8, 0, sizeof mask - (size_t)(i - b0) / 8); /* a short block */
+            m += avx2_collect(logits, b0, mask, (i - b0) / 8, vmax, vinv, out + m, out_e + m);
         }
-        dense = m - m0 >= AVX2_DENSE_MEMBERS ? 0x100 : 0;
+        dense = m - m0 >= AVX2_DENSE_MEMBERS;
         uint64_t a = avx2_sum32(sum), t = avx2_sum32(sum_all);
         if (i < b1) { /* the last block's tail */
             uint64_t tail_above = 0, tail_total = 0;

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
+#include <string.h>
 
 static float avx512_sanitize_max(float *logits, int32_t n)
 {
@@ -366,6 +367,7 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
                 sum = _mm512_mask_add_epi32(sum, up, sum, mass);
                 mask[(i - b0) / 16] = (uint16_t)in;
             }
+            memset(mask + (i - b0) / 16, 0, sizeof mask - sizeof *mask * (size_t)((i - b0) / 16));
             m += avx512_collect(logits, b0, mask, (i - b0) / 16, vmax, vinv, out + m, out_e + m);
         }
         dense = m - m0 >= AVX512_DENSE_MEMBERS;

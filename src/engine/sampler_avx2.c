@@ -6,7 +6,8 @@
  * fine masses (in two 32-bit halves: AVX2 has no float -> int64
  * conversion); the masses a cut keeps; a range of buckets' members packed
  * by a permutation, from stored weights or fused with the weights'
- * computation; top-k's skip. */
+ * computation; top-k's skip; the logits above a threshold, in all of them
+ * or in the spans whose maximum passes it. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -4,7 +4,9 @@
  * (its fused multiply-adds and no others), so they are bit-identical on
  * every instruction set, with their 32-bit masses summed per block; the
  * masses a cut keeps; a range of buckets' members by compress, from stored
- * weights or fused with the weights' computation; top-k's skip. */
+ * weights or fused with the weights' computation; top-k's skip; the logits
+ * above a threshold, in all of them or in the spans whose maximum passes
+ * it. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

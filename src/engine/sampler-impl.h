@@ -127,6 +127,11 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
 float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_max);
 int32_t eng__sampler_above_spans_scalar(const float *values, int32_t n, const float *span_max,
                                         float threshold, int32_t *out, int32_t cap);
+/* above_spans' work on the last span of n values when it is shorter than
+ * ENG_SAMPLER_SPAN (0 when it is not, or its maximum does not pass): the
+ * vector kernels' tail. */
+int32_t eng__sampler_above_spans_tail(const float *values, int32_t n, const float *span_max,
+                                      float threshold, int32_t *out, int32_t cap);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 

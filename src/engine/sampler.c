@@ -480,6 +480,18 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
     return m;
 }
 
+int32_t eng__sampler_above_spans_tail(const float *values, int32_t n, const float *span_max,
+                                      float threshold, int32_t *out, int32_t cap)
+{
+    const int32_t full = n / ENG_SAMPLER_SPAN, b = full * ENG_SAMPLER_SPAN;
+    if (b == n || !(span_max[full] > threshold))
+        return 0;
+    int32_t k = eng__sampler_above_scalar(values + b, n - b, threshold, out, cap);
+    for (int32_t i = 0; i < k && k <= cap; i++)
+        out[i] += b;
+    return k;
+}
+
 int32_t eng__sampler_above_spans_scalar(const float *values, int32_t n, const float *span_max,
                                         float threshold, int32_t *out, int32_t cap)
 {

@@ -448,6 +448,22 @@ static int32_t avx2_collect(const float *logits, int32_t b0, const uint8_t *mask
     return m;
 }
 
+/* The window's work on 8 logits at p: their weights into *w, their masses
+ * added to *sum_all and, for those above bucket hi, to *sum; returns the
+ * mask of those in buckets [lo, hi] (vlo_1: lo - 1). */
+static inline unsigned avx2_window_step(const float *p, __m256 vmax, __m256 vinv, __m256i vlo_1,
+                                        __m256i vhi, __m256 *w, __m256i *sum, __m256i *sum_all)
+{
+    *w = avx2_exp(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(p), vmax), vinv));
+    __m256i key = _mm256_srli_epi32(_mm256_castps_si256(*w), 20);
+    __m256i up = _mm256_cmpgt_epi32(key, vhi);
+    __m256i mass = avx2_masses(*w);
+    *sum_all = _mm256_add_epi32(*sum_all, mass);
+    *sum = _mm256_add_epi32(*sum, _mm256_and_si256(mass, up));
+    return (unsigned)_mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
+}
+
 /* range's work on the weights computed here (sampler-impl.h): weights'
  * loop with range's compares. The loop has no branch: a mispredicted one
  * throws away the exponentials in flight. Where members are few (after a
@@ -474,15 +490,9 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
             __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
             for (; i + 8 <= b1; i += 8) {
-                __m256 w = avx2_exp(
-                    _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
-                __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
-                __m256i up = _mm256_cmpgt_epi32(key, vhi);
-                __m256i mass = avx2_masses(w);
-                sum_all = _mm256_add_epi32(sum_all, mass);
-                sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
-                unsigned in = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
-                    _mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
+                __m256 w;
+                unsigned in = avx2_window_step(logits + i, vmax, vinv, vlo_1, vhi, &w, &sum,
+                                               &sum_all);
                 __m256i perm = avx2_pack_perm(in);
                 _mm256_storeu_si256((__m256i *)(void *)(out + m),
                                     _mm256_permutevar8x32_epi32(idx, perm));
@@ -493,15 +503,9 @@ static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float 
         } else {
             uint8_t mask[ENG_SAMPLER_BLOCK / 8];
             for (; i + 8 <= b1; i += 8) {
-                __m256 w = avx2_exp(
-                    _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
-                __m256i key = _mm256_srli_epi32(_mm256_castps_si256(w), 20);
-                __m256i up = _mm256_cmpgt_epi32(key, vhi);
-                __m256i mass = avx2_masses(w);
-                sum_all = _mm256_add_epi32(sum_all, mass);
-                sum = _mm256_add_epi32(sum, _mm256_and_si256(mass, up));
-                mask[(i - b0) / 8] = (uint8_t)_mm256_movemask_ps(_mm256_castsi256_ps(
-                    _mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
+                __m256 w;
+                mask[(i - b0) / 8] = (uint8_t)avx2_window_step(logits + i, vmax, vinv, vlo_1, vhi,
+                                                               &w, &sum, &sum_all);
             }
             memset(mask + (i - b0) / 8, 0, sizeof mask - (size_t)(i - b0) / 8); /* a short block */
             m += avx2_collect(logits, b0, mask, (i - b0) / 8, vmax, vinv, out + m, out_e + m);
@@ -577,14 +581,7 @@ static int32_t avx2_above_spans(const float *values, int32_t n, const float *spa
             }
         }
     }
-    if (full * ENG_SAMPLER_SPAN < n && span_max[full] > threshold) /* the last, shorter span */
-        for (int32_t i = full * ENG_SAMPLER_SPAN; i < n; i++)
-            if (values[i] > threshold) {
-                if (m == cap)
-                    return cap + 1;
-                out[m++] = i;
-            }
-    return m;
+    return m + eng__sampler_above_spans_tail(values, n, span_max, threshold, out + m, cap - m);
 }
 
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {

@@ -313,6 +313,22 @@ static int32_t avx512_collect(const float *logits, int32_t b0, const uint16_t *m
     return m;
 }
 
+/* The window's work on 16 logits at p: their weights into *w, their masses
+ * added to *sum_all and, for those at or above w_up (the least weight of
+ * the bucket above hi), to *sum; returns the mask of those in [w_lo,
+ * w_up). */
+static inline __mmask16 avx512_window_step(const float *p, __m512 vmax, __m512 vinv, __m512 w_lo,
+                                           __m512 w_up, __m512 *w, __m512i *sum,
+                                           __m512i *sum_all)
+{
+    *w = avx512_exp(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(p), vmax), vinv));
+    __mmask16 up = _mm512_cmp_ps_mask(*w, w_up, _CMP_GE_OQ);
+    __m512i mass = avx512_masses(*w);
+    *sum_all = _mm512_add_epi32(*sum_all, mass);
+    *sum = _mm512_mask_add_epi32(*sum, up, *sum, mass);
+    return _mm512_mask_cmp_ps_mask((__mmask16)~up, *w, w_lo, _CMP_GE_OQ);
+}
+
 /* range's work on the weights computed here (sampler-impl.h): weights'
  * loop with range's compares, the buckets compared as floats (the bits of a
  * non-negative float order like its value). The loop has no branch: a
@@ -345,13 +361,9 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                              11, 12, 13, 14, 15));
             for (; i + 16 <= b1; i += 16) {
-                __m512 w = avx512_exp(
-                    _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
-                __mmask16 up = _mm512_cmp_ps_mask(w, w_up, _CMP_GE_OQ);
-                __mmask16 in = _mm512_mask_cmp_ps_mask((__mmask16)~up, w, w_lo, _CMP_GE_OQ);
-                __m512i mass = avx512_masses(w);
-                sum_all = _mm512_add_epi32(sum_all, mass);
-                sum = _mm512_mask_add_epi32(sum, up, sum, mass);
+                __m512 w;
+                __mmask16 in = avx512_window_step(logits + i, vmax, vinv, w_lo, w_up, &w, &sum,
+                                                  &sum_all);
                 _mm512_storeu_si512((void *)(out + m), _mm512_maskz_compress_epi32(in, idx));
                 _mm512_storeu_ps(out_e + m, _mm512_maskz_compress_ps(in, w));
                 m += __builtin_popcount(in);
@@ -360,14 +372,9 @@ static int32_t avx512_window(const float *logits, int32_t from, int32_t to, floa
         } else {
             uint16_t mask[ENG_SAMPLER_BLOCK / 16];
             for (; i + 16 <= b1; i += 16) {
-                __m512 w = avx512_exp(
-                    _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vinv));
-                __mmask16 up = _mm512_cmp_ps_mask(w, w_up, _CMP_GE_OQ);
-                __mmask16 in = _mm512_mask_cmp_ps_mask((__mmask16)~up, w, w_lo, _CMP_GE_OQ);
-                __m512i mass = avx512_masses(w);
-                sum_all = _mm512_add_epi32(sum_all, mass);
-                sum = _mm512_mask_add_epi32(sum, up, sum, mass);
-                mask[(i - b0) / 16] = (uint16_t)in;
+                __m512 w;
+                mask[(i - b0) / 16] = (uint16_t)avx512_window_step(logits + i, vmax, vinv, w_lo,
+                                                                   w_up, &w, &sum, &sum_all);
             }
             memset(mask + (i - b0) / 16, 0, sizeof mask - sizeof *mask * (size_t)((i - b0) / 16));
             m += avx512_collect(logits, b0, mask, (i - b0) / 16, vmax, vinv, out + m, out_e + m);
@@ -459,14 +466,7 @@ static int32_t avx512_above_spans(const float *values, int32_t n, const float *s
             }
         }
     }
-    if (full * ENG_SAMPLER_SPAN < n && span_max[full] > threshold) /* the last, shorter span */
-        for (int32_t i = full * ENG_SAMPLER_SPAN; i < n; i++)
-            if (values[i] > threshold) {
-                if (m == cap)
-                    return cap + 1;
-                out[m++] = i;
-            }
-    return m;
+    return m + eng__sampler_above_spans_tail(values, n, span_max, threshold, out + m, cap - m);
 }
 
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {

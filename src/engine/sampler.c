@@ -906,14 +906,15 @@ static void sampler_window_task(void *arg, int32_t c)
  * window then holds every candidate above the cut. */
 static void sampler_estimate_window(eng_sampler *s, float top_p, uint32_t *lo, uint32_t *hi)
 {
+    const int32_t low = SAMPLER_KEY_MASS - 1; /* no mass below: sampler_estimate */
     uint64_t est_total = 0;
-    int32_t top = 0;
-    for (int32_t k = 0; k < SAMPLER_BUCKETS; k++) {
+    int32_t top = low;
+    for (int32_t k = low; k < SAMPLER_BUCKETS; k++) {
         est_total += s->mass_top[k];
         top = s->mass_top[k] ? k : top;
     }
     uint64_t below = est_total - (uint64_t)((double)top_p * (double)est_total), acc = 0;
-    int32_t b = 0;
+    int32_t b = low;
     while (b < top && acc + s->mass_top[b] < below)
         acc += s->mass_top[b++];
     uint32_t n_above = 0;

@@ -366,14 +366,30 @@ static void content(chat_builder *b, const char *s, bool trim)
     eng_chat__append(b, s, len, false);
 }
 
+/* The first "</think>" that lies wholly in s[0..len), or NULL. */
+static const char *think_close(const char *s, size_t len)
+{
+    return memmem(s, len, "</think>", 8);
+}
+
+/* The thought of an assistant turn is looked for in its first scope[i]
+ * bytes (scope NULL: all of them): its content as the client sent it, not
+ * the tool calls written after it (a "</think>" in a call's arguments is
+ * not the end of a thought, as the templates split message.content
+ * only). */
+static size_t thought_scope(const size_t *scope, const eng_chat_message *m, size_t i)
+{
+    return scope ? scope[i] : strlen(m[i].content);
+}
+
 /* An assistant turn of DeepSeek-R1 in the history: its thought is left
- * out, as its templates do - the text after the last "</think>", as it is
- * (content.split('</think>')[-1]: the newlines that follow the thought
- * stay, unlike Qwen3's, which drops them). */
-static void content_answer(chat_builder *b, const char *s)
+ * out, as its templates do - the text after the last "</think>" in its
+ * first len bytes, as it is (content.split('</think>')[-1]: the newlines
+ * that follow the thought stay, unlike Qwen3's, which drops them). */
+static void content_answer(chat_builder *b, const char *s, size_t len)
 {
     const char *p = s, *q;
-    while ((q = strstr(p, "</think>")) != NULL)
+    while ((q = think_close(p, len - (size_t)(p - s))) != NULL)
         p = q + 8;
     content(b, p, false);
 }
@@ -439,22 +455,23 @@ static void content_span(chat_builder *b, const char *s, size_t len)
  * progress) keeps its thought, as Qwen3's template does: the
  * reasoning_content given, else the text before "</think>" in the content
  * (after "<think>"), newlines around it dropped; written when there is one
- * or the turn is the last message. */
-static void qwen3_assistant(chat_builder *b, const eng_chat_message *m, const char *reasoning,
-                            bool keep_thought, bool last)
+ * or the turn is the last message; the thought is looked for in the first
+ * scope bytes of the content (thought_scope). */
+static void qwen3_assistant(chat_builder *b, const eng_chat_message *m, size_t scope,
+                            const char *reasoning, bool keep_thought, bool last)
 {
     const char *c = m->content, *answer = c, *thought = "", *q;
     size_t thought_len = 0;
     if (reasoning) {
         thought = reasoning;
         thought_len = strlen(thought);
-    } else if ((q = strstr(c, "</think>")) != NULL) {
+    } else if ((q = think_close(c, scope)) != NULL) {
         const char *open = NULL, *p = c, *o;
         while ((o = strstr(p, "<think>")) != NULL && o < q)
             open = o, p = o + 7;
         thought = open ? open + 7 : c;
         thought_len = (size_t)(q - thought);
-        for (p = q; (q = strstr(p, "</think>")) != NULL;)
+        for (p = q; (q = think_close(p, scope - (size_t)(p - c))) != NULL;)
             p = q + 8;
         answer = p;
     }
@@ -475,7 +492,8 @@ static void qwen3_assistant(chat_builder *b, const eng_chat_message *m, const ch
 }
 
 static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, bool gen,
-                         bool thinking_off, bool open, const char *const *reasoning)
+                         bool thinking_off, bool open, const char *const *reasoning,
+                         const size_t *scope)
 {
     size_t last_query = n - 1; /* no user message: no turn keeps its thought */
     for (size_t i = n; i-- > 0;)
@@ -492,8 +510,8 @@ static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, b
         tmpl(b, m[i].role);
         tmpl(b, "\n");
         if (role_of(&m[i]) == ROLE_ASSISTANT)
-            qwen3_assistant(b, &m[i], reasoning ? reasoning[i] : NULL, i > last_query,
-                            i == n - 1);
+            qwen3_assistant(b, &m[i], thought_scope(scope, m, i), reasoning ? reasoning[i] : NULL,
+                            i > last_query, i == n - 1);
         else
             content(b, m[i].content, false);
         tmpl(b, "<|im_end|>\n");
@@ -514,7 +532,8 @@ static void render_qwen3(chat_builder *b, const eng_chat_message *m, size_t n, b
  * tool syntax). */
 #define DS_BAR "\xef\xbd\x9c" /* U+FF5C, the full-width bar of its markers */
 #define DS_SPACE "\xe2\x96\x81" /* U+2581 */
-static void render_deepseek_r1(chat_builder *b, const eng_chat_message *m, size_t n, bool gen)
+static void render_deepseek_r1(chat_builder *b, const eng_chat_message *m, size_t n, bool gen,
+                               const size_t *scope)
 {
     tmpl(b, "<" DS_BAR "begin" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">");
     bool first = true;
@@ -532,7 +551,7 @@ static void render_deepseek_r1(chat_builder *b, const eng_chat_message *m, size_
             continue;
         if (r == ROLE_ASSISTANT) {
             tmpl(b, "<" DS_BAR "Assistant" DS_BAR ">");
-            content_answer(b, m[i].content);
+            content_answer(b, m[i].content, thought_scope(scope, m, i));
             tmpl(b, "<" DS_BAR "end" DS_SPACE "of" DS_SPACE "sentence" DS_BAR ">");
         } else {
             tmpl(b, "<" DS_BAR "User" DS_BAR ">");
@@ -737,16 +756,19 @@ static void render_gemma(chat_builder *b, const eng_chat_message *m, size_t n, b
 }
 
 static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *msgs,
-                   const eng_chat_message_tools *ext, size_t n, const eng_chat_options *o)
+                   const eng_chat_message_tools *ext, size_t n, const eng_chat_options *o,
+                   const size_t *scope)
 {
     bool gen = o->add_generation_prompt;
     switch (f) {
     case ENG_CHAT_CHATML: render_chatml(b, msgs, n, gen); break;
     case ENG_CHAT_QWEN3:
-        render_qwen3(b, msgs, n, gen, o->thinking_off, false, o->reasoning);
+        render_qwen3(b, msgs, n, gen, o->thinking_off, false, o->reasoning, scope);
         break;
-    case ENG_CHAT_QWEN3_THINKING: render_qwen3(b, msgs, n, gen, false, true, o->reasoning); break;
-    case ENG_CHAT_DEEPSEEK_R1: render_deepseek_r1(b, msgs, n, gen); break;
+    case ENG_CHAT_QWEN3_THINKING:
+        render_qwen3(b, msgs, n, gen, false, true, o->reasoning, scope);
+        break;
+    case ENG_CHAT_DEEPSEEK_R1: render_deepseek_r1(b, msgs, n, gen, scope); break;
     case ENG_CHAT_HARMONY: eng_chat__render_harmony(b, msgs, ext, n, o); break;
     case ENG_CHAT_LLAMA2: render_llama2(b, msgs, n); break;
     case ENG_CHAT_LLAMA3: render_llama3(b, msgs, n, gen); break;
@@ -763,10 +785,12 @@ static void render(eng_chat_family f, chat_builder *b, const eng_chat_message *m
 
 /* Renders with options: ext only for families that render the tool parts
  * themselves (harmony). */
+/* scope: where each assistant turn's thought is looked for (thought_scope;
+ * NULL: the whole content). */
 static int render_segments(eng_chat_family f, const eng_chat_message *msgs,
                            const eng_chat_message_tools *ext, size_t n, const eng_chat_options *o,
-                           char **out, size_t *out_len, eng_chat_segment **segments_out,
-                           size_t *n_segments, sw_error *err)
+                           const size_t *scope, char **out, size_t *out_len,
+                           eng_chat_segment **segments_out, size_t *n_segments, sw_error *err)
 {
     if (!out)
         return sw_error_set(err, SW_EINVAL, "eng_chat_render: NULL output");
@@ -775,7 +799,7 @@ static int render_segments(eng_chat_family f, const eng_chat_message *msgs,
         return rc;
 
     chat_builder measure = {0};
-    render(f, &measure, msgs, ext, n, o);
+    render(f, &measure, msgs, ext, n, o, scope);
     if (measure.failed)
         return sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
     if (measure.too_long)
@@ -789,7 +813,7 @@ static int render_segments(eng_chat_family f, const eng_chat_message *msgs,
         rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
         goto fail;
     }
-    render(f, &b, msgs, ext, n, o);
+    render(f, &b, msgs, ext, n, o, scope);
     if (b.failed) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
         goto fail;
@@ -823,7 +847,8 @@ int eng_chat_render_segments(eng_chat_family f, const eng_chat_message *msgs, si
                              sw_error *err)
 {
     eng_chat_options o = {.add_generation_prompt = add_generation_prompt};
-    return render_segments(f, msgs, NULL, n, &o, out, out_len, segments_out, n_segments, err);
+    return render_segments(f, msgs, NULL, n, &o, NULL, out, out_len, segments_out, n_segments,
+                           err);
 }
 
 int eng_chat_render(eng_chat_family f, const eng_chat_message *msgs, size_t n,
@@ -979,7 +1004,7 @@ int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
                 return sw_error_set(err, SW_EINVAL, "message %zu: tool call %zu has no name or "
                                     "arguments, or is not an assistant's", i, k);
     if (own_tools || (!with_tools && !ext))
-        return render_segments(f, msgs, own_tools ? ext : NULL, n, o, out, out_len,
+        return render_segments(f, msgs, own_tools ? ext : NULL, n, o, NULL, out, out_len,
                                segments_out, n_segments, err);
     if (!msgs || n == 0)
         return sw_error_set(err, SW_EINVAL, "no messages to render");
@@ -989,9 +1014,10 @@ int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
     eng_chat_message *m = sw_calloc(n + 1, sizeof *m);
     char **owned = sw_calloc(n + 1, sizeof *owned);
     const char **thoughts = sw_calloc(n + 1, sizeof *thoughts); /* o->reasoning, as m */
+    size_t *scope = sw_calloc(n + 1, sizeof *scope);            /* thought_scope, as m */
     size_t n_m = 0;
     int rc = SW_OK;
-    if (!m || !owned || !thoughts) {
+    if (!m || !owned || !thoughts || !scope) {
         rc = sw_error_set(err, SW_ENOMEM, "out of memory rendering the chat prompt");
         goto done;
     }
@@ -1019,11 +1045,13 @@ int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
             goto done;
         }
         m[n_m] = (eng_chat_message){"system", owned[n_m]};
+        scope[n_m] = strlen(owned[n_m]);
         n_m++;
         first = has_system ? 1 : 0;
     }
     for (size_t i = first; i < n; i++) {
         m[n_m] = msgs[i];
+        scope[n_m] = msgs[i].content ? strlen(msgs[i].content) : 0; /* before the calls */
         thoughts[n_m] = o->reasoning ? o->reasoning[i] : NULL;
         if (ext && ext[i].n_calls > 0) {
             owned[n_m] = tools_assistant(f, msgs[i].content, &ext[i]);
@@ -1037,12 +1065,14 @@ int eng_chat_render_with(eng_chat_family f, const eng_chat_message *msgs,
     }
     eng_chat_options shifted = *o;
     shifted.reasoning = o->reasoning ? thoughts : NULL;
-    rc = render_segments(f, m, NULL, n_m, &shifted, out, out_len, segments_out, n_segments, err);
+    rc = render_segments(f, m, NULL, n_m, &shifted, scope, out, out_len, segments_out, n_segments,
+                         err);
 done:
     for (size_t i = 0; owned && i < n + 1; i++)
         sw_free(owned[i]);
     sw_free(owned);
     sw_free(thoughts);
+    sw_free(scope);
     sw_free(m);
     return rc;
 }

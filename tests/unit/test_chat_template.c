@@ -419,6 +419,39 @@ static void test_tools_render(void **state)
     assert_int_equal(eng_chat_tool_syntax_of(ENG_CHAT_GEMMA), ENG_CHAT_TOOLS_HERMES);
 }
 
+/* A thought is split from the content the client sent, never from the tool
+ * calls written after it: a "</think>" in a call's arguments stays there
+ * (the templates split message.content only). */
+static void test_tools_thought_split(void **state)
+{
+    (void)state;
+    const eng_chat_tool_call call = {"call_1", "get_weather", "{\"note\":\"x</think>y\"}"};
+    const eng_chat_message msgs[] = {
+        {"user", "Weather?"},
+        {"assistant", "<think>\nplan\n</think>\n\nChecking."},
+        {"tool", "snow"},
+    };
+    const eng_chat_message_tools ext[] = {{NULL, 0, NULL}, {&call, 1, NULL}, {NULL, 0, "call_1"}};
+    /* Qwen3: a turn after the last user message keeps its thought */
+    expect_render_tools(ENG_CHAT_QWEN3, msgs, ext, 3, NULL, true,
+                        "<|im_start|>user\nWeather?<|im_end|>\n"
+                        "<|im_start|>assistant\n<think>\nplan\n</think>\n\nChecking.\n"
+                        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                        "{\"note\":\"x</think>y\"}}\n</tool_call><|im_end|>\n"
+                        "<|im_start|>user\n<tool_response>\nsnow\n</tool_response><|im_end|>\n"
+                        "<|im_start|>assistant\n");
+    /* DeepSeek-R1 drops the thought, and only the thought */
+    char *text = NULL;
+    sw_error err;
+    assert_int_equal(eng_chat_render_tools(ENG_CHAT_DEEPSEEK_R1, msgs, ext, 3, NULL, true, &text,
+                                           NULL, NULL, NULL, &err),
+                     SW_OK);
+    assert_non_null(strstr(text, "\n\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", "
+                                 "\"arguments\": {\"note\":\"x</think>y\"}}\n</tool_call>"));
+    assert_null(strstr(text, "plan"));
+    sw_free(text);
+}
+
 static void test_markers_in_content_are_content(void **state)
 {
     (void)state;
@@ -1264,6 +1297,7 @@ int main(void)
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_bos_rule),
         cmocka_unit_test(test_tools_render),
+        cmocka_unit_test(test_tools_thought_split),
         cmocka_unit_test(test_tokenize_spm),
         cmocka_unit_test(test_tokenize_bpe),
         cmocka_unit_test(test_tokenize_llama3_vocab),

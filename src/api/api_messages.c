@@ -721,7 +721,7 @@ bool api_msg_stream_feed(api_msg_stream *s, const char *payload, size_t len)
         return !s->oom;
     }
     json_error_t jerr;
-    json_t *c = sw_json_loadb(payload, len, 0, &jerr);
+    json_t *c = sw_json_loadb(payload, len, JSON_ALLOW_NUL, &jerr);
     if (!c) { /* a payload that is not JSON says nothing: skipped */
         s->oom = s->oom || sw_json_error_oom(&jerr);
         return !s->oom;

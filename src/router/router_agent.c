@@ -769,7 +769,7 @@ static json_t *completion_from_sse(const char *body, size_t len)
         if (api_sse_is_done(&ev)) {
             done = true;
         } else if (ev.data) {
-            json_t *j = sw_json_loadb(ev.data, ev.data_len, 0, NULL);
+            json_t *j = sw_json_loadb(ev.data, ev.data_len, JSON_ALLOW_NUL, NULL);
             if (!j || json_object_get(j, "error") || gather_chunk(j, g))
                 bad = true;
             if (!bad && !first)
@@ -921,7 +921,7 @@ static void forward(agent_run *a, const rt_capture *c)
         return;
     if (c->status > 0 && c->body && !c->stream) {
         if (a->head_sent) {
-            json_t *j = sw_json_loadb(c->body, c->len, 0, NULL);
+            json_t *j = sw_json_loadb(c->body, c->len, JSON_ALLOW_NUL, NULL);
             json_t *e = json_object_get(j, "error");
             run_fail(a, c->status,
                      json_string_value(json_object_get(e, "code")) ?: "worker_failed",
@@ -950,7 +950,7 @@ static void forward(agent_run *a, const rt_capture *c)
         }
         p += sse.consumed;
     }
-    json_t *j = ev ? sw_json_loadb(ev, ev_len, 0, NULL) : NULL;
+    json_t *j = ev ? sw_json_loadb(ev, ev_len, JSON_ALLOW_NUL, NULL) : NULL;
     json_t *e = json_object_get(j, "error");
     const char *code = json_string_value(json_object_get(e, "code"));
     char cbuf[64];
@@ -1243,7 +1243,7 @@ run:
             resp = iq.completed && !iq.cap.overflow ? completion_from_sse(iq.cap.body, iq.cap.len)
                                                     : NULL;
         else if (iq.cap.status == 200)
-            resp = sw_json_loadb(iq.cap.body, iq.cap.len, 0, NULL);
+            resp = sw_json_loadb(iq.cap.body, iq.cap.len, JSON_ALLOW_NUL, NULL);
         if (!resp && (iq.cap.status != 200 || iq.cap.stream)) {
             forward(&a, &iq.cap);
             rt__capture_free(&iq.cap);

@@ -35,7 +35,7 @@ bool rt__messages_path(const char *path)
 
 char *rt__messages_body(int status, const char *body, size_t len, size_t *out_len)
 {
-    json_t *j = body ? sw_json_loadb(body, len, 0, NULL) : NULL;
+    json_t *j = body ? sw_json_loadb(body, len, JSON_ALLOW_NUL, NULL) : NULL;
     if (!j)
         return NULL;
     json_t *o = NULL;

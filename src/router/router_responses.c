@@ -80,7 +80,7 @@ static void on_body(rt_req *q, int status, const char *ctype, const char *extra,
         send_error_body(q, status, ctype, extra, body, len);
         return;
     }
-    json_t *chat = sw_json_loadb(body, len, 0, NULL);
+    json_t *chat = sw_json_loadb(body, len, JSON_ALLOW_NUL, NULL);
     const char *object = json_string_value(json_object_get(chat, "object"));
     json_t *r = NULL;
     if (object && !strcmp(object, "response")) /* a stored answer replayed (Idempotency-Key) */
@@ -127,7 +127,7 @@ static int on_event(rt_req *q, const char *payload)
     if (!strcmp(payload, "[DONE]")) {
         text = api_resp_stream_end(c->st);
     } else {
-        json_t *j = sw_json_loads(payload, 0, NULL);
+        json_t *j = sw_json_loads(payload, JSON_ALLOW_NUL, NULL);
         text = j ? api_resp_stream_chunk(c->st, j) : NULL;
         json_decref(j);
     }
@@ -162,7 +162,7 @@ static bool load_prior(rt_req *q, const char *prev_id, json_t **prior)
         rt__send_error(q, 404, "not_found", msg, "previous_response_id", NULL);
         return false;
     }
-    json_t *conv = sw_json_loads(sr.conversation, 0, NULL);
+    json_t *conv = sw_json_loads(sr.conversation, JSON_ALLOW_NUL, NULL);
     json_t *resp = stored_now(q, prev_id, &sr);
     ldg_response_free(&sr);
     const char *status = json_string_value(json_object_get(resp, "status"));
@@ -384,7 +384,7 @@ static json_t *background_update(rt_req *q, const char *id, const json_t *stored
         r = json_deep_copy(stored);
         json_object_set_new(r, "status", json_string("in_progress"));
     } else if (j.state == LDG_JOB_SUCCEEDED && j.response) {
-        json_t *chat = sw_json_loads(j.response, 0, NULL);
+        json_t *chat = sw_json_loads(j.response, JSON_ALLOW_NUL, NULL);
         r = chat ? api_responses_from_chat(stored, id,
                                            json_integer_value(json_object_get(stored,
                                                                               "created_at")),
@@ -415,7 +415,7 @@ static json_t *background_update(rt_req *q, const char *id, const json_t *stored
 static json_t *stored_now(rt_req *q, const char *id, const ldg_response *sr)
 {
     rt_router *rt = q->rt;
-    json_t *r = sw_json_loads(sr->response, 0, NULL);
+    json_t *r = sw_json_loads(sr->response, JSON_ALLOW_NUL, NULL);
     const char *status = json_string_value(json_object_get(r, "status"));
     if (r && sr->job_id[0] && status &&
         (!strcmp(status, "queued") || !strcmp(status, "in_progress"))) {

@@ -19,7 +19,9 @@
 #include "router_harness.h"
 #include "worker_client.h"
 
+#include "api/messages.h"
 #include "common/alloc.h"
+#include "router/router-impl.h"
 #include "device/device.h"
 
 #include <jansson.h>
@@ -95,6 +97,35 @@ static const char *error_type(json_t *j)
 static json_t *user(const char *text)
 {
     return json_pack("[{s:s, s:s}]", "role", "user", "content", text);
+}
+
+/* A model may write U+0000 (a byte-fallback token): its chat answer is
+ * JSON with "\u0000" in a string, which the translations into Messages
+ * take as text, whole and streamed (they once refused the answer as
+ * unparsable: a 500, or a streamed delta dropped). */
+static void test_nul_in_answer(void **state)
+{
+    (void)state;
+    const char *chat =
+        "{\"id\":\"c1\",\"object\":\"chat.completion\",\"created\":1,\"model\":\"m\","
+        "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":"
+        "\"a\\u0000b\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":1,"
+        "\"completion_tokens\":3,\"total_tokens\":4}}";
+    size_t n = 0;
+    char *out = rt__messages_body(200, chat, strlen(chat), &n);
+    assert_non_null(out);
+    assert_non_null(strstr(out, "\"text\":\"a\\u0000b\""));
+    sw_free(out);
+    const char *chunk =
+        "{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+        "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\\u0000y\"},"
+        "\"finish_reason\":null}]}";
+    api_msg_stream st;
+    api_msg_stream_init(&st, "m", 1);
+    assert_true(api_msg_stream_feed(&st, chunk, strlen(chunk)));
+    assert_non_null(st.out);
+    assert_non_null(memmem(st.out, st.out_len, "x\\u0000y", 8));
+    api_msg_stream_free(&st);
 }
 
 static void test_through_router(void **state)
@@ -462,6 +493,7 @@ static void test_stream_unresumable(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nul_in_answer),
         cmocka_unit_test(test_through_router),
         cmocka_unit_test(test_stream_resumed),
         cmocka_unit_test(test_thinking_resumed),

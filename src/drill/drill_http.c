@@ -327,7 +327,7 @@ json_t *dh_get_json(const char *address, const char *path, int timeout_ms, int *
     dh_response r;
     json_t *j = NULL;
     if (dh_get(address, path, timeout_ms, &r) == 0 && r.status && r.body)
-        j = json_loads(r.body, 0, NULL);
+        j = json_loads(r.body, JSON_ALLOW_NUL, NULL);
     if (status_out)
         *status_out = r.status;
     dh_response_free(&r);

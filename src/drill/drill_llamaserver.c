@@ -152,7 +152,7 @@ static int ls_continuation(const drill *d, const int *ids, int k, int n, int *ou
     int got = -1;
     if (body && dh_exchange(address, "POST", "/completion", "Content-Type: application/json\r\n",
                             body, DR_TIMEOUT_MS, NULL, NULL, &w) == 0) {
-        json_t *j = w.status == 200 && w.body ? json_loads(w.body, 0, NULL) : NULL;
+        json_t *j = w.status == 200 && w.body ? json_loads(w.body, JSON_ALLOW_NUL, NULL) : NULL;
         json_t *t = json_object_get(j, "tokens");
         if (json_is_array(t)) {
             got = 0;

@@ -104,7 +104,7 @@ static void parse_answer(dr_request *r, const dh_response *w)
     if (!w->body)
         return;
     if (!r->stream || w->status != 200) {
-        json_t *j = json_loads(w->body, 0, NULL);
+        json_t *j = json_loads(w->body, JSON_ALLOW_NUL, NULL);
         r->complete = w->complete && j != NULL;
         r->framing_ok = j != NULL;
         json_t *err = json_object_get(j, "error");
@@ -141,7 +141,7 @@ static void parse_answer(dr_request *r, const dh_response *w)
             r->done_events++;
             continue;
         }
-        json_t *j = json_loads(ev[i], 0, NULL);
+        json_t *j = json_loads(ev[i], JSON_ALLOW_NUL, NULL);
         if (!j) {
             r->framing_ok = false;
             continue;
@@ -204,7 +204,7 @@ int dr__reference(const char *cpu_sock, int max_tokens, int *tokens, int *n_out)
     dh_exchange(cpu_sock, "POST", "/v1/completions", "X-Request-Id: drill-reference\r\n", body,
                 DR_TIMEOUT_MS, NULL, NULL, &w);
     int n = 0;
-    json_t *j = w.status == 200 && w.body ? json_loads(w.body, 0, NULL) : NULL;
+    json_t *j = w.status == 200 && w.body ? json_loads(w.body, JSON_ALLOW_NUL, NULL) : NULL;
     json_t *ids = json_object_get(json_object_get(j, "spillway"), "token_ids");
     for (size_t i = 0; i < json_array_size(ids) && n < DR_MAX_TOKENS; i++)
         tokens[n++] = (int)json_integer_value(json_array_get(ids, i));

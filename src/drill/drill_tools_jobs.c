@@ -60,7 +60,7 @@ static bool worker_has_tool_calls(const char *sock)
     dh_response w;
     dh_exchange(sock, "POST", "/v1/chat/completions", "X-Request-Id: drill-tool-probe\r\n", body,
                 DR_TIMEOUT_MS, NULL, NULL, &w);
-    json_t *j = w.status == 200 && w.body ? json_loads(w.body, 0, NULL) : NULL;
+    json_t *j = w.status == 200 && w.body ? json_loads(w.body, JSON_ALLOW_NUL, NULL) : NULL;
     json_t *calls = json_object_get(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "tool_calls");
     bool yes = json_array_size(calls) > 0;
@@ -291,7 +291,7 @@ static void s6_job(drill *d, dr_scenario *s, const int *ref, int n_ref)
     char loc[256] = "";
     dh_header(&w, "Location", loc, sizeof loc);
     dh_header(&w, "X-Request-Id", r->rid_out, sizeof r->rid_out);
-    json_t *j = w.body ? json_loads(w.body, 0, NULL) : NULL;
+    json_t *j = w.body ? json_loads(w.body, JSON_ALLOW_NUL, NULL) : NULL;
     snprintf(r->job_id, sizeof r->job_id, "%s", json_string_value(json_object_get(j, "id")) ?: "");
     int submit_status = w.status;
     json_decref(j);

@@ -272,8 +272,18 @@ int rh_req(const rh_router *r, const char *method, const char *path, const char 
                      "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      method, path, headers ? headers : "", blen, body ? body : "");
+    double t0 = tu_now_s();
     int rc = wc_raw(r->sock, raw, (size_t)n, 120000, out);
     sw_free(raw);
+    if (rc != 0) { /* what the router was doing, for the test's output */
+        fprintf(stderr, "rh_req: %s %s on %s failed after %.1f s; the end of %s:\n", method, path,
+                r->sock, tu_now_s() - t0, r->log);
+        size_t len = 0;
+        char *log = tu_read_file(r->log, &len);
+        if (log)
+            fprintf(stderr, "%s\n", len > 6000 ? log + len - 6000 : log);
+        sw_free(log);
+    }
     return rc;
 }
 

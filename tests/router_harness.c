@@ -275,7 +275,7 @@ int rh_req(const rh_router *r, const char *method, const char *path, const char 
     double t0 = tu_now_s();
     int rc = wc_raw(r->sock, raw, (size_t)n, 120000, out);
     sw_free(raw);
-    if (rc != 0) { /* what the router was doing, for the test's output */
+    if (rc != 0 && tu_now_s() - t0 > 10.0) { /* no answer: what the router was doing */
         fprintf(stderr, "rh_req: %s %s on %s failed after %.1f s; the end of %s:\n", method, path,
                 r->sock, tu_now_s() - t0, r->log);
         size_t len = 0;

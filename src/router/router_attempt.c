@@ -127,7 +127,7 @@ static fail_kind stream_payload(rt_relay *r, const char *payload, bool *done)
         return FAIL_NONE;
     }
     json_error_t jerr;
-    json_t *j = sw_json_loads(payload, 0, &jerr);
+    json_t *j = sw_json_loads(payload, JSON_ALLOW_NUL, &jerr);
     if (!j && sw_json_error_oom(&jerr))
         return stream_out_of_memory(r, NULL, done);
     if (!j)

@@ -263,7 +263,7 @@ static void run_claimed(rt_router *rt, const char *id, int64_t fence)
         int attempts = 0;
         rt__generate_capture(rt, id, chat, j.request, strlen(j.request), deadline, &ticket, &c,
                              &attempts);
-        json_t *resp = c.body ? sw_json_loadb(c.body, c.len, 0, NULL) : NULL;
+        json_t *resp = c.body ? sw_json_loadb(c.body, c.len, JSON_ALLOW_NUL, NULL) : NULL;
         const char *code =
             json_string_value(json_object_get(json_object_get(resp, "error"), "code"));
         bool busy = c.status == 503 && code &&
@@ -683,7 +683,7 @@ static void jobs_get(rt_req *q, const char *id)
     if (j.deadline_ms >= 0)
         json_object_set_new(o, "deadline_ms", json_integer((json_int_t)j.deadline_ms));
     if (j.state == LDG_JOB_SUCCEEDED && j.response) {
-        json_t *r = sw_json_loads(j.response, 0, NULL);
+        json_t *r = sw_json_loads(j.response, JSON_ALLOW_NUL, NULL);
         if (r)
             json_object_set_new(o, "response", r);
     }

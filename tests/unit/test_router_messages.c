@@ -126,6 +126,27 @@ static void test_nul_in_answer(void **state)
     assert_non_null(st.out);
     assert_non_null(memmem(st.out, st.out_len, "x\\u0000y", 8));
     api_msg_stream_free(&st);
+
+    /* through a router: a worker made to write the byte token 0x00 (id 3 in
+     * the test vocabulary) streams it, and the router passes it on as one
+     * attempt's answer (it once took the chunk for a broken worker) */
+    char workers[512];
+    snprintf(workers, sizeof workers, "[worker cpu]\nthreads = 1\nctx-limit = 512\n");
+    rh_router r;
+    assert_int_equal(rh_start(&r, "messages-nul", g_model, "api-keys = msg-test-key-1\n", workers),
+                     0);
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3,"
+                       "\"temperature\":0,\"stream\":true,\"logit_bias\":{\"3\":100}}";
+    wc_response w;
+    assert_int_equal(rh_req(&r, "POST", "/v1/chat/completions",
+                            "Authorization: Bearer msg-test-key-1\r\n", body, &w),
+                     0);
+    assert_int_equal(w.status, 200);
+    if (!strstr(w.body, "\\u0000"))
+        fail_msg("no U+0000 in the stream: %s", w.body);
+    rh_assert_header(&w, "X-Spillway-Attempts", "1");
+    wc_response_free(&w);
+    rh_finish(&r);
 }
 
 static void test_through_router(void **state)

@@ -62,6 +62,21 @@ static bool take_slot(rt_router *rt, int fd)
     return !full;
 }
 
+/* Leaves the waiting count when another thread stays in it: true when
+ * this thread may end. The check and the decrement are one step, so two
+ * idle threads that time out together cannot each count on the other
+ * and both end, leaving no thread in accept (a client's connect then
+ * succeeds into the backlog and waits forever). */
+static bool leave_if_others_wait(rt_router *rt)
+{
+    int w = __atomic_load_n(&rt->conns.waiting, __ATOMIC_SEQ_CST);
+    while (w > 1)
+        if (__atomic_compare_exchange_n(&rt->conns.waiting, &w, w - 1, false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
+            return true;
+    return false;
+}
+
 static void *conn_main(void *arg)
 {
     rt_router *rt = arg;
@@ -69,24 +84,27 @@ static void *conn_main(void *arg)
     /* the request-head buffer, once per thread (not a malloc and free of
      * 16 KiB per connection) */
     char *buf = sw_malloc(RT_HEAD_MAX + 1);
+    /* counted as waiting from here until it takes a connection or ends,
+     * and counted before the shutdown flag is read, so that
+     * rt__conns_close, which sets the flag before it reads the count,
+     * never returns while a thread is about to enter accept */
+    __atomic_add_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST);
     for (;;) {
-        /* counted as waiting before the shutdown flag is read, so that
-         * rt__conns_close, which sets the flag before it reads the count,
-         * never returns while a thread is about to enter accept */
-        int others = __atomic_add_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST) - 1;
-        if (__atomic_load_n(&rt->conns.closing, __ATOMIC_SEQ_CST) ||
-            (others > 0 && mono_s() - idle_since > RT_CONN_IDLE_S)) {
+        if (__atomic_load_n(&rt->conns.closing, __ATOMIC_SEQ_CST)) {
             __atomic_sub_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST);
             break;
         }
         int fd = accept4(rt->conns.lfd, NULL, NULL, SOCK_CLOEXEC);
-        int err = errno;
-        int left = __atomic_sub_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST);
         if (fd < 0) {
+            int err = errno;
+            if ((err == EAGAIN || err == EWOULDBLOCK) && mono_s() - idle_since > RT_CONN_IDLE_S &&
+                leave_if_others_wait(rt))
+                break;
             if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
                 usleep(10 * 1000); /* out of descriptors or memory: no busy loop */
             continue;
         }
+        int left = __atomic_sub_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&rt->conns.closing, __ATOMIC_ACQUIRE)) {
             close(fd);
             break;
@@ -96,6 +114,7 @@ static void *conn_main(void *arg)
         if (take_slot(rt, fd))
             rt__conn_serve(rt, fd, buf);
         idle_since = mono_s();
+        __atomic_add_fetch(&rt->conns.waiting, 1, __ATOMIC_SEQ_CST);
     }
     sw_free(buf);
     __atomic_sub_fetch(&rt->conns.threads, 1, __ATOMIC_RELEASE);

@@ -232,6 +232,8 @@ typedef struct wk_server {
     wk_req *queue_head, *queue_tail;
     int32_t n_queued;
     wk_event *ev_head, *ev_tail;
+    int32_t ev_unwoken;              /* events queued without waking the HTTP
+                                        thread (post_events, worker_engine.c) */
     bool stop_engine;
     wk_state state;
     char fail_message[SW_ERROR_MESSAGE_MAX];

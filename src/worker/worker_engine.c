@@ -208,10 +208,25 @@ static wk_event *ev_new_final(ev_list *l, wk_event_kind kind, wk_req *req)
     return ev;
 }
 
+/* A token of a request that is not streamed goes to the HTTP thread
+ * without waking it, up to this many such events: it collects them with
+ * the next event that wakes it (the request's end at the latest). Waking
+ * it per token made it take a core from the engine's threads once per
+ * token, in the middle of their parallel work. */
+#define WK_EV_QUIET_MAX 64
+
 static void post_events(wk_server *s, ev_list *l)
 {
     if (!l->head)
         return;
+    bool wake = false;
+    int32_t quiet = 0;
+    for (const wk_event *ev = l->head; ev; ev = ev->next) {
+        if (ev->kind == WK_EV_TOKEN && !ev->req->stream)
+            quiet++;
+        else
+            wake = true;
+    }
     pthread_mutex_lock(&s->lock);
     /* the requests that ended give their places back before their
      * answers go out (a client that sees one end may send the next) */
@@ -223,9 +238,15 @@ static void post_events(wk_server *s, ev_list *l)
     else
         s->ev_head = l->head;
     s->ev_tail = l->tail;
+    s->ev_unwoken += quiet;
+    if (s->ev_unwoken >= WK_EV_QUIET_MAX)
+        wake = true;
+    if (wake)
+        s->ev_unwoken = 0;
     pthread_mutex_unlock(&s->lock);
     l->head = l->tail = NULL;
-    wk_http_wake(s);
+    if (wake)
+        wk_http_wake(s);
 }
 
 static void ev_error(ev_list *l, wk_req *req, int http_status, const char *type, const char *code,

@@ -1120,6 +1120,7 @@ static void on_pipe(evutil_socket_t fd, short what, void *arg)
     pthread_mutex_lock(&s->lock);
     wk_event *list = s->ev_head;
     s->ev_head = s->ev_tail = NULL;
+    s->ev_unwoken = 0;
     bool failed = s->state == WK_FAILED;
     pthread_mutex_unlock(&s->lock);
     for (wk_event *ev = list, *next; ev; ev = next) {

@@ -915,6 +915,16 @@ static bool step(wk_server *s, ev_list *l)
     }
     if (n == 0)
         return !s->device_error_seen;
+    /* The step's tokens go out before its forward pass, unless a request
+     * ended here (its end goes out after the step, with the stats that
+     * show its place free): a stream's token is sent a forward pass
+     * sooner, and the HTTP thread works during the forward pass, whose
+     * products balance a thread it delays, not during the next draw. */
+    bool ended = false;
+    for (const wk_event *ev = l->head; ev; ev = ev->next)
+        ended |= ev->kind == WK_EV_DONE || ev->kind == WK_EV_ERROR;
+    if (!ended)
+        post_events(s, l);
     double t0 = eng_now_seconds();
     for (int32_t i = 0; i < n; i++)
         sw_error_clear(&errs[i]);

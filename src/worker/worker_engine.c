@@ -915,15 +915,16 @@ static bool step(wk_server *s, ev_list *l)
     }
     if (n == 0)
         return !s->device_error_seen;
-    /* The step's tokens go out before its forward pass, unless a request
-     * ended here (its end goes out after the step, with the stats that
-     * show its place free): a stream's token is sent a forward pass
-     * sooner, and the HTTP thread works during the forward pass, whose
-     * products balance a thread it delays, not during the next draw. */
-    bool ended = false;
+    /* The step's tokens go out before its forward pass when they are all
+     * it has to say (a request's start or end goes out after the step,
+     * with the stats that show its slot taken or free): a stream's token
+     * is sent a forward pass sooner, and the HTTP thread works during the
+     * forward pass, whose products balance a thread it delays, not during
+     * the next draw. */
+    bool only_tokens = true;
     for (const wk_event *ev = l->head; ev; ev = ev->next)
-        ended |= ev->kind == WK_EV_DONE || ev->kind == WK_EV_ERROR;
-    if (!ended)
+        only_tokens &= ev->kind == WK_EV_TOKEN;
+    if (only_tokens)
         post_events(s, l);
     double t0 = eng_now_seconds();
     for (int32_t i = 0; i < n; i++)

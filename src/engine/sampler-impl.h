@@ -7,11 +7,12 @@
  * sums, the masses a cut keeps, the gather of a range of histogram buckets'
  * members (from stored weights, or fused with the weights' computation),
  * top-k's skip to the next logit above a threshold, and the logits above
- * one (in all of them, or in the spans whose maximum passes it). Every set gives bit-identical results to the scalar code in
- * sampler.c: maxima and integer sums are exact in any order, and
- * the exponential is the same sequence of correctly rounded
- * single-precision operations (the same fused multiply-adds, no others) in
- * every lane, so a draw does not depend on the machine that makes it.
+ * one (in all of them, or in the spans whose maximum passes it). Every set
+ * gives bit-identical results to the scalar code in sampler.c: maxima and
+ * integer sums are exact in any order, and the exponential is the same
+ * sequence of correctly rounded single-precision operations (the same fused
+ * multiply-adds, no others) in every lane, so a draw does not depend on the
+ * machine that makes it.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_IMPL_H
 #define SPILLWAY_ENGINE_SAMPLER_IMPL_H

@@ -163,14 +163,11 @@ int main(int argc, char **argv)
             greedy = us;
         printf("  %-7s %8.1f us  (+%.1f over greedy; token sum %ld)", names[m], us, us - greedy,
                sum);
-        if (m == 3) { /* where top-p's cuts were found (sampler-impl.h) */
-            uint64_t paths[4];
-            eng__sampler_cut_paths(s, paths);
-            double all = (double)(paths[0] + paths[1] + paths[2] + paths[3]);
-            printf("  cut found: estimate's window %.1f%%, above %.1f%%, below %.1f%%, "
-                   "exact %.1f%%",
-                   100.0 * (double)paths[0] / all, 100.0 * (double)paths[1] / all,
-                   100.0 * (double)paths[2] / all, 100.0 * (double)paths[3] / all);
+        if (m == 3) { /* top-p's proposals (sampler-impl.h) */
+            uint64_t proposals[2];
+            eng__sampler_proposals(s, proposals);
+            printf("  proposals refused: %.1f%%",
+                   100.0 * (double)proposals[1] / (double)(proposals[0] + proposals[1]));
         }
         printf("\n");
         eng_sampler_free(s);

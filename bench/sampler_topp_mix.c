@@ -1,13 +1,16 @@
-/* sampler_topp_mix.c - what a top-p draw costs over varied distributions,
- * where its estimate of the cut sometimes misses: eng_sampler_sample at
+/* sampler_topp_mix.c - what a top-p draw costs over varied distributions:
+ * eng_sampler_sample at
  * temperature 0.8, top_p 0.95 on 120 fixed logit vectors of six shapes
  * (normal, Gumbel, normal with a few lifted tokens, normal with a dead
  * region, Laplace, one dominant token over a narrow normal; spreads drawn
  * from 1 to 5), each drawn 3 times, in CPU time on one thread (the process's
  * CPU clock; the logits' copies not counted). Prints the mean per draw, the
  * token sum (the same from every build that draws the same tokens) and how
- * many cuts each path found (sampler-impl.h, eng__sampler_cut_paths).
- * Built and run by bench/sampling.sh; asserts nothing.
+ * many proposals were kept and refused; then the same for the exact search
+ * alone (no proposals, eng__sampler_set_attempts 0), where the estimate of
+ * the cut sometimes misses, with how many cuts each path found
+ * (sampler-impl.h, eng__sampler_cut_paths). Built and run by
+ * bench/sampling.sh; asserts nothing.
  *
  *   sampler_topp_mix N_VOCAB
  */
@@ -88,27 +91,34 @@ int main(int argc, char **argv)
     p.top_k = 0;
     p.top_p = 0.95f;
     p.min_p = 0.0f;
-    eng_sampler *s = eng_sampler_create(&p, n);
-    if (!s)
-        return 1;
-    double t = 0;
-    long sum = 0;
-    for (int r = 0; r < ROUNDS; r++)
-        for (int k = 0; k < n_sets; k++) {
-            memcpy(l, sets + (size_t)k * (size_t)n, sizeof(float) * (size_t)n);
-            double t0 = cpu_s();
-            sum += eng_sampler_sample(s, l, NULL, 0);
-            t += cpu_s() - t0;
-        }
-    uint64_t paths[4];
-    eng__sampler_cut_paths(s, paths);
-    printf("vocabulary %d, top_p 0.95 over %d mixed distributions: %.1f us per draw (CPU time, "
-           "one thread; token sum %ld); cuts found among the estimate's buckets %llu, above "
-           "them %llu, below them %llu, from the exact histogram %llu\n",
-           n, n_sets, t * 1e6 / (ROUNDS * n_sets), sum, (unsigned long long)paths[0],
-           (unsigned long long)paths[1], (unsigned long long)paths[2],
-           (unsigned long long)paths[3]);
-    eng_sampler_free(s);
+    for (int search = 0; search < 2; search++) {
+        eng_sampler *s = eng_sampler_create(&p, n);
+        if (!s)
+            return 1;
+        if (search)
+            eng__sampler_set_attempts(s, 0);
+        double t = 0;
+        long sum = 0;
+        for (int r = 0; r < ROUNDS; r++)
+            for (int k = 0; k < n_sets; k++) {
+                memcpy(l, sets + (size_t)k * (size_t)n, sizeof(float) * (size_t)n);
+                double t0 = cpu_s();
+                sum += eng_sampler_sample(s, l, NULL, 0);
+                t += cpu_s() - t0;
+            }
+        uint64_t paths[4], proposals[2];
+        eng__sampler_cut_paths(s, paths);
+        eng__sampler_proposals(s, proposals);
+        printf("vocabulary %d, top_p 0.95 over %d mixed distributions%s: %.1f us per draw (CPU "
+               "time, one thread; token sum %ld); proposals kept %llu, refused %llu; cuts found "
+               "among the estimate's buckets %llu, above them %llu, below them %llu, from the "
+               "exact histogram %llu\n",
+               n, n_sets, search ? ", the exact search alone" : "", t * 1e6 / (ROUNDS * n_sets),
+               sum, (unsigned long long)proposals[0], (unsigned long long)proposals[1],
+               (unsigned long long)paths[0], (unsigned long long)paths[1],
+               (unsigned long long)paths[2], (unsigned long long)paths[3]);
+        eng_sampler_free(s);
+    }
     free(sets);
     free(l);
     return 0;

@@ -16,10 +16,11 @@
 # its columns print "-" and the header says why. Then one draw's cost on
 # its own (bench/sampler_draw.c: CPU time on one thread, steady on a busy
 # machine) for each vocabulary size in DRAW_VOCABS, logits of spread 2 and
-# 5, and a top-p draw's over mixed distributions, where its estimate
-# sometimes misses (bench/sampler_topp_mix.c); and for each model in
-# DRAW_MODELS, a draw's cost on the logits of 200 steps of a real decode
-# of that model (sampler_draw --model), with where top-p found its cuts.
+# 5, and a top-p draw's over mixed distributions, with the proposals and
+# alone, its exact search, whose estimate sometimes misses
+# (bench/sampler_topp_mix.c); and for each model in DRAW_MODELS, a draw's
+# cost on the logits of 200 steps of a real decode of that model
+# (sampler_draw --model), with how many of top-p's proposals were refused.
 # Prints figures; asserts nothing.
 #
 #   bench/sampling.sh [BUILD_DIR]          (default: build)

@@ -2,14 +2,13 @@
  *
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
- * kernels): NaN cleaning and the maximum (also per span of logits), the
- * weights with their integer masses and per-block sums, log-softmax's finer
- * sums, the masses a cut keeps, the gather of a range of histogram buckets'
- * members (from stored weights, or fused with the weights' computation),
- * top-k's skip to the next logit above a threshold, and the logits above
- * one (in all of them, or in the spans whose maximum passes it). Every set
+ * kernels): NaN cleaning and the maximum, the weights with their integer
+ * masses and per-block sums, log-softmax's finer sums, the masses a cut
+ * keeps, the gather of a range of histogram buckets' members (from stored
+ * weights), top-k's skip to the next logit above a threshold, and the
+ * logits above one. Every set
  * gives bit-identical results to the scalar code in sampler.c: maxima and
- * integer sums are exact in any order, and the exponential is the same
+ * integer sums are exact in any order, and the power of two is the same
  * sequence of correctly rounded single-precision operations (the same fused
  * multiply-adds, no others) in every lane, so a draw does not depend on the
  * machine that makes it.
@@ -19,29 +18,27 @@
 
 #include <stdint.h>
 
-/* Range of eng__sampler_exp's argument that gives a non-zero result; below
+/* Range of eng__sampler_exp2's argument that gives a non-zero result; below
  * it (and for -inf) the weight is 0. */
-#define ENG_SAMPLER_EXP_MIN (-80.0f)
+#define ENG_SAMPLER_EXP2_MIN (-116.0f)
+/* log2(e) rounded to float: the weights' scale is this over the
+ * temperature, log-softmax's this */
+#define ENG_SAMPLER_LOG2E 1.44269504f
 
 /* NaN -> -inf in place; returns the largest value (-inf if none). */
 typedef float (*eng__sampler_sanitize_max_fn)(float *logits, int32_t n);
-/* sanitize_max's work, and the largest value of each span of
- * ENG_SAMPLER_SPAN logits after it into span_max[j] (logits [j *
- * ENG_SAMPLER_SPAN, (j + 1) * ENG_SAMPLER_SPAN) of these n; the last span
- * may be shorter; equal as values on every instruction set, a zero's sign
- * aside); returns what sanitize_max returns. */
-typedef float (*eng__sampler_sanitize_spans_fn)(float *logits, int32_t n, float *span_max);
 /* The largest of n values (no NaN among them). */
 typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
-/* The weights of n candidates, e[i] = eng__sampler_exp((logits[i] - max) *
- * inv_temp), and their integer masses trunc(e[i] * 2^25). Stores e when e
+/* The weights of n candidates, e[i] = eng__sampler_exp2((logits[i] - max)
+ * * scale), and their integer masses trunc(e[i] * 2^25). Stores e when e
  * is not NULL. kept[b] = the sum of the masses of block b (candidates [b *
  * ENG_SAMPLER_BLOCK, (b + 1) * ENG_SAMPLER_BLOCK) of these n) with e >=
  * min_p (every mass when min_p <= 0). */
 typedef void (*eng__sampler_weights_fn)(const float *logits, int32_t n, float max,
-                                        float inv_temp, float min_p, float *e, uint64_t *kept);
+                                        float scale, float min_p, float *e, uint64_t *kept);
 /* log-softmax's sums: sums[b] = the sum over block b of the n candidates of
- * the fine masses trunc(e * 2^40), e = eng__sampler_exp(logits[i] - max);
+ * the fine masses trunc(e * 2^40), e = eng__sampler_exp2((logits[i] - max)
+ * * ENG_SAMPLER_LOG2E);
  * nothing stored. */
 typedef void (*eng__sampler_fine_sums_fn)(const float *logits, int32_t n, float max,
                                           uint64_t *sums);
@@ -62,30 +59,11 @@ typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from
 typedef int32_t (*eng__sampler_range_fn)(const float *e, int32_t from, int32_t to, uint32_t lo,
                                          uint32_t hi, uint64_t *above, int32_t *out);
 
-/* range's work straight from the logits, the weights never stored: over
- * candidates [from, to) of logits (from a multiple of ENG_SAMPLER_BLOCK),
- * the weights as the weights kernel computes them (min_p 0); *total = the
- * sum of all their masses; above[b] = the masses of block b of these with
- * a top-level bucket above hi; the indices (ascending) of those with a
- * bucket in [lo, hi] into out and their weights into out_e, at the same
- * positions (each with room for to - from); returns how many. */
-typedef int32_t (*eng__sampler_window_fn)(const float *logits, int32_t from, int32_t to,
-                                          float max, float inv_temp, uint32_t lo, uint32_t hi,
-                                          uint64_t *above, uint64_t *total, int32_t *out,
-                                          float *out_e);
-
 /* The indices (ascending) of the n values above threshold, into out; returns
  * how many, or cap + 1 (out then holds anything) when there are more than
  * cap. */
 typedef int32_t (*eng__sampler_above_fn)(const float *values, int32_t n, float threshold,
                                          int32_t *out, int32_t cap);
-
-/* above's indices, looking only in the spans of ENG_SAMPLER_SPAN values
- * whose maximum (span_max, as sanitize_spans gives it) is above threshold:
- * the same indices, and the same return, as above gives over all n. */
-typedef int32_t (*eng__sampler_above_spans_fn)(const float *values, int32_t n,
-                                               const float *span_max, float threshold,
-                                               int32_t *out, int32_t cap);
 
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
@@ -93,12 +71,9 @@ typedef struct eng__sampler_kernels {
     eng__sampler_weights_fn weights;
     eng__sampler_fine_sums_fn fine_sums;
     eng__sampler_range_fn range;
-    eng__sampler_window_fn window;
     eng__sampler_first_above_fn first_above;
     eng__sampler_above_fn above;
     eng__sampler_kept_mass_fn kept_mass;
-    eng__sampler_sanitize_spans_fn sanitize_spans;
-    eng__sampler_above_spans_fn above_spans;
 } eng__sampler_kernels;
 
 /* e -> integer mass: 2^25, so that a block's masses summed in 32-bit
@@ -108,41 +83,39 @@ typedef struct eng__sampler_kernels {
  * nothing to the sum) */
 #define ENG_SAMPLER_FINE_SCALE 1099511627776.0f
 #define ENG_SAMPLER_BLOCK 512 /* candidates per block of the draw's walk (kept sums) */
-#define ENG_SAMPLER_SPAN 64   /* logits per span of sanitize_spans' maxima (a whole
-                                 number of vectors; divides ENG_SAMPLER_BLOCK) */
 
-/* The scalar exponential every kernel reproduces lane by lane. */
-float eng__sampler_exp(float x);
+/* top-p's proposals in a draw before it searches for the cut: each is
+ * kept with probability top_p at least, so at 0.95 the search runs in
+ * fewer than 1 draw in 10^10 */
+#define ENG_SAMPLER_ATTEMPTS 8
+
+/* The scalar power of two every kernel reproduces lane by lane. */
+float eng__sampler_exp2(float t);
 /* The scalar code of the kernels, which the vector ones call for their
  * tails. */
-void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, float inv_temp,
+void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, float scale,
                                  float min_p, float *e, uint64_t *kept);
 void eng__sampler_fine_sums_scalar(const float *logits, int32_t n, float max, uint64_t *sums);
 int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint32_t lo,
                                   uint32_t hi, uint64_t *above, int32_t *out);
-int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
-                                   float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                                   uint64_t *total, int32_t *out, float *out_e);
 int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshold, int32_t *out,
                                   int32_t cap);
-float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_max);
-int32_t eng__sampler_above_spans_scalar(const float *values, int32_t n, const float *span_max,
-                                        float threshold, int32_t *out, int32_t cap);
-/* above_spans' work on the last span of n values when it is shorter than
- * ENG_SAMPLER_SPAN (0 when it is not, or its maximum does not pass): the
- * vector kernels' tail. */
-int32_t eng__sampler_above_spans_tail(const float *values, int32_t n, const float *span_max,
-                                      float threshold, int32_t *out, int32_t cap);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
 
-/* For tests: how many of s's top-p cuts were found among the top-level
- * buckets the estimate pointed at (in the one-pass window, or with the
- * weights stored) [0], among the candidates above them [1], in buckets
- * below them [2], from the exact histogram [3] (sampler.c,
- * sampler_top_p_window and sampler_cut). */
+/* For tests: how many of s's top-p cuts (its exact search, after the
+ * proposals) were found among the top-level buckets the estimate pointed
+ * at [0], among the candidates above them [1], in buckets below them [2],
+ * from the exact histogram [3] (sampler.c, sampler_cut). */
 struct eng_sampler;
 void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
+/* For tests: s's top-p proposals kept [0] and refused [1]. */
+void eng__sampler_proposals(const struct eng_sampler *s, uint64_t proposals[2]);
+/* For tests: how many proposals s's top-p draws make before the exact
+ * search (0: the search at once). */
+void eng__sampler_set_attempts(struct eng_sampler *s, int32_t attempts);
+/* Draw k's 53-bit uniform integer number j (j = 0: eng_sampler_uniform's). */
+uint64_t eng__sampler_uniform_bits(uint64_t seed, uint64_t k, uint64_t j);
 /* top-p's estimate samples one candidate in this many of n (a power of two,
  * 1 to 32). */
 int32_t eng__sampler_stride(int32_t n);

@@ -18,15 +18,17 @@
  *      selection that skips, a vector at a time, logits that cannot enter
  *      it, so small k never sorts the vocabulary; the k survivors are then
  *      put in id order). Each candidate then gets a weight relative to the
- *      best one,
- *        e = eng__sampler_exp((logit - max) * (1 / temperature))
- *      in single precision (1 / temperature rounded to float, at most
- *      FLT_MAX), with this file's exponential: about 1 ulp from exp, a
- *      fixed sequence of correctly rounded operations (fused multiply-adds
- *      where it says so), the same bits from the vector kernels
- *      (sampler_avx2.c, sampler_avx512.c) as from the scalar code, so a draw
- *      does not depend on the machine. The best candidate's e is exactly 1;
- *      e is 0 for -inf and below exp(-80). The probabilities are e / sum(e),
+ *      best one, exp((logit - max) / temperature) as a power of two,
+ *        e = eng__sampler_exp2((logit - max) * scale),
+ *        scale = log2(e) / temperature
+ *      in single precision (log2(e) rounded to float, ENG_SAMPLER_LOG2E,
+ *      divided by the temperature and rounded, at most FLT_MAX), with this
+ *      file's exponential: within 1.7e-7 of 2^t, a fixed sequence of
+ *      correctly rounded operations (fused multiply-adds where it says so),
+ *      the same bits from the vector kernels (sampler_avx2.c,
+ *      sampler_avx512.c) as from the scalar code, so a draw does not depend
+ *      on the machine. The best candidate's e is exactly 1; e is 0 for -inf
+ *      and below 2^-116. The probabilities are e / sum(e),
  *      and "the order" is e descending, ties by id ascending.
  *      Each candidate's mass is the integer trunc(e * 2^25) (a candidate
  *      whose probability is below 2^-25, ~3e-8, of the best's has none and
@@ -39,10 +41,20 @@
  *        min-p: the tokens with e >= min_p, i.e. probability at least min_p
  *               times the largest (a prefix of the order; at least one token;
  *               min_p > 1 keeps only the best, so it is greedy's token);
- *      the kept set is the shorter of the two prefixes, of mass K. The pick:
- *      with draw k's 53-bit uniform integer u (eng_sampler_uniform is
- *      u / 2^53), target = floor(u * K / 2^53), and the token is the first
- *      kept one, in id order, whose cumulative mass exceeds target.
+ *      the kept set is the shorter of the two prefixes, of mass K. The pick
+ *      from a set of mass M with a 53-bit uniform integer u: target =
+ *      floor(u * M / 2^53), and the token is the first of the set, in id
+ *      order, whose cumulative mass exceeds target. Draw k has a stream of
+ *      such numbers u_0, u_1, ... (eng_sampler_uniform is u_0 / 2^53).
+ *      Without top-p the token is the pick from the kept set with u_0.
+ *      With top-p, proposals: for j = 0 .. ENG_SAMPLER_ATTEMPTS - 1, the
+ *      pick from min-p's set (every candidate without min-p) with u_j; the
+ *      first proposal that lies in the kept set is the token. A proposal
+ *      is drawn in proportion to its mass and kept only inside the kept
+ *      set, so the token is too (rejection sampling: each proposal is kept
+ *      with probability K / (min-p's mass) >= top_p, roughly). When every
+ *      proposal is refused, the token is the pick from the kept set with
+ *      u_ENG_SAMPLER_ATTEMPTS.
  *   Every call consumes exactly one draw (the counter goes up by one), greedy
  *   included, so a resumed generation sets the counter to the number of
  *   tokens already sampled.
@@ -50,34 +62,36 @@
  * Linear time, and few passes over the vocabulary. Without top-p a draw
  * reads the logits twice: the maximum, then the masses summed per block of
  * ENG_SAMPLER_BLOCK candidates (nothing stored); the pick walks the block
- * sums and recomputes the weights of the one block it lands in. top-p's cut
- * is the one place the order matters, and nothing is sorted for it but a
+ * sums and recomputes the weights of the one block it lands in. top-p
+ * stores the weights in that pass, and a proposal needs one more pass, over
+ * the stored weights: the mass at or above its weight, which is the mass
+ * ranked before it but its own unless others tie with it (then the mass
+ * at or before it in the order, exactly). With min-p, one more such pass
+ * gives W. So top-p costs about one pass over the weights more than
+ * temperature alone, and its cut is never looked for unless every proposal
+ * is refused (at top_p 0.95, fewer than 1 draw in 10^10).
+ *
+ * The cut, when it is looked for, is found with nothing sorted but a
  * handful of tokens (sampler_cut): the bits of a non-negative float order
  * like its value, so masses bucketed by the top 12 bits of e (a histogram)
  * and walked from the top give the bucket where the cumulative mass
  * crosses trunc(top_p * W); that bucket's candidates are bucketed by the
  * next 10 bits, then the last 10; what is left has equal e, so it is in
  * the order already. The histogram is estimated first (sampler_estimate:
- * a sample, and the heavy candidates weighed exactly, found in the spans of
- * 64 logits whose maximum, recorded by the sanitize pass, is above their
- * threshold); the one pass that
- * computes the weights gathers the candidates of the few buckets around
- * the estimated cut with the exact mass above them, and the search runs
- * among them. Where the estimate missed, that pass has said which way: one
- * more such pass gathers every bucket above, or the buckets below where the
- * estimate, scaled to the exact mass left there, puts the cut. Where that
- * misses too (and with min-p), the weights are computed again and stored,
- * and the cut is looked for above the buckets, below them, then in the
- * exact histogram (sampler_cut): the estimate decides only how fast the
- * cut is found, never which it is.
+ * a sample, and the heavy candidates weighed exactly); the candidates of
+ * the few buckets around the estimated cut are gathered with the exact
+ * mass above them, and the search runs among them; where the estimate
+ * missed, the cut is looked for above the buckets, below them, then in the
+ * exact histogram: the estimate decides only how fast the cut is found,
+ * never which it is.
  *
- * The random stream is counter-based: the uniform number of draw k is a
- * pure function of (seed, k), built from the splitmix64 finaliser, so
+ * The random stream is counter-based: the uniform numbers of draw k are a
+ * pure function of (seed, k, j), built from the splitmix64 finaliser, so
  * there is no hidden state to save or restore beyond the counter.
  *
  * Memory: every buffer (candidates, top-k's survivors, weights, block
  * sums, the groups of a search, the histograms, penalty counts, the bias
- * list, top-p's samples and span maxima) is allocated once at create, about
+ * list, the weights of top-p's samples) is allocated once at create, about
  * 32 bytes per vocabulary entry and 52 KiB of histograms; sampling allocates
  * nothing. A vocabulary of more than
  * 2^23 entries is refused at create.
@@ -133,6 +147,8 @@ struct eng_sampler {
     int32_t *group_b;     /*   gathered buckets, and of the levels refining */
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
+    int32_t attempts;     /* top-p's proposals before the exact search */
+    uint64_t proposals[2]; /* top-p's proposals kept, refused */
     uint64_t cut_paths[4]; /* top-p cuts found among the estimate's buckets
                               (the one-pass window, or with stored weights),
                               among the candidates above them, in buckets
@@ -145,11 +161,8 @@ struct eng_sampler {
                                                             histogram, of a large
                                                             group's refinement */
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
-    float *samples;       /* one in eng__sampler_stride(n_vocab): top-p's estimate's
-                             logits, copied by the sanitize pass */
-    float *sample_w;      /* ... and their weights */
-    float *span_max;      /* per span of ENG_SAMPLER_SPAN logits: its largest, from
-                             the sanitize pass when it copies the samples */
+    float *sample_w;      /* one in eng__sampler_stride(n_vocab): the weights of
+                             top-p's estimate's samples */
 };
 
 eng_sampler_params eng_sampler_default_params(void)
@@ -181,6 +194,7 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->params.bias_values = NULL;
     s->params.n_bias = 0;
     s->n_vocab = n_vocab;
+    s->attempts = ENG_SAMPLER_ATTEMPTS;
     s->cand = sw_calloc((size_t)n_vocab, sizeof *s->cand);
     s->counts = sw_calloc((size_t)n_vocab, sizeof *s->counts);
     s->values = sw_calloc((size_t)n_vocab, sizeof *s->values);
@@ -191,13 +205,9 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->group_b = sw_calloc((size_t)n_vocab, sizeof *s->group_b);
     s->group_c = sw_calloc((size_t)n_vocab, sizeof *s->group_c);
     size_t n_samples = (size_t)n_vocab / (size_t)eng__sampler_stride(n_vocab) + 1;
-    s->samples = sw_calloc(n_samples, sizeof *s->samples);
     s->sample_w = sw_calloc(n_samples, sizeof *s->sample_w);
-    s->span_max = sw_calloc((size_t)(n_vocab + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN,
-                            sizeof *s->span_max);
     if (!s->cand || !s->counts || !s->values || !s->weight || !s->kept ||
-        !s->group_a || !s->group_b || !s->group_c || !s->samples || !s->sample_w ||
-        !s->span_max)
+        !s->group_a || !s->group_b || !s->group_c || !s->sample_w)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -228,9 +238,7 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->group_a);
     sw_free(s->group_b);
     sw_free(s->group_c);
-    sw_free(s->samples);
     sw_free(s->sample_w);
-    sw_free(s->span_max);
     sw_free((void *)s->params.bias_ids);
     sw_free((void *)s->params.bias_values);
     sw_free(s);
@@ -247,6 +255,16 @@ int32_t eng__sampler_stride(int32_t n)
 void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[4])
 {
     memcpy(paths, s->cut_paths, sizeof s->cut_paths);
+}
+
+void eng__sampler_proposals(const eng_sampler *s, uint64_t proposals[2])
+{
+    memcpy(proposals, s->proposals, sizeof s->proposals);
+}
+
+void eng__sampler_set_attempts(eng_sampler *s, int32_t attempts)
+{
+    s->attempts = attempts > 0 ? attempts : 0;
 }
 
 uint64_t eng_sampler_draws(const eng_sampler *s)
@@ -284,21 +302,28 @@ static uint64_t sampler_mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* Draw k's 53-bit uniform integer. */
-static uint64_t sampler_uniform_bits(uint64_t seed, uint64_t k)
+/* Draw k's 53-bit uniform integer number j (top-p's proposals take
+ * several; the first, j = 0, is eng_sampler_uniform's). */
+static uint64_t sampler_uniform_bits(uint64_t seed, uint64_t k, uint64_t j)
 {
     /* The seed is mixed on its own first so that (seed, k) and (seed + 1,
      * k - 1) do not collide, then the counter is added on the Weyl sequence
-     * splitmix64 itself uses, and the sum mixed twice. */
+     * splitmix64 itself uses, and the sum mixed twice, the second time with
+     * j (times an odd constant) in. */
     uint64_t key = sampler_mix64(seed ^ 0x6a09e667f3bcc909ULL);
     uint64_t z = sampler_mix64(key + (k + 1) * 0x9e3779b97f4a7c15ULL);
-    z = sampler_mix64(z ^ 0xbb67ae8584caa73bULL);
+    z = sampler_mix64(z ^ 0xbb67ae8584caa73bULL ^ (j * 0x3c6ef372fe94f82bULL));
     return z >> 11;
 }
 
 double eng_sampler_uniform(uint64_t seed, uint64_t k)
 {
-    return (double)sampler_uniform_bits(seed, k) * (1.0 / 9007199254740992.0); /* 2^-53 */
+    return (double)sampler_uniform_bits(seed, k, 0) * (1.0 / 9007199254740992.0); /* 2^-53 */
+}
+
+uint64_t eng__sampler_uniform_bits(uint64_t seed, uint64_t k, uint64_t j)
+{
+    return sampler_uniform_bits(seed, k, j);
 }
 
 /* "a ranks before b": larger value first, then smaller id. NaN never
@@ -391,28 +416,26 @@ static void sampler_select_top_k(const eng__sampler_kernels *kern, eng_candidate
 
 /* ---- the draw ------------------------------------------------------------ */
 
-float eng__sampler_exp(float x)
+float eng__sampler_exp2(float t)
 {
-    /* exp(x) = 2^k * exp(r), k = round(x / ln 2), |r| <= ln(2) / 2 (Cody and
-     * Waite's two-part ln 2: k * ln2_hi is exact), exp(r) by its Taylor
-     * polynomial of degree 6 (truncation error below 1.2e-7 relative) in
+    /* 2^t = 2^k * 2^f, k = round(t) (ties to even: the vector kernels'
+     * rounding instruction), f = t - k exactly, |f| <= 1/2, 2^f by a
+     * polynomial of degree 5 with constant term 1 (fitted for the least
+     * largest relative error: below 1e-7, 1.7e-7 as evaluated in float) in
      * Horner's form. Every step is one correctly rounded float operation,
      * a fused multiply-add where written so (fmaf; the vector kernels' FMA
      * instructions round the same way), and the vector kernels do exactly
      * these, lane by lane. */
-    if (!(x >= ENG_SAMPLER_EXP_MIN))
+    if (!(t >= ENG_SAMPLER_EXP2_MIN))
         return 0.0f;
-    float t = x * 1.44269504f;
-    float kf = (t + 12582912.0f) - 12582912.0f; /* round to nearest, |t| < 2^22 */
-    float r = fmaf(-kf, 0.693145752f, x);
-    r = fmaf(-kf, 1.42860677e-6f, r);
-    float p = fmaf(1.38888892e-3f, r, 8.33333377e-3f);
-    p = fmaf(p, r, 4.16666679e-2f);
-    p = fmaf(p, r, 0.166666672f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
-    uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23; /* 2^k, k in [-116, 0] */
+    float k = (t + 12582912.0f) - 12582912.0f; /* round to nearest even, |t| < 2^22 */
+    float f = t - k;
+    float p = fmaf(1.32647238e-3f, f, 9.67151299e-3f);
+    p = fmaf(p, f, 5.55073358e-2f);
+    p = fmaf(p, f, 0.240222424f);
+    p = fmaf(p, f, 0.693147004f);
+    p = fmaf(p, f, 1.0f);
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23; /* 2^k, k in [-116, 0] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
@@ -426,25 +449,6 @@ static float sampler_scalar_sanitize_max(float *logits, int32_t n)
             logits[i] = -INFINITY;
         if (logits[i] > m)
             m = logits[i];
-    }
-    return m;
-}
-
-float eng__sampler_sanitize_spans_scalar(float *logits, int32_t n, float *span_max)
-{
-    float m = -INFINITY;
-    for (int32_t j0 = 0; j0 < n; j0 += ENG_SAMPLER_SPAN) {
-        int32_t j1 = n - j0 > ENG_SAMPLER_SPAN ? j0 + ENG_SAMPLER_SPAN : n;
-        float sm = -INFINITY;
-        for (int32_t i = j0; i < j1; i++) {
-            if (isnan(logits[i]))
-                logits[i] = -INFINITY;
-            if (logits[i] > sm)
-                sm = logits[i];
-            if (logits[i] > m)
-                m = logits[i];
-        }
-        span_max[j0 / ENG_SAMPLER_SPAN] = sm;
     }
     return m;
 }
@@ -480,42 +484,10 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
     return m;
 }
 
-int32_t eng__sampler_above_spans_tail(const float *values, int32_t n, const float *span_max,
-                                      float threshold, int32_t *out, int32_t cap)
-{
-    const int32_t full = n / ENG_SAMPLER_SPAN, b = full * ENG_SAMPLER_SPAN;
-    if (b == n || !(span_max[full] > threshold))
-        return 0;
-    int32_t k = eng__sampler_above_scalar(values + b, n - b, threshold, out, cap);
-    for (int32_t i = 0; i < k && k <= cap; i++)
-        out[i] += b;
-    return k;
-}
-
-int32_t eng__sampler_above_spans_scalar(const float *values, int32_t n, const float *span_max,
-                                        float threshold, int32_t *out, int32_t cap)
-{
-    const int32_t n_spans = (n + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN;
-    int32_t m = 0;
-    for (int32_t j = 0; j < n_spans; j++) {
-        if (!(span_max[j] > threshold))
-            continue;
-        int32_t end = n - j * ENG_SAMPLER_SPAN < ENG_SAMPLER_SPAN ? n : (j + 1) * ENG_SAMPLER_SPAN;
-        for (int32_t i = j * ENG_SAMPLER_SPAN; i < end; i++)
-            if (values[i] > threshold) {
-                if (m == cap)
-                    return cap + 1;
-                out[m++] = i;
-            }
-    }
-    return m;
-}
-
 static const eng__sampler_kernels sampler_kernels_scalar = {
     sampler_scalar_sanitize_max,   sampler_scalar_max,         eng__sampler_weights_scalar,
-    eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  eng__sampler_window_scalar,
-    sampler_scalar_first_above,    eng__sampler_above_scalar,  eng__sampler_kept_mass_scalar,
-    eng__sampler_sanitize_spans_scalar, eng__sampler_above_spans_scalar};
+    eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  sampler_scalar_first_above,
+    eng__sampler_above_scalar,     eng__sampler_kept_mass_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -568,14 +540,14 @@ static int32_t sampler_walk(const uint64_t *mass, uint64_t target, uint64_t *acc
     return -1;
 }
 
-void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, float inv_temp,
+void eng__sampler_weights_scalar(const float *logits, int32_t n, float max, float scale,
                                  float min_p, float *e, uint64_t *kept)
 {
     for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
         uint64_t k = 0;
         for (int32_t i = b0; i < b1; i++) {
-            float w = eng__sampler_exp((logits[i] - max) * inv_temp);
+            float w = eng__sampler_exp2((logits[i] - max) * scale);
             uint64_t m = sampler_mass(w);
             if (e)
                 e[i] = w;
@@ -591,7 +563,8 @@ void eng__sampler_fine_sums_scalar(const float *logits, int32_t n, float max, ui
         int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
         uint64_t k = 0;
         for (int32_t i = b0; i < b1; i++) /* through int64_t: e * 2^40 <= 2^40 */
-            k += (uint64_t)(int64_t)(eng__sampler_exp(logits[i] - max) * ENG_SAMPLER_FINE_SCALE);
+            k += (uint64_t)(int64_t)(eng__sampler_exp2((logits[i] - max) * ENG_SAMPLER_LOG2E) *
+                                     ENG_SAMPLER_FINE_SCALE);
         sums[b0 / ENG_SAMPLER_BLOCK] = k;
     }
 }
@@ -631,31 +604,6 @@ int32_t eng__sampler_range_scalar(const float *e, int32_t from, int32_t to, uint
     return m;
 }
 
-int32_t eng__sampler_window_scalar(const float *logits, int32_t from, int32_t to, float max,
-                                   float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                                   uint64_t *total, int32_t *out, float *out_e)
-{
-    int32_t m = 0;
-    uint64_t all = 0;
-    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
-        int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to;
-        uint64_t a = 0;
-        for (int32_t i = b0; i < b1; i++) {
-            float w = eng__sampler_exp((logits[i] - max) * inv_temp);
-            uint32_t key = sampler_bits(w) >> 20;
-            uint64_t mass = sampler_mass(w);
-            all += mass;
-            a += mass & (0 - (uint64_t)(key > hi));
-            out[m] = i; /* without a branch, as in range */
-            out_e[m] = w;
-            m += key >= lo && key <= hi;
-        }
-        above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
-    }
-    *total = all;
-    return m;
-}
-
 /* ---- passes over the candidates, split between lent threads ------------ */
 
 /* Fewer candidates stay on one thread: the hand-off would cost more than
@@ -679,15 +627,16 @@ typedef struct sampler_pass {
     eng_sampler *s;
     int32_t n, n_chunks;
     float *logits;                 /* sanitize: the whole vocabulary */
-    float *samples;                /* sanitize: every stride-th logit, or NULL */
     int32_t stride;                /* the estimate's: eng__sampler_stride(n) */
     const float *values;           /* weigh: the candidates' logits */
-    float max, inv_temp, min_p;    /* weigh: min_p >= 0 */
+    float max, scale, min_p;       /* weigh: min_p >= 0 */
     bool store;                    /* weigh: store the weights */
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
+    float e_cut;                   /* through: the mass at or before (e_cut, id_cut) */
+    int32_t id_cut;
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
-    uint64_t chunk_total[SAMPLER_LANES]; /* window: the chunk's total mass */
+    uint64_t chunk_total[SAMPLER_LANES]; /* through: the chunk's mass */
 } sampler_pass;
 
 static void sampler_chunk(const sampler_pass *ps, int32_t c, int32_t *begin, int32_t *end)
@@ -713,16 +662,7 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     sampler_pass *ps = arg;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    if (!ps->samples) {
-        ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
-        return;
-    }
-    /* top-p's estimate's: the spans' maxima and, while the chunk is in
-     * cache, the samples */
-    ps->chunk_max[c] = ps->s->kern->sanitize_spans(ps->logits + b, e - b,
-                                                   ps->s->span_max + b / ENG_SAMPLER_SPAN);
-    for (int32_t i = b, j = b / ps->stride; i < e; i += ps->stride, j++)
-        ps->samples[j] = ps->logits[i];
+    ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
 }
 
 static inline uint32_t sampler_key(float e)
@@ -745,9 +685,32 @@ static void sampler_weigh_task(void *arg, int32_t c)
     sampler_pass *ps = arg;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    ps->s->kern->weights(ps->values + b, e - b, ps->max, ps->inv_temp, ps->min_p,
+    ps->s->kern->weights(ps->values + b, e - b, ps->max, ps->scale, ps->min_p,
                          ps->store ? ps->s->weight + b : NULL,
                          ps->s->kept + b / ENG_SAMPLER_BLOCK);
+}
+
+/* A chunk's mass at or before (ps->e_cut, ps->id_cut) in the order, of
+ * the stored weights, into chunk_total. */
+static void sampler_through_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    ps->chunk_total[c] = ps->s->kern->kept_mass(ps->s->weight, b, e, ps->e_cut, ps->id_cut);
+}
+
+/* The mass of the stored weights at or before (e_cut, id_cut) in the
+ * order. */
+static uint64_t sampler_mass_through(sampler_pass *ps, float e_cut, int32_t id_cut)
+{
+    ps->e_cut = e_cut;
+    ps->id_cut = id_cut;
+    sampler_run(ps, sampler_through_task);
+    uint64_t mass = 0;
+    for (int32_t c = 0; c < ps->n_chunks; c++)
+        mass += ps->chunk_total[c];
+    return mass;
 }
 
 /* A chunk's members of the top-level buckets [lo, hi], at group_a + its
@@ -763,17 +726,14 @@ static void sampler_gather_task(void *arg, int32_t c)
 }
 
 /* The members each chunk left at group_a + its start (ps->found[c] of
- * them), moved together in chunk order, and with packed their weights at
- * weight + the chunk's start (a window's); returns how many. */
-static int32_t sampler_concat(eng_sampler *s, const sampler_pass *ps, bool packed)
+ * them), moved together in chunk order; returns how many. */
+static int32_t sampler_concat(eng_sampler *s, const sampler_pass *ps)
 {
     int32_t m = ps->found[0];
     for (int32_t c = 1; c < ps->n_chunks; c++) { /* the chunks' members, in order */
         int32_t begin, end;
         sampler_chunk(ps, c, &begin, &end);
         memmove(s->group_a + m, s->group_a + begin, sizeof *s->group_a * (size_t)ps->found[c]);
-        if (packed)
-            memmove(s->weight + m, s->weight + begin, sizeof *s->weight * (size_t)ps->found[c]);
         m += ps->found[c];
     }
     return m;
@@ -787,7 +747,7 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
     ps->lo = lo;
     ps->hi = hi;
     sampler_run(ps, sampler_gather_task);
-    return sampler_concat(s, ps, false);
+    return sampler_concat(s, ps);
 }
 
 /* top-p's estimate of the histogram of the masses, before any weight is
@@ -802,11 +762,8 @@ static int32_t sampler_gather(eng_sampler *s, sampler_pass *ps, uint32_t lo, uin
  * candidates hold under 1/64 of its mass (a flat distribution), the
  * candidates at or above their bottom are found by one scan of the logits
  * and weighed exactly instead of sampled (unless they turn out to be more
- * than SAMPLER_HEAVY_MAX: many, which a sample sees well). The samples are
- * the ones the sanitize pass copied when samples is not NULL, and the scan
- * then visits only the spans of logits whose maximum, which that pass also
- * recorded, is above the bottom. */
-static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float *samples)
+ * than SAMPLER_HEAVY_MAX: many, which a sample sees well). */
+static void sampler_estimate(eng_sampler *s, const sampler_pass *ps)
 {
     float x[ENG_SAMPLER_BLOCK], w[ENG_SAMPLER_BLOCK];
     uint64_t unused;
@@ -814,10 +771,9 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
     const float *sw = s->sample_w;
     for (int32_t j0 = 0; j0 < n_samples; j0 += ENG_SAMPLER_BLOCK) {
         int32_t k = n_samples - j0 < ENG_SAMPLER_BLOCK ? n_samples - j0 : ENG_SAMPLER_BLOCK;
-        const float *src = samples ? samples + j0 : x;
-        for (int32_t j = 0; !samples && j < k; j++)
+        for (int32_t j = 0; j < k; j++)
             x[j] = ps->values[(int64_t)(j0 + j) * stride];
-        s->kern->weights(src, k, ps->max, ps->inv_temp, 0.0f, s->sample_w + j0, &unused);
+        s->kern->weights(x, k, ps->max, ps->scale, 0.0f, s->sample_w + j0, &unused);
     }
     /* a lane's entry: the samples' count above bit 48, their mass below
      * (at most 2^25 times n_samples); the buckets below SAMPLER_KEY_MASS
@@ -853,19 +809,12 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
     uint32_t bits = (uint32_t)b << 20;
     float e_b;
     memcpy(&e_b, &bits, sizeof e_b);
-    const float heavy = nextafterf(ps->max + logf(e_b) / ps->inv_temp, -INFINITY);
-    int32_t n_heavy = samples ? s->kern->above_spans(ps->values, ps->n, s->span_max, heavy,
-                                                     s->group_b, SAMPLER_HEAVY_MAX)
-                              : s->kern->above(ps->values, ps->n, heavy, s->group_b,
-                                               SAMPLER_HEAVY_MAX);
+    const float heavy = nextafterf(ps->max + log2f(e_b) / ps->scale, -INFINITY);
+    int32_t n_heavy = s->kern->above(ps->values, ps->n, heavy, s->group_b, SAMPLER_HEAVY_MAX);
     if (n_heavy > SAMPLER_HEAVY_MAX)
         return;
-    /* out of the sample (the copied samples skipped to the next above,
-     * a vector at a time)... */
-    for (int32_t j = samples ? s->kern->first_above(samples, 0, n_samples, heavy) : 0;
-         j < n_samples; j = samples ? s->kern->first_above(samples, j + 1, n_samples, heavy)
-                                    : j + 1)
-        if ((samples ? samples[j] : ps->values[(int64_t)j * stride]) > heavy) {
+    for (int32_t j = 0; j < n_samples; j++) /* out of the sample... */
+        if (ps->values[(int64_t)j * stride] > heavy) {
             s->mass_top[sampler_estimate_key(sw[j])] -= sampler_mass(sw[j]) * (uint64_t)stride;
             s->count_top[sampler_estimate_key(sw[j])] -= (uint32_t)stride;
         }
@@ -873,26 +822,12 @@ static void sampler_estimate(eng_sampler *s, const sampler_pass *ps, const float
         int32_t k = n_heavy - j0 < ENG_SAMPLER_BLOCK ? n_heavy - j0 : ENG_SAMPLER_BLOCK;
         for (int32_t j = 0; j < k; j++)
             x[j] = ps->values[s->group_b[j0 + j]];
-        s->kern->weights(x, k, ps->max, ps->inv_temp, 0.0f, w, &unused);
+        s->kern->weights(x, k, ps->max, ps->scale, 0.0f, w, &unused);
         for (int32_t j = 0; j < k; j++) {
             s->mass_top[sampler_estimate_key(w[j])] += sampler_mass(w[j]);
             s->count_top[sampler_estimate_key(w[j])]++;
         }
     }
-}
-
-/* Chunk c's window (the window kernel): its total mass, the masses above
- * hi per block into kept, its members' indices at group_a + its start and
- * their weights at weight + its start (packed, not in their places). */
-static void sampler_window_task(void *arg, int32_t c)
-{
-    sampler_pass *ps = arg;
-    eng_sampler *s = ps->s;
-    int32_t b, e;
-    sampler_chunk(ps, c, &b, &e);
-    ps->found[c] = s->kern->window(ps->values, b, e, ps->max, ps->inv_temp, ps->lo, ps->hi,
-                                   s->kept + b / ENG_SAMPLER_BLOCK, &ps->chunk_total[c],
-                                   s->group_a + b, s->weight + b);
 }
 
 /* The top-level buckets [lo, hi] to gather around the cut the estimate in
@@ -1170,7 +1105,7 @@ static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t tar
         }
         if (!cut) {
             uint64_t block_kept;
-            s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->inv_temp, ps->min_p,
+            s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->scale, ps->min_p,
                              s->weight + b0, &block_kept);
         }
         for (int32_t i = b0; i < b1; i++) {
@@ -1186,125 +1121,6 @@ static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t tar
     return 0;
 }
 
-/* The pick after a window's cut (sampler_pick's, without stored weights):
- * each block's kept mass is its mass above the window (kept) and that of
- * its members (indices group_a[0..m), weights packed in weight[0..m)) at
- * or before the cut; the block the pick lands in has its weights
- * recomputed. */
-static int32_t sampler_pick_window(eng_sampler *s, const sampler_pass *ps, int32_t m,
-                                   uint64_t target, float e_cut, int32_t id_cut)
-{
-    const int32_t n = ps->n;
-    const int32_t *idx = s->group_a;
-    const float *packed = s->weight;
-    float block[ENG_SAMPLER_BLOCK];
-    uint64_t acc = 0, unused;
-    int32_t j = 0;
-    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
-        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
-        uint64_t k = s->kept[b0 / ENG_SAMPLER_BLOCK];
-        for (; j < m && idx[j] < b1; j++)
-            k += sampler_mass(packed[j]) &
-                 (0 - (uint64_t)sampler_at_or_before(packed[j], idx[j], e_cut, id_cut));
-        if (acc + k <= target) {
-            acc += k;
-            continue;
-        }
-        s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->inv_temp, 0.0f, block, &unused);
-        for (int32_t i = b0; i < b1; i++) {
-            float e = block[i - b0];
-            if (sampler_at_or_before(e, i, e_cut, id_cut)) {
-                acc += sampler_mass(e);
-                if (acc > target)
-                    return i;
-            }
-        }
-        break; /* unreachable: the block's kept mass takes acc past target */
-    }
-    return 0;
-}
-
-/* Where a window [lo, hi] that missed the cut points next: the exact mass
- * at or above bucket lo is acc_lo, and the cut lies below, where the mass
- * reaches target. The estimate's histogram below lo, scaled to the exact
- * mass there (total - acc_lo), is walked down from lo - 1 to the bucket b
- * where the cumulative mass crosses target; the next window is b -+
- * SAMPLER_SPREAD, below lo. Returns false when the estimate saw nothing
- * below lo. */
-static bool sampler_aim_below(const eng_sampler *s, uint32_t lo, uint64_t total, uint64_t acc_lo,
-                              uint64_t target, uint32_t *lo2, uint32_t *hi2)
-{
-    uint64_t est = 0;
-    for (uint32_t k = 0; k < lo; k++)
-        est += s->mass_top[k];
-    if (est == 0)
-        return false;
-    const double scale = (double)(total - acc_lo) / (double)est;
-    double acc = (double)acc_lo;
-    uint32_t b = lo;
-    while (b > 0 && acc <= (double)target)
-        acc += (double)s->mass_top[--b] * scale;
-    *lo2 = b > SAMPLER_SPREAD ? b - SAMPLER_SPREAD : 0;
-    *hi2 = b + SAMPLER_SPREAD < lo ? b + SAMPLER_SPREAD : lo - 1;
-    return true;
-}
-
-/* top-p without min-p in one pass over the candidates when the estimate
- * is right: the window around the estimated cut, [ps->lo, ps->hi]
- * (sampler_window_task), the cut refined among the window's members and
- * the pick. A window that missed tells where the cut is: above it (the
- * mass above the window passes the target: the next window is every bucket
- * above), or below (the next is where the estimate, scaled to the exact
- * mass left below, puts it); one more window pass looks there. Returns the
- * candidate, or -1 when that one missed too (the caller then stores the
- * weights and searches further). */
-static int32_t sampler_top_p_window(eng_sampler *s, sampler_pass *ps, uint64_t u)
-{
-    const eng_sampler_params *p = &s->params;
-    const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    const uint32_t lo0 = ps->lo, hi0 = ps->hi;
-    int path = 0; /* cut_paths' index: the window, then one above it or below */
-    for (;;) {
-        sampler_run(ps, sampler_window_task);
-        int32_t m = sampler_concat(s, ps, true);
-        uint64_t total = 0, acc = 0, through = 0;
-        for (int32_t c = 0; c < ps->n_chunks; c++)
-            total += ps->chunk_total[c];
-        for (int32_t b = 0; b < n_blocks; b++)
-            acc += s->kept[b];
-        uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
-        uint64_t target = need > 0 ? need - 1 : 0;
-        const bool above = acc > target;
-        int32_t at = above ? -1 /* a position among the members */
-                           : sampler_refine(s, s->weight, NULL, m, 20, ps->lo, ps->hi, target,
-                                            &acc, &through);
-        if (at >= 0) {
-            s->cut_paths[path]++;
-            return sampler_pick_window(s, ps, m, sampler_scale_u53(u, through), s->weight[at],
-                                       s->group_a[at]);
-        }
-        if (path > 0)
-            break;
-        if (above) { /* every bucket above the window */
-            if (ps->hi >= SAMPLER_BUCKETS - 1)
-                break;
-            ps->lo = ps->hi + 1;
-            ps->hi = SAMPLER_BUCKETS - 1;
-            path = 1;
-        } else { /* acc: the mass at or above lo */
-            uint32_t lo2, hi2;
-            if (ps->lo == 0 || !sampler_aim_below(s, ps->lo, total, acc, target, &lo2, &hi2))
-                break;
-            ps->lo = lo2;
-            ps->hi = hi2;
-            path = 2;
-        }
-    }
-    ps->lo = lo0; /* the caller's search starts from the estimate again */
-    ps->hi = hi0;
-    return -1;
-}
-
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
                            size_t n_history)
 {
@@ -1312,15 +1128,14 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     const eng__sampler_kernels *kern = sampler_kernels();
     s->kern = kern;
     const int32_t n = s->n_vocab;
-    const uint64_t u = sampler_uniform_bits(p->seed, s->draws);
-    s->draws++;
+    const uint64_t draw = s->draws++;
+    const uint64_t u = sampler_uniform_bits(p->seed, draw, 0);
 
     int32_t chunks = 1;
     if (s->threads.for_each && s->threads.n_threads >= 2)
         chunks = s->threads.n_threads >= 4 ? 4 : 2;
     sampler_pass ps = {.s = s, .n = n, .n_chunks = n >= SAMPLER_PARALLEL_MIN ? chunks : 1,
                        .logits = logits,
-                       .samples = p->temperature > 0.0f && p->top_p < 1.0f ? s->samples : NULL,
                        .stride = eng__sampler_stride(n)};
     sampler_run(&ps, sampler_sanitize_task);
     float max = ps.chunk_max[0];
@@ -1372,16 +1187,16 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         return cand ? cand[i].id : i;
     }
 
-    float inv_temp = 1.0f / p->temperature;
-    if (!(inv_temp <= FLT_MAX))
-        inv_temp = FLT_MAX;
+    float scale = ENG_SAMPLER_LOG2E / p->temperature;
+    if (!(scale <= FLT_MAX))
+        scale = FLT_MAX;
     const float min_p = p->min_p > 0.0f ? p->min_p : 0.0f; /* 0: every candidate */
     ps.n = n_cand;
     ps.n_chunks = n_cand >= SAMPLER_PARALLEL_MIN ? chunks : 1;
     ps.stride = eng__sampler_stride(n_cand);
     ps.values = values;
     ps.max = max;
-    ps.inv_temp = inv_temp;
+    ps.scale = scale;
     if (!(p->top_p < 1.0f)) {
         ps.min_p = min_p;
         sampler_run(&ps, sampler_weigh_task);
@@ -1393,38 +1208,53 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         return cand ? cand[pos].id : pos;
     }
 
-    /* top-p: the estimate (from the sanitize pass's samples unless the
-     * logits changed since) and the buckets around its cut; without min-p,
-     * the one-pass window */
-    sampler_estimate(s, &ps, values == logits && !edited ? s->samples : NULL);
-    sampler_estimate_window(s, p->top_p, &ps.lo, &ps.hi);
-    if (!(min_p > 0.0f)) {
-        int32_t pos = sampler_top_p_window(s, &ps, u);
-        if (pos >= 0)
-            return cand ? cand[pos].id : pos;
-    }
-    /* the weights stored, the buckets gathered, the cut searched for */
-    ps.min_p = 0.0f;
+    /* top-p: proposals from min-p's set (every candidate without min-p),
+     * each kept when it lies in top-p's prefix; after s->attempts refusals,
+     * the cut searched for */
+    ps.min_p = min_p;
     ps.store = true;
     sampler_run(&ps, sampler_weigh_task);
     const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    s->total = 0;
+    uint64_t proposed = 0; /* min-p's set's mass, or every candidate's */
     for (int32_t b = 0; b < n_blocks; b++)
-        s->total += s->kept[b];
-    int32_t m = sampler_gather(s, &ps, ps.lo, ps.hi);
+        proposed += s->kept[b];
+    s->total = min_p > 0.0f ? sampler_mass_through(&ps, 0.0f, INT32_MAX) : proposed;
     uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
+    const uint64_t target = need > 0 ? need - 1 : 0;
+    for (int32_t j = 0; j < s->attempts; j++) {
+        uint64_t uj = j == 0 ? u : sampler_uniform_bits(p->seed, draw, (uint64_t)j);
+        int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(uj, proposed), false, 0.0f, 0);
+        /* kept when the mass ranked before it reaches no further than
+         * target: always when min-p's whole set does not (top-p's prefix
+         * holds it then); else at most the mass at or above its weight but
+         * its own, exactly that unless it ties with others */
+        const float e = s->weight[pos];
+        if (proposed <= target ||
+            sampler_mass_through(&ps, e, INT32_MAX) - sampler_mass(e) <= target ||
+            sampler_mass_through(&ps, e, pos) - sampler_mass(e) <= target) {
+            s->proposals[0]++;
+            return cand ? cand[pos].id : pos;
+        }
+        s->proposals[1]++;
+    }
+    /* the exact search: the estimate, the buckets around its cut gathered,
+     * the cut searched for from there */
+    const uint64_t u_last = sampler_uniform_bits(p->seed, draw, (uint64_t)s->attempts);
+    sampler_estimate(s, &ps);
+    sampler_estimate_window(s, p->top_p, &ps.lo, &ps.hi);
+    int32_t m = sampler_gather(s, &ps, ps.lo, ps.hi);
     uint64_t through = 0;
-    int32_t at = sampler_cut(s, &ps, &m, need > 0 ? need - 1 : 0, &through);
+    int32_t at = sampler_cut(s, &ps, &m, target, &through);
     if (min_p > 0.0f) {
         uint64_t above = kern->kept_mass(s->weight, 0, n_cand, min_p, INT32_MAX);
         if (above <= through) { /* min-p's prefix is the shorter */
             int32_t pos =
-                sampler_pick(s, &ps, sampler_scale_u53(u, above), true, min_p, INT32_MAX);
+                sampler_pick(s, &ps, sampler_scale_u53(u_last, above), true, min_p, INT32_MAX);
             return cand ? cand[pos].id : pos;
         }
     }
-    int32_t pos = sampler_pick_members(s, &ps, m, sampler_scale_u53(u, through), s->weight[at],
-                                       at);
+    int32_t pos = sampler_pick_members(s, &ps, m, sampler_scale_u53(u_last, through),
+                                       s->weight[at], at);
     return cand ? cand[pos].id : pos;
 }
 

@@ -14,7 +14,9 @@
  * every instruction set, and its integer mass) -> top-p (a prefix of the
  * tokens by probability descending, ties by id ascending) -> min-p ->
  * renormalise -> pick with draw k's uniform number, walking the kept tokens
- * by id. Linear time, no sort; all sums are integer sums, so a draw is a
+ * by id (with top-p, by rejection: proposals from min-p's tokens until
+ * one lies in top-p's prefix). Linear time, no sort; all sums are integer
+ * sums, so a draw is a
  * pure function of (logits, parameters, seed, k) whatever the machine.
  */
 #ifndef SPILLWAY_ENGINE_SAMPLER_H
@@ -93,7 +95,8 @@ typedef struct eng_sampler_threads {
  * while s draws: not the loop that runs the draw itself. */
 void eng_sampler_set_threads(eng_sampler *s, const eng_sampler_threads *threads);
 
-/* The uniform number in [0, 1) of draw k for a seed: the counter-based stream. */
+/* The (first) uniform number in [0, 1) of draw k for a seed: the
+ * counter-based stream. */
 double eng_sampler_uniform(uint64_t seed, uint64_t k);
 
 /* Natural-log softmax of logits into logprobs (n values), numerically stable. */

@@ -1,13 +1,12 @@
 /* sampler_avx2.c - the sampler's kernels (sampler-impl.h) for AVX2, 8
- * lanes: NaN cleaning and maximum (also per span); the weights, each lane
- * the same operations as the scalar eng__sampler_exp (its fused
+ * lanes: NaN cleaning and maximum; the weights, each lane
+ * the same operations as the scalar eng__sampler_exp2 (its fused
  * multiply-adds and no others), so they are bit-identical on every
  * instruction set, with their 32-bit masses summed per block; log-softmax's
  * fine masses (in two 32-bit halves: AVX2 has no float -> int64
  * conversion); the masses a cut keeps; a range of buckets' members packed
- * by a permutation, from stored weights or fused with the weights'
- * computation; top-k's skip; the logits above a threshold, in all of them
- * or in the spans whose maximum passes it. */
+ * by a permutation, from stored weights; top-k's skip; the logits above a
+ * threshold. */
 #include "engine/sampler-impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -49,57 +48,6 @@ static float avx2_sanitize_max(float *logits, int32_t n)
     return m;
 }
 
-/* 8 logits at p, NaN replaced by -inf (stored back only when there was
- * one). */
-static inline __m256 avx2_sanitized(float *p)
-{
-    __m256 v = _mm256_loadu_ps(p);
-    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    if (_mm256_movemask_ps(nan)) {
-        v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), nan);
-        _mm256_storeu_ps(p, v);
-    }
-    return v;
-}
-
-/* sanitize_max with each span's maximum too; the overall maximum taken
- * vector by vector, then the tail, as sanitize_max takes it. */
-static float avx2_sanitize_spans(float *logits, int32_t n, float *span_max)
-{
-    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
-    __m256 mx = neg_inf;
-    int32_t j0 = 0;
-    for (; j0 + ENG_SAMPLER_SPAN <= n; j0 += ENG_SAMPLER_SPAN) {
-        __m256 sm = neg_inf;
-        for (int32_t i = j0; i < j0 + ENG_SAMPLER_SPAN; i += 8) {
-            __m256 v = avx2_sanitized(logits + i);
-            mx = _mm256_max_ps(mx, v);
-            sm = _mm256_max_ps(sm, v);
-        }
-        span_max[j0 / ENG_SAMPLER_SPAN] = avx2_hmax(sm);
-    }
-    if (j0 == n)
-        return avx2_hmax(mx);
-    __m256 sm = neg_inf; /* the last, shorter span */
-    int32_t i = j0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = avx2_sanitized(logits + i);
-        mx = _mm256_max_ps(mx, v);
-        sm = _mm256_max_ps(sm, v);
-    }
-    float m = avx2_hmax(mx), last = avx2_hmax(sm);
-    for (; i < n; i++) {
-        if (isnan(logits[i]))
-            logits[i] = -INFINITY;
-        if (logits[i] > m)
-            m = logits[i];
-        if (logits[i] > last)
-            last = logits[i];
-    }
-    span_max[j0 / ENG_SAMPLER_SPAN] = last;
-    return m;
-}
-
 static float avx2_max(const float *logits, int32_t n)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY);
@@ -113,31 +61,27 @@ static float avx2_max(const float *logits, int32_t n)
     return m;
 }
 
-/* e = eng__sampler_exp(x) in 8 lanes, the scalar code's operations in each
- * (0 below ENG_SAMPLER_EXP_MIN and for -inf). */
-static inline __m256 avx2_exp(__m256 x)
+/* e = eng__sampler_exp2(t) in 8 lanes, the scalar code's operations in
+ * each (0 below ENG_SAMPLER_EXP2_MIN and for -inf); the rounding is one
+ * VROUNDPS, to nearest even as the scalar code's. */
+static inline __m256 avx2_exp2(__m256 t)
 {
-    const __m256 lo = _mm256_set1_ps(ENG_SAMPLER_EXP_MIN);
-    const __m256 log2e = _mm256_set1_ps(1.44269504f), magic = _mm256_set1_ps(12582912.0f);
-    const __m256 ln2_hi = _mm256_set1_ps(0.693145752f), ln2_lo = _mm256_set1_ps(1.42860677e-6f);
-    const __m256 c6 = _mm256_set1_ps(1.38888892e-3f), c5 = _mm256_set1_ps(8.33333377e-3f);
-    const __m256 c4 = _mm256_set1_ps(4.16666679e-2f), c3 = _mm256_set1_ps(0.166666672f);
-    const __m256 c2 = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256 lo = _mm256_set1_ps(ENG_SAMPLER_EXP2_MIN), one = _mm256_set1_ps(1.0f);
+    const __m256 a5 = _mm256_set1_ps(1.32647238e-3f), a4 = _mm256_set1_ps(9.67151299e-3f);
+    const __m256 a3 = _mm256_set1_ps(5.55073358e-2f), a2 = _mm256_set1_ps(0.240222424f);
+    const __m256 a1 = _mm256_set1_ps(0.693147004f);
     const __m256i bias = _mm256_set1_epi32(127);
-    __m256 live = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-    x = _mm256_blendv_ps(lo, x, live); /* dead lanes: any finite value */
-    __m256 t = _mm256_mul_ps(x, log2e);
-    __m256 kf = _mm256_sub_ps(_mm256_add_ps(t, magic), magic);
-    __m256 r = _mm256_fnmadd_ps(kf, ln2_hi, x);
-    r = _mm256_fnmadd_ps(kf, ln2_lo, r);
-    __m256 p = _mm256_fmadd_ps(c6, r, c5);
-    p = _mm256_fmadd_ps(p, r, c4);
-    p = _mm256_fmadd_ps(p, r, c3);
-    p = _mm256_fmadd_ps(p, r, c2);
-    p = _mm256_fmadd_ps(p, r, one);
-    p = _mm256_fmadd_ps(p, r, one);
-    __m256i k = _mm256_cvttps_epi32(kf);
-    __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, bias), 23));
+    __m256 live = _mm256_cmp_ps(t, lo, _CMP_GE_OQ);
+    t = _mm256_blendv_ps(lo, t, live); /* dead lanes: any finite value */
+    __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(t, k);
+    __m256 p = _mm256_fmadd_ps(a5, f, a4);
+    p = _mm256_fmadd_ps(p, f, a3);
+    p = _mm256_fmadd_ps(p, f, a2);
+    p = _mm256_fmadd_ps(p, f, a1);
+    p = _mm256_fmadd_ps(p, f, one);
+    __m256i ki = _mm256_cvttps_epi32(k);
+    __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ki, bias), 23));
     return _mm256_and_ps(live, _mm256_mul_ps(p, scale));
 }
 
@@ -184,17 +128,17 @@ static inline uint64_t avx2_hsum64(__m256i v)
 /* The weights kernel, with what it stores and whether min-p sets masses
  * aside (all_kept: min_p is 0) fixed at each call site. */
 static inline __attribute__((always_inline)) void
-avx2_weights_impl(const float *logits, int32_t n, float max, float inv_temp, float min_p,
+avx2_weights_impl(const float *logits, int32_t n, float max, float scale, float min_p,
                   float *e, uint64_t *kept, int store_e, int all_kept)
 {
-    const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
+    const __m256 vmax = _mm256_set1_ps(max), vscale = _mm256_set1_ps(scale);
     const __m256 vmin_p = _mm256_set1_ps(min_p);
     for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n, i = b0;
         __m256i sum = _mm256_setzero_si256();
         for (; i + 8 <= b1; i += 8) {
-            __m256 w = avx2_exp(
-                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vinv));
+            __m256 w = avx2_exp2(
+                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vscale));
             if (store_e)
                 _mm256_storeu_ps(e + i, w);
             __m256i m = avx2_masses(w);
@@ -205,7 +149,7 @@ avx2_weights_impl(const float *logits, int32_t n, float max, float inv_temp, flo
         uint64_t k = avx2_sum32(sum);
         if (i < b1) { /* the last block's tail */
             uint64_t k_tail = 0;
-            eng__sampler_weights_scalar(logits + i, b1 - i, max, inv_temp, min_p,
+            eng__sampler_weights_scalar(logits + i, b1 - i, max, scale, min_p,
                                         store_e ? e + i : NULL, &k_tail);
             k += k_tail;
         }
@@ -217,14 +161,15 @@ avx2_weights_impl(const float *logits, int32_t n, float max, float inv_temp, flo
  * block. */
 static void avx2_fine_sums(const float *logits, int32_t n, float max, uint64_t *sums)
 {
-    const __m256 vmax = _mm256_set1_ps(max);
+    const __m256 vmax = _mm256_set1_ps(max), log2e = _mm256_set1_ps(ENG_SAMPLER_LOG2E);
     for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
         int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n, i = b0;
         __m256i sum = _mm256_setzero_si256();
         for (; i + 8 <= b1; i += 8) {
             __m256i m_lo, m_hi;
-            avx2_fine_masses(avx2_exp(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax)), &m_lo,
-                             &m_hi);
+            avx2_fine_masses(
+                avx2_exp2(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), log2e)),
+                &m_lo, &m_hi);
             sum = _mm256_add_epi64(sum, _mm256_add_epi64(m_lo, m_hi));
         }
         uint64_t k = avx2_hsum64(sum), k_tail = 0;
@@ -236,18 +181,18 @@ static void avx2_fine_sums(const float *logits, int32_t n, float max, uint64_t *
     }
 }
 
-static void avx2_weights(const float *logits, int32_t n, float max, float inv_temp,
+static void avx2_weights(const float *logits, int32_t n, float max, float scale,
                            float min_p, float *e, uint64_t *kept)
 {
     const int all_kept = !(min_p > 0.0f);
     if (e && all_kept)
-        avx2_weights_impl(logits, n, max, inv_temp, min_p, e, kept, 1, 1);
+        avx2_weights_impl(logits, n, max, scale, min_p, e, kept, 1, 1);
     else if (e)
-        avx2_weights_impl(logits, n, max, inv_temp, min_p, e, kept, 1, 0);
+        avx2_weights_impl(logits, n, max, scale, min_p, e, kept, 1, 0);
     else if (all_kept)
-        avx2_weights_impl(logits, n, max, inv_temp, min_p, NULL, kept, 0, 1);
+        avx2_weights_impl(logits, n, max, scale, min_p, NULL, kept, 0, 1);
     else
-        avx2_weights_impl(logits, n, max, inv_temp, min_p, NULL, kept, 0, 0);
+        avx2_weights_impl(logits, n, max, scale, min_p, NULL, kept, 0, 0);
 }
 
 static uint64_t avx2_kept_mass(const float *e, int32_t from, int32_t to, float e_cut,
@@ -258,9 +203,17 @@ static uint64_t avx2_kept_mass(const float *e, int32_t from, int32_t to, float e
     __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(from), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     uint64_t total = 0;
     int32_t i = from;
+    /* every index at or before id_cut: e >= e_cut, one comparison */
+    const int by_value = id_cut >= to - 1;
     while (i + 8 <= to) { /* a block's worth of vectors per 32-bit sum */
         int32_t end = to - i > ENG_SAMPLER_BLOCK ? i + ENG_SAMPLER_BLOCK : to;
         __m256i sum = _mm256_setzero_si256();
+        for (; by_value && i + 8 <= end; i += 8) {
+            __m256 w = _mm256_loadu_ps(e + i);
+            sum = _mm256_add_epi32(sum, _mm256_and_si256(avx2_masses(w),
+                                                         _mm256_castps_si256(_mm256_cmp_ps(
+                                                             w, cut, _CMP_GE_OQ))));
+        }
         for (; i + 8 <= end; i += 8) {
             __m256 w = _mm256_loadu_ps(e + i);
             /* idx <= id_cut: not (idx > id_cut) */
@@ -407,125 +360,6 @@ static int32_t avx2_range(const float *e, int32_t from, int32_t to, uint32_t lo,
     return m;
 }
 
-/* A block with at least this many members makes the window store the next
- * block's members as it goes (see avx2_window). */
-#define AVX2_DENSE_MEMBERS 128
-
-/* The indices of a block's members (mask[v]: those of its vector v, at
- * b0 + 8 v), ascending, at out + m, for the n_vec (at most 64) vectors
- * whose masks are given, and their weights at out_e + m, computed again
- * from their logits gathered 8 at a time; returns how many. */
-static int32_t avx2_collect(const float *logits, int32_t b0, const uint8_t *mask, int32_t n_vec,
-                            __m256 vmax, __m256 vinv, int32_t *out, float *out_e)
-{
-    const __m256i zero = _mm256_setzero_si256();
-    uint64_t live = 0;
-    for (int32_t v = 0; v < 64; v += 32) {
-        __m256i k = _mm256_loadu_si256((const __m256i *)(const void *)(mask + v));
-        live |= (uint64_t)(uint32_t)~_mm256_movemask_epi8(_mm256_cmpeq_epi8(k, zero)) << v;
-    }
-    live &= n_vec >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n_vec) - 1;
-    int32_t m = 0;
-    for (; live; live &= live - 1) {
-        int32_t v = __builtin_ctzll(live);
-        unsigned in = mask[v];
-        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0 + v * 8),
-                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_storeu_si256((__m256i *)(void *)(out + m),
-                            _mm256_permutevar8x32_epi32(idx, avx2_pack_perm(in)));
-        m += __builtin_popcount(in);
-    }
-    for (int32_t j = 0; j < m; j += 8) {
-        int32_t k = m - j >= 8 ? 8 : m - j;
-        __m256i live_lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(k),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        __m256i at = _mm256_maskload_epi32(out + j, live_lanes);
-        __m256 x = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), logits, at,
-                                            _mm256_castsi256_ps(live_lanes), 4);
-        _mm256_maskstore_ps(out_e + j, live_lanes,
-                            avx2_exp(_mm256_mul_ps(_mm256_sub_ps(x, vmax), vinv)));
-    }
-    return m;
-}
-
-/* The window's work on 8 logits at p: their weights into *w, their masses
- * added to *sum_all and, for those above bucket hi, to *sum; returns the
- * mask of those in buckets [lo, hi] (vlo_1: lo - 1). */
-static inline unsigned avx2_window_step(const float *p, __m256 vmax, __m256 vinv, __m256i vlo_1,
-                                        __m256i vhi, __m256 *w, __m256i *sum, __m256i *sum_all)
-{
-    *w = avx2_exp(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(p), vmax), vinv));
-    __m256i key = _mm256_srli_epi32(_mm256_castps_si256(*w), 20);
-    __m256i up = _mm256_cmpgt_epi32(key, vhi);
-    __m256i mass = avx2_masses(*w);
-    *sum_all = _mm256_add_epi32(*sum_all, mass);
-    *sum = _mm256_add_epi32(*sum, _mm256_and_si256(mass, up));
-    return (unsigned)_mm256_movemask_ps(
-        _mm256_castsi256_ps(_mm256_andnot_si256(up, _mm256_cmpgt_epi32(key, vlo_1))));
-}
-
-/* range's work on the weights computed here (sampler-impl.h): weights'
- * loop with range's compares. The loop has no branch: a mispredicted one
- * throws away the exponentials in flight. Where members are few (after a
- * block with fewer than AVX2_DENSE_MEMBERS), it keeps each vector's 8-bit
- * mask of members and collects the block's members when the block is done
- * (avx2_collect); where they are many, it packs every vector's indices and
- * weights by a permutation and stores them as it goes (members or not: m
- * <= i - from keeps the stores inside the room given). */
-static int32_t avx2_window(const float *logits, int32_t from, int32_t to, float max,
-                           float inv_temp, uint32_t lo, uint32_t hi, uint64_t *above,
-                           uint64_t *total, int32_t *out, float *out_e)
-{
-    const __m256 vmax = _mm256_set1_ps(max), vinv = _mm256_set1_ps(inv_temp);
-    const __m256i vlo_1 = _mm256_set1_epi32((int32_t)lo - 1), vhi = _mm256_set1_epi32((int32_t)hi);
-    const __m256i step = _mm256_set1_epi32(8);
-    int32_t m = 0;
-    uint64_t all = 0;
-    bool dense = false;
-    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
-        int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to, i = b0;
-        const int32_t m0 = m;
-        __m256i sum = _mm256_setzero_si256(), sum_all = _mm256_setzero_si256();
-        if (dense) {
-            __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(b0),
-                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            for (; i + 8 <= b1; i += 8) {
-                __m256 w;
-                unsigned in = avx2_window_step(logits + i, vmax, vinv, vlo_1, vhi, &w, &sum,
-                                               &sum_all);
-                __m256i perm = avx2_pack_perm(in);
-                _mm256_storeu_si256((__m256i *)(void *)(out + m),
-                                    _mm256_permutevar8x32_epi32(idx, perm));
-                _mm256_storeu_ps(out_e + m, _mm256_permutevar8x32_ps(w, perm));
-                m += __builtin_popcount(in);
-                idx = _mm256_add_epi32(idx, step);
-            }
-        } else {
-            uint8_t mask[ENG_SAMPLER_BLOCK / 8];
-            for (; i + 8 <= b1; i += 8) {
-                __m256 w;
-                mask[(i - b0) / 8] = (uint8_t)avx2_window_step(logits + i, vmax, vinv, vlo_1, vhi,
-                                                               &w, &sum, &sum_all);
-            }
-            memset(mask + (i - b0) / 8, 0, sizeof mask - (size_t)(i - b0) / 8); /* a short block */
-            m += avx2_collect(logits, b0, mask, (i - b0) / 8, vmax, vinv, out + m, out_e + m);
-        }
-        dense = m - m0 >= AVX2_DENSE_MEMBERS;
-        uint64_t a = avx2_sum32(sum), t = avx2_sum32(sum_all);
-        if (i < b1) { /* the last block's tail */
-            uint64_t tail_above = 0, tail_total = 0;
-            m += eng__sampler_window_scalar(logits, i, b1, max, inv_temp, lo, hi, &tail_above,
-                                            &tail_total, out + m, out_e + m);
-            a += tail_above;
-            t += tail_total;
-        }
-        above[(b0 - from) / ENG_SAMPLER_BLOCK] = a;
-        all += t;
-    }
-    *total = all;
-    return m;
-}
-
 static int32_t avx2_above(const float *values, int32_t n, float threshold, int32_t *out,
                           int32_t cap)
 {
@@ -550,43 +384,8 @@ static int32_t avx2_above(const float *values, int32_t n, float threshold, int32
     return m;
 }
 
-/* above_spans (sampler-impl.h): 8 spans' maxima compared at a time, and
- * each span above the threshold read a vector at a time. */
-static int32_t avx2_above_spans(const float *values, int32_t n, const float *span_max,
-                                float threshold, int32_t *out, int32_t cap)
-{
-    const __m256 t = _mm256_set1_ps(threshold);
-    const int32_t full = n / ENG_SAMPLER_SPAN; /* spans of ENG_SAMPLER_SPAN values */
-    int32_t m = 0, j0 = 0;
-    for (; j0 < full; j0 += 8) {
-        unsigned spans;
-        if (full - j0 >= 8)
-            spans = (unsigned)_mm256_movemask_ps(
-                _mm256_cmp_ps(_mm256_loadu_ps(span_max + j0), t, _CMP_GT_OQ));
-        else {
-            spans = 0;
-            for (int32_t j = j0; j < full; j++)
-                spans |= (unsigned)(span_max[j] > threshold) << (j - j0);
-        }
-        for (; spans; spans &= spans - 1) {
-            const int32_t b = (j0 + __builtin_ctz(spans)) * ENG_SAMPLER_SPAN;
-            for (int32_t i = b; i < b + ENG_SAMPLER_SPAN; i += 8) {
-                unsigned hit = (unsigned)_mm256_movemask_ps(
-                    _mm256_cmp_ps(_mm256_loadu_ps(values + i), t, _CMP_GT_OQ));
-                for (; hit; hit &= hit - 1) {
-                    if (m == cap)
-                        return cap + 1;
-                    out[m++] = i + __builtin_ctz(hit);
-                }
-            }
-        }
-    }
-    return m + eng__sampler_above_spans_tail(values, n, span_max, threshold, out + m, cap - m);
-}
-
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
-    avx2_sanitize_max, avx2_max,    avx2_weights,     avx2_fine_sums, avx2_range,
-    avx2_window,       avx2_first_above, avx2_above,  avx2_kept_mass,
-    avx2_sanitize_spans, avx2_above_spans};
+    avx2_sanitize_max, avx2_max,   avx2_weights, avx2_fine_sums, avx2_range,
+    avx2_first_above,  avx2_above, avx2_kept_mass};
 
 #endif

@@ -16,6 +16,7 @@
 
 #include <stdlib.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -603,9 +604,11 @@ static int ref_cmp_logit(const void *pa, const void *pb)
 }
 
 /* The documented draw (sampler.c's top comment), written as plainly as
- * possible: sort every candidate, cut, walk. Only the exponential is the
- * sampler's own (eng__sampler_exp), as the contract defines it. */
-static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n, uint64_t draw)
+ * possible: sort every candidate, cut, walk (top-p's proposals first, at
+ * most attempts of them). Only the exponential is the sampler's own
+ * (eng__sampler_exp2), as the contract defines it. */
+static int32_t ref_sample_attempts(const eng_sampler_params *p, float *logits, int32_t n,
+                                   uint64_t draw, int32_t attempts)
 {
     for (int32_t i = 0; i < n; i++)
         if (isnan(logits[i]))
@@ -629,9 +632,10 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
         sw_free(c);
         return id;
     }
-    float inv_t = 1.0f / p->temperature;
+    float scale = ENG_SAMPLER_LOG2E / p->temperature;
+    scale = scale <= FLT_MAX ? scale : FLT_MAX;
     for (int32_t i = 0; i < m; i++)
-        c[i].e = eng__sampler_exp((c[i].e - max) * inv_t);
+        c[i].e = eng__sampler_exp2((c[i].e - max) * scale);
     qsort(c, (size_t)m, sizeof *c, ref_cmp);
     uint64_t total = 0, above = 0;
     for (int32_t i = 0; i < m; i++) {
@@ -650,6 +654,8 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
         while (len < m && c[len].e >= p->min_p)
             len++;
     }
+    const int32_t len_min = len; /* min-p's prefix (every candidate without min-p) */
+    const uint64_t mass_min = kept;
     if (p->top_p < 1.0f) {
         uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
         uint64_t cum = 0;
@@ -664,9 +670,35 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
             len = i + 1;
         }
     }
-    /* the pick walks the kept candidates by id */
+    /* top-p's proposals: min-p's prefix walked by id with draw's number
+     * j, the token kept when it ranks in the kept set */
+    int32_t j = 0;
+    for (; p->top_p < 1.0f && j < attempts; j++) {
+        ref_cand *byid = sw_malloc(sizeof *byid * (size_t)len_min);
+        assert_non_null(byid);
+        memcpy(byid, c, sizeof *byid * (size_t)len_min);
+        qsort(byid, (size_t)len_min, sizeof *byid, ref_cmp_id);
+        uint64_t uj = eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j);
+        uint64_t target = (uint64_t)(((unsigned __int128)uj * mass_min) >> 53), cum = 0;
+        int32_t id = -1;
+        for (int32_t i = 0; i < len_min && id < 0; i++) {
+            cum += (uint64_t)(int32_t)(byid[i].e * ENG_SAMPLER_MASS_SCALE);
+            if (cum > target)
+                id = byid[i].id;
+        }
+        sw_free(byid);
+        bool in_kept = false;
+        for (int32_t r = 0; r < len && !in_kept; r++)
+            in_kept = c[r].id == id;
+        if (in_kept) {
+            sw_free(c);
+            return id;
+        }
+    }
+    /* the pick walks the kept candidates by id, with the number after the
+     * proposals' */
     qsort(c, (size_t)len, sizeof *c, ref_cmp_id);
-    uint64_t u = (uint64_t)(eng_sampler_uniform(p->seed, draw) * 9007199254740992.0);
+    uint64_t u = eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j);
     uint64_t target = (uint64_t)(((unsigned __int128)u * kept) >> 53);
     uint64_t cum = 0;
     int32_t id = -1;
@@ -677,6 +709,11 @@ static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n,
     }
     sw_free(c);
     return id;
+}
+
+static int32_t ref_sample(const eng_sampler_params *p, float *logits, int32_t n, uint64_t draw)
+{
+    return ref_sample_attempts(p, logits, n, draw, ENG_SAMPLER_ATTEMPTS);
 }
 
 /* A for_each that runs the items last to first on the calling thread: a
@@ -736,6 +773,10 @@ static void test_same_token_as_reference(void **state)
                 assert_non_null(st);
                 eng_sampler_threads th = {reverse_for_each, NULL, round % 2 ? 4 : 2};
                 eng_sampler_set_threads(st, &th);
+                eng_sampler *sx = eng_sampler_create(&p, n);
+                assert_non_null(sx);
+                eng_sampler_set_threads(sx, &th);
+                eng__sampler_set_attempts(sx, 0);
                 for (uint64_t d = 0; d < 8; d++) {
                     memcpy(a, logits, sizeof(float) * (size_t)n);
                     memcpy(b, logits, sizeof(float) * (size_t)n);
@@ -750,10 +791,17 @@ static void test_same_token_as_reference(void **state)
                     memcpy(a, logits, sizeof(float) * (size_t)n);
                     eng_sampler_set_draws(st, d * 977);
                     assert_int_equal(eng_sampler_sample(st, a, NULL, 0), want);
+                    /* top-p's exact search, without proposals */
+                    memcpy(a, logits, sizeof(float) * (size_t)n);
+                    memcpy(b, logits, sizeof(float) * (size_t)n);
+                    eng_sampler_set_draws(sx, d * 977);
+                    assert_int_equal(eng_sampler_sample(sx, a, NULL, 0),
+                                     ref_sample_attempts(&p, b, n, d * 977, 0));
                     checked++;
                 }
                 eng_sampler_free(s);
                 eng_sampler_free(st);
+                eng_sampler_free(sx);
             }
         }
     }
@@ -806,11 +854,13 @@ static void test_top_p_estimate_paths(void **state)
             p.top_p = top_ps[pi];
             eng_sampler *s = eng_sampler_create(&p, V);
             assert_non_null(s);
+            eng__sampler_set_attempts(s, 0); /* the search at once */
             for (uint64_t d = 0; d < 6; d++) {
                 memcpy(a, logits, sizeof(float) * V);
                 memcpy(b, logits, sizeof(float) * V);
                 eng_sampler_set_draws(s, d * 31);
-                assert_int_equal(eng_sampler_sample(s, a, NULL, 0), ref_sample(&p, b, V, d * 31));
+                assert_int_equal(eng_sampler_sample(s, a, NULL, 0),
+                                 ref_sample_attempts(&p, b, V, d * 31, 0));
             }
             uint64_t got[4];
             eng__sampler_cut_paths(s, got);
@@ -850,14 +900,14 @@ static void test_kernels_match_scalar(void **state)
         logits[i] = (float)(test_rand() * 100.0 - 95.0);
     logits[3] = -INFINITY;
     logits[10] = 5.0f;
-    logits[11] = 5.0f + ENG_SAMPLER_EXP_MIN;
+    logits[11] = 5.0f + ENG_SAMPLER_EXP2_MIN;
     logits[12] = nextafterf(logits[11], -INFINITY);
     for (int i = 200; i < 210; i++) /* ties with logits[100] */
         logits[i] = logits[100];
-    const float inv_temps[] = {1.0f, 1.25f, 0.37f, 3.0e38f};
-    for (size_t t = 0; t < sizeof inv_temps / sizeof inv_temps[0]; t++) {
+    const float scales[] = {1.0f, 1.25f, 0.37f, 3.0e38f};
+    for (size_t t = 0; t < sizeof scales / sizeof scales[0]; t++) {
         for (int i = 0; i < V; i++)
-            want[i] = eng__sampler_exp((logits[i] - 5.0f) * inv_temps[t]);
+            want[i] = eng__sampler_exp2((logits[i] - 5.0f) * scales[t]);
         assert_true(want[10] == 1.0f);
 #if defined(__x86_64__) || defined(__i386__)
         const eng__sampler_kernels *ks[] = {&eng__sampler_kernels_avx2,
@@ -872,11 +922,11 @@ static void test_kernels_match_scalar(void **state)
             uint64_t kept[NB], want_kept[NB];
             for (int stores = 0; stores < 4; stores++) {
                 float min_p = stores % 2 ? 0.0f : 0.01f; /* 0: every mass kept */
-                eng__sampler_weights_scalar(logits, V, 5.0f, inv_temps[t], min_p, NULL,
+                eng__sampler_weights_scalar(logits, V, 5.0f, scales[t], min_p, NULL,
                                             want_kept);
                 memset(got, 0, sizeof(float) * V);
                 memset(kept, 0, sizeof kept);
-                ks[k]->weights(logits, V, 5.0f, inv_temps[t], min_p, stores >= 2 ? got : NULL,
+                ks[k]->weights(logits, V, 5.0f, scales[t], min_p, stores >= 2 ? got : NULL,
                                kept);
                 assert_memory_equal(want_kept, kept, sizeof kept);
                 if (stores >= 2)
@@ -898,31 +948,6 @@ static void test_kernels_match_scalar(void **state)
                     size_t nb = (size_t)(V - from + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
                     assert_memory_equal(above, want_above, sizeof(uint64_t) * nb);
                 }
-            /* the window: range's outputs on weights computed in the same
-             * pass, with their total mass */
-            for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++)
-                for (int32_t from = 0; from < V; from += 3 * ENG_SAMPLER_BLOCK) {
-                    uint64_t above[NB], want_above[NB], total = 0, want_total = 0;
-                    float *member_e = got;
-                    int32_t m = ks[k]->window(logits, from, V, 5.0f, inv_temps[t],
-                                              ranges[ri][0], ranges[ri][1], above, &total,
-                                              members, member_e);
-                    int32_t want_m = eng__sampler_range_scalar(want, from, V, ranges[ri][0],
-                                                               ranges[ri][1], want_above,
-                                                               want_members);
-                    uint64_t blocks[NB];
-                    eng__sampler_weights_scalar(logits + from, V - from, 5.0f, inv_temps[t],
-                                                0.0f, NULL, blocks);
-                    size_t nb = (size_t)(V - from + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-                    for (size_t b = 0; b < nb; b++)
-                        want_total += blocks[b];
-                    assert_int_equal(m, want_m);
-                    assert_memory_equal(members, want_members, sizeof(int32_t) * (size_t)m);
-                    for (int32_t j = 0; j < m; j++)
-                        assert_true(member_e[j] == want[members[j]]);
-                    assert_memory_equal(above, want_above, sizeof(uint64_t) * nb);
-                    assert_true(total == want_total);
-                }
             /* the logits above a threshold, up to a cap */
             for (int32_t cap = 0; cap < V; cap += 700) {
                 int32_t got_n = ks[k]->above(logits, V, -50.0f, members, cap);
@@ -931,60 +956,23 @@ static void test_kernels_match_scalar(void **state)
                 if (got_n <= cap)
                     assert_memory_equal(members, want_members, sizeof(int32_t) * (size_t)got_n);
             }
-            /* NaN cleaning with the maximum of each span: lengths that end
-             * inside a span, inside a vector, on a span's end; NaN in the
-             * vector part and in the tail */
+            /* NaN cleaning with the maximum: lengths that end inside a
+             * vector, on a vector's end; NaN in the vector part and in the
+             * tail */
             {
-                enum { NS = (V + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN };
-                const int32_t lens[] = {V, 5 * ENG_SAMPLER_SPAN, 5 * ENG_SAMPLER_SPAN + 16,
-                                        7, 1};
+                const int32_t lens[] = {V, 5 * 64, 5 * 64 + 7, 7, 1};
                 for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
                     int32_t len = lens[li];
                     memcpy(got, logits, sizeof(float) * V);
-                    memcpy(want, logits, sizeof(float) * V);
-                    got[70] = want[70] = NAN;
-                    got[len - 1] = want[len - 1] = NAN;
-                    float spans[NS], want_spans[NS];
-                    float mx = ks[k]->sanitize_spans(got, len, spans);
-                    float want_mx = eng__sampler_sanitize_spans_scalar(want, len, want_spans);
-                    assert_true(mx == want_mx);
-                    assert_memory_equal(got, want, sizeof(float) * (size_t)len);
-                    int32_t ns = (len + ENG_SAMPLER_SPAN - 1) / ENG_SAMPLER_SPAN;
-                    for (int32_t j = 0; j < ns; j++) {
-                        float top = -INFINITY;
-                        for (int32_t i = j * ENG_SAMPLER_SPAN;
-                             i < len && i < (j + 1) * ENG_SAMPLER_SPAN; i++)
-                            top = want[i] > top ? want[i] : top;
-                        assert_true(spans[j] == want_spans[j]);
-                        assert_true(spans[j] == top);
-                    }
-                    /* the values above a threshold, found by the spans' maxima:
-                     * what above finds over all of them, up to a cap */
-                    const float thresholds[] = {-50.0f, 0.0f, 4.0f, mx, -INFINITY};
-                    const int32_t caps[] = {0, 3, 40, V};
-                    for (size_t ti = 0; ti < sizeof thresholds / sizeof thresholds[0]; ti++)
-                        for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
-                            int32_t n_got = ks[k]->above_spans(got, len, spans, thresholds[ti],
-                                                               members, caps[ci]);
-                            int32_t n_want = eng__sampler_above_scalar(
-                                got, len, thresholds[ti], want_members, caps[ci]);
-                            assert_int_equal(n_got, n_want);
-                            if (n_got <= caps[ci])
-                                assert_memory_equal(members, want_members,
-                                                    sizeof(int32_t) * (size_t)n_got);
-                            assert_int_equal(eng__sampler_above_spans_scalar(
-                                                 got, len, spans, thresholds[ti], members,
-                                                 caps[ci]),
-                                             n_want);
-                        }
-                    memcpy(want, logits, sizeof(float) * V);
-                    want[70] = want[len - 1] = NAN;
-                    float plain = ks[k]->sanitize_max(want, len);
-                    assert_true(plain == mx);
+                    float top = -INFINITY;
+                    for (int32_t i = 0; i < len; i++)
+                        top = i != 70 && i != len - 1 && logits[i] > top ? logits[i] : top;
+                    got[70] = got[len - 1] = NAN;
+                    assert_true(ks[k]->sanitize_max(got, len) == top);
+                    for (int32_t i = 0; i < len; i++)
+                        assert_true(i == 70 || i == len - 1 ? got[i] == -INFINITY
+                                                            : got[i] == logits[i]);
                 }
-                /* the want array is rebuilt for the checks below */
-                for (int i = 0; i < V; i++)
-                    want[i] = eng__sampler_exp((logits[i] - 5.0f) * inv_temps[t]);
             }
             /* log-softmax's fine sums */
             uint64_t fine[NB], want_fine[NB];
@@ -1028,24 +1016,34 @@ static void test_kernels_match_scalar(void **state)
                                   : ENG_SAMPLER_BLOCK;
                 assert_true(kept[b] == (uint64_t)len << 25);
             }
-            ks[k]->window(logits, 0, V, 2.5f, 1.0f, 0, 1000, kept, &total, members, got);
+            for (int b = 0; b < NB; b++)
+                total += kept[b];
             assert_true(total == (uint64_t)V << 25);
-            assert_true(kept[0] == (uint64_t)ENG_SAMPLER_BLOCK << 25); /* 1.0 is above 1000 */
-            assert_true(ks[k]->kept_mass(got, 0, 0, 0.0f, 0) == 0);
             for (int i = 0; i < V; i++)
                 want[i] = 1.0f;
+            assert_true(ks[k]->kept_mass(want, 0, 0, 0.0f, 0) == 0);
             assert_true(ks[k]->kept_mass(want, 0, V, 0.5f, 0) == (uint64_t)V << 25);
+            assert_true(ks[k]->kept_mass(want, 0, V, 1.0f, V) == (uint64_t)V << 25);
         }
         cpu_kernels_force_isa(CPU_ISA_AMX);
     }
 #endif
-    /* the exponential itself: within 2 ulp-ish of exp over its range */
-    for (float x = -79.0f; x <= 0.0f; x += 0.013f) {
-        double ref = exp((double)x), e = eng__sampler_exp(x);
-        assert_true(fabs(e - ref) <= 3e-7 * ref);
+    /* the power of two itself: within 2e-7 of 2^t over its range, the
+     * halves (where the rounding turns) included; exact at integers */
+    for (float x = -115.0f; x <= 0.0f; x += 0.013f) {
+        double ref = exp2((double)x), e = eng__sampler_exp2(x);
+        assert_true(fabs(e - ref) <= 2e-7 * ref);
     }
-    assert_true(eng__sampler_exp(0.0f) == 1.0f);
-    assert_true(eng__sampler_exp(-INFINITY) == 0.0f);
+    for (int k = -115; k <= 0; k++) {
+        for (int d = -1; d <= 1; d += 2) {
+            float x = nextafterf((float)k + 0.5f, d < 0 ? -INFINITY : INFINITY);
+            double ref = exp2((double)x), e = eng__sampler_exp2(x);
+            assert_true(fabs(e - ref) <= 2e-7 * ref);
+        }
+        assert_true(eng__sampler_exp2((float)k) == (float)exp2((double)k));
+    }
+    assert_true(eng__sampler_exp2(-INFINITY) == 0.0f);
+    assert_true(eng__sampler_exp2(nextafterf(ENG_SAMPLER_EXP2_MIN, -INFINITY)) == 0.0f);
     sw_free(logits);
     sw_free(want);
     sw_free(got);

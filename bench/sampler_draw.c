@@ -164,7 +164,7 @@ int main(int argc, char **argv)
         printf("  %-7s %8.1f us  (+%.1f over greedy; token sum %ld)", names[m], us, us - greedy,
                sum);
         if (m == 3) { /* top-p's proposals (sampler-impl.h) */
-            uint64_t proposals[2];
+            uint64_t proposals[3];
             eng__sampler_proposals(s, proposals);
             printf("  proposals refused: %.1f%%",
                    100.0 * (double)proposals[1] / (double)(proposals[0] + proposals[1]));

@@ -106,7 +106,7 @@ int main(int argc, char **argv)
                 sum += eng_sampler_sample(s, l, NULL, 0);
                 t += cpu_s() - t0;
             }
-        uint64_t paths[4], proposals[2];
+        uint64_t paths[4], proposals[3];
         eng__sampler_cut_paths(s, paths);
         eng__sampler_proposals(s, proposals);
         printf("vocabulary %d, top_p 0.95 over %d mixed distributions%s: %.1f us per draw (CPU "

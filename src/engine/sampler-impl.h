@@ -5,8 +5,9 @@
  * kernels): NaN cleaning and the maximum, the weights with their integer
  * masses and per-block sums, log-softmax's finer sums, the masses a cut
  * keeps, the gather of a range of histogram buckets' members (from stored
- * weights), top-k's skip to the next logit above a threshold, and the
- * logits above one. Every set
+ * weights), the coarse masses top-p's proposals are checked on and their
+ * sums, top-k's skip to the next logit above a threshold, and the logits
+ * above one. Every set
  * gives bit-identical results to the scalar code in sampler.c: maxima and
  * integer sums are exact in any order, and the power of two is the same
  * sequence of correctly rounded single-precision operations (the same fused
@@ -47,6 +48,17 @@ typedef void (*eng__sampler_fine_sums_fn)(const float *logits, int32_t n, float 
  * i <= id_cut. */
 typedef uint64_t (*eng__sampler_kept_mass_fn)(const float *e, int32_t from, int32_t to,
                                               float e_cut, int32_t id_cut);
+/* The weights' work (min_p as there), with coarse masses stored instead of
+ * the weights: c[i] = the mass of candidate i >> ENG_SAMPLER_COARSE_SHIFT;
+ * kept[b] as the weights kernel gives it; *total = the sum of all their
+ * masses, whatever min_p. */
+typedef void (*eng__sampler_coarse_fn)(const float *logits, int32_t n, float max, float scale,
+                                       float min_p, uint16_t *c, uint64_t *kept,
+                                       uint64_t *total);
+/* The sum of c[i] + add (add 0 or 1) over the i in [from, to) with c[i] >=
+ * threshold. */
+typedef uint64_t (*eng__sampler_coarse_sum_fn)(const uint16_t *c, int32_t from, int32_t to,
+                                               uint32_t threshold, uint32_t add);
 /* The first index in [from, n) whose value is above threshold, or n. */
 typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from, int32_t n,
                                                float threshold);
@@ -74,6 +86,8 @@ typedef struct eng__sampler_kernels {
     eng__sampler_first_above_fn first_above;
     eng__sampler_above_fn above;
     eng__sampler_kept_mass_fn kept_mass;
+    eng__sampler_coarse_fn coarse;
+    eng__sampler_coarse_sum_fn coarse_sum;
 } eng__sampler_kernels;
 
 /* e -> integer mass: 2^25, so that a block's masses summed in 32-bit
@@ -83,6 +97,9 @@ typedef struct eng__sampler_kernels {
  * nothing to the sum) */
 #define ENG_SAMPLER_FINE_SCALE 1099511627776.0f
 #define ENG_SAMPLER_BLOCK 512 /* candidates per block of the draw's walk (kept sums) */
+/* mass >> this: a coarse mass, below 2^14 + 1, so c + 1 is a positive
+ * 16-bit integer (the vector kernels add pairs of them in 32-bit lanes) */
+#define ENG_SAMPLER_COARSE_SHIFT 11
 
 /* top-p's proposals in a draw before it searches for the cut: each is
  * kept with probability top_p at least, so at 0.95 the search runs in
@@ -102,6 +119,10 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
                                   int32_t cap);
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut);
+void eng__sampler_coarse_scalar(const float *logits, int32_t n, float max, float scale,
+                                float min_p, uint16_t *c, uint64_t *kept, uint64_t *total);
+uint64_t eng__sampler_coarse_sum_scalar(const uint16_t *c, int32_t from, int32_t to,
+                                        uint32_t threshold, uint32_t add);
 
 /* For tests: how many of s's top-p cuts (its exact search, after the
  * proposals) were found among the top-level buckets the estimate pointed
@@ -109,8 +130,10 @@ uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to,
  * from the exact histogram [3] (sampler.c, sampler_cut). */
 struct eng_sampler;
 void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
-/* For tests: s's top-p proposals kept [0] and refused [1]. */
-void eng__sampler_proposals(const struct eng_sampler *s, uint64_t proposals[2]);
+/* For tests: s's top-p proposals kept [0] and refused [1], and how many of
+ * them were decided by their weights [2] (the coarse masses' bounds could
+ * not). */
+void eng__sampler_proposals(const struct eng_sampler *s, uint64_t proposals[3]);
 /* For tests: how many proposals s's top-p draws make before the exact
  * search (0: the search at once). */
 void eng__sampler_set_attempts(struct eng_sampler *s, int32_t attempts);

@@ -140,7 +140,9 @@ struct eng_sampler {
     eng_candidate *cand;  /* n_vocab: top-k's heap, then its survivors in id order */
     float *values;        /* n_vocab: top-k's survivors' logits, in id order */
     float *weight;        /* n_vocab: e of each candidate (index order = id order),
-                             stored for top-p; else one block's, for the walk */
+                             stored for top-p's search; else one block's, for
+                             the walk */
+    uint16_t *coarse;     /* n_vocab: each candidate's coarse mass (top-p's) */
     uint64_t *kept;       /* per block of ENG_SAMPLER_BLOCK candidates: the masses
                              min-p keeps (all of them without min-p) */
     int32_t *group_a;     /* n_vocab each: indices into weight of top-p's */
@@ -148,7 +150,9 @@ struct eng_sampler {
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
     int32_t attempts;     /* top-p's proposals before the exact search */
-    uint64_t proposals[2]; /* top-p's proposals kept, refused */
+    uint64_t proposals[3]; /* top-p's proposals kept, refused, and decided by
+                              their weights (the coarse masses' bounds could
+                              not) */
     uint64_t cut_paths[4]; /* top-p cuts found among the estimate's buckets
                               (the one-pass window, or with stored weights),
                               among the candidates above them, in buckets
@@ -199,6 +203,7 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->counts = sw_calloc((size_t)n_vocab, sizeof *s->counts);
     s->values = sw_calloc((size_t)n_vocab, sizeof *s->values);
     s->weight = sw_calloc((size_t)n_vocab, sizeof *s->weight);
+    s->coarse = sw_calloc((size_t)n_vocab, sizeof *s->coarse);
     s->kept = sw_calloc((size_t)(n_vocab + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK,
                         sizeof *s->kept);
     s->group_a = sw_calloc((size_t)n_vocab, sizeof *s->group_a);
@@ -206,7 +211,7 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->group_c = sw_calloc((size_t)n_vocab, sizeof *s->group_c);
     size_t n_samples = (size_t)n_vocab / (size_t)eng__sampler_stride(n_vocab) + 1;
     s->sample_w = sw_calloc(n_samples, sizeof *s->sample_w);
-    if (!s->cand || !s->counts || !s->values || !s->weight || !s->kept ||
+    if (!s->cand || !s->counts || !s->values || !s->weight || !s->coarse || !s->kept ||
         !s->group_a || !s->group_b || !s->group_c || !s->sample_w)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
@@ -234,6 +239,7 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->counts);
     sw_free(s->values);
     sw_free(s->weight);
+    sw_free(s->coarse);
     sw_free(s->kept);
     sw_free(s->group_a);
     sw_free(s->group_b);
@@ -257,7 +263,7 @@ void eng__sampler_cut_paths(const eng_sampler *s, uint64_t paths[4])
     memcpy(paths, s->cut_paths, sizeof s->cut_paths);
 }
 
-void eng__sampler_proposals(const eng_sampler *s, uint64_t proposals[2])
+void eng__sampler_proposals(const eng_sampler *s, uint64_t proposals[3])
 {
     memcpy(proposals, s->proposals, sizeof s->proposals);
 }
@@ -487,7 +493,8 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
 static const eng__sampler_kernels sampler_kernels_scalar = {
     sampler_scalar_sanitize_max,   sampler_scalar_max,         eng__sampler_weights_scalar,
     eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  sampler_scalar_first_above,
-    eng__sampler_above_scalar,     eng__sampler_kept_mass_scalar};
+    eng__sampler_above_scalar,     eng__sampler_kept_mass_scalar, eng__sampler_coarse_scalar,
+    eng__sampler_coarse_sum_scalar};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -576,6 +583,34 @@ static inline bool sampler_at_or_before(float e, int32_t i, float e_cut, int32_t
     return e > e_cut || (e == e_cut && i <= id_cut);
 }
 
+void eng__sampler_coarse_scalar(const float *logits, int32_t n, float max, float scale,
+                                float min_p, uint16_t *c, uint64_t *kept, uint64_t *total)
+{
+    uint64_t all = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
+        uint64_t k = 0;
+        for (int32_t i = b0; i < b1; i++) {
+            float w = eng__sampler_exp2((logits[i] - max) * scale);
+            uint64_t m = sampler_mass(w);
+            c[i] = (uint16_t)(m >> ENG_SAMPLER_COARSE_SHIFT);
+            all += m;
+            k += m & (0 - (uint64_t)(w >= min_p));
+        }
+        kept[b0 / ENG_SAMPLER_BLOCK] = k;
+    }
+    *total = all;
+}
+
+uint64_t eng__sampler_coarse_sum_scalar(const uint16_t *c, int32_t from, int32_t to,
+                                        uint32_t threshold, uint32_t add)
+{
+    uint64_t sum = 0;
+    for (int32_t i = from; i < to; i++)
+        sum += c[i] >= threshold ? c[i] + add : 0;
+    return sum;
+}
+
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut)
 {
@@ -634,9 +669,10 @@ typedef struct sampler_pass {
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
     float e_cut;                   /* through: the mass at or before (e_cut, id_cut) */
     int32_t id_cut;
+    uint32_t c_threshold, c_add;   /* coarse_sum's */
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
-    uint64_t chunk_total[SAMPLER_LANES]; /* through: the chunk's mass */
+    uint64_t chunk_total[SAMPLER_LANES]; /* coarse, through: the chunk's mass */
 } sampler_pass;
 
 static void sampler_chunk(const sampler_pass *ps, int32_t c, int32_t *begin, int32_t *end)
@@ -698,6 +734,65 @@ static void sampler_through_task(void *arg, int32_t c)
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
     ps->chunk_total[c] = ps->s->kern->kept_mass(ps->s->weight, b, e, ps->e_cut, ps->id_cut);
+}
+
+/* A chunk's coarse masses into coarse, its masses per block (min-p's) into
+ * kept, all of them into chunk_total. */
+static void sampler_coarse_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    eng_sampler *s = ps->s;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    s->kern->coarse(ps->values + b, e - b, ps->max, ps->scale, ps->min_p, s->coarse + b,
+                    s->kept + b / ENG_SAMPLER_BLOCK, &ps->chunk_total[c]);
+}
+
+/* A chunk's sum of coarse masses (coarse_sum with ps->c_threshold, ps->c_add)
+ * into chunk_total. */
+static void sampler_coarse_sum_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    ps->chunk_total[c] =
+        ps->s->kern->coarse_sum(ps->s->coarse, b, e, ps->c_threshold, ps->c_add);
+}
+
+static uint64_t sampler_coarse_sum(sampler_pass *ps, uint32_t threshold, uint32_t add)
+{
+    ps->c_threshold = threshold;
+    ps->c_add = add;
+    sampler_run(ps, sampler_coarse_sum_task);
+    uint64_t sum = 0;
+    for (int32_t c = 0; c < ps->n_chunks; c++)
+        sum += ps->chunk_total[c];
+    return sum;
+}
+
+/* Whether a proposal of mass m (coarse mass c) lies in top-p's prefix,
+ * from the coarse masses (the pass that made them): 1 when the mass ranked
+ * before it surely reaches no further than target, 0 when it surely does,
+ * -1 when only its weight can tell. Every candidate ranked before it has a
+ * mass of at least m, so a coarse mass of at least c, and a mass below
+ * (coarse + 1) << shift: the upper bound, less its own mass. Every one with
+ * a coarse mass above c has a mass above m, so a weight above its own, and
+ * ranks before it: the lower bound. */
+static int sampler_coarse_verdict(sampler_pass *ps, uint32_t c, uint64_t m, uint64_t target)
+{
+    if ((sampler_coarse_sum(ps, c, 1) << ENG_SAMPLER_COARSE_SHIFT) - m <= target)
+        return 1;
+    if ((sampler_coarse_sum(ps, c + 1, 0) << ENG_SAMPLER_COARSE_SHIFT) > target)
+        return 0;
+    return -1;
+}
+
+/* The weights stored, every candidate's, for the exact checks and the
+ * cut's search (kept stays min-p's, as the coarse pass left it). */
+static void sampler_store_weights(sampler_pass *ps)
+{
+    ps->store = true;
+    sampler_run(ps, sampler_weigh_task);
 }
 
 /* The mass of the stored weights at or before (e_cut, id_cut) in the
@@ -1212,31 +1307,43 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
      * each kept when it lies in top-p's prefix; after s->attempts refusals,
      * the cut searched for */
     ps.min_p = min_p;
-    ps.store = true;
-    sampler_run(&ps, sampler_weigh_task);
+    sampler_run(&ps, sampler_coarse_task);
     const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
     uint64_t proposed = 0; /* min-p's set's mass, or every candidate's */
+    s->total = 0;
     for (int32_t b = 0; b < n_blocks; b++)
         proposed += s->kept[b];
-    s->total = min_p > 0.0f ? sampler_mass_through(&ps, 0.0f, INT32_MAX) : proposed;
+    for (int32_t c = 0; c < ps.n_chunks; c++)
+        s->total += ps.chunk_total[c];
     uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
     const uint64_t target = need > 0 ? need - 1 : 0;
+    bool stored = false; /* the weights, for the exact checks and the search */
     for (int32_t j = 0; j < s->attempts; j++) {
         uint64_t uj = j == 0 ? u : sampler_uniform_bits(p->seed, draw, (uint64_t)j);
         int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(uj, proposed), false, 0.0f, 0);
         /* kept when the mass ranked before it reaches no further than
          * target: always when min-p's whole set does not (top-p's prefix
-         * holds it then); else at most the mass at or above its weight but
-         * its own, exactly that unless it ties with others */
+         * holds it then); else decided by the coarse masses' bounds on
+         * that mass, or where it lies between them, exactly */
         const float e = s->weight[pos];
-        if (proposed <= target ||
-            sampler_mass_through(&ps, e, INT32_MAX) - sampler_mass(e) <= target ||
-            sampler_mass_through(&ps, e, pos) - sampler_mass(e) <= target) {
+        const uint64_t m = sampler_mass(e);
+        const uint32_t c = (uint32_t)(m >> ENG_SAMPLER_COARSE_SHIFT);
+        int verdict = proposed <= target ? 1 : sampler_coarse_verdict(&ps, c, m, target);
+        if (verdict < 0) {
+            s->proposals[2]++;
+            if (!stored)
+                sampler_store_weights(&ps);
+            stored = true;
+            verdict = sampler_mass_through(&ps, e, pos) - m <= target;
+        }
+        if (verdict) {
             s->proposals[0]++;
             return cand ? cand[pos].id : pos;
         }
         s->proposals[1]++;
     }
+    if (!stored)
+        sampler_store_weights(&ps);
     /* the exact search: the estimate, the buckets around its cut gathered,
      * the cut searched for from there */
     const uint64_t u_last = sampler_uniform_bits(p->seed, draw, (uint64_t)s->attempts);

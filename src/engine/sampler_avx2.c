@@ -195,6 +195,67 @@ static void avx2_weights(const float *logits, int32_t n, float max, float scale,
         avx2_weights_impl(logits, n, max, scale, min_p, NULL, kept, 0, 0);
 }
 
+static void avx2_coarse(const float *logits, int32_t n, float max, float scale, float min_p,
+                        uint16_t *c, uint64_t *kept, uint64_t *total)
+{
+    const __m256 vmax = _mm256_set1_ps(max), vscale = _mm256_set1_ps(scale);
+    const __m256 vmin_p = _mm256_set1_ps(min_p);
+    uint64_t all = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n, i = b0;
+        __m256i sum = _mm256_setzero_si256(), sum_all = _mm256_setzero_si256();
+        for (; i + 8 <= b1; i += 8) {
+            __m256 w = avx2_exp2(
+                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vscale));
+            __m256i m = avx2_masses(w);
+            /* the 8 coarse masses packed to 16 bits: 64-bit quarters 0 and
+             * 2 of the pack hold them */
+            __m256i q = _mm256_srli_epi32(m, ENG_SAMPLER_COARSE_SHIFT);
+            __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(q, q), 0x08);
+            _mm_storeu_si128((__m128i *)(void *)(c + i), _mm256_castsi256_si128(packed));
+            sum_all = _mm256_add_epi32(sum_all, m);
+            sum = _mm256_add_epi32(
+                sum, _mm256_and_si256(m, _mm256_castps_si256(_mm256_cmp_ps(w, vmin_p, _CMP_GE_OQ))));
+        }
+        uint64_t k = avx2_sum32(sum), k_all = avx2_sum32(sum_all);
+        if (i < b1) { /* the last block's tail */
+            uint64_t k_tail = 0, all_tail = 0;
+            eng__sampler_coarse_scalar(logits + i, b1 - i, max, scale, min_p, c + i, &k_tail,
+                                       &all_tail);
+            k += k_tail;
+            k_all += all_tail;
+        }
+        kept[b0 / ENG_SAMPLER_BLOCK] = k;
+        all += k_all;
+    }
+    *total = all;
+}
+
+/* 16 coarse masses to a vector: those at or above the threshold (max(v, t)
+ * == v), plus add, summed in pairs into 32-bit lanes. */
+static uint64_t avx2_coarse_sum(const uint16_t *c, int32_t from, int32_t to, uint32_t threshold,
+                                uint32_t add)
+{
+    if (threshold > 0xffff) /* no coarse mass reaches it */
+        return 0;
+    const __m256i vt = _mm256_set1_epi16((short)threshold), vadd = _mm256_set1_epi16((short)add);
+    const __m256i ones = _mm256_set1_epi16(1);
+    uint64_t total = 0;
+    int32_t i = from;
+    while (i + 16 <= to) {
+        int32_t end = to - i > ENG_SAMPLER_BLOCK ? i + ENG_SAMPLER_BLOCK : to;
+        __m256i sum = _mm256_setzero_si256();
+        for (; i + 16 <= end; i += 16) {
+            __m256i v = _mm256_loadu_si256((const void *)(c + i));
+            __m256i ge = _mm256_cmpeq_epi16(_mm256_max_epu16(v, vt), v);
+            __m256i w = _mm256_and_si256(_mm256_add_epi16(v, vadd), ge);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(w, ones));
+        }
+        total += avx2_sum32(sum);
+    }
+    return total + eng__sampler_coarse_sum_scalar(c, i, to, threshold, add);
+}
+
 static uint64_t avx2_kept_mass(const float *e, int32_t from, int32_t to, float e_cut,
                                int32_t id_cut)
 {
@@ -386,6 +447,6 @@ static int32_t avx2_above(const float *values, int32_t n, float threshold, int32
 
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
     avx2_sanitize_max, avx2_max,   avx2_weights, avx2_fine_sums, avx2_range,
-    avx2_first_above,  avx2_above, avx2_kept_mass};
+    avx2_first_above,  avx2_above, avx2_kept_mass, avx2_coarse, avx2_coarse_sum};
 
 #endif

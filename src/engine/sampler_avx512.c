@@ -183,6 +183,79 @@ static void avx512_weights(const float *logits, int32_t n, float max, float scal
         avx512_weights_impl(logits, n, max, scale, min_p, NULL, kept, 0, 0);
 }
 
+/* The coarse kernel, with whether min-p sets masses aside fixed at each call
+ * site: the masses straight from the scaled power of two, as the weights
+ * kernel takes them when it stores nothing. */
+static inline __attribute__((always_inline)) void
+avx512_coarse_impl(const float *logits, int32_t n, float max, float scale, float min_p,
+                   uint16_t *c, uint64_t *kept, uint64_t *total, int all_kept)
+{
+    const __m512 vmax = _mm512_set1_ps(max), vscale = _mm512_set1_ps(scale);
+    const __m512 vmin_p25 = _mm512_set1_ps(min_p * ENG_SAMPLER_MASS_SCALE);
+    uint64_t all = 0;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n, i = b0;
+        __m512i sum = _mm512_setzero_si512(), sum_all = _mm512_setzero_si512();
+        for (; i + 16 <= b1; i += 16) {
+            __m512 w25 = avx512_exp2_times(
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vscale),
+                ENG_SAMPLER_MASS_SCALE);
+            __m512i m = _mm512_cvttps_epi32(w25);
+            _mm256_storeu_si256((void *)(c + i),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(m, ENG_SAMPLER_COARSE_SHIFT)));
+            sum_all = _mm512_add_epi32(sum_all, m);
+            if (!all_kept)
+                sum = _mm512_mask_add_epi32(sum, _mm512_cmp_ps_mask(w25, vmin_p25, _CMP_GE_OQ),
+                                            sum, m);
+        }
+        uint64_t k_all = avx512_sum32(sum_all), k = all_kept ? k_all : avx512_sum32(sum);
+        if (i < b1) { /* the last block's tail */
+            uint64_t k_tail = 0, all_tail = 0;
+            eng__sampler_coarse_scalar(logits + i, b1 - i, max, scale, min_p, c + i, &k_tail,
+                                       &all_tail);
+            k += k_tail;
+            k_all += all_tail;
+        }
+        kept[b0 / ENG_SAMPLER_BLOCK] = k;
+        all += k_all;
+    }
+    *total = all;
+}
+
+static void avx512_coarse(const float *logits, int32_t n, float max, float scale, float min_p,
+                          uint16_t *c, uint64_t *kept, uint64_t *total)
+{
+    if (min_p > 0.0f)
+        avx512_coarse_impl(logits, n, max, scale, min_p, c, kept, total, 0);
+    else
+        avx512_coarse_impl(logits, n, max, scale, min_p, c, kept, total, 1);
+}
+
+/* 32 coarse masses to a vector: those at or above the threshold, plus add,
+ * summed in pairs into 32-bit lanes (VPMADDWD: each below 2^15), a block's
+ * worth of vectors per 32-bit sum. */
+static uint64_t avx512_coarse_sum(const uint16_t *c, int32_t from, int32_t to,
+                                  uint32_t threshold, uint32_t add)
+{
+    if (threshold > 0xffff) /* no coarse mass reaches it */
+        return 0;
+    const __m512i vt = _mm512_set1_epi16((short)threshold), vadd = _mm512_set1_epi16((short)add);
+    const __m512i ones = _mm512_set1_epi16(1);
+    uint64_t total = 0;
+    int32_t i = from;
+    while (i + 32 <= to) {
+        int32_t end = to - i > ENG_SAMPLER_BLOCK ? i + ENG_SAMPLER_BLOCK : to;
+        __m512i sum = _mm512_setzero_si512();
+        for (; i + 32 <= end; i += 32) {
+            __m512i v = _mm512_loadu_si512((const void *)(c + i));
+            __m512i w = _mm512_maskz_add_epi16(_mm512_cmpge_epu16_mask(v, vt), v, vadd);
+            sum = _mm512_add_epi32(sum, _mm512_madd_epi16(w, ones));
+        }
+        total += avx512_sum32(sum);
+    }
+    return total + eng__sampler_coarse_sum_scalar(c, i, to, threshold, add);
+}
+
 static uint64_t avx512_kept_mass(const float *e, int32_t from, int32_t to, float e_cut,
                                  int32_t id_cut)
 {
@@ -293,6 +366,7 @@ static int32_t avx512_above(const float *values, int32_t n, float threshold, int
 
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {
     avx512_sanitize_max, avx512_max,   avx512_weights, avx512_fine_sums, avx512_range,
-    avx512_first_above,  avx512_above, avx512_kept_mass};
+    avx512_first_above,  avx512_above, avx512_kept_mass, avx512_coarse,
+    avx512_coarse_sum};
 
 #endif

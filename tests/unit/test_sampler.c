@@ -743,6 +743,7 @@ static void test_same_token_as_reference(void **state)
     assert_non_null(b);
     test_rng_state = 777;
     long checked = 0;
+    uint64_t proposals[3] = {0, 0, 0};
     for (int round = 0; round < 12; round++) {
         for (size_t zi = 0; zi < sizeof sizes / sizeof sizes[0]; zi++) {
             int32_t n = sizes[zi];
@@ -799,6 +800,10 @@ static void test_same_token_as_reference(void **state)
                                      ref_sample_attempts(&p, b, n, d * 977, 0));
                     checked++;
                 }
+                uint64_t got_proposals[3];
+                eng__sampler_proposals(s, got_proposals);
+                for (int k = 0; k < 3; k++)
+                    proposals[k] += got_proposals[k];
                 eng_sampler_free(s);
                 eng_sampler_free(st);
                 eng_sampler_free(sx);
@@ -808,6 +813,14 @@ static void test_same_token_as_reference(void **state)
     cpu_kernels_force_isa(CPU_ISA_AMX); /* back to the best the CPU has */
     assert_true(checked > 1000);
     assert_true(reverse_calls > 0); /* the 20000-token vocabularies split */
+    /* top-p's proposals: some kept, some refused, some decided by their
+     * weights where the coarse masses' bounds could not (ties) */
+    for (int k = 0; k < 3; k++)
+        if (!(proposals[k] > 0))
+            fail_msg("no top-p proposal %s (%llu %llu %llu)",
+                     k == 0 ? "kept" : k == 1 ? "refused" : "decided by its weight",
+                     (unsigned long long)proposals[0], (unsigned long long)proposals[1],
+                     (unsigned long long)proposals[2]);
     sw_free(logits);
     sw_free(a);
     sw_free(b);
@@ -931,6 +944,36 @@ static void test_kernels_match_scalar(void **state)
                 assert_memory_equal(want_kept, kept, sizeof kept);
                 if (stores >= 2)
                     assert_memory_equal(want, got, sizeof(float) * V);
+            }
+            /* the coarse masses, with the same kept sums and the total of
+             * every mass; then their sums above thresholds (none, a mass some
+             * share, the largest coarse mass and past it), from an odd start */
+            for (int with_min_p = 0; with_min_p < 2; with_min_p++) {
+                float min_p = with_min_p ? 0.01f : 0.0f;
+                uint16_t *c = (uint16_t *)(void *)members, *want_c = (uint16_t *)(void *)want_members;
+                uint64_t total = 0, want_total = 0, all = 0;
+                eng__sampler_weights_scalar(logits, V, 5.0f, scales[t], min_p, NULL, want_kept);
+                eng__sampler_coarse_scalar(logits, V, 5.0f, scales[t], min_p, want_c, kept,
+                                           &want_total);
+                assert_memory_equal(want_kept, kept, sizeof kept);
+                ks[k]->coarse(logits, V, 5.0f, scales[t], min_p, c, kept, &total);
+                assert_memory_equal(want_kept, kept, sizeof kept);
+                assert_memory_equal(want_c, c, sizeof(uint16_t) * V);
+                assert_true(total == want_total);
+                for (int i = 0; i < V; i++) {
+                    assert_int_equal(c[i], (uint32_t)(want[i] * ENG_SAMPLER_MASS_SCALE) >>
+                                               ENG_SAMPLER_COARSE_SHIFT);
+                    all += (uint64_t)(want[i] * ENG_SAMPLER_MASS_SCALE);
+                }
+                assert_true(total == all);
+                const uint32_t thresholds[] = {0, 1, c[100], c[100] + 1u, 16384, 16385, 70000};
+                for (size_t ti = 0; ti < sizeof thresholds / sizeof thresholds[0]; ti++)
+                    for (uint32_t add = 0; add < 2; add++)
+                        for (int32_t from = 0; from < 80; from += 37)
+                            assert_true(ks[k]->coarse_sum(c, from, V - from, thresholds[ti],
+                                                          add) ==
+                                        eng__sampler_coarse_sum_scalar(c, from, V - from,
+                                                                       thresholds[ti], add));
             }
             /* a range of top-level buckets: its members and the masses above
              * it, from the start and from a later block */

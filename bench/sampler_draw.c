@@ -166,8 +166,9 @@ int main(int argc, char **argv)
         if (m == 3) { /* top-p's proposals (sampler-impl.h) */
             uint64_t proposals[3];
             eng__sampler_proposals(s, proposals);
-            printf("  proposals refused: %.1f%%",
-                   100.0 * (double)proposals[1] / (double)(proposals[0] + proposals[1]));
+            printf("  proposals refused: %.1f%%, checked on their weights: %.1f%%",
+                   100.0 * (double)proposals[1] / (double)(proposals[0] + proposals[1]),
+                   100.0 * (double)proposals[2] / (double)(proposals[0] + proposals[1]));
         }
         printf("\n");
         eng_sampler_free(s);

@@ -16,8 +16,9 @@
  *   2. temperature <= 0: greedy. The argmax; ties go to the lowest id.
  *   3. Otherwise: top-k (the k largest logits, ties by lowest id; a heap
  *      selection that skips, a vector at a time, logits that cannot enter
- *      it, so small k never sorts the vocabulary; the k survivors are then
- *      put in id order). Each candidate then gets a weight relative to the
+ *      it, so small k never sorts the vocabulary, on each chunk of the
+ *      vocabulary when a draw has threads, then over the chunks' k best;
+ *      the k survivors are then put in id order). Each candidate then gets a weight relative to the
  *      best one, exp((logit - max) / temperature) as a power of two,
  *        e = eng__sampler_exp2((logit - max) * scale),
  *        scale = log2(e) / temperature
@@ -405,17 +406,17 @@ static void sampler_heap_down(eng_candidate *h, size_t n, size_t i)
  * a larger id, so it ranks after), so runs of those that cannot are
  * skipped by first_above, 8 or 16 at a time. */
 static void sampler_select_top_k(const eng__sampler_kernels *kern, eng_candidate *cand,
-                                 const float *logits, int32_t n, int32_t k)
+                                 const float *logits, int32_t id0, int32_t n, int32_t k)
 {
     for (int32_t i = 0; i < k; i++) {
         cand[i].value = logits[i];
-        cand[i].id = i;
+        cand[i].id = id0 + i;
     }
     for (size_t i = (size_t)k / 2; i-- > 0;)
         sampler_heap_down(cand, (size_t)k, i);
     for (int32_t i = kern->first_above(logits, k, n, cand[0].value); i < n;
          i = kern->first_above(logits, i + 1, n, cand[0].value)) {
-        cand[0] = (eng_candidate){logits[i], i};
+        cand[0] = (eng_candidate){logits[i], id0 + i};
         sampler_heap_down(cand, (size_t)k, 0);
     }
 }
@@ -667,6 +668,7 @@ typedef struct sampler_pass {
     float max, scale, min_p;       /* weigh: min_p >= 0 */
     bool store;                    /* weigh: store the weights */
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
+    int32_t top_k;                 /* top_k: the k of each chunk's selection */
     float e_cut;                   /* through: the mass at or before (e_cut, id_cut) */
     int32_t id_cut;
     uint32_t c_threshold, c_add;   /* coarse_sum's */
@@ -734,6 +736,40 @@ static void sampler_through_task(void *arg, int32_t c)
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
     ps->chunk_total[c] = ps->s->kern->kept_mass(ps->s->weight, b, e, ps->e_cut, ps->id_cut);
+}
+
+/* A chunk's top-k (ps->top_k of its logits, with their ids) as a heap at
+ * cand + its start. */
+static void sampler_top_k_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    sampler_select_top_k(ps->s->kern, ps->s->cand + b, ps->logits + b, b, e - b, ps->top_k);
+}
+
+/* top-k's selection into cand[0..k), a heap: each chunk's k best, then the
+ * k best of theirs (the same set: each of the k best overall is among its
+ * chunk's), where every chunk has k logits at least; else on one thread. */
+static void sampler_top_k(eng_sampler *s, sampler_pass *ps, int32_t k)
+{
+    int32_t b, e;
+    sampler_chunk(ps, ps->n_chunks - 1, &b, &e);
+    if (ps->n_chunks == 1 || e - b < k) {
+        sampler_select_top_k(s->kern, s->cand, ps->logits, 0, ps->n, k);
+        return;
+    }
+    ps->top_k = k;
+    sampler_run(ps, sampler_top_k_task);
+    for (int32_t c = 1; c < ps->n_chunks; c++) {
+        sampler_chunk(ps, c, &b, &e);
+        memmove(s->cand + (size_t)c * (size_t)k, s->cand + b, sizeof *s->cand * (size_t)k);
+    }
+    for (int32_t i = k; i < ps->n_chunks * k; i++)
+        if (sampler_before(&s->cand[i], &s->cand[0])) {
+            s->cand[0] = s->cand[i];
+            sampler_heap_down(s->cand, (size_t)k, 0);
+        }
 }
 
 /* A chunk's coarse masses into coarse, its masses per block (min-p's) into
@@ -1267,7 +1303,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     if (p->top_k > 0 && p->top_k < n) {
         n_cand = p->top_k;
         cand = s->cand;
-        sampler_select_top_k(kern, cand, logits, n, n_cand);
+        sampler_top_k(s, &ps, n_cand);
         qsort(cand, (size_t)n_cand, sizeof *cand, sampler_cmp_id);
         for (int32_t i = 0; i < n_cand; i++)
             s->values[i] = cand[i].value;

@@ -18,8 +18,9 @@
  *      selection that skips, a vector at a time, logits that cannot enter
  *      it, so small k never sorts the vocabulary, on each chunk of the
  *      vocabulary when a draw has threads, then over the chunks' k best;
- *      the k survivors are then put in id order). Each candidate then gets a weight relative to the
- *      best one, exp((logit - max) / temperature) as a power of two,
+ *      the k survivors are then put in id order). Each candidate then gets
+ *      a weight relative to the best one, exp((logit - max) / temperature)
+ *      as a power of two,
  *        e = eng__sampler_exp2((logit - max) * scale),
  *        scale = log2(e) / temperature
  *      in single precision (log2(e) rounded to float, ENG_SAMPLER_LOG2E,
@@ -63,14 +64,15 @@
  * Linear time, and few passes over the vocabulary. Without top-p a draw
  * reads the logits twice: the maximum, then the masses summed per block of
  * ENG_SAMPLER_BLOCK candidates (nothing stored); the pick walks the block
- * sums and recomputes the weights of the one block it lands in. top-p
- * stores the weights in that pass, and a proposal needs one more pass, over
- * the stored weights: the mass at or above its weight, which is the mass
- * ranked before it but its own unless others tie with it (then the mass
- * at or before it in the order, exactly). With min-p, one more such pass
- * gives W. So top-p costs about one pass over the weights more than
- * temperature alone, and its cut is never looked for unless every proposal
- * is refused (at top_p 0.95, fewer than 1 draw in 10^10).
+ * sums and recomputes the weights of the one block it lands in. top-p's
+ * pass also stores each candidate's coarse mass (mass >> 11, 16 bits) and
+ * sums every mass (W, whatever min-p keeps), and a proposal needs one more
+ * pass, over the coarse masses: they bound the mass ranked before it from
+ * above and from below (sampler_coarse_verdict), and only where the bounds
+ * cannot tell are the weights stored and the mass at or before it in the
+ * order summed exactly. So top-p costs temperature's passes and about half
+ * a pass more, and its cut is never looked for unless every proposal is
+ * refused (at top_p 0.95, fewer than 1 draw in 10^10).
  *
  * The cut, when it is looked for, is found with nothing sorted but a
  * handful of tokens (sampler_cut): the bits of a non-negative float order
@@ -90,12 +92,12 @@
  * pure function of (seed, k, j), built from the splitmix64 finaliser, so
  * there is no hidden state to save or restore beyond the counter.
  *
- * Memory: every buffer (candidates, top-k's survivors, weights, block
- * sums, the groups of a search, the histograms, penalty counts, the bias
- * list, the weights of top-p's samples) is allocated once at create, about
- * 32 bytes per vocabulary entry and 52 KiB of histograms; sampling allocates
- * nothing. A vocabulary of more than
- * 2^23 entries is refused at create.
+ * Memory: every buffer (candidates, top-k's survivors, weights, coarse
+ * masses, block sums, the groups of a search, the histograms, penalty
+ * counts, the bias list, the weights of top-p's samples) is allocated once
+ * at create, about 34 bytes per vocabulary entry and 52 KiB of histograms;
+ * sampling allocates nothing. A vocabulary of more than 2^23 entries is
+ * refused at create.
  */
 /* CMakeLists.txt compiles this file and its kernels with -ffp-contract=off. */
 

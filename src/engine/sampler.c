@@ -1355,6 +1355,15 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         s->total += ps.chunk_total[c];
     uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
     const uint64_t target = need > 0 ? need - 1 : 0;
+    if (target < ((uint64_t)1 << 25)) {
+        /* top-p keeps only the first in the order (the best's mass, 2^25,
+         * reaches the target): the lowest id of weight 1, whose coarse mass
+         * is the largest there is */
+        int32_t pos = 0;
+        while (pos < n_cand - 1 && s->coarse[pos] != (1u << (25 - ENG_SAMPLER_COARSE_SHIFT)))
+            pos++;
+        return cand ? cand[pos].id : pos;
+    }
     bool stored = false; /* the weights, for the exact checks and the search */
     for (int32_t j = 0; j < s->attempts; j++) {
         uint64_t uj = j == 0 ? u : sampler_uniform_bits(p->seed, draw, (uint64_t)j);

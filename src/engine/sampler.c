@@ -589,18 +589,17 @@ static inline bool sampler_at_or_before(float e, int32_t i, float e_cut, int32_t
 void eng__sampler_coarse_scalar(const float *logits, int32_t n, float max, float scale,
                                 float min_p, uint16_t *c, uint64_t *kept, uint64_t *total)
 {
+    float w[ENG_SAMPLER_BLOCK];
     uint64_t all = 0;
     for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
-        int32_t b1 = n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : n;
-        uint64_t k = 0;
-        for (int32_t i = b0; i < b1; i++) {
-            float w = eng__sampler_exp2((logits[i] - max) * scale);
-            uint64_t m = sampler_mass(w);
-            c[i] = (uint16_t)(m >> ENG_SAMPLER_COARSE_SHIFT);
+        int32_t len = n - b0 > ENG_SAMPLER_BLOCK ? ENG_SAMPLER_BLOCK : n - b0;
+        eng__sampler_weights_scalar(logits + b0, len, max, scale, min_p, w,
+                                    kept + b0 / ENG_SAMPLER_BLOCK);
+        for (int32_t i = 0; i < len; i++) {
+            uint64_t m = sampler_mass(w[i]);
+            c[b0 + i] = (uint16_t)(m >> ENG_SAMPLER_COARSE_SHIFT);
             all += m;
-            k += m & (0 - (uint64_t)(w >= min_p));
         }
-        kept[b0 / ENG_SAMPLER_BLOCK] = k;
     }
     *total = all;
 }
@@ -797,15 +796,21 @@ static void sampler_coarse_sum_task(void *arg, int32_t c)
         ps->s->kern->coarse_sum(ps->s->coarse, b, e, ps->c_threshold, ps->c_add);
 }
 
-static uint64_t sampler_coarse_sum(sampler_pass *ps, uint32_t threshold, uint32_t add)
+/* A pass whose chunks each leave a sum in chunk_total: their total. */
+static uint64_t sampler_run_sum(sampler_pass *ps, void (*fn)(void *arg, int32_t chunk))
 {
-    ps->c_threshold = threshold;
-    ps->c_add = add;
-    sampler_run(ps, sampler_coarse_sum_task);
+    sampler_run(ps, fn);
     uint64_t sum = 0;
     for (int32_t c = 0; c < ps->n_chunks; c++)
         sum += ps->chunk_total[c];
     return sum;
+}
+
+static uint64_t sampler_coarse_sum(sampler_pass *ps, uint32_t threshold, uint32_t add)
+{
+    ps->c_threshold = threshold;
+    ps->c_add = add;
+    return sampler_run_sum(ps, sampler_coarse_sum_task);
 }
 
 /* Whether a proposal of mass m (coarse mass c) lies in top-p's prefix,
@@ -839,11 +844,7 @@ static uint64_t sampler_mass_through(sampler_pass *ps, float e_cut, int32_t id_c
 {
     ps->e_cut = e_cut;
     ps->id_cut = id_cut;
-    sampler_run(ps, sampler_through_task);
-    uint64_t mass = 0;
-    for (int32_t c = 0; c < ps->n_chunks; c++)
-        mass += ps->chunk_total[c];
-    return mass;
+    return sampler_run_sum(ps, sampler_through_task);
 }
 
 /* A chunk's members of the top-level buckets [lo, hi], at group_a + its

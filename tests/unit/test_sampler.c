@@ -603,6 +603,19 @@ static int ref_cmp_logit(const void *pa, const void *pb)
     return ref_cmp(pa, pb); /* the same order on a logit in .e */
 }
 
+/* The pick from n candidates in id order, of mass total, with the uniform
+ * integer u: the first whose cumulative mass exceeds floor(u * total / 2^53). */
+static int32_t ref_pick(const ref_cand *c, int32_t n, uint64_t total, uint64_t u)
+{
+    uint64_t target = (uint64_t)(((unsigned __int128)u * total) >> 53), cum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        cum += (uint64_t)(int32_t)(c[i].e * ENG_SAMPLER_MASS_SCALE);
+        if (cum > target)
+            return c[i].id;
+    }
+    return -1;
+}
+
 /* The documented draw (sampler.c's top comment), written as plainly as
  * possible: sort every candidate, cut, walk (top-p's proposals first, at
  * most attempts of them). Only the exponential is the sampler's own
@@ -678,14 +691,8 @@ static int32_t ref_sample_attempts(const eng_sampler_params *p, float *logits, i
         assert_non_null(byid);
         memcpy(byid, c, sizeof *byid * (size_t)len_min);
         qsort(byid, (size_t)len_min, sizeof *byid, ref_cmp_id);
-        uint64_t uj = eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j);
-        uint64_t target = (uint64_t)(((unsigned __int128)uj * mass_min) >> 53), cum = 0;
-        int32_t id = -1;
-        for (int32_t i = 0; i < len_min && id < 0; i++) {
-            cum += (uint64_t)(int32_t)(byid[i].e * ENG_SAMPLER_MASS_SCALE);
-            if (cum > target)
-                id = byid[i].id;
-        }
+        int32_t id = ref_pick(byid, len_min, mass_min,
+                              eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j));
         sw_free(byid);
         bool in_kept = false;
         for (int32_t r = 0; r < len && !in_kept; r++)
@@ -698,15 +705,7 @@ static int32_t ref_sample_attempts(const eng_sampler_params *p, float *logits, i
     /* the pick walks the kept candidates by id, with the number after the
      * proposals' */
     qsort(c, (size_t)len, sizeof *c, ref_cmp_id);
-    uint64_t u = eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j);
-    uint64_t target = (uint64_t)(((unsigned __int128)u * kept) >> 53);
-    uint64_t cum = 0;
-    int32_t id = -1;
-    for (int32_t i = 0; i < len && id < 0; i++) {
-        cum += (uint64_t)(int32_t)(c[i].e * ENG_SAMPLER_MASS_SCALE);
-        if (cum > target)
-            id = c[i].id;
-    }
+    int32_t id = ref_pick(c, len, kept, eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j));
     sw_free(c);
     return id;
 }

@@ -156,10 +156,10 @@ struct eng_sampler {
     uint64_t proposals[3]; /* top-p's proposals kept, refused, and decided by
                               their weights (the coarse masses' bounds could
                               not) */
-    uint64_t cut_paths[4]; /* top-p cuts found among the estimate's buckets
-                              (the one-pass window, or with stored weights),
-                              among the candidates above them, in buckets
-                              below them, from the exact histogram */
+    uint64_t cut_paths[4]; /* top-p cuts (the exact search's) found among the
+                              estimate's buckets, among the candidates above
+                              them, in buckets below them, from the exact
+                              histogram */
     uint32_t *counts;     /* n_vocab: penalty counts, all zero between calls */
     uint64_t mass_top[SAMPLER_BUCKETS]; /* mass per top 12 bits of e: estimated, exact */
     uint32_t count_top[SAMPLER_BUCKETS]; /* the estimate's candidates per bucket */
@@ -1113,7 +1113,7 @@ static int32_t sampler_refine(eng_sampler *s, const float *e, const int32_t *gro
 
 /* top-p's cut: the first candidate of the order whose cumulative mass
  * exceeds target (below the total mass s->total), with *through = the mass
- * up to and including it. The window pass has stored the weights, gathered
+ * up to and including it. The weights are stored, the gather has put
  * the m members of the top-level buckets [ps->lo, ps->hi] into group_a and
  * left the masses above ps->hi per block in kept; mass_top holds the
  * estimated histogram. When the cut lies among the members it is refined

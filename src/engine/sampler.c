@@ -1367,7 +1367,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     }
     bool stored = false; /* the weights, for the exact checks and the search */
     for (int32_t j = 0; j < s->attempts; j++) {
-        uint64_t uj = j == 0 ? u : sampler_uniform_bits(p->seed, draw, (uint64_t)j);
+        uint64_t uj = sampler_uniform_bits(p->seed, draw, (uint64_t)j); /* j 0: u */
         int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(uj, proposed), false, 0.0f, 0);
         /* kept when the mass ranked before it reaches no further than
          * target: always when min-p's whole set does not (top-p's prefix
@@ -1379,9 +1379,10 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         int verdict = proposed <= target ? 1 : sampler_coarse_verdict(&ps, c, m, target);
         if (verdict < 0) {
             s->proposals[2]++;
-            if (!stored)
+            if (!stored) {
                 sampler_store_weights(&ps);
-            stored = true;
+                stored = true;
+            }
             verdict = sampler_mass_through(&ps, e, pos) - m <= target;
         }
         if (verdict) {

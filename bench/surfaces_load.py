@@ -2,8 +2,9 @@
 """Hundreds of clients on every generation surface at once, the GPU worker
 SIGKILLed under them: a `spillway serve` of config/demo.ini (on a port,
 pool and state directory of its own), CLIENTS threads each sending
-REQUESTS requests in turn from chat completions (streamed), the Responses
-API (whole and streamed), Anthropic's Messages (streamed) and embeddings;
+REQUESTS requests in turn from chat completions (streamed, sampled with
+temperature 0.8 and top_p 0.95), the Responses API (whole, sampled as
+chat is, and streamed), Anthropic's Messages (streamed) and embeddings;
 KILL_AFTER seconds in, the gpu worker gets SIGKILL (the router restarts
 it). Every answer must be well formed in its own protocol: a 200 with a
 whole body, or a stream that ends as its protocol ends one (chat's
@@ -64,8 +65,10 @@ c.close()
 PROMPT = 'Once upon a time'
 SURFACES = {
     'chat': ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': PROMPT}],
-                                      'max_tokens': TOKENS, 'stream': True}),
-    'responses': ('/v1/responses', {'input': PROMPT, 'max_output_tokens': TOKENS}),
+                                      'max_tokens': TOKENS, 'stream': True,
+                                      'temperature': 0.8, 'top_p': 0.95}),
+    'responses': ('/v1/responses', {'input': PROMPT, 'max_output_tokens': TOKENS,
+                                    'temperature': 0.8, 'top_p': 0.95}),
     'responses-stream': ('/v1/responses', {'input': PROMPT, 'max_output_tokens': TOKENS,
                                            'stream': True}),
     'messages-stream': ('/v1/messages', {'model': MODEL, 'max_tokens': TOKENS, 'stream': True,

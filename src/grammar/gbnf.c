@@ -564,9 +564,9 @@ const eng_gbnf_node *eng_gbnf_node_at(const eng_gbnf *g, int32_t node)
     return &g->nodes[node];
 }
 
-const eng_gbnf_range *eng_gbnf_ranges(const eng_gbnf *g)
+const eng_gbnf_range *eng_gbnf_class_ranges(const eng_gbnf *g, const eng_gbnf_node *nd)
 {
-    return g->ranges;
+    return nd->n_ranges > 0 ? g->ranges + nd->range_off : NULL;
 }
 
 /* ---- the reference matcher ---------------------------------------------- */

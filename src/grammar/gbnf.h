@@ -47,7 +47,7 @@ typedef struct eng_gbnf_node {
     int32_t min, max;        /* ENG_GBNF_REP */
     int32_t rule;            /* ENG_GBNF_REF */
     bool negated;            /* ENG_GBNF_CLASS */
-    int32_t range_off, n_ranges; /* ENG_GBNF_CLASS: in eng_gbnf_ranges() */
+    int32_t range_off, n_ranges; /* ENG_GBNF_CLASS: eng_gbnf_class_ranges() */
 } eng_gbnf_node;
 
 /* Immutable once parsed. */
@@ -72,7 +72,8 @@ const char *eng_gbnf_rule_name(const eng_gbnf *g, int32_t rule);
 /* The syntax node of a rule's body. */
 int32_t eng_gbnf_rule_body(const eng_gbnf *g, int32_t rule);
 const eng_gbnf_node *eng_gbnf_node_at(const eng_gbnf *g, int32_t node);
-const eng_gbnf_range *eng_gbnf_ranges(const eng_gbnf *g);
+/* A class node's n_ranges ranges (NULL when it has none, as `[]` does). */
+const eng_gbnf_range *eng_gbnf_class_ranges(const eng_gbnf *g, const eng_gbnf_node *nd);
 
 /* The grammar of what may follow text (UTF-8) under g, as GBNF text
  * (*out, sw_free): a string w is in its root's language exactly when

@@ -119,11 +119,11 @@ static bool text_cp(gc_text *t, uint32_t cp)
 /* A class's ranges, the surrogates (never a character) left out. */
 static bool text_class(gc_text *t, const eng_gbnf_node *nd, const eng_gbnf_range *ranges)
 {
-    if (!nd->negated && nd->n_ranges == 1 && ranges[nd->range_off].lo == ranges[nd->range_off].hi)
-        return text_cp(t, ranges[nd->range_off].lo);
+    if (!nd->negated && nd->n_ranges == 1 && ranges[0].lo == ranges[0].hi)
+        return text_cp(t, ranges[0].lo);
     bool ok = text_str(t, nd->negated ? "[^" : "[");
     for (int32_t i = 0; ok && i < nd->n_ranges; i++) {
-        uint32_t lo = ranges[nd->range_off + i].lo, hi = ranges[nd->range_off + i].hi;
+        uint32_t lo = ranges[i].lo, hi = ranges[i].hi;
         for (int part = 0; ok && part < 2; part++) {
             uint32_t a = part ? (lo > 0xE000 ? lo : 0xE000) : lo;
             uint32_t b = part ? hi : (hi < 0xD7FF ? hi : 0xD7FF);
@@ -157,7 +157,7 @@ static bool text_node(gc *c, int32_t x, gc_text *t)
     const eng_gbnf_node *nd = eng_gbnf_node_at(c->gb, x);
     bool ok = true;
     switch (nd->kind) {
-    case ENG_GBNF_CLASS: return text_class(t, nd, eng_gbnf_ranges(c->gb));
+    case ENG_GBNF_CLASS: return text_class(t, nd, eng_gbnf_class_ranges(c->gb, nd));
     case ENG_GBNF_REF:
         return text_str(t, "(?:") && text_str(t, c->rule_text[nd->rule]) && text_str(t, ")");
     case ENG_GBNF_SEQ:

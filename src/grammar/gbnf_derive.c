@@ -278,7 +278,7 @@ static int expand_all(dv_work *w, dv_set *out)
 
 static bool class_has(const eng_gbnf *g, const eng_gbnf_node *nd, uint32_t cp)
 {
-    const eng_gbnf_range *r = eng_gbnf_ranges(g) + nd->range_off;
+    const eng_gbnf_range *r = eng_gbnf_class_ranges(g, nd);
     bool in = false;
     for (int32_t i = 0; i < nd->n_ranges && !in; i++)
         in = cp >= r[i].lo && cp <= r[i].hi;
@@ -322,7 +322,7 @@ static size_t utf8_decode(const uint8_t *s, size_t avail, uint32_t *cp)
 static bool is_single(const eng_gbnf *g, const eng_gbnf_node *nd)
 {
     return nd->kind == ENG_GBNF_CLASS && !nd->negated && nd->n_ranges == 1 &&
-           eng_gbnf_ranges(g)[nd->range_off].lo == eng_gbnf_ranges(g)[nd->range_off].hi;
+           eng_gbnf_class_ranges(g, nd)[0].lo == eng_gbnf_class_ranges(g, nd)[0].hi;
 }
 
 typedef struct dv_print {
@@ -366,7 +366,7 @@ static void print_seq(const dv_print *pr, int32_t first, int depth)
         if (is_single(g, nd)) {
             if (!in_lit)
                 eng__gb_str(pr->o, any ? " \"" : "\"");
-            eng__gb_char(pr->o, eng_gbnf_ranges(g)[nd->range_off].lo);
+            eng__gb_char(pr->o, eng_gbnf_class_ranges(g, nd)[0].lo);
             in_lit = true;
         } else {
             if (in_lit)
@@ -438,7 +438,7 @@ static void print_node(const dv_print *pr, int32_t node, int depth)
         print_rule_name(pr, nd->rule);
         return;
     case ENG_GBNF_CLASS: {
-        const eng_gbnf_range *r = eng_gbnf_ranges(g) + nd->range_off;
+        const eng_gbnf_range *r = eng_gbnf_class_ranges(g, nd);
         if (is_single(g, nd)) {
             eng__gb_str(pr->o, "\"");
             eng__gb_char(pr->o, r[0].lo);

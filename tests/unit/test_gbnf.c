@@ -86,7 +86,7 @@ static void test_structure(void **state)
     const eng_gbnf_node *cls = eng_gbnf_node_at(g, b->first);
     assert_int_equal(cls->kind, ENG_GBNF_CLASS);
     assert_int_equal(cls->n_ranges, 3);
-    assert_int_equal(eng_gbnf_ranges(g)[cls->range_off + 1].lo, '\t');
+    assert_int_equal(eng_gbnf_class_ranges(g, cls)[1].lo, '\t');
     const eng_gbnf_node *ref = eng_gbnf_node_at(g, cls->next);
     assert_int_equal(ref->kind, ENG_GBNF_REF);
     assert_int_equal(ref->rule, ws);

@@ -41,6 +41,8 @@ static const dcase g_cases[] = {
     {"root ::= \"hello\" | \"help\" | \"he\"", {"hello", "help", "he", "hex", "hellos", ""}},
     /* classes, negated classes and any character */
     {"root ::= [a-c]+ [^a-c] .", {"abx1", "ab", "cba\xc3\xa9\xe2\x82\xac", "a-b", "aa\n\t"}},
+    /* a class that matches nothing, repeated and alone */
+    {"root ::= []* \"a\" | [] \"b\" | \"c\" []?", {"a", "b", "c", "ca", ""}},
     /* bounded and unbounded repetitions */
     {"root ::= \"a\"{2,4} \"b\"{3} (\"c\" \"d\"?)*",
      {"aabbb", "aaaabbbcdcc", "aaaaabbb", "abbb", "aabb", "aabbbdc", "aaabbbcdd"}},

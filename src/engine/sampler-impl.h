@@ -28,6 +28,25 @@
 
 /* NaN -> -inf in place; returns the largest value (-inf if none). */
 typedef float (*eng__sampler_sanitize_max_fn)(float *logits, int32_t n);
+/* sanitize_max's work, and the lane maxima: lane_max[16 b + l] = the
+ * largest of lane l of block b, the candidates b * ENG_SAMPLER_BLOCK + l +
+ * 16 r (-inf for a lane without one), for the ceil(n / ENG_SAMPLER_BLOCK)
+ * blocks of the n. */
+typedef float (*eng__sampler_sanitize_lanes_fn)(float *logits, int32_t n, float *lane_max);
+/* The envelope of n candidates from their lane maxima: per lane, e =
+ * eng__sampler_exp2((lane_max - max) * scale) and m its mass; lane_env =
+ * m + ENG_SAMPLER_SLACK where e > 0 and e >= min_env, else 0; per block,
+ * block_env = the sum of its lanes' lane_env times their members, block_low
+ * = the sum of their m, block_emax = the largest e. */
+typedef void (*eng__sampler_envelope_fn)(const float *lane_max, int32_t n, float max,
+                                         float scale, float min_env, uint32_t *lane_env,
+                                         uint64_t *block_env, uint64_t *block_low,
+                                         float *block_emax);
+/* Over n <= ENG_SAMPLER_BLOCK candidates, with e = eng__sampler_exp2((logits[i]
+ * - max) * scale): the sum of the masses of those with e > threshold, and
+ * into *total the sum of all their masses. */
+typedef uint64_t (*eng__sampler_rank_fn)(const float *logits, int32_t n, float max, float scale,
+                                         float threshold, uint64_t *total);
 /* The largest of n values (no NaN among them). */
 typedef float (*eng__sampler_max_fn)(const float *logits, int32_t n);
 /* The weights of n candidates, e[i] = eng__sampler_exp2((logits[i] - max)
@@ -55,10 +74,6 @@ typedef uint64_t (*eng__sampler_kept_mass_fn)(const float *e, int32_t from, int3
 typedef void (*eng__sampler_coarse_fn)(const float *logits, int32_t n, float max, float scale,
                                        float min_p, uint16_t *c, uint64_t *kept,
                                        uint64_t *total);
-/* The sum of c[i] + add (add 0 or 1) over the i in [from, to) with c[i] >=
- * threshold. */
-typedef uint64_t (*eng__sampler_coarse_sum_fn)(const uint16_t *c, int32_t from, int32_t to,
-                                               uint32_t threshold, uint32_t add);
 /* The first index in [from, n) whose value is above threshold, or n. */
 typedef int32_t (*eng__sampler_first_above_fn)(const float *values, int32_t from, int32_t n,
                                                float threshold);
@@ -79,6 +94,9 @@ typedef int32_t (*eng__sampler_above_fn)(const float *values, int32_t n, float t
 
 typedef struct eng__sampler_kernels {
     eng__sampler_sanitize_max_fn sanitize_max;
+    eng__sampler_sanitize_lanes_fn sanitize_lanes;
+    eng__sampler_envelope_fn envelope;
+    eng__sampler_rank_fn rank;
     eng__sampler_max_fn max;
     eng__sampler_weights_fn weights;
     eng__sampler_fine_sums_fn fine_sums;
@@ -87,7 +105,6 @@ typedef struct eng__sampler_kernels {
     eng__sampler_above_fn above;
     eng__sampler_kept_mass_fn kept_mass;
     eng__sampler_coarse_fn coarse;
-    eng__sampler_coarse_sum_fn coarse_sum;
 } eng__sampler_kernels;
 
 /* e -> integer mass: 2^25, so that a block's masses summed in 32-bit
@@ -97,6 +114,25 @@ typedef struct eng__sampler_kernels {
  * nothing to the sum) */
 #define ENG_SAMPLER_FINE_SCALE 1099511627776.0f
 #define ENG_SAMPLER_BLOCK 512 /* candidates per block of the draw's walk (kept sums) */
+/* A block's lanes (the envelope's blocks: every 16th candidate of a
+ * block, 32 of them) */
+#define ENG_SAMPLER_LANES 16
+/* How many masses eng__sampler_exp2 can lose as its argument rises (2, in
+ * a check of every float in [-116, 0]): a lane's envelope adds this to the
+ * mass of its largest logit, so it bounds every member's from above. */
+#define ENG_SAMPLER_SLACK 2
+/* The envelope's trials in a draw before its pick walks the kept set:
+ * without min-p each keeps a candidate with probability above 1/33 (a lane
+ * holds 32, and the slack adds at most 2 * n_vocab / 32 <= 2^24 to the
+ * envelope, half the best's mass), so all of them fail fewer than 1 draw in
+ * 10^13. */
+#define ENG_SAMPLER_TRIALS 1024
+/* A lane is live for min-p when its largest weight is at least min_p times
+ * this, and a block may hold a candidate ranked before one of weight e when
+ * its largest weight is at least e times this: eng__sampler_exp2 falls by
+ * less than 8.5e-8 of itself as its argument rises (the same check), so a
+ * lane's largest logit has a weight this close to any member's at least. */
+#define ENG_SAMPLER_NEAR 0.999999f
 /* mass >> this: a coarse mass, below 2^14 + 1, so c + 1 is a positive
  * 16-bit integer (the vector kernels add pairs of them in 32-bit lanes) */
 #define ENG_SAMPLER_COARSE_SHIFT 11
@@ -121,8 +157,12 @@ uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to,
                                        int32_t id_cut);
 void eng__sampler_coarse_scalar(const float *logits, int32_t n, float max, float scale,
                                 float min_p, uint16_t *c, uint64_t *kept, uint64_t *total);
-uint64_t eng__sampler_coarse_sum_scalar(const uint16_t *c, int32_t from, int32_t to,
-                                        uint32_t threshold, uint32_t add);
+float eng__sampler_sanitize_lanes_scalar(float *logits, int32_t n, float *lane_max);
+void eng__sampler_envelope_scalar(const float *lane_max, int32_t n, float max, float scale,
+                                  float min_env, uint32_t *lane_env, uint64_t *block_env,
+                                  uint64_t *block_low, float *block_emax);
+uint64_t eng__sampler_rank_scalar(const float *logits, int32_t n, float max, float scale,
+                                  float threshold, uint64_t *total);
 
 /* For tests: how many of s's top-p cuts (its exact search, after the
  * proposals) were found among the top-level buckets the estimate pointed

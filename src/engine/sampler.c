@@ -170,6 +170,16 @@ struct eng_sampler {
     uint64_t mass_sub[SAMPLER_BUCKETS]; /* mass per 10 bits, inside one bucket */
     float *sample_w;      /* one in eng__sampler_stride(n_vocab): the weights of
                              top-p's estimate's samples */
+    /* the envelope, per lane (16 per block of ENG_SAMPLER_BLOCK candidates)
+     * and per block: */
+    float *lane_max;      /* the largest logit of each lane */
+    uint32_t *lane_env;   /* each member's envelope mass */
+    uint64_t *env_cum;    /* n_blocks + 1: the envelope of the blocks before */
+    uint64_t *block_low;  /* the masses of its lanes' largest: below its own */
+    float *block_emax;    /* its largest weight */
+    uint8_t *block_known; /* top-p: its mass is summed, into w_low */
+    uint64_t w_low;       /* top-p: every candidate's mass, from below (exact
+                             once every block is known) */
 };
 
 eng_sampler_params eng_sampler_default_params(void)
@@ -214,8 +224,16 @@ eng_sampler *eng_sampler_create(const eng_sampler_params *params, int32_t n_voca
     s->group_c = sw_calloc((size_t)n_vocab, sizeof *s->group_c);
     size_t n_samples = (size_t)n_vocab / (size_t)eng__sampler_stride(n_vocab) + 1;
     s->sample_w = sw_calloc(n_samples, sizeof *s->sample_w);
+    const size_t n_blocks = ((size_t)n_vocab + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    s->lane_max = sw_calloc(n_blocks * ENG_SAMPLER_LANES, sizeof *s->lane_max);
+    s->lane_env = sw_calloc(n_blocks * ENG_SAMPLER_LANES, sizeof *s->lane_env);
+    s->env_cum = sw_calloc(n_blocks + 1, sizeof *s->env_cum);
+    s->block_low = sw_calloc(n_blocks, sizeof *s->block_low);
+    s->block_emax = sw_calloc(n_blocks, sizeof *s->block_emax);
+    s->block_known = sw_calloc(n_blocks, sizeof *s->block_known);
     if (!s->cand || !s->counts || !s->values || !s->weight || !s->coarse || !s->kept ||
-        !s->group_a || !s->group_b || !s->group_c || !s->sample_w)
+        !s->group_a || !s->group_b || !s->group_c || !s->sample_w || !s->lane_max ||
+        !s->lane_env || !s->env_cum || !s->block_low || !s->block_emax || !s->block_known)
         goto fail;
     if (params->n_bias > 0 && params->bias_ids && params->bias_values) {
         int32_t *ids = sw_malloc(sizeof *ids * (size_t)params->n_bias);
@@ -248,6 +266,12 @@ void eng_sampler_free(eng_sampler *s)
     sw_free(s->group_b);
     sw_free(s->group_c);
     sw_free(s->sample_w);
+    sw_free(s->lane_max);
+    sw_free(s->lane_env);
+    sw_free(s->env_cum);
+    sw_free(s->block_low);
+    sw_free(s->block_emax);
+    sw_free(s->block_known);
     sw_free((void *)s->params.bias_ids);
     sw_free((void *)s->params.bias_values);
     sw_free(s);
@@ -425,6 +449,19 @@ static void sampler_select_top_k(const eng__sampler_kernels *kern, eng_candidate
 
 /* ---- the draw ------------------------------------------------------------ */
 
+static inline uint32_t sampler_bits(float e)
+{
+    uint32_t b;
+    memcpy(&b, &e, sizeof b);
+    return b;
+}
+
+static inline uint64_t sampler_mass(float e)
+{
+    /* through int32_t: e * 2^25 <= 2^25, the vector kernels' conversion */
+    return (uint64_t)(int32_t)(e * ENG_SAMPLER_MASS_SCALE);
+}
+
 float eng__sampler_exp2(float t)
 {
     /* 2^t = 2^k * 2^f, k = round(t) (ties to even: the vector kernels'
@@ -493,11 +530,83 @@ int32_t eng__sampler_above_scalar(const float *values, int32_t n, float threshol
     return m;
 }
 
+/* The members of lane l of block b, of n candidates. */
+static inline int32_t sampler_lane_members(int32_t n, int32_t b, int32_t l)
+{
+    int32_t len = n - b * ENG_SAMPLER_BLOCK;
+    len = len < ENG_SAMPLER_BLOCK ? len : ENG_SAMPLER_BLOCK;
+    return len > l ? (len - l + ENG_SAMPLER_LANES - 1) / ENG_SAMPLER_LANES : 0;
+}
+
+float eng__sampler_sanitize_lanes_scalar(float *logits, int32_t n, float *lane_max)
+{
+    float m = -INFINITY;
+    for (int32_t b0 = 0; b0 < n; b0 += ENG_SAMPLER_BLOCK) {
+        float *lm = lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES;
+        for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++)
+            lm[l] = -INFINITY;
+        for (int32_t i = b0; i < n && i < b0 + ENG_SAMPLER_BLOCK; i++) {
+            if (isnan(logits[i]))
+                logits[i] = -INFINITY;
+            if (logits[i] > lm[(i - b0) % ENG_SAMPLER_LANES])
+                lm[(i - b0) % ENG_SAMPLER_LANES] = logits[i];
+            if (logits[i] > m)
+                m = logits[i];
+        }
+    }
+    return m;
+}
+
+void eng__sampler_envelope_scalar(const float *lane_max, int32_t n, float max, float scale,
+                                  float min_env, uint32_t *lane_env, uint64_t *block_env,
+                                  uint64_t *block_low, float *block_emax)
+{
+    for (int32_t b = 0; b * ENG_SAMPLER_BLOCK < n; b++) {
+        uint64_t env = 0, low = 0;
+        float emax = 0.0f;
+        for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++) {
+            int32_t k = b * ENG_SAMPLER_LANES + l;
+            float e = eng__sampler_exp2((lane_max[k] - max) * scale);
+            uint64_t m = sampler_mass(e);
+            lane_env[k] = e > 0.0f && e >= min_env ? (uint32_t)m + ENG_SAMPLER_SLACK : 0;
+            env += (uint64_t)lane_env[k] * (uint64_t)sampler_lane_members(n, b, l);
+            low += m;
+            emax = e > emax ? e : emax;
+        }
+        block_env[b] = env;
+        block_low[b] = low;
+        block_emax[b] = emax;
+    }
+}
+
+uint64_t eng__sampler_rank_scalar(const float *logits, int32_t n, float max, float scale,
+                                  float threshold, uint64_t *total)
+{
+    uint64_t above = 0, all = 0;
+    for (int32_t i = 0; i < n; i++) {
+        float e = eng__sampler_exp2((logits[i] - max) * scale);
+        uint64_t m = sampler_mass(e);
+        all += m;
+        above += e > threshold ? m : 0;
+    }
+    *total = all;
+    return above;
+}
+
 static const eng__sampler_kernels sampler_kernels_scalar = {
-    sampler_scalar_sanitize_max,   sampler_scalar_max,         eng__sampler_weights_scalar,
-    eng__sampler_fine_sums_scalar, eng__sampler_range_scalar,  sampler_scalar_first_above,
-    eng__sampler_above_scalar,     eng__sampler_kept_mass_scalar, eng__sampler_coarse_scalar,
-    eng__sampler_coarse_sum_scalar};
+    .sanitize_max = sampler_scalar_sanitize_max,
+    .sanitize_lanes = eng__sampler_sanitize_lanes_scalar,
+    .envelope = eng__sampler_envelope_scalar,
+    .rank = eng__sampler_rank_scalar,
+    .max = sampler_scalar_max,
+    .weights = eng__sampler_weights_scalar,
+    .fine_sums = eng__sampler_fine_sums_scalar,
+    .range = eng__sampler_range_scalar,
+    .first_above = sampler_scalar_first_above,
+    .above = eng__sampler_above_scalar,
+    .kept_mass = eng__sampler_kept_mass_scalar,
+    .coarse = eng__sampler_coarse_scalar,
+};
 
 /* The kernels of the instruction set the CPU kernels use (cpu_kernels_isa:
  * what the CPU has, lowered by SPILLWAY_CPU_KERNELS or a test). */
@@ -511,19 +620,6 @@ static const eng__sampler_kernels *sampler_kernels(void)
         return &eng__sampler_kernels_avx2;
 #endif
     return &sampler_kernels_scalar;
-}
-
-static inline uint32_t sampler_bits(float e)
-{
-    uint32_t b;
-    memcpy(&b, &e, sizeof b);
-    return b;
-}
-
-static inline uint64_t sampler_mass(float e)
-{
-    /* through int32_t: e * 2^25 <= 2^25, the vector kernels' conversion */
-    return (uint64_t)(int32_t)(e * ENG_SAMPLER_MASS_SCALE);
 }
 
 /* floor(u * total / 2^53) for u < 2^53, without 128-bit integers. */
@@ -604,15 +700,6 @@ void eng__sampler_coarse_scalar(const float *logits, int32_t n, float max, float
     *total = all;
 }
 
-uint64_t eng__sampler_coarse_sum_scalar(const uint16_t *c, int32_t from, int32_t to,
-                                        uint32_t threshold, uint32_t add)
-{
-    uint64_t sum = 0;
-    for (int32_t i = from; i < to; i++)
-        sum += c[i] >= threshold ? c[i] + add : 0;
-    return sum;
-}
-
 uint64_t eng__sampler_kept_mass_scalar(const float *e, int32_t from, int32_t to, float e_cut,
                                        int32_t id_cut)
 {
@@ -664,15 +751,13 @@ typedef struct sampler_pass {
     eng_sampler *s;
     int32_t n, n_chunks;
     float *logits;                 /* sanitize: the whole vocabulary */
+    bool lanes;                    /* sanitize: the lane maxima too */
     int32_t stride;                /* the estimate's: eng__sampler_stride(n) */
     const float *values;           /* weigh: the candidates' logits */
     float max, scale, min_p;       /* weigh: min_p >= 0 */
     bool store;                    /* weigh: store the weights */
     uint32_t lo, hi;               /* gather: the range of top-level buckets */
     int32_t top_k;                 /* top_k: the k of each chunk's selection */
-    float e_cut;                   /* through: the mass at or before (e_cut, id_cut) */
-    int32_t id_cut;
-    uint32_t c_threshold, c_add;   /* coarse_sum's */
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
     uint64_t chunk_total[SAMPLER_LANES]; /* coarse, through: the chunk's mass */
@@ -701,7 +786,11 @@ static void sampler_sanitize_task(void *arg, int32_t c)
     sampler_pass *ps = arg;
     int32_t b, e;
     sampler_chunk(ps, c, &b, &e);
-    ps->chunk_max[c] = ps->s->kern->sanitize_max(ps->logits + b, e - b);
+    ps->chunk_max[c] =
+        ps->lanes ? ps->s->kern->sanitize_lanes(
+                        ps->logits + b, e - b,
+                        ps->s->lane_max + b / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES)
+                  : ps->s->kern->sanitize_max(ps->logits + b, e - b);
 }
 
 static inline uint32_t sampler_key(float e)
@@ -727,16 +816,6 @@ static void sampler_weigh_task(void *arg, int32_t c)
     ps->s->kern->weights(ps->values + b, e - b, ps->max, ps->scale, ps->min_p,
                          ps->store ? ps->s->weight + b : NULL,
                          ps->s->kept + b / ENG_SAMPLER_BLOCK);
-}
-
-/* A chunk's mass at or before (ps->e_cut, ps->id_cut) in the order, of
- * the stored weights, into chunk_total. */
-static void sampler_through_task(void *arg, int32_t c)
-{
-    sampler_pass *ps = arg;
-    int32_t b, e;
-    sampler_chunk(ps, c, &b, &e);
-    ps->chunk_total[c] = ps->s->kern->kept_mass(ps->s->weight, b, e, ps->e_cut, ps->id_cut);
 }
 
 /* A chunk's top-k (ps->top_k of its logits, with their ids) as a heap at
@@ -773,6 +852,54 @@ static void sampler_top_k(eng_sampler *s, sampler_pass *ps, int32_t k)
         }
 }
 
+/* top-k's selection from the lane maxima (sanitize's, of all n logits),
+ * when k is at most a quarter of the blocks: with t the k-th largest of the
+ * blocks' maxima (finite), k blocks hold a logit of t at least, so the k-th
+ * largest logit is t or above, and each of the k best (and every logit tied
+ * with the k-th) is a logit of t or above in a lane whose maximum is t or
+ * above. Those, gathered in id order (the weights' and group_b's room), go
+ * through the heap selection: the same set as the whole vocabulary's.
+ * Returns false, having done nothing, where it does not apply. */
+static bool sampler_top_k_lanes(eng_sampler *s, const float *logits, int32_t n, int32_t k)
+{
+    const int32_t n_blocks = (n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    const int32_t n_lanes = n_blocks * ENG_SAMPLER_LANES;
+    if (k > n_blocks / 4 || n < n_lanes) /* group_a holds n lanes */
+        return false;
+    float *block_max = s->block_emax; /* the envelope's room, free until it */
+    for (int32_t b = 0; b < n_blocks; b++)
+        block_max[b] = s->kern->max(s->lane_max + (size_t)b * ENG_SAMPLER_LANES,
+                                    ENG_SAMPLER_LANES);
+    sampler_select_top_k(s->kern, s->cand, block_max, 0, n_blocks, k);
+    const float t = s->cand[0].value;
+    if (!(t > -INFINITY))
+        return false;
+    int32_t *lane = s->group_a, *ids = s->group_b;
+    float *values = s->weight;
+    const float below = nextafterf(t, -INFINITY);
+    int32_t m = s->kern->above(s->lane_max, n_lanes, below, lane, n_lanes);
+    int32_t g = 0;
+    for (int32_t j = 0; j < m;) {
+        const int32_t b = lane[j] / ENG_SAMPLER_LANES;
+        uint32_t mask = 0;
+        for (; j < m && lane[j] / ENG_SAMPLER_LANES == b; j++)
+            mask |= 1u << (lane[j] % ENG_SAMPLER_LANES);
+        for (int32_t row = b * ENG_SAMPLER_BLOCK; row < n && row < (b + 1) * ENG_SAMPLER_BLOCK;
+             row += ENG_SAMPLER_LANES)
+            for (uint32_t rest = mask; rest; rest &= rest - 1) {
+                int32_t i = row + __builtin_ctz(rest);
+                if (i < n && logits[i] > below) {
+                    values[g] = logits[i];
+                    ids[g++] = i;
+                }
+            }
+    }
+    sampler_select_top_k(s->kern, s->cand, values, 0, g, k);
+    for (int32_t i = 0; i < k; i++)
+        s->cand[i].id = ids[s->cand[i].id];
+    return true;
+}
+
 /* A chunk's coarse masses into coarse, its masses per block (min-p's) into
  * kept, all of them into chunk_total. */
 static void sampler_coarse_task(void *arg, int32_t c)
@@ -785,66 +912,12 @@ static void sampler_coarse_task(void *arg, int32_t c)
                     s->kept + b / ENG_SAMPLER_BLOCK, &ps->chunk_total[c]);
 }
 
-/* A chunk's sum of coarse masses (coarse_sum with ps->c_threshold, ps->c_add)
- * into chunk_total. */
-static void sampler_coarse_sum_task(void *arg, int32_t c)
-{
-    sampler_pass *ps = arg;
-    int32_t b, e;
-    sampler_chunk(ps, c, &b, &e);
-    ps->chunk_total[c] =
-        ps->s->kern->coarse_sum(ps->s->coarse, b, e, ps->c_threshold, ps->c_add);
-}
-
-/* A pass whose chunks each leave a sum in chunk_total: their total. */
-static uint64_t sampler_run_sum(sampler_pass *ps, void (*fn)(void *arg, int32_t chunk))
-{
-    sampler_run(ps, fn);
-    uint64_t sum = 0;
-    for (int32_t c = 0; c < ps->n_chunks; c++)
-        sum += ps->chunk_total[c];
-    return sum;
-}
-
-static uint64_t sampler_coarse_sum(sampler_pass *ps, uint32_t threshold, uint32_t add)
-{
-    ps->c_threshold = threshold;
-    ps->c_add = add;
-    return sampler_run_sum(ps, sampler_coarse_sum_task);
-}
-
-/* Whether a proposal of mass m (coarse mass c) lies in top-p's prefix,
- * from the coarse masses (the pass that made them): 1 when the mass ranked
- * before it surely reaches no further than target, 0 when it surely does,
- * -1 when only its weight can tell. Every candidate ranked before it has a
- * mass of at least m, so a coarse mass of at least c, and a mass below
- * (coarse + 1) << shift: the upper bound, less its own mass. Every one with
- * a coarse mass above c has a mass above m, so a weight above its own, and
- * ranks before it: the lower bound. */
-static int sampler_coarse_verdict(sampler_pass *ps, uint32_t c, uint64_t m, uint64_t target)
-{
-    if ((sampler_coarse_sum(ps, c, 1) << ENG_SAMPLER_COARSE_SHIFT) - m <= target)
-        return 1;
-    if ((sampler_coarse_sum(ps, c + 1, 0) << ENG_SAMPLER_COARSE_SHIFT) > target)
-        return 0;
-    return -1;
-}
-
 /* The weights stored, every candidate's, for the exact checks and the
  * cut's search (kept stays min-p's, as the coarse pass left it). */
 static void sampler_store_weights(sampler_pass *ps)
 {
     ps->store = true;
     sampler_run(ps, sampler_weigh_task);
-}
-
-/* The mass of the stored weights at or before (e_cut, id_cut) in the
- * order. */
-static uint64_t sampler_mass_through(sampler_pass *ps, float e_cut, int32_t id_cut)
-{
-    ps->e_cut = e_cut;
-    ps->id_cut = id_cut;
-    return sampler_run_sum(ps, sampler_through_task);
 }
 
 /* A chunk's members of the top-level buckets [lo, hi], at group_a + its
@@ -1255,6 +1328,100 @@ static int32_t sampler_pick(eng_sampler *s, const sampler_pass *ps, uint64_t tar
     return 0;
 }
 
+/* ---- the envelope's trials ----------------------------------------------- */
+
+/* Trial with the uniform integer u: target = floor(u * E / 2^53) in the
+ * envelope E, the block and lane where the envelope's cumulative mass
+ * exceeds it (blocks ascending, then lanes), r = what is left of target
+ * there; the lane's member r / v (v its envelope mass) is proposed and kept
+ * when r mod v is below its mass and its weight is at least min-p's. Every
+ * candidate is kept with probability mass / E. Returns its index, or -1. */
+static int32_t sampler_trial(eng_sampler *s, const sampler_pass *ps, uint64_t u)
+{
+    const int32_t n = ps->n, n_blocks = (n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    const uint64_t target = sampler_scale_u53(u, s->env_cum[n_blocks]);
+    int32_t lo = 0, hi = n_blocks; /* env_cum[lo] <= target < env_cum[hi] */
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (s->env_cum[mid] <= target)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    uint64_t r = target - s->env_cum[lo];
+    const uint32_t *env = s->lane_env + (size_t)lo * ENG_SAMPLER_LANES;
+    int32_t l = 0;
+    for (; l < ENG_SAMPLER_LANES - 1; l++) {
+        uint64_t lane = (uint64_t)env[l] * (uint64_t)sampler_lane_members(n, lo, l);
+        if (r < lane)
+            break;
+        r -= lane;
+    }
+    const int32_t i = lo * ENG_SAMPLER_BLOCK + l + ENG_SAMPLER_LANES * (int32_t)(r / env[l]);
+    const float e = eng__sampler_exp2((ps->values[i] - ps->max) * ps->scale);
+    return r % env[l] < sampler_mass(e) && e >= ps->min_p ? i : -1;
+}
+
+/* top-p's prefix for a total mass W: the candidates with at most this
+ * mass ranked before them (trunc(top_p * W) - 1; at least the first) */
+static uint64_t sampler_top_p_target(float top_p, uint64_t total)
+{
+    uint64_t need = top_p > 0.0f ? (uint64_t)((double)top_p * (double)total) : 0;
+    return need > 0 ? need - 1 : 0;
+}
+
+/* Block b's candidates weighed: the mass of those ranked before candidate
+ * i, of weight e (before i in the block: e' >= e, i.e. above the float
+ * below e; from i on: e' > e); the block's whole mass replaces its lower
+ * bound in w_low. */
+static uint64_t sampler_block_before(eng_sampler *s, const sampler_pass *ps, int32_t b,
+                                     int32_t i, float e)
+{
+    const int32_t b0 = b * ENG_SAMPLER_BLOCK;
+    const int32_t b1 = ps->n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : ps->n;
+    const int32_t mid = i < b0 ? b0 : i > b1 ? b1 : i;
+    uint64_t before = 0, t0 = 0, t1 = 0;
+    if (mid > b0)
+        before += s->kern->rank(ps->values + b0, mid - b0, ps->max, ps->scale,
+                                nextafterf(e, 0.0f), &t0);
+    if (mid < b1)
+        before += s->kern->rank(ps->values + mid, b1 - mid, ps->max, ps->scale, e, &t1);
+    if (!s->block_known[b]) {
+        s->block_known[b] = 1;
+        s->w_low += t0 + t1 - s->block_low[b];
+    }
+    return before;
+}
+
+/* Whether candidate i lies in top-p's prefix: the mass ranked before it,
+ * from the blocks that can hold such candidates, against the target of a
+ * lower bound of the total (their masses, and the others' lanes' largest);
+ * where that cannot tell, against the exact total (every block weighed). */
+static bool sampler_in_top_p(eng_sampler *s, const sampler_pass *ps, int32_t i, float top_p)
+{
+    const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    const float e = eng__sampler_exp2((ps->values[i] - ps->max) * ps->scale);
+    const float near = e * ENG_SAMPLER_NEAR;
+    uint64_t before = 0;
+    for (int32_t b = 0; b < n_blocks; b++)
+        if (s->block_emax[b] >= near)
+            before += sampler_block_before(s, ps, b, i, e);
+    if (before <= sampler_top_p_target(top_p, s->w_low))
+        return true;
+    s->proposals[2]++;
+    for (int32_t b = 0; b < n_blocks; b++) {
+        if (s->block_known[b])
+            continue;
+        const int32_t b0 = b * ENG_SAMPLER_BLOCK;
+        const int32_t b1 = ps->n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : ps->n;
+        uint64_t mass;
+        s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->scale, 0.0f, NULL, &mass);
+        s->block_known[b] = 1;
+        s->w_low += mass - s->block_low[b];
+    }
+    return before <= sampler_top_p_target(top_p, s->w_low);
+}
+
 int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history,
                            size_t n_history)
 {
@@ -1268,8 +1435,10 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     int32_t chunks = 1;
     if (s->threads.for_each && s->threads.n_threads >= 2)
         chunks = s->threads.n_threads >= 4 ? 4 : 2;
+    /* the lane maxima of the vocabulary: the envelope's, or top-k's */
+    const bool lanes = p->temperature > 0.0f && !(p->min_p > 1.0f);
     sampler_pass ps = {.s = s, .n = n, .n_chunks = n >= SAMPLER_PARALLEL_MIN ? chunks : 1,
-                       .logits = logits,
+                       .logits = logits, .lanes = lanes,
                        .stride = eng__sampler_stride(n)};
     sampler_run(&ps, sampler_sanitize_task);
     float max = ps.chunk_max[0];
@@ -1290,7 +1459,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         edited = true;
     }
     if (edited)
-        max = kern->max(logits, n);
+        max = lanes ? kern->sanitize_lanes(logits, n, s->lane_max) : kern->max(logits, n);
 
     /* Greedy, or min-p keeping only the best: the first candidate at the
      * maximum (ties to the lowest id; all -inf: id 0). */
@@ -1306,12 +1475,13 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     if (p->top_k > 0 && p->top_k < n) {
         n_cand = p->top_k;
         cand = s->cand;
-        sampler_top_k(s, &ps, n_cand);
+        if (!sampler_top_k_lanes(s, logits, n, n_cand))
+            sampler_top_k(s, &ps, n_cand);
         qsort(cand, (size_t)n_cand, sizeof *cand, sampler_cmp_id);
         for (int32_t i = 0; i < n_cand; i++)
             s->values[i] = cand[i].value;
         values = s->values;
-        max = kern->max(values, n_cand);
+        max = kern->sanitize_lanes(s->values, n_cand, s->lane_max);
     }
     if (!(max > -INFINITY) || max == INFINITY) {
         /* Degenerate: nothing has finite mass (all -inf), or +inf
@@ -1331,31 +1501,51 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     ps.values = values;
     ps.max = max;
     ps.scale = scale;
+    ps.min_p = min_p;
+    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    kern->envelope(s->lane_max, n_cand, max, scale, min_p * ENG_SAMPLER_NEAR, s->lane_env,
+                   s->env_cum + 1, s->block_low, s->block_emax);
+    s->env_cum[0] = 0;
+    for (int32_t b = 0; b < n_blocks; b++)
+        s->env_cum[b + 1] += s->env_cum[b];
+    const uint64_t u_last = sampler_uniform_bits(p->seed, draw, ENG_SAMPLER_TRIALS);
     if (!(p->top_p < 1.0f)) {
-        ps.min_p = min_p;
+        for (int32_t j = 0; j < ENG_SAMPLER_TRIALS; j++) {
+            int32_t pos = sampler_trial(s, &ps, j ? sampler_uniform_bits(p->seed, draw, j) : u);
+            if (pos >= 0)
+                return cand ? cand[pos].id : pos;
+        }
+        /* every trial refused: the walk */
         sampler_run(&ps, sampler_weigh_task);
-        const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
         uint64_t kept = 0;
         for (int32_t b = 0; b < n_blocks; b++)
             kept += s->kept[b]; /* min-p's set (the best at least), or every mass */
-        int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u, kept), false, 0.0f, 0);
+        int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u_last, kept), false, 0.0f, 0);
         return cand ? cand[pos].id : pos;
     }
 
-    /* top-p: proposals from min-p's set (every candidate without min-p),
-     * each kept when it lies in top-p's prefix; after s->attempts refusals,
-     * the cut searched for */
-    ps.min_p = min_p;
-    sampler_run(&ps, sampler_coarse_task);
-    const int32_t n_blocks = (n_cand + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    uint64_t proposed = 0; /* min-p's set's mass, or every candidate's */
-    s->total = 0;
+    /* top-p: proposals from the envelope's trials, each kept when it lies
+     * in top-p's prefix; after s->attempts refusals, the cut searched for */
+    memset(s->block_known, 0, (size_t)n_blocks);
+    s->w_low = 0;
     for (int32_t b = 0; b < n_blocks; b++)
-        proposed += s->kept[b];
+        s->w_low += s->block_low[b];
+    for (int32_t j = 0, proposed = 0; j < ENG_SAMPLER_TRIALS && proposed < s->attempts; j++) {
+        int32_t pos = sampler_trial(s, &ps, j ? sampler_uniform_bits(p->seed, draw, j) : u);
+        if (pos < 0)
+            continue;
+        proposed++;
+        if (sampler_in_top_p(s, &ps, pos, p->top_p)) {
+            s->proposals[0]++;
+            return cand ? cand[pos].id : pos;
+        }
+        s->proposals[1]++;
+    }
+    sampler_run(&ps, sampler_coarse_task);
+    s->total = 0;
     for (int32_t c = 0; c < ps.n_chunks; c++)
         s->total += ps.chunk_total[c];
-    uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)s->total) : 0;
-    const uint64_t target = need > 0 ? need - 1 : 0;
+    const uint64_t target = sampler_top_p_target(p->top_p, s->total);
     if (target < ((uint64_t)1 << 25)) {
         /* top-p keeps only the first in the order (the best's mass, 2^25,
          * reaches the target): the lowest id of weight 1, whose coarse mass
@@ -1365,37 +1555,9 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
             pos++;
         return cand ? cand[pos].id : pos;
     }
-    bool stored = false; /* the weights, for the exact checks and the search */
-    for (int32_t j = 0; j < s->attempts; j++) {
-        uint64_t uj = sampler_uniform_bits(p->seed, draw, (uint64_t)j); /* j 0: u */
-        int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(uj, proposed), false, 0.0f, 0);
-        /* kept when the mass ranked before it reaches no further than
-         * target: always when min-p's whole set does not (top-p's prefix
-         * holds it then); else decided by the coarse masses' bounds on
-         * that mass, or where it lies between them, exactly */
-        const float e = s->weight[pos];
-        const uint64_t m = sampler_mass(e);
-        const uint32_t c = (uint32_t)(m >> ENG_SAMPLER_COARSE_SHIFT);
-        int verdict = proposed <= target ? 1 : sampler_coarse_verdict(&ps, c, m, target);
-        if (verdict < 0) {
-            s->proposals[2]++;
-            if (!stored) {
-                sampler_store_weights(&ps);
-                stored = true;
-            }
-            verdict = sampler_mass_through(&ps, e, pos) - m <= target;
-        }
-        if (verdict) {
-            s->proposals[0]++;
-            return cand ? cand[pos].id : pos;
-        }
-        s->proposals[1]++;
-    }
-    if (!stored)
-        sampler_store_weights(&ps);
+    sampler_store_weights(&ps);
     /* the exact search: the estimate, the buckets around its cut gathered,
      * the cut searched for from there */
-    const uint64_t u_last = sampler_uniform_bits(p->seed, draw, (uint64_t)s->attempts);
     sampler_estimate(s, &ps);
     sampler_estimate_window(s, p->top_p, &ps.lo, &ps.hi);
     int32_t m = sampler_gather(s, &ps, ps.lo, ps.hi);

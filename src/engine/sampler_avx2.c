@@ -231,31 +231,6 @@ static void avx2_coarse(const float *logits, int32_t n, float max, float scale, 
     *total = all;
 }
 
-/* 16 coarse masses to a vector: those at or above the threshold (max(v, t)
- * == v), plus add, summed in pairs into 32-bit lanes. */
-static uint64_t avx2_coarse_sum(const uint16_t *c, int32_t from, int32_t to, uint32_t threshold,
-                                uint32_t add)
-{
-    if (threshold > 0xffff) /* no coarse mass reaches it */
-        return 0;
-    const __m256i vt = _mm256_set1_epi16((short)threshold), vadd = _mm256_set1_epi16((short)add);
-    const __m256i ones = _mm256_set1_epi16(1);
-    uint64_t total = 0;
-    int32_t i = from;
-    while (i + 16 <= to) {
-        int32_t end = to - i > ENG_SAMPLER_BLOCK ? i + ENG_SAMPLER_BLOCK : to;
-        __m256i sum = _mm256_setzero_si256();
-        for (; i + 16 <= end; i += 16) {
-            __m256i v = _mm256_loadu_si256((const void *)(c + i));
-            __m256i ge = _mm256_cmpeq_epi16(_mm256_max_epu16(v, vt), v);
-            __m256i w = _mm256_and_si256(_mm256_add_epi16(v, vadd), ge);
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(w, ones));
-        }
-        total += avx2_sum32(sum);
-    }
-    return total + eng__sampler_coarse_sum_scalar(c, i, to, threshold, add);
-}
-
 static uint64_t avx2_kept_mass(const float *e, int32_t from, int32_t to, float e_cut,
                                int32_t id_cut)
 {
@@ -445,8 +420,118 @@ static int32_t avx2_above(const float *values, int32_t n, float threshold, int32
     return m;
 }
 
+/* 8 logits with NaN made -inf (stored back where there was one). */
+static inline __m256 avx2_sanitized(float *logits)
+{
+    __m256 v = _mm256_loadu_ps(logits);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(nan)) {
+        v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), nan);
+        _mm256_storeu_ps(logits, v);
+    }
+    return v;
+}
+
+/* The lane maxima of whole blocks: a block's 16 lanes in two vectors
+ * (lanes 0-7, 8-15); the last block's part by the scalar code. */
+static float avx2_sanitize_lanes(float *logits, int32_t n, float *lane_max)
+{
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 all = neg_inf;
+    int32_t b0 = 0;
+    for (; b0 + ENG_SAMPLER_BLOCK <= n; b0 += ENG_SAMPLER_BLOCK) {
+        __m256 lo = neg_inf, hi = neg_inf;
+        for (int32_t i = b0; i < b0 + ENG_SAMPLER_BLOCK; i += 16) {
+            lo = _mm256_max_ps(lo, avx2_sanitized(logits + i));
+            hi = _mm256_max_ps(hi, avx2_sanitized(logits + i + 8));
+        }
+        float *lm = lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES;
+        _mm256_storeu_ps(lm, lo);
+        _mm256_storeu_ps(lm + 8, hi);
+        all = _mm256_max_ps(all, _mm256_max_ps(lo, hi));
+    }
+    float m = avx2_hmax(all);
+    if (b0 < n) {
+        float t = eng__sampler_sanitize_lanes_scalar(
+            logits + b0, n - b0, lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES);
+        m = t > m ? t : m;
+    }
+    return m;
+}
+
+/* The envelope of whole blocks, a block's 16 lanes in two vectors; the
+ * last block's by the scalar code. */
+static void avx2_envelope(const float *lane_max, int32_t n, float max, float scale,
+                          float min_env, uint32_t *lane_env, uint64_t *block_env,
+                          uint64_t *block_low, float *block_emax)
+{
+    const __m256 vmax = _mm256_set1_ps(max), vscale = _mm256_set1_ps(scale);
+    const __m256 vmin_env = _mm256_set1_ps(min_env), zero = _mm256_setzero_ps();
+    const __m256i slack = _mm256_set1_epi32(ENG_SAMPLER_SLACK);
+    const int32_t full = n / ENG_SAMPLER_BLOCK;
+    for (int32_t b = 0; b < full; b++) {
+        __m256 e[2];
+        __m256i m[2], env[2];
+        for (int h = 0; h < 2; h++) {
+            const float *lm = lane_max + b * ENG_SAMPLER_LANES + 8 * h;
+            e[h] = avx2_exp2(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(lm), vmax), vscale));
+            m[h] = avx2_masses(e[h]);
+            __m256 live = _mm256_and_ps(_mm256_cmp_ps(e[h], zero, _CMP_GT_OQ),
+                                        _mm256_cmp_ps(e[h], vmin_env, _CMP_GE_OQ));
+            env[h] = _mm256_and_si256(_mm256_castps_si256(live), _mm256_add_epi32(m[h], slack));
+            _mm256_storeu_si256((void *)(lane_env + b * ENG_SAMPLER_LANES + 8 * h), env[h]);
+        }
+        block_env[b] = (avx2_sum32(env[0]) + avx2_sum32(env[1])) *
+                       (ENG_SAMPLER_BLOCK / ENG_SAMPLER_LANES);
+        block_low[b] = avx2_sum32(_mm256_add_epi32(m[0], m[1]));
+        block_emax[b] = avx2_hmax(_mm256_max_ps(e[0], e[1]));
+    }
+    if (full * ENG_SAMPLER_BLOCK < n)
+        eng__sampler_envelope_scalar(lane_max + full * ENG_SAMPLER_LANES,
+                                     n - full * ENG_SAMPLER_BLOCK, max, scale, min_env,
+                                     lane_env + full * ENG_SAMPLER_LANES, block_env + full,
+                                     block_low + full, block_emax + full);
+}
+
+/* At most 64 masses to a 32-bit lane. */
+static uint64_t avx2_rank(const float *logits, int32_t n, float max, float scale,
+                          float threshold, uint64_t *total)
+{
+    const __m256 vmax = _mm256_set1_ps(max), vscale = _mm256_set1_ps(scale);
+    const __m256 vthr = _mm256_set1_ps(threshold);
+    __m256i sum = _mm256_setzero_si256(), above = _mm256_setzero_si256();
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = avx2_exp2(
+            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vmax), vscale));
+        __m256i m = avx2_masses(e);
+        sum = _mm256_add_epi32(sum, m);
+        above = _mm256_add_epi32(
+            above, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(e, vthr, _CMP_GT_OQ)), m));
+    }
+    uint64_t all = avx2_sum32(sum), r = avx2_sum32(above);
+    if (i < n) {
+        uint64_t t;
+        r += eng__sampler_rank_scalar(logits + i, n - i, max, scale, threshold, &t);
+        all += t;
+    }
+    *total = all;
+    return r;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx2 = {
-    avx2_sanitize_max, avx2_max,   avx2_weights, avx2_fine_sums, avx2_range,
-    avx2_first_above,  avx2_above, avx2_kept_mass, avx2_coarse, avx2_coarse_sum};
+    .sanitize_max = avx2_sanitize_max,
+    .sanitize_lanes = avx2_sanitize_lanes,
+    .envelope = avx2_envelope,
+    .rank = avx2_rank,
+    .max = avx2_max,
+    .weights = avx2_weights,
+    .fine_sums = avx2_fine_sums,
+    .range = avx2_range,
+    .first_above = avx2_first_above,
+    .above = avx2_above,
+    .kept_mass = avx2_kept_mass,
+    .coarse = avx2_coarse,
+};
 
 #endif

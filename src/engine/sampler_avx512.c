@@ -231,31 +231,6 @@ static void avx512_coarse(const float *logits, int32_t n, float max, float scale
         avx512_coarse_impl(logits, n, max, scale, min_p, c, kept, total, 1);
 }
 
-/* 32 coarse masses to a vector: those at or above the threshold, plus add,
- * summed in pairs into 32-bit lanes (VPMADDWD: each below 2^15), a block's
- * worth of vectors per 32-bit sum. */
-static uint64_t avx512_coarse_sum(const uint16_t *c, int32_t from, int32_t to,
-                                  uint32_t threshold, uint32_t add)
-{
-    if (threshold > 0xffff) /* no coarse mass reaches it */
-        return 0;
-    const __m512i vt = _mm512_set1_epi16((short)threshold), vadd = _mm512_set1_epi16((short)add);
-    const __m512i ones = _mm512_set1_epi16(1);
-    uint64_t total = 0;
-    int32_t i = from;
-    while (i + 32 <= to) {
-        int32_t end = to - i > ENG_SAMPLER_BLOCK ? i + ENG_SAMPLER_BLOCK : to;
-        __m512i sum = _mm512_setzero_si512();
-        for (; i + 32 <= end; i += 32) {
-            __m512i v = _mm512_loadu_si512((const void *)(c + i));
-            __m512i w = _mm512_maskz_add_epi16(_mm512_cmpge_epu16_mask(v, vt), v, vadd);
-            sum = _mm512_add_epi32(sum, _mm512_madd_epi16(w, ones));
-        }
-        total += avx512_sum32(sum);
-    }
-    return total + eng__sampler_coarse_sum_scalar(c, i, to, threshold, add);
-}
-
 static uint64_t avx512_kept_mass(const float *e, int32_t from, int32_t to, float e_cut,
                                  int32_t id_cut)
 {
@@ -364,9 +339,111 @@ static int32_t avx512_above(const float *values, int32_t n, float threshold, int
     return m;
 }
 
+/* The lane maxima of whole blocks: a block's 32 vectors, its 16 lanes in
+ * their lanes, in two chains (maxima combine in any order); the last
+ * block's part by the scalar code. */
+static float avx512_sanitize_lanes(float *logits, int32_t n, float *lane_max)
+{
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 all = neg_inf;
+    int32_t b0 = 0;
+    for (; b0 + ENG_SAMPLER_BLOCK <= n; b0 += ENG_SAMPLER_BLOCK) {
+        __m512 mx0 = neg_inf, mx1 = neg_inf;
+        for (int32_t i = b0; i < b0 + ENG_SAMPLER_BLOCK; i += 32) {
+            __m512 v0 = _mm512_loadu_ps(logits + i), v1 = _mm512_loadu_ps(logits + i + 16);
+            __mmask16 nan0 = _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q);
+            __mmask16 nan1 = _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+            if (nan0 | nan1) {
+                v0 = _mm512_mask_mov_ps(v0, nan0, neg_inf);
+                v1 = _mm512_mask_mov_ps(v1, nan1, neg_inf);
+                _mm512_storeu_ps(logits + i, v0);
+                _mm512_storeu_ps(logits + i + 16, v1);
+            }
+            mx0 = _mm512_max_ps(mx0, v0);
+            mx1 = _mm512_max_ps(mx1, v1);
+        }
+        __m512 m = _mm512_max_ps(mx0, mx1);
+        _mm512_storeu_ps(lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES, m);
+        all = _mm512_max_ps(all, m);
+    }
+    float m = _mm512_reduce_max_ps(all);
+    if (b0 < n) {
+        float t = eng__sampler_sanitize_lanes_scalar(
+            logits + b0, n - b0, lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES);
+        m = t > m ? t : m;
+    }
+    return m;
+}
+
+/* The envelope of whole blocks, a block's 16 lanes to a vector (each with
+ * ENG_SAMPLER_BLOCK / 16 members); the last block's by the scalar code. */
+static void avx512_envelope(const float *lane_max, int32_t n, float max, float scale,
+                            float min_env, uint32_t *lane_env, uint64_t *block_env,
+                            uint64_t *block_low, float *block_emax)
+{
+    const __m512 vmax = _mm512_set1_ps(max), vscale = _mm512_set1_ps(scale);
+    const __m512 vmin_env = _mm512_set1_ps(min_env), zero = _mm512_setzero_ps();
+    const __m512i slack = _mm512_set1_epi32(ENG_SAMPLER_SLACK);
+    const int32_t full = n / ENG_SAMPLER_BLOCK;
+    for (int32_t b = 0; b < full; b++) {
+        __m512 e = avx512_exp2(_mm512_mul_ps(
+            _mm512_sub_ps(_mm512_loadu_ps(lane_max + b * ENG_SAMPLER_LANES), vmax), vscale));
+        __m512i m = avx512_masses(e);
+        __mmask16 live = _mm512_cmp_ps_mask(e, zero, _CMP_GT_OQ) &
+                         _mm512_cmp_ps_mask(e, vmin_env, _CMP_GE_OQ);
+        __m512i env = _mm512_maskz_add_epi32(live, m, slack);
+        _mm512_storeu_si512((void *)(lane_env + b * ENG_SAMPLER_LANES), env);
+        block_env[b] = avx512_sum32(env) * (ENG_SAMPLER_BLOCK / ENG_SAMPLER_LANES);
+        block_low[b] = avx512_sum32(m);
+        block_emax[b] = _mm512_reduce_max_ps(e);
+    }
+    if (full * ENG_SAMPLER_BLOCK < n)
+        eng__sampler_envelope_scalar(lane_max + full * ENG_SAMPLER_LANES,
+                                     n - full * ENG_SAMPLER_BLOCK, max, scale, min_env,
+                                     lane_env + full * ENG_SAMPLER_LANES, block_env + full,
+                                     block_low + full, block_emax + full);
+}
+
+/* The masses straight from the scaled power of two, compared as e * 2^25
+ * with threshold * 2^25 (both exact); at most 32 to a 32-bit lane. */
+static uint64_t avx512_rank(const float *logits, int32_t n, float max, float scale,
+                            float threshold, uint64_t *total)
+{
+    const __m512 vmax = _mm512_set1_ps(max), vscale = _mm512_set1_ps(scale);
+    const __m512 vthr = _mm512_set1_ps(threshold * ENG_SAMPLER_MASS_SCALE);
+    __m512i sum = _mm512_setzero_si512(), above = _mm512_setzero_si512();
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 w25 = avx512_exp2_times(
+            _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(logits + i), vmax), vscale),
+            ENG_SAMPLER_MASS_SCALE);
+        __m512i m = _mm512_cvttps_epi32(w25);
+        sum = _mm512_add_epi32(sum, m);
+        above = _mm512_mask_add_epi32(above, _mm512_cmp_ps_mask(w25, vthr, _CMP_GT_OQ), above, m);
+    }
+    uint64_t all = avx512_sum32(sum), r = avx512_sum32(above);
+    if (i < n) {
+        uint64_t t;
+        r += eng__sampler_rank_scalar(logits + i, n - i, max, scale, threshold, &t);
+        all += t;
+    }
+    *total = all;
+    return r;
+}
+
 const eng__sampler_kernels eng__sampler_kernels_avx512 = {
-    avx512_sanitize_max, avx512_max,   avx512_weights, avx512_fine_sums, avx512_range,
-    avx512_first_above,  avx512_above, avx512_kept_mass, avx512_coarse,
-    avx512_coarse_sum};
+    .sanitize_max = avx512_sanitize_max,
+    .sanitize_lanes = avx512_sanitize_lanes,
+    .envelope = avx512_envelope,
+    .rank = avx512_rank,
+    .max = avx512_max,
+    .weights = avx512_weights,
+    .fine_sums = avx512_fine_sums,
+    .range = avx512_range,
+    .first_above = avx512_first_above,
+    .above = avx512_above,
+    .kept_mass = avx512_kept_mass,
+    .coarse = avx512_coarse,
+};
 
 #endif

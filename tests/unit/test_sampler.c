@@ -667,8 +667,6 @@ static int32_t ref_sample_attempts(const eng_sampler_params *p, float *logits, i
         while (len < m && c[len].e >= p->min_p)
             len++;
     }
-    const int32_t len_min = len; /* min-p's prefix (every candidate without min-p) */
-    const uint64_t mass_min = kept;
     if (p->top_p < 1.0f) {
         uint64_t need = p->top_p > 0.0f ? (uint64_t)((double)p->top_p * (double)total) : 0;
         uint64_t cum = 0;
@@ -683,30 +681,72 @@ static int32_t ref_sample_attempts(const eng_sampler_params *p, float *logits, i
             len = i + 1;
         }
     }
-    /* top-p's proposals: min-p's prefix walked by id with draw's number
-     * j, the token kept when it ranks in the kept set */
-    int32_t j = 0;
-    for (; p->top_p < 1.0f && j < attempts; j++) {
-        ref_cand *byid = sw_malloc(sizeof *byid * (size_t)len_min);
-        assert_non_null(byid);
-        memcpy(byid, c, sizeof *byid * (size_t)len_min);
-        qsort(byid, (size_t)len_min, sizeof *byid, ref_cmp_id);
-        int32_t id = ref_pick(byid, len_min, mass_min,
-                              eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j));
-        sw_free(byid);
-        bool in_kept = false;
+    ref_cand *sorted = sw_malloc(sizeof *sorted * (size_t)m); /* the order */
+    assert_non_null(sorted);
+    memcpy(sorted, c, sizeof *sorted * (size_t)m);
+    /* the envelope's trials over the candidates in id order: lane l of
+     * block b holds positions b * ENG_SAMPLER_BLOCK + l + 16 r; a lane's
+     * envelope mass is its largest logit's mass + ENG_SAMPLER_SLACK when
+     * that weight is positive and at least min_p * ENG_SAMPLER_NEAR */
+    qsort(c, (size_t)m, sizeof *c, ref_cmp_id);
+    const float min_p = p->min_p > 0.0f ? p->min_p : 0.0f;
+    const int32_t n_lanes = (m + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES;
+    uint64_t *env = sw_calloc((size_t)n_lanes, sizeof *env);
+    int32_t *members = sw_calloc((size_t)n_lanes, sizeof *members);
+    assert_non_null(env);
+    assert_non_null(members);
+    uint64_t env_total = 0;
+    for (int32_t k = 0; k < n_lanes; k++) {
+        int32_t b = k / ENG_SAMPLER_LANES, l = k % ENG_SAMPLER_LANES;
+        float largest = -INFINITY;
+        for (int32_t i = b * ENG_SAMPLER_BLOCK + l;
+             i < m && i < (b + 1) * ENG_SAMPLER_BLOCK; i += ENG_SAMPLER_LANES) {
+            members[k]++;
+            largest = logits[c[i].id] > largest ? logits[c[i].id] : largest;
+        }
+        float e = eng__sampler_exp2((largest - max) * scale);
+        if (e > 0.0f && e >= min_p * ENG_SAMPLER_NEAR)
+            env[k] = (uint64_t)(int32_t)(e * ENG_SAMPLER_MASS_SCALE) + ENG_SAMPLER_SLACK;
+        env_total += env[k] * (uint64_t)members[k];
+    }
+    int32_t j = 0, proposed = 0;
+    for (; j < ENG_SAMPLER_TRIALS && (p->top_p >= 1.0f || proposed < attempts); j++) {
+        uint64_t target = (uint64_t)(((unsigned __int128)eng__sampler_uniform_bits(
+                                          p->seed, draw, (uint64_t)j) *
+                                      env_total) >>
+                                     53);
+        int32_t k = 0;
+        for (; target >= env[k] * (uint64_t)members[k]; k++)
+            target -= env[k] * (uint64_t)members[k];
+        int32_t pos = k / ENG_SAMPLER_LANES * ENG_SAMPLER_BLOCK + k % ENG_SAMPLER_LANES +
+                      ENG_SAMPLER_LANES * (int32_t)(target / env[k]);
+        float e = c[pos].e;
+        if (target % env[k] >= (uint64_t)(int32_t)(e * ENG_SAMPLER_MASS_SCALE) || !(e >= min_p))
+            continue;
+        /* kept: the token, or top-p's proposal, kept when it ranks in the
+         * kept set */
+        bool in_kept = p->top_p >= 1.0f;
         for (int32_t r = 0; r < len && !in_kept; r++)
-            in_kept = c[r].id == id;
+            in_kept = sorted[r].id == c[pos].id;
+        proposed++;
         if (in_kept) {
+            int32_t id = c[pos].id;
             sw_free(c);
+            sw_free(sorted);
+            sw_free(env);
+            sw_free(members);
             return id;
         }
     }
     /* the pick walks the kept candidates by id, with the number after the
-     * proposals' */
-    qsort(c, (size_t)len, sizeof *c, ref_cmp_id);
-    int32_t id = ref_pick(c, len, kept, eng__sampler_uniform_bits(p->seed, draw, (uint64_t)j));
+     * trials' */
+    qsort(sorted, (size_t)len, sizeof *sorted, ref_cmp_id);
+    int32_t id = ref_pick(sorted, len, kept,
+                          eng__sampler_uniform_bits(p->seed, draw, ENG_SAMPLER_TRIALS));
     sw_free(c);
+    sw_free(sorted);
+    sw_free(env);
+    sw_free(members);
     return id;
 }
 
@@ -965,14 +1005,69 @@ static void test_kernels_match_scalar(void **state)
                     all += (uint64_t)(want[i] * ENG_SAMPLER_MASS_SCALE);
                 }
                 assert_true(total == all);
-                const uint32_t thresholds[] = {0, 1, c[100], c[100] + 1u, 16384, 16385, 70000};
+            }
+            /* the lane maxima (NaN cleaned) and the envelope: lengths that
+             * end inside a block, on a block's end, inside the first; with
+             * and without min-p's live rule */
+            {
+                const int32_t lens[] = {V, 5 * ENG_SAMPLER_BLOCK, 5 * ENG_SAMPLER_BLOCK + 7, 300,
+                                        7};
+                enum { NL = NB * ENG_SAMPLER_LANES };
+                float lanes[NL], want_lanes[NL], emax[NB], want_emax[NB];
+                uint32_t env[NL], want_env[NL];
+                uint64_t benv[NB], want_benv[NB], low[NB], want_low[NB];
+                for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                    int32_t len = lens[li], nb = (len + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+                    memcpy(got, logits, sizeof(float) * V);
+                    memcpy(want, logits, sizeof(float) * V);
+                    got[70] = got[len - 1] = want[70] = want[len - 1] = NAN;
+                    float m = ks[k]->sanitize_lanes(got, len, lanes);
+                    assert_true(m == eng__sampler_sanitize_lanes_scalar(want, len, want_lanes));
+                    assert_memory_equal(got, want, sizeof(float) * (size_t)len);
+                    assert_memory_equal(lanes, want_lanes,
+                                        sizeof(float) * (size_t)nb * ENG_SAMPLER_LANES);
+                    for (int32_t i = 0; i < len; i++) {
+                        float *lm = &want_lanes[i / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES +
+                                                i % ENG_SAMPLER_LANES];
+                        assert_true(i == 70 || i == len - 1 ? got[i] == -INFINITY
+                                                            : got[i] == logits[i] && *lm >= got[i]);
+                    }
+                    for (int mp = 0; mp < 2; mp++) {
+                        float min_env = mp ? 0.01f : 0.0f;
+                        ks[k]->envelope(lanes, len, m, scales[t], min_env, env, benv, low, emax);
+                        eng__sampler_envelope_scalar(lanes, len, m, scales[t], min_env, want_env,
+                                                     want_benv, want_low, want_emax);
+                        assert_memory_equal(env, want_env,
+                                            sizeof(uint32_t) * (size_t)nb * ENG_SAMPLER_LANES);
+                        assert_memory_equal(benv, want_benv, sizeof(uint64_t) * (size_t)nb);
+                        assert_memory_equal(low, want_low, sizeof(uint64_t) * (size_t)nb);
+                        assert_memory_equal(emax, want_emax, sizeof(float) * (size_t)nb);
+                    }
+                }
+                /* the ranks of a block's candidates above thresholds: none, a
+                 * weight some share and the float below it, the largest */
+                for (int i = 0; i < V; i++)
+                    want[i] = eng__sampler_exp2((logits[i] - 5.0f) * scales[t]);
+                const float thresholds[] = {-1.0f, 0.0f, want[100], nextafterf(want[100], 0.0f),
+                                            0.5f, 1.0f};
                 for (size_t ti = 0; ti < sizeof thresholds / sizeof thresholds[0]; ti++)
-                    for (uint32_t add = 0; add < 2; add++)
-                        for (int32_t from = 0; from < 80; from += 37)
-                            assert_true(ks[k]->coarse_sum(c, from, V - from, thresholds[ti],
-                                                          add) ==
-                                        eng__sampler_coarse_sum_scalar(c, from, V - from,
-                                                                       thresholds[ti], add));
+                    for (int32_t from = 0; from < V; from += 997) {
+                        int32_t len = V - from < ENG_SAMPLER_BLOCK ? V - from : ENG_SAMPLER_BLOCK;
+                        len -= from % 3; /* inside a vector */
+                        uint64_t total = 0, want_total = 0, above = 0, all = 0;
+                        uint64_t r = ks[k]->rank(logits + from, len, 5.0f, scales[t],
+                                                 thresholds[ti], &total);
+                        assert_true(r == eng__sampler_rank_scalar(logits + from, len, 5.0f,
+                                                                  scales[t], thresholds[ti],
+                                                                  &want_total));
+                        assert_true(total == want_total);
+                        for (int32_t i = from; i < from + len; i++) {
+                            uint64_t w = (uint64_t)(int32_t)(want[i] * ENG_SAMPLER_MASS_SCALE);
+                            all += w;
+                            above += want[i] > thresholds[ti] ? w : 0;
+                        }
+                        assert_true(r == above && total == all);
+                    }
             }
             /* a range of top-level buckets: its members and the masses above
              * it, from the start and from a later block */
@@ -1066,6 +1161,26 @@ static void test_kernels_match_scalar(void **state)
             assert_true(ks[k]->kept_mass(want, 0, 0, 0.0f, 0) == 0);
             assert_true(ks[k]->kept_mass(want, 0, V, 0.5f, 0) == (uint64_t)V << 25);
             assert_true(ks[k]->kept_mass(want, 0, V, 1.0f, V) == (uint64_t)V << 25);
+            /* each lane's envelope 2^25 + the slack, the ranks' 32-bit
+             * lanes at their bound */
+            float lanes[NB * ENG_SAMPLER_LANES], emax[NB];
+            uint32_t env[NB * ENG_SAMPLER_LANES];
+            uint64_t benv[NB], low[NB];
+            assert_true(ks[k]->sanitize_lanes(logits, V, lanes) == 2.5f);
+            ks[k]->envelope(lanes, V, 2.5f, 1.0f, 0.0f, env, benv, low, emax);
+            for (int b = 0; b < NB; b++) {
+                int32_t len = V - b * ENG_SAMPLER_BLOCK < ENG_SAMPLER_BLOCK
+                                  ? V - b * ENG_SAMPLER_BLOCK
+                                  : ENG_SAMPLER_BLOCK;
+                int32_t live = len < ENG_SAMPLER_LANES ? len : ENG_SAMPLER_LANES;
+                assert_true(benv[b] == (uint64_t)len * ((1u << 25) + ENG_SAMPLER_SLACK));
+                assert_true(low[b] == (uint64_t)live << 25);
+                assert_true(emax[b] == 1.0f);
+            }
+            uint64_t all = 0;
+            assert_true(ks[k]->rank(logits, ENG_SAMPLER_BLOCK, 2.5f, 1.0f, 0.5f, &all) ==
+                        (uint64_t)ENG_SAMPLER_BLOCK << 25);
+            assert_true(all == (uint64_t)ENG_SAMPLER_BLOCK << 25);
         }
         cpu_kernels_force_isa(CPU_ISA_AMX);
     }

@@ -432,8 +432,8 @@ static inline __m256 avx2_sanitized(float *logits)
     return v;
 }
 
-/* The lane maxima of whole blocks: a block's 16 lanes in two vectors
- * (lanes 0-7, 8-15); the last block's part by the scalar code. */
+/* The lane maxima: a block's 16 lanes in two vectors (lanes 0-7, 8-15);
+ * the last block's last 15 candidates at most one by one. */
 static float avx2_sanitize_lanes(float *logits, int32_t n, float *lane_max)
 {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
@@ -451,16 +451,30 @@ static float avx2_sanitize_lanes(float *logits, int32_t n, float *lane_max)
         all = _mm256_max_ps(all, _mm256_max_ps(lo, hi));
     }
     float m = avx2_hmax(all);
-    if (b0 < n) {
-        float t = eng__sampler_sanitize_lanes_scalar(
-            logits + b0, n - b0, lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES);
-        m = t > m ? t : m;
+    if (b0 < n) { /* the last block's part: whole pairs of vectors, then one by one */
+        __m256 lo = neg_inf, hi = neg_inf;
+        int32_t i = b0;
+        for (; i + 16 <= n; i += 16) {
+            lo = _mm256_max_ps(lo, avx2_sanitized(logits + i));
+            hi = _mm256_max_ps(hi, avx2_sanitized(logits + i + 8));
+        }
+        float *lm = lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES;
+        _mm256_storeu_ps(lm, lo);
+        _mm256_storeu_ps(lm + 8, hi);
+        for (; i < n; i++) {
+            if (isnan(logits[i]))
+                logits[i] = -INFINITY;
+            if (logits[i] > lm[(i - b0) % ENG_SAMPLER_LANES])
+                lm[(i - b0) % ENG_SAMPLER_LANES] = logits[i];
+        }
+        for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++)
+            m = lm[l] > m ? lm[l] : m;
     }
     return m;
 }
 
-/* The envelope of whole blocks, a block's 16 lanes in two vectors; the
- * last block's by the scalar code. */
+/* The envelope, a block's 16 lanes in two vectors (the sum of a last
+ * block's part weighed by its lanes' members one by one). */
 static void avx2_envelope(const float *lane_max, int32_t n, float max, float scale,
                           float min_env, uint32_t *lane_env, uint64_t *block_env,
                           uint64_t *block_low, float *block_emax)
@@ -468,8 +482,8 @@ static void avx2_envelope(const float *lane_max, int32_t n, float max, float sca
     const __m256 vmax = _mm256_set1_ps(max), vscale = _mm256_set1_ps(scale);
     const __m256 vmin_env = _mm256_set1_ps(min_env), zero = _mm256_setzero_ps();
     const __m256i slack = _mm256_set1_epi32(ENG_SAMPLER_SLACK);
-    const int32_t full = n / ENG_SAMPLER_BLOCK;
-    for (int32_t b = 0; b < full; b++) {
+    const int32_t n_blocks = (n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    for (int32_t b = 0; b < n_blocks; b++) {
         __m256 e[2];
         __m256i m[2], env[2];
         for (int h = 0; h < 2; h++) {
@@ -481,16 +495,19 @@ static void avx2_envelope(const float *lane_max, int32_t n, float max, float sca
             env[h] = _mm256_and_si256(_mm256_castps_si256(live), _mm256_add_epi32(m[h], slack));
             _mm256_storeu_si256((void *)(lane_env + b * ENG_SAMPLER_LANES + 8 * h), env[h]);
         }
-        block_env[b] = (avx2_sum32(env[0]) + avx2_sum32(env[1])) *
+        block_env[b] = avx2_sum32(_mm256_add_epi32(env[0], env[1])) *
                        (ENG_SAMPLER_BLOCK / ENG_SAMPLER_LANES);
         block_low[b] = avx2_sum32(_mm256_add_epi32(m[0], m[1]));
         block_emax[b] = avx2_hmax(_mm256_max_ps(e[0], e[1]));
     }
-    if (full * ENG_SAMPLER_BLOCK < n)
-        eng__sampler_envelope_scalar(lane_max + full * ENG_SAMPLER_LANES,
-                                     n - full * ENG_SAMPLER_BLOCK, max, scale, min_env,
-                                     lane_env + full * ENG_SAMPLER_LANES, block_env + full,
-                                     block_low + full, block_emax + full);
+    const int32_t tail = n % ENG_SAMPLER_BLOCK; /* the last block's lanes hold fewer */
+    if (tail) {
+        uint64_t env = 0;
+        for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++)
+            env += (uint64_t)lane_env[(n_blocks - 1) * ENG_SAMPLER_LANES + l] *
+                   (uint64_t)(tail > l ? (tail - l + ENG_SAMPLER_LANES - 1) / ENG_SAMPLER_LANES : 0);
+        block_env[n_blocks - 1] = env;
+    }
 }
 
 /* At most 64 masses to a 32-bit lane. */

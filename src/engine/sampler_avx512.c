@@ -339,9 +339,9 @@ static int32_t avx512_above(const float *values, int32_t n, float threshold, int
     return m;
 }
 
-/* The lane maxima of whole blocks: a block's 32 vectors, its 16 lanes in
- * their lanes, in two chains (maxima combine in any order); the last
- * block's part by the scalar code. */
+/* The lane maxima: a block's 32 vectors, its 16 lanes in their lanes, in
+ * two chains (maxima combine in any order); the last block's part with
+ * its last vector masked (-inf beyond n). */
 static float avx512_sanitize_lanes(float *logits, int32_t n, float *lane_max)
 {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
@@ -366,17 +366,27 @@ static float avx512_sanitize_lanes(float *logits, int32_t n, float *lane_max)
         _mm512_storeu_ps(lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES, m);
         all = _mm512_max_ps(all, m);
     }
-    float m = _mm512_reduce_max_ps(all);
-    if (b0 < n) {
-        float t = eng__sampler_sanitize_lanes_scalar(
-            logits + b0, n - b0, lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES);
-        m = t > m ? t : m;
+    if (b0 < n) { /* the last block's part: whole vectors, then one masked */
+        __m512 mx = neg_inf;
+        for (int32_t i = b0; i < n; i += 16) {
+            __mmask16 in = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+            __m512 v = _mm512_mask_loadu_ps(neg_inf, in, logits + i);
+            __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            if (nan) {
+                v = _mm512_mask_mov_ps(v, nan, neg_inf);
+                _mm512_mask_storeu_ps(logits + i, in, v);
+            }
+            mx = _mm512_max_ps(mx, v);
+        }
+        _mm512_storeu_ps(lane_max + b0 / ENG_SAMPLER_BLOCK * ENG_SAMPLER_LANES, mx);
+        all = _mm512_max_ps(all, mx);
     }
-    return m;
+    return _mm512_reduce_max_ps(all);
 }
 
-/* The envelope of whole blocks, a block's 16 lanes to a vector (each with
- * ENG_SAMPLER_BLOCK / 16 members); the last block's by the scalar code. */
+/* The envelope, a block's 16 lanes to a vector (each with
+ * ENG_SAMPLER_BLOCK / 16 members but in a last block's part, whose sum is
+ * weighed by its lanes' members one by one). */
 static void avx512_envelope(const float *lane_max, int32_t n, float max, float scale,
                             float min_env, uint32_t *lane_env, uint64_t *block_env,
                             uint64_t *block_low, float *block_emax)
@@ -384,8 +394,8 @@ static void avx512_envelope(const float *lane_max, int32_t n, float max, float s
     const __m512 vmax = _mm512_set1_ps(max), vscale = _mm512_set1_ps(scale);
     const __m512 vmin_env = _mm512_set1_ps(min_env), zero = _mm512_setzero_ps();
     const __m512i slack = _mm512_set1_epi32(ENG_SAMPLER_SLACK);
-    const int32_t full = n / ENG_SAMPLER_BLOCK;
-    for (int32_t b = 0; b < full; b++) {
+    const int32_t n_blocks = (n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
+    for (int32_t b = 0; b < n_blocks; b++) {
         __m512 e = avx512_exp2(_mm512_mul_ps(
             _mm512_sub_ps(_mm512_loadu_ps(lane_max + b * ENG_SAMPLER_LANES), vmax), vscale));
         __m512i m = avx512_masses(e);
@@ -393,15 +403,20 @@ static void avx512_envelope(const float *lane_max, int32_t n, float max, float s
                          _mm512_cmp_ps_mask(e, vmin_env, _CMP_GE_OQ);
         __m512i env = _mm512_maskz_add_epi32(live, m, slack);
         _mm512_storeu_si512((void *)(lane_env + b * ENG_SAMPLER_LANES), env);
-        block_env[b] = avx512_sum32(env) * (ENG_SAMPLER_BLOCK / ENG_SAMPLER_LANES);
-        block_low[b] = avx512_sum32(m);
+        /* 16 lanes of at most 2^25 + 2: the sums fit 32 bits */
+        block_env[b] = (uint64_t)(uint32_t)_mm512_reduce_add_epi32(env) *
+                       (ENG_SAMPLER_BLOCK / ENG_SAMPLER_LANES);
+        block_low[b] = (uint32_t)_mm512_reduce_add_epi32(m);
         block_emax[b] = _mm512_reduce_max_ps(e);
     }
-    if (full * ENG_SAMPLER_BLOCK < n)
-        eng__sampler_envelope_scalar(lane_max + full * ENG_SAMPLER_LANES,
-                                     n - full * ENG_SAMPLER_BLOCK, max, scale, min_env,
-                                     lane_env + full * ENG_SAMPLER_LANES, block_env + full,
-                                     block_low + full, block_emax + full);
+    const int32_t tail = n % ENG_SAMPLER_BLOCK; /* the last block's lanes hold fewer */
+    if (tail) {
+        uint64_t env = 0;
+        for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++)
+            env += (uint64_t)lane_env[(n_blocks - 1) * ENG_SAMPLER_LANES + l] *
+                   (uint64_t)(tail > l ? (tail - l + ENG_SAMPLER_LANES - 1) / ENG_SAMPLER_LANES : 0);
+        block_env[n_blocks - 1] = env;
+    }
 }
 
 /* The masses straight from the scaled power of two, compared as e * 2^25

@@ -852,6 +852,36 @@ static void sampler_top_k(eng_sampler *s, sampler_pass *ps, int32_t k)
         }
 }
 
+/* The k-th largest of v[0..n) (1 <= k <= n, no NaN), by quickselect;
+ * reorders v. */
+static float sampler_kth_largest(float *v, int32_t n, int32_t k)
+{
+    int32_t lo = 0, hi = n - 1;
+    const int32_t want = k - 1; /* its index in descending order */
+    while (lo < hi) {
+        float pivot = v[lo + (hi - lo) / 2];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > pivot)
+                i++;
+            while (v[j] < pivot)
+                j--;
+            if (i <= j) {
+                float tmp = v[i];
+                v[i++] = v[j];
+                v[j--] = tmp;
+            }
+        }
+        if (want <= j)
+            hi = j;
+        else if (want >= i)
+            lo = i;
+        else
+            return v[want];
+    }
+    return v[want];
+}
+
 /* top-k's selection from the lane maxima (sanitize's, of all n logits),
  * when k is at most a quarter of the blocks: with t the k-th largest of the
  * blocks' maxima (finite), k blocks hold a logit of t at least, so the k-th
@@ -870,8 +900,7 @@ static bool sampler_top_k_lanes(eng_sampler *s, const float *logits, int32_t n, 
     for (int32_t b = 0; b < n_blocks; b++)
         block_max[b] = s->kern->max(s->lane_max + (size_t)b * ENG_SAMPLER_LANES,
                                     ENG_SAMPLER_LANES);
-    sampler_select_top_k(s->kern, s->cand, block_max, 0, n_blocks, k);
-    const float t = s->cand[0].value;
+    const float t = sampler_kth_largest(block_max, n_blocks, k);
     if (!(t > -INFINITY))
         return false;
     int32_t *lane = s->group_a, *ids = s->group_b;

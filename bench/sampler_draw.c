@@ -166,7 +166,7 @@ int main(int argc, char **argv)
         if (m == 3) { /* top-p's proposals (sampler-impl.h) */
             uint64_t proposals[3];
             eng__sampler_proposals(s, proposals);
-            printf("  proposals refused: %.1f%%, checked on their weights: %.1f%%",
+            printf("  proposals refused: %.1f%%, decided on the exact total: %.1f%%",
                    100.0 * (double)proposals[1] / (double)(proposals[0] + proposals[1]),
                    100.0 * (double)proposals[2] / (double)(proposals[0] + proposals[1]));
         }

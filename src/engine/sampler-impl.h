@@ -2,12 +2,13 @@
  *
  * sampler.c picks one set per call from cpu_kernels_isa() (the same
  * dispatch, and the same SPILLWAY_CPU_KERNELS override, as the CPU matrix
- * kernels): NaN cleaning and the maximum, the weights with their integer
- * masses and per-block sums, log-softmax's finer sums, the masses a cut
- * keeps, the gather of a range of histogram buckets' members (from stored
- * weights), the coarse masses top-p's proposals are checked on and their
- * sums, top-k's skip to the next logit above a threshold, and the logits
- * above one. Every set
+ * kernels): NaN cleaning and the maximum, with the lanes' maxima too; the
+ * envelope of the draw's trials; the weights with their integer masses and
+ * per-block sums; a block's masses ranked before a top-p proposal;
+ * log-softmax's finer sums; the masses a cut keeps; the gather of a range
+ * of histogram buckets' members (from stored weights); the coarse masses
+ * of top-p's exact search; top-k's skip to the next logit above a
+ * threshold, and the logits above one. Every set
  * gives bit-identical results to the scalar code in sampler.c: maxima and
  * integer sums are exact in any order, and the power of two is the same
  * sequence of correctly rounded single-precision operations (the same fused
@@ -171,8 +172,8 @@ uint64_t eng__sampler_rank_scalar(const float *logits, int32_t n, float max, flo
 struct eng_sampler;
 void eng__sampler_cut_paths(const struct eng_sampler *s, uint64_t paths[4]);
 /* For tests: s's top-p proposals kept [0] and refused [1], and how many of
- * them were decided by their weights [2] (the coarse masses' bounds could
- * not). */
+ * them were decided on the exact total [2] (every block weighed: the lower
+ * bound of the total could not keep them). */
 void eng__sampler_proposals(const struct eng_sampler *s, uint64_t proposals[3]);
 /* For tests: how many proposals s's top-p draws make before the exact
  * search (0: the search at once). */

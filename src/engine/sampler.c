@@ -14,13 +14,11 @@
  *      Penalties apply in greedy mode too (as in llama.cpp's sampler chain):
  *      they are edits of the logits, not part of the random choice.
  *   2. temperature <= 0: greedy. The argmax; ties go to the lowest id.
- *   3. Otherwise: top-k (the k largest logits, ties by lowest id; a heap
- *      selection that skips, a vector at a time, logits that cannot enter
- *      it, so small k never sorts the vocabulary, on each chunk of the
- *      vocabulary when a draw has threads, then over the chunks' k best;
- *      the k survivors are then put in id order). Each candidate then gets
- *      a weight relative to the best one, exp((logit - max) / temperature)
- *      as a power of two,
+ *   3. Otherwise: top-k (the k largest logits, ties by lowest id; the k
+ *      survivors are then put in id order). The candidates (the survivors,
+ *      or the whole vocabulary) are numbered in id order. Each candidate
+ *      then gets a weight relative to the best one, exp((logit - max) /
+ *      temperature) as a power of two,
  *        e = eng__sampler_exp2((logit - max) * scale),
  *        scale = log2(e) / temperature
  *      in single precision (log2(e) rounded to float, ENG_SAMPLER_LOG2E,
@@ -43,36 +41,56 @@
  *        min-p: the tokens with e >= min_p, i.e. probability at least min_p
  *               times the largest (a prefix of the order; at least one token;
  *               min_p > 1 keeps only the best, so it is greedy's token);
- *      the kept set is the shorter of the two prefixes, of mass K. The pick
- *      from a set of mass M with a 53-bit uniform integer u: target =
- *      floor(u * M / 2^53), and the token is the first of the set, in id
- *      order, whose cumulative mass exceeds target. Draw k has a stream of
- *      such numbers u_0, u_1, ... (eng_sampler_uniform is u_0 / 2^53).
- *      Without top-p the token is the pick from the kept set with u_0.
- *      With top-p, proposals: for j = 0 .. ENG_SAMPLER_ATTEMPTS - 1, the
- *      pick from min-p's set (every candidate without min-p) with u_j; the
- *      first proposal that lies in the kept set is the token. A proposal
- *      is drawn in proportion to its mass and kept only inside the kept
- *      set, so the token is too (rejection sampling: each proposal is kept
- *      with probability K / (min-p's mass) >= top_p, roughly). When every
- *      proposal is refused, the token is the pick from the kept set with
- *      u_ENG_SAMPLER_ATTEMPTS.
+ *      the kept set is the shorter of the two prefixes, of mass K.
+ *      Draw k has a stream of 53-bit uniform integers u_0, u_1, ...
+ *      (eng_sampler_uniform is u_0 / 2^53).
+ *      Trials, by rejection from an envelope: the candidates fall in blocks
+ *      of ENG_SAMPLER_BLOCK (512) by number, and block b's lane l (of 16)
+ *      holds its candidates b * 512 + l + 16 r, r = 0 .. 31. A lane's
+ *      envelope mass v is the mass of its largest logit's weight plus
+ *      ENG_SAMPLER_SLACK (2: the exponential never loses more masses as its
+ *      argument rises, checked over every float), so v bounds each member's
+ *      mass; v is 0 where that weight is 0, or below min_p *
+ *      ENG_SAMPLER_NEAR (0.999999: the same check bounds the exponential's
+ *      relative fall). E is the sum of v times the lane's members. Trial j
+ *      takes target = floor(u_j * E / 2^53), walks the blocks, then a
+ *      block's lanes in order, each weighing v times its members, to the
+ *      lane where the walk passes target, with r what is left of target
+ *      there: its member r / v (counted from its first) is proposed, and
+ *      kept when r mod v is below the member's mass and its e >= min_p.
+ *      Every candidate of min-p's set (every candidate without min-p) is
+ *      kept with probability mass / E in a trial, so the first one kept is
+ *      drawn in proportion to its mass.
+ *      Without top-p the token is the first candidate a trial keeps. With
+ *      top-p, the candidates the trials keep are proposals, at most
+ *      ENG_SAMPLER_ATTEMPTS of them, and the first one that lies in the
+ *      kept set is the token (each is kept with probability K / (min-p's
+ *      mass) >= top_p, roughly). When the trials run out
+ *      (ENG_SAMPLER_TRIALS, 1024, of them) or every proposal is refused,
+ *      the token is the pick from the kept set with u_ENG_SAMPLER_TRIALS:
+ *      target = floor(u * K / 2^53), and the token is the first of the set,
+ *      in id order, whose cumulative mass exceeds target.
  *   Every call consumes exactly one draw (the counter goes up by one), greedy
  *   included, so a resumed generation sets the counter to the number of
  *   tokens already sampled.
  *
- * Linear time, and few passes over the vocabulary. Without top-p a draw
- * reads the logits twice: the maximum, then the masses summed per block of
- * ENG_SAMPLER_BLOCK candidates (nothing stored); the pick walks the block
- * sums and recomputes the weights of the one block it lands in. top-p's
- * pass also stores each candidate's coarse mass (mass >> 11, 16 bits) and
- * sums every mass (W, whatever min-p keeps), and a proposal needs one more
- * pass, over the coarse masses: they bound the mass ranked before it from
- * above and from below (sampler_coarse_verdict), and only where the bounds
- * cannot tell are the weights stored and the mass at or before it in the
- * order summed exactly. So top-p costs temperature's passes and about half
- * a pass more, and its cut is never looked for unless every proposal is
- * refused (at top_p 0.95, fewer than 1 draw in 10^10).
+ * Linear time, and one pass over the vocabulary in most draws: the pass
+ * that cleans NaN away also keeps each lane's largest logit; then the
+ * envelope is made from the lanes (the exponential of 16 per block), and
+ * a trial costs one weight. Without min-p a trial keeps a candidate with
+ * probability above 1/33 whatever the logits (a lane's envelope is at
+ * most 32 times its largest member's mass, plus the slack); min-p only
+ * takes lanes out. top-k's k-th largest logit is bounded from below by the
+ * k-th largest of the blocks' maxima, so the heap selection sees only the
+ * logits above that, in the lanes that hold them. A top-p proposal of
+ * weight e needs the mass ranked before it: the blocks whose largest
+ * weight is near e or above are weighed exactly (their masses summed, the
+ * part ranked before it apart), and the proposal is kept at once when that
+ * mass is within the target of a lower bound of W (those blocks' exact
+ * masses, and the largest logit of each lane of the others); only where
+ * that cannot tell is every block weighed, for W itself. The cut is never
+ * looked for unless every proposal is refused (at top_p 0.95, fewer than 1
+ * draw in 10^10).
  *
  * The cut, when it is looked for, is found with nothing sorted but a
  * handful of tokens (sampler_cut): the bits of a non-negative float order
@@ -93,9 +111,10 @@
  * there is no hidden state to save or restore beyond the counter.
  *
  * Memory: every buffer (candidates, top-k's survivors, weights, coarse
- * masses, block sums, the groups of a search, the histograms, penalty
- * counts, the bias list, the weights of top-p's samples) is allocated once
- * at create, about 34 bytes per vocabulary entry and 52 KiB of histograms;
+ * masses, block sums, the lanes' maxima and envelope, the groups of a
+ * search, the histograms, penalty counts, the bias list, the weights of
+ * top-p's samples) is allocated once at create, about 34 bytes per
+ * vocabulary entry and 52 KiB of histograms;
  * sampling allocates nothing. A vocabulary of more than 2^23 entries is
  * refused at create.
  */
@@ -153,9 +172,8 @@ struct eng_sampler {
     int32_t *group_c;     /*   them (sampler_refine) */
     uint64_t total;       /* top-p: every candidate's mass, this call */
     int32_t attempts;     /* top-p's proposals before the exact search */
-    uint64_t proposals[3]; /* top-p's proposals kept, refused, and decided by
-                              their weights (the coarse masses' bounds could
-                              not) */
+    uint64_t proposals[3]; /* top-p's proposals kept, refused, and decided on
+                              the exact total (the lower bound could not) */
     uint64_t cut_paths[4]; /* top-p cuts (the exact search's) found among the
                               estimate's buckets, among the candidates above
                               them, in buckets below them, from the exact

@@ -1,8 +1,9 @@
 /* sampler_avx2.c - the sampler's kernels (sampler-impl.h) for AVX2, 8
- * lanes: NaN cleaning and maximum; the weights, each lane
+ * lanes: NaN cleaning and maximum, and the lanes' maxima (a block's 16
+ * lanes are two vectors'); the envelope; the weights, each lane
  * the same operations as the scalar eng__sampler_exp2 (its fused
  * multiply-adds and no others), so they are bit-identical on every
- * instruction set, with their 32-bit masses summed per block; log-softmax's
+ * instruction set, with their 32-bit masses summed per block, or ranked; log-softmax's
  * fine masses (in two 32-bit halves: AVX2 has no float -> int64
  * conversion); the masses a cut keeps; a range of buckets' members packed
  * by a permutation, from stored weights; top-k's skip; the logits above a

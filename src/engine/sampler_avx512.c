@@ -1,8 +1,9 @@
 /* sampler_avx512.c - the sampler's kernels (sampler-impl.h) for AVX-512
- * (F, DQ), 16 lanes: NaN cleaning and maximum; the weights, each lane the
+ * (F, DQ), 16 lanes: NaN cleaning and maximum, and the lanes' maxima (a
+ * block's 16 lanes are a vector's); the envelope; the weights, each lane the
  * same operations as the scalar eng__sampler_exp2 (its fused multiply-adds
  * and no others), so they are bit-identical on every instruction set, with
- * their 32-bit masses summed per block; the masses a cut keeps; a range of
+ * their 32-bit masses summed per block, or ranked; the masses a cut keeps; a range of
  * buckets' members by compress, from stored weights; top-k's skip; the
  * logits above a threshold. */
 #include "engine/sampler-impl.h"

@@ -852,12 +852,12 @@ static void test_same_token_as_reference(void **state)
     cpu_kernels_force_isa(CPU_ISA_AMX); /* back to the best the CPU has */
     assert_true(checked > 1000);
     assert_true(reverse_calls > 0); /* the 20000-token vocabularies split */
-    /* top-p's proposals: some kept, some refused, some decided by their
-     * weights where the coarse masses' bounds could not (ties) */
+    /* top-p's proposals: some kept, some refused, some decided on the
+     * exact total where its lower bound could not */
     for (int k = 0; k < 3; k++)
         if (!(proposals[k] > 0))
             fail_msg("no top-p proposal %s (%llu %llu %llu)",
-                     k == 0 ? "kept" : k == 1 ? "refused" : "decided by its weight",
+                     k == 0 ? "kept" : k == 1 ? "refused" : "decided on the exact total",
                      (unsigned long long)proposals[0], (unsigned long long)proposals[1],
                      (unsigned long long)proposals[2]);
     sw_free(logits);

@@ -901,24 +901,31 @@ static float sampler_kth_largest(float *v, int32_t n, int32_t k)
 }
 
 /* top-k's selection from the lane maxima (sanitize's, of all n logits),
- * when k is at most a quarter of the blocks: with t the k-th largest of the
- * blocks' maxima (finite), k blocks hold a logit of t at least, so the k-th
- * largest logit is t or above, and each of the k best (and every logit tied
- * with the k-th) is a logit of t or above in a lane whose maximum is t or
- * above. Those, gathered in id order (the weights' and group_b's room), go
- * through the heap selection: the same set as the whole vocabulary's.
+ * when k is at most a quarter of the blocks (or else of the lanes): with t
+ * the k-th largest of the blocks' (or the lanes') maxima, finite, k blocks
+ * hold a logit of t at least, so the k-th largest logit is t or above, and
+ * each of the k best (and every logit tied with the k-th) is a logit of t
+ * or above in a lane whose maximum is t or above. Those, gathered in id
+ * order (the weights' and group_b's room), go through the heap selection:
+ * the same set as the whole vocabulary's.
  * Returns false, having done nothing, where it does not apply. */
 static bool sampler_top_k_lanes(eng_sampler *s, const float *logits, int32_t n, int32_t k)
 {
     const int32_t n_blocks = (n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
     const int32_t n_lanes = n_blocks * ENG_SAMPLER_LANES;
-    if (k > n_blocks / 4 || n < n_lanes) /* group_a holds n lanes */
+    if (k > n_lanes / 4 || n < n_lanes) /* group_a and values hold n lanes */
         return false;
-    float *block_max = s->block_emax; /* the envelope's room, free until it */
-    for (int32_t b = 0; b < n_blocks; b++)
-        block_max[b] = s->kern->max(s->lane_max + (size_t)b * ENG_SAMPLER_LANES,
-                                    ENG_SAMPLER_LANES);
-    const float t = sampler_kth_largest(block_max, n_blocks, k);
+    float t;
+    if (k <= n_blocks / 4) {
+        float *block_max = s->block_emax; /* the envelope's room, free until it */
+        for (int32_t b = 0; b < n_blocks; b++)
+            block_max[b] = s->kern->max(s->lane_max + (size_t)b * ENG_SAMPLER_LANES,
+                                        ENG_SAMPLER_LANES);
+        t = sampler_kth_largest(block_max, n_blocks, k);
+    } else { /* few blocks: the k-th largest lane maximum, the same bound */
+        memcpy(s->values, s->lane_max, sizeof *s->values * (size_t)n_lanes);
+        t = sampler_kth_largest(s->values, n_lanes, k);
+    }
     if (!(t > -INFINITY))
         return false;
     int32_t *lane = s->group_a, *ids = s->group_b;

@@ -119,8 +119,9 @@ typedef struct eng__sampler_kernels {
  * block, 32 of them) */
 #define ENG_SAMPLER_LANES 16
 /* How many masses eng__sampler_exp2 can lose as its argument rises (2, in
- * a check of every float in [-116, 0]): a lane's envelope adds this to the
- * mass of its largest logit, so it bounds every member's from above. */
+ * a check of every float in [-116, 0]: bench/exp2_fall.c): a lane's
+ * envelope adds this to the mass of its largest logit, so it bounds every
+ * member's from above. */
 #define ENG_SAMPLER_SLACK 2
 /* The envelope's trials in a draw before its pick walks the kept set:
  * without min-p each keeps a candidate with probability above 1/33 (a lane

@@ -1208,6 +1208,34 @@ static void test_kernels_match_scalar(void **state)
     sw_free(want_members);
 }
 
+/* The envelope's margins: as its argument rises, eng__sampler_exp2 loses
+ * at most ENG_SAMPLER_SLACK masses and less than 1 - ENG_SAMPLER_NEAR of
+ * itself (rounding). bench/exp2_fall.c checks every float in [-116, 0];
+ * here, runs of 4096 consecutive floats at each quarter of every unit. */
+static void test_exp2_fall(void **state)
+{
+    (void)state;
+    int64_t worst_mass = 0;
+    double worst_rel = 0.0;
+    for (int k = -116; k < 0; k++)
+        for (int q = 0; q < 4; q++) {
+            float t = (float)k + 0.25f * (float)q, top = 0.0f;
+            int64_t top_mass = 0;
+            for (int i = 0; i < 4096; i++, t = nextafterf(t, 1.0f)) {
+                float e = eng__sampler_exp2(t);
+                int64_t m = (int64_t)(int32_t)(e * ENG_SAMPLER_MASS_SCALE);
+                worst_mass = top_mass - m > worst_mass ? top_mass - m : worst_mass;
+                if (top > e && ((double)top - e) / e > worst_rel)
+                    worst_rel = ((double)top - e) / e;
+                top_mass = m > top_mass ? m : top_mass;
+                top = e > top ? e : top;
+            }
+        }
+    assert_true(worst_mass <= ENG_SAMPLER_SLACK);
+    assert_true(worst_rel < 1.0 - (double)ENG_SAMPLER_NEAR);
+    assert_true(worst_mass > 0); /* it does fall: the slack is needed */
+}
+
 static void test_large_vocab_top_k(void **state)
 {
     (void)state;
@@ -1341,6 +1369,7 @@ int main(void)
         cmocka_unit_test(test_same_token_as_reference),
         cmocka_unit_test(test_kernels_match_scalar),
         cmocka_unit_test(test_top_p_estimate_paths),
+        cmocka_unit_test(test_exp2_fall),
         cmocka_unit_test(test_large_vocab_top_k),
         cmocka_unit_test(test_degenerate_logits),
         cmocka_unit_test(test_log_softmax),

@@ -710,7 +710,9 @@ static int32_t ref_sample_attempts(const eng_sampler_params *p, float *logits, i
         env_total += env[k] * (uint64_t)members[k];
     }
     int32_t j = 0, proposed = 0;
-    for (; j < ENG_SAMPLER_TRIALS && (p->top_p >= 1.0f || proposed < attempts); j++) {
+    /* no envelope: min_p > 1, greedy's token (the kept set's one) */
+    for (; env_total > 0 && j < ENG_SAMPLER_TRIALS && (p->top_p >= 1.0f || proposed < attempts);
+         j++) {
         uint64_t target = (uint64_t)(((unsigned __int128)eng__sampler_uniform_bits(
                                           p->seed, draw, (uint64_t)j) *
                                       env_total) >>

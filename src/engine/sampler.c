@@ -778,7 +778,12 @@ typedef struct sampler_pass {
     int32_t top_k;                 /* top_k: the k of each chunk's selection */
     float chunk_max[SAMPLER_LANES];
     int32_t found[SAMPLER_LANES];
-    uint64_t chunk_total[SAMPLER_LANES]; /* coarse, through: the chunk's mass */
+    uint64_t chunk_total[SAMPLER_LANES]; /* coarse: the chunk's mass; rank: the
+                                             mass before the proposal */
+    int32_t prop;                  /* rank: top-p's proposal, its weight */
+    float prop_e;
+    bool weigh_all;                /* rank: weigh every block not yet weighed */
+    uint64_t chunk_gain[SAMPLER_LANES]; /* rank: what the chunk's blocks add to w_low */
 } sampler_pass;
 
 static void sampler_chunk(const sampler_pass *ps, int32_t c, int32_t *begin, int32_t *end)
@@ -836,40 +841,6 @@ static void sampler_weigh_task(void *arg, int32_t c)
                          ps->s->kept + b / ENG_SAMPLER_BLOCK);
 }
 
-/* A chunk's top-k (ps->top_k of its logits, with their ids) as a heap at
- * cand + its start. */
-static void sampler_top_k_task(void *arg, int32_t c)
-{
-    sampler_pass *ps = arg;
-    int32_t b, e;
-    sampler_chunk(ps, c, &b, &e);
-    sampler_select_top_k(ps->s->kern, ps->s->cand + b, ps->logits + b, b, e - b, ps->top_k);
-}
-
-/* top-k's selection into cand[0..k), a heap: each chunk's k best, then the
- * k best of theirs (the same set: each of the k best overall is among its
- * chunk's), where every chunk has k logits at least; else on one thread. */
-static void sampler_top_k(eng_sampler *s, sampler_pass *ps, int32_t k)
-{
-    int32_t b, e;
-    sampler_chunk(ps, ps->n_chunks - 1, &b, &e);
-    if (ps->n_chunks == 1 || e - b < k) {
-        sampler_select_top_k(s->kern, s->cand, ps->logits, 0, ps->n, k);
-        return;
-    }
-    ps->top_k = k;
-    sampler_run(ps, sampler_top_k_task);
-    for (int32_t c = 1; c < ps->n_chunks; c++) {
-        sampler_chunk(ps, c, &b, &e);
-        memmove(s->cand + (size_t)c * (size_t)k, s->cand + b, sizeof *s->cand * (size_t)k);
-    }
-    for (int32_t i = k; i < ps->n_chunks * k; i++)
-        if (sampler_before(&s->cand[i], &s->cand[0])) {
-            s->cand[0] = s->cand[i];
-            sampler_heap_down(s->cand, (size_t)k, 0);
-        }
-}
-
 /* The k-th largest of v[0..n) (1 <= k <= n, no NaN), by quickselect;
  * reorders v. */
 static float sampler_kth_largest(float *v, int32_t n, int32_t k)
@@ -900,58 +871,100 @@ static float sampler_kth_largest(float *v, int32_t n, int32_t k)
     return v[want];
 }
 
-/* top-k's selection from the lane maxima (sanitize's, of all n logits),
- * when k is at most a quarter of the blocks (or else of the lanes): with t
- * the k-th largest of the blocks' (or the lanes') maxima, finite, k blocks
- * hold a logit of t at least, so the k-th largest logit is t or above, and
- * each of the k best (and every logit tied with the k-th) is a logit of t
- * or above in a lane whose maximum is t or above. Those, gathered in id
- * order (the weights' and group_b's room), go through the heap selection:
- * the same set as the whole vocabulary's.
- * Returns false, having done nothing, where it does not apply. */
-static bool sampler_top_k_lanes(eng_sampler *s, const float *logits, int32_t n, int32_t k)
+/* top-k's selection among the candidates [from, to) of logits (from a
+ * whole number of blocks), into cand[0..k) as a heap, from their lane
+ * maxima (sanitize's), when k is at most half their blocks (or else a
+ * quarter of their lanes): with t the k-th largest of the blocks' (or the lanes')
+ * maxima, finite, k blocks hold a logit of t at least, so the k-th largest
+ * logit is t or above, and each of the k best (and every logit tied with
+ * the k-th) is a logit of t or above in a lane whose maximum is t or above.
+ * Those, gathered in id order (the room of weights, group_a, group_b and
+ * values from `from` on), go through the heap selection: the same set as
+ * the range's. Returns false, having done nothing, where it does not
+ * apply. */
+static bool sampler_top_k_lanes(eng_sampler *s, const float *logits, int32_t from, int32_t to,
+                                int32_t k, eng_candidate *cand)
 {
+    const int32_t n = to - from, b_first = from / ENG_SAMPLER_BLOCK;
     const int32_t n_blocks = (n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
     const int32_t n_lanes = n_blocks * ENG_SAMPLER_LANES;
+    const float *lane_max = s->lane_max + (size_t)b_first * ENG_SAMPLER_LANES;
     if (k > n_lanes / 4 || n < n_lanes) /* group_a and values hold n lanes */
         return false;
     float t;
-    if (k <= n_blocks / 4) {
-        float *block_max = s->block_emax; /* the envelope's room, free until it */
+    if (k <= n_blocks / 2) {
+        float *block_max = s->block_emax + b_first; /* the envelope's room, free until it */
         for (int32_t b = 0; b < n_blocks; b++)
-            block_max[b] = s->kern->max(s->lane_max + (size_t)b * ENG_SAMPLER_LANES,
-                                        ENG_SAMPLER_LANES);
+            block_max[b] =
+                s->kern->max(lane_max + (size_t)b * ENG_SAMPLER_LANES, ENG_SAMPLER_LANES);
         t = sampler_kth_largest(block_max, n_blocks, k);
     } else { /* few blocks: the k-th largest lane maximum, the same bound */
-        memcpy(s->values, s->lane_max, sizeof *s->values * (size_t)n_lanes);
-        t = sampler_kth_largest(s->values, n_lanes, k);
+        memcpy(s->values + from, lane_max, sizeof *s->values * (size_t)n_lanes);
+        t = sampler_kth_largest(s->values + from, n_lanes, k);
     }
     if (!(t > -INFINITY))
         return false;
-    int32_t *lane = s->group_a, *ids = s->group_b;
-    float *values = s->weight;
+    int32_t *lane = s->group_a + from, *ids = s->group_b + from;
+    float *values = s->weight + from;
     const float below = nextafterf(t, -INFINITY);
-    int32_t m = s->kern->above(s->lane_max, n_lanes, below, lane, n_lanes);
+    int32_t m = s->kern->above(lane_max, n_lanes, below, lane, n_lanes);
     int32_t g = 0;
     for (int32_t j = 0; j < m;) {
         const int32_t b = lane[j] / ENG_SAMPLER_LANES;
         uint32_t mask = 0;
         for (; j < m && lane[j] / ENG_SAMPLER_LANES == b; j++)
             mask |= 1u << (lane[j] % ENG_SAMPLER_LANES);
-        for (int32_t row = b * ENG_SAMPLER_BLOCK; row < n && row < (b + 1) * ENG_SAMPLER_BLOCK;
-             row += ENG_SAMPLER_LANES)
+        const int32_t b0 = from + b * ENG_SAMPLER_BLOCK;
+        for (int32_t row = b0; row < to && row < b0 + ENG_SAMPLER_BLOCK; row += ENG_SAMPLER_LANES)
             for (uint32_t rest = mask; rest; rest &= rest - 1) {
                 int32_t i = row + __builtin_ctz(rest);
-                if (i < n && logits[i] > below) {
+                if (i < to && logits[i] > below) {
                     values[g] = logits[i];
                     ids[g++] = i;
                 }
             }
     }
-    sampler_select_top_k(s->kern, s->cand, values, 0, g, k);
+    sampler_select_top_k(s->kern, cand, values, 0, g, k);
     for (int32_t i = 0; i < k; i++)
-        s->cand[i].id = ids[s->cand[i].id];
+        cand[i].id = ids[cand[i].id];
     return true;
+}
+
+/* A chunk's top-k (ps->top_k of its logits, with their ids) as a heap at
+ * cand + its start. */
+static void sampler_top_k_task(void *arg, int32_t c)
+{
+    sampler_pass *ps = arg;
+    int32_t b, e;
+    sampler_chunk(ps, c, &b, &e);
+    if (!sampler_top_k_lanes(ps->s, ps->logits, b, e, ps->top_k, ps->s->cand + b))
+        sampler_select_top_k(ps->s->kern, ps->s->cand + b, ps->logits + b, b, e - b, ps->top_k);
+}
+
+/* top-k's selection into cand[0..k), a heap: each chunk's k best (on its
+ * thread, whose core's cache holds its logits), then the k best of theirs
+ * (the same set: each of the k best overall is among its chunk's), where
+ * every chunk has k logits at least; else on one thread. */
+static void sampler_top_k(eng_sampler *s, sampler_pass *ps, int32_t k)
+{
+    int32_t b, e;
+    sampler_chunk(ps, ps->n_chunks - 1, &b, &e);
+    if (ps->n_chunks == 1 || e - b < k) {
+        if (!sampler_top_k_lanes(s, ps->logits, 0, ps->n, k, s->cand))
+            sampler_select_top_k(s->kern, s->cand, ps->logits, 0, ps->n, k);
+        return;
+    }
+    ps->top_k = k;
+    sampler_run(ps, sampler_top_k_task);
+    for (int32_t c = 1; c < ps->n_chunks; c++) {
+        sampler_chunk(ps, c, &b, &e);
+        memmove(s->cand + (size_t)c * (size_t)k, s->cand + b, sizeof *s->cand * (size_t)k);
+    }
+    for (int32_t i = k; i < ps->n_chunks * k; i++)
+        if (sampler_before(&s->cand[i], &s->cand[0])) {
+            s->cand[0] = s->cand[i];
+            sampler_heap_down(s->cand, (size_t)k, 0);
+        }
 }
 
 /* A chunk's coarse masses into coarse, its masses per block (min-p's) into
@@ -1424,25 +1437,65 @@ static uint64_t sampler_top_p_target(float top_p, uint64_t total)
     return need > 0 ? need - 1 : 0;
 }
 
-/* Block b's candidates weighed: the mass of those ranked before candidate
- * i, of weight e (before i in the block: e' >= e, i.e. above the float
- * below e; from i on: e' > e); the block's whole mass replaces its lower
- * bound in w_low. */
-static uint64_t sampler_block_before(eng_sampler *s, const sampler_pass *ps, int32_t b,
-                                     int32_t i, float e)
+/* A chunk's part of the check of top-p's proposal (ps->prop, of weight
+ * ps->prop_e): over its blocks that can hold candidates ranked before it
+ * (their largest weight within the exponential's fall of its own), the
+ * mass of those (before it in the block: e' >= e, i.e. above the float
+ * below e; from it on: e' > e) into chunk_total; or, with ps->weigh_all,
+ * the masses of its blocks not yet weighed. Each block weighed for the first
+ * time marks block_known, and what its mass adds to its lower bound (its
+ * lanes' largest) goes into chunk_gain. */
+static void sampler_rank_task(void *arg, int32_t c)
 {
-    const int32_t b0 = b * ENG_SAMPLER_BLOCK;
-    const int32_t b1 = ps->n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : ps->n;
-    const int32_t mid = i < b0 ? b0 : i > b1 ? b1 : i;
-    uint64_t before = 0, t0 = 0, t1 = 0;
-    if (mid > b0)
-        before += s->kern->rank(ps->values + b0, mid - b0, ps->max, ps->scale,
-                                nextafterf(e, 0.0f), &t0);
-    if (mid < b1)
-        before += s->kern->rank(ps->values + mid, b1 - mid, ps->max, ps->scale, e, &t1);
-    if (!s->block_known[b]) {
-        s->block_known[b] = 1;
-        s->w_low += t0 + t1 - s->block_low[b];
+    sampler_pass *ps = arg;
+    eng_sampler *s = ps->s;
+    int32_t from, to;
+    sampler_chunk(ps, c, &from, &to);
+    const int32_t i = ps->prop;
+    const float e = ps->prop_e, near = e * ENG_SAMPLER_NEAR;
+    uint64_t before = 0, gain = 0;
+    for (int32_t b0 = from; b0 < to; b0 += ENG_SAMPLER_BLOCK) {
+        const int32_t b = b0 / ENG_SAMPLER_BLOCK;
+        const int32_t b1 = to - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : to;
+        uint64_t mass = 0;
+        if (ps->weigh_all) {
+            if (s->block_known[b])
+                continue;
+            s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->scale, 0.0f, NULL, &mass);
+        } else {
+            if (s->block_emax[b] < near)
+                continue;
+            const int32_t mid = i < b0 ? b0 : i > b1 ? b1 : i;
+            uint64_t t = 0;
+            if (mid > b0) {
+                before += s->kern->rank(ps->values + b0, mid - b0, ps->max, ps->scale,
+                                        nextafterf(e, 0.0f), &t);
+                mass += t;
+            }
+            if (mid < b1) {
+                before += s->kern->rank(ps->values + mid, b1 - mid, ps->max, ps->scale, e, &t);
+                mass += t;
+            }
+        }
+        if (!s->block_known[b]) {
+            s->block_known[b] = 1;
+            gain += mass - s->block_low[b];
+        }
+    }
+    ps->chunk_total[c] = before;
+    ps->chunk_gain[c] = gain;
+}
+
+/* The check's pass on every chunk: the mass ranked before the proposal
+ * (or nothing, weighing all), w_low raised by what the blocks weighed add. */
+static uint64_t sampler_rank(eng_sampler *s, sampler_pass *ps, bool weigh_all)
+{
+    ps->weigh_all = weigh_all;
+    sampler_run(ps, sampler_rank_task);
+    uint64_t before = 0;
+    for (int32_t c = 0; c < ps->n_chunks; c++) {
+        before += ps->chunk_total[c];
+        s->w_low += ps->chunk_gain[c];
     }
     return before;
 }
@@ -1450,29 +1503,17 @@ static uint64_t sampler_block_before(eng_sampler *s, const sampler_pass *ps, int
 /* Whether candidate i lies in top-p's prefix: the mass ranked before it,
  * from the blocks that can hold such candidates, against the target of a
  * lower bound of the total (their masses, and the others' lanes' largest);
- * where that cannot tell, against the exact total (every block weighed). */
-static bool sampler_in_top_p(eng_sampler *s, const sampler_pass *ps, int32_t i, float top_p)
+ * where that cannot tell, against the exact total (every block weighed).
+ * A draw with threads weighs each chunk's blocks on its thread. */
+static bool sampler_in_top_p(eng_sampler *s, sampler_pass *ps, int32_t i, float top_p)
 {
-    const int32_t n_blocks = (ps->n + ENG_SAMPLER_BLOCK - 1) / ENG_SAMPLER_BLOCK;
-    const float e = eng__sampler_exp2((ps->values[i] - ps->max) * ps->scale);
-    const float near = e * ENG_SAMPLER_NEAR;
-    uint64_t before = 0;
-    for (int32_t b = 0; b < n_blocks; b++)
-        if (s->block_emax[b] >= near)
-            before += sampler_block_before(s, ps, b, i, e);
+    ps->prop = i;
+    ps->prop_e = eng__sampler_exp2((ps->values[i] - ps->max) * ps->scale);
+    const uint64_t before = sampler_rank(s, ps, false);
     if (before <= sampler_top_p_target(top_p, s->w_low))
         return true;
     s->proposals[2]++;
-    for (int32_t b = 0; b < n_blocks; b++) {
-        if (s->block_known[b])
-            continue;
-        const int32_t b0 = b * ENG_SAMPLER_BLOCK;
-        const int32_t b1 = ps->n - b0 > ENG_SAMPLER_BLOCK ? b0 + ENG_SAMPLER_BLOCK : ps->n;
-        uint64_t mass;
-        s->kern->weights(ps->values + b0, b1 - b0, ps->max, ps->scale, 0.0f, NULL, &mass);
-        s->block_known[b] = 1;
-        s->w_low += mass - s->block_low[b];
-    }
+    sampler_rank(s, ps, true);
     return before <= sampler_top_p_target(top_p, s->w_low);
 }
 
@@ -1529,8 +1570,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     if (p->top_k > 0 && p->top_k < n) {
         n_cand = p->top_k;
         cand = s->cand;
-        if (!sampler_top_k_lanes(s, logits, n, n_cand))
-            sampler_top_k(s, &ps, n_cand);
+        sampler_top_k(s, &ps, n_cand);
         qsort(cand, (size_t)n_cand, sizeof *cand, sampler_cmp_id);
         for (int32_t i = 0; i < n_cand; i++)
             s->values[i] = cand[i].value;

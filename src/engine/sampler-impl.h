@@ -165,6 +165,9 @@ void eng__sampler_envelope_scalar(const float *lane_max, int32_t n, float max, f
                                   uint64_t *block_low, float *block_emax);
 uint64_t eng__sampler_rank_scalar(const float *logits, int32_t n, float max, float scale,
                                   float threshold, uint64_t *total);
+/* Block b's envelope, of n candidates, from its lanes' lane_env (b's
+ * at lane_env + 16 b): each times its members. */
+uint64_t eng__sampler_block_env(const uint32_t *lane_env, int32_t n, int32_t b);
 
 /* For tests: how many of s's top-p cuts (its exact search, after the
  * proposals) were found among the top-level buckets the estimate pointed

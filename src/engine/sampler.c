@@ -556,6 +556,15 @@ static inline int32_t sampler_lane_members(int32_t n, int32_t b, int32_t l)
     return len > l ? (len - l + ENG_SAMPLER_LANES - 1) / ENG_SAMPLER_LANES : 0;
 }
 
+uint64_t eng__sampler_block_env(const uint32_t *lane_env, int32_t n, int32_t b)
+{
+    uint64_t env = 0;
+    for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++)
+        env += (uint64_t)lane_env[b * ENG_SAMPLER_LANES + l] *
+               (uint64_t)sampler_lane_members(n, b, l);
+    return env;
+}
+
 float eng__sampler_sanitize_lanes_scalar(float *logits, int32_t n, float *lane_max)
 {
     float m = -INFINITY;
@@ -580,18 +589,17 @@ void eng__sampler_envelope_scalar(const float *lane_max, int32_t n, float max, f
                                   uint64_t *block_low, float *block_emax)
 {
     for (int32_t b = 0; b * ENG_SAMPLER_BLOCK < n; b++) {
-        uint64_t env = 0, low = 0;
+        uint64_t low = 0;
         float emax = 0.0f;
         for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++) {
             int32_t k = b * ENG_SAMPLER_LANES + l;
             float e = eng__sampler_exp2((lane_max[k] - max) * scale);
             uint64_t m = sampler_mass(e);
             lane_env[k] = e > 0.0f && e >= min_env ? (uint32_t)m + ENG_SAMPLER_SLACK : 0;
-            env += (uint64_t)lane_env[k] * (uint64_t)sampler_lane_members(n, b, l);
             low += m;
             emax = e > emax ? e : emax;
         }
-        block_env[b] = env;
+        block_env[b] = eng__sampler_block_env(lane_env, n, b);
         block_low[b] = low;
         block_emax[b] = emax;
     }

@@ -501,14 +501,8 @@ static void avx2_envelope(const float *lane_max, int32_t n, float max, float sca
         block_low[b] = avx2_sum32(_mm256_add_epi32(m[0], m[1]));
         block_emax[b] = avx2_hmax(_mm256_max_ps(e[0], e[1]));
     }
-    const int32_t tail = n % ENG_SAMPLER_BLOCK; /* the last block's lanes hold fewer */
-    if (tail) {
-        uint64_t env = 0;
-        for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++)
-            env += (uint64_t)lane_env[(n_blocks - 1) * ENG_SAMPLER_LANES + l] *
-                   (uint64_t)(tail > l ? (tail - l + ENG_SAMPLER_LANES - 1) / ENG_SAMPLER_LANES : 0);
-        block_env[n_blocks - 1] = env;
-    }
+    if (n % ENG_SAMPLER_BLOCK) /* the last block's lanes hold fewer */
+        block_env[n_blocks - 1] = eng__sampler_block_env(lane_env, n, n_blocks - 1);
 }
 
 /* At most 64 masses to a 32-bit lane. */

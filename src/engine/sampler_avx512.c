@@ -410,14 +410,8 @@ static void avx512_envelope(const float *lane_max, int32_t n, float max, float s
         block_low[b] = (uint32_t)_mm512_reduce_add_epi32(m);
         block_emax[b] = _mm512_reduce_max_ps(e);
     }
-    const int32_t tail = n % ENG_SAMPLER_BLOCK; /* the last block's lanes hold fewer */
-    if (tail) {
-        uint64_t env = 0;
-        for (int32_t l = 0; l < ENG_SAMPLER_LANES; l++)
-            env += (uint64_t)lane_env[(n_blocks - 1) * ENG_SAMPLER_LANES + l] *
-                   (uint64_t)(tail > l ? (tail - l + ENG_SAMPLER_LANES - 1) / ENG_SAMPLER_LANES : 0);
-        block_env[n_blocks - 1] = env;
-    }
+    if (n % ENG_SAMPLER_BLOCK) /* the last block's lanes hold fewer */
+        block_env[n_blocks - 1] = eng__sampler_block_env(lane_env, n, n_blocks - 1);
 }
 
 /* The masses straight from the scaled power of two, compared as e * 2^25

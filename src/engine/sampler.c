@@ -1610,7 +1610,8 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
     s->env_cum[0] = 0;
     for (int32_t b = 0; b < n_blocks; b++)
         s->env_cum[b + 1] += s->env_cum[b];
-    const uint64_t u_last = sampler_uniform_bits(p->seed, draw, ENG_SAMPLER_TRIALS);
+    /* the number after the trials', for the walk when they run out */
+    const uint64_t j_last = ENG_SAMPLER_TRIALS;
     if (!(p->top_p < 1.0f)) {
         for (int32_t j = 0; j < ENG_SAMPLER_TRIALS; j++) {
             int32_t pos = sampler_trial(s, &ps, j ? sampler_uniform_bits(p->seed, draw, j) : u);
@@ -1622,7 +1623,9 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         uint64_t kept = 0;
         for (int32_t b = 0; b < n_blocks; b++)
             kept += s->kept[b]; /* min-p's set (the best at least), or every mass */
-        int32_t pos = sampler_pick(s, &ps, sampler_scale_u53(u_last, kept), false, 0.0f, 0);
+        int32_t pos = sampler_pick(
+            s, &ps, sampler_scale_u53(sampler_uniform_bits(p->seed, draw, j_last), kept), false,
+            0.0f, 0);
         return cand ? cand[pos].id : pos;
     }
 
@@ -1658,6 +1661,7 @@ int32_t eng_sampler_sample(eng_sampler *s, float *logits, const int32_t *history
         return cand ? cand[pos].id : pos;
     }
     sampler_store_weights(&ps);
+    const uint64_t u_last = sampler_uniform_bits(p->seed, draw, j_last);
     /* the exact search: the estimate, the buckets around its cut gathered,
      * the cut searched for from there */
     sampler_estimate(s, &ps);

@@ -25,20 +25,24 @@ static float avx2_hmax(__m256 v)
     return _mm_cvtss_f32(m);
 }
 
+/* 8 logits with NaN made -inf (stored back where there was one). */
+static inline __m256 avx2_sanitized(float *logits)
+{
+    __m256 v = _mm256_loadu_ps(logits);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(nan)) {
+        v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), nan);
+        _mm256_storeu_ps(logits, v);
+    }
+    return v;
+}
+
 static float avx2_sanitize_max(float *logits, int32_t n)
 {
     __m256 mx = _mm256_set1_ps(-INFINITY);
-    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     int32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(logits + i);
-        __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-        if (_mm256_movemask_ps(nan)) {
-            v = _mm256_blendv_ps(v, neg_inf, nan);
-            _mm256_storeu_ps(logits + i, v);
-        }
-        mx = _mm256_max_ps(mx, v);
-    }
+    for (; i + 8 <= n; i += 8)
+        mx = _mm256_max_ps(mx, avx2_sanitized(logits + i));
     float m = avx2_hmax(mx);
     for (; i < n; i++) {
         if (isnan(logits[i]))
@@ -419,18 +423,6 @@ static int32_t avx2_above(const float *values, int32_t n, float threshold, int32
             out[m++] = i;
         }
     return m;
-}
-
-/* 8 logits with NaN made -inf (stored back where there was one). */
-static inline __m256 avx2_sanitized(float *logits)
-{
-    __m256 v = _mm256_loadu_ps(logits);
-    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    if (_mm256_movemask_ps(nan)) {
-        v = _mm256_blendv_ps(v, _mm256_set1_ps(-INFINITY), nan);
-        _mm256_storeu_ps(logits, v);
-    }
-    return v;
 }
 
 /* The lane maxima: a block's 16 lanes in two vectors (lanes 0-7, 8-15);

@@ -926,14 +926,17 @@ static void test_sabotage(void **state)
     wc_response_free(&w);
     assert_int_equal(worker_ok_count(&r, "cpu"), cpu0); /* not replayed there */
     /* the supervisor sees the crash (the relay marked the worker suspect)
-     * and, with no-restart, leaves it down: never restarted */
+     * and, with no-restart, leaves it down: never restarted. It may say
+     * down before it has reaped the process (a hang kill is reaped on a
+     * later pass; under ASan an abort takes a while), so wait for both. */
     const char *gpu_state = NULL;
     json_t *gh = NULL;
     for (double t0 = tu_now_s(); tu_now_s() - t0 < 30; usleep(100 * 1000)) {
         json_decref(gh);
         gh = rh_worker_health(&r, "gpu");
         gpu_state = json_string_value(json_object_get(gh, "state"));
-        if (gpu_state && !strcmp(gpu_state, "down"))
+        if (gpu_state && !strcmp(gpu_state, "down") &&
+            json_integer_value(json_object_get(gh, "pid")) == 0)
             break;
     }
     assert_non_null(gpu_state);
